@@ -1,0 +1,5 @@
+"""stitchtune: autotuning of stitch schedules for memory-intensive GPU subgraphs."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"

@@ -1,0 +1,36 @@
+"""User-facing error types.
+
+Contract: anything raised as a :class:`StitchtuneError` is the user's problem (bad input, missing
+tool, unusable database) and the CLI prints it as one line per problem and exits with code 2.
+Any other exception is a bug in stitchtune.
+"""
+
+from __future__ import annotations
+
+
+class StitchtuneError(Exception):
+    """Root of all user-facing errors. ``problems`` holds one message per problem."""
+
+    def __init__(self, message: str | None = None, problems: list[str] | None = None) -> None:
+        self.problems: list[str] = list(problems) if problems else [message or "error"]
+        super().__init__(message if message is not None else "; ".join(self.problems))
+
+
+class GraphError(StitchtuneError):
+    """graph.json is malformed, invalid or too large; each problem names its JSON path."""
+
+
+class ScheduleError(StitchtuneError):
+    """A schedule is illegal for a graph (bad parameter, constraint violated, unsupported pattern)."""
+
+
+class UnsupportedGraphError(StitchtuneError):
+    """The graph is valid and runs on the reference, but no stitched kernel can be generated for it."""
+
+
+class ToolchainError(StitchtuneError):
+    """A required external tool (nvcc, pycuda, a GPU) is missing or unusable."""
+
+
+class DatabaseError(StitchtuneError):
+    """The tuning database or optuna storage cannot be used."""

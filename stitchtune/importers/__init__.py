@@ -1,0 +1,1 @@
+"""Importers that turn PyTorch functions and ONNX models into graph.json."""
