@@ -1,0 +1,239 @@
+"""Command-line interface: the only module that prints for users.
+
+Contract: :func:`main(argv)` returns the exit code (0 ok, 2 user error or usage error, 130
+interrupted). Every :class:`~stitchtune.errors.StitchtuneError` becomes one
+``stitchtune: error: <problem>`` line per problem on stderr, without a traceback; any other
+exception is a bug and propagates.
+
+Adding a subcommand: write ``_add_<name>(sub)`` (creates the subparser and calls
+``p.set_defaults(func=_cmd_<name>)``) and ``_cmd_<name>(args) -> int``, then append
+``_add_<name>`` to ``_SUBCOMMANDS``. Adding a ``run`` backend: put a function
+``(graph, inputs, schedule_dict_or_None) -> {output name: array}`` into :data:`BACKENDS`
+(import heavy modules inside the function).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections import Counter
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from stitchtune import __version__
+from stitchtune.errors import StitchtuneError
+
+log = logging.getLogger("stitchtune")
+
+BackendFn = Callable[[Any, Mapping[str, np.ndarray], "dict[str, Any] | None"], "dict[str, np.ndarray]"]
+
+
+# ---------------------------------------------------------------------------- shared helpers
+def _load(path: str) -> Any:
+    from stitchtune.graph import load_graph
+
+    return load_graph(path)
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+
+
+def parse_schedule_arg(text: str | None) -> dict[str, Any] | None:
+    """``--schedule`` value: inline JSON, or ``@FILE`` holding JSON; returns the decoded object."""
+    if text is None:
+        return None
+    src = "--schedule"
+    if text.startswith("@"):
+        path = text[1:]
+        src = ascii(path)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(4 * 1024 * 1024 + 1)
+        except OSError as e:
+            raise StitchtuneError(f"cannot read schedule file {src}: {e.strerror or e}") from None
+        if len(raw) > 4 * 1024 * 1024:
+            raise StitchtuneError(f"schedule file {src} is too large")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise StitchtuneError(f"schedule file {src} is not UTF-8") from None
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise StitchtuneError(f"{src}: not JSON ({getattr(e, 'msg', 'nested too deeply')})") from None
+    if not isinstance(obj, dict):
+        raise StitchtuneError(f"{src}: a schedule must be a JSON object")
+    return obj
+
+
+def load_inputs_npz(path: str, graph: Any) -> dict[str, np.ndarray]:
+    """Arrays by name from an .npz (no pickles). bfloat16 arrays saved by numpy come back as
+    2-byte void (``|V2``); for bfloat16 inputs they are reinterpreted as ``ml_dtypes.bfloat16``."""
+    from stitchtune.reference import numpy_dtype
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError) as e:
+        raise StitchtuneError(f"cannot read inputs {ascii(path)}: {e}") from None
+    specs = dict(graph.inputs)
+    for k, a in arrays.items():
+        spec = specs.get(k)
+        if spec is not None and spec.dtype == "bfloat16" and a.dtype.kind == "V" and a.dtype.itemsize == 2:
+            arrays[k] = a.view(numpy_dtype("bfloat16"))
+    return arrays
+
+
+def save_outputs_npz(path: str, outputs: Mapping[str, np.ndarray]) -> None:
+    """Write arrays to ``path`` (.npz; bfloat16 is stored as 2-byte void, see load_inputs_npz)."""
+    tmp = f"{path}.tmp-{os.getpid()}.npz"
+    try:
+        np.savez(tmp, **dict(outputs))
+        os.replace(tmp, path)
+    except OSError as e:
+        raise StitchtuneError(f"cannot write {ascii(path)}: {e.strerror or e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+# ---------------------------------------------------------------------------- run backends
+def _backend_reference(graph: Any, inputs: Mapping[str, np.ndarray],
+                       schedule: dict[str, Any] | None) -> dict[str, np.ndarray]:
+    from stitchtune.reference import run_reference
+
+    if schedule is not None:
+        log.warning("the reference backend ignores --schedule")
+    return run_reference(graph, inputs)
+
+
+BACKENDS: dict[str, BackendFn] = {
+    "reference": _backend_reference,
+}
+
+
+# ---------------------------------------------------------------------------- validate
+def _add_validate(sub: Any) -> None:
+    p = sub.add_parser("validate", help="check a graph.json and print a summary")
+    p.add_argument("graph", help="path to graph.json")
+    p.set_defaults(func=_cmd_validate)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from stitchtune.ops import OPS
+
+    g = _load(args.graph)
+    ops = Counter(n.op for n in g.nodes)
+    print(f"graph {g.name}: valid")
+    print(f"  inputs ({len(g.inputs)}):")
+    for name, s in g.inputs:
+        print(f"    {name}: {s.dtype}{list(s.shape)}")
+    print(f"  nodes: {len(g.nodes)}")
+    print("  ops: " + ", ".join(f"{op} x{c}" for op, c in sorted(ops.items())))
+    reds = [n for n in g.nodes if OPS[n.op].kind == "reduce"]
+    if reds:
+        print(f"  reductions ({len(reds)}):")
+        for n in reds:
+            src = g.spec(n.tensor_args[0])
+            print(f"    {n.id} = {n.op}({n.tensor_args[0]}{list(src.shape)}) axes={list(n.axes)} "
+                  f"keepdims={str(n.keepdims).lower()} -> {list(n.shape)}")
+    else:
+        print("  reductions: none")
+    print(f"  outputs ({len(g.outputs)}):")
+    for o in g.outputs:
+        s = g.spec(o)
+        print(f"    {o}: {s.dtype}{list(s.shape)}")
+    print(f"  min bytes moved: {g.min_bytes()} ({_human_bytes(g.min_bytes())})")
+    print(f"  workload key: {g.workload_key()}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- run
+def _add_run(sub: Any) -> None:
+    p = sub.add_parser("run", help="execute a graph on given or random inputs")
+    p.add_argument("graph", help="path to graph.json")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--inputs", metavar="IN.npz", help="input arrays by name (.npz)")
+    src.add_argument("--random-inputs", metavar="SEED", type=int,
+                     help="draw standard-normal inputs with this seed")
+    p.add_argument("--out", metavar="OUT.npz", required=True, help="where to write the outputs")
+    p.add_argument("--backend", default="reference", choices=sorted(BACKENDS),
+                   help="how to execute (default: reference)")
+    p.add_argument("--schedule", metavar="JSON|@FILE", default=None,
+                   help="schedule for kernel backends: inline JSON or @file")
+    p.set_defaults(func=_cmd_run)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from stitchtune.reference import random_inputs
+
+    g = _load(args.graph)
+    schedule = parse_schedule_arg(args.schedule)
+    if args.inputs is not None:
+        inputs = load_inputs_npz(args.inputs, g)
+    else:
+        inputs = random_inputs(g, args.random_inputs)
+    outputs = BACKENDS[args.backend](g, inputs, schedule)
+    save_outputs_npz(args.out, outputs)
+    for name, a in outputs.items():
+        print(f"{name}: {a.dtype}{list(a.shape)}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- parser / main
+_SUBCOMMANDS: list[Callable[[Any], None]] = [
+    _add_validate,
+    _add_run,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stitchtune",
+        description="Autotune stitch schedules for memory-intensive GPU subgraphs.")
+    parser.add_argument("--version", action="version", version=f"stitchtune {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more logging (-v info, -vv debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in _SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def _print_error(msg: str) -> None:
+    for line in str(msg).splitlines() or [""]:
+        print(f"stitchtune: error: {line}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (see module docstring)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse usage errors (2), --help/--version (0)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="stitchtune: %(levelname)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except StitchtuneError as e:
+        for problem in e.problems:
+            _print_error(problem)
+        return 2
+    except KeyboardInterrupt:
+        print("stitchtune: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

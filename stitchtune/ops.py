@@ -1,0 +1,209 @@
+"""The op table: every operator a graph.json may use, with its semantics in two languages.
+
+Contract
+--------
+``OPS[name]`` is a frozen :class:`OpInfo`. For each op:
+
+* ``np_fn`` is the numpy semantics. It accepts float32 *and* float64 arrays (and, for binary ops,
+  a Python float scalar as either operand) and returns an array of the same float dtype. The
+  reference executor (``reference.py``) calls it on float64 arrays.
+  For reductions ``np_fn(x, axis=tuple, keepdims=bool)`` (``np.sum``/``np.mean``/``np.max``/``np.min``).
+  For ``cast`` it is the identity; the rounding is done by the caller, who knows the target dtype.
+* ``cuda`` is a ``str.format`` template over fp32 operand expressions ``{0}``, ``{1}`` that gives a
+  fully parenthesised fp32 CUDA expression using float intrinsics only (``expf``, ``rsqrtf``, ...)
+  and ``f``-suffixed literals. Operands must be *atoms*: identifiers, calls, literals from
+  :func:`format_float_literal`, or parenthesised expressions, because a template may use an operand
+  more than once and may put a unary minus in front of it. For a reduction ``cuda`` is the
+  per-element transform (``{0}``) and ``cuda_combine`` merges two partial results; for ``cast`` it is
+  ``{0}`` (values are fp32 in registers; rounding happens at the store).
+* ``flops`` / ``sfu`` are approximate per-element counts of fp32 ALU operations and special-function
+  unit operations (MUFU: ex2, lg2, rsq, rcp, sqrt, tanh) for the cost model.
+* Reductions also carry ``identity`` (the neutral element), ``cuda_combine``, ``np_combine`` (a
+  numpy ufunc, e.g. for combining partial results in the emulator) and ``is_mean`` (the result is
+  divided by the number of reduced elements after combining).
+
+Nothing here knows about graphs; ``graph.py`` checks arity and attributes against this table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import scipy.special
+
+__all__ = [
+    "OpInfo",
+    "OPS",
+    "UNARY",
+    "BINARY",
+    "REDUCTIONS",
+    "COMMUTATIVE",
+    "format_float_literal",
+    "get_op",
+]
+
+_SQRT1_2 = 0.7071067811865476  # 1/sqrt(2)
+_SQRT_2_OVER_PI = 0.7978845608028654  # sqrt(2/pi)
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """Static description of one operator (see the module docstring for the contract)."""
+
+    name: str
+    kind: str  # 'unary' | 'binary' | 'reduce' | 'cast'
+    arity: int
+    np_fn: Callable[..., Any]
+    cuda: str
+    flops: int
+    sfu: int
+    commutative: bool = False
+    identity: float | None = None
+    cuda_combine: str | None = None
+    np_combine: Any = None  # numpy ufunc for reductions
+    is_mean: bool = False
+
+    def render(self, *operands: str) -> str:
+        """The CUDA expression for this op applied to operand atoms (see module docstring)."""
+        if len(operands) != self.arity:
+            raise ValueError(f"{self.name} takes {self.arity} operand(s), got {len(operands)}")
+        return self.cuda.format(*operands)
+
+    def combine(self, a: str, b: str) -> str:
+        """The CUDA expression combining two partial reduction results (reductions only)."""
+        if self.cuda_combine is None:
+            raise ValueError(f"{self.name} is not a reduction")
+        return self.cuda_combine.format(a, b)
+
+
+# ---------------------------------------------------------------------------- numpy semantics
+def _one(x: np.ndarray) -> Any:
+    return np.asarray(x).dtype.type(1)
+
+
+def _rsqrt(x: np.ndarray) -> np.ndarray:
+    return np.reciprocal(np.sqrt(x))
+
+
+def _reciprocal(x: np.ndarray) -> np.ndarray:
+    return np.reciprocal(x)
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x)
+    return np.maximum(x, x.dtype.type(0))
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x)
+    t = x.dtype.type
+    return t(0.5) * x * (t(1) + scipy.special.erf(x * t(_SQRT1_2)))
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x)
+    t = x.dtype.type
+    inner = t(_SQRT_2_OVER_PI) * (x + t(0.044715) * x * x * x)
+    return t(0.5) * x * (t(1) + np.tanh(inner))
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x * scipy.special.expit(x)
+
+
+def _identity(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+# ---------------------------------------------------------------------------- the table
+def _u(name: str, fn: Callable[..., Any], cuda: str, flops: int, sfu: int) -> OpInfo:
+    return OpInfo(name=name, kind="unary", arity=1, np_fn=fn, cuda=cuda, flops=flops, sfu=sfu)
+
+
+def _b(name: str, fn: Callable[..., Any], cuda: str, flops: int, sfu: int, comm: bool) -> OpInfo:
+    return OpInfo(name=name, kind="binary", arity=2, np_fn=fn, cuda=cuda, flops=flops, sfu=sfu,
+                  commutative=comm)
+
+
+def _r(name: str, fn: Callable[..., Any], identity: float, combine: str, np_combine: Any,
+       is_mean: bool = False) -> OpInfo:
+    return OpInfo(name=name, kind="reduce", arity=1, np_fn=fn, cuda="{0}", flops=1, sfu=0,
+                  identity=identity, cuda_combine=combine, np_combine=np_combine, is_mean=is_mean)
+
+
+_TABLE: tuple[OpInfo, ...] = (
+    # unary
+    _u("neg", np.negative, "(-{0})", 1, 0),
+    _u("abs", np.abs, "fabsf({0})", 1, 0),
+    _u("exp", np.exp, "expf({0})", 2, 1),
+    _u("log", np.log, "logf({0})", 2, 1),
+    _u("sqrt", np.sqrt, "sqrtf({0})", 1, 1),
+    _u("rsqrt", _rsqrt, "rsqrtf({0})", 1, 1),
+    _u("reciprocal", _reciprocal, "(1.0f / {0})", 1, 1),
+    _u("square", np.square, "({0} * {0})", 1, 0),
+    _u("tanh", np.tanh, "tanhf({0})", 2, 1),
+    _u("sigmoid", scipy.special.expit, "(1.0f / (1.0f + expf((-{0}))))", 4, 2),
+    _u("relu", _relu, "fmaxf({0}, 0.0f)", 1, 0),
+    _u("erf", scipy.special.erf, "erff({0})", 10, 0),
+    _u("gelu", _gelu, "(0.5f * {0} * (1.0f + erff(({0} * 0.70710677f))))", 14, 0),
+    _u("gelu_tanh", _gelu_tanh,
+       "(0.5f * {0} * (1.0f + tanhf((0.7978846f * ({0} + (0.044715f * {0} * {0} * {0}))))))", 9, 1),
+    _u("silu", _silu, "({0} / (1.0f + expf((-{0}))))", 4, 2),
+    # binary
+    _b("add", np.add, "({0} + {1})", 1, 0, True),
+    _b("sub", np.subtract, "({0} - {1})", 1, 0, False),
+    _b("mul", np.multiply, "({0} * {1})", 1, 0, True),
+    _b("div", np.divide, "({0} / {1})", 2, 1, False),
+    _b("maximum", np.maximum, "fmaxf({0}, {1})", 1, 0, True),
+    _b("minimum", np.minimum, "fminf({0}, {1})", 1, 0, True),
+    _b("pow", np.power, "powf({0}, {1})", 4, 2, False),
+    # reductions
+    _r("reduce_sum", np.sum, 0.0, "({0} + {1})", np.add),
+    _r("reduce_mean", np.mean, 0.0, "({0} + {1})", np.add, is_mean=True),
+    _r("reduce_max", np.max, -math.inf, "fmaxf({0}, {1})", np.maximum),
+    _r("reduce_min", np.min, math.inf, "fminf({0}, {1})", np.minimum),
+    # cast
+    OpInfo(name="cast", kind="cast", arity=1, np_fn=_identity, cuda="{0}", flops=0, sfu=0),
+)
+
+OPS: dict[str, OpInfo] = {op.name: op for op in _TABLE}
+UNARY: tuple[str, ...] = tuple(o.name for o in _TABLE if o.kind == "unary")
+BINARY: tuple[str, ...] = tuple(o.name for o in _TABLE if o.kind == "binary")
+REDUCTIONS: tuple[str, ...] = tuple(o.name for o in _TABLE if o.kind == "reduce")
+COMMUTATIVE: frozenset[str] = frozenset(o.name for o in _TABLE if o.commutative)
+
+
+def get_op(name: str) -> OpInfo:
+    """The :class:`OpInfo` for ``name``; ``KeyError`` if unknown (graph validation reports it first)."""
+    return OPS[name]
+
+
+def format_float_literal(x: float) -> str:
+    """A CUDA fp32 literal *atom* for the constant ``x`` (rounded to float32 first).
+
+    The decimal is the shortest one that reads back as exactly ``float32(x)``, so the literal is
+    exact: ``1e-05`` -> ``1e-05f``, ``2`` -> ``2.0f``, ``-0.5`` -> ``(-0.5f)``,
+    ``inf`` -> ``INFINITY``, ``-inf`` -> ``(-INFINITY)``, ``nan`` -> ``NAN``. Finite values beyond
+    float32 range raise ``ValueError`` (graph validation rejects such constants).
+    """
+    x = float(x)
+    if math.isnan(x):
+        return "NAN"
+    if math.isinf(x):
+        return "INFINITY" if x > 0 else "(-INFINITY)"
+    with np.errstate(over="ignore"):
+        f = np.float32(x)
+    if math.isinf(float(f)):
+        raise ValueError(f"constant {x!r} is outside float32 range")
+    neg = math.copysign(1.0, float(f)) < 0
+    text = str(np.float32(abs(float(f))))
+    if not any(c in text for c in ".e"):
+        text += ".0"
+    if "e" in text and "." not in text.split("e")[0]:
+        mant, exp = text.split("e")
+        text = f"{mant}.0e{exp}"
+    lit = text + "f"
+    return f"(-{lit})" if neg else lit

@@ -1,0 +1,107 @@
+"""numpy reference executor: the ground truth every generated kernel is checked against.
+
+Contract
+--------
+* :func:`run_reference(graph, inputs)` computes every node in float64 and returns
+  ``{output name: array}`` with each array cast to that output's dtype (bfloat16 arrays use
+  ``ml_dtypes.bfloat16``). Inputs are checked first (missing/extra names, wrong shape or dtype ->
+  :class:`~stitchtune.errors.StitchtuneError` naming every offending input).
+* Rounding: intermediates stay in float64 (the kernels keep them in fp32 registers or buffers);
+  only an explicit ``cast`` node rounds its value to the target dtype, and outputs are rounded when
+  returned. Constants are used as given.
+* :func:`random_inputs(graph, seed)` draws standard-normal inputs cast to their dtypes, with no exact
+  zeros; the same seed gives the same arrays.
+* :func:`numpy_dtype(name)` maps ``float32``/``float16``/``bfloat16`` to numpy dtypes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Mapping
+
+import ml_dtypes
+import numpy as np
+
+from stitchtune.errors import GraphError, StitchtuneError
+from stitchtune.graph import DTYPES, Graph
+from stitchtune.ops import OPS
+
+__all__ = ["numpy_dtype", "run_reference", "random_inputs", "check_inputs"]
+
+log = logging.getLogger(__name__)
+
+_NP_DTYPES: dict[str, np.dtype] = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype for a graph dtype name; :class:`GraphError` for anything else."""
+    try:
+        return _NP_DTYPES[name]
+    except (KeyError, TypeError):
+        raise GraphError(problems=[f"unsupported dtype {name!r} (supported: {', '.join(DTYPES)})"]) \
+            from None
+
+
+def check_inputs(graph: Graph, inputs: Mapping[str, np.ndarray]) -> None:
+    """Raise :class:`StitchtuneError` listing every missing, extra or mis-shaped/typed input."""
+    problems: list[str] = []
+    expected = dict(graph.inputs)
+    for name, spec in graph.inputs:
+        if name not in inputs:
+            problems.append(f"input {name!r}: missing (expected shape {list(spec.shape)}, "
+                            f"dtype {spec.dtype})")
+            continue
+        arr = inputs[name]
+        if not isinstance(arr, np.ndarray):
+            problems.append(f"input {name!r}: not an array")
+            continue
+        if tuple(arr.shape) != spec.shape:
+            problems.append(f"input {name!r}: shape {list(arr.shape)}, expected {list(spec.shape)}")
+        if arr.dtype != numpy_dtype(spec.dtype):
+            problems.append(f"input {name!r}: dtype {arr.dtype}, expected {spec.dtype}")
+    for name in inputs:
+        if name not in expected:
+            problems.append(f"input {ascii(name)}: not an input of graph {graph.name!r}")
+    if problems:
+        raise StitchtuneError(problems=problems)
+
+
+def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Evaluate ``graph`` on ``inputs`` in float64; outputs cast to their dtypes (see module doc)."""
+    check_inputs(graph, inputs)
+    env: dict[str, np.ndarray] = {
+        name: np.asarray(inputs[name]).astype(np.float64) for name, _ in graph.inputs
+    }
+    with np.errstate(all="ignore"):  # inf/nan are legitimate results (e.g. log of 0)
+        for node in graph.nodes:
+            info = OPS[node.op]
+            args = [env[a] if isinstance(a, str) else float(a) for a in node.args]
+            if info.kind == "reduce":
+                val = info.np_fn(args[0], axis=node.axes, keepdims=node.keepdims)
+            elif info.kind == "cast":
+                val = args[0].astype(numpy_dtype(node.to or "float32")).astype(np.float64)
+            else:
+                val = info.np_fn(*args)
+            val = np.asarray(val, dtype=np.float64)
+            if val.shape != node.shape:  # a bug in graph.py's inference, not a user error
+                raise AssertionError(f"{node.id}: shape {val.shape} != inferred {node.shape}")
+            env[node.id] = val
+        out = {o: env[o].astype(numpy_dtype(graph.spec(o).dtype)) for o in graph.outputs}
+    return out
+
+
+def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
+    """Standard-normal inputs in each input's dtype, never exactly zero, deterministic in ``seed``."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for name, spec in graph.inputs:
+        a = rng.standard_normal(spec.shape, dtype=np.float32)
+        a[a == 0] = 0.5
+        arr = a.astype(numpy_dtype(spec.dtype))
+        arr[arr == 0] = 0.5  # values that underflow in the narrow dtype
+        out[name] = arr
+    return out
