@@ -190,10 +190,37 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- report
+def _add_report(sub: Any) -> None:
+    p = sub.add_parser("report", help="write figures (PNG) and a Markdown summary of a tuning database")
+    p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
+    p.add_argument("-o", "--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--bench", action="append", default=None, metavar="CSV",
+                   help="benchmark CSV (repeatable; default: DB/bench_*.csv)")
+    p.add_argument("--graphs", nargs="*", default=None, metavar="GRAPH",
+                   help="graph.json files for min bytes (default: examples/*.json when present)")
+    p.add_argument("--bandwidth-gbs", type=float, default=None,
+                   help="copy bandwidth for the floor (default: from the device preset)")
+    p.set_defaults(func=_cmd_report)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    import glob
+
+    from stitchtune.report import write_report
+
+    graphs = args.graphs if args.graphs is not None else sorted(glob.glob(os.path.join("examples", "*.json")))
+    paths = write_report(args.db, args.out, bench_paths=args.bench, graph_paths=graphs,
+                         bandwidth_gbs=args.bandwidth_gbs)
+    print(f"wrote {len(paths)} files to {args.out} (summary: {os.path.join(args.out, 'report.md')})")
+    return 0
+
+
 # ---------------------------------------------------------------------------- parser / main
 _SUBCOMMANDS: list[Callable[[Any], None]] = [
     _add_validate,
     _add_run,
+    _add_report,
 ]
 
 
