@@ -244,6 +244,11 @@ def _row_dict(row: pd.Series) -> dict[str, Any]:
                     v = None
             except (TypeError, ValueError):
                 pass
+        if v is not None and not isinstance(v, (str, bytes, pd.Timestamp)) and hasattr(v, "item"):
+            try:
+                v = v.item()  # numpy scalar -> Python scalar
+            except (TypeError, ValueError):
+                pass
         out[str(k)] = v
     return out
 

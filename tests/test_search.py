@@ -1,0 +1,423 @@
+"""Search loop with fake stages: statuses, pruning, resume/reuse, early stop, samplers, CLI wiring.
+
+The fakes below are also used by tests/test_pipeline.py and tests/test_postgres.py (worker processes).
+Fake space: block in BLOCKS x vec in VECS (15 points). Outcomes by point (see FATES):
+(32,4) illegal -> pruned; (512,4) cost-model prune_reason -> pruned; (64,4) compile_error;
+(64,2) build timeout -> timeout; (512,1) launch_error; (512,2) run timeout; (128,1) wrong_result;
+all others ok with time = predicted time (fake, not a measurement).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+import pytest
+
+from stitchtune.db import TuningDB
+from stitchtune.errors import ScheduleError, StitchtuneError
+from stitchtune.pipeline import Stages
+from stitchtune.search import Components, SearchConfig, format_summary, run_search
+
+BLOCKS = (32, 64, 128, 256, 512)
+VECS = (1, 2, 4)
+FATES = {
+    (32, 4): "illegal", (512, 4): "prune_reason", (64, 4): "compile_error", (64, 2): "build_timeout",
+    (512, 1): "launch_error", (512, 2): "timeout", (128, 1): "wrong_result",
+}
+
+
+@dataclass(frozen=True)
+class FakeSchedule:
+    block: int
+    vec: int
+
+    def key(self) -> str:
+        return f"b{self.block}-v{self.vec}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"block": self.block, "vec": self.vec}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "FakeSchedule":
+        return cls(int(d["block"]), int(d["vec"]))
+
+    def flat(self) -> dict[str, Any]:
+        return self.to_dict()
+
+
+class FakeSpace:
+    version = "fake-space-1"
+
+    def suggest(self, trial: optuna.Trial) -> FakeSchedule:
+        return FakeSchedule(trial.suggest_categorical("block", list(BLOCKS)),
+                            trial.suggest_categorical("vec", list(VECS)))
+
+    def params_of(self, s: FakeSchedule) -> dict[str, Any]:
+        return {"block": s.block, "vec": s.vec}
+
+    def grid(self) -> dict[str, list[int]]:
+        return {"block": list(BLOCKS), "vec": list(VECS)}
+
+    def sample(self, rng) -> FakeSchedule:
+        return FakeSchedule(int(rng.choice(BLOCKS)), int(rng.choice(VECS)))
+
+
+@dataclass(frozen=True)
+class FakeSpec:
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+
+class FakeGraph:
+    def __init__(self, name: str = "fake_ln", rows: int = 64) -> None:
+        self.name = name
+        self.rows = rows
+        self.inputs = (("x", FakeSpec((rows, 1024))),)
+        self.outputs = ("y",)
+
+    def spec(self, name: str) -> FakeSpec:
+        return FakeSpec((self.rows, 1024))
+
+    def workload_key(self) -> str:
+        return f"{self.name}-{self.rows}".encode().hex().ljust(64, "0")
+
+    def structure_key(self) -> str:
+        return self.name.encode().hex().ljust(64, "0")
+
+    def min_bytes(self) -> int:
+        return 2 * self.rows * 1024 * 4
+
+
+@dataclass(frozen=True)
+class FakeDevice:
+    key: str = "fakegpu-sm90"
+    name: str = "fakegpu"
+    arch: str = "sm_90"
+    cc: tuple[int, int] = (9, 0)
+    copy_bandwidth_gbs: float = 1000.0
+
+
+@dataclass(frozen=True)
+class FakeProfile:
+    schedule: FakeSchedule
+
+
+@dataclass(frozen=True)
+class FakeProgram:
+    schedule: FakeSchedule
+    profile: FakeProfile
+
+
+@dataclass(frozen=True)
+class FakePrediction:
+    time_us: float
+    occupancy: float
+    prune_reason: str | None
+    per_kernel_us: tuple[float, ...] = ()
+    limiter: str = "fake"
+
+
+@dataclass(frozen=True)
+class FakeBuild:
+    status: str
+    source_hash: str
+    cubin_path: str | None
+    arch: str
+    registers: dict
+    smem_bytes: dict
+    spill_bytes: dict
+    stack_bytes: dict
+    compile_s: float
+    error: str
+
+
+@dataclass(frozen=True)
+class FakeMeasurement:
+    status: str
+    median_us: float | None
+    samples_us: tuple[float, ...]
+    max_rel_error: float | None
+    estimated: bool
+    error: str
+
+
+def fake_time(s: FakeSchedule) -> float:
+    """The fake objective: best at block 256, vec 2 (not a measured figure)."""
+    return 10.0 + abs(s.block - 256) / 16.0 + {1: 6.0, 2: 0.0, 4: 3.0}[s.vec]
+
+
+def fake_lower(graph, plan, s: FakeSchedule, device) -> FakeProgram:
+    if FATES.get((s.block, s.vec)) == "illegal":
+        raise ScheduleError(f"vec 4 needs block >= 64 (block {s.block})")
+    return FakeProgram(s, FakeProfile(s))
+
+
+def fake_predict(profile: FakeProfile, device, registers=None) -> FakePrediction:
+    s = profile.schedule
+    reason = "occupancy 0: shared memory over the limit" if FATES.get((s.block, s.vec)) == "prune_reason" else None
+    return FakePrediction(fake_time(s), 0.5, reason)
+
+
+def fake_should_prune(pred, best, factor) -> str | None:
+    if best is not None and pred.time_us > factor * best:
+        return f"predicted {pred.time_us:.1f} us > {factor} x best {best:.1f} us"
+    return None
+
+
+def fake_render(program: FakeProgram) -> str:
+    return f"// fake kernel block={program.schedule.block} vec={program.schedule.vec}\n"
+
+
+def fake_stages() -> Stages:
+    return Stages(lower=fake_lower, render=fake_render, predict=fake_predict, should_prune=fake_should_prune,
+                  codegen_version="fake-cg-1")
+
+
+class FakeBuilder:
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def build(self, sources: list[str], arch: str) -> list[FakeBuild]:
+        self.calls.append(list(sources))
+        out = []
+        for src in sources:
+            fate = None
+            for (b, v), f in FATES.items():
+                if f"block={b} vec={v}\n" in src:
+                    fate = f
+            status = {"compile_error": "compile_error", "build_timeout": "timeout"}.get(fate, "ok")
+            error = {"compile_error": "fake.cu(3): error: identifier undefined",
+                     "build_timeout": "nvcc timed out after 1 s"}.get(fate, "")
+            out.append(FakeBuild(status, str(hash(src)), None, arch, {"k0": 40}, {"k0": 0}, {"k0": 0}, {"k0": 0},
+                                 0.01, error))
+        return out
+
+
+class FakeRunner:
+    """Counts measurements per schedule key; optionally appends one line per measurement to a log file."""
+
+    def __init__(self, log_path: str | None = None) -> None:
+        self.measured: list[str] = []
+        self.log_path = log_path
+        self.closed = False
+
+    def run(self, items) -> list[FakeMeasurement]:
+        out = []
+        for program, build in items:
+            s = program.schedule
+            self.measured.append(s.key())
+            if self.log_path:
+                with open(self.log_path, "a") as fh:
+                    fh.write(f"{os.getpid()} {s.key()}\n")
+            fate = FATES.get((s.block, s.vec))
+            t = fake_time(s)
+            if fate == "launch_error":
+                out.append(FakeMeasurement("launch_error", None, (), None, True, "CUDA_ERROR_ILLEGAL_ADDRESS"))
+            elif fate == "timeout":
+                out.append(FakeMeasurement("timeout", None, (), None, True, "kernel did not return in 5 s"))
+            elif fate == "wrong_result":
+                out.append(FakeMeasurement("wrong_result", None, (t,), 0.5, True, "max rel error 0.5 > 1e-3"))
+            else:
+                out.append(FakeMeasurement("ok", t, (t, t, t), 1e-7, True, ""))
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def fake_components(runner: FakeRunner | None = None, builder: FakeBuilder | None = None,
+                    graph: FakeGraph | None = None) -> Components:
+    runner = runner or FakeRunner()
+    builder = builder or FakeBuilder()
+    graph = graph or FakeGraph()
+    return Components(
+        load_graph=lambda path: graph, make_plan=lambda g: "fake-plan", space_for_plan=lambda p, d: FakeSpace(),
+        heuristic_schedule=lambda p, d: FakeSchedule(128, 4), get_device=lambda name: FakeDevice(),
+        make_builder=lambda cfg, dev, backend: builder, make_runner=lambda backend, g, d: runner,
+        stages=fake_stages, cuda_available=lambda: False)
+
+
+def _cfg(tmp_path, **kw) -> SearchConfig:
+    base = dict(graph_path="fake.json", trials=15, backend="emulate", db=str(tmp_path / "db"), sampler="random",
+                seed=1, jobs=4, progress=False, prune_factor=100.0)
+    base.update(kw)
+    return SearchConfig(**base)
+
+
+# ------------------------------------------------------------------------------------------ tests
+def test_every_status_and_heuristic_first(tmp_path):
+    runner = FakeRunner()
+    cfg = _cfg(tmp_path, sampler="grid", trials=40)
+    res = run_search(cfg, fake_components(runner))
+    assert res.stopped == "grid_exhausted"
+    df = TuningDB(cfg.db).read()
+    assert len(df) == 15 and df["trial_number"].is_unique
+    by_key = dict(zip(df["schedule_key"], df["status"]))
+    assert by_key["b32-v4"] == "pruned" and by_key["b512-v4"] == "pruned"
+    assert by_key["b64-v4"] == "compile_error" and by_key["b64-v2"] == "timeout"
+    assert by_key["b512-v1"] == "launch_error" and by_key["b512-v2"] == "timeout"
+    assert by_key["b128-v1"] == "wrong_result"
+    assert set(df["status"]) == {"ok", "pruned", "compile_error", "launch_error", "timeout", "wrong_result"}
+    errs = dict(zip(df["schedule_key"], df["error"]))
+    assert "identifier undefined" in errs["b64-v4"] and "ILLEGAL_ADDRESS" in errs["b512-v1"]
+    reasons = dict(zip(df["schedule_key"], df["prune_reason"]))
+    assert reasons["b32-v4"].startswith("illegal:") and "occupancy 0" in reasons["b512-v4"]
+    # trial 0 is the heuristic
+    t0 = df[df["trial_number"] == 0].iloc[0]
+    assert t0["schedule_key"] == "b128-v4" and bool(t0["heuristic"])
+    assert df["estimated"].all() and set(df["backend"]) == {"emulate"}
+    # optuna states
+    study = optuna.load_study(study_name=res.study_name,
+                              storage=optuna.storages.JournalStorage(
+                                  optuna.storages.journal.JournalFileBackend(os.path.join(cfg.db, "optuna.journal"))))
+    states = {t.user_attrs["schedule_key"]: t.state for t in study.trials}
+    assert states["b32-v4"] == optuna.trial.TrialState.PRUNED
+    assert study.trials[0].user_attrs.get("prune_reason") is None
+    assert states["b64-v4"] == optuna.trial.TrialState.FAIL
+    assert states["b256-v2"] == optuna.trial.TrialState.COMPLETE
+    assert [t for t in study.trials if t.user_attrs["schedule_key"] == "b32-v4"][0].user_attrs["prune_reason"]
+    # the best is the global optimum of the fake objective; speedup vs heuristic
+    assert res.best["schedule_key"] == "b256-v2"
+    assert res.speedup == pytest.approx(fake_time(FakeSchedule(128, 4)) / fake_time(FakeSchedule(256, 2)))
+    assert res.floor_fraction == pytest.approx(res.floor_us / res.best["measured_us"])
+    assert sorted(runner.measured) == sorted(set(runner.measured))  # nothing measured twice
+    text = format_summary(res)
+    assert "(estimated)" in text and "b256-v2" in text and "trials by status" in text
+    assert runner.closed
+
+
+def test_prune_by_prediction_against_best(tmp_path):
+    runner = FakeRunner()
+    cfg = _cfg(tmp_path, sampler="grid", trials=15, prune_factor=1.5, jobs=1)
+    run_search(cfg, fake_components(runner))
+    df = TuningDB(cfg.db).read()
+    slow = df[df["prune_reason"].fillna("").str.contains("x best")]
+    assert len(slow) > 0
+    assert not set(slow["schedule_key"]) & set(runner.measured)  # pruned points were never measured
+
+
+def test_resume_reuses_db_rows_without_remeasuring(tmp_path):
+    r1 = FakeRunner()
+    cfg = _cfg(tmp_path, trials=8, sampler="random", seed=3)
+    res1 = run_search(cfg, fake_components(r1))
+    assert res1.trials_run == 8
+    r2 = FakeRunner()
+    cfg2 = _cfg(tmp_path, trials=30, sampler="grid")  # same study (default name), same db
+    res2 = run_search(cfg2, fake_components(r2))
+    assert not set(r1.measured) & set(r2.measured), "a schedule measured in run 1 was measured again"
+    df = TuningDB(cfg.db).read()
+    assert df["trial_number"].is_unique
+    reused = df[df["reused"].astype(bool)]
+    assert len(reused) >= 1 and reused["reused_from"].str.startswith(res1.study_name).all()
+    # every grid point measured at most once over both runs
+    measured = r1.measured + r2.measured
+    assert len(measured) == len(set(measured))
+    # a second study on the same DB reuses too
+    r3 = FakeRunner()
+    run_search(_cfg(tmp_path, trials=5, study="other-study"), fake_components(r3))
+    assert r3.measured == []
+
+
+def test_early_stop(tmp_path):
+    cfg = _cfg(tmp_path, trials=15, early_stop=2, jobs=1, sampler="grid", seed=0)
+    res = run_search(cfg, fake_components())
+    assert res.stopped == "early_stop"
+    assert res.trials_run < 15
+
+
+def test_timeout_stops(tmp_path):
+    cfg = _cfg(tmp_path, trials=15, timeout_s=1e-9, jobs=1)
+    res = run_search(cfg, fake_components())
+    assert res.stopped == "timeout" and res.trials_run == 0
+
+
+def test_in_batch_duplicates_measured_once(tmp_path):
+    runner = FakeRunner()
+    # 15 points, 60 random trials in batches of 8: many repeats, each point measured at most once
+    run_search(_cfg(tmp_path, trials=60, jobs=8, sampler="random", seed=5), fake_components(runner))
+    assert len(runner.measured) == len(set(runner.measured))
+    df = TuningDB(tmp_path / "db").read()
+    assert len(df) == 60 and df["trial_number"].is_unique
+
+
+def test_interrupt_stops_cleanly_after_flushing(tmp_path):
+    class Interrupting(FakeRunner):
+        def run(self, items):
+            if len(self.measured) >= 3:
+                raise KeyboardInterrupt
+            return super().run(items)
+
+    cfg = _cfg(tmp_path, trials=15, jobs=1, sampler="grid")
+    res = run_search(cfg, fake_components(Interrupting()))
+    assert res.stopped == "interrupted"
+    df = TuningDB(cfg.db).read()
+    assert len(df) == res.trials_run >= 3
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(os.path.join(cfg.db, "optuna.journal")))
+    trials = optuna.load_study(study_name=res.study_name, storage=storage).trials
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert any(t.user_attrs.get("interrupted") for t in trials)
+
+
+def test_tpe_sampler_and_sqlite_storage(tmp_path):
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    res = run_search(_cfg(tmp_path, trials=12, sampler="tpe", storage=url), fake_components())
+    assert res.trials_run == 12 and res.storage.startswith("sqlite")
+
+
+def test_config_and_sampler_errors(tmp_path):
+    with pytest.raises(StitchtuneError) as ei:
+        SearchConfig(graph_path="g", trials=0, jobs=0, backend="gpu")
+    assert len(ei.value.problems) == 3
+
+    class NoGrid(FakeSpace):
+        grid = None
+
+    comp = fake_components()
+    comp = Components(**{**comp.__dict__, "space_for_plan": lambda p, d: NoGrid()})
+    with pytest.raises(StitchtuneError, match="no finite grid"):
+        run_search(_cfg(tmp_path, sampler="grid"), comp)
+    with pytest.raises(StitchtuneError, match="storage"):
+        run_search(_cfg(tmp_path, storage="not a url"), fake_components())
+
+
+def test_backend_auto_resolution():
+    from stitchtune.search import resolve_backend
+
+    assert resolve_backend("auto", lambda: False)[0] == "emulate"
+    assert "estimated" in resolve_backend("auto", lambda: False)[1]
+    assert resolve_backend("auto", lambda: True)[0] == "cuda"
+    with pytest.raises(StitchtuneError):
+        resolve_backend("cuda", lambda: False)
+
+
+def test_stale_trial_of_dead_worker_is_failed(tmp_path):
+    import subprocess
+    import sys
+
+    cfg = _cfg(tmp_path, trials=3)
+    res = run_search(cfg, fake_components())
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(os.path.join(cfg.db, "optuna.journal")))
+    study = optuna.load_study(study_name=res.study_name, storage=storage)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    t = study.ask()
+    import socket
+
+    t.set_user_attr("worker", f"{socket.gethostname()}:{int(dead.stdout)}")
+    t.set_user_attr("schedule_key", "b256-v2")
+    run_search(cfg, fake_components())
+    again = optuna.load_study(study_name=res.study_name, storage=storage).trials[t.number]
+    assert again.state == optuna.trial.TrialState.FAIL and again.user_attrs.get("stale")
+
+
+def test_json_rows_roundtrip(tmp_path):
+    run_search(_cfg(tmp_path, trials=4), fake_components())
+    df = TuningDB(tmp_path / "db").read()
+    for s in df["schedule_json"].dropna():
+        assert FakeSchedule.from_dict(json.loads(s)).key() in set(df["schedule_key"])
+    assert {"p_block", "p_vec"} <= set(df.columns)
