@@ -216,11 +216,56 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- calibrate / model-check
+def _add_calibrate(sub: Any) -> None:
+    p = sub.add_parser("calibrate", help="re-fit the cost model's per-device constants from measured rows")
+    p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
+    p.add_argument("--device", default=None, metavar="NAME",
+                   help="device preset or name (default: every device with measured rows)")
+    p.set_defaults(func=_cmd_calibrate)
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from stitchtune.calibrate import CalibrationError, calibrate_db, devices_in
+    from stitchtune.db import read_db
+    from stitchtune.device import get_device
+
+    df = read_db(args.db)
+    if args.device:
+        devices = [get_device(args.device)]
+    else:
+        devices = [get_device(name) for _key, name in devices_in(df)]
+        if not devices:
+            raise CalibrationError(f"no measured ok rows in {ascii(args.db)} (emulated rows do not count)")
+    for dev, params, path in calibrate_db(args.db, df, devices):
+        fitted = ", ".join(f"{k}={v:.4g}" for k, v in params.to_dict().items() if isinstance(v, float))
+        print(f"{dev.key}: fitted on {params.fitted_rows} measured rows -> {path}\n  {fitted}")
+    return 0
+
+
+def _add_model_check(sub: Any) -> None:
+    p = sub.add_parser("model-check", help="rank correlation of predicted vs measured times, pruned winners")
+    p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
+    p.add_argument("--factor", type=float, default=3.0,
+                   help="pruning factor: predicted > FACTOR x best measured (default 3.0)")
+    p.set_defaults(func=_cmd_model_check)
+
+
+def _cmd_model_check(args: argparse.Namespace) -> int:
+    from stitchtune.calibrate import format_model_check, model_check
+    from stitchtune.db import read_db
+
+    print(format_model_check(model_check(read_db(args.db), args.factor), args.factor))
+    return 0
+
+
 # ---------------------------------------------------------------------------- parser / main
 _SUBCOMMANDS: list[Callable[[Any], None]] = [
     _add_validate,
     _add_run,
     _add_report,
+    _add_calibrate,
+    _add_model_check,
 ]
 
 
