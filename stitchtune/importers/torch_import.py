@@ -1,0 +1,623 @@
+"""PyTorch -> graph.json: capture a function or ``nn.Module`` at example shapes and map its ATen ops.
+
+Contract
+--------
+* :func:`import_torch(fn, inputs)` captures ``fn`` with ``torch.export.export`` (non-strict) at the
+  given static shapes and dtypes; if export fails it falls back to ``make_fx`` (torch.fx tracing at
+  the ATen level with real example tensors, so Python control flow is specialised). It returns a
+  :class:`TorchImport` whose ``graph`` is a validated :class:`~stitchtune.graph.Graph`.
+* Graph inputs are the callable's tensor arguments (named as its parameters, in signature order),
+  then the module's parameters and buffers (named after their sanitised qualified names; their
+  values are in ``TorchImport.params``). Outputs are the returned tensors, named after the ATen node
+  that produced them. Every generated name matches ``[A-Za-z_][A-Za-z0-9_]{0,63}``.
+* Supported ATen ops: layer_norm / native_layer_norm (decomposed), rms_norm, softmax / _softmax,
+  log_softmax / _log_softmax, gelu (none / tanh), silu, sigmoid, tanh, relu, exp, log, sqrt, rsqrt,
+  reciprocal, neg, abs, erf, square, add / sub / rsub (tensor or scalar, ``alpha``), mul, div
+  (no rounding mode), pow, maximum, minimum, clamp / clamp_min / clamp_max, sum / mean / amax / amin
+  (dims, keepdim, dtype), max.dim / min.dim values, casts (``_to_copy``, ``to``, ``type_as``), and
+  views that do not move elements (identity views, adding/removing leading size-1 dims, ``expand``,
+  ``unsqueeze`` of a reduction that becomes ``keepdims``). Anything else raises
+  :class:`~stitchtune.importers.builder.ImportError_` (a ``StitchtuneError``) naming the op and its
+  source location.
+* Every mapped value is checked against PyTorch's own shape and dtype metadata; a mismatch that the
+  importer cannot express is an error rather than a silently different graph.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import logging
+import operator
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from stitchtune.graph import Graph
+from stitchtune.importers.builder import GraphBuilder, ImportError_, Value, sanitize_name, scalar
+
+__all__ = ["TorchImport", "import_torch", "load_callable", "torch_dtype_name"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TorchImport:
+    """The result of importing a PyTorch callable."""
+
+    graph: Graph
+    #: parameter/buffer inputs and their values (numpy, in the input's dtype), in graph input order
+    params: tuple[tuple[str, np.ndarray], ...] = field(default=(), compare=False)
+    #: "export" or "make_fx"
+    method: str = "export"
+
+
+# ---------------------------------------------------------------------------- loading the callable
+def load_callable(spec: str) -> tuple[Any, str]:
+    """``"path/to/file.py:NAME"`` or ``"dotted.module:NAME"`` -> (object, display name).
+
+    ``NAME`` may be dotted (attribute path). An ``nn.Module`` subclass is instantiated with no
+    arguments. Raises :class:`ImportError_` if the module or attribute cannot be found.
+    """
+    mod_part, colon, attr = spec.rpartition(":")
+    if not colon or not mod_part or not attr:
+        raise ImportError_(f"{spec!a} is not MODULE:CALLABLE (a .py path or dotted module, then ':' and a name)")
+    try:
+        if mod_part.endswith(".py") or "/" in mod_part or Path(mod_part).is_file():
+            path = Path(mod_part)
+            if not path.is_file():
+                raise ImportError_(f"module file {mod_part!a} does not exist")
+            mod_name = "stitchtune_user_" + sanitize_name(path.stem)
+            spec_ = importlib.util.spec_from_file_location(mod_name, path)
+            if spec_ is None or spec_.loader is None:
+                raise ImportError_(f"cannot load {mod_part!a} as a Python module")
+            module = importlib.util.module_from_spec(spec_)
+            sys.modules[mod_name] = module
+            spec_.loader.exec_module(module)
+        else:
+            module = importlib.import_module(mod_part)
+    except ImportError_:
+        raise
+    except Exception as e:  # user code failed to import: a user error, reported in one line
+        raise ImportError_(f"importing {mod_part!a} failed: {type(e).__name__}: {e}") from e
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ImportError_(f"{mod_part!a} has no attribute {attr!a}")
+        obj = getattr(obj, part)
+    import torch
+
+    if isinstance(obj, type) and issubclass(obj, torch.nn.Module):
+        try:
+            obj = obj()
+        except TypeError as e:
+            raise ImportError_(f"{attr!a} is an nn.Module class that cannot be built without arguments: {e}") from e
+    if not callable(obj):
+        raise ImportError_(f"{attr!a} in {mod_part!a} is not callable")
+    return obj, attr.rsplit(".", 1)[-1]
+
+
+def input_names(fn: Any) -> list[str]:
+    """Positional tensor parameter names of ``fn`` (``forward`` for a module), without defaults."""
+    import torch
+
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in sig.parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+
+
+def _all_positional(fn: Any) -> list[str] | None:
+    """All positional parameter names, or None if ``fn`` takes ``*args``."""
+    import torch
+
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_POSITIONAL for p in sig.parameters.values()):
+        return None
+    return [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+# ---------------------------------------------------------------------------- dtypes
+_TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+def torch_dtype_name(dt: Any) -> str | None:
+    """``torch.float32`` -> ``"float32"``; None for dtypes graph.json does not have."""
+    return _TORCH_DTYPES.get(str(dt).removeprefix("torch."))
+
+
+def _to_numpy(t: Any, dtype: str) -> np.ndarray:
+    from stitchtune.reference import numpy_dtype
+    import torch
+
+    return t.detach().to(torch.float32).cpu().numpy().astype(numpy_dtype(dtype))
+
+
+# ---------------------------------------------------------------------------- capture
+def _as_forward(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A copy of a plain function whose frame is named ``forward``.
+
+    Non-strict ``torch.export`` keeps only frames named ``forward`` in ``node.meta["stack_trace"]``;
+    renaming the code object (same file, same line numbers) keeps the user's source lines.
+    """
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    code = fn.__code__.replace(co_name="forward")
+    g = types.FunctionType(code, fn.__globals__, "forward", fn.__defaults__, fn.__closure__)
+    g.__kwdefaults__ = fn.__kwdefaults__
+    return g
+
+
+def _wrap(fn: Any) -> Any:
+    import torch
+
+    if isinstance(fn, torch.nn.Module):
+        return fn
+    f = _as_forward(fn)
+
+    class _Fn(torch.nn.Module):
+        def forward(self, *args: Any) -> Any:
+            return f(*args)
+
+    return _Fn()
+
+
+@dataclass
+class _Captured:
+    gm: Any                      # torch.fx.GraphModule
+    bindings: dict[str, tuple[str, Any]]   # placeholder name -> ("user", index) | ("param", (fqn, tensor))
+    method: str
+
+
+def _capture(fn: Any, args: tuple[Any, ...]) -> _Captured:
+    import torch
+
+    module = _wrap(fn)
+    try:
+        ep = torch.export.export(module, args, strict=False)
+    except Exception as e:  # any tracing failure -> try the fx fallback
+        log.info("torch.export failed (%s: %s); falling back to make_fx", type(e).__name__, e)
+        export_error = e
+    else:
+        from torch.export.graph_signature import InputKind, OutputKind
+
+        bad_out = [s for s in ep.graph_signature.output_specs if s.kind != OutputKind.USER_OUTPUT]
+        if bad_out:
+            raise ImportError_(f"the callable mutates {bad_out[0].target!a} in place; "
+                               "graph.json graphs are pure functions")
+        bindings: dict[str, tuple[str, Any]] = {}
+        user = 0
+        for s in ep.graph_signature.input_specs:
+            if s.kind == InputKind.USER_INPUT:
+                bindings[s.arg.name] = ("user", user)
+                user += 1
+            elif s.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+                t = ep.state_dict.get(s.target)
+                if t is None:
+                    t = ep.constants.get(s.target)
+                if t is None:
+                    raise ImportError_(f"cannot find the value of {s.target!a}")
+                kind = "const" if s.kind == InputKind.CONSTANT_TENSOR else "param"
+                bindings[s.arg.name] = (kind, (s.target, t))
+            else:
+                raise ImportError_(f"unsupported graph input kind {s.kind.name} ({s.target!a})")
+        return _Captured(ep.graph_module, bindings, "export")
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    try:
+        gm = make_fx(module)(*args)
+    except Exception as e:
+        raise ImportError_(problems=[
+            f"torch.export failed: {type(export_error).__name__}: {str(export_error).splitlines()[0] if str(export_error) else ''}",
+            f"make_fx failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]) from e
+    bindings = {}
+    fqns = {id(t): k for k, t in [*module.named_parameters(), *module.named_buffers()]}
+    i = 0
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            bindings[n.name] = ("user", i)
+            i += 1
+        elif n.op == "get_attr":
+            t = operator.attrgetter(n.target)(gm)
+            if id(t) in fqns:
+                bindings[n.name] = ("param", (fqns[id(t)], t))
+            else:
+                bindings[n.name] = ("const" if str(n.target).startswith("_tensor_constant") else "param",
+                                    (str(n.target), t))
+    return _Captured(gm, bindings, "make_fx")
+
+
+# ---------------------------------------------------------------------------- the walk
+def _where(node: Any) -> str:
+    """The innermost user source location of an fx node, or its name."""
+    st = node.meta.get("stack_trace") or ""
+    lines = [ln for ln in st.strip().splitlines() if ln.strip()]
+    for i in range(len(lines) - 1, -1, -1):
+        ln = lines[i].strip()
+        if ln.startswith("File "):
+            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            loc = ln.split(", in ")[0].replace("File ", "").replace('"', "").replace(", line ", ":")
+            return f"{loc} ({code})" if code else loc
+    return f"graph node {node.name!a} (no source location recorded)"
+
+
+def _meta(node: Any) -> tuple[tuple[int, ...], str | None]:
+    val = node.meta.get("val")
+    if val is None:
+        tm = node.meta.get("tensor_meta")
+        if tm is None:
+            return (), None
+        return tuple(int(d) for d in tm.shape), torch_dtype_name(tm.dtype)
+    return tuple(int(d) for d in val.shape), torch_dtype_name(val.dtype)
+
+
+def _strip1(shape: Sequence[int]) -> tuple[int, ...]:
+    s = list(shape)
+    while s and s[0] == 1:
+        s.pop(0)
+    return tuple(s)
+
+
+def _fits(g: Sequence[int], t: Sequence[int]) -> bool:
+    """True if a value of graph shape ``g`` broadcasts (numpy) to the PyTorch shape ``t``."""
+    g = list(g)
+    while len(g) > len(t) and g[0] == 1:
+        g.pop(0)
+    if len(g) > len(t):
+        return False
+    return all(gd in (1, td) for gd, td in zip(reversed(g), reversed(t)))
+
+
+def _bind(node: Any) -> dict[str, Any]:
+    """Schema argument name -> value (positional, keyword or default)."""
+    schema = node.target._schema
+    out: dict[str, Any] = {}
+    for i, a in enumerate(schema.arguments):
+        if i < len(node.args):
+            out[a.name] = node.args[i]
+        elif a.name in node.kwargs:
+            out[a.name] = node.kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+        else:
+            out[a.name] = None
+    return out
+
+
+def _key(target: Any) -> str:
+    s = str(target)
+    return s.rsplit(".", 1)[0] if s.count(".") >= 2 else s
+
+
+_UNARY = {"aten.relu": "relu", "aten.sigmoid": "sigmoid", "aten.tanh": "tanh", "aten.exp": "exp",
+          "aten.log": "log", "aten.sqrt": "sqrt", "aten.rsqrt": "rsqrt", "aten.reciprocal": "reciprocal",
+          "aten.neg": "neg", "aten.abs": "abs", "aten.erf": "erf", "aten.square": "square",
+          "aten.silu": "silu"}
+_BINARY = {"aten.mul": "mul", "aten.div": "div", "aten.true_divide": "div", "aten.maximum": "maximum",
+           "aten.minimum": "minimum"}
+_REDUCE = {"aten.sum": "reduce_sum", "aten.mean": "reduce_mean", "aten.amax": "reduce_max",
+           "aten.amin": "reduce_min", "aten.max": "reduce_max", "aten.min": "reduce_min"}
+_VIEWS = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze",
+          "aten.flatten", "aten.expand", "aten.expand_as", "aten.alias", "aten.clone", "aten.contiguous",
+          "aten.detach", "aten.lift_fresh_copy", "aten.view_as"}
+_CASTS = {"aten._to_copy", "aten.to", "aten.type_as", "aten._to_dtype"}
+_IGNORED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
+            "aten._assert_async"}
+
+
+class _Walker:
+    def __init__(self, cap: _Captured, b: GraphBuilder, user_values: list[Value],
+                 param_dtype: Callable[[str, Any], str]) -> None:
+        self.cap, self.b = cap, b
+        self.user_values = user_values
+        self.vals: dict[str, Any] = {}
+        self.params: list[tuple[str, np.ndarray]] = []
+        self.param_dtype = param_dtype
+        self.forced_keepdim = self._keepdim_prepass()
+
+    # -- helpers
+    def tshape(self, n: Any) -> tuple[int, ...]:
+        return _meta(n)[0]
+
+    def val(self, x: Any, node: Any) -> Value:
+        import torch.fx
+
+        if isinstance(x, torch.fx.Node):
+            v = self.vals.get(x.name)
+            if not isinstance(v, Value):
+                raise ImportError_(f"{node.target} at {_where(node)}: argument {x.name!a} is not a tensor "
+                                   "graph.json can represent")
+            return v
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise ImportError_(f"{node.target} at {_where(node)}: unsupported argument {type(x).__name__}")
+        return scalar(float(x))
+
+    def axes(self, x: Any, dims: Any, node: Any) -> list[int]:
+        """PyTorch dims of ``x`` -> graph axes of its value (size-1 leading dims may differ)."""
+        v = self.val(x, node)
+        t = self.tshape(x)
+        if _strip1(t) != _strip1(v.shape):
+            raise ImportError_(f"{node.target} at {_where(node)}: reducing a broadcast or reshaped tensor "
+                               f"(PyTorch shape {list(t)}, graph shape {list(v.shape)}) is not supported")
+        rt = len(t)
+        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+            dims = list(range(rt))
+        if isinstance(dims, int):
+            dims = [dims]
+        out = []
+        for d in dims:
+            if not -rt <= d < max(rt, 1):
+                raise ImportError_(f"{node.target} at {_where(node)}: dim {d} out of range for rank {rt}")
+            g = d % rt - (rt - len(v.shape))
+            if g >= 0:
+                out.append(g)
+        return out
+
+    def _keepdim_prepass(self) -> set[str]:
+        """Reductions with keepdim=False whose every user re-inserts the reduced dims."""
+        forced: set[str] = set()
+        for n in self.cap.gm.graph.nodes:
+            if n.op != "call_function" or _key(n.target) not in _REDUCE or not hasattr(n.target, "_schema"):
+                continue
+            a = _bind(n)
+            if a.get("keepdim") or "dim" not in a or not n.users:
+                continue
+            t_in = self.tshape(a["self"])
+            dims = a["dim"]
+            dims = [dims] if isinstance(dims, int) else list(dims or range(len(t_in)))
+            dims = {d % max(len(t_in), 1) for d in dims}
+            kd = tuple(1 if i in dims else d for i, d in enumerate(t_in))
+            if all(u.op == "call_function" and _key(u.target) in _VIEWS and self.tshape(u) == kd
+                   for u in n.users):
+                forced.add(n.name)
+        return forced
+
+    # -- the walk
+    def run(self) -> list[Value]:
+        outputs: list[Value] = []
+        for node in self.cap.gm.graph.nodes:
+            if node.op in ("placeholder", "get_attr"):
+                self.vals[node.name] = self._input(node)
+            elif node.op == "call_function":
+                if node.target is operator.getitem:
+                    src, idx = node.args
+                    got = self.vals.get(src.name)
+                    item = got[idx] if isinstance(got, tuple) and idx < len(got) else None
+                    if item is None:
+                        raise ImportError_(f"{src.target} output {idx} at {_where(node)} is not supported")
+                    self.vals[node.name] = item
+                    continue
+                key = _key(node.target)
+                if key in _IGNORED:
+                    continue
+                if key.endswith("_") and not key.endswith("__"):
+                    key = self._inplace(node, key)
+                if not hasattr(node.target, "_schema"):
+                    raise ImportError_(f"unsupported op {node.target} at {_where(node)}")
+                res = self._op(node, key, _bind(node))
+                if isinstance(res, Value):
+                    res = self._check(node, res)
+                self.vals[node.name] = res
+            elif node.op == "output":
+                outs = node.args[0]
+                outs = outs if isinstance(outs, (list, tuple)) else [outs]
+                for o in outs:
+                    v = self.val(o, node) if o is not None else None
+                    if v is None or v.is_scalar:
+                        raise ImportError_("every output must be a tensor")
+                    t, _ = _meta(o)
+                    if tuple(v.shape) != tuple(t):
+                        raise ImportError_(f"output {o.name!a} has PyTorch shape {list(t)} but the graph "
+                                           f"computes {list(v.shape)} (a reshape graph.json cannot express)")
+                    outputs.append(v)
+            else:
+                raise ImportError_(f"unsupported fx node {node.op} {node.target} at {_where(node)}")
+        return outputs
+
+    def _inplace(self, node: Any, key: str) -> str:
+        """An in-place op on a fresh intermediate that nothing reads afterwards is its out-of-place op."""
+        target = node.args[0] if node.args else None
+        order = {n: i for i, n in enumerate(self.cap.gm.graph.nodes)}
+        if (getattr(target, "op", None) != "call_function"
+                or any(order[u] > order[node] for u in target.users if u is not node)):
+            raise ImportError_(f"in-place op {node.target} at {_where(node)} mutates a value that is an "
+                               "input or is read later; graph.json graphs are pure")
+        return key[:-1]
+
+    def _input(self, node: Any) -> Value:
+        kind, payload = self.cap.bindings[node.name]
+        if kind == "user":
+            return self.user_values[payload]
+        fqn, t = payload
+        if kind == "const" and t.numel() == 1 and t.dim() == 0:
+            return scalar(float(t.item()))
+        dt = self.param_dtype(fqn, t)
+        v = self.b.add_input(fqn, tuple(t.shape), dt)
+        self.params.append((str(v.ref), _to_numpy(t, dt)))
+        return v
+
+    def _check(self, node: Any, v: Value) -> Value:
+        t, dt = _meta(node)
+        if dt is None:
+            raise ImportError_(f"{node.target} at {_where(node)} produces a dtype graph.json does not have "
+                               f"({node.meta.get('val').dtype if node.meta.get('val') is not None else '?'})")
+        if v.is_scalar:
+            raise ImportError_(f"{node.target} at {_where(node)}: a constant tensor is not supported")
+        if v.dtype != dt:
+            v = self.b.cast(v, dt, node.name)
+        if not _fits(v.shape, t) and node.name not in self.forced_keepdim:
+            raise ImportError_(f"{node.target} at {_where(node)}: graph shape {list(v.shape)} does not match "
+                               f"PyTorch shape {list(t)}")
+        return v
+
+    def _op(self, node: Any, key: str, a: dict[str, Any]) -> Any:
+        b, name = self.b, node.name
+        x = a.get("self", a.get("input"))
+        if key in _UNARY:
+            return b.unary(_UNARY[key], self.val(x, node), name)
+        if key == "aten.gelu":
+            op = {"none": "gelu", "tanh": "gelu_tanh"}.get(a.get("approximate") or "none")
+            if op is None:
+                raise ImportError_(f"gelu approximate={a.get('approximate')!a} at {_where(node)} is not supported")
+            return b.unary(op, self.val(x, node), name)
+        if key in ("aten.add", "aten.sub", "aten.rsub"):
+            lhs, rhs = self.val(x, node), self.val(a["other"], node)
+            alpha = a.get("alpha")
+            if alpha is not None and alpha != 1:
+                if key == "aten.rsub":
+                    lhs = b.binary("mul", lhs, scalar(alpha), f"{name}_alpha")
+                else:
+                    rhs = b.binary("mul", rhs, scalar(alpha), f"{name}_alpha")
+            if key == "aten.rsub":
+                return b.binary("sub", rhs, lhs, name)
+            return b.binary(key.removeprefix("aten."), lhs, rhs, name)
+        if key in _BINARY:
+            if a.get("rounding_mode") is not None:
+                raise ImportError_(f"{node.target} rounding_mode={a['rounding_mode']!a} at {_where(node)} "
+                                   "is not supported")
+            return b.binary(_BINARY[key], self.val(x, node), self.val(a["other"], node), name)
+        if key == "aten.pow":
+            return b.binary("pow", self.val(x, node), self.val(a["exponent"], node), name)
+        if key in ("aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh"):
+            v = self.val(x, node)
+            lo = a.get("min", a.get("min_val"))
+            hi = a.get("max", a.get("max_val"))
+            if lo is not None:
+                v = b.binary("maximum", v, self.val(lo, node), f"{name}_lo" if hi is not None else name)
+            if hi is not None:
+                v = b.binary("minimum", v, self.val(hi, node), name)
+            return v
+        if key in _REDUCE:
+            return self._reduce(node, key, a)
+        if key in ("aten.softmax", "aten._softmax", "aten.log_softmax", "aten._log_softmax"):
+            v = self.val(x, node)
+            if a.get("dtype") is not None:
+                v = b.cast(v, self._dtype(a["dtype"], node), f"{name}_in")
+            if a.get("half_to_float"):
+                v = b.cast(v, "float32", f"{name}_in")
+            return b.softmax(v, self.axes(x, a["dim"], node), name, log_="log_" in key)
+        if key in ("aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm"):
+            v = self.val(a["input"], node)
+            k = len(a["normalized_shape"])
+            rt = len(self.tshape(a["input"]))
+            axes = self.axes(a["input"], list(range(rt - k, rt)), node)
+            w = self.val(a["weight"], node) if a.get("weight") is not None else None
+            if key == "aten.rms_norm":
+                eps = a.get("eps")
+                if eps is None:
+                    import torch
+
+                    eps = torch.finfo(node.meta["val"].dtype).eps
+                return b.rms_norm(v, axes, w, float(eps), name)[0]
+            bias = self.val(a["bias"], node) if a.get("bias") is not None else None
+            y, mean, rstd = b.layer_norm(v, axes, w, bias, float(a["eps"]), name)
+            return y if key == "aten.layer_norm" else (y, mean, rstd)
+        if key in _CASTS:
+            _, dt = _meta(node)
+            if dt is None:
+                raise ImportError_(f"{node.target} at {_where(node)}: cast to a dtype graph.json does not have")
+            return b.cast(self.val(x, node), dt, name)
+        if key in _VIEWS:
+            return self._view(node, key, x)
+        raise ImportError_(f"unsupported op {node.target} at {_where(node)}")
+
+    def _dtype(self, dt: Any, node: Any) -> str:
+        name = torch_dtype_name(dt)
+        if name is None:
+            raise ImportError_(f"{node.target} at {_where(node)}: dtype {dt} is not supported")
+        return name
+
+    def _reduce(self, node: Any, key: str, a: dict[str, Any]) -> Any:
+        x = a["self"]
+        v = self.val(x, node)
+        if a.get("dtype") is not None:
+            v = self.b.cast(v, self._dtype(a["dtype"], node), f"{node.name}_in")
+        keep = bool(a.get("keepdim")) or node.name in self.forced_keepdim
+        dims = a.get("dim")
+        axes = self.axes(x, dims, node)
+        op = _REDUCE[key]
+        if axes:
+            out = self.b.reduce(op, v, axes, keep, node.name)
+        else:  # only size-1 dims reduced: the value is unchanged
+            out = v
+        if key in ("aten.max", "aten.min") and isinstance(dims, int):
+            return (out, None)   # (values, indices); indices are not representable
+        return out
+
+    def _view(self, node: Any, key: str, x: Any) -> Value:
+        v = self.val(x, node)
+        t_in, t_new = self.tshape(x), self.tshape(node)
+        ok = _fits(v.shape, t_new) and (
+            key in ("aten.expand", "aten.expand_as")
+            or _strip1(t_in) == _strip1(t_new)
+            or (x.name in self.forced_keepdim and tuple(v.shape) == tuple(t_new)))
+        if not ok:
+            raise ImportError_(f"{node.target} at {_where(node)}: reshaping {list(t_in)} -> {list(t_new)} moves "
+                               "elements; graph.json has no reshape (only views that add or remove leading "
+                               "size-1 dims, expand, or unsqueeze after a reduction are supported)")
+        return v
+
+
+# ---------------------------------------------------------------------------- entry point
+def import_torch(fn: Any, inputs: Mapping[str, tuple[Sequence[int], str]], name: str | None = None,
+                 seed: int = 0) -> TorchImport:
+    """Capture ``fn`` (function or ``nn.Module``) at ``inputs`` = {arg name: (shape, dtype)}.
+
+    Arguments are passed positionally in the order of ``fn``'s signature (the order of ``inputs`` if
+    it takes ``*args``). Example tensors are seeded normal values on the CPU.
+    """
+    try:
+        import torch
+    except ModuleNotFoundError as e:  # the optional extra is not installed
+        raise ImportError_("PyTorch is not installed (pip install 'stitchtune[import]')") from e
+
+    positional = _all_positional(fn)
+    required = input_names(fn)
+    if positional is None:
+        order = list(inputs)
+    else:
+        problems = [f"--shapes: {n!a} is not a parameter of the callable (parameters: {', '.join(positional)})"
+                    for n in inputs if n not in positional]
+        problems += [f"--shapes: missing shape for argument {n!a}" for n in required if n not in inputs]
+        if problems:
+            raise ImportError_(problems=problems)
+        order = [n for n in positional if n in inputs]
+        if order != positional[: len(order)]:
+            raise ImportError_("--shapes must cover a prefix of the positional arguments "
+                               f"({', '.join(positional)})")
+    gen = torch.Generator().manual_seed(seed)
+    b = GraphBuilder(name or getattr(fn, "__name__", type(fn).__name__))
+    args, values = [], []
+    for n in order:
+        shape, dt = inputs[n]
+        tdt = getattr(torch, dt, None)
+        if dt not in _TORCH_DTYPES or tdt is None:
+            raise ImportError_(f"input {n!a}: dtype {dt!a} is not supported")
+        args.append(torch.randn(tuple(shape), generator=gen).to(tdt))
+        values.append(b.add_input(n, shape, dt))
+    cap = _capture(fn, tuple(args))
+
+    def param_dtype(fqn: str, t: Any) -> str:
+        dt = torch_dtype_name(t.dtype)
+        if dt is None:
+            raise ImportError_(f"parameter {fqn!a} has dtype {t.dtype}, which graph.json does not have")
+        return dt
+
+    walker = _Walker(cap, b, values, param_dtype)
+    outputs = walker.run()
+    graph = b.graph(outputs)
+    log.info("imported %s via %s: %d nodes, %d inputs (%d parameters), outputs %s", b.name, cap.method,
+             len(graph.nodes), len(graph.inputs), len(walker.params), ", ".join(graph.outputs))
+    return TorchImport(graph=graph, params=tuple(walker.params), method=cap.method)
