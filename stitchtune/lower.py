@@ -1,0 +1,562 @@
+"""Lowering: (Graph, StitchPlan, Schedule, Device) -> :class:`~stitchtune.kir.Program`.
+
+The program is one kernel, or several when a stage's scheme is ``independent`` (a kernel
+boundary). Inside a kernel every thread runs the same number of *rounds* (uniform control flow, so
+barriers and grid barriers are always reached by everyone); a round gives each block one task
+(a group of rows / a row piece / a column tile). Within a task the thread sweeps its elements once
+per reduction stage and once more to write the outputs; full-size tensors that several sweeps read
+are kept where the schedule's reuse level says (registers, shared memory) or re-read / recomputed.
+
+Row family (``plan.family`` row or elementwise), ``tpr`` threads per row, ``block // tpr`` rows per
+block, ``split`` blocks per row. Thread ``lane = tid % tpr`` handles the ``vec``-wide vectors
+``k = kbase + (i * tpr + lane) * vec`` for ``i < per_thread / vec``.
+
+Column family, ``tpr`` threads along the reduced (leading) axis, ``block // tpr`` threads along the
+columns, each owning ``vec`` adjacent columns; ``split`` row chunks per column tile.
+
+Scheme of a stage: ``local`` (shuffle all-reduce among the row's lanes, or a thread owns the whole
+column), ``regional`` (shared memory + ``__syncthreads``), ``global`` (per-block partials in global
+scratch + software grid barrier), ``independent`` (partials in global scratch, kernel boundary).
+
+Names in the generated program are generated here (``in0``, ``out1``, ``t3_0`` ...); no string of
+the graph file reaches them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from . import kir
+from .errors import ScheduleError
+from .graph import Graph
+from .kir import F32, I32, Assign, Bin, Const, Load, LocalRef, MathOp, Select, Var
+from .occupancy import max_resident_blocks
+from .ops import OPS
+from .plan import StitchPlan
+from .schedule import Schedule, SearchSpace
+
+CODEGEN_VERSION = "1"
+
+_I = lambda v: Const(int(v), I32)  # noqa: E731
+
+
+def _add(a: kir.Expr, b: kir.Expr) -> kir.Expr:
+    if isinstance(b, Const) and b.value == 0:
+        return a
+    if isinstance(a, Const) and a.value == 0:
+        return b
+    return Bin("+", a, b)
+
+
+def _mul(a: kir.Expr, b: kir.Expr) -> kir.Expr:
+    if isinstance(b, Const) and b.value == 1:
+        return a
+    if isinstance(a, Const) and a.value == 1:
+        return b
+    return Bin("*", a, b)
+
+
+def _and(a: kir.Expr | None, b: kir.Expr | None) -> kir.Expr | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return Bin("&&", a, b)
+
+
+def estimate_registers(per_thread_cache: int, vec: int, n_live: int) -> int:
+    """A pre-compilation register estimate (replaced by ptxas figures after the build)."""
+    return int(min(255, 30 + per_thread_cache + 3 * vec * max(1, n_live)))
+
+
+@dataclass
+class _Ctx:
+    """Mutable state while building one kernel (never escapes this module)."""
+
+    graph: Graph
+    plan: StitchPlan
+    s: Schedule
+    body: list = field(default_factory=list)
+    scratch: set = field(default_factory=set)
+    counter: int = 0
+
+    def var(self, prefix: str, dtype: str = F32) -> Var:
+        self.counter += 1
+        return Var(f"{prefix}{self.counter}", dtype)
+
+
+class _Lowerer:
+    """Shared machinery of both families."""
+
+    def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device) -> None:
+        self.g, self.p, self.s, self.dev = graph, plan, s, device
+        self.nodes = {nd.id: nd for nd in graph.nodes}
+        self.tid_of = {n: i for i, n in enumerate(list(plan.input_names) + [nd.id for nd in graph.nodes])}
+        self.cls = dict(plan.classes)
+        # global buffers
+        self.buffers: list[kir.BufferSpec] = []
+        self.in_buf: dict[str, str] = {}
+        for i, (name, spec) in enumerate(graph.inputs):
+            b = f"in{i}"
+            self.in_buf[name] = b
+            self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), "input", name))
+        self.out_buf: dict[str, str] = {}
+        for j, name in enumerate(dict.fromkeys(graph.outputs)):
+            b = f"out{j}"
+            self.out_buf[name] = b
+            spec = graph.spec(name)
+            self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), "output", name))
+        self.part_buf: dict[str, str] = {}
+        self.reuse = dict(zip(plan.reuse_candidates, s.reuse))
+        self.rpb = 1
+        self.red_idx = {r: i for i, r in enumerate(plan.reductions)}
+
+    # -- helpers ------------------------------------------------------------------------------
+    def param(self, bufname: str) -> kir.Param:
+        b = next(x for x in self.buffers if x.name == bufname)
+        return kir.Param(b.name, b.dtype if b.role != "barrier" else "float32", b.size, b.role)
+
+    def scratch(self, name: str, size: int) -> str:
+        if not any(b.name == name for b in self.buffers):
+            self.buffers.append(kir.BufferSpec(name, "float32", size, "scratch", "", zero_init=False))
+        return name
+
+    def barrier_buf(self) -> str:
+        if not any(b.name == "gbar" for b in self.buffers):
+            self.buffers.append(kir.BufferSpec("gbar", "float32", 2, "barrier", "", zero_init=True))
+        return "gbar"
+
+    def red_info(self, r: str):
+        return OPS[self.nodes[r].op]
+
+    def expr_of_node(self, nd, args: list[kir.Expr]) -> kir.Expr:
+        info = OPS[nd.op]
+        if info.kind == "cast":
+            return args[0]
+        return MathOp(nd.op, tuple(args))
+
+    def combine(self, r: str, a: kir.Expr, b: kir.Expr) -> kir.Expr:
+        op = self.nodes[r].op
+        return Bin({"reduce_max": "max", "reduce_min": "min"}.get(op, "+"), a, b)
+
+    def identity(self, r: str) -> Const:
+        return Const(float(self.red_info(r).identity), F32)
+
+    def kernel_segments(self) -> list[list[int]]:
+        """Stages (0-based) per kernel: a new kernel starts after each independent stage."""
+        segs: list[list[int]] = [[]]
+        for i, sch in enumerate(self.s.schemes):
+            segs[-1].append(i)
+            if sch == "independent":
+                segs.append([])
+        return segs
+
+    def grid_for(self, tasks: int, block: int, smem: int, est_regs: int, multiple: int, needs_sync: bool) -> int:
+        tpb = self.s.tasks_per_block
+        cores = max_resident_blocks(self.dev, block, est_regs, smem)
+        if tpb == 0 or needs_sync:
+            if tpb == 0:
+                grid = min(tasks, max(cores, 1))
+            else:
+                grid = math.ceil(tasks / tpb)
+            if multiple > 1:
+                grid = max(multiple, (grid // multiple) * multiple)
+        else:
+            grid = math.ceil(tasks / tpb)
+            if multiple > 1:
+                grid = math.ceil(grid / multiple) * multiple
+        return max(1, min(grid, 2**31 - 1))
+
+
+class _RowLowerer(_Lowerer):
+    """Row reductions (and pure element-wise graphs)."""
+
+    def lower(self) -> kir.Program:
+        p, s = self.p, self.s
+        M, N = p.M, p.N
+        tpr, block, S, vec = s.tpr, s.block, s.split, s.vec
+        self.rpb = rpb = block // tpr
+        step = tpr * vec
+        chunk = math.ceil(math.ceil(N / S) / step) * step
+        self.chunk, self.per_thread, self.iters = chunk, chunk // tpr, chunk // step
+        tasks = math.ceil(M / rpb) if S == 1 else M * S
+        kernels, launches, profiles = [], [], []
+        segs = self.kernel_segments() if p.nstages else [[]]
+        n_reg = sum(1 for r in s.reuse if r == "register")
+        est = estimate_registers(self.per_thread * n_reg, vec, 4)
+        for ki, seg in enumerate(segs):
+            is_last = ki == len(segs) - 1
+            k, prof = self.build_kernel(ki, seg, is_last, tasks, est)
+            kernels.append(k)
+            launches.append(kir.Launch(k.name, prof.grid, block, k.smem_bytes, tuple(pp.name for pp in k.params)))
+            profiles.append(prof)
+        profile = kir.ProgramProfile(tuple(profiles), self.g.min_bytes())
+        return kir.Program(tuple(kernels), tuple(self.buffers), tuple(launches), profile)
+
+    # per-element value production ------------------------------------------------------------
+    def build_kernel(self, ki: int, seg: list[int], is_last: bool, tasks: int, est_regs: int):
+        p, s, g = self.p, self.s, self.g
+        M, N = p.M, p.N
+        tpr, block, S, vec, rpb = s.tpr, s.block, s.split, s.vec, self.rpb
+        cx = _Ctx(g, p, s)
+        body = cx.body
+        tid = kir.Special("tid")
+        bid = kir.Special("bid")
+        gdim = kir.Special("gdim")
+        lane = cx.var("lane", I32)
+        rib = cx.var("rib", I32)
+        body += [Assign(lane, Bin("%", tid, _I(tpr))), Assign(rib, Bin("/", tid, _I(tpr)))]
+        uses = {"in": set(), "out": set(), "scratch": set()}
+        stages_here = seg
+        prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
+        needs_sync = any(s.schemes[i] == "global" for i in stages_here)
+        multiple = S if S > 1 else 1
+
+        # shared memory: reduction exchange + caches
+        wpr = max(1, tpr // 32)
+        red_slots = max((len(p.stages[i]) for i in stages_here), default=0)
+        shared: list[kir.SharedBuf] = []
+        needs_red_smem = any(self.needs_block_exchange(s.schemes[i]) for i in stages_here)
+        if red_slots and needs_red_smem:
+            shared.append(kir.SharedBuf("sred", red_slots * rpb * wpr))
+        cache_reg = [c for c in p.reuse_candidates if self.reuse[c] == "register"]
+        cache_smem = [c for c in p.reuse_candidates if self.reuse[c] == "shared"]
+        for c in cache_smem:
+            shared.append(kir.SharedBuf(f"sc{self.tid_of[c]}", rpb * self.chunk))
+        locals_ = [kir.LocalArray(f"rc{self.tid_of[c]}", self.per_thread) for c in cache_reg]
+        smem_bytes = 4 * sum(x.size for x in shared)
+        grid = self.grid_for(tasks, block, smem_bytes, est_regs, multiple, needs_sync)
+        rounds = math.ceil(tasks / grid)
+
+        rd = cx.var("rd", I32)
+        row = cx.var("row", I32)
+        sidx = cx.var("sidx", I32)
+        rvalid = cx.var("rv", kir.BOOL)
+        kbase = cx.var("kb", I32)
+        kend = cx.var("ke", I32)
+        rb = []  # round body
+        task = _add(_mul(rd, gdim), bid)
+        if S == 1:
+            rb += [Assign(row, _add(_mul(task, _I(rpb)), rib)), Assign(sidx, _I(0))]
+        else:
+            tv = cx.var("task", I32)
+            rb += [Assign(tv, task), Assign(row, Bin("/", tv, _I(S))), Assign(sidx, Bin("%", tv, _I(S)))]
+        rb += [Assign(rvalid, Bin("<", row, _I(M))),
+               Assign(kbase, _mul(sidx, _I(self.chunk))),
+               Assign(kend, Bin("min", _add(kbase, _I(self.chunk)), _I(N)))]
+
+        # values available per row (P / S class): name -> Var
+        pvals: dict[str, kir.Expr] = {}
+        stats = {"flops": 0, "sfu": 0, "bb": 0, "gb": 0, "reads": {}, "rereads": 0, "writes": 0}
+
+        def load_p(name: str) -> kir.Expr:
+            """A per-row (P) or scalar (S) input value."""
+            if name in pvals:
+                return pvals[name]
+            v = cx.var("p", F32)
+            buf = self.in_buf[name]
+            uses["in"].add(buf)
+            idx = row if self.cls[name] == "P" else _I(0)
+            pred = rvalid if self.cls[name] == "P" else None
+            rb.append(Assign(v, Load(buf, Bin("min", idx, _I(M - 1)) if self.cls[name] == "P" else idx, pred)))
+            pvals[name] = v
+            return v
+
+        def compute_p_nodes(upto_stage: int) -> None:
+            """Compute P/S-class nodes whose reductions are all available."""
+            for nd in g.nodes:
+                if self.cls[nd.id] not in ("P", "S") or nd.id in pvals:
+                    continue
+                if OPS[nd.op].kind == "reduce":
+                    continue
+                deps_ok = True
+                args = []
+                for a in nd.args:
+                    if isinstance(a, str):
+                        if a in pvals:
+                            args.append(pvals[a])
+                        elif a in self.in_buf and self.cls[a] in ("P", "S"):
+                            args.append(load_p(a))
+                        else:
+                            deps_ok = False
+                            break
+                    else:
+                        args.append(Const(float(a), F32))
+                if not deps_ok:
+                    continue
+                v = cx.var("p", F32)
+                rb.append(Assign(v, self.expr_of_node(nd, args)))
+                pvals[nd.id] = v
+
+        # results of stages before this kernel: read partials from scratch
+        for st in prev_stages:
+            for r in p.stages[st]:
+                if s.schemes[st] == "independent":
+                    self.finish_from_partials(cx, rb, r, row, rvalid, pvals, S_eff=S)
+                else:  # finished in an earlier kernel, which stored the final per-row value
+                    vb = self.scratch(f"val{self.red_idx[r]}", self.p.P)
+                    cx.scratch.add(vb)
+                    v = cx.var("acc", F32)
+                    rb.append(Assign(v, Load(vb, Bin("min", row, _I(self.p.P - 1)), rvalid)))
+                    pvals[r] = v
+        compute_p_nodes(-1)
+
+        filled: set[str] = set()  # cached tensors filled in this kernel
+
+        def sweep(sweep_no: int, reds: list[str], outputs: list[str]) -> None:
+            """One pass over the thread's elements: accumulate ``reds`` and/or store ``outputs``."""
+            it = cx.var("i", I32)
+            lb: list = []
+            accs = {}
+            for r in reds:
+                a = cx.var("acc", F32)
+                rb.append(Assign(a, self.identity(r)))
+                accs[r] = a
+            k0 = cx.var("k", I32)
+            lb.append(Assign(k0, _add(kbase, _mul(_add(_mul(it, _I(tpr)), lane), _I(vec)))))
+            valid = cx.var("v", kir.BOOL)
+            lb.append(Assign(valid, Bin("&&", rvalid, Bin("<", k0, kend))))
+            memo: dict[tuple[str, int], kir.Expr] = {}
+            newly: set[str] = set()
+
+            def cache_index(j: int) -> kir.Expr:
+                return _add(_mul(it, _I(vec)), _I(j))
+
+            def smem_index(j: int) -> kir.Expr:
+                return _add(_mul(rib, _I(self.chunk)), _add(_mul(_add(_mul(it, _I(vec)), _I(j)), _I(tpr)), lane))
+
+            def value(name: str) -> list[kir.Expr]:
+                c = self.cls[name]
+                if c in ("P", "S"):
+                    if name in self.in_buf and name not in pvals:
+                        load_p(name)
+                    return [pvals[name]] * vec
+                if (name, 0) in memo:
+                    return [memo[(name, j)] for j in range(vec)]
+                if name in filled:
+                    if self.reuse.get(name) == "register":
+                        vals = [LocalRef(f"rc{self.tid_of[name]}", cache_index(j)) for j in range(vec)]
+                    else:
+                        vals = [Load(f"sc{self.tid_of[name]}", smem_index(j)) for j in range(vec)]
+                    for j in range(vec):
+                        memo[(name, j)] = vals[j]
+                    return vals
+                if name in self.in_buf:
+                    buf = self.in_buf[name]
+                    uses["in"].add(buf)
+                    dsts = tuple(cx.var(f"t{self.tid_of[name]}_", F32) for _ in range(vec))
+                    if c == "F":
+                        idx = _add(_mul(Bin("min", row, _I(M - 1)), _I(N)), k0)
+                        stats["reads"][buf] = stats["reads"].get(buf, 0) + 1
+                    else:  # K class: varies along the row only
+                        idx = k0
+                    lb.append(kir.LoadVec(dsts, buf, idx, valid))
+                    vals = list(dsts)
+                else:
+                    nd = self.nodes[name]
+                    argvals = []
+                    for a in nd.args:
+                        argvals.append(value(a) if isinstance(a, str) else [Const(float(a), F32)] * vec)
+                    vals = []
+                    info = OPS[nd.op]
+                    for j in range(vec):
+                        v = cx.var(f"t{self.tid_of[name]}_", F32)
+                        lb.append(Assign(v, self.expr_of_node(nd, [av[j] for av in argvals])))
+                        vals.append(v)
+                    stats["flops"] += info.flops * vec
+                    stats["sfu"] += info.sfu * vec
+                if c == "F" and self.reuse.get(name) in ("register", "shared") and name not in filled:
+                    for j in range(vec):
+                        if self.reuse[name] == "register":
+                            lb.append(kir.SetLocal(f"rc{self.tid_of[name]}", cache_index(j), vals[j]))
+                        else:
+                            lb.append(kir.StoreVec(f"sc{self.tid_of[name]}", smem_index(j), (vals[j],)))
+                    newly.add(name)
+                for j in range(vec):
+                    memo[(name, j)] = vals[j]
+                return vals
+
+            for r in reds:
+                src = self.nodes[r].args[0]
+                vals = value(src)  # type: ignore[arg-type]
+                for j in range(vec):
+                    lb.append(Assign(accs[r], Select(valid, self.combine(r, accs[r], vals[j]), accs[r])))
+            for o in outputs:
+                vals = value(o)
+                buf = self.out_buf[o]
+                uses["out"].add(buf)
+                c = self.cls[o]
+                if c == "F":
+                    lb.append(kir.StoreVec(buf, _add(_mul(row, _I(N)), k0), tuple(vals), valid))
+                elif c == "K":
+                    lb.append(kir.StoreVec(buf, k0, tuple(vals), _and(valid, Bin("==", row, _I(0)))))
+            unroll = bool(cache_reg) or self.iters <= 8
+            rb.append(kir.For(it, _I(0), _I(self.iters), 1, tuple(lb), unroll=unroll))
+            filled.update(newly)
+            for r in reds:
+                pvals[r] = accs[r]
+
+        for st in stages_here:
+            reds = list(p.stages[st])
+            sweep(st + 1, reds, [])
+            scheme = s.schemes[st]
+            self.exchange(cx, rb, reds, scheme, st, row, rvalid, sidx, lane, rib, pvals, stats, S)
+            if scheme != "independent":
+                for r in reds:
+                    self.finalize(cx, rb, r, pvals)
+                    if not is_last:  # a later kernel needs it: keep the final value per row
+                        vb = self.scratch(f"val{self.red_idx[r]}", self.p.P)
+                        cx.scratch.add(vb)
+                        leader = Bin("&&", Bin("==", Bin("%", kir.Special("tid"), _I(tpr)), _I(0)),
+                                     Bin("==", sidx, _I(0)))
+                        rb.append(kir.StoreVec(vb, Bin("min", row, _I(self.p.P - 1)), (pvals[r],),
+                                               Bin("&&", rvalid, leader)))
+                compute_p_nodes(st)
+
+        if is_last:
+            f_outs = [o for o in dict.fromkeys(g.outputs) if self.cls[o] in ("F", "K")]
+            if f_outs:
+                sweep(p.nstages + 1, [], f_outs)
+            for o in dict.fromkeys(g.outputs):
+                c = self.cls[o]
+                if c in ("P", "S"):
+                    if o not in pvals:
+                        if o in self.in_buf:
+                            load_p(o)
+                    buf = self.out_buf[o]
+                    uses["out"].add(buf)
+                    leader = Bin("&&", Bin("==", lane, _I(0)), Bin("==", sidx, _I(0)))
+                    if c == "P":
+                        rb.append(kir.StoreVec(buf, row, (pvals[o],), Bin("&&", rvalid, leader)))
+                    else:
+                        rb.append(kir.StoreVec(buf, _I(0), (pvals[o],), Bin("&&", Bin("==", row, _I(0)), leader)))
+
+        body.append(kir.For(rd, _I(0), _I(rounds), 1, tuple(rb)))
+        params = [self.param(b) for b in sorted(uses["in"], key=lambda x: int(x[2:]))]
+        params += [self.param(b) for b in sorted(uses["out"], key=lambda x: int(x[3:]))]
+        params += [self.param(b) for b in sorted(cx.scratch)]
+        if needs_sync:
+            params.append(self.param(self.barrier_buf()))
+        name = f"st_k{ki}"
+        kern = kir.Kernel(name, tuple(params), tuple(body), block, tuple(shared), tuple(locals_),
+                          s.min_blocks, "gbar" if needs_sync else None)
+        prof = self.profile(kern, grid, rounds, smem_bytes, est_regs, stats, stages_here, ki)
+        return kern, prof
+
+    def needs_block_exchange(self, scheme: str) -> bool:
+        """Whether a stage with ``scheme`` combines partials through shared memory."""
+        return self.s.tpr > 32 or scheme == "regional"
+
+    # -- reductions across threads --------------------------------------------------------------
+    def exchange(self, cx, rb, reds, scheme, st, row, rvalid, sidx, lane, rib, pvals, stats, S) -> None:
+        """Combine each thread's partial of ``reds`` into the row result, per ``scheme``."""
+        s = self.s
+        tpr, rpb = s.tpr, self.rpb
+        wpr = max(1, tpr // 32)
+        width = min(tpr, 32)
+        tid = kir.Special("tid")
+        for r in reds:
+            acc = pvals[r]
+            # 1) lanes of one warp (or of the sub-warp group)
+            m = width // 2
+            while m >= 1:
+                rb.append(Assign(acc, self.combine(r, acc, kir.Shfl(acc, m, 32))))
+                m //= 2
+        if scheme == "local":
+            return
+        slot = {r: i for i, r in enumerate(reds)}
+        if self.needs_block_exchange(scheme):
+            # one writer per warp (tpr > 32) or per sub-warp row group (tpr <= 32)
+            writer = Bin("==", Bin("%", tid, _I(width)), _I(0))
+            wir = Bin("/", Bin("%", tid, _I(tpr)), _I(32)) if tpr > 32 else _I(0)
+            for r in reds:
+                base = _I(slot[r] * rpb * wpr)
+                rb.append(kir.StoreVec("sred", _add(base, _add(_mul(rib, _I(wpr)), wir)), (pvals[r],), writer))
+            rb.append(kir.Barrier())
+            for r in reds:
+                acc = pvals[r]
+                base = _I(slot[r] * rpb * wpr)
+                rb.append(Assign(acc, self.identity(r)))
+                for w in range(wpr):
+                    rb.append(Assign(acc, self.combine(r, acc, Load("sred", _add(base, _add(_mul(rib, _I(wpr)), _I(w)))))))
+            rb.append(kir.Barrier())
+        if scheme in ("global", "independent"):
+            for r in reds:
+                part = self.scratch(f"part{self.red_idx[r]}", self.p.M * S)
+                cx.scratch.add(part)
+                rb.append(kir.StoreVec(part, _add(_mul(Bin("min", row, _I(self.p.M - 1)), _I(S)), sidx), (pvals[r],),
+                                       Bin("&&", rvalid, Bin("==", Bin("%", tid, _I(tpr)), _I(0)))))
+            if scheme == "global":
+                rb.append(kir.GridSync())
+                for r in reds:
+                    self.finish_from_partials(cx, rb, r, row, rvalid, pvals, S_eff=S, reuse_var=pvals[r])
+
+    def finish_from_partials(self, cx, rb, r, row, rvalid, pvals, S_eff: int, reuse_var=None) -> None:
+        """Combine the ``S_eff`` partials of reduction ``r`` for this thread's row from scratch, finalize."""
+        part = self.scratch(f"part{self.red_idx[r]}", self.p.M * S_eff)
+        cx.scratch.add(part)
+        acc = reuse_var if reuse_var is not None else cx.var("acc", F32)
+        rb.append(Assign(acc, self.identity(r)))
+        base = _mul(Bin("min", row, _I(self.p.M - 1)), _I(S_eff))
+        for q in range(S_eff):
+            rb.append(Assign(acc, self.combine(r, acc, Load(part, _add(base, _I(q)), rvalid))))
+        pvals[r] = acc
+        if reuse_var is None:
+            self.finalize(cx, rb, r, pvals)
+
+    def finalize(self, cx, rb, r, pvals) -> None:
+        if self.red_info(r).is_mean:
+            rb.append(Assign(pvals[r], Bin("*", pvals[r], Const(1.0 / self.p.K, F32))))
+
+    # -- analytic profile -------------------------------------------------------------------------
+    def profile(self, kern, grid, rounds, smem_bytes, est_regs, stats, stages_here, ki) -> kir.KernelProfile:
+        p, s = self.p, self.s
+        elems = p.M * p.N
+        specs = {b.name: b for b in self.buffers}
+        dram_read = 0
+        reread = 0
+        for buf, n in stats["reads"].items():
+            b = specs[buf]
+            size = b.size * kir.ELEM_BYTES[b.dtype]
+            if ki == 0:
+                dram_read += size
+                reread += size * (n - 1)
+            else:
+                reread += size * n
+        # small operands (K/P/S inputs): read once
+        for name, spec in self.g.inputs:
+            if self.cls.get(name) != "F" and self.in_buf[name] in {pp.name for pp in kern.params}:
+                dram_read += math.prod(spec.shape) * kir.ELEM_BYTES[spec.dtype]
+        writes = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "output")
+        scratch = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "scratch")
+        rows_in_flight = grid * self.rpb if s.split == 1 else grid // max(1, s.split)
+        ws = rows_in_flight * p.N * 4 if ki == 0 else max(
+            (specs[b].nbytes for b in stats["reads"]), default=0)
+        elem_bytes = min((kir.ELEM_BYTES[specs[b].dtype] for b in stats["reads"]), default=4)
+        n_reg = sum(1 for r in s.reuse if r == "register")
+        in_flight = (self.per_thread * elem_bytes) if (n_reg and self.iters <= 32) else s.vec * elem_bytes * min(self.iters, 4)
+        return kir.KernelProfile(
+            name=kern.name, grid=grid, block=s.block, smem_bytes=smem_bytes, est_registers=est_regs,
+            dram_read_bytes=int(dram_read), dram_write_bytes=int(writes + scratch),
+            reread_bytes=int(reread + scratch), reread_working_set=int(ws),
+            flops=int(stats["flops"] * elems / max(1, s.vec)), sfu_ops=int(stats["sfu"] * elems / max(1, s.vec)),
+            block_barriers=int(rounds * kern_barriers(kern)), grid_barriers=int(rounds * sum(
+                1 for st in kir.walk(kern.body) if isinstance(st, kir.GridSync))),
+            atomics=0, bytes_in_flight_per_thread=int(in_flight))
+
+
+def kern_barriers(kern: kir.Kernel) -> int:
+    """Barriers per round (statically counted inside the round loop)."""
+    return sum(1 for st in kir.walk(kern.body) if isinstance(st, kir.Barrier))
+
+
+def lower(graph: Graph, plan: StitchPlan, schedule: Schedule, device, space: SearchSpace | None = None) -> kir.Program:
+    """Lower ``schedule`` for ``graph``; raise :class:`ScheduleError` naming why a point is illegal."""
+    space = space or SearchSpace.for_plan(plan, device)
+    space.check(schedule)
+    if plan.family == "col":
+        from .lower_col import lower_col
+
+        return lower_col(graph, plan, schedule, device)
+    return _RowLowerer(graph, plan, schedule, device).lower()

@@ -1,0 +1,268 @@
+"""Schedules and the search space.
+
+A :class:`Schedule` is one point of the stitch schedule space: a frozen, hashable value with a JSON
+round trip and a stable key. The space itself (parameter domains, constraints between parameters,
+which stitching scheme is legal for which mapping) is data, in ``search_spaces/stitch.json``;
+this module only interprets it. Constraint expressions are evaluated by a tiny evaluator that
+accepts names, numbers, strings, arithmetic, comparisons and ``and``/``or``/``not`` only.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import math
+import os
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ScheduleError, StitchtuneError
+from .plan import StitchPlan
+
+SPACE_DIR = Path(os.environ.get("STITCHTUNE_SPACES", Path(__file__).resolve().parent.parent / "search_spaces"))
+SPACE_FILE = "stitch.json"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One point of the space. See ``search_spaces/stitch.json`` for what each field means."""
+
+    tpr: int
+    block: int
+    split: int
+    vec: int
+    tasks_per_block: int
+    min_blocks: int
+    schemes: tuple[str, ...]   # one per reduction stage
+    reuse: tuple[str, ...]     # one per plan.reuse_candidates entry
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["schemes"] = list(self.schemes)
+        d["reuse"] = list(self.reuse)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Schedule":
+        """Build from a dict (e.g. parsed JSON); raise :class:`ScheduleError` on a malformed one."""
+        try:
+            return cls(tpr=int(d["tpr"]), block=int(d["block"]), split=int(d.get("split", 1)),
+                       vec=int(d.get("vec", 1)), tasks_per_block=int(d.get("tasks_per_block", 1)),
+                       min_blocks=int(d.get("min_blocks", 0)),
+                       schemes=tuple(str(s) for s in d.get("schemes", ())),
+                       reuse=tuple(str(r) for r in d.get("reuse", ())))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ScheduleError(f"malformed schedule: {exc!r}") from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Schedule":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ScheduleError(f"schedule is not JSON: {exc}") from None
+        if not isinstance(d, dict):
+            raise ScheduleError("schedule JSON must be an object")
+        return cls.from_dict(d)
+
+    def key(self) -> str:
+        """Stable short hash of the schedule."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def flat(self) -> dict[str, Any]:
+        """Flat scalar columns (``schemes``/``reuse`` as ``scheme_<i>``/``reuse_<i>``)."""
+        d: dict[str, Any] = {k: v for k, v in self.to_dict().items() if k not in ("schemes", "reuse")}
+        for i, s in enumerate(self.schemes):
+            d[f"scheme_{i}"] = s
+        for i, r in enumerate(self.reuse):
+            d[f"reuse_{i}"] = r
+        return d
+
+
+# ------------------------------------------------------------------------------------------------
+# a tiny safe expression evaluator for the constraints in the space file
+# ------------------------------------------------------------------------------------------------
+
+_ALLOWED = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.BinOp,
+            ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Div, ast.Compare, ast.Eq, ast.NotEq,
+            ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Name, ast.Load, ast.Constant, ast.In, ast.NotIn,
+            ast.Tuple, ast.List)
+
+
+def safe_eval(expr: str, names: dict[str, Any]) -> Any:
+    """Evaluate a constraint expression over ``names``; anything but plain arithmetic/logic is refused."""
+    tree = ast.parse(expr, mode="eval")
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED):
+            raise StitchtuneError(f"search space constraint {expr!r} uses {type(node).__name__}")
+        if isinstance(node, ast.Name) and node.id not in names and node.id not in ("True", "False"):
+            raise StitchtuneError(f"search space constraint {expr!r} uses unknown name {node.id!r}")
+    return eval(compile(tree, "<constraint>", "eval"), {"__builtins__": {}}, dict(names))  # noqa: S307
+
+
+def load_space_file(path: Path | None = None) -> dict[str, Any]:
+    p = Path(path) if path else SPACE_DIR / SPACE_FILE
+    try:
+        return json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StitchtuneError(f"cannot read search space {p}: {exc}") from None
+
+
+class SearchSpace:
+    """The schedule space of one plan on one device (domains from the space file)."""
+
+    def __init__(self, plan: StitchPlan, device: Any, data: dict[str, Any]) -> None:
+        self.plan = plan
+        self.device = device
+        self.data = data
+        self.version: str = str(data["version"])
+        p = data["params"]
+        self.domains: dict[str, list[Any]] = {k: list(v["choices"]) for k, v in p.items()}
+        self.scheme_rules: dict[str, str] = data["scheme_rules"]
+        self.reuse_rules: dict[str, str] = data["reuse_rules"]
+        self.constraints: list[dict[str, str]] = data["constraints"]
+        full = [n for n, c in plan.classes if c == "F"]
+        self.elem_bytes = min((2 if plan.dtype(n) != "float32" else 4) for n in full) if full else 4
+        # vec choices above 16 bytes are never legal: drop them from the domain up front
+        self.domains["vec"] = [v for v in self.domains["vec"] if v * self.elem_bytes <= 16]
+        if plan.family == "row" or plan.family == "elementwise":
+            self.domains["tpr"] = [t for t in self.domains["tpr"] if t >= 4]
+
+    @classmethod
+    def for_plan(cls, plan: StitchPlan, device: Any, path: Path | None = None) -> "SearchSpace":
+        return cls(plan, device, load_space_file(path))
+
+    # -- derived quantities and checks ------------------------------------------------------------
+    def derived(self, s: Schedule) -> dict[str, Any]:
+        """The names constraint expressions may use, for schedule ``s``."""
+        plan = self.plan
+        K, P = plan.K, plan.P
+        fam = plan.family
+        cached_reg = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == "register"]
+        cached_smem = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == "shared"]
+        if fam == "col":
+            chunk = math.ceil(K / s.split)
+            rows_per_thread = math.ceil(chunk / max(s.tpr, 1))
+            per_thread = rows_per_thread * s.vec
+            reg = per_thread * len(cached_reg)
+            cols_per_block = (s.block // max(s.tpr, 1)) * s.vec
+            smem_cache = 4 * chunk * cols_per_block * len(cached_smem)
+            smem_red = 4 * s.block * max(1, s.vec) if plan.nstages else 0
+            vec_ok = P % s.vec == 0
+            max_split = K
+        else:
+            step = s.tpr * s.vec
+            chunk = math.ceil(math.ceil(K / s.split) / step) * step
+            per_thread = chunk // s.tpr
+            reg = per_thread * len(cached_reg)
+            rpb = max(1, s.block // s.tpr)
+            smem_cache = 4 * rpb * chunk * len(cached_smem)
+            smem_red = 4 * max(1, rpb) * max(1, s.tpr // 32) * max(1, plan.nstages) if plan.nstages else 0
+            vec_ok = K % s.vec == 0
+            max_split = max(1, math.ceil(K / (s.tpr * s.vec)))
+        return {
+            "family": fam, "tpr": s.tpr, "block": s.block, "split": s.split, "vec": s.vec,
+            "tasks_per_block": s.tasks_per_block, "min_blocks": s.min_blocks,
+            "elem_bytes": self.elem_bytes, "K": K, "P": P, "chunk": chunk, "per_thread": per_thread,
+            "reg_cache_elems": reg, "smem_cache_bytes": smem_cache, "smem_red_bytes": smem_red,
+            "smem_limit": int(self.device.smem_per_block_optin), "vec_ok": vec_ok, "max_split": max_split,
+        }
+
+    def violations(self, s: Schedule) -> list[str]:
+        """Every reason ``s`` is outside the space (empty when it is a legal point)."""
+        out: list[str] = []
+        for name, dom in (("tpr", self.domains["tpr"]), ("block", self.domains["block"]),
+                          ("split", self.domains["split"]), ("vec", self.domains["vec"]),
+                          ("tasks_per_block", self.domains["tasks_per_block"]),
+                          ("min_blocks", self.domains["min_blocks"])):
+            if getattr(s, name) not in dom:
+                out.append(f"{name}={getattr(s, name)} not in {dom}")
+        if len(s.schemes) != self.plan.nstages:
+            out.append(f"{len(s.schemes)} schemes for {self.plan.nstages} stages")
+        if len(s.reuse) != len(self.plan.reuse_candidates):
+            out.append(f"{len(s.reuse)} reuse levels for {len(self.plan.reuse_candidates)} candidates")
+        if out:
+            return out
+        names = self.derived(s)
+        for c in self.constraints:
+            if not safe_eval(c["expr"], names):
+                out.append(f"{c['reason']} ({c['expr']})")
+        for i, sch in enumerate(s.schemes):
+            rule = self.scheme_rules.get(sch)
+            if rule is None:
+                out.append(f"unknown scheme {sch!r}")
+            elif not safe_eval(rule, names):
+                out.append(f"scheme {sch} is not legal for stage {i + 1} with this mapping ({rule})")
+        inputs = set(self.plan.input_names)
+        for cand, r in zip(self.plan.reuse_candidates, s.reuse):
+            rule = self.reuse_rules.get(r)
+            if rule is None:
+                out.append(f"unknown reuse level {r!r}")
+            elif not safe_eval(rule, {**names, "is_input": cand in inputs}):
+                out.append(f"reuse level {r} is not legal for {'an input' if cand in inputs else 'an intermediate'}")
+        return out
+
+    def check(self, s: Schedule) -> Schedule:
+        """Return ``s`` if legal, else raise :class:`ScheduleError` listing every violation."""
+        v = self.violations(s)
+        if v:
+            raise ScheduleError("illegal schedule: " + "; ".join(v), problems=v)
+        return s
+
+    # -- sampling -------------------------------------------------------------------------------
+    def _reuse_domain(self, cand: str) -> list[str]:
+        is_input = cand in set(self.plan.input_names)
+        return [r for r in self.domains["reuse"] if safe_eval(self.reuse_rules[r], {"is_input": is_input})]
+
+    def suggest(self, trial: Any) -> Schedule:
+        """Ask an optuna trial for a schedule (define-by-run). Constraints are *not* enforced here:
+        check the result with :meth:`violations` (a violated point is pruned without compiling)."""
+        ch = trial.suggest_categorical
+        tpr = ch("tpr", self.domains["tpr"])
+        block = ch("block", self.domains["block"])
+        split = ch("split", self.domains["split"])
+        vec = ch("vec", self.domains["vec"])
+        tasks = ch("tasks_per_block", self.domains["tasks_per_block"])
+        mb = ch("min_blocks", self.domains["min_blocks"])
+        schemes = tuple(ch(f"scheme_{i}", self.domains["scheme"]) for i in range(self.plan.nstages))
+        reuse = tuple(ch(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(self.plan.reuse_candidates))
+        return Schedule(tpr, block, split, vec, tasks, mb, schemes, reuse)
+
+    def params_of(self, s: Schedule) -> dict[str, Any]:
+        """The optuna parameter dict of ``s`` (for ``study.enqueue_trial``)."""
+        return s.flat()
+
+    def sample(self, rng: random.Random, max_tries: int = 20000) -> Schedule:
+        """A uniformly drawn *legal* schedule (rejection sampling)."""
+        for _ in range(max_tries):
+            s = Schedule(
+                tpr=rng.choice(self.domains["tpr"]), block=rng.choice(self.domains["block"]),
+                split=rng.choice(self.domains["split"]), vec=rng.choice(self.domains["vec"]),
+                tasks_per_block=rng.choice(self.domains["tasks_per_block"]),
+                min_blocks=rng.choice(self.domains["min_blocks"]),
+                schemes=tuple(rng.choice(self.domains["scheme"]) for _ in range(self.plan.nstages)),
+                reuse=tuple(rng.choice(self._reuse_domain(c)) for c in self.plan.reuse_candidates))
+            if not self.violations(s):
+                return s
+        raise ScheduleError("no legal schedule found by sampling; the space is empty for this graph")
+
+    def grid(self) -> list[Schedule]:
+        """Every legal point (for the grid sampler and exhaustive sweeps; can be large)."""
+        import itertools
+
+        out = []
+        reuse_doms = [self._reuse_domain(c) for c in self.plan.reuse_candidates]
+        for tpr, block, split, vec, tasks, mb in itertools.product(
+                self.domains["tpr"], self.domains["block"], self.domains["split"], self.domains["vec"],
+                self.domains["tasks_per_block"], self.domains["min_blocks"]):
+            for schemes in itertools.product(self.domains["scheme"], repeat=self.plan.nstages):
+                for reuse in itertools.product(*reuse_doms):
+                    s = Schedule(tpr, block, split, vec, tasks, mb, tuple(schemes), tuple(reuse))
+                    if not self.violations(s):
+                        out.append(s)
+        return out
