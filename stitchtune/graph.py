@@ -284,6 +284,13 @@ def _show(v: Any) -> str:
     return {dict: "an object", list: "a list"}.get(type(v), type(v).__name__)
 
 
+def _key_path(prefix: str, key: str) -> str:
+    """JSON path of ``prefix.key`` (``prefix['odd key']`` when the key is not an identifier)."""
+    if NAME_RE.fullmatch(key):
+        return f"{prefix}.{key}" if prefix else key
+    return f"{prefix}[{_show(key)}]"
+
+
 def _type_name(v: Any) -> str:
     if isinstance(v, bool):
         return "a boolean"
@@ -450,7 +457,7 @@ def parse_graph(obj: Any) -> Graph:
     _check_dups(obj, "", p)
     for k in obj:
         if k not in _TOP_KEYS and k not in _TOP_OPTIONAL:
-            p.add(_show(k), f"unknown key (expected {', '.join(_TOP_KEYS)})")
+            p.add(_key_path("", k), f"unknown key (expected {', '.join(_TOP_KEYS)})")
     for k in _TOP_KEYS:
         if k not in obj:
             p.add(k, "missing")
@@ -475,7 +482,7 @@ def parse_graph(obj: Any) -> Graph:
         raw_inputs = {}
     _check_dups(raw_inputs, "inputs", p)
     for iname, ispec in raw_inputs.items():
-        path = f"inputs.{iname}" if NAME_RE.fullmatch(iname) else f"inputs[{_show(iname)}]"
+        path = _key_path("inputs", iname)
         good = _check_name(iname, path, p, "input name")
         if not isinstance(ispec, dict):
             p.add(path, f"must be an object {{\"shape\": [...], \"dtype\": ...}}, got {_type_name(ispec)}")
@@ -483,7 +490,7 @@ def parse_graph(obj: Any) -> Graph:
         _check_dups(ispec, path, p)
         for k in ispec:
             if k not in ("shape", "dtype"):
-                p.add(f"{path}.{_show(k)}", "unknown key (expected shape, dtype)")
+                p.add(_key_path(path, k), "unknown key (expected shape, dtype)")
         shape = _check_shape(ispec["shape"], f"{path}.shape", p) if "shape" in ispec else None
         if "shape" not in ispec:
             p.add(f"{path}.shape", "missing")
@@ -595,8 +602,7 @@ def _parse_node(rn: Any, i: int, path: str, specs: dict[str, TensorSpec],
     _check_dups(rn, path, p)
     for k in rn:
         if k not in _NODE_KEYS:
-            p.add(f"{path}.{_show(k) if not NAME_RE.fullmatch(k) else k}",
-                  f"unknown key (expected {', '.join(_NODE_KEYS)})")
+            p.add(_key_path(path, k), f"unknown key (expected {', '.join(_NODE_KEYS)})")
     nid = rn.get("id")
     id_ok = False
     if "id" not in rn:

@@ -202,8 +202,5 @@ def format_float_literal(x: float) -> str:
     text = str(np.float32(abs(float(f))))
     if not any(c in text for c in ".e"):
         text += ".0"
-    if "e" in text and "." not in text.split("e")[0]:
-        mant, exp = text.split("e")
-        text = f"{mant}.0e{exp}"
     lit = text + "f"
     return f"(-{lit})" if neg else lit

@@ -1,0 +1,41 @@
+"""Shared fixtures: the example graphs.
+
+``examples_dir``: Path of ``examples/``. ``small_examples`` / ``full_examples``: sorted lists of Paths
+(``*_small.json`` and the rest). ``load_example(name)``: the validated Graph of ``examples/<name>.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+SMALL_EXAMPLES = sorted(EXAMPLES_DIR.glob("*_small.json"))
+FULL_EXAMPLES = sorted(p for p in EXAMPLES_DIR.glob("*.json") if not p.stem.endswith("_small"))
+
+
+@pytest.fixture(scope="session")
+def examples_dir() -> Path:
+    return EXAMPLES_DIR
+
+
+@pytest.fixture(scope="session")
+def small_examples() -> list[Path]:
+    return list(SMALL_EXAMPLES)
+
+
+@pytest.fixture(scope="session")
+def full_examples() -> list[Path]:
+    return list(FULL_EXAMPLES)
+
+
+@pytest.fixture(scope="session")
+def load_example() -> Callable[[str], object]:
+    from stitchtune.graph import load_graph
+
+    def _load(name: str) -> object:
+        return load_graph(EXAMPLES_DIR / f"{name}.json")
+
+    return _load
