@@ -114,6 +114,16 @@ def _empty_result() -> dict[str, Any]:
     }
 
 
+def _profile_json(profile: Any, registers: dict[str, int] | None = None) -> str | None:
+    """The kernel profile (+ ptxas registers) as JSON, so that ``stitchtune calibrate`` can re-predict rows."""
+    from stitchtune.cost import profile_to_dict
+
+    try:
+        return json.dumps(profile_to_dict(profile, registers))
+    except (AttributeError, TypeError):  # not a kir.ProgramProfile (test fakes)
+        return None
+
+
 def _finite(x: Any) -> float | None:
     if x is None:
         return None
@@ -163,6 +173,7 @@ def evaluate(graph: Any, plan: Any, device: Any, schedules: Sequence[Any], build
         c.prediction = st.predict(c.program.profile, device)
         c.row["predicted_us"] = _finite(c.prediction.time_us)
         c.row["occupancy"] = _finite(getattr(c.prediction, "occupancy", None))
+        c.row["profile_json"] = _profile_json(c.program.profile)
         if c.prediction.prune_reason:
             c.row.update(status="pruned", prune_reason=_clip(c.prediction.prune_reason))
             continue
@@ -201,6 +212,7 @@ def evaluate(graph: Any, plan: Any, device: Any, schedules: Sequence[Any], build
                 pred = st.predict(c.program.profile, device, registers=regs)
                 c.row["predicted_us"] = _finite(pred.time_us)
                 c.row["occupancy"] = _finite(getattr(pred, "occupancy", None))
+                c.row["profile_json"] = _profile_json(c.program.profile, regs)
                 if pred.prune_reason:
                     c.row.update(status="pruned", prune_reason=_clip(f"after build: {pred.prune_reason}"))
                     continue
