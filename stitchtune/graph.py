@@ -272,8 +272,7 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
 def _show(v: Any) -> str:
     """A short, one-line, escaped description of a JSON value for problem messages."""
     if isinstance(v, str):
-        r = ascii(v[:40])
-        return r if len(v) <= 40 else r[:-1] + "...'"
+        return ascii(v) if len(v) <= 40 else ascii(v[:40] + "...")
     if isinstance(v, bool) or v is None:
         return json.dumps(v)
     if isinstance(v, int):
@@ -328,6 +327,7 @@ def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 class _Problems:
     def __init__(self) -> None:
         self.items: list[str] = []
+        self.cycle_checks = 0  # bounded: each check may walk the whole graph
 
     def add(self, path: str, msg: str) -> None:
         self.items.append(f"{path}: {msg}" if path else msg)
@@ -675,7 +675,8 @@ def _parse_node(rn: Any, i: int, path: str, specs: dict[str, TensorSpec],
                     p.add(apath, f"cycle: node {_show(a)} reads itself")
                     args_ok = False
                 elif a in node_index and node_index[a] > i:
-                    if id_ok and _depends_on(a, nid, raw_nodes, node_index):
+                    p.cycle_checks += 1
+                    if id_ok and p.cycle_checks <= 32 and _depends_on(a, nid, raw_nodes, node_index):
                         p.add(apath, f"cycle: {_show(a)} (nodes[{node_index[a]}]) depends on "
                                      f"{_show(nid)}")
                     else:
