@@ -210,12 +210,26 @@ class EmulateRunner:
             from stitchtune.cost import predict
         return emulate, predict, faults
 
+    def coresident_limit(self, program: Any, build: Any) -> Callable[[Any], int]:
+        """``kernel -> blocks that fit on the device at once`` (the emulator's grid-barrier check),
+        from ptxas' register counts when the build has them, else lowering's estimate."""
+        from stitchtune.occupancy import max_resident_blocks
+
+        regs = dict(getattr(build, "registers", None) or {}) if getattr(build, "status", "") == "ok" else {}
+        est = {k.name: k.est_registers for k in getattr(program.profile, "kernels", ())}
+
+        def limit(kernel: Any) -> int:
+            r = regs.get(kernel.name) or est.get(kernel.name) or 32
+            return max_resident_blocks(self.device, kernel.block, int(r), int(kernel.smem_bytes))
+
+        return limit
+
     def run(self, items: list[tuple[Any, Any]]) -> list[Measurement]:
         emulate, predict, faults = self._fns()
         out = []
         for program, build in items:
             try:
-                outputs = emulate(program, self.inputs, self.device)
+                outputs = emulate(program, self.inputs, coresident_limit=self.coresident_limit(program, build))
             except faults as exc:  # type: ignore[misc]
                 out.append(Measurement("launch_error", estimated=True, error=clip_error(f"emulator fault: {exc}")))
                 continue

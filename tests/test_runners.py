@@ -1,0 +1,318 @@
+"""Tests of the runners: the reference check, EmulateRunner, FakeRunner, and the CudaRunner worker
+protocol (watchdog, restart, statuses) with the fake GPU backend inside the worker."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from pathlib import Path
+from types import SimpleNamespace as NS
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from stitchtune.build import BuildResult, FakeBuilder
+from stitchtune.cuda_runner import CudaRunner, cuda_available, launch_plan
+from stitchtune.errors import ScheduleError, ToolchainError
+from stitchtune.runners import (
+    EmulateRunner,
+    FakeRunner,
+    Measurement,
+    check_outputs,
+    relative_error,
+)
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+# ---- the reference check -------------------------------------------------------------------
+
+
+def test_relative_error_tolerances_by_dtype() -> None:
+    ref = np.linspace(-3, 3, 1000)
+    dt = {"y": "float32"}
+    assert check_outputs({"y": ref.astype(np.float32)}, {"y": ref}, dt).ok
+    off = ref * (1 + 3e-5)
+    res = check_outputs({"y": off}, {"y": ref}, dt)
+    assert not res.ok and 2e-5 < res.max_rel_error < 4e-5 and "tolerance 1e-05" in res.error
+    # the same error is fine for 16-bit outputs
+    assert check_outputs({"y": off.astype(np.float16)}, {"y": ref}, {"y": "float16"}).ok
+    assert not check_outputs({"y": ref * 1.02}, {"y": ref}, {"y": "float16"}).ok
+
+
+def test_bfloat16_as_ml_dtypes_or_uint16_bits() -> None:
+    ref = np.random.default_rng(1).standard_normal(257)
+    bf = ref.astype(ml_dtypes.bfloat16)
+    for arr in (bf, bf.view(np.uint16)):
+        res = check_outputs({"y": arr}, {"y": ref}, {"y": "bfloat16"})
+        assert res.ok and 0 < res.max_rel_error < 1e-2
+
+
+def test_nan_and_inf_fail_even_when_few() -> None:
+    ref = np.ones(10_000)
+    out = ref.copy()
+    out[17] = np.nan
+    res = check_outputs({"y": out}, {"y": ref}, {"y": "float16"})
+    assert not res.ok and res.max_rel_error == float("inf") and "1 non-finite" in res.error
+    out[17] = np.inf
+    assert not check_outputs({"y": out}, {"y": ref}, {"y": "float32"}).ok
+    # a reference that is itself inf must be matched exactly
+    ref2 = np.array([1.0, np.inf, -np.inf])
+    assert relative_error(ref2.copy(), ref2) == 0.0
+    assert relative_error(np.array([1.0, np.inf, np.inf]), ref2) == float("inf")
+
+
+def test_missing_output_wrong_size_and_zero_reference() -> None:
+    ref = {"a": np.zeros(4), "b": np.ones(4)}
+    dt = {"a": "float32", "b": "float32"}
+    res = check_outputs({"a": np.zeros(4)}, ref, dt)
+    assert not res.ok and "'b' missing" in res.error
+    res = check_outputs({"a": np.zeros(4), "b": np.ones(5)}, ref, dt)
+    assert not res.ok and "5 elements" in res.error
+    # all-zero reference: absolute error
+    assert check_outputs({"a": np.full(4, 1e-7), "b": np.ones(4)}, ref, dt).ok
+    assert not check_outputs({"a": np.full(4, 1e-3), "b": np.ones(4)}, ref, dt).ok
+
+
+def test_measurement_round_trip_and_status_check() -> None:
+    m = Measurement("ok", 12.5, (12.0, 12.5, 13.0), 1e-7, False, "")
+    assert Measurement.from_dict(m.to_dict()) == m
+    with pytest.raises(ValueError):
+        Measurement("compile_error")
+
+
+# ---- FakeRunner ----------------------------------------------------------------------------
+
+
+def test_fake_runner_programmable() -> None:
+    r = FakeRunner(statuses=["ok", "timeout", "wrong_result"], times_us=[5.0, 7.0])
+    ms = r.run([("p1", None), ("p2", None), ("p3", None), ("p4", None)])
+    assert [m.status for m in ms] == ["ok", "timeout", "wrong_result", "ok"]
+    assert ms[0].median_us == 5.0 and ms[3].median_us == 7.0 and ms[0].estimated
+    assert ms[1].median_us is None and ms[1].error == "fake timeout"
+    r2 = FakeRunner(time_fn=lambda p: float(len(p)), estimated=False)
+    (m,) = r2.run([("abc", None)])
+    assert m.median_us == 3.0 and not m.estimated and r2.calls == [("abc", None)]
+    with pytest.raises(ValueError):
+        FakeRunner(statuses=["pruned"])
+
+
+# ---- EmulateRunner on real lowered programs ---------------------------------------------------
+
+
+def _programs(example: str, n: int, seed: int = 0, want: Any = None, device: Any = None) -> tuple[Any, list[Any]]:
+    from stitchtune.device import get_device
+    from stitchtune.graph import load_graph
+    from stitchtune.lower import lower
+    from stitchtune.plan import make_plan
+    from stitchtune.schedule import SearchSpace
+
+    dev = device or get_device("h200")
+    g = load_graph(EXAMPLES / f"{example}.json")
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, dev)
+    rng = random.Random(seed)
+    progs: list[Any] = []
+    for _ in range(2000):
+        if len(progs) >= n:
+            break
+        try:
+            p = lower(g, plan, space.sample(rng), dev)
+        except ScheduleError:
+            continue
+        if want is None or want(p):
+            progs.append(p)
+    assert len(progs) == n
+    return g, progs
+
+
+def _fake_builds(programs: list[Any]) -> list[BuildResult]:
+    from stitchtune.render_cuda import render
+
+    return FakeBuilder().build([render(p) for p in programs])
+
+
+@pytest.mark.parametrize("example", ["layernorm_small", "layernorm_bf16_small"])
+def test_emulate_runner_ok_on_sampled_schedules(example: str) -> None:
+    from stitchtune.device import get_device
+
+    g, progs = _programs(example, 2)
+    runner = EmulateRunner(g, get_device("h200"), seed=3)
+    ms = runner.run(list(zip(progs, _fake_builds(progs))))
+    for m in ms:
+        assert m.status == "ok", m.error
+        assert m.estimated and m.samples_us == ()
+        assert m.median_us is not None and m.median_us > 0
+        assert m.max_rel_error is not None and m.max_rel_error < 1e-2
+
+
+def test_emulate_runner_wrong_result_and_injected_fault() -> None:
+    from stitchtune.device import get_device
+    from stitchtune.emulator import EmulatorFault, emulate_program
+
+    g, progs = _programs("softmax_small", 1)
+
+    def perturbed(program: Any, inputs: Any, **kw: Any) -> Any:
+        out = emulate_program(program, inputs, **kw)
+        return {k: v * 1.001 for k, v in out.items()}
+
+    def faulty(program: Any, inputs: Any, **kw: Any) -> Any:
+        raise EmulatorFault("out_of_bounds", "load of p0[99999] out of bounds")
+
+    dev = get_device("h200")
+    item = list(zip(progs, _fake_builds(progs)))
+    (m,) = EmulateRunner(g, dev, emulate=perturbed).run(item)
+    assert m.status == "wrong_result" and m.median_us is None and 5e-4 < m.max_rel_error < 2e-3
+    assert "relative error" in m.error
+    (m,) = EmulateRunner(g, dev, emulate=faulty, fault_types=(EmulatorFault,)).run(item)
+    assert m.status == "launch_error" and "out of bounds" in m.error and m.estimated
+
+
+def test_emulate_runner_grid_barrier_that_cannot_be_coresident_is_a_launch_error() -> None:
+    from stitchtune.device import get_device
+
+    h200 = get_device("h200")
+    g, progs = _programs("layernorm_small", 1,
+                         want=lambda p: any(k.uses_grid_sync for k in p.kernels))
+    builds = _fake_builds(progs)
+    (ok,) = EmulateRunner(g, h200).run(list(zip(progs, builds)))
+    assert ok.status == "ok", ok.error
+    tiny = dataclasses.replace(h200, sm_count=1)  # the same grid cannot be co-resident on 1 SM
+    (m,) = EmulateRunner(g, tiny).run(list(zip(progs, builds)))
+    assert m.status == "launch_error" and "coresident" in m.error.replace("-", "").replace(" ", "")
+
+
+# ---- CudaRunner: the worker protocol with the fake GPU backend ---------------------------------
+
+
+X = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+PROG = NS(
+    buffers=(NS(name="b0", dtype="float32", size=32, role="input", tensor="x", zero_init=False),
+             NS(name="b1", dtype="float32", size=32, role="output", tensor="y", zero_init=False),
+             NS(name="b2", dtype="float32", size=4, role="barrier", tensor="", zero_init=True)),
+    launches=(NS(kernel="k", grid=2, block=64, smem_bytes=64 * 1024, args=("b0", "b1", "b2")),),
+)
+
+
+def _fake_build(tmp_path: Path, mode: str) -> BuildResult:
+    p = tmp_path / f"{mode.replace(':', '_')}.cubin"
+    p.write_bytes(f"FAKE:{mode}".encode())
+    return BuildResult("ok", "h", str(p), "sm_90")
+
+
+@pytest.fixture
+def fake_runner() -> Any:
+    r = CudaRunner.for_arrays({"x": X}, {"x": "float32"}, {"y": X.astype(np.float64) * 2}, {"y": "float32"},
+                              repeats=4, warmup=1, timeout_s=1.5, backend="fake")
+    yield r
+    r.close()
+
+
+def test_cuda_runner_statuses_and_recovery(fake_runner: CudaRunner, tmp_path: Path) -> None:
+    modes = ["ok:3.5", "wrong", "nan", "hang", "ok", "fault", "ok", "crash", "once", "ok:2"]
+    t0 = time.monotonic()
+    ms = fake_runner.run([(PROG, _fake_build(tmp_path, m)) for m in modes])
+    assert time.monotonic() - t0 < 30
+    assert [m.status for m in ms] == ["ok", "wrong_result", "wrong_result", "timeout", "ok", "launch_error",
+                                      "ok", "launch_error", "wrong_result", "ok"]
+    assert ms[0].median_us == 3.5 and ms[0].samples_us == (3.5,) * 4 and not ms[0].estimated
+    assert ms[0].max_rel_error == 0.0
+    assert "relative error" in ms[1].error
+    assert "non-finite" in ms[2].error  # outputs were poisoned: a kernel that writes nothing fails
+    assert "worker killed and restarted" in ms[3].error and ms[3].median_us is None
+    assert "illegal memory access" in ms[5].error
+    assert "exit code 17" in ms[7].error
+    assert "scratch not reusable" in ms[8].error
+    assert ms[9].median_us == 2.0
+    assert fake_runner.restarts == 3  # after the hang, the fault and the crash
+    assert fake_runner.device_info is not None and fake_runner.device_info["backend"] == "fake"
+
+
+def test_cuda_runner_bfloat16_outputs_travel_as_bits(tmp_path: Path) -> None:
+    xb = X.astype(ml_dtypes.bfloat16)
+    exp = xb.astype(np.float64) + 1
+    with CudaRunner.for_arrays({"x": xb}, {"x": "bfloat16"}, {"y": exp}, {"y": "bfloat16"}, repeats=2,
+                               warmup=0, backend="fake") as r:
+        prog = NS(buffers=(NS(name="i", dtype="bfloat16", size=32, role="input", tensor="x", zero_init=False),
+                           NS(name="o", dtype="bfloat16", size=32, role="output", tensor="y", zero_init=False)),
+                  launches=(NS(kernel="k", grid=1, block=32, smem_bytes=0, args=("i", "o")),))
+        (m,) = r.run([(prog, _fake_build(tmp_path, "ok"))])
+        assert m.status == "ok" and m.max_rel_error < 1e-2
+
+
+def test_cuda_runner_rejects_inconsistent_programs(fake_runner: CudaRunner, tmp_path: Path) -> None:
+    b = _fake_build(tmp_path, "ok")
+    bad_size = NS(buffers=(PROG.buffers[0], dataclasses.replace(_ns_buf(PROG.buffers[1]), size=31)),
+                  launches=(NS(kernel="k", grid=1, block=32, smem_bytes=0, args=("b0", "b1")),))
+    with pytest.raises(ValueError, match="does not match"):
+        fake_runner.run([(bad_size, b)])
+    unknown_arg = NS(buffers=PROG.buffers, launches=(NS(kernel="k", grid=1, block=32, smem_bytes=0,
+                                                         args=("b0", "nope")),))
+    with pytest.raises(ValueError, match="unknown buffers"):
+        fake_runner.run([(unknown_arg, b)])
+    no_output = NS(buffers=PROG.buffers[:1], launches=(NS(kernel="k", grid=1, block=32, smem_bytes=0,
+                                                            args=("b0",)),))
+    with pytest.raises(ValueError, match="no buffer for graph outputs"):
+        fake_runner.run([(no_output, b)])
+    with pytest.raises(ValueError, match="successful builds"):
+        fake_runner.run([(PROG, BuildResult("compile_error", "h", None, "sm_90"))])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Buf:
+    name: str
+    dtype: str
+    size: int
+    role: str
+    tensor: str
+    zero_init: bool
+
+
+def _ns_buf(b: Any) -> _Buf:
+    return _Buf(b.name, b.dtype, b.size, b.role, b.tensor, b.zero_init)
+
+
+def test_launch_plan_of_a_real_program() -> None:
+    g, (prog,) = _programs("layernorm_small", 1)
+    plan = launch_plan(prog)
+    roles = {b.role for b in plan.buffers}
+    assert {"input", "output"} <= roles
+    assert {b.tensor for b in plan.buffers if b.role == "input"} == {n for n, _ in g.inputs}
+    for b in plan.buffers:
+        assert b.nbytes == prog.buffer(b.name).nbytes
+    for ln, pl in zip(prog.launches, plan.launches):
+        assert pl.grid == (ln.grid, 1, 1) and pl.block == (ln.block, 1, 1) and pl.smem_bytes == ln.smem_bytes
+
+
+def test_cuda_runner_from_graph_with_fake_backend(tmp_path: Path) -> None:
+    from stitchtune.device import get_device
+
+    g, progs = _programs("layernorm_small", 2)
+    with CudaRunner(g, get_device("h200"), repeats=3, warmup=1, timeout_s=5, backend="fake") as r:
+        # the inputs are random normal (never zeros) and the expected values come from the reference
+        x = r.problem.inputs["x"]
+        assert x.std() > 0.5 and np.count_nonzero(x == 0) == 0
+        ms = r.run([(progs[0], _fake_build(tmp_path, "ok")), (progs[1], _fake_build(tmp_path, "nan"))])
+        assert [m.status for m in ms] == ["ok", "wrong_result"]
+
+
+def test_pycuda_backend_without_pycuda_is_a_toolchain_error() -> None:
+    if cuda_available():
+        pytest.skip("a GPU is present")
+    r = CudaRunner.for_arrays({"x": X}, {"x": "float32"}, {"y": X.astype(np.float64)}, {"y": "float32"},
+                              backend="pycuda", start_timeout_s=60)
+    with pytest.raises(ToolchainError, match="cannot use the GPU through pycuda"):
+        r.run([(PROG, BuildResult("ok", "h", __file__, "sm_90"))])
+    r.close()
+
+
+def test_cuda_available_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    import stitchtune.cuda_runner as cr
+
+    cr.cuda_available.cache_clear()
+    monkeypatch.setattr(cr.importlib.util, "find_spec", lambda name: (_ for _ in ()).throw(RuntimeError("x")))
+    assert cr.cuda_available() is False
+    cr.cuda_available.cache_clear()
