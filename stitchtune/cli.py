@@ -26,6 +26,7 @@ import numpy as np
 
 from stitchtune import __version__
 from stitchtune.errors import StitchtuneError
+from stitchtune.importers import add_import_parser
 
 log = logging.getLogger("stitchtune")
 
@@ -266,6 +267,7 @@ _SUBCOMMANDS: list[Callable[[Any], None]] = [
     _add_report,
     _add_calibrate,
     _add_model_check,
+    lambda sub: add_import_parser(sub, print),  # `import torch|onnx` (stitchtune/importers)
 ]
 
 
