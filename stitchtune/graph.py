@@ -285,7 +285,7 @@ def _show(v: Any) -> str:
 
 def _key_path(prefix: str, key: str) -> str:
     """JSON path of ``prefix.key`` (``prefix['odd key']`` when the key is not an identifier)."""
-    if NAME_RE.fullmatch(key):
+    if isinstance(key, str) and NAME_RE.fullmatch(key):
         return f"{prefix}.{key}" if prefix else key
     return f"{prefix}[{_show(key)}]"
 

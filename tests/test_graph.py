@@ -298,3 +298,32 @@ def test_examples_validate(examples_dir: Path, small_examples: list[Path],
             assert s.min_bytes() < g.min_bytes()
         else:
             assert g.min_bytes() <= 4 * 1024 * 1024
+
+
+ISSUE_SHAPES = {  # issue 2: the full-size workloads, (input 'x' shape, dtype)
+    "layernorm": ([16384, 1024], "float32"), "rmsnorm": ([16384, 4096], "float32"),
+    "softmax": ([98304, 512], "float32"), "softmax_tiny_rows": ([1048576, 32], "float32"),
+    "bias_gelu": ([16384, 4096], "float32"), "layernorm_wide": ([64, 262144], "float32"),
+    "colsum_sigmoid_scale": ([65536, 1024], "float32"), "layernorm_bf16": ([16384, 1024], "bfloat16"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE_SHAPES))
+def test_full_examples_have_issue_shapes(name: str, load_example: Any) -> None:
+    g = load_example(name)
+    shape, dtype = ISSUE_SHAPES[name]
+    assert g.spec("x") == G.TensorSpec(tuple(shape), dtype)
+    assert all(s.dtype == dtype for _, s in g.inputs)
+    ops = [n.op for n in g.nodes]
+    if name.startswith("softmax"):
+        assert ops == ["reduce_max", "sub", "exp", "reduce_sum", "div"]
+    if name == "bias_gelu":
+        assert ops == ["add", "gelu_tanh"] and g.spec("b").shape == (4096,)
+    if name == "colsum_sigmoid_scale":
+        assert g.node("s").axes == (0,) and ops == ["reduce_sum", "sigmoid", "mul"]
+
+
+def test_python_dict_with_odd_keys_is_reported_not_crashing() -> None:
+    g = base()
+    g["inputs"][3] = {"shape": [2], "dtype": "float32"}  # only possible from Python callers
+    one(g, "inputs[3]", "input name must be a string")
