@@ -95,7 +95,7 @@ def fit(df: pd.DataFrame, device: Device, base: CostParams | None = None) -> Cos
     x0 = np.clip(np.log([getattr(base, n) for n in names]), lo + 1e-9, hi - 1e-9)
 
     def params_of(x: np.ndarray) -> CostParams:
-        return dataclasses.replace(base, **{n: float(math.exp(v)) for n, v in zip(names, x)})
+        return dataclasses.replace(base, **{n: float(math.exp(v)) for n, v in zip(names, x, strict=True)})
 
     def residuals(x: np.ndarray) -> np.ndarray:
         p = params_of(x)
@@ -234,4 +234,4 @@ def devices_in(df: pd.DataFrame) -> list[tuple[str, str]]:
     if rows.empty or "device_key" not in rows.columns:
         return []
     names = rows["device_name"] if "device_name" in rows.columns else rows["device_key"].str.split("/").str[0]
-    return sorted(set(zip(rows["device_key"].astype(str), names.astype(str))))
+    return sorted(set(zip(rows["device_key"].astype(str), names.astype(str), strict=True)))

@@ -217,6 +217,45 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- devices
+def _add_devices(sub: Any) -> None:
+    p = sub.add_parser("devices", help="list device presets and the GPU pycuda finds")
+    p.add_argument("--device", default=None, metavar="NAME", help="print one device's full description")
+    p.add_argument("--check", action="store_true",
+                   help="compare the occupancy model with the CUDA driver on the local GPU (needs nvcc)")
+    p.set_defaults(func=_cmd_devices)
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    from stitchtune.device import PRESETS, get_device, query_device
+    from stitchtune.errors import ToolchainError
+    from stitchtune.occupancy import driver_check
+
+    if args.device:
+        print(json.dumps(get_device(args.device).to_dict(), indent=1))
+        return 0
+    try:
+        gpu = query_device()
+    except ToolchainError as e:
+        gpu = None
+        print(f"no GPU found through pycuda ({e}); --device NAME picks a preset")
+    rows = ([("gpu", gpu)] if gpu else []) + list(PRESETS.items())
+    for short, d in rows:
+        copy = f"{d.copy_bandwidth_gbs:.0f} (measured)" if d.copy_bandwidth_gbs else "-"
+        print(f"{short:5s} {d.key:32s} SMs {d.sm_count:4d}  smem/SM {d.smem_per_sm // 1024:3d} KiB  "
+              f"L2 {d.l2_bytes / 2**20:5.1f} MiB  DRAM {d.dram_bandwidth_gbs:6.0f} GB/s  copy {copy}")
+    if args.check:
+        if gpu is None:
+            raise ToolchainError("--check needs a GPU")
+        total, bad = driver_check(gpu)
+        for m in bad:
+            print(f"MISMATCH {m}")
+        print(f"occupancy check on {gpu.key}: {total - len(bad)}/{total} configurations agree with "
+              "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        return 1 if bad else 0
+    return 0
+
+
 # ---------------------------------------------------------------------------- calibrate / model-check
 def _add_calibrate(sub: Any) -> None:
     p = sub.add_parser("calibrate", help="re-fit the cost model's per-device constants from measured rows")
@@ -267,6 +306,7 @@ _SUBCOMMANDS: list[Callable[[Any], None]] = [
     _add_report,
     _add_calibrate,
     _add_model_check,
+    _add_devices,
     lambda sub: add_import_parser(sub, print),  # `import torch|onnx` (stitchtune/importers)
 ]
 

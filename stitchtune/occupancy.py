@@ -111,3 +111,85 @@ def max_resident_blocks(device: Device, threads_per_block: int, registers_per_th
     """Blocks that can be co-resident on the whole device (the grid-barrier bound)."""
     occ = occupancy(device, threads_per_block, registers_per_thread, smem_per_block)
     return occ.blocks_per_sm * device.sm_count
+
+
+# ---------------------------------------------------------------------------- check against a GPU driver
+_CHECK_KERNEL = r"""
+extern "C" __global__ void k(float* out, int n) {
+  extern __shared__ float s[];
+  float v[NACC];                      // NACC values live across the barrier: registers ~ NACC
+  #pragma unroll
+  for (int i = 0; i < NACC; ++i) v[i] = out[(threadIdx.x + i * 977) % n];
+  s[threadIdx.x] = v[0]; __syncthreads();
+  float acc = 0.f;
+  #pragma unroll
+  for (int i = 0; i < NACC; ++i) acc += v[i] * s[(threadIdx.x + i) % blockDim.x];
+  out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+}
+"""
+
+
+def driver_check(device: Device, ordinal: int = 0) -> tuple[int, list[dict[str, int]]]:
+    """Compare :func:`occupancy` with the driver's ``cuOccupancyMaxActiveBlocksPerMultiprocessor`` on
+    GPU ``ordinal`` for kernels of ~14..255 registers (compiled with nvcc for ``device.arch``), several
+    block sizes and dynamic shared-memory sizes up to the opt-in limit.
+
+    Returns (configurations compared, mismatches as dicts). Needs libcuda and nvcc; raises
+    :class:`~stitchtune.errors.ToolchainError` when either is missing or a driver call fails.
+    """
+    import ctypes
+    import os
+    import subprocess
+    import tempfile
+
+    from stitchtune.errors import ToolchainError
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise ToolchainError(f"no CUDA driver library: {exc}") from exc
+
+    def ck(rc: int, what: str) -> None:
+        if rc != 0:
+            raise ToolchainError(f"CUDA driver call {what} failed with error {rc}")
+
+    ck(cuda.cuInit(0), "cuInit")
+    dev = ctypes.c_int()
+    ck(cuda.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet")
+    ctx = ctypes.c_void_p()
+    ck(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    ck(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    total, bad = 0, []
+    with tempfile.TemporaryDirectory() as tmp:
+        for nacc in (1, 24, 56, 120, 200):      # sm_90: 14, 40, 72, 168, 255 registers
+            src = os.path.join(tmp, f"k{nacc}.cu")
+            with open(src, "w") as f:
+                f.write(_CHECK_KERNEL.replace("NACC", str(nacc)))
+            cubin = os.path.join(tmp, f"k{nacc}.cubin")
+            try:
+                subprocess.run(["nvcc", "-cubin", f"-arch={device.arch}", src, "-o", cubin], check=True,
+                               capture_output=True, timeout=300)
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise ToolchainError(f"nvcc failed on the occupancy check kernel: {exc}") from exc
+            mod, fn, regs = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int()
+            ck(cuda.cuModuleLoad(ctypes.byref(mod), cubin.encode()), "cuModuleLoad")
+            ck(cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"k"), "cuModuleGetFunction")
+            ck(cuda.cuFuncGetAttribute(ctypes.byref(regs), 4, fn), "cuFuncGetAttribute(NUM_REGS)")
+            # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8): allow up to the opt-in limit
+            ck(cuda.cuFuncSetAttribute(fn, 8, ctypes.c_int(device.smem_per_block_optin)),
+               "cuFuncSetAttribute")
+            for threads in (32, 96, 128, 256, 512, 768, 1024):
+                for smem in (0, 4096, 40000, 65536, 100000, device.smem_per_block_optin):
+                    if smem > device.smem_per_block_optin:
+                        continue
+                    n = ctypes.c_int()
+                    ck(cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                        ctypes.byref(n), fn, ctypes.c_int(threads), ctypes.c_size_t(smem)),
+                       "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+                    ours = occupancy(device, threads, regs.value, smem).blocks_per_sm
+                    total += 1
+                    if ours != n.value:
+                        bad.append(dict(threads=threads, registers=regs.value, smem=smem,
+                                        driver=n.value, ours=ours))
+            ck(cuda.cuModuleUnload(mod), "cuModuleUnload")
+    return total, bad

@@ -194,7 +194,7 @@ def test_profile_round_trip() -> None:
 def _candidates(n: int, seed: int = 0) -> list[ProgramProfile]:
     rng = np.random.default_rng(seed)
     out = []
-    for i in range(n):
+    for _ in range(n):
         block = int(rng.choice([64, 128, 256, 512, 1024]))
         grid = int(rng.choice([132, 264, 1024, 4096, 16384]))
         nk = int(rng.integers(1, 3))

@@ -165,3 +165,18 @@ def test_no_pycuda(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ToolchainError):
         query_device()
     assert get_device(None) is device_mod.PRESETS["h200"]
+
+
+def test_cli_devices(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from stitchtune.cli import main
+
+    monkeypatch.setitem(sys.modules, "pycuda", None)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert "no GPU" in out and "NVIDIA H200/sm_90" in out and "Tesla T4/sm_75" in out
+    assert main(["devices", "--device", "a100"]) == 0
+    assert Device.from_dict(json.loads(capsys.readouterr().out)) == PRESETS["a100"]
+    assert main(["devices", "--check"]) == 2
+    assert main(["devices", "--device", "nope"]) == 2
+    assert "presets: h200" in capsys.readouterr().err

@@ -16,8 +16,9 @@ described in the CUDA C++ Programming Guide. Notation in the derivations:
 The table was also checked against the header itself (test_matches_cuda_occupancy_header compiles
 it with g++ and compares a few hundred more configurations).
 
-Run the GPU cross-check on a machine with a GPU:  ``python tests/test_occupancy.py --gpu``
-(compares against the driver's cuOccupancyMaxActiveBlocksPerMultiprocessor; prints a summary).
+On a machine with a GPU, ``stitchtune devices --check`` compares occupancy() with the driver's
+cuOccupancyMaxActiveBlocksPerMultiprocessor (stitchtune.occupancy.driver_check); test_driver_check
+below does the same under pytest and skips itself without a GPU.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
 
 import pytest
@@ -176,72 +176,28 @@ def test_matches_cuda_occupancy_header() -> None:
         configs.append((dev, threads, regs, smem))
     expected = _header_blocks(configs)
     mismatches = [(cfg, exp, occupancy(get_device(cfg[0]), *cfg[1:]).blocks_per_sm)
-                  for cfg, exp in zip(configs, expected)
+                  for cfg, exp in zip(configs, expected, strict=True)
                   if occupancy(get_device(cfg[0]), *cfg[1:]).blocks_per_sm != exp]
     assert len(expected) == len(configs)
     assert not mismatches, mismatches[:10]
 
 
-# ---- GPU cross-check (run by hand on a GPU machine; not collected by pytest) ------------------
-GPU_KERNEL = r"""
-extern "C" __global__ void k(float* out, int n) {
-  extern __shared__ float s[];
-  float acc = 0.f;
-  #pragma unroll
-  for (int i = 0; i < NACC; ++i) acc += out[(threadIdx.x * NACC + i) % n] * (i + 1);
-  s[threadIdx.x] = acc; __syncthreads();
-  out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
-}
-"""
+def _has_gpu() -> bool:
+    try:
+        from stitchtune.device import query_device
+
+        query_device()
+        return True
+    except Exception:  # noqa: BLE001 - any failure means: no usable GPU here
+        return False
 
 
-def _gpu_check() -> int:  # pragma: no cover - needs a GPU
-    """Compare occupancy() with cuOccupancyMaxActiveBlocksPerMultiprocessor on the local GPU."""
-    import ctypes
-
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs a CUDA GPU, pycuda and nvcc")
+def test_driver_check() -> None:
     from stitchtune.device import query_device
-    dev = query_device()
-    print("queried:", dev.to_dict())
-    cuda = ctypes.CDLL("libcuda.so.1")
-    def ck(rc: int) -> None:
-        assert rc == 0, f"CUDA driver error {rc}"
-    ck(cuda.cuInit(0))
-    h = ctypes.c_int(); ck(cuda.cuDeviceGet(ctypes.byref(h), 0))
-    ctx = ctypes.c_void_p(); ck(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), h))
-    ck(cuda.cuCtxSetCurrent(ctx))
-    bad = total = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        for nacc, maxreg in [(1, 32), (8, 64), (32, 128), (64, 168), (64, 255)]:
-            src = os.path.join(tmp, f"k{nacc}.cu")
-            with open(src, "w") as f:
-                f.write(GPU_KERNEL.replace("NACC", str(nacc)))
-            cubin = src[:-3] + ".cubin"
-            subprocess.run(["nvcc", "-cubin", f"-arch={dev.arch}", f"-maxrregcount={maxreg}", src,
-                            "-o", cubin], check=True, timeout=120)
-            mod = ctypes.c_void_p(); fn = ctypes.c_void_p()
-            ck(cuda.cuModuleLoad(ctypes.byref(mod), cubin.encode()))
-            ck(cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"k"))
-            regs = ctypes.c_int(); ck(cuda.cuFuncGetAttribute(ctypes.byref(regs), 4, fn))  # NUM_REGS
-            # allow the opt-in maximum of dynamic shared memory (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8)
-            ck(cuda.cuFuncSetAttribute(fn, 8, dev.smem_per_block_optin))
-            for threads in (32, 96, 128, 256, 512, 768, 1024):
-                for smem in (4096, 40000, 65536, 100000, dev.smem_per_block_optin):
-                    if smem < threads * 4:
-                        continue
-                    n = ctypes.c_int()
-                    ck(cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                        ctypes.byref(n), fn, ctypes.c_int(threads), ctypes.c_size_t(smem)))
-                    mine = occupancy(dev, threads, regs.value, smem).blocks_per_sm
-                    total += 1
-                    if mine != n.value:
-                        bad += 1
-                        print(f"MISMATCH threads={threads} regs={regs.value} smem={smem}: "
-                              f"driver {n.value} ours {mine}")
-    print(f"occupancy GPU check: {total - bad}/{total} configurations agree with the driver")
-    return 1 if bad else 0
+    from stitchtune.occupancy import driver_check
 
-
-if __name__ == "__main__":  # pragma: no cover
-    if "--gpu" in sys.argv:
-        sys.exit(_gpu_check())
-    sys.exit(pytest.main([__file__, "-q"]))
+    total, mismatches = driver_check(query_device())
+    assert total > 50
+    assert not mismatches, mismatches[:10]
