@@ -23,6 +23,7 @@ graph file reaches generated source here: node ids are only dictionary keys.
 from __future__ import annotations
 
 import logging
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,7 @@ _TORCH_MODES: dict[str, str | None] = {
 }
 
 _SIXTEEN_BIT = ("float16", "bfloat16")
+_COMPILED = 0  # compiled torch peers built so far (names their code objects)
 
 
 class PeerError(StitchtuneError):
@@ -202,6 +204,13 @@ def torch_function(graph: Graph, compile_mode: str | None = None) -> Callable[..
     import torch
 
     body = _torch_body(graph)
+    if compile_mode is not None:
+        # dynamo caches compiled code per *code object* (cache_size_limit entries): every graph and mode
+        # gets a fresh code object so that many compiled peers never evict each other or fall back to eager
+        global _COMPILED
+        _COMPILED += 1
+        code = body.__code__.replace(co_name=f"stitchtune_peer_{_COMPILED}")
+        body = types.FunctionType(code, body.__globals__, code.co_name, body.__defaults__, body.__closure__)
     fn = body if compile_mode is None else torch.compile(body, mode=compile_mode, dynamic=False)
     names = [n for n, _ in graph.inputs]
 

@@ -153,3 +153,23 @@ def test_missing_framework_is_skipped_with_a_note(monkeypatch: pytest.MonkeyPatc
     got, notes = peers.build_peers(graph, ("xla",))
     assert got == []
     assert notes == ["jax_jit: skipped (jax not installed)"]
+
+
+@pytest.mark.slow
+def test_compiled_peers_of_many_graphs_do_not_share_a_dynamo_cache() -> None:
+    """More graphs than dynamo's recompile limit: every compiled peer is really compiled (without a
+    fresh code object per peer, dynamo would compile only ``limit`` of them and run the rest eagerly)."""
+    torch = pytest.importorskip("torch")
+    import torch._dynamo
+
+    stems = ("softmax_small", "layernorm_small", "rmsnorm_small", "bias_gelu_small")
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for stem in stems:
+            graph = load_graph(EXAMPLES / f"{stem}.json")
+            inputs = random_inputs(graph, seed=7)
+            fn = peers.torch_function(graph, compile_mode="default")
+            _assert_matches(graph, _torch_outputs(graph, fn, inputs), inputs)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == len(stems)
+    torch._dynamo.reset()

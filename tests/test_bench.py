@@ -1,0 +1,169 @@
+"""bench: floor reasoning, the results table, CSV and chart writers (CPU); one GPU smoke test."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from stitchtune import bench
+from stitchtune.bench import BENCH_COLUMNS, STITCHTUNE, Floor, SystemTiming
+from stitchtune.device import get_device
+from stitchtune.graph import load_graph, parse_graph
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def h200():  # noqa: ANN201
+    return get_device("h200")
+
+
+def test_on_chip_bytes_h200(h200) -> None:  # noqa: ANN001
+    # 132 SMs x (64K registers x 4 B + 228 KiB shared memory) + 50 MiB L2
+    assert bench.on_chip_bytes(h200) == 132 * (256 * 1024 + 228 * 1024) + 50 * MiB
+
+
+@pytest.mark.parametrize("stem", ["layernorm", "rmsnorm", "softmax", "softmax_tiny_rows", "bias_gelu",
+                                  "layernorm_wide", "layernorm_bf16"])
+def test_row_and_elementwise_workloads_have_no_forced_reread(stem: str, h200) -> None:  # noqa: ANN001
+    g = load_graph(EXAMPLES / f"{stem}.json")
+    fl = bench.floor_reason(g, h200)
+    assert fl.reread_bytes == 0
+    assert fl.floor_bytes == fl.min_bytes == g.min_bytes()
+    assert "no forced re-read" in fl.reason or "no reduction" in fl.reason
+
+
+def test_floor_min_bytes_match_baselines(h200) -> None:  # noqa: ANN001
+    """The byte counts of /work/shared/baselines/h200_peers.csv (each input once, each output once)."""
+    want = {"layernorm": 134225920, "layernorm_wide": 136314880, "rmsnorm": 536887296,
+            "softmax": 402653184, "softmax_tiny_rows": 268435456, "bias_gelu": 536887296,
+            "colsum_sigmoid_scale": 536870912, "layernorm_bf16": 67112960}
+    got = {s: bench.floor_reason(load_graph(EXAMPLES / f"{s}.json"), h200).min_bytes for s in want}
+    assert got == want
+
+
+def test_column_reduction_forces_a_reread(h200) -> None:  # noqa: ANN001
+    g = load_graph(EXAMPLES / "colsum_sigmoid_scale.json")
+    fl = bench.floor_reason(g, h200)
+    x_bytes = 65536 * 1024 * 4  # 256 MiB must all be read before sum(x, axis 0) exists
+    assert fl.reread_bytes == x_bytes - bench.on_chip_bytes(h200)
+    assert fl.floor_bytes == 2 * x_bytes + fl.reread_bytes
+    assert "read twice" in fl.reason and "256.0 MiB" in fl.reason
+
+
+def test_column_reduction_small_variant_fits_on_chip(h200) -> None:  # noqa: ANN001
+    g = load_graph(EXAMPLES / "colsum_sigmoid_scale_small.json")
+    assert bench.floor_reason(g, h200).reread_bytes == 0
+
+
+def test_reduction_without_broadcast_back_forces_nothing(h200) -> None:  # noqa: ANN001
+    g = parse_graph({"name": "colsum", "inputs": {"x": {"shape": [65536, 1024], "dtype": "float32"}},
+                     "nodes": [{"id": "s", "op": "reduce_sum", "args": ["x"], "axes": [0]}], "outputs": ["s"]})
+    fl = bench.floor_reason(g, h200)
+    assert fl.reread_bytes == 0
+    assert "not needed after it" in fl.reason
+
+
+def test_smaller_chip_forces_reread_of_wide_rows(h200) -> None:  # noqa: ANN001
+    """1 MiB rows fit on an H200 but not on a device with 512 KiB on chip in all."""
+    import dataclasses
+
+    tiny = dataclasses.replace(h200, sm_count=1, regs_per_sm=32 * 1024, smem_per_sm=128 * 1024, l2_bytes=256 * 1024)
+    assert bench.on_chip_bytes(tiny) == 512 * 1024
+    g = load_graph(EXAMPLES / "layernorm_wide.json")  # 64 rows x 262144 fp32
+    fl = bench.floor_reason(g, tiny)
+    # two reductions (mean, var) each need a whole row again: (1 MiB - 512 KiB) x 64 rows each
+    assert fl.reread_bytes == 2 * 64 * (MiB - 512 * 1024)
+
+
+def _synthetic() -> tuple[list[SystemTiming], dict[str, Floor]]:
+    floors = {"a": Floor(min_bytes=4_000_000, reread_bytes=0, on_chip_bytes=1, reason="r"),
+              "b": Floor(min_bytes=2_000_000, reread_bytes=1_000_000, on_chip_bytes=1, reason="r")}
+    t = [SystemTiming("a", STITCHTUNE, 1.25, True, "ok"),
+         SystemTiming("a", "torch_eager", 5.0, True),
+         SystemTiming("a", "jax_jit", 2.5, True),
+         SystemTiming("b", STITCHTUNE, 1.0, True),
+         SystemTiming("b", "torch_eager", 4.0, True),
+         SystemTiming("b", "jax_jit", 1.5, False, "WRONG RESULT"),
+         SystemTiming("b", "torch_compile_default", None, False, "skipped")]
+    return t, floors
+
+
+def test_results_table_values() -> None:
+    timings, floors = _synthetic()
+    df = bench.results_table(timings, floors, copy_bw=4e12)
+    assert tuple(df.columns) == BENCH_COLUMNS
+    a = df[df.workload == "a"].set_index("system")
+    assert a.loc[STITCHTUNE, "floor_us"] == pytest.approx(1.0)  # 4 MB / 4 TB/s
+    assert a.loc[STITCHTUNE, "fraction_of_floor"] == pytest.approx(0.8)
+    assert a.loc[STITCHTUNE, "speedup_vs_this"] == pytest.approx(1.0)
+    assert a.loc["torch_eager", "speedup_vs_this"] == pytest.approx(4.0)  # eager time / stitchtune time
+    b = df[df.workload == "b"].set_index("system")
+    assert b.loc[STITCHTUNE, "floor_bytes"] == 3_000_000
+    assert b.loc[STITCHTUNE, "min_bytes"] == 2_000_000
+    assert b.loc[STITCHTUNE, "floor_us"] == pytest.approx(0.75)
+    assert math.isnan(b.loc["torch_compile_default", "median_us"])
+    assert math.isnan(b.loc["torch_compile_default", "speedup_vs_this"])
+    s = bench.summarize(df)
+    # best checked peer: a -> jax 2.5/1.25 = 2; b -> eager 4.0 (jax is unchecked) -> geomean sqrt(8)
+    assert s["geomean_speedup_vs_best_peer"] == pytest.approx(math.sqrt(8))
+    assert s["geomean_speedup_vs"]["torch_eager"] == pytest.approx(4.0)
+    assert s["geomean_speedup_vs"]["jax_jit"] == pytest.approx(2.0)
+    assert s["at_0.9_floor"] == []
+    text = bench.format_table(df)
+    assert "geomean speedup of stitchtune over the best peer: 2.83x" in text
+    assert "NO" in text
+
+
+def test_results_table_rejects_bad_bandwidth() -> None:
+    timings, floors = _synthetic()
+    with pytest.raises(ValueError):
+        bench.results_table(timings, floors, copy_bw=0.0)
+
+
+def test_write_results_csv_and_chart(tmp_path: Path) -> None:
+    timings, floors = _synthetic()
+    df = bench.results_table(timings, floors, copy_bw=4e12)
+    csv_path, png_path = bench.write_results(df, tmp_path / "res", "NVIDIA H200", "synthetic")
+    assert csv_path.name == "bench_h200.csv" and png_path.name == "bench_h200.png"
+    back = pd.read_csv(csv_path)
+    assert tuple(back.columns) == BENCH_COLUMNS
+    assert len(back) == len(df)
+    assert back["median_us"].tolist()[:3] == [1.25, 5.0, 2.5]
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png_path.stat().st_size > 10_000
+
+
+def test_device_slug_and_rotations() -> None:
+    assert bench.device_slug("NVIDIA H200") == "h200"
+    assert bench.device_slug("NVIDIA A100-SXM4-80GB") == "a100_sxm4_80gb"
+    assert bench.device_slug("../../etc") == "etc"
+    assert bench.rotations_needed(32 * MiB, 50 * MiB) == 4  # 4 x 32 MiB > 100 MiB
+    assert bench.rotations_needed(256 * MiB, 50 * MiB) == 2
+    assert bench.rotations_needed(10 * MiB, 50 * MiB) * 10 * MiB > 100 * MiB
+
+
+def _has_gpu() -> bool:
+    try:
+        import cupy  # noqa: F401
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs torch + cupy + a CUDA GPU")
+def test_bench_small_example_on_gpu(tmp_path: Path) -> None:
+    df = bench.run_bench([EXAMPLES / "layernorm_small.json"], db=str(tmp_path / "db"), trials=2,
+                         peers=("eager",), out_dir=tmp_path, iters=20, warmup=3)
+    st = df[df.system == STITCHTUNE].iloc[0]
+    assert st["checked"], st["note"]
+    assert st["median_us"] > 0
+    assert df[df.system == "torch_eager"].iloc[0]["checked"]
+    assert list(tmp_path.glob("bench_*.csv")) and list(tmp_path.glob("bench_*.png"))
