@@ -299,6 +299,42 @@ def _cmd_model_check(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- bench
+def _add_bench(sub: Any) -> None:
+    from stitchtune.peers import PEER_NAMES
+
+    p = sub.add_parser("bench", help="time tuned kernels against torch eager, torch.compile and JAX (GPU)")
+    p.add_argument("graphs", nargs="+", metavar="GRAPH", help="graph.json files")
+    p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
+    p.add_argument("--trials", type=int, default=0, metavar="N",
+                   help="search N trials first for a graph without a tuned record (default 0: heuristic)")
+    p.add_argument("--peers", default=",".join(PEER_NAMES), metavar="LIST",
+                   help=f"comma-separated peers, or none (default: {','.join(PEER_NAMES)})")
+    p.add_argument("--device", default=None, metavar="NAME", help="device preset (default: the GPU torch sees)")
+    p.add_argument("-o", "--out", default="results", metavar="DIR",
+                   help="where bench_<device>.csv/.png go (default: results)")
+    p.add_argument("--iters", type=int, default=100, metavar="N", help="timed calls per system (default 100)")
+    p.add_argument("--warmup", type=int, default=10, metavar="N", help="warm-up calls (default 10)")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from stitchtune.bench import format_table, run_bench
+    from stitchtune.device import get_device
+    from stitchtune.peers import parse_peer_names
+
+    peers = parse_peer_names(args.peers)
+    problems = [f"--{k} must be >= {lo} (got {v})" for k, v, lo in
+                (("trials", args.trials, 0), ("iters", args.iters, 5), ("warmup", args.warmup, 0)) if v < lo]
+    if problems:
+        raise StitchtuneError(problems=problems)
+    device = get_device(args.device) if args.device else None
+    df = run_bench(args.graphs, db=args.db, trials=args.trials, peers=peers, device=device, out_dir=args.out,
+                   iters=args.iters, warmup=args.warmup, progress=lambda s: print(s, flush=True))
+    print(format_table(df))
+    return 0
+
+
 # ---------------------------------------------------------------------------- parser / main
 _SUBCOMMANDS: list[Callable[[Any], None]] = [
     _add_validate,
@@ -307,6 +343,7 @@ _SUBCOMMANDS: list[Callable[[Any], None]] = [
     _add_calibrate,
     _add_model_check,
     _add_devices,
+    _add_bench,
     lambda sub: add_import_parser(sub, print),  # `import torch|onnx` (stitchtune/importers)
 ]
 
