@@ -30,9 +30,9 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     return torch.softmax(x, dim=-1)
 
 
-def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def bias_gelu(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Bias add then tanh-approximated GELU (``bias_gelu.json``)."""
-    return F.gelu(x + bias, approximate="tanh")
+    return F.gelu(x + b, approximate="tanh")
 
 
 def colsum_sigmoid_scale(x: torch.Tensor) -> torch.Tensor:
@@ -87,7 +87,7 @@ SHAPES: dict[str, str] = {
     "layernorm": "x=16384x1024,gamma=1024,beta=1024",
     "rmsnorm": "x=16384x4096,gamma=4096",
     "softmax": "x=98304x512",
-    "bias_gelu": "x=16384x4096,bias=4096",
+    "bias_gelu": "x=16384x4096,b=4096",
     "colsum_sigmoid_scale": "x=65536x1024",
 }
 
@@ -95,7 +95,7 @@ SMALL_SHAPES: dict[str, str] = {
     "layernorm": "x=64x96,gamma=96,beta=96",
     "rmsnorm": "x=64x128,gamma=128",
     "softmax": "x=128x40",
-    "bias_gelu": "x=64x128,bias=128",
+    "bias_gelu": "x=64x128,b=128",
     "colsum_sigmoid_scale": "x=96x48",
     "log_softmax_manual": "x=32x50",
     "layernorm_bf16": "x=32x64,gamma=64,beta=64",

@@ -125,6 +125,8 @@ class GraphBuilder:
     def binary(self, op: str, a: Value, b: Value, name: str) -> Value:
         if a.is_scalar and b.is_scalar:
             return scalar(_FOLD[op](float(a.ref), float(b.ref)))
+        if op == "pow" and b.is_scalar and float(b.ref) == 2.0:
+            return self.unary("square", a, name)   # x**2: cheaper than powf, same value
         shapes = [v.shape for v in (a, b) if not v.is_scalar]
         shape = broadcast_shapes(*shapes)
         if shape is None:

@@ -549,6 +549,8 @@ class _Walker:
         axes = self.axes(x, dims, node)
         op = _REDUCE[key]
         if axes:
+            if len(axes) == len(v.shape):
+                keep = True   # graph.json has no rank-0 tensors; (1, ..., 1) broadcasts the same way
             out = self.b.reduce(op, v, axes, keep, node.name)
         else:  # only size-1 dims reduced: the value is unchanged
             out = v
