@@ -241,7 +241,8 @@ class _PycudaBackend:
         self.inputs = {}
         for name, arr in problem.inputs.items():
             mem = drv.mem_alloc(max(arr.nbytes, 1))
-            drv.memcpy_htod(mem, arr)
+            if arr.nbytes:
+                drv.memcpy_htod(int(mem), arr)
             self.inputs[name] = mem
         self.outputs = {n: drv.mem_alloc(max(problem.output_nbytes(n), 1)) for n in problem.expected}
         self.out_nbytes = {n: problem.output_nbytes(n) for n in problem.expected}
@@ -298,12 +299,12 @@ class _PycudaBackend:
     def init_scratch(self) -> None:
         for mem, nbytes, zero in self.scratch.values():
             if nbytes:
-                self.drv.memset_d8(mem, 0 if zero else 0xFF, nbytes)
+                self.drv.memset_d8(int(mem), 0 if zero else 0xFF, nbytes)
 
     def poison_outputs(self) -> None:
         for name, mem in self.outputs.items():
             if self.out_nbytes[name]:
-                self.drv.memset_d8(mem, 0xFF, self.out_nbytes[name])
+                self.drv.memset_d8(int(mem), 0xFF, self.out_nbytes[name])
 
     def launch_all(self) -> None:
         for f, grid, block, smem, args in self.calls:
@@ -314,7 +315,7 @@ class _PycudaBackend:
 
     def flush_l2(self) -> None:
         self._flush_value ^= 0x5A  # a different value each time: no chance of a no-op memset
-        self.drv.memset_d8(self.flush_buf, self._flush_value, self.flush_nbytes)
+        self.drv.memset_d8(int(self.flush_buf), self._flush_value, self.flush_nbytes)
 
     def time_launches(self) -> float:
         self.start.record()
@@ -328,7 +329,7 @@ class _PycudaBackend:
         for name, mem in self.outputs.items():
             host = np.empty(self.out_nbytes[name], dtype=np.uint8)
             if host.size:
-                self.drv.memcpy_dtoh(host, mem)
+                self.drv.memcpy_dtoh(host, int(mem))
             out[name] = host
         return out
 
