@@ -224,6 +224,12 @@ def kernel_legality(k: KernelProfile, device: Device, regs: int) -> tuple[Occupa
 
 def kernel_time_us(k: KernelProfile, device: Device, occ: Occupancy, params: CostParams) -> float:
     """Predicted time of one legal kernel launch (µs), before ``time_scale``."""
+    return sum(kernel_terms_us(k, device, occ, params).values())
+
+
+def kernel_terms_us(k: KernelProfile, device: Device, occ: Occupancy, params: CostParams) -> dict[str, float]:
+    """The terms of :func:`kernel_time_us` (µs): launch, body (the waves: max of memory and
+    compute), block_barriers, grid_barriers, atomics -- for explaining a prediction."""
     p = params
     copy_bw = device.effective_copy_bandwidth_gbs()        # GB/s == bytes/ns
     cap = p.bw_efficiency * copy_bw
@@ -257,7 +263,27 @@ def kernel_time_us(k: KernelProfile, device: Device, occ: Occupancy, params: Cos
     grid_sync = k.grid_barriers * device.grid_barrier_us(grid) * p.grid_barrier_scale
     atomics = k.atomics * p.atomic_ns / 1000.0
     launch = device.launch_overhead_us * p.launch_scale
-    return launch + body + barriers + grid_sync + atomics
+    return {"launch": launch, "body": body, "block_barriers": barriers, "grid_barriers": grid_sync,
+            "atomics": atomics}
+
+
+def explain(profile: ProgramProfile, device: Device, registers: Mapping[str, int] | None = None,
+            params: CostParams | None = None) -> list[dict[str, Any]]:
+    """Per kernel: occupancy, limiter, waves, DRAM/L2 bytes and the time terms (µs, predicted,
+    before ``time_scale``); illegal kernels carry their ``prune_reason`` instead of terms."""
+    p = params or active_params(device)
+    out = []
+    for k in profile.kernels:
+        regs = int((registers or {}).get(k.name, k.est_registers))
+        occ, reason = kernel_legality(k, device, regs)
+        row: dict[str, Any] = {"kernel": k.name, "grid": k.grid, "block": k.block, "registers": regs,
+                               "blocks_per_sm": occ.blocks_per_sm, "occupancy": occ.occupancy,
+                               "limiter": occ.limiter, "prune_reason": reason}
+        if reason is None:
+            row["waves"] = k.grid / (occ.blocks_per_sm * device.sm_count)
+            row.update(kernel_terms_us(k, device, occ, p))
+        out.append(row)
+    return out
 
 
 def predict(profile: ProgramProfile, device: Device, registers: Mapping[str, int] | None = None,

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from stitchtune.calibrate import (CalibrationError, fit, format_model_check, measured_rows,
                                   model_check)
 from stitchtune.cli import main
-from stitchtune.cost import (CostParams, CostParamsError, Prediction, default_params, load_params,
+from stitchtune.cost import (CostParams, CostParamsError, Prediction, default_params, explain, load_params,
                              params_path, predict, profile_from_dict, profile_to_dict, save_params,
                              should_prune, use_params)
 from stitchtune.db import TuningDB
@@ -151,6 +151,17 @@ def test_never_beats_the_copy_floor(grid: int, block: int, regs: int, smem: int,
     assert p.prune_reason is None
     floor_us = (read + write) / d.effective_copy_bandwidth_gbs() / 1000.0
     assert math.isfinite(p.time_us) and p.time_us >= floor_us + d.launch_overhead_us * 0.999
+
+
+def test_explain_terms_add_up() -> None:
+    pr = prog(kp("a", grid=264, block=1024, gb=1, bb=2, atomics=1000), kp("b", block=4096))
+    rows = explain(pr, H200)
+    assert rows[1]["prune_reason"] and "body" not in rows[1]
+    a = rows[0]
+    assert a["prune_reason"] is None and a["waves"] == pytest.approx(1.0)
+    terms = sum(a[t] for t in ("launch", "body", "block_barriers", "grid_barriers", "atomics"))
+    assert terms == pytest.approx(predict(prog(kp("a", grid=264, block=1024, gb=1, bb=2, atomics=1000)),
+                                          H200).time_us)
 
 
 # ---------------------------------------------------------------------------- should_prune
