@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import LogFormatter
 
 from stitchtune.errors import DatabaseError, StitchtuneError
 
@@ -74,7 +75,7 @@ def _md(value: object, limit: int = 64) -> str:
 
 
 def _file_part(value: object) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", str(value))[:40].lstrip(".") or "x"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", str(value))[:64].lstrip(".") or "x"
 
 
 def _shape_text(shapes: object) -> str:
@@ -174,6 +175,17 @@ def _figure(title: str, rows: pd.DataFrame | None, n_panels: int = 1, panel_size
     return fig, axes[:n]
 
 
+def _log_y(ax, x_too: bool = False) -> None:
+    """Log scale with plain numbers (``300`` rather than ``3x10^2``), minor ticks labelled when the
+    range is short."""
+    ax.set_yscale("log")
+    if x_too:
+        ax.set_xscale("log")
+    for axis in [ax.yaxis] + ([ax.xaxis] if x_too else []):
+        axis.set_major_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+        axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+
+
 def _empty(ax, message: str, xlabel: str = "", ylabel: str = "") -> None:
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, wrap=True,
             fontsize=10, color="dimgray")
@@ -225,7 +237,7 @@ def figure_predicted_vs_measured(df: pd.DataFrame) -> Figure:
     """Cost-model prediction against measured time (non-estimated ok rows), Spearman per workload."""
     d = _prepared(df)
     m = d[d["time_us"].notna() & d["predicted_us"].notna() & ~d["is_estimated"]]
-    fig, (ax,) = _figure("Cost model: predicted vs measured time", m, 1, (7.5, 5.5))
+    fig, (ax,) = _figure("Cost model: predicted vs measured time", m if len(m) else d, 1, (7.5, 5.5))
     ax.set_xlabel("predicted time (µs)")
     ax.set_ylabel("measured time (µs)")
     if m.empty:
@@ -244,8 +256,7 @@ def figure_predicted_vs_measured(df: pd.DataFrame) -> Figure:
     hi = float(max(m["predicted_us"].max(), m["time_us"].max()))
     ax.plot([lo, hi], [lo, hi], color="gray", lw=0.8, ls="--", label="y = x")
     if lo > 0:
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        _log_y(ax, x_too=True)
     ax.grid(alpha=0.3, which="both")
     finite = [r for r in rhos if not math.isnan(r)]
     med = f"median Spearman ρ over workloads = {np.median(finite):.2f}" if finite else "Spearman ρ: n/a"
@@ -353,8 +364,8 @@ def figure_time_vs_occupancy(df: pd.DataFrame) -> Figure:
     for run in sorted(m["run"].unique()):
         sel = m["run"] == run
         est = " (est.)" if m.loc[sel, "is_estimated"].any() else ""
-        ax.scatter(occ[sel], m.loc[sel, "rel"], s=12, alpha=0.7, label=_text(run, 36) + est)
-    ax.set_yscale("log")
+        ax.scatter(occ[sel], m.loc[sel, "rel"], s=12, alpha=0.7, label=_text(run, 60) + est)
+    _log_y(ax)
     ax.set_xlabel("theoretical occupancy (%)")
     ax.set_ylabel("time / workload best (×, log)")
     ax.grid(alpha=0.3, which="both")
@@ -488,8 +499,16 @@ def read_bench(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame | None:
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
+def checked_rows(bench: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose output passed the reference check (a missing ``checked`` counts as passed)."""
+    if "checked" not in bench.columns:
+        return bench
+    return bench[bench["checked"].map(lambda v: str(v).strip().lower() not in ("false", "0"))]
+
+
 def figure_speedup_over_peers(bench: pd.DataFrame | None) -> Figure:
-    """Speedup of stitchtune over each peer per workload (peer median / stitchtune median)."""
+    """Speedup of stitchtune over each peer per workload (peer median / stitchtune median); rows that
+    failed the reference check are left out."""
     fig = Figure(figsize=(9.0, 4.6), layout="constrained")
     ax = fig.subplots()
     devices = "" if bench is None else ", ".join(_text(x, 20) for x in sorted(bench["device"].unique()))
@@ -498,6 +517,7 @@ def figure_speedup_over_peers(bench: pd.DataFrame | None) -> Figure:
         _empty(ax, "no benchmark results (results/bench_<device>.csv) with a stitchtune row",
                "workload", "speedup (×)")
         return fig
+    bench = checked_rows(bench)
     b = bench.assign(key=bench["workload"].astype(str) + np.where(
         bench["device"].nunique() > 1, " @ " + bench["device"].astype(str), ""))
     piv = b.pivot_table(index="key", columns="system", values="median_us", aggfunc="min")
@@ -522,7 +542,9 @@ def figure_speedup_over_peers(bench: pd.DataFrame | None) -> Figure:
     return fig
 
 
-def _pick_run(d: pd.DataFrame, workload: str | None) -> str:
+def pick_run(d: pd.DataFrame, workload: str | None) -> str:
+    """The run label for ``workload`` (a run label, graph name or workload-key prefix; None = the run
+    with the most ok trials). Raises :class:`DatabaseError` naming the runs when nothing matches."""
     runs = _runs_by_size(d)
     if workload is None:
         return runs[0]
@@ -553,10 +575,10 @@ def figure_schedule_dimensions(df: pd.DataFrame, workload: str | None = None) ->
     """For one workload: time against each schedule dimension (scheme, threads per row, rows per
     block, vector width, reuse level), each trial a dot, the heuristic a star, medians as bars."""
     d = _prepared(df)
-    run = _pick_run(d, workload)
+    run = pick_run(d, workload)
     r = d[(d["run"] == run) & d["time_us"].notna()]
     dims = dimension_columns(r)
-    fig, axes = _figure(f"Schedule dimensions vs time: {_text(run)}", r, max(1, len(dims)), (4.2, 3.4))
+    fig, axes = _figure(f"Schedule dimensions vs time: {_text(run, 64)}", r, max(1, len(dims)), (4.2, 3.4))
     if not dims:
         _empty(axes[0], "no schedule dimension takes two values among ok trials", "parameter value",
                _time_label(r))
@@ -581,7 +603,7 @@ def figure_schedule_dimensions(df: pd.DataFrame, workload: str | None = None) ->
         ax.set_xlabel(f"{label} (value)")
         ax.set_ylabel(_time_label(r))
         if r["time_us"].min() > 0:
-            ax.set_yscale("log")
+            _log_y(ax)
         ax.grid(alpha=0.3, axis="y", which="both")
     axes[0].legend(fontsize=7)
     return fig
@@ -612,9 +634,9 @@ def heuristic_rank(rows: pd.DataFrame) -> tuple[int, int, float, float] | None:
 def figure_heuristic_rank(df: pd.DataFrame, workload: str | None = None) -> Figure:
     """For one workload: all measured schedules sorted by time, the heuristic's place marked."""
     d = _prepared(df)
-    run = _pick_run(d, workload)
+    run = pick_run(d, workload)
     r = d[(d["run"] == run) & d["time_us"].notna()]
-    fig, (ax,) = _figure(f"Heuristic among all schedules: {_text(run)}", r, 1, (7.0, 4.0))
+    fig, (ax,) = _figure(f"Heuristic among all schedules: {_text(run, 64)}", r, 1, (7.0, 4.0))
     res = heuristic_rank(r)
     if r.empty:
         _empty(ax, "no ok trials", "rank (1 = fastest)", _time_label(r))
@@ -630,7 +652,7 @@ def figure_heuristic_rank(df: pd.DataFrame, workload: str | None = None) -> Figu
     ax.set_xlabel("rank among ok trials (1 = fastest)")
     ax.set_ylabel(_time_label(r))
     if t.min() > 0:
-        ax.set_yscale("log")
+        _log_y(ax)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return fig
@@ -736,7 +758,8 @@ def _markdown(d: pd.DataFrame, fl: pd.Series, bench: pd.DataFrame | None,
     counts = d.groupby("status").size()
     lines += ["", "Trials by status: " + ", ".join(f"{_md(s)} {n}" for s, n in counts.items()), ""]
     if bench is not None and (bench["system"] == "stitchtune").any():
-        lines += ["## Benchmark (measured)", "", "| workload | device | system | median (µs) | speedup of stitchtune |",
+        bench = checked_rows(bench)
+        lines += ["## Benchmark (measured; rows that failed the reference check left out)", "", "| workload | device | system | median (µs) | speedup of stitchtune |",
                   "|---|---|---|---:|---:|"]
         st = bench[bench["system"] == "stitchtune"].set_index(["workload", "device"])["median_us"]
         for _, r in bench.iterrows():
