@@ -475,13 +475,28 @@ def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
     return 2.0 * nbytes / (statistics.median(samples) * 1e-6)
 
 
-def _event_times(call: Callable[[int], Any], warmup: int, iters: int) -> list[float]:
-    """CUDA events around each of ``iters`` calls ``call(i)`` (µs), after ``warmup`` calls."""
+def _sync(torch_device: str) -> None:
+    import torch
+
+    if torch_device != "cpu":
+        torch.cuda.synchronize()
+
+
+def _event_times(call: Callable[[int], Any], warmup: int, iters: int, torch_device: str = "cuda") -> list[float]:
+    """CUDA events around each of ``iters`` calls ``call(i)`` (µs), after ``warmup`` calls.
+    (``torch_device="cpu"``: wall clock per call, only for CPU tests of this module.)"""
     import torch
 
     for i in range(warmup):
         call(i)
-    torch.cuda.synchronize()
+    _sync(torch_device)
+    if torch_device == "cpu":
+        times = []
+        for i in range(iters):
+            t0 = time.perf_counter()
+            call(warmup + i)
+            times.append((time.perf_counter() - t0) * 1e6)
+        return times
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):
@@ -534,9 +549,10 @@ def _check(graph: Graph, outs: Sequence[np.ndarray], expected: dict[str, np.ndar
 
 
 def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_names: Sequence[str], device: Device,
-                iters: int = 100, warmup: int = 10, seed: int = 0) -> list[SystemTiming]:
+                iters: int = 100, warmup: int = 10, seed: int = 0, torch_device: str = "cuda") -> list[SystemTiming]:
     """Time stitchtune and each peer on one graph (see the module docstring). Never raises for a
-    failing system: its row carries the failure in ``note``."""
+    failing system: its row carries the failure in ``note``. ``torch_device="cpu"`` exists only for
+    CPU tests of this function (wall-clock timing; the stitchtune launcher needs CUDA)."""
     import torch
 
     from .peers import build_peers
@@ -550,7 +566,7 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
     log.info("%s: numpy reference %.1f s", wl, time.perf_counter() - t0)
     in_bytes = sum(a.nbytes for a in inputs.values())
     k = rotations_needed(in_bytes, device.l2_bytes)
-    sets = [{n: _to_torch(a) for n, a in inputs.items()} for _ in range(k)]
+    sets = [{n: _to_torch(a, torch_device) for n, a in inputs.items()} for _ in range(k)]
     rot = f"{k} rotating input copies"
     results: list[SystemTiming] = []
 
@@ -571,9 +587,9 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
             ptr_sets.append(p)
         for i in range(3):
             launcher(ptr_sets[i % k])
-        torch.cuda.synchronize()
+        _sync(torch_device)
         ok, err = _check(graph, [_torch_out(outs[2 % k][o]) for o in graph.outputs], expected)
-        samples = _event_times(lambda i: launcher(ptr_sets[i % k]), warmup, iters)
+        samples = _event_times(lambda i: launcher(ptr_sets[i % k]), warmup, iters, torch_device)
         results.append(SystemTiming(wl, STITCHTUNE, statistics.median(samples), ok,
                                     f"{tp.origin}; CUDA events, median of {iters}, {rot}; {err}", tuple(samples)))
         del outs, launcher
@@ -594,13 +610,13 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
                 t0 = time.perf_counter()
                 for i in range(3):
                     res = peer.fn(**sets[i % k])
-                torch.cuda.synchronize()
+                _sync(torch_device)
                 first_s = time.perf_counter() - t0
                 ok, err = _check(graph, [_torch_out(t) for t in res], expected)
                 del res
-                samples = _event_times(lambda i: peer.fn(**sets[i % k]), warmup, iters)
+                samples = _event_times(lambda i: peer.fn(**sets[i % k]), warmup, iters, torch_device)
                 med = statistics.median(samples)
-                how = f"CUDA events, median of {iters}, {rot}"
+                how = f"{'CUDA events' if torch_device != 'cpu' else 'CPU wall clock'}, median of {iters}, {rot}"
             else:
                 import jax
 
@@ -620,9 +636,10 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
             log.exception("%s: peer %s failed", wl, peer.system)
             results.append(SystemTiming(wl, peer.system, None, False, f"failed: {type(exc).__name__}: {exc}"[:500]))
         finally:
-            torch.cuda.synchronize()
+            _sync(torch_device)
     del sets
-    torch.cuda.empty_cache()
+    if torch_device != "cpu":
+        torch.cuda.empty_cache()
     return results
 
 

@@ -167,3 +167,42 @@ def test_bench_small_example_on_gpu(tmp_path: Path) -> None:
     assert st["median_us"] > 0
     assert df[df.system == "torch_eager"].iloc[0]["checked"]
     assert list(tmp_path.glob("bench_*.csv")) and list(tmp_path.glob("bench_*.png"))
+
+
+def test_bench_graph_on_cpu_peers_checked_and_timed(monkeypatch: pytest.MonkeyPatch, h200) -> None:  # noqa: ANN001
+    """The whole per-graph flow on CPU (torch eager + JAX; wall clock): every peer is checked against the
+    reference and timed; a stitchtune that cannot run is a row with the reason, not an exception."""
+    pytest.importorskip("torch")
+    from stitchtune.errors import ToolchainError
+
+    def no_gpu(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise ToolchainError("no GPU here")
+
+    monkeypatch.setattr(bench, "tuned_program", no_gpu)
+    g = load_graph(EXAMPLES / "layernorm_bf16_small.json")
+    rows = bench.bench_graph(str(EXAMPLES / "layernorm_bf16_small.json"), g, db="unused", trials=0,
+                             peer_names=("eager", "xla"), device=h200, iters=5, warmup=1, torch_device="cpu")
+    by = {r.system: r for r in rows}
+    assert by[STITCHTUNE].median_us is None and not by[STITCHTUNE].checked
+    assert "no GPU here" in by[STITCHTUNE].note
+    assert by["torch_eager"].checked and by["torch_eager"].median_us > 0, by["torch_eager"].note
+    assert len(by["torch_eager"].samples_us) == 5
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        assert "not installed" in by["jax_jit"].note
+    else:
+        assert by["jax_jit"].checked and by["jax_jit"].median_us > 0, by["jax_jit"].note
+        assert "wall clock" in by["jax_jit"].note
+    df = bench.results_table(rows, {g.name: bench.floor_reason(g, h200)}, copy_bw=4e12)
+    assert math.isnan(df.set_index("system").loc["torch_eager", "speedup_vs_this"])  # no stitchtune time
+
+
+def test_cli_bench_user_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from stitchtune.cli import main
+
+    assert main(["bench", str(EXAMPLES / "layernorm_small.json"), "--peers", "eager,tvm"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown peer 'tvm'" in err and "Traceback" not in err
+    assert main(["bench", str(EXAMPLES / "layernorm_small.json"), "--iters", "1"]) == 2
+    assert "--iters must be >= 5" in capsys.readouterr().err
