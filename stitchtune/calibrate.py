@@ -235,3 +235,34 @@ def devices_in(df: pd.DataFrame) -> list[tuple[str, str]]:
         return []
     names = rows["device_name"] if "device_name" in rows.columns else rows["device_key"].str.split("/").str[0]
     return sorted(set(zip(rows["device_key"].astype(str), names.astype(str), strict=True)))
+
+
+def resolve_devices(pairs: list[tuple[str, str]]) -> tuple[list[Device], list[str]]:
+    """Device descriptions for (device_key, device_name) pairs: the preset whose key matches, else
+    the local GPU (pycuda) when its key matches; returns (devices, keys that matched neither)."""
+    from stitchtune.device import DeviceError, get_device, query_device
+    from stitchtune.errors import ToolchainError
+
+    found: list[Device] = []
+    missing: list[str] = []
+    gpu: Device | None = None
+    gpu_tried = False
+    for key, name in pairs:
+        try:
+            dev = get_device(name)
+            if dev.key == key:
+                found.append(dev)
+                continue
+        except DeviceError:
+            pass
+        if not gpu_tried:
+            gpu_tried = True
+            try:
+                gpu = query_device()
+            except ToolchainError:
+                gpu = None
+        if gpu is not None and gpu.key == key:
+            found.append(gpu)
+        else:
+            missing.append(key)
+    return found, missing

@@ -266,7 +266,7 @@ def _add_calibrate(sub: Any) -> None:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from stitchtune.calibrate import CalibrationError, calibrate_db, devices_in
+    from stitchtune.calibrate import CalibrationError, calibrate_db, devices_in, resolve_devices
     from stitchtune.db import read_db
     from stitchtune.device import get_device
 
@@ -274,9 +274,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.device:
         devices = [get_device(args.device)]
     else:
-        devices = [get_device(name) for _key, name in devices_in(df)]
+        devices, unknown = resolve_devices(devices_in(df))
+        for key in unknown:
+            print(f"skipping {key}: not a preset and not the local GPU (use --device NAME)")
         if not devices:
-            raise CalibrationError(f"no measured ok rows in {ascii(args.db)} (emulated rows do not count)")
+            raise CalibrationError(f"no measured ok rows of a known device in {ascii(args.db)} "
+                                   "(emulated rows do not count; --device NAME names an unknown one)")
     for dev, params, path in calibrate_db(args.db, df, devices):
         fitted = ", ".join(f"{k}={v:.4g}" for k, v in params.to_dict().items() if isinstance(v, float))
         print(f"{dev.key}: fitted on {params.fitted_rows} measured rows -> {path}\n  {fitted}")

@@ -333,3 +333,18 @@ def test_cli_calibrate_without_measured_rows(tmp_path, capsys) -> None:
     assert main(["calibrate", "--db", db]) == 2
     assert "no measured ok rows" in capsys.readouterr().err
     assert main(["calibrate", "--db", db, "--device", "nonesuch"]) == 2
+
+
+def test_cli_calibrate_skips_unknown_devices(tmp_path, monkeypatch, capsys) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pycuda", None)       # no local GPU to match against
+    db = str(tmp_path / "db")
+    df = _rows(_candidates(4), default_params(H200), with_profiles=False)
+    other = df.assign(device_key="NVIDIA GeForce RTX 3090/sm_86", device_name="NVIDIA GeForce RTX 3090")
+    TuningDB(db).append(pd.concat([df, other]).to_dict("records"))
+    assert main(["calibrate", "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert "skipping NVIDIA GeForce RTX 3090/sm_86" in out and "NVIDIA H200/sm_90: fitted on 4" in out
+    TuningDB(str(tmp_path / "db2")).append(other.to_dict("records"))
+    assert main(["calibrate", "--db", str(tmp_path / "db2")]) == 2
