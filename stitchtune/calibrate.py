@@ -129,11 +129,14 @@ def model_check(df: pd.DataFrame, factor: float = DEFAULT_PRUNE_FACTOR) -> pd.Da
       ``trial_number``), the best measured time among ok rows before the winner was finite and the
       winner's predicted time exceeded ``factor`` x it;
     * ``winner_pruned_any_order``: the worst case over orders, i.e. the winner's predicted time
-      exceeds ``factor`` x the best measured time of all *other* ok rows.
+      exceeds ``factor`` x the best measured time of all *other* ok rows;
+    * ``winner_pruned_vs_predicted``: scale-free variant, the winner's predicted time exceeds
+      ``factor`` x the best predicted time of the ok rows (what the rule would do if predictions and
+      measurements shared one scale).
     """
     cols = ["graph_name", "workload_key", "device_key", "n_ok", "spearman", "winner_measured_us",
             "winner_predicted_us", "best_predicted_us", "winner_pruned_replay",
-            "winner_pruned_any_order", "estimated", "note"]
+            "winner_pruned_any_order", "winner_pruned_vs_predicted", "estimated", "note"]
     if df.empty:
         return pd.DataFrame(columns=cols)
     need = {"status", "measured_us", "predicted_us", "workload_key"}
@@ -179,6 +182,7 @@ def model_check(df: pd.DataFrame, factor: float = DEFAULT_PRUNE_FACTOR) -> pd.Da
                         winner_predicted_us=float(w["predicted_us"]),
                         best_predicted_us=float(g["predicted_us"].min()),
                         winner_pruned_replay=replay, winner_pruned_any_order=any_order,
+                        winner_pruned_vs_predicted=bool(w["predicted_us"] > factor * g["predicted_us"].min()),
                         estimated=est, note="; ".join(notes)))
     return pd.DataFrame(out, columns=cols)
 
@@ -203,7 +207,8 @@ def format_model_check(table: pd.DataFrame, factor: float = DEFAULT_PRUNE_FACTOR
     lines.append(f"measured winners the rule 'predicted > {factor:g} x best measured so far' would have "
                  f"pruned: {int(table['winner_pruned_replay'].sum())} in trial order, "
                  f"{int(table['winner_pruned_any_order'].sum())} in the worst order "
-                 "(column pruned? = trial order/worst order)")
+                 "(column pruned? = trial order/worst order); predicted > "
+                 f"{factor:g} x best predicted: {int(table['winner_pruned_vs_predicted'].sum())}")
     if bool(table["estimated"].all()):
         lines.append("NOTE: every 'measured' time here comes from the emulate backend and IS the cost "
                      "model's prediction (estimated=True); this check is not meaningful until rows "

@@ -294,6 +294,8 @@ def test_model_check_pruned_winner_definitions() -> None:
     # winner first in trial order: nothing measured before it -> the replay keeps it
     t2 = model_check(_mc_frame([100, 20, 15], [10, 50, 12])).iloc[0]
     assert not t2.winner_pruned_replay and t2.winner_pruned_any_order
+    assert t2.winner_pruned_vs_predicted                  # 100 > 3 x 15
+    assert not model_check(_mc_frame([10, 20, 30], [11, 19, 33])).iloc[0].winner_pruned_vs_predicted
     # factor large enough keeps it in every order
     assert not model_check(_mc_frame([20, 15, 100], [50, 12, 10]), factor=10).iloc[0].winner_pruned_any_order
 
