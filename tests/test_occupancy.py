@@ -201,3 +201,33 @@ def test_driver_check() -> None:
     total, mismatches = driver_check(query_device())
     assert total > 50
     assert not mismatches, mismatches[:10]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="needs nvcc")
+def test_driver_check_plumbing_with_fake_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """driver_check's nvcc + driver-call sequence, with a fake libcuda that answers from occupancy():
+    catches argument mistakes before the check runs on a real GPU."""
+    import ctypes
+
+    from stitchtune import occupancy as occ_mod
+
+    dev = get_device("h200")
+    calls: list[str] = []
+
+    class FakeCuda:
+        def __getattr__(self, name: str):  # every cu* call succeeds unless special-cased
+            def call(*args):
+                calls.append(name)
+                if name == "cuFuncGetAttribute":
+                    args[0]._obj.value = 40
+                if name == "cuOccupancyMaxActiveBlocksPerMultiprocessor":
+                    threads, smem = args[2].value, args[3].value
+                    args[0]._obj.value = occupancy(dev, threads, 40, smem).blocks_per_sm
+                return 0
+            return call
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda _name: FakeCuda())
+    total, bad = occ_mod.driver_check(dev)
+    assert total == 5 * 7 * 6 and bad == []
+    assert calls.count("cuModuleLoad") == 5 and calls[0] == "cuInit"
