@@ -301,6 +301,9 @@ def get_device(name: str | None = None) -> Device:
     words = {_norm(w) for w in name.replace("/", " ").replace("-", " ").split()}
     hits = [dev for short, dev in PRESETS.items() if short in words]
     if len(hits) == 1:
+        if words - {_norm(w) for w in hits[0].name.replace("-", " ").split()} - {"nvidia", "sxm"}:
+            log.warning("device %r taken as the preset %r (a different variant may differ in SMs and "
+                        "bandwidth)", name, hits[0].name)
         return hits[0]
     raise DeviceError(f"unknown device {name!r}; presets: {', '.join(PRESETS)}")
 
