@@ -93,7 +93,8 @@ def _shape_text(shapes: object) -> str:
 def prepare(df: pd.DataFrame) -> pd.DataFrame:
     """A copy of ``df`` with the derived columns the figures use.
 
-    Adds ``time_us`` (``measured_us`` of ok rows, else NaN), ``is_estimated`` (bool), ``is_heuristic``
+    Adds ``time_us`` (``measured_us`` of ok rows, else NaN), ``is_estimated`` (bool), ``is_reused``
+    (the row copies another row's result: left out of scatter plots and correlations), ``is_heuristic``
     (the ``heuristic``/``is_heuristic`` column, else trial 0 of each study), ``run`` (a short label per
     (workload, device, backend)) and ``order`` (trial order within a study).
     """
@@ -118,6 +119,7 @@ def prepare(df: pd.DataFrame) -> pd.DataFrame:
         d["order"] = pd.to_numeric(d["trial_number"], errors="coerce")
     else:
         d["order"] = d.groupby("study").cumcount()
+    d["is_reused"] = d["reused"].fillna(False).astype(bool) if "reused" in d else False
     flag = next((c for c in ("is_heuristic", "heuristic") if c in d.columns), None)
     if flag is not None and d[flag].notna().any():
         d["is_heuristic"] = d[flag].fillna(False).astype(bool)
@@ -236,7 +238,7 @@ def figure_best_so_far(df: pd.DataFrame) -> Figure:
 def figure_predicted_vs_measured(df: pd.DataFrame) -> Figure:
     """Cost-model prediction against measured time (non-estimated ok rows), Spearman per workload."""
     d = _prepared(df)
-    m = d[d["time_us"].notna() & d["predicted_us"].notna() & ~d["is_estimated"]]
+    m = d[d["time_us"].notna() & d["predicted_us"].notna() & ~d["is_estimated"] & ~d["is_reused"]]
     fig, (ax,) = _figure("Cost model: predicted vs measured time", m if len(m) else d, 1, (7.5, 5.5))
     ax.set_xlabel("predicted time (µs)")
     ax.set_ylabel("measured time (µs)")
@@ -269,7 +271,7 @@ def spearman(rows: pd.DataFrame) -> float:
     """Spearman rank correlation of ``predicted_us`` and ``time_us`` (NaN with < 3 points or no spread)."""
     from scipy.stats import spearmanr
 
-    g = rows[rows["time_us"].notna() & rows["predicted_us"].notna()]
+    g = rows[rows["time_us"].notna() & rows["predicted_us"].notna() & ~rows["is_reused"]]
     if len(g) < 3 or g["time_us"].nunique() < 2 or g["predicted_us"].nunique() < 2:
         return float("nan")
     return float(spearmanr(g["predicted_us"], g["time_us"]).statistic)
@@ -354,7 +356,7 @@ def figure_param_importances(df: pd.DataFrame, max_runs: int = 6) -> Figure:
 def figure_time_vs_occupancy(df: pd.DataFrame) -> Figure:
     """Time relative to each workload's best against theoretical occupancy (ok rows)."""
     d = _prepared(df)
-    m = d[d["time_us"].notna() & d["occupancy"].notna()].copy()
+    m = d[d["time_us"].notna() & d["occupancy"].notna() & ~d["is_reused"]].copy()
     fig, (ax,) = _figure("Time vs theoretical occupancy", m, 1, (7.0, 4.2))
     if m.empty:
         _empty(ax, "no ok rows with an occupancy", "theoretical occupancy (%)", "time / workload best (×)")
@@ -400,27 +402,38 @@ def floors(df: pd.DataFrame, bench: pd.DataFrame | None = None, bandwidth_gbs: f
            min_bytes: dict[str, int] | None = None) -> pd.Series:
     """Memory-bandwidth floor (µs) per run label; NaN where unknown.
 
-    floor = min bytes / copy bandwidth. Min bytes come from a ``min_bytes`` DB column, else from
-    ``min_bytes`` (workload key -> bytes, e.g. :func:`min_bytes_from_graphs`). Bandwidth (GB/s) comes
-    from ``bandwidth_gbs``, else a ``copy_bandwidth_gbs`` DB column, else the device description
-    (:mod:`stitchtune.device`, when it knows the device). Failing those, a benchmark CSV's
-    ``floor_us`` for a workload whose name is the graph name is used.
+    First choice: a benchmark CSV's ``floor_us`` for the workload (bench names workloads by graph name)
+    on the same device: it uses the copy bandwidth measured in that run and counts forced re-reads.
+    Otherwise floor = min bytes / copy bandwidth, with min bytes from a ``min_bytes`` DB column, else
+    ``min_bytes`` (workload key -> bytes, see :func:`min_bytes_from_graphs`), and the bandwidth (GB/s)
+    from ``bandwidth_gbs``, else a ``copy_bandwidth_gbs`` DB column, else the device preset
+    (:func:`stitchtune.device.get_device`).
     """
     d = _prepared(df)
     out = {}
     for run, g in d.groupby("run", sort=True):
         first = g.iloc[0]
-        nbytes = _first_number(g, "min_bytes")
-        if nbytes is None and min_bytes:
-            nbytes = min_bytes.get(str(first["workload_key"]))
-        bw = bandwidth_gbs or _first_number(g, "copy_bandwidth_gbs") or _device_bandwidth_gbs(first["device_name"])
-        floor = nbytes / (bw * 1e3) if nbytes and bw else float("nan")
-        if math.isnan(floor) and bench is not None and "floor_us" in bench.columns:
-            hit = bench[bench["workload"].astype(str) == str(first["graph_name"])]["floor_us"].dropna()
-            if len(hit):
-                floor = float(hit.iloc[0])
+        floor = _bench_floor(bench, str(first["graph_name"]), str(first["device_name"]))
+        if math.isnan(floor):
+            nbytes = _first_number(g, "min_bytes")
+            if nbytes is None and min_bytes:
+                nbytes = min_bytes.get(str(first["workload_key"]))
+            bw = (bandwidth_gbs or _first_number(g, "copy_bandwidth_gbs")
+                  or _device_bandwidth_gbs(first["device_name"]))
+            floor = nbytes / (bw * 1e3) if nbytes and bw else float("nan")
         out[run] = floor
     return pd.Series(out, dtype=float)
+
+
+def _bench_floor(bench: pd.DataFrame | None, graph_name: str, device_name: str) -> float:
+    if bench is None or "floor_us" not in bench.columns:
+        return float("nan")
+    hit = bench[(bench["workload"].astype(str) == graph_name) & pd.to_numeric(bench["floor_us"], errors="coerce").gt(0)]
+    if "device" in hit.columns and hit["device"].nunique() > 1:
+        want = re.sub(r"[^a-z0-9]", "", device_name.lower())
+        hit = hit[hit["device"].map(lambda x: (s := re.sub(r"[^a-z0-9]", "", str(x).lower())) != ""
+                                    and (s in want or want in s))]
+    return float(hit["floor_us"].iloc[0]) if len(hit) else float("nan")
 
 
 def _first_number(g: pd.DataFrame, col: str) -> float | None:

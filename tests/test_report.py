@@ -275,3 +275,11 @@ def test_speedup_over_peers_figure(tmp_path):
     assert heights == [1.0, 2.0, 4.0]                     # the unchecked jax row on b is left out
     assert "measured" in fig.get_suptitle()
     assert "no benchmark" in _texts(report.figure_speedup_over_peers(None))
+
+
+def test_floor_prefers_the_bench_csv_of_the_same_device(tmp_path):
+    p1, p2 = tmp_path / "bench_nvidia_h200.csv", tmp_path / "bench_a100.csv"
+    pd.DataFrame([{"workload": "g", "system": "stitchtune", "median_us": 9.0, "floor_us": 6.0}]).to_csv(p1)
+    pd.DataFrame([{"workload": "g", "system": "stitchtune", "median_us": 9.0, "floor_us": 12.0}]).to_csv(p2)
+    d = report.prepare(_rows([10.0, 20.0], min_bytes=[4_000_000, 4_000_000]))
+    assert report.floors(d, report.read_bench([p1, p2]), bandwidth_gbs=2000.0).iloc[0] == 6.0
