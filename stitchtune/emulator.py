@@ -103,7 +103,6 @@ NP_ELEM: dict[str, Any] = {
 }
 _NP_SCALAR = {F32: np.float32, I32: np.int32, BOOL: np.bool_}
 _ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "uint32": 4}
-_BIG = np.int32(np.iinfo(np.int32).max)
 
 
 class EmulatorFault(Exception):
@@ -130,45 +129,54 @@ def elem_dtype(dtype: str, role: str = "") -> np.dtype:
 
 
 class _Tracker:
-    """Per-element accessor sets of the current interval, as (min, max) of accessor ids.
+    """Per-element accessors of the current interval, one int32 array per access kind.
 
-    An element has an accessor *other than* ``who`` iff ``max >= 0 and (min != who or max != who)``.
-    Accessor ids are block ids (global memory) or thread ids (shared memory).
+    ``w`` (plain writes), ``r`` (plain reads), ``a`` (atomic adds) hold -1 (nobody), the single
+    accessor id, or -2 (several different accessors). Accessor ids are block ids (global memory) or
+    thread ids (shared memory).
     """
 
     def __init__(self, n: int) -> None:
-        self.arrays = {k: np.full(n, _BIG if k.endswith("min") else -1, np.int32)
-                       for k in ("wmin", "wmax", "rmin", "rmax", "amin", "amax")}
+        self.w = np.full(n, -1, np.int32)
+        self.r = np.full(n, -1, np.int32)
+        self.a = np.full(n, -1, np.int32)
 
     def reset(self, rows: np.ndarray | None = None, row_len: int = 0) -> None:
         """Start a new interval for all elements, or for the blocks ``rows`` (bool) of length ``row_len``."""
-        for k, a in self.arrays.items():
-            fill = _BIG if k.endswith("min") else -1
+        for arr in (self.w, self.r, self.a):
             if rows is None:
-                a.fill(fill)
+                arr.fill(-1)
             else:
-                a.reshape(-1, row_len)[rows] = fill
+                arr.reshape(-1, row_len)[rows] = -1
 
-    def _other(self, kind: str, e: np.ndarray, who: np.ndarray) -> np.ndarray:
-        mx = self.arrays[kind + "max"][e]
-        return (mx >= 0) & ((self.arrays[kind + "min"][e] != who) | (mx != who))
+    @staticmethod
+    def _other(arr: np.ndarray, e: np.ndarray, who: np.ndarray) -> np.ndarray:
+        """Lanes whose element has an accessor other than ``who`` in ``arr``."""
+        x = arr[e]
+        return (x != -1) & (x != who)
 
-    def _add(self, kind: str, e: np.ndarray, who: np.ndarray) -> None:
-        np.minimum.at(self.arrays[kind + "min"], e, who)
-        np.maximum.at(self.arrays[kind + "max"], e, who)
+    @staticmethod
+    def _add(arr: np.ndarray, e: np.ndarray, who: np.ndarray) -> None:
+        """Record ``who`` as an accessor of ``e`` (exact also when lanes share an element)."""
+        x = arr[e]
+        arr[e] = np.where((x == -1) | (x == who), who, np.int32(-2))
+        y = arr[e]  # with duplicate elements the last lane won: a lane that sees a different id clashes
+        clash = (y != who) & (y != -2)
+        if clash.any():
+            arr[e[clash]] = -2
 
     def read(self, e: np.ndarray, who: np.ndarray) -> np.ndarray:
-        bad = self._other("w", e, who) | self._other("a", e, who)
-        self._add("r", e, who)
+        bad = self._other(self.w, e, who) | self._other(self.a, e, who)
+        self._add(self.r, e, who)
         return bad
 
     def write(self, e: np.ndarray, who: np.ndarray) -> np.ndarray:
-        self._add("w", e, who)  # first, so that two writers in one statement conflict
-        return self._other("w", e, who) | self._other("r", e, who) | self._other("a", e, who)
+        self._add(self.w, e, who)  # first, so that two writers in one statement conflict
+        return self._other(self.w, e, who) | self._other(self.r, e, who) | self._other(self.a, e, who)
 
     def atomic(self, e: np.ndarray, who: np.ndarray) -> np.ndarray:
-        self._add("a", e, who)
-        return self._other("w", e, who) | self._other("r", e, who)
+        self._add(self.a, e, who)
+        return self._other(self.w, e, who) | self._other(self.r, e, who)
 
 
 # ----------------------------------------------------------------------------------------------

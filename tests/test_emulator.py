@@ -7,6 +7,8 @@ import time
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stitchtune.emulator import EmulatorFault, emulate_kernel, emulate_program
 from stitchtune.kir import (
@@ -425,6 +427,51 @@ def test_integer_semantics_are_c() -> None:
     np.testing.assert_array_equal(y[68:96], -1)
     np.testing.assert_array_equal(y[96:128], np.trunc(-(np.fmod(av, 5) + 0.5)))
     np.testing.assert_array_equal(y[128:], (np.arange(32) << 3) >> 1)
+
+
+def _c_div(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(-10**6, 10**6), st.integers(-1000, 1000).filter(bool)),
+                min_size=1, max_size=32))
+def test_integer_division_matches_c(pairs: list[tuple[int, int]]) -> None:
+    """Per-thread operands loaded as floats, cast to i32: / and % truncate toward zero like C."""
+    a, b = Var("a", I32), Var("b", I32)
+    n = len(pairs)
+    k = Kernel("cdiv", (Param("x", "float32", 2 * n, "input"), Param("y", "float32", 2 * n, "output")),
+               (If(lt(TID, i(n)), (Assign(a, Cast(Load("x", TID), I32)),
+                                   Assign(b, Cast(Load("x", add(TID, i(n))), I32)),
+                                   StoreVec("y", TID, (Cast(Bin("/", a, b), "f32"),)),
+                                   StoreVec("y", add(TID, i(n)), (Cast(Bin("%", a, b), "f32"),)))),),
+               block=32)
+    x = np.array([p[0] for p in pairs] + [p[1] for p in pairs], np.float32)
+    y = np.zeros(2 * n, np.float32)
+    emulate_kernel(k, 1, {"x": x, "y": y})
+    q = [_c_div(p, d) for p, d in pairs]
+    np.testing.assert_array_equal(y[:n], np.array(q, np.float32))
+    np.testing.assert_array_equal(y[n:], np.array([p - d * qq for (p, d), qq in zip(pairs, q)], np.float32))
+
+
+def test_select_only_loads_the_chosen_operand() -> None:
+    """``c ? x[i] : 0`` must not touch x[i] where c is false (C evaluates one operand)."""
+    n = 40
+    k = Kernel("sel", (Param("x", "float32", n, "input"), Param("y", "float32", 64, "output")),
+               (StoreVec("y", TID, (Select(lt(TID, i(n)), Load("x", TID), f(-1.0)),)),), block=64)
+    y = np.zeros(64, np.float32)
+    emulate_kernel(k, 1, {"x": np.arange(n, dtype=np.float32), "y": y})
+    np.testing.assert_array_equal(y, np.r_[np.arange(n), -np.ones(64 - n)])
+
+
+def test_two_blocks_writing_one_element_race() -> None:
+    k = Kernel("ww", (Param("y", "float32", 4, "output"),),
+               (StoreVec("y", Bin("/", BID, i(2)), (f(1.0),)),), block=32)
+    with pytest.raises(EmulatorFault) as ei:
+        emulate_kernel(k, 4, {"y": np.zeros(4, np.float32)})
+    assert ei.value.kind == "global_race"
+    assert "y[0]" in str(ei.value)
 
 
 def test_local_array_registers() -> None:
