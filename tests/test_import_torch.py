@@ -253,3 +253,18 @@ def test_cli_import_torch_error_is_one_line_exit_2(tmp_path, capsys):
     assert len(lines) == 1 and "aten.cumsum" in lines[0]
     assert "Traceback" not in err
     assert not (tmp_path / "g.json").exists()
+
+
+def test_dropout_identity_in_eval_error_in_train_points_at_user_code():
+    class Drop(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop = torch.nn.Dropout(0.1)
+
+        def forward(self, x):
+            return self.drop(torch.sigmoid(x))
+
+    assert [n.op for n in import_torch(Drop().eval(), {"x": ((4, 4), "float32")}).graph.nodes] == ["sigmoid"]
+    with pytest.raises(StitchtuneError) as ei:
+        import_torch(Drop().train(), {"x": ((4, 4), "float32")})
+    assert "test_import_torch.py:" in str(ei.value) and "training mode" in str(ei.value)

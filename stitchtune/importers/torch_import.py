@@ -16,7 +16,8 @@ Contract
   (no rounding mode), pow, maximum, minimum, clamp / clamp_min / clamp_max, sum / mean / amax / amin
   (dims, keepdim, dtype), max.dim / min.dim values, casts (``_to_copy``, ``to``, ``type_as``), and
   views that do not move elements (identity views, adding/removing leading size-1 dims, ``expand``,
-  ``unsqueeze`` of a reduction that becomes ``keepdims``). Anything else raises
+  ``unsqueeze`` of a reduction that becomes ``keepdims``), dropout in eval mode (identity). Anything
+  else raises
   :class:`~stitchtune.importers.builder.ImportError_` (a ``StitchtuneError``) naming the op and its
   source location.
 * Every mapped value is checked against PyTorch's own shape and dtype metadata; a mismatch that the
@@ -99,6 +100,8 @@ def load_callable(spec: str) -> tuple[Any, str]:
             raise ImportError_(f"{attr!a} is an nn.Module class that cannot be built without arguments: {e}") from e
     if not callable(obj):
         raise ImportError_(f"{attr!a} in {mod_part!a} is not callable")
+    if isinstance(obj, torch.nn.Module):
+        obj.eval()   # import the inference graph (dropout off, batchnorm running stats)
     return obj, attr.rsplit(".", 1)[-1]
 
 
@@ -241,16 +244,24 @@ def _capture(fn: Any, args: tuple[Any, ...]) -> _Captured:
 
 # ---------------------------------------------------------------------------- the walk
 def _where(node: Any) -> str:
-    """The innermost user source location of an fx node, or its name."""
+    """The innermost source location of an fx node outside PyTorch itself (else the innermost one)."""
+    import torch
+
+    torch_dir = str(Path(torch.__file__).parent)
     st = node.meta.get("stack_trace") or ""
     lines = [ln for ln in st.strip().splitlines() if ln.strip()]
-    for i in range(len(lines) - 1, -1, -1):
-        ln = lines[i].strip()
+    frames = []
+    for i, ln in enumerate(lines):
+        ln = ln.strip()
         if ln.startswith("File "):
-            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            code = lines[i + 1].strip() if i + 1 < len(lines) and not lines[i + 1].strip().startswith("File ") else ""
             loc = ln.split(", in ")[0].replace("File ", "").replace('"', "").replace(", line ", ":")
-            return f"{loc} ({code})" if code else loc
-    return f"graph node {node.name!a} (no source location recorded)"
+            frames.append((loc, code))
+    if not frames:
+        return f"graph node {node.name!a} (no source location recorded)"
+    user = [f for f in frames if not f[0].startswith(torch_dir)]
+    loc, code = (user or frames)[-1]
+    return f"{loc} ({code})" if code else loc
 
 
 def _meta(node: Any) -> tuple[tuple[int, ...], str | None]:
@@ -524,6 +535,13 @@ class _Walker:
             bias = self.val(a["bias"], node) if a.get("bias") is not None else None
             y, mean, rstd = b.layer_norm(v, axes, w, bias, float(a["eps"]), name)
             return y if key == "aten.layer_norm" else (y, mean, rstd)
+        if key in ("aten.dropout", "aten.native_dropout", "aten.feature_dropout"):
+            if a.get("train") or a.get("p"):
+                if a.get("train"):
+                    raise ImportError_(f"{node.target} at {_where(node)}: dropout in training mode is not "
+                                       "supported (call .eval() first)")
+            v = self.val(a["input"], node)
+            return (v, None) if key == "aten.native_dropout" else v
         if key in _CASTS:
             _, dt = _meta(node)
             if dt is None:
