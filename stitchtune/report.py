@@ -405,7 +405,8 @@ def floors(df: pd.DataFrame, bench: pd.DataFrame | None = None, bandwidth_gbs: f
     First choice: a benchmark CSV's ``floor_us`` for the workload (bench names workloads by graph name)
     on the same device: it uses the copy bandwidth measured in that run and counts forced re-reads.
     Otherwise floor = min bytes / copy bandwidth, with min bytes from a ``min_bytes`` DB column, else
-    ``min_bytes`` (workload key -> bytes, see :func:`min_bytes_from_graphs`), and the bandwidth (GB/s)
+    ``min_bytes`` (workload key -> bytes, see :func:`min_bytes_from_graphs`), else the ``shapes`` and
+    ``dtypes`` columns (:func:`min_bytes_from_shapes`), and the bandwidth (GB/s)
     from ``bandwidth_gbs``, else a ``copy_bandwidth_gbs`` DB column, else the device preset
     (:func:`stitchtune.device.get_device`).
     """
@@ -418,6 +419,8 @@ def floors(df: pd.DataFrame, bench: pd.DataFrame | None = None, bandwidth_gbs: f
             nbytes = _first_number(g, "min_bytes")
             if nbytes is None and min_bytes:
                 nbytes = min_bytes.get(str(first["workload_key"]))
+            if nbytes is None:
+                nbytes = min_bytes_from_shapes(first.get("shapes"), first.get("dtypes"))
             bw = (bandwidth_gbs or _first_number(g, "copy_bandwidth_gbs")
                   or _device_bandwidth_gbs(first["device_name"]))
             floor = nbytes / (bw * 1e3) if nbytes and bw else float("nan")
@@ -452,6 +455,21 @@ def _device_bandwidth_gbs(device_name: str) -> float | None:
         return float(get_device(str(device_name)).effective_copy_bandwidth_gbs())
     except StitchtuneError:
         return None
+
+
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def min_bytes_from_shapes(shapes: object, dtypes: object) -> int | None:
+    """Sum of the tensors in a row's ``shapes``/``dtypes`` JSON (inputs and outputs by name, as
+    ``pipeline.context_row`` writes them): ``Graph.min_bytes()`` except when an output is also an
+    input (then counted once). None when the cells cannot be read."""
+    try:
+        sh, dt = json.loads(str(shapes)), json.loads(str(dtypes))
+        total = sum(math.prod(int(x) for x in sh[name]) * _ITEMSIZE[dt[name]] for name in sh)
+    except (TypeError, ValueError, KeyError, AttributeError, json.JSONDecodeError):
+        return None
+    return int(total) if total > 0 else None
 
 
 def min_bytes_from_graphs(paths: Iterable[str | os.PathLike[str]]) -> dict[str, int]:

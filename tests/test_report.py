@@ -283,3 +283,16 @@ def test_floor_prefers_the_bench_csv_of_the_same_device(tmp_path):
     pd.DataFrame([{"workload": "g", "system": "stitchtune", "median_us": 9.0, "floor_us": 12.0}]).to_csv(p2)
     d = report.prepare(_rows([10.0, 20.0], min_bytes=[4_000_000, 4_000_000]))
     assert report.floors(d, report.read_bench([p1, p2]), bandwidth_gbs=2000.0).iloc[0] == 6.0
+
+
+def test_min_bytes_from_db_shapes_matches_graph_min_bytes(full_examples, small_examples):
+    from stitchtune.device import get_device
+    from stitchtune.graph import load_graph
+    from stitchtune.pipeline import context_row
+
+    dev = get_device("h200")
+    for path in full_examples + small_examples:
+        g = load_graph(path)
+        row = context_row(g, dev)
+        assert report.min_bytes_from_shapes(row["shapes"], row["dtypes"]) == g.min_bytes(), path.name
+    assert report.min_bytes_from_shapes("not json", "{}") is None
