@@ -40,6 +40,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -548,22 +549,37 @@ def _check(graph: Graph, outs: Sequence[np.ndarray], expected: dict[str, np.ndar
     return res.ok, err if res.ok else f"WRONG RESULT: {res.error}"
 
 
+class _Skip(Exception):
+    """Internal: this system is not part of the current phase."""
+
+
+def _reference(graph: Graph, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(random inputs, float64 numpy reference outputs) of ``graph``."""
+    from .reference import random_inputs
+    from .runners import reference_outputs
+
+    t0 = time.perf_counter()
+    inputs = random_inputs(graph, seed)
+    expected = reference_outputs(graph, inputs)
+    log.info("%s: inputs + numpy reference in %.1f s", graph.name, time.perf_counter() - t0)
+    return inputs, expected
+
+
 def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_names: Sequence[str], device: Device,
-                iters: int = 100, warmup: int = 10, seed: int = 0, torch_device: str = "cuda") -> list[SystemTiming]:
+                iters: int = 100, warmup: int = 10, seed: int = 0, torch_device: str = "cuda",
+                reference: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None,
+                stitchtune: bool = True) -> list[SystemTiming]:
     """Time stitchtune and each peer on one graph (see the module docstring). Never raises for a
-    failing system: its row carries the failure in ``note``. ``torch_device="cpu"`` exists only for
+    failing system: its row carries the failure in ``note``. ``reference``: (inputs, float64 reference
+    outputs) from :func:`_reference` when already computed; ``stitchtune=False`` times only the peers.
+    ``torch_device="cpu"`` exists only for
     CPU tests of this function (wall-clock timing; the stitchtune launcher needs CUDA)."""
     import torch
 
     from .peers import build_peers
-    from .reference import random_inputs
-    from .runners import reference_outputs
 
     wl = graph.name
-    inputs = random_inputs(graph, seed)
-    t0 = time.perf_counter()
-    expected = reference_outputs(graph, inputs)
-    log.info("%s: numpy reference %.1f s", wl, time.perf_counter() - t0)
+    inputs, expected = reference or _reference(graph, seed)
     in_bytes = sum(a.nbytes for a in inputs.values())
     k = rotations_needed(in_bytes, device.l2_bytes)
     sets = [{n: _to_torch(a, torch_device) for n, a in inputs.items()} for _ in range(k)]
@@ -572,6 +588,8 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
 
     # -- stitchtune
     try:
+        if not stitchtune:
+            raise _Skip
         tp = tuned_program(graph_path, graph, db, trials, device)
         launcher = CupyLauncher(tp.program, tp.cubin_path)
         outs = [{o: torch.full(graph.spec(o).shape, float("nan"), dtype=_torch_dtype(graph.spec(o).dtype),
@@ -593,6 +611,8 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
         results.append(SystemTiming(wl, STITCHTUNE, statistics.median(samples), ok,
                                     f"{tp.origin}; CUDA events, median of {iters}, {rot}; {err}", tuple(samples)))
         del outs, launcher
+    except _Skip:
+        pass
     except StitchtuneError as exc:
         results.append(SystemTiming(wl, STITCHTUNE, None, False, f"not run: {'; '.join(exc.problems)}"))
     except Exception as exc:  # noqa: BLE001 - a failed system is a row, the bench goes on
@@ -656,34 +676,61 @@ def run_bench(graphs: Sequence[str | os.PathLike[str]], db: str, trials: int, pe
         raise ToolchainError(f"stitchtune bench needs torch and cupy ({exc.name} is not installed)") from None
     if not torch.cuda.is_available():
         raise ToolchainError("stitchtune bench needs a CUDA GPU (torch sees none)")
-    from .device import get_device
+    from .device import get_device, query_device
     from .graph import load_graph
 
-    if device is None:
-        device = get_device(torch.cuda.get_device_name(0))
+    if device is None:  # the same description (and database key) `stitchtune search` uses by default
+        try:
+            device = query_device(0)
+        except ToolchainError:
+            device = get_device(torch.cuda.get_device_name(0))
     loaded = [(str(p), load_graph(p)) for p in graphs]
     say = progress or (lambda s: log.info("%s", s))
     t_start = time.perf_counter()
     bw = copy_bandwidth()
     say(f"device-to-device copy bandwidth: {bw / 1e12:.2f} TB/s (1 GiB torch copy, read + written, median of 20)")
     timings: list[SystemTiming] = []
-    floors: dict[str, Floor] = {}
-    for path, g in loaded:
-        floors[g.name] = floor_reason(g, device)
-        t0 = time.perf_counter()
-        timings += bench_graph(path, g, db=db, trials=trials, peer_names=peers, device=device, iters=iters,
-                               warmup=warmup, seed=seed)
-        say(f"{g.name}: done in {time.perf_counter() - t0:.1f} s")
+    # the float64 numpy references of full-size graphs take seconds each: compute them all at once, in
+    # threads (numpy releases the GIL in its loops), before anything is timed
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, min(len(loaded), (os.cpu_count() or 2) // 2))) as ex:
+        refs = list(ex.map(lambda pg: _reference(pg[1], seed), loaded))
+    say(f"inputs and numpy references of {len(loaded)} graph(s) in {time.perf_counter() - t0:.1f} s")
+    floors = {g.name: floor_reason(g, device) for _, g in loaded}
+    title = f"copy bw {bw / 1e12:.2f} TB/s; {_versions()}"
+    # phases: cheap systems of every graph first, the slow-compiling torch.compile modes last, so that a
+    # run cut short by a timeout still has stitchtune, eager and XLA for every graph; results are
+    # rewritten after every graph
+    cheap = tuple(p for p in peers if p in ("eager", "xla"))
+    phases = [(True, cheap)] + [(False, (p,)) for p in peers if p not in cheap]
+    for with_st, names in phases:
+        for (path, g), ref in zip(loaded, refs):
+            t0 = time.perf_counter()
+            timings += bench_graph(path, g, db=db, trials=trials, peer_names=names, device=device, iters=iters,
+                                   warmup=warmup, seed=seed, reference=ref, stitchtune=with_st)
+            say(f"{g.name}: {', '.join(([STITCHTUNE] if with_st else []) + list(names))} done in "
+                f"{time.perf_counter() - t0:.1f} s")
+            write_results(_ordered(results_table(timings, floors, bw), loaded, peers), out_dir, device.name, title)
+    del refs
     bw_end = copy_bandwidth()
     say(f"copy bandwidth at the end: {bw_end / 1e12:.2f} TB/s; the floor uses the larger of the two")
-    df = results_table(timings, floors, max(bw, bw_end))
-    versions = _versions()
-    csv_path, png_path = write_results(df, out_dir, device.name,
-                                       f"copy bw {max(bw, bw_end) / 1e12:.2f} TB/s; {versions}")
+    bw = max(bw, bw_end)
+    df = _ordered(results_table(timings, floors, bw), loaded, peers)
+    csv_path, png_path = write_results(df, out_dir, device.name, f"copy bw {bw / 1e12:.2f} TB/s; {_versions()}")
     for wl, fl in floors.items():
         say(f"floor {wl}: {fl.reason}")
     say(f"wrote {csv_path} and {png_path} ({time.perf_counter() - t_start:.0f} s in all)")
     return df
+
+
+def _ordered(df: pd.DataFrame, loaded: Sequence[tuple[str, Graph]], peers: Sequence[str]) -> pd.DataFrame:
+    """Rows in graph order, then stitchtune, then the peers in ``peers`` order."""
+    from .peers import PEER_SYSTEMS
+
+    wl = {g.name: i for i, (_, g) in enumerate(loaded)}
+    sy = {STITCHTUNE: -1} | {PEER_SYSTEMS[p]: i for i, p in enumerate(peers)}
+    key = df["workload"].map(wl).fillna(len(wl)) * 1000 + df["system"].map(sy).fillna(999)
+    return df.assign(_k=key).sort_values("_k", kind="stable").drop(columns="_k").reset_index(drop=True)
 
 
 def _versions() -> str:

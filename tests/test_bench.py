@@ -206,3 +206,34 @@ def test_cli_bench_user_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> Non
     assert "unknown peer 'tvm'" in err and "Traceback" not in err
     assert main(["bench", str(EXAMPLES / "layernorm_small.json"), "--iters", "1"]) == 2
     assert "--iters must be >= 5" in capsys.readouterr().err
+
+
+def test_run_bench_phases_order_and_files_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, h200) -> None:  # noqa: ANN001
+    """run_bench's orchestration with the GPU parts stubbed: every (graph, system) row once, in graph then
+    system order, the CSV/PNG rewritten as it goes."""
+    import sys
+    import types
+
+    torch = pytest.importorskip("torch")
+    from stitchtune.errors import ToolchainError
+
+    monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda *a, **k: 4e12)
+
+    def no_gpu(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise ToolchainError("no GPU here")
+
+    monkeypatch.setattr(bench, "tuned_program", no_gpu)
+    real = bench.bench_graph
+    monkeypatch.setattr(bench, "bench_graph", lambda *a, **k: real(*a, **{**k, "torch_device": "cpu"}))
+    paths = [EXAMPLES / "softmax_small.json", EXAMPLES / "rmsnorm_small.json"]
+    said: list[str] = []
+    df = bench.run_bench(paths, db=str(tmp_path / "db"), trials=0, peers=("xla", "eager"), device=h200,
+                         out_dir=tmp_path, iters=5, warmup=1, progress=said.append)
+    assert list(zip(df.workload, df.system)) == [
+        ("softmax_small", STITCHTUNE), ("softmax_small", "jax_jit"), ("softmax_small", "torch_eager"),
+        ("rmsnorm_small", STITCHTUNE), ("rmsnorm_small", "jax_jit"), ("rmsnorm_small", "torch_eager")]
+    assert df[df.system == "torch_eager"]["checked"].all()
+    assert (tmp_path / "bench_h200.csv").exists() and (tmp_path / "bench_h200.png").exists()
+    assert any(s.startswith("floor softmax_small:") for s in said)
