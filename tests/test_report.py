@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -72,7 +73,23 @@ def _rows(times, predicted=None, estimated=False, heuristic_index=0, **extra):
     })
 
 
+def assert_nonblank(pngs) -> None:
+    """Each PNG is a real picture: not tiny, and its pixels vary (a blank canvas has std ~0)."""
+    assert pngs
+    for p in pngs:
+        img = imread(p)
+        assert img.shape[0] > 200 and img.shape[1] > 300, p.name
+        assert float(img[..., :3].std()) > 0.05, f"{p.name} looks blank"
+
+
 # ---------------------------------------------------------------------------------------------- CLI
+@pytest.mark.skipif(not os.environ.get("STITCHTUNE_DB"), reason="STITCHTUNE_DB not set (CI: results/)")
+def test_report_on_the_given_database(tmp_path):
+    assert main(["report", "--db", os.environ["STITCHTUNE_DB"], "-o", str(tmp_path)]) == 0
+    assert_nonblank(sorted(tmp_path.glob("*.png")))
+    assert "| workload | device | backend |" in (tmp_path / "report.md").read_text()
+
+
 def test_cli_report_writes_nonblank_pngs_and_table(cli_report, demo_db):
     rc, out = cli_report
     assert rc == 0
@@ -83,10 +100,7 @@ def test_cli_report_writes_nonblank_pngs_and_table(cli_report, demo_db):
         assert want in names
     assert any(n.startswith("schedule_dims_") for n in names)
     assert any(n.startswith("heuristic_rank_") for n in names)
-    for p in pngs:
-        img = imread(p)
-        assert img.shape[0] > 200 and img.shape[1] > 300, p.name
-        assert float(img[..., :3].std()) > 0.05, f"{p.name} looks blank"
+    assert_nonblank(pngs)
     md = (out / "report.md").read_text()
     assert "| workload | device | backend | trials | ok | best (µs)" in md
     runs = report.prepare(read_db(demo_db))["run"].nunique()
