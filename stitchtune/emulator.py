@@ -38,8 +38,9 @@ truncating division and remainder, mixed int/float operands promote to float32 a
 operators (:class:`~stitchtune.kir.MathOp`) use ``stitchtune.ops.OPS[name].np_fn`` on float32
 arrays. float16 / bfloat16 buffers are widened to float32 on load and rounded to nearest even on
 store (``np.float16`` / ``ml_dtypes.bfloat16``), like ``__float2half_rn`` / ``__float2bfloat16_rn``.
-Uninitialised f32 variables and local arrays start as NaN so that a missing initialisation shows up
-in the output.
+Variables start at zero (the renderer declares them ``= 0`` at the top of the kernel); local arrays
+are not initialised in CUDA, so here they start as NaN and a missing initialisation shows in the
+output.
 """
 
 from __future__ import annotations
@@ -222,9 +223,8 @@ class _State:
         self.coresident_limit = coresident_limit
         self.where = ""
         self.vars: dict[str, np.ndarray] = {}
-        for name, dt in ck.var_types.items():
-            init = np.nan if dt == F32 else 0
-            self.vars[name] = np.full(T, init, _NP_SCALAR[dt])
+        for name, dt in ck.var_types.items():  # declared `= 0` at the top, as render_cuda does
+            self.vars[name] = np.zeros(T, _NP_SCALAR[dt])
         self.locals = {a.name: np.full((T, a.size), np.nan, np.float32) for a in k.locals}
         self.glob: dict[str, _GBuf] = {}
         for p in k.params:

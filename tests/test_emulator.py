@@ -318,7 +318,7 @@ def neighbour_kernel(grid_sync: bool) -> Kernel:
     body.append(If(Bin("==", TID, i(0)),
                    (StoreVec("y", BID, (Load("s", Bin("%", add(BID, i(1)), GDIM)),)),)))
     return Kernel("neighbour", (Param("s", "float32", 8, "scratch"), Param("y", "float32", 8, "output"),
-                                Param("bar", "uint32", 2, "barrier")), tuple(body), block=32,
+                                Param("bar", "float32", 2, "barrier")), tuple(body), block=32,
                   barrier_param="bar")
 
 
@@ -345,7 +345,7 @@ def test_grid_sync_over_a_grid_that_cannot_be_coresident() -> None:
 
 
 def test_grid_sync_under_a_partial_mask_is_divergent() -> None:
-    k = Kernel("gs_div", (Param("bar", "uint32", 2, "barrier"),),
+    k = Kernel("gs_div", (Param("bar", "float32", 2, "barrier"),),
                (If(lt(BID, i(2)), (GridSync(),)),), block=32, barrier_param="bar")
     with pytest.raises(EmulatorFault) as ei:
         emulate_kernel(k, 4, {"bar": np.zeros(2, np.uint32)})
@@ -539,3 +539,120 @@ def test_performance_256x1024_row_reduction() -> None:
         print(f"emulated {label}: {dt:.3f} s")
         np.testing.assert_allclose(y, expect, rtol=1e-5, atol=1e-4)
         assert dt < 10.0, f"{label} took {dt:.2f} s (budget 2 s on the dev machine)"
+
+
+# ----------------------------------------------------------------------------------------------
+# the same hand-built kernels through render_cuda: nvcc (no GPU needed) and, on a GPU, pycuda
+# ----------------------------------------------------------------------------------------------
+
+
+def _io_program(kernels: tuple[Kernel, ...], launches: tuple[tuple[str, int], ...],
+                inputs: dict[str, np.ndarray], outputs: dict[str, tuple[str, int]],
+                extra: tuple[BufferSpec, ...] = ()) -> Program:
+    """A program whose buffers are named like the kernel parameters (graph tensor = buffer name)."""
+    dt = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
+          np.dtype(ml_dtypes.bfloat16): "bfloat16"}
+    bufs = [BufferSpec(n, dt[a.dtype], a.size, "input", n) for n, a in inputs.items()]
+    bufs += [BufferSpec(n, d, size, "output", n) for n, (d, size) in outputs.items()]
+    bufs += list(extra)
+    by_name = {k.name: k for k in kernels}
+    lts = tuple(Launch(k, g, by_name[k].block, by_name[k].smem_bytes, tuple(p.name for p in by_name[k].params))
+                for k, g in launches)
+    return Program(kernels, tuple(bufs), lts, ProgramProfile((), 0))
+
+
+def device_cases() -> dict[str, tuple[Program, dict[str, np.ndarray]]]:
+    """Correct hand-built programs and their inputs (each runs repeatedly with the same result)."""
+    rng = np.random.default_rng(7)
+    cases: dict[str, tuple[Program, dict[str, np.ndarray]]] = {}
+    for n in (1000, 1023):
+        x = {"x": rng.standard_normal(n).astype(np.float32)}
+        cases[f"copy_f32_{n}"] = (_io_program((copy_kernel(n),), (("copy", copy_grid(n)),), x,
+                                              {"y": ("float32", n)}), x)
+    for dtype, npd, w, sc in (("float16", np.float16, 8, None), ("bfloat16", ml_dtypes.bfloat16, 8, None),
+                              ("bfloat16", ml_dtypes.bfloat16, 2, 3.1)):
+        n = 1003
+        x = {"x": rng.standard_normal(n).astype(npd)}
+        cases[f"copy_{dtype}_v{w}_{sc}"] = (_io_program((copy_kernel(n, dtype, w, scale=sc),),
+                                                        (("copy", copy_grid(n, w)),), x, {"y": (dtype, n)}), x)
+    x = {"x": rng.standard_normal(37 * 100).astype(np.float32)}
+    cases["warp_rowsum"] = (_io_program((warp_rowsum_kernel(37, 100),), (("warp_rowsum", 10),), x,
+                                        {"y": ("float32", 37)}), x)
+    x = {"x": rng.standard_normal(256 * 1024).astype(np.float32)}
+    cases["warp_rowsum_float4"] = (_io_program((warp_rowsum_kernel(256, 1024, 8, 4),), (("warp_rowsum", 32),),
+                                               x, {"y": ("float32", 256)}), x)
+    x = {"x": rng.standard_normal(6 * 1000).astype(np.float32)}
+    cases["block_reduce"] = (_io_program((block_reduce_kernel(6, 1000),), (("block_reduce", 6),), x,
+                                         {"y": ("float32", 6)}), x)
+    cases["grid_sync"] = (_io_program((neighbour_kernel(True),), (("neighbour", 8),), {}, {"y": ("float32", 8)},
+                                      (BufferSpec("s", "float32", 8, "scratch", zero_init=True),
+                                       BufferSpec("bar", "float32", 2, "barrier", zero_init=True))), {})
+    n, bins = 1000, 7
+    zero = Kernel("zero", (Param("acc", "float32", bins, "output"),),
+                  (StoreVec("acc", TID, (f(0.0),), lt(TID, i(bins))),), block=32)
+    hist = Kernel("hist", (Param("x", "float32", n, "input"), Param("acc", "float32", bins, "output")),
+                  (AtomicAdd("acc", Bin("%", GID, i(bins)), Load("x", GID, lt(GID, i(n))), lt(GID, i(n))),),
+                  block=128)
+    x = {"x": rng.standard_normal(n).astype(np.float32)}
+    cases["atomic_hist"] = (_io_program((zero, hist), (("zero", 1), ("hist", 8)), x, {"acc": ("float32", bins)}), x)
+    v = Var("v")
+    seg = Kernel("seg", (Param("y", "float32", 32, "output"),),
+                 (Assign(v, Cast(TID, "f32")), Assign(v, Shfl(v, 4, width=8)), StoreVec("y", TID, (v,))), block=32)
+    cases["shfl_width"] = (_io_program((seg,), (("seg", 1),), {}, {"y": ("float32", 32)}), {})
+    nx = 40
+    sel = Kernel("sel", (Param("x", "float32", nx, "input"), Param("y", "float32", 64, "output")),
+                 (StoreVec("y", TID, (Select(lt(TID, i(nx)), Load("x", TID), f(-1.0)),)),), block=64)
+    x = {"x": rng.standard_normal(nx).astype(np.float32)}
+    cases["select"] = (_io_program((sel,), (("sel", 1),), x, {"y": ("float32", 64)}), x)
+    return cases
+
+
+@pytest.mark.parametrize("name", sorted(device_cases()))
+def test_device_cases_emulate_cleanly(name: str) -> None:
+    program, inputs = device_cases()[name]
+    out = emulate_program(program, inputs)
+    for b in program.buffers:
+        if b.role == "output":
+            assert np.isfinite(out[b.tensor].astype(np.float32)).all(), f"{name}: {b.tensor} not fully written"
+
+
+@pytest.mark.slow
+def test_device_cases_compile_with_nvcc(tmp_path) -> None:  # noqa: ANN001
+    from stitchtune.build import NvccBuilder
+    from stitchtune.errors import ToolchainError
+    from stitchtune.render_cuda import render
+
+    cases = device_cases()
+    builder = NvccBuilder(jobs=2, cache_dir=tmp_path)
+    try:
+        results = builder.build([render(p) for p, _ in cases.values()], "sm_90")
+    except ToolchainError as exc:
+        pytest.skip(f"no usable nvcc: {exc}")
+    for name, r in zip(cases, results):
+        assert r.status == "ok", f"{name}: {r.error}"
+        assert all(v >= 1 for v in r.registers.values()), f"{name}: {r.registers}"
+
+
+@pytest.mark.gpu
+def test_gpu_agrees_with_emulator(tmp_path) -> None:  # noqa: ANN001
+    """Each hand-built program on the GPU (pycuda) must reproduce the emulator's outputs."""
+    from stitchtune.build import NvccBuilder
+    from stitchtune.cuda_runner import CudaRunner, cuda_available
+    from stitchtune.render_cuda import render
+
+    if not cuda_available():
+        pytest.skip("no CUDA GPU / pycuda")
+    cases = device_cases()
+    builds = NvccBuilder(jobs=2, cache_dir=tmp_path).build([render(p) for p, _ in cases.values()], "sm_90")
+    failures = []
+    for (name, (program, inputs)), build in zip(cases.items(), builds):
+        assert build.status == "ok", f"{name}: {build.error}"
+        expected = {k: v.astype(np.float64) for k, v in emulate_program(program, inputs).items()}
+        in_dt = {b.tensor: b.dtype for b in program.buffers if b.role == "input"}
+        out_dt = {b.tensor: b.dtype for b in program.buffers if b.role == "output"}
+        with CudaRunner.for_arrays(inputs, in_dt, expected, out_dt, repeats=2, warmup=1, timeout_s=30) as runner:
+            m = runner.run([(program, build)])[0]
+        print(f"{name}: {m.status} max_rel_error={m.max_rel_error} median_us={m.median_us} {m.error}")
+        if m.status != "ok" or m.max_rel_error is None or m.max_rel_error > 1e-6:
+            failures.append(f"{name}: {m.status} {m.max_rel_error} {m.error}")
+    assert not failures, failures
