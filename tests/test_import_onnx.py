@@ -9,16 +9,20 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-from onnx import TensorProto as TP  # noqa: E402
-from onnx import helper as h  # noqa: E402
-from onnx import numpy_helper as nh  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+from onnx.reference import ReferenceEvaluator
 
-from stitchtune.cli import main  # noqa: E402
-from stitchtune.errors import StitchtuneError  # noqa: E402
-from stitchtune.graph import NAME_RE, load_graph  # noqa: E402
-from stitchtune.importers.onnx_import import import_onnx, parse_node_range, write_subgraphs  # noqa: E402
-from stitchtune.reference import run_reference  # noqa: E402
+from stitchtune.cli import main
+from stitchtune.errors import StitchtuneError
+from stitchtune.graph import NAME_RE, load_graph
+from stitchtune.importers.onnx_import import (
+    import_onnx,
+    parse_node_range,
+    write_subgraphs,
+)
+from stitchtune.reference import run_reference
 
 N, K, D = 8, 16, 32
 RNG = np.random.default_rng(0)

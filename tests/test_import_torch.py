@@ -13,12 +13,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stitchtune.cli import main  # noqa: E402
-from stitchtune.errors import StitchtuneError  # noqa: E402
-from stitchtune.graph import NAME_RE, load_graph  # noqa: E402
-from stitchtune.importers.builder import parse_dtypes, parse_shapes  # noqa: E402
-from stitchtune.importers.torch_import import import_torch, load_callable  # noqa: E402
-from stitchtune.reference import numpy_dtype, run_reference  # noqa: E402
+from stitchtune.cli import main
+from stitchtune.errors import StitchtuneError
+from stitchtune.graph import NAME_RE, load_graph
+from stitchtune.importers.builder import parse_dtypes, parse_shapes
+from stitchtune.importers.torch_import import import_torch, load_callable
+from stitchtune.reference import numpy_dtype, run_reference
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MODULES = EXAMPLES / "torch_modules.py"
@@ -75,7 +75,7 @@ def test_round_trip_float32(name):
 def test_round_trip_bf16_layernorm():
     err, res = _round_trip(tm.layernorm_bf16, tm.SMALL_SHAPES["layernorm_bf16"], "x=bfloat16")
     assert err < 1e-2   # one bf16 rounding of the output
-    assert [n.op for n in res.graph.nodes][0] == "cast" and res.graph.nodes[-1].op == "cast"
+    assert res.graph.nodes[0].op == "cast" and res.graph.nodes[-1].op == "cast"
     assert res.graph.spec(res.graph.outputs[0]).dtype == "bfloat16"
 
 
@@ -112,7 +112,7 @@ def test_scalar_ops_alpha_pow_clamp_casts():
         z = z.to(torch.bfloat16).to(torch.float32) + torch.maximum(x, y) + x.amin(0) + y.sum(dim=(0, 1))
         return torch.exp(-z.abs()) + torch.sqrt(y.abs() + 1) + torch.reciprocal(x.abs() + 1)
 
-    F = torch.nn.functional  # noqa: N806
+    F = torch.nn.functional
     err, res = _round_trip(f, "x=4x6,y=4x6")
     assert err < 1e-5
     ops = {n.op for n in res.graph.nodes}

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["add_import_parser"]
 
@@ -72,7 +73,11 @@ def _cmd_torch(args: argparse.Namespace, out: Callable[[str], None]) -> int:
 
 def _cmd_onnx(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     from stitchtune.importers.builder import parse_shapes
-    from stitchtune.importers.onnx_import import import_onnx, parse_node_range, write_subgraphs
+    from stitchtune.importers.onnx_import import (
+        import_onnx,
+        parse_node_range,
+        write_subgraphs,
+    )
 
     res = import_onnx(args.model, node_range=parse_node_range(args.node_range),
                       shapes=parse_shapes(args.shapes), name=args.name)

@@ -20,13 +20,20 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from stitchtune.errors import StitchtuneError
-from stitchtune.graph import DTYPES, Graph, broadcast_shapes, parse_graph, promote_dtypes
+from stitchtune.graph import (
+    DTYPES,
+    Graph,
+    broadcast_shapes,
+    parse_graph,
+    promote_dtypes,
+)
 
-__all__ = ["ImportError_", "Value", "NameAllocator", "GraphBuilder", "sanitize_name"]
+__all__ = ["GraphBuilder", "ImportError_", "NameAllocator", "Value", "sanitize_name"]
 
 log = logging.getLogger(__name__)
 

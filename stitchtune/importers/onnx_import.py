@@ -26,18 +26,29 @@ from __future__ import annotations
 
 import json
 import logging
-import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from stitchtune.graph import Graph
-from stitchtune.importers.builder import GraphBuilder, ImportError_, Value, sanitize_name, scalar
+from stitchtune.importers.builder import (
+    GraphBuilder,
+    ImportError_,
+    Value,
+    scalar,
+)
 
-__all__ = ["OnnxSubgraph", "OnnxImport", "SUPPORTED_OPS", "import_onnx", "parse_node_range",
-           "write_subgraphs"]
+__all__ = [
+    "SUPPORTED_OPS",
+    "OnnxImport",
+    "OnnxSubgraph",
+    "import_onnx",
+    "parse_node_range",
+    "write_subgraphs",
+]
 
 log = logging.getLogger(__name__)
 

@@ -33,14 +33,21 @@ import logging
 import operator
 import sys
 import types
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from stitchtune.graph import Graph
-from stitchtune.importers.builder import GraphBuilder, ImportError_, Value, sanitize_name, scalar
+from stitchtune.importers.builder import (
+    GraphBuilder,
+    ImportError_,
+    Value,
+    sanitize_name,
+    scalar,
+)
 
 __all__ = ["TorchImport", "import_torch", "load_callable", "torch_dtype_name"]
 
@@ -142,8 +149,9 @@ def torch_dtype_name(dt: Any) -> str | None:
 
 
 def _to_numpy(t: Any, dtype: str) -> np.ndarray:
-    from stitchtune.reference import numpy_dtype
     import torch
+
+    from stitchtune.reference import numpy_dtype
 
     return t.detach().to(torch.float32).cpu().numpy().astype(numpy_dtype(dtype))
 
@@ -190,7 +198,7 @@ def _capture(fn: Any, args: tuple[Any, ...]) -> _Captured:
     module = _wrap(fn)
     try:
         ep = torch.export.export(module, args, strict=False)
-    except Exception as e:  # any tracing failure -> try the fx fallback
+    except Exception as e:  # noqa: BLE001 -- any tracing failure -> try the fx fallback
         log.info("torch.export failed (%s: %s); falling back to make_fx", type(e).__name__, e)
         export_error = e
     else:
@@ -536,10 +544,9 @@ class _Walker:
             y, mean, rstd = b.layer_norm(v, axes, w, bias, float(a["eps"]), name)
             return y if key == "aten.layer_norm" else (y, mean, rstd)
         if key in ("aten.dropout", "aten.native_dropout", "aten.feature_dropout"):
-            if a.get("train") or a.get("p"):
-                if a.get("train"):
-                    raise ImportError_(f"{node.target} at {_where(node)}: dropout in training mode is not "
-                                       "supported (call .eval() first)")
+            if a.get("train"):
+                raise ImportError_(f"{node.target} at {_where(node)}: dropout in training mode is not "
+                                   "supported (call .eval() first)")
             v = self.val(a["input"], node)
             return (v, None) if key == "aten.native_dropout" else v
         if key in _CASTS:
