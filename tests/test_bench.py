@@ -237,3 +237,55 @@ def test_run_bench_phases_order_and_files_on_cpu(monkeypatch: pytest.MonkeyPatch
     assert df[df.system == "torch_eager"]["checked"].all()
     assert (tmp_path / "bench_h200.csv").exists() and (tmp_path / "bench_h200.png").exists()
     assert any(s.startswith("floor softmax_small:") for s in said)
+
+
+def test_cupy_launcher_plumbing_with_a_fake_cupy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pointers, launch order, grid/block, dynamic shared memory opt-in and scratch zeroing reach cupy."""
+    import sys
+    import types
+
+    import numpy as np
+
+    torch = pytest.importorskip("torch")
+    from stitchtune import kir
+
+    launched: list[tuple] = []
+
+    class FakeFunction:
+        def __init__(self, name: str) -> None:
+            self.name = name
+            self.max_dynamic_shared_size_bytes = 0
+
+        def __call__(self, grid, block, args, shared_mem=0, stream=None):  # noqa: ANN001, ANN204
+            launched.append((self.name, grid, block, args, shared_mem, self.max_dynamic_shared_size_bytes))
+
+    class FakeModule:
+        def __init__(self, path: str) -> None:
+            assert path == "/x/k.cubin"
+
+        def get_function(self, name: str) -> FakeFunction:
+            return FakeFunction(name)
+
+    fake = types.ModuleType("cupy")
+    fake.RawModule = FakeModule  # type: ignore[attr-defined]
+    fake.cuda = types.SimpleNamespace(Stream=types.SimpleNamespace(null="NULL"), ExternalStream=None)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    bufs = (kir.BufferSpec("x", "float32", 64, "input", tensor="x"),
+            kir.BufferSpec("y", "float32", 64, "output", tensor="y"),
+            kir.BufferSpec("part", "float32", 8, "scratch", zero_init=True),
+            kir.BufferSpec("bar", "float32", 2, "barrier"))
+    launches = (kir.Launch("k1", 4, 128, 0, ("x", "part", "bar")),
+                kir.Launch("k2", 2, 64, 100 * 1024, ("part", "x", "y")))
+    program = types.SimpleNamespace(buffers=bufs, launches=launches)
+    lau = bench.CupyLauncher(program, "/x/k.cubin", torch_device="cpu")
+    assert int(lau.scratch["part"].sum()) == 0 and lau.scratch["bar"].numel() == 8
+    x, y = torch.zeros(64), torch.zeros(64)
+    bound = lau.bind({"x": x.data_ptr(), "y": y.data_ptr()})
+    lau.run(bound)
+    part = lau.scratch["part"].data_ptr()
+    assert [(n, g, b, s) for n, g, b, _, s, _ in launched] == [("k1", (4, 1, 1), (128, 1, 1), 0),
+                                                               ("k2", (2, 1, 1), (64, 1, 1), 100 * 1024)]
+    assert launched[0][3] == (np.uint64(x.data_ptr()), np.uint64(part), np.uint64(lau.scratch["bar"].data_ptr()))
+    assert launched[1][3] == (np.uint64(part), np.uint64(x.data_ptr()), np.uint64(y.data_ptr()))
+    assert all(isinstance(a, np.uint64) for a in launched[1][3])
+    assert launched[1][5] == 100 * 1024  # opted in above the 48 KiB default
