@@ -289,3 +289,37 @@ def test_cupy_launcher_plumbing_with_a_fake_cupy(monkeypatch: pytest.MonkeyPatch
     assert launched[1][3] == (np.uint64(part), np.uint64(x.data_ptr()), np.uint64(y.data_ptr()))
     assert all(isinstance(a, np.uint64) for a in launched[1][3])
     assert launched[1][5] == 100 * 1024  # opted in above the 48 KiB default
+
+
+@pytest.mark.slow
+def test_tuned_program_takes_the_fastest_record_and_builds_it(tmp_path: Path, h200) -> None:  # noqa: ANN001
+    """The database's fastest ok cuda row for this workload/device/versions is lowered and built by nvcc."""
+    import random
+
+    from stitchtune.build import find_nvcc
+    from stitchtune.db import TuningDB
+    from stitchtune.errors import ToolchainError
+    from stitchtune.lower import CODEGEN_VERSION
+    from stitchtune.plan import make_plan
+    from stitchtune.schedule import SearchSpace
+
+    try:
+        find_nvcc()
+    except ToolchainError:
+        pytest.skip("nvcc not found")
+    path = EXAMPLES / "layernorm_small.json"
+    g = load_graph(path)
+    space = SearchSpace.for_plan(make_plan(g), h200)
+    rng = random.Random(0)
+    fast, slow = space.sample(rng), space.sample(rng)
+    base = dict(workload_key=g.workload_key(), device_key=h200.key, space_version=str(space.version),
+                codegen_version=str(CODEGEN_VERSION), backend="cuda", status="ok", estimated=False)
+    TuningDB(tmp_path / "db").append([
+        {**base, "schedule_json": slow.to_json(), "schedule_key": slow.key(), "measured_us": 9.0},
+        {**base, "schedule_json": fast.to_json(), "schedule_key": fast.key(), "measured_us": 3.0},
+        {**base, "backend": "emulate", "estimated": True, "schedule_json": slow.to_json(),
+         "schedule_key": slow.key(), "measured_us": 1.0}])
+    tp = bench.tuned_program(str(path), g, str(tmp_path / "db"), trials=0, device=h200)
+    assert fast.key() in tp.origin and "3.0 us" in tp.origin
+    assert Path(tp.cubin_path).stat().st_size > 0
+    assert {b.tensor for b in tp.program.buffers if b.role == "input"} == {n for n, _ in g.inputs}
