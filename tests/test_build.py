@@ -314,3 +314,64 @@ def test_default_cache_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.delenv("STITCHTUNE_CACHE")
     assert NvccBuilder(nvcc="/bin/false").cache_dir == Path.home() / ".cache" / "stitchtune" / "cubin"
     assert NvccBuilder(nvcc="/bin/false", jobs=None).jobs == (os.cpu_count() or 1)
+
+
+# ---- rendered schedules of the examples compile, with consistent resource numbers ---------------
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _compile_sampled(per_example: int, tmp_path: Path) -> int:
+    import random
+
+    from stitchtune.device import get_device
+    from stitchtune.errors import ScheduleError
+    from stitchtune.graph import load_graph
+    from stitchtune.lower import lower
+    from stitchtune.plan import make_plan
+    from stitchtune.render_cuda import render
+    from stitchtune.schedule import SearchSpace
+
+    dev = get_device("h200")
+    programs = []
+    for path in sorted(EXAMPLES.glob("*_small.json")):
+        g = load_graph(path)
+        plan = make_plan(g)
+        space = SearchSpace.for_plan(plan, dev)
+        rng = random.Random(7)
+        got = 0
+        for _ in range(100 * per_example):
+            if got == per_example:
+                break
+            s = space.sample(rng)
+            try:
+                programs.append((path.stem, s, lower(g, plan, s, dev)))
+                got += 1
+            except ScheduleError:
+                continue
+    builds = NvccBuilder(jobs=2, cache_dir=tmp_path / "cache").build([render(p) for _, _, p in programs], dev.arch)
+    for (name, s, p), b in zip(programs, builds):
+        where = f"{name} {s.to_json()}"
+        assert b.status == "ok", f"{where}: {b.error}"
+        assert set(b.registers) == {k.name for k in p.kernels}, where
+        for k in p.kernels:
+            min_blocks = max(1, k.min_blocks_per_sm)
+            if k.block * min_blocks > dev.max_threads_per_sm:
+                min_blocks = 1  # ptxas: "threads per SM out of range, .minnctapersm will be ignored"
+            cap = dev.regs_per_sm // (k.block * min_blocks)
+            assert 1 <= b.registers[k.name] <= min(255, cap), (where, k.name, b.registers[k.name])
+            assert b.smem_bytes[k.name] == 0, where  # all shared memory is dynamic (extern __shared__)
+            assert b.spill_bytes[k.name] >= 0 and b.stack_bytes[k.name] >= 0
+    return len(programs)
+
+
+@needs_nvcc
+def test_sampled_schedules_of_small_examples_compile(tmp_path: Path) -> None:
+    assert _compile_sampled(2, tmp_path) >= 2 * len(list(EXAMPLES.glob("*_small.json")))
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_many_sampled_schedules_compile(tmp_path: Path) -> None:
+    n = int(os.environ.get("STITCHTUNE_BUILD_SAMPLES", "8"))
+    assert _compile_sampled(n, tmp_path) == n * len(list(EXAMPLES.glob("*_small.json")))
