@@ -152,6 +152,26 @@ def test_residual_through_matmul_is_not_fused_across_it():
     _check_numerics(res, m, {"x": RNG.standard_normal((N, D)).astype(np.float32)})
 
 
+def test_independent_matmul_operand_does_not_split():
+    """ln(x) + MatMul(y, W): the MatMul does not depend on ln, so ln and the add fuse into one subgraph."""
+    inits = [_init("W", RNG.standard_normal((D, D)).astype(np.float32)),
+             _init("g", RNG.standard_normal(D).astype(np.float32))]
+    nodes = [h.make_node("LayerNormalization", ["x", "g"], ["ln"], axis=-1),
+             h.make_node("MatMul", ["y", "W"], ["mm"]),
+             h.make_node("Add", ["ln", "mm"], ["r"]),
+             h.make_node("Relu", ["r"], ["z"])]
+    g = h.make_graph(nodes, "indep", [_vi("x", [N, D]), _vi("y", [N, D])],
+                     [_vi("ln", [N, D]), _vi("z", [N, D])], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1
+    sg = res.subgraphs[0]
+    assert {dict(sg.tensor_names)[n] for n, _ in sg.graph.inputs} == {"x", "g", "mm"}
+    assert {dict(sg.tensor_names)[o] for o in sg.graph.outputs} == {"ln", "z"}
+    feeds = {"x": RNG.standard_normal((N, D)).astype(np.float32), "y": RNG.standard_normal((N, D)).astype(np.float32)}
+    _check_numerics(res, m, feeds)
+
+
 def test_fused_onnx_ops_attribute_axes_casts_and_gelu():
     """opset 20: LayerNormalization, Gelu (both forms), Softmax/LogSoftmax ops, ReduceSum with axes
     input, Cast to float16 and back, Clip, Max, Pow, Reciprocal, Erf, Tanh, Sigmoid."""

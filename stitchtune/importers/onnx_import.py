@@ -9,10 +9,10 @@ Contract
   slice over node indices), its float tensors are float32/float16/bfloat16 of rank 1..4, and its
   attribute-like inputs (reduction axes, clip bounds) are constants. Every other node (MatMul,
   Gemm, Conv, Reshape, Transpose, integer ops, ...) is a boundary.
-* Subgraphs are the maximal connected groups of mappable nodes that can run as one fused unit: two
-  mappable nodes joined by a tensor share a subgraph unless a boundary node lies on some path that
-  leaves and re-enters the group (every path through a boundary moves to a later *stage*; a
-  subgraph never spans stages, so it is convex and its inputs are all available before it starts).
+* Subgraphs are the maximal connected groups of mappable nodes (joined by tensors) that can run as
+  one fused unit. A group that some path leaves and re-enters through a boundary node (a residual
+  around a MatMul) is split by *stage*: every path through a boundary moves to a later stage, a
+  part never spans stages, so each part is convex and its inputs exist before it starts.
 * Subgraph inputs are the tensors it reads but does not produce; single-element constants are
   inlined as scalars, other constants (weights) become inputs with their values in
   ``OnnxSubgraph.constants``. Outputs are the tensors it produces that are read outside it or are
@@ -363,30 +363,23 @@ def import_onnx(model: Any, node_range: tuple[int | None, int | None] | None = N
         node_stage[i] = s
         for t in n.output:
             stage[t] = s if (i in mappable or n.op_type == "Constant") else s + 1
-    parent = {i: i for i in mappable}
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i in sorted(mappable):
-        for t in nodes[i].input:
-            p = producer.get(t)
-            if p in mappable and node_stage[p] == node_stage[i]:
-                parent[find(i)] = find(p)
-    groups: dict[int, list[int]] = {}
-    for i in sorted(mappable):
-        groups.setdefault(find(i), []).append(i)
-
     consumers: dict[str, set[int]] = {}
     for i, n in enumerate(nodes):
         for t in n.input:
             consumers.setdefault(t, set()).add(i)
+    succ = {i: {c for t in n.output if t for c in consumers.get(t, ())} for i, n in enumerate(nodes)}
+    groups = []
+    # widest first: connected components; a component that a path leaves and re-enters through a
+    # boundary node cannot be one kernel, so it is split by stage (always convex)
+    for comp in _components(mappable, nodes, producer, lambda p, i: True):
+        if _convex(set(comp), succ):
+            groups.append(comp)
+        else:
+            groups.extend(_components(set(comp), nodes, producer,
+                                      lambda p, i: node_stage[p] == node_stage[i]))
     model_outputs = {o.name for o in m.graph.output}
     subgraphs = []
-    for k, members in enumerate(sorted(groups.values(), key=lambda g: g[0])):
+    for k, members in enumerate(sorted(groups, key=lambda g: g[0])):
         sg = _build(ctx, nodes, members, consumers, model_outputs, f"{base}_{k}")
         if sg is not None:
             subgraphs.append(sg)
@@ -394,6 +387,44 @@ def import_onnx(model: Any, node_range: tuple[int | None, int | None] | None = N
                        if reasons[i] is not None and n.op_type != "Constant")
     log.info("%s: %d nodes, %d subgraphs, %d boundary nodes", base, len(nodes), len(subgraphs), len(boundaries))
     return OnnxImport(subgraphs=tuple(subgraphs), boundaries=boundaries)
+
+
+def _components(members: set[int], nodes: list[Any], producer: dict[str, int],
+                joinable: Callable[[int, int], bool]) -> list[list[int]]:
+    """Connected components of ``members`` over producer->consumer edges that ``joinable`` accepts."""
+    parent = {i: i for i in members}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in sorted(members):
+        for t in nodes[i].input:
+            p = producer.get(t)
+            if p in members and joinable(p, i):
+                parent[find(i)] = find(p)
+    groups: dict[int, list[int]] = {}
+    for i in sorted(members):
+        groups.setdefault(find(i), []).append(i)
+    return list(groups.values())
+
+
+def _convex(group: set[int], succ: dict[int, set[int]]) -> bool:
+    """False if some path leaves ``group`` and comes back into it."""
+    frontier = [c for i in group for c in succ[i] if c not in group]
+    seen: set[int] = set()
+    while frontier:
+        n = frontier.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for c in succ[n]:
+            if c in group:
+                return False
+            frontier.append(c)
+    return True
 
 
 def _build(ctx: _Ctx, nodes: list[Any], members: list[int], consumers: dict[str, set[int]],
