@@ -177,6 +177,11 @@ def _figure(title: str, rows: pd.DataFrame | None, n_panels: int = 1, panel_size
     return fig, axes[:n]
 
 
+def _shown(runs: list[str], d: pd.DataFrame) -> str:
+    n = d["run"].nunique()
+    return f" ({len(runs)} of {n} workloads, most trials first)" if len(runs) < n else ""
+
+
 def _log_y(ax, x_too: bool = False) -> None:
     """Log scale with plain numbers (``300`` rather than ``3x10^2``), minor ticks labelled when the
     range is short."""
@@ -211,7 +216,7 @@ def figure_best_so_far(df: pd.DataFrame) -> Figure:
     """Best-so-far time against trial number; one panel per workload, one line per study/sampler."""
     d = _prepared(df)
     runs = _runs_by_size(d)[:MAX_PANELS]
-    fig, axes = _figure("Best time so far vs trial number", d[d["run"].isin(runs)], len(runs))
+    fig, axes = _figure("Best time so far vs trial number" + _shown(runs, d), d[d["run"].isin(runs)], len(runs))
     for ax, run in zip(axes, runs):
         r = d[d["run"] == run]
         ax.set_title(_panel_title(run, r), fontsize=10)
@@ -283,7 +288,7 @@ def param_importances(rows: pd.DataFrame) -> dict[str, float] | str:
     The study is rebuilt in memory from the rows: each ``p_`` column with at least two values becomes
     a parameter (integers -> IntDistribution, other numbers -> FloatDistribution, the rest ->
     CategoricalDistribution); a missing value means the (conditional) parameter was absent.
-    Evaluated with optuna's default evaluator.
+    Evaluated with optuna's PED-ANOVA evaluator (optuna >= 3.6; no scikit-learn needed).
     """
     import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
@@ -320,7 +325,8 @@ def param_importances(rows: pd.DataFrame) -> dict[str, float] | str:
                 used[name] = dist
             study.add_trial(optuna.trial.create_trial(params=params, distributions=used,
                                                       value=float(r["time_us"])))
-        return dict(optuna.importance.get_param_importances(study))
+        evaluator = optuna.importance.PedAnovaImportanceEvaluator()  # needs no scikit-learn
+        return dict(optuna.importance.get_param_importances(study, evaluator=evaluator))
     except (ValueError, RuntimeError, ZeroDivisionError) as exc:
         log.warning("parameter importances failed: %s", exc)
         return f"importances unavailable: {exc}"
@@ -336,7 +342,7 @@ def figure_param_importances(df: pd.DataFrame, max_runs: int = 6) -> Figure:
     """optuna parameter importances per workload (the runs with most ok trials first)."""
     d = _prepared(df)
     runs = _runs_by_size(d)[:max_runs]
-    fig, axes = _figure("Schedule parameter importances (optuna, PED-ANOVA)", d[d["run"].isin(runs)],
+    fig, axes = _figure("Schedule parameter importances (optuna, PED-ANOVA)" + _shown(runs, d), d[d["run"].isin(runs)],
                         len(runs), (5.8, 3.6))
     for ax, run in zip(axes, runs):
         ax.set_title(_panel_title(run, d[d["run"] == run]), fontsize=9)
