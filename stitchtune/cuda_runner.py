@@ -42,6 +42,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -515,8 +516,23 @@ def _serve(conn: multiprocessing.connection.Connection) -> None:
         backend.close()
 
 
+def _exit_with_parent() -> None:
+    """Die when the parent dies, even while the main thread is stuck in a hung kernel
+    (an orphaned worker would otherwise spin on the GPU forever)."""
+    ppid = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != ppid:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def worker_entry(fd: int) -> None:
     """Entry point of the worker process (``python -c``): serve on the inherited socket ``fd``."""
+    _exit_with_parent()
     conn = multiprocessing.connection.Connection(fd)
     try:
         _serve(conn)

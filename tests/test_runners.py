@@ -450,3 +450,60 @@ def test_pycuda_backend_against_a_mock_pycuda(tmp_path: Path, monkeypatch: pytes
         assert "named symbol not found" in ms[5].error and "kernel image is invalid" in ms[6].error
         assert r.device_info == {"backend": "pycuda", "name": "Mock GPU", "cc": "9.0", "sm_count": 4,
                                  "l2_bytes": 65536, "driver_version": 13000}
+
+
+def test_worker_dies_with_its_parent(tmp_path: Path) -> None:
+    """A parent killed with SIGKILL while its worker is stuck in a hung kernel leaves no orphan."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    cubin = tmp_path / "hang.cubin"
+    cubin.write_bytes(b"FAKE:hang")
+    pidfile = tmp_path / "worker.pid"
+    code = f"""
+import numpy as np, threading, time
+from types import SimpleNamespace as NS
+from stitchtune.build import BuildResult
+from stitchtune.cuda_runner import CudaRunner
+x = np.ones(8, np.float32)
+r = CudaRunner.for_arrays({{"x": x}}, {{"x": "float32"}}, {{"y": x.astype(float)}}, {{"y": "float32"}},
+                          timeout_s=600, backend="fake")
+prog = NS(buffers=(NS(name="a", dtype="float32", size=8, role="input", tensor="x", zero_init=False),
+                   NS(name="b", dtype="float32", size=8, role="output", tensor="y", zero_init=False)),
+          launches=(NS(kernel="k", grid=1, block=32, smem_bytes=0, args=("a", "b")),))
+def note():
+    while r._proc is None:
+        time.sleep(0.05)
+    open({str(pidfile)!r}, "w").write(str(r._proc.pid))
+threading.Thread(target=note, daemon=True).start()
+r.run([(prog, BuildResult("ok", "h", {str(cubin)!r}, "sm_90"))])
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
+    parent = subprocess.Popen([sys.executable, "-c", code], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pidfile.exists(), "worker never started"
+        time.sleep(1.0)  # the worker is now inside the hung fake kernel
+        worker = int(pidfile.read_text())
+        os.kill(worker, 0)  # alive
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            return
+        try:
+            if Path(f"/proc/{worker}/stat").read_text().split(") ")[1].startswith("Z"):
+                return
+        except (OSError, IndexError):
+            return
+        time.sleep(0.2)
+    os.kill(worker, signal.SIGKILL)
+    raise AssertionError("the worker outlived its parent")
