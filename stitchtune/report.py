@@ -223,12 +223,13 @@ def figure_best_so_far(df: pd.DataFrame) -> Figure:
         plotted = False
         groups = list(r.groupby(["study", "sampler"], dropna=False, sort=True))
         by_sampler = len({s for (_, s), _ in groups}) == len(groups)
-        for (study, sampler), g in groups:
+        for i, ((study, sampler), g) in enumerate(groups):
             g = g.sort_values("order")
             best = g["time_us"].cummin().ffill()
             if best.notna().any():
                 lab = str(sampler) if by_sampler else f"{sampler} ({study})"
-                ax.step(g["order"], best, where="post", label=_text(lab, 40))
+                ax.step(g["order"], best, where="post", label=_text(lab, 40), lw=1.6,
+                        ls=("-", "--", ":", "-.")[i % 4])   # styles keep identical curves visible
                 plotted = True
         if not plotted:
             _empty(ax, "no ok trials", "trial number", _time_label(r))
@@ -787,9 +788,11 @@ def _markdown(d: pd.DataFrame, fl: pd.Series, bench: pd.DataFrame | None,
               "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for _, r in t.iterrows():
         est = " est." if r["estimated"] else ""
+        t_best = _fmt(r["best_us"], ".2f") + (est if pd.notna(r["best_us"]) else "")
+        t_heur = _fmt(r["heuristic_us"], ".2f") + (est if pd.notna(r["heuristic_us"]) else "")
         lines.append(
             f"| {_md(r['workload'])} | {_md(r['device'])} | {_md(r['backend'])} | {r['trials']} | {r['ok']} "
-            f"| {_fmt(r['best_us'], '.2f')}{est} | {_fmt(r['heuristic_us'], '.2f')}{est} "
+            f"| {t_best} | {t_heur} "
             f"| {_fmt(r['speedup_vs_heuristic'], '.2f')} | {r['heuristic_rank']} "
             f"| {_fmt(r['fraction_of_floor'], '.2f')} | {_fmt(r['spearman'], '.2f')} |")
     counts = d.groupby("status").size()
