@@ -114,6 +114,7 @@ def test_dynamic_dim_needs_shapes_and_error_names_it():
     with pytest.raises(StitchtuneError) as ei:
         import_onnx(m)
     assert "'batch'" in str(ei.value) and "dynamic" in str(ei.value)
+    assert "model input 'x' dim 0" in str(ei.value)
     by_input = import_onnx(m, shapes={"x": (4, K)})
     assert by_input.subgraphs[0].graph.spec("h").shape == (4, D)
     with pytest.raises(StitchtuneError, match="neither a model input"):

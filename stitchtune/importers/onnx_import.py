@@ -195,6 +195,13 @@ class _Ctx:
     def __init__(self, model: Any, types: dict[str, _Tensor], consts: dict[str, np.ndarray]) -> None:
         self.types, self.consts = types, consts
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        inits = {t.name for t in model.graph.initializer}
+        self.symbol_at: dict[str, str] = {}   # dim symbol -> "input 'x' dim 0" where it first appears
+        for vi in model.graph.input:
+            if vi.name not in inits:
+                for k, d in enumerate(vi.type.tensor_type.shape.dim):
+                    if d.HasField("dim_param"):
+                        self.symbol_at.setdefault(d.dim_param, f"model input {vi.name!a} dim {k}")
 
     @staticmethod
     def attrs(node: Any) -> dict[str, Any]:
@@ -261,7 +268,8 @@ def _static_shape(ctx: _Ctx, t: str) -> tuple[int, ...]:
         raise ImportError_(f"tensor {t!a} has no inferred shape; pass --shapes for the model inputs")
     for k, d in enumerate(ty.shape):
         if not isinstance(d, int) or d <= 0:
-            sym = f" ({d!a})" if isinstance(d, str) else ""
+            sym = f" ({d!a}, from {ctx.symbol_at[d]})" if isinstance(d, str) and d in ctx.symbol_at else (
+                f" ({d!a})" if isinstance(d, str) else "")
             raise ImportError_(f"tensor {t!a} dim {k}{sym} is dynamic; fix it with --shapes "
                                f"INPUT=AxB... or --shapes SYMBOL=N")
     return tuple(int(d) for d in ty.shape)
