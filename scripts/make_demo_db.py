@@ -2,8 +2,8 @@
 
 Two modes:
 
-* default: run ``stitchtune search`` with the emulate backend on the small example graphs (real
-  emulated searches; every row is ``estimated``), e.g.
+* default: emulated searches (what ``stitchtune search --backend emulate --device h200`` runs) of the
+  small example graphs, TPE and random sampling; every row is ``estimated`` (cost-model times), e.g.
   ``python scripts/make_demo_db.py --db results/ --trials 24``;
 * ``--synthetic``: write made-up rows (no search, a few milliseconds) for tests. Synthetic rows say
   so: graph names start with ``synthetic_``, the device is ``synthetic``, the study ``synthetic-*``.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -85,17 +84,17 @@ def write_synthetic(db: Path, seed: int = 0, trials: int = 24, fake_measured: bo
     TuningDB(db).append(synthetic_rows(seed, trials, fake_measured))
 
 
-def run_searches(db: Path, trials: int, graphs: list[Path]) -> int:
-    """Emulated ``stitchtune search`` of each graph into ``db``; returns the worst exit code."""
-    rc = 0
+def run_searches(db: Path, trials: int, graphs: list[Path], seed: int = 0, build: bool = False) -> None:
+    """Emulated searches (``stitchtune.search.run_search``, the API behind ``stitchtune search``) of
+    each graph into ``db``, once with TPE and once with random sampling (two studies per workload)."""
+    from stitchtune.search import SearchConfig, format_summary, run_search
+
     for g in graphs:
         for sampler in ("tpe", "random"):
-            cmd = [sys.executable, "-m", "stitchtune", "search", str(g), "--backend", "emulate",
-                   "--trials", str(trials), "--db", str(db), "--sampler", sampler, "--seed", "0",
-                   "--study", f"demo-{g.stem}-{sampler}"]
-            print("+", " ".join(cmd), flush=True)
-            rc = max(rc, subprocess.run(cmd, cwd=REPO, timeout=1800, check=False).returncode)
-    return rc
+            cfg = SearchConfig(graph_path=str(g), trials=trials, backend="emulate", device="h200", db=str(db),
+                               study=f"demo-{g.stem}-{sampler}", sampler=sampler, seed=seed, jobs=1,
+                               build=build, progress=False)
+            print(format_summary(run_search(cfg)), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--synthetic", action="store_true", help="write made-up rows instead of searching")
     ap.add_argument("--fake-measured", action="store_true", help="with --synthetic: add fake GPU rows")
+    ap.add_argument("--build", action="store_true", help="compile each candidate with nvcc (slower)")
     ap.add_argument("graphs", nargs="*", type=Path, help="graph.json files (default: examples/*small*.json)")
     a = ap.parse_args(argv)
     if a.synthetic:
@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     if not graphs:
         print("no graphs given and none matching examples/*small*.json", file=sys.stderr)
         return 2
-    return run_searches(a.db, a.trials, graphs)
+    run_searches(a.db, a.trials, graphs, a.seed, a.build)
+    return 0
 
 
 if __name__ == "__main__":
