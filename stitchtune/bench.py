@@ -33,11 +33,13 @@ torch, cupy, jax and matplotlib are imported inside the functions that use them.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
 import re
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -255,8 +257,9 @@ def summarize(df: pd.DataFrame) -> dict[str, Any]:
 
 def format_table(df: pd.DataFrame) -> str:
     """A plain-text table for the terminal (one line per row, then the summary)."""
-    lines = [f"{'workload':<34} {'system':<42} {'median_us':>10} {'floor_us':>9} {'of_floor':>8} "
-             f"{'speedup':>8} {'ok':>3}"]
+    header = (f"{'workload':<34} {'system':<42} {'median_us':>10} {'floor_us':>9} {'of_floor':>8} "
+              f"{'speedup':>8} {'ok':>3}")
+    lines = [header]
     for r in df.itertuples(index=False):
         med = f"{r.median_us:10.1f}" if pd.notna(r.median_us) else f"{'-':>10}"
         frac = f"{r.fraction_of_floor:8.2f}" if pd.notna(r.fraction_of_floor) else f"{'-':>8}"
@@ -276,7 +279,7 @@ def format_table(df: pd.DataFrame) -> str:
 
 def device_slug(name: str) -> str:
     """A file-name-safe short device name: ``NVIDIA H200`` -> ``h200``."""
-    s = re.sub(r"^nvidia[\s_-]*", "", name.strip(), flags=re.I).lower()
+    s = re.sub(r"^nvidia[\s_-]*", "", name.strip(), flags=re.IGNORECASE).lower()
     s = re.sub(r"[^a-z0-9]+", "_", s).strip("_")
     return s or "device"
 
@@ -298,7 +301,7 @@ def plot_results(df: pd.DataFrame, path: str | os.PathLike[str], title: str) -> 
     for i, sys_ in enumerate(systems):
         sub = df[df["system"] == sys_].set_index("workload")
 
-        def col(c: str) -> list[float]:
+        def col(c: str, sub: pd.DataFrame = sub) -> list[float]:
             return [float(sub.loc[w, c]) if w in sub.index and pd.notna(sub.loc[w, c]) else 0.0 for w in workloads]
 
         bad = [w in sub.index and not bool(sub.loc[w, "checked"]) for w in workloads]
@@ -372,8 +375,8 @@ def tuned_program(graph_path: str, graph: Graph, db: str, trials: int, device: D
     tdb = TuningDB(db)
     plan = make_plan(graph)
     space = SearchSpace.for_plan(plan, device)
-    want = dict(workload_key=graph.workload_key(), device_key=device.key, space_version=str(space.version),
-                codegen_version=str(CODEGEN_VERSION), backend="cuda")
+    want = {"workload_key": graph.workload_key(), "device_key": device.key, "space_version": str(space.version),
+            "codegen_version": str(CODEGEN_VERSION), "backend": "cuda"}
     best = tdb.best(**want)
     if best is None and trials > 0:
         from .search import SearchConfig, run_search
@@ -476,14 +479,14 @@ def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
     """Device-to-device copy bandwidth in bytes/s (read + written): median of ``iters`` torch copies."""
     import torch
 
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(1)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    samples = _event_times(lambda i: dst.copy_(src), warmup=2, iters=iters)
-    del src, dst
+    def measure() -> float:
+        src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(1)
+        dst = torch.empty_like(src)
+        return statistics.median(_event_times(lambda i: dst.copy_(src), warmup=3, iters=iters))
+
+    med_us = measure()
     torch.cuda.empty_cache()
-    return 2.0 * nbytes / (statistics.median(samples) * 1e-6)
+    return 2.0 * nbytes / (med_us * 1e-6)
 
 
 def _sync(torch_device: str) -> None:
@@ -621,12 +624,11 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
         samples = _event_times(lambda i: launcher.run(bound[i % k]), warmup, iters, torch_device)
         results.append(SystemTiming(wl, STITCHTUNE, statistics.median(samples), ok,
                                     f"{tp.origin}; CUDA events, median of {iters}, {rot}; {err}", tuple(samples)))
-        del outs, launcher, bound
     except _Skip:
         pass
     except StitchtuneError as exc:
         results.append(SystemTiming(wl, STITCHTUNE, None, False, f"not run: {'; '.join(exc.problems)}"))
-    except Exception as exc:  # noqa: BLE001 - a failed system is a row, the bench goes on
+    except Exception as exc:
         log.exception("%s: stitchtune failed", wl)
         results.append(SystemTiming(wl, STITCHTUNE, None, False, f"failed: {type(exc).__name__}: {exc}"[:500]))
 
@@ -645,7 +647,7 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
                 first_s = time.perf_counter() - t0
                 ok, err = _check(graph, [_torch_out(t) for t in res], expected)
                 del res
-                samples = _event_times(lambda i: peer.fn(**sets[i % k]), warmup, iters, torch_device)
+                samples = _event_times(lambda i, fn=peer.fn: fn(**sets[i % k]), warmup, iters, torch_device)
                 med = statistics.median(samples)
                 how = f"{'CUDA events' if torch_device != 'cpu' else 'CPU wall clock'}, median of {iters}, {rot}"
             else:
@@ -660,17 +662,13 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
                 med, how = _jax_times(peer.fn, jsets, warmup, iters)
                 how += f", {rot}"
                 samples = []
-                del jsets
             results.append(SystemTiming(wl, peer.system, med, ok,
                                         f"{how}; first calls (compile) {first_s:.1f} s; {err}", tuple(samples)))
-        except Exception as exc:  # noqa: BLE001 - a failed peer is a row, the bench goes on
+        except Exception as exc:
             log.exception("%s: peer %s failed", wl, peer.system)
             results.append(SystemTiming(wl, peer.system, None, False, f"failed: {type(exc).__name__}: {exc}"[:500]))
         finally:
             _sync(torch_device)
-    del sets
-    if torch_device != "cpu":
-        torch.cuda.empty_cache()
     return results
 
 
@@ -680,11 +678,11 @@ def run_bench(graphs: Sequence[str | os.PathLike[str]], db: str, trials: int, pe
     """Benchmark the graph files ``graphs`` (see the module docstring); write the CSV and chart under
     ``out_dir`` and return the table. Raises ToolchainError without torch, cupy or a CUDA GPU."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares the GPU with torch
-    try:
-        import cupy  # noqa: F401
-        import torch
-    except ImportError as exc:
-        raise ToolchainError(f"stitchtune bench needs torch and cupy ({exc.name} is not installed)") from None
+    missing = [m for m in ("torch", "cupy") if m not in sys.modules and importlib.util.find_spec(m) is None]
+    if missing:
+        raise ToolchainError(f"stitchtune bench needs torch and cupy ({', '.join(missing)} not installed)")
+    import torch
+
     if not torch.cuda.is_available():
         raise ToolchainError("stitchtune bench needs a CUDA GPU (torch sees none)")
     from .device import get_device, query_device
@@ -719,6 +717,7 @@ def run_bench(graphs: Sequence[str | os.PathLike[str]], db: str, trials: int, pe
             t0 = time.perf_counter()
             timings += bench_graph(path, g, db=db, trials=trials, peer_names=names, device=device, iters=iters,
                                    warmup=warmup, seed=seed, reference=ref, stitchtune=with_st)
+            torch.cuda.empty_cache()  # this graph's tensors are gone with bench_graph's frame
             say(f"{g.name}: {', '.join(([STITCHTUNE] if with_st else []) + list(names))} done in "
                 f"{time.perf_counter() - t0:.1f} s")
             write_results(_ordered(results_table(timings, floors, bw), loaded, peers), out_dir, device.name, title)
