@@ -250,3 +250,27 @@ def test_write_subgraphs_returns_paths(tmp_path):
     paths = write_subgraphs(res, tmp_path)
     assert [p.name for p in paths] == ["tiny_0.json", "tiny_1.json"]
     assert all(load_graph(p).workload_key() == sg.graph.workload_key() for p, sg in zip(paths, res.subgraphs))
+
+
+def test_model_exported_by_torch_onnx(tmp_path):
+    """A PyTorch block exported by torch.onnx (Gemm, LayerNormalization, Gelu, Constant, Softmax)."""
+    torch = pytest.importorskip("torch")
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1, self.ln, self.l2 = torch.nn.Linear(K, D), torch.nn.LayerNorm(D), torch.nn.Linear(D, 16)
+
+        def forward(self, x):
+            return torch.softmax(self.l2(torch.nn.functional.gelu(self.ln(self.l1(x)))) * 0.125, -1)
+
+    path = tmp_path / "block.onnx"
+    try:
+        torch.onnx.export(Block().eval(), (torch.randn(N, K),), str(path), dynamo=False, input_names=["x"],
+                          output_names=["y"], dynamic_axes={"x": {0: "batch"}})
+    except Exception as e:  # noqa: BLE001 -- exporter unavailable in this torch build
+        pytest.skip(f"torch.onnx.export unavailable: {e}")
+    res = import_onnx(path, shapes={"batch": (N,)})
+    assert [[n.op for n in sg.graph.nodes][-1] for sg in res.subgraphs] == ["gelu", "div"]
+    assert all(NAME_RE.fullmatch(n) for sg in res.subgraphs for n, _ in sg.graph.inputs)
+    _check_numerics(res, onnx.load(str(path)), {"x": RNG.standard_normal((N, K)).astype(np.float32)}, tol=1e-4)
