@@ -382,7 +382,9 @@ def tuned_program(graph_path: str, graph: Graph, db: str, trials: int, device: D
         from .search import SearchConfig, run_search
 
         log.info("%s: no tuned record for %s, searching %d trials", graph.name, device.key, trials)
-        res = run_search(SearchConfig(graph_path=str(graph_path), trials=trials, backend="cuda", device=device.name,
+        # a queried device is what `stitchtune search` finds by itself (device=None); a preset goes by name
+        dev_name = None if getattr(device, "source", "preset") == "pycuda" else device.name
+        res = run_search(SearchConfig(graph_path=str(graph_path), trials=trials, backend="cuda", device=dev_name,
                                       db=str(db), progress=False))
         log.info("%s: search stopped (%s) after %d trials", graph.name, res.stopped, res.trials_run)
         best = tdb.best(**want)
@@ -585,8 +587,8 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
     """Time stitchtune and each peer on one graph (see the module docstring). Never raises for a
     failing system: its row carries the failure in ``note``. ``reference``: (inputs, float64 reference
     outputs) from :func:`_reference` when already computed; ``stitchtune=False`` times only the peers.
-    ``torch_device="cpu"`` exists only for
-    CPU tests of this function (wall-clock timing; the stitchtune launcher needs CUDA)."""
+    ``torch_device="cpu"`` exists only for CPU tests of this function (wall-clock timing; the stitchtune
+    launcher needs CUDA)."""
     import torch
 
     from .peers import build_peers
