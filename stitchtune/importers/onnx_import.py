@@ -344,9 +344,9 @@ def _map_node(ctx: _Ctx, b: GraphBuilder, node: Any, v: Callable[[str], Value],
 def import_onnx(model: Any, node_range: tuple[int | None, int | None] | None = None,
                 shapes: Mapping[str, tuple[int, ...]] | None = None, name: str | None = None) -> OnnxImport:
     """Split ``model`` (path or ``ModelProto``) into memory-intensive subgraphs; see the module docstring."""
+    m = _load(model)   # raises ImportError_ if the onnx package is missing
     import onnx
 
-    m = _load(model)
     if shapes:
         m = _apply_shapes(m, shapes)
     try:

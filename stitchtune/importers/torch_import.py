@@ -66,12 +66,20 @@ class TorchImport:
 
 
 # ---------------------------------------------------------------------------- loading the callable
+def _require_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ModuleNotFoundError as e:  # the optional extra is not installed
+        raise ImportError_("PyTorch is not installed (pip install 'stitchtune[import]')") from e
+
+
 def load_callable(spec: str) -> tuple[Any, str]:
     """``"path/to/file.py:NAME"`` or ``"dotted.module:NAME"`` -> (object, display name).
 
     ``NAME`` may be dotted (attribute path). An ``nn.Module`` subclass is instantiated with no
     arguments. Raises :class:`ImportError_` if the module or attribute cannot be found.
     """
+    _require_torch()
     mod_part, colon, attr = spec.rpartition(":")
     if not colon or not mod_part or not attr:
         raise ImportError_(f"{spec!a} is not MODULE:CALLABLE (a .py path or dotted module, then ':' and a name)")
@@ -605,10 +613,8 @@ def import_torch(fn: Any, inputs: Mapping[str, tuple[Sequence[int], str]], name:
     Arguments are passed positionally in the order of ``fn``'s signature (the order of ``inputs`` if
     it takes ``*args``). Example tensors are seeded normal values on the CPU.
     """
-    try:
-        import torch
-    except ModuleNotFoundError as e:  # the optional extra is not installed
-        raise ImportError_("PyTorch is not installed (pip install 'stitchtune[import]')") from e
+    _require_torch()
+    import torch
 
     positional = _all_positional(fn)
     required = input_names(fn)
