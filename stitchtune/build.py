@@ -362,6 +362,9 @@ class NvccBuilder:
             log.info("build %s: %s", source_hash[:12], status)
             return BuildResult(status, source_hash, None, arch, compile_s=secs, error=_truncate(text))
         res = parse_ptxas(text)
+        warnings = [ln.strip() for ln in text.splitlines() if "warning" in ln.lower()]
+        if warnings:
+            log.info("build %s: %s", source_hash[:12], "; ".join(warnings[:3]))
         result = BuildResult(
             "ok",
             source_hash,

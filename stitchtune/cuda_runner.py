@@ -239,12 +239,9 @@ class _PycudaBackend:
         drv.init()
         self.dev = drv.Device(int(os.environ.get(DEVICE_ENV, "0")))
         self.ctx = self.dev.make_context()
-        self.inputs = {}
-        for name, arr in problem.inputs.items():
-            mem = drv.mem_alloc(max(arr.nbytes, 1))
-            if arr.nbytes:
-                drv.memcpy_htod(int(mem), arr)
-            self.inputs[name] = mem
+        self.host_inputs = problem.inputs
+        self.inputs = {name: drv.mem_alloc(max(arr.nbytes, 1)) for name, arr in problem.inputs.items()}
+        self.restore_inputs()
         self.outputs = {n: drv.mem_alloc(max(problem.output_nbytes(n), 1)) for n in problem.expected}
         self.out_nbytes = {n: problem.output_nbytes(n) for n in problem.expected}
         l2 = int(self.dev.get_attribute(drv.device_attribute.L2_CACHE_SIZE))
@@ -255,6 +252,12 @@ class _PycudaBackend:
         self.scratch: dict[str, Any] = {}
         self.calls: list[tuple[Any, tuple[int, int, int], tuple[int, int, int], int, list[int]]] = []
         self._flush_value = 0
+
+    def restore_inputs(self) -> None:
+        """(Re-)upload the inputs (after a candidate that may have scribbled over them)."""
+        for name, arr in self.host_inputs.items():
+            if arr.nbytes:
+                self.drv.memcpy_htod(int(self.inputs[name]), arr)
 
     def info(self) -> dict[str, Any]:
         drv = self.drv
@@ -378,6 +381,9 @@ class _FakeBackend:
         self.launches = 0
 
     def init_scratch(self) -> None:
+        pass
+
+    def restore_inputs(self) -> None:
         pass
 
     def poison_outputs(self) -> None:
@@ -511,6 +517,8 @@ def _serve(conn: multiprocessing.connection.Connection) -> None:
                     return  # the context may be dead: the parent starts a fresh worker
                 conn.send(("crash", traceback.format_exc(limit=8)))
                 return
+            if fields["status"] != "ok":
+                backend.restore_inputs()  # a wrong program may have written over them
             conn.send(("result", fields, False))
     finally:
         backend.close()
