@@ -445,6 +445,9 @@ class _Walker:
                     if v is None or v.is_scalar:
                         raise ImportError_("every output must be a tensor")
                     t, _ = _meta(o)
+                    if not t:
+                        raise ImportError_(f"output {o.name!a} is a 0-d tensor; graph.json tensors have rank "
+                                           "1..4 (keep the reduced dims: keepdim=True)")
                     if tuple(v.shape) != tuple(t):
                         raise ImportError_(f"output {o.name!a} has PyTorch shape {list(t)} but the graph "
                                            f"computes {list(v.shape)} (a reshape graph.json cannot express)")
