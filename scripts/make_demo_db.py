@@ -8,7 +8,8 @@ Two modes:
 * ``--synthetic``: write made-up rows (no search, a few milliseconds) for tests. Synthetic rows say
   so: graph names start with ``synthetic_``, the device is ``synthetic``, the study ``synthetic-*``.
   ``--fake-measured`` adds rows that look like a GPU run (backend ``cuda``, not estimated) so that
-  the predicted-vs-measured figure has data to draw; they are test data, never a measurement.
+  the predicted-vs-measured figure has data to draw, and a made-up ``bench_synthetic.csv``; they are
+  test data, never a measurement.
 """
 
 from __future__ import annotations
@@ -84,6 +85,24 @@ def write_synthetic(db: Path, seed: int = 0, trials: int = 24, fake_measured: bo
     TuningDB(db).append(synthetic_rows(seed, trials, fake_measured))
 
 
+def write_synthetic_bench(db: Path) -> Path:
+    """A made-up ``bench_synthetic.csv`` next to a synthetic database (test data, not a measurement)."""
+    import pandas as pd
+
+    from stitchtune.db import read_db
+
+    rows = []
+    for i, w in enumerate(sorted(read_db(db)["graph_name"].unique())):
+        for system, t in (("stitchtune", 10.0), ("torch_eager", 30.0 + i), ("torch_compile_default", 15.0),
+                          ("jax_jit", 12.0)):
+            rows.append({"workload": w, "system": system, "median_us": t, "floor_us": 8.0,
+                         "fraction_of_floor": 8.0 / t, "speedup_vs_this": t / 10.0, "checked": True,
+                         "note": "synthetic"})
+    path = Path(db) / "bench_synthetic.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
 def run_searches(db: Path, trials: int, graphs: list[Path], seed: int = 0, build: bool = False) -> None:
     """Emulated searches (``stitchtune.search.run_search``, the API behind ``stitchtune search``) of
     each graph into ``db``, once with TPE and once with random sampling (two studies per workload)."""
@@ -103,12 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--synthetic", action="store_true", help="write made-up rows instead of searching")
-    ap.add_argument("--fake-measured", action="store_true", help="with --synthetic: add fake GPU rows")
+    ap.add_argument("--fake-measured", action="store_true",
+                    help="with --synthetic: add fake GPU rows and a fake bench_synthetic.csv")
     ap.add_argument("--build", action="store_true", help="compile each candidate with nvcc (slower)")
     ap.add_argument("graphs", nargs="*", type=Path, help="graph.json files (default: examples/*small*.json)")
     a = ap.parse_args(argv)
     if a.synthetic:
         write_synthetic(a.db, a.seed, a.trials, a.fake_measured)
+        if a.fake_measured:
+            write_synthetic_bench(a.db)
         print(f"wrote synthetic rows to {a.db}")
         return 0
     graphs = a.graphs or sorted((REPO / "examples").glob("*small*.json"))

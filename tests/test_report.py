@@ -45,15 +45,7 @@ def demo_db(tmp_path_factory) -> Path:
 def cli_report(demo_db, tmp_path_factory):
     """`stitchtune report` on the demo DB plus a bench CSV: (exit code, output dir)."""
     out = tmp_path_factory.mktemp("report")
-    bench = demo_db / "bench_h200.csv"
-    names = sorted(read_db(demo_db)["graph_name"].unique())
-    rows = []
-    for i, w in enumerate(names):
-        for system, t in (("stitchtune", 10.0), ("torch_eager", 30.0 + i), ("torch_compile_default", 15.0),
-                          ("jax_jit", 12.0)):
-            rows.append({"workload": w, "system": system, "median_us": t, "floor_us": 8.0,
-                         "fraction_of_floor": 8.0 / t, "speedup_vs_this": t / 10.0, "checked": True})
-    pd.DataFrame(rows).to_csv(bench, index=False)
+    bench = load_demo_script().write_synthetic_bench(demo_db)
     try:
         rc = main(["report", "--db", str(demo_db), "-o", str(out), "--graphs"])
     finally:
