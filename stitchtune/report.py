@@ -57,7 +57,8 @@ DIMENSIONS: dict[str, tuple[str, ...]] = {
     "block size": ("block", "block_size"),
     "tasks per block": ("tasks_per_block",),
 }
-PEER_SYSTEMS = ("torch_eager", "torch_compile_default", "torch_compile_max_autotune", "jax_jit")
+PEER_SYSTEMS = ("torch_eager", "torch_compile_default", "torch_compile_max_autotune",
+                "torch_compile_max_autotune_no_cudagraphs", "jax_jit")
 BENCH_COLUMNS = ("workload", "system", "median_us")
 
 
@@ -550,7 +551,7 @@ def figure_speedup_over_peers(bench: pd.DataFrame | None) -> Figure:
     fig = Figure(figsize=(9.0, 4.6), layout="constrained")
     ax = fig.subplots()
     devices = "" if bench is None else ", ".join(_text(x, 20) for x in sorted(bench["device"].unique()))
-    fig.suptitle(f"Speedup of tuned kernels over peers (measured{', ' + devices if devices else ''})")
+    fig.suptitle("Speedup of tuned kernels over peers (measured" + (f" on {devices})" if devices else ")"))
     if bench is None or bench.empty or not (bench["system"] == "stitchtune").any():
         _empty(ax, "no benchmark results (results/bench_<device>.csv) with a stitchtune row",
                "workload", "speedup (×)")
@@ -575,7 +576,7 @@ def figure_speedup_over_peers(bench: pd.DataFrame | None) -> Figure:
     ax.set_xticks(x, [_text(k, 30) for k in sp.index], rotation=30, ha="right", fontsize=8)
     ax.set_xlabel("workload")
     ax.set_ylabel("speedup (×, peer time / stitchtune time)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(alpha=0.3, axis="y")
     return fig
 
