@@ -350,7 +350,7 @@ def _compile_sampled(per_example: int, tmp_path: Path) -> int:
             except ScheduleError:
                 continue
     builds = NvccBuilder(jobs=2, cache_dir=tmp_path / "cache").build([render(p) for _, _, p in programs], dev.arch)
-    for (name, s, p), b in zip(programs, builds):
+    for (name, s, p), b in zip(programs, builds, strict=True):
         where = f"{name} {s.to_json()}"
         assert b.status == "ok", f"{where}: {b.error}"
         assert set(b.registers) == {k.name for k in p.kernels}, where

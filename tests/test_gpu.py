@@ -153,7 +153,7 @@ def test_sampled_schedules_of_full_examples_match_the_reference(tmp_path: Path) 
                 continue
         builds = builder.build([render(p) for _, p in programs], dev.arch)
         items = []
-        for (s, p), b in zip(programs, builds):
+        for (s, p), b in zip(programs, builds, strict=True):
             if b.status != "ok":
                 failures.append(f"{path.stem} {s.to_json()}: {b.status}: {b.error[:300]}")
                 continue
@@ -162,7 +162,7 @@ def test_sampled_schedules_of_full_examples_match_the_reference(tmp_path: Path) 
             items.append((s, p, b))
         with CudaRunner(g, dev, repeats=5, warmup=1, timeout_s=10.0) as r:
             ms = r.run([(p, b) for _, p, b in items])
-        for (s, _, _), m in zip(items, ms):
+        for (s, _, _), m in zip(items, ms, strict=True):
             ran += 1
             if report:
                 with open(report, "a", encoding="utf-8") as f:

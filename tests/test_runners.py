@@ -141,7 +141,7 @@ def test_emulate_runner_ok_on_sampled_schedules(example: str) -> None:
 
     g, progs = _programs(example, 2)
     runner = EmulateRunner(g, get_device("h200"), seed=3)
-    ms = runner.run(list(zip(progs, _fake_builds(progs))))
+    ms = runner.run(list(zip(progs, _fake_builds(progs), strict=True)))
     for m in ms:
         assert m.status == "ok", m.error
         assert m.estimated and m.samples_us == ()
@@ -163,7 +163,7 @@ def test_emulate_runner_wrong_result_and_injected_fault() -> None:
         raise EmulatorFault("out_of_bounds", "load of p0[99999] out of bounds")
 
     dev = get_device("h200")
-    item = list(zip(progs, _fake_builds(progs)))
+    item = list(zip(progs, _fake_builds(progs), strict=True))
     (m,) = EmulateRunner(g, dev, emulate=perturbed).run(item)
     assert m.status == "wrong_result" and m.median_us is None and 5e-4 < m.max_rel_error < 2e-3
     assert "relative error" in m.error
@@ -178,10 +178,10 @@ def test_emulate_runner_grid_barrier_that_cannot_be_coresident_is_a_launch_error
     g, progs = _programs("layernorm_small", 1,
                          want=lambda p: any(k.uses_grid_sync for k in p.kernels))
     builds = _fake_builds(progs)
-    (ok,) = EmulateRunner(g, h200).run(list(zip(progs, builds)))
+    (ok,) = EmulateRunner(g, h200).run(list(zip(progs, builds, strict=True)))
     assert ok.status == "ok", ok.error
     tiny = dataclasses.replace(h200, sm_count=1)  # the same grid cannot be co-resident on 1 SM
-    (m,) = EmulateRunner(g, tiny).run(list(zip(progs, builds)))
+    (m,) = EmulateRunner(g, tiny).run(list(zip(progs, builds, strict=True)))
     assert m.status == "launch_error" and "coresident" in m.error.replace("-", "").replace(" ", "")
 
 
@@ -283,7 +283,7 @@ def test_launch_plan_of_a_real_program() -> None:
     assert {b.tensor for b in plan.buffers if b.role == "input"} == {n for n, _ in g.inputs}
     for b in plan.buffers:
         assert b.nbytes == prog.buffer(b.name).nbytes
-    for ln, pl in zip(prog.launches, plan.launches):
+    for ln, pl in zip(prog.launches, plan.launches, strict=True):
         assert pl.grid == (ln.grid, 1, 1) and pl.block == (ln.block, 1, 1) and pl.smem_bytes == ln.smem_bytes
 
 
