@@ -137,14 +137,16 @@ class _Tracker:
     thread ids (shared memory).
     """
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, atomics: bool) -> None:
         self.w = np.full(n, -1, np.int32)
         self.r = np.full(n, -1, np.int32)
-        self.a = np.full(n, -1, np.int32)
+        self.a = np.full(n, -1, np.int32) if atomics else None  # None: the kernel has no atomics here
 
     def reset(self, rows: np.ndarray | None = None, row_len: int = 0) -> None:
         """Start a new interval for all elements, or for the blocks ``rows`` (bool) of length ``row_len``."""
         for arr in (self.w, self.r, self.a):
+            if arr is None:
+                continue
             if rows is None:
                 arr.fill(-1)
             else:
@@ -167,17 +169,26 @@ class _Tracker:
             arr[e[clash]] = -2
 
     def read(self, e: np.ndarray, who: np.ndarray) -> np.ndarray:
-        bad = self._other(self.w, e, who) | self._other(self.a, e, who)
+        bad = self._other(self.w, e, who)
+        if self.a is not None:
+            bad |= self._other(self.a, e, who)
         self._add(self.r, e, who)
         return bad
 
     def write(self, e: np.ndarray, who: np.ndarray) -> np.ndarray:
         self._add(self.w, e, who)  # first, so that two writers in one statement conflict
-        return self._other(self.w, e, who) | self._other(self.r, e, who) | self._other(self.a, e, who)
+        bad = self._other(self.w, e, who)
+        bad |= self._other(self.r, e, who)
+        if self.a is not None:
+            bad |= self._other(self.a, e, who)
+        return bad
 
     def atomic(self, e: np.ndarray, who: np.ndarray) -> np.ndarray:
+        assert self.a is not None
         self._add(self.a, e, who)
-        return self._other(self.w, e, who) | self._other(self.r, e, who)
+        bad = self._other(self.w, e, who)
+        bad |= self._other(self.r, e, who)
+        return bad
 
 
 # ----------------------------------------------------------------------------------------------
@@ -188,23 +199,26 @@ class _Tracker:
 class _GBuf:
     """A global buffer as seen by one launch."""
 
-    def __init__(self, param: kir.Param, arr: np.ndarray, written: np.ndarray, tracked: bool) -> None:
+    def __init__(self, param: kir.Param, arr: np.ndarray, written: np.ndarray, tracked: bool,
+                 atomics: bool) -> None:
         self.name = param.name
         self.arr = arr
         self.size = param.size
         self.written = written
         self.check_written = not bool(written[: param.size].all())  # stays all-True once all-True
-        self.tracker = _Tracker(param.size) if tracked else None
+        self.tracker = _Tracker(param.size, atomics) if tracked else None
 
 
 class _SBuf:
     """A shared buffer: ``[grid * size]`` float32 values, written flags and a race tracker."""
 
-    def __init__(self, size: int, grid: int) -> None:
+    def __init__(self, size: int, grid: int, bid: np.ndarray) -> None:
         self.size = size
         self.arr = np.zeros(grid * size, np.float32)
         self.written = np.zeros(grid * size, bool)
-        self.tracker = _Tracker(grid * size)
+        self.tracker = _Tracker(grid * size, atomics=False)
+        # element offset of each thread's block in the flat array
+        self.lane_base = bid.astype(np.int32 if grid * size < 2**31 else np.int64) * size
 
 
 class _State:
@@ -238,8 +252,9 @@ class _State:
             w = written.get(p.name)
             if w is None:
                 w = np.ones(arr.size, bool)
-            self.glob[p.name] = _GBuf(p, arr, w, tracked=p.name in ck.written_params)
-        self.shared = {s.name: _SBuf(s.size, grid) for s in k.shared}
+            self.glob[p.name] = _GBuf(p, arr, w, tracked=p.name in ck.written_params,
+                                      atomics=p.name in ck.atomic_params)
+        self.shared = {s.name: _SBuf(s.size, grid, self.bid) for s in k.shared}
         self._shfl_src: dict[tuple[int, int], np.ndarray] = {}
 
     def shfl_src(self, lane_mask: int, width: int) -> np.ndarray:
@@ -278,24 +293,26 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
 
     ``op``: load (returns float32 [n, width]), store or atomic (``values`` float32 [n, width]).
     """
-    base = base.astype(np.int64, copy=False)
+    base = np.ascontiguousarray(base, dtype=np.int32)  # IR indices are i32
     if width > 1:
-        mis = base % width != 0
+        mis = (base & np.int32(width - 1)) != 0  # widths are powers of two
         if mis.any():
             raise st.fault("bad_alignment", f"{width}-wide access to {buf}{{at}}", mis, lanes, base)
-    e = (base[:, None] + np.arange(width)).ravel() if width > 1 else base
-    lr = np.repeat(lanes, width) if width > 1 else lanes
+        e = (base[:, None] + np.arange(width, dtype=np.int32)).ravel()
+        lr = np.repeat(lanes, width)
+    else:
+        e, lr = base, lanes
     if is_shared:
         sb = st.shared[buf]
         size = sb.size
     else:
         gb = st.glob[buf]
         size = gb.size
-    oob = (e < 0) | (e >= size)
+    oob = e.view(np.uint32) >= size  # negative indices wrap to huge unsigned values
     if oob.any():
         raise st.fault("out_of_bounds", f"{op} of {buf}{{at}} (size {size})", oob, lr, e)
     if is_shared:
-        g = st.bid[lr].astype(np.int64) * size + e
+        g = sb.lane_base[lr] + e
         who = st.tid[lr]
         arr, written, tracker, race = sb.arr, sb.written, sb.tracker, "shared_race"
         check_written = True
@@ -314,7 +331,10 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
             if bad.any():
                 raise st.fault(race, f"read of {buf}{{at}} written by another "
                                f"{'thread' if is_shared else 'block'} without a barrier", bad, lr, e)
-        return arr[g].astype(np.float32).reshape(-1, width)
+        v = arr[g]
+        if v.dtype != np.float32:
+            v = v.astype(np.float32)
+        return v.reshape(-1, width)
     assert values is not None
     if op == "store":
         if tracker is not None:
@@ -322,7 +342,7 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
             if bad.any():
                 raise st.fault(race, f"write of {buf}{{at}} accessed by another "
                                f"{'thread' if is_shared else 'block'} without a barrier", bad, lr, e)
-        arr[g] = values.ravel().astype(arr.dtype)
+        arr[g] = values.ravel().astype(arr.dtype, copy=False)
         written[g] = True
         return None
     # atomic add
@@ -332,6 +352,51 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
             raise st.fault(race, f"atomic add to {buf}{{at}} also plainly accessed by another block", bad, lr, e)
     np.add.at(arr, g, values.ravel())
     return None
+
+
+def _shared_broadcast_load(st: _State, buf: str, iv: Any) -> np.ndarray | None:
+    """Fast path of a shared load by every thread where the index repeats with a period ``p < block``
+    along the threads of each block (``p == 1``: one element per block, a broadcast).
+
+    Then each element read is read by ``block / p >= 2`` threads, so any writer of it in this
+    interval is a race. Same checks as :func:`_access`, on ``grid * p`` elements instead of ``T``;
+    returns None when the index has no such period (the caller takes the general path).
+    """
+    grid, block = st.grid, st.block
+    if np.ndim(iv) == 0:
+        p = 1
+        ib = np.full((grid, 1), iv, np.int32)
+    else:
+        per_block = iv.reshape(grid, block)
+        row0 = per_block[0]
+        p = 1
+        while p < block and not (row0.reshape(-1, p) == row0[:p]).all():
+            p *= 2
+        if p >= block:
+            return None
+        ib = per_block[:, :p]
+        if not (per_block.reshape(grid, block // p, p) == ib[:, None, :]).all():
+            return None
+        ib = np.ascontiguousarray(ib, dtype=np.int32)
+    sb = st.shared[buf]
+    lanes = (st.ar[::block][:, None] + np.arange(p, dtype=np.int32)).ravel()  # threads to name in a fault
+    ib = ib.ravel()
+    oob = ib.view(np.uint32) >= sb.size
+    if oob.any():
+        raise st.fault("out_of_bounds", f"load of {buf}{{at}} (size {sb.size})", oob, lanes, ib)
+    g = sb.lane_base[lanes] + ib
+    un = ~sb.written[g]
+    if un.any():
+        raise st.fault("uninitialized_read", f"load of unwritten {buf}{{at}}", un, lanes, ib)
+    w = sb.tracker.w[g]
+    bad = w != -1  # several threads read each element: any writer in this interval races with one
+    if bad.any():
+        other = lanes + np.where(w == st.tid[lanes], p, 0).astype(np.int32)  # a reader that is not the writer
+        raise st.fault("shared_race", f"read of {buf}{{at}} written by another thread without a barrier",
+                       bad, other, ib)
+    sb.tracker.r[g] = -2
+    v = sb.arr[g].reshape(grid, 1, p)
+    return np.broadcast_to(v, (grid, block // p, p)).reshape(st.T)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -396,10 +461,13 @@ class _Compiled:
         if len({*self.params, *self.shared, *self.locals}) != len(self.params) + len(self.shared) + len(self.locals):
             raise ValueError(f"kernel {kernel.name}: a name is used by two buffers")
         self.written_params: set[str] = set()
+        self.atomic_params: set[str] = set()
         self.has_grid_sync = False
         for s in kir.walk(kernel.body):
             if isinstance(s, (StoreVec, AtomicAdd)) and s.buf in self.params:
                 self.written_params.add(s.buf)
+            if isinstance(s, AtomicAdd):
+                self.atomic_params.add(s.buf)
             if isinstance(s, GridSync):
                 self.has_grid_sync = True
         if self.has_grid_sync and kernel.barrier_param not in self.params:
@@ -515,8 +583,15 @@ class _Compiled:
 
         def load(st: _State, m: np.ndarray) -> Any:
             act = m & pred(st, m) if pred is not None else m
-            out = np.zeros(st.T, np.float32)
             lanes = np.flatnonzero(act)
+            if lanes.size == st.T:  # every thread loads: no compaction needed
+                iv = idx(st, act)
+                if is_shared:
+                    v = _shared_broadcast_load(st, buf, iv)
+                    if v is not None:
+                        return v
+                return _access(st, buf, is_shared, st.ar, np.broadcast_to(iv, (st.T,)), 1, "load")[:, 0]
+            out = np.zeros(st.T, np.float32)
             if lanes.size:
                 base = _lanes_of(idx(st, act), lanes)
                 out[lanes] = _access(st, buf, is_shared, lanes, base, 1, "load")[:, 0]

@@ -248,6 +248,28 @@ def test_write_after_read_by_another_thread_is_a_shared_race() -> None:
     assert ei.value.kind == "shared_race"
 
 
+def broadcast_kernel(barrier: bool) -> Kernel:
+    """Threads 0, 1 of each block write sm[0], sm[1]; then every thread reads sm[0] (a block-wide
+    broadcast) and sm[tid % 2] (a period-2 pattern)."""
+    body = (If(Bin("<", TID, i(2)), (StoreVec("sm", TID, (add(Cast(BID, "f32"), Cast(TID, "f32")),)),)),
+            *((Barrier(),) if barrier else ()),
+            StoreVec("y", GID, (Load("sm", i(0)),)),
+            StoreVec("y", add(GID, i(128)), (Load("sm", Bin("%", TID, i(2))),)))
+    return Kernel("bcast", (Param("y", "float32", 256, "output"),), body, block=64,
+                  shared=(SharedBuf("sm", 2),))
+
+
+def test_shared_broadcast_read() -> None:
+    y = np.zeros(256, np.float32)
+    emulate_kernel(broadcast_kernel(True), 2, {"y": y})
+    np.testing.assert_array_equal(y[:128], np.repeat([0.0, 1.0], 64))
+    np.testing.assert_array_equal(y[128:], np.tile([0.0, 1.0], 64) + np.repeat([0.0, 1.0], 64))
+    with pytest.raises(EmulatorFault) as ei:
+        emulate_kernel(broadcast_kernel(False), 2, {"y": y})
+    assert ei.value.kind == "shared_race"
+    assert "thread 1 " in str(ei.value)
+
+
 # ----------------------------------------------------------------------------------------------
 # faults
 # ----------------------------------------------------------------------------------------------
