@@ -927,6 +927,9 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
         kernel = program.kernel(launch.kernel)
         if launch.block != kernel.block:
             raise ValueError(f"launch {i} of {kernel.name}: block {launch.block} != kernel block {kernel.block}")
+        if launch.smem_bytes < kernel.smem_bytes:
+            raise EmulatorFault("out_of_bounds", f"launch {i} of {kernel.name}: {launch.smem_bytes} B of dynamic "
+                                f"shared memory for {kernel.smem_bytes} B of shared buffers")
         if len(launch.args) != len(kernel.params):
             raise ValueError(f"launch {i} of {kernel.name}: {len(launch.args)} args for "
                              f"{len(kernel.params)} parameters")

@@ -538,6 +538,13 @@ def test_program_checks_launch_arguments() -> None:
                    (Launch("copy", 1, 128, 0, ("bx",)),), ProgramProfile((), 0))
     with pytest.raises(ValueError):
         emulate_program(prog, {"x": np.zeros(16, np.float32)})
+    # too little dynamic shared memory for the kernel's shared buffers overflows on the GPU
+    k = block_reduce_kernel(2, 300)
+    bufs = (BufferSpec("bx", "float32", 600, "input", "x"), BufferSpec("by", "float32", 2, "output", "y"))
+    prog = Program((k,), bufs, (Launch(k.name, 2, k.block, k.smem_bytes - 4, ("bx", "by")),), ProgramProfile((), 0))
+    with pytest.raises(EmulatorFault) as ei:
+        emulate_program(prog, {"x": np.zeros(600, np.float32)})
+    assert ei.value.kind == "out_of_bounds"
 
 
 # ----------------------------------------------------------------------------------------------
