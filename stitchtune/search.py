@@ -263,8 +263,39 @@ def make_storage(url: str | None, db_path: str) -> Any:
         raise DatabaseError(f"cannot open optuna storage {describe_storage(url, db_path)}: {first}") from exc
 
 
+MAX_GRID = 50_000
+
+
+def grid_points(space: Any, seed: int | None) -> list[Any]:
+    """Every legal point of ``space`` (``space.grid()``), shuffled by ``seed``, for ``--sampler grid``.
+
+    Raises ScheduleError when the space offers no grid or has more than :data:`MAX_GRID` points
+    (counted from ``space.domains`` before enumerating, when the space exposes them).
+    """
+    import random
+
+    if not callable(getattr(space, "grid", None)):
+        raise ScheduleError("--sampler grid: this search space offers no finite grid; use tpe or random")
+    domains = getattr(space, "domains", None)
+    plan = getattr(space, "plan", None)
+    if isinstance(domains, dict) and plan is not None:
+        bound = math.prod(len(v) for k, v in domains.items() if k not in ("scheme", "reuse"))
+        bound *= len(domains.get("scheme", [1])) ** int(getattr(plan, "nstages", 0))
+        bound *= len(domains.get("reuse", [1])) ** len(getattr(plan, "reuse_candidates", ()))
+        if bound > MAX_GRID:
+            raise ScheduleError(f"--sampler grid: the search space of this graph has up to {bound} points "
+                                f"(limit {MAX_GRID}); use tpe, gp, cmaes or random")
+    points = list(space.grid())
+    if not points:
+        raise ScheduleError("--sampler grid: the search space of this graph has no legal point")
+    if len(points) > MAX_GRID:
+        raise ScheduleError(f"--sampler grid: {len(points)} points (limit {MAX_GRID}); use tpe or random")
+    random.Random(seed).shuffle(points)
+    return points
+
+
 def make_sampler(name: str, seed: int | None, space: Any) -> optuna.samplers.BaseSampler:
-    """An optuna sampler by name; ``grid`` needs ``space.grid()`` to return {param: [values]}."""
+    """An optuna sampler by name (``grid``: random sampler; the loop enqueues every grid point)."""
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True, group=True)
@@ -278,12 +309,8 @@ def make_sampler(name: str, seed: int | None, space: Any) -> optuna.samplers.Bas
         if importlib.util.find_spec("cmaes") is None:
             raise ToolchainError("--sampler cmaes needs the cmaes package: pip install cmaes")
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
-    if name == "grid":
-        grid = space.grid() if callable(getattr(space, "grid", None)) else None
-        if not grid:
-            raise ScheduleError("--sampler grid: the search space of this graph has no finite grid "
-                                "(it has conditional or continuous parameters); use tpe or random")
-        return optuna.samplers.GridSampler({k: list(v) for k, v in grid.items()}, seed=seed)
+    if name == "grid":  # the points themselves are enqueued by the loop (see grid_points)
+        return optuna.samplers.RandomSampler(seed=seed)
     raise StitchtuneError(f"unknown sampler {name!r}")
 
 
@@ -382,8 +409,7 @@ class _Loop:
         self.db = TuningDB(config.db)
         self.storage_desc = describe_storage(config.storage, config.db)
         sampler = make_sampler(config.sampler, config.seed, self.space)
-        self.grid_size = (math.prod(len(v) for v in self.space.grid().values())
-                          if config.sampler == "grid" else None)
+        self.grid = grid_points(self.space, config.seed) if config.sampler == "grid" else None
         self.study_name = config.study or default_study_name(self.graph, self.device)
         self.study = _open_study(self.study_name, make_storage(config.storage, config.db), sampler)
         self.ctx = context_row(self.graph, self.device)
@@ -604,6 +630,8 @@ class _Loop:
         if not self.study.get_trials(deepcopy=False):
             self.study.enqueue_trial(self.space.params_of(self.heuristic), user_attrs={"heuristic": True},
                                      skip_if_exists=True)
+        if self.grid is not None:
+            self.enqueue_grid()
         self.refresh_known()
         self.builder = self.comp.make_builder(cfg, self.device, self.backend)
         self.runner = self.comp.make_runner(self.backend, self.graph, self.device)
@@ -620,9 +648,8 @@ class _Loop:
                     stopped = "early_stop"
                     break
                 n = min(cfg.jobs, cfg.trials - self.trials_run)
-                if self.grid_size is not None:
-                    left = self.grid_size - len(self.study.get_trials(
-                        deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
+                if self.grid is not None:
+                    left = len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
                     if left <= 0:
                         stopped = "grid_exhausted"
                         break
@@ -655,6 +682,22 @@ class _Loop:
                 close()
         return self.result(stopped)
 
+    def enqueue_grid(self) -> None:
+        """Enqueue every grid point the study has not tried or queued yet."""
+        seen = set()
+        for t in self.study.get_trials(deepcopy=False):
+            k = t.user_attrs.get("schedule_key")
+            if k is not None and (t.state != TrialState.FAIL or t.user_attrs.get("status")):
+                seen.add(k)
+            elif t.state == TrialState.WAITING:  # enqueued, not asked yet: its params are "fixed_params"
+                fixed = t.params or t.system_attrs.get("fixed_params") or {}
+                seen.add(("params", tuple(sorted((str(a), str(b)) for a, b in fixed.items()))))
+        for s in self.grid or ():
+            params = self.space.params_of(s)
+            if s.key() in seen or ("params", tuple(sorted((str(a), str(b)) for a, b in params.items()))) in seen:
+                continue
+            self.study.enqueue_trial(params, skip_if_exists=False)
+
     def speedup(self) -> float | None:
         if self.best_row is None or self.heur_row is None or self.heur_row.get("status") != "ok":
             return None
@@ -662,11 +705,8 @@ class _Loop:
         return float(self.heur_row["measured_us"]) / b if b > 0 else None
 
     def floor_us(self) -> float | None:
-        bw = None
-        for attr in ("copy_bandwidth_gbs", "dram_bandwidth_gbs", "mem_bandwidth_gbs", "bandwidth_gbs"):
-            bw = getattr(self.device, attr, None)
-            if bw:
-                break
+        eff = getattr(self.device, "effective_copy_bandwidth_gbs", None)
+        bw = eff() if callable(eff) else getattr(self.device, "copy_bandwidth_gbs", None)
         min_bytes = getattr(self.graph, "min_bytes", None)
         if not bw or min_bytes is None:
             return None

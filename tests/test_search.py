@@ -59,8 +59,8 @@ class FakeSpace:
     def params_of(self, s: FakeSchedule) -> dict[str, Any]:
         return {"block": s.block, "vec": s.vec}
 
-    def grid(self) -> dict[str, list[int]]:
-        return {"block": list(BLOCKS), "vec": list(VECS)}
+    def grid(self) -> list[FakeSchedule]:
+        return [FakeSchedule(b, v) for b in BLOCKS for v in VECS]
 
     def sample(self, rng) -> FakeSchedule:
         return FakeSchedule(int(rng.choice(BLOCKS)), int(rng.choice(VECS)))
