@@ -338,6 +338,87 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- search / show / export
+def _add_search(sub: Any) -> None:
+    p = sub.add_parser("search", help="tune a graph's stitch schedule (optuna; results in the tuning database)")
+    p.add_argument("graph", help="path to graph.json")
+    p.add_argument("--trials", type=int, default=64, metavar="N", help="trials in this run (default 64)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop after S seconds")
+    p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),
+                   help="auto: cuda when pycuda finds a GPU, else emulate (estimated times)")
+    p.add_argument("--device", default=None, metavar="NAME", help="device preset (default: the GPU, else h200)")
+    p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="optuna storage URL (postgresql://..., sqlite:///...; default: DIR/optuna.journal)")
+    p.add_argument("--study", default=None, metavar="NAME",
+                   help="study name (default: <graph>-<workload key[:12]>-<device>)")
+    p.add_argument("--sampler", default="tpe", choices=("tpe", "gp", "cmaes", "random", "grid"))
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="trials per batch = parallel compiles (default: CPU count)")
+    p.add_argument("--early-stop", type=int, default=None, metavar="K", help="stop after K trials without improvement")
+    p.add_argument("--prune-factor", type=float, default=3.0, metavar="F",
+                   help="skip points predicted F x slower than the best measured (default 3)")
+    p.add_argument("--no-build", action="store_true", help="emulate backend: do not compile with nvcc")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_search)
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    from stitchtune.search import SearchConfig, format_summary, resolve_backend, run_search
+
+    backend, why = resolve_backend(args.backend)
+    print(why, file=sys.stderr, flush=True)
+    cfg = SearchConfig(graph_path=args.graph, trials=args.trials, timeout_s=args.timeout, backend=backend,
+                       device=args.device, db=args.db, storage=args.storage, study=args.study,
+                       sampler=args.sampler, seed=args.seed, jobs=args.jobs, early_stop=args.early_stop,
+                       prune_factor=args.prune_factor, build=not args.no_build, progress=not args.no_progress)
+    res = run_search(cfg)
+    print(format_summary(res))
+    return 130 if res.stopped == "interrupted" else 0
+
+
+def _add_show(sub: Any) -> None:
+    p = sub.add_parser("show", help="best schedule per workload and device in a tuning database")
+    p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
+    p.set_defaults(func=_cmd_show)
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from stitchtune.db import TuningDB
+    from stitchtune.search import format_best_table
+
+    db = TuningDB(args.db)
+    df = db.read()
+    print(f"{ascii(args.db)}: {len(df)} trial rows in {len(db.parts())} parts")
+    print(format_best_table(db.best_per_workload(df)))
+    return 0
+
+
+def _add_export(sub: Any) -> None:
+    p = sub.add_parser("export", help="write a tuning database as one CSV file")
+    p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
+    p.add_argument("--csv", required=True, metavar="FILE", help="output CSV")
+    p.set_defaults(func=_cmd_export)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from stitchtune.db import read_db
+
+    df = read_db(args.db)
+    tmp = f"{args.csv}.tmp-{os.getpid()}"
+    try:
+        df.to_csv(tmp, index=False)
+        os.replace(tmp, args.csv)
+    except OSError as e:
+        raise StitchtuneError(f"cannot write {ascii(args.csv)}: {e.strerror or e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    print(f"wrote {len(df)} rows to {args.csv}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- parser / main
 _SUBCOMMANDS: list[Callable[[Any], None]] = [
     _add_validate,
@@ -347,6 +428,9 @@ _SUBCOMMANDS: list[Callable[[Any], None]] = [
     _add_model_check,
     _add_devices,
     _add_bench,
+    _add_search,
+    _add_show,
+    _add_export,
     lambda sub: add_import_parser(sub, print),  # `import torch|onnx` (stitchtune/importers)
 ]
 
