@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import time
 
 import ml_dtypes
@@ -11,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stitchtune.emulator import EmulatorFault, emulate_kernel, emulate_program
+from stitchtune import kir
 from stitchtune.kir import (
     BOOL,
     I32,
@@ -685,3 +688,56 @@ def test_gpu_agrees_with_emulator(tmp_path) -> None:  # noqa: ANN001
         if m.status != "ok" or m.max_rel_error is None or m.max_rel_error > 1e-6:
             failures.append(f"{name}: {m.status} {m.max_rel_error} {m.error}")
     assert not failures, failures
+
+
+# ----------------------------------------------------------------------------------------------
+# mutation check on real lowered programs: a missing barrier must be caught
+# ----------------------------------------------------------------------------------------------
+
+
+def _strip(stmts: tuple, kind: type) -> tuple:
+    out = []
+    for s in stmts:
+        if isinstance(s, kind):
+            continue
+        if isinstance(s, kir.For):
+            s = dataclasses.replace(s, body=_strip(s.body, kind))
+        elif isinstance(s, kir.If):
+            s = dataclasses.replace(s, then=_strip(s.then, kind), orelse=_strip(s.orelse, kind))
+        out.append(s)
+    return tuple(out)
+
+
+def test_removing_barriers_from_lowered_programs_is_caught(load_example) -> None:  # noqa: ANN001
+    """Sampled schedules that use __syncthreads / grid sync: without them the emulator must report a
+    shared / global race (the lowered program is otherwise clean)."""
+    from stitchtune.device import get_device
+    from stitchtune.lower import lower
+    from stitchtune.plan import make_plan
+    from stitchtune.reference import random_inputs
+    from stitchtune.schedule import SearchSpace
+
+    dev = get_device(None)
+    found = {kir.Barrier: 0, kir.GridSync: 0}
+    for name in ("layernorm_small", "softmax_small", "colsum_sigmoid_scale_small"):
+        g = load_example(name)
+        plan = make_plan(g)
+        space = SearchSpace.for_plan(plan, dev)
+        inputs = random_inputs(g, 0)
+        rng = random.Random(11)
+        for _ in range(30):
+            prog = lower(g, plan, space.sample(rng), dev, space)
+            kinds = [kd for kd in found if found[kd] < 2 and
+                     any(isinstance(st, kd) for k in prog.kernels for st in kir.walk(k.body))]
+            if not kinds:
+                continue
+            emulate_program(prog, inputs)  # the program as lowered runs cleanly
+            for kd in kinds:
+                mutant = dataclasses.replace(prog, kernels=tuple(dataclasses.replace(k, body=_strip(k.body, kd))
+                                                                 for k in prog.kernels))
+                with pytest.raises(EmulatorFault) as ei:
+                    emulate_program(mutant, inputs)
+                assert ei.value.kind == ("shared_race" if kd is kir.Barrier else "global_race"), str(ei.value)
+                found[kd] += 1
+    print(f"mutants caught: {found[kir.Barrier]} without __syncthreads, {found[kir.GridSync]} without grid sync")
+    assert found[kir.Barrier] >= 1 and found[kir.GridSync] >= 1, found
