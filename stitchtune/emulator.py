@@ -47,7 +47,8 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -222,7 +223,7 @@ class _SBuf:
 
 
 class _State:
-    def __init__(self, ck: "_Compiled", grid: int, buffers: dict[str, np.ndarray],
+    def __init__(self, ck: _Compiled, grid: int, buffers: dict[str, np.ndarray],
                  written: dict[str, np.ndarray], coresident_limit: int | None) -> None:
         k = ck.kernel
         self.kernel = k
@@ -538,8 +539,15 @@ class _Compiled:
         if op in ("&&", "||"):
             af, bf = _cast_fn(af, at, BOOL), _cast_fn(bf, bt, BOOL)
             if op == "&&":
-                return (lambda st, m: (lambda a: a & bf(st, m & a))(af(st, m))), BOOL
-            return (lambda st, m: (lambda a: a | bf(st, m & ~a))(af(st, m))), BOOL
+                def land(st: _State, m: np.ndarray) -> Any:
+                    a = af(st, m)
+                    return a & bf(st, m & a)  # b only where a holds (C short-circuit)
+                return land, BOOL
+
+            def lor(st: _State, m: np.ndarray) -> Any:
+                a = af(st, m)
+                return a | bf(st, m & ~a)
+            return lor, BOOL
         if op in CMP_OPS:
             ct = _promote(at, bt)
             if ct == BOOL:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -12,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stitchtune.emulator import EmulatorFault, emulate_kernel, emulate_program
 from stitchtune import kir
+from stitchtune.emulator import EmulatorFault, emulate_kernel, emulate_program
 from stitchtune.kir import (
     BOOL,
     I32,
@@ -56,15 +60,15 @@ def f(v: float) -> Const:
     return Const(v)
 
 
-def add(a, b):  # noqa: ANN001, ANN201 - tiny IR builders
+def add(a: kir.Expr, b: kir.Expr) -> Bin:
     return Bin("+", a, b)
 
 
-def mul(a, b):  # noqa: ANN001, ANN201
+def mul(a: kir.Expr, b: kir.Expr) -> Bin:
     return Bin("*", a, b)
 
 
-def lt(a, b):  # noqa: ANN001, ANN201
+def lt(a: kir.Expr, b: kir.Expr) -> Bin:
     return Bin("<", a, b)
 
 
@@ -102,7 +106,9 @@ def copy_kernel(n: int, dtype: str = "float32", width: int = 4, tail_mask: bool 
 
 
 def copy_grid(n: int, width: int = 4, block: int = 128) -> int:
-    return -(-(-(-n // width)) // block)
+    """Blocks for one thread per ``width``-wide vector (the last one partial)."""
+    vectors = math.ceil(n / width)
+    return math.ceil(vectors / block)
 
 
 @pytest.mark.parametrize("n", [1000, 1023, 4096])
@@ -649,7 +655,7 @@ def test_device_cases_emulate_cleanly(name: str) -> None:
 
 
 @pytest.mark.slow
-def test_device_cases_compile_with_nvcc(tmp_path) -> None:  # noqa: ANN001
+def test_device_cases_compile_with_nvcc(tmp_path: Path) -> None:
     from stitchtune.build import NvccBuilder
     from stitchtune.errors import ToolchainError
     from stitchtune.render_cuda import render
@@ -666,7 +672,7 @@ def test_device_cases_compile_with_nvcc(tmp_path) -> None:  # noqa: ANN001
 
 
 @pytest.mark.gpu
-def test_gpu_agrees_with_emulator(tmp_path) -> None:  # noqa: ANN001
+def test_gpu_agrees_with_emulator(tmp_path: Path) -> None:
     """Each hand-built program on the GPU (pycuda) must reproduce the emulator's outputs."""
     from stitchtune.build import NvccBuilder
     from stitchtune.cuda_runner import CudaRunner, cuda_available
@@ -708,7 +714,7 @@ def _strip(stmts: tuple, kind: type) -> tuple:
     return tuple(out)
 
 
-def test_removing_barriers_from_lowered_programs_is_caught(load_example) -> None:  # noqa: ANN001
+def test_removing_barriers_from_lowered_programs_is_caught(load_example: Callable[[str], Any]) -> None:
     """Sampled schedules that use __syncthreads / grid sync: without them the emulator must report a
     shared / global race (the lowered program is otherwise clean)."""
     from stitchtune.device import get_device
