@@ -894,8 +894,8 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
     that can be co-resident; a ``GridSync`` in a larger grid raises ``grid_not_coresident``.
     Raises :class:`EmulatorFault` on a kernel bug (buffers are then partly updated).
     """
-    if grid < 1:
-        raise ValueError(f"grid must be >= 1, got {grid}")
+    if grid < 1 or grid * kernel.block >= 2**31:
+        raise ValueError(f"grid {grid} x block {kernel.block} is not an emulable launch")
     ck = _compiled(kernel)
     st = _State(ck, grid, buffers, written or {}, coresident_limit)
     with np.errstate(all="ignore"):
