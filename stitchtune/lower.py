@@ -67,7 +67,7 @@ def _and(a: kir.Expr | None, b: kir.Expr | None) -> kir.Expr | None:
 
 def estimate_registers(per_thread_cache: int, vec: int, n_live: int) -> int:
     """A pre-compilation register estimate (replaced by ptxas figures after the build)."""
-    return int(min(255, 30 + per_thread_cache + 3 * vec * max(1, n_live)))
+    return int(min(255, 24 + per_thread_cache + 2 * vec * max(1, n_live)))
 
 
 @dataclass
@@ -167,6 +167,55 @@ class _Lowerer:
             if multiple > 1:
                 grid = math.ceil(grid / multiple) * multiple
         return max(1, min(grid, 2**31 - 1))
+
+
+    # -- analytic profile -------------------------------------------------------------------------
+    def profile(self, kern, grid, rounds, smem_bytes, est_regs, stats, stages_here, ki) -> kir.KernelProfile:
+        p, s = self.p, self.s
+        elems = p.M * p.N
+        specs = {b.name: b for b in self.buffers}
+        dram_read = 0
+        reread = 0
+        for buf, n in stats["reads"].items():
+            b = specs[buf]
+            size = b.size * kir.ELEM_BYTES[b.dtype]
+            if ki == 0:
+                dram_read += size
+                reread += size * (n - 1)
+            else:
+                reread += size * n
+        # small operands (K/P/S inputs): read once
+        for name, spec in self.g.inputs:
+            if self.cls.get(name) != "F" and self.in_buf[name] in {pp.name for pp in kern.params}:
+                dram_read += math.prod(spec.shape) * kir.ELEM_BYTES[spec.dtype]
+        writes = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "output")
+        scratch = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "scratch")
+        ws = self.tasks_in_flight_bytes(grid) if ki == 0 else max(
+            (specs[b].nbytes for b in stats["reads"]), default=0)
+        elem_bytes = min((kir.ELEM_BYTES[specs[b].dtype] for b in stats["reads"]), default=4)
+        n_reg = sum(1 for r in s.reuse if r == "register")
+        in_flight = (self.per_thread * elem_bytes) if (n_reg and self.iters <= 32) else s.vec * elem_bytes * min(self.iters, 4)
+        return kir.KernelProfile(
+            name=kern.name, grid=grid, block=s.block, smem_bytes=smem_bytes, est_registers=est_regs,
+            dram_read_bytes=int(dram_read), dram_write_bytes=int(writes + scratch),
+            reread_bytes=int(reread + scratch), reread_working_set=int(ws),
+            flops=int(stats["flops"] * elems / max(1, s.vec)), sfu_ops=int(stats["sfu"] * elems / max(1, s.vec)),
+            block_barriers=int(rounds * kern_barriers(kern)), grid_barriers=int(rounds * sum(
+                1 for st in kir.walk(kern.body) if isinstance(st, kir.GridSync))),
+            atomics=0, bytes_in_flight_per_thread=int(in_flight))
+
+    def finalize(self, cx, rb, r, pvals) -> None:
+        """Turn a combined sum into a mean where the reduction is a mean (``pvals[r]`` may be a list)."""
+        if self.red_info(r).is_mean:
+            vs = pvals[r] if isinstance(pvals[r], list) else [pvals[r]]
+            for v in dict.fromkeys(vs):
+                rb.append(Assign(v, Bin("*", v, Const(1.0 / self.p.K, F32))))
+
+    def tasks_in_flight_bytes(self, grid: int) -> int:
+        """Bytes of the full-size tensors that one round of ``grid`` blocks touches (the re-read working set)."""
+        s = self.s
+        rows = grid * self.rpb if s.split == 1 else grid // max(1, s.split)
+        return rows * self.p.N * 4
 
 
 class _RowLowerer(_Lowerer):
@@ -504,46 +553,6 @@ class _RowLowerer(_Lowerer):
         pvals[r] = acc
         if reuse_var is None:
             self.finalize(cx, rb, r, pvals)
-
-    def finalize(self, cx, rb, r, pvals) -> None:
-        if self.red_info(r).is_mean:
-            rb.append(Assign(pvals[r], Bin("*", pvals[r], Const(1.0 / self.p.K, F32))))
-
-    # -- analytic profile -------------------------------------------------------------------------
-    def profile(self, kern, grid, rounds, smem_bytes, est_regs, stats, stages_here, ki) -> kir.KernelProfile:
-        p, s = self.p, self.s
-        elems = p.M * p.N
-        specs = {b.name: b for b in self.buffers}
-        dram_read = 0
-        reread = 0
-        for buf, n in stats["reads"].items():
-            b = specs[buf]
-            size = b.size * kir.ELEM_BYTES[b.dtype]
-            if ki == 0:
-                dram_read += size
-                reread += size * (n - 1)
-            else:
-                reread += size * n
-        # small operands (K/P/S inputs): read once
-        for name, spec in self.g.inputs:
-            if self.cls.get(name) != "F" and self.in_buf[name] in {pp.name for pp in kern.params}:
-                dram_read += math.prod(spec.shape) * kir.ELEM_BYTES[spec.dtype]
-        writes = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "output")
-        scratch = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "scratch")
-        rows_in_flight = grid * self.rpb if s.split == 1 else grid // max(1, s.split)
-        ws = rows_in_flight * p.N * 4 if ki == 0 else max(
-            (specs[b].nbytes for b in stats["reads"]), default=0)
-        elem_bytes = min((kir.ELEM_BYTES[specs[b].dtype] for b in stats["reads"]), default=4)
-        n_reg = sum(1 for r in s.reuse if r == "register")
-        in_flight = (self.per_thread * elem_bytes) if (n_reg and self.iters <= 32) else s.vec * elem_bytes * min(self.iters, 4)
-        return kir.KernelProfile(
-            name=kern.name, grid=grid, block=s.block, smem_bytes=smem_bytes, est_registers=est_regs,
-            dram_read_bytes=int(dram_read), dram_write_bytes=int(writes + scratch),
-            reread_bytes=int(reread + scratch), reread_working_set=int(ws),
-            flops=int(stats["flops"] * elems / max(1, s.vec)), sfu_ops=int(stats["sfu"] * elems / max(1, s.vec)),
-            block_barriers=int(rounds * kern_barriers(kern)), grid_barriers=int(rounds * sum(
-                1 for st in kir.walk(kern.body) if isinstance(st, kir.GridSync))),
-            atomics=0, bytes_in_flight_per_thread=int(in_flight))
 
 
 def kern_barriers(kern: kir.Kernel) -> int:

@@ -171,6 +171,7 @@ class SearchSpace:
             "elem_bytes": self.elem_bytes, "K": K, "P": P, "chunk": chunk, "per_thread": per_thread,
             "reg_cache_elems": reg, "smem_cache_bytes": smem_cache, "smem_red_bytes": smem_red,
             "smem_limit": int(self.device.smem_per_block_optin), "vec_ok": vec_ok, "max_split": max_split,
+            "max_threads_per_sm": int(self.device.max_threads_per_sm),
         }
 
     def violations(self, s: Schedule) -> list[str]:
