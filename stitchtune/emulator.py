@@ -20,9 +20,11 @@ runs under ``mask & (var < stop)``; a thread that leaves never comes back), ``Se
 Memory checks (each one an :class:`EmulatorFault` kind):
 
 * ``out_of_bounds``: an active access outside the buffer (global: ``Param.size``; shared:
-  ``SharedBuf.size`` per block; local arrays: their size);
+  ``SharedBuf.size`` per block; local arrays: their size), or a launch with less dynamic shared
+  memory than the kernel's shared buffers;
 * ``uninitialized_read``: a load (or atomic) of a global / shared element nothing wrote;
-* ``bad_alignment``: a vector access whose index is not a multiple of its width, or wider than 16 B;
+* ``bad_alignment``: a vector access whose index is not a multiple of its width, or wider than 16 B
+  (also for shared buffers, as kir states, although the renderer splits those into scalar accesses);
 * ``shared_race``: within one barrier interval, a shared element written by one thread and read or
   written by another thread of the same block;
 * ``global_race``: within one grid-sync interval of a launch, a global element written by one block
