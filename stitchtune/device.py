@@ -100,6 +100,7 @@ class Device:
     reg_alloc_granularity: str = "warp"
     register_subpartitions: int = 4
     source: str = "preset"          # "preset" | "pycuda" | "file"
+    memory_bytes: int | None = None  # global memory (datasheet GB = 1e9 B; pycuda: total_memory()); None: unknown
 
     # ---- derived -------------------------------------------------------------------------------
     @property
@@ -218,6 +219,7 @@ PRESETS: dict[str, Device] = {
         clock_mhz=1980.0,                # [H100]/[H200] max boost 1980 MHz
         mem_bus_bits=6144,               # [H200] six HBM3e stacks x 1024 bit
         launch_overhead_us=LAUNCH_OVERHEAD_US_H200,  # [BASE] measured
+        memory_bytes=141 * 10**9,        # [H200] 141 GB HBM3e
     ),
     "h100": _preset(
         "NVIDIA H100 80GB HBM3", (9, 0),
@@ -229,6 +231,7 @@ PRESETS: dict[str, Device] = {
         dram_bandwidth_gbs=3350.0,       # [H100] SXM 3.35 TB/s
         clock_mhz=1980.0,                # [H100] max boost
         mem_bus_bits=5120,               # [H100] 5 HBM3 stacks
+        memory_bytes=80 * 10**9,         # [H100] SXM 80 GB
     ),
     "a100": _preset(
         "NVIDIA A100-SXM4-80GB", (8, 0),
@@ -240,6 +243,7 @@ PRESETS: dict[str, Device] = {
         dram_bandwidth_gbs=2039.0,       # [A100] 80GB SXM datasheet
         clock_mhz=1410.0,                # [A100] boost
         mem_bus_bits=5120,               # [A100]
+        memory_bytes=80 * 10**9,         # [A100] 80 GB
     ),
     "l4": _preset(
         "NVIDIA L4", (8, 9),
@@ -251,6 +255,7 @@ PRESETS: dict[str, Device] = {
         dram_bandwidth_gbs=300.0,        # [L4] datasheet
         clock_mhz=2040.0,                # [L4] boost
         mem_bus_bits=192,                # [L4]
+        memory_bytes=24 * 10**9,         # [L4] 24 GB GDDR6
     ),
     "t4": _preset(
         "Tesla T4", (7, 5),
@@ -262,6 +267,7 @@ PRESETS: dict[str, Device] = {
         dram_bandwidth_gbs=320.0,        # [T4] datasheet
         clock_mhz=1590.0,                # [T4] boost
         mem_bus_bits=256,                # [T4]
+        memory_bytes=16 * 10**9,         # [T4] 16 GB GDDR6
     ),
     "v100": _preset(
         "Tesla V100-SXM2-16GB", (7, 0),
@@ -273,6 +279,7 @@ PRESETS: dict[str, Device] = {
         dram_bandwidth_gbs=900.0,        # [V100] SXM2 datasheet
         clock_mhz=1530.0,                # [V100] boost
         mem_bus_bits=4096,               # [V100]
+        memory_bytes=16 * 10**9,         # [V100] SXM2 16 GB
     ),
 }
 
@@ -332,6 +339,7 @@ def query_device(ordinal: int = 0) -> Device:
         dev = drv.Device(ordinal)
         attrs = dev.get_attributes()
         name = dev.name()
+        total_memory = int(dev.total_memory()) if hasattr(dev, "total_memory") else None
     except drv.Error as exc:  # type: ignore[attr-defined]
         raise ToolchainError(f"cannot query the GPU: {exc}") from exc
     A = drv.device_attribute
@@ -384,9 +392,25 @@ def query_device(ordinal: int = 0) -> Device:
         fp32_lanes_per_sm=_fp32_lanes_per_sm(major, minor),
         sfu_lanes_per_sm=SFU_LANES_PER_SM,
         source="pycuda",
+        memory_bytes=total_memory,
     )
     log.info("queried GPU %d: %s (%s SMs)", ordinal, d.key, d.sm_count)
     return d
+
+
+def check_fits(graph: Any, device: Any) -> None:
+    """Refuse, before anything is allocated, a graph whose inputs and outputs alone
+    (``graph.min_bytes()``) exceed the device's global memory; raises :class:`DeviceError` giving
+    both numbers. A device without ``memory_bytes`` (unknown) is not checked."""
+    have = getattr(device, "memory_bytes", None)
+    if not have:
+        return
+    need = int(graph.min_bytes())
+    if need > int(have):
+        raise DeviceError(
+            f"graph {ascii(str(graph.name))} does not fit in device memory: its inputs and outputs alone need "
+            f"{need} bytes ({need / 2**30:.2f} GiB), {getattr(device, 'key', device)} has {int(have)} bytes "
+            f"({int(have) / 2**30:.2f} GiB)")
 
 
 def default_device() -> Device:
