@@ -8,8 +8,8 @@ exception is a bug and propagates.
 Adding a subcommand: write ``_add_<name>(sub)`` (creates the subparser and calls
 ``p.set_defaults(func=_cmd_<name>)``) and ``_cmd_<name>(args) -> int``, then append
 ``_add_<name>`` to ``_SUBCOMMANDS``. Adding a ``run`` backend: put a function
-``(graph, inputs, schedule_dict_or_None) -> {output name: array}`` into :data:`BACKENDS`
-(import heavy modules inside the function).
+``(graph, inputs, schedule_dict_or_None, *, db=DIR, device=NAME_or_None) -> {output name: array}``
+into :data:`BACKENDS` (import heavy modules inside the function; ignore options it does not use).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def save_outputs_npz(path: str, outputs: Mapping[str, np.ndarray]) -> None:
 
 # ---------------------------------------------------------------------------- run backends
 def _backend_reference(graph: Any, inputs: Mapping[str, np.ndarray],
-                       schedule: dict[str, Any] | None) -> dict[str, np.ndarray]:
+                       schedule: dict[str, Any] | None, **_options: Any) -> dict[str, np.ndarray]:
     from stitchtune.reference import run_reference
 
     if schedule is not None:
@@ -117,8 +117,30 @@ def _backend_reference(graph: Any, inputs: Mapping[str, np.ndarray],
     return run_reference(graph, inputs)
 
 
+def _compiled_for_run(graph: Any, schedule: dict[str, Any] | None, db: str | None, device: str | None,
+                      build: bool) -> Any:
+    """The schedule `stitchtune compile` would choose (or the given one), compiled; says where it came from."""
+    from stitchtune.api import compile as st_compile
+
+    cg = st_compile(graph, db=db, device=device, schedule=schedule, build=build)
+    print(f"schedule: {cg.source} ({cg.manifest['choice']['reason']})")
+    return cg
+
+
+def _backend_emulate(graph: Any, inputs: Mapping[str, np.ndarray], schedule: dict[str, Any] | None,
+                     *, db: str | None = None, device: str | None = None, **_options: Any) -> dict[str, np.ndarray]:
+    return _compiled_for_run(graph, schedule, db, device, build=False).emulate(**inputs)
+
+
+def _backend_cuda(graph: Any, inputs: Mapping[str, np.ndarray], schedule: dict[str, Any] | None,
+                  *, db: str | None = None, device: str | None = None, **_options: Any) -> dict[str, np.ndarray]:
+    return _compiled_for_run(graph, schedule, db, device, build=True)(**inputs)
+
+
 BACKENDS: dict[str, BackendFn] = {
     "reference": _backend_reference,
+    "emulate": _backend_emulate,  # stitched kernels in the CPU emulator (small shapes)
+    "cuda": _backend_cuda,  # stitched kernels on the GPU (pycuda + nvcc)
 }
 
 
@@ -171,6 +193,10 @@ def _add_run(sub: Any) -> None:
                    help="how to execute (default: reference)")
     p.add_argument("--schedule", metavar="JSON|@FILE", default=None,
                    help="schedule for kernel backends: inline JSON or @file")
+    p.add_argument("--db", default="results", metavar="DIR",
+                   help="tuning database the kernel backends choose the schedule from (default: results)")
+    p.add_argument("--device", default=None, metavar="NAME",
+                   help="device preset for kernel backends (default: the local GPU, else h200)")
     p.set_defaults(func=_cmd_run)
 
 
@@ -183,11 +209,47 @@ def _cmd_run(args: argparse.Namespace) -> int:
         inputs = load_inputs_npz(args.inputs, g)
     else:
         inputs = random_inputs(g, args.random_inputs)
-    outputs = BACKENDS[args.backend](g, inputs, schedule)
+    outputs = BACKENDS[args.backend](g, inputs, schedule, db=args.db, device=args.device)
     save_outputs_npz(args.out, outputs)
     for name, a in outputs.items():
         print(f"{name}: {a.dtype}{list(a.shape)}")
     print(f"wrote {args.out}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- compile
+def _add_compile(sub: Any) -> None:
+    p = sub.add_parser("compile", help="write the kernels the tuning database selects (CUDA, cubin, manifest)")
+    p.add_argument("graph", help="path to graph.json")
+    p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
+    p.add_argument("-o", "--out", default=None, metavar="DIR",
+                   help="output directory (default: compiled/<graph name>)")
+    p.add_argument("--device", default=None, metavar="NAME",
+                   help="device preset (default: the local GPU, else h200)")
+    p.add_argument("--schedule", metavar="JSON|@FILE", default=None,
+                   help="compile this schedule instead of the database's choice")
+    p.add_argument("--no-cubin", action="store_true", help="do not run nvcc (source and manifest only)")
+    p.set_defaults(func=_cmd_compile)
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    from stitchtune.api import compile as st_compile
+
+    g = _load(args.graph)
+    cg = st_compile(g, db=args.db, device=args.device, schedule=parse_schedule_arg(args.schedule),
+                    build=False if args.no_cubin else None)
+    out = args.out or os.path.join("compiled", g.name)
+    paths = cg.write(out)
+    m = cg.manifest
+    print(f"{g.name} on {m['device_key']}: schedule {m['schedule_key']} ({cg.source})")
+    print(f"  why: {m['choice']['reason']}")
+    for k in m["kernels"]:
+        regs = f", {k['registers']} registers" if k.get("registers") is not None else ""
+        print(f"  {k['kernel']}<<<{k['grid'][0]}, {k['block'][0]}, {k['dynamic_smem_bytes']}>>>"
+              f"({', '.join(a['buffer'] for a in k['args'])}){regs}")
+    if cg.cubin is None:
+        print("  no cubin (nvcc not found or --no-cubin)")
+    print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0
 
 
@@ -423,6 +485,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 _SUBCOMMANDS: list[Callable[[Any], None]] = [
     _add_validate,
     _add_run,
+    _add_compile,
     _add_report,
     _add_calibrate,
     _add_model_check,
