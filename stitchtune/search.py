@@ -397,6 +397,9 @@ class _Loop:
         self.worker = _worker_id()
         self.graph = comp.load_graph(config.graph_path)
         self.device = comp.get_device(config.device)
+        from stitchtune.device import check_fits
+
+        check_fits(self.graph, self.device)  # before anything is allocated for the graph
         if config.backend == "auto":
             self.backend, self.backend_reason = resolve_backend("auto", comp.cuda_available)
             log.info("%s", self.backend_reason)
