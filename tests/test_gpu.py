@@ -137,7 +137,7 @@ def test_sampled_schedules_of_full_examples_match_the_reference(tmp_path: Path) 
         try:
             from stitchtune.heuristic import heuristic_schedule
 
-            first.append(heuristic_schedule(g, plan, dev))
+            first.append(heuristic_schedule(plan, dev, space))
         except (ImportError, TypeError, ScheduleError):
             pass
         want = n_samples + len(first)
