@@ -130,8 +130,12 @@ class SearchSpace:
         self.elem_bytes = min((2 if plan.dtype(n) != "float32" else 4) for n in full) if full else 4
         # vec choices above 16 bytes are never legal: drop them from the domain up front
         self.domains["vec"] = [v for v in self.domains["vec"] if v * self.elem_bytes <= 16]
-        if plan.family == "row" or plan.family == "elementwise":
+        if plan.family == "row":
             self.domains["tpr"] = [t for t in self.domains["tpr"] if t >= 4]
+        elif plan.family == "elementwise":  # whole blocks along the row
+            self.domains["tpr"] = [t for t in self.domains["tpr"] if t >= 32]
+        else:  # column tiles at least 8 threads wide
+            self.domains["tpr"] = [t for t in self.domains["tpr"] if t * 8 <= max(self.domains["block"])]
 
     @classmethod
     def for_plan(cls, plan: StitchPlan, device: Any, path: Path | None = None) -> "SearchSpace":
@@ -220,23 +224,66 @@ class SearchSpace:
         is_input = cand in set(self.plan.input_names)
         return [r for r in self.domains["reuse"] if safe_eval(self.reuse_rules[r], {"is_input": is_input})]
 
+    def _decide(self, choose: Any) -> Schedule:
+        """Walk the space's decisions in order, asking ``choose(name, domain)`` for each value.
+
+        Parameters whose legal values depend on earlier ones get a name that carries those earlier
+        values (e.g. ``block_t32``), so that every optuna parameter has one fixed domain while most
+        suggested points satisfy the space's constraints; forced values are not parameters at all.
+        """
+        plan, d = self.plan, self.domains
+        fam = plan.family
+        tpr = choose("tpr", d["tpr"])
+        vec = choose("vec", d["vec"])
+        if fam == "col":
+            split = choose("split", d["split"])
+            blocks = [b for b in d["block"] if b >= tpr and b // tpr >= 8 and b // tpr * vec <= max(plan.P, vec)]
+            block = choose(f"block_t{tpr}_v{vec}", blocks or [max(d["block"])])
+        else:
+            max_split = max(1, math.ceil(plan.K / (tpr * vec)))
+            splits = [x for x in d["split"] if x <= max_split] or [1]
+            split = choose(f"split_t{tpr}_v{vec}", splits) if tpr >= 32 else 1
+            if split > 1 or fam == "elementwise" or tpr >= max(d["block"]):
+                block = tpr
+            else:
+                block = choose(f"block_t{tpr}", [b for b in d["block"] if b >= max(tpr, 32)])
+        mbs = [m for m in d["min_blocks"] if m * block <= self.device.max_threads_per_sm]
+        min_blocks = choose(f"min_blocks_b{block}", mbs)
+        tasks = choose("tasks_per_block", d["tasks_per_block"])
+        names = {"family": fam, "tpr": tpr, "split": split, "block": block}
+        legal = [x for x in d["scheme"] if safe_eval(self.scheme_rules[x], names)]
+        kind = "split" if split > 1 else ("warp" if "local" in legal else "block")
+        schemes = tuple(choose(f"scheme_{i}_{kind}", legal) for i in range(plan.nstages))
+        reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
+        return Schedule(tpr, block, split, vec, tasks, min_blocks, schemes, reuse)
+
     def suggest(self, trial: Any) -> Schedule:
-        """Ask an optuna trial for a schedule (define-by-run). Constraints are *not* enforced here:
-        check the result with :meth:`violations` (a violated point is pruned without compiling)."""
-        ch = trial.suggest_categorical
-        tpr = ch("tpr", self.domains["tpr"])
-        block = ch("block", self.domains["block"])
-        split = ch("split", self.domains["split"])
-        vec = ch("vec", self.domains["vec"])
-        tasks = ch("tasks_per_block", self.domains["tasks_per_block"])
-        mb = ch("min_blocks", self.domains["min_blocks"])
-        schemes = tuple(ch(f"scheme_{i}", self.domains["scheme"]) for i in range(self.plan.nstages))
-        reuse = tuple(ch(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(self.plan.reuse_candidates))
-        return Schedule(tpr, block, split, vec, tasks, mb, schemes, reuse)
+        """Ask an optuna trial for a schedule (define-by-run). Constraints that the decision order
+        cannot rule out (register and shared-memory budgets) are *not* enforced here: check the
+        result with :meth:`violations` (a violated point is pruned without compiling)."""
+        return self._decide(lambda name, dom: trial.suggest_categorical(name, list(dom)))
 
     def params_of(self, s: Schedule) -> dict[str, Any]:
-        """The optuna parameter dict of ``s`` (for ``study.enqueue_trial``)."""
-        return s.flat()
+        """The optuna parameter dict of ``s`` (for ``study.enqueue_trial``); the names are those
+        :meth:`suggest` would use for the same point."""
+        values = {"tpr": s.tpr, "vec": s.vec, "split": s.split, "block": s.block, "min_blocks": s.min_blocks,
+                  "tasks_per_block": s.tasks_per_block}
+        out: dict[str, Any] = {}
+
+        def choose(name: str, dom: list[Any]) -> Any:
+            if name.startswith("scheme_"):
+                v = s.schemes[int(name.split("_")[1])]
+            elif name.startswith("reuse_"):
+                v = s.reuse[int(name.split("_")[1])]
+            else:
+                v = values[name.split("_t")[0].split("_b")[0].split("_v")[0] if not name.startswith(
+                    ("min_blocks", "tasks_per_block")) else ("min_blocks" if name.startswith("min_blocks") else
+                                                             "tasks_per_block")]
+            out[name] = v
+            return v
+
+        self._decide(choose)
+        return out
 
     def sample(self, rng: random.Random, max_tries: int = 20000) -> Schedule:
         """A uniformly drawn *legal* schedule (rejection sampling)."""
