@@ -109,9 +109,9 @@ def run_searches(db: Path, trials: int, graphs: list[Path], seed: int = 0, build
     from stitchtune.search import SearchConfig, format_summary, run_search
 
     for g in graphs:
-        for sampler in ("tpe", "random"):
+        for i, sampler in enumerate(("tpe", "random")):
             cfg = SearchConfig(graph_path=str(g), trials=trials, backend="emulate", device="h200", db=str(db),
-                               study=f"demo-{g.stem}-{sampler}", sampler=sampler, seed=seed, jobs=1,
+                               study=f"demo-{g.stem}-{sampler}", sampler=sampler, seed=seed + i, jobs=1,
                                build=build, progress=False)
             print(format_summary(run_search(cfg)), flush=True)
 

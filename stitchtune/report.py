@@ -183,9 +183,13 @@ def _shown(runs: list[str], d: pd.DataFrame) -> str:
     return f" ({len(runs)} of {n} workloads, most trials first)" if len(runs) < n else ""
 
 
-def _log_y(ax, x_too: bool = False) -> None:
-    """Log scale with plain numbers (``300`` rather than ``3x10^2``), minor ticks labelled when the
-    range is short."""
+def _log_y(ax, values, x_too: bool = False) -> None:
+    """Log scale, with plain-number tick labels, when ``values`` (all > 0) span more than a factor of
+    10; otherwise the linear scale stays (its ticks read better over a short range)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if not len(v) or v.min() <= 0 or v.max() / v.min() <= 10:
+        return
     ax.set_yscale("log")
     if x_too:
         ax.set_xscale("log")
@@ -264,8 +268,7 @@ def figure_predicted_vs_measured(df: pd.DataFrame) -> Figure:
     lo = float(min(m["predicted_us"].min(), m["time_us"].min()))
     hi = float(max(m["predicted_us"].max(), m["time_us"].max()))
     ax.plot([lo, hi], [lo, hi], color="gray", lw=0.8, ls="--", label="y = x")
-    if lo > 0:
-        _log_y(ax, x_too=True)
+    _log_y(ax, np.r_[m["predicted_us"], m["time_us"]], x_too=True)
     ax.grid(alpha=0.3, which="both")
     finite = [r for r in rhos if not math.isnan(r)]
     med = f"median Spearman ρ over workloads = {np.median(finite):.2f}" if finite else "Spearman ρ: n/a"
@@ -285,7 +288,8 @@ def spearman(rows: pd.DataFrame) -> float:
 
 
 def param_importances(rows: pd.DataFrame) -> dict[str, float] | str:
-    """optuna parameter importances of one run's ok trials, or a reason string when there are too few.
+    """optuna parameter importances of one run's ok trials (one per distinct schedule, reused rows left
+    out), or a reason string when there are too few.
 
     The study is rebuilt in memory from the rows: each ``p_`` column with at least two values becomes
     a parameter (integers -> IntDistribution, other numbers -> FloatDistribution, the rest ->
@@ -295,7 +299,9 @@ def param_importances(rows: pd.DataFrame) -> dict[str, float] | str:
     import optuna
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-    ok = rows[rows["time_us"].notna()]
+    ok = rows[rows["time_us"].notna() & ~rows["is_reused"]]
+    if "schedule_key" in ok.columns:
+        ok = ok[ok["schedule_key"].isna() | ~ok["schedule_key"].duplicated()]   # one point per schedule
     if len(ok) < MIN_IMPORTANCE_TRIALS:
         return f"not enough trials: {len(ok)} ok, need {MIN_IMPORTANCE_TRIALS}"
     dists = {}
@@ -375,9 +381,9 @@ def figure_time_vs_occupancy(df: pd.DataFrame) -> Figure:
         sel = m["run"] == run
         est = " (est.)" if m.loc[sel, "is_estimated"].any() else ""
         ax.scatter(occ[sel], m.loc[sel, "rel"], s=12, alpha=0.7, label=_text(run, 60) + est)
-    _log_y(ax)
+    _log_y(ax, m["rel"])
     ax.set_xlabel("theoretical occupancy (%)")
-    ax.set_ylabel("time / workload best (×, log)")
+    ax.set_ylabel("time / workload best (×)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     return fig
@@ -641,8 +647,7 @@ def figure_schedule_dimensions(df: pd.DataFrame, workload: str | None = None) ->
         ax.set_title(_text(f"{label} ({col.removeprefix('p_')})", 40), fontsize=9)
         ax.set_xlabel(f"{label} (value)")
         ax.set_ylabel(_time_label(r))
-        if r["time_us"].min() > 0:
-            _log_y(ax)
+        _log_y(ax, r["time_us"])
         ax.grid(alpha=0.3, axis="y", which="both")
     axes[0].legend(fontsize=7)
     return fig
@@ -690,8 +695,7 @@ def figure_heuristic_rank(df: pd.DataFrame, workload: str | None = None) -> Figu
         ax.text(0.02, 0.95, "no heuristic trial found", transform=ax.transAxes, va="top")
     ax.set_xlabel("rank among ok trials (1 = fastest)")
     ax.set_ylabel(_time_label(r))
-    if t.min() > 0:
-        _log_y(ax)
+    _log_y(ax, t)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return fig
