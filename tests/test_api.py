@@ -1,0 +1,157 @@
+"""stitchtune.compile / CompiledGraph, `stitchtune compile`, and stitchtune.torch.compile.
+
+CPU tests use the emulator; the tests marked ``gpu`` run the kernels through pycuda / torch+cupy and
+are skipped without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import stitchtune
+from stitchtune import cli
+from stitchtune.api import CompiledGraph
+from stitchtune.build import find_nvcc
+from stitchtune.cuda_runner import cuda_available
+from stitchtune.errors import ScheduleError, StitchtuneError, ToolchainError
+from stitchtune.reference import random_inputs, run_reference
+from stitchtune.runners import check_outputs, output_dtypes
+from stitchtune.select import clear_cache
+
+from conftest import EXAMPLES_DIR
+
+LN = EXAMPLES_DIR / "layernorm_small.json"
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    clear_cache()
+
+
+def _has_nvcc() -> bool:
+    try:
+        find_nvcc()
+    except ToolchainError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def cg() -> CompiledGraph:
+    return stitchtune.compile(LN, db=None, device="h200", build=False)
+
+
+def test_compile_exported_lazily() -> None:
+    from stitchtune.api import compile as api_compile
+
+    assert stitchtune.compile is api_compile
+
+
+def test_manifest_describes_launches(cg: CompiledGraph) -> None:
+    m = cg.manifest
+    assert m["choice"]["source"] == "heuristic" and cg.source == "heuristic"
+    assert m["workload_key"] == cg.graph.workload_key() and m["device_key"] == "NVIDIA H200/sm_90"
+    assert m["schedule"] == cg.schedule.to_dict()
+    assert [k["kernel"] for k in m["kernels"]] == [ln.kernel for ln in cg.program.launches]
+    bufs = {b["name"]: b for b in m["buffers"]}
+    for k, ln in zip(m["kernels"], cg.program.launches):
+        assert k["grid"] == [ln.grid, 1, 1] and k["block"] == [ln.block, 1, 1]
+        assert k["dynamic_smem_bytes"] == ln.smem_bytes
+        assert [a["buffer"] for a in k["args"]] == list(ln.args)
+        for a in k["args"]:
+            assert a["dtype"] == bufs[a["buffer"]]["dtype"] and a["role"] == bufs[a["buffer"]]["role"]
+            assert f'{a["param"]}' in cg.sources
+    assert {b["tensor"] for b in m["buffers"] if b["role"] == "input"} == {"x", "gamma", "beta"}
+    assert all(b["zero_init"] for b in m["buffers"] if b["role"] == "barrier")
+    assert m["cubin"] is None and cg.cubin is None
+    json.dumps(m)  # plain JSON data
+
+
+def test_manifest_round_trip(cg: CompiledGraph, tmp_path: Path) -> None:
+    paths = cg.write(tmp_path / "out")
+    assert sorted(p.name for p in paths) == ["kernels.cu", "manifest.json"]
+    back = CompiledGraph.load(tmp_path / "out")
+    assert back.manifest == cg.manifest
+    assert back.sources == cg.sources and back.program == cg.program and back.schedule == cg.schedule
+    assert back.graph == cg.graph and back.device == cg.device and back.source == cg.source
+
+
+def test_load_refuses_changed_source(cg: CompiledGraph, tmp_path: Path) -> None:
+    cg.write(tmp_path)
+    (tmp_path / "kernels.cu").write_text(cg.sources + "\n// edited\n")
+    with pytest.raises(StitchtuneError, match="recompile"):
+        CompiledGraph.load(tmp_path)
+    (tmp_path / "manifest.json").write_text("[]")
+    with pytest.raises(StitchtuneError, match="not a stitchtune manifest"):
+        CompiledGraph.load(tmp_path)
+    with pytest.raises(StitchtuneError, match="cannot read"):
+        CompiledGraph.load(tmp_path / "missing")
+
+
+def test_emulate_matches_reference_and_checks_inputs(cg: CompiledGraph) -> None:
+    x = random_inputs(cg.graph, 3)
+    out = cg.emulate(**x)
+    assert out["y"].shape == (256, 1024)
+    res = check_outputs(out, run_reference(cg.graph, x), output_dtypes(cg.graph))
+    assert res.ok, res.error
+    with pytest.raises(StitchtuneError) as e:
+        cg.emulate(x=x["x"][:8], gamma=x["gamma"].astype(np.float64))
+    assert len(e.value.problems) == 3  # x shape, gamma dtype, beta missing
+
+
+def test_given_schedule(cg: CompiledGraph) -> None:
+    given = stitchtune.compile(cg.graph, db=None, device="h200", schedule=cg.schedule.to_dict(), build=False)
+    assert given.source == "given" and given.sources == cg.sources
+    bad = {**cg.schedule.to_dict(), "block": 3}
+    with pytest.raises(ScheduleError):
+        stitchtune.compile(cg.graph, db=None, device="h200", schedule=bad, build=False)
+
+
+@pytest.mark.skipif(not _has_nvcc(), reason="nvcc not found")
+def test_cli_compile_writes_cubin(tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "k"
+    assert cli.main(["compile", str(LN), "--db", str(tmp_path / "db"), "-o", str(out), "--device", "h200"]) == 0
+    text = capsys.readouterr().out
+    assert "(heuristic)" in text and "registers" in text
+    assert (out / "kernels.cubin").stat().st_size > 0
+    back = CompiledGraph.load(out)
+    assert back.cubin == (out / "kernels.cubin").read_bytes()
+    assert all(isinstance(k["registers"], int) for k in back.manifest["kernels"])
+
+
+def test_cli_compile_errors(tmp_path: Path, capsys: Any) -> None:
+    assert cli.main(["compile", str(tmp_path / "none.json"), "--no-cubin", "-o", str(tmp_path / "o")]) == 2
+    assert cli.main(["compile", str(LN), "--no-cubin", "-o", str(tmp_path / "o"), "--schedule", "{}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("stitchtune: error:") >= 2 and "Traceback" not in err
+
+
+def test_call_without_pycuda_is_a_toolchain_error(cg: CompiledGraph) -> None:
+    if importlib.util.find_spec("pycuda") is not None:
+        pytest.skip("pycuda installed")
+    built = CompiledGraph(cg.graph, cg.device, cg.choice, cg.program, cg.sources, cg.manifest, b"not a cubin")
+    with pytest.raises(ToolchainError, match="pycuda"):
+        built(**random_inputs(cg.graph, 0))
+
+
+# ---------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU through pycuda")
+def test_gpu_call_matches_reference(small_examples: list[Path]) -> None:
+    from stitchtune.device import query_device
+
+    dev = query_device()
+    for path in small_examples:
+        g = stitchtune.compile(path, db=None, device=dev, build=True)
+        x = random_inputs(g.graph, 1)
+        out = g(**x)
+        res = check_outputs(out, run_reference(g.graph, x), output_dtypes(g.graph))
+        assert res.ok, f"{path.name}: {res.error}"
+        again = g(**x)  # scratch state reusable across calls
+        assert check_outputs(again, run_reference(g.graph, x), output_dtypes(g.graph)).ok, path.name
