@@ -7,6 +7,7 @@ root as working directory and on ``PYTHONPATH`` so that ``import stitchtune`` wo
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -16,9 +17,16 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
-from test_report import load_demo_script  # noqa: E402  (tests/ is on sys.path under pytest)
-
 REPO = Path(__file__).resolve().parents[1]
+
+
+def load_demo_script():
+    """scripts/make_demo_db.py as a module (writes the synthetic database)."""
+    spec = importlib.util.spec_from_file_location("make_demo_db", REPO / "scripts" / "make_demo_db.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
 NOTEBOOKS = ("analyze_tuning.ipynb", "compare_schedules.ipynb")
 CELL_TIMEOUT_S = 180
 
