@@ -4,7 +4,8 @@ Two modes:
 
 * default: emulated searches (what ``stitchtune search --backend emulate --device h200`` runs) of the
   small example graphs, TPE and random sampling; every row is ``estimated`` (cost-model times), e.g.
-  ``python scripts/make_demo_db.py --db results/ --trials 24``;
+  ``python scripts/make_demo_db.py --db results/ --trials 24`` (``--if-empty``: only when ``results/``
+  holds no database yet, e.g. in CI);
 * ``--synthetic``: write made-up rows (no search, a few milliseconds) for tests. Synthetic rows say
   so: graph names start with ``synthetic_``, the device is ``synthetic``, the study ``synthetic-*``.
   ``--fake-measured`` adds rows that look like a GPU run (backend ``cuda``, not estimated) so that
@@ -126,7 +127,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --synthetic: add fake GPU rows and a fake bench_synthetic.csv")
     ap.add_argument("--build", action="store_true", help="compile each candidate with nvcc (slower)")
     ap.add_argument("graphs", nargs="*", type=Path, help="graph.json files (default: examples/*small*.json)")
+    ap.add_argument("--if-empty", action="store_true",
+                    help="do nothing when the database already holds parts (CI: keep a committed GPU DB)")
     a = ap.parse_args(argv)
+    if a.if_empty and any(Path(a.db).glob("part-*.parquet")):
+        print(f"{a.db} already holds a database; nothing to do")
+        return 0
     if a.synthetic:
         write_synthetic(a.db, a.seed, a.trials, a.fake_measured)
         if a.fake_measured:
