@@ -482,7 +482,40 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- parser / main
+def _add_space(sub: Any) -> None:
+    p = sub.add_parser("space", help="print valid schedules of a graph's search space as JSON lines")
+    p.add_argument("graph", metavar="GRAPH", help="graph.json")
+    p.add_argument("--sample", type=int, default=5, metavar="N", help="how many schedules (default 5)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default 0)")
+    p.add_argument("--device", default=None, metavar="NAME", help="device preset (default: the GPU, else H200)")
+    p.add_argument("--heuristic", action="store_true", help="print the heuristic schedule first")
+    p.set_defaults(func=_cmd_space)
+
+
+def _cmd_space(args: argparse.Namespace) -> int:
+    import random
+
+    from stitchtune.device import default_device, get_device
+    from stitchtune.heuristic import heuristic_schedule
+    from stitchtune.plan import make_plan
+    from stitchtune.schedule import SearchSpace
+
+    if args.sample < 0:
+        raise StitchtuneError(f"--sample must be >= 0 (got {args.sample})")
+    g = _load(args.graph)
+    dev = get_device(args.device) if args.device else default_device()
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, dev)
+    if args.heuristic:
+        print(heuristic_schedule(plan, dev, space).to_json())
+    rng = random.Random(args.seed)
+    for _ in range(args.sample):
+        print(space.sample(rng).to_json())
+    return 0
+
+
 _SUBCOMMANDS: list[Callable[[Any], None]] = [
+    _add_space,
     _add_validate,
     _add_run,
     _add_compile,
