@@ -253,17 +253,24 @@ def make_storage(url: str | None, db_path: str) -> Any:
     if not re.match(r"^[a-z0-9+]+://", url):
         raise DatabaseError(f"--storage must be a database URL such as postgresql://... or sqlite:///... "
                             f"(got {describe_storage(url, db_path)!r})")
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
-    except ImportError as exc:
-        raise DatabaseError(f"--storage {describe_storage(url, db_path)}: missing driver ({exc}); for "
-                            "PostgreSQL: pip install psycopg2-binary") from exc
-    except Exception as exc:  # noqa: BLE001 - sqlalchemy/driver errors are the user's setup
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DatabaseError(f"cannot open optuna storage {describe_storage(url, db_path)}: {first}") from exc
-
-
-MAX_GRID = 50_000
+    if url.startswith(("postgresql://", "postgres://")) and importlib.util.find_spec("psycopg") is None \
+            and importlib.util.find_spec("psycopg2") is not None:
+        # SQLAlchemy >= 2.1 defaults postgresql:// to psycopg 3; use psycopg2 when only it is installed
+        url = "postgresql+psycopg2://" + url.split("://", 1)[1]
+    last: Exception | None = None
+    for attempt in range(6):  # workers starting together race on creating the schema: retry
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+        except ImportError as exc:
+            raise DatabaseError(f"--storage {describe_storage(url, db_path)}: missing driver ({exc}); for "
+                                "PostgreSQL: pip install psycopg2-binary") from exc
+        except Exception as exc:  # noqa: BLE001 - sqlalchemy/driver errors are the user's setup
+            last = exc
+            if "duplicate key" not in str(exc) and "already exists" not in str(exc):
+                break
+            time.sleep(0.1 + 0.2 * attempt)
+    first = str(last).strip().splitlines()[0] if str(last).strip() else type(last).__name__
+    raise DatabaseError(f"cannot open optuna storage {describe_storage(url, db_path)}: {first}") from last
 
 
 def grid_points(space: Any, seed: int | None) -> list[Any]:

@@ -421,3 +421,56 @@ def test_json_rows_roundtrip(tmp_path):
     for s in df["schedule_json"].dropna():
         assert FakeSchedule.from_dict(json.loads(s)).key() in set(df["schedule_key"])
     assert {"p_block", "p_vec"} <= set(df.columns)
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def _use_fakes(monkeypatch, runner=None):
+    import stitchtune.search as search_mod
+
+    comp = fake_components(runner)
+    monkeypatch.setattr(search_mod, "default_components", lambda: comp)
+    return comp
+
+
+def test_cli_search_show_export(tmp_path, monkeypatch, capsys):
+    import pandas as pd
+
+    from stitchtune.cli import main
+
+    runner = FakeRunner()
+    _use_fakes(monkeypatch, runner)
+    db = str(tmp_path / "db")
+    argv = ["search", "fake.json", "--db", db, "--trials", "6", "--backend", "auto", "--sampler", "random",
+            "--seed", "2", "--jobs", "3", "--no-progress"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "backend auto -> emulate" in err
+    assert "trials by status" in out and "(estimated)" in out and "speedup over heuristic" in out
+    assert main(argv) == 0  # resumes: same study, six more trials
+    out, _ = capsys.readouterr()
+    assert "12 trial rows" not in out
+    assert main(["show", "--db", db]) == 0
+    out, _ = capsys.readouterr()
+    assert "12 trial rows" in out and "fake_ln" in out and "estimated" in out
+    csv = tmp_path / "all.csv"
+    assert main(["export", "--db", db, "--csv", str(csv)]) == 0
+    df = pd.read_csv(csv)
+    assert len(df) == 12 and "schedule_json" in df.columns
+    assert len(runner.measured) == len(set(runner.measured))
+
+
+def test_cli_user_errors_exit_2(tmp_path, monkeypatch, capsys):
+    from stitchtune.cli import main
+
+    _use_fakes(monkeypatch)
+    assert main(["search", "fake.json", "--db", str(tmp_path), "--trials", "0", "--jobs", "0",
+                 "--backend", "emulate"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("stitchtune: error:") == 2 and "Traceback" not in err
+    assert main(["search", "fake.json", "--db", str(tmp_path), "--storage", "nonsense", "--backend",
+                 "emulate", "--no-progress"]) == 2
+    assert "--storage" in capsys.readouterr().err
+    assert main(["search", "fake.json", "--db", str(tmp_path), "--storage",
+                 "postgresql://u:secret@127.0.0.1:1/none", "--backend", "emulate", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "secret" not in err and "stitchtune: error:" in err
