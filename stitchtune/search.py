@@ -273,6 +273,9 @@ def make_storage(url: str | None, db_path: str) -> Any:
     raise DatabaseError(f"cannot open optuna storage {describe_storage(url, db_path)}: {first}") from last
 
 
+MAX_GRID = 50_000
+
+
 def grid_points(space: Any, seed: int | None) -> list[Any]:
     """Every legal point of ``space`` (``space.grid()``), shuffled by ``seed``, for ``--sampler grid``.
 
