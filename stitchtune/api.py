@@ -136,7 +136,7 @@ class CompiledGraph:
             paths.append(out / "manifest.json")
             paths[-1].write_text(json.dumps(self.manifest, indent=1) + "\n")
         except OSError as exc:
-            raise StitchtuneError(f"cannot write to {ascii(str(out))}: {exc.strerror or exc}") from None
+            raise StitchtuneError(f"cannot write to {str(out)!a}: {exc.strerror or exc}") from None
         return paths
 
     @classmethod
@@ -264,7 +264,7 @@ class _PycudaLauncher:
         specs = dict(graph.inputs)
         problems = [f"input {n!r}: missing (expected shape {list(s.shape)}, dtype {s.dtype})"
                     for n, s in graph.inputs if n not in arrays]
-        problems += [f"input {ascii(n)}: not an input of graph {graph.name!r}" for n in arrays if n not in specs]
+        problems += [f"input {n!a}: not an input of graph {graph.name!r}" for n in arrays if n not in specs]
         for n, a in arrays.items():
             s = specs.get(n)
             if s is None or n not in specs:
@@ -343,7 +343,7 @@ def _nvcc_found() -> bool:
 
 
 def compile(graph_or_path: Any, db: str | os.PathLike[str] | None = "results", device: Any = None, *,
-            schedule: Any = None, build: bool | None = None) -> CompiledGraph:  # noqa: A001 - public name
+            schedule: Any = None, build: bool | None = None) -> CompiledGraph:
     """Compile a graph (a :class:`~stitchtune.graph.Graph`, a path to graph.json, or its dict) for
     ``device`` (a Device, a preset name, or None: the local GPU, else the H200 preset) with the schedule
     the tuning database ``db`` selects (see :mod:`stitchtune.select`), or ``schedule`` (a Schedule or

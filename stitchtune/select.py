@@ -342,7 +342,8 @@ def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: 
                 log.debug("%s: nearest-shape candidate %s rejected: %s", graph.name, row["schedule_key"], why)
                 continue
             d = float(row["_dist"])
-            reason = (f"no usable tuned record of workload {wk[:12]} on {where}; using record "
+            kind = "estimated (emulated, cost-model time)" if bool(row["_est"]) else "measured"
+            reason = (f"no usable tuned record of workload {wk[:12]} on {where}; using {kind} record "
                       f"{row['schedule_key']} of {row['graph_name']} at other shapes {row['shapes']} "
                       f"(shape distance {d:.2f}), re-validated for these shapes")
             _warn_once(graph, dkey, "nearest-shape", f"{graph.name}: {reason}")
@@ -358,7 +359,7 @@ def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: 
     program = lower(graph, plan, s, device, space)
     why = "; ".join(rejected) if rejected else (
         "no database given" if db_path is None else
-        f"no ok record of this workload or its structure in {ascii(os.fspath(db_path))}")
+        f"no ok record of this workload or its structure in {os.fspath(db_path)!a}")
     reason = f"heuristic schedule for workload {wk[:12]} on {where} ({why})"
     _warn_once(graph, dkey, "heuristic", f"{graph.name}: {reason}")
     return Choice(s, "heuristic", None, reason, program)

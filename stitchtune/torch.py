@@ -190,7 +190,7 @@ class StitchedFunction:
 
 def compile(fn: Any, db: str | os.PathLike[str] | None = "results", example_inputs: Sequence[Any] | Any = (),
             *, device: Any = None, emulate: bool = False, schedule: Any = None,
-            name: str | None = None) -> StitchedFunction:  # noqa: A001 - mirrors torch.compile
+            name: str | None = None) -> StitchedFunction:
     """Import ``fn`` at ``example_inputs`` (tensors, positional), compile it with the tuning database
     ``db`` and return a :class:`StitchedFunction` (see module docstring). ``device``: a Device or preset
     name for schedule selection (default: the GPU of the example inputs or torch's current GPU; with
@@ -198,7 +198,11 @@ def compile(fn: Any, db: str | os.PathLike[str] | None = "results", example_inpu
     import torch as _torch
 
     from stitchtune.api import compile as api_compile
-    from stitchtune.importers.torch_import import _all_positional, import_torch, torch_dtype_name
+    from stitchtune.importers.torch_import import (
+        _all_positional,
+        import_torch,
+        torch_dtype_name,
+    )
 
     examples = (example_inputs,) if isinstance(example_inputs, _torch.Tensor) else tuple(example_inputs)
     if not examples:

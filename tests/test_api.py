@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import EXAMPLES_DIR
 
 import stitchtune
 from stitchtune import cli
@@ -23,8 +24,6 @@ from stitchtune.errors import ScheduleError, StitchtuneError, ToolchainError
 from stitchtune.reference import random_inputs, run_reference
 from stitchtune.runners import check_outputs, output_dtypes
 from stitchtune.select import clear_cache
-
-from conftest import EXAMPLES_DIR
 
 LN = EXAMPLES_DIR / "layernorm_small.json"
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import SMALL_EXAMPLES
 
 from stitchtune import cli
 from stitchtune.cost import predict
@@ -23,8 +24,6 @@ from stitchtune.reference import numpy_dtype
 from stitchtune.runners import check_outputs, output_dtypes
 from stitchtune.schedule import SearchSpace
 from stitchtune.select import clear_cache
-
-from conftest import SMALL_EXAMPLES
 
 H200 = get_device("h200")
 

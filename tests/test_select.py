@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 import pytest
+from conftest import EXAMPLES_DIR
 
 from stitchtune.cost import predict
 from stitchtune.db import TuningDB
@@ -18,9 +19,12 @@ from stitchtune.lower import CODEGEN_VERSION, lower
 from stitchtune.pipeline import context_row, schedule_columns
 from stitchtune.plan import make_plan
 from stitchtune.schedule import Schedule, SearchSpace
-from stitchtune.select import choose_schedule, clear_cache, load_candidates, shape_distance
-
-from conftest import EXAMPLES_DIR
+from stitchtune.select import (
+    choose_schedule,
+    clear_cache,
+    load_candidates,
+    shape_distance,
+)
 
 H200 = get_device("h200")
 H100 = get_device("h100")
