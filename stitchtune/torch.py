@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,7 +145,7 @@ class StitchedFunction:
         if hit is not None:
             return hit
         try:
-            import cupy  # noqa: F401
+            import cupy
         except ImportError as exc:
             raise ToolchainError(f"stitchtune.torch on CUDA needs cupy ({exc})") from None
         from stitchtune.api import _build
@@ -153,16 +154,15 @@ class StitchedFunction:
         cubin = self.compiled.cubin or self._state.get("cubin")
         if cubin is None:
             cubin = self._state["cubin"] = _build(self.compiled.sources, self.compiled.device.arch)[1]
+        # the cubin file stays until this function is garbage-collected (cupy may read it lazily)
         fd, path = tempfile.mkstemp(suffix=".cubin", prefix="stitchtune-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(cubin)
-            import torch as _torch
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin)
+        weakref.finalize(self, _unlink, path)
+        import torch as _torch
 
-            with _torch.cuda.device(device):
-                launcher = CupyLauncher(self.compiled.program, path, torch_device=str(device))
-        finally:
-            os.unlink(path)
+        with _torch.cuda.device(device), cupy.cuda.Device(device.index or 0):
+            launcher = CupyLauncher(self.compiled.program, path, torch_device=str(device))
         params = {n: _to_torch(a, str(device)) for n, a in self.params}
         self._state[key] = (launcher, params)
         return launcher, params
@@ -183,9 +183,18 @@ class StitchedFunction:
                 ptrs[b.name] = int(tensors[b.tensor].data_ptr())
             elif b.role == "output":
                 ptrs[b.name] = int(outs[b.tensor].data_ptr())
-        with _torch.cuda.device(device):
+        import cupy
+
+        with _torch.cuda.device(device), cupy.cuda.Device(device.index or 0):
             launcher(ptrs)
         return [outs[o] for o in g.outputs]
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def compile(fn: Any, db: str | os.PathLike[str] | None = "results", example_inputs: Sequence[Any] | Any = (),
