@@ -85,9 +85,7 @@ def check_torch_entry(db: str, names: list[str], iters: int) -> bool:
             ok &= good
             tc = torch.compile(fn)
             tc(*args)
-            t_st = _events(lambda: f(*args), iters)
-            t_eager = _events(lambda: fn(*args), iters)
-            t_tc = _events(lambda: tc(*args), iters)
+            t_st, t_eager, t_tc = (_events(lambda g=g, a=args: g(*a), iters) for g in (f, fn, tc))
         print(f"torch {name:22s} {f.source:13s} {err:8.1e} {t_st:10.1f} {t_eager:9.1f} {t_tc:10.1f}"
               f"  {'ok' if good else 'WRONG'} (stitchtune compile {t_compile:.1f} s)")
     return ok
