@@ -741,6 +741,8 @@ class _Loop:
 def run_search(config: SearchConfig, components: Components | None = None) -> SearchResult:
     """Run (or resume) one search; see the module docstring for the contract."""
     comp = components or default_components()
+    if not log.isEnabledFor(logging.DEBUG):
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own progress bar and summary say enough
     return _Loop(config, comp).run()
 
 
@@ -766,8 +768,8 @@ def format_summary(res: SearchResult) -> str:
                      else (f"not ok: {res.heuristic.get('status')}" if res.heuristic else "-")))
         rows.append(("speedup over heuristic", f"{res.speedup:.2f}x{est}" if res.speedup is not None else "-"))
         if res.floor_fraction is not None:
-            rows.append(("bandwidth floor", f"{res.floor_us:.3f} us; best reaches {100 * res.floor_fraction:.1f}% "
-                                            f"of it{est}"))
+            rows.append(("bandwidth floor", f"{res.floor_us:.3f} us (min bytes / copy bandwidth); floor/best = "
+                                            f"{100 * res.floor_fraction:.1f}%{est}"))
         else:
             rows.append(("bandwidth floor", "- (device has no copy bandwidth)"))
         rows.append(("best schedule json", sched if len(sched) <= 200 else sched[:200] + "..."))
