@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +139,125 @@ def test_call_without_pycuda_is_a_toolchain_error(cg: CompiledGraph) -> None:
     built = CompiledGraph(cg.graph, cg.device, cg.choice, cg.program, cg.sources, cg.manifest, b"not a cubin")
     with pytest.raises(ToolchainError, match="pycuda"):
         built(**random_inputs(cg.graph, 0))
+
+
+class _FakeDriver:
+    """Just enough of ``pycuda.driver`` for api._PycudaLauncher: device memory is numpy bytes (fresh
+    allocations are 0xFF garbage), and a launch runs the kernel in the emulator on that memory."""
+
+    class Error(Exception):
+        pass
+
+    class function_attribute:
+        MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+    def __init__(self, program: Any) -> None:
+        drv = self
+        self.program = program
+        self.mem: dict[int, np.ndarray] = {}
+        self.launches: list[str] = []
+        self._next = 1 << 20
+
+        class Ctx:
+            def push(self) -> None:
+                pass
+
+        class Device:
+            def __init__(self, i: int) -> None:
+                pass
+
+            @staticmethod
+            def count() -> int:
+                return 1
+
+            def retain_primary_context(self) -> Ctx:
+                return Ctx()
+
+        class Context:
+            @staticmethod
+            def synchronize() -> None:
+                pass
+
+            @staticmethod
+            def pop() -> None:
+                pass
+
+        class Mem:
+            def __init__(self, ptr: int) -> None:
+                self.ptr = ptr
+
+            def __int__(self) -> int:
+                return self.ptr
+
+            def free(self) -> None:
+                del drv.mem[self.ptr]
+
+        class Func:
+            def __init__(self, name: str) -> None:
+                self.kernel = drv.program.kernel(name)
+
+            def set_attribute(self, attr: int, value: int) -> None:
+                pass
+
+            def __call__(self, *args: Any, grid: tuple[int, ...], block: tuple[int, ...], shared: int) -> None:
+                from stitchtune.emulator import elem_dtype, emulate_kernel
+
+                assert block[0] == self.kernel.block and len(args) == len(self.kernel.params)
+                bufs = {p.name: drv.mem[int(a)].view(elem_dtype(p.dtype, p.role)) for p, a in zip(self.kernel.params, args)}
+                emulate_kernel(self.kernel, grid[0], bufs)
+                drv.launches.append(self.kernel.name)
+
+        self.Device, self.Context, self._Mem = Device, Context, Mem
+        self.module_from_buffer = lambda cubin: types.SimpleNamespace(get_function=Func)
+
+    def init(self) -> None:
+        pass
+
+    def mem_alloc(self, n: int) -> Any:
+        ptr = self._next
+        self._next += n + 256
+        self.mem[ptr] = np.full(n, 0xFF, np.uint8)
+        return self._Mem(ptr)
+
+    def memset_d8(self, ptr: int, value: int, n: int) -> None:
+        self.mem[ptr][:n] = value
+
+    def memcpy_htod(self, ptr: int, host: np.ndarray) -> None:
+        self.mem[ptr][: host.nbytes] = host.view(np.uint8).ravel()
+
+    def memcpy_dtoh(self, host: np.ndarray, ptr: int) -> None:
+        host[:] = self.mem[ptr][: host.nbytes]
+
+
+@pytest.mark.parametrize("name", ["layernorm_small", "colsum_sigmoid_scale_small", "layernorm_bf16_small"])
+def test_pycuda_launcher_plumbing_with_a_fake_driver(name: str, monkeypatch: Any) -> None:
+    """The in-process pycuda launcher (pointers, argument order, scratch/barrier init, dtype views,
+    device-array inputs) against a fake driver whose kernels run in the emulator."""
+    import dataclasses
+
+    cg = stitchtune.compile(EXAMPLES_DIR / f"{name}.json", db=None, device="h200", build=False)
+    drv = _FakeDriver(cg.program)
+    pkg = types.ModuleType("pycuda")
+    pkg.driver = drv  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pycuda", pkg)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", drv)
+    built = dataclasses.replace(cg, cubin=b"FAKE", _state={})
+    expected = run_reference(cg.graph, random_inputs(cg.graph, 2))
+    for _ in range(2):  # the second call reuses the scratch buffers
+        out = built(**random_inputs(cg.graph, 2))
+        res = check_outputs(out, expected, output_dtypes(cg.graph))
+        assert res.ok, res.error
+        assert {k: v.shape for k, v in out.items()} == {o: cg.graph.spec(o).shape for o in cg.graph.outputs}
+    assert drv.launches == [ln.kernel for ln in cg.program.launches] * 2
+    # a device array (anything with .gpudata, .shape, .dtype) is used in place
+    x = random_inputs(cg.graph, 2)
+    first = cg.graph.inputs[0][0]
+    mem = drv.mem_alloc(x[first].nbytes)
+    drv.memcpy_htod(int(mem), x[first])
+    x[first] = types.SimpleNamespace(gpudata=mem, shape=x[first].shape, dtype=x[first].dtype)
+    assert check_outputs(built(**x), expected, output_dtypes(cg.graph)).ok
+    with pytest.raises(StitchtuneError, match="not an input"):
+        built(**x, bogus=np.zeros(1))
 
 
 # ---------------------------------------------------------------------------- GPU
