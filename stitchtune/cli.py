@@ -69,8 +69,9 @@ def parse_schedule_arg(text: str | None) -> dict[str, Any] | None:
             raise StitchtuneError(f"schedule file {src} is not UTF-8") from None
     try:
         obj = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise StitchtuneError(f"{src}: not JSON ({getattr(e, 'msg', 'nested too deeply')})") from None
+    except (ValueError, RecursionError) as e:  # ValueError: also integers over Python's digit limit
+        why = getattr(e, "msg", None) or (str(e).split(";")[0] if isinstance(e, ValueError) else "nested too deeply")
+        raise StitchtuneError(f"{src}: not JSON ({why})") from None
     if not isinstance(obj, dict):
         raise StitchtuneError(f"{src}: a schedule must be a JSON object")
     return obj

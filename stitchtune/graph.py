@@ -442,6 +442,8 @@ def parse_graph_bytes(raw: bytes, source: str = "graph") -> Graph:
             problems=[f"{source}: not JSON: {e.msg} (line {e.lineno}, column {e.colno})"]) from None
     except RecursionError:
         raise GraphError(problems=[f"{source}: not JSON: nested too deeply"]) from None
+    except ValueError as e:  # e.g. an integer literal over Python's 4300-digit conversion limit
+        raise GraphError(problems=[f"{source}: not JSON: {str(e).split(';')[0]}"]) from None
     return parse_graph(obj)
 
 

@@ -54,7 +54,7 @@ class Schedule:
                        min_blocks=int(d.get("min_blocks", 0)),
                        schemes=tuple(str(s) for s in d.get("schemes", ())),
                        reuse=tuple(str(r) for r in d.get("reuse", ())))
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise ScheduleError(f"malformed schedule: {exc!r}") from None
 
     def to_json(self) -> str:
@@ -64,8 +64,8 @@ class Schedule:
     def from_json(cls, text: str) -> "Schedule":
         try:
             d = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ScheduleError(f"schedule is not JSON: {exc}") from None
+        except (ValueError, RecursionError) as exc:  # also over-long integers, deep nesting
+            raise ScheduleError(f"schedule is not JSON: {str(exc).split(';')[0] or 'nested too deeply'}") from None
         if not isinstance(d, dict):
             raise ScheduleError("schedule JSON must be an object")
         return cls.from_dict(d)
