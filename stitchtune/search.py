@@ -314,7 +314,7 @@ def make_sampler(name: str, seed: int | None, space: Any) -> optuna.samplers.Bas
     if name == "gp":
         if importlib.util.find_spec("torch") is None:
             raise ToolchainError("--sampler gp needs PyTorch (optuna's GPSampler): pip install torch")
-        return optuna.samplers.GPSampler(seed=seed)
+        return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
     if name == "cmaes":
         if importlib.util.find_spec("cmaes") is None:
             raise ToolchainError("--sampler cmaes needs the cmaes package: pip install cmaes")
