@@ -243,7 +243,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     paths = cg.write(out)
     m = cg.manifest
     print(f"{g.name} on {m['device_key']}: schedule {m['schedule_key']} ({cg.source})")
-    print(f"  why: {m['choice']['reason']}")
+    if cg.source in ("tuned", "given"):  # a fallback's reason was logged as a warning already
+        print(f"  why: {m['choice']['reason']}")
     for k in m["kernels"]:
         regs = f", {k['registers']} registers" if k.get("registers") is not None else ""
         print(f"  {k['kernel']}<<<{k['grid'][0]}, {k['block'][0]}, {k['dynamic_smem_bytes']}>>>"

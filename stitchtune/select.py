@@ -357,9 +357,14 @@ def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: 
     from stitchtune.lower import lower
 
     program = lower(graph, plan, s, device, space)
-    why = "; ".join(rejected) if rejected else (
-        "no database given" if db_path is None else
-        f"no ok record of this workload or its structure in {os.fspath(db_path)!a}")
+    if rejected:
+        why = "; ".join(rejected)
+    elif db_path is None:
+        why = "no database given"
+    elif not os.path.isdir(db_path):
+        why = f"no database at {os.fspath(db_path)!a}"
+    else:
+        why = f"no ok record of this workload or its structure in {os.fspath(db_path)!a}"
     reason = f"heuristic schedule for workload {wk[:12]} on {where} ({why})"
     _warn_once(graph, dkey, "heuristic", f"{graph.name}: {reason}")
     return Choice(s, "heuristic", None, reason, program)
