@@ -1,4 +1,4 @@
-"""Several `stitchtune search` worker processes on one study: PostgreSQL (3 workers) and journal file (4).
+"""Several `stitchtune search` worker processes on one study: PostgreSQL (3 and 4 workers), journal file (4).
 
 Each worker is this file run as a script (``python tests/test_postgres.py worker ARGS...``): it
 swaps the search stages for the fakes of tests/test_search.py (15-point space, instant "measurements")
@@ -92,12 +92,13 @@ def _check(db: Path, storage, study_name: str, n_workers: int, trials: int, log:
 
 @pytest.mark.postgres
 @pytest.mark.skipif(not PG_URL, reason="STITCHTUNE_TEST_PG_URL is not set (.ci/run starts PostgreSQL and sets it)")
-def test_three_workers_share_a_postgres_study(tmp_path):
-    study = f"pg-{uuid.uuid4().hex[:8]}"
+@pytest.mark.parametrize("workers", [3, 4])
+def test_workers_share_a_postgres_study(tmp_path, workers):
     from stitchtune.search import make_storage
 
-    db = _run_workers(tmp_path, 3, 10, PG_URL, study)
-    _check(db, make_storage(PG_URL, str(db)), study, 3, 10, tmp_path / "measured.log")
+    study = f"pg-{workers}-{uuid.uuid4().hex[:8]}"
+    db = _run_workers(tmp_path, workers, 10, PG_URL, study)
+    _check(db, make_storage(PG_URL, str(db)), study, workers, 10, tmp_path / "measured.log")
 
 
 def test_four_workers_share_a_journal_file_study(tmp_path):
