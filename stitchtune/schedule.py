@@ -126,8 +126,11 @@ class SearchSpace:
         self.scheme_rules: dict[str, str] = data["scheme_rules"]
         self.reuse_rules: dict[str, str] = data["reuse_rules"]
         self.constraints: list[dict[str, str]] = data["constraints"]
-        full = [n for n, c in plan.classes if c == "F"]
-        self.elem_bytes = min((2 if plan.dtype(n) != "float32" else 4) for n in full) if full else 4
+        # every tensor accessed with vector loads/stores (full-size ones, and the per-column operands
+        # that are contiguous along the vector) must fit 16 bytes: the widest element type decides
+        vec_cls = {"F", "P"} if plan.family == "col" else {"F", "K"}
+        vectored = [n for n, c in plan.classes if c in vec_cls]
+        self.elem_bytes = max((2 if plan.dtype(n) != "float32" else 4) for n in vectored) if vectored else 4
         # vec choices above 16 bytes are never legal: drop them from the domain up front
         self.domains["vec"] = [v for v in self.domains["vec"] if v * self.elem_bytes <= 16]
         if plan.family == "row":

@@ -298,10 +298,8 @@ def _example_tensors(shape_spec: str, dtype: Any = None, seed: int = 0) -> list[
 @pytest.mark.parametrize("name", [
     "layernorm", "rmsnorm", "softmax", "bias_gelu", "colsum_sigmoid_scale", "log_softmax_manual", "RMSNormBlock",
     "LayerNormGelu",
-    # bf16 x with float32 gamma/beta: the space allows vec=8 (16 bytes of bf16) and the heuristic picks it,
-    # but render_cuda has no 8-wide float32 vector load (core bug, reported; flips to a pass when fixed)
-    pytest.param("layernorm_bf16", marks=pytest.mark.xfail(raises=KeyError, strict=True,
-                                                           reason="render_cuda: vec=8 load of a float32 input")),
+    # bf16 x with float32 gamma/beta: the vector width is bounded by the widest vectored operand
+    "layernorm_bf16",
 ])
 def test_torch_compile_emulate_matches_fn(name: str) -> None:
     torch = pytest.importorskip("torch")
