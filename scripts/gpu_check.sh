@@ -23,7 +23,7 @@ set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 DRY_RUN=${DRY_RUN:-0}
-BUDGET_S=${BUDGET_S:-420}
+BUDGET_S=${BUDGET_S:-540}
 OUT=${OUT:-$(mktemp -d /tmp/gpu_check_out.XXXXXX)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/gpu_check_work.XXXXXX)
@@ -42,10 +42,11 @@ else
   DEFAULT_EXAMPLES=$(ls examples/*.json 2>/dev/null | grep -v '_small\.json$' | tr '\n' ' ')
 fi
 SEARCH_EXAMPLES=${SEARCH_EXAMPLES:-$DEFAULT_EXAMPLES}
-SEARCH_CAP_S=${SEARCH_CAP_S:-60}
-BENCH_CAP_S=${BENCH_CAP_S:-90}
-GPU_TESTS_CAP_S=${GPU_TESTS_CAP_S:-240}
-export STITCHTUNE_GPU_SAMPLES=${GPU_SAMPLES:-4}
+SEARCH_CAP_S=${SEARCH_CAP_S:-45}
+SEARCH_TIMEOUT_S=${SEARCH_TIMEOUT_S:-30}
+BENCH_CAP_S=${BENCH_CAP_S:-200}
+GPU_TESTS_CAP_S=${GPU_TESTS_CAP_S:-90}
+export STITCHTUNE_GPU_SAMPLES=${GPU_SAMPLES:-2}
 export STITCHTUNE_GPU_REPORT="$WORK/gpu_schedules.jsonl"
 export STITCHTUNE_CACHE="$WORK/cubin-cache"
 
@@ -150,7 +151,7 @@ if [ "$DRY_RUN" = 1 ]; then
     tests/test_runners.py -k "gpu or cuda_runner or pycuda" --junitxml="$WORK/gpu_tests.xml"
 elif "$PY" -c "import pytest" >/dev/null 2>&1; then
   step gpu_tests "$GPU_TESTS_CAP_S" "$PY" -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_gpu.py \
-    --junitxml="$WORK/gpu_tests.xml"
+    tests/test_emulator.py tests/test_api.py --junitxml="$WORK/gpu_tests.xml"
 else
   step gpu_smoke 120 "$PY" -c "$SMOKE"
 fi
@@ -160,12 +161,18 @@ DB="$WORK/db"
 for ex in $SEARCH_EXAMPLES; do
   name=$(basename "$ex" .json)
   step "search_$name" "$SEARCH_CAP_S" "$PY" -m stitchtune search "$ex" --backend "$BACKEND" \
-    --trials "$TRIALS" --db "$DB" --seed 0
+    --trials "$TRIALS" --db "$DB" --seed 0 --timeout "$SEARCH_TIMEOUT_S"
 done
 if [ "$DRY_RUN" = 1 ]; then
-  step bench 60 "$PY" -m stitchtune bench $SEARCH_EXAMPLES --db "$DB" -o "$WORK/bench" --iters 5 --warmup 1
+  step bench 60 "$PY" -m stitchtune bench $SEARCH_EXAMPLES --db "$DB" -o "$WORK/bench" --iters 5 --warmup 1 \
+    --peers eager
 else
-  step bench "$BENCH_CAP_S" "$PY" -m stitchtune bench $SEARCH_EXAMPLES --db "$DB" -o "$WORK/bench"
+  # peers that compile fast first (every workload), then torch.compile max-autotune with the time left
+  step bench "$BENCH_CAP_S" "$PY" -m stitchtune bench $SEARCH_EXAMPLES --db "$DB" -o "$WORK/bench" \
+    --peers eager,xla,inductor --iters 100 --warmup 10
+  step torch_entry 75 "$PY" scripts/gpu_torch_entry.py --db "$DB" --examples layernorm,softmax --iters 50
+  step bench_max $(( $(left) - 30 )) "$PY" -m stitchtune bench $SEARCH_EXAMPLES --db "$DB" -o "$WORK/bench_max" \
+    --peers inductor-max --iters 100 --warmup 10
 fi
 
 # ---- bundle into $OUT (at most 5 files) --------------------------------------------------------
