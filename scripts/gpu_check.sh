@@ -23,7 +23,7 @@ set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 DRY_RUN=${DRY_RUN:-0}
-BUDGET_S=${BUDGET_S:-540}
+BUDGET_S=${BUDGET_S:-560}
 OUT=${OUT:-$(mktemp -d /tmp/gpu_check_out.XXXXXX)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/gpu_check_work.XXXXXX)
@@ -42,10 +42,10 @@ else
   DEFAULT_EXAMPLES=$(ls examples/*.json 2>/dev/null | grep -v '_small\.json$' | tr '\n' ' ')
 fi
 SEARCH_EXAMPLES=${SEARCH_EXAMPLES:-$DEFAULT_EXAMPLES}
-SEARCH_CAP_S=${SEARCH_CAP_S:-45}
-SEARCH_TIMEOUT_S=${SEARCH_TIMEOUT_S:-30}
-BENCH_CAP_S=${BENCH_CAP_S:-200}
-GPU_TESTS_CAP_S=${GPU_TESTS_CAP_S:-90}
+SEARCH_CAP_S=${SEARCH_CAP_S:-40}
+SEARCH_TIMEOUT_S=${SEARCH_TIMEOUT_S:-25}
+BENCH_CAP_S=${BENCH_CAP_S:-170}
+GPU_TESTS_CAP_S=${GPU_TESTS_CAP_S:-75}
 export STITCHTUNE_GPU_SAMPLES=${GPU_SAMPLES:-2}
 export STITCHTUNE_GPU_REPORT="$WORK/gpu_schedules.jsonl"
 export STITCHTUNE_CACHE="$WORK/cubin-cache"
@@ -170,7 +170,7 @@ else
   # peers that compile fast first (every workload), then torch.compile max-autotune with the time left
   step bench "$BENCH_CAP_S" "$PY" -m stitchtune bench $SEARCH_EXAMPLES --db "$DB" -o "$WORK/bench" \
     --peers eager,xla,inductor --iters 100 --warmup 10
-  step torch_entry 75 "$PY" scripts/gpu_torch_entry.py --db "$DB" --examples layernorm,softmax --iters 50
+  step torch_entry 50 "$PY" scripts/gpu_torch_entry.py --db "$DB" --examples layernorm,softmax --iters 50
   step bench_max $(( $(left) - 30 )) "$PY" -m stitchtune bench $SEARCH_EXAMPLES --db "$DB" -o "$WORK/bench_max" \
     --peers inductor-max --iters 100 --warmup 10
 fi
