@@ -61,7 +61,7 @@ PART_GLOB = "part-*.parquet"
 
 def utc_now() -> pd.Timestamp:
     """The current time as a timezone-aware UTC pandas Timestamp (the ``timestamp`` column)."""
-    return pd.Timestamp(_dt.datetime.now(_dt.timezone.utc))
+    return pd.Timestamp(_dt.datetime.now(_dt.UTC))
 
 
 def _fsync_dir(path: str) -> None:

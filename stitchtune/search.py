@@ -151,8 +151,9 @@ class SkipBuilder:
         self.reason = reason
 
     def build(self, sources: list[str], arch: str) -> list[Any]:
-        from stitchtune.build import BuildResult
         import hashlib
+
+        from stitchtune.build import BuildResult
 
         return [BuildResult(status="ok", source_hash=hashlib.sha256(s.encode()).hexdigest(), cubin_path=None,
                             arch=arch, registers={}, smem_bytes={}, spill_bytes={}, stack_bytes={},
@@ -360,12 +361,12 @@ def _local_dead(worker: Any) -> bool:
 def _fail_stale(study: optuna.Study) -> int:
     """Mark RUNNING trials of dead local workers FAIL (user attr ``stale``); return how many."""
     n = 0
-    storage = study._storage  # noqa: SLF001 - optuna exposes no public API for other processes' trials
+    storage = study._storage  # optuna has no public API to close other processes' trials
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if _local_dead(t.user_attrs.get("worker")):
             try:
-                storage.set_trial_user_attr(t._trial_id, "stale", True)  # noqa: SLF001
-                storage.set_trial_state_values(t._trial_id, TrialState.FAIL)  # noqa: SLF001
+                storage.set_trial_user_attr(t._trial_id, "stale", True)
+                storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
                 n += 1
             except Exception as exc:  # noqa: BLE001 - another worker may have finished it meanwhile
                 log.debug("could not fail stale trial %d: %s", t.number, exc)
@@ -426,8 +427,8 @@ class _Loop:
         self.study_name = config.study or default_study_name(self.graph, self.device)
         self.study = _open_study(self.study_name, make_storage(config.storage, config.db), sampler)
         self.ctx = context_row(self.graph, self.device)
-        self.versions = dict(space_version=str(self.space.version),
-                             codegen_version=str(self.stages.codegen_version))
+        self.versions = {"space_version": str(self.space.version),
+                         "codegen_version": str(self.stages.codegen_version)}
         self.heuristic = comp.heuristic_schedule(self.plan, self.device)
         self.heuristic_key = self.heuristic.key()
         self.known: dict[str, dict[str, Any]] = {}
@@ -513,9 +514,9 @@ class _Loop:
                             and not t.user_attrs.get("stale")):
                         pending = True
                     continue
-                if k == key and (t.state != TrialState.FAIL or t.user_attrs.get("status")):
-                    if owner is None or t.number < owner.number:
-                        owner = t
+                settled_or_running = t.state != TrialState.FAIL or t.user_attrs.get("status")
+                if k == key and settled_or_running and (owner is None or t.number < owner.number):
+                    owner = t
             if owner is not None or not pending or time.monotonic() > deadline:
                 return owner
             time.sleep(_POLL_S)
@@ -755,21 +756,21 @@ def format_summary(res: SearchResult) -> str:
     """The end-of-search table, as text (the CLI prints it)."""
     est = " (estimated)" if res.estimated else ""
     lines = [f"study {res.study_name} on {res.device_key}, backend {res.backend}{est}, storage {res.storage}",
-             f"database {res.db_path}; {res.trials_run} trial(s) this run ({res.reused} reused from the "
-             f"database or other workers), stopped: {res.stopped}, {res.elapsed_s:.1f} s"]
+             (f"database {res.db_path}; {res.trials_run} trial(s) this run ({res.reused} reused from the "
+              f"database or other workers), stopped: {res.stopped}, {res.elapsed_s:.1f} s")]
     rows: list[tuple[str, str]] = []
     if res.best is not None:
         sched = res.best.get("schedule_json") or ""
-        rows.append(("best schedule", f"{res.best.get('schedule_key')} (trial {res.best.get('trial_number')} "
-                                      f"of {res.best.get('study')})"))
+        rows.append(("best schedule", (f"{res.best.get('schedule_key')} (trial {res.best.get('trial_number')} "
+                                       f"of {res.best.get('study')})")))
         rows.append(("best time", _fmt_us(res.best.get("measured_us"), est)))
         rows.append(("heuristic (trial 0)", _fmt_us(res.heuristic.get("measured_us"), est)
                      if res.heuristic is not None and res.heuristic.get("status") == "ok"
                      else (f"not ok: {res.heuristic.get('status')}" if res.heuristic else "-")))
         rows.append(("speedup over heuristic", f"{res.speedup:.2f}x{est}" if res.speedup is not None else "-"))
         if res.floor_fraction is not None:
-            rows.append(("bandwidth floor", f"{res.floor_us:.3f} us (min bytes / copy bandwidth); floor/best = "
-                                            f"{100 * res.floor_fraction:.1f}%{est}"))
+            rows.append(("bandwidth floor", (f"{res.floor_us:.3f} us (min bytes / copy bandwidth); floor/best = "
+                                             f"{100 * res.floor_fraction:.1f}%{est}")))
         else:
             rows.append(("bandwidth floor", "- (device has no copy bandwidth)"))
         rows.append(("best schedule json", sched if len(sched) <= 200 else sched[:200] + "..."))
@@ -803,6 +804,17 @@ def json_safe(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return json.loads(json.dumps(dict(row), default=str))
 
 
-__all__ = ["SearchConfig", "SearchResult", "Components", "run_search", "resolve_backend", "format_summary",
-           "format_best_table", "default_components", "make_sampler", "make_storage", "default_study_name",
-           "SkipBuilder"]
+__all__ = [
+    "Components",
+    "SearchConfig",
+    "SearchResult",
+    "SkipBuilder",
+    "default_components",
+    "default_study_name",
+    "format_best_table",
+    "format_summary",
+    "make_sampler",
+    "make_storage",
+    "resolve_backend",
+    "run_search",
+]

@@ -13,14 +13,15 @@ from stitchtune.errors import DatabaseError
 
 
 def _row(**kw):
-    base = dict(
-        workload_key="w1", structure_key="s1", graph_name="ln", shapes="{}", dtypes="{}",
-        device_key="h200-sm90", device_name="h200", device_cc="9.0", backend="emulate", estimated=True,
-        space_version="sv1", codegen_version="cg1", schedule_json="{}", schedule_key="k1", heuristic=False,
-        status="ok", prune_reason=None, predicted_us=10.0, measured_us=10.0, samples_us="[10.0]",
-        max_rel_error=0.0, registers=32, smem_bytes=0, spill_bytes=0, occupancy=1.0, compile_s=0.1,
-        error="", reused=False, reused_from=None, study="st", trial_number=0, sampler="tpe", worker="h:1",
-    )
+    base = {
+        "workload_key": "w1", "structure_key": "s1", "graph_name": "ln", "shapes": "{}", "dtypes": "{}",
+        "device_key": "h200-sm90", "device_name": "h200", "device_cc": "9.0", "backend": "emulate",
+        "estimated": True, "space_version": "sv1", "codegen_version": "cg1", "schedule_json": "{}",
+        "schedule_key": "k1", "heuristic": False, "status": "ok", "prune_reason": None, "predicted_us": 10.0,
+        "measured_us": 10.0, "samples_us": "[10.0]", "max_rel_error": 0.0, "registers": 32, "smem_bytes": 0,
+        "spill_bytes": 0, "occupancy": 1.0, "compile_s": 0.1, "error": "", "reused": False, "reused_from": None,
+        "study": "st", "trial_number": 0, "sampler": "tpe", "worker": "h:1",
+    }
     base.update(kw)
     return base
 
@@ -106,7 +107,8 @@ def test_corrupt_and_truncated_parts_are_skipped_with_warning(tmp_path, caplog):
     good = db.append([_row(trial_number=0)])
     second = db.append([_row(trial_number=1)])
     # truncate the second part, add a garbage part
-    data = open(second, "rb").read()
+    with open(second, "rb") as fh:
+        data = fh.read()
     with open(second, "wb") as fh:
         fh.write(data[: len(data) // 2])
     bad = tmp_path / "part-99999999T000000000000Z-1-garbage.parquet"

@@ -6,10 +6,20 @@ import json
 import random
 
 import pytest
+from test_search import (
+    BLOCKS,
+    FATES,
+    VECS,
+    FakeBuilder,
+    FakeDevice,
+    FakeGraph,
+    FakeRunner,
+    FakeSchedule,
+    fake_stages,
+    fake_time,
+)
 
 from stitchtune.pipeline import Stages, context_row, evaluate
-from test_search import (BLOCKS, FATES, VECS, FakeBuilder, FakeDevice, FakeGraph, FakeRunner, FakeSchedule,
-                         fake_stages, fake_time)
 
 
 def _all_points():

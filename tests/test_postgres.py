@@ -26,9 +26,10 @@ LOG_ENV = "STITCHTUNE_TEST_MEASURE_LOG"
 
 
 def _worker(argv: list[str]) -> int:
+    from test_search import FakeRunner, fake_components
+
     import stitchtune.search as search_mod
     from stitchtune.cli import main
-    from test_search import FakeRunner, fake_components
 
     comp = fake_components(FakeRunner(os.environ.get(LOG_ENV)))
     search_mod.default_components = lambda: comp

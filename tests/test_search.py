@@ -42,7 +42,7 @@ class FakeSchedule:
         return {"block": self.block, "vec": self.vec}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "FakeSchedule":
+    def from_dict(cls, d: dict[str, Any]) -> FakeSchedule:
         return cls(int(d["block"]), int(d["vec"]))
 
     def flat(self) -> dict[str, Any]:
@@ -242,8 +242,8 @@ def fake_components(runner: FakeRunner | None = None, builder: FakeBuilder | Non
 
 
 def _cfg(tmp_path, **kw) -> SearchConfig:
-    base = dict(graph_path="fake.json", trials=15, backend="emulate", db=str(tmp_path / "db"), sampler="random",
-                seed=1, jobs=4, progress=False, prune_factor=100.0)
+    base = {"graph_path": "fake.json", "trials": 15, "backend": "emulate", "db": str(tmp_path / "db"),
+            "sampler": "random", "seed": 1, "jobs": 4, "progress": False, "prune_factor": 100.0}
     base.update(kw)
     return SearchConfig(**base)
 
@@ -279,7 +279,7 @@ def test_every_status_and_heuristic_first(tmp_path):
     assert study.trials[0].user_attrs.get("prune_reason") is None
     assert states["b64-v4"] == optuna.trial.TrialState.FAIL
     assert states["b256-v2"] == optuna.trial.TrialState.COMPLETE
-    assert [t for t in study.trials if t.user_attrs["schedule_key"] == "b32-v4"][0].user_attrs["prune_reason"]
+    assert next(t for t in study.trials if t.user_attrs["schedule_key"] == "b32-v4").user_attrs["prune_reason"]
     # the best is the global optimum of the fake objective; speedup vs heuristic
     assert res.best["schedule_key"] == "b256-v2"
     assert res.speedup == pytest.approx(fake_time(FakeSchedule(128, 4)) / fake_time(FakeSchedule(256, 2)))
@@ -307,7 +307,7 @@ def test_resume_reuses_db_rows_without_remeasuring(tmp_path):
     assert res1.trials_run == 8
     r2 = FakeRunner()
     cfg2 = _cfg(tmp_path, trials=30, sampler="grid")  # same study (default name), same db
-    res2 = run_search(cfg2, fake_components(r2))
+    run_search(cfg2, fake_components(r2))
     assert not set(r1.measured) & set(r2.measured), "a schedule measured in run 1 was measured again"
     df = TuningDB(cfg.db).read()
     assert df["trial_number"].is_unique
@@ -404,7 +404,8 @@ def test_stale_trial_of_dead_worker_is_failed(tmp_path):
     storage = optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(os.path.join(cfg.db, "optuna.journal")))
     study = optuna.load_study(study_name=res.study_name, storage=storage)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
     t = study.ask()
     import socket
 
