@@ -177,13 +177,16 @@ class _Renderer:
         self.tmp += 1
         self.emit(f"{pre}{{", ind)
         if p.dtype == "float32":
-            vt = {2: "float2", 4: "float4"}[w]
-            ld = f"__ldcg(reinterpret_cast<const {vt}*>({s.buf} + {idx}))" if p.role == "scratch" else \
-                f"*reinterpret_cast<const {vt}*>({s.buf} + {idx})"
-            self.emit(f"{vt} {t} = {ld};", ind + 1)
-            comps = "xyzw"
-            for k, d in enumerate(s.dsts):
-                self.emit(f"{d.name} = {t}.{comps[k]};", ind + 1)
+            # at most a float4 per access: a 16-bit graph's vec 8 is 32 bytes on its float32 buffers
+            for c in range(0, w, 4):
+                n = min(4, w - c)
+                vt = {2: "float2", 4: "float4"}[n]
+                tc, off = (t, idx) if w <= 4 else (f"{t}_{c // 4}", f"{idx} + {c}")
+                ld = f"__ldcg(reinterpret_cast<const {vt}*>({s.buf} + {off}))" if p.role == "scratch" else \
+                    f"*reinterpret_cast<const {vt}*>({s.buf} + {off})"
+                self.emit(f"{vt} {tc} = {ld};", ind + 1)
+                for k in range(n):
+                    self.emit(f"{s.dsts[c + k].name} = {tc}.{'xyzw'[k]};", ind + 1)
         else:
             vt = self._vec_type(p.dtype, w)
             ct = _CTYPE[p.dtype]
@@ -210,18 +213,23 @@ class _Renderer:
         t = f"_v{self.tmp}"
         self.tmp += 1
         self.emit(f"{pre}{{", ind)
-        if p.dtype == "float32":
-            vt = {2: "float2", 4: "float4"}[w]
-            self.emit(f"{vt} {t};", ind + 1)
-            for k, v in enumerate(vals):
-                self.emit(f"{t}.{'xyzw'[k]} = {v};", ind + 1)
-        else:
-            vt = self._vec_type(p.dtype, w)
-            ct = _CTYPE[p.dtype]
-            self.emit(f"{vt} {t};", ind + 1)
-            self.emit(f"{ct}* {t}h = reinterpret_cast<{ct}*>(&{t});", ind + 1)
-            for k, v in enumerate(vals):
-                self.emit(f"st_st({t}h + {k}, {v});", ind + 1)
+        if p.dtype == "float32":  # at most a float4 per access (see _load_vec)
+            for c in range(0, w, 4):
+                n = min(4, w - c)
+                vt = {2: "float2", 4: "float4"}[n]
+                tc, off = (t, idx) if w <= 4 else (f"{t}_{c // 4}", f"{idx} + {c}")
+                self.emit(f"{vt} {tc};", ind + 1)
+                for k in range(n):
+                    self.emit(f"{tc}.{'xyzw'[k]} = {vals[c + k]};", ind + 1)
+                self.emit(f"*reinterpret_cast<{vt}*>({s.buf} + {off}) = {tc};", ind + 1)
+            self.emit("}", ind)
+            return
+        vt = self._vec_type(p.dtype, w)
+        ct = _CTYPE[p.dtype]
+        self.emit(f"{vt} {t};", ind + 1)
+        self.emit(f"{ct}* {t}h = reinterpret_cast<{ct}*>(&{t});", ind + 1)
+        for k, v in enumerate(vals):
+            self.emit(f"st_st({t}h + {k}, {v});", ind + 1)
         self.emit(f"*reinterpret_cast<{vt}*>({s.buf} + {idx}) = {t};", ind + 1)
         self.emit("}", ind)
 
