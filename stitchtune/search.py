@@ -358,12 +358,41 @@ def _local_dead(worker: Any) -> bool:
     return False
 
 
-def _fail_stale(study: optuna.Study) -> int:
-    """Mark RUNNING trials of dead local workers FAIL (user attr ``stale``); return how many."""
-    n = 0
+def _age_s(t: optuna.trial.FrozenTrial) -> float:
+    import datetime as dt
+
+    start = t.datetime_start
+    if start is None:
+        return 0.0
+    now = dt.datetime.now(start.tzinfo) if start.tzinfo else dt.datetime.now()
+    return max(0.0, (now - start).total_seconds())
+
+
+def _fail_stale(study: optuna.Study, key_wait_s: float | None = None) -> int:
+    """Mark abandoned RUNNING trials FAIL (user attr ``stale``); return how many.
+
+    Abandoned: the trial's ``worker`` is a dead process of this host, or the trial has no ``worker``
+    attr at all although it started more than ``key_wait_s`` ago (its worker died inside ``ask()``,
+    before it could sign the trial; a live worker signs within milliseconds). Younger unsigned trials
+    are waited for (at most ``key_wait_s``, only after a crash).
+    """
+    key_wait_s = _KEY_WAIT_S if key_wait_s is None else key_wait_s
     storage = study._storage  # optuna has no public API to close other processes' trials
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if _local_dead(t.user_attrs.get("worker")):
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    unsigned = [t for t in running if "worker" not in t.user_attrs]
+    if unsigned:
+        wait = key_wait_s - min(_age_s(t) for t in unsigned)
+        if wait > 0:
+            log.info("waiting %.0f s to tell whether %d unsigned running trial(s) are abandoned", wait, len(unsigned))
+            time.sleep(wait)
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        unsigned_ids = {t._trial_id for t in unsigned}
+    else:
+        unsigned_ids = set()
+    n = 0
+    for t in running:
+        worker = t.user_attrs.get("worker")
+        if _local_dead(worker) or (worker is None and t._trial_id in unsigned_ids):
             try:
                 storage.set_trial_user_attr(t._trial_id, "stale", True)
                 storage.set_trial_state_values(t._trial_id, TrialState.FAIL)

@@ -475,3 +475,18 @@ def test_cli_user_errors_exit_2(tmp_path, monkeypatch, capsys):
                  "postgresql://u:secret@127.0.0.1:1/none", "--backend", "emulate", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "secret" not in err and "stitchtune: error:" in err
+
+
+def test_unsigned_running_trial_is_failed_after_the_key_wait(tmp_path):
+    from stitchtune.search import _fail_stale
+
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(tmp_path / "j.journal")))
+    study = optuna.create_study(study_name="s", storage=storage)
+    t = study.ask()  # as if its worker died inside ask(), before signing the trial
+    signed = study.ask()
+    signed.set_user_attr("worker", f"{__import__('socket').gethostname()}:{os.getpid()}")  # alive: us
+    assert _fail_stale(study, key_wait_s=0.2) == 1
+    trials = study.get_trials()
+    assert trials[t.number].state == optuna.trial.TrialState.FAIL and trials[t.number].user_attrs["stale"]
+    assert trials[signed.number].state == optuna.trial.TrialState.RUNNING
