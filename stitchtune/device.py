@@ -408,7 +408,7 @@ def check_fits(graph: Any, device: Any) -> None:
     need = int(graph.min_bytes())
     if need > int(have):
         raise DeviceError(
-            f"graph {ascii(str(graph.name))} does not fit in device memory: its inputs and outputs alone need "
+            f"graph {str(graph.name)!a} does not fit in device memory: its inputs and outputs alone need "
             f"{need} bytes ({need / 2**30:.2f} GiB), {getattr(device, 'key', device)} has {int(have)} bytes "
             f"({int(have) / 2**30:.2f} GiB)")
 

@@ -56,7 +56,7 @@ def _start(db: Path, n: int) -> list[subprocess.Popen[str]]:
                              text=True, start_new_session=True) for _ in range(n)]
 
 
-def _study(db: Path):  # noqa: ANN202 - optuna.Study
+def _study(db: Path):
     import optuna
 
     from stitchtune.search import make_storage
@@ -132,7 +132,7 @@ def test_one_of_four_workers_killed_the_others_finish(tmp_path: Path) -> None:
         assert p.returncode == 0, out[-3000:]
         assert f"{TRIALS} trial(s) this run" in out
     # a later run marks the dead worker's unfinished trials stale, then runs its own
-    again = subprocess.run(_cmd(db, 2), env=_env(), capture_output=True, text=True, timeout=600)
+    again = subprocess.run(_cmd(db, 2), env=_env(), capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     n, _ = _check(db, None, strict_once=False)
     assert n >= (WORKERS - 1) * TRIALS + 2

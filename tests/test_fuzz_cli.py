@@ -39,11 +39,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stitchtune import cli
-from stitchtune.graph import MAX_ELEMENTS, MAX_INPUTS, MAX_NODES, MAX_OUTPUTS, MAX_TOTAL_BYTES, NAME_RE
+from stitchtune.graph import (
+    MAX_ELEMENTS,
+    MAX_INPUTS,
+    MAX_NODES,
+    MAX_OUTPUTS,
+    MAX_TOTAL_BYTES,
+    NAME_RE,
+)
 from stitchtune.ops import OPS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_cli_basic import hostile_names, json_values, malformed_graph  # noqa: E402  (A's mutations)
+from test_cli_basic import hostile_names, json_values, malformed_graph
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +68,7 @@ FUZZ = settings(deadline=timedelta(seconds=CALL_LIMIT_S), derandomize=True, data
                                        HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
 
 ERROR_LINE = re.compile(r"^stitchtune: error: \S.*: \S")
-INFO_LINES = ("backend ",)  # search says which backend it uses before it reads the graph
+INFO_LINES = ("backend ", "stitchtune: WARNING: ")  # search says which backend it uses; logged warnings
 HOSTILE_CHARS = ['"', "'", "\n", "\r", "\t", "*/", "/*", ";", "\\", "$(", "`", "|", "&", ">", "\x00",
                  "\x1b[31m", "é", "\u2028", "{", "}", "%s", "%n", "..", "/"]
 
@@ -69,7 +76,7 @@ HOSTILE_CHARS = ['"', "'", "\n", "\r", "\t", "*/", "/*", ";", "\\", "$(", "`", "
 # ------------------------------------------------------------------------------------------ commands
 def _commands() -> dict[str, Any]:
     parser = cli.build_parser()
-    for action in parser._actions:  # noqa: SLF001 - argparse has no public subparser listing
+    for action in parser._actions:
         if hasattr(action, "choices") and isinstance(action.choices, dict):
             return action.choices
     return {}
@@ -80,7 +87,7 @@ COMMANDS = _commands()
 
 def _options(command: str) -> set[str]:
     sub = COMMANDS[command]
-    return {o for a in sub._actions for o in a.option_strings}  # noqa: SLF001
+    return {o for a in sub._actions for o in a.option_strings}
 
 
 def argv_for(command: str, graph: str, work: Path) -> list[str]:
@@ -331,7 +338,7 @@ def _fuzz_one(command: str, work: Path, case: tuple[bytes, tuple[str, ...], tupl
         assert not (work / leftover).exists(), f"{command} wrote {leftover} for a refused graph"
 
 
-def _make_test(command: str):  # noqa: ANN202 - a test function per command
+def _make_test(command: str):
     @pytest.mark.skipif(command not in COMMANDS, reason=f"`stitchtune {command}` does not exist yet")
     @settings(FUZZ, max_examples=max(1, int(EXAMPLES[command] * SCALE)))
     @given(case=hostile_graph(), fname=FILE_NAMES)
@@ -567,3 +574,85 @@ def test_integer_over_python_digit_limit_is_a_named_refusal(work: Path) -> None:
         Schedule.from_json('{"tpr": 1' + "0" * 5000 + "}")
     with pytest.raises(ScheduleError, match="malformed"):
         Schedule.from_dict({"tpr": float("inf"), "block": 1})
+
+
+# ------------------------------------------------------------------------------------------ valid but unusual graphs
+UNARY = [n for n, o in OPS.items() if o.kind == "unary"]
+BINARY = [n for n, o in OPS.items() if o.kind == "binary"]
+REDUCE = [n for n, o in OPS.items() if o.kind == "reduce"]
+
+
+def random_valid_graph(rng: random.Random) -> dict[str, Any]:
+    """A small valid graph of random structure: broadcasts, reductions over any axis, casts, several
+    outputs, mixed dtypes. Most are not stitchable (``compile`` must then refuse with a reason)."""
+    import numpy as np
+
+    rank = rng.choice([1, 2, 2, 2, 3])
+    full = [rng.choice([1, 2, 3, 5, 8, 32, 33, 64, 128, 256]) for _ in range(rank)]
+    dt = rng.choice(["float32", "float32", "float16", "bfloat16"])
+    inputs: dict[str, Any] = {"x": {"shape": full, "dtype": dt}}
+    shapes: dict[str, list[int]] = {"x": list(full)}
+    for i in range(rng.randint(0, 2)):
+        sh = [d if rng.random() < 0.6 else 1 for d in full]
+        if rng.random() < 0.3 and len(sh) > 1:
+            sh = sh[1:]
+        inputs[f"p{i}"] = {"shape": sh, "dtype": rng.choice([dt, "float32"])}
+        shapes[f"p{i}"] = sh
+    nodes: list[dict[str, Any]] = []
+    for j in range(rng.randint(1, 8)):
+        a = rng.choice(list(shapes))
+        nid = f"n{j}"
+        r = rng.random()
+        if r < 0.35:
+            nodes.append({"id": nid, "op": rng.choice(UNARY), "args": [a]})
+            shapes[nid] = shapes[a]
+        elif r < 0.7:
+            b: str | float = rng.choice([*shapes, 1.5])
+            try:
+                out = list(np.broadcast_shapes(tuple(shapes[a]), tuple(shapes[b]) if isinstance(b, str) else ()))
+            except ValueError:
+                continue
+            nodes.append({"id": nid, "op": rng.choice(BINARY), "args": [a, b] if rng.random() < 0.5 else [b, a]})
+            shapes[nid] = out
+        elif r < 0.95:
+            sa = shapes[a]
+            ax = rng.randrange(len(sa))
+            keep = rng.random() < 0.7 or len(sa) == 1
+            nodes.append({"id": nid, "op": rng.choice(REDUCE), "args": [a],
+                          "axes": [ax - (len(sa) if rng.random() < 0.5 else 0)], "keepdims": keep})
+            shapes[nid] = [1 if i == ax else d for i, d in enumerate(sa)] if keep else \
+                [d for i, d in enumerate(sa) if i != ax]
+        else:
+            nodes.append({"id": nid, "op": "cast", "args": [a], "to": rng.choice(["float32", "float16", "bfloat16"])})
+            shapes[nid] = shapes[a]
+    if not nodes:
+        nodes.append({"id": "n0", "op": "neg", "args": ["x"]})
+    used = {x for n in nodes for x in n["args"] if isinstance(x, str)}
+    return {"name": "g", "inputs": inputs, "nodes": nodes, "outputs": [n["id"] for n in nodes if n["id"] not in used]}
+
+
+@pytest.mark.skipif("compile" not in COMMANDS, reason="`stitchtune compile` does not exist yet")
+@settings(FUZZ, max_examples=max(1, int(60 * SCALE)))
+@given(seed=st.integers(0, 2**32 - 1))
+def test_fuzz_valid_unusual_graphs_compile_or_refuse(work: Path, seed: int) -> None:
+    """Valid graphs of random structure through ``compile --no-cubin``: a kernel (exit 0) or a named
+    refusal (exit 2, e.g. "not stitchable"), never a traceback. (Found: a float32 vec-8 store KeyError.)"""
+    (work / "valid.json").write_text(json.dumps(random_valid_graph(random.Random(seed))))
+    rc, out, err = call(["compile", str(work / "valid.json"), "--no-cubin", "--db", str(work / "nodb"),
+                         "--device", "h200", "-o", str(work / "valid_out")])
+    if rc != 0:
+        assert_named_refusal(rc, out, err, (), (), where=False)
+
+
+def test_float32_buffers_of_a_16bit_graph_with_vec_8_compile(work: Path) -> None:
+    """Regression (found by the fuzz above): a bfloat16 column reduction with a float32 output made the
+    renderer look up an 8-wide float32 vector type (KeyError: 8)."""
+    d = {"name": "g", "inputs": {"x": {"shape": [64, 128], "dtype": "bfloat16"}, "p0": {"shape": [1], "dtype": "float32"}},
+         "nodes": [{"id": "n0", "op": "reduce_mean", "args": ["x"], "axes": [0], "keepdims": True},
+                   {"id": "n1", "op": "pow", "args": [1.5, "p0"]}], "outputs": ["n0", "n1"]}
+    (work / "vec8.json").write_text(json.dumps(d))
+    rc, _out, err = call(["compile", str(work / "vec8.json"), "--no-cubin", "--db", str(work / "nodb"),
+                         "--device", "h200", "-o", str(work / "vec8_out")])
+    assert rc == 0, err
+    src = (work / "vec8_out" / "kernels.cu").read_text()
+    assert "float4" in src
