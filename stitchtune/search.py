@@ -240,17 +240,73 @@ def describe_storage(url: str | None, db_path: str) -> str:
     return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
 
 
+def repair_journal_tail(path: str) -> int:
+    """Cut a torn last record (a writer killed in mid-append, a full disk) off an optuna journal file.
+
+    Without this, the next append would glue a complete record to the torn one and every later read of
+    the study would fail. The check runs under the journal's own lock, so a record that a live worker
+    is appending right now is never mistaken for a torn one. Returns the number of bytes removed.
+    """
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return 0
+    if size == 0:
+        return 0
+    with open(path, "rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        if fh.read(1) == b"\n":
+            return 0
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    lock = JournalFileSymlinkLock(path)  # the lock JournalFileBackend takes for every append
+    lock.acquire()
+    try:
+        with open(path, "r+b") as fh:
+            data_end = fh.seek(0, os.SEEK_END)
+            if data_end == 0:
+                return 0
+            fh.seek(data_end - 1)
+            if fh.read(1) == b"\n":
+                return 0
+            keep = 0
+            pos = data_end
+            while pos > 0:  # find the last newline, reading backwards in blocks
+                start = max(0, pos - 65536)
+                fh.seek(start)
+                block = fh.read(pos - start)
+                nl = block.rfind(b"\n")
+                if nl >= 0:
+                    keep = start + nl + 1
+                    break
+                pos = start
+            fh.truncate(keep)
+            fh.flush()
+            os.fsync(fh.fileno())
+    finally:
+        lock.release()
+    log.warning("optuna journal %s ended in a torn record (%d bytes, from a writer killed in mid-append); "
+                "removed it", path, data_end - keep)
+    return data_end - keep
+
+
 def make_storage(url: str | None, db_path: str) -> Any:
     """Optuna storage: journal file under the database directory by default, else an RDB URL."""
     if not url:
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
 
+        path = os.path.join(db_path, "optuna.journal")
         try:
             os.makedirs(db_path, exist_ok=True)
-            return JournalStorage(JournalFileBackend(os.path.join(db_path, "optuna.journal")))
+            repair_journal_tail(path)
+            return JournalStorage(JournalFileBackend(path))
         except OSError as exc:
             raise DatabaseError(f"cannot use journal storage in {db_path!r}: {exc}") from exc
+        except ValueError as exc:  # json.JSONDecodeError: a damaged record inside the journal
+            raise DatabaseError(f"optuna journal {path!r} is damaged ({str(exc).splitlines()[0]}); the tuning "
+                                f"database in {db_path!r} is intact: move the journal away and search again "
+                                "(schedules measured before are reused from the database)") from exc
     if not re.match(r"^[a-z0-9+]+://", url):
         raise DatabaseError(f"--storage must be a database URL such as postgresql://... or sqlite:///... "
                             f"(got {describe_storage(url, db_path)!r})")

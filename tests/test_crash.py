@@ -181,3 +181,55 @@ def test_show_and_resume_with_a_corrupt_part(tmp_path: Path) -> None:
     again = subprocess.run(search_cmd(db, 4, 3), env=_env(), capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
     assert part.name in again.stderr and "4 trial(s) this run" in again.stdout
+
+
+# ------------------------------------------------------------------------------------------ the optuna journal
+def _search_in_process(db: Path, seed: int, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from stitchtune.cli import main
+
+    rc = main(search_cmd(db, 4, seed)[3:])  # the argv after "python -m stitchtune"
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_torn_journal_tail_is_cut_and_a_damaged_journal_is_a_named_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """A record torn by a kill in mid-append (or a full disk) used to make every later run of the study
+    fail with a JSONDecodeError traceback: it is cut off (with a warning) before the journal is opened.
+    Damage inside the journal is a one-line error that says what to do; moving the journal away and
+    searching again reuses every schedule already in the database."""
+    db = tmp_path / "db"
+    assert _search_in_process(db, 1, capsys)[0] == 0
+    journal = db / "optuna.journal"
+    intact = journal.read_bytes()
+    journal.write_bytes(intact + b'{"op_code": 5, "worker_id": "w", "trial_id": 3, "par')
+    with caplog.at_level(logging.WARNING, logger="stitchtune.search"):
+        rc, out, err = _search_in_process(db, 2, capsys)
+    assert rc == 0, err
+    assert any("torn record" in r.getMessage() and str(journal) in r.getMessage() for r in caplog.records)
+    assert journal.read_bytes().startswith(intact) and journal.read_bytes().endswith(b"\n")
+    lines = journal.read_bytes().split(b"\n")
+    lines[3] = lines[3][: len(lines[3]) // 2]  # damage in the middle: not repairable
+    journal.write_bytes(b"\n".join(lines))
+    rc, out, err = _search_in_process(db, 3, capsys)
+    assert rc == 2 and "Traceback" not in err
+    assert "optuna journal" in err and "damaged" in err and "move the journal away" in err
+    journal.rename(db / "damaged.journal")
+    rc, out, err = _search_in_process(db, 1, capsys)  # seed 1 again: the first run's schedules
+    assert rc == 0, err
+    assert "4 trial(s) this run (4 reused" in out
+
+
+def test_repair_journal_tail_edge_cases(tmp_path: Path) -> None:
+    from stitchtune.search import repair_journal_tail
+
+    p = tmp_path / "j"
+    assert repair_journal_tail(str(p)) == 0  # missing
+    p.write_bytes(b"")
+    assert repair_journal_tail(str(p)) == 0
+    p.write_bytes(b"no newline at all")
+    assert repair_journal_tail(str(p)) == len(b"no newline at all") and p.read_bytes() == b""
+    p.write_bytes(b'{"a":1}\n' + b"x" * 200_000)  # a torn record longer than one read block
+    assert repair_journal_tail(str(p)) == 200_000 and p.read_bytes() == b'{"a":1}\n'
+    assert repair_journal_tail(str(p)) == 0
+    assert not (tmp_path / "j.lock").exists()
