@@ -89,10 +89,18 @@ def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
     rows = 0
     kills = 0
     grew_after_kill = 0
+    ready_s = None  # how long a run takes to write its first part here (the machine may be loaded)
     for i in range(KILLS):
+        t0 = time.monotonic()
         proc = subprocess.Popen(search_cmd(db, 400, 100 + i), env=_env(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
-        time.sleep(rng.uniform(1.5, 6.5))
+        if ready_s is None:  # first run: wait for its first part, then kill a little later
+            while not list(db.glob("part-*.parquet")) and time.monotonic() - t0 < 180 and proc.poll() is None:
+                time.sleep(0.05)
+            ready_s = time.monotonic() - t0
+            time.sleep(rng.uniform(0.0, 2.0))
+        else:  # later runs: anywhere from start-up to a few seconds of trials
+            time.sleep(rng.uniform(0.3 * ready_s, ready_s + 4.0))
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             kills += 1

@@ -632,7 +632,7 @@ def random_valid_graph(rng: random.Random) -> dict[str, Any]:
 
 
 @pytest.mark.skipif("compile" not in COMMANDS, reason="`stitchtune compile` does not exist yet")
-@settings(FUZZ, max_examples=max(1, int(60 * SCALE)))
+@settings(FUZZ, max_examples=max(1, int(40 * SCALE)))
 @given(seed=st.integers(0, 2**32 - 1))
 def test_fuzz_valid_unusual_graphs_compile_or_refuse(work: Path, seed: int) -> None:
     """Valid graphs of random structure through ``compile --no-cubin``: a kernel (exit 0) or a named
