@@ -12,11 +12,16 @@ Contract
 * :func:`random_inputs(graph, seed)` draws standard-normal inputs cast to their dtypes, with no exact
   zeros; the same seed gives the same arrays.
 * :func:`numpy_dtype(name)` maps ``float32``/``float16``/``bfloat16`` to numpy dtypes.
+* Both refuse (:class:`StitchtuneError` with the numbers), before allocating, a graph whose reference
+  would need more than :data:`HOST_MEMORY_FRACTION` of this host's physical memory
+  (:func:`check_host_memory`): a valid graph may hold up to 64 GiB of inputs and outputs, and the
+  reference keeps a float64 copy of every tensor.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Mapping
 
 import ml_dtypes
@@ -26,7 +31,8 @@ from stitchtune.errors import GraphError, StitchtuneError
 from stitchtune.graph import DTYPES, Graph
 from stitchtune.ops import OPS
 
-__all__ = ["numpy_dtype", "run_reference", "random_inputs", "check_inputs"]
+__all__ = ["numpy_dtype", "run_reference", "random_inputs", "check_inputs", "check_host_memory",
+           "reference_bytes", "host_memory_bytes", "HOST_MEMORY_FRACTION"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +50,37 @@ def numpy_dtype(name: str) -> np.dtype:
     except (KeyError, TypeError):
         raise GraphError(problems=[f"unsupported dtype {name!r} (supported: {', '.join(DTYPES)})"]) \
             from None
+
+
+HOST_MEMORY_FRACTION = 0.75
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory of this host in bytes, or None where the platform does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def reference_bytes(graph: Graph) -> int:
+    """Host bytes :func:`random_inputs` + :func:`run_reference` hold at once: the inputs in their
+    dtypes plus a float64 copy of every input and every node result (all are kept to the end)."""
+    return sum(s.nbytes + 8 * s.numel for _, s in graph.inputs) + sum(8 * n.spec.numel for n in graph.nodes)
+
+
+def check_host_memory(graph: Graph) -> None:
+    """Raise :class:`StitchtuneError` giving both numbers when :func:`reference_bytes` exceeds
+    :data:`HOST_MEMORY_FRACTION` of :func:`host_memory_bytes` (nothing is checked when unknown)."""
+    total = host_memory_bytes()
+    if not total:
+        return
+    need = reference_bytes(graph)
+    if need > HOST_MEMORY_FRACTION * total:
+        raise StitchtuneError(
+            f"graph {graph.name!a} is too large for this host: its numpy reference needs about {need} bytes "
+            f"({need / 2**30:.1f} GiB) of host memory, this host has {total} bytes ({total / 2**30:.1f} GiB) "
+            f"and stitchtune uses at most {HOST_MEMORY_FRACTION:.0%} of it")
 
 
 def check_inputs(graph: Graph, inputs: Mapping[str, np.ndarray]) -> None:
@@ -73,6 +110,7 @@ def check_inputs(graph: Graph, inputs: Mapping[str, np.ndarray]) -> None:
 def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Evaluate ``graph`` on ``inputs`` in float64; outputs cast to their dtypes (see module doc)."""
     check_inputs(graph, inputs)
+    check_host_memory(graph)
     env: dict[str, np.ndarray] = {
         name: np.asarray(inputs[name]).astype(np.float64) for name, _ in graph.inputs
     }
@@ -96,6 +134,7 @@ def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, n
 
 def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
     """Standard-normal inputs in each input's dtype, never exactly zero, deterministic in ``seed``."""
+    check_host_memory(graph)
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for name, spec in graph.inputs:

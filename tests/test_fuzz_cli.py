@@ -656,3 +656,25 @@ def test_float32_buffers_of_a_16bit_graph_with_vec_8_compile(work: Path) -> None
     assert rc == 0, err
     src = (work / "vec8_out" / "kernels.cu").read_text()
     assert "float4" in src
+
+
+def test_graph_larger_than_host_memory_is_refused_with_numbers(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A valid graph (within the 64 GiB graph limit) whose float64 reference would not fit in this
+    host's memory: ``run`` and ``search`` refuse it before allocating, giving both numbers. (Simulated
+    with a 64 MiB host; without the check, `run` on a 2**31-element graph was an OOM kill.)"""
+    import stitchtune.reference as ref
+    from stitchtune.graph import load_graph
+
+    monkeypatch.setattr(ref, "host_memory_bytes", lambda: 64 * 2**20)
+    d = {"name": "host_big", "inputs": {"x": {"shape": [4096, 4096], "dtype": "float32"}},
+         "nodes": [{"id": "y", "op": "exp", "args": ["x"]}], "outputs": ["y"]}
+    path = work / "host_big.json"
+    path.write_text(json.dumps(d))
+    need = ref.reference_bytes(load_graph(path))
+    assert need == 4096 * 4096 * (4 + 8 + 8)
+    for argv in (argv_for("run", str(path), work), argv_for("search", str(path), work)):
+        if argv[0] not in COMMANDS:
+            continue
+        rc, out, err = call(argv)
+        assert_named_refusal(rc, out, err, ("too large for this host",), (), where=False)
+        assert str(need) in err and str(64 * 2**20) in err
