@@ -161,7 +161,7 @@ DB="$WORK/db"
 for ex in $SEARCH_EXAMPLES; do
   name=$(basename "$ex" .json)
   step "search_$name" "$SEARCH_CAP_S" "$PY" -m stitchtune search "$ex" --backend "$BACKEND" \
-    --trials "$TRIALS" --db "$DB" --seed 0 --timeout "$SEARCH_TIMEOUT_S"
+    --trials "$TRIALS" --db "$DB" --seed 0 --timeout "$SEARCH_TIMEOUT_S" --jobs 8 --no-progress
 done
 if [ "$DRY_RUN" = 1 ]; then
   step bench 60 "$PY" -m stitchtune bench $SEARCH_EXAMPLES --db "$DB" -o "$WORK/bench" --iters 5 --warmup 1 \

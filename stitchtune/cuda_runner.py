@@ -452,8 +452,8 @@ def _measure(backend: Any, cubin: bytes, plan: LaunchPlan, problem: Problem, rep
         backend.launch_all()
         backend.sync()
         beat()
-        chk = check_outputs(_decode_outputs(backend.read_outputs(), problem.output_dtypes), problem.expected,
-                            problem.output_dtypes)
+        first = backend.read_outputs()
+        chk = check_outputs(_decode_outputs(first, problem.output_dtypes), problem.expected, problem.output_dtypes)
         if not chk.ok:
             return {"status": "wrong_result", "max_rel_error": chk.max_rel_error, "error": chk.error}
         for _ in range(warmup):
@@ -466,8 +466,12 @@ def _measure(backend: Any, cubin: bytes, plan: LaunchPlan, problem: Problem, rep
             backend.flush_l2()
             samples.append(backend.time_launches())
             beat()
-        chk2 = check_outputs(_decode_outputs(backend.read_outputs(), problem.output_dtypes), problem.expected,
-                             problem.output_dtypes)
+        last = backend.read_outputs()
+        # the kernels are deterministic (no atomics in reductions): bit-identical outputs need no second
+        # float64 comparison, which costs about a second per candidate on 256 MiB outputs
+        same = set(last) == set(first) and all(np.array_equal(last[n], first[n]) for n in first)
+        chk2 = chk if same else check_outputs(_decode_outputs(last, problem.output_dtypes), problem.expected,
+                                              problem.output_dtypes)
         if not chk2.ok:
             return {"status": "wrong_result", "max_rel_error": chk2.max_rel_error,
                     "error": f"after {warmup + repeats + 1} launches (scratch not reusable?): {chk2.error}"}
