@@ -125,45 +125,47 @@ def _batch_source(programs: list[kir.Program]) -> tuple[str, list[str]]:
     return src, names
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", SMALL)
-def test_sampled_schedules_compile_for_sm90(name: str, tmp_path: Path) -> None:
+def _setup(name: str):
+    g = load_graph(EXAMPLES / name)
+    plan = make_plan(g)
+    return g, plan, SearchSpace.for_plan(plan, DEV)
+
+
+def _ptxas_report(src: str, tmp_path: Path, timeout: int) -> str:
+    """Compile ``src`` for sm_90 (skip without nvcc) and return ptxas's ``-v`` report."""
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found")
-    g = load_graph(EXAMPLES / name)
-    plan = make_plan(g)
-    space = SearchSpace.for_plan(plan, DEV)
-    progs = [lower(g, plan, s, DEV, space) for s in [heuristic_schedule(plan, DEV, space)] + sampled(space, N_SCHEDULES)]
-    src, names = _batch_source(progs)
     (tmp_path / "k.cu").write_text(src)
     r = subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-Xptxas", "-v", "-o", "k.cubin", "k.cu"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+                       cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr[-3000:]
-    regs = dict(re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", r.stderr, re.S))
+    return r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SMALL)
+def test_sampled_schedules_compile_for_sm90(name: str, tmp_path: Path) -> None:
+    g, plan, space = _setup(name)
+    progs = [lower(g, plan, s, DEV, space) for s in [heuristic_schedule(plan, DEV, space)] + sampled(space, N_SCHEDULES)]
+    src, names = _batch_source(progs)
+    report = _ptxas_report(src, tmp_path, 600)
+    regs = dict(re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", report, re.S))
     assert set(regs) == set(names)
     for n, v in regs.items():
         assert 1 <= int(v) <= 255, (n, v)
-    assert len(re.findall(r"bytes spill stores", r.stderr)) == len(names)
+    assert len(re.findall(r"bytes spill stores", report)) == len(names)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FULL)
 def test_heuristic_full_size_compiles_without_spills(name: str, tmp_path: Path) -> None:
-    nvcc = _nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found")
-    g = load_graph(EXAMPLES / name)
-    plan = make_plan(g)
-    space = SearchSpace.for_plan(plan, DEV)
+    g, plan, space = _setup(name)
     s = heuristic_schedule(plan, DEV, space)
     assert space.violations(s) == []
-    (tmp_path / "k.cu").write_text(render(lower(g, plan, s, DEV, space)))
-    r = subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-Xptxas", "-v", "-o", "k.cubin", "k.cu"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", r.stderr)]
-    assert spills and all(x == 0 for x in spills), r.stderr
+    report = _ptxas_report(render(lower(g, plan, s, DEV, space)), tmp_path, 300)
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", report)]
+    assert spills and all(x == 0 for x in spills), report
 
 
 @pytest.mark.parametrize("name", SMALL + FULL)
