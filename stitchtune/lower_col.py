@@ -25,6 +25,16 @@ from .plan import StitchPlan
 from .schedule import Schedule
 
 
+def _load_f32(dsts: tuple, buf: str, idx: kir.Expr, pred: kir.Expr | None) -> list:
+    """Loads of a float32 scratch buffer in accesses of at most 16 bytes (4 floats)."""
+    return [kir.LoadVec(dsts[k:k + 4], buf, _add(idx, _I(k)), pred) for k in range(0, len(dsts), 4)]
+
+
+def _store_f32(buf: str, idx: kir.Expr, vals: tuple, pred: kir.Expr | None) -> list:
+    """Stores to a float32 scratch buffer in accesses of at most 16 bytes (4 floats)."""
+    return [kir.StoreVec(buf, _add(idx, _I(k)), vals[k:k + 4], pred) for k in range(0, len(vals), 4)]
+
+
 class _ColLowerer(_Lowerer):
     def lower(self) -> kir.Program:
         p, s = self.p, self.s
@@ -138,7 +148,7 @@ class _ColLowerer(_Lowerer):
                 rb.append(Assign(a, self.identity(r)))
             q = cx.var("q", I32)
             tmp = tuple(cx.var("pp", F32) for _ in range(vec))
-            loop = [kir.LoadVec(tmp, part, _add(_mul(q, _I(N)), cc0), cvalid)]
+            loop = _load_f32(tmp, part, _add(_mul(q, _I(N)), cc0), cvalid)
             loop += [Assign(accs[j], self.combine(r, accs[j], tmp[j])) for j in range(vec)]
             rb.append(kir.For(q, _I(0), _I(S), 1, tuple(loop)))
             pvals[r] = list(accs)
@@ -152,7 +162,7 @@ class _ColLowerer(_Lowerer):
                     vb = self.scratch(f"val{self.red_idx[r]}", N)
                     cx.scratch.add(vb)
                     dsts = tuple(cx.var("acc", F32) for _ in range(vec))
-                    rb.append(kir.LoadVec(dsts, vb, cc0, cvalid))
+                    rb.extend(_load_f32(dsts, vb, cc0, cvalid))
                     pvals[r] = list(dsts)
         compute_p_nodes()
         filled: set[str] = set()
@@ -248,8 +258,9 @@ class _ColLowerer(_Lowerer):
             if tk > 1:  # partials of the tk row-threads meet in shared memory
                 for si_, r in enumerate(reds):
                     base = si_ * tk * TC
-                    rb.append(kir.StoreVec("sred", _add(_I(base), _add(_mul(tkk, _I(TC)), _mul(tc, _I(vec)))),
-                                           tuple(pvals[r])))
+                    for j in range(vec):  # scalar shared stores: any vec width, no 16-byte limit
+                        rb.append(kir.StoreVec("sred", _add(_I(base), _add(_mul(tkk, _I(TC)), _add(
+                            _mul(tc, _I(vec)), _I(j)))), (pvals[r][j],)))
                 rb.append(kir.Barrier())
                 for si_, r in enumerate(reds):
                     base = si_ * tk * TC
@@ -265,7 +276,7 @@ class _ColLowerer(_Lowerer):
                 for r in reds:
                     part = self.scratch(f"part{self.red_idx[r]}", S * N)
                     cx.scratch.add(part)
-                    rb.append(kir.StoreVec(part, _add(_mul(sidx, _I(N)), cc0), tuple(pvals[r]),
+                    rb.extend(_store_f32(part, _add(_mul(sidx, _I(N)), cc0), tuple(pvals[r]),
                                            Bin("&&", cvalid, Bin("==", tkk, _I(0)))))
                 if scheme == "global":
                     rb.append(kir.GridSync())
@@ -277,7 +288,7 @@ class _ColLowerer(_Lowerer):
                     if not is_last:
                         vb = self.scratch(f"val{self.red_idx[r]}", N)
                         cx.scratch.add(vb)
-                        rb.append(kir.StoreVec(vb, cc0, tuple(pvals[r]), Bin("&&", cvalid, Bin(
+                        rb.extend(_store_f32(vb, cc0, tuple(pvals[r]), Bin("&&", cvalid, Bin(
                             "&&", Bin("==", tkk, _I(0)), Bin("==", sidx, _I(0))))))
                 compute_p_nodes()
 

@@ -106,9 +106,9 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
       acc17 = (v13 ? (acc17 + t0_21) : acc17);
     }
     sred[((tk2 * 128) + (tc1 * 4))] = acc14;
-    sred[((tk2 * 128) + (tc1 * 4)) + 1] = acc15;
-    sred[((tk2 * 128) + (tc1 * 4)) + 2] = acc16;
-    sred[((tk2 * 128) + (tc1 * 4)) + 3] = acc17;
+    sred[((tk2 * 128) + ((tc1 * 4) + 1))] = acc15;
+    sred[((tk2 * 128) + ((tc1 * 4) + 2))] = acc16;
+    sred[((tk2 * 128) + ((tc1 * 4) + 3))] = acc17;
     __syncthreads();
     acc14 = 0.0f;
     acc15 = 0.0f;
