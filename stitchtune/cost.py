@@ -33,7 +33,14 @@ The model, per kernel (all quantities from the :class:`~stitchtune.kir.KernelPro
 5. Plus: launch overhead (device.launch_overhead_us x launch_scale); block barriers
    (``waves x barriers x block_barrier_us / blocks_per_sm``: each barrier stalls its block, hidden in
    part by the other resident blocks); grid barriers (device.grid_barrier_us(grid) x scale each);
-   atomics (``atomics x atomic_ns``, device-wide throughput).
+   atomics (``atomics x atomic_ns``, device-wide throughput); the scratch chain
+   (``ceil(waves) x scratch_loads x scratch_load_ns``): every thread combines the partials of its
+   row from scratch, and on the H200 that cost grows with the loads per thread and per wave of
+   blocks (measured rows in results/: split 64 layernorm_wide schedules run 10-25x slower than
+   their streaming time). The SASS issues ~20 of these ``LDG.E.STRONG.GPU`` loads before the first
+   add, so it is not a plain latency chain; all warps of all blocks of a row hit the same few L2
+   lines, which is the likely bottleneck. The constant is empirical: 300 ns assumed, 234-323 ns
+   when fitted leaving one workload out (scripts/model_quality.py).
 6. Program time = sum over kernels, x ``time_scale``. ``occupancy``/``limiter`` of a Prediction are
    those of its slowest kernel (of the first illegal one when pruned).
 """
@@ -76,6 +83,7 @@ class CostParams:
     block_barrier_us: float = 0.25     # stall of one block at one __syncthreads after loads (assumed)
     grid_barrier_scale: float = 1.0    # x device.grid_barrier_us(grid)
     atomic_ns: float = 0.05            # device-wide cost per global atomic (assumed 20 per ns)
+    scratch_load_ns: float = 300.0     # per scratch load per thread and wave (empirical, see item 5)
     time_scale: float = 1.0            # final multiplier (fitted when only predicted_us is known)
     fitted_rows: int = 0               # measured rows the values were fitted on (0 = defaults)
     source: str = "defaults"           # "defaults" | "calibrated"
@@ -103,6 +111,7 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "block_barrier_us": (0.001, 10.0),
     "grid_barrier_scale": (0.1, 10.0),
     "atomic_ns": (0.001, 50.0),
+    "scratch_load_ns": (20.0, 5000.0),
     "time_scale": (0.1, 10.0),
 }
 
@@ -229,7 +238,7 @@ def kernel_time_us(k: KernelProfile, device: Device, occ: Occupancy, params: Cos
 
 def kernel_terms_us(k: KernelProfile, device: Device, occ: Occupancy, params: CostParams) -> dict[str, float]:
     """The terms of :func:`kernel_time_us` (µs): launch, body (the waves: max of memory and
-    compute), block_barriers, grid_barriers, atomics -- for explaining a prediction."""
+    compute), block_barriers, grid_barriers, atomics, scratch_chain -- for explaining a prediction."""
     p = params
     copy_bw = device.effective_copy_bandwidth_gbs()        # GB/s == bytes/ns
     cap = p.bw_efficiency * copy_bw
@@ -262,9 +271,11 @@ def kernel_terms_us(k: KernelProfile, device: Device, occ: Occupancy, params: Co
     barriers = math.ceil(waves) * k.block_barriers * p.block_barrier_us / occ.blocks_per_sm
     grid_sync = k.grid_barriers * device.grid_barrier_us(grid) * p.grid_barrier_scale
     atomics = k.atomics * p.atomic_ns / 1000.0
+    # a block's scratch loads cost in sequence; the blocks of one wave overlap
+    chain = math.ceil(waves) * k.scratch_loads * p.scratch_load_ns / 1000.0
     launch = device.launch_overhead_us * p.launch_scale
     return {"launch": launch, "body": body, "block_barriers": barriers, "grid_barriers": grid_sync,
-            "atomics": atomics}
+            "atomics": atomics, "scratch_chain": chain}
 
 
 def explain(profile: ProgramProfile, device: Device, registers: Mapping[str, int] | None = None,

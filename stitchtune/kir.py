@@ -384,6 +384,10 @@ class KernelProfile:
     grid_barriers: int
     atomics: int
     bytes_in_flight_per_thread: int
+    #: loads of scratch (partials / per-row values written earlier in the launch or by an earlier
+    #: kernel) one thread issues per launch, summed over its rounds and loops (see the cost model's
+    #: scratch chain; default 0: profiles stored before this field existed)
+    scratch_loads: int = 0
 
 
 @dataclass(frozen=True)

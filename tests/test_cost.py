@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -159,9 +160,47 @@ def test_explain_terms_add_up() -> None:
     assert rows[1]["prune_reason"] and "body" not in rows[1]
     a = rows[0]
     assert a["prune_reason"] is None and a["waves"] == pytest.approx(1.0)
-    terms = sum(a[t] for t in ("launch", "body", "block_barriers", "grid_barriers", "atomics"))
+    terms = sum(a[t] for t in ("launch", "body", "block_barriers", "grid_barriers", "atomics",
+                               "scratch_chain"))
     assert terms == pytest.approx(predict(prog(kp("a", grid=264, block=1024, gb=1, bb=2, atomics=1000)),
                                           H200).time_us)
+
+
+def test_scratch_chain_per_wave() -> None:
+    """Each scratch load a thread waits for costs ``scratch_load_ns``, once per wave of blocks."""
+    p = default_params(H200)
+    one_wave = dataclasses.replace(kp(grid=264, block=1024), scratch_loads=64)
+    base = predict(prog(kp(grid=264, block=1024)), H200).time_us
+    assert predict(prog(one_wave), H200).time_us - base == pytest.approx(64 * p.scratch_load_ns / 1000)
+    four_waves = dataclasses.replace(kp(grid=4 * 264, block=1024), scratch_loads=64)
+    base4 = predict(prog(kp(grid=4 * 264, block=1024)), H200).time_us
+    assert predict(prog(four_waves), H200).time_us - base4 == pytest.approx(4 * 64 * p.scratch_load_ns / 1000)
+
+
+def test_old_profiles_without_scratch_loads_still_load() -> None:
+    d = profile_to_dict(prog(kp("a")))
+    del d["kernels"][0]["scratch_loads"]          # profile_json written before the field existed
+    assert profile_from_dict(d)[0].kernels[0].scratch_loads == 0
+
+
+def test_lowering_counts_scratch_loads_of_split_partials() -> None:
+    """A split row reduction combines its S partials per round: S scratch loads per thread and round
+    in the kernel that reads them, none in the one that only writes them."""
+    from stitchtune.graph import load_graph
+    from stitchtune.lower import lower
+    from stitchtune.plan import make_plan
+    from stitchtune.schedule import Schedule
+
+    g = load_graph(Path(__file__).resolve().parents[1] / "examples" / "layernorm_wide_small.json")
+    plan = make_plan(g)
+    base = {"block": 256, "min_blocks": 0, "reuse": ["global", "recompute"], "tasks_per_block": 1,
+            "schemes": ["independent", "independent"], "tpr": 256, "vec": 1}
+    for split in (2, 8):
+        prof = lower(g, plan, Schedule.from_dict({**base, "split": split}), H200).profile
+        k0, k1, k2 = prof.kernels
+        assert k0.scratch_loads == 0
+        assert k1.scratch_loads == split                 # mean of stage 1 (one round per block)
+        assert k2.scratch_loads == 2 * split             # both reductions' partials
 
 
 # ---------------------------------------------------------------------------- should_prune
@@ -261,6 +300,28 @@ def test_fit_time_scale_only_without_profiles() -> None:
     assert fitted.time_scale == pytest.approx(2.0, rel=1e-3)
     again = fit(df, H200, base=fitted)         # rows were predicted with the old params: compounding
     assert again.time_scale == pytest.approx(4.0, rel=1e-3)
+
+
+def test_fit_uses_rows_with_profiles_when_some_lack_one() -> None:
+    """One row without profile_json (e.g. reused from another study) must not reduce the fit to the
+    time scale (the bug behind the H200 calibration that only moved time_scale)."""
+    df = _rows(_candidates(30), TRUTH, with_profiles=True)
+    df.loc[0, "profile_json"] = None
+    fitted = fit(df, H200)
+    assert fitted.fitted_rows == 29
+    assert fitted.launch_scale != default_params(H200).launch_scale
+    assert _log_err(df.iloc[1:], fitted) < 0.05
+
+
+def test_fit_only_named_constants() -> None:
+    df = _rows(_candidates(20), TRUTH, with_profiles=True)
+    fitted = fit(df, H200, names=("launch_scale",))
+    d = default_params(H200)
+    assert fitted.launch_scale != d.launch_scale and fitted.time_scale != d.time_scale
+    assert (fitted.dram_latency_ns, fitted.bw_efficiency, fitted.block_barrier_us) == (
+        d.dram_latency_ns, d.bw_efficiency, d.block_barrier_us)
+    with pytest.raises(CalibrationError):
+        fit(df, H200, names=("nonesuch",))
 
 
 def test_fit_refuses_emulated_rows() -> None:
