@@ -507,3 +507,26 @@ r.run([(prog, BuildResult("ok", "h", {str(cubin)!r}, "sm_90"))])
         time.sleep(0.2)
     os.kill(worker, signal.SIGKILL)
     raise AssertionError("the worker outlived its parent")
+
+
+def test_relative_error_in_pieces_matches_the_direct_formula() -> None:
+    from stitchtune import runners
+
+    rng = np.random.default_rng(3)
+    n = 3 * runners._CHUNK + 12345  # several pieces and a ragged tail
+    ref = rng.standard_normal(n)
+    out = (ref + 1e-6 * rng.standard_normal(n)).astype(np.float32)
+    want = np.linalg.norm(out.astype(np.float64) - ref) / np.linalg.norm(ref)
+    assert runners.relative_error(out, ref) == pytest.approx(want, rel=1e-9)
+    bad = out.copy()
+    bad[n - 5] = np.nan  # in the last piece
+    assert runners.relative_error(bad, ref) == float("inf")
+    ref_inf = ref.copy()
+    ref_inf[2 * runners._CHUNK + 7] = np.inf
+    out_inf = out.copy()
+    out_inf[2 * runners._CHUNK + 7] = np.inf
+    finite = np.isfinite(ref_inf)
+    want2 = np.linalg.norm(out_inf[finite].astype(np.float64) - ref_inf[finite]) / np.linalg.norm(ref_inf[finite])
+    assert runners.relative_error(out_inf, ref_inf) == pytest.approx(want2, rel=1e-9)
+    out_inf[2 * runners._CHUNK + 7] = 1.0
+    assert runners.relative_error(out_inf, ref_inf) == float("inf")
