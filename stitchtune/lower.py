@@ -29,7 +29,6 @@ import math
 from dataclasses import dataclass, field
 
 from . import kir
-from .errors import ScheduleError
 from .graph import Graph
 from .kir import F32, I32, Assign, Bin, Const, Load, LocalRef, MathOp, Select, Var
 from .occupancy import max_resident_blocks
@@ -85,6 +84,63 @@ class _Ctx:
     def var(self, prefix: str, dtype: str = F32) -> Var:
         self.counter += 1
         return Var(f"{prefix}{self.counter}", dtype)
+
+
+class _SweepValues:
+    """Per-element values of the tensors one sweep needs (shared by both families).
+
+    ``broadcast(name)`` returns the values of a per-row/per-column/scalar tensor (or None for a
+    full-size or per-reduced-index one); ``load_input(name)`` appends the loads of an input to the
+    loop body and returns its ``vec`` values; ``cache_index(j)`` / ``smem_index(j)`` address the
+    register / shared-memory cache of element ``j`` of the current vector. A full-size tensor with a
+    register or shared reuse level is written to its cache the first time a sweep computes it
+    (``newly``) and read from there by later sweeps (``filled``).
+    """
+
+    def __init__(self, low: "_Lowerer", cx: _Ctx, body: list, vec: int, filled: set[str], broadcast, load_input,
+                 cache_index, smem_index, stats: dict) -> None:
+        self.low, self.cx, self.body, self.vec, self.filled = low, cx, body, vec, filled
+        self.broadcast, self.load_input = broadcast, load_input
+        self.cache_index, self.smem_index, self.stats = cache_index, smem_index, stats
+        self.memo: dict[str, list[kir.Expr]] = {}
+        self.newly: set[str] = set()
+
+    def value(self, name: str) -> list[kir.Expr]:
+        low, vec = self.low, self.vec
+        b = self.broadcast(name)
+        if b is not None:
+            return b
+        if name in self.memo:
+            return self.memo[name]
+        tix = low.tid_of[name]
+        level = low.reuse.get(name)
+        if name in self.filled:
+            vals: list[kir.Expr] = ([LocalRef(f"rc{tix}", self.cache_index(j)) for j in range(vec)]
+                                    if level == "register" else
+                                    [Load(f"sc{tix}", self.smem_index(j)) for j in range(vec)])
+            self.memo[name] = vals
+            return vals
+        if name in low.in_buf:
+            vals = self.load_input(name)
+        else:
+            nd = low.nodes[name]
+            argv = [self.value(a) if isinstance(a, str) else [Const(float(a), F32)] * vec for a in nd.args]
+            vals = []
+            for j in range(vec):
+                v = self.cx.var(f"t{tix}_", F32)
+                self.body.append(Assign(v, low.expr_of_node(nd, [a[j] for a in argv])))
+                vals.append(v)
+            self.stats["flops"] += OPS[nd.op].flops * vec
+            self.stats["sfu"] += OPS[nd.op].sfu * vec
+        if low.cls[name] == "F" and level in ("register", "shared"):
+            for j in range(vec):
+                if level == "register":
+                    self.body.append(kir.SetLocal(f"rc{tix}", self.cache_index(j), vals[j]))
+                else:
+                    self.body.append(kir.StoreVec(f"sc{tix}", self.smem_index(j), (vals[j],)))
+            self.newly.add(name)
+        self.memo[name] = vals
+        return vals
 
 
 class _Lowerer:
@@ -370,8 +426,6 @@ class _RowLowerer(_Lowerer):
             lb.append(Assign(k0, _add(kbase, _mul(_add(_mul(it, _I(tpr)), lane), _I(vec)))))
             valid = cx.var("v", kir.BOOL)
             lb.append(Assign(valid, Bin("&&", rvalid, Bin("<", k0, kend))))
-            memo: dict[tuple[str, int], kir.Expr] = {}
-            newly: set[str] = set()
 
             def cache_index(j: int) -> kir.Expr:
                 return _add(_mul(it, _I(vec)), _I(j))
@@ -379,56 +433,27 @@ class _RowLowerer(_Lowerer):
             def smem_index(j: int) -> kir.Expr:
                 return _add(_mul(rib, _I(self.chunk)), _add(_mul(_add(_mul(it, _I(vec)), _I(j)), _I(tpr)), lane))
 
-            def value(name: str) -> list[kir.Expr]:
-                c = self.cls[name]
-                if c in ("P", "S"):
-                    if name in self.in_buf and name not in pvals:
-                        load_p(name)
-                    return [pvals[name]] * vec
-                if (name, 0) in memo:
-                    return [memo[(name, j)] for j in range(vec)]
-                if name in filled:
-                    if self.reuse.get(name) == "register":
-                        vals = [LocalRef(f"rc{self.tid_of[name]}", cache_index(j)) for j in range(vec)]
-                    else:
-                        vals = [Load(f"sc{self.tid_of[name]}", smem_index(j)) for j in range(vec)]
-                    for j in range(vec):
-                        memo[(name, j)] = vals[j]
-                    return vals
-                if name in self.in_buf:
-                    buf = self.in_buf[name]
-                    uses["in"].add(buf)
-                    dsts = tuple(cx.var(f"t{self.tid_of[name]}_", F32) for _ in range(vec))
-                    if c == "F":
-                        idx = _add(_mul(Bin("min", row, _I(M - 1)), _I(N)), k0)
-                        stats["reads"][buf] = stats["reads"].get(buf, 0) + 1
-                    else:  # K class: varies along the row only
-                        idx = k0
-                    lb.append(kir.LoadVec(dsts, buf, idx, valid))
-                    vals = list(dsts)
-                else:
-                    nd = self.nodes[name]
-                    argvals = []
-                    for a in nd.args:
-                        argvals.append(value(a) if isinstance(a, str) else [Const(float(a), F32)] * vec)
-                    vals = []
-                    info = OPS[nd.op]
-                    for j in range(vec):
-                        v = cx.var(f"t{self.tid_of[name]}_", F32)
-                        lb.append(Assign(v, self.expr_of_node(nd, [av[j] for av in argvals])))
-                        vals.append(v)
-                    stats["flops"] += info.flops * vec
-                    stats["sfu"] += info.sfu * vec
-                if c == "F" and self.reuse.get(name) in ("register", "shared") and name not in filled:
-                    for j in range(vec):
-                        if self.reuse[name] == "register":
-                            lb.append(kir.SetLocal(f"rc{self.tid_of[name]}", cache_index(j), vals[j]))
-                        else:
-                            lb.append(kir.StoreVec(f"sc{self.tid_of[name]}", smem_index(j), (vals[j],)))
-                    newly.add(name)
-                for j in range(vec):
-                    memo[(name, j)] = vals[j]
-                return vals
+            def broadcast(name: str) -> list[kir.Expr] | None:
+                if self.cls[name] not in ("P", "S"):
+                    return None
+                if name in self.in_buf and name not in pvals:
+                    load_p(name)
+                return [pvals[name]] * vec
+
+            def load_input(name: str) -> list[kir.Expr]:
+                buf = self.in_buf[name]
+                uses["in"].add(buf)
+                dsts = tuple(cx.var(f"t{self.tid_of[name]}_", F32) for _ in range(vec))
+                if self.cls[name] == "F":
+                    idx = _add(_mul(Bin("min", row, _I(M - 1)), _I(N)), k0)
+                    stats["reads"][buf] = stats["reads"].get(buf, 0) + 1
+                else:  # K class: varies along the row only
+                    idx = k0
+                lb.append(kir.LoadVec(dsts, buf, idx, valid))
+                return list(dsts)
+
+            sv = _SweepValues(self, cx, lb, vec, filled, broadcast, load_input, cache_index, smem_index, stats)
+            value = sv.value
 
             for r in reds:
                 src = self.nodes[r].args[0]
@@ -446,7 +471,7 @@ class _RowLowerer(_Lowerer):
                     lb.append(kir.StoreVec(buf, k0, tuple(vals), _and(valid, Bin("==", row, _I(0)))))
             unroll = bool(cache_reg) or self.iters <= 8
             rb.append(kir.For(it, _I(0), _I(self.iters), 1, tuple(lb), unroll=unroll))
-            filled.update(newly)
+            filled.update(sv.newly)
             for r in reds:
                 pvals[r] = accs[r]
 

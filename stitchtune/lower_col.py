@@ -18,8 +18,8 @@ import math
 
 from . import kir
 from .graph import Graph
-from .kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Select
-from .lower import _I, _Ctx, _Lowerer, _add, _and, _mul, estimate_registers
+from .kir import F32, I32, Assign, Bin, Const, Load, Select
+from .lower import _I, _Ctx, _Lowerer, _SweepValues, _add, _and, _mul, estimate_registers
 from .ops import OPS
 from .plan import StitchPlan
 from .schedule import Schedule
@@ -177,8 +177,6 @@ class _ColLowerer(_Lowerer):
                     rb.append(Assign(a, self.identity(r)))
             lb: list = [Assign(r_, _add(kbase, _add(_mul(it, _I(tk)), tkk))),
                         Assign(valid, Bin("&&", cvalid, Bin("<", r_, kend)))]
-            memo: dict[str, list[kir.Expr]] = {}
-            newly: set[str] = set()
 
             def ci(j: int) -> kir.Expr:
                 return _add(_mul(it, _I(vec)), _I(j))
@@ -186,52 +184,26 @@ class _ColLowerer(_Lowerer):
             def si(j: int) -> kir.Expr:
                 return _add(_mul(_add(_mul(it, _I(tk)), tkk), _I(TC)), _add(_mul(tc, _I(vec)), _I(j)))
 
-            def value(name: str) -> list[kir.Expr]:
-                c = self.cls[name]
-                if c in ("P", "S"):
-                    return load_p(name) if name in self.in_buf else pvals[name]
-                if name in memo:
-                    return memo[name]
-                if name in filled:
-                    tix = self.tid_of[name]
-                    vals: list[kir.Expr] = ([LocalRef(f"rc{tix}", ci(j)) for j in range(vec)]
-                                            if self.reuse[name] == "register" else
-                                            [Load(f"sc{tix}", si(j)) for j in range(vec)])
-                    memo[name] = vals
-                    return vals
-                if name in self.in_buf:
-                    buf = self.in_buf[name]
-                    uses["in"].add(buf)
-                    if c == "F":
-                        dsts = tuple(cx.var(f"t{self.tid_of[name]}_", F32) for _ in range(vec))
-                        idx = _add(_mul(Bin("min", r_, _I(M - 1)), _I(N)), cc0)
-                        lb.append(kir.LoadVec(dsts, buf, idx, valid))
-                        stats["reads"][buf] = stats["reads"].get(buf, 0) + 1
-                        vals = list(dsts)
-                    else:  # K: one value per row
-                        v = cx.var(f"t{self.tid_of[name]}_", F32)
-                        lb.append(Assign(v, Load(buf, Bin("min", r_, _I(M - 1)), valid)))
-                        vals = [v] * vec
-                else:
-                    nd = self.nodes[name]
-                    argv = [value(a) if isinstance(a, str) else [Const(float(a), F32)] * vec for a in nd.args]
-                    vals = []
-                    for j in range(vec):
-                        v = cx.var(f"t{self.tid_of[name]}_", F32)
-                        lb.append(Assign(v, self.expr_of_node(nd, [a[j] for a in argv])))
-                        vals.append(v)
-                    stats["flops"] += OPS[nd.op].flops * vec
-                    stats["sfu"] += OPS[nd.op].sfu * vec
-                if c == "F" and self.reuse.get(name) in ("register", "shared") and name not in filled:
-                    tix = self.tid_of[name]
-                    for j in range(vec):
-                        if self.reuse[name] == "register":
-                            lb.append(kir.SetLocal(f"rc{tix}", ci(j), vals[j]))
-                        else:
-                            lb.append(kir.StoreVec(f"sc{tix}", si(j), (vals[j],)))
-                    newly.add(name)
-                memo[name] = vals
-                return vals
+            def broadcast(name: str) -> list[kir.Expr] | None:
+                if self.cls[name] not in ("P", "S"):
+                    return None
+                return load_p(name) if name in self.in_buf else pvals[name]
+
+            def load_input(name: str) -> list[kir.Expr]:
+                buf = self.in_buf[name]
+                uses["in"].add(buf)
+                if self.cls[name] == "F":
+                    dsts = tuple(cx.var(f"t{self.tid_of[name]}_", F32) for _ in range(vec))
+                    idx = _add(_mul(Bin("min", r_, _I(M - 1)), _I(N)), cc0)
+                    lb.append(kir.LoadVec(dsts, buf, idx, valid))
+                    stats["reads"][buf] = stats["reads"].get(buf, 0) + 1
+                    return list(dsts)
+                v = cx.var(f"t{self.tid_of[name]}_", F32)  # K: one value per row
+                lb.append(Assign(v, Load(buf, Bin("min", r_, _I(M - 1)), valid)))
+                return [v] * vec
+
+            sv = _SweepValues(self, cx, lb, vec, filled, broadcast, load_input, ci, si, stats)
+            value = sv.value
 
             for r in reds:
                 vals = value(self.nodes[r].args[0])  # type: ignore[arg-type]
@@ -247,7 +219,7 @@ class _ColLowerer(_Lowerer):
                 else:  # K output: one value per row, written by the first column's threads
                     lb.append(kir.StoreVec(buf, r_, (vals[0],), _and(valid, Bin("==", c0, _I(0)))))
             rb.append(kir.For(it, _I(0), _I(self.rpt), 1, tuple(lb), unroll=bool(cache_reg) or self.rpt <= 8))
-            filled.update(newly)
+            filled.update(sv.newly)
             for r in reds:
                 pvals[r] = accs[r]
 
