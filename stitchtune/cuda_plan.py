@@ -1,0 +1,142 @@
+"""The plain data that travels from the CUDA runner to its worker: launch plan and per-graph problem.
+
+Contract
+--------
+* :func:`launch_plan` turns a :class:`stitchtune.kir.Program` (duck-typed) into a frozen
+  :class:`LaunchPlan` of :class:`PlanBuffer` and :class:`PlanLaunch` (plain data, picklable): every
+  buffer with its byte size, role (``input``/``output``/``scratch``/``barrier``), graph tensor and
+  whether it starts zeroed (barriers always do); every launch with its kernel name, grid and block as
+  3-tuples, dynamic shared memory and argument buffer names. An inconsistent program (a lowering bug)
+  raises ``ValueError``.
+* :class:`Problem` is what the worker keeps per graph: inputs (bfloat16 as uint16, see
+  :func:`_travel`), input dtypes, the float64 reference per output and output dtypes.
+  :func:`_check_plan` raises ``ValueError`` when a plan's input/output buffers do not match the
+  graph tensors they are bound to, or a graph output has no buffer.
+* ``DEFAULT_SMEM_LIMIT`` is the dynamic shared memory a launch gets without opting in (48 KiB);
+  ``ELEM_BYTES`` the element size per dtype.
+
+Pure numpy; no GPU library is imported here. Used by :mod:`stitchtune.cuda_runner` (parent side),
+:mod:`stitchtune.cuda_worker` (worker side) and the cupy launcher of :mod:`stitchtune.bench_launch`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+DEFAULT_SMEM_LIMIT = 48 * 1024
+ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class PlanBuffer:
+    """One global buffer: ``tensor`` names the graph input/output it is bound to ('' for scratch)."""
+
+    name: str
+    dtype: str
+    nbytes: int
+    role: str
+    zero_init: bool
+    tensor: str
+
+
+@dataclass(frozen=True)
+class PlanLaunch:
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem_bytes: int
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    buffers: tuple[PlanBuffer, ...]
+    launches: tuple[PlanLaunch, ...]
+
+
+def _dim3(v: Any) -> tuple[int, int, int]:
+    if isinstance(v, (tuple, list)):
+        t = tuple(int(x) for x in v) + (1, 1, 1)
+        return (t[0], t[1], t[2])
+    return (int(v), 1, 1)
+
+
+def _buffer_nbytes(b: Any) -> int:
+    nb = getattr(b, "nbytes", None)
+    if isinstance(nb, int):
+        return nb
+    return int(b.size) * (4 if b.role == "barrier" else ELEM_BYTES[b.dtype])
+
+
+def launch_plan(program: Any) -> LaunchPlan:
+    """Extract the launch plan of a :class:`stitchtune.kir.Program` (duck-typed).
+
+    Raises ``ValueError`` for an inconsistent program (a lowering bug): unknown buffer in a launch,
+    an input/output buffer without a graph tensor, an unknown role.
+    """
+    bufs = []
+    names = set()
+    for b in program.buffers:
+        role = str(b.role)
+        if role not in ("input", "output", "scratch", "barrier"):
+            raise ValueError(f"buffer {b.name!r}: unknown role {role!r}")
+        tensor = str(getattr(b, "tensor", "") or "")
+        if role in ("input", "output") and not tensor:
+            raise ValueError(f"{role} buffer {b.name!r} is not bound to a graph tensor")
+        zero = bool(getattr(b, "zero_init", False)) or role == "barrier"
+        bufs.append(PlanBuffer(str(b.name), str(b.dtype), _buffer_nbytes(b), role, zero, tensor))
+        names.add(str(b.name))
+    launches = []
+    for ln in program.launches:
+        missing = [a for a in ln.args if a not in names]
+        if missing:
+            raise ValueError(f"launch of {ln.kernel!r} names unknown buffers {missing}")
+        launches.append(
+            PlanLaunch(str(ln.kernel), _dim3(ln.grid), _dim3(ln.block), int(getattr(ln, "smem_bytes", 0) or 0),
+                       tuple(str(a) for a in ln.args))
+        )
+    return LaunchPlan(tuple(bufs), tuple(launches))
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Per-graph data the worker keeps for its lifetime (plain numpy; bfloat16 as uint16)."""
+
+    inputs: dict[str, np.ndarray]
+    input_dtypes: dict[str, str]
+    expected: dict[str, np.ndarray]  # float64 reference per output
+    output_dtypes: dict[str, str]
+
+    def output_nbytes(self, name: str) -> int:
+        return int(self.expected[name].size) * ELEM_BYTES[self.output_dtypes[name]]
+
+
+def _travel(arr: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(arr)
+    if a.dtype.name == "bfloat16":
+        return a.view(np.uint16)
+    return a
+
+
+def _check_plan(plan: LaunchPlan, problem: Problem) -> None:
+    """Input/output buffers must match the graph tensors they are bound to (else a lowering bug)."""
+    for b in plan.buffers:
+        if b.role == "input":
+            arr = problem.inputs.get(b.tensor)
+            if arr is None:
+                raise ValueError(f"input buffer {b.name!r} bound to unknown graph input {b.tensor!r}")
+            if b.nbytes != arr.nbytes or b.dtype != problem.input_dtypes[b.tensor]:
+                raise ValueError(f"input buffer {b.name!r}: {b.nbytes} B {b.dtype}, graph input "
+                                 f"{b.tensor!r} is {arr.nbytes} B {problem.input_dtypes[b.tensor]}")
+        elif b.role == "output":
+            if b.tensor not in problem.expected:
+                raise ValueError(f"output buffer {b.name!r} bound to unknown graph output {b.tensor!r}")
+            if b.nbytes != problem.output_nbytes(b.tensor) or b.dtype != problem.output_dtypes[b.tensor]:
+                raise ValueError(f"output buffer {b.name!r} does not match graph output {b.tensor!r}")
+    bound = {b.tensor for b in plan.buffers if b.role == "output"}
+    missing = set(problem.expected) - bound
+    if missing:
+        raise ValueError(f"program writes no buffer for graph outputs {sorted(missing)}")
