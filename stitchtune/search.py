@@ -26,20 +26,18 @@ Contract of :func:`run_search`
 * Stops after ``trials`` trials of this run, ``timeout_s`` seconds, ``early_stop`` trials in a row
   without improvement, an exhausted grid, or Ctrl-C (the trials in flight are told FAIL with user
   attr ``interrupted``; everything finished before is already in the database).
+
+Optuna storage, study, sampler, grid and worker-liveness helpers live in :mod:`stitchtune.study`, the
+summary text in :mod:`stitchtune.search_summary`; their public names are re-exported here.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import logging
 import math
 import os
-import re
-import socket
 import sys
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -49,8 +47,23 @@ import optuna
 from optuna.trial import TrialState
 
 from stitchtune.db import TuningDB
-from stitchtune.errors import DatabaseError, ScheduleError, StitchtuneError, ToolchainError
-from stitchtune.pipeline import Stages, context_row, default_stages, device_key, evaluate, schedule_columns
+from stitchtune.errors import ScheduleError, StitchtuneError, ToolchainError
+from stitchtune.pipeline import Stages, context_row, default_stages, evaluate, schedule_columns
+from stitchtune.search_summary import format_best_table, format_summary, json_safe  # noqa: F401 - re-exported
+from stitchtune.study import (
+    _KEY_WAIT_S,
+    MAX_GRID,  # noqa: F401 - re-exported
+    _fail_stale,
+    _local_dead,
+    _open_study,
+    _worker_id,
+    default_study_name,
+    describe_storage,
+    grid_points,
+    make_sampler,
+    make_storage,
+    repair_journal_tail,  # noqa: F401 - re-exported
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +72,6 @@ SAMPLERS = ("tpe", "gp", "cmaes", "random", "grid")
 RESULT_FIELDS = ("status", "prune_reason", "predicted_us", "measured_us", "samples_us", "max_rel_error",
                  "registers", "smem_bytes", "spill_bytes", "occupancy", "compile_s", "error", "estimated")
 _POLL_S = 0.2
-_KEY_WAIT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -226,240 +238,7 @@ def resolve_backend(requested: str, cuda_available: Callable[[], bool] | None = 
                        "times are the cost model's predictions (estimated)")
 
 
-# ---------------------------------------------------------------------------------------- optuna setup
-def default_study_name(graph: Any, device: Any) -> str:
-    """``<graph name>-<workload key[:12]>-<device key>`` with unsafe characters replaced by ``_``."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", str(graph.name))[:64] or "graph"
-    return f"{name}-{graph.workload_key()[:12]}-{re.sub(r'[^A-Za-z0-9_.-]', '_', device_key(device))}"
-
-
-def describe_storage(url: str | None, db_path: str) -> str:
-    """Storage for humans, without any password."""
-    if not url:
-        return f"journal file {os.path.join(db_path, 'optuna.journal')}"
-    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
-
-
-def repair_journal_tail(path: str) -> int:
-    """Cut a torn last record (a writer killed in mid-append, a full disk) off an optuna journal file.
-
-    Without this, the next append would glue a complete record to the torn one and every later read of
-    the study would fail. The check runs under the journal's own lock, so a record that a live worker
-    is appending right now is never mistaken for a torn one. Returns the number of bytes removed.
-    """
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        return 0
-    if size == 0:
-        return 0
-    with open(path, "rb") as fh:
-        fh.seek(-1, os.SEEK_END)
-        if fh.read(1) == b"\n":
-            return 0
-    from optuna.storages.journal import JournalFileSymlinkLock
-
-    lock = JournalFileSymlinkLock(path)  # the lock JournalFileBackend takes for every append
-    lock.acquire()
-    try:
-        with open(path, "r+b") as fh:
-            data_end = fh.seek(0, os.SEEK_END)
-            if data_end == 0:
-                return 0
-            fh.seek(data_end - 1)
-            if fh.read(1) == b"\n":
-                return 0
-            keep = 0
-            pos = data_end
-            while pos > 0:  # find the last newline, reading backwards in blocks
-                start = max(0, pos - 65536)
-                fh.seek(start)
-                block = fh.read(pos - start)
-                nl = block.rfind(b"\n")
-                if nl >= 0:
-                    keep = start + nl + 1
-                    break
-                pos = start
-            fh.truncate(keep)
-            fh.flush()
-            os.fsync(fh.fileno())
-    finally:
-        lock.release()
-    log.warning("optuna journal %s ended in a torn record (%d bytes, from a writer killed in mid-append); "
-                "removed it", path, data_end - keep)
-    return data_end - keep
-
-
-def make_storage(url: str | None, db_path: str) -> Any:
-    """Optuna storage: journal file under the database directory by default, else an RDB URL."""
-    if not url:
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
-
-        path = os.path.join(db_path, "optuna.journal")
-        try:
-            os.makedirs(db_path, exist_ok=True)
-            repair_journal_tail(path)
-            return JournalStorage(JournalFileBackend(path))
-        except OSError as exc:
-            raise DatabaseError(f"cannot use journal storage in {db_path!r}: {exc}") from exc
-        except ValueError as exc:  # json.JSONDecodeError: a damaged record inside the journal
-            raise DatabaseError(f"optuna journal {path!r} is damaged ({str(exc).splitlines()[0]}); the tuning "
-                                f"database in {db_path!r} is intact: move the journal away and search again "
-                                "(schedules measured before are reused from the database)") from exc
-    if not re.match(r"^[a-z0-9+]+://", url):
-        raise DatabaseError(f"--storage must be a database URL such as postgresql://... or sqlite:///... "
-                            f"(got {describe_storage(url, db_path)!r})")
-    if url.startswith(("postgresql://", "postgres://")) and importlib.util.find_spec("psycopg") is None \
-            and importlib.util.find_spec("psycopg2") is not None:
-        # SQLAlchemy >= 2.1 defaults postgresql:// to psycopg 3; use psycopg2 when only it is installed
-        url = "postgresql+psycopg2://" + url.split("://", 1)[1]
-    last: Exception | None = None
-    for attempt in range(6):  # workers starting together race on creating the schema: retry
-        try:
-            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
-        except ImportError as exc:
-            raise DatabaseError(f"--storage {describe_storage(url, db_path)}: missing driver ({exc}); for "
-                                "PostgreSQL: pip install psycopg2-binary") from exc
-        except Exception as exc:  # noqa: BLE001 - sqlalchemy/driver errors are the user's setup
-            last = exc
-            if "duplicate key" not in str(exc) and "already exists" not in str(exc):
-                break
-            time.sleep(0.1 + 0.2 * attempt)
-    first = str(last).strip().splitlines()[0] if str(last).strip() else type(last).__name__
-    raise DatabaseError(f"cannot open optuna storage {describe_storage(url, db_path)}: {first}") from last
-
-
-MAX_GRID = 50_000
-
-
-def grid_points(space: Any, seed: int | None) -> list[Any]:
-    """Every legal point of ``space`` (``space.grid()``), shuffled by ``seed``, for ``--sampler grid``.
-
-    Raises ScheduleError when the space offers no grid or has more than :data:`MAX_GRID` points
-    (counted from ``space.domains`` before enumerating, when the space exposes them).
-    """
-    import random
-
-    if not callable(getattr(space, "grid", None)):
-        raise ScheduleError("--sampler grid: this search space offers no finite grid; use tpe or random")
-    domains = getattr(space, "domains", None)
-    plan = getattr(space, "plan", None)
-    if isinstance(domains, dict) and plan is not None:
-        bound = math.prod(len(v) for k, v in domains.items() if k not in ("scheme", "reuse"))
-        bound *= len(domains.get("scheme", [1])) ** int(getattr(plan, "nstages", 0))
-        bound *= len(domains.get("reuse", [1])) ** len(getattr(plan, "reuse_candidates", ()))
-        if bound > MAX_GRID:
-            raise ScheduleError(f"--sampler grid: the search space of this graph has up to {bound} points "
-                                f"(limit {MAX_GRID}); use tpe, gp, cmaes or random")
-    points = list(space.grid())
-    if not points:
-        raise ScheduleError("--sampler grid: the search space of this graph has no legal point")
-    if len(points) > MAX_GRID:
-        raise ScheduleError(f"--sampler grid: {len(points)} points (limit {MAX_GRID}); use tpe or random")
-    random.Random(seed).shuffle(points)
-    return points
-
-
-def make_sampler(name: str, seed: int | None, space: Any) -> optuna.samplers.BaseSampler:
-    """An optuna sampler by name (``grid``: random sampler; the loop enqueues every grid point)."""
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True, group=True)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "gp":
-        if importlib.util.find_spec("torch") is None:
-            raise ToolchainError("--sampler gp needs PyTorch (optuna's GPSampler): pip install torch")
-        return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
-    if name == "cmaes":
-        if importlib.util.find_spec("cmaes") is None:
-            raise ToolchainError("--sampler cmaes needs the cmaes package: pip install cmaes")
-        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
-    if name == "grid":  # the points themselves are enqueued by the loop (see grid_points)
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise StitchtuneError(f"unknown sampler {name!r}")
-
-
-def _open_study(name: str, storage: Any, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
-    last: Exception | None = None
-    for attempt in range(5):  # concurrent first use of an RDB may race on schema creation
-        try:
-            return optuna.create_study(study_name=name, storage=storage, sampler=sampler,
-                                       direction="minimize", load_if_exists=True)
-        except Exception as exc:  # noqa: BLE001
-            last = exc
-            time.sleep(0.2 * (attempt + 1))
-    raise DatabaseError(f"cannot create or load study {name!r}: {last}")
-
-
-# ---------------------------------------------------------------------------------------- workers
-def _worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _local_dead(worker: Any) -> bool:
-    """True when ``worker`` ("host:pid") is a process of this host that no longer exists."""
-    if not isinstance(worker, str) or ":" not in worker:
-        return False
-    host, _, pid = worker.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def _age_s(t: optuna.trial.FrozenTrial) -> float:
-    import datetime as dt
-
-    start = t.datetime_start
-    if start is None:
-        return 0.0
-    now = dt.datetime.now(start.tzinfo) if start.tzinfo else dt.datetime.now()
-    return max(0.0, (now - start).total_seconds())
-
-
-def _fail_stale(study: optuna.Study, key_wait_s: float | None = None) -> int:
-    """Mark abandoned RUNNING trials FAIL (user attr ``stale``); return how many.
-
-    Abandoned: the trial's ``worker`` is a dead process of this host, or the trial has no ``worker``
-    attr at all although it started more than ``key_wait_s`` ago (its worker died inside ``ask()``,
-    before it could sign the trial; a live worker signs within milliseconds). Younger unsigned trials
-    are waited for (at most ``key_wait_s``, only after a crash).
-    """
-    key_wait_s = _KEY_WAIT_S if key_wait_s is None else key_wait_s
-    storage = study._storage  # optuna has no public API to close other processes' trials
-    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    unsigned = [t for t in running if "worker" not in t.user_attrs]
-    if unsigned:
-        wait = key_wait_s - min(_age_s(t) for t in unsigned)
-        if wait > 0:
-            log.info("waiting %.0f s to tell whether %d unsigned running trial(s) are abandoned", wait, len(unsigned))
-            time.sleep(wait)
-        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        unsigned_ids = {t._trial_id for t in unsigned}
-    else:
-        unsigned_ids = set()
-    n = 0
-    for t in running:
-        worker = t.user_attrs.get("worker")
-        if _local_dead(worker) or (worker is None and t._trial_id in unsigned_ids):
-            try:
-                storage.set_trial_user_attr(t._trial_id, "stale", True)
-                storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-                n += 1
-            except Exception as exc:  # noqa: BLE001 - another worker may have finished it meanwhile
-                log.debug("could not fail stale trial %d: %s", t.number, exc)
-    if n:
-        log.warning("marked %d trial(s) of dead workers as failed (stale)", n)
-    return n
-
-
+# ---------------------------------------------------------------------------------------- trial <-> row
 def _plain(v: Any) -> Any:
     """A JSON-safe Python scalar (numpy scalars unwrapped, NaN/inf -> None)."""
     if hasattr(v, "item") and not isinstance(v, (str, bytes)):
@@ -830,63 +609,6 @@ def run_search(config: SearchConfig, components: Components | None = None) -> Se
     if not log.isEnabledFor(logging.DEBUG):
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own progress bar and summary say enough
     return _Loop(config, comp).run()
-
-
-# ---------------------------------------------------------------------------------------- summary
-def _fmt_us(x: Any, est: str) -> str:
-    return "-" if x is None else f"{float(x):.3f} us{est}"
-
-
-def format_summary(res: SearchResult) -> str:
-    """The end-of-search table, as text (the CLI prints it)."""
-    est = " (estimated)" if res.estimated else ""
-    lines = [f"study {res.study_name} on {res.device_key}, backend {res.backend}{est}, storage {res.storage}",
-             (f"database {res.db_path}; {res.trials_run} trial(s) this run ({res.reused} reused from the "
-              f"database or other workers), stopped: {res.stopped}, {res.elapsed_s:.1f} s")]
-    rows: list[tuple[str, str]] = []
-    if res.best is not None:
-        sched = res.best.get("schedule_json") or ""
-        rows.append(("best schedule", (f"{res.best.get('schedule_key')} (trial {res.best.get('trial_number')} "
-                                       f"of {res.best.get('study')})")))
-        rows.append(("best time", _fmt_us(res.best.get("measured_us"), est)))
-        rows.append(("heuristic (trial 0)", _fmt_us(res.heuristic.get("measured_us"), est)
-                     if res.heuristic is not None and res.heuristic.get("status") == "ok"
-                     else (f"not ok: {res.heuristic.get('status')}" if res.heuristic else "-")))
-        rows.append(("speedup over heuristic", f"{res.speedup:.2f}x{est}" if res.speedup is not None else "-"))
-        if res.floor_fraction is not None:
-            rows.append(("bandwidth floor", (f"{res.floor_us:.3f} us (min bytes / copy bandwidth); floor/best = "
-                                             f"{100 * res.floor_fraction:.1f}%{est}")))
-        else:
-            rows.append(("bandwidth floor", "- (device has no copy bandwidth)"))
-        rows.append(("best schedule json", sched if len(sched) <= 200 else sched[:200] + "..."))
-    else:
-        rows.append(("best", "no successful trial"))
-    counts = ", ".join(f"{k} {v}" for k, v in sorted(res.status_counts.items())) or "-"
-    rows.append(("trials by status", counts))
-    w = max(len(k) for k, _ in rows)
-    lines += [f"  {k.ljust(w)}  {v}" for k, v in rows]
-    return "\n".join(lines)
-
-
-def format_best_table(df: Any) -> str:
-    """``stitchtune show``: best row per workload, device and backend, as a text table."""
-    if df is None or len(df) == 0:
-        return "no successful trials in this database"
-    cols = [c for c in ("graph_name", "workload_key", "device_key", "backend", "measured_us", "estimated",
-                        "schedule_key", "study", "trial_number") if c in df.columns]
-    view = df[cols].copy()
-    if "workload_key" in view.columns:
-        view["workload_key"] = view["workload_key"].astype(str).str[:12]
-    if "estimated" in view.columns:
-        view["estimated"] = view["estimated"].map(lambda e: "estimated" if bool(e) else "measured")
-    return view.to_string(index=False)
-
-
-def json_safe(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """A row with only JSON-serialisable values (timestamps as ISO strings)."""
-    if row is None:
-        return None
-    return json.loads(json.dumps(dict(row), default=str))
 
 
 __all__ = [

@@ -213,7 +213,7 @@ def test_torn_journal_tail_is_cut_and_a_damaged_journal_is_a_named_error(
     journal = db / "optuna.journal"
     intact = journal.read_bytes()
     journal.write_bytes(intact + b'{"op_code": 5, "worker_id": "w", "trial_id": 3, "par')
-    with caplog.at_level(logging.WARNING, logger="stitchtune.search"):
+    with caplog.at_level(logging.WARNING, logger="stitchtune.study"):
         rc, out, err = _search_in_process(db, 2, capsys)
     assert rc == 0, err
     assert any("torn record" in r.getMessage() and str(journal) in r.getMessage() for r in caplog.records)
