@@ -132,14 +132,37 @@ def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, n
     return out
 
 
+#: ops whose argument (first argument for pow and for div's denominator: second) must be positive
+#: for the result to be finite; an input fed to one of them directly is drawn positive
+_POSITIVE_ARG = {"log": (0,), "sqrt": (0,), "rsqrt": (0,), "reciprocal": (0,), "pow": (0,), "div": (1,)}
+
+
+def positive_inputs(graph: Graph) -> set[str]:
+    """Inputs that feed a domain-restricted op directly (log, sqrt, rsqrt, reciprocal, pow base,
+    div denominator): random values for them are drawn positive, so that the reference is finite and
+    a check against it can tell a right kernel from a wrong one."""
+    names = {n for n, _ in graph.inputs}
+    out: set[str] = set()
+    for node in graph.nodes:
+        for i in _POSITIVE_ARG.get(node.op, ()):
+            if i < len(node.args) and isinstance(node.args[i], str) and node.args[i] in names:
+                out.add(node.args[i])
+    return out
+
+
 def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
-    """Standard-normal inputs in each input's dtype, never exactly zero, deterministic in ``seed``."""
+    """Standard-normal inputs in each input's dtype, never exactly zero, deterministic in ``seed``.
+
+    Inputs in :func:`positive_inputs` get ``|N(0, 1)| + 0.5`` instead."""
     check_host_memory(graph)
     rng = np.random.default_rng(seed)
+    positive = positive_inputs(graph)
     out: dict[str, np.ndarray] = {}
     for name, spec in graph.inputs:
         a = rng.standard_normal(spec.shape, dtype=np.float32)
         a[a == 0] = 0.5
+        if name in positive:
+            a = np.abs(a) + np.float32(0.5)
         arr = a.astype(numpy_dtype(spec.dtype))
         arr[arr == 0] = 0.5  # values that underflow in the narrow dtype
         out[name] = arr

@@ -213,3 +213,21 @@ def test_reference_does_not_mutate_inputs(load_example) -> None:
     copies = {k: v.copy() for k, v in ins.items()}
     run_reference(g, ins)
     assert all(np.array_equal(ins[k], copies[k]) for k in ins)
+
+
+def test_inputs_feeding_domain_restricted_ops_are_drawn_positive() -> None:
+    from stitchtune.graph import parse_graph
+    from stitchtune.reference import positive_inputs, random_inputs, run_reference
+
+    g = parse_graph({"name": "dom", "inputs": {"x": {"shape": [64, 32], "dtype": "float32"},
+                                               "d": {"shape": [32], "dtype": "float32"},
+                                               "z": {"shape": [64, 32], "dtype": "float32"}},
+                     "nodes": [{"id": "l", "op": "log", "args": ["x"]},
+                               {"id": "q", "op": "div", "args": ["l", "d"]},
+                               {"id": "y", "op": "add", "args": ["q", "z"]}],
+                     "outputs": ["y"]})
+    assert positive_inputs(g) == {"x", "d"}
+    inputs = random_inputs(g, 0)
+    assert inputs["x"].min() >= 0.5 and inputs["d"].min() >= 0.5
+    assert inputs["z"].min() < 0  # unrestricted inputs stay standard normal
+    assert np.isfinite(run_reference(g, inputs)["y"]).all()

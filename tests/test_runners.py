@@ -530,3 +530,11 @@ def test_relative_error_in_pieces_matches_the_direct_formula() -> None:
     assert runners.relative_error(out_inf, ref_inf) == pytest.approx(want2, rel=1e-9)
     out_inf[2 * runners._CHUNK + 7] = 1.0
     assert runners.relative_error(out_inf, ref_inf) == float("inf")
+
+
+def test_a_reference_without_finite_values_fails_the_check() -> None:
+    from stitchtune.runners import check_outputs
+
+    ref = np.full(16, np.nan)
+    res = check_outputs({"y": np.full(16, np.nan, dtype=np.float32)}, {"y": ref}, {"y": "float32"})
+    assert not res.ok and "no finite value" in res.error
