@@ -230,11 +230,11 @@ class _Compiled:
         return (lambda st, m: fn(af(st, m), bf(st, m))), rt
 
     def mathop(self, e: MathOp) -> tuple[ExprFn, str]:
-        from stitchtune.ops import OPS  # written in parallel; imported when a kernel uses an op
+        from stitchtune.ops import KERNEL_OPS, OPS, kernel_op
 
-        if e.op not in OPS:
-            raise ValueError(f"unknown graph operator {e.op}")
-        np_fn = OPS[e.op].np_fn
+        if e.op not in OPS and e.op not in KERNEL_OPS:
+            raise ValueError(f"unknown kernel operator {e.op}")
+        np_fn = kernel_op(e.op).np_fn
         args = [self.as_type(a, F32) for a in e.args]
 
         def mathop(st: _State, m: np.ndarray) -> Any:

@@ -189,8 +189,9 @@ class _Lowerer:
 
     def expr_of_node(self, nd, args: list[kir.Expr]) -> kir.Expr:
         info = OPS[nd.op]
-        if info.kind == "cast":
-            return args[0]
+        if info.kind == "cast":  # float32 registers: a cast to a 16-bit type rounds, as the reference does
+            to = nd.to or nd.dtype
+            return MathOp(f"round_{to}", (args[0],)) if to in ("float16", "bfloat16") else args[0]
         return MathOp(nd.op, tuple(args))
 
     def combine(self, r: str, a: kir.Expr, b: kir.Expr) -> kir.Expr:

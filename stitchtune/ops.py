@@ -176,6 +176,32 @@ REDUCTIONS: tuple[str, ...] = tuple(o.name for o in _TABLE if o.kind == "reduce"
 COMMUTATIVE: frozenset[str] = frozenset(o.name for o in _TABLE if o.commutative)
 
 
+def _round_to(dtype_name: str) -> Callable[[np.ndarray], np.ndarray]:
+    def fn(x: np.ndarray) -> np.ndarray:
+        if dtype_name == "bfloat16":
+            import ml_dtypes
+
+            return np.asarray(x).astype(ml_dtypes.bfloat16).astype(np.asarray(x).dtype)
+        return np.asarray(x).astype(np.float16).astype(np.asarray(x).dtype)
+    return fn
+
+
+#: Kernel-internal operators (never valid in graph.json, so not in :data:`OPS`): the rounding of a
+#: float32 register value to a 16-bit type and back, which is what a ``cast`` to that type means
+#: inside a kernel whose arithmetic is float32.
+KERNEL_OPS: dict[str, OpInfo] = {
+    "round_float16": OpInfo(name="round_float16", kind="unary", arity=1, np_fn=_round_to("float16"),
+                            cuda="__half2float(__float2half_rn({0}))", flops=2, sfu=0),
+    "round_bfloat16": OpInfo(name="round_bfloat16", kind="unary", arity=1, np_fn=_round_to("bfloat16"),
+                             cuda="__bfloat162float(__float2bfloat16_rn({0}))", flops=2, sfu=0),
+}
+
+
+def kernel_op(name: str) -> OpInfo:
+    """The :class:`OpInfo` of an operator that may appear in a kernel: a graph op or a kernel op."""
+    return OPS[name] if name in OPS else KERNEL_OPS[name]
+
+
 def get_op(name: str) -> OpInfo:
     """The :class:`OpInfo` for ``name``; ``KeyError`` if unknown (graph validation reports it first)."""
     return OPS[name]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from . import kir
-from .ops import OPS
+from .ops import kernel_op
 
 RENDER_VERSION = "1"
 
@@ -91,7 +91,7 @@ class _Renderer:
                 return f"{x.op}({a}, {b})"
             return f"({a} {x.op} {b})"
         if isinstance(x, kir.MathOp):
-            return OPS[x.op].cuda.format(*[self.e(a) for a in x.args])
+            return kernel_op(x.op).cuda.format(*[self.e(a) for a in x.args])
         if isinstance(x, kir.Select):
             return f"({self.e(x.cond)} ? {self.e(x.a)} : {self.e(x.b)})"
         if isinstance(x, kir.Cast):

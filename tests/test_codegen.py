@@ -296,3 +296,24 @@ def test_suggest_and_params_of_agree() -> None:
             assert space.params_of(s) == t.params
             study.tell(t, 1.0)
         assert legal >= 25, (name, legal)  # register/shared budgets still prune some points
+
+
+@pytest.mark.parametrize("to", ["float16", "bfloat16"])
+def test_casts_to_16_bit_round_inside_the_kernel(to: str) -> None:
+    """A float32 output computed through a 16-bit cast matches the reference (which rounds at the
+    cast) at the float32 tolerance: the kernel rounds its float32 register there too."""
+    g = _g([{"id": "h", "op": "cast", "args": ["x"], "to": to},
+            {"id": "m", "op": "reduce_mean", "args": ["h"], "axes": [-1], "keepdims": True},
+            {"id": "d", "op": "sub", "args": ["h", "m"]},
+            {"id": "y", "op": "cast", "args": ["d"], "to": "float32"}],
+           {"x": {"shape": [64, 256], "dtype": "float32"}}, ["y"])
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    inputs = random_inputs(g, 3)
+    ref = run_reference(g, inputs)
+    for s in sampled(space, 6):
+        prog = lower(g, plan, s, DEV, space)
+        assert f"round_{to}" in render(prog).replace("__float2half_rn", "round_float16").replace(
+            "__float2bfloat16_rn", "round_bfloat16")
+        out = emulate_program(prog, inputs, coresident_limit=lambda k: 1 << 30)
+        assert rel_err(out["y"], ref["y"]) < 1e-5
