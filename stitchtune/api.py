@@ -364,6 +364,9 @@ def compile(graph_or_path: Any, db: str | os.PathLike[str] | None = "results", d
     else:
         graph = load_graph(os.fspath(graph_or_path))
     dev = device if device is not None and not isinstance(device, str) else get_device(device)
+    from stitchtune.device import check_fits
+
+    check_fits(graph, dev)  # a graph that cannot fit the device is refused with the numbers
     plan = make_plan(graph)
     space = SearchSpace.for_plan(plan, dev)
     if schedule is not None:

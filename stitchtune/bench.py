@@ -194,6 +194,9 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
 
     from .peers import build_peers
 
+    from .device import check_fits
+
+    check_fits(graph, device)  # refused with the numbers before any allocation
     wl = graph.name
     inputs, expected = reference or _reference(graph, seed)
     in_bytes = sum(a.nbytes for a in inputs.values())

@@ -397,3 +397,16 @@ def test_gpu_torch_compile_matches_fn_without_host_copies() -> None:
         assert err < 1e-5, f"{name}: rel err {err}"
         with pytest.raises(st_torch.TensorRefused, match="on cpu"):
             f(*[a.cpu() for a in args])
+
+
+def test_compile_refuses_a_graph_larger_than_the_device_memory() -> None:
+    import dataclasses
+
+    from stitchtune.api import compile as st_compile
+    from stitchtune.device import DeviceError, get_device
+    from stitchtune.graph import load_graph
+
+    small_gpu = dataclasses.replace(get_device("h200"), memory_bytes=1 << 20)  # 1 MiB
+    g = load_graph(Path(__file__).resolve().parent.parent / "examples" / "layernorm_small.json")
+    with pytest.raises(DeviceError, match="does not fit in device memory"):
+        st_compile(g, db=None, device=small_gpu)
