@@ -4,7 +4,7 @@
 #   GPU machine:  bash scripts/gpu_check.sh                 # results + logs land in $OUT
 #   CPU dry run:  DRY_RUN=1 OUT=/tmp/gpucheck bash scripts/gpu_check.sh
 #
-# Steps (each under `timeout`, the whole script within BUDGET_S seconds, default 420):
+# Steps (each under `timeout`, the whole script within BUDGET_S seconds, default 470 = under 8 minutes):
 #   setup       install the device wheels (.gpu/setup.sh) unless pycuda already imports
 #   gpu_info    nvidia-smi (DRY_RUN: skipped)
 #   versions    python / numpy / pycuda / optuna / nvcc versions
@@ -16,14 +16,16 @@
 #   bench       `stitchtune bench` on the examples searched (DRY_RUN: runs, may fail without a GPU)
 # Then everything is bundled into $OUT (at most 5 files) and a short table is printed last.
 #
-# Knobs: DRY_RUN, OUT, BUDGET_S, GPU_SAMPLES (schedules per example in gpu_tests, default 4),
+# Knobs: DRY_RUN, OUT, BUDGET_S, GPU_SAMPLES (schedules per example in gpu_tests, default 2),
 # TRIALS (per search, default 64; DRY_RUN 6), SEARCH_EXAMPLES (space-separated paths),
-# SEARCH_CAP_S (per search, default 60), BENCH_CAP_S (default 90), GPU_TESTS_CAP_S (default 240).
+# SEARCH_CAP_S (per search, default 30), SEARCH_TIMEOUT_S (the search's own --timeout, default 20),
+# BENCH_CAP_S (default 110), GPU_TESTS_CAP_S (default 60). For complete 64-trial searches (issue 5) give
+# the searches more room, e.g. BUDGET_S=580 SEARCH_CAP_S=45 SEARCH_TIMEOUT_S=35 (about 10 minutes).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 DRY_RUN=${DRY_RUN:-0}
-BUDGET_S=${BUDGET_S:-560}
+BUDGET_S=${BUDGET_S:-470}
 OUT=${OUT:-$(mktemp -d /tmp/gpu_check_out.XXXXXX)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/gpu_check_work.XXXXXX)
@@ -42,10 +44,10 @@ else
   DEFAULT_EXAMPLES=$(ls examples/*.json 2>/dev/null | grep -v '_small\.json$' | tr '\n' ' ')
 fi
 SEARCH_EXAMPLES=${SEARCH_EXAMPLES:-$DEFAULT_EXAMPLES}
-SEARCH_CAP_S=${SEARCH_CAP_S:-40}
-SEARCH_TIMEOUT_S=${SEARCH_TIMEOUT_S:-25}
-BENCH_CAP_S=${BENCH_CAP_S:-170}
-GPU_TESTS_CAP_S=${GPU_TESTS_CAP_S:-75}
+SEARCH_CAP_S=${SEARCH_CAP_S:-30}
+SEARCH_TIMEOUT_S=${SEARCH_TIMEOUT_S:-20}
+BENCH_CAP_S=${BENCH_CAP_S:-110}
+GPU_TESTS_CAP_S=${GPU_TESTS_CAP_S:-60}
 export STITCHTUNE_GPU_SAMPLES=${GPU_SAMPLES:-2}
 export STITCHTUNE_GPU_REPORT="$WORK/gpu_schedules.jsonl"
 export STITCHTUNE_CACHE="$WORK/cubin-cache"
@@ -170,7 +172,7 @@ else
   # peers that compile fast first (every workload), then torch.compile max-autotune with the time left
   step bench "$BENCH_CAP_S" "$PY" -m stitchtune bench $SEARCH_EXAMPLES --db "$DB" -o "$WORK/bench" \
     --peers eager,xla,inductor --iters 100 --warmup 10
-  step torch_entry 50 "$PY" scripts/gpu_torch_entry.py --db "$DB" --examples layernorm,softmax --iters 50
+  step torch_entry 40 "$PY" scripts/gpu_torch_entry.py --db "$DB" --examples layernorm,softmax --iters 50
   step bench_max $(( $(left) - 30 )) "$PY" -m stitchtune bench $SEARCH_EXAMPLES --db "$DB" -o "$WORK/bench_max" \
     --peers inductor-max --iters 100 --warmup 10
 fi
