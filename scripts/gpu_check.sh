@@ -13,7 +13,11 @@
 #               gpu_schedules.jsonl). Without pytest on the machine: an inline pycuda smoke test of
 #               the same fault/hang/ok cases. DRY_RUN: the fake-GPU worker tests of test_runners.py.
 #   search_*    `stitchtune search` per example (cuda backend; DRY_RUN: emulate, small examples)
-#   bench       `stitchtune bench` on the examples searched (DRY_RUN: runs, may fail without a GPU)
+#   bench       `stitchtune bench` on the examples searched: eager, XLA, Inductor (DRY_RUN: eager only;
+#               fails without cupy)
+#   torch_entry scripts/gpu_torch_entry.py: stitchtune.compile via pycuda on the small examples and
+#               stitchtune.torch.compile next to eager and torch.compile
+#   bench_max   torch.compile max-autotune-no-cudagraphs with the time left
 # Then everything is bundled into $OUT (at most 5 files) and a short table is printed last.
 #
 # Knobs: DRY_RUN, OUT, BUDGET_S, GPU_SAMPLES (schedules per example in gpu_tests, default 2),
