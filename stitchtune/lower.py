@@ -201,6 +201,26 @@ class _Lowerer:
     def identity(self, r: str) -> Const:
         return Const(float(self.red_info(r).identity), F32)
 
+    def ready_p_nodes(self, pvals: dict, load_p, const):
+        """Yield ``(node, argument values)`` for every per-row/per-column/scalar node not computed yet
+        whose arguments are all available (``pvals``, or a P/S input loaded through ``load_p``);
+        ``const(x)`` turns a constant argument into a value."""
+        for nd in self.g.nodes:
+            if self.cls[nd.id] not in ("P", "S") or nd.id in pvals or OPS[nd.op].kind == "reduce":
+                continue
+            args = []
+            for a in nd.args:
+                if not isinstance(a, str):
+                    args.append(const(float(a)))
+                elif a in pvals:
+                    args.append(pvals[a])
+                elif a in self.in_buf and self.cls[a] in ("P", "S"):
+                    args.append(load_p(a))
+                else:
+                    break
+            else:
+                yield nd, args
+
     def kernel_segments(self) -> list[list[int]]:
         """Stages (0-based) per kernel: a new kernel starts after each independent stage."""
         segs: list[list[int]] = [[]]
@@ -375,26 +395,7 @@ class _RowLowerer(_Lowerer):
 
         def compute_p_nodes(upto_stage: int) -> None:
             """Compute P/S-class nodes whose reductions are all available."""
-            for nd in g.nodes:
-                if self.cls[nd.id] not in ("P", "S") or nd.id in pvals:
-                    continue
-                if OPS[nd.op].kind == "reduce":
-                    continue
-                deps_ok = True
-                args = []
-                for a in nd.args:
-                    if isinstance(a, str):
-                        if a in pvals:
-                            args.append(pvals[a])
-                        elif a in self.in_buf and self.cls[a] in ("P", "S"):
-                            args.append(load_p(a))
-                        else:
-                            deps_ok = False
-                            break
-                    else:
-                        args.append(Const(float(a), F32))
-                if not deps_ok:
-                    continue
+            for nd, args in self.ready_p_nodes(pvals, load_p, lambda c: Const(c, F32)):
                 v = cx.var("p", F32)
                 rb.append(Assign(v, self.expr_of_node(nd, args)))
                 pvals[nd.id] = v

@@ -20,7 +20,6 @@ from . import kir
 from .graph import Graph
 from .kir import F32, I32, Assign, Bin, Const, Load, Select
 from .lower import _I, _Ctx, _Lowerer, _SweepValues, _add, _and, _mul, estimate_registers
-from .ops import OPS
 from .plan import StitchPlan
 from .schedule import Schedule
 
@@ -118,27 +117,13 @@ class _ColLowerer(_Lowerer):
             return pvals[name]
 
         def compute_p_nodes() -> None:
-            for nd in g.nodes:
-                if self.cls[nd.id] not in ("P", "S") or nd.id in pvals or OPS[nd.op].kind == "reduce":
-                    continue
-                args = []
-                for a in nd.args:
-                    if isinstance(a, str):
-                        if a in pvals:
-                            args.append(pvals[a])
-                        elif a in self.in_buf and self.cls[a] in ("P", "S"):
-                            args.append(load_p(a))
-                        else:
-                            break
-                    else:
-                        args.append([Const(float(a), F32)] * vec)
-                else:
-                    vs = []
-                    for j in range(vec):
-                        v = cx.var("p", F32)
-                        rb.append(Assign(v, self.expr_of_node(nd, [a[j] for a in args])))
-                        vs.append(v)
-                    pvals[nd.id] = vs
+            for nd, args in self.ready_p_nodes(pvals, load_p, lambda c: [Const(c, F32)] * vec):
+                vs = []
+                for j in range(vec):
+                    v = cx.var("p", F32)
+                    rb.append(Assign(v, self.expr_of_node(nd, [a[j] for a in args])))
+                    vs.append(v)
+                pvals[nd.id] = vs
 
         def read_partials(r: str, target: list[kir.Var] | None = None) -> None:
             part = self.scratch(f"part{self.red_idx[r]}", S * N)
