@@ -28,6 +28,7 @@ launch_plan, DEFAULT_SMEM_LIMIT, worker_entry`` keeps working).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import logging
@@ -115,6 +116,13 @@ def cuda_available() -> bool:
 # parent side
 
 
+@dataclasses.dataclass(frozen=True)
+class _Exited:
+    """The worker process died; ``code`` is its exit status (None if unknown)."""
+
+    code: int | None
+
+
 class CudaRunner:
     """Runner on a real GPU (see module docstring). Use as a context manager or call :meth:`close`.
 
@@ -192,16 +200,9 @@ class CudaRunner:
                 raise ToolchainError(f"CUDA worker did not start within {self.start_timeout_s:g} s")
             if not conn.poll(min(left, 1.0)):
                 continue
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                try:
-                    proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    pass
-                rc = proc.returncode
-                self._kill()
-                raise ToolchainError(f"CUDA worker exited during start-up (exit code {rc})") from None
+            msg = self._recv(proc, conn)
+            if isinstance(msg, _Exited):
+                raise ToolchainError(f"CUDA worker exited during start-up (exit code {msg.code})")
             if msg[0] == "hello" and not setup_sent:
                 try:
                     conn.send(("setup", self.backend, self.problem, self.repeats, self.warmup))
@@ -230,6 +231,19 @@ class CudaRunner:
             if f"{want[0]}.{want[1]}" != info.get("cc"):
                 log.warning("target device %s has compute capability %s.%s but the GPU found is %s (cc %s)",
                             getattr(self.device, "name", "?"), want[0], want[1], info.get("name"), info.get("cc"))
+
+    def _recv(self, proc: Any, conn: Any) -> Any:
+        """The worker's next message, or :class:`_Exited` (worker cleaned up) when it died."""
+        try:
+            return conn.recv()
+        except (EOFError, OSError):
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            code = proc.returncode
+            self._kill()
+            return _Exited(code)
 
     def _kill(self) -> None:
         proc, conn = self._proc, self._conn
@@ -302,16 +316,9 @@ class CudaRunner:
                                                      "e.g. a grid barrier deadlock); worker killed and restarted"))
             if not conn.poll(left):
                 continue
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                try:
-                    proc.wait(5)
-                except subprocess.TimeoutExpired:
-                    pass
-                code = proc.returncode
-                self._kill()
-                return Measurement("launch_error", error=f"CUDA worker died (exit code {code})")
+            msg = self._recv(proc, conn)
+            if isinstance(msg, _Exited):
+                return Measurement("launch_error", error=f"CUDA worker died (exit code {msg.code})")
             kind = msg[0]
             if kind == "beat":
                 deadline = time.monotonic() + self.timeout_s
