@@ -58,7 +58,7 @@ def _reuse(space: SearchSpace, base: Schedule) -> Schedule:
     plan = space.plan
     inputs = set(plan.input_names)
     levels = ["global" if c in inputs else "recompute" for c in plan.reuse_candidates]
-    for i, c in enumerate(plan.reuse_candidates):
+    for i in range(len(plan.reuse_candidates)):
         for lvl in ("register", "shared"):
             trial = levels.copy()
             trial[i] = lvl
