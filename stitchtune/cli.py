@@ -355,14 +355,31 @@ def _add_model_check(sub: Any) -> None:
     p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
     p.add_argument("--factor", type=float, default=3.0,
                    help="pruning factor: predicted > FACTOR x best measured (default 3.0)")
+    p.add_argument("--repredict", action="store_true",
+                   help="judge the current cost model: predict every row again (re-lowering the workloads "
+                        "of --graphs) instead of using the predictions stored at search time")
+    p.add_argument("--graphs", nargs="*", default=None, metavar="GRAPH",
+                   help="graph files whose workloads are re-lowered with --repredict (default: examples/*.json "
+                        "when that folder exists)")
     p.set_defaults(func=_cmd_model_check)
 
 
 def _cmd_model_check(args: argparse.Namespace) -> int:
-    from stitchtune.calibrate import format_model_check, model_check
+    import glob
+
+    from stitchtune.calibrate import format_model_check, model_check, repredict
     from stitchtune.db import read_db
 
-    print(format_model_check(model_check(read_db(args.db), args.factor), args.factor))
+    df = read_db(args.db)
+    if args.repredict:
+        paths = args.graphs if args.graphs is not None else sorted(glob.glob(os.path.join("examples", "*.json")))
+        df = repredict(df, [_load(p) for p in paths])
+        counts = df["prediction_source"].value_counts().to_dict() if len(df) else {}
+        print("predictions by the current cost model (" + ", ".join(f"{k}: {v} rows" for k, v in
+                                                                  sorted(counts.items())) + ")")
+    else:
+        print("predictions as stored at search time (--repredict judges the current model)")
+    print(format_model_check(model_check(df, args.factor), args.factor))
     return 0
 
 

@@ -411,3 +411,31 @@ def test_cli_calibrate_skips_unknown_devices(tmp_path, monkeypatch, capsys) -> N
     assert "skipping NVIDIA GeForce RTX 3090/sm_86" in out and "NVIDIA H200/sm_90: fitted on 4" in out
     TuningDB(str(tmp_path / "db2")).append(other.to_dict("records"))
     assert main(["calibrate", "--db", str(tmp_path / "db2")]) == 2
+
+
+def test_repredict_uses_the_current_model_on_stored_rows() -> None:
+    """`model-check --repredict`: ok rows of a known workload are lowered again and predicted by the
+    current model with their stored ptxas registers; other rows keep a stored prediction or profile."""
+    import json
+    from pathlib import Path
+
+    from stitchtune.calibrate import repredict
+    from stitchtune.db import read_db
+    from stitchtune.graph import load_graph
+    from stitchtune.lower import lower
+    from stitchtune.plan import make_plan
+    from stitchtune.schedule import Schedule
+
+    root = Path(__file__).resolve().parent.parent
+    df = read_db(root / "results")
+    g = load_graph(root / "examples" / "layernorm.json")
+    ok = df[(df["graph_name"] == "layernorm") & (df["status"] == "ok")].head(3)
+    out = repredict(ok, [g])
+    assert list(out["prediction_source"]) == ["relowered"] * len(ok)
+    dev = get_device("NVIDIA H200")
+    for (_, row), want in zip(ok.iterrows(), out["predicted_us"]):
+        prof = lower(g, make_plan(g), Schedule.from_json(row["schedule_json"]), dev).profile
+        regs = json.loads(row["profile_json"]).get("registers")
+        assert want == pytest.approx(predict(prof, dev, regs).time_us)
+    others = repredict(df[df["graph_name"] == "layernorm_wide"].head(2), [])
+    assert set(others["prediction_source"]) <= {"profile", "stored"}
