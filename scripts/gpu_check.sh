@@ -162,7 +162,7 @@ else
   step gpu_smoke 120 "$PY" -c "$SMOKE"
 fi
 
-# ---- searches and bench (LEAD: adjust flags once `stitchtune search` / `bench` are final) -----
+# ---- searches and bench ---------------------------------------------------------------------------
 DB="$WORK/db"
 for ex in $SEARCH_EXAMPLES; do
   name=$(basename "$ex" .json)
