@@ -2,6 +2,7 @@
 
 ``examples_dir``: Path of ``examples/``. ``small_examples`` / ``full_examples``: sorted lists of Paths
 (``*_small.json`` and the rest). ``load_example(name)``: the validated Graph of ``examples/<name>.json``.
+``demo_db_script``: ``scripts/make_demo_db.py`` loaded as a module.
 """
 
 from __future__ import annotations
@@ -39,3 +40,14 @@ def load_example() -> Callable[[str], object]:
         return load_graph(EXAMPLES_DIR / f"{name}.json")
 
     return _load
+
+
+@pytest.fixture(scope="session")
+def demo_db_script():
+    """``scripts/make_demo_db.py`` as a module (writes the synthetic tuning database and bench CSV)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_demo_db", EXAMPLES_DIR.parent / "scripts" / "make_demo_db.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

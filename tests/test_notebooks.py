@@ -7,7 +7,6 @@ root as working directory and on ``PYTHONPATH`` so that ``import stitchtune`` wo
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -20,24 +19,17 @@ pytest.importorskip("ipykernel")
 REPO = Path(__file__).resolve().parents[1]
 
 
-def load_demo_script():
-    """scripts/make_demo_db.py as a module (writes the synthetic database)."""
-    spec = importlib.util.spec_from_file_location("make_demo_db", REPO / "scripts" / "make_demo_db.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
 NOTEBOOKS = ("analyze_tuning.ipynb", "compare_schedules.ipynb")
 CELL_TIMEOUT_S = 180
 
 
 @pytest.fixture(scope="module")
-def db_dir(tmp_path_factory) -> Path:
+def db_dir(tmp_path_factory, demo_db_script) -> Path:
     given = os.environ.get("STITCHTUNE_DB")
     if given:
         return Path(given).resolve()
     db = tmp_path_factory.mktemp("nbdb")
-    demo = load_demo_script()
+    demo = demo_db_script
     demo.write_synthetic(db, seed=2, trials=12, fake_measured=True)
     demo.write_synthetic_bench(db)
     return db

@@ -6,7 +6,6 @@ no search runs here, so these tests take seconds.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -26,26 +25,18 @@ from stitchtune.errors import DatabaseError
 REPO = Path(__file__).resolve().parents[1]
 
 
-def load_demo_script():
-    """scripts/make_demo_db.py as a module (the synthetic DB writer shared with test_notebooks)."""
-    spec = importlib.util.spec_from_file_location("make_demo_db", REPO / "scripts" / "make_demo_db.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
-def demo_db(tmp_path_factory) -> Path:
+def demo_db(tmp_path_factory, demo_db_script) -> Path:
     db = tmp_path_factory.mktemp("db")
-    load_demo_script().write_synthetic(db, seed=1, trials=12, fake_measured=True)
+    demo_db_script.write_synthetic(db, seed=1, trials=12, fake_measured=True)
     return db
 
 
 @pytest.fixture(scope="module")
-def cli_report(demo_db, tmp_path_factory):
+def cli_report(demo_db, tmp_path_factory, demo_db_script):
     """`stitchtune report` on the demo DB plus a bench CSV: (exit code, output dir)."""
     out = tmp_path_factory.mktemp("report")
-    bench = load_demo_script().write_synthetic_bench(demo_db)
+    bench = demo_db_script.write_synthetic_bench(demo_db)
     try:
         rc = main(["report", "--db", str(demo_db), "-o", str(out), "--graphs"])
     finally:
