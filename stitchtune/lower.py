@@ -221,6 +221,18 @@ class _Lowerer:
             else:
                 yield nd, args
 
+    def make_kernel(self, ki: int, uses: dict, cx: _Ctx, body: list, shared: list, locals_: list,
+                    needs_sync: bool) -> kir.Kernel:
+        """Kernel ``st_k<ki>`` with its pointer parameters in a fixed order: inputs, outputs (by index),
+        scratch (by name), then the grid-barrier counter when the kernel synchronises the grid."""
+        params = [self.param(b) for b in sorted(uses["in"], key=lambda x: int(x[2:]))]
+        params += [self.param(b) for b in sorted(uses["out"], key=lambda x: int(x[3:]))]
+        params += [self.param(b) for b in sorted(cx.scratch)]
+        if needs_sync:
+            params.append(self.param(self.barrier_buf()))
+        return kir.Kernel(f"st_k{ki}", tuple(params), tuple(body), self.s.block, tuple(shared), tuple(locals_),
+                          self.s.min_blocks, "gbar" if needs_sync else None)
+
     def kernel_segments(self) -> list[list[int]]:
         """Stages (0-based) per kernel: a new kernel starts after each independent stage."""
         segs: list[list[int]] = [[]]
@@ -513,14 +525,7 @@ class _RowLowerer(_Lowerer):
                         rb.append(kir.StoreVec(buf, _I(0), (pvals[o],), Bin("&&", Bin("==", row, _I(0)), leader)))
 
         body.append(kir.For(rd, _I(0), _I(rounds), 1, tuple(rb)))
-        params = [self.param(b) for b in sorted(uses["in"], key=lambda x: int(x[2:]))]
-        params += [self.param(b) for b in sorted(uses["out"], key=lambda x: int(x[3:]))]
-        params += [self.param(b) for b in sorted(cx.scratch)]
-        if needs_sync:
-            params.append(self.param(self.barrier_buf()))
-        name = f"st_k{ki}"
-        kern = kir.Kernel(name, tuple(params), tuple(body), block, tuple(shared), tuple(locals_),
-                          s.min_blocks, "gbar" if needs_sync else None)
+        kern = self.make_kernel(ki, uses, cx, body, shared, locals_, needs_sync)
         prof = self.profile(kern, grid, rounds, smem_bytes, est_regs, stats, stages_here, ki)
         return kern, prof
 

@@ -268,13 +268,7 @@ class _ColLowerer(_Lowerer):
                     rb.append(kir.StoreVec(buf, _I(0), (vals[0],), Bin("&&", Bin("==", c0, _I(0)), Bin("&&", cvalid, lead))))
 
         body.append(kir.For(rd, _I(0), _I(rounds), 1, tuple(rb)))
-        params = [self.param(b) for b in sorted(uses["in"], key=lambda x: int(x[2:]))]
-        params += [self.param(b) for b in sorted(uses["out"], key=lambda x: int(x[3:]))]
-        params += [self.param(b) for b in sorted(cx.scratch)]
-        if needs_sync:
-            params.append(self.param(self.barrier_buf()))
-        kern = kir.Kernel(f"st_k{ki}", tuple(params), tuple(body), block, tuple(shared), tuple(locals_),
-                          s.min_blocks, "gbar" if needs_sync else None)
+        kern = self.make_kernel(ki, uses, cx, body, shared, locals_, needs_sync)
         return kern, self.profile(kern, grid, rounds, smem_bytes, est_regs, stats, seg, ki)
 
 
