@@ -79,6 +79,8 @@ def run_sampler(name: str, seed: int, trials: int, space, obj: Objective) -> lis
 
     from stitchtune.search import make_sampler
 
+    if name in ("gp", "cmaes"):  # as `stitchtune search` does: plain parameter names for these samplers
+        space = space.flat_mode()
     study = optuna.create_study(direction="minimize", sampler=make_sampler(name, seed, space))
     best, trace = math.inf, []
     for _ in range(trials):

@@ -10,6 +10,7 @@ accepts names, numbers, strings, arithmetic, comparisons and ``and``/``or``/``no
 from __future__ import annotations
 
 import ast
+import copy
 import hashlib
 import json
 import math
@@ -121,6 +122,7 @@ class SearchSpace:
         self.device = device
         self.data = data
         self.version: str = str(data["version"])
+        self.flat = False  # plain parameter names (see flat_mode)
         p = data["params"]
         self.domains: dict[str, list[Any]] = {k: list(v["choices"]) for k, v in p.items()}
         self.scheme_rules: dict[str, str] = data["scheme_rules"]
@@ -260,11 +262,48 @@ class SearchSpace:
         reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
         return Schedule(tpr, block, split, vec, tasks, min_blocks, schemes, reuse)
 
+    def _decide_flat(self, choose: Any) -> Schedule:
+        """Every parameter under its plain name with its full domain (``flat`` mode), then repaired
+        towards the legal point it most resembles: a legal point maps to itself, so
+        :meth:`params_of` stays the identity. For samplers that model a fixed set of parameters
+        (GP, CMA-ES), which fall back to random sampling on conditional parameter names."""
+        plan, d = self.plan, self.domains
+        fam = plan.family
+        tpr = choose("tpr", d["tpr"])
+        vec = choose("vec", d["vec"])
+        split = choose("split", d["split"])
+        block = choose("block", d["block"])
+        min_blocks = choose("min_blocks", d["min_blocks"])
+        tasks = choose("tasks_per_block", d["tasks_per_block"])
+        schemes = [choose(f"scheme_{i}", d["scheme"]) for i in range(plan.nstages)]
+        reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
+        if fam == "col":
+            block = min(max(block, tpr * 8), max(d["block"]))
+        else:
+            if tpr < 32:
+                split = 1
+            block = tpr if (split > 1 or fam == "elementwise" or tpr >= max(d["block"])) else max(block, tpr, 32)
+        while min_blocks and min_blocks * block > self.device.max_threads_per_sm:
+            min_blocks = max((m for m in d["min_blocks"] if m < min_blocks), default=0)
+        names = {"family": fam, "tpr": tpr, "split": split, "block": block}
+        legal = [x for x in d["scheme"] if safe_eval(self.scheme_rules[x], names)]
+        order = ("regional", "global", "independent", "local")
+        schemes = [x if x in legal else next(y for y in order if y in legal) for x in schemes]
+        return Schedule(tpr, block, split, vec, tasks, min_blocks, tuple(schemes), reuse)
+
+    def flat_mode(self) -> "SearchSpace":
+        """A copy of this space whose :meth:`suggest` / :meth:`params_of` use plain parameter names
+        (see :meth:`_decide_flat`)."""
+        other = copy.copy(self)
+        other.flat = True
+        return other
+
     def suggest(self, trial: Any) -> Schedule:
         """Ask an optuna trial for a schedule (define-by-run). Constraints that the decision order
         cannot rule out (register and shared-memory budgets) are *not* enforced here: check the
         result with :meth:`violations` (a violated point is pruned without compiling)."""
-        return self._decide(lambda name, dom: trial.suggest_categorical(name, list(dom)))
+        decide = self._decide_flat if self.flat else self._decide
+        return decide(lambda name, dom: trial.suggest_categorical(name, list(dom)))
 
     def params_of(self, s: Schedule) -> dict[str, Any]:
         """The optuna parameter dict of ``s`` (for ``study.enqueue_trial``); the names are those
@@ -285,7 +324,7 @@ class SearchSpace:
             out[name] = v
             return v
 
-        self._decide(choose)
+        (self._decide_flat if self.flat else self._decide)(choose)
         return out
 
     def sample(self, rng: random.Random, max_tries: int = 20000) -> Schedule:

@@ -283,6 +283,9 @@ class _Loop:
         self.estimated = self.backend != "cuda"
         self.plan = comp.make_plan(self.graph)
         self.space = comp.space_for_plan(self.plan, self.device)
+        if config.sampler in ("gp", "cmaes") and hasattr(self.space, "flat_mode"):
+            # these samplers model a fixed parameter set: plain names, repaired points (schedule.py)
+            self.space = self.space.flat_mode()
         self.stages = comp.stages()
         self.db = TuningDB(config.db)
         self.storage_desc = describe_storage(config.storage, config.db)

@@ -318,3 +318,28 @@ def test_casts_to_16_bit_round_inside_the_kernel(to: str) -> None:
         assert any(rounding in render_kernel(k) for k in prog.kernels)
         out = emulate_program(prog, inputs, coresident_limit=lambda k: 1 << 30)
         assert rel_err(out["y"], ref["y"]) < 1e-5
+
+
+def test_flat_mode_names_every_parameter_and_keeps_legal_points() -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for name in ("layernorm.json", "colsum_sigmoid_scale.json", "bias_gelu.json"):
+        g = load_graph(EXAMPLES / name)
+        plan = make_plan(g)
+        space = SearchSpace.for_plan(plan, DEV).flat_mode()
+        h = heuristic_schedule(plan, DEV, space)
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+        study.enqueue_trial(space.params_of(h))
+        t = study.ask()
+        assert space.suggest(t) == h  # a legal point maps to itself
+        names = None
+        legal = 0
+        for _ in range(60):
+            t = study.ask()
+            s = space.suggest(t)
+            names = names or set(t.params)
+            assert set(t.params) == names  # the same parameters in every trial
+            legal += not space.violations(s)
+            study.tell(t, 1.0)
+        assert legal >= 15, (name, legal)
