@@ -21,7 +21,9 @@ import dataclasses
 import logging
 import math
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -92,7 +94,20 @@ def to_float64(arr: np.ndarray, dtype: str) -> np.ndarray:
     return a.astype(np.float64)
 
 
-_CHUNK = 1 << 22  # elements per piece of the chunked comparison
+_CHUNK = 1 << 18  # elements per piece of the chunked comparison (2 MiB of float64 differences: cache-sized)
+_local = threading.local()
+_pool_lock = threading.Lock()
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid that made it, pool), kept between checks
+
+
+def _check_pool() -> ThreadPoolExecutor:
+    """One thread pool per process for the pieces (made on first use; a forked child makes its own)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
+                                                     thread_name_prefix="stitchtune-check"))
+        return _pool[1]
 
 
 def _error_sums(o: np.ndarray, r: np.ndarray) -> tuple[float, float] | None:
@@ -116,23 +131,40 @@ def _error_sums(o: np.ndarray, r: np.ndarray) -> tuple[float, float] | None:
     return float(np.dot(d, d)), float(np.dot(r[finite], r[finite]))
 
 
+def _piece_sums(o: np.ndarray, r: np.ndarray) -> tuple[float, float] | None:
+    """:func:`_error_sums` of one piece, computed in one pass into a per-thread buffer when it can be:
+    both sums finite means every reference and output value of the piece is finite (a NaN or infinity
+    in either makes its sum NaN or infinite, and finite float32/float16 outputs cannot overflow a
+    float64 sum of squares); anything else is decided by :func:`_error_sums`."""
+    if o.dtype.kind != "f" or r.dtype.kind != "f":  # e.g. ml_dtypes.bfloat16: widen it first
+        return _error_sums(o, r)
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.size < o.size:
+        buf = _local.buf = np.empty(max(o.size, _CHUNK), dtype=np.float64)
+    d = buf[: o.size]
+    with np.errstate(all="ignore"):
+        np.subtract(o, r, out=d, dtype=np.float64)  # the same values as o.astype(float64) - r
+        dd = float(np.dot(d, d))
+        rr = float(np.dot(r, r))
+    if math.isfinite(dd) and math.isfinite(rr):
+        return dd, rr
+    return _error_sums(o, r)
+
+
 def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     """``||out - ref|| / ||ref||`` (2-norms, float64); ``inf`` if ``out`` has NaN/inf where ``ref`` is finite.
 
-    Large arrays are compared in pieces on a thread pool (numpy releases the GIL), so checking a
-    256 MiB output costs a fraction of a second on a many-core host instead of seconds."""
+    Large arrays are compared in cache-sized pieces on a thread pool (numpy releases the GIL), one
+    pass per piece, so checking a 256 MiB output costs a fraction of a second on a many-core host."""
     o = np.asarray(out).ravel()
     r = np.asarray(ref).ravel()
     if o.shape != r.shape:
         return float("inf")
     if o.size <= _CHUNK:
-        parts = [_error_sums(o, r)]
+        parts = [_piece_sums(o, r)]
     else:
-        from concurrent.futures import ThreadPoolExecutor
-
         bounds = [(i, min(i + _CHUNK, o.size)) for i in range(0, o.size, _CHUNK)]
-        with ThreadPoolExecutor(max_workers=min(len(bounds), os.cpu_count() or 1)) as pool:
-            parts = list(pool.map(lambda b: _error_sums(o[b[0]:b[1]], r[b[0]:b[1]]), bounds))
+        parts = list(_check_pool().map(lambda b: _piece_sums(o[b[0]:b[1]], r[b[0]:b[1]]), bounds))
     if any(p is None for p in parts):
         return float("inf")
     diff = math.sqrt(sum(p[0] for p in parts))  # type: ignore[index]

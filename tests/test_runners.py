@@ -275,6 +275,27 @@ def _ns_buf(b: Any) -> _Buf:
     return _Buf(b.name, b.dtype, b.size, b.role, b.tensor, b.zero_init)
 
 
+def test_relative_error_fast_path_falls_back_where_sums_are_not_finite() -> None:
+    from stitchtune import runners
+
+    rng = np.random.default_rng(4)
+    n = 2 * runners._CHUNK + 99
+    small = rng.standard_normal(n)
+    ref = small.copy()
+    ref[[3, runners._CHUNK + 1]] = [np.inf, -np.inf]  # reproduced exactly: the exact path decides
+    out = (ref * (1 + 1e-7)).astype(np.float32)
+    fin = np.isfinite(ref)
+    want = np.linalg.norm(out[fin].astype(np.float64) - ref[fin]) / np.linalg.norm(ref[fin])
+    assert runners.relative_error(out, ref) == pytest.approx(want, rel=1e-9)
+    for bad in (np.nan, np.inf, -np.inf):
+        o = small.astype(np.float32)
+        o[runners._CHUNK + 5] = bad
+        assert runners.relative_error(o, small) == float("inf")
+        assert not check_outputs({"y": o}, {"y": small}, {"y": "float32"}).ok
+    half = small.astype(np.float16)
+    assert check_outputs({"y": half}, {"y": small}, {"y": "float16"}).ok
+
+
 def test_launch_plan_of_a_real_program() -> None:
     g, (prog,) = _programs("layernorm_small", 1)
     plan = launch_plan(prog)
