@@ -12,6 +12,13 @@ Contract
   :func:`_travel`), input dtypes, the float64 reference per output and output dtypes.
   :func:`_check_plan` raises ``ValueError`` when a plan's input/output buffers do not match the
   graph tensors they are bound to, or a graph output has no buffer.
+* :func:`write_problem` puts a Problem's arrays into files (raw bytes, one file per array) that are
+  unlinked as soon as they are created, so they exist only while an open descriptor or memory map
+  refers to them: nothing is left on disk when the owner is killed. It returns a
+  :class:`ProblemFiles` (plain data: descriptor numbers, dtypes, shapes; picklable) and the
+  descriptors, which the owner closes with :func:`close_fds`. :meth:`ProblemFiles.open` maps the
+  files read-only (in any process that holds the descriptors, e.g. a child started with
+  ``pass_fds``) and returns a :class:`Problem` whose arrays are those maps.
 * ``DEFAULT_SMEM_LIMIT`` is the dynamic shared memory a launch gets without opting in (48 KiB);
   ``ELEM_BYTES`` the element size per dtype.
 
@@ -21,6 +28,9 @@ Pure numpy; no GPU library is imported here. Used by :mod:`stitchtune.cuda_runne
 
 from __future__ import annotations
 
+import mmap
+import os
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,3 +150,86 @@ def _check_plan(plan: LaunchPlan, problem: Problem) -> None:
     missing = set(problem.expected) - bound
     if missing:
         raise ValueError(f"program writes no buffer for graph outputs {sorted(missing)}")
+
+
+# --------------------------------------------------------------------------------------------
+# the problem in files (the worker maps them instead of receiving hundreds of MiB through a socket)
+
+
+@dataclass(frozen=True)
+class ArrayFile:
+    """One array in an unlinked file: the open descriptor, numpy dtype name and shape (C order)."""
+
+    fd: int
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def open(self) -> np.ndarray:
+        """A read-only array mapped from the file (the map keeps the file alive on its own)."""
+        if self.nbytes == 0:
+            return np.zeros(self.shape, dtype=self.dtype)
+        mm = mmap.mmap(self.fd, self.nbytes, access=mmap.ACCESS_READ)
+        return np.frombuffer(mm, dtype=self.dtype).reshape(self.shape)
+
+
+@dataclass(frozen=True)
+class ProblemFiles:
+    """Where a :class:`Problem`'s arrays lie (see :func:`write_problem`); plain, picklable data."""
+
+    inputs: dict[str, ArrayFile]
+    input_dtypes: dict[str, str]
+    expected: dict[str, ArrayFile]
+    output_dtypes: dict[str, str]
+
+    def fds(self) -> tuple[int, ...]:
+        return tuple(f.fd for f in (*self.inputs.values(), *self.expected.values()))
+
+    def nbytes(self) -> int:
+        return sum(f.nbytes for f in (*self.inputs.values(), *self.expected.values()))
+
+    def open(self) -> Problem:
+        """The problem, its arrays mapped read-only from the files."""
+        return Problem({k: f.open() for k, f in self.inputs.items()}, dict(self.input_dtypes),
+                       {k: f.open() for k, f in self.expected.items()}, dict(self.output_dtypes))
+
+
+def _write_array(arr: np.ndarray, directory: str, fds: list[int]) -> ArrayFile:
+    a = np.ascontiguousarray(arr)
+    fd, path = tempfile.mkstemp(prefix="array-", suffix=".bin", dir=directory)
+    fds.append(fd)
+    os.unlink(path)  # before any byte is written: a kill from here on leaves nothing behind
+    view = memoryview(a.reshape(-1).view(np.uint8))
+    done = 0
+    while done < len(view):
+        done += os.write(fd, view[done:done + (1 << 30)])
+    return ArrayFile(fd, a.dtype.str, tuple(int(n) for n in a.shape))
+
+
+def write_problem(problem: Problem, directory: str) -> tuple[ProblemFiles, list[int]]:
+    """Write every array of ``problem`` into its own unlinked file under ``directory``.
+
+    Returns the :class:`ProblemFiles` and the open descriptors (the caller owns them: pass them to
+    the worker with ``pass_fds`` and close them with :func:`close_fds`). An ``OSError`` (e.g. no space
+    left) closes what was opened and propagates."""
+    fds: list[int] = []
+    try:
+        inputs = {k: _write_array(v, directory, fds) for k, v in problem.inputs.items()}
+        expected = {k: _write_array(np.asarray(v, dtype=np.float64), directory, fds)
+                    for k, v in problem.expected.items()}
+    except BaseException:
+        close_fds(fds)
+        raise
+    return ProblemFiles(inputs, dict(problem.input_dtypes), expected, dict(problem.output_dtypes)), fds
+
+
+def close_fds(fds: list[int]) -> None:
+    """Close descriptors from :func:`write_problem` (a file is freed once no map refers to it either)."""
+    while fds:
+        try:
+            os.close(fds.pop())
+        except OSError:
+            pass

@@ -12,10 +12,20 @@ Contract
   fresh worker. A CUDA error (illegal address, bad launch configuration, module load failure) is
   ``launch_error`` with the driver's text; the worker then exits (the context may be dead) and is
   restarted for the next item.
-* The worker gets, once per start, the graph's inputs (``random_inputs(graph, seed)``, random normal,
-  never zeros) and float64 reference outputs; how it checks and times each program (poisoned outputs,
-  L2 flush, CUDA events, ``warmup`` + ``repeats``, check before and after timing) is the contract of
-  :mod:`stitchtune.cuda_worker`. ``median_us`` and all ``samples_us`` are kept; ``estimated=False``.
+* The runner computes the graph's inputs (``random_inputs(graph, seed)``, random normal, never zeros)
+  and float64 reference outputs once, and writes them into files under a per-runner directory
+  (``tempfile.mkdtemp``, so ``TMPDIR`` chooses the disk) that are unlinked at once
+  (:func:`~stitchtune.cuda_plan.write_problem`): they live only while the runner or its worker
+  holds a descriptor or map of them, so nothing is left behind when the process is killed
+  (``kill -9`` included: the worker dies with its parent). The worker gets the descriptors
+  (``pass_fds``) and maps the files read-only on every start, restarts included: a start costs no
+  copy of the problem through the socket. :meth:`CudaRunner.close` (also on ``__del__`` and at
+  interpreter exit) closes them and removes the directory; a closed runner cannot run again.
+  ``CudaRunner.problem`` is the parent's read-only map of the same files.
+* How the worker checks and times each program (poisoned outputs, L2 flush, CUDA events, ``warmup`` +
+  ``repeats``, every output checked against the float64 reference before any time counts and again
+  after timing) is the contract of :mod:`stitchtune.cuda_worker`. ``median_us`` and all
+  ``samples_us`` are kept; ``estimated=False``.
 * pycuda is imported only inside the worker.
 * ``backend="fake"`` (or ``STITCHTUNE_CUDA_BACKEND=fake``) runs the same worker protocol with a numpy
   stand-in for the GPU (see :mod:`stitchtune.cuda_worker`), so the watchdog/restart logic is tested
@@ -34,11 +44,14 @@ import importlib.util
 import logging
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -52,9 +65,12 @@ from stitchtune.cuda_plan import (
     PlanBuffer,
     PlanLaunch,
     Problem,
+    ProblemFiles,
     _check_plan,
     _travel,
+    close_fds,
     launch_plan,
+    write_problem,
 )
 from stitchtune.cuda_worker import DEVICE_ENV, WorkerLaunchError, worker_entry
 from stitchtune.errors import ToolchainError
@@ -67,7 +83,7 @@ from stitchtune.runners import (
 
 __all__ = [
     "BACKEND_ENV", "DEFAULT_SMEM_LIMIT", "DEVICE_ENV", "ELEM_BYTES", "CudaRunner", "LaunchPlan", "PlanBuffer",
-    "PlanLaunch", "Problem", "WorkerLaunchError", "cuda_available", "launch_plan", "worker_entry",
+    "PlanLaunch", "Problem", "ProblemFiles", "WorkerLaunchError", "cuda_available", "launch_plan", "worker_entry",
 ]
 
 log = logging.getLogger(__name__)
@@ -116,6 +132,16 @@ def cuda_available() -> bool:
 # parent side
 
 
+def _release_files(tmpdir: str, fds: list[int]) -> None:
+    """Close the problem's descriptors and remove the runner's directory (idempotent)."""
+    close_fds(fds)
+    shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _problem_nbytes(problem: Problem) -> int:
+    return sum(int(np.asarray(a).nbytes) for a in (*problem.inputs.values(), *problem.expected.values()))
+
+
 @dataclasses.dataclass(frozen=True)
 class _Exited:
     """The worker process died; ``code`` is its exit status (None if unknown)."""
@@ -156,7 +182,9 @@ class CudaRunner:
 
     def _setup(self, problem: Problem, device: Any, repeats: int, warmup: int, timeout_s: float,
                start_timeout_s: float, backend: str | None) -> None:
-        self.problem = problem
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._conn: multiprocessing.connection.Connection | None = None
+        self._closed = False
         self.device = device
         self.repeats = int(repeats)
         self.warmup = int(warmup)
@@ -169,21 +197,34 @@ class CudaRunner:
             raise ValueError("repeats >= 1, warmup >= 0 and timeout_s > 0 required")
         self.device_info: dict[str, Any] | None = None
         self._starts = 0
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._conn: multiprocessing.connection.Connection | None = None
+        self._tmpdir = tempfile.mkdtemp(prefix="stitchtune-cuda-")
+        fds: list[int] = []
+        # closes the descriptors and removes the directory on close(), garbage collection or exit
+        self._release = weakref.finalize(self, _release_files, self._tmpdir, fds)
+        try:
+            self._files, written = write_problem(problem, self._tmpdir)
+        except OSError as exc:
+            self._release()
+            raise ToolchainError(f"cannot write the CUDA runner's inputs and reference outputs "
+                                 f"({_problem_nbytes(problem) / 2**20:.0f} MiB) under {tempfile.gettempdir()} "
+                                 f"(set TMPDIR to a disk with room): {exc}") from None
+        fds.extend(written)
+        self.problem: Problem = self._files.open()  # read-only maps: the arrays are not held twice
 
     # -- worker lifecycle ---------------------------------------------------------------------
 
     def _start(self) -> None:
         # A plain subprocess (not multiprocessing): nothing of the caller's __main__ is re-imported,
         # and it can be killed at any moment. It talks over one end of a socket pair.
+        if self._closed:
+            raise RuntimeError("this CudaRunner is closed")
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = _child_pythonpath()
         code = f"from stitchtune.cuda_runner import worker_entry; worker_entry({theirs.fileno()})"
         try:
             proc = subprocess.Popen(  # noqa: S603 - fixed program text, no user input
-                [sys.executable, "-c", code], pass_fds=(theirs.fileno(),), env=env,
+                [sys.executable, "-c", code], pass_fds=(theirs.fileno(), *self._files.fds()), env=env,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )
         finally:
@@ -205,7 +246,7 @@ class CudaRunner:
                 raise ToolchainError(f"CUDA worker exited during start-up (exit code {msg.code})")
             if msg[0] == "hello" and not setup_sent:
                 try:
-                    conn.send(("setup", self.backend, self.problem, self.repeats, self.warmup))
+                    conn.send(("setup", self.backend, self._files, self.repeats, self.warmup))
                 except OSError as exc:
                     self._kill()
                     raise ToolchainError(f"CUDA worker exited during start-up: {exc}") from None
@@ -262,7 +303,7 @@ class CudaRunner:
                 log.warning("CUDA worker %d did not exit after SIGKILL", proc.pid)
 
     def close(self) -> None:
-        """Stop the worker (politely, then by force)."""
+        """Stop the worker (politely, then by force) and free the problem's files."""
         if self._proc is not None and self._conn is not None and self._proc.poll() is None:
             try:
                 self._conn.send(("stop",))
@@ -270,6 +311,14 @@ class CudaRunner:
             except (OSError, ValueError, subprocess.TimeoutExpired):
                 pass
         self._kill()
+        self._closed = True
+        release = getattr(self, "_release", None)
+        if release is not None:
+            release()
+            # the parent's maps hold the (unlinked) files too: drop them, keeping names and dtypes
+            p = getattr(self, "problem", None)
+            if p is not None:
+                self.problem = Problem({}, p.input_dtypes, {}, p.output_dtypes)
 
     def __enter__(self) -> CudaRunner:
         return self
@@ -286,6 +335,8 @@ class CudaRunner:
     # -- running ------------------------------------------------------------------------------
 
     def run(self, items: list[tuple[Any, Any]]) -> list[Measurement]:
+        if self._closed:
+            raise RuntimeError("this CudaRunner is closed")
         out = []
         for program, build in items:
             if getattr(build, "status", None) != "ok" or not getattr(build, "cubin_path", None):

@@ -4,6 +4,8 @@ protocol (watchdog, restart, statuses) with the fake GPU backend inside the work
 from __future__ import annotations
 
 import dataclasses
+import os
+import pickle
 import random
 import time
 from pathlib import Path
@@ -275,6 +277,67 @@ def _ns_buf(b: Any) -> _Buf:
     return _Buf(b.name, b.dtype, b.size, b.role, b.tensor, b.zero_init)
 
 
+def _held_under(path: Path, pid: str = "self") -> tuple[list[str], list[str]]:
+    """(open descriptors, memory maps) of process ``pid`` that refer to files under ``path``."""
+    fds = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(path)):
+            fds.append(target)
+    maps = [ln for ln in Path(f"/proc/{pid}/maps").read_text().splitlines() if str(path) in ln]
+    return fds, maps
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")
+def test_cuda_runner_problem_is_in_unlinked_files_freed_on_close(tmp_path: Path) -> None:
+    x = np.random.default_rng(5).standard_normal(1 << 16).astype(np.float32)
+    r = CudaRunner.for_arrays({"x": x}, {"x": "float32"}, {"y": 2 * x.astype(np.float64)}, {"y": "float32"},
+                              repeats=2, warmup=0, backend="fake")
+    problem_dir = Path(r._tmpdir)
+    assert problem_dir.is_dir() and not list(problem_dir.iterdir())  # unlinked as soon as written
+    fds, maps = _held_under(problem_dir)
+    assert len(set(fds)) == 2 and all(f.endswith("(deleted)") for f in fds)  # the input and the reference
+    assert len(maps) == 2  # the parent's read-only view of both
+    assert len(pickle.dumps(r._files)) < 2000  # what the worker's setup message carries: no arrays
+    np.testing.assert_array_equal(r.problem.inputs["x"], x)
+    np.testing.assert_array_equal(r.problem.expected["y"], 2 * x.astype(np.float64))
+    assert not r.problem.inputs["x"].flags.writeable
+    prog = NS(buffers=(NS(name="i", dtype="float32", size=x.size, role="input", tensor="x", zero_init=False),
+                       NS(name="o", dtype="float32", size=x.size, role="output", tensor="y", zero_init=False)),
+              launches=(NS(kernel="k", grid=1, block=32, smem_bytes=0, args=("i", "o")),))
+    (m,) = r.run([(prog, _fake_build(tmp_path, "ok"))])
+    assert m.status == "ok" and m.max_rel_error == 0.0
+    worker = str(r._proc.pid)
+    assert len(_held_under(problem_dir, worker)[1]) == 2  # the worker maps the same files
+    r.close()
+    assert not problem_dir.exists()
+    assert _held_under(problem_dir) == ([], [])
+    with pytest.raises(RuntimeError, match="closed"):
+        r.run([(prog, _fake_build(tmp_path, "ok"))])
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")
+def test_restarted_worker_maps_the_problem_again_and_still_checks(tmp_path: Path) -> None:
+    """After a hang (watchdog kill) and a fault (worker exit) each new worker maps the runner's files
+    again: right outputs are ok with no error, wrong and unwritten ones are still caught."""
+    with CudaRunner.for_arrays({"x": X}, {"x": "float32"}, {"y": X.astype(np.float64) * 2}, {"y": "float32"},
+                               repeats=3, warmup=1, timeout_s=1.5, backend="fake") as r:
+        problem_dir = Path(r._tmpdir)
+        modes = ["ok", "hang", "wrong", "ok:4", "fault", "nan", "once", "ok:2"]
+        ms = r.run([(PROG, _fake_build(tmp_path, m)) for m in modes])
+        assert [m.status for m in ms] == ["ok", "timeout", "wrong_result", "ok", "launch_error", "wrong_result",
+                                          "wrong_result", "ok"]
+        assert r.restarts == 2
+        assert ms[3].median_us == 4.0 and ms[3].max_rel_error == 0.0 and ms[7].median_us == 2.0
+        assert "relative error" in ms[2].error and "non-finite" in ms[5].error
+        assert "scratch not reusable" in ms[6].error
+        assert len(_held_under(problem_dir, str(r._proc.pid))[1]) == 2
+    assert not problem_dir.exists()
+
+
 def test_relative_error_fast_path_falls_back_where_sums_are_not_finite() -> None:
     from stitchtune import runners
 
@@ -390,7 +453,11 @@ def _buf(ptr):
     return _MEM[ptr]
 def memcpy_htod(dst, src):
     s = np.ascontiguousarray(src).view(np.uint8).ravel(); _buf(dst)[: s.size] = s
+_PINNED = set()
+def pagelocked_empty(shape, dtype, order="C", mem_flags=0):
+    a = np.empty(shape, dtype); _PINNED.add(id(a)); return a
 def memcpy_dtoh(dst, src):
+    assert id(dst if dst.base is None else dst.base) in _PINNED, "downloads go into page-locked buffers"
     d = dst.view(np.uint8).ravel(); d[:] = _buf(src)[: d.size]
 def memset_d8(dst, value, n): _buf(dst)[:n] = value
 
@@ -474,7 +541,8 @@ def test_pycuda_backend_against_a_mock_pycuda(tmp_path: Path, monkeypatch: pytes
 
 
 def test_worker_dies_with_its_parent(tmp_path: Path) -> None:
-    """A parent killed with SIGKILL while its worker is stuck in a hung kernel leaves no orphan."""
+    """A parent killed with SIGKILL while its worker is stuck in a hung kernel leaves no orphan, and no
+    file of its problem (they were unlinked when written; the kernel frees them with the last holder)."""
     import os
     import signal
     import subprocess
@@ -483,6 +551,7 @@ def test_worker_dies_with_its_parent(tmp_path: Path) -> None:
     cubin = tmp_path / "hang.cubin"
     cubin.write_bytes(b"FAKE:hang")
     pidfile = tmp_path / "worker.pid"
+    dirfile = tmp_path / "problem.dir"
     code = f"""
 import numpy as np, threading, time
 from types import SimpleNamespace as NS
@@ -491,6 +560,7 @@ from stitchtune.cuda_runner import CudaRunner
 x = np.ones(8, np.float32)
 r = CudaRunner.for_arrays({{"x": x}}, {{"x": "float32"}}, {{"y": x.astype(float)}}, {{"y": "float32"}},
                           timeout_s=600, backend="fake")
+open({str(dirfile)!r}, "w").write(r._tmpdir)
 prog = NS(buffers=(NS(name="a", dtype="float32", size=8, role="input", tensor="x", zero_init=False),
                    NS(name="b", dtype="float32", size=8, role="output", tensor="y", zero_init=False)),
           launches=(NS(kernel="k", grid=1, block=32, smem_bytes=0, args=("a", "b")),))
@@ -511,23 +581,29 @@ r.run([(prog, BuildResult("ok", "h", {str(cubin)!r}, "sm_90"))])
         time.sleep(1.0)  # the worker is now inside the hung fake kernel
         worker = int(pidfile.read_text())
         os.kill(worker, 0)  # alive
+        problem_dir = Path(dirfile.read_text())
+        assert problem_dir.is_dir() and not list(problem_dir.iterdir())  # files unlinked when written
     finally:
         parent.send_signal(signal.SIGKILL)
         parent.wait()
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            os.kill(worker, 0)
-        except ProcessLookupError:
-            return
-        try:
-            if Path(f"/proc/{worker}/stat").read_text().split(") ")[1].startswith("Z"):
+    try:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(worker, 0)
+            except ProcessLookupError:
                 return
-        except (OSError, IndexError):
-            return
-        time.sleep(0.2)
-    os.kill(worker, signal.SIGKILL)
-    raise AssertionError("the worker outlived its parent")
+            try:
+                if Path(f"/proc/{worker}/stat").read_text().split(") ")[1].startswith("Z"):
+                    return
+            except (OSError, IndexError):
+                return
+            time.sleep(0.2)
+        os.kill(worker, signal.SIGKILL)
+        raise AssertionError("the worker outlived its parent")
+    finally:
+        assert not list(problem_dir.iterdir())  # an empty directory is all a SIGKILL leaves
+        problem_dir.rmdir()
 
 
 def test_relative_error_in_pieces_matches_the_direct_formula() -> None:
