@@ -27,7 +27,10 @@ The model, per kernel (all quantities from the :class:`~stitchtune.kir.KernelPro
    (``n x block x bytes_in_flight_per_thread``) / ``dram_latency_ns``, (c) the busy SMs' share
    (``sm_bw_share`` x copy bandwidth / SMs per busy SM). DRAM bytes = first-touch reads + writes + the
    re-reads that miss L2; re-reads hit L2 in proportion ``min(1, l2_usable_fraction x L2 /
-   working set)`` and are served at ``l2_bw_factor`` x that bandwidth.
+   working set)`` and are served at ``l2_bw_factor`` x that bandwidth. A re-read in reverse order
+   (``reversed_rereads``, schedule order ``alternate``) starts with the most recently read data, so
+   it finds up to ``l2_reverse_fraction`` x L2 of it (assumed 0.9; a forward re-read of a working set
+   larger than the L2 finds little, as an LRU-like cache evicts each line before it is read again).
 4. Compute time of a wave: flops over FP32 lanes x clock of the busy SMs, plus SFU ops over SFU
    lanes, both scaled by ``compute_efficiency``; a wave takes max(memory, compute).
 5. Plus: launch overhead (device.launch_overhead_us x launch_scale); block barriers
@@ -78,6 +81,7 @@ class CostParams:
     sm_bw_share: float = 4.0           # one SM draws at most this x its fair share of bandwidth (assumed)
     l2_bw_factor: float = 2.5          # L2-hit bandwidth / DRAM bandwidth (assumed)
     l2_usable_fraction: float = 0.6    # share of L2 a re-read working set can keep (assumed)
+    l2_reverse_fraction: float = 0.9   # share of L2 a reverse-order re-read finds (assumed)
     compute_efficiency: float = 0.5   # achieved / peak FP32 and SFU issue rate (assumed)
     launch_scale: float = 1.0          # x device.launch_overhead_us per kernel
     block_barrier_us: float = 0.25     # stall of one block at one __syncthreads after loads (assumed)
@@ -106,6 +110,7 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "bw_efficiency": (0.2, 1.0),
     "sm_bw_share": (1.0, 64.0),
     "l2_bw_factor": (1.0, 10.0),
+    "l2_reverse_fraction": (0.1, 1.0),
     "compute_efficiency": (0.05, 1.0),
     "launch_scale": (0.05, 5.0),
     "block_barrier_us": (0.001, 10.0),
@@ -244,7 +249,8 @@ def kernel_terms_us(k: KernelProfile, device: Device, occ: Occupancy, params: Co
     cap = p.bw_efficiency * copy_bw
     per_sm_bw = p.sm_bw_share * copy_bw / device.sm_count
     ws = max(int(k.reread_working_set), 1)
-    hit = min(1.0, p.l2_usable_fraction * device.l2_bytes / ws) if k.reread_bytes > 0 else 0.0
+    kept = max(p.l2_usable_fraction, p.l2_reverse_fraction) if k.reversed_rereads else p.l2_usable_fraction
+    hit = min(1.0, kept * device.l2_bytes / ws) if k.reread_bytes > 0 else 0.0
     dram_bytes = k.dram_read_bytes + k.dram_write_bytes + k.reread_bytes * (1.0 - hit)
     l2_bytes = k.reread_bytes * hit
     grid = int(k.grid)

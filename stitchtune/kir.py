@@ -388,6 +388,9 @@ class KernelProfile:
     #: kernel) one thread issues per launch, summed over its rounds and loops (see the cost model's
     #: scratch chain; default 0: profiles stored before this field existed)
     scratch_loads: int = 0
+    #: the re-reads run opposite to the read before them (schedule order ``alternate``), so they start
+    #: with what that read left in L2 (default False: forward, and profiles stored before the field)
+    reversed_rereads: bool = False
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,47 @@ class _Lowerer:
         self.reuse = dict(zip(plan.reuse_candidates, s.reuse))
         self.rpb = 1
         self.red_idx = {r: i for i, r in enumerate(plan.reductions)}
+        # sweep order (schedule.order == "alternate"), carried across kernels: the direction of the last
+        # sweep that read a full-size tensor from memory, and the task order of the last kernel that did
+        # (True = backwards; None before the first)
+        self.last_reversed: bool | None = None
+        self.last_tasks_reversed: bool | None = None
+
+    # -- sweep order ------------------------------------------------------------------------------
+    def sweep_index(self, cx: _Ctx, it: Var) -> tuple[kir.Expr, Var | None]:
+        """The logical iteration index of a sweep over ``it``: ``it`` itself for forward schedules;
+        for ``alternate`` ones a fresh variable whose assignment :meth:`order_sweep` emits once the
+        sweep's body is known."""
+        if self.s.order != "alternate":
+            return it, None
+        ii = cx.var("ii", I32)
+        return ii, ii
+
+    def order_sweep(self, ii: Var | None, it: Var, iters: int, reads_memory: bool) -> tuple[list, bool]:
+        """(The assignment of the logical index ``ii``, whether the sweep runs backwards); no statement
+        for forward schedules. A sweep that reads
+        a full-size tensor from memory runs opposite to the previous such sweep (the first one forwards),
+        so that it starts with what the previous one left in L2; other sweeps run forwards."""
+        if ii is None:
+            return [], False
+        rev = False
+        if reads_memory:
+            rev = self.last_reversed is False
+            self.last_reversed = rev
+        return [Assign(ii, Bin("-", _I(iters - 1), it) if rev else it)], rev
+
+    def order_tasks(self, rb: list, reads_memory: bool, total: int) -> None:
+        """Alternate order: of consecutive kernels that read full-size tensors from memory, every other
+        one takes its tasks backwards (the first forwards), so that a re-read across a kernel boundary
+        starts with the tasks whose data the previous kernel left in L2. ``rb[0]`` is the assignment of
+        the task index; ``total`` = rounds x grid, so every round still takes an aligned group of
+        ``grid`` consecutive tasks (whole rows for a split row, as a grid barrier needs)."""
+        if self.s.order != "alternate" or not reads_memory:
+            return
+        rev = self.last_tasks_reversed is False
+        self.last_tasks_reversed = rev
+        if rev:
+            rb[0] = Assign(rb[0].var, Bin("-", _I(total - 1), rb[0].expr))
 
     # -- helpers ------------------------------------------------------------------------------
     def param(self, bufname: str) -> kir.Param:
@@ -287,6 +328,9 @@ class _Lowerer:
         # measured H200 rows contradict the old claim that a register-cached row is all in flight
         # (scripts/model_quality.py)
         in_flight = s.vec * elem_bytes * min(self.iters, 4)
+        if any(a.name.startswith("pf") for a in kern.locals):
+            # prefetch: the next task's loads are in flight while this task reduces (model assumption)
+            in_flight += s.vec * elem_bytes * min(self.iters, 4)
         return kir.KernelProfile(
             name=kern.name, grid=grid, block=s.block, smem_bytes=smem_bytes, est_registers=est_regs,
             dram_read_bytes=int(dram_read), dram_write_bytes=int(writes + scratch),
@@ -295,7 +339,8 @@ class _Lowerer:
             block_barriers=int(rounds * kern_barriers(kern)), grid_barriers=int(rounds * sum(
                 1 for st in kir.walk(kern.body) if isinstance(st, kir.GridSync))),
             atomics=0, bytes_in_flight_per_thread=int(in_flight),
-            scratch_loads=int(scratch_loads_per_thread(kern)))
+            scratch_loads=int(scratch_loads_per_thread(kern)),
+            reversed_rereads=s.order == "alternate" and reread > 0)
 
     def finalize(self, cx, rb, r, pvals) -> None:
         """Turn a combined sum into a mean where the reduction is a mean (``pvals[r]`` may be a list)."""
@@ -326,7 +371,8 @@ class _RowLowerer(_Lowerer):
         kernels, launches, profiles = [], [], []
         segs = self.kernel_segments() if p.nstages else [[]]
         n_reg = sum(1 for r in s.reuse if r == "register")
-        est = estimate_registers(self.per_thread * n_reg, vec, 4)
+        n_pf = s.prefetch * sum(1 for n, c in p.classes if c == "F" and n in self.in_buf)
+        est = estimate_registers(self.per_thread * (n_reg + n_pf), vec, 4)
         for ki, seg in enumerate(segs):
             is_last = ki == len(segs) - 1
             k, prof = self.build_kernel(ki, seg, is_last, tasks, est)
@@ -379,6 +425,11 @@ class _RowLowerer(_Lowerer):
         kend = cx.var("ke", I32)
         rb = []  # round body
         task = _add(_mul(rd, gdim), bid)
+        kernel_reads: list[bool] = []  # whether a sweep of this kernel reads a full-size tensor
+        if s.order == "alternate":
+            tq = cx.var("tq", I32)
+            rb.append(Assign(tq, task))  # reversed by order_tasks when this kernel runs its tasks backwards
+            task = tq
         if S == 1:
             rb += [Assign(row, _add(_mul(task, _I(rpb)), rib)), Assign(sidx, _I(0))]
         else:
@@ -426,10 +477,39 @@ class _RowLowerer(_Lowerer):
         compute_p_nodes(-1)
 
         filled: set[str] = set()  # cached tensors filled in this kernel
+        # prefetch (schedule.prefetch, split 1): the kernel's first sweep takes its full-size inputs from
+        # the registers pf<t>, which are loaded for the next task right after that sweep
+        prefetched: list[str] = []
+        first_sweep = [bool(s.prefetch)]
+
+        def prefetch_rows(task_expr: kir.Expr, valid_task: kir.Expr | None) -> list:
+            """Statements loading the prefetched inputs of the row group ``task_expr`` into pf<t>."""
+            tn = cx.var("tn", I32)
+            rown = cx.var("rown", I32)
+            vn = cx.var("vn", kir.BOOL)
+            ip = cx.var("ip", I32)
+            kp = cx.var("kp", I32)
+            vp = cx.var("vp", kir.BOOL)
+            row_ok = Bin("<", rown, _I(M))
+            out = [Assign(tn, task_expr), Assign(rown, _add(_mul(tn, _I(rpb)), rib)),
+                   Assign(vn, _and(valid_task, row_ok))]
+            lp: list = [Assign(kp, _mul(_add(_mul(ip, _I(tpr)), lane), _I(vec))),
+                        Assign(vp, Bin("&&", vn, Bin("<", kp, _I(N))))]
+            for name in prefetched:
+                tix = self.tid_of[name]
+                dsts = tuple(cx.var(f"f{tix}_", F32) for _ in range(vec))
+                lp.append(kir.LoadVec(dsts, self.in_buf[name], _add(_mul(Bin("min", rown, _I(M - 1)), _I(N)), kp), vp))
+                lp += [kir.SetLocal(f"pf{tix}", _add(_mul(ip, _I(vec)), _I(j)), dsts[j]) for j in range(vec)]
+            out.append(kir.For(ip, _I(0), _I(self.iters), 1, tuple(lp), unroll=True))
+            return out
 
         def sweep(sweep_no: int, reds: list[str], outputs: list[str]) -> None:
             """One pass over the thread's elements: accumulate ``reds`` and/or store ``outputs``."""
             it = cx.var("i", I32)
+            idx_it, ii = self.sweep_index(cx, it)
+            reads_memory: list[bool] = []
+            from_prefetch = first_sweep[0]
+            first_sweep[0] = False
             lb: list = []
             accs = {}
             for r in reds:
@@ -437,15 +517,15 @@ class _RowLowerer(_Lowerer):
                 rb.append(Assign(a, self.identity(r)))
                 accs[r] = a
             k0 = cx.var("k", I32)
-            lb.append(Assign(k0, _add(kbase, _mul(_add(_mul(it, _I(tpr)), lane), _I(vec)))))
+            lb.append(Assign(k0, _add(kbase, _mul(_add(_mul(idx_it, _I(tpr)), lane), _I(vec)))))
             valid = cx.var("v", kir.BOOL)
             lb.append(Assign(valid, Bin("&&", rvalid, Bin("<", k0, kend))))
 
             def cache_index(j: int) -> kir.Expr:
-                return _add(_mul(it, _I(vec)), _I(j))
+                return _add(_mul(idx_it, _I(vec)), _I(j))
 
             def smem_index(j: int) -> kir.Expr:
-                return _add(_mul(rib, _I(self.chunk)), _add(_mul(_add(_mul(it, _I(vec)), _I(j)), _I(tpr)), lane))
+                return _add(_mul(rib, _I(self.chunk)), _add(_mul(_add(_mul(idx_it, _I(vec)), _I(j)), _I(tpr)), lane))
 
             def broadcast(name: str) -> list[kir.Expr] | None:
                 if self.cls[name] not in ("P", "S"):
@@ -457,10 +537,15 @@ class _RowLowerer(_Lowerer):
             def load_input(name: str) -> list[kir.Expr]:
                 buf = self.in_buf[name]
                 uses["in"].add(buf)
+                if from_prefetch and self.cls[name] == "F":
+                    stats["reads"][buf] = stats["reads"].get(buf, 0) + 1
+                    prefetched.append(name)
+                    return [LocalRef(f"pf{self.tid_of[name]}", cache_index(j)) for j in range(vec)]
                 dsts = tuple(cx.var(f"t{self.tid_of[name]}_", F32) for _ in range(vec))
                 if self.cls[name] == "F":
                     idx = _add(_mul(Bin("min", row, _I(M - 1)), _I(N)), k0)
                     stats["reads"][buf] = stats["reads"].get(buf, 0) + 1
+                    reads_memory.append(True)
                 else:  # K class: varies along the row only
                     idx = k0
                 lb.append(kir.LoadVec(dsts, buf, idx, valid))
@@ -483,8 +568,13 @@ class _RowLowerer(_Lowerer):
                     lb.append(kir.StoreVec(buf, _add(_mul(row, _I(N)), k0), tuple(vals), valid))
                 elif c == "K":
                     lb.append(kir.StoreVec(buf, k0, tuple(vals), _and(valid, Bin("==", row, _I(0)))))
-            unroll = bool(cache_reg) or self.iters <= 8
-            rb.append(kir.For(it, _I(0), _I(self.iters), 1, tuple(lb), unroll=unroll))
+            unroll = bool(cache_reg) or self.iters <= 8 or from_prefetch
+            head, _ = self.order_sweep(ii, it, self.iters, bool(reads_memory))
+            kernel_reads.extend(reads_memory)
+            rb.append(kir.For(it, _I(0), _I(self.iters), 1, tuple(head + lb), unroll=unroll))
+            if prefetched and from_prefetch:  # the next task's inputs, in flight while this one reduces
+                nxt = _add(rd, _I(1))
+                rb.extend(prefetch_rows(_add(_mul(nxt, gdim), bid), Bin("<", nxt, _I(rounds))))
             filled.update(sv.newly)
             for r in reds:
                 pvals[r] = accs[r]
@@ -524,6 +614,10 @@ class _RowLowerer(_Lowerer):
                     else:
                         rb.append(kir.StoreVec(buf, _I(0), (pvals[o],), Bin("&&", Bin("==", row, _I(0)), leader)))
 
+        self.order_tasks(rb, bool(kernel_reads), rounds * grid)
+        if prefetched:  # the first task's inputs, before the round loop
+            locals_ += [kir.LocalArray(f"pf{self.tid_of[n]}", self.per_thread) for n in prefetched]
+            body.extend(prefetch_rows(bid, None))
         body.append(kir.For(rd, _I(0), _I(rounds), 1, tuple(rb)))
         kern = self.make_kernel(ki, uses, cx, body, shared, locals_, needs_sync)
         prof = self.profile(kern, grid, rounds, smem_bytes, est_regs, stats, stages_here, ki)

@@ -151,23 +151,26 @@ class _ColLowerer(_Lowerer):
                     pvals[r] = list(dsts)
         compute_p_nodes()
         filled: set[str] = set()
+        kernel_reads: list[bool] = []  # whether a sweep of this kernel reads a full-size tensor
 
         def sweep(reds: list[str], outputs: list[str]) -> None:
             it, r_ = cx.var("i", I32), cx.var("r", I32)
+            idx_it, ii = self.sweep_index(cx, it)
+            reads_memory: list[bool] = []
             valid = cx.var("v", kir.BOOL)
             accs = {}
             for r in reds:
                 accs[r] = [cx.var("acc", F32) for _ in range(vec)]
                 for a in accs[r]:
                     rb.append(Assign(a, self.identity(r)))
-            lb: list = [Assign(r_, _add(kbase, _add(_mul(it, _I(tk)), tkk))),
+            lb: list = [Assign(r_, _add(kbase, _add(_mul(idx_it, _I(tk)), tkk))),
                         Assign(valid, Bin("&&", cvalid, Bin("<", r_, kend)))]
 
             def ci(j: int) -> kir.Expr:
-                return _add(_mul(it, _I(vec)), _I(j))
+                return _add(_mul(idx_it, _I(vec)), _I(j))
 
             def si(j: int) -> kir.Expr:
-                return _add(_mul(_add(_mul(it, _I(tk)), tkk), _I(TC)), _add(_mul(tc, _I(vec)), _I(j)))
+                return _add(_mul(_add(_mul(idx_it, _I(tk)), tkk), _I(TC)), _add(_mul(tc, _I(vec)), _I(j)))
 
             def broadcast(name: str) -> list[kir.Expr] | None:
                 if self.cls[name] not in ("P", "S"):
@@ -182,6 +185,7 @@ class _ColLowerer(_Lowerer):
                     idx = _add(_mul(Bin("min", r_, _I(M - 1)), _I(N)), cc0)
                     lb.append(kir.LoadVec(dsts, buf, idx, valid))
                     stats["reads"][buf] = stats["reads"].get(buf, 0) + 1
+                    reads_memory.append(True)
                     return list(dsts)
                 v = cx.var(f"t{self.tid_of[name]}_", F32)  # K: one value per row
                 lb.append(Assign(v, Load(buf, Bin("min", r_, _I(M - 1)), valid)))
@@ -203,7 +207,9 @@ class _ColLowerer(_Lowerer):
                     lb.append(kir.StoreVec(buf, _add(_mul(r_, _I(N)), c0), tuple(vals), valid))
                 else:  # K output: one value per row, written by the first column's threads
                     lb.append(kir.StoreVec(buf, r_, (vals[0],), _and(valid, Bin("==", c0, _I(0)))))
-            rb.append(kir.For(it, _I(0), _I(self.rpt), 1, tuple(lb), unroll=bool(cache_reg) or self.rpt <= 8))
+            head, _ = self.order_sweep(ii, it, self.rpt, bool(reads_memory))
+            kernel_reads.extend(reads_memory)
+            rb.append(kir.For(it, _I(0), _I(self.rpt), 1, tuple(head + lb), unroll=bool(cache_reg) or self.rpt <= 8))
             filled.update(sv.newly)
             for r in reds:
                 pvals[r] = accs[r]
@@ -267,6 +273,7 @@ class _ColLowerer(_Lowerer):
                 else:
                     rb.append(kir.StoreVec(buf, _I(0), (vals[0],), Bin("&&", Bin("==", c0, _I(0)), Bin("&&", cvalid, lead))))
 
+        self.order_tasks(rb, bool(kernel_reads), rounds * grid)
         body.append(kir.For(rd, _I(0), _I(rounds), 1, tuple(rb)))
         kern = self.make_kernel(ki, uses, cx, body, shared, locals_, needs_sync)
         return kern, self.profile(kern, grid, rounds, smem_bytes, est_regs, stats, seg, ki)

@@ -39,11 +39,20 @@ class Schedule:
     min_blocks: int
     schemes: tuple[str, ...]   # one per reduction stage
     reuse: tuple[str, ...]     # one per plan.reuse_candidates entry
+    order: str = "forward"     # sweep order of re-reads: forward, or alternate (every other re-read reversed)
+    prefetch: int = 0          # 1: load the next task's inputs while the current one reduces (row family)
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form. ``order`` and ``prefetch`` are left out at their defaults (``forward``, 0: what
+        every schedule did before they were parameters), so such a schedule's JSON and :meth:`key` are
+        those it had then."""
         d = asdict(self)
         d["schemes"] = list(self.schemes)
         d["reuse"] = list(self.reuse)
+        if self.order == "forward":
+            del d["order"]
+        if self.prefetch == 0:
+            del d["prefetch"]
         return d
 
     @classmethod
@@ -54,7 +63,8 @@ class Schedule:
                        vec=int(d.get("vec", 1)), tasks_per_block=int(d.get("tasks_per_block", 1)),
                        min_blocks=int(d.get("min_blocks", 0)),
                        schemes=tuple(str(s) for s in d.get("schemes", ())),
-                       reuse=tuple(str(r) for r in d.get("reuse", ())))
+                       reuse=tuple(str(r) for r in d.get("reuse", ())),
+                       order=str(d.get("order", "forward")), prefetch=int(d.get("prefetch", 0)))
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise ScheduleError(f"malformed schedule: {exc!r}") from None
 
@@ -78,11 +88,26 @@ class Schedule:
     def flat(self) -> dict[str, Any]:
         """Flat scalar columns (``schemes``/``reuse`` as ``scheme_<i>``/``reuse_<i>``)."""
         d: dict[str, Any] = {k: v for k, v in self.to_dict().items() if k not in ("schemes", "reuse")}
+        d["order"] = self.order
+        d["prefetch"] = self.prefetch
         for i, s in enumerate(self.schemes):
             d[f"scheme_{i}"] = s
         for i, r in enumerate(self.reuse):
             d[f"reuse_{i}"] = r
         return d
+
+
+def rereads(schemes: tuple[str, ...] | list[str], reuse: tuple[str, ...] | list[str]) -> bool:
+    """Whether a schedule reads some full-size tensor from memory in more than one sweep: a reuse
+    level ``global`` (an input re-read) or ``recompute`` (its inputs re-read), or a kernel boundary
+    (an ``independent`` stage: nothing cached survives it). Only then does the sweep ``order`` matter."""
+    return any(r in ("global", "recompute") for r in reuse) or "independent" in schemes
+
+
+def prefetchable(family: str, split: int, tasks_per_block: int) -> bool:
+    """Whether ``prefetch`` can matter: the row mapping with whole rows per block (split 1) and blocks
+    that take several tasks in turn (``tasks_per_block`` 0 = persistent, or >= 2)."""
+    return family != "col" and split == 1 and tasks_per_block != 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -168,7 +193,8 @@ class SearchSpace:
             step = s.tpr * s.vec
             chunk = math.ceil(math.ceil(K / s.split) / step) * step
             per_thread = chunk // s.tpr
-            reg = per_thread * len(cached_reg)
+            n_f_inputs = sum(1 for n, c in plan.classes if c == "F" and n in plan.input_names)
+            reg = per_thread * (len(cached_reg) + s.prefetch * n_f_inputs)
             rpb = max(1, s.block // s.tpr)
             smem_cache = 4 * rpb * chunk * len(cached_smem)
             smem_red = 4 * max(1, rpb) * max(1, s.tpr // 32) * max(1, plan.nstages) if plan.nstages else 0
@@ -181,6 +207,8 @@ class SearchSpace:
             "reg_cache_elems": reg, "smem_cache_bytes": smem_cache, "smem_red_bytes": smem_red,
             "smem_limit": int(self.device.smem_per_block_optin), "vec_ok": vec_ok, "max_split": max_split,
             "max_threads_per_sm": int(self.device.max_threads_per_sm),
+            "order": s.order, "rereads": rereads(s.schemes, s.reuse), "prefetch": s.prefetch,
+            "prefetchable": prefetchable(fam, s.split, s.tasks_per_block),
         }
 
     def violations(self, s: Schedule) -> list[str]:
@@ -189,7 +217,8 @@ class SearchSpace:
         for name, dom in (("tpr", self.domains["tpr"]), ("block", self.domains["block"]),
                           ("split", self.domains["split"]), ("vec", self.domains["vec"]),
                           ("tasks_per_block", self.domains["tasks_per_block"]),
-                          ("min_blocks", self.domains["min_blocks"])):
+                          ("min_blocks", self.domains["min_blocks"]), ("order", self.domains["order"]),
+                          ("prefetch", self.domains["prefetch"])):
             if getattr(s, name) not in dom:
                 out.append(f"{name}={getattr(s, name)} not in {dom}")
         if len(s.schemes) != self.plan.nstages:
@@ -260,7 +289,10 @@ class SearchSpace:
         kind = "split" if split > 1 else ("warp" if "local" in legal else "block")
         schemes = tuple(choose(f"scheme_{i}_{kind}", legal) for i in range(plan.nstages))
         reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
-        return Schedule(tpr, block, split, vec, tasks, min_blocks, schemes, reuse)
+        order = choose("order", d["order"]) if rereads(schemes, reuse) else "forward"
+        prefetch = (choose("prefetch", d["prefetch"]) if prefetchable(fam, split, tasks) and order == "forward"
+                    else 0)
+        return Schedule(tpr, block, split, vec, tasks, min_blocks, schemes, reuse, order, prefetch)
 
     def _decide_flat(self, choose: Any) -> Schedule:
         """Every parameter under its plain name with its full domain (``flat`` mode), then repaired
@@ -277,6 +309,8 @@ class SearchSpace:
         tasks = choose("tasks_per_block", d["tasks_per_block"])
         schemes = [choose(f"scheme_{i}", d["scheme"]) for i in range(plan.nstages)]
         reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
+        order = choose("order", d["order"]) if plan.nstages else "forward"
+        prefetch = choose("prefetch", d["prefetch"]) if fam != "col" else 0
         if fam == "col":
             block = min(max(block, tpr * 8), max(d["block"]))
         else:
@@ -287,9 +321,11 @@ class SearchSpace:
             min_blocks = max((m for m in d["min_blocks"] if m < min_blocks), default=0)
         names = {"family": fam, "tpr": tpr, "split": split, "block": block}
         legal = [x for x in d["scheme"] if safe_eval(self.scheme_rules[x], names)]
-        order = ("regional", "global", "independent", "local")
-        schemes = [x if x in legal else next(y for y in order if y in legal) for x in schemes]
-        return Schedule(tpr, block, split, vec, tasks, min_blocks, tuple(schemes), reuse)
+        prefer = ("regional", "global", "independent", "local")
+        schemes = [x if x in legal else next(y for y in prefer if y in legal) for x in schemes]
+        order = order if rereads(schemes, reuse) else "forward"
+        prefetch = prefetch if prefetchable(fam, split, tasks) and order == "forward" else 0
+        return Schedule(tpr, block, split, vec, tasks, min_blocks, tuple(schemes), reuse, order, prefetch)
 
     def flat_mode(self) -> "SearchSpace":
         """A copy of this space whose :meth:`suggest` / :meth:`params_of` use plain parameter names
@@ -309,7 +345,7 @@ class SearchSpace:
         """The optuna parameter dict of ``s`` (for ``study.enqueue_trial``); the names are those
         :meth:`suggest` would use for the same point."""
         values = {"tpr": s.tpr, "vec": s.vec, "split": s.split, "block": s.block, "min_blocks": s.min_blocks,
-                  "tasks_per_block": s.tasks_per_block}
+                  "tasks_per_block": s.tasks_per_block, "order": s.order, "prefetch": s.prefetch}
         out: dict[str, Any] = {}
 
         def choose(name: str, dom: list[Any]) -> Any:
@@ -327,6 +363,18 @@ class SearchSpace:
         (self._decide_flat if self.flat else self._decide)(choose)
         return out
 
+    def variants(self, s: Schedule) -> list[Schedule]:
+        """The legal points that differ from ``s`` in one option the cost model ranks least reliably
+        (the sweep ``order``; ``prefetch``, switched off where it blocks the alternate order). The
+        search measures them next to its best point, so every search compares them side by side."""
+        out: list[Schedule] = []
+        flip_order = "alternate" if s.order == "forward" else "forward"
+        for cand in (Schedule.from_dict({**s.to_dict(), "order": flip_order, "prefetch": 0}),
+                     Schedule.from_dict({**s.to_dict(), "prefetch": 1 - s.prefetch})):
+            if cand != s and cand not in out and not self.violations(cand):
+                out.append(cand)
+        return out
+
     def sample(self, rng: random.Random, max_tries: int = 20000) -> Schedule:
         """A uniformly drawn *legal* schedule (rejection sampling)."""
         for _ in range(max_tries):
@@ -336,7 +384,8 @@ class SearchSpace:
                 tasks_per_block=rng.choice(self.domains["tasks_per_block"]),
                 min_blocks=rng.choice(self.domains["min_blocks"]),
                 schemes=tuple(rng.choice(self.domains["scheme"]) for _ in range(self.plan.nstages)),
-                reuse=tuple(rng.choice(self._reuse_domain(c)) for c in self.plan.reuse_candidates))
+                reuse=tuple(rng.choice(self._reuse_domain(c)) for c in self.plan.reuse_candidates),
+                order=rng.choice(self.domains["order"]), prefetch=rng.choice(self.domains["prefetch"]))
             if not self.violations(s):
                 return s
         raise ScheduleError("no legal schedule found by sampling; the space is empty for this graph")
@@ -352,7 +401,8 @@ class SearchSpace:
                 self.domains["tasks_per_block"], self.domains["min_blocks"]):
             for schemes in itertools.product(self.domains["scheme"], repeat=self.plan.nstages):
                 for reuse in itertools.product(*reuse_doms):
-                    s = Schedule(tpr, block, split, vec, tasks, mb, tuple(schemes), tuple(reuse))
-                    if not self.violations(s):
-                        out.append(s)
+                    for order, pf in itertools.product(self.domains["order"], self.domains["prefetch"]):
+                        s = Schedule(tpr, block, split, vec, tasks, mb, tuple(schemes), tuple(reuse), order, pf)
+                        if not self.violations(s):
+                            out.append(s)
         return out
