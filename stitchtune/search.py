@@ -33,6 +33,7 @@ summary text in :mod:`stitchtune.search_summary`; their public names are re-expo
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -304,6 +305,7 @@ class _Loop:
         self.reused = 0
         self.trials_run = 0
         self.best_row: dict[str, Any] | None = None
+        self._varied: set[str] = set()  # best points whose variants were enqueued
         self.heur_row: dict[str, Any] | None = None
         self.since_improvement = 0
 
@@ -448,6 +450,8 @@ class _Loop:
         for i, j in in_batch_dups.items():
             done[i] = self.copy_result(self.base_row(trials[i], scheds[i]), done[j],
                                        f"{self.study_name}:{trials[j].number}")
+        if waits:  # settle our own trials first: another worker may be waiting for one of them
+            self._settle(trials, done, sorted(done))
         for i, num in waits.items():
             t = self.wait_for(num)
             src = _row_from_trial(t) if t is not None else None
@@ -464,17 +468,23 @@ class _Loop:
                 done[i] = {**self.base_row(trials[i], scheds[i]), **r}
             else:
                 done[i] = self.copy_result(self.base_row(trials[i], scheds[i]), src, f"{self.study_name}:{num}")
-        rows = [done[i] for i in range(n)]
+        self._settle(trials, done, sorted(waits) if waits else list(range(n)))
+        self._in_flight = []
+        return [(trials[i], done[i]) for i in range(n)]
+
+    def _settle(self, trials: list[optuna.Trial], done: dict[int, dict[str, Any]], idx: list[int]) -> None:
+        """Write the rows ``done[i]`` for ``i`` in ``idx`` to the database, then tell their trials (a
+        kill loses at most the rows not yet flushed)."""
+        rows = [done[i] for i in idx]
         for r in rows:
             if r.get("estimated") is None:
                 r["estimated"] = self.estimated
-        self.db.append(rows)  # flushed before telling: a kill loses at most this batch
-        out = []
-        for tr, r in zip(trials, rows):
-            self.tell(tr, r)
-            out.append((tr, r))
-        self._in_flight = []
-        return out
+        if rows:
+            self.db.append(rows)
+        for i in idx:
+            self.tell(trials[i], done[i])
+        told = {trials[i].number for i in idx}
+        self._in_flight = [t for t in self._in_flight if t.number not in told]
 
     def tell(self, trial: optuna.Trial, row: Mapping[str, Any]) -> None:
         status = row["status"]
@@ -535,7 +545,8 @@ class _Loop:
                         stopped = "grid_exhausted"
                         break
                     n = min(n, left)
-                for _tr, row in self.run_batch(n):
+                batch = self.run_batch(n)
+                for _tr, row in batch:
                     self.trials_run += 1
                     self.counts[row["status"]] += 1
                     self.reused += bool(row.get("reused"))
@@ -545,6 +556,7 @@ class _Loop:
                         self.since_improvement = 0
                     else:
                         self.since_improvement += 1
+                self.enqueue_variants()
                 best = self.best_us()
                 post = {"best": f"{best:.2f}us{est}" if best is not None else "-"}
                 sp = self.speedup()
@@ -562,6 +574,24 @@ class _Loop:
             if close:
                 close()
         return self.result(stopped)
+
+    def enqueue_variants(self) -> None:
+        """Enqueue the space's ``variants`` of the best point (once per best point, only those not
+        measured yet): the options the cost model ranks least reliably are measured side by side with
+        the best schedule in every search. No-op for the grid sampler or a space without variants."""
+        variants = getattr(self.space, "variants", None)
+        row = self.best_row
+        if variants is None or self.grid is not None or row is None or not row.get("schedule_json"):
+            return
+        key = row.get("schedule_key")
+        if key in self._varied:
+            return
+        self._varied.add(key)
+        best = type(self.heuristic).from_dict(json.loads(row["schedule_json"]))
+        for v in variants(best):
+            if v.key() not in self.known:
+                self.study.enqueue_trial(self.space.params_of(v), user_attrs={"variant_of": key},
+                                         skip_if_exists=True)
 
     def enqueue_grid(self) -> None:
         """Enqueue every grid point the study has not tried or queued yet."""
