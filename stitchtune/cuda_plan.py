@@ -12,9 +12,10 @@ Contract
   :func:`_travel`), input dtypes, the float64 reference per output and output dtypes.
   :func:`_check_plan` raises ``ValueError`` when a plan's input/output buffers do not match the
   graph tensors they are bound to, or a graph output has no buffer.
-* :func:`write_problem` puts a Problem's arrays into files (raw bytes, one file per array) that are
-  unlinked as soon as they are created, so they exist only while an open descriptor or memory map
-  refers to them: nothing is left on disk when the owner is killed. It returns a
+* :func:`write_problem` puts a Problem's arrays into nameless files (raw bytes, one file per array):
+  anonymous memory files (``memfd_create``) on Linux, else files unlinked as soon as they are
+  created; either way they exist only while an open descriptor or memory map refers to them, so
+  nothing is left behind when the owner is killed. It returns a
   :class:`ProblemFiles` (plain data: descriptor numbers, dtypes, shapes; picklable) and the
   descriptors, which the owner closes with :func:`close_fds`. :meth:`ProblemFiles.open` maps the
   files read-only (in any process that holds the descriptors, e.g. a child started with
@@ -197,11 +198,24 @@ class ProblemFiles:
                        {k: f.open() for k, f in self.expected.items()}, dict(self.output_dtypes))
 
 
-def _write_array(arr: np.ndarray, directory: str, fds: list[int]) -> ArrayFile:
-    a = np.ascontiguousarray(arr)
+def _new_file(directory: str, tag: str) -> int:
+    """A new nameless file: an anonymous memory file (``memfd_create``: RAM like any array, no disk,
+    no size limit of a mount) where the platform has one, else a file under ``directory`` unlinked
+    before anything is written to it."""
+    if hasattr(os, "memfd_create"):
+        try:
+            return os.memfd_create(tag, getattr(os, "MFD_CLOEXEC", 0))
+        except OSError:
+            pass
     fd, path = tempfile.mkstemp(prefix="array-", suffix=".bin", dir=directory)
-    fds.append(fd)
     os.unlink(path)  # before any byte is written: a kill from here on leaves nothing behind
+    return fd
+
+
+def _write_array(arr: np.ndarray, directory: str, tag: str, fds: list[int]) -> ArrayFile:
+    a = np.ascontiguousarray(arr)
+    fd = _new_file(directory, tag)
+    fds.append(fd)
     view = memoryview(a.reshape(-1).view(np.uint8))
     done = 0
     while done < len(view):
@@ -210,15 +224,18 @@ def _write_array(arr: np.ndarray, directory: str, fds: list[int]) -> ArrayFile:
 
 
 def write_problem(problem: Problem, directory: str) -> tuple[ProblemFiles, list[int]]:
-    """Write every array of ``problem`` into its own unlinked file under ``directory``.
+    """Write every array of ``problem`` into its own nameless file (see :func:`_new_file`; the files
+    are named after ``directory``'s last component where the platform shows names, e.g. in
+    ``/proc/PID/fd``).
 
     Returns the :class:`ProblemFiles` and the open descriptors (the caller owns them: pass them to
     the worker with ``pass_fds`` and close them with :func:`close_fds`). An ``OSError`` (e.g. no space
     left) closes what was opened and propagates."""
     fds: list[int] = []
+    base = os.path.basename(os.path.normpath(directory))
     try:
-        inputs = {k: _write_array(v, directory, fds) for k, v in problem.inputs.items()}
-        expected = {k: _write_array(np.asarray(v, dtype=np.float64), directory, fds)
+        inputs = {k: _write_array(v, directory, f"{base}:input:{k}", fds) for k, v in problem.inputs.items()}
+        expected = {k: _write_array(np.asarray(v, dtype=np.float64), directory, f"{base}:expected:{k}", fds)
                     for k, v in problem.expected.items()}
     except BaseException:
         close_fds(fds)

@@ -13,11 +13,11 @@ Contract
   ``launch_error`` with the driver's text; the worker then exits (the context may be dead) and is
   restarted for the next item.
 * The runner computes the graph's inputs (``random_inputs(graph, seed)``, random normal, never zeros)
-  and float64 reference outputs once, and writes them into files under a per-runner directory
-  (``tempfile.mkdtemp``, so ``TMPDIR`` chooses the disk) that are unlinked at once
-  (:func:`~stitchtune.cuda_plan.write_problem`): they live only while the runner or its worker
-  holds a descriptor or map of them, so nothing is left behind when the process is killed
-  (``kill -9`` included: the worker dies with its parent). The worker gets the descriptors
+  and float64 reference outputs once, and writes them into nameless files
+  (:func:`~stitchtune.cuda_plan.write_problem`: anonymous memory files on Linux, else files under
+  a per-runner ``tempfile.mkdtemp`` directory, unlinked at once): they live only while the runner
+  or its worker holds a descriptor or map of them, so nothing is left behind when the process is
+  killed (``kill -9`` included: the worker dies with its parent). The worker gets the descriptors
   (``pass_fds``) and maps the files read-only on every start, restarts included: a start costs no
   copy of the problem through the socket. :meth:`CudaRunner.close` (also on ``__del__`` and at
   interpreter exit) closes them and removes the directory; a closed runner cannot run again.
@@ -206,8 +206,7 @@ class CudaRunner:
         except OSError as exc:
             self._release()
             raise ToolchainError(f"cannot write the CUDA runner's inputs and reference outputs "
-                                 f"({_problem_nbytes(problem) / 2**20:.0f} MiB) under {tempfile.gettempdir()} "
-                                 f"(set TMPDIR to a disk with room): {exc}") from None
+                                 f"({_problem_nbytes(problem) / 2**20:.0f} MiB): {exc}") from None
         fds.extend(written)
         self.problem: Problem = self._files.open()  # read-only maps: the arrays are not held twice
 

@@ -278,21 +278,31 @@ def _ns_buf(b: Any) -> _Buf:
 
 
 def _held_under(path: Path, pid: str = "self") -> tuple[list[str], list[str]]:
-    """(open descriptors, memory maps) of process ``pid`` that refer to files under ``path``."""
+    """(open descriptors, memory maps) of process ``pid`` that refer to the problem files of the runner
+    whose directory is ``path``: files under it, or memory files named after it."""
+    def ours(target: str) -> bool:
+        return target.startswith(f"{path}/") or f"/memfd:{path.name}:" in target
+
     fds = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue
-        if target.startswith(str(path)):
+        if ours(target):
             fds.append(target)
-    maps = [ln for ln in Path(f"/proc/{pid}/maps").read_text().splitlines() if str(path) in ln]
+    maps = [ln for ln in Path(f"/proc/{pid}/maps").read_text().splitlines() if ours(ln.split(maxsplit=5)[-1])]
     return fds, maps
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")
-def test_cuda_runner_problem_is_in_unlinked_files_freed_on_close(tmp_path: Path) -> None:
+@pytest.mark.parametrize("memfd", [True, False], ids=["memfd", "unlinked-files"])
+def test_cuda_runner_problem_is_in_unlinked_files_freed_on_close(tmp_path: Path, memfd: bool,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    if not memfd:
+        monkeypatch.delattr(os, "memfd_create", raising=False)
+    elif not hasattr(os, "memfd_create"):
+        pytest.skip("no memfd_create here")
     x = np.random.default_rng(5).standard_normal(1 << 16).astype(np.float32)
     r = CudaRunner.for_arrays({"x": x}, {"x": "float32"}, {"y": 2 * x.astype(np.float64)}, {"y": "float32"},
                               repeats=2, warmup=0, backend="fake")
@@ -300,6 +310,7 @@ def test_cuda_runner_problem_is_in_unlinked_files_freed_on_close(tmp_path: Path)
     assert problem_dir.is_dir() and not list(problem_dir.iterdir())  # unlinked as soon as written
     fds, maps = _held_under(problem_dir)
     assert len(set(fds)) == 2 and all(f.endswith("(deleted)") for f in fds)  # the input and the reference
+    assert all(("/memfd:" in f) == memfd for f in fds)
     assert len(maps) == 2  # the parent's read-only view of both
     assert len(pickle.dumps(r._files)) < 2000  # what the worker's setup message carries: no arrays
     np.testing.assert_array_equal(r.problem.inputs["x"], x)
