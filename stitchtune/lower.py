@@ -678,8 +678,22 @@ class _RowLowerer(_Lowerer):
         acc = reuse_var if reuse_var is not None else cx.var("acc", F32)
         rb.append(Assign(acc, self.identity(r)))
         base = _mul(Bin("min", row, _I(self.p.M - 1)), _I(S_eff))
-        for q in range(S_eff):
-            rb.append(Assign(acc, self.combine(r, acc, Load(part, _add(base, _I(q)), rvalid))))
+        if self.s.combine == "warp" and S_eff > 1:
+            # the lanes of each warp load the partials together (lane l: partials l, l + 32, ...) and
+            # reduce them by shuffles; every warp of a split row lies within one row (tpr == block)
+            wl = Bin("%", kir.Special("tid"), _I(32))
+            for c in range(math.ceil(S_eff / 32)):
+                q = _add(wl, _I(32 * c))
+                inside = Bin("<", q, _I(S_eff))
+                rb.append(Assign(acc, self.combine(r, acc, Select(inside, Load(
+                    part, _add(base, Bin("min", q, _I(S_eff - 1))), Bin("&&", rvalid, inside)), self.identity(r)))))
+            m = 16
+            while m >= 1:
+                rb.append(Assign(acc, self.combine(r, acc, kir.Shfl(acc, m, 32))))
+                m //= 2
+        else:
+            for q in range(S_eff):
+                rb.append(Assign(acc, self.combine(r, acc, Load(part, _add(base, _I(q)), rvalid))))
         pvals[r] = acc
         if reuse_var is None:
             self.finalize(cx, rb, r, pvals)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -18,6 +20,7 @@ import os
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 from .errors import ScheduleError, StitchtuneError
@@ -41,11 +44,12 @@ class Schedule:
     reuse: tuple[str, ...]     # one per plan.reuse_candidates entry
     order: str = "forward"     # sweep order of re-reads: forward, or alternate (every other re-read reversed)
     prefetch: int = 0          # 1: load the next task's inputs while the current one reduces (row family)
+    combine: str = "thread"    # split rows: every thread loads all partials, or each warp loads them together
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form. ``order`` and ``prefetch`` are left out at their defaults (``forward``, 0: what
-        every schedule did before they were parameters), so such a schedule's JSON and :meth:`key` are
-        those it had then."""
+        """The JSON form. ``order``, ``prefetch`` and ``combine`` are left out at their defaults
+        (``forward``, 0, ``thread``: what every schedule did before they were parameters), so such a
+        schedule's JSON and :meth:`key` are those it had then."""
         d = asdict(self)
         d["schemes"] = list(self.schemes)
         d["reuse"] = list(self.reuse)
@@ -53,6 +57,8 @@ class Schedule:
             del d["order"]
         if self.prefetch == 0:
             del d["prefetch"]
+        if self.combine == "thread":
+            del d["combine"]
         return d
 
     @classmethod
@@ -64,7 +70,8 @@ class Schedule:
                        min_blocks=int(d.get("min_blocks", 0)),
                        schemes=tuple(str(s) for s in d.get("schemes", ())),
                        reuse=tuple(str(r) for r in d.get("reuse", ())),
-                       order=str(d.get("order", "forward")), prefetch=int(d.get("prefetch", 0)))
+                       order=str(d.get("order", "forward")), prefetch=int(d.get("prefetch", 0)),
+                       combine=str(d.get("combine", "thread")))
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise ScheduleError(f"malformed schedule: {exc!r}") from None
 
@@ -90,6 +97,7 @@ class Schedule:
         d: dict[str, Any] = {k: v for k, v in self.to_dict().items() if k not in ("schemes", "reuse")}
         d["order"] = self.order
         d["prefetch"] = self.prefetch
+        d["combine"] = self.combine
         for i, s in enumerate(self.schemes):
             d[f"scheme_{i}"] = s
         for i, r in enumerate(self.reuse):
@@ -105,9 +113,10 @@ def rereads(schemes: tuple[str, ...] | list[str], reuse: tuple[str, ...] | list[
 
 
 def prefetchable(family: str, split: int, tasks_per_block: int) -> bool:
-    """Whether ``prefetch`` can matter: the row mapping with whole rows per block (split 1) and blocks
+    """Whether ``prefetch`` can matter: a row reduction (an element-wise graph has one sweep, with no
+    reduction to overlap the next task's loads with) with whole rows per block (split 1) and blocks
     that take several tasks in turn (``tasks_per_block`` 0 = persistent, or >= 2)."""
-    return family != "col" and split == 1 and tasks_per_block != 1
+    return family == "row" and split == 1 and tasks_per_block != 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -120,15 +129,27 @@ _ALLOWED = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, a
             ast.Tuple, ast.List)
 
 
-def safe_eval(expr: str, names: dict[str, Any]) -> Any:
-    """Evaluate a constraint expression over ``names``; anything but plain arithmetic/logic is refused."""
+@functools.lru_cache(maxsize=1024)
+def _compiled(expr: str) -> tuple[CodeType, tuple[str, ...]]:
+    """The checked, compiled form of a constraint expression and the names it uses (cached: the
+    space's few expressions are evaluated for every point checked)."""
     tree = ast.parse(expr, mode="eval")
+    used = []
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED):
             raise StitchtuneError(f"search space constraint {expr!r} uses {type(node).__name__}")
-        if isinstance(node, ast.Name) and node.id not in names and node.id not in ("True", "False"):
-            raise StitchtuneError(f"search space constraint {expr!r} uses unknown name {node.id!r}")
-    return eval(compile(tree, "<constraint>", "eval"), {"__builtins__": {}}, dict(names))  # noqa: S307
+        if isinstance(node, ast.Name) and node.id not in ("True", "False"):
+            used.append(node.id)
+    return compile(tree, "<constraint>", "eval"), tuple(dict.fromkeys(used))
+
+
+def safe_eval(expr: str, names: dict[str, Any]) -> Any:
+    """Evaluate a constraint expression over ``names``; anything but plain arithmetic/logic is refused."""
+    code, used = _compiled(expr)
+    for n in used:
+        if n not in names:
+            raise StitchtuneError(f"search space constraint {expr!r} uses unknown name {n!r}")
+    return eval(code, {"__builtins__": {}}, dict(names))  # noqa: S307
 
 
 def load_space_file(path: Path | None = None) -> dict[str, Any]:
@@ -208,7 +229,7 @@ class SearchSpace:
             "smem_limit": int(self.device.smem_per_block_optin), "vec_ok": vec_ok, "max_split": max_split,
             "max_threads_per_sm": int(self.device.max_threads_per_sm),
             "order": s.order, "rereads": rereads(s.schemes, s.reuse), "prefetch": s.prefetch,
-            "prefetchable": prefetchable(fam, s.split, s.tasks_per_block),
+            "prefetchable": prefetchable(fam, s.split, s.tasks_per_block), "combine": s.combine,
         }
 
     def violations(self, s: Schedule) -> list[str]:
@@ -218,7 +239,7 @@ class SearchSpace:
                           ("split", self.domains["split"]), ("vec", self.domains["vec"]),
                           ("tasks_per_block", self.domains["tasks_per_block"]),
                           ("min_blocks", self.domains["min_blocks"]), ("order", self.domains["order"]),
-                          ("prefetch", self.domains["prefetch"])):
+                          ("prefetch", self.domains["prefetch"]), ("combine", self.domains["combine"])):
             if getattr(s, name) not in dom:
                 out.append(f"{name}={getattr(s, name)} not in {dom}")
         if len(s.schemes) != self.plan.nstages:
@@ -292,7 +313,8 @@ class SearchSpace:
         order = choose("order", d["order"]) if rereads(schemes, reuse) else "forward"
         prefetch = (choose("prefetch", d["prefetch"]) if prefetchable(fam, split, tasks) and order == "forward"
                     else 0)
-        return Schedule(tpr, block, split, vec, tasks, min_blocks, schemes, reuse, order, prefetch)
+        combine = choose("combine", d["combine"]) if fam == "row" and split > 1 else "thread"
+        return Schedule(tpr, block, split, vec, tasks, min_blocks, schemes, reuse, order, prefetch, combine)
 
     def _decide_flat(self, choose: Any) -> Schedule:
         """Every parameter under its plain name with its full domain (``flat`` mode), then repaired
@@ -310,7 +332,8 @@ class SearchSpace:
         schemes = [choose(f"scheme_{i}", d["scheme"]) for i in range(plan.nstages)]
         reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
         order = choose("order", d["order"]) if plan.nstages else "forward"
-        prefetch = choose("prefetch", d["prefetch"]) if fam != "col" else 0
+        prefetch = choose("prefetch", d["prefetch"]) if fam == "row" else 0
+        combine = choose("combine", d["combine"]) if fam == "row" else "thread"
         if fam == "col":
             block = min(max(block, tpr * 8), max(d["block"]))
         else:
@@ -325,7 +348,8 @@ class SearchSpace:
         schemes = [x if x in legal else next(y for y in prefer if y in legal) for x in schemes]
         order = order if rereads(schemes, reuse) else "forward"
         prefetch = prefetch if prefetchable(fam, split, tasks) and order == "forward" else 0
-        return Schedule(tpr, block, split, vec, tasks, min_blocks, tuple(schemes), reuse, order, prefetch)
+        combine = combine if split > 1 else "thread"
+        return Schedule(tpr, block, split, vec, tasks, min_blocks, tuple(schemes), reuse, order, prefetch, combine)
 
     def flat_mode(self) -> "SearchSpace":
         """A copy of this space whose :meth:`suggest` / :meth:`params_of` use plain parameter names
@@ -345,7 +369,8 @@ class SearchSpace:
         """The optuna parameter dict of ``s`` (for ``study.enqueue_trial``); the names are those
         :meth:`suggest` would use for the same point."""
         values = {"tpr": s.tpr, "vec": s.vec, "split": s.split, "block": s.block, "min_blocks": s.min_blocks,
-                  "tasks_per_block": s.tasks_per_block, "order": s.order, "prefetch": s.prefetch}
+                  "tasks_per_block": s.tasks_per_block, "order": s.order, "prefetch": s.prefetch,
+                  "combine": s.combine}
         out: dict[str, Any] = {}
 
         def choose(name: str, dom: list[Any]) -> Any:
@@ -365,18 +390,24 @@ class SearchSpace:
 
     def variants(self, s: Schedule) -> list[Schedule]:
         """The legal points that differ from ``s`` in one option the cost model ranks least reliably
-        (the sweep ``order``; ``prefetch``, switched off where it blocks the alternate order). The
+        (the sweep ``order``; ``prefetch``, switched off where it blocks the alternate order; how a
+        split row ``combine``s its partials). The
         search measures them next to its best point, so every search compares them side by side."""
         out: list[Schedule] = []
         flip_order = "alternate" if s.order == "forward" else "forward"
+        flip_combine = "warp" if s.combine == "thread" else "thread"
         for cand in (Schedule.from_dict({**s.to_dict(), "order": flip_order, "prefetch": 0}),
-                     Schedule.from_dict({**s.to_dict(), "prefetch": 1 - s.prefetch})):
+                     Schedule.from_dict({**s.to_dict(), "prefetch": 1 - s.prefetch}),
+                     Schedule.from_dict({**s.to_dict(), "combine": flip_combine})):
             if cand != s and cand not in out and not self.violations(cand):
                 out.append(cand)
         return out
 
     def sample(self, rng: random.Random, max_tries: int = 20000) -> Schedule:
-        """A uniformly drawn *legal* schedule (rejection sampling)."""
+        """A drawn *legal* schedule: the mapping, schemes and reuse levels uniformly (rejection sampling),
+        then each option (``order``, ``prefetch``, ``combine``) uniformly among its values where it
+        applies to that point (its default elsewhere)."""
+        fam = self.plan.family
         for _ in range(max_tries):
             s = Schedule(
                 tpr=rng.choice(self.domains["tpr"]), block=rng.choice(self.domains["block"]),
@@ -384,8 +415,12 @@ class SearchSpace:
                 tasks_per_block=rng.choice(self.domains["tasks_per_block"]),
                 min_blocks=rng.choice(self.domains["min_blocks"]),
                 schemes=tuple(rng.choice(self.domains["scheme"]) for _ in range(self.plan.nstages)),
-                reuse=tuple(rng.choice(self._reuse_domain(c)) for c in self.plan.reuse_candidates),
-                order=rng.choice(self.domains["order"]), prefetch=rng.choice(self.domains["prefetch"]))
+                reuse=tuple(rng.choice(self._reuse_domain(c)) for c in self.plan.reuse_candidates))
+            order = rng.choice(self.domains["order"]) if rereads(s.schemes, s.reuse) else "forward"
+            prefetch = (rng.choice(self.domains["prefetch"])
+                        if prefetchable(fam, s.split, s.tasks_per_block) and order == "forward" else 0)
+            combine = rng.choice(self.domains["combine"]) if fam == "row" and s.split > 1 else "thread"
+            s = dataclasses.replace(s, order=order, prefetch=prefetch, combine=combine)
             if not self.violations(s):
                 return s
         raise ScheduleError("no legal schedule found by sampling; the space is empty for this graph")
@@ -401,8 +436,10 @@ class SearchSpace:
                 self.domains["tasks_per_block"], self.domains["min_blocks"]):
             for schemes in itertools.product(self.domains["scheme"], repeat=self.plan.nstages):
                 for reuse in itertools.product(*reuse_doms):
-                    for order, pf in itertools.product(self.domains["order"], self.domains["prefetch"]):
-                        s = Schedule(tpr, block, split, vec, tasks, mb, tuple(schemes), tuple(reuse), order, pf)
+                    for order, pf, comb in itertools.product(self.domains["order"], self.domains["prefetch"],
+                                                             self.domains["combine"]):
+                        s = Schedule(tpr, block, split, vec, tasks, mb, tuple(schemes), tuple(reuse), order, pf,
+                                     comb)
                         if not self.violations(s):
                             out.append(s)
         return out

@@ -3,7 +3,7 @@
 * For every small example and 50 seeded schedules of its space, the emulator's output matches the
   numpy reference (float32 rel. error < 1e-5, 16-bit < 1e-2) with no emulator fault; the run
   reports how many distinct (scheme, mapping, reuse) combinations it covered and asserts that every
-  scheme and every thread-mapping kind appears.
+  scheme, every thread-mapping kind and every value of the options order/prefetch/combine appears.
 * Every such schedule's CUDA source compiles with nvcc for sm_90 and ptxas reports its resources.
 * Golden files pin the rendered source of a few fixed schedules (regenerate with
   ``STITCHTUNE_REGEN_GOLDEN=1``).
@@ -47,6 +47,7 @@ DEV = get_device("H200")
 _COVERAGE: Counter = Counter()
 _KINDS: set[str] = set()
 _SCHEMES: set[str] = set()
+_OPTIONS: set[tuple[str, object]] = set()
 
 
 def mapping_kind(plan, s: Schedule) -> str:
@@ -93,6 +94,7 @@ def test_sampled_schedules_match_reference_in_emulator(name: str) -> None:
         kind = mapping_kind(plan, s)
         _KINDS.add(kind)
         _SCHEMES.update(s.schemes)
+        _OPTIONS.update({("order", s.order), ("prefetch", s.prefetch), ("combine", s.combine)})
         _COVERAGE[(plan.family, kind, s.schemes, s.reuse)] += 1
     assert not failures, failures[:3]
 
@@ -105,6 +107,8 @@ def test_coverage_of_schemes_and_mappings() -> None:
     print(f"\ncovered {len(_COVERAGE)} distinct (family, mapping, schemes, reuse) combinations; "
           f"mapping kinds: {sorted(_KINDS)}; schemes: {sorted(_SCHEMES)}")
     assert _SCHEMES == {"local", "regional", "global", "independent"}
+    assert _OPTIONS == {("order", "forward"), ("order", "alternate"), ("prefetch", 0), ("prefetch", 1),
+                        ("combine", "thread"), ("combine", "warp")}
     assert _KINDS >= {"sub-warp (packed rows)", "warp per row", "block per row", "multi-warp rows (packed)",
                       "split-row (several blocks per row)", "column-tile", "column-split"}
 
