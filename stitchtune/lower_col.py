@@ -19,7 +19,7 @@ import math
 from . import kir
 from .graph import Graph
 from .kir import F32, I32, Assign, Bin, Const, Load, Select
-from .lower import _I, _Ctx, _Lowerer, _SweepValues, _add, _and, _mul, estimate_registers
+from .lower_base import _I, _add, _and, _Ctx, _Lowerer, _mul, _SweepValues, estimate_registers
 from .plan import StitchPlan
 from .schedule import Schedule
 
