@@ -80,3 +80,31 @@ def test_search_measures_the_variants_of_its_best_point(tmp_path: Path) -> None:
         assert mine.status == "ok"
     best = Schedule.from_json(res.best["schedule_json"])
     assert best.order == "alternate"  # found through a variant or by the sampler; measured either way
+
+
+def _script(name: str):
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_variant_scripts(tmp_path: Path, capsys) -> None:
+    """scripts/predict_variants.py prints a prediction per variant, labelled; scripts/variant_pairs.py
+    finds the pairs a search measured (here with fake times, labelled estimated)."""
+    assert _script("predict_variants").main(["--examples"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("(predicted)") >= 10 and "combine=warp" in out and "prefetch=1" in out
+    db = tmp_path / "db"
+    cfg = SearchConfig(graph_path=str(EXAMPLES / "layernorm_small.json"), trials=16, backend="emulate",
+                       device="h200", db=str(db), study="pairs", sampler="random", seed=1, jobs=4,
+                       progress=False, build=False, prune_factor=1e9)
+    run_search(cfg, dataclasses.replace(default_components(),
+                                        make_runner=lambda backend, graph, dev: FakeRunner(time_fn=_time)))
+    assert _script("variant_pairs").main(["--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    pairs_line = next(line for line in out.splitlines() if line.startswith("order:"))
+    assert "(0 pairs)" not in pairs_line and "(estimated)" in out
