@@ -24,20 +24,21 @@ from .schedule import Schedule
 _I = lambda v: Const(int(v), I32)  # noqa: E731
 
 
-def _add(a: kir.Expr, b: kir.Expr) -> kir.Expr:
-    if isinstance(b, Const) and b.value == 0:
+def _folded(op: str, unit: int, a: kir.Expr, b: kir.Expr) -> kir.Expr:
+    """``a op b``, or the other operand where one is the constant ``unit`` (0 for +, 1 for *)."""
+    if isinstance(b, Const) and b.value == unit:
         return a
-    if isinstance(a, Const) and a.value == 0:
+    if isinstance(a, Const) and a.value == unit:
         return b
-    return Bin("+", a, b)
+    return Bin(op, a, b)
+
+
+def _add(a: kir.Expr, b: kir.Expr) -> kir.Expr:
+    return _folded("+", 0, a, b)
 
 
 def _mul(a: kir.Expr, b: kir.Expr) -> kir.Expr:
-    if isinstance(b, Const) and b.value == 1:
-        return a
-    if isinstance(a, Const) and a.value == 1:
-        return b
-    return Bin("*", a, b)
+    return _folded("*", 1, a, b)
 
 
 def _and(a: kir.Expr | None, b: kir.Expr | None) -> kir.Expr | None:
