@@ -31,7 +31,7 @@ import math
 import random
 
 from .lower import estimate_registers
-from .occupancy import max_resident_blocks
+from .occupancy import max_resident_blocks, occupancy
 from .plan import StitchPlan
 from .schedule import Schedule, SearchSpace
 
@@ -129,6 +129,22 @@ def _coresident(space: SearchSpace, s: Schedule) -> bool:
     return max_resident_blocks(space.device, s.block, need, d["smem_cache_bytes"] + d["smem_red_bytes"]) >= s.split
 
 
+def _pin_coresidency(space: SearchSpace, s: Schedule) -> Schedule:
+    """A grid-barrier grid is sized for the blocks per SM that the *estimated* registers allow; if the
+    compiler then uses more registers, fewer blocks fit and the point is pruned after its build (the
+    colsum heuristic on the H200, 2026-11-29: 512 blocks needed, 396 fitted). Launch bounds asking for
+    that many blocks per SM make ptxas keep to the register budget the grid assumed."""
+    d = space.derived(s)
+    need = estimate_registers(d["reg_cache_elems"], s.vec, 4)
+    per_sm = occupancy(space.device, s.block, need, d["smem_cache_bytes"] + d["smem_red_bytes"]).blocks_per_sm
+    if per_sm < 2:  # one block per SM is always resident once the grid fits the SM count
+        return s
+    ok = [m for m in space.domains["min_blocks"] if m >= per_sm and m * s.block <= space.device.max_threads_per_sm]
+    if not ok or s.min_blocks >= min(ok):
+        return s
+    return Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": s.reuse, "min_blocks": min(ok)})
+
+
 def heuristic_schedule(plan: StitchPlan, device, space: SearchSpace | None = None) -> Schedule:
     """The AStitch default schedule for ``plan`` on ``device`` (always a legal point of the space)."""
     space = space or SearchSpace.for_plan(plan, device)
@@ -152,6 +168,8 @@ def heuristic_schedule(plan: StitchPlan, device, space: SearchSpace | None = Non
             levels[idx] = nxt if (nxt != "global" or plan.reuse_candidates[idx] in inputs) else "recompute"
             s = Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": tuple(levels)})
     s = _relax_registers(space, s)
+    if "global" in s.schemes:
+        s = _pin_coresidency(space, s)
     problems = space.violations(s)
     if problems:  # never expected; keep the tool usable and say so
         log.warning("heuristic schedule %s is illegal (%s); using a sampled legal schedule", s, "; ".join(problems))

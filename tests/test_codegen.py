@@ -26,6 +26,7 @@ import pytest
 
 from stitchtune import kir
 from stitchtune.device import get_device
+from stitchtune.cost import predict
 from stitchtune.emulator import emulate_program
 from stitchtune.errors import ScheduleError, UnsupportedGraphError
 from stitchtune.graph import load_graph, parse_graph
@@ -167,9 +168,16 @@ def test_heuristic_full_size_compiles_without_spills(name: str, tmp_path: Path) 
     g, plan, space = _setup(name)
     s = heuristic_schedule(plan, DEV, space)
     assert space.violations(s) == []
-    report = _ptxas_report(render(lower(g, plan, s, DEV, space)), tmp_path, 300)
+    prog = lower(g, plan, s, DEV, space)
+    report = _ptxas_report(render(prog), tmp_path, 300)
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", report)]
     assert spills and all(x == 0 for x in spills), report
+    # with the compiler's register counts every kernel is still legal: in particular a grid-barrier
+    # grid stays co-resident (the colsum heuristic was pruned after its build on the H200 before
+    # heuristic._pin_coresidency)
+    regs = {n: int(r) for n, r in re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", report, re.S)}
+    assert set(regs) == {k.name for k in prog.kernels}
+    assert predict(prog.profile, DEV, registers=regs).prune_reason is None, (s.to_json(), regs)
 
 
 @pytest.mark.parametrize("name", SMALL + FULL)
