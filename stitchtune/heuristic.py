@@ -122,11 +122,16 @@ def _col(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
     return Schedule(tk, block, split, vec, 0 if split > 1 else 1, 0, schemes, ())
 
 
-def _coresident(space: SearchSpace, s: Schedule) -> bool:
-    """Whether a grid of ``split`` blocks (one row or tile at a time) fits on the device at once."""
+def _estimated_blocks_per_sm(space: SearchSpace, s: Schedule) -> int:
+    """Blocks of ``s`` per SM with the pre-build register estimate (what the lowering sizes grids by)."""
     d = space.derived(s)
     need = estimate_registers(d["reg_cache_elems"], s.vec, 4)
-    return max_resident_blocks(space.device, s.block, need, d["smem_cache_bytes"] + d["smem_red_bytes"]) >= s.split
+    return occupancy(space.device, s.block, need, d["smem_cache_bytes"] + d["smem_red_bytes"]).blocks_per_sm
+
+
+def _coresident(space: SearchSpace, s: Schedule) -> bool:
+    """Whether a grid of ``split`` blocks (one row or tile at a time) fits on the device at once."""
+    return _estimated_blocks_per_sm(space, s) * space.device.sm_count >= s.split
 
 
 def _pin_coresidency(space: SearchSpace, s: Schedule) -> Schedule:
@@ -134,9 +139,7 @@ def _pin_coresidency(space: SearchSpace, s: Schedule) -> Schedule:
     compiler then uses more registers, fewer blocks fit and the point is pruned after its build (the
     colsum heuristic on the H200, 2026-11-29: 512 blocks needed, 396 fitted). Launch bounds asking for
     that many blocks per SM make ptxas keep to the register budget the grid assumed."""
-    d = space.derived(s)
-    need = estimate_registers(d["reg_cache_elems"], s.vec, 4)
-    per_sm = occupancy(space.device, s.block, need, d["smem_cache_bytes"] + d["smem_red_bytes"]).blocks_per_sm
+    per_sm = _estimated_blocks_per_sm(space, s)
     if per_sm < 2:  # one block per SM is always resident once the grid fits the SM count
         return s
     ok = [m for m in space.domains["min_blocks"] if m >= per_sm and m * s.block <= space.device.max_threads_per_sm]

@@ -168,18 +168,17 @@ class _Lowerer:
         ii = cx.var("ii", I32)
         return ii, ii
 
-    def order_sweep(self, ii: Var | None, it: Var, iters: int, reads_memory: bool) -> tuple[list, bool]:
-        """(The assignment of the logical index ``ii``, whether the sweep runs backwards); no statement
-        for forward schedules. A sweep that reads
-        a full-size tensor from memory runs opposite to the previous such sweep (the first one forwards),
-        so that it starts with what the previous one left in L2; other sweeps run forwards."""
+    def order_sweep(self, ii: Var | None, it: Var, iters: int, reads_memory: bool) -> list:
+        """The assignment of the logical index ``ii`` (no statement for forward schedules). A sweep that
+        reads a full-size tensor from memory runs opposite to the previous such sweep (the first one
+        forwards), so that it starts with what the previous one left in L2; other sweeps run forwards."""
         if ii is None:
-            return [], False
+            return []
         rev = False
         if reads_memory:
             rev = self.last_reversed is False
             self.last_reversed = rev
-        return [Assign(ii, Bin("-", _I(iters - 1), it) if rev else it)], rev
+        return [Assign(ii, Bin("-", _I(iters - 1), it) if rev else it)]
 
     def order_tasks(self, rb: list, reads_memory: bool, total: int) -> None:
         """Alternate order: of consecutive kernels that read full-size tensors from memory, every other

@@ -151,12 +151,11 @@ class _ColLowerer(_Lowerer):
                     pvals[r] = list(dsts)
         compute_p_nodes()
         filled: set[str] = set()
-        kernel_reads: list[bool] = []  # whether a sweep of this kernel reads a full-size tensor
 
         def sweep(reds: list[str], outputs: list[str]) -> None:
             it, r_ = cx.var("i", I32), cx.var("r", I32)
             idx_it, ii = self.sweep_index(cx, it)
-            reads_memory: list[bool] = []
+            reads_before = sum(stats["reads"].values())  # full-size input loads of earlier sweeps
             valid = cx.var("v", kir.BOOL)
             accs = {}
             for r in reds:
@@ -185,7 +184,6 @@ class _ColLowerer(_Lowerer):
                     idx = _add(_mul(Bin("min", r_, _I(M - 1)), _I(N)), cc0)
                     lb.append(kir.LoadVec(dsts, buf, idx, valid))
                     stats["reads"][buf] = stats["reads"].get(buf, 0) + 1
-                    reads_memory.append(True)
                     return list(dsts)
                 v = cx.var(f"t{self.tid_of[name]}_", F32)  # K: one value per row
                 lb.append(Assign(v, Load(buf, Bin("min", r_, _I(M - 1)), valid)))
@@ -207,8 +205,7 @@ class _ColLowerer(_Lowerer):
                     lb.append(kir.StoreVec(buf, _add(_mul(r_, _I(N)), c0), tuple(vals), valid))
                 else:  # K output: one value per row, written by the first column's threads
                     lb.append(kir.StoreVec(buf, r_, (vals[0],), _and(valid, Bin("==", c0, _I(0)))))
-            head, _ = self.order_sweep(ii, it, self.rpt, bool(reads_memory))
-            kernel_reads.extend(reads_memory)
+            head = self.order_sweep(ii, it, self.rpt, sum(stats["reads"].values()) > reads_before)
             rb.append(kir.For(it, _I(0), _I(self.rpt), 1, tuple(head + lb), unroll=bool(cache_reg) or self.rpt <= 8))
             filled.update(sv.newly)
             for r in reds:
@@ -273,7 +270,7 @@ class _ColLowerer(_Lowerer):
                 else:
                     rb.append(kir.StoreVec(buf, _I(0), (vals[0],), Bin("&&", Bin("==", c0, _I(0)), Bin("&&", cvalid, lead))))
 
-        self.order_tasks(rb, bool(kernel_reads), rounds * grid)
+        self.order_tasks(rb, bool(stats["reads"]), rounds * grid)
         body.append(kir.For(rd, _I(0), _I(rounds), 1, tuple(rb)))
         kern = self.make_kernel(ki, uses, cx, body, shared, locals_, needs_sync)
         return kern, self.profile(kern, grid, rounds, smem_bytes, est_regs, stats, seg, ki)

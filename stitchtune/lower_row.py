@@ -86,13 +86,18 @@ class _RowLowerer(_Lowerer):
         kend = cx.var("ke", I32)
         rb = []  # round body
         task = _add(_mul(rd, gdim), bid)
-        kernel_reads: list[bool] = []  # whether a sweep of this kernel reads a full-size tensor
         if s.order == "alternate":
             tq = cx.var("tq", I32)
             rb.append(Assign(tq, task))  # reversed by order_tasks when this kernel runs its tasks backwards
             task = tq
+        def row_of(t: kir.Expr) -> kir.Expr:  # this thread's row of row group t (split 1)
+            return _add(_mul(t, _I(rpb)), rib)
+
+        def f_index(r: kir.Expr, k: kir.Expr) -> kir.Expr:  # element k of row r of a full-size tensor
+            return _add(_mul(Bin("min", r, _I(M - 1)), _I(N)), k)
+
         if S == 1:
-            rb += [Assign(row, _add(_mul(task, _I(rpb)), rib)), Assign(sidx, _I(0))]
+            rb += [Assign(row, row_of(task)), Assign(sidx, _I(0))]
         else:
             tv = cx.var("task", I32)
             rb += [Assign(tv, task), Assign(row, Bin("/", tv, _I(S))), Assign(sidx, Bin("%", tv, _I(S)))]
@@ -141,7 +146,7 @@ class _RowLowerer(_Lowerer):
         # prefetch (schedule.prefetch, split 1): the kernel's first sweep takes its full-size inputs from
         # the registers pf<t>, which are loaded for the next task right after that sweep
         prefetched: list[str] = []
-        first_sweep = [bool(s.prefetch)]
+        first_sweep = bool(s.prefetch)  # the next sweep is the kernel's first (with prefetch on)
 
         def prefetch_rows(task_expr: kir.Expr, valid_task: kir.Expr | None) -> list:
             """Statements loading the prefetched inputs of the row group ``task_expr`` into pf<t>."""
@@ -152,14 +157,14 @@ class _RowLowerer(_Lowerer):
             kp = cx.var("kp", I32)
             vp = cx.var("vp", kir.BOOL)
             row_ok = Bin("<", rown, _I(M))
-            out = [Assign(tn, task_expr), Assign(rown, _add(_mul(tn, _I(rpb)), rib)),
+            out = [Assign(tn, task_expr), Assign(rown, row_of(tn)),
                    Assign(vn, _and(valid_task, row_ok))]
             lp: list = [Assign(kp, _mul(_add(_mul(ip, _I(tpr)), lane), _I(vec))),
                         Assign(vp, Bin("&&", vn, Bin("<", kp, _I(N))))]
             for name in prefetched:
                 tix = self.tid_of[name]
                 dsts = tuple(cx.var(f"f{tix}_", F32) for _ in range(vec))
-                lp.append(kir.LoadVec(dsts, self.in_buf[name], _add(_mul(Bin("min", rown, _I(M - 1)), _I(N)), kp), vp))
+                lp.append(kir.LoadVec(dsts, self.in_buf[name], f_index(rown, kp), vp))
                 lp += [kir.SetLocal(f"pf{tix}", _add(_mul(ip, _I(vec)), _I(j)), dsts[j]) for j in range(vec)]
             out.append(kir.For(ip, _I(0), _I(self.iters), 1, tuple(lp), unroll=True))
             return out
@@ -168,9 +173,9 @@ class _RowLowerer(_Lowerer):
             """One pass over the thread's elements: accumulate ``reds`` and/or store ``outputs``."""
             it = cx.var("i", I32)
             idx_it, ii = self.sweep_index(cx, it)
-            reads_memory: list[bool] = []
-            from_prefetch = first_sweep[0]
-            first_sweep[0] = False
+            reads_before = sum(stats["reads"].values())  # full-size input loads of earlier sweeps
+            nonlocal first_sweep
+            from_prefetch, first_sweep = first_sweep, False
             lb: list = []
             accs = {}
             for r in reds:
@@ -204,9 +209,8 @@ class _RowLowerer(_Lowerer):
                     return [LocalRef(f"pf{self.tid_of[name]}", cache_index(j)) for j in range(vec)]
                 dsts = tuple(cx.var(f"t{self.tid_of[name]}_", F32) for _ in range(vec))
                 if self.cls[name] == "F":
-                    idx = _add(_mul(Bin("min", row, _I(M - 1)), _I(N)), k0)
+                    idx = f_index(row, k0)
                     stats["reads"][buf] = stats["reads"].get(buf, 0) + 1
-                    reads_memory.append(True)
                 else:  # K class: varies along the row only
                     idx = k0
                 lb.append(kir.LoadVec(dsts, buf, idx, valid))
@@ -230,8 +234,7 @@ class _RowLowerer(_Lowerer):
                 elif c == "K":
                     lb.append(kir.StoreVec(buf, k0, tuple(vals), _and(valid, Bin("==", row, _I(0)))))
             unroll = bool(cache_reg) or self.iters <= 8 or from_prefetch
-            head, _ = self.order_sweep(ii, it, self.iters, bool(reads_memory))
-            kernel_reads.extend(reads_memory)
+            head = self.order_sweep(ii, it, self.iters, sum(stats["reads"].values()) > reads_before)
             rb.append(kir.For(it, _I(0), _I(self.iters), 1, tuple(head + lb), unroll=unroll))
             if prefetched and from_prefetch:  # the next task's inputs, in flight while this one reduces
                 nxt = _add(rd, _I(1))
@@ -275,7 +278,7 @@ class _RowLowerer(_Lowerer):
                     else:
                         rb.append(kir.StoreVec(buf, _I(0), (pvals[o],), Bin("&&", Bin("==", row, _I(0)), leader)))
 
-        self.order_tasks(rb, bool(kernel_reads), rounds * grid)
+        self.order_tasks(rb, bool(stats["reads"]), rounds * grid)
         if prefetched:  # the first task's inputs, before the round loop
             locals_ += [kir.LocalArray(f"pf{self.tid_of[n]}", self.per_thread) for n in prefetched]
             body.extend(prefetch_rows(bid, None))

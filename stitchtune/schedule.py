@@ -112,6 +112,18 @@ def rereads(schemes: tuple[str, ...] | list[str], reuse: tuple[str, ...] | list[
     return any(r in ("global", "recompute") for r in reuse) or "independent" in schemes
 
 
+def _pick_options(choose: Any, domains: dict[str, list[Any]], family: str, split: int, tasks_per_block: int,
+                  schemes: tuple[str, ...] | list[str], reuse: tuple[str, ...] | list[str]) -> tuple[str, int, str]:
+    """(order, prefetch, combine) of a point: each asked of ``choose(name, domain)`` only where it
+    applies (the sweep order where something is re-read; prefetch for a row reduction with whole rows
+    and several tasks per block, forward order; combine for a split row), its default elsewhere."""
+    order = choose("order", domains["order"]) if rereads(schemes, reuse) else "forward"
+    prefetch = (choose("prefetch", domains["prefetch"])
+                if prefetchable(family, split, tasks_per_block) and order == "forward" else 0)
+    combine = choose("combine", domains["combine"]) if family == "row" and split > 1 else "thread"
+    return order, prefetch, combine
+
+
 def prefetchable(family: str, split: int, tasks_per_block: int) -> bool:
     """Whether ``prefetch`` can matter: a row reduction (an element-wise graph has one sweep, with no
     reduction to overlap the next task's loads with) with whole rows per block (split 1) and blocks
@@ -179,6 +191,8 @@ class SearchSpace:
         vec_cls = {"F", "P"} if plan.family == "col" else {"F", "K"}
         vectored = [n for n, c in plan.classes if c in vec_cls]
         self.elem_bytes = max((2 if plan.dtype(n) != "float32" else 4) for n in vectored) if vectored else 4
+        # full-size inputs: each takes one row piece of prefetch registers (schedule.prefetch)
+        self.n_full_inputs = sum(1 for n, c in plan.classes if c == "F" and n in plan.input_names)
         # vec choices above 16 bytes are never legal: drop them from the domain up front
         self.domains["vec"] = [v for v in self.domains["vec"] if v * self.elem_bytes <= 16]
         if plan.family == "row":
@@ -214,8 +228,7 @@ class SearchSpace:
             step = s.tpr * s.vec
             chunk = math.ceil(math.ceil(K / s.split) / step) * step
             per_thread = chunk // s.tpr
-            n_f_inputs = sum(1 for n, c in plan.classes if c == "F" and n in plan.input_names)
-            reg = per_thread * (len(cached_reg) + s.prefetch * n_f_inputs)
+            reg = per_thread * (len(cached_reg) + s.prefetch * self.n_full_inputs)
             rpb = max(1, s.block // s.tpr)
             smem_cache = 4 * rpb * chunk * len(cached_smem)
             smem_red = 4 * max(1, rpb) * max(1, s.tpr // 32) * max(1, plan.nstages) if plan.nstages else 0
@@ -310,11 +323,8 @@ class SearchSpace:
         kind = "split" if split > 1 else ("warp" if "local" in legal else "block")
         schemes = tuple(choose(f"scheme_{i}_{kind}", legal) for i in range(plan.nstages))
         reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
-        order = choose("order", d["order"]) if rereads(schemes, reuse) else "forward"
-        prefetch = (choose("prefetch", d["prefetch"]) if prefetchable(fam, split, tasks) and order == "forward"
-                    else 0)
-        combine = choose("combine", d["combine"]) if fam == "row" and split > 1 else "thread"
-        return Schedule(tpr, block, split, vec, tasks, min_blocks, schemes, reuse, order, prefetch, combine)
+        options = _pick_options(choose, d, fam, split, tasks, schemes, reuse)
+        return Schedule(tpr, block, split, vec, tasks, min_blocks, schemes, reuse, *options)
 
     def _decide_flat(self, choose: Any) -> Schedule:
         """Every parameter under its plain name with its full domain (``flat`` mode), then repaired
@@ -331,9 +341,9 @@ class SearchSpace:
         tasks = choose("tasks_per_block", d["tasks_per_block"])
         schemes = [choose(f"scheme_{i}", d["scheme"]) for i in range(plan.nstages)]
         reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
-        order = choose("order", d["order"]) if plan.nstages else "forward"
-        prefetch = choose("prefetch", d["prefetch"]) if fam == "row" else 0
-        combine = choose("combine", d["combine"]) if fam == "row" else "thread"
+        picked = {"order": choose("order", d["order"]) if plan.nstages else "forward",
+                  "prefetch": choose("prefetch", d["prefetch"]) if fam == "row" else 0,
+                  "combine": choose("combine", d["combine"]) if fam == "row" else "thread"}
         if fam == "col":
             block = min(max(block, tpr * 8), max(d["block"]))
         else:
@@ -346,10 +356,9 @@ class SearchSpace:
         legal = [x for x in d["scheme"] if safe_eval(self.scheme_rules[x], names)]
         prefer = ("regional", "global", "independent", "local")
         schemes = [x if x in legal else next(y for y in prefer if y in legal) for x in schemes]
-        order = order if rereads(schemes, reuse) else "forward"
-        prefetch = prefetch if prefetchable(fam, split, tasks) and order == "forward" else 0
-        combine = combine if split > 1 else "thread"
-        return Schedule(tpr, block, split, vec, tasks, min_blocks, tuple(schemes), reuse, order, prefetch, combine)
+        # the options that apply keep their picked value, the others take their default
+        options = _pick_options(lambda name, dom: picked[name], d, fam, split, tasks, schemes, reuse)
+        return Schedule(tpr, block, split, vec, tasks, min_blocks, tuple(schemes), reuse, *options)
 
     def flat_mode(self) -> "SearchSpace":
         """A copy of this space whose :meth:`suggest` / :meth:`params_of` use plain parameter names
@@ -416,10 +425,8 @@ class SearchSpace:
                 min_blocks=rng.choice(self.domains["min_blocks"]),
                 schemes=tuple(rng.choice(self.domains["scheme"]) for _ in range(self.plan.nstages)),
                 reuse=tuple(rng.choice(self._reuse_domain(c)) for c in self.plan.reuse_candidates))
-            order = rng.choice(self.domains["order"]) if rereads(s.schemes, s.reuse) else "forward"
-            prefetch = (rng.choice(self.domains["prefetch"])
-                        if prefetchable(fam, s.split, s.tasks_per_block) and order == "forward" else 0)
-            combine = rng.choice(self.domains["combine"]) if fam == "row" and s.split > 1 else "thread"
+            order, prefetch, combine = _pick_options(lambda name, dom: rng.choice(dom), self.domains, fam, s.split,
+                                                     s.tasks_per_block, s.schemes, s.reuse)
             s = dataclasses.replace(s, order=order, prefetch=prefetch, combine=combine)
             if not self.violations(s):
                 return s
