@@ -469,7 +469,6 @@ class _Loop:
             else:
                 done[i] = self.copy_result(self.base_row(trials[i], scheds[i]), src, f"{self.study_name}:{num}")
         self._settle(trials, done, sorted(waits) if waits else list(range(n)))
-        self._in_flight = []
         return [(trials[i], done[i]) for i in range(n)]
 
     def _settle(self, trials: list[optuna.Trial], done: dict[int, dict[str, Any]], idx: list[int]) -> None:
@@ -545,8 +544,7 @@ class _Loop:
                         stopped = "grid_exhausted"
                         break
                     n = min(n, left)
-                batch = self.run_batch(n)
-                for _tr, row in batch:
+                for _tr, row in self.run_batch(n):
                     self.trials_run += 1
                     self.counts[row["status"]] += 1
                     self.reused += bool(row.get("reused"))
