@@ -1,0 +1,75 @@
+"""Fingerprints of the generated kernels: a guard for refactors of the middle of the pipeline.
+
+For every example graph (small and full size) this takes the AStitch heuristic schedule and
+``--samples`` seeded samples of its space (``SearchSpace.sample(random.Random(seed))``, seeds
+0..N-1), lowers each for the H200 preset, renders the CUDA source and records, per schedule, its
+JSON and the SHA-256 of the rendered source and of the launch list (kernel, grid, block, dynamic
+shared memory, arguments). Written as JSON to ``--out`` (default: stdout).
+
+``tests/test_kernel_hashes.py`` compares today's code with the committed file
+``tests/golden/kernel_hashes.json``; after an intended change of generated code, regenerate it with
+
+    python scripts/kernel_hashes.py --out tests/golden/kernel_hashes.json
+
+and say in the commit message why the kernels changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SAMPLES = 24
+
+
+def fingerprints(samples: int = DEFAULT_SAMPLES, examples: Path = ROOT / "examples") -> dict[str, list[dict]]:
+    """``{example file name: [{"seed", "schedule", "source_sha256", "launches_sha256"}, ...]}``
+    (seed -1 is the heuristic schedule)."""
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.cuda.render import render
+    from stitchtune.graph import load_graph
+    from stitchtune.hardware import get_device
+    from stitchtune.lower import lower
+    from stitchtune.plan import make_plan
+    from stitchtune.space import SearchSpace
+
+    dev = get_device("H200")
+    out: dict[str, list[dict]] = {}
+    for path in sorted(examples.glob("*.json")):
+        g = load_graph(path)
+        plan = make_plan(g)
+        space = SearchSpace.for_plan(plan, dev)
+        rows = []
+        points = [(-1, heuristic_schedule(plan, dev, space))]
+        points += [(i, space.sample(random.Random(i))) for i in range(samples)]
+        for seed, s in points:
+            prog = lower(g, plan, s, dev, space)
+            launches = json.dumps([[ln.kernel, ln.grid, ln.block, ln.smem_bytes, list(ln.args)]
+                                   for ln in prog.launches])
+            rows.append({"seed": seed, "schedule": s.to_json(),
+                         "source_sha256": hashlib.sha256(render(prog).encode()).hexdigest(),
+                         "launches_sha256": hashlib.sha256(launches.encode()).hexdigest()})
+        out[path.name] = rows
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="sampled schedules per example")
+    ap.add_argument("--out", type=Path, help="write the JSON here (default: stdout)")
+    args = ap.parse_args(argv)
+    text = json.dumps(fingerprints(args.samples), indent=1, sort_keys=True) + "\n"
+    if args.out:
+        args.out.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
