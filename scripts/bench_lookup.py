@@ -4,7 +4,7 @@
 
 Writes made-up rows (``study`` = ``synthetic-lookup``; never a measurement) for many workloads and
 devices (the layernorm_small example's own workload and shapes of its structure among them), in
-``--parts`` part files, then times :func:`stitchtune.select.choose_schedule` for:
+``--parts`` part files, then times :func:`stitchtune.deploy.selection.choose_schedule` for:
 
 * an exact hit (tuned), a new shape of a tuned structure (nearest-shape) and an unknown structure
   (heuristic), each cold (first read of the database: pyarrow scan) and warm (cached frame);
@@ -32,13 +32,13 @@ def make_db(path: Path, rows: int, parts: int, seed: int = 0) -> None:
     """``rows`` synthetic rows over ``parts`` part files (see module docstring)."""
     import numpy as np
 
-    from stitchtune.db import TuningDB
-    from stitchtune.device import get_device
-    from stitchtune.graph import Graph, load_graph
-    from stitchtune.lower import CODEGEN_VERSION
-    from stitchtune.pipeline import context_row, schedule_columns
-    from stitchtune.plan import make_plan
-    from stitchtune.schedule import SearchSpace
+    from stitchtune.tune.database import TuningDB
+    from stitchtune.hardware.device import get_device
+    from stitchtune.graph.parse import Graph, load_graph
+    from stitchtune.lower.entry import CODEGEN_VERSION
+    from stitchtune.tune.pipeline import context_row, schedule_columns
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space.schedule import SearchSpace
 
     rng = np.random.default_rng(seed)
     ln = load_graph(REPO / "examples" / "layernorm_small.json")
@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
 
-    from stitchtune.device import get_device
-    from stitchtune.graph import Graph, load_graph
-    from stitchtune.select import choose_schedule, clear_cache
+    from stitchtune.hardware.device import get_device
+    from stitchtune.graph.parse import Graph, load_graph
+    from stitchtune.deploy.selection import choose_schedule, clear_cache
 
     tmp = None
     if args.db is None:

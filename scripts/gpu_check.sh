@@ -27,7 +27,7 @@
 #   bench       `stitchtune bench` on the examples searched: eager, XLA, Inductor, cap BENCH_CAP_S=110
 #               (DRY_RUN: eager only; fails without cupy)                                           ~90 s
 #   torch_entry scripts/gpu_torch_entry.py: stitchtune.compile via pycuda on the small examples and
-#               stitchtune.torch.compile next to eager and torch.compile, cap 40                   ~35 s
+#               stitchtune.deploy.torch_entry.compile next to eager and torch.compile, cap 40                   ~35 s
 #   bench_max   torch.compile max-autotune-no-cudagraphs with the time left (plan ~60-90 s; nothing
 #               if every step before ran to its cap: 5+1+3+60+220+3+110+40 = 442 s)
 # Then everything is bundled into $OUT (at most 4 files) and a short table is printed last.
@@ -155,8 +155,8 @@ for m in ("numpy", "pycuda", "optuna", "pytest", "torch", "jax", "cupy-cuda12x",
         print(m, md.version(m))   # package metadata: importing torch or jax here would cost seconds
     except Exception as e:
         print(m, "missing:", type(e).__name__)
-from stitchtune.cuda_runner import cuda_available
-from stitchtune.build import find_nvcc, nvcc_version
+from stitchtune.gpu.runner import cuda_available
+from stitchtune.gpu.build import find_nvcc, nvcc_version
 print("nvcc", nvcc_version(find_nvcc()))
 print("cuda_available", cuda_available())
 '
@@ -165,8 +165,8 @@ print("cuda_available", cuda_available())
 SMOKE='
 import json, sys, time, numpy as np
 from types import SimpleNamespace as NS
-from stitchtune.build import NvccBuilder
-from stitchtune.cuda_runner import CudaRunner
+from stitchtune.gpu.build import NvccBuilder
+from stitchtune.gpu.runner import CudaRunner
 N = 1 << 20
 src = open("tests/test_gpu.py").read().split("KERNELS = r\"\"\"")[1].split("\"\"\"")[0]
 (b,) = NvccBuilder().build([src], "sm_90")

@@ -4,7 +4,7 @@
 
 1. ``stitchtune.compile(...)(**numpy arrays)`` (pycuda) on every small example: output vs. the float64
    reference (``runners.check_outputs``).
-2. ``stitchtune.torch.compile(fn, db=..., example_inputs=...)`` on the full-size PyTorch examples of
+2. ``stitchtune.deploy.torch_entry.compile(fn, db=..., example_inputs=...)`` on the full-size PyTorch examples of
    ``examples/torch_modules.py``: output vs. ``fn`` (max relative error), then the time per call of the
    stitched kernels, of ``fn`` eager and of ``torch.compile(fn)``, each the median of ``--iters`` calls
    timed with CUDA events on the current stream (inputs resident, no L2 flush: a same-input loop).
@@ -42,8 +42,8 @@ def _events(call, iters: int, warmup: int = 10) -> float:
 
 def check_numpy_api(db: str) -> bool:
     import stitchtune
-    from stitchtune.reference import random_inputs, run_reference
-    from stitchtune.runners import check_outputs, output_dtypes
+    from stitchtune.graph.reference import random_inputs, run_reference
+    from stitchtune.gpu.runners import check_outputs, output_dtypes
 
     ok = True
     for path in sorted((REPO / "examples").glob("*_small.json")):
@@ -59,7 +59,7 @@ def check_numpy_api(db: str) -> bool:
 def check_torch_entry(db: str, names: list[str], iters: int) -> bool:
     import torch
 
-    import stitchtune.torch as st_torch
+    import stitchtune.deploy.torch_entry as st_torch
     from stitchtune.importers.builder import parse_shapes
 
     spec = importlib.util.spec_from_file_location("torch_modules", REPO / "examples" / "torch_modules.py")

@@ -7,9 +7,9 @@ JSON and the SHA-256 of the rendered source and of the launch list (kernel, grid
 shared memory, arguments). Written as JSON to ``--out`` (default: stdout).
 
 ``tests/test_kernel_hashes.py`` compares today's code with the committed file
-``tests/golden/kernel_hashes.json``; after an intended change of generated code, regenerate it with
+``tests/lower/golden/kernel_hashes.json``; after an intended change of generated code, regenerate it with
 
-    python scripts/kernel_hashes.py --out tests/golden/kernel_hashes.json
+    python scripts/kernel_hashes.py --out tests/lower/golden/kernel_hashes.json
 
 and say in the commit message why the kernels changed.
 """
@@ -31,12 +31,12 @@ def fingerprints(samples: int = DEFAULT_SAMPLES, examples: Path = ROOT / "exampl
     """``{example file name: [{"seed", "schedule", "source_sha256", "launches_sha256"}, ...]}``
     (seed -1 is the heuristic schedule)."""
     from stitchtune.cost.heuristic import heuristic_schedule
-    from stitchtune.cuda.render import render
-    from stitchtune.graph import load_graph
-    from stitchtune.hardware import get_device
-    from stitchtune.lower import lower
-    from stitchtune.plan import make_plan
-    from stitchtune.space import SearchSpace
+    from stitchtune.gpu.render import render
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.hardware.device import get_device
+    from stitchtune.lower.entry import lower
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space.schedule import SearchSpace
 
     dev = get_device("H200")
     out: dict[str, list[dict]] = {}

@@ -29,7 +29,7 @@ REUSE = ("register", "shared", "global", "recompute")
 
 def synthetic_rows(seed: int = 0, trials: int = 24, fake_measured: bool = False) -> list[dict]:
     """Made-up tuning rows in the database schema (see module docstring)."""
-    from stitchtune.db import utc_now
+    from stitchtune.tune.database import utc_now
 
     rng = np.random.default_rng(seed)
     workloads = [("synthetic_layernorm", [256, 1024], 1.0e6), ("synthetic_softmax", [512, 512], 1.05e6),
@@ -81,7 +81,7 @@ def synthetic_rows(seed: int = 0, trials: int = 24, fake_measured: bool = False)
 
 def write_synthetic(db: Path, seed: int = 0, trials: int = 24, fake_measured: bool = False) -> None:
     """Append synthetic rows to the database at ``db``."""
-    from stitchtune.db import TuningDB
+    from stitchtune.tune.database import TuningDB
 
     TuningDB(db).append(synthetic_rows(seed, trials, fake_measured))
 
@@ -90,7 +90,7 @@ def write_synthetic_bench(db: Path) -> Path:
     """A made-up ``bench_synthetic.csv`` next to a synthetic database (test data, not a measurement)."""
     import pandas as pd
 
-    from stitchtune.db import read_db
+    from stitchtune.tune.database import read_db
 
     rows = []
     for i, w in enumerate(sorted(read_db(db)["graph_name"].unique())):
@@ -105,9 +105,9 @@ def write_synthetic_bench(db: Path) -> Path:
 
 
 def run_searches(db: Path, trials: int, graphs: list[Path], seed: int = 0, build: bool = False) -> None:
-    """Emulated searches (``stitchtune.search.run_search``, the API behind ``stitchtune search``) of
+    """Emulated searches (``stitchtune.tune.search.run_search``, the API behind ``stitchtune search``) of
     each graph into ``db``, once with TPE and once with random sampling (two studies per workload)."""
-    from stitchtune.search import SearchConfig, format_summary, run_search
+    from stitchtune.tune.search import SearchConfig, format_summary, run_search
 
     for g in graphs:
         for i, sampler in enumerate(("tpe", "random")):

@@ -8,10 +8,10 @@ profile and compares the *ranking* with the measured times, per workload (graph 
 
 * ``stored``   -- Spearman of the ``predicted_us`` column as written by the search (the model and
   parameters in force at the time of the run);
-* ``default``  -- Spearman of the current model with the default :class:`stitchtune.cost.CostParams`
+* ``default``  -- Spearman of the current model with the default :class:`stitchtune.cost.model.CostParams`
   (no parameter has seen any measured row: every workload is out of sample for the *constants*; the
   model's *structure* was, however, chosen by looking at these data, see the final report);
-* ``in-fit``   -- Spearman with parameters fitted by :func:`stitchtune.calibrate.fit` on ALL rows
+* ``in-fit``   -- Spearman with parameters fitted by :func:`stitchtune.cost.calibrate.fit` on ALL rows
   (IN SAMPLE, shown only for comparison);
 * ``LOWO``     -- leave-one-workload-out: parameters fitted on the other workloads' rows only, Spearman
   on the held-out workload (OUT OF SAMPLE; the figure that counts).
@@ -22,7 +22,7 @@ time of the other rows``; with the default model the predicted times are on the 
 so the ``time_scale`` fitted on the training workloads is applied; see ``pruned`` below).
 
 Profiles: with ``--profiles relower`` (default) each row's schedule (``schedule_json``) is lowered
-again with the current :mod:`stitchtune.lower` (so changes to what the profile contains are
+again with the current :mod:`stitchtune.lower.entry` (so changes to what the profile contains are
 evaluated), keeping the row's ptxas registers; the example graph ``examples/<graph_name>.json`` must
 have the row's workload key, else the stored ``profile_json`` is used (counted in the output). With
 ``--profiles stored`` the stored ``profile_json`` is used as is.
@@ -46,9 +46,11 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from stitchtune import calibrate, cost
-from stitchtune.db import read_db
-from stitchtune.device import get_device
+from stitchtune.cost import calibrate
+
+from stitchtune.cost import model as cost
+from stitchtune.tune.database import read_db
+from stitchtune.hardware.device import get_device
 
 log = logging.getLogger("model_quality")
 
@@ -56,9 +58,9 @@ log = logging.getLogger("model_quality")
 def relowered_profiles(rows: pd.DataFrame, device) -> tuple[list[str], int]:
     """``profile_json`` strings for ``rows`` from the current lowering (ptxas registers kept); also
     returns how many rows fell back to their stored profile."""
-    from stitchtune.graph import load_graph
-    from stitchtune.lower import lower
-    from stitchtune.plan import make_plan
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.lower.entry import lower
+    from stitchtune.plan.planner import make_plan
 
     graphs: dict[str, tuple | None] = {}
     out, fallback = [], 0
@@ -87,7 +89,7 @@ def relowered_profiles(rows: pd.DataFrame, device) -> tuple[list[str], int]:
 
 
 def cost_schedule(schedule_json: str):
-    from stitchtune.schedule import Schedule
+    from stitchtune.space.schedule import Schedule
     return Schedule.from_dict(json.loads(schedule_json))
 
 

@@ -3,7 +3,7 @@
     python scripts/predict_variants.py GRAPH.json 'SCHEDULE JSON' [--device h200]
     python scripts/predict_variants.py --examples      # the session-1 best schedules of four examples
 
-Every time printed is a *prediction* of :func:`stitchtune.cost.predict` with the active cost constants
+Every time printed is a *prediction* of :func:`stitchtune.cost.model.predict` with the active cost constants
 (defaults unless ``stitchtune calibrate`` wrote some), never a measurement: use it to see what the
 model expects from ``order`` / ``prefetch`` / ``combine`` before the GPU measures the same pairs
 (``scripts/variant_pairs.py``).
@@ -36,12 +36,12 @@ EXAMPLES = {
 
 def predictions(graph_path: str, schedule: dict, device_name: str) -> list[tuple[str, float]]:
     """[(label, predicted us)] for the schedule and each of its variants."""
-    from stitchtune.cost import predict
-    from stitchtune.device import get_device
-    from stitchtune.graph import load_graph
-    from stitchtune.lower import lower
-    from stitchtune.plan import make_plan
-    from stitchtune.schedule import Schedule, SearchSpace
+    from stitchtune.cost.model import predict
+    from stitchtune.hardware.device import get_device
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.lower.entry import lower
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space.schedule import Schedule, SearchSpace
 
     dev = get_device(device_name)
     g = load_graph(graph_path)

@@ -61,7 +61,7 @@ class _FakeCubinBuilder:
     on a GPU."""
 
     def __init__(self, floor_us: float, out_dir: Path, nvcc: Any = None) -> None:
-        from stitchtune.build import FakeBuilder
+        from stitchtune.gpu.build import FakeBuilder
 
         self.fake = FakeBuilder()
         self.nvcc = nvcc
@@ -104,7 +104,7 @@ def _timed(fn: Any) -> tuple[float, Any]:
 
 
 def _fake_build(tmp: Path, mode: str) -> Any:
-    from stitchtune.build import BuildResult
+    from stitchtune.gpu.build import BuildResult
 
     p = tmp / f"{mode.replace(':', '_')}.cubin"
     p.write_bytes(f"FAKE:{mode}".encode())
@@ -113,10 +113,10 @@ def _fake_build(tmp: Path, mode: str) -> Any:
 
 def _data_phases(g: Any, res: dict[str, float]) -> None:
     """inputs, reference, check, fake_launch, fake_poison (in this process; the arrays die on return)."""
-    from stitchtune import cuda_worker
-    from stitchtune.cuda_plan import Problem, _travel
-    from stitchtune.reference import random_inputs
-    from stitchtune.runners import check_outputs, output_dtypes, reference_outputs
+    from stitchtune.gpu import worker as cuda_worker
+    from stitchtune.gpu.launch_plan import Problem, _travel
+    from stitchtune.graph.reference import random_inputs
+    from stitchtune.gpu.runners import check_outputs, output_dtypes, reference_outputs
 
     t0 = time.perf_counter()
     inputs = random_inputs(g, 0)
@@ -140,17 +140,17 @@ def _data_phases(g: Any, res: dict[str, float]) -> None:
 
 
 def profile_example(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
-    from stitchtune.cost import predict
-    from stitchtune.cuda_plan import launch_plan
-    from stitchtune.cuda_runner import CudaRunner
-    from stitchtune.device import get_device
+    from stitchtune.cost.model import predict
+    from stitchtune.gpu.launch_plan import launch_plan
+    from stitchtune.gpu.runner import CudaRunner
+    from stitchtune.hardware.device import get_device
     from stitchtune.errors import ScheduleError
-    from stitchtune.graph import load_graph
-    from stitchtune.heuristic import heuristic_schedule
-    from stitchtune.lower import lower
-    from stitchtune.plan import make_plan
-    from stitchtune.render_cuda import render
-    from stitchtune.schedule import SearchSpace
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.lower.entry import lower
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.gpu.render import render
+    from stitchtune.space.schedule import SearchSpace
 
     path = ROOT / "examples" / f"{name}.json"
     dev = get_device("h200")
@@ -219,13 +219,13 @@ def profile_example(name: str, args: argparse.Namespace, tmp: Path) -> dict[str,
 def _search(path: Path, g: Any, dev: Any, args: argparse.Namespace, tmp: Path) -> tuple[float, int, int]:
     import dataclasses
 
-    from stitchtune.cuda_runner import CudaRunner
-    from stitchtune.search import SearchConfig, default_components, run_search
+    from stitchtune.gpu.runner import CudaRunner
+    from stitchtune.tune.search import SearchConfig, default_components, run_search
 
     floor_us = g.min_bytes() / (dev.effective_copy_bandwidth_gbs() * 1e9) * 1e6
     nvcc = None
     if args.nvcc:
-        from stitchtune.build import NvccBuilder
+        from stitchtune.gpu.build import NvccBuilder
 
         nvcc = NvccBuilder(jobs=args.jobs, cache_dir=tmp / f"cubin-{g.name}")
     cubins = tmp / f"fake-{g.name}"

@@ -35,7 +35,8 @@ class Objective:
     """Predicted time (µs, estimated) of a schedule; inf for illegal points. Cached by schedule key."""
 
     def __init__(self, graph, plan, space, device) -> None:
-        from stitchtune import cost, lower
+        from stitchtune.cost import model as cost
+        from stitchtune.lower import entry as lower
 
         self.graph, self.plan, self.space, self.device = graph, plan, space, device
         self._lower, self._predict = lower.lower, cost.predict
@@ -58,7 +59,7 @@ class Objective:
 def sweep(space, obj: Objective, exhaustive_limit: int, sample: int, seed: int) -> tuple[float, int, str]:
     """(best value, points evaluated, 'exhaustive' | 'sampled')."""
     from stitchtune.errors import ScheduleError
-    from stitchtune.search import grid_points
+    from stitchtune.tune.search import grid_points
 
     try:
         points = grid_points(space, seed)
@@ -77,7 +78,7 @@ def run_sampler(name: str, seed: int, trials: int, space, obj: Objective) -> lis
     """Best-so-far value after each trial."""
     import optuna
 
-    from stitchtune.search import make_sampler
+    from stitchtune.tune.search import make_sampler
 
     if name in ("gp", "cmaes"):  # as `stitchtune search` does: plain parameter names for these samplers
         space = space.flat_mode()
@@ -117,11 +118,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import optuna
 
-    from stitchtune.device import get_device
-    from stitchtune.graph import load_graph
-    from stitchtune.heuristic import heuristic_schedule
-    from stitchtune.plan import make_plan
-    from stitchtune.schedule import SearchSpace
+    from stitchtune.hardware.device import get_device
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space.schedule import SearchSpace
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = get_device(args.device)

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db", default=str(REPO / "results"))
     ap.add_argument("--backend", default=None, help="only rows of this backend (cuda or emulate)")
     args = ap.parse_args(argv)
-    from stitchtune.db import TuningDB
+    from stitchtune.tune.database import TuningDB
 
     df = TuningDB(args.db).read()
     if args.backend:

@@ -35,7 +35,7 @@ BackendFn = Callable[[Any, Mapping[str, np.ndarray], "dict[str, Any] | None"], "
 
 # ---------------------------------------------------------------------------- shared helpers
 def _load(path: str) -> Any:
-    from stitchtune.graph import load_graph
+    from stitchtune.graph.parse import load_graph
 
     return load_graph(path)
 
@@ -80,7 +80,7 @@ def parse_schedule_arg(text: str | None) -> dict[str, Any] | None:
 def load_inputs_npz(path: str, graph: Any) -> dict[str, np.ndarray]:
     """Arrays by name from an .npz (no pickles). bfloat16 arrays saved by numpy come back as
     2-byte void (``|V2``); for bfloat16 inputs they are reinterpreted as ``ml_dtypes.bfloat16``."""
-    from stitchtune.reference import numpy_dtype
+    from stitchtune.graph.reference import numpy_dtype
 
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -111,7 +111,7 @@ def save_outputs_npz(path: str, outputs: Mapping[str, np.ndarray]) -> None:
 # ---------------------------------------------------------------------------- run backends
 def _backend_reference(graph: Any, inputs: Mapping[str, np.ndarray],
                        schedule: dict[str, Any] | None, **_options: Any) -> dict[str, np.ndarray]:
-    from stitchtune.reference import run_reference
+    from stitchtune.graph.reference import run_reference
 
     if schedule is not None:
         log.warning("the reference backend ignores --schedule")
@@ -121,7 +121,7 @@ def _backend_reference(graph: Any, inputs: Mapping[str, np.ndarray],
 def _compiled_for_run(graph: Any, schedule: dict[str, Any] | None, db: str | None, device: str | None,
                       build: bool) -> Any:
     """The schedule `stitchtune compile` would choose (or the given one), compiled; says where it came from."""
-    from stitchtune.api import compile as st_compile
+    from stitchtune.deploy.compiled import compile as st_compile
 
     cg = st_compile(graph, db=db, device=device, schedule=schedule, build=build)
     print(f"schedule: {cg.source} ({cg.manifest['choice']['reason']})")
@@ -153,7 +153,7 @@ def _add_validate(sub: Any) -> None:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from stitchtune.ops import OPS
+    from stitchtune.graph.ops import OPS
 
     g = _load(args.graph)
     ops = Counter(n.op for n in g.nodes)
@@ -202,7 +202,7 @@ def _add_run(sub: Any) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from stitchtune.reference import random_inputs
+    from stitchtune.graph.reference import random_inputs
 
     g = _load(args.graph)
     schedule = parse_schedule_arg(args.schedule)
@@ -234,7 +234,7 @@ def _add_compile(sub: Any) -> None:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from stitchtune.api import compile as st_compile
+    from stitchtune.deploy.compiled import compile as st_compile
 
     g = _load(args.graph)
     cg = st_compile(g, db=args.db, device=args.device, schedule=parse_schedule_arg(args.schedule),
@@ -272,7 +272,7 @@ def _add_report(sub: Any) -> None:
 def _cmd_report(args: argparse.Namespace) -> int:
     import glob
 
-    from stitchtune.report import write_report
+    from stitchtune.analysis.report import write_report
 
     graphs = args.graphs if args.graphs is not None else sorted(glob.glob(os.path.join("examples", "*.json")))
     paths = write_report(args.db, args.out, bench_paths=args.bench, graph_paths=graphs,
@@ -291,9 +291,9 @@ def _add_devices(sub: Any) -> None:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
-    from stitchtune.device import PRESETS, get_device, query_device
+    from stitchtune.hardware.device import PRESETS, get_device, query_device
     from stitchtune.errors import ToolchainError
-    from stitchtune.occupancy import driver_check
+    from stitchtune.hardware.occupancy import driver_check
 
     if args.device:
         print(json.dumps(get_device(args.device).to_dict(), indent=1))
@@ -330,9 +330,9 @@ def _add_calibrate(sub: Any) -> None:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from stitchtune.calibrate import CalibrationError, calibrate_db, devices_in, resolve_devices
-    from stitchtune.db import read_db
-    from stitchtune.device import get_device
+    from stitchtune.cost.calibrate import CalibrationError, calibrate_db, devices_in, resolve_devices
+    from stitchtune.tune.database import read_db
+    from stitchtune.hardware.device import get_device
 
     df = read_db(args.db)
     if args.device:
@@ -367,8 +367,8 @@ def _add_model_check(sub: Any) -> None:
 def _cmd_model_check(args: argparse.Namespace) -> int:
     import glob
 
-    from stitchtune.calibrate import format_model_check, model_check, repredict
-    from stitchtune.db import read_db
+    from stitchtune.cost.calibrate import format_model_check, model_check, repredict
+    from stitchtune.tune.database import read_db
 
     df = read_db(args.db)
     if args.repredict:
@@ -385,7 +385,7 @@ def _cmd_model_check(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- bench
 def _add_bench(sub: Any) -> None:
-    from stitchtune.peers import PEER_NAMES
+    from stitchtune.bench.peers import PEER_NAMES
 
     p = sub.add_parser("bench", help="time tuned kernels against torch eager, torch.compile and JAX (GPU)")
     p.add_argument("graphs", nargs="+", metavar="GRAPH", help="graph.json files")
@@ -403,9 +403,9 @@ def _add_bench(sub: Any) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from stitchtune.bench import format_table, run_bench
-    from stitchtune.device import get_device
-    from stitchtune.peers import parse_peer_names
+    from stitchtune.bench.measure import format_table, run_bench
+    from stitchtune.hardware.device import get_device
+    from stitchtune.bench.peers import parse_peer_names
 
     peers = parse_peer_names(args.peers)
     problems = [f"--{k} must be >= {lo} (got {v})" for k, v, lo in
@@ -446,7 +446,7 @@ def _add_search(sub: Any) -> None:
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
-    from stitchtune.search import SearchConfig, format_summary, resolve_backend, run_search
+    from stitchtune.tune.search import SearchConfig, format_summary, resolve_backend, run_search
 
     backend, why = resolve_backend(args.backend)
     print(why, file=sys.stderr, flush=True)
@@ -466,8 +466,8 @@ def _add_show(sub: Any) -> None:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from stitchtune.db import TuningDB
-    from stitchtune.search import format_best_table
+    from stitchtune.tune.database import TuningDB
+    from stitchtune.tune.search import format_best_table
 
     db = TuningDB(args.db)
     df = db.read()
@@ -484,7 +484,7 @@ def _add_export(sub: Any) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from stitchtune.db import read_db
+    from stitchtune.tune.database import read_db
 
     df = read_db(args.db)
     tmp = f"{args.csv}.tmp-{os.getpid()}"
@@ -514,10 +514,10 @@ def _add_space(sub: Any) -> None:
 def _cmd_space(args: argparse.Namespace) -> int:
     import random
 
-    from stitchtune.device import default_device, get_device
-    from stitchtune.heuristic import heuristic_schedule
-    from stitchtune.plan import make_plan
-    from stitchtune.schedule import SearchSpace
+    from stitchtune.hardware.device import default_device, get_device
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space.schedule import SearchSpace
 
     if args.sample < 0:
         raise StitchtuneError(f"--sample must be >= 0 (got {args.sample})")

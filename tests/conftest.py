@@ -12,9 +12,7 @@ from typing import Callable
 
 import pytest
 
-EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
-SMALL_EXAMPLES = sorted(EXAMPLES_DIR.glob("*_small.json"))
-FULL_EXAMPLES = sorted(p for p in EXAMPLES_DIR.glob("*.json") if not p.stem.endswith("_small"))
+from helpers import EXAMPLES_DIR, FULL_EXAMPLES, SMALL_EXAMPLES
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +32,7 @@ def full_examples() -> list[Path]:
 
 @pytest.fixture(scope="session")
 def load_example() -> Callable[[str], object]:
-    from stitchtune.graph import load_graph
+    from stitchtune.graph.parse import load_graph
 
     def _load(name: str) -> object:
         return load_graph(EXAMPLES_DIR / f"{name}.json")

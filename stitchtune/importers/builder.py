@@ -4,15 +4,15 @@ Contract
 --------
 * :class:`GraphBuilder` accumulates inputs and nodes of one graph.json and tracks each value's
   shape and dtype itself (numpy broadcasting, reductions, casts, dtype promotion as in
-  :mod:`stitchtune.graph`), so importers can check a value against their framework's metadata
+  :mod:`stitchtune.graph.parse`), so importers can check a value against their framework's metadata
   while they walk it.
 * Every name it emits is made by :class:`NameAllocator`: it matches
-  :data:`stitchtune.graph.NAME_RE` (``[A-Za-z_][A-Za-z0-9_]{0,63}``) and is unique, whatever the
+  :data:`stitchtune.graph.parse.NAME_RE` (``[A-Za-z_][A-Za-z0-9_]{0,63}``) and is unique, whatever the
   framework name was. Framework names are never pasted anywhere unsanitised.
 * Composite ops (layer norm, RMS norm, softmax, log-softmax) are decomposed into graph.json
   primitives here, once, for both importers.
 * :meth:`GraphBuilder.build` drops nodes that feed no output and returns the graph.json dict;
-  :meth:`GraphBuilder.graph` validates it with :func:`stitchtune.graph.parse_graph`.
+  :meth:`GraphBuilder.graph` validates it with :func:`stitchtune.graph.parse.parse_graph`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stitchtune.errors import StitchtuneError
-from stitchtune.graph import (
+from stitchtune.graph.parse import (
     DTYPES,
     Graph,
     broadcast_shapes,

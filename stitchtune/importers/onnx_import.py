@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from stitchtune.graph import Graph
+from stitchtune.graph.parse import Graph
 from stitchtune.importers.builder import (
     GraphBuilder,
     ImportError_,
@@ -456,7 +456,7 @@ def _build(ctx: _Ctx, nodes: list[Any], members: list[int], consumers: dict[str,
             if ty is None:
                 raise ImportError_(f"constant {t!a} is not float32/float16/bfloat16")
             v = b.add_input(t, tuple(int(d) for d in c.shape), ty)
-            from stitchtune.reference import numpy_dtype
+            from stitchtune.graph.reference import numpy_dtype
 
             constants.append((str(v.ref), np.asarray(c, dtype=np.float32).astype(numpy_dtype(ty))))
         else:

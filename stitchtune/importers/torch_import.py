@@ -5,7 +5,7 @@ Contract
 * :func:`import_torch(fn, inputs)` captures ``fn`` with ``torch.export.export`` (non-strict) at the
   given static shapes and dtypes; if export fails it falls back to ``make_fx`` (torch.fx tracing at
   the ATen level with real example tensors, so Python control flow is specialised). It returns a
-  :class:`TorchImport` whose ``graph`` is a validated :class:`~stitchtune.graph.Graph`.
+  :class:`TorchImport` whose ``graph`` is a validated :class:`~stitchtune.graph.parse.Graph`.
 * Graph inputs are the callable's tensor arguments (named as its parameters, in signature order),
   then the module's parameters and buffers (named after their sanitised qualified names; their
   values are in ``TorchImport.params``). Outputs are the returned tensors, named after the ATen node
@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from stitchtune.graph import Graph
+from stitchtune.graph.parse import Graph
 from stitchtune.importers.builder import (
     GraphBuilder,
     ImportError_,
@@ -159,7 +159,7 @@ def torch_dtype_name(dt: Any) -> str | None:
 def _to_numpy(t: Any, dtype: str) -> np.ndarray:
     import torch
 
-    from stitchtune.reference import numpy_dtype
+    from stitchtune.graph.reference import numpy_dtype
 
     return t.detach().to(torch.float32).cpu().numpy().astype(numpy_dtype(dtype))
 

@@ -1,0 +1,1 @@
+"""Analysis of tuning databases: report data, figures and the `stitchtune report` files."""

@@ -1,0 +1,339 @@
+"""Peer implementations of a :class:`~stitchtune.graph.parse.Graph`: PyTorch eager, torch.compile, JAX jit.
+
+The peers are what a user would otherwise run; ``stitchtune bench`` times them side by side with the
+tuned kernels. Each is built from the very same graph with the same semantics as
+:func:`stitchtune.graph.reference.run_reference` and the generated kernels: 16-bit inputs are upcast to
+float32 on load, all arithmetic is float32, every output is cast to its graph dtype at the end, and a
+``cast`` node rounds its value to the target dtype (and continues in float32).
+
+Contract:
+
+* ``torch_function(graph)`` returns ``f(**tensors) -> tuple`` of torch tensors in ``graph.outputs``
+  order; the inputs are torch tensors keyed by graph input name (any device). ``torch_function(graph,
+  compile_mode="default")`` (or ``"max-autotune-no-cudagraphs"``) wraps the same function with
+  ``torch.compile``.
+* ``jax_function(graph)`` returns the ``jax.jit``-compiled ``f(**arrays) -> tuple``.
+* ``build_peers(graph, names)`` builds the requested peers (``PEER_NAMES``); a peer whose framework
+  is not installed is skipped and named in the returned notes, never an error.
+
+torch and jax are optional: they are imported inside the functions that need them. Nothing from the
+graph file reaches generated source here: node ids are only dictionary keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from stitchtune.errors import StitchtuneError
+
+if TYPE_CHECKING:
+    from stitchtune.graph.parse import Graph, Node
+
+log = logging.getLogger(__name__)
+
+#: peer names accepted by ``stitchtune bench --peers`` -> system label in the results table
+PEER_SYSTEMS: dict[str, str] = {
+    "eager": "torch_eager",
+    "inductor": "torch_compile_default",
+    "inductor-max": "torch_compile_max_autotune_no_cudagraphs",
+    "xla": "jax_jit",
+}
+PEER_NAMES: tuple[str, ...] = tuple(PEER_SYSTEMS)
+
+#: the torch.compile mode of each torch peer (None = eager)
+_TORCH_MODES: dict[str, str | None] = {
+    "eager": None,
+    "inductor": "default",
+    "inductor-max": "max-autotune-no-cudagraphs",
+}
+
+_SIXTEEN_BIT = ("float16", "bfloat16")
+_COMPILED = 0  # compiled torch peers built so far (names their code objects)
+
+
+class PeerError(StitchtuneError):
+    """A peer name is unknown (user error in ``--peers``)."""
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One runnable peer of a graph.
+
+    ``fn(**inputs) -> tuple`` of outputs in ``graph.outputs`` order. ``framework`` is ``torch`` (inputs
+    are torch tensors) or ``jax`` (inputs are jax arrays).
+    """
+
+    name: str
+    system: str
+    framework: str
+    fn: Callable[..., tuple]
+
+
+def parse_peer_names(text: str | None) -> tuple[str, ...]:
+    """Parse ``eager,inductor,...`` (None or ``all`` = every peer, ``none`` or empty = no peer)."""
+    if text is None or text.strip() == "all":
+        return PEER_NAMES
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if names == ("none",):
+        return ()
+    bad = [n for n in names if n not in PEER_SYSTEMS]
+    if bad:
+        raise PeerError(problems=[f"--peers: unknown peer {n!r} (known: {', '.join(PEER_NAMES)})" for n in bad])
+    return tuple(dict.fromkeys(names))
+
+
+# ----------------------------------------------------------------------------------------------
+# torch
+# ----------------------------------------------------------------------------------------------
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+def _torch_unary() -> dict[str, Callable[[Any], Any]]:
+    import torch
+    import torch.nn.functional as F
+
+    return {
+        "neg": torch.neg,
+        "abs": torch.abs,
+        "exp": torch.exp,
+        "log": torch.log,
+        "sqrt": torch.sqrt,
+        "rsqrt": torch.rsqrt,
+        "reciprocal": torch.reciprocal,
+        "square": torch.square,
+        "tanh": torch.tanh,
+        "sigmoid": torch.sigmoid,
+        "relu": torch.relu,
+        "erf": torch.erf,
+        "gelu": lambda x: F.gelu(x, approximate="none"),
+        "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+        "silu": F.silu,
+    }
+
+
+def _torch_binary() -> dict[str, Callable[[Any, Any], Any]]:
+    import torch
+
+    def _max(a: Any, b: Any) -> Any:
+        if isinstance(a, float):
+            a, b = b, a
+        return torch.clamp(a, min=b) if isinstance(b, float) else torch.maximum(a, b)
+
+    def _min(a: Any, b: Any) -> Any:
+        if isinstance(a, float):
+            a, b = b, a
+        return torch.clamp(a, max=b) if isinstance(b, float) else torch.minimum(a, b)
+
+    return {
+        "add": lambda a, b: a + b,
+        "sub": lambda a, b: a - b,
+        "mul": lambda a, b: a * b,
+        "div": lambda a, b: a / b,
+        "pow": lambda a, b: a ** b,
+        "maximum": _max,
+        "minimum": _min,
+    }
+
+
+def _torch_reduce() -> dict[str, Callable[..., Any]]:
+    import torch
+
+    return {
+        "reduce_sum": lambda x, axes, keep: torch.sum(x, dim=axes, keepdim=keep),
+        "reduce_mean": lambda x, axes, keep: torch.mean(x, dim=axes, keepdim=keep),
+        "reduce_max": lambda x, axes, keep: torch.amax(x, dim=axes, keepdim=keep),
+        "reduce_min": lambda x, axes, keep: torch.amin(x, dim=axes, keepdim=keep),
+    }
+
+
+def _torch_body(graph: Graph) -> Callable[..., tuple]:
+    """The eager float32 function of ``graph`` taking inputs positionally in ``graph.inputs`` order."""
+    import torch
+
+    unary, binary, reduce = _torch_unary(), _torch_binary(), _torch_reduce()
+    names = [n for n, _ in graph.inputs]
+    nodes = graph.nodes
+    outputs = graph.outputs
+    out_dtypes = [_torch_dtype(graph.spec(o).dtype) for o in outputs]
+
+    def run_node(node: Node, env: dict[str, Any]) -> Any:
+        args = [env[a] if isinstance(a, str) else float(a) for a in node.args]
+        op = node.op
+        if op in unary:
+            if isinstance(args[0], float):
+                args[0] = torch.tensor(args[0], dtype=torch.float32)
+            return unary[op](args[0])
+        if op in binary:
+            if isinstance(args[0], float) and isinstance(args[1], float):
+                args[0] = torch.tensor(args[0], dtype=torch.float32)
+            return binary[op](args[0], args[1])
+        if op in reduce:
+            return reduce[op](args[0], tuple(node.axes), bool(node.keepdims))
+        if op == "cast":
+            to = node.to or node.dtype
+            if to in _SIXTEEN_BIT:  # round to the target type, keep computing in float32
+                return args[0].to(_torch_dtype(to)).to(torch.float32)
+            return args[0]
+        raise ValueError(f"peers: op {op!r} has no torch implementation")  # a bug: graph validated ops
+
+    def body(*tensors: Any) -> tuple:
+        env: dict[str, Any] = {}
+        for name, t in zip(names, tensors):
+            env[name] = t.to(torch.float32) if t.dtype != torch.float32 else t
+        for node in nodes:
+            env[node.id] = run_node(node, env)
+        return tuple(env[o].to(dt) for o, dt in zip(outputs, out_dtypes))
+
+    return body
+
+
+def torch_function(graph: Graph, compile_mode: str | None = None) -> Callable[..., tuple]:
+    """``f(**tensors) -> tuple`` computing ``graph`` with torch (eager, or ``torch.compile(mode=...)``).
+
+    Raises ``ImportError`` when torch is not installed.
+    """
+    import torch
+
+    body = _torch_body(graph)
+    if compile_mode is not None:
+        # dynamo caches compiled code per *code object* (cache_size_limit entries): every graph and mode
+        # gets a fresh code object so that many compiled peers never evict each other or fall back to eager
+        global _COMPILED
+        _COMPILED += 1
+        code = body.__code__.replace(co_name=f"stitchtune_peer_{_COMPILED}")
+        body = types.FunctionType(code, body.__globals__, code.co_name, body.__defaults__, body.__closure__)
+    fn = body if compile_mode is None else torch.compile(body, mode=compile_mode, dynamic=False)
+    names = [n for n, _ in graph.inputs]
+
+    def call(**tensors: Any) -> tuple:
+        return fn(*[tensors[n] for n in names])
+
+    return call
+
+
+# ----------------------------------------------------------------------------------------------
+# jax
+# ----------------------------------------------------------------------------------------------
+
+
+def _jax_dtype(name: str) -> Any:
+    import jax.numpy as jnp
+
+    return {"float32": jnp.float32, "float16": jnp.float16, "bfloat16": jnp.bfloat16}[name]
+
+
+def _jax_tables() -> tuple[dict, dict, dict]:
+    import jax
+    import jax.numpy as jnp
+    from jax.scipy.special import erf
+
+    unary = {
+        "neg": jnp.negative,
+        "abs": jnp.abs,
+        "exp": jnp.exp,
+        "log": jnp.log,
+        "sqrt": jnp.sqrt,
+        "rsqrt": jax.lax.rsqrt,
+        "reciprocal": jnp.reciprocal,
+        "square": jnp.square,
+        "tanh": jnp.tanh,
+        "sigmoid": jax.nn.sigmoid,
+        "relu": jax.nn.relu,
+        "erf": erf,
+        "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+        "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+        "silu": jax.nn.silu,
+    }
+    binary = {
+        "add": jnp.add,
+        "sub": jnp.subtract,
+        "mul": jnp.multiply,
+        "div": jnp.divide,
+        "pow": jnp.power,
+        "maximum": jnp.maximum,
+        "minimum": jnp.minimum,
+    }
+    reduce = {
+        "reduce_sum": jnp.sum,
+        "reduce_mean": jnp.mean,
+        "reduce_max": jnp.max,
+        "reduce_min": jnp.min,
+    }
+    return unary, binary, reduce
+
+
+def jax_function(graph: Graph) -> Callable[..., tuple]:
+    """``f(**arrays) -> tuple``: ``graph`` in JAX, ``jax.jit``-compiled. Raises ``ImportError`` without jax."""
+    import jax
+    import jax.numpy as jnp
+
+    unary, binary, reduce = _jax_tables()
+    names = [n for n, _ in graph.inputs]
+    nodes = graph.nodes
+    outputs = graph.outputs
+    out_dtypes = [_jax_dtype(graph.spec(o).dtype) for o in outputs]
+    f32 = jnp.float32
+
+    def scalar(x: float) -> Any:
+        return jnp.asarray(x, dtype=f32)  # weakly typed python floats could promote differently
+
+    def body(*arrays: Any) -> tuple:
+        env: dict[str, Any] = {n: a.astype(f32) for n, a in zip(names, arrays)}
+        for node in nodes:
+            args = [env[a] if isinstance(a, str) else scalar(float(a)) for a in node.args]
+            op = node.op
+            if op in unary:
+                val = unary[op](args[0])
+            elif op in binary:
+                val = binary[op](args[0], args[1])
+            elif op in reduce:
+                val = reduce[op](args[0], axis=tuple(node.axes), keepdims=bool(node.keepdims))
+            elif op == "cast":
+                to = node.to or node.dtype
+                val = args[0].astype(_jax_dtype(to)).astype(f32) if to in _SIXTEEN_BIT else args[0]
+            else:
+                raise ValueError(f"peers: op {op!r} has no jax implementation")
+            env[node.id] = val
+        return tuple(env[o].astype(dt) for o, dt in zip(outputs, out_dtypes))
+
+    jitted = jax.jit(body)
+
+    def call(**arrays: Any) -> tuple:
+        return jitted(*[arrays[n] for n in names])
+
+    return call
+
+
+# ----------------------------------------------------------------------------------------------
+# peer set
+# ----------------------------------------------------------------------------------------------
+
+
+def build_peers(graph: Graph, names: tuple[str, ...] = PEER_NAMES) -> tuple[list[Peer], list[str]]:
+    """Build the peers ``names`` of ``graph``. Returns (peers, notes); a framework that cannot be
+    imported skips its peers with a note. ``torch.compile`` is lazy: compilation happens on first call.
+    """
+    peers: list[Peer] = []
+    notes: list[str] = []
+    for name in names:
+        if name not in PEER_SYSTEMS:
+            raise PeerError(f"unknown peer {name!r} (known: {', '.join(PEER_NAMES)})")
+        system = PEER_SYSTEMS[name]
+        try:
+            if name == "xla":
+                peers.append(Peer(name, system, "jax", jax_function(graph)))
+            else:
+                peers.append(Peer(name, system, "torch", torch_function(graph, _TORCH_MODES[name])))
+        except ImportError as exc:
+            notes.append(f"{system}: skipped ({exc.name or 'framework'} not installed)")
+            log.info("peer %s skipped: %s", name, exc)
+    return peers, notes

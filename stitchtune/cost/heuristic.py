@@ -1,0 +1,180 @@
+"""The AStitch heuristic: the schedule a user gets without tuning, and trial 0 of every search.
+
+Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
+
+1. **Vector width**: 16-byte accesses where the contiguous length allows (``vec`` = 16 / element
+   size, halved until it divides the length).
+2. **Adaptive thread mapping** (row family): *task splitting* when there are fewer rows than blocks
+   per wave and a row is longer than 1024 elements (``tpr = block = 1024``, ``split`` = blocks per
+   wave / rows, rounded down to a power of two); otherwise *task packing*: ``tpr`` = the power of two
+   that gives each thread about 8 vectors of a row, at least 4 and at most 1024, and rows are packed
+   into 256-thread blocks. Column family: a warp of threads across 32 x ``vec`` columns, 8 threads
+   down the rows, and the rows split so that tiles x split fills one wave.
+3. **Schemes**: ``local`` when a row's threads are within one warp (a shuffle all-reduce keeps the
+   result in registers), ``regional`` when the row is within one block (block-locality check), and
+   ``global`` when it is split across blocks and the grid can be co-resident; otherwise
+   ``independent``.
+4. **Reuse**: multiply-read tensors go to registers while the register cache stays within 64 floats
+   per thread, then to shared memory while it fits the device's per-block limit (demoting one tensor
+   at a time), else they are re-read / recomputed.
+5. **Launch (assume-relax-apply)**: assume 32 registers and 1024-thread blocks to size a wave; then
+   relax the register cap (``__launch_bounds__`` minimum blocks per SM) as far as the estimated
+   register need allows without losing co-residency; apply.
+
+Blocks per wave and co-residency come from :mod:`stitchtune.hardware.occupancy` and the device description.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+
+from stitchtune.lower.entry import estimate_registers
+from stitchtune.hardware.occupancy import max_resident_blocks, occupancy
+from stitchtune.plan.planner import StitchPlan
+from stitchtune.space.schedule import Schedule, SearchSpace
+
+log = logging.getLogger(__name__)
+
+
+def _pow2_floor(x: float) -> int:
+    return 1 << max(0, int(math.floor(math.log2(max(1.0, x)))))
+
+
+def _pow2_ceil(x: float) -> int:
+    return 1 << max(0, int(math.ceil(math.log2(max(1.0, x)))))
+
+
+def _vec(space: SearchSpace, length: int) -> int:
+    v = 16 // space.elem_bytes
+    while v > 1 and (length % v or v not in space.domains["vec"]):
+        v //= 2
+    return v
+
+
+def _reuse(space: SearchSpace, base: Schedule) -> Schedule:
+    """Registers first (<= 64 floats/thread), then shared memory, else re-read/recompute."""
+    plan = space.plan
+    inputs = set(plan.input_names)
+    levels = ["global" if c in inputs else "recompute" for c in plan.reuse_candidates]
+    for i in range(len(plan.reuse_candidates)):
+        for lvl in ("register", "shared"):
+            trial = levels.copy()
+            trial[i] = lvl
+            s = Schedule(**{**base.to_dict(), "schemes": base.schemes, "reuse": tuple(trial)})
+            d = space.derived(s)
+            if lvl == "register" and d["reg_cache_elems"] > 64:
+                continue
+            if space.violations(s):
+                continue
+            levels = trial
+            break
+    return Schedule(**{**base.to_dict(), "schemes": base.schemes, "reuse": tuple(levels)})
+
+
+def _relax_registers(space: SearchSpace, s: Schedule) -> Schedule:
+    """Assume-relax-apply for the register cap: the largest ``min_blocks`` whose register budget
+    (regs per SM / (block * min_blocks)) still covers 1.5x the estimated need; 0 (no cap) otherwise."""
+    dev = space.device
+    d = space.derived(s)
+    need = estimate_registers(d["reg_cache_elems"], s.vec, 4)
+    best = 0
+    for m in sorted(space.domains["min_blocks"]):
+        if m == 0:
+            continue
+        budget = min(dev.max_regs_per_thread, dev.regs_per_sm // (s.block * m))
+        if budget >= max(64, 1.5 * need) and m * s.block <= dev.max_threads_per_sm:
+            best = m
+    return Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": s.reuse, "min_blocks": best})
+
+
+def _row(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
+    M, N = plan.M, plan.N
+    vec = _vec(space, N)
+    wave = max_resident_blocks(dev, 1024, 32, 0) or dev.sm_count  # assume 32 regs, 1024 threads
+    if plan.family == "elementwise":
+        tpr = min(1024, max(32, _pow2_ceil(N / (vec * 8))))
+        return Schedule(tpr, tpr, 1, vec, 1, 0, (), ())
+    if M < wave and N > 1024:  # task splitting
+        tpr = block = 1024
+        split = max(1, min(max(space.domains["split"]), _pow2_floor(wave / M)))
+        split = min(split, math.ceil(N / (tpr * vec)))  # every block keeps a piece of the row
+        split = _pow2_floor(split)
+        schemes = ("global" if split > 1 else "regional",) * plan.nstages
+        return Schedule(tpr, block, split, vec, 0 if split > 1 else 1, 0, schemes, ())
+    tpr = min(1024, max(4, _pow2_ceil(N / (vec * 8))))
+    block = max(tpr, 256)
+    scheme = "local" if tpr <= 32 else "regional"
+    return Schedule(tpr, block, 1, vec, 1, 0, (scheme,) * plan.nstages, ())
+
+
+def _col(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
+    M, N = plan.M, plan.N
+    vec = _vec(space, N)
+    tk = 8
+    tpc = max(8, min(32, _pow2_floor(N / vec)))
+    block = tk * tpc
+    tiles = math.ceil(N / (tpc * vec))
+    wave = max_resident_blocks(dev, block, 32, 0) or dev.sm_count
+    split = max(1, min(max(space.domains["split"]), _pow2_floor(wave / tiles), _pow2_floor(M / tk)))
+    schemes = ("global" if split > 1 else "regional",) * plan.nstages
+    return Schedule(tk, block, split, vec, 0 if split > 1 else 1, 0, schemes, ())
+
+
+def _estimated_blocks_per_sm(space: SearchSpace, s: Schedule) -> int:
+    """Blocks of ``s`` per SM with the pre-build register estimate (what the lowering sizes grids by)."""
+    d = space.derived(s)
+    need = estimate_registers(d["reg_cache_elems"], s.vec, 4)
+    return occupancy(space.device, s.block, need, d["smem_cache_bytes"] + d["smem_red_bytes"]).blocks_per_sm
+
+
+def _coresident(space: SearchSpace, s: Schedule) -> bool:
+    """Whether a grid of ``split`` blocks (one row or tile at a time) fits on the device at once."""
+    return _estimated_blocks_per_sm(space, s) * space.device.sm_count >= s.split
+
+
+def _pin_coresidency(space: SearchSpace, s: Schedule) -> Schedule:
+    """A grid-barrier grid is sized for the blocks per SM that the *estimated* registers allow; if the
+    compiler then uses more registers, fewer blocks fit and the point is pruned after its build (the
+    colsum heuristic on the H200, 2026-11-29: 512 blocks needed, 396 fitted). Launch bounds asking for
+    that many blocks per SM make ptxas keep to the register budget the grid assumed."""
+    per_sm = _estimated_blocks_per_sm(space, s)
+    if per_sm < 2:  # one block per SM is always resident once the grid fits the SM count
+        return s
+    ok = [m for m in space.domains["min_blocks"] if m >= per_sm and m * s.block <= space.device.max_threads_per_sm]
+    if not ok or s.min_blocks >= min(ok):
+        return s
+    return Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": s.reuse, "min_blocks": min(ok)})
+
+
+def heuristic_schedule(plan: StitchPlan, device, space: SearchSpace | None = None) -> Schedule:
+    """The AStitch default schedule for ``plan`` on ``device`` (always a legal point of the space)."""
+    space = space or SearchSpace.for_plan(plan, device)
+    base = _col(space, plan, device) if plan.family == "col" else _row(space, plan, device)
+    s = _reuse(space, Schedule(**{**base.to_dict(), "schemes": base.schemes,
+                                  "reuse": tuple("global" if c in plan.input_names else "recompute"
+                                                 for c in plan.reuse_candidates)}))
+    # global stitching needs a co-resident grid: demote reuse levels (registers -> shared -> re-read)
+    # one tensor at a time until it is, and fall back to independent kernels when nothing helps
+    if "global" in s.schemes:
+        inputs = set(plan.input_names)
+        order = ["register", "shared", "global"]
+        while not _coresident(space, s):
+            levels = list(s.reuse)
+            idx = next((i for i in reversed(range(len(levels))) if levels[i] in ("register", "shared")), None)
+            if idx is None:
+                s = Schedule(**{**s.to_dict(), "reuse": s.reuse,
+                                "schemes": tuple("independent" if x == "global" else x for x in s.schemes)})
+                break
+            nxt = order[order.index(levels[idx]) + 1]
+            levels[idx] = nxt if (nxt != "global" or plan.reuse_candidates[idx] in inputs) else "recompute"
+            s = Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": tuple(levels)})
+    s = _relax_registers(space, s)
+    if "global" in s.schemes:
+        s = _pin_coresidency(space, s)
+    problems = space.violations(s)
+    if problems:  # never expected; keep the tool usable and say so
+        log.warning("heuristic schedule %s is illegal (%s); using a sampled legal schedule", s, "; ".join(problems))
+        s = space.sample(random.Random(0))
+    return s

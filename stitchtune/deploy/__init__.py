@@ -1,0 +1,1 @@
+"""Deployment: the one schedule selection, compiled graphs, and the PyTorch entry point."""

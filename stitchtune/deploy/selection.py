@@ -1,0 +1,370 @@
+"""Compile-time schedule selection: which schedule to build for a graph on a device.
+
+Contract of :func:`choose_schedule(graph, db_path, device)` -> :class:`Choice`:
+
+1. ``tuned``: the fastest ``ok`` record of the tuning database with the same workload key, device key
+   (``Device.key``), search-space version (``search_spaces/stitch.json``'s ``version``) and code
+   generator version (``lower.CODEGEN_VERSION``). Measured GPU records (``estimated`` false) are
+   preferred; estimated (emulated, cost-model time) records are used only when no measured one
+   exists, and the reason says so.
+2. ``nearest-shape``: otherwise a record of the same structure key (same ops and dtypes, other
+   shapes) on the same device and versions. The shape distance between two workloads is
+   ``sum over the tensors both name, over their dims, of |log2(a / b)|`` (0 = same shapes; doubling
+   one dim costs 1; tensors of different rank make the record unusable). Candidates are tried in
+   order of distance (then measured time); each is re-validated for the new shapes: the space's
+   legality rules (``SearchSpace.violations``), lowering, and the cost model's hard limits
+   (``cost.predict(...).prune_reason``). The first that passes is chosen.
+3. ``heuristic``: otherwise the heuristic schedule (:func:`heuristic_schedule`).
+
+A record never matches another device or another version: rows are filtered on both before anything
+else. A fallback (2 or 3) is logged as a warning once per (workload, device, source) in a process,
+saying why; an exact hit is logged at info level.
+
+Lookup cost: only the needed columns of the ``ok`` rows of this device and these versions are read
+(pyarrow dataset with a filter), and the result is cached per database directory until a part file
+is added or changed; 100,000 rows take well under a second (``scripts/bench_lookup.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from stitchtune.errors import ScheduleError
+
+log = logging.getLogger(__name__)
+
+#: Where a schedule comes from (``given``: passed by the caller of ``api.compile``, never chosen here).
+SOURCES = ("tuned", "nearest-shape", "heuristic", "given")
+
+#: Columns :func:`load_candidates` reads (a part without one of them reads it as null).
+LOOKUP_COLUMNS: tuple[str, ...] = (
+    "workload_key", "structure_key", "graph_name", "shapes", "device_key", "backend", "estimated",
+    "space_version", "codegen_version", "schedule_json", "schedule_key", "status", "measured_us",
+)
+
+#: At most this many schedules are lowered and re-validated per lookup (nearest-shape and tuned).
+MAX_TRIES = 24
+
+_cache_lock = threading.Lock()
+_cache: dict[tuple[str, str, str, str], tuple[tuple[Any, ...], pd.DataFrame]] = {}
+_warned: set[tuple[str, str, str]] = set()
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The schedule chosen for one graph on one device, and why.
+
+    ``source``: ``tuned`` | ``nearest-shape`` | ``heuristic`` (``given`` in ``api.compile``). ``record``: the database row it came
+    from (the :data:`LOOKUP_COLUMNS` of it, plus ``distance`` for nearest-shape), None for the
+    heuristic. ``reason``: one human-readable sentence. ``program``: the lowered
+    :class:`~stitchtune.ir.kir.Program` of ``schedule`` for this graph and device (lowering already
+    happened during validation; callers may reuse it).
+    """
+
+    schedule: Any  # schedule.Schedule
+    source: str
+    record: dict[str, Any] | None
+    reason: str
+    program: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"unknown choice source {self.source!r}")
+
+
+# ---------------------------------------------------------------------------- the heuristic switch
+def heuristic_schedule(plan: Any, device: Any, space: Any) -> Any:
+    """The heuristic (AStitch default) schedule from ``stitchtune.cost.heuristic`` when it exists; until
+    then (or if it returns an illegal point) the first legal point drawn with ``random.Random(0)``."""
+    try:
+        from stitchtune.cost.heuristic import heuristic_schedule as _h  # type: ignore[import-not-found]
+    except ImportError:
+        _h = None
+    if _h is not None:
+        try:
+            s = _h(plan, device, space)
+        except TypeError:  # a (plan, device) signature
+            s = _h(plan, device)
+        if not space.violations(s):
+            return s
+        log.warning("the heuristic schedule is illegal for this graph (%s); using a sampled one",
+                    "; ".join(space.violations(s)))
+    return space.sample(random.Random(0))
+
+
+# ---------------------------------------------------------------------------- reading the database
+def _part_signature(parts: Iterable[str]) -> tuple[Any, ...]:
+    sig = []
+    for p in parts:
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        sig.append((os.path.basename(p), st.st_size, st.st_mtime_ns))
+    return tuple(sig)
+
+
+def _arrow_schema() -> Any:
+    import pyarrow as pa
+
+    types = {"estimated": pa.bool_(), "measured_us": pa.float64()}
+    return pa.schema([(c, types.get(c, pa.string())) for c in LOOKUP_COLUMNS])
+
+
+def _read_filtered(parts: list[str], device_key: str, space_version: str, codegen_version: str) -> pd.DataFrame:
+    """The ``ok`` rows with a time of this device and versions, :data:`LOOKUP_COLUMNS` only."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    flt = ((pc.field("status") == "ok") & (pc.field("device_key") == device_key)
+           & (pc.field("space_version") == space_version) & (pc.field("codegen_version") == codegen_version)
+           & pc.field("measured_us").is_valid())
+    try:
+        table = ds.dataset(parts, schema=_arrow_schema(), format="parquet").to_table(filter=flt)
+        return table.to_pandas()
+    except Exception as exc:  # noqa: BLE001 - a part the fast path cannot read: fall back per part
+        log.debug("fast database scan failed (%s); reading part by part", exc)
+    frames = []
+    for part in parts:
+        try:
+            df = pd.read_parquet(part, engine="pyarrow")
+        except Exception as exc:  # noqa: BLE001 - an unreadable part is skipped (db.py's contract)
+            log.warning("skipping unreadable database part %s: %s", part, exc)
+            continue
+        df = df.reindex(columns=list(LOOKUP_COLUMNS))
+        m = ((df["status"] == "ok") & (df["device_key"] == device_key)
+             & (df["space_version"].astype("string") == space_version)
+             & (df["codegen_version"].astype("string") == codegen_version) & df["measured_us"].notna())
+        frames.append(df[m.fillna(False).astype(bool)])
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame(columns=list(LOOKUP_COLUMNS))
+    return pd.concat(frames, ignore_index=True)
+
+
+def load_candidates(db_path: str | os.PathLike[str], device_key: str, space_version: str,
+                    codegen_version: str) -> pd.DataFrame:
+    """Usable rows of database ``db_path`` for one device and versions (cached until the parts change).
+
+    A missing directory is an empty database. The returned frame must not be modified.
+    """
+    from stitchtune.tune.database import TuningDB
+
+    path = os.path.abspath(os.fspath(db_path))
+    if not os.path.isdir(path):
+        return _empty()
+    parts = TuningDB(path).parts()
+    sig = _part_signature(parts)
+    key = (path, device_key, str(space_version), str(codegen_version))
+    with _cache_lock:
+        hit = _cache.get(key)
+    if hit is not None and hit[0] == sig:
+        return hit[1]
+    if not parts:
+        return _empty()
+    df = _read_filtered(parts, device_key, str(space_version), str(codegen_version))
+    df = df.assign(measured_us=pd.to_numeric(df["measured_us"], errors="coerce"),
+                   _est=_estimated(df)).reset_index(drop=True)
+    with _cache_lock:
+        _cache[key] = (sig, df)
+    return df
+
+
+def _empty() -> pd.DataFrame:
+    return pd.DataFrame(columns=[*LOOKUP_COLUMNS, "_est"])
+
+
+def clear_cache() -> None:
+    """Forget cached database reads and which fallbacks were already reported (for tests)."""
+    with _cache_lock:
+        _cache.clear()
+        _warned.clear()
+
+
+def _estimated(df: pd.DataFrame) -> pd.Series:
+    """Per row: is the time estimated? (``estimated`` column; missing -> backend != cuda)."""
+    if df.empty:
+        return pd.Series([], dtype=bool, index=df.index)
+    est = df["estimated"].astype("object")
+    by_backend = df["backend"].astype("object") != "cuda"
+    return est.where(est.notna(), by_backend).astype(bool)
+
+
+# ---------------------------------------------------------------------------- shape distance
+def graph_shapes(graph: Any) -> dict[str, list[int]]:
+    """{tensor: shape} of the graph's inputs and outputs (the database's ``shapes`` column)."""
+    shapes = {name: list(spec.shape) for name, spec in graph.inputs}
+    for out in graph.outputs:
+        shapes[out] = list(graph.spec(out).shape)
+    return shapes
+
+
+def shape_distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
+    """``sum over tensors named in both, over dims, of |log2(a_d / b_d)|``; ``inf`` when no tensor is
+    shared or a shared tensor differs in rank (or has a non-positive dim)."""
+    common = [k for k in a if k in b]
+    if not common:
+        return math.inf
+    total = 0.0
+    for k in common:
+        sa, sb = list(a[k]), list(b[k])
+        if len(sa) != len(sb):
+            return math.inf
+        for x, y in zip(sa, sb):
+            if int(x) <= 0 or int(y) <= 0:
+                return math.inf
+            total += abs(math.log2(int(x) / int(y)))
+    return total
+
+
+def _parse_shapes(text: Any) -> dict[str, Any] | None:
+    try:
+        d = json.loads(str(text))
+    except (json.JSONDecodeError, TypeError, RecursionError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+# ---------------------------------------------------------------------------- choosing
+def _record(row: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+    from stitchtune.tune.database import _row_dict
+
+    out = _row_dict(pd.Series({k: row.get(k) for k in LOOKUP_COLUMNS}))
+    out.update(extra)
+    return out
+
+
+def _validate(graph: Any, plan: Any, device: Any, space: Any, schedule_json: str) -> tuple[Any, Any, str | None]:
+    """(schedule, program, None) when the record's schedule is legal for ``graph`` on ``device``,
+    else (schedule|None, None, why not)."""
+    from stitchtune.cost.model import predict
+    from stitchtune.lower.entry import lower
+    from stitchtune.space.schedule import Schedule
+
+    try:
+        s = Schedule.from_json(schedule_json)
+    except ScheduleError as exc:
+        return None, None, str(exc)
+    bad = space.violations(s)
+    if bad:
+        return s, None, "; ".join(bad)
+    try:
+        program = lower(graph, plan, s, device, space)
+    except ScheduleError as exc:
+        return s, None, str(exc)
+    reason = predict(program.profile, device).prune_reason
+    if reason:
+        return s, None, f"cost model: {reason}"
+    return s, program, None
+
+
+def _warn_once(graph: Any, device_key: str, source: str, msg: str) -> None:
+    key = (graph.workload_key(), device_key, source)
+    with _cache_lock:
+        first = key not in _warned
+        _warned.add(key)
+    if first:
+        log.warning("%s", msg)
+    else:
+        log.debug("%s", msg)
+
+
+def _sorted_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Measured before estimated, then fastest first; one row per schedule."""
+    return df.sort_values(["_est", "measured_us"], kind="stable").drop_duplicates("schedule_key")
+
+
+def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: Any, *, plan: Any = None,
+                    space: Any = None) -> Choice:
+    """The schedule to build for ``graph`` on ``device`` from the database ``db_path`` (see module
+    docstring). ``db_path=None`` or a missing directory: no records (heuristic). ``plan``/``space``:
+    the graph's plan and search space when the caller has them already."""
+    from stitchtune.lower.entry import CODEGEN_VERSION
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space.schedule import SearchSpace
+
+    plan = plan if plan is not None else make_plan(graph)
+    space = space if space is not None else SearchSpace.for_plan(plan, device)
+    dkey = str(device.key)
+    sv, cv = str(space.version), str(CODEGEN_VERSION)
+    wk, sk = graph.workload_key(), graph.structure_key()
+    where = f"device {dkey}, space version {sv}, codegen version {cv}"
+    df = load_candidates(db_path, dkey, sv, cv) if db_path is not None else _empty()
+    tries = 0
+    rejected: list[str] = []
+
+    # 1. exact workload
+    exact = df[df["workload_key"] == wk]
+    for _, row in _sorted_rows(exact).iterrows():
+        if tries >= MAX_TRIES:
+            break
+        tries += 1
+        s, program, why = _validate(graph, plan, device, space, str(row["schedule_json"]))
+        if why is None:
+            est = bool(row["_est"])
+            kind = ("estimated (emulated, cost-model time)" if est else "measured")
+            reason = (f"tuned record {row['schedule_key']} of this workload on {where}: "
+                      f"{kind} {float(row['measured_us']):.2f} us")
+            log.info("%s: %s", graph.name, reason)
+            return Choice(s, "tuned", _record(row), reason, program)
+        rejected.append(f"tuned record {row['schedule_key']} no longer legal: {why}")
+        log.warning("%s: %s", graph.name, rejected[-1])
+
+    # 2. same structure, other shapes
+    near = df[(df["structure_key"] == sk) & (df["workload_key"] != wk)]
+    if not near.empty:
+        mine = graph_shapes(graph)
+        dist: dict[str, float] = {}
+        for w, text in near.drop_duplicates("workload_key")[["workload_key", "shapes"]].itertuples(index=False):
+            theirs = _parse_shapes(text)
+            dist[str(w)] = shape_distance(mine, theirs) if theirs is not None else math.inf
+        near = near.assign(_dist=near["workload_key"].map(dist).astype(float))
+        near = near[near["_dist"] < math.inf]
+        near = near.sort_values(["_dist", "_est", "measured_us"], kind="stable").drop_duplicates("schedule_key")
+        n_checked = 0
+        for _, row in near.iterrows():
+            if tries >= MAX_TRIES:
+                break
+            tries += 1
+            n_checked += 1
+            s, program, why = _validate(graph, plan, device, space, str(row["schedule_json"]))
+            if why is not None:
+                log.debug("%s: nearest-shape candidate %s rejected: %s", graph.name, row["schedule_key"], why)
+                continue
+            d = float(row["_dist"])
+            kind = "estimated (emulated, cost-model time)" if bool(row["_est"]) else "measured"
+            reason = (f"no usable tuned record of workload {wk[:12]} on {where}; using {kind} record "
+                      f"{row['schedule_key']} of {row['graph_name']} at other shapes {row['shapes']} "
+                      f"(shape distance {d:.2f}), re-validated for these shapes")
+            _warn_once(graph, dkey, "nearest-shape", f"{graph.name}: {reason}")
+            return Choice(s, "nearest-shape", _record(row, distance=d), reason, program)
+        if n_checked:
+            rejected.append(f"{n_checked} record(s) of the same structure at other shapes are illegal "
+                            "for these shapes")
+
+    # 3. heuristic
+    s = heuristic_schedule(plan, device, space)
+    from stitchtune.lower.entry import lower
+
+    program = lower(graph, plan, s, device, space)
+    if rejected:
+        why = "; ".join(rejected)
+    elif db_path is None:
+        why = "no database given"
+    elif not os.path.isdir(db_path):
+        why = f"no database at {os.fspath(db_path)!a}"
+    else:
+        why = f"no ok record of this workload or its structure in {os.fspath(db_path)!a}"
+    reason = f"heuristic schedule for workload {wk[:12]} on {where} ({why})"
+    _warn_once(graph, dkey, "heuristic", f"{graph.name}: {reason}")
+    return Choice(s, "heuristic", None, reason, program)

@@ -1,0 +1,261 @@
+"""PyTorch entry point: ``stitchtune.deploy.torch_entry.compile(fn, db=..., example_inputs=...)``.
+
+Contract
+--------
+* :func:`compile` imports ``fn`` (a function or ``nn.Module`` of tensors) at the shapes and dtypes of
+  ``example_inputs`` with :func:`stitchtune.importers.torch_import.import_torch`, then compiles the
+  graph with :func:`stitchtune.deploy.compiled.compile` (schedule from the tuning database ``db``: tuned record,
+  nearest shape or heuristic, see :mod:`stitchtune.deploy.selection`). A module's parameters and buffers become
+  graph inputs whose values are captured at compile time (compile again after changing them).
+* The returned :class:`StitchedFunction` is called like ``fn`` with positional tensors. It returns one
+  tensor when the graph has one output, else a tuple in ``fn``'s output order.
+* On CUDA (default) the kernels are launched from ``tensor.data_ptr()`` on the torch stream current
+  at the first call on that GPU (cupy ``RawModule`` + :class:`stitchtune.gpu.cupy_launch.CupyLauncher`): no
+  copy goes through the host; outputs are new tensors on the inputs' GPU; scratch/barrier buffers are
+  allocated and zeroed once per GPU.
+* ``emulate=True`` runs the same program in the CPU emulator on CPU tensors (tests, small shapes).
+* A tensor the kernels cannot take is refused with :class:`TensorRefused` (a ``StitchtuneError`` and a
+  ``ValueError``), one problem per argument: not a tensor, wrong device (CPU tensor without
+  ``emulate``, CUDA tensor with it, tensors on different GPUs), wrong dtype, wrong shape (the
+  kernels are specialised to the example shapes), or ``requires_grad`` with autograd enabled (no
+  backward). Non-contiguous tensors are made contiguous on their device first.
+
+The real ``torch`` is imported inside functions only (``import torch as _torch``; absolute imports
+make that the PyTorch package, not this module).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stitchtune.errors import StitchtuneError, ToolchainError
+
+log = logging.getLogger(__name__)
+
+
+class TensorRefused(StitchtuneError, ValueError):
+    """An argument the compiled kernels cannot take; ``problems`` says why, one line per argument."""
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch as _torch
+
+    return {"float32": _torch.float32, "float16": _torch.float16, "bfloat16": _torch.bfloat16}[name]
+
+
+def _to_numpy(t: Any, dtype: str) -> np.ndarray:
+    import torch as _torch
+
+    from stitchtune.graph.reference import numpy_dtype
+
+    # every graph dtype is exactly representable in float32
+    return t.detach().to(_torch.float32).cpu().numpy().astype(numpy_dtype(dtype))
+
+
+def _from_numpy(a: np.ndarray, dtype: str, device: Any = "cpu") -> Any:
+    import torch as _torch
+
+    return _torch.from_numpy(np.ascontiguousarray(a).astype(np.float32)).to(device=device, dtype=_torch_dtype(dtype))
+
+
+@dataclass(frozen=True)
+class StitchedFunction:
+    """A compiled PyTorch callable (see module docstring). ``compiled`` is the :class:`CompiledGraph`;
+    ``arg_names`` the graph inputs fed by positional arguments; ``params`` the captured values of the
+    remaining graph inputs (module parameters and buffers)."""
+
+    compiled: Any  # api.CompiledGraph
+    arg_names: tuple[str, ...]
+    params: tuple[tuple[str, np.ndarray], ...] = field(repr=False)
+    emulate: bool = False
+    method: str = "export"
+    _state: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def graph(self) -> Any:
+        return self.compiled.graph
+
+    @property
+    def source(self) -> str:
+        """Where the schedule came from: tuned | nearest-shape | heuristic | given."""
+        return str(self.compiled.source)
+
+    def check(self, args: Sequence[Any]) -> None:
+        """Raise :class:`TensorRefused` listing every argument the kernels cannot take."""
+        import torch as _torch
+
+        if len(args) != len(self.arg_names):
+            raise TensorRefused(f"{self.graph.name}: expected {len(self.arg_names)} tensor arguments "
+                                f"({', '.join(self.arg_names)}), got {len(args)}")
+        problems = []
+        cuda_index = None
+        for name, t in zip(self.arg_names, args):
+            spec = self.graph.spec(name)
+            if not isinstance(t, _torch.Tensor):
+                problems.append(f"argument {name!r}: a torch.Tensor is needed, not {type(t).__name__}")
+                continue
+            want_dt = _torch_dtype(spec.dtype)
+            if t.dtype != want_dt:
+                problems.append(f"argument {name!r}: dtype {t.dtype}, compiled for {want_dt}")
+            if tuple(t.shape) != tuple(spec.shape):
+                problems.append(f"argument {name!r}: shape {list(t.shape)}, compiled for {list(spec.shape)} "
+                                "(the kernels are specialised to the example shapes: compile again)")
+            if self.emulate and t.device.type != "cpu":
+                problems.append(f"argument {name!r}: on {t.device}; emulate=True runs on CPU tensors")
+            elif not self.emulate and t.device.type != "cuda":
+                problems.append(f"argument {name!r}: on {t.device}; the stitched kernels run on CUDA tensors "
+                                "(move it with .cuda(), or compile with emulate=True)")
+            elif not self.emulate:
+                if cuda_index is None:
+                    cuda_index = t.device.index
+                elif t.device.index != cuda_index:
+                    problems.append(f"argument {name!r}: on {t.device}, the others on cuda:{cuda_index}")
+            if t.requires_grad and _torch.is_grad_enabled():
+                problems.append(f"argument {name!r}: requires grad; the stitched kernels have no backward "
+                                "(call under torch.no_grad() or detach it)")
+        if problems:
+            raise TensorRefused(problems=[f"{self.graph.name}: {p}" for p in problems])
+
+    def __call__(self, *args: Any) -> Any:
+        self.check(args)
+        outs = self._emulate(args) if self.emulate else self._cuda(args)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    # -- CPU emulator --------------------------------------------------------------------------
+    def _emulate(self, args: Sequence[Any]) -> list[Any]:
+        g = self.graph
+        arrays = {n: _to_numpy(t, g.spec(n).dtype) for n, t in zip(self.arg_names, args)}
+        arrays.update(dict(self.params))
+        out = self.compiled.emulate(**arrays)
+        return [_from_numpy(out[o], g.spec(o).dtype) for o in g.outputs]
+
+    # -- CUDA ----------------------------------------------------------------------------------
+    def _launcher(self, device: Any) -> tuple[Any, dict[str, Any]]:
+        """(CupyLauncher, {param input: tensor}) for one GPU, made at the first call on it."""
+        key = ("cuda", device.index)
+        hit = self._state.get(key)
+        if hit is not None:
+            return hit
+        try:
+            import cupy
+        except ImportError as exc:
+            raise ToolchainError(f"stitchtune.deploy.torch_entry on CUDA needs cupy ({exc})") from None
+        from stitchtune.deploy.compiled import _build
+        from stitchtune.gpu.cupy_launch import CupyLauncher, _to_torch
+
+        cubin = self.compiled.cubin or self._state.get("cubin")
+        if cubin is None:
+            cubin = self._state["cubin"] = _build(self.compiled.sources, self.compiled.device.arch)[1]
+        # the cubin file stays until this function is garbage-collected (cupy may read it lazily)
+        fd, path = tempfile.mkstemp(suffix=".cubin", prefix="stitchtune-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin)
+        weakref.finalize(self, _unlink, path)
+        import torch as _torch
+
+        with _torch.cuda.device(device), cupy.cuda.Device(device.index or 0):
+            launcher = CupyLauncher(self.compiled.program, path, torch_device=str(device))
+        params = {n: _to_torch(a, str(device)) for n, a in self.params}
+        self._state[key] = (launcher, params)
+        return launcher, params
+
+    def _cuda(self, args: Sequence[Any]) -> list[Any]:
+        import torch as _torch
+
+        g = self.graph
+        device = args[0].device if args else _torch.device("cuda", _torch.cuda.current_device())
+        launcher, params = self._launcher(device)
+        tensors = {n: t.contiguous() for n, t in zip(self.arg_names, args)}
+        tensors.update(params)
+        outs = {o: _torch.empty(g.spec(o).shape, dtype=_torch_dtype(g.spec(o).dtype), device=device)
+                for o in g.outputs}
+        ptrs = {}
+        for b in launcher.plan.buffers:
+            if b.role == "input":
+                ptrs[b.name] = int(tensors[b.tensor].data_ptr())
+            elif b.role == "output":
+                ptrs[b.name] = int(outs[b.tensor].data_ptr())
+        import cupy
+
+        with _torch.cuda.device(device), cupy.cuda.Device(device.index or 0):
+            launcher(ptrs)
+        return [outs[o] for o in g.outputs]
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def compile(fn: Any, db: str | os.PathLike[str] | None = "results", example_inputs: Sequence[Any] | Any = (),
+            *, device: Any = None, emulate: bool = False, schedule: Any = None,
+            name: str | None = None) -> StitchedFunction:
+    """Import ``fn`` at ``example_inputs`` (tensors, positional), compile it with the tuning database
+    ``db`` and return a :class:`StitchedFunction` (see module docstring). ``device``: a Device or preset
+    name for schedule selection (default: the GPU of the example inputs or torch's current GPU; with
+    ``emulate=True`` and no GPU, the H200 preset). ``schedule``: use this schedule instead."""
+    import torch as _torch
+
+    from stitchtune.deploy.compiled import compile as api_compile
+    from stitchtune.importers.torch_import import (
+        _all_positional,
+        import_torch,
+        torch_dtype_name,
+    )
+
+    examples = (example_inputs,) if isinstance(example_inputs, _torch.Tensor) else tuple(example_inputs)
+    if not examples:
+        raise StitchtuneError("stitchtune.deploy.torch_entry.compile needs example_inputs (the tensors fn is called with)")
+    problems = [f"example input {i}: a torch.Tensor is needed, not {type(t).__name__}"
+                for i, t in enumerate(examples) if not isinstance(t, _torch.Tensor)]
+    if problems:
+        raise TensorRefused(problems=problems)
+    positional = _all_positional(fn)
+    if positional is None:
+        names = [f"arg{i}" for i in range(len(examples))]
+    elif len(examples) > len(positional):
+        raise StitchtuneError(f"{len(examples)} example inputs for {len(positional)} positional parameters")
+    else:
+        names = positional[: len(examples)]
+    spec = {}
+    for n, t in zip(names, examples):
+        dt = torch_dtype_name(t.dtype)
+        if dt is None:
+            raise TensorRefused(f"example input {n!r}: dtype {t.dtype} is not supported (float32, float16, bfloat16)")
+        spec[n] = (tuple(t.shape), dt)
+    imp = import_torch(fn, spec, name=name)
+    graph = imp.graph
+    arg_names = tuple(n for n, _ in graph.inputs[: len(examples)])
+    dev = device if device is not None and not isinstance(device, str) else _select_device(device, examples, emulate)
+    cg = api_compile(graph, db=db, device=dev, schedule=schedule, build=False if emulate else None)
+    log.info("%s: stitched %d kernel(s), schedule %s (%s)", graph.name, len(cg.program.launches),
+             cg.schedule.key(), cg.source)
+    return StitchedFunction(cg, arg_names, tuple(imp.params), emulate=emulate, method=imp.method)
+
+
+def _select_device(name: str | None, examples: Sequence[Any], emulate: bool) -> Any:
+    """The Device description schedules are selected and lowered for (see :func:`compile`)."""
+    from stitchtune.hardware.device import get_device, query_device
+
+    if name is not None:
+        return get_device(name)
+    import torch as _torch
+
+    cuda = [t.device for t in examples if t.device.type == "cuda"]
+    if not cuda and (emulate or not _torch.cuda.is_available()):
+        return get_device(None)
+    index = cuda[0].index if cuda and cuda[0].index is not None else _torch.cuda.current_device()
+    try:
+        return query_device(index)
+    except ToolchainError:
+        return get_device(_torch.cuda.get_device_name(index))

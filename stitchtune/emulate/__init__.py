@@ -1,0 +1,1 @@
+"""The numpy SIMT emulator of the kernel IR (lockstep threads, shared memory, barriers, faults)."""

@@ -1,0 +1,146 @@
+"""A numpy lockstep SIMT emulator of the kernel IR (:mod:`stitchtune.ir.kir`).
+
+Contract
+--------
+:func:`emulate_kernel` runs one launch of a :class:`~stitchtune.ir.kir.Kernel` in place on named numpy
+buffers; :func:`emulate_program` allocates a :class:`~stitchtune.ir.kir.Program`'s buffers, runs its
+launches in order and returns its outputs. A bug in a generated kernel raises :class:`EmulatorFault`
+(``kind`` + message naming kernel, statement, buffer, element, block and thread); a malformed IR
+(unknown variable, bad types) raises ``ValueError``.
+
+Execution model
+---------------
+All ``T = grid * block`` threads of a launch run in lockstep as numpy arrays of length ``T``
+(thread ``t``: ``bid = t // block``, ``tid = t % block``). Variables are ``[T]`` arrays (f32 ->
+float32, i32 -> int32, bool); local arrays are ``[T, size]`` float32. Control flow carries an
+active mask: ``If`` splits it, ``For`` loops while an active thread has ``var < stop`` (the body
+runs under ``mask & (var < stop)``; a thread that leaves never comes back), ``Select``, ``&&`` and
+``||`` evaluate their lazy operand only where C would (so loads in them behave as in C).
+
+Memory checks (each one an :class:`EmulatorFault` kind):
+
+* ``out_of_bounds``: an active access outside the buffer (global: ``Param.size``; shared:
+  ``SharedBuf.size`` per block; local arrays: their size), or a launch with less dynamic shared
+  memory than the kernel's shared buffers;
+* ``uninitialized_read``: a load (or atomic) of a global / shared element nothing wrote;
+* ``bad_alignment``: a vector access whose index is not a multiple of its width, or wider than 16 B
+  (also for shared buffers, as kir states, although the renderer splits those into scalar accesses);
+* ``shared_race``: within one barrier interval, a shared element written by one thread and read or
+  written by another thread of the same block;
+* ``global_race``: within one grid-sync interval of a launch, a global element written by one block
+  and read or written by another block (atomic adds from several blocks do not race each other;
+  an atomic add races with a plain read or write from another block);
+* ``divergent_barrier``: ``Barrier`` reached by some but not all threads of a block, ``GridSync``
+  reached by some but not all threads of the launch;
+* ``inactive_shuffle``: ``Shfl`` executed by some but not all lanes of a warp;
+* ``grid_not_coresident``: ``GridSync`` executed with ``grid > coresident_limit``.
+
+Arithmetic: floats are float32 (C's ``fminf``/``fmaxf``/``fmodf`` for min/max/%), integers int32 with C
+truncating division and remainder, mixed int/float operands promote to float32 as in C. Graph
+operators (:class:`~stitchtune.ir.kir.MathOp`) use ``stitchtune.graph.ops.OPS[name].np_fn`` on float32
+arrays. float16 / bfloat16 buffers are widened to float32 on load and rounded to nearest even on
+store (``np.float16`` / ``ml_dtypes.bfloat16``), like ``__float2half_rn`` / ``__float2bfloat16_rn``.
+Variables start at zero (the renderer declares them ``= 0`` at the top of the kernel); local arrays
+are not initialised in CUDA, so here they start as NaN and a missing initialisation shows in the
+output.
+
+Modules
+-------
+This module is the public API (:func:`emulate_kernel`, :func:`emulate_program`, and re-exported
+:class:`EmulatorFault`, :data:`FAULT_KINDS`, :data:`NP_ELEM`, :func:`elem_dtype`). The launch state,
+memory checks and race trackers are in :mod:`stitchtune.emulate.memory`; the compilation of IR trees
+into closures is in :mod:`stitchtune.emulate.translate`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+
+from stitchtune.emulate.translate import _compiled
+from stitchtune.emulate.memory import (
+    FAULT_KINDS,
+    NP_ELEM,
+    EmulatorFault,
+    _State,
+    elem_dtype,
+)
+from stitchtune.ir.kir import Kernel, Program
+
+log = logging.getLogger(__name__)
+
+__all__ = ["FAULT_KINDS", "NP_ELEM", "EmulatorFault", "elem_dtype", "emulate_kernel", "emulate_program"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+
+
+def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
+                   written: dict[str, np.ndarray] | None = None,
+                   coresident_limit: int | None = None) -> None:
+    """Run one launch ``kernel<<<grid, kernel.block>>>`` in place on ``buffers``.
+
+    ``buffers`` maps each parameter name to a 1-D numpy array of the parameter's element type
+    (:func:`elem_dtype`) with at least ``Param.size`` elements. ``written[name]`` (optional, bool,
+    same length) says which elements hold data; loads of other elements fault, and stores set it
+    (updated in place). A missing entry means fully written. ``coresident_limit``: the most blocks
+    that can be co-resident; a ``GridSync`` in a larger grid raises ``grid_not_coresident``.
+    Raises :class:`EmulatorFault` on a kernel bug (buffers are then partly updated).
+    """
+    if grid < 1 or grid * kernel.block >= 2**31:
+        raise ValueError(f"grid {grid} x block {kernel.block} is not an emulable launch")
+    ck = _compiled(kernel)
+    st = _State(ck, grid, buffers, written or {}, coresident_limit)
+    with np.errstate(all="ignore"):
+        ck.body(st, np.ones(st.T, bool))
+
+
+def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
+                    coresident_limit: Callable[[Kernel], int] | None = None) -> dict[str, np.ndarray]:
+    """Run every launch of ``program`` on fresh buffers; return ``{output tensor: flat array}``.
+
+    Inputs are taken from ``inputs`` by ``BufferSpec.tensor`` (any shape, flattened in C order and
+    converted to the buffer dtype). Outputs start as NaN and unwritten; scratch buffers with
+    ``zero_init`` start as zeros (written), others as NaN (unwritten); barrier buffers are zeroed
+    uint32. Returned arrays are 1-D in the buffer dtype (the caller reshapes to the graph shape).
+    """
+    arrays: dict[str, np.ndarray] = {}
+    written: dict[str, np.ndarray] = {}
+    for b in program.buffers:
+        dt = elem_dtype(b.dtype, b.role)
+        if b.role == "input":
+            if b.tensor not in inputs:
+                raise ValueError(f"no input for tensor {b.tensor!r} (buffer {b.name})")
+            src = np.asarray(inputs[b.tensor]).ravel()
+            if src.size != b.size:
+                raise ValueError(f"input {b.tensor!r} has {src.size} elements, buffer {b.name} {b.size}")
+            arrays[b.name] = src.astype(dt)
+            written[b.name] = np.ones(b.size, bool)
+        elif b.role == "barrier" or (b.role == "scratch" and b.zero_init):
+            arrays[b.name] = np.zeros(b.size, dt)
+            written[b.name] = np.ones(b.size, bool)
+        elif b.role in ("output", "scratch"):
+            arrays[b.name] = np.full(b.size, np.nan, np.float32).astype(dt)
+            written[b.name] = np.zeros(b.size, bool)
+        else:
+            raise ValueError(f"buffer {b.name} has unknown role {b.role!r}")
+    for i, launch in enumerate(program.launches):
+        kernel = program.kernel(launch.kernel)
+        if launch.block != kernel.block:
+            raise ValueError(f"launch {i} of {kernel.name}: block {launch.block} != kernel block {kernel.block}")
+        if launch.smem_bytes < kernel.smem_bytes:
+            raise EmulatorFault("out_of_bounds", f"launch {i} of {kernel.name}: {launch.smem_bytes} B of dynamic "
+                                f"shared memory for {kernel.smem_bytes} B of shared buffers")
+        if len(launch.args) != len(kernel.params):
+            raise ValueError(f"launch {i} of {kernel.name}: {len(launch.args)} args for "
+                             f"{len(kernel.params)} parameters")
+        kb = {p.name: arrays[a] for p, a in zip(kernel.params, launch.args)}
+        kw = {p.name: written[a] for p, a in zip(kernel.params, launch.args)}
+        limit = coresident_limit(kernel) if coresident_limit is not None else None
+        log.debug("emulating launch %d: %s<<<%d, %d>>>", i, kernel.name, launch.grid, launch.block)
+        emulate_kernel(kernel, launch.grid, kb, written=kw, coresident_limit=limit)
+    return {b.tensor: arrays[b.name].copy() for b in program.buffers if b.role == "output"}

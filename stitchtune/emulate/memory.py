@@ -1,0 +1,346 @@
+"""Launch state, memory accesses and race tracking of the kir emulator (:mod:`stitchtune.emulate.emulator`).
+
+Contract
+--------
+* :class:`EmulatorFault` (``kind`` one of :data:`FAULT_KINDS`) is the one error a kernel bug raises;
+  :func:`elem_dtype` / :data:`NP_ELEM` give the numpy element type of each buffer dtype.
+* ``_State`` is one launch: ``T = grid * block`` lockstep lanes (``tid``, ``bid``, ``lane``), the
+  variables (``[T]`` arrays), local arrays (``[T, size]``, NaN at start), the global buffers of the
+  launch (``_GBuf``: array, written flags, race tracker when the kernel writes the buffer) and the
+  shared buffers (``_SBuf``: one ``size`` slice per block). ``_State.fault`` builds a fault naming the
+  kernel, statement, element, block and thread of the first offending lane.
+* ``_access`` is every (vector) load / store / atomic add of a global or shared buffer, with the
+  checks of the emulator's module docstring (alignment, bounds, uninitialised reads, shared and global
+  races through ``_Tracker``); ``_shared_broadcast_load`` is its fast path for a shared load whose
+  index repeats along the threads of a block, with the same checks.
+* This module knows nothing of the IR's expressions and statements: they are compiled into closures
+  over ``_State`` by :mod:`stitchtune.emulate.translate`. Imports go emulator_memory <-
+  emulator_compile <- emulator; :mod:`stitchtune.emulate.emulator` re-exports the public names.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import ml_dtypes
+import numpy as np
+
+from stitchtune.ir import kir
+from stitchtune.ir.kir import BOOL, F32, I32
+
+if TYPE_CHECKING:
+    from stitchtune.emulate.translate import _Compiled
+
+FAULT_KINDS = (
+    "out_of_bounds",
+    "uninitialized_read",
+    "shared_race",
+    "global_race",
+    "divergent_barrier",
+    "inactive_shuffle",
+    "grid_not_coresident",
+    "bad_alignment",
+)
+
+#: numpy element type of each buffer dtype (barrier buffers are always uint32)
+NP_ELEM: dict[str, Any] = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "uint32": np.dtype(np.uint32),
+}
+_NP_SCALAR = {F32: np.float32, I32: np.int32, BOOL: np.bool_}
+_ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "uint32": 4}
+
+
+class EmulatorFault(Exception):
+    """A bug in a generated kernel found by the emulator. ``kind`` is one of :data:`FAULT_KINDS`."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}")
+        self.kind = kind
+        self.message = message
+        super().__init__(f"{kind}: {message}")
+
+
+def elem_dtype(dtype: str, role: str = "") -> np.dtype:
+    """The numpy dtype holding a buffer of graph dtype ``dtype`` (``role == 'barrier'``: uint32)."""
+    if role == "barrier":
+        return NP_ELEM["uint32"]
+    return NP_ELEM[dtype]
+
+
+# ----------------------------------------------------------------------------------------------
+# Race tracking
+# ----------------------------------------------------------------------------------------------
+
+
+class _Tracker:
+    """Per-element accessors of the current interval, one int32 array per access kind.
+
+    ``w`` (plain writes), ``r`` (plain reads), ``a`` (atomic adds) hold -1 (nobody), the single
+    accessor id, or -2 (several different accessors). Accessor ids are block ids (global memory) or
+    thread ids (shared memory).
+    """
+
+    def __init__(self, n: int, atomics: bool) -> None:
+        self.w = np.full(n, -1, np.int32)
+        self.r = np.full(n, -1, np.int32)
+        self.a = np.full(n, -1, np.int32) if atomics else None  # None: the kernel has no atomics here
+
+    def reset(self, rows: np.ndarray | None = None, row_len: int = 0) -> None:
+        """Start a new interval for all elements, or for the blocks ``rows`` (bool) of length ``row_len``."""
+        for arr in (self.w, self.r, self.a):
+            if arr is None:
+                continue
+            if rows is None:
+                arr.fill(-1)
+            else:
+                arr.reshape(-1, row_len)[rows] = -1
+
+    @staticmethod
+    def _other(arr: np.ndarray, e: np.ndarray, who: np.ndarray) -> np.ndarray:
+        """Lanes whose element has an accessor other than ``who`` in ``arr``."""
+        x = arr[e]
+        return (x != -1) & (x != who)
+
+    @staticmethod
+    def _add(arr: np.ndarray, e: np.ndarray, who: np.ndarray) -> None:
+        """Record ``who`` as an accessor of ``e`` (exact also when lanes share an element)."""
+        x = arr[e]
+        arr[e] = np.where((x == -1) | (x == who), who, np.int32(-2))
+        y = arr[e]  # with duplicate elements the last lane won: a lane that sees a different id clashes
+        clash = (y != who) & (y != -2)
+        if clash.any():
+            arr[e[clash]] = -2
+
+    def read(self, e: np.ndarray, who: np.ndarray) -> np.ndarray:
+        bad = self._other(self.w, e, who)
+        if self.a is not None:
+            bad |= self._other(self.a, e, who)
+        self._add(self.r, e, who)
+        return bad
+
+    def write(self, e: np.ndarray, who: np.ndarray) -> np.ndarray:
+        self._add(self.w, e, who)  # first, so that two writers in one statement conflict
+        bad = self._other(self.w, e, who)
+        bad |= self._other(self.r, e, who)
+        if self.a is not None:
+            bad |= self._other(self.a, e, who)
+        return bad
+
+    def atomic(self, e: np.ndarray, who: np.ndarray) -> np.ndarray:
+        assert self.a is not None
+        self._add(self.a, e, who)
+        bad = self._other(self.w, e, who)
+        bad |= self._other(self.r, e, who)
+        return bad
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch state
+# ----------------------------------------------------------------------------------------------
+
+
+class _GBuf:
+    """A global buffer as seen by one launch."""
+
+    def __init__(self, param: kir.Param, arr: np.ndarray, written: np.ndarray, tracked: bool,
+                 atomics: bool) -> None:
+        self.name = param.name
+        self.arr = arr
+        self.size = param.size
+        self.written = written
+        self.check_written = not bool(written[: param.size].all())  # stays all-True once all-True
+        self.tracker = _Tracker(param.size, atomics) if tracked else None
+
+
+class _SBuf:
+    """A shared buffer: ``[grid * size]`` float32 values, written flags and a race tracker."""
+
+    def __init__(self, size: int, grid: int, bid: np.ndarray) -> None:
+        self.size = size
+        self.arr = np.zeros(grid * size, np.float32)
+        self.written = np.zeros(grid * size, bool)
+        self.tracker = _Tracker(grid * size, atomics=False)
+        # element offset of each thread's block in the flat array
+        self.lane_base = bid.astype(np.int32 if grid * size < 2**31 else np.int64) * size
+
+
+class _State:
+    def __init__(self, ck: _Compiled, grid: int, buffers: dict[str, np.ndarray],
+                 written: dict[str, np.ndarray], coresident_limit: int | None) -> None:
+        k = ck.kernel
+        self.kernel = k
+        self.grid = grid
+        self.block = k.block
+        self.T = T = grid * k.block
+        t = np.arange(T, dtype=np.int32)
+        self.tid = t % np.int32(k.block)
+        self.bid = t // np.int32(k.block)
+        self.lane = self.tid % np.int32(32)
+        self.ar = t
+        self.coresident_limit = coresident_limit
+        self.where = ""
+        self.vars: dict[str, np.ndarray] = {}
+        for name, dt in ck.var_types.items():  # declared `= 0` at the top, as render_cuda does
+            self.vars[name] = np.zeros(T, _NP_SCALAR[dt])
+        self.locals = {a.name: np.full((T, a.size), np.nan, np.float32) for a in k.locals}
+        self.glob: dict[str, _GBuf] = {}
+        for p in k.params:
+            if p.name not in buffers:
+                raise ValueError(f"kernel {k.name}: no buffer for parameter {p.name}")
+            arr = buffers[p.name]
+            want = elem_dtype(p.dtype, p.role)
+            if arr.ndim != 1 or arr.dtype != want or arr.size < p.size:
+                raise ValueError(f"kernel {k.name}: buffer {p.name} must be 1-D {want} of >= {p.size} "
+                                 f"elements, got {arr.dtype} {arr.shape}")
+            w = written.get(p.name)
+            if w is None:
+                w = np.ones(arr.size, bool)
+            self.glob[p.name] = _GBuf(p, arr, w, tracked=p.name in ck.written_params,
+                                      atomics=p.name in ck.atomic_params)
+        self.shared = {s.name: _SBuf(s.size, grid, self.bid) for s in k.shared}
+        self._shfl_src: dict[tuple[int, int], np.ndarray] = {}
+
+    def shfl_src(self, lane_mask: int, width: int) -> np.ndarray:
+        key = (lane_mask, width)
+        if key not in self._shfl_src:
+            lane = self.lane
+            src = lane ^ np.int32(lane_mask)
+            # CUDA: a source lane in a later width-segment returns the caller's own value
+            src = np.where(src >= (lane // width + 1) * width, lane, src)
+            self._shfl_src[key] = (self.ar - lane + src).astype(np.intp)
+        return self._shfl_src[key]
+
+    def fault(self, kind: str, what: str, bad: np.ndarray, lanes: np.ndarray,
+              elems: np.ndarray | None = None) -> EmulatorFault:
+        """Build a fault naming the first offending lane (``bad`` is aligned with ``lanes``)."""
+        idx = np.flatnonzero(bad)
+        i = int(idx[0])
+        t = int(lanes[i])
+        at = f"[{int(elems[i])}]" if elems is not None else ""
+        what = what.replace("{at}", at) if "{at}" in what else what + at
+        return EmulatorFault(kind, f"kernel {self.kernel.name} (grid {self.grid}, block {self.block}), "
+                                   f"{self.where}: {what} by block {t // self.block} thread "
+                                   f"{t % self.block} ({idx.size} offending access(es))")
+
+
+def _lanes_of(x: Any, lanes: np.ndarray) -> np.ndarray:
+    """The values of ``x`` (a [T] array or a scalar) at ``lanes``."""
+    if np.ndim(x) == 0:
+        return np.full(lanes.size, x)
+    return x[lanes]
+
+
+def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.ndarray, width: int,
+            op: str, values: np.ndarray | None = None) -> np.ndarray | None:
+    """One (vector) memory access of ``width`` elements from ``base`` by each thread in ``lanes``.
+
+    ``op``: load (returns float32 [n, width]), store or atomic (``values`` float32 [n, width]).
+    """
+    base = np.ascontiguousarray(base, dtype=np.int32)  # IR indices are i32
+    if width > 1:
+        mis = (base & np.int32(width - 1)) != 0  # widths are powers of two
+        if mis.any():
+            raise st.fault("bad_alignment", f"{width}-wide access to {buf}{{at}}", mis, lanes, base)
+        e = (base[:, None] + np.arange(width, dtype=np.int32)).ravel()
+        lr = np.repeat(lanes, width)
+    else:
+        e, lr = base, lanes
+    if is_shared:
+        sb = st.shared[buf]
+        size = sb.size
+    else:
+        gb = st.glob[buf]
+        size = gb.size
+    oob = e.view(np.uint32) >= size  # negative indices wrap to huge unsigned values
+    if oob.any():
+        raise st.fault("out_of_bounds", f"{op} of {buf}{{at}} (size {size})", oob, lr, e)
+    if is_shared:
+        g = sb.lane_base[lr] + e
+        who = st.tid[lr]
+        arr, written, tracker, race = sb.arr, sb.written, sb.tracker, "shared_race"
+        check_written = True
+    else:
+        g = e
+        who = st.bid[lr]
+        arr, written, tracker, race = gb.arr, gb.written, gb.tracker, "global_race"
+        check_written = gb.check_written
+    if op in ("load", "atomic") and check_written:
+        un = ~written[g]
+        if un.any():
+            raise st.fault("uninitialized_read", f"{op} of unwritten {buf}{{at}}", un, lr, e)
+    if op == "load":
+        if tracker is not None:
+            bad = tracker.read(g, who)
+            if bad.any():
+                raise st.fault(race, f"read of {buf}{{at}} written by another "
+                               f"{'thread' if is_shared else 'block'} without a barrier", bad, lr, e)
+        v = arr[g]
+        if v.dtype != np.float32:
+            v = v.astype(np.float32)
+        return v.reshape(-1, width)
+    assert values is not None
+    if op == "store":
+        if tracker is not None:
+            bad = tracker.write(g, who)
+            if bad.any():
+                raise st.fault(race, f"write of {buf}{{at}} accessed by another "
+                               f"{'thread' if is_shared else 'block'} without a barrier", bad, lr, e)
+        arr[g] = values.ravel().astype(arr.dtype, copy=False)
+        written[g] = True
+        return None
+    # atomic add
+    if tracker is not None:
+        bad = tracker.atomic(g, who)
+        if bad.any():
+            raise st.fault(race, f"atomic add to {buf}{{at}} also plainly accessed by another block", bad, lr, e)
+    np.add.at(arr, g, values.ravel())
+    return None
+
+
+def _shared_broadcast_load(st: _State, buf: str, iv: Any) -> np.ndarray | None:
+    """Fast path of a shared load by every thread where the index repeats with a period ``p < block``
+    along the threads of each block (``p == 1``: one element per block, a broadcast).
+
+    Then each element read is read by ``block / p >= 2`` threads, so any writer of it in this
+    interval is a race. Same checks as :func:`_access`, on ``grid * p`` elements instead of ``T``;
+    returns None when the index has no such period (the caller takes the general path).
+    """
+    grid, block = st.grid, st.block
+    if np.ndim(iv) == 0:
+        p = 1
+        ib = np.full((grid, 1), iv, np.int32)
+    else:
+        per_block = iv.reshape(grid, block)
+        row0 = per_block[0]
+        p = 1
+        while p < block and not (row0.reshape(-1, p) == row0[:p]).all():
+            p *= 2
+        if p >= block:
+            return None
+        ib = per_block[:, :p]
+        if not (per_block.reshape(grid, block // p, p) == ib[:, None, :]).all():
+            return None
+        ib = np.ascontiguousarray(ib, dtype=np.int32)
+    sb = st.shared[buf]
+    lanes = (st.ar[::block][:, None] + np.arange(p, dtype=np.int32)).ravel()  # threads to name in a fault
+    ib = ib.ravel()
+    oob = ib.view(np.uint32) >= sb.size
+    if oob.any():
+        raise st.fault("out_of_bounds", f"load of {buf}{{at}} (size {sb.size})", oob, lanes, ib)
+    g = sb.lane_base[lanes] + ib
+    un = ~sb.written[g]
+    if un.any():
+        raise st.fault("uninitialized_read", f"load of unwritten {buf}{{at}}", un, lanes, ib)
+    w = sb.tracker.w[g]
+    bad = w != -1  # several threads read each element: any writer in this interval races with one
+    if bad.any():
+        other = lanes + np.where(w == st.tid[lanes], p, 0).astype(np.int32)  # a reader that is not the writer
+        raise st.fault("shared_race", f"read of {buf}{{at}} written by another thread without a barrier",
+                       bad, other, ib)
+    sb.tracker.r[g] = -2
+    v = sb.arr[g].reshape(grid, 1, p)
+    return np.broadcast_to(v, (grid, block // p, p)).reshape(st.T)

@@ -1,0 +1,536 @@
+"""Compilation of a kir :class:`~stitchtune.ir.kir.Kernel` into numpy closures for the emulator.
+
+Contract
+--------
+* ``_compiled(kernel)`` returns the kernel's ``_Compiled`` form, built once per kernel object (cached by
+  identity with a weak reference). Building it checks the IR and raises ``ValueError`` for a malformed
+  kernel (unknown variable, buffer or type, a name used by two buffers, a non-i32 loop variable, ...).
+* ``_Compiled.body(state, mask)`` runs the kernel body on a
+  :class:`~stitchtune.emulate.memory._State` under the active ``mask`` (``[T]`` bool). Every
+  expression becomes ``fn(state, mask) -> [T] array | scalar`` with a static type, every statement
+  ``fn(state, mask) -> None``; control flow, C arithmetic and barrier / shuffle checks follow the
+  semantics in :mod:`stitchtune.emulate.emulator`'s docstring. Memory accesses go through
+  :mod:`stitchtune.emulate.memory` (``_access``), which raises :class:`EmulatorFault` on a kernel bug.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from stitchtune.ir import kir
+from stitchtune.emulate.memory import (
+    _ELEM_BYTES,
+    _NP_SCALAR,
+    EmulatorFault,
+    _access,
+    _lanes_of,
+    _shared_broadcast_load,
+    _State,
+)
+from stitchtune.ir.kir import (
+    BOOL,
+    CMP_OPS,
+    F32,
+    I32,
+    Assign,
+    AtomicAdd,
+    Barrier,
+    Bin,
+    Cast,
+    Comment,
+    Const,
+    For,
+    GridSync,
+    If,
+    Kernel,
+    Load,
+    LoadVec,
+    LocalRef,
+    MathOp,
+    Select,
+    SetLocal,
+    Shfl,
+    Special,
+    StoreVec,
+    Var,
+)
+
+# ----------------------------------------------------------------------------------------------
+# Compilation of IR trees into closures
+# ----------------------------------------------------------------------------------------------
+
+ExprFn = Callable[[_State, np.ndarray], Any]
+StmtFn = Callable[[_State, np.ndarray], None]
+
+
+def _cast_fn(fn: ExprFn, src: str, dst: str) -> ExprFn:
+    """Convert values of type ``src`` to ``dst`` with C semantics."""
+    if src == dst:
+        return fn
+    if dst == F32:
+        return lambda st, m: np.asarray(fn(st, m)).astype(np.float32)
+    if dst == I32:
+        # float -> int truncates toward zero like C; bool -> 0/1
+        return lambda st, m: np.asarray(fn(st, m)).astype(np.int32)
+    if dst == BOOL:
+        return lambda st, m: np.asarray(fn(st, m)) != 0
+    raise ValueError(f"unknown type {dst}")
+
+
+def _int_div(a: Any, b: Any) -> Any:
+    b = np.where(b == 0, np.int32(1), b)
+    return ((a - np.fmod(a, b)) // b).astype(np.int32)
+
+
+def _int_mod(a: Any, b: Any) -> Any:
+    b = np.where(b == 0, np.int32(1), b)
+    return np.fmod(a, b).astype(np.int32)
+
+
+_FLOAT_BIN: dict[str, Callable[[Any, Any], Any]] = {
+    "+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide, "%": np.fmod,
+    "min": np.fmin, "max": np.fmax,
+}
+_INT_BIN: dict[str, Callable[[Any, Any], Any]] = {
+    "+": np.add, "-": np.subtract, "*": np.multiply, "/": _int_div, "%": _int_mod,
+    "min": np.minimum, "max": np.maximum, "&": np.bitwise_and, "^": np.bitwise_xor,
+    ">>": np.right_shift, "<<": np.left_shift,
+}
+_CMP: dict[str, Callable[[Any, Any], Any]] = {
+    "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
+    "==": np.equal, "!=": np.not_equal,
+}
+
+
+class _Compiled:
+    """A kernel compiled into closures (cached per kernel object)."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        self.var_types = {v.name: v.dtype for v in kir.collect_vars(kernel)}
+        for name, dt in self.var_types.items():
+            if dt not in _NP_SCALAR:
+                raise ValueError(f"kernel {kernel.name}: variable {name} has unknown type {dt}")
+        self.params = {p.name: p for p in kernel.params}
+        self.shared = {s.name: s for s in kernel.shared}
+        self.locals = {a.name: a for a in kernel.locals}
+        if len({*self.params, *self.shared, *self.locals}) != len(self.params) + len(self.shared) + len(self.locals):
+            raise ValueError(f"kernel {kernel.name}: a name is used by two buffers")
+        self.written_params: set[str] = set()
+        self.atomic_params: set[str] = set()
+        self.has_grid_sync = False
+        for s in kir.walk(kernel.body):
+            if isinstance(s, (StoreVec, AtomicAdd)) and s.buf in self.params:
+                self.written_params.add(s.buf)
+            if isinstance(s, AtomicAdd):
+                self.atomic_params.add(s.buf)
+            if isinstance(s, GridSync):
+                self.has_grid_sync = True
+        if self.has_grid_sync and kernel.barrier_param not in self.params:
+            raise ValueError(f"kernel {kernel.name}: GridSync needs barrier_param naming a parameter")
+        self.body = self.block_fn(kernel.body, "stmt ")
+
+    # -- expressions ---------------------------------------------------------------------------
+
+    def buf_kind(self, name: str) -> bool:
+        """True if ``name`` is a shared buffer, False for a parameter; ValueError otherwise."""
+        if name in self.shared:
+            return True
+        if name in self.params:
+            return False
+        raise ValueError(f"kernel {self.kernel.name}: unknown buffer {name}")
+
+    def expr(self, e: kir.Expr) -> tuple[ExprFn, str]:
+        """Compile ``e`` into ``fn(state, mask) -> array | scalar`` and its static type."""
+        if isinstance(e, Const):
+            v = _NP_SCALAR[e.dtype](e.value)
+            return (lambda st, m: v), e.dtype
+        if isinstance(e, Var):
+            if e.name not in self.var_types:
+                raise ValueError(f"kernel {self.kernel.name}: variable {e.name} is never assigned")
+            name = e.name
+            return (lambda st, m: st.vars[name]), self.var_types[name]
+        if isinstance(e, Special):
+            kind = e.kind
+            if kind == "tid":
+                return (lambda st, m: st.tid), I32
+            if kind == "bid":
+                return (lambda st, m: st.bid), I32
+            if kind == "bdim":
+                return (lambda st, m: np.int32(st.block)), I32
+            return (lambda st, m: np.int32(st.grid)), I32
+        if isinstance(e, Bin):
+            return self.bin(e)
+        if isinstance(e, MathOp):
+            return self.mathop(e)
+        if isinstance(e, Select):
+            cf = self.as_type(e.cond, BOOL)
+            (af, at), (bf, bt) = self.expr(e.a), self.expr(e.b)
+            rt = _promote(at, bt)
+            af, bf = _cast_fn(af, at, rt), _cast_fn(bf, bt, rt)
+
+            def select(st: _State, m: np.ndarray) -> Any:
+                c = cf(st, m)
+                return np.where(c, af(st, m & c), bf(st, m & ~c))
+            return select, rt
+        if isinstance(e, Cast):
+            f, t = self.expr(e.expr)
+            return _cast_fn(f, t, e.dtype), e.dtype
+        if isinstance(e, Load):
+            return self.load(e), F32
+        if isinstance(e, LocalRef):
+            return self.localref(e), F32
+        if isinstance(e, Shfl):
+            return self.shfl(e), F32
+        raise ValueError(f"unknown expression {e!r}")
+
+    def as_type(self, e: kir.Expr, t: str) -> ExprFn:
+        f, et = self.expr(e)
+        return _cast_fn(f, et, t)
+
+    def bin(self, e: Bin) -> tuple[ExprFn, str]:
+        op = e.op
+        (af, at), (bf, bt) = self.expr(e.a), self.expr(e.b)
+        if op in ("&&", "||"):
+            af, bf = _cast_fn(af, at, BOOL), _cast_fn(bf, bt, BOOL)
+            if op == "&&":
+                def land(st: _State, m: np.ndarray) -> Any:
+                    a = af(st, m)
+                    return a & bf(st, m & a)  # b only where a holds (C short-circuit)
+                return land, BOOL
+
+            def lor(st: _State, m: np.ndarray) -> Any:
+                a = af(st, m)
+                return a | bf(st, m & ~a)
+            return lor, BOOL
+        if op in CMP_OPS:
+            ct = _promote(at, bt)
+            if ct == BOOL:
+                ct = I32
+            af, bf = _cast_fn(af, at, ct), _cast_fn(bf, bt, ct)
+            cmp = _CMP[op]
+            return (lambda st, m: cmp(af(st, m), bf(st, m))), BOOL
+        if op in ("&", "^") and at == BOOL and bt == BOOL:
+            fn = np.bitwise_and if op == "&" else np.bitwise_xor
+            return (lambda st, m: fn(af(st, m), bf(st, m))), BOOL
+        rt = _promote(at, bt)
+        if rt == BOOL:
+            rt = I32
+        if rt == F32:
+            if op not in _FLOAT_BIN:
+                raise ValueError(f"operator {op} on float operands")
+            fn = _FLOAT_BIN[op]
+        else:
+            fn = _INT_BIN[op]
+        af, bf = _cast_fn(af, at, rt), _cast_fn(bf, bt, rt)
+        return (lambda st, m: fn(af(st, m), bf(st, m))), rt
+
+    def mathop(self, e: MathOp) -> tuple[ExprFn, str]:
+        from stitchtune.graph.ops import KERNEL_OPS, OPS, kernel_op
+
+        if e.op not in OPS and e.op not in KERNEL_OPS:
+            raise ValueError(f"unknown kernel operator {e.op}")
+        np_fn = kernel_op(e.op).np_fn
+        args = [self.as_type(a, F32) for a in e.args]
+
+        def mathop(st: _State, m: np.ndarray) -> Any:
+            vals = [a(st, m) for a in args]
+            return np.asarray(np_fn(*vals)).astype(np.float32, copy=False)
+        return mathop, F32
+
+    def load(self, e: Load) -> ExprFn:
+        is_shared = self.buf_kind(e.buf)
+        idx = self.as_type(e.index, I32)
+        pred = self.as_type(e.pred, BOOL) if e.pred is not None else None
+        buf = e.buf
+
+        def load(st: _State, m: np.ndarray) -> Any:
+            act = m & pred(st, m) if pred is not None else m
+            lanes = np.flatnonzero(act)
+            if lanes.size == st.T:  # every thread loads: no compaction needed
+                iv = idx(st, act)
+                if is_shared:
+                    v = _shared_broadcast_load(st, buf, iv)
+                    if v is not None:
+                        return v
+                return _access(st, buf, is_shared, st.ar, np.broadcast_to(iv, (st.T,)), 1, "load")[:, 0]
+            out = np.zeros(st.T, np.float32)
+            if lanes.size:
+                base = _lanes_of(idx(st, act), lanes)
+                out[lanes] = _access(st, buf, is_shared, lanes, base, 1, "load")[:, 0]
+            return out
+        return load
+
+    def localref(self, e: LocalRef) -> ExprFn:
+        arr_name = e.array
+        if arr_name not in self.locals:
+            raise ValueError(f"kernel {self.kernel.name}: unknown local array {arr_name}")
+        size = self.locals[arr_name].size
+        if isinstance(e.index, Const):
+            k = int(e.index.value)
+            if not 0 <= k < size:
+                where = f"local array {arr_name}[{k}] (size {size})"
+
+                def oob(st: _State, m: np.ndarray) -> Any:
+                    lanes = np.flatnonzero(m)
+                    if lanes.size:
+                        raise st.fault("out_of_bounds", where, np.ones(lanes.size, bool), lanes)
+                    return np.float32(0)
+                return oob
+            return lambda st, m: st.locals[arr_name][:, k]
+        idx = self.as_type(e.index, I32)
+
+        def localref(st: _State, m: np.ndarray) -> Any:
+            i = np.broadcast_to(idx(st, m), (st.T,))
+            bad = m & ((i < 0) | (i >= size))
+            if bad.any():
+                lanes = np.flatnonzero(m)
+                raise st.fault("out_of_bounds", f"read of local array {arr_name}{{at}} (size {size})",
+                               bad[lanes], lanes, i[lanes])
+            return st.locals[arr_name][st.ar, np.clip(i, 0, size - 1)]
+        return localref
+
+    def shfl(self, e: Shfl) -> ExprFn:
+        if e.width not in (1, 2, 4, 8, 16, 32) or not 0 <= e.lane_mask < 32:
+            raise ValueError(f"bad shuffle lane_mask {e.lane_mask} / width {e.width}")
+        vf = self.as_type(e.value, F32)
+        lane_mask, width = e.lane_mask, e.width
+
+        def shfl(st: _State, m: np.ndarray) -> Any:
+            w = m.reshape(-1, 32)
+            part = w.any(axis=1) & ~w.all(axis=1)
+            if part.any():
+                bad = np.repeat(part, 32) & ~m
+                raise st.fault("inactive_shuffle", "shuffle with an inactive lane in the warp",
+                               bad, st.ar)
+            v = vf(st, m)
+            if np.ndim(v) == 0:
+                return v
+            return v[st.shfl_src(lane_mask, width)]
+        return shfl
+
+    # -- statements ----------------------------------------------------------------------------
+
+    def block_fn(self, stmts: tuple[kir.Stmt, ...], path: str) -> StmtFn:
+        fns = [self.stmt(s, f"{path}{i}") for i, s in enumerate(stmts)
+               if not isinstance(s, Comment)]
+
+        def run(st: _State, m: np.ndarray) -> None:
+            for f in fns:
+                f(st, m)
+        return run
+
+    def stmt(self, s: kir.Stmt, path: str) -> StmtFn:
+        where = f"{path} ({type(s).__name__}{' ' + s.buf if hasattr(s, 'buf') else ''})"
+        if isinstance(s, Assign):
+            name = s.var.name
+            t = self.var_types[name]
+            f = self.as_type(s.expr, t)
+            npt = _NP_SCALAR[t]
+
+            def assign(st: _State, m: np.ndarray) -> None:
+                st.where = where
+                st.vars[name] = np.where(m, f(st, m), st.vars[name]).astype(npt, copy=False)
+            return assign
+        if isinstance(s, SetLocal):
+            return self.setlocal(s, where)
+        if isinstance(s, LoadVec):
+            return self.loadvec(s, where)
+        if isinstance(s, StoreVec):
+            return self.storevec(s, where)
+        if isinstance(s, AtomicAdd):
+            return self.atomic(s, where)
+        if isinstance(s, For):
+            return self.for_(s, path, where)
+        if isinstance(s, If):
+            cf = self.as_type(s.cond, BOOL)
+            then = self.block_fn(s.then, path + ".t")
+            orelse = self.block_fn(s.orelse, path + ".e") if s.orelse else None
+
+            def if_(st: _State, m: np.ndarray) -> None:
+                st.where = where
+                c = cf(st, m)
+                mt = m & c
+                if mt.any():
+                    then(st, mt)
+                if orelse is not None:
+                    mf = m & ~c
+                    if mf.any():
+                        orelse(st, mf)
+            return if_
+        if isinstance(s, Barrier):
+            def barrier(st: _State, m: np.ndarray) -> None:
+                st.where = where
+                b = m.reshape(st.grid, st.block)
+                some, every = b.any(axis=1), b.all(axis=1)
+                part = some & ~every
+                if part.any():
+                    raise st.fault("divergent_barrier", "__syncthreads() not reached by every thread "
+                                   "of the block", np.repeat(part, st.block) & ~m, st.ar)
+                for sb in st.shared.values():
+                    sb.tracker.reset(every, sb.size)
+            return barrier
+        if isinstance(s, GridSync):
+            def gridsync(st: _State, m: np.ndarray) -> None:
+                st.where = where
+                if not m.all():
+                    raise st.fault("divergent_barrier", "grid sync not reached by every thread",
+                                   ~m, st.ar)
+                if st.coresident_limit is not None and st.grid > st.coresident_limit:
+                    raise EmulatorFault("grid_not_coresident",
+                                        f"kernel {st.kernel.name}, {where}: grid sync over {st.grid} "
+                                        f"blocks, at most {st.coresident_limit} can be co-resident")
+                for gb in st.glob.values():
+                    if gb.tracker is not None:
+                        gb.tracker.reset()
+                for sb in st.shared.values():
+                    sb.tracker.reset()
+            return gridsync
+        raise ValueError(f"unknown statement {s!r}")
+
+    def setlocal(self, s: SetLocal, where: str) -> StmtFn:
+        arr_name = s.array
+        if arr_name not in self.locals:
+            raise ValueError(f"kernel {self.kernel.name}: unknown local array {arr_name}")
+        size = self.locals[arr_name].size
+        vf = self.as_type(s.value, F32)
+        if isinstance(s.index, Const) and 0 <= int(s.index.value) < size:
+            k = int(s.index.value)
+
+            def setlocal_const(st: _State, m: np.ndarray) -> None:
+                st.where = where
+                a = st.locals[arr_name]
+                a[:, k] = np.where(m, vf(st, m), a[:, k])
+            return setlocal_const
+        idx = self.as_type(s.index, I32)
+
+        def setlocal(st: _State, m: np.ndarray) -> None:
+            st.where = where
+            lanes = np.flatnonzero(m)
+            i = _lanes_of(idx(st, m), lanes)
+            bad = (i < 0) | (i >= size)
+            if bad.any():
+                raise st.fault("out_of_bounds", f"write of local array {arr_name}{{at}} (size {size})",
+                               bad, lanes, i)
+            st.locals[arr_name][lanes, i] = _lanes_of(vf(st, m), lanes)
+        return setlocal
+
+    def _vec_check(self, buf: str, width: int, is_shared: bool) -> None:
+        dtype = "float32" if is_shared else self.params[buf].dtype
+        nbytes = width * _ELEM_BYTES.get(dtype, 4)
+        if width not in (1, 2, 4, 8) or nbytes > 16:
+            raise EmulatorFault("bad_alignment", f"kernel {self.kernel.name}: a {width}-wide access "
+                                f"to {buf} ({dtype}) is not one aligned access of at most 16 bytes")
+
+    def loadvec(self, s: LoadVec, where: str) -> StmtFn:
+        is_shared = self.buf_kind(s.buf)
+        width = len(s.dsts)
+        self._vec_check(s.buf, width, is_shared)
+        idx = self.as_type(s.index, I32)
+        pred = self.as_type(s.pred, BOOL) if s.pred is not None else None
+        dsts = [(d.name, _NP_SCALAR[self.var_types[d.name]]) for d in s.dsts]
+        buf = s.buf
+
+        def loadvec(st: _State, m: np.ndarray) -> None:
+            st.where = where
+            act = m & pred(st, m) if pred is not None else m
+            lanes = np.flatnonzero(act)
+            if not lanes.size:
+                return
+            base = _lanes_of(idx(st, act), lanes)
+            vals = _access(st, buf, is_shared, lanes, base, width, "load")
+            for k, (name, npt) in enumerate(dsts):
+                a = st.vars[name].copy()
+                a[lanes] = vals[:, k]
+                st.vars[name] = a
+        return loadvec
+
+    def storevec(self, s: StoreVec, where: str) -> StmtFn:
+        is_shared = self.buf_kind(s.buf)
+        width = len(s.values)
+        self._vec_check(s.buf, width, is_shared)
+        idx = self.as_type(s.index, I32)
+        pred = self.as_type(s.pred, BOOL) if s.pred is not None else None
+        vals = [self.as_type(v, F32) for v in s.values]
+        buf = s.buf
+
+        def storevec(st: _State, m: np.ndarray) -> None:
+            st.where = where
+            act = m & pred(st, m) if pred is not None else m
+            lanes = np.flatnonzero(act)
+            if not lanes.size:
+                return
+            base = _lanes_of(idx(st, act), lanes)
+            v = np.stack([_lanes_of(f(st, act), lanes) for f in vals], axis=1).astype(np.float32, copy=False)
+            _access(st, buf, is_shared, lanes, base, width, "store", v)
+        return storevec
+
+    def atomic(self, s: AtomicAdd, where: str) -> StmtFn:
+        if self.buf_kind(s.buf) or self.params[s.buf].dtype != "float32":
+            raise ValueError(f"kernel {self.kernel.name}: atomic add needs a float32 global buffer, "
+                             f"not {s.buf}")
+        idx = self.as_type(s.index, I32)
+        pred = self.as_type(s.pred, BOOL) if s.pred is not None else None
+        vf = self.as_type(s.value, F32)
+        buf = s.buf
+
+        def atomic(st: _State, m: np.ndarray) -> None:
+            st.where = where
+            act = m & pred(st, m) if pred is not None else m
+            lanes = np.flatnonzero(act)
+            if not lanes.size:
+                return
+            base = _lanes_of(idx(st, act), lanes)
+            v = _lanes_of(vf(st, act), lanes).astype(np.float32, copy=False)[:, None]
+            _access(st, buf, False, lanes, base, 1, "atomic", v)
+        return atomic
+
+    def for_(self, s: For, path: str, where: str) -> StmtFn:
+        if s.var.dtype != I32 or self.var_types.get(s.var.name) != I32:
+            raise ValueError(f"loop variable {s.var.name} must be i32")
+        if s.step <= 0:
+            raise ValueError(f"loop over {s.var.name} has step {s.step} (must be positive)")
+        name = s.var.name
+        start = self.as_type(s.start, I32)
+        stop = self.as_type(s.stop, I32)
+        step = np.int32(s.step)
+        body = self.block_fn(s.body, path + ".")
+
+        def for_(st: _State, m: np.ndarray) -> None:
+            st.where = where
+            st.vars[name] = np.where(m, start(st, m), st.vars[name]).astype(np.int32, copy=False)
+            act = m
+            while True:
+                st.where = where
+                act = act & (st.vars[name] < stop(st, act))
+                if not act.any():
+                    return
+                body(st, act)
+                v = st.vars[name]
+                st.vars[name] = np.where(act, v + step, v).astype(np.int32, copy=False)
+        return for_
+
+
+def _promote(a: str, b: str) -> str:
+    """C's usual arithmetic conversions restricted to bool < i32 < f32."""
+    order = {BOOL: 0, I32: 1, F32: 2}
+    return a if order[a] >= order[b] else b
+
+
+_CACHE: dict[int, tuple[weakref.ref, _Compiled]] = {}
+
+
+def _compiled(kernel: Kernel) -> _Compiled:
+    """The closures of ``kernel``, compiled once per kernel object."""
+    hit = _CACHE.get(id(kernel))
+    if hit is not None and hit[0]() is kernel:
+        return hit[1]
+    ck = _Compiled(kernel)
+    for key in [k for k, (r, _) in _CACHE.items() if r() is None]:
+        del _CACHE[key]
+    _CACHE[id(kernel)] = (weakref.ref(kernel), ck)
+    return ck

@@ -1,0 +1,585 @@
+"""graph.json: load and validate into the immutable :class:`Graph` (size limits, shape/dtype inference).
+
+Contract
+--------
+* :func:`load_graph(path)` reads a file; :func:`parse_graph(obj)` takes already-decoded JSON. Both
+  return a validated :class:`Graph` or raise :class:`~stitchtune.errors.GraphError` whose
+  ``problems`` list holds *every* problem found, each of the form ``"<json path>: <what is wrong>"``
+  (for example ``nodes[3].args[1]: unknown tensor 'foo'``). Strings from the file are shown only
+  through :func:`ascii`-style escaping, so a problem is always one printable line.
+* Size limits (module constants below) are checked on the decoded structure before anything is
+  allocated from it: file size, node/input/output counts, elements per tensor, total bytes.
+* A valid graph: names match :data:`NAME_RE`; inputs and node ids are unique; args name inputs or
+  *earlier* nodes (file order is a topological order) or are scalar constants (finite or infinite
+  numbers); shapes broadcast as numpy's; every tensor has rank 1..4 and positive dimensions; every
+  node contributes to some output.
+* Node dtype = promoted dtype of its tensor args (float32 wins; float16 + bfloat16 -> float32;
+  constants do not promote); ``cast`` gives ``to``; arithmetic is defined in float32.
+* The values themselves (:class:`Graph`, :class:`Node`, :class:`TensorSpec`, ``DTYPES``, ``ITEMSIZE``,
+  :func:`promote_dtypes`, :func:`broadcast_shapes`, the workload/structure keys) live in
+  :mod:`stitchtune.graph.values` and are re-exported here: import them from either module.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from typing import Any
+
+from stitchtune.errors import GraphError
+from stitchtune.graph.values import (
+    DTYPES,
+    ITEMSIZE,
+    Graph,
+    Node,
+    TensorSpec,
+    broadcast_shapes,
+    promote_dtypes,
+)
+from stitchtune.graph.ops import OPS
+
+__all__ = [
+    "DTYPES",
+    "ITEMSIZE",
+    "NAME_RE",
+    "MAX_NODES",
+    "MAX_INPUTS",
+    "MAX_OUTPUTS",
+    "MAX_FILE_BYTES",
+    "MAX_ELEMENTS",
+    "MAX_TOTAL_BYTES",
+    "MAX_RANK",
+    "TensorSpec",
+    "Node",
+    "Graph",
+    "load_graph",
+    "parse_graph",
+    "promote_dtypes",
+    "broadcast_shapes",
+]
+
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+MAX_NODES = 4096
+MAX_INPUTS = 256
+MAX_OUTPUTS = 256
+MAX_FILE_BYTES = 4 * 1024 * 1024
+MAX_ELEMENTS = 2**31 - 1
+MAX_TOTAL_BYTES = 64 * 1024**3
+MAX_RANK = 4
+MAX_PROBLEMS = 100  # further problems are summarised in one line
+
+_FLOAT32_MAX = 3.4028234663852886e38
+_TOP_KEYS = ("name", "inputs", "nodes", "outputs")
+_TOP_OPTIONAL = ("description",)
+_NODE_KEYS = ("id", "op", "args", "axes", "keepdims", "to")
+
+
+# ---------------------------------------------------------------------------- problem messages
+def _show(v: Any) -> str:
+    """A short, one-line, escaped description of a JSON value for problem messages."""
+    if isinstance(v, str):
+        return ascii(v) if len(v) <= 40 else ascii(v[:40] + "...")
+    if isinstance(v, bool) or v is None:
+        return json.dumps(v)
+    if isinstance(v, int):
+        t = str(v) if abs(v) < 10**30 else "a huge integer"
+        return t
+    if isinstance(v, float):
+        return repr(v)
+    return {dict: "an object", list: "a list"}.get(type(v), type(v).__name__)
+
+
+def _key_path(prefix: str, key: str) -> str:
+    """JSON path of ``prefix.key`` (``prefix['odd key']`` when the key is not an identifier)."""
+    if isinstance(key, str) and NAME_RE.fullmatch(key):
+        return f"{prefix}.{key}" if prefix else key
+    return f"{prefix}[{_show(key)}]"
+
+
+def _type_name(v: Any) -> str:
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, (int, float)):
+        return "a number"
+    if v is None:
+        return "null"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, dict):
+        return "an object"
+    return type(v).__name__
+
+
+class _DupDict(dict):  # type: ignore[type-arg]
+    """A JSON object that remembers keys that appeared more than once."""
+
+    duplicates: tuple[str, ...] = ()
+
+
+def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d = _DupDict()
+    dups = []
+    for k, v in pairs:
+        if k in d:
+            dups.append(k)
+        d[k] = v
+    if dups:
+        d.duplicates = tuple(dups)
+    return d
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+        self.cycle_checks = 0  # bounded: each check may walk the whole graph
+
+    def add(self, path: str, msg: str) -> None:
+        self.items.append(f"{path}: {msg}" if path else msg)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            items = self.items
+            if len(items) > MAX_PROBLEMS:
+                items = items[:MAX_PROBLEMS] + [f"... and {len(items) - MAX_PROBLEMS} more problems"]
+            raise GraphError(problems=items)
+
+
+def _check_dups(obj: Any, path: str, p: _Problems) -> None:
+    for k in getattr(obj, "duplicates", ()):
+        p.add(path or "(top level)", f"duplicate key {_show(k)}")
+
+
+def _check_name(v: Any, path: str, p: _Problems, what: str) -> bool:
+    if not isinstance(v, str):
+        p.add(path, f"{what} must be a string, got {_type_name(v)}")
+        return False
+    if not NAME_RE.fullmatch(v):
+        p.add(path, f"invalid {what} {_show(v)}: names must match [A-Za-z_][A-Za-z0-9_]{{0,63}}")
+        return False
+    return True
+
+
+def _check_shape(v: Any, path: str, p: _Problems) -> tuple[int, ...] | None:
+    if not isinstance(v, list):
+        p.add(path, f"shape must be a list of positive integers, got {_type_name(v)}")
+        return None
+    if not 1 <= len(v) <= MAX_RANK:
+        p.add(path, f"rank {len(v)} is not supported (ranks 1..{MAX_RANK})")
+        return None
+    ok = True
+    for i, d in enumerate(v):
+        if isinstance(d, bool) or not isinstance(d, int):
+            p.add(f"{path}[{i}]", f"dimension must be an integer, got {_show(d)}")
+            ok = False
+        elif d <= 0:
+            p.add(f"{path}[{i}]", f"dimension must be positive, got {_show(d)}")
+            ok = False
+    if not ok:
+        return None
+    shape = tuple(v)
+    if math.prod(shape) > MAX_ELEMENTS:
+        p.add(path, f"too large: {_show(math.prod(shape))} elements (limit {MAX_ELEMENTS})")
+        return None
+    return shape
+
+
+def _check_dtype(v: Any, path: str, p: _Problems) -> str | None:
+    if not isinstance(v, str) or v not in DTYPES:
+        p.add(path, f"unsupported dtype {_show(v)} (supported: {', '.join(DTYPES)})")
+        return None
+    return v
+
+
+def _constant(v: Any, path: str, p: _Problems) -> float | None:
+    if isinstance(v, bool):
+        p.add(path, "a boolean is not a valid argument (use a number or a tensor name)")
+        return None
+    try:
+        c = float(v)
+    except OverflowError:
+        p.add(path, "constant is too large")
+        return None
+    if math.isnan(c):
+        p.add(path, "NaN is not allowed as a constant")
+        return None
+    if math.isfinite(c) and abs(c) > _FLOAT32_MAX:
+        p.add(path, f"constant {_show(v)} is outside float32 range (use Infinity explicitly)")
+        return None
+    return c
+
+
+# ---------------------------------------------------------------------------- parsing
+def load_graph(path: str | os.PathLike[str]) -> Graph:
+    """Read and validate a graph.json file; raises :class:`GraphError` naming every problem."""
+    shown = ascii(os.fspath(path))
+    try:
+        size = os.stat(path).st_size
+    except OSError as e:
+        raise GraphError(problems=[f"{shown}: cannot read graph file: {e.strerror or e}"]) from None
+    if size > MAX_FILE_BYTES:
+        raise GraphError(problems=[f"{shown}: too large: {size} bytes (limit {MAX_FILE_BYTES})"])
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise GraphError(problems=[f"{shown}: cannot read graph file: {e.strerror or e}"]) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise GraphError(problems=[f"{shown}: too large (limit {MAX_FILE_BYTES} bytes)"])
+    return parse_graph_bytes(raw, source=shown)
+
+
+def parse_graph_bytes(raw: bytes, source: str = "graph") -> Graph:
+    """Decode UTF-8 JSON bytes and validate them (see :func:`parse_graph`)."""
+    if len(raw) > MAX_FILE_BYTES:
+        raise GraphError(problems=[f"{source}: too large (limit {MAX_FILE_BYTES} bytes)"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise GraphError(problems=[f"{source}: not UTF-8 (byte offset {e.start})"]) from None
+    try:
+        obj = json.loads(text, object_pairs_hook=_pairs_hook)
+    except json.JSONDecodeError as e:
+        raise GraphError(
+            problems=[f"{source}: not JSON: {e.msg} (line {e.lineno}, column {e.colno})"]) from None
+    except RecursionError:
+        raise GraphError(problems=[f"{source}: not JSON: nested too deeply"]) from None
+    except ValueError as e:  # e.g. an integer literal over Python's 4300-digit conversion limit
+        raise GraphError(problems=[f"{source}: not JSON: {str(e).split(';')[0]}"]) from None
+    return parse_graph(obj)
+
+
+def parse_graph(obj: Any) -> Graph:
+    """Validate decoded graph.json ``obj`` and build the :class:`Graph`.
+
+    Raises :class:`GraphError` with one ``"<json path>: <problem>"`` entry per problem found.
+    """
+    p = _Problems()
+    if not isinstance(obj, dict):
+        p.add("(top level)", f"must be a JSON object, got {_type_name(obj)}")
+        p.raise_if_any()
+    _check_dups(obj, "", p)
+    for k in obj:
+        if k not in _TOP_KEYS and k not in _TOP_OPTIONAL:
+            p.add(_key_path("", k), f"unknown key (expected {', '.join(_TOP_KEYS)})")
+    for k in _TOP_KEYS:
+        if k not in obj:
+            p.add(k, "missing")
+    if "description" in obj and not isinstance(obj["description"], str):
+        p.add("description", "must be a string")
+
+    name = obj.get("name", "graph")
+    if "name" in obj:
+        _check_name(name, "name", p, "graph name")
+
+    # ---- inputs
+    specs: dict[str, TensorSpec] = {}
+    input_list: list[tuple[str, TensorSpec]] = []
+    raw_inputs = obj.get("inputs", {})
+    defined_at: dict[str, str] = {}
+    failed: set[str] = set()  # names whose definition is invalid (suppress follow-up noise)
+    if not isinstance(raw_inputs, dict):
+        p.add("inputs", f"must be an object mapping names to {{shape, dtype}}, got {_type_name(raw_inputs)}")
+        raw_inputs = {}
+    elif len(raw_inputs) > MAX_INPUTS:
+        p.add("inputs", f"too many inputs: {len(raw_inputs)} (limit {MAX_INPUTS})")
+        raw_inputs = {}
+    _check_dups(raw_inputs, "inputs", p)
+    for iname, ispec in raw_inputs.items():
+        path = _key_path("inputs", iname)
+        good = _check_name(iname, path, p, "input name")
+        if not isinstance(ispec, dict):
+            p.add(path, f"must be an object {{\"shape\": [...], \"dtype\": ...}}, got {_type_name(ispec)}")
+            continue
+        _check_dups(ispec, path, p)
+        for k in ispec:
+            if k not in ("shape", "dtype"):
+                p.add(_key_path(path, k), "unknown key (expected shape, dtype)")
+        shape = _check_shape(ispec["shape"], f"{path}.shape", p) if "shape" in ispec else None
+        if "shape" not in ispec:
+            p.add(f"{path}.shape", "missing")
+        dtype = _check_dtype(ispec["dtype"], f"{path}.dtype", p) if "dtype" in ispec else None
+        if "dtype" not in ispec:
+            p.add(f"{path}.dtype", "missing")
+        if good and shape is not None and dtype is not None:
+            specs[iname] = TensorSpec(shape, dtype)
+            input_list.append((iname, specs[iname]))
+        if good:
+            defined_at[iname] = path
+            if iname not in specs:
+                failed.add(iname)
+
+    # ---- nodes
+    raw_nodes = obj.get("nodes", [])
+    if not isinstance(raw_nodes, list):
+        p.add("nodes", f"must be a list, got {_type_name(raw_nodes)}")
+        raw_nodes = []
+    elif len(raw_nodes) > MAX_NODES:
+        p.add("nodes", f"too many nodes: {len(raw_nodes)} (limit {MAX_NODES})")
+        raw_nodes = []
+    elif not raw_nodes:
+        p.add("nodes", "empty: a graph needs at least one node")
+
+    # every node id, for forward-reference / cycle messages
+    node_index: dict[str, int] = {}
+    for i, rn in enumerate(raw_nodes):
+        if isinstance(rn, dict) and isinstance(rn.get("id"), str) and rn["id"] not in node_index:
+            node_index[rn["id"]] = i
+
+    nodes: list[Node] = []
+    for i, rn in enumerate(raw_nodes):
+        path = f"nodes[{i}]"
+        node = _parse_node(rn, i, path, specs, defined_at, node_index, raw_nodes, failed, p)
+        if node is not None:
+            nodes.append(node)
+            specs[node.id] = node.spec
+
+    # ---- outputs
+    raw_out = obj.get("outputs", [])
+    outputs: list[str] = []
+    if not isinstance(raw_out, list):
+        p.add("outputs", f"must be a list of tensor names, got {_type_name(raw_out)}")
+        raw_out = []
+    elif not raw_out and "outputs" in obj:
+        p.add("outputs", "empty: a graph needs at least one output")
+    elif len(raw_out) > MAX_OUTPUTS:
+        p.add("outputs", f"too many outputs: {len(raw_out)} (limit {MAX_OUTPUTS})")
+        raw_out = []
+    seen_out: set[str] = set()
+    for j, o in enumerate(raw_out):
+        path = f"outputs[{j}]"
+        if not isinstance(o, str):
+            p.add(path, f"must be a tensor name, got {_type_name(o)}")
+        elif o in seen_out:
+            p.add(path, f"duplicate output {_show(o)}")
+        elif o in specs:
+            seen_out.add(o)
+            outputs.append(o)
+        elif o not in failed:
+            p.add(path, f"unknown tensor {_show(o)}")
+
+    # ---- dead nodes and size
+    if not p:
+        live: set[str] = set(outputs)
+        for n in reversed(nodes):
+            if n.id in live:
+                live.update(n.tensor_args)
+        for i, n in enumerate(nodes):
+            if n.id not in live:
+                p.add(f"nodes[{i}]", f"node {_show(n.id)} does not contribute to any output "
+                                      "(remove it or list it in outputs)")
+        total = sum(s.nbytes for _, s in input_list)
+        total += sum(specs[o].nbytes for o in outputs)
+        if total > MAX_TOTAL_BYTES:
+            p.add("(top level)", f"too large: inputs + outputs need {total} bytes "
+                                 f"(limit {MAX_TOTAL_BYTES})")
+    p.raise_if_any()
+    return Graph(name=name, inputs=tuple(input_list), nodes=tuple(nodes), outputs=tuple(outputs))
+
+
+def _depends_on(start: str, target: str, raw_nodes: list[Any], node_index: dict[str, int]) -> bool:
+    """Whether raw node ``start`` (transitively) reads ``target``, ignoring validity."""
+    stack, seen = [start], set()
+    while stack:
+        cur = stack.pop()
+        if cur in seen or cur not in node_index:
+            continue
+        seen.add(cur)
+        args = raw_nodes[node_index[cur]].get("args")
+        if not isinstance(args, list):
+            continue
+        for a in args[:8]:
+            if isinstance(a, str):
+                if a == target:
+                    return True
+                stack.append(a)
+    return False
+
+
+def _parse_node(rn: Any, i: int, path: str, specs: dict[str, TensorSpec],
+                defined_at: dict[str, str], node_index: dict[str, int], raw_nodes: list[Any],
+                failed: set[str], p: _Problems) -> Node | None:
+    before = len(p.items)
+    if not isinstance(rn, dict):
+        p.add(path, f"must be an object {{id, op, args, ...}}, got {_type_name(rn)}")
+        return None
+    _check_dups(rn, path, p)
+    for k in rn:
+        if k not in _NODE_KEYS:
+            p.add(_key_path(path, k), f"unknown key (expected {', '.join(_NODE_KEYS)})")
+    nid = rn.get("id")
+    id_ok = False
+    if "id" not in rn:
+        p.add(f"{path}.id", "missing")
+    elif _check_name(nid, f"{path}.id", p, "node id"):
+        if nid in defined_at:
+            p.add(f"{path}.id", f"duplicate name {_show(nid)} (already defined at {defined_at[nid]})")
+        else:
+            id_ok = True
+            defined_at[nid] = path
+
+    op = rn.get("op")
+    info = None
+    if "op" not in rn:
+        p.add(f"{path}.op", "missing")
+    elif not isinstance(op, str):
+        p.add(f"{path}.op", f"must be a string, got {_type_name(op)}")
+    elif op not in OPS:
+        p.add(f"{path}.op", f"unknown op {_show(op)}")
+    else:
+        info = OPS[op]
+
+    # attributes
+    is_reduce = info is not None and info.kind == "reduce"
+    is_cast = info is not None and info.kind == "cast"
+    if info is not None:
+        if not is_reduce:
+            for k in ("axes", "keepdims"):
+                if k in rn:
+                    p.add(f"{path}.{k}", f"only reductions take {k!r}; {op} does not")
+        if not is_cast and "to" in rn:
+            p.add(f"{path}.to", f"only cast takes 'to'; {op} does not")
+    keepdims = False
+    if is_reduce and "keepdims" in rn:
+        if not isinstance(rn["keepdims"], bool):
+            p.add(f"{path}.keepdims", f"must be true or false, got {_show(rn['keepdims'])}")
+        else:
+            keepdims = rn["keepdims"]
+    to = None
+    if is_cast:
+        if "to" not in rn:
+            p.add(f"{path}.to", "missing: cast needs a target dtype")
+        else:
+            to = _check_dtype(rn["to"], f"{path}.to", p)
+
+    # args
+    args: list[str | float] = []
+    arg_specs: list[TensorSpec] = []
+    raw_args = rn.get("args")
+    args_ok = True
+    if "args" not in rn:
+        p.add(f"{path}.args", "missing")
+        args_ok = False
+    elif not isinstance(raw_args, list):
+        p.add(f"{path}.args", f"must be a list, got {_type_name(raw_args)}")
+        args_ok = False
+    elif info is not None and len(raw_args) != info.arity:
+        p.add(f"{path}.args", f"wrong arity: {op} takes {info.arity} argument(s), got {len(raw_args)}")
+        args_ok = False
+    else:
+        for j, a in enumerate(raw_args[:8]):
+            apath = f"{path}.args[{j}]"
+            if isinstance(a, str):
+                if a in specs:
+                    args.append(a)
+                    arg_specs.append(specs[a])
+                elif a in failed:
+                    args_ok = False  # already reported where it was defined
+                elif a == nid:
+                    p.add(apath, f"cycle: node {_show(a)} reads itself")
+                    args_ok = False
+                elif a in node_index and node_index[a] > i:
+                    p.cycle_checks += 1
+                    if id_ok and p.cycle_checks <= 32 and _depends_on(a, nid, raw_nodes, node_index):
+                        p.add(apath, f"cycle: {_show(a)} (nodes[{node_index[a]}]) depends on "
+                                     f"{_show(nid)}")
+                    else:
+                        p.add(apath, f"forward reference to {_show(a)} (defined later at "
+                                     f"nodes[{node_index[a]}]); nodes must be in topological order")
+                    args_ok = False
+                else:
+                    p.add(apath, f"unknown tensor {_show(a)}")
+                    args_ok = False
+            elif isinstance(a, (int, float)) and not isinstance(a, bool):
+                c = _constant(a, apath, p)
+                if c is None:
+                    args_ok = False
+                elif info is not None and info.kind != "binary":
+                    p.add(apath, f"{op} needs a tensor argument, not a constant")
+                    args_ok = False
+                else:
+                    args.append(c)
+            else:
+                p.add(apath, f"must be a tensor name or a number, got {_type_name(a)}")
+                args_ok = False
+        if args_ok and raw_args and not arg_specs:
+            p.add(f"{path}.args", "needs at least one tensor argument (all constants)")
+            args_ok = False
+
+    # shape / dtype inference
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    axes: tuple[int, ...] = ()
+    if info is not None and args_ok and arg_specs:
+        if info.kind == "binary":
+            shape = broadcast_shapes(*(s.shape for s in arg_specs))
+            if shape is None:
+                shown = " and ".join(str(list(s.shape)) for s in arg_specs)
+                p.add(f"{path}.args", f"impossible broadcast: shapes {shown}")
+            elif math.prod(shape) > MAX_ELEMENTS:
+                p.add(path, f"too large: result has {math.prod(shape)} elements (limit {MAX_ELEMENTS})")
+                shape = None
+            dtype = promote_dtypes(s.dtype for s in arg_specs)
+        elif info.kind == "reduce":
+            in_shape = arg_specs[0].shape
+            dtype = arg_specs[0].dtype
+            ax = _check_axes(rn.get("axes"), "axes" in rn, len(in_shape), f"{path}.axes", p)
+            if ax is not None:
+                axes = ax
+                if keepdims:
+                    shape = tuple(1 if d in axes else s for d, s in enumerate(in_shape))
+                else:
+                    shape = tuple(s for d, s in enumerate(in_shape) if d not in axes)
+                    if not shape:
+                        p.add(path, "reduces to a scalar; set \"keepdims\": true")
+                        shape = None
+        elif info.kind == "cast":
+            shape = arg_specs[0].shape
+            dtype = to
+        else:
+            shape = arg_specs[0].shape
+            dtype = arg_specs[0].dtype
+    elif is_reduce and "axes" not in rn:
+        p.add(f"{path}.axes", "missing: reductions need a list of axes")
+
+    if len(p.items) > before or shape is None or dtype is None or not id_ok or info is None:
+        if isinstance(nid, str):
+            failed.add(nid)
+        return None
+    return Node(id=nid, op=info.name, args=tuple(args), axes=axes, keepdims=keepdims, to=to,
+                shape=shape, dtype=dtype)
+
+
+def _check_axes(v: Any, present: bool, rank: int, path: str, p: _Problems) -> tuple[int, ...] | None:
+    if not present:
+        p.add(path, "missing: reductions need a list of axes")
+        return None
+    if not isinstance(v, list) or not v:
+        p.add(path, f"must be a non-empty list of integers, got {_show(v)}")
+        return None
+    if len(v) > MAX_RANK:
+        p.add(path, f"too many axes ({len(v)}) for a rank-{rank} tensor")
+        return None
+    out: list[int] = []
+    ok = True
+    for j, a in enumerate(v):
+        if isinstance(a, bool) or not isinstance(a, int):
+            p.add(f"{path}[{j}]", f"axis must be an integer, got {_show(a)}")
+            ok = False
+        elif not -rank <= a < rank:
+            p.add(f"{path}[{j}]", f"reduce axis {a} out of range for rank {rank}")
+            ok = False
+        else:
+            n = a % rank
+            if n in out:
+                p.add(f"{path}[{j}]", f"duplicate axis {a}")
+                ok = False
+            out.append(n)
+    return tuple(sorted(out)) if ok else None

@@ -1,0 +1,169 @@
+"""numpy reference executor: the ground truth every generated kernel is checked against.
+
+Contract
+--------
+* :func:`run_reference(graph, inputs)` computes every node in float64 and returns
+  ``{output name: array}`` with each array cast to that output's dtype (bfloat16 arrays use
+  ``ml_dtypes.bfloat16``). Inputs are checked first (missing/extra names, wrong shape or dtype ->
+  :class:`~stitchtune.errors.StitchtuneError` naming every offending input).
+* Rounding: intermediates stay in float64 (the kernels keep them in fp32 registers or buffers);
+  only an explicit ``cast`` node rounds its value to the target dtype, and outputs are rounded when
+  returned. Constants are used as given.
+* :func:`random_inputs(graph, seed)` draws standard-normal inputs cast to their dtypes, with no exact
+  zeros; the same seed gives the same arrays.
+* :func:`numpy_dtype(name)` maps ``float32``/``float16``/``bfloat16`` to numpy dtypes.
+* Both refuse (:class:`StitchtuneError` with the numbers), before allocating, a graph whose reference
+  would need more than :data:`HOST_MEMORY_FRACTION` of this host's physical memory
+  (:func:`check_host_memory`): a valid graph may hold up to 64 GiB of inputs and outputs, and the
+  reference keeps a float64 copy of every tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Mapping
+
+import ml_dtypes
+import numpy as np
+
+from stitchtune.errors import GraphError, StitchtuneError
+from stitchtune.graph.parse import DTYPES, Graph
+from stitchtune.graph.ops import OPS
+
+__all__ = ["numpy_dtype", "run_reference", "random_inputs", "check_inputs", "check_host_memory",
+           "reference_bytes", "host_memory_bytes", "HOST_MEMORY_FRACTION"]
+
+log = logging.getLogger(__name__)
+
+_NP_DTYPES: dict[str, np.dtype] = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype for a graph dtype name; :class:`GraphError` for anything else."""
+    try:
+        return _NP_DTYPES[name]
+    except (KeyError, TypeError):
+        raise GraphError(problems=[f"unsupported dtype {name!r} (supported: {', '.join(DTYPES)})"]) \
+            from None
+
+
+HOST_MEMORY_FRACTION = 0.75
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory of this host in bytes, or None where the platform does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def reference_bytes(graph: Graph) -> int:
+    """Host bytes :func:`random_inputs` + :func:`run_reference` hold at once: the inputs in their
+    dtypes plus a float64 copy of every input and every node result (all are kept to the end)."""
+    return sum(s.nbytes + 8 * s.numel for _, s in graph.inputs) + sum(8 * n.spec.numel for n in graph.nodes)
+
+
+def check_host_memory(graph: Graph) -> None:
+    """Raise :class:`StitchtuneError` giving both numbers when :func:`reference_bytes` exceeds
+    :data:`HOST_MEMORY_FRACTION` of :func:`host_memory_bytes` (nothing is checked when unknown)."""
+    total = host_memory_bytes()
+    if not total:
+        return
+    need = reference_bytes(graph)
+    if need > HOST_MEMORY_FRACTION * total:
+        raise StitchtuneError(
+            f"graph {graph.name!a} is too large for this host: its numpy reference needs about {need} bytes "
+            f"({need / 2**30:.1f} GiB) of host memory, this host has {total} bytes ({total / 2**30:.1f} GiB) "
+            f"and stitchtune uses at most {HOST_MEMORY_FRACTION:.0%} of it")
+
+
+def check_inputs(graph: Graph, inputs: Mapping[str, np.ndarray]) -> None:
+    """Raise :class:`StitchtuneError` listing every missing, extra or mis-shaped/typed input."""
+    problems: list[str] = []
+    expected = dict(graph.inputs)
+    for name, spec in graph.inputs:
+        if name not in inputs:
+            problems.append(f"input {name!r}: missing (expected shape {list(spec.shape)}, "
+                            f"dtype {spec.dtype})")
+            continue
+        arr = inputs[name]
+        if not isinstance(arr, np.ndarray):
+            problems.append(f"input {name!r}: not an array")
+            continue
+        if tuple(arr.shape) != spec.shape:
+            problems.append(f"input {name!r}: shape {list(arr.shape)}, expected {list(spec.shape)}")
+        if arr.dtype != numpy_dtype(spec.dtype):
+            problems.append(f"input {name!r}: dtype {arr.dtype}, expected {spec.dtype}")
+    for name in inputs:
+        if name not in expected:
+            problems.append(f"input {ascii(name)}: not an input of graph {graph.name!r}")
+    if problems:
+        raise StitchtuneError(problems=problems)
+
+
+def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Evaluate ``graph`` on ``inputs`` in float64; outputs cast to their dtypes (see module doc)."""
+    check_inputs(graph, inputs)
+    check_host_memory(graph)
+    env: dict[str, np.ndarray] = {
+        name: np.asarray(inputs[name]).astype(np.float64) for name, _ in graph.inputs
+    }
+    with np.errstate(all="ignore"):  # inf/nan are legitimate results (e.g. log of 0)
+        for node in graph.nodes:
+            info = OPS[node.op]
+            args = [env[a] if isinstance(a, str) else float(a) for a in node.args]
+            if info.kind == "reduce":
+                val = info.np_fn(args[0], axis=node.axes, keepdims=node.keepdims)
+            elif info.kind == "cast":
+                val = args[0].astype(numpy_dtype(node.to or "float32")).astype(np.float64)
+            else:
+                val = info.np_fn(*args)
+            val = np.asarray(val, dtype=np.float64)
+            if val.shape != node.shape:  # a bug in graph.py's inference, not a user error
+                raise AssertionError(f"{node.id}: shape {val.shape} != inferred {node.shape}")
+            env[node.id] = val
+        out = {o: env[o].astype(numpy_dtype(graph.spec(o).dtype)) for o in graph.outputs}
+    return out
+
+
+#: ops whose argument (first argument for pow and for div's denominator: second) must be positive
+#: for the result to be finite; an input fed to one of them directly is drawn positive
+_POSITIVE_ARG = {"log": (0,), "sqrt": (0,), "rsqrt": (0,), "reciprocal": (0,), "pow": (0,), "div": (1,)}
+
+
+def positive_inputs(graph: Graph) -> set[str]:
+    """Inputs that feed a domain-restricted op directly (log, sqrt, rsqrt, reciprocal, pow base,
+    div denominator): random values for them are drawn positive, so that the reference is finite and
+    a check against it can tell a right kernel from a wrong one."""
+    names = {n for n, _ in graph.inputs}
+    out: set[str] = set()
+    for node in graph.nodes:
+        for i in _POSITIVE_ARG.get(node.op, ()):
+            if i < len(node.args) and isinstance(node.args[i], str) and node.args[i] in names:
+                out.add(node.args[i])
+    return out
+
+
+def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
+    """Standard-normal inputs in each input's dtype, never exactly zero, deterministic in ``seed``.
+
+    Inputs in :func:`positive_inputs` get ``|N(0, 1)| + 0.5`` instead."""
+    check_host_memory(graph)
+    rng = np.random.default_rng(seed)
+    positive = positive_inputs(graph)
+    out: dict[str, np.ndarray] = {}
+    for name, spec in graph.inputs:
+        a = rng.standard_normal(spec.shape, dtype=np.float32)
+        a[a == 0] = 0.5
+        if name in positive:
+            a = np.abs(a) + np.float32(0.5)
+        arr = a.astype(numpy_dtype(spec.dtype))
+        arr[arr == 0] = 0.5  # values that underflow in the narrow dtype
+        out[name] = arr
+    return out

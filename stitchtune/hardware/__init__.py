@@ -1,0 +1,1 @@
+"""Device descriptions (presets, queried GPUs) and the occupancy calculator: the only source of hardware limits."""

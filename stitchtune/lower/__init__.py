@@ -1,0 +1,1 @@
+"""Lowering: (graph, plan, schedule, device) -> kernel IR program; shared machinery and one module per family."""

@@ -1,0 +1,375 @@
+"""Lowering machinery shared by both families (see :mod:`stitchtune.lower.entry` for the contract).
+
+:class:`_Lowerer` holds the buffers, reuse levels and helpers every family uses (kernel constructor,
+grid sizing, the analytic profile, the sweep order and task order of ``Schedule.order``);
+:class:`_SweepValues` produces the per-element values of one sweep (inputs, caches, recomputed
+intermediates). :func:`scratch_loads_per_thread` and :func:`kern_barriers` count what the cost model
+needs from a built kernel. The families are :mod:`stitchtune.lower.row` and :mod:`stitchtune.lower.col`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from stitchtune.ir import kir
+from stitchtune.graph.parse import Graph
+from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, MathOp, Var
+from stitchtune.hardware.occupancy import max_resident_blocks
+from stitchtune.graph.ops import OPS
+from stitchtune.plan.planner import StitchPlan
+from stitchtune.space.schedule import Schedule
+
+_I = lambda v: Const(int(v), I32)  # noqa: E731
+
+
+def _folded(op: str, unit: int, a: kir.Expr, b: kir.Expr) -> kir.Expr:
+    """``a op b``, or the other operand where one is the constant ``unit`` (0 for +, 1 for *)."""
+    if isinstance(b, Const) and b.value == unit:
+        return a
+    if isinstance(a, Const) and a.value == unit:
+        return b
+    return Bin(op, a, b)
+
+
+def _add(a: kir.Expr, b: kir.Expr) -> kir.Expr:
+    return _folded("+", 0, a, b)
+
+
+def _mul(a: kir.Expr, b: kir.Expr) -> kir.Expr:
+    return _folded("*", 1, a, b)
+
+
+def _and(a: kir.Expr | None, b: kir.Expr | None) -> kir.Expr | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return Bin("&&", a, b)
+
+
+def estimate_registers(per_thread_cache: int, vec: int, n_live: int) -> int:
+    """A pre-compilation register estimate (replaced by ptxas figures after the build)."""
+    return int(min(255, 24 + per_thread_cache + 2 * vec * max(1, n_live)))
+
+
+@dataclass
+class _Ctx:
+    """Mutable state while building one kernel (never escapes this module)."""
+
+    graph: Graph
+    plan: StitchPlan
+    s: Schedule
+    body: list = field(default_factory=list)
+    scratch: set = field(default_factory=set)
+    counter: int = 0
+
+    def var(self, prefix: str, dtype: str = F32) -> Var:
+        self.counter += 1
+        return Var(f"{prefix}{self.counter}", dtype)
+
+
+class _SweepValues:
+    """Per-element values of the tensors one sweep needs (shared by both families).
+
+    ``broadcast(name)`` returns the values of a per-row/per-column/scalar tensor (or None for a
+    full-size or per-reduced-index one); ``load_input(name)`` appends the loads of an input to the
+    loop body and returns its ``vec`` values; ``cache_index(j)`` / ``smem_index(j)`` address the
+    register / shared-memory cache of element ``j`` of the current vector. A full-size tensor with a
+    register or shared reuse level is written to its cache the first time a sweep computes it
+    (``newly``) and read from there by later sweeps (``filled``).
+    """
+
+    def __init__(self, low: "_Lowerer", cx: _Ctx, body: list, vec: int, filled: set[str], broadcast, load_input,
+                 cache_index, smem_index, stats: dict) -> None:
+        self.low, self.cx, self.body, self.vec, self.filled = low, cx, body, vec, filled
+        self.broadcast, self.load_input = broadcast, load_input
+        self.cache_index, self.smem_index, self.stats = cache_index, smem_index, stats
+        self.memo: dict[str, list[kir.Expr]] = {}
+        self.newly: set[str] = set()
+
+    def value(self, name: str) -> list[kir.Expr]:
+        low, vec = self.low, self.vec
+        b = self.broadcast(name)
+        if b is not None:
+            return b
+        if name in self.memo:
+            return self.memo[name]
+        tix = low.tid_of[name]
+        level = low.reuse.get(name)
+        if name in self.filled:
+            vals: list[kir.Expr] = ([LocalRef(f"rc{tix}", self.cache_index(j)) for j in range(vec)]
+                                    if level == "register" else
+                                    [Load(f"sc{tix}", self.smem_index(j)) for j in range(vec)])
+            self.memo[name] = vals
+            return vals
+        if name in low.in_buf:
+            vals = self.load_input(name)
+        else:
+            nd = low.nodes[name]
+            argv = [self.value(a) if isinstance(a, str) else [Const(float(a), F32)] * vec for a in nd.args]
+            vals = []
+            for j in range(vec):
+                v = self.cx.var(f"t{tix}_", F32)
+                self.body.append(Assign(v, low.expr_of_node(nd, [a[j] for a in argv])))
+                vals.append(v)
+            self.stats["flops"] += OPS[nd.op].flops * vec
+            self.stats["sfu"] += OPS[nd.op].sfu * vec
+        if low.cls[name] == "F" and level in ("register", "shared"):
+            for j in range(vec):
+                if level == "register":
+                    self.body.append(kir.SetLocal(f"rc{tix}", self.cache_index(j), vals[j]))
+                else:
+                    self.body.append(kir.StoreVec(f"sc{tix}", self.smem_index(j), (vals[j],)))
+            self.newly.add(name)
+        self.memo[name] = vals
+        return vals
+
+
+class _Lowerer:
+    """Shared machinery of both families."""
+
+    def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device) -> None:
+        self.g, self.p, self.s, self.dev = graph, plan, s, device
+        self.nodes = {nd.id: nd for nd in graph.nodes}
+        self.tid_of = {n: i for i, n in enumerate(list(plan.input_names) + [nd.id for nd in graph.nodes])}
+        self.cls = dict(plan.classes)
+        # global buffers
+        self.buffers: list[kir.BufferSpec] = []
+        self.in_buf: dict[str, str] = {}
+        for i, (name, spec) in enumerate(graph.inputs):
+            b = f"in{i}"
+            self.in_buf[name] = b
+            self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), "input", name))
+        self.out_buf: dict[str, str] = {}
+        for j, name in enumerate(dict.fromkeys(graph.outputs)):
+            b = f"out{j}"
+            self.out_buf[name] = b
+            spec = graph.spec(name)
+            self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), "output", name))
+        self.part_buf: dict[str, str] = {}
+        self.reuse = dict(zip(plan.reuse_candidates, s.reuse))
+        self.rpb = 1
+        self.red_idx = {r: i for i, r in enumerate(plan.reductions)}
+        # sweep order (schedule.order == "alternate"), carried across kernels: the direction of the last
+        # sweep that read a full-size tensor from memory, and the task order of the last kernel that did
+        # (True = backwards; None before the first)
+        self.last_reversed: bool | None = None
+        self.last_tasks_reversed: bool | None = None
+
+    # -- sweep order ------------------------------------------------------------------------------
+    def sweep_index(self, cx: _Ctx, it: Var) -> tuple[kir.Expr, Var | None]:
+        """The logical iteration index of a sweep over ``it``: ``it`` itself for forward schedules;
+        for ``alternate`` ones a fresh variable whose assignment :meth:`order_sweep` emits once the
+        sweep's body is known."""
+        if self.s.order != "alternate":
+            return it, None
+        ii = cx.var("ii", I32)
+        return ii, ii
+
+    def order_sweep(self, ii: Var | None, it: Var, iters: int, reads_memory: bool) -> list:
+        """The assignment of the logical index ``ii`` (no statement for forward schedules). A sweep that
+        reads a full-size tensor from memory runs opposite to the previous such sweep (the first one
+        forwards), so that it starts with what the previous one left in L2; other sweeps run forwards."""
+        if ii is None:
+            return []
+        rev = False
+        if reads_memory:
+            rev = self.last_reversed is False
+            self.last_reversed = rev
+        return [Assign(ii, Bin("-", _I(iters - 1), it) if rev else it)]
+
+    def order_tasks(self, rb: list, reads_memory: bool, total: int) -> None:
+        """Alternate order: of consecutive kernels that read full-size tensors from memory, every other
+        one takes its tasks backwards (the first forwards), so that a re-read across a kernel boundary
+        starts with the tasks whose data the previous kernel left in L2. ``rb[0]`` is the assignment of
+        the task index; ``total`` = rounds x grid, so every round still takes an aligned group of
+        ``grid`` consecutive tasks (whole rows for a split row, as a grid barrier needs)."""
+        if self.s.order != "alternate" or not reads_memory:
+            return
+        rev = self.last_tasks_reversed is False
+        self.last_tasks_reversed = rev
+        if rev:
+            rb[0] = Assign(rb[0].var, Bin("-", _I(total - 1), rb[0].expr))
+
+    # -- helpers ------------------------------------------------------------------------------
+    def param(self, bufname: str) -> kir.Param:
+        b = next(x for x in self.buffers if x.name == bufname)
+        return kir.Param(b.name, b.dtype if b.role != "barrier" else "float32", b.size, b.role)
+
+    def scratch(self, name: str, size: int) -> str:
+        if not any(b.name == name for b in self.buffers):
+            self.buffers.append(kir.BufferSpec(name, "float32", size, "scratch", "", zero_init=False))
+        return name
+
+    def barrier_buf(self) -> str:
+        if not any(b.name == "gbar" for b in self.buffers):
+            self.buffers.append(kir.BufferSpec("gbar", "float32", 2, "barrier", "", zero_init=True))
+        return "gbar"
+
+    def red_info(self, r: str):
+        return OPS[self.nodes[r].op]
+
+    def expr_of_node(self, nd, args: list[kir.Expr]) -> kir.Expr:
+        info = OPS[nd.op]
+        if info.kind == "cast":  # float32 registers: a cast to a 16-bit type rounds, as the reference does
+            to = nd.to or nd.dtype
+            return MathOp(f"round_{to}", (args[0],)) if to in ("float16", "bfloat16") else args[0]
+        return MathOp(nd.op, tuple(args))
+
+    def combine(self, r: str, a: kir.Expr, b: kir.Expr) -> kir.Expr:
+        op = self.nodes[r].op
+        return Bin({"reduce_max": "max", "reduce_min": "min"}.get(op, "+"), a, b)
+
+    def identity(self, r: str) -> Const:
+        return Const(float(self.red_info(r).identity), F32)
+
+    def ready_p_nodes(self, pvals: dict, load_p, const):
+        """Yield ``(node, argument values)`` for every per-row/per-column/scalar node not computed yet
+        whose arguments are all available (``pvals``, or a P/S input loaded through ``load_p``);
+        ``const(x)`` turns a constant argument into a value."""
+        for nd in self.g.nodes:
+            if self.cls[nd.id] not in ("P", "S") or nd.id in pvals or OPS[nd.op].kind == "reduce":
+                continue
+            args = []
+            for a in nd.args:
+                if not isinstance(a, str):
+                    args.append(const(float(a)))
+                elif a in pvals:
+                    args.append(pvals[a])
+                elif a in self.in_buf and self.cls[a] in ("P", "S"):
+                    args.append(load_p(a))
+                else:
+                    break
+            else:
+                yield nd, args
+
+    def make_kernel(self, ki: int, uses: dict, cx: _Ctx, body: list, shared: list, locals_: list,
+                    needs_sync: bool) -> kir.Kernel:
+        """Kernel ``st_k<ki>`` with its pointer parameters in a fixed order: inputs, outputs (by index),
+        scratch (by name), then the grid-barrier counter when the kernel synchronises the grid."""
+        params = [self.param(b) for b in sorted(uses["in"], key=lambda x: int(x[2:]))]
+        params += [self.param(b) for b in sorted(uses["out"], key=lambda x: int(x[3:]))]
+        params += [self.param(b) for b in sorted(cx.scratch)]
+        if needs_sync:
+            params.append(self.param(self.barrier_buf()))
+        return kir.Kernel(f"st_k{ki}", tuple(params), tuple(body), self.s.block, tuple(shared), tuple(locals_),
+                          self.s.min_blocks, "gbar" if needs_sync else None)
+
+    def kernel_segments(self) -> list[list[int]]:
+        """Stages (0-based) per kernel: a new kernel starts after each independent stage."""
+        segs: list[list[int]] = [[]]
+        for i, sch in enumerate(self.s.schemes):
+            segs[-1].append(i)
+            if sch == "independent":
+                segs.append([])
+        return segs
+
+    def grid_for(self, tasks: int, block: int, smem: int, est_regs: int, multiple: int, needs_sync: bool) -> int:
+        tpb = self.s.tasks_per_block
+        cores = max_resident_blocks(self.dev, block, est_regs, smem)
+        if tpb == 0 or needs_sync:
+            if tpb == 0:
+                grid = min(tasks, max(cores, 1))
+            else:
+                grid = math.ceil(tasks / tpb)
+            if multiple > 1:
+                grid = max(multiple, (grid // multiple) * multiple)
+        else:
+            grid = math.ceil(tasks / tpb)
+            if multiple > 1:
+                grid = math.ceil(grid / multiple) * multiple
+        return max(1, min(grid, 2**31 - 1))
+
+
+    # -- analytic profile -------------------------------------------------------------------------
+    def profile(self, kern, grid, rounds, smem_bytes, est_regs, stats, stages_here, ki) -> kir.KernelProfile:
+        p, s = self.p, self.s
+        elems = p.M * p.N
+        specs = {b.name: b for b in self.buffers}
+        dram_read = 0
+        reread = 0
+        for buf, n in stats["reads"].items():
+            b = specs[buf]
+            size = b.size * kir.ELEM_BYTES[b.dtype]
+            if ki == 0:
+                dram_read += size
+                reread += size * (n - 1)
+            else:
+                reread += size * n
+        # small operands (K/P/S inputs): read once
+        for name, spec in self.g.inputs:
+            if self.cls.get(name) != "F" and self.in_buf[name] in {pp.name for pp in kern.params}:
+                dram_read += math.prod(spec.shape) * kir.ELEM_BYTES[spec.dtype]
+        writes = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "output")
+        scratch = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "scratch")
+        ws = self.tasks_in_flight_bytes(grid) if ki == 0 else max(
+            (specs[b].nbytes for b in stats["reads"]), default=0)
+        elem_bytes = min((kir.ELEM_BYTES[specs[b].dtype] for b in stats["reads"]), default=4)
+        # up to 4 vector loads of the sweep in flight per thread, register-cached or not: the
+        # measured H200 rows contradict the old claim that a register-cached row is all in flight
+        # (scripts/model_quality.py)
+        in_flight = s.vec * elem_bytes * min(self.iters, 4)
+        if any(a.name.startswith("pf") for a in kern.locals):
+            # prefetch: the next task's loads are in flight while this task reduces (model assumption)
+            in_flight += s.vec * elem_bytes * min(self.iters, 4)
+        return kir.KernelProfile(
+            name=kern.name, grid=grid, block=s.block, smem_bytes=smem_bytes, est_registers=est_regs,
+            dram_read_bytes=int(dram_read), dram_write_bytes=int(writes + scratch),
+            reread_bytes=int(reread + scratch), reread_working_set=int(ws),
+            flops=int(stats["flops"] * elems / max(1, s.vec)), sfu_ops=int(stats["sfu"] * elems / max(1, s.vec)),
+            block_barriers=int(rounds * kern_barriers(kern)), grid_barriers=int(rounds * sum(
+                1 for st in kir.walk(kern.body) if isinstance(st, kir.GridSync))),
+            atomics=0, bytes_in_flight_per_thread=int(in_flight),
+            scratch_loads=int(scratch_loads_per_thread(kern)),
+            reversed_rereads=s.order == "alternate" and reread > 0)
+
+    def finalize(self, cx, rb, r, pvals) -> None:
+        """Turn a combined sum into a mean where the reduction is a mean (``pvals[r]`` may be a list)."""
+        if self.red_info(r).is_mean:
+            vs = pvals[r] if isinstance(pvals[r], list) else [pvals[r]]
+            for v in dict.fromkeys(vs):
+                rb.append(Assign(v, Bin("*", v, Const(1.0 / self.p.K, F32))))
+
+    def tasks_in_flight_bytes(self, grid: int) -> int:
+        """Bytes of the full-size tensors that one round of ``grid`` blocks touches (the re-read working set)."""
+        s = self.s
+        rows = grid * self.rpb if s.split == 1 else grid // max(1, s.split)
+        return rows * self.p.N * 4
+
+
+def scratch_loads_per_thread(kern: kir.Kernel) -> int:
+    """Loads (:class:`kir.Load` / :class:`kir.LoadVec`) of scratch parameters one thread executes,
+    with each loop counted ``trip count`` times (constant bounds; 1 otherwise)."""
+    scratch = {pp.name for pp in kern.params if pp.role == "scratch"}
+
+    def in_expr(x) -> int:
+        if isinstance(x, kir.Load):
+            return int(x.buf in scratch) + in_expr(x.index) + in_expr(x.pred)
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return sum(in_expr(getattr(x, f.name)) for f in dataclasses.fields(x))
+        if isinstance(x, tuple):
+            return sum(in_expr(y) for y in x)
+        return 0
+
+    def in_stmts(stmts) -> int:
+        n = 0
+        for st in stmts:
+            if isinstance(st, kir.For):
+                trip = 1
+                if isinstance(st.start, kir.Const) and isinstance(st.stop, kir.Const) and st.step > 0:
+                    trip = max(0, math.ceil((int(st.stop.value) - int(st.start.value)) / st.step))
+                n += trip * (in_stmts(st.body) + in_expr(st.start) + in_expr(st.stop))
+            elif isinstance(st, kir.If):
+                n += in_expr(st.cond) + max(in_stmts(st.then), in_stmts(st.orelse))
+            else:
+                n += int(isinstance(st, kir.LoadVec) and st.buf in scratch) + in_expr(st)
+        return n
+
+    return in_stmts(kern.body)
+
+
+def kern_barriers(kern: kir.Kernel) -> int:
+    """Barriers per round (statically counted inside the round loop)."""
+    return sum(1 for st in kir.walk(kern.body) if isinstance(st, kir.Barrier))

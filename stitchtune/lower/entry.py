@@ -1,0 +1,54 @@
+"""Lowering: (Graph, StitchPlan, Schedule, Device) -> :class:`~stitchtune.ir.kir.Program`.
+
+The program is one kernel, or several when a stage's scheme is ``independent`` (a kernel
+boundary). Inside a kernel every thread runs the same number of *rounds* (uniform control flow, so
+barriers and grid barriers are always reached by everyone); a round gives each block one task
+(a group of rows / a row piece / a column tile). Within a task the thread sweeps its elements once
+per reduction stage and once more to write the outputs; full-size tensors that several sweeps read
+are kept where the schedule's reuse level says (registers, shared memory) or re-read / recomputed.
+
+Row family (``plan.family`` row or elementwise), ``tpr`` threads per row, ``block // tpr`` rows per
+block, ``split`` blocks per row. Thread ``lane = tid % tpr`` handles the ``vec``-wide vectors
+``k = kbase + (i * tpr + lane) * vec`` for ``i < per_thread / vec``.
+
+Column family, ``tpr`` threads along the reduced (leading) axis, ``block // tpr`` threads along the
+columns, each owning ``vec`` adjacent columns; ``split`` row chunks per column tile.
+
+Scheme of a stage: ``local`` (shuffle all-reduce among the row's lanes, or a thread owns the whole
+column), ``regional`` (shared memory + ``__syncthreads``), ``global`` (per-block partials in global
+scratch + software grid barrier), ``independent`` (partials in global scratch, kernel boundary).
+
+Options (defaults = the kernels of before they existed): ``order`` alternate runs every other sweep
+that reads a full-size tensor backwards and every other such kernel's tasks in reverse; ``prefetch``
+(row reductions) loads the next task's full-size inputs into registers right after the first sweep;
+``combine`` warp (split rows) has the lanes of each warp load a row's partials together.
+
+Names in the generated program are generated here (``in0``, ``out1``, ``t3_0`` ...); no string of
+the graph file reaches them.
+
+Modules: this one is the entry point (:func:`lower`, ``CODEGEN_VERSION``); the shared machinery is in
+:mod:`stitchtune.lower.base`, the families in :mod:`stitchtune.lower.row` and :mod:`stitchtune.lower.col`.
+"""
+
+from __future__ import annotations
+
+from stitchtune.ir import kir
+from stitchtune.graph.parse import Graph
+from stitchtune.lower.base import estimate_registers, kern_barriers, scratch_loads_per_thread
+from stitchtune.lower.col import lower_col
+from stitchtune.lower.row import lower_row
+from stitchtune.plan.planner import StitchPlan
+from stitchtune.space.schedule import Schedule, SearchSpace
+
+CODEGEN_VERSION = "1"
+
+__all__ = ["CODEGEN_VERSION", "estimate_registers", "kern_barriers", "lower", "scratch_loads_per_thread"]
+
+
+def lower(graph: Graph, plan: StitchPlan, schedule: Schedule, device, space: SearchSpace | None = None) -> kir.Program:
+    """Lower ``schedule`` for ``graph``; raise :class:`ScheduleError` naming why a point is illegal."""
+    space = space or SearchSpace.for_plan(plan, device)
+    space.check(schedule)
+    if plan.family == "col":
+        return lower_col(graph, plan, schedule, device)
+    return lower_row(graph, plan, schedule, device)

@@ -1,0 +1,1 @@
+"""Tuning: the tuning database, per-batch evaluation, optuna study/storage and the search loop."""

@@ -1,0 +1,240 @@
+"""Evaluation pipeline: a batch of schedules -> one database row per schedule.
+
+    lower -> predict -> prune (illegal, or predicted far slower than the best measured)
+          -> render -> build all survivors in one batch (the builder parallelises)
+          -> run survivors one at a time in the runner -> rows
+
+Contract: :func:`evaluate` returns exactly one row (a plain dict, see ``docs/INTERFACES.md``) per input
+schedule, in input order, whatever happens to the candidate: its ``status`` is one of ``ok``,
+``pruned``, ``compile_error``, ``launch_error``, ``timeout``, ``wrong_result`` and ``error`` /
+``prune_reason`` say why. A failed candidate is data; a bug (any exception that is not a
+:class:`~stitchtune.errors.ScheduleError` from lowering) propagates. The rows carry the workload and
+device context columns and the candidate's results; the caller (search) adds study, trial,
+backend and version columns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stitchtune.errors import ScheduleError
+
+log = logging.getLogger(__name__)
+
+MAX_ERROR_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class Stages:
+    """The stage functions :func:`evaluate` calls (injectable so tests can use fakes).
+
+    ``lower(graph, plan, schedule, device) -> Program`` (raises ScheduleError for an illegal point);
+    ``render(program) -> str``; ``predict(profile, device, registers=None) -> Prediction``;
+    ``should_prune(prediction, best_measured_us, factor) -> str | None``.
+    """
+
+    lower: Callable[..., Any]
+    render: Callable[[Any], str]
+    predict: Callable[..., Any]
+    should_prune: Callable[[Any, float | None, float], str | None]
+    codegen_version: str = "unknown"
+
+
+def default_stages() -> Stages:
+    """The real stages (imported lazily: they sit to the left of this module)."""
+    from stitchtune.cost import model as cost
+    from stitchtune.lower import entry as lower
+    from stitchtune.gpu import render as render_cuda
+
+    return Stages(lower=lower.lower, render=render_cuda.render, predict=cost.predict,
+                  should_prune=cost.should_prune, codegen_version=str(lower.CODEGEN_VERSION))
+
+
+def device_key(device: Any) -> str:
+    """The device key used in the database (``Device.key``)."""
+    return str(getattr(device, "key", getattr(device, "name", "unknown")))
+
+
+def device_cc(device: Any) -> str:
+    """Compute capability as ``"major.minor"`` from a Device (``cc`` tuple/str, or ``arch`` sm_XY)."""
+    cc = getattr(device, "cc", None) or getattr(device, "compute_capability", None)
+    if isinstance(cc, (tuple, list)) and len(cc) == 2:
+        return f"{int(cc[0])}.{int(cc[1])}"
+    if cc is not None:
+        return str(cc)
+    arch = str(getattr(device, "arch", ""))
+    digits = "".join(ch for ch in arch if ch.isdigit())
+    return f"{digits[:-1]}.{digits[-1]}" if len(digits) >= 2 else arch
+
+
+def context_row(graph: Any, device: Any) -> dict[str, Any]:
+    """Workload and device columns shared by every row of one search."""
+    shapes = {name: list(spec.shape) for name, spec in graph.inputs}
+    dtypes = {name: spec.dtype for name, spec in graph.inputs}
+    for out in graph.outputs:
+        spec = graph.spec(out)
+        shapes[out] = list(spec.shape)
+        dtypes[out] = spec.dtype
+    return {
+        "workload_key": graph.workload_key(),
+        "structure_key": graph.structure_key(),
+        "graph_name": graph.name,
+        "shapes": json.dumps(shapes, sort_keys=True),
+        "dtypes": json.dumps(dtypes, sort_keys=True),
+        "device_key": device_key(device),
+        "device_name": str(getattr(device, "name", "")),
+        "device_cc": device_cc(device),
+    }
+
+
+def schedule_columns(schedule: Any) -> dict[str, Any]:
+    """``schedule_json``, ``schedule_key`` and the flattened ``p_<param>`` columns of a schedule."""
+    cols: dict[str, Any] = {
+        "schedule_json": json.dumps(schedule.to_dict(), sort_keys=True),
+        "schedule_key": schedule.key(),
+    }
+    for k, v in schedule.flat().items():
+        cols[f"p_{k}"] = v if isinstance(v, (int, float, str, bool)) or v is None else json.dumps(v)
+    return cols
+
+
+def _clip(text: str) -> str:
+    text = str(text)
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + " ...[truncated]"
+
+
+def _empty_result() -> dict[str, Any]:
+    return {
+        "status": None, "prune_reason": None, "predicted_us": None, "measured_us": None,
+        "samples_us": None, "max_rel_error": None, "registers": None, "smem_bytes": None,
+        "spill_bytes": None, "occupancy": None, "compile_s": None, "error": "", "estimated": None,
+    }
+
+
+def _profile_json(profile: Any, registers: dict[str, int] | None = None) -> str | None:
+    """The kernel profile (+ ptxas registers) as JSON, so that ``stitchtune calibrate`` can re-predict rows."""
+    from stitchtune.cost.model import profile_to_dict
+
+    try:
+        return json.dumps(profile_to_dict(profile, registers))
+    except (AttributeError, TypeError):  # not a kir.ProgramProfile (test fakes)
+        return None
+
+
+def _finite(x: Any) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+@dataclass
+class _Cand:
+    index: int
+    schedule: Any
+    row: dict[str, Any]
+    program: Any = None
+    prediction: Any = None
+    source: str | None = None
+    build: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def evaluate(graph: Any, plan: Any, device: Any, schedules: Sequence[Any], builder: Any, runner: Any,
+             best_so_far: float | None, *, prune_factor: float = 3.0,
+             stages: Stages | None = None) -> list[dict[str, Any]]:
+    """Evaluate a batch of schedules; one row per schedule, in order (see module docstring).
+
+    Args:
+        best_so_far: best measured time (µs) of this search so far, or None; candidates predicted
+            more than ``prune_factor`` times slower are pruned before compiling.
+        builder: ``build(sources, arch) -> list[BuildResult]`` (one call for the whole batch).
+        runner: ``run([(program, build_result)]) -> [Measurement]``, called once per survivor.
+    """
+    st = stages or default_stages()
+    ctx = context_row(graph, device)
+    ctx["codegen_version"] = st.codegen_version
+    cands = []
+    for i, sched in enumerate(schedules):
+        row = {**ctx, **schedule_columns(sched), **_empty_result()}
+        cands.append(_Cand(i, sched, row))
+
+    # 1. lower + predict + prune
+    live: list[_Cand] = []
+    for c in cands:
+        try:
+            c.program = st.lower(graph, plan, c.schedule, device)
+        except ScheduleError as exc:
+            c.row.update(status="pruned", prune_reason=_clip(f"illegal: {exc}"))
+            continue
+        c.prediction = st.predict(c.program.profile, device)
+        c.row["predicted_us"] = _finite(c.prediction.time_us)
+        c.row["occupancy"] = _finite(getattr(c.prediction, "occupancy", None))
+        c.row["profile_json"] = _profile_json(c.program.profile)
+        if c.prediction.prune_reason:
+            c.row.update(status="pruned", prune_reason=_clip(c.prediction.prune_reason))
+            continue
+        reason = st.should_prune(c.prediction, best_so_far, prune_factor)
+        if reason:
+            c.row.update(status="pruned", prune_reason=_clip(reason))
+            continue
+        live.append(c)
+
+    # 2. render + build (one batch; identical sources built once)
+    if live:
+        for c in live:
+            c.source = st.render(c.program)
+        unique: dict[str, int] = {}
+        for c in live:
+            unique.setdefault(c.source, len(unique))
+        sources = list(unique)
+        results = builder.build(sources, str(getattr(device, "arch", "")))
+        if len(results) != len(sources):
+            raise RuntimeError(f"builder returned {len(results)} results for {len(sources)} sources")
+        for c in live:
+            c.build = results[unique[c.source]]
+            b = c.build
+            c.row["compile_s"] = _finite(getattr(b, "compile_s", None))
+            regs = dict(getattr(b, "registers", {}) or {})
+            smem = dict(getattr(b, "smem_bytes", {}) or {})
+            spill = dict(getattr(b, "spill_bytes", {}) or {})
+            c.row["registers"] = max(regs.values()) if regs else None
+            c.row["smem_bytes"] = max(smem.values()) if smem else None
+            c.row["spill_bytes"] = sum(spill.values()) if spill else None
+            if b.status != "ok":
+                status = "timeout" if b.status == "timeout" else "compile_error"
+                c.row.update(status=status, error=_clip(b.error or b.status))
+                continue
+            if regs:
+                pred = st.predict(c.program.profile, device, registers=regs)
+                c.row["predicted_us"] = _finite(pred.time_us)
+                c.row["occupancy"] = _finite(getattr(pred, "occupancy", None))
+                c.row["profile_json"] = _profile_json(c.program.profile, regs)
+                if pred.prune_reason:
+                    c.row.update(status="pruned", prune_reason=_clip(f"after build: {pred.prune_reason}"))
+                    continue
+
+    # 3. run survivors one at a time
+    for c in live:
+        if c.row["status"] is not None:
+            continue
+        (m,) = runner.run([(c.program, c.build)])
+        samples = [float(s) for s in (m.samples_us or ())]
+        c.row.update(
+            status=m.status,
+            measured_us=_finite(m.median_us) if m.status == "ok" else None,
+            samples_us=json.dumps(samples),
+            max_rel_error=_finite(m.max_rel_error),
+            estimated=bool(m.estimated),
+            error=_clip(m.error or ""),
+        )
+        if m.status == "ok" and c.row["measured_us"] is None:
+            c.row.update(status="launch_error", error="runner reported ok without a finite time")
+    for c in cands:
+        assert c.row["status"] is not None, "every candidate ends with a status"
+    return [c.row for c in cands]

@@ -1,0 +1,658 @@
+"""The search loop: optuna ask/tell over stitch schedules, results in the tuning database.
+
+Contract of :func:`run_search`
+------------------------------
+* The study lives in optuna storage: by default a journal file ``<db>/optuna.journal``
+  (``JournalFileBackend``); ``storage`` may be any SQLAlchemy URL (``sqlite:///...``,
+  ``postgresql://...``) so several processes on several hosts share one study. The default study name
+  is ``<graph name>-<workload key[:12]>-<device key>``.
+* The heuristic schedule is enqueued as trial 0 when the study has no trials yet.
+* Trials are asked in batches of ``jobs``; the batch is evaluated by :func:`stitchtune.tune.pipeline.evaluate`
+  (builds in parallel, runs one at a time) and its rows are appended to the database as one part
+  *before* the trials are told, so a kill loses at most the batch in flight.
+* Objective: the measured median in µs (with the emulate backend: the cost model's prediction,
+  flagged ``estimated``). ``pruned`` trials are told ``TrialState.PRUNED`` with user attr
+  ``prune_reason``; every other failure (compile_error, launch_error, timeout, wrong_result) is told
+  ``TrialState.FAIL`` with user attrs ``status`` and ``error``. (FAIL rather than a penalty value:
+  samplers then ignore the point instead of being skewed by an arbitrary number; the database keeps
+  the failure.)
+* Reuse, never re-measure: a schedule that already has a row in the database for the same workload,
+  device, space version, codegen version and backend is told from that row (``reused=True``). Within
+  a shared study, a trial whose schedule is also held by a lower-numbered trial (of any worker) waits
+  for that trial and copies its outcome: only the lowest-numbered trial of a schedule measures it.
+  Each trial's schedule key is written to its user attrs right after it is asked, which makes this
+  rule safe without locks. A trial of a dead local worker is marked FAIL (``stale``) and no longer
+  waited for.
+* Stops after ``trials`` trials of this run, ``timeout_s`` seconds, ``early_stop`` trials in a row
+  without improvement, an exhausted grid, or Ctrl-C (the trials in flight are told FAIL with user
+  attr ``interrupted``; everything finished before is already in the database).
+
+Optuna storage, study, sampler, grid and worker-liveness helpers live in :mod:`stitchtune.tune.study`, the
+summary text in :mod:`stitchtune.tune.summary`; their public names are re-exported here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from stitchtune.tune.database import TuningDB
+from stitchtune.errors import ScheduleError, StitchtuneError, ToolchainError
+from stitchtune.tune.pipeline import Stages, context_row, default_stages, evaluate, schedule_columns
+from stitchtune.tune.summary import format_best_table, format_summary, json_safe  # noqa: F401 - re-exported
+from stitchtune.tune.study import (
+    _KEY_WAIT_S,
+    MAX_GRID,  # noqa: F401 - re-exported
+    _fail_stale,
+    _local_dead,
+    _open_study,
+    _worker_id,
+    default_study_name,
+    describe_storage,
+    grid_points,
+    make_sampler,
+    make_storage,
+    repair_journal_tail,  # noqa: F401 - re-exported
+)
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "cuda", "emulate")
+SAMPLERS = ("tpe", "gp", "cmaes", "random", "grid")
+RESULT_FIELDS = ("status", "prune_reason", "predicted_us", "measured_us", "samples_us", "max_rel_error",
+                 "registers", "smem_bytes", "spill_bytes", "occupancy", "compile_s", "error", "estimated")
+_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Everything one ``stitchtune search`` run needs (the CLI flags, one to one)."""
+
+    graph_path: str
+    trials: int = 64
+    timeout_s: float | None = None
+    backend: str = "auto"
+    device: str | None = None
+    db: str = "results"
+    storage: str | None = None
+    study: str | None = None
+    sampler: str = "tpe"
+    seed: int | None = None
+    jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
+    early_stop: int | None = None
+    prune_factor: float = 3.0
+    build: bool = True            # emulate backend: compile with nvcc when it is on PATH
+    progress: bool = True         # tqdm bar on stderr
+    dup_wait_s: float = 600.0     # longest wait for another worker's trial of the same schedule
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.trials < 1:
+            problems.append(f"--trials must be >= 1 (got {self.trials})")
+        if self.jobs < 1:
+            problems.append(f"--jobs must be >= 1 (got {self.jobs})")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            problems.append(f"--timeout must be > 0 seconds (got {self.timeout_s})")
+        if self.early_stop is not None and self.early_stop < 1:
+            problems.append(f"--early-stop must be >= 1 (got {self.early_stop})")
+        if not (self.prune_factor > 1.0 and math.isfinite(self.prune_factor)):
+            problems.append(f"--prune-factor must be a finite number > 1 (got {self.prune_factor})")
+        if self.backend not in BACKENDS:
+            problems.append(f"--backend must be one of {', '.join(BACKENDS)} (got {self.backend!r})")
+        if self.sampler not in SAMPLERS:
+            problems.append(f"--sampler must be one of {', '.join(SAMPLERS)} (got {self.sampler!r})")
+        if problems:
+            raise StitchtuneError(problems=problems)
+
+
+@dataclass(frozen=True)
+class Components:
+    """The stages run_search calls; :func:`default_components` gives the real ones, tests pass fakes."""
+
+    load_graph: Callable[[str], Any]
+    make_plan: Callable[[Any], Any]
+    space_for_plan: Callable[[Any, Any], Any]
+    heuristic_schedule: Callable[[Any, Any], Any]
+    get_device: Callable[[str | None], Any]
+    make_builder: Callable[[SearchConfig, Any, str], Any]
+    make_runner: Callable[[str, Any, Any], Any]
+    stages: Callable[[], Stages]
+    cuda_available: Callable[[], bool]
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What a search did. ``best``/``heuristic`` are database rows (dicts) or None."""
+
+    study_name: str
+    storage: str
+    db_path: str
+    backend: str
+    backend_reason: str
+    estimated: bool
+    graph_name: str
+    workload_key: str
+    device_key: str
+    trials_run: int
+    status_counts: Mapping[str, int]
+    reused: int
+    best: Mapping[str, Any] | None
+    heuristic: Mapping[str, Any] | None
+    speedup: float | None
+    floor_us: float | None
+    floor_fraction: float | None
+    stopped: str
+    elapsed_s: float
+
+
+# ---------------------------------------------------------------------------------------- components
+class SkipBuilder:
+    """Builder used with the emulate backend when nvcc is absent (or --no-build): compiles nothing."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def build(self, sources: list[str], arch: str) -> list[Any]:
+        import hashlib
+
+        from stitchtune.gpu.build import BuildResult
+
+        return [BuildResult(status="ok", source_hash=hashlib.sha256(s.encode()).hexdigest(), cubin_path=None,
+                            arch=arch, registers={}, smem_bytes={}, spill_bytes={}, stack_bytes={},
+                            compile_s=0.0, error="") for s in sources]
+
+
+def _cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "stitchtune", "build")
+
+
+def _default_builder(config: SearchConfig, device: Any, backend: str) -> Any:
+    import shutil
+
+    if backend == "emulate" and (not config.build or shutil.which("nvcc") is None):
+        return SkipBuilder("no nvcc" if config.build else "--no-build")
+    from stitchtune.gpu.build import NvccBuilder
+
+    return NvccBuilder(jobs=config.jobs, timeout_s=120.0, cache_dir=_cache_dir())
+
+
+def _default_runner(backend: str, graph: Any, device: Any) -> Any:
+    if backend == "cuda":
+        from stitchtune.gpu.runner import CudaRunner
+
+        return CudaRunner(graph, device)
+    from stitchtune.gpu.runners import EmulateRunner
+
+    return EmulateRunner(graph, device)
+
+
+def _get_device(name: str | None) -> Any:
+    from stitchtune.hardware import device as dev
+
+    return dev.get_device(name) if name else dev.default_device()
+
+
+def _cuda_available() -> bool:
+    from stitchtune.gpu.runner import cuda_available
+
+    return bool(cuda_available())
+
+
+def default_components() -> Components:
+    """The real stages, imported lazily."""
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space.schedule import SearchSpace
+
+    return Components(load_graph=load_graph, make_plan=make_plan, space_for_plan=SearchSpace.for_plan,
+                      heuristic_schedule=heuristic_schedule, get_device=_get_device,
+                      make_builder=_default_builder, make_runner=_default_runner, stages=default_stages,
+                      cuda_available=_cuda_available)
+
+
+def resolve_backend(requested: str, cuda_available: Callable[[], bool] | None = None) -> tuple[str, str]:
+    """``auto`` -> ``cuda`` when pycuda finds a GPU, else ``emulate``; returns (backend, one-line reason)."""
+    check = cuda_available or _cuda_available
+    if requested == "cuda":
+        if not check():
+            raise ToolchainError("--backend cuda: pycuda cannot find a CUDA GPU")
+        return "cuda", "backend cuda (requested): kernels are timed on the GPU"
+    if requested == "emulate":
+        return "emulate", ("backend emulate (requested): correctness by the emulator, times are the "
+                           "cost model's predictions (estimated)")
+    if check():
+        return "cuda", "backend auto -> cuda: pycuda found a GPU; kernels are timed on it"
+    return "emulate", ("backend auto -> emulate: no CUDA GPU/pycuda here; correctness by the emulator, "
+                       "times are the cost model's predictions (estimated)")
+
+
+# ---------------------------------------------------------------------------------------- trial <-> row
+def _plain(v: Any) -> Any:
+    """A JSON-safe Python scalar (numpy scalars unwrapped, NaN/inf -> None)."""
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        try:
+            v = v.item()
+        except (TypeError, ValueError):
+            return str(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _row_from_trial(t: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
+    """The outcome of a finished trial as result columns, or None when it has none (stale/interrupted)."""
+    status = t.user_attrs.get("status")
+    if status is None:
+        return None
+    out: dict[str, Any] = {k: t.user_attrs.get(k) for k in RESULT_FIELDS}
+    out["status"] = status
+    if t.state == TrialState.COMPLETE:
+        out["measured_us"] = float(t.value)
+    return out
+
+
+# ---------------------------------------------------------------------------------------- the loop
+class _Loop:
+    def __init__(self, config: SearchConfig, comp: Components) -> None:
+        self.config = config
+        self.comp = comp
+        self.t0 = time.monotonic()
+        self.worker = _worker_id()
+        self.graph = comp.load_graph(config.graph_path)
+        self.device = comp.get_device(config.device)
+        from stitchtune.hardware.device import check_fits
+
+        check_fits(self.graph, self.device)  # before anything is allocated for the graph
+        if config.backend == "auto":
+            self.backend, self.backend_reason = resolve_backend("auto", comp.cuda_available)
+            log.info("%s", self.backend_reason)
+        else:
+            self.backend, self.backend_reason = resolve_backend(config.backend, comp.cuda_available)
+        self.estimated = self.backend != "cuda"
+        self.plan = comp.make_plan(self.graph)
+        self.space = comp.space_for_plan(self.plan, self.device)
+        if config.sampler in ("gp", "cmaes") and hasattr(self.space, "flat_mode"):
+            # these samplers model a fixed parameter set: plain names, repaired points (schedule.py)
+            self.space = self.space.flat_mode()
+        self.stages = comp.stages()
+        self.db = TuningDB(config.db)
+        self.storage_desc = describe_storage(config.storage, config.db)
+        sampler = make_sampler(config.sampler, config.seed, self.space)
+        self.grid = grid_points(self.space, config.seed) if config.sampler == "grid" else None
+        self.study_name = config.study or default_study_name(self.graph, self.device)
+        self.study = _open_study(self.study_name, make_storage(config.storage, config.db), sampler)
+        self.ctx = context_row(self.graph, self.device)
+        self.versions = {"space_version": str(self.space.version),
+                         "codegen_version": str(self.stages.codegen_version)}
+        self.heuristic = comp.heuristic_schedule(self.plan, self.device)
+        self.heuristic_key = self.heuristic.key()
+        self.known: dict[str, dict[str, Any]] = {}
+        self._seen_parts: set[str] = set()
+        self.counts: Counter[str] = Counter()
+        self.reused = 0
+        self.trials_run = 0
+        self.best_row: dict[str, Any] | None = None
+        self._varied: set[str] = set()  # best points whose variants were enqueued
+        self.heur_row: dict[str, Any] | None = None
+        self.since_improvement = 0
+
+    # ------------------------------------------------------------------ database view
+    def refresh_known(self) -> None:
+        """Fold rows of parts not read yet into ``known`` (schedule key -> settling row)."""
+        new = [p for p in self.db.parts() if p not in self._seen_parts]
+        if not new:
+            return
+        self._seen_parts.update(new)
+        import pandas as pd
+
+        frames = []
+        for p in new:
+            try:
+                frames.append(pd.read_parquet(p, engine="pyarrow"))
+            except Exception as exc:  # noqa: BLE001 - corrupt part: skipped, as TuningDB.read does
+                log.warning("skipping unreadable database part %s: %s", p, exc)
+        frames = [f for f in frames if not f.empty]
+        if not frames:
+            return
+        df = pd.concat(frames, ignore_index=True, sort=False)
+        found = self.db.measured(self.ctx["workload_key"], self.ctx["device_key"], self.versions["space_version"],
+                                 self.versions["codegen_version"], self.backend, df=df)
+        for key, row in found.items():
+            old = self.known.get(key)
+            if old is None or (old.get("reused") and not row.get("reused")):
+                self.known[key] = row
+            self._consider(row)
+
+    def _consider(self, row: Mapping[str, Any]) -> bool:
+        """Update best/heuristic from a row; True when it improved the best."""
+        improved = False
+        if row.get("status") == "ok" and row.get("measured_us") is not None:
+            t = float(row["measured_us"])
+            if self.best_row is None or t < float(self.best_row["measured_us"]):
+                improved = True
+                self.best_row = dict(row)
+            if row.get("schedule_key") == self.heuristic_key and self.heur_row is None:
+                self.heur_row = dict(row)
+        elif row.get("schedule_key") == self.heuristic_key and self.heur_row is None:
+            self.heur_row = dict(row)
+        return improved
+
+    def best_us(self) -> float | None:
+        return float(self.best_row["measured_us"]) if self.best_row else None
+
+    # ------------------------------------------------------------------ one batch
+    def base_row(self, trial: optuna.Trial, schedule: Any) -> dict[str, Any]:
+        return {**self.ctx, **self.versions, **schedule_columns(schedule), "backend": self.backend,
+                "heuristic": schedule.key() == self.heuristic_key, "reused": False, "reused_from": None,
+                "study": self.study_name, "trial_number": trial.number, "sampler": self.config.sampler,
+                "worker": self.worker}
+
+    def copy_result(self, row: dict[str, Any], src: Mapping[str, Any], source: str) -> dict[str, Any]:
+        for k in RESULT_FIELDS:
+            if k in src:
+                row[k] = src[k]
+        row["reused"] = True
+        row["reused_from"] = source
+        return row
+
+    def owner_of(self, trial: optuna.Trial, key: str) -> optuna.trial.FrozenTrial | None:
+        """The lowest-numbered other trial of this study with the same schedule key (None: we own it)."""
+        deadline = time.monotonic() + _KEY_WAIT_S
+        while True:
+            pending = False
+            owner = None
+            for t in self.study.get_trials(deepcopy=False):
+                if t.number >= trial.number:
+                    continue
+                k = t.user_attrs.get("schedule_key")
+                if k is None:
+                    if (t.state == TrialState.RUNNING and not _local_dead(t.user_attrs.get("worker"))
+                            and not t.user_attrs.get("stale")):
+                        pending = True
+                    continue
+                settled_or_running = t.state != TrialState.FAIL or t.user_attrs.get("status")
+                if k == key and settled_or_running and (owner is None or t.number < owner.number):
+                    owner = t
+            if owner is not None or not pending or time.monotonic() > deadline:
+                return owner
+            time.sleep(_POLL_S)
+
+    def wait_for(self, number: int) -> optuna.trial.FrozenTrial | None:
+        """Wait until trial ``number`` finishes; None when it dies, is stale, or takes too long."""
+        deadline = time.monotonic() + self.config.dup_wait_s
+        while time.monotonic() < deadline:
+            t = self.study.get_trials(deepcopy=False)[number]
+            if t.state.is_finished():
+                return t
+            if _local_dead(t.user_attrs.get("worker")):
+                return None
+            time.sleep(_POLL_S)
+        log.warning("gave up waiting for trial %d of another worker; measuring its schedule here", number)
+        return None
+
+    def run_batch(self, n: int) -> list[tuple[optuna.Trial, dict[str, Any]]]:
+        trials = [self.study.ask() for _ in range(n)]
+        self._in_flight = list(trials)
+        done: dict[int, dict[str, Any]] = {}   # index -> row
+        scheds: dict[int, Any] = {}
+        for i, tr in enumerate(trials):
+            tr.set_user_attr("worker", self.worker)
+            try:
+                s = self.space.suggest(tr)
+            except ScheduleError as exc:
+                done[i] = {**self.ctx, **self.versions, "schedule_json": None, "schedule_key": None,
+                           "backend": self.backend, "heuristic": False, "reused": False, "reused_from": None,
+                           "study": self.study_name, "trial_number": tr.number, "sampler": self.config.sampler,
+                           "worker": self.worker, "status": "pruned", "prune_reason": f"illegal: {exc}",
+                           "error": ""}
+                continue
+            scheds[i] = s
+            tr.set_user_attr("schedule_key", s.key())
+        self.refresh_known()
+        to_eval: list[int] = []
+        first_in_batch: dict[str, int] = {}
+        in_batch_dups: dict[int, int] = {}
+        waits: dict[int, int] = {}
+        for i, s in scheds.items():
+            key = s.key()
+            if key in self.known:
+                src = self.known[key]
+                done[i] = self.copy_result(self.base_row(trials[i], s), src,
+                                           f"{src.get('study')}:{src.get('trial_number')}")
+            elif key in first_in_batch:
+                in_batch_dups[i] = first_in_batch[key]
+            else:
+                owner = self.owner_of(trials[i], key)
+                if owner is not None:
+                    waits[i] = owner.number
+                else:
+                    first_in_batch[key] = i
+                    to_eval.append(i)
+        if to_eval:
+            rows = evaluate(self.graph, self.plan, self.device, [scheds[i] for i in to_eval], self.builder,
+                            self.runner, self.best_us(), prune_factor=self.config.prune_factor,
+                            stages=self.stages)
+            for i, r in zip(to_eval, rows):
+                done[i] = {**self.base_row(trials[i], scheds[i]), **r}
+        for i, j in in_batch_dups.items():
+            done[i] = self.copy_result(self.base_row(trials[i], scheds[i]), done[j],
+                                       f"{self.study_name}:{trials[j].number}")
+        if waits:  # settle our own trials first: another worker may be waiting for one of them
+            self._settle(trials, done, sorted(done))
+        for i, num in waits.items():
+            t = self.wait_for(num)
+            src = _row_from_trial(t) if t is not None else None
+            if src is None:
+                self.refresh_known()
+                key = scheds[i].key()
+                if key in self.known:
+                    src_row = self.known[key]
+                    done[i] = self.copy_result(self.base_row(trials[i], scheds[i]), src_row,
+                                               f"{src_row.get('study')}:{src_row.get('trial_number')}")
+                    continue
+                r = evaluate(self.graph, self.plan, self.device, [scheds[i]], self.builder, self.runner,
+                             self.best_us(), prune_factor=self.config.prune_factor, stages=self.stages)[0]
+                done[i] = {**self.base_row(trials[i], scheds[i]), **r}
+            else:
+                done[i] = self.copy_result(self.base_row(trials[i], scheds[i]), src, f"{self.study_name}:{num}")
+        self._settle(trials, done, sorted(waits) if waits else list(range(n)))
+        return [(trials[i], done[i]) for i in range(n)]
+
+    def _settle(self, trials: list[optuna.Trial], done: dict[int, dict[str, Any]], idx: list[int]) -> None:
+        """Write the rows ``done[i]`` for ``i`` in ``idx`` to the database, then tell their trials (a
+        kill loses at most the rows not yet flushed)."""
+        rows = [done[i] for i in idx]
+        for r in rows:
+            if r.get("estimated") is None:
+                r["estimated"] = self.estimated
+        if rows:
+            self.db.append(rows)
+        for i in idx:
+            self.tell(trials[i], done[i])
+        told = {trials[i].number for i in idx}
+        self._in_flight = [t for t in self._in_flight if t.number not in told]
+
+    def tell(self, trial: optuna.Trial, row: Mapping[str, Any]) -> None:
+        status = row["status"]
+        for k in ("status", "prune_reason", "predicted_us", "occupancy", "registers", "estimated"):
+            v = _plain(row.get(k))
+            if v is not None:
+                trial.set_user_attr(k, v)
+        if row.get("error"):
+            trial.set_user_attr("error", str(row["error"])[:1000])
+        if row.get("reused"):
+            trial.set_user_attr("reused_from", row.get("reused_from"))
+        if status == "ok":
+            self.study.tell(trial, float(row["measured_us"]))
+        elif status == "pruned":
+            self.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            self.study.tell(trial, state=TrialState.FAIL)
+
+    def abandon_in_flight(self) -> None:
+        for tr in getattr(self, "_in_flight", []):
+            try:
+                tr.set_user_attr("interrupted", True)
+                self.study.tell(tr, state=TrialState.FAIL)
+            except Exception as exc:  # noqa: BLE001 - best effort while stopping
+                log.debug("could not close trial %d: %s", tr.number, exc)
+        self._in_flight = []
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> SearchResult:
+        from tqdm import tqdm
+
+        cfg = self.config
+        _fail_stale(self.study)
+        if not self.study.get_trials(deepcopy=False):
+            self.study.enqueue_trial(self.space.params_of(self.heuristic), user_attrs={"heuristic": True},
+                                     skip_if_exists=True)
+        if self.grid is not None:
+            self.enqueue_grid()
+        self.refresh_known()
+        self.builder = self.comp.make_builder(cfg, self.device, self.backend)
+        self.runner = self.comp.make_runner(self.backend, self.graph, self.device)
+        est = " (estimated)" if self.estimated else ""
+        bar = tqdm(total=cfg.trials, file=sys.stderr, disable=not cfg.progress, unit="trial",
+                   desc=f"search {self.study_name[:40]}", dynamic_ncols=True)
+        stopped = "trials"
+        try:
+            while self.trials_run < cfg.trials:
+                if cfg.timeout_s is not None and time.monotonic() - self.t0 >= cfg.timeout_s:
+                    stopped = "timeout"
+                    break
+                if cfg.early_stop is not None and self.since_improvement >= cfg.early_stop:
+                    stopped = "early_stop"
+                    break
+                n = min(cfg.jobs, cfg.trials - self.trials_run)
+                if self.grid is not None:
+                    left = len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+                    if left <= 0:
+                        stopped = "grid_exhausted"
+                        break
+                    n = min(n, left)
+                for _tr, row in self.run_batch(n):
+                    self.trials_run += 1
+                    self.counts[row["status"]] += 1
+                    self.reused += bool(row.get("reused"))
+                    if row.get("schedule_key"):
+                        self.known.setdefault(row["schedule_key"], row)
+                    if self._consider(row):
+                        self.since_improvement = 0
+                    else:
+                        self.since_improvement += 1
+                self.enqueue_variants()
+                best = self.best_us()
+                post = {"best": f"{best:.2f}us{est}" if best is not None else "-"}
+                sp = self.speedup()
+                if sp is not None:
+                    post["vs trial 0"] = f"{sp:.2f}x"
+                bar.set_postfix(post, refresh=False)
+                bar.update(n)
+        except KeyboardInterrupt:
+            stopped = "interrupted"
+            self.abandon_in_flight()
+            log.warning("interrupted: finished trials are saved in %s", self.db.path)
+        finally:
+            bar.close()
+            close = getattr(self.runner, "close", None)
+            if close:
+                close()
+        return self.result(stopped)
+
+    def enqueue_variants(self) -> None:
+        """Enqueue the space's ``variants`` of the best point (once per best point, only those not
+        measured yet): the options the cost model ranks least reliably are measured side by side with
+        the best schedule in every search. No-op for the grid sampler or a space without variants."""
+        variants = getattr(self.space, "variants", None)
+        row = self.best_row
+        if variants is None or self.grid is not None or row is None or not row.get("schedule_json"):
+            return
+        key = row.get("schedule_key")
+        if key in self._varied:
+            return
+        self._varied.add(key)
+        best = type(self.heuristic).from_dict(json.loads(row["schedule_json"]))
+        for v in variants(best):
+            if v.key() not in self.known:
+                self.study.enqueue_trial(self.space.params_of(v), user_attrs={"variant_of": key},
+                                         skip_if_exists=True)
+
+    def enqueue_grid(self) -> None:
+        """Enqueue every grid point the study has not tried or queued yet."""
+        seen = set()
+        for t in self.study.get_trials(deepcopy=False):
+            k = t.user_attrs.get("schedule_key")
+            if k is not None and (t.state != TrialState.FAIL or t.user_attrs.get("status")):
+                seen.add(k)
+            elif t.state == TrialState.WAITING:  # enqueued, not asked yet: its params are "fixed_params"
+                fixed = t.params or t.system_attrs.get("fixed_params") or {}
+                seen.add(("params", tuple(sorted((str(a), str(b)) for a, b in fixed.items()))))
+        for s in self.grid or ():
+            params = self.space.params_of(s)
+            if s.key() in seen or ("params", tuple(sorted((str(a), str(b)) for a, b in params.items()))) in seen:
+                continue
+            self.study.enqueue_trial(params, skip_if_exists=False)
+
+    def speedup(self) -> float | None:
+        if self.best_row is None or self.heur_row is None or self.heur_row.get("status") != "ok":
+            return None
+        b = float(self.best_row["measured_us"])
+        return float(self.heur_row["measured_us"]) / b if b > 0 else None
+
+    def floor_us(self) -> float | None:
+        eff = getattr(self.device, "effective_copy_bandwidth_gbs", None)
+        bw = eff() if callable(eff) else getattr(self.device, "copy_bandwidth_gbs", None)
+        min_bytes = getattr(self.graph, "min_bytes", None)
+        if not bw or min_bytes is None:
+            return None
+        return float(min_bytes()) / (float(bw) * 1e9) * 1e6
+
+    def result(self, stopped: str) -> SearchResult:
+        floor = self.floor_us()
+        best = self.best_us()
+        return SearchResult(
+            study_name=self.study_name, storage=self.storage_desc, db_path=self.db.path, backend=self.backend,
+            backend_reason=self.backend_reason, estimated=self.estimated, graph_name=str(self.graph.name),
+            workload_key=self.ctx["workload_key"], device_key=self.ctx["device_key"], trials_run=self.trials_run,
+            status_counts=dict(self.counts), reused=self.reused, best=self.best_row, heuristic=self.heur_row,
+            speedup=self.speedup(), floor_us=floor,
+            floor_fraction=(floor / best) if floor is not None and best else None,
+            stopped=stopped, elapsed_s=time.monotonic() - self.t0)
+
+
+def run_search(config: SearchConfig, components: Components | None = None) -> SearchResult:
+    """Run (or resume) one search; see the module docstring for the contract."""
+    comp = components or default_components()
+    if not log.isEnabledFor(logging.DEBUG):
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own progress bar and summary say enough
+    return _Loop(config, comp).run()
+
+
+__all__ = [
+    "Components",
+    "SearchConfig",
+    "SearchResult",
+    "SkipBuilder",
+    "default_components",
+    "default_study_name",
+    "format_best_table",
+    "format_summary",
+    "make_sampler",
+    "make_storage",
+    "resolve_backend",
+    "run_search",
+]

@@ -1,0 +1,285 @@
+"""Optuna plumbing for the search loop: storage, study, sampler, grid, and the liveness of workers.
+
+Contract
+--------
+* :func:`make_storage(url, db_path)`: ``None`` -> a journal file ``<db>/optuna.journal``
+  (``JournalFileBackend``; a torn last record is cut first by :func:`repair_journal_tail`, under the
+  journal's own lock; a record damaged inside the file -> :class:`~stitchtune.errors.DatabaseError`
+  saying what to do), else any SQLAlchemy URL (``sqlite:///...``, ``postgresql://...``), retried while
+  workers starting together race on creating the schema. Every failure is a ``DatabaseError``;
+  :func:`describe_storage` names the storage without its password.
+* :func:`default_study_name`: ``<graph name>-<workload key[:12]>-<device key>``, unsafe characters -> ``_``.
+* :func:`make_sampler(name, seed, space)`: tpe, gp, cmaes, random, grid (a random sampler; the loop
+  enqueues :func:`grid_points`, at most :data:`MAX_GRID`, shuffled by ``seed``). A missing optional
+  package is a :class:`~stitchtune.errors.ToolchainError`; a space without a usable grid a
+  :class:`~stitchtune.errors.ScheduleError`.
+* Workers are ``"host:pid"`` strings (user attr ``worker``). :func:`_fail_stale` marks RUNNING trials of
+  dead local workers (and trials never signed within ``_KEY_WAIT_S``) FAIL with user attr ``stale``.
+* :mod:`stitchtune.tune.search` re-exports the public names; this module knows nothing of the loop.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import os
+import re
+import socket
+import time
+import warnings
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from stitchtune.errors import DatabaseError, ScheduleError, StitchtuneError, ToolchainError
+from stitchtune.tune.pipeline import device_key
+
+log = logging.getLogger(__name__)
+
+_KEY_WAIT_S = 15.0
+
+__all__ = [
+    "MAX_GRID",
+    "default_study_name",
+    "describe_storage",
+    "grid_points",
+    "make_sampler",
+    "make_storage",
+    "repair_journal_tail",
+]
+
+
+# ---------------------------------------------------------------------------------------- optuna setup
+def default_study_name(graph: Any, device: Any) -> str:
+    """``<graph name>-<workload key[:12]>-<device key>`` with unsafe characters replaced by ``_``."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", str(graph.name))[:64] or "graph"
+    return f"{name}-{graph.workload_key()[:12]}-{re.sub(r'[^A-Za-z0-9_.-]', '_', device_key(device))}"
+
+
+def describe_storage(url: str | None, db_path: str) -> str:
+    """Storage for humans, without any password."""
+    if not url:
+        return f"journal file {os.path.join(db_path, 'optuna.journal')}"
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+
+
+def repair_journal_tail(path: str) -> int:
+    """Cut a torn last record (a writer killed in mid-append, a full disk) off an optuna journal file.
+
+    Without this, the next append would glue a complete record to the torn one and every later read of
+    the study would fail. The check runs under the journal's own lock, so a record that a live worker
+    is appending right now is never mistaken for a torn one. Returns the number of bytes removed.
+    """
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return 0
+    if size == 0:
+        return 0
+    with open(path, "rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        if fh.read(1) == b"\n":
+            return 0
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    lock = JournalFileSymlinkLock(path)  # the lock JournalFileBackend takes for every append
+    lock.acquire()
+    try:
+        with open(path, "r+b") as fh:
+            data_end = fh.seek(0, os.SEEK_END)
+            if data_end == 0:
+                return 0
+            fh.seek(data_end - 1)
+            if fh.read(1) == b"\n":
+                return 0
+            keep = 0
+            pos = data_end
+            while pos > 0:  # find the last newline, reading backwards in blocks
+                start = max(0, pos - 65536)
+                fh.seek(start)
+                block = fh.read(pos - start)
+                nl = block.rfind(b"\n")
+                if nl >= 0:
+                    keep = start + nl + 1
+                    break
+                pos = start
+            fh.truncate(keep)
+            fh.flush()
+            os.fsync(fh.fileno())
+    finally:
+        lock.release()
+    log.warning("optuna journal %s ended in a torn record (%d bytes, from a writer killed in mid-append); "
+                "removed it", path, data_end - keep)
+    return data_end - keep
+
+
+def make_storage(url: str | None, db_path: str) -> Any:
+    """Optuna storage: journal file under the database directory by default, else an RDB URL."""
+    if not url:
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        path = os.path.join(db_path, "optuna.journal")
+        try:
+            os.makedirs(db_path, exist_ok=True)
+            repair_journal_tail(path)
+            return JournalStorage(JournalFileBackend(path))
+        except OSError as exc:
+            raise DatabaseError(f"cannot use journal storage in {db_path!r}: {exc}") from exc
+        except ValueError as exc:  # json.JSONDecodeError: a damaged record inside the journal
+            raise DatabaseError(f"optuna journal {path!r} is damaged ({str(exc).splitlines()[0]}); the tuning "
+                                f"database in {db_path!r} is intact: move the journal away and search again "
+                                "(schedules measured before are reused from the database)") from exc
+    if not re.match(r"^[a-z0-9+]+://", url):
+        raise DatabaseError(f"--storage must be a database URL such as postgresql://... or sqlite:///... "
+                            f"(got {describe_storage(url, db_path)!r})")
+    if url.startswith(("postgresql://", "postgres://")) and importlib.util.find_spec("psycopg") is None \
+            and importlib.util.find_spec("psycopg2") is not None:
+        # SQLAlchemy >= 2.1 defaults postgresql:// to psycopg 3; use psycopg2 when only it is installed
+        url = "postgresql+psycopg2://" + url.split("://", 1)[1]
+    last: Exception | None = None
+    for attempt in range(6):  # workers starting together race on creating the schema: retry
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+        except ImportError as exc:
+            raise DatabaseError(f"--storage {describe_storage(url, db_path)}: missing driver ({exc}); for "
+                                "PostgreSQL: pip install psycopg2-binary") from exc
+        except Exception as exc:  # noqa: BLE001 - sqlalchemy/driver errors are the user's setup
+            last = exc
+            if "duplicate key" not in str(exc) and "already exists" not in str(exc):
+                break
+            time.sleep(0.1 + 0.2 * attempt)
+    first = str(last).strip().splitlines()[0] if str(last).strip() else type(last).__name__
+    raise DatabaseError(f"cannot open optuna storage {describe_storage(url, db_path)}: {first}") from last
+
+
+MAX_GRID = 50_000
+
+
+def grid_points(space: Any, seed: int | None) -> list[Any]:
+    """Every legal point of ``space`` (``space.grid()``), shuffled by ``seed``, for ``--sampler grid``.
+
+    Raises ScheduleError when the space offers no grid or has more than :data:`MAX_GRID` points
+    (counted from ``space.domains`` before enumerating, when the space exposes them).
+    """
+    import random
+
+    if not callable(getattr(space, "grid", None)):
+        raise ScheduleError("--sampler grid: this search space offers no finite grid; use tpe or random")
+    domains = getattr(space, "domains", None)
+    plan = getattr(space, "plan", None)
+    if isinstance(domains, dict) and plan is not None:
+        bound = math.prod(len(v) for k, v in domains.items() if k not in ("scheme", "reuse"))
+        bound *= len(domains.get("scheme", [1])) ** int(getattr(plan, "nstages", 0))
+        bound *= len(domains.get("reuse", [1])) ** len(getattr(plan, "reuse_candidates", ()))
+        if bound > MAX_GRID:
+            raise ScheduleError(f"--sampler grid: the search space of this graph has up to {bound} points "
+                                f"(limit {MAX_GRID}); use tpe, gp, cmaes or random")
+    points = list(space.grid())
+    if not points:
+        raise ScheduleError("--sampler grid: the search space of this graph has no legal point")
+    if len(points) > MAX_GRID:
+        raise ScheduleError(f"--sampler grid: {len(points)} points (limit {MAX_GRID}); use tpe or random")
+    random.Random(seed).shuffle(points)
+    return points
+
+
+def make_sampler(name: str, seed: int | None, space: Any) -> optuna.samplers.BaseSampler:
+    """An optuna sampler by name (``grid``: random sampler; the loop enqueues every grid point)."""
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True, group=True)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        if importlib.util.find_spec("torch") is None:
+            raise ToolchainError("--sampler gp needs PyTorch (optuna's GPSampler): pip install torch")
+        return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
+    if name == "cmaes":
+        if importlib.util.find_spec("cmaes") is None:
+            raise ToolchainError("--sampler cmaes needs the cmaes package: pip install cmaes")
+        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+    if name == "grid":  # the points themselves are enqueued by the loop (see grid_points)
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise StitchtuneError(f"unknown sampler {name!r}")
+
+
+def _open_study(name: str, storage: Any, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+    last: Exception | None = None
+    for attempt in range(5):  # concurrent first use of an RDB may race on schema creation
+        try:
+            return optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                       direction="minimize", load_if_exists=True)
+        except Exception as exc:  # noqa: BLE001
+            last = exc
+            time.sleep(0.2 * (attempt + 1))
+    raise DatabaseError(f"cannot create or load study {name!r}: {last}")
+
+
+# ---------------------------------------------------------------------------------------- workers
+def _worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _local_dead(worker: Any) -> bool:
+    """True when ``worker`` ("host:pid") is a process of this host that no longer exists."""
+    if not isinstance(worker, str) or ":" not in worker:
+        return False
+    host, _, pid = worker.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _age_s(t: optuna.trial.FrozenTrial) -> float:
+    import datetime as dt
+
+    start = t.datetime_start
+    if start is None:
+        return 0.0
+    now = dt.datetime.now(start.tzinfo) if start.tzinfo else dt.datetime.now()
+    return max(0.0, (now - start).total_seconds())
+
+
+def _fail_stale(study: optuna.Study, key_wait_s: float | None = None) -> int:
+    """Mark abandoned RUNNING trials FAIL (user attr ``stale``); return how many.
+
+    Abandoned: the trial's ``worker`` is a dead process of this host, or the trial has no ``worker``
+    attr at all although it started more than ``key_wait_s`` ago (its worker died inside ``ask()``,
+    before it could sign the trial; a live worker signs within milliseconds). Younger unsigned trials
+    are waited for (at most ``key_wait_s``, only after a crash).
+    """
+    key_wait_s = _KEY_WAIT_S if key_wait_s is None else key_wait_s
+    storage = study._storage  # optuna has no public API to close other processes' trials
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    unsigned = [t for t in running if "worker" not in t.user_attrs]
+    if unsigned:
+        wait = key_wait_s - min(_age_s(t) for t in unsigned)
+        if wait > 0:
+            log.info("waiting %.0f s to tell whether %d unsigned running trial(s) are abandoned", wait, len(unsigned))
+            time.sleep(wait)
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        unsigned_ids = {t._trial_id for t in unsigned}
+    else:
+        unsigned_ids = set()
+    n = 0
+    for t in running:
+        worker = t.user_attrs.get("worker")
+        if _local_dead(worker) or (worker is None and t._trial_id in unsigned_ids):
+            try:
+                storage.set_trial_user_attr(t._trial_id, "stale", True)
+                storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                n += 1
+            except Exception as exc:  # noqa: BLE001 - another worker may have finished it meanwhile
+                log.debug("could not fail stale trial %d: %s", t.number, exc)
+    if n:
+        log.warning("marked %d trial(s) of dead workers as failed (stale)", n)
+    return n

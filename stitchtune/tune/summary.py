@@ -1,0 +1,77 @@
+"""Search results as text for the CLI: the end-of-search summary and the ``stitchtune show`` table.
+
+Contract
+--------
+* :func:`format_summary(result)` turns a :class:`~stitchtune.tune.search.SearchResult` into the end-of-search
+  table; every time is labelled ``(estimated)`` when the result is (emulate backend).
+* :func:`format_best_table(df)`: best row per workload, device and backend, ``estimated``/``measured``.
+* :func:`json_safe(row)`: a row with only JSON-serialisable values.
+* Pure functions of their arguments; :mod:`stitchtune.tune.search` re-exports them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stitchtune.tune.search import SearchResult
+
+__all__ = ["format_best_table", "format_summary", "json_safe"]
+
+
+def _fmt_us(x: Any, est: str) -> str:
+    return "-" if x is None else f"{float(x):.3f} us{est}"
+
+
+def format_summary(res: SearchResult) -> str:
+    """The end-of-search table, as text (the CLI prints it)."""
+    est = " (estimated)" if res.estimated else ""
+    lines = [f"study {res.study_name} on {res.device_key}, backend {res.backend}{est}, storage {res.storage}",
+             (f"database {res.db_path}; {res.trials_run} trial(s) this run ({res.reused} reused from the "
+              f"database or other workers), stopped: {res.stopped}, {res.elapsed_s:.1f} s")]
+    rows: list[tuple[str, str]] = []
+    if res.best is not None:
+        sched = res.best.get("schedule_json") or ""
+        rows.append(("best schedule", (f"{res.best.get('schedule_key')} (trial {res.best.get('trial_number')} "
+                                       f"of {res.best.get('study')})")))
+        rows.append(("best time", _fmt_us(res.best.get("measured_us"), est)))
+        rows.append(("heuristic (trial 0)", _fmt_us(res.heuristic.get("measured_us"), est)
+                     if res.heuristic is not None and res.heuristic.get("status") == "ok"
+                     else (f"not ok: {res.heuristic.get('status')}" if res.heuristic else "-")))
+        rows.append(("speedup over heuristic", f"{res.speedup:.2f}x{est}" if res.speedup is not None else "-"))
+        if res.floor_fraction is not None:
+            rows.append(("bandwidth floor", (f"{res.floor_us:.3f} us (min bytes / copy bandwidth); floor/best = "
+                                             f"{100 * res.floor_fraction:.1f}%{est}")))
+        else:
+            rows.append(("bandwidth floor", "- (device has no copy bandwidth)"))
+        rows.append(("best schedule json", sched if len(sched) <= 200 else sched[:200] + "..."))
+    else:
+        rows.append(("best", "no successful trial"))
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(res.status_counts.items())) or "-"
+    rows.append(("trials by status", counts))
+    w = max(len(k) for k, _ in rows)
+    lines += [f"  {k.ljust(w)}  {v}" for k, v in rows]
+    return "\n".join(lines)
+
+
+def format_best_table(df: Any) -> str:
+    """``stitchtune show``: best row per workload, device and backend, as a text table."""
+    if df is None or len(df) == 0:
+        return "no successful trials in this database"
+    cols = [c for c in ("graph_name", "workload_key", "device_key", "backend", "measured_us", "estimated",
+                        "schedule_key", "study", "trial_number") if c in df.columns]
+    view = df[cols].copy()
+    if "workload_key" in view.columns:
+        view["workload_key"] = view["workload_key"].astype(str).str[:12]
+    if "estimated" in view.columns:
+        view["estimated"] = view["estimated"].map(lambda e: "estimated" if bool(e) else "measured")
+    return view.to_string(index=False)
+
+
+def json_safe(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A row with only JSON-serialisable values (timestamps as ISO strings)."""
+    if row is None:
+        return None
+    return json.loads(json.dumps(dict(row), default=str))

@@ -1,0 +1,172 @@
+"""Peers (torch eager, torch.compile, JAX jit) against the numpy reference on the small examples (CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stitchtune.bench import peers
+from stitchtune.graph.parse import load_graph, parse_graph
+from stitchtune.graph.ops import OPS
+from stitchtune.graph.reference import random_inputs, run_reference
+from stitchtune.gpu.runners import check_outputs, output_dtypes
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SMALL = sorted(EXAMPLES.glob("*_small.json"))
+
+
+def _to_torch(arr: np.ndarray):
+    import torch
+
+    if arr.dtype.name == "bfloat16":
+        return torch.from_numpy(arr.view(np.uint16).astype(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(arr))
+
+
+def _torch_outputs(graph, fn, inputs):
+    outs = fn(**{k: _to_torch(v) for k, v in inputs.items()})
+    assert len(outs) == len(graph.outputs)
+    res = {}
+    for name, t in zip(graph.outputs, outs):
+        assert str(t.dtype).removeprefix("torch.") == graph.spec(name).dtype
+        assert tuple(t.shape) == graph.spec(name).shape
+        res[name] = t.float().numpy()
+    return res
+
+
+def _assert_matches(graph, outs, inputs) -> None:
+    ref = {k: v.astype(np.float64) for k, v in run_reference(graph, inputs).items()}
+    res = check_outputs(outs, ref, output_dtypes(graph))
+    assert res.ok, f"{graph.name}: {res.error}"
+
+
+def test_small_examples_exist() -> None:
+    assert len(SMALL) >= 8
+
+
+@pytest.mark.parametrize("path", SMALL, ids=lambda p: p.stem)
+def test_torch_eager_matches_reference(path: Path) -> None:
+    pytest.importorskip("torch")
+    graph = load_graph(path)
+    inputs = random_inputs(graph, seed=3)
+    outs = _torch_outputs(graph, peers.torch_function(graph), inputs)
+    _assert_matches(graph, outs, inputs)
+
+
+@pytest.mark.parametrize("path", SMALL, ids=lambda p: p.stem)
+def test_jax_jit_matches_reference(path: Path) -> None:
+    pytest.importorskip("jax")
+    graph = load_graph(path)
+    inputs = random_inputs(graph, seed=4)
+    outs = peers.jax_function(graph)(**inputs)
+    assert len(outs) == len(graph.outputs)
+    res = {}
+    for name, a in zip(graph.outputs, outs):
+        assert str(a.dtype) == graph.spec(name).dtype
+        res[name] = np.asarray(a, dtype=np.float32)
+    _assert_matches(graph, res, inputs)
+
+
+def _every_op_graph() -> dict:
+    """One graph touching every op of the table, with scalar constants on either side."""
+    x = {"shape": [4, 8], "dtype": "float32"}
+    nodes: list[dict] = []
+    last = "x"
+    for i, op in enumerate(sorted(OPS)):
+        kind, nid = OPS[op].kind, f"n{i}"
+        if op in ("log", "sqrt", "rsqrt", "pow"):  # a positive operand
+            nodes += [{"id": f"a{i}", "op": "abs", "args": [last]},
+                      {"id": f"p{i}", "op": "add", "args": [f"a{i}", 0.5]}]
+        if kind == "unary":
+            nodes.append({"id": nid, "op": op, "args": [f"p{i}" if op in ("log", "sqrt", "rsqrt") else last]})
+        elif kind == "binary":
+            a = f"p{i}" if op == "pow" else last
+            args = [[a, 1.5], [1.5, a], [a, "y"]][i % 3]
+            nodes.append({"id": nid, "op": op, "args": args})
+        elif kind == "reduce":
+            nodes.append({"id": nid, "op": op, "args": [last], "axes": [-1], "keepdims": True})
+        else:
+            nodes.append({"id": nid, "op": "cast", "args": [last], "to": "bfloat16"})
+        nodes += [{"id": f"m{i}", "op": "mul", "args": [nid, 0.5]},  # keep values bounded
+                  {"id": f"t{i}", "op": "tanh", "args": [f"m{i}"]},
+                  {"id": f"s{i}", "op": "add", "args": [f"t{i}", "x"]}]
+        last = f"s{i}"
+    nodes.append({"id": "mx", "op": "maximum", "args": [0.25, last]})
+    nodes.append({"id": "out", "op": "cast", "args": ["mx"], "to": "float16"})
+    return {"name": "every_op", "inputs": {"x": x, "y": x}, "nodes": nodes, "outputs": ["out", last]}
+
+
+def test_every_op_is_covered_and_matches() -> None:
+    pytest.importorskip("torch")
+    graph = parse_graph(_every_op_graph())
+    assert {n.op for n in graph.nodes} == set(OPS)
+    inputs = random_inputs(graph, seed=5)
+    _assert_matches(graph, _torch_outputs(graph, peers.torch_function(graph), inputs), inputs)
+    pytest.importorskip("jax")
+    outs = peers.jax_function(graph)(**inputs)
+    _assert_matches(graph, {n: np.asarray(a, dtype=np.float32) for n, a in zip(graph.outputs, outs)}, inputs)
+
+
+@pytest.mark.slow
+def test_torch_compile_default_matches_reference() -> None:
+    """torch.compile (Inductor, CPU C++ backend here) on two small examples, one 16-bit."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch._inductor")
+    for stem in ("layernorm_small", "layernorm_bf16_small"):
+        graph = load_graph(EXAMPLES / f"{stem}.json")
+        inputs = random_inputs(graph, seed=6)
+        fn = peers.torch_function(graph, compile_mode="default")
+        _assert_matches(graph, _torch_outputs(graph, fn, inputs), inputs)
+    torch._dynamo.reset()
+
+
+def test_build_peers_and_names() -> None:
+    graph = load_graph(EXAMPLES / "softmax_small.json")
+    got, notes = peers.build_peers(graph, ("eager", "xla"))
+    systems = {p.system for p in got} | {n.split(":")[0] for n in notes}
+    assert systems == {"torch_eager", "jax_jit"}
+    assert peers.parse_peer_names("eager, xla,eager") == ("eager", "xla")
+    assert peers.parse_peer_names(None) == peers.PEER_NAMES
+    assert peers.parse_peer_names("none") == ()
+    with pytest.raises(peers.PeerError) as ei:
+        peers.parse_peer_names("eager,tvm")
+    assert "tvm" in ei.value.problems[0]
+
+
+def test_missing_framework_is_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "jax" or name.startswith("jax."):
+            raise ImportError("No module named 'jax'", name="jax")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    graph = load_graph(EXAMPLES / "softmax_small.json")
+    got, notes = peers.build_peers(graph, ("xla",))
+    assert got == []
+    assert notes == ["jax_jit: skipped (jax not installed)"]
+
+
+@pytest.mark.slow
+def test_compiled_peers_of_many_graphs_do_not_share_a_dynamo_cache() -> None:
+    """More graphs than dynamo's recompile limit: every compiled peer is really compiled (without a
+    fresh code object per peer, dynamo would compile only ``limit`` of them and run the rest eagerly)."""
+    pytest.importorskip("torch")
+    import torch._dynamo
+
+    stems = ("softmax_small", "layernorm_small", "rmsnorm_small", "bias_gelu_small")
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for stem in stems:
+            graph = load_graph(EXAMPLES / f"{stem}.json")
+            inputs = random_inputs(graph, seed=7)
+            fn = peers.torch_function(graph, compile_mode="default")
+            _assert_matches(graph, _torch_outputs(graph, fn, inputs), inputs)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == len(stems)
+    torch._dynamo.reset()

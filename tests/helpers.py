@@ -1,0 +1,433 @@
+"""What the tests share (the one helpers module; fixtures are in conftest.py).
+
+* Paths: ``REPO``, ``EXAMPLES_DIR``, ``SMALL_EXAMPLES`` / ``FULL_EXAMPLES`` (sorted Paths).
+* Lowering: ``DEV`` (H200 preset), ``setup(name)`` -> (graph, plan, space), ``rel_err``,
+  ``emulated_errors`` and ``suggested`` (schedules drawn the way optuna would).
+* Search fakes: a 15-point fake space (block in ``BLOCKS`` x vec in ``VECS``) whose outcomes are fixed
+  per point (``FATES``: (32,4) illegal -> pruned; (512,4) cost-model prune_reason -> pruned; (64,4)
+  compile_error; (64,2) build timeout -> timeout; (512,1) launch_error; (512,2) run timeout; (128,1)
+  wrong_result; all others ok with time = predicted time, fake, not a measurement), with
+  ``fake_stages``, ``FakeBuilder``, ``FakeRunner`` and ``fake_components`` for ``run_search``.
+* Hypothesis strategies for hostile graph files: ``hostile_names``, ``json_values``, ``malformed_graph``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from hypothesis import strategies as st
+
+from stitchtune.emulate.emulator import emulate_program
+from stitchtune.errors import ScheduleError
+from stitchtune.graph.parse import DTYPES, NAME_RE, load_graph
+from stitchtune.graph.ops import OPS
+from stitchtune.hardware.device import get_device
+from stitchtune.lower.entry import lower
+from stitchtune.plan.planner import make_plan
+from stitchtune.space.schedule import Schedule, SearchSpace
+from stitchtune.tune.pipeline import Stages
+from stitchtune.tune.search import Components
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES_DIR = REPO / "examples"
+EXAMPLES = EXAMPLES_DIR
+SMALL_EXAMPLES = sorted(EXAMPLES_DIR.glob("*_small.json"))
+FULL_EXAMPLES = sorted(p for p in EXAMPLES_DIR.glob("*.json") if not p.stem.endswith("_small"))
+SMALL_DICTS = [json.loads(p.read_text()) for p in SMALL_EXAMPLES]
+
+
+# ---------------------------------------------------------------------------- lowering
+
+DEV = get_device("H200")
+
+
+def setup(name: str) -> tuple[Any, Any, SearchSpace]:
+    """(graph, plan, space on the H200 preset) of ``examples/<name>``."""
+    g = load_graph(EXAMPLES / name)
+    plan = make_plan(g)
+    return g, plan, SearchSpace.for_plan(plan, DEV)
+
+
+def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    """||out - ref||_2 / ||ref||_2 in float64 (the runners' check, without its NaN handling)."""
+    r = np.asarray(ref, dtype=np.float64)
+    x = np.asarray(out, dtype=np.float64).reshape(r.shape)
+    return float(np.linalg.norm(x - r) / max(np.linalg.norm(r), 1e-30))
+
+
+def emulated_errors(g: Any, plan: Any, space: SearchSpace, s: Schedule, inputs: dict[str, np.ndarray],
+                    ref: dict[str, np.ndarray]) -> dict[str, float]:
+    """Relative error per output of schedule ``s`` run in the emulator (every grid co-resident)."""
+    out = emulate_program(lower(g, plan, s, DEV, space), inputs, coresident_limit=lambda k: 1 << 30)
+    return {o: rel_err(out[o], ref[o]) for o in ref}
+
+
+def suggested(space: SearchSpace, n: int, seed: int) -> list[tuple[dict[str, Any], Schedule]]:
+    """``n`` (optuna parameters, schedule) pairs suggested by a random-sampler study (define-by-run);
+    every schedule's :meth:`SearchSpace.params_of` is checked to give back its trial's parameters."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    out = []
+    for _ in range(n):
+        t = study.ask()
+        s = space.suggest(t)
+        assert space.params_of(s) == t.params
+        out.append((dict(t.params), s))
+        study.tell(t, 1.0)
+    return out
+
+
+
+# ---------------------------------------------------------------------------- search fakes
+BLOCKS = (32, 64, 128, 256, 512)
+VECS = (1, 2, 4)
+FATES = {
+    (32, 4): "illegal", (512, 4): "prune_reason", (64, 4): "compile_error", (64, 2): "build_timeout",
+    (512, 1): "launch_error", (512, 2): "timeout", (128, 1): "wrong_result",
+}
+
+
+@dataclass(frozen=True)
+class FakeSchedule:
+    block: int
+    vec: int
+
+    def key(self) -> str:
+        return f"b{self.block}-v{self.vec}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"block": self.block, "vec": self.vec}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FakeSchedule:
+        return cls(int(d["block"]), int(d["vec"]))
+
+    def flat(self) -> dict[str, Any]:
+        return self.to_dict()
+
+
+class FakeSpace:
+    version = "fake-space-1"
+
+    def suggest(self, trial: optuna.Trial) -> FakeSchedule:
+        return FakeSchedule(trial.suggest_categorical("block", list(BLOCKS)),
+                            trial.suggest_categorical("vec", list(VECS)))
+
+    def params_of(self, s: FakeSchedule) -> dict[str, Any]:
+        return {"block": s.block, "vec": s.vec}
+
+    def grid(self) -> list[FakeSchedule]:
+        return [FakeSchedule(b, v) for b in BLOCKS for v in VECS]
+
+    def sample(self, rng) -> FakeSchedule:
+        return FakeSchedule(int(rng.choice(BLOCKS)), int(rng.choice(VECS)))
+
+
+@dataclass(frozen=True)
+class FakeSpec:
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+
+class FakeGraph:
+    def __init__(self, name: str = "fake_ln", rows: int = 64) -> None:
+        self.name = name
+        self.rows = rows
+        self.inputs = (("x", FakeSpec((rows, 1024))),)
+        self.outputs = ("y",)
+
+    def spec(self, name: str) -> FakeSpec:
+        return FakeSpec((self.rows, 1024))
+
+    def workload_key(self) -> str:
+        return f"{self.name}-{self.rows}".encode().hex().ljust(64, "0")
+
+    def structure_key(self) -> str:
+        return self.name.encode().hex().ljust(64, "0")
+
+    def min_bytes(self) -> int:
+        return 2 * self.rows * 1024 * 4
+
+
+@dataclass(frozen=True)
+class FakeDevice:
+    key: str = "fakegpu-sm90"
+    name: str = "fakegpu"
+    arch: str = "sm_90"
+    cc: tuple[int, int] = (9, 0)
+    copy_bandwidth_gbs: float = 1000.0
+
+
+@dataclass(frozen=True)
+class FakeProfile:
+    schedule: FakeSchedule
+
+
+@dataclass(frozen=True)
+class FakeProgram:
+    schedule: FakeSchedule
+    profile: FakeProfile
+
+
+@dataclass(frozen=True)
+class FakePrediction:
+    time_us: float
+    occupancy: float
+    prune_reason: str | None
+    per_kernel_us: tuple[float, ...] = ()
+    limiter: str = "fake"
+
+
+@dataclass(frozen=True)
+class FakeBuild:
+    status: str
+    source_hash: str
+    cubin_path: str | None
+    arch: str
+    registers: dict
+    smem_bytes: dict
+    spill_bytes: dict
+    stack_bytes: dict
+    compile_s: float
+    error: str
+
+
+@dataclass(frozen=True)
+class FakeMeasurement:
+    status: str
+    median_us: float | None
+    samples_us: tuple[float, ...]
+    max_rel_error: float | None
+    estimated: bool
+    error: str
+
+
+def fake_time(s: FakeSchedule) -> float:
+    """The fake objective: best at block 256, vec 2 (not a measured figure)."""
+    return 10.0 + abs(s.block - 256) / 16.0 + {1: 6.0, 2: 0.0, 4: 3.0}[s.vec]
+
+
+def fake_lower(graph, plan, s: FakeSchedule, device) -> FakeProgram:
+    if FATES.get((s.block, s.vec)) == "illegal":
+        raise ScheduleError(f"vec 4 needs block >= 64 (block {s.block})")
+    return FakeProgram(s, FakeProfile(s))
+
+
+def fake_predict(profile: FakeProfile, device, registers=None) -> FakePrediction:
+    s = profile.schedule
+    reason = "occupancy 0: shared memory over the limit" if FATES.get((s.block, s.vec)) == "prune_reason" else None
+    return FakePrediction(fake_time(s), 0.5, reason)
+
+
+def fake_should_prune(pred, best, factor) -> str | None:
+    if best is not None and pred.time_us > factor * best:
+        return f"predicted {pred.time_us:.1f} us > {factor} x best {best:.1f} us"
+    return None
+
+
+def fake_render(program: FakeProgram) -> str:
+    return f"// fake kernel block={program.schedule.block} vec={program.schedule.vec}\n"
+
+
+def fake_stages() -> Stages:
+    return Stages(lower=fake_lower, render=fake_render, predict=fake_predict, should_prune=fake_should_prune,
+                  codegen_version="fake-cg-1")
+
+
+class FakeBuilder:
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def build(self, sources: list[str], arch: str) -> list[FakeBuild]:
+        self.calls.append(list(sources))
+        out = []
+        for src in sources:
+            fate = None
+            for (b, v), f in FATES.items():
+                if f"block={b} vec={v}\n" in src:
+                    fate = f
+            status = {"compile_error": "compile_error", "build_timeout": "timeout"}.get(fate, "ok")
+            error = {"compile_error": "fake.cu(3): error: identifier undefined",
+                     "build_timeout": "nvcc timed out after 1 s"}.get(fate, "")
+            out.append(FakeBuild(status, str(hash(src)), None, arch, {"k0": 40}, {"k0": 0}, {"k0": 0}, {"k0": 0},
+                                 0.01, error))
+        return out
+
+
+class FakeRunner:
+    """Counts measurements per schedule key; optionally appends one line per measurement to a log file."""
+
+    def __init__(self, log_path: str | None = None) -> None:
+        self.measured: list[str] = []
+        self.log_path = log_path
+        self.closed = False
+
+    def run(self, items) -> list[FakeMeasurement]:
+        out = []
+        for program, build in items:
+            s = program.schedule
+            self.measured.append(s.key())
+            if self.log_path:
+                with open(self.log_path, "a") as fh:
+                    fh.write(f"{os.getpid()} {s.key()}\n")
+            fate = FATES.get((s.block, s.vec))
+            t = fake_time(s)
+            if fate == "launch_error":
+                out.append(FakeMeasurement("launch_error", None, (), None, True, "CUDA_ERROR_ILLEGAL_ADDRESS"))
+            elif fate == "timeout":
+                out.append(FakeMeasurement("timeout", None, (), None, True, "kernel did not return in 5 s"))
+            elif fate == "wrong_result":
+                out.append(FakeMeasurement("wrong_result", None, (t,), 0.5, True, "max rel error 0.5 > 1e-3"))
+            else:
+                out.append(FakeMeasurement("ok", t, (t, t, t), 1e-7, True, ""))
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def fake_components(runner: FakeRunner | None = None, builder: FakeBuilder | None = None,
+                    graph: FakeGraph | None = None) -> Components:
+    runner = runner or FakeRunner()
+    builder = builder or FakeBuilder()
+    graph = graph or FakeGraph()
+    return Components(
+        load_graph=lambda path: graph, make_plan=lambda g: "fake-plan", space_for_plan=lambda p, d: FakeSpace(),
+        heuristic_schedule=lambda p, d: FakeSchedule(128, 4), get_device=lambda name: FakeDevice(),
+        make_builder=lambda cfg, dev, backend: builder, make_runner=lambda backend, g, d: runner,
+        stages=fake_stages, cuda_available=lambda: False)
+
+
+
+# ---------------------------------------------------------------------------- hostile graph files
+HOSTILE_CHARS = ['"', "'", "\n", "\r", "*/", "/*", ";", "\\", " ", "-", "$(", "`", "\x00", "é",
+                 "\u2028", "{", "}", "#", "%", "."]
+hostile_names = st.one_of(
+    st.builds(lambda a, c, b: a + c + b, st.from_regex(r"[a-z]{0,5}", fullmatch=True),
+              st.sampled_from(HOSTILE_CHARS), st.text(max_size=8)),
+    st.from_regex(r"[0-9][A-Za-z0-9_]{0,6}", fullmatch=True),
+    st.just(""), st.just("a" * 65), st.text(min_size=1, max_size=12),
+).filter(lambda s: not NAME_RE.fullmatch(s))
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=10),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=12,
+)
+not_a_list = st.none() | st.booleans() | st.integers() | st.text(max_size=5) | \
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)
+not_a_dict = st.none() | st.booleans() | st.integers() | st.text(max_size=5) | st.lists(st.integers(), max_size=2)
+
+
+def _defined(d: dict[str, Any]) -> set[str]:
+    return set(d["inputs"]) | {n["id"] for n in d["nodes"]}
+
+
+@st.composite
+def malformed_graph(draw: st.DrawFn) -> dict[str, Any]:
+    """A small example with one mutation that certainly makes it invalid."""
+    d = json.loads(json.dumps(draw(st.sampled_from(SMALL_DICTS))))
+    nodes = d["nodes"]
+    i = draw(st.integers(0, len(nodes) - 1))
+    node = nodes[i]
+    kind = draw(st.sampled_from([
+        "node_id", "input_name", "graph_name", "dim", "dtype", "op", "drop_top", "drop_node_key",
+        "unknown_arg", "arity", "axes", "constant", "extra_key", "output", "swap", "top_type",
+        "nodes_type", "inputs_type", "node_type", "shape_type", "dup_id", "cast_to", "rank",
+    ]))
+    if kind == "node_id":
+        node["id"] = draw(hostile_names)
+    elif kind == "input_name":
+        k = draw(st.sampled_from(sorted(d["inputs"])))
+        d["inputs"][draw(hostile_names)] = d["inputs"].pop(k)
+    elif kind == "graph_name":
+        d["name"] = draw(hostile_names | st.integers() | st.none())
+    elif kind == "dim":
+        spec = d["inputs"][draw(st.sampled_from(sorted(d["inputs"])))]
+        j = draw(st.integers(0, len(spec["shape"]) - 1))
+        spec["shape"][j] = draw(st.integers(max_value=0) | st.floats() | st.text(max_size=3)
+                                | st.booleans() | st.none() | st.integers(min_value=2**31))
+    elif kind == "dtype":
+        spec = d["inputs"][draw(st.sampled_from(sorted(d["inputs"])))]
+        spec["dtype"] = draw(json_values.filter(lambda v: v not in DTYPES))
+    elif kind == "op":
+        node["op"] = draw(json_values.filter(lambda v: not (isinstance(v, str) and v in OPS)))
+    elif kind == "drop_top":
+        del d[draw(st.sampled_from(["name", "inputs", "nodes", "outputs"]))]
+    elif kind == "drop_node_key":
+        del node[draw(st.sampled_from(["id", "op", "args"]))]
+    elif kind == "unknown_arg":
+        defined = _defined(d)
+        node["args"][0] = draw(st.text(max_size=10).filter(lambda s: s not in defined)
+                               | st.none() | st.booleans() | st.lists(st.integers(), max_size=2))
+    elif kind == "arity":
+        node["args"] = node["args"] + draw(st.lists(st.sampled_from(sorted(d["inputs"])) | st.floats(0, 1),
+                                                    min_size=1, max_size=3))
+    elif kind == "axes":
+        red = [n for n in nodes if n["op"].startswith("reduce_")]
+        if red:
+            red[0]["axes"] = draw(st.lists(st.integers(min_value=4) | st.integers(max_value=-5),
+                                           min_size=1, max_size=3) | not_a_list | st.just([]))
+        else:
+            node["axes"] = [0]  # not a reduction
+    elif kind == "constant":
+        consts = [(n, j) for n in nodes for j, a in enumerate(n["args"]) if not isinstance(a, str)]
+        bad = draw(st.sampled_from([True, False, math.nan, 1e39, -1e300, None, {}, [1.0]]))
+        if consts:
+            n, j = consts[0]
+            n["args"][j] = bad
+        else:
+            node["args"][0] = bad
+    elif kind == "extra_key":
+        target = draw(st.sampled_from(["top", "node", "input"]))
+        key = draw(st.text(max_size=8).filter(
+            lambda k: k not in ("id", "op", "args", "axes", "keepdims", "to", "name", "inputs",
+                                "nodes", "outputs", "description", "shape", "dtype")))
+        if target == "top":
+            d[key] = draw(json_values)
+        elif target == "node":
+            node[key] = draw(json_values)
+        else:
+            d["inputs"][sorted(d["inputs"])[0]][key] = draw(json_values)
+    elif kind == "output":
+        defined = _defined(d)
+        d["outputs"] = draw(st.lists(st.text(max_size=8).filter(lambda s: s not in defined),
+                                     min_size=1, max_size=3) | not_a_list | st.just([]))
+    elif kind == "swap":
+        # move the last node (which reads an earlier node) to the front: a forward reference
+        nodes.insert(0, nodes.pop())
+        if all(a in d["inputs"] or not isinstance(a, str) for a in nodes[0]["args"]):
+            nodes[0]["args"][0] = nodes[-1]["id"]
+    elif kind == "top_type":
+        d = draw(not_a_dict)  # type: ignore[assignment]
+    elif kind == "nodes_type":
+        d["nodes"] = draw(not_a_list | st.just([]))
+    elif kind == "inputs_type":
+        d["inputs"] = draw(not_a_dict.filter(lambda v: not isinstance(v, dict)))
+    elif kind == "node_type":
+        nodes[i] = draw(not_a_dict)
+    elif kind == "shape_type":
+        spec = d["inputs"][sorted(d["inputs"])[0]]
+        spec["shape"] = draw(not_a_list | st.just([]))
+    elif kind == "dup_id":
+        node["id"] = draw(st.sampled_from(sorted(_defined(d) - {node["id"]})))
+    elif kind == "cast_to":
+        node["op"], node["args"], node["to"] = "cast", node["args"][:1], draw(
+            json_values.filter(lambda v: v not in DTYPES))
+        node.pop("axes", None)
+        node.pop("keepdims", None)
+        if isinstance(node["args"][0], (int, float)):
+            node["args"][0] = "x"
+    elif kind == "rank":
+        spec = d["inputs"][sorted(d["inputs"])[0]]
+        spec["shape"] = draw(st.lists(st.integers(1, 3), min_size=5, max_size=7))
+    return d

@@ -1,0 +1,138 @@
+"""Concurrency (issue 9, part 3) with the real stages: four unpatched ``stitchtune search`` processes
+on one study in the default journal-file storage.
+
+tests/test_postgres.py already runs four workers on a journal-file study (and three on PostgreSQL)
+with the *fake* stages of tests/test_search.py and a log of every fake measurement. This file adds
+what it does not cover:
+
+* the real pipeline (plan, space, lowering, emulator, cost model) behind the real CLI, no
+  monkeypatching, all four workers with the *same* sampler seed, so that they propose the same
+  schedules at the same time and the "lowest trial number measures, the others wait and copy" rule
+  is exercised under contention;
+* one of four workers SIGKILLed in the middle: the three others finish, and a later run marks the
+  dead worker's trials ``stale``.
+
+Checks: every finished trial is recorded exactly once (raw parts, before the de-duplication of
+``read()``), every row belongs to a finished trial, no trial is left RUNNING, no schedule was
+measured (a non-reused row) twice, the best time in the database == the study's best value, and
+trial states agree with row statuses.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GRAPH = REPO / "examples" / "layernorm_small.json"
+WORKERS = 4
+TRIALS = 10
+STUDY = "concurrency"
+
+pytestmark = pytest.mark.slow
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _cmd(db: Path, trials: int, seed: int = 5) -> list[str]:
+    return [sys.executable, "-m", "stitchtune", "search", str(GRAPH), "--backend", "emulate", "--device", "h200",
+            "--db", str(db), "--study", STUDY, "--trials", str(trials), "--jobs", "2", "--sampler", "random",
+            "--seed", str(seed), "--no-progress", "--no-build", "--prune-factor", "1000"]
+
+
+def _start(db: Path, n: int) -> list[subprocess.Popen[str]]:
+    return [subprocess.Popen(_cmd(db, TRIALS), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True) for _ in range(n)]
+
+
+def _study(db: Path):
+    import optuna
+
+    from stitchtune.tune.search import make_storage
+
+    return optuna.load_study(study_name=STUDY, storage=make_storage(None, str(db)))
+
+
+def _check(db: Path, expect_trials: int | None, strict_once: bool) -> tuple[int, int]:
+    """The invariants; returns (finished trials, rows)."""
+    from optuna.trial import TrialState
+
+    from stitchtune.tune.database import TuningDB
+
+    study = _study(db)
+    trials = study.get_trials(deepcopy=False)
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING], "trials left RUNNING"
+    recorded = [t for t in trials if t.state.is_finished() and not t.user_attrs.get("stale")
+                and not t.user_attrs.get("interrupted")]
+    if expect_trials is not None:
+        assert len(recorded) == expect_trials
+    raw = pd.concat([pd.read_parquet(p) for p in TuningDB(db).parts()], ignore_index=True)
+    raw = raw[raw["study"] == STUDY]
+    assert raw["trial_number"].is_unique, "a trial was recorded twice"
+    numbers = set(raw["trial_number"].astype(int))
+    assert {t.number for t in recorded} <= numbers, "a finished trial has no row"
+    stale = {t.number for t in trials if t.user_attrs.get("stale")}
+    assert numbers <= {t.number for t in recorded} | stale, "a row of an unknown trial"
+    measured = raw[~raw["reused"].fillna(False).astype(bool) & raw["schedule_key"].notna()]
+    if strict_once:
+        dup = measured[measured["schedule_key"].duplicated(keep=False)]
+        assert dup.empty, f"measured more than once: {dup[['schedule_key', 'trial_number', 'worker']]}"
+    ok = raw[raw["status"] == "ok"]
+    assert not ok.empty
+    assert float(ok["measured_us"].astype(float).min()) == pytest.approx(study.best_value)
+    best_key = ok.loc[ok["measured_us"].astype(float).idxmin(), "schedule_key"]
+    best_keys = set(ok.loc[ok["measured_us"].astype(float) == float(study.best_value), "schedule_key"])
+    assert best_key in best_keys
+    by_num = dict(zip(raw["trial_number"].astype(int), raw["status"]))
+    for t in recorded:
+        want = {"ok": TrialState.COMPLETE, "pruned": TrialState.PRUNED}.get(by_num[t.number], TrialState.FAIL)
+        assert t.state == want, (t.number, t.state, by_num[t.number])
+    return len(recorded), len(raw)
+
+
+def test_four_real_workers_on_one_journal_study(tmp_path: Path) -> None:
+    db = tmp_path / "db"
+    procs = _start(db, WORKERS)
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+        assert f"{TRIALS} trial(s) this run" in out
+    n, rows = _check(db, WORKERS * TRIALS, strict_once=True)
+    assert rows == n == WORKERS * TRIALS
+    reused = pd.concat([pd.read_parquet(p) for p in db.glob("part-*.parquet")])["reused"].astype(bool).sum()
+    assert reused > 0, "same seed everywhere, yet no worker reused another's result: contention not exercised"
+
+
+def test_one_of_four_workers_killed_the_others_finish(tmp_path: Path) -> None:
+    db = tmp_path / "db"
+    procs = _start(db, WORKERS)
+    victim = procs[1]
+    deadline = time.monotonic() + 120
+    while not list(db.glob("part-*.parquet")) and time.monotonic() < deadline:  # wait until trials run
+        time.sleep(0.2)
+    time.sleep(0.5)
+    if victim.poll() is None:
+        os.kill(victim.pid, signal.SIGKILL)
+    victim.communicate(timeout=60)
+    for p in procs:
+        if p is victim:
+            continue
+        out = p.communicate(timeout=600)[0]
+        assert p.returncode == 0, out[-3000:]
+        assert f"{TRIALS} trial(s) this run" in out
+    # a later run marks the dead worker's unfinished trials stale, then runs its own
+    again = subprocess.run(_cmd(db, 2), env=_env(), capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    n, _ = _check(db, None, strict_once=False)
+    assert n >= (WORKERS - 1) * TRIALS + 2

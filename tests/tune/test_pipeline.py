@@ -1,0 +1,139 @@
+"""evaluate(): one row per schedule, every status through fakes, pruning, bugs propagate; one real-stage run."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from helpers import (
+    BLOCKS,
+    FATES,
+    VECS,
+    FakeBuilder,
+    FakeDevice,
+    FakeGraph,
+    FakeRunner,
+    FakeSchedule,
+    fake_stages,
+    fake_time,
+)
+
+from stitchtune.tune.pipeline import Stages, context_row, evaluate
+
+
+def _all_points():
+    return [FakeSchedule(b, v) for b in BLOCKS for v in VECS]
+
+
+def test_one_row_per_schedule_in_order_with_every_status():
+    pts = _all_points()
+    runner, builder = FakeRunner(), FakeBuilder()
+    rows = evaluate(FakeGraph(), "plan", FakeDevice(), pts, builder, runner, None, stages=fake_stages())
+    assert [r["schedule_key"] for r in rows] == [p.key() for p in pts]
+    want = {"illegal": "pruned", "prune_reason": "pruned", "compile_error": "compile_error",
+            "build_timeout": "timeout", "launch_error": "launch_error", "timeout": "timeout",
+            "wrong_result": "wrong_result"}
+    for p, r in zip(pts, rows):
+        fate = FATES.get((p.block, p.vec))
+        assert r["status"] == want.get(fate, "ok"), (p, r)
+        if r["status"] == "ok":
+            assert r["measured_us"] == pytest.approx(fake_time(p))
+            assert json.loads(r["samples_us"]) == [fake_time(p)] * 3
+            assert r["error"] == "" and r["registers"] == 40
+        elif r["status"] == "pruned":
+            assert r["prune_reason"] and r["measured_us"] is None
+        else:
+            assert r["error"], r
+            assert r["measured_us"] is None
+        assert r["workload_key"] == FakeGraph().workload_key() and r["device_cc"] == "9.0"
+        assert r["codegen_version"] == "fake-cg-1" and r["p_block"] == p.block
+    # one build call for the whole batch; only built-ok survivors reached the runner, one at a time
+    assert len(builder.calls) == 1
+    never_run = {k for k, f in FATES.items() if f in ("illegal", "prune_reason", "compile_error", "build_timeout")}
+    assert not {f"b{b}-v{v}" for b, v in never_run} & set(runner.measured)
+    assert len(runner.measured) == len(pts) - len(never_run)
+
+
+def test_pruned_against_best_so_far_is_never_built():
+    pts = [FakeSchedule(256, 2), FakeSchedule(32, 1)]  # 10 us vs 30 us
+    builder = FakeBuilder()
+    rows = evaluate(FakeGraph(), "plan", FakeDevice(), pts, builder, FakeRunner(), 10.0, prune_factor=2.0,
+                    stages=fake_stages())
+    assert rows[0]["status"] == "ok"
+    assert rows[1]["status"] == "pruned" and "best" in rows[1]["prune_reason"]
+    assert rows[1]["predicted_us"] == pytest.approx(fake_time(pts[1]))
+    assert all("block=32" not in s for s in builder.calls[0])
+
+
+def test_identical_sources_built_once():
+    st = fake_stages()
+    same = Stages(lower=st.lower, render=lambda prog: "// same\n", predict=st.predict,
+                  should_prune=st.should_prune, codegen_version="x")
+    builder = FakeBuilder()
+    rows = evaluate(FakeGraph(), "plan", FakeDevice(), [FakeSchedule(128, 2), FakeSchedule(256, 2)], builder,
+                    FakeRunner(), None, stages=same)
+    assert builder.calls == [["// same\n"]]
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+
+
+def test_bugs_propagate():
+    st = fake_stages()
+
+    def broken_lower(*a):
+        raise ZeroDivisionError("bug in lowering")
+
+    bad = Stages(lower=broken_lower, render=st.render, predict=st.predict, should_prune=st.should_prune)
+    with pytest.raises(ZeroDivisionError):
+        evaluate(FakeGraph(), "plan", FakeDevice(), [FakeSchedule(128, 2)], FakeBuilder(), FakeRunner(), None,
+                 stages=bad)
+
+    class ShortBuilder(FakeBuilder):
+        def build(self, sources, arch):
+            return []
+
+    with pytest.raises(RuntimeError, match="builder returned"):
+        evaluate(FakeGraph(), "plan", FakeDevice(), [FakeSchedule(128, 2)], ShortBuilder(), FakeRunner(), None,
+                 stages=st)
+
+
+def test_long_error_text_is_clipped():
+    class Loud(FakeRunner):
+        def run(self, items):
+            (m,) = super().run(items)
+            return [type(m)("launch_error", None, (), None, True, "x" * 100_000)]
+
+    (row,) = evaluate(FakeGraph(), "plan", FakeDevice(), [FakeSchedule(128, 2)], FakeBuilder(), Loud(), None,
+                      stages=fake_stages())
+    assert row["status"] == "launch_error" and len(row["error"]) < 5000
+
+
+def test_context_row_json_columns():
+    ctx = context_row(FakeGraph(rows=8), FakeDevice())
+    assert json.loads(ctx["shapes"]) == {"x": [8, 1024], "y": [8, 1024]}
+    assert json.loads(ctx["dtypes"]) == {"x": "float32", "y": "float32"}
+
+
+def test_real_stages_on_small_layernorm():
+    """The real lower/render/cost stages + EmulateRunner (no nvcc: SkipBuilder) on a small example."""
+    pytest.importorskip("stitchtune.lower.entry")
+    from stitchtune.hardware.device import default_device
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.gpu.runners import EmulateRunner
+    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.tune.search import SkipBuilder
+
+    graph = load_graph("examples/layernorm_small.json")
+    plan = make_plan(graph)
+    device = default_device()
+    space = SearchSpace.for_plan(plan, device)
+    rng = random.Random(0)
+    scheds = [space.sample(rng) for _ in range(4)]
+    rows = evaluate(graph, plan, device, scheds, SkipBuilder("test"), EmulateRunner(graph, device), None)
+    assert len(rows) == 4
+    for r in rows:
+        assert r["status"] in ("ok", "pruned", "launch_error", "wrong_result"), r
+        if r["status"] == "ok":
+            assert r["estimated"] is True and r["measured_us"] == pytest.approx(r["predicted_us"])
+    assert any(r["status"] == "ok" for r in rows)
