@@ -1,13 +1,29 @@
-"""stitchtune: autotuning of stitch schedules for memory-intensive GPU subgraphs."""
+"""stitchtune: autotuning of stitch schedules for memory-intensive GPU subgraphs.
+
+The public Python entry points load lazily (PEP 562), so ``import stitchtune`` costs nothing heavy:
+
+* ``stitchtune.compile(graph_or_path, db=..., device=...)`` -> ``CompiledGraph``
+  (:mod:`stitchtune.deploy.compiled`);
+* ``stitchtune.torch`` -> the PyTorch entry point (:mod:`stitchtune.deploy.torch_entry`), e.g.
+  ``stitchtune.torch.compile(fn, example_inputs=...)``. It is an attribute, not a module file named
+  like the ``torch`` package: write ``import stitchtune`` and use ``stitchtune.torch``.
+
+The package's rooms (subpackages) and the one direction their imports go are drawn in README.md.
+"""
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):  # noqa: ANN202 - lazy public API (PEP 562): heavy modules load on first use
+def __getattr__(name: str) -> Any:
     if name == "compile":
         from stitchtune.deploy.compiled import compile
 
         return compile
+    if name == "torch":
+        return importlib.import_module("stitchtune.deploy.torch_entry")
     raise AttributeError(f"module 'stitchtune' has no attribute {name!r}")
