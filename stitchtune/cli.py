@@ -141,7 +141,7 @@ def _backend_cuda(graph: Any, inputs: Mapping[str, np.ndarray], schedule: dict[s
 BACKENDS: dict[str, BackendFn] = {
     "reference": _backend_reference,
     "emulate": _backend_emulate,  # stitched kernels in the CPU emulator (small shapes)
-    "cuda": _backend_cuda,  # stitched kernels on the GPU (pycuda + nvcc)
+    "cuda": _backend_cuda,  # stitched kernels on the GPU (nvcc + stitchtune.gpu.launch over cuda-python)
 }
 
 
