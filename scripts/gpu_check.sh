@@ -6,17 +6,18 @@
 #
 # Steps (each under `timeout`, the whole script within BUDGET_S seconds, default 470 = under 8 minutes;
 # "plan" is the expected time on the H200 host, 16 cores):
-#   setup       install the device wheels (.gpu/setup.sh) unless pycuda already imports     plan   ~5 s
+#   setup       install the device wheels (.gpu/setup.sh) unless cuda-python + optuna import  plan ~5 s
 #   gpu_info    nvidia-smi (DRY_RUN: skipped)                                                       ~1 s
-#   versions    python / numpy / pycuda / optuna / torch / jax versions (package metadata, no
+#   versions    python / numpy / cuda-bindings / optuna / torch / jax versions (package metadata, no
 #               imports of torch or jax) / nvcc                                                     ~3 s
-#   gpu_tests   pytest -m gpu tests/test_gpu.py tests/test_emulator.py, cap GPU_TESTS_CAP_S=60   ~35-45 s
-#               (fault -> launch_error, hang -> timeout, >48K smem, emulator vs GPU on hand-built
+#   gpu_tests   pytest -m gpu tests/gpu/test_gpu.py tests/emulate/test_emulator.py, cap 60 s   ~35-45 s
+#               (fault -> launch_error, hang -> timeout, >48K smem, the launch path on torch streams
+#               and in a CUDA graph, emulator vs GPU on hand-built
 #               kernels, and the heuristic + GPU_SAMPLES=1 sampled schedule of the GPU_EXAMPLES
 #               full-size examples vs the reference; one JSON line per program in gpu_schedules.jsonl).
 #               test_api.py's GPU tests are left to torch_entry (same entry points). Without pytest
-#               on the machine: an inline pycuda smoke test of the same fault/hang/ok cases.
-#               DRY_RUN: the fake-GPU worker tests of test_runners.py.
+#               on the machine: an inline smoke test (cuda-python worker) of the same fault/hang/ok cases.
+#               DRY_RUN: the fake-GPU and fake-driver worker tests of tests/gpu/test_runners.py.
 #   search_*    `stitchtune search` per example, smallest first, TRIALS=64 trials each (cuda backend,
 #               batches of 8; DRY_RUN: emulate, small examples, 6 trials). The searches share
 #               SEARCH_BUDGET_S=210 s: each gets --timeout (budget left / searches left) - 8 s and a
@@ -25,8 +26,9 @@
 #               search that runs out of time stops after its batch in flight, "stopped: timeout").
 #   variant_pairs  scripts/variant_pairs.py on the searches' database (CPU, reads only)               ~3 s
 #   bench       `stitchtune bench` on the examples searched: eager, XLA, Inductor, cap BENCH_CAP_S=110
-#               (DRY_RUN: eager only; fails without cupy)                                           ~90 s
-#   torch_entry scripts/gpu_torch_entry.py: stitchtune.compile via pycuda on the small examples and
+#               (DRY_RUN: eager only; fails without cuda-python)                                    ~90 s
+#   torch_entry scripts/gpu_torch_entry.py: stitchtune.compile (numpy and torch-tensor inputs) on the
+#               small examples and
 #               stitchtune.deploy.torch_entry.compile next to eager and torch.compile, cap 40                   ~35 s
 #   bench_max   torch.compile max-autotune-no-cudagraphs with the time left (plan ~60-90 s; nothing
 #               if every step before ran to its cap: 5+1+3+60+220+3+110+40 = 442 s)
@@ -132,12 +134,12 @@ else
     [ -f "$c" ] && { SETUP=$c; break; }
   done
   export PYTHONPATH="$PYTHONPATH:/tmp/site"
-  if "$PY" -c "import pycuda, optuna" >/dev/null 2>&1; then
-    record setup ok 0 0 "pycuda and optuna already import"
+  if "$PY" -c "from stitchtune.gpu.driver import _binding; _binding(); import optuna" >/dev/null 2>&1; then
+    record setup ok 0 0 "cuda-python and optuna already import"
   elif [ -n "$SETUP" ]; then
     step setup 120 bash "$SETUP"
   else
-    record setup FAIL - 0 "no .gpu/setup.sh and pycuda missing"
+    record setup FAIL - 0 "no .gpu/setup.sh and cuda-python missing"
   fi
 fi
 
@@ -150,7 +152,7 @@ fi
 step versions 60 "$PY" -c '
 import sys, importlib.metadata as md
 print("python", sys.version.split()[0])
-for m in ("numpy", "pycuda", "optuna", "pytest", "torch", "jax", "cupy-cuda12x", "cupy-cuda13x"):
+for m in ("numpy", "cuda-bindings", "cuda-python", "optuna", "pytest", "torch", "jax"):
     try:
         print(m, md.version(m))   # package metadata: importing torch or jax here would cost seconds
     except Exception as e:
@@ -168,7 +170,7 @@ from types import SimpleNamespace as NS
 from stitchtune.gpu.build import NvccBuilder
 from stitchtune.gpu.runner import CudaRunner
 N = 1 << 20
-src = open("tests/test_gpu.py").read().split("KERNELS = r\"\"\"")[1].split("\"\"\"")[0]
+src = open("tests/gpu/test_gpu.py").read().split("KERNELS = r\"\"\"")[1].split("\"\"\"")[0]
 (b,) = NvccBuilder().build([src], "sm_90")
 assert b.status == "ok", b.error
 def prog(k, smem=0):
@@ -191,11 +193,12 @@ print("smoke mismatches:", bad)
 sys.exit(1 if bad else 0)
 '
 if [ "$DRY_RUN" = 1 ]; then
-  step gpu_tests "$GPU_TESTS_CAP_S" "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py \
-    tests/test_runners.py -k "gpu or cuda_runner or pycuda or worker" --junitxml="$WORK/gpu_tests.xml"
+  step gpu_tests "$GPU_TESTS_CAP_S" "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu.py \
+    tests/gpu/test_runners.py tests/gpu/test_launch.py -k "gpu or cuda_runner or driver or worker or launch" \
+    --junitxml="$WORK/gpu_tests.xml"
 elif "$PY" -c "import pytest" >/dev/null 2>&1; then
-  step gpu_tests "$GPU_TESTS_CAP_S" "$PY" -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_gpu.py \
-    tests/test_emulator.py --junitxml="$WORK/gpu_tests.xml"
+  step gpu_tests "$GPU_TESTS_CAP_S" "$PY" -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu/test_gpu.py \
+    tests/emulate/test_emulator.py --junitxml="$WORK/gpu_tests.xml"
 else
   step gpu_smoke 120 "$PY" -c "$SMOKE"
 fi

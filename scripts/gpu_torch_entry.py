@@ -1,9 +1,11 @@
-"""GPU check of the compile-time entry points (needs a CUDA GPU, torch, pycuda, cupy, nvcc).
+"""GPU check of the compile-time entry points (needs a CUDA GPU, torch, cuda-python, nvcc).
 
     python scripts/gpu_torch_entry.py [--db results] [--iters 100] [--examples layernorm,rmsnorm,...]
 
-1. ``stitchtune.compile(...)(**numpy arrays)`` (pycuda) on every small example: output vs. the float64
-   reference (``runners.check_outputs``).
+1. ``stitchtune.compile(...)(**arrays)`` (the one launch path, ``stitchtune.gpu.launch``, over cuda-python)
+   on every small example, with numpy arrays and, for graphs without bfloat16 inputs, torch CUDA tensors
+   (``__cuda_array_interface__``, used in place): output vs. the float64 reference
+   (``runners.check_outputs``).
 2. ``stitchtune.deploy.torch_entry.compile(fn, db=..., example_inputs=...)`` on the full-size PyTorch examples of
    ``examples/torch_modules.py``: output vs. ``fn`` (max relative error), then the time per call of the
    stitched kernels, of ``fn`` eager and of ``torch.compile(fn)``, each the median of ``--iters`` calls
@@ -49,10 +51,18 @@ def check_numpy_api(db: str) -> bool:
     for path in sorted((REPO / "examples").glob("*_small.json")):
         cg = stitchtune.compile(path, db=db, build=True)
         x = random_inputs(cg.graph, 1)
-        res = check_outputs(cg(**x), run_reference(cg.graph, x), output_dtypes(cg.graph))
+        ref = run_reference(cg.graph, x)
+        res = check_outputs(cg(**x), ref, output_dtypes(cg.graph))
         ok &= res.ok
         print(f"api  {path.stem:28s} {cg.source:13s} {'ok' if res.ok else 'WRONG: ' + res.error} "
               f"(rel err {res.max_rel_error:.1e})")
+        if all(s.dtype != "bfloat16" for _, s in cg.graph.inputs):
+            import torch
+
+            dev = check_outputs(cg(**{n: torch.from_numpy(a).cuda() for n, a in x.items()}), ref,
+                                output_dtypes(cg.graph))
+            ok &= dev.ok
+            print(f"api  {path.stem:28s} torch tensors {'ok' if dev.ok else 'WRONG: ' + dev.error}")
     return ok
 
 

@@ -114,7 +114,7 @@ def _fake_build(tmp: Path, mode: str) -> Any:
 def _data_phases(g: Any, res: dict[str, float]) -> None:
     """inputs, reference, check, fake_launch, fake_poison (in this process; the arrays die on return)."""
     from stitchtune.gpu import worker as cuda_worker
-    from stitchtune.gpu.launch_plan import Problem, _travel
+    from stitchtune.gpu.problem import Problem, _travel
     from stitchtune.graph.reference import random_inputs
     from stitchtune.gpu.runners import check_outputs, output_dtypes, reference_outputs
 
@@ -141,7 +141,7 @@ def _data_phases(g: Any, res: dict[str, float]) -> None:
 
 def profile_example(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     from stitchtune.cost.model import predict
-    from stitchtune.gpu.launch_plan import launch_plan
+    from stitchtune.gpu.launch import launch_plan
     from stitchtune.gpu.runner import CudaRunner
     from stitchtune.hardware.device import get_device
     from stitchtune.errors import ScheduleError

@@ -141,7 +141,7 @@ def _backend_cuda(graph: Any, inputs: Mapping[str, np.ndarray], schedule: dict[s
 BACKENDS: dict[str, BackendFn] = {
     "reference": _backend_reference,
     "emulate": _backend_emulate,  # stitched kernels in the CPU emulator (small shapes)
-    "cuda": _backend_cuda,  # stitched kernels on the GPU (pycuda + nvcc)
+    "cuda": _backend_cuda,  # stitched kernels on the GPU (nvcc + stitchtune.gpu.launch over cuda-python)
 }
 
 
@@ -311,7 +311,9 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     if args.check:
         if gpu is None:
             raise ToolchainError("--check needs a GPU")
-        total, bad = driver_check(gpu)
+        from stitchtune.gpu.build import find_nvcc
+
+        total, bad = driver_check(gpu, nvcc=find_nvcc())
         for m in bad:
             print(f"MISMATCH {m}")
         print(f"occupancy check on {gpu.key}: {total - len(bad)}/{total} configurations agree with "

@@ -431,3 +431,19 @@ def malformed_graph(draw: st.DrawFn) -> dict[str, Any]:
         spec = d["inputs"][sorted(d["inputs"])[0]]
         spec["shape"] = draw(st.lists(st.integers(1, 3), min_size=5, max_size=7))
     return d
+
+
+def emulator_kernels(program: Any) -> dict[str, Any]:
+    """FakeDriver kernels (``stitchtune.gpu.driver.FakeDriver(kernels=...)``) that run each kernel of
+    ``program`` in the SIMT emulator on the fake device memory the launch's arguments point at."""
+    from stitchtune.emulate.emulator import elem_dtype, emulate_kernel
+
+    def make(kernel: Any) -> Any:
+        def run(drv: Any, args: tuple[int, ...], ln: Any) -> None:
+            assert ln.block == (kernel.block, 1, 1) and len(args) == len(kernel.params), kernel.name
+            bufs = {p.name: drv.buffer(a).view(elem_dtype(p.dtype, p.role)) for p, a in zip(kernel.params, args)}
+            emulate_kernel(kernel, ln.grid[0], bufs)
+
+        return run
+
+    return {ln.kernel: make(program.kernel(ln.kernel)) for ln in program.launches}

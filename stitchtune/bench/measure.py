@@ -1,10 +1,13 @@
 """``stitchtune bench``: the tuned kernels against PyTorch eager, torch.compile and JAX jit, in one run.
 
-Contract of :func:`run_bench` (needs a CUDA GPU, torch and cupy; the peers also need their frameworks):
+Contract of :func:`run_bench` (needs a CUDA GPU, torch and cuda-python; the peers also need their frameworks):
 
-* for each graph the tuned program comes from the tuning database (:func:`stitchtune.deploy.compiled.compile`);
-  when the database has no measured record for it and ``trials > 0``, the search runs first
-  (:func:`stitchtune.bench.launch.tuned_program`);
+* for each graph stitchtune's program is :func:`stitchtune.deploy.compiled.compile`'s, i.e. the schedule
+  :func:`stitchtune.deploy.selection.choose_schedule` picks from the tuning database (re-validated
+  for today's space; tuned, nearest shape or heuristic, said in the note); when that is not a measured
+  tuned record and ``trials > 0``, the search (cuda backend) runs first (:func:`stitchtune_program`).
+  Its kernels run through the one launch path, :class:`stitchtune.gpu.launch.Launcher`, on the current
+  torch stream with arguments packed once per rotation;
 * everything is timed in this one process with one method: inputs built once from
   ``reference.random_inputs``; ``rotations`` copies of the inputs (enough that together they exceed
   twice the L2 cache) are cycled so no call finds its inputs in L2; warm-up calls; a CUDA event pair
@@ -21,11 +24,9 @@ Contract of :func:`run_bench` (needs a CUDA GPU, torch and cupy; the peers also 
   over that bandwidth.
 
 The results table (:data:`BENCH_COLUMNS`, one row per (workload, system)), the floors, the summary and
-the CSV/chart writers are in :mod:`stitchtune.bench.table`; the tuned program and the cupy launcher
-(:class:`CupyLauncher`) in :mod:`stitchtune.bench.launch`. Both are re-exported here, so
-``from stitchtune.bench.measure import ...`` keeps working for every name.
+the CSV/chart writers are in :mod:`stitchtune.bench.table` (re-exported here).
 
-torch, cupy, jax and matplotlib are imported inside the functions that use them.
+torch, cuda-python, jax and matplotlib are imported inside the functions that use them.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from stitchtune.bench.launch import CupyLauncher, TunedProgram, _to_torch, _torch_dtype, _torch_out, tuned_program
 from stitchtune.bench.table import (
     BENCH_COLUMNS,
     STITCHTUNE,
@@ -58,6 +58,7 @@ from stitchtune.bench.table import (
     summarize,
     write_results,
 )
+from stitchtune.deploy.torch_entry import _to_torch, _torch_dtype, _torch_out
 from stitchtune.errors import StitchtuneError, ToolchainError
 
 if TYPE_CHECKING:
@@ -65,9 +66,9 @@ if TYPE_CHECKING:
     from stitchtune.graph.parse import Graph
 
 __all__ = [
-    "BENCH_COLUMNS", "STITCHTUNE", "CupyLauncher", "Floor", "SystemTiming", "TunedProgram", "bench_graph",
-    "copy_bandwidth", "device_slug", "floor_reason", "format_table", "on_chip_bytes", "plot_results",
-    "results_table", "rotations_needed", "run_bench", "summarize", "tuned_program", "write_results",
+    "BENCH_COLUMNS", "STITCHTUNE", "Floor", "SystemTiming", "bench_graph", "copy_bandwidth", "device_slug",
+    "floor_reason", "format_table", "on_chip_bytes", "plot_results", "results_table", "rotations_needed",
+    "run_bench", "stitchtune_program", "summarize", "write_results",
 ]
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,60 @@ def _check(graph: Graph, outs: Sequence[np.ndarray], expected: dict[str, np.ndar
     return res.ok, err if res.ok else f"WRONG RESULT: {res.error}"
 
 
+def stitchtune_program(graph_path: str, graph: Graph, db: str, trials: int, device: Device) -> Any:
+    """The :class:`~stitchtune.deploy.compiled.CompiledGraph` (built) stitchtune runs for ``graph``: the
+    schedule :func:`~stitchtune.deploy.selection.choose_schedule` picks from ``db``. When that is not a
+    measured tuned record of this workload and ``trials > 0``, :func:`stitchtune.tune.search.run_search`
+    (cuda backend) runs first and the choice is made again. Raises ToolchainError when nvcc fails."""
+    from stitchtune.deploy.compiled import compile as st_compile
+
+    cg = st_compile(graph, db=db, device=device, build=True)
+    if trials > 0 and not cg.choice.measured:
+        from stitchtune.tune.search import SearchConfig, run_search
+
+        log.info("%s: no measured tuned record for %s (%s), searching %d trials", graph.name, device.key,
+                 cg.source, trials)
+        # a queried device is what `stitchtune search` finds by itself (device=None); a preset goes by name
+        dev_name = None if getattr(device, "source", "preset") == "pycuda" else device.name
+        res = run_search(SearchConfig(graph_path=str(graph_path), trials=trials, backend="cuda", device=dev_name,
+                                      db=str(db), progress=False))
+        log.info("%s: search stopped (%s) after %d trials", graph.name, res.stopped, res.trials_run)
+        cg = st_compile(graph, db=db, device=device, build=True)
+    return cg
+
+
+def _time_stitchtune(graph_path: str, graph: Graph, db: str, trials: int, device: Device,
+                     sets: list[dict[str, Any]], expected: dict[str, np.ndarray], warmup: int, iters: int,
+                     torch_device: str) -> SystemTiming:
+    """stitchtune's row: its program launched through :class:`~stitchtune.gpu.launch.Launcher` on the
+    current torch stream, arguments packed once per input rotation, checked, then timed."""
+    import torch
+
+    from stitchtune.gpu.driver import open_driver
+    from stitchtune.gpu.launch import Launcher, launch_plan
+
+    cg = stitchtune_program(graph_path, graph, db, trials, device)
+    k = len(sets)
+    stream = int(torch.cuda.current_stream().cuda_stream)
+    launcher = Launcher(open_driver(torch.cuda.current_device()), launch_plan(cg.program), cg.cubin, stream)
+    try:
+        outs = [{o: torch.full(graph.spec(o).shape, float("nan"), dtype=_torch_dtype(graph.spec(o).dtype),
+                               device=torch_device) for o in graph.outputs} for _ in range(k)]
+        bound = [launcher.bind({**{n: int(t.data_ptr()) for n, t in sets[i].items()},
+                                **{n: int(t.data_ptr()) for n, t in outs[i].items()}}) for i in range(k)]
+        for i in range(3):
+            launcher.launch(bound[i % k], stream)
+        _sync(torch_device)
+        ok, err = _check(graph, [_torch_out(outs[2 % k][o]) for o in graph.outputs], expected)
+        samples = _event_times(lambda i: launcher.launch(bound[i % k], stream), warmup, iters, torch_device)
+    finally:
+        _sync(torch_device)
+        launcher.close()
+    origin = f"{cg.source}: {cg.manifest['choice']['reason']}"
+    return SystemTiming(graph.name, STITCHTUNE, statistics.median(samples), ok,
+                        f"{origin}; CUDA events, median of {iters}, {k} rotating input copies; {err}", tuple(samples))
+
+
 class _Skip(Exception):
     """Internal: this system is not part of the current phase."""
 
@@ -216,27 +271,8 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
     try:
         if not stitchtune:
             raise _Skip
-        tp = tuned_program(graph_path, graph, db, trials, device)
-        launcher = CupyLauncher(tp.program, tp.cubin_path)
-        outs = [{o: torch.full(graph.spec(o).shape, float("nan"), dtype=_torch_dtype(graph.spec(o).dtype),
-                               device="cuda") for o in graph.outputs} for _ in range(k)]
-        ptr_sets = []
-        for i in range(k):
-            p = {}
-            for b in launcher.plan.buffers:
-                if b.role == "input":
-                    p[b.name] = int(sets[i][b.tensor].data_ptr())
-                elif b.role == "output":
-                    p[b.name] = int(outs[i][b.tensor].data_ptr())
-            ptr_sets.append(p)
-        bound = [launcher.bind(p) for p in ptr_sets]
-        for i in range(3):
-            launcher.run(bound[i % k])
-        _sync(torch_device)
-        ok, err = _check(graph, [_torch_out(outs[2 % k][o]) for o in graph.outputs], expected)
-        samples = _event_times(lambda i: launcher.run(bound[i % k]), warmup, iters, torch_device)
-        results.append(SystemTiming(wl, STITCHTUNE, statistics.median(samples), ok,
-                                    f"{tp.origin}; CUDA events, median of {iters}, {rot}; {err}", tuple(samples)))
+        results.append(_time_stitchtune(graph_path, graph, db, trials, device, sets, expected, warmup, iters,
+                                        torch_device))
     except _Skip:
         pass
     except StitchtuneError as exc:
@@ -289,11 +325,11 @@ def run_bench(graphs: Sequence[str | os.PathLike[str]], db: str, trials: int, pe
               device: Device | None = None, *, out_dir: str | os.PathLike[str] = "results", iters: int = 100,
               warmup: int = 10, seed: int = 0, progress: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Benchmark the graph files ``graphs`` (see the module docstring); write the CSV and chart under
-    ``out_dir`` and return the table. Raises ToolchainError without torch, cupy or a CUDA GPU."""
+    ``out_dir`` and return the table. Raises ToolchainError without torch, cuda-python or a CUDA GPU."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares the GPU with torch
-    missing = [m for m in ("torch", "cupy") if m not in sys.modules and importlib.util.find_spec(m) is None]
+    missing = [m for m in ("torch", "cuda") if m not in sys.modules and importlib.util.find_spec(m) is None]
     if missing:
-        raise ToolchainError(f"stitchtune bench needs torch and cupy ({', '.join(missing)} not installed)")
+        raise ToolchainError(f"stitchtune bench needs torch and cuda-python ({', '.join(missing)} not installed)")
     import torch
 
     if not torch.cuda.is_available():
@@ -361,7 +397,7 @@ def _versions() -> str:
     import importlib.metadata as md
 
     parts = []
-    for pkg in ("torch", "jax", "cupy-cuda12x", "cupy-cuda13x", "cupy"):
+    for pkg in ("torch", "jax", "cuda-bindings"):
         try:
             parts.append(f"{pkg.split('-')[0]} {md.version(pkg)}")
         except md.PackageNotFoundError:

@@ -15,9 +15,14 @@ Contract
   ``manifest.json``; :meth:`CompiledGraph.load(dir)` reads them back, re-lowers the schedule and
   refuses (``StitchtuneError``) a directory whose source this stitchtune would not generate again
   (another code generator version): recompile then.
-* ``cg(**arrays)`` runs the kernels on the GPU through pycuda in this process (the device's primary
-  context; numpy arrays, or pycuda ``GPUArray``s, in; numpy arrays out, shaped like the graph's
-  outputs). Scratch and barrier buffers are allocated and zeroed once, at the first call.
+* ``cg(**arrays)`` runs the kernels on the GPU in this process through the one launch path,
+  :mod:`stitchtune.gpu.launch` (cuda-python, the device's primary context, the legacy default
+  stream; synchronised before it returns). In: numpy arrays (copied to device buffers allocated at
+  the first call and reused), or device arrays exposing ``__cuda_array_interface__`` (torch, cupy;
+  C-contiguous; used in place; a bfloat16 input as its raw 2-byte bits, e.g. a uint16 view). Out:
+  numpy arrays shaped like the graph's outputs. Scratch and barrier buffers are allocated and
+  initialised once, at the first call (:meth:`CompiledGraph.device_runner`). A driver error is a
+  :class:`~stitchtune.gpu.driver.DriverError` (a ToolchainError) naming the call and the error.
   ``cg.emulate(**arrays)`` runs the same program in the numpy SIMT emulator on the CPU (slow: use
   small shapes). Both check every input's name, shape and dtype first.
 """
@@ -207,118 +212,125 @@ class CompiledGraph:
         return {o: flat[o].reshape(self.graph.spec(o).shape) for o in self.graph.outputs}
 
     def __call__(self, **arrays: Any) -> dict[str, np.ndarray]:
-        """Run on the GPU through pycuda (see module docstring)."""
-        launcher = self._state.get("launcher")
-        if launcher is None:
+        """Run on the GPU through :mod:`stitchtune.gpu.launch` (see module docstring)."""
+        return self.device_runner()(self.graph, arrays)
+
+    def device_runner(self, driver: Any = None) -> DeviceRun:
+        """The :class:`DeviceRun` that ``cg(**arrays)`` uses: made at the first call over ``driver`` (a
+        :class:`~stitchtune.gpu.driver.Driver`; default :func:`~stitchtune.gpu.driver.open_driver`, the
+        primary context of ``$STITCHTUNE_CUDA_DEVICE`` or GPU 0), or anew when ``driver`` is given.
+        Builds the cubin (nvcc, cached) when the graph was compiled without one."""
+        run = self._state.get("run")
+        if run is None or driver is not None:
+            from stitchtune.gpu.driver import open_driver
+
             cubin = self.cubin if self.cubin is not None else _build(self.sources, self.device.arch)[1]
-            launcher = _PycudaLauncher(self.program, cubin)
-            self._state["launcher"] = launcher
-        return launcher(self.graph, arrays)
+            run = DeviceRun(self.program, cubin, driver if driver is not None else open_driver())
+            self._state["run"] = run
+        return run
 
 
-class _PycudaLauncher:
-    """Loads a cubin into the primary context of GPU 0 and runs a program's launches on arrays."""
+class DeviceRun:
+    """A compiled program on one GPU: its :class:`~stitchtune.gpu.launch.Launcher` (scratch allocated
+    and initialised once), device buffers for numpy inputs and for the outputs (allocated at the first
+    call, reused), and the packed arguments per set of pointers."""
 
-    def __init__(self, program: Any, cubin: bytes) -> None:
-        try:
-            import pycuda.driver as drv
-        except ImportError as exc:
-            raise ToolchainError(f"running compiled kernels needs pycuda ({exc})") from None
-        from stitchtune.gpu.runner import DEFAULT_SMEM_LIMIT, launch_plan
+    MAX_BOUND = 16
 
-        self.drv = drv
-        try:
-            drv.init()
-            if drv.Device.count() < 1:
-                raise ToolchainError("no CUDA GPU found")
-            self.ctx = drv.Device(int(os.environ.get("STITCHTUNE_CUDA_DEVICE", "0"))).retain_primary_context()
-        except drv.Error as exc:
-            raise ToolchainError(f"cannot use the GPU: {exc}") from None
-        self.plan = launch_plan(program)
-        self.ctx.push()
-        try:
-            self.module = drv.module_from_buffer(cubin)
-            self.scratch: dict[str, Any] = {}
-            for b in self.plan.buffers:
-                if b.role in ("scratch", "barrier"):
-                    mem = drv.mem_alloc(max(b.nbytes, 1))
-                    if b.nbytes:
-                        drv.memset_d8(int(mem), 0 if b.zero_init else 0xFF, b.nbytes)
-                    self.scratch[b.name] = mem
-            self.funcs: dict[str, Any] = {}
-            for ln in self.plan.launches:
-                if ln.kernel not in self.funcs:
-                    f = self.module.get_function(ln.kernel)
-                    self.funcs[ln.kernel] = f
-                if ln.smem_bytes > DEFAULT_SMEM_LIMIT:
-                    self.funcs[ln.kernel].set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                        ln.smem_bytes)
-            drv.Context.synchronize()
-        finally:
-            drv.Context.pop()
+    def __init__(self, program: Any, cubin: bytes, driver: Any) -> None:
+        from stitchtune.gpu.launch import Launcher, launch_plan
+
+        self.driver = driver
+        self.launcher = Launcher(driver, launch_plan(program), cubin)
+        self.staging: dict[tuple[str, str], int] = {}
+        self._bound: dict[tuple[tuple[str, int], ...], Any] = {}
+
+    def _buffer(self, kind: str, name: str, nbytes: int) -> int:
+        ptr = self.staging.get((kind, name))
+        if ptr is None:
+            ptr = self.staging[(kind, name)] = self.driver.mem_alloc(nbytes)
+        return ptr
 
     def __call__(self, graph: Any, arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Outputs of ``graph`` for ``arrays`` (numpy arrays, or device arrays exposing
+        ``__cuda_array_interface__``, used in place), as numpy arrays shaped like the graph's outputs."""
+        from stitchtune.gpu.driver import DriverError
+        from stitchtune.gpu.launch import device_pointer
         from stitchtune.graph.reference import numpy_dtype
 
-        drv = self.drv
-        specs = dict(graph.inputs)
-        problems = [f"input {n!r}: missing (expected shape {list(s.shape)}, dtype {s.dtype})"
-                    for n, s in graph.inputs if n not in arrays]
-        problems += [f"input {n!a}: not an input of graph {graph.name!r}" for n in arrays if n not in specs]
-        for n, a in arrays.items():
-            s = specs.get(n)
-            if s is None or n not in specs:
-                continue
-            if tuple(getattr(a, "shape", ())) != s.shape:
-                problems.append(f"input {n!r}: shape {list(getattr(a, 'shape', ()))}, expected {list(s.shape)}")
-            dt = getattr(a, "dtype", None)
-            if dt is None or np.dtype(dt) != numpy_dtype(s.dtype):
-                problems.append(f"input {n!r}: dtype {getattr(a, 'dtype', None)}, expected {s.dtype}")
-            if not isinstance(a, np.ndarray) and not hasattr(a, "gpudata"):
-                problems.append(f"input {n!r}: a numpy array or a pycuda GPUArray, not {type(a).__name__}")
-        if problems:
-            raise StitchtuneError(problems=problems)
-        self.ctx.push()
-        temps: list[Any] = []
+        _check_arrays(graph, arrays)
+        drv = self.driver
         try:
-            ptrs: dict[str, int] = {n: int(m) for n, m in self.scratch.items()}
-            outs: dict[str, tuple[Any, int]] = {}
-            for b in self.plan.buffers:
-                if b.role == "input":
-                    a = arrays[b.tensor]
-                    if isinstance(a, np.ndarray):
-                        host = np.ascontiguousarray(a)
-                        mem = drv.mem_alloc(max(host.nbytes, 1))
-                        temps.append(mem)
-                        if host.nbytes:
-                            drv.memcpy_htod(int(mem), host.view(np.uint8).ravel())
-                        ptrs[b.name] = int(mem)
-                    else:
-                        ptrs[b.name] = int(a.gpudata)
-                elif b.role == "output":
-                    mem = drv.mem_alloc(max(b.nbytes, 1))
-                    temps.append(mem)
-                    outs[b.tensor] = (mem, b.nbytes)
-                    ptrs[b.name] = int(mem)
-            for ln in self.plan.launches:
-                args = [np.uintp(ptrs[a]) for a in ln.args]
-                self.funcs[ln.kernel](*args, grid=ln.grid, block=ln.block, shared=ln.smem_bytes)
-            drv.Context.synchronize()
-            result = {}
-            for o in graph.outputs:
-                mem, nbytes = outs[o]
-                host = np.empty(nbytes, dtype=np.uint8)
-                if nbytes:
-                    drv.memcpy_dtoh(host, int(mem))
-                spec = graph.spec(o)
-                result[o] = host.view(numpy_dtype(spec.dtype)).reshape(spec.shape)
-            return result
-        except drv.Error as exc:
-            raise StitchtuneError(f"CUDA error while running {graph.name}: {exc}") from None
-        finally:
-            for mem in temps:
-                mem.free()
-            drv.Context.pop()
+            drv.make_current()
+            ptrs: dict[str, int] = {}
+            for name, _ in graph.inputs:
+                a = arrays[name]
+                if isinstance(a, np.ndarray):
+                    ptrs[name] = self._buffer("input", name, a.nbytes)
+                    drv.memcpy_htod(ptrs[name], a)
+                else:
+                    ptrs[name] = device_pointer(a)
+            outs = {o: np.empty(graph.spec(o).shape, numpy_dtype(graph.spec(o).dtype)) for o in graph.outputs}
+            for o, host in outs.items():
+                ptrs[o] = self._buffer("output", o, host.nbytes)
+            key = tuple(sorted(ptrs.items()))
+            bound = self._bound.get(key)
+            if bound is None:
+                if len(self._bound) >= self.MAX_BOUND:
+                    self._bound.pop(next(iter(self._bound)))
+                bound = self._bound[key] = self.launcher.bind(ptrs)
+            self.launcher.launch(bound, 0)
+            drv.synchronize()
+            for o, host in outs.items():
+                drv.memcpy_dtoh(host, ptrs[o])
+        except DriverError as exc:
+            raise DriverError(exc.call, exc.name, f"running {graph.name}") from None
+        return outs
+
+
+def _device_array_problem(name: str, a: Any, spec: Any) -> list[str]:
+    """What is wrong with device array ``a`` (``__cuda_array_interface__``) as input ``name``."""
+    try:
+        cai = a.__cuda_array_interface__
+        shape, dt = tuple(int(d) for d in cai["shape"]), np.dtype(cai["typestr"])
+    except Exception as exc:  # noqa: BLE001 - e.g. torch refuses the interface for bfloat16 tensors
+        return [f"input {name!r}: its __cuda_array_interface__ is unusable ({type(exc).__name__}: {exc})"]
+    out = []
+    if shape != tuple(spec.shape):
+        out.append(f"input {name!r}: shape {list(shape)}, expected {list(spec.shape)}")
+    from stitchtune.graph.reference import numpy_dtype
+
+    # bfloat16 has no typestr: its raw 2-byte bits (e.g. a uint16/int16 view) are taken as they are
+    ok = dt.itemsize == 2 and dt.kind in "uiV" if spec.dtype == "bfloat16" else dt == numpy_dtype(spec.dtype)
+    if not ok:
+        out.append(f"input {name!r}: dtype {dt}, expected {spec.dtype}")
+    return out
+
+
+def _check_arrays(graph: Any, arrays: Mapping[str, Any]) -> None:
+    """Raise StitchtuneError listing every missing, extra, mis-shaped or mis-typed input."""
+    from stitchtune.graph.reference import numpy_dtype
+
+    specs = dict(graph.inputs)
+    problems = [f"input {n!r}: missing (expected shape {list(s.shape)}, dtype {s.dtype})"
+                for n, s in graph.inputs if n not in arrays]
+    problems += [f"input {n!a}: not an input of graph {graph.name!r}" for n in arrays if n not in specs]
+    for n, a in arrays.items():
+        s = specs.get(n)
+        if s is None:
+            continue
+        if isinstance(a, np.ndarray):
+            if tuple(a.shape) != s.shape:
+                problems.append(f"input {n!r}: shape {list(a.shape)}, expected {list(s.shape)}")
+            if a.dtype != numpy_dtype(s.dtype):
+                problems.append(f"input {n!r}: dtype {a.dtype}, expected {s.dtype}")
+        elif hasattr(a, "__cuda_array_interface__"):
+            problems += _device_array_problem(n, a, s)
+        else:
+            problems.append(f"input {n!r}: a numpy array or a device array with __cuda_array_interface__, "
+                            f"not {type(a).__name__}")
+    if problems:
+        raise StitchtuneError(problems=problems)
 
 
 # ---------------------------------------------------------------------------- compile
@@ -330,16 +342,6 @@ def _build(source: str, arch: str) -> tuple[Any, bytes]:
     if res.status != "ok" or not res.cubin_path:
         raise ToolchainError(f"nvcc failed ({res.status}): {res.error[:2000]}")
     return res, Path(res.cubin_path).read_bytes()
-
-
-def _nvcc_found() -> bool:
-    from stitchtune.gpu.build import find_nvcc
-
-    try:
-        find_nvcc()
-    except ToolchainError:
-        return False
-    return True
 
 
 def compile(graph_or_path: Any, db: str | os.PathLike[str] | None = "results", device: Any = None, *,
@@ -379,7 +381,9 @@ def compile(graph_or_path: Any, db: str | os.PathLike[str] | None = "results", d
         program = choice.program if choice.program is not None else lower(graph, plan, choice.schedule, dev, space)
     sources = render(program)
     result, cubin = None, None
-    if build or (build is None and _nvcc_found()):
+    from stitchtune.gpu.build import nvcc_found
+
+    if build or (build is None and nvcc_found()):
         result, cubin = _build(sources, dev.arch)
     bare = Choice(choice.schedule, choice.source, choice.record, choice.reason)
     manifest = build_manifest(graph, dev, bare, program, str(space.version), str(CODEGEN_VERSION), result)

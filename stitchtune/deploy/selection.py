@@ -1,5 +1,10 @@
 """Compile-time schedule selection: which schedule to build for a graph on a device.
 
+:func:`choose_schedule` is the only function of stitchtune that picks a schedule from a tuning
+database: ``stitchtune.compile``, ``stitchtune run``, the PyTorch entry point and ``stitchtune bench``
+all ask it. Every schedule it returns was re-validated against today's space, lowering and the cost
+model's hard limits, and ``Choice.source`` / ``Choice.reason`` say which rule chose it.
+
 Contract of :func:`choose_schedule(graph, db_path, device)` -> :class:`Choice`:
 
 1. ``tuned``: the fastest ``ok`` record of the tuning database with the same workload key, device key
@@ -65,8 +70,8 @@ class Choice:
     """The schedule chosen for one graph on one device, and why.
 
     ``source``: ``tuned`` | ``nearest-shape`` | ``heuristic`` (``given`` in ``api.compile``). ``record``: the database row it came
-    from (the :data:`LOOKUP_COLUMNS` of it, plus ``distance`` for nearest-shape), None for the
-    heuristic. ``reason``: one human-readable sentence. ``program``: the lowered
+    from (the :data:`LOOKUP_COLUMNS` of it, ``estimated`` resolved to a bool (a missing value means
+    ``backend != "cuda"``), plus ``distance`` for nearest-shape), None for the heuristic. ``reason``: one human-readable sentence. ``program``: the lowered
     :class:`~stitchtune.ir.kir.Program` of ``schedule`` for this graph and device (lowering already
     happened during validation; callers may reuse it).
     """
@@ -81,24 +86,24 @@ class Choice:
         if self.source not in SOURCES:
             raise ValueError(f"unknown choice source {self.source!r}")
 
+    @property
+    def measured(self) -> bool:
+        """True when the schedule is a tuned record of this very workload whose time was measured on
+        a GPU (not estimated by the emulator's cost model)."""
+        return self.source == "tuned" and self.record is not None and self.record.get("estimated") is False
 
-# ---------------------------------------------------------------------------- the heuristic switch
+
+# ---------------------------------------------------------------------------- the heuristic
 def heuristic_schedule(plan: Any, device: Any, space: Any) -> Any:
-    """The heuristic (AStitch default) schedule from ``stitchtune.cost.heuristic`` when it exists; until
-    then (or if it returns an illegal point) the first legal point drawn with ``random.Random(0)``."""
-    try:
-        from stitchtune.cost.heuristic import heuristic_schedule as _h  # type: ignore[import-not-found]
-    except ImportError:
-        _h = None
-    if _h is not None:
-        try:
-            s = _h(plan, device, space)
-        except TypeError:  # a (plan, device) signature
-            s = _h(plan, device)
-        if not space.violations(s):
-            return s
-        log.warning("the heuristic schedule is illegal for this graph (%s); using a sampled one",
-                    "; ".join(space.violations(s)))
+    """:func:`stitchtune.cost.heuristic.heuristic_schedule` (the AStitch default); should it ever be
+    illegal for ``space``, the first legal point drawn with ``random.Random(0)`` (logged)."""
+    from stitchtune.cost.heuristic import heuristic_schedule as astitch_default
+
+    s = astitch_default(plan, device, space)
+    bad = space.violations(s)
+    if not bad:
+        return s
+    log.warning("the heuristic schedule is illegal for this graph (%s); using a sampled one", "; ".join(bad))
     return space.sample(random.Random(0))
 
 
@@ -316,7 +321,7 @@ def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: 
             reason = (f"tuned record {row['schedule_key']} of this workload on {where}: "
                       f"{kind} {float(row['measured_us']):.2f} us")
             log.info("%s: %s", graph.name, reason)
-            return Choice(s, "tuned", _record(row), reason, program)
+            return Choice(s, "tuned", _record(row, estimated=est), reason, program)
         rejected.append(f"tuned record {row['schedule_key']} no longer legal: {why}")
         log.warning("%s: %s", graph.name, rejected[-1])
 
@@ -347,7 +352,8 @@ def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: 
                       f"{row['schedule_key']} of {row['graph_name']} at other shapes {row['shapes']} "
                       f"(shape distance {d:.2f}), re-validated for these shapes")
             _warn_once(graph, dkey, "nearest-shape", f"{graph.name}: {reason}")
-            return Choice(s, "nearest-shape", _record(row, distance=d), reason, program)
+            return Choice(s, "nearest-shape", _record(row, distance=d, estimated=bool(row["_est"])), reason,
+                          program)
         if n_checked:
             rejected.append(f"{n_checked} record(s) of the same structure at other shapes are illegal "
                             "for these shapes")

@@ -9,10 +9,14 @@ Contract
   graph inputs whose values are captured at compile time (compile again after changing them).
 * The returned :class:`StitchedFunction` is called like ``fn`` with positional tensors. It returns one
   tensor when the graph has one output, else a tuple in ``fn``'s output order.
-* On CUDA (default) the kernels are launched from ``tensor.data_ptr()`` on the torch stream current
-  at the first call on that GPU (cupy ``RawModule`` + :class:`stitchtune.gpu.cupy_launch.CupyLauncher`): no
-  copy goes through the host; outputs are new tensors on the inputs' GPU; scratch/barrier buffers are
-  allocated and zeroed once per GPU.
+* On CUDA (default) the kernels are launched through the one launch path
+  (:class:`stitchtune.gpu.launch.Launcher`, cuda-python, the primary context torch uses) from
+  ``tensor.data_ptr()`` on the torch stream current at each call
+  (``torch.cuda.current_stream().cuda_stream``): no copy goes through the host, nothing is
+  synchronised; outputs are new tensors on the inputs' GPU; scratch/barrier buffers are allocated and
+  initialised once per GPU (on the stream current at the first call); arguments are packed once per
+  set of tensor pointers. The cubin is :attr:`CompiledGraph.cubin` (built through the nvcc builder's
+  cache when missing); no file is written.
 * ``emulate=True`` runs the same program in the CPU emulator on CPU tensors (tests, small shapes).
 * A tensor the kernels cannot take is refused with :class:`TensorRefused` (a ``StitchtuneError`` and a
   ``ValueError``), one problem per argument: not a tensor, wrong device (CPU tensor without
@@ -28,8 +32,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,63 +140,71 @@ class StitchedFunction:
         return [_from_numpy(out[o], g.spec(o).dtype) for o in g.outputs]
 
     # -- CUDA ----------------------------------------------------------------------------------
-    def _launcher(self, device: Any) -> tuple[Any, dict[str, Any]]:
-        """(CupyLauncher, {param input: tensor}) for one GPU, made at the first call on it."""
+    def _launcher(self, device: Any) -> tuple[Any, dict[str, Any], dict[Any, Any]]:
+        """(Launcher, {param input: tensor}, bound-arguments cache) for one GPU, made at the first call
+        on it (the cubin from :attr:`compiled`, else built once through the builder's cache)."""
         key = ("cuda", device.index)
         hit = self._state.get(key)
         if hit is not None:
             return hit
-        try:
-            import cupy
-        except ImportError as exc:
-            raise ToolchainError(f"stitchtune.deploy.torch_entry on CUDA needs cupy ({exc})") from None
+        import torch as _torch
+
         from stitchtune.deploy.compiled import _build
-        from stitchtune.gpu.cupy_launch import CupyLauncher, _to_torch
+        from stitchtune.gpu.driver import open_driver
+        from stitchtune.gpu.launch import Launcher, launch_plan
 
         cubin = self.compiled.cubin or self._state.get("cubin")
         if cubin is None:
             cubin = self._state["cubin"] = _build(self.compiled.sources, self.compiled.device.arch)[1]
-        # the cubin file stays until this function is garbage-collected (cupy may read it lazily)
-        fd, path = tempfile.mkstemp(suffix=".cubin", prefix="stitchtune-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(cubin)
-        weakref.finalize(self, _unlink, path)
-        import torch as _torch
-
-        with _torch.cuda.device(device), cupy.cuda.Device(device.index or 0):
-            launcher = CupyLauncher(self.compiled.program, path, torch_device=str(device))
-        params = {n: _to_torch(a, str(device)) for n, a in self.params}
-        self._state[key] = (launcher, params)
-        return launcher, params
+        index = device.index if device.index is not None else _torch.cuda.current_device()
+        with _torch.cuda.device(index):
+            driver = open_driver(index)
+            stream = int(_torch.cuda.current_stream(index).cuda_stream)
+            launcher = Launcher(driver, launch_plan(self.compiled.program), cubin, stream=stream)
+        params = {n: _to_torch(a, f"cuda:{index}") for n, a in self.params}
+        self._state[key] = (launcher, params, {})
+        return self._state[key]
 
     def _cuda(self, args: Sequence[Any]) -> list[Any]:
         import torch as _torch
 
         g = self.graph
         device = args[0].device if args else _torch.device("cuda", _torch.cuda.current_device())
-        launcher, params = self._launcher(device)
+        launcher, params, bound_cache = self._launcher(device)
         tensors = {n: t.contiguous() for n, t in zip(self.arg_names, args)}
         tensors.update(params)
-        outs = {o: _torch.empty(g.spec(o).shape, dtype=_torch_dtype(g.spec(o).dtype), device=device)
-                for o in g.outputs}
-        ptrs = {}
-        for b in launcher.plan.buffers:
-            if b.role == "input":
-                ptrs[b.name] = int(tensors[b.tensor].data_ptr())
-            elif b.role == "output":
-                ptrs[b.name] = int(outs[b.tensor].data_ptr())
-        import cupy
-
-        with _torch.cuda.device(device), cupy.cuda.Device(device.index or 0):
-            launcher(ptrs)
+        with _torch.cuda.device(device):
+            launcher.driver.make_current()
+            outs = {o: _torch.empty(g.spec(o).shape, dtype=_torch_dtype(g.spec(o).dtype), device=device)
+                    for o in g.outputs}
+            ptrs = {n: int(t.data_ptr()) for n, t in (*tensors.items(), *outs.items())}
+            key = tuple(ptrs.values())
+            bound = bound_cache.get(key)
+            if bound is None:
+                if len(bound_cache) >= MAX_BOUND:
+                    bound_cache.pop(next(iter(bound_cache)))
+                bound = bound_cache[key] = launcher.bind(ptrs)
+            launcher.launch(bound, int(_torch.cuda.current_stream(device).cuda_stream))
         return [outs[o] for o in g.outputs]
 
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+#: packed argument sets kept per GPU (one per distinct set of tensor pointers seen, oldest dropped)
+MAX_BOUND = 64
+
+
+def _to_torch(arr: np.ndarray, device: str = "cuda") -> Any:
+    """A numpy array (bfloat16 included, as ml_dtypes) as a torch tensor on ``device``."""
+    import torch as _torch
+
+    a = np.ascontiguousarray(arr)
+    if a.dtype.name == "bfloat16":
+        return _torch.from_numpy(a.view(np.int16)).view(_torch.bfloat16).to(device)
+    return _torch.from_numpy(a).to(device)
+
+
+def _torch_out(t: Any) -> np.ndarray:
+    """A tensor's values as a float32 numpy array on the host (every graph dtype fits exactly)."""
+    return t.float().cpu().numpy()
 
 
 def compile(fn: Any, db: str | os.PathLike[str] | None = "results", example_inputs: Sequence[Any] | Any = (),

@@ -15,7 +15,9 @@ Contract (docs/INTERFACES.md, "Builder / Runner"):
 * Registers, static shared memory, spill bytes (stores + loads) and stack frame come from
   ``-Xptxas -v`` and are keyed by kernel name.
 
-nvcc lookup order: ``$STITCHTUNE_NVCC``, ``nvcc`` on ``PATH``, ``/usr/local/cuda/bin/nvcc``,
+:func:`find_nvcc` is the one nvcc finder of stitchtune (every caller uses it or :func:`nvcc_found`);
+:class:`NvccBuilder`'s cache (``$STITCHTUNE_CACHE``, default ``~/.cache/stitchtune/cubin``) the one
+build cache. Lookup order: ``$STITCHTUNE_NVCC``, ``nvcc`` on ``PATH``, ``/usr/local/cuda/bin/nvcc``,
 the ``nvidia-cuda-nvcc`` wheel (``site-packages/nvidia/cu13/bin/nvcc`` or ``nvidia/cuda_nvcc/bin``).
 """
 
@@ -134,6 +136,15 @@ def find_nvcc() -> str:
         "nvcc not found: set STITCHTUNE_NVCC, put nvcc on PATH, install the CUDA toolkit "
         "(/usr/local/cuda/bin), or `pip install 'stitchtune[nvcc]'` (the nvidia-cuda-nvcc wheel)"
     )
+
+
+def nvcc_found() -> bool:
+    """True when :func:`find_nvcc` finds an nvcc (never raises)."""
+    try:
+        find_nvcc()
+    except ToolchainError:
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,9 +1,9 @@
-"""The real runner: pycuda in one worker process that owns the GPU, guarded by a watchdog.
+"""The real runner: one worker process that owns the GPU (cuda-python), guarded by a watchdog.
 
 Contract
 --------
-* :func:`cuda_available` is True when pycuda imports and finds a GPU (checked in a short
-  subprocess, cached); it never raises.
+* :func:`cuda_available` is True when NVIDIA's cuda-python driver bindings import and find a GPU
+  (checked in a short subprocess, cached); it never raises.
 * :class:`CudaRunner` implements ``Runner.run(items) -> list[Measurement]``. Per item it sends the
   cubin bytes and a plain-data :class:`~stitchtune.gpu.launch_plan.LaunchPlan` to the worker
   (:mod:`stitchtune.gpu.worker`) and waits. The worker sends a heartbeat after every synchronised
@@ -14,7 +14,7 @@ Contract
   restarted for the next item.
 * The runner computes the graph's inputs (``random_inputs(graph, seed)``, random normal, never zeros)
   and float64 reference outputs once, and writes them into nameless files
-  (:func:`~stitchtune.gpu.launch_plan.write_problem`: anonymous memory files on Linux, else files under
+  (:func:`~stitchtune.gpu.problem.write_problem`: anonymous memory files on Linux, else files under
   a per-runner ``tempfile.mkdtemp`` directory, unlinked at once): they live only while the runner
   or its worker holds a descriptor or map of them, so nothing is left behind when the process is
   killed (``kill -9`` included: the worker dies with its parent). The worker gets the descriptors
@@ -26,14 +26,14 @@ Contract
   ``repeats``, every output checked against the float64 reference before any time counts and again
   after timing) is the contract of :mod:`stitchtune.gpu.worker`. ``median_us`` and all
   ``samples_us`` are kept; ``estimated=False``.
-* pycuda is imported only inside the worker.
+* ``backend="cuda"`` (default): the worker launches through :mod:`stitchtune.gpu.launch` over
+  cuda-python, which is imported only inside the worker.
 * ``backend="fake"`` (or ``STITCHTUNE_CUDA_BACKEND=fake``) runs the same worker protocol with a numpy
   stand-in for the GPU (see :mod:`stitchtune.gpu.worker`), so the watchdog/restart logic is tested
   without one.
 
-The launch plan types and :func:`launch_plan` live in :mod:`stitchtune.gpu.launch_plan`, the worker in
-:mod:`stitchtune.gpu.worker`; both are re-exported here (``from stitchtune.gpu.runner import
-launch_plan, DEFAULT_SMEM_LIMIT, worker_entry`` keeps working).
+The launch plan types and :func:`launch_plan` live in :mod:`stitchtune.gpu.launch`, the problem in
+:mod:`stitchtune.gpu.problem`, the worker in :mod:`stitchtune.gpu.worker`.
 """
 
 from __future__ import annotations
@@ -58,22 +58,10 @@ from typing import Any
 
 import numpy as np
 
-from stitchtune.gpu.launch_plan import (
-    DEFAULT_SMEM_LIMIT,
-    ELEM_BYTES,
-    LaunchPlan,
-    PlanBuffer,
-    PlanLaunch,
-    Problem,
-    ProblemFiles,
-    _check_plan,
-    _travel,
-    close_fds,
-    launch_plan,
-    write_problem,
-)
-from stitchtune.gpu.worker import DEVICE_ENV, WorkerLaunchError, worker_entry
 from stitchtune.errors import ToolchainError
+from stitchtune.gpu.launch import LaunchPlan, launch_plan
+from stitchtune.gpu.problem import Problem, _check_plan, _travel, close_fds, write_problem
+from stitchtune.gpu.worker import worker_entry
 from stitchtune.gpu.runners import (
     Measurement,
     clip_error,
@@ -81,10 +69,7 @@ from stitchtune.gpu.runners import (
     reference_outputs,
 )
 
-__all__ = [
-    "BACKEND_ENV", "DEFAULT_SMEM_LIMIT", "DEVICE_ENV", "ELEM_BYTES", "CudaRunner", "LaunchPlan", "PlanBuffer",
-    "PlanLaunch", "Problem", "ProblemFiles", "WorkerLaunchError", "cuda_available", "launch_plan", "worker_entry",
-]
+__all__ = ["BACKEND_ENV", "CudaRunner", "cuda_available", "worker_entry"]
 
 log = logging.getLogger(__name__)
 
@@ -97,22 +82,22 @@ BACKEND_ENV = "STITCHTUNE_CUDA_BACKEND"
 
 _PROBE = (
     "import sys\n"
-    "import pycuda.driver as d\n"
-    "d.init()\n"
-    "sys.exit(0 if d.Device.count() > 0 else 3)\n"
+    "from stitchtune.gpu.driver import CudaDriver\n"
+    "CudaDriver(0)\n"
+    "sys.exit(0)\n"
 )
 
 
 def _child_pythonpath() -> str:
-    """Our ``sys.path`` for a child interpreter, so it imports the same stitchtune and pycuda."""
+    """Our ``sys.path`` for a child interpreter, so it imports the same stitchtune and cuda-python."""
     return os.pathsep.join(p or os.getcwd() for p in sys.path)
 
 
 @functools.lru_cache(maxsize=1)
 def cuda_available() -> bool:
-    """True when pycuda imports and sees at least one GPU. Never raises; cached per process."""
+    """True when cuda-python imports and sees at least one GPU. Never raises; cached per process."""
     try:
-        if importlib.util.find_spec("pycuda") is None:
+        if importlib.util.find_spec("cuda") is None:
             return False
         env = dict(os.environ)
         env["PYTHONPATH"] = _child_pythonpath()
@@ -190,9 +175,9 @@ class CudaRunner:
         self.warmup = int(warmup)
         self.timeout_s = float(timeout_s)
         self.start_timeout_s = float(start_timeout_s)
-        self.backend = backend or os.environ.get(BACKEND_ENV, "pycuda")
-        if self.backend not in ("pycuda", "fake"):
-            raise ToolchainError(f"unknown CUDA runner backend {self.backend!r} (pycuda or fake)")
+        self.backend = backend or os.environ.get(BACKEND_ENV, "cuda")
+        if self.backend not in ("cuda", "fake"):
+            raise ToolchainError(f"unknown CUDA runner backend {self.backend!r} (cuda or fake)")
         if self.repeats < 1 or self.warmup < 0 or self.timeout_s <= 0:
             raise ValueError("repeats >= 1, warmup >= 0 and timeout_s > 0 required")
         self.device_info: dict[str, Any] | None = None
@@ -256,7 +241,7 @@ class CudaRunner:
                 return
             self._kill()
             last = str(msg[1]).strip().splitlines()[-1] if len(msg) > 1 and msg[1] else "unknown error"
-            raise ToolchainError(f"cannot use the GPU through pycuda: {last}")
+            raise ToolchainError(f"cannot use the GPU through cuda-python: {last}")
 
     @property
     def restarts(self) -> int:
@@ -267,7 +252,7 @@ class CudaRunner:
         self.device_info = info
         log.info("CUDA worker ready: %s", info)
         want = getattr(self.device, "compute_capability", None)
-        if info.get("backend") == "pycuda" and isinstance(want, tuple) and len(want) == 2:
+        if info.get("backend") == "cuda" and isinstance(want, tuple) and len(want) == 2:
             if f"{want[0]}.{want[1]}" != info.get("cc"):
                 log.warning("target device %s has compute capability %s.%s but the GPU found is %s (cc %s)",
                             getattr(self.device, "name", "?"), want[0], want[1], info.get("name"), info.get("cc"))

@@ -12,7 +12,7 @@ Contract (docs/INTERFACES.md, "Builder / Runner"):
 
 Implementations: :class:`EmulateRunner` (numpy SIMT emulator + cost-model time, CPU only),
 :class:`FakeRunner` (programmable, for tests of search), and
-:class:`stitchtune.gpu.runner.CudaRunner` (pycuda on a real GPU, in a watchdog-guarded worker).
+:class:`stitchtune.gpu.runner.CudaRunner` (cuda-python on a real GPU, in a watchdog-guarded worker).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CUDA worker process: measures programs on the GPU (pycuda) or on a numpy stand-in (fake).
+"""The CUDA worker process: measures programs on the GPU (cuda-python) or on a numpy stand-in (fake).
 
 Contract
 --------
@@ -9,10 +9,10 @@ Contract
   driver's text and the worker exits (the context may be dead). The worker dies with its parent, even
   while stuck in a hung kernel.
 * Per graph (once per worker start, restarts included): the problem (inputs and float64 reference
-  outputs) is mapped read-only from the runner's files (:class:`~stitchtune.gpu.launch_plan.ProblemFiles`,
+  outputs) is mapped read-only from the runner's files (:class:`~stitchtune.gpu.problem.ProblemFiles`,
   descriptors inherited from the parent; nothing large travels through the socket), inputs are
   uploaded, outputs allocated, two host buffers per output are allocated for the downloads
-  (page-locked when pycuda can, reused by every program), and an L2 flush buffer of twice the L2
+  (page-locked when the driver can, reused by every program), and an L2 flush buffer of twice the L2
   size. Per program (:func:`_measure`): scratch buffers with ``zero_init`` are zeroed once before the
   first launch (others are poisoned with 0xFF), outputs are poisoned (0xFF bytes = NaN in every float
   type), the launch sequence runs once and every output is downloaded and checked against the float64
@@ -22,9 +22,13 @@ Contract
   bit-identical to the checked first ones, else they are checked against the reference again
   (catches programs whose scratch is not reusable across launches). ``median_us`` and all
   ``samples_us`` are returned. After a program that is not ``ok`` the inputs are uploaded again.
-* Dynamic shared memory above 48 KiB sets ``MAX_DYNAMIC_SHARED_SIZE_BYTES`` on the function.
-* pycuda is imported only inside :class:`_PycudaBackend` (constructed only in the worker); the GPU is
-  ``STITCHTUNE_CUDA_DEVICE`` (default 0). bfloat16 arrays travel as uint16 views.
+* Programs are loaded, their scratch initialised, bound and launched by the one launch path,
+  :class:`stitchtune.gpu.launch.Launcher` (dynamic shared memory above 48 KiB opted in there); memory,
+  copies, memsets and events go through the same :class:`~stitchtune.gpu.driver.Driver`.
+  :class:`_DriverBackend` (backend ``cuda``) is that over :class:`~stitchtune.gpu.driver.CudaDriver`
+  (cuda-python, imported only in the worker; the primary context of GPU ``STITCHTUNE_CUDA_DEVICE``,
+  default 0); a :class:`~stitchtune.gpu.driver.DriverError` is a launch error. Tests run it over the
+  :class:`~stitchtune.gpu.driver.FakeDriver`. bfloat16 arrays travel as uint16 views.
 * :class:`_FakeBackend` runs the same protocol with a numpy stand-in for the GPU, so the watchdog/restart
   logic is tested without one. A fake "cubin" is ``b"FAKE:<mode>[:<time_us>]"`` with mode ``ok``
   (writes the reference), ``wrong``, ``nan`` (writes nothing), ``hang`` (sleeps forever), ``fault``
@@ -46,145 +50,104 @@ from typing import Any
 
 import numpy as np
 
-from stitchtune.gpu.launch_plan import DEFAULT_SMEM_LIMIT, LaunchPlan, Problem, ProblemFiles
+from stitchtune.gpu.driver import DEVICE_ENV, Driver, DriverError
+from stitchtune.gpu.launch import POISON, Bound, LaunchPlan, Launcher
+from stitchtune.gpu.problem import Problem, ProblemFiles
 from stitchtune.gpu.runners import check_outputs
 
-DEVICE_ENV = "STITCHTUNE_CUDA_DEVICE"
+__all__ = ["DEVICE_ENV", "WorkerLaunchError", "worker_entry"]
 
 
 class WorkerLaunchError(Exception):
     """A CUDA error inside the worker (the context may be unusable)."""
 
 
-class _PycudaBackend:
-    """The GPU, through pycuda. Only ever constructed inside the worker process."""
+class _DriverBackend:
+    """The GPU through a :class:`~stitchtune.gpu.driver.Driver` (cuda-python in the worker; the
+    :class:`~stitchtune.gpu.driver.FakeDriver` in tests), programs through
+    :class:`~stitchtune.gpu.launch.Launcher`. Everything runs on the legacy default stream (0)."""
 
-    def __init__(self, problem: Problem) -> None:
-        import pycuda.driver as drv
-
-        self.drv = drv
-        drv.init()
-        self.dev = drv.Device(int(os.environ.get(DEVICE_ENV, "0")))
-        self.ctx = self.dev.make_context()
+    def __init__(self, problem: Problem, driver: Driver) -> None:
+        self.drv = driver
         self.host_inputs = problem.inputs
-        self.inputs = {name: drv.mem_alloc(max(arr.nbytes, 1)) for name, arr in problem.inputs.items()}
-        self.restore_inputs()
-        self.outputs = {n: drv.mem_alloc(max(problem.output_nbytes(n), 1)) for n in problem.expected}
+        self.inputs: dict[str, int] = {}
+        self.outputs: dict[str, int] = {}
+        self.launcher: Launcher | None = None
+        self.bound: Bound | None = None
         self.out_nbytes = {n: problem.output_nbytes(n) for n in problem.expected}
+        self.inputs = {name: driver.mem_alloc(arr.nbytes) for name, arr in problem.inputs.items()}
+        self.restore_inputs()
+        self.outputs = {n: driver.mem_alloc(nb) for n, nb in self.out_nbytes.items()}
         self.host_out = [{n: self._host_buffer(nb) for n, nb in self.out_nbytes.items()} for _ in range(2)]
-        l2 = int(self.dev.get_attribute(drv.device_attribute.L2_CACHE_SIZE))
-        self.flush_nbytes = max(2 * l2, 1 << 20)
-        self.flush_buf = drv.mem_alloc(self.flush_nbytes)
-        self.start, self.end = drv.Event(), drv.Event()
-        self.module: Any = None
-        self.scratch: dict[str, Any] = {}
-        self.calls: list[tuple[Any, tuple[int, int, int], tuple[int, int, int], int, list[int]]] = []
+        self.flush_nbytes = max(2 * int(driver.attribute("L2_CACHE_SIZE")), 1 << 20)
+        self.flush_buf = driver.mem_alloc(self.flush_nbytes)
+        self.start, self.end = driver.event_create(), driver.event_create()
         self._flush_value = 0
 
     def _host_buffer(self, nbytes: int) -> np.ndarray:
         """A download buffer: page-locked (faster copies, no page faults per program) when it can be."""
         try:
-            return self.drv.pagelocked_empty(max(nbytes, 1), np.uint8)[:nbytes]
-        except Exception:  # noqa: BLE001 - pinned memory is an optimisation: pageable works too
+            return self.drv.host_empty(nbytes)
+        except DriverError:  # pinned memory is an optimisation: pageable works too
             return np.empty(nbytes, dtype=np.uint8)
 
     def restore_inputs(self) -> None:
         """(Re-)upload the inputs (after a candidate that may have scribbled over them)."""
         for name, arr in self.host_inputs.items():
-            if arr.nbytes:
-                self.drv.memcpy_htod(int(self.inputs[name]), arr)
+            self.drv.memcpy_htod(self.inputs[name], arr)
 
     def info(self) -> dict[str, Any]:
-        drv = self.drv
-        major, minor = self.dev.compute_capability()
-        return {
-            "backend": "pycuda",
-            "name": self.dev.name(),
-            "cc": f"{major}.{minor}",
-            "sm_count": int(self.dev.get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)),
-            "l2_bytes": int(self.dev.get_attribute(drv.device_attribute.L2_CACHE_SIZE)),
-            "driver_version": int(drv.get_driver_version()),
-        }
+        return self.drv.info()
 
     def is_launch_error(self, exc: BaseException) -> bool:
-        return isinstance(exc, self.drv.Error)
+        return isinstance(exc, DriverError)
 
     def load(self, cubin: bytes, plan: LaunchPlan) -> None:
-        drv = self.drv
-        self.module = drv.module_from_buffer(cubin)
-        ptrs: dict[str, int] = {}
-        for b in plan.buffers:
-            if b.role == "input":
-                ptrs[b.name] = int(self.inputs[b.tensor])
-            elif b.role == "output":
-                ptrs[b.name] = int(self.outputs[b.tensor])
-            else:
-                mem = drv.mem_alloc(max(b.nbytes, 1))
-                self.scratch[b.name] = (mem, b.nbytes, b.zero_init)
-                ptrs[b.name] = int(mem)
-        funcs: dict[tuple[str, int], Any] = {}
-        self.calls = []
-        for ln in plan.launches:
-            key = (ln.kernel, len(ln.args))
-            if key not in funcs:
-                f = self.module.get_function(ln.kernel)
-                f.prepare("P" * len(ln.args))
-                funcs[key] = f
-            f = funcs[key]
-            if ln.smem_bytes > DEFAULT_SMEM_LIMIT:
-                f.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, ln.smem_bytes)
-            self.calls.append((f, ln.grid, ln.block, ln.smem_bytes, [ptrs[a] for a in ln.args]))
+        self.launcher = Launcher(self.drv, plan, cubin)
+        self.bound = self.launcher.bind({**self.inputs, **self.outputs})
 
     def init_scratch(self) -> None:
-        for mem, nbytes, zero in self.scratch.values():
-            if nbytes:
-                self.drv.memset_d8(int(mem), 0 if zero else 0xFF, nbytes)
+        assert self.launcher is not None
+        self.launcher.init_scratch(0)
 
     def poison_outputs(self) -> None:
-        for name, mem in self.outputs.items():
-            if self.out_nbytes[name]:
-                self.drv.memset_d8(int(mem), 0xFF, self.out_nbytes[name])
+        for name, ptr in self.outputs.items():
+            self.drv.memset_d8(ptr, POISON, self.out_nbytes[name], 0)
 
     def launch_all(self) -> None:
-        for f, grid, block, smem, args in self.calls:
-            f.prepared_call(grid, block, *args, shared_size=smem)
+        assert self.launcher is not None and self.bound is not None
+        self.launcher.launch(self.bound, 0)
 
     def sync(self) -> None:
-        self.drv.Context.synchronize()
+        self.drv.synchronize()
 
     def flush_l2(self) -> None:
         self._flush_value ^= 0x5A  # a different value each time: no chance of a no-op memset
-        self.drv.memset_d8(int(self.flush_buf), self._flush_value, self.flush_nbytes)
+        self.drv.memset_d8(self.flush_buf, self._flush_value, self.flush_nbytes, 0)
 
     def time_launches(self) -> float:
-        self.start.record()
+        self.drv.event_record(self.start, 0)
         self.launch_all()
-        self.end.record()
-        self.end.synchronize()
-        return float(self.start.time_till(self.end)) * 1000.0
+        self.drv.event_record(self.end, 0)
+        self.drv.event_synchronize(self.end)
+        return self.drv.event_elapsed_ms(self.start, self.end) * 1000.0
 
     def read_outputs(self, slot: int = 0) -> dict[str, np.ndarray]:
         """Download every output into host buffer set ``slot`` (0 or 1; valid until the next read of it)."""
         bufs = self.host_out[slot]
-        for name, mem in self.outputs.items():
-            if bufs[name].size:
-                self.drv.memcpy_dtoh(bufs[name], int(mem))
+        for name, ptr in self.outputs.items():
+            self.drv.memcpy_dtoh(bufs[name], ptr)
         return dict(bufs)
 
     def unload(self) -> None:
-        for mem, _, _ in self.scratch.values():
-            try:
-                mem.free()
-            except Exception:  # noqa: BLE001 - a dead context cannot free; the worker exits anyway
-                pass
-        self.scratch = {}
-        self.calls = []
-        self.module = None
+        if self.launcher is not None:
+            self.launcher.close()
+        self.launcher, self.bound = None, None
 
     def close(self) -> None:
         try:
-            self.ctx.pop()
-        except Exception:  # noqa: BLE001
+            self.drv.close()
+        except DriverError:
             pass
 
 
@@ -334,6 +297,16 @@ def _measure(backend: Any, cubin: bytes, plan: LaunchPlan, problem: Problem, rep
         backend.unload()
 
 
+def _make_backend(name: str, problem: Problem) -> Any:
+    """``cuda``: :class:`_DriverBackend` over cuda-python on GPU ``$STITCHTUNE_CUDA_DEVICE``; ``fake``:
+    :class:`_FakeBackend`."""
+    if name == "fake":
+        return _FakeBackend(problem)
+    from stitchtune.gpu.driver import CudaDriver
+
+    return _DriverBackend(problem, CudaDriver(int(os.environ.get(DEVICE_ENV, "0"))))
+
+
 def _serve(conn: multiprocessing.connection.Connection) -> None:
     """Worker protocol. Child sends ("hello",); parent sends ("setup", backend, problem, repeats,
     warmup) where problem is a :class:`ProblemFiles` (mapped here; descriptors inherited) or a
@@ -348,7 +321,7 @@ def _serve(conn: multiprocessing.connection.Connection) -> None:
     try:
         if isinstance(problem, ProblemFiles):
             problem = problem.open()
-        backend = _PycudaBackend(problem) if backend_name == "pycuda" else _FakeBackend(problem)
+        backend = _make_backend(backend_name, problem)
         conn.send(("ready", backend.info()))
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises ToolchainError
         conn.send(("fatal", traceback.format_exc(limit=5)))

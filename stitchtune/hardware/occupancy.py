@@ -129,12 +129,14 @@ extern "C" __global__ void k(float* out, int n) {
 """
 
 
-def driver_check(device: Device, ordinal: int = 0) -> tuple[int, list[dict[str, int]]]:
+def driver_check(device: Device, ordinal: int = 0, nvcc: str = "nvcc") -> tuple[int, list[dict[str, int]]]:
     """Compare :func:`occupancy` with the driver's ``cuOccupancyMaxActiveBlocksPerMultiprocessor`` on
     GPU ``ordinal`` for kernels of ~14..255 registers (compiled with nvcc for ``device.arch``), several
     block sizes and dynamic shared-memory sizes up to the opt-in limit.
 
-    Returns (configurations compared, mismatches as dicts). Needs libcuda and nvcc; raises
+    ``nvcc``: the compiler to run (callers pass :func:`stitchtune.gpu.build.find_nvcc`'s answer; this
+    module sits below the GPU layer). Returns (configurations compared, mismatches as dicts). Needs
+    libcuda and nvcc; raises
     :class:`~stitchtune.errors.ToolchainError` when either is missing or a driver call fails.
     """
     import ctypes
@@ -167,7 +169,7 @@ def driver_check(device: Device, ordinal: int = 0) -> tuple[int, list[dict[str, 
                 f.write(_CHECK_KERNEL.replace("NACC", str(nacc)))
             cubin = os.path.join(tmp, f"k{nacc}.cubin")
             try:
-                subprocess.run(["nvcc", "-cubin", f"-arch={device.arch}", src, "-o", cubin], check=True,
+                subprocess.run([nvcc, "-cubin", f"-arch={device.arch}", src, "-o", cubin], check=True,
                                capture_output=True, timeout=300)
             except (OSError, subprocess.SubprocessError) as exc:
                 raise ToolchainError(f"nvcc failed on the occupancy check kernel: {exc}") from exc

@@ -173,19 +173,14 @@ class SkipBuilder:
                             compile_s=0.0, error="") for s in sources]
 
 
-def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "stitchtune", "build")
-
-
 def _default_builder(config: SearchConfig, device: Any, backend: str) -> Any:
-    import shutil
+    """nvcc (the one finder and cache of :mod:`stitchtune.gpu.build`); with the emulate backend and no
+    nvcc (or ``--no-build``) a :class:`SkipBuilder`."""
+    from stitchtune.gpu.build import NvccBuilder, nvcc_found
 
-    if backend == "emulate" and (not config.build or shutil.which("nvcc") is None):
+    if backend == "emulate" and (not config.build or not nvcc_found()):
         return SkipBuilder("no nvcc" if config.build else "--no-build")
-    from stitchtune.gpu.build import NvccBuilder
-
-    return NvccBuilder(jobs=config.jobs, timeout_s=120.0, cache_dir=_cache_dir())
+    return NvccBuilder(jobs=config.jobs, timeout_s=120.0)
 
 
 def _default_runner(backend: str, graph: Any, device: Any) -> Any:
@@ -224,18 +219,18 @@ def default_components() -> Components:
 
 
 def resolve_backend(requested: str, cuda_available: Callable[[], bool] | None = None) -> tuple[str, str]:
-    """``auto`` -> ``cuda`` when pycuda finds a GPU, else ``emulate``; returns (backend, one-line reason)."""
+    """``auto`` -> ``cuda`` when cuda-python finds a GPU, else ``emulate``; returns (backend, one-line reason)."""
     check = cuda_available or _cuda_available
     if requested == "cuda":
         if not check():
-            raise ToolchainError("--backend cuda: pycuda cannot find a CUDA GPU")
+            raise ToolchainError("--backend cuda: cuda-python cannot find a CUDA GPU")
         return "cuda", "backend cuda (requested): kernels are timed on the GPU"
     if requested == "emulate":
         return "emulate", ("backend emulate (requested): correctness by the emulator, times are the "
                            "cost model's predictions (estimated)")
     if check():
-        return "cuda", "backend auto -> cuda: pycuda found a GPU; kernels are timed on it"
-    return "emulate", ("backend auto -> emulate: no CUDA GPU/pycuda here; correctness by the emulator, "
+        return "cuda", "backend auto -> cuda: cuda-python found a GPU; kernels are timed on it"
+    return "emulate", ("backend auto -> emulate: no CUDA GPU/cuda-python here; correctness by the emulator, "
                        "times are the cost model's predictions (estimated)")
 
 

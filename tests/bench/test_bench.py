@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -150,7 +151,9 @@ def test_device_slug_and_rotations() -> None:
 def _has_gpu() -> bool:
     import importlib.util
 
-    if importlib.util.find_spec("cupy") is None or importlib.util.find_spec("torch") is None:
+    from stitchtune.gpu.runner import cuda_available
+
+    if importlib.util.find_spec("torch") is None or not cuda_available():
         return False
     import torch
 
@@ -158,7 +161,7 @@ def _has_gpu() -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _has_gpu(), reason="needs torch + cupy + a CUDA GPU")
+@pytest.mark.skipif(not _has_gpu(), reason="needs torch + cuda-python + a CUDA GPU")
 def test_bench_small_example_on_gpu(tmp_path: Path) -> None:
     df = bench.run_bench([EXAMPLES / "layernorm_small.json"], db=str(tmp_path / "db"), trials=2,
                          peers=("eager",), out_dir=tmp_path, iters=20, warmup=3)
@@ -178,7 +181,7 @@ def test_bench_graph_on_cpu_peers_checked_and_timed(monkeypatch: pytest.MonkeyPa
     def no_gpu(*a, **k):
         raise ToolchainError("no GPU here")
 
-    monkeypatch.setattr(bench, "tuned_program", no_gpu)
+    monkeypatch.setattr(bench, "stitchtune_program", no_gpu)
     g = load_graph(EXAMPLES / "layernorm_bf16_small.json")
     rows = bench.bench_graph(str(EXAMPLES / "layernorm_bf16_small.json"), g, db="unused", trials=0,
                              peer_names=("eager", "xla"), device=h200, iters=5, warmup=1, torch_device="cpu")
@@ -217,14 +220,14 @@ def test_run_bench_phases_order_and_files_on_cpu(monkeypatch: pytest.MonkeyPatch
     torch = pytest.importorskip("torch")
     from stitchtune.errors import ToolchainError
 
-    monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
+    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bench, "copy_bandwidth", lambda *a, **k: 4e12)
 
     def no_gpu(*a, **k):
         raise ToolchainError("no GPU here")
 
-    monkeypatch.setattr(bench, "tuned_program", no_gpu)
+    monkeypatch.setattr(bench, "stitchtune_program", no_gpu)
     real = bench.bench_graph
     monkeypatch.setattr(bench, "bench_graph", lambda *a, **k: real(*a, **{**k, "torch_device": "cpu"}))
     paths = [EXAMPLES / "softmax_small.json", EXAMPLES / "rmsnorm_small.json"]
@@ -239,87 +242,129 @@ def test_run_bench_phases_order_and_files_on_cpu(monkeypatch: pytest.MonkeyPatch
     assert any(s.startswith("floor softmax_small:") for s in said)
 
 
-def test_cupy_launcher_plumbing_with_a_fake_cupy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pointers, launch order, grid/block, dynamic shared memory opt-in and scratch zeroing reach cupy."""
-    import sys
-    import types
-
-    import numpy as np
+def test_stitchtune_row_launches_through_the_launch_path(monkeypatch: pytest.MonkeyPatch, h200) -> None:
+    """bench's stitchtune row: the one launch path on the current torch stream, arguments packed once per
+    input rotation (every rotation's tensors reach the kernels, in the program's argument order), no
+    allocation while timing; the note says which selection rule chose the schedule."""
+    import dataclasses
+    from types import SimpleNamespace as NS
 
     torch = pytest.importorskip("torch")
-    from stitchtune.ir import kir
+    import stitchtune
+    from stitchtune.gpu import driver as gd
+    from stitchtune.gpu.launch import launch_plan
 
-    launched: list[tuple] = []
+    g = load_graph(EXAMPLES / "colsum_sigmoid_scale_small.json")
+    cg = dataclasses.replace(stitchtune.compile(g, db=None, device=h200, build=False), cubin=b"FAKE")
+    drv = gd.FakeDriver()
+    monkeypatch.setattr(bench, "stitchtune_program", lambda *a, **k: cg)
+    monkeypatch.setattr(gd, "open_driver", lambda ordinal=None: drv)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: NS(cuda_stream=0xBEEF))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    rows = bench.bench_graph(str(EXAMPLES / "colsum_sigmoid_scale_small.json"), g, db="unused", trials=0, peer_names=(),
+                             device=h200, iters=5, warmup=2, torch_device="cpu")
+    (st,) = rows
+    assert st.system == STITCHTUNE and len(st.samples_us) == 5 and st.note.startswith("heuristic: ")
+    assert not st.checked  # the fake driver's kernels write nothing: the check must catch it
+    plan = launch_plan(cg.program)
+    n = len(plan.launches)
+    assert len(drv.launches) == (3 + 2 + 5) * n and {ln.stream for ln in drv.launches} == {0xBEEF}
+    assert [ln.kernel for ln in drv.launches[:n]] == [ln.kernel for ln in plan.launches]
+    from stitchtune.gpu.launch import ELEM_BYTES
 
-    class FakeFunction:
-        def __init__(self, name: str) -> None:
-            self.name = name
-            self.max_dynamic_shared_size_bytes = 0
+    k = bench.rotations_needed(sum(math.prod(s.shape) * ELEM_BYTES[s.dtype] for _, s in g.inputs), h200.l2_bytes)
+    per_call = [tuple(ln.args for ln in drv.launches[i:i + n]) for i in range(0, len(drv.launches), n)]
+    # calls use rotation i % k: 3 checked (0..2), 2 warm-up (0, 1), 5 timed (2..6): 7 rotations, each with
+    # its own output tensors (on CPU the input copies share memory: torch's .to("cpu") is a no-op)
+    assert k > 7 and len(set(per_call)) == 7 and per_call[0] == per_call[3] and per_call[2] == per_call[5]
+    ops = [c[0] for c in drv.calls]
+    n_scratch = sum(b.role in ("scratch", "barrier") for b in plan.buffers)
+    assert n_scratch and ops.count("mem_alloc") == n_scratch  # the launcher's scratch, nothing per call
+    assert max(i for i, op in enumerate(ops) if op in ("mem_alloc", "memset_d8")) < ops.index("launch")
+    assert drv.memory == {} and ops[-1] == "unload_module"  # freed when the row is done
 
-        def __call__(self, grid, block, args, shared_mem=0, stream=None):
-            launched.append((self.name, grid, block, args, shared_mem, self.max_dynamic_shared_size_bytes))
 
-    class FakeModule:
-        def __init__(self, path: str) -> None:
-            assert path == "/x/k.cubin"
+def _illegal_today(legal_json: str) -> str:
+    """A schedule of the stored format that today's space refuses (threads per row above the block)."""
+    import json
 
-        def get_function(self, name: str) -> FakeFunction:
-            return FakeFunction(name)
+    return json.dumps(dict(json.loads(legal_json), tpr=1024, block=256), sort_keys=True)
 
-    fake = types.ModuleType("cupy")
-    fake.RawModule = FakeModule  # type: ignore[attr-defined]
-    fake.cuda = types.SimpleNamespace(Stream=types.SimpleNamespace(null="NULL"), ExternalStream=None)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "cupy", fake)
-    bufs = (kir.BufferSpec("x", "float32", 64, "input", tensor="x"),
-            kir.BufferSpec("y", "float32", 64, "output", tensor="y"),
-            kir.BufferSpec("part", "float32", 8, "scratch", zero_init=True),
-            kir.BufferSpec("bar", "float32", 2, "barrier"))
-    launches = (kir.Launch("k1", 4, 128, 0, ("x", "part", "bar")),
-                kir.Launch("k2", 2, 64, 100 * 1024, ("part", "x", "y")))
-    program = types.SimpleNamespace(buffers=bufs, launches=launches)
-    lau = bench.CupyLauncher(program, "/x/k.cubin", torch_device="cpu")
-    assert int(lau.scratch["part"].sum()) == 0 and lau.scratch["bar"].numel() == 8
-    x, y = torch.zeros(64), torch.zeros(64)
-    bound = lau.bind({"x": x.data_ptr(), "y": y.data_ptr()})
-    lau.run(bound)
-    part = lau.scratch["part"].data_ptr()
-    assert [(n, g, b, s) for n, g, b, _, s, _ in launched] == [("k1", (4, 1, 1), (128, 1, 1), 0),
-                                                               ("k2", (2, 1, 1), (64, 1, 1), 100 * 1024)]
-    assert launched[0][3] == (np.uint64(x.data_ptr()), np.uint64(part), np.uint64(lau.scratch["bar"].data_ptr()))
-    assert launched[1][3] == (np.uint64(part), np.uint64(x.data_ptr()), np.uint64(y.data_ptr()))
-    assert all(isinstance(a, np.uint64) for a in launched[1][3])
-    assert launched[1][5] == 100 * 1024  # opted in above the 48 KiB default
+
+def _nvcc_or_skip() -> None:
+    from stitchtune.gpu.build import nvcc_found
+
+    if not nvcc_found():
+        pytest.skip("nvcc not found")
 
 
 @pytest.mark.slow
-def test_tuned_program_takes_the_fastest_record_and_builds_it(tmp_path: Path, h200) -> None:
-    """The database's fastest ok cuda row for this workload/device/versions is lowered and built by nvcc."""
+def test_stitchtune_program_uses_selection_and_skips_an_illegal_stored_schedule(tmp_path: Path, h200) -> None:
+    """bench's program comes from choose_schedule: the fastest stored record is illegal today, so the
+    legal one is used (tuned); with only the illegal one, the heuristic; estimated records lose to measured."""
     import random
 
-    from stitchtune.gpu.build import find_nvcc
-    from stitchtune.tune.database import TuningDB
-    from stitchtune.errors import ToolchainError
     from stitchtune.lower.entry import CODEGEN_VERSION
     from stitchtune.plan.planner import make_plan
     from stitchtune.space.schedule import SearchSpace
+    from stitchtune.tune.database import TuningDB
 
-    try:
-        find_nvcc()
-    except ToolchainError:
-        pytest.skip("nvcc not found")
+    _nvcc_or_skip()
     path = EXAMPLES / "layernorm_small.json"
     g = load_graph(path)
     space = SearchSpace.for_plan(make_plan(g), h200)
     rng = random.Random(0)
-    fast, slow = space.sample(rng), space.sample(rng)
-    base = {"workload_key": g.workload_key(), "device_key": h200.key, "space_version": str(space.version),
-            "codegen_version": str(CODEGEN_VERSION), "backend": "cuda", "status": "ok", "estimated": False}
+    good, est = space.sample(rng), space.sample(rng)
+    bad = _illegal_today(good.to_json())
+    assert space.violations(type(good).from_json(bad))
+    base = {"workload_key": g.workload_key(), "structure_key": g.structure_key(), "device_key": h200.key,
+            "space_version": str(space.version), "codegen_version": str(CODEGEN_VERSION), "backend": "cuda",
+            "status": "ok", "estimated": False}
+    TuningDB(tmp_path / "only_bad").append([{**base, "schedule_json": bad, "schedule_key": "bad", "measured_us": 1.0}])
+    cg = bench.stitchtune_program(str(path), g, str(tmp_path / "only_bad"), trials=0, device=h200)
+    assert cg.source == "heuristic" and "no longer legal" in cg.choice.reason and cg.cubin
     TuningDB(tmp_path / "db").append([
-        {**base, "schedule_json": slow.to_json(), "schedule_key": slow.key(), "measured_us": 9.0},
-        {**base, "schedule_json": fast.to_json(), "schedule_key": fast.key(), "measured_us": 3.0},
-        {**base, "backend": "emulate", "estimated": True, "schedule_json": slow.to_json(),
-         "schedule_key": slow.key(), "measured_us": 1.0}])
-    tp = bench.tuned_program(str(path), g, str(tmp_path / "db"), trials=0, device=h200)
-    assert fast.key() in tp.origin and "3.0 us" in tp.origin
-    assert Path(tp.cubin_path).stat().st_size > 0
-    assert {b.tensor for b in tp.program.buffers if b.role == "input"} == {n for n, _ in g.inputs}
+        {**base, "schedule_json": bad, "schedule_key": "bad", "measured_us": 1.0},
+        {**base, "schedule_json": good.to_json(), "schedule_key": good.key(), "measured_us": 3.0},
+        {**base, "backend": "emulate", "estimated": True, "schedule_json": est.to_json(),
+         "schedule_key": est.key(), "measured_us": 0.5}])
+    cg = bench.stitchtune_program(str(path), g, str(tmp_path / "db"), trials=0, device=h200)
+    assert cg.source == "tuned" and cg.schedule == good and cg.choice.measured
+    assert cg.cubin and {b.tensor for b in cg.program.buffers if b.role == "input"} == {n for n, _ in g.inputs}
+
+
+@pytest.mark.slow
+def test_stitchtune_program_searches_first_without_a_measured_record(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path, h200) -> None:
+    import random
+
+    import stitchtune.tune.search as search
+    from stitchtune.lower.entry import CODEGEN_VERSION
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.tune.database import TuningDB
+
+    _nvcc_or_skip()
+    path = EXAMPLES / "softmax_small.json"
+    g = load_graph(path)
+    space = SearchSpace.for_plan(make_plan(g), h200)
+    found = space.sample(random.Random(3))
+    asked: list[Any] = []
+
+    def fake_search(cfg: Any) -> Any:
+        asked.append(cfg)
+        TuningDB(cfg.db).append([{"workload_key": g.workload_key(), "structure_key": g.structure_key(),
+                                  "device_key": h200.key, "space_version": str(space.version),
+                                  "codegen_version": str(CODEGEN_VERSION), "backend": "cuda", "status": "ok",
+                                  "estimated": False, "schedule_json": found.to_json(),
+                                  "schedule_key": found.key(), "measured_us": 2.0}])
+        return type("R", (), {"stopped": "trials", "trials_run": 1})()
+
+    monkeypatch.setattr(search, "run_search", fake_search)
+    assert bench.stitchtune_program(str(path), g, str(tmp_path / "db"), trials=0, device=h200).source == "heuristic"
+    assert not asked  # trials=0: never searches
+    cg = bench.stitchtune_program(str(path), g, str(tmp_path / "db"), trials=4, device=h200)
+    assert len(asked) == 1 and asked[0].trials == 4 and asked[0].backend == "cuda"
+    assert cg.source == "tuned" and cg.schedule == found
+    bench.stitchtune_program(str(path), g, str(tmp_path / "db"), trials=4, device=h200)
+    assert len(asked) == 1  # a measured tuned record now: no second search

@@ -1,29 +1,29 @@
 """stitchtune.compile / CompiledGraph, `stitchtune compile`, and stitchtune.deploy.torch_entry.compile.
 
-CPU tests use the emulator; the tests marked ``gpu`` run the kernels through pycuda / torch+cupy and
-are skipped without a GPU.
+CPU tests use the emulator (and the fake CUDA driver for the launch path); the tests marked ``gpu`` run
+the kernels through cuda-python (numpy arrays and torch tensors) and are skipped without a GPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import EXAMPLES_DIR
+from helpers import EXAMPLES_DIR, emulator_kernels
 
 import stitchtune
 from stitchtune import cli
 from stitchtune.deploy.compiled import CompiledGraph
 from stitchtune.gpu.build import find_nvcc
+from stitchtune.gpu.driver import FakeDriver
 from stitchtune.gpu.runner import cuda_available
 from stitchtune.errors import ScheduleError, StitchtuneError, ToolchainError
-from stitchtune.graph.reference import random_inputs, run_reference
+from stitchtune.graph.reference import numpy_dtype, random_inputs, run_reference
 from stitchtune.gpu.runners import check_outputs, output_dtypes
 from stitchtune.deploy.selection import clear_cache
 
@@ -133,140 +133,77 @@ def test_cli_compile_errors(tmp_path: Path, capsys: Any) -> None:
     assert err.count("stitchtune: error:") >= 2 and "Traceback" not in err
 
 
-def test_call_without_pycuda_is_a_toolchain_error(cg: CompiledGraph) -> None:
-    if importlib.util.find_spec("pycuda") is not None:
-        pytest.skip("pycuda installed")
+def test_call_without_a_gpu_is_a_toolchain_error(cg: CompiledGraph) -> None:
+    if cuda_available():
+        pytest.skip("a GPU is here")
     built = CompiledGraph(cg.graph, cg.device, cg.choice, cg.program, cg.sources, cg.manifest, b"not a cubin")
-    with pytest.raises(ToolchainError, match="pycuda"):
+    with pytest.raises(ToolchainError, match="cuda-python"):
         built(**random_inputs(cg.graph, 0))
 
 
-class _FakeDriver:
-    """Just enough of ``pycuda.driver`` for api._PycudaLauncher: device memory is numpy bytes (fresh
-    allocations are 0xFF garbage), and a launch runs the kernel in the emulator on that memory."""
+class _DeviceArray:
+    """A device array as torch/cupy expose it: ``__cuda_array_interface__`` over fake device memory."""
 
-    class Error(Exception):
-        pass
-
-    class function_attribute:
-        MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-
-    def __init__(self, program: Any) -> None:
-        drv = self
-        self.program = program
-        self.mem: dict[int, np.ndarray] = {}
-        self.launches: list[str] = []
-        self._next = 1 << 20
-
-        class Ctx:
-            def push(self) -> None:
-                pass
-
-        class Device:
-            def __init__(self, i: int) -> None:
-                pass
-
-            @staticmethod
-            def count() -> int:
-                return 1
-
-            def retain_primary_context(self) -> Ctx:
-                return Ctx()
-
-        class Context:
-            @staticmethod
-            def synchronize() -> None:
-                pass
-
-            @staticmethod
-            def pop() -> None:
-                pass
-
-        class Mem:
-            def __init__(self, ptr: int) -> None:
-                self.ptr = ptr
-
-            def __int__(self) -> int:
-                return self.ptr
-
-            def free(self) -> None:
-                del drv.mem[self.ptr]
-
-        class Func:
-            def __init__(self, name: str) -> None:
-                self.kernel = drv.program.kernel(name)
-
-            def set_attribute(self, attr: int, value: int) -> None:
-                pass
-
-            def __call__(self, *args: Any, grid: tuple[int, ...], block: tuple[int, ...], shared: int) -> None:
-                from stitchtune.emulate.emulator import elem_dtype, emulate_kernel
-
-                assert block[0] == self.kernel.block and len(args) == len(self.kernel.params)
-                bufs = {p.name: drv.mem[int(a)].view(elem_dtype(p.dtype, p.role)) for p, a in zip(self.kernel.params, args)}
-                emulate_kernel(self.kernel, grid[0], bufs)
-                drv.launches.append(self.kernel.name)
-
-        self.Device, self.Context, self._Mem = Device, Context, Mem
-        self.module_from_buffer = lambda cubin: types.SimpleNamespace(get_function=Func)
-
-    def init(self) -> None:
-        pass
-
-    def mem_alloc(self, n: int) -> Any:
-        ptr = self._next
-        self._next += n + 256
-        self.mem[ptr] = np.full(n, 0xFF, np.uint8)
-        return self._Mem(ptr)
-
-    def memset_d8(self, ptr: int, value: int, n: int) -> None:
-        self.mem[ptr][:n] = value
-
-    def memcpy_htod(self, ptr: int, host: np.ndarray) -> None:
-        self.mem[ptr][: host.nbytes] = host.view(np.uint8).ravel()
-
-    def memcpy_dtoh(self, host: np.ndarray, ptr: int) -> None:
-        host[:] = self.mem[ptr][: host.nbytes]
+    def __init__(self, drv: FakeDriver, host: np.ndarray) -> None:
+        self.ptr = drv.mem_alloc(host.nbytes)
+        drv.memcpy_htod(self.ptr, host)
+        typestr = "<u2" if host.dtype.name == "bfloat16" else host.dtype.str
+        self.__cuda_array_interface__ = {"shape": host.shape, "typestr": typestr, "data": (self.ptr, False),
+                                         "strides": None, "version": 3}
 
 
 @pytest.mark.parametrize("name", ["layernorm_small", "colsum_sigmoid_scale_small", "layernorm_bf16_small"])
-def test_pycuda_launcher_plumbing_with_a_fake_driver(name: str, monkeypatch: Any) -> None:
-    """The in-process pycuda launcher (pointers, argument order, scratch/barrier init, dtype views,
-    device-array inputs) against a fake driver whose kernels run in the emulator."""
-    import dataclasses
-
+def test_call_through_the_launch_path_with_a_fake_driver(name: str) -> None:
+    """``cg(**arrays)``: pointers, argument order, scratch/barrier init, dtypes, device-array inputs,
+    against the fake driver whose kernels run in the emulator."""
     cg = stitchtune.compile(EXAMPLES_DIR / f"{name}.json", db=None, device="h200", build=False)
-    drv = _FakeDriver(cg.program)
-    pkg = types.ModuleType("pycuda")
-    pkg.driver = drv  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "pycuda", pkg)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", drv)
+    drv = FakeDriver(kernels=emulator_kernels(cg.program))
     built = dataclasses.replace(cg, cubin=b"FAKE", _state={})
-    expected = run_reference(cg.graph, random_inputs(cg.graph, 2))
-    for _ in range(2):  # the second call reuses the scratch buffers
-        out = built(**random_inputs(cg.graph, 2))
+    built.device_runner(drv)
+    x = random_inputs(cg.graph, 2)
+    expected = run_reference(cg.graph, x)
+    for _ in range(2):  # the second call reuses the scratch, staging buffers and packed arguments
+        out = built(**x)
         res = check_outputs(out, expected, output_dtypes(cg.graph))
         assert res.ok, res.error
-        assert {k: v.shape for k, v in out.items()} == {o: cg.graph.spec(o).shape for o in cg.graph.outputs}
-    assert drv.launches == [ln.kernel for ln in cg.program.launches] * 2
-    # a device array (anything with .gpudata, .shape, .dtype) is used in place
-    x = random_inputs(cg.graph, 2)
+        assert {k: (v.shape, v.dtype) for k, v in out.items()} == {
+            o: (cg.graph.spec(o).shape, numpy_dtype(cg.graph.spec(o).dtype)) for o in cg.graph.outputs}
+        n_mem = len(drv.memory)
+    assert len(drv.memory) == n_mem
+    assert [ln.kernel for ln in drv.launches] == [ln.kernel for ln in cg.program.launches] * 2
+    assert {ln.stream for ln in drv.launches} == {0}
+    # a device array (anything exposing __cuda_array_interface__) is used in place
     first = cg.graph.inputs[0][0]
-    mem = drv.mem_alloc(x[first].nbytes)
-    drv.memcpy_htod(int(mem), x[first])
-    x[first] = types.SimpleNamespace(gpudata=mem, shape=x[first].shape, dtype=x[first].dtype)
-    assert check_outputs(built(**x), expected, output_dtypes(cg.graph)).ok
+    dev_x = dict(x, **{first: _DeviceArray(drv, x[first])})
+    assert check_outputs(built(**dev_x), expected, output_dtypes(cg.graph)).ok
+    assert any(dev_x[first].ptr in ln.args for ln in drv.launches[-len(cg.program.launches):])
     with pytest.raises(StitchtuneError, match="not an input"):
         built(**x, bogus=np.zeros(1))
+    bad = dict(x, **{first: _DeviceArray(drv, x[first].reshape(-1))})
+    with pytest.raises(StitchtuneError, match="shape"):
+        built(**bad)
+    with pytest.raises(StitchtuneError, match="a numpy array or a device array"):
+        built(**dict(x, **{first: [1.0]}))
+
+
+def test_call_reports_a_driver_error_with_the_graph(cg: CompiledGraph) -> None:
+    from stitchtune.gpu.driver import DriverError
+
+    drv = FakeDriver()
+    built = dataclasses.replace(cg, cubin=b"FAKE", _state={})
+    built.device_runner(drv)
+    drv.pending = "CUDA_ERROR_ILLEGAL_ADDRESS"
+    with pytest.raises(DriverError, match=r"cuCtxSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS \(running "):
+        built(**random_inputs(cg.graph, 0))
 
 
 # ---------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
-@pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU through pycuda")
+@pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU through cuda-python")
 def test_gpu_call_matches_reference(small_examples: list[Path]) -> None:
-    from stitchtune.hardware.device import query_device
+    from stitchtune.hardware.device import default_device
 
-    dev = query_device()
+    dev = default_device()  # the queried GPU; the H200 preset where the device query (still pycuda) is missing
     for path in small_examples:
         g = stitchtune.compile(path, db=None, device=dev, build=True)
         x = random_inputs(g.graph, 1)
@@ -275,6 +212,11 @@ def test_gpu_call_matches_reference(small_examples: list[Path]) -> None:
         assert res.ok, f"{path.name}: {res.error}"
         again = g(**x)  # scratch state reusable across calls
         assert check_outputs(again, run_reference(g.graph, x), output_dtypes(g.graph)).ok, path.name
+        torch = pytest.importorskip("torch")
+        if all(s.dtype != "bfloat16" for _, s in g.graph.inputs):  # device arrays (torch tensors) in place
+            on_gpu = {n: torch.from_numpy(a).cuda() for n, a in x.items()}
+            res = check_outputs(g(**on_gpu), run_reference(g.graph, x), output_dtypes(g.graph))
+            assert res.ok, f"{path.name} (torch tensors): {res.error}"
 
 
 # ---------------------------------------------------------------------------- stitchtune.deploy.torch_entry
@@ -374,8 +316,7 @@ def test_torch_compile_uses_tuned_record(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not cuda_available() or importlib.util.find_spec("cupy") is None,
-                    reason="needs a CUDA GPU, pycuda and cupy")
+@pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU and cuda-python")
 def test_gpu_torch_compile_matches_fn_without_host_copies() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():

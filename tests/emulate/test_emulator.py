@@ -580,7 +580,7 @@ def test_performance_256x1024_row_reduction() -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# the same hand-built kernels through render_cuda: nvcc (no GPU needed) and, on a GPU, pycuda
+# the same hand-built kernels through render_cuda: nvcc (no GPU needed) and, on a GPU, the cuda-python worker
 # ----------------------------------------------------------------------------------------------
 
 
@@ -673,13 +673,13 @@ def test_device_cases_compile_with_nvcc(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 def test_gpu_agrees_with_emulator(tmp_path: Path) -> None:
-    """Each hand-built program on the GPU (pycuda) must reproduce the emulator's outputs."""
+    """Each hand-built program on the GPU (cuda-python) must reproduce the emulator's outputs."""
     from stitchtune.gpu.build import NvccBuilder
     from stitchtune.gpu.runner import CudaRunner, cuda_available
     from stitchtune.gpu.render import render
 
     if not cuda_available():
-        pytest.skip("no CUDA GPU / pycuda")
+        pytest.skip("no CUDA GPU / cuda-python")
     cases = device_cases()
     builds = NvccBuilder(jobs=2, cache_dir=tmp_path).build([render(p) for p, _ in cases.values()], "sm_90")
     failures = []

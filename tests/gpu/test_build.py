@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import sys
 import textwrap
@@ -14,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from stitchtune.gpu import build as B
-from stitchtune.gpu.build import BuildResult, FakeBuilder, NvccBuilder, find_nvcc, parse_ptxas
+from stitchtune.gpu.build import BuildResult, FakeBuilder, NvccBuilder, find_nvcc, nvcc_found, parse_ptxas
 from stitchtune.errors import StitchtuneError, ToolchainError
 
-HAVE_NVCC = shutil.which("nvcc") is not None or Path("/usr/local/cuda/bin/nvcc").exists()
+HAVE_NVCC = nvcc_found()
 needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not installed")
 
 PTXAS_CUDA13 = """\

@@ -8,7 +8,7 @@
 * a whole ``run_search`` over a real graph (real plan/space/lowering/rendering/cost model), whose
   candidates go through all of the above in turn, records every status with its error text and runs
   all its trials. On a GPU (``pytest -m gpu``) the same search injects a real illegal-address write
-  and a real endless loop into the rendered CUDA source and runs them through pycuda.
+  and a real endless loop into the rendered CUDA source and runs them through the cuda-python worker.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def test_search_goes_on_through_nvcc_and_kernel_failures(tmp_path: Path) -> None
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU through pycuda")
+@pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU through cuda-python")
 def test_search_goes_on_through_real_kernel_faults_on_gpu(tmp_path: Path) -> None:
     """On a real GPU: an illegal-address write -> launch_error, an endless loop -> timeout (watchdog),
     an injected #error -> compile_error; the search runs all its trials and finds ok kernels."""

@@ -1,10 +1,10 @@
-"""GPU tests: real kernels through pycuda (skipped unless ``cuda_available()``).
+"""GPU tests: real kernels through the launch path over cuda-python (skipped unless ``cuda_available()``).
 
 * a kernel that writes to an illegal address becomes ``launch_error`` with the CUDA error text, and
   the next item runs in a fresh worker;
 * a kernel that never returns becomes ``timeout`` (watchdog kill), and the next item runs;
 * dynamic shared memory above 48 KiB works (MAX_DYNAMIC_SHARED_SIZE_BYTES);
-* sampled schedules of every full-size example, built with nvcc and run through pycuda, match the
+* sampled schedules of every full-size example, built with nvcc and run through cuda-python, match the
   numpy reference. ``STITCHTUNE_GPU_SAMPLES`` (default 2) schedules per example besides the
   heuristic one; ``STITCHTUNE_GPU_EXAMPLES`` (comma-separated names, default all) limits the
   examples (a `search --backend cuda` checks every candidate of an example the same way);
@@ -26,7 +26,7 @@ import pytest
 
 from stitchtune.gpu.runner import CudaRunner, cuda_available
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU through pycuda")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU through cuda-python")]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 FULL_EXAMPLES = sorted(p for p in EXAMPLES.glob("*.json") if not p.stem.endswith("_small"))
@@ -89,7 +89,7 @@ def test_real_kernel_is_checked_and_timed(runner: CudaRunner, built: Any) -> Non
     assert m.status == "ok", m.error
     assert not m.estimated and len(m.samples_us) == 10 and m.max_rel_error == 0.0
     assert 0 < m.median_us < 10_000
-    assert runner.device_info is not None and runner.device_info["backend"] == "pycuda"
+    assert runner.device_info is not None and runner.device_info["backend"] == "cuda"
 
 
 def test_illegal_address_is_a_launch_error_and_the_next_item_runs(runner: CudaRunner, built: Any) -> None:
@@ -178,3 +178,34 @@ def test_sampled_schedules_of_full_examples_match_the_reference(tmp_path: Path) 
     print(f"ran {ran} schedules of {len(examples)} full-size examples on the GPU")
     assert ran > 0
     assert not failures, "\n".join(failures)
+
+
+def test_launcher_on_a_torch_stream_and_in_a_cuda_graph(built: Any) -> None:
+    """The one launch path on torch's own streams (raw handles), and captured in a CUDA graph: the
+    launch call allocates, synchronises and copies nothing."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no GPU")
+    from stitchtune.gpu.driver import open_driver
+    from stitchtune.gpu.launch import Launcher, launch_plan
+
+    x = torch.randn(N, device="cuda")
+    y = torch.empty_like(x)
+    lau = Launcher(open_driver(torch.cuda.current_device()), launch_plan(_prog("scale2")),
+                   Path(built.cubin_path).read_bytes())
+    bound = lau.bind({"x": x.data_ptr(), "y": y.data_ptr()})
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        lau.launch(bound, side.cuda_stream)
+    side.synchronize()
+    assert torch.equal(y, 2 * x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        lau.launch(bound, torch.cuda.current_stream().cuda_stream)
+    y.zero_()
+    x.copy_(torch.randn(N, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, 2 * x)
+    lau.close()

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from stitchtune.gpu.build import BuildResult, FakeBuilder
-from stitchtune.gpu.runner import CudaRunner, cuda_available, launch_plan
+from stitchtune.gpu.launch import launch_plan
+from stitchtune.gpu.runner import CudaRunner, cuda_available
 from stitchtune.errors import ScheduleError, ToolchainError
 from stitchtune.gpu.runners import (
     EmulateRunner,
@@ -394,12 +395,12 @@ def test_cuda_runner_from_graph_with_fake_backend(tmp_path: Path) -> None:
         assert [m.status for m in ms] == ["ok", "wrong_result"]
 
 
-def test_pycuda_backend_without_pycuda_is_a_toolchain_error() -> None:
+def test_cuda_backend_without_a_gpu_is_a_toolchain_error() -> None:
     if cuda_available():
         pytest.skip("a GPU is present")
     r = CudaRunner.for_arrays({"x": X}, {"x": "float32"}, {"y": X.astype(np.float64)}, {"y": "float32"},
-                              backend="pycuda", start_timeout_s=60)
-    with pytest.raises(ToolchainError, match="cannot use the GPU through pycuda"):
+                              backend="cuda", start_timeout_s=60)
+    with pytest.raises(ToolchainError, match="cannot use the GPU through cuda-python"):
         r.run([(PROG, BuildResult("ok", "h", __file__, "sm_90"))])
     r.close()
 
@@ -413,142 +414,86 @@ def test_cuda_available_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     cr.cuda_available.cache_clear()
 
 
-# ---- the pycuda backend against a mock pycuda (API smoke test without a GPU) -------------------
-
-MOCK_DRIVER = '''
-"""A CPU mock of the few pycuda.driver calls the worker uses (test only)."""
-import time
-import numpy as np
-
-class Error(Exception): pass
-class LogicError(Error): pass
-class LaunchError(Error): pass
-
-class _Enum:
-    def __getattr__(self, name): return name
-
-device_attribute = _Enum()
-function_attribute = _Enum()
-_MEM = {}
-_NEXT = [0x10000]
-_PENDING = [None]
-
-def init(): pass
-def get_driver_version(): return 13000
-
-class Context:
-    def pop(self): pass
-    @staticmethod
-    def synchronize():
-        if _PENDING[0]:
-            raise LaunchError(_PENDING[0])
-
-class Device:
-    def __init__(self, ordinal): pass
-    @staticmethod
-    def count(): return 1
-    def make_context(self): return Context()
-    def compute_capability(self): return (9, 0)
-    def name(self): return "Mock GPU"
-    def get_attribute(self, a): return {"L2_CACHE_SIZE": 1 << 16, "MULTIPROCESSOR_COUNT": 4}[a]
-
-class DeviceAllocation:
-    def __init__(self, n):
-        self.addr = _NEXT[0]; _NEXT[0] += n + 256; _MEM[self.addr] = np.zeros(n, np.uint8)
-    def __int__(self): return self.addr
-    def free(self): _MEM.pop(self.addr, None)
-
-def mem_alloc(n): return DeviceAllocation(n)
-def _buf(ptr):
-    assert isinstance(ptr, int), "pass device pointers as int"
-    return _MEM[ptr]
-def memcpy_htod(dst, src):
-    s = np.ascontiguousarray(src).view(np.uint8).ravel(); _buf(dst)[: s.size] = s
-_PINNED = set()
-def pagelocked_empty(shape, dtype, order="C", mem_flags=0):
-    a = np.empty(shape, dtype); _PINNED.add(id(a)); return a
-def memcpy_dtoh(dst, src):
-    assert id(dst if dst.base is None else dst.base) in _PINNED, "downloads go into page-locked buffers"
-    d = dst.view(np.uint8).ravel(); d[:] = _buf(src)[: d.size]
-def memset_d8(dst, value, n): _buf(dst)[:n] = value
-
-class Event:
-    def record(self, stream=None): self.t = time.perf_counter(); return self
-    def synchronize(self): Context.synchronize(); return self
-    def time_till(self, other): return (other.t - self.t) * 1e3
-
-class _Function:
-    def __init__(self, name): self.name, self.attrs, self.fmt = name, {}, None
-    def prepare(self, fmt): self.fmt = fmt; return self
-    def set_attribute(self, attr, value): self.attrs[attr] = value
-    def prepared_call(self, grid, block, *args, shared_size=0):
-        assert self.fmt == "P" * len(args) and len(grid) == 3 and len(block) == 3
-        assert all(isinstance(a, int) for a in args)
-        if shared_size > 48 * 1024 and self.attrs.get("MAX_DYNAMIC_SHARED_SIZE_BYTES", 0) < shared_size:
-            raise LogicError("cuLaunchKernel failed: invalid argument")
-        x = _buf(args[0]).view(np.float32); y = _buf(args[1]).view(np.float32)
-        if self.name == "bad_address":
-            _PENDING[0] = "cuCtxSynchronize failed: an illegal memory access was encountered"
-        elif self.name == "spin":
-            while True:
-                time.sleep(3600)
-        else:
-            y[:] = 2 * x
-
-class _Module:
-    def get_function(self, name):
-        if name not in ("scale2", "bad_address", "spin", "smem_big"):
-            raise LogicError("cuModuleGetFunction failed: named symbol not found")
-        return _Function(name)
-
-def module_from_buffer(image):
-    if not bytes(image).startswith(b"MOCK"):
-        raise Error("cuModuleLoadDataEx failed: device kernel image is invalid")
-    return _Module()
-'''
+# ---- the worker's GPU backend over the fake driver (the same Driver the real one implements) ------
 
 
-def test_pycuda_backend_against_a_mock_pycuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
+def _scale(factor: float) -> Any:
+    def run(drv: Any, args: tuple[int, ...], ln: Any) -> None:
+        x = drv.buffer(args[0]).view(np.float32)
+        y = drv.buffer(args[1]).view(np.float32)
+        y[:] = factor * x
 
-    import stitchtune.gpu.runner as cr
+    return run
 
-    pkg = tmp_path / "mock" / "pycuda"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("VERSION = (0, 0, 0)\n")
-    (pkg / "driver.py").write_text(MOCK_DRIVER)
-    monkeypatch.setattr(sys, "path", [str(tmp_path / "mock"), *sys.path])
-    cr.cuda_available.cache_clear()
-    try:
-        assert cr.cuda_available()  # the probe subprocess imports the mock and finds "a GPU"
-    finally:
-        cr.cuda_available.cache_clear()
-    n = 1024
-    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-    cubin = tmp_path / "mock.cubin"
-    cubin.write_bytes(b"MOCK")
-    bad = tmp_path / "bad.cubin"
-    bad.write_bytes(b"\x7fELF garbage")
-    ok_b, bad_b = BuildResult("ok", "h", str(cubin), "sm_90"), BuildResult("ok", "h", str(bad), "sm_90")
 
-    def prog(kernel: str, smem: int = 0) -> Any:
-        return NS(buffers=(NS(name="x", dtype="float32", size=n, role="input", tensor="x", zero_init=False),
-                           NS(name="y", dtype="float32", size=n, role="output", tensor="y", zero_init=False),
-                           NS(name="s", dtype="float32", size=8, role="scratch", tensor="", zero_init=True)),
-                  launches=(NS(kernel=kernel, grid=4, block=256, smem_bytes=smem, args=("x", "y", "s")),))
+def _fault(drv: Any, args: tuple[int, ...], ln: Any) -> None:
+    drv.pending = "CUDA_ERROR_ILLEGAL_ADDRESS"  # surfaces at the next synchronising call
 
-    with CudaRunner.for_arrays({"x": x}, {"x": "float32"}, {"y": 2 * x.astype(np.float64)}, {"y": "float32"},
-                               repeats=3, warmup=1, timeout_s=2.0, backend="pycuda") as r:
-        ms = r.run([(prog("scale2"), ok_b), (prog("smem_big", 100 * 1024), ok_b), (prog("bad_address"), ok_b),
-                    (prog("scale2"), ok_b), (prog("spin"), ok_b), (prog("nope"), ok_b), (prog("scale2"), bad_b),
-                    (prog("scale2"), ok_b)])
-        assert [m.status for m in ms] == ["ok", "ok", "launch_error", "ok", "timeout", "launch_error",
-                                          "launch_error", "ok"]
-        assert len(ms[0].samples_us) == 3 and ms[0].max_rel_error == 0.0 and not ms[0].estimated
-        assert "illegal memory access" in ms[2].error
-        assert "named symbol not found" in ms[5].error and "kernel image is invalid" in ms[6].error
-        assert r.device_info == {"backend": "pycuda", "name": "Mock GPU", "cc": "9.0", "sm_count": 4,
-                                 "l2_bytes": 65536, "driver_version": 13000}
+
+def _scratch_reader(drv: Any, args: tuple[int, ...], ln: Any) -> None:
+    """Right only while its zero_init scratch really starts at zero (and it leaves it dirty)."""
+    s = drv.buffer(args[2])[:32]
+    _scale(2.0 if not s.any() else 3.0)(drv, args, ln)
+    s[:] = 1
+
+
+def _driver_backend(kernels: dict[str, Any]) -> tuple[Any, Any, Any]:
+    from stitchtune.gpu.driver import FakeDriver
+    from stitchtune.gpu.problem import Problem
+    from stitchtune.gpu.worker import _DriverBackend
+
+    x = np.random.default_rng(0).standard_normal(256).astype(np.float32)
+    problem = Problem({"x": x}, {"x": "float32"}, {"y": 2 * x.astype(np.float64)}, {"y": "float32"})
+    drv = FakeDriver(kernels, l2_bytes=1 << 21)
+    return drv, _DriverBackend(problem, drv), problem
+
+
+def _plan_for(kernel: str, smem: int = 0) -> Any:
+    return launch_plan(NS(buffers=(NS(name="x", dtype="float32", size=256, role="input", tensor="x", zero_init=False),
+                                   NS(name="y", dtype="float32", size=256, role="output", tensor="y", zero_init=False),
+                                   NS(name="s", dtype="float32", size=8, role="scratch", tensor="", zero_init=True)),
+                          launches=(NS(kernel=kernel, grid=4, block=64, smem_bytes=smem, args=("x", "y", "s")),)))
+
+
+def test_driver_backend_measures_through_the_launch_path() -> None:
+    from stitchtune.gpu.worker import _measure
+
+    drv, be, problem = _driver_backend({"scale2": _scale(2.0), "scale3": _scale(3.0), "reader": _scratch_reader})
+    assert be.flush_nbytes == 4 << 20  # twice the L2
+    base = len(drv.memory)
+    beats: list[int] = []
+    res = _measure(be, b"FAKE", _plan_for("scale2", 100 * 1024), problem, 3, 1, lambda: beats.append(1))
+    assert res["status"] == "ok" and len(res["samples_us"]) == 3 and res["max_rel_error"] == 0.0
+    assert len(beats) == 1 + 1 + 3
+    assert ("set_max_dynamic_smem", "scale2", 100 * 1024) in drv.calls
+    assert len(drv.launches) == 1 + 1 + 3 and {ln.stream for ln in drv.launches} == {0}
+    out = be.outputs["y"]
+    poisons = [c for c in drv.calls if c[0] == "memset_d8" and c[1] == out]
+    assert len(poisons) == 1 + 3 and all(c[2] == 0xFF for c in poisons)  # before the check and each timed run
+    flushes = [c[2] for c in drv.calls if c[0] == "memset_d8" and c[1] == be.flush_buf]
+    assert len(flushes) == 3 and flushes[0] != flushes[1]
+    assert [c[1] for c in drv.calls if c[0] == "event_record"] == [0, 0] * 3
+    assert sum(c[0] == "host_empty" for c in drv.calls) == 2  # download buffers: two sets, made once
+    assert len(drv.memory) == base  # the program's scratch is freed again
+    wrong = _measure(be, b"FAKE", _plan_for("scale3"), problem, 3, 1, lambda: None)
+    assert wrong["status"] == "wrong_result" and "relative error" in wrong["error"]
+    # the scratch is re-initialised for each program, and reused across its launches: caught
+    reader = _measure(be, b"FAKE", _plan_for("reader"), problem, 2, 0, lambda: None)
+    assert reader["status"] == "wrong_result" and "scratch not reusable" in reader["error"]
+
+
+def test_driver_backend_errors_are_launch_errors() -> None:
+    from stitchtune.gpu.worker import _measure
+
+    drv, be, problem = _driver_backend({"scale2": _scale(2.0), "fault": _fault})
+    for cubin, kernel, name in ((b"\x7fELF", "scale2", "CUDA_ERROR_INVALID_IMAGE"),
+                                (b"FAKE", "nope", "CUDA_ERROR_NOT_FOUND"),
+                                (b"FAKE", "fault", "CUDA_ERROR_ILLEGAL_ADDRESS")):
+        with pytest.raises(Exception) as e:
+            _measure(be, cubin, _plan_for(kernel), problem, 2, 0, lambda: None)
+        assert be.is_launch_error(e.value) and e.value.name == name, e.value
+    assert not be.is_launch_error(RuntimeError("a bug"))
+    assert be.info()["backend"] == "fake-driver"
 
 
 def test_worker_dies_with_its_parent(tmp_path: Path) -> None:

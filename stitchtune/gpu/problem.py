@@ -1,17 +1,12 @@
-"""The plain data that travels from the CUDA runner to its worker: launch plan and per-graph problem.
+"""The per-graph data the CUDA runner hands to its worker: the :class:`Problem` and its files.
 
 Contract
 --------
-* :func:`launch_plan` turns a :class:`stitchtune.ir.kir.Program` (duck-typed) into a frozen
-  :class:`LaunchPlan` of :class:`PlanBuffer` and :class:`PlanLaunch` (plain data, picklable): every
-  buffer with its byte size, role (``input``/``output``/``scratch``/``barrier``), graph tensor and
-  whether it starts zeroed (barriers always do); every launch with its kernel name, grid and block as
-  3-tuples, dynamic shared memory and argument buffer names. An inconsistent program (a lowering bug)
-  raises ``ValueError``.
 * :class:`Problem` is what the worker keeps per graph: inputs (bfloat16 as uint16, see
   :func:`_travel`), input dtypes, the float64 reference per output and output dtypes.
-  :func:`_check_plan` raises ``ValueError`` when a plan's input/output buffers do not match the
-  graph tensors they are bound to, or a graph output has no buffer.
+  :func:`_check_plan` raises ``ValueError`` when a :class:`~stitchtune.gpu.launch.LaunchPlan`'s
+  input/output buffers do not match the graph tensors they are bound to, or a graph output has no
+  buffer.
 * :func:`write_problem` puts a Problem's arrays into nameless files (raw bytes, one file per array):
   anonymous memory files (``memfd_create``) on Linux, else files unlinked as soon as they are
   created; either way they exist only while an open descriptor or memory map refers to them, so
@@ -20,11 +15,9 @@ Contract
   descriptors, which the owner closes with :func:`close_fds`. :meth:`ProblemFiles.open` maps the
   files read-only (in any process that holds the descriptors, e.g. a child started with
   ``pass_fds``) and returns a :class:`Problem` whose arrays are those maps.
-* ``DEFAULT_SMEM_LIMIT`` is the dynamic shared memory a launch gets without opting in (48 KiB);
-  ``ELEM_BYTES`` the element size per dtype.
 
-Pure numpy; no GPU library is imported here. Used by :mod:`stitchtune.gpu.runner` (parent side),
-:mod:`stitchtune.gpu.worker` (worker side) and the cupy launcher of :mod:`stitchtune.bench.launch`.
+Pure numpy; no GPU library is imported here. Used by :mod:`stitchtune.gpu.runner` (parent side) and
+:mod:`stitchtune.gpu.worker` (worker side). The launch plan itself is in :mod:`stitchtune.gpu.launch`.
 """
 
 from __future__ import annotations
@@ -33,83 +26,10 @@ import mmap
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
-DEFAULT_SMEM_LIMIT = 48 * 1024
-ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+from stitchtune.gpu.launch import ELEM_BYTES, LaunchPlan
 
-
-@dataclass(frozen=True)
-class PlanBuffer:
-    """One global buffer: ``tensor`` names the graph input/output it is bound to ('' for scratch)."""
-
-    name: str
-    dtype: str
-    nbytes: int
-    role: str
-    zero_init: bool
-    tensor: str
-
-
-@dataclass(frozen=True)
-class PlanLaunch:
-    kernel: str
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    smem_bytes: int
-    args: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    buffers: tuple[PlanBuffer, ...]
-    launches: tuple[PlanLaunch, ...]
-
-
-def _dim3(v: Any) -> tuple[int, int, int]:
-    if isinstance(v, (tuple, list)):
-        t = tuple(int(x) for x in v) + (1, 1, 1)
-        return (t[0], t[1], t[2])
-    return (int(v), 1, 1)
-
-
-def _buffer_nbytes(b: Any) -> int:
-    nb = getattr(b, "nbytes", None)
-    if isinstance(nb, int):
-        return nb
-    return int(b.size) * (4 if b.role == "barrier" else ELEM_BYTES[b.dtype])
-
-
-def launch_plan(program: Any) -> LaunchPlan:
-    """Extract the launch plan of a :class:`stitchtune.ir.kir.Program` (duck-typed).
-
-    Raises ``ValueError`` for an inconsistent program (a lowering bug): unknown buffer in a launch,
-    an input/output buffer without a graph tensor, an unknown role.
-    """
-    bufs = []
-    names = set()
-    for b in program.buffers:
-        role = str(b.role)
-        if role not in ("input", "output", "scratch", "barrier"):
-            raise ValueError(f"buffer {b.name!r}: unknown role {role!r}")
-        tensor = str(getattr(b, "tensor", "") or "")
-        if role in ("input", "output") and not tensor:
-            raise ValueError(f"{role} buffer {b.name!r} is not bound to a graph tensor")
-        zero = bool(getattr(b, "zero_init", False)) or role == "barrier"
-        bufs.append(PlanBuffer(str(b.name), str(b.dtype), _buffer_nbytes(b), role, zero, tensor))
-        names.add(str(b.name))
-    launches = []
-    for ln in program.launches:
-        missing = [a for a in ln.args if a not in names]
-        if missing:
-            raise ValueError(f"launch of {ln.kernel!r} names unknown buffers {missing}")
-        launches.append(
-            PlanLaunch(str(ln.kernel), _dim3(ln.grid), _dim3(ln.block), int(getattr(ln, "smem_bytes", 0) or 0),
-                       tuple(str(a) for a in ln.args))
-        )
-    return LaunchPlan(tuple(bufs), tuple(launches))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,410 @@
+"""The CUDA driver, as the few calls stitchtune needs: NVIDIA's cuda-python bindings, and a fake.
+
+Contract
+--------
+* :class:`Driver` is the interface: device memory (:meth:`~Driver.mem_alloc`, ``mem_free``, copies,
+  ``memset_d8`` on a stream), page-locked host buffers, modules and functions (``load_module``,
+  ``get_function``, ``set_max_dynamic_smem``), ``launch`` of a function with pre-packed parameters on
+  a stream handle, events, synchronisation and a few device facts. Pointers, streams and events are
+  plain ints / opaque handles; a stream handle is any ``CUstream`` value (``0``: the legacy default
+  stream; ``torch.cuda.current_stream().cuda_stream`` works as it is).
+* Every failed driver call raises :class:`DriverError` (a :class:`~stitchtune.errors.ToolchainError`)
+  whose ``call`` is the driver function and ``name`` the driver's error name
+  (``CUDA_ERROR_ILLEGAL_ADDRESS``...). Errors of kernels surface, as on a GPU, at the next
+  synchronising call (``synchronize``, ``event_synchronize``, a synchronous copy).
+* :class:`CudaDriver` is the real one: ``cuda.bindings.driver`` (package ``cuda-bindings``; the older
+  ``from cuda import cuda`` layout works too), imported in its constructor. It initialises the driver,
+  retains the **primary context** of GPU ``ordinal`` (the one torch and cupy use, so pointers and
+  streams of torch tensors are valid here) and makes it current on the calling thread; call
+  :meth:`CudaDriver.make_current` on any other thread before using it. No driver library, no GPU or
+  no cuda-python: :class:`~stitchtune.errors.ToolchainError` with the reason.
+* :class:`FakeDriver` is an in-package stand-in for CPU tests of everything above this module: device
+  memory is numpy byte arrays (fresh allocations hold the garbage byte ``0xCD``), every call is
+  recorded in ``calls`` (``(name, *arguments)``), launches in ``launches`` with their decoded
+  arguments, and kernels are Python callables ``fn(driver, args, launch)`` (``kernels``; without any,
+  every function name exists and a launch does nothing). It refuses what the GPU refuses: an image not
+  starting with ``FAKE`` (``CUDA_ERROR_INVALID_IMAGE``), an unknown function name when ``kernels`` is
+  given (``CUDA_ERROR_NOT_FOUND``), dynamic shared memory above 48 KiB without the opt-in
+  (``CUDA_ERROR_INVALID_VALUE``); ``fail[call] = name`` makes the next such call fail; a kernel
+  may set ``pending`` to an error name that the next synchronising call raises (sticky, as a real
+  fault poisons the context).
+* :func:`open_driver` returns a :class:`CudaDriver` for ``ordinal`` (default ``$STITCHTUNE_CUDA_DEVICE``
+  or 0), one per ordinal and process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from stitchtune.errors import ToolchainError
+
+DEVICE_ENV = "STITCHTUNE_CUDA_DEVICE"
+#: dynamic shared memory a launch gets without opting in (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+DEFAULT_SMEM_LIMIT = 48 * 1024
+
+
+class DriverError(ToolchainError):
+    """A CUDA driver call failed: ``call`` (e.g. ``cuLaunchKernel``) and ``name`` (the driver's error
+    name, e.g. ``CUDA_ERROR_ILLEGAL_ADDRESS``)."""
+
+    def __init__(self, call: str, name: str, detail: str = "") -> None:
+        self.call, self.name = call, name
+        super().__init__(f"{call} failed: {name}" + (f" ({detail})" if detail else ""))
+
+
+class Driver(Protocol):
+    """The CUDA driver calls of the launch path and the worker (see module docstring)."""
+
+    def mem_alloc(self, nbytes: int) -> int: ...
+    def mem_free(self, ptr: int) -> None: ...
+    def memset_d8(self, ptr: int, value: int, nbytes: int, stream: int = 0) -> None: ...
+    def memcpy_htod(self, ptr: int, host: np.ndarray) -> None: ...
+    def memcpy_dtoh(self, host: np.ndarray, ptr: int) -> None: ...
+    def host_empty(self, nbytes: int) -> np.ndarray: ...
+    def load_module(self, image: bytes) -> Any: ...
+    def unload_module(self, module: Any) -> None: ...
+    def get_function(self, module: Any, name: str) -> Any: ...
+    def set_max_dynamic_smem(self, function: Any, nbytes: int) -> None: ...
+    def launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
+               stream: int, params: int, nparams: int) -> None: ...
+    def event_create(self) -> Any: ...
+    def event_record(self, event: Any, stream: int = 0) -> None: ...
+    def event_synchronize(self, event: Any) -> None: ...
+    def event_elapsed_ms(self, start: Any, end: Any) -> float: ...
+    def synchronize(self) -> None: ...
+    def info(self) -> dict[str, Any]: ...
+    def attribute(self, name: str) -> int: ...
+    def make_current(self) -> None: ...
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------------------- cuda-python
+def _binding() -> Any:
+    """``cuda.bindings.driver`` (cuda-bindings >= 12.6), else the older ``cuda.cuda`` module."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        try:
+            from cuda import cuda as driver  # type: ignore[no-redef]  # cuda-python < 12.6
+        except ImportError as exc:
+            raise ToolchainError(f"running kernels needs NVIDIA's cuda-python driver bindings "
+                                 f"(pip install cuda-bindings): {exc}") from None
+    return driver
+
+
+class CudaDriver:
+    """:class:`Driver` over cuda-python on the primary context of GPU ``ordinal`` (see module docstring)."""
+
+    backend = "cuda-python"
+
+    def __init__(self, ordinal: int = 0) -> None:
+        cu = self._cu = _binding()
+        self._ok = cu.CUresult.CUDA_SUCCESS
+        self._launch = cu.cuLaunchKernel
+        self._pinned: list[int] = []
+        try:
+            self._call("cuInit", 0)
+        except DriverError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - no libcuda: the bindings raise their own loader error
+            raise ToolchainError(f"cuda-python finds no CUDA driver: {type(exc).__name__}: {exc}") from None
+        count = int(self._call("cuDeviceGetCount"))
+        if count < 1 or not 0 <= ordinal < count:
+            raise ToolchainError(f"cuda-python finds no CUDA GPU {ordinal} (the driver sees {count})")
+        self.ordinal = int(ordinal)
+        self.device = self._call("cuDeviceGet", self.ordinal)
+        self.context = self._call("cuDevicePrimaryCtxRetain", self.device)
+        self.make_current()
+
+    def _error_name(self, err: Any) -> str:
+        try:
+            res = self._cu.cuGetErrorName(err)
+            if res[0] == self._ok and res[1]:
+                return res[1].decode() if isinstance(res[1], bytes) else str(res[1])
+        except Exception:  # noqa: BLE001 - the code alone still names the error
+            pass
+        return getattr(err, "name", str(err))
+
+    def _call(self, name: str, *args: Any) -> Any:
+        """``cu<name>(*args)``; the returned value(s) without the error code, DriverError on failure."""
+        res = getattr(self._cu, name)(*args)
+        err = res[0] if isinstance(res, tuple) else res
+        if err != self._ok:
+            raise DriverError(name, self._error_name(err))
+        vals = res[1:] if isinstance(res, tuple) else ()
+        return vals[0] if len(vals) == 1 else (vals or None)
+
+    def make_current(self) -> None:
+        self._call("cuCtxSetCurrent", self.context)
+
+    def attribute(self, name: str) -> int:
+        attr = getattr(self._cu.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
+        return int(self._call("cuDeviceGetAttribute", attr, self.device))
+
+    def info(self) -> dict[str, Any]:
+        raw = self._call("cuDeviceGetName", 256, self.device)
+        name = (raw.split(b"\0", 1)[0].decode() if isinstance(raw, bytes) else str(raw)).strip()
+        cc = f"{self.attribute('COMPUTE_CAPABILITY_MAJOR')}.{self.attribute('COMPUTE_CAPABILITY_MINOR')}"
+        return {"backend": "cuda", "name": name, "cc": cc, "sm_count": self.attribute("MULTIPROCESSOR_COUNT"),
+                "l2_bytes": self.attribute("L2_CACHE_SIZE"),
+                "driver_version": int(self._call("cuDriverGetVersion"))}
+
+    def mem_alloc(self, nbytes: int) -> int:
+        return int(self._call("cuMemAlloc", max(int(nbytes), 1)))
+
+    def mem_free(self, ptr: int) -> None:
+        self._call("cuMemFree", int(ptr))
+
+    def memset_d8(self, ptr: int, value: int, nbytes: int, stream: int = 0) -> None:
+        if nbytes:
+            self._call("cuMemsetD8Async", int(ptr), int(value), int(nbytes), stream)
+
+    def memcpy_htod(self, ptr: int, host: np.ndarray) -> None:
+        a = np.ascontiguousarray(host)
+        if a.nbytes:
+            self._call("cuMemcpyHtoD", int(ptr), a.ctypes.data, a.nbytes)
+
+    def memcpy_dtoh(self, host: np.ndarray, ptr: int) -> None:
+        if not host.flags.c_contiguous or not host.flags.writeable:
+            raise ValueError("memcpy_dtoh needs a writeable C-contiguous host array")
+        if host.nbytes:
+            self._call("cuMemcpyDtoH", host.ctypes.data, int(ptr), host.nbytes)
+
+    def host_empty(self, nbytes: int) -> np.ndarray:
+        """A page-locked host buffer of ``nbytes`` (uint8), freed by :meth:`close`."""
+        n = max(int(nbytes), 1)
+        ptr = int(self._call("cuMemAllocHost", n))
+        self._pinned.append(ptr)
+        return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(ptr))[: int(nbytes)]
+
+    def load_module(self, image: bytes) -> Any:
+        return self._call("cuModuleLoadData", bytes(image))
+
+    def unload_module(self, module: Any) -> None:
+        self._call("cuModuleUnload", module)
+
+    def get_function(self, module: Any, name: str) -> Any:
+        return self._call("cuModuleGetFunction", module, name.encode())
+
+    def set_max_dynamic_smem(self, function: Any, nbytes: int) -> None:
+        attr = self._cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        self._call("cuFuncSetAttribute", function, attr, int(nbytes))
+
+    def launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
+               stream: int, params: int, nparams: int) -> None:
+        # one call into cuLaunchKernel: ``params`` is the address of a packed void*[nparams]
+        err = self._launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream,
+                           params, 0)
+        err = err[0] if isinstance(err, tuple) else err
+        if err != self._ok:
+            raise DriverError("cuLaunchKernel", self._error_name(err))
+
+    def event_create(self) -> Any:
+        return self._call("cuEventCreate", 0)
+
+    def event_record(self, event: Any, stream: int = 0) -> None:
+        self._call("cuEventRecord", event, stream)
+
+    def event_synchronize(self, event: Any) -> None:
+        self._call("cuEventSynchronize", event)
+
+    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+        return float(self._call("cuEventElapsedTime", start, end))
+
+    def synchronize(self) -> None:
+        self._call("cuCtxSynchronize")
+
+    def close(self) -> None:
+        """Free the page-locked buffers and release the primary context (best effort)."""
+        while self._pinned:
+            try:
+                self._call("cuMemFreeHost", self._pinned.pop())
+            except DriverError:
+                pass
+        try:
+            self._call("cuDevicePrimaryCtxRelease", self.device)
+        except DriverError:
+            pass
+
+
+_open_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def _open_cached(ordinal: int) -> CudaDriver:
+    return CudaDriver(ordinal)
+
+
+def open_driver(ordinal: int | None = None) -> CudaDriver:
+    """The process's :class:`CudaDriver` for GPU ``ordinal`` (default ``$STITCHTUNE_CUDA_DEVICE`` or 0),
+    current on the calling thread. Raises ToolchainError without cuda-python, driver or GPU."""
+    o = int(os.environ.get(DEVICE_ENV, "0")) if ordinal is None else int(ordinal)
+    with _open_lock:
+        drv = _open_cached(o)
+    drv.make_current()
+    return drv
+
+
+# ---------------------------------------------------------------------------- the fake
+@dataclass(frozen=True)
+class FakeLaunch:
+    """One launch seen by the :class:`FakeDriver`: the argument values decoded from the packed params."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    stream: int
+    args: tuple[int, ...]
+
+
+@dataclass
+class FakeFunction:
+    name: str
+    max_dynamic_smem: int = DEFAULT_SMEM_LIMIT
+
+
+FakeKernel = Callable[["FakeDriver", tuple[int, ...], FakeLaunch], None]
+
+
+class FakeDriver:
+    """:class:`Driver` with numpy "device memory", for CPU tests (see module docstring)."""
+
+    backend = "fake"
+    GARBAGE = 0xCD
+
+    def __init__(self, kernels: Mapping[str, FakeKernel] | None = None, *, l2_bytes: int = 1 << 16,
+                 sm_count: int = 4, name: str = "Fake GPU", cc: str = "9.0") -> None:
+        self.kernels = dict(kernels) if kernels is not None else None
+        self.memory: dict[int, np.ndarray] = {}
+        self.calls: list[tuple[Any, ...]] = []
+        self.launches: list[FakeLaunch] = []
+        self.fail: dict[str, str] = {}
+        self.pending: str | None = None
+        self.attrs = {"L2_CACHE_SIZE": int(l2_bytes), "MULTIPROCESSOR_COUNT": int(sm_count)}
+        self._info = {"backend": "fake-driver", "name": name, "cc": cc, "sm_count": int(sm_count),
+                      "l2_bytes": int(l2_bytes), "driver_version": 13000}
+        self._next = 1 << 32
+
+    def _enter(self, call: str, *args: Any) -> None:
+        self.calls.append((call, *args))
+        err = self.fail.pop(call, None)
+        if err:
+            raise DriverError(call, err)
+
+    def _sync_point(self, call: str) -> None:
+        if self.pending:
+            raise DriverError(call, self.pending)
+
+    def buffer(self, ptr: int) -> np.ndarray:
+        """The bytes of the allocation holding ``ptr``, from ``ptr`` on (a view: writes reach "the GPU")."""
+        for base, mem in self.memory.items():
+            if base <= ptr < base + max(mem.size, 1):
+                return mem[ptr - base:]
+        raise DriverError("memory access", "CUDA_ERROR_ILLEGAL_ADDRESS", f"no allocation holds {ptr:#x}")
+
+    def make_current(self) -> None:
+        self._enter("make_current")
+
+    def attribute(self, name: str) -> int:
+        return self.attrs[name]
+
+    def info(self) -> dict[str, Any]:
+        return dict(self._info)
+
+    def mem_alloc(self, nbytes: int) -> int:
+        self._enter("mem_alloc", int(nbytes))
+        ptr = self._next
+        self._next += (max(int(nbytes), 1) + 511) // 256 * 256
+        self.memory[ptr] = np.full(int(nbytes), self.GARBAGE, np.uint8)
+        return ptr
+
+    def mem_free(self, ptr: int) -> None:
+        self._enter("mem_free", ptr)
+        if self.memory.pop(ptr, None) is None:
+            raise DriverError("cuMemFree", "CUDA_ERROR_INVALID_VALUE")
+
+    def memset_d8(self, ptr: int, value: int, nbytes: int, stream: int = 0) -> None:
+        self._enter("memset_d8", ptr, value, nbytes, stream)
+        if nbytes:
+            self.buffer(ptr)[:nbytes] = value
+
+    def memcpy_htod(self, ptr: int, host: np.ndarray) -> None:
+        self._enter("memcpy_htod", ptr, host.nbytes)
+        raw = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+        self.buffer(ptr)[: raw.size] = raw
+
+    def memcpy_dtoh(self, host: np.ndarray, ptr: int) -> None:
+        self._enter("memcpy_dtoh", ptr, host.nbytes)
+        self._sync_point("cuMemcpyDtoH")
+        if host.nbytes:
+            host.reshape(-1).view(np.uint8)[:] = self.buffer(ptr)[: host.nbytes]
+
+    def host_empty(self, nbytes: int) -> np.ndarray:
+        self._enter("host_empty", nbytes)
+        return np.empty(int(nbytes), np.uint8)
+
+    def load_module(self, image: bytes) -> Any:
+        self._enter("load_module", len(image))
+        if not bytes(image).startswith(b"FAKE"):
+            raise DriverError("cuModuleLoadData", "CUDA_ERROR_INVALID_IMAGE")
+        return {"image": bytes(image)}
+
+    def unload_module(self, module: Any) -> None:
+        self._enter("unload_module")
+
+    def get_function(self, module: Any, name: str) -> FakeFunction:
+        self._enter("get_function", name)
+        if self.kernels is not None and name not in self.kernels:
+            raise DriverError("cuModuleGetFunction", "CUDA_ERROR_NOT_FOUND")
+        return FakeFunction(name)
+
+    def set_max_dynamic_smem(self, function: FakeFunction, nbytes: int) -> None:
+        self._enter("set_max_dynamic_smem", function.name, nbytes)
+        function.max_dynamic_smem = int(nbytes)
+
+    def launch(self, function: FakeFunction, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
+               stream: int, params: int, nparams: int) -> None:
+        self._enter("launch", function.name, stream)
+        if smem > function.max_dynamic_smem:
+            raise DriverError("cuLaunchKernel", "CUDA_ERROR_INVALID_VALUE",
+                              f"{smem} B of dynamic shared memory without opting in")
+        # decode the packed kernelParams as the driver does: void*[n], each pointing at an 8-byte value
+        slots = (ctypes.c_uint64 * nparams).from_address(params) if nparams else ()
+        args = tuple(ctypes.c_uint64.from_address(int(s)).value for s in slots)
+        ln = FakeLaunch(function.name, tuple(grid), tuple(block), int(smem), int(stream), args)  # type: ignore[arg-type]
+        self.launches.append(ln)
+        fn = (self.kernels or {}).get(function.name)
+        if fn is not None and not self.pending:
+            fn(self, args, ln)
+
+    def event_create(self) -> Any:
+        self._enter("event_create")
+        return [0.0]
+
+    def event_record(self, event: Any, stream: int = 0) -> None:
+        self._enter("event_record", stream)
+        event[0] = time.perf_counter()
+
+    def event_synchronize(self, event: Any) -> None:
+        self._enter("event_synchronize")
+        self._sync_point("cuEventSynchronize")
+
+    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+        return (end[0] - start[0]) * 1e3
+
+    def synchronize(self) -> None:
+        self._enter("synchronize")
+        self._sync_point("cuCtxSynchronize")
+
+    def close(self) -> None:
+        self._enter("close")

@@ -1,0 +1,239 @@
+"""The one launch path: a program's cubin loaded, its scratch initialised, its arguments packed once,
+its kernels launched on a given CUDA stream.
+
+Every place that runs stitched kernels goes through :class:`Launcher`: the tuning worker
+(:mod:`stitchtune.gpu.worker`), ``stitchtune.compile(...)(**arrays)``
+(:mod:`stitchtune.deploy.compiled`), the PyTorch entry point (:mod:`stitchtune.deploy.torch_entry`)
+and ``stitchtune bench`` (:mod:`stitchtune.bench.measure`).
+
+Why NVIDIA's cuda-python driver bindings (:mod:`stitchtune.gpu.driver`) and not pycuda or cupy: it
+takes any raw ``CUstream`` handle (torch's current stream as it is; pycuda can only launch on streams
+it created), it works on the primary context that torch also uses (pointers of torch tensors are valid
+as they are), and with pre-packed ``kernelParams`` a launch is one Cython call into
+``cuLaunchKernel`` (cupy's ``RawKernel.__call__`` inspects and converts every argument per call; pycuda
+packs a struct per call).
+
+Contract
+--------
+* :func:`launch_plan` turns a :class:`stitchtune.ir.kir.Program` (duck-typed) into a frozen
+  :class:`LaunchPlan` of :class:`PlanBuffer` and :class:`PlanLaunch` (plain data, picklable): every
+  buffer with its byte size, role (``input``/``output``/``scratch``/``barrier``), graph tensor and
+  whether it starts zeroed (barriers always do); every launch with its kernel name, grid and block as
+  3-tuples, dynamic shared memory and argument buffer names. An inconsistent program (a lowering bug)
+  raises ``ValueError``.
+* :class:`Launcher(driver, plan, cubin, stream=0)` loads the cubin into the driver's context, gets each
+  kernel once and opts it into dynamic shared memory above the 48 KiB default
+  (:data:`DEFAULT_SMEM_LIMIT`; the largest of its launches, and only then), allocates one device
+  buffer per scratch/barrier buffer and initialises them on ``stream``: ``zero_init`` scratch and
+  barriers are zeroed, other scratch is poisoned with ``0xFF`` bytes (a program that reads scratch it
+  did not write then computes NaN instead of passing by luck). :meth:`Launcher.init_scratch` does it
+  again.
+* :meth:`Launcher.bind` packs the arguments of every launch for one set of input/output pointers
+  (``{graph tensor: device pointer}``; inputs and outputs are named by the graph tensors they are
+  bound to) into a :class:`Bound` (the ``kernelParams`` arrays, kept alive by it).
+  :meth:`Launcher.launch(bound, stream)` enqueues every launch in order on ``stream`` and does nothing
+  else: no allocation, no synchronisation, no host copy (so it can be captured in a CUDA graph, and a
+  repeated call costs only the launches). Errors are :class:`~stitchtune.gpu.driver.DriverError`.
+* :func:`device_pointer` reads the device pointer of an object exposing ``__cuda_array_interface__``
+  (torch, cupy, numba arrays), refusing non-contiguous ones.
+* ``ELEM_BYTES`` is the element size per graph dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stitchtune.gpu.driver import DEFAULT_SMEM_LIMIT, Driver, DriverError
+
+__all__ = ["DEFAULT_SMEM_LIMIT", "ELEM_BYTES", "Bound", "DriverError", "LaunchPlan", "Launcher", "PlanBuffer",
+           "PlanLaunch", "device_pointer", "launch_plan"]
+
+ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+POISON = 0xFF  # 0xFF bytes are NaN in every float type
+
+
+@dataclass(frozen=True)
+class PlanBuffer:
+    """One global buffer: ``tensor`` names the graph input/output it is bound to ('' for scratch)."""
+
+    name: str
+    dtype: str
+    nbytes: int
+    role: str
+    zero_init: bool
+    tensor: str
+
+
+@dataclass(frozen=True)
+class PlanLaunch:
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem_bytes: int
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    buffers: tuple[PlanBuffer, ...]
+    launches: tuple[PlanLaunch, ...]
+
+
+def _dim3(v: Any) -> tuple[int, int, int]:
+    if isinstance(v, (tuple, list)):
+        t = tuple(int(x) for x in v) + (1, 1, 1)
+        return (t[0], t[1], t[2])
+    return (int(v), 1, 1)
+
+
+def _buffer_nbytes(b: Any) -> int:
+    nb = getattr(b, "nbytes", None)
+    if isinstance(nb, int):
+        return nb
+    return int(b.size) * (4 if b.role == "barrier" else ELEM_BYTES[b.dtype])
+
+
+def launch_plan(program: Any) -> LaunchPlan:
+    """Extract the launch plan of a :class:`stitchtune.ir.kir.Program` (duck-typed).
+
+    Raises ``ValueError`` for an inconsistent program (a lowering bug): unknown buffer in a launch,
+    an input/output buffer without a graph tensor, an unknown role.
+    """
+    bufs = []
+    names = set()
+    for b in program.buffers:
+        role = str(b.role)
+        if role not in ("input", "output", "scratch", "barrier"):
+            raise ValueError(f"buffer {b.name!r}: unknown role {role!r}")
+        tensor = str(getattr(b, "tensor", "") or "")
+        if role in ("input", "output") and not tensor:
+            raise ValueError(f"{role} buffer {b.name!r} is not bound to a graph tensor")
+        zero = bool(getattr(b, "zero_init", False)) or role == "barrier"
+        bufs.append(PlanBuffer(str(b.name), str(b.dtype), _buffer_nbytes(b), role, zero, tensor))
+        names.add(str(b.name))
+    launches = []
+    for ln in program.launches:
+        missing = [a for a in ln.args if a not in names]
+        if missing:
+            raise ValueError(f"launch of {ln.kernel!r} names unknown buffers {missing}")
+        launches.append(
+            PlanLaunch(str(ln.kernel), _dim3(ln.grid), _dim3(ln.block), int(getattr(ln, "smem_bytes", 0) or 0),
+                       tuple(str(a) for a in ln.args))
+        )
+    return LaunchPlan(tuple(bufs), tuple(launches))
+
+
+# ---------------------------------------------------------------------------- launching
+@dataclass(frozen=True, eq=False)
+class Bound:
+    """The packed arguments of every launch of a plan for one set of pointers (see :meth:`Launcher.bind`).
+
+    ``pointers`` is the buffer name -> device pointer map it was packed from; ``params`` holds per
+    launch the address of its ``void*[n]`` and ``n``; ``_keep`` the arrays those addresses point into.
+    """
+
+    pointers: Mapping[str, int]
+    params: tuple[tuple[int, int], ...]
+    _keep: tuple[np.ndarray, ...]
+
+
+class Launcher:
+    """A program's kernels loaded into a driver's context, ready to bind and launch (see module docstring).
+
+    Use :meth:`close` (or a ``with`` block) to free the scratch buffers and unload the module.
+    """
+
+    def __init__(self, driver: Driver, plan: LaunchPlan, cubin: bytes, stream: int = 0) -> None:
+        self.driver = driver
+        self.plan = plan
+        self.module: Any = driver.load_module(cubin)
+        self.scratch: dict[str, int] = {}
+        try:
+            funcs: dict[str, Any] = {}
+            smem: dict[str, int] = {}
+            for ln in plan.launches:
+                if ln.kernel not in funcs:
+                    funcs[ln.kernel] = driver.get_function(self.module, ln.kernel)
+                smem[ln.kernel] = max(smem.get(ln.kernel, 0), ln.smem_bytes)
+            for name, nbytes in smem.items():
+                if nbytes > DEFAULT_SMEM_LIMIT:
+                    driver.set_max_dynamic_smem(funcs[name], nbytes)
+            self._calls = tuple((funcs[ln.kernel], ln.grid, ln.block, ln.smem_bytes) for ln in plan.launches)
+            for b in plan.buffers:
+                if b.role in ("scratch", "barrier"):
+                    self.scratch[b.name] = driver.mem_alloc(b.nbytes)
+            self.init_scratch(stream)
+        except BaseException:
+            self.close()
+            raise
+        self._io = tuple((b.name, b.tensor) for b in plan.buffers if b.role in ("input", "output"))
+
+    def init_scratch(self, stream: int = 0) -> None:
+        """Zero ``zero_init`` scratch and barriers, poison the other scratch (enqueued on ``stream``)."""
+        for b in self.plan.buffers:
+            if b.name in self.scratch and b.nbytes:
+                self.driver.memset_d8(self.scratch[b.name], 0 if b.zero_init else POISON, b.nbytes, stream)
+
+    def bind(self, tensors: Mapping[str, int]) -> Bound:
+        """Pack every launch's arguments for ``{graph tensor: device pointer}`` (every input and output of
+        the plan; extra names are ignored). Raises ``KeyError`` naming a missing tensor."""
+        missing = sorted({t for _, t in self._io if t not in tensors})
+        if missing:
+            raise KeyError(f"no device pointer for graph tensors {missing}")
+        ptrs = dict(self.scratch)
+        ptrs.update({buf: int(tensors[t]) for buf, t in self._io})
+        keep: list[np.ndarray] = []
+        params = []
+        for ln in self.plan.launches:
+            values = np.array([ptrs[a] for a in ln.args], dtype=np.uint64)
+            slots = np.array([values.ctypes.data + 8 * i for i in range(len(ln.args))], dtype=np.uint64)
+            keep += [values, slots]
+            params.append((int(slots.ctypes.data) if len(ln.args) else 0, len(ln.args)))
+        return Bound(ptrs, tuple(params), tuple(keep))
+
+    def launch(self, bound: Bound, stream: int = 0) -> None:
+        """Enqueue every launch of the plan with ``bound``'s arguments on ``stream`` (nothing else)."""
+        launch = self.driver.launch
+        for (func, grid, block, smem), (params, n) in zip(self._calls, bound.params):
+            launch(func, grid, block, smem, stream, params, n)
+
+    def close(self) -> None:
+        """Free the scratch buffers and unload the module (best effort: a dead context cannot free)."""
+        while self.scratch:
+            _, ptr = self.scratch.popitem()
+            try:
+                self.driver.mem_free(ptr)
+            except DriverError:
+                pass
+        if self.module is not None:
+            module, self.module = self.module, None
+            try:
+                self.driver.unload_module(module)
+            except DriverError:
+                pass
+
+    def __enter__(self) -> Launcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def device_pointer(obj: Any) -> int:
+    """The device pointer of ``obj``'s ``__cuda_array_interface__``; ``ValueError`` when it is not
+    C-contiguous, ``TypeError`` when it has no such interface."""
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if not isinstance(cai, Mapping):
+        raise TypeError(f"{type(obj).__name__} exposes no __cuda_array_interface__")
+    strides = cai.get("strides")
+    if strides is not None:
+        acc = np.dtype(cai["typestr"]).itemsize
+        for d, st in reversed(tuple(zip(cai["shape"], strides))):
+            if int(d) > 1 and int(st) != acc:
+                raise ValueError("a C-contiguous device array is needed")
+            acc *= int(d)
+    return int(cai["data"][0])

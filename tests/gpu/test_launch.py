@@ -1,0 +1,188 @@
+"""The one launch path (stitchtune.gpu.launch.Launcher) against the in-package fake driver, and the
+real cuda-python driver's error path on a machine without a GPU."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stitchtune.errors import ToolchainError
+from stitchtune.gpu.driver import DEFAULT_SMEM_LIMIT, CudaDriver, DriverError, FakeDriver
+from stitchtune.gpu.launch import Launcher, LaunchPlan, PlanBuffer, PlanLaunch, device_pointer, launch_plan
+from stitchtune.gpu.runner import cuda_available
+
+CUBIN = b"FAKE cubin"
+
+
+def _plan(*launches: PlanLaunch) -> LaunchPlan:
+    return LaunchPlan(
+        (PlanBuffer("bx", "float32", 64, "input", False, "x"),
+         PlanBuffer("by", "float32", 64, "output", False, "y"),
+         PlanBuffer("zero", "float32", 32, "scratch", True, ""),
+         PlanBuffer("junk", "float32", 48, "scratch", False, ""),
+         PlanBuffer("bar", "float32", 8, "barrier", True, "")),
+        launches or (PlanLaunch("k1", (4, 1, 1), (128, 1, 1), 0, ("bx", "junk", "bar")),
+                     PlanLaunch("k2", (2, 1, 1), (64, 1, 1), 0, ("junk", "zero", "bx", "by"))))
+
+
+def _io(drv: FakeDriver) -> dict[str, int]:
+    return {"x": drv.mem_alloc(64), "y": drv.mem_alloc(64)}
+
+
+def test_smem_opt_in_only_above_the_48_kib_default() -> None:
+    drv = FakeDriver()
+    plan = _plan(PlanLaunch("at_default", (1, 1, 1), (32, 1, 1), DEFAULT_SMEM_LIMIT, ("bx", "by")),
+                 PlanLaunch("big", (1, 1, 1), (32, 1, 1), 60 * 1024, ("bx", "by")),
+                 PlanLaunch("big", (1, 1, 1), (32, 1, 1), 100 * 1024, ("by", "bx")),
+                 PlanLaunch("none", (1, 1, 1), (32, 1, 1), 0, ("bx",)))
+    lau = Launcher(drv, plan, CUBIN)
+    assert [c for c in drv.calls if c[0] == "set_max_dynamic_smem"] == [("set_max_dynamic_smem", "big", 100 * 1024)]
+    assert [c[1] for c in drv.calls if c[0] == "get_function"] == ["at_default", "big", "none"]  # once each
+    lau.launch(lau.bind(_io(drv)), 7)
+    assert [ln.smem for ln in drv.launches] == [DEFAULT_SMEM_LIMIT, 60 * 1024, 100 * 1024, 0]
+    # the fake refuses what the GPU refuses: more than 48 KiB without the opt-in
+    f = drv.get_function(lau.module, "other")
+    with pytest.raises(DriverError, match="CUDA_ERROR_INVALID_VALUE"):
+        drv.launch(f, (1, 1, 1), (32, 1, 1), DEFAULT_SMEM_LIMIT + 1, 0, 0, 0)
+
+
+def test_scratch_zeroed_or_poisoned_and_barriers_zeroed_on_the_given_stream() -> None:
+    drv = FakeDriver()
+    lau = Launcher(drv, _plan(), CUBIN, stream=0x5EED)
+    mem = {n: drv.buffer(p)[: b.nbytes] for b in lau.plan.buffers for n, p in lau.scratch.items() if n == b.name}
+    assert set(mem) == {"zero", "junk", "bar"}
+    assert (mem["zero"] == 0).all() and (mem["bar"] == 0).all()
+    assert (mem["junk"] == 0xFF).all()  # not the allocation's garbage (0xCD), not zero
+    sets = [c for c in drv.calls if c[0] == "memset_d8"]
+    assert len(sets) == 3 and all(c[4] == 0x5EED for c in sets)
+    for m in mem.values():
+        m[:] = 7  # a program scribbles on its scratch
+    lau.init_scratch(3)
+    assert (mem["zero"] == 0).all() and (mem["bar"] == 0).all() and (mem["junk"] == 0xFF).all()
+    assert all(c[4] == 3 for c in drv.calls[-3:])
+
+
+def test_argument_order_per_launch_and_the_stream_of_every_launch() -> None:
+    drv = FakeDriver()
+    lau = Launcher(drv, _plan(), CUBIN)
+    io = _io(drv)
+    bound = lau.bind({**io, "unused": 12345})
+    s = lau.scratch
+    lau.launch(bound, 0xABCDEF)
+    lau.launch(bound, 0)
+    want = [("k1", (io["x"], s["junk"], s["bar"])), ("k2", (s["junk"], s["zero"], io["x"], io["y"]))]
+    assert [(ln.kernel, ln.args) for ln in drv.launches] == want * 2
+    assert [ln.stream for ln in drv.launches] == [0xABCDEF, 0xABCDEF, 0, 0]
+    assert [(ln.grid, ln.block) for ln in drv.launches[:2]] == [((4, 1, 1), (128, 1, 1)), ((2, 1, 1), (64, 1, 1))]
+    with pytest.raises(KeyError, match="'y'"):
+        lau.bind({"x": io["x"]})
+
+
+def test_bind_once_launch_many_costs_only_the_launches() -> None:
+    drv = FakeDriver()
+    lau = Launcher(drv, _plan(), CUBIN)
+    bound = lau.bind(_io(drv))
+    n_calls, n_mem = len(drv.calls), len(drv.memory)
+    for _ in range(100):
+        lau.launch(bound, 5)
+    new = drv.calls[n_calls:]
+    assert len(new) == 200 and {c[0] for c in new} == {"launch"}  # no alloc, memset, copy or sync
+    assert len(drv.memory) == n_mem
+    assert len({ln.args for ln in drv.launches[::2]}) == 1
+
+
+def test_close_frees_scratch_and_unloads() -> None:
+    drv = FakeDriver()
+    before = len(drv.memory)
+    with Launcher(drv, _plan(), CUBIN):
+        assert len(drv.memory) == before + 3
+    assert len(drv.memory) == before and drv.calls[-1][0] == "unload_module"
+
+
+def test_driver_errors_are_clear_and_leave_nothing_allocated() -> None:
+    drv = FakeDriver(kernels={"k1": lambda d, a, ln: None})
+    with pytest.raises(DriverError, match="cuModuleLoadData failed: CUDA_ERROR_INVALID_IMAGE") as e:
+        Launcher(drv, _plan(), b"\x7fELF not ours")
+    assert isinstance(e.value, ToolchainError) and e.value.name == "CUDA_ERROR_INVALID_IMAGE"
+    with pytest.raises(DriverError, match="CUDA_ERROR_NOT_FOUND"):
+        Launcher(drv, _plan(), CUBIN)  # k2 is not in the module
+    assert drv.memory == {} and drv.calls[-1][0] == "unload_module"
+    drv = FakeDriver()
+    lau = Launcher(drv, _plan(), CUBIN)
+    bound = lau.bind(_io(drv))
+    drv.fail["launch"] = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"
+    with pytest.raises(DriverError) as e:
+        lau.launch(bound, 0)
+    assert e.value.call == "launch" and e.value.name == "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"
+    drv.fail["mem_alloc"] = "CUDA_ERROR_OUT_OF_MEMORY"
+    n = len(drv.memory)
+    with pytest.raises(DriverError, match="OUT_OF_MEMORY"):
+        Launcher(drv, _plan(), CUBIN)
+    assert len(drv.memory) == n
+
+
+def test_launch_plan_of_a_duck_typed_program() -> None:
+    prog = NS(buffers=(NS(name="a", dtype="float16", size=10, role="input", tensor="x", zero_init=False),
+                       NS(name="s", dtype="float32", size=3, role="barrier", tensor="", zero_init=False)),
+              launches=(NS(kernel="k", grid=5, block=(32, 2), smem_bytes=None, args=("a", "s")),))
+    plan = launch_plan(prog)
+    assert plan.buffers == (PlanBuffer("a", "float16", 20, "input", False, "x"),
+                            PlanBuffer("s", "float32", 12, "barrier", True, ""))
+    assert plan.launches == (PlanLaunch("k", (5, 1, 1), (32, 2, 1), 0, ("a", "s")),)
+    with pytest.raises(ValueError, match="unknown buffers"):
+        launch_plan(NS(buffers=prog.buffers, launches=(NS(kernel="k", grid=1, block=1, args=("zz",)),)))
+
+
+def test_device_pointer_from_cuda_array_interface() -> None:
+    def arr(shape: tuple[int, ...], strides: Any) -> Any:
+        return NS(__cuda_array_interface__={"shape": shape, "typestr": "<f4", "data": (0x7000, False),
+                                            "strides": strides, "version": 3})
+
+    assert device_pointer(arr((4, 8), None)) == 0x7000
+    assert device_pointer(arr((4, 8), (32, 4))) == 0x7000
+    assert device_pointer(arr((4, 1), (4, 999))) == 0x7000  # a stride of a size-1 dim does not matter
+    with pytest.raises(ValueError, match="C-contiguous"):
+        device_pointer(arr((4, 8), (4, 16)))
+    with pytest.raises(TypeError):
+        device_pointer(np.zeros(3))
+
+
+def test_cuda_driver_without_a_gpu_is_a_toolchain_error() -> None:
+    if cuda_available():
+        pytest.skip("a GPU is here")
+    with pytest.raises(ToolchainError, match="cuda-python"):
+        CudaDriver(0)
+
+
+def test_cuda_driver_passes_argument_types_the_bindings_accept() -> None:
+    """Each call converts its arguments before the driver library is loaded, so on a machine without
+    libcuda a wrong argument type is a TypeError and a right one reaches the loader (or the driver)."""
+    from stitchtune.gpu import driver as gd
+
+    try:
+        cu = gd._binding()
+    except ToolchainError:
+        pytest.skip("cuda-python not installed")
+    if cuda_available():
+        pytest.skip("a GPU is here: the GPU tests cover the real calls")
+    drv = CudaDriver.__new__(CudaDriver)
+    drv._cu, drv._ok, drv._launch, drv._pinned = cu, cu.CUresult.CUDA_SUCCESS, cu.cuLaunchKernel, []
+    drv.device, drv.context = cu.CUdevice(0), cu.CUcontext()
+    host = np.zeros(16, np.uint8)
+    slots = np.zeros(2, np.uint64)
+    calls = [lambda: drv.mem_alloc(16), lambda: drv.mem_free(1 << 20), lambda: drv.memset_d8(1 << 20, 255, 16, 77),
+             lambda: drv.memcpy_htod(1 << 20, host), lambda: drv.memcpy_dtoh(host, 1 << 20),
+             lambda: drv.load_module(CUBIN), lambda: drv.get_function(cu.CUmodule(), "k"),
+             lambda: drv.set_max_dynamic_smem(cu.CUfunction(), 100 * 1024),
+             lambda: drv.launch(cu.CUfunction(), (1, 2, 3), (32, 1, 1), 0, 0x1234, int(slots.ctypes.data), 2),
+             lambda: drv.event_create(), lambda: drv.event_record(cu.CUevent(), 0x1234),
+             lambda: drv.synchronize(), lambda: drv.make_current(), lambda: drv.attribute("L2_CACHE_SIZE")]
+    for call in calls:
+        with pytest.raises(Exception) as e:  # noqa: PT011 - any failure but a TypeError
+            call()
+        assert not isinstance(e.value, TypeError), e.value
+    with pytest.raises(TypeError):  # the check above can fail: a wrong type is refused
+        drv.memset_d8(1 << 20, 0, 16, "not a stream")
