@@ -279,9 +279,11 @@ def _static_shape(ctx: _Ctx, t: str) -> tuple[int, ...]:
                                f"with --shapes INPUT=AxB... or --shapes SYMBOL=N")
         if not isinstance(d, int) or d < 0:
             sym = f" ({d!a})" if isinstance(d, str) else ""
-            raise ImportError_(f"tensor {t!a} dim {k}{sym} is dynamic: constant folding and shape inference "
-                               "cannot compute it (the model derives it from a value only known at run time); "
-                               "--shapes fixes dynamic model inputs (INPUT=AxB... or SYMBOL=N)")
+            dyn = ", ".join(f"{s!a} ({w})" for s, w in ctx.symbol_at.items())
+            hint = (f"the model's dynamic inputs are {dyn}: fix them with --shapes SYMBOL=N or INPUT=AxB..."
+                    if dyn else "no model input is dynamic: the model derives it from a value known only at run time")
+            raise ImportError_(f"tensor {t!a} dim {k}{sym} is dynamic after constant folding and shape "
+                               f"inference; {hint}")
     shape = tuple(int(d) for d in ty.shape)
     if math.prod(shape) > MAX_TENSOR_ELEMENTS:
         raise ImportError_(f"tensor {t!a} has shape {list(shape)}, over {MAX_TENSOR_ELEMENTS} elements")
