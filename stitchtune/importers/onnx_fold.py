@@ -6,9 +6,12 @@ ONNX shape inference does not evaluate those, so every tensor downstream gets un
 
 Contract
 --------
-* :func:`fold_and_infer(model, consts)` alternates ONNX shape inference (``data_prop=True``) with
-  one folding pass, until a pass folds nothing (at most :data:`MAX_ROUNDS` rounds), and returns
-  the inferred model and a :class:`FoldReport`. It never changes ``model`` itself.
+* :func:`fold_and_infer(model, consts)` alternates ONNX shape inference with one folding pass,
+  until a pass folds nothing (at most :data:`MAX_ROUNDS` rounds), and returns the inferred model
+  and a :class:`FoldReport`. It never changes ``model`` itself. ONNX's own data propagation
+  (``data_prop=True``) is not used: it is unbounded (a one-element constant of 2**46 feeding
+  ConstantOfShape makes it allocate gigabytes), and the bounded folding here computes the same
+  static shape values (Shape of static tensors, Gather, Concat, ...).
 * A node is folded when it is in the default domain, has one output, its op is in
   :data:`FOLDABLE_OPS`, and either all its inputs are constants (of at most
   :data:`MAX_FOLD_ELEMENTS` elements each) or it is ``Shape``/``Size`` of a tensor whose shape is
@@ -51,11 +54,12 @@ class FoldReport:
 
 
 def infer(model: Any) -> Any:
-    """``onnx.shape_inference.infer_shapes(model, data_prop=True)``; a failure is an :class:`ImportError_`."""
+    """``onnx.shape_inference.infer_shapes(model)`` (no data propagation, see the module docstring);
+    a failure is an :class:`ImportError_`."""
     import onnx
 
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        return onnx.shape_inference.infer_shapes(model, data_prop=False)
     except Exception as e:  # noqa: BLE001 -- onnx raises InferenceError, ValidationError, RuntimeError...
         raise ImportError_(f"ONNX shape inference failed: {type(e).__name__}: {str(e).splitlines()[0]}") from None
 
@@ -313,12 +317,16 @@ def _fold_pass(m: Any, consts: ConstTable, folded: list[str], unfolded: dict[int
             value = _evaluate(node, consts, shapes)
             if value is None:
                 continue
-            tensor = numpy_helper.from_array(value, node.output[0])
+            tensor = numpy_helper.from_array(value)
         except (_TooBig, ValueError, TypeError, IndexError, KeyError, OverflowError, ZeroDivisionError) as e:
             unfolded[i] = f"{label}: {e}"
             log.info("not folded: %s: %s", label, e)
             continue
-        m.graph.node[i].CopyFrom(helper.make_node("Constant", [], [node.output[0]], name=node.name, value=tensor))
+        # turned into a Constant in place: its name and output stay byte for byte what the file had
+        del node.input[:]
+        del node.attribute[:]
+        node.op_type, node.domain = "Constant", ""
+        node.attribute.append(helper.make_attribute("value", tensor))
         consts.set(node.output[0], value)
         folded.append(label)
         changed = True
