@@ -4,7 +4,7 @@ Contract
 --------
 * :func:`import_onnx(model, node_range=None, shapes=None)` loads the model with the ``onnx`` package,
   applies ``shapes`` (``{graph input name: shape}`` or ``{dim_param: (size,)}``) to the graph
-  inputs, runs ONNX shape inference and returns an :class:`OnnxImport`.
+  inputs, folds constants and runs ONNX shape inference, and returns an :class:`OnnxImport`.
 * A node is *mappable* if its op is in :data:`SUPPORTED_OPS`, it lies in ``node_range`` (python
   slice over node indices), its float tensors are float32/float16/bfloat16 of rank 1..4, and its
   attribute-like inputs (reduction axes, clip bounds) are constants. Every other node (MatMul,
