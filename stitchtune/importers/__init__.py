@@ -76,6 +76,7 @@ def _cmd_onnx(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     from stitchtune.importers.onnx_import import (
         import_onnx,
         parse_node_range,
+        summary_lines,
         write_subgraphs,
     )
 
@@ -88,4 +89,7 @@ def _cmd_onnx(args: argparse.Namespace, out: Callable[[str], None]) -> int:
         out(f"  {p}: {len(sg.graph.nodes)} nodes from ONNX nodes "
             f"{sg.onnx_nodes[0].split(':')[0]}..{sg.onnx_nodes[-1].split(':')[0]}, "
             f"inputs {', '.join(n for n, _ in sg.graph.inputs)}, outputs {', '.join(sg.graph.outputs)}")
+    for line in summary_lines(res):
+        for part in line.split("\n"):
+            out("  " + part)
     return 0

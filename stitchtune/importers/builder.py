@@ -116,6 +116,10 @@ class GraphBuilder:
         self._inputs[name] = {"shape": list(shape), "dtype": dtype}
         return Value(name, shape, dtype)
 
+    def is_input(self, v: Value) -> bool:
+        """True if ``v`` is one of this graph's inputs (not computed by a node)."""
+        return not v.is_scalar and v.ref in self._inputs
+
     def _emit(self, name: str, op: str, args: Sequence[Value], shape: tuple[int, ...], dtype: str,
               **attrs: Any) -> Value:
         nid = self.names.take(name, "n")

@@ -4,7 +4,7 @@ Contract
 --------
 * :func:`import_onnx(model, node_range=None, shapes=None)` loads the model with the ``onnx`` package,
   applies ``shapes`` (``{graph input name: shape}`` or ``{dim_param: (size,)}``) to the graph
-  inputs, runs ONNX shape inference and returns an :class:`OnnxImport`.
+  inputs, folds constants and runs ONNX shape inference, and returns an :class:`OnnxImport`.
 * A node is *mappable* if its op is in :data:`SUPPORTED_OPS`, it lies in ``node_range`` (python
   slice over node indices), its float tensors are float32/float16/bfloat16 of rank 1..4, and its
   attribute-like inputs (reduction axes, clip bounds) are constants. Every other node (MatMul,
@@ -20,12 +20,24 @@ Contract
   back to ONNX names.
 * A dynamic dimension on a tensor of a mappable node is an error naming the tensor, the dimension
   and its symbol, unless ``shapes`` fixes it.
+* The file is read by :mod:`~stitchtune.importers.onnx_load` (hostile files are refused with one
+  line) and, after ``shapes``, constant-only nodes are folded and shapes inferred by
+  :mod:`~stitchtune.importers.onnx_fold`, so legacy (TorchScript) exports with static inputs come
+  out static. Node indices are always those of the file.
+* A Reshape/Squeeze/Unsqueeze/Flatten/Expand whose output shape equals its input's is a no-op and
+  mappable. A group whose outputs are all passed through unchanged (only Identity, same-type Cast,
+  no-op reshapes) is dropped, never fatal, and listed in ``OnnxImport.dropped``.
+* *Regions* are the connected groups of memory-intensive nodes (every op but Constant and
+  :data:`COMPUTE_OPS`); each :class:`OnnxRegion` says whether it was imported whole, cut (and by
+  which nodes), dropped as a no-op, or skipped.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,13 +52,20 @@ from stitchtune.importers.builder import (
     Value,
     scalar,
 )
+from stitchtune.importers.onnx_fold import FoldReport, fold_and_infer
+from stitchtune.importers.onnx_load import MAX_TENSOR_ELEMENTS, ConstTable, load_model
+from stitchtune.importers.onnx_partition import COMPUTE_OPS, OnnxRegion, label, partition
+from stitchtune.importers.onnx_partition import regions as find_regions
 
 __all__ = [
+    "COMPUTE_OPS",
     "SUPPORTED_OPS",
     "OnnxImport",
+    "OnnxRegion",
     "OnnxSubgraph",
     "import_onnx",
     "parse_node_range",
+    "summary_lines",
     "write_subgraphs",
 ]
 
@@ -64,6 +83,7 @@ SUPPORTED_OPS: frozenset[str] = frozenset([*_UNARY, *_BINARY, *_VARIADIC, *_REDU
 _DOMAINS = {"", "ai.onnx", "com.microsoft"}
 _MS_ONLY = {"SimplifiedLayerNormalization", "FastGelu"}
 
+_NOOP_SHAPE_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Expand"}   # mappable when they change nothing
 _ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16"}   # TensorProto enum -> graph.json
 
 
@@ -81,6 +101,10 @@ class OnnxSubgraph:
 class OnnxImport:
     subgraphs: tuple[OnnxSubgraph, ...]
     boundaries: tuple[str, ...]   # "index:op:name: reason" for each node left out
+    regions: tuple[OnnxRegion, ...] = ()
+    dropped: tuple[str, ...] = ()      # no-op groups dropped: their nodes' labels, comma-separated
+    compute_ops: tuple[str, ...] = ()  # "index:op:name" of the compute ops left to the framework
+    fold: FoldReport = field(default_factory=lambda: FoldReport((), ()))
 
 
 def parse_node_range(text: str | None) -> tuple[int | None, int | None] | None:
@@ -96,22 +120,7 @@ def parse_node_range(text: str | None) -> tuple[int | None, int | None] | None:
         raise ImportError_(f"--node-range {text!a} is not A:B with integer node indices") from None
 
 
-# ---------------------------------------------------------------------------- model loading
-def _load(model: Any) -> Any:
-    try:
-        import onnx
-    except ModuleNotFoundError as e:
-        raise ImportError_("the onnx package is not installed (pip install 'stitchtune[import]')") from e
-    if isinstance(model, onnx.ModelProto):
-        return model
-    try:
-        return onnx.load(str(model))
-    except FileNotFoundError:
-        raise ImportError_(f"ONNX model {str(model)!a} does not exist") from None
-    except Exception as e:
-        raise ImportError_(f"cannot read {str(model)!a} as an ONNX model: {type(e).__name__}: {e}") from e
-
-
+# ---------------------------------------------------------------------------- shapes
 def _apply_shapes(model: Any, shapes: Mapping[str, tuple[int, ...]]) -> Any:
     """A copy of ``model`` with graph-input dims fixed by name or by dim_param symbol."""
     import onnx
@@ -174,25 +183,9 @@ def _type_table(model: Any) -> dict[str, _Tensor]:
     return out
 
 
-def _constants(model: Any) -> dict[str, np.ndarray]:
-    from onnx import helper, numpy_helper
-
-    consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    for n in model.graph.node:
-        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output:
-            attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
-            if "value" in attrs:
-                consts[n.output[0]] = numpy_helper.to_array(attrs["value"])
-            else:
-                for k in ("value_float", "value_floats", "value_int", "value_ints"):
-                    if k in attrs:
-                        consts[n.output[0]] = np.asarray(attrs[k])
-    return consts
-
-
 # ---------------------------------------------------------------------------- per-node support
 class _Ctx:
-    def __init__(self, model: Any, types: dict[str, _Tensor], consts: dict[str, np.ndarray]) -> None:
+    def __init__(self, model: Any, types: dict[str, _Tensor], consts: ConstTable) -> None:
         self.types, self.consts = types, consts
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
         inits = {t.name for t in model.graph.initializer}
@@ -220,16 +213,17 @@ class _Ctx:
         return None if c is None else [int(v) for v in np.asarray(c).reshape(-1)]
 
 
-def _label(i: int, node: Any) -> str:
-    return f"{i}:{node.op_type}:{node.name or '-'}"
-
-
 def _why_not(ctx: _Ctx, i: int, node: Any, in_range: bool) -> str | None:
     """None if the node can be part of a subgraph, else the reason it is a boundary."""
     if node.op_type == "Constant":
         return "constant"
-    if node.domain not in _DOMAINS or node.op_type not in SUPPORTED_OPS:
-        return "compute-heavy or unsupported op"
+    if node.op_type in COMPUTE_OPS:
+        return "compute op, left to the framework"
+    if node.op_type in _NOOP_SHAPE_OPS and node.domain in ("", "ai.onnx"):
+        if not _changes_nothing(ctx, node):
+            return "changes the shape (graph.json has no reshape)"
+    elif node.domain not in _DOMAINS or node.op_type not in SUPPORTED_OPS:
+        return "unsupported op"
     if node.op_type in _MS_ONLY and node.domain != "com.microsoft":
         return "unsupported op"
     if not in_range:
@@ -262,17 +256,38 @@ def _why_not(ctx: _Ctx, i: int, node: Any, in_range: bool) -> str | None:
     return None
 
 
+def _changes_nothing(ctx: _Ctx, node: Any) -> bool:
+    """True if a reshape-like ``node`` has a static output shape equal to its data input's."""
+    if not node.input or not node.output or not node.input[0]:
+        return False
+    a, b = ctx.types.get(node.input[0]), ctx.types.get(node.output[0])
+    return (a is not None and b is not None and a.shape is not None and a.shape == b.shape
+            and all(isinstance(d, int) and d > 0 for d in a.shape))
+
+
 def _static_shape(ctx: _Ctx, t: str) -> tuple[int, ...]:
+    """The static shape of tensor ``t``; an error naming the dimension if it is not static and
+    positive, or if the tensor is larger than graph.json takes."""
     ty = ctx.types.get(t)
     if ty is None or ty.shape is None:
         raise ImportError_(f"tensor {t!a} has no inferred shape; pass --shapes for the model inputs")
     for k, d in enumerate(ty.shape):
-        if not isinstance(d, int) or d <= 0:
-            sym = f" ({d!a}, from {ctx.symbol_at[d]})" if isinstance(d, str) and d in ctx.symbol_at else (
-                f" ({d!a})" if isinstance(d, str) else "")
-            raise ImportError_(f"tensor {t!a} dim {k}{sym} is dynamic; fix it with --shapes "
-                               f"INPUT=AxB... or --shapes SYMBOL=N")
-    return tuple(int(d) for d in ty.shape)
+        if isinstance(d, int) and d == 0:
+            raise ImportError_(f"tensor {t!a} dim {k} is 0 (empty tensors cannot be imported)")
+        if isinstance(d, str) and d in ctx.symbol_at:
+            raise ImportError_(f"tensor {t!a} dim {k} ({d!a}, from {ctx.symbol_at[d]}) is dynamic; fix it "
+                               f"with --shapes INPUT=AxB... or --shapes SYMBOL=N")
+        if not isinstance(d, int) or d < 0:
+            sym = f" ({d!a})" if isinstance(d, str) else ""
+            dyn = ", ".join(f"{s!a} ({w})" for s, w in ctx.symbol_at.items())
+            hint = (f"the model's dynamic inputs are {dyn}: fix them with --shapes SYMBOL=N or INPUT=AxB..."
+                    if dyn else "no model input is dynamic: the model derives it from a value known only at run time")
+            raise ImportError_(f"tensor {t!a} dim {k}{sym} is dynamic after constant folding and shape "
+                               f"inference; {hint}")
+    shape = tuple(int(d) for d in ty.shape)
+    if math.prod(shape) > MAX_TENSOR_ELEMENTS:
+        raise ImportError_(f"tensor {t!a} has shape {list(shape)}, over {MAX_TENSOR_ELEMENTS} elements")
+    return shape
 
 
 # ---------------------------------------------------------------------------- mapping one node
@@ -283,7 +298,7 @@ def _map_node(ctx: _Ctx, b: GraphBuilder, node: Any, v: Callable[[str], Value],
     ins = [t for t in node.input]
     if op in _UNARY:
         return [b.unary(_UNARY[op], v(ins[0]), name)]
-    if op == "Identity":
+    if op == "Identity" or op in _NOOP_SHAPE_OPS:   # reshapes get here only when they change nothing
         return [v(ins[0])]
     if op in _BINARY:
         return [b.binary(_BINARY[op], v(ins[0]), v(ins[1]), name)]
@@ -344,99 +359,46 @@ def _map_node(ctx: _Ctx, b: GraphBuilder, node: Any, v: Callable[[str], Value],
 def import_onnx(model: Any, node_range: tuple[int | None, int | None] | None = None,
                 shapes: Mapping[str, tuple[int, ...]] | None = None, name: str | None = None) -> OnnxImport:
     """Split ``model`` (path or ``ModelProto``) into memory-intensive subgraphs; see the module docstring."""
-    m = _load(model)   # raises ImportError_ if the onnx package is missing
-    import onnx
-
+    loaded = load_model(model)   # raises ImportError_ if the onnx package is missing or the file is bad
+    m = loaded.model
     if shapes:
         m = _apply_shapes(m, shapes)
-    try:
-        m = onnx.shape_inference.infer_shapes(m, data_prop=True)
-    except Exception as e:
-        raise ImportError_(f"ONNX shape inference failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
-    base = name or m.graph.name or (Path(str(model)).stem if not isinstance(model, onnx.ModelProto) else "onnx")
-    types, consts = _type_table(m), _constants(m)
-    ctx = _Ctx(m, types, consts)
+    m, fold = fold_and_infer(m, loaded.consts)
+    from_file = loaded.base_dir is not None
+    base = name or m.graph.name or (Path(str(model)).stem if from_file else "onnx")
+    ctx = _Ctx(m, _type_table(m), loaded.consts)
     nodes = list(m.graph.node)
     lo, hi = node_range or (None, None)
     in_range = set(range(len(nodes))[slice(lo, hi)])
-
     reasons = {i: _why_not(ctx, i, n, i in in_range) for i, n in enumerate(nodes)}
     mappable = {i for i, r in reasons.items() if r is None}
-    producer: dict[str, int] = {t: i for i, n in enumerate(nodes) for t in n.output if t}
-    # stage: boundary nodes move everything after them to a later stage (see module docstring)
-    stage: dict[str, int] = {}
-    node_stage: dict[int, int] = {}
-    for i, n in enumerate(nodes):
-        s = max((stage.get(t, 0) for t in n.input if t and t not in consts), default=0)
-        node_stage[i] = s
-        for t in n.output:
-            stage[t] = s if (i in mappable or n.op_type == "Constant") else s + 1
-    consumers: dict[str, set[int]] = {}
-    for i, n in enumerate(nodes):
-        for t in n.input:
-            consumers.setdefault(t, set()).add(i)
-    succ = {i: {c for t in n.output if t for c in consumers.get(t, ())} for i, n in enumerate(nodes)}
-    groups = []
-    # widest first: connected components; a component that a path leaves and re-enters through a
-    # boundary node cannot be one kernel, so it is split by stage (always convex)
-    for comp in _components(mappable, nodes, producer, lambda p, i: True):
-        if _convex(set(comp), succ):
-            groups.append(comp)
-        else:
-            groups.extend(_components(set(comp), nodes, producer,
-                                      lambda p, i: node_stage[p] == node_stage[i]))
+    part = partition(nodes, mappable, ctx.consts)
     model_outputs = {o.name for o in m.graph.output}
-    subgraphs = []
-    for k, members in enumerate(sorted(groups, key=lambda g: g[0])):
-        sg = _build(ctx, nodes, members, consumers, model_outputs, f"{base}_{k}")
-        if sg is not None:
-            subgraphs.append(sg)
-    boundaries = tuple(f"{_label(i, n)}: {reasons[i]}" for i, n in enumerate(nodes)
+    subgraphs: list[OnnxSubgraph] = []
+    fate: dict[int, str] = {}   # first member of each group -> graph name, "no-op" or "unused"
+    for members in sorted(part.groups, key=lambda g: g[0]):
+        built = _build(ctx, nodes, members, part.consumers, model_outputs, f"{base}_{len(subgraphs)}")
+        if isinstance(built, OnnxSubgraph):
+            subgraphs.append(built)
+            fate[members[0]] = built.graph.name
+        else:
+            fate[members[0]] = built
+    dropped = tuple(", ".join(label(i, nodes[i]) for i in g) for g in sorted(part.groups, key=lambda g: g[0])
+                    if fate[g[0]] == "no-op")
+    boundaries = tuple(f"{label(i, n)}: {reasons[i]}" for i, n in enumerate(nodes)
                        if reasons[i] is not None and n.op_type != "Constant")
-    log.info("%s: %d nodes, %d subgraphs, %d boundary nodes", base, len(nodes), len(subgraphs), len(boundaries))
-    return OnnxImport(subgraphs=tuple(subgraphs), boundaries=boundaries)
-
-
-def _components(members: set[int], nodes: list[Any], producer: dict[str, int],
-                joinable: Callable[[int, int], bool]) -> list[list[int]]:
-    """Connected components of ``members`` over producer->consumer edges that ``joinable`` accepts."""
-    parent = {i: i for i in members}
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i in sorted(members):
-        for t in nodes[i].input:
-            p = producer.get(t)
-            if p in members and joinable(p, i):
-                parent[find(i)] = find(p)
-    groups: dict[int, list[int]] = {}
-    for i in sorted(members):
-        groups.setdefault(find(i), []).append(i)
-    return list(groups.values())
-
-
-def _convex(group: set[int], succ: dict[int, set[int]]) -> bool:
-    """False if some path leaves ``group`` and comes back into it."""
-    frontier = [c for i in group for c in succ[i] if c not in group]
-    seen: set[int] = set()
-    while frontier:
-        n = frontier.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        for c in succ[n]:
-            if c in group:
-                return False
-            frontier.append(c)
-    return True
+    regions = find_regions(nodes, in_range, reasons, part, fate)
+    compute = tuple(label(i, n) for i, n in enumerate(nodes) if n.op_type in COMPUTE_OPS)
+    log.info("%s: %d nodes (%d folded), %d regions, %d subgraphs, %d no-op groups dropped, %d boundary nodes",
+             base, len(nodes), len(fold.folded), len(regions), len(subgraphs), len(dropped), len(boundaries))
+    return OnnxImport(subgraphs=tuple(subgraphs), boundaries=boundaries, regions=regions, dropped=dropped,
+                      compute_ops=compute, fold=fold)
 
 
 def _build(ctx: _Ctx, nodes: list[Any], members: list[int], consumers: dict[str, set[int]],
-           model_outputs: set[str], gname: str) -> OnnxSubgraph | None:
+           model_outputs: set[str], gname: str) -> OnnxSubgraph | str:
+    """The group's subgraph, or ``"no-op"`` when every value it hands on is one of its inputs passed
+    through unchanged, or ``"unused"`` when nothing outside reads what it computes."""
     b = GraphBuilder(gname)
     member_set = set(members)
     produced = {t for i in members for t in nodes[i].output if t}
@@ -467,6 +429,7 @@ def _build(ctx: _Ctx, nodes: list[Any], members: list[int], consumers: dict[str,
         return v
 
     outputs: list[Value] = []
+    passed_through = False
     for i in members:
         n = nodes[i]
         outs = list(n.output)
@@ -477,42 +440,96 @@ def _build(ctx: _Ctx, nodes: list[Any], members: list[int], consumers: dict[str,
                 continue
             expect = _static_shape(ctx, t)
             if r.is_scalar or tuple(r.shape) != expect:
-                raise ImportError_(f"{_label(i, n)}: mapped shape {list(r.shape)} differs from the model's "
+                raise ImportError_(f"{label(i, n)}: mapped shape {list(r.shape)} differs from the model's "
                                    f"{list(expect)} for {t!a}")
             dt = _ONNX_DTYPES[ctx.types[t].elem]
             if r.dtype != dt:
                 r = b.cast(r, dt, f"{t}_cast")
             vals[t] = r
             if t in model_outputs or (consumers.get(t, set()) - member_set):
+                if b.is_input(r):
+                    passed_through = True   # the tensor equals one of the group's inputs: nothing to compute
+                    continue
                 outputs.append(r)
                 names.append((str(r.ref), t))
     if not outputs:
-        log.info("%s: no outputs are used outside it; skipped", gname)
-        return None
+        why = "no-op" if passed_through else "unused"
+        log.info("%s (ONNX nodes %s): %s", gname, ", ".join(label(i, nodes[i]) for i in members),
+                 "only passes its inputs through; dropped" if passed_through else "nothing outside uses it; skipped")
+        return why
     graph = b.graph(outputs)
     live = set(graph.outputs) | {n for n, _ in graph.inputs}
-    return OnnxSubgraph(graph=graph, onnx_nodes=tuple(_label(i, nodes[i]) for i in members),
+    return OnnxSubgraph(graph=graph, onnx_nodes=tuple(label(i, nodes[i]) for i in members),
                         tensor_names=tuple((g, o) for g, o in names if g in live),
                         constants=tuple((c, arr) for c, arr in constants if c in live))
 
 
+def _write_atomic(path: Path, write: Callable[[Any], None]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_subgraphs(result: OnnxImport, out_dir: str | Path) -> list[Path]:
     """Write ``<name>.json`` (+ ``<name>.constants.npz`` when it has weights) per subgraph and
-    ``manifest.json``; returns the graph.json paths."""
+    ``manifest.json`` (subgraphs, boundaries, regions, dropped no-op groups, folded nodes, compute
+    ops), each file through a temporary name; returns the graph.json paths. A file system error is
+    an :class:`ImportError_` naming the path."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     paths, manifest = [], []
-    for sg in result.subgraphs:
-        p = out / f"{sg.graph.name}.json"
-        p.write_text(json.dumps(sg.graph.to_dict(), indent=1) + "\n")
-        entry: dict[str, Any] = {"graph": p.name, "onnx_nodes": list(sg.onnx_nodes),
-                                 "onnx_tensors": dict(sg.tensor_names)}
-        if sg.constants:
-            cp = out / f"{sg.graph.name}.constants.npz"
-            np.savez(cp, **dict(sg.constants))   # bfloat16 comes back as |V2; `stitchtune run` reads it
-            entry["constants"] = cp.name
-        manifest.append(entry)
-        paths.append(p)
-    (out / "manifest.json").write_text(json.dumps({"subgraphs": manifest,
-                                                   "boundaries": list(result.boundaries)}, indent=1) + "\n")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for sg in result.subgraphs:
+            p = out / f"{sg.graph.name}.json"
+            text = (json.dumps(sg.graph.to_dict(), indent=1) + "\n").encode()
+            _write_atomic(p, lambda f, text=text: f.write(text))
+            entry: dict[str, Any] = {"graph": p.name, "onnx_nodes": list(sg.onnx_nodes),
+                                     "onnx_tensors": dict(sg.tensor_names)}
+            if sg.constants:
+                cp = out / f"{sg.graph.name}.constants.npz"
+                arrays = dict(sg.constants)   # bfloat16 comes back as |V2; `stitchtune run` reads it
+                _write_atomic(cp, lambda f, arrays=arrays: np.savez(f, **arrays))
+                entry["constants"] = cp.name
+            manifest.append(entry)
+            paths.append(p)
+        doc = {"subgraphs": manifest, "boundaries": list(result.boundaries),
+               "regions": [{"nodes": list(r.nodes), "status": r.status, "subgraphs": list(r.subgraphs),
+                            "stopped_by": list(r.stopped_by)} for r in result.regions],
+               "dropped_noop_groups": list(result.dropped), "folded": list(result.fold.folded),
+               "not_folded": list(result.fold.unfolded), "compute_ops": list(result.compute_ops)}
+        text = (json.dumps(doc, indent=1) + "\n").encode()
+        _write_atomic(out / "manifest.json", lambda f: f.write(text))
+    except OSError as e:
+        raise ImportError_(f"cannot write to {ascii(str(out))}: {e.strerror or e}") from None
     return paths
+
+
+def _counted(ops: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for op in ops:
+        counts[op] = counts.get(op, 0) + 1
+    return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def summary_lines(result: OnnxImport) -> list[str]:
+    """What the import did, for the CLI: regions found / imported whole / cut (by which ops) /
+    dropped / skipped, the dropped no-op groups, folding, and the compute ops left to the framework."""
+    by = {s: [r for r in result.regions if r.status == s] for s in ("whole", "cut", "dropped", "skipped")}
+    lines = [f"regions: {len(result.regions)} found, {len(by['whole'])} imported whole, {len(by['cut'])} cut, "
+             f"{len(by['dropped'])} dropped as no-ops, {len(by['skipped'])} not imported"]
+    for r in by["cut"]:
+        lines.append(f"  cut: nodes {r.nodes[0].split(':')[0]}..{r.nodes[-1].split(':')[0]} -> "
+                     f"{', '.join(r.subgraphs)}; stopped by {_counted([b.split(':')[1] for b in r.stopped_by])}")
+    stops = [b.split(":")[1] for r in by["skipped"] for b in r.stopped_by]
+    if by["skipped"]:
+        lines.append(f"  not imported: {len(by['skipped'])} region(s) of {_counted(stops) or 'unused nodes'}")
+    lines.append(f"dropped no-op groups: {len(result.dropped)}" + "".join(f"\n  {d}" for d in result.dropped))
+    lines.append(f"constant-only nodes folded: {len(result.fold.folded)}"
+                 + (f" ({len(result.fold.unfolded)} left unfolded, see manifest.json)" if result.fold.unfolded else ""))
+    lines.append("compute ops left to the framework: "
+                 + (_counted([c.split(":")[1] for c in result.compute_ops]) or "none"))
+    return lines

@@ -12,7 +12,8 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from onnx.reference import ReferenceEvaluator
+
+from helpers import check_onnx_numerics
 
 from stitchtune.cli import main
 from stitchtune.errors import StitchtuneError
@@ -22,7 +23,6 @@ from stitchtune.importers.onnx_import import (
     parse_node_range,
     write_subgraphs,
 )
-from stitchtune.graph.reference import run_reference
 
 N, K, D = 8, 16, 32
 RNG = np.random.default_rng(0)
@@ -66,30 +66,6 @@ def transformer_ish(batch="batch", opset=18) -> onnx.ModelProto:
     return m
 
 
-def _evaluate_all(model, feeds) -> dict[str, np.ndarray]:
-    """Every tensor of ``model`` evaluated by onnx's reference evaluator."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    names = [t for n in m.graph.node for t in n.output if t]
-    del m.graph.output[:]
-    m.graph.output.extend(h.make_empty_tensor_value_info(t) for t in names)
-    return dict(zip(names, ReferenceEvaluator(m).run(None, feeds)))
-
-
-def _check_numerics(result, model, feeds, tol=1e-5):
-    """Each subgraph, fed the ONNX-evaluated values of its inputs, reproduces its ONNX outputs."""
-    values = {**_evaluate_all(model, feeds), **feeds}
-    for sg in result.subgraphs:
-        onnx_name = dict(sg.tensor_names)
-        consts = dict(sg.constants)
-        inputs = {n: (consts[n] if n in consts else values[onnx_name[n]]) for n, _ in sg.graph.inputs}
-        got = run_reference(sg.graph, inputs)
-        for o in sg.graph.outputs:
-            want = values[onnx_name[o]].astype(np.float64)
-            err = np.max(np.abs(got[o].astype(np.float64) - want)) / np.max(np.abs(want))
-            assert err < tol, (sg.graph.name, o, err)
-
-
 def test_splits_between_matmuls_into_layernorm_and_softmax():
     m = transformer_ish()
     res = import_onnx(m, shapes={"batch": (N,)})
@@ -106,7 +82,7 @@ def test_splits_between_matmuls_into_layernorm_and_softmax():
     assert sm.graph.outputs == ("y",)
     assert [b.split(":")[1] for b in res.boundaries] == ["MatMul", "MatMul"]
     feeds = {"x": RNG.standard_normal((N, K)).astype(np.float32)}
-    _check_numerics(res, m, feeds)
+    check_onnx_numerics(res, m, feeds)
 
 
 def test_dynamic_dim_needs_shapes_and_error_names_it():
@@ -150,7 +126,7 @@ def test_residual_through_matmul_is_not_fused_across_it():
     assert first.graph.outputs == ("ln",)
     assert [n.op for n in second.graph.nodes] == ["add", "relu"]
     assert {dict(second.tensor_names)[n] for n, _ in second.graph.inputs} == {"mm", "ln"}
-    _check_numerics(res, m, {"x": RNG.standard_normal((N, D)).astype(np.float32)})
+    check_onnx_numerics(res, m, {"x": RNG.standard_normal((N, D)).astype(np.float32)})
 
 
 def test_independent_matmul_operand_does_not_split():
@@ -170,7 +146,7 @@ def test_independent_matmul_operand_does_not_split():
     assert {dict(sg.tensor_names)[n] for n, _ in sg.graph.inputs} == {"x", "g", "mm"}
     assert {dict(sg.tensor_names)[o] for o in sg.graph.outputs} == {"ln", "z"}
     feeds = {"x": RNG.standard_normal((N, D)).astype(np.float32), "y": RNG.standard_normal((N, D)).astype(np.float32)}
-    _check_numerics(res, m, feeds)
+    check_onnx_numerics(res, m, feeds)
 
 
 def test_fused_onnx_ops_attribute_axes_casts_and_gelu():
@@ -204,7 +180,7 @@ def test_fused_onnx_ops_attribute_axes_casts_and_gelu():
     assert len(res.subgraphs) == 1 and not res.boundaries
     ops = {n.op for n in res.subgraphs[0].graph.nodes}
     assert {"gelu", "gelu_tanh", "cast", "square", "maximum", "minimum", "erf", "reciprocal"} <= ops
-    _check_numerics(res, m, {"x": RNG.standard_normal((N, D)).astype(np.float32)}, tol=1e-3)
+    check_onnx_numerics(res, m, {"x": RNG.standard_normal((N, D)).astype(np.float32)}, tol=1e-3)
 
 
 def test_opset13_reduce_axes_attribute_and_float16_model():
@@ -218,7 +194,7 @@ def test_opset13_reduce_axes_attribute_and_float16_model():
     assert len(res.subgraphs) == 2
     assert res.subgraphs[0].graph.nodes[0].axes == (1,)
     assert res.subgraphs[1].graph.spec("z").dtype == "float16"
-    _check_numerics(res, m, {"x": RNG.standard_normal((N, D)).astype(np.float16)}, tol=2e-3)
+    check_onnx_numerics(res, m, {"x": RNG.standard_normal((N, D)).astype(np.float16)}, tol=2e-3)
 
 
 def test_write_and_cli(tmp_path, capsys):
@@ -273,4 +249,4 @@ def test_model_exported_by_torch_onnx(tmp_path):
     res = import_onnx(path, shapes={"batch": (N,)})
     assert [[n.op for n in sg.graph.nodes][-1] for sg in res.subgraphs] == ["gelu", "div"]
     assert all(NAME_RE.fullmatch(n) for sg in res.subgraphs for n, _ in sg.graph.inputs)
-    _check_numerics(res, onnx.load(str(path)), {"x": RNG.standard_normal((N, K)).astype(np.float32)}, tol=1e-4)
+    check_onnx_numerics(res, onnx.load(str(path)), {"x": RNG.standard_normal((N, K)).astype(np.float32)}, tol=1e-4)
