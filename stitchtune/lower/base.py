@@ -18,7 +18,7 @@ from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, MathOp, Var
 from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.graph.ops import OPS
-from stitchtune.plan.planner import StitchPlan
+from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space.schedule import Schedule
 
 _I = lambda v: Const(int(v), I32)  # noqa: E731
@@ -116,7 +116,7 @@ class _SweepValues:
                 vals.append(v)
             self.stats["flops"] += OPS[nd.op].flops * vec
             self.stats["sfu"] += OPS[nd.op].sfu * vec
-        if low.cls[name] == "F" and level in ("register", "shared"):
+        if low.cls[name] is TensorClass.FULL and level in ("register", "shared"):
             for j in range(vec):
                 if level == "register":
                     self.body.append(kir.SetLocal(f"rc{tix}", self.cache_index(j), vals[j]))
@@ -227,10 +227,10 @@ class _Lowerer:
 
     def ready_p_nodes(self, pvals: dict, load_p, const):
         """Yield ``(node, argument values)`` for every per-row/per-column/scalar node not computed yet
-        whose arguments are all available (``pvals``, or a P/S input loaded through ``load_p``);
-        ``const(x)`` turns a constant argument into a value."""
+        whose arguments are all available (``pvals``, or a per-row/per-column or scalar input loaded
+        through ``load_p``); ``const(x)`` turns a constant argument into a value."""
         for nd in self.g.nodes:
-            if self.cls[nd.id] not in ("P", "S") or nd.id in pvals or OPS[nd.op].kind == "reduce":
+            if self.cls[nd.id].varies_along_reduced or nd.id in pvals or OPS[nd.op].kind == "reduce":
                 continue
             args = []
             for a in nd.args:
@@ -238,7 +238,7 @@ class _Lowerer:
                     args.append(const(float(a)))
                 elif a in pvals:
                     args.append(pvals[a])
-                elif a in self.in_buf and self.cls[a] in ("P", "S"):
+                elif a in self.in_buf and not self.cls[a].varies_along_reduced:
                     args.append(load_p(a))
                 else:
                     break
@@ -298,9 +298,9 @@ class _Lowerer:
                 reread += size * (n - 1)
             else:
                 reread += size * n
-        # small operands (K/P/S inputs): read once
+        # small operands (per-reduced-index, per-row/column and scalar inputs): read once
         for name, spec in self.g.inputs:
-            if self.cls.get(name) != "F" and self.in_buf[name] in {pp.name for pp in kern.params}:
+            if self.cls.get(name) is not TensorClass.FULL and self.in_buf[name] in {pp.name for pp in kern.params}:
                 dram_read += math.prod(spec.shape) * kir.ELEM_BYTES[spec.dtype]
         writes = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "output")
         scratch = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "scratch")

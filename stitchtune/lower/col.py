@@ -20,7 +20,7 @@ from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select
 from stitchtune.lower.base import _I, _add, _and, _Ctx, _Lowerer, _mul, _SweepValues, estimate_registers
-from stitchtune.plan.planner import StitchPlan
+from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space.schedule import Schedule
 
 
@@ -106,7 +106,7 @@ class _ColLowerer(_Lowerer):
                 return pvals[name]
             buf = self.in_buf[name]
             uses["in"].add(buf)
-            if self.cls[name] == "P":
+            if self.cls[name] is TensorClass.PER_KEPT:
                 dsts = tuple(cx.var("p", F32) for _ in range(vec))
                 rb.append(kir.LoadVec(dsts, buf, cc0, cvalid))
                 pvals[name] = list(dsts)
@@ -172,20 +172,20 @@ class _ColLowerer(_Lowerer):
                 return _add(_mul(_add(_mul(idx_it, _I(tk)), tkk), _I(TC)), _add(_mul(tc, _I(vec)), _I(j)))
 
             def broadcast(name: str) -> list[kir.Expr] | None:
-                if self.cls[name] not in ("P", "S"):
+                if self.cls[name].varies_along_reduced:
                     return None
                 return load_p(name) if name in self.in_buf else pvals[name]
 
             def load_input(name: str) -> list[kir.Expr]:
                 buf = self.in_buf[name]
                 uses["in"].add(buf)
-                if self.cls[name] == "F":
+                if self.cls[name] is TensorClass.FULL:
                     dsts = tuple(cx.var(f"t{self.tid_of[name]}_", F32) for _ in range(vec))
                     idx = _add(_mul(Bin("min", r_, _I(M - 1)), _I(N)), cc0)
                     lb.append(kir.LoadVec(dsts, buf, idx, valid))
                     stats["reads"][buf] = stats["reads"].get(buf, 0) + 1
                     return list(dsts)
-                v = cx.var(f"t{self.tid_of[name]}_", F32)  # K: one value per row
+                v = cx.var(f"t{self.tid_of[name]}_", F32)  # PER_REDUCED: one value per row
                 lb.append(Assign(v, Load(buf, Bin("min", r_, _I(M - 1)), valid)))
                 return [v] * vec
 
@@ -201,9 +201,9 @@ class _ColLowerer(_Lowerer):
                 vals = value(o)
                 buf = self.out_buf[o]
                 uses["out"].add(buf)
-                if self.cls[o] == "F":
+                if self.cls[o] is TensorClass.FULL:
                     lb.append(kir.StoreVec(buf, _add(_mul(r_, _I(N)), c0), tuple(vals), valid))
-                else:  # K output: one value per row, written by the first column's threads
+                else:  # PER_REDUCED output: one value per row, written by the first column's threads
                     lb.append(kir.StoreVec(buf, r_, (vals[0],), _and(valid, Bin("==", c0, _I(0)))))
             head = self.order_sweep(ii, it, self.rpt, sum(stats["reads"].values()) > reads_before)
             rb.append(kir.For(it, _I(0), _I(self.rpt), 1, tuple(head + lb), unroll=bool(cache_reg) or self.rpt <= 8))
@@ -254,18 +254,18 @@ class _ColLowerer(_Lowerer):
 
         if is_last:
             outs = list(dict.fromkeys(g.outputs))
-            f_outs = [o for o in outs if self.cls[o] in ("F", "K")]
+            f_outs = [o for o in outs if self.cls[o].varies_along_reduced]
             if f_outs:
                 sweep([], f_outs)
             for o in outs:
                 c = self.cls[o]
-                if c not in ("P", "S"):
+                if c.varies_along_reduced:
                     continue
                 vals = load_p(o) if o in self.in_buf else pvals[o]
                 buf = self.out_buf[o]
                 uses["out"].add(buf)
                 lead = Bin("&&", Bin("==", tkk, _I(0)), Bin("==", sidx, _I(0)))
-                if c == "P":
+                if c is TensorClass.PER_KEPT:
                     rb.append(kir.StoreVec(buf, c0, tuple(vals), Bin("&&", cvalid, lead)))
                 else:
                     rb.append(kir.StoreVec(buf, _I(0), (vals[0],), Bin("&&", Bin("==", c0, _I(0)), Bin("&&", cvalid, lead))))

@@ -13,7 +13,7 @@ from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Select
 from stitchtune.lower.base import _I, _add, _and, _Ctx, _Lowerer, _mul, _SweepValues, estimate_registers
-from stitchtune.plan.planner import StitchPlan
+from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space.schedule import Schedule
 
 
@@ -32,7 +32,7 @@ class _RowLowerer(_Lowerer):
         kernels, launches, profiles = [], [], []
         segs = self.kernel_segments() if p.nstages else [[]]
         n_reg = sum(1 for r in s.reuse if r == "register")
-        n_pf = s.prefetch * sum(1 for n, c in p.classes if c == "F" and n in self.in_buf)
+        n_pf = s.prefetch * sum(1 for n, c in p.classes if c is TensorClass.FULL and n in self.in_buf)
         est = estimate_registers(self.per_thread * (n_reg + n_pf), vec, 4)
         for ki, seg in enumerate(segs):
             is_last = ki == len(segs) - 1
@@ -105,25 +105,26 @@ class _RowLowerer(_Lowerer):
                Assign(kbase, _mul(sidx, _I(self.chunk))),
                Assign(kend, Bin("min", _add(kbase, _I(self.chunk)), _I(N)))]
 
-        # values available per row (P / S class): name -> Var
+        # values available per row (per-row and scalar tensors): name -> Var
         pvals: dict[str, kir.Expr] = {}
         stats = {"flops": 0, "sfu": 0, "bb": 0, "gb": 0, "reads": {}, "rereads": 0, "writes": 0}
 
         def load_p(name: str) -> kir.Expr:
-            """A per-row (P) or scalar (S) input value."""
+            """A per-row (PER_KEPT) or scalar input value."""
             if name in pvals:
                 return pvals[name]
             v = cx.var("p", F32)
             buf = self.in_buf[name]
             uses["in"].add(buf)
-            idx = row if self.cls[name] == "P" else _I(0)
-            pred = rvalid if self.cls[name] == "P" else None
-            rb.append(Assign(v, Load(buf, Bin("min", idx, _I(M - 1)) if self.cls[name] == "P" else idx, pred)))
+            per_row = self.cls[name] is TensorClass.PER_KEPT
+            idx = row if per_row else _I(0)
+            pred = rvalid if per_row else None
+            rb.append(Assign(v, Load(buf, Bin("min", idx, _I(M - 1)) if per_row else idx, pred)))
             pvals[name] = v
             return v
 
         def compute_p_nodes(upto_stage: int) -> None:
-            """Compute P/S-class nodes whose reductions are all available."""
+            """Compute the per-row and scalar nodes whose reductions are all available."""
             for nd, args in self.ready_p_nodes(pvals, load_p, lambda c: Const(c, F32)):
                 v = cx.var("p", F32)
                 rb.append(Assign(v, self.expr_of_node(nd, args)))
@@ -194,7 +195,7 @@ class _RowLowerer(_Lowerer):
                 return _add(_mul(rib, _I(self.chunk)), _add(_mul(_add(_mul(idx_it, _I(vec)), _I(j)), _I(tpr)), lane))
 
             def broadcast(name: str) -> list[kir.Expr] | None:
-                if self.cls[name] not in ("P", "S"):
+                if self.cls[name].varies_along_reduced:
                     return None
                 if name in self.in_buf and name not in pvals:
                     load_p(name)
@@ -203,15 +204,15 @@ class _RowLowerer(_Lowerer):
             def load_input(name: str) -> list[kir.Expr]:
                 buf = self.in_buf[name]
                 uses["in"].add(buf)
-                if from_prefetch and self.cls[name] == "F":
+                if from_prefetch and self.cls[name] is TensorClass.FULL:
                     stats["reads"][buf] = stats["reads"].get(buf, 0) + 1
                     prefetched.append(name)
                     return [LocalRef(f"pf{self.tid_of[name]}", cache_index(j)) for j in range(vec)]
                 dsts = tuple(cx.var(f"t{self.tid_of[name]}_", F32) for _ in range(vec))
-                if self.cls[name] == "F":
+                if self.cls[name] is TensorClass.FULL:
                     idx = f_index(row, k0)
                     stats["reads"][buf] = stats["reads"].get(buf, 0) + 1
-                else:  # K class: varies along the row only
+                else:  # PER_REDUCED: varies along the row only
                     idx = k0
                 lb.append(kir.LoadVec(dsts, buf, idx, valid))
                 return list(dsts)
@@ -229,9 +230,9 @@ class _RowLowerer(_Lowerer):
                 buf = self.out_buf[o]
                 uses["out"].add(buf)
                 c = self.cls[o]
-                if c == "F":
+                if c is TensorClass.FULL:
                     lb.append(kir.StoreVec(buf, _add(_mul(row, _I(N)), k0), tuple(vals), valid))
-                elif c == "K":
+                elif c is TensorClass.PER_REDUCED:
                     lb.append(kir.StoreVec(buf, k0, tuple(vals), _and(valid, Bin("==", row, _I(0)))))
             unroll = bool(cache_reg) or self.iters <= 8 or from_prefetch
             head = self.order_sweep(ii, it, self.iters, sum(stats["reads"].values()) > reads_before)
@@ -261,19 +262,19 @@ class _RowLowerer(_Lowerer):
                 compute_p_nodes(st)
 
         if is_last:
-            f_outs = [o for o in dict.fromkeys(g.outputs) if self.cls[o] in ("F", "K")]
+            f_outs = [o for o in dict.fromkeys(g.outputs) if self.cls[o].varies_along_reduced]
             if f_outs:
                 sweep(p.nstages + 1, [], f_outs)
             for o in dict.fromkeys(g.outputs):
                 c = self.cls[o]
-                if c in ("P", "S"):
+                if not c.varies_along_reduced:
                     if o not in pvals:
                         if o in self.in_buf:
                             load_p(o)
                     buf = self.out_buf[o]
                     uses["out"].add(buf)
                     leader = Bin("&&", Bin("==", lane, _I(0)), Bin("==", sidx, _I(0)))
-                    if c == "P":
+                    if c is TensorClass.PER_KEPT:
                         rb.append(kir.StoreVec(buf, row, (pvals[o],), Bin("&&", rvalid, leader)))
                     else:
                         rb.append(kir.StoreVec(buf, _I(0), (pvals[o],), Bin("&&", Bin("==", row, _I(0)), leader)))

@@ -8,9 +8,11 @@ The plan views the graph as a 2-D problem ``[M, N]`` (row-major, ``N`` contiguou
   statistics); ``P = N`` columns are independent, ``K = M`` is the reduced length.
 * family ``elementwise``: no reduction (bias + GELU); handled like ``row`` with zero stages.
 
-Every tensor gets a class: ``F`` (full ``[M, N]``), ``P`` (one value per independent row/column:
-reduction results and what is computed from them), ``K`` (one value per reduced index, e.g. gamma
-in a layernorm), ``S`` (a scalar). The reductions are the dominant ops; reductions of the same
+Every tensor gets a :class:`TensorClass`: ``FULL`` (full ``[M, N]``), ``PER_KEPT`` (one value per
+independent row/column, i.e. per index of the kept axis: reduction results and what is computed from
+them), ``PER_REDUCED`` (one value per index of the reduced axis, e.g. gamma in a layernorm), ``SCALAR``.
+Their values are the letters ``F``, ``P``, ``K``, ``S`` (``P`` and ``K`` as in :attr:`StitchPlan.P`
+and :attr:`StitchPlan.K`). The reductions are the dominant ops; reductions of the same
 *depth* (number of reductions on the longest path to them, counting themselves) form one stage and
 share one stitching scheme. The result of a stage reaches its consumers one-to-many (a broadcast
 along the reduced axis); which schemes are legal for that edge depends on the thread mapping and is
@@ -24,6 +26,7 @@ run on the reference executor.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from math import prod
 
 from stitchtune.errors import UnsupportedGraphError
@@ -36,6 +39,21 @@ SCHEMES = ("local", "regional", "global", "independent")
 EXPENSIVE = frozenset({"exp", "log", "tanh", "erf", "gelu", "gelu_tanh", "sigmoid", "silu", "pow", "div"})
 
 
+class TensorClass(Enum):
+    """How a tensor varies over the plan's ``[M, N]`` view (the value is the letter used in docs)."""
+
+    FULL = "F"         # full [M, N]
+    PER_KEPT = "P"     # one value per independent row (row family) / column (col family)
+    PER_REDUCED = "K"  # one value per position along the reduced axis (gamma of a layernorm)
+    SCALAR = "S"       # one value
+
+    @property
+    def varies_along_reduced(self) -> bool:
+        """``FULL`` and ``PER_REDUCED``: produced element by element by a sweep along the reduced
+        axis. ``PER_KEPT`` and ``SCALAR`` are one value per reduction (row/column), broadcast along it."""
+        return self in (TensorClass.FULL, TensorClass.PER_REDUCED)
+
+
 @dataclass(frozen=True)
 class StitchPlan:
     """The analysis result. All tuples are in graph (topological) order."""
@@ -43,16 +61,16 @@ class StitchPlan:
     family: str                              # row | col | elementwise
     M: int
     N: int
-    classes: tuple[tuple[str, str], ...]     # tensor name -> F | P | K | S
+    classes: tuple[tuple[str, TensorClass], ...]  # tensor name -> its class
     reductions: tuple[str, ...]              # reduction node ids
     stages: tuple[tuple[str, ...], ...]      # reductions per stage, stage 1 first
     dominants: tuple[str, ...]               # reductions + expensive element-wise ops feeding a broadcast
-    reuse_candidates: tuple[str, ...]        # F tensors needed by two or more sweeps
+    reuse_candidates: tuple[str, ...]        # FULL tensors needed by two or more sweeps
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
     dtypes: tuple[tuple[str, str], ...]      # tensor name -> dtype
 
-    def cls(self, name: str) -> str:
+    def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
 
     def dtype(self, name: str) -> str:
@@ -80,7 +98,7 @@ class StitchPlan:
         raise KeyError(reduction)
 
     def to_dict(self) -> dict:
-        return {"family": self.family, "M": self.M, "N": self.N, "classes": dict(self.classes),
+        return {"family": self.family, "M": self.M, "N": self.N, "classes": {n: c.value for n, c in self.classes},
                 "stages": [list(s) for s in self.stages], "dominants": list(self.dominants),
                 "reuse_candidates": list(self.reuse_candidates)}
 
@@ -187,7 +205,7 @@ def make_plan(graph: Graph) -> StitchPlan:
     rows_live = {a for a in row_axes if domain[a] > 1}
     cols_live = {a for a in col_axes if domain[a] > 1}
 
-    def classify(name: str) -> str:
+    def classify(name: str) -> TensorClass:
         varies = {a for a in maps[name] if a is not None}
         in_rows, in_cols = varies & rows_live, varies & cols_live
         if (in_rows and in_rows != rows_live) or (in_cols and in_cols != cols_live):
@@ -195,21 +213,21 @@ def make_plan(graph: Graph) -> StitchPlan:
                 f"tensor '{name}' varies along only part of an axis group; stitched kernels support "
                 "full, per-row, per-column and scalar operands")
         if in_rows and in_cols:
-            return "F"
+            return TensorClass.FULL
         if in_rows:
-            return "K" if family == "col" else "P"
+            return TensorClass.PER_REDUCED if family == "col" else TensorClass.PER_KEPT
         if in_cols:
-            return "P" if family == "col" else "K"
-        return "S"
+            return TensorClass.PER_KEPT if family == "col" else TensorClass.PER_REDUCED
+        return TensorClass.SCALAR
 
     classes = {n: classify(n) for n, _ in all_specs}
     for nd in red_nodes:
-        if classes[nd.args[0]] != "F":  # type: ignore[index]
+        if classes[nd.args[0]] is not TensorClass.FULL:  # type: ignore[index]
             raise UnsupportedGraphError(f"reduction '{nd.id}' reduces a tensor that is not full-size")
-        if classes[nd.id] not in ("P", "S"):
+        if classes[nd.id] not in (TensorClass.PER_KEPT, TensorClass.SCALAR):
             raise UnsupportedGraphError(f"reduction '{nd.id}' leaves a full-size result")
-        if classes[nd.id] == "S":
-            classes[nd.id] = "P"  # a full reduction of a single row/column
+        if classes[nd.id] is TensorClass.SCALAR:
+            classes[nd.id] = TensorClass.PER_KEPT  # a full reduction of a single row/column
 
     # stages: depth of each reduction
     depth: dict[str, int] = {n: 0 for n, _ in graph.inputs}
@@ -219,11 +237,11 @@ def make_plan(graph: Graph) -> StitchPlan:
     nst = max((depth[nd.id] for nd in red_nodes), default=0)
     stages = tuple(tuple(nd.id for nd in red_nodes if depth[nd.id] == s) for s in range(1, nst + 1))
 
-    # dominant element-wise ops: expensive ops whose result is broadcast (P-class feeding F)
+    # dominant element-wise ops: expensive ops whose result is broadcast (PER_KEPT feeding FULL)
     dominants = [nd.id for nd in red_nodes]
     for nd in graph.nodes:
-        if nd.op in EXPENSIVE and classes[nd.id] in ("P", "K"):
-            if any(classes[c.id] == "F" for c in graph.consumers(nd.id)):
+        if nd.op in EXPENSIVE and classes[nd.id] in (TensorClass.PER_KEPT, TensorClass.PER_REDUCED):
+            if any(classes[c.id] is TensorClass.FULL for c in graph.consumers(nd.id)):
                 dominants.append(nd.id)
 
     # sweeps that need each F tensor (no caching): sweep s (1..nst) feeds stage s reductions,
@@ -232,7 +250,7 @@ def make_plan(graph: Graph) -> StitchPlan:
     by_id = {nd.id: nd for nd in graph.nodes}
 
     def mark(name: str, sweep: int) -> None:
-        if classes[name] != "F" or sweep in needs[name]:
+        if classes[name] is not TensorClass.FULL or sweep in needs[name]:
             return
         needs[name].add(sweep)
         nd = by_id.get(name)
@@ -246,7 +264,7 @@ def make_plan(graph: Graph) -> StitchPlan:
             mark(by_id[r].args[0], i + 1)  # type: ignore[arg-type]
     for o in graph.outputs:
         mark(o, nst + 1)
-    reuse = tuple(n for n, _ in all_specs if classes[n] == "F" and len(needs[n]) >= 2)
+    reuse = tuple(n for n, _ in all_specs if classes[n] is TensorClass.FULL and len(needs[n]) >= 2)
 
     dtypes = tuple((n, graph.spec(n).dtype) for n, _ in all_specs)
     return StitchPlan(

@@ -25,7 +25,7 @@ from types import CodeType
 from typing import Any
 
 from stitchtune.errors import ScheduleError, StitchtuneError
-from stitchtune.plan.planner import StitchPlan
+from stitchtune.plan.planner import StitchPlan, TensorClass
 
 SPACE_FILE = "stitch.json"
 
@@ -203,11 +203,12 @@ class SearchSpace:
         self.constraints: list[dict[str, str]] = data["constraints"]
         # every tensor accessed with vector loads/stores (full-size ones, and the per-column operands
         # that are contiguous along the vector) must fit 16 bytes: the widest element type decides
-        vec_cls = {"F", "P"} if plan.family == "col" else {"F", "K"}
+        vec_cls = ({TensorClass.FULL, TensorClass.PER_KEPT} if plan.family == "col"
+                   else {TensorClass.FULL, TensorClass.PER_REDUCED})
         vectored = [n for n, c in plan.classes if c in vec_cls]
         self.elem_bytes = max((2 if plan.dtype(n) != "float32" else 4) for n in vectored) if vectored else 4
         # full-size inputs: each takes one row piece of prefetch registers (schedule.prefetch)
-        self.n_full_inputs = sum(1 for n, c in plan.classes if c == "F" and n in plan.input_names)
+        self.n_full_inputs = sum(1 for n, c in plan.classes if c is TensorClass.FULL and n in plan.input_names)
         # vec choices above 16 bytes are never legal: drop them from the domain up front
         self.domains["vec"] = [v for v in self.domains["vec"] if v * self.elem_bytes <= 16]
         if plan.family == "row":
