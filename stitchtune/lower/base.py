@@ -267,17 +267,21 @@ class _Lowerer:
         return segs
 
     def grid_for(self, tasks: int, block: int, smem: int, est_regs: int, multiple: int, needs_sync: bool) -> int:
-        tpb = self.s.tasks_per_block
+        """Blocks of a kernel with ``tasks`` tasks: as many as are co-resident (a persistent schedule),
+        else ``tasks / tasks_per_block``. A grid that must stay co-resident (persistent, or with a grid
+        barrier) is rounded *down* to a multiple of ``multiple`` (the blocks of one split row; at least
+        one such multiple), any other one up; at least 1, at most 2**31 - 1."""
+        s = self.s
         cores = max_resident_blocks(self.dev, block, est_regs, smem)
-        if tpb == 0 or needs_sync:
-            if tpb == 0:
+        if s.persistent or needs_sync:
+            if s.persistent:
                 grid = min(tasks, max(cores, 1))
             else:
-                grid = math.ceil(tasks / tpb)
+                grid = math.ceil(tasks / s.tasks_per_block)
             if multiple > 1:
                 grid = max(multiple, (grid // multiple) * multiple)
         else:
-            grid = math.ceil(tasks / tpb)
+            grid = math.ceil(tasks / s.tasks_per_block)
             if multiple > 1:
                 grid = math.ceil(grid / multiple) * multiple
         return max(1, min(grid, 2**31 - 1))

@@ -35,7 +35,7 @@ from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import TensorClass, make_plan
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.render import render, render_kernel
-from stitchtune.space.schedule import Schedule, SearchSpace
+from stitchtune.space.schedule import PERSISTENT, Schedule, SearchSpace
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -275,6 +275,9 @@ def test_schedule_value_round_trips_and_hashes() -> None:
         Schedule.from_json("[1, 2]")
     with pytest.raises(ScheduleError):
         Schedule.from_dict({"tpr": "x"})
+    assert not s.persistent
+    p = Schedule(32, 256, 1, 4, PERSISTENT, 0, ("local", "regional"), ("register", "shared"))
+    assert p.persistent and json.loads(p.to_json())["tasks_per_block"] == 0  # the JSON keeps the number
 
 
 def test_illegal_schedule_names_every_violation() -> None:
