@@ -56,11 +56,9 @@ def estimate_registers(per_thread_cache: int, vec: int, n_live: int) -> int:
 
 @dataclass
 class _Ctx:
-    """Mutable state while building one kernel (never escapes this module)."""
+    """Mutable state while building one kernel: the kernel's top-level statements, the scratch buffers
+    it uses and the counter that numbers its variables (never escapes the lowering)."""
 
-    graph: Graph
-    plan: StitchPlan
-    s: Schedule
     body: list = field(default_factory=list)
     scratch: set = field(default_factory=set)
     counter: int = 0
@@ -148,7 +146,6 @@ class _Lowerer:
             self.out_buf[name] = b
             spec = graph.spec(name)
             self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), "output", name))
-        self.part_buf: dict[str, str] = {}
         self.reuse = dict(zip(plan.reuse_candidates, s.reuse))
         self.rpb = 1
         self.red_idx = {r: i for i, r in enumerate(plan.reductions)}
@@ -288,7 +285,7 @@ class _Lowerer:
 
 
     # -- analytic profile -------------------------------------------------------------------------
-    def profile(self, kern, grid, rounds, smem_bytes, est_regs, stats, stages_here, ki) -> kir.KernelProfile:
+    def profile(self, kern, grid, rounds, smem_bytes, est_regs, stats, ki) -> kir.KernelProfile:
         p, s = self.p, self.s
         elems = p.M * p.N
         specs = {b.name: b for b in self.buffers}
@@ -329,7 +326,7 @@ class _Lowerer:
             scratch_loads=int(scratch_loads_per_thread(kern)),
             reversed_rereads=s.order == "alternate" and reread > 0)
 
-    def finalize(self, cx, rb, r, pvals) -> None:
+    def finalize(self, rb, r, pvals) -> None:
         """Turn a combined sum into a mean where the reduction is a mean (``pvals[r]`` may be a list)."""
         if self.red_info(r).is_mean:
             vs = pvals[r] if isinstance(pvals[r], list) else [pvals[r]]

@@ -67,7 +67,7 @@ class _ColLowerer(_Lowerer):
         p, s, g = self.p, self.s, self.g
         M, N = p.M, p.N
         tk, block, S, vec, tpc, TC = s.tpr, s.block, s.split, s.vec, self.tpc, self.TC
-        cx = _Ctx(g, p, s)
+        cx = _Ctx()
         tid, bid, gdim = kir.Special("tid"), kir.Special("bid"), kir.Special("gdim")
         tc, tkk = cx.var("tc", I32), cx.var("tk", I32)
         body: list = [Assign(tc, Bin("%", tid, _I(tpc))), Assign(tkk, Bin("/", tid, _I(tpc)))]
@@ -142,7 +142,7 @@ class _ColLowerer(_Lowerer):
             for r in p.stages[st]:
                 if s.schemes[st] == "independent":
                     read_partials(r)
-                    self.finalize(cx, rb, r, pvals)
+                    self.finalize(rb, r, pvals)
                 else:
                     vb = self.scratch(f"val{self.red_idx[r]}", N)
                     cx.scratch.add(vb)
@@ -244,7 +244,7 @@ class _ColLowerer(_Lowerer):
                         read_partials(r, target=pvals[r])
             if scheme != "independent":
                 for r in reds:
-                    self.finalize(cx, rb, r, pvals)
+                    self.finalize(rb, r, pvals)
                     if not is_last:
                         vb = self.scratch(f"val{self.red_idx[r]}", N)
                         cx.scratch.add(vb)
@@ -273,7 +273,7 @@ class _ColLowerer(_Lowerer):
         self.order_tasks(rb, bool(stats["reads"]), rounds * grid)
         body.append(kir.For(rd, _I(0), _I(rounds), 1, tuple(rb)))
         kern = self.make_kernel(ki, uses, cx, body, shared, locals_, needs_sync)
-        return kern, self.profile(kern, grid, rounds, smem_bytes, est_regs, stats, seg, ki)
+        return kern, self.profile(kern, grid, rounds, smem_bytes, est_regs, stats, ki)
 
 
 def lower_col(graph: Graph, plan: StitchPlan, schedule: Schedule, device) -> kir.Program:

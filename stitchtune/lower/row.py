@@ -48,7 +48,7 @@ class _RowLowerer(_Lowerer):
         p, s, g = self.p, self.s, self.g
         M, N = p.M, p.N
         tpr, block, S, vec, rpb = s.tpr, s.block, s.split, s.vec, self.rpb
-        cx = _Ctx(g, p, s)
+        cx = _Ctx()
         body = cx.body
         tid = kir.Special("tid")
         bid = kir.Special("bid")
@@ -56,7 +56,7 @@ class _RowLowerer(_Lowerer):
         lane = cx.var("lane", I32)
         rib = cx.var("rib", I32)
         body += [Assign(lane, Bin("%", tid, _I(tpr))), Assign(rib, Bin("/", tid, _I(tpr)))]
-        uses = {"in": set(), "out": set(), "scratch": set()}
+        uses = {"in": set(), "out": set()}
         stages_here = seg
         prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
         needs_sync = any(s.schemes[i] == "global" for i in stages_here)
@@ -107,7 +107,7 @@ class _RowLowerer(_Lowerer):
 
         # values available per row (per-row and scalar tensors): name -> Var
         pvals: dict[str, kir.Expr] = {}
-        stats = {"flops": 0, "sfu": 0, "bb": 0, "gb": 0, "reads": {}, "rereads": 0, "writes": 0}
+        stats = {"flops": 0, "sfu": 0, "reads": {}}
 
         def load_p(name: str) -> kir.Expr:
             """A per-row (PER_KEPT) or scalar input value."""
@@ -123,7 +123,7 @@ class _RowLowerer(_Lowerer):
             pvals[name] = v
             return v
 
-        def compute_p_nodes(upto_stage: int) -> None:
+        def compute_p_nodes() -> None:
             """Compute the per-row and scalar nodes whose reductions are all available."""
             for nd, args in self.ready_p_nodes(pvals, load_p, lambda c: Const(c, F32)):
                 v = cx.var("p", F32)
@@ -141,7 +141,7 @@ class _RowLowerer(_Lowerer):
                     v = cx.var("acc", F32)
                     rb.append(Assign(v, Load(vb, Bin("min", row, _I(self.p.P - 1)), rvalid)))
                     pvals[r] = v
-        compute_p_nodes(-1)
+        compute_p_nodes()
 
         filled: set[str] = set()  # cached tensors filled in this kernel
         # prefetch (schedule.prefetch, split 1): the kernel's first sweep takes its full-size inputs from
@@ -170,7 +170,7 @@ class _RowLowerer(_Lowerer):
             out.append(kir.For(ip, _I(0), _I(self.iters), 1, tuple(lp), unroll=True))
             return out
 
-        def sweep(sweep_no: int, reds: list[str], outputs: list[str]) -> None:
+        def sweep(reds: list[str], outputs: list[str]) -> None:
             """One pass over the thread's elements: accumulate ``reds`` and/or store ``outputs``."""
             it = cx.var("i", I32)
             idx_it, ii = self.sweep_index(cx, it)
@@ -246,12 +246,12 @@ class _RowLowerer(_Lowerer):
 
         for st in stages_here:
             reds = list(p.stages[st])
-            sweep(st + 1, reds, [])
+            sweep(reds, [])
             scheme = s.schemes[st]
-            self.exchange(cx, rb, reds, scheme, st, row, rvalid, sidx, lane, rib, pvals, stats, S)
+            self.exchange(cx, rb, reds, scheme, row, rvalid, sidx, rib, pvals, S)
             if scheme != "independent":
                 for r in reds:
-                    self.finalize(cx, rb, r, pvals)
+                    self.finalize(rb, r, pvals)
                     if not is_last:  # a later kernel needs it: keep the final value per row
                         vb = self.scratch(f"val{self.red_idx[r]}", self.p.P)
                         cx.scratch.add(vb)
@@ -259,12 +259,12 @@ class _RowLowerer(_Lowerer):
                                      Bin("==", sidx, _I(0)))
                         rb.append(kir.StoreVec(vb, Bin("min", row, _I(self.p.P - 1)), (pvals[r],),
                                                Bin("&&", rvalid, leader)))
-                compute_p_nodes(st)
+                compute_p_nodes()
 
         if is_last:
             f_outs = [o for o in dict.fromkeys(g.outputs) if self.cls[o].varies_along_reduced]
             if f_outs:
-                sweep(p.nstages + 1, [], f_outs)
+                sweep([], f_outs)
             for o in dict.fromkeys(g.outputs):
                 c = self.cls[o]
                 if not c.varies_along_reduced:
@@ -285,7 +285,7 @@ class _RowLowerer(_Lowerer):
             body.extend(prefetch_rows(bid, None))
         body.append(kir.For(rd, _I(0), _I(rounds), 1, tuple(rb)))
         kern = self.make_kernel(ki, uses, cx, body, shared, locals_, needs_sync)
-        prof = self.profile(kern, grid, rounds, smem_bytes, est_regs, stats, stages_here, ki)
+        prof = self.profile(kern, grid, rounds, smem_bytes, est_regs, stats, ki)
         return kern, prof
 
     def needs_block_exchange(self, scheme: str) -> bool:
@@ -293,7 +293,7 @@ class _RowLowerer(_Lowerer):
         return self.s.tpr > 32 or scheme == "regional"
 
     # -- reductions across threads --------------------------------------------------------------
-    def exchange(self, cx, rb, reds, scheme, st, row, rvalid, sidx, lane, rib, pvals, stats, S) -> None:
+    def exchange(self, cx, rb, reds, scheme, row, rvalid, sidx, rib, pvals, S) -> None:
         """Combine each thread's partial of ``reds`` into the row result, per ``scheme``."""
         s = self.s
         tpr, rpb = s.tpr, self.rpb
@@ -361,7 +361,7 @@ class _RowLowerer(_Lowerer):
                 rb.append(Assign(acc, self.combine(r, acc, Load(part, _add(base, _I(q)), rvalid))))
         pvals[r] = acc
         if reuse_var is None:
-            self.finalize(cx, rb, r, pvals)
+            self.finalize(rb, r, pvals)
 
 
 def lower_row(graph: Graph, plan: StitchPlan, schedule: Schedule, device) -> kir.Program:

@@ -33,11 +33,6 @@ from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph
 from stitchtune.graph.ops import OPS
 
-SCHEMES = ("local", "regional", "global", "independent")
-
-#: element-wise ops that count as "expensive" for AStitch's dominant analysis
-EXPENSIVE = frozenset({"exp", "log", "tanh", "erf", "gelu", "gelu_tanh", "sigmoid", "silu", "pow", "div"})
-
 
 class TensorClass(Enum):
     """How a tensor varies over the plan's ``[M, N]`` view (the value is the letter used in docs)."""
@@ -64,10 +59,8 @@ class StitchPlan:
     classes: tuple[tuple[str, TensorClass], ...]  # tensor name -> its class
     reductions: tuple[str, ...]              # reduction node ids
     stages: tuple[tuple[str, ...], ...]      # reductions per stage, stage 1 first
-    dominants: tuple[str, ...]               # reductions + expensive element-wise ops feeding a broadcast
     reuse_candidates: tuple[str, ...]        # FULL tensors needed by two or more sweeps
     input_names: tuple[str, ...]
-    output_names: tuple[str, ...]
     dtypes: tuple[tuple[str, str], ...]      # tensor name -> dtype
 
     def cls(self, name: str) -> TensorClass:
@@ -89,18 +82,6 @@ class StitchPlan:
     @property
     def nstages(self) -> int:
         return len(self.stages)
-
-    def stage_of(self, reduction: str) -> int:
-        """1-based stage of a reduction."""
-        for i, st in enumerate(self.stages):
-            if reduction in st:
-                return i + 1
-        raise KeyError(reduction)
-
-    def to_dict(self) -> dict:
-        return {"family": self.family, "M": self.M, "N": self.N, "classes": {n: c.value for n, c in self.classes},
-                "stages": [list(s) for s in self.stages], "dominants": list(self.dominants),
-                "reuse_candidates": list(self.reuse_candidates)}
 
 
 def _axes_maps(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int | None, ...]]:
@@ -237,13 +218,6 @@ def make_plan(graph: Graph) -> StitchPlan:
     nst = max((depth[nd.id] for nd in red_nodes), default=0)
     stages = tuple(tuple(nd.id for nd in red_nodes if depth[nd.id] == s) for s in range(1, nst + 1))
 
-    # dominant element-wise ops: expensive ops whose result is broadcast (PER_KEPT feeding FULL)
-    dominants = [nd.id for nd in red_nodes]
-    for nd in graph.nodes:
-        if nd.op in EXPENSIVE and classes[nd.id] in (TensorClass.PER_KEPT, TensorClass.PER_REDUCED):
-            if any(classes[c.id] is TensorClass.FULL for c in graph.consumers(nd.id)):
-                dominants.append(nd.id)
-
     # sweeps that need each F tensor (no caching): sweep s (1..nst) feeds stage s reductions,
     # sweep nst+1 writes the F outputs
     needs: dict[str, set[int]] = {n: set() for n in classes}
@@ -269,5 +243,5 @@ def make_plan(graph: Graph) -> StitchPlan:
     dtypes = tuple((n, graph.spec(n).dtype) for n, _ in all_specs)
     return StitchPlan(
         family=family, M=M, N=N, classes=tuple(classes.items()), reductions=tuple(nd.id for nd in red_nodes),
-        stages=stages, dominants=tuple(dominants), reuse_candidates=reuse,
-        input_names=tuple(n for n, _ in graph.inputs), output_names=tuple(graph.outputs), dtypes=dtypes)
+        stages=stages, reuse_candidates=reuse,
+        input_names=tuple(n for n, _ in graph.inputs), dtypes=dtypes)
