@@ -56,10 +56,9 @@ def estimate_registers(per_thread_cache: int, vec: int, n_live: int) -> int:
 
 @dataclass
 class _Ctx:
-    """Mutable state while building one kernel: the kernel's top-level statements, the scratch buffers
-    it uses and the counter that numbers its variables (never escapes the lowering)."""
+    """Mutable state while building one kernel: the scratch buffers it uses and the counter that
+    numbers its variables (never escapes the lowering)."""
 
-    body: list = field(default_factory=list)
     scratch: set = field(default_factory=set)
     counter: int = 0
 
