@@ -15,9 +15,11 @@ Contract
   node contributes to some output.
 * Node dtype = promoted dtype of its tensor args (float32 wins; float16 + bfloat16 -> float32;
   constants do not promote); ``cast`` gives ``to``; arithmetic is defined in float32.
-* The values themselves (:class:`Graph`, :class:`Node`, :class:`TensorSpec`, ``DTYPES``, ``ITEMSIZE``,
-  :func:`promote_dtypes`, :func:`broadcast_shapes`, the workload/structure keys) live in
-  :mod:`stitchtune.graph.values` and are re-exported here: import them from either module.
+* The values themselves (:class:`Node`, :class:`TensorSpec`, ``DTYPES``, ``ITEMSIZE``,
+  :func:`promote_dtypes`, :func:`broadcast_shapes`, and :class:`~stitchtune.graph.values.GraphValue`
+  with the lookups and workload/structure keys) live in :mod:`stitchtune.graph.values` and are
+  re-exported here: import them from either module. :class:`Graph` (a ``GraphValue`` plus
+  :meth:`Graph.from_dict`) is defined here, next to the validation that builds it; import it from here.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from stitchtune.errors import GraphError
 from stitchtune.graph.values import (
     DTYPES,
     ITEMSIZE,
-    Graph,
+    GraphValue,
     Node,
     TensorSpec,
     broadcast_shapes,
@@ -55,6 +57,7 @@ __all__ = [
     "TensorSpec",
     "Node",
     "Graph",
+    "GraphValue",
     "load_graph",
     "parse_graph",
     "promote_dtypes",
@@ -215,6 +218,19 @@ def _constant(v: Any, path: str, p: _Problems) -> float | None:
         p.add(path, f"constant {_show(v)} is outside float32 range (use Infinity explicitly)")
         return None
     return c
+
+
+# ---------------------------------------------------------------------------- the validated graph
+@dataclass(frozen=True)
+class Graph(GraphValue):
+    """A validated graph: build it with :func:`parse_graph` / :func:`load_graph` / :meth:`from_dict`
+    (the fields, lookups and keys are :class:`~stitchtune.graph.values.GraphValue`'s)."""
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Graph":
+        """Validate ``d`` (graph.json form) and build the graph; raises :class:`GraphError`.
+        ``Graph.from_dict(g.to_dict()) == g``."""
+        return parse_graph(d)
 
 
 # ---------------------------------------------------------------------------- parsing
