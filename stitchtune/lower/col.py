@@ -156,7 +156,7 @@ class _ColKernel:
     """
 
     def __init__(self, low: _ColLowerer, ki: int, seg: list[int], tasks: int, est_regs: int) -> None:
-        self.low, self.ki, self.seg, self.est_regs = low, ki, seg, est_regs
+        self.low, self.ki, self.est_regs = low, ki, est_regs
         s, p = low.s, low.p
         self.cx = cx = _Ctx()
         self.lay = _col_layout(low, seg, tasks, est_regs)
