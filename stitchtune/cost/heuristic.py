@@ -33,7 +33,7 @@ import random
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.hardware.occupancy import max_resident_blocks, occupancy
 from stitchtune.plan.planner import StitchPlan
-from stitchtune.space.schedule import Schedule, SearchSpace
+from stitchtune.space.schedule import PERSISTENT, Schedule, SearchSpace
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def _row(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
         split = min(split, math.ceil(N / (tpr * vec)))  # every block keeps a piece of the row
         split = _pow2_floor(split)
         schemes = ("global" if split > 1 else "regional",) * plan.nstages
-        return Schedule(tpr, block, split, vec, 0 if split > 1 else 1, 0, schemes, ())
+        return Schedule(tpr, block, split, vec, PERSISTENT if split > 1 else 1, 0, schemes, ())
     tpr = min(1024, max(4, _pow2_ceil(N / (vec * 8))))
     block = max(tpr, 256)
     scheme = "local" if tpr <= 32 else "regional"
@@ -119,7 +119,7 @@ def _col(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
     wave = max_resident_blocks(dev, block, 32, 0) or dev.sm_count
     split = max(1, min(max(space.domains["split"]), _pow2_floor(wave / tiles), _pow2_floor(M / tk)))
     schemes = ("global" if split > 1 else "regional",) * plan.nstages
-    return Schedule(tk, block, split, vec, 0 if split > 1 else 1, 0, schemes, ())
+    return Schedule(tk, block, split, vec, PERSISTENT if split > 1 else 1, 0, schemes, ())
 
 
 def _estimated_blocks_per_sm(space: SearchSpace, s: Schedule) -> int:

@@ -14,22 +14,20 @@ Contract
   races through ``_Tracker``); ``_shared_broadcast_load`` is its fast path for a shared load whose
   index repeats along the threads of a block, with the same checks.
 * This module knows nothing of the IR's expressions and statements: they are compiled into closures
-  over ``_State`` by :mod:`stitchtune.emulate.translate`. Imports go emulator_memory <-
-  emulator_compile <- emulator; :mod:`stitchtune.emulate.emulator` re-exports the public names.
+  over ``_State`` by :mod:`stitchtune.emulate.translate`; what a launch needs of such a compiled
+  kernel is the protocol ``_CompiledKernel``. Imports go memory <- translate <- emulator (this
+  module imports neither); :mod:`stitchtune.emulate.emulator` re-exports the public names.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import ml_dtypes
 import numpy as np
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import BOOL, F32, I32
-
-if TYPE_CHECKING:
-    from stitchtune.emulate.translate import _Compiled
 
 FAULT_KINDS = (
     "out_of_bounds",
@@ -168,8 +166,17 @@ class _SBuf:
         self.lane_base = bid.astype(np.int32 if grid * size < 2**31 else np.int64) * size
 
 
+class _CompiledKernel(Protocol):
+    """What a launch needs of a compiled kernel (``stitchtune.emulate.translate._Compiled`` is one)."""
+
+    kernel: kir.Kernel
+    var_types: dict[str, str]    # every variable of the kernel -> its IR type
+    written_params: set[str]     # parameters the kernel stores to (race-tracked)
+    atomic_params: set[str]      # parameters the kernel adds to atomically
+
+
 class _State:
-    def __init__(self, ck: _Compiled, grid: int, buffers: dict[str, np.ndarray],
+    def __init__(self, ck: _CompiledKernel, grid: int, buffers: dict[str, np.ndarray],
                  written: dict[str, np.ndarray], coresident_limit: int | None) -> None:
         k = ck.kernel
         self.kernel = k

@@ -5,6 +5,8 @@ Contract
 * ``_compiled(kernel)`` returns the kernel's ``_Compiled`` form, built once per kernel object (cached by
   identity with a weak reference). Building it checks the IR and raises ``ValueError`` for a malformed
   kernel (unknown variable, buffer or type, a name used by two buffers, a non-i32 loop variable, ...).
+* ``_Compiled`` is a :class:`~stitchtune.emulate.memory._CompiledKernel` (the kernel, its variable
+  types, the parameters it writes / adds to atomically), what a ``_State`` is built from.
 * ``_Compiled.body(state, mask)`` runs the kernel body on a
   :class:`~stitchtune.emulate.memory._State` under the active ``mask`` (``[T]`` bool). Every
   expression becomes ``fn(state, mask) -> [T] array | scalar`` with a static type, every statement

@@ -80,10 +80,6 @@ class OpInfo:
 
 
 # ---------------------------------------------------------------------------- numpy semantics
-def _one(x: np.ndarray) -> Any:
-    return np.asarray(x).dtype.type(1)
-
-
 def _rsqrt(x: np.ndarray) -> np.ndarray:
     return np.reciprocal(np.sqrt(x))
 

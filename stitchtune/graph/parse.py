@@ -15,9 +15,11 @@ Contract
   node contributes to some output.
 * Node dtype = promoted dtype of its tensor args (float32 wins; float16 + bfloat16 -> float32;
   constants do not promote); ``cast`` gives ``to``; arithmetic is defined in float32.
-* The values themselves (:class:`Graph`, :class:`Node`, :class:`TensorSpec`, ``DTYPES``, ``ITEMSIZE``,
-  :func:`promote_dtypes`, :func:`broadcast_shapes`, the workload/structure keys) live in
-  :mod:`stitchtune.graph.values` and are re-exported here: import them from either module.
+* The values themselves (:class:`Node`, :class:`TensorSpec`, ``DTYPES``, ``ITEMSIZE``,
+  :func:`promote_dtypes`, :func:`broadcast_shapes`, and :class:`~stitchtune.graph.values.GraphValue`
+  with the lookups and workload/structure keys) live in :mod:`stitchtune.graph.values` and are
+  re-exported here: import them from either module. :class:`Graph` (a ``GraphValue`` plus
+  :meth:`Graph.from_dict`) is defined here, next to the validation that builds it; import it from here.
 """
 
 from __future__ import annotations
@@ -26,19 +28,20 @@ import json
 import math
 import os
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from stitchtune.errors import GraphError
 from stitchtune.graph.values import (
     DTYPES,
     ITEMSIZE,
-    Graph,
+    GraphValue,
     Node,
     TensorSpec,
     broadcast_shapes,
     promote_dtypes,
 )
-from stitchtune.graph.ops import OPS
+from stitchtune.graph.ops import OPS, OpInfo
 
 __all__ = [
     "DTYPES",
@@ -54,6 +57,7 @@ __all__ = [
     "TensorSpec",
     "Node",
     "Graph",
+    "GraphValue",
     "load_graph",
     "parse_graph",
     "promote_dtypes",
@@ -216,6 +220,19 @@ def _constant(v: Any, path: str, p: _Problems) -> float | None:
     return c
 
 
+# ---------------------------------------------------------------------------- the validated graph
+@dataclass(frozen=True)
+class Graph(GraphValue):
+    """A validated graph: build it with :func:`parse_graph` / :func:`load_graph` / :meth:`from_dict`
+    (the fields, lookups and keys are :class:`~stitchtune.graph.values.GraphValue`'s)."""
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Graph":
+        """Validate ``d`` (graph.json form) and build the graph; raises :class:`GraphError`.
+        ``Graph.from_dict(g.to_dict()) == g``."""
+        return parse_graph(d)
+
+
 # ---------------------------------------------------------------------------- parsing
 def load_graph(path: str | os.PathLike[str]) -> Graph:
     """Read and validate a graph.json file; raises :class:`GraphError` naming every problem."""
@@ -265,6 +282,51 @@ def parse_graph(obj: Any) -> Graph:
     if not isinstance(obj, dict):
         p.add("(top level)", f"must be a JSON object, got {_type_name(obj)}")
         p.raise_if_any()
+    name = _check_top(obj, p)
+    scope = _Scope()
+    inputs = _parse_inputs(obj, scope, p)
+    raw_nodes = _raw_nodes(obj, p)
+    listing = _NodeListing.of(raw_nodes)
+    nodes: list[Node] = []
+    for i, rn in enumerate(raw_nodes):
+        node = _parse_node(rn, i, f"nodes[{i}]", scope, listing, p)
+        if node is not None:
+            nodes.append(node)
+            scope.specs[node.id] = node.spec
+    outputs = _parse_outputs(obj, scope, p)
+    if not p:
+        _check_live_and_size(inputs, nodes, outputs, scope, p)
+    p.raise_if_any()
+    return Graph(name=name, inputs=tuple(inputs), nodes=tuple(nodes), outputs=tuple(outputs))
+
+
+@dataclass
+class _Scope:
+    """The names validation has met so far, in file order (inputs, then nodes)."""
+
+    specs: dict[str, TensorSpec] = field(default_factory=dict)  # valid tensors defined so far
+    defined_at: dict[str, str] = field(default_factory=dict)    # every defined name -> its JSON path
+    failed: set[str] = field(default_factory=set)  # names whose definition is invalid (uses not reported again)
+
+
+@dataclass(frozen=True)
+class _NodeListing:
+    """The raw node list and the index of each node id in it (for forward-reference and cycle messages)."""
+
+    raw_nodes: list[Any]
+    index: dict[str, int]
+
+    @classmethod
+    def of(cls, raw_nodes: list[Any]) -> "_NodeListing":
+        index: dict[str, int] = {}
+        for i, rn in enumerate(raw_nodes):
+            if isinstance(rn, dict) and isinstance(rn.get("id"), str) and rn["id"] not in index:
+                index[rn["id"]] = i
+        return cls(raw_nodes, index)
+
+
+def _check_top(obj: dict[str, Any], p: _Problems) -> Any:
+    """Check the top-level keys, ``description`` and ``name``; return the name (``graph`` if absent)."""
     _check_dups(obj, "", p)
     for k in obj:
         if k not in _TOP_KEYS and k not in _TOP_OPTIONAL:
@@ -274,17 +336,16 @@ def parse_graph(obj: Any) -> Graph:
             p.add(k, "missing")
     if "description" in obj and not isinstance(obj["description"], str):
         p.add("description", "must be a string")
-
     name = obj.get("name", "graph")
     if "name" in obj:
         _check_name(name, "name", p, "graph name")
+    return name
 
-    # ---- inputs
-    specs: dict[str, TensorSpec] = {}
+
+def _parse_inputs(obj: dict[str, Any], scope: _Scope, p: _Problems) -> list[tuple[str, TensorSpec]]:
+    """The valid inputs in file order; each valid input name is entered in ``scope``."""
     input_list: list[tuple[str, TensorSpec]] = []
     raw_inputs = obj.get("inputs", {})
-    defined_at: dict[str, str] = {}
-    failed: set[str] = set()  # names whose definition is invalid (suppress follow-up noise)
     if not isinstance(raw_inputs, dict):
         p.add("inputs", f"must be an object mapping names to {{shape, dtype}}, got {_type_name(raw_inputs)}")
         raw_inputs = {}
@@ -298,50 +359,48 @@ def parse_graph(obj: Any) -> Graph:
         if not isinstance(ispec, dict):
             p.add(path, f"must be an object {{\"shape\": [...], \"dtype\": ...}}, got {_type_name(ispec)}")
             continue
-        _check_dups(ispec, path, p)
-        for k in ispec:
-            if k not in ("shape", "dtype"):
-                p.add(_key_path(path, k), "unknown key (expected shape, dtype)")
-        shape = _check_shape(ispec["shape"], f"{path}.shape", p) if "shape" in ispec else None
-        if "shape" not in ispec:
-            p.add(f"{path}.shape", "missing")
-        dtype = _check_dtype(ispec["dtype"], f"{path}.dtype", p) if "dtype" in ispec else None
-        if "dtype" not in ispec:
-            p.add(f"{path}.dtype", "missing")
-        if good and shape is not None and dtype is not None:
-            specs[iname] = TensorSpec(shape, dtype)
-            input_list.append((iname, specs[iname]))
+        spec = _input_spec(ispec, path, p)
+        if good and spec is not None:
+            scope.specs[iname] = spec
+            input_list.append((iname, spec))
         if good:
-            defined_at[iname] = path
-            if iname not in specs:
-                failed.add(iname)
+            scope.defined_at[iname] = path
+            if iname not in scope.specs:
+                scope.failed.add(iname)
+    return input_list
 
-    # ---- nodes
+
+def _input_spec(ispec: dict[str, Any], path: str, p: _Problems) -> TensorSpec | None:
+    """The ``{shape, dtype}`` of one input, or None when it is invalid."""
+    _check_dups(ispec, path, p)
+    for k in ispec:
+        if k not in ("shape", "dtype"):
+            p.add(_key_path(path, k), "unknown key (expected shape, dtype)")
+    shape = _check_shape(ispec["shape"], f"{path}.shape", p) if "shape" in ispec else None
+    if "shape" not in ispec:
+        p.add(f"{path}.shape", "missing")
+    dtype = _check_dtype(ispec["dtype"], f"{path}.dtype", p) if "dtype" in ispec else None
+    if "dtype" not in ispec:
+        p.add(f"{path}.dtype", "missing")
+    return TensorSpec(shape, dtype) if shape is not None and dtype is not None else None
+
+
+def _raw_nodes(obj: dict[str, Any], p: _Problems) -> list[Any]:
+    """The ``nodes`` list (empty when it is not a list or too long)."""
     raw_nodes = obj.get("nodes", [])
     if not isinstance(raw_nodes, list):
         p.add("nodes", f"must be a list, got {_type_name(raw_nodes)}")
-        raw_nodes = []
-    elif len(raw_nodes) > MAX_NODES:
+        return []
+    if len(raw_nodes) > MAX_NODES:
         p.add("nodes", f"too many nodes: {len(raw_nodes)} (limit {MAX_NODES})")
-        raw_nodes = []
-    elif not raw_nodes:
+        return []
+    if not raw_nodes:
         p.add("nodes", "empty: a graph needs at least one node")
+    return raw_nodes
 
-    # every node id, for forward-reference / cycle messages
-    node_index: dict[str, int] = {}
-    for i, rn in enumerate(raw_nodes):
-        if isinstance(rn, dict) and isinstance(rn.get("id"), str) and rn["id"] not in node_index:
-            node_index[rn["id"]] = i
 
-    nodes: list[Node] = []
-    for i, rn in enumerate(raw_nodes):
-        path = f"nodes[{i}]"
-        node = _parse_node(rn, i, path, specs, defined_at, node_index, raw_nodes, failed, p)
-        if node is not None:
-            nodes.append(node)
-            specs[node.id] = node.spec
-
-    # ---- outputs
+def _parse_outputs(obj: dict[str, Any], scope: _Scope, p: _Problems) -> list[str]:
+    """The valid output names in file order."""
     raw_out = obj.get("outputs", [])
     outputs: list[str] = []
     if not isinstance(raw_out, list):
@@ -359,40 +418,41 @@ def parse_graph(obj: Any) -> Graph:
             p.add(path, f"must be a tensor name, got {_type_name(o)}")
         elif o in seen_out:
             p.add(path, f"duplicate output {_show(o)}")
-        elif o in specs:
+        elif o in scope.specs:
             seen_out.add(o)
             outputs.append(o)
-        elif o not in failed:
+        elif o not in scope.failed:
             p.add(path, f"unknown tensor {_show(o)}")
-
-    # ---- dead nodes and size
-    if not p:
-        live: set[str] = set(outputs)
-        for n in reversed(nodes):
-            if n.id in live:
-                live.update(n.tensor_args)
-        for i, n in enumerate(nodes):
-            if n.id not in live:
-                p.add(f"nodes[{i}]", f"node {_show(n.id)} does not contribute to any output "
-                                      "(remove it or list it in outputs)")
-        total = sum(s.nbytes for _, s in input_list)
-        total += sum(specs[o].nbytes for o in outputs)
-        if total > MAX_TOTAL_BYTES:
-            p.add("(top level)", f"too large: inputs + outputs need {total} bytes "
-                                 f"(limit {MAX_TOTAL_BYTES})")
-    p.raise_if_any()
-    return Graph(name=name, inputs=tuple(input_list), nodes=tuple(nodes), outputs=tuple(outputs))
+    return outputs
 
 
-def _depends_on(start: str, target: str, raw_nodes: list[Any], node_index: dict[str, int]) -> bool:
+def _check_live_and_size(inputs: list[tuple[str, TensorSpec]], nodes: list[Node], outputs: list[str],
+                         scope: _Scope, p: _Problems) -> None:
+    """Of an otherwise valid graph: every node reaches an output; inputs + outputs fit the byte limit."""
+    live: set[str] = set(outputs)
+    for n in reversed(nodes):
+        if n.id in live:
+            live.update(n.tensor_args)
+    for i, n in enumerate(nodes):
+        if n.id not in live:
+            p.add(f"nodes[{i}]", f"node {_show(n.id)} does not contribute to any output "
+                                  "(remove it or list it in outputs)")
+    total = sum(s.nbytes for _, s in inputs)
+    total += sum(scope.specs[o].nbytes for o in outputs)
+    if total > MAX_TOTAL_BYTES:
+        p.add("(top level)", f"too large: inputs + outputs need {total} bytes "
+                             f"(limit {MAX_TOTAL_BYTES})")
+
+
+def _depends_on(start: str, target: str, listing: _NodeListing) -> bool:
     """Whether raw node ``start`` (transitively) reads ``target``, ignoring validity."""
     stack, seen = [start], set()
     while stack:
         cur = stack.pop()
-        if cur in seen or cur not in node_index:
+        if cur in seen or cur not in listing.index:
             continue
         seen.add(cur)
-        args = raw_nodes[node_index[cur]].get("args")
+        args = listing.raw_nodes[listing.index[cur]].get("args")
         if not isinstance(args, list):
             continue
         for a in args[:8]:
@@ -403,9 +463,17 @@ def _depends_on(start: str, target: str, raw_nodes: list[Any], node_index: dict[
     return False
 
 
-def _parse_node(rn: Any, i: int, path: str, specs: dict[str, TensorSpec],
-                defined_at: dict[str, str], node_index: dict[str, int], raw_nodes: list[Any],
-                failed: set[str], p: _Problems) -> Node | None:
+@dataclass(frozen=True)
+class _Args:
+    """The validated arguments of one node: tensor names and constants, the specs of the tensors."""
+
+    values: tuple[str | float, ...]
+    specs: tuple[TensorSpec, ...]
+    ok: bool  # every argument is valid (and at least one is a tensor)
+
+
+def _parse_node(rn: Any, i: int, path: str, scope: _Scope, listing: _NodeListing, p: _Problems) -> Node | None:
+    """Node ``i`` of the file, or None (its problems added to ``p``, its id to ``scope.failed``)."""
     before = len(p.items)
     if not isinstance(rn, dict):
         p.add(path, f"must be an object {{id, op, args, ...}}, got {_type_name(rn)}")
@@ -415,18 +483,36 @@ def _parse_node(rn: Any, i: int, path: str, specs: dict[str, TensorSpec],
         if k not in _NODE_KEYS:
             p.add(_key_path(path, k), f"unknown key (expected {', '.join(_NODE_KEYS)})")
     nid = rn.get("id")
-    id_ok = False
+    id_ok = _node_id(rn, path, scope, p)
+    info = _node_op(rn, path, p)
+    keepdims, to = _node_attributes(rn, path, info, p)
+    args = _node_args(rn, i, path, nid, id_ok, info, scope, listing, p)
+    shape, dtype, axes = _node_spec(rn, path, info, args, keepdims, to, p)
+    if len(p.items) > before or shape is None or dtype is None or not id_ok or info is None:
+        if isinstance(nid, str):
+            scope.failed.add(nid)
+        return None
+    return Node(id=nid, op=info.name, args=args.values, axes=axes, keepdims=keepdims, to=to,
+                shape=shape, dtype=dtype)
+
+
+def _node_id(rn: dict[str, Any], path: str, scope: _Scope, p: _Problems) -> bool:
+    """Whether the node's ``id`` is a valid, new name (then it is entered in ``scope.defined_at``)."""
+    nid = rn.get("id")
     if "id" not in rn:
         p.add(f"{path}.id", "missing")
     elif _check_name(nid, f"{path}.id", p, "node id"):
-        if nid in defined_at:
-            p.add(f"{path}.id", f"duplicate name {_show(nid)} (already defined at {defined_at[nid]})")
+        if nid in scope.defined_at:
+            p.add(f"{path}.id", f"duplicate name {_show(nid)} (already defined at {scope.defined_at[nid]})")
         else:
-            id_ok = True
-            defined_at[nid] = path
+            scope.defined_at[nid] = path
+            return True
+    return False
 
+
+def _node_op(rn: dict[str, Any], path: str, p: _Problems) -> OpInfo | None:
+    """The op table entry of the node's ``op``, or None when it is missing or unknown."""
     op = rn.get("op")
-    info = None
     if "op" not in rn:
         p.add(f"{path}.op", "missing")
     elif not isinstance(op, str):
@@ -434,18 +520,21 @@ def _parse_node(rn: Any, i: int, path: str, specs: dict[str, TensorSpec],
     elif op not in OPS:
         p.add(f"{path}.op", f"unknown op {_show(op)}")
     else:
-        info = OPS[op]
+        return OPS[op]
+    return None
 
-    # attributes
+
+def _node_attributes(rn: dict[str, Any], path: str, info: OpInfo | None, p: _Problems) -> tuple[bool, str | None]:
+    """``(keepdims, to)``: only reductions take ``axes``/``keepdims``, only cast takes (and needs) ``to``."""
     is_reduce = info is not None and info.kind == "reduce"
     is_cast = info is not None and info.kind == "cast"
     if info is not None:
         if not is_reduce:
             for k in ("axes", "keepdims"):
                 if k in rn:
-                    p.add(f"{path}.{k}", f"only reductions take {k!r}; {op} does not")
+                    p.add(f"{path}.{k}", f"only reductions take {k!r}; {info.name} does not")
         if not is_cast and "to" in rn:
-            p.add(f"{path}.to", f"only cast takes 'to'; {op} does not")
+            p.add(f"{path}.to", f"only cast takes 'to'; {info.name} does not")
     keepdims = False
     if is_reduce and "keepdims" in rn:
         if not isinstance(rn["keepdims"], bool):
@@ -458,103 +547,105 @@ def _parse_node(rn: Any, i: int, path: str, specs: dict[str, TensorSpec],
             p.add(f"{path}.to", "missing: cast needs a target dtype")
         else:
             to = _check_dtype(rn["to"], f"{path}.to", p)
+    return keepdims, to
 
-    # args
-    args: list[str | float] = []
-    arg_specs: list[TensorSpec] = []
+
+def _node_args(rn: dict[str, Any], i: int, path: str, nid: Any, id_ok: bool, info: OpInfo | None,
+               scope: _Scope, listing: _NodeListing, p: _Problems) -> _Args:
+    """The node's ``args``: tensors defined earlier, or constants where the op is binary."""
+    values: list[str | float] = []
+    specs: list[TensorSpec] = []
     raw_args = rn.get("args")
-    args_ok = True
     if "args" not in rn:
         p.add(f"{path}.args", "missing")
-        args_ok = False
-    elif not isinstance(raw_args, list):
+        return _Args((), (), False)
+    if not isinstance(raw_args, list):
         p.add(f"{path}.args", f"must be a list, got {_type_name(raw_args)}")
-        args_ok = False
-    elif info is not None and len(raw_args) != info.arity:
-        p.add(f"{path}.args", f"wrong arity: {op} takes {info.arity} argument(s), got {len(raw_args)}")
-        args_ok = False
-    else:
-        for j, a in enumerate(raw_args[:8]):
-            apath = f"{path}.args[{j}]"
-            if isinstance(a, str):
-                if a in specs:
-                    args.append(a)
-                    arg_specs.append(specs[a])
-                elif a in failed:
-                    args_ok = False  # already reported where it was defined
-                elif a == nid:
-                    p.add(apath, f"cycle: node {_show(a)} reads itself")
-                    args_ok = False
-                elif a in node_index and node_index[a] > i:
-                    p.cycle_checks += 1
-                    if id_ok and p.cycle_checks <= 32 and _depends_on(a, nid, raw_nodes, node_index):
-                        p.add(apath, f"cycle: {_show(a)} (nodes[{node_index[a]}]) depends on "
-                                     f"{_show(nid)}")
-                    else:
-                        p.add(apath, f"forward reference to {_show(a)} (defined later at "
-                                     f"nodes[{node_index[a]}]); nodes must be in topological order")
-                    args_ok = False
-                else:
-                    p.add(apath, f"unknown tensor {_show(a)}")
-                    args_ok = False
-            elif isinstance(a, (int, float)) and not isinstance(a, bool):
-                c = _constant(a, apath, p)
-                if c is None:
-                    args_ok = False
-                elif info is not None and info.kind != "binary":
-                    p.add(apath, f"{op} needs a tensor argument, not a constant")
-                    args_ok = False
-                else:
-                    args.append(c)
+        return _Args((), (), False)
+    if info is not None and len(raw_args) != info.arity:
+        p.add(f"{path}.args", f"wrong arity: {info.name} takes {info.arity} argument(s), got {len(raw_args)}")
+        return _Args((), (), False)
+    ok = True
+    for j, a in enumerate(raw_args[:8]):
+        apath = f"{path}.args[{j}]"
+        if isinstance(a, str):
+            spec = _tensor_arg(a, apath, i, nid, id_ok, scope, listing, p)
+            if spec is None:
+                ok = False
             else:
-                p.add(apath, f"must be a tensor name or a number, got {_type_name(a)}")
-                args_ok = False
-        if args_ok and raw_args and not arg_specs:
-            p.add(f"{path}.args", "needs at least one tensor argument (all constants)")
-            args_ok = False
-
-    # shape / dtype inference
-    shape: tuple[int, ...] | None = None
-    dtype: str | None = None
-    axes: tuple[int, ...] = ()
-    if info is not None and args_ok and arg_specs:
-        if info.kind == "binary":
-            shape = broadcast_shapes(*(s.shape for s in arg_specs))
-            if shape is None:
-                shown = " and ".join(str(list(s.shape)) for s in arg_specs)
-                p.add(f"{path}.args", f"impossible broadcast: shapes {shown}")
-            elif math.prod(shape) > MAX_ELEMENTS:
-                p.add(path, f"too large: result has {math.prod(shape)} elements (limit {MAX_ELEMENTS})")
-                shape = None
-            dtype = promote_dtypes(s.dtype for s in arg_specs)
-        elif info.kind == "reduce":
-            in_shape = arg_specs[0].shape
-            dtype = arg_specs[0].dtype
-            ax = _check_axes(rn.get("axes"), "axes" in rn, len(in_shape), f"{path}.axes", p)
-            if ax is not None:
-                axes = ax
-                if keepdims:
-                    shape = tuple(1 if d in axes else s for d, s in enumerate(in_shape))
-                else:
-                    shape = tuple(s for d, s in enumerate(in_shape) if d not in axes)
-                    if not shape:
-                        p.add(path, "reduces to a scalar; set \"keepdims\": true")
-                        shape = None
-        elif info.kind == "cast":
-            shape = arg_specs[0].shape
-            dtype = to
+                values.append(a)
+                specs.append(spec)
+        elif isinstance(a, (int, float)) and not isinstance(a, bool):
+            c = _constant(a, apath, p)
+            if c is None:
+                ok = False
+            elif info is not None and info.kind != "binary":
+                p.add(apath, f"{info.name} needs a tensor argument, not a constant")
+                ok = False
+            else:
+                values.append(c)
         else:
-            shape = arg_specs[0].shape
-            dtype = arg_specs[0].dtype
-    elif is_reduce and "axes" not in rn:
-        p.add(f"{path}.axes", "missing: reductions need a list of axes")
+            p.add(apath, f"must be a tensor name or a number, got {_type_name(a)}")
+            ok = False
+    if ok and raw_args and not specs:
+        p.add(f"{path}.args", "needs at least one tensor argument (all constants)")
+        ok = False
+    return _Args(tuple(values), tuple(specs), ok)
 
-    if len(p.items) > before or shape is None or dtype is None or not id_ok or info is None:
-        if isinstance(nid, str):
-            failed.add(nid)
-        return None
-    return Node(id=nid, op=info.name, args=tuple(args), axes=axes, keepdims=keepdims, to=to,
-                shape=shape, dtype=dtype)
+
+def _tensor_arg(a: str, apath: str, i: int, nid: Any, id_ok: bool, scope: _Scope, listing: _NodeListing,
+                p: _Problems) -> TensorSpec | None:
+    """The spec of tensor argument ``a`` of node ``i``, or None (a problem is added unless ``a``'s own
+    definition already failed): itself, a later node (a cycle or a forward reference), or unknown."""
+    if a in scope.specs:
+        return scope.specs[a]
+    if a in scope.failed:
+        return None  # already reported where it was defined
+    if a == nid:
+        p.add(apath, f"cycle: node {_show(a)} reads itself")
+    elif a in listing.index and listing.index[a] > i:
+        p.cycle_checks += 1
+        if id_ok and p.cycle_checks <= 32 and _depends_on(a, nid, listing):
+            p.add(apath, f"cycle: {_show(a)} (nodes[{listing.index[a]}]) depends on {_show(nid)}")
+        else:
+            p.add(apath, f"forward reference to {_show(a)} (defined later at "
+                         f"nodes[{listing.index[a]}]); nodes must be in topological order")
+    else:
+        p.add(apath, f"unknown tensor {_show(a)}")
+    return None
+
+
+def _node_spec(rn: dict[str, Any], path: str, info: OpInfo | None, args: _Args, keepdims: bool,
+               to: str | None, p: _Problems) -> tuple[tuple[int, ...] | None, str | None, tuple[int, ...]]:
+    """``(shape, dtype, axes)`` inferred from the op and valid arguments (shape None when impossible)."""
+    if info is None or not args.ok or not args.specs:
+        if info is not None and info.kind == "reduce" and "axes" not in rn:
+            p.add(f"{path}.axes", "missing: reductions need a list of axes")
+        return None, None, ()
+    first = args.specs[0]
+    if info.kind == "binary":
+        shape = broadcast_shapes(*(s.shape for s in args.specs))
+        if shape is None:
+            shown = " and ".join(str(list(s.shape)) for s in args.specs)
+            p.add(f"{path}.args", f"impossible broadcast: shapes {shown}")
+        elif math.prod(shape) > MAX_ELEMENTS:
+            p.add(path, f"too large: result has {math.prod(shape)} elements (limit {MAX_ELEMENTS})")
+            shape = None
+        return shape, promote_dtypes(s.dtype for s in args.specs), ()
+    if info.kind == "reduce":
+        axes = _check_axes(rn.get("axes"), "axes" in rn, first.rank, f"{path}.axes", p)
+        if axes is None:
+            return None, first.dtype, ()
+        if keepdims:
+            return tuple(1 if d in axes else s for d, s in enumerate(first.shape)), first.dtype, axes
+        shape = tuple(s for d, s in enumerate(first.shape) if d not in axes)
+        if not shape:
+            p.add(path, "reduces to a scalar; set \"keepdims\": true")
+            return None, first.dtype, axes
+        return shape, first.dtype, axes
+    if info.kind == "cast":
+        return first.shape, to, ()
+    return first.shape, first.dtype, ()
 
 
 def _check_axes(v: Any, present: bool, rank: int, path: str, p: _Problems) -> tuple[int, ...] | None:

@@ -1,11 +1,13 @@
-"""The immutable graph values: :class:`TensorSpec`, :class:`Node`, :class:`Graph`; dtype/shape rules; keys.
+"""The immutable graph values: :class:`TensorSpec`, :class:`Node`, :class:`GraphValue`; dtype/shape rules; keys.
 
 Contract
 --------
-* These are plain frozen values; build a :class:`Graph` only through validation
-  (:func:`stitchtune.graph.parse.parse_graph` / :func:`~stitchtune.graph.parse.load_graph` /
-  :meth:`Graph.from_dict`), which guarantees the invariants listed in :mod:`stitchtune.graph.parse`. Nothing
-  here validates or reads files; :mod:`stitchtune.graph.parse` re-exports every public name of this module.
+* These are plain frozen values. :class:`GraphValue` is what a graph *is* (its tensors and nodes,
+  lookups, graph.json form and keys); the validated graph everyone uses is its subclass
+  :class:`stitchtune.graph.parse.Graph`, built only through validation (:func:`~stitchtune.graph.parse.parse_graph`
+  / :func:`~stitchtune.graph.parse.load_graph` / ``Graph.from_dict``), which guarantees the invariants
+  listed in :mod:`stitchtune.graph.parse`. Nothing here validates or reads files, and this module
+  imports nothing of :mod:`stitchtune.graph.parse`, which re-exports every public name of this module.
 * :func:`promote_dtypes`: float32 wins; float16 + bfloat16 -> float32 (constants do not promote).
   :func:`broadcast_shapes`: numpy broadcasting, ``None`` when the shapes do not broadcast.
 * :meth:`Graph.workload_key` is a canonical structural hash: invariant to node-id renaming and to
@@ -31,7 +33,7 @@ __all__ = [
     "ITEMSIZE",
     "TensorSpec",
     "Node",
-    "Graph",
+    "GraphValue",
     "promote_dtypes",
     "broadcast_shapes",
 ]
@@ -92,8 +94,9 @@ class Node:
 
 
 @dataclass(frozen=True)
-class Graph:
-    """A validated graph. Build it with :func:`parse_graph`/:func:`load_graph`/:meth:`from_dict`."""
+class GraphValue:
+    """A graph's structure and what is derived from it (no validation: the validated graph is
+    :class:`stitchtune.graph.parse.Graph`, this class plus ``from_dict``)."""
 
     name: str
     inputs: tuple[tuple[str, TensorSpec], ...]  # in file order
@@ -157,13 +160,6 @@ class Graph:
             "nodes": nodes,
             "outputs": list(self.outputs),
         }
-
-    @classmethod
-    def from_dict(cls, d: Any) -> "Graph":
-        """Validate ``d`` (graph.json form) and build the graph; raises :class:`GraphError`."""
-        from stitchtune.graph.parse import parse_graph  # validation lives there (it imports this module)
-
-        return parse_graph(d)
 
     # -- keys
     def _canonical(self, shapes: bool) -> str:

@@ -284,10 +284,6 @@ PRESETS: dict[str, Device] = {
 }
 
 
-def preset_names() -> tuple[str, ...]:
-    return tuple(PRESETS)
-
-
 def _norm(s: str) -> str:
     return "".join(ch for ch in s.lower() if ch.isalnum())
 

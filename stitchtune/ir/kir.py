@@ -421,20 +421,6 @@ class Program:
                 return b
         raise KeyError(name)
 
-    def input_buffer(self, tensor: str) -> BufferSpec:
-        """The buffer holding graph input ``tensor``."""
-        for b in self.buffers:
-            if b.role == "input" and b.tensor == tensor:
-                return b
-        raise KeyError(tensor)
-
-    def output_buffer(self, tensor: str) -> BufferSpec:
-        """The buffer holding graph output ``tensor``."""
-        for b in self.buffers:
-            if b.role == "output" and b.tensor == tensor:
-                return b
-        raise KeyError(tensor)
-
 
 def walk(stmts: tuple[Stmt, ...]):
     """Yield every statement in ``stmts``, depth first."""

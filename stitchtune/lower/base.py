@@ -18,7 +18,7 @@ from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, MathOp, Var
 from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.graph.ops import OPS
-from stitchtune.plan.planner import StitchPlan
+from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space.schedule import Schedule
 
 _I = lambda v: Const(int(v), I32)  # noqa: E731
@@ -56,12 +56,9 @@ def estimate_registers(per_thread_cache: int, vec: int, n_live: int) -> int:
 
 @dataclass
 class _Ctx:
-    """Mutable state while building one kernel (never escapes this module)."""
+    """Mutable state while building one kernel: the scratch buffers it uses and the counter that
+    numbers its variables (never escapes the lowering)."""
 
-    graph: Graph
-    plan: StitchPlan
-    s: Schedule
-    body: list = field(default_factory=list)
     scratch: set = field(default_factory=set)
     counter: int = 0
 
@@ -116,7 +113,7 @@ class _SweepValues:
                 vals.append(v)
             self.stats["flops"] += OPS[nd.op].flops * vec
             self.stats["sfu"] += OPS[nd.op].sfu * vec
-        if low.cls[name] == "F" and level in ("register", "shared"):
+        if low.cls[name] is TensorClass.FULL and level in ("register", "shared"):
             for j in range(vec):
                 if level == "register":
                     self.body.append(kir.SetLocal(f"rc{tix}", self.cache_index(j), vals[j]))
@@ -148,7 +145,6 @@ class _Lowerer:
             self.out_buf[name] = b
             spec = graph.spec(name)
             self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), "output", name))
-        self.part_buf: dict[str, str] = {}
         self.reuse = dict(zip(plan.reuse_candidates, s.reuse))
         self.rpb = 1
         self.red_idx = {r: i for i, r in enumerate(plan.reductions)}
@@ -227,10 +223,10 @@ class _Lowerer:
 
     def ready_p_nodes(self, pvals: dict, load_p, const):
         """Yield ``(node, argument values)`` for every per-row/per-column/scalar node not computed yet
-        whose arguments are all available (``pvals``, or a P/S input loaded through ``load_p``);
-        ``const(x)`` turns a constant argument into a value."""
+        whose arguments are all available (``pvals``, or a per-row/per-column or scalar input loaded
+        through ``load_p``); ``const(x)`` turns a constant argument into a value."""
         for nd in self.g.nodes:
-            if self.cls[nd.id] not in ("P", "S") or nd.id in pvals or OPS[nd.op].kind == "reduce":
+            if self.cls[nd.id].varies_along_reduced or nd.id in pvals or OPS[nd.op].kind == "reduce":
                 continue
             args = []
             for a in nd.args:
@@ -238,7 +234,7 @@ class _Lowerer:
                     args.append(const(float(a)))
                 elif a in pvals:
                     args.append(pvals[a])
-                elif a in self.in_buf and self.cls[a] in ("P", "S"):
+                elif a in self.in_buf and not self.cls[a].varies_along_reduced:
                     args.append(load_p(a))
                 else:
                     break
@@ -267,24 +263,28 @@ class _Lowerer:
         return segs
 
     def grid_for(self, tasks: int, block: int, smem: int, est_regs: int, multiple: int, needs_sync: bool) -> int:
-        tpb = self.s.tasks_per_block
+        """Blocks of a kernel with ``tasks`` tasks: as many as are co-resident (a persistent schedule),
+        else ``tasks / tasks_per_block``. A grid that must stay co-resident (persistent, or with a grid
+        barrier) is rounded *down* to a multiple of ``multiple`` (the blocks of one split row; at least
+        one such multiple), any other one up; at least 1, at most 2**31 - 1."""
+        s = self.s
         cores = max_resident_blocks(self.dev, block, est_regs, smem)
-        if tpb == 0 or needs_sync:
-            if tpb == 0:
+        if s.persistent or needs_sync:
+            if s.persistent:
                 grid = min(tasks, max(cores, 1))
             else:
-                grid = math.ceil(tasks / tpb)
+                grid = math.ceil(tasks / s.tasks_per_block)
             if multiple > 1:
                 grid = max(multiple, (grid // multiple) * multiple)
         else:
-            grid = math.ceil(tasks / tpb)
+            grid = math.ceil(tasks / s.tasks_per_block)
             if multiple > 1:
                 grid = math.ceil(grid / multiple) * multiple
         return max(1, min(grid, 2**31 - 1))
 
 
     # -- analytic profile -------------------------------------------------------------------------
-    def profile(self, kern, grid, rounds, smem_bytes, est_regs, stats, stages_here, ki) -> kir.KernelProfile:
+    def profile(self, kern, grid, rounds, smem_bytes, est_regs, stats, ki) -> kir.KernelProfile:
         p, s = self.p, self.s
         elems = p.M * p.N
         specs = {b.name: b for b in self.buffers}
@@ -298,9 +298,9 @@ class _Lowerer:
                 reread += size * (n - 1)
             else:
                 reread += size * n
-        # small operands (K/P/S inputs): read once
+        # small operands (per-reduced-index, per-row/column and scalar inputs): read once
         for name, spec in self.g.inputs:
-            if self.cls.get(name) != "F" and self.in_buf[name] in {pp.name for pp in kern.params}:
+            if self.cls.get(name) is not TensorClass.FULL and self.in_buf[name] in {pp.name for pp in kern.params}:
                 dram_read += math.prod(spec.shape) * kir.ELEM_BYTES[spec.dtype]
         writes = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "output")
         scratch = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "scratch")
@@ -325,7 +325,7 @@ class _Lowerer:
             scratch_loads=int(scratch_loads_per_thread(kern)),
             reversed_rereads=s.order == "alternate" and reread > 0)
 
-    def finalize(self, cx, rb, r, pvals) -> None:
+    def finalize(self, rb, r, pvals) -> None:
         """Turn a combined sum into a mean where the reduction is a mean (``pvals[r]`` may be a list)."""
         if self.red_info(r).is_mean:
             vs = pvals[r] if isinstance(pvals[r], list) else [pvals[r]]

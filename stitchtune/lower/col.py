@@ -10,17 +10,24 @@ Schemes: ``local`` (one thread owns a whole column: tpr == 1, split == 1), ``reg
 ``tpr`` partials of a column meet in shared memory), ``global`` (per-chunk partials in global
 scratch + grid barrier), ``independent`` (partials in scratch, kernel boundary). Per-column values
 (reduction results, per-column inputs) are ``vec`` values per thread; per-row inputs are scalars.
+
+:class:`_ColLowerer` sizes the program and builds each kernel through a :class:`_ColKernel`, which
+reads like the kernel: index set-up, the results of earlier kernels, per stage a sweep (loads and
+reduce) and the combine of the partials, the output sweep and stores, the round loop. Its fixed
+parts are frozen values (:class:`_ColLayout`, :class:`_ColIndex`, :class:`_ColSweep`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import partial
 
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
-from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select
+from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select, Var
 from stitchtune.lower.base import _I, _add, _and, _Ctx, _Lowerer, _mul, _SweepValues, estimate_registers
-from stitchtune.plan.planner import StitchPlan
+from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space.schedule import Schedule
 
 
@@ -35,6 +42,8 @@ def _store_f32(buf: str, idx: kir.Expr, vals: tuple, pred: kir.Expr | None) -> l
 
 
 class _ColLowerer(_Lowerer):
+    """Column reductions."""
+
     def lower(self) -> kir.Program:
         p, s = self.p, self.s
         M, N = p.M, p.N
@@ -63,217 +72,337 @@ class _ColLowerer(_Lowerer):
     def tasks_in_flight_bytes(self, grid: int) -> int:
         return grid * self.chunk * self.TC * 4
 
-    def build_kernel(self, ki: int, seg: list[int], is_last: bool, tasks: int, est_regs: int):
-        p, s, g = self.p, self.s, self.g
-        M, N = p.M, p.N
-        tk, block, S, vec, tpc, TC = s.tpr, s.block, s.split, s.vec, self.tpc, self.TC
-        cx = _Ctx(g, p, s)
-        tid, bid, gdim = kir.Special("tid"), kir.Special("bid"), kir.Special("gdim")
-        tc, tkk = cx.var("tc", I32), cx.var("tk", I32)
-        body: list = [Assign(tc, Bin("%", tid, _I(tpc))), Assign(tkk, Bin("/", tid, _I(tpc)))]
-        uses = {"in": set(), "out": set()}
-        prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
-        needs_sync = any(s.schemes[i] == "global" for i in seg)
-        red_slots = max((len(p.stages[i]) for i in seg), default=0)
-        shared: list[kir.SharedBuf] = []
-        if red_slots and tk > 1:
-            shared.append(kir.SharedBuf("sred", red_slots * tk * TC))
-        cache_reg = [c for c in p.reuse_candidates if self.reuse[c] == "register"]
-        cache_smem = [c for c in p.reuse_candidates if self.reuse[c] == "shared"]
-        for c in cache_smem:
-            shared.append(kir.SharedBuf(f"sc{self.tid_of[c]}", self.rpt * tk * TC))
-        locals_ = [kir.LocalArray(f"rc{self.tid_of[c]}", self.per_thread) for c in cache_reg]
-        smem_bytes = 4 * sum(x.size for x in shared)
-        grid = self.grid_for(tasks, block, smem_bytes, est_regs, S if S > 1 else 1, needs_sync)
-        rounds = math.ceil(tasks / grid)
+    def build_kernel(self, ki: int, seg: list[int], is_last: bool, tasks: int,
+                     est_regs: int) -> tuple[kir.Kernel, kir.KernelProfile]:
+        """Kernel ``ki``: the stages ``seg`` (0-based), then the outputs when it is the last one."""
+        k = _ColKernel(self, ki, seg, tasks, est_regs)
+        k.read_earlier_stages()
+        for st in seg:
+            k.reduce_stage(st, keep_results=not is_last)
+        if is_last:
+            k.write_outputs()
+        return k.finish()
 
+
+@dataclass(frozen=True)
+class _ColLayout:
+    """Where one kernel keeps its reduction exchange and caches, and how it is launched."""
+
+    shared: tuple[kir.SharedBuf, ...]     # sred (the exchange, tpr > 1), sc<t> (shared caches)
+    locals_: tuple[kir.LocalArray, ...]   # rc<t> (register caches)
+    smem_bytes: int
+    grid: int
+    rounds: int                           # tasks per block, in turn
+    needs_sync: bool                      # a global stage: a grid barrier
+
+
+def _col_layout(low: _ColLowerer, seg: list[int], tasks: int, est_regs: int) -> _ColLayout:
+    p, s = low.p, low.s
+    red_slots = max((len(p.stages[i]) for i in seg), default=0)
+    shared: list[kir.SharedBuf] = []
+    if red_slots and s.tpr > 1:
+        shared.append(kir.SharedBuf("sred", red_slots * s.tpr * low.TC))
+    for c in p.reuse_candidates:
+        if low.reuse[c] == "shared":
+            shared.append(kir.SharedBuf(f"sc{low.tid_of[c]}", low.rpt * s.tpr * low.TC))
+    locals_ = [kir.LocalArray(f"rc{low.tid_of[c]}", low.per_thread)
+               for c in p.reuse_candidates if low.reuse[c] == "register"]
+    smem_bytes = 4 * sum(x.size for x in shared)
+    needs_sync = any(s.schemes[i] == "global" for i in seg)
+    grid = low.grid_for(tasks, s.block, smem_bytes, est_regs, s.split if s.split > 1 else 1, needs_sync)
+    return _ColLayout(tuple(shared), tuple(locals_), smem_bytes, grid, math.ceil(tasks / grid), needs_sync)
+
+
+@dataclass(frozen=True)
+class _ColIndex:
+    """The index variables of a kernel: the thread's column group ``tc`` and row thread ``tk`` (set
+    once), the round, and the task, tile, split index, first column, column validity and row range
+    of the round's task."""
+
+    tc: Var
+    tk: Var
+    rd: Var
+    tile: Var
+    sidx: Var
+    c0: Var
+    cvalid: Var
+    kbase: Var
+    kend: Var
+    task: Var
+    cc0: kir.Expr  # the first column clamped for address arithmetic
+
+
+@dataclass(frozen=True)
+class _ColSweep:
+    """One sweep's loop: the logical iteration index, the thread's row ``r`` of the iteration and
+    its validity, and the loop body being built."""
+
+    idx: kir.Expr
+    r: Var
+    valid: Var
+    body: list
+
+
+class _ColKernel:
+    """One kernel of a column-family program, built phase by phase: the index set-up (constructor),
+    the results of earlier kernels (:meth:`read_earlier_stages`), one sweep + combine per stage
+    (:meth:`reduce_stage`), the output sweep and stores (:meth:`write_outputs`), the round loop
+    (:meth:`finish`).
+
+    State while building: ``body`` (statements before the round loop), ``rb`` (the round body),
+    ``pvals`` (the ``vec`` per-column values available, by tensor name), ``stats`` (what the profile
+    counts), ``uses`` (global buffers read and written), ``filled`` (cached tensors written to their
+    cache by an earlier sweep).
+    """
+
+    def __init__(self, low: _ColLowerer, ki: int, seg: list[int], tasks: int, est_regs: int) -> None:
+        self.low, self.ki, self.est_regs = low, ki, est_regs
+        s, p = low.s, low.p
+        self.cx = cx = _Ctx()
+        self.lay = _col_layout(low, seg, tasks, est_regs)
+        tid = kir.Special("tid")
+        tc, tk = cx.var("tc", I32), cx.var("tk", I32)
+        self.body: list = [Assign(tc, Bin("%", tid, _I(low.tpc))), Assign(tk, Bin("/", tid, _I(low.tpc)))]
         rd, tile, sidx = cx.var("rd", I32), cx.var("tile", I32), cx.var("sidx", I32)
         c0, cvalid = cx.var("c", I32), cx.var("cv", kir.BOOL)
         kbase, kend = cx.var("kb", I32), cx.var("ke", I32)
         task = cx.var("task", I32)
-        rb: list = [Assign(task, _add(_mul(rd, gdim), bid)),
-                    Assign(tile, Bin("/", task, _I(S))), Assign(sidx, Bin("%", task, _I(S))),
-                    Assign(c0, _add(_mul(tile, _I(TC)), _mul(tc, _I(vec)))),
-                    Assign(cvalid, Bin("&&", Bin("<", c0, _I(N)), Bin("<", task, _I(tasks)))),
-                    Assign(kbase, _mul(sidx, _I(self.chunk))),
-                    Assign(kend, Bin("min", _add(kbase, _I(self.chunk)), _I(M)))]
-        cc0 = Bin("min", c0, _I(N - vec))  # clamped column for address arithmetic
-        pvals: dict[str, list[kir.Expr]] = {}
-        stats = {"flops": 0, "sfu": 0, "reads": {}}
+        cc0 = Bin("min", c0, _I(p.N - s.vec))
+        self.ix = _ColIndex(tc, tk, rd, tile, sidx, c0, cvalid, kbase, kend, task, cc0)
+        S, vec = s.split, s.vec
+        self.rb: list = [
+            Assign(task, _add(_mul(rd, kir.Special("gdim")), kir.Special("bid"))),
+            Assign(tile, Bin("/", task, _I(S))), Assign(sidx, Bin("%", task, _I(S))),
+            Assign(c0, _add(_mul(tile, _I(low.TC)), _mul(tc, _I(vec)))),
+            Assign(cvalid, Bin("&&", Bin("<", c0, _I(p.N)), Bin("<", task, _I(tasks)))),
+            Assign(kbase, _mul(sidx, _I(low.chunk))),
+            Assign(kend, Bin("min", _add(kbase, _I(low.chunk)), _I(p.M)))]
+        self.uses: dict[str, set[str]] = {"in": set(), "out": set()}
+        self.pvals: dict[str, list[kir.Expr]] = {}
+        self.stats = {"flops": 0, "sfu": 0, "reads": {}}
+        self.filled: set[str] = set()
+        self.prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
 
-        def load_p(name: str) -> list[kir.Expr]:
-            if name in pvals:
-                return pvals[name]
-            buf = self.in_buf[name]
-            uses["in"].add(buf)
-            if self.cls[name] == "P":
-                dsts = tuple(cx.var("p", F32) for _ in range(vec))
-                rb.append(kir.LoadVec(dsts, buf, cc0, cvalid))
-                pvals[name] = list(dsts)
-            else:
-                v = cx.var("p", F32)
-                rb.append(Assign(v, Load(buf, _I(0))))
-                pvals[name] = [v] * vec
-            return pvals[name]
+    # -- per-column values ------------------------------------------------------------------------
+    def load_p(self, name: str) -> list[kir.Expr]:
+        """The ``vec`` values of a per-column (PER_KEPT) or scalar input."""
+        low, ix, vec = self.low, self.ix, self.low.s.vec
+        if name in self.pvals:
+            return self.pvals[name]
+        buf = low.in_buf[name]
+        self.uses["in"].add(buf)
+        if low.cls[name] is TensorClass.PER_KEPT:
+            dsts = tuple(self.cx.var("p", F32) for _ in range(vec))
+            self.rb.append(kir.LoadVec(dsts, buf, ix.cc0, ix.cvalid))
+            self.pvals[name] = list(dsts)
+        else:
+            v = self.cx.var("p", F32)
+            self.rb.append(Assign(v, Load(buf, _I(0))))
+            self.pvals[name] = [v] * vec
+        return self.pvals[name]
 
-        def compute_p_nodes() -> None:
-            for nd, args in self.ready_p_nodes(pvals, load_p, lambda c: [Const(c, F32)] * vec):
-                vs = []
-                for j in range(vec):
-                    v = cx.var("p", F32)
-                    rb.append(Assign(v, self.expr_of_node(nd, [a[j] for a in args])))
-                    vs.append(v)
-                pvals[nd.id] = vs
+    def compute_p_nodes(self) -> None:
+        """Compute the per-column and scalar nodes whose reductions are all available."""
+        low, vec = self.low, self.low.s.vec
+        for nd, args in low.ready_p_nodes(self.pvals, self.load_p, lambda c: [Const(c, F32)] * vec):
+            vs = []
+            for j in range(vec):
+                v = self.cx.var("p", F32)
+                self.rb.append(Assign(v, low.expr_of_node(nd, [a[j] for a in args])))
+                vs.append(v)
+            self.pvals[nd.id] = vs
 
-        def read_partials(r: str, target: list[kir.Var] | None = None) -> None:
-            part = self.scratch(f"part{self.red_idx[r]}", S * N)
-            cx.scratch.add(part)
-            accs = target or [cx.var("acc", F32) for _ in range(vec)]
-            for a in accs:
-                rb.append(Assign(a, self.identity(r)))
-            q = cx.var("q", I32)
-            tmp = tuple(cx.var("pp", F32) for _ in range(vec))
-            loop = _load_f32(tmp, part, _add(_mul(q, _I(N)), cc0), cvalid)
-            loop += [Assign(accs[j], self.combine(r, accs[j], tmp[j])) for j in range(vec)]
-            rb.append(kir.For(q, _I(0), _I(S), 1, tuple(loop)))
-            pvals[r] = list(accs)
+    def read_partials(self, r: str, target: list[kir.Var] | None = None) -> None:
+        """Combine the ``split`` partials of reduction ``r`` for this thread's columns from scratch
+        into ``target`` (fresh variables when None)."""
+        low, ix, cx = self.low, self.ix, self.cx
+        S, N, vec = low.s.split, low.p.N, low.s.vec
+        part = low.scratch(f"part{low.red_idx[r]}", S * N)
+        cx.scratch.add(part)
+        accs = target or [cx.var("acc", F32) for _ in range(vec)]
+        for a in accs:
+            self.rb.append(Assign(a, low.identity(r)))
+        q = cx.var("q", I32)
+        tmp = tuple(cx.var("pp", F32) for _ in range(vec))
+        loop = _load_f32(tmp, part, _add(_mul(q, _I(N)), ix.cc0), ix.cvalid)
+        loop += [Assign(accs[j], low.combine(r, accs[j], tmp[j])) for j in range(vec)]
+        self.rb.append(kir.For(q, _I(0), _I(S), 1, tuple(loop)))
+        self.pvals[r] = list(accs)
 
-        for st in prev_stages:
-            for r in p.stages[st]:
-                if s.schemes[st] == "independent":
-                    read_partials(r)
-                    self.finalize(cx, rb, r, pvals)
+    def read_earlier_stages(self) -> None:
+        """The results of the stages of earlier kernels: combined from their partials (an
+        independent stage) or the final per-column values an earlier kernel stored."""
+        low, ix, cx = self.low, self.ix, self.cx
+        for st in self.prev_stages:
+            for r in low.p.stages[st]:
+                if low.s.schemes[st] == "independent":
+                    self.read_partials(r)
+                    low.finalize(self.rb, r, self.pvals)
                 else:
-                    vb = self.scratch(f"val{self.red_idx[r]}", N)
+                    vb = low.scratch(f"val{low.red_idx[r]}", low.p.N)
                     cx.scratch.add(vb)
-                    dsts = tuple(cx.var("acc", F32) for _ in range(vec))
-                    rb.extend(_load_f32(dsts, vb, cc0, cvalid))
-                    pvals[r] = list(dsts)
-        compute_p_nodes()
-        filled: set[str] = set()
+                    dsts = tuple(cx.var("acc", F32) for _ in range(low.s.vec))
+                    self.rb.extend(_load_f32(dsts, vb, ix.cc0, ix.cvalid))
+                    self.pvals[r] = list(dsts)
+        self.compute_p_nodes()
 
-        def sweep(reds: list[str], outputs: list[str]) -> None:
-            it, r_ = cx.var("i", I32), cx.var("r", I32)
-            idx_it, ii = self.sweep_index(cx, it)
-            reads_before = sum(stats["reads"].values())  # full-size input loads of earlier sweeps
-            valid = cx.var("v", kir.BOOL)
-            accs = {}
+    # -- sweeps -----------------------------------------------------------------------------------
+    def cache_index(self, sw: _ColSweep, j: int) -> kir.Expr:
+        return _add(_mul(sw.idx, _I(self.low.s.vec)), _I(j))
+
+    def smem_index(self, sw: _ColSweep, j: int) -> kir.Expr:
+        tk, vec, TC, ix = self.low.s.tpr, self.low.s.vec, self.low.TC, self.ix
+        return _add(_mul(_add(_mul(sw.idx, _I(tk)), ix.tk), _I(TC)), _add(_mul(ix.tc, _I(vec)), _I(j)))
+
+    def broadcast(self, name: str) -> list[kir.Expr] | None:
+        """The ``vec`` values of a per-column or scalar tensor (None for the others)."""
+        if self.low.cls[name].varies_along_reduced:
+            return None
+        return self.load_p(name) if name in self.low.in_buf else self.pvals[name]
+
+    def load_input(self, sw: _ColSweep, name: str) -> list[kir.Expr]:
+        """The ``vec`` values of a full-size or per-reduced-index (per-row) input at the sweep's row."""
+        low, vec, M, N = self.low, self.low.s.vec, self.low.p.M, self.low.p.N
+        buf = low.in_buf[name]
+        self.uses["in"].add(buf)
+        if low.cls[name] is TensorClass.FULL:
+            dsts = tuple(self.cx.var(f"t{low.tid_of[name]}_", F32) for _ in range(vec))
+            idx = _add(_mul(Bin("min", sw.r, _I(M - 1)), _I(N)), self.ix.cc0)
+            sw.body.append(kir.LoadVec(dsts, buf, idx, sw.valid))
+            self.stats["reads"][buf] = self.stats["reads"].get(buf, 0) + 1
+            return list(dsts)
+        v = self.cx.var(f"t{low.tid_of[name]}_", F32)  # PER_REDUCED: one value per row
+        sw.body.append(Assign(v, Load(buf, Bin("min", sw.r, _I(M - 1)), sw.valid)))
+        return [v] * vec
+
+    def sweep(self, reds: list[str], outputs: list[str]) -> None:
+        """One pass over the thread's rows of its chunk: accumulate ``reds`` and/or store ``outputs``."""
+        low, cx, ix = self.low, self.cx, self.ix
+        tk, vec, N = low.s.tpr, low.s.vec, low.p.N
+        it, r_ = cx.var("i", I32), cx.var("r", I32)
+        idx_it, ii = low.sweep_index(cx, it)
+        reads_before = sum(self.stats["reads"].values())  # full-size input loads of earlier sweeps
+        valid = cx.var("v", kir.BOOL)
+        accs = {}
+        for r in reds:
+            accs[r] = [cx.var("acc", F32) for _ in range(vec)]
+            for a in accs[r]:
+                self.rb.append(Assign(a, low.identity(r)))
+        lb: list = [Assign(r_, _add(ix.kbase, _add(_mul(idx_it, _I(tk)), ix.tk))),
+                    Assign(valid, Bin("&&", ix.cvalid, Bin("<", r_, ix.kend)))]
+        sw = _ColSweep(idx_it, r_, valid, lb)
+        sv = _SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw),
+                          partial(self.cache_index, sw), partial(self.smem_index, sw), self.stats)
+        for r in reds:
+            vals = sv.value(low.nodes[r].args[0])  # type: ignore[arg-type]
+            for j in range(vec):
+                a = accs[r][j]
+                lb.append(Assign(a, Select(valid, low.combine(r, a, vals[j]), a)))
+        for o in outputs:
+            vals = sv.value(o)
+            buf = low.out_buf[o]
+            self.uses["out"].add(buf)
+            if low.cls[o] is TensorClass.FULL:
+                lb.append(kir.StoreVec(buf, _add(_mul(r_, _I(N)), ix.c0), tuple(vals), valid))
+            else:  # PER_REDUCED output: one value per row, written by the first column's threads
+                lb.append(kir.StoreVec(buf, r_, (vals[0],), _and(valid, Bin("==", ix.c0, _I(0)))))
+        head = low.order_sweep(ii, it, low.rpt, sum(self.stats["reads"].values()) > reads_before)
+        self.rb.append(kir.For(it, _I(0), _I(low.rpt), 1, tuple(head + lb),
+                               unroll=bool(self.lay.locals_) or low.rpt <= 8))
+        self.filled.update(sv.newly)
+        for r in reds:
+            self.pvals[r] = accs[r]
+
+    # -- combining the partials of a stage ----------------------------------------------------------
+    def exchange_in_block(self, reds: list[str]) -> None:
+        """The partials of the ``tpr`` row threads of each column meet in shared memory (scalar
+        stores: any vec width, no 16-byte limit)."""
+        low, ix, rb = self.low, self.ix, self.rb
+        tk, vec, TC = low.s.tpr, low.s.vec, low.TC
+        for si_, r in enumerate(reds):
+            base = si_ * tk * TC
+            for j in range(vec):
+                rb.append(kir.StoreVec("sred", _add(_I(base), _add(_mul(ix.tk, _I(TC)), _add(
+                    _mul(ix.tc, _I(vec)), _I(j)))), (self.pvals[r][j],)))
+        rb.append(kir.Barrier())
+        for si_, r in enumerate(reds):
+            base = si_ * tk * TC
+            accs = self.pvals[r]
+            for a in accs:
+                rb.append(Assign(a, low.identity(r)))
+            q = self.cx.var("q", I32)
+            loop = [Assign(accs[j], low.combine(r, accs[j], Load("sred", _add(
+                _I(base), _add(_mul(q, _I(TC)), _add(_mul(ix.tc, _I(vec)), _I(j))))))) for j in range(vec)]
+            rb.append(kir.For(q, _I(0), _I(tk), 1, tuple(loop)))
+        rb.append(kir.Barrier())
+
+    def exchange(self, reds: list[str], scheme: str) -> None:
+        """Combine the partials of ``reds``: across the row threads of a block (tpr > 1), then
+        (global scratch) across the split row chunks of a column tile."""
+        low, ix = self.low, self.ix
+        if low.s.tpr > 1:
+            self.exchange_in_block(reds)
+        if scheme in ("global", "independent"):
             for r in reds:
-                accs[r] = [cx.var("acc", F32) for _ in range(vec)]
-                for a in accs[r]:
-                    rb.append(Assign(a, self.identity(r)))
-            lb: list = [Assign(r_, _add(kbase, _add(_mul(idx_it, _I(tk)), tkk))),
-                        Assign(valid, Bin("&&", cvalid, Bin("<", r_, kend)))]
-
-            def ci(j: int) -> kir.Expr:
-                return _add(_mul(idx_it, _I(vec)), _I(j))
-
-            def si(j: int) -> kir.Expr:
-                return _add(_mul(_add(_mul(idx_it, _I(tk)), tkk), _I(TC)), _add(_mul(tc, _I(vec)), _I(j)))
-
-            def broadcast(name: str) -> list[kir.Expr] | None:
-                if self.cls[name] not in ("P", "S"):
-                    return None
-                return load_p(name) if name in self.in_buf else pvals[name]
-
-            def load_input(name: str) -> list[kir.Expr]:
-                buf = self.in_buf[name]
-                uses["in"].add(buf)
-                if self.cls[name] == "F":
-                    dsts = tuple(cx.var(f"t{self.tid_of[name]}_", F32) for _ in range(vec))
-                    idx = _add(_mul(Bin("min", r_, _I(M - 1)), _I(N)), cc0)
-                    lb.append(kir.LoadVec(dsts, buf, idx, valid))
-                    stats["reads"][buf] = stats["reads"].get(buf, 0) + 1
-                    return list(dsts)
-                v = cx.var(f"t{self.tid_of[name]}_", F32)  # K: one value per row
-                lb.append(Assign(v, Load(buf, Bin("min", r_, _I(M - 1)), valid)))
-                return [v] * vec
-
-            sv = _SweepValues(self, cx, lb, vec, filled, broadcast, load_input, ci, si, stats)
-            value = sv.value
-
-            for r in reds:
-                vals = value(self.nodes[r].args[0])  # type: ignore[arg-type]
-                for j in range(vec):
-                    a = accs[r][j]
-                    lb.append(Assign(a, Select(valid, self.combine(r, a, vals[j]), a)))
-            for o in outputs:
-                vals = value(o)
-                buf = self.out_buf[o]
-                uses["out"].add(buf)
-                if self.cls[o] == "F":
-                    lb.append(kir.StoreVec(buf, _add(_mul(r_, _I(N)), c0), tuple(vals), valid))
-                else:  # K output: one value per row, written by the first column's threads
-                    lb.append(kir.StoreVec(buf, r_, (vals[0],), _and(valid, Bin("==", c0, _I(0)))))
-            head = self.order_sweep(ii, it, self.rpt, sum(stats["reads"].values()) > reads_before)
-            rb.append(kir.For(it, _I(0), _I(self.rpt), 1, tuple(head + lb), unroll=bool(cache_reg) or self.rpt <= 8))
-            filled.update(sv.newly)
-            for r in reds:
-                pvals[r] = accs[r]
-
-        for st in seg:
-            reds = list(p.stages[st])
-            scheme = s.schemes[st]
-            sweep(reds, [])
-            if tk > 1:  # partials of the tk row-threads meet in shared memory
-                for si_, r in enumerate(reds):
-                    base = si_ * tk * TC
-                    for j in range(vec):  # scalar shared stores: any vec width, no 16-byte limit
-                        rb.append(kir.StoreVec("sred", _add(_I(base), _add(_mul(tkk, _I(TC)), _add(
-                            _mul(tc, _I(vec)), _I(j)))), (pvals[r][j],)))
-                rb.append(kir.Barrier())
-                for si_, r in enumerate(reds):
-                    base = si_ * tk * TC
-                    accs = pvals[r]
-                    for a in accs:
-                        rb.append(Assign(a, self.identity(r)))
-                    q = cx.var("q", I32)
-                    loop = [Assign(accs[j], self.combine(r, accs[j], Load("sred", _add(
-                        _I(base), _add(_mul(q, _I(TC)), _add(_mul(tc, _I(vec)), _I(j))))))) for j in range(vec)]
-                    rb.append(kir.For(q, _I(0), _I(tk), 1, tuple(loop)))
-                rb.append(kir.Barrier())
-            if scheme in ("global", "independent"):
+                part = low.scratch(f"part{low.red_idx[r]}", low.s.split * low.p.N)
+                self.cx.scratch.add(part)
+                self.rb.extend(_store_f32(part, _add(_mul(ix.sidx, _I(low.p.N)), ix.cc0), tuple(self.pvals[r]),
+                                          Bin("&&", ix.cvalid, Bin("==", ix.tk, _I(0)))))
+            if scheme == "global":
+                self.rb.append(kir.GridSync())
                 for r in reds:
-                    part = self.scratch(f"part{self.red_idx[r]}", S * N)
-                    cx.scratch.add(part)
-                    rb.extend(_store_f32(part, _add(_mul(sidx, _I(N)), cc0), tuple(pvals[r]),
-                                           Bin("&&", cvalid, Bin("==", tkk, _I(0)))))
-                if scheme == "global":
-                    rb.append(kir.GridSync())
-                    for r in reds:
-                        read_partials(r, target=pvals[r])
-            if scheme != "independent":
-                for r in reds:
-                    self.finalize(cx, rb, r, pvals)
-                    if not is_last:
-                        vb = self.scratch(f"val{self.red_idx[r]}", N)
-                        cx.scratch.add(vb)
-                        rb.extend(_store_f32(vb, cc0, tuple(pvals[r]), Bin("&&", cvalid, Bin(
-                            "&&", Bin("==", tkk, _I(0)), Bin("==", sidx, _I(0))))))
-                compute_p_nodes()
+                    self.read_partials(r, target=self.pvals[r])
 
-        if is_last:
-            outs = list(dict.fromkeys(g.outputs))
-            f_outs = [o for o in outs if self.cls[o] in ("F", "K")]
-            if f_outs:
-                sweep([], f_outs)
-            for o in outs:
-                c = self.cls[o]
-                if c not in ("P", "S"):
-                    continue
-                vals = load_p(o) if o in self.in_buf else pvals[o]
-                buf = self.out_buf[o]
-                uses["out"].add(buf)
-                lead = Bin("&&", Bin("==", tkk, _I(0)), Bin("==", sidx, _I(0)))
-                if c == "P":
-                    rb.append(kir.StoreVec(buf, c0, tuple(vals), Bin("&&", cvalid, lead)))
-                else:
-                    rb.append(kir.StoreVec(buf, _I(0), (vals[0],), Bin("&&", Bin("==", c0, _I(0)), Bin("&&", cvalid, lead))))
+    # -- stages and outputs -----------------------------------------------------------------------
+    def reduce_stage(self, st: int, keep_results: bool) -> None:
+        """Stage ``st``: its sweep, the combine of the partials, and (unless the stage is independent)
+        the final values; ``keep_results``: stored per column for a later kernel."""
+        low, ix = self.low, self.ix
+        reds = list(low.p.stages[st])
+        scheme = low.s.schemes[st]
+        self.sweep(reds, [])
+        self.exchange(reds, scheme)
+        if scheme == "independent":
+            return
+        for r in reds:
+            low.finalize(self.rb, r, self.pvals)
+            if keep_results:
+                vb = low.scratch(f"val{low.red_idx[r]}", low.p.N)
+                self.cx.scratch.add(vb)
+                self.rb.extend(_store_f32(vb, ix.cc0, tuple(self.pvals[r]), Bin("&&", ix.cvalid, Bin(
+                    "&&", Bin("==", ix.tk, _I(0)), Bin("==", ix.sidx, _I(0))))))
+        self.compute_p_nodes()
 
-        self.order_tasks(rb, bool(stats["reads"]), rounds * grid)
-        body.append(kir.For(rd, _I(0), _I(rounds), 1, tuple(rb)))
-        kern = self.make_kernel(ki, uses, cx, body, shared, locals_, needs_sync)
-        return kern, self.profile(kern, grid, rounds, smem_bytes, est_regs, stats, seg, ki)
+    def write_outputs(self) -> None:
+        """The output sweep (full-size and per-reduced-index outputs), then the per-column and scalar
+        outputs, written by the first row thread of the first row chunk."""
+        low, ix = self.low, self.ix
+        outs = list(dict.fromkeys(low.g.outputs))
+        f_outs = [o for o in outs if low.cls[o].varies_along_reduced]
+        if f_outs:
+            self.sweep([], f_outs)
+        for o in outs:
+            c = low.cls[o]
+            if c.varies_along_reduced:
+                continue
+            vals = self.load_p(o) if o in low.in_buf else self.pvals[o]
+            buf = low.out_buf[o]
+            self.uses["out"].add(buf)
+            lead = Bin("&&", Bin("==", ix.tk, _I(0)), Bin("==", ix.sidx, _I(0)))
+            if c is TensorClass.PER_KEPT:
+                self.rb.append(kir.StoreVec(buf, ix.c0, tuple(vals), Bin("&&", ix.cvalid, lead)))
+            else:
+                self.rb.append(kir.StoreVec(buf, _I(0), (vals[0],), Bin("&&", Bin("==", ix.c0, _I(0)),
+                                                                         Bin("&&", ix.cvalid, lead))))
+
+    def finish(self) -> tuple[kir.Kernel, kir.KernelProfile]:
+        """The round loop, the kernel and its profile."""
+        low, lay = self.low, self.lay
+        low.order_tasks(self.rb, bool(self.stats["reads"]), lay.rounds * lay.grid)
+        self.body.append(kir.For(self.ix.rd, _I(0), _I(lay.rounds), 1, tuple(self.rb)))
+        kern = low.make_kernel(self.ki, self.uses, self.cx, self.body, list(lay.shared), list(lay.locals_),
+                               lay.needs_sync)
+        return kern, low.profile(kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.stats, self.ki)
 
 
 def lower_col(graph: Graph, plan: StitchPlan, schedule: Schedule, device) -> kir.Program:

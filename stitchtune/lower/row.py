@@ -3,17 +3,24 @@
 Thread mapping: ``tpr`` threads per row, ``block // tpr`` rows per block, ``split`` blocks per row.
 Thread ``lane = tid % tpr`` handles the ``vec``-wide vectors ``k = kbase + (i * tpr + lane) * vec`` for
 ``i < per_thread / vec``. Schemes and the round structure: see :mod:`stitchtune.lower.entry`.
+
+:class:`_RowLowerer` sizes the program and builds each kernel through a :class:`_RowKernel`, which
+reads like the kernel: index set-up, the results of earlier kernels, per stage a sweep (loads and
+reduce) and the combine of the partials, the output sweep and stores, the round loop. Its fixed
+parts are frozen values (:class:`_RowLayout`, :class:`_RowIndex`, :class:`_RowSweep`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import partial
 
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
-from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Select
+from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Select, Var
 from stitchtune.lower.base import _I, _add, _and, _Ctx, _Lowerer, _mul, _SweepValues, estimate_registers
-from stitchtune.plan.planner import StitchPlan
+from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space.schedule import Schedule
 
 
@@ -32,7 +39,7 @@ class _RowLowerer(_Lowerer):
         kernels, launches, profiles = [], [], []
         segs = self.kernel_segments() if p.nstages else [[]]
         n_reg = sum(1 for r in s.reuse if r == "register")
-        n_pf = s.prefetch * sum(1 for n, c in p.classes if c == "F" and n in self.in_buf)
+        n_pf = s.prefetch * sum(1 for n, c in p.classes if c is TensorClass.FULL and n in self.in_buf)
         est = estimate_registers(self.per_thread * (n_reg + n_pf), vec, 4)
         for ki, seg in enumerate(segs):
             is_last = ki == len(segs) - 1
@@ -43,325 +50,424 @@ class _RowLowerer(_Lowerer):
         profile = kir.ProgramProfile(tuple(profiles), self.g.min_bytes())
         return kir.Program(tuple(kernels), tuple(self.buffers), tuple(launches), profile)
 
-    # per-element value production ------------------------------------------------------------
-    def build_kernel(self, ki: int, seg: list[int], is_last: bool, tasks: int, est_regs: int):
-        p, s, g = self.p, self.s, self.g
-        M, N = p.M, p.N
-        tpr, block, S, vec, rpb = s.tpr, s.block, s.split, s.vec, self.rpb
-        cx = _Ctx(g, p, s)
-        body = cx.body
-        tid = kir.Special("tid")
-        bid = kir.Special("bid")
-        gdim = kir.Special("gdim")
-        lane = cx.var("lane", I32)
-        rib = cx.var("rib", I32)
-        body += [Assign(lane, Bin("%", tid, _I(tpr))), Assign(rib, Bin("/", tid, _I(tpr)))]
-        uses = {"in": set(), "out": set(), "scratch": set()}
-        stages_here = seg
-        prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
-        needs_sync = any(s.schemes[i] == "global" for i in stages_here)
-        multiple = S if S > 1 else 1
-
-        # shared memory: reduction exchange + caches
-        wpr = max(1, tpr // 32)
-        red_slots = max((len(p.stages[i]) for i in stages_here), default=0)
-        shared: list[kir.SharedBuf] = []
-        needs_red_smem = any(self.needs_block_exchange(s.schemes[i]) for i in stages_here)
-        if red_slots and needs_red_smem:
-            shared.append(kir.SharedBuf("sred", red_slots * rpb * wpr))
-        cache_reg = [c for c in p.reuse_candidates if self.reuse[c] == "register"]
-        cache_smem = [c for c in p.reuse_candidates if self.reuse[c] == "shared"]
-        for c in cache_smem:
-            shared.append(kir.SharedBuf(f"sc{self.tid_of[c]}", rpb * self.chunk))
-        locals_ = [kir.LocalArray(f"rc{self.tid_of[c]}", self.per_thread) for c in cache_reg]
-        smem_bytes = 4 * sum(x.size for x in shared)
-        grid = self.grid_for(tasks, block, smem_bytes, est_regs, multiple, needs_sync)
-        rounds = math.ceil(tasks / grid)
-
-        rd = cx.var("rd", I32)
-        row = cx.var("row", I32)
-        sidx = cx.var("sidx", I32)
-        rvalid = cx.var("rv", kir.BOOL)
-        kbase = cx.var("kb", I32)
-        kend = cx.var("ke", I32)
-        rb = []  # round body
-        task = _add(_mul(rd, gdim), bid)
-        if s.order == "alternate":
-            tq = cx.var("tq", I32)
-            rb.append(Assign(tq, task))  # reversed by order_tasks when this kernel runs its tasks backwards
-            task = tq
-        def row_of(t: kir.Expr) -> kir.Expr:  # this thread's row of row group t (split 1)
-            return _add(_mul(t, _I(rpb)), rib)
-
-        def f_index(r: kir.Expr, k: kir.Expr) -> kir.Expr:  # element k of row r of a full-size tensor
-            return _add(_mul(Bin("min", r, _I(M - 1)), _I(N)), k)
-
-        if S == 1:
-            rb += [Assign(row, row_of(task)), Assign(sidx, _I(0))]
-        else:
-            tv = cx.var("task", I32)
-            rb += [Assign(tv, task), Assign(row, Bin("/", tv, _I(S))), Assign(sidx, Bin("%", tv, _I(S)))]
-        rb += [Assign(rvalid, Bin("<", row, _I(M))),
-               Assign(kbase, _mul(sidx, _I(self.chunk))),
-               Assign(kend, Bin("min", _add(kbase, _I(self.chunk)), _I(N)))]
-
-        # values available per row (P / S class): name -> Var
-        pvals: dict[str, kir.Expr] = {}
-        stats = {"flops": 0, "sfu": 0, "bb": 0, "gb": 0, "reads": {}, "rereads": 0, "writes": 0}
-
-        def load_p(name: str) -> kir.Expr:
-            """A per-row (P) or scalar (S) input value."""
-            if name in pvals:
-                return pvals[name]
-            v = cx.var("p", F32)
-            buf = self.in_buf[name]
-            uses["in"].add(buf)
-            idx = row if self.cls[name] == "P" else _I(0)
-            pred = rvalid if self.cls[name] == "P" else None
-            rb.append(Assign(v, Load(buf, Bin("min", idx, _I(M - 1)) if self.cls[name] == "P" else idx, pred)))
-            pvals[name] = v
-            return v
-
-        def compute_p_nodes(upto_stage: int) -> None:
-            """Compute P/S-class nodes whose reductions are all available."""
-            for nd, args in self.ready_p_nodes(pvals, load_p, lambda c: Const(c, F32)):
-                v = cx.var("p", F32)
-                rb.append(Assign(v, self.expr_of_node(nd, args)))
-                pvals[nd.id] = v
-
-        # results of stages before this kernel: read partials from scratch
-        for st in prev_stages:
-            for r in p.stages[st]:
-                if s.schemes[st] == "independent":
-                    self.finish_from_partials(cx, rb, r, row, rvalid, pvals, S_eff=S)
-                else:  # finished in an earlier kernel, which stored the final per-row value
-                    vb = self.scratch(f"val{self.red_idx[r]}", self.p.P)
-                    cx.scratch.add(vb)
-                    v = cx.var("acc", F32)
-                    rb.append(Assign(v, Load(vb, Bin("min", row, _I(self.p.P - 1)), rvalid)))
-                    pvals[r] = v
-        compute_p_nodes(-1)
-
-        filled: set[str] = set()  # cached tensors filled in this kernel
-        # prefetch (schedule.prefetch, split 1): the kernel's first sweep takes its full-size inputs from
-        # the registers pf<t>, which are loaded for the next task right after that sweep
-        prefetched: list[str] = []
-        first_sweep = bool(s.prefetch)  # the next sweep is the kernel's first (with prefetch on)
-
-        def prefetch_rows(task_expr: kir.Expr, valid_task: kir.Expr | None) -> list:
-            """Statements loading the prefetched inputs of the row group ``task_expr`` into pf<t>."""
-            tn = cx.var("tn", I32)
-            rown = cx.var("rown", I32)
-            vn = cx.var("vn", kir.BOOL)
-            ip = cx.var("ip", I32)
-            kp = cx.var("kp", I32)
-            vp = cx.var("vp", kir.BOOL)
-            row_ok = Bin("<", rown, _I(M))
-            out = [Assign(tn, task_expr), Assign(rown, row_of(tn)),
-                   Assign(vn, _and(valid_task, row_ok))]
-            lp: list = [Assign(kp, _mul(_add(_mul(ip, _I(tpr)), lane), _I(vec))),
-                        Assign(vp, Bin("&&", vn, Bin("<", kp, _I(N))))]
-            for name in prefetched:
-                tix = self.tid_of[name]
-                dsts = tuple(cx.var(f"f{tix}_", F32) for _ in range(vec))
-                lp.append(kir.LoadVec(dsts, self.in_buf[name], f_index(rown, kp), vp))
-                lp += [kir.SetLocal(f"pf{tix}", _add(_mul(ip, _I(vec)), _I(j)), dsts[j]) for j in range(vec)]
-            out.append(kir.For(ip, _I(0), _I(self.iters), 1, tuple(lp), unroll=True))
-            return out
-
-        def sweep(sweep_no: int, reds: list[str], outputs: list[str]) -> None:
-            """One pass over the thread's elements: accumulate ``reds`` and/or store ``outputs``."""
-            it = cx.var("i", I32)
-            idx_it, ii = self.sweep_index(cx, it)
-            reads_before = sum(stats["reads"].values())  # full-size input loads of earlier sweeps
-            nonlocal first_sweep
-            from_prefetch, first_sweep = first_sweep, False
-            lb: list = []
-            accs = {}
-            for r in reds:
-                a = cx.var("acc", F32)
-                rb.append(Assign(a, self.identity(r)))
-                accs[r] = a
-            k0 = cx.var("k", I32)
-            lb.append(Assign(k0, _add(kbase, _mul(_add(_mul(idx_it, _I(tpr)), lane), _I(vec)))))
-            valid = cx.var("v", kir.BOOL)
-            lb.append(Assign(valid, Bin("&&", rvalid, Bin("<", k0, kend))))
-
-            def cache_index(j: int) -> kir.Expr:
-                return _add(_mul(idx_it, _I(vec)), _I(j))
-
-            def smem_index(j: int) -> kir.Expr:
-                return _add(_mul(rib, _I(self.chunk)), _add(_mul(_add(_mul(idx_it, _I(vec)), _I(j)), _I(tpr)), lane))
-
-            def broadcast(name: str) -> list[kir.Expr] | None:
-                if self.cls[name] not in ("P", "S"):
-                    return None
-                if name in self.in_buf and name not in pvals:
-                    load_p(name)
-                return [pvals[name]] * vec
-
-            def load_input(name: str) -> list[kir.Expr]:
-                buf = self.in_buf[name]
-                uses["in"].add(buf)
-                if from_prefetch and self.cls[name] == "F":
-                    stats["reads"][buf] = stats["reads"].get(buf, 0) + 1
-                    prefetched.append(name)
-                    return [LocalRef(f"pf{self.tid_of[name]}", cache_index(j)) for j in range(vec)]
-                dsts = tuple(cx.var(f"t{self.tid_of[name]}_", F32) for _ in range(vec))
-                if self.cls[name] == "F":
-                    idx = f_index(row, k0)
-                    stats["reads"][buf] = stats["reads"].get(buf, 0) + 1
-                else:  # K class: varies along the row only
-                    idx = k0
-                lb.append(kir.LoadVec(dsts, buf, idx, valid))
-                return list(dsts)
-
-            sv = _SweepValues(self, cx, lb, vec, filled, broadcast, load_input, cache_index, smem_index, stats)
-            value = sv.value
-
-            for r in reds:
-                src = self.nodes[r].args[0]
-                vals = value(src)  # type: ignore[arg-type]
-                for j in range(vec):
-                    lb.append(Assign(accs[r], Select(valid, self.combine(r, accs[r], vals[j]), accs[r])))
-            for o in outputs:
-                vals = value(o)
-                buf = self.out_buf[o]
-                uses["out"].add(buf)
-                c = self.cls[o]
-                if c == "F":
-                    lb.append(kir.StoreVec(buf, _add(_mul(row, _I(N)), k0), tuple(vals), valid))
-                elif c == "K":
-                    lb.append(kir.StoreVec(buf, k0, tuple(vals), _and(valid, Bin("==", row, _I(0)))))
-            unroll = bool(cache_reg) or self.iters <= 8 or from_prefetch
-            head = self.order_sweep(ii, it, self.iters, sum(stats["reads"].values()) > reads_before)
-            rb.append(kir.For(it, _I(0), _I(self.iters), 1, tuple(head + lb), unroll=unroll))
-            if prefetched and from_prefetch:  # the next task's inputs, in flight while this one reduces
-                nxt = _add(rd, _I(1))
-                rb.extend(prefetch_rows(_add(_mul(nxt, gdim), bid), Bin("<", nxt, _I(rounds))))
-            filled.update(sv.newly)
-            for r in reds:
-                pvals[r] = accs[r]
-
-        for st in stages_here:
-            reds = list(p.stages[st])
-            sweep(st + 1, reds, [])
-            scheme = s.schemes[st]
-            self.exchange(cx, rb, reds, scheme, st, row, rvalid, sidx, lane, rib, pvals, stats, S)
-            if scheme != "independent":
-                for r in reds:
-                    self.finalize(cx, rb, r, pvals)
-                    if not is_last:  # a later kernel needs it: keep the final value per row
-                        vb = self.scratch(f"val{self.red_idx[r]}", self.p.P)
-                        cx.scratch.add(vb)
-                        leader = Bin("&&", Bin("==", Bin("%", kir.Special("tid"), _I(tpr)), _I(0)),
-                                     Bin("==", sidx, _I(0)))
-                        rb.append(kir.StoreVec(vb, Bin("min", row, _I(self.p.P - 1)), (pvals[r],),
-                                               Bin("&&", rvalid, leader)))
-                compute_p_nodes(st)
-
+    def build_kernel(self, ki: int, seg: list[int], is_last: bool, tasks: int,
+                     est_regs: int) -> tuple[kir.Kernel, kir.KernelProfile]:
+        """Kernel ``ki``: the stages ``seg`` (0-based), then the outputs when it is the last one."""
+        k = _RowKernel(self, ki, seg, tasks, est_regs)
+        k.read_earlier_stages()
+        for st in seg:
+            k.reduce_stage(st, keep_results=not is_last)
         if is_last:
-            f_outs = [o for o in dict.fromkeys(g.outputs) if self.cls[o] in ("F", "K")]
-            if f_outs:
-                sweep(p.nstages + 1, [], f_outs)
-            for o in dict.fromkeys(g.outputs):
-                c = self.cls[o]
-                if c in ("P", "S"):
-                    if o not in pvals:
-                        if o in self.in_buf:
-                            load_p(o)
-                    buf = self.out_buf[o]
-                    uses["out"].add(buf)
-                    leader = Bin("&&", Bin("==", lane, _I(0)), Bin("==", sidx, _I(0)))
-                    if c == "P":
-                        rb.append(kir.StoreVec(buf, row, (pvals[o],), Bin("&&", rvalid, leader)))
-                    else:
-                        rb.append(kir.StoreVec(buf, _I(0), (pvals[o],), Bin("&&", Bin("==", row, _I(0)), leader)))
-
-        self.order_tasks(rb, bool(stats["reads"]), rounds * grid)
-        if prefetched:  # the first task's inputs, before the round loop
-            locals_ += [kir.LocalArray(f"pf{self.tid_of[n]}", self.per_thread) for n in prefetched]
-            body.extend(prefetch_rows(bid, None))
-        body.append(kir.For(rd, _I(0), _I(rounds), 1, tuple(rb)))
-        kern = self.make_kernel(ki, uses, cx, body, shared, locals_, needs_sync)
-        prof = self.profile(kern, grid, rounds, smem_bytes, est_regs, stats, stages_here, ki)
-        return kern, prof
+            k.write_outputs()
+        return k.finish()
 
     def needs_block_exchange(self, scheme: str) -> bool:
         """Whether a stage with ``scheme`` combines partials through shared memory."""
         return self.s.tpr > 32 or scheme == "regional"
 
-    # -- reductions across threads --------------------------------------------------------------
-    def exchange(self, cx, rb, reds, scheme, st, row, rvalid, sidx, lane, rib, pvals, stats, S) -> None:
-        """Combine each thread's partial of ``reds`` into the row result, per ``scheme``."""
-        s = self.s
-        tpr, rpb = s.tpr, self.rpb
-        wpr = max(1, tpr // 32)
-        width = min(tpr, 32)
+
+@dataclass(frozen=True)
+class _RowLayout:
+    """Where one kernel keeps its reduction exchange and caches, and how it is launched."""
+
+    shared: tuple[kir.SharedBuf, ...]     # sred (the exchange), sc<t> (shared caches)
+    locals_: tuple[kir.LocalArray, ...]   # rc<t> (register caches)
+    smem_bytes: int
+    grid: int
+    rounds: int                           # tasks per block, in turn
+    needs_sync: bool                      # a global stage: a grid barrier
+
+
+def _row_layout(low: _RowLowerer, seg: list[int], tasks: int, est_regs: int) -> _RowLayout:
+    p, s = low.p, low.s
+    wpr = max(1, s.tpr // 32)
+    red_slots = max((len(p.stages[i]) for i in seg), default=0)
+    shared: list[kir.SharedBuf] = []
+    if red_slots and any(low.needs_block_exchange(s.schemes[i]) for i in seg):
+        shared.append(kir.SharedBuf("sred", red_slots * low.rpb * wpr))
+    for c in p.reuse_candidates:
+        if low.reuse[c] == "shared":
+            shared.append(kir.SharedBuf(f"sc{low.tid_of[c]}", low.rpb * low.chunk))
+    locals_ = [kir.LocalArray(f"rc{low.tid_of[c]}", low.per_thread)
+               for c in p.reuse_candidates if low.reuse[c] == "register"]
+    smem_bytes = 4 * sum(x.size for x in shared)
+    needs_sync = any(s.schemes[i] == "global" for i in seg)
+    grid = low.grid_for(tasks, s.block, smem_bytes, est_regs, s.split if s.split > 1 else 1, needs_sync)
+    return _RowLayout(tuple(shared), tuple(locals_), smem_bytes, grid, math.ceil(tasks / grid), needs_sync)
+
+
+@dataclass(frozen=True)
+class _RowIndex:
+    """The index variables of a kernel: the thread's lane in its row and row in its block (set once),
+    the round, and the row, split index, row validity and element range of the round's task."""
+
+    lane: Var
+    rib: Var
+    rd: Var
+    row: Var
+    sidx: Var
+    rvalid: Var
+    kbase: Var
+    kend: Var
+
+
+@dataclass(frozen=True)
+class _RowSweep:
+    """One sweep's loop: the logical iteration index, the thread's first element ``k0`` of the
+    iteration and its validity, the loop body being built, and whether the full-size inputs come
+    from the prefetch registers (the kernel's first sweep, with prefetch on)."""
+
+    idx: kir.Expr
+    k0: Var
+    valid: Var
+    body: list
+    from_prefetch: bool
+
+
+class _RowKernel:
+    """One kernel of a row-family program, built phase by phase: the index set-up (constructor),
+    the results of earlier kernels (:meth:`read_earlier_stages`), one sweep + combine per stage
+    (:meth:`reduce_stage`), the output sweep and stores (:meth:`write_outputs`), the round loop
+    (:meth:`finish`).
+
+    State while building: ``body`` (statements before the round loop), ``rb`` (the round body),
+    ``pvals`` (per-row and scalar values available, by tensor name), ``stats`` (what the profile
+    counts), ``uses`` (global buffers read and written), ``filled`` (cached tensors written to their
+    cache by an earlier sweep), ``prefetched`` (inputs the first sweep takes from prefetch registers).
+    """
+
+    def __init__(self, low: _RowLowerer, ki: int, seg: list[int], tasks: int, est_regs: int) -> None:
+        self.low, self.ki, self.est_regs = low, ki, est_regs
+        s, p = low.s, low.p
+        self.cx = cx = _Ctx()
+        self.lay = _row_layout(low, seg, tasks, est_regs)
+        lane, rib = cx.var("lane", I32), cx.var("rib", I32)
         tid = kir.Special("tid")
+        self.body: list = [Assign(lane, Bin("%", tid, _I(s.tpr))), Assign(rib, Bin("/", tid, _I(s.tpr)))]
+        rd, row, sidx = cx.var("rd", I32), cx.var("row", I32), cx.var("sidx", I32)
+        rvalid, kbase, kend = cx.var("rv", kir.BOOL), cx.var("kb", I32), cx.var("ke", I32)
+        self.ix = _RowIndex(lane, rib, rd, row, sidx, rvalid, kbase, kend)
+        self.rb: list = self.round_head(tasks)
+        self.uses: dict[str, set[str]] = {"in": set(), "out": set()}
+        self.pvals: dict[str, kir.Expr] = {}
+        self.stats = {"flops": 0, "sfu": 0, "reads": {}}
+        self.filled: set[str] = set()
+        self.prefetched: list[str] = []
+        self.first_sweep = bool(s.prefetch)  # the next sweep is the kernel's first (with prefetch on)
+        self.prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
+
+    # -- indices ----------------------------------------------------------------------------------
+    def round_head(self, tasks: int) -> list:
+        """The statements that start a round: its task, and the task's row, split index and range."""
+        s, ix, cx = self.low.s, self.ix, self.cx
+        S, M, N, chunk = s.split, self.low.p.M, self.low.p.N, self.low.chunk
+        rb: list = []
+        task = _add(_mul(ix.rd, kir.Special("gdim")), kir.Special("bid"))
+        if s.order == "alternate":
+            tq = cx.var("tq", I32)
+            rb.append(Assign(tq, task))  # reversed by order_tasks when this kernel runs its tasks backwards
+            task = tq
+        if S == 1:
+            rb += [Assign(ix.row, self.row_of(task)), Assign(ix.sidx, _I(0))]
+        else:
+            tv = cx.var("task", I32)
+            rb += [Assign(tv, task), Assign(ix.row, Bin("/", tv, _I(S))), Assign(ix.sidx, Bin("%", tv, _I(S)))]
+        rb += [Assign(ix.rvalid, Bin("<", ix.row, _I(M))),
+               Assign(ix.kbase, _mul(ix.sidx, _I(chunk))),
+               Assign(ix.kend, Bin("min", _add(ix.kbase, _I(chunk)), _I(N)))]
+        return rb
+
+    def row_of(self, t: kir.Expr) -> kir.Expr:
+        """This thread's row of row group ``t`` (split 1)."""
+        return _add(_mul(t, _I(self.low.rpb)), self.ix.rib)
+
+    def f_index(self, r: kir.Expr, k: kir.Expr) -> kir.Expr:
+        """Element ``k`` of row ``r`` of a full-size tensor."""
+        return _add(_mul(Bin("min", r, _I(self.low.p.M - 1)), _I(self.low.p.N)), k)
+
+    # -- per-row values ---------------------------------------------------------------------------
+    def load_p(self, name: str) -> kir.Expr:
+        """A per-row (PER_KEPT) or scalar input value."""
+        low, ix = self.low, self.ix
+        if name in self.pvals:
+            return self.pvals[name]
+        v = self.cx.var("p", F32)
+        buf = low.in_buf[name]
+        self.uses["in"].add(buf)
+        per_row = low.cls[name] is TensorClass.PER_KEPT
+        idx = ix.row if per_row else _I(0)
+        pred = ix.rvalid if per_row else None
+        self.rb.append(Assign(v, Load(buf, Bin("min", idx, _I(low.p.M - 1)) if per_row else idx, pred)))
+        self.pvals[name] = v
+        return v
+
+    def compute_p_nodes(self) -> None:
+        """Compute the per-row and scalar nodes whose reductions are all available."""
+        for nd, args in self.low.ready_p_nodes(self.pvals, self.load_p, lambda c: Const(c, F32)):
+            v = self.cx.var("p", F32)
+            self.rb.append(Assign(v, self.low.expr_of_node(nd, args)))
+            self.pvals[nd.id] = v
+
+    def read_earlier_stages(self) -> None:
+        """The results of the stages of earlier kernels: combined from their partials (an
+        independent stage) or the final per-row value an earlier kernel stored."""
+        low, ix, p = self.low, self.ix, self.low.p
+        for st in self.prev_stages:
+            for r in p.stages[st]:
+                if low.s.schemes[st] == "independent":
+                    self.finish_from_partials(r)
+                else:  # finished in an earlier kernel, which stored the final per-row value
+                    vb = low.scratch(f"val{low.red_idx[r]}", p.P)
+                    self.cx.scratch.add(vb)
+                    v = self.cx.var("acc", F32)
+                    self.rb.append(Assign(v, Load(vb, Bin("min", ix.row, _I(p.P - 1)), ix.rvalid)))
+                    self.pvals[r] = v
+        self.compute_p_nodes()
+
+    # -- sweeps -----------------------------------------------------------------------------------
+    def prefetch_rows(self, task_expr: kir.Expr, valid_task: kir.Expr | None) -> list:
+        """Statements loading the prefetched inputs of the row group ``task_expr`` into pf<t>."""
+        low, cx, s = self.low, self.cx, self.low.s
+        tpr, vec, M, N = s.tpr, s.vec, low.p.M, low.p.N
+        tn, rown, vn = cx.var("tn", I32), cx.var("rown", I32), cx.var("vn", kir.BOOL)
+        ip, kp, vp = cx.var("ip", I32), cx.var("kp", I32), cx.var("vp", kir.BOOL)
+        row_ok = Bin("<", rown, _I(M))
+        out = [Assign(tn, task_expr), Assign(rown, self.row_of(tn)),
+               Assign(vn, _and(valid_task, row_ok))]
+        lp: list = [Assign(kp, _mul(_add(_mul(ip, _I(tpr)), self.ix.lane), _I(vec))),
+                    Assign(vp, Bin("&&", vn, Bin("<", kp, _I(N))))]
+        for name in self.prefetched:
+            tix = low.tid_of[name]
+            dsts = tuple(cx.var(f"f{tix}_", F32) for _ in range(vec))
+            lp.append(kir.LoadVec(dsts, low.in_buf[name], self.f_index(rown, kp), vp))
+            lp += [kir.SetLocal(f"pf{tix}", _add(_mul(ip, _I(vec)), _I(j)), dsts[j]) for j in range(vec)]
+        out.append(kir.For(ip, _I(0), _I(low.iters), 1, tuple(lp), unroll=True))
+        return out
+
+    def cache_index(self, sw: _RowSweep, j: int) -> kir.Expr:
+        return _add(_mul(sw.idx, _I(self.low.s.vec)), _I(j))
+
+    def smem_index(self, sw: _RowSweep, j: int) -> kir.Expr:
+        tpr, vec, chunk = self.low.s.tpr, self.low.s.vec, self.low.chunk
+        return _add(_mul(self.ix.rib, _I(chunk)), _add(_mul(_add(_mul(sw.idx, _I(vec)), _I(j)), _I(tpr)), self.ix.lane))
+
+    def broadcast(self, name: str) -> list[kir.Expr] | None:
+        """The ``vec`` values of a per-row or scalar tensor (None for the others)."""
+        if self.low.cls[name].varies_along_reduced:
+            return None
+        if name in self.low.in_buf and name not in self.pvals:
+            self.load_p(name)
+        return [self.pvals[name]] * self.low.s.vec
+
+    def load_input(self, sw: _RowSweep, name: str) -> list[kir.Expr]:
+        """The ``vec`` values of a full-size or per-reduced-index input at the sweep's element."""
+        low, vec = self.low, self.low.s.vec
+        buf = low.in_buf[name]
+        self.uses["in"].add(buf)
+        reads = self.stats["reads"]
+        if sw.from_prefetch and low.cls[name] is TensorClass.FULL:
+            reads[buf] = reads.get(buf, 0) + 1
+            self.prefetched.append(name)
+            return [LocalRef(f"pf{low.tid_of[name]}", self.cache_index(sw, j)) for j in range(vec)]
+        dsts = tuple(self.cx.var(f"t{low.tid_of[name]}_", F32) for _ in range(vec))
+        if low.cls[name] is TensorClass.FULL:
+            idx = self.f_index(self.ix.row, sw.k0)
+            reads[buf] = reads.get(buf, 0) + 1
+        else:  # PER_REDUCED: varies along the row only
+            idx = sw.k0
+        sw.body.append(kir.LoadVec(dsts, buf, idx, sw.valid))
+        return list(dsts)
+
+    def sweep(self, reds: list[str], outputs: list[str]) -> None:
+        """One pass over the thread's elements: accumulate ``reds`` and/or store ``outputs``."""
+        low, cx, ix, s = self.low, self.cx, self.ix, self.low.s
+        tpr, vec, N = s.tpr, s.vec, low.p.N
+        it = cx.var("i", I32)
+        idx_it, ii = low.sweep_index(cx, it)
+        reads_before = sum(self.stats["reads"].values())  # full-size input loads of earlier sweeps
+        from_prefetch, self.first_sweep = self.first_sweep, False
+        lb: list = []
+        accs = {}
         for r in reds:
-            acc = pvals[r]
+            a = cx.var("acc", F32)
+            self.rb.append(Assign(a, low.identity(r)))
+            accs[r] = a
+        k0 = cx.var("k", I32)
+        lb.append(Assign(k0, _add(ix.kbase, _mul(_add(_mul(idx_it, _I(tpr)), ix.lane), _I(vec)))))
+        valid = cx.var("v", kir.BOOL)
+        lb.append(Assign(valid, Bin("&&", ix.rvalid, Bin("<", k0, ix.kend))))
+        sw = _RowSweep(idx_it, k0, valid, lb, from_prefetch)
+        sv = _SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw),
+                          partial(self.cache_index, sw), partial(self.smem_index, sw), self.stats)
+        for r in reds:
+            vals = sv.value(low.nodes[r].args[0])  # type: ignore[arg-type]
+            for j in range(vec):
+                lb.append(Assign(accs[r], Select(valid, low.combine(r, accs[r], vals[j]), accs[r])))
+        for o in outputs:
+            vals = sv.value(o)
+            buf = low.out_buf[o]
+            self.uses["out"].add(buf)
+            c = low.cls[o]
+            if c is TensorClass.FULL:
+                lb.append(kir.StoreVec(buf, _add(_mul(ix.row, _I(N)), k0), tuple(vals), valid))
+            elif c is TensorClass.PER_REDUCED:
+                lb.append(kir.StoreVec(buf, k0, tuple(vals), _and(valid, Bin("==", ix.row, _I(0)))))
+        unroll = bool(self.lay.locals_) or low.iters <= 8 or from_prefetch
+        head = low.order_sweep(ii, it, low.iters, sum(self.stats["reads"].values()) > reads_before)
+        self.rb.append(kir.For(it, _I(0), _I(low.iters), 1, tuple(head + lb), unroll=unroll))
+        if self.prefetched and from_prefetch:  # the next task's inputs, in flight while this one reduces
+            nxt = _add(ix.rd, _I(1))
+            self.rb.extend(self.prefetch_rows(_add(_mul(nxt, kir.Special("gdim")), kir.Special("bid")),
+                                              Bin("<", nxt, _I(self.lay.rounds))))
+        self.filled.update(sv.newly)
+        for r in reds:
+            self.pvals[r] = accs[r]
+
+    # -- combining the partials of a stage ----------------------------------------------------------
+    def exchange(self, reds: list[str], scheme: str) -> None:
+        """Combine each thread's partial of ``reds`` into the row result, per ``scheme``: shuffles
+        among the lanes of a warp, then (shared memory) across the row's warps, then (global
+        scratch) across the row's split blocks."""
+        low, s = self.low, self.low.s
+        width = min(s.tpr, 32)
+        for r in reds:
+            acc = self.pvals[r]
             # 1) lanes of one warp (or of the sub-warp group)
             m = width // 2
             while m >= 1:
-                rb.append(Assign(acc, self.combine(r, acc, kir.Shfl(acc, m, 32))))
+                self.rb.append(Assign(acc, low.combine(r, acc, kir.Shfl(acc, m, 32))))
                 m //= 2
         if scheme == "local":
             return
-        slot = {r: i for i, r in enumerate(reds)}
-        if self.needs_block_exchange(scheme):
-            # one writer per warp (tpr > 32) or per sub-warp row group (tpr <= 32)
-            writer = Bin("==", Bin("%", tid, _I(width)), _I(0))
-            wir = Bin("/", Bin("%", tid, _I(tpr)), _I(32)) if tpr > 32 else _I(0)
-            for r in reds:
-                base = _I(slot[r] * rpb * wpr)
-                rb.append(kir.StoreVec("sred", _add(base, _add(_mul(rib, _I(wpr)), wir)), (pvals[r],), writer))
-            rb.append(kir.Barrier())
-            for r in reds:
-                acc = pvals[r]
-                base = _I(slot[r] * rpb * wpr)
-                rb.append(Assign(acc, self.identity(r)))
-                for w in range(wpr):
-                    rb.append(Assign(acc, self.combine(r, acc, Load("sred", _add(base, _add(_mul(rib, _I(wpr)), _I(w)))))))
-            rb.append(kir.Barrier())
+        if low.needs_block_exchange(scheme):
+            self.exchange_in_block(reds)
         if scheme in ("global", "independent"):
-            for r in reds:
-                part = self.scratch(f"part{self.red_idx[r]}", self.p.M * S)
-                cx.scratch.add(part)
-                rb.append(kir.StoreVec(part, _add(_mul(Bin("min", row, _I(self.p.M - 1)), _I(S)), sidx), (pvals[r],),
-                                       Bin("&&", rvalid, Bin("==", Bin("%", tid, _I(tpr)), _I(0)))))
+            self.store_partials(reds)
             if scheme == "global":
-                rb.append(kir.GridSync())
+                self.rb.append(kir.GridSync())
                 for r in reds:
-                    self.finish_from_partials(cx, rb, r, row, rvalid, pvals, S_eff=S, reuse_var=pvals[r])
+                    self.finish_from_partials(r, reuse_var=self.pvals[r])
 
-    def finish_from_partials(self, cx, rb, r, row, rvalid, pvals, S_eff: int, reuse_var=None) -> None:
-        """Combine the ``S_eff`` partials of reduction ``r`` for this thread's row from scratch, finalize."""
-        part = self.scratch(f"part{self.red_idx[r]}", self.p.M * S_eff)
-        cx.scratch.add(part)
-        acc = reuse_var if reuse_var is not None else cx.var("acc", F32)
-        rb.append(Assign(acc, self.identity(r)))
-        base = _mul(Bin("min", row, _I(self.p.M - 1)), _I(S_eff))
-        if self.s.combine == "warp" and S_eff > 1:
+    def exchange_in_block(self, reds: list[str]) -> None:
+        """The warps of a row combine their values through ``sred``; one writer per warp (tpr > 32) or
+        per sub-warp row group (tpr <= 32)."""
+        low, rb, rib = self.low, self.rb, self.ix.rib
+        tpr, rpb = low.s.tpr, low.rpb
+        wpr = max(1, tpr // 32)
+        tid = kir.Special("tid")
+        slot = {r: i for i, r in enumerate(reds)}
+        writer = Bin("==", Bin("%", tid, _I(min(tpr, 32))), _I(0))
+        wir = Bin("/", Bin("%", tid, _I(tpr)), _I(32)) if tpr > 32 else _I(0)
+        for r in reds:
+            base = _I(slot[r] * rpb * wpr)
+            rb.append(kir.StoreVec("sred", _add(base, _add(_mul(rib, _I(wpr)), wir)), (self.pvals[r],), writer))
+        rb.append(kir.Barrier())
+        for r in reds:
+            acc = self.pvals[r]
+            base = _I(slot[r] * rpb * wpr)
+            rb.append(Assign(acc, low.identity(r)))
+            for w in range(wpr):
+                rb.append(Assign(acc, low.combine(r, acc, Load("sred", _add(base, _add(_mul(rib, _I(wpr)), _I(w)))))))
+        rb.append(kir.Barrier())
+
+    def store_partials(self, reds: list[str]) -> None:
+        """Each block's partial of its row piece to ``part<r>`` (one per row and split index)."""
+        low, ix = self.low, self.ix
+        S, M = low.s.split, low.p.M
+        for r in reds:
+            part = low.scratch(f"part{low.red_idx[r]}", M * S)
+            self.cx.scratch.add(part)
+            self.rb.append(kir.StoreVec(part, _add(_mul(Bin("min", ix.row, _I(M - 1)), _I(S)), ix.sidx),
+                                        (self.pvals[r],), Bin("&&", ix.rvalid, Bin(
+                                            "==", Bin("%", kir.Special("tid"), _I(low.s.tpr)), _I(0)))))
+
+    def finish_from_partials(self, r: str, reuse_var: Var | None = None) -> None:
+        """Combine the ``split`` partials of reduction ``r`` for this thread's row from scratch into
+        ``reuse_var`` (a fresh variable when None, then finalized)."""
+        low, rb, rvalid = self.low, self.rb, self.ix.rvalid
+        S_eff = low.s.split
+        part = low.scratch(f"part{low.red_idx[r]}", low.p.M * S_eff)
+        self.cx.scratch.add(part)
+        acc = reuse_var if reuse_var is not None else self.cx.var("acc", F32)
+        rb.append(Assign(acc, low.identity(r)))
+        base = _mul(Bin("min", self.ix.row, _I(low.p.M - 1)), _I(S_eff))
+        if low.s.combine == "warp" and S_eff > 1:
             # the lanes of each warp load the partials together (lane l: partials l, l + 32, ...) and
             # reduce them by shuffles; every warp of a split row lies within one row (tpr == block)
             wl = Bin("%", kir.Special("tid"), _I(32))
             for c in range(math.ceil(S_eff / 32)):
                 q = _add(wl, _I(32 * c))
                 inside = Bin("<", q, _I(S_eff))
-                rb.append(Assign(acc, self.combine(r, acc, Select(inside, Load(
-                    part, _add(base, Bin("min", q, _I(S_eff - 1))), Bin("&&", rvalid, inside)), self.identity(r)))))
+                rb.append(Assign(acc, low.combine(r, acc, Select(inside, Load(
+                    part, _add(base, Bin("min", q, _I(S_eff - 1))), Bin("&&", rvalid, inside)), low.identity(r)))))
             m = 16
             while m >= 1:
-                rb.append(Assign(acc, self.combine(r, acc, kir.Shfl(acc, m, 32))))
+                rb.append(Assign(acc, low.combine(r, acc, kir.Shfl(acc, m, 32))))
                 m //= 2
         else:
             for q in range(S_eff):
-                rb.append(Assign(acc, self.combine(r, acc, Load(part, _add(base, _I(q)), rvalid))))
-        pvals[r] = acc
+                rb.append(Assign(acc, low.combine(r, acc, Load(part, _add(base, _I(q)), rvalid))))
+        self.pvals[r] = acc
         if reuse_var is None:
-            self.finalize(cx, rb, r, pvals)
+            low.finalize(rb, r, self.pvals)
 
+    # -- stages and outputs -----------------------------------------------------------------------
+    def reduce_stage(self, st: int, keep_results: bool) -> None:
+        """Stage ``st``: its sweep, the combine of the partials, and (unless the stage is independent)
+        the final values; ``keep_results``: stored per row for a later kernel."""
+        low, ix, p = self.low, self.ix, self.low.p
+        reds = list(p.stages[st])
+        self.sweep(reds, [])
+        scheme = low.s.schemes[st]
+        self.exchange(reds, scheme)
+        if scheme == "independent":
+            return
+        for r in reds:
+            low.finalize(self.rb, r, self.pvals)
+            if keep_results:  # a later kernel needs it: keep the final value per row
+                vb = low.scratch(f"val{low.red_idx[r]}", p.P)
+                self.cx.scratch.add(vb)
+                leader = Bin("&&", Bin("==", Bin("%", kir.Special("tid"), _I(low.s.tpr)), _I(0)),
+                             Bin("==", ix.sidx, _I(0)))
+                self.rb.append(kir.StoreVec(vb, Bin("min", ix.row, _I(p.P - 1)), (self.pvals[r],),
+                                            Bin("&&", ix.rvalid, leader)))
+        self.compute_p_nodes()
+
+    def write_outputs(self) -> None:
+        """The output sweep (full-size and per-reduced-index outputs), then the per-row and scalar
+        outputs, written by the row's first lane of its first split block."""
+        low, ix = self.low, self.ix
+        outs = list(dict.fromkeys(low.g.outputs))
+        f_outs = [o for o in outs if low.cls[o].varies_along_reduced]
+        if f_outs:
+            self.sweep([], f_outs)
+        for o in outs:
+            c = low.cls[o]
+            if c.varies_along_reduced:
+                continue
+            if o not in self.pvals and o in low.in_buf:
+                self.load_p(o)
+            buf = low.out_buf[o]
+            self.uses["out"].add(buf)
+            leader = Bin("&&", Bin("==", ix.lane, _I(0)), Bin("==", ix.sidx, _I(0)))
+            if c is TensorClass.PER_KEPT:
+                self.rb.append(kir.StoreVec(buf, ix.row, (self.pvals[o],), Bin("&&", ix.rvalid, leader)))
+            else:
+                self.rb.append(kir.StoreVec(buf, _I(0), (self.pvals[o],),
+                                            Bin("&&", Bin("==", ix.row, _I(0)), leader)))
+
+    def finish(self) -> tuple[kir.Kernel, kir.KernelProfile]:
+        """The round loop (after the first task's prefetch), the kernel and its profile."""
+        low, lay = self.low, self.lay
+        low.order_tasks(self.rb, bool(self.stats["reads"]), lay.rounds * lay.grid)
+        locals_ = list(lay.locals_)
+        if self.prefetched:  # the first task's inputs, before the round loop
+            locals_ += [kir.LocalArray(f"pf{low.tid_of[n]}", low.per_thread) for n in self.prefetched]
+            self.body.extend(self.prefetch_rows(kir.Special("bid"), None))
+        self.body.append(kir.For(self.ix.rd, _I(0), _I(lay.rounds), 1, tuple(self.rb)))
+        kern = low.make_kernel(self.ki, self.uses, self.cx, self.body, list(lay.shared), locals_, lay.needs_sync)
+        prof = low.profile(kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.stats, self.ki)
+        return kern, prof
 
 def lower_row(graph: Graph, plan: StitchPlan, schedule: Schedule, device) -> kir.Program:
     """Lower a row-reduction or element-wise graph (the schedule was already checked against the space)."""

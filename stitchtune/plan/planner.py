@@ -8,9 +8,11 @@ The plan views the graph as a 2-D problem ``[M, N]`` (row-major, ``N`` contiguou
   statistics); ``P = N`` columns are independent, ``K = M`` is the reduced length.
 * family ``elementwise``: no reduction (bias + GELU); handled like ``row`` with zero stages.
 
-Every tensor gets a class: ``F`` (full ``[M, N]``), ``P`` (one value per independent row/column:
-reduction results and what is computed from them), ``K`` (one value per reduced index, e.g. gamma
-in a layernorm), ``S`` (a scalar). The reductions are the dominant ops; reductions of the same
+Every tensor gets a :class:`TensorClass`: ``FULL`` (full ``[M, N]``), ``PER_KEPT`` (one value per
+independent row/column, i.e. per index of the kept axis: reduction results and what is computed from
+them), ``PER_REDUCED`` (one value per index of the reduced axis, e.g. gamma in a layernorm), ``SCALAR``.
+Their values are the letters ``F``, ``P``, ``K``, ``S`` (``P`` and ``K`` as in :attr:`StitchPlan.P`
+and :attr:`StitchPlan.K`). The reductions are the dominant ops; reductions of the same
 *depth* (number of reductions on the longest path to them, counting themselves) form one stage and
 share one stitching scheme. The result of a stage reaches its consumers one-to-many (a broadcast
 along the reduced axis); which schemes are legal for that edge depends on the thread mapping and is
@@ -24,16 +26,27 @@ run on the reference executor.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from math import prod
 
 from stitchtune.errors import UnsupportedGraphError
-from stitchtune.graph.parse import Graph
+from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import OPS
 
-SCHEMES = ("local", "regional", "global", "independent")
 
-#: element-wise ops that count as "expensive" for AStitch's dominant analysis
-EXPENSIVE = frozenset({"exp", "log", "tanh", "erf", "gelu", "gelu_tanh", "sigmoid", "silu", "pow", "div"})
+class TensorClass(Enum):
+    """How a tensor varies over the plan's ``[M, N]`` view (the value is the letter used in docs)."""
+
+    FULL = "F"         # full [M, N]
+    PER_KEPT = "P"     # one value per independent row (row family) / column (col family)
+    PER_REDUCED = "K"  # one value per position along the reduced axis (gamma of a layernorm)
+    SCALAR = "S"       # one value
+
+    @property
+    def varies_along_reduced(self) -> bool:
+        """``FULL`` and ``PER_REDUCED``: produced element by element by a sweep along the reduced
+        axis. ``PER_KEPT`` and ``SCALAR`` are one value per reduction (row/column), broadcast along it."""
+        return self in (TensorClass.FULL, TensorClass.PER_REDUCED)
 
 
 @dataclass(frozen=True)
@@ -43,16 +56,14 @@ class StitchPlan:
     family: str                              # row | col | elementwise
     M: int
     N: int
-    classes: tuple[tuple[str, str], ...]     # tensor name -> F | P | K | S
+    classes: tuple[tuple[str, TensorClass], ...]  # tensor name -> its class
     reductions: tuple[str, ...]              # reduction node ids
     stages: tuple[tuple[str, ...], ...]      # reductions per stage, stage 1 first
-    dominants: tuple[str, ...]               # reductions + expensive element-wise ops feeding a broadcast
-    reuse_candidates: tuple[str, ...]        # F tensors needed by two or more sweeps
+    reuse_candidates: tuple[str, ...]        # FULL tensors needed by two or more sweeps
     input_names: tuple[str, ...]
-    output_names: tuple[str, ...]
     dtypes: tuple[tuple[str, str], ...]      # tensor name -> dtype
 
-    def cls(self, name: str) -> str:
+    def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
 
     def dtype(self, name: str) -> str:
@@ -71,18 +82,6 @@ class StitchPlan:
     @property
     def nstages(self) -> int:
         return len(self.stages)
-
-    def stage_of(self, reduction: str) -> int:
-        """1-based stage of a reduction."""
-        for i, st in enumerate(self.stages):
-            if reduction in st:
-                return i + 1
-        raise KeyError(reduction)
-
-    def to_dict(self) -> dict:
-        return {"family": self.family, "M": self.M, "N": self.N, "classes": dict(self.classes),
-                "stages": [list(s) for s in self.stages], "dominants": list(self.dominants),
-                "reuse_candidates": list(self.reuse_candidates)}
 
 
 def _axes_maps(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int | None, ...]]:
@@ -133,16 +132,26 @@ def _axes_maps(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int | N
     return maps
 
 
-def make_plan(graph: Graph) -> StitchPlan:
-    """Analyse ``graph``; raise :class:`UnsupportedGraphError` when it has no stitched lowering."""
-    all_specs = [(n, s.shape) for n, s in graph.inputs] + [(nd.id, nd.shape) for nd in graph.nodes]
-    domain = max((shape for _, shape in all_specs), key=lambda s: (prod(s), len(s)))
-    D = len(domain)
-    maps = _axes_maps(graph, domain)
-    live_axes = [a for a in range(D) if domain[a] > 1]
+@dataclass(frozen=True)
+class _View:
+    """The 2-D view of the iteration domain: which domain axes are rows (``M``) and which columns (``N``)."""
 
-    # reduced domain axes of every reduction
-    red_nodes = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
+    family: str
+    domain: tuple[int, ...]
+    row_axes: tuple[int, ...]
+    col_axes: tuple[int, ...]
+
+    @property
+    def M(self) -> int:
+        return prod(self.domain[a] for a in self.row_axes) if self.row_axes else 1
+
+    @property
+    def N(self) -> int:
+        return prod(self.domain[a] for a in self.col_axes) if self.col_axes else 1
+
+
+def _reduced_axes(red_nodes: list[Node], maps: dict[str, tuple[int | None, ...]]) -> set[int]:
+    """The domain axes every reduction reduces (the same for all of them, never mixed with kept ones)."""
     red_axes: set[int] | None = None
     for nd in red_nodes:
         src = maps[nd.args[0]]  # type: ignore[index]
@@ -156,38 +165,41 @@ def make_plan(graph: Graph) -> StitchPlan:
                 "need every reduction over the same axes")
         if kept & (red_axes or set()):
             raise UnsupportedGraphError(f"reduction '{nd.id}' mixes reduced and kept axes")
-    red_axes = red_axes or set()
-    red_live = sorted(a for a in red_axes if domain[a] > 1)
+    return red_axes or set()
 
-    if not red_nodes or not red_live:
-        family = "elementwise" if not red_nodes else "row"
+
+def _view(domain: tuple[int, ...], has_reductions: bool, red_axes: set[int]) -> _View:
+    """The family and the row / column axes: the reduced axes must be the trailing (row) or the
+    leading (col) live axes; without a (live) reduced axis, rows of the last live axis."""
+    D = len(domain)
+    live_axes = [a for a in range(D) if domain[a] > 1]
+    red_live = sorted(a for a in red_axes if domain[a] > 1)
+    if not has_reductions or not red_live:
+        family = "row" if has_reductions else "elementwise"
         split = live_axes[-1] if live_axes else D - 1
         row_axes = [a for a in range(D) if a < split]
-        col_axes = [a for a in range(D) if a >= split]
-        if not red_nodes:
-            # whole tensor as rows of the last axis
-            pass
     elif red_live == live_axes[len(live_axes) - len(red_live):]:
         family = "row"
-        first = red_live[0]
-        row_axes = [a for a in range(D) if a < first]
-        col_axes = [a for a in range(D) if a >= first]
+        row_axes = [a for a in range(D) if a < red_live[0]]
     elif red_live == live_axes[:len(red_live)]:
         family = "col"
-        last = red_live[-1]
-        row_axes = [a for a in range(D) if a <= last]
-        col_axes = [a for a in range(D) if a > last]
+        row_axes = [a for a in range(D) if a <= red_live[-1]]
     else:
         raise UnsupportedGraphError(
             "the reduced axes are neither the trailing nor the leading axes of the tensor; "
             "transpose the input so that they are")
-    M = prod(domain[a] for a in row_axes) if row_axes else 1
-    N = prod(domain[a] for a in col_axes) if col_axes else 1
+    col_axes = [a for a in range(D) if a not in row_axes]
+    return _View(family, domain, tuple(row_axes), tuple(col_axes))
 
-    rows_live = {a for a in row_axes if domain[a] > 1}
-    cols_live = {a for a in col_axes if domain[a] > 1}
 
-    def classify(name: str) -> str:
+def _classify(names: list[str], view: _View, maps: dict[str, tuple[int | None, ...]]) -> dict[str, TensorClass]:
+    """The class of each tensor: which axis groups (rows, columns) it varies along."""
+    rows_live = {a for a in view.row_axes if view.domain[a] > 1}
+    cols_live = {a for a in view.col_axes if view.domain[a] > 1}
+    per_row = TensorClass.PER_KEPT if view.family != "col" else TensorClass.PER_REDUCED
+    per_col = TensorClass.PER_KEPT if view.family == "col" else TensorClass.PER_REDUCED
+    classes: dict[str, TensorClass] = {}
+    for name in names:
         varies = {a for a in maps[name] if a is not None}
         in_rows, in_cols = varies & rows_live, varies & cols_live
         if (in_rows and in_rows != rows_live) or (in_cols and in_cols != cols_live):
@@ -195,44 +207,47 @@ def make_plan(graph: Graph) -> StitchPlan:
                 f"tensor '{name}' varies along only part of an axis group; stitched kernels support "
                 "full, per-row, per-column and scalar operands")
         if in_rows and in_cols:
-            return "F"
-        if in_rows:
-            return "K" if family == "col" else "P"
-        if in_cols:
-            return "P" if family == "col" else "K"
-        return "S"
+            classes[name] = TensorClass.FULL
+        elif in_rows:
+            classes[name] = per_row
+        elif in_cols:
+            classes[name] = per_col
+        else:
+            classes[name] = TensorClass.SCALAR
+    return classes
 
-    classes = {n: classify(n) for n, _ in all_specs}
+
+def _check_reductions(red_nodes: list[Node], classes: dict[str, TensorClass]) -> None:
+    """Every reduction reduces a full-size tensor to one value per row/column (a scalar result, the
+    full reduction of a single row/column, becomes ``PER_KEPT`` in ``classes``)."""
     for nd in red_nodes:
-        if classes[nd.args[0]] != "F":  # type: ignore[index]
+        if classes[nd.args[0]] is not TensorClass.FULL:  # type: ignore[index]
             raise UnsupportedGraphError(f"reduction '{nd.id}' reduces a tensor that is not full-size")
-        if classes[nd.id] not in ("P", "S"):
+        if classes[nd.id] not in (TensorClass.PER_KEPT, TensorClass.SCALAR):
             raise UnsupportedGraphError(f"reduction '{nd.id}' leaves a full-size result")
-        if classes[nd.id] == "S":
-            classes[nd.id] = "P"  # a full reduction of a single row/column
+        if classes[nd.id] is TensorClass.SCALAR:
+            classes[nd.id] = TensorClass.PER_KEPT
 
-    # stages: depth of each reduction
+
+def _stages(graph: Graph, red_nodes: list[Node]) -> tuple[tuple[str, ...], ...]:
+    """Reductions grouped by depth (reductions on the longest path to them, counting themselves)."""
     depth: dict[str, int] = {n: 0 for n, _ in graph.inputs}
     for nd in graph.nodes:
         d = max((depth[a] for a in nd.args if isinstance(a, str)), default=0)
         depth[nd.id] = d + 1 if OPS[nd.op].kind == "reduce" else d
     nst = max((depth[nd.id] for nd in red_nodes), default=0)
-    stages = tuple(tuple(nd.id for nd in red_nodes if depth[nd.id] == s) for s in range(1, nst + 1))
+    return tuple(tuple(nd.id for nd in red_nodes if depth[nd.id] == s) for s in range(1, nst + 1))
 
-    # dominant element-wise ops: expensive ops whose result is broadcast (P-class feeding F)
-    dominants = [nd.id for nd in red_nodes]
-    for nd in graph.nodes:
-        if nd.op in EXPENSIVE and classes[nd.id] in ("P", "K"):
-            if any(classes[c.id] == "F" for c in graph.consumers(nd.id)):
-                dominants.append(nd.id)
 
-    # sweeps that need each F tensor (no caching): sweep s (1..nst) feeds stage s reductions,
-    # sweep nst+1 writes the F outputs
+def _reuse_candidates(graph: Graph, names: list[str], classes: dict[str, TensorClass],
+                      stages: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
+    """The full-size tensors that two or more sweeps need when nothing is cached: sweep ``s``
+    (1..nstages) feeds the stage-``s`` reductions, sweep nstages + 1 writes the outputs."""
     needs: dict[str, set[int]] = {n: set() for n in classes}
     by_id = {nd.id: nd for nd in graph.nodes}
 
     def mark(name: str, sweep: int) -> None:
-        if classes[name] != "F" or sweep in needs[name]:
+        if classes[name] is not TensorClass.FULL or sweep in needs[name]:
             return
         needs[name].add(sweep)
         nd = by_id.get(name)
@@ -245,11 +260,23 @@ def make_plan(graph: Graph) -> StitchPlan:
         for r in st:
             mark(by_id[r].args[0], i + 1)  # type: ignore[arg-type]
     for o in graph.outputs:
-        mark(o, nst + 1)
-    reuse = tuple(n for n, _ in all_specs if classes[n] == "F" and len(needs[n]) >= 2)
+        mark(o, len(stages) + 1)
+    return tuple(n for n in names if classes[n] is TensorClass.FULL and len(needs[n]) >= 2)
 
-    dtypes = tuple((n, graph.spec(n).dtype) for n, _ in all_specs)
+
+def make_plan(graph: Graph) -> StitchPlan:
+    """Analyse ``graph``; raise :class:`UnsupportedGraphError` when it has no stitched lowering."""
+    all_specs = [(n, s.shape) for n, s in graph.inputs] + [(nd.id, nd.shape) for nd in graph.nodes]
+    names = [n for n, _ in all_specs]
+    domain = max((shape for _, shape in all_specs), key=lambda s: (prod(s), len(s)))
+    maps = _axes_maps(graph, domain)
+    red_nodes = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
+    view = _view(domain, bool(red_nodes), _reduced_axes(red_nodes, maps))
+    classes = _classify(names, view, maps)
+    _check_reductions(red_nodes, classes)
+    stages = _stages(graph, red_nodes)
     return StitchPlan(
-        family=family, M=M, N=N, classes=tuple(classes.items()), reductions=tuple(nd.id for nd in red_nodes),
-        stages=stages, dominants=tuple(dominants), reuse_candidates=reuse,
-        input_names=tuple(n for n, _ in graph.inputs), output_names=tuple(graph.outputs), dtypes=dtypes)
+        family=view.family, M=view.M, N=view.N, classes=tuple(classes.items()),
+        reductions=tuple(nd.id for nd in red_nodes), stages=stages,
+        reuse_candidates=_reuse_candidates(graph, names, classes, stages),
+        input_names=tuple(n for n, _ in graph.inputs), dtypes=tuple((n, graph.spec(n).dtype) for n in names))

@@ -25,9 +25,13 @@ from types import CodeType
 from typing import Any
 
 from stitchtune.errors import ScheduleError, StitchtuneError
-from stitchtune.plan.planner import StitchPlan
+from stitchtune.plan.planner import StitchPlan, TensorClass
 
 SPACE_FILE = "stitch.json"
+
+#: ``Schedule.tasks_per_block`` of a persistent grid (the JSON value): as many blocks as the device
+#: holds at once, each taking tasks in turn until none are left (see :attr:`Schedule.persistent`)
+PERSISTENT = 0
 
 
 def default_space_file() -> Any:
@@ -53,13 +57,19 @@ class Schedule:
     block: int
     split: int
     vec: int
-    tasks_per_block: int
+    tasks_per_block: int       # PERSISTENT (0): a grid sized to the device
     min_blocks: int
     schemes: tuple[str, ...]   # one per reduction stage
     reuse: tuple[str, ...]     # one per plan.reuse_candidates entry
     order: str = "forward"     # sweep order of re-reads: forward, or alternate (every other re-read reversed)
     prefetch: int = 0          # 1: load the next task's inputs while the current one reduces (row family)
     combine: str = "thread"    # split rows: every thread loads all partials, or each warp loads them together
+
+    @property
+    def persistent(self) -> bool:
+        """Whether the grid is persistent (``tasks_per_block == PERSISTENT``): sized to the blocks that
+        fit on the device at once rather than to ``tasks / tasks_per_block``."""
+        return self.tasks_per_block == PERSISTENT
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form. ``order``, ``prefetch`` and ``combine`` are left out at their defaults
@@ -142,7 +152,7 @@ def _pick_options(choose: Any, domains: dict[str, list[Any]], family: str, split
 def prefetchable(family: str, split: int, tasks_per_block: int) -> bool:
     """Whether ``prefetch`` can matter: a row reduction (an element-wise graph has one sweep, with no
     reduction to overlap the next task's loads with) with whole rows per block (split 1) and blocks
-    that take several tasks in turn (``tasks_per_block`` 0 = persistent, or >= 2)."""
+    that take several tasks in turn (``tasks_per_block`` :data:`PERSISTENT`, or >= 2)."""
     return family == "row" and split == 1 and tasks_per_block != 1
 
 
@@ -203,11 +213,12 @@ class SearchSpace:
         self.constraints: list[dict[str, str]] = data["constraints"]
         # every tensor accessed with vector loads/stores (full-size ones, and the per-column operands
         # that are contiguous along the vector) must fit 16 bytes: the widest element type decides
-        vec_cls = {"F", "P"} if plan.family == "col" else {"F", "K"}
+        vec_cls = ({TensorClass.FULL, TensorClass.PER_KEPT} if plan.family == "col"
+                   else {TensorClass.FULL, TensorClass.PER_REDUCED})
         vectored = [n for n, c in plan.classes if c in vec_cls]
         self.elem_bytes = max((2 if plan.dtype(n) != "float32" else 4) for n in vectored) if vectored else 4
         # full-size inputs: each takes one row piece of prefetch registers (schedule.prefetch)
-        self.n_full_inputs = sum(1 for n, c in plan.classes if c == "F" and n in plan.input_names)
+        self.n_full_inputs = sum(1 for n, c in plan.classes if c is TensorClass.FULL and n in plan.input_names)
         # vec choices above 16 bytes are never legal: drop them from the domain up front
         self.domains["vec"] = [v for v in self.domains["vec"] if v * self.elem_bytes <= 16]
         if plan.family == "row":

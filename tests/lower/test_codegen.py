@@ -32,10 +32,10 @@ from stitchtune.errors import ScheduleError, UnsupportedGraphError
 from stitchtune.graph.parse import load_graph, parse_graph
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.lower.entry import lower
-from stitchtune.plan.planner import make_plan
+from stitchtune.plan.planner import TensorClass, make_plan
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.render import render, render_kernel
-from stitchtune.space.schedule import Schedule, SearchSpace
+from stitchtune.space.schedule import PERSISTENT, Schedule, SearchSpace
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -226,7 +226,8 @@ def test_golden_rendered_source(case: str) -> None:
 def test_plan_families_and_classes() -> None:
     ln = make_plan(load_graph(EXAMPLES / "layernorm.json"))
     assert (ln.family, ln.M, ln.N) == ("row", 16384, 1024)
-    assert ln.cls("gamma") == "K" and ln.cls("mean") == "P" and ln.cls("y") == "F"
+    assert ln.cls("gamma") is TensorClass.PER_REDUCED and ln.cls("mean") is TensorClass.PER_KEPT
+    assert ln.cls("y") is TensorClass.FULL
     assert ln.nstages == 2 and "x" in ln.reuse_candidates
     col = make_plan(load_graph(EXAMPLES / "colsum_sigmoid_scale.json"))
     assert (col.family, col.M, col.N, col.nstages) == ("col", 65536, 1024, 1)
@@ -274,6 +275,9 @@ def test_schedule_value_round_trips_and_hashes() -> None:
         Schedule.from_json("[1, 2]")
     with pytest.raises(ScheduleError):
         Schedule.from_dict({"tpr": "x"})
+    assert not s.persistent
+    p = Schedule(32, 256, 1, 4, PERSISTENT, 0, ("local", "regional"), ("register", "shared"))
+    assert p.persistent and json.loads(p.to_json())["tasks_per_block"] == 0  # the JSON keeps the number
 
 
 def test_illegal_schedule_names_every_violation() -> None:
