@@ -28,7 +28,8 @@ Contract of :func:`run_search`
   attr ``interrupted``; everything finished before is already in the database).
 
 Optuna storage, study, sampler, grid and worker-liveness helpers live in :mod:`stitchtune.tune.study`, the
-summary text in :mod:`stitchtune.tune.summary`; their public names are re-exported here.
+summary text in :mod:`stitchtune.tune.summary`, :class:`SearchResult` in :mod:`stitchtune.tune.result`; their
+public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from optuna.trial import TrialState
 from stitchtune.tune.database import TuningDB
 from stitchtune.errors import ScheduleError, StitchtuneError, ToolchainError
 from stitchtune.tune.pipeline import Stages, context_row, default_stages, evaluate, schedule_columns
+from stitchtune.tune.result import SearchResult
 from stitchtune.tune.summary import format_best_table, format_summary, json_safe  # noqa: F401 - re-exported
 from stitchtune.tune.study import (
     _KEY_WAIT_S,
@@ -129,31 +131,6 @@ class Components:
     make_runner: Callable[[str, Any, Any], Any]
     stages: Callable[[], Stages]
     cuda_available: Callable[[], bool]
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """What a search did. ``best``/``heuristic`` are database rows (dicts) or None."""
-
-    study_name: str
-    storage: str
-    db_path: str
-    backend: str
-    backend_reason: str
-    estimated: bool
-    graph_name: str
-    workload_key: str
-    device_key: str
-    trials_run: int
-    status_counts: Mapping[str, int]
-    reused: int
-    best: Mapping[str, Any] | None
-    heuristic: Mapping[str, Any] | None
-    speedup: float | None
-    floor_us: float | None
-    floor_fraction: float | None
-    stopped: str
-    elapsed_s: float
 
 
 # ---------------------------------------------------------------------------------------- components
