@@ -467,7 +467,7 @@ def _add_show(sub: Any) -> None:
 
 def _cmd_show(args: argparse.Namespace) -> int:
     from stitchtune.tune.database import TuningDB
-    from stitchtune.tune.search import format_best_table
+    from stitchtune.tune.summary import format_best_table
 
     db = TuningDB(args.db)
     df = db.read()
