@@ -49,6 +49,7 @@ import optuna
 from optuna.trial import TrialState
 
 from stitchtune.tune.database import TuningDB
+from stitchtune.tune.dbpath import default_db
 from stitchtune.errors import ScheduleError, StitchtuneError, ToolchainError
 from stitchtune.tune.pipeline import Stages, context_row, default_stages, evaluate, schedule_columns
 from stitchtune.tune.result import SearchResult
@@ -86,7 +87,7 @@ class SearchConfig:
     timeout_s: float | None = None
     backend: str = "auto"
     device: str | None = None
-    db: str = "results"
+    db: str = field(default_factory=default_db)   # $STITCHTUNE_DB, else ./tuning-db
     storage: str | None = None
     study: str | None = None
     sampler: str = "tpe"
