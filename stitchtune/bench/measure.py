@@ -322,10 +322,12 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
 
 
 def run_bench(graphs: Sequence[str | os.PathLike[str]], db: str, trials: int, peers: Sequence[str],
-              device: Device | None = None, *, out_dir: str | os.PathLike[str] = "results", iters: int = 100,
+              device: Device | None = None, *, out_dir: str | os.PathLike[str] | None = None, iters: int = 100,
               warmup: int = 10, seed: int = 0, progress: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Benchmark the graph files ``graphs`` (see the module docstring); write the CSV and chart under
-    ``out_dir`` and return the table. Raises ToolchainError without torch, cuda-python or a CUDA GPU."""
+    ``out_dir`` (default: the database ``db``, where ``stitchtune report`` looks for them) and return the
+    table. Raises ToolchainError without torch, cuda-python or a CUDA GPU."""
+    out_dir = db if out_dir is None else out_dir
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares the GPU with torch
     missing = [m for m in ("torch", "cuda") if m not in sys.modules and importlib.util.find_spec(m) is None]
     if missing:

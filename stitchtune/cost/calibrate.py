@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 #: Constants :func:`fit` can fit when profiles are available (the rest keep their ``base`` values).
 FITTED = ("dram_latency_ns", "bw_efficiency", "sm_bw_share", "compute_efficiency", "launch_scale",
           "block_barrier_us", "grid_barrier_scale", "atomic_ns", "scratch_load_ns")
-#: What ``stitchtune calibrate`` fits (plus ``time_scale``). On the H200 rows of results/ (5
+#: What ``stitchtune calibrate`` fits (plus ``time_scale``). On the H200 rows of results/h200-2026-11-29/ (5
 #: workloads, scripts/model_quality.py), fitting every constant of :data:`FITTED` lowered the
 #: held-out (leave-one-workload-out) rank correlation (mean 0.87 with the defaults -> 0.80), while
 #: ``scratch_load_ns`` came out stable across folds (219-332 ns) and kept it at 0.87: the other

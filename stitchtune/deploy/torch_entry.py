@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from stitchtune.errors import StitchtuneError, ToolchainError
+from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB
 
 log = logging.getLogger(__name__)
 
@@ -207,11 +208,12 @@ def _torch_out(t: Any) -> np.ndarray:
     return t.float().cpu().numpy()
 
 
-def compile(fn: Any, db: str | os.PathLike[str] | None = "results", example_inputs: Sequence[Any] | Any = (),
-            *, device: Any = None, emulate: bool = False, schedule: Any = None,
-            name: str | None = None) -> StitchedFunction:
+def compile(fn: Any, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB,
+            example_inputs: Sequence[Any] | Any = (), *, device: Any = None, emulate: bool = False,
+            schedule: Any = None, name: str | None = None) -> StitchedFunction:
     """Import ``fn`` at ``example_inputs`` (tensors, positional), compile it with the tuning database
-    ``db`` and return a :class:`StitchedFunction` (see module docstring). ``device``: a Device or preset
+    ``db`` (default ``$STITCHTUNE_DB``, else ``./tuning-db``; None: none) and return a
+    :class:`StitchedFunction` (see module docstring). ``device``: a Device or preset
     name for schedule selection (default: the GPU of the example inputs or torch's current GPU; with
     ``emulate=True`` and no GPU, the H200 preset). ``schedule``: use this schedule instead."""
     import torch as _torch

@@ -427,7 +427,7 @@ def test_repredict_uses_the_current_model_on_stored_rows() -> None:
     from stitchtune.space.schedule import Schedule
 
     root = Path(__file__).resolve().parents[2]
-    df = read_db(root / "results")
+    df = read_db(root / "results" / "h200-2026-11-29")
     g = load_graph(root / "examples" / "layernorm.json")
     ok = df[(df["graph_name"] == "layernorm") & (df["status"] == "ok")].head(3)
     out = repredict(ok, [g])
