@@ -284,7 +284,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- devices
 def _add_devices(sub: Any) -> None:
-    p = sub.add_parser("devices", help="list device presets and the GPU pycuda finds")
+    p = sub.add_parser("devices", help="list device presets and the GPU cuda-python finds")
     p.add_argument("--device", default=None, metavar="NAME", help="print one device's full description")
     p.add_argument("--check", action="store_true",
                    help="compare the occupancy model with the CUDA driver on the local GPU (needs nvcc)")
@@ -292,8 +292,9 @@ def _add_devices(sub: Any) -> None:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
-    from stitchtune.hardware.device import PRESETS, get_device, query_device
+    from stitchtune.hardware.device import PRESETS, get_device
     from stitchtune.errors import ToolchainError
+    from stitchtune.gpu.device_query import query_device
     from stitchtune.hardware.occupancy import driver_check
 
     if args.device:
@@ -303,7 +304,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         gpu = query_device()
     except ToolchainError as e:
         gpu = None
-        print(f"no GPU found through pycuda ({e}); --device NAME picks a preset")
+        print(f"no GPU found through cuda-python ({e}); --device NAME picks a preset")
     rows = ([("gpu", gpu)] if gpu else []) + list(PRESETS.items())
     for short, d in rows:
         copy = f"{d.copy_bandwidth_gbs:.0f} (measured)" if d.copy_bandwidth_gbs else "-"
@@ -313,8 +314,9 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         if gpu is None:
             raise ToolchainError("--check needs a GPU")
         from stitchtune.gpu.build import find_nvcc
+        from stitchtune.gpu.driver import default_ordinal
 
-        total, bad = driver_check(gpu, nvcc=find_nvcc())
+        total, bad = driver_check(gpu, ordinal=default_ordinal(), nvcc=find_nvcc())
         for m in bad:
             print(f"MISMATCH {m}")
         print(f"occupancy check on {gpu.key}: {total - len(bad)}/{total} configurations agree with "
@@ -341,7 +343,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.device:
         devices = [get_device(args.device)]
     else:
-        devices, unknown = resolve_devices(devices_in(df))
+        from stitchtune.gpu.device_query import query_device
+
+        devices, unknown = resolve_devices(devices_in(df), local=query_device)
         for key in unknown:
             print(f"skipping {key}: not a preset and not the local GPU (use --device NAME)")
         if not devices:
@@ -430,7 +434,7 @@ def _add_search(sub: Any) -> None:
     p.add_argument("--trials", type=int, default=64, metavar="N", help="trials in this run (default 64)")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop after S seconds")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),
-                   help="auto: cuda when pycuda finds a GPU, else emulate (estimated times)")
+                   help="auto: cuda when cuda-python finds a GPU, else emulate (estimated times)")
     p.add_argument("--device", default=None, metavar="NAME", help="device preset (default: the GPU, else h200)")
     p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
     p.add_argument("--storage", default=None, metavar="URL",
@@ -518,7 +522,8 @@ def _add_space(sub: Any) -> None:
 def _cmd_space(args: argparse.Namespace) -> int:
     import random
 
-    from stitchtune.hardware.device import default_device, get_device
+    from stitchtune.hardware.device import get_device
+    from stitchtune.gpu.device_query import default_device
     from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.plan.planner import make_plan
     from stitchtune.space.schedule import SearchSpace

@@ -60,6 +60,7 @@ from stitchtune.bench.table import (
 )
 from stitchtune.deploy.torch_entry import _to_torch, _torch_dtype, _torch_out
 from stitchtune.errors import StitchtuneError, ToolchainError
+from stitchtune.hardware.device import QUERIED_SOURCE
 
 if TYPE_CHECKING:
     from stitchtune.hardware.device import Device
@@ -187,7 +188,7 @@ def stitchtune_program(graph_path: str, graph: Graph, db: str, trials: int, devi
         log.info("%s: no measured tuned record for %s (%s), searching %d trials", graph.name, device.key,
                  cg.source, trials)
         # a queried device is what `stitchtune search` finds by itself (device=None); a preset goes by name
-        dev_name = None if getattr(device, "source", "preset") == "pycuda" else device.name
+        dev_name = None if getattr(device, "source", "preset") == QUERIED_SOURCE else device.name
         res = run_search(SearchConfig(graph_path=str(graph_path), trials=trials, backend="cuda", device=dev_name,
                                       db=str(db), progress=False))
         log.info("%s: search stopped (%s) after %d trials", graph.name, res.stopped, res.trials_run)
@@ -336,7 +337,8 @@ def run_bench(graphs: Sequence[str | os.PathLike[str]], db: str, trials: int, pe
 
     if not torch.cuda.is_available():
         raise ToolchainError("stitchtune bench needs a CUDA GPU (torch sees none)")
-    from stitchtune.hardware.device import get_device, query_device
+    from stitchtune.hardware.device import get_device
+    from stitchtune.gpu.device_query import query_device
     from stitchtune.graph.parse import load_graph
 
     if device is None:  # the same description (and database key) `stitchtune search` uses by default

@@ -23,7 +23,7 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -265,10 +265,15 @@ def devices_in(df: pd.DataFrame) -> list[tuple[str, str]]:
     return sorted(set(zip(rows["device_key"].astype(str), names.astype(str), strict=True)))
 
 
-def resolve_devices(pairs: list[tuple[str, str]]) -> tuple[list[Device], list[str]]:
+def resolve_devices(pairs: list[tuple[str, str]], local: Callable[[], Device] | None = None,
+                    ) -> tuple[list[Device], list[str]]:
     """Device descriptions for (device_key, device_name) pairs: the preset whose key matches, else
-    the local GPU (pycuda) when its key matches; returns (devices, keys that matched neither)."""
-    from stitchtune.hardware.device import DeviceError, get_device, query_device
+    the local GPU when its key matches; returns (devices, keys that matched neither).
+
+    ``local`` describes the local GPU (the CLI passes :func:`stitchtune.gpu.device_query.query_device`;
+    this layer sits below the driver): called at most once, and only when a key is not a preset's; a
+    ToolchainError from it means no local GPU. ``None``: presets only."""
+    from stitchtune.hardware.device import DeviceError, get_device
     from stitchtune.errors import ToolchainError
 
     found: list[Device] = []
@@ -283,10 +288,10 @@ def resolve_devices(pairs: list[tuple[str, str]]) -> tuple[list[Device], list[st
                 continue
         except DeviceError:
             pass
-        if not gpu_tried:
+        if not gpu_tried and local is not None:
             gpu_tried = True
             try:
-                gpu = query_device()
+                gpu = local()
             except ToolchainError:
                 gpu = None
         if gpu is not None and gpu.key == key:

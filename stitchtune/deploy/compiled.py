@@ -368,7 +368,12 @@ def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = 
         graph = parse_graph(dict(graph_or_path))
     else:
         graph = load_graph(os.fspath(graph_or_path))
-    dev = device if device is not None and not isinstance(device, str) else get_device(device)
+    if device is None:
+        from stitchtune.gpu.device_query import default_device
+
+        dev = default_device()
+    else:
+        dev = get_device(device) if isinstance(device, str) else device
     from stitchtune.hardware.device import check_fits
 
     check_fits(graph, dev)  # a graph that cannot fit the device is refused with the numbers

@@ -257,7 +257,8 @@ def compile(fn: Any, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB,
 
 def _select_device(name: str | None, examples: Sequence[Any], emulate: bool) -> Any:
     """The Device description schedules are selected and lowered for (see :func:`compile`)."""
-    from stitchtune.hardware.device import get_device, query_device
+    from stitchtune.hardware.device import get_device
+    from stitchtune.gpu.device_query import default_device, query_device
 
     if name is not None:
         return get_device(name)
@@ -265,7 +266,7 @@ def _select_device(name: str | None, examples: Sequence[Any], emulate: bool) -> 
 
     cuda = [t.device for t in examples if t.device.type == "cuda"]
     if not cuda and (emulate or not _torch.cuda.is_available()):
-        return get_device(None)
+        return default_device()
     index = cuda[0].index if cuda and cuda[0].index is not None else _torch.cuda.current_device()
     try:
         return query_device(index)

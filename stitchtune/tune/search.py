@@ -172,9 +172,10 @@ def _default_runner(backend: str, graph: Any, device: Any) -> Any:
 
 
 def _get_device(name: str | None) -> Any:
-    from stitchtune.hardware import device as dev
+    from stitchtune.gpu.device_query import default_device
+    from stitchtune.hardware.device import get_device
 
-    return dev.get_device(name) if name else dev.default_device()
+    return get_device(name) if name else default_device()
 
 
 def _cuda_available() -> bool:
