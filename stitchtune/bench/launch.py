@@ -51,7 +51,7 @@ def tuned_program(graph_path: str, graph: Graph, db: str, trials: int, device: D
     from stitchtune.lower.entry import CODEGEN_VERSION, lower
     from stitchtune.plan.planner import make_plan
     from stitchtune.gpu.render import render
-    from stitchtune.space.schedule import Schedule, SearchSpace
+    from stitchtune.space import Schedule, SearchSpace
 
     tdb = TuningDB(db)
     plan = make_plan(graph)

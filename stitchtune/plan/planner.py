@@ -14,7 +14,7 @@ in a layernorm), ``S`` (a scalar). The reductions are the dominant ops; reductio
 *depth* (number of reductions on the longest path to them, counting themselves) form one stage and
 share one stitching scheme. The result of a stage reaches its consumers one-to-many (a broadcast
 along the reduced axis); which schemes are legal for that edge depends on the thread mapping and is
-decided in :mod:`stitchtune.space.schedule`.
+decided in :mod:`stitchtune.space`.
 
 Graphs whose broadcasts cannot be expressed in this view (a tensor that varies along part of an
 axis group, reductions over different axes, ...) raise :class:`UnsupportedGraphError`; they still

@@ -215,7 +215,7 @@ def default_components() -> Components:
     from stitchtune.graph.parse import load_graph
     from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
 
     return Components(load_graph=load_graph, make_plan=make_plan, space_for_plan=SearchSpace.for_plan,
                       heuristic_schedule=heuristic_schedule, get_device=_get_device,

@@ -301,7 +301,7 @@ def test_tuned_program_takes_the_fastest_record_and_builds_it(tmp_path: Path, h2
     from stitchtune.errors import ToolchainError
     from stitchtune.lower.entry import CODEGEN_VERSION
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
 
     try:
         find_nvcc()
