@@ -7,13 +7,14 @@ One job per module: ``schedule`` (the value), ``options`` (every option declared
 """
 
 from stitchtune.space.constraints import names_used, safe_eval
-from stitchtune.space.options import (COMBINE, OPTIONS, ORDER, PREFETCH, Option, OptionTable, Point, prefetchable,
-                                      rereads)
+from stitchtune.space.options import (COMBINE, CORE_FIELDS, OPTIONS, ORDER, PREFETCH, RESERVED, Option, OptionTable,
+                                      Point, prefetchable, rereads)
 from stitchtune.space.schedule import Schedule
 from stitchtune.space.search_space import SearchSpace
 from stitchtune.space.space_file import SPACE_FILE, default_space_file, load_space_file
 
 __all__ = [
-    "COMBINE", "OPTIONS", "ORDER", "PREFETCH", "Option", "OptionTable", "Point", "SPACE_FILE", "Schedule",
-    "SearchSpace", "default_space_file", "load_space_file", "names_used", "prefetchable", "rereads", "safe_eval",
+    "COMBINE", "CORE_FIELDS", "OPTIONS", "ORDER", "PREFETCH", "RESERVED", "Option", "OptionTable", "Point",
+    "SPACE_FILE", "Schedule", "SearchSpace", "default_space_file", "load_space_file", "names_used", "prefetchable",
+    "rereads", "safe_eval",
 ]
