@@ -285,7 +285,7 @@ class _Loop:
         self.plan = comp.make_plan(self.graph)
         self.space = comp.space_for_plan(self.plan, self.device)
         if config.sampler in ("gp", "cmaes") and hasattr(self.space, "flat_mode"):
-            # these samplers model a fixed parameter set: plain names, repaired points (schedule.py)
+            # these samplers model a fixed parameter set: plain names, repaired points (space/search_space.py)
             self.space = self.space.flat_mode()
         self.stages = comp.stages()
         self.db = TuningDB(config.db)
