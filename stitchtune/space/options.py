@@ -62,7 +62,7 @@ class Option(Generic[T]):
       parameter (suggest asks it, sample draws it, the repair keeps it); elsewhere it takes its default,
       and a non-default value there is a violation.
     * ``where``: ``applies`` in words (for violation messages and docs).
-    * ``flat(point)``: whether flat mode (one fixed parameter set, for GP / CMA-ES) asks it; the point
+    * ``flat_asks(point)``: whether flat mode (one fixed parameter set, for GP / CMA-ES) asks it; the point
       is the one chosen so far, *before* the repair, so the rule may only read what is fixed per space
       (``family``, ``nstages``). The repair then keeps the asked value where ``applies`` holds.
     * ``vary``: whether :meth:`SearchSpace.variants` tries this option's other values (in domain
@@ -79,7 +79,7 @@ class Option(Generic[T]):
     decode: Callable[[Any], T]
     applies: Callable[[Point], bool]
     where: str
-    flat: Callable[[Point], bool]
+    flat_asks: Callable[[Point], bool]
     vary: bool = True
     vary_resets: tuple[str, ...] = ()
     derive: Callable[[Point], Mapping[str, Any]] = _no_names

@@ -53,6 +53,9 @@ class Schedule:
                  schemes: tuple[str, ...], reuse: tuple[str, ...],
                  options: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), *,
                  table: OptionTable = OPTIONS, **named: Any) -> None:
+        if isinstance(options, (str, bytes)):  # the old positional Schedule(..., "alternate")
+            raise TypeError(f"options must be a mapping or (name, value) pairs, not {options!r}: "
+                            "pass an option by name (order=...)")
         values = dict(options)
         values.update(named)
         for name, value in (("tpr", tpr), ("block", block), ("split", split), ("vec", vec),

@@ -274,7 +274,7 @@ class SearchSpace:
         raw = self._core_point(tpr, block, split, vec, tasks, min_blocks, tuple(schemes), reuse)
         picked: dict[str, Any] = {}
         for opt in self.table:
-            raw[opt.name] = picked[opt.name] = choose(opt.name, d[opt.name]) if opt.flat(raw) else opt.default
+            raw[opt.name] = picked[opt.name] = choose(opt.name, d[opt.name]) if opt.flat_asks(raw) else opt.default
         if fam == "col":
             block = min(max(block, tpr * 8), max(d["block"]))
         else:

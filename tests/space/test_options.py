@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import pickle
 import random
 from typing import Any
 
@@ -97,7 +98,7 @@ def test_flat_repair_keeps_a_legal_point(opt: Option) -> None:
         flat = space.flat_mode()
         for s in samples:
             params = flat.params_of(s)
-            assert (opt.name in params) == opt.flat(space._core_point(
+            assert (opt.name in params) == opt.flat_asks(space._core_point(
                 s.tpr, s.block, s.split, s.vec, s.tasks_per_block, s.min_blocks, s.schemes, s.reuse))
             assert flat.suggest(FakeTrial(params)) == s
             kept += s.option(opt) != opt.default
@@ -249,3 +250,20 @@ def test_an_option_needs_a_domain_holding_its_default() -> None:
 def test_options_table_is_in_decision_order() -> None:
     assert OPTIONS.names == ("order", "prefetch", "combine")
     assert isinstance(OPTIONS, OptionTable) and len(OPTIONS) == 3 and "order" in OPTIONS and "tpr" not in OPTIONS
+
+
+def test_schedule_value_semantics_with_options() -> None:
+    core = (64, 128, 1, 2, 0, 0, ("regional", "regional"), ("global", "register"))
+    s = Schedule(*core, order="alternate")
+    assert s == Schedule(*core, {"order": "alternate"}) == Schedule(*core, [("order", "alternate")])
+    assert s == Schedule(*core, {"order": "forward"}, order="alternate")  # named options win
+    assert s.options == (("order", "alternate"),) and Schedule(*core, order="forward").options == ()
+    assert pickle.loads(pickle.dumps(s)) == s and copy.copy(s) == s and pickle.loads(pickle.dumps(s)).order == "alternate"
+    assert dataclasses.replace(s, tpr=32).order == "alternate" and dataclasses.replace(s, order="forward") == \
+        Schedule(*core)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.tpr = 1  # type: ignore[misc]
+    with pytest.raises(TypeError, match="pass an option by name"):
+        Schedule(*core, "alternate")  # type: ignore[arg-type]
+    with pytest.raises(AttributeError, match="no attribute or option 'ordr'"):
+        _ = s.ordr
