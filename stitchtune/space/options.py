@@ -34,6 +34,7 @@ CORE_FIELDS: tuple[str, ...] = ("tpr", "block", "split", "vec", "tasks_per_block
 
 RESERVED: frozenset[str] = frozenset(CORE_FIELDS) | {
     "family", "nstages", "options", "table", "option", "to_dict", "from_dict", "to_json", "from_json", "key", "flat",
+    "persistent",
 }
 """Names an option may not take: the core fields, the point's plan names and the Schedule's own attributes
 (``tests/space`` checks that this covers every public attribute of :class:`~stitchtune.space.Schedule`)."""
