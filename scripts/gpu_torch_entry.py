@@ -1,6 +1,8 @@
 """GPU check of the compile-time entry points (needs a CUDA GPU, torch, cuda-python, nvcc).
 
-    python scripts/gpu_torch_entry.py [--db results] [--iters 100] [--examples layernorm,rmsnorm,...]
+    python scripts/gpu_torch_entry.py [--db DIR] [--iters 100] [--examples layernorm,rmsnorm,...]
+
+(``--db`` default: ``$STITCHTUNE_DB``, else ``./tuning-db``, as for ``stitchtune compile``.)
 
 1. ``stitchtune.compile(...)(**arrays)`` (the one launch path, ``stitchtune.gpu.launch``, over cuda-python)
    on every small example, with numpy arrays and, for graphs without bfloat16 inputs, torch CUDA tensors
@@ -103,7 +105,9 @@ def check_torch_entry(db: str, names: list[str], iters: int) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", default="results")
+    from stitchtune.tune.dbpath import default_db
+
+    ap.add_argument("--db", default=default_db())
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--examples", default="layernorm,rmsnorm,softmax,bias_gelu,colsum_sigmoid_scale")
     args = ap.parse_args(argv)

@@ -4,8 +4,9 @@ Two modes:
 
 * default: emulated searches (what ``stitchtune search --backend emulate --device h200`` runs) of the
   small example graphs, TPE and random sampling; every row is ``estimated`` (cost-model times), e.g.
-  ``python scripts/make_demo_db.py --db results/ --trials 24`` (``--if-empty``: only when ``results/``
-  holds no database yet, e.g. in CI);
+  ``python scripts/make_demo_db.py --db demo-db/ --trials 24`` (default ``--db``: ``$STITCHTUNE_DB``, else
+  ``tuning-db/`` at the repository root, which git ignores; ``--if-empty``: only when the directory holds no
+  database yet);
 * ``--synthetic``: write made-up rows (no search, a few milliseconds) for tests. Synthetic rows say
   so: graph names start with ``synthetic_``, the device is ``synthetic``, the study ``synthetic-*``.
   ``--fake-measured`` adds rows that look like a GPU run (backend ``cuda``, not estimated) so that
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -119,7 +121,7 @@ def run_searches(db: Path, trials: int, graphs: list[Path], seed: int = 0, build
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", type=Path, default=REPO / "results")
+    ap.add_argument("--db", type=Path, default=Path(os.environ.get("STITCHTUNE_DB") or REPO / "tuning-db"))
     ap.add_argument("--trials", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--synthetic", action="store_true", help="write made-up rows instead of searching")
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build", action="store_true", help="compile each candidate with nvcc (slower)")
     ap.add_argument("graphs", nargs="*", type=Path, help="graph.json files (default: examples/*small*.json)")
     ap.add_argument("--if-empty", action="store_true",
-                    help="do nothing when the database already holds parts (CI: keep a committed GPU DB)")
+                    help="do nothing when the database already holds parts")
     a = ap.parse_args(argv)
     if a.if_empty and any(Path(a.db).glob("part-*.parquet")):
         print(f"{a.db} already holds a database; nothing to do")

@@ -1,6 +1,6 @@
 """Out-of-sample quality of the cost model on measured rows of a tuning database.
 
-    python scripts/model_quality.py [--db results] [--factor 3] [--profiles relower|stored]
+    python scripts/model_quality.py [--db results/h200-2026-11-29] [--factor 3] [--profiles relower|stored]
                                     [--no-fit] [--csv PATH]
 
 For every ``ok`` row measured on a GPU (``estimated`` False) it re-predicts the time from the row's
@@ -113,7 +113,7 @@ def rank_quality(meas: np.ndarray, pred: np.ndarray, factor: float) -> tuple[flo
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--db", default=str(REPO / "results"))
+    ap.add_argument("--db", default=str(REPO / "results" / "h200-2026-11-29"))  # the committed H200 run
     ap.add_argument("--factor", type=float, default=cost.DEFAULT_PRUNE_FACTOR)
     ap.add_argument("--profiles", choices=("relower", "stored"), default="relower")
     ap.add_argument("--no-fit", action="store_true", help="skip the fitted columns (fast)")

@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-#: best measured schedules of session 1 on the H200 (results/), and a split-16 layernorm_wide point
+#: best measured schedules of session 1 on the H200 (results/h200-2026-11-29/), and a split-16 layernorm_wide point
 EXAMPLES = {
     "layernorm_wide": {"block": 1024, "min_blocks": 0, "reuse": ["global", "recompute"],
                        "schemes": ["independent", "global"], "split": 2, "tasks_per_block": 0, "tpr": 1024,

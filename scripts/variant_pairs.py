@@ -1,6 +1,6 @@
 """Side-by-side pairs of schedules that differ only in ``order`` or ``prefetch``, from a tuning database.
 
-    python scripts/variant_pairs.py [--db results] [--backend cuda]
+    python scripts/variant_pairs.py [--db results/h200-2026-11-29] [--backend cuda]
 
 Every search enqueues the variants of its best point (``SearchSpace.variants``), so a database from a
 GPU search holds measured pairs: the same schedule with the sweep order forward/alternate, or with
@@ -46,7 +46,7 @@ def pairs(df, option: str) -> list[tuple[str, str, float, float, bool]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", default=str(REPO / "results"))
+    ap.add_argument("--db", default=str(REPO / "results" / "h200-2026-11-29"))  # the committed H200 run
     ap.add_argument("--backend", default=None, help="only rows of this backend (cuda or emulate)")
     args = ap.parse_args(argv)
     from stitchtune.tune.database import TuningDB

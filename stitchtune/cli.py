@@ -27,6 +27,7 @@ import numpy as np
 from stitchtune import __version__
 from stitchtune.errors import StitchtuneError
 from stitchtune.importers import add_import_parser
+from stitchtune.tune.dbpath import DB_HELP, default_db
 
 log = logging.getLogger("stitchtune")
 
@@ -194,8 +195,8 @@ def _add_run(sub: Any) -> None:
                    help="how to execute (default: reference)")
     p.add_argument("--schedule", metavar="JSON|@FILE", default=None,
                    help="schedule for kernel backends: inline JSON or @file")
-    p.add_argument("--db", default="results", metavar="DIR",
-                   help="tuning database the kernel backends choose the schedule from (default: results)")
+    p.add_argument("--db", default=default_db(), metavar="DIR",
+                   help=f"tuning database the kernel backends choose the schedule from (default: {DB_HELP})")
     p.add_argument("--device", default=None, metavar="NAME",
                    help="device preset for kernel backends (default: the local GPU, else h200)")
     p.set_defaults(func=_cmd_run)
@@ -222,7 +223,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _add_compile(sub: Any) -> None:
     p = sub.add_parser("compile", help="write the kernels the tuning database selects (CUDA, cubin, manifest)")
     p.add_argument("graph", help="path to graph.json")
-    p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
+    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
     p.add_argument("-o", "--out", default=None, metavar="DIR",
                    help="output directory (default: compiled/<graph name>)")
     p.add_argument("--device", default=None, metavar="NAME",
@@ -258,7 +259,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- report
 def _add_report(sub: Any) -> None:
     p = sub.add_parser("report", help="write figures (PNG) and a Markdown summary of a tuning database")
-    p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
+    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--bench", action="append", default=None, metavar="CSV",
                    help="benchmark CSV (repeatable; default: DB/bench_*.csv)")
@@ -283,7 +284,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- devices
 def _add_devices(sub: Any) -> None:
-    p = sub.add_parser("devices", help="list device presets and the GPU pycuda finds")
+    p = sub.add_parser("devices", help="list device presets and the GPU cuda-python finds")
     p.add_argument("--device", default=None, metavar="NAME", help="print one device's full description")
     p.add_argument("--check", action="store_true",
                    help="compare the occupancy model with the CUDA driver on the local GPU (needs nvcc)")
@@ -291,8 +292,9 @@ def _add_devices(sub: Any) -> None:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
-    from stitchtune.hardware.device import PRESETS, get_device, query_device
+    from stitchtune.hardware.device import PRESETS, get_device
     from stitchtune.errors import ToolchainError
+    from stitchtune.gpu.device_query import query_device
     from stitchtune.hardware.occupancy import driver_check
 
     if args.device:
@@ -302,7 +304,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         gpu = query_device()
     except ToolchainError as e:
         gpu = None
-        print(f"no GPU found through pycuda ({e}); --device NAME picks a preset")
+        print(f"no GPU found through cuda-python ({e}); --device NAME picks a preset")
     rows = ([("gpu", gpu)] if gpu else []) + list(PRESETS.items())
     for short, d in rows:
         copy = f"{d.copy_bandwidth_gbs:.0f} (measured)" if d.copy_bandwidth_gbs else "-"
@@ -312,8 +314,9 @@ def _cmd_devices(args: argparse.Namespace) -> int:
         if gpu is None:
             raise ToolchainError("--check needs a GPU")
         from stitchtune.gpu.build import find_nvcc
+        from stitchtune.gpu.driver import default_ordinal
 
-        total, bad = driver_check(gpu, nvcc=find_nvcc())
+        total, bad = driver_check(gpu, ordinal=default_ordinal(), nvcc=find_nvcc())
         for m in bad:
             print(f"MISMATCH {m}")
         print(f"occupancy check on {gpu.key}: {total - len(bad)}/{total} configurations agree with "
@@ -325,7 +328,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- calibrate / model-check
 def _add_calibrate(sub: Any) -> None:
     p = sub.add_parser("calibrate", help="re-fit the cost model's per-device constants from measured rows")
-    p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
+    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
     p.add_argument("--device", default=None, metavar="NAME",
                    help="device preset or name (default: every device with measured rows)")
     p.set_defaults(func=_cmd_calibrate)
@@ -340,7 +343,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.device:
         devices = [get_device(args.device)]
     else:
-        devices, unknown = resolve_devices(devices_in(df))
+        from stitchtune.gpu.device_query import query_device
+
+        devices, unknown = resolve_devices(devices_in(df), local=query_device)
         for key in unknown:
             print(f"skipping {key}: not a preset and not the local GPU (use --device NAME)")
         if not devices:
@@ -354,7 +359,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _add_model_check(sub: Any) -> None:
     p = sub.add_parser("model-check", help="rank correlation of predicted vs measured times, pruned winners")
-    p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
+    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
     p.add_argument("--factor", type=float, default=3.0,
                    help="pruning factor: predicted > FACTOR x best measured (default 3.0)")
     p.add_argument("--repredict", action="store_true",
@@ -391,14 +396,14 @@ def _add_bench(sub: Any) -> None:
 
     p = sub.add_parser("bench", help="time tuned kernels against torch eager, torch.compile and JAX (GPU)")
     p.add_argument("graphs", nargs="+", metavar="GRAPH", help="graph.json files")
-    p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
+    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
     p.add_argument("--trials", type=int, default=0, metavar="N",
                    help="search N trials first for a graph without a tuned record (default 0: heuristic)")
     p.add_argument("--peers", default=",".join(PEER_NAMES), metavar="LIST",
                    help=f"comma-separated peers, or none (default: {','.join(PEER_NAMES)})")
     p.add_argument("--device", default=None, metavar="NAME", help="device preset (default: the GPU torch sees)")
-    p.add_argument("-o", "--out", default="results", metavar="DIR",
-                   help="where bench_<device>.csv/.png go (default: results)")
+    p.add_argument("-o", "--out", default=None, metavar="DIR",
+                   help="where bench_<device>.csv/.png go (default: the --db directory, where report finds them)")
     p.add_argument("--iters", type=int, default=100, metavar="N", help="timed calls per system (default 100)")
     p.add_argument("--warmup", type=int, default=10, metavar="N", help="warm-up calls (default 10)")
     p.set_defaults(func=_cmd_bench)
@@ -415,8 +420,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if problems:
         raise StitchtuneError(problems=problems)
     device = get_device(args.device) if args.device else None
-    df = run_bench(args.graphs, db=args.db, trials=args.trials, peers=peers, device=device, out_dir=args.out,
-                   iters=args.iters, warmup=args.warmup, progress=lambda s: print(s, flush=True))
+    df = run_bench(args.graphs, db=args.db, trials=args.trials, peers=peers, device=device,
+                   out_dir=args.out or args.db, iters=args.iters, warmup=args.warmup,
+                   progress=lambda s: print(s, flush=True))
     print(format_table(df))
     return 0
 
@@ -428,9 +434,9 @@ def _add_search(sub: Any) -> None:
     p.add_argument("--trials", type=int, default=64, metavar="N", help="trials in this run (default 64)")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop after S seconds")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),
-                   help="auto: cuda when pycuda finds a GPU, else emulate (estimated times)")
+                   help="auto: cuda when cuda-python finds a GPU, else emulate (estimated times)")
     p.add_argument("--device", default=None, metavar="NAME", help="device preset (default: the GPU, else h200)")
-    p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
+    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
     p.add_argument("--storage", default=None, metavar="URL",
                    help="optuna storage URL (postgresql://..., sqlite:///...; default: DIR/optuna.journal)")
     p.add_argument("--study", default=None, metavar="NAME",
@@ -463,13 +469,13 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 def _add_show(sub: Any) -> None:
     p = sub.add_parser("show", help="best schedule per workload and device in a tuning database")
-    p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
+    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
     p.set_defaults(func=_cmd_show)
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
     from stitchtune.tune.database import TuningDB
-    from stitchtune.tune.search import format_best_table
+    from stitchtune.tune.summary import format_best_table
 
     db = TuningDB(args.db)
     df = db.read()
@@ -480,7 +486,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 def _add_export(sub: Any) -> None:
     p = sub.add_parser("export", help="write a tuning database as one CSV file")
-    p.add_argument("--db", default="results", metavar="DIR", help="tuning database (default: results)")
+    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
     p.add_argument("--csv", required=True, metavar="FILE", help="output CSV")
     p.set_defaults(func=_cmd_export)
 
@@ -516,7 +522,8 @@ def _add_space(sub: Any) -> None:
 def _cmd_space(args: argparse.Namespace) -> int:
     import random
 
-    from stitchtune.hardware.device import default_device, get_device
+    from stitchtune.hardware.device import get_device
+    from stitchtune.gpu.device_query import default_device
     from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.plan.planner import make_plan
     from stitchtune.space.schedule import SearchSpace

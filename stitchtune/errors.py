@@ -29,7 +29,7 @@ class UnsupportedGraphError(StitchtuneError):
 
 
 class ToolchainError(StitchtuneError):
-    """A required external tool (nvcc, pycuda, a GPU) is missing or unusable."""
+    """A required external tool (nvcc, cuda-python and the CUDA driver, a GPU) is missing or unusable."""
 
 
 class DatabaseError(StitchtuneError):

@@ -3,6 +3,10 @@
 ``examples_dir``: Path of ``examples/``. ``small_examples`` / ``full_examples``: sorted lists of Paths
 (``*_small.json`` and the rest). ``load_example(name)``: the validated Graph of ``examples/<name>.json``.
 ``demo_db_script``: ``scripts/make_demo_db.py`` loaded as a module.
+
+Every test runs with ``STITCHTUNE_DB`` pointing at a fresh empty directory of its own (autouse
+``default_db``): a command or API call that falls back on the default database never reads or writes the
+developer's ``$STITCHTUNE_DB`` or a ``tuning-db/`` in the working directory.
 """
 
 from __future__ import annotations
@@ -13,6 +17,14 @@ from typing import Callable
 import pytest
 
 from helpers import EXAMPLES_DIR, FULL_EXAMPLES, SMALL_EXAMPLES
+
+
+@pytest.fixture(autouse=True)
+def default_db(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's own default tuning database (``$STITCHTUNE_DB``; the directory is not created)."""
+    path = tmp_path_factory.mktemp("default-db", numbered=True) / "tuning-db"
+    monkeypatch.setenv("STITCHTUNE_DB", str(path))
+    return path
 
 
 @pytest.fixture(scope="session")

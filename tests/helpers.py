@@ -1,6 +1,7 @@
 """What the tests share (the one helpers module; fixtures are in conftest.py).
 
-* Paths: ``REPO``, ``EXAMPLES_DIR``, ``SMALL_EXAMPLES`` / ``FULL_EXAMPLES`` (sorted Paths).
+* Paths: ``REPO``, ``EXAMPLES_DIR``, ``SMALL_EXAMPLES`` / ``FULL_EXAMPLES`` (sorted Paths), ``COMMITTED_DB``
+  (the committed H200 tuning database, ``results/h200-2026-11-29``).
 * Lowering: ``DEV`` (H200 preset), ``setup(name)`` -> (graph, plan, space), ``rel_err``,
   ``emulated_errors`` and ``suggested`` (schedules drawn the way optuna would).
 * Search fakes: a 15-point fake space (block in ``BLOCKS`` x vec in ``VECS``) whose outcomes are fixed
@@ -41,6 +42,7 @@ EXAMPLES = EXAMPLES_DIR
 SMALL_EXAMPLES = sorted(EXAMPLES_DIR.glob("*_small.json"))
 FULL_EXAMPLES = sorted(p for p in EXAMPLES_DIR.glob("*.json") if not p.stem.endswith("_small"))
 SMALL_DICTS = [json.loads(p.read_text()) for p in SMALL_EXAMPLES]
+COMMITTED_DB = REPO / "results" / "h200-2026-11-29"
 
 
 # ---------------------------------------------------------------------------- lowering

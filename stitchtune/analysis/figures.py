@@ -273,7 +273,7 @@ def figure_speedup_over_peers(bench: pd.DataFrame | None) -> Figure:
     devices = "" if bench is None else ", ".join(_text(x, 20) for x in sorted(bench["device"].unique()))
     fig.suptitle("Speedup of tuned kernels over peers (measured" + (f" on {devices})" if devices else ")"))
     if bench is None or bench.empty or not (bench["system"] == "stitchtune").any():
-        _empty(ax, "no benchmark results (results/bench_<device>.csv) with a stitchtune row",
+        _empty(ax, "no benchmark results (<db>/bench_<device>.csv) with a stitchtune row",
                "workload", "speedup (×)")
         return fig
     bench = checked_rows(bench)

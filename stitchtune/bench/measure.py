@@ -60,6 +60,7 @@ from stitchtune.bench.table import (
 )
 from stitchtune.deploy.torch_entry import _to_torch, _torch_dtype, _torch_out
 from stitchtune.errors import StitchtuneError, ToolchainError
+from stitchtune.hardware.device import QUERIED_SOURCE
 
 if TYPE_CHECKING:
     from stitchtune.hardware.device import Device
@@ -187,7 +188,7 @@ def stitchtune_program(graph_path: str, graph: Graph, db: str, trials: int, devi
         log.info("%s: no measured tuned record for %s (%s), searching %d trials", graph.name, device.key,
                  cg.source, trials)
         # a queried device is what `stitchtune search` finds by itself (device=None); a preset goes by name
-        dev_name = None if getattr(device, "source", "preset") == "pycuda" else device.name
+        dev_name = None if getattr(device, "source", "preset") == QUERIED_SOURCE else device.name
         res = run_search(SearchConfig(graph_path=str(graph_path), trials=trials, backend="cuda", device=dev_name,
                                       db=str(db), progress=False))
         log.info("%s: search stopped (%s) after %d trials", graph.name, res.stopped, res.trials_run)
@@ -322,10 +323,12 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
 
 
 def run_bench(graphs: Sequence[str | os.PathLike[str]], db: str, trials: int, peers: Sequence[str],
-              device: Device | None = None, *, out_dir: str | os.PathLike[str] = "results", iters: int = 100,
+              device: Device | None = None, *, out_dir: str | os.PathLike[str] | None = None, iters: int = 100,
               warmup: int = 10, seed: int = 0, progress: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Benchmark the graph files ``graphs`` (see the module docstring); write the CSV and chart under
-    ``out_dir`` and return the table. Raises ToolchainError without torch, cuda-python or a CUDA GPU."""
+    ``out_dir`` (default: the database ``db``, where ``stitchtune report`` looks for them) and return the
+    table. Raises ToolchainError without torch, cuda-python or a CUDA GPU."""
+    out_dir = db if out_dir is None else out_dir
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares the GPU with torch
     missing = [m for m in ("torch", "cuda") if m not in sys.modules and importlib.util.find_spec(m) is None]
     if missing:
@@ -334,7 +337,8 @@ def run_bench(graphs: Sequence[str | os.PathLike[str]], db: str, trials: int, pe
 
     if not torch.cuda.is_available():
         raise ToolchainError("stitchtune bench needs a CUDA GPU (torch sees none)")
-    from stitchtune.hardware.device import get_device, query_device
+    from stitchtune.hardware.device import get_device
+    from stitchtune.gpu.device_query import query_device
     from stitchtune.graph.parse import load_graph
 
     if device is None:  # the same description (and database key) `stitchtune search` uses by default

@@ -23,7 +23,7 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 #: Constants :func:`fit` can fit when profiles are available (the rest keep their ``base`` values).
 FITTED = ("dram_latency_ns", "bw_efficiency", "sm_bw_share", "compute_efficiency", "launch_scale",
           "block_barrier_us", "grid_barrier_scale", "atomic_ns", "scratch_load_ns")
-#: What ``stitchtune calibrate`` fits (plus ``time_scale``). On the H200 rows of results/ (5
+#: What ``stitchtune calibrate`` fits (plus ``time_scale``). On the H200 rows of results/h200-2026-11-29/ (5
 #: workloads, scripts/model_quality.py), fitting every constant of :data:`FITTED` lowered the
 #: held-out (leave-one-workload-out) rank correlation (mean 0.87 with the defaults -> 0.80), while
 #: ``scratch_load_ns`` came out stable across folds (219-332 ns) and kept it at 0.87: the other
@@ -265,10 +265,15 @@ def devices_in(df: pd.DataFrame) -> list[tuple[str, str]]:
     return sorted(set(zip(rows["device_key"].astype(str), names.astype(str), strict=True)))
 
 
-def resolve_devices(pairs: list[tuple[str, str]]) -> tuple[list[Device], list[str]]:
+def resolve_devices(pairs: list[tuple[str, str]], local: Callable[[], Device] | None = None,
+                    ) -> tuple[list[Device], list[str]]:
     """Device descriptions for (device_key, device_name) pairs: the preset whose key matches, else
-    the local GPU (pycuda) when its key matches; returns (devices, keys that matched neither)."""
-    from stitchtune.hardware.device import DeviceError, get_device, query_device
+    the local GPU when its key matches; returns (devices, keys that matched neither).
+
+    ``local`` describes the local GPU (the CLI passes :func:`stitchtune.gpu.device_query.query_device`;
+    this layer sits below the driver): called at most once, and only when a key is not a preset's; a
+    ToolchainError from it means no local GPU. ``None``: presets only."""
+    from stitchtune.hardware.device import DeviceError, get_device
     from stitchtune.errors import ToolchainError
 
     found: list[Device] = []
@@ -283,10 +288,10 @@ def resolve_devices(pairs: list[tuple[str, str]]) -> tuple[list[Device], list[st
                 continue
         except DeviceError:
             pass
-        if not gpu_tried:
+        if not gpu_tried and local is not None:
             gpu_tried = True
             try:
-                gpu = query_device()
+                gpu = local()
             except ToolchainError:
                 gpu = None
         if gpu is not None and gpu.key == key:

@@ -39,7 +39,7 @@ The model, per kernel (all quantities from the :class:`~stitchtune.ir.kir.Kernel
    atomics (``atomics x atomic_ns``, device-wide throughput); the scratch chain
    (``ceil(waves) x scratch_loads x scratch_load_ns``): every thread combines the partials of its
    row from scratch, and on the H200 that cost grows with the loads per thread and per wave of
-   blocks (measured rows in results/: split 64 layernorm_wide schedules run 10-25x slower than
+   blocks (measured rows in results/h200-2026-11-29/: split 64 layernorm_wide schedules run 10-25x slower than
    their streaming time). The SASS issues ~20 of these ``LDG.E.STRONG.GPU`` loads before the first
    add, so it is not a plain latency chain; all warps of all blocks of a row hit the same few L2
    lines, which is the likely bottleneck. The constant is empirical: 300 ns assumed, 234-323 ns

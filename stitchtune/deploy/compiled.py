@@ -41,6 +41,7 @@ import numpy as np
 
 from stitchtune import __version__
 from stitchtune.errors import StitchtuneError, ToolchainError
+from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
 
 log = logging.getLogger(__name__)
 
@@ -344,13 +345,15 @@ def _build(source: str, arch: str) -> tuple[Any, bytes]:
     return res, Path(res.cubin_path).read_bytes()
 
 
-def compile(graph_or_path: Any, db: str | os.PathLike[str] | None = "results", device: Any = None, *,
+def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB, device: Any = None, *,
             schedule: Any = None, build: bool | None = None) -> CompiledGraph:
     """Compile a graph (a :class:`~stitchtune.graph.parse.Graph`, a path to graph.json, or its dict) for
     ``device`` (a Device, a preset name, or None: the local GPU, else the H200 preset) with the schedule
-    the tuning database ``db`` selects (see :mod:`stitchtune.deploy.selection`), or ``schedule`` (a Schedule or
-    its dict) when given. ``build``: True builds the cubin (ToolchainError without nvcc), False does
-    not, None builds when nvcc is found."""
+    the tuning database ``db`` selects (see :mod:`stitchtune.deploy.selection`; default ``$STITCHTUNE_DB``,
+    else ``./tuning-db``; None: no database, the heuristic), or ``schedule`` (a Schedule or its dict) when
+    given. ``build``: True builds the cubin (ToolchainError without nvcc), False does not, None builds when
+    nvcc is found."""
+    db = resolve_db(db)
     from stitchtune.hardware.device import get_device
     from stitchtune.graph.parse import Graph, load_graph, parse_graph
     from stitchtune.lower.entry import CODEGEN_VERSION, lower
@@ -365,7 +368,12 @@ def compile(graph_or_path: Any, db: str | os.PathLike[str] | None = "results", d
         graph = parse_graph(dict(graph_or_path))
     else:
         graph = load_graph(os.fspath(graph_or_path))
-    dev = device if device is not None and not isinstance(device, str) else get_device(device)
+    if device is None:
+        from stitchtune.gpu.device_query import default_device
+
+        dev = default_device()
+    else:
+        dev = get_device(device) if isinstance(device, str) else device
     from stitchtune.hardware.device import check_fits
 
     check_fits(graph, dev)  # a graph that cannot fit the device is refused with the numbers

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from stitchtune.errors import StitchtuneError, ToolchainError
+from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB
 
 log = logging.getLogger(__name__)
 
@@ -207,11 +208,12 @@ def _torch_out(t: Any) -> np.ndarray:
     return t.float().cpu().numpy()
 
 
-def compile(fn: Any, db: str | os.PathLike[str] | None = "results", example_inputs: Sequence[Any] | Any = (),
-            *, device: Any = None, emulate: bool = False, schedule: Any = None,
-            name: str | None = None) -> StitchedFunction:
+def compile(fn: Any, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB,
+            example_inputs: Sequence[Any] | Any = (), *, device: Any = None, emulate: bool = False,
+            schedule: Any = None, name: str | None = None) -> StitchedFunction:
     """Import ``fn`` at ``example_inputs`` (tensors, positional), compile it with the tuning database
-    ``db`` and return a :class:`StitchedFunction` (see module docstring). ``device``: a Device or preset
+    ``db`` (default ``$STITCHTUNE_DB``, else ``./tuning-db``; None: none) and return a
+    :class:`StitchedFunction` (see module docstring). ``device``: a Device or preset
     name for schedule selection (default: the GPU of the example inputs or torch's current GPU; with
     ``emulate=True`` and no GPU, the H200 preset). ``schedule``: use this schedule instead."""
     import torch as _torch
@@ -255,7 +257,8 @@ def compile(fn: Any, db: str | os.PathLike[str] | None = "results", example_inpu
 
 def _select_device(name: str | None, examples: Sequence[Any], emulate: bool) -> Any:
     """The Device description schedules are selected and lowered for (see :func:`compile`)."""
-    from stitchtune.hardware.device import get_device, query_device
+    from stitchtune.hardware.device import get_device
+    from stitchtune.gpu.device_query import default_device, query_device
 
     if name is not None:
         return get_device(name)
@@ -263,7 +266,7 @@ def _select_device(name: str | None, examples: Sequence[Any], emulate: bool) -> 
 
     cuda = [t.device for t in examples if t.device.type == "cuda"]
     if not cuda and (emulate or not _torch.cuda.is_available()):
-        return get_device(None)
+        return default_device()
     index = cuda[0].index if cuda and cuda[0].index is not None else _torch.cuda.current_device()
     try:
         return query_device(index)

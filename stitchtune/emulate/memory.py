@@ -21,9 +21,9 @@ Contract
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
-import ml_dtypes
 import numpy as np
 
 from stitchtune.ir import kir
@@ -40,13 +40,35 @@ FAULT_KINDS = (
     "bad_alignment",
 )
 
+class _ElemTypes(Mapping[str, np.dtype]):
+    """Buffer dtype -> numpy element type; ``bfloat16`` imports ml_dtypes on its first lookup only."""
+
+    _KEYS = ("float32", "float16", "bfloat16", "uint32")
+
+    def __init__(self) -> None:
+        self._known: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
+                                            "uint32": np.dtype(np.uint32)}
+
+    def __getitem__(self, key: str) -> np.dtype:
+        try:
+            return self._known[key]
+        except KeyError:
+            if key != "bfloat16":
+                raise
+        from stitchtune.graph.reference import bfloat16_dtype
+
+        dt = self._known[key] = bfloat16_dtype()
+        return dt
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._KEYS)
+
+    def __len__(self) -> int:
+        return len(self._KEYS)
+
+
 #: numpy element type of each buffer dtype (barrier buffers are always uint32)
-NP_ELEM: dict[str, Any] = {
-    "float32": np.dtype(np.float32),
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "uint32": np.dtype(np.uint32),
-}
+NP_ELEM: Mapping[str, np.dtype] = _ElemTypes()
 _NP_SCALAR = {F32: np.float32, I32: np.int32, BOOL: np.bool_}
 _ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "uint32": 4}
 

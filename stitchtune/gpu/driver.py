@@ -5,7 +5,8 @@ Contract
 * :class:`Driver` is the interface: device memory (:meth:`~Driver.mem_alloc`, ``mem_free``, copies,
   ``memset_d8`` on a stream), page-locked host buffers, modules and functions (``load_module``,
   ``get_function``, ``set_max_dynamic_smem``), ``launch`` of a function with pre-packed parameters on
-  a stream handle, events, synchronisation and a few device facts. Pointers, streams and events are
+  a stream handle, events, synchronisation and the device facts of :class:`DeviceFacts`
+  (``attribute``, ``total_memory``, ``info``). Pointers, streams and events are
   plain ints / opaque handles; a stream handle is any ``CUstream`` value (``0``: the legacy default
   stream; ``torch.cuda.current_stream().cuda_stream`` works as it is).
 * Every failed driver call raises :class:`DriverError` (a :class:`~stitchtune.errors.ToolchainError`)
@@ -28,8 +29,12 @@ Contract
   (``CUDA_ERROR_INVALID_VALUE``); ``fail[call] = name`` makes the next such call fail; a kernel
   may set ``pending`` to an error name that the next synchronising call raises (sticky, as a real
   fault poisons the context).
+  Its device facts are ``attrs`` (``CU_DEVICE_ATTRIBUTE_*`` names without the prefix: the L2 size,
+  SM count and compute capability from the constructor, plus any given; another name raises
+  ``CUDA_ERROR_INVALID_VALUE`` as an unsupported attribute does) and ``memory_bytes``.
 * :func:`open_driver` returns a :class:`CudaDriver` for ``ordinal`` (default ``$STITCHTUNE_CUDA_DEVICE``
-  or 0), one per ordinal and process.
+  or 0), one per ordinal and process. :func:`open_device` returns a :class:`CudaDevice`: the same
+  device facts without retaining a context (what describing the GPU needs).
 """
 
 from __future__ import annotations
@@ -61,7 +66,21 @@ class DriverError(ToolchainError):
         super().__init__(f"{call} failed: {name}" + (f" ({detail})" if detail else ""))
 
 
-class Driver(Protocol):
+class DeviceFacts(Protocol):
+    """What a GPU reports about itself, without a context (the part :mod:`stitchtune.gpu.device_query` uses).
+
+    * ``attribute(name)``: ``cuDeviceGetAttribute`` of ``CU_DEVICE_ATTRIBUTE_<name>`` (e.g.
+      ``"MULTIPROCESSOR_COUNT"``); :class:`DriverError` when the driver or its bindings do not know it.
+    * ``total_memory()``: ``cuDeviceTotalMem``, bytes of global memory.
+    * ``info()``: ``{"backend", "name", "cc": "9.0", "sm_count", "l2_bytes", "driver_version"}``.
+    """
+
+    def info(self) -> dict[str, Any]: ...
+    def attribute(self, name: str) -> int: ...
+    def total_memory(self) -> int: ...
+
+
+class Driver(DeviceFacts, Protocol):
     """The CUDA driver calls of the launch path and the worker (see module docstring)."""
 
     def mem_alloc(self, nbytes: int) -> int: ...
@@ -81,8 +100,6 @@ class Driver(Protocol):
     def event_synchronize(self, event: Any) -> None: ...
     def event_elapsed_ms(self, start: Any, end: Any) -> float: ...
     def synchronize(self) -> None: ...
-    def info(self) -> dict[str, Any]: ...
-    def attribute(self, name: str) -> int: ...
     def make_current(self) -> None: ...
     def close(self) -> None: ...
 
@@ -101,16 +118,15 @@ def _binding() -> Any:
     return driver
 
 
-class CudaDriver:
-    """:class:`Driver` over cuda-python on the primary context of GPU ``ordinal`` (see module docstring)."""
+class CudaDevice:
+    """:class:`DeviceFacts` of GPU ``ordinal`` over cuda-python: ``cuInit`` and the device handle, **no
+    context** (nothing is allocated on the GPU). ToolchainError without cuda-python, driver or GPU."""
 
     backend = "cuda-python"
 
     def __init__(self, ordinal: int = 0) -> None:
         cu = self._cu = _binding()
         self._ok = cu.CUresult.CUDA_SUCCESS
-        self._launch = cu.cuLaunchKernel
-        self._pinned: list[int] = []
         try:
             self._call("cuInit", 0)
         except DriverError:
@@ -122,8 +138,6 @@ class CudaDriver:
             raise ToolchainError(f"cuda-python finds no CUDA GPU {ordinal} (the driver sees {count})")
         self.ordinal = int(ordinal)
         self.device = self._call("cuDeviceGet", self.ordinal)
-        self.context = self._call("cuDevicePrimaryCtxRetain", self.device)
-        self.make_current()
 
     def _error_name(self, err: Any) -> str:
         try:
@@ -143,12 +157,15 @@ class CudaDriver:
         vals = res[1:] if isinstance(res, tuple) else ()
         return vals[0] if len(vals) == 1 else (vals or None)
 
-    def make_current(self) -> None:
-        self._call("cuCtxSetCurrent", self.context)
-
     def attribute(self, name: str) -> int:
-        attr = getattr(self._cu.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
+        attr = getattr(self._cu.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}", None)
+        if attr is None:
+            raise DriverError("cuDeviceGetAttribute", "CUDA_ERROR_INVALID_VALUE",
+                              f"these cuda-python bindings have no CU_DEVICE_ATTRIBUTE_{name}")
         return int(self._call("cuDeviceGetAttribute", attr, self.device))
+
+    def total_memory(self) -> int:
+        return int(self._call("cuDeviceTotalMem", self.device))
 
     def info(self) -> dict[str, Any]:
         raw = self._call("cuDeviceGetName", 256, self.device)
@@ -157,6 +174,20 @@ class CudaDriver:
         return {"backend": "cuda", "name": name, "cc": cc, "sm_count": self.attribute("MULTIPROCESSOR_COUNT"),
                 "l2_bytes": self.attribute("L2_CACHE_SIZE"),
                 "driver_version": int(self._call("cuDriverGetVersion"))}
+
+
+class CudaDriver(CudaDevice):
+    """:class:`Driver` over cuda-python on the primary context of GPU ``ordinal`` (see module docstring)."""
+
+    def __init__(self, ordinal: int = 0) -> None:
+        super().__init__(ordinal)
+        self._launch = self._cu.cuLaunchKernel
+        self._pinned: list[int] = []
+        self.context = self._call("cuDevicePrimaryCtxRetain", self.device)
+        self.make_current()
+
+    def make_current(self) -> None:
+        self._call("cuCtxSetCurrent", self.context)
 
     def mem_alloc(self, nbytes: int) -> int:
         return int(self._call("cuMemAlloc", max(int(nbytes), 1)))
@@ -244,10 +275,21 @@ def _open_cached(ordinal: int) -> CudaDriver:
     return CudaDriver(ordinal)
 
 
+def default_ordinal() -> int:
+    """The GPU stitchtune uses unless told: ``$STITCHTUNE_CUDA_DEVICE``, else 0."""
+    return int(os.environ.get(DEVICE_ENV, "0"))
+
+
+def open_device(ordinal: int | None = None) -> CudaDevice:
+    """:class:`CudaDevice` (facts, no context) of GPU ``ordinal`` (default :func:`default_ordinal`).
+    Raises ToolchainError without cuda-python, driver or GPU."""
+    return CudaDevice(default_ordinal() if ordinal is None else int(ordinal))
+
+
 def open_driver(ordinal: int | None = None) -> CudaDriver:
     """The process's :class:`CudaDriver` for GPU ``ordinal`` (default ``$STITCHTUNE_CUDA_DEVICE`` or 0),
     current on the calling thread. Raises ToolchainError without cuda-python, driver or GPU."""
-    o = int(os.environ.get(DEVICE_ENV, "0")) if ordinal is None else int(ordinal)
+    o = default_ordinal() if ordinal is None else int(ordinal)
     with _open_lock:
         drv = _open_cached(o)
     drv.make_current()
@@ -283,16 +325,23 @@ class FakeDriver:
     GARBAGE = 0xCD
 
     def __init__(self, kernels: Mapping[str, FakeKernel] | None = None, *, l2_bytes: int = 1 << 16,
-                 sm_count: int = 4, name: str = "Fake GPU", cc: str = "9.0") -> None:
+                 sm_count: int = 4, name: str = "Fake GPU", cc: str = "9.0",
+                 attrs: Mapping[str, int] | None = None, memory_bytes: int = 1 << 30) -> None:
         self.kernels = dict(kernels) if kernels is not None else None
         self.memory: dict[int, np.ndarray] = {}
         self.calls: list[tuple[Any, ...]] = []
         self.launches: list[FakeLaunch] = []
         self.fail: dict[str, str] = {}
         self.pending: str | None = None
-        self.attrs = {"L2_CACHE_SIZE": int(l2_bytes), "MULTIPROCESSOR_COUNT": int(sm_count)}
-        self._info = {"backend": "fake-driver", "name": name, "cc": cc, "sm_count": int(sm_count),
-                      "l2_bytes": int(l2_bytes), "driver_version": 13000}
+        major, _, minor = cc.partition(".")
+        self.attrs = {"L2_CACHE_SIZE": int(l2_bytes), "MULTIPROCESSOR_COUNT": int(sm_count),
+                      "COMPUTE_CAPABILITY_MAJOR": int(major), "COMPUTE_CAPABILITY_MINOR": int(minor or 0),
+                      **{k: int(v) for k, v in (attrs or {}).items()}}
+        self.memory_bytes = int(memory_bytes)
+        self._info = {"backend": "fake-driver", "name": name,
+                      "cc": f"{self.attrs['COMPUTE_CAPABILITY_MAJOR']}.{self.attrs['COMPUTE_CAPABILITY_MINOR']}",
+                      "sm_count": self.attrs["MULTIPROCESSOR_COUNT"], "l2_bytes": self.attrs["L2_CACHE_SIZE"],
+                      "driver_version": 13000}
         self._next = 1 << 32
 
     def _enter(self, call: str, *args: Any) -> None:
@@ -316,7 +365,12 @@ class FakeDriver:
         self._enter("make_current")
 
     def attribute(self, name: str) -> int:
+        if name not in self.attrs:  # as the driver answers an attribute it does not support
+            raise DriverError("cuDeviceGetAttribute", "CUDA_ERROR_INVALID_VALUE", f"no attribute {name}")
         return self.attrs[name]
+
+    def total_memory(self) -> int:
+        return self.memory_bytes
 
     def info(self) -> dict[str, Any]:
         return dict(self._info)

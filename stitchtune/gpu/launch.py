@@ -6,12 +6,11 @@ Every place that runs stitched kernels goes through :class:`Launcher`: the tunin
 (:mod:`stitchtune.deploy.compiled`), the PyTorch entry point (:mod:`stitchtune.deploy.torch_entry`)
 and ``stitchtune bench`` (:mod:`stitchtune.bench.measure`).
 
-Why NVIDIA's cuda-python driver bindings (:mod:`stitchtune.gpu.driver`) and not pycuda or cupy: it
-takes any raw ``CUstream`` handle (torch's current stream as it is; pycuda can only launch on streams
-it created), it works on the primary context that torch also uses (pointers of torch tensors are valid
-as they are), and with pre-packed ``kernelParams`` a launch is one Cython call into
-``cuLaunchKernel`` (cupy's ``RawKernel.__call__`` inspects and converts every argument per call; pycuda
-packs a struct per call).
+Why NVIDIA's cuda-python driver bindings (:mod:`stitchtune.gpu.driver`): they take any raw
+``CUstream`` handle (torch's current stream as it is), work on the primary context that torch also
+uses (pointers of torch tensors are valid as they are), and with pre-packed ``kernelParams`` a launch
+is one Cython call into ``cuLaunchKernel`` with no per-call argument conversion (the alternatives
+weighed are in docs/GPU_NOTES.md, "Launching: one path, cuda-python").
 
 Contract
 --------

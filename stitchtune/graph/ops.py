@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-import scipy.special
 
 __all__ = [
     "OpInfo",
@@ -93,10 +92,22 @@ def _relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, x.dtype.type(0))
 
 
+def _erf(x: np.ndarray) -> np.ndarray:
+    from scipy.special import erf  # scipy loads on first use only (0.25 s; validate/space never need it)
+
+    return erf(x)
+
+
+def _expit(x: np.ndarray) -> np.ndarray:
+    from scipy.special import expit
+
+    return expit(x)
+
+
 def _gelu(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
     t = x.dtype.type
-    return t(0.5) * x * (t(1) + scipy.special.erf(x * t(_SQRT1_2)))
+    return t(0.5) * x * (t(1) + _erf(x * t(_SQRT1_2)))
 
 
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
@@ -107,7 +118,7 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 
 def _silu(x: np.ndarray) -> np.ndarray:
-    return x * scipy.special.expit(x)
+    return x * _expit(x)
 
 
 def _identity(x: np.ndarray) -> np.ndarray:
@@ -141,9 +152,9 @@ _TABLE: tuple[OpInfo, ...] = (
     _u("reciprocal", _reciprocal, "(1.0f / {0})", 1, 1),
     _u("square", np.square, "({0} * {0})", 1, 0),
     _u("tanh", np.tanh, "tanhf({0})", 2, 1),
-    _u("sigmoid", scipy.special.expit, "(1.0f / (1.0f + expf((-{0}))))", 4, 2),
+    _u("sigmoid", _expit, "(1.0f / (1.0f + expf((-{0}))))", 4, 2),
     _u("relu", _relu, "fmaxf({0}, 0.0f)", 1, 0),
-    _u("erf", scipy.special.erf, "erff({0})", 10, 0),
+    _u("erf", _erf, "erff({0})", 10, 0),
     _u("gelu", _gelu, "(0.5f * {0} * (1.0f + erff(({0} * 0.70710677f))))", 14, 0),
     _u("gelu_tanh", _gelu_tanh,
        "(0.5f * {0} * (1.0f + tanhf((0.7978846f * ({0} + (0.044715f * {0} * {0} * {0}))))))", 9, 1),

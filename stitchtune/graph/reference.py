@@ -11,7 +11,8 @@ Contract
   returned. Constants are used as given.
 * :func:`random_inputs(graph, seed)` draws standard-normal inputs cast to their dtypes, with no exact
   zeros; the same seed gives the same arrays.
-* :func:`numpy_dtype(name)` maps ``float32``/``float16``/``bfloat16`` to numpy dtypes.
+* :func:`numpy_dtype(name)` maps ``float32``/``float16``/``bfloat16`` to numpy dtypes; ml_dtypes is imported
+  only for ``bfloat16`` (:func:`bfloat16_dtype`), so float32/float16 work never loads it.
 * Both refuse (:class:`StitchtuneError` with the numbers), before allocating, a graph whose reference
   would need more than :data:`HOST_MEMORY_FRACTION` of this host's physical memory
   (:func:`check_host_memory`): a valid graph may hold up to 64 GiB of inputs and outputs, and the
@@ -24,23 +25,29 @@ import logging
 import os
 from typing import Mapping
 
-import ml_dtypes
 import numpy as np
 
 from stitchtune.errors import GraphError, StitchtuneError
 from stitchtune.graph.parse import DTYPES, Graph
 from stitchtune.graph.ops import OPS
 
-__all__ = ["numpy_dtype", "run_reference", "random_inputs", "check_inputs", "check_host_memory",
+__all__ = ["numpy_dtype", "bfloat16_dtype", "run_reference", "random_inputs", "check_inputs", "check_host_memory",
            "reference_bytes", "host_memory_bytes", "HOST_MEMORY_FRACTION"]
 
 log = logging.getLogger(__name__)
 
+#: filled on first use: ``bfloat16`` imports ml_dtypes (0.6 s), which a float32 graph never needs
 _NP_DTYPES: dict[str, np.dtype] = {
     "float32": np.dtype(np.float32),
     "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
 }
+
+
+def bfloat16_dtype() -> np.dtype:
+    """``ml_dtypes.bfloat16`` as a numpy dtype; ml_dtypes is imported here, when a bfloat16 tensor is involved."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -48,6 +55,9 @@ def numpy_dtype(name: str) -> np.dtype:
     try:
         return _NP_DTYPES[name]
     except (KeyError, TypeError):
+        if name == "bfloat16":
+            dt = _NP_DTYPES["bfloat16"] = bfloat16_dtype()
+            return dt
         raise GraphError(problems=[f"unsupported dtype {name!r} (supported: {', '.join(DTYPES)})"]) \
             from None
 

@@ -1,4 +1,4 @@
-"""GPU device descriptions: presets from public specifications, and a pycuda query of the real GPU.
+"""GPU device descriptions: presets from public specifications, and a Device from driver attributes.
 
 Contract
 --------
@@ -8,9 +8,10 @@ Contract
 * :func:`get_device` returns a preset by case-insensitive name ("h200", "H100", "NVIDIA A100-SXM4-80GB",
   a device key such as "NVIDIA H200/sm_90", ...) and raises :class:`DeviceError` (a
   :class:`~stitchtune.errors.StitchtuneError`) listing the presets for an unknown name.
-* :func:`query_device` reads GPU ``ordinal`` through pycuda (imported inside the function) and raises
-  :class:`~stitchtune.errors.ToolchainError` when pycuda or a GPU is missing.
-* :func:`default_device` is the GPU when pycuda finds one, else the H200 preset.
+* :func:`device_from_attributes` turns what the CUDA driver reports (``CU_DEVICE_ATTRIBUTE_*`` values
+  named in :data:`DEVICE_ATTRIBUTES`, the name, the memory size) into a :class:`Device`; it is pure.
+  Reading them from the GPU is :mod:`stitchtune.gpu.device_query` (``query_device`` /
+  ``default_device``): this layer sits below the driver and never imports it.
 
 Sources of the preset numbers (cited again next to each value):
   [CC]   CUDA C++ Programming Guide, "Compute Capabilities" -> "Technical Specifications per Compute
@@ -39,9 +40,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from stitchtune.errors import StitchtuneError, ToolchainError
+from stitchtune.errors import StitchtuneError
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +101,8 @@ class Device:
     reg_alloc_unit: int = 256
     reg_alloc_granularity: str = "warp"
     register_subpartitions: int = 4
-    source: str = "preset"          # "preset" | "pycuda" | "file"
-    memory_bytes: int | None = None  # global memory (datasheet GB = 1e9 B; pycuda: total_memory()); None: unknown
+    source: str = "preset"          # "preset" | "cuda" (QUERIED_SOURCE: read from the driver) | "file"
+    memory_bytes: int | None = None  # global memory (datasheet GB = 1e9 B; queried: cuDeviceTotalMem); None: unknown
 
     # ---- derived -------------------------------------------------------------------------------
     @property
@@ -155,7 +157,7 @@ class Device:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-# ---- per-architecture facts used by presets and by query_device --------------------------------
+# ---- per-architecture facts used by presets and by device_from_attributes ----------------------
 # max blocks per SM [OCC cudaOccMaxBlocksPerMultiprocessor]
 def _max_blocks_per_sm(major: int, minor: int) -> int:
     if major == 7:
@@ -213,7 +215,7 @@ PRESETS: dict[str, Device] = {
         max_threads_per_sm=2048,         # [CC] cc 9.0
         smem_per_sm=228 * KiB,           # [CC] 228 KB per SM on 9.0 (233,472 B; also /work/shared/device)
         smem_per_block_optin=227 * KiB,  # [CC] 227 KB per block on 9.0
-        l2_bytes=60 * MiB,               # read from an H200 through pycuda (CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE), 2026-11-29
+        l2_bytes=60 * MiB,               # CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE read on an H200, 2026-11-29
         dram_bandwidth_gbs=4800.0,       # [H200] 4.8 TB/s
         copy_bandwidth_gbs=4120.0,       # [BASE] measured device-to-device copy
         clock_mhz=1980.0,                # [H100]/[H200] max boost 1980 MHz
@@ -288,14 +290,16 @@ def _norm(s: str) -> str:
     return "".join(ch for ch in s.lower() if ch.isalnum())
 
 
-def get_device(name: str | None = None) -> Device:
-    """A device by name: ``None`` -> :func:`default_device`; else a preset matched case-insensitively
-    against its short name ("h200"), full name ("NVIDIA H200") or key ("NVIDIA H200/sm_90").
+def get_device(name: str) -> Device:
+    """The preset matched case-insensitively against its short name ("h200"), full name
+    ("NVIDIA H200") or key ("NVIDIA H200/sm_90").
 
-    Raises DeviceError naming the presets when nothing matches.
+    Raises DeviceError naming the presets when nothing matches, and for ``None``: the local GPU is
+    :func:`stitchtune.gpu.device_query.default_device` (this layer cannot reach the driver).
     """
     if name is None:
-        return default_device()
+        raise DeviceError("get_device needs a device name; the local GPU (else the H200 preset) is "
+                          "stitchtune.gpu.device_query.default_device()")
     want = _norm(name)
     for short, dev in PRESETS.items():
         if want in (_norm(short), _norm(dev.name), _norm(dev.key)):
@@ -318,38 +322,41 @@ def _preset_like(name: str) -> Device | None:
         return None
 
 
-def query_device(ordinal: int = 0) -> Device:
-    """Describe GPU ``ordinal`` through pycuda's device attributes.
+#: CU_DEVICE_ATTRIBUTE_* names (without the prefix) that :func:`device_from_attributes` reads; a query
+#: passes those its driver reports. Only the compute capability is required.
+DEVICE_ATTRIBUTES: tuple[str, ...] = (
+    "COMPUTE_CAPABILITY_MAJOR", "COMPUTE_CAPABILITY_MINOR", "MULTIPROCESSOR_COUNT",
+    "MAX_THREADS_PER_BLOCK", "MAX_THREADS_PER_MULTIPROCESSOR", "MAX_BLOCKS_PER_MULTIPROCESSOR",
+    "WARP_SIZE", "MAX_REGISTERS_PER_MULTIPROCESSOR", "MAX_REGISTERS_PER_BLOCK",
+    "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR", "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", "MAX_SHARED_MEMORY_PER_BLOCK",
+    "RESERVED_SHARED_MEMORY_PER_BLOCK", "L2_CACHE_SIZE", "CLOCK_RATE", "MEMORY_CLOCK_RATE",
+    "GLOBAL_MEMORY_BUS_WIDTH",
+)
+#: ``Device.source`` of a description read from the CUDA driver (:mod:`stitchtune.gpu.device_query`)
+QUERIED_SOURCE = "cuda"
 
-    Speeds that the driver does not report (measured copy bandwidth, launch and barrier costs) come
-    from the preset of the same name when there is one, else the H200 measurements (assumed).
+
+def device_from_attributes(name: str, attrs: Mapping[str, int], *, memory_bytes: int | None = None,
+                           source: str = QUERIED_SOURCE) -> Device:
+    """The :class:`Device` of a GPU named ``name`` whose driver reports ``attrs``
+    (``{"MULTIPROCESSOR_COUNT": 132, ...}``, names of :data:`DEVICE_ATTRIBUTES`; clock rates in kHz as
+    the driver gives them) and ``memory_bytes`` of global memory (``None``: unknown). Pure: no driver.
+
+    An attribute that is absent (or 0) takes the architecture's value (``cuda_occupancy.h`` tables,
+    the CUDA C++ Programming Guide limits). DRAM bandwidth is 2 x memory clock x bus width / 8 (double
+    data rate) when both are reported, else the preset's figure. Speeds the driver does not report
+    (measured copy bandwidth, launch and grid-barrier costs, and L2 / clock / bus width when absent)
+    come from the preset of the same name when there is one, else the H200's (assumed).
+    Raises :class:`DeviceError` when the compute capability is missing.
     """
-    try:
-        import pycuda.driver as drv  # noqa: PLC0415 (optional heavy import)
-    except ImportError as exc:
-        raise ToolchainError(f"pycuda is not installed: {exc}") from exc
-    try:
-        drv.init()
-        if drv.Device.count() <= ordinal:
-            raise ToolchainError(f"no CUDA GPU with ordinal {ordinal}")
-        dev = drv.Device(ordinal)
-        attrs = dev.get_attributes()
-        name = dev.name()
-        total_memory = int(dev.total_memory()) if hasattr(dev, "total_memory") else None
-    except drv.Error as exc:  # type: ignore[attr-defined]
-        raise ToolchainError(f"cannot query the GPU: {exc}") from exc
-    A = drv.device_attribute
-
     def attr(label: str, default: int | None = None) -> int | None:
-        key = getattr(A, label, None)
-        if key is None or key not in attrs:
-            return default
-        return int(attrs[key])
+        v = attrs.get(label)
+        return default if v is None else int(v)
 
     major = attr("COMPUTE_CAPABILITY_MAJOR")
     minor = attr("COMPUTE_CAPABILITY_MINOR")
     if major is None or minor is None:
-        raise ToolchainError("pycuda did not report the compute capability")
+        raise DeviceError(f"the driver did not report the compute capability of {name!r}")
     like = _preset_like(name)
     fallback = like or PRESETS["h200"]
     mem_khz = attr("MEMORY_CLOCK_RATE")
@@ -357,16 +364,16 @@ def query_device(ordinal: int = 0) -> Device:
     if mem_khz and bus:
         dram = 2.0 * mem_khz * 1e3 * (bus / 8) / 1e9   # double data rate: 2 transfers per clock
     else:
-        dram = like.dram_bandwidth_gbs if like else fallback.dram_bandwidth_gbs
+        dram = fallback.dram_bandwidth_gbs
     clock_khz = attr("CLOCK_RATE")
     smem_block = attr("MAX_SHARED_MEMORY_PER_BLOCK", 48 * KiB) or 48 * KiB
-    d = Device(
+    blocks_default = _max_blocks_per_sm(major, minor)
+    return Device(
         name=name, cc_major=major, cc_minor=minor,
         sm_count=attr("MULTIPROCESSOR_COUNT") or 1,
         max_threads_per_block=attr("MAX_THREADS_PER_BLOCK", 1024) or 1024,
         max_threads_per_sm=attr("MAX_THREADS_PER_MULTIPROCESSOR", 2048) or 2048,
-        max_blocks_per_sm=attr("MAX_BLOCKS_PER_MULTIPROCESSOR", _max_blocks_per_sm(major, minor))
-        or _max_blocks_per_sm(major, minor),
+        max_blocks_per_sm=attr("MAX_BLOCKS_PER_MULTIPROCESSOR", blocks_default) or blocks_default,
         warp_size=attr("WARP_SIZE", 32) or 32,
         regs_per_sm=attr("MAX_REGISTERS_PER_MULTIPROCESSOR", 64 * KiB) or 64 * KiB,
         max_regs_per_block=attr("MAX_REGISTERS_PER_BLOCK", 64 * KiB) or 64 * KiB,
@@ -387,11 +394,9 @@ def query_device(ordinal: int = 0) -> Device:
         grid_barrier_per_block_us=fallback.grid_barrier_per_block_us,
         fp32_lanes_per_sm=_fp32_lanes_per_sm(major, minor),
         sfu_lanes_per_sm=SFU_LANES_PER_SM,
-        source="pycuda",
-        memory_bytes=total_memory,
+        source=source,
+        memory_bytes=None if memory_bytes is None else int(memory_bytes),
     )
-    log.info("queried GPU %d: %s (%s SMs)", ordinal, d.key, d.sm_count)
-    return d
 
 
 def check_fits(graph: Any, device: Any) -> None:
@@ -407,12 +412,3 @@ def check_fits(graph: Any, device: Any) -> None:
             f"graph {str(graph.name)!a} does not fit in device memory: its inputs and outputs alone need "
             f"{need} bytes ({need / 2**30:.2f} GiB), {getattr(device, 'key', device)} has {int(have)} bytes "
             f"({int(have) / 2**30:.2f} GiB)")
-
-
-def default_device() -> Device:
-    """The GPU when pycuda finds one, else the H200 preset."""
-    try:
-        return query_device()
-    except ToolchainError as exc:
-        log.debug("no GPU through pycuda (%s); using the H200 preset", exc)
-        return PRESETS["h200"]

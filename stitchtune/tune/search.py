@@ -28,7 +28,8 @@ Contract of :func:`run_search`
   attr ``interrupted``; everything finished before is already in the database).
 
 Optuna storage, study, sampler, grid and worker-liveness helpers live in :mod:`stitchtune.tune.study`, the
-summary text in :mod:`stitchtune.tune.summary`; their public names are re-exported here.
+summary text in :mod:`stitchtune.tune.summary`, :class:`SearchResult` in :mod:`stitchtune.tune.result`; their
+public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ import optuna
 from optuna.trial import TrialState
 
 from stitchtune.tune.database import TuningDB
+from stitchtune.tune.dbpath import default_db
 from stitchtune.errors import ScheduleError, StitchtuneError, ToolchainError
 from stitchtune.tune.pipeline import Stages, context_row, default_stages, evaluate, schedule_columns
+from stitchtune.tune.result import SearchResult
 from stitchtune.tune.summary import format_best_table, format_summary, json_safe  # noqa: F401 - re-exported
 from stitchtune.tune.study import (
     _KEY_WAIT_S,
@@ -84,7 +87,7 @@ class SearchConfig:
     timeout_s: float | None = None
     backend: str = "auto"
     device: str | None = None
-    db: str = "results"
+    db: str = field(default_factory=default_db)   # $STITCHTUNE_DB, else ./tuning-db
     storage: str | None = None
     study: str | None = None
     sampler: str = "tpe"
@@ -131,31 +134,6 @@ class Components:
     cuda_available: Callable[[], bool]
 
 
-@dataclass(frozen=True)
-class SearchResult:
-    """What a search did. ``best``/``heuristic`` are database rows (dicts) or None."""
-
-    study_name: str
-    storage: str
-    db_path: str
-    backend: str
-    backend_reason: str
-    estimated: bool
-    graph_name: str
-    workload_key: str
-    device_key: str
-    trials_run: int
-    status_counts: Mapping[str, int]
-    reused: int
-    best: Mapping[str, Any] | None
-    heuristic: Mapping[str, Any] | None
-    speedup: float | None
-    floor_us: float | None
-    floor_fraction: float | None
-    stopped: str
-    elapsed_s: float
-
-
 # ---------------------------------------------------------------------------------------- components
 class SkipBuilder:
     """Builder used with the emulate backend when nvcc is absent (or --no-build): compiles nothing."""
@@ -194,9 +172,10 @@ def _default_runner(backend: str, graph: Any, device: Any) -> Any:
 
 
 def _get_device(name: str | None) -> Any:
-    from stitchtune.hardware import device as dev
+    from stitchtune.gpu.device_query import default_device
+    from stitchtune.hardware.device import get_device
 
-    return dev.get_device(name) if name else dev.default_device()
+    return get_device(name) if name else default_device()
 
 
 def _cuda_available() -> bool:

@@ -2,7 +2,7 @@
 
 Contract
 --------
-* :func:`format_summary(result)` turns a :class:`~stitchtune.tune.search.SearchResult` into the end-of-search
+* :func:`format_summary(result)` turns a :class:`~stitchtune.tune.result.SearchResult` into the end-of-search
   table; every time is labelled ``(estimated)`` when the result is (emulate backend).
 * :func:`format_best_table(df)`: best row per workload, device and backend, ``estimated``/``measured``.
 * :func:`json_safe(row)`: a row with only JSON-serialisable values.
@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from stitchtune.tune.search import SearchResult
+from stitchtune.tune.result import SearchResult
 
 __all__ = ["format_best_table", "format_summary", "json_safe"]
 

@@ -1,6 +1,7 @@
 """Execute both analysis notebooks top to bottom on a real Jupyter kernel (nbclient + ipykernel).
 
-Database: ``STITCHTUNE_DB`` when set (CI points it at ``results/``), else a synthetic database made by
+Database: ``STITCHTUNE_TEST_DB`` when set (CI points it at the committed ``results/h200-2026-11-29``; not
+``STITCHTUNE_DB``, which every test sets to its own empty default database), else a synthetic database made by
 ``scripts/make_demo_db.py --synthetic`` in a temporary directory. The kernel runs with the repository
 root as working directory and on ``PYTHONPATH`` so that ``import stitchtune`` works uninstalled.
 """
@@ -25,7 +26,7 @@ CELL_TIMEOUT_S = 180
 
 @pytest.fixture(scope="module")
 def db_dir(tmp_path_factory, demo_db_script) -> Path:
-    given = os.environ.get("STITCHTUNE_DB")
+    given = os.environ.get("STITCHTUNE_TEST_DB")
     if given:
         return Path(given).resolve()
     db = tmp_path_factory.mktemp("nbdb")
@@ -54,7 +55,7 @@ def test_notebook_executes(name, db_dir, monkeypatch):
               if o.get("output_type") == "error"]
     assert not errors
     figure_cells = [c for c in nb.cells if c.cell_type == "code" and "report.figure_" in c.source]
-    if not os.environ.get("STITCHTUNE_DB"):    # the synthetic DB has a bench CSV: every figure draws
+    if not os.environ.get("STITCHTUNE_TEST_DB"):    # the synthetic DB has a bench CSV: every figure draws
         assert len(images) == len(figure_cells)
     assert len(images) >= 2
     # each figure has a markdown cell explaining it just before

@@ -1,14 +1,14 @@
 """Tests of stitchtune.analysis.report and `stitchtune report` on synthetic tuning databases.
 
 The databases are made by ``scripts/make_demo_db.py --synthetic`` (made-up rows, labelled synthetic):
-no search runs here, so these tests take seconds.
+no search runs here, so these tests take seconds; one test reports on the committed H200 database
+(``results/h200-2026-11-29``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +21,7 @@ from stitchtune.analysis import report
 from stitchtune.cli import main
 from stitchtune.tune.database import TuningDB, read_db
 from stitchtune.errors import DatabaseError
+from helpers import COMMITTED_DB
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,9 +67,9 @@ def assert_nonblank(pngs) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-@pytest.mark.skipif(not os.environ.get("STITCHTUNE_DB"), reason="STITCHTUNE_DB not set (CI: results/)")
-def test_report_on_the_given_database(tmp_path):
-    assert main(["report", "--db", os.environ["STITCHTUNE_DB"], "-o", str(tmp_path)]) == 0
+def test_report_on_the_committed_database(tmp_path):
+    assert (COMMITTED_DB / "optuna.journal").is_file() and list(COMMITTED_DB.glob("part-*.parquet"))
+    assert main(["report", "--db", str(COMMITTED_DB), "-o", str(tmp_path)]) == 0
     assert_nonblank(sorted(tmp_path.glob("*.png")))
     assert "| workload | device | backend |" in (tmp_path / "report.md").read_text()
 

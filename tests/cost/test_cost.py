@@ -398,10 +398,38 @@ def test_cli_calibrate_without_measured_rows(tmp_path, capsys) -> None:
     assert main(["calibrate", "--db", db, "--device", "nonesuch"]) == 2
 
 
-def test_cli_calibrate_skips_unknown_devices(tmp_path, monkeypatch, capsys) -> None:
-    import sys
+def test_resolve_devices_asks_the_local_gpu_once_and_only_for_non_presets() -> None:
+    from stitchtune.cost.calibrate import resolve_devices
+    from stitchtune.errors import ToolchainError
 
-    monkeypatch.setitem(sys.modules, "pycuda", None)       # no local GPU to match against
+    local = dataclasses.replace(H200, name="NVIDIA GeForce RTX 3090", cc_minor=6, cc_major=8, source="cuda")
+    asked: list[int] = []
+
+    def query() -> object:
+        asked.append(1)
+        return local
+
+    rtx, other = ("NVIDIA GeForce RTX 3090/sm_86", "NVIDIA GeForce RTX 3090"), ("Other GPU/sm_80", "Other GPU")
+    assert resolve_devices([(H200.key, H200.name)], local=query) == ([H200], [])
+    assert asked == []                                   # a preset never queries the GPU
+    assert resolve_devices([rtx, other, (H200.key, H200.name)], local=query) == ([local, H200], [other[0]])
+    assert asked == [1]                                  # once, however many keys miss
+    assert resolve_devices([rtx], local=None) == ([], [rtx[0]])
+
+    def no_gpu() -> object:
+        raise ToolchainError("no GPU")
+
+    assert resolve_devices([rtx], local=no_gpu) == ([], [rtx[0]])
+
+
+def test_cli_calibrate_skips_unknown_devices(tmp_path, monkeypatch, capsys) -> None:
+    from stitchtune.errors import ToolchainError
+    from stitchtune.gpu import device_query
+
+    def no_gpu(ordinal=None):
+        raise ToolchainError("no GPU in this test")
+
+    monkeypatch.setattr(device_query, "open_device", no_gpu)  # no local GPU to match against
     db = str(tmp_path / "db")
     df = _rows(_candidates(4), default_params(H200), with_profiles=False)
     other = df.assign(device_key="NVIDIA GeForce RTX 3090/sm_86", device_name="NVIDIA GeForce RTX 3090")
@@ -427,7 +455,7 @@ def test_repredict_uses_the_current_model_on_stored_rows() -> None:
     from stitchtune.space.schedule import Schedule
 
     root = Path(__file__).resolve().parents[2]
-    df = read_db(root / "results")
+    df = read_db(root / "results" / "h200-2026-11-29")
     g = load_graph(root / "examples" / "layernorm.json")
     ok = df[(df["graph_name"] == "layernorm") & (df["status"] == "ok")].head(3)
     out = repredict(ok, [g])

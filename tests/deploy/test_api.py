@@ -201,9 +201,10 @@ def test_call_reports_a_driver_error_with_the_graph(cg: CompiledGraph) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU through cuda-python")
 def test_gpu_call_matches_reference(small_examples: list[Path]) -> None:
-    from stitchtune.hardware.device import default_device
+    from stitchtune.gpu.device_query import query_device
 
-    dev = default_device()  # the queried GPU; the H200 preset where the device query (still pycuda) is missing
+    dev = query_device()  # the GPU itself, never a preset: a failing query fails the test
+    assert dev.source == "cuda"
     for path in small_examples:
         g = stitchtune.compile(path, db=None, device=dev, build=True)
         x = random_inputs(g.graph, 1)

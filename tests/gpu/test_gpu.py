@@ -116,7 +116,7 @@ def test_dynamic_shared_memory_above_48k(runner: CudaRunner, built: Any) -> None
 def test_sampled_schedules_of_full_examples_match_the_reference(tmp_path: Path) -> None:
     from stitchtune.gpu.build import NvccBuilder
     from stitchtune.cost.model import predict
-    from stitchtune.hardware.device import default_device
+    from stitchtune.gpu.device_query import query_device
     from stitchtune.errors import ScheduleError
     from stitchtune.graph.parse import load_graph
     from stitchtune.lower.entry import lower
@@ -129,7 +129,7 @@ def test_sampled_schedules_of_full_examples_match_the_reference(tmp_path: Path) 
     only = {n.strip() for n in os.environ.get("STITCHTUNE_GPU_EXAMPLES", "").split(",") if n.strip()}
     examples = [p for p in FULL_EXAMPLES if not only or p.stem in only]
     assert examples, f"STITCHTUNE_GPU_EXAMPLES names no full-size example: {sorted(only)}"
-    dev = default_device()
+    dev = query_device()  # the GPU itself (a failing query fails the test instead of using a preset)
     builder = NvccBuilder(cache_dir=tmp_path / "cubin")
     failures: list[str] = []
     ran = 0

@@ -1,16 +1,23 @@
-"""Device presets, name lookup, persistence and the pycuda query (with a fake pycuda module)."""
+"""Device presets, name lookup, persistence, and a Device from driver attributes (pure; the query
+through the driver is tests/gpu/test_device_query.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import sys
-import types
 
 import pytest
 
-from stitchtune.hardware import device as device_mod
-from stitchtune.hardware.device import PRESETS, Device, DeviceError, default_device, get_device, query_device
-from stitchtune.errors import StitchtuneError, ToolchainError
+from stitchtune.hardware.device import (
+    DEVICE_ATTRIBUTES,
+    PRESETS,
+    QUERIED_SOURCE,
+    Device,
+    DeviceError,
+    device_from_attributes,
+    get_device,
+)
+from stitchtune.errors import StitchtuneError
 
 
 def test_presets_cover_required_models() -> None:
@@ -83,39 +90,8 @@ def test_from_dict_rejects_bad_fields() -> None:
         Device.from_dict(d)
 
 
-def _fake_pycuda(monkeypatch: pytest.MonkeyPatch, name: str, attrs: dict[str, int],
-                 count: int = 1) -> None:
-    attr_enum = types.SimpleNamespace(**{k: k for k in attrs})
-
-    class FakeError(Exception):
-        pass
-
-    class FakeDevice:
-        def __init__(self, ordinal: int) -> None:
-            self.ordinal = ordinal
-
-        @staticmethod
-        def count() -> int:
-            return count
-
-        def name(self) -> str:
-            return name
-
-        def get_attributes(self) -> dict[str, int]:
-            return dict(attrs)
-
-    drv = types.ModuleType("pycuda.driver")
-    drv.init = lambda: None  # type: ignore[attr-defined]
-    drv.Device = FakeDevice  # type: ignore[attr-defined]
-    drv.Error = FakeError  # type: ignore[attr-defined]
-    drv.device_attribute = attr_enum  # type: ignore[attr-defined]
-    pkg = types.ModuleType("pycuda")
-    pkg.driver = drv  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "pycuda", pkg)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", drv)
-
-
-H200_ATTRS = dict(  # what the driver reports on an H200 (cudaDeviceProp / cuDeviceGetAttribute names)
+# what the driver reports on an H200 (CU_DEVICE_ATTRIBUTE_* names); MEMORY_CLOCK_RATE is in kHz
+H200_ATTRS = dict(
     COMPUTE_CAPABILITY_MAJOR=9, COMPUTE_CAPABILITY_MINOR=0, MULTIPROCESSOR_COUNT=132,
     MAX_THREADS_PER_BLOCK=1024, MAX_THREADS_PER_MULTIPROCESSOR=2048, MAX_BLOCKS_PER_MULTIPROCESSOR=32,
     WARP_SIZE=32, MAX_REGISTERS_PER_MULTIPROCESSOR=65536, MAX_REGISTERS_PER_BLOCK=65536,
@@ -123,60 +99,45 @@ H200_ATTRS = dict(  # what the driver reports on an H200 (cudaDeviceProp / cuDev
     MAX_SHARED_MEMORY_PER_BLOCK=49152, RESERVED_SHARED_MEMORY_PER_BLOCK=1024,
     L2_CACHE_SIZE=62914560, CLOCK_RATE=1980000, MEMORY_CLOCK_RATE=3201000, GLOBAL_MEMORY_BUS_WIDTH=6144,
 )
+H200_MEMORY = 150109880320  # cuDeviceTotalMem on an H200 (results/gpu_smoke_2026-11-29)
 
 
-def test_query_device_with_fake_pycuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_pycuda(monkeypatch, "NVIDIA H200", H200_ATTRS)
-    d = query_device()
+def test_device_attributes_cover_what_is_read() -> None:
+    assert set(H200_ATTRS) == set(DEVICE_ATTRIBUTES)
+
+
+def test_device_from_h200_attributes_is_the_preset_but_for_what_the_driver_measures() -> None:
+    d = device_from_attributes("NVIDIA H200", H200_ATTRS, memory_bytes=H200_MEMORY)
     p = PRESETS["h200"]
-    assert d.source == "pycuda"
-    assert d.key == p.key
-    for f in ("sm_count", "max_threads_per_sm", "max_blocks_per_sm", "regs_per_sm", "smem_per_sm",
-              "smem_per_block_optin", "smem_reserved_per_block", "l2_bytes", "smem_alloc_unit"):
-        assert getattr(d, f) == getattr(p, f), f
-    assert d.copy_bandwidth_gbs == 4120.0            # measured figure taken from the matching preset
-    assert d.dram_bandwidth_gbs == pytest.approx(2 * 3201e6 * 768 / 1e9, rel=1e-3)
-    assert d.clock_mhz == 1980.0
-    assert default_device().key == p.key
+    assert d.source == QUERIED_SOURCE == "cuda"
+    # every field equals the preset's except the driver's own figures: DRAM bandwidth from the memory
+    # clock and bus width (double data rate), the memory size, and the source
+    dram = round(2 * 3201e6 * 6144 / 8 / 1e9, 1)
+    assert d == dataclasses.replace(p, dram_bandwidth_gbs=dram, memory_bytes=H200_MEMORY, source="cuda")
+    assert d.key == p.key and d.copy_bandwidth_gbs == 4120.0 and d.clock_mhz == 1980.0
 
 
-def test_query_unknown_gpu_falls_back_on_arch_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unknown_gpu_falls_back_on_arch_tables() -> None:
     attrs = dict(H200_ATTRS, COMPUTE_CAPABILITY_MAJOR=8, COMPUTE_CAPABILITY_MINOR=6,
                  MULTIPROCESSOR_COUNT=84, MAX_THREADS_PER_MULTIPROCESSOR=1536)
-    del attrs["MAX_BLOCKS_PER_MULTIPROCESSOR"], attrs["CLOCK_RATE"]
-    _fake_pycuda(monkeypatch, "NVIDIA GeForce RTX 3090", attrs)
-    d = query_device()
-    assert d.arch == "sm_86" and d.sm_count == 84
+    del attrs["MAX_BLOCKS_PER_MULTIPROCESSOR"], attrs["CLOCK_RATE"], attrs["MEMORY_CLOCK_RATE"]
+    d = device_from_attributes("NVIDIA GeForce RTX 3090", attrs)
+    assert d.arch == "sm_86" and d.sm_count == 84 and d.max_threads_per_sm == 1536
     assert d.max_blocks_per_sm == 16          # cuda_occupancy.h table for 8.6
-    assert d.copy_bandwidth_gbs is None
-    assert d.clock_mhz == PRESETS["h200"].clock_mhz
+    assert d.smem_alloc_unit == 128 and d.fp32_lanes_per_sm == 128
+    assert d.copy_bandwidth_gbs is None       # no preset of that name: nothing measured
+    h200 = PRESETS["h200"]
+    assert d.clock_mhz == h200.clock_mhz and d.dram_bandwidth_gbs == h200.dram_bandwidth_gbs
+    assert d.memory_bytes is None
 
 
-def test_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_pycuda(monkeypatch, "none", H200_ATTRS, count=0)
-    with pytest.raises(ToolchainError):
-        query_device()
-    assert default_device() is PRESETS["h200"]
+def test_device_from_attributes_needs_the_compute_capability() -> None:
+    attrs = dict(H200_ATTRS)
+    del attrs["COMPUTE_CAPABILITY_MINOR"]
+    with pytest.raises(DeviceError, match="compute capability"):
+        device_from_attributes("NVIDIA H200", attrs)
 
 
-def test_no_pycuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "pycuda", None)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
-    with pytest.raises(ToolchainError):
-        query_device()
-    assert get_device(None) is device_mod.PRESETS["h200"]
-
-
-def test_cli_devices(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from stitchtune.cli import main
-
-    monkeypatch.setitem(sys.modules, "pycuda", None)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
-    assert main(["devices"]) == 0
-    out = capsys.readouterr().out
-    assert "no GPU" in out and "NVIDIA H200/sm_90" in out and "Tesla T4/sm_75" in out
-    assert main(["devices", "--device", "a100"]) == 0
-    assert Device.from_dict(json.loads(capsys.readouterr().out)) == PRESETS["a100"]
-    assert main(["devices", "--check"]) == 2
-    assert main(["devices", "--device", "nope"]) == 2
-    assert "presets: h200" in capsys.readouterr().err
+def test_get_device_needs_a_name() -> None:
+    with pytest.raises(DeviceError, match="default_device"):
+        get_device(None)  # type: ignore[arg-type]

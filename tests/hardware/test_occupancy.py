@@ -184,21 +184,22 @@ def test_matches_cuda_occupancy_header() -> None:
 
 def _has_gpu() -> bool:
     try:
-        from stitchtune.hardware.device import query_device
+        from stitchtune.gpu.device_query import query_device
 
-        query_device()
+        query_device(0)
         return True
     except Exception:  # noqa: BLE001 - any failure means: no usable GPU here
         return False
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _has_gpu(), reason="needs a CUDA GPU, pycuda and nvcc")
+@pytest.mark.skipif(not _has_gpu(), reason="needs a CUDA GPU, cuda-python and nvcc")
 def test_driver_check() -> None:
-    from stitchtune.hardware.device import query_device
+    from stitchtune.gpu.build import find_nvcc
+    from stitchtune.gpu.device_query import query_device
     from stitchtune.hardware.occupancy import driver_check
 
-    total, mismatches = driver_check(query_device())
+    total, mismatches = driver_check(query_device(0), ordinal=0, nvcc=find_nvcc())
     assert total > 50
     assert not mismatches, mismatches[:10]
 

@@ -116,7 +116,7 @@ def test_context_row_json_columns():
 
 def test_real_stages_on_small_layernorm():
     """The real lower/render/cost stages + EmulateRunner (no nvcc: SkipBuilder) on a small example."""
-    from stitchtune.hardware.device import default_device
+    from stitchtune.gpu.device_query import default_device
     from stitchtune.graph.parse import load_graph
     from stitchtune.plan.planner import make_plan
     from stitchtune.gpu.runners import EmulateRunner
