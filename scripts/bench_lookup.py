@@ -38,7 +38,7 @@ def make_db(path: Path, rows: int, parts: int, seed: int = 0) -> None:
     from stitchtune.lower.entry import CODEGEN_VERSION
     from stitchtune.tune.pipeline import context_row, schedule_columns
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
 
     rng = np.random.default_rng(seed)
     ln = load_graph(REPO / "examples" / "layernorm_small.json")

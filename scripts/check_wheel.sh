@@ -82,7 +82,7 @@ def inside(path) -> bool:
 
 
 import stitchtune  # noqa: E402
-from stitchtune.space.schedule import default_space_file  # noqa: E402
+from stitchtune.space import default_space_file  # noqa: E402
 
 if not inside(stitchtune.__file__):
     problems.append(f"stitchtune imported from {stitchtune.__file__}, not from the venv")

@@ -37,7 +37,7 @@ def fingerprints(samples: int = DEFAULT_SAMPLES, examples: Path = ROOT / "exampl
     from stitchtune.hardware.device import get_device
     from stitchtune.lower.entry import lower
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
 
     dev = get_device("H200")
     out: dict[str, list[dict]] = {}

@@ -89,7 +89,7 @@ def relowered_profiles(rows: pd.DataFrame, device) -> tuple[list[str], int]:
 
 
 def cost_schedule(schedule_json: str):
-    from stitchtune.space.schedule import Schedule
+    from stitchtune.space import Schedule
     return Schedule.from_dict(json.loads(schedule_json))
 
 

@@ -41,7 +41,7 @@ def predictions(graph_path: str, schedule: dict, device_name: str) -> list[tuple
     from stitchtune.graph.parse import load_graph
     from stitchtune.lower.entry import lower
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space.schedule import Schedule, SearchSpace
+    from stitchtune.space import Schedule, SearchSpace
 
     dev = get_device(device_name)
     g = load_graph(graph_path)

@@ -150,7 +150,7 @@ def profile_example(name: str, args: argparse.Namespace, tmp: Path) -> dict[str,
     from stitchtune.lower.entry import lower
     from stitchtune.plan.planner import make_plan
     from stitchtune.gpu.render import render
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
 
     path = ROOT / "examples" / f"{name}.json"
     dev = get_device("h200")

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     from stitchtune.graph.parse import load_graph
     from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = get_device(args.device)

@@ -526,7 +526,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
     from stitchtune.gpu.device_query import default_device
     from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
 
     if args.sample < 0:
         raise StitchtuneError(f"--sample must be >= 0 (got {args.sample})")

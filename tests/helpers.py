@@ -32,7 +32,7 @@ from stitchtune.graph.ops import OPS
 from stitchtune.hardware.device import get_device
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
-from stitchtune.space.schedule import Schedule, SearchSpace
+from stitchtune.space import Schedule, SearchSpace
 from stitchtune.tune.pipeline import Stages
 from stitchtune.tune.search import Components
 

@@ -16,10 +16,10 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 
 #: import name -> distribution name, where they differ or an import needs a named distribution
-DIST_OF = {"ml_dtypes": "ml-dtypes", "pycuda": "pycuda", "yaml": "pyyaml"}
-#: imported inside functions for `bench` and the torch entry point on a GPU, with a one-line error when
-#: absent; not an extra, because the right wheel depends on the local CUDA version (cupy-cuda12x, jax[cuda12])
-OPTIONAL_AT_RUN_TIME = {"cupy", "jax"}
+DIST_OF = {"ml_dtypes": "ml-dtypes", "cuda": "cuda-bindings", "yaml": "pyyaml"}
+#: imported inside functions for `bench`'s XLA peer on a GPU, with a one-line error when absent; not an
+#: extra, because the right wheel depends on the local CUDA version (jax[cuda12])
+OPTIONAL_AT_RUN_TIME = {"jax"}
 
 
 def _dist_name(requirement: str) -> str:

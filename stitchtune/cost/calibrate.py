@@ -313,7 +313,7 @@ def repredict(df: pd.DataFrame, graphs: Sequence[Any] = (), params: CostParams |
     from stitchtune.hardware.device import get_device
     from stitchtune.lower.entry import lower
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space.schedule import Schedule
+    from stitchtune.space import Schedule
 
     by_key = {g.workload_key(): g for g in graphs}
     plans: dict[str, Any] = {}

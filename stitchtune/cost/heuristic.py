@@ -33,7 +33,7 @@ import random
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.hardware.occupancy import max_resident_blocks, occupancy
 from stitchtune.plan.planner import StitchPlan
-from stitchtune.space.schedule import PERSISTENT, Schedule, SearchSpace
+from stitchtune.space import PERSISTENT, Schedule, SearchSpace
 
 log = logging.getLogger(__name__)
 

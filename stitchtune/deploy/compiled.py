@@ -153,7 +153,7 @@ class CompiledGraph:
         from stitchtune.lower.entry import CODEGEN_VERSION, lower
         from stitchtune.plan.planner import make_plan
         from stitchtune.gpu.render import render
-        from stitchtune.space.schedule import Schedule, SearchSpace
+        from stitchtune.space import Schedule, SearchSpace
         from stitchtune.deploy.selection import Choice
 
         d = Path(directory)
@@ -359,7 +359,7 @@ def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = 
     from stitchtune.lower.entry import CODEGEN_VERSION, lower
     from stitchtune.plan.planner import make_plan
     from stitchtune.gpu.render import render
-    from stitchtune.space.schedule import Schedule, SearchSpace
+    from stitchtune.space import Schedule, SearchSpace
     from stitchtune.deploy.selection import Choice, choose_schedule
 
     if isinstance(graph_or_path, Graph):

@@ -254,7 +254,7 @@ def _validate(graph: Any, plan: Any, device: Any, space: Any, schedule_json: str
     else (schedule|None, None, why not)."""
     from stitchtune.cost.model import predict
     from stitchtune.lower.entry import lower
-    from stitchtune.space.schedule import Schedule
+    from stitchtune.space import Schedule
 
     try:
         s = Schedule.from_json(schedule_json)
@@ -296,7 +296,7 @@ def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: 
     the graph's plan and search space when the caller has them already."""
     from stitchtune.lower.entry import CODEGEN_VERSION
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
 
     plan = plan if plan is not None else make_plan(graph)
     space = space if space is not None else SearchSpace.for_plan(plan, device)

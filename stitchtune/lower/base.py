@@ -19,7 +19,7 @@ from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Math
 from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.graph.ops import OPS
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space.schedule import Schedule
+from stitchtune.space import Schedule
 
 _I = lambda v: Const(int(v), I32)  # noqa: E731
 

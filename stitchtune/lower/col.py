@@ -29,7 +29,7 @@ from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select, Var
 from stitchtune.lower.base import _I, _add, _and, _Ctx, _Lowerer, _mul, _SweepValues, estimate_registers
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space.schedule import Schedule
+from stitchtune.space import Schedule
 
 
 def _load_f32(dsts: tuple, buf: str, idx: kir.Expr, pred: kir.Expr | None) -> list:

@@ -38,7 +38,7 @@ from stitchtune.lower.base import estimate_registers, kern_barriers, scratch_loa
 from stitchtune.lower.col import lower_col
 from stitchtune.lower.row import lower_row
 from stitchtune.plan.planner import StitchPlan
-from stitchtune.space.schedule import Schedule, SearchSpace
+from stitchtune.space import Schedule, SearchSpace
 
 CODEGEN_VERSION = "1"
 

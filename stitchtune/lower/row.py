@@ -21,7 +21,7 @@ from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Select, Var
 from stitchtune.lower.base import _I, _add, _and, _Ctx, _Lowerer, _mul, _SweepValues, estimate_registers
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space.schedule import Schedule
+from stitchtune.space import Schedule
 
 
 class _RowLowerer(_Lowerer):

@@ -16,7 +16,7 @@ and :attr:`StitchPlan.K`). The reductions are the dominant ops; reductions of th
 *depth* (number of reductions on the longest path to them, counting themselves) form one stage and
 share one stitching scheme. The result of a stage reaches its consumers one-to-many (a broadcast
 along the reduced axis); which schemes are legal for that edge depends on the thread mapping and is
-decided in :mod:`stitchtune.space.schedule`.
+decided in :mod:`stitchtune.space`.
 
 Every tensor also gets an :class:`~stitchtune.plan.index_map.IndexMap` (:attr:`StitchPlan.index_maps`):
 where view element ``(r, c)`` lives in it. A tensor that broadcasts along only some of the row axes

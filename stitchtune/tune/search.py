@@ -189,7 +189,7 @@ def default_components() -> Components:
     from stitchtune.graph.parse import load_graph
     from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
 
     return Components(load_graph=load_graph, make_plan=make_plan, space_for_plan=SearchSpace.for_plan,
                       heuristic_schedule=heuristic_schedule, get_device=_get_device,
@@ -259,7 +259,7 @@ class _Loop:
         self.plan = comp.make_plan(self.graph)
         self.space = comp.space_for_plan(self.plan, self.device)
         if config.sampler in ("gp", "cmaes") and hasattr(self.space, "flat_mode"):
-            # these samplers model a fixed parameter set: plain names, repaired points (schedule.py)
+            # these samplers model a fixed parameter set: plain names, repaired points (space/search_space.py)
             self.space = self.space.flat_mode()
         self.stages = comp.stages()
         self.db = TuningDB(config.db)

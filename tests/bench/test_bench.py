@@ -306,7 +306,7 @@ def test_stitchtune_program_uses_selection_and_skips_an_illegal_stored_schedule(
 
     from stitchtune.lower.entry import CODEGEN_VERSION
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
     from stitchtune.tune.database import TuningDB
 
     _nvcc_or_skip()
@@ -341,7 +341,7 @@ def test_stitchtune_program_searches_first_without_a_measured_record(monkeypatch
     import stitchtune.tune.search as search
     from stitchtune.lower.entry import CODEGEN_VERSION
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
     from stitchtune.tune.database import TuningDB
 
     _nvcc_or_skip()

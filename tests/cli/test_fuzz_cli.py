@@ -408,7 +408,7 @@ def _sources(d: dict[str, Any], seeds: range) -> list[str]:
     from stitchtune.lower.entry import lower
     from stitchtune.plan.planner import make_plan
     from stitchtune.gpu.render import render
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
 
     dev = get_device("h200")
     g = parse_graph(d)
@@ -569,7 +569,7 @@ def test_integer_over_python_digit_limit_is_a_named_refusal(work: Path) -> None:
     rc, out, err = call(["validate", str(work / "huge.json")])
     assert_named_refusal(rc, out, err, ("digits",), ())
     from stitchtune.errors import ScheduleError
-    from stitchtune.space.schedule import Schedule
+    from stitchtune.space import Schedule
 
     with pytest.raises(ScheduleError, match="digits"):
         Schedule.from_json('{"tpr": 1' + "0" * 5000 + "}")

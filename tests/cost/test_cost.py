@@ -189,7 +189,7 @@ def test_lowering_counts_scratch_loads_of_split_partials() -> None:
     from stitchtune.graph.parse import load_graph
     from stitchtune.lower.entry import lower
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space.schedule import Schedule
+    from stitchtune.space import Schedule
 
     g = load_graph(Path(__file__).resolve().parents[2] / "examples" / "layernorm_wide_small.json")
     plan = make_plan(g)
@@ -452,7 +452,7 @@ def test_repredict_uses_the_current_model_on_stored_rows() -> None:
     from stitchtune.graph.parse import load_graph
     from stitchtune.lower.entry import lower
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space.schedule import Schedule
+    from stitchtune.space import Schedule
 
     root = Path(__file__).resolve().parents[2]
     df = read_db(root / "results" / "h200-2026-11-29")

@@ -18,7 +18,7 @@ from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.lower.entry import CODEGEN_VERSION, lower
 from stitchtune.tune.pipeline import context_row, schedule_columns
 from stitchtune.plan.planner import make_plan
-from stitchtune.space.schedule import Schedule, SearchSpace
+from stitchtune.space import Schedule, SearchSpace
 from stitchtune.deploy.selection import (
     choose_schedule,
     clear_cache,

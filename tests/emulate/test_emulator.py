@@ -721,7 +721,7 @@ def test_removing_barriers_from_lowered_programs_is_caught(load_example: Callabl
     from stitchtune.lower.entry import lower
     from stitchtune.plan.planner import make_plan
     from stitchtune.graph.reference import random_inputs
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
 
     dev = get_device(None)
     found = {kir.Barrier: 0, kir.GridSync: 0}

@@ -329,7 +329,7 @@ def _compile_sampled(per_example: int, tmp_path: Path) -> int:
     from stitchtune.lower.entry import lower
     from stitchtune.plan.planner import make_plan
     from stitchtune.gpu.render import render
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
 
     dev = get_device("h200")
     programs = []

@@ -162,7 +162,7 @@ def _enqueue_legal(db: Path, n: int) -> None:
     from stitchtune.graph.parse import load_graph
     from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
     from stitchtune.tune.search import make_storage
 
     dev = get_device("h200")

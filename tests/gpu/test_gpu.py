@@ -122,7 +122,7 @@ def test_sampled_schedules_of_full_examples_match_the_reference(tmp_path: Path) 
     from stitchtune.lower.entry import lower
     from stitchtune.plan.planner import make_plan
     from stitchtune.gpu.render import render
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
 
     n_samples = int(os.environ.get("STITCHTUNE_GPU_SAMPLES", "2"))
     report = os.environ.get("STITCHTUNE_GPU_REPORT")

@@ -111,7 +111,7 @@ def _programs(example: str, n: int, seed: int = 0, want: Any = None, device: Any
     from stitchtune.graph.parse import load_graph
     from stitchtune.lower.entry import lower
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
 
     dev = device or get_device("h200")
     g = load_graph(EXAMPLES / f"{example}.json")

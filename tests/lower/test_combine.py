@@ -1,6 +1,7 @@
 """Combining a split row's partials (``Schedule.combine``): ``thread`` (every thread loads all of its
 row's partials, one load per partial) or ``warp`` (the lanes of each warp load them together and reduce
-them by shuffles). Same results in the emulator, fewer scratch loads per thread, the space's rules."""
+them by shuffles). Same results in the emulator, fewer scratch loads per thread (its rules in the space:
+``tests/space/test_space.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from stitchtune.lower.entry import lower, scratch_loads_per_thread
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.render import render
 from helpers import DEV, emulated_errors, setup
-from stitchtune.space.schedule import Schedule
+from stitchtune.space import Schedule
 
 WIDE = {"block": 256, "min_blocks": 0, "reuse": ["global", "recompute"], "schemes": ["global", "independent"],
         "split": 8, "tasks_per_block": 0, "tpr": 256, "vec": 4}
@@ -64,14 +65,3 @@ def test_warp_combine_loads_each_partial_once_per_warp(split: int) -> None:
         assert emulated_errors(gs, ps, sps, s, inputs, ref)["y"] < 1e-5
 
 
-def test_combine_rules_of_the_space() -> None:
-    g, plan, space = setup("layernorm_wide.json")
-    s = Schedule.from_dict({**WIDE, "combine": "warp"})
-    assert not space.violations(s)
-    whole = Schedule.from_dict({**WIDE, "split": 1, "schemes": ["regional", "regional"], "combine": "warp"})
-    assert any("combine warp needs a row split" in v for v in space.violations(whole))
-    assert "combine" not in Schedule.from_dict(WIDE).to_dict()
-    assert Schedule.from_json(s.to_json()) == s
-    assert ("warp" in {v.combine for v in space.variants(Schedule.from_dict(WIDE))})
-    _, _, col = setup("colsum_sigmoid_scale.json")
-    assert {col.sample(random.Random(i)).combine for i in range(30)} == {"thread"}

@@ -20,7 +20,7 @@ from stitchtune.gpu.render import render
 from stitchtune.hardware.device import get_device
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
-from stitchtune.space.schedule import SearchSpace
+from stitchtune.space import SearchSpace
 
 
 def _graph(inputs: dict[str, list[int]], nodes: list[dict], outputs: list[str]):

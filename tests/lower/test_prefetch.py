@@ -3,7 +3,8 @@ registers right after the current task's first sweep, so those loads are in flig
 task reduces and writes. These tests pin the results (emulator against the reference, over every
 row-family example and several rounds per block), the program's shape (a prologue before the round
 loop, a first sweep without global loads of full-size inputs, the next task's loads right after it,
-guarded on the last round), the space's rules, and that schedules without prefetch are unchanged.
+guarded on the last round), and that schedules without prefetch are unchanged (its rules in the
+space: ``tests/space/test_space.py``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from stitchtune.ir import kir
 from stitchtune.cost.model import CostParams, predict
 from stitchtune.lower.entry import lower
 from stitchtune.graph.reference import random_inputs, run_reference
-from helpers import DEV, emulated_errors, setup, suggested
-from stitchtune.space.schedule import Schedule, SearchSpace, prefetchable
+from helpers import DEV, emulated_errors, setup
+from stitchtune.space import Schedule, SearchSpace
 
 ROW_SMALL = ["layernorm_small.json", "layernorm_odd_small.json", "layernorm_bf16_small.json", "softmax_small.json",
              "softmax_odd_small.json", "rmsnorm_small.json", "softmax_tiny_rows_small.json"]
@@ -88,33 +89,6 @@ def test_without_prefetch_the_program_is_unchanged() -> None:
     assert not any(a.name.startswith("pf") for k in prog.kernels for a in k.locals)
     on = Schedule.from_dict({**LAYERNORM, "prefetch": 1})
     assert on.key() != s.key() and Schedule.from_json(on.to_json()) == on
-
-
-def test_prefetch_rules_of_the_space() -> None:
-    g, plan, space = setup("layernorm.json")
-    base = Schedule.from_dict({**LAYERNORM, "prefetch": 1})
-    assert not space.violations(base)
-    one_task = Schedule.from_dict({**base.to_dict(), "tasks_per_block": 1})
-    assert any("prefetch needs whole rows per block" in v for v in space.violations(one_task))
-    alt = Schedule.from_dict({**base.to_dict(), "reuse": ["global", "recompute"], "order": "alternate"})
-    assert any("not combined with the alternate sweep order" in v for v in space.violations(alt))
-    # the prefetch registers count against the register budget
-    big = Schedule.from_dict({**base.to_dict(), "tpr": 8, "block": 256, "vec": 4, "reuse": ["register", "recompute"],
-                              "schemes": ["local", "local"]})
-    assert not space.violations(Schedule.from_dict({**big.to_dict(), "prefetch": 0}))
-    assert any("register cache over 128" in v for v in space.violations(big))
-    assert prefetchable("row", 1, 0) and prefetchable("row", 1, 2)
-    assert not prefetchable("col", 1, 0) and not prefetchable("row", 2, 0) and not prefetchable("elementwise", 1, 0)
-    assert not prefetchable("row", 1, 1)
-    # define-by-run: asked only where it can matter
-    seen = set()
-    for params, s in suggested(space, 80, seed=4):
-        assert ("prefetch" in params) == (prefetchable(plan.family, s.split, s.tasks_per_block)
-                                          and s.order == "forward")
-        seen.add(s.prefetch)
-    assert seen == {0, 1}
-    _, col_plan, col_space = setup("colsum_sigmoid_scale.json")
-    assert {col_space.sample(random.Random(i)).prefetch for i in range(30)} == {0}
 
 
 def test_cost_model_sees_more_bytes_in_flight() -> None:

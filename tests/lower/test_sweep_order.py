@@ -2,13 +2,13 @@
 tensor from memory, and every other memory-reading kernel's task order, so that a re-read starts with
 the data the previous read left in L2. These tests pin what the order changes (and what it does not):
 the same results in the emulator, the reversed loops and task orders in the program, forward
-schedules' JSON/keys and kernels exactly as before the parameter existed, and its place in the space.
+schedules' JSON/keys and kernels exactly as before the parameter existed (its place in the space:
+``tests/space/test_space.py``).
 """
 
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
@@ -17,8 +17,8 @@ from stitchtune.cost.model import CostParams, predict
 from stitchtune.lower.entry import lower
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.render import render
-from helpers import DEV, emulated_errors, setup, suggested
-from stitchtune.space.schedule import Schedule, rereads
+from helpers import DEV, emulated_errors, setup
+from stitchtune.space import Schedule
 
 
 # (example, schedule JSON): split rows over an independent + grid-barrier pair of kernels (the best
@@ -107,24 +107,6 @@ def test_forward_schedules_are_unchanged(name: str, sched: dict) -> None:
 
 def _vars(kernel: kir.Kernel) -> list[kir.Var]:
     return [st.var for st in kir.walk(kernel.body) if isinstance(st, kir.Assign)]
-
-
-def test_order_is_a_parameter_only_where_something_is_reread() -> None:
-    g, plan, space = setup("layernorm_small.json")
-    cached = Schedule(64, 128, 1, 2, 0, 0, ("regional", "regional"), ("register", "register"), "alternate")
-    assert not rereads(cached.schemes, cached.reuse)
-    assert any("alternate sweep order without re-reads" in v for v in space.violations(cached))
-    assert not space.violations(Schedule.from_dict({**cached.to_dict(), "order": "forward"}))
-    bad = Schedule.from_dict({**cached.to_dict(), "reuse": ["global", "register"], "order": "sideways"})
-    assert any("order=sideways" in v for v in space.violations(bad))
-    # define-by-run: 'order' is asked only for points that re-read
-    seen = set()
-    for params, s in suggested(space, 60, seed=3):
-        assert ("order" in params) == rereads(s.schemes, s.reuse)
-        seen.add(s.order)
-    assert seen == {"forward", "alternate"}
-    # uniform sampling and the exhaustive grid reach both orders
-    assert {space.sample(random.Random(i)).order for i in range(40)} == {"forward", "alternate"}
 
 
 def test_cost_model_credits_reversed_rereads_with_l2_hits() -> None:

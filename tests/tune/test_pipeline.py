@@ -120,7 +120,7 @@ def test_real_stages_on_small_layernorm():
     from stitchtune.graph.parse import load_graph
     from stitchtune.plan.planner import make_plan
     from stitchtune.gpu.runners import EmulateRunner
-    from stitchtune.space.schedule import SearchSpace
+    from stitchtune.space import SearchSpace
     from stitchtune.tune.search import SkipBuilder
 
     graph = load_graph("examples/layernorm_small.json")

@@ -22,7 +22,7 @@ from stitchtune.tune.pipeline import context_row, schedule_columns
 from stitchtune.plan.planner import make_plan
 from stitchtune.graph.reference import numpy_dtype
 from stitchtune.gpu.runners import check_outputs, output_dtypes
-from stitchtune.space.schedule import SearchSpace
+from stitchtune.space import SearchSpace
 from stitchtune.deploy.selection import clear_cache
 
 H200 = get_device("h200")

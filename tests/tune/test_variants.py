@@ -12,7 +12,7 @@ from stitchtune.tune.database import TuningDB
 from stitchtune.hardware.device import get_device
 from stitchtune.graph.parse import load_graph
 from stitchtune.plan.planner import make_plan
-from stitchtune.space.schedule import Schedule, SearchSpace
+from stitchtune.space import Schedule, SearchSpace
 from stitchtune.gpu.runners import FakeRunner
 from stitchtune.tune.search import SearchConfig, default_components, run_search
 from stitchtune.tune.study import make_storage
@@ -23,30 +23,6 @@ DEV = get_device("H200")
 
 def _space(name: str) -> SearchSpace:
     return SearchSpace.for_plan(make_plan(load_graph(EXAMPLES / name)), DEV)
-
-
-def test_variants_switch_one_option_and_stay_legal() -> None:
-    space = _space("layernorm.json")
-    s = Schedule.from_dict({"block": 512, "min_blocks": 0, "reuse": ["global", "recompute"],
-                            "schemes": ["regional", "regional"], "split": 1, "tasks_per_block": 4, "tpr": 256,
-                            "vec": 2})
-    vs = space.variants(s)
-    assert {(v.order, v.prefetch) for v in vs} == {("alternate", 0), ("forward", 1)}
-    for v in vs:
-        assert not space.violations(v)
-        assert {**v.to_dict(), "order": "forward", "prefetch": 0} == {**s.to_dict(), "order": "forward",
-                                                                       "prefetch": 0}
-    # from the prefetching point: prefetch off, or alternate order (which needs prefetch off)
-    on = Schedule.from_dict({**s.to_dict(), "prefetch": 1})
-    assert {(v.order, v.prefetch) for v in space.variants(on)} == {("forward", 0), ("alternate", 0)}
-    # nothing re-read, one task per block: no variant
-    cached = Schedule.from_dict({**s.to_dict(), "reuse": ["register", "register"], "tasks_per_block": 1})
-    assert space.variants(cached) == []
-    # column family: the order only
-    col = _space("colsum_sigmoid_scale.json")
-    c = Schedule.from_dict({"block": 256, "min_blocks": 0, "reuse": ["global"], "schemes": ["independent"],
-                            "split": 16, "tasks_per_block": 0, "tpr": 32, "vec": 4})
-    assert [(v.order, v.prefetch) for v in col.variants(c)] == [("alternate", 0)]
 
 
 def _time(program) -> float:

@@ -1,0 +1,220 @@
+"""The option table: every schedule *option* declared once.
+
+An option is a small choice a schedule makes after its mapping, schemes and reuse levels are fixed
+(the sweep ``order``, ``prefetch``, how a split row ``combine``\\ s its partials). Each is one frozen
+:class:`Option`: its name, default, where it applies, the flat-mode rule, its variant rule, the names it
+adds for the space file's constraints, the registers it costs, and its JSON form. Its *domain* is data:
+``params[<name>]["choices"]`` of the space file (``search_spaces/stitch.json``), read by
+:class:`~stitchtune.space.search_space.SearchSpace`.
+
+Everything that handles options reads the table, in its order: ``SearchSpace.suggest`` (define-by-run
+and flat), ``sample``, the flat repair, ``violations``/``derived``, ``params_of``, ``variants``, ``grid``,
+and ``Schedule.to_dict``/``from_dict``/``flat``. Adding an option is one :class:`Option` appended to
+:data:`OPTIONS` (never inserted before an existing one: the table's order is the order in which
+``suggest`` asks and ``sample`` draws, so resumed studies and seeded samples depend on it), its domain
+in the space file, and the lowering that implements it (reading ``schedule.<name>``).
+
+Rules read a :data:`Point`: a mapping with the plan's ``family`` and ``nstages``, the mapping
+(``tpr``, ``block``, ``split``, ``vec``, ``tasks_per_block``, ``min_blocks``), ``schemes`` and ``reuse``
+(tuples), and the values of the options declared *before* the one asking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, TypeVar
+
+T = TypeVar("T")
+
+Point = Mapping[str, Any]
+"""What an option's rules read (see the module docstring)."""
+
+CORE_FIELDS: tuple[str, ...] = ("tpr", "block", "split", "vec", "tasks_per_block", "min_blocks", "schemes", "reuse")
+"""The fields every schedule has (its mapping, schemes and reuse levels); options come after them."""
+
+RESERVED: frozenset[str] = frozenset(CORE_FIELDS) | {
+    "family", "nstages", "options", "table", "option", "to_dict", "from_dict", "to_json", "from_json", "key", "flat",
+    "persistent",
+}
+"""Names an option may not take: the core fields, the point's plan names and the Schedule's own attributes
+(``tests/space`` checks that this covers every public attribute of :class:`~stitchtune.space.Schedule`)."""
+
+
+def _no_names(point: Point) -> Mapping[str, Any]:
+    return {}
+
+
+def _no_registers(names: Point) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class Option(Generic[T]):
+    """One schedule option, declared once.
+
+    * ``name``: the schedule attribute (``s.<name>``), the JSON key, the ``p_<name>`` database column,
+      the optuna parameter name, and the key of its domain in the space file's ``params``.
+    * ``default``: the value wherever the option does not apply; also what every schedule did before the
+      option existed, so the JSON leaves the option out at its default (old schedules keep their JSON
+      and ``key()``). It must be in the domain.
+    * ``decode``: the JSON form: the value itself (an int or a string), turned back by ``decode`` (e.g.
+      ``int``, ``str``); it raises ``TypeError``/``ValueError`` on a malformed one.
+    * ``applies(point)``: where the option can matter, over the point decided so far. Only there is it a
+      parameter (suggest asks it, sample draws it, the repair keeps it); elsewhere it takes its default,
+      and a non-default value there is a violation.
+    * ``where``: ``applies`` in words (for violation messages and docs).
+    * ``flat_asks(point)``: whether flat mode (one fixed parameter set, for GP / CMA-ES) asks it; the point
+      is the one chosen so far, *before* the repair, so the rule may only read what is fixed per space
+      (``family``, ``nstages``). The repair then keeps the asked value where ``applies`` holds.
+    * ``vary``: whether :meth:`SearchSpace.variants` tries this option's other values (in domain
+      order) next to a point; ``vary_resets``: options put back to their default in that variant (an
+      option that the new value excludes, e.g. ``prefetch`` for the alternate ``order``).
+    * ``derive(point)``: extra names the option adds for the space file's constraints (e.g.
+      ``rereads``), computed over the whole point.
+    * ``registers(names)``: register-cached floats per thread the option's value costs, added to
+      ``reg_cache_elems``; ``names`` is the point plus the derived names and ``n_full_inputs``.
+    """
+
+    name: str
+    default: T
+    decode: Callable[[Any], T]
+    applies: Callable[[Point], bool]
+    where: str
+    flat_asks: Callable[[Point], bool]
+    vary: bool = True
+    vary_resets: tuple[str, ...] = ()
+    derive: Callable[[Point], Mapping[str, Any]] = _no_names
+    registers: Callable[[Point], int] = _no_registers
+
+
+@dataclass(frozen=True)
+class OptionTable:
+    """The options of a space, in decision order (an ``Iterable[Option]`` with lookup by name).
+
+    Invariants (checked here): names are identifiers, unique, outside :data:`RESERVED`, not starting
+    with ``_``, ``scheme_`` or ``reuse_`` (those are parameter names of their own); ``vary_resets``
+    name declared options.
+    """
+
+    options: tuple[Option[Any], ...]
+    _by_name: dict[str, Option[Any]] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        by_name: dict[str, Option[Any]] = {}
+        for opt in self.options:
+            n = opt.name
+            if (not n.isidentifier() or n in RESERVED or n.startswith(("_", "scheme_", "reuse_"))
+                    or n in by_name):
+                raise ValueError(f"option name {n!r} is reserved, repeated or not an identifier")
+            by_name[n] = opt
+        for opt in self.options:
+            for r in opt.vary_resets:
+                if r not in by_name:
+                    raise ValueError(f"option {opt.name!r} resets undeclared option {r!r}")
+        object.__setattr__(self, "_by_name", by_name)
+
+    def __iter__(self) -> Iterator[Option[Any]]:
+        return iter(self.options)
+
+    def __len__(self) -> int:
+        return len(self.options)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __getitem__(self, name: str) -> Option[Any]:
+        """The option called ``name`` (``KeyError`` if undeclared)."""
+        return self._by_name[name]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._by_name)
+
+    def extended(self, *more: Option[Any]) -> "OptionTable":
+        """This table with ``more`` appended (decided after the existing options)."""
+        return OptionTable(self.options + tuple(more))
+
+    def normalized(self, values: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+        """The canonical stored form of option ``values``: the (name, value) pairs that differ from their
+        default, sorted by name (so equal schedules compare and hash equal whichever table built them).
+        An undeclared name is a ``TypeError``, like an unknown keyword argument."""
+        out = []
+        for n, v in values.items():
+            opt = self._by_name.get(n)
+            if opt is None:
+                raise TypeError(f"unknown schedule option {n!r} (declared: {', '.join(self._by_name)})")
+            if v != opt.default:
+                out.append((n, v))
+        return tuple(sorted(out))
+
+
+# ------------------------------------------------------------------------------------------------
+# the options of the stitch space
+# ------------------------------------------------------------------------------------------------
+
+def rereads(schemes: Iterable[str], reuse: Iterable[str]) -> bool:
+    """Whether a schedule reads some full-size tensor from memory in more than one sweep: a reuse
+    level ``global`` (an input re-read) or ``recompute`` (its inputs re-read), or a kernel boundary
+    (an ``independent`` stage: nothing cached survives it). Only then does the sweep ``order`` matter."""
+    return any(r in ("global", "recompute") for r in reuse) or "independent" in schemes
+
+
+def prefetchable(family: str, split: int, tasks_per_block: int) -> bool:
+    """Whether ``prefetch`` can matter: a row reduction (an element-wise graph has one sweep, with no
+    reduction to overlap the next task's loads with) with whole rows per block (split 1) and blocks
+    that take several tasks in turn (``tasks_per_block`` 0 = persistent, or >= 2)."""
+    return family == "row" and split == 1 and tasks_per_block != 1
+
+
+def _order_applies(p: Point) -> bool:
+    return rereads(p["schemes"], p["reuse"])
+
+
+def _order_names(p: Point) -> Mapping[str, Any]:
+    return {"rereads": rereads(p["schemes"], p["reuse"])}
+
+
+def _has_stages(p: Point) -> bool:
+    return p["nstages"] > 0
+
+
+def _prefetch_applies(p: Point) -> bool:
+    return prefetchable(p["family"], p["split"], p["tasks_per_block"]) and p["order"] == "forward"
+
+
+def _prefetch_names(p: Point) -> Mapping[str, Any]:
+    return {"prefetchable": prefetchable(p["family"], p["split"], p["tasks_per_block"])}
+
+
+def _prefetch_registers(n: Point) -> int:
+    """One row piece (``per_thread`` floats) per full-size input, row family only."""
+    return n["per_thread"] * n["prefetch"] * n["n_full_inputs"] if n["family"] != "col" else 0
+
+
+def _is_row(p: Point) -> bool:
+    return p["family"] == "row"
+
+
+def _combine_applies(p: Point) -> bool:
+    return p["family"] == "row" and p["split"] > 1
+
+
+ORDER: Option[str] = Option(
+    "order", "forward", str, _order_applies, "something is re-read (rereads)", _has_stages,
+    vary_resets=("prefetch",), derive=_order_names)
+"""Sweep order of the re-reads of full-size tensors: ``forward``, or ``alternate`` (every other sweep
+that reads them from memory runs backwards, so that a re-read starts with what the last read left in L2)."""
+
+PREFETCH: Option[int] = Option(
+    "prefetch", 0, int, _prefetch_applies, "prefetchable and order == 'forward'", _is_row,
+    derive=_prefetch_names, registers=_prefetch_registers)
+"""1: a block loads the full-size inputs of its next task into registers right after the current task's
+first sweep (row reductions with split 1 and several tasks per block, forward order)."""
+
+COMBINE: Option[str] = Option(
+    "combine", "thread", str, _combine_applies, "family == 'row' and split > 1", _is_row)
+"""How a row split over several blocks combines its partials: ``thread`` (every thread loads all of them)
+or ``warp`` (each warp loads them together and reduces by shuffles)."""
+
+OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE))
+"""The stitch space's options, in decision order (append new ones at the end)."""

@@ -1,0 +1,392 @@
+"""The schedule space of one plan on one device: :class:`SearchSpace`.
+
+Domains, constraints and the scheme/reuse rules are data (the space file, ``search_spaces/stitch.json``,
+see :mod:`stitchtune.space.space_file`); the options are declared once in
+:mod:`stitchtune.space.options`. This module interprets both: the derived names constraints read,
+validation, optuna suggestion (define-by-run and flat), seeded sampling, the variants of a point and the
+exhaustive grid. Every option is handled by walking the :class:`OptionTable` in its order.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import math
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+from stitchtune.errors import ScheduleError, StitchtuneError
+from stitchtune.plan.planner import StitchPlan, TensorClass
+from stitchtune.space.constraints import names_used, safe_eval
+from stitchtune.space.options import OPTIONS, Option, OptionTable
+from stitchtune.space.schedule import Schedule
+from stitchtune.space.space_file import load_space_file
+
+Choose = Callable[[str, list[Any]], Any]
+"""``choose(parameter name, domain) -> value``: how a decision walk asks for each value."""
+
+_CORE_SCALARS = ("tpr", "block", "split", "vec", "tasks_per_block", "min_blocks")
+
+
+def _core_name(param: str) -> str:
+    """The core field an optuna parameter name decides (``block_t32`` -> ``block``)."""
+    for f in ("min_blocks", "tasks_per_block", "tpr", "block", "split", "vec"):
+        if param == f or param.startswith(f + "_"):
+            return f
+    raise KeyError(param)
+
+
+class SearchSpace:
+    """The schedule space of one plan on one device (domains from the space file, options from ``table``).
+
+    Every option of ``table`` must have a domain ``params[<name>]["choices"]`` in ``data`` that holds its
+    default (else :class:`~stitchtune.errors.StitchtuneError`).
+    """
+
+    def __init__(self, plan: StitchPlan, device: Any, data: dict[str, Any], table: OptionTable = OPTIONS) -> None:
+        self.plan = plan
+        self.device = device
+        self.data = data
+        self.table = table
+        self.version: str = str(data["version"])
+        self.flat = False  # plain parameter names (see flat_mode)
+        p = data["params"]
+        self.domains: dict[str, list[Any]] = {k: list(v["choices"]) for k, v in p.items()}
+        self.scheme_rules: dict[str, str] = data["scheme_rules"]
+        self.reuse_rules: dict[str, str] = data["reuse_rules"]
+        self.constraints: list[dict[str, str]] = data["constraints"]
+        for opt in table:
+            if opt.name not in self.domains or opt.default not in self.domains[opt.name]:
+                raise StitchtuneError(f"search space option {opt.name!r} needs a domain params.{opt.name}.choices "
+                                      f"that holds its default {opt.default!r}")
+        # the options each constraint reads: an option's own rule is not reported again when one fails
+        self._constraint_options = [frozenset(names_used(c["expr"])) & frozenset(table.names)
+                                    for c in self.constraints]
+        # every tensor accessed with vector loads/stores (full-size ones, and the per-column operands
+        # that are contiguous along the vector) must fit 16 bytes: the widest element type decides
+        vec_cls = ({TensorClass.FULL, TensorClass.PER_KEPT} if plan.family == "col"
+                   else {TensorClass.FULL, TensorClass.PER_REDUCED})
+        vectored = [n for n, c in plan.classes if c in vec_cls]
+        self.elem_bytes = max((2 if plan.dtype(n) != "float32" else 4) for n in vectored) if vectored else 4
+        # full-size inputs: each takes one row piece of prefetch registers (schedule.prefetch)
+        self.n_full_inputs = sum(1 for n, c in plan.classes if c is TensorClass.FULL and n in plan.input_names)
+        # vec choices above 16 bytes are never legal: drop them from the domain up front
+        self.domains["vec"] = [v for v in self.domains["vec"] if v * self.elem_bytes <= 16]
+        if plan.family == "row":
+            self.domains["tpr"] = [t for t in self.domains["tpr"] if t >= 4]
+        elif plan.family == "elementwise":  # whole blocks along the row
+            self.domains["tpr"] = [t for t in self.domains["tpr"] if t >= 32]
+        else:  # column tiles at least 8 threads wide
+            self.domains["tpr"] = [t for t in self.domains["tpr"] if t * 8 <= max(self.domains["block"])]
+
+    @classmethod
+    def for_plan(cls, plan: StitchPlan, device: Any, path: Path | None = None,
+                 table: OptionTable = OPTIONS) -> "SearchSpace":
+        """The space of ``plan`` on ``device`` from the space file at ``path`` (default: the installed one)."""
+        return cls(plan, device, load_space_file(path), table)
+
+    # -- points -----------------------------------------------------------------------------------
+    def _core_point(self, tpr: int, block: int, split: int, vec: int, tasks: int, min_blocks: int,
+                    schemes: tuple[str, ...], reuse: tuple[str, ...]) -> dict[str, Any]:
+        """The :data:`~stitchtune.space.options.Point` of a mapping, before any option is decided."""
+        return {"family": self.plan.family, "nstages": self.plan.nstages, "tpr": tpr, "block": block,
+                "split": split, "vec": vec, "tasks_per_block": tasks, "min_blocks": min_blocks,
+                "schemes": tuple(schemes), "reuse": tuple(reuse)}
+
+    def _point(self, s: Schedule) -> dict[str, Any]:
+        """The whole point of ``s``: its core and every option of this space's table (an option ``s``
+        does not store reads as the table's default)."""
+        point = self._core_point(s.tpr, s.block, s.split, s.vec, s.tasks_per_block, s.min_blocks, s.schemes,
+                                 s.reuse)
+        stored = dict(s.options)
+        for opt in self.table:
+            point[opt.name] = stored.get(opt.name, opt.default)
+        return point
+
+    def _decide_options(self, point: dict[str, Any], ask: Callable[[Option[Any]], Any]) -> dict[str, Any]:
+        """Each option in table order: ``ask(option)`` where it applies to ``point`` (which grows with
+        every decided option, so later rules see earlier values), its default elsewhere."""
+        values: dict[str, Any] = {}
+        for opt in self.table:
+            point[opt.name] = values[opt.name] = ask(opt) if opt.applies(point) else opt.default
+        return values
+
+    # -- derived quantities and checks ------------------------------------------------------------
+    def derived(self, s: Schedule) -> dict[str, Any]:
+        """The names constraint expressions may use, for schedule ``s``: the mapping, the plan's sizes,
+        the budgets below, each option's value and the names its ``derive`` adds; ``reg_cache_elems``
+        includes the registers each option's value costs."""
+        plan = self.plan
+        K, P = plan.K, plan.P
+        fam = plan.family
+        cached_reg = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == "register"]
+        cached_smem = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == "shared"]
+        if fam == "col":
+            chunk = math.ceil(K / s.split)
+            rows_per_thread = math.ceil(chunk / max(s.tpr, 1))
+            per_thread = rows_per_thread * s.vec
+            cols_per_block = (s.block // max(s.tpr, 1)) * s.vec
+            smem_cache = 4 * chunk * cols_per_block * len(cached_smem)
+            smem_red = 4 * s.block * max(1, s.vec) if plan.nstages else 0
+            vec_ok = P % s.vec == 0
+            max_split = K
+        else:
+            step = s.tpr * s.vec
+            chunk = math.ceil(math.ceil(K / s.split) / step) * step
+            per_thread = chunk // s.tpr
+            rpb = max(1, s.block // s.tpr)
+            smem_cache = 4 * rpb * chunk * len(cached_smem)
+            smem_red = 4 * max(1, rpb) * max(1, s.tpr // 32) * max(1, plan.nstages) if plan.nstages else 0
+            vec_ok = K % s.vec == 0
+            max_split = max(1, math.ceil(K / (s.tpr * s.vec)))
+        names: dict[str, Any] = {
+            "family": fam, "tpr": s.tpr, "block": s.block, "split": s.split, "vec": s.vec,
+            "tasks_per_block": s.tasks_per_block, "min_blocks": s.min_blocks,
+            "elem_bytes": self.elem_bytes, "K": K, "P": P, "chunk": chunk, "per_thread": per_thread,
+            "reg_cache_elems": per_thread * len(cached_reg), "smem_cache_bytes": smem_cache,
+            "smem_red_bytes": smem_red, "smem_limit": int(self.device.smem_per_block_optin), "vec_ok": vec_ok,
+            "max_split": max_split, "max_threads_per_sm": int(self.device.max_threads_per_sm),
+        }
+        point = self._point(s)
+        for opt in self.table:
+            names[opt.name] = point[opt.name]
+            names.update(opt.derive(point))
+        context = {**point, **names, "n_full_inputs": self.n_full_inputs}
+        names["reg_cache_elems"] += sum(opt.registers(context) for opt in self.table)
+        return names
+
+    def _domain_violations(self, s: Schedule) -> list[str]:
+        """Values outside their domains, undeclared options, and scheme/reuse counts that do not fit the plan."""
+        out: list[str] = []
+        for name in _CORE_SCALARS:
+            if getattr(s, name) not in self.domains[name]:
+                out.append(f"{name}={getattr(s, name)} not in {self.domains[name]}")
+        stored = dict(s.options)
+        for opt in self.table:
+            value = stored.get(opt.name, opt.default)
+            if value not in self.domains[opt.name]:
+                out.append(f"{opt.name}={value} not in {self.domains[opt.name]}")
+        out += [f"option {n}={v} is not declared by this space" for n, v in s.options if n not in self.table]
+        if len(s.schemes) != self.plan.nstages:
+            out.append(f"{len(s.schemes)} schemes for {self.plan.nstages} stages")
+        if len(s.reuse) != len(self.plan.reuse_candidates):
+            out.append(f"{len(s.reuse)} reuse levels for {len(self.plan.reuse_candidates)} candidates")
+        return out
+
+    def violations(self, s: Schedule) -> list[str]:
+        """Every reason ``s`` is outside the space (empty when it is a legal point): domains, the space
+        file's constraints, each option at a non-default value where it does not apply (unless a failed
+        constraint already names that option), then the scheme and reuse rules."""
+        out = self._domain_violations(s)
+        if out:
+            return out
+        names = self.derived(s)
+        failed_options: set[str] = set()
+        for c, options in zip(self.constraints, self._constraint_options):
+            if not safe_eval(c["expr"], names):
+                out.append(f"{c['reason']} ({c['expr']})")
+                failed_options |= options
+        point = self._point(s)
+        for opt in self.table:
+            value = point[opt.name]
+            if value != opt.default and opt.name not in failed_options and not opt.applies(point):
+                out.append(f"option {opt.name}={value} where it does not apply (only where {opt.where})")
+        for i, sch in enumerate(s.schemes):
+            rule = self.scheme_rules.get(sch)
+            if rule is None:
+                out.append(f"unknown scheme {sch!r}")
+            elif not safe_eval(rule, names):
+                out.append(f"scheme {sch} is not legal for stage {i + 1} with this mapping ({rule})")
+        inputs = set(self.plan.input_names)
+        for cand, r in zip(self.plan.reuse_candidates, s.reuse):
+            rule = self.reuse_rules.get(r)
+            if rule is None:
+                out.append(f"unknown reuse level {r!r}")
+            elif not safe_eval(rule, {**names, "is_input": cand in inputs}):
+                out.append(f"reuse level {r} is not legal for {'an input' if cand in inputs else 'an intermediate'}")
+        return out
+
+    def check(self, s: Schedule) -> Schedule:
+        """Return ``s`` if legal, else raise :class:`ScheduleError` listing every violation."""
+        v = self.violations(s)
+        if v:
+            raise ScheduleError("illegal schedule: " + "; ".join(v), problems=v)
+        return s
+
+    # -- decisions --------------------------------------------------------------------------------
+    def _reuse_domain(self, cand: str) -> list[str]:
+        is_input = cand in set(self.plan.input_names)
+        return [r for r in self.domains["reuse"] if safe_eval(self.reuse_rules[r], {"is_input": is_input})]
+
+    def _decide(self, choose: Choose) -> Schedule:
+        """Walk the space's decisions in order, asking ``choose(name, domain)`` for each value.
+
+        Parameters whose legal values depend on earlier ones get a name that carries those earlier
+        values (e.g. ``block_t32``), so that every optuna parameter has one fixed domain while most
+        suggested points satisfy the space's constraints; forced values are not parameters at all.
+        The options come last, in table order, each under its own name and only where it applies.
+        """
+        plan, d = self.plan, self.domains
+        fam = plan.family
+        tpr = choose("tpr", d["tpr"])
+        vec = choose("vec", d["vec"])
+        if fam == "col":
+            split = choose("split", d["split"])
+            blocks = [b for b in d["block"] if b >= tpr and b // tpr >= 8 and b // tpr * vec <= max(plan.P, vec)]
+            block = choose(f"block_t{tpr}_v{vec}", blocks or [max(d["block"])])
+        else:
+            max_split = max(1, math.ceil(plan.K / (tpr * vec)))
+            splits = [x for x in d["split"] if x <= max_split] or [1]
+            split = choose(f"split_t{tpr}_v{vec}", splits) if tpr >= 32 else 1
+            if split > 1 or fam == "elementwise" or tpr >= max(d["block"]):
+                block = tpr
+            else:
+                block = choose(f"block_t{tpr}", [b for b in d["block"] if b >= max(tpr, 32)])
+        mbs = [m for m in d["min_blocks"] if m * block <= self.device.max_threads_per_sm]
+        min_blocks = choose(f"min_blocks_b{block}", mbs)
+        tasks = choose("tasks_per_block", d["tasks_per_block"])
+        names = {"family": fam, "tpr": tpr, "split": split, "block": block}
+        legal = [x for x in d["scheme"] if safe_eval(self.scheme_rules[x], names)]
+        kind = "split" if split > 1 else ("warp" if "local" in legal else "block")
+        schemes = tuple(choose(f"scheme_{i}_{kind}", legal) for i in range(plan.nstages))
+        reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
+        point = self._core_point(tpr, block, split, vec, tasks, min_blocks, schemes, reuse)
+        options = self._decide_options(point, lambda opt: choose(opt.name, d[opt.name]))
+        return Schedule(tpr, block, split, vec, tasks, min_blocks, schemes, reuse, options, table=self.table)
+
+    def _decide_flat(self, choose: Choose) -> Schedule:
+        """Every parameter under its plain name with its full domain (``flat`` mode), then repaired
+        towards the legal point it most resembles: a legal point maps to itself, so
+        :meth:`params_of` stays the identity. For samplers that model a fixed set of parameters
+        (GP, CMA-ES), which fall back to random sampling on conditional parameter names. Each option is
+        asked where its ``flat`` rule holds, and after the repair keeps its value where it applies."""
+        plan, d = self.plan, self.domains
+        fam = plan.family
+        tpr = choose("tpr", d["tpr"])
+        vec = choose("vec", d["vec"])
+        split = choose("split", d["split"])
+        block = choose("block", d["block"])
+        min_blocks = choose("min_blocks", d["min_blocks"])
+        tasks = choose("tasks_per_block", d["tasks_per_block"])
+        schemes = [choose(f"scheme_{i}", d["scheme"]) for i in range(plan.nstages)]
+        reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
+        raw = self._core_point(tpr, block, split, vec, tasks, min_blocks, tuple(schemes), reuse)
+        picked: dict[str, Any] = {}
+        for opt in self.table:
+            raw[opt.name] = picked[opt.name] = choose(opt.name, d[opt.name]) if opt.flat_asks(raw) else opt.default
+        if fam == "col":
+            block = min(max(block, tpr * 8), max(d["block"]))
+        else:
+            if tpr < 32:
+                split = 1
+            block = tpr if (split > 1 or fam == "elementwise" or tpr >= max(d["block"])) else max(block, tpr, 32)
+        while min_blocks and min_blocks * block > self.device.max_threads_per_sm:
+            min_blocks = max((m for m in d["min_blocks"] if m < min_blocks), default=0)
+        names = {"family": fam, "tpr": tpr, "split": split, "block": block}
+        legal = [x for x in d["scheme"] if safe_eval(self.scheme_rules[x], names)]
+        prefer = ("regional", "global", "independent", "local")
+        fixed = tuple(x if x in legal else next(y for y in prefer if y in legal) for x in schemes)
+        # the options that apply keep their picked value, the others take their default
+        point = self._core_point(tpr, block, split, vec, tasks, min_blocks, fixed, reuse)
+        options = self._decide_options(point, lambda opt: picked[opt.name])
+        return Schedule(tpr, block, split, vec, tasks, min_blocks, fixed, reuse, options, table=self.table)
+
+    def flat_mode(self) -> "SearchSpace":
+        """A copy of this space whose :meth:`suggest` / :meth:`params_of` use plain parameter names
+        (see :meth:`_decide_flat`)."""
+        other = copy.copy(self)
+        other.flat = True
+        return other
+
+    def suggest(self, trial: Any) -> Schedule:
+        """Ask an optuna trial for a schedule (define-by-run). Constraints that the decision order
+        cannot rule out (register and shared-memory budgets) are *not* enforced here: check the
+        result with :meth:`violations` (a violated point is pruned without compiling)."""
+        decide = self._decide_flat if self.flat else self._decide
+        return decide(lambda name, dom: trial.suggest_categorical(name, list(dom)))
+
+    def params_of(self, s: Schedule) -> dict[str, Any]:
+        """The optuna parameter dict of ``s`` (for ``study.enqueue_trial``); the names, and their order,
+        are those :meth:`suggest` would use for the same point."""
+        out: dict[str, Any] = {}
+        point = self._point(s)
+
+        def choose(name: str, dom: list[Any]) -> Any:
+            if name in self.table:
+                v = point[name]
+            elif name.startswith("scheme_"):
+                v = s.schemes[int(name.split("_")[1])]
+            elif name.startswith("reuse_"):
+                v = s.reuse[int(name.split("_")[1])]
+            else:
+                v = point[_core_name(name)]
+            out[name] = v
+            return v
+
+        (self._decide_flat if self.flat else self._decide)(choose)
+        return out
+
+    # -- sets of points ---------------------------------------------------------------------------
+    def variants(self, s: Schedule) -> list[Schedule]:
+        """The legal points that differ from ``s`` in one option the cost model ranks least reliably:
+        for each option with ``vary`` (in table order), each other value of its domain, with the options
+        in its ``vary_resets`` at their default (the alternate ``order`` switches ``prefetch`` off). The
+        search measures them next to its best point, so every search compares them side by side."""
+        out: list[Schedule] = []
+        point = self._point(s)
+        for opt in self.table:
+            if not opt.vary:
+                continue
+            for value in self.domains[opt.name]:
+                if value == point[opt.name]:
+                    continue
+                changes = {r: self.table[r].default for r in opt.vary_resets}
+                changes[opt.name] = value
+                cand = dataclasses.replace(s, table=self.table, **changes)
+                if cand != s and cand not in out and not self.violations(cand):
+                    out.append(cand)
+        return out
+
+    def sample(self, rng: random.Random, max_tries: int = 20000) -> Schedule:
+        """A drawn *legal* schedule: the mapping, schemes and reuse levels uniformly (rejection sampling),
+        then each option in table order uniformly among its values where it applies to that point (its
+        default elsewhere). The draws (one ``rng.choice`` per value, in this order) are a contract:
+        seeded samples are recorded in ``tests/lower/golden/kernel_hashes.json``."""
+        d = self.domains
+        for _ in range(max_tries):
+            tpr = rng.choice(d["tpr"])
+            block = rng.choice(d["block"])
+            split = rng.choice(d["split"])
+            vec = rng.choice(d["vec"])
+            tasks = rng.choice(d["tasks_per_block"])
+            min_blocks = rng.choice(d["min_blocks"])
+            schemes = tuple(rng.choice(d["scheme"]) for _ in range(self.plan.nstages))
+            reuse = tuple(rng.choice(self._reuse_domain(c)) for c in self.plan.reuse_candidates)
+            point = self._core_point(tpr, block, split, vec, tasks, min_blocks, schemes, reuse)
+            options = self._decide_options(point, lambda opt: rng.choice(d[opt.name]))
+            s = Schedule(tpr, block, split, vec, tasks, min_blocks, schemes, reuse, options, table=self.table)
+            if not self.violations(s):
+                return s
+        raise ScheduleError("no legal schedule found by sampling; the space is empty for this graph")
+
+    def grid(self) -> list[Schedule]:
+        """Every legal point (for the grid sampler and exhaustive sweeps; can be large): the product of
+        the core domains, schemes, reuse levels and the option domains (table order), filtered by
+        :meth:`violations`."""
+        d = self.domains
+        out = []
+        reuse_doms = [self._reuse_domain(c) for c in self.plan.reuse_candidates]
+        option_names = [opt.name for opt in self.table]
+        option_doms = [d[n] for n in option_names]
+        for tpr, block, split, vec, tasks, mb in itertools.product(
+                d["tpr"], d["block"], d["split"], d["vec"], d["tasks_per_block"], d["min_blocks"]):
+            for schemes in itertools.product(d["scheme"], repeat=self.plan.nstages):
+                for reuse in itertools.product(*reuse_doms):
+                    for values in itertools.product(*option_doms):
+                        s = Schedule(tpr, block, split, vec, tasks, mb, tuple(schemes), tuple(reuse),
+                                     dict(zip(option_names, values)), table=self.table)
+                        if not self.violations(s):
+                            out.append(s)
+        return out

@@ -1,0 +1,100 @@
+"""Compatibility contracts of the schedule space, pinned against files recorded before the option table:
+
+* seeded samples: ``sample(random.Random(seed))`` draws the schedules recorded in
+  ``tests/lower/golden/kernel_hashes.json`` (24 seeds per example, plus the heuristic schedule);
+* optuna parameters: a seeded study asks the names, domains and values recorded in
+  ``golden/suggest_params.json`` (``scripts/suggest_params.py``), define-by-run and flat, so studies resume;
+* schedule JSON and ``key()``: tuning databases on disk are keyed by them; the space ``version``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from helpers import DEV, REPO, setup
+from stitchtune.cost.heuristic import heuristic_schedule
+from stitchtune.space import Schedule, load_space_file
+
+KERNEL_HASHES = REPO / "tests" / "lower" / "golden" / "kernel_hashes.json"
+SUGGEST_GOLDEN = Path(__file__).resolve().parent / "golden" / "suggest_params.json"
+RECORDED = json.loads(KERNEL_HASHES.read_text())
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_seeded_samples_are_the_recorded_schedules(name: str) -> None:
+    _, plan, space = setup(name)
+    for row in RECORDED[name]:
+        s = heuristic_schedule(plan, DEV, space) if row["seed"] < 0 else space.sample(random.Random(row["seed"]))
+        assert s.to_json() == row["schedule"], (name, row["seed"])
+
+
+def _suggest_script():
+    spec = importlib.util.spec_from_file_location("suggest_params", REPO / "scripts" / "suggest_params.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_suggest_asks_the_recorded_parameters() -> None:
+    want = json.loads(SUGGEST_GOLDEN.read_text())
+    trials = len(next(iter(want.values()))["define"]["trials"])
+    got = _suggest_script().fingerprints(trials)
+    assert sorted(got) == sorted(want), "the set of examples changed: regenerate the golden file"
+    diffs = []
+    for name, modes in want.items():
+        for mode, rec in modes.items():
+            if got[name][mode]["domains"] != rec["domains"]:
+                diffs.append(f"{name} {mode}: parameter domains differ")
+            for i, (w, g) in enumerate(zip(rec["trials"], got[name][mode]["trials"], strict=True)):
+                if w != g:
+                    diffs.append(f"{name} {mode} trial {i}: {w} != {g}")
+    assert not diffs, f"{len(diffs)} differences, e.g. {diffs[:3]}"
+
+
+def test_recorded_schedules_keep_their_json_and_key() -> None:
+    texts = {row["schedule"] for rows in RECORDED.values() for row in rows}
+    assert any('"order"' in t for t in texts) and any('"prefetch"' in t for t in texts) \
+        and any('"combine"' in t for t in texts)  # the options' non-default values are among them
+    for text in texts:
+        s = Schedule.from_json(text)
+        assert s.to_json() == text
+        assert s.key() == hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# keys computed by the code before the option table (schedule.py at 1cb8513)
+KEYS = [
+    ({"block": 512, "min_blocks": 0, "reuse": ["register", "recompute"], "schemes": ["regional", "regional"],
+      "split": 1, "tasks_per_block": 4, "tpr": 256, "vec": 2}, "7b361a804b605aa1"),
+    ({"block": 512, "min_blocks": 0, "reuse": ["register", "recompute"], "schemes": ["regional", "regional"],
+      "split": 1, "tasks_per_block": 4, "tpr": 256, "vec": 2, "prefetch": 1}, "5e3056b0668be2c7"),
+    ({"block": 256, "min_blocks": 0, "reuse": ["global", "recompute"], "schemes": ["global", "independent"],
+      "split": 8, "tasks_per_block": 0, "tpr": 256, "vec": 4, "order": "alternate", "combine": "warp"},
+     "21bef0a177f16511"),
+]
+
+
+@pytest.mark.parametrize("d,key", KEYS)
+def test_keys_are_those_of_the_old_code(d: dict, key: str) -> None:
+    s = Schedule.from_dict(d)
+    assert s.key() == key
+    # the same point with every option spelt out at its default has the same key
+    assert Schedule.from_dict({"order": "forward", "prefetch": 0, "combine": "thread", **d}).key() == key
+
+
+def test_flat_columns_are_the_database_columns() -> None:
+    s = Schedule.from_dict({**KEYS[2][0]})
+    assert list(s.flat()) == ["tpr", "block", "split", "vec", "tasks_per_block", "min_blocks", "order", "prefetch",
+                              "combine", "scheme_0", "scheme_1", "reuse_0", "reuse_1"]
+    assert s.flat()["prefetch"] == 0 and s.flat()["combine"] == "warp"
+
+
+def test_space_version_is_unchanged() -> None:
+    assert load_space_file()["version"] == "1"
+    _, _, space = setup("layernorm_small.json")
+    assert space.version == "1"

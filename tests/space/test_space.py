@@ -1,0 +1,183 @@
+"""The schedule space's rules (moved here from the lowering and search tests, where they were written
+with each option): the value's JSON round trip, suggest and params_of agreeing (define-by-run and
+flat), where each option is a parameter, the option rules' violation messages, and the variants."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from helpers import DEV, EXAMPLES, setup, suggested
+from stitchtune.cost.heuristic import heuristic_schedule
+from stitchtune.errors import ScheduleError, StitchtuneError
+from stitchtune.graph.parse import load_graph
+from stitchtune.plan.planner import make_plan
+from stitchtune.space import PERSISTENT, Schedule, SearchSpace, names_used, prefetchable, rereads, safe_eval
+
+# a persistent row schedule with prefetch on (from tests/lower/test_prefetch.py)
+LAYERNORM = {"block": 512, "min_blocks": 0, "reuse": ["register", "recompute"], "schemes": ["regional", "regional"],
+             "split": 1, "tasks_per_block": 4, "tpr": 256, "vec": 2}
+# split rows over a grid barrier and a kernel boundary (from tests/lower/test_combine.py)
+WIDE = {"block": 256, "min_blocks": 0, "reuse": ["global", "recompute"], "schemes": ["global", "independent"],
+        "split": 8, "tasks_per_block": 0, "tpr": 256, "vec": 4}
+
+
+def _space(name: str) -> SearchSpace:
+    return SearchSpace.for_plan(make_plan(load_graph(EXAMPLES / name)), DEV)
+
+
+def test_schedule_value_round_trips_and_hashes() -> None:
+    s = Schedule(32, 256, 1, 4, 1, 0, ("local", "regional"), ("register", "shared"))
+    assert Schedule.from_json(s.to_json()) == s
+    assert hash(s) == hash(Schedule.from_dict(json.loads(s.to_json())))
+    assert s.key() == Schedule.from_json(s.to_json()).key()
+    with pytest.raises(ScheduleError):
+        Schedule.from_json("[1, 2]")
+    with pytest.raises(ScheduleError):
+        Schedule.from_dict({"tpr": "x"})
+    assert not s.persistent
+    p = Schedule(32, 256, 1, 4, PERSISTENT, 0, ("local", "regional"), ("register", "shared"))
+    assert p.persistent and json.loads(p.to_json())["tasks_per_block"] == 0  # the JSON keeps the number
+
+
+def test_suggest_and_params_of_agree() -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for name in ("layernorm.json", "colsum_sigmoid_scale.json", "bias_gelu.json", "layernorm_wide.json"):
+        g = load_graph(EXAMPLES / name)
+        plan = make_plan(g)
+        space = SearchSpace.for_plan(plan, DEV)
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        h = heuristic_schedule(plan, DEV, space)
+        study.enqueue_trial(space.params_of(h))
+        t = study.ask()
+        assert space.suggest(t) == h
+        legal = 0
+        for _ in range(100):
+            t = study.ask()
+            s = space.suggest(t)
+            legal += not space.violations(s)
+            assert space.params_of(s) == t.params
+            study.tell(t, 1.0)
+        assert legal >= 25, (name, legal)  # register/shared budgets still prune some points
+
+
+def test_flat_mode_names_every_parameter_and_keeps_legal_points() -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for name in ("layernorm.json", "colsum_sigmoid_scale.json", "bias_gelu.json"):
+        g = load_graph(EXAMPLES / name)
+        plan = make_plan(g)
+        space = SearchSpace.for_plan(plan, DEV).flat_mode()
+        h = heuristic_schedule(plan, DEV, space)
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+        study.enqueue_trial(space.params_of(h))
+        t = study.ask()
+        assert space.suggest(t) == h  # a legal point maps to itself
+        names = None
+        legal = 0
+        for _ in range(60):
+            t = study.ask()
+            s = space.suggest(t)
+            names = names or set(t.params)
+            assert set(t.params) == names  # the same parameters in every trial
+            legal += not space.violations(s)
+            study.tell(t, 1.0)
+        assert legal >= 15, (name, legal)
+
+
+def test_order_is_a_parameter_only_where_something_is_reread() -> None:
+    g, plan, space = setup("layernorm_small.json")
+    cached = Schedule(64, 128, 1, 2, 0, 0, ("regional", "regional"), ("register", "register"),
+                      order="alternate")
+    assert not rereads(cached.schemes, cached.reuse)
+    assert any("alternate sweep order without re-reads" in v for v in space.violations(cached))
+    assert not space.violations(Schedule.from_dict({**cached.to_dict(), "order": "forward"}))
+    bad = Schedule.from_dict({**cached.to_dict(), "reuse": ["global", "register"], "order": "sideways"})
+    assert any("order=sideways" in v for v in space.violations(bad))
+    # define-by-run: 'order' is asked only for points that re-read
+    seen = set()
+    for params, s in suggested(space, 60, seed=3):
+        assert ("order" in params) == rereads(s.schemes, s.reuse)
+        seen.add(s.order)
+    assert seen == {"forward", "alternate"}
+    # uniform sampling and the exhaustive grid reach both orders
+    assert {space.sample(random.Random(i)).order for i in range(40)} == {"forward", "alternate"}
+
+
+def test_prefetch_rules_of_the_space() -> None:
+    g, plan, space = setup("layernorm.json")
+    base = Schedule.from_dict({**LAYERNORM, "prefetch": 1})
+    assert not space.violations(base)
+    one_task = Schedule.from_dict({**base.to_dict(), "tasks_per_block": 1})
+    assert any("prefetch needs whole rows per block" in v for v in space.violations(one_task))
+    alt = Schedule.from_dict({**base.to_dict(), "reuse": ["global", "recompute"], "order": "alternate"})
+    assert any("not combined with the alternate sweep order" in v for v in space.violations(alt))
+    # the prefetch registers count against the register budget
+    big = Schedule.from_dict({**base.to_dict(), "tpr": 8, "block": 256, "vec": 4, "reuse": ["register", "recompute"],
+                              "schemes": ["local", "local"]})
+    assert not space.violations(Schedule.from_dict({**big.to_dict(), "prefetch": 0}))
+    assert any("register cache over 128" in v for v in space.violations(big))
+    assert prefetchable("row", 1, 0) and prefetchable("row", 1, 2)
+    assert not prefetchable("col", 1, 0) and not prefetchable("row", 2, 0) and not prefetchable("elementwise", 1, 0)
+    assert not prefetchable("row", 1, 1)
+    # define-by-run: asked only where it can matter
+    seen = set()
+    for params, s in suggested(space, 80, seed=4):
+        assert ("prefetch" in params) == (prefetchable(plan.family, s.split, s.tasks_per_block)
+                                          and s.order == "forward")
+        seen.add(s.prefetch)
+    assert seen == {0, 1}
+    _, col_plan, col_space = setup("colsum_sigmoid_scale.json")
+    assert {col_space.sample(random.Random(i)).prefetch for i in range(30)} == {0}
+
+
+def test_combine_rules_of_the_space() -> None:
+    g, plan, space = setup("layernorm_wide.json")
+    s = Schedule.from_dict({**WIDE, "combine": "warp"})
+    assert not space.violations(s)
+    whole = Schedule.from_dict({**WIDE, "split": 1, "schemes": ["regional", "regional"], "combine": "warp"})
+    assert any("combine warp needs a row split" in v for v in space.violations(whole))
+    assert "combine" not in Schedule.from_dict(WIDE).to_dict()
+    assert Schedule.from_json(s.to_json()) == s
+    assert ("warp" in {v.combine for v in space.variants(Schedule.from_dict(WIDE))})
+    _, _, col = setup("colsum_sigmoid_scale.json")
+    assert {col.sample(random.Random(i)).combine for i in range(30)} == {"thread"}
+
+
+def test_variants_switch_one_option_and_stay_legal() -> None:
+    space = _space("layernorm.json")
+    s = Schedule.from_dict({"block": 512, "min_blocks": 0, "reuse": ["global", "recompute"],
+                            "schemes": ["regional", "regional"], "split": 1, "tasks_per_block": 4, "tpr": 256,
+                            "vec": 2})
+    vs = space.variants(s)
+    assert {(v.order, v.prefetch) for v in vs} == {("alternate", 0), ("forward", 1)}
+    for v in vs:
+        assert not space.violations(v)
+        assert {**v.to_dict(), "order": "forward", "prefetch": 0} == {**s.to_dict(), "order": "forward",
+                                                                       "prefetch": 0}
+    # from the prefetching point: prefetch off, or alternate order (which needs prefetch off)
+    on = Schedule.from_dict({**s.to_dict(), "prefetch": 1})
+    assert {(v.order, v.prefetch) for v in space.variants(on)} == {("forward", 0), ("alternate", 0)}
+    # nothing re-read, one task per block: no variant
+    cached = Schedule.from_dict({**s.to_dict(), "reuse": ["register", "register"], "tasks_per_block": 1})
+    assert space.variants(cached) == []
+    # column family: the order only
+    col = _space("colsum_sigmoid_scale.json")
+    c = Schedule.from_dict({"block": 256, "min_blocks": 0, "reuse": ["global"], "schemes": ["independent"],
+                            "split": 16, "tasks_per_block": 0, "tpr": 32, "vec": 4})
+    assert [(v.order, v.prefetch) for v in col.variants(c)] == [("alternate", 0)]
+
+
+def test_constraint_evaluator_refuses_anything_but_arithmetic_and_logic() -> None:
+    assert safe_eval("a * 2 <= b and c in ('x', 'y')", {"a": 3, "b": 6, "c": "y"}) is True
+    assert names_used("tpr <= block or family == 'col'") == ("tpr", "block", "family")
+    for expr in ("__import__('os')", "a.b", "a[0]", "[x for x in a]", "lambda: 1"):
+        with pytest.raises(StitchtuneError, match="uses"):
+            safe_eval(expr, {"a": (1,)})
+    with pytest.raises(StitchtuneError, match="unknown name 'b'"):
+        safe_eval("a < b", {"a": 1})
