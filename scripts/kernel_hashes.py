@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SAMPLES = 24
 
 
-def fingerprints(samples: int = DEFAULT_SAMPLES, examples: Path = ROOT / "examples") -> dict[str, list[dict]]:
+def fingerprints(samples: int = DEFAULT_SAMPLES, examples: Path = ROOT / "examples",
+                 only: set[str] | None = None) -> dict[str, list[dict]]:
     """``{example file name: [{"seed", "schedule", "source_sha256", "launches_sha256"}, ...]}``
-    (seed -1 is the heuristic schedule)."""
+    (seed -1 is the heuristic schedule) for every example, or those named in ``only``."""
     from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.gpu.render import render
     from stitchtune.graph.parse import load_graph
@@ -41,6 +42,8 @@ def fingerprints(samples: int = DEFAULT_SAMPLES, examples: Path = ROOT / "exampl
     dev = get_device("H200")
     out: dict[str, list[dict]] = {}
     for path in sorted(examples.glob("*.json")):
+        if only is not None and path.name not in only:
+            continue
         g = load_graph(path)
         plan = make_plan(g)
         space = SearchSpace.for_plan(plan, dev)
@@ -62,8 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="sampled schedules per example")
     ap.add_argument("--out", type=Path, help="write the JSON here (default: stdout)")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="only these example files (e.g. softmax.json)")
     args = ap.parse_args(argv)
-    text = json.dumps(fingerprints(args.samples), indent=1, sort_keys=True) + "\n"
+    only = set(args.only) if args.only else None
+    text = json.dumps(fingerprints(args.samples, only=only), indent=1, sort_keys=True) + "\n"
     if args.out:
         args.out.write_text(text)
     else:

@@ -24,9 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRIALS = 24
 
 
-def fingerprints(trials: int = DEFAULT_TRIALS, examples: Path = ROOT / "examples") -> dict[str, Any]:
+def fingerprints(trials: int = DEFAULT_TRIALS, examples: Path = ROOT / "examples",
+                 only: set[str] | None = None) -> dict[str, Any]:
     """``{example: {mode: {"domains": {name: choices}, "trials": [{"params": [[name, value], ...],
-    "schedule": json}, ...]}}}`` for mode ``define`` and ``flat``."""
+    "schedule": json}, ...]}}}`` for mode ``define`` and ``flat``, for every example or those in ``only``."""
     import optuna
 
     from stitchtune.graph.parse import load_graph
@@ -38,6 +39,8 @@ def fingerprints(trials: int = DEFAULT_TRIALS, examples: Path = ROOT / "examples
     dev = get_device("H200")
     out: dict[str, Any] = {}
     for path in sorted(examples.glob("*.json")):
+        if only is not None and path.name not in only:
+            continue
         space = SearchSpace.for_plan(make_plan(load_graph(path)), dev)
         modes: dict[str, Any] = {}
         for mode, sp in (("define", space), ("flat", space.flat_mode())):
@@ -60,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help="trials per example and mode")
     ap.add_argument("--out", type=Path, help="write the JSON here (default: stdout)")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="only these example files (e.g. softmax.json)")
     args = ap.parse_args(argv)
-    text = json.dumps(fingerprints(args.trials), sort_keys=True, separators=(",", ":")) + "\n"
+    only = set(args.only) if args.only else None
+    text = json.dumps(fingerprints(args.trials, only=only), sort_keys=True, separators=(",", ":")) + "\n"
     if args.out:
         args.out.write_text(text)
     else:

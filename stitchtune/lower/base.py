@@ -189,6 +189,30 @@ class _Lowerer:
         if rev:
             rb[0] = Assign(rb[0].var, Bin("-", _I(total - 1), rb[0].expr))
 
+    # -- index maps -----------------------------------------------------------------------------
+    def row_base(self, name: str, r: kir.Expr) -> kir.Expr:
+        """The offset of row ``r`` (``0 <= r < M``: callers clamp) in tensor ``name`` through its
+        index map: the sum over its row factors of ``((r // inner) % dim) * stride``, without the
+        divisions by 1, the ``%`` that cannot wrap and the products by 1."""
+        am = self.p.imap(name).rows
+        out: kir.Expr = _I(0)
+        for f in am.factors:
+            t = Bin("/", r, _I(f.inner)) if f.inner > 1 else r
+            if am.needs_mod(f):
+                t = Bin("%", t, _I(f.dim))
+            out = _add(out, _mul(t, _I(f.stride)))
+        return out
+
+    def read_bytes(self, buf: kir.BufferSpec) -> int:
+        """Bytes one sweep over the view reads from ``buf``: its size; for an input broadcast along
+        part of the rows (each of its rows is read by several view rows) its own size while it fits
+        in half the L2 (the repeats hit there), else the view's ``M * N`` elements (each repeat
+        misses). A simple model: the L2 share and the all-or-nothing switch are assumptions."""
+        name = buf.tensor if buf.role == "input" else ""
+        if not name or not self.p.mapped(name) or buf.nbytes <= self.dev.l2_bytes // 2:
+            return buf.nbytes
+        return self.p.M * self.p.N * kir.ELEM_BYTES[buf.dtype]
+
     # -- helpers ------------------------------------------------------------------------------
     def param(self, bufname: str) -> kir.Param:
         b = next(x for x in self.buffers if x.name == bufname)
@@ -292,7 +316,7 @@ class _Lowerer:
         reread = 0
         for buf, n in stats["reads"].items():
             b = specs[buf]
-            size = b.size * kir.ELEM_BYTES[b.dtype]
+            size = self.read_bytes(b)
             if ki == 0:
                 dram_read += size
                 reread += size * (n - 1)

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from functools import partial
 
+from stitchtune.errors import UnsupportedGraphError
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select, Var
@@ -47,6 +48,10 @@ class _ColLowerer(_Lowerer):
     def lower(self) -> kir.Program:
         p, s = self.p, self.s
         M, N = p.M, p.N
+        mapped = [n for n, _ in p.index_maps if p.mapped(n)]
+        if mapped:  # the planner refuses these for column reductions; never address them as plain
+            raise UnsupportedGraphError(f"tensor '{mapped[0]}' needs an index map, which column "
+                                        "reductions do not support yet")
         tk, block, S, vec = s.tpr, s.block, s.split, s.vec
         self.tpc = block // tk
         self.TC = self.tpc * vec

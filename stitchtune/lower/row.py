@@ -153,6 +153,7 @@ class _RowKernel:
         self.stats = {"flops": 0, "sfu": 0, "reads": {}}
         self.filled: set[str] = set()
         self.prefetched: list[str] = []
+        self.row_bases: dict[str, Var] = {}  # mapped inputs: their row base in this round
         self.first_sweep = bool(s.prefetch)  # the next sweep is the kernel's first (with prefetch on)
         self.prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
 
@@ -181,9 +182,22 @@ class _RowKernel:
         """This thread's row of row group ``t`` (split 1)."""
         return _add(_mul(t, _I(self.low.rpb)), self.ix.rib)
 
-    def f_index(self, r: kir.Expr, k: kir.Expr) -> kir.Expr:
-        """Element ``k`` of row ``r`` of a full-size tensor."""
-        return _add(_mul(Bin("min", r, _I(self.low.p.M - 1)), _I(self.low.p.N)), k)
+    def f_index(self, r: kir.Expr, k: kir.Expr, name: str | None = None) -> kir.Expr:
+        """Element ``k`` of row ``r`` of a full-size tensor (of input ``name``, through its index map
+        when it broadcasts along part of the rows)."""
+        low = self.low
+        if name is not None and low.p.mapped(name):
+            return _add(low.row_base(name, Bin("min", r, _I(low.p.M - 1))), k)
+        return _add(_mul(Bin("min", r, _I(low.p.M - 1)), _I(low.p.N)), k)
+
+    def round_row_base(self, name: str) -> kir.Expr:
+        """The row base of mapped input ``name`` at this round's row, computed once per round (the
+        first use appends its assignment to the round body, ahead of the sweep that needs it)."""
+        if name not in self.row_bases:
+            v = self.cx.var("rb", I32)
+            self.rb.append(Assign(v, self.low.row_base(name, Bin("min", self.ix.row, _I(self.low.p.M - 1)))))
+            self.row_bases[name] = v
+        return self.row_bases[name]
 
     # -- per-row values ---------------------------------------------------------------------------
     def load_p(self, name: str) -> kir.Expr:
@@ -197,7 +211,10 @@ class _RowKernel:
         per_row = low.cls[name] is TensorClass.PER_KEPT
         idx = ix.row if per_row else _I(0)
         pred = ix.rvalid if per_row else None
-        self.rb.append(Assign(v, Load(buf, Bin("min", idx, _I(low.p.M - 1)) if per_row else idx, pred)))
+        if low.p.mapped(name):  # per-row along part of the row axes: its own row index
+            self.rb.append(Assign(v, Load(buf, self.round_row_base(name), pred)))
+        else:
+            self.rb.append(Assign(v, Load(buf, Bin("min", idx, _I(low.p.M - 1)) if per_row else idx, pred)))
         self.pvals[name] = v
         return v
 
@@ -239,7 +256,7 @@ class _RowKernel:
         for name in self.prefetched:
             tix = low.tid_of[name]
             dsts = tuple(cx.var(f"f{tix}_", F32) for _ in range(vec))
-            lp.append(kir.LoadVec(dsts, low.in_buf[name], self.f_index(rown, kp), vp))
+            lp.append(kir.LoadVec(dsts, low.in_buf[name], self.f_index(rown, kp, name), vp))
             lp += [kir.SetLocal(f"pf{tix}", _add(_mul(ip, _I(vec)), _I(j)), dsts[j]) for j in range(vec)]
         out.append(kir.For(ip, _I(0), _I(low.iters), 1, tuple(lp), unroll=True))
         return out
@@ -270,7 +287,10 @@ class _RowKernel:
             self.prefetched.append(name)
             return [LocalRef(f"pf{low.tid_of[name]}", self.cache_index(sw, j)) for j in range(vec)]
         dsts = tuple(self.cx.var(f"t{low.tid_of[name]}_", F32) for _ in range(vec))
-        if low.cls[name] is TensorClass.FULL:
+        if low.cls[name] is TensorClass.FULL and low.p.mapped(name):  # broadcast along part of the rows
+            idx = _add(self.round_row_base(name), sw.k0)
+            reads[buf] = reads.get(buf, 0) + 1
+        elif low.cls[name] is TensorClass.FULL:
             idx = self.f_index(self.ix.row, sw.k0)
             reads[buf] = reads.get(buf, 0) + 1
         else:  # PER_REDUCED: varies along the row only

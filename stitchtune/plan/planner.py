@@ -18,9 +18,18 @@ share one stitching scheme. The result of a stage reaches its consumers one-to-m
 along the reduced axis); which schemes are legal for that edge depends on the thread mapping and is
 decided in :mod:`stitchtune.space`.
 
-Graphs whose broadcasts cannot be expressed in this view (a tensor that varies along part of an
-axis group, reductions over different axes, ...) raise :class:`UnsupportedGraphError`; they still
-run on the reference executor.
+Every tensor also gets an :class:`~stitchtune.plan.index_map.IndexMap` (:attr:`StitchPlan.index_maps`):
+where view element ``(r, c)`` lives in it. A tensor that broadcasts along only some of the row axes
+(a position embedding ``[1, S, H]`` against ``[B, S, H]``, a mask ``[B, 1, 1, S]`` against scores
+``[B, H, S, S]``, rotary ``cos [1, 1, S, D]``, a per-channel ``[1, C, 1]``) keeps the coarse class of
+what it varies along (``FULL``: it varies along the columns too, and is swept, cached and vector-loaded
+like a full tensor, only reading fewer bytes; ``PER_KEPT``: one value per row) and is addressed
+through its map (:meth:`StitchPlan.mapped`); every other tensor has the plain map of its class.
+
+Graphs whose broadcasts cannot be expressed in this view (a tensor that varies along part of the
+column axes, or along part of the row axes of a column reduction, a partially broadcast output,
+reductions over different axes, ...) raise :class:`UnsupportedGraphError` naming the tensor or node;
+they still run on the reference executor.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from math import prod
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import OPS
+from stitchtune.plan.index_map import IndexMap, index_map
 
 
 class TensorClass(Enum):
@@ -62,9 +72,19 @@ class StitchPlan:
     reuse_candidates: tuple[str, ...]        # FULL tensors needed by two or more sweeps
     input_names: tuple[str, ...]
     dtypes: tuple[tuple[str, str], ...]      # tensor name -> dtype
+    index_maps: tuple[tuple[str, IndexMap], ...] = ()  # tensor name -> its map over [M, N]
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
+
+    def imap(self, name: str) -> IndexMap:
+        """The index map of tensor ``name`` (see :mod:`stitchtune.plan.index_map`)."""
+        return dict(self.index_maps)[name]
+
+    def mapped(self, name: str) -> bool:
+        """Whether ``name`` is addressed through its index map (not one of the 2-D family's plain maps:
+        it broadcasts along part of the row axes)."""
+        return not self.imap(name).plain
 
     def dtype(self, name: str) -> str:
         return dict(self.dtypes)[name]
@@ -202,10 +222,14 @@ def _classify(names: list[str], view: _View, maps: dict[str, tuple[int | None, .
     for name in names:
         varies = {a for a in maps[name] if a is not None}
         in_rows, in_cols = varies & rows_live, varies & cols_live
-        if (in_rows and in_rows != rows_live) or (in_cols and in_cols != cols_live):
+        if in_cols and in_cols != cols_live:
             raise UnsupportedGraphError(
-                f"tensor '{name}' varies along only part of an axis group; stitched kernels support "
-                "full, per-row, per-column and scalar operands")
+                f"tensor '{name}' varies along only part of the {_col_group(view)} axes; index maps "
+                "support broadcasting along the row axes only")
+        if in_rows and in_rows != rows_live and view.family == "col":
+            raise UnsupportedGraphError(
+                f"tensor '{name}' varies along only part of the reduced axes of a column reduction; "
+                "index maps support broadcasting along the row axes of row-family kernels only")
         if in_rows and in_cols:
             classes[name] = TensorClass.FULL
         elif in_rows:
@@ -215,6 +239,24 @@ def _classify(names: list[str], view: _View, maps: dict[str, tuple[int | None, .
         else:
             classes[name] = TensorClass.SCALAR
     return classes
+
+
+def _col_group(view: _View) -> str:
+    """What the column axes of the view are called in messages."""
+    return {"row": "reduced (contiguous)", "col": "kept (contiguous)"}.get(view.family, "contiguous")
+
+
+def _index_maps(graph: Graph, view: _View, maps: dict[str, tuple[int | None, ...]]) -> dict[str, IndexMap]:
+    """Every tensor's :class:`IndexMap` over the view; an output must be stored through a plain map
+    (one element per view element, or one per row / column): a partially broadcast output is refused."""
+    out = {n: index_map(graph.spec(n).shape, maps[n], view.domain, view.row_axes, view.col_axes) for n in maps}
+    for o in graph.outputs:
+        if not out[o].plain:
+            raise UnsupportedGraphError(
+                f"output '{o}' {list(graph.spec(o).shape)} broadcasts along part of the row axes of the "
+                f"iteration domain {list(view.domain)}; stitched kernels store full, per-row, per-column "
+                "and scalar outputs only")
+    return out
 
 
 def _check_reductions(red_nodes: list[Node], classes: dict[str, TensorClass]) -> None:
@@ -274,9 +316,11 @@ def make_plan(graph: Graph) -> StitchPlan:
     view = _view(domain, bool(red_nodes), _reduced_axes(red_nodes, maps))
     classes = _classify(names, view, maps)
     _check_reductions(red_nodes, classes)
+    imaps = _index_maps(graph, view, maps)
     stages = _stages(graph, red_nodes)
     return StitchPlan(
         family=view.family, M=view.M, N=view.N, classes=tuple(classes.items()),
         reductions=tuple(nd.id for nd in red_nodes), stages=stages,
         reuse_candidates=_reuse_candidates(graph, names, classes, stages),
-        input_names=tuple(n for n, _ in graph.inputs), dtypes=tuple((n, graph.spec(n).dtype) for n in names))
+        input_names=tuple(n for n, _ in graph.inputs), dtypes=tuple((n, graph.spec(n).dtype) for n in names),
+        index_maps=tuple((n, imaps[n]) for n in names))

@@ -4,6 +4,8 @@
   ``tests/lower/golden/kernel_hashes.json`` (24 seeds per example, plus the heuristic schedule);
 * optuna parameters: a seeded study asks the names, domains and values recorded in
   ``golden/suggest_params.json`` (``scripts/suggest_params.py``), define-by-run and flat, so studies resume;
+  examples added later are recorded in files of their own (``SUGGEST_ADDED``, ``--only NAME ...``; and
+  ``tests/lower/golden/kernel_hashes_*.json``), so that an existing entry is never rewritten;
 * schedule JSON and ``key()``: tuning databases on disk are keyed by them; the space ``version``.
 """
 
@@ -23,7 +25,21 @@ from stitchtune.space import Schedule, load_space_file
 
 KERNEL_HASHES = REPO / "tests" / "lower" / "golden" / "kernel_hashes.json"
 SUGGEST_GOLDEN = Path(__file__).resolve().parent / "golden" / "suggest_params.json"
-RECORDED = json.loads(KERNEL_HASHES.read_text())
+SUGGEST_ADDED = (Path(__file__).resolve().parent / "golden" / "suggest_params_index_maps.json",)
+KERNEL_HASHES_ADDED = (REPO / "tests" / "lower" / "golden" / "kernel_hashes_index_maps.json",)
+
+
+def _recorded(paths) -> dict:
+    """The examples recorded in ``paths`` (each recorded once)."""
+    out: dict = {}
+    for path in paths:
+        rows = json.loads(path.read_text())
+        assert not set(rows) & set(out), f"{path.name} records examples another golden file has"
+        out.update(rows)
+    return out
+
+
+RECORDED = _recorded((KERNEL_HASHES, *KERNEL_HASHES_ADDED))
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED))
@@ -42,10 +58,10 @@ def _suggest_script():
 
 
 def test_suggest_asks_the_recorded_parameters() -> None:
-    want = json.loads(SUGGEST_GOLDEN.read_text())
+    want = _recorded((SUGGEST_GOLDEN, *SUGGEST_ADDED))
     trials = len(next(iter(want.values()))["define"]["trials"])
     got = _suggest_script().fingerprints(trials)
-    assert sorted(got) == sorted(want), "the set of examples changed: regenerate the golden file"
+    assert sorted(got) == sorted(want), "the set of examples changed: record the new ones in a golden file"
     diffs = []
     for name, modes in want.items():
         for mode, rec in modes.items():
