@@ -289,6 +289,110 @@ def _sorted_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values(["_est", "measured_us"], kind="stable").drop_duplicates("schedule_key")
 
 
+@dataclass
+class _Lookup:
+    """One :func:`choose_schedule` call: what it matches on, and the budget and rejections it shares
+    between the rules."""
+
+    graph: Any
+    plan: Any
+    device: Any
+    space: Any
+    dkey: str
+    where: str
+    tries: int = 0
+    rejected: list[str] = field(default_factory=list)
+
+    def validate(self, row: Mapping[str, Any]) -> tuple[Any, Any, str | None] | None:
+        """:func:`_validate` of the row's schedule, or None once :data:`MAX_TRIES` were spent."""
+        if self.tries >= MAX_TRIES:
+            return None
+        self.tries += 1
+        return _validate(self.graph, self.plan, self.device, self.space, str(row["schedule_json"]))
+
+
+def _kind(est: bool) -> str:
+    """How a record's time was obtained, as the reasons word it."""
+    return "estimated (emulated, cost-model time)" if est else "measured"
+
+
+def _choose_tuned(q: _Lookup, exact: pd.DataFrame) -> Choice | None:
+    """Rule 1: the best re-validated record of this very workload (rejections go to ``q.rejected``)."""
+    for _, row in _sorted_rows(exact).iterrows():
+        checked = q.validate(row)
+        if checked is None:
+            break
+        s, program, why = checked
+        if why is None:
+            est = bool(row["_est"])
+            reason = (f"tuned record {row['schedule_key']} of this workload on {q.where}: "
+                      f"{_kind(est)} {float(row['measured_us']):.2f} us")
+            log.info("%s: %s", q.graph.name, reason)
+            return Choice(s, "tuned", _record(row, estimated=est), reason, program)
+        q.rejected.append(f"tuned record {row['schedule_key']} no longer legal: {why}")
+        log.warning("%s: %s", q.graph.name, q.rejected[-1])
+    return None
+
+
+def _by_distance(graph: Any, near: pd.DataFrame) -> pd.DataFrame:
+    """``near`` with a ``_dist`` column, unusable shapes dropped, nearest (then measured, fastest) first,
+    one row per schedule."""
+    mine = graph_shapes(graph)
+    dist: dict[str, float] = {}
+    for w, text in near.drop_duplicates("workload_key")[["workload_key", "shapes"]].itertuples(index=False):
+        theirs = _parse_shapes(text)
+        dist[str(w)] = shape_distance(mine, theirs) if theirs is not None else math.inf
+    near = near.assign(_dist=near["workload_key"].map(dist).astype(float))
+    near = near[near["_dist"] < math.inf]
+    return near.sort_values(["_dist", "_est", "measured_us"], kind="stable").drop_duplicates("schedule_key")
+
+
+def _choose_nearest(q: _Lookup, near: pd.DataFrame, wk: str) -> Choice | None:
+    """Rule 2: the nearest-shape record of the same structure that re-validates for these shapes."""
+    if near.empty:
+        return None
+    n_checked = 0
+    for _, row in _by_distance(q.graph, near).iterrows():
+        checked = q.validate(row)
+        if checked is None:
+            break
+        n_checked += 1
+        s, program, why = checked
+        if why is not None:
+            log.debug("%s: nearest-shape candidate %s rejected: %s", q.graph.name, row["schedule_key"], why)
+            continue
+        d = float(row["_dist"])
+        reason = (f"no usable tuned record of workload {wk[:12]} on {q.where}; using {_kind(bool(row['_est']))} "
+                  f"record {row['schedule_key']} of {row['graph_name']} at other shapes {row['shapes']} "
+                  f"(shape distance {d:.2f}), re-validated for these shapes")
+        _warn_once(q.graph, q.dkey, "nearest-shape", f"{q.graph.name}: {reason}")
+        return Choice(s, "nearest-shape", _record(row, distance=d, estimated=bool(row["_est"])), reason,
+                      program)
+    if n_checked:
+        q.rejected.append(f"{n_checked} record(s) of the same structure at other shapes are illegal "
+                          "for these shapes")
+    return None
+
+
+def _choose_heuristic(q: _Lookup, db_path: str | os.PathLike[str] | None, wk: str) -> Choice:
+    """Rule 3: the heuristic schedule, lowered; the reason says why no record was used."""
+    from stitchtune.lower.entry import lower
+
+    s = heuristic_schedule(q.plan, q.device, q.space)
+    program = lower(q.graph, q.plan, s, q.device, q.space)
+    if q.rejected:
+        why = "; ".join(q.rejected)
+    elif db_path is None:
+        why = "no database given"
+    elif not os.path.isdir(db_path):
+        why = f"no database at {os.fspath(db_path)!a}"
+    else:
+        why = f"no ok record of this workload or its structure in {os.fspath(db_path)!a}"
+    reason = f"heuristic schedule for workload {wk[:12]} on {q.where} ({why})"
+    _warn_once(q.graph, q.dkey, "heuristic", f"{q.graph.name}: {reason}")
+    return Choice(s, "heuristic", None, reason, program)
+
+
 def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: Any, *, plan: Any = None,
                     space: Any = None) -> Choice:
     """The schedule to build for ``graph`` on ``device`` from the database ``db_path`` (see module
@@ -305,72 +409,12 @@ def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: 
     wk, sk = graph.workload_key(), graph.structure_key()
     where = f"device {dkey}, space version {sv}, codegen version {cv}"
     df = load_candidates(db_path, dkey, sv, cv) if db_path is not None else _empty()
-    tries = 0
-    rejected: list[str] = []
+    q = _Lookup(graph, plan, device, space, dkey, where)
 
     # 1. exact workload
-    exact = df[df["workload_key"] == wk]
-    for _, row in _sorted_rows(exact).iterrows():
-        if tries >= MAX_TRIES:
-            break
-        tries += 1
-        s, program, why = _validate(graph, plan, device, space, str(row["schedule_json"]))
-        if why is None:
-            est = bool(row["_est"])
-            kind = ("estimated (emulated, cost-model time)" if est else "measured")
-            reason = (f"tuned record {row['schedule_key']} of this workload on {where}: "
-                      f"{kind} {float(row['measured_us']):.2f} us")
-            log.info("%s: %s", graph.name, reason)
-            return Choice(s, "tuned", _record(row, estimated=est), reason, program)
-        rejected.append(f"tuned record {row['schedule_key']} no longer legal: {why}")
-        log.warning("%s: %s", graph.name, rejected[-1])
-
+    choice = _choose_tuned(q, df[df["workload_key"] == wk])
     # 2. same structure, other shapes
-    near = df[(df["structure_key"] == sk) & (df["workload_key"] != wk)]
-    if not near.empty:
-        mine = graph_shapes(graph)
-        dist: dict[str, float] = {}
-        for w, text in near.drop_duplicates("workload_key")[["workload_key", "shapes"]].itertuples(index=False):
-            theirs = _parse_shapes(text)
-            dist[str(w)] = shape_distance(mine, theirs) if theirs is not None else math.inf
-        near = near.assign(_dist=near["workload_key"].map(dist).astype(float))
-        near = near[near["_dist"] < math.inf]
-        near = near.sort_values(["_dist", "_est", "measured_us"], kind="stable").drop_duplicates("schedule_key")
-        n_checked = 0
-        for _, row in near.iterrows():
-            if tries >= MAX_TRIES:
-                break
-            tries += 1
-            n_checked += 1
-            s, program, why = _validate(graph, plan, device, space, str(row["schedule_json"]))
-            if why is not None:
-                log.debug("%s: nearest-shape candidate %s rejected: %s", graph.name, row["schedule_key"], why)
-                continue
-            d = float(row["_dist"])
-            kind = "estimated (emulated, cost-model time)" if bool(row["_est"]) else "measured"
-            reason = (f"no usable tuned record of workload {wk[:12]} on {where}; using {kind} record "
-                      f"{row['schedule_key']} of {row['graph_name']} at other shapes {row['shapes']} "
-                      f"(shape distance {d:.2f}), re-validated for these shapes")
-            _warn_once(graph, dkey, "nearest-shape", f"{graph.name}: {reason}")
-            return Choice(s, "nearest-shape", _record(row, distance=d, estimated=bool(row["_est"])), reason,
-                          program)
-        if n_checked:
-            rejected.append(f"{n_checked} record(s) of the same structure at other shapes are illegal "
-                            "for these shapes")
-
+    if choice is None:
+        choice = _choose_nearest(q, df[(df["structure_key"] == sk) & (df["workload_key"] != wk)], wk)
     # 3. heuristic
-    s = heuristic_schedule(plan, device, space)
-    from stitchtune.lower.entry import lower
-
-    program = lower(graph, plan, s, device, space)
-    if rejected:
-        why = "; ".join(rejected)
-    elif db_path is None:
-        why = "no database given"
-    elif not os.path.isdir(db_path):
-        why = f"no database at {os.fspath(db_path)!a}"
-    else:
-        why = f"no ok record of this workload or its structure in {os.fspath(db_path)!a}"
-    reason = f"heuristic schedule for workload {wk[:12]} on {where} ({why})"
-    _warn_once(graph, dkey, "heuristic", f"{graph.name}: {reason}")
-    return Choice(s, "heuristic", None, reason, program)
+    return choice if choice is not None else _choose_heuristic(q, db_path, wk)

@@ -145,6 +145,95 @@ class _Cand:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _new_candidates(graph: Any, device: Any, schedules: Sequence[Any], st: Stages) -> list[_Cand]:
+    """One :class:`_Cand` per schedule, its row pre-filled with context, schedule and empty result columns."""
+    ctx = context_row(graph, device)
+    ctx["codegen_version"] = st.codegen_version
+    cands = []
+    for i, sched in enumerate(schedules):
+        row = {**ctx, **schedule_columns(sched), **_empty_result()}
+        cands.append(_Cand(i, sched, row))
+    return cands
+
+
+def _lower_and_predict(c: _Cand, graph: Any, plan: Any, device: Any, st: Stages,
+                       best_so_far: float | None, prune_factor: float) -> bool:
+    """Phase 1 for one candidate: lower, predict, maybe prune. True when it survives (status still None)."""
+    try:
+        c.program = st.lower(graph, plan, c.schedule, device)
+    except ScheduleError as exc:
+        c.row.update(status="pruned", prune_reason=_clip(f"illegal: {exc}"))
+        return False
+    c.prediction = st.predict(c.program.profile, device)
+    c.row["predicted_us"] = _finite(c.prediction.time_us)
+    c.row["occupancy"] = _finite(getattr(c.prediction, "occupancy", None))
+    c.row["profile_json"] = _profile_json(c.program.profile)
+    if c.prediction.prune_reason:
+        c.row.update(status="pruned", prune_reason=_clip(c.prediction.prune_reason))
+        return False
+    reason = st.should_prune(c.prediction, best_so_far, prune_factor)
+    if reason:
+        c.row.update(status="pruned", prune_reason=_clip(reason))
+        return False
+    return True
+
+
+def _build_batch(live: list[_Cand], device: Any, builder: Any, st: Stages) -> None:
+    """Phase 2: render every survivor, build the distinct sources in one call, record each build."""
+    for c in live:
+        c.source = st.render(c.program)
+    unique: dict[str, int] = {}
+    for c in live:
+        unique.setdefault(c.source, len(unique))
+    sources = list(unique)
+    results = builder.build(sources, str(getattr(device, "arch", "")))
+    if len(results) != len(sources):
+        raise RuntimeError(f"builder returned {len(results)} results for {len(sources)} sources")
+    for c in live:
+        c.build = results[unique[c.source]]
+        _record_build(c, device, st)
+
+
+def _record_build(c: _Cand, device: Any, st: Stages) -> None:
+    """Build columns of one candidate; a failed build, or a re-prediction with the real registers
+    that prunes, sets its status."""
+    b = c.build
+    c.row["compile_s"] = _finite(getattr(b, "compile_s", None))
+    regs = dict(getattr(b, "registers", {}) or {})
+    smem = dict(getattr(b, "smem_bytes", {}) or {})
+    spill = dict(getattr(b, "spill_bytes", {}) or {})
+    c.row["registers"] = max(regs.values()) if regs else None
+    c.row["smem_bytes"] = max(smem.values()) if smem else None
+    c.row["spill_bytes"] = sum(spill.values()) if spill else None
+    if b.status != "ok":
+        status = "timeout" if b.status == "timeout" else "compile_error"
+        c.row.update(status=status, error=_clip(b.error or b.status))
+        return
+    if regs:
+        pred = st.predict(c.program.profile, device, registers=regs)
+        c.row["predicted_us"] = _finite(pred.time_us)
+        c.row["occupancy"] = _finite(getattr(pred, "occupancy", None))
+        c.row["profile_json"] = _profile_json(c.program.profile, regs)
+        if pred.prune_reason:
+            c.row.update(status="pruned", prune_reason=_clip(f"after build: {pred.prune_reason}"))
+
+
+def _run_one(c: _Cand, runner: Any) -> None:
+    """Phase 3 for one built candidate: run it alone and record the measurement columns."""
+    (m,) = runner.run([(c.program, c.build)])
+    samples = [float(s) for s in (m.samples_us or ())]
+    c.row.update(
+        status=m.status,
+        measured_us=_finite(m.median_us) if m.status == "ok" else None,
+        samples_us=json.dumps(samples),
+        max_rel_error=_finite(m.max_rel_error),
+        estimated=bool(m.estimated),
+        error=_clip(m.error or ""),
+    )
+    if m.status == "ok" and c.row["measured_us"] is None:
+        c.row.update(status="launch_error", error="runner reported ok without a finite time")
+
+
 def evaluate(graph: Any, plan: Any, device: Any, schedules: Sequence[Any], builder: Any, runner: Any,
              best_so_far: float | None, *, prune_factor: float = 3.0,
              stages: Stages | None = None) -> list[dict[str, Any]]:
@@ -157,84 +246,17 @@ def evaluate(graph: Any, plan: Any, device: Any, schedules: Sequence[Any], build
         runner: ``run([(program, build_result)]) -> [Measurement]``, called once per survivor.
     """
     st = stages or default_stages()
-    ctx = context_row(graph, device)
-    ctx["codegen_version"] = st.codegen_version
-    cands = []
-    for i, sched in enumerate(schedules):
-        row = {**ctx, **schedule_columns(sched), **_empty_result()}
-        cands.append(_Cand(i, sched, row))
-
+    cands = _new_candidates(graph, device, schedules, st)
     # 1. lower + predict + prune
-    live: list[_Cand] = []
-    for c in cands:
-        try:
-            c.program = st.lower(graph, plan, c.schedule, device)
-        except ScheduleError as exc:
-            c.row.update(status="pruned", prune_reason=_clip(f"illegal: {exc}"))
-            continue
-        c.prediction = st.predict(c.program.profile, device)
-        c.row["predicted_us"] = _finite(c.prediction.time_us)
-        c.row["occupancy"] = _finite(getattr(c.prediction, "occupancy", None))
-        c.row["profile_json"] = _profile_json(c.program.profile)
-        if c.prediction.prune_reason:
-            c.row.update(status="pruned", prune_reason=_clip(c.prediction.prune_reason))
-            continue
-        reason = st.should_prune(c.prediction, best_so_far, prune_factor)
-        if reason:
-            c.row.update(status="pruned", prune_reason=_clip(reason))
-            continue
-        live.append(c)
-
+    live = [c for c in cands
+            if _lower_and_predict(c, graph, plan, device, st, best_so_far, prune_factor)]
     # 2. render + build (one batch; identical sources built once)
     if live:
-        for c in live:
-            c.source = st.render(c.program)
-        unique: dict[str, int] = {}
-        for c in live:
-            unique.setdefault(c.source, len(unique))
-        sources = list(unique)
-        results = builder.build(sources, str(getattr(device, "arch", "")))
-        if len(results) != len(sources):
-            raise RuntimeError(f"builder returned {len(results)} results for {len(sources)} sources")
-        for c in live:
-            c.build = results[unique[c.source]]
-            b = c.build
-            c.row["compile_s"] = _finite(getattr(b, "compile_s", None))
-            regs = dict(getattr(b, "registers", {}) or {})
-            smem = dict(getattr(b, "smem_bytes", {}) or {})
-            spill = dict(getattr(b, "spill_bytes", {}) or {})
-            c.row["registers"] = max(regs.values()) if regs else None
-            c.row["smem_bytes"] = max(smem.values()) if smem else None
-            c.row["spill_bytes"] = sum(spill.values()) if spill else None
-            if b.status != "ok":
-                status = "timeout" if b.status == "timeout" else "compile_error"
-                c.row.update(status=status, error=_clip(b.error or b.status))
-                continue
-            if regs:
-                pred = st.predict(c.program.profile, device, registers=regs)
-                c.row["predicted_us"] = _finite(pred.time_us)
-                c.row["occupancy"] = _finite(getattr(pred, "occupancy", None))
-                c.row["profile_json"] = _profile_json(c.program.profile, regs)
-                if pred.prune_reason:
-                    c.row.update(status="pruned", prune_reason=_clip(f"after build: {pred.prune_reason}"))
-                    continue
-
+        _build_batch(live, device, builder, st)
     # 3. run survivors one at a time
     for c in live:
-        if c.row["status"] is not None:
-            continue
-        (m,) = runner.run([(c.program, c.build)])
-        samples = [float(s) for s in (m.samples_us or ())]
-        c.row.update(
-            status=m.status,
-            measured_us=_finite(m.median_us) if m.status == "ok" else None,
-            samples_us=json.dumps(samples),
-            max_rel_error=_finite(m.max_rel_error),
-            estimated=bool(m.estimated),
-            error=_clip(m.error or ""),
-        )
-        if m.status == "ok" and c.row["measured_us"] is None:
-            c.row.update(status="launch_error", error="runner reported ok without a finite time")
+        if c.row["status"] is None:
+            _run_one(c, runner)
     for c in cands:
         assert c.row["status"] is not None, "every candidate ends with a status"
     return [c.row for c in cands]

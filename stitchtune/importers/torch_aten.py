@@ -1,0 +1,418 @@
+"""PyTorch import, second half: walk a captured fx graph and map each ATen op onto graph.json ops.
+
+:class:`_Walker` reads the :class:`_Captured` graph that :mod:`stitchtune.importers.torch_import`
+captured and emits graph.json nodes through a :class:`~stitchtune.importers.builder.GraphBuilder`;
+the op tables and the per-op translations are here, the supported-op contract is in
+:mod:`stitchtune.importers.torch_import`'s docstring. Every problem raises
+:class:`~stitchtune.importers.builder.ImportError_` naming the op and its source location.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stitchtune.importers.builder import GraphBuilder, ImportError_, Value, scalar
+
+
+# ---------------------------------------------------------------------------- dtypes
+_TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+def torch_dtype_name(dt: Any) -> str | None:
+    """``torch.float32`` -> ``"float32"``; None for dtypes graph.json does not have."""
+    return _TORCH_DTYPES.get(str(dt).removeprefix("torch."))
+
+
+def _to_numpy(t: Any, dtype: str) -> np.ndarray:
+    import torch
+
+    from stitchtune.graph.reference import numpy_dtype
+
+    return t.detach().to(torch.float32).cpu().numpy().astype(numpy_dtype(dtype))
+
+
+# ---------------------------------------------------------------------------- the walk
+@dataclass
+class _Captured:
+    """A captured fx graph (built by ``torch_import._capture``): what :class:`_Walker` walks."""
+
+    gm: Any                      # torch.fx.GraphModule
+    bindings: dict[str, tuple[str, Any]]   # placeholder name -> ("user", index) | ("param", (fqn, tensor))
+    method: str
+
+
+def _where(node: Any) -> str:
+    """The innermost source location of an fx node outside PyTorch itself (else the innermost one)."""
+    import torch
+
+    torch_dir = str(Path(torch.__file__).parent)
+    st = node.meta.get("stack_trace") or ""
+    lines = [ln for ln in st.strip().splitlines() if ln.strip()]
+    frames = []
+    for i, ln in enumerate(lines):
+        ln = ln.strip()
+        if ln.startswith("File "):
+            code = lines[i + 1].strip() if i + 1 < len(lines) and not lines[i + 1].strip().startswith("File ") else ""
+            loc = ln.split(", in ")[0].replace("File ", "").replace('"', "").replace(", line ", ":")
+            frames.append((loc, code))
+    if not frames:
+        return f"graph node {node.name!a} (no source location recorded)"
+    user = [f for f in frames if not f[0].startswith(torch_dir)]
+    loc, code = (user or frames)[-1]
+    return f"{loc} ({code})" if code else loc
+
+
+def _meta(node: Any) -> tuple[tuple[int, ...], str | None]:
+    val = node.meta.get("val")
+    if val is None:
+        tm = node.meta.get("tensor_meta")
+        if tm is None:
+            return (), None
+        return tuple(int(d) for d in tm.shape), torch_dtype_name(tm.dtype)
+    return tuple(int(d) for d in val.shape), torch_dtype_name(val.dtype)
+
+
+def _strip1(shape: Sequence[int]) -> tuple[int, ...]:
+    s = list(shape)
+    while s and s[0] == 1:
+        s.pop(0)
+    return tuple(s)
+
+
+def _fits(g: Sequence[int], t: Sequence[int]) -> bool:
+    """True if a value of graph shape ``g`` broadcasts (numpy) to the PyTorch shape ``t``."""
+    g = list(g)
+    while len(g) > len(t) and g[0] == 1:
+        g.pop(0)
+    if len(g) > len(t):
+        return False
+    return all(gd in (1, td) for gd, td in zip(reversed(g), reversed(t)))
+
+
+def _bind(node: Any) -> dict[str, Any]:
+    """Schema argument name -> value (positional, keyword or default)."""
+    schema = node.target._schema
+    out: dict[str, Any] = {}
+    for i, a in enumerate(schema.arguments):
+        if i < len(node.args):
+            out[a.name] = node.args[i]
+        elif a.name in node.kwargs:
+            out[a.name] = node.kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+        else:
+            out[a.name] = None
+    return out
+
+
+def _key(target: Any) -> str:
+    s = str(target)
+    return s.rsplit(".", 1)[0] if s.count(".") >= 2 else s
+
+
+_UNARY = {"aten.relu": "relu", "aten.sigmoid": "sigmoid", "aten.tanh": "tanh", "aten.exp": "exp",
+          "aten.log": "log", "aten.sqrt": "sqrt", "aten.rsqrt": "rsqrt", "aten.reciprocal": "reciprocal",
+          "aten.neg": "neg", "aten.abs": "abs", "aten.erf": "erf", "aten.square": "square",
+          "aten.silu": "silu"}
+_BINARY = {"aten.mul": "mul", "aten.div": "div", "aten.true_divide": "div", "aten.maximum": "maximum",
+           "aten.minimum": "minimum"}
+_REDUCE = {"aten.sum": "reduce_sum", "aten.mean": "reduce_mean", "aten.amax": "reduce_max",
+           "aten.amin": "reduce_min", "aten.max": "reduce_max", "aten.min": "reduce_min"}
+_VIEWS = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze",
+          "aten.flatten", "aten.expand", "aten.expand_as", "aten.alias", "aten.clone", "aten.contiguous",
+          "aten.detach", "aten.lift_fresh_copy", "aten.view_as"}
+_CASTS = {"aten._to_copy", "aten.to", "aten.type_as", "aten._to_dtype"}
+_IGNORED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
+            "aten._assert_async"}
+
+
+class _Walker:
+    def __init__(self, cap: _Captured, b: GraphBuilder, user_values: list[Value],
+                 param_dtype: Callable[[str, Any], str]) -> None:
+        self.cap, self.b = cap, b
+        self.user_values = user_values
+        self.vals: dict[str, Any] = {}
+        self.params: list[tuple[str, np.ndarray]] = []
+        self.param_dtype = param_dtype
+        self.forced_keepdim = self._keepdim_prepass()
+
+    # -- helpers
+    def tshape(self, n: Any) -> tuple[int, ...]:
+        return _meta(n)[0]
+
+    def val(self, x: Any, node: Any) -> Value:
+        import torch.fx
+
+        if isinstance(x, torch.fx.Node):
+            v = self.vals.get(x.name)
+            if not isinstance(v, Value):
+                raise ImportError_(f"{node.target} at {_where(node)}: argument {x.name!a} is not a tensor "
+                                   "graph.json can represent")
+            return v
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise ImportError_(f"{node.target} at {_where(node)}: unsupported argument {type(x).__name__}")
+        return scalar(float(x))
+
+    def axes(self, x: Any, dims: Any, node: Any) -> list[int]:
+        """PyTorch dims of ``x`` -> graph axes of its value (size-1 leading dims may differ)."""
+        v = self.val(x, node)
+        t = self.tshape(x)
+        if _strip1(t) != _strip1(v.shape):
+            raise ImportError_(f"{node.target} at {_where(node)}: reducing a broadcast or reshaped tensor "
+                               f"(PyTorch shape {list(t)}, graph shape {list(v.shape)}) is not supported")
+        rt = len(t)
+        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+            dims = list(range(rt))
+        if isinstance(dims, int):
+            dims = [dims]
+        out = []
+        for d in dims:
+            if not -rt <= d < max(rt, 1):
+                raise ImportError_(f"{node.target} at {_where(node)}: dim {d} out of range for rank {rt}")
+            g = d % rt - (rt - len(v.shape))
+            if g >= 0:
+                out.append(g)
+        return out
+
+    def _keepdim_prepass(self) -> set[str]:
+        """Reductions with keepdim=False whose every user re-inserts the reduced dims."""
+        forced: set[str] = set()
+        for n in self.cap.gm.graph.nodes:
+            if n.op != "call_function" or _key(n.target) not in _REDUCE or not hasattr(n.target, "_schema"):
+                continue
+            a = _bind(n)
+            if a.get("keepdim") or "dim" not in a or not n.users:
+                continue
+            t_in = self.tshape(a["self"])
+            dims = a["dim"]
+            dims = [dims] if isinstance(dims, int) else list(dims or range(len(t_in)))
+            dims = {d % max(len(t_in), 1) for d in dims}
+            kd = tuple(1 if i in dims else d for i, d in enumerate(t_in))
+            if all(u.op == "call_function" and _key(u.target) in _VIEWS and self.tshape(u) == kd
+                   for u in n.users):
+                forced.add(n.name)
+        return forced
+
+    # -- the walk
+    def run(self) -> list[Value]:
+        outputs: list[Value] = []
+        for node in self.cap.gm.graph.nodes:
+            if node.op in ("placeholder", "get_attr"):
+                self.vals[node.name] = self._input(node)
+            elif node.op == "call_function":
+                if node.target is operator.getitem:
+                    src, idx = node.args
+                    got = self.vals.get(src.name)
+                    item = got[idx] if isinstance(got, tuple) and idx < len(got) else None
+                    if item is None:
+                        raise ImportError_(f"{src.target} output {idx} at {_where(node)} is not supported")
+                    self.vals[node.name] = item
+                    continue
+                key = _key(node.target)
+                if key in _IGNORED:
+                    continue
+                if key.endswith("_") and not key.endswith("__"):
+                    key = self._inplace(node, key)
+                if not hasattr(node.target, "_schema"):
+                    raise ImportError_(f"unsupported op {node.target} at {_where(node)}")
+                res = self._op(node, key, _bind(node))
+                if isinstance(res, Value):
+                    res = self._check(node, res)
+                self.vals[node.name] = res
+            elif node.op == "output":
+                outs = node.args[0]
+                outs = outs if isinstance(outs, (list, tuple)) else [outs]
+                for o in outs:
+                    v = self.val(o, node) if o is not None else None
+                    if v is None or v.is_scalar:
+                        raise ImportError_("every output must be a tensor")
+                    t, _ = _meta(o)
+                    if not t:
+                        raise ImportError_(f"output {o.name!a} is a 0-d tensor; graph.json tensors have rank "
+                                           "1..4 (keep the reduced dims: keepdim=True)")
+                    if tuple(v.shape) != tuple(t):
+                        raise ImportError_(f"output {o.name!a} has PyTorch shape {list(t)} but the graph "
+                                           f"computes {list(v.shape)} (a reshape graph.json cannot express)")
+                    outputs.append(v)
+            else:
+                raise ImportError_(f"unsupported fx node {node.op} {node.target} at {_where(node)}")
+        return outputs
+
+    def _inplace(self, node: Any, key: str) -> str:
+        """An in-place op on a fresh intermediate that nothing reads afterwards is its out-of-place op."""
+        target = node.args[0] if node.args else None
+        order = {n: i for i, n in enumerate(self.cap.gm.graph.nodes)}
+        if (getattr(target, "op", None) != "call_function"
+                or any(order[u] > order[node] for u in target.users if u is not node)):
+            raise ImportError_(f"in-place op {node.target} at {_where(node)} mutates a value that is an "
+                               "input or is read later; graph.json graphs are pure")
+        return key[:-1]
+
+    def _input(self, node: Any) -> Value:
+        kind, payload = self.cap.bindings[node.name]
+        if kind == "user":
+            return self.user_values[payload]
+        fqn, t = payload
+        if kind == "const" and t.numel() == 1 and t.dim() == 0:
+            return scalar(float(t.item()))
+        dt = self.param_dtype(fqn, t)
+        v = self.b.add_input(fqn, tuple(t.shape), dt)
+        self.params.append((str(v.ref), _to_numpy(t, dt)))
+        return v
+
+    def _check(self, node: Any, v: Value) -> Value:
+        t, dt = _meta(node)
+        if dt is None:
+            raise ImportError_(f"{node.target} at {_where(node)} produces a dtype graph.json does not have "
+                               f"({node.meta.get('val').dtype if node.meta.get('val') is not None else '?'})")
+        if v.is_scalar:
+            raise ImportError_(f"{node.target} at {_where(node)}: a constant tensor is not supported")
+        if v.dtype != dt:
+            v = self.b.cast(v, dt, node.name)
+        if not _fits(v.shape, t) and node.name not in self.forced_keepdim:
+            raise ImportError_(f"{node.target} at {_where(node)}: graph shape {list(v.shape)} does not match "
+                               f"PyTorch shape {list(t)}")
+        return v
+
+    def _op(self, node: Any, key: str, a: dict[str, Any]) -> Any:
+        """The graph value(s) of one ATen node (a tuple for multi-output ops); unsupported ops raise."""
+        b, name = self.b, node.name
+        x = a.get("self", a.get("input"))
+        if key in _UNARY:
+            return b.unary(_UNARY[key], self.val(x, node), name)
+        if key == "aten.gelu":
+            op = {"none": "gelu", "tanh": "gelu_tanh"}.get(a.get("approximate") or "none")
+            if op is None:
+                raise ImportError_(f"gelu approximate={a.get('approximate')!a} at {_where(node)} is not supported")
+            return b.unary(op, self.val(x, node), name)
+        if key in ("aten.add", "aten.sub", "aten.rsub"):
+            return self._add_sub(node, key, a, x)
+        if key in _BINARY:
+            if a.get("rounding_mode") is not None:
+                raise ImportError_(f"{node.target} rounding_mode={a['rounding_mode']!a} at {_where(node)} "
+                                   "is not supported")
+            return b.binary(_BINARY[key], self.val(x, node), self.val(a["other"], node), name)
+        if key == "aten.pow":
+            return b.binary("pow", self.val(x, node), self.val(a["exponent"], node), name)
+        if key in ("aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh"):
+            return self._clamp(node, a, x)
+        if key in _REDUCE:
+            return self._reduce(node, key, a)
+        if key in ("aten.softmax", "aten._softmax", "aten.log_softmax", "aten._log_softmax"):
+            return self._softmax(node, key, a, x)
+        if key in ("aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm"):
+            return self._norm(node, key, a)
+        if key in ("aten.dropout", "aten.native_dropout", "aten.feature_dropout"):
+            if a.get("train"):
+                raise ImportError_(f"{node.target} at {_where(node)}: dropout in training mode is not "
+                                   "supported (call .eval() first)")
+            v = self.val(a["input"], node)
+            return (v, None) if key == "aten.native_dropout" else v
+        if key in _CASTS:
+            _, dt = _meta(node)
+            if dt is None:
+                raise ImportError_(f"{node.target} at {_where(node)}: cast to a dtype graph.json does not have")
+            return b.cast(self.val(x, node), dt, name)
+        if key in _VIEWS:
+            return self._view(node, key, x)
+        raise ImportError_(f"unsupported op {node.target} at {_where(node)}")
+
+    def _add_sub(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+        """``add`` / ``sub`` / ``rsub`` (``rsub(x, y) = y - x``); ``alpha`` multiplies what is added or subtracted."""
+        b, name = self.b, node.name
+        lhs, rhs = self.val(x, node), self.val(a["other"], node)
+        alpha = a.get("alpha")
+        if alpha is not None and alpha != 1:
+            if key == "aten.rsub":
+                lhs = b.binary("mul", lhs, scalar(alpha), f"{name}_alpha")
+            else:
+                rhs = b.binary("mul", rhs, scalar(alpha), f"{name}_alpha")
+        if key == "aten.rsub":
+            return b.binary("sub", rhs, lhs, name)
+        return b.binary(key.removeprefix("aten."), lhs, rhs, name)
+
+    def _clamp(self, node: Any, a: dict[str, Any], x: Any) -> Value:
+        """``clamp`` / ``clamp_min`` / ``clamp_max`` / ``hardtanh`` as ``maximum`` then ``minimum``."""
+        b, name = self.b, node.name
+        v = self.val(x, node)
+        lo = a.get("min", a.get("min_val"))
+        hi = a.get("max", a.get("max_val"))
+        if lo is not None:
+            v = b.binary("maximum", v, self.val(lo, node), f"{name}_lo" if hi is not None else name)
+        if hi is not None:
+            v = b.binary("minimum", v, self.val(hi, node), name)
+        return v
+
+    def _softmax(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+        """``softmax`` / ``log_softmax`` (and their ``_`` forms), with the optional input cast first."""
+        b, name = self.b, node.name
+        v = self.val(x, node)
+        if a.get("dtype") is not None:
+            v = b.cast(v, self._dtype(a["dtype"], node), f"{name}_in")
+        if a.get("half_to_float"):
+            v = b.cast(v, "float32", f"{name}_in")
+        return b.softmax(v, self.axes(x, a["dim"], node), name, log_="log_" in key)
+
+    def _norm(self, node: Any, key: str, a: dict[str, Any]) -> Any:
+        """``layer_norm`` / ``rms_norm`` (decomposed by the builder); ``native_layer_norm`` gives
+        ``(y, mean, rstd)``."""
+        b, name = self.b, node.name
+        v = self.val(a["input"], node)
+        k = len(a["normalized_shape"])
+        rt = len(self.tshape(a["input"]))
+        axes = self.axes(a["input"], list(range(rt - k, rt)), node)
+        w = self.val(a["weight"], node) if a.get("weight") is not None else None
+        if key == "aten.rms_norm":
+            eps = a.get("eps")
+            if eps is None:
+                import torch
+
+                eps = torch.finfo(node.meta["val"].dtype).eps
+            return b.rms_norm(v, axes, w, float(eps), name)[0]
+        bias = self.val(a["bias"], node) if a.get("bias") is not None else None
+        y, mean, rstd = b.layer_norm(v, axes, w, bias, float(a["eps"]), name)
+        return y if key == "aten.layer_norm" else (y, mean, rstd)
+
+    def _dtype(self, dt: Any, node: Any) -> str:
+        name = torch_dtype_name(dt)
+        if name is None:
+            raise ImportError_(f"{node.target} at {_where(node)}: dtype {dt} is not supported")
+        return name
+
+    def _reduce(self, node: Any, key: str, a: dict[str, Any]) -> Any:
+        x = a["self"]
+        v = self.val(x, node)
+        if a.get("dtype") is not None:
+            v = self.b.cast(v, self._dtype(a["dtype"], node), f"{node.name}_in")
+        keep = bool(a.get("keepdim")) or node.name in self.forced_keepdim
+        dims = a.get("dim")
+        axes = self.axes(x, dims, node)
+        op = _REDUCE[key]
+        if axes:
+            if len(axes) == len(v.shape):
+                keep = True   # graph.json has no rank-0 tensors; (1, ..., 1) broadcasts the same way
+            out = self.b.reduce(op, v, axes, keep, node.name)
+        else:  # only size-1 dims reduced: the value is unchanged
+            out = v
+        if key in ("aten.max", "aten.min") and isinstance(dims, int):
+            return (out, None)   # (values, indices); indices are not representable
+        return out
+
+    def _view(self, node: Any, key: str, x: Any) -> Value:
+        v = self.val(x, node)
+        t_in, t_new = self.tshape(x), self.tshape(node)
+        ok = _fits(v.shape, t_new) and (
+            key in ("aten.expand", "aten.expand_as")
+            or _strip1(t_in) == _strip1(t_new)
+            or (x.name in self.forced_keepdim and tuple(v.shape) == tuple(t_new)))
+        if not ok:
+            raise ImportError_(f"{node.target} at {_where(node)}: reshaping {list(t_in)} -> {list(t_new)} moves "
+                               "elements; graph.json has no reshape (only views that add or remove leading "
+                               "size-1 dims, expand, or unsqueeze after a reduction are supported)")
+        return v
