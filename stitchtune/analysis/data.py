@@ -7,7 +7,7 @@ Contract
   and table uses (``time_us``, ``is_estimated``, ``is_reused``, ``is_heuristic``, ``run``, ``order``);
   the input is never mutated. Functions taking ``df`` (:func:`summary_table`, :func:`floors`) prepare it
   when needed; those taking ``rows`` or ``d`` expect prepared rows.
-* Times: ``measured_us`` of ``ok`` rows is the trial's time (for the emulate backend ``db.py`` stores the
+* Times: ``measured_us`` of ``ok`` rows is the trial's time (for the emulate backend ``tune/database.py`` stores the
   predicted time there and sets ``estimated``). :func:`spearman` correlates whatever rows it is given
   (reused rows left out); :func:`summary_table` reports it as NaN for runs with estimated rows.
 * One "run" is a (workload_key, device_name, backend) triple; workloads are labelled by graph name and

@@ -10,7 +10,7 @@ Contract
 * This module is the public face of the report: it re-exports the data preparation of
   :mod:`stitchtune.analysis.data` (``prepare``, ``summary_table``, ``floors``, ``spearman``, ...) and the
   figures of :mod:`stitchtune.analysis.figures` (``figure_*``), so ``from stitchtune import report`` is all
-  a notebook needs. Imports go report_data <- report_figures <- report.
+  a notebook needs. Imports go data <- figures <- report.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from stitchtune.analysis.figures import (
 
 log = logging.getLogger(__name__)
 
-__all__ = [  # the public API of stitchtune.analysis.report, including the names moved to report_data / report_figures
+__all__ = [  # the public API of stitchtune.analysis.report, including the names of analysis.data / analysis.figures
     "BENCH_COLUMNS", "DIMENSIONS", "ESTIMATED_NOTE", "MAX_PANELS", "MIN_IMPORTANCE_TRIALS", "PEER_SYSTEMS",
     "RUN_KEYS", "STATUS_COLORS", "checked_rows", "dimension_columns", "figure_best_so_far",
     "figure_floor_fraction", "figure_heuristic_rank", "figure_param_importances",

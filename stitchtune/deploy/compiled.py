@@ -7,7 +7,7 @@ Contract
   the space's rules), lowers it, renders the CUDA source and, when nvcc is found (``build=None``) or
   asked for (``build=True``), builds the cubin. A :class:`CompiledGraph` is immutable.
 * :attr:`CompiledGraph.manifest` is plain JSON data: the graph, its workload key, the device, the
-  versions, the schedule and where it came from (``choice.source`` in tuned|nearest-shape|heuristic,
+  versions, the schedule and where it came from (``choice.source`` in tuned|nearest-shape|heuristic|given,
   ``choice.reason``, the database record), the buffers (name, dtype, elements, bytes, role, graph
   tensor, ``zero_init``) and the kernels in launch order (grid, block, dynamic and static shared
   memory, ptxas registers when built, and the arguments in order with buffer, dtype and role).

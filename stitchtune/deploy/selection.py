@@ -9,7 +9,7 @@ Contract of :func:`choose_schedule(graph, db_path, device)` -> :class:`Choice`:
 
 1. ``tuned``: the fastest ``ok`` record of the tuning database with the same workload key, device key
    (``Device.key``), search-space version (``search_spaces/stitch.json``'s ``version``) and code
-   generator version (``lower.CODEGEN_VERSION``). Measured GPU records (``estimated`` false) are
+   generator version (``lower.entry.CODEGEN_VERSION``). Measured GPU records (``estimated`` false) are
    preferred; estimated (emulated, cost-model time) records are used only when no measured one
    exists, and the reason says so.
 2. ``nearest-shape``: otherwise a record of the same structure key (same ops and dtypes, other
@@ -48,7 +48,7 @@ from stitchtune.errors import ScheduleError
 
 log = logging.getLogger(__name__)
 
-#: Where a schedule comes from (``given``: passed by the caller of ``api.compile``, never chosen here).
+#: Where a schedule comes from (``given``: passed by the caller of ``deploy.compiled.compile``, never chosen here).
 SOURCES = ("tuned", "nearest-shape", "heuristic", "given")
 
 #: Columns :func:`load_candidates` reads (a part without one of them reads it as null).
@@ -69,7 +69,7 @@ _warned: set[tuple[str, str, str]] = set()
 class Choice:
     """The schedule chosen for one graph on one device, and why.
 
-    ``source``: ``tuned`` | ``nearest-shape`` | ``heuristic`` (``given`` in ``api.compile``). ``record``: the database row it came
+    ``source``: ``tuned`` | ``nearest-shape`` | ``heuristic`` (``given`` in ``deploy.compiled.compile``). ``record``: the database row it came
     from (the :data:`LOOKUP_COLUMNS` of it, ``estimated`` resolved to a bool (a missing value means
     ``backend != "cuda"``), plus ``distance`` for nearest-shape), None for the heuristic. ``reason``: one human-readable sentence. ``program``: the lowered
     :class:`~stitchtune.ir.kir.Program` of ``schedule`` for this graph and device (lowering already
@@ -143,7 +143,7 @@ def _read_filtered(parts: list[str], device_key: str, space_version: str, codege
     for part in parts:
         try:
             df = pd.read_parquet(part, engine="pyarrow")
-        except Exception as exc:  # noqa: BLE001 - an unreadable part is skipped (db.py's contract)
+        except Exception as exc:  # noqa: BLE001 - an unreadable part is skipped (tune/database.py's contract)
             log.warning("skipping unreadable database part %s: %s", part, exc)
             continue
         df = df.reindex(columns=list(LOOKUP_COLUMNS))

@@ -213,7 +213,7 @@ class _State:
         self.coresident_limit = coresident_limit
         self.where = ""
         self.vars: dict[str, np.ndarray] = {}
-        for name, dt in ck.var_types.items():  # declared `= 0` at the top, as render_cuda does
+        for name, dt in ck.var_types.items():  # declared `= 0` at the top, as gpu/render.py does
             self.vars[name] = np.zeros(T, _NP_SCALAR[dt])
         self.locals = {a.name: np.full((T, a.size), np.nan, np.float32) for a in k.locals}
         self.glob: dict[str, _GBuf] = {}

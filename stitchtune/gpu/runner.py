@@ -5,7 +5,7 @@ Contract
 * :func:`cuda_available` is True when NVIDIA's cuda-python driver bindings import and find a GPU
   (checked in a short subprocess, cached); it never raises.
 * :class:`CudaRunner` implements ``Runner.run(items) -> list[Measurement]``. Per item it sends the
-  cubin bytes and a plain-data :class:`~stitchtune.gpu.launch_plan.LaunchPlan` to the worker
+  cubin bytes and a plain-data :class:`~stitchtune.gpu.launch.LaunchPlan` to the worker
   (:mod:`stitchtune.gpu.worker`) and waits. The worker sends a heartbeat after every synchronised
   launch sequence; ``timeout_s`` without one means a kernel hangs (e.g. a grid barrier whose blocks
   are not co-resident): the worker is killed, the item is ``timeout``, and the next item starts a

@@ -22,7 +22,7 @@ Contract
   numpy ufunc, e.g. for combining partial results in the emulator) and ``is_mean`` (the result is
   divided by the number of reduced elements after combining).
 
-Nothing here knows about graphs; ``graph.py`` checks arity and attributes against this table.
+Nothing here knows about graphs; ``graph/parse.py`` checks arity and attributes against this table.
 """
 
 from __future__ import annotations

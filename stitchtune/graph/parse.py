@@ -44,6 +44,7 @@ from stitchtune.graph.values import (
 from stitchtune.graph.ops import OPS, OpInfo
 
 __all__ = [
+    "parse_graph_bytes",
     "DTYPES",
     "ITEMSIZE",
     "NAME_RE",

@@ -135,7 +135,7 @@ def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, n
             else:
                 val = info.np_fn(*args)
             val = np.asarray(val, dtype=np.float64)
-            if val.shape != node.shape:  # a bug in graph.py's inference, not a user error
+            if val.shape != node.shape:  # a bug in graph/parse.py's inference, not a user error
                 raise AssertionError(f"{node.id}: shape {val.shape} != inferred {node.shape}")
             env[node.id] = val
         out = {o: env[o].astype(numpy_dtype(graph.spec(o).dtype)) for o in graph.outputs}

@@ -13,8 +13,9 @@ Contract
   truncated, foreign) is skipped with a logged warning naming it; the rest stays readable.
 * Rows are de-duplicated on read by :data:`DEDUP_COLUMNS` (workload, device, versions, schedule,
   backend, study, trial number): a replayed or doubly-flushed trial shows once (the earliest row).
-* A record never matches a different workload, device, backend or version: every lookup
-  (:meth:`TuningDB.best`, :meth:`TuningDB.measured`) filters on all of them.
+* A record never matches a different workload or device: every lookup (:meth:`TuningDB.best`,
+  :meth:`TuningDB.measured`) filters on both, and on the versions and backend its caller passes
+  (compile-time selection, :mod:`stitchtune.deploy.selection`, always passes the versions).
 
 The row schema is documented in ``docs/INTERFACES.md`` ("Tuning database row"); :data:`COLUMNS` lists the
 fixed columns, and ``p_<param>`` columns hold the flattened schedule.

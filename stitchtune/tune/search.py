@@ -28,8 +28,8 @@ Contract of :func:`run_search`
   attr ``interrupted``; everything finished before is already in the database).
 
 Optuna storage, study, sampler, grid and worker-liveness helpers live in :mod:`stitchtune.tune.study`, the
-summary text in :mod:`stitchtune.tune.summary`, :class:`SearchResult` in :mod:`stitchtune.tune.result`; their
-public names are re-exported here.
+summary text in :mod:`stitchtune.tune.summary`, :class:`SearchResult` in :mod:`stitchtune.tune.result`; the
+names the CLI and tests use are importable from here too (``__all__`` lists the loop's own API).
 """
 
 from __future__ import annotations
