@@ -62,3 +62,16 @@ def test_a_graph_that_needs_a_library_imports_it_alone(graph: str, needed: str, 
     names = imported_modules(["run", str(EXAMPLES / f"{graph}.json"), "--random-inputs", "0", "--out", "out.npz"],
                              tmp_path)
     assert heavy_in(names) == [needed]
+
+
+def test_no_cuda_bindings_where_there_is_no_driver(tmp_path: Path) -> None:
+    """Without the CUDA driver library no GPU can be found, so asking which device we are on (space)
+    must not import cuda-python (~50 ms) first."""
+    from stitchtune.gpu.driver import _driver_library_loads
+
+    if _driver_library_loads():
+        pytest.skip("this machine has the CUDA driver library: the bindings are imported to query the GPU")
+    names = imported_modules(["space", str(EXAMPLES / "layernorm_small.json"), "--sample", "3"], tmp_path)
+    assert "stitchtune.gpu.device_query" in names   # the device was asked for
+    assert not any(n == "cuda" or n.startswith("cuda.") for n in names)
+
