@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from stitchtune.graph import checks
 from stitchtune.graph import parse as G
 from stitchtune.errors import GraphError, StitchtuneError
 from stitchtune.graph.parse import Graph, load_graph, parse_graph, parse_graph_bytes
@@ -267,7 +268,7 @@ def test_limits_nodes_inputs_elements_bytes(monkeypatch: pytest.MonkeyPatch) -> 
     g["nodes"].append({"id": "ab", "op": "add", "args": ["a", "b"]})
     g["outputs"].append("ab")
     one(g, "nodes[3]", "too large")
-    monkeypatch.setattr(G, "MAX_TOTAL_BYTES", 1000)
+    monkeypatch.setattr(checks, "MAX_TOTAL_BYTES", 1000)   # read where the total-bytes check lives
     one(base(), "(top level)", "too large")
 
 
