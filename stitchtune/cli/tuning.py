@@ -1,0 +1,227 @@
+"""The subcommands on a tuning database: ``search``, ``show``, ``export``, ``report``, ``calibrate``,
+``model-check`` and ``bench`` (part of the CLI package: prints for users like the rest of it).
+
+Each command is a pair ``_add_<name>(sub)`` / ``_cmd_<name>(args) -> int`` as described in
+:mod:`stitchtune.cli`, which lists them in its ``_SUBCOMMANDS``. Heavy modules are imported inside
+the functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from stitchtune.errors import StitchtuneError
+from stitchtune.tune.dbpath import DB_HELP, default_db
+
+
+# ---------------------------------------------------------------------------- report
+def _add_report(sub: Any) -> None:
+    p = sub.add_parser("report", help="write figures (PNG) and a Markdown summary of a tuning database")
+    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
+    p.add_argument("-o", "--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--bench", action="append", default=None, metavar="CSV",
+                   help="benchmark CSV (repeatable; default: DB/bench_*.csv)")
+    p.add_argument("--graphs", nargs="*", default=None, metavar="GRAPH",
+                   help="graph.json files for min bytes (default: examples/*.json when present)")
+    p.add_argument("--bandwidth-gbs", type=float, default=None,
+                   help="copy bandwidth for the floor (default: from the device preset)")
+    p.set_defaults(func=_cmd_report)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    import glob
+
+    from stitchtune.analysis.report import write_report
+
+    graphs = args.graphs if args.graphs is not None else sorted(glob.glob(os.path.join("examples", "*.json")))
+    paths = write_report(args.db, args.out, bench_paths=args.bench, graph_paths=graphs,
+                         bandwidth_gbs=args.bandwidth_gbs)
+    print(f"wrote {len(paths)} files to {args.out} (summary: {os.path.join(args.out, 'report.md')})")
+    return 0
+
+
+# ---------------------------------------------------------------------------- calibrate / model-check
+def _add_calibrate(sub: Any) -> None:
+    p = sub.add_parser("calibrate", help="re-fit the cost model's per-device constants from measured rows")
+    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
+    p.add_argument("--device", default=None, metavar="NAME",
+                   help="device preset or name (default: every device with measured rows)")
+    p.set_defaults(func=_cmd_calibrate)
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from stitchtune.cost.calibrate import CalibrationError, calibrate_db, devices_in, resolve_devices
+    from stitchtune.tune.database import read_db
+    from stitchtune.hardware.device import get_device
+
+    df = read_db(args.db)
+    if args.device:
+        devices = [get_device(args.device)]
+    else:
+        from stitchtune.gpu.device_query import query_device
+
+        devices, unknown = resolve_devices(devices_in(df), local=query_device)
+        for key in unknown:
+            print(f"skipping {key}: not a preset and not the local GPU (use --device NAME)")
+        if not devices:
+            raise CalibrationError(f"no measured ok rows of a known device in {ascii(args.db)} "
+                                   "(emulated rows do not count; --device NAME names an unknown one)")
+    for dev, params, path in calibrate_db(args.db, df, devices):
+        fitted = ", ".join(f"{k}={v:.4g}" for k, v in params.to_dict().items() if isinstance(v, float))
+        print(f"{dev.key}: fitted on {params.fitted_rows} measured rows -> {path}\n  {fitted}")
+    return 0
+
+
+def _add_model_check(sub: Any) -> None:
+    p = sub.add_parser("model-check", help="rank correlation of predicted vs measured times, pruned winners")
+    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
+    p.add_argument("--factor", type=float, default=3.0,
+                   help="pruning factor: predicted > FACTOR x best measured (default 3.0)")
+    p.add_argument("--repredict", action="store_true",
+                   help="judge the current cost model: predict every row again (re-lowering the workloads "
+                        "of --graphs) instead of using the predictions stored at search time")
+    p.add_argument("--graphs", nargs="*", default=None, metavar="GRAPH",
+                   help="graph files whose workloads are re-lowered with --repredict (default: examples/*.json "
+                        "when that folder exists)")
+    p.set_defaults(func=_cmd_model_check)
+
+
+def _cmd_model_check(args: argparse.Namespace) -> int:
+    import glob
+
+    from stitchtune.cost.calibrate import format_model_check, model_check, repredict
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.tune.database import read_db
+
+    df = read_db(args.db)
+    if args.repredict:
+        paths = args.graphs if args.graphs is not None else sorted(glob.glob(os.path.join("examples", "*.json")))
+        df = repredict(df, [load_graph(p) for p in paths])
+        counts = df["prediction_source"].value_counts().to_dict() if len(df) else {}
+        print("predictions by the current cost model (" + ", ".join(f"{k}: {v} rows" for k, v in
+                                                                  sorted(counts.items())) + ")")
+    else:
+        print("predictions as stored at search time (--repredict judges the current model)")
+    print(format_model_check(model_check(df, args.factor), args.factor))
+    return 0
+
+
+# ---------------------------------------------------------------------------- bench
+def _add_bench(sub: Any) -> None:
+    from stitchtune.bench.peers import PEER_NAMES
+
+    p = sub.add_parser("bench", help="time tuned kernels against torch eager, torch.compile and JAX (GPU)")
+    p.add_argument("graphs", nargs="+", metavar="GRAPH", help="graph.json files")
+    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
+    p.add_argument("--trials", type=int, default=0, metavar="N",
+                   help="search N trials first for a graph without a tuned record (default 0: heuristic)")
+    p.add_argument("--peers", default=",".join(PEER_NAMES), metavar="LIST",
+                   help=f"comma-separated peers, or none (default: {','.join(PEER_NAMES)})")
+    p.add_argument("--device", default=None, metavar="NAME", help="device preset (default: the GPU torch sees)")
+    p.add_argument("-o", "--out", default=None, metavar="DIR",
+                   help="where bench_<device>.csv/.png go (default: the --db directory, where report finds them)")
+    p.add_argument("--iters", type=int, default=100, metavar="N", help="timed calls per system (default 100)")
+    p.add_argument("--warmup", type=int, default=10, metavar="N", help="warm-up calls (default 10)")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from stitchtune.bench.measure import format_table, run_bench
+    from stitchtune.hardware.device import get_device
+    from stitchtune.bench.peers import parse_peer_names
+
+    peers = parse_peer_names(args.peers)
+    problems = [f"--{k} must be >= {lo} (got {v})" for k, v, lo in
+                (("trials", args.trials, 0), ("iters", args.iters, 5), ("warmup", args.warmup, 0)) if v < lo]
+    if problems:
+        raise StitchtuneError(problems=problems)
+    device = get_device(args.device) if args.device else None
+    df = run_bench(args.graphs, db=args.db, trials=args.trials, peers=peers, device=device,
+                   out_dir=args.out or args.db, iters=args.iters, warmup=args.warmup,
+                   progress=lambda s: print(s, flush=True))
+    print(format_table(df))
+    return 0
+
+
+# ---------------------------------------------------------------------------- search / show / export
+def _add_search(sub: Any) -> None:
+    p = sub.add_parser("search", help="tune a graph's stitch schedule (optuna; results in the tuning database)")
+    p.add_argument("graph", help="path to graph.json")
+    p.add_argument("--trials", type=int, default=64, metavar="N", help="trials in this run (default 64)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop after S seconds")
+    p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),
+                   help="auto: cuda when cuda-python finds a GPU, else emulate (estimated times)")
+    p.add_argument("--device", default=None, metavar="NAME", help="device preset (default: the GPU, else h200)")
+    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="optuna storage URL (postgresql://..., sqlite:///...; default: DIR/optuna.journal)")
+    p.add_argument("--study", default=None, metavar="NAME",
+                   help="study name (default: <graph>-<workload key[:12]>-<device>)")
+    p.add_argument("--sampler", default="tpe", choices=("tpe", "gp", "cmaes", "random", "grid"))
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="trials per batch = parallel compiles (default: CPU count)")
+    p.add_argument("--early-stop", type=int, default=None, metavar="K", help="stop after K trials without improvement")
+    p.add_argument("--prune-factor", type=float, default=3.0, metavar="F",
+                   help="skip points predicted F x slower than the best measured (default 3)")
+    p.add_argument("--no-build", action="store_true", help="emulate backend: do not compile with nvcc")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_search)
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    from stitchtune.tune.search import SearchConfig, format_summary, resolve_backend, run_search
+
+    backend, why = resolve_backend(args.backend)
+    print(why, file=sys.stderr, flush=True)
+    cfg = SearchConfig(graph_path=args.graph, trials=args.trials, timeout_s=args.timeout, backend=backend,
+                       device=args.device, db=args.db, storage=args.storage, study=args.study,
+                       sampler=args.sampler, seed=args.seed, jobs=args.jobs, early_stop=args.early_stop,
+                       prune_factor=args.prune_factor, build=not args.no_build, progress=not args.no_progress)
+    res = run_search(cfg)
+    print(format_summary(res))
+    return 130 if res.stopped == "interrupted" else 0
+
+
+def _add_show(sub: Any) -> None:
+    p = sub.add_parser("show", help="best schedule per workload and device in a tuning database")
+    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
+    p.set_defaults(func=_cmd_show)
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from stitchtune.tune.database import TuningDB
+    from stitchtune.tune.summary import format_best_table
+
+    db = TuningDB(args.db)
+    df = db.read()
+    print(f"{ascii(args.db)}: {len(df)} trial rows in {len(db.parts())} parts")
+    print(format_best_table(db.best_per_workload(df)))
+    return 0
+
+
+def _add_export(sub: Any) -> None:
+    p = sub.add_parser("export", help="write a tuning database as one CSV file")
+    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
+    p.add_argument("--csv", required=True, metavar="FILE", help="output CSV")
+    p.set_defaults(func=_cmd_export)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from stitchtune.tune.database import read_db
+
+    df = read_db(args.db)
+    tmp = f"{args.csv}.tmp-{os.getpid()}"
+    try:
+        df.to_csv(tmp, index=False)
+        os.replace(tmp, args.csv)
+    except OSError as e:
+        raise StitchtuneError(f"cannot write {ascii(args.csv)}: {e.strerror or e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    print(f"wrote {len(df)} rows to {args.csv}")
+    return 0
