@@ -10,7 +10,8 @@
 #   gpu_info    nvidia-smi (DRY_RUN: skipped)                                                       ~1 s
 #   versions    python / numpy / cuda-bindings / optuna / torch / jax versions (package metadata, no
 #               imports of torch or jax) / nvcc                                                     ~3 s
-#   gpu_tests   pytest -m gpu tests/gpu/test_gpu.py tests/emulate/test_emulator.py, cap 60 s   ~35-45 s
+#   gpu_tests   pytest -m gpu tests/gpu/test_gpu.py test_device_query.py hardware/test_occupancy.py
+#               tests/emulate/test_emulator.py, cap 60 s   ~35-45 s
 #               (fault -> launch_error, hang -> timeout, >48K smem, the launch path on torch streams
 #               and in a CUDA graph, emulator vs GPU on hand-built
 #               kernels, and the heuristic + GPU_SAMPLES=1 sampled schedule of the GPU_EXAMPLES
@@ -198,7 +199,8 @@ if [ "$DRY_RUN" = 1 ]; then
     --junitxml="$WORK/gpu_tests.xml"
 elif "$PY" -c "import pytest" >/dev/null 2>&1; then
   step gpu_tests "$GPU_TESTS_CAP_S" "$PY" -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu/test_gpu.py \
-    tests/emulate/test_emulator.py --junitxml="$WORK/gpu_tests.xml"
+    tests/gpu/test_device_query.py tests/hardware/test_occupancy.py tests/emulate/test_emulator.py \
+    --junitxml="$WORK/gpu_tests.xml"
 else
   step gpu_smoke 120 "$PY" -c "$SMOKE"
 fi
