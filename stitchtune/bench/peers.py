@@ -144,6 +144,32 @@ def _torch_binary() -> dict[str, Callable[[Any, Any], Any]]:
     }
 
 
+def _torch_masks() -> dict[str, Callable[..., Any]]:
+    """Comparisons, logical ops, where and clamp on float32 tensors (or Python floats) whose bools
+    are 0.0 / 1.0, as in the reference (``graph/ops.py``)."""
+    import torch
+
+    def f(x: Any) -> Any:
+        return x.to(torch.float32)
+
+    def t(v: Any, like: Any) -> Any:
+        return torch.as_tensor(v, dtype=torch.float32, device=like.device) if isinstance(v, float) else v
+
+    def clamp(x: Any, lo: Any, hi: Any) -> Any:
+        like = next(a for a in (x, lo, hi) if not isinstance(a, float))
+        return torch.minimum(torch.maximum(t(x, like), t(lo, like)), t(hi, like))
+
+    return {
+        "lt": lambda a, b: f(a < b), "le": lambda a, b: f(a <= b), "gt": lambda a, b: f(a > b),
+        "ge": lambda a, b: f(a >= b), "eq": lambda a, b: f(a == b), "ne": lambda a, b: f(a != b),
+        "logical_and": lambda a, b: f((a != 0) & (b != 0)),
+        "logical_or": lambda a, b: f((a != 0) | (b != 0)),
+        "logical_not": lambda a: f(a == 0),
+        "where": lambda c, a, b: f(torch.where(c != 0, t(a, c), t(b, c))),
+        "clamp": clamp,
+    }
+
+
 def _torch_reduce() -> dict[str, Callable[..., Any]]:
     import torch
 
@@ -159,7 +185,7 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
     """The eager float32 function of ``graph`` taking inputs positionally in ``graph.inputs`` order."""
     import torch
 
-    unary, binary, reduce = _torch_unary(), _torch_binary(), _torch_reduce()
+    unary, binary, reduce, masks = _torch_unary(), _torch_binary(), _torch_reduce(), _torch_masks()
     names = [n for n, _ in graph.inputs]
     nodes = graph.nodes
     outputs = graph.outputs
@@ -178,8 +204,12 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
             return binary[op](args[0], args[1])
         if op in reduce:
             return reduce[op](args[0], tuple(node.axes), bool(node.keepdims))
+        if op in masks:
+            return masks[op](*args)
         if op == "cast":
             to = node.to or node.dtype
+            if to == "bool":
+                return (args[0] != 0).to(torch.float32)
             if to in _SIXTEEN_BIT:  # round to the target type, keep computing in float32
                 return args[0].to(_torch_dtype(to)).to(torch.float32)
             return args[0]
@@ -271,12 +301,31 @@ def _jax_tables() -> tuple[dict, dict, dict]:
     return unary, binary, reduce
 
 
+def _jax_masks() -> dict[str, Callable[..., Any]]:
+    """Comparisons, logical ops, where and clamp on float32 arrays whose bools are 0.0 / 1.0."""
+    import jax.numpy as jnp
+
+    def f(x: Any) -> Any:
+        return x.astype(jnp.float32)
+
+    return {
+        "lt": lambda a, b: f(a < b), "le": lambda a, b: f(a <= b), "gt": lambda a, b: f(a > b),
+        "ge": lambda a, b: f(a >= b), "eq": lambda a, b: f(a == b), "ne": lambda a, b: f(a != b),
+        "logical_and": lambda a, b: f((a != 0) & (b != 0)),
+        "logical_or": lambda a, b: f((a != 0) | (b != 0)),
+        "logical_not": lambda a: f(a == 0),
+        "where": lambda c, a, b: f(jnp.where(c != 0, a, b)),
+        "clamp": lambda x, lo, hi: jnp.minimum(jnp.maximum(x, lo), hi),
+    }
+
+
 def jax_function(graph: Graph) -> Callable[..., tuple]:
     """``f(**arrays) -> tuple``: ``graph`` in JAX, ``jax.jit``-compiled. Raises ``ImportError`` without jax."""
     import jax
     import jax.numpy as jnp
 
     unary, binary, reduce = _jax_tables()
+    masks = _jax_masks()
     names = [n for n, _ in graph.inputs]
     nodes = graph.nodes
     outputs = graph.outputs
@@ -297,6 +346,10 @@ def jax_function(graph: Graph) -> Callable[..., tuple]:
                 val = binary[op](args[0], args[1])
             elif op in reduce:
                 val = reduce[op](args[0], axis=tuple(node.axes), keepdims=bool(node.keepdims))
+            elif op in masks:
+                val = masks[op](*args)
+            elif op == "cast" and (node.to or node.dtype) == "bool":
+                val = (args[0] != 0).astype(f32)
             elif op == "cast":
                 to = node.to or node.dtype
                 val = args[0].astype(_jax_dtype(to)).astype(f32) if to in _SIXTEEN_BIT else args[0]

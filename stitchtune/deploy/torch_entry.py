@@ -51,7 +51,8 @@ class TensorRefused(StitchtuneError, ValueError):
 def _torch_dtype(name: str) -> Any:
     import torch as _torch
 
-    return {"float32": _torch.float32, "float16": _torch.float16, "bfloat16": _torch.bfloat16}[name]
+    return {"float32": _torch.float32, "float16": _torch.float16, "bfloat16": _torch.bfloat16,
+            "bool": _torch.bool}[name]
 
 
 def _to_numpy(t: Any, dtype: str) -> np.ndarray:

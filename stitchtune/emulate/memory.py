@@ -43,11 +43,11 @@ FAULT_KINDS = (
 class _ElemTypes(Mapping[str, np.dtype]):
     """Buffer dtype -> numpy element type; ``bfloat16`` imports ml_dtypes on its first lookup only."""
 
-    _KEYS = ("float32", "float16", "bfloat16", "uint32")
+    _KEYS = ("float32", "float16", "bfloat16", "bool", "uint32")
 
     def __init__(self) -> None:
         self._known: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
-                                            "uint32": np.dtype(np.uint32)}
+                                            "bool": np.dtype(np.bool_), "uint32": np.dtype(np.uint32)}
 
     def __getitem__(self, key: str) -> np.dtype:
         try:
@@ -70,7 +70,7 @@ class _ElemTypes(Mapping[str, np.dtype]):
 #: numpy element type of each buffer dtype (barrier buffers are always uint32)
 NP_ELEM: Mapping[str, np.dtype] = _ElemTypes()
 _NP_SCALAR = {F32: np.float32, I32: np.int32, BOOL: np.bool_}
-_ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "uint32": 4}
+_ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "uint32": 4}
 
 
 class EmulatorFault(Exception):

@@ -4,8 +4,8 @@ Contract
 --------
 ``OPS[name]`` is a frozen :class:`OpInfo`. For each op:
 
-* ``np_fn`` is the numpy semantics. It accepts float32 *and* float64 arrays (and, for binary ops,
-  a Python float scalar as either operand) and returns an array of the same float dtype. The
+* ``np_fn`` is the numpy semantics. It accepts float32 *and* float64 arrays (and, for binary and ternary ops,
+  a Python float scalar as any float operand) and returns an array of the same float dtype. The
   reference executor (``reference.py``) calls it on float64 arrays.
   For reductions ``np_fn(x, axis=tuple, keepdims=bool)`` (``np.sum``/``np.mean``/``np.max``/``np.min``).
   For ``cast`` it is the identity; the rounding is done by the caller, who knows the target dtype.
@@ -16,6 +16,14 @@ Contract
   more than once and may put a unary minus in front of it. For a reduction ``cuda`` is the
   per-element transform (``{0}``) and ``cuda_combine`` merges two partial results; for ``cast`` it is
   ``{0}`` (values are fp32 in registers; rounding happens at the store).
+* ``arg_types`` gives the type each argument must have, one letter per argument: ``f`` a float
+  tensor (or a constant where the op takes constants: binary and ternary ops), ``b`` a ``bool`` tensor;
+  empty means every argument is ``f``. ``result`` is ``"float"`` (the promoted dtype of the float
+  arguments) or ``"bool"``. Bool values are 0.0 / 1.0 inside ``np_fn`` and inside kernels (fp32
+  registers; see ``graph/parse.py`` for the dtype rules): comparisons return 1.0 for true, logical ops
+  and ``where`` treat any non-zero value as true. Comparisons are IEEE: NaN compares false, except
+  ``ne`` (true). ``clamp(x, lo, hi)`` is ``minimum(maximum(x, lo), hi)`` with NaN propagated from any
+  argument (``lo > hi`` gives ``hi``, as numpy and torch do).
 * ``flops`` / ``sfu`` are approximate per-element counts of fp32 ALU operations and special-function
   unit operations (MUFU: ex2, lg2, rsq, rcp, sqrt, tanh) for the cost model.
 * Reductions also carry ``identity`` (the neutral element), ``cuda_combine``, ``np_combine`` (a
@@ -38,8 +46,10 @@ __all__ = [
     "OPS",
     "UNARY",
     "BINARY",
+    "TERNARY",
     "REDUCTIONS",
     "COMMUTATIVE",
+    "BOOL_RESULT",
     "format_float_literal",
     "get_op",
 ]
@@ -53,7 +63,7 @@ class OpInfo:
     """Static description of one operator (see the module docstring for the contract)."""
 
     name: str
-    kind: str  # 'unary' | 'binary' | 'reduce' | 'cast'
+    kind: str  # 'unary' | 'binary' | 'ternary' | 'reduce' | 'cast'
     arity: int
     np_fn: Callable[..., Any]
     cuda: str
@@ -64,6 +74,12 @@ class OpInfo:
     cuda_combine: str | None = None
     np_combine: Any = None  # numpy ufunc for reductions
     is_mean: bool = False
+    arg_types: str = ""  # one of 'f' / 'b' per argument; '' = all float
+    result: str = "float"  # 'float' | 'bool'
+
+    def arg_type(self, i: int) -> str:
+        """``'f'`` (float tensor or constant) or ``'b'`` (bool tensor) for argument ``i``."""
+        return self.arg_types[i] if self.arg_types else "f"
 
     def render(self, *operands: str) -> str:
         """The CUDA expression for this op applied to operand atoms (see module docstring)."""
@@ -125,7 +141,59 @@ def _identity(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def _float_dtype(*args: Any) -> np.dtype:
+    """The float dtype of the first float array among ``args`` (float64 when there is none)."""
+    for a in args:
+        dt = getattr(a, "dtype", None)
+        if dt is not None and dt.kind == "f":
+            return dt
+    return np.dtype(np.float64)
+
+
+def _cmp(ufunc: Any) -> Callable[..., Any]:
+    """A comparison giving 1.0 / 0.0 in the operands' float dtype (IEEE: NaN compares false but ``!=``)."""
+    def fn(a: Any, b: Any) -> np.ndarray:
+        return np.asarray(ufunc(a, b)).astype(_float_dtype(a, b))
+    fn.__name__ = ufunc.__name__
+    return fn
+
+
+def _logical(ufunc: Any) -> Callable[..., Any]:
+    """A logical op on 0/1 values (non-zero is true), giving 1.0 / 0.0."""
+    def fn(*xs: Any) -> np.ndarray:
+        return np.asarray(ufunc(*(np.asarray(x) != 0 for x in xs))).astype(_float_dtype(*xs))
+    fn.__name__ = ufunc.__name__
+    return fn
+
+
+def _where(c: Any, a: Any, b: Any) -> np.ndarray:
+    return np.asarray(np.where(np.asarray(c) != 0, a, b)).astype(_float_dtype(a, b, c))
+
+
+def _clamp(x: Any, lo: Any, hi: Any) -> np.ndarray:
+    return np.asarray(np.minimum(np.maximum(x, lo), hi)).astype(_float_dtype(x, lo, hi))
+
+
+def _to_bool(x: Any) -> np.ndarray:
+    return (np.asarray(x) != 0).astype(_float_dtype(x))
+
+
 # ---------------------------------------------------------------------------- the table
+_TRUE_FALSE = " ? 1.0f : 0.0f)"
+
+
+def _c(name: str, fn: Any, cop: str) -> OpInfo:
+    """A comparison of two floats (or a float and a constant) giving a bool."""
+    return OpInfo(name=name, kind="binary", arity=2, np_fn=_cmp(fn), cuda="(({0} " + cop + " {1})" + _TRUE_FALSE,
+                  flops=1, sfu=0, commutative=name in ("eq", "ne"), arg_types="ff", result="bool")
+
+
+def _l(name: str, fn: Any, cuda: str, arity: int) -> OpInfo:
+    """A logical op on bool tensors giving a bool."""
+    return OpInfo(name=name, kind="unary" if arity == 1 else "binary", arity=arity, np_fn=_logical(fn),
+                  cuda=cuda, flops=arity, sfu=0, commutative=arity == 2, arg_types="b" * arity, result="bool")
+
+
 def _u(name: str, fn: Callable[..., Any], cuda: str, flops: int, sfu: int) -> OpInfo:
     return OpInfo(name=name, kind="unary", arity=1, np_fn=fn, cuda=cuda, flops=flops, sfu=sfu)
 
@@ -167,6 +235,22 @@ _TABLE: tuple[OpInfo, ...] = (
     _b("maximum", np.maximum, "fmaxf({0}, {1})", 1, 0, True),
     _b("minimum", np.minimum, "fminf({0}, {1})", 1, 0, True),
     _b("pow", np.power, "powf({0}, {1})", 4, 2, False),
+    # comparisons (float, float -> bool) and logical ops (bool -> bool)
+    _c("lt", np.less, "<"),
+    _c("le", np.less_equal, "<="),
+    _c("gt", np.greater, ">"),
+    _c("ge", np.greater_equal, ">="),
+    _c("eq", np.equal, "=="),
+    _c("ne", np.not_equal, "!="),
+    _l("logical_and", np.logical_and, "((({0} != 0.0f) && ({1} != 0.0f))" + _TRUE_FALSE, 2),
+    _l("logical_or", np.logical_or, "((({0} != 0.0f) || ({1} != 0.0f))" + _TRUE_FALSE, 2),
+    _l("logical_not", np.logical_not, "(({0} == 0.0f)" + _TRUE_FALSE, 1),
+    # ternary: where(cond bool, a, b), clamp(x, lo, hi); a, b, lo, hi may be constants
+    OpInfo(name="where", kind="ternary", arity=3, np_fn=_where, cuda="(({0} != 0.0f) ? {1} : {2})",
+           flops=1, sfu=0, arg_types="bff"),
+    OpInfo(name="clamp", kind="ternary", arity=3, np_fn=_clamp,
+           cuda="(((({0} != {0}) || ({1} != {1})) || ({2} != {2})) ? ({0} + {1} + {2}) : fminf(fmaxf({0}, {1}), {2}))",
+           flops=5, sfu=0, arg_types="fff"),
     # reductions
     _r("reduce_sum", np.sum, 0.0, "({0} + {1})", np.add),
     _r("reduce_mean", np.mean, 0.0, "({0} + {1})", np.add, is_mean=True),
@@ -177,6 +261,8 @@ _TABLE: tuple[OpInfo, ...] = (
 )
 
 OPS: dict[str, OpInfo] = {op.name: op for op in _TABLE}
+TERNARY: tuple[str, ...] = tuple(o.name for o in _TABLE if o.kind == "ternary")
+BOOL_RESULT: frozenset[str] = frozenset(o.name for o in _TABLE if o.result == "bool")
 UNARY: tuple[str, ...] = tuple(o.name for o in _TABLE if o.kind == "unary")
 BINARY: tuple[str, ...] = tuple(o.name for o in _TABLE if o.kind == "binary")
 REDUCTIONS: tuple[str, ...] = tuple(o.name for o in _TABLE if o.kind == "reduce")
@@ -201,6 +287,9 @@ KERNEL_OPS: dict[str, OpInfo] = {
                             cuda="__half2float(__float2half_rn({0}))", flops=2, sfu=0),
     "round_bfloat16": OpInfo(name="round_bfloat16", kind="unary", arity=1, np_fn=_round_to("bfloat16"),
                              cuda="__bfloat162float(__float2bfloat16_rn({0}))", flops=2, sfu=0),
+    # a cast to bool inside a kernel: bools are 0.0f / 1.0f in fp32 registers, NaN is true (non-zero)
+    "to_bool": OpInfo(name="to_bool", kind="unary", arity=1, np_fn=_to_bool,
+                      cuda="(({0} != 0.0f)" + _TRUE_FALSE, flops=1, sfu=0),
 }
 
 

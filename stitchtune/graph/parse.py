@@ -13,8 +13,15 @@ Contract
   *earlier* nodes (file order is a topological order) or are scalar constants (finite or infinite
   numbers); shapes broadcast as numpy's; every tensor has rank 1..4 and positive dimensions; every
   node contributes to some output.
-* Node dtype = promoted dtype of its tensor args (float32 wins; float16 + bfloat16 -> float32;
-  constants do not promote); ``cast`` gives ``to``; arithmetic is defined in float32.
+* Node dtype = promoted dtype of its float tensor args (float32 wins; float16 + bfloat16 -> float32;
+  constants do not promote; float32 when every float argument is a constant); ``cast`` gives ``to``;
+  arithmetic is defined in float32.
+* ``bool`` tensors (graph inputs, stored one byte per element, and results of the comparisons
+  ``lt le gt ge eq ne`` and of ``logical_and logical_or logical_not``) may be read only by logical
+  ops, by ``where``'s first argument and by ``cast`` (bool -> float gives 0 / 1; float -> bool is
+  ``x != 0``, so NaN is true). Every other argument must be a float tensor or, for binary and
+  ternary ops, a constant (see :attr:`~stitchtune.graph.ops.OpInfo.arg_types`). A bool tensor is
+  not yet accepted as a graph output (cast it to a float dtype).
 * The values themselves (:class:`Node`, :class:`TensorSpec`, ``DTYPES``, ``ITEMSIZE``,
   :func:`promote_dtypes`, :func:`broadcast_shapes`, and :class:`~stitchtune.graph.values.GraphValue`
   with the lookups and workload/structure keys) live in :mod:`stitchtune.graph.values` and are
@@ -61,6 +68,7 @@ from stitchtune.graph.checks import (
 )
 from stitchtune.graph.values import (
     DTYPES,
+    FLOAT_DTYPES,
     ITEMSIZE,
     GraphValue,
     Node,
@@ -73,6 +81,7 @@ from stitchtune.graph.ops import OPS, OpInfo
 __all__ = [
     "parse_graph_bytes",
     "DTYPES",
+    "FLOAT_DTYPES",
     "ITEMSIZE",
     "NAME_RE",
     "MAX_NODES",
@@ -326,8 +335,9 @@ def _node_args(rn: dict[str, Any], i: int, path: str, nid: Any, id_ok: bool, inf
             c = _constant(a, apath, p)
             if c is None:
                 ok = False
-            elif info is not None and info.kind != "binary":
-                p.add(apath, f"{info.name} needs a tensor argument, not a constant")
+            elif info is not None and (info.kind not in ("binary", "ternary") or info.arg_type(j) == "b"):
+                what = "a bool tensor" if info.arg_type(j) == "b" else "a tensor argument"
+                p.add(apath, f"{info.name} needs {what}, not a constant")
                 ok = False
             else:
                 values.append(c)
@@ -337,7 +347,32 @@ def _node_args(rn: dict[str, Any], i: int, path: str, nid: Any, id_ok: bool, inf
     if ok and raw_args and not specs:
         p.add(f"{path}.args", "needs at least one tensor argument (all constants)")
         ok = False
+    if ok and info is not None:
+        ok = _check_arg_types(path, info, values, specs, p)
     return _Args(tuple(values), tuple(specs), ok)
+
+
+def _check_arg_types(path: str, info: OpInfo, values: list[str | float], specs: list[TensorSpec],
+                     p: _Problems) -> bool:
+    """Whether every tensor argument has the type ``info.arg_types`` asks for (cast takes anything);
+    a problem naming the argument and its dtype is added for each one that does not."""
+    if info.kind == "cast":
+        return True
+    ok, k = True, 0
+    for j, v in enumerate(values):
+        if not isinstance(v, str):
+            continue
+        dtype = specs[k].dtype
+        k += 1
+        want_bool = info.arg_type(j) == "b"
+        if want_bool and dtype != "bool":
+            p.add(f"{path}.args[{j}]", f"{info.name} needs a bool tensor here; {_show(v)} is {dtype}")
+            ok = False
+        elif not want_bool and dtype == "bool":
+            p.add(f"{path}.args[{j}]", f"{info.name} needs a float tensor here; {_show(v)} is bool "
+                                       "(cast it to a float dtype first)")
+            ok = False
+    return ok
 
 
 def _tensor_arg(a: str, apath: str, i: int, nid: Any, id_ok: bool, scope: _Scope, listing: _NodeListing,
@@ -370,7 +405,7 @@ def _node_spec(rn: dict[str, Any], path: str, info: OpInfo | None, args: _Args, 
             p.add(f"{path}.axes", "missing: reductions need a list of axes")
         return None, None, ()
     first = args.specs[0]
-    if info.kind == "binary":
+    if info.kind in ("binary", "ternary"):
         shape = broadcast_shapes(*(s.shape for s in args.specs))
         if shape is None:
             shown = " and ".join(str(list(s.shape)) for s in args.specs)
@@ -378,7 +413,7 @@ def _node_spec(rn: dict[str, Any], path: str, info: OpInfo | None, args: _Args, 
         elif math.prod(shape) > MAX_ELEMENTS:
             p.add(path, f"too large: result has {math.prod(shape)} elements (limit {MAX_ELEMENTS})")
             shape = None
-        return shape, promote_dtypes(s.dtype for s in args.specs), ()
+        return shape, _result_dtype(info, args), ()
     if info.kind == "reduce":
         axes = _check_axes(rn.get("axes"), "axes" in rn, first.rank, f"{path}.axes", p)
         if axes is None:
@@ -392,7 +427,14 @@ def _node_spec(rn: dict[str, Any], path: str, info: OpInfo | None, args: _Args, 
         return shape, first.dtype, axes
     if info.kind == "cast":
         return first.shape, to, ()
-    return first.shape, first.dtype, ()
+    return first.shape, _result_dtype(info, args), ()
+
+
+def _result_dtype(info: OpInfo, args: _Args) -> str:
+    """``bool`` for a bool-valued op, else the promoted dtype of the float tensor arguments."""
+    if info.result == "bool":
+        return "bool"
+    return promote_dtypes(s.dtype for s in args.specs if s.dtype != "bool")
 
 
 def _check_axes(v: Any, present: bool, rank: int, path: str, p: _Problems) -> tuple[int, ...] | None:

@@ -10,8 +10,10 @@ Contract
   only an explicit ``cast`` node rounds its value to the target dtype, and outputs are rounded when
   returned. Constants are used as given.
 * :func:`random_inputs(graph, seed)` draws standard-normal inputs cast to their dtypes, with no exact
-  zeros; the same seed gives the same arrays.
-* :func:`numpy_dtype(name)` maps ``float32``/``float16``/``bfloat16`` to numpy dtypes; ml_dtypes is imported
+  zeros (``bool`` inputs: true with probability 3/4); the same seed gives the same arrays.
+* ``bool`` tensors are 0.0 / 1.0 in float64 (a ``bool`` input array is ``numpy.bool_``); a ``cast``
+  to ``bool`` gives ``x != 0`` (NaN is true), as in numpy.
+* :func:`numpy_dtype(name)` maps ``float32``/``float16``/``bfloat16``/``bool`` to numpy dtypes; ml_dtypes is imported
   only for ``bfloat16`` (:func:`bfloat16_dtype`), so float32/float16 work never loads it.
 * Both refuse (:class:`StitchtuneError` with the numbers), before allocating, a graph whose reference
   would need more than :data:`HOST_MEMORY_FRACTION` of this host's physical memory
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 _NP_DTYPES: dict[str, np.dtype] = {
     "float32": np.dtype(np.float32),
     "float16": np.dtype(np.float16),
+    "bool": np.dtype(np.bool_),
 }
 
 
@@ -169,6 +172,9 @@ def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
     positive = positive_inputs(graph)
     out: dict[str, np.ndarray] = {}
     for name, spec in graph.inputs:
+        if spec.dtype == "bool":
+            out[name] = rng.random(spec.shape, dtype=np.float32) < np.float32(0.75)
+            continue
         a = rng.standard_normal(spec.shape, dtype=np.float32)
         a[a == 0] = 0.5
         if name in positive:

@@ -8,7 +8,8 @@ Contract
   / :func:`~stitchtune.graph.parse.load_graph` / ``Graph.from_dict``), which guarantees the invariants
   listed in :mod:`stitchtune.graph.parse`. Nothing here validates or reads files, and this module
   imports nothing of :mod:`stitchtune.graph.parse`, which re-exports every public name of this module.
-* :func:`promote_dtypes`: float32 wins; float16 + bfloat16 -> float32 (constants do not promote).
+* :func:`promote_dtypes` (of float dtypes; ``bool`` never promotes, see graph/parse.py): float32
+  wins; float16 + bfloat16 -> float32 (constants do not promote).
   :func:`broadcast_shapes`: numpy broadcasting, ``None`` when the shapes do not broadcast.
 * :meth:`Graph.workload_key` is a canonical structural hash: invariant to node-id renaming and to
   reordering independent nodes (and to input order and the graph name); it changes with any op,
@@ -30,6 +31,7 @@ from stitchtune.graph.ops import OPS
 
 __all__ = [
     "DTYPES",
+    "FLOAT_DTYPES",
     "ITEMSIZE",
     "TensorSpec",
     "Node",
@@ -38,8 +40,10 @@ __all__ = [
     "broadcast_shapes",
 ]
 
-DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
-ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
+#: graph dtypes; ``bool`` is stored one byte per element (0 or 1) and holds comparison results and masks
+DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "bool")
+FLOAT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}
 _KEY_VERSION = "stitchtune-workload-v1"
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from stitchtune.errors import StitchtuneError
 from stitchtune.graph.parse import (
-    DTYPES,
+    FLOAT_DTYPES as DTYPES,  # the importers map float tensors only (no bool ops are imported yet)
     Graph,
     broadcast_shapes,
     parse_graph,

@@ -12,7 +12,9 @@ Semantics (shared by both consumers):
   (loops that index one are marked ``unroll=True`` with constant bounds).
 * Buffers are named: kernel parameters (:class:`Param`, global memory, pointer arguments in order) and
   shared-memory buffers (:class:`SharedBuf`, float32, per block). Loads convert the element type to
-  float32, stores convert float32 to the element type.
+  float32, stores convert float32 to the element type. A ``bool`` buffer (one byte per element,
+  inputs only) loads as 1.0 for a non-zero byte and 0.0 for zero: graph bools are 0.0 / 1.0 floats in
+  kernels (see :mod:`stitchtune.graph.ops`).
 * :class:`LoadVec` / :class:`StoreVec` move ``width`` consecutive elements starting at ``index`` (an
   element index that must be a multiple of ``width``: 16-byte or narrower aligned accesses). A false
   ``pred`` skips the access for that thread (a masked lane keeps its destination values).
@@ -42,7 +44,7 @@ I32 = "i32"
 BOOL = "bool"
 
 #: element types of buffers (graph dtypes)
-ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}
 
 
 def check_ident(name: str) -> str:

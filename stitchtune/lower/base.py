@@ -235,6 +235,8 @@ class _Lowerer:
         info = OPS[nd.op]
         if info.kind == "cast":  # float32 registers: a cast to a 16-bit type rounds, as the reference does
             to = nd.to or nd.dtype
+            if to == "bool":  # bools are 0.0f / 1.0f in registers (a bool -> float cast is the identity)
+                return MathOp("to_bool", (args[0],))
             return MathOp(f"round_{to}", (args[0],)) if to in ("float16", "bfloat16") else args[0]
         return MathOp(nd.op, tuple(args))
 

@@ -79,7 +79,16 @@ def _every_op_graph() -> dict:
         if op in ("log", "sqrt", "rsqrt", "pow"):  # a positive operand
             nodes += [{"id": f"a{i}", "op": "abs", "args": [last]},
                       {"id": f"p{i}", "op": "add", "args": [f"a{i}", 0.5]}]
-        if kind == "unary":
+        if "b" in OPS[op].arg_types:  # bool operands: comparisons of the running value and of y
+            nodes.append({"id": f"b{i}", "op": "gt", "args": [last, 0.0]})
+        if OPS[op].arg_types == "bb":
+            nodes.append({"id": f"c{i}", "op": "lt", "args": ["y", 0.25]})
+        if OPS[op].arg_types in ("b", "bb"):
+            nodes.append({"id": nid, "op": op, "args": [f"b{i}", f"c{i}"][: OPS[op].arity]})
+        elif kind == "ternary":
+            args = [f"b{i}", last, [1.5, "y"][i % 2]] if op == "where" else [last, -0.5, "y"]
+            nodes.append({"id": nid, "op": op, "args": args})
+        elif kind == "unary":
             nodes.append({"id": nid, "op": op, "args": [f"p{i}" if op in ("log", "sqrt", "rsqrt") else last]})
         elif kind == "binary":
             a = f"p{i}" if op == "pow" else last
@@ -89,6 +98,9 @@ def _every_op_graph() -> dict:
             nodes.append({"id": nid, "op": op, "args": [last], "axes": [-1], "keepdims": True})
         else:
             nodes.append({"id": nid, "op": "cast", "args": [last], "to": "bfloat16"})
+        if OPS[op].result == "bool":  # back to float (0 / 1) for the arithmetic that follows
+            nodes.append({"id": f"f{i}", "op": "cast", "args": [nid], "to": "float32"})
+            nid = f"f{i}"
         nodes += [{"id": f"m{i}", "op": "mul", "args": [nid, 0.5]},  # keep values bounded
                   {"id": f"t{i}", "op": "tanh", "args": [f"m{i}"]},
                   {"id": f"s{i}", "op": "add", "args": [f"t{i}", "x"]}]

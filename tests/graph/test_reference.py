@@ -31,6 +31,9 @@ def test_np_fn_keeps_float32_and_float64(name: str) -> None:
         elif info.kind == "binary":
             r = info.np_fn(x, x[::-1])
             assert info.np_fn(x, 1.5).dtype == dt
+        elif info.kind == "ternary":
+            r = info.np_fn(x, x[::-1], x * 2)
+            assert info.np_fn(x, 1.5, x).dtype == dt and info.np_fn(x, x, 1.5).dtype == dt
         else:
             r = info.np_fn(x)
         assert r.dtype == dt, (name, dt, r.dtype)
@@ -40,11 +43,15 @@ def test_op_table_fields() -> None:
     assert set(OPS) == {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "square",
                         "tanh", "sigmoid", "relu", "erf", "gelu", "gelu_tanh", "silu",
                         "add", "sub", "mul", "div", "maximum", "minimum", "pow",
+                        "lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or", "logical_not",
+                        "where", "clamp",
                         "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "cast"}
     banned = re.compile(r"\b(exp|log|sqrt|tanh|erf|pow|fmax|fmin|fabs)\(")  # double-precision calls
     for info in OPS.values():
-        assert info.kind in ("unary", "binary", "reduce", "cast")
-        assert info.arity == (2 if info.kind == "binary" else 1)
+        assert info.kind in ("unary", "binary", "ternary", "reduce", "cast")
+        assert info.arity == {"binary": 2, "ternary": 3}.get(info.kind, 1)
+        assert info.result in ("float", "bool") and set(info.arg_types) <= {"f", "b"}
+        assert info.arg_types == "" or len(info.arg_types) == info.arity
         assert info.cuda.count("(") == info.cuda.count(")")
         assert not banned.search(info.cuda), info.name
         assert not re.search(r"\d\.\d*(?![\dfe])", info.cuda), info.name  # every literal has an f
@@ -95,13 +102,13 @@ def test_cuda_templates_compile(tmp_path: Path) -> None:
     """Every template and a few literals compile as fp32 device code (nvcc, no GPU needed)."""
     lines = []
     for k, info in enumerate(sorted(OPS.values(), key=lambda o: o.name)):
-        expr = info.render(*(["a", "b"][: info.arity]))
+        expr = info.render(*(["a", "b", "c"][: info.arity]))
         lines.append(f"  float r{k} = {expr};  out[{k}] = r{k};")
         if info.cuda_combine:
             lines.append(f"  out[{k}] += {info.combine('a', 'b')} + {format_float_literal(info.identity)};")
     for j, c in enumerate([1e-5, -2.5, math.inf, -math.inf, -0.0, 3.4e38]):
         lines.append(f"  out[{100 + j}] = a * {format_float_literal(c)};")
-    src = ("extern \"C\" __global__ void k(float* out, float a, float b) {\n"
+    src = ("extern \"C\" __global__ void k(float* out, float a, float b, float c) {\n"
            + "\n".join(lines) + "\n}\n")
     cu = tmp_path / "ops.cu"
     cu.write_text(src)
