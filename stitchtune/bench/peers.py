@@ -144,6 +144,23 @@ def _torch_binary() -> dict[str, Callable[[Any, Any], Any]]:
     }
 
 
+def _mask_ops(f: Callable[[Any], Any], where: Callable[..., Any],
+              clamp: Callable[..., Any]) -> dict[str, Callable[..., Any]]:
+    """Comparisons, logical ops, ``where`` and ``clamp`` for one array library: its operators serve
+    the comparisons; ``f`` turns a boolean array into float32 0.0 / 1.0 (how the peers carry bools,
+    as the reference does in ``graph/ops.py``), ``where(c, a, b)`` and ``clamp(x, lo, hi)`` are the
+    library's own."""
+    return {
+        "lt": lambda a, b: f(a < b), "le": lambda a, b: f(a <= b), "gt": lambda a, b: f(a > b),
+        "ge": lambda a, b: f(a >= b), "eq": lambda a, b: f(a == b), "ne": lambda a, b: f(a != b),
+        "logical_and": lambda a, b: f((a != 0) & (b != 0)),
+        "logical_or": lambda a, b: f((a != 0) | (b != 0)),
+        "logical_not": lambda a: f(a == 0),
+        "where": lambda c, a, b: f(where(c, a, b)),
+        "clamp": clamp,
+    }
+
+
 def _torch_masks() -> dict[str, Callable[..., Any]]:
     """Comparisons, logical ops, where and clamp on float32 tensors (or Python floats) whose bools
     are 0.0 / 1.0, as in the reference (``graph/ops.py``)."""
@@ -159,15 +176,7 @@ def _torch_masks() -> dict[str, Callable[..., Any]]:
         like = next(a for a in (x, lo, hi) if not isinstance(a, float))
         return torch.minimum(torch.maximum(t(x, like), t(lo, like)), t(hi, like))
 
-    return {
-        "lt": lambda a, b: f(a < b), "le": lambda a, b: f(a <= b), "gt": lambda a, b: f(a > b),
-        "ge": lambda a, b: f(a >= b), "eq": lambda a, b: f(a == b), "ne": lambda a, b: f(a != b),
-        "logical_and": lambda a, b: f((a != 0) & (b != 0)),
-        "logical_or": lambda a, b: f((a != 0) | (b != 0)),
-        "logical_not": lambda a: f(a == 0),
-        "where": lambda c, a, b: f(torch.where(c != 0, t(a, c), t(b, c))),
-        "clamp": clamp,
-    }
+    return _mask_ops(f, lambda c, a, b: torch.where(c != 0, t(a, c), t(b, c)), clamp)
 
 
 def _torch_reduce() -> dict[str, Callable[..., Any]]:
@@ -308,15 +317,8 @@ def _jax_masks() -> dict[str, Callable[..., Any]]:
     def f(x: Any) -> Any:
         return x.astype(jnp.float32)
 
-    return {
-        "lt": lambda a, b: f(a < b), "le": lambda a, b: f(a <= b), "gt": lambda a, b: f(a > b),
-        "ge": lambda a, b: f(a >= b), "eq": lambda a, b: f(a == b), "ne": lambda a, b: f(a != b),
-        "logical_and": lambda a, b: f((a != 0) & (b != 0)),
-        "logical_or": lambda a, b: f((a != 0) | (b != 0)),
-        "logical_not": lambda a: f(a == 0),
-        "where": lambda c, a, b: f(jnp.where(c != 0, a, b)),
-        "clamp": lambda x, lo, hi: jnp.minimum(jnp.maximum(x, lo), hi),
-    }
+    return _mask_ops(f, lambda c, a, b: jnp.where(c != 0, a, b),
+                     lambda x, lo, hi: jnp.minimum(jnp.maximum(x, lo), hi))
 
 
 def jax_function(graph: Graph) -> Callable[..., tuple]:
