@@ -20,7 +20,6 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from stitchtune.ir import kir
@@ -36,6 +35,8 @@ from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.render import render, render_kernel
 from stitchtune.space import Schedule, SearchSpace
 
+from helpers import rel_err, setup
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 SMALL = sorted(p.name for p in EXAMPLES.glob("*_small.json"))
@@ -43,12 +44,6 @@ FULL = sorted(p.name for p in EXAMPLES.glob("*.json") if not p.name.endswith("_s
 GOLDEN = Path(__file__).resolve().parent / "golden"
 N_SCHEDULES = 50
 DEV = get_device("H200")
-
-_COVERAGE: Counter = Counter()
-_KINDS: set[str] = set()
-_SCHEMES: set[str] = set()
-_OPTIONS: set[tuple[str, object]] = set()
-
 
 def mapping_kind(plan, s: Schedule) -> str:
     """The thread-mapping kind of a schedule (AStitch's vocabulary)."""
@@ -63,27 +58,23 @@ def mapping_kind(plan, s: Schedule) -> str:
     return "block per row" if s.tpr == s.block else "multi-warp rows (packed)"
 
 
-def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
-    r = np.asarray(ref, dtype=np.float64)
-    x = np.asarray(out, dtype=np.float64).reshape(r.shape)
-    if not np.all(np.isfinite(x)):
-        return float("inf")
-    return float(np.linalg.norm(x - r) / max(np.linalg.norm(r), 1e-30))
-
-
 def sampled(space: SearchSpace, n: int, seed0: int = 0) -> list[Schedule]:
     return [space.sample(random.Random(seed0 + i)) for i in range(n)]
 
 
+def emulated_schedules(name: str) -> tuple[object, object, SearchSpace, list[Schedule]]:
+    """(graph, plan, space, schedules) of one small example: the heuristic and ``N_SCHEDULES`` seeded
+    samples, the set :func:`test_sampled_schedules_match_reference_in_emulator` emulates."""
+    g, plan, space = setup(name)
+    return g, plan, space, [heuristic_schedule(plan, DEV, space)] + sampled(space, N_SCHEDULES)
+
+
 @pytest.mark.parametrize("name", SMALL)
 def test_sampled_schedules_match_reference_in_emulator(name: str) -> None:
-    g = load_graph(EXAMPLES / name)
-    plan = make_plan(g)
-    space = SearchSpace.for_plan(plan, DEV)
+    g, plan, space, scheds = emulated_schedules(name)
     inputs = random_inputs(g, 7)
     ref = run_reference(g, inputs)
     tol = 1e-5 if all(g.spec(o).dtype == "float32" for o in g.outputs) else 1e-2
-    scheds = [heuristic_schedule(plan, DEV, space)] + sampled(space, N_SCHEDULES)
     failures = []
     for s in scheds:
         prog = lower(g, plan, s, DEV, space)
@@ -91,26 +82,32 @@ def test_sampled_schedules_match_reference_in_emulator(name: str) -> None:
         errs = {o: rel_err(out[o], ref[o]) for o in ref}
         if not max(errs.values()) < tol:
             failures.append((s.to_json(), errs))
-        kind = mapping_kind(plan, s)
-        _KINDS.add(kind)
-        _SCHEMES.update(s.schemes)
-        _OPTIONS.update({("order", s.order), ("prefetch", s.prefetch), ("combine", s.combine)})
-        _COVERAGE[(plan.family, kind, s.schemes, s.reuse)] += 1
     assert not failures, failures[:3]
 
 
 def test_coverage_of_schemes_and_mappings() -> None:
-    """Runs after the parametrized test above (same module, file order): every scheme and every
-    mapping kind was exercised."""
-    if not _COVERAGE:
-        pytest.skip("run together with test_sampled_schedules_match_reference_in_emulator")
-    print(f"\ncovered {len(_COVERAGE)} distinct (family, mapping, schemes, reuse) combinations; "
-          f"mapping kinds: {sorted(_KINDS)}; schemes: {sorted(_SCHEMES)}")
-    assert _SCHEMES == {"local", "regional", "global", "independent"}
-    assert _OPTIONS == {("order", "forward"), ("order", "alternate"), ("prefetch", 0), ("prefetch", 1),
-                        ("combine", "thread"), ("combine", "warp")}
-    assert _KINDS >= {"sub-warp (packed rows)", "warp per row", "block per row", "multi-warp rows (packed)",
-                      "split-row (several blocks per row)", "column-tile", "column-split"}
+    """The schedules the emulator test above checks (the same seeds, recomputed here without
+    emulating, so this test stands alone) exercise every scheme, every mapping kind and every value
+    of the options order/prefetch/combine."""
+    coverage: Counter = Counter()
+    kinds: set[str] = set()
+    schemes: set[str] = set()
+    options: set[tuple[str, object]] = set()
+    for name in SMALL:
+        _, plan, _, scheds = emulated_schedules(name)
+        for s in scheds:
+            kind = mapping_kind(plan, s)
+            kinds.add(kind)
+            schemes.update(s.schemes)
+            options.update({("order", s.order), ("prefetch", s.prefetch), ("combine", s.combine)})
+            coverage[(plan.family, kind, s.schemes, s.reuse)] += 1
+    print(f"\ncovered {len(coverage)} distinct (family, mapping, schemes, reuse) combinations; "
+          f"mapping kinds: {sorted(kinds)}; schemes: {sorted(schemes)}")
+    assert schemes == {"local", "regional", "global", "independent"}
+    assert options == {("order", "forward"), ("order", "alternate"), ("prefetch", 0), ("prefetch", 1),
+                       ("combine", "thread"), ("combine", "warp")}
+    assert kinds >= {"sub-warp (packed rows)", "warp per row", "block per row", "multi-warp rows (packed)",
+                     "split-row (several blocks per row)", "column-tile", "column-split"}
 
 
 def _nvcc() -> str | None:
@@ -129,12 +126,6 @@ def _batch_source(programs: list[kir.Program]) -> tuple[str, list[str]]:
     return src, names
 
 
-def _setup(name: str):
-    g = load_graph(EXAMPLES / name)
-    plan = make_plan(g)
-    return g, plan, SearchSpace.for_plan(plan, DEV)
-
-
 def _ptxas_report(src: str, tmp_path: Path, timeout: int) -> str:
     """Compile ``src`` for sm_90 (skip without nvcc) and return ptxas's ``-v`` report."""
     nvcc = _nvcc()
@@ -150,7 +141,7 @@ def _ptxas_report(src: str, tmp_path: Path, timeout: int) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SMALL)
 def test_sampled_schedules_compile_for_sm90(name: str, tmp_path: Path) -> None:
-    g, plan, space = _setup(name)
+    g, plan, space = setup(name)
     progs = [lower(g, plan, s, DEV, space) for s in [heuristic_schedule(plan, DEV, space)] + sampled(space, N_SCHEDULES)]
     src, names = _batch_source(progs)
     report = _ptxas_report(src, tmp_path, 600)
@@ -164,7 +155,7 @@ def test_sampled_schedules_compile_for_sm90(name: str, tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FULL)
 def test_heuristic_full_size_compiles_without_spills(name: str, tmp_path: Path) -> None:
-    g, plan, space = _setup(name)
+    g, plan, space = setup(name)
     s = heuristic_schedule(plan, DEV, space)
     assert space.violations(s) == []
     prog = lower(g, plan, s, DEV, space)
