@@ -41,6 +41,7 @@ from math import prod
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import OPS
+from stitchtune.plan.cross import CrossReduction, check_cross, split_cross
 from stitchtune.plan.index_map import IndexMap, index_map
 
 
@@ -73,6 +74,10 @@ class StitchPlan:
     input_names: tuple[str, ...]
     dtypes: tuple[tuple[str, str], ...]      # tensor name -> dtype
     index_maps: tuple[tuple[str, IndexMap], ...] = ()  # tensor name -> its map over [M, N]
+    #: reductions over the rows (column sums, losses): per-block accumulation + a cross-block combine
+    #: (:mod:`stitchtune.plan.cross`); not in ``reductions`` / ``stages``. Empty for every graph whose
+    #: reductions all reduce the same axes.
+    cross: tuple[CrossReduction, ...] = ()
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -282,9 +287,10 @@ def _stages(graph: Graph, red_nodes: list[Node]) -> tuple[tuple[str, ...], ...]:
 
 
 def _reuse_candidates(graph: Graph, names: list[str], classes: dict[str, TensorClass],
-                      stages: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
+                      stages: tuple[tuple[str, ...], ...], cross_sources: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The full-size tensors that two or more sweeps need when nothing is cached: sweep ``s``
-    (1..nstages) feeds the stage-``s`` reductions, sweep nstages + 1 writes the outputs."""
+    (1..nstages) feeds the stage-``s`` reductions, sweep nstages + 1 writes the outputs and
+    accumulates the cross reductions (of ``cross_sources``)."""
     needs: dict[str, set[int]] = {n: set() for n in classes}
     by_id = {nd.id: nd for nd in graph.nodes}
 
@@ -301,7 +307,7 @@ def _reuse_candidates(graph: Graph, names: list[str], classes: dict[str, TensorC
     for i, st in enumerate(stages):
         for r in st:
             mark(by_id[r].args[0], i + 1)  # type: ignore[arg-type]
-    for o in graph.outputs:
+    for o in graph.outputs + cross_sources:
         mark(o, len(stages) + 1)
     return tuple(n for n in names if classes[n] is TensorClass.FULL and len(needs[n]) >= 2)
 
@@ -312,15 +318,17 @@ def make_plan(graph: Graph) -> StitchPlan:
     names = [n for n, _ in all_specs]
     domain = max((shape for _, shape in all_specs), key=lambda s: (prod(s), len(s)))
     maps = _axes_maps(graph, domain)
-    red_nodes = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
-    view = _view(domain, bool(red_nodes), _reduced_axes(red_nodes, maps))
+    all_red = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
+    red_nodes, cross_nodes = split_cross(all_red, maps, domain)
+    view = _view(domain, bool(all_red), _reduced_axes(red_nodes, maps))
     classes = _classify(names, view, maps)
     _check_reductions(red_nodes, classes)
     imaps = _index_maps(graph, view, maps)
+    cross = check_cross(graph, cross_nodes, view.family, classes, {n: not m.plain for n, m in imaps.items()})
     stages = _stages(graph, red_nodes)
     return StitchPlan(
         family=view.family, M=view.M, N=view.N, classes=tuple(classes.items()),
         reductions=tuple(nd.id for nd in red_nodes), stages=stages,
-        reuse_candidates=_reuse_candidates(graph, names, classes, stages),
+        reuse_candidates=_reuse_candidates(graph, names, classes, stages, tuple(c.source for c in cross)),
         input_names=tuple(n for n, _ in graph.inputs), dtypes=tuple((n, graph.spec(n).dtype) for n in names),
-        index_maps=tuple((n, imaps[n]) for n in names))
+        index_maps=tuple((n, imaps[n]) for n in names), cross=cross)

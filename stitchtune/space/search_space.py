@@ -20,7 +20,7 @@ from typing import Any, Callable
 from stitchtune.errors import ScheduleError, StitchtuneError
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space.constraints import names_used, safe_eval
-from stitchtune.space.options import OPTIONS, Option, OptionTable
+from stitchtune.space.options import OPTIONS, Option, OptionTable, cross_smem_floats
 from stitchtune.space.schedule import Schedule
 from stitchtune.space.space_file import load_space_file
 
@@ -72,6 +72,11 @@ class SearchSpace:
         self.elem_bytes = max((2 if plan.dtype(n) != "float32" else 4) for n in vectored) if vectored else 4
         # full-size inputs: each takes one row piece of prefetch registers (schedule.prefetch)
         self.n_full_inputs = sum(1 for n, c in plan.classes if c is TensorClass.FULL and n in plan.input_names)
+        # the cross reductions (plan.cross) as the option rules read them
+        cross = getattr(plan, "cross", ())
+        self._cross_point = {"ncross": len(cross), "ncross_k": sum(c.kind == "per_reduced" for c in cross),
+                             "ncross_s": sum(c.kind == "scalar" for c in cross),
+                             "cross_f32": all(plan.dtype(c.node) == "float32" for c in cross)}
         # vec choices above 16 bytes are never legal: drop them from the domain up front
         self.domains["vec"] = [v for v in self.domains["vec"] if v * self.elem_bytes <= 16]
         if plan.family == "row":
@@ -93,7 +98,7 @@ class SearchSpace:
         """The :data:`~stitchtune.space.options.Point` of a mapping, before any option is decided."""
         return {"family": self.plan.family, "nstages": self.plan.nstages, "tpr": tpr, "block": block,
                 "split": split, "vec": vec, "tasks_per_block": tasks, "min_blocks": min_blocks,
-                "schemes": tuple(schemes), "reuse": tuple(reuse)}
+                "schemes": tuple(schemes), "reuse": tuple(reuse), **self._cross_point}
 
     def _point(self, s: Schedule) -> dict[str, Any]:
         """The whole point of ``s``: its core and every option of this space's table (an option ``s``
@@ -148,6 +153,8 @@ class SearchSpace:
             "reg_cache_elems": per_thread * len(cached_reg), "smem_cache_bytes": smem_cache,
             "smem_red_bytes": smem_red, "smem_limit": int(self.device.smem_per_block_optin), "vec_ok": vec_ok,
             "max_split": max_split, "max_threads_per_sm": int(self.device.max_threads_per_sm),
+            "cross_smem_bytes": 4 * cross_smem_floats(s.tpr, s.block, chunk, self._cross_point["ncross_k"],
+                                                      self._cross_point["ncross_s"]) if fam == "row" else 0,
         }
         point = self._point(s)
         for opt in self.table:
