@@ -35,6 +35,16 @@ Memory checks (each one an :class:`EmulatorFault` kind):
 * ``inactive_shuffle``: ``Shfl`` executed by some but not all lanes of a warp;
 * ``grid_not_coresident``: ``GridSync`` executed with ``grid > coresident_limit``.
 
+Also ``global_race``: one store statement in which two threads write the same global element (the
+lost update of a non-atomic accumulation by several threads of one block).
+
+Block order: lockstep lanes run every statement for all blocks at once, so the only results that
+depend on the order in which blocks run are those of float atomic adds to one address. By default
+those are applied in thread order; with ``block_order_seed`` the blocks' adds to each address are
+applied in a seeded random order of the blocks (a fresh one per launch), so that an order-dependent
+result shows up as different bits across seeds, while a deterministic schedule's outputs stay
+bitwise equal.
+
 Arithmetic: floats are float32 (C's ``fminf``/``fmaxf``/``fmodf`` for min/max/%), integers int32 with C
 truncating division and remainder, mixed int/float operands promote to float32 as in C. Graph
 operators (:class:`~stitchtune.ir.kir.MathOp`) use ``stitchtune.graph.ops.OPS[name].np_fn`` on float32
@@ -82,7 +92,7 @@ __all__ = ["FAULT_KINDS", "NP_ELEM", "EmulatorFault", "elem_dtype", "emulate_ker
 
 def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
                    written: dict[str, np.ndarray] | None = None,
-                   coresident_limit: int | None = None) -> None:
+                   coresident_limit: int | None = None, block_order_seed: int | None = None) -> None:
     """Run one launch ``kernel<<<grid, kernel.block>>>`` in place on ``buffers``.
 
     ``buffers`` maps each parameter name to a 1-D numpy array of the parameter's element type
@@ -90,24 +100,30 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
     same length) says which elements hold data; loads of other elements fault, and stores set it
     (updated in place). A missing entry means fully written. ``coresident_limit``: the most blocks
     that can be co-resident; a ``GridSync`` in a larger grid raises ``grid_not_coresident``.
-    Raises :class:`EmulatorFault` on a kernel bug (buffers are then partly updated).
+    ``block_order_seed``: apply atomic adds in a seeded random order of the blocks (see the module
+    docstring). Raises :class:`EmulatorFault` on a kernel bug (buffers are then partly updated).
     """
     if grid < 1 or grid * kernel.block >= 2**31:
         raise ValueError(f"grid {grid} x block {kernel.block} is not an emulable launch")
     ck = _compiled(kernel)
     st = _State(ck, grid, buffers, written or {}, coresident_limit)
+    if block_order_seed is not None:
+        st.block_rank = np.random.default_rng(block_order_seed).permutation(grid).astype(np.int32)
     with np.errstate(all="ignore"):
         ck.body(st, np.ones(st.T, bool))
 
 
 def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
-                    coresident_limit: Callable[[Kernel], int] | None = None) -> dict[str, np.ndarray]:
+                    coresident_limit: Callable[[Kernel], int] | None = None,
+                    block_order_seed: int | None = None) -> dict[str, np.ndarray]:
     """Run every launch of ``program`` on fresh buffers; return ``{output tensor: flat array}``.
 
     Inputs are taken from ``inputs`` by ``BufferSpec.tensor`` (any shape, flattened in C order and
     converted to the buffer dtype). Outputs start as NaN and unwritten; scratch buffers with
     ``zero_init`` start as zeros (written), others as NaN (unwritten); barrier buffers are zeroed
     uint32. Returned arrays are 1-D in the buffer dtype (the caller reshapes to the graph shape).
+    ``block_order_seed``: launch ``i`` runs its atomic adds in the block order of seed
+    ``(block_order_seed, i)`` (see the module docstring).
     """
     arrays: dict[str, np.ndarray] = {}
     written: dict[str, np.ndarray] = {}
@@ -143,5 +159,6 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
         kw = {p.name: written[a] for p, a in zip(kernel.params, launch.args)}
         limit = coresident_limit(kernel) if coresident_limit is not None else None
         log.debug("emulating launch %d: %s<<<%d, %d>>>", i, kernel.name, launch.grid, launch.block)
-        emulate_kernel(kernel, launch.grid, kb, written=kw, coresident_limit=limit)
+        seed = None if block_order_seed is None else hash((int(block_order_seed), i)) & 0x7FFFFFFF
+        emulate_kernel(kernel, launch.grid, kb, written=kw, coresident_limit=limit, block_order_seed=seed)
     return {b.tensor: arrays[b.name].copy() for b in program.buffers if b.role == "output"}
