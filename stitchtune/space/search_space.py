@@ -52,6 +52,7 @@ class SearchSpace:
         self.table = table
         self.version: str = str(data["version"])
         self.flat = False  # plain parameter names (see flat_mode)
+        self.deterministic = False  # only bitwise-reproducible points (see deterministic_only)
         p = data["params"]
         self.domains: dict[str, list[Any]] = {k: list(v["choices"]) for k, v in p.items()}
         self.scheme_rules: dict[str, str] = data["scheme_rules"]
@@ -299,6 +300,15 @@ class SearchSpace:
         point = self._core_point(tpr, block, split, vec, tasks, min_blocks, fixed, reuse)
         options = self._decide_options(point, lambda opt: picked[opt.name])
         return Schedule(tpr, block, split, vec, tasks, min_blocks, fixed, reuse, options, table=self.table)
+
+    def deterministic_only(self) -> "SearchSpace":
+        """A copy of this space without the float-atomic choices (``cross_combine`` atomic): every point
+        it suggests, samples, repairs to or varies to is bitwise reproducible (``Schedule.deterministic``);
+        :meth:`violations` also refuses a non-deterministic point. The same space where nothing is atomic."""
+        other = copy.copy(self)
+        other.domains = {**self.domains, "cross_combine": [v for v in self.domains["cross_combine"] if v != "atomic"]}
+        other.deterministic = True
+        return other
 
     def flat_mode(self) -> "SearchSpace":
         """A copy of this space whose :meth:`suggest` / :meth:`params_of` use plain parameter names
