@@ -32,10 +32,12 @@ def _first_of(space, mode: str, start: int = 0):
 
 
 def _errors(g, plan, space, s, seed: int | None = None) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """Per output: relative error over its tolerance (float32 1e-5, 16-bit 1e-2, as test_codegen), and the outputs."""
     inputs = random_inputs(g, 0)
     ref = run_reference(g, inputs)
     out = emulate_program(lower(g, plan, s, DEV, space), inputs, coresident_limit=ALL, block_order_seed=seed)
-    return {o: rel_err(out[o], ref[o]) for o in ref}, out
+    tol = {o: 1e-5 if g.spec(o).dtype == "float32" else 1e-2 for o in ref}
+    return {o: rel_err(out[o], ref[o]) / tol[o] for o in ref}, out
 
 
 @pytest.mark.parametrize("name", CROSS_SMALL)
@@ -45,7 +47,7 @@ def test_heuristic_and_each_combine_emulate_correctly(name: str) -> None:
     assert not space.violations(scheds[0])
     for s in scheds:
         errs, _ = _errors(g, plan, space, s)
-        assert max(errs.values()) < 1e-5, (s.to_json(), errs)
+        assert max(errs.values()) < 1, (s.to_json(), errs)
 
 
 @pytest.mark.parametrize("name", ["layernorm_backward_small.json", "mse_loss_small.json",
@@ -56,7 +58,7 @@ def test_deterministic_combines_are_bitwise_equal_across_block_orders(name: str)
         s = _first_of(space, mode, start=40)
         assert s.deterministic == (mode != "atomic")
         (e1, o1), (e2, o2) = _errors(g, plan, space, s, seed=1), _errors(g, plan, space, s, seed=2)
-        assert max(e1.values()) < 1e-5 and max(e2.values()) < 1e-5
+        assert max(e1.values()) < 1 and max(e2.values()) < 1
         if s.deterministic:
             assert all(o1[k].tobytes() == o2[k].tobytes() for k in o1), (mode, s.to_json())
 
@@ -95,3 +97,30 @@ def test_grid_combine_needs_a_coresident_grid() -> None:
     with pytest.raises(EmulatorFault) as ei:
         emulate_program(prog, random_inputs(gs, 0), coresident_limit=lambda k: 1)
     assert ei.value.kind == "grid_not_coresident"
+
+
+def _odd_graph() -> object:
+    """Softmax and its column sums at 45 x 130 (rows not a multiple of a block's rows, columns not of
+    a warp's vectors): every tail of the accumulators, the block reduce and the combine."""
+    from stitchtune.graph.parse import parse_graph
+
+    red = lambda i, op, a, axes, keep=True: {"id": i, "op": op, "args": [a], "axes": axes, "keepdims": keep}  # noqa: E731
+    return parse_graph({"name": "odd", "inputs": {"x": {"shape": [45, 130], "dtype": "float32"}},
+                        "nodes": [red("mx", "reduce_max", "x", [-1]), {"id": "sh", "op": "sub", "args": ["x", "mx"]},
+                                  {"id": "e", "op": "exp", "args": ["sh"]}, red("se", "reduce_sum", "e", [-1]),
+                                  {"id": "y", "op": "div", "args": ["e", "se"]},
+                                  red("cs", "reduce_sum", "y", [0], False), red("tot", "reduce_mean", "x", [0, 1])],
+                        "outputs": ["y", "cs", "tot"]})
+
+
+def test_odd_shapes_emulate_correctly() -> None:
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space import SearchSpace
+
+    g = _odd_graph()
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    assert {c.kind for c in plan.cross} == {"per_reduced", "scalar"}
+    for s in [heuristic_schedule(plan, DEV, space)] + [_first_of(space, m, start=7) for m in MODES]:
+        errs, _ = _errors(g, plan, space, s, seed=5)
+        assert max(errs.values()) < 1, (s.to_json(), errs)
