@@ -333,11 +333,13 @@ def register() -> None:
 # ---------------------------------------------------------------------------- explain
 @dataclass(frozen=True)
 class Explanation:
-    """What :func:`explain` found: ``stitched`` and ``declined`` over every compiled graph."""
+    """What :func:`explain` found: ``stitched`` and ``declined`` over every compiled graph; ``outputs``
+    is what the compiled model returned for the examples."""
 
     stitched: tuple[StitchedInfo, ...]
     declined: tuple[DeclinedInfo, ...]
     graphs: int
+    outputs: Any = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         rows = [f"stitchtune: {len(self.stitched)} region(s) stitched, {len(self.declined)} declined "
@@ -370,7 +372,7 @@ def explain(model: Any, *example_inputs: Any, **options: Any) -> Explanation:
     compiled = torch.compile(model, backend=stitchtune_backend, options=options or None)
     grad = any(getattr(t, "requires_grad", False) for t in example_inputs)
     with contextlib.nullcontext() if grad else torch.no_grad():
-        compiled(*example_inputs)
+        outputs = compiled(*example_inputs)
     reports = list(LAST_REPORTS)
     return Explanation(tuple(s for r in reports for s in r.stitched),
-                       tuple(d for r in reports for d in r.declined), len(reports))
+                       tuple(d for r in reports for d in r.declined), len(reports), outputs)

@@ -51,14 +51,15 @@ class RegionError(StitchtuneError, RuntimeError):
 class RegionKernel:
     """One compiled region: its graph, :class:`~stitchtune.deploy.compiled.CompiledGraph` and how CPU
     tensors are run (``"emulate"`` | ``"reference"``). ``driver``: a driver to launch CUDA tensors with
-    (tests pass a :class:`~stitchtune.gpu.driver.FakeDriver`); None opens the GPU's at the first call."""
+    (tests pass a :class:`~stitchtune.gpu.driver.FakeDriver`; then CPU tensors go through the launch
+    path too, their pointers passed as they are); None opens the GPU's at the first call."""
 
     name: str
     ops: tuple[str, ...]
     compiled: Any  # deploy.compiled.CompiledGraph
     cpu: str = "emulate"
     driver: Any = None
-    _launchers: dict[Any, Any] = field(default_factory=dict, repr=False)
+    _launchers: dict[Any, Any] = field(default_factory=dict, repr=False)  # per GPU index; "out_specs"
 
     @property
     def graph(self) -> Any:
@@ -69,8 +70,13 @@ class RegionKernel:
 
     # -- shapes ------------------------------------------------------------------------------
     def empty_outputs(self, device: Any) -> list[Any]:
-        g = self.graph
-        return [torch.empty(g.spec(o).shape, dtype=_DTYPES[g.spec(o).dtype], device=device) for o in g.outputs]
+        """New (uninitialised) output tensors on ``device``, one per graph output."""
+        specs = self._launchers.get("out_specs")
+        if specs is None:
+            g = self.graph
+            specs = self._launchers["out_specs"] = tuple((tuple(g.spec(o).shape), _DTYPES[g.spec(o).dtype])
+                                                         for o in g.outputs)
+        return [torch.empty(shape, dtype=dt, device=device) for shape, dt in specs]
 
     # -- CPU ---------------------------------------------------------------------------------
     def run_cpu(self, inputs: Sequence[Any]) -> list[Any]:
@@ -116,23 +122,28 @@ class RegionKernel:
             bound = cache[pointers] = launcher.bind(dict(zip(names, pointers)))
         launcher.launch(bound, stream)
 
-    def run_cuda(self, inputs: Sequence[Any]) -> list[Any]:
-        """Outputs for CUDA tensors: new tensors on the inputs' GPU, kernels on torch's current stream."""
+    def run_launch(self, inputs: Sequence[Any]) -> list[Any]:
+        """Outputs through the launch path: new tensors on the inputs' device (``torch.empty``), the
+        kernels enqueued on torch's current stream (stream 0 for CPU tensors with a given driver)."""
         dev = inputs[0].device
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
         outs = self.empty_outputs(dev)
         ptrs = tuple(int(t.data_ptr()) for t in inputs) + tuple(int(t.data_ptr()) for t in outs)
-        stream = int(torch.cuda.current_stream(dev).cuda_stream)
-        if self.driver is None:
-            self.launcher(index, stream)[0].driver.make_current()
+        if dev.type == "cuda":
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            stream = int(torch.cuda.current_stream(dev).cuda_stream)
+            if self.driver is None:
+                self.launcher(index, stream)[0].driver.make_current()
+        else:
+            index, stream = -1, 0
         self.launch_pointers(index, ptrs, stream)
         return outs
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
-        inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
+        if not all(t.is_contiguous() for t in inputs):
+            inputs = [t.contiguous() for t in inputs]
         try:
-            if inputs and inputs[0].device.type == "cuda":
-                return self.run_cuda(inputs)
+            if self.driver is not None or (inputs and inputs[0].is_cuda):
+                return self.run_launch(inputs)
             return self.run_cpu(inputs)
         except Exception as exc:
             raise RegionError(f"{self.describe()} failed at run time: {type(exc).__name__}: {exc}") from exc
@@ -152,16 +163,22 @@ def lookup(key: str) -> RegionKernel:
     return k
 
 
-@torch.library.custom_op("stitchtune::region", mutates_args=())
 def region_op(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run the stitched region ``key`` on ``inputs`` (see module docstring)."""
     return lookup(key)(inputs)
 
 
-@region_op.register_fake
 def _region_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     device = inputs[0].device if inputs else torch.device("cpu")
     return lookup(key).empty_outputs(device)
+
+
+# A plain torch.library definition, not ``torch.library.custom_op``: the latter's Python wrappers cost
+# ~30 us per call on the host (scripts/torch_overhead.py), this one a few.
+_lib = torch.library.Library("stitchtune", "DEF")
+_lib.define("region(str key, Tensor[] inputs) -> Tensor[]")
+_lib.impl("region", region_op, "CompositeExplicitAutograd")
+torch.library.register_fake("stitchtune::region", _region_fake, lib=_lib)
 
 
 # ---------------------------------------------------------------------------- conversions

@@ -197,3 +197,35 @@ def test_cuda_path_launches_on_the_given_stream_and_packs_once(monkeypatch: pyte
     k.launch_pointers(0, (ins[0], ins[1], drv.mem_alloc(8 * 16 * 4)), stream=0)
     assert len(k._launchers[0][1]) == 2
     assert sum(1 for c in drv.calls if c[0] == "load_module") == 1
+
+
+def test_the_custom_op_goes_through_the_launch_path_with_tensor_pointers() -> None:
+    """torch.ops.stitchtune.region with a driver given: outputs from torch.empty, the kernels launched
+    with the tensors' own pointers (inputs, then outputs), no host copy."""
+    from stitchtune.deploy import torch_ops
+    from stitchtune.deploy.compiled import compile as compile_graph
+    from stitchtune.gpu.driver import FakeDriver
+    from stitchtune.importers.torch_regions import find_regions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x: (x * 2.0).softmax(-1), tracing_mode="fake")(torch.randn(4, 32))
+    [region] = find_regions(gm).regions
+    cg = compile_graph(region.graph, db=None, device="h200", build=False)
+    drv = FakeDriver()
+    torch_ops.register("test-launch", torch_ops.RegionKernel(region.name, region.ops,
+                                                            dataclasses.replace(cg, cubin=b"FAKE"), driver=drv))
+    x = torch.randn(4, 32)
+    [y] = torch.ops.stitchtune.region("test-launch", [x])
+    assert y.shape == (4, 32) and y.dtype == torch.float32
+    io = {b.tensor: b.name for b in cg.program.buffers if b.role in ("input", "output")}
+    ptr = {region.graph.inputs[0][0]: x.data_ptr(), region.graph.outputs[0]: y.data_ptr()}
+    checked = set()
+    assert len(drv.launches) == len(cg.program.launches)
+    for ln, spec in zip(drv.launches, cg.program.launches):
+        for value, arg in zip(ln.args, spec.args):
+            for tensor, buf in io.items():
+                if buf == arg:
+                    assert value == ptr[tensor]
+                    checked.add(tensor)
+    assert checked == set(ptr)
+    assert not [c for c in drv.calls if c[0] in ("memcpy_htod", "memcpy_dtoh", "synchronize")]
