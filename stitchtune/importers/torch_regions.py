@@ -18,6 +18,8 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   every region maps. A graph without any computing node (views and casts only) is dropped silently.
 * ``accept(graph)`` (default: the planner, :func:`stitchtune.plan.planner.make_plan`) returns None or
   why not; a refused region is declined whole with that reason (its ops stay in the fx graph).
+* Graph inputs are named ``in0, in1, ...`` in order of first use, so equal regions (the same layer
+  norm in every layer) have equal workload keys (one tuning record serves them all).
 * Region ``i`` has ``nodes`` (fx nodes, graph order), ``inputs`` (external fx nodes, in the graph's
   input order) and ``outputs`` (fx nodes read outside the region, in the graph's output order).
   Nothing here modifies ``gm``.
@@ -265,9 +267,9 @@ def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any]] 
     sub, inputs, outputs, back = _subgraph(group)
     b = GraphBuilder(name)
     values = []
-    for x in inputs:
+    for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
         val = x.meta["val"]
-        values.append(b.add_input(x.name, tuple(int(d) for d in val.shape), torch_dtype_name(val.dtype) or "?"))
+        values.append(b.add_input(f"in{i}", tuple(int(d) for d in val.shape), torch_dtype_name(val.dtype) or "?"))
     bindings = {ph.name: ("user", i) for i, ph in enumerate(n for n in sub.graph.nodes if n.op == "placeholder")}
     walker = _Walker(_Captured(sub, bindings, "fx"), b, values, lambda fqn, t: "float32")
     try:
