@@ -17,7 +17,9 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   through) is declined with the walker's reason and the groups are recomputed without it, until
   every region maps. A graph without any computing node (views and casts only) is dropped silently.
 * ``accept(graph)`` (default: the planner, :func:`stitchtune.plan.planner.make_plan`) returns None or
-  why not; a refused region is declined whole with that reason (its ops stay in the fx graph).
+  why not. When the reason names a node of the region (``'sum_4'``: e.g. a column sum next to row
+  sums in a layer norm's backward), that node is declined with the reason and the rest is grouped
+  again; otherwise the region is declined whole (its ops stay in the fx graph).
 * Graph inputs are named ``in0, in1, ...`` in order of first use, so equal regions (the same layer
   norm in every layer) have equal workload keys (one tuning record serves them all).
 * Region ``i`` has ``nodes`` (fx nodes, graph order), ``inputs`` (external fx nodes, in the graph's
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -340,8 +343,10 @@ def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_chec
             if key in mapped:
                 continue
             res = _map_group(group, f"{prefix}_{group[0].name}")
+            if not isinstance(res, (_Culprit, Declined)) and _computes(res[0]) and accept is not None:
+                res = _judge(res, group, accept)
             if isinstance(res, _Culprit):
-                ex.add(res.node, f"{res.reason}")
+                ex.add(res.node, res.reason)
                 changed = True
             else:
                 mapped[key] = res
@@ -353,17 +358,31 @@ def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_chec
         res = mapped[frozenset(group)]
         if isinstance(res, Declined):
             declined.append(res)
-            continue
-        graph, inputs, outputs = res
-        if not _computes(graph):
-            continue
-        name = graph.name
-        why = accept(graph) if accept is not None else None
-        if why:
-            declined.append(Declined(f"region {name} ({_ops_text(group)})", why))
-            continue
-        regions.append(TorchRegion(name, graph, tuple(group), tuple(inputs), tuple(outputs)))
+        elif _computes(res[0]):
+            graph, inputs, outputs = res
+            regions.append(TorchRegion(graph.name, graph, tuple(group), tuple(inputs), tuple(outputs)))
     return RegionSplit(tuple(regions), tuple(_op_declines(nodes, ex)) + tuple(declined))
+
+
+_QUOTED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
+
+
+def _judge(res: tuple[Any, list[Any], list[Any]], group: list[Any],
+           accept: Callable[[Any], str | None]) -> Any:
+    """``res`` when ``accept`` takes its graph; else the group's node that the refusal names (a
+    reduction over other axes, ...: the rest may still be a region), else the group declined."""
+    why = accept(res[0])
+    if not why:
+        return res
+    by_name = {n.name: n for n in group}
+    for name in _QUOTED.findall(why):
+        node = by_name.get(name)
+        if node is None:   # a node of a decomposed op: "<fx name>_<part>"
+            cands = [n for n in group if name.startswith(n.name + "_")]
+            node = max(cands, key=lambda n: len(n.name)) if cands else None
+        if node is not None and node.op == "call_function":
+            return _Culprit(node, why)
+    return Declined(f"region {res[0].name} ({_ops_text(group)})", why)
 
 
 def _op_declines(nodes: Sequence[Any], ex: _Excluded) -> list[Declined]:

@@ -92,3 +92,14 @@ def test_symbolic_shapes_and_integer_tensors_are_declined() -> None:
     split = find_regions(gm)
     assert split.regions == ()
     assert any("dynamic shape" in d.reason for d in split.declined)
+
+
+def test_a_refusal_naming_a_node_declines_that_node_and_keeps_the_rest() -> None:
+    def f(x: Any) -> Any:   # row sums and a column sum in one group: the planner takes one kind
+        return x * x.sum(-1, keepdim=True) + (x * 2.0).sum(0, keepdim=True)
+
+    gm = _aten(f, torch.randn(4, 8))
+    split = find_regions(gm)
+    assert split.regions, split.declined
+    assert any(d.what.startswith("op aten.sum") and "other axes" in d.reason for d in split.declined)
+    assert not any(d.what.startswith("region ") for d in split.declined)
