@@ -108,7 +108,7 @@ def test_keys_are_those_of_the_old_code(d: dict, key: str) -> None:
 def test_flat_columns_are_the_database_columns() -> None:
     s = Schedule.from_dict({**KEYS[2][0]})
     assert list(s.flat()) == ["tpr", "block", "split", "vec", "tasks_per_block", "min_blocks", "order", "prefetch",
-                              "combine", "scheme_0", "scheme_1", "reuse_0", "reuse_1"]
+                              "combine", "single_pass", "scheme_0", "scheme_1", "reuse_0", "reuse_1"]
     assert s.flat()["prefetch"] == 0 and s.flat()["combine"] == "warp"
 
 
