@@ -168,3 +168,58 @@ def test_single_pass_kernels_compile_for_sm90(tmp_path) -> None:
             sources.append(render(lower(g, plan, s, DEV, space)))
     results = NvccBuilder(jobs=2, cache_dir=tmp_path).build(sources, "sm_90")
     assert [r.status for r in results] == ["ok"] * len(sources), [r.error for r in results if r.status != "ok"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# a merged pair after another stage, and before one (kernel boundaries on either side)
+# ---------------------------------------------------------------------------------------------------
+
+def _red(i: str, op: str, a: str) -> dict:
+    return {"id": i, "op": op, "args": [a], "axes": [-1], "keepdims": True}
+
+
+AFTER = {"name": "after", "inputs": {"x": {"shape": [32, 200], "dtype": "float32"}},
+         "nodes": [_red("m0", "reduce_max", "x"), {"id": "z", "op": "sub", "args": ["x", "m0"]},
+                   _red("mean", "reduce_mean", "z"), {"id": "d", "op": "sub", "args": ["z", "mean"]},
+                   {"id": "sq", "op": "square", "args": ["d"]}, _red("var", "reduce_sum", "sq"),
+                   {"id": "ve", "op": "add", "args": ["var", 1e-3]}, {"id": "r", "op": "rsqrt", "args": ["ve"]},
+                   {"id": "y", "op": "mul", "args": ["d", "r"]}],
+         "outputs": ["y", "var"]}
+BEFORE = {"name": "before", "inputs": {"x": {"shape": [32, 200], "dtype": "float32"}},
+          "nodes": [_red("t", "reduce_sum", "x"), {"id": "mean", "op": "mul", "args": ["t", 1.0 / 200]},
+                    {"id": "d", "op": "sub", "args": ["x", "mean"]}, {"id": "sq", "op": "mul", "args": ["d", "d"]},
+                    _red("var", "reduce_mean", "sq"), {"id": "ve", "op": "add", "args": ["var", 1e-5]},
+                    {"id": "r", "op": "rsqrt", "args": ["ve"]}, {"id": "y", "op": "mul", "args": ["d", "r"]},
+                    {"id": "yy", "op": "mul", "args": ["y", "y"]}, _red("q", "reduce_sum", "yy"),
+                    {"id": "out", "op": "mul", "args": ["y", "q"]}],
+          "outputs": ["out", "t"]}
+
+
+@pytest.mark.parametrize("graph,stage", [(AFTER, 1), (BEFORE, 0)], ids=["after", "before"])
+def test_merged_pair_next_to_another_stage(graph: dict, stage: int) -> None:
+    g = parse_graph(graph)
+    plan = make_plan(g)
+    (c,) = plan.single_pass
+    assert c.stage == stage and plan.nstages == 3
+    space = SearchSpace.for_plan(plan, DEV)
+    inputs = random_inputs(g, 11)
+    ref = run_reference(g, inputs)
+    seen: set[tuple[str, ...]] = set()
+    for seed in range(40):
+        s = dataclasses.replace(space.sample(random.Random(seed)), single_pass=1)
+        if space.violations(s) or s.schemes in seen or len(seen) >= 6:
+            continue
+        seen.add(s.schemes)
+        err = emulated_errors(g, plan, space, s, inputs, ref)
+        assert max(err.values()) < TOL, (s.to_json(), err)
+    assert any("independent" in sch for sch in seen)
+    # split rows: the pair's partials across a grid barrier or a kernel boundary, either combine
+    base = {"tpr": 32, "block": 32, "split": 4, "vec": 1, "tasks_per_block": 1, "min_blocks": 0,
+            "reuse": ["global" if c in plan.input_names else "recompute" for c in plan.reuse_candidates],
+            "single_pass": 1}
+    for schemes, combine in ((["global", "global", "independent"], "warp"),
+                             (["independent", "independent", "global"], "thread")):
+        s = Schedule.from_dict({**base, "schemes": schemes, "combine": combine})
+        assert not space.violations(s), space.violations(s)
+        err = emulated_errors(g, plan, space, s, inputs, ref)
+        assert max(err.values()) < TOL, (s.to_json(), err)
