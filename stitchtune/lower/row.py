@@ -34,6 +34,9 @@ class _RowLowerer(_Lowerer):
         M, N = p.M, p.N
         # single-pass statistics: first stage of each merged pair -> its candidate
         self.merged = {c.stage: c for c in p.single_pass} if s.single_pass else {}
+        if self.merged:  # tensors only the output sweep reads now: computed (or read) there, not cached
+            for c in sp.single_sweep_candidates(self.g, p):
+                self.reuse[c] = "global" if c in self.in_buf else "recompute"
         tpr, block, S, vec = s.tpr, s.block, s.split, s.vec
         self.rpb = rpb = block // tpr
         step = tpr * vec
@@ -42,7 +45,7 @@ class _RowLowerer(_Lowerer):
         tasks = math.ceil(M / rpb) if S == 1 else M * S
         kernels, launches, profiles = [], [], []
         segs = self.kernel_segments() if p.nstages else [[]]
-        n_reg = sum(1 for r in s.reuse if r == "register")
+        n_reg = sum(1 for r in self.reuse.values() if r == "register")
         n_pf = s.prefetch * sum(1 for n, c in p.classes if c is TensorClass.FULL and n in self.in_buf)
         est = estimate_registers(self.per_thread * (n_reg + n_pf), vec, 4)
         for ki, seg in enumerate(segs):

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, Assign, Bin, Const, MathOp, Select, Var
+from stitchtune.graph.parse import Graph
+from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.plan.single_pass import WELFORD, SinglePassCandidate
 
 NEG_INF = Const(float("-inf"), F32)
@@ -145,3 +147,30 @@ def results(st: OnlineState, K: int) -> tuple[kir.Expr, kir.Expr]:
     first = Bin("*", first, Const(float(K), F32)) if st.cand.first_is_sum else first
     second = m2 if st.cand.second_is_sum else Bin("*", m2, Const(1.0 / K, F32))
     return first, second
+
+
+def single_sweep_candidates(graph: Graph, plan: StitchPlan) -> frozenset[str]:
+    """The reuse candidates that only one sweep reads once every candidate pair is merged: the sweep
+    of a pair's second stage is gone (its ``d``, ``d * d``, ``exp(x - max)`` are then first needed by
+    the output sweep), so caching them would fill registers or shared memory nobody reads again."""
+    cls = dict(plan.classes)
+    by_id = {nd.id: nd for nd in graph.nodes}
+    needs: dict[str, set[int]] = {n: set() for n in cls}
+    gone = {c.stage + 1 for c in plan.single_pass}
+
+    def mark(name: str, sweep: int) -> None:
+        if cls[name] is not TensorClass.FULL or sweep in needs[name]:
+            return
+        needs[name].add(sweep)
+        nd = by_id.get(name)
+        for a in (nd.args if nd is not None else ()):
+            if isinstance(a, str):
+                mark(a, sweep)
+
+    for i, st in enumerate(plan.stages):
+        if i not in gone:
+            for r in st:
+                mark(str(by_id[r].args[0]), i)
+    for o in graph.outputs:
+        mark(o, plan.nstages)
+    return frozenset(c for c in plan.reuse_candidates if len(needs[c]) < 2)
