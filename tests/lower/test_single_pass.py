@@ -235,3 +235,27 @@ def test_tensors_only_the_output_sweep_reads_are_not_cached() -> None:
     (k0,), (k1,) = (lower(g, plan, s, DEV, space).kernels for s in (s0, dataclasses.replace(s0, single_pass=1)))
     assert {a.name for a in k0.locals} == {"rc0", "rc2"} and [b.name for b in k0.shared] == ["sc3"]
     assert {a.name for a in k1.locals} == {"rc0"} and not k1.shared
+
+
+@pytest.mark.parametrize("name,tol", [("layernorm_bf16_small.json", 1e-2), ("softmax_odd_small.json", TOL),
+                                      ("embed_add_layernorm_small.json", TOL)])
+def test_with_prefetch_alternate_order_16_bit_and_odd_rows(name: str, tol: float) -> None:
+    """The merged sweep as the prefetching first sweep, in the alternate order, on bf16 inputs, a row
+    length that is no power of two and an input broadcast along part of the rows."""
+    g, plan, space = setup(name)
+    inputs = random_inputs(g, 3)
+    ref = run_reference(g, inputs)
+    want = {"prefetch", "alternate"}
+    for seed in range(200):
+        s = dataclasses.replace(space.sample(random.Random(seed)), single_pass=1)
+        if "prefetch" in want and s.split == 1 and s.tasks_per_block != 1 and s.order == "forward":
+            s = dataclasses.replace(s, prefetch=1)
+        kind = "prefetch" if s.prefetch else ("alternate" if s.order == "alternate" else "")
+        if kind not in want or space.violations(s):
+            continue
+        want.discard(kind)
+        err = emulated_errors(g, plan, space, s, inputs, ref)
+        assert max(err.values()) < tol, (s.to_json(), err)
+        if not want:
+            break
+    assert not want
