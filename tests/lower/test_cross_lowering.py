@@ -124,3 +124,16 @@ def test_odd_shapes_emulate_correctly() -> None:
     for s in [heuristic_schedule(plan, DEV, space)] + [_first_of(space, m, start=7) for m in MODES]:
         errs, _ = _errors(g, plan, space, s, seed=5)
         assert max(errs.values()) < 1, (s.to_json(), errs)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cross_combines_with_single_pass_statistics(mode: str) -> None:
+    """The online softmax (one sweep for max and sum) next to the column sums of its probabilities."""
+    import dataclasses
+
+    g, plan, space = setup("softmax_colsum_small.json")
+    assert plan.single_pass
+    s = dataclasses.replace(heuristic_schedule(plan, DEV, space), single_pass=1, cross_combine=mode)
+    assert not space.violations(s)
+    errs, _ = _errors(g, plan, space, s, seed=3)
+    assert max(errs.values()) < 1, errs
