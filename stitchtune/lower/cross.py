@@ -24,8 +24,6 @@ Phases (each a function below, called by :class:`stitchtune.lower.row._RowKernel
 from __future__ import annotations
 
 import math
-from typing import Any
-
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Select, Var
 from stitchtune.lower.base import _I, _add, _mul
@@ -206,11 +204,11 @@ def cross_epilogue(k) -> list:
             out.append(kir.StoreVec(part, _add(_mul(_BID, _I(width)), col), (v,), pred))
     if mode == "grid":
         out.append(kir.GridSync())
-        out += final_sums(low, k.cx, k.uses, grid, grid, shared_ok=True)
+        out += final_sums(low, k.cx, k.uses, grid, grid)
     return out
 
 
-def final_sums(low, cx, uses: dict, parts: int, nblocks: int, shared_ok: bool) -> list:
+def final_sums(low, cx, uses: dict, parts: int, nblocks: int) -> list:
     """Sum the ``parts`` per-block partials of every cross reduction in block order into its output,
     with ``nblocks`` blocks running this code: per column one thread; a scalar by block 0 (every thread
     a strided share, then shuffles and ``sxs`` across the warps)."""
@@ -287,7 +285,7 @@ def combine_kernel(low, parts: int) -> tuple[kir.Kernel, int]:
     block = low.s.block
     width = max(low.p.N if c.kind == "per_reduced" else 1 for c in low.p.cross)
     grid = math.ceil(width / block)
-    body = final_sums(low, cx, uses, parts, grid, shared_ok=True)
+    body = final_sums(low, cx, uses, parts, grid)
     shared = [kir.SharedBuf("sxs", block // 32)] if block > 32 and _scalars(low) else []
     return _small_kernel(low, "st_xsum", cx, uses, body, shared), grid
 
@@ -320,8 +318,3 @@ def atomic_counts(low, grid: int) -> tuple[int, int]:
         return 0, 0
     width = sum(low.p.N if c.kind == "per_reduced" else 1 for c in low.p.cross)
     return grid * width, grid
-
-
-def describe(low: Any) -> str:
-    """One line for logs: the cross reductions and their combine."""
-    return ", ".join(f"{c.node} ({c.kind})" for c in low.p.cross) + f" combined by {low.s.cross_combine}"

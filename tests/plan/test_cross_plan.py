@@ -3,7 +3,6 @@ kind, and the graphs still refused, each with one line naming the node."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
