@@ -128,7 +128,9 @@ def test_a_kernel_failure_at_run_time_names_the_region(monkeypatch: pytest.Monke
     assert isinstance(info.value, RegionError) or "RegionError" in str(info.value)
 
 
-def test_new_shapes_recompile_and_dynamic_shapes_fall_back() -> None:
+def test_static_shapes_recompile_and_symbolic_shapes_get_kernels_per_seen_shape() -> None:
+    from stitchtune.deploy import torch_ops
+
     torch.manual_seed(0)
     m = Block().eval()
     c = _compile(m, cpu="reference", fallback="eager")
@@ -138,12 +140,36 @@ def test_new_shapes_recompile_and_dynamic_shapes_fall_back() -> None:
             assert torch.allclose(c(x), m(x), atol=1e-5)
     torch._dynamo.reset()
     torch_backend.LAST_REPORTS.clear()
+    c = torch.compile(m, backend="stitchtune", dynamic=True, options={"db": None, "fallback": "eager",
+                                                                      "cpu": "reference"})
+    with torch.no_grad():
+        for b in (5, 6, 5):
+            x = torch.randn(b, 4, 16)
+            assert torch.allclose(c(x), m(x), atol=1e-5)
+    [report] = torch_backend.LAST_REPORTS
+    assert len(report.stitched) == 2 and all(s.source.endswith("per shape") for s in report.stitched)
+    dyn = [k for k in torch_ops._registry.values() if isinstance(k, torch_ops.DynamicRegionKernel)][-2:]
+    assert [len(k.kernels) for k in dyn] == [2, 2]   # one set of kernels per seen shape, cached
+    assert all(v is not None for k in dyn for v in k.kernels.values())
+
+
+def test_a_shape_the_region_cannot_take_runs_its_aten_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stitchtune.importers import torch_regions
+
+    def refuse(*a: Any, **k: Any) -> Any:
+        raise StitchtuneError("not at these shapes")
+
+    monkeypatch.setattr(torch_regions, "map_at_shapes", refuse)
+    torch.manual_seed(0)
+    m = Block().eval()
     c = torch.compile(m, backend="stitchtune", dynamic=True, options={"db": None, "fallback": "eager"})
     with torch.no_grad():
-        x = torch.randn(5, 4, 16)
+        x = torch.randn(7, 4, 16)
         assert torch.allclose(c(x), m(x), atol=1e-5)
-    assert _stitched() == 0
-    assert any("dynamic shape" in d.reason for r in torch_backend.LAST_REPORTS for d in r.declined)
+    from stitchtune.deploy import torch_ops
+
+    dyn = [k for k in torch_ops._registry.values() if isinstance(k, torch_ops.DynamicRegionKernel)][-2:]
+    assert len(dyn) == 2 and all(list(k.kernels.values()) == [None] for k in dyn)
 
 
 def test_options_are_checked() -> None:

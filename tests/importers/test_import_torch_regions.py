@@ -82,16 +82,19 @@ def test_the_planner_can_refuse_a_region() -> None:
     assert any(d.what.startswith("region ") and d.reason == "refused for the test" for d in split.declined)
 
 
-def test_symbolic_shapes_and_integer_tensors_are_declined() -> None:
+def test_integer_tensors_are_declined_and_symbolic_shapes_mapped_at_their_examples() -> None:
     gm = _aten(lambda x, i: x.exp() + i.float(), torch.randn(4, 8), torch.ones(4, 8, dtype=torch.int64))
     split = find_regions(gm)
     assert any("int64" in d.reason for d in split.declined)
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm = make_fx(lambda x: (x.exp() * 2.0).softmax(-1), tracing_mode="symbolic")(torch.randn(4, 8))
-    split = find_regions(gm)
-    assert split.regions == ()
-    assert any("dynamic shape" in d.reason for d in split.declined)
+    [r] = find_regions(gm).regions   # mapped at the example shapes, re-mapped per shape at run time
+    assert r.dynamic and r.graph.spec(r.graph.outputs[0]).shape == (4, 8)
+    from stitchtune.importers.torch_regions import map_at_shapes
+
+    graph, index, shapes = map_at_shapes(r.module, [torch.randn(3, 8)], "again")
+    assert graph.spec(graph.outputs[0]).shape == (3, 8) and index == [0] and shapes == ((3, 8),)
 
 
 def test_a_refusal_naming_a_node_declines_that_node_and_keeps_the_rest() -> None:
