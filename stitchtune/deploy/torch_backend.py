@@ -388,7 +388,9 @@ def _cut(s: str, n: int) -> str:
 
 def explain(model: Any, *example_inputs: Any, **options: Any) -> Explanation:
     """Compile ``model`` with the stitchtune backend, run it once on ``example_inputs`` (under
-    ``torch.no_grad()`` unless an input requires grad) and report what was stitched and declined."""
+    ``torch.no_grad()`` unless an input requires grad) and report what was stitched and declined.
+    Like ``torch._dynamo.explain`` it starts from ``torch._dynamo.reset()`` (so every graph is
+    compiled and reported), which drops the process's other compiled graphs."""
     import contextlib
 
     import torch

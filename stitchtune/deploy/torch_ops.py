@@ -131,10 +131,10 @@ class RegionKernel:
         kernels enqueued on torch's current stream (stream 0 for CPU tensors with a given driver)."""
         dev = inputs[0].device
         outs = self.empty_outputs(dev)
-        ptrs = tuple(int(t.data_ptr()) for t in inputs) + tuple(int(t.data_ptr()) for t in outs)
+        ptrs = tuple([t.data_ptr() for t in inputs] + [t.data_ptr() for t in outs])
         if dev.type == "cuda":
             index = dev.index if dev.index is not None else torch.cuda.current_device()
-            stream = int(torch.cuda.current_stream(dev).cuda_stream)
+            stream = torch.cuda.current_stream(dev).cuda_stream
             if self.driver is None:
                 self.launcher(index, stream)[0].driver.make_current()
         else:
