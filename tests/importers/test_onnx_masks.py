@@ -1,0 +1,151 @@
+"""ONNX importer: the mask chain (comparisons, logical ops, Where, Clip, Expand/Reshape views, bool
+Casts) maps onto graph.json ops, stays inside the region that reads it, and never leaves a region as
+a bool or a broadcast value."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from helpers import check_onnx_numerics
+
+from stitchtune.graph.ops import OPS
+from stitchtune.importers.onnx_import import import_onnx
+
+B, H, S = 2, 3, 8
+
+
+def _vi(name, shape, elem=TP.FLOAT):
+    return h.make_tensor_value_info(name, elem, shape)
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    m = h.make_model(h.make_graph(nodes, "g", inputs, outputs, list(inits)), opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(m)
+    return m
+
+
+def _mask_nodes(scores: str, out: str, tag: str) -> list:
+    """scores * 0.25 + where(not(unsqueeze(mask)), -1e9, 0), softmax: as BERT builds it."""
+    return [h.make_node("Mul", [scores, "scale"], [f"{tag}_sc"]),
+            h.make_node("Add", [f"{tag}_sc", "bias"], [f"{tag}_z"]),
+            h.make_node("Softmax", [f"{tag}_z"], [out], axis=-1)]
+
+
+def _mask_chain() -> tuple[list, list]:
+    inits = [nh.from_array(np.array([B, 1, 1, S], np.int64), "m4s"), nh.from_array(np.array(0.25, np.float32), "scale"),
+             nh.from_array(np.array(-1e9, np.float32), "neg"), nh.from_array(np.array(0.0, np.float32), "zero"),
+             nh.from_array(np.array([B, 1, S, S], np.int64), "full")]
+    nodes = [h.make_node("Reshape", ["mask", "m4s"], ["m4"]),            # [B,1,1,S]: the same tensor
+             h.make_node("Cast", ["m4"], ["mb"], to=TP.BOOL),              # bool -> bool: a no-op
+             h.make_node("Not", ["mb"], ["pad"]),
+             h.make_node("Expand", ["pad", "full"], ["pade"]),             # [B,1,S,S]: a broadcast view
+             h.make_node("Where", ["pade", "neg", "zero"], ["bias"])]
+    return nodes, inits
+
+
+def _feeds(rng, two: bool = False):
+    mask = rng.random((B, 1, 1, S)) > 0.3
+    mask[..., 0] = True
+    f = {"mask": mask, "scores": rng.standard_normal((B, H, S, S)).astype(np.float32)}
+    if two:
+        f["w"] = rng.standard_normal((S, S)).astype(np.float32)
+    return f
+
+
+def test_mask_chain_is_inside_the_softmax_region():
+    chain, inits = _mask_chain()
+    m = _model([*chain, *_mask_nodes("scores", "y", "a")], [_vi("mask", [B, 1, 1, S], TP.BOOL), _vi("scores", [B, H, S, S])],
+               [_vi("y", [B, H, S, S])], inits)
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1 and not res.boundaries, res.boundaries
+    assert [r.status for r in res.regions] == ["whole"]
+    g = res.subgraphs[0].graph
+    ops = [n.op for n in g.nodes]
+    assert {"logical_not", "where"} <= set(ops) and "cast" not in ops
+    assert dict(g.inputs)["mask"].dtype == "bool" and dict(g.inputs)["mask"].shape == (B, 1, 1, S)
+    assert all(g.spec(o).dtype != "bool" for o in g.outputs)
+    assert check_onnx_numerics(res, m, _feeds(np.random.default_rng(0))) == 1
+
+
+def test_one_mask_chain_feeding_two_layers_is_recomputed_in_each():
+    """The mask is read by two softmaxes with a MatMul between them: each region computes it
+    itself (no bool tensor, no mask tensor handed between graphs), and both are whole."""
+    chain, inits = _mask_chain()
+    nodes = [*chain, *_mask_nodes("scores", "p0", "a"),
+             h.make_node("MatMul", ["p0", "w"], ["s1"]), *_mask_nodes("s1", "y", "b")]
+    m = _model(nodes, [_vi("mask", [B, 1, 1, S], TP.BOOL), _vi("scores", [B, H, S, S]), _vi("w", [S, S])],
+               [_vi("y", [B, H, S, S])], inits)
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 2
+    assert sorted(r.status for r in res.regions) == ["whole", "whole"], res.regions
+    for sg in res.subgraphs:
+        assert "where" in {n.op for n in sg.graph.nodes}
+        assert all(sg.graph.spec(o).dtype != "bool" for o in sg.graph.outputs)
+        assert "mask" in dict(sg.graph.inputs)
+    assert check_onnx_numerics(res, m, _feeds(np.random.default_rng(1), two=True)) == 2
+
+
+def test_comparisons_and_logical_ops_map_and_a_bool_output_is_cut_before():
+    """Less/GreaterOrEqual/Equal/And/Or -> lt/ge/eq/logical_*: a bool model output (or a bool read
+    by a boundary) is never a graph output: its producers are left out."""
+    nodes = [h.make_node("Less", ["x", "zero"], ["lt"]),
+             h.make_node("GreaterOrEqual", ["x", "y"], ["ge"]),
+             h.make_node("Equal", ["lt", "ge"], ["eq"]),
+             h.make_node("Or", ["eq", "ge"], ["o"]),
+             h.make_node("And", ["o", "lt"], ["a"]),
+             h.make_node("Where", ["a", "x", "y"], ["w"]),
+             h.make_node("Exp", ["w"], ["out"])]
+    m = _model(nodes, [_vi("x", [4, 8]), _vi("y", [4, 8])], [_vi("out", [4, 8])],
+               [nh.from_array(np.array(0.0, np.float32), "zero")])
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1 and [r.status for r in res.regions] == ["whole"]
+    ops = {n.op for n in res.subgraphs[0].graph.nodes}
+    assert {"lt", "ge", "eq", "logical_or", "logical_and", "where", "exp"} <= ops
+    rng = np.random.default_rng(2)
+    feeds = {"x": rng.standard_normal((4, 8)).astype(np.float32), "y": rng.standard_normal((4, 8)).astype(np.float32)}
+    assert check_onnx_numerics(res, m, feeds) == 1
+
+    m2 = _model(nodes[:2], [_vi("x", [4, 8]), _vi("y", [4, 8])], [_vi("lt", [4, 8], TP.BOOL), _vi("ge", [4, 8], TP.BOOL)],
+                [nh.from_array(np.array(0.0, np.float32), "zero")])
+    res2 = import_onnx(m2)
+    assert not res2.subgraphs
+    assert all("bool" in b for b in res2.boundaries) and len(res2.boundaries) == 2
+
+
+def test_clip_maps_to_clamp_with_tensor_bounds_and_infinite_missing_ones():
+    nodes = [h.make_node("Clip", ["x", "lo", ""], ["c"]), h.make_node("Clip", ["c", "", "hi"], ["y"])]
+    m = _model(nodes, [_vi("x", [4, 8]), _vi("lo", [4, 1]), _vi("hi", [8])], [_vi("y", [4, 8])])
+    res = import_onnx(m)
+    g = res.subgraphs[0].graph
+    assert [n.op for n in g.nodes] == ["clamp", "clamp"]
+    assert float("inf") in g.nodes[0].args and float("-inf") in g.nodes[1].args
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((4, 8)).astype(np.float32), "lo": rng.standard_normal((4, 1)).astype(np.float32),
+             "hi": rng.standard_normal(8).astype(np.float32)}
+    assert check_onnx_numerics(res, m, feeds) == 1
+
+
+def test_a_broadcast_view_that_a_reduction_needs_whole_is_left_to_the_framework():
+    """Expand(x[1,8] -> [4,8]) read by ReduceSum over axis 0: graph.json cannot materialise it, so
+    the Expand is cut out (named), and the reduction reads the expanded tensor."""
+    nodes = [h.make_node("Expand", ["x", "shape"], ["xe"]), h.make_node("Exp", ["xe"], ["e"]),
+             h.make_node("ReduceSum", ["e", "axes"], ["y"], keepdims=1)]
+    m = _model(nodes, [_vi("x", [1, 8])], [_vi("y", [1, 8])],
+               [nh.from_array(np.array([4, 8], np.int64), "shape"), nh.from_array(np.array([0], np.int64), "axes")])
+    res = import_onnx(m)
+    assert [b.split(":")[1] for b in res.boundaries] == ["Expand"] and "materialised" in res.boundaries[0]
+    assert len(res.subgraphs) == 1 and dict(res.subgraphs[0].graph.inputs)["xe"].shape == (4, 8)
+    assert check_onnx_numerics(res, m, {"x": np.random.default_rng(4).standard_normal((1, 8)).astype(np.float32)}) == 1
+
+
+@pytest.mark.parametrize("op", ["transpose", "reshape", "slice", "concat", "gather"])
+def test_layout_ops_of_the_graph_are_known(op):
+    if op not in OPS:
+        pytest.skip(f"graph.json has no {op} op yet")
+    assert OPS[op].name == op
