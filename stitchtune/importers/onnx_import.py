@@ -5,19 +5,33 @@ Contract
 * :func:`import_onnx(model, node_range=None, shapes=None)` loads the model with the ``onnx`` package,
   applies ``shapes`` (``{graph input name: shape}`` or ``{dim_param: (size,)}``) to the graph
   inputs, folds constants and runs ONNX shape inference, and returns an :class:`OnnxImport`.
-* A node is *mappable* if its op is in :data:`SUPPORTED_OPS`, it lies in ``node_range`` (python
-  slice over node indices), its float tensors are float32/float16/bfloat16 of rank 1..4, and its
-  attribute-like inputs (reduction axes, clip bounds) are constants. Every other node (MatMul,
-  Gemm, Conv, Reshape, Transpose, integer ops, ...) is a boundary.
+* A node is *mappable* if its op is in :data:`SUPPORTED_OPS` (or is a layout node that is a view,
+  below), it lies in ``node_range`` (python slice over node indices), its tensors are
+  float32/float16/bfloat16 or bool of rank 1..4, bools only where graph.json takes them (logical
+  ops, ``Where``'s condition, ``Cast``, ``Equal`` of two bools; bool operands are tensors, never
+  constants), and its attribute-like inputs (reduction axes) are constants. Every other node
+  (MatMul, Gemm, Conv, Reshape, Transpose, integer ops, ...) is a boundary. The mask chain maps as
+  Equal/Less/LessOrEqual/Greater/GreaterOrEqual -> ``eq lt le gt ge``, Not/And/Or ->
+  ``logical_not/and/or``, Where -> ``where``, Clip -> ``clamp`` (a missing bound is -inf / +inf).
+* *Views*: a layout node on constant parameters whose output is its chain's first tensor broadcast
+  numpy-style (Expand, Reshape/Unsqueeze/Flatten/Gather chains that only move unit axes; see
+  :mod:`~stitchtune.importers.onnx_layout`) maps to nothing: its readers read that tensor and
+  broadcasting does the rest. A view that a non-element-wise op (reduction, softmax, norm) needs
+  materialised, or one whose value would leave a subgraph, is a boundary instead (it is found while
+  building and the partition is redone without it).
 * Subgraphs are the maximal connected groups of mappable nodes (joined by tensors) that can run as
   one fused unit. A group that some path leaves and re-enters through a boundary node (a residual
   around a MatMul) is split by *stage*: every path through a boundary moves to a later stage, a
-  part never spans stages, so each part is convex and its inputs exist before it starts.
+  part never spans stages, so each part is convex and its inputs exist before it starts. Views and
+  element-wise nodes that read only model inputs and constants (the attention mask chain) join no
+  group by themselves: every group that reads them recomputes them, so one mask feeds every layer.
 * Subgraph inputs are the tensors it reads but does not produce; single-element constants are
-  inlined as scalars, other constants (weights) become inputs with their values in
-  ``OnnxSubgraph.constants``. Outputs are the tensors it produces that are read outside it or are
-  model outputs. Names are sanitised to ``[A-Za-z_][A-Za-z0-9_]{0,63}``; ``tensor_names`` maps them
-  back to ONNX names.
+  inlined as scalars, other constants (weights, bool tables) become inputs with their values in
+  ``OnnxSubgraph.constants``. Outputs are the tensors its own (not recomputed) nodes produce that
+  are read outside it or are model outputs; never bool (their producers become boundaries); an
+  output may have another shape than its ONNX tensor when it holds the same elements in the same
+  order (a Reshape on the way out of the region costs nothing and is left out). Names are
+  sanitised to ``[A-Za-z_][A-Za-z0-9_]{0,63}``; ``tensor_names`` maps them back to ONNX names.
 * A dynamic dimension on a tensor of a mappable node is an error naming the tensor, the dimension
   and its symbol, unless ``shapes`` fixes it.
 * The file is read by :mod:`~stitchtune.importers.onnx_load` (hostile files are refused with one
@@ -28,7 +42,8 @@ Contract
   mappable. A group whose outputs are all passed through unchanged (only Identity, same-type Cast,
   no-op reshapes) is dropped, never fatal, and listed in ``OnnxImport.dropped``.
 * *Regions* are the connected groups of memory-intensive nodes (every op but Constant and
-  :data:`COMPUTE_OPS`); each :class:`OnnxRegion` says whether it was imported whole, cut (and by
+  :data:`COMPUTE_OPS`; cheap nodes that read only model inputs, and views, count in every region
+  that reads them); each :class:`OnnxRegion` says whether it was imported whole, cut (and by
   which nodes), dropped as a no-op, or skipped.
 """
 
@@ -517,7 +532,7 @@ def _mappable_views(ctx: _Ctx, nodes: list[Any]) -> dict[int, View]:
     keep: dict[int, View] = {}
     for i in sorted(views, reverse=True):
         rs = readers.get(nodes[i].output[0], [])
-        if views[i].broadcast or (rs and all(r in keep for r in rs)):
+        if views[i].broadcast or views[i].reshape or (rs and all(r in keep for r in rs)):
             keep[i] = views[i]
     return keep
 
@@ -573,6 +588,8 @@ def _build(ctx: _Ctx, nodes: list[Any], members: list[int], core: set[int], exte
     def value(t: str) -> Value:
         if t in vals:
             return vals[t]
+        if t in produced:   # a reshaped view read inside the group: graph.json cannot read it
+            raise _Demote(ctx.producer[t], "a reshaped view read inside the region (graph.json has no reshape)")
         if t in ctx.consts and t not in produced:
             c = ctx.consts[t]
             if c.size == 1:
@@ -610,21 +627,25 @@ def _build(ctx: _Ctx, nodes: list[Any], members: list[int], core: set[int], exte
                 continue
             leaves = i in core and t in external
             if i in ctx.views and not ctx.views[i].broadcast:
-                if leaves:
-                    raise _Demote(i, f"its value {t!a} is a reshaped view that leaves the region")
-                continue   # an inner link of a chain of views: its readers read the base
+                if leaves and not ctx.views[i].reshape:
+                    raise _Demote(i, f"its value {t!a} is a rearranged view that leaves the region")
+                if not leaves:
+                    continue   # an inner link of a chain of views: its readers read the base
             expect = _static_shape(ctx, t)
-            if r.is_scalar or broadcast_shapes(tuple(r.shape), expect) != expect:
+            if i in ctx.views and ctx.views[i].reshape and math.prod(r.shape) == math.prod(expect):
+                pass   # a reshaped view handed on: the same elements in the same order
+            elif r.is_scalar or broadcast_shapes(tuple(r.shape), expect) != expect:
                 raise _Demote(i, f"mapped shape {list(r.shape)} differs from the model's {list(expect)} for {t!a}")
             dt = _ONNX_ALL[ctx.types[t].elem]
             if r.dtype != dt:
                 r = b.cast(r, dt, f"{t}_cast")
             vals[t] = r
             if leaves:
-                if b.is_input(r) and tuple(r.shape) == expect:
+                same = math.prod(r.shape) == math.prod(expect)   # a pure reshape: the same bytes
+                if b.is_input(r) and same:
                     passed_through = True   # the tensor equals one of the group's inputs: nothing to compute
                     continue
-                if tuple(r.shape) != expect:
+                if not same:
                     raise _Demote(_lazy_origin(ctx, nodes, t, vals), f"a broadcast view that would leave "
                                   f"the region through {t!a} (graph.json has no expand)")
                 if dt == "bool":

@@ -14,8 +14,10 @@ Contract
   (``broadcast``). It is found by evaluating the chain on the grid of element indices of the base
   (bounded by :data:`MAX_GRID`; bigger chains are not views). Nothing here allocates more than that.
 * ``broadcast`` means: the base broadcasts (numpy rules, right-aligned) to the output shape and the
-  output element at each position is the broadcast base element. Identity, Expand, and Reshape/Flatten/Squeeze/Unsqueeze/Gather/Transpose chains that only
-  move unit axes are all of this kind.
+  output element at each position is the broadcast base element. Identity, Expand, and
+  Reshape/Flatten/Squeeze/Unsqueeze/Gather/Transpose chains that only move unit axes are all of this
+  kind. ``reshape`` means: the output holds the base's elements in the base's order (any Reshape;
+  the same bytes).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class View:
     base_shape: tuple[int, ...]
     shape: tuple[int, ...]
     broadcast: bool            # output == base broadcast to ``shape`` (see the module docstring)
+    reshape: bool              # output == base reshaped: the same elements in the same order
     grid: np.ndarray           # flat index into the base of each output element, shape ``shape``
 
 
@@ -97,6 +100,7 @@ def resolve_views(nodes: list[Any], shapes: Mapping[str, tuple[int, ...] | None]
                 or res.dtype.kind not in "iu":
             continue
         v = View(base=base, base_shape=tuple(bshape), shape=tuple(res.shape),
-                 broadcast=_is_broadcast(res, tuple(bshape)), grid=res)
+                 broadcast=_is_broadcast(res, tuple(bshape)), grid=res,
+                 reshape=res.size == math.prod(bshape) and bool(np.array_equal(res.reshape(-1), np.arange(res.size))))
         out[i] = view_of[dst] = v
     return out

@@ -149,3 +149,52 @@ def test_layout_ops_of_the_graph_are_known(op):
     if op not in OPS:
         pytest.skip(f"graph.json has no {op} op yet")
     assert OPS[op].name == op
+
+
+def test_legacy_bert_mask_chain_through_rank5_gather_is_a_view():
+    """The legacy exporter's padding mask: Flatten -> Gather(constant indices, a rank-5 result) ->
+    Reshape -> Reshape -> And(causal table) -> Expand -> Where: all views and mask ops, in the
+    softmax's graph; the mask is read as the [1, S] bool input it is."""
+    inits = [nh.from_array(np.arange(S, dtype=np.int64).reshape(1, 1, 1, S), "idx"),
+             nh.from_array(np.array([-1], np.int64), "flat"), nh.from_array(np.array([1, 1, 1, S], np.int64), "m4s"),
+             nh.from_array(np.tril(np.ones((S, S), bool))[None, None], "causal"),
+             nh.from_array(np.array([1, 1, S, S], np.int64), "full"),
+             nh.from_array(np.array(0.0, np.float32), "zero"), nh.from_array(np.array(-3.4e38, np.float32), "neg")]
+    nodes = [h.make_node("Flatten", ["mask"], ["f"], axis=2),
+             h.make_node("Gather", ["f", "idx"], ["g5"], axis=0),
+             h.make_node("Reshape", ["g5", "flat"], ["r1"]),
+             h.make_node("Reshape", ["r1", "m4s"], ["r4"]),
+             h.make_node("And", ["causal", "r4"], ["a"]),
+             h.make_node("Expand", ["a", "full"], ["ae"]),
+             h.make_node("Where", ["ae", "zero", "neg"], ["bias"]),
+             h.make_node("Add", ["scores", "bias"], ["z"]),
+             h.make_node("Softmax", ["z"], ["y"], axis=-1)]
+    m = _model(nodes, [_vi("mask", [1, S], TP.BOOL), _vi("scores", [1, H, S, S])], [_vi("y", [1, H, S, S])], inits)
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1 and not res.boundaries, res.boundaries
+    g = res.subgraphs[0].graph
+    assert dict(g.inputs)["mask"].shape == (1, S) and {"logical_and", "where"} <= {n.op for n in g.nodes}
+    rng = np.random.default_rng(5)
+    feeds = {"mask": rng.random((1, S)) > 0.3, "scores": rng.standard_normal((1, H, S, S)).astype(np.float32)}
+    feeds["mask"][0, 0] = True
+    assert check_onnx_numerics(res, m, feeds) == 1
+
+
+def test_reshapes_into_and_out_of_a_region_cost_nothing():
+    """GPT-2's Conv1D: Gemm [S, 4D] -> Reshape [1, S, 4D] -> gelu -> Reshape [S, 4D] -> Gemm: one
+    graph on [S, 4D], its output the second Reshape's tensor (the same elements)."""
+    inits = [nh.from_array(np.array([1, S, 16], np.int64), "s3"), nh.from_array(np.array([S, 16], np.int64), "s2"),
+             nh.from_array(np.eye(16, dtype=np.float32), "W")]
+    nodes = [h.make_node("Gemm", ["x", "W"], ["a"]),
+             h.make_node("Reshape", ["a", "s3"], ["a3"]),
+             h.make_node("Tanh", ["a3"], ["t"]),
+             h.make_node("Mul", ["t", "a3"], ["u"]),
+             h.make_node("Reshape", ["u", "s2"], ["u2"]),
+             h.make_node("Gemm", ["u2", "W"], ["y"])]
+    m = _model(nodes, [_vi("x", [S, 16])], [_vi("y", [S, 16])], inits)
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1 and [r.status for r in res.regions] == ["whole"], res.regions
+    sg = res.subgraphs[0]
+    assert dict(sg.graph.inputs)["a"].shape == (S, 16) and sg.graph.spec(sg.graph.outputs[0]).shape == (S, 16)
+    assert dict(sg.tensor_names)[sg.graph.outputs[0]] == "u2"
+    assert check_onnx_numerics(res, m, {"x": np.random.default_rng(6).standard_normal((S, 16)).astype(np.float32)}) == 1
