@@ -122,7 +122,7 @@ class GraphBuilder:
         """True if ``v`` is one of this graph's inputs (not computed by a node)."""
         return not v.is_scalar and v.ref in self._inputs
 
-    def _emit(self, name: str, op: str, args: Sequence[Value], shape: tuple[int, ...], dtype: str,
+    def _emit(self, name: str, op: str, args: Sequence[Value], shape: tuple[int, ...], dtype: str, /,
               **attrs: Any) -> Value:
         nid = self.names.take(name, "n")
         node: dict[str, Any] = {"id": nid, "op": op, "args": [a.ref for a in args]}
@@ -159,14 +159,14 @@ class GraphBuilder:
             dtype = promote_dtypes(floats) if floats else "float32"
         return self._emit(name, op, args, shape, dtype)
 
-    def layout(self, op: str, x: Sequence[Value], shape: Sequence[int], dtype: str, name: str,
+    def layout(self, op: str, x: Sequence[Value], result_shape: Sequence[int], dtype: str, name: str, /,
                **attrs: Any) -> Value:
         """A layout node (``transpose``, ``reshape``, ``slice``, ``concat``, ``gather``) whose result
         shape and dtype the importer computed from its framework's metadata; the graph validation
         checks them again."""
         if op not in OPS:
             raise ImportError_(f"graph.json has no {op!a} op (value {name!a})")
-        return self._emit(name, op, list(x), tuple(int(d) for d in shape), dtype, **attrs)
+        return self._emit(name, op, list(x), tuple(int(d) for d in result_shape), dtype, **attrs)
 
     def reduce(self, op: str, x: Value, axes: Sequence[int], keepdims: bool, name: str) -> Value:
         if x.is_scalar:

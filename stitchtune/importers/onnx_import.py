@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 
 from stitchtune.graph.parse import Graph
+from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import broadcast_shapes
 from stitchtune.importers.builder import (
     GraphBuilder,
@@ -70,6 +71,7 @@ from stitchtune.importers.builder import (
 )
 from stitchtune.importers.onnx_fold import FoldReport, fold_and_infer
 from stitchtune.importers.onnx_layout import VIEW_OPS, View, resolve_views
+from stitchtune.importers.onnx_ops_layout import INT_DTYPES, layout_op, map_layout, why_not_layout
 from stitchtune.importers.onnx_load import MAX_TENSOR_ELEMENTS, ConstTable, load_model
 from stitchtune.importers.onnx_partition import COMPUTE_OPS, OnnxRegion, label, partition
 from stitchtune.importers.onnx_partition import regions as find_regions
@@ -263,7 +265,10 @@ def _why_not(ctx: _Ctx, i: int, node: Any, in_range: bool) -> str | None:
         base = ctx.types.get(ctx.views[i].base)
         return None if base is not None and base.elem in _ONNX_ALL else \
             f"tensor {ctx.views[i].base!a} is not float32/float16/bfloat16/bool"
-    if node.op_type in _NOOP_SHAPE_OPS and node.domain in ("", "ai.onnx"):
+    lop = layout_op(node.op_type) if node.domain in ("", "ai.onnx") else None
+    if lop is not None:
+        pass   # Transpose/Reshape/Slice/Concat/Gather, now that graph.json has the op (checked below)
+    elif node.op_type in _NOOP_SHAPE_OPS and node.domain in ("", "ai.onnx"):
         if not _changes_nothing(ctx, node):
             return "changes the shape (graph.json has no reshape)"
     elif node.domain not in _DOMAINS or node.op_type not in SUPPORTED_OPS:
@@ -282,13 +287,21 @@ def _why_not(ctx: _Ctx, i: int, node: Any, in_range: bool) -> str | None:
         if ty is None or ty.elem not in _ONNX_ALL:
             if node.op_type in _REDUCE and node.input[1:2] == [t]:
                 continue
+            if lop == "gather" and node.input[1:2] == [t] and ty is not None and ty.elem in INT_DTYPES:
+                continue
             return f"tensor {t!a} is not float32/float16/bfloat16/bool (or has no type)"
         if ty.shape is not None and not 1 <= len(ty.shape) <= 4:
             return f"tensor {t!a} has rank {len(ty.shape)} (graph.json takes 1..4)"
+    a = ctx.attrs(node)
+    if lop is not None:
+        def rank(t: str) -> int:
+            ty = ctx.types.get(t)
+            return len(ty.shape) if ty is not None and ty.shape is not None else 0
+        return why_not_layout(node, a, lambda k: ctx.const_list(node, k),
+                              lambda t: ctx.types[t].elem if t in ctx.types else None, rank)
     why = _bool_rule(ctx, node)
     if why:
         return why
-    a = ctx.attrs(node)
     if node.op_type in _REDUCE and "axes" not in a and len(node.input) > 1 and node.input[1] \
             and ctx.const_list(node, 1) is None:
         return "reduction axes are not a constant"
@@ -403,8 +416,12 @@ def _map_node(ctx: _Ctx, b: GraphBuilder, index: int, node: Any, v: Callable[[st
         return [b.elementwise("where", [v(t) for t in ins[:3]], name)]
     if op in _UNARY:
         return [b.unary(_UNARY[op], v(ins[0]), name)]
-    if op == "Identity" or op in _NOOP_SHAPE_OPS:   # reshapes get here only when they change nothing
+    if op == "Identity" or (op in _NOOP_SHAPE_OPS and _changes_nothing(ctx, node)):
         return [v(ins[0])]
+    if layout_op(op) is not None:
+        out = node.output[0]
+        return [map_layout(b, node, a, exact, _static_shape(ctx, out), _ONNX_ALL[ctx.types[out].elem],
+                           lambda k: ctx.const_list(node, k), name)]
     if op in _BINARY:
         return [b.binary(_BINARY[op], v(ins[0]), v(ins[1]), name)]
     if op in _VARIADIC:
@@ -588,8 +605,13 @@ def _build(ctx: _Ctx, nodes: list[Any], members: list[int], core: set[int], exte
     def value(t: str) -> Value:
         if t in vals:
             return vals[t]
-        if t in produced:   # a reshaped view read inside the group: graph.json cannot read it
-            raise _Demote(ctx.producer[t], "a reshaped view read inside the region (graph.json has no reshape)")
+        if t in produced:   # a reshaped view read inside the group: a reshape node, if graph.json has it
+            view = ctx.views.get(ctx.producer[t])
+            base = value(view.base) if view is not None and view.reshape and "reshape" in OPS else None
+            if base is None or tuple(base.shape) != _static_shape(ctx, view.base):
+                raise _Demote(ctx.producer[t], "a reshaped view read inside the region (graph.json has no reshape)")
+            vals[t] = b.layout("reshape", [base], view.shape, str(base.dtype), f"{t}_reshape", shape=list(view.shape))
+            return vals[t]
         if t in ctx.consts and t not in produced:
             c = ctx.consts[t]
             if c.size == 1:
@@ -604,8 +626,8 @@ def _build(ctx: _Ctx, nodes: list[Any], members: list[int], core: set[int], exte
             arr = np.asarray(c) != 0 if ty == "bool" else np.asarray(c, dtype=np.float32)
             constants.append((str(v.ref), arr.astype(numpy_dtype(ty))))
         else:
-            ty = _ONNX_ALL[ctx.types[t].elem]
-            v = b.add_input(t, _static_shape(ctx, t), ty)
+            elem = ctx.types[t].elem
+            v = b.add_input(t, _static_shape(ctx, t), _ONNX_ALL.get(elem) or INT_DTYPES[elem])
         names.append((str(v.ref), t))
         vals[t] = v
         return v

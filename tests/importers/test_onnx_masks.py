@@ -144,11 +144,57 @@ def test_a_broadcast_view_that_a_reduction_needs_whole_is_left_to_the_framework(
     assert check_onnx_numerics(res, m, {"x": np.random.default_rng(4).standard_normal((1, 8)).astype(np.float32)}) == 1
 
 
-@pytest.mark.parametrize("op", ["transpose", "reshape", "slice", "concat", "gather"])
-def test_layout_ops_of_the_graph_are_known(op):
-    if op not in OPS:
-        pytest.skip(f"graph.json has no {op} op yet")
-    assert OPS[op].name == op
+def _needs(*ops: str) -> None:
+    missing = [o for o in ops if o not in OPS]
+    if missing:
+        pytest.skip(f"graph.json has no {', '.join(missing)} op yet")
+
+
+def _rand(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def test_transpose_and_reshape_map_once_graph_json_has_them():
+    _needs("transpose", "reshape")
+    nodes = [h.make_node("Exp", ["x"], ["e"]), h.make_node("Transpose", ["e"], ["t"], perm=[1, 0]),
+             h.make_node("Reshape", ["t", "s"], ["r"]), h.make_node("Tanh", ["r"], ["y"])]
+    m = _model(nodes, [_vi("x", [4, 8])], [_vi("y", [2, 16])], [nh.from_array(np.array([2, 16], np.int64), "s")])
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1 and not res.boundaries, res.boundaries
+    ops = [n.op for n in res.subgraphs[0].graph.nodes]
+    assert "transpose" in ops and "reshape" in ops
+    assert check_onnx_numerics(res, m, {"x": _rand((4, 8), 7)}) == 1
+
+
+def test_rotate_half_maps_to_slice_and_concat_once_graph_json_has_them():
+    """Llama's rotary: x * cos + concat(-x[..., D/2:], x[..., :D/2]) * sin, in one graph."""
+    _needs("slice", "concat")
+    c = lambda v, n: nh.from_array(np.array(v, np.int64), n)  # noqa: E731
+    nodes = [h.make_node("Slice", ["x", "h", "end", "ax"], ["x2"]), h.make_node("Slice", ["x", "z", "h", "ax"], ["x1"]),
+             h.make_node("Neg", ["x2"], ["nx2"]), h.make_node("Concat", ["nx2", "x1"], ["rot"], axis=-1),
+             h.make_node("Mul", ["x", "cos"], ["a"]), h.make_node("Mul", ["rot", "sin"], ["b"]),
+             h.make_node("Add", ["a", "b"], ["y"])]
+    m = _model(nodes, [_vi("x", [B, H, S, 16]), _vi("cos", [S, 16]), _vi("sin", [S, 16])], [_vi("y", [B, H, S, 16])],
+               [c([8], "h"), c([0], "z"), c([1 << 62], "end"), c([-1], "ax")])
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1 and not res.boundaries, res.boundaries
+    assert {"slice", "concat"} <= {n.op for n in res.subgraphs[0].graph.nodes}
+    feeds = {"x": _rand((B, H, S, 16), 8), "cos": _rand((S, 16), 9), "sin": _rand((S, 16), 10)}
+    assert check_onnx_numerics(res, m, feeds) == 1
+
+
+def test_embedding_gather_add_layernorm_is_one_graph_once_graph_json_has_gather():
+    _needs("gather")
+    nodes = [h.make_node("Gather", ["table", "ids"], ["e"], axis=0), h.make_node("Add", ["e", "pos"], ["a"]),
+             h.make_node("LayerNormalization", ["a", "g", "bb"], ["y"], axis=-1)]
+    inits = [nh.from_array(_rand((50, 16), 11), "table"), nh.from_array(_rand((S, 16), 12), "pos"),
+             nh.from_array(np.ones(16, np.float32), "g"), nh.from_array(np.zeros(16, np.float32), "bb")]
+    m = _model(nodes, [_vi("ids", [B, S], TP.INT64)], [_vi("y", [B, S, 16])], inits)
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1 and [r.status for r in res.regions] == ["whole"], res.boundaries
+    assert "gather" in {n.op for n in res.subgraphs[0].graph.nodes}
+    ids = np.random.default_rng(13).integers(0, 50, (B, S)).astype(np.int64)
+    assert check_onnx_numerics(res, m, {"ids": ids}) == 1
 
 
 def test_legacy_bert_mask_chain_through_rank5_gather_is_a_view():
