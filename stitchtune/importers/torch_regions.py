@@ -45,7 +45,7 @@ from stitchtune.importers.torch_aten import (
     _strip1,
     _Walker,
     _where,
-    torch_dtype_name,
+    value_dtype_name,
 )
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
@@ -141,7 +141,7 @@ def _tensor_ok(val: Any) -> str | None:
         return f"a {type(val).__name__} value, not a tensor"
     if any(_hint(d) is None for d in val.shape):
         return "dynamic shape without an example value (stitched kernels are specialised per shape)"
-    if torch_dtype_name(val.dtype) is None:
+    if value_dtype_name(val.dtype) is None:
         return f"dtype {str(val.dtype).removeprefix('torch.')}"
     return None
 
@@ -315,11 +315,14 @@ def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any], 
     """(Graph, inputs, outputs, sub GraphModule) of one group, or the node to exclude, or the whole
     group declined."""
     sub, inputs, outputs, back = _subgraph(group)
+    for x in inputs:
+        if len(x.meta["val"].shape) == 0:   # graph.json tensors have rank 1..4
+            return _Culprit(next(n for n in group if x in _fx_args(n)), f"reads the 0-d tensor {x.name!a}")
     b = GraphBuilder(name)
     values = []
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
         val = x.meta["val"]
-        values.append(b.add_input(f"in{i}", tuple(_hint(d) or 1 for d in val.shape), torch_dtype_name(val.dtype) or "?"))
+        values.append(b.add_input(f"in{i}", tuple(_hint(d) or 1 for d in val.shape), value_dtype_name(val.dtype) or "?"))
     bindings = {ph.name: ("user", i) for i, ph in enumerate(n for n in sub.graph.nodes if n.op == "placeholder")}
     walker = _Walker(_Captured(sub, bindings, "fx"), b, values, lambda fqn, t: "float32")
     try:
@@ -358,6 +361,8 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
             return _Culprit(orig, f"an output of PyTorch shape {list(t or ())} is graph shape {list(v.shape)}")
         if not s.meta["val"].is_contiguous():
             return _Culprit(orig, "a non-contiguous output (stitched kernels write row-major tensors)")
+        if v.dtype == "bool":
+            return _Culprit(orig, "a bool output (graph.json outputs are float tensors)")
         if str(v.ref) in input_names:
             return _Culprit(orig, "an output that passes an input through")
         if str(v.ref) in seen:

@@ -272,3 +272,17 @@ def test_when_inductor_fails_on_the_rest_it_runs_eagerly(monkeypatch: pytest.Mon
         want = m(x)
     assert torch.allclose(got, want, atol=1e-5)
     assert any("inductor is down" in r.getMessage() and "eagerly" in r.getMessage() for r in caplog.records)
+
+
+def test_a_masked_softmax_with_a_bool_mask_is_one_emulated_region() -> None:
+    def f(scores: Any, keep: Any) -> Any:
+        return (scores * 0.25).masked_fill(~keep, float("-inf")).softmax(-1)
+
+    torch.manual_seed(0)
+    scores, keep = torch.randn(1, 2, 4, 8), torch.rand(1, 1, 1, 8) > 0.3
+    keep[..., 0] = True
+    torch_backend.LAST_REPORTS.clear()
+    got = _compile(f, fallback="eager", cpu="emulate")(scores, keep)
+    assert torch.allclose(got, f(scores, keep), atol=1e-6)
+    [report] = torch_backend.LAST_REPORTS
+    assert len(report.stitched) == 1 and {"aten.where", "aten._softmax"} <= set(report.stitched[0].ops)

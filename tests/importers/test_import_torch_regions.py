@@ -116,3 +116,27 @@ def test_outputs_may_differ_from_pytorch_in_leading_ones_only() -> None:
     gm = _aten(lambda x: (x.exp() * 2.0).view(8, 4), torch.randn(4, 8))   # moves rows: not the same tensor
     [r] = find_regions(gm).regions
     assert r.output_shapes == ((4, 8),) and "aten.view" not in r.ops
+
+
+def test_masks_map_onto_comparisons_and_where() -> None:
+    def f(scores: Any, keep: Any) -> Any:
+        s = scores.masked_fill(~keep, float("-inf")) * 0.5
+        s = torch.where(scores > 3.0, s, s - 1.0)
+        return s.softmax(-1)
+
+    scores, keep = torch.randn(2, 2, 4, 8), torch.rand(2, 1, 1, 8) > 0.3
+    keep[..., 0] = True
+    gm = _aten(f, scores, keep)
+    [r] = find_regions(gm).regions
+    assert {"aten.masked_fill", "aten.where", "aten.gt", "aten.bitwise_not", "aten._softmax"} <= set(r.ops)
+    assert [s.dtype for _, s in r.graph.inputs] == ["bool", "float32"]   # in order of first use
+    out = run_reference(r.graph, {"in0": keep.numpy(), "in1": scores.numpy()})[r.graph.outputs[0]]
+    assert np.abs(out - f(scores, keep).numpy()).max() < 1e-6
+
+
+def test_a_bool_output_or_arithmetic_on_bools_stays_outside() -> None:
+    gm = _aten(lambda x: ((x > 0) & (x < 2), (x > 0).float() * x.exp()), torch.randn(4, 8))
+    split = find_regions(gm)
+    for r in split.regions:
+        assert all(r.graph.spec(o).dtype != "bool" for o in r.graph.outputs)
+    assert any("bool output" in d.reason for d in split.declined)
