@@ -48,6 +48,10 @@ def _no_registers(names: Point) -> int:
     return 0
 
 
+def _not_fixed(point: Point) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Option(Generic[T]):
     """One schedule option, declared once.
@@ -73,6 +77,9 @@ class Option(Generic[T]):
       ``rereads``), computed over the whole point.
     * ``registers(names)``: register-cached floats per thread the option's value costs, added to
       ``reg_cache_elems``; ``names`` is the point plus the derived names and ``n_full_inputs``.
+    * ``fixed(point)``: a value the point decided so far forces where the option applies (then it is no
+      parameter of its own: suggest does not ask it, sample does not draw it); None (the default rule):
+      asked / drawn from its domain.
     """
 
     name: str
@@ -85,6 +92,7 @@ class Option(Generic[T]):
     vary_resets: tuple[str, ...] = ()
     derive: Callable[[Point], Mapping[str, Any]] = _no_names
     registers: Callable[[Point], int] = _no_registers
+    fixed: Callable[[Point], Any] = _not_fixed
 
 
 @dataclass(frozen=True)
@@ -216,5 +224,30 @@ COMBINE: Option[str] = Option(
 """How a row split over several blocks combines its partials: ``thread`` (every thread loads all of them)
 or ``warp`` (each warp loads them together and reduces by shuffles)."""
 
-OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE))
+def _cluster_applies(p: Point) -> bool:
+    return p["family"] == "row" and "cluster" in p["schemes"]
+
+
+def _never(p: Point) -> bool:
+    return False
+
+
+def _cluster_of_split(p: Point) -> int:
+    return int(p["split"])
+
+
+CLUSTER: Option[int] = Option(
+    "cluster", 1, int, _cluster_applies, "a stage's scheme is 'cluster' (row reductions on sm_90)",
+    _never, vary=False, fixed=_cluster_of_split)
+"""Blocks per thread-block cluster of a stage with the ``cluster`` scheme (sm_90): the split blocks of a row
+form one cluster and combine their partials through distributed shared memory after a cluster barrier, so
+the size is the split (``split == cluster``; searched through ``split`` and the scheme, which the space
+offers only where the device has clusters and ``split <= max_cluster``); 1 = no cluster."""
+
+RECORDED_OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE))
+"""The options of the space the first golden files were recorded with (``tests/lower/golden/kernel_hashes*.json``,
+``tests/space/golden/suggest_params*.json``): a space built with this table asks and draws exactly what it did
+then (no ``cluster`` scheme, which comes with the ``cluster`` option)."""
+
+OPTIONS = RECORDED_OPTIONS.extended(CLUSTER)
 """The stitch space's options, in decision order (append new ones at the end)."""
