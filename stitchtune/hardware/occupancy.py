@@ -123,11 +123,16 @@ def max_active_clusters(device: Device, threads_per_block: int, registers_per_th
     cluster does not fit on a GPC. ``cluster == 1`` is every resident block. The per-GPC SM counts of
     the presets are a guess (:mod:`stitchtune.hardware.device`, [CLU])."""
     blocks = occupancy(device, threads_per_block, registers_per_thread, smem_per_block).blocks_per_sm
+    return clusters_resident(device, blocks, cluster)
+
+
+def clusters_resident(device: Device, blocks_per_sm: int, cluster: int) -> int:
+    """:func:`max_active_clusters` for a kernel of ``blocks_per_sm`` blocks per SM."""
     if cluster <= 1:
-        return blocks * device.sm_count
+        return blocks_per_sm * device.sm_count
     if not device.supports_clusters or cluster > device.max_cluster_size_nonportable:
         return 0
-    return sum((g * blocks) // cluster for g in device.gpc_sms)
+    return sum((g * blocks_per_sm) // cluster for g in device.gpc_sms)
 
 
 # ---------------------------------------------------------------------------- check against a GPU driver
