@@ -307,7 +307,13 @@ def render_kernel(kernel: kir.Kernel) -> str:
     return _Renderer(kernel).kernel()
 
 
+def preamble(kernels: tuple[kir.Kernel, ...] | list[kir.Kernel]) -> str:
+    """The source ahead of ``kernels``: the helpers, and the cooperative-groups include when one of them
+    is a cluster kernel."""
+    return _PREAMBLE + (_CLUSTER_PREAMBLE if any(k.cluster > 1 for k in kernels) else "")
+
+
 def render(program: kir.Program) -> str:
     """One CUDA translation unit with the preamble and every kernel of ``program``."""
-    pre = _PREAMBLE + (_CLUSTER_PREAMBLE if any(k.cluster > 1 for k in program.kernels) else "")
+    pre = preamble(program.kernels)
     return pre + "\n" + "\n\n".join(render_kernel(k) for k in program.kernels) + "\n"

@@ -204,7 +204,9 @@ def _is_row(p: Point) -> bool:
 
 
 def _combine_applies(p: Point) -> bool:
-    return p["family"] == "row" and p["split"] > 1
+    # a split row whose partials go through global scratch (a stage of every scheme but cluster; the
+    # cluster scheme came later, so every point without it is as before)
+    return p["family"] == "row" and p["split"] > 1 and any(x != "cluster" for x in p["schemes"])
 
 
 ORDER: Option[str] = Option(
@@ -220,7 +222,7 @@ PREFETCH: Option[int] = Option(
 first sweep (row reductions with split 1 and several tasks per block, forward order)."""
 
 COMBINE: Option[str] = Option(
-    "combine", "thread", str, _combine_applies, "family == 'row' and split > 1", _is_row)
+    "combine", "thread", str, _combine_applies, "family == 'row' and split > 1 (a stage not 'cluster')", _is_row)
 """How a row split over several blocks combines its partials: ``thread`` (every thread loads all of them)
 or ``warp`` (each warp loads them together and reduces by shuffles)."""
 
