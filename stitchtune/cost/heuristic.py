@@ -16,7 +16,8 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    ``independent``.
 4. **Reuse**: multiply-read tensors go to registers while the register cache stays within 64 floats
    per thread, then to shared memory while it fits the device's per-block limit (demoting one tensor
-   at a time), else they are re-read / recomputed.
+   at a time), else they are re-read / recomputed; a level is taken only while one block still fits
+   an SM with the estimated registers (a 1024-thread row of 32000 floats cannot cache two tensors).
 5. **Launch (assume-relax-apply)**: assume 32 registers and 1024-thread blocks to size a wave; then
    relax the register cap (``__launch_bounds__`` minimum blocks per SM) as far as the estimated
    register need allows without losing co-residency; apply.
@@ -66,7 +67,8 @@ def _vec(space: SearchSpace, length: int) -> int:
 
 
 def _reuse(space: SearchSpace, base: Schedule) -> Schedule:
-    """Registers first (<= 64 floats/thread), then shared memory, else re-read/recompute."""
+    """Registers first (<= 64 floats/thread), then shared memory, else re-read/recompute; never a level
+    that leaves a block without an SM to run on (estimated registers)."""
     plan = space.plan
     inputs = set(plan.input_names)
     levels = ["global" if c in inputs else "recompute" for c in plan.reuse_candidates]
@@ -78,7 +80,7 @@ def _reuse(space: SearchSpace, base: Schedule) -> Schedule:
             d = space.derived(s)
             if lvl == "register" and d["reg_cache_elems"] > 64:
                 continue
-            if space.violations(s):
+            if space.violations(s) or _estimated_blocks_per_sm(space, s) == 0:  # a block must fit an SM
                 continue
             levels = trial
             break
@@ -136,7 +138,7 @@ def _row_registers(plan: StitchPlan, threads: int, vec: int) -> int:
 def _cluster_row(space: SearchSpace, plan: StitchPlan, dev, block: int = 512) -> Schedule | None:
     """Rule 6: the cluster schedule of a row too wide for one block's registers, or None (the row fits,
     or the space offers no cluster). Blocks of ``block`` threads (512: a middle choice; the cost model's
-    preference among 128..1024 differs between layernorm_wide, logsoftmax_wide and softmax_wide, and its
+    preference among 128..1024 differs between layernorm_wide, logsoftmax and softmax_wide, and its
     cluster constants are guesses), the smallest cluster that brings one cached tensor to <= 64 floats per
     thread (rule 4's register budget), else the largest."""
     if plan.family != "row" or not plan.nstages or space.max_cluster <= 1:

@@ -44,7 +44,12 @@ The model, per kernel (all quantities from the :class:`~stitchtune.ir.kir.Kernel
    add, so it is not a plain latency chain; all warps of all blocks of a row hit the same few L2
    lines, which is the likely bottleneck. The constant is empirical: 300 ns assumed, 234-323 ns
    when fitted leaving one workload out (scripts/model_quality.py).
-6. Thread-block clusters (the ``cluster`` scheme, sm_90): a cluster kernel is illegal when its
+6. Single-pass statistics (``schedule.single_pass``) need no term of their own: the lowering's profile
+   counts one sweep fewer of the row (``dram_read_bytes`` + ``reread_bytes``: a row that is not kept on
+   chip is read twice instead of three times) and the running update's extra flops / SFU ops (Welford's
+   division, online softmax's rescaling) in ``flops`` / ``sfu_ops``; the program's ``notes`` name the
+   merged stages.
+7. Thread-block clusters (the ``cluster`` scheme, sm_90): a cluster kernel is illegal when its
    cluster exceeds the device's portable size or cannot be resident on one GPC
    (:func:`~stitchtune.hardware.occupancy.max_active_clusters` = 0); a wave is the resident clusters x
    cluster size (GPCs can leave SMs idle); plus ``ceil(waves) x (cluster_barriers x cluster_barrier_us
@@ -52,7 +57,7 @@ The model, per kernel (all quantities from the :class:`~stitchtune.ir.kir.Kernel
    hidden in part by the other resident blocks, as for block barriers). Both constants are GUESSES
    (0.5 us per cluster barrier, 40 ns per remote load: DSMEM latency of the order of 200 cycles at
    ~2 GHz with a few loads in flight), unmeasured: re-fit them from the first GPU database.
-7. Program time = sum over kernels, x ``time_scale``. ``occupancy``/``limiter`` of a Prediction are
+8. Program time = sum over kernels, x ``time_scale``. ``occupancy``/``limiter`` of a Prediction are
    those of its slowest kernel (of the first illegal one when pruned).
 """
 

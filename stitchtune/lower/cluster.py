@@ -63,6 +63,29 @@ def cluster_exchange(k: "_RowKernel", reds: list[str]) -> None:
     rb.append(kir.ClusterSync())
 
 
+def cluster_exchange_merged(k: "_RowKernel", st) -> None:
+    """The same exchange for the running state ``st`` of a single-pass pair
+    (:class:`stitchtune.lower.single_pass.OnlineState`): every state variable in its own slot, then
+    every thread merges the states of ranks 0..split-1 in order (bitwise the same row result in every
+    block)."""
+    from stitchtune.lower import single_pass as sp  # noqa: PLC0415 (a sibling module, used here only)
+
+    rb, size = k.rb, k.low.s.split
+    writer = Bin("==", kir.Special("tid"), _I(0))
+    for slot, v in enumerate(st.vars):
+        rb.append(kir.StoreVec(CLUSTER_BUF, _I(slot), (v,), writer))
+    rb.append(kir.ClusterSync())
+    rb.extend(sp.reset(st))
+    for q in range(size):
+        other = tuple(kir.RemoteLoad(CLUSTER_BUF, _I(q), _I(slot)) for slot in range(len(st.vars)))
+        rb.extend(sp.merge(st, other, k.cx.var))
+    rb.append(kir.ClusterSync())
+
+
+#: slots of the exchange buffer a single-pass state can need (Welford: n, mean, M2, shift)
+STATE_SLOTS = 4
+
+
 def cluster_counts(kern: kir.Kernel, rounds: int) -> dict[str, int]:
     """What the cost model needs of a cluster kernel: cluster barriers one block passes and remote
     shared-memory loads one thread issues per launch (``rounds`` rounds of the body's statements)."""

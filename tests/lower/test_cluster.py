@@ -27,7 +27,7 @@ from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import Schedule, SearchSpace
 
-WIDE_SMALL = ("layernorm_wide_small.json", "logsoftmax_wide_small.json", "softmax_wide_small.json")
+WIDE_SMALL = ("layernorm_wide_small.json", "logsoftmax_small.json", "softmax_wide_small.json")
 A100 = get_device("A100")
 
 
@@ -63,7 +63,7 @@ def test_sampled_cluster_schedules_emulate_correctly(name: str) -> None:
 
 
 def test_cluster_kernel_renders_and_compiles_for_sm_90(tmp_path) -> None:
-    g, plan, space = setup("logsoftmax_wide_small.json")
+    g, plan, space = setup("logsoftmax_small.json")
     s = _cluster_samples(space, 1, seed=3)[0]
     src = render(lower(g, plan, s, DEV, space))
     assert f"__cluster_dims__({s.cluster}, 1, 1)" in src and "cg::this_cluster()" in src
@@ -159,7 +159,7 @@ def test_cost_model_prices_and_prunes_clusters() -> None:
 
 
 def test_heuristic_picks_a_cluster_for_rows_too_wide_for_one_block() -> None:
-    for name in ("layernorm_wide.json", "logsoftmax_wide.json", "softmax_wide.json"):
+    for name in ("layernorm_wide.json", "logsoftmax.json", "softmax_wide.json"):
         g, plan, space = setup(name)
         h = heuristic_schedule(plan, DEV, space)
         assert set(h.schemes) == {"cluster"} and h.cluster == h.split > 1, (name, h)
@@ -173,3 +173,18 @@ def test_space_command_shows_the_cluster_parameter(capsys) -> None:
 
     assert main(["space", str(EXAMPLES / "layernorm_wide.json"), "--device", "h200", "--heuristic"]) == 0
     assert '"cluster":' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ("layernorm_wide_small.json", "softmax_wide_small.json"))
+def test_single_pass_state_merged_through_the_cluster(name: str) -> None:
+    """Welford / online-softmax states of a single-pass stage with the cluster scheme: exchanged through
+    distributed shared memory (every state variable in its own slot), as correct as the two-pass form."""
+    g, plan, space = setup(name)
+    inputs = random_inputs(g, 2)
+    ref = run_reference(g, inputs)
+    s = next(x for x in (dataclasses.replace(c, single_pass=1) for c in _cluster_samples(space, 40))
+             if set(x.schemes) == {"cluster"} and not space.violations(x))
+    prog = lower(g, plan, s, DEV, space)
+    assert any(isinstance(st, kir.ClusterSync) for k in prog.kernels for st in kir.walk(k.body))
+    out = emulate_program(prog, inputs, coresident_limit=lambda k: 1 << 30, cluster_limit=_cluster_limit)
+    assert max(rel_err(out[o], ref[o]) for o in ref) < 1e-5, s.to_json()
