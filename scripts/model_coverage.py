@@ -1,15 +1,19 @@
-"""How much of real model graphs stitchtune covers: small transformers models, exported to ONNX,
-imported, planned and checked in the emulator.
+"""How much of real model graphs stitchtune covers: small transformers models, exported to ONNX or
+captured with torch.export, imported, planned and checked in the emulator.
 
     PYTHONPATH=$PWD python scripts/model_coverage.py [--models bert,gpt2,llama,vit,convnext,resnet]
-                                                     [--exporters legacy,dynamo] [--json OUT] [--seed 0]
+                                                     [--exporters legacy,dynamo,export] [--json OUT] [--seed 0]
 
 For each model (built from a transformers config with 2 layers and small hidden sizes, randomly
-initialised, eval mode, CPU; nothing is downloaded) and each ONNX exporter (``legacy`` =
-``torch.onnx.export(dynamo=False)``, ``dynamo`` = ``dynamo=True``, which needs onnxscript):
+initialised, eval mode, CPU; nothing is downloaded) and each exporter (``legacy`` =
+``torch.onnx.export(dynamo=False)``, ``dynamo`` = ``dynamo=True``, which needs onnxscript,
+``export`` = ``torch.export.export(strict=False)``):
 
 1. export at small shapes (batch 1, sequence 8, 32x32 images), output ``last_hidden_state`` only;
-2. import with :func:`stitchtune.importers.onnx_import.import_onnx`;
+2. import: ONNX with :func:`stitchtune.importers.onnx_import.import_onnx`; torch.export by
+   :func:`import_exported` (the fx graph cut into regions by the ONNX importer's partitioner, a node
+   mappable when :func:`stitchtune.importers.torch_import.import_torch` takes it alone, each group
+   imported by ``import_torch``; the torch importer itself is unchanged);
 3. plan every imported subgraph with :func:`stitchtune.plan.planner.make_plan`;
 4. for every planned subgraph, lower the heuristic schedule and one sampled schedule, run them in the
    emulator and compare with the float64 reference (relative L2 error < 1e-5 for fp32 outputs, 1e-2
@@ -52,7 +56,7 @@ from typing import Any
 import numpy as np
 
 MODELS = ("bert", "gpt2", "llama", "vit", "convnext", "resnet")
-EXPORTERS = ("legacy", "dynamo")
+EXPORTERS = ("legacy", "dynamo", "export")
 BATCH, SEQ, IMAGE = 1, 8, 32
 MAX_ELEMENTS = 1 << 20   # per subgraph (inputs + outputs); bigger ones are not emulated ("too big")
 
@@ -140,6 +144,153 @@ def _counted(items: list[str]) -> str:
     return ", ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(Counter(items).items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+# ---------------------------------------------------------------------------- torch.export
+_ATEN_COMPUTE = {"linear": "Gemm", "matmul": "MatMul", "mm": "MatMul", "bmm": "MatMul", "addmm": "Gemm",
+                 "baddbmm": "MatMul", "convolution": "Conv", "conv2d": "Conv", "conv1d": "Conv",
+                 "scaled_dot_product_attention": "Attention"}
+_ATEN_HEAVY = ("sum", "mean", "amax", "amin", "max", "min", "softmax", "norm", "var", "std")
+
+
+class _FxNode:
+    """An fx node seen through the ONNX partitioner's eyes: ``input``/``output`` tensor names, an
+    ``op_type`` (aten compute ops get the ONNX compute op names), a ``name``."""
+
+    def __init__(self, n: Any, tensors: set[str]) -> None:
+        self.fx = n
+        self.input = [a.name for a in n.all_input_nodes if a.name in tensors]
+        self.output = [n.name]
+        key = str(n.target).split(".")[1] if str(n.target).startswith("aten.") else getattr(n.target, "__name__", str(n.target))
+        self.op_type = _ATEN_COMPUTE.get(key, key)
+        self.name = n.name
+
+
+class TorchExportImport:
+    """What :func:`import_exported` found: the same fields the table reads off an ``OnnxImport``."""
+
+    def __init__(self, subgraphs: list[Any], regions: tuple[Any, ...], compute_ops: tuple[str, ...]) -> None:
+        self.subgraphs, self.regions, self.compute_ops = subgraphs, regions, compute_ops
+
+
+class _Sub:
+    def __init__(self, graph: Any) -> None:
+        self.graph, self.constants = graph, ()
+
+
+def _fx_group_module(gm: Any, members: list[Any], external: set[str]) -> tuple[Any, dict[str, Any]]:
+    """A GraphModule computing the fx nodes ``members`` (topological order): placeholders for what
+    they read from outside, the values in ``external`` (read outside the group) as outputs."""
+    import torch
+
+    g = torch.fx.Graph()
+    env: dict[Any, Any] = {}
+    inputs: dict[str, Any] = {}
+    inside = set(members)
+    for n in members:
+        for a in n.all_input_nodes:
+            if a not in inside and a not in env:
+                env[a] = g.placeholder(f"in_{len(inputs)}")
+                inputs[env[a].name] = a
+        env[n] = g.node_copy(n, lambda a: env[a])
+    outs = [env[n] for n in members if n.name in external]
+    g.output(tuple(outs) if len(outs) != 1 else outs[0])
+    return torch.fx.GraphModule(gm, g), inputs
+
+
+def _try_import(gm: Any, members: list[Any], external: set[str], name: str) -> Any:
+    """``import_torch`` of the group (its inputs at their exported shapes and dtypes), or the reason."""
+    from stitchtune.importers.torch_import import import_torch, torch_dtype_name
+
+    sub, inputs = _fx_group_module(gm, members, external)
+    spec = {}
+    for pname, src in inputs.items():
+        val = src.meta.get("val")
+        dt = torch_dtype_name(getattr(val, "dtype", None))
+        if val is None or dt is None:
+            return f"input {src.name} is {getattr(val, 'dtype', 'not a tensor')}"
+        spec[pname] = (tuple(int(d) for d in val.shape), dt)
+    try:
+        with warnings.catch_warnings(), _quiet():
+            warnings.simplefilter("ignore")
+            return import_torch(sub, spec, name=name)
+    except Exception as e:
+        return _reason(e)
+
+
+def import_exported(model: str) -> TorchExportImport:
+    """``torch.export`` the model (non-strict, eval, the example inputs), cut its fx graph into
+    memory-intensive regions with the ONNX importer's partitioner, and import each group with
+    :func:`stitchtune.importers.torch_import.import_torch`. A node is mappable when ``import_torch``
+    takes it alone (probed once per op and argument signature); a group that still fails is
+    skipped with its reason."""
+    import torch
+
+    from stitchtune.importers.onnx_partition import COMPUTE_OPS, label, partition, regions
+
+    module, args, _ = build_model(model)
+    with warnings.catch_warnings(), _quiet():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(module, args, strict=False)
+    gm = ep.graph_module
+    fx = list(gm.graph.nodes)
+    tensors = {n.name for n in fx if isinstance(n.meta.get("val"), torch.Tensor)}
+    calls = [n for n in fx if n.op == "call_function" and n.name in tensors]
+    nodes = [_FxNode(n, tensors) for n in calls]
+    placeholders = {n.name for n in fx if n.op == "placeholder"}
+    users_out = {a.name for n in fx if n.op == "output" for a in n.all_input_nodes}
+    reasons: dict[int, str | None] = {}
+    probe: dict[Any, str | None] = {}
+    index = {nd.name: i for i, nd in enumerate(nodes)}
+    for i, nd in enumerate(nodes):   # nodes of constants only (arange, zeros, ...) are constants
+        if all(t in index and nodes[index[t]].op_type == "Constant" for t in nd.input):
+            nd.op_type = "Constant"
+    for i, nd in enumerate(nodes):
+        n = nd.fx
+        if nd.op_type == "Constant":
+            reasons[i] = "constant"
+            continue
+        if nd.op_type in COMPUTE_OPS:
+            reasons[i] = "compute op, left to the framework"
+            continue
+        if not nd.input:
+            reasons[i] = "all inputs are constants"
+            continue
+        key = (str(n.target), repr([a if not isinstance(a, torch.fx.Node) else "T" for a in n.args]),
+               tuple(str(getattr(a.meta.get("val"), "dtype", "")) for a in n.all_input_nodes))
+        if key not in probe:
+            got = _try_import(gm, [n], {n.name}, "probe")
+            probe[key] = got if isinstance(got, str) and "at least one node" not in got else None
+        reasons[i] = probe[key]
+    mappable = {i for i, r in reasons.items() if r is None}
+    inputs_only: set[int] = set()
+    for i, nd in enumerate(nodes):
+        if nd.op_type not in COMPUTE_OPS and nd.op_type != "Constant" and nd.input \
+                and not any(w in nd.op_type for w in _ATEN_HEAVY) \
+                and all(t in placeholders or nodes[index[t]].op_type == "Constant" or index[t] in inputs_only
+                        for t in nd.input):
+            inputs_only.add(i)
+    part = partition(nodes, mappable, placeholders, frozenset(), users_out)
+    external = part.external(nodes, mappable, users_out)
+    subgraphs: list[Any] = []
+    fate: list[str] = []
+    for k, g in enumerate(part.groups):
+        if not any(nodes[i].name in external for i in g):
+            fate.append("unused")
+            continue
+        got = _try_import(gm, [nodes[i].fx for i in g], external, f"{model}_{len(subgraphs)}")
+        if isinstance(got, str) and "at least one node" in got:
+            fate.append("no-op")
+        elif isinstance(got, str):
+            for i in g:
+                reasons[i] = f"group not imported: {got}"
+            fate.append("unused")
+        else:
+            subgraphs.append(_Sub(got.graph))
+            fate.append(got.graph.name)
+    found = regions(nodes, set(range(len(nodes))), reasons, part, fate, frozenset(inputs_only))
+    compute = tuple(label(i, nd) for i, nd in enumerate(nodes) if nd.op_type in COMPUTE_OPS)
+    return TorchExportImport(subgraphs, found, compute)
+
+
 # ---------------------------------------------------------------------------- checks
 def check_subgraph(sg: Any, device: Any, seed: int) -> dict[str, Any]:
     """Plan ``sg``'s graph and emulate its heuristic schedule and one sampled schedule."""
@@ -206,6 +357,13 @@ def cover(model: str, exporter: str, seed: int = 0, device_name: str = "H200") -
 
     row: dict[str, Any] = {"model": model, "exporter": exporter}
     t0 = time.perf_counter()
+    if exporter == "export":
+        try:
+            result = import_exported(model)
+        except Exception as e:
+            row.update(status="import failed", reason=_reason(e), seconds=round(time.perf_counter() - t0, 1))
+            return row
+        return _tally(row, result, seed, device_name, t0)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{model}.onnx"
         try:
@@ -219,6 +377,13 @@ def cover(model: str, exporter: str, seed: int = 0, device_name: str = "H200") -
         except Exception as e:
             row.update(status="import failed", reason=_reason(e), seconds=round(time.perf_counter() - t0, 1))
             return row
+    return _tally(row, result, seed, device_name, t0)
+
+
+def _tally(row: dict[str, Any], result: Any, seed: int, device_name: str, t0: float) -> dict[str, Any]:
+    """Check every subgraph of ``result`` (an ``OnnxImport`` or :class:`TorchExportImport`) and fill ``row``."""
+    from stitchtune.hardware.device import get_device
+
     device = get_device(device_name)
     checks = {sg.graph.name: (sg, check_subgraph(sg, device, seed)) for sg in result.subgraphs}
     by = Counter(r.status for r in result.regions)

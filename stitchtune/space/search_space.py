@@ -173,7 +173,11 @@ class SearchSpace:
             per_thread = chunk // s.tpr
             rpb = max(1, s.block // s.tpr)
             smem_cache = 4 * rpb * chunk * len(cached_smem)
-            smem_red = 4 * max(1, rpb) * max(1, s.tpr // 32) * max(1, plan.nstages) if plan.nstages else 0
+            slots = max(1, plan.nstages)
+            if "single_pass" in self.table and s.option("single_pass"):
+                # a merged pair exchanges its whole running state: (n, mean, M2, shift) or (max, sum)
+                slots = max([slots] + [4 if c.kind == "welford" else 2 for c in plan.single_pass])
+            smem_red = 4 * max(1, rpb) * max(1, s.tpr // 32) * slots if plan.nstages else 0
             vec_ok = K % s.vec == 0
             max_split = max(1, math.ceil(K / (s.tpr * s.vec)))
         names: dict[str, Any] = {

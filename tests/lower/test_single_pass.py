@@ -58,6 +58,9 @@ def test_sampled_single_pass_schedules_match_the_reference(name: str) -> None:
     for kind, s in picked.items():
         err = emulated_errors(g, plan, space, s, inputs, ref)
         assert max(err.values()) < TOL, (name, kind, s.to_json(), err)
+        # the space's shared-memory budget covers the exchange of the whole running state
+        sred = [4 * b.size for k in lower(g, plan, s, DEV, space).kernels for b in k.shared if b.name == "sred"]
+        assert max(sred, default=0) <= space.derived(s)["smem_red_bytes"], (kind, sred)
 
 
 def test_independent_first_stage_and_thread_combine() -> None:
