@@ -505,6 +505,8 @@ def import_onnx(model: Any, node_range: tuple[int | None, int | None] | None = N
             subgraphs, fate = _build_all(ctx, nodes, part, part.external(nodes, mappable, model_outputs), base)
             break
         except _Demote as d:
+            if d.node in demoted or d.node < 0:   # cannot happen: a demoted node is in no group
+                raise ImportError_(f"{label(d.node, nodes[d.node])}: {d.reason}") from None
             log.info("%s: %s", label(d.node, nodes[d.node]), d.reason)
             demoted[d.node] = d.reason
     dropped = tuple(", ".join(label(i, nodes[i]) for i in g) for g, f in zip(part.groups, fate) if f == "no-op")
