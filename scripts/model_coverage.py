@@ -216,27 +216,13 @@ def _try_import(gm: Any, members: list[Any], external: set[str], name: str) -> A
         return _reason(e)
 
 
-def import_exported(model: str) -> TorchExportImport:
-    """``torch.export`` the model (non-strict, eval, the example inputs), cut its fx graph into
-    memory-intensive regions with the ONNX importer's partitioner, and import each group with
-    :func:`stitchtune.importers.torch_import.import_torch`. A node is mappable when ``import_torch``
-    takes it alone (probed once per op and argument signature); a group that still fails is
-    skipped with its reason."""
+def _probe(gm: Any, nodes: list[_FxNode]) -> dict[int, str | None]:
+    """Why each fx node cannot be in a group (None: ``import_torch`` takes it alone); nodes of
+    constants only (arange, zeros, ...) become ``Constant`` nodes."""
     import torch
 
-    from stitchtune.importers.onnx_partition import COMPUTE_OPS, label, partition, regions
+    from stitchtune.importers.onnx_partition import COMPUTE_OPS
 
-    module, args, _ = build_model(model)
-    with warnings.catch_warnings(), _quiet():
-        warnings.simplefilter("ignore")
-        ep = torch.export.export(module, args, strict=False)
-    gm = ep.graph_module
-    fx = list(gm.graph.nodes)
-    tensors = {n.name for n in fx if isinstance(n.meta.get("val"), torch.Tensor)}
-    calls = [n for n in fx if n.op == "call_function" and n.name in tensors]
-    nodes = [_FxNode(n, tensors) for n in calls]
-    placeholders = {n.name for n in fx if n.op == "placeholder"}
-    users_out = {a.name for n in fx if n.op == "output" for a in n.all_input_nodes}
     reasons: dict[int, str | None] = {}
     probe: dict[Any, str | None] = {}
     index = {nd.name: i for i, nd in enumerate(nodes)}
@@ -260,6 +246,32 @@ def import_exported(model: str) -> TorchExportImport:
             got = _try_import(gm, [n], {n.name}, "probe")
             probe[key] = got if isinstance(got, str) and "at least one node" not in got else None
         reasons[i] = probe[key]
+    return reasons
+
+
+def import_exported(model: str) -> TorchExportImport:
+    """``torch.export`` the model (non-strict, eval, the example inputs), cut its fx graph into
+    memory-intensive regions with the ONNX importer's partitioner, and import each group with
+    :func:`stitchtune.importers.torch_import.import_torch`. A node is mappable when ``import_torch``
+    takes it alone (probed once per op and argument signature); a group that still fails is
+    skipped with its reason."""
+    import torch
+
+    from stitchtune.importers.onnx_partition import COMPUTE_OPS, label, partition, regions
+
+    module, args, _ = build_model(model)
+    with warnings.catch_warnings(), _quiet():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(module, args, strict=False)
+    gm = ep.graph_module
+    fx = list(gm.graph.nodes)
+    tensors = {n.name for n in fx if isinstance(n.meta.get("val"), torch.Tensor)}
+    calls = [n for n in fx if n.op == "call_function" and n.name in tensors]
+    nodes = [_FxNode(n, tensors) for n in calls]
+    placeholders = {n.name for n in fx if n.op == "placeholder"}
+    users_out = {a.name for n in fx if n.op == "output" for a in n.all_input_nodes}
+    reasons = _probe(gm, nodes)
+    index = {nd.name: i for i, nd in enumerate(nodes)}
     mappable = {i for i, r in reasons.items() if r is None}
     inputs_only: set[int] = set()
     for i, nd in enumerate(nodes):
@@ -352,7 +364,6 @@ def _rel_err(out: np.ndarray, ref: np.ndarray) -> float:
 
 def cover(model: str, exporter: str, seed: int = 0, device_name: str = "H200") -> dict[str, Any]:
     """One row of the table (a dict; see the module docstring). Never raises for a model's failure."""
-    from stitchtune.hardware.device import get_device
     from stitchtune.importers.onnx_import import import_onnx
 
     row: dict[str, Any] = {"model": model, "exporter": exporter}

@@ -386,6 +386,20 @@ def _static_shape(ctx: _Ctx, t: str) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------------------- mapping one node
+def _map_mask(b: GraphBuilder, op: str, ins: list[str], v: Callable[[str], Value], name: str) -> Value:
+    """A comparison, logical op or Where."""
+    if op in _COMPARE:
+        x, y = v(ins[0]), v(ins[1])
+        if x.dtype == "bool":   # Equal of two bools: compare them as 0 / 1
+            x, y = b.cast(x, "float32", f"{name}_a"), b.cast(y, "float32", f"{name}_b")
+        return b.elementwise(_COMPARE[op], [x, y], name)
+    if op in _LOGICAL:
+        return b.elementwise(_LOGICAL[op], [v(ins[0]), v(ins[1])], name)
+    if op == "Not":
+        return b.logical_not(v(ins[0]), name)
+    return b.elementwise("where", [v(t) for t in ins[:3]], name)
+
+
 def _map_node(ctx: _Ctx, b: GraphBuilder, index: int, node: Any, v: Callable[[str], Value],
               out_names: list[str]) -> list[Value | None]:
     """The values of ``node``'s outputs (None: not produced). A value may be *broadcast*: of a shape
@@ -403,17 +417,8 @@ def _map_node(ctx: _Ctx, b: GraphBuilder, index: int, node: Any, v: Callable[[st
     ins = [t for t in node.input]
     if index in ctx.views:   # a view: its consumers read the base (broadcasting does the rest)
         return [v(ctx.views[index].base)]
-    if op in _COMPARE:
-        x, y = v(ins[0]), v(ins[1])
-        if x.dtype == "bool":   # Equal of two bools: compare them as 0 / 1
-            x, y = b.cast(x, "float32", f"{name}_a"), b.cast(y, "float32", f"{name}_b")
-        return [b.elementwise(_COMPARE[op], [x, y], name)]
-    if op in _LOGICAL:
-        return [b.elementwise(_LOGICAL[op], [v(ins[0]), v(ins[1])], name)]
-    if op == "Not":
-        return [b.logical_not(v(ins[0]), name)]
-    if op == "Where":
-        return [b.elementwise("where", [v(t) for t in ins[:3]], name)]
+    if op in _COMPARE or op in _LOGICAL or op in ("Not", "Where"):
+        return [_map_mask(b, op, ins, v, name)]
     if op in _UNARY:
         return [b.unary(_UNARY[op], v(ins[0]), name)]
     if op == "Identity" or (op in _NOOP_SHAPE_OPS and _changes_nothing(ctx, node)):
@@ -592,6 +597,40 @@ def _lazy_origin(ctx: _Ctx, nodes: list[Any], t: str, vals: dict[str, Value]) ->
     return p
 
 
+def _take(ctx: _Ctx, nodes: list[Any], b: GraphBuilder, i: int, t: str, r: Value, leaves: bool,
+          vals: dict[str, Value]) -> Value | str | None:
+    """Record node ``i``'s value ``r`` of tensor ``t`` (checked against the model's shape, cast to
+    its dtype) in ``vals``; return it when it ``leaves`` the group as an output, ``"passed"`` when
+    it would leave but is one of the group's inputs, else None. Raises :class:`_Demote` when it
+    cannot leave (bool, broadcast, rearranged) or does not fit the model."""
+    view = ctx.views.get(i)
+    if view is not None and not view.broadcast:
+        if leaves and not view.reshape:
+            raise _Demote(i, f"its value {t!a} is a rearranged view that leaves the region")
+        if not leaves:
+            return None   # an inner link of a chain of views: its readers read the base
+    expect = _static_shape(ctx, t)
+    if view is not None and view.reshape and math.prod(r.shape) == math.prod(expect):
+        pass   # a reshaped view handed on: the same elements in the same order
+    elif r.is_scalar or broadcast_shapes(tuple(r.shape), expect) != expect:
+        raise _Demote(i, f"mapped shape {list(r.shape)} differs from the model's {list(expect)} for {t!a}")
+    dt = _ONNX_ALL[ctx.types[t].elem]
+    if r.dtype != dt:
+        r = b.cast(r, dt, f"{t}_cast")
+    vals[t] = r
+    if not leaves:
+        return None
+    same = math.prod(r.shape) == math.prod(expect)   # a pure reshape: the same bytes
+    if b.is_input(r) and same:
+        return "passed"
+    if not same:
+        raise _Demote(_lazy_origin(ctx, nodes, t, vals), f"a broadcast view that would leave "
+                      f"the region through {t!a} (graph.json has no expand)")
+    if dt == "bool":
+        raise _Demote(i, f"its value {t!a} would leave the region as a bool tensor (bool graph outputs are refused)")
+    return r
+
+
 def _build(ctx: _Ctx, nodes: list[Any], members: list[int], core: set[int], external: set[str],
            gname: str) -> OnnxSubgraph | str:
     """The group's subgraph, or ``"no-op"`` when every value it hands on is one of its inputs passed
@@ -649,34 +688,12 @@ def _build(ctx: _Ctx, nodes: list[Any], members: list[int], core: set[int], exte
         for t, r in zip(outs, results):
             if not t or r is None:
                 continue
-            leaves = i in core and t in external
-            if i in ctx.views and not ctx.views[i].broadcast:
-                if leaves and not ctx.views[i].reshape:
-                    raise _Demote(i, f"its value {t!a} is a rearranged view that leaves the region")
-                if not leaves:
-                    continue   # an inner link of a chain of views: its readers read the base
-            expect = _static_shape(ctx, t)
-            if i in ctx.views and ctx.views[i].reshape and math.prod(r.shape) == math.prod(expect):
-                pass   # a reshaped view handed on: the same elements in the same order
-            elif r.is_scalar or broadcast_shapes(tuple(r.shape), expect) != expect:
-                raise _Demote(i, f"mapped shape {list(r.shape)} differs from the model's {list(expect)} for {t!a}")
-            dt = _ONNX_ALL[ctx.types[t].elem]
-            if r.dtype != dt:
-                r = b.cast(r, dt, f"{t}_cast")
-            vals[t] = r
-            if leaves:
-                same = math.prod(r.shape) == math.prod(expect)   # a pure reshape: the same bytes
-                if b.is_input(r) and same:
-                    passed_through = True   # the tensor equals one of the group's inputs: nothing to compute
-                    continue
-                if not same:
-                    raise _Demote(_lazy_origin(ctx, nodes, t, vals), f"a broadcast view that would leave "
-                                  f"the region through {t!a} (graph.json has no expand)")
-                if dt == "bool":
-                    raise _Demote(i, f"its value {t!a} would leave the region as a bool tensor "
-                                     f"(bool graph outputs are refused)")
-                outputs.append(r)
-                names.append((str(r.ref), t))
+            got = _take(ctx, nodes, b, i, t, r, i in core and t in external, vals)
+            if got == "passed":
+                passed_through = True   # the tensor equals one of the group's inputs: nothing to compute
+            elif got is not None:
+                outputs.append(got)
+                names.append((str(got.ref), t))
     if not outputs:
         why = "no-op" if passed_through else "unused"
         log.info("%s (ONNX nodes %s): %s", gname, ", ".join(label(i, nodes[i]) for i in members),
