@@ -18,7 +18,10 @@ Contract
   :mod:`~stitchtune.importers.onnx_layout`) maps to nothing: its readers read that tensor and
   broadcasting does the rest. A view that a non-element-wise op (reduction, softmax, norm) needs
   materialised, or one whose value would leave a subgraph, is a boundary instead (it is found while
-  building and the partition is redone without it).
+  building and the partition is redone without it). A Reshape that keeps the element order is a
+  *reshaped frame*: element-wise nodes whose tensor operands are all in the same frame compute in
+  it, and a value leaves in it (the same bytes); anything else that reads it needs a ``reshape``
+  node (once graph.json has it) or leaves the Reshape to the framework.
 * Subgraphs are the maximal connected groups of mappable nodes (joined by tensors) that can run as
   one fused unit. A group that some path leaves and re-enters through a boundary node (a residual
   around a MatMul) is split by *stage*: every path through a boundary moves to a later stage, a
@@ -386,6 +389,25 @@ def _static_shape(ctx: _Ctx, t: str) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------------------- mapping one node
+def _check_frames(ctx: _Ctx, index: int, node: Any, v: Callable[[str], Value]) -> None:
+    """An element-wise node may read values in a *reshaped frame* (the same elements as the ONNX
+    tensor in another shape: a Reshape it reads through) only when all its tensor operands are in
+    the same frame of the same ONNX shape; else :class:`_Demote` of the view that framed one."""
+    tensors = [t for t in node.input if t]
+    framed = []
+    for t in tensors:
+        x = v(t)
+        if not x.is_scalar and broadcast_shapes(tuple(x.shape), _static_shape(ctx, t)) != _static_shape(ctx, t):
+            framed.append(t)
+    if not framed:
+        return
+    vals = [v(t) for t in tensors if not v(t).is_scalar]
+    if len(vals) != len(framed) or len({x.shape for x in vals}) != 1 \
+            or len({_static_shape(ctx, t) for t in framed}) != 1:
+        raise _Demote(-1, f"a reshaped view that {label(index, node)} reads next to other shapes "
+                          f"(graph.json has no reshape)", tensor=framed[0])
+
+
 def _map_mask(b: GraphBuilder, op: str, ins: list[str], v: Callable[[str], Value], name: str) -> Value:
     """A comparison, logical op or Where."""
     if op in _COMPARE:
@@ -406,8 +428,10 @@ def _map_node(ctx: _Ctx, b: GraphBuilder, index: int, node: Any, v: Callable[[st
     that broadcasts to the ONNX one (a view's base); ops that are not element-wise take exact
     values only (:class:`_Demote` of the producer otherwise)."""
     def exact(t: str) -> Value:
-        x = v(t)
-        if not x.is_scalar and tuple(x.shape) != _static_shape(ctx, t):
+        x, want = v(t), _static_shape(ctx, t)
+        if not x.is_scalar and tuple(x.shape) != want:
+            if "reshape" in OPS and math.prod(x.shape) == math.prod(want):   # a reshaped frame
+                return b.layout("reshape", [x], want, str(x.dtype), f"{t}_reshape", shape=list(want))
             raise _Demote(-1, f"a broadcast view that {label(index, node)} needs materialised "
                               f"(graph.json has no expand)", tensor=t)
         return x
@@ -417,6 +441,8 @@ def _map_node(ctx: _Ctx, b: GraphBuilder, index: int, node: Any, v: Callable[[st
     ins = [t for t in node.input]
     if index in ctx.views:   # a view: its consumers read the base (broadcasting does the rest)
         return [v(ctx.views[index].base)]
+    if op in _ELEMENTWISE:
+        _check_frames(ctx, index, node, v)
     if op in _COMPARE or op in _LOGICAL or op in ("Not", "Where"):
         return [_map_mask(b, op, ins, v, name)]
     if op in _UNARY:
@@ -604,14 +630,13 @@ def _take(ctx: _Ctx, nodes: list[Any], b: GraphBuilder, i: int, t: str, r: Value
     it would leave but is one of the group's inputs, else None. Raises :class:`_Demote` when it
     cannot leave (bool, broadcast, rearranged) or does not fit the model."""
     view = ctx.views.get(i)
-    if view is not None and not view.broadcast:
-        if leaves and not view.reshape:
+    if view is not None and not view.broadcast and not view.reshape:
+        if leaves:
             raise _Demote(i, f"its value {t!a} is a rearranged view that leaves the region")
-        if not leaves:
-            return None   # an inner link of a chain of views: its readers read the base
+        return None   # an inner link of a chain of views: its readers read the base
     expect = _static_shape(ctx, t)
-    if view is not None and view.reshape and math.prod(r.shape) == math.prod(expect):
-        pass   # a reshaped view handed on: the same elements in the same order
+    if not r.is_scalar and math.prod(r.shape) == math.prod(expect):
+        pass   # exact, or a reshaped frame of it: the same elements in the same order
     elif r.is_scalar or broadcast_shapes(tuple(r.shape), expect) != expect:
         raise _Demote(i, f"mapped shape {list(r.shape)} differs from the model's {list(expect)} for {t!a}")
     dt = _ONNX_ALL[ctx.types[t].elem]
@@ -646,13 +671,8 @@ def _build(ctx: _Ctx, nodes: list[Any], members: list[int], core: set[int], exte
     def value(t: str) -> Value:
         if t in vals:
             return vals[t]
-        if t in produced:   # a reshaped view read inside the group: a reshape node, if graph.json has it
-            view = ctx.views.get(ctx.producer[t])
-            base = value(view.base) if view is not None and view.reshape and "reshape" in OPS else None
-            if base is None or tuple(base.shape) != _static_shape(ctx, view.base):
-                raise _Demote(ctx.producer[t], "a reshaped view read inside the region (graph.json has no reshape)")
-            vals[t] = b.layout("reshape", [base], view.shape, str(base.dtype), f"{t}_reshape", shape=list(view.shape))
-            return vals[t]
+        if t in produced:   # an inner link of a chain of views, read by something else after all
+            raise _Demote(ctx.producer[t], "a rearranged view read inside the region")
         if t in ctx.consts and t not in produced:
             c = ctx.consts[t]
             if c.size == 1:
