@@ -125,10 +125,37 @@ def _device_for(opts: BackendOptions) -> Any:
     return get_device(opts.device) if isinstance(opts.device, str) else opts.device
 
 
+def _attach_cubins(kernels: Sequence[Any], arch: str) -> dict[int, str]:
+    """Build the cubins of the static ``kernels`` in one parallel nvcc batch (the builder's cache)
+    and attach them; {index: why} for those that failed (every one when nvcc is missing)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from stitchtune.deploy.torch_ops import RegionKernel
+    from stitchtune.gpu.build import NvccBuilder
+
+    todo = [i for i, k in enumerate(kernels) if isinstance(k, RegionKernel) and k.compiled.cubin is None]
+    if not todo:
+        return {}
+    try:
+        results = NvccBuilder().build([kernels[i].compiled.sources for i in todo], arch)
+    except Exception as exc:  # noqa: BLE001 - no toolchain: these regions stay with Inductor
+        return {i: f"cannot build kernels: {type(exc).__name__}: {exc}" for i in todo}
+    failed = {}
+    for i, res in zip(todo, results):
+        if res.status == "ok" and res.cubin_path:
+            kernels[i].compiled = replace(kernels[i].compiled, cubin=Path(res.cubin_path).read_bytes())
+        else:
+            failed[i] = f"nvcc failed ({res.status}): {(res.error or '')[:300]}"
+    return failed
+
+
 def _compile_graph(graph: Any, opts: BackendOptions, device: Any, on_cuda: bool) -> Any:
+    """The CompiledGraph of ``graph`` (no cubin: the backend builds them in one batch, a
+    per-shape kernel at its first launch)."""
     from stitchtune.deploy.compiled import compile as compile_graph
 
-    cg = compile_graph(graph, db=opts.db, device=device, build=True if on_cuda else False)
+    cg = compile_graph(graph, db=opts.db, device=device, build=False)
     if opts.deterministic and getattr(cg.program.profile, "atomics", 0):
         raise StitchtuneError("its program uses float atomics (deterministic=True)")
     return cg
@@ -181,16 +208,21 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     report.declined += [DeclinedInfo(kind, d.what, d.reason, d.count) for d in split.declined]
     on_cuda = any(getattr(getattr(t, "device", None), "type", "") == "cuda" for t in example_inputs)
     device = _device_for(opts)
-    chosen = []
+    made = []
     for r in split.regions:
         if len(r.graph.nodes) < opts.min_nodes:
             report.declined.append(DeclinedInfo(kind, f"region {r.name}", f"{len(r.graph.nodes)} node(s) < min_nodes"))
             continue
         try:
-            kernel = _compile_region(r, opts, device, on_cuda)
+            made.append((r, _compile_region(r, opts, device, on_cuda)))
         except Exception as exc:  # noqa: BLE001 - any stitchtune error declines the region
             report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})",
                                                 f"{type(exc).__name__}: {exc}"))
+    failed = _attach_cubins([k for _, k in made], device.arch) if on_cuda else {}
+    chosen = []
+    for i, (r, kernel) in enumerate(made):
+        if i in failed:
+            report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})", failed[i]))
             continue
         key = f"{r.name}#{next(_keys)}"
         torch_ops.register(key, kernel)

@@ -286,3 +286,32 @@ def test_a_masked_softmax_with_a_bool_mask_is_one_emulated_region() -> None:
     assert torch.allclose(got, f(scores, keep), atol=1e-6)
     [report] = torch_backend.LAST_REPORTS
     assert len(report.stitched) == 1 and {"aten.where", "aten._softmax"} <= set(report.stitched[0].ops)
+
+
+def test_cubins_are_built_in_one_batch_and_a_failed_build_declines_its_region(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA compile path without a GPU: the builder gets every region's source at once; a source
+    it fails on declines that region only."""
+    from types import SimpleNamespace as NS
+
+    import stitchtune.gpu.build as build
+    from stitchtune.deploy.torch_ops import RegionKernel
+    from stitchtune.importers.torch_regions import find_regions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    batches: list[int] = []
+
+    class FakeBuilder:
+        def build(self, sources: list[str], arch: str) -> list[Any]:
+            batches.append(len(sources))
+            return [NS(status="ok", cubin_path=str(cubin), error="") if i == 0 else
+                    NS(status="compile_error", cubin_path=None, error="ptxas says no") for i in range(len(sources))]
+
+    cubin = ROOT / "pyproject.toml"   # any file: its bytes stand for a cubin
+    monkeypatch.setattr(build, "NvccBuilder", FakeBuilder)
+    gm = make_fx(lambda x: Block().eval()(x), tracing_mode="fake")(torch.randn(2, 4, 16))
+    regions = find_regions(gm).regions
+    opts = torch_backend.BackendOptions(db=None)
+    kernels = [torch_backend._compile_region(r, opts, torch_backend._device_for(opts), True) for r in regions]
+    failed = torch_backend._attach_cubins(kernels, "sm_90")
+    assert batches == [2] and list(failed) == [1] and "ptxas says no" in failed[1]
+    assert isinstance(kernels[0], RegionKernel) and kernels[0].compiled.cubin == cubin.read_bytes()
