@@ -156,7 +156,9 @@ class Device:
 
     # ---- persistence ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form (plain lists and scalars, so ``json.loads(json.dumps(d)) == d``)."""
         d = dataclasses.asdict(self)
+        d["gpc_sms"] = list(self.gpc_sms)
         d["key"] = self.key
         d["arch"] = self.arch
         return d
