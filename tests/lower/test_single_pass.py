@@ -34,7 +34,7 @@ def _kind(s: Schedule) -> str:
     return "subwarp" if s.tpr < 32 else ("warp" if s.tpr == 32 else "block")
 
 
-def _covering(space: SearchSpace, kinds: tuple[str, ...], seeds: int = 300) -> dict[str, Schedule]:
+def _covering(space: SearchSpace, kinds: tuple[str, ...], seeds: int = 1000) -> dict[str, Schedule]:
     """The first seeded sample (with single_pass on) of each mapping class in ``kinds``."""
     out: dict[str, Schedule] = {}
     for seed in range(seeds):
