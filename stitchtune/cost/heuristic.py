@@ -146,7 +146,7 @@ def _cluster_row(space: SearchSpace, plan: StitchPlan, dev, block: int = 512) ->
     preference among 128..1024 differs between layernorm_wide, logsoftmax and softmax_wide, and its
     cluster constants are guesses), the smallest cluster that brings one cached tensor to <= 64 floats per
     thread (rule 4's register budget), else the largest."""
-    if plan.family != "row" or not plan.nstages or space.max_cluster <= 1:
+    if plan.family != "row" or not plan.nstages or space.max_cluster <= 1 or plan.cross:  # cross: split 1
         return None
     vec = _vec(space, plan.N)
     if 1024 not in space.domains["block"] or _row_registers(plan, 1024, vec) <= _register_budget(dev):

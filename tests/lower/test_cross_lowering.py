@@ -137,3 +137,12 @@ def test_cross_combines_with_single_pass_statistics(mode: str) -> None:
     assert not space.violations(s)
     errs, _ = _errors(g, plan, space, s, seed=3)
     assert max(errs.values()) < 1, errs
+
+
+@pytest.mark.parametrize("name", [n.replace("_small", "") for n in CROSS_SMALL] + CROSS_SMALL)
+def test_heuristic_of_cross_plans_is_its_own_rule(name: str) -> None:
+    """The AStitch heuristic's cross rule (whole rows, a persistent grid, the ordered combine), not the
+    sampled fallback of an illegal heuristic (which the cluster rule's split would be)."""
+    _, plan, space = setup(name)
+    s = heuristic_schedule(plan, DEV, space)
+    assert not space.violations(s) and s.split == 1 and s.persistent and s.deterministic
