@@ -101,13 +101,16 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
 
 
 def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
-                    coresident_limit: Callable[[Kernel], int] | None = None) -> dict[str, np.ndarray]:
+                    coresident_limit: Callable[[Kernel], int] | None = None,
+                    scratch_out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Run every launch of ``program`` on fresh buffers; return ``{output tensor: flat array}``.
 
     Inputs are taken from ``inputs`` by ``BufferSpec.tensor`` (any shape, flattened in C order and
     converted to the buffer dtype). Outputs start as NaN and unwritten; scratch buffers with
     ``zero_init`` start as zeros (written), others as NaN (unwritten); barrier buffers are zeroed
     uint32. Returned arrays are 1-D in the buffer dtype (the caller reshapes to the graph shape).
+    ``scratch_out``, when given, receives a copy of every scratch buffer after the last launch (the
+    error flags of gathers among them, see :func:`stitchtune.lower.remap.gather_flag_buffers`).
     """
     arrays: dict[str, np.ndarray] = {}
     written: dict[str, np.ndarray] = {}
@@ -144,4 +147,6 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
         limit = coresident_limit(kernel) if coresident_limit is not None else None
         log.debug("emulating launch %d: %s<<<%d, %d>>>", i, kernel.name, launch.grid, launch.block)
         emulate_kernel(kernel, launch.grid, kb, written=kw, coresident_limit=limit)
+    if scratch_out is not None:
+        scratch_out.update({b.name: arrays[b.name].copy() for b in program.buffers if b.role == "scratch"})
     return {b.tensor: arrays[b.name].copy() for b in program.buffers if b.role == "output"}

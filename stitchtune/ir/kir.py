@@ -14,7 +14,8 @@ Semantics (shared by both consumers):
   shared-memory buffers (:class:`SharedBuf`, float32, per block). Loads convert the element type to
   float32, stores convert float32 to the element type. A ``bool`` buffer (one byte per element,
   inputs only) loads as 1.0 for a non-zero byte and 0.0 for zero: graph bools are 0.0 / 1.0 floats in
-  kernels (see :mod:`stitchtune.graph.ops`).
+  kernels (see :mod:`stitchtune.graph.ops`). ``int32``/``int64`` buffers (gather indices, inputs
+  only) are read only by :class:`IndexLoad`, which yields a range-checked i32.
 * :class:`LoadVec` / :class:`StoreVec` move ``width`` consecutive elements starting at ``index`` (an
   element index that must be a multiple of ``width``: 16-byte or narrower aligned accesses). A false
   ``pred`` skips the access for that thread (a masked lane keeps its destination values).
@@ -44,7 +45,7 @@ I32 = "i32"
 BOOL = "bool"
 
 #: element types of buffers (graph dtypes)
-ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}
+ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int32": 4, "int64": 8}
 
 
 def check_ident(name: str) -> str:
@@ -145,6 +146,20 @@ class Load:
 
 
 @dataclass(frozen=True)
+class IndexLoad:
+    """An i32 row index read from an ``int32``/``int64`` input: ``buf[index]`` when it lies in
+    ``[0, bound)``, else ``-1`` (compared at the buffer's own width, so no value wraps into range).
+
+    ``pred`` false: no memory access, the value is ``-1``. The only way a kernel reads an int buffer.
+    """
+
+    buf: str
+    index: "Expr"
+    bound: int
+    pred: "Expr | None" = None
+
+
+@dataclass(frozen=True)
 class LocalRef:
     """Read ``array[index]`` of a per-thread :class:`LocalArray`."""
 
@@ -161,7 +176,7 @@ class Shfl:
     width: int = 32
 
 
-Expr = Union[Const, Var, Special, Bin, MathOp, Select, Cast, Load, LocalRef, Shfl]
+Expr = Union[Const, Var, Special, Bin, MathOp, Select, Cast, Load, IndexLoad, LocalRef, Shfl]
 
 
 # ----------------------------------------------------------------------------------------------

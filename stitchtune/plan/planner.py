@@ -41,6 +41,7 @@ from math import prod
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import OPS
+from stitchtune.plan import remap
 from stitchtune.plan.index_map import IndexMap, index_map
 
 
@@ -307,7 +308,10 @@ def _reuse_candidates(graph: Graph, names: list[str], classes: dict[str, TensorC
 
 
 def make_plan(graph: Graph) -> StitchPlan:
-    """Analyse ``graph``; raise :class:`UnsupportedGraphError` when it has no stitched lowering."""
+    """Analyse ``graph``; raise :class:`UnsupportedGraphError` when it has no stitched lowering.
+    A graph with index ops (slice, concat, gather) is analysed through its surrogate
+    (:mod:`stitchtune.plan.remap`)."""
+    real, graph = graph, remap.surrogate(graph)
     all_specs = [(n, s.shape) for n, s in graph.inputs] + [(nd.id, nd.shape) for nd in graph.nodes]
     names = [n for n, _ in all_specs]
     domain = max((shape for _, shape in all_specs), key=lambda s: (prod(s), len(s)))
@@ -317,6 +321,9 @@ def make_plan(graph: Graph) -> StitchPlan:
     classes = _classify(names, view, maps)
     _check_reductions(red_nodes, classes)
     imaps = _index_maps(graph, view, maps)
+    if real is not graph:
+        remap.check_gathers(real, domain, view.col_axes, view.family)
+        imaps.update(remap.real_index_maps(real, graph, maps, domain, view.row_axes, view.col_axes))
     stages = _stages(graph, red_nodes)
     return StitchPlan(
         family=view.family, M=view.M, N=view.N, classes=tuple(classes.items()),
