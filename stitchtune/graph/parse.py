@@ -387,7 +387,7 @@ def _check_arg_types(path: str, info: OpInfo, values: list[str | float], specs: 
                                        "used as gather indices only")
             ok = False
             continue
-        if info.kind == "cast" or want == "i":
+        if info.kind in ("cast", "slice", "concat") or want == "i":  # slice/concat: float or bool (index_checks)
             continue
         want_bool = want == "b"
         if want_bool and dtype != "bool":

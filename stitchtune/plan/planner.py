@@ -318,11 +318,12 @@ def make_plan(graph: Graph) -> StitchPlan:
     maps = _axes_maps(graph, domain)
     red_nodes = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
     view = _view(domain, bool(red_nodes), _reduced_axes(red_nodes, maps))
+    if real is not graph:
+        remap.check_gathers(real, domain, view.col_axes, view.family)
     classes = _classify(names, view, maps)
     _check_reductions(red_nodes, classes)
     imaps = _index_maps(graph, view, maps)
     if real is not graph:
-        remap.check_gathers(real, domain, view.col_axes, view.family)
         imaps.update(remap.real_index_maps(real, graph, maps, domain, view.row_axes, view.col_axes))
     stages = _stages(graph, red_nodes)
     return StitchPlan(
