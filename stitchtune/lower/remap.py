@@ -94,7 +94,7 @@ class RemapValues:
         self.domain = _domain(low)
         self.row_axes, self.col_axes = _split_axes(self.domain, self.p.M)
         self.memo: dict[tuple[str, Shift], list[kir.Expr]] = {}
-        self.loaded: set[str] = set()
+        self.reads_before = dict(kern.stats["reads"])  # what earlier sweeps read
 
     # -- entry -----------------------------------------------------------------------------------
     def node_value(self, name: str) -> list[kir.Expr]:
@@ -232,10 +232,11 @@ class RemapValues:
         return delta
 
     def _count(self, buf: str) -> None:
+        """One read of ``buf`` by this sweep, however many shifted loads it makes (they hit the
+        same row, in L1/L2); a load of the same buffer by the sweep itself may count it once more."""
         reads = self.k.stats["reads"]
-        if buf not in self.loaded and buf not in reads:
+        if reads.get(buf, 0) == self.reads_before.get(buf, 0):
             reads[buf] = reads.get(buf, 0) + 1
-        self.loaded.add(buf)
 
     def load(self, name: str, sh: Shift) -> list[kir.Expr]:
         """Input ``name`` at ``p + delta`` under the conditions (a FULL or per-column input)."""
