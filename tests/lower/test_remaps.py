@@ -69,6 +69,29 @@ CASES = {
         {"id": "m", "op": "reduce_max", "args": ["x"], "axes": [-1], "keepdims": True},
         {"id": "d", "op": "sub", "args": ["x", "m"]}] + _rotate_half("d", 8) + [
         {"id": "y", "op": "mul", "args": ["r", "x"]}], ["y"]),
+    # two gathers (int32 and int64 indices) + a broadcast position embedding, then a reduction
+    "two_gathers": parse_graph({"name": "t", "inputs": {
+        "ids": {"shape": [2, 5], "dtype": "int32"}, "tt": {"shape": [2, 5], "dtype": "int64"},
+        "w": {"shape": [50, 16], "dtype": "float32"}, "t": {"shape": [2, 16], "dtype": "float32"},
+        "pos": {"shape": [1, 5, 16], "dtype": "float32"}}, "nodes": [
+        {"id": "a", "op": "gather", "args": ["w", "ids"], "axis": 0},
+        {"id": "b", "op": "gather", "args": ["t", "tt"], "axis": 0},
+        {"id": "s", "op": "add", "args": ["a", "b"]}, {"id": "z", "op": "add", "args": ["s", "pos"]},
+        {"id": "m", "op": "reduce_mean", "args": ["z"], "axes": [-1], "keepdims": True},
+        {"id": "y", "op": "sub", "args": ["z", "m"]}], "outputs": ["y"]}),
+    # rotate_half of gathered rows (a column shift of a gather)
+    "rotate_half_of_gather": parse_graph({"name": "t", "inputs": {
+        "ids": {"shape": [2, 5], "dtype": "int32"}, "w": {"shape": [50, 16], "dtype": "float32"}},
+        "nodes": [{"id": "a", "op": "gather", "args": ["w", "ids"], "axis": 0}] + _rotate_half("a", 16) + [
+            {"id": "y", "op": "mul", "args": ["r", "a"]}], "outputs": ["y"]}),
+    # a bool mask sliced along the columns, and a float16 rotate_half
+    "bool_slice": parse_graph({"name": "t", "inputs": {
+        "x": {"shape": [4, 16], "dtype": "float32"}, "m": {"shape": [4, 32], "dtype": "bool"}}, "nodes": [
+        {"id": "ms", "op": "slice", "args": ["m"], "axis": 1, "start": 8, "stop": 24},
+        {"id": "y", "op": "where", "args": ["ms", "x", -1e9]}], "outputs": ["y"]}),
+    "rotate_half_f16": parse_graph({"name": "t", "inputs": {"q": {"shape": [2, 3, 32], "dtype": "float16"}},
+                                    "nodes": _rotate_half("q", 32) + [{"id": "y", "op": "add", "args": ["r", "q"]}],
+                                    "outputs": ["y"]}),
 }
 
 
@@ -83,7 +106,8 @@ def _check(g, n_samples: int, seed: int = 3) -> None:
     for s in scheds:
         out = emulate_program(lower(g, plan, s, DEV, space), inputs, coresident_limit=lambda k: 1 << 30)
         for o in ref:
-            assert rel_err(out[o], ref[o]) < 1e-5, (g.name, s.to_json(), o)
+            tol = 1e-5 if g.spec(o).dtype == "float32" else 1e-2
+            assert rel_err(out[o], ref[o]) < tol, (g.name, s.to_json(), o)
 
 
 @pytest.mark.parametrize("name", ["rotary_embedding_small.json", "embed_gather_layernorm_small.json"])
