@@ -103,6 +103,8 @@ def _check(g, n_samples: int, seed: int = 3) -> None:
     scheds = [heuristic_schedule(plan, DEV, space)] + [space.sample(random.Random(i)) for i in range(n_samples)]
     scheds += [s for s in (dataclasses.replace(x, prefetch=1, order="alternate") for x in scheds[:2])
                if not space.violations(s)]
+    if plan.single_pass:  # the two statistics of a layer norm in one sweep (Welford)
+        scheds += [s for s in (dataclasses.replace(x, single_pass=1) for x in scheds[:3]) if not space.violations(s)]
     for s in scheds:
         out = emulate_program(lower(g, plan, s, DEV, space), inputs, coresident_limit=lambda k: 1 << 30)
         for o in ref:
