@@ -16,9 +16,9 @@ and the shifted address stays ``vec``-aligned, else one predicated scalar load p
 and scalar values are unchanged by column shifts. With no delta and no condition the sweep's own
 evaluation is used (caches, prefetch).
 
-Every load is proven in bounds when the kernel is built: for each axis the positions the conditions
-allow, shifted, lie inside the tensor's own dims; otherwise :class:`UnsupportedGraphError` names the
-node. ``gather(table, idx)``: once per round the row's index is read by :class:`~stitchtune.ir.kir.IndexLoad`
+Every load is proven in bounds (:func:`stitchtune.plan.remap.shift_offset`): for each axis the
+positions the conditions allow, shifted, lie inside the tensor's own dims; the planner already walked
+the same remaps (:func:`stitchtune.plan.remap.check_remaps`), so a refusal is a planning error. ``gather(table, idx)``: once per round the row's index is read by :class:`~stitchtune.ir.kir.IndexLoad`
 (``-1`` when out of ``[0, V)``), a table element is ``table[i * N + c]`` loaded only where ``i >= 0``
 (else 0.0), and the row's first lane adds 1 to the node's error flag (buffer ``gerr<k>``, a
 zero-initialised float32 scratch whose ``tensor`` is the gather node's id) for an out-of-range index.
@@ -27,7 +27,6 @@ Refused: a row-axis shift of a per-row value or of a gather.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from math import prod
 
 from stitchtune.errors import UnsupportedGraphError
@@ -36,7 +35,7 @@ from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select
 from stitchtune.lower.base import _I, _add, _and, _mul
 from stitchtune.plan.planner import TensorClass
-from stitchtune.plan.remap import domain_of
+from stitchtune.plan.remap import Shift, domain_of, shift_offset
 
 __all__ = ["Shift", "RemapValues", "gather_flag_buffers"]
 
@@ -44,42 +43,6 @@ __all__ = ["Shift", "RemapValues", "gather_flag_buffers"]
 def gather_flag_buffers(program: kir.Program) -> dict[str, str]:
     """Error-flag buffer name -> gather node id of a lowered program (empty without gathers)."""
     return {b.name: b.tensor for b in program.buffers if b.role == "scratch" and b.name.startswith("gerr")}
-
-
-@dataclass(frozen=True)
-class Shift:
-    """Evaluate at domain position ``p + delta`` for positions with ``lo <= p[axis] < hi``."""
-
-    delta: tuple[tuple[int, int], ...] = ()       # (domain axis, d), sorted, d != 0
-    conds: tuple[tuple[int, int, int], ...] = ()  # (domain axis, lo, hi), one per axis, sorted
-
-    @property
-    def identity(self) -> bool:
-        return not self.delta and not self.conds
-
-    def d(self, axis: int) -> int:
-        return dict(self.delta).get(axis, 0)
-
-    def moved(self, axis: int, by: int) -> "Shift":
-        dd = dict(self.delta)
-        dd[axis] = dd.get(axis, 0) + by
-        return replace(self, delta=tuple(sorted((a, v) for a, v in dd.items() if v)))
-
-    def limited(self, axis: int, lo: int, hi: int, dim: int) -> "Shift | None":
-        """With ``lo <= p[axis] < hi`` added (None when no position of ``[0, dim)`` is left)."""
-        cs = dict((a, (l, h)) for a, l, h in self.conds)
-        ol, oh = cs.get(axis, (0, dim))
-        lo, hi = max(lo, ol, 0), min(hi, oh, dim)
-        if lo >= hi:
-            return None
-        if lo == 0 and hi == dim:
-            cs.pop(axis, None)
-        else:
-            cs[axis] = (lo, hi)
-        return replace(self, conds=tuple(sorted((a, l, h) for a, (l, h) in cs.items())))
-
-    def axes(self) -> set[int]:
-        return {a for a, _ in self.delta} | {a for a, _, _ in self.conds}
 
 
 class RemapValues:
@@ -209,27 +172,8 @@ class RemapValues:
         return vals
 
     # -- loads -----------------------------------------------------------------------------------
-    def _strides(self, shape: tuple[int, ...]) -> dict[int, tuple[int, int]]:
-        """Domain axis -> (own dim, own stride) of a tensor of ``shape`` (right-aligned)."""
-        off = len(self.domain) - len(shape)
-        return {off + k: (s, prod(shape[k + 1:])) for k, s in enumerate(shape)}
-
-    def _check_bounds(self, who: str, shape: tuple[int, ...], sh: Shift, skip: set[int] = frozenset()) -> int:
-        """The element offset of ``sh``'s delta in a tensor of ``shape``; refused unless every
-        allowed position, shifted, lies inside the tensor."""
-        delta = 0
-        conds = {a: (lo, hi) for a, lo, hi in sh.conds}
-        for a, (dim, stride) in self._strides(shape).items():
-            if a in skip or dim == 1:
-                continue
-            lo, hi = conds.get(a, (0, self.domain[a]))
-            d = sh.d(a)
-            if lo + d < 0 or hi - 1 + d > dim - 1:
-                raise UnsupportedGraphError(
-                    f"node '{who}': positions [{lo + d}, {hi + d}) along axis {a} fall outside its "
-                    f"size {dim}; a slice/concat that reads outside a tensor is not supported")
-            delta += d * stride
-        return delta
+    def _check_bounds(self, who: str, shape: tuple[int, ...], sh: Shift) -> int:
+        return shift_offset(who, shape, sh, self.domain)
 
     def _count(self, buf: str) -> None:
         """One read of ``buf`` by this sweep, however many shifted loads it makes (they hit the

@@ -325,6 +325,8 @@ def make_plan(graph: Graph) -> StitchPlan:
         remap.check_gathers(real, domain, view.col_axes, view.family)
     classes = _classify(names, view, maps)
     _check_reductions(red_nodes, classes)
+    if real is not graph:
+        remap.check_remaps(real, domain, view.row_axes, {n: c.varies_along_reduced for n, c in classes.items()})
     imaps = _index_maps(graph, view, maps)
     if real is not graph:
         imaps.update(remap.real_index_maps(real, graph, maps, domain, view.row_axes, view.col_axes))

@@ -23,6 +23,7 @@ in :func:`check_gathers`), an index tensor used with two table ranks.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from math import prod
 
 from stitchtune.errors import UnsupportedGraphError
@@ -30,7 +31,8 @@ from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph, Node, TensorSpec
 from stitchtune.plan.index_map import IndexMap, index_map
 
-__all__ = ["has_index_ops", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables"]
+__all__ = ["has_index_ops", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
+           "Shift", "shift_offset", "check_remaps"]
 
 
 def has_index_ops(graph: Graph) -> bool:
@@ -114,6 +116,117 @@ def _check_no_broadcast_piece(graph: Graph, nd: Node, domain: tuple[int, ...]) -
             raise UnsupportedGraphError(
                 f"{nd.op} '{nd.id}': '{t}' has size 1 along axis {nd.axis}, which would broadcast "
                 f"against the iteration domain {list(domain)}; not supported")
+
+
+@dataclass(frozen=True)
+class Shift:
+    """Evaluate at domain position ``p + delta`` for positions with ``lo <= p[axis] < hi``."""
+
+    delta: tuple[tuple[int, int], ...] = ()       # (domain axis, d), sorted, d != 0
+    conds: tuple[tuple[int, int, int], ...] = ()  # (domain axis, lo, hi), one per axis, sorted
+
+    @property
+    def identity(self) -> bool:
+        return not self.delta and not self.conds
+
+    def d(self, axis: int) -> int:
+        return dict(self.delta).get(axis, 0)
+
+    def moved(self, axis: int, by: int) -> "Shift":
+        dd = dict(self.delta)
+        dd[axis] = dd.get(axis, 0) + by
+        return replace(self, delta=tuple(sorted((a, v) for a, v in dd.items() if v)))
+
+    def limited(self, axis: int, lo: int, hi: int, dim: int) -> "Shift | None":
+        """With ``lo <= p[axis] < hi`` added (None when no position of ``[0, dim)`` is left)."""
+        cs = dict((a, (l, h)) for a, l, h in self.conds)
+        ol, oh = cs.get(axis, (0, dim))
+        lo, hi = max(lo, ol, 0), min(hi, oh, dim)
+        if lo >= hi:
+            return None
+        if lo == 0 and hi == dim:
+            cs.pop(axis, None)
+        else:
+            cs[axis] = (lo, hi)
+        return replace(self, conds=tuple(sorted((a, l, h) for a, (l, h) in cs.items())))
+
+    def axes(self) -> set[int]:
+        return {a for a, _ in self.delta} | {a for a, _, _ in self.conds}
+
+
+def shift_offset(who: str, shape: tuple[int, ...], sh: Shift, domain: tuple[int, ...]) -> int:
+    """The element offset of ``sh``'s delta in a tensor of ``shape`` (right-aligned to ``domain``,
+    its own strides); :class:`UnsupportedGraphError` naming ``who`` unless every position the
+    conditions allow, shifted, lies inside the tensor (an axis of size 1 broadcasts: no offset)."""
+    off = len(domain) - len(shape)
+    conds = {a: (lo, hi) for a, lo, hi in sh.conds}
+    delta = 0
+    for k, dim in enumerate(shape):
+        a = off + k
+        if dim == 1:
+            continue
+        lo, hi = conds.get(a, (0, domain[a]))
+        d = sh.d(a)
+        if lo + d < 0 or hi - 1 + d > dim - 1:
+            raise UnsupportedGraphError(
+                f"node '{who}': positions [{lo + d}, {hi + d}) along axis {a} fall outside its size {dim}; "
+                "a slice/concat that reads outside a tensor is not supported")
+        delta += d * prod(shape[k + 1:])
+    return delta
+
+
+def _spans(graph: Graph, name: str, domain: tuple[int, ...]) -> bool:
+    shape = graph.spec(name).shape
+    off = len(domain) - len(shape)
+    return all(s == 1 or s == domain[off + k] for k, s in enumerate(shape))
+
+
+def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...],
+                 varies: dict[str, bool]) -> None:
+    """Walk the remapped evaluations a kernel will make (the rules of :mod:`stitchtune.lower.remap`),
+    from the outputs and the reduction arguments, so that every refusal is a planning error:
+    a per-row value (``varies[name]`` false: it does not vary along the columns) or a gather under a
+    row-axis shift, a remapped load outside a tensor. ``varies``: tensor -> varies along the columns."""
+    nodes = {n.id: n for n in graph.nodes}
+    rows = set(row_axes)
+    seen: set[tuple[str, Shift]] = set()
+
+    def visit(name: str, sh: Shift) -> None:
+        if (name, sh) in seen:
+            return
+        seen.add((name, sh))
+        nd = nodes.get(name)
+        kind = OPS[nd.op].kind if nd is not None else "input"
+        if not varies[name]:
+            if sh.axes() & rows:
+                raise UnsupportedGraphError(f"tensor '{name}': a per-row value under a slice/concat along a "
+                                            "row axis is not supported")
+            sh = Shift()  # evaluated as at the sweep's own element
+        if nd is None:
+            if not (not sh.delta and _spans(graph, name, domain)):
+                shift_offset(name, graph.spec(name).shape, sh, domain)
+            return
+        off = len(domain) - len(nd.shape)
+        if kind == "slice":
+            visit(str(nd.args[0]), sh.moved(off + nd.axis, nd.start))
+        elif kind == "concat":
+            a, o = off + nd.axis, 0
+            for arg in nd.tensor_args:
+                ln = graph.spec(arg).shape[nd.axis]
+                psh = sh.limited(a, o - sh.d(a), o + ln - sh.d(a), domain[a])
+                if psh is not None:
+                    visit(arg, psh.moved(a, -o))
+                o += ln
+        elif kind == "gather":
+            if sh.axes() & rows:
+                raise UnsupportedGraphError(f"gather '{nd.id}' under a slice/concat along a row axis is not supported")
+            shift_offset(nd.id, tuple(graph.spec(str(nd.args[0])).shape[1:]), sh, domain)
+        else:
+            for arg in nd.tensor_args:
+                visit(arg, sh)
+
+    for name in list(graph.outputs) + [str(n.args[0]) for n in graph.reductions()]:
+        visit(name, Shift())
 
 
 def real_index_maps(graph: Graph, sur: Graph, axes: dict[str, tuple[int | None, ...]], domain: tuple[int, ...],

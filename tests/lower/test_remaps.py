@@ -210,6 +210,13 @@ def test_gather_reads_only_the_gathered_rows_in_the_profile() -> None:
                      {"id": "d", "op": "sub", "args": ["x", "m"]},
                      {"id": "y", "op": "slice", "args": ["d"], "axis": 0, "start": 2, "stop": 4}],
      ["y"], "does not span the iteration domain"),
+    # a row-axis rotation of values computed from a per-row reduction result: refused when planning
+    ({"x": [6, 8]}, [{"id": "m", "op": "reduce_max", "args": ["x"], "axes": [-1], "keepdims": True},
+                     {"id": "d", "op": "sub", "args": ["x", "m"]},
+                     {"id": "a", "op": "slice", "args": ["d"], "axis": 0, "start": 2, "stop": 6},
+                     {"id": "b", "op": "slice", "args": ["d"], "axis": 0, "start": 0, "stop": 2},
+                     {"id": "y", "op": "concat", "args": ["a", "b"], "axis": 0}],
+     ["y"], "tensor 'm': a per-row value under a slice/concat along a row axis"),
 ])
 def test_unsupported_index_patterns_are_one_named_line(inputs, nodes, outputs, want) -> None:
     d = {"name": "t", "inputs": {k: {"shape": v, "dtype": "float32"} for k, v in inputs.items()},
