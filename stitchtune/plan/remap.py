@@ -92,8 +92,6 @@ def surrogate(graph: Graph) -> Graph:
     nodes = []
     for nd in graph.nodes:
         kind = OPS[nd.op].kind
-        if kind in ("slice", "concat"):
-            _check_no_broadcast_piece(graph, nd, domain)
         shape = _sur(nd.shape, domain, nd.id)
         op = {"slice": "neg", "concat": "add", "gather": "add"}.get(kind, nd.op)
         nodes.append(Node(id=nd.id, op=op, args=nd.args, axes=nd.axes, keepdims=nd.keepdims, to=nd.to,
@@ -104,18 +102,6 @@ def surrogate(graph: Graph) -> Graph:
                 f"tensor '{name}' {list(graph.spec(name).shape)} is stored or reduced but does not span the "
                 f"iteration domain {list(domain)}; stitched kernels store and reduce whole tensors only")
     return Graph(name=graph.name, inputs=inputs, nodes=tuple(nodes), outputs=graph.outputs)
-
-
-def _check_no_broadcast_piece(graph: Graph, nd: Node, domain: tuple[int, ...]) -> None:
-    """A slice or concat piece of size 1 along its axis would broadcast against the domain: refused."""
-    off = len(domain) - len(nd.shape)
-    if nd.axis is None or off < 0 or domain[off + nd.axis] == 1:
-        return
-    for t in (nd.id,) + nd.tensor_args:
-        if graph.spec(t).shape[nd.axis] == 1:
-            raise UnsupportedGraphError(
-                f"{nd.op} '{nd.id}': '{t}' has size 1 along axis {nd.axis}, which would broadcast "
-                f"against the iteration domain {list(domain)}; not supported")
 
 
 @dataclass(frozen=True)
@@ -208,7 +194,13 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
             return
         off = len(domain) - len(nd.shape)
         if kind == "slice":
-            visit(str(nd.args[0]), sh.moved(off + nd.axis, nd.start))
+            a = off + nd.axis
+            lo, hi = {x: (l, h) for x, l, h in sh.conds}.get(a, (0, domain[a]))
+            if nd.shape[nd.axis] == 1 and hi - lo > 1:
+                raise UnsupportedGraphError(
+                    f"slice '{nd.id}' has size 1 along axis {nd.axis} and is broadcast against the iteration "
+                    f"domain {list(domain)} there; not supported (a size-1 slice may be a concat piece)")
+            visit(str(nd.args[0]), sh.moved(a, nd.start))
         elif kind == "concat":
             a, o = off + nd.axis, 0
             for arg in nd.tensor_args:

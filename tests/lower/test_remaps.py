@@ -69,6 +69,13 @@ CASES = {
         {"id": "m", "op": "reduce_max", "args": ["x"], "axes": [-1], "keepdims": True},
         {"id": "d", "op": "sub", "args": ["x", "m"]}] + _rotate_half("d", 8) + [
         {"id": "y", "op": "mul", "args": ["r", "x"]}], ["y"]),
+    # ViT: the class token (one row) concatenated before the patches along the sequence (a row
+    # axis; the patches keep their own row stride), + position embedding, then a row reduction
+    "vit_class_token": _graph({"cls": [2, 1, 8], "patches": [2, 5, 8], "pos": [1, 6, 8]}, [
+        {"id": "c", "op": "concat", "args": ["cls", "patches"], "axis": 1},
+        {"id": "x", "op": "add", "args": ["c", "pos"]},
+        {"id": "m", "op": "reduce_mean", "args": ["x"], "axes": [-1], "keepdims": True},
+        {"id": "y", "op": "sub", "args": ["x", "m"]}], ["y"]),
     # two gathers (int32 and int64 indices) + a broadcast position embedding, then a reduction
     "two_gathers": parse_graph({"name": "t", "inputs": {
         "ids": {"shape": [2, 5], "dtype": "int32"}, "tt": {"shape": [2, 5], "dtype": "int64"},
@@ -226,3 +233,44 @@ def test_unsupported_index_patterns_are_one_named_line(inputs, nodes, outputs, w
     with pytest.raises(UnsupportedGraphError) as e:
         make_plan(parse_graph(d))
     assert want in str(e.value) and "\n" not in str(e.value)
+
+
+def _random_remap_graph(rng: random.Random):
+    """A random graph of slices and concats of two inputs along a random axis, an element-wise op,
+    and (half the time) a row reduction: shapes, offsets and widths drawn small and odd."""
+    rank = rng.choice([2, 3])
+    shape = [rng.randint(2, 5) for _ in range(rank - 1)] + [rng.randint(3, 12)]
+    ax = rng.randrange(rank)
+    d = shape[ax]
+    cut = rng.randint(1, d - 1)
+    other = list(shape)
+    other[ax] = rng.randint(1, 6)
+    nodes = [{"id": "lo", "op": "slice", "args": ["x"], "axis": ax, "start": 0, "stop": cut},
+             {"id": "hi", "op": "slice", "args": ["x"], "axis": ax - rank, "start": cut, "stop": d},
+             {"id": "e", "op": rng.choice(["exp", "neg", "tanh"]), "args": ["hi"]},
+             {"id": "c", "op": "concat", "args": rng.choice([["e", "b", "lo"], ["lo", "e"], ["b", "lo", "e"]]), "axis": ax}]
+    if rng.random() < 0.5:
+        nodes += [{"id": "m", "op": "reduce_max", "args": ["c"], "axes": [-1], "keepdims": True},
+                  {"id": "y", "op": "sub", "args": ["c", "m"]}]
+    else:
+        nodes += [{"id": "y", "op": "mul", "args": ["c", 2.0]}]
+    used = {a for n in nodes for a in n["args"] if isinstance(a, str)}
+    inputs = {"x": shape, **({"b": other} if "b" in used else {})}
+    return _graph(inputs, nodes, ["y"])
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_slice_concat_graphs_match_or_are_refused(seed: int) -> None:
+    rng = random.Random(seed)
+    g = _random_remap_graph(rng)
+    try:
+        plan = make_plan(g)
+    except UnsupportedGraphError as e:  # e.g. a size-1 piece that would broadcast
+        assert "\n" not in str(e)
+        return
+    space = SearchSpace.for_plan(plan, DEV)
+    inputs = random_inputs(g, seed)
+    ref = run_reference(g, inputs)
+    for s in [heuristic_schedule(plan, DEV, space), space.sample(rng)]:
+        out = emulate_program(lower(g, plan, s, DEV, space), inputs, coresident_limit=lambda k: 1 << 30)
+        assert rel_err(out["y"], ref["y"]) < 1e-5, (g.to_dict(), s.to_json())
