@@ -14,11 +14,15 @@ there (:mod:`stitchtune.lower.remap`). Planning sees a *surrogate* graph (:func:
 
 The planner then classifies, stages and maps the surrogate as any other graph (so the space, the
 cost model and the heuristic need nothing new); :func:`real_index_maps` gives the inputs whose own
-shape differs from their surrogate shape (a sliced input larger than the domain) their maps with
-their own strides. Refused with :class:`UnsupportedGraphError` naming the tensor: an output or a
-reduction argument that does not span the domain, a tensor of higher rank than the domain, a gather
-table read by anything but gather, a table whose trailing dims are not the view's columns (checked
-in :func:`check_gathers`), an index tensor used with two table ranks.
+shape differs from their surrogate shape (a sliced input larger than the domain, a concat piece
+smaller than it) their maps with their own strides, and :func:`check_remaps` walks every remapped
+evaluation the kernel will make (a :class:`Shift` per tensor reached), proving each load in bounds
+(:func:`shift_offset`). Refused with :class:`UnsupportedGraphError` naming the tensor or node: an
+output or a reduction argument that does not span the domain, a tensor of higher rank than the
+domain, a gather table read by anything but gather, a table whose trailing dims are not the view's
+columns or an index op in a column reduction (:func:`check_gathers`), an index tensor used with two
+table ranks, a per-row value or a gather under a row-axis slice/concat, a size-1 slice broadcast
+over several positions (a size-1 concat piece is fine).
 """
 
 from __future__ import annotations
