@@ -195,7 +195,6 @@ def test_gather_reads_only_the_gathered_rows_in_the_profile() -> None:
     g, plan, space = setup("embed_gather_layernorm_small.json")
     prog = lower(g, plan, heuristic_schedule(plan, DEV, space), DEV, space)
     table = 50 * 32 * 4
-    assert g.min_bytes() < sum(s.nbytes for _, s in g.inputs) + 2 * 5 * 32 * 4
     assert sum(k.dram_read_bytes for k in prog.profile.kernels) < table + 5 * 32 * 4 + 2 * 32 * 4 + 10 * 4 + 1
 
 
