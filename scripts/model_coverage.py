@@ -11,9 +11,8 @@ initialised, eval mode, CPU; nothing is downloaded) and each exporter (``legacy`
 
 1. export at small shapes (batch 1, sequence 8, 32x32 images), output ``last_hidden_state`` only;
 2. import: ONNX with :func:`stitchtune.importers.onnx_import.import_onnx`; torch.export by
-   :func:`import_exported` (the fx graph cut into regions by the ONNX importer's partitioner, a node
-   mappable when :func:`stitchtune.importers.torch_import.import_torch` takes it alone, each group
-   imported by ``import_torch``; the torch importer itself is unchanged);
+   :func:`import_exported` (the fx graph cut into graphs by the torch importer's
+   :func:`stitchtune.importers.torch_regions.find_regions`, the one the torch.compile backend uses);
 3. plan every imported subgraph with :func:`stitchtune.plan.planner.make_plan`;
 4. for every planned subgraph, lower the heuristic schedule and one sampled schedule, run them in the
    emulator and compare with the float64 reference (relative L2 error < 1e-5 for fp32 outputs, 1e-2
@@ -176,119 +175,69 @@ class _Sub:
         self.graph, self.constants = graph, ()
 
 
-def _fx_group_module(gm: Any, members: list[Any], external: set[str]) -> tuple[Any, dict[str, Any]]:
-    """A GraphModule computing the fx nodes ``members`` (topological order): placeholders for what
-    they read from outside, the values in ``external`` (read outside the group) as outputs."""
-    import torch
-
-    g = torch.fx.Graph()
-    env: dict[Any, Any] = {}
-    inputs: dict[str, Any] = {}
-    inside = set(members)
-    for n in members:
-        for a in n.all_input_nodes:
-            if a not in inside and a not in env:
-                env[a] = g.placeholder(f"in_{len(inputs)}")
-                inputs[env[a].name] = a
-        env[n] = g.node_copy(n, lambda a: env[a])
-    outs = [env[n] for n in members if n.name in external]
-    g.output(tuple(outs) if len(outs) != 1 else outs[0])
-    return torch.fx.GraphModule(gm, g), inputs
+def _aten_key(target: Any) -> str:
+    return ".".join(str(target).split(".")[:2])
 
 
-def _try_import(gm: Any, members: list[Any], external: set[str], name: str) -> Any:
-    """``import_torch`` of the group (its inputs at their exported shapes and dtypes), or the reason."""
-    from stitchtune.importers.torch_import import import_torch, torch_dtype_name
+def _fx_partition(nodes: list[_FxNode], groups: list[list[int]]) -> Any:
+    """The ONNX partitioner's :class:`Partition` of ``groups`` (the torch regions), for its region count."""
+    from stitchtune.importers.onnx_partition import Partition
 
-    sub, inputs = _fx_group_module(gm, members, external)
-    spec = {}
-    for pname, src in inputs.items():
-        val = src.meta.get("val")
-        dt = torch_dtype_name(getattr(val, "dtype", None))
-        if val is None or dt is None:
-            return f"input {src.name} is {getattr(val, 'dtype', 'not a tensor')}"
-        spec[pname] = (tuple(int(d) for d in val.shape), dt)
-    try:
-        with warnings.catch_warnings(), _quiet():
-            warnings.simplefilter("ignore")
-            return import_torch(sub, spec, name=name)
-    except Exception as e:
-        return _reason(e)
+    producer = {t: i for i, nd in enumerate(nodes) for t in nd.output}
+    consumers: dict[str, set[int]] = {}
+    for i, nd in enumerate(nodes):
+        for t in nd.input:
+            consumers.setdefault(t, set()).add(i)
+    succ = {i: {c for t in nd.output for c in consumers.get(t, ())} for i, nd in enumerate(nodes)}
+    return Partition(groups=groups, consumers=consumers, producer=producer, succ=succ, cores=[set(g) for g in groups])
 
 
 def import_exported(model: str) -> TorchExportImport:
-    """``torch.export`` the model (non-strict, eval, the example inputs), cut its fx graph into
-    memory-intensive regions with the ONNX importer's partitioner, and import each group with
-    :func:`stitchtune.importers.torch_import.import_torch`. A node is mappable when ``import_torch``
-    takes it alone (probed once per op and argument signature); a group that still fails is
-    skipped with its reason."""
+    """``torch.export`` the model (non-strict, eval, the example inputs) and cut its fx graph into
+    stitchtune graphs with the torch importer's :func:`stitchtune.importers.torch_regions.find_regions`
+    (no planner check there: the table plans every graph itself). Regions are counted as for ONNX:
+    connected groups of memory-intensive fx nodes, cheap nodes of the model inputs counted in every
+    region that reads them."""
     import torch
 
-    from stitchtune.importers.onnx_partition import COMPUTE_OPS, label, partition, regions
+    from stitchtune.importers.onnx_partition import COMPUTE_OPS, label, regions
+    from stitchtune.importers.torch_regions import find_regions
 
     module, args, _ = build_model(model)
     with warnings.catch_warnings(), _quiet():
         warnings.simplefilter("ignore")
         ep = torch.export.export(module, args, strict=False)
     gm = ep.graph_module
+    split = find_regions(gm, accept=None, prefix=model)
     fx = list(gm.graph.nodes)
     tensors = {n.name for n in fx if isinstance(n.meta.get("val"), torch.Tensor)}
-    calls = [n for n in fx if n.op == "call_function" and n.name in tensors]
-    nodes = [_FxNode(n, tensors) for n in calls]
-    placeholders = {n.name for n in fx if n.op == "placeholder"}
-    users_out = {a.name for n in fx if n.op == "output" for a in n.all_input_nodes}
-    reasons: dict[int, str | None] = {}
-    probe: dict[Any, str | None] = {}
+    nodes = [_FxNode(n, tensors) for n in fx if n.op == "call_function" and n.name in tensors]
     index = {nd.name: i for i, nd in enumerate(nodes)}
-    for i, nd in enumerate(nodes):   # nodes of constants only (arange, zeros, ...) are constants
+    for nd in nodes:   # nodes of constants only (arange, zeros, ...) are constants, as folded in ONNX
         if all(t in index and nodes[index[t]].op_type == "Constant" for t in nd.input):
             nd.op_type = "Constant"
+    groups = [sorted(index[n.name] for n in r.nodes if n.name in index) for r in split.regions]
+    in_region = set().union(*groups) if groups else set()
+    declined = {d.what.removeprefix("op "): d.reason for d in split.declined if d.what.startswith("op ")}
+    reasons: dict[int, str | None] = {}
     for i, nd in enumerate(nodes):
-        n = nd.fx
-        if nd.op_type == "Constant":
-            reasons[i] = "constant"
-            continue
-        if nd.op_type in COMPUTE_OPS:
-            reasons[i] = "compute op, left to the framework"
-            continue
-        if not nd.input:
-            reasons[i] = "all inputs are constants"
-            continue
-        key = (str(n.target), repr([a if not isinstance(a, torch.fx.Node) else "T" for a in n.args]),
-               tuple(str(getattr(a.meta.get("val"), "dtype", "")) for a in n.all_input_nodes))
-        if key not in probe:
-            got = _try_import(gm, [n], {n.name}, "probe")
-            probe[key] = got if isinstance(got, str) and "at least one node" not in got else None
-        reasons[i] = probe[key]
-    mappable = {i for i, r in reasons.items() if r is None}
-    inputs_only: set[int] = set()
+        if nd.op_type == "Constant" or nd.op_type in COMPUTE_OPS:
+            reasons[i] = "constant" if nd.op_type == "Constant" else "compute op, left to the framework"
+        elif i not in in_region:
+            reasons[i] = declined.get(_aten_key(nd.fx.target), "not in a region (only views and casts, or declined)")
+        else:
+            reasons[i] = None
+    placeholders = {n.name for n in fx if n.op == "placeholder"}
+    pre: set[int] = set()
     for i, nd in enumerate(nodes):
         if nd.op_type not in COMPUTE_OPS and nd.op_type != "Constant" and nd.input \
                 and not any(w in nd.op_type for w in _ATEN_HEAVY) \
-                and all(t in placeholders or nodes[index[t]].op_type == "Constant" or index[t] in inputs_only
-                        for t in nd.input):
-            inputs_only.add(i)
-    part = partition(nodes, mappable, placeholders, frozenset(), users_out)
-    external = part.external(nodes, mappable, users_out)
-    subgraphs: list[Any] = []
-    fate: list[str] = []
-    for k, g in enumerate(part.groups):
-        if not any(nodes[i].name in external for i in g):
-            fate.append("unused")
-            continue
-        got = _try_import(gm, [nodes[i].fx for i in g], external, f"{model}_{len(subgraphs)}")
-        if isinstance(got, str) and "at least one node" in got:
-            fate.append("no-op")
-        elif isinstance(got, str):
-            for i in g:
-                reasons[i] = f"group not imported: {got}"
-            fate.append("unused")
-        else:
-            subgraphs.append(_Sub(got.graph))
-            fate.append(got.graph.name)
-    found = regions(nodes, set(range(len(nodes))), reasons, part, fate, frozenset(inputs_only))
+                and all(t in placeholders or nodes[index[t]].op_type == "Constant" or index[t] in pre for t in nd.input):
+            pre.add(i)
+    found = regions(nodes, set(range(len(nodes))), reasons, _fx_partition(nodes, groups),
+                    [r.name for r in split.regions], frozenset(pre))
     compute = tuple(label(i, nd) for i, nd in enumerate(nodes) if nd.op_type in COMPUTE_OPS)
-    return TorchExportImport(subgraphs, found, compute)
+    return TorchExportImport([_Sub(r.graph) for r in split.regions], found, compute)
 
 
 # ---------------------------------------------------------------------------- checks
@@ -352,7 +301,6 @@ def _rel_err(out: np.ndarray, ref: np.ndarray) -> float:
 
 def cover(model: str, exporter: str, seed: int = 0, device_name: str = "H200") -> dict[str, Any]:
     """One row of the table (a dict; see the module docstring). Never raises for a model's failure."""
-    from stitchtune.hardware.device import get_device
     from stitchtune.importers.onnx_import import import_onnx
 
     row: dict[str, Any] = {"model": model, "exporter": exporter}

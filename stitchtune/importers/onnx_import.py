@@ -18,7 +18,10 @@ Contract
   :mod:`~stitchtune.importers.onnx_layout`) maps to nothing: its readers read that tensor and
   broadcasting does the rest. A view that a non-element-wise op (reduction, softmax, norm) needs
   materialised, or one whose value would leave a subgraph, is a boundary instead (it is found while
-  building and the partition is redone without it).
+  building and the partition is redone without it). A Reshape that keeps the element order is a
+  *reshaped frame*: element-wise nodes whose tensor operands are all in the same frame compute in
+  it, and a value leaves in it (the same bytes); anything else that reads it needs a ``reshape``
+  node (once graph.json has it) or leaves the Reshape to the framework.
 * Subgraphs are the maximal connected groups of mappable nodes (joined by tensors) that can run as
   one fused unit. A group that some path leaves and re-enters through a boundary node (a residual
   around a MatMul) is split by *stage*: every path through a boundary moves to a later stage, a
@@ -386,14 +389,49 @@ def _static_shape(ctx: _Ctx, t: str) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------------------- mapping one node
+def _check_frames(ctx: _Ctx, index: int, node: Any, v: Callable[[str], Value]) -> None:
+    """An element-wise node may read values in a *reshaped frame* (the same elements as the ONNX
+    tensor in another shape: a Reshape it reads through) only when all its tensor operands are in
+    the same frame of the same ONNX shape; else :class:`_Demote` of the view that framed one."""
+    tensors = [t for t in node.input if t]
+    framed = []
+    for t in tensors:
+        x = v(t)
+        if not x.is_scalar and broadcast_shapes(tuple(x.shape), _static_shape(ctx, t)) != _static_shape(ctx, t):
+            framed.append(t)
+    if not framed:
+        return
+    vals = [v(t) for t in tensors if not v(t).is_scalar]
+    if len(vals) != len(framed) or len({x.shape for x in vals}) != 1 \
+            or len({_static_shape(ctx, t) for t in framed}) != 1:
+        raise _Demote(-1, f"a reshaped view that {label(index, node)} reads next to other shapes "
+                          f"(graph.json has no reshape)", tensor=framed[0])
+
+
+def _map_mask(b: GraphBuilder, op: str, ins: list[str], v: Callable[[str], Value], name: str) -> Value:
+    """A comparison, logical op or Where."""
+    if op in _COMPARE:
+        x, y = v(ins[0]), v(ins[1])
+        if x.dtype == "bool":   # Equal of two bools: compare them as 0 / 1
+            x, y = b.cast(x, "float32", f"{name}_a"), b.cast(y, "float32", f"{name}_b")
+        return b.elementwise(_COMPARE[op], [x, y], name)
+    if op in _LOGICAL:
+        return b.elementwise(_LOGICAL[op], [v(ins[0]), v(ins[1])], name)
+    if op == "Not":
+        return b.logical_not(v(ins[0]), name)
+    return b.elementwise("where", [v(t) for t in ins[:3]], name)
+
+
 def _map_node(ctx: _Ctx, b: GraphBuilder, index: int, node: Any, v: Callable[[str], Value],
               out_names: list[str]) -> list[Value | None]:
     """The values of ``node``'s outputs (None: not produced). A value may be *broadcast*: of a shape
     that broadcasts to the ONNX one (a view's base); ops that are not element-wise take exact
     values only (:class:`_Demote` of the producer otherwise)."""
     def exact(t: str) -> Value:
-        x = v(t)
-        if not x.is_scalar and tuple(x.shape) != _static_shape(ctx, t):
+        x, want = v(t), _static_shape(ctx, t)
+        if not x.is_scalar and tuple(x.shape) != want:
+            if "reshape" in OPS and math.prod(x.shape) == math.prod(want):   # a reshaped frame
+                return b.layout("reshape", [x], want, str(x.dtype), f"{t}_reshape", shape=list(want))
             raise _Demote(-1, f"a broadcast view that {label(index, node)} needs materialised "
                               f"(graph.json has no expand)", tensor=t)
         return x
@@ -403,17 +441,10 @@ def _map_node(ctx: _Ctx, b: GraphBuilder, index: int, node: Any, v: Callable[[st
     ins = [t for t in node.input]
     if index in ctx.views:   # a view: its consumers read the base (broadcasting does the rest)
         return [v(ctx.views[index].base)]
-    if op in _COMPARE:
-        x, y = v(ins[0]), v(ins[1])
-        if x.dtype == "bool":   # Equal of two bools: compare them as 0 / 1
-            x, y = b.cast(x, "float32", f"{name}_a"), b.cast(y, "float32", f"{name}_b")
-        return [b.elementwise(_COMPARE[op], [x, y], name)]
-    if op in _LOGICAL:
-        return [b.elementwise(_LOGICAL[op], [v(ins[0]), v(ins[1])], name)]
-    if op == "Not":
-        return [b.logical_not(v(ins[0]), name)]
-    if op == "Where":
-        return [b.elementwise("where", [v(t) for t in ins[:3]], name)]
+    if op in _ELEMENTWISE:
+        _check_frames(ctx, index, node, v)
+    if op in _COMPARE or op in _LOGICAL or op in ("Not", "Where"):
+        return [_map_mask(b, op, ins, v, name)]
     if op in _UNARY:
         return [b.unary(_UNARY[op], v(ins[0]), name)]
     if op == "Identity" or (op in _NOOP_SHAPE_OPS and _changes_nothing(ctx, node)):
@@ -505,6 +536,8 @@ def import_onnx(model: Any, node_range: tuple[int | None, int | None] | None = N
             subgraphs, fate = _build_all(ctx, nodes, part, part.external(nodes, mappable, model_outputs), base)
             break
         except _Demote as d:
+            if d.node in demoted or d.node < 0:   # cannot happen: a demoted node is in no group
+                raise ImportError_(f"{label(d.node, nodes[d.node])}: {d.reason}") from None
             log.info("%s: %s", label(d.node, nodes[d.node]), d.reason)
             demoted[d.node] = d.reason
     dropped = tuple(", ".join(label(i, nodes[i]) for i in g) for g, f in zip(part.groups, fate) if f == "no-op")
@@ -590,6 +623,39 @@ def _lazy_origin(ctx: _Ctx, nodes: list[Any], t: str, vals: dict[str, Value]) ->
     return p
 
 
+def _take(ctx: _Ctx, nodes: list[Any], b: GraphBuilder, i: int, t: str, r: Value, leaves: bool,
+          vals: dict[str, Value]) -> Value | str | None:
+    """Record node ``i``'s value ``r`` of tensor ``t`` (checked against the model's shape, cast to
+    its dtype) in ``vals``; return it when it ``leaves`` the group as an output, ``"passed"`` when
+    it would leave but is one of the group's inputs, else None. Raises :class:`_Demote` when it
+    cannot leave (bool, broadcast, rearranged) or does not fit the model."""
+    view = ctx.views.get(i)
+    if view is not None and not view.broadcast and not view.reshape:
+        if leaves:
+            raise _Demote(i, f"its value {t!a} is a rearranged view that leaves the region")
+        return None   # an inner link of a chain of views: its readers read the base
+    expect = _static_shape(ctx, t)
+    if not r.is_scalar and math.prod(r.shape) == math.prod(expect):
+        pass   # exact, or a reshaped frame of it: the same elements in the same order
+    elif r.is_scalar or broadcast_shapes(tuple(r.shape), expect) != expect:
+        raise _Demote(i, f"mapped shape {list(r.shape)} differs from the model's {list(expect)} for {t!a}")
+    dt = _ONNX_ALL[ctx.types[t].elem]
+    if r.dtype != dt:
+        r = b.cast(r, dt, f"{t}_cast")
+    vals[t] = r
+    if not leaves:
+        return None
+    same = math.prod(r.shape) == math.prod(expect)   # a pure reshape: the same bytes
+    if b.is_input(r) and same:
+        return "passed"
+    if not same:
+        raise _Demote(_lazy_origin(ctx, nodes, t, vals), f"a broadcast view that would leave "
+                      f"the region through {t!a} (graph.json has no expand)")
+    if dt == "bool":
+        raise _Demote(i, f"its value {t!a} would leave the region as a bool tensor (bool graph outputs are refused)")
+    return r
+
+
 def _build(ctx: _Ctx, nodes: list[Any], members: list[int], core: set[int], external: set[str],
            gname: str) -> OnnxSubgraph | str:
     """The group's subgraph, or ``"no-op"`` when every value it hands on is one of its inputs passed
@@ -605,13 +671,8 @@ def _build(ctx: _Ctx, nodes: list[Any], members: list[int], core: set[int], exte
     def value(t: str) -> Value:
         if t in vals:
             return vals[t]
-        if t in produced:   # a reshaped view read inside the group: a reshape node, if graph.json has it
-            view = ctx.views.get(ctx.producer[t])
-            base = value(view.base) if view is not None and view.reshape and "reshape" in OPS else None
-            if base is None or tuple(base.shape) != _static_shape(ctx, view.base):
-                raise _Demote(ctx.producer[t], "a reshaped view read inside the region (graph.json has no reshape)")
-            vals[t] = b.layout("reshape", [base], view.shape, str(base.dtype), f"{t}_reshape", shape=list(view.shape))
-            return vals[t]
+        if t in produced:   # an inner link of a chain of views, read by something else after all
+            raise _Demote(ctx.producer[t], "a rearranged view read inside the region")
         if t in ctx.consts and t not in produced:
             c = ctx.consts[t]
             if c.size == 1:
@@ -647,34 +708,12 @@ def _build(ctx: _Ctx, nodes: list[Any], members: list[int], core: set[int], exte
         for t, r in zip(outs, results):
             if not t or r is None:
                 continue
-            leaves = i in core and t in external
-            if i in ctx.views and not ctx.views[i].broadcast:
-                if leaves and not ctx.views[i].reshape:
-                    raise _Demote(i, f"its value {t!a} is a rearranged view that leaves the region")
-                if not leaves:
-                    continue   # an inner link of a chain of views: its readers read the base
-            expect = _static_shape(ctx, t)
-            if i in ctx.views and ctx.views[i].reshape and math.prod(r.shape) == math.prod(expect):
-                pass   # a reshaped view handed on: the same elements in the same order
-            elif r.is_scalar or broadcast_shapes(tuple(r.shape), expect) != expect:
-                raise _Demote(i, f"mapped shape {list(r.shape)} differs from the model's {list(expect)} for {t!a}")
-            dt = _ONNX_ALL[ctx.types[t].elem]
-            if r.dtype != dt:
-                r = b.cast(r, dt, f"{t}_cast")
-            vals[t] = r
-            if leaves:
-                same = math.prod(r.shape) == math.prod(expect)   # a pure reshape: the same bytes
-                if b.is_input(r) and same:
-                    passed_through = True   # the tensor equals one of the group's inputs: nothing to compute
-                    continue
-                if not same:
-                    raise _Demote(_lazy_origin(ctx, nodes, t, vals), f"a broadcast view that would leave "
-                                  f"the region through {t!a} (graph.json has no expand)")
-                if dt == "bool":
-                    raise _Demote(i, f"its value {t!a} would leave the region as a bool tensor "
-                                     f"(bool graph outputs are refused)")
-                outputs.append(r)
-                names.append((str(r.ref), t))
+            got = _take(ctx, nodes, b, i, t, r, i in core and t in external, vals)
+            if got == "passed":
+                passed_through = True   # the tensor equals one of the group's inputs: nothing to compute
+            elif got is not None:
+                outputs.append(got)
+                names.append((str(got.ref), t))
     if not outputs:
         why = "no-op" if passed_through else "unused"
         log.info("%s (ONNX nodes %s): %s", gname, ", ".join(label(i, nodes[i]) for i in members),

@@ -381,12 +381,10 @@ class _RowKernel:
                 lb.append(Assign(accs[r], Select(valid, low.combine(r, accs[r], vals[j]), accs[r])))
         if online is not None:
             self.rb.extend(sp.reset(online))
-            vals = sv.value(online.cand.source)
-            for j in range(vec):
-                lb.extend(sp.update(online, vals[j], valid, cx.var))
-            flops, sfu = sp.UPDATE_COST[online.cand.kind]
-            self.stats["flops"] += flops * vec
-            self.stats["sfu"] += sfu * vec
+            lb.extend(sp.update_vector(online, list(sv.value(online.cand.source)), valid, cx.var))
+            flops, sfu = sp.update_cost(online.cand.kind, vec)
+            self.stats["flops"] += flops
+            self.stats["sfu"] += sfu
         for o in outputs:
             vals = sv.value(o)
             buf = low.out_buf[o]
