@@ -37,7 +37,7 @@ __all__ = ["RegionError", "RegionKernel", "register", "region_op"]
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "bool": torch.bool}
-_registry: dict[str, RegionKernel] = {}
+_registry: dict[str, Any] = {}   # key -> RegionKernel | DynamicRegionKernel
 _lock = threading.Lock()
 #: packed argument sets kept per region and GPU (one per distinct set of pointers, oldest dropped)
 MAX_BOUND = 64
@@ -59,6 +59,8 @@ class RegionKernel:
     compiled: Any  # deploy.compiled.CompiledGraph
     cpu: str = "emulate"
     driver: Any = None
+    #: PyTorch's output shapes when they differ from the graph's in leading 1s (same row-major bytes)
+    out_shapes: tuple[tuple[int, ...], ...] | None = None
     _launchers: dict[Any, Any] = field(default_factory=dict, repr=False)  # per GPU index; "out_specs"
 
     @property
@@ -74,8 +76,9 @@ class RegionKernel:
         specs = self._launchers.get("out_specs")
         if specs is None:
             g = self.graph
-            specs = self._launchers["out_specs"] = tuple((tuple(g.spec(o).shape), _DTYPES[g.spec(o).dtype])
-                                                         for o in g.outputs)
+            shapes = self.out_shapes or tuple(tuple(g.spec(o).shape) for o in g.outputs)
+            specs = self._launchers["out_specs"] = tuple((tuple(sh), _DTYPES[g.spec(o).dtype])
+                                                         for sh, o in zip(shapes, g.outputs))
         return [torch.empty(shape, dtype=dt, device=device) for shape, dt in specs]
 
     # -- CPU ---------------------------------------------------------------------------------
@@ -89,7 +92,8 @@ class RegionKernel:
             out = run_reference(g, arrays)
         else:
             out = self.compiled.emulate(**arrays)
-        return [_from_numpy(np.asarray(out[o]).reshape(g.spec(o).shape), g.spec(o).dtype) for o in g.outputs]
+        shapes = self.out_shapes or tuple(tuple(g.spec(o).shape) for o in g.outputs)
+        return [_from_numpy(np.asarray(out[o]).reshape(sh), g.spec(o).dtype) for sh, o in zip(shapes, g.outputs)]
 
     # -- CUDA --------------------------------------------------------------------------------
     def launcher(self, index: int, stream: int) -> tuple[Any, dict[Any, Any]]:
@@ -127,10 +131,10 @@ class RegionKernel:
         kernels enqueued on torch's current stream (stream 0 for CPU tensors with a given driver)."""
         dev = inputs[0].device
         outs = self.empty_outputs(dev)
-        ptrs = tuple(int(t.data_ptr()) for t in inputs) + tuple(int(t.data_ptr()) for t in outs)
+        ptrs = tuple([t.data_ptr() for t in inputs] + [t.data_ptr() for t in outs])
         if dev.type == "cuda":
             index = dev.index if dev.index is not None else torch.cuda.current_device()
-            stream = int(torch.cuda.current_stream(dev).cuda_stream)
+            stream = torch.cuda.current_stream(dev).cuda_stream
             if self.driver is None:
                 self.launcher(index, stream)[0].driver.make_current()
         else:
@@ -149,13 +153,65 @@ class RegionKernel:
             raise RegionError(f"{self.describe()} failed at run time: {type(exc).__name__}: {exc}") from exc
 
 
-def register(key: str, kernel: RegionKernel) -> None:
+    def fake(self, inputs: Sequence[Any]) -> list[Any]:
+        """The op's fake (meta) result: empty outputs on the inputs' device."""
+        return self.empty_outputs(inputs[0].device if inputs else torch.device("cpu"))
+
+
+@dataclass
+class DynamicRegionKernel:
+    """A region with symbolic shapes: ``module`` (its ATen ops) gives the fake result and, where no
+    kernel can be made, the eager one; per concrete input shapes ``build(inputs)`` makes a
+    :class:`RegionKernel` (cached; a failure is logged once and that shape runs eagerly)."""
+
+    name: str
+    ops: tuple[str, ...]
+    module: Any
+    build: Any   # (inputs) -> (RegionKernel, for each module output its index in the kernel's outputs)
+    compiled: Any = None   # the CompiledGraph at the example shapes (what explain reports)
+    kernels: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    def describe(self) -> str:
+        return f"stitched region {self.name} ({', '.join(o.removeprefix('aten.') for o in self.ops)})"
+
+    def fake(self, inputs: Sequence[Any]) -> list[Any]:
+        outs = self.module(*inputs)
+        return [torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in outs]
+
+    def _eager(self, inputs: Sequence[Any]) -> list[Any]:
+        outs = []
+        for o in self.module(*inputs):
+            o = o.contiguous()
+            if o._base is not None or any(o.data_ptr() == t.data_ptr() for t in inputs):
+                o = o.clone()
+            outs.append(o)
+        return outs
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+        key = tuple((tuple(t.shape), t.dtype, t.device.type) for t in inputs)
+        if key not in self.kernels:
+            try:
+                self.kernels[key] = self.build(inputs)
+                log.info("%s: kernels made for shapes %s", self.describe(), [list(k[0]) for k in key])
+            except Exception as exc:  # noqa: BLE001 - this shape runs the region's ATen ops instead
+                log.warning("%s: no kernel for shapes %s (%s); running its ATen ops", self.describe(),
+                            [list(k[0]) for k in key], exc)
+                self.kernels[key] = None
+        hit = self.kernels[key]
+        if hit is None:
+            return self._eager(inputs)
+        kernel, index = hit
+        outs = kernel(inputs)
+        return [outs[i] for i in index]
+
+
+def register(key: str, kernel: RegionKernel | DynamicRegionKernel) -> None:
     """Make ``kernel`` what ``torch.ops.stitchtune.region(key, ...)`` runs."""
     with _lock:
         _registry[key] = kernel
 
 
-def lookup(key: str) -> RegionKernel:
+def lookup(key: str) -> Any:
     k = _registry.get(key)
     if k is None:
         raise RegionError(f"no stitched region {key!r} in this process (compiled graphs are not portable "
@@ -169,8 +225,7 @@ def region_op(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _region_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    device = inputs[0].device if inputs else torch.device("cpu")
-    return lookup(key).empty_outputs(device)
+    return lookup(key).fake(inputs)
 
 
 # A plain torch.library definition, not ``torch.library.custom_op``: the latter's Python wrappers cost
