@@ -199,20 +199,17 @@ class CompiledGraph:
     def emulate(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         """Run the program in the CPU emulator; ``{output: array}`` shaped and typed like the graph."""
         from stitchtune.emulate.emulator import emulate_program
-        from stitchtune.hardware.occupancy import max_resident_blocks
         from stitchtune.graph.reference import check_inputs
+        from stitchtune.gpu.runners import emulator_limits
 
         check_inputs(self.graph, arrays)
         regs = {k["kernel"]: k.get("registers") for k in self.manifest["kernels"]}
-        est = {k.name: k.est_registers for k in self.program.profile.kernels}
-
-        def limit(kernel: Any) -> int:
-            r = regs.get(kernel.name) or est.get(kernel.name) or 32
-            return max_resident_blocks(self.device, kernel.block, int(r), int(kernel.smem_bytes))
-
+        limit, climit = emulator_limits(self.device, self.program, regs)
         scratch: dict[str, np.ndarray] = {}
-        flat = emulate_program(self.program, dict(arrays), coresident_limit=limit, scratch_out=scratch)
-        check_gather_flags(self.program, {b: float(a[0]) for b, a in scratch.items() if b in gather_flag_buffers(self.program)})
+        flat = emulate_program(self.program, dict(arrays), coresident_limit=limit, cluster_limit=climit,
+                               scratch_out=scratch)
+        flags = gather_flag_buffers(self.program)
+        check_gather_flags(self.program, {b: float(a[0]) for b, a in scratch.items() if b in flags})
         return {o: flat[o].reshape(self.graph.spec(o).shape) for o in self.graph.outputs}
 
     def __call__(self, **arrays: Any) -> dict[str, np.ndarray]:
