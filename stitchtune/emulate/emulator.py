@@ -145,6 +145,7 @@ def _check_cluster_launch(kernel: Kernel, grid: int, cluster_limit: int | None) 
 def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
                     coresident_limit: Callable[[Kernel], int] | None = None,
                     cluster_limit: Callable[[Kernel], int] | None = None,
+                    scratch_out: dict[str, np.ndarray] | None = None,
                     block_order_seed: int | None = None) -> dict[str, np.ndarray]:
     """Run every launch of ``program`` on fresh buffers; return ``{output tensor: flat array}``.
 
@@ -153,6 +154,8 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
     ``zero_init`` start as zeros (written), others as NaN (unwritten); barrier buffers are zeroed
     uint32. ``cluster_limit(kernel)``: the clusters of a cluster kernel the device holds at once
     (None: not checked). Returned arrays are 1-D in the buffer dtype (the caller reshapes to the graph shape).
+    ``scratch_out``, when given, receives a copy of every scratch buffer after the last launch (the
+    error flags of gathers among them, see :func:`stitchtune.lower.remap.gather_flag_buffers`).
     ``block_order_seed``: launch ``i`` runs its atomic adds in the block order of seed
     ``(block_order_seed, i)`` (see the module docstring).
     """
@@ -194,4 +197,6 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
         seed = None if block_order_seed is None else hash((int(block_order_seed), i)) & 0x7FFFFFFF
         emulate_kernel(kernel, launch.grid, kb, written=kw, coresident_limit=limit, cluster_limit=climit,
                        block_order_seed=seed)
+    if scratch_out is not None:
+        scratch_out.update({b.name: arrays[b.name].copy() for b in program.buffers if b.role == "scratch"})
     return {b.tensor: arrays[b.name].copy() for b in program.buffers if b.role == "output"}

@@ -156,9 +156,8 @@ class Device:
 
     # ---- persistence ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form (plain lists and scalars, so ``json.loads(json.dumps(d)) == d``)."""
         d = dataclasses.asdict(self)
-        d["gpc_sms"] = list(self.gpc_sms)
+        d["gpc_sms"] = list(self.gpc_sms)  # the JSON form (from_dict turns it back into a tuple)
         d["key"] = self.key
         d["arch"] = self.arch
         return d

@@ -41,6 +41,7 @@ from math import prod
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import OPS
+from stitchtune.plan import remap
 from stitchtune.plan.cross import CrossReduction, check_cross, split_cross
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
@@ -316,7 +317,10 @@ def _reuse_candidates(graph: Graph, names: list[str], classes: dict[str, TensorC
 
 
 def make_plan(graph: Graph) -> StitchPlan:
-    """Analyse ``graph``; raise :class:`UnsupportedGraphError` when it has no stitched lowering."""
+    """Analyse ``graph``; raise :class:`UnsupportedGraphError` when it has no stitched lowering.
+    A graph with index ops (slice, concat, gather) is analysed through its surrogate
+    (:mod:`stitchtune.plan.remap`)."""
+    real, graph = graph, remap.surrogate(graph)
     all_specs = [(n, s.shape) for n, s in graph.inputs] + [(nd.id, nd.shape) for nd in graph.nodes]
     names = [n for n, _ in all_specs]
     domain = max((shape for _, shape in all_specs), key=lambda s: (prod(s), len(s)))
@@ -324,9 +328,15 @@ def make_plan(graph: Graph) -> StitchPlan:
     all_red = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
     red_nodes, cross_nodes = split_cross(all_red, maps, domain)
     view = _view(domain, bool(all_red), _reduced_axes(red_nodes, maps))
+    if real is not graph:
+        remap.check_gathers(real, domain, view.col_axes, view.family)
     classes = _classify(names, view, maps)
     _check_reductions(red_nodes, classes)
+    if real is not graph:
+        remap.check_remaps(real, domain, view.row_axes, {n: c.varies_along_reduced for n, c in classes.items()})
     imaps = _index_maps(graph, view, maps)
+    if real is not graph:
+        imaps.update(remap.real_index_maps(real, graph, maps, domain, view.row_axes, view.col_axes))
     cross = check_cross(graph, cross_nodes, view.family, classes, {n: not m.plain for n, m in imaps.items()})
     stages = _stages(graph, red_nodes)
     return StitchPlan(
