@@ -22,7 +22,7 @@ Rules read a :data:`Point`: a mapping with the plan's ``family``, ``nstages`` an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, TypeVar
 
 T = TypeVar("T")
@@ -288,11 +288,12 @@ def _single_pass_names(p: Point) -> Mapping[str, Any]:
 
 SINGLE_PASS: Option[int] = Option(
     "single_pass", 0, int, _single_pass_applies, "the plan has single-pass candidates (row family)", _is_row,
-    derive=_single_pass_names, drawn=False)
+    derive=_single_pass_names)
 """1: every single-pass candidate of the plan (:mod:`stitchtune.plan.single_pass`: mean then variance,
 max then sum of exp(x - max)) is computed in one sweep (Welford / online softmax, merged across lanes,
-warps and split blocks); the merged stage takes the first stage's scheme. Not drawn (``drawn=False``):
-the search reaches it through ``variants`` and the grid, so recorded studies and seeded samples stay."""
+warps and split blocks); the merged stage takes the first stage's scheme. Drawn and asked like any option;
+:data:`RECORDED_OPTIONS` holds it undrawn (as it was when the golden files of before were recorded), and
+``variants`` also try it next to every best point."""
 
 
 
@@ -316,11 +317,12 @@ form one cluster and combine their partials through distributed shared memory af
 the size is the split (``split == cluster``; searched through ``split`` and the scheme, which the space
 offers only where the device has clusters and ``split <= max_cluster``); 1 = no cluster."""
 
-RECORDED_OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, CROSS_COMBINE, SINGLE_PASS))
-"""The options of the space the golden files of before the cluster scheme were recorded with
+RECORDED_OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, CROSS_COMBINE, replace(SINGLE_PASS, drawn=False)))
+"""The options of the space the golden files of before the cluster scheme were recorded with, ``single_pass``
+undrawn as it was then
 (``tests/lower/golden/kernel_hashes*.json``, ``tests/space/golden/suggest_params*.json`` but the ``*_cluster``
 ones): a space built with this table asks and draws exactly what it did then (no ``cluster`` scheme, which
 comes with the ``cluster`` option: a new scheme on the H200 necessarily changes seeded draws)."""
 
-OPTIONS = RECORDED_OPTIONS.extended(CLUSTER)
+OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, CROSS_COMBINE, SINGLE_PASS, CLUSTER))
 """The stitch space's options, in decision order (append new ones at the end)."""
