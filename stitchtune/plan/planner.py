@@ -1,11 +1,16 @@
 """Stitch planning: AStitch's dominant-op analysis on a validated :class:`~stitchtune.graph.parse.Graph`.
 
-The plan views the graph as a 2-D problem ``[M, N]`` (row-major, ``N`` contiguous):
+The plan views the graph as a 2-D problem ``[M, N]`` (row-major, ``N`` contiguous) over the domain
+axes found by :func:`~stitchtune.plan.axes.tensor_axes` (the largest tensor's layout; transpose and
+reshape nodes are index maps, a reshape may split an axis, e.g. channels into groups):
 
-* family ``row``: every reduction reduces the contiguous trailing axes (row reductions: layernorm,
-  softmax, RMSNorm); ``P = M`` rows are independent, ``K = N`` is the reduced length.
-* family ``col``: every reduction reduces the leading axes (column reductions, e.g. batchnorm
-  statistics); ``P = N`` columns are independent, ``K = M`` is the reduced length.
+* family ``row``: the reductions reduce the innermost domain axis (and maybe others): the reduced
+  axes are the view's columns, the kept ones its rows (row reductions: layernorm, softmax, RMSNorm,
+  group norm over (C/G, H, W)); ``P = M`` rows are independent, ``K = N`` is the reduced length.
+* family ``col``: the reductions keep the innermost axis: the reduced axes are the view's rows and
+  the kept ones its columns (column reductions, e.g. batchnorm statistics over the leading axes, or
+  ``mean(x, axis=1)`` of ``[B, T, C]``: rows ``T``, columns ``B*C``, so the lanes of a warp still run
+  along the contiguous ``C``); ``P = N`` columns are independent, ``K = M`` is the reduced length.
 * family ``elementwise``: no reduction (bias + GELU); handled like ``row`` with zero stages.
 
 Every tensor gets a :class:`TensorClass`: ``FULL`` (full ``[M, N]``), ``PER_KEPT`` (one value per
@@ -19,17 +24,21 @@ along the reduced axis); which schemes are legal for that edge depends on the th
 decided in :mod:`stitchtune.space`.
 
 Every tensor also gets an :class:`~stitchtune.plan.index_map.IndexMap` (:attr:`StitchPlan.index_maps`):
-where view element ``(r, c)`` lives in it. A tensor that broadcasts along only some of the row axes
+where view element ``(r, c)`` lives in it. A tensor that broadcasts along some of the axes of a group
 (a position embedding ``[1, S, H]`` against ``[B, S, H]``, a mask ``[B, 1, 1, S]`` against scores
-``[B, H, S, S]``, rotary ``cos [1, 1, S, D]``, a per-channel ``[1, C, 1]``) keeps the coarse class of
-what it varies along (``FULL``: it varies along the columns too, and is swept, cached and vector-loaded
-like a full tensor, only reading fewer bytes; ``PER_KEPT``: one value per row) and is addressed
-through its map (:meth:`StitchPlan.mapped`); every other tensor has the plain map of its class.
+``[B, H, S, S]``, rotary ``cos [1, 1, S, D]``, a per-channel ``[1, C, 1]``, group norm's gamma
+``[1, C, 1, 1]``, which varies along the groups (rows) and the channels of a group (part of the
+columns)) keeps the coarse class of what it varies along (``FULL``: it varies along rows and columns,
+and is swept and cached like a full tensor, only reading fewer bytes; ``PER_KEPT``: one value per
+row) and is addressed through its map (:meth:`StitchPlan.mapped`), with vector loads where the map
+allows (:meth:`~stitchtune.plan.index_map.IndexMap.vector_mode`); every other tensor has the plain
+map of its class, so its code is that of the 2-D family. An output is stored through its map when
+that map is a bijection (a permuted full tensor, e.g. a transposed result).
 
-Graphs whose broadcasts cannot be expressed in this view (a tensor that varies along part of the
-column axes, or along part of the row axes of a column reduction, a partially broadcast output,
-reductions over different axes, ...) raise :class:`UnsupportedGraphError` naming the tensor or node;
-they still run on the reference executor.
+Graphs that cannot be expressed in such a view (a partially broadcast output, reductions over
+different axes, a reshape that is not a split/merge of the domain axes, a diagonal ``x + x.T``, ...)
+raise :class:`UnsupportedGraphError` naming the tensor or node; they still run on the reference
+executor.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from math import prod
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import OPS
+from stitchtune.plan.axes import Groups, tensor_axes
 from stitchtune.plan.index_map import IndexMap, index_map
 
 
@@ -83,7 +93,7 @@ class StitchPlan:
 
     def mapped(self, name: str) -> bool:
         """Whether ``name`` is addressed through its index map (not one of the 2-D family's plain maps:
-        it broadcasts along part of the row axes)."""
+        it broadcasts along part of an axis group, or its axes are permuted)."""
         return not self.imap(name).plain
 
     def dtype(self, name: str) -> str:
@@ -104,79 +114,37 @@ class StitchPlan:
         return len(self.stages)
 
 
-def _axes_maps(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int | None, ...]]:
-    """For each tensor: which domain axis each of its dims indexes (None for a size-1 dim)."""
-    D = len(domain)
-    maps: dict[str, tuple[int | None, ...]] = {}
-    for name, spec in graph.inputs:
-        shape = spec.shape
-        if len(shape) > D:
-            raise UnsupportedGraphError(f"input '{name}' has a higher rank than the largest tensor")
-        m: list[int | None] = []
-        for k, s in enumerate(shape):
-            ax = D - len(shape) + k
-            if s == 1:
-                m.append(None)
-            elif s == domain[ax]:
-                m.append(ax)
-            else:
-                raise UnsupportedGraphError(
-                    f"input '{name}' shape {list(shape)} does not align with the iteration domain {list(domain)}")
-        maps[name] = tuple(m)
-    for node in graph.nodes:
-        info = OPS[node.op]
-        targs = [a for a in node.args if isinstance(a, str)]
-        if info.kind == "reduce":
-            src = maps[targs[0]]
-            if node.keepdims:
-                maps[node.id] = tuple(None if i in node.axes else a for i, a in enumerate(src))
-            else:
-                maps[node.id] = tuple(a for i, a in enumerate(src) if i not in node.axes)
-            continue
-        rank = len(node.shape)
-        out: list[int | None] = [None] * rank
-        for a in targs:
-            am = maps[a]
-            off = rank - len(am)
-            for k, ax in enumerate(am):
-                pos = off + k
-                if ax is None:
-                    continue
-                if out[pos] is None:
-                    out[pos] = ax
-                elif out[pos] != ax:
-                    raise UnsupportedGraphError(
-                        f"node '{node.id}' broadcasts values of different axes against each other "
-                        "(a reduction without keepdims used along another axis?)")
-        maps[node.id] = tuple(out)
-    return maps
-
-
 @dataclass(frozen=True)
 class _View:
-    """The 2-D view of the iteration domain: which domain axes are rows (``M``) and which columns (``N``)."""
+    """The 2-D view of the iteration domain: which domain axes are rows (``M``) and which columns
+    (``N``), each group in domain (row-major) order; ``sizes[a]`` is the extent of axis ``a``."""
 
     family: str
-    domain: tuple[int, ...]
+    sizes: dict[int, int]
     row_axes: tuple[int, ...]
     col_axes: tuple[int, ...]
 
     @property
     def M(self) -> int:
-        return prod(self.domain[a] for a in self.row_axes) if self.row_axes else 1
+        return prod(self.sizes[a] for a in self.row_axes)
 
     @property
     def N(self) -> int:
-        return prod(self.domain[a] for a in self.col_axes) if self.col_axes else 1
+        return prod(self.sizes[a] for a in self.col_axes)
+
+    @property
+    def shape(self) -> list[int]:
+        """The domain's extents in order (for messages)."""
+        return list(self.sizes.values())
 
 
-def _reduced_axes(red_nodes: list[Node], maps: dict[str, tuple[int | None, ...]]) -> set[int]:
+def _reduced_axes(red_nodes: list[Node], maps: dict[str, Groups]) -> set[int]:
     """The domain axes every reduction reduces (the same for all of them, never mixed with kept ones)."""
     red_axes: set[int] | None = None
     for nd in red_nodes:
         src = maps[nd.args[0]]  # type: ignore[index]
-        axes = {src[i] for i in nd.axes if src[i] is not None}
-        kept = {a for i, a in enumerate(src) if i not in nd.axes and a is not None}
+        axes = {a for i in nd.axes for a in src[i]}
+        kept = {a for i, g in enumerate(src) if i not in nd.axes for a in g}
         if red_axes is None:
             red_axes = axes
         elif axes and axes != red_axes:
@@ -188,48 +156,33 @@ def _reduced_axes(red_nodes: list[Node], maps: dict[str, tuple[int | None, ...]]
     return red_axes or set()
 
 
-def _view(domain: tuple[int, ...], has_reductions: bool, red_axes: set[int]) -> _View:
-    """The family and the row / column axes: the reduced axes must be the trailing (row) or the
-    leading (col) live axes; without a (live) reduced axis, rows of the last live axis."""
-    D = len(domain)
-    live_axes = [a for a in range(D) if domain[a] > 1]
-    red_live = sorted(a for a in red_axes if domain[a] > 1)
-    if not has_reductions or not red_live:
+def _view(order: tuple[int, ...], sizes: dict[int, int], has_reductions: bool, red_axes: set[int]) -> _View:
+    """The family and the row / column axes of the domain axes ``order`` (row-major). Reducing the
+    innermost axis: family ``row``, the reduced axes are the columns (contiguous when they are the
+    trailing axes; strided otherwise), the kept ones the rows. Keeping it: family ``col``, the reduced
+    axes are the rows and the kept ones the columns, so that the lanes of a warp run along the
+    contiguous innermost axis (leading reductions; a middle-axis reduction of ``[B, T, C]`` over ``T``
+    has rows ``T`` and columns ``B*C``). Without a reduced axis: rows of the innermost axis."""
+    red = [a for a in order if a in red_axes]
+    if not has_reductions or not red or not order:
         family = "row" if has_reductions else "elementwise"
-        split = live_axes[-1] if live_axes else D - 1
-        row_axes = [a for a in range(D) if a < split]
-    elif red_live == live_axes[len(live_axes) - len(red_live):]:
-        family = "row"
-        row_axes = [a for a in range(D) if a < red_live[0]]
-    elif red_live == live_axes[:len(red_live)]:
-        family = "col"
-        row_axes = [a for a in range(D) if a <= red_live[-1]]
-    else:
-        raise UnsupportedGraphError(
-            "the reduced axes are neither the trailing nor the leading axes of the tensor; "
-            "transpose the input so that they are")
-    col_axes = [a for a in range(D) if a not in row_axes]
-    return _View(family, domain, tuple(row_axes), tuple(col_axes))
+        return _View(family, sizes, tuple(order[:-1]), tuple(order[-1:]))
+    kept = tuple(a for a in order if a not in red_axes)
+    if order[-1] in red_axes:
+        return _View("row", sizes, kept, tuple(red))
+    return _View("col", sizes, tuple(red), kept)
 
 
-def _classify(names: list[str], view: _View, maps: dict[str, tuple[int | None, ...]]) -> dict[str, TensorClass]:
-    """The class of each tensor: which axis groups (rows, columns) it varies along."""
-    rows_live = {a for a in view.row_axes if view.domain[a] > 1}
-    cols_live = {a for a in view.col_axes if view.domain[a] > 1}
+def _classify(names: list[str], view: _View, maps: dict[str, Groups]) -> dict[str, TensorClass]:
+    """The class of each tensor: which axis groups (rows, columns) it varies along (all of a group's
+    axes or only some of them: a partial variation is expressed by the tensor's index map)."""
+    rows_live, cols_live = set(view.row_axes), set(view.col_axes)
     per_row = TensorClass.PER_KEPT if view.family != "col" else TensorClass.PER_REDUCED
     per_col = TensorClass.PER_KEPT if view.family == "col" else TensorClass.PER_REDUCED
     classes: dict[str, TensorClass] = {}
     for name in names:
-        varies = {a for a in maps[name] if a is not None}
+        varies = {a for g in maps[name] for a in g}
         in_rows, in_cols = varies & rows_live, varies & cols_live
-        if in_cols and in_cols != cols_live:
-            raise UnsupportedGraphError(
-                f"tensor '{name}' varies along only part of the {_col_group(view)} axes; index maps "
-                "support broadcasting along the row axes only")
-        if in_rows and in_rows != rows_live and view.family == "col":
-            raise UnsupportedGraphError(
-                f"tensor '{name}' varies along only part of the reduced axes of a column reduction; "
-                "index maps support broadcasting along the row axes of row-family kernels only")
         if in_rows and in_cols:
             classes[name] = TensorClass.FULL
         elif in_rows:
@@ -241,22 +194,29 @@ def _classify(names: list[str], view: _View, maps: dict[str, tuple[int | None, .
     return classes
 
 
-def _col_group(view: _View) -> str:
-    """What the column axes of the view are called in messages."""
-    return {"row": "reduced (contiguous)", "col": "kept (contiguous)"}.get(view.family, "contiguous")
-
-
-def _index_maps(graph: Graph, view: _View, maps: dict[str, tuple[int | None, ...]]) -> dict[str, IndexMap]:
-    """Every tensor's :class:`IndexMap` over the view; an output must be stored through a plain map
-    (one element per view element, or one per row / column): a partially broadcast output is refused."""
-    out = {n: index_map(graph.spec(n).shape, maps[n], view.domain, view.row_axes, view.col_axes) for n in maps}
+def _index_maps(graph: Graph, view: _View, maps: dict[str, Groups]) -> dict[str, IndexMap]:
+    """Every tensor's :class:`IndexMap` over the view; an output must be stored through a bijective
+    map (one view element per element of it, or one row / column: a plain map, or a permuted one):
+    a partially broadcast output is refused."""
+    out = {n: index_map(graph.spec(n).shape, maps[n], view.sizes, view.row_axes, view.col_axes) for n in maps}
     for o in graph.outputs:
-        if not out[o].plain:
+        if not out[o].bijective:
             raise UnsupportedGraphError(
                 f"output '{o}' {list(graph.spec(o).shape)} broadcasts along part of the row axes of the "
-                f"iteration domain {list(view.domain)}; stitched kernels store full, per-row, per-column "
+                f"iteration domain {view.shape}; stitched kernels store full, per-row, per-column "
                 "and scalar outputs only")
     return out
+
+
+def _check_reduction_sources(red_nodes: list[Node], view: _View, maps: dict[str, Groups]) -> None:
+    """A kernel reduces over every reduced axis of the view: a reduction's source must vary along
+    all of them (a source broadcast along one would be summed once per repeat)."""
+    red_side = set(view.col_axes if view.family == "row" else view.row_axes)
+    for nd in red_nodes:
+        varies = {a for g in maps[nd.args[0]] for a in g}  # type: ignore[index]
+        if not red_side <= varies:
+            raise UnsupportedGraphError(
+                f"reduction '{nd.id}' reduces a tensor that broadcasts along part of the reduced axes")
 
 
 def _check_reductions(red_nodes: list[Node], classes: dict[str, TensorClass]) -> None:
@@ -308,14 +268,14 @@ def _reuse_candidates(graph: Graph, names: list[str], classes: dict[str, TensorC
 
 def make_plan(graph: Graph) -> StitchPlan:
     """Analyse ``graph``; raise :class:`UnsupportedGraphError` when it has no stitched lowering."""
-    all_specs = [(n, s.shape) for n, s in graph.inputs] + [(nd.id, nd.shape) for nd in graph.nodes]
-    names = [n for n, _ in all_specs]
-    domain = max((shape for _, shape in all_specs), key=lambda s: (prod(s), len(s)))
-    maps = _axes_maps(graph, domain)
+    names = [n for n, _ in graph.inputs] + [nd.id for nd in graph.nodes]
+    axes = tensor_axes(graph)
+    maps = axes.of
     red_nodes = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
-    view = _view(domain, bool(red_nodes), _reduced_axes(red_nodes, maps))
+    view = _view(axes.order, axes.size_of, bool(red_nodes), _reduced_axes(red_nodes, maps))
     classes = _classify(names, view, maps)
     _check_reductions(red_nodes, classes)
+    _check_reduction_sources(red_nodes, view, maps)
     imaps = _index_maps(graph, view, maps)
     stages = _stages(graph, red_nodes)
     return StitchPlan(
