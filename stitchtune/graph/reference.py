@@ -135,6 +135,10 @@ def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, n
                 val = info.np_fn(args[0], axis=node.axes, keepdims=node.keepdims)
             elif info.kind == "cast":
                 val = args[0].astype(numpy_dtype(node.to or "float32")).astype(np.float64)
+            elif node.op == "transpose":
+                val = np.transpose(args[0], node.perm)
+            elif node.op == "reshape":
+                val = np.reshape(args[0], node.shape)
             else:
                 val = info.np_fn(*args)
             val = np.asarray(val, dtype=np.float64)

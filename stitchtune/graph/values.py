@@ -72,7 +72,9 @@ class TensorSpec:
 class Node:
     """One operator application. ``args``: a ``str`` names a tensor, a ``float`` is a scalar constant.
 
-    ``axes`` (reductions) are normalised, non-negative and sorted; ``shape``/``dtype`` are inferred.
+    ``axes`` (reductions) are normalised, non-negative and sorted; ``shape``/``dtype`` are inferred
+    (for ``reshape`` the shape is the target given in the file); ``perm`` is ``transpose``'s
+    permutation of the argument's dims (numpy semantics), ``()`` for every other op.
     """
 
     id: str
@@ -83,6 +85,7 @@ class Node:
     to: str | None = None
     shape: tuple[int, ...] = ()
     dtype: str = "float32"
+    perm: tuple[int, ...] = ()
 
     @property
     def spec(self) -> TensorSpec:
@@ -157,6 +160,10 @@ class GraphValue:
                 d["keepdims"] = n.keepdims
             if n.op == "cast":
                 d["to"] = n.to
+            if n.op == "transpose":
+                d["perm"] = list(n.perm)
+            if n.op == "reshape":
+                d["shape"] = list(n.shape)
             nodes.append(d)
         return {
             "name": self.name,
@@ -183,7 +190,7 @@ class GraphValue:
             if OPS[n.op].commutative:
                 args = sorted(args, key=lambda v: json.dumps(v))
             memo[n.id] = h(["node", n.op, list(n.axes), n.keepdims, n.to,
-                            dims(n.shape), n.dtype, args])
+                            dims(n.shape), n.dtype, args] + ([list(n.perm)] if n.perm else []))
         inputs = sorted([name, dims(s.shape), s.dtype] for name, s in self.inputs)
         return h([_KEY_VERSION, inputs, [memo[o] for o in self.outputs]])
 

@@ -45,10 +45,10 @@ def test_op_table_fields() -> None:
                         "add", "sub", "mul", "div", "maximum", "minimum", "pow",
                         "lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or", "logical_not",
                         "where", "clamp",
-                        "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "cast"}
+                        "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "cast", "transpose", "reshape"}
     banned = re.compile(r"\b(exp|log|sqrt|tanh|erf|pow|fmax|fmin|fabs)\(")  # double-precision calls
     for info in OPS.values():
-        assert info.kind in ("unary", "binary", "ternary", "reduce", "cast")
+        assert info.kind in ("unary", "binary", "ternary", "reduce", "cast", "layout")
         assert info.arity == {"binary": 2, "ternary": 3}.get(info.kind, 1)
         assert info.result in ("float", "bool") and set(info.arg_types) <= {"f", "b"}
         assert info.arg_types == "" or len(info.arg_types) == info.arity
