@@ -66,6 +66,8 @@ def _reuse(space: SearchSpace, base: Schedule) -> Schedule:
             d = space.derived(s)
             if lvl == "register" and d["reg_cache_elems"] > 64:
                 continue
+            if lvl == "register" and _estimated_blocks_per_sm(space, s) == 0:  # no block fits the SM's registers
+                continue
             if space.violations(s):
                 continue
             levels = trial

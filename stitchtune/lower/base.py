@@ -258,6 +258,25 @@ class _Lowerer:
             return buf.nbytes
         return self.p.M * self.p.N * kir.ELEM_BYTES[buf.dtype]
 
+    def sector_factor(self, buf: kir.BufferSpec) -> int:
+        """DRAM bytes moved per useful byte of ``buf`` in a sweep. The lanes of a warp take adjacent
+        columns in both families, so a tensor whose innermost column factor is a stride-1 run (or
+        that broadcasts along the columns) is coalesced: 1. One whose innermost column factor has a
+        stride > 1 (a transposed tensor) puts each lane's element in its own 32-byte sector: ``min(32 /
+        element size, stride)``, while the tensor is larger than half the L2 (a smaller one keeps its
+        sectors in L2 until the neighbouring lanes of other warps use them: 1). A simple model: the
+        L2 share is an assumption, and partial reuse of sectors by later warps is not modelled."""
+        name = buf.tensor if buf.role in ("input", "output") else ""
+        if not name or not self.p.mapped(name) or buf.nbytes <= self.dev.l2_bytes // 2:
+            return 1
+        cols = self.p.imap(name).cols
+        if cols.broadcast:
+            return 1
+        f = cols.factors[-1]
+        if f.inner != 1 or f.stride == 1:
+            return 1
+        return max(1, min(32 // kir.ELEM_BYTES[buf.dtype], f.stride))
+
     # -- helpers ------------------------------------------------------------------------------
     def param(self, bufname: str) -> kir.Param:
         b = next(x for x in self.buffers if x.name == bufname)
@@ -365,7 +384,7 @@ class _Lowerer:
         reread = 0
         for buf, n in stats["reads"].items():
             b = specs[buf]
-            size = self.read_bytes(b)
+            size = self.read_bytes(b) * self.sector_factor(b)
             if ki == 0:
                 dram_read += size
                 reread += size * (n - 1)
@@ -375,7 +394,8 @@ class _Lowerer:
         for name, spec in self.g.inputs:
             if self.cls.get(name) is not TensorClass.FULL and self.in_buf[name] in {pp.name for pp in kern.params}:
                 dram_read += math.prod(spec.shape) * kir.ELEM_BYTES[spec.dtype]
-        writes = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "output")
+        writes = sum(specs[pp.name].nbytes * self.sector_factor(specs[pp.name])
+                     for pp in kern.params if pp.role == "output")
         scratch = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "scratch")
         ws = self.tasks_in_flight_bytes(grid) if ki == 0 else max(
             (specs[b].nbytes for b in stats["reads"]), default=0)

@@ -26,9 +26,11 @@ from stitchtune.space import Schedule, load_space_file
 KERNEL_HASHES = REPO / "tests" / "lower" / "golden" / "kernel_hashes.json"
 SUGGEST_GOLDEN = Path(__file__).resolve().parent / "golden" / "suggest_params.json"
 SUGGEST_ADDED = (Path(__file__).resolve().parent / "golden" / "suggest_params_index_maps.json",
-                 Path(__file__).resolve().parent / "golden" / "suggest_params_masks.json")
+                 Path(__file__).resolve().parent / "golden" / "suggest_params_masks.json",
+                 Path(__file__).resolve().parent / "golden" / "suggest_params_maps.json")
 KERNEL_HASHES_ADDED = (REPO / "tests" / "lower" / "golden" / "kernel_hashes_index_maps.json",
-                       REPO / "tests" / "lower" / "golden" / "kernel_hashes_masks.json")
+                       REPO / "tests" / "lower" / "golden" / "kernel_hashes_masks.json",
+                       REPO / "tests" / "lower" / "golden" / "kernel_hashes_maps.json")
 
 
 def _recorded(paths) -> dict:
