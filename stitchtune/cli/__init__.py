@@ -35,6 +35,7 @@ from stitchtune.cli.tuning import (
     _add_model_check,
     _add_report,
     _add_search,
+    _add_tune,
     _add_show,
 )
 from stitchtune.errors import StitchtuneError
@@ -358,6 +359,7 @@ _SUBCOMMANDS: list[Callable[[Any], None]] = [
     _add_search,
     _add_show,
     _add_export,
+    _add_tune,
     lambda sub: add_import_parser(sub, print),  # `import torch|onnx` (stitchtune/importers)
 ]
 

@@ -225,3 +225,87 @@ def _cmd_export(args: argparse.Namespace) -> int:
             os.unlink(tmp)
     print(f"wrote {len(df)} rows to {args.csv}")
     return 0
+
+
+# ---------------------------------------------------------------------------- tune (a whole model)
+def _add_tune(sub: Any) -> None:
+    p = sub.add_parser("tune", help="tune every region torch.compile(backend='stitchtune') stitches in a model")
+    p.add_argument("callable", metavar="MODULE:CALLABLE",
+                   help="path/to/file.py:NAME or dotted.module:NAME (a function, nn.Module, or nn.Module class)")
+    p.add_argument("--shapes", required=True, help="example shapes per argument, e.g. x=8x512x1024")
+    p.add_argument("--dtype", default=None,
+                   help="float32|float16|bfloat16|int64 for all inputs, or per input: x=bfloat16,ids=int64 "
+                        "(int64 inputs are zeros and ones, e.g. token ids)")
+    p.add_argument("--trials", type=int, default=64, metavar="N",
+                   help="total trials, split over the regions by predicted share (default 64)")
+    p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),
+                   help="auto: cuda when cuda-python finds a GPU, else emulate (estimated times)")
+    p.add_argument("--device", default=None, metavar="NAME", help="device preset (default: the GPU, else h200)")
+    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="trials per batch = parallel compiles (default: CPU count)")
+    p.add_argument("--no-build", action="store_true", help="emulate backend: do not compile with nvcc")
+    p.set_defaults(func=_cmd_tune)
+
+
+def _tune_inputs(fn: Any, shapes: dict[str, tuple[int, ...]], dtype_text: str | None) -> list[Any]:
+    """Example tensors for ``fn``'s positional parameters named in ``shapes`` (seeded, on the CPU)."""
+    import torch
+
+    from stitchtune.importers.torch_import import _all_positional
+
+    names = list(shapes)
+    per: dict[str, str] = {}
+    default = "float32"
+    problems = []
+    for item in (dtype_text or "").split(","):
+        name, eq, dt = item.strip().rpartition("=") if "=" in item else ("", "", item.strip())
+        if not dt:
+            continue
+        if dt not in ("float32", "float16", "bfloat16", "int64"):
+            problems.append(f"--dtype: {dt!a} is not float32, float16, bfloat16 or int64")
+        elif name and name.strip() not in names:
+            problems.append(f"--dtype: {name.strip()!a} is not named in --shapes ({', '.join(names)})")
+        elif name:
+            per[name.strip()] = dt
+        else:
+            default = dt
+    positional = _all_positional(fn)
+    if positional is not None:
+        order = [n for n in positional if n in shapes]
+        problems += [f"--shapes: {n!a} is not a parameter of the callable ({', '.join(positional)})"
+                     for n in names if n not in positional]
+        if order != positional[: len(order)]:
+            problems.append(f"--shapes must cover a prefix of the positional arguments ({', '.join(positional)})")
+    else:
+        order = names
+    if problems:
+        raise StitchtuneError(problems=problems)
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for n in order:
+        dt = per.get(n, default)
+        if dt == "int64":
+            out.append(torch.randint(0, 2, shapes[n], generator=gen))
+        else:
+            out.append(torch.randn(shapes[n], generator=gen).to(getattr(torch, dt)))
+    return out
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from stitchtune.deploy.model_tuning import tune_model
+    from stitchtune.importers.builder import parse_shapes
+    from stitchtune.importers.torch_import import load_callable
+    from stitchtune.tune.config import resolve_backend
+
+    if args.trials < 1:
+        raise StitchtuneError(f"--trials must be >= 1 (got {args.trials})")
+    shapes = parse_shapes(args.shapes)
+    fn, _label = load_callable(args.callable)
+    inputs = _tune_inputs(fn, shapes, args.dtype)
+    backend, why = resolve_backend(args.backend)
+    print(why, file=sys.stderr, flush=True)
+    tune_model(fn, inputs, trials=args.trials, db=args.db, backend=backend, device=args.device,
+               build=not args.no_build, jobs=args.jobs, say=lambda s: print(s, flush=True))
+    print(f"database: {args.db} (torch.compile(model, backend='stitchtune', options={{'db': {args.db!r}}}) reads it)")
+    return 0

@@ -16,7 +16,8 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    ``independent``.
 4. **Reuse**: multiply-read tensors go to registers while the register cache stays within 64 floats
    per thread, then to shared memory while it fits the device's per-block limit (demoting one tensor
-   at a time), else they are re-read / recomputed.
+   at a time), else they are re-read / recomputed; a level is taken only while one block still fits
+   an SM with the estimated registers (a 1024-thread row of 32000 floats cannot cache two tensors).
 5. **Launch (assume-relax-apply)**: assume 32 registers and 1024-thread blocks to size a wave; then
    relax the register cap (``__launch_bounds__`` minimum blocks per SM) as far as the estimated
    register need allows without losing co-residency; apply.
@@ -54,7 +55,8 @@ def _vec(space: SearchSpace, length: int) -> int:
 
 
 def _reuse(space: SearchSpace, base: Schedule) -> Schedule:
-    """Registers first (<= 64 floats/thread), then shared memory, else re-read/recompute."""
+    """Registers first (<= 64 floats/thread), then shared memory, else re-read/recompute; never a level
+    that leaves a block without an SM to run on (estimated registers)."""
     plan = space.plan
     inputs = set(plan.input_names)
     levels = ["global" if c in inputs else "recompute" for c in plan.reuse_candidates]
@@ -66,9 +68,7 @@ def _reuse(space: SearchSpace, base: Schedule) -> Schedule:
             d = space.derived(s)
             if lvl == "register" and d["reg_cache_elems"] > 64:
                 continue
-            if lvl == "register" and _estimated_blocks_per_sm(space, s) == 0:  # no block fits the SM's registers
-                continue
-            if space.violations(s):
+            if space.violations(s) or _estimated_blocks_per_sm(space, s) == 0:  # a block must fit an SM
                 continue
             levels = trial
             break

@@ -44,7 +44,12 @@ The model, per kernel (all quantities from the :class:`~stitchtune.ir.kir.Kernel
    add, so it is not a plain latency chain; all warps of all blocks of a row hit the same few L2
    lines, which is the likely bottleneck. The constant is empirical: 300 ns assumed, 234-323 ns
    when fitted leaving one workload out (scripts/model_quality.py).
-6. Program time = sum over kernels, x ``time_scale``. ``occupancy``/``limiter`` of a Prediction are
+6. Single-pass statistics (``schedule.single_pass``) need no term of their own: the lowering's profile
+   counts one sweep fewer of the row (``dram_read_bytes`` + ``reread_bytes``: a row that is not kept on
+   chip is read twice instead of three times) and the running update's extra flops / SFU ops (Welford's
+   division, online softmax's rescaling) in ``flops`` / ``sfu_ops``; the program's ``notes`` name the
+   merged stages.
+7. Program time = sum over kernels, x ``time_scale``. ``occupancy``/``limiter`` of a Prediction are
    those of its slowest kernel (of the first illegal one when pruned).
 """
 

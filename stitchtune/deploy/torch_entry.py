@@ -273,3 +273,29 @@ def _select_device(name: str | None, examples: Sequence[Any], emulate: bool) -> 
         return query_device(index)
     except ToolchainError:
         return get_device(_torch.cuda.get_device_name(index))
+
+
+# ---------------------------------------------------------------------------- the torch.compile backend
+def backend(gm: Any, example_inputs: Sequence[Any], mode: str | None = None, options: Any = None) -> Any:
+    """The ``torch.compile`` backend (``torch.compile(model, backend="stitchtune")``; see
+    :mod:`stitchtune.deploy.torch_backend`)."""
+    from stitchtune.deploy.torch_backend import stitchtune_backend
+
+    return stitchtune_backend(gm, example_inputs, mode=mode, options=options)
+
+
+def register_backend() -> None:
+    """Register ``"stitchtune"`` with torch.compile in this process (the package's
+    ``torch_dynamo_backends`` entry point does it for an installed stitchtune)."""
+    from stitchtune.deploy.torch_backend import register
+
+    register()
+
+
+def explain(model: Any, *example_inputs: Any, **options: Any) -> Any:
+    """What ``torch.compile(model, backend="stitchtune")`` stitches and declines on ``example_inputs``:
+    an :class:`~stitchtune.deploy.torch_backend.Explanation` (``.stitched``, ``.declined``; printing it
+    shows a table). ``options`` are the backend's (``db=``, ``device=``, ``fallback=``, ...)."""
+    from stitchtune.deploy.torch_backend import explain as _explain
+
+    return _explain(model, *example_inputs, **options)

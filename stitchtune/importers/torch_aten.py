@@ -128,6 +128,12 @@ _VIEWS = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "a
           "aten.flatten", "aten.expand", "aten.expand_as", "aten.alias", "aten.clone", "aten.contiguous",
           "aten.detach", "aten.lift_fresh_copy", "aten.view_as"}
 _CASTS = {"aten._to_copy", "aten.to", "aten.type_as", "aten._to_dtype"}
+#: every ATen op key (``_key(node.target)``) that :meth:`_Walker._op` maps (some only for some arguments)
+SUPPORTED_OPS: frozenset[str] = frozenset({
+    *_UNARY, *_BINARY, *_REDUCE, *_VIEWS, *_CASTS, "aten.gelu", "aten.add", "aten.sub", "aten.rsub", "aten.pow",
+    "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.softmax", "aten._softmax",
+    "aten.log_softmax", "aten._log_softmax", "aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm",
+    "aten.dropout", "aten.native_dropout", "aten.feature_dropout"})
 _IGNORED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
             "aten._assert_async"}
 
@@ -141,6 +147,7 @@ class _Walker:
         self.params: list[tuple[str, np.ndarray]] = []
         self.param_dtype = param_dtype
         self.forced_keepdim = self._keepdim_prepass()
+        self.current: Any = None
 
     # -- helpers
     def tshape(self, n: Any) -> tuple[int, ...]:
@@ -203,6 +210,7 @@ class _Walker:
     def run(self) -> list[Value]:
         outputs: list[Value] = []
         for node in self.cap.gm.graph.nodes:
+            self.current = node   # the node being mapped (torch_regions names it when mapping fails)
             if node.op in ("placeholder", "get_attr"):
                 self.vals[node.name] = self._input(node)
             elif node.op == "call_function":

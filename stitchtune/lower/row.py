@@ -19,8 +19,10 @@ from functools import partial
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Select, Var
+from stitchtune.lower import single_pass as sp
 from stitchtune.lower.base import _I, _add, _and, _Ctx, _Lowerer, _mul, _SweepValues, estimate_registers
 from stitchtune.plan.planner import StitchPlan, TensorClass
+from stitchtune.plan.single_pass import SinglePassCandidate
 from stitchtune.space import Schedule
 
 
@@ -30,6 +32,11 @@ class _RowLowerer(_Lowerer):
     def lower(self) -> kir.Program:
         p, s = self.p, self.s
         M, N = p.M, p.N
+        # single-pass statistics: first stage of each merged pair -> its candidate
+        self.merged = {c.stage: c for c in p.single_pass} if s.single_pass else {}
+        if self.merged:  # tensors only the output sweep reads now: computed (or read) there, not cached
+            for c in sp.single_sweep_candidates(self.g, p):
+                self.reuse[c] = "global" if c in self.in_buf else "recompute"
         tpr, block, S, vec = s.tpr, s.block, s.split, s.vec
         self.rpb = rpb = block // tpr
         step = tpr * vec
@@ -38,7 +45,7 @@ class _RowLowerer(_Lowerer):
         tasks = math.ceil(M / rpb) if S == 1 else M * S
         kernels, launches, profiles = [], [], []
         segs = self.kernel_segments() if p.nstages else [[]]
-        n_reg = sum(1 for r in s.reuse if r == "register")
+        n_reg = sum(1 for r in self.reuse.values() if r == "register")
         n_pf = s.prefetch * sum(1 for n, c in p.classes if c is TensorClass.FULL and n in self.in_buf)
         est = estimate_registers(self.per_thread * (n_reg + n_pf), vec, 4)
         for ki, seg in enumerate(segs):
@@ -48,7 +55,32 @@ class _RowLowerer(_Lowerer):
             launches.append(kir.Launch(k.name, prof.grid, block, k.smem_bytes, tuple(pp.name for pp in k.params)))
             profiles.append(prof)
         profile = kir.ProgramProfile(tuple(profiles), self.g.min_bytes())
-        return kir.Program(tuple(kernels), tuple(self.buffers), tuple(launches), profile)
+        return kir.Program(tuple(kernels), tuple(self.buffers), tuple(launches), profile, self.single_pass_notes())
+
+    def single_pass_notes(self) -> tuple[str, ...]:
+        """One line per merged stage pair (what the profile's fewer bytes come from)."""
+        return tuple(f"single pass: stages {c.stage + 1} and {c.stage + 2} ({c.first}, {c.second}) in one sweep "
+                     f"({'Welford' if c.kind == 'welford' else 'online softmax'}), scheme {self.s.schemes[c.stage]}"
+                     for c in self.merged.values())
+
+    def stage_scheme(self, st: int) -> str:
+        """The scheme stage ``st`` runs with: its own, or for the second stage of a merged pair the
+        first one's (the two are one stage then)."""
+        return self.s.schemes[st - 1] if st - 1 in self.merged else self.s.schemes[st]
+
+    def merged_second(self, st: int) -> bool:
+        """Whether stage ``st`` is computed by the sweep of the stage before it (single pass)."""
+        return st - 1 in self.merged
+
+    def kernel_segments(self) -> list[list[int]]:
+        """Stages (0-based) per kernel: a new kernel starts after each independent stage (after the
+        second stage of a merged pair whose first stage is independent)."""
+        segs: list[list[int]] = [[]]
+        for i in range(self.p.nstages):
+            segs[-1].append(i)
+            if self.stage_scheme(i) == "independent" and i not in self.merged:
+                segs.append([])
+        return segs
 
     def build_kernel(self, ki: int, seg: list[int], is_last: bool, tasks: int,
                      est_regs: int) -> tuple[kir.Kernel, kir.KernelProfile]:
@@ -56,7 +88,10 @@ class _RowLowerer(_Lowerer):
         k = _RowKernel(self, ki, seg, tasks, est_regs)
         k.read_earlier_stages()
         for st in seg:
-            k.reduce_stage(st, keep_results=not is_last)
+            if st in self.merged:
+                k.reduce_merged(self.merged[st], keep_results=not is_last)
+            elif not self.merged_second(st):
+                k.reduce_stage(st, keep_results=not is_last)
         if is_last:
             k.write_outputs()
         return k.finish()
@@ -81,9 +116,10 @@ class _RowLayout:
 def _row_layout(low: _RowLowerer, seg: list[int], tasks: int, est_regs: int) -> _RowLayout:
     p, s = low.p, low.s
     wpr = max(1, s.tpr // 32)
-    red_slots = max((len(p.stages[i]) for i in seg), default=0)
+    red_slots = max((len(p.stages[i]) if i not in low.merged else (4 if low.merged[i].kind == "welford" else 2)
+                     for i in seg), default=0)
     shared: list[kir.SharedBuf] = []
-    if red_slots and any(low.needs_block_exchange(s.schemes[i]) for i in seg):
+    if red_slots and any(low.needs_block_exchange(low.stage_scheme(i)) for i in seg):
         shared.append(kir.SharedBuf("sred", red_slots * low.rpb * wpr))
     for c in p.reuse_candidates:
         if low.reuse[c] == "shared":
@@ -91,7 +127,7 @@ def _row_layout(low: _RowLowerer, seg: list[int], tasks: int, est_regs: int) -> 
     locals_ = [kir.LocalArray(f"rc{low.tid_of[c]}", low.per_thread)
                for c in p.reuse_candidates if low.reuse[c] == "register"]
     smem_bytes = 4 * sum(x.size for x in shared)
-    needs_sync = any(s.schemes[i] == "global" for i in seg)
+    needs_sync = any(low.stage_scheme(i) == "global" for i in seg)
     grid = low.grid_for(tasks, s.block, smem_bytes, est_regs, s.split if s.split > 1 else 1, needs_sync)
     return _RowLayout(tuple(shared), tuple(locals_), smem_bytes, grid, math.ceil(tasks / grid), needs_sync)
 
@@ -230,8 +266,13 @@ class _RowKernel:
         independent stage) or the final per-row value an earlier kernel stored."""
         low, ix, p = self.low, self.ix, self.low.p
         for st in self.prev_stages:
+            if st in low.merged and low.stage_scheme(st) == "independent":
+                self.finish_merged_from_partials(low.merged[st])
+                continue
+            if low.merged_second(st) and low.stage_scheme(st) == "independent":
+                continue  # combined with the first stage of its pair
             for r in p.stages[st]:
-                if low.s.schemes[st] == "independent":
+                if low.stage_scheme(st) == "independent":
                     self.finish_from_partials(r)
                 else:  # finished in an earlier kernel, which stored the final per-row value
                     vb = low.scratch(f"val{low.red_idx[r]}", p.P)
@@ -307,8 +348,9 @@ class _RowKernel:
         sw.body.append(kir.LoadVec(dsts, buf, idx, sw.valid))
         return list(dsts)
 
-    def sweep(self, reds: list[str], outputs: list[str]) -> None:
-        """One pass over the thread's elements: accumulate ``reds`` and/or store ``outputs``."""
+    def sweep(self, reds: list[str], outputs: list[str], online: sp.OnlineState | None = None) -> None:
+        """One pass over the thread's elements: accumulate ``reds`` and/or store ``outputs``, and fold
+        the source of a single-pass candidate into its running state ``online``."""
         low, cx, ix, s = self.low, self.cx, self.ix, self.low.s
         tpr, vec, N = s.tpr, s.vec, low.p.N
         it = cx.var("i", I32)
@@ -332,6 +374,14 @@ class _RowKernel:
             vals = sv.value(low.nodes[r].args[0])  # type: ignore[arg-type]
             for j in range(vec):
                 lb.append(Assign(accs[r], Select(valid, low.combine(r, accs[r], vals[j]), accs[r])))
+        if online is not None:
+            self.rb.extend(sp.reset(online))
+            vals = sv.value(online.cand.source)
+            for j in range(vec):
+                lb.extend(sp.update(online, vals[j], valid, cx.var))
+            flops, sfu = sp.UPDATE_COST[online.cand.kind]
+            self.stats["flops"] += flops * vec
+            self.stats["sfu"] += sfu * vec
         for o in outputs:
             vals = sv.value(o)
             buf = low.out_buf[o]
@@ -443,6 +493,121 @@ class _RowKernel:
         self.pvals[r] = acc
         if reuse_var is None:
             low.finalize(rb, r, self.pvals)
+
+    # -- single-pass statistics: two stages in one sweep (lower/single_pass.py) -------------------------
+    def exchange_merged(self, st: sp.OnlineState, scheme: str) -> None:
+        """Merge each thread's running state into the row's, per ``scheme`` (as :meth:`exchange`):
+        shuffles among the lanes, then the row's warps through ``sred``, then its split blocks."""
+        width, var = min(self.low.s.tpr, 32), self.cx.var
+        m = width // 2
+        while m >= 1:
+            self.rb.extend(sp.merge(st, tuple(kir.Shfl(v, m, 32) for v in st.vars), var))
+            m //= 2
+        if scheme == "local":
+            return
+        if self.low.needs_block_exchange(scheme):
+            self.exchange_merged_in_block(st)
+        if scheme in ("global", "independent"):
+            self.store_merged_partials(st)
+            if scheme == "global":
+                self.rb.append(kir.GridSync())
+                self.finish_merged_from_partials(st.cand, st)
+
+    def exchange_merged_in_block(self, st: sp.OnlineState) -> None:
+        """The warps of a row merge their states through ``sred`` (one slot per state variable, the
+        layout of :meth:`exchange_in_block`)."""
+        low, rb, rib = self.low, self.rb, self.ix.rib
+        tpr, rpb = low.s.tpr, low.rpb
+        wpr = max(1, tpr // 32)
+        tid = kir.Special("tid")
+        writer = Bin("==", Bin("%", tid, _I(min(tpr, 32))), _I(0))
+        wir = Bin("/", Bin("%", tid, _I(tpr)), _I(32)) if tpr > 32 else _I(0)
+        for i, v in enumerate(st.vars):
+            rb.append(kir.StoreVec("sred", _add(_I(i * rpb * wpr), _add(_mul(rib, _I(wpr)), wir)), (v,), writer))
+        rb.append(kir.Barrier())
+        rb.extend(sp.reset(st))
+        for w in range(wpr):
+            other = tuple(Load("sred", _add(_I(i * rpb * wpr), _add(_mul(rib, _I(wpr)), _I(w))))
+                          for i in range(len(st.vars)))
+            rb.extend(sp.merge(st, other, self.cx.var))
+        rb.append(kir.Barrier())
+
+    def merged_parts(self, cand: SinglePassCandidate) -> tuple[str, ...]:
+        """The scratch buffers of a merged pair's partials (those of its two reductions, and the
+        shifts of a Welford pair), in the order of :attr:`~stitchtune.lower.single_pass.OnlineState.stored`."""
+        low = self.low
+        names = [f"part{low.red_idx[cand.first]}", f"part{low.red_idx[cand.second]}"]
+        if cand.kind == "welford":
+            names.append(f"pshift{low.red_idx[cand.first]}")
+        parts = tuple(low.scratch(n, low.p.M * low.s.split) for n in names)
+        self.cx.scratch.update(parts)
+        return parts
+
+    def store_merged_partials(self, st: sp.OnlineState) -> None:
+        """Each block's state of its row piece to the pair's partials (the count is not stored)."""
+        ix, low = self.ix, self.low
+        S, M = low.s.split, low.p.M
+        leader = Bin("&&", ix.rvalid, Bin("==", Bin("%", kir.Special("tid"), _I(low.s.tpr)), _I(0)))
+        for buf, v in zip(self.merged_parts(st.cand), st.stored):
+            self.rb.append(kir.StoreVec(buf, _add(_mul(Bin("min", ix.row, _I(M - 1)), _I(S)), ix.sidx), (v,), leader))
+
+    def finish_merged_from_partials(self, cand: SinglePassCandidate, st: sp.OnlineState | None = None) -> None:
+        """Merge the ``split`` partials of a pair for this thread's row into ``st`` (fresh when None,
+        then its results are taken), with ``combine``'s thread or warp loads."""
+        low, rb, rvalid = self.low, self.rb, self.ix.rvalid
+        S, N, chunk = low.s.split, low.p.N, low.chunk
+        fresh = st is None
+        st = st if st is not None else sp.new_state(cand, self.cx.var)
+        parts = self.merged_parts(cand)
+        base = _mul(Bin("min", self.ix.row, _I(low.p.M - 1)), _I(S))
+        rb.extend(sp.reset(st))
+        if low.s.combine == "warp" and S > 1:
+            wl = Bin("%", kir.Special("tid"), _I(32))
+            for c in range(math.ceil(S / 32)):
+                q = _add(wl, _I(32 * c))
+                inside = Bin("<", q, _I(S))
+                loads = tuple(Load(b, _add(base, Bin("min", q, _I(S - 1))), Bin("&&", rvalid, inside)) for b in parts)
+                got = sp.partial(st, sp.split_count_expr(N, chunk, q), loads)
+                rb.extend(sp.merge(st, tuple(Select(inside, g, e) for g, e in zip(got, sp.identity(st))), self.cx.var))
+            m = 16
+            while m >= 1:
+                rb.extend(sp.merge(st, tuple(kir.Shfl(v, m, 32) for v in st.vars), self.cx.var))
+                m //= 2
+        else:
+            for q in range(S):
+                loads = tuple(Load(b, _add(base, _I(q)), rvalid) for b in parts)
+                rb.extend(sp.merge(st, sp.partial(st, Const(float(sp.split_count(N, chunk, q)), F32), loads),
+                                   self.cx.var))
+        if fresh:
+            self.take_merged_results(st)
+
+    def take_merged_results(self, st: sp.OnlineState) -> None:
+        """The final values of the pair's two reductions (``pvals``), from a complete state."""
+        for r, e in zip((st.cand.first, st.cand.second), sp.results(st, self.low.p.K)):
+            v = self.cx.var("acc", F32)
+            self.rb.append(Assign(v, e))
+            self.pvals[r] = v
+
+    def reduce_merged(self, cand: SinglePassCandidate, keep_results: bool) -> None:
+        """Stages ``cand.stage`` and ``cand.stage + 1`` in one sweep: the running state, its merge per
+        the first stage's scheme, and (unless that is independent) both final values, kept per row
+        for a later kernel when ``keep_results``."""
+        low, ix, p = self.low, self.ix, self.low.p
+        st = sp.new_state(cand, self.cx.var)
+        self.sweep([], [], online=st)
+        scheme = low.stage_scheme(cand.stage)
+        self.exchange_merged(st, scheme)
+        if scheme == "independent":
+            return
+        self.take_merged_results(st)
+        if keep_results:
+            leader = Bin("&&", Bin("==", Bin("%", kir.Special("tid"), _I(low.s.tpr)), _I(0)), Bin("==", ix.sidx, _I(0)))
+            for r in (cand.first, cand.second):
+                vb = low.scratch(f"val{low.red_idx[r]}", p.P)
+                self.cx.scratch.add(vb)
+                self.rb.append(kir.StoreVec(vb, Bin("min", ix.row, _I(p.P - 1)), (self.pvals[r],),
+                                            Bin("&&", ix.rvalid, leader)))
+        self.compute_p_nodes()
 
     # -- stages and outputs -----------------------------------------------------------------------
     def reduce_stage(self, st: int, keep_results: bool) -> None:

@@ -52,6 +52,7 @@ from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import OPS
 from stitchtune.plan.axes import Groups, tensor_axes
 from stitchtune.plan.index_map import IndexMap, index_map
+from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
 
 
 class TensorClass(Enum):
@@ -83,6 +84,8 @@ class StitchPlan:
     input_names: tuple[str, ...]
     dtypes: tuple[tuple[str, str], ...]      # tensor name -> dtype
     index_maps: tuple[tuple[str, IndexMap], ...] = ()  # tensor name -> its map over [M, N]
+    #: stage pairs one sweep can compute (Welford variance, online softmax; :mod:`stitchtune.plan.single_pass`)
+    single_pass: tuple[SinglePassCandidate, ...] = ()
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -283,4 +286,5 @@ def make_plan(graph: Graph) -> StitchPlan:
         reductions=tuple(nd.id for nd in red_nodes), stages=stages,
         reuse_candidates=_reuse_candidates(graph, names, classes, stages),
         input_names=tuple(n for n, _ in graph.inputs), dtypes=tuple((n, graph.spec(n).dtype) for n in names),
-        index_maps=tuple((n, imaps[n]) for n in names))
+        index_maps=tuple((n, imaps[n]) for n in names),
+        single_pass=single_pass_candidates(graph, view.family, stages, view.N))

@@ -14,7 +14,8 @@ and ``Schedule.to_dict``/``from_dict``/``flat``. Adding an option is one :class:
 ``suggest`` asks and ``sample`` draws, so resumed studies and seeded samples depend on it), its domain
 in the space file, and the lowering that implements it (reading ``schedule.<name>``).
 
-Rules read a :data:`Point`: a mapping with the plan's ``family`` and ``nstages``, the mapping
+Rules read a :data:`Point`: a mapping with the plan's ``family``, ``nstages`` and
+``single_pass_candidates`` (the number of its single-pass stage pairs), the mapping
 (``tpr``, ``block``, ``split``, ``vec``, ``tasks_per_block``, ``min_blocks``), ``schemes`` and ``reuse``
 (tuples), and the values of the options declared *before* the one asking.
 """
@@ -33,7 +34,7 @@ CORE_FIELDS: tuple[str, ...] = ("tpr", "block", "split", "vec", "tasks_per_block
 """The fields every schedule has (its mapping, schemes and reuse levels); options come after them."""
 
 RESERVED: frozenset[str] = frozenset(CORE_FIELDS) | {
-    "family", "nstages", "options", "table", "option", "to_dict", "from_dict", "to_json", "from_json", "key", "flat",
+    "family", "nstages", "single_pass_candidates", "options", "table", "option", "to_dict", "from_dict", "to_json", "from_json", "key", "flat",
     "persistent",
 }
 """Names an option may not take: the core fields, the point's plan names and the Schedule's own attributes
@@ -73,6 +74,12 @@ class Option(Generic[T]):
       ``rereads``), computed over the whole point.
     * ``registers(names)``: register-cached floats per thread the option's value costs, added to
       ``reg_cache_elems``; ``names`` is the point plus the derived names and ``n_full_inputs``.
+    * ``drawn``: whether ``suggest`` asks it and ``sample`` draws it wherever it applies. An option
+      declared with ``drawn=False`` is asked only by trials that fix it (an enqueued variant, grid point
+      or stored schedule: :meth:`SearchSpace.params_of` names it only at a non-default value) and
+      never drawn by ``sample``; ``variants`` and ``grid`` still try it. So an option added after
+      studies and seeded samples were recorded changes none of them (a later space version may
+      switch it to ``drawn=True``).
     """
 
     name: str
@@ -85,6 +92,7 @@ class Option(Generic[T]):
     vary_resets: tuple[str, ...] = ()
     derive: Callable[[Point], Mapping[str, Any]] = _no_names
     registers: Callable[[Point], int] = _no_registers
+    drawn: bool = True
 
 
 @dataclass(frozen=True)
@@ -216,5 +224,21 @@ COMBINE: Option[str] = Option(
 """How a row split over several blocks combines its partials: ``thread`` (every thread loads all of them)
 or ``warp`` (each warp loads them together and reduces by shuffles)."""
 
-OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE))
+def _single_pass_applies(p: Point) -> bool:
+    return p["family"] == "row" and p.get("single_pass_candidates", 0) > 0
+
+
+def _single_pass_names(p: Point) -> Mapping[str, Any]:
+    return {"single_pass_candidates": p.get("single_pass_candidates", 0)}
+
+
+SINGLE_PASS: Option[int] = Option(
+    "single_pass", 0, int, _single_pass_applies, "the plan has single-pass candidates (row family)", _is_row,
+    derive=_single_pass_names, drawn=False)
+"""1: every single-pass candidate of the plan (:mod:`stitchtune.plan.single_pass`: mean then variance,
+max then sum of exp(x - max)) is computed in one sweep (Welford / online softmax, merged across lanes,
+warps and split blocks); the merged stage takes the first stage's scheme. Not drawn (``drawn=False``):
+the search reaches it through ``variants`` and the grid, so recorded studies and seeded samples stay."""
+
+OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, SINGLE_PASS))
 """The stitch space's options, in decision order (append new ones at the end)."""

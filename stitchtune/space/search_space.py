@@ -30,6 +30,22 @@ Choose = Callable[[str, list[Any]], Any]
 _CORE_SCALARS = ("tpr", "block", "split", "vec", "tasks_per_block", "min_blocks")
 
 
+def _never(name: str) -> bool:
+    return False
+
+
+def _fixed_params(trial: Any) -> frozenset[str]:
+    """The parameter names an enqueued optuna trial fixes (``enqueue_trial``; optuna keeps them in the
+    trial's system attrs ``fixed_params``); empty for a trial that fixes none or is not optuna's."""
+    study, number = getattr(trial, "study", None), getattr(trial, "number", None)
+    if study is None or number is None:
+        return frozenset()
+    for t in study.get_trials(deepcopy=False):
+        if t.number == number:
+            return frozenset((getattr(t, "system_attrs", None) or {}).get("fixed_params") or ())
+    return frozenset()
+
+
 def _core_name(param: str) -> str:
     """The core field an optuna parameter name decides (``block_t32`` -> ``block``)."""
     for f in ("min_blocks", "tasks_per_block", "tpr", "block", "split", "vec"):
@@ -91,7 +107,8 @@ class SearchSpace:
     def _core_point(self, tpr: int, block: int, split: int, vec: int, tasks: int, min_blocks: int,
                     schemes: tuple[str, ...], reuse: tuple[str, ...]) -> dict[str, Any]:
         """The :data:`~stitchtune.space.options.Point` of a mapping, before any option is decided."""
-        return {"family": self.plan.family, "nstages": self.plan.nstages, "tpr": tpr, "block": block,
+        return {"family": self.plan.family, "nstages": self.plan.nstages,
+                "single_pass_candidates": len(self.plan.single_pass), "tpr": tpr, "block": block,
                 "split": split, "vec": vec, "tasks_per_block": tasks, "min_blocks": min_blocks,
                 "schemes": tuple(schemes), "reuse": tuple(reuse)}
 
@@ -105,12 +122,15 @@ class SearchSpace:
             point[opt.name] = stored.get(opt.name, opt.default)
         return point
 
-    def _decide_options(self, point: dict[str, Any], ask: Callable[[Option[Any]], Any]) -> dict[str, Any]:
+    def _decide_options(self, point: dict[str, Any], ask: Callable[[Option[Any]], Any],
+                        asks_undrawn: Callable[[str], bool] = _never) -> dict[str, Any]:
         """Each option in table order: ``ask(option)`` where it applies to ``point`` (which grows with
-        every decided option, so later rules see earlier values), its default elsewhere."""
+        every decided option, so later rules see earlier values), its default elsewhere; an option with
+        ``drawn=False`` is asked only where ``asks_undrawn(name)`` (the trial fixes it)."""
         values: dict[str, Any] = {}
         for opt in self.table:
-            point[opt.name] = values[opt.name] = ask(opt) if opt.applies(point) else opt.default
+            asked = opt.applies(point) and (opt.drawn or asks_undrawn(opt.name))
+            point[opt.name] = values[opt.name] = ask(opt) if asked else opt.default
         return values
 
     # -- derived quantities and checks ------------------------------------------------------------
@@ -220,7 +240,7 @@ class SearchSpace:
         is_input = cand in set(self.plan.input_names)
         return [r for r in self.domains["reuse"] if safe_eval(self.reuse_rules[r], {"is_input": is_input})]
 
-    def _decide(self, choose: Choose) -> Schedule:
+    def _decide(self, choose: Choose, asks_undrawn: Callable[[str], bool] = _never) -> Schedule:
         """Walk the space's decisions in order, asking ``choose(name, domain)`` for each value.
 
         Parameters whose legal values depend on earlier ones get a name that carries those earlier
@@ -253,10 +273,10 @@ class SearchSpace:
         schemes = tuple(choose(f"scheme_{i}_{kind}", legal) for i in range(plan.nstages))
         reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
         point = self._core_point(tpr, block, split, vec, tasks, min_blocks, schemes, reuse)
-        options = self._decide_options(point, lambda opt: choose(opt.name, d[opt.name]))
+        options = self._decide_options(point, lambda opt: choose(opt.name, d[opt.name]), asks_undrawn)
         return Schedule(tpr, block, split, vec, tasks, min_blocks, schemes, reuse, options, table=self.table)
 
-    def _decide_flat(self, choose: Choose) -> Schedule:
+    def _decide_flat(self, choose: Choose, asks_undrawn: Callable[[str], bool] = _never) -> Schedule:
         """Every parameter under its plain name with its full domain (``flat`` mode), then repaired
         towards the legal point it most resembles: a legal point maps to itself, so
         :meth:`params_of` stays the identity. For samplers that model a fixed set of parameters
@@ -275,7 +295,8 @@ class SearchSpace:
         raw = self._core_point(tpr, block, split, vec, tasks, min_blocks, tuple(schemes), reuse)
         picked: dict[str, Any] = {}
         for opt in self.table:
-            raw[opt.name] = picked[opt.name] = choose(opt.name, d[opt.name]) if opt.flat_asks(raw) else opt.default
+            asked = opt.flat_asks(raw) and (opt.drawn or asks_undrawn(opt.name))
+            raw[opt.name] = picked[opt.name] = choose(opt.name, d[opt.name]) if asked else opt.default
         if fam == "col":
             block = min(max(block, tpr * 8), max(d["block"]))
         else:
@@ -290,7 +311,7 @@ class SearchSpace:
         fixed = tuple(x if x in legal else next(y for y in prefer if y in legal) for x in schemes)
         # the options that apply keep their picked value, the others take their default
         point = self._core_point(tpr, block, split, vec, tasks, min_blocks, fixed, reuse)
-        options = self._decide_options(point, lambda opt: picked[opt.name])
+        options = self._decide_options(point, lambda opt: picked[opt.name], asks_undrawn)
         return Schedule(tpr, block, split, vec, tasks, min_blocks, fixed, reuse, options, table=self.table)
 
     def flat_mode(self) -> "SearchSpace":
@@ -305,7 +326,14 @@ class SearchSpace:
         cannot rule out (register and shared-memory budgets) are *not* enforced here: check the
         result with :meth:`violations` (a violated point is pruned without compiling)."""
         decide = self._decide_flat if self.flat else self._decide
-        return decide(lambda name, dom: trial.suggest_categorical(name, list(dom)))
+        fixed: list[frozenset[str]] = []  # looked up once, the first time an undrawn option applies
+
+        def asks_undrawn(name: str) -> bool:
+            if not fixed:
+                fixed.append(_fixed_params(trial))
+            return name in fixed[0]
+
+        return decide(lambda name, dom: trial.suggest_categorical(name, list(dom)), asks_undrawn)
 
     def params_of(self, s: Schedule) -> dict[str, Any]:
         """The optuna parameter dict of ``s`` (for ``study.enqueue_trial``); the names, and their order,
@@ -325,7 +353,8 @@ class SearchSpace:
             out[name] = v
             return v
 
-        (self._decide_flat if self.flat else self._decide)(choose)
+        (self._decide_flat if self.flat else self._decide)(
+            choose, lambda name: point[name] != self.table[name].default)
         return out
 
     # -- sets of points ---------------------------------------------------------------------------

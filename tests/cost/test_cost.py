@@ -467,3 +467,20 @@ def test_repredict_uses_the_current_model_on_stored_rows() -> None:
         assert want == pytest.approx(predict(prof, dev, regs).time_us)
     others = repredict(df[df["graph_name"] == "layernorm_wide"].head(2), [])
     assert set(others["prediction_source"]) <= {"profile", "stored"}
+
+
+def test_heuristic_of_a_32000_wide_row_has_an_sm_to_run_on() -> None:
+    """logsoftmax 8192x32000: a 1024-thread row would cache two tensors of 32 floats per thread in
+    registers (120 estimated, zero occupancy); the heuristic keeps it on chip in shared memory instead.
+    With single_pass on, the predicted time drops (one sweep fewer; predicted, not measured)."""
+    from helpers import DEV, setup
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.lower.entry import lower
+    from stitchtune.cost.model import predict
+
+    g, plan, space = setup("logsoftmax.json")
+    h = heuristic_schedule(plan, DEV, space)
+    p = predict(lower(g, plan, h, DEV, space).profile, DEV)
+    assert p.prune_reason is None and math.isfinite(p.time_us)
+    p1 = predict(lower(g, plan, dataclasses.replace(h, single_pass=1), DEV, space).profile, DEV)
+    assert p1.prune_reason is None and p1.time_us < p.time_us

@@ -79,9 +79,11 @@ EXAMPLES = ("group_norm_silu_small.json", "middle_center_small.json")
 
 
 def _schedules(space: SearchSpace, plan, n: int) -> list:
-    """The heuristic, ``n`` seeded samples, and prefetch / alternate-order variants where legal."""
+    """The heuristic, ``n`` seeded samples, and prefetch / alternate-order and single-pass (Welford)
+    variants where legal."""
     out = [heuristic_schedule(plan, DEV, space)] + [space.sample(random.Random(200 + i)) for i in range(n)]
     extra = [dataclasses.replace(s, prefetch=1, order="alternate") for s in out]
+    extra += [dataclasses.replace(s, single_pass=1) for s in out[:3]]
     return out + [s for s in extra if not space.violations(s)]
 
 

@@ -21,7 +21,7 @@ GOLDEN = GOLDEN_DIR / "kernel_hashes.json"
 # examples added after the first golden file was recorded, one file per addition (an existing
 # entry is never rewritten by adding an example)
 GOLDEN_ADDED = (GOLDEN_DIR / "kernel_hashes_index_maps.json", GOLDEN_DIR / "kernel_hashes_masks.json",
-                GOLDEN_DIR / "kernel_hashes_maps.json")
+                GOLDEN_DIR / "kernel_hashes_single_pass.json", GOLDEN_DIR / "kernel_hashes_maps.json")
 
 
 def _script():

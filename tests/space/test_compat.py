@@ -27,9 +27,11 @@ KERNEL_HASHES = REPO / "tests" / "lower" / "golden" / "kernel_hashes.json"
 SUGGEST_GOLDEN = Path(__file__).resolve().parent / "golden" / "suggest_params.json"
 SUGGEST_ADDED = (Path(__file__).resolve().parent / "golden" / "suggest_params_index_maps.json",
                  Path(__file__).resolve().parent / "golden" / "suggest_params_masks.json",
+                 Path(__file__).resolve().parent / "golden" / "suggest_params_single_pass.json",
                  Path(__file__).resolve().parent / "golden" / "suggest_params_maps.json")
 KERNEL_HASHES_ADDED = (REPO / "tests" / "lower" / "golden" / "kernel_hashes_index_maps.json",
                        REPO / "tests" / "lower" / "golden" / "kernel_hashes_masks.json",
+                       REPO / "tests" / "lower" / "golden" / "kernel_hashes_single_pass.json",
                        REPO / "tests" / "lower" / "golden" / "kernel_hashes_maps.json")
 
 
@@ -110,7 +112,7 @@ def test_keys_are_those_of_the_old_code(d: dict, key: str) -> None:
 def test_flat_columns_are_the_database_columns() -> None:
     s = Schedule.from_dict({**KEYS[2][0]})
     assert list(s.flat()) == ["tpr", "block", "split", "vec", "tasks_per_block", "min_blocks", "order", "prefetch",
-                              "combine", "scheme_0", "scheme_1", "reuse_0", "reuse_1"]
+                              "combine", "single_pass", "scheme_0", "scheme_1", "reuse_0", "reuse_1"]
     assert s.flat()["prefetch"] == 0 and s.flat()["combine"] == "warp"
 
 

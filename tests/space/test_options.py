@@ -52,11 +52,21 @@ def _with(s: Schedule, **changes: Any) -> Schedule:
     return dataclasses.replace(s, **changes)
 
 
+def _points(name: str, opt: Option) -> tuple[SearchSpace, list[Schedule]]:
+    """The seeded samples of ``name``; for an option that sampling never draws (``drawn=False``) also
+    each sample with the option switched to its other values where that is legal."""
+    space, samples = _samples(name)
+    if opt.drawn:
+        return space, samples
+    switched = [_with(s, **{opt.name: v}) for s in samples for v in space.domains[opt.name] if v != opt.default]
+    return space, samples + [x for x in switched if not space.violations(x)]
+
+
 @pytest.mark.parametrize("opt", list(OPTIONS), ids=OPTIONS.names)
 def test_option_is_left_out_of_the_json_at_its_default(opt: Option) -> None:
     seen_other = False
     for name in SPACES:
-        space, samples = _samples(name)
+        space, samples = _points(name, opt)
         for s in samples:
             value = s.option(opt)
             assert (opt.name in s.to_dict()) == (value != opt.default)
@@ -77,9 +87,16 @@ def test_option_applies_only_where_its_rule_holds(opt: Option) -> None:
             t = study.ask()
             s = space.suggest(t)
             point = space._point(s)
-            assert (opt.name in t.params) == opt.applies(point), (name, s)
+            assert (opt.name in t.params) == (opt.applies(point) and opt.drawn), (name, s)
             applied += opt.name in t.params
             study.tell(t, 1.0)
+            if not opt.drawn and opt.applies(point):  # asked by a trial that fixes it (an enqueued point)
+                other = _with(s, **{opt.name: next(v for v in space.domains[opt.name] if v != opt.default)})
+                study.enqueue_trial(space.params_of(other))
+                t = study.ask()
+                assert space.suggest(t) == other and opt.name in t.params
+                applied += 1
+                study.tell(t, 1.0)
         for s in samples:
             point = space._point(s)
             if not opt.applies(point):
@@ -94,13 +111,19 @@ def test_option_applies_only_where_its_rule_holds(opt: Option) -> None:
 def test_flat_repair_keeps_a_legal_point(opt: Option) -> None:
     kept = 0
     for name in SPACES:
-        space, samples = _samples(name)
+        space, samples = _points(name, opt)
         flat = space.flat_mode()
         for s in samples:
             params = flat.params_of(s)
-            assert (opt.name in params) == opt.flat_asks(space._core_point(
+            assert (opt.name in params) == (opt.flat_asks(space._core_point(
                 s.tpr, s.block, s.split, s.vec, s.tasks_per_block, s.min_blocks, s.schemes, s.reuse))
-            assert flat.suggest(FakeTrial(params)) == s
+                and (opt.drawn or s.option(opt) != opt.default))
+            if opt.drawn or s.option(opt) == opt.default:
+                assert flat.suggest(FakeTrial(params)) == s
+            else:  # asked only by a trial that fixes it: an enqueued optuna trial
+                study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+                study.enqueue_trial(params)
+                assert flat.suggest(study.ask()) == s
             kept += s.option(opt) != opt.default
     assert kept, f"no legal sample with {opt.name} off its default went through the repair"
 
@@ -109,7 +132,7 @@ def test_flat_repair_keeps_a_legal_point(opt: Option) -> None:
 def test_variants_flip_the_option(opt: Option) -> None:
     flipped = 0
     for name in SPACES:
-        space, samples = _samples(name)
+        space, samples = _points(name, opt)
         for s in samples:
             vs = space.variants(s)
             for v in vs:  # each variant changes one option (and the options it resets) only
@@ -248,8 +271,8 @@ def test_an_option_needs_a_domain_holding_its_default() -> None:
 
 
 def test_options_table_is_in_decision_order() -> None:
-    assert OPTIONS.names == ("order", "prefetch", "combine")
-    assert isinstance(OPTIONS, OptionTable) and len(OPTIONS) == 3 and "order" in OPTIONS and "tpr" not in OPTIONS
+    assert OPTIONS.names == ("order", "prefetch", "combine", "single_pass")
+    assert isinstance(OPTIONS, OptionTable) and len(OPTIONS) == 4 and "order" in OPTIONS and "tpr" not in OPTIONS
 
 
 def test_schedule_value_semantics_with_options() -> None:

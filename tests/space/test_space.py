@@ -4,6 +4,7 @@ flat), where each option is a parameter, the option rules' violation messages, a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -155,17 +156,19 @@ def test_variants_switch_one_option_and_stay_legal() -> None:
                             "schemes": ["regional", "regional"], "split": 1, "tasks_per_block": 4, "tpr": 256,
                             "vec": 2})
     vs = space.variants(s)
-    assert {(v.order, v.prefetch) for v in vs} == {("alternate", 0), ("forward", 1)}
+    assert {(v.order, v.prefetch, v.single_pass) for v in vs} == {("alternate", 0, 0), ("forward", 1, 0),
+                                                                   ("forward", 0, 1)}
     for v in vs:
         assert not space.violations(v)
-        assert {**v.to_dict(), "order": "forward", "prefetch": 0} == {**s.to_dict(), "order": "forward",
-                                                                       "prefetch": 0}
-    # from the prefetching point: prefetch off, or alternate order (which needs prefetch off)
+        assert {**v.to_dict(), "order": "forward", "prefetch": 0, "single_pass": 0} == {
+            **s.to_dict(), "order": "forward", "prefetch": 0, "single_pass": 0}
+    # from the prefetching point: prefetch off, or alternate order (which needs prefetch off), or single pass
     on = Schedule.from_dict({**s.to_dict(), "prefetch": 1})
-    assert {(v.order, v.prefetch) for v in space.variants(on)} == {("forward", 0), ("alternate", 0)}
-    # nothing re-read, one task per block: no variant
+    assert {(v.order, v.prefetch, v.single_pass) for v in space.variants(on)} == {
+        ("forward", 0, 0), ("alternate", 0, 0), ("forward", 1, 1)}
+    # nothing re-read, one task per block: single pass only (layernorm has a mean then a variance)
     cached = Schedule.from_dict({**s.to_dict(), "reuse": ["register", "register"], "tasks_per_block": 1})
-    assert space.variants(cached) == []
+    assert space.variants(cached) == [Schedule.from_dict({**cached.to_dict(), "single_pass": 1})]
     # column family: the order only
     col = _space("colsum_sigmoid_scale.json")
     c = Schedule.from_dict({"block": 256, "min_blocks": 0, "reuse": ["global"], "schemes": ["independent"],
@@ -181,3 +184,16 @@ def test_constraint_evaluator_refuses_anything_but_arithmetic_and_logic() -> Non
             safe_eval(expr, {"a": (1,)})
     with pytest.raises(StitchtuneError, match="unknown name 'b'"):
         safe_eval("a < b", {"a": 1})
+
+
+def test_single_pass_is_legal_only_with_a_candidate() -> None:
+    """``single_pass`` applies where the plan has a mean-then-variance or max-then-sum-of-exp pair; it
+    is never drawn by sampling (seeded samples stay as recorded) but may be set on any legal point."""
+    ln = _space("layernorm_small.json")
+    samples = [ln.sample(random.Random(i)) for i in range(20)]
+    assert all(s.single_pass == 0 for s in samples)
+    assert all(not ln.violations(dataclasses.replace(s, single_pass=1)) for s in samples)
+    rms = _space("rmsnorm_small.json")
+    s = rms.sample(random.Random(0))
+    bad = rms.violations(dataclasses.replace(s, single_pass=1))
+    assert any("single-pass statistics need" in v for v in bad), bad

@@ -1,0 +1,209 @@
+"""Per-call overhead of ``torch.compile(model, backend="stitchtune")``'s custom op.
+
+    python scripts/torch_overhead.py [--shape 16384x1024] [--iters 1000] [--db DIR] [--cpu]
+
+The model is a LayerNorm over the last axis of ``x`` (one stitched region, one kernel).
+
+* On a GPU (torch.cuda available, cuda-python, nvcc): with CUDA events over ``--iters`` queued calls,
+  the region's kernel alone (launched through its Launcher with packed arguments, no Python op in
+  between), the compiled model per call, and the same model captured in a CUDA graph (the op is
+  capturable), next to PyTorch eager, ``torch.compile`` (Inductor default) and Inductor
+  ``mode="reduce-overhead"``; plus the host time per call (wall clock of the queued loop).
+* Without a GPU (or with ``--cpu``): the host side of the same launch path on the CPU, per call, with
+  a driver whose launch does nothing (``NullDriver``): packed-arguments lookup + launch loop alone,
+  the custom op ``torch.ops.stitchtune.region`` (dispatcher, ``torch.empty`` outputs, pointers,
+  launch), and the whole compiled model (dynamo guards + the op); labelled **CPU host time**, not
+  GPU time. Eager ``F.layer_norm`` on the CPU is printed for scale (CPU compute, not comparable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+class LayerNorm:
+    """Built lazily so that ``--help`` does not import torch."""
+
+    @staticmethod
+    def make(h: int) -> Any:
+        import torch
+
+        class LN(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.ln = torch.nn.LayerNorm(h)
+
+            def forward(self, x: Any) -> Any:
+                return self.ln(x)
+
+        return LN()
+
+
+def _host_us(call: Any, iters: int) -> float:
+    """Median over 5 runs of the wall-clock time per call of ``iters`` calls (microseconds)."""
+    for _ in range(min(iters, 50)):
+        call()
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            call()
+        runs.append((time.perf_counter() - t0) / iters * 1e6)
+    return statistics.median(runs)
+
+
+def _null_driver() -> Any:
+    from stitchtune.gpu.driver import FakeDriver
+
+    class NullDriver(FakeDriver):
+        """A FakeDriver whose launch only counts (the host path without the fake's argument decoding)."""
+
+        launched = 0
+
+        def launch(self, function: Any, grid: Any, block: Any, smem: int, stream: int, params: int,
+                   nparams: int) -> None:
+            self.launched += 1
+
+    return NullDriver()
+
+
+def cpu_mode(shape: tuple[int, ...], iters: int) -> None:
+    import torch
+
+    from stitchtune.deploy import torch_backend, torch_ops
+
+    torch_backend.register()
+    model = LayerNorm.make(shape[-1]).eval()
+    x = torch.randn(*shape)
+    compiled = torch.compile(model, backend="stitchtune", options={"db": None, "fallback": "eager"})
+    with torch.no_grad():
+        compiled(x)  # compiles: one region, registered with the custom op
+        drv = _null_driver()
+        kernels = list(torch_ops._registry.items())
+        key, kernel = kernels[-1]
+        for _, k in kernels:
+            k.driver = drv
+            if k.compiled.cubin is None:
+                k.compiled = dataclasses.replace(k.compiled, cubin=b"FAKE cubin: host-path benchmark, never loaded by a GPU")
+        inputs = [x, model.ln.weight.detach(), model.ln.bias.detach()]
+        out = kernel.empty_outputs(x.device)
+        ptrs = tuple(int(t.data_ptr()) for t in (*inputs, *out))
+        rows = [
+            ("packed-arguments lookup + launch loop (RegionKernel.launch_pointers)",
+             _host_us(lambda: kernel.launch_pointers(-1, ptrs, 0), iters)),
+            ("torch.empty of the output alone (torch's caching allocator floor)",
+             _host_us(lambda: kernel.empty_outputs(x.device), iters)),
+            ("RegionKernel call without the dispatcher (torch.empty, pointers, launch)",
+             _host_us(lambda: kernel(inputs), iters)),
+            ("custom op torch.ops.stitchtune.region (dispatch, torch.empty, pointers, launch)",
+             _host_us(lambda: torch.ops.stitchtune.region(key, inputs), iters)),
+            ("compiled model per call (dynamo guards + AOT wrapper + the op)", _host_us(lambda: compiled(x), iters)),
+            ("for scale: eager F.layer_norm computing on the CPU (CPU compute, not comparable)",
+             _host_us(lambda: model(x), iters)),
+        ]
+    print(f"CPU HOST TIME per call (no GPU here: kernels are not run, launches go to a null driver), "
+          f"LayerNorm x={'x'.join(map(str, shape))}, {iters} calls x 5, median; "
+          f"{len(kernel.compiled.program.launches)} kernel launch(es) per call; {drv.launched} launches made")
+    for label, us in rows:
+        print(f"  {us:9.2f} us  {label}")
+
+
+def _events_us(call: Any, iters: int) -> tuple[float, float]:
+    """(GPU time per call from CUDA events around ``iters`` queued calls, host time per call)."""
+    import torch
+
+    for _ in range(20):
+        call()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(iters):
+        call()
+    end.record()
+    host = (time.perf_counter() - t0) / iters * 1e6
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000.0 / iters, host
+
+
+def _graphed(fn: Any, x: Any) -> Any:
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn(x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn(x)
+    return g.replay
+
+
+def gpu_mode(shape: tuple[int, ...], iters: int, db: str | None) -> None:
+    import torch
+
+    from stitchtune.deploy import torch_backend, torch_ops
+
+    torch_backend.register()
+    model = LayerNorm.make(shape[-1]).cuda().eval()
+    x = torch.randn(*shape, device="cuda")
+    rows = []
+    with torch.no_grad():
+        ours = torch.compile(model, backend="stitchtune", options={"db": db})
+        err = (ours(x) - model(x)).abs().max().item()
+        key, kernel = list(torch_ops._registry.items())[-1]
+        inputs = [x, model.ln.weight, model.ln.bias]
+        out = kernel.empty_outputs(x.device)
+        ptrs = tuple(int(t.data_ptr()) for t in (*inputs, *out))
+        stream = int(torch.cuda.current_stream().cuda_stream)
+        idx = x.device.index or 0
+        rows.append(("stitchtune kernel alone (packed launch, no op)",
+                     *_events_us(lambda: kernel.launch_pointers(idx, ptrs, stream), iters)))
+        rows.append(("stitchtune backend, per call", *_events_us(lambda: ours(x), iters)))
+        rows.append(("stitchtune backend in a CUDA graph", *_events_us(_graphed(ours, x), iters)))
+        rows.append(("PyTorch eager", *_events_us(lambda: model(x), iters)))
+        torch._dynamo.reset()
+        ind = torch.compile(model)
+        rows.append(("torch.compile (Inductor default)", *_events_us(lambda: ind(x), iters)))
+        torch._dynamo.reset()
+        ro = torch.compile(model, mode="reduce-overhead")
+        rows.append(("torch.compile mode=reduce-overhead", *_events_us(lambda: ro(x), iters)))
+    print(f"GPU {torch.cuda.get_device_name()}: LayerNorm x={'x'.join(map(str, shape))}, CUDA events over {iters} "
+          f"queued calls; schedule source {kernel.compiled.source}; max abs error vs eager {err:.2e}")
+    print(f"  {'GPU us/call':>11}  {'host us/call':>12}  what")
+    for label, gpu_us, host_us in rows:
+        print(f"  {gpu_us:11.2f}  {host_us:12.2f}  {label}")
+    print(f"  per-call overhead above the kernel: {rows[1][1] - rows[0][1]:.2f} us (graph: {rows[2][1] - rows[0][1]:.2f} us)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default=None, help="x's shape, e.g. 16384x1024 (default: that on a GPU, 64x256 on the CPU)")
+    ap.add_argument("--iters", type=int, default=1000)
+    ap.add_argument("--db", default=None, help="tuning database (default: none, the heuristic schedule)")
+    ap.add_argument("--cpu", action="store_true", help="time the CPU host path even where a GPU exists")
+    args = ap.parse_args(argv)
+    import torch
+
+    gpu = torch.cuda.is_available() and not args.cpu
+    shape = tuple(int(d) for d in (args.shape or ("16384x1024" if gpu else "64x256")).split("x"))
+    if gpu:
+        gpu_mode(shape, args.iters, args.db)
+    else:
+        cpu_mode(shape, args.iters)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,378 @@
+"""``torch.compile(model, backend="stitchtune")``: stitch a whole model's memory-intensive regions.
+
+Contract
+--------
+* :func:`stitchtune_backend(gm, example_inputs, mode=None, options=None)` is a torch.compile backend.
+  Through AOTAutograd (forward, and backward when training) it receives ATen graphs; Inductor's
+  decompositions are applied except to the composite ops the importer maps whole (layer norm,
+  softmax, GELU, ...), so backward ops arrive as primitives. In each graph
+  :func:`~stitchtune.importers.torch_regions.find_regions` finds the memory-intensive regions the
+  planner accepts; each is compiled with :func:`stitchtune.deploy.compiled.compile` (schedule through
+  :func:`~stitchtune.deploy.selection.choose_schedule`: tuned, nearest shape or heuristic,
+  re-validated) and replaced by one call of the opaque custom op ``stitchtune::region``
+  (:mod:`stitchtune.deploy.torch_ops`). The rest of the graph is re-decomposed and compiled by
+  Inductor (``fallback="inductor"``, the default) or run as it is (``"eager"``); if Inductor fails on
+  it, it runs eagerly (logged).
+* ``options``: ``db`` (tuning database; default ``$STITCHTUNE_DB`` else ``./tuning-db``; None: none,
+  the heuristic), ``device`` (a Device or preset name schedules are chosen for; default the local GPU,
+  else the H200 preset), ``fallback``, ``deterministic`` (True: a region whose program uses float
+  atomics is declined; the stitched kernels use none today), ``cpu`` (``"emulate"`` | ``"reference"``:
+  how CPU tensors run), ``min_nodes`` (smallest region worth a kernel, in graph nodes; default 1).
+  An unknown option or value raises :class:`~stitchtune.errors.StitchtuneError`.
+* Never breaks a model: an op or region that cannot be stitched stays in the graph; any error while
+  compiling a region declines it with the reason. Each graph's declines are logged once (info level,
+  one line each). Symbolic (dynamic) shapes are declined; with static shapes torch recompiles per
+  new shape, so each seen shape gets its kernels (dynamo's cache).
+* :func:`explain(model, *example_inputs, **options)` compiles and runs ``model`` once on the
+  examples with this backend and returns an :class:`Explanation` (``.stitched``, ``.declined``;
+  ``str()`` is a table). :data:`LAST_REPORTS` holds the reports of the graphs compiled since the
+  last :func:`explain` started.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stitchtune.errors import StitchtuneError
+from stitchtune.tune.dbpath import DEFAULT_DB
+
+log = logging.getLogger(__name__)
+
+_OPTION_KEYS = ("db", "device", "fallback", "deterministic", "cpu", "min_nodes")
+_keys = itertools.count()
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    db: Any = DEFAULT_DB
+    device: Any = None
+    fallback: str = "inductor"
+    deterministic: bool = False
+    cpu: str = "emulate"
+    min_nodes: int = 1
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | None) -> BackendOptions:
+        """Validate torch.compile's ``options`` dict (see module docstring)."""
+        opts = dict(options or {})
+        bad = [k for k in opts if k not in _OPTION_KEYS]
+        if bad:
+            raise StitchtuneError(f"unknown stitchtune backend option(s) {', '.join(map(repr, bad))} "
+                                  f"(options: {', '.join(_OPTION_KEYS)})")
+        o = cls(**opts)
+        if o.fallback not in ("inductor", "eager"):
+            raise StitchtuneError(f"option fallback={o.fallback!r}: 'inductor' or 'eager'")
+        if o.cpu not in ("emulate", "reference"):
+            raise StitchtuneError(f"option cpu={o.cpu!r}: 'emulate' or 'reference'")
+        if not isinstance(o.min_nodes, int) or o.min_nodes < 1:
+            raise StitchtuneError(f"option min_nodes={o.min_nodes!r}: a positive integer")
+        return o
+
+
+@dataclass(frozen=True)
+class StitchedInfo:
+    """One stitched region: its ATen ops, input shapes, output dtype and where its schedule came from."""
+
+    graph: str         # "forward" | "backward" | "inference"
+    region: str
+    ops: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str
+    source: str
+    kernels: int
+
+
+@dataclass(frozen=True)
+class DeclinedInfo:
+    graph: str
+    what: str
+    reason: str
+    count: int = 1
+
+
+@dataclass
+class GraphReport:
+    graph: str
+    stitched: list[StitchedInfo] = field(default_factory=list)
+    declined: list[DeclinedInfo] = field(default_factory=list)
+
+    def log_once(self) -> None:
+        log.info("stitchtune: %s graph: %d region(s) stitched, %d op kind(s)/region(s) declined",
+                 self.graph, len(self.stitched), len(self.declined))
+        for d in self.declined:
+            log.info("stitchtune: declined %s%s: %s", d.what, f" x{d.count}" if d.count > 1 else "", d.reason)
+
+
+#: reports of the graphs compiled since the last :func:`explain` started (also outside explain)
+LAST_REPORTS: list[GraphReport] = []
+
+
+# ---------------------------------------------------------------------------- compiling regions
+def _device_for(opts: BackendOptions) -> Any:
+    from stitchtune.hardware.device import get_device
+
+    if opts.device is None:
+        from stitchtune.gpu.device_query import default_device
+
+        return default_device()
+    return get_device(opts.device) if isinstance(opts.device, str) else opts.device
+
+
+def _compile_region(region: Any, opts: BackendOptions, device: Any, on_cuda: bool) -> Any:
+    """The :class:`~stitchtune.deploy.torch_ops.RegionKernel` of one region (errors propagate)."""
+    from stitchtune.deploy.compiled import compile as compile_graph
+    from stitchtune.deploy.torch_ops import RegionKernel
+
+    cg = compile_graph(region.graph, db=opts.db, device=device, build=True if on_cuda else False)
+    if opts.deterministic and getattr(cg.program.profile, "atomics", 0):
+        raise StitchtuneError("its program uses float atomics (deterministic=True)")
+    return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu)
+
+
+def _info(kind: str, region: Any, kernel: Any) -> StitchedInfo:
+    g = region.graph
+    dtypes = sorted({g.spec(o).dtype for o in g.outputs})
+    return StitchedInfo(kind, region.name, region.ops, tuple(tuple(s.shape) for _, s in g.inputs),
+                        "/".join(dtypes), kernel.compiled.source, len(kernel.compiled.program.launches))
+
+
+def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, kind: str) -> tuple[Any, GraphReport]:
+    """``gm`` with every region it can stitch replaced by ``stitchtune::region`` calls, and the report."""
+    from stitchtune.deploy import torch_ops
+    from stitchtune.importers.torch_regions import find_regions
+
+    report = GraphReport(kind)
+    try:
+        split = find_regions(gm)
+    except Exception as exc:  # noqa: BLE001 - never break a model
+        report.declined.append(DeclinedInfo(kind, "graph", f"region finder failed: {type(exc).__name__}: {exc}"))
+        return gm, report
+    report.declined += [DeclinedInfo(kind, d.what, d.reason, d.count) for d in split.declined]
+    on_cuda = any(getattr(getattr(t, "device", None), "type", "") == "cuda" for t in example_inputs)
+    device = _device_for(opts)
+    chosen = []
+    for r in split.regions:
+        if len(r.graph.nodes) < opts.min_nodes:
+            report.declined.append(DeclinedInfo(kind, f"region {r.name}", f"{len(r.graph.nodes)} node(s) < min_nodes"))
+            continue
+        try:
+            kernel = _compile_region(r, opts, device, on_cuda)
+        except Exception as exc:  # noqa: BLE001 - any stitchtune error declines the region
+            report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})",
+                                                f"{type(exc).__name__}: {exc}"))
+            continue
+        key = f"{r.name}#{next(_keys)}"
+        torch_ops.register(key, kernel)
+        chosen.append((r, key))
+        report.stitched.append(_info(kind, r, kernel))
+    return (_replace(gm, chosen) if chosen else gm), report
+
+
+def _replace(gm: Any, chosen: Sequence[tuple[Any, str]]) -> Any:
+    """A new GraphModule: ``gm``'s nodes in a topological order, each region one ``stitchtune::region``
+    call (placed after its last input) plus one ``getitem`` per output."""
+    import torch
+    import torch.fx
+
+    owner = {n: item for item in chosen for n in item[0].nodes}
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    units: list[Any] = []
+    seen_regions: set[str] = set()
+    for n in nodes:
+        if n in owner:
+            if owner[n][1] not in seen_regions:
+                seen_regions.add(owner[n][1])
+                units.append(owner[n])
+        else:
+            units.append(n)
+
+    def deps(u: Any) -> list[Any]:
+        if isinstance(u, tuple):
+            return list(u[0].inputs)
+        out: list[Any] = []
+        torch.fx.node.map_arg((u.args, u.kwargs), lambda a: out.append(a) or a)
+        return out
+
+    g = torch.fx.Graph()
+    env: dict[Any, Any] = {}
+    for u in _topological(units, deps, owner, order):
+        if isinstance(u, tuple):
+            r, key = u
+            call = g.call_function(torch.ops.stitchtune.region.default, (key, [env[x] for x in r.inputs]))
+            call.meta["val"] = [o.meta.get("val") for o in r.outputs]
+            for i, o in enumerate(r.outputs):
+                item = g.call_function(operator.getitem, (call, i))
+                item.meta = dict(o.meta)
+                env[o] = item
+        else:
+            env[u] = g.node_copy(u, lambda a: env[a])
+    g.eliminate_dead_code()
+    g.lint()
+    return torch.fx.GraphModule(gm, g)
+
+
+def _topological(units: list[Any], deps: Any, owner: Mapping[Any, Any], order: Mapping[Any, int]) -> list[Any]:
+    """``units`` in a topological order, each as early as the original order allows (Kahn, by index)."""
+    import heapq
+
+    def unit_of(n: Any) -> Any:
+        return owner[n] if n in owner else n
+
+    first = {id(u): order[u[0].nodes[0]] if isinstance(u, tuple) else order[u] for u in units}
+    by_id = {id(u): u for u in units}
+    need: dict[int, int] = {}
+    users: dict[int, list[int]] = {}
+    for u in units:
+        ds = {id(unit_of(d)) for d in deps(u)} - {id(u)}
+        need[id(u)] = len(ds)
+        for d in ds:
+            users.setdefault(d, []).append(id(u))
+    ready = [(first[i], i) for i, c in need.items() if c == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        out.append(by_id[i])
+        for j in users.get(i, ()):
+            need[j] -= 1
+            if need[j] == 0:
+                heapq.heappush(ready, (first[j], j))
+    if len(out) != len(units):
+        raise StitchtuneError("internal: stitched regions form a cycle (a region was not convex)")
+    return out
+
+
+# ---------------------------------------------------------------------------- the rest of the graph
+def _decompositions(keep_whole: bool = True) -> dict[Any, Any]:
+    """Inductor's decompositions, without the composite ops the importer maps whole."""
+    import torch
+    from torch._inductor.decomposition import select_decomp_table
+
+    aten = torch.ops.aten
+    keep = {aten.native_layer_norm.default, aten._softmax.default, aten._log_softmax.default,
+            aten.gelu.default, aten.silu.default, aten.rms_norm.default, aten.softmax.int,
+            aten.log_softmax.int, aten.layer_norm.default}
+    table = select_decomp_table()
+    return {k: v for k, v in table.items() if not (keep_whole and k in keep)}
+
+
+def _redecompose(gm: Any, example_inputs: Sequence[Any]) -> Any:
+    """``gm`` traced again with all of Inductor's decompositions (what compile_fx_inner expects)."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    table = _decompositions(keep_whole=False)
+    if not any(getattr(n, "target", None) in table for n in gm.graph.nodes):
+        return gm
+    fake = detect_fake_mode(example_inputs)
+    import contextlib
+
+    with fake if fake is not None else contextlib.nullcontext():
+        return make_fx(gm, decomposition_table=table)(*example_inputs)
+
+
+def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, mode: str | None,
+                  kind: str, n_stitched: int) -> Any:
+    """The callable (boxed) that runs ``gm``: Inductor, or eager (also when Inductor fails)."""
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    if opts.fallback == "inductor":
+        try:
+            from torch._inductor.compile_fx import compile_fx_inner
+            from torch._inductor.utils import BoxedBool
+
+            rest = _redecompose(gm, example_inputs)
+            kwargs: dict[str, Any] = {"is_backward": kind == "backward", "is_inference": kind == "inference"}
+            if mode == "reduce-overhead":
+                kwargs["cudagraphs"] = BoxedBool(True)
+            return compile_fx_inner(rest, example_inputs, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - never break a model: run the rest eagerly
+            log.warning("stitchtune: Inductor failed on the %s graph (%s: %s); running it eagerly",
+                        kind, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+    return make_boxed_func(gm.forward)
+
+
+# ---------------------------------------------------------------------------- the backend
+def _graph_compiler(opts: BackendOptions, mode: str | None, kind: str) -> Any:
+    def compiler(gm: Any, example_inputs: Sequence[Any]) -> Any:
+        new_gm, report = stitch_graph(gm, example_inputs, opts, kind)
+        LAST_REPORTS.append(report)
+        report.log_once()
+        return _compile_rest(new_gm, example_inputs, opts, mode, kind, len(report.stitched))
+
+    return compiler
+
+
+def stitchtune_backend(gm: Any, example_inputs: Sequence[Any], mode: str | None = None,
+                       options: Mapping[str, Any] | None = None) -> Any:
+    """The ``"stitchtune"`` torch.compile backend (see module docstring)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    opts = BackendOptions.from_options(options)
+    backend = aot_autograd(fw_compiler=_graph_compiler(opts, mode, "forward"),
+                           bw_compiler=_graph_compiler(opts, mode, "backward"),
+                           inference_compiler=_graph_compiler(opts, mode, "inference"),
+                           decompositions=_decompositions())
+    return backend(gm, example_inputs)
+
+
+def register() -> None:
+    """Register the backend as ``"stitchtune"`` unless torch already knows it (e.g. by entry point)."""
+    from torch._dynamo.backends import registry
+
+    if "stitchtune" not in registry._COMPILER_FNS:
+        registry.register_backend(stitchtune_backend, name="stitchtune")
+
+
+# ---------------------------------------------------------------------------- explain
+@dataclass(frozen=True)
+class Explanation:
+    """What :func:`explain` found: ``stitched`` and ``declined`` over every compiled graph; ``outputs``
+    is what the compiled model returned for the examples."""
+
+    stitched: tuple[StitchedInfo, ...]
+    declined: tuple[DeclinedInfo, ...]
+    graphs: int
+    outputs: Any = field(default=None, compare=False, repr=False)
+
+    def __str__(self) -> str:
+        rows = [f"stitchtune: {len(self.stitched)} region(s) stitched, {len(self.declined)} declined "
+                f"in {self.graphs} graph(s)", "",
+                f"{'graph':<9} {'region':<28} {'ops':<48} {'shapes':<28} {'dtype':<9} {'source':<13} kernels"]
+        for s in self.stitched:
+            ops = ", ".join(o.removeprefix("aten.") for o in s.ops)
+            shapes = " ".join("x".join(map(str, sh)) for sh in s.shapes)
+            rows.append(f"{s.graph:<9} {s.region[:28]:<28} {_cut(ops, 48):<48} {_cut(shapes, 28):<28} "
+                        f"{s.dtype:<9} {s.source:<13} {s.kernels}")
+        rows += ["", f"{'graph':<9} {'declined':<44} {'count':>5}  reason"]
+        for d in self.declined:
+            rows.append(f"{d.graph:<9} {_cut(d.what, 44):<44} {d.count:>5}  {_cut(d.reason, 120)}")
+        return "\n".join(rows)
+
+
+def _cut(s: str, n: int) -> str:
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def explain(model: Any, *example_inputs: Any, **options: Any) -> Explanation:
+    """Compile ``model`` with the stitchtune backend, run it once on ``example_inputs`` (under
+    ``torch.no_grad()`` unless an input requires grad) and report what was stitched and declined."""
+    import contextlib
+
+    import torch
+
+    LAST_REPORTS.clear()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=stitchtune_backend, options=options or None)
+    grad = any(getattr(t, "requires_grad", False) for t in example_inputs)
+    with contextlib.nullcontext() if grad else torch.no_grad():
+        outputs = compiled(*example_inputs)
+    reports = list(LAST_REPORTS)
+    return Explanation(tuple(s for r in reports for s in r.stitched),
+                       tuple(d for r in reports for d in r.declined), len(reports), outputs)

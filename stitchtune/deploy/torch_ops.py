@@ -1,0 +1,202 @@
+"""The opaque custom op ``stitchtune::region`` that runs one stitched region inside a torch graph.
+
+Contract
+--------
+* ``torch.ops.stitchtune.region(key, inputs) -> list[Tensor]`` runs the :class:`RegionKernel`
+  registered under ``key`` (:func:`register`) on ``inputs`` (the region's graph inputs, in order) and
+  returns new tensors, one per graph output, shaped and typed as the graph says. Its fake (meta)
+  implementation returns empty tensors of those shapes on the inputs' device, so Inductor, AOTAutograd
+  and CUDA-graph capture treat it as an opaque kernel.
+* On CUDA tensors the kernel is launched through the one launch path
+  (:class:`stitchtune.gpu.launch.Launcher`): the cubin is loaded once per GPU, arguments are packed
+  once per set of tensor pointers (:meth:`RegionKernel.launch_pointers`, cached), and each call
+  allocates only its outputs (``torch.empty``, torch's caching allocator) and enqueues the launches
+  on torch's current stream: no host copy, no synchronisation (capturable).
+* On CPU tensors it runs the same program in the emulator (``cpu="emulate"``) or the graph's float64
+  reference (``cpu="reference"``).
+* A failure at run time raises :class:`RegionError` naming the region and its ops.
+
+The real ``torch`` is imported by this module (it is only imported by the torch backend).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from stitchtune.errors import StitchtuneError
+
+__all__ = ["RegionError", "RegionKernel", "register", "region_op"]
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "bool": torch.bool}
+_registry: dict[str, RegionKernel] = {}
+_lock = threading.Lock()
+#: packed argument sets kept per region and GPU (one per distinct set of pointers, oldest dropped)
+MAX_BOUND = 64
+
+
+class RegionError(StitchtuneError, RuntimeError):
+    """A stitched region failed at run time (the message names the region and its ops)."""
+
+
+@dataclass
+class RegionKernel:
+    """One compiled region: its graph, :class:`~stitchtune.deploy.compiled.CompiledGraph` and how CPU
+    tensors are run (``"emulate"`` | ``"reference"``). ``driver``: a driver to launch CUDA tensors with
+    (tests pass a :class:`~stitchtune.gpu.driver.FakeDriver`; then CPU tensors go through the launch
+    path too, their pointers passed as they are); None opens the GPU's at the first call."""
+
+    name: str
+    ops: tuple[str, ...]
+    compiled: Any  # deploy.compiled.CompiledGraph
+    cpu: str = "emulate"
+    driver: Any = None
+    _launchers: dict[Any, Any] = field(default_factory=dict, repr=False)  # per GPU index; "out_specs"
+
+    @property
+    def graph(self) -> Any:
+        return self.compiled.graph
+
+    def describe(self) -> str:
+        return f"stitched region {self.name} ({', '.join(o.removeprefix('aten.') for o in self.ops)})"
+
+    # -- shapes ------------------------------------------------------------------------------
+    def empty_outputs(self, device: Any) -> list[Any]:
+        """New (uninitialised) output tensors on ``device``, one per graph output."""
+        specs = self._launchers.get("out_specs")
+        if specs is None:
+            g = self.graph
+            specs = self._launchers["out_specs"] = tuple((tuple(g.spec(o).shape), _DTYPES[g.spec(o).dtype])
+                                                         for o in g.outputs)
+        return [torch.empty(shape, dtype=dt, device=device) for shape, dt in specs]
+
+    # -- CPU ---------------------------------------------------------------------------------
+    def run_cpu(self, inputs: Sequence[Any]) -> list[Any]:
+        """Outputs for CPU tensors, computed by the emulator or the float64 reference."""
+        from stitchtune.graph.reference import run_reference
+
+        g = self.graph
+        arrays = {n: _to_numpy(t, spec.dtype) for (n, spec), t in zip(g.inputs, inputs)}
+        if self.cpu == "reference":
+            out = run_reference(g, arrays)
+        else:
+            out = self.compiled.emulate(**arrays)
+        return [_from_numpy(np.asarray(out[o]).reshape(g.spec(o).shape), g.spec(o).dtype) for o in g.outputs]
+
+    # -- CUDA --------------------------------------------------------------------------------
+    def launcher(self, index: int, stream: int) -> tuple[Any, dict[Any, Any]]:
+        """(Launcher, packed-arguments cache) for GPU ``index``, made at the first call on it."""
+        hit = self._launchers.get(index)
+        if hit is not None:
+            return hit
+        from stitchtune.deploy.compiled import _build
+        from stitchtune.gpu.driver import open_driver
+        from stitchtune.gpu.launch import Launcher, launch_plan
+
+        cubin = self.compiled.cubin
+        if cubin is None:
+            cubin = _build(self.compiled.sources, self.compiled.device.arch)[1]
+        driver = self.driver if self.driver is not None else open_driver(index)
+        launcher = Launcher(driver, launch_plan(self.compiled.program), cubin, stream=stream)
+        self._launchers[index] = (launcher, {})
+        return self._launchers[index]
+
+    def launch_pointers(self, index: int, pointers: tuple[int, ...], stream: int) -> None:
+        """Enqueue the region's kernels for ``pointers`` (graph inputs then outputs, in graph order) on
+        ``stream`` of GPU ``index``: the arguments are packed at the first call with these pointers."""
+        launcher, cache = self.launcher(index, stream)
+        bound = cache.get(pointers)
+        if bound is None:
+            g = self.graph
+            names = [n for n, _ in g.inputs] + list(g.outputs)
+            if len(cache) >= MAX_BOUND:
+                cache.pop(next(iter(cache)))
+            bound = cache[pointers] = launcher.bind(dict(zip(names, pointers)))
+        launcher.launch(bound, stream)
+
+    def run_launch(self, inputs: Sequence[Any]) -> list[Any]:
+        """Outputs through the launch path: new tensors on the inputs' device (``torch.empty``), the
+        kernels enqueued on torch's current stream (stream 0 for CPU tensors with a given driver)."""
+        dev = inputs[0].device
+        outs = self.empty_outputs(dev)
+        ptrs = tuple(int(t.data_ptr()) for t in inputs) + tuple(int(t.data_ptr()) for t in outs)
+        if dev.type == "cuda":
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            stream = int(torch.cuda.current_stream(dev).cuda_stream)
+            if self.driver is None:
+                self.launcher(index, stream)[0].driver.make_current()
+        else:
+            index, stream = -1, 0
+        self.launch_pointers(index, ptrs, stream)
+        return outs
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+        if not all(t.is_contiguous() for t in inputs):
+            inputs = [t.contiguous() for t in inputs]
+        try:
+            if self.driver is not None or (inputs and inputs[0].is_cuda):
+                return self.run_launch(inputs)
+            return self.run_cpu(inputs)
+        except Exception as exc:
+            raise RegionError(f"{self.describe()} failed at run time: {type(exc).__name__}: {exc}") from exc
+
+
+def register(key: str, kernel: RegionKernel) -> None:
+    """Make ``kernel`` what ``torch.ops.stitchtune.region(key, ...)`` runs."""
+    with _lock:
+        _registry[key] = kernel
+
+
+def lookup(key: str) -> RegionKernel:
+    k = _registry.get(key)
+    if k is None:
+        raise RegionError(f"no stitched region {key!r} in this process (compiled graphs are not portable "
+                          "across processes)")
+    return k
+
+
+def region_op(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Run the stitched region ``key`` on ``inputs`` (see module docstring)."""
+    return lookup(key)(inputs)
+
+
+def _region_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    device = inputs[0].device if inputs else torch.device("cpu")
+    return lookup(key).empty_outputs(device)
+
+
+# A plain torch.library definition, not ``torch.library.custom_op``: the latter's Python wrappers cost
+# ~30 us per call on the host (scripts/torch_overhead.py), this one a few.
+_lib = torch.library.Library("stitchtune", "DEF")
+_lib.define("region(str key, Tensor[] inputs) -> Tensor[]")
+_lib.impl("region", region_op, "CompositeExplicitAutograd")
+torch.library.register_fake("stitchtune::region", _region_fake, lib=_lib)
+
+
+# ---------------------------------------------------------------------------- conversions
+def _to_numpy(t: Any, dtype: str) -> np.ndarray:
+    from stitchtune.graph.reference import numpy_dtype
+
+    t = t.detach()
+    if dtype == "bfloat16":
+        return t.contiguous().view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
+    if dtype == "bool":
+        return t.numpy().astype(bool)
+    return t.numpy()
+
+
+def _from_numpy(a: np.ndarray, dtype: str) -> Any:
+    from stitchtune.graph.reference import numpy_dtype
+
+    a = np.ascontiguousarray(a).astype(numpy_dtype(dtype), copy=False)
+    if dtype == "bfloat16":
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(a.copy())

@@ -1,0 +1,401 @@
+"""Memory-intensive regions of an ATen-level fx graph, each as a stitchtune graph.
+
+Used by the ``torch.compile`` backend (:mod:`stitchtune.deploy.torch_backend`) and by whole-model
+tuning (``stitchtune tune``); the per-op mapping is :mod:`stitchtune.importers.torch_aten`'s, so a
+region maps exactly what ``stitchtune import torch`` maps.
+
+Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
+
+* Candidates are ``call_function`` nodes whose op the importer maps (:data:`torch_aten.SUPPORTED_OPS`)
+  with static shapes and float tensors in and out; ``getitem`` of a candidate is a candidate. Every
+  other op is declined with a reason (compute op, no graph.json equivalent, dynamic shape, dtype).
+* Regions are the maximal connected groups of candidates that are convex (no path leaves a region and
+  re-enters it; a non-convex group is split by how many non-candidates precede its nodes, as the
+  ONNX partition does). Each region is mapped through :class:`torch_aten._Walker` on a sub-graph
+  whose placeholders are the region's external inputs. A node that fails to map (or is an output
+  that the graph cannot express: another shape than PyTorch's, a duplicate or an input passed
+  through) is declined with the walker's reason and the groups are recomputed without it, until
+  every region maps. A graph without any computing node (views and casts only) is dropped silently.
+* ``accept(graph)`` (default: the planner, :func:`stitchtune.plan.planner.make_plan`) returns None or
+  why not. When the reason names a node of the region (``'sum_4'``: e.g. a column sum next to row
+  sums in a layer norm's backward), that node is declined with the reason and the rest is grouped
+  again; otherwise the region is declined whole (its ops stay in the fx graph).
+* Graph inputs are named ``in0, in1, ...`` in order of first use, so equal regions (the same layer
+  norm in every layer) have equal workload keys (one tuning record serves them all).
+* Region ``i`` has ``nodes`` (fx nodes, graph order), ``inputs`` (external fx nodes, in the graph's
+  input order) and ``outputs`` (fx nodes read outside the region, in the graph's output order).
+  Nothing here modifies ``gm``.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stitchtune.errors import StitchtuneError
+from stitchtune.importers.builder import GraphBuilder, ImportError_
+from stitchtune.importers.torch_aten import SUPPORTED_OPS, _Captured, _key, _Walker, _where, torch_dtype_name
+
+__all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
+
+log = logging.getLogger(__name__)
+
+#: ATen ops that are compute-intensive (matmuls, convolutions, attention): Inductor's or a library's job
+COMPUTE_OPS: frozenset[str] = frozenset({
+    "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul", "aten.linear", "aten.convolution",
+    "aten.conv2d", "aten.conv1d", "aten.einsum", "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_efficient_attention",
+    "aten._scaled_dot_product_cudnn_attention", "aten.scaled_dot_product_attention", "aten.embedding"})
+
+
+@dataclass(frozen=True)
+class TorchRegion:
+    """One memory-intensive region mapped to a stitchtune graph (see module docstring)."""
+
+    name: str
+    graph: Any                       # graph.parse.Graph
+    nodes: tuple[Any, ...] = field(compare=False)     # torch.fx.Node, graph order
+    inputs: tuple[Any, ...] = field(compare=False)    # fx nodes feeding graph.inputs, same order
+    outputs: tuple[Any, ...] = field(compare=False)   # fx nodes of graph.outputs, same order
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        """The ATen ops of the region (``getitem`` left out), in graph order."""
+        return tuple(_key(n.target) for n in self.nodes if n.target is not operator.getitem)
+
+
+@dataclass(frozen=True)
+class Declined:
+    """Something not stitched: ``what`` is ``op aten.X`` (with ``count`` nodes) or ``region NAME (ops)``."""
+
+    what: str
+    reason: str
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class RegionSplit:
+    regions: tuple[TorchRegion, ...]
+    declined: tuple[Declined, ...]
+
+
+@dataclass(frozen=True)
+class _Culprit:
+    node: Any
+    reason: str
+
+
+def plan_check(graph: Any) -> str | None:
+    """None when the planner accepts ``graph``, else its reason (the default ``accept``)."""
+    from stitchtune.plan.planner import make_plan
+
+    try:
+        make_plan(graph)
+    except StitchtuneError as exc:
+        return f"planner: {exc}"
+    return None
+
+
+# ---------------------------------------------------------------------------- candidates
+def _tensor_ok(val: Any) -> str | None:
+    """None for a float tensor with static shape, else why not."""
+    import torch
+
+    if not isinstance(val, torch.Tensor):
+        return f"a {type(val).__name__} value, not a tensor"
+    if not all(isinstance(d, int) for d in val.shape):
+        return "dynamic shape (stitched kernels are specialised to static shapes)"
+    if torch_dtype_name(val.dtype) is None:
+        return f"dtype {str(val.dtype).removeprefix('torch.')}"
+    return None
+
+
+def _fx_args(node: Any) -> list[Any]:
+    import torch.fx
+
+    out: list[Any] = []
+    torch.fx.node.map_arg((node.args, node.kwargs), lambda a: out.append(a) or a)
+    return out
+
+
+def _reject_reason(node: Any) -> str | None:
+    """Why ``node`` (a call_function other than getitem) cannot be in a region, or None."""
+    key = _key(node.target)
+    if key in COMPUTE_OPS:
+        return "compute-intensive op (left to Inductor)"
+    if not hasattr(node.target, "_schema") or key not in SUPPORTED_OPS:
+        return "no graph.json equivalent yet"
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    for v in vals:
+        if v is None:
+            continue
+        why = _tensor_ok(v)
+        if why:
+            return f"produces {why}"
+    for a in _fx_args(node):
+        why = _tensor_ok(a.meta.get("val"))
+        if why:
+            return f"reads {why}"
+    return None
+
+
+class _Excluded:
+    """Nodes out of every region: ``reasons`` (reported) and ``derived`` (followed a reported one)."""
+
+    def __init__(self) -> None:
+        self.reasons: dict[Any, str] = {}
+        self.derived: set[Any] = set()
+
+    def __contains__(self, node: Any) -> bool:
+        return node in self.reasons or node in self.derived
+
+    def add(self, node: Any, reason: str) -> None:
+        """Exclude ``node``; a getitem takes its tuple-producing source along, and a source its getitems."""
+        self.reasons[node] = reason
+        if node.target is operator.getitem:
+            src = node.args[0]
+            if src not in self:
+                self.add(src, reason)
+                self.derived.add(src)
+                del self.reasons[src]
+        for u in node.users:
+            if u.target is operator.getitem and u not in self:
+                self.derived.add(u)
+
+
+def _initial_exclusions(nodes: Sequence[Any]) -> _Excluded:
+    ex = _Excluded()
+    for n in nodes:
+        if n.op != "call_function":
+            ex.derived.add(n)
+        elif n.target is operator.getitem:
+            if n.args[0] in ex:
+                ex.derived.add(n)
+        else:
+            why = _reject_reason(n)
+            if why:
+                ex.add(n, why)
+    return ex
+
+
+# ---------------------------------------------------------------------------- grouping
+def _components(members: Iterable[Any], same: Callable[[Any, Any], bool]) -> list[list[Any]]:
+    """Connected components of ``members`` over producer->consumer edges where ``same(a, b)``."""
+    member = set(members)
+    parent = {n: n for n in member}
+
+    def find(n: Any) -> Any:
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for n in member:
+        for a in _fx_args(n):
+            if a in member and same(a, n):
+                parent[find(a)] = find(n)
+    comps: dict[Any, list[Any]] = {}
+    for n in member:
+        comps.setdefault(find(n), []).append(n)
+    return list(comps.values())
+
+
+def _convex(group: set[Any]) -> bool:
+    """No path leaves ``group`` and re-enters it."""
+    frontier = [u for n in group for u in n.users if u not in group]
+    seen = set(frontier)
+    while frontier:
+        n = frontier.pop()
+        for u in n.users:
+            if u in group:
+                return False
+            if u not in seen:
+                seen.add(u)
+                frontier.append(u)
+    return True
+
+
+def _groups(nodes: Sequence[Any], ex: _Excluded) -> list[list[Any]]:
+    """Maximal convex groups of candidates, each in graph order."""
+    order = {n: i for i, n in enumerate(nodes)}
+    stage: dict[Any, int] = {}
+    node_stage: dict[Any, int] = {}
+    for n in nodes:
+        s = max((stage.get(a, 0) for a in _fx_args(n)), default=0)
+        node_stage[n] = s
+        stage[n] = s + 1 if n in ex else s
+    cands = [n for n in nodes if n not in ex]
+    out = []
+    for comp in _components(cands, lambda a, b: True):
+        parts = [comp] if _convex(set(comp)) else _components(comp, lambda a, b: node_stage[a] == node_stage[b])
+        out.extend(sorted(p, key=order.__getitem__) for p in parts)
+    return sorted(out, key=lambda g: order[g[0]])
+
+
+# ---------------------------------------------------------------------------- mapping one group
+def _subgraph(group: list[Any]) -> tuple[Any, list[Any], list[Any], dict[Any, Any]]:
+    """(GraphModule of the group, external inputs, outputs, sub node -> original node)."""
+    import torch
+    import torch.fx
+
+    members = set(group)
+    inputs: list[Any] = []
+    for n in group:
+        for a in _fx_args(n):
+            if a not in members and a not in inputs:
+                inputs.append(a)
+    g = torch.fx.Graph()
+    env: dict[Any, Any] = {}
+    back: dict[Any, Any] = {}
+    for x in inputs:
+        ph = g.placeholder(f"in_{x.name}")
+        ph.meta = dict(x.meta)
+        env[x] = ph
+        back[ph] = x
+    for n in group:
+        env[n] = g.node_copy(n, lambda a: env[a])
+        back[env[n]] = n
+    outputs = [n for n in group if any(u not in members for u in n.users)]
+    g.output(tuple(env[o] for o in outputs))
+    return torch.fx.GraphModule(torch.nn.Module(), g), inputs, outputs, back
+
+
+def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any]] | _Culprit | Declined:
+    """(Graph, inputs, outputs) of one group, or the node to exclude, or the whole group declined."""
+    sub, inputs, outputs, back = _subgraph(group)
+    b = GraphBuilder(name)
+    values = []
+    for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
+        val = x.meta["val"]
+        values.append(b.add_input(f"in{i}", tuple(int(d) for d in val.shape), torch_dtype_name(val.dtype) or "?"))
+    bindings = {ph.name: ("user", i) for i, ph in enumerate(n for n in sub.graph.nodes if n.op == "placeholder")}
+    walker = _Walker(_Captured(sub, bindings, "fx"), b, values, lambda fqn, t: "float32")
+    try:
+        outs = walker.run()
+    except ImportError_ as exc:
+        cur = walker.current
+        if cur is not None and cur.op == "call_function":
+            prefix = f"{cur.target} at {_where(cur)}: "
+            msg = str(exc)
+            return _Culprit(back[cur], msg[len(prefix):] if msg.startswith(prefix) else msg)
+        outs = None
+    culprit = _check_outputs(walker, sub, outputs, outs, {str(v.ref) for v in values})
+    if culprit is not None:
+        return culprit
+    try:
+        graph = b.graph(outs)
+    except StitchtuneError as exc:
+        return Declined(f"region {name} ({_ops_text(group)})", str(exc))
+    return graph, inputs, outputs
+
+
+def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | None,
+                   input_names: set[str]) -> _Culprit | None:
+    """The first output the graph cannot return as PyTorch does (shape, a duplicate, an input), or None."""
+    out_node = next(n for n in sub.graph.nodes if n.op == "output")
+    seen: set[str] = set()
+    for orig, s in zip(outputs, out_node.args[0]):
+        v = walker.vals.get(s.name)
+        t = tuple(int(d) for d in s.meta["val"].shape) if s.meta.get("val") is not None else None
+        if v is None or not hasattr(v, "is_scalar") or v.is_scalar:
+            return _Culprit(orig, "its value is not a tensor the graph computes")
+        if tuple(v.shape) != t:
+            return _Culprit(orig, f"an output of PyTorch shape {list(t or ())} is graph shape {list(v.shape)}")
+        if not s.meta["val"].is_contiguous():
+            return _Culprit(orig, "a non-contiguous output (stitched kernels write row-major tensors)")
+        if str(v.ref) in input_names:
+            return _Culprit(orig, "an output that passes an input through")
+        if str(v.ref) in seen:
+            return _Culprit(orig, "an output equal to another output")
+        seen.add(str(v.ref))
+    if outs is None:
+        return _Culprit(outputs[0], "the region's outputs could not be mapped")
+    return None
+
+
+def _ops_text(nodes: Iterable[Any]) -> str:
+    ops = [_key(n.target).removeprefix("aten.") for n in nodes if n.target is not operator.getitem]
+    return ", ".join(ops[:8]) + (f", ... ({len(ops)} ops)" if len(ops) > 8 else "")
+
+
+def _computes(graph: Any) -> bool:
+    return any(n.op != "cast" for n in graph.nodes)
+
+
+# ---------------------------------------------------------------------------- entry point
+def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_check,
+                 prefix: str = "region") -> RegionSplit:
+    """The memory-intensive regions of ``gm`` (an ATen-level fx GraphModule with ``meta["val"]``) and
+    what was declined (see module docstring)."""
+    nodes = list(gm.graph.nodes)
+    ex = _initial_exclusions(nodes)
+    mapped: dict[frozenset[Any], Any] = {}
+    while True:
+        groups = _groups(nodes, ex)
+        changed = False
+        for group in groups:
+            key = frozenset(group)
+            if key in mapped:
+                continue
+            res = _map_group(group, f"{prefix}_{group[0].name}")
+            if not isinstance(res, (_Culprit, Declined)) and _computes(res[0]) and accept is not None:
+                res = _judge(res, group, accept)
+            if isinstance(res, _Culprit):
+                ex.add(res.node, res.reason)
+                changed = True
+            else:
+                mapped[key] = res
+        if not changed:
+            break
+    regions: list[TorchRegion] = []
+    declined: list[Declined] = []
+    for group in groups:
+        res = mapped[frozenset(group)]
+        if isinstance(res, Declined):
+            declined.append(res)
+        elif _computes(res[0]):
+            graph, inputs, outputs = res
+            regions.append(TorchRegion(graph.name, graph, tuple(group), tuple(inputs), tuple(outputs)))
+    return RegionSplit(tuple(regions), tuple(_op_declines(nodes, ex)) + tuple(declined))
+
+
+_QUOTED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
+
+
+def _judge(res: tuple[Any, list[Any], list[Any]], group: list[Any],
+           accept: Callable[[Any], str | None]) -> Any:
+    """``res`` when ``accept`` takes its graph; else the group's node that the refusal names (a
+    reduction over other axes, ...: the rest may still be a region), else the group declined."""
+    why = accept(res[0])
+    if not why:
+        return res
+    by_name = {n.name: n for n in group}
+    for name in _QUOTED.findall(why):
+        node = by_name.get(name)
+        if node is None:   # a node of a decomposed op: "<fx name>_<part>"
+            cands = [n for n in group if name.startswith(n.name + "_")]
+            node = max(cands, key=lambda n: len(n.name)) if cands else None
+        if node is not None and node.op == "call_function":
+            return _Culprit(node, why)
+    return Declined(f"region {res[0].name} ({_ops_text(group)})", why)
+
+
+def _op_declines(nodes: Sequence[Any], ex: _Excluded) -> list[Declined]:
+    """One :class:`Declined` per (op, reason) among the excluded nodes, with its count, in graph order."""
+    counts: dict[tuple[str, str], int] = {}
+    for n in nodes:
+        reason = ex.reasons.get(n)
+        if reason is not None:
+            k = (f"op {_key(n.target)}", reason)
+            counts[k] = counts.get(k, 0) + 1
+    return [Declined(what, reason, c) for (what, reason), c in counts.items()]
+
+
+def where(node: Any) -> str:
+    """The source location of an fx node (for messages)."""
+    return _where(node)

@@ -1,0 +1,176 @@
+"""Single-pass statistics in kernel IR: the per-thread running state of a
+:class:`~stitchtune.plan.single_pass.SinglePassCandidate` and its merge (``schedule.single_pass``).
+
+* ``welford``: the state is ``(n, mean, M2, c)``: count, running mean of ``x - c``, sum of squared
+  deviations, and a shift ``c`` (the first element the state saw; the row's mean is ``c + mean``). One
+  element ``x``: ``y = x - c; n += 1; d = y - mean; mean += d / n; M2 += d * (y - mean)`` (Welford).
+  Two states: ``d = (mb + (cb - ca)) - ma; n = na + nb; mean = ma + d * nb / n; M2 = Ma + Mb + d^2 *
+  na * nb / n`` (the parallel-variance formula of Chan, Golub and LeVeque), ``n`` clamped to >= 1 in
+  the division, and an empty ``a`` taking ``b`` whole. The shift keeps every mean and difference near
+  0: with rows around ``1e4`` a float32 mean near ``1e4`` rounds by ~5e-4 at every update and merge,
+  and M2 inherits that error (3-5e-5 relative variance error on 64 x 1000 rows of 1e4 + N(0, 1)
+  without the shift; ~1e-7 with it, below the two-pass kernels' ~1e-6). The results are ``c + mean`` (``K x`` that for a ``reduce_sum``) and ``M2 / K``
+  (``M2`` for a ``reduce_sum``).
+* ``online_softmax``: the state is ``(m, s)``, the running max and the sum of ``exp(x - m)``. One
+  element: if ``x > m`` then ``s = s * exp(m - x) + 1; m = x`` else ``s += exp(x - m)`` (one ``exp``
+  per element; a ``-inf`` element adds nothing). Two states: ``m = max(ma, mb)``, ``s = sa * exp(ma -
+  m) + sb * exp(mb - m)`` with ``m`` taken as 0 in the exponents when both are ``-inf`` (empty). The
+  results are ``m`` and ``s``.
+
+The functions return statement lists for the row lowering to place (sweep body, exchange, partials);
+the merge reads the other state into fresh variables first, so ``other`` may be shuffles or loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stitchtune.ir import kir
+from stitchtune.ir.kir import F32, Assign, Bin, Const, MathOp, Select, Var
+from stitchtune.graph.parse import Graph
+from stitchtune.plan.planner import StitchPlan, TensorClass
+from stitchtune.plan.single_pass import WELFORD, SinglePassCandidate
+
+NEG_INF = Const(float("-inf"), F32)
+ZERO = Const(0.0, F32)
+ONE = Const(1.0, F32)
+
+#: per-element cost of the running update (float ops, special-function ops), for the profile: Welford
+#: has 8 float ops and a division (a reciprocal on the SFU and its Newton steps, counted as 4 more);
+#: online softmax one exp and 5 float ops / selects (estimates, not measured)
+UPDATE_COST = {WELFORD: (12, 1), "online_softmax": (5, 1)}
+
+
+@dataclass(frozen=True)
+class OnlineState:
+    """The per-thread running state of one candidate: ``vars`` = ``(n, mean, M2, c)`` or ``(m, s)``."""
+
+    cand: SinglePassCandidate
+    vars: tuple[Var, ...]
+
+    @property
+    def welford(self) -> bool:
+        return self.cand.kind == WELFORD
+
+    @property
+    def stored(self) -> tuple[Var, ...]:
+        """The variables a block's partial keeps in scratch (``part<first>``, ``part<second>`` and for
+        Welford ``pshift<first>``): the count of a Welford partial is not stored, it follows from the
+        split (:func:`split_count`)."""
+        return self.vars[1:] if self.welford else self.vars
+
+
+def new_state(cand: SinglePassCandidate, var) -> OnlineState:
+    """A state of fresh variables (``var(prefix)`` makes one)."""
+    names = ("wn", "wmean", "wm2", "wc") if cand.kind == WELFORD else ("om", "os")
+    return OnlineState(cand, tuple(var(n) for n in names))
+
+
+def identity(st: OnlineState) -> tuple[Const, ...]:
+    """The empty state: ``(0, 0, 0, 0)`` or ``(-inf, 0)``."""
+    return (ZERO, ZERO, ZERO, ZERO) if st.welford else (NEG_INF, ZERO)
+
+
+def reset(st: OnlineState) -> list:
+    """``state = empty``."""
+    return [Assign(v, c) for v, c in zip(st.vars, identity(st))]
+
+
+def update(st: OnlineState, x: kir.Expr, valid: kir.Expr, var) -> list:
+    """Fold element ``x`` into the state where ``valid`` (the state is unchanged elsewhere)."""
+    if st.welford:
+        n, mean, m2, c = st.vars
+        y, n1, d = var("wy"), var("wn"), var("wd")
+        return [Assign(c, Select(Bin("&&", valid, Bin("==", n, ZERO)), x, c)), Assign(y, Bin("-", x, c)),
+                Assign(n1, Bin("+", n, ONE)), Assign(d, Bin("-", y, mean)),
+                Assign(mean, Select(valid, Bin("+", mean, Bin("/", d, n1)), mean)),
+                Assign(m2, Select(valid, Bin("+", m2, Bin("*", d, Bin("-", y, mean))), m2)),
+                Assign(n, Select(valid, n1, n))]
+    m, s = st.vars
+    ok, big, e = var("ov", kir.BOOL), var("ob", kir.BOOL), var("oe")
+    return [Assign(ok, Bin("&&", valid, Bin("!=", x, NEG_INF))), Assign(big, Bin(">", x, m)),
+            Assign(e, MathOp("exp", (Select(big, Bin("-", m, x), Bin("-", x, m)),))),
+            Assign(s, Select(ok, Select(big, Bin("+", Bin("*", s, e), ONE), Bin("+", s, e)), s)),
+            Assign(m, Select(Bin("&&", ok, big), x, m))]
+
+
+def merge(st: OnlineState, other: tuple[kir.Expr, ...], var) -> list:
+    """``state = merge(state, other)``; ``other`` (same layout as ``st.vars``) is read into fresh
+    variables before the state changes."""
+    tmp = tuple(var("wo" if st.welford else "oo") for _ in other)
+    out: list = [Assign(t, o) for t, o in zip(tmp, other)]
+    if st.welford:
+        n, mean, m2, c = st.vars
+        nb, mb, m2b, cb = tmp
+        take, nt, d, f = var("wt", kir.BOOL), var("wn"), var("wd"), var("wf")
+        out += [Assign(take, Bin("==", n, ZERO)), Assign(nt, Bin("+", n, nb)),
+                Assign(d, Bin("-", Bin("+", mb, Bin("-", cb, c)), mean)),
+                Assign(f, Bin("/", nb, Bin("max", nt, ONE))),
+                Assign(mean, Select(take, mb, Bin("+", mean, Bin("*", d, f)))),
+                Assign(m2, Select(take, m2b, Bin("+", Bin("+", m2, m2b), Bin("*", Bin("*", Bin("*", d, d), n), f)))),
+                Assign(c, Select(take, cb, c)), Assign(n, nt)]
+        return out
+    m, s = st.vars
+    mb, sb = tmp
+    mt, ms = var("om"), var("oz")
+    out += [Assign(mt, Bin("max", m, mb)), Assign(ms, Select(Bin("==", mt, NEG_INF), ZERO, mt)),
+            Assign(s, Bin("+", Bin("*", s, MathOp("exp", (Bin("-", m, ms),))),
+                          Bin("*", sb, MathOp("exp", (Bin("-", mb, ms),))))),
+            Assign(m, mt)]
+    return out
+
+
+def partial(st: OnlineState, count: kir.Expr, loaded: tuple[kir.Expr, ...]) -> tuple[kir.Expr, ...]:
+    """The state of a stored partial: ``loaded`` are the values of :attr:`OnlineState.stored`,
+    ``count`` the elements of its row piece (Welford only)."""
+    return (count, *loaded) if st.welford else loaded
+
+
+def split_count(n: int, chunk: int, q: int) -> int:
+    """Elements of a row of ``n`` that split block ``q`` (pieces of ``chunk``) covers."""
+    return max(0, min(chunk, n - q * chunk))
+
+
+def split_count_expr(n: int, chunk: int, q: kir.Expr) -> kir.Expr:
+    """:func:`split_count` for a run-time ``q`` (as a float)."""
+    i = lambda v: Const(int(v), kir.I32)  # noqa: E731
+    c = Bin("min", Bin("max", Bin("-", i(n), Bin("*", q, i(chunk))), i(0)), i(chunk))
+    return kir.Cast(c, F32)
+
+
+def results(st: OnlineState, K: int) -> tuple[kir.Expr, kir.Expr]:
+    """The values of the candidate's two reductions from a complete state."""
+    if not st.welford:
+        return st.vars[0], st.vars[1]
+    _, mean, m2, c = st.vars
+    first = Bin("+", c, mean)
+    first = Bin("*", first, Const(float(K), F32)) if st.cand.first_is_sum else first
+    second = m2 if st.cand.second_is_sum else Bin("*", m2, Const(1.0 / K, F32))
+    return first, second
+
+
+def single_sweep_candidates(graph: Graph, plan: StitchPlan) -> frozenset[str]:
+    """The reuse candidates that only one sweep reads once every candidate pair is merged: the sweep
+    of a pair's second stage is gone (its ``d``, ``d * d``, ``exp(x - max)`` are then first needed by
+    the output sweep), so caching them would fill registers or shared memory nobody reads again."""
+    cls = dict(plan.classes)
+    by_id = {nd.id: nd for nd in graph.nodes}
+    needs: dict[str, set[int]] = {n: set() for n in cls}
+    gone = {c.stage + 1 for c in plan.single_pass}
+
+    def mark(name: str, sweep: int) -> None:
+        if cls[name] is not TensorClass.FULL or sweep in needs[name]:
+            return
+        needs[name].add(sweep)
+        nd = by_id.get(name)
+        for a in (nd.args if nd is not None else ()):
+            if isinstance(a, str):
+                mark(a, sweep)
+
+    for i, st in enumerate(plan.stages):
+        if i not in gone:
+            for r in st:
+                mark(str(by_id[r].args[0]), i)
+    for o in graph.outputs:
+        mark(o, plan.nstages)
+    return frozenset(c for c in plan.reuse_candidates if len(needs[c]) < 2)

@@ -1,0 +1,231 @@
+"""torch.compile(backend="stitchtune"): partitioning, the custom op on CPU (emulator / reference), the
+CUDA launch path against the fake driver, declines, explain, and small transformers blocks."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from stitchtune.deploy import torch_backend  # noqa: E402
+from stitchtune.errors import StitchtuneError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> Any:
+    torch_backend.register()
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class Block(torch.nn.Module):
+    """LayerNorm -> Linear -> GELU -> residual softmax: two memory-intensive regions around a matmul."""
+
+    def __init__(self, h: int = 16) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(h)
+        self.fc = torch.nn.Linear(h, h)
+
+    def forward(self, x: Any) -> Any:
+        y = self.fc(self.ln(x * 2.0 + 1.0))
+        return torch.nn.functional.gelu(y).softmax(-1) * 3.0
+
+
+def _compile(model: Any, **options: Any) -> Any:
+    return torch.compile(model, backend="stitchtune", options={"db": None, **options})
+
+
+def _stitched() -> int:
+    return sum(len(r.stitched) for r in torch_backend.LAST_REPORTS)
+
+
+@pytest.mark.parametrize("cpu,fallback", [("emulate", "eager"), ("reference", "inductor")])
+def test_block_matches_eager(cpu: str, fallback: str) -> None:
+    torch.manual_seed(0)
+    m, x = Block().eval(), torch.randn(2, 4, 16)
+    torch_backend.LAST_REPORTS.clear()
+    with torch.no_grad():
+        got = _compile(m, cpu=cpu, fallback=fallback)(x)
+        want = m(x)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert _stitched() == 2
+
+
+def test_explain_lists_stitched_regions_and_declines_and_prints_a_table() -> None:
+    torch.manual_seed(0)
+    e = torch_backend.explain(Block().eval(), torch.randn(2, 4, 16), db=None, fallback="eager")
+    assert len(e.stitched) == 2
+    ln = e.stitched[0]
+    assert "aten.native_layer_norm" in ln.ops and ln.dtype == "float32" and ln.source == "heuristic"
+    assert (2, 4, 16) in ln.shapes
+    assert any("addmm" in d.what and "compute" in d.reason for d in e.declined)
+    text = str(e)
+    assert "native_layer_norm" in text and "heuristic" in text and "compute-intensive" in text
+    import stitchtune
+
+    assert stitchtune.torch.explain is not None
+
+
+def test_training_forward_and_backward_match_eager() -> None:
+    torch.manual_seed(0)
+    m = Block()
+    x = torch.randn(2, 4, 16, requires_grad=True)
+    torch_backend.LAST_REPORTS.clear()
+    got = _compile(m, cpu="reference", fallback="eager")(x)
+    got.sum().backward()
+    g_got, w_got = x.grad.clone(), m.fc.weight.grad.clone()
+    x.grad = None
+    m.zero_grad()
+    want = m(x)
+    want.sum().backward()
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(g_got, x.grad, atol=1e-4) and torch.allclose(w_got, m.fc.weight.grad, atol=1e-4)
+    kinds = {r.graph: len(r.stitched) for r in torch_backend.LAST_REPORTS}
+    assert kinds.get("forward", 0) > 0 and kinds.get("backward", 0) > 0
+
+
+def test_a_region_that_fails_to_compile_is_declined_and_the_model_still_runs(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    real = torch_backend._compile_region
+
+    def flaky(region: Any, *a: Any) -> Any:
+        if "aten.native_layer_norm" in region.ops:
+            raise StitchtuneError("boom in planning")
+        return real(region, *a)
+
+    monkeypatch.setattr(torch_backend, "_compile_region", flaky)
+    torch.manual_seed(0)
+    m, x = Block().eval(), torch.randn(2, 4, 16)
+    torch_backend.LAST_REPORTS.clear()
+    with caplog.at_level(logging.INFO, logger="stitchtune.deploy.torch_backend"), torch.no_grad():
+        got = _compile(m, cpu="reference", fallback="eager")(x)
+        want = m(x)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert _stitched() == 1
+    assert any("boom in planning" in r.getMessage() for r in caplog.records)
+
+
+def test_a_kernel_failure_at_run_time_names_the_region(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stitchtune.deploy.torch_ops import RegionError, RegionKernel
+
+    def broken(self: Any, inputs: Any) -> Any:
+        raise ValueError("emulator says no")
+
+    monkeypatch.setattr(RegionKernel, "run_cpu", broken)
+    m = Block().eval()
+    with torch.no_grad(), pytest.raises(Exception) as info:
+        _compile(m, fallback="eager")(torch.randn(2, 4, 16))
+    assert "stitched region region_" in str(info.value) and "emulator says no" in str(info.value)
+    assert isinstance(info.value, RegionError) or "RegionError" in str(info.value)
+
+
+def test_new_shapes_recompile_and_dynamic_shapes_fall_back() -> None:
+    torch.manual_seed(0)
+    m = Block().eval()
+    c = _compile(m, cpu="reference", fallback="eager")
+    with torch.no_grad():
+        for shape in [(2, 4, 16), (3, 4, 16)]:
+            x = torch.randn(*shape)
+            assert torch.allclose(c(x), m(x), atol=1e-5)
+    torch._dynamo.reset()
+    torch_backend.LAST_REPORTS.clear()
+    c = torch.compile(m, backend="stitchtune", dynamic=True, options={"db": None, "fallback": "eager"})
+    with torch.no_grad():
+        x = torch.randn(5, 4, 16)
+        assert torch.allclose(c(x), m(x), atol=1e-5)
+    assert _stitched() == 0
+    assert any("dynamic shape" in d.reason for r in torch_backend.LAST_REPORTS for d in r.declined)
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(StitchtuneError, match="unknown stitchtune backend option"):
+        torch_backend.BackendOptions.from_options({"dbb": None})
+    with pytest.raises(StitchtuneError, match="fallback"):
+        torch_backend.BackendOptions.from_options({"fallback": "xla"})
+    with pytest.raises(StitchtuneError, match="cpu"):
+        torch_backend.BackendOptions.from_options({"cpu": "gpu"})
+
+
+def test_the_entry_point_names_the_backend() -> None:
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    target = meta["project"]["entry-points"]["torch_dynamo_backends"]["stitchtune"]
+    mod, _, attr = target.partition(":")
+    import importlib
+
+    assert getattr(importlib.import_module(mod), attr) is torch_backend.stitchtune_backend
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert lookup_backend("stitchtune") is torch_backend.stitchtune_backend
+
+
+def test_cuda_path_launches_on_the_given_stream_and_packs_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The custom op's CUDA path over the fake driver: the Launcher is made once, arguments are packed
+    once per set of pointers, and a repeated call only launches (no allocation, copy or sync)."""
+    from stitchtune.deploy.compiled import compile as compile_graph
+    from stitchtune.deploy.torch_ops import RegionKernel
+    from stitchtune.gpu.driver import FakeDriver
+    from stitchtune.importers.torch_regions import find_regions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x, g: torch.nn.functional.layer_norm(x, (16,), g), tracing_mode="fake")(
+        torch.randn(8, 16), torch.randn(16))
+    [region] = find_regions(gm).regions
+    cg = compile_graph(region.graph, db=None, device="h200", build=False)
+    drv = FakeDriver()
+    k = RegionKernel(region.name, region.ops, dataclasses.replace(cg, cubin=b"FAKE cubin"), driver=drv)
+    ins = [drv.mem_alloc(8 * 16 * 4), drv.mem_alloc(16 * 4)]
+    outs = [drv.mem_alloc(8 * 16 * 4)]
+    ptrs = (*ins, *outs)
+    k.launch_pointers(0, ptrs, stream=0x77)
+    n = len(cg.program.launches)
+    before = len(drv.calls)
+    for _ in range(3):
+        k.launch_pointers(0, ptrs, stream=0x77)
+    later = [c[0] for c in drv.calls[before:]]
+    assert later == ["launch"] * (3 * n)
+    assert len(drv.launches) == 4 * n and {ln.stream for ln in drv.launches} == {0x77}
+    assert len(k._launchers[0][1]) == 1          # one packed argument set
+    k.launch_pointers(0, (ins[0], ins[1], drv.mem_alloc(8 * 16 * 4)), stream=0)
+    assert len(k._launchers[0][1]) == 2
+    assert sum(1 for c in drv.calls if c[0] == "load_module") == 1
+
+
+def test_the_custom_op_goes_through_the_launch_path_with_tensor_pointers() -> None:
+    """torch.ops.stitchtune.region with a driver given: outputs from torch.empty, the kernels launched
+    with the tensors' own pointers (inputs, then outputs), no host copy."""
+    from stitchtune.deploy import torch_ops
+    from stitchtune.deploy.compiled import compile as compile_graph
+    from stitchtune.gpu.driver import FakeDriver
+    from stitchtune.importers.torch_regions import find_regions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x: (x * 2.0).softmax(-1), tracing_mode="fake")(torch.randn(4, 32))
+    [region] = find_regions(gm).regions
+    cg = compile_graph(region.graph, db=None, device="h200", build=False)
+    drv = FakeDriver()
+    torch_ops.register("test-launch", torch_ops.RegionKernel(region.name, region.ops,
+                                                            dataclasses.replace(cg, cubin=b"FAKE"), driver=drv))
+    x = torch.randn(4, 32)
+    [y] = torch.ops.stitchtune.region("test-launch", [x])
+    assert y.shape == (4, 32) and y.dtype == torch.float32
+    io = {b.tensor: b.name for b in cg.program.buffers if b.role in ("input", "output")}
+    ptr = {region.graph.inputs[0][0]: x.data_ptr(), region.graph.outputs[0]: y.data_ptr()}
+    checked = set()
+    assert len(drv.launches) == len(cg.program.launches)
+    for ln, spec in zip(drv.launches, cg.program.launches):
+        for value, arg in zip(ln.args, spec.args):
+            for tensor, buf in io.items():
+                if buf == arg:
+                    assert value == ptr[tensor]
+                    checked.add(tensor)
+    assert checked == set(ptr)
+    assert not [c for c in drv.calls if c[0] in ("memcpy_htod", "memcpy_dtoh", "synchronize")]
