@@ -28,9 +28,11 @@ DEFAULT_SAMPLES = 24
 
 
 def fingerprints(samples: int = DEFAULT_SAMPLES, examples: Path = ROOT / "examples",
-                 only: set[str] | None = None) -> dict[str, list[dict]]:
+                 only: set[str] | None = None, table: str = "full") -> dict[str, list[dict]]:
     """``{example file name: [{"seed", "schedule", "source_sha256", "launches_sha256"}, ...]}``
-    (seed -1 is the heuristic schedule) for every example, or those named in ``only``."""
+    (seed -1 is the heuristic schedule) for every example, or those named in ``only``. ``table``:
+    ``full`` (today's option table) or ``recorded`` (``RECORDED_OPTIONS``, the table the first golden
+    files were recorded with: no ``cluster`` scheme or option)."""
     from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.gpu.render import render
     from stitchtune.graph.parse import load_graph
@@ -38,6 +40,7 @@ def fingerprints(samples: int = DEFAULT_SAMPLES, examples: Path = ROOT / "exampl
     from stitchtune.lower.entry import lower
     from stitchtune.plan.planner import make_plan
     from stitchtune.space import SearchSpace
+    from stitchtune.space.options import OPTIONS, RECORDED_OPTIONS
 
     dev = get_device("H200")
     out: dict[str, list[dict]] = {}
@@ -46,7 +49,7 @@ def fingerprints(samples: int = DEFAULT_SAMPLES, examples: Path = ROOT / "exampl
             continue
         g = load_graph(path)
         plan = make_plan(g)
-        space = SearchSpace.for_plan(plan, dev)
+        space = SearchSpace.for_plan(plan, dev, table=RECORDED_OPTIONS if table == "recorded" else OPTIONS)
         rows = []
         points = [(-1, heuristic_schedule(plan, dev, space))]
         points += [(i, space.sample(random.Random(i))) for i in range(samples)]
@@ -66,9 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="sampled schedules per example")
     ap.add_argument("--out", type=Path, help="write the JSON here (default: stdout)")
     ap.add_argument("--only", nargs="+", metavar="NAME", help="only these example files (e.g. softmax.json)")
+    ap.add_argument("--table", choices=("full", "recorded"), default="full",
+                    help="option table: today's (full) or the one of the first golden files (recorded)")
     args = ap.parse_args(argv)
     only = set(args.only) if args.only else None
-    text = json.dumps(fingerprints(args.samples, only=only), indent=1, sort_keys=True) + "\n"
+    text = json.dumps(fingerprints(args.samples, only=only, table=args.table), indent=1, sort_keys=True) + "\n"
     if args.out:
         args.out.write_text(text)
     else:

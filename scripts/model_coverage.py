@@ -1,15 +1,18 @@
-"""How much of real model graphs stitchtune covers: small transformers models, exported to ONNX,
-imported, planned and checked in the emulator.
+"""How much of real model graphs stitchtune covers: small transformers models, exported to ONNX or
+captured with torch.export, imported, planned and checked in the emulator.
 
     PYTHONPATH=$PWD python scripts/model_coverage.py [--models bert,gpt2,llama,vit,convnext,resnet]
-                                                     [--exporters legacy,dynamo] [--json OUT] [--seed 0]
+                                                     [--exporters legacy,dynamo,export] [--json OUT] [--seed 0]
 
 For each model (built from a transformers config with 2 layers and small hidden sizes, randomly
-initialised, eval mode, CPU; nothing is downloaded) and each ONNX exporter (``legacy`` =
-``torch.onnx.export(dynamo=False)``, ``dynamo`` = ``dynamo=True``, which needs onnxscript):
+initialised, eval mode, CPU; nothing is downloaded) and each exporter (``legacy`` =
+``torch.onnx.export(dynamo=False)``, ``dynamo`` = ``dynamo=True``, which needs onnxscript,
+``export`` = ``torch.export.export(strict=False)``):
 
 1. export at small shapes (batch 1, sequence 8, 32x32 images), output ``last_hidden_state`` only;
-2. import with :func:`stitchtune.importers.onnx_import.import_onnx`;
+2. import: ONNX with :func:`stitchtune.importers.onnx_import.import_onnx`; torch.export by
+   :func:`import_exported` (the fx graph cut into graphs by the torch importer's
+   :func:`stitchtune.importers.torch_regions.find_regions`, the one the torch.compile backend uses);
 3. plan every imported subgraph with :func:`stitchtune.plan.planner.make_plan`;
 4. for every planned subgraph, lower the heuristic schedule and one sampled schedule, run them in the
    emulator and compare with the float64 reference (relative L2 error < 1e-5 for fp32 outputs, 1e-2
@@ -52,7 +55,7 @@ from typing import Any
 import numpy as np
 
 MODELS = ("bert", "gpt2", "llama", "vit", "convnext", "resnet")
-EXPORTERS = ("legacy", "dynamo")
+EXPORTERS = ("legacy", "dynamo", "export")
 BATCH, SEQ, IMAGE = 1, 8, 32
 MAX_ELEMENTS = 1 << 20   # per subgraph (inputs + outputs); bigger ones are not emulated ("too big")
 
@@ -140,6 +143,103 @@ def _counted(items: list[str]) -> str:
     return ", ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(Counter(items).items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+# ---------------------------------------------------------------------------- torch.export
+_ATEN_COMPUTE = {"linear": "Gemm", "matmul": "MatMul", "mm": "MatMul", "bmm": "MatMul", "addmm": "Gemm",
+                 "baddbmm": "MatMul", "convolution": "Conv", "conv2d": "Conv", "conv1d": "Conv",
+                 "scaled_dot_product_attention": "Attention"}
+_ATEN_HEAVY = ("sum", "mean", "amax", "amin", "max", "min", "softmax", "norm", "var", "std")
+
+
+class _FxNode:
+    """An fx node seen through the ONNX partitioner's eyes: ``input``/``output`` tensor names, an
+    ``op_type`` (aten compute ops get the ONNX compute op names), a ``name``."""
+
+    def __init__(self, n: Any, tensors: set[str]) -> None:
+        self.fx = n
+        self.input = [a.name for a in n.all_input_nodes if a.name in tensors]
+        self.output = [n.name]
+        key = str(n.target).split(".")[1] if str(n.target).startswith("aten.") else getattr(n.target, "__name__", str(n.target))
+        self.op_type = _ATEN_COMPUTE.get(key, key)
+        self.name = n.name
+
+
+class TorchExportImport:
+    """What :func:`import_exported` found: the same fields the table reads off an ``OnnxImport``."""
+
+    def __init__(self, subgraphs: list[Any], regions: tuple[Any, ...], compute_ops: tuple[str, ...]) -> None:
+        self.subgraphs, self.regions, self.compute_ops = subgraphs, regions, compute_ops
+
+
+class _Sub:
+    def __init__(self, graph: Any) -> None:
+        self.graph, self.constants = graph, ()
+
+
+def _aten_key(target: Any) -> str:
+    return ".".join(str(target).split(".")[:2])
+
+
+def _fx_partition(nodes: list[_FxNode], groups: list[list[int]]) -> Any:
+    """The ONNX partitioner's :class:`Partition` of ``groups`` (the torch regions), for its region count."""
+    from stitchtune.importers.onnx_partition import Partition
+
+    producer = {t: i for i, nd in enumerate(nodes) for t in nd.output}
+    consumers: dict[str, set[int]] = {}
+    for i, nd in enumerate(nodes):
+        for t in nd.input:
+            consumers.setdefault(t, set()).add(i)
+    succ = {i: {c for t in nd.output for c in consumers.get(t, ())} for i, nd in enumerate(nodes)}
+    return Partition(groups=groups, consumers=consumers, producer=producer, succ=succ, cores=[set(g) for g in groups])
+
+
+def import_exported(model: str) -> TorchExportImport:
+    """``torch.export`` the model (non-strict, eval, the example inputs) and cut its fx graph into
+    stitchtune graphs with the torch importer's :func:`stitchtune.importers.torch_regions.find_regions`
+    (no planner check there: the table plans every graph itself). Regions are counted as for ONNX:
+    connected groups of memory-intensive fx nodes, cheap nodes of the model inputs counted in every
+    region that reads them."""
+    import torch
+
+    from stitchtune.importers.onnx_partition import COMPUTE_OPS, label, regions
+    from stitchtune.importers.torch_regions import find_regions
+
+    module, args, _ = build_model(model)
+    with warnings.catch_warnings(), _quiet():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(module, args, strict=False)
+    gm = ep.graph_module
+    split = find_regions(gm, accept=None, prefix=model)
+    fx = list(gm.graph.nodes)
+    tensors = {n.name for n in fx if isinstance(n.meta.get("val"), torch.Tensor)}
+    nodes = [_FxNode(n, tensors) for n in fx if n.op == "call_function" and n.name in tensors]
+    index = {nd.name: i for i, nd in enumerate(nodes)}
+    for nd in nodes:   # nodes of constants only (arange, zeros, ...) are constants, as folded in ONNX
+        if all(t in index and nodes[index[t]].op_type == "Constant" for t in nd.input):
+            nd.op_type = "Constant"
+    groups = [sorted(index[n.name] for n in r.nodes if n.name in index) for r in split.regions]
+    in_region = set().union(*groups) if groups else set()
+    declined = {d.what.removeprefix("op "): d.reason for d in split.declined if d.what.startswith("op ")}
+    reasons: dict[int, str | None] = {}
+    for i, nd in enumerate(nodes):
+        if nd.op_type == "Constant" or nd.op_type in COMPUTE_OPS:
+            reasons[i] = "constant" if nd.op_type == "Constant" else "compute op, left to the framework"
+        elif i not in in_region:
+            reasons[i] = declined.get(_aten_key(nd.fx.target), "not in a region (only views and casts, or declined)")
+        else:
+            reasons[i] = None
+    placeholders = {n.name for n in fx if n.op == "placeholder"}
+    pre: set[int] = set()
+    for i, nd in enumerate(nodes):
+        if nd.op_type not in COMPUTE_OPS and nd.op_type != "Constant" and nd.input \
+                and not any(w in nd.op_type for w in _ATEN_HEAVY) \
+                and all(t in placeholders or nodes[index[t]].op_type == "Constant" or index[t] in pre for t in nd.input):
+            pre.add(i)
+    found = regions(nodes, set(range(len(nodes))), reasons, _fx_partition(nodes, groups),
+                    [r.name for r in split.regions], frozenset(pre))
+    compute = tuple(label(i, nd) for i, nd in enumerate(nodes) if nd.op_type in COMPUTE_OPS)
+    return TorchExportImport([_Sub(r.graph) for r in split.regions], found, compute)
+
+
 # ---------------------------------------------------------------------------- checks
 def check_subgraph(sg: Any, device: Any, seed: int) -> dict[str, Any]:
     """Plan ``sg``'s graph and emulate its heuristic schedule and one sampled schedule."""
@@ -201,11 +301,17 @@ def _rel_err(out: np.ndarray, ref: np.ndarray) -> float:
 
 def cover(model: str, exporter: str, seed: int = 0, device_name: str = "H200") -> dict[str, Any]:
     """One row of the table (a dict; see the module docstring). Never raises for a model's failure."""
-    from stitchtune.hardware.device import get_device
     from stitchtune.importers.onnx_import import import_onnx
 
     row: dict[str, Any] = {"model": model, "exporter": exporter}
     t0 = time.perf_counter()
+    if exporter == "export":
+        try:
+            result = import_exported(model)
+        except Exception as e:
+            row.update(status="import failed", reason=_reason(e), seconds=round(time.perf_counter() - t0, 1))
+            return row
+        return _tally(row, result, seed, device_name, t0)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{model}.onnx"
         try:
@@ -219,6 +325,13 @@ def cover(model: str, exporter: str, seed: int = 0, device_name: str = "H200") -
         except Exception as e:
             row.update(status="import failed", reason=_reason(e), seconds=round(time.perf_counter() - t0, 1))
             return row
+    return _tally(row, result, seed, device_name, t0)
+
+
+def _tally(row: dict[str, Any], result: Any, seed: int, device_name: str, t0: float) -> dict[str, Any]:
+    """Check every subgraph of ``result`` (an ``OnnxImport`` or :class:`TorchExportImport`) and fill ``row``."""
+    from stitchtune.hardware.device import get_device
+
     device = get_device(device_name)
     checks = {sg.graph.name: (sg, check_subgraph(sg, device, seed)) for sg in result.subgraphs}
     by = Counter(r.status for r in result.regions)

@@ -25,15 +25,17 @@ DEFAULT_TRIALS = 24
 
 
 def fingerprints(trials: int = DEFAULT_TRIALS, examples: Path = ROOT / "examples",
-                 only: set[str] | None = None) -> dict[str, Any]:
+                 only: set[str] | None = None, table: str = "full") -> dict[str, Any]:
     """``{example: {mode: {"domains": {name: choices}, "trials": [{"params": [[name, value], ...],
-    "schedule": json}, ...]}}}`` for mode ``define`` and ``flat``, for every example or those in ``only``."""
+    "schedule": json}, ...]}}}`` for mode ``define`` and ``flat``, for every example or those in ``only``;
+    ``table`` as in ``scripts/kernel_hashes.py`` (``recorded``: the table of the first golden files)."""
     import optuna
 
     from stitchtune.graph.parse import load_graph
     from stitchtune.hardware.device import get_device
     from stitchtune.plan.planner import make_plan
     from stitchtune.space import SearchSpace
+    from stitchtune.space.options import OPTIONS, RECORDED_OPTIONS
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     dev = get_device("H200")
@@ -41,7 +43,8 @@ def fingerprints(trials: int = DEFAULT_TRIALS, examples: Path = ROOT / "examples
     for path in sorted(examples.glob("*.json")):
         if only is not None and path.name not in only:
             continue
-        space = SearchSpace.for_plan(make_plan(load_graph(path)), dev)
+        space = SearchSpace.for_plan(make_plan(load_graph(path)), dev,
+                                     table=RECORDED_OPTIONS if table == "recorded" else OPTIONS)
         modes: dict[str, Any] = {}
         for mode, sp in (("define", space), ("flat", space.flat_mode())):
             study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=11))
@@ -64,9 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help="trials per example and mode")
     ap.add_argument("--out", type=Path, help="write the JSON here (default: stdout)")
     ap.add_argument("--only", nargs="+", metavar="NAME", help="only these example files (e.g. softmax.json)")
+    ap.add_argument("--table", choices=("full", "recorded"), default="full",
+                    help="option table: today's (full) or the one of the first golden files (recorded)")
     args = ap.parse_args(argv)
     only = set(args.only) if args.only else None
-    text = json.dumps(fingerprints(args.trials, only=only), sort_keys=True, separators=(",", ":")) + "\n"
+    text = json.dumps(fingerprints(args.trials, only=only, table=args.table), sort_keys=True, separators=(",", ":")) + "\n"
     if args.out:
         args.out.write_text(text)
     else:

@@ -22,6 +22,15 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    relax the register cap (``__launch_bounds__`` minimum blocks per SM) as far as the estimated
    register need allows without losing co-residency; apply.
 
+6. **Clusters** (devices with thread-block clusters, sm_90, where the space offers the ``cluster``
+   scheme): a row reduction whose row, held by one 1024-thread block, needs more registers per thread
+   (the lowering's estimate for the register-cached row pieces of every reuse candidate) than the
+   target occupancy leaves (``TARGET_OCCUPANCY`` of the SM's threads resident: 64 registers per thread
+   on sm_90) is split over a cluster of 512-thread blocks: the smallest power of two (up to the
+   portable size) that brings a cached tensor to <= 64 floats per thread, else the largest; every
+   stage ``cluster``; then the reuse levels of rule 4, demoted until a block of the estimated
+   registers fits on an SM.
+
 Blocks per wave and co-residency come from :mod:`stitchtune.hardware.occupancy` and the device description.
 """
 
@@ -37,6 +46,9 @@ from stitchtune.plan.planner import StitchPlan
 from stitchtune.space import PERSISTENT, Schedule, SearchSpace
 
 log = logging.getLogger(__name__)
+
+#: rule 6: the share of an SM's threads that should stay resident (sets the register budget per thread)
+TARGET_OCCUPANCY = 0.5
 
 
 def _pow2_floor(x: float) -> int:
@@ -111,6 +123,60 @@ def _row(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
     return Schedule(tpr, block, 1, vec, 1, 0, (scheme,) * plan.nstages, ())
 
 
+def _register_budget(dev) -> int:
+    """Registers per thread at :data:`TARGET_OCCUPANCY` (rule 6)."""
+    return min(dev.max_regs_per_thread, int(dev.regs_per_sm // (TARGET_OCCUPANCY * dev.max_threads_per_sm)))
+
+
+def _row_registers(plan: StitchPlan, threads: int, vec: int) -> int:
+    """The estimated registers per thread of a row held by ``threads`` threads, every reuse candidate
+    cached in registers (at least one row piece: a graph without candidates still holds its loads)."""
+    per_thread = math.ceil(plan.N / (threads * vec)) * vec
+    return estimate_registers(per_thread * max(1, len(plan.reuse_candidates)), vec, 4)
+
+
+def _cluster_row(space: SearchSpace, plan: StitchPlan, dev, block: int = 512) -> Schedule | None:
+    """Rule 6: the cluster schedule of a row too wide for one block's registers, or None (the row fits,
+    or the space offers no cluster). Blocks of ``block`` threads (512: a middle choice; the cost model's
+    preference among 128..1024 differs between layernorm_wide, logsoftmax and softmax_wide, and its
+    cluster constants are guesses), the smallest cluster that brings one cached tensor to <= 64 floats per
+    thread (rule 4's register budget), else the largest."""
+    if plan.family != "row" or not plan.nstages or space.max_cluster <= 1:
+        return None
+    vec = _vec(space, plan.N)
+    if 1024 not in space.domains["block"] or _row_registers(plan, 1024, vec) <= _register_budget(dev):
+        return None
+    sizes = [c for c in space.domains["split"] if 2 <= c <= min(space.max_cluster, math.ceil(plan.N / (block * vec)))]
+    if not sizes:
+        return None
+    cache = math.ceil(plan.N / (block * vec)) * vec  # floats per thread of one cached tensor, one block
+    c = next((c for c in sizes if cache / c <= 64), max(sizes))
+    base = Schedule(block, block, c, vec, 1, 0, ("cluster",) * plan.nstages, (), cluster=c)
+    return _fit_one_block(space, _reuse(space, _with_reuse(plan, base)))
+
+
+def _with_reuse(plan: StitchPlan, s: Schedule) -> Schedule:
+    """``s`` with every reuse candidate re-read (inputs) or recomputed (intermediates)."""
+    return Schedule(**{**s.to_dict(), "schemes": s.schemes,
+                       "reuse": tuple("global" if c in plan.input_names else "recompute" for c in plan.reuse_candidates)})
+
+
+def _fit_one_block(space: SearchSpace, s: Schedule) -> Schedule:
+    """Demote reuse levels (registers -> shared -> re-read / recompute), last tensor first, until a block
+    with the estimated registers fits on an SM (rule 6)."""
+    plan, inputs = space.plan, set(space.plan.input_names)
+    order = ["register", "shared", "global"]
+    while _estimated_blocks_per_sm(space, s) < 1:
+        levels = list(s.reuse)
+        idx = next((i for i in reversed(range(len(levels))) if levels[i] in ("register", "shared")), None)
+        if idx is None:
+            break
+        nxt = order[order.index(levels[idx]) + 1]
+        levels[idx] = nxt if (nxt != "global" or plan.reuse_candidates[idx] in inputs) else "recompute"
+        s = Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": tuple(levels)})
+    return s
+
+
 def _col(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
     M, N = plan.M, plan.N
     vec = _vec(space, N)
@@ -155,6 +221,9 @@ def _pin_coresidency(space: SearchSpace, s: Schedule) -> Schedule:
 def heuristic_schedule(plan: StitchPlan, device, space: SearchSpace | None = None) -> Schedule:
     """The AStitch default schedule for ``plan`` on ``device`` (always a legal point of the space)."""
     space = space or SearchSpace.for_plan(plan, device)
+    clustered = _cluster_row(space, plan, device)
+    if clustered is not None:
+        return _checked(space, _relax_registers(space, clustered))
     base = _col(space, plan, device) if plan.family == "col" else _row(space, plan, device)
     s = _reuse(space, Schedule(**{**base.to_dict(), "schemes": base.schemes,
                                   "reuse": tuple("global" if c in plan.input_names else "recompute"
@@ -177,6 +246,11 @@ def heuristic_schedule(plan: StitchPlan, device, space: SearchSpace | None = Non
     s = _relax_registers(space, s)
     if "global" in s.schemes:
         s = _pin_coresidency(space, s)
+    return _checked(space, s)
+
+
+def _checked(space: SearchSpace, s: Schedule) -> Schedule:
+    """``s`` if legal, else (never expected) a sampled legal schedule, with a warning."""
     problems = space.violations(s)
     if problems:  # never expected; keep the tool usable and say so
         log.warning("heuristic schedule %s is illegal (%s); using a sampled legal schedule", s, "; ".join(problems))

@@ -49,7 +49,15 @@ The model, per kernel (all quantities from the :class:`~stitchtune.ir.kir.Kernel
    chip is read twice instead of three times) and the running update's extra flops / SFU ops (Welford's
    division, online softmax's rescaling) in ``flops`` / ``sfu_ops``; the program's ``notes`` name the
    merged stages.
-7. Program time = sum over kernels, x ``time_scale``. ``occupancy``/``limiter`` of a Prediction are
+7. Thread-block clusters (the ``cluster`` scheme, sm_90): a cluster kernel is illegal when its
+   cluster exceeds the device's portable size or cannot be resident on one GPC
+   (:func:`~stitchtune.hardware.occupancy.max_active_clusters` = 0); a wave is the resident clusters x
+   cluster size (GPCs can leave SMs idle); plus ``ceil(waves) x (cluster_barriers x cluster_barrier_us
+   + dsmem_loads x dsmem_load_ns) / blocks_per_sm`` (each barrier and remote read stalls its block,
+   hidden in part by the other resident blocks, as for block barriers). Both constants are GUESSES
+   (0.5 us per cluster barrier, 40 ns per remote load: DSMEM latency of the order of 200 cycles at
+   ~2 GHz with a few loads in flight), unmeasured: re-fit them from the first GPU database.
+8. Program time = sum over kernels, x ``time_scale``. ``occupancy``/``limiter`` of a Prediction are
    those of its slowest kernel (of the first illegal one when pruned).
 """
 
@@ -67,7 +75,7 @@ from typing import Any, Mapping
 from stitchtune.hardware.device import Device
 from stitchtune.errors import StitchtuneError
 from stitchtune.ir.kir import KernelProfile, ProgramProfile
-from stitchtune.hardware.occupancy import Occupancy, occupancy
+from stitchtune.hardware.occupancy import Occupancy, clusters_resident, max_active_clusters, occupancy
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +101,8 @@ class CostParams:
     grid_barrier_scale: float = 1.0    # x device.grid_barrier_us(grid)
     atomic_ns: float = 0.05            # device-wide cost per global atomic (assumed 20 per ns)
     scratch_load_ns: float = 300.0     # per scratch load per thread and wave (empirical, see item 5)
+    cluster_barrier_us: float = 0.5    # stall of one block at one cluster.sync() (GUESS, item 6)
+    dsmem_load_ns: float = 40.0        # per remote shared-memory load per thread (GUESS, item 6)
     time_scale: float = 1.0            # final multiplier (fitted when only predicted_us is known)
     fitted_rows: int = 0               # measured rows the values were fitted on (0 = defaults)
     source: str = "defaults"           # "defaults" | "calibrated"
@@ -122,6 +132,8 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "grid_barrier_scale": (0.1, 10.0),
     "atomic_ns": (0.001, 50.0),
     "scratch_load_ns": (20.0, 5000.0),
+    "cluster_barrier_us": (0.01, 20.0),
+    "dsmem_load_ns": (1.0, 2000.0),
     "time_scale": (0.1, 10.0),
 }
 
@@ -234,11 +246,29 @@ def kernel_legality(k: KernelProfile, device: Device, regs: int) -> tuple[Occupa
     if k.grid <= 0:
         return occ, f"kernel {k.name}: empty grid ({k.grid} blocks)"
     resident = occ.blocks_per_sm * device.sm_count
+    if k.cluster > 1:
+        reason = _cluster_reason(k, device, regs)
+        if reason is not None:
+            return occ, reason
+        resident = min(resident, k.cluster * max_active_clusters(device, k.block, regs, k.smem_bytes, k.cluster))
     if k.grid_barriers > 0 and k.grid > resident:
         return occ, (f"kernel {k.name}: grid barrier needs all {k.grid} blocks co-resident, but only "
                      f"{resident} fit ({device.sm_count} SMs x {occ.blocks_per_sm} blocks/SM, "
                      f"limited by {occ.limiter})")
     return occ, None
+
+
+def _cluster_reason(k: KernelProfile, device: Device, regs: int) -> str | None:
+    """Why a cluster kernel cannot run (None when it can): cluster size, grid, residency."""
+    if k.cluster > device.max_cluster_size:
+        return (f"kernel {k.name}: cluster of {k.cluster} blocks, {device.name} launches at most "
+                f"{device.max_cluster_size} (portable size)")
+    if k.grid % k.cluster:
+        return f"kernel {k.name}: grid {k.grid} is not a multiple of its cluster of {k.cluster} blocks"
+    if max_active_clusters(device, k.block, regs, k.smem_bytes, k.cluster) < 1:
+        return (f"kernel {k.name}: a cluster of {k.cluster} blocks ({k.block} threads, {regs} registers/thread, "
+                f"{k.smem_bytes} B shared memory each) cannot be resident on one GPC")
+    return None
 
 
 def kernel_time_us(k: KernelProfile, device: Device, occ: Occupancy, params: CostParams) -> float:
@@ -276,6 +306,8 @@ def kernel_terms_us(k: KernelProfile, device: Device, occ: Occupancy, params: Co
         return max(mem_ns / 1000.0, comp_us)
 
     per_wave = occ.blocks_per_sm * device.sm_count
+    if k.cluster > 1:  # whole clusters per GPC: a GPC may leave SMs idle
+        per_wave = max(k.cluster, min(per_wave, k.cluster * clusters_resident(device, occ.blocks_per_sm, k.cluster)))
     full, tail = divmod(grid, per_wave)
     body = full * wave_us(per_wave) + wave_us(tail)
     waves = grid / per_wave
@@ -285,8 +317,12 @@ def kernel_terms_us(k: KernelProfile, device: Device, occ: Occupancy, params: Co
     # a block's scratch loads cost in sequence; the blocks of one wave overlap
     chain = math.ceil(waves) * k.scratch_loads * p.scratch_load_ns / 1000.0
     launch = device.launch_overhead_us * p.launch_scale
-    return {"launch": launch, "body": body, "block_barriers": barriers, "grid_barriers": grid_sync,
-            "atomics": atomics, "scratch_chain": chain}
+    terms = {"launch": launch, "body": body, "block_barriers": barriers, "grid_barriers": grid_sync,
+             "atomics": atomics, "scratch_chain": chain}
+    if k.cluster > 1:
+        terms["cluster_exchange"] = math.ceil(waves) * (k.cluster_barriers * p.cluster_barrier_us + k.dsmem_loads
+                                                        * p.dsmem_load_ns / 1000.0) / occ.blocks_per_sm
+    return terms
 
 
 def explain(profile: ProgramProfile, device: Device, registers: Mapping[str, int] | None = None,

@@ -131,7 +131,7 @@ def _compile_region(region: Any, opts: BackendOptions, device: Any, on_cuda: boo
     cg = compile_graph(region.graph, db=opts.db, device=device, build=True if on_cuda else False)
     if opts.deterministic and getattr(cg.program.profile, "atomics", 0):
         raise StitchtuneError("its program uses float atomics (deterministic=True)")
-    return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu)
+    return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu, out_shapes=region.output_shapes)
 
 
 def _info(kind: str, region: Any, kernel: Any) -> StitchedInfo:

@@ -59,6 +59,8 @@ class RegionKernel:
     compiled: Any  # deploy.compiled.CompiledGraph
     cpu: str = "emulate"
     driver: Any = None
+    #: PyTorch's output shapes when they differ from the graph's in leading 1s (same row-major bytes)
+    out_shapes: tuple[tuple[int, ...], ...] | None = None
     _launchers: dict[Any, Any] = field(default_factory=dict, repr=False)  # per GPU index; "out_specs"
 
     @property
@@ -74,8 +76,9 @@ class RegionKernel:
         specs = self._launchers.get("out_specs")
         if specs is None:
             g = self.graph
-            specs = self._launchers["out_specs"] = tuple((tuple(g.spec(o).shape), _DTYPES[g.spec(o).dtype])
-                                                         for o in g.outputs)
+            shapes = self.out_shapes or tuple(tuple(g.spec(o).shape) for o in g.outputs)
+            specs = self._launchers["out_specs"] = tuple((tuple(sh), _DTYPES[g.spec(o).dtype])
+                                                         for sh, o in zip(shapes, g.outputs))
         return [torch.empty(shape, dtype=dt, device=device) for shape, dt in specs]
 
     # -- CPU ---------------------------------------------------------------------------------
@@ -89,7 +92,8 @@ class RegionKernel:
             out = run_reference(g, arrays)
         else:
             out = self.compiled.emulate(**arrays)
-        return [_from_numpy(np.asarray(out[o]).reshape(g.spec(o).shape), g.spec(o).dtype) for o in g.outputs]
+        shapes = self.out_shapes or tuple(tuple(g.spec(o).shape) for o in g.outputs)
+        return [_from_numpy(np.asarray(out[o]).reshape(sh), g.spec(o).dtype) for sh, o in zip(shapes, g.outputs)]
 
     # -- CUDA --------------------------------------------------------------------------------
     def launcher(self, index: int, stream: int) -> tuple[Any, dict[Any, Any]]:

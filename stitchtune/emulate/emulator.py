@@ -33,7 +33,16 @@ Memory checks (each one an :class:`EmulatorFault` kind):
 * ``divergent_barrier``: ``Barrier`` reached by some but not all threads of a block, ``GridSync``
   reached by some but not all threads of the launch;
 * ``inactive_shuffle``: ``Shfl`` executed by some but not all lanes of a warp;
-* ``grid_not_coresident``: ``GridSync`` executed with ``grid > coresident_limit``.
+* ``grid_not_coresident``: ``GridSync`` executed with ``grid > coresident_limit``;
+* ``cluster_out_of_range``: a remote shared-memory access (``RemoteLoad`` / ``RemoteStore``) to a
+  rank outside the block's cluster;
+* ``cluster_race``: a remote access before the cluster's first ``ClusterSync``; a shared element
+  accessed by two blocks of a cluster (local or remote, one of them a write) without a
+  ``ClusterSync`` in between (a read before the cluster barrier); a remote access after the last
+  ``ClusterSync`` of the kernel (the owning block may have exited);
+* ``cluster_not_resident``: a cluster kernel launched with a grid that is not a multiple of its
+  cluster size, or whose cluster cannot be resident (``cluster_limit`` 0, the clusters the device
+  holds at once; see :func:`stitchtune.hardware.occupancy.max_active_clusters`).
 
 Arithmetic: floats are float32 (C's ``fminf``/``fmaxf``/``fmodf`` for min/max/%), integers int32 with C
 truncating division and remainder, mixed int/float operands promote to float32 as in C. Graph
@@ -82,7 +91,7 @@ __all__ = ["FAULT_KINDS", "NP_ELEM", "EmulatorFault", "elem_dtype", "emulate_ker
 
 def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
                    written: dict[str, np.ndarray] | None = None,
-                   coresident_limit: int | None = None) -> None:
+                   coresident_limit: int | None = None, cluster_limit: int | None = None) -> None:
     """Run one launch ``kernel<<<grid, kernel.block>>>`` in place on ``buffers``.
 
     ``buffers`` maps each parameter name to a 1-D numpy array of the parameter's element type
@@ -90,24 +99,45 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
     same length) says which elements hold data; loads of other elements fault, and stores set it
     (updated in place). A missing entry means fully written. ``coresident_limit``: the most blocks
     that can be co-resident; a ``GridSync`` in a larger grid raises ``grid_not_coresident``.
+    ``cluster_limit`` (cluster kernels): the clusters that can be resident at once; 0 raises
+    ``cluster_not_resident`` (None: not checked).
     Raises :class:`EmulatorFault` on a kernel bug (buffers are then partly updated).
     """
     if grid < 1 or grid * kernel.block >= 2**31:
         raise ValueError(f"grid {grid} x block {kernel.block} is not an emulable launch")
+    _check_cluster_launch(kernel, grid, cluster_limit)
     ck = _compiled(kernel)
     st = _State(ck, grid, buffers, written or {}, coresident_limit)
     with np.errstate(all="ignore"):
         ck.body(st, np.ones(st.T, bool))
+    if st.remote_pending:
+        raise EmulatorFault("cluster_race", f"kernel {kernel.name}: distributed shared memory accessed after "
+                            "the last cluster barrier (the owning block may exit while it is read)")
+
+
+def _check_cluster_launch(kernel: Kernel, grid: int, cluster_limit: int | None) -> None:
+    """A cluster launch needs a grid that is a multiple of the cluster and a cluster that fits."""
+    if kernel.cluster <= 1:
+        return
+    if grid % kernel.cluster:
+        raise EmulatorFault("cluster_not_resident", f"kernel {kernel.name}: grid {grid} is not a multiple of its "
+                            f"cluster of {kernel.cluster} blocks")
+    if cluster_limit is not None and cluster_limit < 1:
+        raise EmulatorFault("cluster_not_resident", f"kernel {kernel.name}: a cluster of {kernel.cluster} blocks "
+                            f"of {kernel.block} threads and {kernel.smem_bytes} B of shared memory cannot be "
+                            "resident on one GPC of the device")
 
 
 def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
-                    coresident_limit: Callable[[Kernel], int] | None = None) -> dict[str, np.ndarray]:
+                    coresident_limit: Callable[[Kernel], int] | None = None,
+                    cluster_limit: Callable[[Kernel], int] | None = None) -> dict[str, np.ndarray]:
     """Run every launch of ``program`` on fresh buffers; return ``{output tensor: flat array}``.
 
     Inputs are taken from ``inputs`` by ``BufferSpec.tensor`` (any shape, flattened in C order and
     converted to the buffer dtype). Outputs start as NaN and unwritten; scratch buffers with
     ``zero_init`` start as zeros (written), others as NaN (unwritten); barrier buffers are zeroed
-    uint32. Returned arrays are 1-D in the buffer dtype (the caller reshapes to the graph shape).
+    uint32. ``cluster_limit(kernel)``: the clusters of a cluster kernel the device holds at once
+    (None: not checked). Returned arrays are 1-D in the buffer dtype (the caller reshapes to the graph shape).
     """
     arrays: dict[str, np.ndarray] = {}
     written: dict[str, np.ndarray] = {}
@@ -143,5 +173,6 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
         kw = {p.name: written[a] for p, a in zip(kernel.params, launch.args)}
         limit = coresident_limit(kernel) if coresident_limit is not None else None
         log.debug("emulating launch %d: %s<<<%d, %d>>>", i, kernel.name, launch.grid, launch.block)
-        emulate_kernel(kernel, launch.grid, kb, written=kw, coresident_limit=limit)
+        climit = cluster_limit(kernel) if cluster_limit is not None and kernel.cluster > 1 else None
+        emulate_kernel(kernel, launch.grid, kb, written=kw, coresident_limit=limit, cluster_limit=climit)
     return {b.tensor: arrays[b.name].copy() for b in program.buffers if b.role == "output"}

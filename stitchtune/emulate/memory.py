@@ -11,7 +11,10 @@ Contract
   kernel, statement, element, block and thread of the first offending lane.
 * ``_access`` is every (vector) load / store / atomic add of a global or shared buffer, with the
   checks of the emulator's module docstring (alignment, bounds, uninitialised reads, shared and global
-  races through ``_Tracker``); ``_shared_broadcast_load`` is its fast path for a shared load whose
+  races through ``_Tracker``); ``_remote_access`` is a load / store of another block's shared memory
+  in the cluster (distributed shared memory, with the cluster checks: rank inside the cluster, after
+  the cluster's first barrier, no access by two blocks of a cluster between cluster barriers unless
+  both read); ``_shared_broadcast_load`` is its fast path for a shared load whose
   index repeats along the threads of a block, with the same checks.
 * This module knows nothing of the IR's expressions and statements: they are compiled into closures
   over ``_State`` by :mod:`stitchtune.emulate.translate`; what a launch needs of such a compiled
@@ -38,6 +41,9 @@ FAULT_KINDS = (
     "inactive_shuffle",
     "grid_not_coresident",
     "bad_alignment",
+    "cluster_out_of_range",
+    "cluster_race",
+    "cluster_not_resident",
 )
 
 class _ElemTypes(Mapping[str, np.dtype]):
@@ -177,13 +183,16 @@ class _GBuf:
 
 
 class _SBuf:
-    """A shared buffer: ``[grid * size]`` float32 values, written flags and a race tracker."""
+    """A shared buffer: ``[grid * size]`` float32 values, written flags and a race tracker; in a
+    cluster kernel also ``ctracker``, the blocks that accessed each element since the last cluster
+    barrier (local and remote accesses; None otherwise)."""
 
-    def __init__(self, size: int, grid: int, bid: np.ndarray) -> None:
+    def __init__(self, size: int, grid: int, bid: np.ndarray, cluster: int = 1) -> None:
         self.size = size
         self.arr = np.zeros(grid * size, np.float32)
         self.written = np.zeros(grid * size, bool)
         self.tracker = _Tracker(grid * size, atomics=False)
+        self.ctracker = _Tracker(grid * size, atomics=False) if cluster > 1 else None
         # element offset of each thread's block in the flat array
         self.lane_base = bid.astype(np.int32 if grid * size < 2**31 else np.int64) * size
 
@@ -230,7 +239,10 @@ class _State:
                 w = np.ones(arr.size, bool)
             self.glob[p.name] = _GBuf(p, arr, w, tracked=p.name in ck.written_params,
                                       atomics=p.name in ck.atomic_params)
-        self.shared = {s.name: _SBuf(s.size, grid, self.bid) for s in k.shared}
+        self.cluster = k.cluster
+        self.shared = {s.name: _SBuf(s.size, grid, self.bid, k.cluster) for s in k.shared}
+        self.cluster_synced = False   # a ClusterSync has run (every block of the cluster has started)
+        self.remote_pending = False   # a remote access since the last ClusterSync
         self._shfl_src: dict[tuple[int, int], np.ndarray] = {}
 
     def shfl_src(self, lane_mask: int, width: int) -> np.ndarray:
@@ -301,6 +313,8 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
         un = ~written[g]
         if un.any():
             raise st.fault("uninitialized_read", f"{op} of unwritten {buf}{{at}}", un, lr, e)
+    if is_shared and sb.ctracker is not None:
+        _cluster_track(st, sb, buf, op, g, lr, e)
     if op == "load":
         if tracker is not None:
             bad = tracker.read(g, who)
@@ -330,6 +344,53 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
     return None
 
 
+def _cluster_track(st: _State, sb: _SBuf, buf: str, op: str, g: np.ndarray, lanes: np.ndarray,
+                   e: np.ndarray) -> None:
+    """Record a (local or remote) access of shared elements ``g`` (flat over the grid) by the blocks of
+    ``lanes`` since the last cluster barrier; an element another block wrote (or, for a write, read or
+    wrote) in that interval is a ``cluster_race``."""
+    assert sb.ctracker is not None
+    who = st.bid[lanes]
+    bad = sb.ctracker.read(g, who) if op == "load" else sb.ctracker.write(g, who)
+    if bad.any():
+        verb = "read" if op == "load" else "write"
+        raise st.fault("cluster_race", f"{verb} of {buf}{{at}} accessed by another block of the cluster "
+                       "without a cluster barrier in between", bad, lanes, e)
+
+
+def _remote_access(st: _State, buf: str, lanes: np.ndarray, rank: np.ndarray, idx: np.ndarray, op: str,
+                   values: np.ndarray | None = None) -> np.ndarray | None:
+    """A load (returns float32 ``[n]``) or store of element ``idx`` of shared buffer ``buf`` of the
+    cluster's block ``rank``, by each thread in ``lanes`` (distributed shared memory)."""
+    rank = np.ascontiguousarray(rank, dtype=np.int32)
+    idx = np.ascontiguousarray(idx, dtype=np.int32)
+    outside = rank.view(np.uint32) >= st.cluster
+    if outside.any():
+        raise st.fault("cluster_out_of_range", f"remote {op} of {buf} in the block of cluster rank "
+                       f"{int(rank[np.flatnonzero(outside)[0]])} (cluster of {st.cluster})", outside, lanes)
+    if not st.cluster_synced:
+        raise st.fault("cluster_race", f"remote {op} of {buf} before the cluster's first barrier (the "
+                       "target block may not have started)", np.ones(lanes.size, bool), lanes)
+    sb = st.shared[buf]
+    oob = idx.view(np.uint32) >= sb.size
+    if oob.any():
+        raise st.fault("out_of_bounds", f"remote {op} of {buf}{{at}} (size {sb.size})", oob, lanes, idx)
+    target = (st.bid[lanes] // np.int32(st.cluster)) * np.int32(st.cluster) + rank
+    g = target.astype(np.int64) * sb.size + idx
+    st.remote_pending = True
+    if op == "load":
+        un = ~sb.written[g]
+        if un.any():
+            raise st.fault("uninitialized_read", f"remote load of unwritten {buf}{{at}}", un, lanes, idx)
+    _cluster_track(st, sb, buf, op, g, lanes, idx)
+    if op == "load":
+        return sb.arr[g]
+    assert values is not None
+    sb.arr[g] = values.astype(np.float32, copy=False)
+    sb.written[g] = True
+    return None
+
+
 def _shared_broadcast_load(st: _State, buf: str, iv: Any) -> np.ndarray | None:
     """Fast path of a shared load by every thread where the index repeats with a period ``p < block``
     along the threads of each block (``p == 1``: one element per block, a broadcast).
@@ -355,6 +416,8 @@ def _shared_broadcast_load(st: _State, buf: str, iv: Any) -> np.ndarray | None:
             return None
         ib = np.ascontiguousarray(ib, dtype=np.int32)
     sb = st.shared[buf]
+    if sb.ctracker is not None:  # a cluster kernel: the general path records the cluster accesses
+        return None
     lanes = (st.ar[::block][:, None] + np.arange(p, dtype=np.int32)).ravel()  # threads to name in a fault
     ib = ib.ravel()
     oob = ib.view(np.uint32) >= sb.size

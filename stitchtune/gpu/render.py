@@ -6,7 +6,11 @@ are loaded and stored with conversions to and from float32; ``bool`` buffers are
 (one byte per element, read-only), loaded as ``1.0f`` / ``0.0f``, scalar or as one aligned 2/4/8/16
 byte vector whose bytes are converted one by one (the conversion is written inline, ``(b ? 1.0f :
 0.0f)``, so the preamble is the same for every program); identifiers come only from the IR, whose
-constructors accept nothing but safe C identifiers.
+constructors accept nothing but safe C identifiers. A kernel with ``cluster > 1`` is declared
+``__cluster_dims__(cluster, 1, 1)`` (a compile-time cluster size, so the ordinary launch path launches
+it) and uses the cooperative-groups cluster API (``cg::this_cluster()``, ``block_rank()``, ``sync()``,
+``map_shared_rank``); only a program with such a kernel gets the cooperative-groups include, so every
+other program renders byte for byte as before.
 """
 
 from __future__ import annotations
@@ -53,6 +57,13 @@ __device__ __forceinline__ void st_grid_sync(unsigned int* bar) {
   }
   __syncthreads();
 }
+"""
+
+
+_CLUSTER_PREAMBLE = r"""
+// thread-block clusters (sm_90): cluster rank, cluster barrier, distributed shared memory
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
 """
 
 
@@ -108,7 +119,18 @@ class _Renderer:
             return f"{x.array}[{self.e(x.index)}]"
         if isinstance(x, kir.Shfl):
             return f"__shfl_xor_sync(0xffffffffu, {self.e(x.value)}, {x.lane_mask}, {x.width})"
+        if isinstance(x, kir.ClusterRank):
+            return "(int)st_cluster.block_rank()"
+        if isinstance(x, kir.RemoteLoad):
+            ref = self._remote_ref(x.buf, x.rank, x.index)
+            return ref if x.pred is None else f"({self.e(x.pred)} ? {ref} : 0.0f)"
         raise TypeError(f"unknown expression {x!r}")
+
+    def _remote_ref(self, buf: str, rank: kir.Expr, idx: kir.Expr) -> str:
+        """Element ``idx`` of shared buffer ``buf`` of the cluster's block ``rank`` (DSMEM)."""
+        if buf not in self.shared or self.k.cluster <= 1:
+            raise TypeError(f"remote access to {buf} outside a cluster kernel's shared buffers")
+        return f"st_cluster.map_shared_rank({buf}, (unsigned int)({self.e(rank)}))[{self.e(idx)}]"
 
     def _scalar_ref(self, buf: str, idx: str) -> str:
         if buf in self.shared:
@@ -158,6 +180,11 @@ class _Renderer:
             self.emit("__syncthreads();", ind)
         elif isinstance(s, kir.GridSync):
             self.emit(f"st_grid_sync({self.k.barrier_param});", ind)
+        elif isinstance(s, kir.ClusterSync):
+            self.emit("st_cluster.sync();", ind)
+        elif isinstance(s, kir.RemoteStore):
+            body = f"{self._remote_ref(s.buf, s.rank, s.index)} = {self.e(s.value)};"
+            self.emit(body if s.pred is None else f"if ({self.e(s.pred)}) {body}", ind)
         elif isinstance(s, kir.Comment):
             text = "".join(ch for ch in s.text if ch.isalnum() or ch in " _-.,:=()[]+*/<>")
             self.emit(f"// {text}", ind)
@@ -254,7 +281,11 @@ class _Renderer:
                 params.append(f"{_CTYPE[p.dtype]}* __restrict__ {p.name}")
         bounds = f"__launch_bounds__({k.block}, {k.min_blocks_per_sm})" if k.min_blocks_per_sm else \
             f"__launch_bounds__({k.block})"
+        if k.cluster > 1:
+            bounds = f"__cluster_dims__({k.cluster}, 1, 1) {bounds}"
         self.lines.append(f'extern "C" __global__ void {bounds} {k.name}({", ".join(params)}) {{')
+        if k.cluster > 1:
+            self.emit("cg::cluster_group st_cluster = cg::this_cluster();", 1)
         if k.shared:
             self.emit("extern __shared__ float4 st_smem_raw[];", 1)
             off = 0
@@ -276,6 +307,13 @@ def render_kernel(kernel: kir.Kernel) -> str:
     return _Renderer(kernel).kernel()
 
 
+def preamble(kernels: tuple[kir.Kernel, ...] | list[kir.Kernel]) -> str:
+    """The source ahead of ``kernels``: the helpers, and the cooperative-groups include when one of them
+    is a cluster kernel."""
+    return _PREAMBLE + (_CLUSTER_PREAMBLE if any(k.cluster > 1 for k in kernels) else "")
+
+
 def render(program: kir.Program) -> str:
     """One CUDA translation unit with the preamble and every kernel of ``program``."""
-    return _PREAMBLE + "\n" + "\n\n".join(render_kernel(k) for k in program.kernels) + "\n"
+    pre = preamble(program.kernels)
+    return pre + "\n" + "\n\n".join(render_kernel(k) for k in program.kernels) + "\n"

@@ -30,6 +30,13 @@ Sources of the preset numbers (cited again next to each value):
          4 MB L2, 256-bit, 1590 MHz boost).
   [V100] NVIDIA Tesla V100 datasheet (SXM2: 900 GB/s) and Volta architecture whitepaper (GV100:
          80 SMs, 6 MB L2, 4096-bit HBM2, 1530 MHz boost).
+  [CLU]  CUDA C++ Programming Guide, "Thread Block Clusters" and "Distributed Shared Memory" (cc 9.0:
+         a portable cluster size of at most 8 blocks; H100 allows 16 with the non-portable opt-in
+         cudaFuncAttributeNonPortableClusterSizeAllowed; a cluster's blocks are co-scheduled on one
+         GPU processing cluster, GPC) and the Hopper whitepaper (full GH100: 8 GPCs x 9 TPCs x 2 SMs =
+         144 SMs). How the 132 SMs of an H100/H200 SXM part are spread over its GPCs is not published:
+         ``gpc_sms`` is a GUESS (8 GPCs, the SMs spread evenly: 4 x 17 + 4 x 16; measured
+         cudaOccupancyMaxActiveClusters values on the first GPU run should replace it).
   [BASE] /work/shared/baselines/README.md: measured on an H200 (2026-11-29): device-to-device copy
          4.12 TB/s; empty kernel launch timed with CUDA events 6.6 us; software grid barrier
          1.0 us (132x1024 blocks), 1.3 (264x512), 2.0 (528x256), 3.5 (1056x128).
@@ -103,6 +110,12 @@ class Device:
     register_subpartitions: int = 4
     source: str = "preset"          # "preset" | "cuda" (QUERIED_SOURCE: read from the driver) | "file"
     memory_bytes: int | None = None  # global memory (datasheet GB = 1e9 B; queried: cuDeviceTotalMem); None: unknown
+    #: thread-block clusters (cc >= 9.0, [CLU]): the largest portable cluster (1 = no clusters), the
+    #: largest with the non-portable opt-in, and the SMs of each GPC (a cluster lives on one GPC;
+    #: empty: clusters unsupported). Defaults: a device without clusters (old descriptions load as such).
+    max_cluster_size: int = 1
+    max_cluster_size_nonportable: int = 1
+    gpc_sms: tuple[int, ...] = ()
 
     # ---- derived -------------------------------------------------------------------------------
     @property
@@ -122,6 +135,11 @@ class Device:
     @property
     def max_warps_per_sm(self) -> int:
         return self.max_threads_per_sm // self.warp_size
+
+    @property
+    def supports_clusters(self) -> bool:
+        """Whether thread-block clusters of two or more blocks can be launched (cc >= 9.0 presets)."""
+        return self.max_cluster_size > 1 and bool(self.gpc_sms)
 
     def grid_barrier_us(self, grid: int) -> float:
         """Cost of one software grid barrier for a co-resident grid of ``grid`` blocks (linear model)."""
@@ -154,7 +172,10 @@ class Device:
                    if f.name not in d and f.default is dataclasses.MISSING]
         if missing:
             raise DeviceError(f"device description lacks fields: {missing}")
-        return cls(**{k: v for k, v in d.items() if k in names})
+        kw = {k: v for k, v in d.items() if k in names}
+        if "gpc_sms" in kw:  # JSON gives a list
+            kw["gpc_sms"] = tuple(int(x) for x in kw["gpc_sms"])
+        return cls(**kw)
 
 
 # ---- per-architecture facts used by presets and by device_from_attributes ----------------------
@@ -181,6 +202,19 @@ def _fp32_lanes_per_sm(major: int, minor: int) -> int:
     return 128
 
 
+def _cluster_limits(major: int, sm_count: int) -> dict[str, Any]:
+    """Cluster fields of an architecture [CLU]: cc 9.x has clusters of 8 portable / 16 non-portable
+    blocks (documented); the GPCs are a GUESS: 8 GPCs (the GH100 count) with the SMs spread as evenly
+    as possible (132 SMs: four GPCs of 17 and four of 16). Other architectures: no clusters (sm_100 has
+    them too, but no preset of it exists here)."""
+    if major != 9:
+        return {}
+    gpcs = 8
+    base, extra = divmod(sm_count, gpcs)
+    return dict(max_cluster_size=8, max_cluster_size_nonportable=16,
+                gpc_sms=tuple(base + (1 if i < extra else 0) for i in range(gpcs)))
+
+
 SFU_LANES_PER_SM = 16  # [CC throughput table]: 16 results/clock/SM for __expf/rsqrt etc. on 7.x-9.0
 
 
@@ -205,6 +239,7 @@ def _preset(name: str, cc: tuple[int, int], **kw: Any) -> Device:
         grid_barrier_per_block_us=GRID_BARRIER_PER_BLOCK_US_H200,
     )
     base.update(kw)
+    base.update(_cluster_limits(major, base["sm_count"]))
     return Device(**base)
 
 
@@ -396,6 +431,7 @@ def device_from_attributes(name: str, attrs: Mapping[str, int], *, memory_bytes:
         sfu_lanes_per_sm=SFU_LANES_PER_SM,
         source=source,
         memory_bytes=None if memory_bytes is None else int(memory_bytes),
+        **_cluster_limits(major, attr("MULTIPROCESSOR_COUNT") or 1),
     )
 
 

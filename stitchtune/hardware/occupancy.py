@@ -113,6 +113,28 @@ def max_resident_blocks(device: Device, threads_per_block: int, registers_per_th
     return occ.blocks_per_sm * device.sm_count
 
 
+def max_active_clusters(device: Device, threads_per_block: int, registers_per_thread: int,
+                        smem_per_block: int, cluster: int) -> int:
+    """Clusters of ``cluster`` blocks that can be resident on the device at once, by the rules of
+    ``cudaOccupancyMaxActiveClusters`` as the CUDA C++ Programming Guide states them: all blocks of a
+    cluster are co-scheduled on one GPC, so a GPC of ``g`` SMs holds ``(g * blocks_per_sm) // cluster``
+    clusters (blocks of one cluster may share an SM), summed over the GPCs of ``device.gpc_sms``.
+    0 when the device has no clusters, when ``cluster`` exceeds the non-portable limit, or when one
+    cluster does not fit on a GPC. ``cluster == 1`` is every resident block. The per-GPC SM counts of
+    the presets are a guess (:mod:`stitchtune.hardware.device`, [CLU])."""
+    blocks = occupancy(device, threads_per_block, registers_per_thread, smem_per_block).blocks_per_sm
+    return clusters_resident(device, blocks, cluster)
+
+
+def clusters_resident(device: Device, blocks_per_sm: int, cluster: int) -> int:
+    """:func:`max_active_clusters` for a kernel of ``blocks_per_sm`` blocks per SM."""
+    if cluster <= 1:
+        return blocks_per_sm * device.sm_count
+    if not device.supports_clusters or cluster > device.max_cluster_size_nonportable:
+        return 0
+    return sum((g * blocks_per_sm) // cluster for g in device.gpc_sms)
+
+
 # ---------------------------------------------------------------------------- check against a GPU driver
 _CHECK_KERNEL = r"""
 extern "C" __global__ void k(float* out, int n) {

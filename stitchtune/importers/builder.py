@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from stitchtune.errors import StitchtuneError
+from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import (
-    FLOAT_DTYPES as DTYPES,  # the importers map float tensors only (no bool ops are imported yet)
+    DTYPES,
+    FLOAT_DTYPES,
     Graph,
     broadcast_shapes,
     parse_graph,
@@ -120,7 +122,7 @@ class GraphBuilder:
         """True if ``v`` is one of this graph's inputs (not computed by a node)."""
         return not v.is_scalar and v.ref in self._inputs
 
-    def _emit(self, name: str, op: str, args: Sequence[Value], shape: tuple[int, ...], dtype: str,
+    def _emit(self, name: str, op: str, args: Sequence[Value], shape: tuple[int, ...], dtype: str, /,
               **attrs: Any) -> Value:
         nid = self.names.take(name, "n")
         node: dict[str, Any] = {"id": nid, "op": op, "args": [a.ref for a in args]}
@@ -138,12 +140,33 @@ class GraphBuilder:
             return scalar(_FOLD[op](float(a.ref), float(b.ref)))
         if op == "pow" and b.is_scalar and float(b.ref) == 2.0:
             return self.unary("square", a, name)   # x**2: cheaper than powf, same value
-        shapes = [v.shape for v in (a, b) if not v.is_scalar]
+        return self.elementwise(op, [a, b], name)
+
+    def elementwise(self, op: str, args: Sequence[Value], name: str) -> Value:
+        """``op`` (any element-wise graph op: binary, comparison, logical, ``where``, ``clamp``) on
+        ``args`` with numpy broadcasting; a bool result for comparisons and logical ops, else the
+        promoted dtype of the float tensor arguments (float32 when there is none)."""
+        shapes = [v.shape for v in args if not v.is_scalar]
+        if not shapes:
+            raise ImportError_(f"{op} of constants only is not supported (value {name!a})")
         shape = broadcast_shapes(*shapes)
         if shape is None:
-            raise ImportError_(f"{op}: shapes {shapes[0]} and {shapes[1]} do not broadcast (value {name!a})")
-        dtype = promote_dtypes(v.dtype for v in (a, b) if v.dtype is not None)
-        return self._emit(name, op, [a, b], shape, dtype)
+            raise ImportError_(f"{op}: shapes {', '.join(map(str, shapes))} do not broadcast (value {name!a})")
+        if OPS[op].result == "bool":
+            dtype = "bool"
+        else:
+            floats = [v.dtype for v in args if v.dtype is not None and v.dtype != "bool"]
+            dtype = promote_dtypes(floats) if floats else "float32"
+        return self._emit(name, op, args, shape, dtype)
+
+    def layout(self, op: str, x: Sequence[Value], result_shape: Sequence[int], dtype: str, name: str, /,
+               **attrs: Any) -> Value:
+        """A layout node (``transpose``, ``reshape``, ``slice``, ``concat``, ``gather``) whose result
+        shape and dtype the importer computed from its framework's metadata; the graph validation
+        checks them again."""
+        if op not in OPS:
+            raise ImportError_(f"graph.json has no {op!a} op (value {name!a})")
+        return self._emit(name, op, list(x), tuple(int(d) for d in result_shape), dtype, **attrs)
 
     def reduce(self, op: str, x: Value, axes: Sequence[int], keepdims: bool, name: str) -> Value:
         if x.is_scalar:
@@ -157,11 +180,16 @@ class GraphBuilder:
         return self._emit(name, op, [x], shape, x.dtype or "float32", axes=norm, keepdims=bool(keepdims))
 
     def cast(self, x: Value, to: str, name: str) -> Value:
-        if to not in DTYPES:
-            raise ImportError_(f"cast to {to!a} is not supported (graph.json dtypes: {', '.join(DTYPES)})")
+        if to not in (*FLOAT_DTYPES, "bool"):
+            raise ImportError_(f"cast to {to!a} is not supported (graph.json casts to: {', '.join(FLOAT_DTYPES)}, bool)")
         if x.is_scalar or x.dtype == to:
             return x
         return self._emit(name, "cast", [x], x.shape, to, to=to)
+
+    def logical_not(self, x: Value, name: str) -> Value:
+        if x.is_scalar:
+            raise ImportError_(f"logical_not of a scalar constant is not supported (value {name!a})")
+        return self._emit(name, "logical_not", [x], x.shape, "bool")
 
     # ------------------------------------------------------------------ composites
     def layer_norm(self, x: Value, axes: Sequence[int], weight: Value | None, bias: Value | None,
@@ -287,8 +315,8 @@ def parse_dtypes(text: str | None, names: Sequence[str], default: str = "float32
         if not eq:
             name, dt = "", name
         dt = dt.strip()
-        if dt not in DTYPES:
-            problems.append(f"--dtype: {dt!a} is not one of {', '.join(DTYPES)}")
+        if dt not in FLOAT_DTYPES:
+            problems.append(f"--dtype: {dt!a} is not one of {', '.join(FLOAT_DTYPES)}")
         elif name and name.strip() not in names:
             problems.append(f"--dtype: {name.strip()!a} is not an input (inputs: {', '.join(names)})")
         elif name:

@@ -16,7 +16,7 @@ Contract
   :data:`FOLDABLE_OPS`, and either all its inputs are constants (of at most
   :data:`MAX_FOLD_ELEMENTS` elements each) or it is ``Shape``/``Size`` of a tensor whose shape is
   static. It is evaluated in numpy; every op that can allocate more than its inputs (Expand,
-  ConstantOfShape, Range, Tile, Concat, Gather, MatMul, broadcasting) checks its output size first
+  ConstantOfShape, Range, Tile, Concat, Gather*, MatMul, broadcasting) checks its output size first
   and is left unfolded when that exceeds :data:`MAX_FOLD_ELEMENTS`. A folded node is replaced *in
   place* by a ``Constant`` node (node indices stay those of the file) and its value is recorded in
   ``consts``. A node that cannot be evaluated is left as it is (reported, never fatal).
@@ -35,7 +35,7 @@ import numpy as np
 from stitchtune.importers.builder import ImportError_
 from stitchtune.importers.onnx_load import ConstTable
 
-__all__ = ["FOLDABLE_OPS", "MAX_FOLD_ELEMENTS", "MAX_ROUNDS", "FoldReport", "fold_and_infer", "infer"]
+__all__ = ["FOLDABLE_OPS", "MAX_FOLD_ELEMENTS", "MAX_ROUNDS", "FoldReport", "evaluate", "fold_and_infer", "infer"]
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +156,30 @@ def _gather(attrs: dict[str, Any], ins: list[np.ndarray]) -> np.ndarray:
     return np.take(x, idx, axis=ax)
 
 
+def _gather_elements(attrs: dict[str, Any], ins: list[np.ndarray]) -> np.ndarray:
+    x, idx = ins
+    ax = int(attrs.get("axis", 0)) % x.ndim
+    _room(idx.shape)
+    if idx.size and (idx.max() >= x.shape[ax] or idx.min() < -x.shape[ax]):
+        raise IndexError("gather index out of range")
+    return np.take_along_axis(x, np.where(idx < 0, idx + x.shape[ax], idx), axis=ax)
+
+
+def _gather_nd(attrs: dict[str, Any], ins: list[np.ndarray]) -> np.ndarray:
+    x, idx = ins
+    if int(attrs.get("batch_dims", 0)) != 0:
+        raise ValueError("GatherND batch_dims != 0")
+    k = idx.shape[-1]
+    if k > x.ndim:
+        raise ValueError("GatherND index longer than the data rank")
+    _room(idx.shape[:-1] + x.shape[k:])
+    dims = np.asarray(x.shape[:k])
+    if idx.size and (np.any(idx >= dims) or np.any(idx < -dims)):
+        raise IndexError("gather index out of range")
+    idx = np.where(idx < 0, idx + dims, idx)
+    return x[tuple(np.moveaxis(idx, -1, 0))]
+
+
 def _slice(attrs: dict[str, Any], ins: list[np.ndarray]) -> np.ndarray:
     x = ins[0]
     if "starts" in attrs:   # opset < 10
@@ -244,7 +268,7 @@ def _variadic(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[..
 
 _FOLDERS: dict[str, Callable[[dict[str, Any], list[Any]], np.ndarray]] = {
     "Identity": lambda attrs, ins: ins[0], "Cast": _cast, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
-    "Reshape": _reshape, "Flatten": _flatten, "Concat": _concat, "Gather": _gather, "Slice": _slice,
+    "Reshape": _reshape, "Flatten": _flatten, "Concat": _concat, "Gather": _gather, "GatherElements": _gather_elements, "GatherND": _gather_nd, "Slice": _slice,
     "Where": _where, "ConstantOfShape": _constant_of_shape, "Expand": _expand, "Tile": _tile,
     "Range": _range, "MatMul": _matmul, "Trilu": _trilu,
     "Transpose": lambda attrs, ins: np.transpose(ins[0], attrs.get("perm")),
@@ -263,6 +287,14 @@ _FOLDERS: dict[str, Callable[[dict[str, Any], list[Any]], np.ndarray]] = {
     "ReduceMin": _reduce(np.min), "ReduceMean": _reduce(np.mean),
 }
 FOLDABLE_OPS: frozenset[str] = frozenset([*_FOLDERS, "Shape", "Size"])
+
+
+def evaluate(op: str, attrs: dict[str, Any], ins: list[np.ndarray | None]) -> np.ndarray:
+    """``op`` evaluated in numpy on ``ins`` (the folding rules above: bounded, raises ``_TooBig`` /
+    ``ValueError`` / ``IndexError`` ... when it cannot be evaluated); ``op`` must be in ``FOLDABLE_OPS``
+    and not ``Shape``/``Size``."""
+    with np.errstate(all="ignore"):
+        return np.asarray(_FOLDERS[op](attrs, ins))
 
 
 # ---------------------------------------------------------------------------- the passes

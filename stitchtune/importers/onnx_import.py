@@ -5,19 +5,36 @@ Contract
 * :func:`import_onnx(model, node_range=None, shapes=None)` loads the model with the ``onnx`` package,
   applies ``shapes`` (``{graph input name: shape}`` or ``{dim_param: (size,)}``) to the graph
   inputs, folds constants and runs ONNX shape inference, and returns an :class:`OnnxImport`.
-* A node is *mappable* if its op is in :data:`SUPPORTED_OPS`, it lies in ``node_range`` (python
-  slice over node indices), its float tensors are float32/float16/bfloat16 of rank 1..4, and its
-  attribute-like inputs (reduction axes, clip bounds) are constants. Every other node (MatMul,
-  Gemm, Conv, Reshape, Transpose, integer ops, ...) is a boundary.
+* A node is *mappable* if its op is in :data:`SUPPORTED_OPS` (or is a layout node that is a view,
+  below), it lies in ``node_range`` (python slice over node indices), its tensors are
+  float32/float16/bfloat16 or bool of rank 1..4, bools only where graph.json takes them (logical
+  ops, ``Where``'s condition, ``Cast``, ``Equal`` of two bools; bool operands are tensors, never
+  constants), and its attribute-like inputs (reduction axes) are constants. Every other node
+  (MatMul, Gemm, Conv, Reshape, Transpose, integer ops, ...) is a boundary. The mask chain maps as
+  Equal/Less/LessOrEqual/Greater/GreaterOrEqual -> ``eq lt le gt ge``, Not/And/Or ->
+  ``logical_not/and/or``, Where -> ``where``, Clip -> ``clamp`` (a missing bound is -inf / +inf).
+* *Views*: a layout node on constant parameters whose output is its chain's first tensor broadcast
+  numpy-style (Expand, Reshape/Unsqueeze/Flatten/Gather chains that only move unit axes; see
+  :mod:`~stitchtune.importers.onnx_layout`) maps to nothing: its readers read that tensor and
+  broadcasting does the rest. A view that a non-element-wise op (reduction, softmax, norm) needs
+  materialised, or one whose value would leave a subgraph, is a boundary instead (it is found while
+  building and the partition is redone without it). A Reshape that keeps the element order is a
+  *reshaped frame*: element-wise nodes whose tensor operands are all in the same frame compute in
+  it, and a value leaves in it (the same bytes); anything else that reads it needs a ``reshape``
+  node (once graph.json has it) or leaves the Reshape to the framework.
 * Subgraphs are the maximal connected groups of mappable nodes (joined by tensors) that can run as
   one fused unit. A group that some path leaves and re-enters through a boundary node (a residual
   around a MatMul) is split by *stage*: every path through a boundary moves to a later stage, a
-  part never spans stages, so each part is convex and its inputs exist before it starts.
+  part never spans stages, so each part is convex and its inputs exist before it starts. Views and
+  element-wise nodes that read only model inputs and constants (the attention mask chain) join no
+  group by themselves: every group that reads them recomputes them, so one mask feeds every layer.
 * Subgraph inputs are the tensors it reads but does not produce; single-element constants are
-  inlined as scalars, other constants (weights) become inputs with their values in
-  ``OnnxSubgraph.constants``. Outputs are the tensors it produces that are read outside it or are
-  model outputs. Names are sanitised to ``[A-Za-z_][A-Za-z0-9_]{0,63}``; ``tensor_names`` maps them
-  back to ONNX names.
+  inlined as scalars, other constants (weights, bool tables) become inputs with their values in
+  ``OnnxSubgraph.constants``. Outputs are the tensors its own (not recomputed) nodes produce that
+  are read outside it or are model outputs; never bool (their producers become boundaries); an
+  output may have another shape than its ONNX tensor when it holds the same elements in the same
+  order (a Reshape on the way out of the region costs nothing and is left out). Names are
+  sanitised to ``[A-Za-z_][A-Za-z0-9_]{0,63}``; ``tensor_names`` maps them back to ONNX names.
 * A dynamic dimension on a tensor of a mappable node is an error naming the tensor, the dimension
   and its symbol, unless ``shapes`` fixes it.
 * The file is read by :mod:`~stitchtune.importers.onnx_load` (hostile files are refused with one
@@ -28,7 +45,8 @@ Contract
   mappable. A group whose outputs are all passed through unchanged (only Identity, same-type Cast,
   no-op reshapes) is dropped, never fatal, and listed in ``OnnxImport.dropped``.
 * *Regions* are the connected groups of memory-intensive nodes (every op but Constant and
-  :data:`COMPUTE_OPS`); each :class:`OnnxRegion` says whether it was imported whole, cut (and by
+  :data:`COMPUTE_OPS`; cheap nodes that read only model inputs, and views, count in every region
+  that reads them); each :class:`OnnxRegion` says whether it was imported whole, cut (and by
   which nodes), dropped as a no-op, or skipped.
 """
 
@@ -46,6 +64,8 @@ from typing import Any
 import numpy as np
 
 from stitchtune.graph.parse import Graph
+from stitchtune.graph.ops import OPS
+from stitchtune.graph.parse import broadcast_shapes
 from stitchtune.importers.builder import (
     GraphBuilder,
     ImportError_,
@@ -53,6 +73,8 @@ from stitchtune.importers.builder import (
     scalar,
 )
 from stitchtune.importers.onnx_fold import FoldReport, fold_and_infer
+from stitchtune.importers.onnx_layout import VIEW_OPS, View, resolve_views
+from stitchtune.importers.onnx_ops_layout import INT_DTYPES, layout_op, map_layout, why_not_layout
 from stitchtune.importers.onnx_load import MAX_TENSOR_ELEMENTS, ConstTable, load_model
 from stitchtune.importers.onnx_partition import COMPUTE_OPS, OnnxRegion, label, partition
 from stitchtune.importers.onnx_partition import regions as find_regions
@@ -77,14 +99,33 @@ _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow"}
 _VARIADIC = {"Max": "maximum", "Min": "minimum"}
 _REDUCE = {"ReduceMean": "reduce_mean", "ReduceSum": "reduce_sum", "ReduceMax": "reduce_max",
            "ReduceMin": "reduce_min"}
+_COMPARE = {"Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt", "GreaterOrEqual": "ge"}
+_LOGICAL = {"And": "logical_and", "Or": "logical_or"}
 _OTHER = {"Identity", "Softmax", "LogSoftmax", "LayerNormalization", "RMSNormalization",
-          "SimplifiedLayerNormalization", "Cast", "Gelu", "FastGelu", "Clip"}
-SUPPORTED_OPS: frozenset[str] = frozenset([*_UNARY, *_BINARY, *_VARIADIC, *_REDUCE, *_OTHER])
+          "SimplifiedLayerNormalization", "Cast", "Gelu", "FastGelu", "Clip", "Not", "Where"}
+SUPPORTED_OPS: frozenset[str] = frozenset([*_UNARY, *_BINARY, *_VARIADIC, *_REDUCE, *_COMPARE, *_LOGICAL, *_OTHER])
+#: element-wise ops: they take broadcast views as they are, and are recomputed by every group that
+#: reads them when they read only model inputs and constants (a mask chain)
+_ELEMENTWISE = frozenset([*_UNARY, *_BINARY, *_VARIADIC, *_COMPARE, *_LOGICAL, "Identity", "Cast", "Gelu",
+                          "FastGelu", "Clip", "Not", "Where"])
+#: ONNX ops that are cheap enough to belong to every region that reads them when they read only
+#: model inputs and constants (for the region count only; mapping them is another matter)
+_CHEAP = frozenset([*_ELEMENTWISE, *VIEW_OPS, "Xor", "Mod", "Sin", "Cos", "Concat", "Split", "Trilu", "Range"])
 _DOMAINS = {"", "ai.onnx", "com.microsoft"}
 _MS_ONLY = {"SimplifiedLayerNormalization", "FastGelu"}
 
 _NOOP_SHAPE_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Expand"}   # mappable when they change nothing
 _ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16"}   # TensorProto enum -> graph.json
+_BOOL = 9
+_ONNX_ALL = {**_ONNX_DTYPES, _BOOL: "bool"}
+
+
+class _Demote(Exception):
+    """Node ``node`` must be a boundary after all (found while building its group): ``reason``."""
+
+    def __init__(self, node: int, reason: str, tensor: str | None = None) -> None:
+        super().__init__(reason)
+        self.node, self.reason, self.tensor = node, reason, tensor
 
 
 @dataclass(frozen=True)
@@ -187,6 +228,8 @@ def _type_table(model: Any) -> dict[str, _Tensor]:
 class _Ctx:
     def __init__(self, model: Any, types: dict[str, _Tensor], consts: ConstTable) -> None:
         self.types, self.consts = types, consts
+        self.views: dict[int, View] = {}        # layout nodes that are views graph.json can take
+        self.producer: dict[str, int] = {}
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
         inits = {t.name for t in model.graph.initializer}
         self.symbol_at: dict[str, str] = {}   # dim symbol -> "input 'x' dim 0" where it first appears
@@ -219,7 +262,16 @@ def _why_not(ctx: _Ctx, i: int, node: Any, in_range: bool) -> str | None:
         return "constant"
     if node.op_type in COMPUTE_OPS:
         return "compute op, left to the framework"
-    if node.op_type in _NOOP_SHAPE_OPS and node.domain in ("", "ai.onnx"):
+    if i in ctx.views:
+        if not in_range:
+            return "outside --node-range"
+        base = ctx.types.get(ctx.views[i].base)
+        return None if base is not None and base.elem in _ONNX_ALL else \
+            f"tensor {ctx.views[i].base!a} is not float32/float16/bfloat16/bool"
+    lop = layout_op(node.op_type) if node.domain in ("", "ai.onnx") else None
+    if lop is not None:
+        pass   # Transpose/Reshape/Slice/Concat/Gather, now that graph.json has the op (checked below)
+    elif node.op_type in _NOOP_SHAPE_OPS and node.domain in ("", "ai.onnx"):
         if not _changes_nothing(ctx, node):
             return "changes the shape (graph.json has no reshape)"
     elif node.domain not in _DOMAINS or node.op_type not in SUPPORTED_OPS:
@@ -235,24 +287,70 @@ def _why_not(ctx: _Ctx, i: int, node: Any, in_range: bool) -> str | None:
         if not t or (t in ctx.consts and t not in node.output):
             continue
         ty = ctx.types.get(t)
-        if ty is None or ty.elem not in _ONNX_DTYPES:
+        if ty is None or ty.elem not in _ONNX_ALL:
             if node.op_type in _REDUCE and node.input[1:2] == [t]:
                 continue
-            return f"tensor {t!a} is not float32/float16/bfloat16 (or has no type)"
+            if lop == "gather" and node.input[1:2] == [t] and ty is not None and ty.elem in INT_DTYPES:
+                continue
+            return f"tensor {t!a} is not float32/float16/bfloat16/bool (or has no type)"
         if ty.shape is not None and not 1 <= len(ty.shape) <= 4:
             return f"tensor {t!a} has rank {len(ty.shape)} (graph.json takes 1..4)"
     a = ctx.attrs(node)
+    if lop is not None:
+        def rank(t: str) -> int:
+            ty = ctx.types.get(t)
+            return len(ty.shape) if ty is not None and ty.shape is not None else 0
+        return why_not_layout(node, a, lambda k: ctx.const_list(node, k),
+                              lambda t: ctx.types[t].elem if t in ctx.types else None, rank)
+    why = _bool_rule(ctx, node)
+    if why:
+        return why
     if node.op_type in _REDUCE and "axes" not in a and len(node.input) > 1 and node.input[1] \
             and ctx.const_list(node, 1) is None:
         return "reduction axes are not a constant"
     if node.op_type == "Clip":
         for k in (1, 2):
-            if len(node.input) > k and node.input[k] and node.input[k] not in ctx.consts:
-                return "clip bounds are not constants"
-    if node.op_type == "Cast" and a.get("to") not in _ONNX_DTYPES:
-        return "cast to a non-float type"
+            t = node.input[k] if len(node.input) > k else ""
+            if t and t in ctx.consts and ctx.consts[t].size != 1:
+                return "clip bounds are constants of more than one element"
+    if node.op_type == "Cast" and a.get("to") not in _ONNX_ALL:
+        return "cast to a type other than float32/float16/bfloat16/bool"
     if node.op_type == "Gelu" and a.get("approximate", "none") not in ("none", "tanh"):
         return "unknown gelu approximation"
+    return None
+
+
+def _is_bool(ctx: _Ctx, t: str) -> bool:
+    ty = ctx.types.get(t)
+    return ty is not None and ty.elem == _BOOL
+
+
+def _bool_rule(ctx: _Ctx, node: Any) -> str | None:
+    """Where ``node`` puts a bool tensor where graph.json takes none (or a float where it needs a
+    bool): the reason, else None. Bool operands must be tensors (graph.json has no bool constants)."""
+    op, ins = node.op_type, [t for t in node.input]
+    want: list[str | None]          # per input: "b" bool, "f" float, None either
+    if op in _LOGICAL or op == "Not":
+        want = ["b"] * len(ins)
+    elif op == "Where":
+        want = ["b", "f", "f"]
+    elif op == "Equal":
+        want = [None, None]
+    elif op in ("Cast", "Identity"):
+        want = [None]
+    else:
+        want = ["f"] * len(ins)
+    for k, t in enumerate(ins):
+        if not t or k >= len(want) or want[k] is None or (op in _REDUCE and k == 1) or (op == "Clip" and k):
+            continue
+        if want[k] == "b" and t in ctx.consts and ctx.consts[t].size == 1:
+            return f"input {k} ({t!a}) is a bool constant (graph.json takes bool tensors only)"
+        if (want[k] == "b") != _is_bool(ctx, t):
+            return f"input {k} ({t!a}) is {'not ' if want[k] == 'b' else ''}bool"
+    if op == "Equal" and _is_bool(ctx, ins[0]) != _is_bool(ctx, ins[1]):
+        return "compares a bool with a float"
+    if op == "Where" and node.output and _is_bool(ctx, node.output[0]):
+        return "where of bool values"
     return None
 
 
@@ -291,15 +389,70 @@ def _static_shape(ctx: _Ctx, t: str) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------------------- mapping one node
-def _map_node(ctx: _Ctx, b: GraphBuilder, node: Any, v: Callable[[str], Value],
+def _check_frames(ctx: _Ctx, index: int, node: Any, v: Callable[[str], Value]) -> None:
+    """An element-wise node may read values in a *reshaped frame* (the same elements as the ONNX
+    tensor in another shape: a Reshape it reads through) only when all its tensor operands are in
+    the same frame of the same ONNX shape; else :class:`_Demote` of the view that framed one."""
+    tensors = [t for t in node.input if t]
+    framed = []
+    for t in tensors:
+        x = v(t)
+        if not x.is_scalar and broadcast_shapes(tuple(x.shape), _static_shape(ctx, t)) != _static_shape(ctx, t):
+            framed.append(t)
+    if not framed:
+        return
+    vals = [v(t) for t in tensors if not v(t).is_scalar]
+    if len(vals) != len(framed) or len({x.shape for x in vals}) != 1 \
+            or len({_static_shape(ctx, t) for t in framed}) != 1:
+        raise _Demote(-1, f"a reshaped view that {label(index, node)} reads next to other shapes "
+                          f"(graph.json has no reshape)", tensor=framed[0])
+
+
+def _map_mask(b: GraphBuilder, op: str, ins: list[str], v: Callable[[str], Value], name: str) -> Value:
+    """A comparison, logical op or Where."""
+    if op in _COMPARE:
+        x, y = v(ins[0]), v(ins[1])
+        if x.dtype == "bool":   # Equal of two bools: compare them as 0 / 1
+            x, y = b.cast(x, "float32", f"{name}_a"), b.cast(y, "float32", f"{name}_b")
+        return b.elementwise(_COMPARE[op], [x, y], name)
+    if op in _LOGICAL:
+        return b.elementwise(_LOGICAL[op], [v(ins[0]), v(ins[1])], name)
+    if op == "Not":
+        return b.logical_not(v(ins[0]), name)
+    return b.elementwise("where", [v(t) for t in ins[:3]], name)
+
+
+def _map_node(ctx: _Ctx, b: GraphBuilder, index: int, node: Any, v: Callable[[str], Value],
               out_names: list[str]) -> list[Value | None]:
+    """The values of ``node``'s outputs (None: not produced). A value may be *broadcast*: of a shape
+    that broadcasts to the ONNX one (a view's base); ops that are not element-wise take exact
+    values only (:class:`_Demote` of the producer otherwise)."""
+    def exact(t: str) -> Value:
+        x, want = v(t), _static_shape(ctx, t)
+        if not x.is_scalar and tuple(x.shape) != want:
+            if "reshape" in OPS and math.prod(x.shape) == math.prod(want):   # a reshaped frame
+                return b.layout("reshape", [x], want, str(x.dtype), f"{t}_reshape", shape=list(want))
+            raise _Demote(-1, f"a broadcast view that {label(index, node)} needs materialised "
+                              f"(graph.json has no expand)", tensor=t)
+        return x
+
     op, a = node.op_type, ctx.attrs(node)
     name = out_names[0]
     ins = [t for t in node.input]
+    if index in ctx.views:   # a view: its consumers read the base (broadcasting does the rest)
+        return [v(ctx.views[index].base)]
+    if op in _ELEMENTWISE:
+        _check_frames(ctx, index, node, v)
+    if op in _COMPARE or op in _LOGICAL or op in ("Not", "Where"):
+        return [_map_mask(b, op, ins, v, name)]
     if op in _UNARY:
         return [b.unary(_UNARY[op], v(ins[0]), name)]
-    if op == "Identity" or op in _NOOP_SHAPE_OPS:   # reshapes get here only when they change nothing
+    if op == "Identity" or (op in _NOOP_SHAPE_OPS and _changes_nothing(ctx, node)):
         return [v(ins[0])]
+    if layout_op(op) is not None:
+        out = node.output[0]
+        return [map_layout(b, node, a, exact, _static_shape(ctx, out), _ONNX_ALL[ctx.types[out].elem],
+                           lambda k: ctx.const_list(node, k), name)]
     if op in _BINARY:
         return [b.binary(_BINARY[op], v(ins[0]), v(ins[1]), name)]
     if op in _VARIADIC:
@@ -308,7 +461,7 @@ def _map_node(ctx: _Ctx, b: GraphBuilder, node: Any, v: Callable[[str], Value],
             acc = b.binary(_VARIADIC[op], acc, v(t), name if k == len(ins) - 1 else f"{name}_{k}")
         return [acc]
     if op in _REDUCE:
-        x = v(ins[0])
+        x = exact(ins[0])
         axes = a.get("axes")
         if axes is None:
             axes = ctx.const_list(node, 1)
@@ -318,13 +471,13 @@ def _map_node(ctx: _Ctx, b: GraphBuilder, node: Any, v: Callable[[str], Value],
             axes = list(range(len(x.shape)))
         return [b.reduce(_REDUCE[op], x, axes, bool(a.get("keepdims", 1)), name)]
     if op in ("Softmax", "LogSoftmax"):
-        x = v(ins[0])
+        x = exact(ins[0])
         r = len(x.shape)
         axis = a.get("axis", -1 if ctx.opset >= 13 else 1)
         axes = [axis % r] if ctx.opset >= 13 else list(range(axis % r, r))
         return [b.softmax(x, axes, name, log_=op == "LogSoftmax")]
     if op in ("LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization"):
-        x = v(ins[0])
+        x = exact(ins[0])
         r = len(x.shape)
         axes = list(range(a.get("axis", -1) % r, r))
         eps = float(a.get("epsilon", 1e-5))
@@ -335,23 +488,22 @@ def _map_node(ctx: _Ctx, b: GraphBuilder, node: Any, v: Callable[[str], Value],
         y, rstd = b.rms_norm(x, axes, w, eps, name)
         return [y, rstd]
     if op == "Cast":
-        return [b.cast(v(ins[0]), _ONNX_DTYPES[a["to"]], name)]
+        return [b.cast(v(ins[0]), _ONNX_ALL[a["to"]], name)]
     if op in ("Gelu", "FastGelu"):
         x = v(ins[0])
         if op == "FastGelu" and len(ins) > 1 and ins[1]:
             x = b.binary("add", x, v(ins[1]), f"{name}_bias")
         approx = "tanh" if op == "FastGelu" else a.get("approximate", "none")
         return [b.unary("gelu_tanh" if approx == "tanh" else "gelu", x, name)]
-    if op == "Clip":
+    if op == "Clip":   # clamp(x, lo, hi); a missing bound is -inf / +inf
         x = v(ins[0])
         lo = a.get("min") if ctx.opset < 11 else (v(ins[1]) if len(ins) > 1 and ins[1] else None)
         hi = a.get("max") if ctx.opset < 11 else (v(ins[2]) if len(ins) > 2 and ins[2] else None)
-        if lo is not None:
-            x = b.binary("maximum", x, lo if isinstance(lo, Value) else scalar(lo),
-                         f"{name}_lo" if hi is not None else name)
-        if hi is not None:
-            x = b.binary("minimum", x, hi if isinstance(hi, Value) else scalar(hi), name)
-        return [x]
+        if lo is None and hi is None:
+            return [x]
+        bounds = [scalar(d) if w is None else (w if isinstance(w, Value) else scalar(w))
+                  for w, d in ((lo, -math.inf), (hi, math.inf))]
+        return [b.elementwise("clamp", [x, *bounds], name)]
     raise AssertionError(f"unmapped supported op {op}")  # _why_not admits only mapped ops
 
 
@@ -368,26 +520,32 @@ def import_onnx(model: Any, node_range: tuple[int | None, int | None] | None = N
     base = name or m.graph.name or (Path(str(model)).stem if from_file else "onnx")
     ctx = _Ctx(m, _type_table(m), loaded.consts)
     nodes = list(m.graph.node)
+    ctx.producer = {t: i for i, n in enumerate(nodes) for t in n.output if t}
+    ctx.views = _mappable_views(ctx, nodes)
     lo, hi = node_range or (None, None)
     in_range = set(range(len(nodes))[slice(lo, hi)])
-    reasons = {i: _why_not(ctx, i, n, i in in_range) for i, n in enumerate(nodes)}
-    mappable = {i for i, r in reasons.items() if r is None}
-    part = partition(nodes, mappable, ctx.consts)
+    model_inputs = {i.name for i in m.graph.input} - set(ctx.consts)
     model_outputs = {o.name for o in m.graph.output}
-    subgraphs: list[OnnxSubgraph] = []
-    fate: dict[int, str] = {}   # first member of each group -> graph name, "no-op" or "unused"
-    for members in sorted(part.groups, key=lambda g: g[0]):
-        built = _build(ctx, nodes, members, part.consumers, model_outputs, f"{base}_{len(subgraphs)}")
-        if isinstance(built, OnnxSubgraph):
-            subgraphs.append(built)
-            fate[members[0]] = built.graph.name
-        else:
-            fate[members[0]] = built
-    dropped = tuple(", ".join(label(i, nodes[i]) for i in g) for g in sorted(part.groups, key=lambda g: g[0])
-                    if fate[g[0]] == "no-op")
+    demoted: dict[int, str] = {}   # nodes found unmappable while building their group
+    while True:
+        reasons = {i: demoted.get(i) or _why_not(ctx, i, n, i in in_range) for i, n in enumerate(nodes)}
+        mappable = {i for i, r in reasons.items() if r is None}
+        pullable = _preamble(ctx, nodes, mappable, model_inputs, lambda i: i in mappable) | (set(ctx.views) & mappable)
+        part = partition(nodes, mappable, ctx.consts, frozenset(pullable), model_outputs)
+        try:
+            subgraphs, fate = _build_all(ctx, nodes, part, part.external(nodes, mappable, model_outputs), base)
+            break
+        except _Demote as d:
+            if d.node in demoted or d.node < 0:   # cannot happen: a demoted node is in no group
+                raise ImportError_(f"{label(d.node, nodes[d.node])}: {d.reason}") from None
+            log.info("%s: %s", label(d.node, nodes[d.node]), d.reason)
+            demoted[d.node] = d.reason
+    dropped = tuple(", ".join(label(i, nodes[i]) for i in g) for g, f in zip(part.groups, fate) if f == "no-op")
     boundaries = tuple(f"{label(i, n)}: {reasons[i]}" for i, n in enumerate(nodes)
                        if reasons[i] is not None and n.op_type != "Constant")
-    regions = find_regions(nodes, in_range, reasons, part, fate)
+    pre = pullable | _preamble(ctx, nodes, set(range(len(nodes))), model_inputs,
+                               lambda i: nodes[i].op_type in _CHEAP)
+    regions = find_regions(nodes, in_range, reasons, part, fate, frozenset(pre))
     compute = tuple(label(i, n) for i, n in enumerate(nodes) if n.op_type in COMPUTE_OPS)
     log.info("%s: %d nodes (%d folded), %d regions, %d subgraphs, %d no-op groups dropped, %d boundary nodes",
              base, len(nodes), len(fold.folded), len(regions), len(subgraphs), len(dropped), len(boundaries))
@@ -395,12 +553,116 @@ def import_onnx(model: Any, node_range: tuple[int | None, int | None] | None = N
                       compute_ops=compute, fold=fold)
 
 
-def _build(ctx: _Ctx, nodes: list[Any], members: list[int], consumers: dict[str, set[int]],
-           model_outputs: set[str], gname: str) -> OnnxSubgraph | str:
+def _build_all(ctx: _Ctx, nodes: list[Any], part: Any, external: set[str],
+               base: str) -> tuple[list[OnnxSubgraph], list[str]]:
+    """The subgraphs ``base_0, base_1, ...`` of the groups, and each group's fate (its graph's name,
+    ``"no-op"`` or ``"unused"``)."""
+    subgraphs: list[OnnxSubgraph] = []
+    fate: list[str] = []
+    for g, core in zip(part.groups, part.cores):
+        sg = _build(ctx, nodes, g, core, external, f"{base}_{len(subgraphs)}")
+        if isinstance(sg, OnnxSubgraph):
+            subgraphs.append(sg)
+        fate.append(sg.graph.name if isinstance(sg, OnnxSubgraph) else sg)
+    return subgraphs, fate
+
+
+def _mappable_views(ctx: _Ctx, nodes: list[Any]) -> dict[int, View]:
+    """The views of :func:`resolve_views` that a group can take: broadcast ones, and any whose
+    every reader is such a view in turn (a chain that ends broadcast)."""
+    shapes = {t: (tuple(ty.shape) if ty.shape is not None and all(isinstance(d, int) for d in ty.shape) else None)
+              for t, ty in ctx.types.items()}
+    same = {i for i, n in enumerate(nodes) if n.op_type == "Cast" and n.input and n.input[0] in ctx.types
+            and ctx.types[n.input[0]].elem == ctx.attrs(n).get("to")}
+    views = resolve_views(nodes, shapes, ctx.consts, same)
+    readers: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for t in n.input:
+            readers.setdefault(t, []).append(i)
+    keep: dict[int, View] = {}
+    for i in sorted(views, reverse=True):
+        rs = readers.get(nodes[i].output[0], [])
+        if views[i].broadcast or views[i].reshape or (rs and all(r in keep for r in rs)):
+            keep[i] = views[i]
+    return keep
+
+
+def _preamble(ctx: _Ctx, nodes: list[Any], among: set[int], model_inputs: set[str],
+              cheap: Callable[[int], bool]) -> set[int]:
+    """Nodes of ``among`` that are ``cheap`` (and element-wise or views) and read only model inputs,
+    constants and each other: recomputed by every group (and counted in every region) that reads them."""
+    out: set[int] = set()
+    for i, n in enumerate(nodes):
+        if i not in among or n.op_type == "Constant" or not cheap(i):
+            continue
+        if n.op_type not in _ELEMENTWISE and i not in ctx.views and n.op_type not in _CHEAP:
+            continue
+        tensors = [t for t in n.input if t and t not in ctx.consts]
+        if tensors and all(t in model_inputs or ctx.producer.get(t) in out for t in tensors):
+            out.add(i)
+    return out
+
+
+def _lazy_origin(ctx: _Ctx, nodes: list[Any], t: str, vals: dict[str, Value]) -> int:
+    """The view node nearest to tensor ``t`` that makes its value broadcast (``t``'s producer if
+    there is none): the node to leave to the framework so that ``t`` comes out exact."""
+    p = ctx.producer[t]
+    todo, seen = [p], set()
+    while todo:
+        q = todo.pop(0)
+        if q in seen:
+            continue
+        seen.add(q)
+        if q in ctx.views:
+            return q
+        for u in nodes[q].input:
+            val = vals.get(u)
+            if u in ctx.producer and val is not None and not val.is_scalar \
+                    and tuple(val.shape) != _static_shape(ctx, u):
+                todo.append(ctx.producer[u])
+    return p
+
+
+def _take(ctx: _Ctx, nodes: list[Any], b: GraphBuilder, i: int, t: str, r: Value, leaves: bool,
+          vals: dict[str, Value]) -> Value | str | None:
+    """Record node ``i``'s value ``r`` of tensor ``t`` (checked against the model's shape, cast to
+    its dtype) in ``vals``; return it when it ``leaves`` the group as an output, ``"passed"`` when
+    it would leave but is one of the group's inputs, else None. Raises :class:`_Demote` when it
+    cannot leave (bool, broadcast, rearranged) or does not fit the model."""
+    view = ctx.views.get(i)
+    if view is not None and not view.broadcast and not view.reshape:
+        if leaves:
+            raise _Demote(i, f"its value {t!a} is a rearranged view that leaves the region")
+        return None   # an inner link of a chain of views: its readers read the base
+    expect = _static_shape(ctx, t)
+    if not r.is_scalar and math.prod(r.shape) == math.prod(expect):
+        pass   # exact, or a reshaped frame of it: the same elements in the same order
+    elif r.is_scalar or broadcast_shapes(tuple(r.shape), expect) != expect:
+        raise _Demote(i, f"mapped shape {list(r.shape)} differs from the model's {list(expect)} for {t!a}")
+    dt = _ONNX_ALL[ctx.types[t].elem]
+    if r.dtype != dt:
+        r = b.cast(r, dt, f"{t}_cast")
+    vals[t] = r
+    if not leaves:
+        return None
+    same = math.prod(r.shape) == math.prod(expect)   # a pure reshape: the same bytes
+    if b.is_input(r) and same:
+        return "passed"
+    if not same:
+        raise _Demote(_lazy_origin(ctx, nodes, t, vals), f"a broadcast view that would leave "
+                      f"the region through {t!a} (graph.json has no expand)")
+    if dt == "bool":
+        raise _Demote(i, f"its value {t!a} would leave the region as a bool tensor (bool graph outputs are refused)")
+    return r
+
+
+def _build(ctx: _Ctx, nodes: list[Any], members: list[int], core: set[int], external: set[str],
+           gname: str) -> OnnxSubgraph | str:
     """The group's subgraph, or ``"no-op"`` when every value it hands on is one of its inputs passed
-    through unchanged, or ``"unused"`` when nothing outside reads what it computes."""
+    through unchanged, or ``"unused"`` when nothing outside reads what it computes. Values of its
+    ``core`` nodes in ``external`` leave it (the nodes it only recomputes hand nothing on). Raises
+    :class:`_Demote` for a node whose value would leave the group as a bool or a broadcast view."""
     b = GraphBuilder(gname)
-    member_set = set(members)
     produced = {t for i in members for t in nodes[i].output if t}
     vals: dict[str, Value] = {}
     names: list[tuple[str, str]] = []
@@ -409,21 +671,24 @@ def _build(ctx: _Ctx, nodes: list[Any], members: list[int], consumers: dict[str,
     def value(t: str) -> Value:
         if t in vals:
             return vals[t]
+        if t in produced:   # an inner link of a chain of views, read by something else after all
+            raise _Demote(ctx.producer[t], "a rearranged view read inside the region")
         if t in ctx.consts and t not in produced:
             c = ctx.consts[t]
             if c.size == 1:
                 vals[t] = scalar(float(np.asarray(c, dtype=np.float64).reshape(-1)[0]))
                 return vals[t]
-            ty = _ONNX_DTYPES.get(ctx.types[t].elem if t in ctx.types else 0)
+            ty = _ONNX_ALL.get(ctx.types[t].elem if t in ctx.types else 0)
             if ty is None:
-                raise ImportError_(f"constant {t!a} is not float32/float16/bfloat16")
+                raise ImportError_(f"constant {t!a} is not float32/float16/bfloat16/bool")
             v = b.add_input(t, tuple(int(d) for d in c.shape), ty)
             from stitchtune.graph.reference import numpy_dtype
 
-            constants.append((str(v.ref), np.asarray(c, dtype=np.float32).astype(numpy_dtype(ty))))
+            arr = np.asarray(c) != 0 if ty == "bool" else np.asarray(c, dtype=np.float32)
+            constants.append((str(v.ref), arr.astype(numpy_dtype(ty))))
         else:
-            ty = _ONNX_DTYPES[ctx.types[t].elem]
-            v = b.add_input(t, _static_shape(ctx, t), ty)
+            elem = ctx.types[t].elem
+            v = b.add_input(t, _static_shape(ctx, t), _ONNX_ALL.get(elem) or INT_DTYPES[elem])
         names.append((str(v.ref), t))
         vals[t] = v
         return v
@@ -434,24 +699,21 @@ def _build(ctx: _Ctx, nodes: list[Any], members: list[int], consumers: dict[str,
         n = nodes[i]
         outs = list(n.output)
         hints = [o or f"{n.op_type}_{i}" for o in outs]
-        results = _map_node(ctx, b, n, value, hints)
+        try:
+            results = _map_node(ctx, b, i, n, value, hints)
+        except _Demote as d:
+            if d.tensor is None:
+                raise
+            raise _Demote(_lazy_origin(ctx, nodes, d.tensor, vals), d.reason) from None
         for t, r in zip(outs, results):
             if not t or r is None:
                 continue
-            expect = _static_shape(ctx, t)
-            if r.is_scalar or tuple(r.shape) != expect:
-                raise ImportError_(f"{label(i, n)}: mapped shape {list(r.shape)} differs from the model's "
-                                   f"{list(expect)} for {t!a}")
-            dt = _ONNX_DTYPES[ctx.types[t].elem]
-            if r.dtype != dt:
-                r = b.cast(r, dt, f"{t}_cast")
-            vals[t] = r
-            if t in model_outputs or (consumers.get(t, set()) - member_set):
-                if b.is_input(r):
-                    passed_through = True   # the tensor equals one of the group's inputs: nothing to compute
-                    continue
-                outputs.append(r)
-                names.append((str(r.ref), t))
+            got = _take(ctx, nodes, b, i, t, r, i in core and t in external, vals)
+            if got == "passed":
+                passed_through = True   # the tensor equals one of the group's inputs: nothing to compute
+            elif got is not None:
+                outputs.append(got)
+                names.append((str(got.ref), t))
     if not outputs:
         why = "no-op" if passed_through else "unused"
         log.info("%s (ONNX nodes %s): %s", gname, ", ".join(label(i, nodes[i]) for i in members),

@@ -15,7 +15,7 @@ Contract
 from __future__ import annotations
 
 from collections.abc import Callable, Container
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["COMPUTE_OPS", "OnnxRegion", "Partition", "label", "partition", "regions"]
@@ -42,14 +42,66 @@ class OnnxRegion:
 
 @dataclass(frozen=True)
 class Partition:
-    groups: list[list[int]]               # node indices of each group, ascending
+    groups: list[list[int]]               # node indices of each group (core + pulled), ascending
     consumers: dict[str, set[int]]        # tensor -> nodes reading it
     producer: dict[str, int]
     succ: dict[int, set[int]]
+    cores: list[set[int]] = field(default_factory=list)   # per group: its own nodes (not pulled ones)
+
+    def external(self, nodes: list[Any], mappable: Container[int], outputs: set[str]) -> set[str]:
+        """Tensors that must leave the group making them: model ``outputs``, tensors read by a node
+        outside ``mappable``, and tensors some group reads but does not compute itself."""
+        out = set(outputs)
+        out |= {t for t, cs in self.consumers.items() if any(c not in mappable for c in cs)}
+        for g in self.groups:
+            made = {t for i in g for t in nodes[i].output if t}
+            out |= {t for i in g for t in nodes[i].input if t and t not in made}
+        return out
 
 
-def partition(nodes: list[Any], mappable: set[int], consts: Container[str]) -> Partition:
-    """Maximal convex groups of ``mappable`` nodes (see the module docstring)."""
+def _pull(start: set[int], nodes: list[Any], producer: dict[str, int], pullable: Container[int]) -> set[int]:
+    """The ``pullable`` nodes that ``start`` reads through chains of ``pullable`` nodes."""
+    out: set[int] = set()
+    todo = [producer[t] for i in start for t in nodes[i].input if t in producer]
+    while todo:
+        p = todo.pop()
+        if p in out or p not in pullable:
+            continue
+        out.add(p)
+        todo.extend(producer[t] for t in nodes[p].input if t in producer)
+    return out
+
+
+def _roots(i: int, nodes: list[Any], producer: dict[str, int], pullable: Container[int]) -> set[int]:
+    """The producers of ``i``'s inputs, looking through ``pullable`` producers to what they read."""
+    out: set[int] = set()
+    seen: set[int] = set()
+    todo = [producer[t] for t in nodes[i].input if t in producer]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        if p in pullable:
+            todo.extend(producer[t] for t in nodes[p].input if t in producer)
+        else:
+            out.add(p)
+    return out
+
+
+def _home(comp: set[int], cores: list[set[int]], nodes: list[Any], producer: dict[str, int],
+          pullable: Container[int]) -> int | None:
+    """The first of ``cores`` that ``comp`` reads (through ``pullable`` nodes), or None."""
+    roots = set().union(*(_roots(i, nodes, producer, pullable) for i in comp)) - comp
+    return next((k for k, c in enumerate(cores) if c & roots), None)
+
+
+def partition(nodes: list[Any], mappable: set[int], consts: Container[str],
+              pullable: frozenset[int] = frozenset(), outputs: Container[str] = ()) -> Partition:
+    """Maximal convex groups of ``mappable`` nodes (see the module docstring). ``pullable`` nodes
+    (cheap: views and element-wise ops of model inputs) join no group by themselves: every group
+    recomputes the ones it reads; those read outside every group (by boundary nodes or as model
+    ``outputs``) also form groups of their own."""
     producer: dict[str, int] = {t: i for i, n in enumerate(nodes) for t in n.output if t}
     # stage: boundary nodes move everything after them to a later stage (see module docstring)
     stage: dict[str, int] = {}
@@ -64,38 +116,73 @@ def partition(nodes: list[Any], mappable: set[int], consts: Container[str]) -> P
         for t in n.input:
             consumers.setdefault(t, set()).add(i)
     succ = {i: {c for t in n.output if t for c in consumers.get(t, ())} for i, n in enumerate(nodes)}
-    groups = []
+    pullable = frozenset(pullable) & frozenset(mappable)
+    core = set(mappable) - pullable
+    edges = {i: _roots(i, nodes, producer, pullable) for i in core}
+    cores: list[set[int]] = []
     # widest first: connected components; a component that a path leaves and re-enters through a
     # boundary node cannot be one kernel, so it is split by stage (always convex)
-    for comp in _components(mappable, nodes, producer, lambda p, i: True):
-        if _convex(set(comp), succ):
-            groups.append(comp)
+    for comp in _components(core, edges, lambda p, i: True):
+        if _convex(set(comp) | _pull(set(comp), nodes, producer, pullable), succ):
+            cores.append(set(comp))
         else:
-            groups.extend(_components(set(comp), nodes, producer,
-                                      lambda p, i: node_stage[p] == node_stage[i]))
-    return Partition(groups=groups, consumers=consumers, producer=producer, succ=succ)
+            cores.extend(set(c) for c in _components(set(comp), edges,
+                                                     lambda p, i: node_stage[p] == node_stage[i]))
+    pulled = [_pull(c, nodes, producer, pullable) for c in cores]
+    used = set().union(*pulled) if pulled else set()
+    needed = {q for q in pullable if q not in used or any(
+        t in outputs or (consumers.get(t, set()) - set(mappable)) for t in nodes[q].output if t)}
+    direct = {q: {p for t in nodes[q].input if (p := producer.get(t)) is not None} for q in needed}
+    for comp in _components(needed, direct, lambda p, i: True):
+        home = _home(set(comp), cores, nodes, producer, pullable)
+        if home is None:   # reads only model inputs: a group of its own
+            cores.append(set(comp))
+            pulled.append(_pull(set(comp), nodes, producer, pullable) - set(comp))
+        else:              # a view of a group's value read outside: the group hands it on
+            cores[home] |= set(comp)
+            pulled[home] |= _pull(set(comp), nodes, producer, pullable)
+    order = sorted(range(len(cores)), key=lambda k: min(cores[k]))
+    groups = [sorted(cores[k] | pulled[k]) for k in order]
+    return Partition(groups=groups, consumers=consumers, producer=producer, succ=succ,
+                     cores=[cores[k] for k in order])
 
 
 def regions(nodes: list[Any], in_range: set[int], reasons: dict[int, str | None], part: Partition,
-             fate: dict[int, str]) -> tuple[OnnxRegion, ...]:
-    """The memory-intensive regions of the model and what became of each."""
+            fate: list[str], pre: frozenset[int] = frozenset()) -> tuple[OnnxRegion, ...]:
+    """The memory-intensive regions of the model and what became of each (``fate[k]``: the graph
+    made from group ``k``, ``"no-op"`` or ``"unused"``). ``pre`` nodes (cheap nodes that read only
+    model inputs and constants, and views) belong to every region that reads them, so one mask
+    chain feeding every layer does not join the layers into one region."""
     members = {i for i in in_range if nodes[i].op_type != "Constant" and nodes[i].op_type not in COMPUTE_OPS}
-    group_of = {i: g[0] for g in part.groups for i in g}
+    pre_m = frozenset(pre) & members
+    core = members - pre_m
+    edges = {i: {p for p in _roots(i, nodes, part.producer, pre_m) if p in core} for i in core}
+    comps = [(set(c), _pull(set(c), nodes, part.producer, pre_m)) for c in _components(core, edges, lambda p, i: True)]
+    used = set().union(*(p for _, p in comps)) if comps else set()
+    rest = pre_m - used
+    direct = {q: {p for t in nodes[q].input if (p := part.producer.get(t)) is not None} for q in rest}
+    for c in _components(set(rest), direct, lambda p, i: True):
+        home = _home(set(c), [own for own, _ in comps], nodes, part.producer, pre_m)
+        if home is None:
+            comps.append((set(c), _pull(set(c), nodes, part.producer, pre_m) - set(c)))
+        else:
+            comps[home][1].update(set(c) | _pull(set(c), nodes, part.producer, pre_m))
     out = []
-    for region in _components(members, nodes, part.producer, lambda p, i: True):
-        firsts = sorted({group_of[i] for i in region if i in group_of})
-        names = tuple(fate[f] for f in firsts if fate[f] not in ("no-op", "unused"))
+    for own, attached in sorted(comps, key=lambda c: min(c[0])):
+        region = sorted(own | attached)
+        gids = [k for k, c in enumerate(part.cores) if c & own]
+        names = tuple(fate[k] for k in gids if fate[k] not in ("no-op", "unused"))
         stopped = [f"{label(i, nodes[i])}: {reasons[i]}" for i in region if reasons[i] is not None]
-        if not stopped and len(firsts) > 1:
-            between = _between(set(region), part.succ)
+        if not stopped and len(gids) > 1:
+            between = _between(own, part.succ)
             between = [i for i in between if nodes[i].op_type in COMPUTE_OPS] or between
             stopped = [f"{label(i, nodes[i])}: a path leaves the region through it and comes back"
                        for i in between]
-        if names and not stopped and len(firsts) == 1:
+        if names and not stopped and len(gids) == 1:
             status = "whole"
         elif names:
             status = "cut"
-        elif firsts and all(fate[f] == "no-op" for f in firsts):
+        elif gids and all(fate[k] == "no-op" for k in gids):
             status = "dropped"
         else:
             status = "skipped"
@@ -123,9 +210,9 @@ def _between(region: set[int], succ: dict[int, set[int]]) -> list[int]:
     return sorted(reach(region, succ) & reach(region, pred))
 
 
-def _components(members: set[int], nodes: list[Any], producer: dict[str, int],
+def _components(members: set[int], edges: dict[int, set[int]],
                 joinable: Callable[[int, int], bool]) -> list[list[int]]:
-    """Connected components of ``members`` over producer->consumer edges that ``joinable`` accepts."""
+    """Connected components of ``members`` over the edges ``i -> edges[i]`` that ``joinable`` accepts."""
     parent = {i: i for i in members}
 
     def find(i: int) -> int:
@@ -135,8 +222,7 @@ def _components(members: set[int], nodes: list[Any], producer: dict[str, int],
         return i
 
     for i in sorted(members):
-        for t in nodes[i].input:
-            p = producer.get(t)
+        for p in edges.get(i, ()):
             if p in members and joinable(p, i):
                 parent[find(i)] = find(p)
     groups: dict[int, list[int]] = {}

@@ -14,7 +14,7 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   ONNX partition does). Each region is mapped through :class:`torch_aten._Walker` on a sub-graph
   whose placeholders are the region's external inputs. A node that fails to map (or is an output
   that the graph cannot express: another shape than PyTorch's, a duplicate or an input passed
-  through) is declined with the walker's reason and the groups are recomputed without it, until
+  through; leading 1s may differ, see ``TorchRegion.output_shapes``) is declined with the walker's reason and the groups are recomputed without it, until
   every region maps. A graph without any computing node (views and casts only) is dropped silently.
 * ``accept(graph)`` (default: the planner, :func:`stitchtune.plan.planner.make_plan`) returns None or
   why not. When the reason names a node of the region (``'sum_4'``: e.g. a column sum next to row
@@ -38,7 +38,15 @@ from typing import Any
 
 from stitchtune.errors import StitchtuneError
 from stitchtune.importers.builder import GraphBuilder, ImportError_
-from stitchtune.importers.torch_aten import SUPPORTED_OPS, _Captured, _key, _Walker, _where, torch_dtype_name
+from stitchtune.importers.torch_aten import (
+    SUPPORTED_OPS,
+    _Captured,
+    _key,
+    _strip1,
+    _Walker,
+    _where,
+    torch_dtype_name,
+)
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
 
@@ -61,6 +69,11 @@ class TorchRegion:
     nodes: tuple[Any, ...] = field(compare=False)     # torch.fx.Node, graph order
     inputs: tuple[Any, ...] = field(compare=False)    # fx nodes feeding graph.inputs, same order
     outputs: tuple[Any, ...] = field(compare=False)   # fx nodes of graph.outputs, same order
+
+    @property
+    def output_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """PyTorch's shape of each output (may differ from the graph's in leading 1s only)."""
+        return tuple(tuple(int(d) for d in o.meta["val"].shape) for o in self.outputs)
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -287,6 +300,9 @@ def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any]] 
     culprit = _check_outputs(walker, sub, outputs, outs, {str(v.ref) for v in values})
     if culprit is not None:
         return culprit
+    if outs is None:   # the walker refused an output shape that differs only in leading 1s
+        out_node = next(n for n in sub.graph.nodes if n.op == "output")
+        outs = [walker.vals[s.name] for s in out_node.args[0]]
     try:
         graph = b.graph(outs)
     except StitchtuneError as exc:
@@ -304,7 +320,7 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         t = tuple(int(d) for d in s.meta["val"].shape) if s.meta.get("val") is not None else None
         if v is None or not hasattr(v, "is_scalar") or v.is_scalar:
             return _Culprit(orig, "its value is not a tensor the graph computes")
-        if tuple(v.shape) != t:
+        if t is None or _strip1(v.shape) != _strip1(t):   # leading 1s may differ: same row-major bytes
             return _Culprit(orig, f"an output of PyTorch shape {list(t or ())} is graph shape {list(v.shape)}")
         if not s.meta["val"].is_contiguous():
             return _Culprit(orig, "a non-contiguous output (stitched kernels write row-major tensors)")
@@ -313,7 +329,7 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         if str(v.ref) in seen:
             return _Culprit(orig, "an output equal to another output")
         seen.add(str(v.ref))
-    if outs is None:
+    if outs is None and walker.current is not None and walker.current.op != "output":
         return _Culprit(outputs[0], "the region's outputs could not be mapped")
     return None
 

@@ -16,7 +16,10 @@ columns, each owning ``vec`` adjacent columns; ``split`` row chunks per column t
 
 Scheme of a stage: ``local`` (shuffle all-reduce among the row's lanes, or a thread owns the whole
 column), ``regional`` (shared memory + ``__syncthreads``), ``global`` (per-block partials in global
-scratch + software grid barrier), ``independent`` (partials in global scratch, kernel boundary).
+scratch + software grid barrier), ``independent`` (partials in global scratch, kernel boundary),
+``cluster`` (row family, sm_90: the ``split`` blocks of a row form one thread-block cluster and combine
+their partials through distributed shared memory after a cluster barrier; see
+:mod:`stitchtune.lower.cluster`).
 
 Options (defaults = the kernels of before they existed): ``order`` alternate runs every other sweep
 that reads a full-size tensor backwards and every other such kernel's tasks in reverse; ``prefetch``
@@ -27,7 +30,8 @@ Names in the generated program are generated here (``in0``, ``out1``, ``t3_0`` .
 the graph file reaches them.
 
 Modules: this one is the entry point (:func:`lower`, ``CODEGEN_VERSION``); the shared machinery is in
-:mod:`stitchtune.lower.base`, the families in :mod:`stitchtune.lower.row` and :mod:`stitchtune.lower.col`.
+:mod:`stitchtune.lower.base`, the families in :mod:`stitchtune.lower.row` and :mod:`stitchtune.lower.col`,
+the cluster exchange of the row family in :mod:`stitchtune.lower.cluster`.
 """
 
 from __future__ import annotations

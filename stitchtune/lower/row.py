@@ -12,6 +12,7 @@ parts are frozen values (:class:`_RowLayout`, :class:`_RowIndex`, :class:`_RowSw
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -21,6 +22,14 @@ from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Select, Var
 from stitchtune.lower import single_pass as sp
 from stitchtune.lower.base import _I, _add, _and, _Ctx, _Lowerer, _mul, _SweepValues, estimate_registers
+from stitchtune.lower.cluster import (
+    STATE_SLOTS,
+    cluster_counts,
+    cluster_exchange,
+    cluster_exchange_merged,
+    cluster_shared,
+    cluster_size,
+)
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.plan.single_pass import SinglePassCandidate
 from stitchtune.space import Schedule
@@ -111,6 +120,7 @@ class _RowLayout:
     grid: int
     rounds: int                           # tasks per block, in turn
     needs_sync: bool                      # a global stage: a grid barrier
+    cluster: int = 1                      # a cluster stage: blocks per thread-block cluster
 
 
 def _row_layout(low: _RowLowerer, seg: list[int], tasks: int, est_regs: int) -> _RowLayout:
@@ -121,6 +131,9 @@ def _row_layout(low: _RowLowerer, seg: list[int], tasks: int, est_regs: int) -> 
     shared: list[kir.SharedBuf] = []
     if red_slots and any(low.needs_block_exchange(low.stage_scheme(i)) for i in seg):
         shared.append(kir.SharedBuf("sred", red_slots * low.rpb * wpr))
+    cluster = cluster_size(s.schemes, seg, s.split)
+    if cluster > 1:
+        shared.append(cluster_shared(max(red_slots, STATE_SLOTS if s.single_pass else 0)))
     for c in p.reuse_candidates:
         if low.reuse[c] == "shared":
             shared.append(kir.SharedBuf(f"sc{low.tid_of[c]}", low.rpb * low.chunk))
@@ -129,7 +142,8 @@ def _row_layout(low: _RowLowerer, seg: list[int], tasks: int, est_regs: int) -> 
     smem_bytes = 4 * sum(x.size for x in shared)
     needs_sync = any(low.stage_scheme(i) == "global" for i in seg)
     grid = low.grid_for(tasks, s.block, smem_bytes, est_regs, s.split if s.split > 1 else 1, needs_sync)
-    return _RowLayout(tuple(shared), tuple(locals_), smem_bytes, grid, math.ceil(tasks / grid), needs_sync)
+    return _RowLayout(tuple(shared), tuple(locals_), smem_bytes, grid, math.ceil(tasks / grid), needs_sync,
+                      cluster)
 
 
 @dataclass(frozen=True)
@@ -376,12 +390,10 @@ class _RowKernel:
                 lb.append(Assign(accs[r], Select(valid, low.combine(r, accs[r], vals[j]), accs[r])))
         if online is not None:
             self.rb.extend(sp.reset(online))
-            vals = sv.value(online.cand.source)
-            for j in range(vec):
-                lb.extend(sp.update(online, vals[j], valid, cx.var))
-            flops, sfu = sp.UPDATE_COST[online.cand.kind]
-            self.stats["flops"] += flops * vec
-            self.stats["sfu"] += sfu * vec
+            lb.extend(sp.update_vector(online, list(sv.value(online.cand.source)), valid, cx.var))
+            flops, sfu = sp.update_cost(online.cand.kind, vec)
+            self.stats["flops"] += flops
+            self.stats["sfu"] += sfu
         for o in outputs:
             vals = sv.value(o)
             buf = low.out_buf[o]
@@ -424,6 +436,8 @@ class _RowKernel:
             return
         if low.needs_block_exchange(scheme):
             self.exchange_in_block(reds)
+        if scheme == "cluster":
+            cluster_exchange(self, reds)
         if scheme in ("global", "independent"):
             self.store_partials(reds)
             if scheme == "global":
@@ -507,6 +521,8 @@ class _RowKernel:
             return
         if self.low.needs_block_exchange(scheme):
             self.exchange_merged_in_block(st)
+        if scheme == "cluster":
+            cluster_exchange_merged(self, st)
         if scheme in ("global", "independent"):
             self.store_merged_partials(st)
             if scheme == "global":
@@ -668,6 +684,9 @@ class _RowKernel:
         self.body.append(kir.For(self.ix.rd, _I(0), _I(lay.rounds), 1, tuple(self.rb)))
         kern = low.make_kernel(self.ki, self.uses, self.cx, self.body, list(lay.shared), locals_, lay.needs_sync)
         prof = low.profile(kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.stats, self.ki)
+        if lay.cluster > 1:  # launched as thread-block clusters (stitchtune.lower.cluster)
+            kern = dataclasses.replace(kern, cluster=lay.cluster)
+            prof = dataclasses.replace(prof, **cluster_counts(kern, lay.rounds))
         return kern, prof
 
 def lower_row(graph: Graph, plan: StitchPlan, schedule: Schedule, device) -> kir.Program:

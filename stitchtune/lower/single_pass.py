@@ -3,7 +3,10 @@
 
 * ``welford``: the state is ``(n, mean, M2, c)``: count, running mean of ``x - c``, sum of squared
   deviations, and a shift ``c`` (the first element the state saw; the row's mean is ``c + mean``). One
-  element ``x``: ``y = x - c; n += 1; d = y - mean; mean += d / n; M2 += d * (y - mean)`` (Welford).
+  element ``x``: ``y = x - c; n += 1; d = y - mean; mean += d / n; M2 += d * (y - mean)`` (Welford);
+  a sweep folds in one vector of ``vec`` elements at a time (a vector is valid or masked as a whole):
+  its mean ``g`` and ``M2`` about ``g``, merged by the formula below, one division per vector
+  (:func:`update_vector`; for ``vec`` 1 this is exactly Welford's step).
   Two states: ``d = (mb + (cb - ca)) - ma; n = na + nb; mean = ma + d * nb / n; M2 = Ma + Mb + d^2 *
   na * nb / n`` (the parallel-variance formula of Chan, Golub and LeVeque), ``n`` clamped to >= 1 in
   the division, and an empty ``a`` taking ``b`` whole. The shift keeps every mean and difference near
@@ -35,10 +38,11 @@ NEG_INF = Const(float("-inf"), F32)
 ZERO = Const(0.0, F32)
 ONE = Const(1.0, F32)
 
-#: per-element cost of the running update (float ops, special-function ops), for the profile: Welford
-#: has 8 float ops and a division (a reciprocal on the SFU and its Newton steps, counted as 4 more);
-#: online softmax one exp and 5 float ops / selects (estimates, not measured)
-UPDATE_COST = {WELFORD: (12, 1), "online_softmax": (5, 1)}
+def update_cost(kind: str, vec: int) -> tuple[int, int]:
+    """(float ops, special-function ops) of folding in one vector, for the profile: Welford 3 per
+    element and 10 per vector with its division (a reciprocal on the SFU and its Newton steps, counted
+    as 4 float ops); online softmax one exp and 5 float ops / selects per element (estimates)."""
+    return (3 * vec + 10, 1) if kind == WELFORD else (5 * vec, vec)
 
 
 @dataclass(frozen=True)
@@ -77,21 +81,41 @@ def reset(st: OnlineState) -> list:
 
 
 def update(st: OnlineState, x: kir.Expr, valid: kir.Expr, var) -> list:
-    """Fold element ``x`` into the state where ``valid`` (the state is unchanged elsewhere)."""
-    if st.welford:
-        n, mean, m2, c = st.vars
-        y, n1, d = var("wy"), var("wn"), var("wd")
-        return [Assign(c, Select(Bin("&&", valid, Bin("==", n, ZERO)), x, c)), Assign(y, Bin("-", x, c)),
-                Assign(n1, Bin("+", n, ONE)), Assign(d, Bin("-", y, mean)),
-                Assign(mean, Select(valid, Bin("+", mean, Bin("/", d, n1)), mean)),
-                Assign(m2, Select(valid, Bin("+", m2, Bin("*", d, Bin("-", y, mean))), m2)),
-                Assign(n, Select(valid, n1, n))]
+    """Online softmax: fold element ``x`` into ``(m, s)`` where ``valid`` (unchanged elsewhere)."""
     m, s = st.vars
     ok, big, e = var("ov", kir.BOOL), var("ob", kir.BOOL), var("oe")
     return [Assign(ok, Bin("&&", valid, Bin("!=", x, NEG_INF))), Assign(big, Bin(">", x, m)),
             Assign(e, MathOp("exp", (Select(big, Bin("-", m, x), Bin("-", x, m)),))),
             Assign(s, Select(ok, Select(big, Bin("+", Bin("*", s, e), ONE), Bin("+", s, e)), s)),
             Assign(m, Select(Bin("&&", ok, big), x, m))]
+
+
+def update_vector(st: OnlineState, xs: list[kir.Expr], valid: kir.Expr, var) -> list:
+    """Fold the ``vec`` elements ``xs`` of one vector (all valid or all masked) into the state."""
+    if not st.welford:
+        return [a for x in xs for a in update(st, x, valid, var)]
+    n, mean, m2, c = st.vars
+    ys = [var("wy") for _ in xs]
+    g, m2g, nt, d, f = var("wg"), var("wq"), var("wn"), var("wd"), var("wf")
+    out: list = [Assign(c, Select(Bin("&&", valid, Bin("==", n, ZERO)), xs[0], c))]
+    out += [Assign(y, Bin("-", x, c)) for y, x in zip(ys, xs)]
+    total: kir.Expr = ys[0]
+    for y in ys[1:]:
+        total = Bin("+", total, y)
+    out.append(Assign(g, Bin("*", total, Const(1.0 / len(xs), F32)) if len(xs) > 1 else total))
+    sq: kir.Expr = ZERO
+    if len(ys) > 1:  # the vector's own M2 about its mean (0 for a single element)
+        terms = [Bin("*", Bin("-", y, g), Bin("-", y, g)) for y in ys]
+        sq = terms[0]
+        for t in terms[1:]:
+            sq = Bin("+", sq, t)
+    out.append(Assign(m2g, sq))
+    k = Const(float(len(xs)), F32)
+    out += [Assign(nt, Bin("+", n, k)), Assign(d, Bin("-", g, mean)), Assign(f, Bin("/", k, nt)),
+            Assign(mean, Select(valid, Bin("+", mean, Bin("*", d, f)), mean)),
+            Assign(m2, Select(valid, Bin("+", Bin("+", m2, m2g), Bin("*", Bin("*", Bin("*", d, d), n), f)), m2)),
+            Assign(n, Select(valid, nt, n))]
+    return out
 
 
 def merge(st: OnlineState, other: tuple[kir.Expr, ...], var) -> list:

@@ -7,14 +7,15 @@ One job per module: ``schedule`` (the value), ``options`` (every option declared
 """
 
 from stitchtune.space.constraints import names_used, safe_eval
-from stitchtune.space.options import (COMBINE, CORE_FIELDS, OPTIONS, ORDER, PREFETCH, RESERVED, Option, OptionTable,
-                                      Point, prefetchable, rereads)
+from stitchtune.space.options import (COMBINE, CORE_FIELDS, OPTIONS, ORDER, PREFETCH, RESERVED, SINGLE_PASS, Option,
+                                      OptionTable, Point, prefetchable, rereads)
 from stitchtune.space.schedule import PERSISTENT, Schedule
 from stitchtune.space.search_space import SearchSpace
 from stitchtune.space.space_file import SPACE_FILE, default_space_file, load_space_file
 
 __all__ = [
-    "COMBINE", "CORE_FIELDS", "OPTIONS", "ORDER", "PERSISTENT", "PREFETCH", "RESERVED", "Option", "OptionTable", "Point",
+    "COMBINE", "CORE_FIELDS", "OPTIONS", "ORDER", "PERSISTENT", "PREFETCH", "RESERVED", "SINGLE_PASS", "Option",
+    "OptionTable", "Point",
     "SPACE_FILE", "Schedule", "SearchSpace", "default_space_file", "load_space_file", "names_used", "prefetchable",
     "rereads", "safe_eval",
 ]

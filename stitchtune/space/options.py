@@ -49,6 +49,10 @@ def _no_registers(names: Point) -> int:
     return 0
 
 
+def _not_fixed(point: Point) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Option(Generic[T]):
     """One schedule option, declared once.
@@ -74,6 +78,9 @@ class Option(Generic[T]):
       ``rereads``), computed over the whole point.
     * ``registers(names)``: register-cached floats per thread the option's value costs, added to
       ``reg_cache_elems``; ``names`` is the point plus the derived names and ``n_full_inputs``.
+    * ``fixed(point)``: a value the point decided so far forces where the option applies (then it is no
+      parameter of its own: suggest does not ask it, sample does not draw it); None (the default rule):
+      asked / drawn from its domain.
     * ``drawn``: whether ``suggest`` asks it and ``sample`` draws it wherever it applies. An option
       declared with ``drawn=False`` is asked only by trials that fix it (an enqueued variant, grid point
       or stored schedule: :meth:`SearchSpace.params_of` names it only at a non-default value) and
@@ -93,6 +100,7 @@ class Option(Generic[T]):
     derive: Callable[[Point], Mapping[str, Any]] = _no_names
     registers: Callable[[Point], int] = _no_registers
     drawn: bool = True
+    fixed: Callable[[Point], Any] = _not_fixed
 
 
 @dataclass(frozen=True)
@@ -204,7 +212,9 @@ def _is_row(p: Point) -> bool:
 
 
 def _combine_applies(p: Point) -> bool:
-    return p["family"] == "row" and p["split"] > 1
+    # a split row whose partials go through global scratch (a stage of every scheme but cluster; the
+    # cluster scheme came later, so every point without it is as before)
+    return p["family"] == "row" and p["split"] > 1 and any(x != "cluster" for x in p["schemes"])
 
 
 ORDER: Option[str] = Option(
@@ -220,7 +230,7 @@ PREFETCH: Option[int] = Option(
 first sweep (row reductions with split 1 and several tasks per block, forward order)."""
 
 COMBINE: Option[str] = Option(
-    "combine", "thread", str, _combine_applies, "family == 'row' and split > 1", _is_row)
+    "combine", "thread", str, _combine_applies, "family == 'row' and split > 1 (a stage not 'cluster')", _is_row)
 """How a row split over several blocks combines its partials: ``thread`` (every thread loads all of them)
 or ``warp`` (each warp loads them together and reduces by shuffles)."""
 
@@ -240,5 +250,33 @@ max then sum of exp(x - max)) is computed in one sweep (Welford / online softmax
 warps and split blocks); the merged stage takes the first stage's scheme. Not drawn (``drawn=False``):
 the search reaches it through ``variants`` and the grid, so recorded studies and seeded samples stay."""
 
-OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, SINGLE_PASS))
+
+
+def _cluster_applies(p: Point) -> bool:
+    return p["family"] == "row" and "cluster" in p["schemes"]
+
+
+def _never(p: Point) -> bool:
+    return False
+
+
+def _cluster_of_split(p: Point) -> int:
+    return int(p["split"])
+
+
+CLUSTER: Option[int] = Option(
+    "cluster", 1, int, _cluster_applies, "a stage's scheme is 'cluster' (row reductions on sm_90)",
+    _never, vary=False, fixed=_cluster_of_split)
+"""Blocks per thread-block cluster of a stage with the ``cluster`` scheme (sm_90): the split blocks of a row
+form one cluster and combine their partials through distributed shared memory after a cluster barrier, so
+the size is the split (``split == cluster``; searched through ``split`` and the scheme, which the space
+offers only where the device has clusters and ``split <= max_cluster``); 1 = no cluster."""
+
+RECORDED_OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, SINGLE_PASS))
+"""The options of the space the golden files of before the cluster scheme were recorded with
+(``tests/lower/golden/kernel_hashes*.json``, ``tests/space/golden/suggest_params*.json`` but the ``*_cluster``
+ones): a space built with this table asks and draws exactly what it did then (no ``cluster`` scheme, which
+comes with the ``cluster`` option: a new scheme on the H200 necessarily changes seeded draws)."""
+
+OPTIONS = RECORDED_OPTIONS.extended(CLUSTER)
 """The stitch space's options, in decision order (append new ones at the end)."""

@@ -88,6 +88,14 @@ class SearchSpace:
         self.elem_bytes = max((2 if plan.dtype(n) != "float32" else 4) for n in vectored) if vectored else 4
         # full-size inputs: each takes one row piece of prefetch registers (schedule.prefetch)
         self.n_full_inputs = sum(1 for n, c in plan.classes if c is TensorClass.FULL and n in plan.input_names)
+        # thread-block clusters: the scheme comes with the cluster option, on devices that have them, for
+        # row reductions long enough to give every thread of a cluster of two smallest blocks an element
+        self.max_cluster = (int(device.max_cluster_size) if "cluster" in table and getattr(device, "supports_clusters", False)
+                            else 1)
+        if plan.family != "row" or plan.K < 2 * min(self.domains["block"]):  # too short for a cluster of two
+            self.max_cluster = 1
+        if self.max_cluster <= 1:
+            self.domains["scheme"] = [x for x in self.domains["scheme"] if x != "cluster"]
         # vec choices above 16 bytes are never legal: drop them from the domain up front
         self.domains["vec"] = [v for v in self.domains["vec"] if v * self.elem_bytes <= 16]
         if plan.family == "row":
@@ -110,7 +118,7 @@ class SearchSpace:
         return {"family": self.plan.family, "nstages": self.plan.nstages,
                 "single_pass_candidates": len(self.plan.single_pass), "tpr": tpr, "block": block,
                 "split": split, "vec": vec, "tasks_per_block": tasks, "min_blocks": min_blocks,
-                "schemes": tuple(schemes), "reuse": tuple(reuse)}
+                "schemes": tuple(schemes), "reuse": tuple(reuse), "max_cluster": self.max_cluster}
 
     def _point(self, s: Schedule) -> dict[str, Any]:
         """The whole point of ``s``: its core and every option of this space's table (an option ``s``
@@ -126,11 +134,18 @@ class SearchSpace:
                         asks_undrawn: Callable[[str], bool] = _never) -> dict[str, Any]:
         """Each option in table order: ``ask(option)`` where it applies to ``point`` (which grows with
         every decided option, so later rules see earlier values), its default elsewhere; an option with
-        ``drawn=False`` is asked only where ``asks_undrawn(name)`` (the trial fixes it)."""
+        ``drawn=False`` is asked only where ``asks_undrawn(name)`` (the trial fixes it); where the
+        option's ``fixed`` rule forces a value (``cluster``: the split), that value, never asked."""
         values: dict[str, Any] = {}
         for opt in self.table:
-            asked = opt.applies(point) and (opt.drawn or asks_undrawn(opt.name))
-            point[opt.name] = values[opt.name] = ask(opt) if asked else opt.default
+            value = opt.default
+            if opt.applies(point):
+                forced = opt.fixed(point)
+                if forced is not None:
+                    value = forced
+                elif opt.drawn or asks_undrawn(opt.name):
+                    value = ask(opt)
+            point[opt.name] = values[opt.name] = value
         return values
 
     # -- derived quantities and checks ------------------------------------------------------------
@@ -158,7 +173,11 @@ class SearchSpace:
             per_thread = chunk // s.tpr
             rpb = max(1, s.block // s.tpr)
             smem_cache = 4 * rpb * chunk * len(cached_smem)
-            smem_red = 4 * max(1, rpb) * max(1, s.tpr // 32) * max(1, plan.nstages) if plan.nstages else 0
+            slots = max(1, plan.nstages)
+            if "single_pass" in self.table and s.option("single_pass"):
+                # a merged pair exchanges its whole running state: (n, mean, M2, shift) or (max, sum)
+                slots = max([slots] + [4 if c.kind == "welford" else 2 for c in plan.single_pass])
+            smem_red = 4 * max(1, rpb) * max(1, s.tpr // 32) * slots if plan.nstages else 0
             vec_ok = K % s.vec == 0
             max_split = max(1, math.ceil(K / (s.tpr * s.vec)))
         names: dict[str, Any] = {
@@ -173,9 +192,29 @@ class SearchSpace:
         for opt in self.table:
             names[opt.name] = point[opt.name]
             names.update(opt.derive(point))
+        names.update(self._cluster_names(s, names))
         context = {**point, **names, "n_full_inputs": self.n_full_inputs}
         names["reg_cache_elems"] += sum(opt.registers(context) for opt in self.table)
         return names
+
+    def _cluster_names(self, s: Schedule, names: dict[str, Any]) -> dict[str, Any]:
+        """The names of the cluster constraints: ``max_cluster``, ``cluster_stages`` and ``cluster_fits``,
+        and ``cluster`` = 1 in a space whose table lacks the option. ``cluster_fits``: one cluster's blocks
+        fit on the device's largest GPC by threads, block slots and shared memory per SM (a coarse form of
+        the occupancy rules, read from the device description: this room sits below ``hardware``; the cost
+        model applies the full rules, registers included, once they are known)."""
+        cluster = int(names.get("cluster", 1))
+        fits = True
+        if cluster > 1 and self.max_cluster > 1:
+            dev = self.device
+            smem = int(names["smem_cache_bytes"]) + int(names["smem_red_bytes"]) + 4 * 8 * max(1, self.plan.nstages)
+            unit = int(dev.smem_alloc_unit)
+            alloc = -(-(smem + int(dev.smem_reserved_per_block)) // unit) * unit
+            per_sm = min(int(dev.max_threads_per_sm) // s.block, int(dev.max_blocks_per_sm),
+                         int(dev.smem_per_sm) // max(alloc, 1))
+            fits = per_sm * max(dev.gpc_sms, default=0) >= cluster
+        return {"cluster": cluster, "max_cluster": self.max_cluster,
+                "cluster_stages": sum(1 for x in s.schemes if x == "cluster"), "cluster_fits": fits}
 
     def _domain_violations(self, s: Schedule) -> list[str]:
         """Values outside their domains, undeclared options, and scheme/reuse counts that do not fit the plan."""
@@ -267,9 +306,11 @@ class SearchSpace:
         mbs = [m for m in d["min_blocks"] if m * block <= self.device.max_threads_per_sm]
         min_blocks = choose(f"min_blocks_b{block}", mbs)
         tasks = choose("tasks_per_block", d["tasks_per_block"])
-        names = {"family": fam, "tpr": tpr, "split": split, "block": block}
+        names = {"family": fam, "tpr": tpr, "split": split, "block": block, "max_cluster": self.max_cluster}
         legal = [x for x in d["scheme"] if safe_eval(self.scheme_rules[x], names)]
         kind = "split" if split > 1 else ("warp" if "local" in legal else "block")
+        if "cluster" in legal:  # its own name: the split domain without the scheme stays as it was
+            kind = "cluster"
         schemes = tuple(choose(f"scheme_{i}_{kind}", legal) for i in range(plan.nstages))
         reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
         point = self._core_point(tpr, block, split, vec, tasks, min_blocks, schemes, reuse)
@@ -305,7 +346,7 @@ class SearchSpace:
             block = tpr if (split > 1 or fam == "elementwise" or tpr >= max(d["block"])) else max(block, tpr, 32)
         while min_blocks and min_blocks * block > self.device.max_threads_per_sm:
             min_blocks = max((m for m in d["min_blocks"] if m < min_blocks), default=0)
-        names = {"family": fam, "tpr": tpr, "split": split, "block": block}
+        names = {"family": fam, "tpr": tpr, "split": split, "block": block, "max_cluster": self.max_cluster}
         legal = [x for x in d["scheme"] if safe_eval(self.scheme_rules[x], names)]
         prefer = ("regional", "global", "independent", "local")
         fixed = tuple(x if x in legal else next(y for y in prefer if y in legal) for x in schemes)

@@ -229,3 +229,20 @@ def test_the_custom_op_goes_through_the_launch_path_with_tensor_pointers() -> No
                     checked.add(tensor)
     assert checked == set(ptr)
     assert not [c for c in drv.calls if c[0] in ("memcpy_htod", "memcpy_dtoh", "synchronize")]
+
+
+def test_when_inductor_fails_on_the_rest_it_runs_eagerly(monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    import torch._inductor.compile_fx as cfx
+
+    def refuse(*a: Any, **k: Any) -> Any:
+        raise RuntimeError("inductor is down")
+
+    monkeypatch.setattr(cfx, "compile_fx_inner", refuse)
+    torch.manual_seed(0)
+    m, x = Block().eval(), torch.randn(2, 4, 16)
+    with caplog.at_level(logging.WARNING, logger="stitchtune.deploy.torch_backend"), torch.no_grad():
+        got = _compile(m, cpu="reference")(x)
+        want = m(x)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert any("inductor is down" in r.getMessage() and "eagerly" in r.getMessage() for r in caplog.records)

@@ -1,5 +1,7 @@
 """Small BERT, Llama and ViT blocks (transformers configs, random weights, nothing downloaded) under
-torch.compile(backend="stitchtune") on the CPU: outputs match eager, regions are stitched (emulated)."""
+torch.compile(backend="stitchtune") on the CPU: outputs match eager, regions are stitched (emulated).
+Most of each test's time is dynamo tracing the transformers model (BERT ~7 s, Llama ~5 s, ViT ~2 s on
+the shared 2-core machine); Inductor for the rest is covered by tests/deploy/test_torch_backend.py."""
 
 from __future__ import annotations
 
@@ -41,7 +43,8 @@ def _reset() -> Any:
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", [pytest.param("bert", marks=pytest.mark.slow),
+                                  pytest.param("llama", marks=pytest.mark.slow), "vit"])
 def test_model_matches_eager_with_stitched_regions(name: str) -> None:
     torch.manual_seed(0)
     model, args = MODELS[name]()
@@ -53,16 +56,4 @@ def test_model_matches_eager_with_stitched_regions(name: str) -> None:
     assert all(s.source == "heuristic" for s in e.stitched)
     got = e.outputs.last_hidden_state   # what the compiled model returned
     assert got.shape == want.shape
-    assert (got - want).abs().max().item() < 1e-4
-
-
-@pytest.mark.slow
-def test_llama_with_inductor_for_the_rest() -> None:
-    torch.manual_seed(0)
-    model, args = _llama()
-    model.eval()
-    compiled = torch.compile(model, backend=torch_backend.stitchtune_backend, options={"db": None})
-    with torch.no_grad():
-        want = model(*args).last_hidden_state
-        got = compiled(*args).last_hidden_state
     assert (got - want).abs().max().item() < 1e-4

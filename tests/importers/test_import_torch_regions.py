@@ -103,3 +103,13 @@ def test_a_refusal_naming_a_node_declines_that_node_and_keeps_the_rest() -> None
     assert split.regions, split.declined
     assert any(d.what.startswith("op aten.sum") and "other axes" in d.reason for d in split.declined)
     assert not any(d.what.startswith("region ") for d in split.declined)
+
+
+def test_outputs_may_differ_from_pytorch_in_leading_ones_only() -> None:
+    gm = _aten(lambda x: (x.exp() * 2.0).view(1, 4, 8), torch.randn(4, 8))
+    [r] = find_regions(gm).regions
+    assert r.output_shapes == ((1, 4, 8),)
+    assert r.graph.spec(r.graph.outputs[0]).shape == (4, 8)
+    gm = _aten(lambda x: (x.exp() * 2.0).view(8, 4), torch.randn(4, 8))   # moves rows: not the same tensor
+    [r] = find_regions(gm).regions
+    assert r.output_shapes == ((4, 8),) and "aten.view" not in r.ops

@@ -1,5 +1,5 @@
-"""scripts/model_coverage.py on a small BERT (transformers config, legacy ONNX exporter): the table's
-invariants, not today's counts."""
+"""scripts/model_coverage.py on a small BERT (transformers config, legacy ONNX exporter) and a small
+ConvNeXt (torch.export): the table's invariants, not today's counts."""
 
 from __future__ import annotations
 
@@ -42,6 +42,19 @@ def test_bert_legacy_row_invariants() -> None:
     lines = mc.table_lines([row])
     assert any(line.startswith("bert") for line in lines) and lines[-1].startswith("total")
     json.dumps(row)   # machine-readable as is
+
+
+def test_torch_export_row_invariants() -> None:
+    """The torch.export path (fx graph cut by the ONNX partitioner, groups imported by import_torch)
+    on a small ConvNeXt: regions found and imported whole, every planned graph emulated correctly."""
+    mc = _script()
+    row = mc.cover("convnext", "export", seed=0)
+    assert row["status"] == "ran", row
+    assert 0 < row["planned"] <= row["whole"] <= row["regions"] and row["correct"] == row["planned"]
+    assert row["whole"] + row["cut"] + row["dropped"] + row["skipped"] == row["regions"]
+    assert not row["wrong"], row["wrong"]
+    assert all(r["stopped_by"] for r in row["cut_regions"])
+    assert row["compute_ops"].get("Conv", 0) > 0
 
 
 def test_bad_options_exit_2(capsys) -> None:

@@ -32,7 +32,7 @@ from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import TensorClass, make_plan
 from stitchtune.graph.reference import random_inputs, run_reference
-from stitchtune.gpu.render import render, render_kernel
+from stitchtune.gpu.render import preamble, render, render_kernel
 from stitchtune.space import Schedule, SearchSpace
 
 from helpers import rel_err, setup
@@ -103,7 +103,7 @@ def test_coverage_of_schemes_and_mappings() -> None:
             coverage[(plan.family, kind, s.schemes, s.reuse)] += 1
     print(f"\ncovered {len(coverage)} distinct (family, mapping, schemes, reuse) combinations; "
           f"mapping kinds: {sorted(kinds)}; schemes: {sorted(schemes)}")
-    assert schemes == {"local", "regional", "global", "independent"}
+    assert schemes == {"local", "regional", "global", "independent", "cluster"}
     assert options == {("order", "forward"), ("order", "alternate"), ("prefetch", 0), ("prefetch", 1),
                        ("combine", "thread"), ("combine", "warp")}
     assert kinds >= {"sub-warp (packed rows)", "warp per row", "block per row", "multi-warp rows (packed)",
@@ -116,7 +116,7 @@ def _nvcc() -> str | None:
 
 def _batch_source(programs: list[kir.Program]) -> tuple[str, list[str]]:
     """One translation unit for many programs: kernels renamed ``p<i>_<name>``."""
-    src = render(kir.Program((), (), (), kir.ProgramProfile((), 0)))
+    src = preamble([k for prog in programs for k in prog.kernels])
     names = []
     for i, prog in enumerate(programs):
         for k in prog.kernels:

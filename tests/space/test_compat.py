@@ -21,18 +21,23 @@ import pytest
 
 from helpers import DEV, REPO, setup
 from stitchtune.cost.heuristic import heuristic_schedule
-from stitchtune.space import Schedule, load_space_file
+from stitchtune.space import Schedule, SearchSpace, load_space_file
+from stitchtune.space.options import RECORDED_OPTIONS
 
 KERNEL_HASHES = REPO / "tests" / "lower" / "golden" / "kernel_hashes.json"
 SUGGEST_GOLDEN = Path(__file__).resolve().parent / "golden" / "suggest_params.json"
 SUGGEST_ADDED = (Path(__file__).resolve().parent / "golden" / "suggest_params_index_maps.json",
                  Path(__file__).resolve().parent / "golden" / "suggest_params_masks.json",
-                 Path(__file__).resolve().parent / "golden" / "suggest_params_single_pass.json",
-                 Path(__file__).resolve().parent / "golden" / "suggest_params_maps.json")
+                 Path(__file__).resolve().parent / "golden" / "suggest_params_single_pass.json")
 KERNEL_HASHES_ADDED = (REPO / "tests" / "lower" / "golden" / "kernel_hashes_index_maps.json",
                        REPO / "tests" / "lower" / "golden" / "kernel_hashes_masks.json",
-                       REPO / "tests" / "lower" / "golden" / "kernel_hashes_single_pass.json",
-                       REPO / "tests" / "lower" / "golden" / "kernel_hashes_maps.json")
+                       REPO / "tests" / "lower" / "golden" / "kernel_hashes_single_pass.json")
+# recorded with today's option table (the files above: with RECORDED_OPTIONS, the table they were
+# recorded with, before the cluster scheme; see tests/lower/test_kernel_hashes.py)
+KERNEL_HASHES_FULL = (REPO / "tests" / "lower" / "golden" / "kernel_hashes_cluster.json",
+                      REPO / "tests" / "lower" / "golden" / "kernel_hashes_maps.json")
+SUGGEST_FULL = (Path(__file__).resolve().parent / "golden" / "suggest_params_cluster.json",
+                Path(__file__).resolve().parent / "golden" / "suggest_params_maps.json")
 
 
 def _recorded(paths) -> dict:
@@ -46,12 +51,20 @@ def _recorded(paths) -> dict:
 
 
 RECORDED = _recorded((KERNEL_HASHES, *KERNEL_HASHES_ADDED))
+RECORDED_FULL = _recorded(KERNEL_HASHES_FULL)
 
 
-@pytest.mark.parametrize("name", sorted(RECORDED))
-def test_seeded_samples_are_the_recorded_schedules(name: str) -> None:
+def _space(name: str, full: bool):
+    """(plan, space) of example ``name`` on the H200 with today's table or the recorded one."""
     _, plan, space = setup(name)
-    for row in RECORDED[name]:
+    return plan, space if full else SearchSpace.for_plan(plan, DEV, table=RECORDED_OPTIONS)
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED) + sorted(RECORDED_FULL))
+def test_seeded_samples_are_the_recorded_schedules(name: str) -> None:
+    full = name in RECORDED_FULL
+    plan, space = _space(name, full)
+    for row in (RECORDED_FULL if full else RECORDED)[name]:
         s = heuristic_schedule(plan, DEV, space) if row["seed"] < 0 else space.sample(random.Random(row["seed"]))
         assert s.to_json() == row["schedule"], (name, row["seed"])
 
@@ -64,9 +77,12 @@ def _suggest_script():
 
 
 def test_suggest_asks_the_recorded_parameters() -> None:
-    want = _recorded((SUGGEST_GOLDEN, *SUGGEST_ADDED))
+    want = _recorded((SUGGEST_GOLDEN, *SUGGEST_ADDED, *SUGGEST_FULL))
     trials = len(next(iter(want.values()))["define"]["trials"])
-    got = _suggest_script().fingerprints(trials)
+    full = set(_recorded(SUGGEST_FULL))
+    got = _suggest_script().fingerprints(trials, table="recorded", only=set(want) - full)
+    got.update(_suggest_script().fingerprints(trials, table="full", only=full))
+    assert {p.name for p in (REPO / "examples").glob("*.json")} == set(want), "record new examples"
     assert sorted(got) == sorted(want), "the set of examples changed: record the new ones in a golden file"
     diffs = []
     for name, modes in want.items():
@@ -112,7 +128,7 @@ def test_keys_are_those_of_the_old_code(d: dict, key: str) -> None:
 def test_flat_columns_are_the_database_columns() -> None:
     s = Schedule.from_dict({**KEYS[2][0]})
     assert list(s.flat()) == ["tpr", "block", "split", "vec", "tasks_per_block", "min_blocks", "order", "prefetch",
-                              "combine", "single_pass", "scheme_0", "scheme_1", "reuse_0", "reuse_1"]
+                              "combine", "single_pass", "cluster", "scheme_0", "scheme_1", "reuse_0", "reuse_1"]
     assert s.flat()["prefetch"] == 0 and s.flat()["combine"] == "warp"
 
 

@@ -87,8 +87,11 @@ def test_option_applies_only_where_its_rule_holds(opt: Option) -> None:
             t = study.ask()
             s = space.suggest(t)
             point = space._point(s)
-            assert (opt.name in t.params) == (opt.applies(point) and opt.drawn), (name, s)
-            applied += opt.name in t.params
+            forced = opt.fixed(point) if opt.applies(point) else None
+            assert (opt.name in t.params) == (opt.applies(point) and opt.drawn and forced is None), (name, s)
+            if forced is not None:  # a forced value is no parameter (cluster: the split)
+                assert s.option(opt) == forced
+            applied += opt.name in t.params or forced is not None
             study.tell(t, 1.0)
             if not opt.drawn and opt.applies(point):  # asked by a trial that fixes it (an enqueued point)
                 other = _with(s, **{opt.name: next(v for v in space.domains[opt.name] if v != opt.default)})
@@ -139,6 +142,10 @@ def test_variants_flip_the_option(opt: Option) -> None:
                 changed = {n for n in OPTIONS.names if v.option(n) != s.option(n)}
                 assert len(changed) >= 1 and (v.to_dict() | {n: 0 for n in changed}) == (
                     s.to_dict() | {n: 0 for n in changed}) and not space.violations(v)
+            if not opt.vary:  # never varied (cluster: its value is tied to the split)
+                assert all(v.option(opt) == s.option(opt) for v in vs)
+                flipped += 1
+                continue
             for other in space.domains[opt.name]:
                 if other == s.option(opt):
                     continue
@@ -271,8 +278,8 @@ def test_an_option_needs_a_domain_holding_its_default() -> None:
 
 
 def test_options_table_is_in_decision_order() -> None:
-    assert OPTIONS.names == ("order", "prefetch", "combine", "single_pass")
-    assert isinstance(OPTIONS, OptionTable) and len(OPTIONS) == 4 and "order" in OPTIONS and "tpr" not in OPTIONS
+    assert OPTIONS.names == ("order", "prefetch", "combine", "single_pass", "cluster")
+    assert isinstance(OPTIONS, OptionTable) and len(OPTIONS) == 5 and "order" in OPTIONS and "tpr" not in OPTIONS
 
 
 def test_schedule_value_semantics_with_options() -> None:

@@ -1,0 +1,256 @@
+"""ONNX importer: the mask chain (comparisons, logical ops, Where, Clip, Expand/Reshape views, bool
+Casts) maps onto graph.json ops, stays inside the region that reads it, and never leaves a region as
+a bool or a broadcast value."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from helpers import check_onnx_numerics
+
+from stitchtune.graph.ops import OPS
+from stitchtune.importers.onnx_import import import_onnx
+
+B, H, S = 2, 3, 8
+
+
+def _vi(name, shape, elem=TP.FLOAT):
+    return h.make_tensor_value_info(name, elem, shape)
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    m = h.make_model(h.make_graph(nodes, "g", inputs, outputs, list(inits)), opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(m)
+    return m
+
+
+def _mask_nodes(scores: str, out: str, tag: str) -> list:
+    """scores * 0.25 + where(not(unsqueeze(mask)), -1e9, 0), softmax: as BERT builds it."""
+    return [h.make_node("Mul", [scores, "scale"], [f"{tag}_sc"]),
+            h.make_node("Add", [f"{tag}_sc", "bias"], [f"{tag}_z"]),
+            h.make_node("Softmax", [f"{tag}_z"], [out], axis=-1)]
+
+
+def _mask_chain() -> tuple[list, list]:
+    inits = [nh.from_array(np.array([B, 1, 1, S], np.int64), "m4s"), nh.from_array(np.array(0.25, np.float32), "scale"),
+             nh.from_array(np.array(-1e9, np.float32), "neg"), nh.from_array(np.array(0.0, np.float32), "zero"),
+             nh.from_array(np.array([B, 1, S, S], np.int64), "full")]
+    nodes = [h.make_node("Reshape", ["mask", "m4s"], ["m4"]),            # [B,1,1,S]: the same tensor
+             h.make_node("Cast", ["m4"], ["mb"], to=TP.BOOL),              # bool -> bool: a no-op
+             h.make_node("Not", ["mb"], ["pad"]),
+             h.make_node("Expand", ["pad", "full"], ["pade"]),             # [B,1,S,S]: a broadcast view
+             h.make_node("Where", ["pade", "neg", "zero"], ["bias"])]
+    return nodes, inits
+
+
+def _feeds(rng, two: bool = False):
+    mask = rng.random((B, 1, 1, S)) > 0.3
+    mask[..., 0] = True
+    f = {"mask": mask, "scores": rng.standard_normal((B, H, S, S)).astype(np.float32)}
+    if two:
+        f["w"] = rng.standard_normal((S, S)).astype(np.float32)
+    return f
+
+
+def test_mask_chain_is_inside_the_softmax_region():
+    chain, inits = _mask_chain()
+    m = _model([*chain, *_mask_nodes("scores", "y", "a")], [_vi("mask", [B, 1, 1, S], TP.BOOL), _vi("scores", [B, H, S, S])],
+               [_vi("y", [B, H, S, S])], inits)
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1 and not res.boundaries, res.boundaries
+    assert [r.status for r in res.regions] == ["whole"]
+    g = res.subgraphs[0].graph
+    ops = [n.op for n in g.nodes]
+    assert {"logical_not", "where"} <= set(ops) and "cast" not in ops
+    assert dict(g.inputs)["mask"].dtype == "bool" and dict(g.inputs)["mask"].shape == (B, 1, 1, S)
+    assert all(g.spec(o).dtype != "bool" for o in g.outputs)
+    assert check_onnx_numerics(res, m, _feeds(np.random.default_rng(0))) == 1
+
+
+def test_one_mask_chain_feeding_two_layers_is_recomputed_in_each():
+    """The mask is read by two softmaxes with a MatMul between them: each region computes it
+    itself (no bool tensor, no mask tensor handed between graphs), and both are whole."""
+    chain, inits = _mask_chain()
+    nodes = [*chain, *_mask_nodes("scores", "p0", "a"),
+             h.make_node("MatMul", ["p0", "w"], ["s1"]), *_mask_nodes("s1", "y", "b")]
+    m = _model(nodes, [_vi("mask", [B, 1, 1, S], TP.BOOL), _vi("scores", [B, H, S, S]), _vi("w", [S, S])],
+               [_vi("y", [B, H, S, S])], inits)
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 2
+    assert sorted(r.status for r in res.regions) == ["whole", "whole"], res.regions
+    for sg in res.subgraphs:
+        assert "where" in {n.op for n in sg.graph.nodes}
+        assert all(sg.graph.spec(o).dtype != "bool" for o in sg.graph.outputs)
+        assert "mask" in dict(sg.graph.inputs)
+    assert check_onnx_numerics(res, m, _feeds(np.random.default_rng(1), two=True)) == 2
+
+
+def test_comparisons_and_logical_ops_map_and_a_bool_output_is_cut_before():
+    """Less/GreaterOrEqual/Equal/And/Or -> lt/ge/eq/logical_*: a bool model output (or a bool read
+    by a boundary) is never a graph output: its producers are left out."""
+    nodes = [h.make_node("Less", ["x", "zero"], ["lt"]),
+             h.make_node("GreaterOrEqual", ["x", "y"], ["ge"]),
+             h.make_node("Equal", ["lt", "ge"], ["eq"]),
+             h.make_node("Or", ["eq", "ge"], ["o"]),
+             h.make_node("And", ["o", "lt"], ["a"]),
+             h.make_node("Where", ["a", "x", "y"], ["w"]),
+             h.make_node("Exp", ["w"], ["out"])]
+    m = _model(nodes, [_vi("x", [4, 8]), _vi("y", [4, 8])], [_vi("out", [4, 8])],
+               [nh.from_array(np.array(0.0, np.float32), "zero")])
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1 and [r.status for r in res.regions] == ["whole"]
+    ops = {n.op for n in res.subgraphs[0].graph.nodes}
+    assert {"lt", "ge", "eq", "logical_or", "logical_and", "where", "exp"} <= ops
+    rng = np.random.default_rng(2)
+    feeds = {"x": rng.standard_normal((4, 8)).astype(np.float32), "y": rng.standard_normal((4, 8)).astype(np.float32)}
+    assert check_onnx_numerics(res, m, feeds) == 1
+
+    m2 = _model(nodes[:2], [_vi("x", [4, 8]), _vi("y", [4, 8])], [_vi("lt", [4, 8], TP.BOOL), _vi("ge", [4, 8], TP.BOOL)],
+                [nh.from_array(np.array(0.0, np.float32), "zero")])
+    res2 = import_onnx(m2)
+    assert not res2.subgraphs
+    assert all("bool" in b for b in res2.boundaries) and len(res2.boundaries) == 2
+
+
+def test_clip_maps_to_clamp_with_tensor_bounds_and_infinite_missing_ones():
+    nodes = [h.make_node("Clip", ["x", "lo", ""], ["c"]), h.make_node("Clip", ["c", "", "hi"], ["y"])]
+    m = _model(nodes, [_vi("x", [4, 8]), _vi("lo", [4, 1]), _vi("hi", [8])], [_vi("y", [4, 8])])
+    res = import_onnx(m)
+    g = res.subgraphs[0].graph
+    assert [n.op for n in g.nodes] == ["clamp", "clamp"]
+    assert float("inf") in g.nodes[0].args and float("-inf") in g.nodes[1].args
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((4, 8)).astype(np.float32), "lo": rng.standard_normal((4, 1)).astype(np.float32),
+             "hi": rng.standard_normal(8).astype(np.float32)}
+    assert check_onnx_numerics(res, m, feeds) == 1
+
+
+def test_a_broadcast_view_that_a_reduction_needs_whole_is_left_to_the_framework():
+    """Expand(x[1,8] -> [4,8]) read by ReduceSum over axis 0: graph.json cannot materialise it, so
+    the Expand is cut out (named), and the reduction reads the expanded tensor."""
+    nodes = [h.make_node("Expand", ["x", "shape"], ["xe"]), h.make_node("Exp", ["xe"], ["e"]),
+             h.make_node("ReduceSum", ["e", "axes"], ["y"], keepdims=1)]
+    m = _model(nodes, [_vi("x", [1, 8])], [_vi("y", [1, 8])],
+               [nh.from_array(np.array([4, 8], np.int64), "shape"), nh.from_array(np.array([0], np.int64), "axes")])
+    res = import_onnx(m)
+    assert [b.split(":")[1] for b in res.boundaries] == ["Expand"] and "materialised" in res.boundaries[0]
+    assert len(res.subgraphs) == 1 and dict(res.subgraphs[0].graph.inputs)["xe"].shape == (4, 8)
+    assert check_onnx_numerics(res, m, {"x": np.random.default_rng(4).standard_normal((1, 8)).astype(np.float32)}) == 1
+
+
+def _needs(*ops: str) -> None:
+    missing = [o for o in ops if o not in OPS]
+    if missing:
+        pytest.skip(f"graph.json has no {', '.join(missing)} op yet")
+
+
+def _rand(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def test_transpose_and_reshape_map_once_graph_json_has_them():
+    _needs("transpose", "reshape")
+    nodes = [h.make_node("Exp", ["x"], ["e"]), h.make_node("Transpose", ["e"], ["t"], perm=[1, 0]),
+             h.make_node("Reshape", ["t", "s"], ["r"]), h.make_node("ReduceSum", ["r", "ax"], ["y"], keepdims=1)]
+    m = _model(nodes, [_vi("x", [4, 8])], [_vi("y", [2, 1])],
+               [nh.from_array(np.array([2, 16], np.int64), "s"), nh.from_array(np.array([-1], np.int64), "ax")])
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1 and not res.boundaries, res.boundaries
+    ops = [n.op for n in res.subgraphs[0].graph.nodes]
+    assert "transpose" in ops and "reshape" in ops
+    assert check_onnx_numerics(res, m, {"x": _rand((4, 8), 7)}) == 1
+
+
+def test_rotate_half_maps_to_slice_and_concat_once_graph_json_has_them():
+    """Llama's rotary: x * cos + concat(-x[..., D/2:], x[..., :D/2]) * sin, in one graph."""
+    _needs("slice", "concat")
+    c = lambda v, n: nh.from_array(np.array(v, np.int64), n)  # noqa: E731
+    nodes = [h.make_node("Slice", ["x", "h", "end", "ax"], ["x2"]), h.make_node("Slice", ["x", "z", "h", "ax"], ["x1"]),
+             h.make_node("Neg", ["x2"], ["nx2"]), h.make_node("Concat", ["nx2", "x1"], ["rot"], axis=-1),
+             h.make_node("Mul", ["x", "cos"], ["a"]), h.make_node("Mul", ["rot", "sin"], ["b"]),
+             h.make_node("Add", ["a", "b"], ["y"])]
+    m = _model(nodes, [_vi("x", [B, H, S, 16]), _vi("cos", [S, 16]), _vi("sin", [S, 16])], [_vi("y", [B, H, S, 16])],
+               [c([8], "h"), c([0], "z"), c([1 << 62], "end"), c([-1], "ax")])
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1 and not res.boundaries, res.boundaries
+    assert {"slice", "concat"} <= {n.op for n in res.subgraphs[0].graph.nodes}
+    feeds = {"x": _rand((B, H, S, 16), 8), "cos": _rand((S, 16), 9), "sin": _rand((S, 16), 10)}
+    assert check_onnx_numerics(res, m, feeds) == 1
+
+
+def test_embedding_gather_add_layernorm_is_one_graph_once_graph_json_has_gather():
+    _needs("gather")
+    nodes = [h.make_node("Gather", ["table", "ids"], ["e"], axis=0), h.make_node("Add", ["e", "pos"], ["a"]),
+             h.make_node("LayerNormalization", ["a", "g", "bb"], ["y"], axis=-1)]
+    inits = [nh.from_array(_rand((50, 16), 11), "table"), nh.from_array(_rand((S, 16), 12), "pos"),
+             nh.from_array(np.ones(16, np.float32), "g"), nh.from_array(np.zeros(16, np.float32), "bb")]
+    m = _model(nodes, [_vi("ids", [B, S], TP.INT64)], [_vi("y", [B, S, 16])], inits)
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1 and [r.status for r in res.regions] == ["whole"], res.boundaries
+    assert "gather" in {n.op for n in res.subgraphs[0].graph.nodes}
+    ids = np.random.default_rng(13).integers(0, 50, (B, S)).astype(np.int64)
+    assert check_onnx_numerics(res, m, {"ids": ids}) == 1
+
+
+def test_legacy_bert_mask_chain_through_rank5_gather_is_a_view():
+    """The legacy exporter's padding mask: Flatten -> Gather(constant indices, a rank-5 result) ->
+    Reshape -> Reshape -> And(causal table) -> Expand -> Where: all views and mask ops, in the
+    softmax's graph; the mask is read as the [1, S] bool input it is."""
+    inits = [nh.from_array(np.arange(S, dtype=np.int64).reshape(1, 1, 1, S), "idx"),
+             nh.from_array(np.array([-1], np.int64), "flat"), nh.from_array(np.array([1, 1, 1, S], np.int64), "m4s"),
+             nh.from_array(np.tril(np.ones((S, S), bool))[None, None], "causal"),
+             nh.from_array(np.array([1, 1, S, S], np.int64), "full"),
+             nh.from_array(np.array(0.0, np.float32), "zero"), nh.from_array(np.array(-3.4e38, np.float32), "neg")]
+    nodes = [h.make_node("Flatten", ["mask"], ["f"], axis=2),
+             h.make_node("Gather", ["f", "idx"], ["g5"], axis=0),
+             h.make_node("Reshape", ["g5", "flat"], ["r1"]),
+             h.make_node("Reshape", ["r1", "m4s"], ["r4"]),
+             h.make_node("And", ["causal", "r4"], ["a"]),
+             h.make_node("Expand", ["a", "full"], ["ae"]),
+             h.make_node("Where", ["ae", "zero", "neg"], ["bias"]),
+             h.make_node("Add", ["scores", "bias"], ["z"]),
+             h.make_node("Softmax", ["z"], ["y"], axis=-1)]
+    m = _model(nodes, [_vi("mask", [1, S], TP.BOOL), _vi("scores", [1, H, S, S])], [_vi("y", [1, H, S, S])], inits)
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1 and not res.boundaries, res.boundaries
+    g = res.subgraphs[0].graph
+    assert dict(g.inputs)["mask"].shape == (1, S) and {"logical_and", "where"} <= {n.op for n in g.nodes}
+    rng = np.random.default_rng(5)
+    feeds = {"mask": rng.random((1, S)) > 0.3, "scores": rng.standard_normal((1, H, S, S)).astype(np.float32)}
+    feeds["mask"][0, 0] = True
+    assert check_onnx_numerics(res, m, feeds) == 1
+
+
+def test_reshapes_into_and_out_of_a_region_cost_nothing():
+    """GPT-2's Conv1D: Gemm [2S, 4D] -> Reshape [2, S, 4D] -> gelu -> Reshape [2S, 4D] -> Gemm: one
+    graph on [2S, 4D] (the reshaped frame), its output the second Reshape's tensor (the same
+    elements). Mixed with an operand of the model's shape, the frame is not taken: the Reshape is
+    left to the framework and named."""
+    inits = [nh.from_array(np.array([2, S, 16], np.int64), "s3"), nh.from_array(np.array([2 * S, 16], np.int64), "s2"),
+             nh.from_array(np.eye(16, dtype=np.float32), "W"), nh.from_array(_rand((S, 16), 14), "bias")]
+    nodes = [h.make_node("Gemm", ["x", "W"], ["a"]),
+             h.make_node("Reshape", ["a", "s3"], ["a3"]),
+             h.make_node("Tanh", ["a3"], ["t"]),
+             h.make_node("Mul", ["t", "a3"], ["u"]),
+             h.make_node("Reshape", ["u", "s2"], ["u2"]),
+             h.make_node("Gemm", ["u2", "W"], ["y"])]
+    m = _model(nodes, [_vi("x", [2 * S, 16])], [_vi("y", [2 * S, 16])], inits[:3])
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1 and [r.status for r in res.regions] == ["whole"], res.regions
+    sg = res.subgraphs[0]
+    assert dict(sg.graph.inputs)["a"].shape == (2 * S, 16) and sg.graph.spec(sg.graph.outputs[0]).shape == (2 * S, 16)
+    assert dict(sg.tensor_names)[sg.graph.outputs[0]] == "u2"
+    feeds = {"x": _rand((2 * S, 16), 6)}
+    assert check_onnx_numerics(res, m, feeds) == 1
+
+    nodes[3] = h.make_node("Add", ["t", "bias"], ["u"])
+    m2 = _model(nodes, [_vi("x", [2 * S, 16])], [_vi("y", [2 * S, 16])], inits)
+    res2 = import_onnx(m2)
+    assert any(b.startswith("1:Reshape:") and "reshape" in b for b in res2.boundaries), res2.boundaries
+    assert check_onnx_numerics(res2, m2, feeds) == len(res2.subgraphs) == 1
