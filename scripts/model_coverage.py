@@ -338,7 +338,7 @@ def _tally(row: dict[str, Any], result: Any, seed: int, device_name: str, t0: fl
     whole = [r for r in result.regions if r.status == "whole"]
     cut = [r for r in result.regions if r.status == "cut"]
     whole_checks = [checks[n][1] for r in whole for n in r.subgraphs if n in checks]
-    piece_checks = [checks[n][1] for r in cut for n in r.subgraphs if n in checks]
+    piece_checks = [checks[n][1] for n in dict.fromkeys(n for r in cut for n in r.subgraphs) if n in checks]
     cut_ops = [b.split(":")[1] for r in cut for b in r.stopped_by]
     row.update(
         status="ran",

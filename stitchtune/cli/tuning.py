@@ -245,6 +245,8 @@ def _add_tune(sub: Any) -> None:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
                    help="trials per batch = parallel compiles (default: CPU count)")
     p.add_argument("--no-build", action="store_true", help="emulate backend: do not compile with nvcc")
+    p.add_argument("--train", action="store_true",
+                   help="tune the regions of a training step (forward and backward graphs; module in train mode)")
     p.set_defaults(func=_cmd_tune)
 
 
@@ -302,10 +304,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise StitchtuneError(f"--trials must be >= 1 (got {args.trials})")
     shapes = parse_shapes(args.shapes)
     fn, _label = load_callable(args.callable)
+    if args.train and hasattr(fn, "train"):
+        fn.train()
     inputs = _tune_inputs(fn, shapes, args.dtype)
     backend, why = resolve_backend(args.backend)
     print(why, file=sys.stderr, flush=True)
     tune_model(fn, inputs, trials=args.trials, db=args.db, backend=backend, device=args.device,
-               build=not args.no_build, jobs=args.jobs, say=lambda s: print(s, flush=True))
+               build=not args.no_build, jobs=args.jobs, train=args.train, say=lambda s: print(s, flush=True))
     print(f"database: {args.db} (torch.compile(model, backend='stitchtune', options={{'db': {args.db!r}}}) reads it)")
     return 0

@@ -26,7 +26,8 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    scheme): a row reduction whose row, held by one 1024-thread block, needs more registers per thread
    (the lowering's estimate for the register-cached row pieces of every reuse candidate) than the
    target occupancy leaves (``TARGET_OCCUPANCY`` of the SM's threads resident: 64 registers per thread
-   on sm_90) is split over a cluster of 512-thread blocks: the smallest power of two (up to the
+   on sm_90) and that does not fit one block's shared memory either (float32, the opt-in limit: rule 4
+   would keep it there) is split over a cluster of 512-thread blocks: the smallest power of two (up to the
    portable size) that brings a cached tensor to <= 64 floats per thread, else the largest; every
    stage ``cluster``; then the reuse levels of rule 4, demoted until a block of the estimated
    registers fits on an SM.
@@ -145,6 +146,8 @@ def _cluster_row(space: SearchSpace, plan: StitchPlan, dev, block: int = 512) ->
         return None
     vec = _vec(space, plan.N)
     if 1024 not in space.domains["block"] or _row_registers(plan, 1024, vec) <= _register_budget(dev):
+        return None
+    if 4 * plan.N <= dev.smem_per_block_optin:  # one block's shared memory holds the row (rule 4 keeps it there)
         return None
     sizes = [c for c in space.domains["split"] if 2 <= c <= min(space.max_cluster, math.ceil(plan.N / (block * vec)))]
     if not sizes:

@@ -198,18 +198,13 @@ class CompiledGraph:
     def emulate(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
         """Run the program in the CPU emulator; ``{output: array}`` shaped and typed like the graph."""
         from stitchtune.emulate.emulator import emulate_program
-        from stitchtune.hardware.occupancy import max_resident_blocks
         from stitchtune.graph.reference import check_inputs
+        from stitchtune.gpu.runners import emulator_limits
 
         check_inputs(self.graph, arrays)
         regs = {k["kernel"]: k.get("registers") for k in self.manifest["kernels"]}
-        est = {k.name: k.est_registers for k in self.program.profile.kernels}
-
-        def limit(kernel: Any) -> int:
-            r = regs.get(kernel.name) or est.get(kernel.name) or 32
-            return max_resident_blocks(self.device, kernel.block, int(r), int(kernel.smem_bytes))
-
-        flat = emulate_program(self.program, dict(arrays), coresident_limit=limit)
+        limit, climit = emulator_limits(self.device, self.program, regs)
+        flat = emulate_program(self.program, dict(arrays), coresident_limit=limit, cluster_limit=climit)
         return {o: flat[o].reshape(self.graph.spec(o).shape) for o in self.graph.outputs}
 
     def __call__(self, **arrays: Any) -> dict[str, np.ndarray]:

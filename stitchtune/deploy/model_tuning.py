@@ -4,7 +4,8 @@
 Contract
 --------
 * :func:`model_workloads(model, example_inputs, device)` captures ``model`` as the backend does
-  (``torch.compile`` + AOTAutograd with the backend's decompositions, one call under ``no_grad``),
+  (``torch.compile`` + AOTAutograd with the backend's decompositions, one call under ``no_grad``;
+  with ``train``, one forward and backward step, so the backward graph's regions are tuned too),
   finds the regions of every graph (:func:`~stitchtune.importers.torch_regions.find_regions`, the
   planner as the judge), and de-duplicates equal workloads (same ``Graph.workload_key()``: e.g. the
   same layer norm in every layer). Each :class:`Workload` has its region count and the cost model's
@@ -69,9 +70,10 @@ def predicted_us(graph: Any, device: Any) -> float:
     return float(predict(program.profile, device).time_us)
 
 
-def capture_regions(model: Any, example_inputs: Sequence[Any]) -> list[Any]:
+def capture_regions(model: Any, example_inputs: Sequence[Any], train: bool = False) -> list[Any]:
     """Every :class:`~stitchtune.importers.torch_regions.TorchRegion` the backend would find in
-    ``model`` at ``example_inputs`` (inference graphs), in graph order."""
+    ``model`` at ``example_inputs``, in graph order: the inference graphs, or with ``train`` the
+    forward and backward graphs of one step (the float outputs' sum is differentiated)."""
     import torch
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
@@ -87,19 +89,41 @@ def capture_regions(model: Any, example_inputs: Sequence[Any]) -> list[Any]:
 
     torch._dynamo.reset()
     try:
-        compiled = torch.compile(model, backend=aot_autograd(fw_compiler=collect, inference_compiler=collect,
+        compiled = torch.compile(model, backend=aot_autograd(fw_compiler=collect, bw_compiler=collect,
+                                                             inference_compiler=collect,
                                                              decompositions=_decompositions()))
-        with torch.no_grad():
-            compiled(*example_inputs)
+        if train:
+            out = compiled(*example_inputs)
+            leaves = [t for t in _tensors(out) if t.requires_grad]
+            if leaves:
+                sum(t.float().sum() for t in leaves).backward()
+        else:
+            with torch.no_grad():
+                compiled(*example_inputs)
     finally:
         torch._dynamo.reset()
     return found
 
 
-def model_workloads(model: Any, example_inputs: Sequence[Any], device: Any) -> list[Workload]:
+def _tensors(out: Any) -> list[Any]:
+    """The tensors in a model's output (tensor, tuple/list/dict, or an object with tensor fields)."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in _tensors(v)]
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in _tensors(v)]
+    if hasattr(out, "to_tuple"):
+        return _tensors(out.to_tuple())
+    return []
+
+
+def model_workloads(model: Any, example_inputs: Sequence[Any], device: Any, train: bool = False) -> list[Workload]:
     """The de-duplicated workloads of ``model``, largest predicted share first (see module docstring)."""
     groups: dict[str, list[Any]] = {}
-    for r in capture_regions(model, example_inputs):
+    for r in capture_regions(model, example_inputs, train):
         groups.setdefault(r.graph.workload_key(), []).append(r)
     out = []
     for regions in groups.values():
@@ -144,7 +168,7 @@ def _time(row: Any) -> float | None:
 
 
 def tune_model(model: Any, example_inputs: Sequence[Any], *, trials: int, db: str, backend: str,
-               device: str | None = None, build: bool = True, jobs: int = 1,
+               device: str | None = None, build: bool = True, jobs: int = 1, train: bool = False,
                say: Callable[[str], None] = lambda s: None) -> list[TunedWorkload]:
     """Search every workload of ``model`` into ``db`` with ``trials`` in total (see module docstring)."""
     from stitchtune.hardware.device import get_device
@@ -157,7 +181,7 @@ def tune_model(model: Any, example_inputs: Sequence[Any], *, trials: int, db: st
         dev = default_device()
     else:
         dev = get_device(device)
-    workloads = model_workloads(model, example_inputs, dev)
+    workloads = model_workloads(model, example_inputs, dev, train)
     budget = split_budget(workloads, trials)
     n_regions = sum(w.count for w in workloads)
     say(f"{n_regions} stitchable region(s), {len(workloads)} distinct workload(s) on {dev.key}; "
@@ -165,7 +189,9 @@ def tune_model(model: Any, example_inputs: Sequence[Any], *, trials: int, db: st
     done: list[TunedWorkload] = []
     with tempfile.TemporaryDirectory(prefix="stitchtune-tune-") as folder:
         for i, (w, n) in enumerate(zip(workloads, budget), 1):
-            head = (f"[{i}/{len(workloads)}] {w.graph.name} x{w.count} ({', '.join(o.removeprefix('aten.') for o in w.ops)})"
+            ops = [o.removeprefix("aten.") for o in w.ops]
+            ops_text = ", ".join(ops[:6]) + (f", ... ({len(ops)} ops)" if len(ops) > 6 else "")
+            head = (f"[{i}/{len(workloads)}] {w.graph.name} x{w.count} ({ops_text})"
                     f": predicted {w.predicted_us:.2f} us, share {100 * w.share:.1f}%")
             if n == 0:
                 done.append(TunedWorkload(w, 0, w.predicted_us, w.predicted_us, True, "no budget"))

@@ -21,8 +21,10 @@ Contract
   An unknown option or value raises :class:`~stitchtune.errors.StitchtuneError`.
 * Never breaks a model: an op or region that cannot be stitched stays in the graph; any error while
   compiling a region declines it with the reason. Each graph's declines are logged once (info level,
-  one line each). Symbolic (dynamic) shapes are declined; with static shapes torch recompiles per
-  new shape, so each seen shape gets its kernels (dynamo's cache).
+  one line each). With static shapes torch recompiles per new shape (dynamo's cache); a region with
+  symbolic shapes is checked at the example shapes and gets a
+  :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel`: mapped again and compiled once per
+  seen input shape, the region's ATen ops where that fails.
 * :func:`explain(model, *example_inputs, **options)` compiles and runs ``model`` once on the
   examples with this backend and returns an :class:`Explanation` (``.stitched``, ``.declined``;
   ``str()`` is a table). :data:`LAST_REPORTS` holds the reports of the graphs compiled since the
@@ -123,22 +125,73 @@ def _device_for(opts: BackendOptions) -> Any:
     return get_device(opts.device) if isinstance(opts.device, str) else opts.device
 
 
-def _compile_region(region: Any, opts: BackendOptions, device: Any, on_cuda: bool) -> Any:
-    """The :class:`~stitchtune.deploy.torch_ops.RegionKernel` of one region (errors propagate)."""
-    from stitchtune.deploy.compiled import compile as compile_graph
-    from stitchtune.deploy.torch_ops import RegionKernel
+def _attach_cubins(kernels: Sequence[Any], arch: str) -> dict[int, str]:
+    """Build the cubins of the static ``kernels`` in one parallel nvcc batch (the builder's cache)
+    and attach them; {index: why} for those that failed (every one when nvcc is missing)."""
+    from dataclasses import replace
+    from pathlib import Path
 
-    cg = compile_graph(region.graph, db=opts.db, device=device, build=True if on_cuda else False)
+    from stitchtune.deploy.torch_ops import RegionKernel
+    from stitchtune.gpu.build import NvccBuilder
+
+    todo = [i for i, k in enumerate(kernels) if isinstance(k, RegionKernel) and k.compiled.cubin is None]
+    if not todo:
+        return {}
+    try:
+        results = NvccBuilder().build([kernels[i].compiled.sources for i in todo], arch)
+    except Exception as exc:  # noqa: BLE001 - no toolchain: these regions stay with Inductor
+        return {i: f"cannot build kernels: {type(exc).__name__}: {exc}" for i in todo}
+    failed = {}
+    for i, res in zip(todo, results):
+        if res.status == "ok" and res.cubin_path:
+            kernels[i].compiled = replace(kernels[i].compiled, cubin=Path(res.cubin_path).read_bytes())
+        else:
+            failed[i] = f"nvcc failed ({res.status}): {(res.error or '')[:300]}"
+    return failed
+
+
+def _compile_graph(graph: Any, opts: BackendOptions, device: Any, on_cuda: bool) -> Any:
+    """The CompiledGraph of ``graph`` (no cubin: the backend builds them in one batch, a
+    per-shape kernel at its first launch)."""
+    from stitchtune.deploy.compiled import compile as compile_graph
+
+    cg = compile_graph(graph, db=opts.db, device=device, build=False)
     if opts.deterministic and getattr(cg.program.profile, "atomics", 0):
         raise StitchtuneError("its program uses float atomics (deterministic=True)")
-    return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu, out_shapes=region.output_shapes)
+    return cg
+
+
+def _compile_region(region: Any, opts: BackendOptions, device: Any, on_cuda: bool) -> Any:
+    """The :class:`~stitchtune.deploy.torch_ops.RegionKernel` of one region (errors propagate); for
+    symbolic shapes a :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` that makes one per
+    seen shape (the region was checked at the example shapes here)."""
+    from stitchtune.deploy.torch_ops import DynamicRegionKernel, RegionKernel
+
+    cg = _compile_graph(region.graph, opts, device, on_cuda)
+    if not region.dynamic:
+        return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu, out_shapes=region.output_shapes)
+
+    def build(inputs: Sequence[Any]) -> tuple[Any, list[int]]:
+        from stitchtune.importers.torch_regions import map_at_shapes
+
+        graph, index, shapes = map_at_shapes(region.module, inputs, region.name)
+        graph_shapes: list[Any] = [None] * len(index)
+        for j, i in enumerate(index):
+            graph_shapes[i] = shapes[j]
+        on_gpu = bool(inputs) and inputs[0].is_cuda
+        kernel = RegionKernel(region.name, region.ops, _compile_graph(graph, opts, device, on_gpu), cpu=opts.cpu,
+                              out_shapes=tuple(graph_shapes))
+        return kernel, index
+
+    return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=cg)
 
 
 def _info(kind: str, region: Any, kernel: Any) -> StitchedInfo:
     g = region.graph
     dtypes = sorted({g.spec(o).dtype for o in g.outputs})
     return StitchedInfo(kind, region.name, region.ops, tuple(tuple(s.shape) for _, s in g.inputs),
-                        "/".join(dtypes), kernel.compiled.source, len(kernel.compiled.program.launches))
+                        "/".join(dtypes), kernel.compiled.source + (", per shape" if region.dynamic else ""),
+                        len(kernel.compiled.program.launches))
 
 
 def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, kind: str) -> tuple[Any, GraphReport]:
@@ -155,16 +208,21 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     report.declined += [DeclinedInfo(kind, d.what, d.reason, d.count) for d in split.declined]
     on_cuda = any(getattr(getattr(t, "device", None), "type", "") == "cuda" for t in example_inputs)
     device = _device_for(opts)
-    chosen = []
+    made = []
     for r in split.regions:
         if len(r.graph.nodes) < opts.min_nodes:
             report.declined.append(DeclinedInfo(kind, f"region {r.name}", f"{len(r.graph.nodes)} node(s) < min_nodes"))
             continue
         try:
-            kernel = _compile_region(r, opts, device, on_cuda)
+            made.append((r, _compile_region(r, opts, device, on_cuda)))
         except Exception as exc:  # noqa: BLE001 - any stitchtune error declines the region
             report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})",
                                                 f"{type(exc).__name__}: {exc}"))
+    failed = _attach_cubins([k for _, k in made], device.arch) if on_cuda else {}
+    chosen = []
+    for i, (r, kernel) in enumerate(made):
+        if i in failed:
+            report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})", failed[i]))
             continue
         key = f"{r.name}#{next(_keys)}"
         torch_ops.register(key, kernel)
@@ -362,7 +420,9 @@ def _cut(s: str, n: int) -> str:
 
 def explain(model: Any, *example_inputs: Any, **options: Any) -> Explanation:
     """Compile ``model`` with the stitchtune backend, run it once on ``example_inputs`` (under
-    ``torch.no_grad()`` unless an input requires grad) and report what was stitched and declined."""
+    ``torch.no_grad()`` unless an input requires grad) and report what was stitched and declined.
+    Like ``torch._dynamo.explain`` it starts from ``torch._dynamo.reset()`` (so every graph is
+    compiled and reported), which drops the process's other compiled graphs."""
     import contextlib
 
     import torch

@@ -37,7 +37,7 @@ __all__ = ["RegionError", "RegionKernel", "register", "region_op"]
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "bool": torch.bool}
-_registry: dict[str, RegionKernel] = {}
+_registry: dict[str, Any] = {}   # key -> RegionKernel | DynamicRegionKernel
 _lock = threading.Lock()
 #: packed argument sets kept per region and GPU (one per distinct set of pointers, oldest dropped)
 MAX_BOUND = 64
@@ -131,10 +131,10 @@ class RegionKernel:
         kernels enqueued on torch's current stream (stream 0 for CPU tensors with a given driver)."""
         dev = inputs[0].device
         outs = self.empty_outputs(dev)
-        ptrs = tuple(int(t.data_ptr()) for t in inputs) + tuple(int(t.data_ptr()) for t in outs)
+        ptrs = tuple([t.data_ptr() for t in inputs] + [t.data_ptr() for t in outs])
         if dev.type == "cuda":
             index = dev.index if dev.index is not None else torch.cuda.current_device()
-            stream = int(torch.cuda.current_stream(dev).cuda_stream)
+            stream = torch.cuda.current_stream(dev).cuda_stream
             if self.driver is None:
                 self.launcher(index, stream)[0].driver.make_current()
         else:
@@ -153,13 +153,65 @@ class RegionKernel:
             raise RegionError(f"{self.describe()} failed at run time: {type(exc).__name__}: {exc}") from exc
 
 
-def register(key: str, kernel: RegionKernel) -> None:
+    def fake(self, inputs: Sequence[Any]) -> list[Any]:
+        """The op's fake (meta) result: empty outputs on the inputs' device."""
+        return self.empty_outputs(inputs[0].device if inputs else torch.device("cpu"))
+
+
+@dataclass
+class DynamicRegionKernel:
+    """A region with symbolic shapes: ``module`` (its ATen ops) gives the fake result and, where no
+    kernel can be made, the eager one; per concrete input shapes ``build(inputs)`` makes a
+    :class:`RegionKernel` (cached; a failure is logged once and that shape runs eagerly)."""
+
+    name: str
+    ops: tuple[str, ...]
+    module: Any
+    build: Any   # (inputs) -> (RegionKernel, for each module output its index in the kernel's outputs)
+    compiled: Any = None   # the CompiledGraph at the example shapes (what explain reports)
+    kernels: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    def describe(self) -> str:
+        return f"stitched region {self.name} ({', '.join(o.removeprefix('aten.') for o in self.ops)})"
+
+    def fake(self, inputs: Sequence[Any]) -> list[Any]:
+        outs = self.module(*inputs)
+        return [torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in outs]
+
+    def _eager(self, inputs: Sequence[Any]) -> list[Any]:
+        outs = []
+        for o in self.module(*inputs):
+            o = o.contiguous()
+            if o._base is not None or any(o.data_ptr() == t.data_ptr() for t in inputs):
+                o = o.clone()
+            outs.append(o)
+        return outs
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+        key = tuple((tuple(t.shape), t.dtype, t.device.type) for t in inputs)
+        if key not in self.kernels:
+            try:
+                self.kernels[key] = self.build(inputs)
+                log.info("%s: kernels made for shapes %s", self.describe(), [list(k[0]) for k in key])
+            except Exception as exc:  # noqa: BLE001 - this shape runs the region's ATen ops instead
+                log.warning("%s: no kernel for shapes %s (%s); running its ATen ops", self.describe(),
+                            [list(k[0]) for k in key], exc)
+                self.kernels[key] = None
+        hit = self.kernels[key]
+        if hit is None:
+            return self._eager(inputs)
+        kernel, index = hit
+        outs = kernel(inputs)
+        return [outs[i] for i in index]
+
+
+def register(key: str, kernel: RegionKernel | DynamicRegionKernel) -> None:
     """Make ``kernel`` what ``torch.ops.stitchtune.region(key, ...)`` runs."""
     with _lock:
         _registry[key] = kernel
 
 
-def lookup(key: str) -> RegionKernel:
+def lookup(key: str) -> Any:
     k = _registry.get(key)
     if k is None:
         raise RegionError(f"no stitched region {key!r} in this process (compiled graphs are not portable "
@@ -173,8 +225,7 @@ def region_op(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _region_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    device = inputs[0].device if inputs else torch.device("cpu")
-    return lookup(key).empty_outputs(device)
+    return lookup(key).fake(inputs)
 
 
 # A plain torch.library definition, not ``torch.library.custom_op``: the latter's Python wrappers cost

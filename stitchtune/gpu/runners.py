@@ -285,6 +285,221 @@ class EmulateRunner:
     def coresident_limit(self, program: Any, build: Any) -> Callable[[Any], int]:
         """``kernel -> blocks that fit on the device at once`` (the emulator's grid-barrier check),
         from ptxas' register counts when the build has them, else lowering's estimate."""
+        return emulator_limits(self.device, program, _build_registers(build))[0]
+
+    def run(self, items: list[tuple[Any, Any]]) -> list[Measurement]: ...
+
+
+# --------------------------------------------------------------------------------------------
+# checking against the reference (shared with the CUDA worker: numpy only)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ok: bool
+    max_rel_error: float | None
+    error: str
+
+
+def to_float64(arr: np.ndarray, dtype: str) -> np.ndarray:
+    """Values of ``arr`` as float64; ``bfloat16`` may arrive as ml_dtypes.bfloat16 or as uint16 bits."""
+    a = np.asarray(arr)
+    if dtype == "bfloat16" and a.dtype == np.uint16:
+        return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return a.astype(np.float64)
+
+
+_CHUNK = 1 << 18  # elements per piece of the chunked comparison (2 MiB of float64 differences: cache-sized)
+_local = threading.local()
+_pool_lock = threading.Lock()
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid that made it, pool), kept between checks
+
+
+def _check_pool() -> ThreadPoolExecutor:
+    """One thread pool per process for the pieces (made on first use; a forked child makes its own)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
+                                                     thread_name_prefix="stitchtune-check"))
+        return _pool[1]
+
+
+def _error_sums(o: np.ndarray, r: np.ndarray) -> tuple[float, float] | None:
+    """(sum of squared differences, sum of squared reference values) over one piece, or None when the
+    piece has a non-finite output where the reference is finite, or a non-finite reference value that
+    the output does not reproduce exactly."""
+    o = o.astype(np.float64, copy=False)
+    r = r.astype(np.float64, copy=False)
+    finite = np.isfinite(r)
+    if finite.all():
+        if not np.isfinite(o).all():
+            return None
+        d = o - r
+        return float(np.dot(d, d)), float(np.dot(r, r))
+    if not np.all(np.isfinite(o[finite])):
+        return None
+    nf = ~finite
+    if not np.array_equal(o[nf], r[nf], equal_nan=True):
+        return None
+    d = o[finite] - r[finite]
+    return float(np.dot(d, d)), float(np.dot(r[finite], r[finite]))
+
+
+def _piece_sums(o: np.ndarray, r: np.ndarray) -> tuple[float, float] | None:
+    """:func:`_error_sums` of one piece, computed in one pass into a per-thread buffer when it can be:
+    both sums finite means every reference and output value of the piece is finite (a NaN or infinity
+    in either makes its sum NaN or infinite, and finite float32/float16 outputs cannot overflow a
+    float64 sum of squares); anything else is decided by :func:`_error_sums`."""
+    if o.dtype.kind != "f" or r.dtype.kind != "f":  # e.g. ml_dtypes.bfloat16: widen it first
+        return _error_sums(o, r)
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.size < o.size:
+        buf = _local.buf = np.empty(max(o.size, _CHUNK), dtype=np.float64)
+    d = buf[: o.size]
+    with np.errstate(all="ignore"):
+        np.subtract(o, r, out=d, dtype=np.float64)  # the same values as o.astype(float64) - r
+        dd = float(np.dot(d, d))
+        rr = float(np.dot(r, r))
+    if math.isfinite(dd) and math.isfinite(rr):
+        return dd, rr
+    return _error_sums(o, r)
+
+
+def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """``||out - ref|| / ||ref||`` (2-norms, float64); ``inf`` if ``out`` has NaN/inf where ``ref`` is finite.
+
+    Large arrays are compared in cache-sized pieces on a thread pool (numpy releases the GIL), one
+    pass per piece, so checking a 256 MiB output costs a fraction of a second on a many-core host."""
+    o = np.asarray(out).ravel()
+    r = np.asarray(ref).ravel()
+    if o.shape != r.shape:
+        return float("inf")
+    if o.size <= _CHUNK:
+        parts = [_piece_sums(o, r)]
+    else:
+        bounds = [(i, min(i + _CHUNK, o.size)) for i in range(0, o.size, _CHUNK)]
+        parts = list(_check_pool().map(lambda b: _piece_sums(o[b[0]:b[1]], r[b[0]:b[1]]), bounds))
+    if any(p is None for p in parts):
+        return float("inf")
+    diff = math.sqrt(sum(p[0] for p in parts))  # type: ignore[index]
+    denom = math.sqrt(sum(p[1] for p in parts))  # type: ignore[index]
+    if denom == 0.0:
+        return diff  # all-zero reference: absolute error
+    return diff / denom
+
+
+def check_outputs(
+    outputs: Mapping[str, np.ndarray],
+    expected: Mapping[str, np.ndarray],
+    dtypes: Mapping[str, str],
+) -> CheckResult:
+    """Compare every expected output; the tolerance is chosen by each output's graph dtype."""
+    worst = 0.0
+    problems = []
+    for name, ref in expected.items():
+        if name not in outputs:
+            problems.append(f"output {name!r} missing")
+            worst = float("inf")
+            continue
+        dt = dtypes.get(name, "float32")
+        raw = np.asarray(outputs[name])
+        # bfloat16 bits -> float32 values; other dtypes are widened piecewise inside relative_error
+        out = (raw.astype(np.uint32) << 16).view(np.float32) if dt == "bfloat16" and raw.dtype == np.uint16 \
+            else raw
+        if out.size != np.asarray(ref).size:
+            problems.append(f"output {name!r} has {out.size} elements, expected {np.asarray(ref).size}")
+            worst = float("inf")
+            continue
+        if np.asarray(ref).size and not np.isfinite(np.asarray(ref)).any():
+            problems.append(f"output {name!r}: the reference has no finite value, so the check cannot tell "
+                            "a right result from a wrong one (inputs outside an op's domain?)")
+            worst = float("inf")
+            continue
+        err = relative_error(out.reshape(np.shape(ref)), ref)
+        worst = max(worst, err)
+        tol = TOLERANCE.get(dt, 1e-5)
+        if not err < tol:
+            n_bad = int(np.count_nonzero(~np.isfinite(out)))
+            what = f"{n_bad} non-finite values" if n_bad else f"relative error {err:.3g}"
+            problems.append(f"output {name!r} ({dt}): {what} (tolerance {tol:g})")
+    return CheckResult(not problems, worst if expected else None, "; ".join(problems))
+
+
+def clip_error(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + " ...[truncated]"
+
+
+def reference_outputs(graph: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The numpy reference's value for each graph output (float64)."""
+    from stitchtune.graph.reference import run_reference
+
+    ref = run_reference(graph, dict(inputs))
+    if isinstance(ref, Mapping):
+        return {o: np.asarray(ref[o], dtype=np.float64) for o in graph.outputs}
+    return {o: np.asarray(r, dtype=np.float64) for o, r in zip(graph.outputs, ref, strict=True)}
+
+
+def output_dtypes(graph: Any) -> dict[str, str]:
+    return {o: graph.spec(o).dtype for o in graph.outputs}
+
+
+# --------------------------------------------------------------------------------------------
+# emulator backend
+
+
+class EmulateRunner:
+    """Checks each program with the numpy SIMT emulator; the time is the cost model's prediction.
+
+    Inputs are ``random_inputs(graph, seed)`` (``graph`` should be a small variant: the emulator
+    runs every thread). An :class:`~stitchtune.emulate.emulator.EmulatorFault` (out of bounds, unwritten
+    read, race, grid-barrier deadlock) becomes ``launch_error`` with the fault's text. Every
+    measurement has ``estimated=True`` and empty ``samples_us``.
+    ``emulate``/``predict``/``inputs``/``expected`` can be injected (tests; ``fault_types`` then
+    lists the exceptions that mean "the kernel faulted"); by default the real modules are used.
+    """
+
+    def __init__(
+        self,
+        graph: Any,
+        device: Any,
+        seed: int = 0,
+        *,
+        emulate: Callable[..., Mapping[str, np.ndarray]] | None = None,
+        predict: Callable[..., Any] | None = None,
+        inputs: Mapping[str, np.ndarray] | None = None,
+        expected: Mapping[str, np.ndarray] | None = None,
+        fault_types: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        self.graph = graph
+        self.fault_types = tuple(fault_types)
+        self.device = device
+        self.seed = seed
+        if inputs is None:
+            from stitchtune.graph.reference import random_inputs
+
+            inputs = random_inputs(graph, seed)
+        self.inputs = dict(inputs)
+        self.expected = dict(expected) if expected is not None else reference_outputs(graph, self.inputs)
+        self.dtypes = output_dtypes(graph)
+        self._emulate = emulate
+        self._predict = predict
+
+    def _fns(self) -> tuple[Callable[..., Any], Callable[..., Any], tuple[type[BaseException], ...]]:
+        emulate, predict = self._emulate, self._predict
+        faults = self.fault_types
+        if emulate is None:
+            from stitchtune.emulate.emulator import EmulatorFault, emulate_program
+
+            emulate, faults = emulate_program, (*faults, EmulatorFault)
+        if predict is None:
+            from stitchtune.cost.model import predict
+        return emulate, predict, faults
+
+    def coresident_limit(self, program: Any, build: Any) -> Callable[[Any], int]:
+        """``kernel -> blocks that fit on the device at once`` (the emulator's grid-barrier check),
+        from ptxas' register counts when the build has them, else lowering's estimate."""
         from stitchtune.hardware.occupancy import max_resident_blocks
 
         regs = dict(getattr(build, "registers", None) or {}) if getattr(build, "status", "") == "ok" else {}
@@ -301,7 +516,8 @@ class EmulateRunner:
         out = []
         for program, build in items:
             try:
-                outputs = emulate(program, self.inputs, coresident_limit=self.coresident_limit(program, build))
+                limit, climit = emulator_limits(self.device, program, _build_registers(build))
+                outputs = emulate(program, self.inputs, coresident_limit=limit, cluster_limit=climit)
             except faults as exc:  # type: ignore[misc]
                 out.append(Measurement("launch_error", estimated=True, error=clip_error(f"emulator fault: {exc}")))
                 continue
@@ -359,3 +575,29 @@ class FakeRunner:
             else:
                 out.append(Measurement(status, estimated=self.estimated, error=f"fake {status}"))
         return out
+
+
+def _build_registers(build: Any) -> dict[str, int]:
+    """ptxas' registers per kernel of a successful build (empty otherwise)."""
+    return dict(getattr(build, "registers", None) or {}) if getattr(build, "status", "") == "ok" else {}
+
+
+def emulator_limits(device: Any, program: Any, registers: Mapping[str, int | None]
+                    ) -> tuple[Callable[[Any], int], Callable[[Any], int]]:
+    """The emulator's residency checks for ``program`` on ``device``: ``kernel -> blocks resident at
+    once`` (grid barriers) and ``kernel -> clusters resident at once`` (cluster kernels), from
+    ``registers`` (ptxas' counts by kernel name, where known) else lowering's estimate (else 32)."""
+    from stitchtune.hardware.occupancy import max_active_clusters, max_resident_blocks
+
+    est = {k.name: k.est_registers for k in getattr(program.profile, "kernels", ())}
+
+    def regs(kernel: Any) -> int:
+        return int(registers.get(kernel.name) or est.get(kernel.name) or 32)
+
+    def limit(kernel: Any) -> int:
+        return max_resident_blocks(device, kernel.block, regs(kernel), int(kernel.smem_bytes))
+
+    def climit(kernel: Any) -> int:
+        return max_active_clusters(device, kernel.block, regs(kernel), int(kernel.smem_bytes), kernel.cluster)
+
+    return limit, climit

@@ -157,6 +157,7 @@ class Device:
     # ---- persistence ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        d["gpc_sms"] = list(self.gpc_sms)  # the JSON form (from_dict turns it back into a tuple)
         d["key"] = self.key
         d["arch"] = self.arch
         return d

@@ -526,11 +526,13 @@ def import_onnx(model: Any, node_range: tuple[int | None, int | None] | None = N
     in_range = set(range(len(nodes))[slice(lo, hi)])
     model_inputs = {i.name for i in m.graph.input} - set(ctx.consts)
     model_outputs = {o.name for o in m.graph.output}
+    # cheap nodes computed from model inputs and constants only (mapped or not): the mask chain
+    pre = _preamble(ctx, nodes, set(range(len(nodes))), model_inputs, lambda i: nodes[i].op_type in _CHEAP)
     demoted: dict[int, str] = {}   # nodes found unmappable while building their group
     while True:
         reasons = {i: demoted.get(i) or _why_not(ctx, i, n, i in in_range) for i, n in enumerate(nodes)}
         mappable = {i for i, r in reasons.items() if r is None}
-        pullable = _preamble(ctx, nodes, mappable, model_inputs, lambda i: i in mappable) | (set(ctx.views) & mappable)
+        pullable = {i for i in mappable if i in ctx.views or (i in pre and nodes[i].op_type in _ELEMENTWISE)}
         part = partition(nodes, mappable, ctx.consts, frozenset(pullable), model_outputs)
         try:
             subgraphs, fate = _build_all(ctx, nodes, part, part.external(nodes, mappable, model_outputs), base)
@@ -543,9 +545,7 @@ def import_onnx(model: Any, node_range: tuple[int | None, int | None] | None = N
     dropped = tuple(", ".join(label(i, nodes[i]) for i in g) for g, f in zip(part.groups, fate) if f == "no-op")
     boundaries = tuple(f"{label(i, n)}: {reasons[i]}" for i, n in enumerate(nodes)
                        if reasons[i] is not None and n.op_type != "Constant")
-    pre = pullable | _preamble(ctx, nodes, set(range(len(nodes))), model_inputs,
-                               lambda i: nodes[i].op_type in _CHEAP)
-    regions = find_regions(nodes, in_range, reasons, part, fate, frozenset(pre))
+    regions = find_regions(nodes, in_range, reasons, part, fate, frozenset(pre | pullable))
     compute = tuple(label(i, n) for i, n in enumerate(nodes) if n.op_type in COMPUTE_OPS)
     log.info("%s: %d nodes (%d folded), %d regions, %d subgraphs, %d no-op groups dropped, %d boundary nodes",
              base, len(nodes), len(fold.folded), len(regions), len(subgraphs), len(dropped), len(boundaries))

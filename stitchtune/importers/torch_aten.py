@@ -25,8 +25,14 @@ _TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat
 
 
 def torch_dtype_name(dt: Any) -> str | None:
-    """``torch.float32`` -> ``"float32"``; None for dtypes graph.json does not have."""
+    """``torch.float32`` -> ``"float32"``; None for dtypes graph.json does not have as inputs of an
+    imported function (bool is a value dtype only, see :func:`value_dtype_name`)."""
     return _TORCH_DTYPES.get(str(dt).removeprefix("torch."))
+
+
+def value_dtype_name(dt: Any) -> str | None:
+    """:func:`torch_dtype_name`, plus ``torch.bool`` -> ``"bool"`` (masks inside a graph)."""
+    return "bool" if str(dt) == "torch.bool" else torch_dtype_name(dt)
 
 
 def _to_numpy(t: Any, dtype: str) -> np.ndarray:
@@ -74,8 +80,8 @@ def _meta(node: Any) -> tuple[tuple[int, ...], str | None]:
         tm = node.meta.get("tensor_meta")
         if tm is None:
             return (), None
-        return tuple(int(d) for d in tm.shape), torch_dtype_name(tm.dtype)
-    return tuple(int(d) for d in val.shape), torch_dtype_name(val.dtype)
+        return tuple(int(d) for d in tm.shape), value_dtype_name(tm.dtype)
+    return tuple(int(d) for d in val.shape), value_dtype_name(val.dtype)
 
 
 def _strip1(shape: Sequence[int]) -> tuple[int, ...]:
@@ -128,12 +134,16 @@ _VIEWS = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "a
           "aten.flatten", "aten.expand", "aten.expand_as", "aten.alias", "aten.clone", "aten.contiguous",
           "aten.detach", "aten.lift_fresh_copy", "aten.view_as"}
 _CASTS = {"aten._to_copy", "aten.to", "aten.type_as", "aten._to_dtype"}
+_COMPARE = {"aten.eq": "eq", "aten.ne": "ne", "aten.lt": "lt", "aten.le": "le", "aten.gt": "gt", "aten.ge": "ge"}
+_LOGICAL = {"aten.logical_and": "logical_and", "aten.logical_or": "logical_or", "aten.logical_not": "logical_not",
+            "aten.bitwise_and": "logical_and", "aten.bitwise_or": "logical_or", "aten.bitwise_not": "logical_not"}
+_MASK_OPS = {*_COMPARE, *_LOGICAL, "aten.where", "aten.masked_fill"}
 #: every ATen op key (``_key(node.target)``) that :meth:`_Walker._op` maps (some only for some arguments)
 SUPPORTED_OPS: frozenset[str] = frozenset({
     *_UNARY, *_BINARY, *_REDUCE, *_VIEWS, *_CASTS, "aten.gelu", "aten.add", "aten.sub", "aten.rsub", "aten.pow",
     "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.softmax", "aten._softmax",
     "aten.log_softmax", "aten._log_softmax", "aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm",
-    "aten.dropout", "aten.native_dropout", "aten.feature_dropout"})
+    "aten.dropout", "aten.native_dropout", "aten.feature_dropout", "aten.scalar_tensor", *_MASK_OPS})
 _IGNORED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
             "aten._assert_async"}
 
@@ -230,7 +240,7 @@ class _Walker:
                 if not hasattr(node.target, "_schema"):
                     raise ImportError_(f"unsupported op {node.target} at {_where(node)}")
                 res = self._op(node, key, _bind(node))
-                if isinstance(res, Value):
+                if isinstance(res, Value) and not (res.is_scalar and key == "aten.scalar_tensor"):
                     res = self._check(node, res)
                 self.vals[node.name] = res
             elif node.op == "output":
@@ -292,6 +302,13 @@ class _Walker:
         """The graph value(s) of one ATen node (a tuple for multi-output ops); unsupported ops raise."""
         b, name = self.b, node.name
         x = a.get("self", a.get("input"))
+        if key in _MASK_OPS:
+            return self._mask_op(node, key, a, x)
+        if key == "aten.scalar_tensor":   # a 0-d constant (e.g. masked_fill's value): a scalar
+            if isinstance(a.get("s"), bool) or not isinstance(a.get("s"), (int, float)):
+                raise ImportError_(f"{node.target} at {_where(node)}: a non-numeric scalar_tensor")
+            return scalar(float(a["s"]))
+        self._no_bool(node, key, a)
         if key in _UNARY:
             return b.unary(_UNARY[key], self.val(x, node), name)
         if key == "aten.gelu":
@@ -330,6 +347,46 @@ class _Walker:
         if key in _VIEWS:
             return self._view(node, key, x)
         raise ImportError_(f"unsupported op {node.target} at {_where(node)}")
+
+    def _no_bool(self, node: Any, key: str, a: dict[str, Any]) -> None:
+        """Refuse a bool tensor argument of an arithmetic op (graph.json reads bools only in logical
+        ops, ``where``'s condition and casts)."""
+        if key in _CASTS or key in _VIEWS:
+            return
+        import torch.fx
+
+        for v in a.values():
+            if isinstance(v, torch.fx.Node) and _meta(v)[1] == "bool":
+                raise ImportError_(f"{node.target} at {_where(node)}: reads the bool tensor {v.name!a} "
+                                   "(graph.json reads bools only in logical ops, where and cast)")
+
+    def _mask_op(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+        """Comparisons, logical ops on bools, ``where`` and ``masked_fill`` (scalar value)."""
+        b, name = self.b, node.name
+        if key == "aten.where":
+            if a.get("condition") is None or "self" not in a:
+                raise ImportError_(f"{node.target} at {_where(node)}: only where(cond, a, b) is supported")
+            args = [self.val(a["condition"], node), self.val(a["self"], node), self.val(a["other"], node)]
+            if args[0].dtype != "bool" or any(v.dtype == "bool" for v in args[1:]):
+                raise ImportError_(f"{node.target} at {_where(node)}: where needs a bool condition and float values")
+            return b.elementwise("where", args, name)
+        if key == "aten.masked_fill":
+            mask, value = self.val(a["mask"], node), self.val(a["value"], node)
+            v = self.val(x, node)
+            if mask.dtype != "bool" or not value.is_scalar or v.dtype == "bool":
+                raise ImportError_(f"{node.target} at {_where(node)}: masked_fill needs a float tensor, a bool "
+                                   "mask and a number")
+            return b.elementwise("where", [mask, value, v], name)
+        if key in _COMPARE:
+            args = [self.val(x, node), self.val(a["other"], node)]
+            if any(v.dtype == "bool" for v in args):
+                raise ImportError_(f"{node.target} at {_where(node)}: comparing bool tensors is not supported")
+            return b.elementwise(_COMPARE[key], args, name)
+        args = [self.val(x, node)] + ([self.val(a["other"], node)] if "other" in a else [])
+        if any(v.is_scalar or v.dtype != "bool" for v in args):
+            raise ImportError_(f"{node.target} at {_where(node)}: logical ops need bool tensors")
+        op = _LOGICAL[key]
+        return b.logical_not(args[0], name) if op == "logical_not" else b.elementwise(op, args, name)
 
     def _add_sub(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
         """``add`` / ``sub`` / ``rsub`` (``rsub(x, y) = y - x``); ``alpha`` multiplies what is added or subtracted."""

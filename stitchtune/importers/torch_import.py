@@ -16,7 +16,10 @@ Contract
   (no rounding mode), pow, maximum, minimum, clamp / clamp_min / clamp_max, sum / mean / amax / amin
   (dims, keepdim, dtype), max.dim / min.dim values, casts (``_to_copy``, ``to``, ``type_as``), and
   views that do not move elements (identity views, adding/removing leading size-1 dims, ``expand``,
-  ``unsqueeze`` of a reduction that becomes ``keepdims``), dropout in eval mode (identity). Anything
+  ``unsqueeze`` of a reduction that becomes ``keepdims``), dropout in eval mode (identity),
+  comparisons (eq/ne/lt/le/gt/ge), logical and bitwise and/or/not of bools, ``where`` and
+  ``masked_fill`` with a number (bool values inside the graph; arithmetic on a bool is refused),
+  ``scalar_tensor`` (a constant). Anything
   else raises
   :class:`~stitchtune.importers.builder.ImportError_` (a ``StitchtuneError``) naming the op and its
   source location.

@@ -45,7 +45,7 @@ from stitchtune.importers.torch_aten import (
     _strip1,
     _Walker,
     _where,
-    torch_dtype_name,
+    value_dtype_name,
 )
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
@@ -69,11 +69,19 @@ class TorchRegion:
     nodes: tuple[Any, ...] = field(compare=False)     # torch.fx.Node, graph order
     inputs: tuple[Any, ...] = field(compare=False)    # fx nodes feeding graph.inputs, same order
     outputs: tuple[Any, ...] = field(compare=False)   # fx nodes of graph.outputs, same order
+    #: the region's ATen ops as a GraphModule (placeholders = ``inputs``, outputs = ``outputs``)
+    module: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def dynamic(self) -> bool:
+        """True when some input or output has symbolic dims (``graph`` is at their example values)."""
+        return any(not all(isinstance(d, int) for d in n.meta["val"].shape) for n in (*self.inputs, *self.outputs))
 
     @property
     def output_shapes(self) -> tuple[tuple[int, ...], ...]:
-        """PyTorch's shape of each output (may differ from the graph's in leading 1s only)."""
-        return tuple(tuple(int(d) for d in o.meta["val"].shape) for o in self.outputs)
+        """PyTorch's shape of each output (may differ from the graph's in leading 1s only; symbolic
+        dims at their example values)."""
+        return tuple(tuple(_hint(d) or 1 for d in o.meta["val"].shape) for o in self.outputs)
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -114,15 +122,26 @@ def plan_check(graph: Any) -> str | None:
 
 
 # ---------------------------------------------------------------------------- candidates
+def _hint(d: Any) -> int | None:
+    """A static dim, or a symbolic dim's example value (its hint); None when it has none."""
+    if isinstance(d, int):
+        return d
+    try:
+        h = d.node.hint
+    except AttributeError:
+        return None
+    return int(h) if h is not None else None
+
+
 def _tensor_ok(val: Any) -> str | None:
-    """None for a float tensor with static shape, else why not."""
+    """None for a float tensor with static dims or symbolic dims with hints, else why not."""
     import torch
 
     if not isinstance(val, torch.Tensor):
         return f"a {type(val).__name__} value, not a tensor"
-    if not all(isinstance(d, int) for d in val.shape):
-        return "dynamic shape (stitched kernels are specialised to static shapes)"
-    if torch_dtype_name(val.dtype) is None:
+    if any(_hint(d) is None for d in val.shape):
+        return "dynamic shape without an example value (stitched kernels are specialised per shape)"
+    if value_dtype_name(val.dtype) is None:
         return f"dtype {str(val.dtype).removeprefix('torch.')}"
     return None
 
@@ -275,17 +294,35 @@ def _subgraph(group: list[Any]) -> tuple[Any, list[Any], list[Any], dict[Any, An
         back[env[n]] = n
     outputs = [n for n in group if any(u not in members for u in n.users)]
     g.output(tuple(env[o] for o in outputs))
+    for n in g.nodes:   # symbolic shapes are mapped at their example values (re-mapped per shape later)
+        if "val" in n.meta:
+            n.meta["val"] = _concrete(n.meta["val"])
     return torch.fx.GraphModule(torch.nn.Module(), g), inputs, outputs, back
 
 
-def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any]] | _Culprit | Declined:
-    """(Graph, inputs, outputs) of one group, or the node to exclude, or the whole group declined."""
+def _concrete(val: Any) -> Any:
+    """``val`` with every symbolic dim replaced by its hint (a meta tensor), tuples elementwise."""
+    import torch
+
+    if isinstance(val, (tuple, list)):
+        return type(val)(_concrete(v) for v in val)
+    if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):
+        return torch.empty(tuple(_hint(d) or 1 for d in val.shape), dtype=val.dtype, device="meta")
+    return val
+
+
+def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any], Any] | _Culprit | Declined:
+    """(Graph, inputs, outputs, sub GraphModule) of one group, or the node to exclude, or the whole
+    group declined."""
     sub, inputs, outputs, back = _subgraph(group)
+    for x in inputs:
+        if len(x.meta["val"].shape) == 0:   # graph.json tensors have rank 1..4
+            return _Culprit(next(n for n in group if x in _fx_args(n)), f"reads the 0-d tensor {x.name!a}")
     b = GraphBuilder(name)
     values = []
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
         val = x.meta["val"]
-        values.append(b.add_input(f"in{i}", tuple(int(d) for d in val.shape), torch_dtype_name(val.dtype) or "?"))
+        values.append(b.add_input(f"in{i}", tuple(_hint(d) or 1 for d in val.shape), value_dtype_name(val.dtype) or "?"))
     bindings = {ph.name: ("user", i) for i, ph in enumerate(n for n in sub.graph.nodes if n.op == "placeholder")}
     walker = _Walker(_Captured(sub, bindings, "fx"), b, values, lambda fqn, t: "float32")
     try:
@@ -307,7 +344,7 @@ def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any]] 
         graph = b.graph(outs)
     except StitchtuneError as exc:
         return Declined(f"region {name} ({_ops_text(group)})", str(exc))
-    return graph, inputs, outputs
+    return graph, inputs, outputs, sub
 
 
 def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | None,
@@ -324,6 +361,8 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
             return _Culprit(orig, f"an output of PyTorch shape {list(t or ())} is graph shape {list(v.shape)}")
         if not s.meta["val"].is_contiguous():
             return _Culprit(orig, "a non-contiguous output (stitched kernels write row-major tensors)")
+        if v.dtype == "bool":
+            return _Culprit(orig, "a bool output (graph.json outputs are float tensors)")
         if str(v.ref) in input_names:
             return _Culprit(orig, "an output that passes an input through")
         if str(v.ref) in seen:
@@ -375,15 +414,15 @@ def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_chec
         if isinstance(res, Declined):
             declined.append(res)
         elif _computes(res[0]):
-            graph, inputs, outputs = res
-            regions.append(TorchRegion(graph.name, graph, tuple(group), tuple(inputs), tuple(outputs)))
+            graph, inputs, outputs, sub = res
+            regions.append(TorchRegion(graph.name, graph, tuple(group), tuple(inputs), tuple(outputs), sub))
     return RegionSplit(tuple(regions), tuple(_op_declines(nodes, ex)) + tuple(declined))
 
 
 _QUOTED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
 
 
-def _judge(res: tuple[Any, list[Any], list[Any]], group: list[Any],
+def _judge(res: tuple[Any, ...], group: list[Any],
            accept: Callable[[Any], str | None]) -> Any:
     """``res`` when ``accept`` takes its graph; else the group's node that the refusal names (a
     reduction over other axes, ...: the rest may still be a region), else the group declined."""
@@ -399,6 +438,40 @@ def _judge(res: tuple[Any, list[Any], list[Any]], group: list[Any],
         if node is not None and node.op == "call_function":
             return _Culprit(node, why)
     return Declined(f"region {res[0].name} ({_ops_text(group)})", why)
+
+
+def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
+                  accept: Callable[[Any], str | None] | None = plan_check) -> tuple[Any, list[int], tuple[Any, ...]]:
+    """A region's ``module`` mapped again for the concrete ``inputs`` (tensors): (Graph, for each of
+    the module's outputs its index in ``graph.outputs``, PyTorch's output shapes). Raises
+    :class:`~stitchtune.errors.StitchtuneError` when the region does not map or plan at these shapes."""
+    import copy
+
+    import torch
+
+    gm = copy.deepcopy(module)
+
+    class _Meta(torch.fx.Interpreter):
+        def run_node(self, n: Any) -> Any:
+            out = super().run_node(n)
+            n.meta["val"] = out
+            return out
+
+    _Meta(gm).run(*[torch.empty(tuple(t.shape), dtype=t.dtype, device="meta") for t in inputs])
+    group = [n for n in gm.graph.nodes if n.op == "call_function"]
+    res = _map_group(group, name)
+    if isinstance(res, (_Culprit, Declined)):
+        raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: {res.reason}")
+    graph, _, outputs, _ = res
+    why = accept(graph) if accept is not None else None
+    if why:
+        raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: {why}")
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    wanted = list(out_node.args[0])
+    if any(o not in outputs for o in wanted):
+        raise StitchtuneError(f"region {name}: an output is not computed by the region at these shapes")
+    index = [outputs.index(o) for o in wanted]
+    return graph, index, tuple(tuple(int(d) for d in o.meta["val"].shape) for o in wanted)
 
 
 def _op_declines(nodes: Sequence[Any], ex: _Excluded) -> list[Declined]:

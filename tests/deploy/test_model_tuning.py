@@ -83,3 +83,20 @@ def test_tune_command_refuses_bad_input_in_one_line(tmp_path: Path, capsys: pyte
     rc = cli.main(["tune", f"{path}:Twice", "--shapes", "y=2x8", "--db", str(tmp_path / "db")])
     err = capsys.readouterr().err
     assert rc == 2 and "not a parameter" in err and "Traceback" not in err
+
+
+def test_train_captures_the_backward_graph_too(tmp_path: Path) -> None:
+    import importlib.util
+
+    from stitchtune.deploy.model_tuning import capture_regions
+
+    path = tmp_path / "twice.py"
+    path.write_text(MODULE)
+    spec = importlib.util.spec_from_file_location("twice_mod3", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    m = mod.Twice()
+    inference = capture_regions(m.eval(), [torch.randn(16, 32)])
+    train = capture_regions(m.train(), [torch.randn(16, 32)], train=True)
+    assert len(train) > len(inference) >= 3
+    assert m.fc.weight.grad is not None

@@ -128,7 +128,9 @@ def test_a_kernel_failure_at_run_time_names_the_region(monkeypatch: pytest.Monke
     assert isinstance(info.value, RegionError) or "RegionError" in str(info.value)
 
 
-def test_new_shapes_recompile_and_dynamic_shapes_fall_back() -> None:
+def test_static_shapes_recompile_and_symbolic_shapes_get_kernels_per_seen_shape() -> None:
+    from stitchtune.deploy import torch_ops
+
     torch.manual_seed(0)
     m = Block().eval()
     c = _compile(m, cpu="reference", fallback="eager")
@@ -138,12 +140,36 @@ def test_new_shapes_recompile_and_dynamic_shapes_fall_back() -> None:
             assert torch.allclose(c(x), m(x), atol=1e-5)
     torch._dynamo.reset()
     torch_backend.LAST_REPORTS.clear()
+    c = torch.compile(m, backend="stitchtune", dynamic=True, options={"db": None, "fallback": "eager",
+                                                                      "cpu": "reference"})
+    with torch.no_grad():
+        for b in (5, 6, 5):
+            x = torch.randn(b, 4, 16)
+            assert torch.allclose(c(x), m(x), atol=1e-5)
+    [report] = torch_backend.LAST_REPORTS
+    assert len(report.stitched) == 2 and all(s.source.endswith("per shape") for s in report.stitched)
+    dyn = [k for k in torch_ops._registry.values() if isinstance(k, torch_ops.DynamicRegionKernel)][-2:]
+    assert [len(k.kernels) for k in dyn] == [2, 2]   # one set of kernels per seen shape, cached
+    assert all(v is not None for k in dyn for v in k.kernels.values())
+
+
+def test_a_shape_the_region_cannot_take_runs_its_aten_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stitchtune.importers import torch_regions
+
+    def refuse(*a: Any, **k: Any) -> Any:
+        raise StitchtuneError("not at these shapes")
+
+    monkeypatch.setattr(torch_regions, "map_at_shapes", refuse)
+    torch.manual_seed(0)
+    m = Block().eval()
     c = torch.compile(m, backend="stitchtune", dynamic=True, options={"db": None, "fallback": "eager"})
     with torch.no_grad():
-        x = torch.randn(5, 4, 16)
+        x = torch.randn(7, 4, 16)
         assert torch.allclose(c(x), m(x), atol=1e-5)
-    assert _stitched() == 0
-    assert any("dynamic shape" in d.reason for r in torch_backend.LAST_REPORTS for d in r.declined)
+    from stitchtune.deploy import torch_ops
+
+    dyn = [k for k in torch_ops._registry.values() if isinstance(k, torch_ops.DynamicRegionKernel)][-2:]
+    assert len(dyn) == 2 and all(list(k.kernels.values()) == [None] for k in dyn)
 
 
 def test_options_are_checked() -> None:
@@ -246,3 +272,46 @@ def test_when_inductor_fails_on_the_rest_it_runs_eagerly(monkeypatch: pytest.Mon
         want = m(x)
     assert torch.allclose(got, want, atol=1e-5)
     assert any("inductor is down" in r.getMessage() and "eagerly" in r.getMessage() for r in caplog.records)
+
+
+def test_a_masked_softmax_with_a_bool_mask_is_one_emulated_region() -> None:
+    def f(scores: Any, keep: Any) -> Any:
+        return (scores * 0.25).masked_fill(~keep, float("-inf")).softmax(-1)
+
+    torch.manual_seed(0)
+    scores, keep = torch.randn(1, 2, 4, 8), torch.rand(1, 1, 1, 8) > 0.3
+    keep[..., 0] = True
+    torch_backend.LAST_REPORTS.clear()
+    got = _compile(f, fallback="eager", cpu="emulate")(scores, keep)
+    assert torch.allclose(got, f(scores, keep), atol=1e-6)
+    [report] = torch_backend.LAST_REPORTS
+    assert len(report.stitched) == 1 and {"aten.where", "aten._softmax"} <= set(report.stitched[0].ops)
+
+
+def test_cubins_are_built_in_one_batch_and_a_failed_build_declines_its_region(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA compile path without a GPU: the builder gets every region's source at once; a source
+    it fails on declines that region only."""
+    from types import SimpleNamespace as NS
+
+    import stitchtune.gpu.build as build
+    from stitchtune.deploy.torch_ops import RegionKernel
+    from stitchtune.importers.torch_regions import find_regions
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    batches: list[int] = []
+
+    class FakeBuilder:
+        def build(self, sources: list[str], arch: str) -> list[Any]:
+            batches.append(len(sources))
+            return [NS(status="ok", cubin_path=str(cubin), error="") if i == 0 else
+                    NS(status="compile_error", cubin_path=None, error="ptxas says no") for i in range(len(sources))]
+
+    cubin = ROOT / "pyproject.toml"   # any file: its bytes stand for a cubin
+    monkeypatch.setattr(build, "NvccBuilder", FakeBuilder)
+    gm = make_fx(lambda x: Block().eval()(x), tracing_mode="fake")(torch.randn(2, 4, 16))
+    regions = find_regions(gm).regions
+    opts = torch_backend.BackendOptions(db=None)
+    kernels = [torch_backend._compile_region(r, opts, torch_backend._device_for(opts), True) for r in regions]
+    failed = torch_backend._attach_cubins(kernels, "sm_90")
+    assert batches == [2] and list(failed) == [1] and "ptxas says no" in failed[1]
+    assert isinstance(kernels[0], RegionKernel) and kernels[0].compiled.cubin == cubin.read_bytes()

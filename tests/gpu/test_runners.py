@@ -591,3 +591,18 @@ def test_a_reference_without_finite_values_fails_the_check() -> None:
     ref = np.full(16, np.nan)
     res = check_outputs({"y": np.full(16, np.nan, dtype=np.float32)}, {"y": ref}, {"y": "float32"})
     assert not res.ok and "no finite value" in res.error
+
+
+def test_emulate_runner_checks_that_clusters_are_resident() -> None:
+    """A cluster kernel runs in the emulator with the device's cluster residency: ok on the H200 preset,
+    ``cluster_not_resident`` (a launch error, as on a GPU) on a device whose GPCs hold no whole cluster."""
+    from stitchtune.hardware.device import get_device
+
+    dev = get_device("h200")
+    g, progs = _programs("softmax_wide_small", 1, want=lambda p: any(k.cluster > 1 for k in p.kernels))
+    item = list(zip(progs, _fake_builds(progs), strict=True))
+    (m,) = EmulateRunner(g, dev, seed=1).run(item)
+    assert m.status == "ok", m.error
+    one_sm_gpcs = dataclasses.replace(dev, gpc_sms=(1,) * dev.sm_count, max_blocks_per_sm=1)
+    (m,) = EmulateRunner(g, one_sm_gpcs, seed=1).run(item)
+    assert m.status == "launch_error" and "cluster" in m.error, m.error

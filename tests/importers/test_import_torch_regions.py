@@ -82,16 +82,19 @@ def test_the_planner_can_refuse_a_region() -> None:
     assert any(d.what.startswith("region ") and d.reason == "refused for the test" for d in split.declined)
 
 
-def test_symbolic_shapes_and_integer_tensors_are_declined() -> None:
+def test_integer_tensors_are_declined_and_symbolic_shapes_mapped_at_their_examples() -> None:
     gm = _aten(lambda x, i: x.exp() + i.float(), torch.randn(4, 8), torch.ones(4, 8, dtype=torch.int64))
     split = find_regions(gm)
     assert any("int64" in d.reason for d in split.declined)
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm = make_fx(lambda x: (x.exp() * 2.0).softmax(-1), tracing_mode="symbolic")(torch.randn(4, 8))
-    split = find_regions(gm)
-    assert split.regions == ()
-    assert any("dynamic shape" in d.reason for d in split.declined)
+    [r] = find_regions(gm).regions   # mapped at the example shapes, re-mapped per shape at run time
+    assert r.dynamic and r.graph.spec(r.graph.outputs[0]).shape == (4, 8)
+    from stitchtune.importers.torch_regions import map_at_shapes
+
+    graph, index, shapes = map_at_shapes(r.module, [torch.randn(3, 8)], "again")
+    assert graph.spec(graph.outputs[0]).shape == (3, 8) and index == [0] and shapes == ((3, 8),)
 
 
 def test_a_refusal_naming_a_node_declines_that_node_and_keeps_the_rest() -> None:
@@ -113,3 +116,27 @@ def test_outputs_may_differ_from_pytorch_in_leading_ones_only() -> None:
     gm = _aten(lambda x: (x.exp() * 2.0).view(8, 4), torch.randn(4, 8))   # moves rows: not the same tensor
     [r] = find_regions(gm).regions
     assert r.output_shapes == ((4, 8),) and "aten.view" not in r.ops
+
+
+def test_masks_map_onto_comparisons_and_where() -> None:
+    def f(scores: Any, keep: Any) -> Any:
+        s = scores.masked_fill(~keep, float("-inf")) * 0.5
+        s = torch.where(scores > 3.0, s, s - 1.0)
+        return s.softmax(-1)
+
+    scores, keep = torch.randn(2, 2, 4, 8), torch.rand(2, 1, 1, 8) > 0.3
+    keep[..., 0] = True
+    gm = _aten(f, scores, keep)
+    [r] = find_regions(gm).regions
+    assert {"aten.masked_fill", "aten.where", "aten.gt", "aten.bitwise_not", "aten._softmax"} <= set(r.ops)
+    assert [s.dtype for _, s in r.graph.inputs] == ["bool", "float32"]   # in order of first use
+    out = run_reference(r.graph, {"in0": keep.numpy(), "in1": scores.numpy()})[r.graph.outputs[0]]
+    assert np.abs(out - f(scores, keep).numpy()).max() < 1e-6
+
+
+def test_a_bool_output_or_arithmetic_on_bools_stays_outside() -> None:
+    gm = _aten(lambda x: ((x > 0) & (x < 2), (x > 0).float() * x.exp()), torch.randn(4, 8))
+    split = find_regions(gm)
+    for r in split.regions:
+        assert all(r.graph.spec(o).dtype != "bool" for o in r.graph.outputs)
+    assert any("bool output" in d.reason for d in split.declined)

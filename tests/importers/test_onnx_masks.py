@@ -73,22 +73,34 @@ def test_mask_chain_is_inside_the_softmax_region():
     assert check_onnx_numerics(res, m, _feeds(np.random.default_rng(0))) == 1
 
 
-def test_one_mask_chain_feeding_two_layers_is_recomputed_in_each():
+@pytest.mark.parametrize("elem", [TP.BOOL, TP.INT64])
+def test_one_mask_chain_feeding_two_layers_is_recomputed_in_each(elem):
     """The mask is read by two softmaxes with a MatMul between them: each region computes it
-    itself (no bool tensor, no mask tensor handed between graphs), and both are whole."""
+    itself (no bool tensor, no mask tensor handed between graphs), and both are whole. An int64
+    mask (as the exporters give it) is cast to bool outside (graph.json reads no integers): both
+    graphs read that bool tensor, and both regions are cut by the Cast only."""
     chain, inits = _mask_chain()
-    nodes = [*chain, *_mask_nodes("scores", "p0", "a"),
+    first = [h.make_node("Cast", ["mask"], ["mask_b"], to=TP.BOOL)] if elem == TP.INT64 else []
+    if first:
+        chain[0] = h.make_node("Reshape", ["mask_b", "m4s"], ["m4"])
+    nodes = [*first, *chain, *_mask_nodes("scores", "p0", "a"),
              h.make_node("MatMul", ["p0", "w"], ["s1"]), *_mask_nodes("s1", "y", "b")]
-    m = _model(nodes, [_vi("mask", [B, 1, 1, S], TP.BOOL), _vi("scores", [B, H, S, S]), _vi("w", [S, S])],
+    m = _model(nodes, [_vi("mask", [B, 1, 1, S], elem), _vi("scores", [B, H, S, S]), _vi("w", [S, S])],
                [_vi("y", [B, H, S, S])], inits)
     res = import_onnx(m)
     assert len(res.subgraphs) == 2
-    assert sorted(r.status for r in res.regions) == ["whole", "whole"], res.regions
+    want = ["whole", "whole"] if not first else ["cut", "cut"]
+    assert sorted(r.status for r in res.regions) == want, res.regions
     for sg in res.subgraphs:
         assert "where" in {n.op for n in sg.graph.nodes}
         assert all(sg.graph.spec(o).dtype != "bool" for o in sg.graph.outputs)
-        assert "mask" in dict(sg.graph.inputs)
-    assert check_onnx_numerics(res, m, _feeds(np.random.default_rng(1), two=True)) == 2
+        assert {"mask", "mask_b"} & set(dict(sg.tensor_names).values())   # the mask itself, not a mask
+    if first:
+        assert all([b.split(":")[1] for b in r.stopped_by] == ["Cast"] for r in res.regions)
+    feeds = _feeds(np.random.default_rng(1), two=True)
+    if first:
+        feeds["mask"] = feeds["mask"].astype(np.int64)
+    assert check_onnx_numerics(res, m, feeds) == 2
 
 
 def test_comparisons_and_logical_ops_map_and_a_bool_output_is_cut_before():

@@ -159,13 +159,15 @@ def test_cost_model_prices_and_prunes_clusters() -> None:
 
 
 def test_heuristic_picks_a_cluster_for_rows_too_wide_for_one_block() -> None:
-    for name in ("layernorm_wide.json", "logsoftmax.json", "softmax_wide.json"):
+    for name in ("layernorm_wide.json", "softmax_wide.json"):  # rows of 1 MiB and 256 KiB
         g, plan, space = setup(name)
         h = heuristic_schedule(plan, DEV, space)
         assert set(h.schemes) == {"cluster"} and h.cluster == h.split > 1, (name, h)
         assert predict(lower(g, plan, h, DEV, space).profile, DEV).prune_reason is None
-    _, plan, space = setup("layernorm.json")  # 1024 elements: one block's registers hold the row
-    assert "cluster" not in heuristic_schedule(plan, DEV, space).schemes
+    # 1024 elements: one block's registers hold the row; 32000 (125 KiB): its shared memory does
+    for name in ("layernorm.json", "logsoftmax.json"):
+        _, plan, space = setup(name)
+        assert "cluster" not in heuristic_schedule(plan, DEV, space).schemes, name
 
 
 def test_space_command_shows_the_cluster_parameter(capsys) -> None:
