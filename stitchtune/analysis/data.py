@@ -302,7 +302,7 @@ def _device_bandwidth_gbs(device_name: str) -> float | None:
         return None
 
 
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "float64": 8}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "float64": 8, "int32": 4, "int64": 8}
 
 
 def min_bytes_from_shapes(shapes: object, dtypes: object) -> int | None:

@@ -215,6 +215,15 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
             return reduce[op](args[0], tuple(node.axes), bool(node.keepdims))
         if op in masks:
             return masks[op](*args)
+        if op == "slice":
+            return args[0].narrow(node.axis, node.start, node.stop - node.start)
+        if op == "concat":
+            return torch.cat(args, dim=node.axis)
+        if op == "gather":  # out-of-range index: a zero row, as the reference
+            table, idx = args
+            ok = (idx >= 0) & (idx < table.shape[0])
+            rows = table[idx.clamp(0, table.shape[0] - 1)]
+            return rows * ok.reshape(ok.shape + (1,) * (table.dim() - 1)).to(rows.dtype)
         if op == "cast":
             to = node.to or node.dtype
             if to == "bool":
@@ -231,7 +240,10 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
     def body(*tensors: Any) -> tuple:
         env: dict[str, Any] = {}
         for name, t in zip(names, tensors):
-            env[name] = t.to(torch.float32) if t.dtype != torch.float32 else t
+            if t.dtype in (torch.int32, torch.int64):  # gather indices stay integers
+                env[name] = t.long()
+            else:
+                env[name] = t.to(torch.float32) if t.dtype != torch.float32 else t
         for node in nodes:
             env[node.id] = run_node(node, env)
         return tuple(env[o].to(dt) for o, dt in zip(outputs, out_dtypes))
@@ -342,7 +354,8 @@ def jax_function(graph: Graph) -> Callable[..., tuple]:
         return jnp.asarray(x, dtype=f32)  # weakly typed python floats could promote differently
 
     def body(*arrays: Any) -> tuple:
-        env: dict[str, Any] = {n: a.astype(f32) for n, a in zip(names, arrays)}
+        env: dict[str, Any] = {n: a if jnp.issubdtype(a.dtype, jnp.integer) else a.astype(f32)
+                               for n, a in zip(names, arrays)}
         for node in nodes:
             args = [env[a] if isinstance(a, str) else scalar(float(a)) for a in node.args]
             op = node.op
@@ -354,6 +367,15 @@ def jax_function(graph: Graph) -> Callable[..., tuple]:
                 val = reduce[op](args[0], axis=tuple(node.axes), keepdims=bool(node.keepdims))
             elif op in masks:
                 val = masks[op](*args)
+            elif op == "slice":
+                val = jax.lax.slice_in_dim(args[0], node.start, node.stop, axis=node.axis)
+            elif op == "concat":
+                val = jnp.concatenate(args, axis=node.axis)
+            elif op == "gather":  # out-of-range index: a zero row, as the reference
+                table, idx = args
+                ok = (idx >= 0) & (idx < table.shape[0])
+                rows = table[jnp.clip(idx, 0, table.shape[0] - 1)]
+                val = rows * ok.reshape(ok.shape + (1,) * (table.ndim - 1)).astype(f32)
             elif op == "cast" and (node.to or node.dtype) == "bool":
                 val = (args[0] != 0).astype(f32)
             elif op == "cast":

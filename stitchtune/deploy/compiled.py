@@ -41,6 +41,7 @@ import numpy as np
 
 from stitchtune import __version__
 from stitchtune.errors import StitchtuneError, ToolchainError
+from stitchtune.lower.remap import gather_flag_buffers
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
 
 log = logging.getLogger(__name__)
@@ -204,7 +205,11 @@ class CompiledGraph:
         check_inputs(self.graph, arrays)
         regs = {k["kernel"]: k.get("registers") for k in self.manifest["kernels"]}
         limit, climit = emulator_limits(self.device, self.program, regs)
-        flat = emulate_program(self.program, dict(arrays), coresident_limit=limit, cluster_limit=climit)
+        scratch: dict[str, np.ndarray] = {}
+        flat = emulate_program(self.program, dict(arrays), coresident_limit=limit, cluster_limit=climit,
+                               scratch_out=scratch)
+        flags = gather_flag_buffers(self.program)
+        check_gather_flags(self.program, {b: float(a[0]) for b, a in scratch.items() if b in flags})
         return {o: flat[o].reshape(self.graph.spec(o).shape) for o in self.graph.outputs}
 
     def __call__(self, **arrays: Any) -> dict[str, np.ndarray]:
@@ -236,6 +241,7 @@ class DeviceRun:
     def __init__(self, program: Any, cubin: bytes, driver: Any) -> None:
         from stitchtune.gpu.launch import Launcher, launch_plan
 
+        self.program = program
         self.driver = driver
         self.launcher = Launcher(driver, launch_plan(program), cubin)
         self.staging: dict[tuple[str, str], int] = {}
@@ -279,9 +285,32 @@ class DeviceRun:
             drv.synchronize()
             for o, host in outs.items():
                 drv.memcpy_dtoh(host, ptrs[o])
+            flags = self._read_flags()
         except DriverError as exc:
             raise DriverError(exc.call, exc.name, f"running {graph.name}") from None
+        check_gather_flags(self.program, flags)
         return outs
+
+    def _read_flags(self) -> dict[str, float]:
+        """The gather error flags of the last launch, zeroed again for the next one."""
+        out: dict[str, float] = {}
+        for name in gather_flag_buffers(self.program):
+            host = np.zeros(1, np.float32)
+            self.driver.memcpy_dtoh(host, self.launcher.scratch[name])
+            out[name] = float(host[0])
+            if host[0]:
+                self.driver.memset_d8(self.launcher.scratch[name], 0, 4, 0)
+        return out
+
+
+def check_gather_flags(program: Any, flags: Mapping[str, float]) -> None:
+    """Raise :class:`StitchtuneError` naming every gather whose error flag (``flags``: flag buffer
+    name -> value after the run) is set: some index was out of range (its output rows are zeros)."""
+    nodes = gather_flag_buffers(program)
+    bad = [nodes[b] for b, v in flags.items() if b in nodes and v]
+    if bad:
+        raise StitchtuneError(problems=[f"gather {n!r}: index out of range (the table has fewer rows, or the "
+                                        "index is negative); those output rows are zeros" for n in bad])
 
 
 def _device_array_problem(name: str, a: Any, spec: Any) -> list[str]:

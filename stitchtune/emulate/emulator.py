@@ -130,7 +130,8 @@ def _check_cluster_launch(kernel: Kernel, grid: int, cluster_limit: int | None) 
 
 def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
                     coresident_limit: Callable[[Kernel], int] | None = None,
-                    cluster_limit: Callable[[Kernel], int] | None = None) -> dict[str, np.ndarray]:
+                    cluster_limit: Callable[[Kernel], int] | None = None,
+                    scratch_out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Run every launch of ``program`` on fresh buffers; return ``{output tensor: flat array}``.
 
     Inputs are taken from ``inputs`` by ``BufferSpec.tensor`` (any shape, flattened in C order and
@@ -138,6 +139,8 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
     ``zero_init`` start as zeros (written), others as NaN (unwritten); barrier buffers are zeroed
     uint32. ``cluster_limit(kernel)``: the clusters of a cluster kernel the device holds at once
     (None: not checked). Returned arrays are 1-D in the buffer dtype (the caller reshapes to the graph shape).
+    ``scratch_out``, when given, receives a copy of every scratch buffer after the last launch (the
+    error flags of gathers among them, see :func:`stitchtune.lower.remap.gather_flag_buffers`).
     """
     arrays: dict[str, np.ndarray] = {}
     written: dict[str, np.ndarray] = {}
@@ -175,4 +178,6 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
         log.debug("emulating launch %d: %s<<<%d, %d>>>", i, kernel.name, launch.grid, launch.block)
         climit = cluster_limit(kernel) if cluster_limit is not None and kernel.cluster > 1 else None
         emulate_kernel(kernel, launch.grid, kb, written=kw, coresident_limit=limit, cluster_limit=climit)
+    if scratch_out is not None:
+        scratch_out.update({b.name: arrays[b.name].copy() for b in program.buffers if b.role == "scratch"})
     return {b.tensor: arrays[b.name].copy() for b in program.buffers if b.role == "output"}

@@ -49,11 +49,12 @@ FAULT_KINDS = (
 class _ElemTypes(Mapping[str, np.dtype]):
     """Buffer dtype -> numpy element type; ``bfloat16`` imports ml_dtypes on its first lookup only."""
 
-    _KEYS = ("float32", "float16", "bfloat16", "bool", "uint32")
+    _KEYS = ("float32", "float16", "bfloat16", "bool", "uint32", "int32", "int64")
 
     def __init__(self) -> None:
         self._known: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
-                                            "bool": np.dtype(np.bool_), "uint32": np.dtype(np.uint32)}
+                                            "bool": np.dtype(np.bool_), "uint32": np.dtype(np.uint32),
+                                            "int32": np.dtype(np.int32), "int64": np.dtype(np.int64)}
 
     def __getitem__(self, key: str) -> np.dtype:
         try:
@@ -76,7 +77,7 @@ class _ElemTypes(Mapping[str, np.dtype]):
 #: numpy element type of each buffer dtype (barrier buffers are always uint32)
 NP_ELEM: Mapping[str, np.dtype] = _ElemTypes()
 _NP_SCALAR = {F32: np.float32, I32: np.int32, BOOL: np.bool_}
-_ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "uint32": 4}
+_ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "uint32": 4, "int32": 4, "int64": 8}
 
 
 class EmulatorFault(Exception):
@@ -276,10 +277,11 @@ def _lanes_of(x: Any, lanes: np.ndarray) -> np.ndarray:
 
 
 def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.ndarray, width: int,
-            op: str, values: np.ndarray | None = None) -> np.ndarray | None:
+            op: str, values: np.ndarray | None = None, raw: bool = False) -> np.ndarray | None:
     """One (vector) memory access of ``width`` elements from ``base`` by each thread in ``lanes``.
 
-    ``op``: load (returns float32 [n, width]), store or atomic (``values`` float32 [n, width]).
+    ``op``: load (returns float32 [n, width]; ``raw``: in the buffer's own dtype), store or atomic
+    (``values`` float32 [n, width]).
     """
     base = np.ascontiguousarray(base, dtype=np.int32)  # IR indices are i32
     if width > 1:
@@ -322,7 +324,7 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
                 raise st.fault(race, f"read of {buf}{{at}} written by another "
                                f"{'thread' if is_shared else 'block'} without a barrier", bad, lr, e)
         v = arr[g]
-        if v.dtype != np.float32:
+        if v.dtype != np.float32 and not raw:
             v = v.astype(np.float32)
         return v.reshape(-1, width)
     assert values is not None

@@ -49,6 +49,7 @@ from stitchtune.ir.kir import (
     For,
     GridSync,
     If,
+    IndexLoad,
     Kernel,
     Load,
     LoadVec,
@@ -185,6 +186,8 @@ class _Compiled:
             return _cast_fn(f, t, e.dtype), e.dtype
         if isinstance(e, Load):
             return self.load(e), F32
+        if isinstance(e, IndexLoad):
+            return self.index_load(e), I32
         if isinstance(e, LocalRef):
             return self.localref(e), F32
         if isinstance(e, Shfl):
@@ -335,6 +338,25 @@ class _Compiled:
                 out[lanes] = _access(st, buf, is_shared, lanes, base, 1, "load")[:, 0]
             return out
         return load
+
+    def index_load(self, e: IndexLoad) -> ExprFn:
+        """An int32/int64 element, range-checked exactly (never through float32), as an i32 or -1."""
+        if self.buf_kind(e.buf) or self.params[e.buf].dtype not in ("int32", "int64"):
+            raise ValueError(f"kernel {self.kernel.name}: index load from non-integer buffer {e.buf}")
+        idx = self.as_type(e.index, I32)
+        pred = self.as_type(e.pred, BOOL) if e.pred is not None else None
+        buf, bound = e.buf, int(e.bound)
+
+        def index_load(st: _State, m: np.ndarray) -> Any:
+            act = m & pred(st, m) if pred is not None else m
+            lanes = np.flatnonzero(act)
+            out = np.full(st.T, -1, np.int32)
+            if lanes.size:
+                base = _lanes_of(idx(st, act), lanes)
+                v = _access(st, buf, False, lanes, base, 1, "load", raw=True)[:, 0].astype(np.int64)
+                out[lanes] = np.where((v >= 0) & (v < bound), v, -1).astype(np.int32)
+            return out
+        return index_load
 
     def localref(self, e: LocalRef) -> ExprFn:
         arr_name = e.array

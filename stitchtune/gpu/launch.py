@@ -51,7 +51,7 @@ from stitchtune.gpu.driver import DEFAULT_SMEM_LIMIT, Driver, DriverError
 __all__ = ["DEFAULT_SMEM_LIMIT", "ELEM_BYTES", "Bound", "DriverError", "LaunchPlan", "Launcher", "PlanBuffer",
            "PlanLaunch", "device_pointer", "launch_plan"]
 
-ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}
+ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int32": 4, "int64": 8}
 POISON = 0xFF  # 0xFF bytes are NaN in every float type
 
 

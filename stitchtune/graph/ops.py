@@ -30,6 +30,13 @@ Contract
   numpy ufunc, e.g. for combining partial results in the emulator) and ``is_mean`` (the result is
   divided by the number of reduced elements after combining).
 
+* The index ops (``kind`` ``slice``, ``concat``, ``gather``) move elements without arithmetic:
+  ``slice(x)`` with the node's ``axis``/``start``/``stop`` (step 1), ``concat(a, b, ...)`` along
+  ``axis`` (two or more tensors, ``arity`` 0 = variadic), ``gather(table, idx)`` along axis 0:
+  ``out[i..., :] = table[idx[i...], :]``, and a row of zeros where ``idx`` is out of range (``< 0`` or
+  ``>= table.shape[0]``; kernels also raise an error flag there). ``idx`` (``arg_types`` ``i``) is an
+  ``int32``/``int64`` graph input. Their ``np_fn`` take the node's attributes as keywords.
+
 Nothing here knows about graphs; ``graph/parse.py`` checks arity and attributes against this table.
 """
 
@@ -78,8 +85,8 @@ class OpInfo:
     result: str = "float"  # 'float' | 'bool'
 
     def arg_type(self, i: int) -> str:
-        """``'f'`` (float tensor or constant) or ``'b'`` (bool tensor) for argument ``i``."""
-        return self.arg_types[i] if self.arg_types else "f"
+        """``'f'`` (float tensor or constant), ``'b'`` (bool tensor) or ``'i'`` (int tensor) for argument ``i``."""
+        return self.arg_types[i] if self.arg_types and i < len(self.arg_types) else "f"
 
     def render(self, *operands: str) -> str:
         """The CUDA expression for this op applied to operand atoms (see module docstring)."""
@@ -271,6 +278,39 @@ UNARY: tuple[str, ...] = tuple(o.name for o in _TABLE if o.kind == "unary")
 BINARY: tuple[str, ...] = tuple(o.name for o in _TABLE if o.kind == "binary")
 REDUCTIONS: tuple[str, ...] = tuple(o.name for o in _TABLE if o.kind == "reduce")
 COMMUTATIVE: frozenset[str] = frozenset(o.name for o in _TABLE if o.commutative)
+
+
+def _slice(x: np.ndarray, *, axis: int, start: int, stop: int) -> np.ndarray:
+    idx = [slice(None)] * x.ndim
+    idx[axis] = slice(start, stop)
+    return x[tuple(idx)]
+
+
+def _concat(*xs: np.ndarray, axis: int) -> np.ndarray:
+    return np.concatenate(xs, axis=axis)
+
+
+def gather_rows(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``table[idx]`` along axis 0 with a zero row wherever ``idx`` is out of ``[0, len(table))``."""
+    idx = np.asarray(idx, dtype=np.int64)
+    ok = (idx >= 0) & (idx < table.shape[0])
+    out = table[np.where(ok, idx, 0)]
+    out[~ok] = 0
+    return out
+
+
+def _gather(table: np.ndarray, idx: np.ndarray, *, axis: int = 0) -> np.ndarray:
+    return gather_rows(table, idx)
+
+
+_INDEX_OPS: tuple[OpInfo, ...] = (
+    OpInfo(name="slice", kind="slice", arity=1, np_fn=_slice, cuda="{0}", flops=0, sfu=0),
+    OpInfo(name="concat", kind="concat", arity=0, np_fn=_concat, cuda="{0}", flops=0, sfu=0),
+    OpInfo(name="gather", kind="gather", arity=2, np_fn=_gather, cuda="{0}", flops=0, sfu=0, arg_types="fi"),
+)
+OPS.update({op.name: op for op in _INDEX_OPS})
+#: the op kinds that only move elements (index remaps inside a region)
+INDEX_KINDS: frozenset[str] = frozenset(("slice", "concat", "gather"))
 
 
 def _round_to(dtype_name: str) -> Callable[[np.ndarray], np.ndarray]:

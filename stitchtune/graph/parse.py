@@ -70,6 +70,7 @@ from stitchtune.graph.checks import (
 from stitchtune.graph.values import (
     DTYPES,
     FLOAT_DTYPES,
+    INT_DTYPES,
     ITEMSIZE,
     GraphValue,
     Node,
@@ -77,12 +78,14 @@ from stitchtune.graph.values import (
     broadcast_shapes,
     promote_dtypes,
 )
-from stitchtune.graph.ops import OPS, OpInfo
+from stitchtune.graph.ops import INDEX_KINDS, OPS, OpInfo
+from stitchtune.graph.index_checks import index_attributes, index_spec
 
 __all__ = [
     "parse_graph_bytes",
     "DTYPES",
     "FLOAT_DTYPES",
+    "INT_DTYPES",
     "ITEMSIZE",
     "NAME_RE",
     "MAX_NODES",
@@ -102,7 +105,7 @@ __all__ = [
     "broadcast_shapes",
 ]
 
-_NODE_KEYS = ("id", "op", "args", "axes", "keepdims", "to", "perm", "shape")
+_NODE_KEYS = ("id", "op", "args", "axes", "keepdims", "to", "axis", "start", "stop", "perm", "shape")
 
 
 # ---------------------------------------------------------------------------- the validated graph
@@ -243,15 +246,22 @@ def _parse_node(rn: Any, i: int, path: str, scope: _Scope, listing: _NodeListing
     id_ok = _node_id(rn, path, scope, p)
     info = _node_op(rn, path, p)
     keepdims, to = _node_attributes(rn, path, info, p)
+    attrs = index_attributes(rn, path, info, p)
     args = _node_args(rn, i, path, nid, id_ok, info, scope, listing, p)
-    shape, dtype, axes = _node_spec(rn, path, info, args, keepdims, to, p)
+    axis, start, stop = None, 0, 0
+    if info is not None and info.kind in INDEX_KINDS:
+        shape, dtype, axis, start, stop = (index_spec(info, path, args.specs, tuple(
+            a for a in args.values if isinstance(a, str)), attrs, p) if args.ok else (None, None, None, 0, 0))
+        axes: tuple[int, ...] = ()
+    else:
+        shape, dtype, axes = _node_spec(rn, path, info, args, keepdims, to, p)
     if len(p.items) > before or shape is None or dtype is None or not id_ok or info is None:
         if isinstance(nid, str):
             scope.failed.add(nid)
         return None
     perm = tuple(rn["perm"]) if info.name == "transpose" else ()
     return Node(id=nid, op=info.name, args=args.values, axes=axes, keepdims=keepdims, to=to,
-                shape=shape, dtype=dtype, perm=perm)
+                shape=shape, dtype=dtype, axis=axis, start=start, stop=stop, perm=perm)
 
 
 def _node_id(rn: dict[str, Any], path: str, scope: _Scope, p: _Problems) -> bool:
@@ -310,6 +320,9 @@ def _node_attributes(rn: dict[str, Any], path: str, info: OpInfo | None, p: _Pro
             p.add(f"{path}.to", "missing: cast needs a target dtype")
         else:
             to = _check_dtype(rn["to"], f"{path}.to", p)
+            if to in INT_DTYPES:
+                p.add(f"{path}.to", f"cannot cast to {to}: int tensors are graph inputs used as gather indices only")
+                to = None
     return keepdims, to
 
 
@@ -325,7 +338,10 @@ def _node_args(rn: dict[str, Any], i: int, path: str, nid: Any, id_ok: bool, inf
     if not isinstance(raw_args, list):
         p.add(f"{path}.args", f"must be a list, got {_type_name(raw_args)}")
         return _Args((), (), False)
-    if info is not None and len(raw_args) != info.arity:
+    if info is not None and info.arity == 0 and not 2 <= len(raw_args) <= 8:
+        p.add(f"{path}.args", f"wrong arity: {info.name} takes 2 to 8 arguments, got {len(raw_args)}")
+        return _Args((), (), False)
+    if info is not None and info.arity and len(raw_args) != info.arity:
         p.add(f"{path}.args", f"wrong arity: {info.name} takes {info.arity} argument(s), got {len(raw_args)}")
         return _Args((), (), False)
     ok = True
@@ -362,16 +378,25 @@ def _node_args(rn: dict[str, Any], i: int, path: str, nid: Any, id_ok: bool, inf
 def _check_arg_types(path: str, info: OpInfo, values: list[str | float], specs: list[TensorSpec],
                      p: _Problems) -> bool:
     """Whether every tensor argument has the type ``info.arg_types`` asks for (cast takes anything);
-    a problem naming the argument and its dtype is added for each one that does not."""
-    if info.kind in ("cast", "layout"):
-        return True
+    a problem naming the argument and its dtype is added for each one that does not. An int tensor
+    (a graph input) is accepted only as gather's index."""
     ok, k = True, 0
     for j, v in enumerate(values):
         if not isinstance(v, str):
             continue
         dtype = specs[k].dtype
         k += 1
-        want_bool = info.arg_type(j) == "b"
+        want = info.arg_type(j)
+        if (want == "i") != (dtype in INT_DTYPES):
+            if want == "i":
+                continue  # gather's own check names the index's dtype
+            p.add(f"{path}.args[{j}]", f"{info.name} cannot take {_show(v)} ({dtype}): int tensors are "
+                                       "used as gather indices only")
+            ok = False
+            continue
+        if info.kind in ("cast", "slice", "concat", "layout") or want == "i":  # slice/concat/layout: float or bool
+            continue
+        want_bool = want == "b"
         if want_bool and dtype != "bool":
             p.add(f"{path}.args[{j}]", f"{info.name} needs a bool tensor here; {_show(v)} is {dtype}")
             ok = False

@@ -30,7 +30,7 @@ from typing import Mapping
 import numpy as np
 
 from stitchtune.errors import GraphError, StitchtuneError
-from stitchtune.graph.parse import DTYPES, Graph
+from stitchtune.graph.parse import DTYPES, INT_DTYPES, Graph
 from stitchtune.graph.ops import OPS
 
 __all__ = ["numpy_dtype", "bfloat16_dtype", "run_reference", "random_inputs", "check_inputs", "check_host_memory",
@@ -43,6 +43,8 @@ _NP_DTYPES: dict[str, np.dtype] = {
     "float32": np.dtype(np.float32),
     "float16": np.dtype(np.float16),
     "bool": np.dtype(np.bool_),
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
 }
 
 
@@ -124,8 +126,9 @@ def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, n
     """Evaluate ``graph`` on ``inputs`` in float64; outputs cast to their dtypes (see module doc)."""
     check_inputs(graph, inputs)
     check_host_memory(graph)
-    env: dict[str, np.ndarray] = {
-        name: np.asarray(inputs[name]).astype(np.float64) for name, _ in graph.inputs
+    env: dict[str, np.ndarray] = {  # int inputs (gather indices) stay int64: exact at any value
+        name: np.asarray(inputs[name]).astype(np.int64 if spec.dtype in INT_DTYPES else np.float64)
+        for name, spec in graph.inputs
     }
     with np.errstate(all="ignore"):  # inf/nan are legitimate results (e.g. log of 0)
         for node in graph.nodes:
@@ -139,6 +142,10 @@ def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, n
                 val = np.transpose(args[0], node.perm)
             elif node.op == "reshape":
                 val = np.reshape(args[0], node.shape)
+            elif info.kind == "slice":
+                val = info.np_fn(args[0], axis=node.axis, start=node.start, stop=node.stop)
+            elif info.kind in ("concat", "gather"):
+                val = info.np_fn(*args, axis=node.axis)
             else:
                 val = info.np_fn(*args)
             val = np.asarray(val, dtype=np.float64)
@@ -167,15 +174,31 @@ def positive_inputs(graph: Graph) -> set[str]:
     return out
 
 
+def gather_bounds(graph: Graph) -> dict[str, int]:
+    """For each int input: the number of rows of the smallest table it indexes (valid indices are below)."""
+    out: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op == "gather":
+            table, idx = node.args
+            rows = graph.spec(table).shape[0]  # type: ignore[arg-type]
+            out[idx] = min(out.get(idx, rows), rows)  # type: ignore[index]
+    return out
+
+
 def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
-    """Standard-normal inputs in each input's dtype, never exactly zero, deterministic in ``seed``.
+    """Standard-normal inputs in each input's dtype, never exactly zero, deterministic in ``seed``
+    (int inputs: uniform valid gather indices, see :func:`gather_bounds`).
 
     Inputs in :func:`positive_inputs` get ``|N(0, 1)| + 0.5`` instead."""
     check_host_memory(graph)
     rng = np.random.default_rng(seed)
     positive = positive_inputs(graph)
     out: dict[str, np.ndarray] = {}
+    bounds = gather_bounds(graph)
     for name, spec in graph.inputs:
+        if spec.dtype in INT_DTYPES:  # gather indices: uniform over the table's rows
+            out[name] = rng.integers(0, bounds.get(name, 2), spec.shape).astype(numpy_dtype(spec.dtype))
+            continue
         if spec.dtype == "bool":
             out[name] = rng.random(spec.shape, dtype=np.float32) < np.float32(0.75)
             continue

@@ -32,6 +32,7 @@ from stitchtune.graph.ops import OPS
 __all__ = [
     "DTYPES",
     "FLOAT_DTYPES",
+    "INT_DTYPES",
     "ITEMSIZE",
     "TensorSpec",
     "Node",
@@ -40,10 +41,12 @@ __all__ = [
     "broadcast_shapes",
 ]
 
-#: graph dtypes; ``bool`` is stored one byte per element (0 or 1) and holds comparison results and masks
-DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "bool")
+#: graph dtypes; ``bool`` is stored one byte per element (0 or 1) and holds comparison results and masks;
+#: ``int32``/``int64`` are graph inputs used as ``gather`` indices only
+DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "bool", "int32", "int64")
 FLOAT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
-ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}
+INT_DTYPES: tuple[str, ...] = ("int32", "int64")
+ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int32": 4, "int64": 8}
 _KEY_VERSION = "stitchtune-workload-v1"
 
 
@@ -72,8 +75,10 @@ class TensorSpec:
 class Node:
     """One operator application. ``args``: a ``str`` names a tensor, a ``float`` is a scalar constant.
 
-    ``axes`` (reductions) are normalised, non-negative and sorted; ``shape``/``dtype`` are inferred
-    (for ``reshape`` the shape is the target given in the file); ``perm`` is ``transpose``'s
+    ``axes`` (reductions) are normalised, non-negative and sorted; ``shape``/``dtype`` are inferred.
+    ``axis`` (slice, concat, gather) is normalised and non-negative; ``start``/``stop`` (slice) are
+    normalised so that ``0 <= start < stop <= dim`` (step 1).
+    (For ``reshape`` the shape is the target given in the file.) ``perm`` is ``transpose``'s
     permutation of the argument's dims (numpy semantics), ``()`` for every other op.
     """
 
@@ -85,6 +90,9 @@ class Node:
     to: str | None = None
     shape: tuple[int, ...] = ()
     dtype: str = "float32"
+    axis: int | None = None
+    start: int = 0
+    stop: int = 0
     perm: tuple[int, ...] = ()
 
     @property
@@ -164,6 +172,10 @@ class GraphValue:
                 d["perm"] = list(n.perm)
             if n.op == "reshape":
                 d["shape"] = list(n.shape)
+            if n.axis is not None:
+                d["axis"] = n.axis
+            if n.op == "slice":
+                d["start"], d["stop"] = n.start, n.stop
             nodes.append(d)
         return {
             "name": self.name,
@@ -189,8 +201,12 @@ class GraphValue:
             args = [memo[a] if isinstance(a, str) else ["const", float(a).hex()] for a in n.args]
             if OPS[n.op].commutative:
                 args = sorted(args, key=lambda v: json.dumps(v))
-            memo[n.id] = h(["node", n.op, list(n.axes), n.keepdims, n.to,
-                            dims(n.shape), n.dtype, args] + ([list(n.perm)] if n.perm else []))
+            fields = ["node", n.op, list(n.axes), n.keepdims, n.to, dims(n.shape), n.dtype, args]
+            if n.axis is not None:  # slice / concat / gather (keys of other nodes are unchanged)
+                fields.append([n.axis, n.start, n.stop])
+            if n.perm:  # transpose (keys of other nodes are unchanged)
+                fields.append(list(n.perm))
+            memo[n.id] = h(fields)
         inputs = sorted([name, dims(s.shape), s.dtype] for name, s in self.inputs)
         return h([_KEY_VERSION, inputs, [memo[o] for o in self.outputs]])
 
@@ -203,7 +219,9 @@ class GraphValue:
         return self._canonical(shapes=False)
 
     def min_bytes(self) -> int:
-        """Bytes a perfect kernel moves: every input read once + every distinct output written once."""
+        """Bytes a perfect kernel moves: every input read once + every distinct output written once
+        (a gather table counts whole: an upper bound where fewer rows are gathered; the kernels'
+        profiles count the gathered rows)."""
         total = sum(s.nbytes for _, s in self.inputs)
         total += sum(self.spec(o).nbytes for o in dict.fromkeys(self.outputs))
         return total

@@ -14,7 +14,8 @@ Semantics (shared by both consumers):
   shared-memory buffers (:class:`SharedBuf`, float32, per block). Loads convert the element type to
   float32, stores convert float32 to the element type. A ``bool`` buffer (one byte per element,
   inputs only) loads as 1.0 for a non-zero byte and 0.0 for zero: graph bools are 0.0 / 1.0 floats in
-  kernels (see :mod:`stitchtune.graph.ops`).
+  kernels (see :mod:`stitchtune.graph.ops`). ``int32``/``int64`` buffers (gather indices, inputs
+  only) are read only by :class:`IndexLoad`, which yields a range-checked i32.
 * :class:`LoadVec` / :class:`StoreVec` move ``width`` consecutive elements starting at ``index`` (an
   element index that must be a multiple of ``width``: 16-byte or narrower aligned accesses). A false
   ``pred`` skips the access for that thread (a masked lane keeps its destination values).
@@ -55,7 +56,7 @@ I32 = "i32"
 BOOL = "bool"
 
 #: element types of buffers (graph dtypes)
-ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}
+ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int32": 4, "int64": 8}
 
 
 def check_ident(name: str) -> str:
@@ -156,6 +157,20 @@ class Load:
 
 
 @dataclass(frozen=True)
+class IndexLoad:
+    """An i32 row index read from an ``int32``/``int64`` input: ``buf[index]`` when it lies in
+    ``[0, bound)``, else ``-1`` (compared at the buffer's own width, so no value wraps into range).
+
+    ``pred`` false: no memory access, the value is ``-1``. The only way a kernel reads an int buffer.
+    """
+
+    buf: str
+    index: "Expr"
+    bound: int
+    pred: "Expr | None" = None
+
+
+@dataclass(frozen=True)
 class LocalRef:
     """Read ``array[index]`` of a per-thread :class:`LocalArray`."""
 
@@ -189,7 +204,7 @@ class RemoteLoad:
     pred: "Expr | None" = None
 
 
-Expr = Union[Const, Var, Special, Bin, MathOp, Select, Cast, Load, LocalRef, Shfl, ClusterRank, RemoteLoad]
+Expr = Union[Const, Var, Special, Bin, MathOp, Select, Cast, Load, IndexLoad, LocalRef, Shfl, ClusterRank, RemoteLoad]
 
 
 # ----------------------------------------------------------------------------------------------

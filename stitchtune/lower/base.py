@@ -17,7 +17,7 @@ from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, MathOp, Var
 from stitchtune.hardware.occupancy import max_resident_blocks
-from stitchtune.graph.ops import OPS
+from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import Schedule
 
@@ -97,6 +97,9 @@ class _SweepValues:
         self.cache_index, self.smem_index, self.stats = cache_index, smem_index, stats
         self.memo: dict[str, list[kir.Expr]] = {}
         self.newly: set[str] = set()
+        #: the values of an index-op node (slice / concat / gather), set by the family's sweep
+        #: (:class:`stitchtune.lower.remap.RemapValues`); None where the family has no index ops
+        self.index_value = None
 
     def value(self, name: str) -> list[kir.Expr]:
         low, vec = self.low, self.vec
@@ -115,6 +118,8 @@ class _SweepValues:
             return vals
         if name in low.in_buf:
             vals = self.load_input(name)
+        elif OPS[low.nodes[name].op].kind in INDEX_KINDS:
+            vals = self.index_value(name)
         else:
             nd = low.nodes[name]
             argv = [self.value(a) if isinstance(a, str) else [Const(float(a), F32)] * vec for a in nd.args]
@@ -158,6 +163,7 @@ class _Lowerer:
             spec = graph.spec(name)
             self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), "output", name))
         self.reuse = dict(zip(plan.reuse_candidates, s.reuse))
+        self.gather_tables = {nd.args[0] for nd in graph.nodes if nd.op == "gather"}
         self.rpb = 1
         self.red_idx = {r: i for i, r in enumerate(plan.reductions)}
         # sweep order (schedule.order == "alternate"), carried across kernels: the direction of the last
@@ -254,6 +260,8 @@ class _Lowerer:
         in half the L2 (the repeats hit there), else the view's ``M * N`` elements (each repeat
         misses). A simple model: the L2 share and the all-or-nothing switch are assumptions."""
         name = buf.tensor if buf.role == "input" else ""
+        if name in self.gather_tables:  # the gathered rows, at most the whole table
+            return min(buf.nbytes, self.p.M * self.p.N * kir.ELEM_BYTES[buf.dtype])
         if not name or not self.p.mapped(name) or buf.nbytes <= self.dev.l2_bytes // 2:
             return buf.nbytes
         return self.p.M * self.p.N * kir.ELEM_BYTES[buf.dtype]
@@ -392,6 +400,8 @@ class _Lowerer:
                 reread += size * n
         # small operands (per-reduced-index, per-row/column and scalar inputs): read once
         for name, spec in self.g.inputs:
+            if name in self.gather_tables:  # counted by the sweeps that load it (read_bytes)
+                continue
             if self.cls.get(name) is not TensorClass.FULL and self.in_buf[name] in {pp.name for pp in kern.params}:
                 dram_read += math.prod(spec.shape) * kir.ELEM_BYTES[spec.dtype]
         writes = sum(specs[pp.name].nbytes * self.sector_factor(specs[pp.name])

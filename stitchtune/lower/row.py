@@ -30,6 +30,7 @@ from stitchtune.lower.cluster import (
     cluster_shared,
     cluster_size,
 )
+from stitchtune.lower.remap import RemapValues
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.plan.single_pass import SinglePassCandidate
 from stitchtune.space import Schedule
@@ -204,6 +205,7 @@ class _RowKernel:
         self.filled: set[str] = set()
         self.prefetched: list[str] = []
         self.row_bases: dict[str, Var] = {}  # mapped inputs: their row base in this round
+        self.gather_rows: dict[str, Var] = {}  # gather nodes: their table row in this round
         self.first_sweep = bool(s.prefetch)  # the next sweep is the kernel's first (with prefetch on)
         self.prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
 
@@ -384,6 +386,7 @@ class _RowKernel:
         sw = _RowSweep(idx_it, k0, valid, lb, from_prefetch)
         sv = _SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw),
                           partial(self.cache_index, sw), partial(self.smem_index, sw), self.stats)
+        sv.index_value = RemapValues(self, sw, sv).node_value
         for r in reds:
             vals = sv.value(low.nodes[r].args[0])  # type: ignore[arg-type]
             for j in range(vec):

@@ -50,6 +50,7 @@ from math import prod
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import OPS
+from stitchtune.plan import remap
 from stitchtune.plan.axes import Groups, tensor_axes
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
@@ -115,6 +116,56 @@ class StitchPlan:
     @property
     def nstages(self) -> int:
         return len(self.stages)
+
+
+def _axes_maps(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int | None, ...]]:
+    """For each tensor of a *surrogate* graph (:mod:`stitchtune.plan.remap`): which axis of the
+    right-aligned ``domain`` each of its dims indexes (None for a size-1 dim). Graphs without index
+    ops use :func:`~stitchtune.plan.axes.tensor_axes` instead."""
+    D = len(domain)
+    maps: dict[str, tuple[int | None, ...]] = {}
+    for name, spec in graph.inputs:
+        shape = spec.shape
+        if len(shape) > D:
+            raise UnsupportedGraphError(f"input '{name}' has a higher rank than the largest tensor")
+        m: list[int | None] = []
+        for k, s in enumerate(shape):
+            ax = D - len(shape) + k
+            if s == 1:
+                m.append(None)
+            elif s == domain[ax]:
+                m.append(ax)
+            else:
+                raise UnsupportedGraphError(
+                    f"input '{name}' shape {list(shape)} does not align with the iteration domain {list(domain)}")
+        maps[name] = tuple(m)
+    for node in graph.nodes:
+        info = OPS[node.op]
+        targs = [a for a in node.args if isinstance(a, str)]
+        if info.kind == "reduce":
+            src = maps[targs[0]]
+            if node.keepdims:
+                maps[node.id] = tuple(None if i in node.axes else a for i, a in enumerate(src))
+            else:
+                maps[node.id] = tuple(a for i, a in enumerate(src) if i not in node.axes)
+            continue
+        rank = len(node.shape)
+        out: list[int | None] = [None] * rank
+        for a in targs:
+            am = maps[a]
+            off = rank - len(am)
+            for k, ax in enumerate(am):
+                pos = off + k
+                if ax is None:
+                    continue
+                if out[pos] is None:
+                    out[pos] = ax
+                elif out[pos] != ax:
+                    raise UnsupportedGraphError(
+                        f"node '{node.id}' broadcasts values of different axes against each other "
+                        "(a reduction without keepdims used along another axis?)")
+        maps[node.id] = tuple(out)
+    return maps
 
 
 @dataclass(frozen=True)
@@ -270,16 +321,32 @@ def _reuse_candidates(graph: Graph, names: list[str], classes: dict[str, TensorC
 
 
 def make_plan(graph: Graph) -> StitchPlan:
-    """Analyse ``graph``; raise :class:`UnsupportedGraphError` when it has no stitched lowering."""
+    """Analyse ``graph``; raise :class:`UnsupportedGraphError` when it has no stitched lowering.
+    A graph with index ops (slice, concat, gather) is analysed through its surrogate
+    (:mod:`stitchtune.plan.remap`), over the right-aligned domain of its largest tensor; every other
+    graph through :func:`~stitchtune.plan.axes.tensor_axes` (transpose / reshape as index maps)."""
+    real, graph = graph, remap.surrogate(graph)
     names = [n for n, _ in graph.inputs] + [nd.id for nd in graph.nodes]
-    axes = tensor_axes(graph)
-    maps = axes.of
     red_nodes = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
-    view = _view(axes.order, axes.size_of, bool(red_nodes), _reduced_axes(red_nodes, maps))
+    if real is not graph:
+        domain = max((graph.spec(n).shape for n in names), key=lambda s: (prod(s), len(s)))
+        old = _axes_maps(graph, domain)
+        maps = {n: tuple((a,) if a is not None else () for a in m) for n, m in old.items()}
+        order = tuple(a for a in range(len(domain)) if domain[a] > 1)
+        view = _view(order, dict(enumerate(domain)), bool(red_nodes), _reduced_axes(red_nodes, maps))
+        remap.check_gathers(real, domain, view.col_axes, view.family)
+    else:
+        axes = tensor_axes(graph)
+        maps = axes.of
+        view = _view(axes.order, axes.size_of, bool(red_nodes), _reduced_axes(red_nodes, maps))
     classes = _classify(names, view, maps)
     _check_reductions(red_nodes, classes)
     _check_reduction_sources(red_nodes, view, maps)
+    if real is not graph:
+        remap.check_remaps(real, domain, view.row_axes, {n: c.varies_along_reduced for n, c in classes.items()})
     imaps = _index_maps(graph, view, maps)
+    if real is not graph:
+        imaps.update(remap.real_index_maps(real, graph, old, domain, view.row_axes, view.col_axes))
     stages = _stages(graph, red_nodes)
     return StitchPlan(
         family=view.family, M=view.M, N=view.N, classes=tuple(classes.items()),

@@ -96,6 +96,18 @@ def _every_op_graph() -> dict:
             nodes.append({"id": nid, "op": op, "args": args})
         elif kind == "reduce":
             nodes.append({"id": nid, "op": op, "args": [last], "axes": [-1], "keepdims": True})
+        elif kind == "slice":  # the last 6 columns, then back to 8 by a concat of the first 2
+            nodes += [{"id": nid, "op": op, "args": [last], "axis": -1, "start": 2, "stop": 8},
+                      {"id": f"h{i}", "op": "slice", "args": [last], "axis": 1, "start": 0, "stop": -6},
+                      {"id": f"j{i}", "op": "concat", "args": [nid, f"h{i}"], "axis": 1}]
+            nid = f"j{i}"
+        elif kind == "concat":  # rotate_half
+            nodes += [{"id": f"h{i}", "op": "slice", "args": [last], "axis": -1, "start": 4, "stop": 8},
+                      {"id": f"l{i}", "op": "slice", "args": [last], "axis": -1, "start": 0, "stop": 4},
+                      {"id": nid, "op": op, "args": [f"h{i}", f"l{i}"], "axis": -1}]
+        elif kind == "gather":  # rows of y by the index input (a row of zeros for index -1 is in test_gather)
+            nodes += [{"id": f"g{i}", "op": op, "args": ["y", "ids"], "axis": 0},
+                      {"id": nid, "op": "add", "args": [f"g{i}", last]}]
         elif op == "transpose":  # [4, 8] -> [8, 4] -> back
             nodes += [{"id": f"u{i}", "op": op, "args": [last], "perm": [1, 0]},
                       {"id": nid, "op": op, "args": [f"u{i}"], "perm": [1, 0]}]
@@ -113,7 +125,8 @@ def _every_op_graph() -> dict:
         last = f"s{i}"
     nodes.append({"id": "mx", "op": "maximum", "args": [0.25, last]})
     nodes.append({"id": "out", "op": "cast", "args": ["mx"], "to": "float16"})
-    return {"name": "every_op", "inputs": {"x": x, "y": x}, "nodes": nodes, "outputs": ["out", last]}
+    return {"name": "every_op", "inputs": {"x": x, "y": x, "ids": {"shape": [4], "dtype": "int32"}},
+            "nodes": nodes, "outputs": ["out", last]}
 
 
 def test_every_op_is_covered_and_matches() -> None:

@@ -15,7 +15,7 @@ import scipy.special
 
 from stitchtune.errors import StitchtuneError
 from stitchtune.graph.parse import load_graph, parse_graph
-from stitchtune.graph.ops import OPS, format_float_literal
+from stitchtune.graph.ops import INDEX_KINDS, OPS, format_float_literal
 from stitchtune.graph.reference import numpy_dtype, random_inputs, run_reference
 
 
@@ -34,6 +34,15 @@ def test_np_fn_keeps_float32_and_float64(name: str) -> None:
         elif info.kind == "ternary":
             r = info.np_fn(x, x[::-1], x * 2)
             assert info.np_fn(x, 1.5, x).dtype == dt and info.np_fn(x, x, 1.5).dtype == dt
+        elif info.kind == "slice":
+            r = info.np_fn(x, axis=1, start=1, stop=3)
+            assert r.shape == (3, 2)
+        elif info.kind == "concat":
+            r = info.np_fn(x, x[:, :1], axis=1)
+            assert r.shape == (3, 5)
+        elif info.kind == "gather":
+            r = info.np_fn(x, np.array([2, -1, 3, 0]), axis=0)
+            assert r.shape == (4, 4) and (r[1] == 0).all() and (r[2] == 0).all() and (r[0] == x[2]).all()
         else:
             r = info.np_fn(x)
         assert r.dtype == dt, (name, dt, r.dtype)
@@ -45,12 +54,13 @@ def test_op_table_fields() -> None:
                         "add", "sub", "mul", "div", "maximum", "minimum", "pow",
                         "lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or", "logical_not",
                         "where", "clamp",
-                        "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "cast", "transpose", "reshape"}
+                        "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "cast",
+                        "slice", "concat", "gather", "transpose", "reshape"}
     banned = re.compile(r"\b(exp|log|sqrt|tanh|erf|pow|fmax|fmin|fabs)\(")  # double-precision calls
     for info in OPS.values():
-        assert info.kind in ("unary", "binary", "ternary", "reduce", "cast", "layout")
-        assert info.arity == {"binary": 2, "ternary": 3}.get(info.kind, 1)
-        assert info.result in ("float", "bool") and set(info.arg_types) <= {"f", "b"}
+        assert info.kind in ("unary", "binary", "ternary", "reduce", "cast", "slice", "concat", "gather", "layout")
+        assert info.arity == {"binary": 2, "ternary": 3, "concat": 0, "gather": 2}.get(info.kind, 1)
+        assert info.result in ("float", "bool") and set(info.arg_types) <= {"f", "b", "i"}
         assert info.arg_types == "" or len(info.arg_types) == info.arity
         assert info.cuda.count("(") == info.cuda.count(")")
         assert not banned.search(info.cuda), info.name
@@ -102,6 +112,8 @@ def test_cuda_templates_compile(tmp_path: Path) -> None:
     """Every template and a few literals compile as fp32 device code (nvcc, no GPU needed)."""
     lines = []
     for k, info in enumerate(sorted(OPS.values(), key=lambda o: o.name)):
+        if info.kind in INDEX_KINDS:  # index ops move elements; kernels never render their template
+            continue
         expr = info.render(*(["a", "b", "c"][: info.arity]))
         lines.append(f"  float r{k} = {expr};  out[{k}] = r{k};")
         if info.cuda_combine:

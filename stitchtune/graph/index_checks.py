@@ -1,0 +1,154 @@
+"""Validation of the index ops ``slice``, ``concat`` and ``gather`` (their attributes and result specs).
+
+Contract (graph.json forms)
+---------------------------
+* ``{"op": "slice", "args": ["x"], "axis": A, "start": S, "stop": E}``: step 1; ``A`` in
+  ``[-rank, rank)`` (normalised to non-negative); ``S`` and ``E`` integers, a negative one counts from
+  the end as in Python (``S + dim``), then ``0 <= S < E <= dim`` is required (an empty or out-of-range
+  slice is an error, never clipped). Result: ``x``'s shape with ``E - S`` along ``A``, ``x``'s dtype.
+* ``{"op": "concat", "args": ["a", "b", ...], "axis": A}``: two to eight tensors of the same rank,
+  equal dims except along ``A`` (no broadcasting inside concat), all float (one promoted dtype) or
+  all bool. Result: dims summed along ``A``.
+* ``{"op": "gather", "args": ["table", "idx"], "axis": 0}``: ``axis`` 0 only; ``idx`` an
+  ``int32``/``int64`` graph input; result shape ``idx.shape + table.shape[1:]`` (rank at most
+  :data:`~stitchtune.graph.checks.MAX_RANK`), ``table``'s dtype (float). Out-of-range indices are a
+  defined result (a zero row) and a flagged error at run time, not a validation error.
+* Only these ops take ``axis``; only ``slice`` takes ``start``/``stop``; every problem is one
+  ``"<json path>: <what>"`` line.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from stitchtune.graph.checks import MAX_ELEMENTS, MAX_RANK, _Problems, _show
+from stitchtune.graph.ops import INDEX_KINDS, OpInfo
+from stitchtune.graph.values import INT_DTYPES, TensorSpec, promote_dtypes
+
+__all__ = ["index_attributes", "index_spec", "INDEX_KEYS"]
+
+INDEX_KEYS = ("axis", "start", "stop")
+
+
+def _int(v: Any, path: str, p: _Problems) -> int | None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        p.add(path, f"must be an integer, got {_show(v)}")
+        return None
+    return v
+
+
+def index_attributes(rn: dict[str, Any], path: str, info: OpInfo | None,
+                     p: _Problems) -> tuple[int | None, int | None, int | None]:
+    """The raw ``(axis, start, stop)`` of a node (None where absent or invalid); a problem for each
+    attribute an op does not take or misses."""
+    kind = info.kind if info is not None else None
+    if info is not None:
+        takes = {"axis"} if kind in INDEX_KINDS else set()
+        if kind == "slice":
+            takes |= {"start", "stop"}
+        for k in INDEX_KEYS:
+            if k in rn and k not in takes:
+                p.add(f"{path}.{k}", f"only {'slice' if k != 'axis' else 'slice, concat and gather'} "
+                                     f"take{'s' if k != 'axis' else ''} {k!r}; {info.name} does not")
+    if kind not in INDEX_KINDS:
+        return None, None, None
+    out: list[int | None] = []
+    for k in ("axis", "start", "stop") if kind == "slice" else ("axis",):
+        if k not in rn:
+            p.add(f"{path}.{k}", f"missing: {info.name} needs {k!r}")  # type: ignore[union-attr]
+            out.append(None)
+        else:
+            out.append(_int(rn[k], f"{path}.{k}", p))
+    out += [None] * (3 - len(out))
+    return out[0], out[1], out[2]
+
+
+def _axis(axis: int | None, rank: int, path: str, p: _Problems) -> int | None:
+    if axis is None:
+        return None
+    if not -rank <= axis < rank:
+        p.add(f"{path}.axis", f"axis {axis} out of range for rank {rank}")
+        return None
+    return axis % rank
+
+
+def index_spec(info: OpInfo, path: str, specs: tuple[TensorSpec, ...], arg_names: tuple[str, ...],
+               attrs: tuple[int | None, int | None, int | None], p: _Problems) -> tuple[tuple[int, ...] | None, str | None, int | None, int, int]:
+    """``(shape, dtype, axis, start, stop)`` of a valid index op (shape None and problems added otherwise)."""
+    axis, start, stop = attrs
+    if info.kind == "slice":
+        return _slice_spec(path, specs[0], axis, start, stop, p)
+    if info.kind == "concat":
+        return _concat_spec(path, specs, axis, p)
+    return _gather_spec(path, specs, arg_names, axis, p)
+
+
+def _slice_spec(path: str, x: TensorSpec, axis: int | None, start: int | None, stop: int | None,
+                p: _Problems) -> tuple[tuple[int, ...] | None, str | None, int | None, int, int]:
+    a = _axis(axis, x.rank, path, p)
+    if a is None or start is None or stop is None:
+        return None, None, None, 0, 0
+    dim = x.shape[a]
+    s = start + dim if start < 0 else start
+    e = stop + dim if stop < 0 else stop
+    if not 0 <= s < e <= dim:
+        p.add(path, f"slice [{start}:{stop}] of axis {a} (dim {dim}) is empty or out of range "
+                    f"(needs 0 <= start < stop <= dim after negative values count from the end)")
+        return None, None, None, 0, 0
+    shape = tuple(e - s if k == a else d for k, d in enumerate(x.shape))
+    return shape, x.dtype, a, s, e
+
+
+def _concat_spec(path: str, specs: tuple[TensorSpec, ...], axis: int | None,
+                 p: _Problems) -> tuple[tuple[int, ...] | None, str | None, int | None, int, int]:
+    bad = (None, None, None, 0, 0)
+    if len(specs) < 2:
+        p.add(f"{path}.args", f"concat needs two or more tensors, got {len(specs)}")
+        return bad
+    rank = specs[0].rank
+    if any(s.rank != rank for s in specs):
+        p.add(f"{path}.args", "concat needs tensors of the same rank, got shapes "
+                              + " and ".join(str(list(s.shape)) for s in specs))
+        return bad
+    a = _axis(axis, rank, path, p)
+    if a is None:
+        return bad
+    for j, s in enumerate(specs[1:], 1):
+        if any(d != e for k, (d, e) in enumerate(zip(s.shape, specs[0].shape)) if k != a):
+            p.add(f"{path}.args[{j}]", f"shape {list(s.shape)} differs from {list(specs[0].shape)} "
+                                       f"outside axis {a} (concat does not broadcast)")
+            return bad
+    kinds = {s.dtype == "bool" for s in specs}
+    if len(kinds) > 1:
+        p.add(f"{path}.args", "concat needs all float or all bool tensors")
+        return bad
+    shape = tuple(sum(s.shape[a] for s in specs) if k == a else d for k, d in enumerate(specs[0].shape))
+    dtype = "bool" if kinds == {True} else promote_dtypes(s.dtype for s in specs)
+    return shape, dtype, a, 0, 0
+
+
+def _gather_spec(path: str, specs: tuple[TensorSpec, ...], names: tuple[str, ...], axis: int | None,
+                 p: _Problems) -> tuple[tuple[int, ...] | None, str | None, int | None, int, int]:
+    bad = (None, None, None, 0, 0)
+    table, idx = specs
+    if axis is None:
+        return bad
+    if axis not in (0, -table.rank):
+        p.add(f"{path}.axis", f"gather takes axis 0 only (rows of the table), got {axis}")
+        return bad
+    if idx.dtype not in INT_DTYPES:  # only graph inputs are ever int
+        p.add(f"{path}.args[1]", f"gather needs an int32/int64 graph input as its index, "
+                                 f"{_show(names[1])} is {idx.dtype}")
+        return bad
+    if table.dtype not in ("float32", "float16", "bfloat16"):
+        p.add(f"{path}.args[0]", f"gather needs a float table, {_show(names[0])} is {table.dtype}")
+        return bad
+    shape = tuple(idx.shape) + tuple(table.shape[1:])
+    if len(shape) > MAX_RANK:
+        p.add(path, f"result rank {len(shape)} exceeds {MAX_RANK}")
+        return bad
+    if math.prod(shape) > MAX_ELEMENTS:
+        p.add(path, f"too large: result has {math.prod(shape)} elements (limit {MAX_ELEMENTS})")
+        return bad
+    return shape, table.dtype, 0, 0, 0

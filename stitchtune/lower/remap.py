@@ -1,0 +1,281 @@
+"""Index remaps in a sweep: the values of ``slice``, ``concat`` and ``gather`` nodes (row family).
+
+Contract
+--------
+A stitched kernel never materialises an index op's result. The sweep asks for the ``vec`` values of
+a tensor at the view element of the thread (domain position ``p``, see
+:mod:`stitchtune.plan.remap`); :class:`RemapValues` answers for a tensor evaluated at a *shifted*
+position under *conditions*, a :class:`Shift`: the tensor's element ``p + delta`` for positions
+``p`` that satisfy every ``(axis, lo, hi)`` (``lo <= p[axis] < hi``; elsewhere the value is never
+used). ``slice(x)`` adds ``start`` to the delta of its axis; ``concat`` selects per position the
+piece whose range holds ``p[axis] + delta`` and evaluates it with the piece's offset subtracted and
+the range added as a condition; an element-wise node is evaluated from its arguments under the same
+shift; an input is loaded at ``address(p) + sum(delta[a] * stride[a])`` (its own strides) with the
+conditions in the predicate, one vector load when every condition is uniform over the ``vec`` lanes
+and the shifted address stays ``vec``-aligned, else one predicated scalar load per lane. Per-row
+and scalar values are unchanged by column shifts. With no delta and no condition the sweep's own
+evaluation is used (caches, prefetch).
+
+Every load is proven in bounds (:func:`stitchtune.plan.remap.shift_offset`): for each axis the
+positions the conditions allow, shifted, lie inside the tensor's own dims; the planner already walked
+the same remaps (:func:`stitchtune.plan.remap.check_remaps`), so a refusal is a planning error. ``gather(table, idx)``: once per round the row's index is read by :class:`~stitchtune.ir.kir.IndexLoad`
+(``-1`` when out of ``[0, V)``), a table element is ``table[i * N + c]`` loaded only where ``i >= 0``
+(else 0.0), and the row's first lane adds 1 to the node's error flag (buffer ``gerr<k>``, a
+zero-initialised float32 scratch whose ``tensor`` is the gather node's id) for an out-of-range index.
+Refused: a row-axis shift of a per-row value or of a gather.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from stitchtune.errors import UnsupportedGraphError
+from stitchtune.graph.ops import OPS
+from stitchtune.ir import kir
+from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select
+from stitchtune.lower.base import _I, _add, _and, _mul
+from stitchtune.plan.planner import TensorClass
+from stitchtune.plan.remap import Shift, domain_of, shift_offset
+
+__all__ = ["Shift", "RemapValues", "gather_flag_buffers"]
+
+
+def gather_flag_buffers(program: kir.Program) -> dict[str, str]:
+    """Error-flag buffer name -> gather node id of a lowered program (empty without gathers)."""
+    return {b.name: b.tensor for b in program.buffers if b.role == "scratch" and b.name.startswith("gerr")}
+
+
+class RemapValues:
+    """The values of one sweep's index-op nodes (module docstring). ``kern`` is the row kernel
+    (``low``, ``ix``, ``cx``, ``rb``, ``uses``, ``stats``, ``f_index``), ``sw`` the sweep, ``sv`` its
+    :class:`~stitchtune.lower.base._SweepValues`."""
+
+    def __init__(self, kern, sw, sv) -> None:
+        self.k, self.sw, self.sv = kern, sw, sv
+        low = kern.low
+        self.low, self.p, self.g, self.vec = low, low.p, low.g, low.s.vec
+        self.domain = _domain(low)
+        self.row_axes, self.col_axes = _split_axes(self.domain, self.p.M)
+        self.memo: dict[tuple[str, Shift], list[kir.Expr]] = {}
+        self.reads_before = dict(kern.stats["reads"])  # what earlier sweeps read
+
+    # -- entry -----------------------------------------------------------------------------------
+    def node_value(self, name: str) -> list[kir.Expr]:
+        """The values of index-op node ``name`` at the sweep's element (no shift)."""
+        return self.value(name, Shift())
+
+    def value(self, name: str, sh: Shift) -> list[kir.Expr]:
+        key = (name, sh)
+        if key in self.memo:
+            return self.memo[key]
+        nd = self.low.nodes.get(name)
+        kind = OPS[nd.op].kind if nd is not None else "input"
+        if not self.low.cls[name].varies_along_reduced:
+            if sh.axes() & set(self.row_axes):
+                raise UnsupportedGraphError(f"tensor '{name}': a per-row value under a slice/concat along a "
+                                            "row axis is not supported")
+            vals = self.sv.value(name)
+        elif kind == "slice":
+            vals = self.value(nd.args[0], sh.moved(self._axis(nd), nd.start))
+        elif kind == "concat":
+            vals = self.concat(nd, sh)
+        elif kind == "gather":
+            vals = self.gather(nd, sh)
+        elif sh.identity or (not sh.delta and kind == "input" and self._spans(name)):
+            vals = self.sv.value(name)
+        elif kind == "input":
+            vals = self.load(name, sh)
+        else:
+            vals = self.elementwise(nd, sh)
+        self.memo[key] = vals
+        return vals
+
+    # -- positions -------------------------------------------------------------------------------
+    def _axis(self, nd) -> int:
+        return len(self.domain) - len(nd.shape) + nd.axis
+
+    def _spans(self, name: str) -> bool:
+        spec = self.g.spec(name)
+        off = len(self.domain) - len(spec.shape)
+        return all(s == 1 or s == self.domain[off + k] for k, s in enumerate(spec.shape))
+
+    def pos(self, axis: int, lane: int) -> kir.Expr:
+        """Domain position along ``axis`` of lane ``lane``'s element."""
+        D = self.domain
+        if axis in self.col_axes:
+            inner = prod(D[b] for b in self.col_axes if b > axis)
+            i: kir.Expr = _add(self.sw.k0, _I(lane))
+            total = self.p.N
+        else:
+            inner = prod(D[b] for b in self.row_axes if b > axis)
+            i = Bin("min", self.k.ix.row, _I(self.p.M - 1))
+            total = self.p.M
+        t = Bin("/", i, _I(inner)) if inner > 1 else i
+        return Bin("%", t, _I(D[axis])) if inner * D[axis] < total else t
+
+    def cond(self, sh: Shift, lane: int) -> kir.Expr | None:
+        out = None
+        for a, lo, hi in sh.conds:
+            p = self.pos(a, lane)
+            if lo > 0:
+                out = _and(out, Bin(">=", p, _I(lo)))
+            if hi < self.domain[a]:
+                out = _and(out, Bin("<", p, _I(hi)))
+        return out
+
+    def uniform(self, sh: Shift) -> bool:
+        """Every condition has the same truth over the ``vec`` lanes of a vector."""
+        v, D = self.vec, self.domain
+        for a, lo, hi in sh.conds:
+            if a not in self.col_axes:
+                continue
+            inner = prod(D[b] for b in self.col_axes if b > a)
+            if inner % v == 0:
+                continue
+            if inner != 1 or lo % v or hi % v or D[a] % v:
+                return False
+        return True
+
+    # -- ops -------------------------------------------------------------------------------------
+    def concat(self, nd, sh: Shift) -> list[kir.Expr]:
+        a = self._axis(nd)
+        pieces: list[tuple[Shift, list[kir.Expr]]] = []
+        o = 0
+        for arg in nd.args:
+            ln = self.g.spec(arg).shape[nd.axis]
+            d = sh.d(a)
+            psh = sh.limited(a, o - d, o + ln - d, self.domain[a])
+            if psh is not None:
+                pieces.append((psh, self.value(arg, psh.moved(a, -o))))
+            o += ln
+        if not pieces:
+            raise UnsupportedGraphError(f"concat '{nd.id}': no piece is reached (an empty remap)")
+        out = []
+        for j in range(self.vec):
+            v = pieces[-1][1][j]
+            for psh, vals in reversed(pieces[:-1]):
+                c = self.cond(psh, j)
+                v = vals[j] if c is None else Select(c, vals[j], v)
+            out.append(v)
+        return out
+
+    def elementwise(self, nd, sh: Shift) -> list[kir.Expr]:
+        low, vec = self.low, self.vec
+        argv = [self.value(a, sh) if isinstance(a, str) else [Const(float(a), F32)] * vec for a in nd.args]
+        vals = []
+        for j in range(vec):
+            v = self.k.cx.var(f"t{low.tid_of[nd.id]}_", F32)
+            self.sw.body.append(Assign(v, low.expr_of_node(nd, [x[j] for x in argv])))
+            vals.append(v)
+        self.k.stats["flops"] += OPS[nd.op].flops * vec
+        self.k.stats["sfu"] += OPS[nd.op].sfu * vec
+        return vals
+
+    # -- loads -----------------------------------------------------------------------------------
+    def _check_bounds(self, who: str, shape: tuple[int, ...], sh: Shift) -> int:
+        return shift_offset(who, shape, sh, self.domain)
+
+    def _count(self, buf: str) -> None:
+        """One read of ``buf`` by this sweep, however many shifted loads it makes (they hit the
+        same row, in L1/L2); a load of the same buffer by the sweep itself may count it once more."""
+        reads = self.k.stats["reads"]
+        if reads.get(buf, 0) == self.reads_before.get(buf, 0):
+            reads[buf] = reads.get(buf, 0) + 1
+
+    def load(self, name: str, sh: Shift) -> list[kir.Expr]:
+        """Input ``name`` at ``p + delta`` under the conditions (a FULL or per-column input)."""
+        low = self.low
+        delta = self._check_bounds(name, self.g.spec(name).shape, sh)
+        buf = low.in_buf[name]
+        self.k.uses["in"].add(buf)
+        im = self.p.imap(name)
+        if low.cls[name] is TensorClass.FULL:
+            base = self.k.f_index(self.k.ix.row, self.sw.k0, name)
+            row_ok = all(f.stride % self.vec == 0 for f in im.rows.factors)
+            self._count(buf)
+        else:  # per-column input: varies along the columns only
+            base = self.sw.k0
+            row_ok = True
+        return self._emit(buf, _add(base, _I(delta)), sh, row_ok and delta % self.vec == 0 and
+                          (im.cols.broadcast or im.cols.contiguous()), None)
+
+    def gather(self, nd, sh: Shift) -> list[kir.Expr]:
+        """``table[idx[row], c]`` at ``p + delta`` (column shifts only), 0.0 for an out-of-range index."""
+        if sh.axes() & set(self.row_axes):
+            raise UnsupportedGraphError(f"gather '{nd.id}' under a slice/concat along a row axis is not supported")
+        table = nd.args[0]
+        tshape = self.g.spec(table).shape
+        delta = self._check_bounds(nd.id, tuple(tshape[1:]), sh)
+        gi = self.k_gather_row(nd)
+        buf = self.low.in_buf[table]
+        self.k.uses["in"].add(buf)
+        self._count(buf)
+        base = _add(_mul(Bin("max", gi, _I(0)), _I(self.p.N)), _add(self.sw.k0, _I(delta)))
+        return self._emit(buf, base, sh, self.p.N % self.vec == 0 and delta % self.vec == 0,
+                          Bin(">=", gi, _I(0)))
+
+    def k_gather_row(self, nd) -> kir.Var:
+        """The round's table row of gather ``nd`` (once per kernel round), and its error flag."""
+        k, low = self.k, self.low
+        rows = k.gather_rows
+        if nd.id in rows:
+            return rows[nd.id]
+        idx = nd.args[1]
+        ibuf = low.in_buf[idx]
+        k.uses["in"].add(ibuf)
+        r = Bin("min", k.ix.row, _I(self.p.M - 1))
+        at = low.row_base(idx, r) if self.p.mapped(idx) else r
+        gi = k.cx.var("gi", I32)
+        V = self.g.spec(nd.args[0]).shape[0]
+        k.rb.append(Assign(gi, kir.IndexLoad(ibuf, at, V, k.ix.rvalid)))
+        flag = _flag_buffer(low, nd.id)
+        k.cx.scratch.add(flag)
+        first = Bin("&&", Bin("==", k.ix.lane, _I(0)), Bin("==", k.ix.sidx, _I(0)))
+        k.rb.append(kir.AtomicAdd(flag, _I(0), Const(1.0, F32),
+                                  Bin("&&", Bin("&&", k.ix.rvalid, first), Bin("<", gi, _I(0)))))
+        rows[nd.id] = gi
+        return gi
+
+    def _emit(self, buf: str, base: kir.Expr, sh: Shift, aligned: bool, extra: kir.Expr | None) -> list[kir.Expr]:
+        """``vec`` values from ``buf[base + j]``: one vector load when aligned and the conditions are
+        uniform over the lanes, else one predicated scalar load per lane (0.0 where masked)."""
+        vec, low = self.vec, self.low
+        pred0 = _and(_and(self.sw.valid, extra), self.cond(sh, 0))
+        if aligned and self.uniform(sh):
+            dsts = tuple(self.k.cx.var("g", F32) for _ in range(vec))
+            # a masked vector keeps its destinations: zero them first so that masked lanes read 0.0
+            for v in dsts:
+                self.sw.body.append(Assign(v, Const(0.0, F32)))
+            self.sw.body.append(kir.LoadVec(dsts, buf, base, pred0))
+            return list(dsts)
+        out = []
+        for j in range(vec):
+            pj = _and(_and(self.sw.valid, extra), self.cond(sh, j))
+            v = self.k.cx.var("g", F32)
+            self.sw.body.append(Assign(v, Load(buf, _add(base, _I(j)), pj)))
+            out.append(v)
+        return out
+
+
+def _flag_buffer(low, node_id: str) -> str:
+    """The error-flag scratch of gather ``node_id`` (one float32, zeroed before the launch)."""
+    for b in low.buffers:
+        if b.role == "scratch" and b.name.startswith("gerr") and b.tensor == node_id:
+            return b.name
+    name = f"gerr{sum(1 for b in low.buffers if b.name.startswith('gerr'))}"
+    low.buffers.append(kir.BufferSpec(name, "float32", 1, "scratch", node_id, zero_init=True))
+    return name
+
+
+def _domain(low) -> tuple[int, ...]:
+    return domain_of(low.g)
+
+
+def _split_axes(domain: tuple[int, ...], M: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Row axes (the leading axes whose product is ``M``) and column axes of the view."""
+    k = 0
+    while k < len(domain) and prod(domain[:k]) < M:
+        k += 1
+    while k < len(domain) and domain[k] == 1 and prod(domain[:k + 1]) == M:
+        k += 1
+    return tuple(range(k)), tuple(range(k, len(domain)))

@@ -1,0 +1,260 @@
+"""Index remaps: planning graphs with ``slice``, ``concat`` and ``gather`` (see graph/index_checks.py).
+
+These ops move elements without arithmetic, so a stitched kernel never materialises their results:
+it evaluates the element-wise subtree below them at a *remapped* position and loads the graph inputs
+there (:mod:`stitchtune.lower.remap`). Planning sees a *surrogate* graph (:func:`surrogate`):
+
+* the iteration domain is the largest shape (elements, then rank) among the outputs and the
+  arguments of reductions (a gather table and its indices never set it);
+* every tensor's surrogate shape is its own with each dimension other than 1 replaced by the
+  domain's (right-aligned), so the sliced, concatenated and gathered tensors all span the domain;
+* ``slice`` becomes a unary and ``concat`` an n-ary element-wise node over the surrogate shapes;
+  ``gather(table, idx)`` an element-wise node of ``idx`` seen as per-row (``idx.shape`` + ones) and
+  the table seen as one row (``table.shape[1:]``), so its result is full-size and the index per-row.
+
+The planner then classifies, stages and maps the surrogate as any other graph (so the space, the
+cost model and the heuristic need nothing new); :func:`real_index_maps` gives the inputs whose own
+shape differs from their surrogate shape (a sliced input larger than the domain, a concat piece
+smaller than it) their maps with their own strides, and :func:`check_remaps` walks every remapped
+evaluation the kernel will make (a :class:`Shift` per tensor reached), proving each load in bounds
+(:func:`shift_offset`). Refused with :class:`UnsupportedGraphError` naming the tensor or node: an
+output or a reduction argument that does not span the domain, a tensor of higher rank than the
+domain, a gather table read by anything but gather, a table whose trailing dims are not the view's
+columns or an index op in a column reduction (:func:`check_gathers`), an index tensor used with two
+table ranks, a per-row value or a gather under a row-axis slice/concat, a size-1 slice broadcast
+over several positions (a size-1 concat piece is fine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from math import prod
+
+from stitchtune.errors import UnsupportedGraphError
+from stitchtune.graph.ops import INDEX_KINDS, OPS
+from stitchtune.graph.parse import Graph, Node, TensorSpec
+from stitchtune.plan.index_map import IndexMap, index_map
+
+__all__ = ["has_index_ops", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
+           "Shift", "shift_offset", "check_remaps"]
+
+
+def has_index_ops(graph: Graph) -> bool:
+    return any(OPS[n.op].kind in INDEX_KINDS for n in graph.nodes)
+
+
+def gather_tables(graph: Graph) -> dict[str, str]:
+    """Gather node id -> its table input."""
+    return {n.id: n.args[0] for n in graph.nodes if n.op == "gather"}  # type: ignore[misc]
+
+
+def domain_of(graph: Graph) -> tuple[int, ...]:
+    """The iteration domain: the largest output or reduction argument (elements, then rank)."""
+    shapes = [graph.spec(o).shape for o in graph.outputs]
+    shapes += [graph.spec(n.args[0]).shape for n in graph.reductions()]  # type: ignore[arg-type]
+    return max(shapes, key=lambda s: (prod(s), len(s)))
+
+
+def _sur(shape: tuple[int, ...], domain: tuple[int, ...], name: str) -> tuple[int, ...]:
+    off = len(domain) - len(shape)
+    if off < 0:
+        raise UnsupportedGraphError(f"tensor '{name}' {list(shape)} has a higher rank than the iteration "
+                                    f"domain {list(domain)}")
+    return tuple(1 if s == 1 else domain[off + k] for k, s in enumerate(shape))
+
+
+def _gather_shapes(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """Surrogate shapes of the gather tables (one row) and their indices (per row)."""
+    out: dict[str, tuple[int, ...]] = {}
+    tables = set(gather_tables(graph).values())
+    for n in graph.nodes:
+        if n.op != "gather":
+            if any(a in tables for a in n.tensor_args):
+                raise UnsupportedGraphError(f"node '{n.id}' reads gather table '{next(a for a in n.tensor_args if a in tables)}'; "
+                                            "a gather table may only be read by gather")
+            continue
+        table, idx = n.args
+        tspec, ispec = graph.spec(table), graph.spec(idx)  # type: ignore[arg-type]
+        isur = _sur(tuple(ispec.shape) + (1,) * (tspec.rank - 1), domain, str(idx))
+        if out.setdefault(str(idx), isur) != isur:
+            raise UnsupportedGraphError(f"gather '{n.id}': index '{idx}' is used with tables of different ranks")
+        out[str(table)] = _sur(tuple(tspec.shape[1:]), domain, str(table))
+    for o in graph.outputs:
+        if o in tables:
+            raise UnsupportedGraphError(f"output '{o}' is a gather table; a table may only be read by gather")
+    return out
+
+
+def surrogate(graph: Graph) -> Graph:
+    """The graph the planner analyses in place of ``graph`` (module docstring); ``graph`` itself
+    when it has no index op."""
+    if not has_index_ops(graph):
+        return graph
+    domain = domain_of(graph)
+    special = _gather_shapes(graph, domain)
+    inputs = tuple((n, TensorSpec(special.get(n) or _sur(s.shape, domain, n), s.dtype)) for n, s in graph.inputs)
+    nodes = []
+    for nd in graph.nodes:
+        kind = OPS[nd.op].kind
+        shape = _sur(nd.shape, domain, nd.id)
+        op = {"slice": "neg", "concat": "add", "gather": "add"}.get(kind, nd.op)
+        nodes.append(Node(id=nd.id, op=op, args=nd.args, axes=nd.axes, keepdims=nd.keepdims, to=nd.to,
+                          shape=shape, dtype=nd.dtype))
+    for name in list(graph.outputs) + [str(n.args[0]) for n in graph.reductions()]:
+        if tuple(graph.spec(name).shape) != _sur(graph.spec(name).shape, domain, name):
+            raise UnsupportedGraphError(
+                f"tensor '{name}' {list(graph.spec(name).shape)} is stored or reduced but does not span the "
+                f"iteration domain {list(domain)}; stitched kernels store and reduce whole tensors only")
+    return Graph(name=graph.name, inputs=inputs, nodes=tuple(nodes), outputs=graph.outputs)
+
+
+@dataclass(frozen=True)
+class Shift:
+    """Evaluate at domain position ``p + delta`` for positions with ``lo <= p[axis] < hi``."""
+
+    delta: tuple[tuple[int, int], ...] = ()       # (domain axis, d), sorted, d != 0
+    conds: tuple[tuple[int, int, int], ...] = ()  # (domain axis, lo, hi), one per axis, sorted
+
+    @property
+    def identity(self) -> bool:
+        return not self.delta and not self.conds
+
+    def d(self, axis: int) -> int:
+        return dict(self.delta).get(axis, 0)
+
+    def moved(self, axis: int, by: int) -> "Shift":
+        dd = dict(self.delta)
+        dd[axis] = dd.get(axis, 0) + by
+        return replace(self, delta=tuple(sorted((a, v) for a, v in dd.items() if v)))
+
+    def limited(self, axis: int, lo: int, hi: int, dim: int) -> "Shift | None":
+        """With ``lo <= p[axis] < hi`` added (None when no position of ``[0, dim)`` is left)."""
+        cs = dict((a, (l, h)) for a, l, h in self.conds)
+        ol, oh = cs.get(axis, (0, dim))
+        lo, hi = max(lo, ol, 0), min(hi, oh, dim)
+        if lo >= hi:
+            return None
+        if lo == 0 and hi == dim:
+            cs.pop(axis, None)
+        else:
+            cs[axis] = (lo, hi)
+        return replace(self, conds=tuple(sorted((a, l, h) for a, (l, h) in cs.items())))
+
+    def axes(self) -> set[int]:
+        return {a for a, _ in self.delta} | {a for a, _, _ in self.conds}
+
+
+def shift_offset(who: str, shape: tuple[int, ...], sh: Shift, domain: tuple[int, ...]) -> int:
+    """The element offset of ``sh``'s delta in a tensor of ``shape`` (right-aligned to ``domain``,
+    its own strides); :class:`UnsupportedGraphError` naming ``who`` unless every position the
+    conditions allow, shifted, lies inside the tensor (an axis of size 1 broadcasts: no offset)."""
+    off = len(domain) - len(shape)
+    conds = {a: (lo, hi) for a, lo, hi in sh.conds}
+    delta = 0
+    for k, dim in enumerate(shape):
+        a = off + k
+        if dim == 1:
+            continue
+        lo, hi = conds.get(a, (0, domain[a]))
+        d = sh.d(a)
+        if lo + d < 0 or hi - 1 + d > dim - 1:
+            raise UnsupportedGraphError(
+                f"node '{who}': positions [{lo + d}, {hi + d}) along axis {a} fall outside its size {dim}; "
+                "a slice/concat that reads outside a tensor is not supported")
+        delta += d * prod(shape[k + 1:])
+    return delta
+
+
+def _spans(graph: Graph, name: str, domain: tuple[int, ...]) -> bool:
+    shape = graph.spec(name).shape
+    off = len(domain) - len(shape)
+    return all(s == 1 or s == domain[off + k] for k, s in enumerate(shape))
+
+
+def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...],
+                 varies: dict[str, bool]) -> None:
+    """Walk the remapped evaluations a kernel will make (the rules of :mod:`stitchtune.lower.remap`),
+    from the outputs and the reduction arguments, so that every refusal is a planning error:
+    a per-row value (``varies[name]`` false: it does not vary along the columns) or a gather under a
+    row-axis shift, a remapped load outside a tensor. ``varies``: tensor -> varies along the columns."""
+    nodes = {n.id: n for n in graph.nodes}
+    rows = set(row_axes)
+    seen: set[tuple[str, Shift]] = set()
+
+    def visit(name: str, sh: Shift) -> None:
+        if (name, sh) in seen:
+            return
+        seen.add((name, sh))
+        nd = nodes.get(name)
+        kind = OPS[nd.op].kind if nd is not None else "input"
+        if not varies[name]:
+            if sh.axes() & rows:
+                raise UnsupportedGraphError(f"tensor '{name}': a per-row value under a slice/concat along a "
+                                            "row axis is not supported")
+            sh = Shift()  # evaluated as at the sweep's own element
+        if nd is None:
+            if not (not sh.delta and _spans(graph, name, domain)):
+                shift_offset(name, graph.spec(name).shape, sh, domain)
+            return
+        off = len(domain) - len(nd.shape)
+        if kind == "slice":
+            a = off + nd.axis
+            lo, hi = {x: (l, h) for x, l, h in sh.conds}.get(a, (0, domain[a]))
+            if nd.shape[nd.axis] == 1 and hi - lo > 1:
+                raise UnsupportedGraphError(
+                    f"slice '{nd.id}' has size 1 along axis {nd.axis} and is broadcast against the iteration "
+                    f"domain {list(domain)} there; not supported (a size-1 slice may be a concat piece)")
+            visit(str(nd.args[0]), sh.moved(a, nd.start))
+        elif kind == "concat":
+            a, o = off + nd.axis, 0
+            for arg in nd.tensor_args:
+                ln = graph.spec(arg).shape[nd.axis]
+                psh = sh.limited(a, o - sh.d(a), o + ln - sh.d(a), domain[a])
+                if psh is not None:
+                    visit(arg, psh.moved(a, -o))
+                o += ln
+        elif kind == "gather":
+            if sh.axes() & rows:
+                raise UnsupportedGraphError(f"gather '{nd.id}' under a slice/concat along a row axis is not supported")
+            shift_offset(nd.id, tuple(graph.spec(str(nd.args[0])).shape[1:]), sh, domain)
+        else:
+            for arg in nd.tensor_args:
+                visit(arg, sh)
+
+    for name in list(graph.outputs) + [str(n.args[0]) for n in graph.reductions()]:
+        visit(name, Shift())
+
+
+def real_index_maps(graph: Graph, sur: Graph, axes: dict[str, tuple[int | None, ...]], domain: tuple[int, ...],
+                    row_axes: tuple[int, ...], col_axes: tuple[int, ...]) -> dict[str, IndexMap]:
+    """The maps of the inputs whose own shape (same rank) differs from the surrogate one: the same
+    domain axes, addressed with their own strides (a sliced input larger than the domain)."""
+    tables = set(gather_tables(graph).values())
+    out: dict[str, IndexMap] = {}
+    for name, spec in graph.inputs:
+        s = sur.spec(name).shape
+        if name in tables or tuple(spec.shape) == tuple(s) or len(spec.shape) != len(s):
+            continue
+        out[name] = index_map(spec.shape, axes[name], domain, row_axes, col_axes)
+    return out
+
+
+def check_gathers(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ...], family: str) -> None:
+    """A gather's table rows must be the view's columns: ``table.shape[1:]`` spans exactly the column
+    axes (so element ``(r, c)`` is ``table[idx[r], c]``), in a row-family view."""
+    for n in graph.nodes:
+        if n.op not in ("gather", "slice", "concat"):
+            continue
+        if family == "col":
+            raise UnsupportedGraphError(f"{n.op} '{n.id}': index ops are supported in row-reduction and "
+                                        "element-wise kernels only, not in column reductions")
+        if n.op != "gather":
+            continue
+        trail = graph.spec(n.args[0]).shape[1:]  # type: ignore[arg-type]
+        cols = tuple(domain[a] for a in col_axes)
+        live = tuple(d for d in cols if d > 1)
+        if prod(trail) != prod(cols) or tuple(d for d in trail if d > 1) != live or (
+                col_axes and col_axes[0] < len(domain) - len(trail)):
+            raise UnsupportedGraphError(
+                f"gather '{n.id}': the table's rows {list(trail)} are not the contiguous axes {list(cols)} "
+                "of the kernel (gather whole rows of a table whose rows are the innermost axes)")
