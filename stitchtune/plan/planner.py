@@ -320,6 +320,25 @@ def _reuse_candidates(graph: Graph, names: list[str], classes: dict[str, TensorC
     return tuple(n for n in names if classes[n] is TensorClass.FULL and len(needs[n]) >= 2)
 
 
+def _check_index_op_graph(graph: Graph) -> None:
+    """A region with slice / concat / gather is planned over the right-aligned domain: no layout ops."""
+    for nd in graph.nodes:
+        if OPS[nd.op].kind == "layout":
+            raise UnsupportedGraphError(
+                f"node '{nd.id}' ({nd.op}) is in a region with slice, concat or gather; stitched kernels "
+                "do not combine the two kinds of index map yet")
+
+
+def _check_index_op_maps(imaps: dict[str, IndexMap], family: str) -> None:
+    """The remapped lowering (slice, concat, gather) addresses operands that broadcast along part of
+    the row axes of row-family kernels only (as before general index maps)."""
+    for name, im in imaps.items():
+        if im.partial_cols or (family == "col" and not im.plain):
+            raise UnsupportedGraphError(
+                f"tensor '{name}' varies along only part of an axis group in a region with slice, concat "
+                "or gather; index maps there support broadcasting along the row axes of row kernels only")
+
+
 def make_plan(graph: Graph) -> StitchPlan:
     """Analyse ``graph``; raise :class:`UnsupportedGraphError` when it has no stitched lowering.
     A graph with index ops (slice, concat, gather) is analysed through its surrogate
@@ -329,6 +348,7 @@ def make_plan(graph: Graph) -> StitchPlan:
     names = [n for n, _ in graph.inputs] + [nd.id for nd in graph.nodes]
     red_nodes = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
     if real is not graph:
+        _check_index_op_graph(graph)
         domain = max((graph.spec(n).shape for n in names), key=lambda s: (prod(s), len(s)))
         old = _axes_maps(graph, domain)
         maps = {n: tuple((a,) if a is not None else () for a in m) for n, m in old.items()}
@@ -346,6 +366,7 @@ def make_plan(graph: Graph) -> StitchPlan:
         remap.check_remaps(real, domain, view.row_axes, {n: c.varies_along_reduced for n, c in classes.items()})
     imaps = _index_maps(graph, view, maps)
     if real is not graph:
+        _check_index_op_maps(imaps, view.family)
         imaps.update(remap.real_index_maps(real, graph, old, domain, view.row_axes, view.col_axes))
     stages = _stages(graph, red_nodes)
     return StitchPlan(
