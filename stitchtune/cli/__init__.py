@@ -244,6 +244,8 @@ def _add_compile(sub: Any) -> None:
     p.add_argument("--schedule", metavar="JSON|@FILE", default=None,
                    help="compile this schedule instead of the database's choice")
     p.add_argument("--no-cubin", action="store_true", help="do not run nvcc (source and manifest only)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="only a bitwise-reproducible schedule (no float atomics)")
     p.set_defaults(func=_cmd_compile)
 
 
@@ -252,7 +254,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
     g = _load(args.graph)
     cg = st_compile(g, db=args.db, device=args.device, schedule=parse_schedule_arg(args.schedule),
-                    build=False if args.no_cubin else None)
+                    build=False if args.no_cubin else None, deterministic=args.deterministic)
     out = args.out or os.path.join("compiled", g.name)
     paths = cg.write(out)
     m = cg.manifest

@@ -169,6 +169,8 @@ def _add_search(sub: Any) -> None:
                    help="skip points predicted F x slower than the best measured (default 3)")
     p.add_argument("--no-build", action="store_true", help="emulate backend: do not compile with nvcc")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--deterministic", action="store_true",
+                   help="only bitwise-reproducible schedules (no float atomics; own study when that changes the space)")
     p.set_defaults(func=_cmd_search)
 
 
@@ -180,7 +182,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
     cfg = SearchConfig(graph_path=args.graph, trials=args.trials, timeout_s=args.timeout, backend=backend,
                        device=args.device, db=args.db, storage=args.storage, study=args.study,
                        sampler=args.sampler, seed=args.seed, jobs=args.jobs, early_stop=args.early_stop,
-                       prune_factor=args.prune_factor, build=not args.no_build, progress=not args.no_progress)
+                       prune_factor=args.prune_factor, build=not args.no_build, progress=not args.no_progress,
+                       deterministic=args.deterministic)
     res = run_search(cfg)
     print(format_summary(res))
     return 130 if res.stopped == "interrupted" else 0

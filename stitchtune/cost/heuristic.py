@@ -10,6 +10,9 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    that gives each thread about 8 vectors of a row, at least 4 and at most 1024, and rows are packed
    into 256-thread blocks. Column family: a warp of threads across 32 x ``vec`` columns, 8 threads
    down the rows, and the rows split so that tiles x split fills one wave.
+   A plan with cross reductions (:mod:`stitchtune.plan.cross`) never splits rows (the space requires
+   split 1) and takes a persistent grid, so that few per-block partials are combined, by the
+   deterministic ``cross_combine`` kernel (its default).
 3. **Schemes**: ``local`` when a row's threads are within one warp (a shuffle all-reduce keeps the
    result in registers), ``regional`` when the row is within one block (block-locality check), and
    ``global`` when it is split across blocks and the grid can be co-resident; otherwise
@@ -111,7 +114,7 @@ def _row(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
     if plan.family == "elementwise":
         tpr = min(1024, max(32, _pow2_ceil(N / (vec * 8))))
         return Schedule(tpr, tpr, 1, vec, 1, 0, (), ())
-    if M < wave and N > 1024:  # task splitting
+    if M < wave and N > 1024 and not plan.cross:  # task splitting
         tpr = block = 1024
         split = max(1, min(max(space.domains["split"]), _pow2_floor(wave / M)))
         split = min(split, math.ceil(N / (tpr * vec)))  # every block keeps a piece of the row
@@ -121,7 +124,9 @@ def _row(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
     tpr = min(1024, max(4, _pow2_ceil(N / (vec * 8))))
     block = max(tpr, 256)
     scheme = "local" if tpr <= 32 else "regional"
-    return Schedule(tpr, block, 1, vec, 1, 0, (scheme,) * plan.nstages, ())
+    # cross reductions (column sums, losses): a persistent grid keeps the per-block partials few
+    tasks = PERSISTENT if plan.cross else 1
+    return Schedule(tpr, block, 1, vec, tasks, 0, (scheme,) * plan.nstages, ())
 
 
 def _register_budget(dev) -> int:
@@ -142,7 +147,7 @@ def _cluster_row(space: SearchSpace, plan: StitchPlan, dev, block: int = 512) ->
     preference among 128..1024 differs between layernorm_wide, logsoftmax and softmax_wide, and its
     cluster constants are guesses), the smallest cluster that brings one cached tensor to <= 64 floats per
     thread (rule 4's register budget), else the largest."""
-    if plan.family != "row" or not plan.nstages or space.max_cluster <= 1:
+    if plan.family != "row" or not plan.nstages or space.max_cluster <= 1 or plan.cross:  # cross: split 1
         return None
     vec = _vec(space, plan.N)
     if 1024 not in space.domains["block"] or _row_registers(plan, 1024, vec) <= _register_budget(dev):

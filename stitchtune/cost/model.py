@@ -36,7 +36,8 @@ The model, per kernel (all quantities from the :class:`~stitchtune.ir.kir.Kernel
 5. Plus: launch overhead (device.launch_overhead_us x launch_scale); block barriers
    (``waves x barriers x block_barrier_us / blocks_per_sm``: each barrier stalls its block, hidden in
    part by the other resident blocks); grid barriers (device.grid_barrier_us(grid) x scale each);
-   atomics (``atomics x atomic_ns``, device-wide throughput); the scratch chain
+   atomics (``atomics x atomic_ns``, device-wide throughput, or, when larger, the adds one address
+   receives in sequence: ``atomic_serial x atomic_serial_ns``, assumed 1 ns each); the scratch chain
    (``ceil(waves) x scratch_loads x scratch_load_ns``): every thread combines the partials of its
    row from scratch, and on the H200 that cost grows with the loads per thread and per wave of
    blocks (measured rows in results/h200-2026-11-29/: split 64 layernorm_wide schedules run 10-25x slower than
@@ -101,6 +102,7 @@ class CostParams:
     grid_barrier_scale: float = 1.0    # x device.grid_barrier_us(grid)
     atomic_ns: float = 0.05            # device-wide cost per global atomic (assumed 20 per ns)
     scratch_load_ns: float = 300.0     # per scratch load per thread and wave (empirical, see item 5)
+    atomic_serial_ns: float = 1.0      # per float atomic add to one address after another (assumed)
     cluster_barrier_us: float = 0.5    # stall of one block at one cluster.sync() (GUESS, item 6)
     dsmem_load_ns: float = 40.0        # per remote shared-memory load per thread (GUESS, item 6)
     time_scale: float = 1.0            # final multiplier (fitted when only predicted_us is known)
@@ -131,6 +133,7 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "block_barrier_us": (0.001, 10.0),
     "grid_barrier_scale": (0.1, 10.0),
     "atomic_ns": (0.001, 50.0),
+    "atomic_serial_ns": (0.01, 100.0),
     "scratch_load_ns": (20.0, 5000.0),
     "cluster_barrier_us": (0.01, 20.0),
     "dsmem_load_ns": (1.0, 2000.0),
@@ -313,7 +316,7 @@ def kernel_terms_us(k: KernelProfile, device: Device, occ: Occupancy, params: Co
     waves = grid / per_wave
     barriers = math.ceil(waves) * k.block_barriers * p.block_barrier_us / occ.blocks_per_sm
     grid_sync = k.grid_barriers * device.grid_barrier_us(grid) * p.grid_barrier_scale
-    atomics = k.atomics * p.atomic_ns / 1000.0
+    atomics = max(k.atomics * p.atomic_ns, k.atomic_serial * p.atomic_serial_ns) / 1000.0
     # a block's scratch loads cost in sequence; the blocks of one wave overlap
     chain = math.ceil(waves) * k.scratch_loads * p.scratch_load_ns / 1000.0
     launch = device.launch_overhead_us * p.launch_scale

@@ -370,13 +370,14 @@ def _build(source: str, arch: str) -> tuple[Any, bytes]:
 
 
 def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB, device: Any = None, *,
-            schedule: Any = None, build: bool | None = None) -> CompiledGraph:
+            schedule: Any = None, build: bool | None = None, deterministic: bool = False) -> CompiledGraph:
     """Compile a graph (a :class:`~stitchtune.graph.parse.Graph`, a path to graph.json, or its dict) for
     ``device`` (a Device, a preset name, or None: the local GPU, else the H200 preset) with the schedule
     the tuning database ``db`` selects (see :mod:`stitchtune.deploy.selection`; default ``$STITCHTUNE_DB``,
     else ``./tuning-db``; None: no database, the heuristic), or ``schedule`` (a Schedule or its dict) when
     given. ``build``: True builds the cubin (ToolchainError without nvcc), False does not, None builds when
-    nvcc is found."""
+    nvcc is found. ``deterministic``: only a bitwise-reproducible schedule (no float atomics): the
+    database's non-deterministic records are passed over, and a given one is refused."""
     db = resolve_db(db)
     from stitchtune.hardware.device import get_device
     from stitchtune.graph.parse import Graph, load_graph, parse_graph
@@ -406,10 +407,15 @@ def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = 
     if schedule is not None:
         s = schedule if isinstance(schedule, Schedule) else Schedule.from_dict(dict(schedule))
         space.check(s)
+        if deterministic and not s.deterministic:
+            from stitchtune.errors import ScheduleError
+
+            raise ScheduleError("schedule is not bitwise reproducible (cross_combine atomic uses float atomics); "
+                                "--deterministic refuses it")
         choice = Choice(s, "given", None, "schedule given by the caller")
         program = lower(graph, plan, s, dev, space)
     else:
-        choice = choose_schedule(graph, db, dev, plan=plan, space=space)
+        choice = choose_schedule(graph, db, dev, plan=plan, space=space, deterministic=deterministic)
         program = choice.program if choice.program is not None else lower(graph, plan, choice.schedule, dev, space)
     sources = render(program)
     result, cubin = None, None

@@ -21,6 +21,10 @@ Contract of :func:`choose_schedule(graph, db_path, device)` -> :class:`Choice`:
    (``cost.predict(...).prune_reason``). The first that passes is chosen.
 3. ``heuristic``: otherwise the heuristic schedule (:func:`heuristic_schedule`).
 
+``deterministic=True`` (``stitchtune compile --deterministic``): a record whose schedule is not bitwise
+reproducible (``Schedule.deterministic`` false: float atomics) is passed over in rules 1 and 2, with
+the reason; the heuristic schedule is always deterministic.
+
 A record never matches another device or another version: rows are filtered on both before anything
 else. A fallback (2 or 3) is logged as a warning once per (workload, device, source) in a process,
 saying why; an exact hit is logged at info level.
@@ -300,6 +304,7 @@ class _Lookup:
     space: Any
     dkey: str
     where: str
+    deterministic: bool = False
     tries: int = 0
     rejected: list[str] = field(default_factory=list)
 
@@ -308,7 +313,10 @@ class _Lookup:
         if self.tries >= MAX_TRIES:
             return None
         self.tries += 1
-        return _validate(self.graph, self.plan, self.device, self.space, str(row["schedule_json"]))
+        s, program, why = _validate(self.graph, self.plan, self.device, self.space, str(row["schedule_json"]))
+        if why is None and self.deterministic and not s.deterministic:
+            return s, None, "not bitwise reproducible (float atomics) and a deterministic schedule was asked for"
+        return s, program, why
 
 
 def _kind(est: bool) -> str:
@@ -379,6 +387,8 @@ def _choose_heuristic(q: _Lookup, db_path: str | os.PathLike[str] | None, wk: st
     from stitchtune.lower.entry import lower
 
     s = heuristic_schedule(q.plan, q.device, q.space)
+    if q.deterministic and not s.deterministic:  # never expected: the heuristic combines in order
+        raise ScheduleError("the heuristic schedule is not bitwise reproducible")
     program = lower(q.graph, q.plan, s, q.device, q.space)
     if q.rejected:
         why = "; ".join(q.rejected)
@@ -394,10 +404,11 @@ def _choose_heuristic(q: _Lookup, db_path: str | os.PathLike[str] | None, wk: st
 
 
 def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: Any, *, plan: Any = None,
-                    space: Any = None) -> Choice:
+                    space: Any = None, deterministic: bool = False) -> Choice:
     """The schedule to build for ``graph`` on ``device`` from the database ``db_path`` (see module
     docstring). ``db_path=None`` or a missing directory: no records (heuristic). ``plan``/``space``:
-    the graph's plan and search space when the caller has them already."""
+    the graph's plan and search space when the caller has them already. ``deterministic``: only
+    bitwise-reproducible schedules (see the module docstring)."""
     from stitchtune.lower.entry import CODEGEN_VERSION
     from stitchtune.plan.planner import make_plan
     from stitchtune.space import SearchSpace
@@ -409,7 +420,7 @@ def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: 
     wk, sk = graph.workload_key(), graph.structure_key()
     where = f"device {dkey}, space version {sv}, codegen version {cv}"
     df = load_candidates(db_path, dkey, sv, cv) if db_path is not None else _empty()
-    q = _Lookup(graph, plan, device, space, dkey, where)
+    q = _Lookup(graph, plan, device, space, dkey, where, deterministic)
 
     # 1. exact workload
     choice = _choose_tuned(q, df[df["workload_key"] == wk])

@@ -44,6 +44,16 @@ Memory checks (each one an :class:`EmulatorFault` kind):
   cluster size, or whose cluster cannot be resident (``cluster_limit`` 0, the clusters the device
   holds at once; see :func:`stitchtune.hardware.occupancy.max_active_clusters`).
 
+Also ``global_race``: one store statement in which two threads write the same global element (the
+lost update of a non-atomic accumulation by several threads of one block).
+
+Block order: lockstep lanes run every statement for all blocks at once, so the only results that
+depend on the order in which blocks run are those of float atomic adds to one address. By default
+those are applied in thread order; with ``block_order_seed`` the blocks' adds to each address are
+applied in a seeded random order of the blocks (a fresh one per launch), so that an order-dependent
+result shows up as different bits across seeds, while a deterministic schedule's outputs stay
+bitwise equal.
+
 Arithmetic: floats are float32 (C's ``fminf``/``fmaxf``/``fmodf`` for min/max/%), integers int32 with C
 truncating division and remainder, mixed int/float operands promote to float32 as in C. Graph
 operators (:class:`~stitchtune.ir.kir.MathOp`) use ``stitchtune.graph.ops.OPS[name].np_fn`` on float32
@@ -91,7 +101,8 @@ __all__ = ["FAULT_KINDS", "NP_ELEM", "EmulatorFault", "elem_dtype", "emulate_ker
 
 def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
                    written: dict[str, np.ndarray] | None = None,
-                   coresident_limit: int | None = None, cluster_limit: int | None = None) -> None:
+                   coresident_limit: int | None = None, cluster_limit: int | None = None,
+                   block_order_seed: int | None = None) -> None:
     """Run one launch ``kernel<<<grid, kernel.block>>>`` in place on ``buffers``.
 
     ``buffers`` maps each parameter name to a 1-D numpy array of the parameter's element type
@@ -100,7 +111,8 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
     (updated in place). A missing entry means fully written. ``coresident_limit``: the most blocks
     that can be co-resident; a ``GridSync`` in a larger grid raises ``grid_not_coresident``.
     ``cluster_limit`` (cluster kernels): the clusters that can be resident at once; 0 raises
-    ``cluster_not_resident`` (None: not checked).
+    ``cluster_not_resident`` (None: not checked). ``block_order_seed``: apply atomic adds in a seeded
+    random order of the blocks (see the module docstring).
     Raises :class:`EmulatorFault` on a kernel bug (buffers are then partly updated).
     """
     if grid < 1 or grid * kernel.block >= 2**31:
@@ -108,6 +120,8 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
     _check_cluster_launch(kernel, grid, cluster_limit)
     ck = _compiled(kernel)
     st = _State(ck, grid, buffers, written or {}, coresident_limit)
+    if block_order_seed is not None:
+        st.block_rank = np.random.default_rng(block_order_seed).permutation(grid).astype(np.int32)
     with np.errstate(all="ignore"):
         ck.body(st, np.ones(st.T, bool))
     if st.remote_pending:
@@ -131,7 +145,8 @@ def _check_cluster_launch(kernel: Kernel, grid: int, cluster_limit: int | None) 
 def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
                     coresident_limit: Callable[[Kernel], int] | None = None,
                     cluster_limit: Callable[[Kernel], int] | None = None,
-                    scratch_out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+                    scratch_out: dict[str, np.ndarray] | None = None,
+                    block_order_seed: int | None = None) -> dict[str, np.ndarray]:
     """Run every launch of ``program`` on fresh buffers; return ``{output tensor: flat array}``.
 
     Inputs are taken from ``inputs`` by ``BufferSpec.tensor`` (any shape, flattened in C order and
@@ -141,6 +156,8 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
     (None: not checked). Returned arrays are 1-D in the buffer dtype (the caller reshapes to the graph shape).
     ``scratch_out``, when given, receives a copy of every scratch buffer after the last launch (the
     error flags of gathers among them, see :func:`stitchtune.lower.remap.gather_flag_buffers`).
+    ``block_order_seed``: launch ``i`` runs its atomic adds in the block order of seed
+    ``(block_order_seed, i)`` (see the module docstring).
     """
     arrays: dict[str, np.ndarray] = {}
     written: dict[str, np.ndarray] = {}
@@ -177,7 +194,9 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
         limit = coresident_limit(kernel) if coresident_limit is not None else None
         log.debug("emulating launch %d: %s<<<%d, %d>>>", i, kernel.name, launch.grid, launch.block)
         climit = cluster_limit(kernel) if cluster_limit is not None and kernel.cluster > 1 else None
-        emulate_kernel(kernel, launch.grid, kb, written=kw, coresident_limit=limit, cluster_limit=climit)
+        seed = None if block_order_seed is None else hash((int(block_order_seed), i)) & 0x7FFFFFFF
+        emulate_kernel(kernel, launch.grid, kb, written=kw, coresident_limit=limit, cluster_limit=climit,
+                       block_order_seed=seed)
     if scratch_out is not None:
         scratch_out.update({b.name: arrays[b.name].copy() for b in program.buffers if b.role == "scratch"})
     return {b.tensor: arrays[b.name].copy() for b in program.buffers if b.role == "output"}

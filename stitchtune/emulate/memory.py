@@ -221,6 +221,7 @@ class _State:
         self.lane = self.tid % np.int32(32)
         self.ar = t
         self.coresident_limit = coresident_limit
+        self.block_rank: np.ndarray | None = None  # the order blocks apply atomic adds in (None: thread order)
         self.where = ""
         self.vars: dict[str, np.ndarray] = {}
         for name, dt in ck.var_types.items():  # declared `= 0` at the top, as gpu/render.py does
@@ -334,6 +335,8 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
             if bad.any():
                 raise st.fault(race, f"write of {buf}{{at}} accessed by another "
                                f"{'thread' if is_shared else 'block'} without a barrier", bad, lr, e)
+        if not is_shared and tracker is not None and lanes.size > 1:
+            _check_same_statement_writes(st, buf, g, lr, e)
         arr[g] = values.ravel().astype(arr.dtype, copy=False)
         written[g] = True
         return None
@@ -342,8 +345,24 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
         bad = tracker.atomic(g, who)
         if bad.any():
             raise st.fault(race, f"atomic add to {buf}{{at}} also plainly accessed by another block", bad, lr, e)
-    np.add.at(arr, g, values.ravel())
+    vals = values.ravel()
+    if st.block_rank is not None:  # the blocks' adds in a seeded order (float addition is not associative)
+        order = np.argsort(st.block_rank[st.bid[lr]], kind="stable")
+        g, vals = g[order], vals[order]
+    np.add.at(arr, g, vals)
     return None
+
+
+def _check_same_statement_writes(st: _State, buf: str, g: np.ndarray, lr: np.ndarray, e: np.ndarray) -> None:
+    """``global_race`` when two threads write one global element in the same store statement (one
+    thread's vector never repeats an element, so a repeat is always two threads)."""
+    order = np.argsort(g, kind="stable")
+    sg = g[order]
+    dup = sg[1:] == sg[:-1]
+    if dup.any():
+        bad = np.zeros(g.size, bool)
+        bad[order[1:][dup]] = True
+        raise st.fault("global_race", f"write of {buf}{{at}} by two threads in one store (no atomic)", bad, lr, e)
 
 
 def _cluster_track(st: _State, sb: _SBuf, buf: str, op: str, g: np.ndarray, lanes: np.ndarray,

@@ -457,6 +457,10 @@ class KernelProfile:
     #: the re-reads run opposite to the read before them (schedule order ``alternate``), so they start
     #: with what that read left in L2 (default False: forward, and profiles stored before the field)
     reversed_rereads: bool = False
+    #: the most float atomic adds one address receives in this launch (they serialise at the L2:
+    #: the per-block adds of a cross reduction's column or scalar; default 0: none, and profiles
+    #: stored before the field existed)
+    atomic_serial: int = 0
     #: thread-block clusters (the ``cluster`` scheme): blocks per cluster, cluster barriers one block
     #: passes and remote (distributed) shared-memory loads one thread issues per launch (defaults:
     #: no cluster, and profiles stored before these fields existed)

@@ -25,6 +25,9 @@ Options (defaults = the kernels of before they existed): ``order`` alternate run
 that reads a full-size tensor backwards and every other such kernel's tasks in reverse; ``prefetch``
 (row reductions) loads the next task's full-size inputs into registers right after the first sweep;
 ``combine`` warp (split rows) has the lanes of each warp load a row's partials together.
+Cross reductions (``plan.cross``: column sums, losses over the rows) are accumulated per thread over
+the block's tasks in the last kernel, reduced across the block and combined across blocks per
+``cross_combine`` (atomic / grid / kernel; :mod:`stitchtune.lower.cross`).
 
 Names in the generated program are generated here (``in0``, ``out1``, ``t3_0`` ...); no string of
 the graph file reaches them.

@@ -22,6 +22,8 @@ from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Select, Var
 from stitchtune.lower import single_pass as sp
 from stitchtune.lower.base import _I, _add, _and, _Ctx, _Lowerer, _mul, _SweepValues, estimate_registers
+from stitchtune.lower.cross import (atomic_counts, combine_kernel, cross_accumulate, cross_accumulate_rows,
+                                    cross_epilogue, cross_init, cross_layout, small_profile, zero_kernel)
 from stitchtune.lower.cluster import (
     STATE_SLOTS,
     cluster_counts,
@@ -57,13 +59,17 @@ class _RowLowerer(_Lowerer):
         segs = self.kernel_segments() if p.nstages else [[]]
         n_reg = sum(1 for r in self.reuse.values() if r == "register")
         n_pf = s.prefetch * sum(1 for n, c in p.classes if c is TensorClass.FULL and n in self.in_buf)
+        n_pf += sum(1 for c in p.cross if c.kind == "per_reduced")  # the cross accumulators
         est = estimate_registers(self.per_thread * (n_reg + n_pf), vec, 4)
+        self.n_kernels = len(segs)
         for ki, seg in enumerate(segs):
             is_last = ki == len(segs) - 1
             k, prof = self.build_kernel(ki, seg, is_last, tasks, est)
             kernels.append(k)
             launches.append(kir.Launch(k.name, prof.grid, block, k.smem_bytes, tuple(pp.name for pp in k.params)))
             profiles.append(prof)
+        if p.cross:
+            self.cross_kernels(kernels, launches, profiles)
         profile = kir.ProgramProfile(tuple(profiles), self.g.min_bytes())
         return kir.Program(tuple(kernels), tuple(self.buffers), tuple(launches), profile, self.single_pass_notes())
 
@@ -106,6 +112,18 @@ class _RowLowerer(_Lowerer):
             k.write_outputs()
         return k.finish()
 
+    def cross_kernels(self, kernels: list, launches: list, profiles: list) -> None:
+        """The small kernels of the cross-block combine: the zeroing kernel before the others
+        (``cross_combine`` atomic) or the kernel that sums the partials after them (``kernel``)."""
+        mode, parts = self.s.cross_combine, profiles[-1].grid
+        if mode == "grid":
+            return
+        k, grid = zero_kernel(self) if mode == "atomic" else combine_kernel(self, parts)
+        at = 0 if mode == "atomic" else len(kernels)
+        kernels.insert(at, k)
+        launches.insert(at, kir.Launch(k.name, grid, k.block, k.smem_bytes, tuple(pp.name for pp in k.params)))
+        profiles.insert(at, small_profile(self, k, grid, parts))
+
     def needs_block_exchange(self, scheme: str) -> bool:
         """Whether a stage with ``scheme`` combines partials through shared memory."""
         return self.s.tpr > 32 or scheme == "regional"
@@ -124,7 +142,8 @@ class _RowLayout:
     cluster: int = 1                      # a cluster stage: blocks per thread-block cluster
 
 
-def _row_layout(low: _RowLowerer, seg: list[int], tasks: int, est_regs: int) -> _RowLayout:
+def _row_layout(low: _RowLowerer, seg: list[int], tasks: int, est_regs: int, is_last: bool = False) -> _RowLayout:
+    """The layout of a kernel of the stages ``seg``; the last kernel also holds the cross reductions' buffers."""
     p, s = low.p, low.s
     wpr = max(1, s.tpr // 32)
     red_slots = max((len(p.stages[i]) if i not in low.merged else (4 if low.merged[i].kind == "welford" else 2)
@@ -140,8 +159,13 @@ def _row_layout(low: _RowLowerer, seg: list[int], tasks: int, est_regs: int) -> 
             shared.append(kir.SharedBuf(f"sc{low.tid_of[c]}", low.rpb * low.chunk))
     locals_ = [kir.LocalArray(f"rc{low.tid_of[c]}", low.per_thread)
                for c in p.reuse_candidates if low.reuse[c] == "register"]
+    cross_sync = False
+    if is_last and p.cross:
+        x_shared, x_locals, cross_sync = cross_layout(low)
+        shared += x_shared
+        locals_ += x_locals
     smem_bytes = 4 * sum(x.size for x in shared)
-    needs_sync = any(low.stage_scheme(i) == "global" for i in seg)
+    needs_sync = any(low.stage_scheme(i) == "global" for i in seg) or cross_sync
     grid = low.grid_for(tasks, s.block, smem_bytes, est_regs, s.split if s.split > 1 else 1, needs_sync)
     return _RowLayout(tuple(shared), tuple(locals_), smem_bytes, grid, math.ceil(tasks / grid), needs_sync,
                       cluster)
@@ -191,7 +215,8 @@ class _RowKernel:
         self.low, self.ki, self.est_regs = low, ki, est_regs
         s, p = low.s, low.p
         self.cx = cx = _Ctx()
-        self.lay = _row_layout(low, seg, tasks, est_regs)
+        self.is_last = ki == getattr(low, "n_kernels", 1) - 1
+        self.lay = _row_layout(low, seg, tasks, est_regs, self.is_last)
         lane, rib = cx.var("lane", I32), cx.var("rib", I32)
         tid = kir.Special("tid")
         self.body: list = [Assign(lane, Bin("%", tid, _I(s.tpr))), Assign(rib, Bin("/", tid, _I(s.tpr)))]
@@ -208,6 +233,7 @@ class _RowKernel:
         self.gather_rows: dict[str, Var] = {}  # gather nodes: their table row in this round
         self.first_sweep = bool(s.prefetch)  # the next sweep is the kernel's first (with prefetch on)
         self.prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
+        self.cross_acc = cross_init(self) if self.is_last and p.cross else {}  # scalar cross accumulators
 
     # -- indices ----------------------------------------------------------------------------------
     def round_head(self, tasks: int) -> list:
@@ -364,9 +390,11 @@ class _RowKernel:
         sw.body.append(kir.LoadVec(dsts, buf, idx, sw.valid))
         return list(dsts)
 
-    def sweep(self, reds: list[str], outputs: list[str], online: sp.OnlineState | None = None) -> None:
+    def sweep(self, reds: list[str], outputs: list[str], online: sp.OnlineState | None = None,
+              cross: bool = False) -> None:
         """One pass over the thread's elements: accumulate ``reds`` and/or store ``outputs``, and fold
-        the source of a single-pass candidate into its running state ``online``."""
+        the source of a single-pass candidate into its running state ``online`` (and, with ``cross``,
+        the full-size sources of the cross reductions into their accumulators)."""
         low, cx, ix, s = self.low, self.cx, self.ix, self.low.s
         tpr, vec, N = s.tpr, s.vec, low.p.N
         it = cx.var("i", I32)
@@ -410,6 +438,8 @@ class _RowKernel:
                 lb.append(kir.StoreVec(buf, _add(_mul(ix.row, _I(N)), k0), tuple(vals), valid))
             elif c is TensorClass.PER_REDUCED:
                 lb.append(kir.StoreVec(buf, k0, tuple(vals), _and(valid, Bin("==", ix.row, _I(0)))))
+        if cross:
+            cross_accumulate(self, sw, sv, lb)
         unroll = bool(self.lay.locals_) or low.iters <= 8 or from_prefetch
         head = low.order_sweep(ii, it, low.iters, sum(self.stats["reads"].values()) > reads_before)
         self.rb.append(kir.For(it, _I(0), _I(low.iters), 1, tuple(head + lb), unroll=unroll))
@@ -654,10 +684,14 @@ class _RowKernel:
         """The output sweep (full-size and per-reduced-index outputs), then the per-row and scalar
         outputs, written by the row's first lane of its first split block."""
         low, ix = self.low, self.ix
-        outs = list(dict.fromkeys(low.g.outputs))
+        crossed = {c.node for c in low.p.cross}
+        outs = [o for o in dict.fromkeys(low.g.outputs) if o not in crossed]
         f_outs = [o for o in outs if low.cls[o].varies_along_reduced]
-        if f_outs:
-            self.sweep([], f_outs)
+        x_full = any(c.source_full for c in low.p.cross)
+        if f_outs or x_full:
+            self.sweep([], f_outs, cross=x_full)
+        if low.p.cross:
+            cross_accumulate_rows(self)
         for o in outs:
             c = low.cls[o]
             if c.varies_along_reduced:
@@ -685,12 +719,23 @@ class _RowKernel:
             locals_ += [kir.LocalArray(f"pf{low.tid_of[n]}", low.per_thread) for n in self.prefetched]
             self.body.extend(self.prefetch_rows(kir.Special("bid"), None))
         self.body.append(kir.For(self.ix.rd, _I(0), _I(lay.rounds), 1, tuple(self.rb)))
+        if self.is_last and low.p.cross:
+            self.body.extend(cross_epilogue(self))
         kern = low.make_kernel(self.ki, self.uses, self.cx, self.body, list(lay.shared), locals_, lay.needs_sync)
         prof = low.profile(kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.stats, self.ki)
+        if self.is_last and low.p.cross:
+            prof = self.cross_profile(prof)
         if lay.cluster > 1:  # launched as thread-block clusters (stitchtune.lower.cluster)
             kern = dataclasses.replace(kern, cluster=lay.cluster)
             prof = dataclasses.replace(prof, **cluster_counts(kern, lay.rounds))
         return kern, prof
+
+    def cross_profile(self, prof: kir.KernelProfile) -> kir.KernelProfile:
+        """The profile with the cross combine counted: its atomics, and its one grid barrier after the
+        round loop (the generic count multiplies every grid barrier by the rounds)."""
+        atomics, serial = atomic_counts(self.low, self.lay.grid)
+        gb = prof.grid_barriers - (self.lay.rounds - 1 if self.low.s.cross_combine == "grid" else 0)
+        return dataclasses.replace(prof, atomics=atomics, atomic_serial=serial, grid_barriers=gb)
 
 def lower_row(graph: Graph, plan: StitchPlan, schedule: Schedule, device) -> kir.Program:
     """Lower a row-reduction or element-wise graph (the schedule was already checked against the space)."""

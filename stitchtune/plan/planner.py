@@ -52,6 +52,7 @@ from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import OPS
 from stitchtune.plan import remap
 from stitchtune.plan.axes import Groups, tensor_axes
+from stitchtune.plan.cross import CrossReduction, check_cross, split_cross
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
 
@@ -87,6 +88,10 @@ class StitchPlan:
     index_maps: tuple[tuple[str, IndexMap], ...] = ()  # tensor name -> its map over [M, N]
     #: stage pairs one sweep can compute (Welford variance, online softmax; :mod:`stitchtune.plan.single_pass`)
     single_pass: tuple[SinglePassCandidate, ...] = ()
+    #: reductions over the rows (column sums, losses): per-block accumulation + a cross-block combine
+    #: (:mod:`stitchtune.plan.cross`); not in ``reductions`` / ``stages``. Empty for every graph whose
+    #: reductions all reduce the same axes.
+    cross: tuple[CrossReduction, ...] = ()
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -296,9 +301,10 @@ def _stages(graph: Graph, red_nodes: list[Node]) -> tuple[tuple[str, ...], ...]:
 
 
 def _reuse_candidates(graph: Graph, names: list[str], classes: dict[str, TensorClass],
-                      stages: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
+                      stages: tuple[tuple[str, ...], ...], cross_sources: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The full-size tensors that two or more sweeps need when nothing is cached: sweep ``s``
-    (1..nstages) feeds the stage-``s`` reductions, sweep nstages + 1 writes the outputs."""
+    (1..nstages) feeds the stage-``s`` reductions, sweep nstages + 1 writes the outputs and
+    accumulates the cross reductions (of ``cross_sources``)."""
     needs: dict[str, set[int]] = {n: set() for n in classes}
     by_id = {nd.id: nd for nd in graph.nodes}
 
@@ -315,7 +321,7 @@ def _reuse_candidates(graph: Graph, names: list[str], classes: dict[str, TensorC
     for i, st in enumerate(stages):
         for r in st:
             mark(by_id[r].args[0], i + 1)  # type: ignore[arg-type]
-    for o in graph.outputs:
+    for o in graph.outputs + cross_sources:
         mark(o, len(stages) + 1)
     return tuple(n for n in names if classes[n] is TensorClass.FULL and len(needs[n]) >= 2)
 
@@ -339,6 +345,19 @@ def _check_index_op_maps(imaps: dict[str, IndexMap], family: str) -> None:
                 "or gather; index maps there support broadcasting along the row axes of row kernels only")
 
 
+def _split_cross(all_red: list[Node], axes) -> tuple[list[Node], list[Node]]:
+    """:func:`~stitchtune.plan.cross.split_cross` over the axes of :func:`tensor_axes`, where every
+    tensor dim spans at most one axis (positions in the domain order); with a merged dim (a reshape
+    merging axes) no reduction is cross."""
+    order = axes.order
+    pos = {a: i for i, a in enumerate(order)}
+    if any(len(g) > 1 for _, gs in axes.groups for g in gs):
+        return all_red, []
+    old = {n: tuple(pos[g[0]] if g else None for g in gs) for n, gs in axes.groups}
+    sizes = axes.size_of
+    return split_cross(all_red, old, tuple(sizes[a] for a in order))
+
+
 def make_plan(graph: Graph) -> StitchPlan:
     """Analyse ``graph``; raise :class:`UnsupportedGraphError` when it has no stitched lowering.
     A graph with index ops (slice, concat, gather) is analysed through its surrogate
@@ -346,19 +365,21 @@ def make_plan(graph: Graph) -> StitchPlan:
     graph through :func:`~stitchtune.plan.axes.tensor_axes` (transpose / reshape as index maps)."""
     real, graph = graph, remap.surrogate(graph)
     names = [n for n, _ in graph.inputs] + [nd.id for nd in graph.nodes]
-    red_nodes = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
+    all_red = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
     if real is not graph:
         _check_index_op_graph(graph)
         domain = max((graph.spec(n).shape for n in names), key=lambda s: (prod(s), len(s)))
         old = _axes_maps(graph, domain)
         maps = {n: tuple((a,) if a is not None else () for a in m) for n, m in old.items()}
         order = tuple(a for a in range(len(domain)) if domain[a] > 1)
-        view = _view(order, dict(enumerate(domain)), bool(red_nodes), _reduced_axes(red_nodes, maps))
+        red_nodes, cross_nodes = split_cross(all_red, old, domain)
+        view = _view(order, dict(enumerate(domain)), bool(all_red), _reduced_axes(red_nodes, maps))
         remap.check_gathers(real, domain, view.col_axes, view.family)
     else:
         axes = tensor_axes(graph)
         maps = axes.of
-        view = _view(axes.order, axes.size_of, bool(red_nodes), _reduced_axes(red_nodes, maps))
+        red_nodes, cross_nodes = _split_cross(all_red, axes)
+        view = _view(axes.order, axes.size_of, bool(all_red), _reduced_axes(red_nodes, maps))
     classes = _classify(names, view, maps)
     _check_reductions(red_nodes, classes)
     _check_reduction_sources(red_nodes, view, maps)
@@ -368,11 +389,12 @@ def make_plan(graph: Graph) -> StitchPlan:
     if real is not graph:
         _check_index_op_maps(imaps, view.family)
         imaps.update(remap.real_index_maps(real, graph, old, domain, view.row_axes, view.col_axes))
+    cross = check_cross(graph, cross_nodes, view.family, classes, {n: not m.plain for n, m in imaps.items()})
     stages = _stages(graph, red_nodes)
     return StitchPlan(
         family=view.family, M=view.M, N=view.N, classes=tuple(classes.items()),
         reductions=tuple(nd.id for nd in red_nodes), stages=stages,
-        reuse_candidates=_reuse_candidates(graph, names, classes, stages),
+        reuse_candidates=_reuse_candidates(graph, names, classes, stages, tuple(c.source for c in cross)),
         input_names=tuple(n for n, _ in graph.inputs), dtypes=tuple((n, graph.spec(n).dtype) for n in names),
         index_maps=tuple((n, imaps[n]) for n in names),
-        single_pass=single_pass_candidates(graph, view.family, stages, view.N))
+        single_pass=single_pass_candidates(graph, view.family, stages, view.N), cross=cross)

@@ -22,7 +22,7 @@ Rules read a :data:`Point`: a mapping with the plan's ``family``, ``nstages`` an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, TypeVar
 
 T = TypeVar("T")
@@ -35,7 +35,7 @@ CORE_FIELDS: tuple[str, ...] = ("tpr", "block", "split", "vec", "tasks_per_block
 
 RESERVED: frozenset[str] = frozenset(CORE_FIELDS) | {
     "family", "nstages", "single_pass_candidates", "options", "table", "option", "to_dict", "from_dict", "to_json", "from_json", "key", "flat",
-    "persistent",
+    "persistent", "deterministic", "ncross", "ncross_k", "ncross_s", "cross_f32",
 }
 """Names an option may not take: the core fields, the point's plan names and the Schedule's own attributes
 (``tests/space`` checks that this covers every public attribute of :class:`~stitchtune.space.Schedule`)."""
@@ -234,6 +234,50 @@ COMBINE: Option[str] = Option(
 """How a row split over several blocks combines its partials: ``thread`` (every thread loads all of them)
 or ``warp`` (each warp loads them together and reduces by shuffles)."""
 
+def _has_cross(p: Point) -> bool:
+    return p.get("ncross", 0) > 0
+
+
+def _cross_names(p: Point) -> Mapping[str, Any]:
+    return {"ncross": p.get("ncross", 0), "cross_f32": p.get("cross_f32", True)}
+
+
+def _cross_registers(n: Point) -> int:
+    """The per-column accumulators: one row piece (``per_thread`` floats) per per-column cross reduction."""
+    return n["per_thread"] * n.get("ncross_k", 0) if n["family"] == "row" else 0
+
+
+def cross_smem_floats(tpr: int, block: int, chunk: int, ncross_k: int, ncross_s: int) -> int:
+    """Shared floats per block of the cross-reduction exchange: for each per-column reduction, one
+    row piece (``chunk``) per warp row group ``block // max(tpr, 32)`` when there are several
+    (after shuffles merge the sub-warp rows of a warp); one float per warp per scalar reduction."""
+    groups = block // max(tpr, 32)
+    per_col = ncross_k * groups * chunk if groups > 1 else 0
+    scal = ncross_s * (block // 32) if block > 32 else 0
+    return per_col + scal
+
+
+CROSS_COMBINE: Option[str] = Option(
+    "cross_combine", "kernel", str, _has_cross, "the plan has cross reductions (ncross > 0)", _has_cross,
+    derive=_cross_names, registers=_cross_registers)
+"""How the blocks' partials of the cross reductions (column sums, losses: :mod:`stitchtune.plan.cross`)
+are combined: ``atomic`` (float atomic adds into the output, zeroed by a small kernel first: not
+bitwise reproducible), ``grid`` (per-block partials in scratch, a grid barrier, then ordered sums of
+the partials: the grid must be co-resident, which the cost model checks as for the global scheme) or
+``kernel`` (partials, then a small second kernel sums them in order)."""
+
+
+def deterministic(schedule: Any) -> bool:
+    """Whether ``schedule``'s results are bitwise reproducible run to run: no float atomics anywhere
+    (``cross_combine`` atomic is the only option that adds floats atomically; every other reduction
+    combines in a fixed order)."""
+    table = getattr(schedule, "table", None)
+    if table is None or "cross_combine" not in table:
+        return True
+    return schedule.option("cross_combine") != "atomic"
+
+
+
 def _single_pass_applies(p: Point) -> bool:
     return p["family"] == "row" and p.get("single_pass_candidates", 0) > 0
 
@@ -244,11 +288,12 @@ def _single_pass_names(p: Point) -> Mapping[str, Any]:
 
 SINGLE_PASS: Option[int] = Option(
     "single_pass", 0, int, _single_pass_applies, "the plan has single-pass candidates (row family)", _is_row,
-    derive=_single_pass_names, drawn=False)
+    derive=_single_pass_names)
 """1: every single-pass candidate of the plan (:mod:`stitchtune.plan.single_pass`: mean then variance,
 max then sum of exp(x - max)) is computed in one sweep (Welford / online softmax, merged across lanes,
-warps and split blocks); the merged stage takes the first stage's scheme. Not drawn (``drawn=False``):
-the search reaches it through ``variants`` and the grid, so recorded studies and seeded samples stay."""
+warps and split blocks); the merged stage takes the first stage's scheme. Drawn and asked like any option;
+:data:`RECORDED_OPTIONS` holds it undrawn (as it was when the golden files of before were recorded), and
+``variants`` also try it next to every best point."""
 
 
 
@@ -272,11 +317,12 @@ form one cluster and combine their partials through distributed shared memory af
 the size is the split (``split == cluster``; searched through ``split`` and the scheme, which the space
 offers only where the device has clusters and ``split <= max_cluster``); 1 = no cluster."""
 
-RECORDED_OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, SINGLE_PASS))
-"""The options of the space the golden files of before the cluster scheme were recorded with
+RECORDED_OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, CROSS_COMBINE, replace(SINGLE_PASS, drawn=False)))
+"""The options of the space the golden files of before the cluster scheme were recorded with, ``single_pass``
+undrawn as it was then
 (``tests/lower/golden/kernel_hashes*.json``, ``tests/space/golden/suggest_params*.json`` but the ``*_cluster``
 ones): a space built with this table asks and draws exactly what it did then (no ``cluster`` scheme, which
 comes with the ``cluster`` option: a new scheme on the H200 necessarily changes seeded draws)."""
 
-OPTIONS = RECORDED_OPTIONS.extended(CLUSTER)
+OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, CROSS_COMBINE, SINGLE_PASS, CLUSTER))
 """The stitch space's options, in decision order (append new ones at the end)."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, TypeVar, overload
 
 from stitchtune.errors import ScheduleError
-from stitchtune.space.options import OPTIONS, Option, OptionTable
+from stitchtune.space.options import OPTIONS, Option, OptionTable, deterministic
 
 T = TypeVar("T")
 
@@ -93,6 +93,12 @@ class Schedule:
         """Whether the grid is persistent (``tasks_per_block == PERSISTENT``): sized to the blocks that
         fit on the device at once rather than to ``tasks / tasks_per_block``."""
         return self.tasks_per_block == PERSISTENT
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether this schedule's results are bitwise reproducible (no float atomics anywhere; see
+        :func:`stitchtune.space.options.deterministic`)."""
+        return deterministic(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: the core fields, then each option that differs from its default (in table

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from stitchtune.errors import ScheduleError, StitchtuneError
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space.constraints import names_used, safe_eval
-from stitchtune.space.options import OPTIONS, Option, OptionTable
+from stitchtune.space.options import OPTIONS, Option, OptionTable, cross_smem_floats
 from stitchtune.space.schedule import Schedule
 from stitchtune.space.space_file import load_space_file
 
@@ -68,6 +68,7 @@ class SearchSpace:
         self.table = table
         self.version: str = str(data["version"])
         self.flat = False  # plain parameter names (see flat_mode)
+        self.deterministic = False  # only bitwise-reproducible points (see deterministic_only)
         p = data["params"]
         self.domains: dict[str, list[Any]] = {k: list(v["choices"]) for k, v in p.items()}
         self.scheme_rules: dict[str, str] = data["scheme_rules"]
@@ -88,6 +89,11 @@ class SearchSpace:
         self.elem_bytes = max((2 if plan.dtype(n) != "float32" else 4) for n in vectored) if vectored else 4
         # full-size inputs: each takes one row piece of prefetch registers (schedule.prefetch)
         self.n_full_inputs = sum(1 for n, c in plan.classes if c is TensorClass.FULL and n in plan.input_names)
+        # the cross reductions (plan.cross) as the option rules read them
+        cross = getattr(plan, "cross", ())
+        self._cross_point = {"ncross": len(cross), "ncross_k": sum(c.kind == "per_reduced" for c in cross),
+                             "ncross_s": sum(c.kind == "scalar" for c in cross),
+                             "cross_f32": all(plan.dtype(c.node) == "float32" for c in cross)}
         # thread-block clusters: the scheme comes with the cluster option, on devices that have them, for
         # row reductions long enough to give every thread of a cluster of two smallest blocks an element
         self.max_cluster = (int(device.max_cluster_size) if "cluster" in table and getattr(device, "supports_clusters", False)
@@ -118,7 +124,8 @@ class SearchSpace:
         return {"family": self.plan.family, "nstages": self.plan.nstages,
                 "single_pass_candidates": len(self.plan.single_pass), "tpr": tpr, "block": block,
                 "split": split, "vec": vec, "tasks_per_block": tasks, "min_blocks": min_blocks,
-                "schemes": tuple(schemes), "reuse": tuple(reuse), "max_cluster": self.max_cluster}
+                "schemes": tuple(schemes), "reuse": tuple(reuse), "max_cluster": self.max_cluster,
+                **self._cross_point}
 
     def _point(self, s: Schedule) -> dict[str, Any]:
         """The whole point of ``s``: its core and every option of this space's table (an option ``s``
@@ -187,6 +194,8 @@ class SearchSpace:
             "reg_cache_elems": per_thread * len(cached_reg), "smem_cache_bytes": smem_cache,
             "smem_red_bytes": smem_red, "smem_limit": int(self.device.smem_per_block_optin), "vec_ok": vec_ok,
             "max_split": max_split, "max_threads_per_sm": int(self.device.max_threads_per_sm),
+            "cross_smem_bytes": 4 * cross_smem_floats(s.tpr, s.block, chunk, self._cross_point["ncross_k"],
+                                                      self._cross_point["ncross_s"]) if fam == "row" else 0,
         }
         point = self._point(s)
         for opt in self.table:
@@ -354,6 +363,15 @@ class SearchSpace:
         point = self._core_point(tpr, block, split, vec, tasks, min_blocks, fixed, reuse)
         options = self._decide_options(point, lambda opt: picked[opt.name], asks_undrawn)
         return Schedule(tpr, block, split, vec, tasks, min_blocks, fixed, reuse, options, table=self.table)
+
+    def deterministic_only(self) -> "SearchSpace":
+        """A copy of this space without the float-atomic choices (``cross_combine`` atomic): every point
+        it suggests, samples, repairs to or varies to is bitwise reproducible (``Schedule.deterministic``);
+        :meth:`violations` also refuses a non-deterministic point. The same space where nothing is atomic."""
+        other = copy.copy(self)
+        other.domains = {**self.domains, "cross_combine": [v for v in self.domains["cross_combine"] if v != "atomic"]}
+        other.deterministic = True
+        return other
 
     def flat_mode(self) -> "SearchSpace":
         """A copy of this space whose :meth:`suggest` / :meth:`params_of` use plain parameter names

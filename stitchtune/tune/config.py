@@ -56,6 +56,7 @@ class SearchConfig:
     build: bool = True            # emulate backend: compile with nvcc when it is on PATH
     progress: bool = True         # tqdm bar on stderr
     dup_wait_s: float = 600.0     # longest wait for another worker's trial of the same schedule
+    deterministic: bool = False   # only bitwise-reproducible schedules (no float atomics)
 
     def __post_init__(self) -> None:
         problems = []

@@ -44,7 +44,7 @@ COLUMNS: tuple[str, ...] = (
     "workload_key", "structure_key", "graph_name", "shapes", "dtypes",
     "device_key", "device_name", "device_cc",
     "backend", "estimated", "space_version", "codegen_version",
-    "schedule_json", "schedule_key", "heuristic",
+    "schedule_json", "schedule_key", "heuristic", "deterministic",
     "status", "prune_reason", "predicted_us", "measured_us", "samples_us", "max_rel_error",
     "registers", "smem_bytes", "spill_bytes", "occupancy", "compile_s", "error",
     "reused", "reused_from",

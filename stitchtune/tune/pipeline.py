@@ -97,6 +97,7 @@ def schedule_columns(schedule: Any) -> dict[str, Any]:
     cols: dict[str, Any] = {
         "schedule_json": json.dumps(schedule.to_dict(), sort_keys=True),
         "schedule_key": schedule.key(),
+        "deterministic": bool(getattr(schedule, "deterministic", True)),
     }
     for k, v in schedule.flat().items():
         cols[f"p_{k}"] = v if isinstance(v, (int, float, str, bool)) or v is None else json.dumps(v)

@@ -129,6 +129,8 @@ class _Loop:
         self.estimated = self.backend != "cuda"
         self.plan = comp.make_plan(self.graph)
         self.space = comp.space_for_plan(self.plan, self.device)
+        if getattr(config, "deterministic", False) and hasattr(self.space, "deterministic_only"):
+            self.space = self.space.deterministic_only()  # no float atomics (--deterministic)
         if config.sampler in ("gp", "cmaes") and hasattr(self.space, "flat_mode"):
             # these samplers model a fixed parameter set: plain names, repaired points (space/search_space.py)
             self.space = self.space.flat_mode()
@@ -138,6 +140,8 @@ class _Loop:
         sampler = make_sampler(config.sampler, config.seed, self.space)
         self.grid = grid_points(self.space, config.seed) if config.sampler == "grid" else None
         self.study_name = config.study or default_study_name(self.graph, self.device)
+        if not config.study and getattr(self.space, "deterministic", False) and getattr(self.plan, "cross", ()):
+            self.study_name += "-deterministic"  # another cross_combine domain: its own optuna study
         self.study = _open_study(self.study_name, make_storage(config.storage, config.db), sampler)
         self.ctx = context_row(self.graph, self.device)
         self.versions = {"space_version": str(self.space.version),

@@ -28,10 +28,12 @@ KERNEL_HASHES = REPO / "tests" / "lower" / "golden" / "kernel_hashes.json"
 SUGGEST_GOLDEN = Path(__file__).resolve().parent / "golden" / "suggest_params.json"
 SUGGEST_ADDED = (Path(__file__).resolve().parent / "golden" / "suggest_params_index_maps.json",
                  Path(__file__).resolve().parent / "golden" / "suggest_params_masks.json",
-                 Path(__file__).resolve().parent / "golden" / "suggest_params_single_pass.json")
+                 Path(__file__).resolve().parent / "golden" / "suggest_params_single_pass.json",
+                 Path(__file__).resolve().parent / "golden" / "suggest_params_cross.json")
 KERNEL_HASHES_ADDED = (REPO / "tests" / "lower" / "golden" / "kernel_hashes_index_maps.json",
                        REPO / "tests" / "lower" / "golden" / "kernel_hashes_masks.json",
-                       REPO / "tests" / "lower" / "golden" / "kernel_hashes_single_pass.json")
+                       REPO / "tests" / "lower" / "golden" / "kernel_hashes_single_pass.json",
+                       REPO / "tests" / "lower" / "golden" / "kernel_hashes_cross.json")
 # recorded with today's option table (the files above: with RECORDED_OPTIONS, the table they were
 # recorded with, before the cluster scheme; see tests/lower/test_kernel_hashes.py)
 KERNEL_HASHES_FULL = (REPO / "tests" / "lower" / "golden" / "kernel_hashes_cluster.json",
@@ -130,7 +132,8 @@ def test_keys_are_those_of_the_old_code(d: dict, key: str) -> None:
 def test_flat_columns_are_the_database_columns() -> None:
     s = Schedule.from_dict({**KEYS[2][0]})
     assert list(s.flat()) == ["tpr", "block", "split", "vec", "tasks_per_block", "min_blocks", "order", "prefetch",
-                              "combine", "single_pass", "cluster", "scheme_0", "scheme_1", "reuse_0", "reuse_1"]
+                              "combine", "cross_combine", "single_pass", "cluster", "scheme_0", "scheme_1",
+                              "reuse_0", "reuse_1"]
     assert s.flat()["prefetch"] == 0 and s.flat()["combine"] == "warp"
 
 

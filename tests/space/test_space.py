@@ -187,12 +187,17 @@ def test_constraint_evaluator_refuses_anything_but_arithmetic_and_logic() -> Non
 
 
 def test_single_pass_is_legal_only_with_a_candidate() -> None:
-    """``single_pass`` applies where the plan has a mean-then-variance or max-then-sum-of-exp pair; it
-    is never drawn by sampling (seeded samples stay as recorded) but may be set on any legal point."""
+    """``single_pass`` applies where the plan has a mean-then-variance or max-then-sum-of-exp pair: sampling
+    draws both values there (never elsewhere), the space built with the recorded table never draws it,
+    and it may be set on any legal point."""
+    from stitchtune.space.options import RECORDED_OPTIONS
+
     ln = _space("layernorm_small.json")
-    samples = [ln.sample(random.Random(i)) for i in range(20)]
-    assert all(s.single_pass == 0 for s in samples)
+    samples = [ln.sample(random.Random(i)) for i in range(40)]
+    assert {s.single_pass for s in samples} == {0, 1}
     assert all(not ln.violations(dataclasses.replace(s, single_pass=1)) for s in samples)
+    recorded = SearchSpace.for_plan(ln.plan, ln.device, table=RECORDED_OPTIONS)
+    assert all(recorded.sample(random.Random(i)).single_pass == 0 for i in range(40))
     rms = _space("rmsnorm_small.json")
     s = rms.sample(random.Random(0))
     bad = rms.violations(dataclasses.replace(s, single_pass=1))

@@ -1,0 +1,320 @@
+"""Lowering of cross reductions (:mod:`stitchtune.plan.cross`) in the last kernel of a row-family program.
+
+Phases (each a function below, called by :class:`stitchtune.lower.row._RowKernel`):
+
+1. :func:`cross_layout`: the per-thread accumulators (``xa<i>``: one row piece of ``per_thread`` floats
+   per per-column reduction, in registers; a scalar variable per scalar reduction) and the shared
+   exchange buffers (``sxk``: one row piece per warp row group; ``sxs``: one float per warp), sized by
+   :func:`stitchtune.space.options.cross_smem_floats` (the space checks the same figure).
+2. :func:`cross_init` (before the round loop) zeroes the accumulators; :func:`cross_accumulate`
+   (in the output sweep) adds each element of a full-size source to the thread's accumulator of its
+   column (or its scalar); :func:`cross_accumulate_rows` (once per task) adds a per-row source's
+   value, on the row's first lane.
+3. :func:`cross_epilogue` (after the round loop, reached by every thread): the block reduces its
+   accumulators (shuffles across the sub-warp rows of a warp, then shared memory across the warp row
+   groups; shuffles + shared memory across the warps for a scalar), then combines across blocks per
+   ``Schedule.cross_combine``: ``atomic`` adds the block's value (a mean: scaled by ``1 / count``) to
+   the output, zeroed by the small kernel of :func:`zero_kernel` launched first; ``grid`` stores it to
+   the per-block partials ``xp<i>`` (scratch, ``grid x width`` floats, every element written before it
+   is read), passes a grid barrier and sums the partials in block order (:func:`final_sums`); ``kernel``
+   stores the partials and :func:`combine_kernel` (a second launch) sums them in block order. ``grid``
+   and ``kernel`` are bitwise reproducible whatever order the blocks run in; ``atomic`` is not.
+"""
+
+from __future__ import annotations
+
+import math
+from stitchtune.ir import kir
+from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Select, Var
+from stitchtune.lower.base import _I, _add, _mul
+from stitchtune.plan.cross import CrossReduction
+from stitchtune.space.options import cross_smem_floats
+
+_TID, _BID = kir.Special("tid"), kir.Special("bid")
+
+
+def _f(x: float) -> Const:
+    return Const(float(x), F32)
+
+
+def _per_col(low) -> list[tuple[int, CrossReduction]]:
+    return [(i, c) for i, c in enumerate(low.p.cross) if c.kind == "per_reduced"]
+
+
+def _scalars(low) -> list[tuple[int, CrossReduction]]:
+    return [(i, c) for i, c in enumerate(low.p.cross) if c.kind == "scalar"]
+
+
+def _scale(c: CrossReduction) -> float:
+    return 1.0 / c.count if c.mean else 1.0
+
+
+def cross_layout(low) -> tuple[list[kir.SharedBuf], list[kir.LocalArray], bool]:
+    """(shared buffers, local arrays, needs a grid barrier) of the cross reductions of ``low``'s plan."""
+    s, nk, ns = low.s, len(_per_col(low)), len(_scalars(low))
+    shared: list[kir.SharedBuf] = []
+    groups = s.block // max(s.tpr, 32)
+    if nk and groups > 1:
+        shared.append(kir.SharedBuf("sxk", nk * groups * low.chunk))
+    if ns and s.block > 32:
+        shared.append(kir.SharedBuf("sxs", ns * (s.block // 32)))
+    assert 4 * sum(b.size for b in shared) == 4 * cross_smem_floats(s.tpr, s.block, low.chunk, nk, ns)
+    locals_ = [kir.LocalArray(f"xa{i}", low.per_thread) for i, _ in _per_col(low)]
+    return shared, locals_, s.cross_combine == "grid"
+
+
+def cross_init(k) -> dict[int, Var]:
+    """Zero the accumulators before the round loop (appended to ``k.body``); returns the scalar
+    accumulator variable of each scalar cross reduction (by index in ``plan.cross``)."""
+    low = k.low
+    e = k.cx.var("xe", I32)
+    for i, _ in _per_col(low):
+        k.body.append(kir.For(e, _I(0), _I(low.per_thread), 1, (kir.SetLocal(f"xa{i}", e, _f(0)),), unroll=True))
+    accs = {}
+    for i, _ in _scalars(low):
+        accs[i] = k.cx.var("xs", F32)
+        k.body.append(Assign(accs[i], _f(0)))
+    return accs
+
+
+def cross_accumulate(k, sw, sv, body: list) -> None:
+    """In the output sweep: each full-size source element into its column's (or the scalar) accumulator."""
+    low = k.low
+    for i, c in enumerate(low.p.cross):
+        if not c.source_full:
+            continue
+        vals = sv.value(c.source)
+        for j in range(low.s.vec):
+            if c.kind == "per_reduced":
+                idx = k.cache_index(sw, j)
+                cur = LocalRef(f"xa{i}", idx)
+                body.append(kir.SetLocal(f"xa{i}", idx, Select(sw.valid, Bin("+", cur, vals[j]), cur)))
+            else:
+                a = k.cross_acc[i]
+                body.append(Assign(a, Select(sw.valid, Bin("+", a, vals[j]), a)))
+
+
+def cross_accumulate_rows(k) -> None:
+    """Once per task (round body, after the stages): each per-row source value into its scalar
+    accumulator, on the row's first lane of its first split block."""
+    low, ix = k.low, k.ix
+    lead = Bin("&&", ix.rvalid, Bin("&&", Bin("==", ix.lane, _I(0)), Bin("==", ix.sidx, _I(0))))
+    for i, c in enumerate(low.p.cross):
+        if c.source_full:
+            continue
+        v = k.pvals[c.source] if c.source in k.pvals else k.load_p(c.source)
+        a = k.cross_acc[i]
+        k.rb.append(Assign(a, Select(lead, Bin("+", a, v), a)))
+
+
+def _column(k, e: int) -> kir.Expr:
+    """The column of accumulator element ``e`` (= i * vec + j) of this thread."""
+    s = k.low.s
+    i, j = divmod(e, s.vec)
+    return _add(_mul(_add(_I(i * s.tpr), k.ix.lane), _I(s.vec)), _I(j))
+
+
+def _warp_sum(out: list, get, put, masks: list[int]) -> None:
+    for m in masks:
+        out.append(put(Bin("+", get(), kir.Shfl(get(), m, 32))))
+
+
+def _block_values(k, out: list) -> list[tuple[int, kir.Expr, kir.Expr, kir.Expr]]:
+    """The block reduce (statements into ``out``); returns, per block value to combine, ``(cross
+    index, column, value, predicate)`` (columns may repeat over loop iterations: statements follow)."""
+    low, s = k.low, k.low.s
+    tpr, block, chunk, N = s.tpr, s.block, low.chunk, low.p.N
+    groups = block // max(tpr, 32)
+    subwarp = [m for m in (1, 2, 4, 8, 16) if m >= tpr]
+    res: list = []
+    pcs = _per_col(low)
+    for i, _ in pcs:  # merge the sub-warp rows of each warp (lanes with the same columns)
+        for e in range(low.per_thread):
+            _warp_sum(out, lambda i=i, e=e: LocalRef(f"xa{i}", _I(e)),
+                      lambda v, i=i, e=e: kir.SetLocal(f"xa{i}", _I(e), v), subwarp)
+    for i, _ in _scalars(low):
+        a = k.cross_acc[i]
+        _warp_sum(out, lambda a=a: a, lambda v, a=a: Assign(a, v), [16, 8, 4, 2, 1])
+    writer = Bin("<", Bin("%", _TID, _I(32)), _I(tpr)) if tpr < 32 else None
+    if pcs and groups > 1:
+        slot = Bin("/", _TID, _I(max(tpr, 32)))
+        for n, (i, _) in enumerate(pcs):
+            base = _mul(_add(_I(n * groups), slot), _I(chunk))
+            for e in range(low.per_thread):
+                out.append(kir.StoreVec("sxk", _add(base, _column(k, e)), (LocalRef(f"xa{i}", _I(e)),), writer))
+    nw = block // 32
+    scal = _scalars(low)
+    if scal and block > 32:
+        for n, (i, _) in enumerate(scal):
+            out.append(kir.StoreVec("sxs", _add(_I(n * nw), Bin("/", _TID, _I(32))), (k.cross_acc[i],),
+                                    Bin("==", Bin("%", _TID, _I(32)), _I(0))))
+    if (pcs and groups > 1) or (scal and block > 32):
+        out.append(kir.Barrier())
+    if pcs and groups > 1:
+        for n, (i, _) in enumerate(pcs):
+            for q in range(math.ceil(chunk / block)):
+                col = _add(_TID, _I(q * block))
+                v = k.cx.var("xv", F32)
+                inside = Bin("<", col, _I(chunk))
+                out.append(Assign(v, _f(0)))
+                for g in range(groups):
+                    out.append(Assign(v, Bin("+", v, Load("sxk", _add(_I((n * groups + g) * chunk),
+                                                                      Bin("min", col, _I(chunk - 1))), inside))))
+                res.append((i, col, v, Bin("<", col, _I(N))))
+    elif pcs:
+        for i, _ in pcs:
+            for e in range(low.per_thread):
+                col = _column(k, e)
+                ok = Bin("<", col, _I(N))
+                res.append((i, col, LocalRef(f"xa{i}", _I(e)), ok if writer is None else Bin("&&", writer, ok)))
+    for n, (i, _) in enumerate(scal):
+        if block > 32:
+            v = k.cx.var("xv", F32)
+            out.append(Assign(v, _f(0)))
+            for w in range(nw):
+                out.append(Assign(v, Bin("+", v, Load("sxs", _I(n * nw + w)))))
+        else:
+            v = k.cross_acc[i]
+        res.append((i, _I(0), v, Bin("==", _TID, _I(0))))
+    return res
+
+
+def partial_buf(low, i: int, grid: int) -> str:
+    """The per-block partials of cross reduction ``i``: ``grid x width`` floats (scratch)."""
+    width = low.p.N if low.p.cross[i].kind == "per_reduced" else 1
+    return low.scratch(f"xp{i}", grid * width)
+
+
+def cross_epilogue(k) -> list:
+    """The statements after the round loop: block reduce, then the cross-block combine of the schedule."""
+    low = k.low
+    mode, grid = low.s.cross_combine, k.lay.grid
+    out: list = [kir.Comment("cross reductions: block reduce, then combine across blocks")]
+    for i, col, v, pred in _block_values(k, out):
+        c = low.p.cross[i]
+        if mode == "atomic":
+            buf = low.out_buf[c.node]
+            k.uses["out"].add(buf)
+            val = Bin("*", v, _f(_scale(c))) if c.mean else v
+            out.append(kir.AtomicAdd(buf, col, val, pred))
+        else:
+            part = partial_buf(low, i, grid)
+            k.cx.scratch.add(part)
+            width = low.p.N if c.kind == "per_reduced" else 1
+            out.append(kir.StoreVec(part, _add(_mul(_BID, _I(width)), col), (v,), pred))
+    if mode == "grid":
+        out.append(kir.GridSync())
+        out += final_sums(low, k.cx, k.uses, grid, grid)
+    return out
+
+
+def final_sums(low, cx, uses: dict, parts: int, nblocks: int) -> list:
+    """Sum the ``parts`` per-block partials of every cross reduction in block order into its output,
+    with ``nblocks`` blocks running this code: per column one thread; a scalar by block 0 (every thread
+    a strided share, then shuffles and ``sxs`` across the warps)."""
+    s = low.s
+    block = s.block
+    out: list = []
+    gid = cx.var("xg", I32)
+    out.append(Assign(gid, _add(_mul(_BID, _I(block)), _TID)))
+    g = cx.var("xq", I32)
+    for i, c in enumerate(low.p.cross):
+        buf = low.out_buf[c.node]
+        uses["out"].add(buf)
+        part = partial_buf(low, i, parts)
+        cx.scratch.add(part)
+        acc = cx.var("xt", F32)
+        if c.kind == "per_reduced":
+            N = low.p.N
+            for q in range(math.ceil(N / (nblocks * block))):
+                col = cx.var("xc", I32)
+                ok = cx.var("xok", kir.BOOL)
+                out += [Assign(col, _add(gid, _I(q * nblocks * block))), Assign(ok, Bin("<", col, _I(N))),
+                        Assign(acc, _f(0)),
+                        kir.For(g, _I(0), _I(parts), 1, (Assign(acc, Bin("+", acc, Load(
+                            part, _add(_mul(g, _I(N)), Bin("min", col, _I(N - 1))), ok))),)),
+                        kir.StoreVec(buf, col, (Bin("*", acc, _f(_scale(c))) if c.mean else acc,), ok)]
+            continue
+        mine = Bin("==", _BID, _I(0))
+        idx = cx.var("xi", I32)
+        out += [Assign(acc, _f(0)), kir.For(g, _I(0), _I(math.ceil(parts / block)), 1, (
+            Assign(idx, _add(_mul(g, _I(block)), _TID)),
+            Assign(acc, Bin("+", acc, Load(part, Bin("min", idx, _I(parts - 1)),
+                                           Bin("&&", mine, Bin("<", idx, _I(parts))))))))]
+        _warp_sum(out, lambda: acc, lambda v: Assign(acc, v), [16, 8, 4, 2, 1])
+        if block > 32:
+            nw = block // 32
+            out += [kir.Barrier(), kir.StoreVec("sxs", Bin("/", _TID, _I(32)), (acc,),
+                                                Bin("==", Bin("%", _TID, _I(32)), _I(0))), kir.Barrier(),
+                    Assign(acc, _f(0))]
+            for w in range(nw):
+                out.append(Assign(acc, Bin("+", acc, Load("sxs", _I(w)))))
+        out.append(kir.StoreVec(buf, _I(0), (Bin("*", acc, _f(_scale(c))) if c.mean else acc,),
+                                Bin("&&", mine, Bin("==", _TID, _I(0)))))
+    return out
+
+
+def _small_kernel(low, name: str, cx, uses: dict, body: list, shared: list) -> kir.Kernel:
+    params = [low.param(b) for b in sorted(uses["out"], key=lambda x: int(x[3:]))]
+    params += [low.param(b) for b in sorted(cx.scratch)]
+    return kir.Kernel(name, tuple(params), tuple(body), low.s.block, tuple(shared), (), 0, None)
+
+
+def zero_kernel(low) -> tuple[kir.Kernel, int]:
+    """(the kernel that zeroes the atomically accumulated outputs, its grid): one element per thread."""
+    from stitchtune.lower.base import _Ctx
+
+    cx, uses = _Ctx(), {"in": set(), "out": set()}
+    block = low.s.block
+    width = max(low.p.N if c.kind == "per_reduced" else 1 for c in low.p.cross)
+    gid = cx.var("xg", I32)
+    body: list = [Assign(gid, _add(_mul(_BID, _I(block)), _TID))]
+    for c in low.p.cross:
+        buf = low.out_buf[c.node]
+        uses["out"].add(buf)
+        w = low.p.N if c.kind == "per_reduced" else 1
+        body.append(kir.StoreVec(buf, Bin("min", gid, _I(w - 1)), (_f(0),), Bin("<", gid, _I(w))))
+    return _small_kernel(low, "st_xzero", cx, uses, body, []), math.ceil(width / block)
+
+
+def combine_kernel(low, parts: int) -> tuple[kir.Kernel, int]:
+    """(the second kernel of ``cross_combine`` kernel: sums the ``parts`` partials in block order, its grid)."""
+    from stitchtune.lower.base import _Ctx
+
+    cx, uses = _Ctx(), {"in": set(), "out": set()}
+    block = low.s.block
+    width = max(low.p.N if c.kind == "per_reduced" else 1 for c in low.p.cross)
+    grid = math.ceil(width / block)
+    body = final_sums(low, cx, uses, parts, grid)
+    shared = [kir.SharedBuf("sxs", block // 32)] if block > 32 and _scalars(low) else []
+    return _small_kernel(low, "st_xsum", cx, uses, body, shared), grid
+
+
+def small_profile(low, kern: kir.Kernel, grid: int, parts: int) -> kir.KernelProfile:
+    """The analytic profile of a zeroing or combine kernel: it reads the partials, writes the outputs."""
+    specs = {b.name: b for b in low.buffers}
+    reads = sum(specs[p.name].nbytes for p in kern.params if p.role == "scratch")
+    writes = sum(specs[p.name].nbytes for p in kern.params if p.role == "output")
+    return kir.KernelProfile(
+        name=kern.name, grid=grid, block=kern.block, smem_bytes=kern.smem_bytes, est_registers=32,
+        dram_read_bytes=int(reads), dram_write_bytes=int(writes), reread_bytes=0, reread_working_set=0,
+        flops=int(reads // 4), sfu_ops=0, block_barriers=sum(isinstance(x, kir.Barrier) for x in kir.walk(kern.body)),
+        grid_barriers=0, atomics=0, bytes_in_flight_per_thread=4 * min(parts, 4),
+        scratch_loads=int(math.ceil(_combine_loads(low, parts) / 8)) if reads else 0)
+
+
+def _combine_loads(low, parts: int) -> int:
+    """Partials one thread of the combine loads: all ``parts`` of its column, or its strided share of
+    a scalar's. They are independent loads of distinct, coalesced lines (unlike a split row's partials,
+    which every thread of a row loads), so the chain counts them 8 in flight per thread (an assumption)."""
+    if any(c.kind == "per_reduced" for c in low.p.cross):
+        return parts
+    return math.ceil(parts / low.s.block) if parts else 0
+
+
+def atomic_counts(low, grid: int) -> tuple[int, int]:
+    """(atomic adds of the main kernel, the most of them to one address) under ``cross_combine`` atomic."""
+    if low.s.cross_combine != "atomic":
+        return 0, 0
+    width = sum(low.p.N if c.kind == "per_reduced" else 1 for c in low.p.cross)
+    return grid * width, grid

@@ -1,0 +1,134 @@
+"""Cross reductions: reductions over the axis a row-family kernel's tasks walk (AStitch's global stitching).
+
+In a row-family plan the tasks walk the rows of the ``[M, N]`` view. A reduction whose reduced axes
+include every (live) row axis cannot finish inside one task: each block accumulates its tasks'
+contributions (per thread in registers, then across the block's rows through shared memory), and the
+blocks' partials are combined across the grid by the schedule's ``cross_combine`` choice (float
+atomics, partials + grid barrier, or partials + a small second kernel; see
+:mod:`stitchtune.lower.cross`). Two kinds:
+
+* ``per_reduced``: the reduced axes are exactly the row axes of a full-size source (a column sum:
+  ``dgamma = sum over rows of dy * xhat``, ``dbeta = sum(dy)``); one value per column (class
+  ``PER_REDUCED``).
+* ``scalar``: everything is reduced (a loss: ``mean((pred - target) ** 2)``), or the rows of a
+  per-row source (the mean over rows of a per-row cross entropy); one value (class ``SCALAR``).
+
+Contract: :func:`split_cross` separates the graph's reductions into the row (or column) reductions the
+planner handled before and the cross reductions, *before* the view is chosen; for a graph whose
+reductions all reduce the same axes it returns them unchanged and no cross reduction, so plans of
+such graphs are exactly what they were. :func:`check_cross` then checks each cross reduction against
+the view's classes and returns the :class:`CrossReduction` values of the plan, or raises
+:class:`UnsupportedGraphError` naming the node and the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Any, Mapping
+
+from stitchtune.errors import UnsupportedGraphError
+from stitchtune.graph.parse import Graph, Node
+
+#: ops a cross reduction may be (float atomics and ordered sums exist for these)
+CROSS_OPS = ("reduce_sum", "reduce_mean")
+
+
+@dataclass(frozen=True)
+class CrossReduction:
+    """One reduction over the rows of a row-family plan.
+
+    ``node``: its node id (a graph output, read by no other node); ``source``: the tensor it reduces;
+    ``kind``: ``per_reduced`` (one value per column) or ``scalar``; ``source_full``: whether the source
+    is full-size (accumulated in the output sweep) or per-row (accumulated once per row);
+    ``mean``: a mean (the sum is scaled by ``1 / count``); ``count``: elements reduced per result.
+    """
+
+    node: str
+    source: str
+    kind: str
+    source_full: bool
+    mean: bool
+    count: int
+
+
+def _live_reduced(nd: Node, maps: Mapping[str, tuple[int | None, ...]], live: set[int]) -> frozenset[int]:
+    src = maps[nd.args[0]]  # type: ignore[index]
+    return frozenset(src[i] for i in nd.axes if src[i] is not None and src[i] in live)
+
+
+def split_cross(red_nodes: list[Node], maps: Mapping[str, tuple[int | None, ...]],
+                domain: tuple[int, ...]) -> tuple[list[Node], list[Node]]:
+    """``(row_or_col_reductions, cross_reductions)`` of ``red_nodes``.
+
+    A reduction over every live axis is a cross (scalar) reduction. Of the others, when they reduce
+    two different axis sets, one the trailing live axes (row reductions) and the other exactly the
+    live axes before them, the second set is cross (per-column or per-row-to-scalar). When they all
+    reduce one set, nothing else changes: the planner's family rules apply as before (and a full
+    reduction next to a column-family reduction is refused). Other mixes are left for the planner's
+    own message (it names the first reduction over other axes).
+    """
+    live = {a for a in range(len(domain)) if domain[a] > 1}
+    live_sorted = sorted(live)
+    full = [nd for nd in red_nodes if _live_reduced(nd, maps, live) == frozenset(live)]
+    rest = [nd for nd in red_nodes if nd not in full]
+    groups = list(dict.fromkeys(_live_reduced(nd, maps, live) for nd in rest))
+    if not full and len(groups) <= 1:
+        return red_nodes, []
+    if len(groups) == 2:
+        a, b = groups
+        suffix = lambda g: sorted(g) == live_sorted[len(live_sorted) - len(g):]  # noqa: E731
+        row, col = (a, b) if suffix(a) else (b, a)
+        if not (suffix(row) and set(col) == live - set(row)):
+            return red_nodes, []  # the planner names the reduction over other axes
+        return ([nd for nd in rest if _live_reduced(nd, maps, live) == row],
+                [nd for nd in red_nodes if nd in full or _live_reduced(nd, maps, live) == col])
+    if len(groups) > 2:
+        return red_nodes, []
+    if groups and not sorted(groups[0]) == live_sorted[len(live_sorted) - len(groups[0]):]:
+        nd = full[0]
+        raise UnsupportedGraphError(
+            f"reduction '{nd.id}' reduces every axis in a column-reduction graph; cross reductions "
+            "are supported in row-reduction graphs only")
+    return rest, full
+
+
+def check_cross(graph: Graph, cross_nodes: list[Node], family: str, classes: Mapping[str, Any],
+                mapped: Mapping[str, bool]) -> tuple[CrossReduction, ...]:
+    """The :class:`CrossReduction` of each node of ``cross_nodes`` (graph order), after the view's
+    ``classes`` (tensor -> TensorClass) are known; ``mapped[name]``: the tensor broadcasts along part
+    of the row axes. Raises :class:`UnsupportedGraphError` naming the node and why."""
+    if not cross_nodes:
+        return ()
+    readers = {a for nd in graph.nodes for a in nd.args if isinstance(a, str)}
+    out = []
+    for nd in cross_nodes:
+        src = str(nd.args[0])
+        why = _refusal(graph, nd, src, family, classes, mapped, readers)
+        if why:
+            raise UnsupportedGraphError(f"reduction '{nd.id}' over the rows {why}")
+        kind = "per_reduced" if classes[nd.id].value == "K" else "scalar"
+        count = prod(graph.spec(src).shape[i] for i in nd.axes)
+        out.append(CrossReduction(nd.id, src, kind, classes[src].value == "F", nd.op == "reduce_mean", count))
+    return tuple(out)
+
+
+def _refusal(graph: Graph, nd: Node, src: str, family: str, classes: Mapping[str, Any],
+             mapped: Mapping[str, bool], readers: set[str]) -> str:
+    """Why cross reduction ``nd`` has no stitched lowering ('' when it has one)."""
+    if family != "row":
+        return "is supported in row-reduction graphs only"
+    if nd.op not in CROSS_OPS:
+        return f"is a {nd.op}; cross-block combines support reduce_sum and reduce_mean"
+    if nd.id in readers:
+        return "is read by another node; its result is only complete after every block has finished"
+    if nd.id not in graph.outputs:
+        return "is not a graph output"
+    c_src, c_out = classes[src].value, classes[nd.id].value
+    if c_src not in ("F", "P"):
+        return f"reduces tensor '{src}', which varies along neither the rows nor the whole view"
+    if mapped.get(src, False):
+        return f"reduces tensor '{src}', which broadcasts along part of the row axes"
+    if c_out not in ("K", "S") or (c_src == "P" and c_out != "S"):
+        return "reduces part of the row axes; it must reduce every row axis (and optionally every column)"
+    return ""

@@ -1,0 +1,80 @@
+"""Cross reductions (reductions over the rows of a row-family plan): which graphs get them, of which
+kind, and the graphs still refused, each with one line naming the node."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from helpers import EXAMPLES, FULL_EXAMPLES, SMALL_EXAMPLES
+from stitchtune.errors import UnsupportedGraphError
+from stitchtune.graph.parse import load_graph, parse_graph
+from stitchtune.plan.planner import TensorClass, make_plan
+
+CROSS_EXAMPLES = ("layernorm_backward", "layernorm_backward_bf16", "rmsnorm_backward", "cross_entropy",
+                  "softmax_colsum", "mse_loss")
+
+
+@pytest.mark.parametrize("name", CROSS_EXAMPLES)
+@pytest.mark.parametrize("suffix", ["", "_small"])
+def test_examples_plan_with_cross_reductions(name: str, suffix: str) -> None:
+    g = load_graph(EXAMPLES / f"{name}{suffix}.json")
+    p = make_plan(g)
+    assert p.family == "row" and p.cross
+    kinds = {c.node: c.kind for c in p.cross}
+    for c in p.cross:
+        assert c.node in g.outputs and c.node not in p.reductions
+        want = TensorClass.PER_REDUCED if c.kind == "per_reduced" else TensorClass.SCALAR
+        assert p.cls(c.node) is want
+    if name.startswith("layernorm_backward"):
+        assert kinds == {"dgamma": "per_reduced", "dbeta": "per_reduced"} and p.stages == (("m1", "m2"),)
+    if name == "cross_entropy":
+        (c,) = p.cross
+        assert (c.kind, c.source_full, c.mean, c.count) == ("scalar", False, True, p.M)
+    if name == "mse_loss":
+        (c,) = p.cross
+        assert (c.kind, c.source_full, c.count) == ("scalar", True, p.M * p.N) and p.stages == ()
+
+
+def test_plans_without_cross_reductions_are_unchanged() -> None:
+    """Every other example has no cross reduction (its plan is the one it always had: the kernel
+    hash test pins the kernels)."""
+    for path in FULL_EXAMPLES + SMALL_EXAMPLES:
+        if not path.stem.removesuffix("_small") in CROSS_EXAMPLES:
+            assert make_plan(load_graph(path)).cross == ()
+
+
+def _graph(nodes: list[dict], outputs: list[str], inputs: dict | None = None) -> object:
+    return parse_graph({"name": "g", "inputs": inputs or {"x": {"shape": [8, 16], "dtype": "float32"}},
+                        "nodes": nodes, "outputs": outputs})
+
+
+def _red(i: str, op: str, a: str, axes: list[int], keep: bool = True) -> dict:
+    return {"id": i, "op": op, "args": [a], "axes": axes, "keepdims": keep}
+
+
+@pytest.mark.parametrize("nodes,outputs,needle", [
+    ([_red("m", "reduce_max", "x", [-1]), {"id": "y", "op": "sub", "args": ["x", "m"]},
+      _red("c", "reduce_max", "y", [0], False)], ["y", "c"], "reduce_sum and reduce_mean"),
+    ([_red("m", "reduce_max", "x", [-1]), {"id": "y", "op": "sub", "args": ["x", "m"]},
+      _red("c", "reduce_sum", "y", [0]), {"id": "z", "op": "mul", "args": ["y", "c"]}], ["z"], "read by another node"),
+    ([_red("c", "reduce_sum", "x", [0]), _red("t", "reduce_sum", "x", [0, 1])], ["c", "t"], "column-reduction"),
+])
+def test_refused_cross_reductions_name_the_node(nodes, outputs, needle) -> None:
+    with pytest.raises(UnsupportedGraphError) as e:
+        make_plan(_graph(nodes, outputs))
+    msg = str(e.value)
+    assert needle in msg and "\n" not in msg
+
+
+def test_column_sum_alone_stays_a_column_family_plan() -> None:
+    p = make_plan(_graph([_red("c", "reduce_sum", "x", [0])], ["c"]))
+    assert p.family == "col" and p.cross == ()
+
+
+def test_partial_row_axes_are_refused() -> None:
+    g = _graph([_red("m", "reduce_sum", "x", [-1]), {"id": "y", "op": "sub", "args": ["x", "m"]},
+                _red("c", "reduce_sum", "y", [0], False)], ["y", "c"],
+               {"x": {"shape": [4, 8, 16], "dtype": "float32"}})
+    with pytest.raises(UnsupportedGraphError, match="reduces other axes|part of the row axes"):
+        make_plan(g)
