@@ -231,6 +231,10 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
             if to in _SIXTEEN_BIT:  # round to the target type, keep computing in float32
                 return args[0].to(_torch_dtype(to)).to(torch.float32)
             return args[0]
+        if op == "transpose":
+            return args[0].permute(*node.perm)
+        if op == "reshape":
+            return args[0].reshape(node.shape)
         raise ValueError(f"peers: op {op!r} has no torch implementation")  # a bug: graph validated ops
 
     def body(*tensors: Any) -> tuple:
@@ -377,6 +381,10 @@ def jax_function(graph: Graph) -> Callable[..., tuple]:
             elif op == "cast":
                 to = node.to or node.dtype
                 val = args[0].astype(_jax_dtype(to)).astype(f32) if to in _SIXTEEN_BIT else args[0]
+            elif op == "transpose":
+                val = jnp.transpose(args[0], node.perm)
+            elif op == "reshape":
+                val = jnp.reshape(args[0], node.shape)
             else:
                 raise ValueError(f"peers: op {op!r} has no jax implementation")
             env[node.id] = val

@@ -188,6 +188,8 @@ def _fit_one_block(space: SearchSpace, s: Schedule) -> Schedule:
 def _col(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
     M, N = plan.M, plan.N
     vec = _vec(space, N)
+    while vec > 1 and 8 * vec > N:  # a tile of at least 8 column threads must fit the columns
+        vec //= 2
     tk = 8
     tpc = max(8, min(32, _pow2_floor(N / vec)))
     block = tk * tpc

@@ -70,7 +70,7 @@ class OpInfo:
     """Static description of one operator (see the module docstring for the contract)."""
 
     name: str
-    kind: str  # 'unary' | 'binary' | 'ternary' | 'reduce' | 'cast'
+    kind: str  # 'unary' | 'binary' | 'ternary' | 'reduce' | 'cast' | 'layout'
     arity: int
     np_fn: Callable[..., Any]
     cuda: str
@@ -265,6 +265,10 @@ _TABLE: tuple[OpInfo, ...] = (
     _r("reduce_min", np.min, math.inf, "fminf({0}, {1})", np.minimum),
     # cast
     OpInfo(name="cast", kind="cast", arity=1, np_fn=_identity, cuda="{0}", flops=0, sfu=0),
+    # layout (index maps inside a region: the element moves, the value does not change; the
+    # reference applies ``np.transpose(x, perm)`` / ``x.reshape(shape)``, see graph/reference.py)
+    OpInfo(name="transpose", kind="layout", arity=1, np_fn=_identity, cuda="{0}", flops=0, sfu=0),
+    OpInfo(name="reshape", kind="layout", arity=1, np_fn=_identity, cuda="{0}", flops=0, sfu=0),
 )
 
 OPS: dict[str, OpInfo] = {op.name: op for op in _TABLE}

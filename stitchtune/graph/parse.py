@@ -53,6 +53,7 @@ from stitchtune.graph.checks import (
     _check_dtype,
     _check_dups,
     _check_live_and_size,
+    _check_shape,
     _check_name,
     _check_top,
     _constant,
@@ -104,7 +105,7 @@ __all__ = [
     "broadcast_shapes",
 ]
 
-_NODE_KEYS = ("id", "op", "args", "axes", "keepdims", "to", "axis", "start", "stop")
+_NODE_KEYS = ("id", "op", "args", "axes", "keepdims", "to", "axis", "start", "stop", "perm", "shape")
 
 
 # ---------------------------------------------------------------------------- the validated graph
@@ -258,8 +259,9 @@ def _parse_node(rn: Any, i: int, path: str, scope: _Scope, listing: _NodeListing
         if isinstance(nid, str):
             scope.failed.add(nid)
         return None
+    perm = tuple(rn["perm"]) if info.name == "transpose" else ()
     return Node(id=nid, op=info.name, args=args.values, axes=axes, keepdims=keepdims, to=to,
-                shape=shape, dtype=dtype, axis=axis, start=start, stop=stop)
+                shape=shape, dtype=dtype, axis=axis, start=start, stop=stop, perm=perm)
 
 
 def _node_id(rn: dict[str, Any], path: str, scope: _Scope, p: _Problems) -> bool:
@@ -301,6 +303,11 @@ def _node_attributes(rn: dict[str, Any], path: str, info: OpInfo | None, p: _Pro
                     p.add(f"{path}.{k}", f"only reductions take {k!r}; {info.name} does not")
         if not is_cast and "to" in rn:
             p.add(f"{path}.to", f"only cast takes 'to'; {info.name} does not")
+        for k, op in (("perm", "transpose"), ("shape", "reshape")):
+            if k in rn and info.name != op:
+                p.add(f"{path}.{k}", f"only {op} takes {k!r}; {info.name} does not")
+            elif k not in rn and info.name == op:
+                p.add(f"{path}.{k}", f"missing: {op} needs {'a permutation of the dims' if k == 'perm' else 'a target shape'}")
     keepdims = False
     if is_reduce and "keepdims" in rn:
         if not isinstance(rn["keepdims"], bool):
@@ -387,7 +394,7 @@ def _check_arg_types(path: str, info: OpInfo, values: list[str | float], specs: 
                                        "used as gather indices only")
             ok = False
             continue
-        if info.kind in ("cast", "slice", "concat") or want == "i":  # slice/concat: float or bool (index_checks)
+        if info.kind in ("cast", "slice", "concat", "layout") or want == "i":  # slice/concat/layout: float or bool
             continue
         want_bool = want == "b"
         if want_bool and dtype != "bool":
@@ -452,7 +459,33 @@ def _node_spec(rn: dict[str, Any], path: str, info: OpInfo | None, args: _Args, 
         return shape, first.dtype, axes
     if info.kind == "cast":
         return first.shape, to, ()
+    if info.kind == "layout":
+        return _layout_shape(rn, path, info, first, p), first.dtype, ()
     return first.shape, _result_dtype(info, args), ()
+
+
+def _layout_shape(rn: dict[str, Any], path: str, info: OpInfo, first: TensorSpec,
+                  p: _Problems) -> tuple[int, ...] | None:
+    """The result shape of ``transpose`` (``perm`` must be a permutation of ``range(rank)``) or
+    ``reshape`` (``shape`` must be a valid shape of the same element count); None with a problem."""
+    if info.name == "transpose":
+        v = rn.get("perm")
+        if "perm" not in rn:
+            return None  # reported by _node_attributes
+        if (not isinstance(v, list) or any(isinstance(a, bool) or not isinstance(a, int) for a in v)
+                or sorted(v) != list(range(first.rank))):
+            p.add(f"{path}.perm", f"must be a permutation of 0..{first.rank - 1} (the argument has rank "
+                                  f"{first.rank}), got {_show(v)}")
+            return None
+        return tuple(first.shape[a] for a in v)
+    if "shape" not in rn:
+        return None
+    shape = _check_shape(rn["shape"], f"{path}.shape", p)
+    if shape is not None and math.prod(shape) != first.numel:
+        p.add(f"{path}.shape", f"reshape to {list(shape)} ({math.prod(shape)} elements) from "
+                               f"{list(first.shape)} ({first.numel} elements): the element counts differ")
+        return None
+    return shape
 
 
 def _result_dtype(info: OpInfo, args: _Args) -> str:

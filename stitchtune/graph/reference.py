@@ -138,6 +138,10 @@ def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, n
                 val = info.np_fn(args[0], axis=node.axes, keepdims=node.keepdims)
             elif info.kind == "cast":
                 val = args[0].astype(numpy_dtype(node.to or "float32")).astype(np.float64)
+            elif node.op == "transpose":
+                val = np.transpose(args[0], node.perm)
+            elif node.op == "reshape":
+                val = np.reshape(args[0], node.shape)
             elif info.kind == "slice":
                 val = info.np_fn(args[0], axis=node.axis, start=node.start, stop=node.stop)
             elif info.kind in ("concat", "gather"):

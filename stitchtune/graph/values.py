@@ -78,6 +78,8 @@ class Node:
     ``axes`` (reductions) are normalised, non-negative and sorted; ``shape``/``dtype`` are inferred.
     ``axis`` (slice, concat, gather) is normalised and non-negative; ``start``/``stop`` (slice) are
     normalised so that ``0 <= start < stop <= dim`` (step 1).
+    (For ``reshape`` the shape is the target given in the file.) ``perm`` is ``transpose``'s
+    permutation of the argument's dims (numpy semantics), ``()`` for every other op.
     """
 
     id: str
@@ -91,6 +93,7 @@ class Node:
     axis: int | None = None
     start: int = 0
     stop: int = 0
+    perm: tuple[int, ...] = ()
 
     @property
     def spec(self) -> TensorSpec:
@@ -165,6 +168,10 @@ class GraphValue:
                 d["keepdims"] = n.keepdims
             if n.op == "cast":
                 d["to"] = n.to
+            if n.op == "transpose":
+                d["perm"] = list(n.perm)
+            if n.op == "reshape":
+                d["shape"] = list(n.shape)
             if n.axis is not None:
                 d["axis"] = n.axis
             if n.op == "slice":
@@ -197,6 +204,8 @@ class GraphValue:
             fields = ["node", n.op, list(n.axes), n.keepdims, n.to, dims(n.shape), n.dtype, args]
             if n.axis is not None:  # slice / concat / gather (keys of other nodes are unchanged)
                 fields.append([n.axis, n.start, n.stop])
+            if n.perm:  # transpose (keys of other nodes are unchanged)
+                fields.append(list(n.perm))
             memo[n.id] = h(fields)
         inputs = sorted([name, dims(s.shape), s.dtype] for name, s in self.inputs)
         return h([_KEY_VERSION, inputs, [memo[o] for o in self.outputs]])

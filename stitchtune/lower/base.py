@@ -49,6 +49,18 @@ def _and(a: kir.Expr | None, b: kir.Expr | None) -> kir.Expr | None:
     return Bin("&&", a, b)
 
 
+def _axis_offset(am, i: kir.Expr) -> kir.Expr:
+    """``sum(((i // f.inner) % f.dim) * f.stride)`` over the factors of axis map ``am``, without the
+    divisions by 1, the ``%`` that cannot wrap and the products by 1 (``0`` for a broadcast axis)."""
+    out: kir.Expr = _I(0)
+    for f in am.factors:
+        t = Bin("/", i, _I(f.inner)) if f.inner > 1 else i
+        if am.needs_mod(f):
+            t = Bin("%", t, _I(f.dim))
+        out = _add(out, _mul(t, _I(f.stride)))
+    return out
+
+
 def estimate_registers(per_thread_cache: int, vec: int, n_live: int) -> int:
     """A pre-compilation register estimate (replaced by ptxas figures after the build)."""
     return int(min(255, 24 + per_thread_cache + 2 * vec * max(1, n_live)))
@@ -200,14 +212,47 @@ class _Lowerer:
         """The offset of row ``r`` (``0 <= r < M``: callers clamp) in tensor ``name`` through its
         index map: the sum over its row factors of ``((r // inner) % dim) * stride``, without the
         divisions by 1, the ``%`` that cannot wrap and the products by 1."""
-        am = self.p.imap(name).rows
-        out: kir.Expr = _I(0)
-        for f in am.factors:
-            t = Bin("/", r, _I(f.inner)) if f.inner > 1 else r
-            if am.needs_mod(f):
-                t = Bin("%", t, _I(f.dim))
-            out = _add(out, _mul(t, _I(f.stride)))
+        return _axis_offset(self.p.imap(name).rows, r)
+
+    def col_offset(self, name: str, c: kir.Expr) -> kir.Expr:
+        """The offset column ``c`` (``0 <= c < N``) adds in tensor ``name`` through its index map (the
+        column factors, as :meth:`row_base`; ``c`` itself for a contiguous map)."""
+        return _axis_offset(self.p.imap(name).cols, c)
+
+    def mapped_load(self, cx: _Ctx, body: list, name: str, base: kir.Expr, c: kir.Expr,
+                    pred: kir.Expr | None, prefix: str) -> list[kir.Expr]:
+        """Append the loads of the ``vec`` elements ``c .. c + vec - 1`` (``c`` a multiple of ``vec``) of
+        input ``name`` at row offset ``base`` to ``body`` and return their values, by the map's
+        :meth:`~stitchtune.plan.index_map.IndexMap.vector_mode`: one vector load, one scalar load
+        broadcast to the ``vec`` values, or one scalar load per element."""
+        vec, buf = self.s.vec, self.in_buf[name]
+        mode = self.p.imap(name).vector_mode(vec)
+        if mode == "vector":
+            dsts = tuple(cx.var(prefix, F32) for _ in range(vec))
+            body.append(kir.LoadVec(dsts, buf, _add(base, self.col_offset(name, c)), pred))
+            return list(dsts)
+        if mode == "uniform":
+            v = cx.var(prefix, F32)
+            body.append(Assign(v, Load(buf, _add(base, self.col_offset(name, c)), pred)))
+            return [v] * vec
+        out: list[kir.Expr] = []
+        for j in range(vec):
+            v = cx.var(prefix, F32)
+            body.append(Assign(v, Load(buf, _add(base, self.col_offset(name, _add(c, _I(j)))), pred)))
+            out.append(v)
         return out
+
+    def mapped_store(self, body: list, name: str, base: kir.Expr, c: kir.Expr, vals: list[kir.Expr],
+                     pred: kir.Expr | None) -> None:
+        """Append the stores of the ``vec`` values of output ``name`` at columns ``c .. c + vec - 1``
+        and row offset ``base``: one vector store where the map is contiguous there, else one
+        scalar store per element (an output's map is bijective: never ``uniform`` for ``vec > 1``)."""
+        buf = self.out_buf[name]
+        if self.p.imap(name).vector_mode(len(vals)) == "vector":
+            body.append(kir.StoreVec(buf, _add(base, self.col_offset(name, c)), tuple(vals), pred))
+            return
+        for j, v in enumerate(vals):
+            body.append(kir.StoreVec(buf, _add(base, self.col_offset(name, _add(c, _I(j)))), (v,), pred))
 
     def read_bytes(self, buf: kir.BufferSpec) -> int:
         """Bytes one sweep over the view reads from ``buf``: its size; for an input broadcast along
@@ -220,6 +265,25 @@ class _Lowerer:
         if not name or not self.p.mapped(name) or buf.nbytes <= self.dev.l2_bytes // 2:
             return buf.nbytes
         return self.p.M * self.p.N * kir.ELEM_BYTES[buf.dtype]
+
+    def sector_factor(self, buf: kir.BufferSpec) -> int:
+        """DRAM bytes moved per useful byte of ``buf`` in a sweep. The lanes of a warp take adjacent
+        columns in both families, so a tensor whose innermost column factor is a stride-1 run (or
+        that broadcasts along the columns) is coalesced: 1. One whose innermost column factor has a
+        stride > 1 (a transposed tensor) puts each lane's element in its own 32-byte sector: ``min(32 /
+        element size, stride)``, while the tensor is larger than half the L2 (a smaller one keeps its
+        sectors in L2 until the neighbouring lanes of other warps use them: 1). A simple model: the
+        L2 share is an assumption, and partial reuse of sectors by later warps is not modelled."""
+        name = buf.tensor if buf.role in ("input", "output") else ""
+        if not name or not self.p.mapped(name) or buf.nbytes <= self.dev.l2_bytes // 2:
+            return 1
+        cols = self.p.imap(name).cols
+        if cols.broadcast:
+            return 1
+        f = cols.factors[-1]
+        if f.inner != 1 or f.stride == 1:
+            return 1
+        return max(1, min(32 // kir.ELEM_BYTES[buf.dtype], f.stride))
 
     # -- helpers ------------------------------------------------------------------------------
     def param(self, bufname: str) -> kir.Param:
@@ -241,6 +305,8 @@ class _Lowerer:
 
     def expr_of_node(self, nd, args: list[kir.Expr]) -> kir.Expr:
         info = OPS[nd.op]
+        if info.kind == "layout":  # transpose / reshape: the planner's index maps moved the element
+            return args[0]
         if info.kind == "cast":  # float32 registers: a cast to a 16-bit type rounds, as the reference does
             to = nd.to or nd.dtype
             if to == "bool":  # bools are 0.0f / 1.0f in registers (a bool -> float cast is the identity)
@@ -326,7 +392,7 @@ class _Lowerer:
         reread = 0
         for buf, n in stats["reads"].items():
             b = specs[buf]
-            size = self.read_bytes(b)
+            size = self.read_bytes(b) * self.sector_factor(b)
             if ki == 0:
                 dram_read += size
                 reread += size * (n - 1)
@@ -338,7 +404,8 @@ class _Lowerer:
                 continue
             if self.cls.get(name) is not TensorClass.FULL and self.in_buf[name] in {pp.name for pp in kern.params}:
                 dram_read += math.prod(spec.shape) * kir.ELEM_BYTES[spec.dtype]
-        writes = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "output")
+        writes = sum(specs[pp.name].nbytes * self.sector_factor(specs[pp.name])
+                     for pp in kern.params if pp.role == "output")
         scratch = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "scratch")
         ws = self.tasks_in_flight_bytes(grid) if ki == 0 else max(
             (specs[b].nbytes for b in stats["reads"]), default=0)

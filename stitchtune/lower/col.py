@@ -23,7 +23,6 @@ import math
 from dataclasses import dataclass
 from functools import partial
 
-from stitchtune.errors import UnsupportedGraphError
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select, Var
@@ -48,10 +47,6 @@ class _ColLowerer(_Lowerer):
     def lower(self) -> kir.Program:
         p, s = self.p, self.s
         M, N = p.M, p.N
-        mapped = [n for n, _ in p.index_maps if p.mapped(n)]
-        if mapped:  # the planner refuses these for column reductions; never address them as plain
-            raise UnsupportedGraphError(f"tensor '{mapped[0]}' needs an index map, which column "
-                                        "reductions do not support yet")
         tk, block, S, vec = s.tpr, s.block, s.split, s.vec
         self.tpc = block // tk
         self.TC = self.tpc * vec
@@ -196,7 +191,9 @@ class _ColKernel:
             return self.pvals[name]
         buf = low.in_buf[name]
         self.uses["in"].add(buf)
-        if low.cls[name] is TensorClass.PER_KEPT:
+        if low.cls[name] is TensorClass.PER_KEPT and low.p.mapped(name):  # through its column factors
+            self.pvals[name] = low.mapped_load(self.cx, self.rb, name, _I(0), ix.cc0, ix.cvalid, "p")
+        elif low.cls[name] is TensorClass.PER_KEPT:
             dsts = tuple(self.cx.var("p", F32) for _ in range(vec))
             self.rb.append(kir.LoadVec(dsts, buf, ix.cc0, ix.cvalid))
             self.pvals[name] = list(dsts)
@@ -270,6 +267,14 @@ class _ColKernel:
         low, vec, M, N = self.low, self.low.s.vec, self.low.p.M, self.low.p.N
         buf = low.in_buf[name]
         self.uses["in"].add(buf)
+        if low.p.mapped(name):  # through its index map
+            rbase = low.row_base(name, Bin("min", sw.r, _I(M - 1)))
+            if low.cls[name] is TensorClass.FULL:
+                self.stats["reads"][buf] = self.stats["reads"].get(buf, 0) + 1
+                return low.mapped_load(self.cx, sw.body, name, rbase, self.ix.cc0, sw.valid, f"t{low.tid_of[name]}_")
+            v = self.cx.var(f"t{low.tid_of[name]}_", F32)
+            sw.body.append(Assign(v, Load(buf, rbase, sw.valid)))
+            return [v] * vec
         if low.cls[name] is TensorClass.FULL:
             dsts = tuple(self.cx.var(f"t{low.tid_of[name]}_", F32) for _ in range(vec))
             idx = _add(_mul(Bin("min", sw.r, _I(M - 1)), _I(N)), self.ix.cc0)
@@ -307,7 +312,13 @@ class _ColKernel:
             vals = sv.value(o)
             buf = low.out_buf[o]
             self.uses["out"].add(buf)
-            if low.cls[o] is TensorClass.FULL:
+            if low.p.mapped(o):  # a permuted (bijective) map: stored through it
+                rbase = low.row_base(o, Bin("min", r_, _I(low.p.M - 1)))
+                if low.cls[o] is TensorClass.FULL:
+                    low.mapped_store(lb, o, rbase, ix.cc0, list(vals), valid)
+                else:
+                    lb.append(kir.StoreVec(buf, rbase, (vals[0],), _and(valid, Bin("==", ix.c0, _I(0)))))
+            elif low.cls[o] is TensorClass.FULL:
                 lb.append(kir.StoreVec(buf, _add(_mul(r_, _I(N)), ix.c0), tuple(vals), valid))
             else:  # PER_REDUCED output: one value per row, written by the first column's threads
                 lb.append(kir.StoreVec(buf, r_, (vals[0],), _and(valid, Bin("==", ix.c0, _I(0)))))
@@ -394,7 +405,9 @@ class _ColKernel:
             buf = low.out_buf[o]
             self.uses["out"].add(buf)
             lead = Bin("&&", Bin("==", ix.tk, _I(0)), Bin("==", ix.sidx, _I(0)))
-            if c is TensorClass.PER_KEPT:
+            if c is TensorClass.PER_KEPT and low.p.mapped(o):
+                low.mapped_store(self.rb, o, _I(0), ix.cc0, list(vals), Bin("&&", ix.cvalid, lead))
+            elif c is TensorClass.PER_KEPT:
                 self.rb.append(kir.StoreVec(buf, ix.c0, tuple(vals), Bin("&&", ix.cvalid, lead)))
             else:
                 self.rb.append(kir.StoreVec(buf, _I(0), (vals[0],), Bin("&&", Bin("==", ix.c0, _I(0)),

@@ -338,8 +338,12 @@ class _RowKernel:
                     Assign(vp, Bin("&&", vn, Bin("<", kp, _I(N))))]
         for name in self.prefetched:
             tix = low.tid_of[name]
-            dsts = tuple(cx.var(f"f{tix}_", F32) for _ in range(vec))
-            lp.append(kir.LoadVec(dsts, low.in_buf[name], self.f_index(rown, kp, name), vp))
+            if low.p.imap(name).partial_cols:  # through the map's column factors too
+                dsts = low.mapped_load(cx, lp, name, low.row_base(name, Bin("min", rown, _I(M - 1))), kp, vp,
+                                       f"f{tix}_")
+            else:
+                dsts = tuple(cx.var(f"f{tix}_", F32) for _ in range(vec))
+                lp.append(kir.LoadVec(dsts, low.in_buf[name], self.f_index(rown, kp, name), vp))
             lp += [kir.SetLocal(f"pf{tix}", _add(_mul(ip, _I(vec)), _I(j)), dsts[j]) for j in range(vec)]
         out.append(kir.For(ip, _I(0), _I(low.iters), 1, tuple(lp), unroll=True))
         return out
@@ -369,6 +373,11 @@ class _RowKernel:
             reads[buf] = reads.get(buf, 0) + 1
             self.prefetched.append(name)
             return [LocalRef(f"pf{low.tid_of[name]}", self.cache_index(sw, j)) for j in range(vec)]
+        if low.p.imap(name).partial_cols:  # varies along part of the columns: the map's column factors
+            if low.cls[name] is TensorClass.FULL:
+                reads[buf] = reads.get(buf, 0) + 1
+            base = self.round_row_base(name) if low.cls[name] is TensorClass.FULL else _I(0)
+            return low.mapped_load(self.cx, sw.body, name, base, sw.k0, sw.valid, f"t{low.tid_of[name]}_")
         dsts = tuple(self.cx.var(f"t{low.tid_of[name]}_", F32) for _ in range(vec))
         if low.cls[name] is TensorClass.FULL and low.p.mapped(name):  # broadcast along part of the rows
             idx = _add(self.round_row_base(name), sw.k0)
@@ -421,7 +430,11 @@ class _RowKernel:
             buf = low.out_buf[o]
             self.uses["out"].add(buf)
             c = low.cls[o]
-            if c is TensorClass.FULL:
+            if low.p.mapped(o):  # a permuted (bijective) map: stored through it
+                base = low.row_base(o, Bin("min", ix.row, _I(low.p.M - 1))) if c is TensorClass.FULL else _I(0)
+                pred = valid if c is TensorClass.FULL else _and(valid, Bin("==", ix.row, _I(0)))
+                low.mapped_store(lb, o, base, k0, list(vals), pred)
+            elif c is TensorClass.FULL:
                 lb.append(kir.StoreVec(buf, _add(_mul(ix.row, _I(N)), k0), tuple(vals), valid))
             elif c is TensorClass.PER_REDUCED:
                 lb.append(kir.StoreVec(buf, k0, tuple(vals), _and(valid, Bin("==", ix.row, _I(0)))))
@@ -688,7 +701,10 @@ class _RowKernel:
             buf = low.out_buf[o]
             self.uses["out"].add(buf)
             leader = Bin("&&", Bin("==", ix.lane, _I(0)), Bin("==", ix.sidx, _I(0)))
-            if c is TensorClass.PER_KEPT:
+            if c is TensorClass.PER_KEPT and low.p.mapped(o):  # a permuted (bijective) map of the rows
+                self.rb.append(kir.StoreVec(buf, low.row_base(o, Bin("min", ix.row, _I(low.p.M - 1))),
+                                            (self.pvals[o],), Bin("&&", ix.rvalid, leader)))
+            elif c is TensorClass.PER_KEPT:
                 self.rb.append(kir.StoreVec(buf, ix.row, (self.pvals[o],), Bin("&&", ix.rvalid, leader)))
             else:
                 self.rb.append(kir.StoreVec(buf, _I(0), (self.pvals[o],),

@@ -21,12 +21,18 @@ at most ``(dim - 1) * stride``, and strides are those of the tensor's own row-ma
 from the factors only for the others, so plain operands generate exactly the code of before.
 :attr:`IndexMap.vector_contiguous`: ``vec`` adjacent ``c`` are adjacent in memory (vector loads
 legal wherever ``N % vec == 0``, since every row stride is then a multiple of ``N``).
+:meth:`IndexMap.vector_mode` generalises it per vector width: ``vector`` (the innermost column factor
+is a stride-1 run whose length is a multiple of ``vec``: e.g. ``x [B, T, C]`` over columns ``B*C``),
+``uniform`` (the tensor broadcasts along the innermost ``vec`` columns: one load, e.g. gamma of a
+group norm when ``H*W % vec == 0``) or ``scalar`` (one load per element).
+:attr:`IndexMap.bijective`: one view element per tensor element (what an output needs).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
+from typing import Mapping
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,25 @@ class AxisMap:
         """Whether ``f`` needs its ``% dim``: not when ``i // inner < dim`` for every ``i < extent``."""
         return f.inner * f.dim < self.extent
 
+    def vector_mode(self, vec: int) -> str:
+        """How ``vec`` adjacent indices ``i0 .. i0 + vec - 1`` (``i0`` a multiple of ``vec``, ``extent %
+        vec == 0``) are laid out: ``"vector"`` adjacent elements (the innermost factor has ``inner`` 1,
+        stride 1 and ``dim % vec == 0``; every other factor and every stride of the tensor is then a
+        multiple of ``vec``, so the access is aligned), ``"uniform"`` one element (every factor's
+        ``inner`` is a multiple of ``vec``: the tensor broadcasts along the innermost ``vec``), else
+        ``"scalar"`` (one load per element)."""
+        if all(f.inner % vec == 0 for f in self.factors):
+            return "uniform"
+        f = self.factors[-1]
+        if f.inner == 1 and f.stride == 1 and f.dim % vec == 0:
+            return "vector"
+        return "scalar"
+
+    @property
+    def span(self) -> int:
+        """The number of distinct offsets along this axis (the product of the factor dims)."""
+        return prod(f.dim for f in self.factors)
+
 
 @dataclass(frozen=True)
 class IndexMap:
@@ -95,29 +120,53 @@ class IndexMap:
     def partial_cols(self) -> bool:
         return not self.cols.broadcast and not self.cols.contiguous()
 
+    def vector_mode(self, vec: int) -> str:
+        """``"vector"``, ``"uniform"`` or ``"scalar"``: how the ``vec`` elements ``(r, c0 .. c0 + vec - 1)``
+        are read or written (see :meth:`AxisMap.vector_mode`); ``vec == 1`` is always ``"vector"``."""
+        if vec == 1:
+            return "vector"
+        if self.cols.broadcast:
+            return "uniform"
+        return self.cols.vector_mode(vec)
 
-def _axis_map(axes: tuple[int, ...], domain: tuple[int, ...], stride_of: dict[int, int]) -> AxisMap:
+    @property
+    def bijective(self) -> bool:
+        """Every element of the tensor is the image of exactly one element of the part of the view
+        it varies along (rows, columns or both): it can be stored through the map without two
+        threads writing one address (an output's requirement)."""
+        want = (1 if self.rows.broadcast else self.rows.extent) * (1 if self.cols.broadcast else self.cols.extent)
+        return self.size == want and self.rows.span * self.cols.span == self.size
+
+
+def _axis_map(axes: tuple[int, ...], sizes: Mapping[int, int], stride_of: dict[int, int]) -> AxisMap:
     """The map of the kernel axis spanning the domain axes ``axes`` (row-major, last fastest)."""
-    extent = prod(domain[a] for a in axes) if axes else 1
+    extent = prod(sizes[a] for a in axes) if axes else 1
     factors: list[Factor] = []  # innermost first while building
     inner = 1
     for a in reversed(axes):
         st = stride_of.get(a, 0)
-        if domain[a] > 1 and st:
-            f = Factor(domain[a], inner, st)
+        if sizes[a] > 1 and st:
+            f = Factor(sizes[a], inner, st)
             prev = factors[-1] if factors else None
             if prev is not None and prev.inner * prev.dim == inner and prev.stride * prev.dim == st:
-                f = Factor(prev.dim * domain[a], prev.inner, prev.stride)  # the two axes are one run
+                f = Factor(prev.dim * sizes[a], prev.inner, prev.stride)  # the two axes are one run
                 factors.pop()
             factors.append(f)
-        inner *= domain[a]
+        inner *= sizes[a]
     return AxisMap(extent, tuple(reversed(factors)))
 
 
-def index_map(shape: tuple[int, ...], axes: tuple[int | None, ...], domain: tuple[int, ...],
+def index_map(shape: tuple[int, ...], groups: tuple[tuple[int, ...], ...], sizes: Mapping[int, int],
               row_axes: tuple[int, ...], col_axes: tuple[int, ...]) -> IndexMap:
-    """The map of a tensor of ``shape`` whose dim ``k`` indexes domain axis ``axes[k]`` (None: a
-    size-1 dim, broadcast), over the view with row axes ``row_axes`` and column axes ``col_axes``."""
-    strides = [prod(shape[k + 1:]) for k in range(len(shape))]
-    stride_of = {a: strides[k] for k, a in enumerate(axes) if a is not None}
-    return IndexMap(_axis_map(row_axes, domain, stride_of), _axis_map(col_axes, domain, stride_of), prod(shape))
+    """The map of a tensor of ``shape`` whose dim ``k`` spans the domain axes ``groups[k]`` (row-major
+    inside the dim; ``()`` for a size-1 dim, broadcast), over the view with row axes ``row_axes`` and
+    column axes ``col_axes``; ``sizes[a]`` is the extent of domain axis ``a``. A dim may also be given
+    as one axis (an ``int``) or ``None`` (size 1), the form of :mod:`stitchtune.plan.remap`."""
+    groups = tuple(() if g is None else ((g,) if isinstance(g, int) else tuple(g)) for g in groups)
+    stride_of: dict[int, int] = {}
+    for k, group in enumerate(groups):
+        st = prod(shape[k + 1:])
+        for a in reversed(group):
+            stride_of[a] = st
+            st *= sizes[a]
+    return IndexMap(_axis_map(row_axes, sizes, stride_of), _axis_map(col_axes, sizes, stride_of), prod(shape))

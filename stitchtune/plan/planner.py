@@ -1,11 +1,16 @@
 """Stitch planning: AStitch's dominant-op analysis on a validated :class:`~stitchtune.graph.parse.Graph`.
 
-The plan views the graph as a 2-D problem ``[M, N]`` (row-major, ``N`` contiguous):
+The plan views the graph as a 2-D problem ``[M, N]`` (row-major, ``N`` contiguous) over the domain
+axes found by :func:`~stitchtune.plan.axes.tensor_axes` (the largest tensor's layout; transpose and
+reshape nodes are index maps, a reshape may split an axis, e.g. channels into groups):
 
-* family ``row``: every reduction reduces the contiguous trailing axes (row reductions: layernorm,
-  softmax, RMSNorm); ``P = M`` rows are independent, ``K = N`` is the reduced length.
-* family ``col``: every reduction reduces the leading axes (column reductions, e.g. batchnorm
-  statistics); ``P = N`` columns are independent, ``K = M`` is the reduced length.
+* family ``row``: the reductions reduce the innermost domain axis (and maybe others): the reduced
+  axes are the view's columns, the kept ones its rows (row reductions: layernorm, softmax, RMSNorm,
+  group norm over (C/G, H, W)); ``P = M`` rows are independent, ``K = N`` is the reduced length.
+* family ``col``: the reductions keep the innermost axis: the reduced axes are the view's rows and
+  the kept ones its columns (column reductions, e.g. batchnorm statistics over the leading axes, or
+  ``mean(x, axis=1)`` of ``[B, T, C]``: rows ``T``, columns ``B*C``, so the lanes of a warp still run
+  along the contiguous ``C``); ``P = N`` columns are independent, ``K = M`` is the reduced length.
 * family ``elementwise``: no reduction (bias + GELU); handled like ``row`` with zero stages.
 
 Every tensor gets a :class:`TensorClass`: ``FULL`` (full ``[M, N]``), ``PER_KEPT`` (one value per
@@ -19,17 +24,21 @@ along the reduced axis); which schemes are legal for that edge depends on the th
 decided in :mod:`stitchtune.space`.
 
 Every tensor also gets an :class:`~stitchtune.plan.index_map.IndexMap` (:attr:`StitchPlan.index_maps`):
-where view element ``(r, c)`` lives in it. A tensor that broadcasts along only some of the row axes
+where view element ``(r, c)`` lives in it. A tensor that broadcasts along some of the axes of a group
 (a position embedding ``[1, S, H]`` against ``[B, S, H]``, a mask ``[B, 1, 1, S]`` against scores
-``[B, H, S, S]``, rotary ``cos [1, 1, S, D]``, a per-channel ``[1, C, 1]``) keeps the coarse class of
-what it varies along (``FULL``: it varies along the columns too, and is swept, cached and vector-loaded
-like a full tensor, only reading fewer bytes; ``PER_KEPT``: one value per row) and is addressed
-through its map (:meth:`StitchPlan.mapped`); every other tensor has the plain map of its class.
+``[B, H, S, S]``, rotary ``cos [1, 1, S, D]``, a per-channel ``[1, C, 1]``, group norm's gamma
+``[1, C, 1, 1]``, which varies along the groups (rows) and the channels of a group (part of the
+columns)) keeps the coarse class of what it varies along (``FULL``: it varies along rows and columns,
+and is swept and cached like a full tensor, only reading fewer bytes; ``PER_KEPT``: one value per
+row) and is addressed through its map (:meth:`StitchPlan.mapped`), with vector loads where the map
+allows (:meth:`~stitchtune.plan.index_map.IndexMap.vector_mode`); every other tensor has the plain
+map of its class, so its code is that of the 2-D family. An output is stored through its map when
+that map is a bijection (a permuted full tensor, e.g. a transposed result).
 
-Graphs whose broadcasts cannot be expressed in this view (a tensor that varies along part of the
-column axes, or along part of the row axes of a column reduction, a partially broadcast output,
-reductions over different axes, ...) raise :class:`UnsupportedGraphError` naming the tensor or node;
-they still run on the reference executor.
+Graphs that cannot be expressed in such a view (a partially broadcast output, reductions over
+different axes, a reshape that is not a split/merge of the domain axes, a diagonal ``x + x.T``, ...)
+raise :class:`UnsupportedGraphError` naming the tensor or node; they still run on the reference
+executor.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import OPS
 from stitchtune.plan import remap
+from stitchtune.plan.axes import Groups, tensor_axes
 from stitchtune.plan.cross import CrossReduction, check_cross, split_cross
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
@@ -92,7 +102,7 @@ class StitchPlan:
 
     def mapped(self, name: str) -> bool:
         """Whether ``name`` is addressed through its index map (not one of the 2-D family's plain maps:
-        it broadcasts along part of the row axes)."""
+        it broadcasts along part of an axis group, or its axes are permuted)."""
         return not self.imap(name).plain
 
     def dtype(self, name: str) -> str:
@@ -114,7 +124,9 @@ class StitchPlan:
 
 
 def _axes_maps(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int | None, ...]]:
-    """For each tensor: which domain axis each of its dims indexes (None for a size-1 dim)."""
+    """For each tensor of a *surrogate* graph (:mod:`stitchtune.plan.remap`): which axis of the
+    right-aligned ``domain`` each of its dims indexes (None for a size-1 dim). Graphs without index
+    ops use :func:`~stitchtune.plan.axes.tensor_axes` instead."""
     D = len(domain)
     maps: dict[str, tuple[int | None, ...]] = {}
     for name, spec in graph.inputs:
@@ -163,29 +175,35 @@ def _axes_maps(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int | N
 
 @dataclass(frozen=True)
 class _View:
-    """The 2-D view of the iteration domain: which domain axes are rows (``M``) and which columns (``N``)."""
+    """The 2-D view of the iteration domain: which domain axes are rows (``M``) and which columns
+    (``N``), each group in domain (row-major) order; ``sizes[a]`` is the extent of axis ``a``."""
 
     family: str
-    domain: tuple[int, ...]
+    sizes: dict[int, int]
     row_axes: tuple[int, ...]
     col_axes: tuple[int, ...]
 
     @property
     def M(self) -> int:
-        return prod(self.domain[a] for a in self.row_axes) if self.row_axes else 1
+        return prod(self.sizes[a] for a in self.row_axes)
 
     @property
     def N(self) -> int:
-        return prod(self.domain[a] for a in self.col_axes) if self.col_axes else 1
+        return prod(self.sizes[a] for a in self.col_axes)
+
+    @property
+    def shape(self) -> list[int]:
+        """The domain's extents in order (for messages)."""
+        return list(self.sizes.values())
 
 
-def _reduced_axes(red_nodes: list[Node], maps: dict[str, tuple[int | None, ...]]) -> set[int]:
+def _reduced_axes(red_nodes: list[Node], maps: dict[str, Groups]) -> set[int]:
     """The domain axes every reduction reduces (the same for all of them, never mixed with kept ones)."""
     red_axes: set[int] | None = None
     for nd in red_nodes:
         src = maps[nd.args[0]]  # type: ignore[index]
-        axes = {src[i] for i in nd.axes if src[i] is not None}
-        kept = {a for i, a in enumerate(src) if i not in nd.axes and a is not None}
+        axes = {a for i in nd.axes for a in src[i]}
+        kept = {a for i, g in enumerate(src) if i not in nd.axes for a in g}
         if red_axes is None:
             red_axes = axes
         elif axes and axes != red_axes:
@@ -197,48 +215,33 @@ def _reduced_axes(red_nodes: list[Node], maps: dict[str, tuple[int | None, ...]]
     return red_axes or set()
 
 
-def _view(domain: tuple[int, ...], has_reductions: bool, red_axes: set[int]) -> _View:
-    """The family and the row / column axes: the reduced axes must be the trailing (row) or the
-    leading (col) live axes; without a (live) reduced axis, rows of the last live axis."""
-    D = len(domain)
-    live_axes = [a for a in range(D) if domain[a] > 1]
-    red_live = sorted(a for a in red_axes if domain[a] > 1)
-    if not has_reductions or not red_live:
+def _view(order: tuple[int, ...], sizes: dict[int, int], has_reductions: bool, red_axes: set[int]) -> _View:
+    """The family and the row / column axes of the domain axes ``order`` (row-major). Reducing the
+    innermost axis: family ``row``, the reduced axes are the columns (contiguous when they are the
+    trailing axes; strided otherwise), the kept ones the rows. Keeping it: family ``col``, the reduced
+    axes are the rows and the kept ones the columns, so that the lanes of a warp run along the
+    contiguous innermost axis (leading reductions; a middle-axis reduction of ``[B, T, C]`` over ``T``
+    has rows ``T`` and columns ``B*C``). Without a reduced axis: rows of the innermost axis."""
+    red = [a for a in order if a in red_axes]
+    if not has_reductions or not red or not order:
         family = "row" if has_reductions else "elementwise"
-        split = live_axes[-1] if live_axes else D - 1
-        row_axes = [a for a in range(D) if a < split]
-    elif red_live == live_axes[len(live_axes) - len(red_live):]:
-        family = "row"
-        row_axes = [a for a in range(D) if a < red_live[0]]
-    elif red_live == live_axes[:len(red_live)]:
-        family = "col"
-        row_axes = [a for a in range(D) if a <= red_live[-1]]
-    else:
-        raise UnsupportedGraphError(
-            "the reduced axes are neither the trailing nor the leading axes of the tensor; "
-            "transpose the input so that they are")
-    col_axes = [a for a in range(D) if a not in row_axes]
-    return _View(family, domain, tuple(row_axes), tuple(col_axes))
+        return _View(family, sizes, tuple(order[:-1]), tuple(order[-1:]))
+    kept = tuple(a for a in order if a not in red_axes)
+    if order[-1] in red_axes:
+        return _View("row", sizes, kept, tuple(red))
+    return _View("col", sizes, tuple(red), kept)
 
 
-def _classify(names: list[str], view: _View, maps: dict[str, tuple[int | None, ...]]) -> dict[str, TensorClass]:
-    """The class of each tensor: which axis groups (rows, columns) it varies along."""
-    rows_live = {a for a in view.row_axes if view.domain[a] > 1}
-    cols_live = {a for a in view.col_axes if view.domain[a] > 1}
+def _classify(names: list[str], view: _View, maps: dict[str, Groups]) -> dict[str, TensorClass]:
+    """The class of each tensor: which axis groups (rows, columns) it varies along (all of a group's
+    axes or only some of them: a partial variation is expressed by the tensor's index map)."""
+    rows_live, cols_live = set(view.row_axes), set(view.col_axes)
     per_row = TensorClass.PER_KEPT if view.family != "col" else TensorClass.PER_REDUCED
     per_col = TensorClass.PER_KEPT if view.family == "col" else TensorClass.PER_REDUCED
     classes: dict[str, TensorClass] = {}
     for name in names:
-        varies = {a for a in maps[name] if a is not None}
+        varies = {a for g in maps[name] for a in g}
         in_rows, in_cols = varies & rows_live, varies & cols_live
-        if in_cols and in_cols != cols_live:
-            raise UnsupportedGraphError(
-                f"tensor '{name}' varies along only part of the {_col_group(view)} axes; index maps "
-                "support broadcasting along the row axes only")
-        if in_rows and in_rows != rows_live and view.family == "col":
-            raise UnsupportedGraphError(
-                f"tensor '{name}' varies along only part of the reduced axes of a column reduction; "
-                "index maps support broadcasting along the row axes of row-family kernels only")
         if in_rows and in_cols:
             classes[name] = TensorClass.FULL
         elif in_rows:
@@ -250,22 +253,29 @@ def _classify(names: list[str], view: _View, maps: dict[str, tuple[int | None, .
     return classes
 
 
-def _col_group(view: _View) -> str:
-    """What the column axes of the view are called in messages."""
-    return {"row": "reduced (contiguous)", "col": "kept (contiguous)"}.get(view.family, "contiguous")
-
-
-def _index_maps(graph: Graph, view: _View, maps: dict[str, tuple[int | None, ...]]) -> dict[str, IndexMap]:
-    """Every tensor's :class:`IndexMap` over the view; an output must be stored through a plain map
-    (one element per view element, or one per row / column): a partially broadcast output is refused."""
-    out = {n: index_map(graph.spec(n).shape, maps[n], view.domain, view.row_axes, view.col_axes) for n in maps}
+def _index_maps(graph: Graph, view: _View, maps: dict[str, Groups]) -> dict[str, IndexMap]:
+    """Every tensor's :class:`IndexMap` over the view; an output must be stored through a bijective
+    map (one view element per element of it, or one row / column: a plain map, or a permuted one):
+    a partially broadcast output is refused."""
+    out = {n: index_map(graph.spec(n).shape, maps[n], view.sizes, view.row_axes, view.col_axes) for n in maps}
     for o in graph.outputs:
-        if not out[o].plain:
+        if not out[o].bijective:
             raise UnsupportedGraphError(
                 f"output '{o}' {list(graph.spec(o).shape)} broadcasts along part of the row axes of the "
-                f"iteration domain {list(view.domain)}; stitched kernels store full, per-row, per-column "
+                f"iteration domain {view.shape}; stitched kernels store full, per-row, per-column "
                 "and scalar outputs only")
     return out
+
+
+def _check_reduction_sources(red_nodes: list[Node], view: _View, maps: dict[str, Groups]) -> None:
+    """A kernel reduces over every reduced axis of the view: a reduction's source must vary along
+    all of them (a source broadcast along one would be summed once per repeat)."""
+    red_side = set(view.col_axes if view.family == "row" else view.row_axes)
+    for nd in red_nodes:
+        varies = {a for g in maps[nd.args[0]] for a in g}  # type: ignore[index]
+        if not red_side <= varies:
+            raise UnsupportedGraphError(
+                f"reduction '{nd.id}' reduces a tensor that broadcasts along part of the reduced axes")
 
 
 def _check_reductions(red_nodes: list[Node], classes: dict[str, TensorClass]) -> None:
@@ -316,27 +326,69 @@ def _reuse_candidates(graph: Graph, names: list[str], classes: dict[str, TensorC
     return tuple(n for n in names if classes[n] is TensorClass.FULL and len(needs[n]) >= 2)
 
 
+def _check_index_op_graph(graph: Graph) -> None:
+    """A region with slice / concat / gather is planned over the right-aligned domain: no layout ops."""
+    for nd in graph.nodes:
+        if OPS[nd.op].kind == "layout":
+            raise UnsupportedGraphError(
+                f"node '{nd.id}' ({nd.op}) is in a region with slice, concat or gather; stitched kernels "
+                "do not combine the two kinds of index map yet")
+
+
+def _check_index_op_maps(imaps: dict[str, IndexMap], family: str) -> None:
+    """The remapped lowering (slice, concat, gather) addresses operands that broadcast along part of
+    the row axes of row-family kernels only (as before general index maps)."""
+    for name, im in imaps.items():
+        if im.partial_cols or (family == "col" and not im.plain):
+            raise UnsupportedGraphError(
+                f"tensor '{name}' varies along only part of an axis group in a region with slice, concat "
+                "or gather; index maps there support broadcasting along the row axes of row kernels only")
+
+
+def _split_cross(all_red: list[Node], axes) -> tuple[list[Node], list[Node]]:
+    """:func:`~stitchtune.plan.cross.split_cross` over the axes of :func:`tensor_axes`, where every
+    tensor dim spans at most one axis (positions in the domain order); with a merged dim (a reshape
+    merging axes) no reduction is cross."""
+    order = axes.order
+    pos = {a: i for i, a in enumerate(order)}
+    if any(len(g) > 1 for _, gs in axes.groups for g in gs):
+        return all_red, []
+    old = {n: tuple(pos[g[0]] if g else None for g in gs) for n, gs in axes.groups}
+    sizes = axes.size_of
+    return split_cross(all_red, old, tuple(sizes[a] for a in order))
+
+
 def make_plan(graph: Graph) -> StitchPlan:
     """Analyse ``graph``; raise :class:`UnsupportedGraphError` when it has no stitched lowering.
     A graph with index ops (slice, concat, gather) is analysed through its surrogate
-    (:mod:`stitchtune.plan.remap`)."""
+    (:mod:`stitchtune.plan.remap`), over the right-aligned domain of its largest tensor; every other
+    graph through :func:`~stitchtune.plan.axes.tensor_axes` (transpose / reshape as index maps)."""
     real, graph = graph, remap.surrogate(graph)
-    all_specs = [(n, s.shape) for n, s in graph.inputs] + [(nd.id, nd.shape) for nd in graph.nodes]
-    names = [n for n, _ in all_specs]
-    domain = max((shape for _, shape in all_specs), key=lambda s: (prod(s), len(s)))
-    maps = _axes_maps(graph, domain)
+    names = [n for n, _ in graph.inputs] + [nd.id for nd in graph.nodes]
     all_red = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
-    red_nodes, cross_nodes = split_cross(all_red, maps, domain)
-    view = _view(domain, bool(all_red), _reduced_axes(red_nodes, maps))
     if real is not graph:
+        _check_index_op_graph(graph)
+        domain = max((graph.spec(n).shape for n in names), key=lambda s: (prod(s), len(s)))
+        old = _axes_maps(graph, domain)
+        maps = {n: tuple((a,) if a is not None else () for a in m) for n, m in old.items()}
+        order = tuple(a for a in range(len(domain)) if domain[a] > 1)
+        red_nodes, cross_nodes = split_cross(all_red, old, domain)
+        view = _view(order, dict(enumerate(domain)), bool(all_red), _reduced_axes(red_nodes, maps))
         remap.check_gathers(real, domain, view.col_axes, view.family)
+    else:
+        axes = tensor_axes(graph)
+        maps = axes.of
+        red_nodes, cross_nodes = _split_cross(all_red, axes)
+        view = _view(axes.order, axes.size_of, bool(all_red), _reduced_axes(red_nodes, maps))
     classes = _classify(names, view, maps)
     _check_reductions(red_nodes, classes)
+    _check_reduction_sources(red_nodes, view, maps)
     if real is not graph:
         remap.check_remaps(real, domain, view.row_axes, {n: c.varies_along_reduced for n, c in classes.items()})
     imaps = _index_maps(graph, view, maps)
     if real is not graph:
-        imaps.update(remap.real_index_maps(real, graph, maps, domain, view.row_axes, view.col_axes))
+        _check_index_op_maps(imaps, view.family)
+        imaps.update(remap.real_index_maps(real, graph, old, domain, view.row_axes, view.col_axes))
     cross = check_cross(graph, cross_nodes, view.family, classes, {n: not m.plain for n, m in imaps.items()})
     stages = _stages(graph, red_nodes)
     return StitchPlan(

@@ -108,6 +108,12 @@ def _every_op_graph() -> dict:
         elif kind == "gather":  # rows of y by the index input (a row of zeros for index -1 is in test_gather)
             nodes += [{"id": f"g{i}", "op": op, "args": ["y", "ids"], "axis": 0},
                       {"id": nid, "op": "add", "args": [f"g{i}", last]}]
+        elif op == "transpose":  # [4, 8] -> [8, 4] -> back
+            nodes += [{"id": f"u{i}", "op": op, "args": [last], "perm": [1, 0]},
+                      {"id": nid, "op": op, "args": [f"u{i}"], "perm": [1, 0]}]
+        elif op == "reshape":
+            nodes += [{"id": f"u{i}", "op": op, "args": [last], "shape": [2, 16]},
+                      {"id": nid, "op": op, "args": [f"u{i}"], "shape": [4, 8]}]
         else:
             nodes.append({"id": nid, "op": "cast", "args": [last], "to": "bfloat16"})
         if OPS[op].result == "bool":  # back to float (0 / 1) for the arithmetic that follows

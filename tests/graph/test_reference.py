@@ -55,10 +55,10 @@ def test_op_table_fields() -> None:
                         "lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or", "logical_not",
                         "where", "clamp",
                         "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "cast",
-                        "slice", "concat", "gather"}
+                        "slice", "concat", "gather", "transpose", "reshape"}
     banned = re.compile(r"\b(exp|log|sqrt|tanh|erf|pow|fmax|fmin|fabs)\(")  # double-precision calls
     for info in OPS.values():
-        assert info.kind in ("unary", "binary", "ternary", "reduce", "cast", "slice", "concat", "gather")
+        assert info.kind in ("unary", "binary", "ternary", "reduce", "cast", "slice", "concat", "gather", "layout")
         assert info.arity == {"binary": 2, "ternary": 3, "concat": 0, "gather": 2}.get(info.kind, 1)
         assert info.result in ("float", "bool") and set(info.arg_types) <= {"f", "b", "i"}
         assert info.arg_types == "" or len(info.arg_types) == info.arity

@@ -1,0 +1,228 @@
+"""Which axes of the iteration domain each tensor of a region spans (the first step of planning).
+
+Every dimension of every tensor is mapped to a tuple of *domain axes* (row-major inside the
+dimension; ``()`` for a size-1 dimension, along which the tensor broadcasts). Axes are found by
+propagation in graph order: each input dimension of size > 1 starts as a fresh axis; a broadcasting
+op (numpy semantics, right-aligned) *unifies* the axes its arguments meet on; a reduction drops (or,
+with ``keepdims``, empties) its reduced dimensions; ``transpose`` permutes the dimensions; ``reshape``
+regroups the source's axes into the target dimensions. Unifying or regrouping two runs of axes of the
+same total size splits an axis where one run has a finer factorisation (an input ``[N, C, H, W]``
+reshaped to ``[N, G, C/G, H*W]`` splits the axis of ``C`` into ``G`` and ``C/G`` everywhere), so at
+the end every tensor is a sub-product of one set of axes.
+
+Contract (:func:`tensor_axes`): the result's ``order`` is the layout of the *domain tensor* (the
+largest tensor, the one with the higher rank on a tie, the first in graph order after that): the
+domain axes in row-major order, every axis of size > 1 and every axis some tensor spans (an input
+whose axes never meet the domain tensor's, e.g. an unused one, is aligned to it by broadcasting). Each tensor
+spans each axis at most once (``x + transpose(x)``, a diagonal, is refused). An
+:class:`~stitchtune.errors.UnsupportedGraphError` naming the node is raised where no such axes
+exist: a reshape that does not only split and merge axes consistently, or a broadcast of values
+along different axes against each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from stitchtune.errors import UnsupportedGraphError
+from stitchtune.graph.ops import OPS
+from stitchtune.graph.parse import Graph, Node
+
+Groups = tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class TensorAxes:
+    """The result of :func:`tensor_axes`: axis sizes, the domain order and each tensor's groups."""
+
+    sizes: tuple[tuple[int, int], ...]       # axis id -> extent (> 1)
+    order: tuple[int, ...]                   # the domain axes, row-major (the domain tensor's layout)
+    groups: tuple[tuple[str, Groups], ...]   # tensor name -> the axes of each of its dims
+
+    @property
+    def size_of(self) -> dict[int, int]:
+        return dict(self.sizes)
+
+    @property
+    def of(self) -> dict[str, Groups]:
+        return dict(self.groups)
+
+
+class _AxisError(Exception):
+    """Two runs of axes cannot be made one (sizes that do not divide)."""
+
+
+class _Builder:
+    """Mutable state of the propagation: axis sizes and every tensor's groups so far."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[int, int] = {}
+        self.groups: dict[str, list[tuple[int, ...] | None]] = {}
+        self.next_id = 0
+
+    def fresh(self, size: int) -> int:
+        self.next_id += 1
+        self.sizes[self.next_id] = size
+        return self.next_id
+
+    def substitute(self, a: int, repl: tuple[int, ...], runs: list[list[int]]) -> None:
+        """Replace axis ``a`` by the run ``repl`` in every tensor's groups and in the working ``runs``."""
+        def sub(g: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(x for b in g for x in (repl if b == a else (b,)))
+        for gs in self.groups.values():
+            for k, g in enumerate(gs):
+                if g is not None and a in g:
+                    gs[k] = sub(g)
+        for run in runs:
+            run[:] = list(sub(tuple(run)))
+
+    def split(self, a: int, outer: int, runs: list[list[int]]) -> None:
+        """Split axis ``a`` into an outer axis of extent ``outer`` and an inner one (everywhere)."""
+        size = self.sizes[a]
+        if size % outer:
+            raise _AxisError
+        hi, lo = self.fresh(outer), self.fresh(size // outer)
+        self.substitute(a, (hi, lo), runs)
+
+    def unify(self, g1: tuple[int, ...], g2: tuple[int, ...]) -> None:
+        """Make the runs ``g1`` and ``g2`` (the same total extent) the same axes."""
+        a, b = list(g1), list(g2)
+        i = 0
+        while i < len(a) and i < len(b):
+            x, y = a[i], b[i]
+            sx, sy = self.sizes[x], self.sizes[y]
+            if x == y:
+                i += 1
+            elif sx == sy:
+                self.substitute(y, (x,), [a, b])
+                i += 1
+            elif sx < sy:
+                self.split(y, sx, [a, b])
+            else:
+                self.split(x, sy, [a, b])
+        if len(a) != len(b):
+            raise _AxisError
+
+    def regroup(self, src: list[int], shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """The axes ``src`` (row-major) regrouped into dims of ``shape`` (a reshape), splitting axes
+        where a target dim ends inside one."""
+        run = list(src)
+        out: list[tuple[int, ...]] = []
+        for d in shape:
+            got: list[int] = []
+            need = d
+            while need > 1:
+                if not run:
+                    raise _AxisError
+                a = run[0]
+                sa = self.sizes[a]
+                if sa <= need:
+                    if need % sa:
+                        raise _AxisError
+                    got.append(run.pop(0))
+                    need //= sa
+                else:
+                    self.split(a, need, [run, got])
+            out.append(tuple(got))
+        if run:
+            raise _AxisError
+        return out
+
+
+def _broadcast(b: _Builder, node: Node) -> None:
+    """A broadcasting op: its result's dims are the unified dims of its tensor arguments."""
+    rank = len(node.shape)
+    out: list[tuple[int, ...] | None] = [None] * rank
+    b.groups[node.id] = out
+    for arg in node.tensor_args:
+        src = b.groups[arg]
+        off = rank - len(src)
+        for k in range(len(src)):
+            g = src[k]
+            if not g:
+                continue
+            if out[off + k] is None:
+                out[off + k] = g
+            else:
+                b.unify(out[off + k], g)  # type: ignore[arg-type]
+    b.groups[node.id] = [g or () for g in out]
+
+
+def _node_axes(b: _Builder, node: Node) -> None:
+    """The groups of ``node``'s result (raises :class:`_AxisError` when axes do not fit)."""
+    kind = OPS[node.op].kind
+    targs = node.tensor_args
+    if kind == "reduce":
+        src = b.groups[targs[0]]
+        b.groups[node.id] = ([() if i in node.axes else g for i, g in enumerate(src)] if node.keepdims
+                             else [g for i, g in enumerate(src) if i not in node.axes])
+    elif node.op == "transpose":
+        src = b.groups[targs[0]]
+        b.groups[node.id] = [src[p] for p in node.perm]
+    elif node.op == "reshape":
+        flat = [a for g in b.groups[targs[0]] for a in (g or ())]
+        b.groups[node.id] = b.regroup(flat, node.shape)  # type: ignore[assignment]
+    else:
+        _broadcast(b, node)
+
+
+def _repeated(groups: list) -> bool:
+    axes = [a for g in groups for a in (g or ())]
+    return len(axes) != len(set(axes))
+
+
+def _align_orphans(b: _Builder, graph: Graph, dom: str) -> None:
+    """An input whose axes never met the domain tensor's (unused, or feeding only tensors that do
+    not meet it) is aligned to the domain tensor's dims by numpy broadcasting (right-aligned), as
+    if it were added to it."""
+    dom_groups = b.groups[dom]
+    for name, spec in graph.inputs:
+        known = {a for g in dom_groups for a in (g or ())}
+        src = b.groups[name]
+        off = len(dom_groups) - len(src)
+        for k, g in enumerate(src):
+            if not g or set(g) <= known or off + k < 0:
+                continue
+            target = dom_groups[off + k]
+            if target and prod(b.sizes[a] for a in target) == spec.shape[k]:
+                try:
+                    b.unify(target, g)  # type: ignore[arg-type]
+                except _AxisError:
+                    pass  # left orphan: refused below
+
+
+def tensor_axes(graph: Graph) -> TensorAxes:
+    """The domain axes of every tensor of ``graph`` (see the module docstring)."""
+    b = _Builder()
+    for name, spec in graph.inputs:
+        b.groups[name] = [(b.fresh(s),) if s > 1 else () for s in spec.shape]
+    for node in graph.nodes:
+        try:
+            _node_axes(b, node)
+        except _AxisError:
+            what = (f"reshapes {list(graph.spec(node.tensor_args[0]).shape)} to {list(node.shape)} in a way "
+                    "that does not only split and merge the axes of the region" if node.op == "reshape" else
+                    "broadcasts values of different axes against each other (a reduction without keepdims "
+                    "used along another axis?)")
+            raise UnsupportedGraphError(f"node '{node.id}' {what}") from None
+        if _repeated(b.groups[node.id]):
+            raise UnsupportedGraphError(
+                f"node '{node.id}' uses one axis of the region in two of its dims (a diagonal, e.g. x + "
+                "transpose(x)); stitched kernels need every tensor to span each axis at most once")
+    for name, gs in b.groups.items():
+        if _repeated(gs):
+            raise UnsupportedGraphError(
+                f"tensor '{name}' uses one axis of the region in two of its dims (a diagonal, e.g. x + "
+                "transpose(x)); stitched kernels need every tensor to span each axis at most once")
+    specs = [(n, s.shape) for n, s in graph.inputs] + [(nd.id, nd.shape) for nd in graph.nodes]
+    dom = max(specs, key=lambda t: (prod(t[1]), len(t[1])))[0]
+    _align_orphans(b, graph, dom)
+    order = tuple(a for g in b.groups[dom] for a in (g or ()))
+    used = {a for gs in b.groups.values() for g in gs for a in (g or ())}
+    if used - set(order):
+        raise UnsupportedGraphError(
+            f"no tensor of the region spans all of its axes (the largest, '{dom}', does not); stitched "
+            "kernels iterate the axes of one tensor")
+    groups = tuple((n, tuple(tuple(g or ()) for g in b.groups[n])) for n, _ in specs)
+    return TensorAxes(tuple((a, b.sizes[a]) for a in order), order, groups)
