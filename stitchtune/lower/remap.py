@@ -23,6 +23,12 @@ the same remaps (:func:`stitchtune.plan.remap.check_remaps`), so a refusal is a 
 (else 0.0), and the row's first lane adds 1 to the node's error flag (buffer ``gerr<k>``, a
 zero-initialised float32 scratch whose ``tensor`` is the gather node's id) for an out-of-range index.
 Refused: a row-axis shift of a per-row value or of a gather.
+
+In a *mixed* region (transpose / reshape of the inputs, then slice / concat along the innermost
+axis: Llama's rotary after the head split) every shift is a column shift ``d``
+(:func:`stitchtune.plan.remap.column_shift`); a layout node passes the shift to its argument and an
+input is loaded at its general map's address of view element ``(r, c + d)``, i.e. its row offset plus
+``c + d`` (the planner requires contiguous column maps there).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select
 from stitchtune.lower.base import _I, _add, _and, _mul
 from stitchtune.plan.planner import TensorClass
-from stitchtune.plan.remap import Shift, domain_of, shift_offset
+from stitchtune.plan.remap import Shift, column_shift, domain_of, has_layout_ops, shift_offset
 
 __all__ = ["Shift", "RemapValues", "gather_flag_buffers"]
 
@@ -55,6 +61,7 @@ class RemapValues:
         low = kern.low
         self.low, self.p, self.g, self.vec = low, low.p, low.g, low.s.vec
         self.domain = _domain(low)
+        self.mixed = has_layout_ops(low.g)
         self.row_axes, self.col_axes = _split_axes(self.domain, self.p.M)
         self.memo: dict[tuple[str, Shift], list[kir.Expr]] = {}
         self.reads_before = dict(kern.stats["reads"])  # what earlier sweeps read
@@ -75,6 +82,8 @@ class RemapValues:
                 raise UnsupportedGraphError(f"tensor '{name}': a per-row value under a slice/concat along a "
                                             "row axis is not supported")
             vals = self.sv.value(name)
+        elif kind == "layout":  # transpose / reshape: the index maps move the element (mixed regions)
+            vals = self.value(nd.args[0], sh)
         elif kind == "slice":
             vals = self.value(nd.args[0], sh.moved(self._axis(nd), nd.start))
         elif kind == "concat":
@@ -185,7 +194,10 @@ class RemapValues:
     def load(self, name: str, sh: Shift) -> list[kir.Expr]:
         """Input ``name`` at ``p + delta`` under the conditions (a FULL or per-column input)."""
         low = self.low
-        delta = self._check_bounds(name, self.g.spec(name).shape, sh)
+        if self.mixed:  # view element (r, c + d): a contiguous column map adds d (the planner checked it)
+            delta = column_shift(name, sh, self.domain)
+        else:
+            delta = self._check_bounds(name, self.g.spec(name).shape, sh)
         buf = low.in_buf[name]
         self.k.uses["in"].add(buf)
         im = self.p.imap(name)

@@ -326,15 +326,6 @@ def _reuse_candidates(graph: Graph, names: list[str], classes: dict[str, TensorC
     return tuple(n for n in names if classes[n] is TensorClass.FULL and len(needs[n]) >= 2)
 
 
-def _check_index_op_graph(graph: Graph) -> None:
-    """A region with slice / concat / gather is planned over the right-aligned domain: no layout ops."""
-    for nd in graph.nodes:
-        if OPS[nd.op].kind == "layout":
-            raise UnsupportedGraphError(
-                f"node '{nd.id}' ({nd.op}) is in a region with slice, concat or gather; stitched kernels "
-                "do not combine the two kinds of index map yet")
-
-
 def _check_index_op_maps(imaps: dict[str, IndexMap], family: str) -> None:
     """The remapped lowering (slice, concat, gather) addresses operands that broadcast along part of
     the row axes of row-family kernels only (as before general index maps)."""
@@ -358,16 +349,35 @@ def _split_cross(all_red: list[Node], axes) -> tuple[list[Node], list[Node]]:
     return split_cross(all_red, old, tuple(sizes[a] for a in order))
 
 
+def _mixed_view(real: Graph, sur: Graph, names: list[str], all_red: list[Node]):
+    """Domain, axis groups, (row-side, cross) reductions and view of a mixed region (slice / concat
+    with transpose / reshape): :func:`tensor_axes` of the surrogate ``sur``, checked by
+    :func:`~stitchtune.plan.remap.check_mixed` (the view's columns are the domain's innermost axis)."""
+    domain = remap.domain_of(real)
+    axes = tensor_axes(sur)
+    maps = axes.of
+    red_nodes, cross_nodes = _split_cross(all_red, axes)
+    view = _view(axes.order, axes.size_of, bool(all_red), _reduced_axes(red_nodes, maps))
+    dom_t = next(n for n in names if tuple(real.spec(n).shape) == tuple(domain))
+    remap.check_mixed(real, sur, domain, maps[dom_t][-1], view.col_axes, view.family)
+    return domain, maps, red_nodes, cross_nodes, view
+
+
 def make_plan(graph: Graph) -> StitchPlan:
     """Analyse ``graph``; raise :class:`UnsupportedGraphError` when it has no stitched lowering.
     A graph with index ops (slice, concat, gather) is analysed through its surrogate
     (:mod:`stitchtune.plan.remap`), over the right-aligned domain of its largest tensor; every other
-    graph through :func:`~stitchtune.plan.axes.tensor_axes` (transpose / reshape as index maps)."""
+    graph through :func:`~stitchtune.plan.axes.tensor_axes` (transpose / reshape as index maps). A
+    *mixed* region (slice / concat and transpose / reshape, e.g. Llama's rotary: head split, then
+    rotate-half) is mapped by :func:`tensor_axes` on its surrogate, whose layout part keeps its own
+    shapes, and lowered with column shifts only (:func:`~stitchtune.plan.remap.check_mixed`)."""
     real, graph = graph, remap.surrogate(graph)
     names = [n for n, _ in graph.inputs] + [nd.id for nd in graph.nodes]
     all_red = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
-    if real is not graph:
-        _check_index_op_graph(graph)
+    mixed = real is not graph and remap.has_layout_ops(real)
+    if mixed:  # slice / concat with transpose / reshape: general maps, column shifts
+        domain, maps, red_nodes, cross_nodes, view = _mixed_view(real, graph, names, all_red)
+    elif real is not graph:
         domain = max((graph.spec(n).shape for n in names), key=lambda s: (prod(s), len(s)))
         old = _axes_maps(graph, domain)
         maps = {n: tuple((a,) if a is not None else () for a in m) for n, m in old.items()}
@@ -384,10 +394,12 @@ def make_plan(graph: Graph) -> StitchPlan:
     _check_reductions(red_nodes, classes)
     _check_reduction_sources(red_nodes, view, maps)
     if real is not graph:
-        remap.check_remaps(real, domain, view.row_axes, {n: c.varies_along_reduced for n, c in classes.items()})
+        rows = tuple(range(len(domain) - 1)) if mixed else view.row_axes
+        remap.check_remaps(real, domain, rows, {n: c.varies_along_reduced for n, c in classes.items()}, mixed)
     imaps = _index_maps(graph, view, maps)
     if real is not graph:
         _check_index_op_maps(imaps, view.family)
+    if real is not graph and not mixed:
         imaps.update(remap.real_index_maps(real, graph, old, domain, view.row_axes, view.col_axes))
     cross = check_cross(graph, cross_nodes, view.family, classes, {n: not m.plain for n, m in imaps.items()})
     stages = _stages(graph, red_nodes)

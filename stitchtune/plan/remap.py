@@ -23,6 +23,15 @@ domain, a gather table read by anything but gather, a table whose trailing dims 
 columns or an index op in a column reduction (:func:`check_gathers`), an index tensor used with two
 table ranks, a per-row value or a gather under a row-axis slice/concat, a size-1 slice broadcast
 over several positions (a size-1 concat piece is fine).
+
+*Mixed* regions (:func:`has_layout_ops`: transpose / reshape too, e.g. Llama's rotary after the head
+split ``x [B, S, H*D] -> [B, S, H, D] -> [B, H, S, D]``): the layout nodes and the inputs they read
+(:func:`layout_part`) keep their own shapes in the surrogate, which the planner maps with
+:func:`~stitchtune.plan.axes.tensor_axes` (general index maps); every shift must then be a column
+shift (:func:`column_shift`: slice / concat along the innermost domain axis, which must be the view's
+columns, :func:`check_mixed`), so a shifted load is the general map's address of view element
+``(r, c + d)``. Refused there: a layout op of a computed tensor (a transpose after the rotary), a
+slice / concat along an outer axis, gather, column reductions, an input sliced beyond the domain.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph, Node, TensorSpec
 from stitchtune.plan.index_map import IndexMap, index_map
 
-__all__ = ["has_index_ops", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
+__all__ = ["has_index_ops", "has_layout_ops", "layout_part", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
            "Shift", "shift_offset", "check_remaps"]
 
 
@@ -85,19 +94,62 @@ def _gather_shapes(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int
     return out
 
 
+def has_layout_ops(graph: Graph) -> bool:
+    """Whether ``graph`` has a transpose or reshape (a general index map)."""
+    return any(OPS[n.op].kind == "layout" for n in graph.nodes)
+
+
+def layout_part(graph: Graph) -> set[str]:
+    """The tensors of a *mixed* region (index ops and layout ops) that keep their own shape in the
+    surrogate: every layout node and every input read by one. A layout node must read inputs or
+    layout nodes only, and one read by anything else must span the iteration domain (right-aligned:
+    every dim 1 or the domain's), so that slice / concat / gather see a domain-shaped tensor;
+    :class:`UnsupportedGraphError` naming the node otherwise."""
+    if not has_layout_ops(graph):
+        return set()
+    domain = domain_of(graph)
+    inputs = {n for n, _ in graph.inputs}
+    keep: set[str] = set()
+    for nd in graph.nodes:
+        if OPS[nd.op].kind != "layout":
+            continue
+        for a in nd.tensor_args:
+            if a not in inputs and a not in keep:
+                raise UnsupportedGraphError(
+                    f"node '{nd.id}' ({nd.op}) reads '{a}', computed in a region with slice, concat or gather; "
+                    "there a transpose / reshape may only rearrange graph inputs")
+        keep.add(nd.id)
+        keep.update(nd.tensor_args)
+    for nd in graph.nodes:
+        if OPS[nd.op].kind == "layout":
+            continue
+        for a in nd.tensor_args:
+            if a in keep and _sur(graph.spec(a).shape, domain, a) != tuple(graph.spec(a).shape):
+                raise UnsupportedGraphError(
+                    f"tensor '{a}' {list(graph.spec(a).shape)} is read by '{nd.id}' in a region with slice, concat "
+                    f"or gather but does not align with the iteration domain {list(domain)}")
+    return keep
+
+
 def surrogate(graph: Graph) -> Graph:
     """The graph the planner analyses in place of ``graph`` (module docstring); ``graph`` itself
-    when it has no index op."""
+    when it has no index op. In a mixed region the tensors of :func:`layout_part` keep their shapes
+    (the planner maps them with :func:`~stitchtune.plan.axes.tensor_axes`)."""
     if not has_index_ops(graph):
         return graph
     domain = domain_of(graph)
     special = _gather_shapes(graph, domain)
-    inputs = tuple((n, TensorSpec(special.get(n) or _sur(s.shape, domain, n), s.dtype)) for n, s in graph.inputs)
+    keep = layout_part(graph)
+    inputs = tuple((n, TensorSpec(tuple(s.shape) if n in keep else special.get(n) or _sur(s.shape, domain, n),
+                                  s.dtype)) for n, s in graph.inputs)
     nodes = []
     for nd in graph.nodes:
         kind = OPS[nd.op].kind
-        shape = _sur(nd.shape, domain, nd.id)
+        shape = tuple(nd.shape) if nd.id in keep else _sur(nd.shape, domain, nd.id)
         op = {"slice": "neg", "concat": "add", "gather": "add"}.get(kind, nd.op)
+        if nd.id in keep:  # a layout node of a mixed region, as it is (perm / target shape)
+            nodes.append(nd)
+            continue
         nodes.append(Node(id=nd.id, op=op, args=nd.args, axes=nd.axes, keepdims=nd.keepdims, to=nd.to,
                           shape=shape, dtype=nd.dtype))
     for name in list(graph.outputs) + [str(n.args[0]) for n in graph.reductions()]:
@@ -171,12 +223,57 @@ def _spans(graph: Graph, name: str, domain: tuple[int, ...]) -> bool:
     return all(s == 1 or s == domain[off + k] for k, s in enumerate(shape))
 
 
+def column_shift(who: str, sh: Shift, domain: tuple[int, ...]) -> int:
+    """In a mixed region (:func:`check_mixed`): the column offset of ``sh``, which may shift and
+    limit the innermost domain axis (the view's columns) only; :class:`UnsupportedGraphError` naming
+    ``who`` unless every column the conditions allow, shifted, lies in ``[0, domain[-1])``. The load
+    of view element ``(r, c + d)`` is then in bounds by the index map's contract."""
+    last = len(domain) - 1
+    if sh.axes() - {last}:
+        raise UnsupportedGraphError(
+            f"node '{who}': a slice/concat along an outer axis in a region with transpose / reshape; there "
+            "slice and concat may act along the innermost axis only")
+    lo, hi = {a: (l, h) for a, l, h in sh.conds}.get(last, (0, domain[last]))
+    d = sh.d(last)
+    if lo + d < 0 or hi - 1 + d > domain[last] - 1:
+        raise UnsupportedGraphError(
+            f"node '{who}': positions [{lo + d}, {hi + d}) along the innermost axis fall outside its size "
+            f"{domain[last]}; a slice/concat that reads outside a tensor is not supported")
+    return d
+
+
+def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tuple[int, ...],
+                col_axes: tuple[int, ...], family: str) -> None:
+    """A mixed region (slice / concat with transpose / reshape) is lowered with column shifts only
+    (:func:`column_shift`): no gather, a row-family (or element-wise) view whose columns are exactly
+    the innermost dim of the domain (``out_cols``: the axes of an output's last dim), and every input
+    outside :func:`layout_part` of its surrogate shape (no sliced input larger than the domain)."""
+    for n in graph.nodes:
+        if n.op == "gather":
+            raise UnsupportedGraphError(f"gather '{n.id}' is in a region with transpose / reshape; stitched "
+                                        "kernels do not combine the two yet")
+    if family == "col":
+        raise UnsupportedGraphError("slice / concat with transpose / reshape are supported in row-reduction and "
+                                    "element-wise kernels only, not in column reductions")
+    if tuple(out_cols) != tuple(col_axes) or domain[-1] < 2:
+        raise UnsupportedGraphError(
+            f"the columns of the kernel are not the innermost axis of the iteration domain {list(domain)}; "
+            "slice / concat with transpose / reshape need the innermost axis as the kernel's columns")
+    for name, spec in graph.inputs:
+        if tuple(spec.shape) != tuple(sur.spec(name).shape):
+            raise UnsupportedGraphError(
+                f"input '{name}' {list(spec.shape)} is sliced beyond the iteration domain {list(domain)} in a "
+                "region with transpose / reshape; not supported")
+
+
 def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...],
-                 varies: dict[str, bool]) -> None:
+                 varies: dict[str, bool], mixed: bool = False) -> None:
     """Walk the remapped evaluations a kernel will make (the rules of :mod:`stitchtune.lower.remap`),
     from the outputs and the reduction arguments, so that every refusal is a planning error:
     a per-row value (``varies[name]`` false: it does not vary along the columns) or a gather under a
-    row-axis shift, a remapped load outside a tensor. ``varies``: tensor -> varies along the columns."""
+    row-axis shift, a remapped load outside a tensor. ``varies``: tensor -> varies along the columns.
+    ``mixed``: a region with transpose / reshape, where every shift is a column shift
+    (:func:`column_shift`)."""
     nodes = {n.id: n for n in graph.nodes}
     rows = set(row_axes)
     seen: set[tuple[str, Shift]] = set()
@@ -193,10 +290,16 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
                                             "row axis is not supported")
             sh = Shift()  # evaluated as at the sweep's own element
         if nd is None:
-            if not (not sh.delta and _spans(graph, name, domain)):
+            if mixed:
+                column_shift(name, sh, domain)
+            elif not (not sh.delta and _spans(graph, name, domain)):
                 shift_offset(name, graph.spec(name).shape, sh, domain)
             return
         off = len(domain) - len(nd.shape)
+        if mixed and kind in ("slice", "concat") and off + nd.axis != len(domain) - 1:
+            raise UnsupportedGraphError(
+                f"{nd.op} '{nd.id}' acts along an outer axis in a region with transpose / reshape; there slice "
+                "and concat may act along the innermost axis only")
         if kind == "slice":
             a = off + nd.axis
             lo, hi = {x: (l, h) for x, l, h in sh.conds}.get(a, (0, domain[a]))

@@ -41,7 +41,8 @@ KERNEL_HASHES_FULL = (REPO / "tests" / "lower" / "golden" / "kernel_hashes_clust
                       REPO / "tests" / "lower" / "golden" / "kernel_hashes_maps.json")
 SUGGEST_FULL = (Path(__file__).resolve().parent / "golden" / "suggest_params_cluster.json",
                 Path(__file__).resolve().parent / "golden" / "suggest_params_index_ops.json",
-                Path(__file__).resolve().parent / "golden" / "suggest_params_maps.json")
+                Path(__file__).resolve().parent / "golden" / "suggest_params_maps.json",
+                Path(__file__).resolve().parent / "golden" / "suggest_params_rotary.json")
 
 
 def _recorded(paths) -> dict:

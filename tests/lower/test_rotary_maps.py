@@ -1,0 +1,136 @@
+"""Mixed index maps (stitchtune/plan/remap.py ``check_mixed`` / ``column_shift``): a region that
+splits heads with reshape / transpose and then rotates half of the innermost axis with slice /
+concat (Llama's rotary as imported from ONNX) plans, lowers, emulates like the float64 reference
+(the emulator faults on any out-of-bounds, unwritten or racy access) and compiles; the mixed
+patterns it does not cover are one named line."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import pytest
+
+from helpers import DEV, EXAMPLES, rel_err, setup
+from stitchtune.cost.heuristic import heuristic_schedule
+from stitchtune.emulate.emulator import emulate_program
+from stitchtune.errors import UnsupportedGraphError
+from stitchtune.gpu.build import NvccBuilder, nvcc_found
+from stitchtune.graph.parse import load_graph, parse_graph
+from stitchtune.graph.reference import random_inputs, run_reference
+from stitchtune.lower.entry import lower
+from stitchtune.plan.planner import make_plan
+from stitchtune.space import SearchSpace
+
+
+def _check(g, n_samples: int, seed: int = 3) -> None:
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    inputs = random_inputs(g, seed)
+    ref = run_reference(g, inputs)
+    scheds = [heuristic_schedule(plan, DEV, space)] + [space.sample(random.Random(i)) for i in range(n_samples)]
+    for s in scheds:
+        out = emulate_program(lower(g, plan, s, DEV, space), inputs, coresident_limit=lambda k: 1 << 30)
+        for o in ref:
+            assert rel_err(out[o], ref[o]) < 1e-5, (g.name, s.to_json(), o)
+
+
+def _graph(inputs: dict[str, list[int]], nodes: list[dict], outputs: list[str]):
+    return parse_graph({"name": "t", "inputs": {k: {"shape": v, "dtype": "float32"} for k, v in inputs.items()},
+                        "nodes": nodes, "outputs": outputs})
+
+
+def _rotary(B: int, S: int, H: int, D: int, cos_shape: list[int], tail: list[dict] | None = None,
+            axis: int = -1, out: str = "out"):
+    h = D // 2 if axis == -1 else H // 2
+    stop = D if axis == -1 else H
+    nodes = [{"id": "xr", "op": "reshape", "args": ["x"], "shape": [B, S, H, D]},
+             {"id": "q", "op": "transpose", "args": ["xr"], "perm": [0, 2, 1, 3]},
+             {"id": "x2", "op": "slice", "args": ["q"], "axis": axis, "start": h, "stop": stop},
+             {"id": "nx2", "op": "neg", "args": ["x2"]},
+             {"id": "x1", "op": "slice", "args": ["q"], "axis": axis, "start": 0, "stop": h},
+             {"id": "rot", "op": "concat", "args": ["nx2", "x1"], "axis": axis},
+             {"id": "qc", "op": "mul", "args": ["q", "cos"]},
+             {"id": "rs", "op": "mul", "args": ["rot", "sin"]},
+             {"id": "out", "op": "add", "args": ["qc", "rs"]}] + (tail or [])
+    return _graph({"x": [B, S, H * D], "cos": cos_shape, "sin": cos_shape}, nodes, [out])
+
+
+def test_example_plans_with_the_general_map_of_x() -> None:
+    g, plan, _ = setup("llama_rotary_small.json")  # B=1, S=8, H=2, D=16
+    assert (plan.family, plan.M, plan.N) == ("elementwise", 16, 16)
+    assert plan.imap("out").partial_rows  # [B, H, S, D] stored through its permuted map
+    assert plan.imap("x").cols.contiguous()
+    _, full, _ = setup("llama_rotary.json")
+    assert (full.M, full.N) == (8 * 32 * 2048, 128)
+
+
+def test_example_matches_the_reference() -> None:
+    _check(load_graph(EXAMPLES / "llama_rotary_small.json"), 4)
+
+
+def _mapped_shifted() -> object:
+    """q = transpose(x) + y with y [B, H, S, D]: the rows follow x, so the shifted loads of y go
+    through its permuted row map (row offset + c + d)."""
+    nodes = [{"id": "xt", "op": "transpose", "args": ["x"], "perm": [0, 2, 1, 3]},
+             {"id": "q", "op": "add", "args": ["xt", "y"]}] + [
+        {"id": "x2", "op": "slice", "args": ["q"], "axis": -1, "start": 4, "stop": 8},
+        {"id": "nx2", "op": "neg", "args": ["x2"]},
+        {"id": "x1", "op": "slice", "args": ["q"], "axis": -1, "start": 0, "stop": 4},
+        {"id": "rot", "op": "concat", "args": ["nx2", "x1"], "axis": -1},
+        {"id": "out", "op": "mul", "args": ["rot", "q"]}]
+    return _graph({"x": [2, 3, 2, 8], "y": [2, 2, 3, 8]}, nodes, ["out"])
+
+
+@pytest.mark.parametrize("case", ["cos_2d_odd_half", "then_rmsnorm", "mapped_shifted"])
+def test_patterns_match_the_reference(case: str) -> None:
+    if case == "mapped_shifted":
+        g = _mapped_shifted()
+        assert make_plan(g).imap("y").partial_rows  # y is addressed through its permuted map
+    elif case == "cos_2d_odd_half":  # cos / sin [S, D], D = 10 (half 5: shifted loads lane by lane)
+        g = _rotary(2, 3, 2, 10, [3, 10])
+    else:  # a row reduction over D after the rotary (RMSNorm-like)
+        g = _rotary(2, 4, 2, 8, [1, 1, 4, 8], [
+            {"id": "sq", "op": "mul", "args": ["out", "out"]},
+            {"id": "ms", "op": "reduce_mean", "args": ["sq"], "axes": [-1], "keepdims": True},
+            {"id": "y", "op": "div", "args": ["out", "ms"]}], out="y")
+    _check(g, 3)
+
+
+def test_unsupported_mixed_patterns_are_one_named_line() -> None:
+    with pytest.raises(UnsupportedGraphError, match="outer axis"):  # rotate along H, not D
+        make_plan(_rotary(1, 4, 4, 8, [1, 4, 1, 8], axis=1))
+    g = _rotary(1, 4, 2, 8, [1, 1, 4, 8], [{"id": "t", "op": "transpose", "args": ["out"], "perm": [0, 1, 3, 2]}],
+                out="t")
+    with pytest.raises(UnsupportedGraphError, match="'t' \\(transpose\\) reads 'out'"):
+        make_plan(g)
+
+
+@pytest.mark.slow  # the torch export (~7 s)
+def test_onnx_llama_rotary_region_plans(tmp_path) -> None:
+    pytest.importorskip("onnx")
+    pytest.importorskip("torch")
+    from importers.test_import_onnx_exported import _export_legacy
+    from stitchtune.importers.onnx_import import import_onnx
+
+    path = tmp_path / "llama.onnx"
+    _export_legacy("llama", path)
+    graphs = [sg.graph for sg in import_onnx(path).subgraphs if {"reshape", "slice"} <= {n.op for n in sg.graph.nodes}]
+    assert graphs
+    g = graphs[0]  # q: the head split and the rotary, output [B, H, S, D]
+    plan = make_plan(g)
+    assert plan.N == g.spec(g.outputs[0]).shape[-1]
+    _check(g, 1)
+
+
+@pytest.mark.skipif(not nvcc_found(), reason="nvcc not installed")
+def test_renders_and_compiles_for_sm90(tmp_path) -> None:
+    from stitchtune.gpu.render import render
+
+    g, plan, space = setup("llama_rotary_small.json")
+    s = dataclasses.replace(heuristic_schedule(plan, DEV, space), vec=4)
+    assert not space.violations(s)
+    src = render(lower(g, plan, s, DEV, space))
+    # x at its own element and at c + 8 and c - 8, each one float4 load (D = 16, half 8)
+    assert src.count("reinterpret_cast<const float4*>(in0") == 3
+    (res,) = NvccBuilder(cache_dir=tmp_path).build([src], arch="sm_90")
+    assert res.status == "ok", res.log
