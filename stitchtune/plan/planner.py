@@ -358,7 +358,8 @@ def _mixed_view(real: Graph, sur: Graph, names: list[str], all_red: list[Node]):
     maps = axes.of
     red_nodes, cross_nodes = _split_cross(all_red, axes)
     view = _view(axes.order, axes.size_of, bool(all_red), _reduced_axes(red_nodes, maps))
-    dom_t = next(n for n in names if tuple(real.spec(n).shape) == tuple(domain))
+    keep = remap.layout_part(real)
+    dom_t = next(n for n in names if n not in keep and tuple(sur.spec(n).shape) == tuple(domain))
     remap.check_mixed(real, sur, domain, maps[dom_t][-1], view.col_axes, view.family)
     return domain, maps, red_nodes, cross_nodes, view
 
@@ -398,7 +399,8 @@ def make_plan(graph: Graph) -> StitchPlan:
         remap.check_remaps(real, domain, rows, {n: c.varies_along_reduced for n, c in classes.items()}, mixed)
     imaps = _index_maps(graph, view, maps)
     if real is not graph:
-        _check_index_op_maps(imaps, view.family)
+        tails = remap.layout_tails(real)  # stored through their maps only, never loaded shifted
+        _check_index_op_maps({n: m for n, m in imaps.items() if n not in tails}, view.family)
     if real is not graph and not mixed:
         imaps.update(remap.real_index_maps(real, graph, old, domain, view.row_axes, view.col_axes))
     cross = check_cross(graph, cross_nodes, view.family, classes, {n: not m.plain for n, m in imaps.items()})

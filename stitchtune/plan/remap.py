@@ -30,8 +30,9 @@ split ``x [B, S, H*D] -> [B, S, H, D] -> [B, H, S, D]``): the layout nodes and t
 :func:`~stitchtune.plan.axes.tensor_axes` (general index maps); every shift must then be a column
 shift (:func:`column_shift`: slice / concat along the innermost domain axis, which must be the view's
 columns, :func:`check_mixed`), so a shifted load is the general map's address of view element
-``(r, c + d)``. Refused there: a layout op of a computed tensor (a transpose after the rotary), a
-slice / concat along an outer axis, gather, column reductions, an input sliced beyond the domain.
+``(r, c + d)``. A transpose / reshape of a computed tensor (``k^T`` after the rotary,
+:func:`layout_tails`) may only make an output, stored through its map. Refused there: such a node
+read by another op, a slice / concat along an outer axis, gather, column reductions, an input sliced beyond the domain.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph, Node, TensorSpec
 from stitchtune.plan.index_map import IndexMap, index_map
 
-__all__ = ["has_index_ops", "has_layout_ops", "layout_part", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
+__all__ = ["has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
            "Shift", "shift_offset", "check_remaps"]
 
 
@@ -58,10 +59,42 @@ def gather_tables(graph: Graph) -> dict[str, str]:
 
 
 def domain_of(graph: Graph) -> tuple[int, ...]:
-    """The iteration domain: the largest output or reduction argument (elements, then rank)."""
-    shapes = [graph.spec(o).shape for o in graph.outputs]
+    """The iteration domain: the largest output or reduction argument (elements, then rank). In a
+    mixed region an output made by a trailing transpose / reshape (:func:`layout_tails`) counts by
+    the tensor it rearranges."""
+    tails = layout_tails(graph)
+    nodes = {n.id: n for n in graph.nodes}
+    names = []
+    for o in graph.outputs:
+        while o in tails:
+            o = nodes[o].tensor_args[0]
+        names.append(o)
+    shapes = [graph.spec(o).shape for o in names]
     shapes += [graph.spec(n.args[0]).shape for n in graph.reductions()]  # type: ignore[arg-type]
     return max(shapes, key=lambda s: (prod(s), len(s)))
+
+
+def layout_tails(graph: Graph) -> set[str]:
+    """The transpose / reshape nodes of a region with index ops that rearrange a *computed* tensor
+    (a tensor that is not an input or a rearranged input), e.g. ``k^T`` after Llama's rotary. Each
+    may be read only by other such nodes and be an output (it is stored through its map, never
+    evaluated at a shifted position); :class:`UnsupportedGraphError` naming the node otherwise."""
+    if not has_index_ops(graph):
+        return set()
+    inputs = {n for n, _ in graph.inputs}
+    head: set[str] = set()
+    tails: set[str] = set()
+    for nd in graph.nodes:
+        if OPS[nd.op].kind == "layout":
+            (head if all(a in inputs or a in head for a in nd.tensor_args) else tails).add(nd.id)
+            continue
+        for a in nd.tensor_args:
+            if a in tails:
+                raise UnsupportedGraphError(
+                    f"node '{a}' (transpose / reshape) rearranges a "
+                    f"tensor computed in a region with slice, concat or gather and is read by '{nd.id}'; there a "
+                    "transpose / reshape of a computed tensor may only make an output")
+    return tails
 
 
 def _sur(shape: tuple[int, ...], domain: tuple[int, ...], name: str) -> tuple[int, ...]:
@@ -101,23 +134,18 @@ def has_layout_ops(graph: Graph) -> bool:
 
 def layout_part(graph: Graph) -> set[str]:
     """The tensors of a *mixed* region (index ops and layout ops) that keep their own shape in the
-    surrogate: every layout node and every input read by one. A layout node must read inputs or
-    layout nodes only, and one read by anything else must span the iteration domain (right-aligned:
+    surrogate: every layout node and every input read by one. A layout node reads inputs or layout
+    nodes (or is one of the :func:`layout_tails`), and one read by anything else must span the iteration domain (right-aligned:
     every dim 1 or the domain's), so that slice / concat / gather see a domain-shaped tensor;
     :class:`UnsupportedGraphError` naming the node otherwise."""
     if not has_layout_ops(graph):
         return set()
     domain = domain_of(graph)
-    inputs = {n for n, _ in graph.inputs}
-    keep: set[str] = set()
+    tails = layout_tails(graph)
+    keep: set[str] = set(tails)
     for nd in graph.nodes:
-        if OPS[nd.op].kind != "layout":
+        if OPS[nd.op].kind != "layout" or nd.id in tails:
             continue
-        for a in nd.tensor_args:
-            if a not in inputs and a not in keep:
-                raise UnsupportedGraphError(
-                    f"node '{nd.id}' ({nd.op}) reads '{a}', computed in a region with slice, concat or gather; "
-                    "there a transpose / reshape may only rearrange graph inputs")
         keep.add(nd.id)
         keep.update(nd.tensor_args)
     for nd in graph.nodes:
@@ -152,7 +180,7 @@ def surrogate(graph: Graph) -> Graph:
             continue
         nodes.append(Node(id=nd.id, op=op, args=nd.args, axes=nd.axes, keepdims=nd.keepdims, to=nd.to,
                           shape=shape, dtype=nd.dtype))
-    for name in list(graph.outputs) + [str(n.args[0]) for n in graph.reductions()]:
+    for name in [o for o in graph.outputs if o not in keep] + [str(n.args[0]) for n in graph.reductions()]:
         if tuple(graph.spec(name).shape) != _sur(graph.spec(name).shape, domain, name):
             raise UnsupportedGraphError(
                 f"tensor '{name}' {list(graph.spec(name).shape)} is stored or reduced but does not span the "

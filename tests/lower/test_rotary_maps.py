@@ -2,7 +2,8 @@
 splits heads with reshape / transpose and then rotates half of the innermost axis with slice /
 concat (Llama's rotary as imported from ONNX) plans, lowers, emulates like the float64 reference
 (the emulator faults on any out-of-bounds, unwritten or racy access) and compiles; the mixed
-patterns it does not cover are one named line."""
+patterns it does not cover are one named line. A transpose / reshape after the rotary (``k^T``) is
+a trailing map of the output."""
 
 from __future__ import annotations
 
@@ -81,9 +82,18 @@ def _mapped_shifted() -> object:
     return _graph({"x": [2, 3, 2, 8], "y": [2, 2, 3, 8]}, nodes, ["out"])
 
 
-@pytest.mark.parametrize("case", ["cos_2d_odd_half", "then_rmsnorm", "mapped_shifted"])
+@pytest.mark.parametrize("case", ["cos_2d_odd_half", "then_rmsnorm", "mapped_shifted", "k_transposed",
+                                  "heads_merged_back"])
 def test_patterns_match_the_reference(case: str) -> None:
-    if case == "mapped_shifted":
+    if case == "k_transposed":  # k^T [B, H, D, S] after the rotary: stored through a strided column map
+        g = _rotary(2, 4, 2, 8, [1, 1, 4, 8], [{"id": "t", "op": "transpose", "args": ["out"], "perm": [0, 1, 3, 2]}],
+                    out="t")
+        assert make_plan(g).imap("t").partial_cols
+    elif case == "heads_merged_back":  # [B, H, S, D] -> [B, S, H, D] -> [B, S, H*D]
+        g = _rotary(2, 4, 2, 8, [4, 8], [
+            {"id": "t", "op": "transpose", "args": ["out"], "perm": [0, 2, 1, 3]},
+            {"id": "m", "op": "reshape", "args": ["t"], "shape": [2, 4, 16]}], out="m")
+    elif case == "mapped_shifted":
         g = _mapped_shifted()
         assert make_plan(g).imap("y").partial_rows  # y is addressed through its permuted map
     elif case == "cos_2d_odd_half":  # cos / sin [S, D], D = 10 (half 5: shifted loads lane by lane)
@@ -99,9 +109,9 @@ def test_patterns_match_the_reference(case: str) -> None:
 def test_unsupported_mixed_patterns_are_one_named_line() -> None:
     with pytest.raises(UnsupportedGraphError, match="outer axis"):  # rotate along H, not D
         make_plan(_rotary(1, 4, 4, 8, [1, 4, 1, 8], axis=1))
-    g = _rotary(1, 4, 2, 8, [1, 1, 4, 8], [{"id": "t", "op": "transpose", "args": ["out"], "perm": [0, 1, 3, 2]}],
-                out="t")
-    with pytest.raises(UnsupportedGraphError, match="'t' \\(transpose\\) reads 'out'"):
+    g = _rotary(1, 4, 2, 8, [1, 1, 4, 8], [{"id": "t", "op": "transpose", "args": ["out"], "perm": [0, 1, 3, 2]},
+                                           {"id": "e", "op": "exp", "args": ["t"]}], out="e")
+    with pytest.raises(UnsupportedGraphError, match="node 't' .* is read by 'e'"):
         make_plan(g)
 
 
@@ -115,11 +125,10 @@ def test_onnx_llama_rotary_region_plans(tmp_path) -> None:
     path = tmp_path / "llama.onnx"
     _export_legacy("llama", path)
     graphs = [sg.graph for sg in import_onnx(path).subgraphs if {"reshape", "slice"} <= {n.op for n in sg.graph.nodes}]
-    assert graphs
-    g = graphs[0]  # q: the head split and the rotary, output [B, H, S, D]
-    plan = make_plan(g)
-    assert plan.N == g.spec(g.outputs[0]).shape[-1]
-    _check(g, 1)
+    assert len(graphs) == 2  # q: head split + rotary, out [B, H, S, D]; k: the same, then k^T [B, H, D, S]
+    for g in graphs:
+        assert make_plan(g).N == 8  # the head dim D
+        _check(g, 1)
 
 
 @pytest.mark.skipif(not nvcc_found(), reason="nvcc not installed")
