@@ -263,9 +263,12 @@ def import_torch(fn: Any, inputs: Mapping[str, tuple[Sequence[int], str]], name:
     for n in order:
         shape, dt = inputs[n]
         tdt = getattr(torch, dt, None)
-        if dt not in _TORCH_DTYPES or tdt is None:
+        if dt not in (*_TORCH_DTYPES, "int32", "int64") or tdt is None:
             raise ImportError_(f"input {n!a}: dtype {dt!a} is not supported")
-        args.append(torch.randn(tuple(shape), generator=gen).to(tdt))
+        if dt in ("int32", "int64"):   # indices (embedding ids): zeros are in range for any table
+            args.append(torch.zeros(tuple(shape), dtype=tdt))
+        else:
+            args.append(torch.randn(tuple(shape), generator=gen).to(tdt))
         values.append(b.add_input(n, shape, dt))
     cap = _capture(fn, tuple(args))
 

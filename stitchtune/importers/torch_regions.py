@@ -45,6 +45,7 @@ from stitchtune.importers.torch_aten import (
     _strip1,
     _Walker,
     _where,
+    index_dtype_name,
     value_dtype_name,
 )
 
@@ -57,7 +58,7 @@ COMPUTE_OPS: frozenset[str] = frozenset({
     "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul", "aten.linear", "aten.convolution",
     "aten.conv2d", "aten.conv1d", "aten.einsum", "aten._scaled_dot_product_flash_attention",
     "aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_efficient_attention",
-    "aten._scaled_dot_product_cudnn_attention", "aten.scaled_dot_product_attention", "aten.embedding"})
+    "aten._scaled_dot_product_cudnn_attention", "aten.scaled_dot_product_attention"})
 
 
 @dataclass(frozen=True)
@@ -133,15 +134,16 @@ def _hint(d: Any) -> int | None:
     return int(h) if h is not None else None
 
 
-def _tensor_ok(val: Any) -> str | None:
-    """None for a float tensor with static dims or symbolic dims with hints, else why not."""
+def _tensor_ok(val: Any, index: bool = False) -> str | None:
+    """None for a float tensor with static dims or symbolic dims with hints, else why not
+    (``index``: an int32/int64 tensor is fine too, the indices of ``embedding``)."""
     import torch
 
     if not isinstance(val, torch.Tensor):
         return f"a {type(val).__name__} value, not a tensor"
     if any(_hint(d) is None for d in val.shape):
         return "dynamic shape without an example value (stitched kernels are specialised per shape)"
-    if value_dtype_name(val.dtype) is None:
+    if value_dtype_name(val.dtype) is None and not (index and index_dtype_name(val.dtype)):
         return f"dtype {str(val.dtype).removeprefix('torch.')}"
     return None
 
@@ -169,8 +171,9 @@ def _reject_reason(node: Any) -> str | None:
         why = _tensor_ok(v)
         if why:
             return f"produces {why}"
+    ids = node.args[1] if key == "aten.embedding" and len(node.args) > 1 else None
     for a in _fx_args(node):
-        why = _tensor_ok(a.meta.get("val"))
+        why = _tensor_ok(a.meta.get("val"), index=a is ids)
         if why:
             return f"reads {why}"
     return None
@@ -322,7 +325,7 @@ def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any], 
     values = []
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
         val = x.meta["val"]
-        values.append(b.add_input(f"in{i}", tuple(_hint(d) or 1 for d in val.shape), value_dtype_name(val.dtype) or "?"))
+        values.append(b.add_input(f"in{i}", tuple(_hint(d) or 1 for d in val.shape), value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))
     bindings = {ph.name: ("user", i) for i, ph in enumerate(n for n in sub.graph.nodes if n.op == "placeholder")}
     walker = _Walker(_Captured(sub, bindings, "fx"), b, values, lambda fqn, t: "float32")
     try:
