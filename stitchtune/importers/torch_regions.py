@@ -15,7 +15,8 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   whose placeholders are the region's external inputs. A node that fails to map (or is an output
   that the graph cannot express: another shape than PyTorch's, a duplicate or an input passed
   through; leading 1s may differ, see ``TorchRegion.output_shapes``) is declined with the walker's reason and the groups are recomputed without it, until
-  every region maps. A graph without any computing node (views and casts only) is dropped silently.
+  every region maps. A graph without any computing node (views, reshapes and casts only: PyTorch's
+  views are free) is dropped silently.
 * ``accept(graph)`` (default: the planner, :func:`stitchtune.plan.planner.make_plan`) returns None or
   why not. When the reason names a node of the region (``'sum_4'``: e.g. a column sum next to row
   sums in a layer norm's backward), that node is declined with the reason and the rest is grouped
@@ -382,7 +383,7 @@ def _ops_text(nodes: Iterable[Any]) -> str:
 
 
 def _computes(graph: Any) -> bool:
-    return any(n.op != "cast" for n in graph.nodes)
+    return any(n.op not in ("cast", "reshape") for n in graph.nodes)
 
 
 # ---------------------------------------------------------------------------- entry point
