@@ -611,6 +611,8 @@ class _Walker:
             if stop <= start:
                 raise ImportError_(f"{node.target} at {_where(node)}: an empty slice")
         v = self.val(x, node)
+        if len(v.shape) > r:   # a keepdims frame of a reduction: slice the exact value
+            v = self.exact(x, node)
         g = dim - (r - len(v.shape))
         sliced_shape = tuple(stop - start if i == dim else d for i, d in enumerate(t_in))
         if start == 0 and stop == n or g < 0 or v.shape[g] == 1:

@@ -115,3 +115,17 @@ def test_identities_and_casts() -> None:
 
     ops = _check(f, {"x": ((4, 6), "float32")})
     assert "cast" in ops
+
+
+def test_slice_of_a_reduction_that_unsqueeze_turns_into_keepdims() -> None:
+    def f(x: Any) -> Any:
+        s = x.sum(-1)                     # [4, 6] -> [4]
+        return x * s.unsqueeze(-1) + s[1:3].sum() * 0.0 + 1.0
+
+    _check(f, {"x": ((4, 6), "float32")})
+
+
+def test_embedding_ids_computed_by_integer_arithmetic_are_refused_clearly() -> None:
+    emb = torch.nn.Embedding(8, 6).eval()
+    with pytest.raises(StitchtuneError, match="aten.add.* dtype graph.json does not have .torch.int64"):
+        import_torch(lambda ids: emb(ids + 1), {"ids": ((1, 5), "int64")})
