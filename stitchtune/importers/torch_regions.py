@@ -11,7 +11,7 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   other op is declined with a reason (compute op, no graph.json equivalent, dynamic shape, dtype).
 * Regions are the maximal connected groups of candidates that are convex (no path leaves a region and
   re-enters it; a non-convex group is split by how many non-candidates precede its nodes, as the
-  ONNX partition does). Each region is mapped through :class:`torch_aten._Walker` on a sub-graph
+  ONNX partition does, then parts linked by an edge are joined again while their union stays convex). Each region is mapped through :class:`torch_aten._Walker` on a sub-graph
   whose placeholders are the region's external inputs. A node that fails to map (or is an output
   that the graph cannot express: another shape than PyTorch's, a duplicate or an input passed
   through; leading 1s may differ, see ``TorchRegion.output_shapes``) is declined with the walker's reason and the groups are recomputed without it, until
@@ -268,9 +268,30 @@ def _groups(nodes: Sequence[Any], ex: _Excluded) -> list[list[Any]]:
     cands = [n for n in nodes if n not in ex]
     out = []
     for comp in _components(cands, lambda a, b: True):
-        parts = [comp] if _convex(set(comp)) else _components(comp, lambda a, b: node_stage[a] == node_stage[b])
+        parts = [comp] if _convex(set(comp)) else _merge_convex(
+            _components(comp, lambda a, b: node_stage[a] == node_stage[b]))
         out.extend(sorted(p, key=order.__getitem__) for p in parts)
     return sorted(out, key=lambda g: order[g[0]])
+
+
+def _merge_convex(parts: list[list[Any]]) -> list[list[Any]]:
+    """Join parts linked by an edge while their union stays convex (the split by stage is coarse: an
+    embedding whose ids come from integer ops has a later stage than the one it is added to)."""
+    sets = [set(p) for p in parts]
+    merged = True
+    while merged:
+        merged = False
+        for i in range(len(sets)):
+            for j in range(i + 1, len(sets)):
+                linked = any(a in sets[j] for n in sets[i] for a in _fx_args(n)) or \
+                    any(a in sets[i] for n in sets[j] for a in _fx_args(n))
+                if linked and _convex(sets[i] | sets[j]):
+                    sets[i] |= sets.pop(j)
+                    merged = True
+                    break
+            if merged:
+                break
+    return [list(p) for p in sets]
 
 
 # ---------------------------------------------------------------------------- mapping one group

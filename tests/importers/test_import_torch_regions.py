@@ -157,3 +157,18 @@ def test_a_bool_output_or_arithmetic_on_bools_stays_outside() -> None:
     for r in split.regions:
         assert all(r.graph.spec(o).dtype != "bool" for o in r.graph.outputs)
     assert any("bool output" in d.reason for d in split.declined)
+
+
+def test_parts_split_by_stage_are_joined_again_where_the_union_stays_convex() -> None:
+    def f(x: Any, ids: Any, t: Any, w: Any) -> Any:
+        b = (x * 2.0).exp()
+        y = b + torch.nn.functional.embedding(ids + 1, t)   # ids + 1: integer op, a later stage
+        return (y @ w) + b.sum(-1, keepdim=True)            # the matmul leaves y's group and re-enters
+
+    args = (torch.randn(4, 8), torch.zeros(4, dtype=torch.int64), torch.randn(6, 8), torch.randn(8, 8))
+    split = find_regions(_aten(f, *args), accept=None)
+    ops = [set(r.ops) for r in split.regions]
+    assert {"aten.exp", "aten.embedding", "aten.add", "aten.sum"} <= ops[0]
+    assert len(split.regions) == 2 and ops[1] == {"aten.add"}
+    gather = [n for n in split.regions[0].graph.nodes if n.op == "gather"]
+    assert len(gather) == 1 and split.regions[0].graph.spec(gather[0].args[1]).dtype == "int64"
