@@ -9,6 +9,7 @@ the op tables and the per-op translations are here, the supported-op contract is
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,12 @@ def torch_dtype_name(dt: Any) -> str | None:
 def value_dtype_name(dt: Any) -> str | None:
     """:func:`torch_dtype_name`, plus ``torch.bool`` -> ``"bool"`` (masks inside a graph)."""
     return "bool" if str(dt) == "torch.bool" else torch_dtype_name(dt)
+
+
+def index_dtype_name(dt: Any) -> str | None:
+    """``torch.int64`` -> ``"int64"`` (and int32): the dtypes of gather indices (``embedding``'s ids)."""
+    name = str(dt).removeprefix("torch.")
+    return name if name in ("int32", "int64") else None
 
 
 def _to_numpy(t: Any, dtype: str) -> np.ndarray:
@@ -136,11 +143,17 @@ _VIEWS = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "a
 _CASTS = {"aten._to_copy", "aten.to", "aten.type_as", "aten._to_dtype"}
 _COMPARE = {"aten.eq": "eq", "aten.ne": "ne", "aten.lt": "lt", "aten.le": "le", "aten.gt": "gt", "aten.ge": "ge"}
 _LOGICAL = {"aten.logical_and": "logical_and", "aten.logical_or": "logical_or", "aten.logical_not": "logical_not",
-            "aten.bitwise_and": "logical_and", "aten.bitwise_or": "logical_or", "aten.bitwise_not": "logical_not"}
+            "aten.bitwise_and": "logical_and", "aten.bitwise_or": "logical_or", "aten.bitwise_not": "logical_not",
+            "aten.__and__": "logical_and", "aten.__or__": "logical_or"}
 _MASK_OPS = {*_COMPARE, *_LOGICAL, "aten.where", "aten.masked_fill"}
+#: ops that move elements, mapped onto graph.json's layout and index ops (``transpose``, ``concat``,
+#: ``slice``, ``gather``; the element-moving views of :data:`_VIEWS` become ``reshape``)
+_LAYOUT = {"aten.transpose": "transpose", "aten.permute": "transpose", "aten.t": "transpose",
+           "aten.cat": "concat", "aten.concat": "concat", "aten.slice": "slice", "aten.select": "slice",
+           "aten.embedding": "gather"}
 #: every ATen op key (``_key(node.target)``) that :meth:`_Walker._op` maps (some only for some arguments)
 SUPPORTED_OPS: frozenset[str] = frozenset({
-    *_UNARY, *_BINARY, *_REDUCE, *_VIEWS, *_CASTS, "aten.gelu", "aten.add", "aten.sub", "aten.rsub", "aten.pow",
+    *_UNARY, *_BINARY, *_REDUCE, *_VIEWS, *_CASTS, *_LAYOUT, "aten.gelu", "aten.add", "aten.sub", "aten.rsub", "aten.pow",
     "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.softmax", "aten._softmax",
     "aten.log_softmax", "aten._log_softmax", "aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm",
     "aten.dropout", "aten.native_dropout", "aten.feature_dropout", "aten.scalar_tensor", *_MASK_OPS})
@@ -158,6 +171,7 @@ class _Walker:
         self.param_dtype = param_dtype
         self.forced_keepdim = self._keepdim_prepass()
         self.current: Any = None
+        self._exact: dict[str, Value] = {}
 
     # -- helpers
     def tshape(self, n: Any) -> tuple[int, ...]:
@@ -346,12 +360,14 @@ class _Walker:
             return b.cast(self.val(x, node), dt, name)
         if key in _VIEWS:
             return self._view(node, key, x)
+        if key in _LAYOUT:
+            return self._layout(node, key, a, x)
         raise ImportError_(f"unsupported op {node.target} at {_where(node)}")
 
     def _no_bool(self, node: Any, key: str, a: dict[str, Any]) -> None:
         """Refuse a bool tensor argument of an arithmetic op (graph.json reads bools only in logical
         ops, ``where``'s condition and casts)."""
-        if key in _CASTS or key in _VIEWS:
+        if key in _CASTS or key in _VIEWS or key in _LAYOUT:
             return
         import torch.fx
 
@@ -470,14 +486,142 @@ class _Walker:
         return out
 
     def _view(self, node: Any, key: str, x: Any) -> Value:
+        """A view, ``clone``/``contiguous``/``alias``/``detach`` or ``expand``: the value itself where it
+        broadcasts to the result (no node), else a ``reshape`` (``expand`` is implicit broadcasting)."""
         v = self.val(x, node)
         t_in, t_new = self.tshape(x), self.tshape(node)
-        ok = _fits(v.shape, t_new) and (
-            key in ("aten.expand", "aten.expand_as")
-            or _strip1(t_in) == _strip1(t_new)
-            or (x.name in self.forced_keepdim and tuple(v.shape) == tuple(t_new)))
-        if not ok:
-            raise ImportError_(f"{node.target} at {_where(node)}: reshaping {list(t_in)} -> {list(t_new)} moves "
-                               "elements; graph.json has no reshape (only views that add or remove leading "
-                               "size-1 dims, expand, or unsqueeze after a reduction are supported)")
-        return v
+        if _fits(v.shape, t_new) and (
+                key in ("aten.expand", "aten.expand_as")
+                or _strip1(t_in) == _strip1(t_new)
+                or (x.name in self.forced_keepdim and tuple(v.shape) == tuple(t_new))):
+            return v
+        if key in ("aten.expand", "aten.expand_as") or math.prod(t_in) != math.prod(t_new):
+            raise ImportError_(f"{node.target} at {_where(node)}: {list(t_in)} -> {list(t_new)} (graph shape "
+                               f"{list(v.shape)}) is neither a broadcast nor a reshape")
+        return self._reframe(x, v, t_in, t_new, node.name, node)
+
+    # -- layout and index ops
+    def _layout_shape(self, node: Any, shape: Sequence[int]) -> tuple[int, ...]:
+        shape = tuple(int(d) for d in shape)
+        if not 1 <= len(shape) <= 4 or min(shape) < 1:
+            raise ImportError_(f"{node.target} at {_where(node)}: a tensor of shape {list(shape)} (graph.json "
+                               "tensors have rank 1..4 and positive dims)")
+        return shape
+
+    def exact(self, x: Any, node: Any) -> Value:
+        """The value of fx node ``x`` at exactly PyTorch's shape (a ``reshape`` of the same elements when
+        its graph shape differs in unit axes); a broadcast view cannot be materialised (no expand)."""
+        v = self.val(x, node)
+        if v.is_scalar:
+            raise ImportError_(f"{node.target} at {_where(node)}: a constant tensor argument is not supported")
+        t = self.tshape(x)
+        if tuple(v.shape) == t:
+            return v
+        if math.prod(v.shape) != math.prod(t):
+            raise ImportError_(f"{node.target} at {_where(node)}: reads {x.name!a}, a broadcast view (graph shape "
+                               f"{list(v.shape)}, PyTorch shape {list(t)}); graph.json has no expand")
+        if x.name not in self._exact:
+            t = self._layout_shape(node, t)
+            self._exact[x.name] = self.b.layout("reshape", [v], t, str(v.dtype), f"{x.name}_exact", shape=list(t))
+        return self._exact[x.name]
+
+    def _reframe(self, x: Any, v: Value, t_in: Sequence[int], t_new: Sequence[int], name: str, node: Any) -> Value:
+        """``v`` (the value of PyTorch shape ``t_in``) viewed as ``t_new`` (same element count): when
+        the view only adds or removes unit axes a broadcast ``v`` stays one (its own axes re-framed),
+        else the exact value is reshaped."""
+        p = [1] * (len(t_in) - len(v.shape)) + list(v.shape)
+        big_in = [i for i, d in enumerate(t_in) if d != 1]
+        big_new = [d for d in t_new if d != 1]
+        if len(p) == len(t_in) and [t_in[i] for i in big_in] == big_new:
+            it = iter(big_in)
+            q = tuple(1 if d == 1 else p[next(it)] for d in t_new)
+            if tuple(v.shape) == q or _strip1(v.shape) == _strip1(q):
+                return v
+            q = self._layout_shape(node, q)
+            return self.b.layout("reshape", [v], q, str(v.dtype), name, shape=list(q))
+        src = self.exact(x, node) if x is not None else v
+        t_new = self._layout_shape(node, t_new)
+        return self.b.layout("reshape", [src], t_new, str(src.dtype), name, shape=list(t_new))
+
+    def _layout(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+        """``transpose``/``permute``/``t``, ``cat``, ``slice``/``select`` and ``embedding`` (see :data:`_LAYOUT`)."""
+        op = _LAYOUT[key]
+        if op == "transpose":
+            return self._transpose(node, key, a, x)
+        if op == "slice":
+            return self._slice(node, key, a, x)
+        t = self._layout_shape(node, self.tshape(node))
+        _, dt = _meta(node)
+        if op == "concat":
+            parts = [n for n in a["tensors"] if math.prod(self.tshape(n)) > 0]
+            vals = [self.b.cast(self.exact(n, node), str(dt), f"{node.name}_in{i}") for i, n in enumerate(parts)]
+            if len(vals) == 1:
+                return vals[0]
+            if not 2 <= len(vals) <= 8:
+                raise ImportError_(f"{node.target} at {_where(node)}: concatenates {len(vals)} tensors "
+                                   "(graph.json's concat takes 2 to 8)")
+            return self.b.layout("concat", vals, t, str(dt), node.name, axis=int(a["dim"]) % len(t))
+        ids = self.val(a["indices"], node)   # embedding(weight, indices): rows of the table
+        if ids.dtype not in ("int32", "int64") or not self.b.is_input(ids):
+            raise ImportError_(f"{node.target} at {_where(node)}: the indices must be an int32/int64 tensor that "
+                               "is a graph input (graph.json gathers by input indices only)")
+        table = self.exact(a["weight"], node)
+        return self.b.layout("gather", [table, ids], t, str(table.dtype), node.name, axis=0)
+
+    def _transpose(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+        """A permutation of the axes; one that keeps the order of the non-unit axes is a reshape."""
+        t_in = self.tshape(x)
+        r = len(t_in)
+        perm = list(range(r))
+        if key == "aten.t":
+            perm.reverse()
+        elif key == "aten.transpose":
+            d0, d1 = int(a["dim0"]) % max(r, 1), int(a["dim1"]) % max(r, 1)
+            perm[d0], perm[d1] = perm[d1], perm[d0]
+        else:
+            perm = [int(d) % r for d in a["dims"]]
+        t_new = self.tshape(node)
+        if [p for p in perm if t_in[p] != 1] == [i for i in range(r) if t_in[i] != 1]:
+            return self._reframe(x, self.val(x, node), t_in, t_new, node.name, node)
+        v = self.exact(x, node)
+        return self.b.layout("transpose", [v], self._layout_shape(node, t_new), str(v.dtype), node.name, perm=perm)
+
+    def _slice(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+        """``slice.Tensor`` (step 1; start/end clamped to the dim as PyTorch does) and ``select.int``
+        (a slice of one, then its axis dropped). Slicing an axis that the value broadcasts along
+        changes nothing; else the value's own axis is sliced (it may broadcast along others)."""
+        t_in = self.tshape(x)
+        r = len(t_in)
+        dim = int(a["dim"]) % max(r, 1)
+        n = t_in[dim]
+        if key == "aten.select":
+            i = int(a["index"])
+            start, stop = i + n if i < 0 else i, (i + n if i < 0 else i) + 1
+            if not 0 <= start < n:
+                raise ImportError_(f"{node.target} at {_where(node)}: index {i} out of range for size {n}")
+        else:
+            if (a.get("step") or 1) != 1:
+                raise ImportError_(f"{node.target} at {_where(node)}: slice step {a['step']} (graph.json slices "
+                                   "have step 1)")
+            start, stop = a.get("start"), a.get("end")
+            start = 0 if start is None else int(start)
+            stop = n if stop is None else int(stop)
+            start = min(max(start + n if start < 0 else start, 0), n)
+            stop = min(max(stop + n if stop < 0 else stop, 0), n)
+            if stop <= start:
+                raise ImportError_(f"{node.target} at {_where(node)}: an empty slice")
+        v = self.val(x, node)
+        if len(v.shape) > r:   # a keepdims frame of a reduction: slice the exact value
+            v = self.exact(x, node)
+        g = dim - (r - len(v.shape))
+        sliced_shape = tuple(stop - start if i == dim else d for i, d in enumerate(t_in))
+        if start == 0 and stop == n or g < 0 or v.shape[g] == 1:
+            out = v   # the whole axis, or an axis that v broadcasts along
+        else:
+            shape = tuple(stop - start if i == g else d for i, d in enumerate(v.shape))
+            out = self.b.layout("slice", [v], self._layout_shape(node, shape), str(v.dtype),
+                                node.name if key == "aten.slice" else f"{node.name}_slice",
+                                axis=g, start=start, stop=stop)
+        if key == "aten.select":
+            return self._reframe(None, out, sliced_shape, self.tshape(node), node.name, node)
+        return out

@@ -14,9 +14,16 @@ Contract
   log_softmax / _log_softmax, gelu (none / tanh), silu, sigmoid, tanh, relu, exp, log, sqrt, rsqrt,
   reciprocal, neg, abs, erf, square, add / sub / rsub (tensor or scalar, ``alpha``), mul, div
   (no rounding mode), pow, maximum, minimum, clamp / clamp_min / clamp_max, sum / mean / amax / amin
-  (dims, keepdim, dtype), max.dim / min.dim values, casts (``_to_copy``, ``to``, ``type_as``), and
-  views that do not move elements (identity views, adding/removing leading size-1 dims, ``expand``,
-  ``unsqueeze`` of a reduction that becomes ``keepdims``), dropout in eval mode (identity),
+  (dims, keepdim, dtype), max.dim / min.dim values, casts (``_to_copy``, ``to``, ``type_as``; to bool
+  is ``x != 0``), views (identity views, adding/removing leading size-1 dims, ``expand`` as implicit
+  broadcasting, ``unsqueeze`` of a reduction that becomes ``keepdims``; a view that moves elements,
+  ``view``/``reshape``/``_unsafe_view``/``flatten``/``unsqueeze``/``squeeze``, is a ``reshape``, and
+  one that only adds or removes unit axes of a broadcast value keeps it broadcast), ``clone`` /
+  ``contiguous`` / ``alias`` / ``detach`` (identity), ``transpose.int`` / ``permute`` / ``t``
+  (``transpose``), ``cat`` (``concat``, 2 to 8 tensors), ``slice.Tensor`` (step 1, bounds clamped)
+  and ``select.int`` (``slice``), ``embedding(weight, ids)`` (``gather`` of int32/int64 ids that are
+  a graph input; inputs may be given as ``int32``/``int64``, example ids are zeros), dropout in
+  eval mode (identity),
   comparisons (eq/ne/lt/le/gt/ge), logical and bitwise and/or/not of bools, ``where`` and
   ``masked_fill`` with a number (bool values inside the graph; arithmetic on a bool is refused),
   ``scalar_tensor`` (a constant). Anything
@@ -263,9 +270,12 @@ def import_torch(fn: Any, inputs: Mapping[str, tuple[Sequence[int], str]], name:
     for n in order:
         shape, dt = inputs[n]
         tdt = getattr(torch, dt, None)
-        if dt not in _TORCH_DTYPES or tdt is None:
+        if dt not in (*_TORCH_DTYPES, "int32", "int64") or tdt is None:
             raise ImportError_(f"input {n!a}: dtype {dt!a} is not supported")
-        args.append(torch.randn(tuple(shape), generator=gen).to(tdt))
+        if dt in ("int32", "int64"):   # indices (embedding ids): zeros are in range for any table
+            args.append(torch.zeros(tuple(shape), dtype=tdt))
+        else:
+            args.append(torch.randn(tuple(shape), generator=gen).to(tdt))
         values.append(b.add_input(n, shape, dt))
     cap = _capture(fn, tuple(args))
 

@@ -11,11 +11,12 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   other op is declined with a reason (compute op, no graph.json equivalent, dynamic shape, dtype).
 * Regions are the maximal connected groups of candidates that are convex (no path leaves a region and
   re-enters it; a non-convex group is split by how many non-candidates precede its nodes, as the
-  ONNX partition does). Each region is mapped through :class:`torch_aten._Walker` on a sub-graph
+  ONNX partition does, then parts linked by an edge are joined again while their union stays convex). Each region is mapped through :class:`torch_aten._Walker` on a sub-graph
   whose placeholders are the region's external inputs. A node that fails to map (or is an output
   that the graph cannot express: another shape than PyTorch's, a duplicate or an input passed
   through; leading 1s may differ, see ``TorchRegion.output_shapes``) is declined with the walker's reason and the groups are recomputed without it, until
-  every region maps. A graph without any computing node (views and casts only) is dropped silently.
+  every region maps. A graph without any computing node (views, reshapes and casts only: PyTorch's
+  views are free) is dropped silently.
 * ``accept(graph)`` (default: the planner, :func:`stitchtune.plan.planner.make_plan`) returns None or
   why not. When the reason names a node of the region (``'sum_4'``: e.g. a column sum next to row
   sums in a layer norm's backward), that node is declined with the reason and the rest is grouped
@@ -45,6 +46,7 @@ from stitchtune.importers.torch_aten import (
     _strip1,
     _Walker,
     _where,
+    index_dtype_name,
     value_dtype_name,
 )
 
@@ -57,7 +59,7 @@ COMPUTE_OPS: frozenset[str] = frozenset({
     "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul", "aten.linear", "aten.convolution",
     "aten.conv2d", "aten.conv1d", "aten.einsum", "aten._scaled_dot_product_flash_attention",
     "aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_efficient_attention",
-    "aten._scaled_dot_product_cudnn_attention", "aten.scaled_dot_product_attention", "aten.embedding"})
+    "aten._scaled_dot_product_cudnn_attention", "aten.scaled_dot_product_attention"})
 
 
 @dataclass(frozen=True)
@@ -133,15 +135,16 @@ def _hint(d: Any) -> int | None:
     return int(h) if h is not None else None
 
 
-def _tensor_ok(val: Any) -> str | None:
-    """None for a float tensor with static dims or symbolic dims with hints, else why not."""
+def _tensor_ok(val: Any, index: bool = False) -> str | None:
+    """None for a float tensor with static dims or symbolic dims with hints, else why not
+    (``index``: an int32/int64 tensor is fine too, the indices of ``embedding``)."""
     import torch
 
     if not isinstance(val, torch.Tensor):
         return f"a {type(val).__name__} value, not a tensor"
     if any(_hint(d) is None for d in val.shape):
         return "dynamic shape without an example value (stitched kernels are specialised per shape)"
-    if value_dtype_name(val.dtype) is None:
+    if value_dtype_name(val.dtype) is None and not (index and index_dtype_name(val.dtype)):
         return f"dtype {str(val.dtype).removeprefix('torch.')}"
     return None
 
@@ -169,8 +172,9 @@ def _reject_reason(node: Any) -> str | None:
         why = _tensor_ok(v)
         if why:
             return f"produces {why}"
+    ids = node.args[1] if key == "aten.embedding" and len(node.args) > 1 else None
     for a in _fx_args(node):
-        why = _tensor_ok(a.meta.get("val"))
+        why = _tensor_ok(a.meta.get("val"), index=a is ids)
         if why:
             return f"reads {why}"
     return None
@@ -264,9 +268,30 @@ def _groups(nodes: Sequence[Any], ex: _Excluded) -> list[list[Any]]:
     cands = [n for n in nodes if n not in ex]
     out = []
     for comp in _components(cands, lambda a, b: True):
-        parts = [comp] if _convex(set(comp)) else _components(comp, lambda a, b: node_stage[a] == node_stage[b])
+        parts = [comp] if _convex(set(comp)) else _merge_convex(
+            _components(comp, lambda a, b: node_stage[a] == node_stage[b]))
         out.extend(sorted(p, key=order.__getitem__) for p in parts)
     return sorted(out, key=lambda g: order[g[0]])
+
+
+def _merge_convex(parts: list[list[Any]]) -> list[list[Any]]:
+    """Join parts linked by an edge while their union stays convex (the split by stage is coarse: an
+    embedding whose ids come from integer ops has a later stage than the one it is added to)."""
+    sets = [set(p) for p in parts]
+    merged = True
+    while merged:
+        merged = False
+        for i in range(len(sets)):
+            for j in range(i + 1, len(sets)):
+                linked = any(a in sets[j] for n in sets[i] for a in _fx_args(n)) or \
+                    any(a in sets[i] for n in sets[j] for a in _fx_args(n))
+                if linked and _convex(sets[i] | sets[j]):
+                    sets[i] |= sets.pop(j)
+                    merged = True
+                    break
+            if merged:
+                break
+    return [list(p) for p in sets]
 
 
 # ---------------------------------------------------------------------------- mapping one group
@@ -322,7 +347,7 @@ def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any], 
     values = []
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
         val = x.meta["val"]
-        values.append(b.add_input(f"in{i}", tuple(_hint(d) or 1 for d in val.shape), value_dtype_name(val.dtype) or "?"))
+        values.append(b.add_input(f"in{i}", tuple(_hint(d) or 1 for d in val.shape), value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))
     bindings = {ph.name: ("user", i) for i, ph in enumerate(n for n in sub.graph.nodes if n.op == "placeholder")}
     walker = _Walker(_Captured(sub, bindings, "fx"), b, values, lambda fqn, t: "float32")
     try:
@@ -379,7 +404,7 @@ def _ops_text(nodes: Iterable[Any]) -> str:
 
 
 def _computes(graph: Any) -> bool:
-    return any(n.op != "cast" for n in graph.nodes)
+    return any(n.op not in ("cast", "reshape") for n in graph.nodes)
 
 
 # ---------------------------------------------------------------------------- entry point

@@ -172,8 +172,8 @@ def test_unsupported_op_names_op_and_source_line():
 
 
 @pytest.mark.parametrize("fn,why", [
-    (lambda x: x.view(8, 2) + 1, "moves elements"),
-    (lambda x: x.t() + 1, "aten.t"),
+    (lambda x: x[:, ::2] + 1, "slice step 2"),
+    (lambda x: x.flip(0) + 1, "aten.flip"),
     (lambda x: x.sum(-1), None),          # fine: rank-1 output
     (lambda x: x.add_(1.0), "mutates"),
     (lambda x: x.sum(-1).squeeze(), None),

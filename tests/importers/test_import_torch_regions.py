@@ -51,13 +51,24 @@ def test_regions_stop_at_compute_ops_and_map_what_pytorch_computes() -> None:
 def test_an_unmappable_node_splits_the_region_and_is_declined_with_its_reason() -> None:
     def f(x: Any) -> Any:
         y = (x * 2.0).exp()
-        z = y.transpose(0, 1).contiguous()   # moves elements: not a graph.json op
+        z = y.flip(0)   # flip: not a graph.json op
         return z.softmax(-1) + 1.0
 
     gm = _aten(f, torch.randn(4, 8))
     split = find_regions(gm)
-    assert [r.ops for r in split.regions] == [("aten.mul", "aten.exp"), ("aten.clone", "aten._softmax", "aten.add")]
-    assert any(d.what == "op aten.transpose" for d in split.declined)
+    assert [r.ops for r in split.regions] == [("aten.mul", "aten.exp"), ("aten._softmax", "aten.add")]
+    assert any(d.what == "op aten.flip" for d in split.declined)
+
+
+def test_a_transpose_stays_inside_its_region() -> None:
+    def f(x: Any) -> Any:
+        return (x * 2.0).exp().transpose(0, 1).contiguous().softmax(-1) + 1.0
+
+    x = torch.randn(4, 8)
+    [r] = find_regions(_aten(f, x)).regions
+    assert "aten.transpose" in r.ops and any(n.op == "transpose" for n in r.graph.nodes)
+    out = run_reference(r.graph, {r.graph.inputs[0][0]: x.numpy()})[r.graph.outputs[0]]
+    assert np.abs(out - f(x).numpy()).max() < 1e-5
 
 
 def test_non_convex_groups_are_split() -> None:
@@ -115,9 +126,13 @@ def test_outputs_may_differ_from_pytorch_in_leading_ones_only() -> None:
     [r] = find_regions(gm).regions
     assert r.output_shapes == ((1, 4, 8),)
     assert r.graph.spec(r.graph.outputs[0]).shape == (4, 8)
-    gm = _aten(lambda x: (x.exp() * 2.0).view(8, 4), torch.randn(4, 8))   # moves rows: not the same tensor
+    x = torch.randn(4, 8)
+    gm = _aten(lambda x: (x.exp() * 2.0).view(8, 4), x)   # moves rows: a reshape inside the region
     [r] = find_regions(gm).regions
-    assert r.output_shapes == ((4, 8),) and "aten.view" not in r.ops
+    assert r.output_shapes == ((8, 4),) and "aten.view" in r.ops
+    assert r.graph.spec(r.graph.outputs[0]).shape == (8, 4)
+    out = run_reference(r.graph, {r.graph.inputs[0][0]: x.numpy()})[r.graph.outputs[0]]
+    assert np.abs(out - (x.exp() * 2.0).view(8, 4).numpy()).max() < 1e-5
 
 
 def test_masks_map_onto_comparisons_and_where() -> None:
@@ -142,3 +157,18 @@ def test_a_bool_output_or_arithmetic_on_bools_stays_outside() -> None:
     for r in split.regions:
         assert all(r.graph.spec(o).dtype != "bool" for o in r.graph.outputs)
     assert any("bool output" in d.reason for d in split.declined)
+
+
+def test_parts_split_by_stage_are_joined_again_where_the_union_stays_convex() -> None:
+    def f(x: Any, ids: Any, t: Any, w: Any) -> Any:
+        b = (x * 2.0).exp()
+        y = b + torch.nn.functional.embedding(ids + 1, t)   # ids + 1: integer op, a later stage
+        return (y @ w) + b.sum(-1, keepdim=True)            # the matmul leaves y's group and re-enters
+
+    args = (torch.randn(4, 8), torch.zeros(4, dtype=torch.int64), torch.randn(6, 8), torch.randn(8, 8))
+    split = find_regions(_aten(f, *args), accept=None)
+    ops = [set(r.ops) for r in split.regions]
+    assert {"aten.exp", "aten.embedding", "aten.add", "aten.sum"} <= ops[0]
+    assert len(split.regions) == 2 and ops[1] == {"aten.add"}
+    gather = [n for n in split.regions[0].graph.nodes if n.op == "gather"]
+    assert len(gather) == 1 and split.regions[0].graph.spec(gather[0].args[1]).dtype == "int64"
