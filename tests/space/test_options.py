@@ -239,7 +239,7 @@ def test_an_extra_option_flows_through_json_and_the_grid() -> None:
         Schedule(64, 128, 1, 2, 0, 0, ("regional",), ("global",), unroll=2)
     space = _extra_space("layernorm_small.json")
     for k, v in {"tpr": [64], "block": [128], "split": [1, 2], "vec": [2], "tasks_per_block": [0],
-                 "min_blocks": [0]}.items():
+                 "min_blocks": [0], "single_pass": [0]}.items():  # (single_pass pinned: half the grid)
         space.domains[k] = v
     grid = space.grid()
     assert {g.unroll for g in grid if g.split == 1} == {1, 2, 4} and {g.unroll for g in grid if g.split > 1} <= {1}
