@@ -58,7 +58,7 @@ SMALL = sorted(EXAMPLES_DIR.glob("*_small.json"))
 SMALL_DICTS = [json.loads(p.read_text()) for p in SMALL]
 
 #: examples per command (hypothesis max_examples); the sum is the figure the README quotes
-EXAMPLES = {"validate": 2000, "run": 1000, "search": 1250, "compile": 750}
+EXAMPLES = {"validate": 4000, "run": 2000, "search": 2500, "compile": 1500}
 TOTAL_EXAMPLES = sum(EXAMPLES.values())
 SCALE = float(os.environ.get("STITCHTUNE_FUZZ_SCALE", "1"))  # for quick local runs only; CI runs 1
 CALL_LIMIT_S = 20.0  # one CLI call on a hostile graph; a hang fails the example
