@@ -30,6 +30,7 @@ DB_COMMANDS = {
     "report": ["report", "-o", "r"],
     "calibrate": ["calibrate"],
     "model-check": ["model-check"],
+    "tune": ["tune", "m:f", "--shapes", "x=2x3"],
 }
 
 
