@@ -11,9 +11,8 @@ import dataclasses
 import random
 import pytest
 
-from helpers import DEV, EXAMPLES, rel_err, setup
+from helpers import DEV, EXAMPLES, emulated_errors, setup
 from stitchtune.cost.heuristic import heuristic_schedule
-from stitchtune.emulate.emulator import emulate_program
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.gpu.build import NvccBuilder, nvcc_found
 from stitchtune.graph.parse import load_graph, parse_graph
@@ -30,9 +29,8 @@ def _check(g, n_samples: int, seed: int = 3) -> None:
     ref = run_reference(g, inputs)
     scheds = [heuristic_schedule(plan, DEV, space)] + [space.sample(random.Random(i)) for i in range(n_samples)]
     for s in scheds:
-        out = emulate_program(lower(g, plan, s, DEV, space), inputs, coresident_limit=lambda k: 1 << 30)
-        for o in ref:
-            assert rel_err(out[o], ref[o]) < 1e-5, (g.name, s.to_json(), o)
+        for o, err in emulated_errors(g, plan, space, s, inputs, ref).items():
+            assert err < 1e-5, (g.name, s.to_json(), o)
 
 
 def _graph(inputs: dict[str, list[int]], nodes: list[dict], outputs: list[str]):
