@@ -259,22 +259,15 @@ def _tune_inputs(fn: Any, shapes: dict[str, tuple[int, ...]], dtype_text: str | 
 
     from stitchtune.importers.torch_import import _all_positional
 
+    from stitchtune.graph.values import FLOAT_DTYPES
+    from stitchtune.importers.builder import parse_dtypes
+
     names = list(shapes)
-    per: dict[str, str] = {}
-    default = "float32"
-    problems = []
-    for item in (dtype_text or "").split(","):
-        name, eq, dt = item.strip().rpartition("=") if "=" in item else ("", "", item.strip())
-        if not dt:
-            continue
-        if dt not in ("float32", "float16", "bfloat16", "int64"):
-            problems.append(f"--dtype: {dt!a} is not float32, float16, bfloat16 or int64")
-        elif name and name.strip() not in names:
-            problems.append(f"--dtype: {name.strip()!a} is not named in --shapes ({', '.join(names)})")
-        elif name:
-            per[name.strip()] = dt
-        else:
-            default = dt
+    problems: list[str] = []
+    try:
+        dtypes = parse_dtypes(dtype_text, names, allowed=(*FLOAT_DTYPES, "int64"))
+    except StitchtuneError as exc:  # reported together with the --shapes problems below
+        problems, dtypes = list(exc.problems), {}
     positional = _all_positional(fn)
     if positional is not None:
         order = [n for n in positional if n in shapes]
@@ -289,7 +282,7 @@ def _tune_inputs(fn: Any, shapes: dict[str, tuple[int, ...]], dtype_text: str | 
     gen = torch.Generator().manual_seed(0)
     out = []
     for n in order:
-        dt = per.get(n, default)
+        dt = dtypes[n]
         if dt == "int64":
             out.append(torch.randint(0, 2, shapes[n], generator=gen))
         else:

@@ -303,8 +303,10 @@ def parse_shapes(text: str | None) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def parse_dtypes(text: str | None, names: Sequence[str], default: str = "float32") -> dict[str, str]:
-    """``"bfloat16"`` (all inputs) or ``"x=bfloat16,gamma=float32"`` or a mix -> dtype per name."""
+def parse_dtypes(text: str | None, names: Sequence[str], default: str = "float32",
+                 allowed: Sequence[str] = FLOAT_DTYPES) -> dict[str, str]:
+    """``"bfloat16"`` (all inputs) or ``"x=bfloat16,gamma=float32"`` or a mix -> dtype per name, each
+    one of ``allowed``; :class:`ImportError_` lists every problem."""
     per: dict[str, str] = {}
     problems: list[str] = []
     for item in (text or "").split(","):
@@ -315,8 +317,8 @@ def parse_dtypes(text: str | None, names: Sequence[str], default: str = "float32
         if not eq:
             name, dt = "", name
         dt = dt.strip()
-        if dt not in FLOAT_DTYPES:
-            problems.append(f"--dtype: {dt!a} is not one of {', '.join(FLOAT_DTYPES)}")
+        if dt not in allowed:
+            problems.append(f"--dtype: {dt!a} is not one of {', '.join(allowed)}")
         elif name and name.strip() not in names:
             problems.append(f"--dtype: {name.strip()!a} is not an input (inputs: {', '.join(names)})")
         elif name:
