@@ -29,6 +29,12 @@ axis: Llama's rotary after the head split) every shift is a column shift ``d``
 (:func:`stitchtune.plan.remap.column_shift`); a layout node passes the shift to its argument and an
 input is loaded at its general map's address of view element ``(r, c + d)``, i.e. its row offset plus
 ``c + d`` (the planner requires contiguous column maps there).
+
+A layout chain of an input (:func:`stitchtune.plan.remap.composed_chains`) is loaded at the head's
+position ``p + delta`` along any axis: the head's coordinates are carried back through the chain's
+transposes (permuted) and reshapes (row-major linear index) to the input's offset, one vector load
+where the head's innermost dim stays the input's innermost, else one predicated load per lane. An
+input whose columns are not one contiguous run (its own strides) is loaded lane by lane through its map.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select
 from stitchtune.lower.base import _I, _add, _and, _mul
 from stitchtune.plan.planner import TensorClass
-from stitchtune.plan.remap import Shift, column_shift, domain_of, has_layout_ops, root_shift, shift_offset
+from stitchtune.plan.remap import (Shift, column_shift, composed_chains, domain_of, mixed_layout, root_shift,
+                                   shift_offset)
 
 __all__ = ["Shift", "RemapValues", "gather_flag_buffers"]
 
@@ -61,7 +68,8 @@ class RemapValues:
         low = kern.low
         self.low, self.p, self.g, self.vec = low, low.p, low.g, low.s.vec
         self.domain = _domain(low)
-        self.mixed = has_layout_ops(low.g)
+        self.mixed = mixed_layout(low.g)
+        self.chains = composed_chains(low.g)
         # mixed: the columns are the innermost domain axis (check_mixed); the view's rows may hold
         # axes the domain lacks (an expand), so they are not split from M
         D = len(self.domain)
@@ -92,6 +100,8 @@ class RemapValues:
                 raise UnsupportedGraphError(f"tensor '{name}': a per-row value under a slice/concat along a "
                                             "row axis is not supported")
             vals = self.sv.value(name)
+        elif name in self.chains:  # a layout chain of an input (plan.remap.composed_chains)
+            vals = self.composed(name, sh)
         elif kind == "layout":  # transpose / reshape: the index maps move the element (mixed regions)
             vals = self.value(nd.args[0], sh)
         elif kind == "slice":
@@ -211,6 +221,8 @@ class RemapValues:
         buf = low.in_buf[name]
         self.k.uses["in"].add(buf)
         im = self.p.imap(name)
+        if not (im.cols.broadcast or im.cols.contiguous()):  # strided columns: each lane's own address
+            return self._strided_load(name, buf, delta, sh)
         if low.cls[name] is TensorClass.FULL:
             base = self.k.f_index(self.k.ix.row, self.sw.k0, name)
             row_ok = all(f.stride % self.vec == 0 for f in im.rows.factors)
@@ -220,6 +232,92 @@ class RemapValues:
             row_ok = True
         return self._emit(buf, _add(base, _I(delta)), sh, row_ok and delta % self.vec == 0 and
                           (im.cols.broadcast or im.cols.contiguous()), None)
+
+    def _strided_load(self, name: str, buf: str, delta: int, sh: Shift) -> list[kir.Expr]:
+        """Input ``name`` (columns not one contiguous run: its own strides) at ``p + delta``, one
+        predicated scalar load per lane at row offset + the map's column offset + ``delta``."""
+        low = self.low
+        full = low.cls[name] is TensorClass.FULL
+        rowb = low.row_base(name, Bin("min", self.k.ix.row, _I(self.p.M - 1))) if full else _I(0)
+        if full:
+            self._count(buf)
+        out = []
+        for j in range(self.vec):
+            v = self.k.cx.var("g", F32)
+            at = _add(_add(rowb, low.col_offset(name, _add(self.sw.k0, _I(j)))), _I(delta))
+            self.sw.body.append(Assign(v, Load(buf, at, _and(self.sw.valid, self.cond(sh, j)))))
+            out.append(v)
+        return out
+
+    def composed(self, head: str, sh: Shift) -> list[kir.Expr]:
+        """Chain head ``head`` at ``p + delta`` under the conditions: each lane's coordinates in the
+        head (its positions, right-aligned), carried back through the chain's transposes (permuted)
+        and reshapes (the row-major linear index) to the input's offset; one vector load where the
+        head's innermost dim is the input's innermost and the shift keeps vectors aligned
+        (:meth:`_chain_contiguous`), else one predicated scalar load per lane."""
+        chain = self.chains[head]
+        self._check_bounds(head, self.g.spec(head).shape, sh)
+        buf = self.low.in_buf[chain[-1]]
+        self.k.uses["in"].add(buf)
+        self._count(buf)
+        if self._chain_contiguous(chain, sh):
+            return self._emit(buf, self._chain_offset(chain, sh, 0), sh, True, None)
+        out = []
+        for j in range(self.vec):
+            v = self.k.cx.var("g", F32)
+            pj = _and(self.sw.valid, self.cond(sh, j))
+            self.sw.body.append(Assign(v, Load(buf, self._chain_offset(chain, sh, j), pj)))
+            out.append(v)
+        return out
+
+    def _chain_offset(self, chain: tuple[str, ...], sh: Shift, lane: int) -> kir.Expr:
+        """The offset in the chain's input of lane ``lane``'s element of the head at ``p + delta``."""
+        hshape = self.g.spec(chain[0]).shape
+        off = len(self.domain) - len(hshape)
+        coords: list[kir.Expr] | None = [
+            _I(0) if d == 1 else _add(self.pos(off + k, lane), _I(sh.d(off + k))) for k, d in enumerate(hshape)]
+        lin: kir.Expr | None = None
+        shape = hshape
+        for name in chain[:-1]:
+            nd = self.low.nodes[name]
+            src = self.g.spec(str(nd.args[0])).shape
+            if nd.op == "transpose":
+                if coords is None:
+                    coords = _unravel(lin, shape)  # type: ignore[arg-type]
+                back: list[kir.Expr] = [_I(0)] * len(src)
+                for i, p in enumerate(nd.perm):
+                    back[p] = coords[i]
+                coords, lin = back, None
+            else:  # reshape: the row-major linear index is the same in the source
+                lin, coords = (_linear(coords, shape) if coords is not None else lin), None
+            shape = src
+        return _linear(coords, shape) if coords is not None else lin  # type: ignore[return-value]
+
+    def _chain_contiguous(self, chain: tuple[str, ...], sh: Shift) -> bool:
+        """The ``vec`` lanes of a vector load adjacent, aligned elements of the chain's input: the
+        domain's innermost axis is the head's innermost dim, a multiple of ``vec`` (as the delta along
+        it), the conditions are uniform over the lanes, and the head's innermost dim stays innermost
+        through every transpose and reshape (whose innermost dims are multiples of ``vec``)."""
+        v, D = self.vec, self.domain
+        shape = self.g.spec(chain[0]).shape
+        if v == 1:
+            return False
+        if shape[-1] != D[-1] or D[-1] % v or sh.d(len(D) - 1) % v or not self.uniform(sh):
+            return False
+        if self.col_axes[-1:] != (len(D) - 1,):
+            return False
+        k = len(shape) - 1
+        for name in chain[:-1]:
+            nd = self.low.nodes[name]
+            src = self.g.spec(str(nd.args[0])).shape
+            if nd.op == "transpose":
+                k = nd.perm[k]
+            elif k != len(shape) - 1 or shape[-1] % v or src[-1] % v:
+                return False
+            else:
+                k = len(src) - 1
+            shape = src
+        return k == len(shape) - 1 and shape[-1] % v == 0
 
     def gather(self, nd, sh: Shift) -> list[kir.Expr]:
         """``table[idx[row], c]`` at ``p + delta`` (column shifts only), 0.0 for an out-of-range index."""
@@ -277,6 +375,29 @@ class RemapValues:
             self.sw.body.append(Assign(v, Load(buf, _add(base, _I(j)), pj)))
             out.append(v)
         return out
+
+
+def _linear(coords: list[kir.Expr], shape: tuple[int, ...]) -> kir.Expr:
+    """The row-major offset of ``coords`` in a tensor of ``shape`` (size-1 dims contribute nothing)."""
+    out: kir.Expr = _I(0)
+    for k, c in enumerate(coords):
+        if shape[k] == 1 or (isinstance(c, Const) and c.value == 0):
+            continue
+        out = _add(out, _mul(c, _I(prod(shape[k + 1:]))))
+    return out
+
+
+def _unravel(lin: kir.Expr, shape: tuple[int, ...]) -> list[kir.Expr]:
+    """The coordinates of row-major offset ``lin`` (``0 <= lin < prod(shape)``) in ``shape``."""
+    out: list[kir.Expr] = []
+    for k, d in enumerate(shape):
+        inner = prod(shape[k + 1:])
+        if d == 1:
+            out.append(_I(0))
+            continue
+        t = Bin("/", lin, _I(inner)) if inner > 1 else lin
+        out.append(Bin("%", t, _I(d)) if k > 0 else t)
+    return out
 
 
 def _flag_buffer(low, node_id: str) -> str:

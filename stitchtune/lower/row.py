@@ -338,7 +338,7 @@ class _RowKernel:
                     Assign(vp, Bin("&&", vn, Bin("<", kp, _I(N))))]
         for name in self.prefetched:
             tix = low.tid_of[name]
-            if low.p.imap(name).partial_cols:  # through the map's column factors too
+            if low.p.imap(name).partial_cols or low.p.imap(name).vector_mode(vec) == "scalar":  # through the map
                 dsts = low.mapped_load(cx, lp, name, low.row_base(name, Bin("min", rown, _I(M - 1))), kp, vp,
                                        f"f{tix}_")
             else:
@@ -373,7 +373,8 @@ class _RowKernel:
             reads[buf] = reads.get(buf, 0) + 1
             self.prefetched.append(name)
             return [LocalRef(f"pf{low.tid_of[name]}", self.cache_index(sw, j)) for j in range(vec)]
-        if low.p.imap(name).partial_cols:  # varies along part of the columns: the map's column factors
+        # varies along part of the columns, or a row stride off the vector grid: through the map
+        if low.p.imap(name).partial_cols or low.p.imap(name).vector_mode(vec) == "scalar":
             if low.cls[name] is TensorClass.FULL:
                 reads[buf] = reads.get(buf, 0) + 1
             base = self.round_row_base(name) if low.cls[name] is TensorClass.FULL else _I(0)

@@ -137,7 +137,10 @@ class IndexMap:
             return "vector"
         if self.cols.broadcast:
             return "uniform"
-        return self.cols.vector_mode(vec)
+        mode = self.cols.vector_mode(vec)
+        if mode == "vector" and any(f.stride % vec for f in self.rows.factors):
+            return "scalar"  # a row stride off the vector grid (a sliced input's own row stride): unaligned
+        return mode
 
     @property
     def bijective(self) -> bool:

@@ -378,7 +378,7 @@ def make_plan(graph: Graph) -> StitchPlan:
     real, graph = graph, remap.surrogate(graph)
     names = [n for n, _ in graph.inputs] + [nd.id for nd in graph.nodes]
     all_red = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
-    mixed = real is not graph and remap.has_layout_ops(real)
+    mixed = real is not graph and remap.mixed_layout(real)
     if mixed:  # slice / concat with transpose / reshape: general maps, column shifts
         domain, maps, red_nodes, cross_nodes, view = _mixed_view(real, graph, names, all_red)
     elif real is not graph:

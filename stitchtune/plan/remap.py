@@ -34,6 +34,12 @@ columns, :func:`check_mixed`), so a shifted load is the general map's address of
 ``(r, c + d)``. A transpose / reshape of a computed tensor (``k^T`` after the rotary,
 :func:`layout_tails`) may only make an output, stored through its map. Refused there: such a node
 read by another op, a slice / concat along an outer axis, gather, column reductions, an input sliced beyond the domain.
+
+A transpose / reshape chain of one input whose head does not align with the domain (ViT's patch
+flatten, concatenated after the class token along the sequence: :func:`composed_chains`) is not a
+layout part: the planner sees it as one input of the head's aligned shape, the bounds are proven on
+the head's own shape, and the kernel carries each (shifted, along any axis) position of the head back
+through the chain to the input's offset. A region whose layout nodes are all such chains is not mixed.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph, Node, TensorSpec
 from stitchtune.plan.index_map import IndexMap, index_map
 
-__all__ = ["root_shift", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
+__all__ = ["root_shift", "composed_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
            "Shift", "shift_offset", "check_remaps"]
 
 
@@ -133,6 +139,52 @@ def has_layout_ops(graph: Graph) -> bool:
     return any(OPS[n.op].kind == "layout" for n in graph.nodes)
 
 
+def composed_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
+    """The layout chains a remap reads through in a region with index ops: head tensor -> ``(head,
+    ..., input)``. A chain is a run of transpose / reshape nodes from one graph input, each member
+    read only by the next (and no member an output), whose head is read by other ops and does not
+    align with the iteration domain (right-aligned; ViT's patch flatten: conv ``[1, 32, 4, 4]`` ->
+    reshape ``[1, 32, 16]`` -> transpose ``[1, 16, 32]``, concatenated after the class token along the
+    sequence, domain ``[1, 17, 32]``). The planner sees the chain as one input of the head's aligned
+    shape; the kernel loads the head's element at a (shifted) domain position through the chain's
+    index arithmetic (:mod:`stitchtune.lower.remap`). Empty without index ops."""
+    if not has_index_ops(graph) or not has_layout_ops(graph):
+        return {}
+    domain = domain_of(graph)
+    nodes = {n.id: n for n in graph.nodes}
+    outputs, inputs = set(graph.outputs), set(graph.input_names)
+    out: dict[str, tuple[str, ...]] = {}
+    for nd in graph.nodes:
+        cons = graph.consumers(nd.id)
+        if (nd.op not in ("transpose", "reshape") or not cons or nd.id in outputs or len(nd.shape) > len(domain)
+                or any(OPS[c.op].kind == "layout" for c in cons) or _sur(nd.shape, domain, nd.id) == nd.shape):
+            continue
+        chain, cur = [nd.id], nd
+        while True:
+            arg = str(cur.args[0])
+            if graph.consumers(arg) != (cur,) or arg in outputs:
+                break
+            chain.append(arg)
+            if arg in inputs:
+                out[nd.id] = tuple(chain)
+                break
+            cur = nodes[arg]
+            if cur.op not in ("transpose", "reshape"):
+                break
+    return out
+
+
+def _chained(graph: Graph) -> set[str]:
+    return {n for c in composed_chains(graph).values() for n in c}
+
+
+def mixed_layout(graph: Graph) -> bool:
+    """Whether ``graph`` has a transpose / reshape / expand outside :func:`composed_chains` (a
+    *mixed* region: general maps from :func:`~stitchtune.plan.axes.tensor_axes`, column shifts only)."""
+    chained = _chained(graph)
+    return any(OPS[n.op].kind == "layout" and n.id not in chained for n in graph.nodes)
+
+
 def layout_part(graph: Graph) -> set[str]:
     """The tensors of a *mixed* region (index ops and layout ops) that keep their own shape in the
     surrogate: every layout node and every input read by one. A layout node reads inputs or layout
@@ -143,9 +195,10 @@ def layout_part(graph: Graph) -> set[str]:
         return set()
     domain = domain_of(graph)
     tails = layout_tails(graph)
+    chained = _chained(graph)
     keep: set[str] = set(tails)
     for nd in graph.nodes:
-        if OPS[nd.op].kind != "layout" or nd.id in tails:
+        if OPS[nd.op].kind != "layout" or nd.id in tails or nd.id in chained:
             continue
         keep.add(nd.id)
         keep.update(nd.tensor_args)
@@ -169,13 +222,15 @@ def surrogate(graph: Graph) -> Graph:
     domain = domain_of(graph)
     special = _gather_shapes(graph, domain)
     keep = layout_part(graph)
+    for head, chain in composed_chains(graph).items():  # one input of the head's aligned shape
+        special.update({n: _sur(graph.spec(head).shape, domain, head) for n in chain})
     inputs = tuple((n, TensorSpec(tuple(s.shape) if n in keep else special.get(n) or _sur(s.shape, domain, n),
                                   s.dtype)) for n, s in graph.inputs)
     nodes = []
     for nd in graph.nodes:
         kind = OPS[nd.op].kind
-        shape = tuple(nd.shape) if nd.id in keep else _sur(nd.shape, domain, nd.id)
-        op = {"slice": "neg", "concat": "add", "gather": "add"}.get(kind, nd.op)
+        shape = tuple(nd.shape) if nd.id in keep else special.get(nd.id) or _sur(nd.shape, domain, nd.id)
+        op = {"slice": "neg", "concat": "add", "gather": "add", "layout": "neg"}.get(kind, nd.op)
         if nd.id in keep:  # a layout node of a mixed region, as it is (perm / target shape)
             nodes.append(nd)
             continue
@@ -289,8 +344,9 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
         raise UnsupportedGraphError(
             f"the columns of the kernel are not the innermost axis of the iteration domain {list(domain)}; "
             "slice / concat with transpose / reshape need the innermost axis as the kernel's columns")
+    chained = _chained(graph)
     for name, spec in graph.inputs:
-        if tuple(spec.shape) != tuple(sur.spec(name).shape):
+        if tuple(spec.shape) != tuple(sur.spec(name).shape) and name not in chained:
             raise UnsupportedGraphError(
                 f"input '{name}' {list(spec.shape)} is sliced beyond the iteration domain {list(domain)} in a "
                 "region with transpose / reshape; not supported")
@@ -338,6 +394,7 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
     nodes = {n.id: n for n in graph.nodes}
     rows = set(row_axes)
     seen: set[tuple[str, Shift]] = set()
+    chains = composed_chains(graph)
 
     def visit(name: str, sh: Shift) -> None:
         if (name, sh) in seen:
@@ -345,11 +402,20 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
         seen.add((name, sh))
         nd = nodes.get(name)
         kind = OPS[nd.op].kind if nd is not None else "input"
+        if kind == "slice":
+            _check_size1_slice(nd, sh, domain)
         if not varies[name]:
+            if kind in INDEX_KINDS:
+                raise UnsupportedGraphError(
+                    f"{nd.op} '{name}' gives a value that does not vary along the kernel's columns (one per row, "
+                    "or a scalar); stitched kernels remap full and per-column values only")
             if {a for a, _ in sh.delta} & rows:  # conditions alone keep the own element
                 raise UnsupportedGraphError(f"tensor '{name}': a per-row value under a slice/concat along a "
                                             "row axis is not supported")
             sh = Shift()  # evaluated as at the sweep's own element
+        if name in chains:  # loaded through the chain: in bounds where the head's positions are
+            shift_offset(name, graph.spec(name).shape, sh, domain)
+            return
         if nd is None:
             if mixed:
                 column_shift(name, sh, domain)
@@ -363,11 +429,6 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
                 "and concat may act along the innermost axis only")
         if kind == "slice":
             a = off + nd.axis
-            lo, hi = {x: (l, h) for x, l, h in sh.conds}.get(a, (0, domain[a]))
-            if nd.shape[nd.axis] == 1 and hi - lo > 1:
-                raise UnsupportedGraphError(
-                    f"slice '{nd.id}' has size 1 along axis {nd.axis} and is broadcast against the iteration "
-                    f"domain {list(domain)} there; not supported (a size-1 slice may be a concat piece)")
             visit(str(nd.args[0]), sh.moved(a, nd.start))
         elif kind == "concat":
             a, o = off + nd.axis, 0
@@ -391,11 +452,21 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
         visit(name, Shift())
 
 
+def _check_size1_slice(nd: Node, sh: Shift, domain: tuple[int, ...]) -> None:
+    """A size-1 slice evaluated over several positions of its axis (broadcast) is refused."""
+    a = len(domain) - len(nd.shape) + nd.axis  # type: ignore[operator]
+    lo, hi = {x: (l, h) for x, l, h in sh.conds}.get(a, (0, domain[a]))
+    if nd.shape[nd.axis] == 1 and hi - lo > 1:  # type: ignore[index]
+        raise UnsupportedGraphError(
+            f"slice '{nd.id}' has size 1 along axis {nd.axis} and is broadcast against the iteration "
+            f"domain {list(domain)} there; not supported (a size-1 slice may be a concat piece, or be stored)")
+
+
 def real_index_maps(graph: Graph, sur: Graph, axes: dict[str, tuple[int | None, ...]], domain: tuple[int, ...],
                     row_axes: tuple[int, ...], col_axes: tuple[int, ...]) -> dict[str, IndexMap]:
     """The maps of the inputs whose own shape (same rank) differs from the surrogate one: the same
     domain axes, addressed with their own strides (a sliced input larger than the domain)."""
-    tables = set(gather_tables(graph).values())
+    tables = set(gather_tables(graph).values()) | _chained(graph)
     out: dict[str, IndexMap] = {}
     for name, spec in graph.inputs:
         s = sur.spec(name).shape
