@@ -365,12 +365,10 @@ def _compile_sampled(per_example: int, tmp_path: Path) -> int:
 
 
 @needs_nvcc
-def test_sampled_schedules_of_small_examples_compile(tmp_path: Path) -> None:
-    assert _compile_sampled(2, tmp_path) >= 2 * len(list(EXAMPLES.glob("*_small.json")))
-
-
-@needs_nvcc
 @pytest.mark.slow
-def test_many_sampled_schedules_compile(tmp_path: Path) -> None:
+def test_sampled_schedules_of_small_examples_compile(tmp_path: Path) -> None:
+    """STITCHTUNE_BUILD_SAMPLES (default 3) seeded legal schedules of every small example build with
+    nvcc, with sane resources. (One test: a second one with 2 samples compiled the same first two
+    schedules of the same seeded draw again.)"""
     n = int(os.environ.get("STITCHTUNE_BUILD_SAMPLES", "3"))
     assert _compile_sampled(n, tmp_path) == n * len(list(EXAMPLES.glob("*_small.json")))
