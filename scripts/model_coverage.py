@@ -37,6 +37,7 @@ ran, 2 (one line on stderr) for bad options.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import logging
@@ -219,10 +220,14 @@ def import_exported(model: str) -> TorchExportImport:
     groups = [sorted(index[n.name] for n in r.nodes if n.name in index) for r in split.regions]
     in_region = set().union(*groups) if groups else set()
     declined = {d.what.removeprefix("op "): d.reason for d in split.declined if d.what.startswith("op ")}
+    # free views/no-ops at region boundaries and groups dropped as no-ops are not cuts
+    free = {n.name for n in split.free} | {n.name for g in split.dropped for n in g}
     reasons: dict[int, str | None] = {}
     for i, nd in enumerate(nodes):
         if nd.op_type == "Constant" or nd.op_type in COMPUTE_OPS:
             reasons[i] = "constant" if nd.op_type == "Constant" else "compute op, left to the framework"
+        elif nd.name in free:
+            reasons[i] = None
         elif i not in in_region:
             reasons[i] = declined.get(_aten_key(nd.fx.target), "not in a region (only views and casts, or declined)")
         else:
@@ -236,6 +241,8 @@ def import_exported(model: str) -> TorchExportImport:
             pre.add(i)
     found = regions(nodes, set(range(len(nodes))), reasons, _fx_partition(nodes, groups),
                     [r.name for r in split.regions], frozenset(pre))
+    found = tuple(dataclasses.replace(r, status="dropped") if r.status == "skipped" and not r.stopped_by else r
+                  for r in found)   # only free views and dropped no-ops: nothing to stitch
     compute = tuple(label(i, nd) for i, nd in enumerate(nodes) if nd.op_type in COMPUTE_OPS)
     return TorchExportImport([_Sub(r.graph) for r in split.regions], found, compute)
 

@@ -102,14 +102,22 @@ class Declined:
 
 @dataclass(frozen=True)
 class RegionSplit:
+    """``regions`` and ``declined`` (see the module docstring); ``free``: nodes left to the framework
+    as free views or no-ops at a region's boundary (a transpose of a region's output, eval dropout,
+    a same-dtype cast); ``dropped``: groups that map to no computing graph (views only, or nothing
+    reads them); neither is a cut."""
+
     regions: tuple[TorchRegion, ...]
     declined: tuple[Declined, ...]
+    free: tuple[Any, ...] = ()
+    dropped: tuple[tuple[Any, ...], ...] = ()
 
 
 @dataclass(frozen=True)
 class _Culprit:
     node: Any
     reason: str
+    free: bool = False   # a view or no-op left to the framework (not reported as declined)
 
 
 def plan_check(graph: Any) -> str | None:
@@ -186,12 +194,17 @@ class _Excluded:
     def __init__(self) -> None:
         self.reasons: dict[Any, str] = {}
         self.derived: set[Any] = set()
+        self.free: dict[Any, str] = {}
 
     def __contains__(self, node: Any) -> bool:
-        return node in self.reasons or node in self.derived
+        return node in self.reasons or node in self.derived or node in self.free
 
-    def add(self, node: Any, reason: str) -> None:
-        """Exclude ``node``; a getitem takes its tuple-producing source along, and a source its getitems."""
+    def add(self, node: Any, reason: str, free: bool = False) -> None:
+        """Exclude ``node``; a getitem takes its tuple-producing source along, and a source its getitems.
+        A ``free`` node (a view or no-op the framework applies for free) is not reported."""
+        if free and node.target is not operator.getitem:
+            self.free[node] = reason
+            return
         self.reasons[node] = reason
         if node.target is operator.getitem:
             src = node.args[0]
@@ -336,10 +349,12 @@ def _concrete(val: Any) -> Any:
     return val
 
 
-def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any], Any] | _Culprit | Declined:
+def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any], Any] | _Culprit | Declined | None:
     """(Graph, inputs, outputs, sub GraphModule) of one group, or the node to exclude, or the whole
-    group declined."""
+    group declined, or None when nothing outside the group reads it (dead code: no region)."""
     sub, inputs, outputs, back = _subgraph(group)
+    if not outputs:
+        return None
     for x in inputs:
         if len(x.meta["val"].shape) == 0:   # graph.json tensors have rank 1..4
             return _Culprit(next(n for n in group if x in _fx_args(n)), f"reads the 0-d tensor {x.name!a}")
@@ -359,7 +374,7 @@ def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any], 
             msg = str(exc)
             return _Culprit(back[cur], msg[len(prefix):] if msg.startswith(prefix) else msg)
         outs = None
-    culprit = _check_outputs(walker, sub, outputs, outs, {str(v.ref) for v in values})
+    culprit = _check_outputs(walker, sub, outputs, outs, {str(v.ref) for v in values}, set(group))
     if culprit is not None:
         return culprit
     if outs is None:   # the walker refused an output shape that differs only in leading 1s
@@ -373,11 +388,17 @@ def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any], 
 
 
 def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | None,
-                   input_names: set[str]) -> _Culprit | None:
-    """The first output the graph cannot return as PyTorch does (shape, a duplicate, an input), or None."""
+                   input_names: set[str], group: set[Any]) -> _Culprit | None:
+    """The first output the graph cannot return as PyTorch does (shape, a duplicate, an input), or None.
+    A view or no-op output that no node of ``group`` reads is left to the framework (``free``)."""
+    def inner(n: Any) -> bool:
+        return any(u in group for u in n.users)
+
     out_node = next(n for n in sub.graph.nodes if n.op == "output")
     seen: set[str] = set()
     for orig, s in zip(outputs, out_node.args[0]):
+        if _is_view(orig) and not inner(orig):   # the region returns its base; PyTorch views it for free
+            return _Culprit(orig, "a view at the region's boundary", free=True)
         v = walker.vals.get(s.name)
         t = tuple(int(d) for d in s.meta["val"].shape) if s.meta.get("val") is not None else None
         if v is None or not hasattr(v, "is_scalar") or v.is_scalar:
@@ -385,17 +406,48 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         if t is None or _strip1(v.shape) != _strip1(t):   # leading 1s may differ: same row-major bytes
             return _Culprit(orig, f"an output of PyTorch shape {list(t or ())} is graph shape {list(v.shape)}")
         if not s.meta["val"].is_contiguous():
-            return _Culprit(orig, "a non-contiguous output (stitched kernels write row-major tensors)")
+            return _Culprit(orig, "a non-contiguous output (stitched kernels write row-major tensors)",
+                            free=_is_view(orig) and not inner(orig))
         if v.dtype == "bool":
             return _Culprit(orig, "a bool output (graph.json outputs are float tensors)")
         if str(v.ref) in input_names:
-            return _Culprit(orig, "an output that passes an input through")
+            return _Culprit(orig, "an output that passes an input through", free=_is_noop(orig) and not inner(orig))
         if str(v.ref) in seen:
-            return _Culprit(orig, "an output equal to another output")
+            return _Culprit(orig, "an output equal to another output", free=_is_noop(orig) and not inner(orig))
         seen.add(str(v.ref))
     if outs is None and walker.current is not None and walker.current.op != "output":
         return _Culprit(outputs[0], "the region's outputs could not be mapped")
     return None
+
+
+#: ATen ops whose result is a view of their input in PyTorch (no copy)
+_VIEW_OPS = frozenset({"aten.view", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze", "aten.expand",
+                       "aten.expand_as", "aten.alias", "aten.view_as", "aten.transpose", "aten.permute",
+                       "aten.t", "aten.slice", "aten.select", "aten.detach", "aten.flatten", "aten.reshape"})
+
+
+def _is_view(node: Any) -> bool:
+    """True when ``node``'s result is a view of its input (left outside a region, PyTorch applies it
+    to the region's contiguous output for free)."""
+    key = _key(node.target) if node.target is not operator.getitem else ""
+    if key in ("aten.reshape", "aten.flatten"):   # a view only of a contiguous input (else a copy)
+        src = node.args[0].meta.get("val") if node.args and hasattr(node.args[0], "meta") else None
+        return src is not None and src.is_contiguous()
+    return key in _VIEW_OPS
+
+
+def _is_noop(node: Any) -> bool:
+    """True for a view, eval dropout or a cast to the same dtype: the value of its input, unchanged."""
+    if _is_view(node):
+        return True
+    key = _key(node.target)
+    if key in ("aten.dropout", "aten.feature_dropout"):
+        return True
+    if key in ("aten.to", "aten._to_copy", "aten.type_as", "aten.contiguous", "aten.clone"):
+        src = node.args[0] if node.args else None
+        sv, ov = getattr(src, "meta", {}).get("val"), node.meta.get("val")
+        return sv is not None and ov is not None and getattr(sv, "dtype", None) == getattr(ov, "dtype", None)
+    return False
 
 
 def _ops_text(nodes: Iterable[Any]) -> str:
@@ -423,10 +475,10 @@ def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_chec
             if key in mapped:
                 continue
             res = _map_group(group, f"{prefix}_{group[0].name}")
-            if not isinstance(res, (_Culprit, Declined)) and _computes(res[0]) and accept is not None:
+            if isinstance(res, tuple) and _computes(res[0]) and accept is not None:
                 res = _judge(res, group, accept)
             if isinstance(res, _Culprit):
-                ex.add(res.node, res.reason)
+                ex.add(res.node, res.reason, res.free)
                 changed = True
             else:
                 mapped[key] = res
@@ -434,14 +486,18 @@ def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_chec
             break
     regions: list[TorchRegion] = []
     declined: list[Declined] = []
+    dropped: list[tuple[Any, ...]] = []
     for group in groups:
         res = mapped[frozenset(group)]
         if isinstance(res, Declined):
             declined.append(res)
-        elif _computes(res[0]):
+        elif res is not None and _computes(res[0]):
             graph, inputs, outputs, sub = res
             regions.append(TorchRegion(graph.name, graph, tuple(group), tuple(inputs), tuple(outputs), sub))
-    return RegionSplit(tuple(regions), tuple(_op_declines(nodes, ex)) + tuple(declined))
+        else:
+            dropped.append(tuple(group))
+    return RegionSplit(tuple(regions), tuple(_op_declines(nodes, ex)) + tuple(declined),
+                       tuple(n for n in nodes if n in ex.free), tuple(dropped))
 
 
 _QUOTED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
@@ -485,6 +541,8 @@ def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
     _Meta(gm).run(*[torch.empty(tuple(t.shape), dtype=t.dtype, device="meta") for t in inputs])
     group = [n for n in gm.graph.nodes if n.op == "call_function"]
     res = _map_group(group, name)
+    if res is None:
+        raise StitchtuneError(f"region {name}: nothing reads its outputs")
     if isinstance(res, (_Culprit, Declined)):
         raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: {res.reason}")
     graph, _, outputs, _ = res

@@ -122,17 +122,20 @@ def test_a_refusal_naming_a_node_declines_that_node_and_keeps_the_rest() -> None
 
 
 def test_outputs_may_differ_from_pytorch_in_leading_ones_only() -> None:
-    gm = _aten(lambda x: (x.exp() * 2.0).view(1, 4, 8), torch.randn(4, 8))
+    gm = _aten(lambda x: (x.exp() * 2.0).view(1, 4, 8) + 1.0, torch.randn(4, 8))
     [r] = find_regions(gm).regions
     assert r.output_shapes == ((1, 4, 8),)
     assert r.graph.spec(r.graph.outputs[0]).shape == (4, 8)
     x = torch.randn(4, 8)
-    gm = _aten(lambda x: (x.exp() * 2.0).view(8, 4), x)   # moves rows: a reshape inside the region
+    gm = _aten(lambda x: (x.exp() * 2.0).view(8, 4) + 1.0, x)   # moves rows: a reshape inside the region
     [r] = find_regions(gm).regions
     assert r.output_shapes == ((8, 4),) and "aten.view" in r.ops
     assert r.graph.spec(r.graph.outputs[0]).shape == (8, 4)
     out = run_reference(r.graph, {r.graph.inputs[0][0]: x.numpy()})[r.graph.outputs[0]]
-    assert np.abs(out - (x.exp() * 2.0).view(8, 4).numpy()).max() < 1e-5
+    assert np.abs(out - ((x.exp() * 2.0).view(8, 4) + 1.0).numpy()).max() < 1e-5
+    # a view that only leaves the region is PyTorch's (free): the region returns its base
+    split = find_regions(_aten(lambda x: (x.exp() * 2.0).view(8, 4), x))
+    assert split.regions[0].output_shapes == ((4, 8),) and [n.name for n in split.free] == ["view"]
 
 
 def test_masks_map_onto_comparisons_and_where() -> None:
@@ -172,3 +175,19 @@ def test_parts_split_by_stage_are_joined_again_where_the_union_stays_convex() ->
     assert len(split.regions) == 2 and ops[1] == {"aten.add"}
     gather = [n for n in split.regions[0].graph.nodes if n.op == "gather"]
     assert len(gather) == 1 and split.regions[0].graph.spec(gather[0].args[1]).dtype == "int64"
+
+
+def test_views_and_no_ops_at_a_boundary_are_left_to_the_framework_and_dead_groups_dropped() -> None:
+    def f(x: Any, w: Any) -> Any:
+        y = (x * 2.0).exp()
+        t = y.view(4, 2, 4).transpose(0, 1)   # head split: a non-contiguous view read by a matmul
+        (x + 1.0).tanh()                      # nothing reads it
+        return t @ w[:4], y
+
+    gm = _aten(f, torch.randn(4, 8), torch.randn(8, 3))
+    split = find_regions(gm, accept=None)
+    [r] = split.regions
+    assert r.ops == ("aten.mul", "aten.exp") and [o.name for o in r.outputs] == ["exp"]
+    assert {n.name for n in split.free} >= {"view", "transpose"}
+    assert any([n.name for n in g] == ["add", "tanh"] for g in split.dropped)
+    assert not any("tanh" in d.what or "transpose" in d.what or "contiguous" in d.reason for d in split.declined)
