@@ -17,7 +17,10 @@ Contract
   the heuristic), ``device`` (a Device or preset name schedules are chosen for; default the local GPU,
   else the H200 preset), ``fallback``, ``deterministic`` (True: a region whose program uses float
   atomics is declined; the stitched kernels use none today), ``cpu`` (``"emulate"`` | ``"reference"``:
-  how CPU tensors run), ``min_nodes`` (smallest region worth a kernel, in graph nodes; default 1).
+  how CPU tensors run), ``min_nodes`` (smallest region worth a kernel, in graph nodes; default 1),
+  ``check_gather`` (default True: a region with a gather reads its index error flag after each CUDA
+  launch, a synchronisation, and raises on an out-of-range index; False: never, see
+  :mod:`stitchtune.deploy.torch_ops`).
   An unknown option or value raises :class:`~stitchtune.errors.StitchtuneError`.
 * Never breaks a model: an op or region that cannot be stitched stays in the graph; any error while
   compiling a region declines it with the reason. Each graph's declines are logged once (info level,
@@ -45,7 +48,7 @@ from stitchtune.tune.dbpath import DEFAULT_DB
 
 log = logging.getLogger(__name__)
 
-_OPTION_KEYS = ("db", "device", "fallback", "deterministic", "cpu", "min_nodes")
+_OPTION_KEYS = ("db", "device", "fallback", "deterministic", "cpu", "min_nodes", "check_gather")
 _keys = itertools.count()
 
 
@@ -57,6 +60,7 @@ class BackendOptions:
     deterministic: bool = False
     cpu: str = "emulate"
     min_nodes: int = 1
+    check_gather: bool = True
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None) -> BackendOptions:
@@ -71,6 +75,8 @@ class BackendOptions:
             raise StitchtuneError(f"option fallback={o.fallback!r}: 'inductor' or 'eager'")
         if o.cpu not in ("emulate", "reference"):
             raise StitchtuneError(f"option cpu={o.cpu!r}: 'emulate' or 'reference'")
+        if not isinstance(o.check_gather, bool):
+            raise StitchtuneError(f"option check_gather={o.check_gather!r}: True or False")
         if not isinstance(o.min_nodes, int) or o.min_nodes < 1:
             raise StitchtuneError(f"option min_nodes={o.min_nodes!r}: a positive integer")
         return o
@@ -169,7 +175,8 @@ def _compile_region(region: Any, opts: BackendOptions, device: Any, on_cuda: boo
 
     cg = _compile_graph(region.graph, opts, device, on_cuda)
     if not region.dynamic:
-        return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu, out_shapes=region.output_shapes)
+        return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu, out_shapes=region.output_shapes,
+                            check_gather=opts.check_gather)
 
     def build(inputs: Sequence[Any]) -> tuple[Any, list[int]]:
         from stitchtune.importers.torch_regions import map_at_shapes
@@ -180,7 +187,7 @@ def _compile_region(region: Any, opts: BackendOptions, device: Any, on_cuda: boo
             graph_shapes[i] = shapes[j]
         on_gpu = bool(inputs) and inputs[0].is_cuda
         kernel = RegionKernel(region.name, region.ops, _compile_graph(graph, opts, device, on_gpu), cpu=opts.cpu,
-                              out_shapes=tuple(graph_shapes))
+                              out_shapes=tuple(graph_shapes), check_gather=opts.check_gather)
         return kernel, index
 
     return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=cg)

@@ -517,8 +517,12 @@ class _Compiled:
         return setlocal
 
     def _vec_check(self, buf: str, width: int, is_shared: bool) -> None:
+        """One aligned access of at most 16 bytes; an int32/int64 vector (read-only) may be wider: the
+        renderer splits it into aligned 16-byte accesses (the whole-width alignment implies theirs)."""
         dtype = "float32" if is_shared else self.params[buf].dtype
         nbytes = width * _ELEM_BYTES.get(dtype, 4)
+        if dtype in ("int32", "int64"):
+            nbytes = min(nbytes, 16)
         if width not in (1, 2, 4, 8) or nbytes > 16:
             raise EmulatorFault("bad_alignment", f"kernel {self.kernel.name}: a {width}-wide access "
                                 f"to {buf} ({dtype}) is not one aligned access of at most 16 bytes")

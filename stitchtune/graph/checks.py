@@ -44,7 +44,7 @@ MAX_OUTPUTS = 256
 MAX_FILE_BYTES = 4 * 1024 * 1024
 MAX_ELEMENTS = 2**31 - 1
 MAX_TOTAL_BYTES = 64 * 1024**3
-MAX_RANK = 4
+MAX_RANK = 6
 MAX_PROBLEMS = 100  # further problems are summarised in one line
 
 _FLOAT32_MAX = 3.4028234663852886e38
@@ -294,7 +294,8 @@ def _parse_outputs(obj: dict[str, Any], scope: _Scope, p: _Problems) -> list[str
         elif o in seen_out:
             p.add(path, f"duplicate output {_show(o)}")
         elif o in scope.specs and scope.specs[o].dtype in ("int32", "int64"):
-            p.add(path, f"output {_show(o)} is {scope.specs[o].dtype}: int tensors are gather indices only")
+            p.add(path, f"output {_show(o)} is {scope.specs[o].dtype}: int tensors are never outputs "
+                        "(cast it to a float dtype)")
         elif o in scope.specs and scope.specs[o].dtype == "bool":
             p.add(path, f"output {_show(o)} is bool: bool outputs are not supported yet "
                         "(cast it to a float dtype)")

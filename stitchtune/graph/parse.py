@@ -11,7 +11,7 @@ Contract
   anything is allocated from it: file size, node/input/output counts, elements per tensor, total bytes.
 * A valid graph: names match :data:`NAME_RE`; inputs and node ids are unique; args name inputs or
   *earlier* nodes (file order is a topological order) or are scalar constants (finite or infinite
-  numbers); shapes broadcast as numpy's; every tensor has rank 1..4 and positive dimensions; every
+  numbers); shapes broadcast as numpy's; every tensor has rank 1..6 (``MAX_RANK``) and positive dimensions; every
   node contributes to some output.
 * Node dtype = promoted dtype of its float tensor args (float32 wins; float16 + bfloat16 -> float32;
   constants do not promote; float32 when every float argument is a constant); ``cast`` gives ``to``;
@@ -22,6 +22,11 @@ Contract
   ``x != 0``, so NaN is true). Every other argument must be a float tensor or, for binary and
   ternary ops, a constant (see :attr:`~stitchtune.graph.ops.OpInfo.arg_types`). A bool tensor is
   not yet accepted as a graph output (cast it to a float dtype).
+* ``int32``/``int64`` tensors are graph inputs (token ids, attention masks) and the results of the
+  index maps ``transpose reshape slice concat`` of them (all arguments of one int dtype). They may
+  be read only by ``cast`` (to ``bool``: ``v != 0``; to a float dtype: the nearest value, exact for
+  ``|v| < 2**24``, see :mod:`stitchtune.graph.reference`), by those index maps, and -- a graph input
+  only -- as ``gather``'s index; never by arithmetic, never as an output, never as a cast's target.
 * The values themselves (:class:`Node`, :class:`TensorSpec`, ``DTYPES``, ``ITEMSIZE``,
   :func:`promote_dtypes`, :func:`broadcast_shapes`, and :class:`~stitchtune.graph.values.GraphValue`
   with the lookups and workload/structure keys) live in :mod:`stitchtune.graph.values` and are
@@ -104,6 +109,12 @@ __all__ = [
     "promote_dtypes",
     "broadcast_shapes",
 ]
+
+#: op kinds that take a tensor of any dtype (bool, float, int): they convert it (cast) or only move
+#: its elements (index maps); their result keeps the dtype (cast: gives ``to``)
+_ANY_DTYPE_KINDS = frozenset(("cast", "slice", "concat", "layout"))
+_INT_READERS = ("an int tensor is read only by cast (to a float dtype or bool), by transpose, reshape, "
+                "slice and concat, and as gather's index")
 
 _NODE_KEYS = ("id", "op", "args", "axes", "keepdims", "to", "axis", "start", "stop", "perm", "shape")
 
@@ -303,11 +314,12 @@ def _node_attributes(rn: dict[str, Any], path: str, info: OpInfo | None, p: _Pro
                     p.add(f"{path}.{k}", f"only reductions take {k!r}; {info.name} does not")
         if not is_cast and "to" in rn:
             p.add(f"{path}.to", f"only cast takes 'to'; {info.name} does not")
-        for k, op in (("perm", "transpose"), ("shape", "reshape")):
-            if k in rn and info.name != op:
-                p.add(f"{path}.{k}", f"only {op} takes {k!r}; {info.name} does not")
-            elif k not in rn and info.name == op:
-                p.add(f"{path}.{k}", f"missing: {op} needs {'a permutation of the dims' if k == 'perm' else 'a target shape'}")
+        for k, ops in (("perm", ("transpose",)), ("shape", ("reshape", "expand"))):
+            if k in rn and info.name not in ops:
+                p.add(f"{path}.{k}", f"only {' and '.join(ops)} take{'s' if len(ops) == 1 else ''} {k!r}; "
+                                     f"{info.name} does not")
+            elif k not in rn and info.name in ops:
+                p.add(f"{path}.{k}", f"missing: {info.name} needs {'a permutation of the dims' if k == 'perm' else 'a target shape'}")
     keepdims = False
     if is_reduce and "keepdims" in rn:
         if not isinstance(rn["keepdims"], bool):
@@ -321,7 +333,8 @@ def _node_attributes(rn: dict[str, Any], path: str, info: OpInfo | None, p: _Pro
         else:
             to = _check_dtype(rn["to"], f"{path}.to", p)
             if to in INT_DTYPES:
-                p.add(f"{path}.to", f"cannot cast to {to}: int tensors are graph inputs used as gather indices only")
+                p.add(f"{path}.to", f"cannot cast to {to}: int tensors are graph inputs (cast them to a "
+                                    "float dtype or bool), never results")
                 to = None
     return keepdims, to
 
@@ -372,14 +385,19 @@ def _node_args(rn: dict[str, Any], i: int, path: str, nid: Any, id_ok: bool, inf
         ok = False
     if ok and info is not None:
         ok = _check_arg_types(path, info, values, specs, p)
+    if ok and info is not None and info.kind == "gather" and isinstance(values[-1], str) \
+            and specs[-1].dtype in INT_DTYPES and not scope.defined_at.get(values[-1], "").startswith("inputs"):
+        p.add(f"{path}.args[1]", f"gather needs an int32/int64 graph input as its index; {_show(values[-1])} is "
+                                 "computed (index with the input it is a view of)")
+        ok = False
     return _Args(tuple(values), tuple(specs), ok)
 
 
 def _check_arg_types(path: str, info: OpInfo, values: list[str | float], specs: list[TensorSpec],
                      p: _Problems) -> bool:
-    """Whether every tensor argument has the type ``info.arg_types`` asks for (cast takes anything);
-    a problem naming the argument and its dtype is added for each one that does not. An int tensor
-    (a graph input) is accepted only as gather's index."""
+    """Whether every tensor argument has the type ``info.arg_types`` asks for (cast, slice, concat and
+    the layout ops take any dtype); a problem naming the argument and its dtype is added for each one
+    that does not. An int tensor is accepted only by those ops and as gather's index."""
     ok, k = True, 0
     for j, v in enumerate(values):
         if not isinstance(v, str):
@@ -387,14 +405,12 @@ def _check_arg_types(path: str, info: OpInfo, values: list[str | float], specs: 
         dtype = specs[k].dtype
         k += 1
         want = info.arg_type(j)
-        if (want == "i") != (dtype in INT_DTYPES):
-            if want == "i":
-                continue  # gather's own check names the index's dtype
-            p.add(f"{path}.args[{j}]", f"{info.name} cannot take {_show(v)} ({dtype}): int tensors are "
-                                       "used as gather indices only")
-            ok = False
+        if want == "i" or info.kind in _ANY_DTYPE_KINDS:  # gather's own check names the index's dtype
             continue
-        if info.kind in ("cast", "slice", "concat", "layout") or want == "i":  # slice/concat/layout: float or bool
+        if dtype in INT_DTYPES:
+            p.add(f"{path}.args[{j}]", f"{info.name} cannot take {_show(v)} ({dtype}): {_INT_READERS}; "
+                                       "cast it to a float dtype or bool first")
+            ok = False
             continue
         want_bool = want == "b"
         if want_bool and dtype != "bool":
@@ -481,9 +497,30 @@ def _layout_shape(rn: dict[str, Any], path: str, info: OpInfo, first: TensorSpec
     if "shape" not in rn:
         return None
     shape = _check_shape(rn["shape"], f"{path}.shape", p)
+    if info.name == "expand":
+        return _expand_shape(rn, path, first, shape, p)
     if shape is not None and math.prod(shape) != first.numel:
         p.add(f"{path}.shape", f"reshape to {list(shape)} ({math.prod(shape)} elements) from "
                                f"{list(first.shape)} ({first.numel} elements): the element counts differ")
+        return None
+    return shape
+
+
+def _expand_shape(rn: dict[str, Any], path: str, first: TensorSpec, shape: tuple[int, ...] | None,
+                  p: _Problems) -> tuple[int, ...] | None:
+    """``expand``'s target ``shape`` (numpy ``broadcast_to``: right-aligned, every dim of the argument
+    equal to the target's or 1; leading dims may be added), or None with one problem naming the node."""
+    if shape is None:
+        return None
+    who = f"expand {_show(rn.get('id'))}"
+    grows = len(shape) >= first.rank and all(
+        d == t or d == 1 for d, t in zip(first.shape, shape[len(shape) - first.rank:]))
+    if not grows:
+        p.add(f"{path}.shape", f"{who} cannot expand {list(first.shape)} to {list(shape)}: only dims of size 1 "
+                               "may grow (right-aligned, as numpy broadcast_to)")
+        return None
+    if math.prod(shape) > MAX_ELEMENTS:
+        p.add(f"{path}.shape", f"{who}: too large: result has {math.prod(shape)} elements (limit {MAX_ELEMENTS})")
         return None
     return shape
 

@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 #: graph dtypes; ``bool`` is stored one byte per element (0 or 1) and holds comparison results and masks;
-#: ``int32``/``int64`` are graph inputs used as ``gather`` indices only
+#: ``int32``/``int64`` are graph inputs (gather indices, masks; read by cast and index maps, see graph/parse.py)
 DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "bool", "int32", "int64")
 FLOAT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 INT_DTYPES: tuple[str, ...] = ("int32", "int64")
@@ -78,7 +78,7 @@ class Node:
     ``axes`` (reductions) are normalised, non-negative and sorted; ``shape``/``dtype`` are inferred.
     ``axis`` (slice, concat, gather) is normalised and non-negative; ``start``/``stop`` (slice) are
     normalised so that ``0 <= start < stop <= dim`` (step 1).
-    (For ``reshape`` the shape is the target given in the file.) ``perm`` is ``transpose``'s
+    (For ``reshape`` and ``expand`` the shape is the target given in the file.) ``perm`` is ``transpose``'s
     permutation of the argument's dims (numpy semantics), ``()`` for every other op.
     """
 
@@ -170,7 +170,7 @@ class GraphValue:
                 d["to"] = n.to
             if n.op == "transpose":
                 d["perm"] = list(n.perm)
-            if n.op == "reshape":
+            if n.op in ("reshape", "expand"):
                 d["shape"] = list(n.shape)
             if n.axis is not None:
                 d["axis"] = n.axis

@@ -1,0 +1,102 @@
+"""Int graph inputs read by ``cast`` (an int64 attention mask cast to bool, int ids cast to floats):
+emulated kernels against the float64 reference with hostile values (beyond int32, negative, above
+2**24), the rendered loads (the int's own width, vectors split into 16-byte accesses), the cost
+model's bytes, and an nvcc sm_90 build of the new loads."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from helpers import DEV, emulated_errors
+from stitchtune.cost.heuristic import heuristic_schedule
+from stitchtune.gpu.build import NvccBuilder, nvcc_found
+from stitchtune.gpu.render import render
+from stitchtune.graph.parse import parse_graph
+from stitchtune.graph.reference import random_inputs, run_reference
+from stitchtune.lower.entry import lower
+from stitchtune.plan.planner import make_plan
+from stitchtune.space import SearchSpace
+
+HOSTILE = np.array([0, 1, -1, 2**33, -(2**62), 2**40 + 3, 2**24 + 1, 7], np.int64)
+
+
+def _mask_softmax(dt: str, B: int = 2, H: int = 2, S: int = 8):
+    """BERT's padding mask: an int mask [B, S] viewed [B, 1, 1, S], cast to bool, where(m, 0, -big)
+    added to the scores, then softmax over the last axis."""
+    return parse_graph({"name": "t", "inputs": {"s": {"shape": [B, H, S, S], "dtype": "float32"},
+                                                "m": {"shape": [B, S], "dtype": dt}}, "nodes": [
+        {"id": "mr", "op": "reshape", "args": ["m"], "shape": [B, 1, 1, S]},
+        {"id": "mb", "op": "cast", "args": ["mr"], "to": "bool"},
+        {"id": "w", "op": "where", "args": ["mb", 0.0, -1e30]},
+        {"id": "a", "op": "add", "args": ["s", "w"]},
+        {"id": "mx", "op": "reduce_max", "args": ["a"], "axes": [3], "keepdims": True},
+        {"id": "d", "op": "sub", "args": ["a", "mx"]},
+        {"id": "e", "op": "exp", "args": ["d"]},
+        {"id": "z", "op": "reduce_sum", "args": ["e"], "axes": [3], "keepdims": True},
+        {"id": "y", "op": "div", "args": ["e", "z"]}], "outputs": ["y"]})
+
+
+def _cast_mul(dt: str, to: str):
+    return parse_graph({"name": "t", "inputs": {"x": {"shape": [4, 64], "dtype": "float32"},
+                                                "m": {"shape": [4, 64], "dtype": dt}}, "nodes": [
+        {"id": "mf", "op": "cast", "args": ["m"], "to": to},
+        {"id": "y", "op": "mul", "args": ["x", "mf"]}], "outputs": ["y"]})
+
+
+def _schedules(g, n: int):
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    return plan, space, [heuristic_schedule(plan, DEV, space)] + [space.sample(random.Random(i)) for i in range(n)]
+
+
+@pytest.mark.parametrize("dt", ["int64", "int32"])
+def test_int_mask_softmax_matches_the_reference(dt: str) -> None:
+    g = _mask_softmax(dt)
+    plan, space, scheds = _schedules(g, 4)
+    x = random_inputs(g, 0)
+    x["m"] = np.resize(HOSTILE if dt == "int64" else HOSTILE.astype(np.int32), x["m"].shape).astype(x["m"].dtype)
+    ref = run_reference(g, x)
+    assert ref["y"][0, 0, 0, 0] == 0.0 and ref["y"][0, 0, 0, 2] > 0  # 0 masks out, -1 does not
+    if dt == "int64":
+        assert ref["y"][0, 0, 0, 3] > 0  # nor does 2**33 (its low 32 bits are zero)
+    for s in scheds:
+        assert emulated_errors(g, plan, space, s, x, ref)["y"] < 1e-5, s.to_json()
+
+
+@pytest.mark.parametrize("dt, to, vals", [
+    ("int64", "float32", HOSTILE), ("int64", "bfloat16", np.array([2**25 + 2**17 + 1, -(2**33) - 5, 3, -7])),
+    ("int32", "float16", np.array([65504, -2048, 2049, 1, 0, -1, 65519, 3]))])
+def test_int_casts_to_floats_are_exact_against_the_reference(dt: str, to: str, vals: np.ndarray) -> None:
+    g = _cast_mul(dt, to)
+    plan, space, scheds = _schedules(g, 3)
+    x = random_inputs(g, 1)
+    x["x"] = np.ones_like(x["x"])
+    x["m"] = np.resize(vals, x["m"].shape).astype(dt)
+    ref = run_reference(g, x)
+    for s in scheds:
+        assert emulated_errors(g, plan, space, s, x, ref)["y"] == 0.0, s.to_json()
+
+
+def test_int_loads_render_in_their_width_and_bytes_count_so() -> None:
+    g = _cast_mul("int64", "float32")
+    plan, space, scheds = _schedules(g, 0)
+    s = next(s for s in (space.sample(random.Random(i)) for i in range(200)) if s.vec == 4)
+    prog = lower(g, plan, s, DEV, space)
+    src = render(prog)
+    assert src.count("*reinterpret_cast<const uint4*>(in1") == 2   # vec 4 of int64: two 16-byte loads
+    assert "((float)(_v" in src
+    assert sum(k.dram_read_bytes for k in prog.profile.kernels) == 4 * 64 * (4 + 8)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not nvcc_found(), reason="nvcc not installed")
+def test_int_loads_compile_for_sm90(tmp_path) -> None:
+    sources = []
+    for g in (_mask_softmax("int64"), _mask_softmax("int32"), _cast_mul("int64", "bfloat16"), _cast_mul("int32", "float16")):
+        plan, space, scheds = _schedules(g, 2)
+        sources += [render(lower(g, plan, s, DEV, space)) for s in scheds]
+    results = NvccBuilder(cache_dir=tmp_path).build(sources, "sm_90")
+    assert [r.status for r in results] == ["ok"] * len(sources), [getattr(r, "error", "") for r in results]
