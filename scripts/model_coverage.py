@@ -37,6 +37,7 @@ ran, 2 (one line on stderr) for bad options.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import logging
@@ -192,6 +193,15 @@ def _fx_partition(nodes: list[_FxNode], groups: list[list[int]]) -> Any:
     return Partition(groups=groups, consumers=consumers, producer=producer, succ=succ, cores=[set(g) for g in groups])
 
 
+def _buffers(ep: Any) -> dict[str, Any]:
+    """Placeholder name -> value of the exported program's buffers and lifted constants (constant
+    model state, as ONNX initializers are)."""
+    sig = ep.graph_signature
+    names = {**sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+    state = {**ep.state_dict, **ep.constants}
+    return {ph: state[fqn] for ph, fqn in names.items() if fqn in state}
+
+
 def import_exported(model: str) -> TorchExportImport:
     """``torch.export`` the model (non-strict, eval, the example inputs) and cut its fx graph into
     stitchtune graphs with the torch importer's :func:`stitchtune.importers.torch_regions.find_regions`
@@ -208,21 +218,26 @@ def import_exported(model: str) -> TorchExportImport:
         warnings.simplefilter("ignore")
         ep = torch.export.export(module, args, strict=False)
     gm = ep.graph_module
-    split = find_regions(gm, accept=None, prefix=model)
+    split = find_regions(gm, accept=None, prefix=model, constants=_buffers(ep))
     fx = list(gm.graph.nodes)
     tensors = {n.name for n in fx if isinstance(n.meta.get("val"), torch.Tensor)}
     nodes = [_FxNode(n, tensors) for n in fx if n.op == "call_function" and n.name in tensors]
     index = {nd.name: i for i, nd in enumerate(nodes)}
+    folded = {n.name for n in split.constants}
     for nd in nodes:   # nodes of constants only (arange, zeros, ...) are constants, as folded in ONNX
-        if all(t in index and nodes[index[t]].op_type == "Constant" for t in nd.input):
+        if nd.name in folded or all(t in index and nodes[index[t]].op_type == "Constant" for t in nd.input):
             nd.op_type = "Constant"
-    groups = [sorted(index[n.name] for n in r.nodes if n.name in index) for r in split.regions]
+    groups = [sorted(index[n.name] for n in (*r.nodes, *r.pulled) if n.name in index) for r in split.regions]
     in_region = set().union(*groups) if groups else set()
     declined = {d.what.removeprefix("op "): d.reason for d in split.declined if d.what.startswith("op ")}
+    # free views/no-ops at region boundaries and groups dropped as no-ops are not cuts
+    free = {n.name for n in split.free} | {n.name for g in split.dropped for n in g}
     reasons: dict[int, str | None] = {}
     for i, nd in enumerate(nodes):
         if nd.op_type == "Constant" or nd.op_type in COMPUTE_OPS:
             reasons[i] = "constant" if nd.op_type == "Constant" else "compute op, left to the framework"
+        elif nd.name in free:
+            reasons[i] = None
         elif i not in in_region:
             reasons[i] = declined.get(_aten_key(nd.fx.target), "not in a region (only views and casts, or declined)")
         else:
@@ -236,6 +251,8 @@ def import_exported(model: str) -> TorchExportImport:
             pre.add(i)
     found = regions(nodes, set(range(len(nodes))), reasons, _fx_partition(nodes, groups),
                     [r.name for r in split.regions], frozenset(pre))
+    found = tuple(dataclasses.replace(r, status="dropped") if r.status == "skipped" and not r.stopped_by else r
+                  for r in found)   # only free views and dropped no-ops: nothing to stitch
     compute = tuple(label(i, nd) for i, nd in enumerate(nodes) if nd.op_type in COMPUTE_OPS)
     return TorchExportImport([_Sub(r.graph) for r in split.regions], found, compute)
 
