@@ -31,7 +31,7 @@ from stitchtune.graph.parse import broadcast_shapes
 from stitchtune.importers.builder import GraphBuilder, ImportError_, Value
 from stitchtune.importers.onnx_layout import VIEW_OPS, View
 from stitchtune.importers.onnx_load import MAX_TENSOR_ELEMENTS, ConstTable
-from stitchtune.importers.onnx_ops_layout import INT_DTYPES, layout_op, why_not_layout
+from stitchtune.importers.onnx_ops_layout import INT_DTYPES, layout_op, split_sizes, why_not_layout
 from stitchtune.importers.onnx_partition import COMPUTE_OPS, label
 
 __all__ = ["SUPPORTED_OPS"]
@@ -161,8 +161,24 @@ def _why_not(ctx: _Ctx, i: int, node: Any, in_range: bool) -> str | None:
             ty = ctx.types.get(t)
             return len(ty.shape) if ty is not None and ty.shape is not None else 0
         return why_not_layout(node, a, lambda k: ctx.const_list(node, k),
-                              lambda t: ctx.types[t].elem if t in ctx.types else None, rank)
+                              lambda t: ctx.types[t].elem if t in ctx.types else None, rank) \
+            or _split_rule(ctx, node, a)
     return _bool_rule(ctx, node) or _attribute_rule(ctx, node, a)
+
+
+def _split_rule(ctx: _Ctx, node: Any, a: dict[str, Any]) -> str | None:
+    """Why a Split's sizes do not cut its (static) axis into one non-empty part per output."""
+    ty = ctx.types.get(node.input[0]) if node.op_type == "Split" else None
+    if ty is None or ty.shape is None or not ty.shape:
+        return None
+    axis = int(a.get("axis", 0))
+    dim = ty.shape[axis % len(ty.shape)] if -len(ty.shape) <= axis < len(ty.shape) else None
+    if not isinstance(dim, int):
+        return None if dim is not None else "split axis out of range"
+    sizes = split_sizes(node, a, lambda k: ctx.const_list(node, k), dim) or []
+    if sum(sizes) != dim or len(sizes) != len(node.output) or min(sizes, default=0) <= 0:
+        return f"split sizes {sizes} do not cut dim {dim} into {len(node.output)} non-empty parts"
+    return None
 
 
 def _tensor_rule(ctx: _Ctx, node: Any, lop: str | None) -> str | None:
