@@ -46,6 +46,19 @@ def _cast_mul(dt: str, to: str):
         {"id": "y", "op": "mul", "args": ["x", "mf"]}], "outputs": ["y"]})
 
 
+def _masked_max_f16():
+    """A float16 row reduction reading an int64 mask: vec 8, so one int64 vector is four 16-byte loads."""
+    return parse_graph({"name": "t", "inputs": {"x": {"shape": [8, 64], "dtype": "float16"},
+                                                "m": {"shape": [8, 64], "dtype": "int64"}}, "nodes": [
+        {"id": "mb", "op": "cast", "args": ["m"], "to": "bool"},
+        {"id": "w", "op": "where", "args": ["mb", "x", -1e4]},
+        {"id": "y", "op": "reduce_max", "args": ["w"], "axes": [1], "keepdims": True}], "outputs": ["y"]})
+
+
+def _vec8(space, n: int):
+    return [s for s in (space.sample(random.Random(i)) for i in range(300)) if s.vec == 8][:n]
+
+
 def _schedules(g, n: int):
     plan = make_plan(g)
     space = SearchSpace.for_plan(plan, DEV)
@@ -80,6 +93,18 @@ def test_int_casts_to_floats_are_exact_against_the_reference(dt: str, to: str, v
         assert emulated_errors(g, plan, space, s, x, ref)["y"] == 0.0, s.to_json()
 
 
+def test_int64_vec8_loads_match_the_reference() -> None:
+    g = _masked_max_f16()
+    plan, space, _ = _schedules(g, 0)
+    x = random_inputs(g, 0)
+    x["m"] = np.resize(HOSTILE, x["m"].shape)
+    ref = run_reference(g, x)
+    scheds = _vec8(space, 2)
+    assert scheds and render(lower(g, plan, scheds[0], DEV, space)).count("reinterpret_cast<const uint4*>(in1") >= 4
+    for s in scheds:
+        assert emulated_errors(g, plan, space, s, x, ref)["y"] == 0.0, s.to_json()
+
+
 def test_int_loads_render_in_their_width_and_bytes_count_so() -> None:
     g = _cast_mul("int64", "float32")
     plan, space, scheds = _schedules(g, 0)
@@ -98,5 +123,8 @@ def test_int_loads_compile_for_sm90(tmp_path) -> None:
     for g in (_mask_softmax("int64"), _mask_softmax("int32"), _cast_mul("int64", "bfloat16"), _cast_mul("int32", "float16")):
         plan, space, scheds = _schedules(g, 2)
         sources += [render(lower(g, plan, s, DEV, space)) for s in scheds]
+    g = _masked_max_f16()
+    plan, space, _ = _schedules(g, 0)
+    sources += [render(lower(g, plan, s, DEV, space)) for s in _vec8(space, 1)]
     results = NvccBuilder(cache_dir=tmp_path).build(sources, "sm_90")
     assert [r.status for r in results] == ["ok"] * len(sources), [getattr(r, "error", "") for r in results]
