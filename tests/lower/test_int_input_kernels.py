@@ -14,6 +14,7 @@ from helpers import DEV, emulated_errors
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.gpu.build import NvccBuilder, nvcc_found
 from stitchtune.gpu.render import render
+from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import parse_graph
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.lower.entry import lower
@@ -128,3 +129,34 @@ def test_int_loads_compile_for_sm90(tmp_path) -> None:
     sources += [render(lower(g, plan, s, DEV, space)) for s in _vec8(space, 1)]
     results = NvccBuilder(cache_dir=tmp_path).build(sources, "sm_90")
     assert [r.status for r in results] == ["ok"] * len(sources), [getattr(r, "error", "") for r in results]
+
+
+_MAPS = {  # int64 inputs moved by index maps before their cast
+    "expand": ({"x": [4, 8], "m": [1, 8]}, [
+        {"id": "e", "op": "expand", "args": ["m"], "shape": [4, 8]}, {"id": "b", "op": "cast", "args": ["e"], "to": "bool"},
+        {"id": "y", "op": "where", "args": ["b", "x", -5.0]},
+        {"id": "z", "op": "reduce_sum", "args": ["y"], "axes": [1], "keepdims": True}]),
+    "slice_concat": ({"x": [4, 16], "m": [4, 16]}, [
+        {"id": "a", "op": "slice", "args": ["m"], "axis": 1, "start": 8, "stop": 16},
+        {"id": "c", "op": "slice", "args": ["m"], "axis": 1, "start": 0, "stop": 8},
+        {"id": "r", "op": "concat", "args": ["a", "c"], "axis": 1},
+        {"id": "f", "op": "cast", "args": ["r"], "to": "float32"}, {"id": "z", "op": "mul", "args": ["x", "f"]}]),
+    "transpose": ({"x": [8, 4], "m": [4, 8]}, [
+        {"id": "t", "op": "transpose", "args": ["m"], "perm": [1, 0]}, {"id": "f", "op": "cast", "args": ["t"], "to": "float32"},
+        {"id": "y", "op": "add", "args": ["x", "f"]}, {"id": "z", "op": "reduce_max", "args": ["y"], "axes": [1], "keepdims": True}]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_MAPS))
+def test_index_maps_of_int_inputs_match_the_reference(case: str) -> None:
+    if "expand" in case and "expand" not in OPS:
+        pytest.skip("graph.json has no expand op")
+    shapes, nodes = _MAPS[case]
+    g = parse_graph({"name": "t", "inputs": {"x": {"shape": shapes["x"], "dtype": "float32"},
+                                             "m": {"shape": shapes["m"], "dtype": "int64"}}, "nodes": nodes, "outputs": ["z"]})
+    plan, space, scheds = _schedules(g, 3)
+    x = random_inputs(g, 0)
+    x["m"] = np.random.default_rng(2).integers(-(2**40), 2**40, x["m"].shape)
+    ref = run_reference(g, x)
+    for s in scheds:
+        assert emulated_errors(g, plan, space, s, x, ref)["z"] < 1e-6, s.to_json()
