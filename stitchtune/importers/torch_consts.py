@@ -82,6 +82,8 @@ def _evaluate(n: Any, vals: Mapping[Any, Any]) -> Any:
 
 def _attr(root: Any, target: str) -> Any:
     """The tensor constant ``root.<target>`` (not a parameter), or None."""
+    import torch
+
     obj = root
     for part in target.split("."):
         obj = getattr(obj, part, None)
