@@ -276,11 +276,18 @@ def _replace(gm: Any, chosen: Sequence[tuple[Any, str]]) -> Any:
         if isinstance(u, tuple):
             r, key = u
             call = g.call_function(torch.ops.stitchtune.region.default, (key, [env[x] for x in r.inputs]))
-            call.meta["val"] = [o.meta.get("val") for o in r.outputs]
-            for i, o in enumerate(r.outputs):
+            perms = r.output_perms or (None,) * len(r.outputs)
+            call.meta["val"] = [o.meta.get("val") if p is None else o.meta["val"].permute(p)
+                                for o, p in zip(r.outputs, perms)]
+            for i, (o, p) in enumerate(zip(r.outputs, perms)):
                 item = g.call_function(operator.getitem, (call, i))
-                item.meta = dict(o.meta)
+                item.meta = dict(o.meta) if p is None else {"val": call.meta["val"][i]}
+                if p is not None:   # the kernel wrote PyTorch's strided output row-major: view it back
+                    item = g.call_function(torch.ops.aten.permute.default, (item, list(r.restore_perm(i))))
+                    item.meta = dict(o.meta)
                 env[o] = item
+            for a, same in r.aliases:   # no-ops of the region read outside it: the value they equal
+                env[a] = env[same]
         else:
             env[u] = g.node_copy(u, lambda a: env[a])
     g.eliminate_dead_code()

@@ -508,27 +508,30 @@ class _Walker:
 
     # -- layout and index ops
     def _layout_shape(self, node: Any, shape: Sequence[int]) -> tuple[int, ...]:
+        from stitchtune.graph.checks import MAX_RANK
+
         shape = tuple(int(d) for d in shape)
-        if not 1 <= len(shape) <= 4 or min(shape) < 1:
+        if not 1 <= len(shape) <= MAX_RANK or min(shape) < 1:
             raise ImportError_(f"{node.target} at {_where(node)}: a tensor of shape {list(shape)} (graph.json "
-                               "tensors have rank 1..4 and positive dims)")
+                               f"tensors have rank 1..{MAX_RANK} and positive dims)")
         return shape
 
     def exact(self, x: Any, node: Any) -> Value:
         """The value of fx node ``x`` at exactly PyTorch's shape (a ``reshape`` of the same elements when
-        its graph shape differs in unit axes); a broadcast view cannot be materialised (no expand)."""
+        its graph shape differs in unit axes, an ``expand`` of a broadcast view)."""
         v = self.val(x, node)
         if v.is_scalar:
             raise ImportError_(f"{node.target} at {_where(node)}: a constant tensor argument is not supported")
         t = self.tshape(x)
         if tuple(v.shape) == t:
             return v
-        if math.prod(v.shape) != math.prod(t):
-            raise ImportError_(f"{node.target} at {_where(node)}: reads {x.name!a}, a broadcast view (graph shape "
-                               f"{list(v.shape)}, PyTorch shape {list(t)}); graph.json has no expand")
-        if x.name not in self._exact:
+        if math.prod(v.shape) != math.prod(t) and not _fits(v.shape, t):
+            raise ImportError_(f"{node.target} at {_where(node)}: reads {x.name!a} (graph shape {list(v.shape)}, "
+                               f"PyTorch shape {list(t)}), neither a broadcast nor a reshape of it")
+        if x.name not in self._exact:   # a broadcast view is materialised by ``expand`` (numpy broadcast_to)
             t = self._layout_shape(node, t)
-            self._exact[x.name] = self.b.layout("reshape", [v], t, str(v.dtype), f"{x.name}_exact", shape=list(t))
+            op = "reshape" if math.prod(v.shape) == math.prod(t) else "expand"
+            self._exact[x.name] = self.b.layout(op, [v], t, str(v.dtype), f"{x.name}_exact", shape=list(t))
         return self._exact[x.name]
 
     def _reframe(self, x: Any, v: Value, t_in: Sequence[int], t_new: Sequence[int], name: str, node: Any) -> Value:
@@ -648,8 +651,11 @@ class _Walker:
         t_in, t_out = self.tshape(x), self.tshape(node)
         if math.prod(t_in) > MAX_GRID or math.prod(t_out) > MAX_GRID:
             raise ImportError_(f"{node.target} at {_where(node)}: too large to resolve at import time")
-        grid = torch.arange(math.prod(t_in), dtype=torch.int64).reshape(t_in)
-        res = torch.ops.aten.index.Tensor(grid, idx).numpy()
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            grid = torch.arange(math.prod(t_in), dtype=torch.int64).reshape(t_in)
+            res = torch.ops.aten.index.Tensor(grid, idx).numpy()
         kind = grid_kind(res, tuple(t_in))
         v = self.val(x, node)
         if kind == "broadcast" and _fits(v.shape, t_out):

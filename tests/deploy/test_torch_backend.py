@@ -315,3 +315,21 @@ def test_cubins_are_built_in_one_batch_and_a_failed_build_declines_its_region(mo
     failed = torch_backend._attach_cubins(kernels, "sm_90")
     assert batches == [2] and list(failed) == [1] and "ptxas says no" in failed[1]
     assert isinstance(kernels[0], RegionKernel) and kernels[0].compiled.cubin == cubin.read_bytes()
+
+
+def test_permuted_outputs_and_no_op_aliases_match_eager() -> None:
+    """Rotary-style heads: a region output PyTorch keeps in transposed memory order is written
+    row-major and viewed back; a same-dtype clone read inside and outside the region is an alias."""
+    def f(x: Any, w: Any) -> Any:
+        q = (x @ w).view(2, 4, 2, 4).transpose(1, 2)
+        r = q * 2.0 + 1.0
+        c = r.clone()
+        return (r @ r.transpose(-1, -2)).view(2, -1), c @ w[:4, :4], (c * 3.0).sum(-1)
+
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    torch_backend.LAST_REPORTS.clear()
+    got = _compile(f, fallback="eager", cpu="emulate")(x, w)
+    for g, e in zip(got, f(x, w)):
+        assert torch.allclose(g, e, atol=1e-5)
+    assert any("aten.add" in s.ops for r in torch_backend.LAST_REPORTS for s in r.stitched)
