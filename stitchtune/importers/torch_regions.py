@@ -49,6 +49,7 @@ from stitchtune.importers.torch_aten import (
     index_dtype_name,
     value_dtype_name,
 )
+from stitchtune.importers.torch_cnn import WINDOWED_OPS, dead, functional_of, inplace_reason, is_inplace
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
 
@@ -165,12 +166,18 @@ def _fx_args(node: Any) -> list[Any]:
     return out
 
 
-def _reject_reason(node: Any) -> str | None:
+def _reject_reason(node: Any, order: dict[Any, int]) -> str | None:
     """Why ``node`` (a call_function other than getitem) cannot be in a region, or None."""
     key = _key(node.target)
     if key in COMPUTE_OPS:
         return "compute-intensive op (left to Inductor)"
-    if not hasattr(node.target, "_schema") or key not in SUPPORTED_OPS:
+    if key in WINDOWED_OPS:
+        return "windowed op (pooling; left to the framework like a convolution)"
+    if is_inplace(node):   # as its functional form (copied in its place by _subgraph)
+        why = inplace_reason(node, order, SUPPORTED_OPS)
+        if why:
+            return why
+    elif not hasattr(node.target, "_schema") or key not in SUPPORTED_OPS:
         return "no graph.json equivalent yet"
     val = node.meta.get("val")
     vals = val if isinstance(val, (tuple, list)) else [val]
@@ -219,6 +226,7 @@ class _Excluded:
 
 def _initial_exclusions(nodes: Sequence[Any]) -> _Excluded:
     ex = _Excluded()
+    order = {n: i for i, n in enumerate(nodes)}
     for n in nodes:
         if n.op != "call_function":
             ex.derived.add(n)
@@ -226,8 +234,10 @@ def _initial_exclusions(nodes: Sequence[Any]) -> _Excluded:
             if n.args[0] in ex:
                 ex.derived.add(n)
         else:
-            why = _reject_reason(n)
-            if why:
+            why = _reject_reason(n, order)
+            if why and dead(n):   # nothing reads it and it mutates nothing (make_fx's ``empty``)
+                ex.derived.add(n)
+            elif why:
                 ex.add(n, why)
     return ex
 
@@ -329,6 +339,8 @@ def _subgraph(group: list[Any]) -> tuple[Any, list[Any], list[Any], dict[Any, An
         back[ph] = x
     for n in group:
         env[n] = g.node_copy(n, lambda a: env[a])
+        if is_inplace(n):   # accepted by inplace_reason: its functional form, which mutates nothing
+            env[n].target = functional_of(n.target)
         back[env[n]] = n
     outputs = [n for n in group if any(u not in members for u in n.users)]
     g.output(tuple(env[o] for o in outputs))
