@@ -215,6 +215,15 @@ def _fx_partition(nodes: list[_FxNode], groups: list[list[int]]) -> Any:
     return Partition(groups=groups, consumers=consumers, producer=producer, succ=succ, cores=[set(g) for g in groups])
 
 
+def _buffers(ep: Any) -> dict[str, Any]:
+    """Placeholder name -> value of the exported program's buffers and lifted constants (constant
+    model state, as ONNX initializers are)."""
+    sig = ep.graph_signature
+    names = {**sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+    state = {**ep.state_dict, **ep.constants}
+    return {ph: state[fqn] for ph, fqn in names.items() if fqn in state}
+
+
 def import_exported(model: str) -> TorchExportImport:
     """``torch.export`` the model (non-strict, eval, the example inputs) and cut its fx graph into
     stitchtune graphs with the torch importer's :func:`stitchtune.importers.torch_regions.find_regions`
@@ -231,15 +240,16 @@ def import_exported(model: str) -> TorchExportImport:
         warnings.simplefilter("ignore")
         ep = torch.export.export(module, args, strict=False)
     gm = ep.graph_module
-    split = find_regions(gm, accept=None, prefix=model)
+    split = find_regions(gm, accept=None, prefix=model, constants=_buffers(ep))
     fx = list(gm.graph.nodes)
     tensors = {n.name for n in fx if isinstance(n.meta.get("val"), torch.Tensor)}
     nodes = [_FxNode(n, tensors) for n in fx if n.op == "call_function" and n.name in tensors]
     index = {nd.name: i for i, nd in enumerate(nodes)}
+    folded = {n.name for n in split.constants}
     for nd in nodes:   # nodes of constants only (arange, zeros, ...) are constants, as folded in ONNX
-        if all(t in index and nodes[index[t]].op_type == "Constant" for t in nd.input):
+        if nd.name in folded or all(t in index and nodes[index[t]].op_type == "Constant" for t in nd.input):
             nd.op_type = "Constant"
-    groups = [sorted(index[n.name] for n in r.nodes if n.name in index) for r in split.regions]
+    groups = [sorted(index[n.name] for n in (*r.nodes, *r.pulled) if n.name in index) for r in split.regions]
     in_region = set().union(*groups) if groups else set()
     declined = {d.what.removeprefix("op "): d.reason for d in split.declined if d.what.startswith("op ")}
     # free views/no-ops at region boundaries and groups dropped as no-ops are not cuts

@@ -235,6 +235,8 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
             return args[0].permute(*node.perm)
         if op == "reshape":
             return args[0].reshape(node.shape)
+        if op == "expand":
+            return args[0].expand(*node.shape)
         raise ValueError(f"peers: op {op!r} has no torch implementation")  # a bug: graph validated ops
 
     def body(*tensors: Any) -> tuple:
@@ -385,6 +387,8 @@ def jax_function(graph: Graph) -> Callable[..., tuple]:
                 val = jnp.transpose(args[0], node.perm)
             elif op == "reshape":
                 val = jnp.reshape(args[0], node.shape)
+            elif op == "expand":
+                val = jnp.broadcast_to(args[0], node.shape)
             else:
                 raise ValueError(f"peers: op {op!r} has no jax implementation")
             env[node.id] = val

@@ -266,9 +266,12 @@ _TABLE: tuple[OpInfo, ...] = (
     # cast
     OpInfo(name="cast", kind="cast", arity=1, np_fn=_identity, cuda="{0}", flops=0, sfu=0),
     # layout (index maps inside a region: the element moves, the value does not change; the
-    # reference applies ``np.transpose(x, perm)`` / ``x.reshape(shape)``, see graph/reference.py)
+    # reference applies ``np.transpose(x, perm)`` / ``x.reshape(shape)`` / ``np.broadcast_to(x, shape)``,
+    # see graph/reference.py; ``expand`` grows size-1 dims and may add leading dims, as numpy's
+    # ``broadcast_to``: a broadcast, zero stride along the grown dims)
     OpInfo(name="transpose", kind="layout", arity=1, np_fn=_identity, cuda="{0}", flops=0, sfu=0),
     OpInfo(name="reshape", kind="layout", arity=1, np_fn=_identity, cuda="{0}", flops=0, sfu=0),
+    OpInfo(name="expand", kind="layout", arity=1, np_fn=_identity, cuda="{0}", flops=0, sfu=0),
 )
 
 OPS: dict[str, OpInfo] = {op.name: op for op in _TABLE}

@@ -11,7 +11,7 @@ Contract
   anything is allocated from it: file size, node/input/output counts, elements per tensor, total bytes.
 * A valid graph: names match :data:`NAME_RE`; inputs and node ids are unique; args name inputs or
   *earlier* nodes (file order is a topological order) or are scalar constants (finite or infinite
-  numbers); shapes broadcast as numpy's; every tensor has rank 1..4 and positive dimensions; every
+  numbers); shapes broadcast as numpy's; every tensor has rank 1..6 (``MAX_RANK``) and positive dimensions; every
   node contributes to some output.
 * Node dtype = promoted dtype of its float tensor args (float32 wins; float16 + bfloat16 -> float32;
   constants do not promote; float32 when every float argument is a constant); ``cast`` gives ``to``;
@@ -314,11 +314,12 @@ def _node_attributes(rn: dict[str, Any], path: str, info: OpInfo | None, p: _Pro
                     p.add(f"{path}.{k}", f"only reductions take {k!r}; {info.name} does not")
         if not is_cast and "to" in rn:
             p.add(f"{path}.to", f"only cast takes 'to'; {info.name} does not")
-        for k, op in (("perm", "transpose"), ("shape", "reshape")):
-            if k in rn and info.name != op:
-                p.add(f"{path}.{k}", f"only {op} takes {k!r}; {info.name} does not")
-            elif k not in rn and info.name == op:
-                p.add(f"{path}.{k}", f"missing: {op} needs {'a permutation of the dims' if k == 'perm' else 'a target shape'}")
+        for k, ops in (("perm", ("transpose",)), ("shape", ("reshape", "expand"))):
+            if k in rn and info.name not in ops:
+                p.add(f"{path}.{k}", f"only {' and '.join(ops)} take{'s' if len(ops) == 1 else ''} {k!r}; "
+                                     f"{info.name} does not")
+            elif k not in rn and info.name in ops:
+                p.add(f"{path}.{k}", f"missing: {info.name} needs {'a permutation of the dims' if k == 'perm' else 'a target shape'}")
     keepdims = False
     if is_reduce and "keepdims" in rn:
         if not isinstance(rn["keepdims"], bool):
@@ -496,9 +497,30 @@ def _layout_shape(rn: dict[str, Any], path: str, info: OpInfo, first: TensorSpec
     if "shape" not in rn:
         return None
     shape = _check_shape(rn["shape"], f"{path}.shape", p)
+    if info.name == "expand":
+        return _expand_shape(rn, path, first, shape, p)
     if shape is not None and math.prod(shape) != first.numel:
         p.add(f"{path}.shape", f"reshape to {list(shape)} ({math.prod(shape)} elements) from "
                                f"{list(first.shape)} ({first.numel} elements): the element counts differ")
+        return None
+    return shape
+
+
+def _expand_shape(rn: dict[str, Any], path: str, first: TensorSpec, shape: tuple[int, ...] | None,
+                  p: _Problems) -> tuple[int, ...] | None:
+    """``expand``'s target ``shape`` (numpy ``broadcast_to``: right-aligned, every dim of the argument
+    equal to the target's or 1; leading dims may be added), or None with one problem naming the node."""
+    if shape is None:
+        return None
+    who = f"expand {_show(rn.get('id'))}"
+    grows = len(shape) >= first.rank and all(
+        d == t or d == 1 for d, t in zip(first.shape, shape[len(shape) - first.rank:]))
+    if not grows:
+        p.add(f"{path}.shape", f"{who} cannot expand {list(first.shape)} to {list(shape)}: only dims of size 1 "
+                               "may grow (right-aligned, as numpy broadcast_to)")
+        return None
+    if math.prod(shape) > MAX_ELEMENTS:
+        p.add(f"{path}.shape", f"{who}: too large: result has {math.prod(shape)} elements (limit {MAX_ELEMENTS})")
         return None
     return shape
 

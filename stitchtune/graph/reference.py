@@ -150,6 +150,8 @@ def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, n
                 val = np.transpose(args[0], node.perm)
             elif node.op == "reshape":
                 val = np.reshape(args[0], node.shape)
+            elif node.op == "expand":
+                val = np.broadcast_to(args[0], node.shape)
             elif info.kind == "slice":
                 val = info.np_fn(args[0], axis=node.axis, start=node.start, stop=node.stop)
             elif info.kind in ("concat", "gather"):

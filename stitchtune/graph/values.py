@@ -78,7 +78,7 @@ class Node:
     ``axes`` (reductions) are normalised, non-negative and sorted; ``shape``/``dtype`` are inferred.
     ``axis`` (slice, concat, gather) is normalised and non-negative; ``start``/``stop`` (slice) are
     normalised so that ``0 <= start < stop <= dim`` (step 1).
-    (For ``reshape`` the shape is the target given in the file.) ``perm`` is ``transpose``'s
+    (For ``reshape`` and ``expand`` the shape is the target given in the file.) ``perm`` is ``transpose``'s
     permutation of the argument's dims (numpy semantics), ``()`` for every other op.
     """
 
@@ -170,7 +170,7 @@ class GraphValue:
                 d["to"] = n.to
             if n.op == "transpose":
                 d["perm"] = list(n.perm)
-            if n.op == "reshape":
+            if n.op in ("reshape", "expand"):
                 d["shape"] = list(n.shape)
             if n.axis is not None:
                 d["axis"] = n.axis

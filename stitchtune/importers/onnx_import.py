@@ -74,7 +74,7 @@ from stitchtune.importers.builder import (
 )
 from stitchtune.importers.onnx_fold import FoldReport, fold_and_infer
 from stitchtune.importers.onnx_layout import VIEW_OPS, View, resolve_views
-from stitchtune.importers.onnx_ops_layout import INT_DTYPES, layout_op, map_layout, why_not_layout
+from stitchtune.importers.onnx_ops_layout import INT_DTYPES, layout_op, map_layout, map_split, why_not_layout
 from stitchtune.importers.onnx_load import MAX_TENSOR_ELEMENTS, ConstTable, load_model
 from stitchtune.importers.onnx_partition import COMPUTE_OPS, OnnxRegion, label, partition
 from stitchtune.importers.onnx_partition import regions as find_regions
@@ -266,8 +266,8 @@ def _why_not(ctx: _Ctx, i: int, node: Any, in_range: bool) -> str | None:
         if not in_range:
             return "outside --node-range"
         base = ctx.types.get(ctx.views[i].base)
-        return None if base is not None and base.elem in _ONNX_ALL else \
-            f"tensor {ctx.views[i].base!a} is not float32/float16/bfloat16/bool"
+        return None if base is not None and (base.elem in _ONNX_ALL or base.elem in INT_DTYPES) else \
+            f"tensor {ctx.views[i].base!a} is not float32/float16/bfloat16/bool/int32/int64"
     lop = layout_op(node.op_type) if node.domain in ("", "ai.onnx") else None
     if lop is not None:
         pass   # Transpose/Reshape/Slice/Concat/Gather, now that graph.json has the op (checked below)
@@ -290,7 +290,7 @@ def _why_not(ctx: _Ctx, i: int, node: Any, in_range: bool) -> str | None:
         if ty is None or ty.elem not in _ONNX_ALL:
             if node.op_type in _REDUCE and node.input[1:2] == [t]:
                 continue
-            if lop == "gather" and node.input[1:2] == [t] and ty is not None and ty.elem in INT_DTYPES:
+            if ty is not None and ty.elem in INT_DTYPES and _takes_int(node, lop, t):
                 continue
             return f"tensor {t!a} is not float32/float16/bfloat16/bool (or has no type)"
         if ty.shape is not None and not 1 <= len(ty.shape) <= 4:
@@ -318,6 +318,17 @@ def _why_not(ctx: _Ctx, i: int, node: Any, in_range: bool) -> str | None:
     if node.op_type == "Gelu" and a.get("approximate", "none") not in ("none", "tanh"):
         return "unknown gelu approximation"
     return None
+
+
+def _takes_int(node: Any, lop: str | None, t: str) -> bool:
+    """Whether ``node`` may read or produce int tensor ``t``: Cast's input (to bool or a float), the
+    data and result of Transpose/Reshape/Slice/Concat/Split (index maps of an int; what reads their
+    result is checked in turn), Gather's index (graph.json's int rules, see graph/parse.py)."""
+    if node.op_type == "Cast":
+        return node.input[:1] == [t]
+    if lop == "gather":
+        return node.input[1:2] == [t]
+    return lop is not None
 
 
 def _is_bool(ctx: _Ctx, t: str) -> bool:
@@ -388,11 +399,20 @@ def _static_shape(ctx: _Ctx, t: str) -> tuple[int, ...]:
     return shape
 
 
+def _elem_name(ctx: _Ctx, t: str) -> str:
+    """The graph.json dtype of ONNX tensor ``t`` (a float, bool or int type ``_why_not`` admitted)."""
+    elem = ctx.types[t].elem
+    return _ONNX_ALL.get(elem) or INT_DTYPES[elem]
+
+
 # ---------------------------------------------------------------------------- mapping one node
-def _check_frames(ctx: _Ctx, index: int, node: Any, v: Callable[[str], Value]) -> None:
+def _check_frames(ctx: _Ctx, b: GraphBuilder, index: int, node: Any,
+                  v: Callable[[str], Value]) -> Callable[[str], Value]:
     """An element-wise node may read values in a *reshaped frame* (the same elements as the ONNX
-    tensor in another shape: a Reshape it reads through) only when all its tensor operands are in
-    the same frame of the same ONNX shape; else :class:`_Demote` of the view that framed one."""
+    tensor in another shape: a Reshape it reads through). When all its tensor operands are in the
+    same frame of the same ONNX shape it computes in that frame: ``v`` itself. Otherwise each framed
+    operand is reshaped back to its ONNX shape (a ``reshape`` node, an index map in the kernel), or,
+    without graph.json's ``reshape``, :class:`_Demote` of the view that framed one."""
     tensors = [t for t in node.input if t]
     framed = []
     for t in tensors:
@@ -400,12 +420,21 @@ def _check_frames(ctx: _Ctx, index: int, node: Any, v: Callable[[str], Value]) -
         if not x.is_scalar and broadcast_shapes(tuple(x.shape), _static_shape(ctx, t)) != _static_shape(ctx, t):
             framed.append(t)
     if not framed:
-        return
+        return v
     vals = [v(t) for t in tensors if not v(t).is_scalar]
-    if len(vals) != len(framed) or len({x.shape for x in vals}) != 1 \
-            or len({_static_shape(ctx, t) for t in framed}) != 1:
+    if len(vals) == len(framed) and len({x.shape for x in vals}) == 1 \
+            and len({_static_shape(ctx, t) for t in framed}) == 1:
+        return v
+    if "reshape" not in OPS:
         raise _Demote(-1, f"a reshaped view that {label(index, node)} reads next to other shapes "
                           f"(graph.json has no reshape)", tensor=framed[0])
+
+    def unframed(t: str) -> Value:
+        x, want = v(t), _static_shape(ctx, t)
+        if t not in framed:
+            return x
+        return b.layout("reshape", [x], want, str(x.dtype), f"{t}_reshape", shape=list(want))
+    return unframed
 
 
 def _map_mask(b: GraphBuilder, op: str, ins: list[str], v: Callable[[str], Value], name: str) -> Value:
@@ -442,16 +471,21 @@ def _map_node(ctx: _Ctx, b: GraphBuilder, index: int, node: Any, v: Callable[[st
     if index in ctx.views:   # a view: its consumers read the base (broadcasting does the rest)
         return [v(ctx.views[index].base)]
     if op in _ELEMENTWISE:
-        _check_frames(ctx, index, node, v)
+        v = _check_frames(ctx, b, index, node, v)
     if op in _COMPARE or op in _LOGICAL or op in ("Not", "Where"):
         return [_map_mask(b, op, ins, v, name)]
     if op in _UNARY:
         return [b.unary(_UNARY[op], v(ins[0]), name)]
     if op == "Identity" or (op in _NOOP_SHAPE_OPS and _changes_nothing(ctx, node)):
         return [v(ins[0])]
+    if op == "Split":
+        return map_split(b, node, a, exact, _elem_name(ctx, node.input[0]), lambda k: ctx.const_list(node, k),
+                         out_names)
+    if op == "Gather" and tuple(v(ins[1]).shape) != _static_shape(ctx, ins[1]):
+        raise _Demote(-1, "a reshaped view of gather's index (graph.json indexes by a graph input)", tensor=ins[1])
     if layout_op(op) is not None:
         out = node.output[0]
-        return [map_layout(b, node, a, exact, _static_shape(ctx, out), _ONNX_ALL[ctx.types[out].elem],
+        return [map_layout(b, node, a, exact, _static_shape(ctx, out), _elem_name(ctx, out),
                            lambda k: ctx.const_list(node, k), name)]
     if op in _BINARY:
         return [b.binary(_BINARY[op], v(ins[0]), v(ins[1]), name)]
@@ -639,7 +673,7 @@ def _take(ctx: _Ctx, nodes: list[Any], b: GraphBuilder, i: int, t: str, r: Value
         pass   # exact, or a reshaped frame of it: the same elements in the same order
     elif r.is_scalar or broadcast_shapes(tuple(r.shape), expect) != expect:
         raise _Demote(i, f"mapped shape {list(r.shape)} differs from the model's {list(expect)} for {t!a}")
-    dt = _ONNX_ALL[ctx.types[t].elem]
+    dt = _elem_name(ctx, t)
     if r.dtype != dt:
         r = b.cast(r, dt, f"{t}_cast")
     vals[t] = r
@@ -651,8 +685,8 @@ def _take(ctx: _Ctx, nodes: list[Any], b: GraphBuilder, i: int, t: str, r: Value
     if not same:
         raise _Demote(_lazy_origin(ctx, nodes, t, vals), f"a broadcast view that would leave "
                       f"the region through {t!a} (graph.json has no expand)")
-    if dt == "bool":
-        raise _Demote(i, f"its value {t!a} would leave the region as a bool tensor (bool graph outputs are refused)")
+    if dt == "bool" or dt in INT_DTYPES.values():
+        raise _Demote(i, f"its value {t!a} would leave the region as a {dt} tensor ({dt} graph outputs are refused)")
     return r
 
 
@@ -687,8 +721,7 @@ def _build(ctx: _Ctx, nodes: list[Any], members: list[int], core: set[int], exte
             arr = np.asarray(c) != 0 if ty == "bool" else np.asarray(c, dtype=np.float32)
             constants.append((str(v.ref), arr.astype(numpy_dtype(ty))))
         else:
-            elem = ctx.types[t].elem
-            v = b.add_input(t, _static_shape(ctx, t), _ONNX_ALL.get(elem) or INT_DTYPES[elem])
+            v = b.add_input(t, _static_shape(ctx, t), _elem_name(ctx, t))
         names.append((str(v.ref), t))
         vals[t] = v
         return v

@@ -151,7 +151,7 @@ _MASK_OPS = {*_COMPARE, *_LOGICAL, "aten.where", "aten.masked_fill"}
 #: ``slice``, ``gather``; the element-moving views of :data:`_VIEWS` become ``reshape``)
 _LAYOUT = {"aten.transpose": "transpose", "aten.permute": "transpose", "aten.t": "transpose",
            "aten.cat": "concat", "aten.concat": "concat", "aten.slice": "slice", "aten.select": "slice",
-           "aten.embedding": "gather"}
+           "aten.embedding": "gather", "aten.index": "index"}
 #: every ATen op key (``_key(node.target)``) that :meth:`_Walker._op` maps (some only for some arguments)
 SUPPORTED_OPS: frozenset[str] = frozenset({
     *_UNARY, *_BINARY, *_REDUCE, *_VIEWS, *_CASTS, *_LAYOUT, "aten.gelu", "aten.add", "aten.sub", "aten.rsub", "aten.pow",
@@ -296,6 +296,8 @@ class _Walker:
         kind, payload = self.cap.bindings[node.name]
         if kind == "user":
             return self.user_values[payload]
+        if kind == "folded":   # a constant the region resolves at import time (``index``'s indices)
+            return payload
         fqn, t = payload
         if kind == "const" and t.numel() == 1 and t.dim() == 0:
             return scalar(float(t.item()))
@@ -306,6 +308,10 @@ class _Walker:
 
     def _check(self, node: Any, v: Value) -> Value:
         t, dt = _meta(node)
+        if dt is None and v.dtype in ("int32", "int64") and _key(node.target) in _VIEWS \
+                and node.meta.get("val") is not None \
+                and index_dtype_name(node.meta["val"].dtype) == v.dtype:
+            dt = v.dtype   # a view of integer ids (read by gather or a cast)
         if dt is None:
             raise ImportError_(f"{node.target} at {_where(node)} produces a dtype graph.json does not have "
                                f"({node.meta.get('val').dtype if node.meta.get('val') is not None else '?'})")
@@ -556,6 +562,8 @@ class _Walker:
         op = _LAYOUT[key]
         if op == "transpose":
             return self._transpose(node, key, a, x)
+        if op == "index":
+            return self._index(node, a, x)
         if op == "slice":
             return self._slice(node, key, a, x)
         t = self._layout_shape(node, self.tshape(node))
@@ -633,3 +641,28 @@ class _Walker:
         if key == "aten.select":
             return self._reframe(None, out, sliced_shape, self.tshape(node), node.name, node)
         return out
+
+    def _index(self, node: Any, a: dict[str, Any], x: Any) -> Value:
+        """``index.Tensor`` with indices known at import time: resolved on the index grid of ``x``
+        (:mod:`stitchtune.importers.index_grid`) when the result is ``x`` broadcast or reshaped."""
+        import torch
+
+        from stitchtune.importers.index_grid import MAX_GRID, grid_kind
+
+        idx = [None if i is None else self.vals.get(i.name) for i in a["indices"]]
+        if any(i is not None and not isinstance(i, torch.Tensor) for i in idx):
+            raise ImportError_(f"{node.target} at {_where(node)}: indices computed at run time (graph.json "
+                               "gathers rows by input indices only)")
+        t_in, t_out = self.tshape(x), self.tshape(node)
+        if math.prod(t_in) > MAX_GRID or math.prod(t_out) > MAX_GRID:
+            raise ImportError_(f"{node.target} at {_where(node)}: too large to resolve at import time")
+        grid = torch.arange(math.prod(t_in), dtype=torch.int64).reshape(t_in)
+        res = torch.ops.aten.index.Tensor(grid, idx).numpy()
+        kind = grid_kind(res, tuple(t_in))
+        v = self.val(x, node)
+        if kind == "broadcast" and _fits(v.shape, t_out):
+            return v
+        if kind == "reshape":
+            return self._reframe(x, v, t_in, t_out, node.name, node)
+        raise ImportError_(f"{node.target} at {_where(node)}: constant indices that gather (not a broadcast "
+                           "or reshape of the input)")

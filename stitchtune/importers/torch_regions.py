@@ -7,8 +7,20 @@ region maps exactly what ``stitchtune import torch`` maps.
 Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
 
 * Candidates are ``call_function`` nodes whose op the importer maps (:data:`torch_aten.SUPPORTED_OPS`)
-  with static shapes and float tensors in and out; ``getitem`` of a candidate is a candidate. Every
-  other op is declined with a reason (compute op, no graph.json equivalent, dynamic shape, dtype).
+  with static shapes and float tensors in and out (see :mod:`stitchtune.importers.torch_candidates`
+  for integer ids and masks); ``getitem`` of a candidate is a candidate. Every other op is declined
+  with a reason (compute op, no graph.json equivalent, dynamic shape, dtype).
+* Nodes computed from constants only (``arange``, ``zeros``, masks of those; ``constants`` names the
+  placeholders that are constant) are evaluated at import time
+  (:func:`~stitchtune.importers.torch_consts.fold_constants`): a 0-d one is a scalar of the region's
+  graph, the indices of an ``index`` are resolved on an index grid (a broadcast or reshape; a real
+  gather is declined), any other is an input of the region that PyTorch computes.
+* Bool chains of graph inputs and constants are computed again by every region that reads them
+  (``TorchRegion.pulled``), so one padding mask feeds every layer's softmax region.
+* A view (``view``, ``transpose``, ``expand``, ...) or a no-op (eval dropout, a same-dtype cast)
+  whose result only leaves a region stays PyTorch's (``RegionSplit.free``: the region returns the
+  contiguous base); a group that nothing reads, or that only moves data as views, is dropped
+  (``RegionSplit.dropped``). Neither is reported as declined.
 * Regions are the maximal connected groups of candidates that are convex (no path leaves a region and
   re-enters it; a non-convex group is split by how many non-candidates precede its nodes, as the
   ONNX partition does, then parts linked by an edge are joined again while their union stays convex). Each region is mapped through :class:`torch_aten._Walker` on a sub-graph
@@ -33,14 +45,13 @@ from __future__ import annotations
 import logging
 import operator
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from stitchtune.errors import StitchtuneError
 from stitchtune.importers.builder import GraphBuilder, ImportError_
 from stitchtune.importers.torch_aten import (
-    SUPPORTED_OPS,
     _Captured,
     _key,
     _strip1,
@@ -49,19 +60,19 @@ from stitchtune.importers.torch_aten import (
     index_dtype_name,
     value_dtype_name,
 )
-from stitchtune.importers.torch_cnn import WINDOWED_OPS, dead, functional_of, inplace_reason, is_inplace
+from stitchtune.importers.torch_candidates import (
+    COMPUTE_OPS,  # noqa: F401  (re-exported: the compute ops left to the framework)
+    _Excluded,
+    _fx_args,
+    _hint,
+    _initial_exclusions,
+)
+from stitchtune.importers.torch_consts import fold_constants
+from stitchtune.importers.torch_cnn import functional_of, is_inplace
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
 
 log = logging.getLogger(__name__)
-
-#: ATen ops that are compute-intensive (matmuls, convolutions, attention): Inductor's or a library's job
-COMPUTE_OPS: frozenset[str] = frozenset({
-    "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul", "aten.linear", "aten.convolution",
-    "aten.conv2d", "aten.conv1d", "aten.einsum", "aten._scaled_dot_product_flash_attention",
-    "aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_efficient_attention",
-    "aten._scaled_dot_product_cudnn_attention", "aten.scaled_dot_product_attention"})
-
 
 @dataclass(frozen=True)
 class TorchRegion:
@@ -74,6 +85,8 @@ class TorchRegion:
     outputs: tuple[Any, ...] = field(compare=False)   # fx nodes of graph.outputs, same order
     #: the region's ATen ops as a GraphModule (placeholders = ``inputs``, outputs = ``outputs``)
     module: Any = field(default=None, compare=False, repr=False)
+    #: nodes outside ``nodes`` that the region computes again (bool chains of graph inputs), graph order
+    pulled: tuple[Any, ...] = field(default=(), compare=False)
 
     @property
     def dynamic(self) -> bool:
@@ -88,8 +101,9 @@ class TorchRegion:
 
     @property
     def ops(self) -> tuple[str, ...]:
-        """The ATen ops of the region (``getitem`` left out), in graph order."""
-        return tuple(_key(n.target) for n in self.nodes if n.target is not operator.getitem)
+        """The ATen ops the region computes (``getitem`` left out; ``pulled`` ones first, as they
+        precede what reads them), in graph order otherwise."""
+        return tuple(_key(n.target) for n in (*self.pulled, *self.nodes) if n.target is not operator.getitem)
 
 
 @dataclass(frozen=True)
@@ -112,6 +126,7 @@ class RegionSplit:
     declined: tuple[Declined, ...]
     free: tuple[Any, ...] = ()
     dropped: tuple[tuple[Any, ...], ...] = ()
+    constants: tuple[Any, ...] = ()   # nodes computed from constants only (inputs of regions, or scalars)
 
 
 @dataclass(frozen=True)
@@ -130,116 +145,6 @@ def plan_check(graph: Any) -> str | None:
     except StitchtuneError as exc:
         return f"planner: {exc}"
     return None
-
-
-# ---------------------------------------------------------------------------- candidates
-def _hint(d: Any) -> int | None:
-    """A static dim, or a symbolic dim's example value (its hint); None when it has none."""
-    if isinstance(d, int):
-        return d
-    try:
-        h = d.node.hint
-    except AttributeError:
-        return None
-    return int(h) if h is not None else None
-
-
-def _tensor_ok(val: Any, index: bool = False) -> str | None:
-    """None for a float tensor with static dims or symbolic dims with hints, else why not
-    (``index``: an int32/int64 tensor is fine too, the indices of ``embedding``)."""
-    import torch
-
-    if not isinstance(val, torch.Tensor):
-        return f"a {type(val).__name__} value, not a tensor"
-    if any(_hint(d) is None for d in val.shape):
-        return "dynamic shape without an example value (stitched kernels are specialised per shape)"
-    if value_dtype_name(val.dtype) is None and not (index and index_dtype_name(val.dtype)):
-        return f"dtype {str(val.dtype).removeprefix('torch.')}"
-    return None
-
-
-def _fx_args(node: Any) -> list[Any]:
-    import torch.fx
-
-    out: list[Any] = []
-    torch.fx.node.map_arg((node.args, node.kwargs), lambda a: out.append(a) or a)
-    return out
-
-
-def _reject_reason(node: Any, order: dict[Any, int]) -> str | None:
-    """Why ``node`` (a call_function other than getitem) cannot be in a region, or None."""
-    key = _key(node.target)
-    if key in COMPUTE_OPS:
-        return "compute-intensive op (left to Inductor)"
-    if key in WINDOWED_OPS:
-        return "windowed op (pooling; left to the framework like a convolution)"
-    if is_inplace(node):   # as its functional form (copied in its place by _subgraph)
-        why = inplace_reason(node, order, SUPPORTED_OPS)
-        if why:
-            return why
-    elif not hasattr(node.target, "_schema") or key not in SUPPORTED_OPS:
-        return "no graph.json equivalent yet"
-    val = node.meta.get("val")
-    vals = val if isinstance(val, (tuple, list)) else [val]
-    for v in vals:
-        if v is None:
-            continue
-        why = _tensor_ok(v)
-        if why:
-            return f"produces {why}"
-    ids = node.args[1] if key == "aten.embedding" and len(node.args) > 1 else None
-    for a in _fx_args(node):
-        why = _tensor_ok(a.meta.get("val"), index=a is ids)
-        if why:
-            return f"reads {why}"
-    return None
-
-
-class _Excluded:
-    """Nodes out of every region: ``reasons`` (reported) and ``derived`` (followed a reported one)."""
-
-    def __init__(self) -> None:
-        self.reasons: dict[Any, str] = {}
-        self.derived: set[Any] = set()
-        self.free: dict[Any, str] = {}
-
-    def __contains__(self, node: Any) -> bool:
-        return node in self.reasons or node in self.derived or node in self.free
-
-    def add(self, node: Any, reason: str, free: bool = False) -> None:
-        """Exclude ``node``; a getitem takes its tuple-producing source along, and a source its getitems.
-        A ``free`` node (a view or no-op the framework applies for free) is not reported."""
-        if free and node.target is not operator.getitem:
-            self.free[node] = reason
-            return
-        self.reasons[node] = reason
-        if node.target is operator.getitem:
-            src = node.args[0]
-            if src not in self:
-                self.add(src, reason)
-                self.derived.add(src)
-                del self.reasons[src]
-        for u in node.users:
-            if u.target is operator.getitem and u not in self:
-                self.derived.add(u)
-
-
-def _initial_exclusions(nodes: Sequence[Any]) -> _Excluded:
-    ex = _Excluded()
-    order = {n: i for i, n in enumerate(nodes)}
-    for n in nodes:
-        if n.op != "call_function":
-            ex.derived.add(n)
-        elif n.target is operator.getitem:
-            if n.args[0] in ex:
-                ex.derived.add(n)
-        else:
-            why = _reject_reason(n, order)
-            if why and dead(n):   # nothing reads it and it mutates nothing (make_fx's ``empty``)
-                ex.derived.add(n)
-            elif why:
-                ex.add(n, why)
-    return ex
 
 
 # ---------------------------------------------------------------------------- grouping
@@ -287,7 +192,7 @@ def _groups(nodes: Sequence[Any], ex: _Excluded) -> list[list[Any]]:
     for n in nodes:
         s = max((stage.get(a, 0) for a in _fx_args(n)), default=0)
         node_stage[n] = s
-        stage[n] = s + 1 if n in ex else s
+        stage[n] = s + 1 if n in ex and n not in ex.pulled else s
     cands = [n for n in nodes if n not in ex]
     out = []
     for comp in _components(cands, lambda a, b: True):
@@ -318,18 +223,50 @@ def _merge_convex(parts: list[list[Any]]) -> list[list[Any]]:
 
 
 # ---------------------------------------------------------------------------- mapping one group
-def _subgraph(group: list[Any]) -> tuple[Any, list[Any], list[Any], dict[Any, Any]]:
-    """(GraphModule of the group, external inputs, outputs, sub node -> original node)."""
+def _embedded(x: Any, members: set[Any], consts: Mapping[Any, Any]) -> bool:
+    """True for a constant that the region's module holds itself: a 0-d value (a scalar of the graph)
+    or the indices of an ``index`` (resolved at import time), never a graph input."""
+    if x not in consts:
+        return False
+    if consts[x].dim() == 0:
+        return True
+    return all(_key(u.target) == "aten.index" and x is not u.args[0] for u in x.users if u in members)
+
+
+def _with_pulled(group: list[Any], pulled: set[Any]) -> list[Any]:
+    """``group`` and the ``pulled`` nodes it reads through chains of them, in graph order."""
+    seen: set[Any] = set(group)
+    todo = [a for n in group for a in _fx_args(n)]
+    while todo:
+        a = todo.pop()
+        if a in pulled and a not in seen:
+            seen.add(a)
+            todo.extend(_fx_args(a))
+    if len(seen) == len(group):
+        return group
+    order = {n: i for i, n in enumerate(next(iter(group)).graph.nodes)}
+    return sorted(seen, key=order.__getitem__)
+
+
+def _subgraph(group: list[Any], consts: Mapping[Any, Any],
+              pulled: set[Any] | None = None) -> tuple[Any, list[Any], list[Any], dict[Any, Any]]:
+    """(GraphModule of the group and the ``pulled`` nodes it reads, external inputs, outputs, sub
+    node -> original node); constants of :func:`_embedded` are nodes of the module (``scalar_tensor``
+    or a buffer), not inputs. Outputs are nodes of ``group`` only."""
     import torch
     import torch.fx
 
+    owned = set(group)
+    group = _with_pulled(group, pulled or set())
     members = set(group)
     inputs: list[Any] = []
+    held: list[Any] = []
     for n in group:
         for a in _fx_args(n):
-            if a not in members and a not in inputs:
-                inputs.append(a)
+            if a not in members and a not in inputs and a not in held:
+                (held if _embedded(a, members, consts) else inputs).append(a)
     g = torch.fx.Graph()
+    root = torch.nn.Module()
     env: dict[Any, Any] = {}
     back: dict[Any, Any] = {}
     for x in inputs:
@@ -337,17 +274,25 @@ def _subgraph(group: list[Any]) -> tuple[Any, list[Any], list[Any], dict[Any, An
         ph.meta = dict(x.meta)
         env[x] = ph
         back[ph] = x
+    for i, x in enumerate(held):
+        t = consts[x]
+        if t.dim() == 0:
+            env[x] = g.call_function(torch.ops.aten.scalar_tensor.default, (t.item(),), {"dtype": t.dtype})
+        else:
+            root.register_buffer(f"const{i}", t.clone())
+            env[x] = g.get_attr(f"const{i}")
+        env[x].meta = {"val": t, "folded": t}
     for n in group:
         env[n] = g.node_copy(n, lambda a: env[a])
         if is_inplace(n):   # accepted by inplace_reason: its functional form, which mutates nothing
             env[n].target = functional_of(n.target)
         back[env[n]] = n
-    outputs = [n for n in group if any(u not in members for u in n.users)]
+    outputs = [n for n in group if n in owned and any(u not in members for u in n.users)]
     g.output(tuple(env[o] for o in outputs))
     for n in g.nodes:   # symbolic shapes are mapped at their example values (re-mapped per shape later)
         if "val" in n.meta:
             n.meta["val"] = _concrete(n.meta["val"])
-    return torch.fx.GraphModule(torch.nn.Module(), g), inputs, outputs, back
+    return torch.fx.GraphModule(root, g), inputs, outputs, back
 
 
 def _concrete(val: Any) -> Any:
@@ -361,21 +306,23 @@ def _concrete(val: Any) -> Any:
     return val
 
 
-def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any], Any] | _Culprit | Declined | None:
+def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any], pulled: set[Any] | None = None) -> tuple[Any, list[Any], list[Any], Any] | _Culprit | Declined | None:
     """(Graph, inputs, outputs, sub GraphModule) of one group, or the node to exclude, or the whole
     group declined, or None when nothing outside the group reads it (dead code: no region)."""
-    sub, inputs, outputs, back = _subgraph(group)
+    sub, inputs, outputs, back = _subgraph(group, consts, pulled)
+    full = _with_pulled(group, pulled or set())
     if not outputs:
         return None
     for x in inputs:
         if len(x.meta["val"].shape) == 0:   # graph.json tensors have rank 1..4
-            return _Culprit(next(n for n in group if x in _fx_args(n)), f"reads the 0-d tensor {x.name!a}")
+            return _Culprit(next(n for n in full if x in _fx_args(n)), f"reads the 0-d tensor {x.name!a}")
     b = GraphBuilder(name)
     values = []
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
         val = x.meta["val"]
         values.append(b.add_input(f"in{i}", tuple(_hint(d) or 1 for d in val.shape), value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))
     bindings = {ph.name: ("user", i) for i, ph in enumerate(n for n in sub.graph.nodes if n.op == "placeholder")}
+    bindings.update({n.name: ("folded", n.meta["folded"]) for n in sub.graph.nodes if n.op == "get_attr"})
     walker = _Walker(_Captured(sub, bindings, "fx"), b, values, lambda fqn, t: "float32")
     try:
         outs = walker.run()
@@ -386,7 +333,7 @@ def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any], 
             msg = str(exc)
             return _Culprit(back[cur], msg[len(prefix):] if msg.startswith(prefix) else msg)
         outs = None
-    culprit = _check_outputs(walker, sub, outputs, outs, {str(v.ref) for v in values}, set(group))
+    culprit = _check_outputs(walker, sub, outputs, outs, {str(v.ref) for v in values}, set(full))
     if culprit is not None:
         return culprit
     if outs is None:   # the walker refused an output shape that differs only in leading 1s
@@ -473,11 +420,29 @@ def _computes(graph: Any) -> bool:
 
 # ---------------------------------------------------------------------------- entry point
 def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_check,
-                 prefix: str = "region") -> RegionSplit:
+                 prefix: str = "region", constants: Mapping[str, Any] | None = None) -> RegionSplit:
     """The memory-intensive regions of ``gm`` (an ATen-level fx GraphModule with ``meta["val"]``) and
-    what was declined (see module docstring)."""
+    what was declined (see module docstring). ``constants``: placeholder name -> tensor for the
+    placeholders whose values never change (an exported program's buffers); the nodes computed from
+    constants only are evaluated (:func:`~stitchtune.importers.torch_consts.fold_constants`)."""
     nodes = list(gm.graph.nodes)
-    ex = _initial_exclusions(nodes)
+    consts = fold_constants(nodes, constants, gm)
+    ex = _initial_exclusions(nodes, consts)
+    while True:
+        groups, mapped = _settle(nodes, ex, consts, accept, prefix)
+        regions, declined, dropped = _collect(groups, mapped, ex)
+        claimed = {n for r in regions for n in r.pulled}
+        unclaimed = [n for n in nodes if n in ex.pulled and n not in claimed]
+        if not unclaimed:
+            break
+        ex.pulled.difference_update(unclaimed)   # read by no region: grouped like any other node
+    return RegionSplit(tuple(regions), tuple(_op_declines(nodes, ex)) + tuple(declined),
+                       tuple(n for n in nodes if n in ex.free), tuple(dropped), tuple(consts))
+
+
+def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
+            accept: Callable[[Any], str | None] | None, prefix: str) -> tuple[list[list[Any]], dict[frozenset[Any], Any]]:
+    """Group and map until every group maps (or is declined): (groups, group -> mapping result)."""
     mapped: dict[frozenset[Any], Any] = {}
     while True:
         groups = _groups(nodes, ex)
@@ -486,7 +451,7 @@ def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_chec
             key = frozenset(group)
             if key in mapped:
                 continue
-            res = _map_group(group, f"{prefix}_{group[0].name}")
+            res = _map_group(group, f"{prefix}_{group[0].name}", consts, ex.pulled)
             if isinstance(res, tuple) and _computes(res[0]) and accept is not None:
                 res = _judge(res, group, accept)
             if isinstance(res, _Culprit):
@@ -495,7 +460,12 @@ def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_chec
             else:
                 mapped[key] = res
         if not changed:
-            break
+            return groups, mapped
+
+
+def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], Any],
+             ex: _Excluded) -> tuple[list[TorchRegion], list[Declined], list[tuple[Any, ...]]]:
+    """(regions, groups declined whole, groups dropped) of the settled ``groups``."""
     regions: list[TorchRegion] = []
     declined: list[Declined] = []
     dropped: list[tuple[Any, ...]] = []
@@ -505,11 +475,12 @@ def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_chec
             declined.append(res)
         elif res is not None and _computes(res[0]):
             graph, inputs, outputs, sub = res
-            regions.append(TorchRegion(graph.name, graph, tuple(group), tuple(inputs), tuple(outputs), sub))
+            own = set(group)
+            pulled = tuple(n for n in _with_pulled(group, ex.pulled) if n not in own)
+            regions.append(TorchRegion(graph.name, graph, tuple(group), tuple(inputs), tuple(outputs), sub, pulled))
         else:
             dropped.append(tuple(group))
-    return RegionSplit(tuple(regions), tuple(_op_declines(nodes, ex)) + tuple(declined),
-                       tuple(n for n in nodes if n in ex.free), tuple(dropped))
+    return regions, declined, dropped
 
 
 _QUOTED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
@@ -552,7 +523,9 @@ def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
 
     _Meta(gm).run(*[torch.empty(tuple(t.shape), dtype=t.dtype, device="meta") for t in inputs])
     group = [n for n in gm.graph.nodes if n.op == "call_function"]
-    res = _map_group(group, name)
+    held = {n: n.meta["folded"] for n in gm.graph.nodes if "folded" in n.meta}
+    group = [n for n in group if n not in held]
+    res = _map_group(group, name, held)
     if res is None:
         raise StitchtuneError(f"region {name}: nothing reads its outputs")
     if isinstance(res, (_Culprit, Declined)):

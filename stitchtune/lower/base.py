@@ -219,6 +219,17 @@ class _Lowerer:
         column factors, as :meth:`row_base`; ``c`` itself for a contiguous map)."""
         return _axis_offset(self.p.imap(name).cols, c)
 
+    def once_pred(self, name: str, r: kir.Expr, pred: kir.Expr | None) -> kir.Expr | None:
+        """``pred`` and, for an output broadcast along part of the rows
+        (:attr:`~stitchtune.plan.index_map.IndexMap.store_once`), row ``r`` at coordinate 0 along each
+        of its row repeats: the one writer of each element."""
+        for dim, inner in self.p.imap(name).row_repeats if self.p.imap(name).store_once else ():
+            t = Bin("/", r, _I(inner)) if inner > 1 else r
+            if inner * dim < self.p.M:
+                t = Bin("%", t, _I(dim))
+            pred = _and(pred, Bin("==", t, _I(0)))
+        return pred
+
     def mapped_load(self, cx: _Ctx, body: list, name: str, base: kir.Expr, c: kir.Expr,
                     pred: kir.Expr | None, prefix: str) -> list[kir.Expr]:
         """Append the loads of the ``vec`` elements ``c .. c + vec - 1`` (``c`` a multiple of ``vec``) of

@@ -315,7 +315,7 @@ class _ColKernel:
             if low.p.mapped(o):  # a permuted (bijective) map: stored through it
                 rbase = low.row_base(o, Bin("min", r_, _I(low.p.M - 1)))
                 if low.cls[o] is TensorClass.FULL:
-                    low.mapped_store(lb, o, rbase, ix.cc0, list(vals), valid)
+                    low.mapped_store(lb, o, rbase, ix.cc0, list(vals), low.once_pred(o, r_, valid))
                 else:
                     lb.append(kir.StoreVec(buf, rbase, (vals[0],), _and(valid, Bin("==", ix.c0, _I(0)))))
             elif low.cls[o] is TensorClass.FULL:

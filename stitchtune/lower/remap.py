@@ -62,7 +62,11 @@ class RemapValues:
         self.low, self.p, self.g, self.vec = low, low.p, low.g, low.s.vec
         self.domain = _domain(low)
         self.mixed = has_layout_ops(low.g)
-        self.row_axes, self.col_axes = _split_axes(self.domain, self.p.M)
+        # mixed: the columns are the innermost domain axis (check_mixed); the view's rows may hold
+        # axes the domain lacks (an expand), so they are not split from M
+        D = len(self.domain)
+        self.row_axes, self.col_axes = ((tuple(range(D - 1)), (D - 1,)) if self.mixed else
+                                        _split_axes(self.domain, self.p.M))
         self.memo: dict[tuple[str, Shift], list[kir.Expr]] = {}
         self.reads_before = dict(kern.stats["reads"])  # what earlier sweeps read
 

@@ -432,7 +432,8 @@ class _RowKernel:
             c = low.cls[o]
             if low.p.mapped(o):  # a permuted (bijective) map: stored through it
                 base = low.row_base(o, Bin("min", ix.row, _I(low.p.M - 1))) if c is TensorClass.FULL else _I(0)
-                pred = valid if c is TensorClass.FULL else _and(valid, Bin("==", ix.row, _I(0)))
+                pred = (low.once_pred(o, ix.row, valid) if c is TensorClass.FULL else
+                        _and(valid, Bin("==", ix.row, _I(0))))
                 low.mapped_store(lb, o, base, k0, list(vals), pred)
             elif c is TensorClass.FULL:
                 lb.append(kir.StoreVec(buf, _add(_mul(ix.row, _I(N)), k0), tuple(vals), valid))

@@ -5,7 +5,9 @@ dimension; ``()`` for a size-1 dimension, along which the tensor broadcasts). Ax
 propagation in graph order: each input dimension of size > 1 starts as a fresh axis; a broadcasting
 op (numpy semantics, right-aligned) *unifies* the axes its arguments meet on; a reduction drops (or,
 with ``keepdims``, empties) its reduced dimensions; ``transpose`` permutes the dimensions; ``reshape``
-regroups the source's axes into the target dimensions. Unifying or regrouping two runs of axes of the
+regroups the source's axes into the target dimensions; ``expand`` gives each dim it grows from 1 (or
+adds) a fresh axis, along which its source broadcasts (Llama's ``repeat_kv``: ``[B, Hkv, 1, S, D]``
+expanded to ``[B, Hkv, n, S, D]`` and merged to ``[B, Hkv*n, S, D]`` reads head ``h`` at ``h // n``). Unifying or regrouping two runs of axes of the
 same total size splits an axis where one run has a finer factorisation (an input ``[N, C, H, W]``
 reshaped to ``[N, G, C/G, H*W]`` splits the axis of ``C`` into ``G`` and ``C/G`` everywhere), so at
 the end every tensor is a sub-product of one set of axes.
@@ -163,6 +165,11 @@ def _node_axes(b: _Builder, node: Node) -> None:
     elif node.op == "reshape":
         flat = [a for g in b.groups[targs[0]] for a in (g or ())]
         b.groups[node.id] = b.regroup(flat, node.shape)  # type: ignore[assignment]
+    elif node.op == "expand":  # a broadcast: every grown (or added) dim is a fresh axis the source lacks
+        src = b.groups[targs[0]]
+        off = len(node.shape) - len(src)
+        b.groups[node.id] = [src[k - off] if k >= off and (src[k - off] or s == 1) else
+                             ((b.fresh(s),) if s > 1 else ()) for k, s in enumerate(node.shape)]
     else:
         _broadcast(b, node)
 

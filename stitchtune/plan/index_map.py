@@ -25,7 +25,9 @@ legal wherever ``N % vec == 0``, since every row stride is then a multiple of ``
 is a stride-1 run whose length is a multiple of ``vec``: e.g. ``x [B, T, C]`` over columns ``B*C``),
 ``uniform`` (the tensor broadcasts along the innermost ``vec`` columns: one load, e.g. gamma of a
 group norm when ``H*W % vec == 0``) or ``scalar`` (one load per element).
-:attr:`IndexMap.bijective`: one view element per tensor element (what an output needs).
+:attr:`IndexMap.bijective`: one view element per tensor element (what an output needs);
+:attr:`IndexMap.store_once`: a full tensor that broadcasts along part of the rows only, which an
+output may also be: stored by the rows at coordinate 0 of its :attr:`IndexMap.row_repeats`.
 """
 
 from __future__ import annotations
@@ -95,9 +97,17 @@ class IndexMap:
     rows: AxisMap
     cols: AxisMap
     size: int
+    #: for a tensor that varies along rows and columns: the runs of row axes it does not span,
+    #: ``(dim, inner)`` each (``(r // inner) % dim`` is the coordinate along the run), outermost
+    #: first; ``()`` when it spans every row axis or broadcasts along all rows or all columns
+    row_repeats: tuple[tuple[int, int], ...] = ()
 
     def offset(self, r: int, c: int) -> int:
         return self.rows.offset(r) + self.cols.offset(c)
+
+    def first_rows(self, r: int) -> bool:
+        """Whether view row ``r`` is at coordinate 0 along every run of ``row_repeats``."""
+        return all((r // inner) % dim == 0 for dim, inner in self.row_repeats)
 
     @property
     def vector_contiguous(self) -> bool:
@@ -137,6 +147,15 @@ class IndexMap:
         want = (1 if self.rows.broadcast else self.rows.extent) * (1 if self.cols.broadcast else self.cols.extent)
         return self.size == want and self.rows.span * self.cols.span == self.size
 
+    @property
+    def store_once(self) -> bool:
+        """A full tensor that broadcasts along part of the row axes (``row_repeats``) and is one-to-one
+        along the rest of the view (Llama's rotated ``k [B, Hkv, S, D]`` over the domain of its
+        grouped copy ``[B, Hkv*n, S, D]``): it can be stored through the map by the view rows whose
+        coordinate along every repeat is 0 (:meth:`first_rows`), one writer per element."""
+        return (bool(self.row_repeats) and not self.rows.broadcast and not self.cols.broadcast
+                and self.cols.span == self.cols.extent and self.rows.span * self.cols.span == self.size)
+
 
 def _axis_map(axes: tuple[int, ...], sizes: Mapping[int, int], stride_of: dict[int, int]) -> AxisMap:
     """The map of the kernel axis spanning the domain axes ``axes`` (row-major, last fastest)."""
@@ -156,6 +175,21 @@ def _axis_map(axes: tuple[int, ...], sizes: Mapping[int, int], stride_of: dict[i
     return AxisMap(extent, tuple(reversed(factors)))
 
 
+def _row_repeats(axes: tuple[int, ...], sizes: Mapping[int, int], stride_of: dict[int, int]) -> tuple[tuple[int, int], ...]:
+    """The runs of adjacent axes of ``axes`` (row-major) without a stride: ``(dim, inner)``, outermost first."""
+    runs: list[tuple[int, int]] = []  # innermost first while building
+    inner, prev_end = 1, -1
+    for a in reversed(axes):
+        if sizes[a] > 1 and not stride_of.get(a, 0):
+            if runs and prev_end == inner:
+                runs[-1] = (runs[-1][0] * sizes[a], runs[-1][1])
+            else:
+                runs.append((sizes[a], inner))
+            prev_end = inner * sizes[a]
+        inner *= sizes[a]
+    return tuple(reversed(runs))
+
+
 def index_map(shape: tuple[int, ...], groups: tuple[tuple[int, ...], ...], sizes: Mapping[int, int],
               row_axes: tuple[int, ...], col_axes: tuple[int, ...]) -> IndexMap:
     """The map of a tensor of ``shape`` whose dim ``k`` spans the domain axes ``groups[k]`` (row-major
@@ -169,4 +203,6 @@ def index_map(shape: tuple[int, ...], groups: tuple[tuple[int, ...], ...], sizes
         for a in reversed(group):
             stride_of[a] = st
             st *= sizes[a]
-    return IndexMap(_axis_map(row_axes, sizes, stride_of), _axis_map(col_axes, sizes, stride_of), prod(shape))
+    rows, cols = _axis_map(row_axes, sizes, stride_of), _axis_map(col_axes, sizes, stride_of)
+    full = bool(rows.factors and cols.factors)  # repeats only matter for a full tensor (store_once)
+    return IndexMap(rows, cols, prod(shape), _row_repeats(row_axes, sizes, stride_of) if full else ())

@@ -33,7 +33,9 @@ and is swept and cached like a full tensor, only reading fewer bytes; ``PER_KEPT
 row) and is addressed through its map (:meth:`StitchPlan.mapped`), with vector loads where the map
 allows (:meth:`~stitchtune.plan.index_map.IndexMap.vector_mode`); every other tensor has the plain
 map of its class, so its code is that of the 2-D family. An output is stored through its map when
-that map is a bijection (a permuted full tensor, e.g. a transposed result).
+that map is a bijection (a permuted full tensor, e.g. a transposed result), or when it is a full
+tensor broadcast along part of the row axes (Llama's rotated ``k`` next to its grouped copy): then
+only the rows at coordinate 0 of those axes store it (one writer per element).
 
 Graphs that cannot be expressed in such a view (a partially broadcast output, reductions over
 different axes, a reshape that is not a split/merge of the domain axes, a diagonal ``x + x.T``, ...)
@@ -255,15 +257,16 @@ def _classify(names: list[str], view: _View, maps: dict[str, Groups]) -> dict[st
 
 def _index_maps(graph: Graph, view: _View, maps: dict[str, Groups]) -> dict[str, IndexMap]:
     """Every tensor's :class:`IndexMap` over the view; an output must be stored through a bijective
-    map (one view element per element of it, or one row / column: a plain map, or a permuted one):
-    a partially broadcast output is refused."""
+    map (one view element per element of it, or one row / column: a plain map, or a permuted one) or
+    be a full tensor broadcast along part of the row axes only (:attr:`IndexMap.store_once`: stored
+    by the rows at coordinate 0 of those axes); any other partially broadcast output is refused."""
     out = {n: index_map(graph.spec(n).shape, maps[n], view.sizes, view.row_axes, view.col_axes) for n in maps}
     for o in graph.outputs:
-        if not out[o].bijective:
+        if not (out[o].bijective or out[o].store_once):
             raise UnsupportedGraphError(
-                f"output '{o}' {list(graph.spec(o).shape)} broadcasts along part of the row axes of the "
-                f"iteration domain {view.shape}; stitched kernels store full, per-row, per-column "
-                "and scalar outputs only")
+                f"output '{o}' {list(graph.spec(o).shape)} broadcasts along part of the axes of the iteration "
+                f"domain {view.shape} (of the columns, or of the rows of a per-row value); stitched kernels store "
+                "full, per-row, per-column and scalar outputs, and full ones broadcast along row axes only")
     return out
 
 

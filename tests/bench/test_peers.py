@@ -114,6 +114,10 @@ def _every_op_graph() -> dict:
         elif op == "reshape":
             nodes += [{"id": f"u{i}", "op": op, "args": [last], "shape": [2, 16]},
                       {"id": nid, "op": op, "args": [f"u{i}"], "shape": [4, 8]}]
+        elif op == "expand":  # [4, 8] -> [4, 1, 8] -> [3, 4, 2, 8] -> mean over the grown dims
+            nodes += [{"id": f"u{i}", "op": "reshape", "args": [last], "shape": [4, 1, 8]},
+                      {"id": f"e{i}", "op": op, "args": [f"u{i}"], "shape": [3, 4, 2, 8]},
+                      {"id": nid, "op": "reduce_mean", "args": [f"e{i}"], "axes": [0, 2], "keepdims": False}]
         else:
             nodes.append({"id": nid, "op": "cast", "args": [last], "to": "bfloat16"})
         if OPS[op].result == "bool":  # back to float (0 / 1) for the arithmetic that follows

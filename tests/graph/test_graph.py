@@ -210,8 +210,8 @@ def test_dtype_and_shape_problems() -> None:
     one(g, "inputs.x.shape[1]", "must be positive")
     g["inputs"]["x"]["shape"] = [8, 2.0]
     one(g, "inputs.x.shape[1]", "must be an integer")
-    g["inputs"]["x"]["shape"] = [1, 1, 1, 1, 16]
-    one(g, "inputs.x.shape", "rank 5")
+    g["inputs"]["x"]["shape"] = [1, 1, 1, 1, 1, 1, 16]
+    one(g, "inputs.x.shape", "rank 7")
     g["inputs"]["x"]["shape"] = []
     one(g, "inputs.x.shape", "rank 0")
     one(with_node(1, op="cast", args=["x"], to="int8"), "nodes[1].to", "unsupported dtype")

@@ -55,7 +55,7 @@ def test_op_table_fields() -> None:
                         "lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or", "logical_not",
                         "where", "clamp",
                         "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "cast",
-                        "slice", "concat", "gather", "transpose", "reshape"}
+                        "slice", "concat", "gather", "transpose", "reshape", "expand"}
     banned = re.compile(r"\b(exp|log|sqrt|tanh|erf|pow|fmax|fmin|fabs)\(")  # double-precision calls
     for info in OPS.values():
         assert info.kind in ("unary", "binary", "ternary", "reduce", "cast", "slice", "concat", "gather", "layout")

@@ -159,7 +159,7 @@ def test_a_bool_output_or_arithmetic_on_bools_stays_outside() -> None:
     split = find_regions(gm)
     for r in split.regions:
         assert all(r.graph.spec(o).dtype != "bool" for o in r.graph.outputs)
-    assert any("bool output" in d.reason for d in split.declined)
+    assert any("bool output" in d.reason or "bool or integer result" in d.reason for d in split.declined)
 
 
 def test_parts_split_by_stage_are_joined_again_where_the_union_stays_convex() -> None:
@@ -191,3 +191,51 @@ def test_views_and_no_ops_at_a_boundary_are_left_to_the_framework_and_dead_group
     assert {n.name for n in split.free} >= {"view", "transpose"}
     assert any([n.name for n in g] == ["add", "tanh"] for g in split.dropped)
     assert not any("tanh" in d.what or "transpose" in d.what or "contiguous" in d.reason for d in split.declined)
+
+
+def _masked_attention(s: Any, keep: Any, v: Any) -> Any:
+    """The transformers mask chain: constant aranges index the padding mask, ``&`` a constant causal
+    mask, ``where`` against 0-d constants, added to the scores of two attention layers."""
+    n = s.shape[-1]
+    rows, cols = torch.arange(n), torch.arange(n)
+    causal = (cols[None, None, None, :] <= rows[None, None, :, None]) & torch.ones((), dtype=torch.bool)
+    pad = keep[torch.arange(1)[:, None, None, None], cols[None, None, None, :]]   # aten.index, a view
+    mask = torch.where(causal & pad, torch.zeros(()), torch.finfo(torch.float32).min)
+    p = (s * 0.5 + mask).softmax(-1)
+    return ((p @ v) + mask).softmax(-1)
+
+
+def test_constant_subgraphs_are_folded_and_an_index_by_constant_grids_is_a_view() -> None:
+    torch.manual_seed(0)
+    s, v = torch.randn(1, 2, 4, 4), torch.randn(1, 2, 4, 4)
+    keep = torch.tensor([[True, True, False, True]])
+    gm = _aten(_masked_attention, s, keep, v)
+    split = find_regions(gm)
+    assert [d.what for d in split.declined] == ["op aten.bmm"], split.declined
+    first, second = split.regions
+    assert {"aten.index", "aten.bitwise_and", "aten.where", "aten._softmax"} <= set(first.ops)
+    assert any(n.target is torch.ops.aten.arange.start_step or "arange" in str(n.target) for n in split.constants)
+    # 0-d constants are scalars of the graph, the causal mask a constant input computed by PyTorch
+    assert [x.name for x in first.inputs if x in split.constants] and "where" in {n.op for n in first.graph.nodes}
+    env = {n: t for n, t in zip([n for n in gm.graph.nodes if n.op == "placeholder"], (s, keep, v))}
+    from torch.fx import Interpreter
+
+    class _Record(Interpreter):
+        def run_node(self, n: Any) -> Any:
+            env[n] = out = super().run_node(n)
+            return out
+
+    want = _Record(gm).run(s, keep, v)
+    for r in split.regions:
+        ins = {name: env[x].numpy() for (name, _), x in zip(r.graph.inputs, r.inputs)}
+        got = run_reference(r.graph, ins)
+        for o, name in zip(r.outputs, r.graph.outputs):
+            assert np.abs(got[name].reshape(env[o].shape) - env[o].numpy()).max() < 1e-5
+    assert np.isfinite(want.numpy()).all()
+
+
+def test_an_index_that_gathers_is_declined_with_its_reason() -> None:
+    gm = _aten(lambda x: x[torch.tensor([2, 0, 1])].exp() * 2.0, torch.randn(3, 4))
+    split = find_regions(gm)
+    assert any(d.what == "op aten.index" and "gather" in d.reason for d in split.declined), split.declined
+    assert split.regions and "aten.index" not in split.regions[0].ops

@@ -38,11 +38,13 @@ KERNEL_HASHES_ADDED = (REPO / "tests" / "lower" / "golden" / "kernel_hashes_inde
 # recorded with, before the cluster scheme; see tests/lower/test_kernel_hashes.py)
 KERNEL_HASHES_FULL = (REPO / "tests" / "lower" / "golden" / "kernel_hashes_cluster.json",
                       REPO / "tests" / "lower" / "golden" / "kernel_hashes_index_ops.json",
-                      REPO / "tests" / "lower" / "golden" / "kernel_hashes_maps.json")
+                      REPO / "tests" / "lower" / "golden" / "kernel_hashes_maps.json",
+                      REPO / "tests" / "lower" / "golden" / "kernel_hashes_expand.json")
 SUGGEST_FULL = (Path(__file__).resolve().parent / "golden" / "suggest_params_cluster.json",
                 Path(__file__).resolve().parent / "golden" / "suggest_params_index_ops.json",
                 Path(__file__).resolve().parent / "golden" / "suggest_params_maps.json",
-                Path(__file__).resolve().parent / "golden" / "suggest_params_rotary.json")
+                Path(__file__).resolve().parent / "golden" / "suggest_params_rotary.json",
+                Path(__file__).resolve().parent / "golden" / "suggest_params_expand.json")
 
 
 def _recorded(paths) -> dict:
