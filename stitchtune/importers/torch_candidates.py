@@ -4,8 +4,10 @@
 * :func:`_initial_exclusions(nodes, consts)`: every ``call_function`` node whose op the importer maps
   (:data:`torch_aten.SUPPORTED_OPS`), with static (or hinted) shapes and float tensors in and out, is a
   candidate; integer tensors only where they are ids (``embedding``), cast (an integer mask) or
-  viewed, and constant ``index`` indices. Every other node is excluded with a reason (compute op, no
-  graph.json equivalent, dynamic shape, dtype); constants and assertions silently.
+  viewed, and constant ``index`` indices. Every other node is excluded with a reason (compute op,
+  windowed pooling op, no graph.json equivalent, dynamic shape, dtype); constants, assertions and
+  dead calls (nothing reads them, they mutate nothing) silently. An in-place op is a candidate as its
+  functional form when its mutation is unobservable (:func:`~stitchtune.importers.torch_cnn.inplace_reason`).
 * Bool chains of graph inputs and constants (a padding mask's cast, ``index``, ``&``, ``where``) are
   *pulled*: not grouped, but computed again by every region that reads them.
 """
