@@ -335,7 +335,10 @@ def _decompositions(keep_whole: bool = True) -> dict[Any, Any]:
     aten = torch.ops.aten
     keep = {aten.native_layer_norm.default, aten._softmax.default, aten._log_softmax.default,
             aten.gelu.default, aten.silu.default, aten.rms_norm.default, aten.softmax.int,
-            aten.log_softmax.int, aten.layer_norm.default}
+            aten.log_softmax.int, aten.layer_norm.default, aten._native_batch_norm_legit_no_training.default,
+            # windowed ops stay whole (the framework's; Inductor's max-pool decomposition also
+            # needs torch._inductor.lowering imported, which only compile_fx does)
+            aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default}
     table = select_decomp_table()
     return {k: v for k, v in table.items() if not (keep_whole and k in keep)}
 
