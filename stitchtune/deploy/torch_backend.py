@@ -276,11 +276,18 @@ def _replace(gm: Any, chosen: Sequence[tuple[Any, str]]) -> Any:
         if isinstance(u, tuple):
             r, key = u
             call = g.call_function(torch.ops.stitchtune.region.default, (key, [env[x] for x in r.inputs]))
-            call.meta["val"] = [o.meta.get("val") for o in r.outputs]
-            for i, o in enumerate(r.outputs):
+            perms = r.output_perms or (None,) * len(r.outputs)
+            call.meta["val"] = [o.meta.get("val") if p is None else o.meta["val"].permute(p)
+                                for o, p in zip(r.outputs, perms)]
+            for i, (o, p) in enumerate(zip(r.outputs, perms)):
                 item = g.call_function(operator.getitem, (call, i))
-                item.meta = dict(o.meta)
+                item.meta = dict(o.meta) if p is None else {"val": call.meta["val"][i]}
+                if p is not None:   # the kernel wrote PyTorch's strided output row-major: view it back
+                    item = g.call_function(torch.ops.aten.permute.default, (item, list(r.restore_perm(i))))
+                    item.meta = dict(o.meta)
                 env[o] = item
+            for a, same in r.aliases:   # no-ops of the region read outside it: the value they equal
+                env[a] = env[same]
         else:
             env[u] = g.node_copy(u, lambda a: env[a])
     g.eliminate_dead_code()
@@ -328,7 +335,10 @@ def _decompositions(keep_whole: bool = True) -> dict[Any, Any]:
     aten = torch.ops.aten
     keep = {aten.native_layer_norm.default, aten._softmax.default, aten._log_softmax.default,
             aten.gelu.default, aten.silu.default, aten.rms_norm.default, aten.softmax.int,
-            aten.log_softmax.int, aten.layer_norm.default}
+            aten.log_softmax.int, aten.layer_norm.default, aten._native_batch_norm_legit_no_training.default,
+            # windowed ops stay whole (the framework's; Inductor's max-pool decomposition also
+            # needs torch._inductor.lowering imported, which only compile_fx does)
+            aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default}
     table = select_decomp_table()
     return {k: v for k, v in table.items() if not (keep_whole and k in keep)}
 

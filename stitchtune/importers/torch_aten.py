@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from stitchtune.importers.builder import GraphBuilder, ImportError_, Value, scalar
+from stitchtune.importers.torch_cnn import CNN_OPS, dead, inplace_problem, map_cnn_op
 
 
 # ---------------------------------------------------------------------------- dtypes
@@ -157,6 +158,7 @@ SUPPORTED_OPS: frozenset[str] = frozenset({
     "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.softmax", "aten._softmax",
     "aten.log_softmax", "aten._log_softmax", "aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm",
     "aten.dropout", "aten.native_dropout", "aten.feature_dropout", "aten.scalar_tensor", *_MASK_OPS})
+SUPPORTED_OPS = SUPPORTED_OPS | CNN_OPS   # eval batch norm, 1x1 adaptive average pool (torch_cnn)
 _IGNORED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
             "aten._assert_async"}
 
@@ -172,6 +174,7 @@ class _Walker:
         self.forced_keepdim = self._keepdim_prepass()
         self.current: Any = None
         self._exact: dict[str, Value] = {}
+        self._order: dict[Any, int] | None = None   # node -> position, for in-place ops
 
     # -- helpers
     def tshape(self, n: Any) -> tuple[int, ...]:
@@ -236,18 +239,21 @@ class _Walker:
         for node in self.cap.gm.graph.nodes:
             self.current = node   # the node being mapped (torch_regions names it when mapping fails)
             if node.op in ("placeholder", "get_attr"):
-                self.vals[node.name] = self._input(node)
+                if node.users or self.cap.bindings[node.name][0] == "user":   # unused parameters and
+                    self.vals[node.name] = self._input(node)                # buffers are no inputs
             elif node.op == "call_function":
                 if node.target is operator.getitem:
                     src, idx = node.args
                     got = self.vals.get(src.name)
                     item = got[idx] if isinstance(got, tuple) and idx < len(got) else None
+                    if item is None and not node.users:   # an unused output (batch norm's saved stats)
+                        continue
                     if item is None:
                         raise ImportError_(f"{src.target} output {idx} at {_where(node)} is not supported")
                     self.vals[node.name] = item
                     continue
                 key = _key(node.target)
-                if key in _IGNORED:
+                if key in _IGNORED or dead(node):
                     continue
                 if key.endswith("_") and not key.endswith("__"):
                     key = self._inplace(node, key)
@@ -277,13 +283,13 @@ class _Walker:
         return outputs
 
     def _inplace(self, node: Any, key: str) -> str:
-        """An in-place op on a fresh intermediate that nothing reads afterwards is its out-of-place op."""
-        target = node.args[0] if node.args else None
-        order = {n: i for i, n in enumerate(self.cap.gm.graph.nodes)}
-        if (getattr(target, "op", None) != "call_function"
-                or any(order[u] > order[node] for u in target.users if u is not node)):
-            raise ImportError_(f"in-place op {node.target} at {_where(node)} mutates a value that is an "
-                               "input or is read later; graph.json graphs are pure")
+        """An in-place op on a fresh intermediate that nothing reads afterwards is its out-of-place op
+        (:func:`stitchtune.importers.torch_cnn.inplace_problem`)."""
+        if self._order is None:
+            self._order = {n: i for i, n in enumerate(self.cap.gm.graph.nodes)}
+        why = inplace_problem(node, self._order)
+        if why:
+            raise ImportError_(f"in-place op {node.target} at {_where(node)} {why}")
         return key[:-1]
 
     def _input(self, node: Any) -> Value:
@@ -368,6 +374,8 @@ class _Walker:
             return self._view(node, key, x)
         if key in _LAYOUT:
             return self._layout(node, key, a, x)
+        if key in CNN_OPS:
+            return map_cnn_op(self, node, key, a)
         raise ImportError_(f"unsupported op {node.target} at {_where(node)}")
 
     def _no_bool(self, node: Any, key: str, a: dict[str, Any]) -> None:
@@ -508,27 +516,30 @@ class _Walker:
 
     # -- layout and index ops
     def _layout_shape(self, node: Any, shape: Sequence[int]) -> tuple[int, ...]:
+        from stitchtune.graph.checks import MAX_RANK
+
         shape = tuple(int(d) for d in shape)
-        if not 1 <= len(shape) <= 4 or min(shape) < 1:
+        if not 1 <= len(shape) <= MAX_RANK or min(shape) < 1:
             raise ImportError_(f"{node.target} at {_where(node)}: a tensor of shape {list(shape)} (graph.json "
-                               "tensors have rank 1..4 and positive dims)")
+                               f"tensors have rank 1..{MAX_RANK} and positive dims)")
         return shape
 
     def exact(self, x: Any, node: Any) -> Value:
         """The value of fx node ``x`` at exactly PyTorch's shape (a ``reshape`` of the same elements when
-        its graph shape differs in unit axes); a broadcast view cannot be materialised (no expand)."""
+        its graph shape differs in unit axes, an ``expand`` of a broadcast view)."""
         v = self.val(x, node)
         if v.is_scalar:
             raise ImportError_(f"{node.target} at {_where(node)}: a constant tensor argument is not supported")
         t = self.tshape(x)
         if tuple(v.shape) == t:
             return v
-        if math.prod(v.shape) != math.prod(t):
-            raise ImportError_(f"{node.target} at {_where(node)}: reads {x.name!a}, a broadcast view (graph shape "
-                               f"{list(v.shape)}, PyTorch shape {list(t)}); graph.json has no expand")
-        if x.name not in self._exact:
+        if math.prod(v.shape) != math.prod(t) and not _fits(v.shape, t):
+            raise ImportError_(f"{node.target} at {_where(node)}: reads {x.name!a} (graph shape {list(v.shape)}, "
+                               f"PyTorch shape {list(t)}), neither a broadcast nor a reshape of it")
+        if x.name not in self._exact:   # a broadcast view is materialised by ``expand`` (numpy broadcast_to)
             t = self._layout_shape(node, t)
-            self._exact[x.name] = self.b.layout("reshape", [v], t, str(v.dtype), f"{x.name}_exact", shape=list(t))
+            op = "reshape" if math.prod(v.shape) == math.prod(t) else "expand"
+            self._exact[x.name] = self.b.layout(op, [v], t, str(v.dtype), f"{x.name}_exact", shape=list(t))
         return self._exact[x.name]
 
     def _reframe(self, x: Any, v: Value, t_in: Sequence[int], t_new: Sequence[int], name: str, node: Any) -> Value:
@@ -648,8 +659,11 @@ class _Walker:
         t_in, t_out = self.tshape(x), self.tshape(node)
         if math.prod(t_in) > MAX_GRID or math.prod(t_out) > MAX_GRID:
             raise ImportError_(f"{node.target} at {_where(node)}: too large to resolve at import time")
-        grid = torch.arange(math.prod(t_in), dtype=torch.int64).reshape(t_in)
-        res = torch.ops.aten.index.Tensor(grid, idx).numpy()
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            grid = torch.arange(math.prod(t_in), dtype=torch.int64).reshape(t_in)
+            res = torch.ops.aten.index.Tensor(grid, idx).numpy()
         kind = grid_kind(res, tuple(t_in))
         v = self.val(x, node)
         if kind == "broadcast" and _fits(v.shape, t_out):

@@ -50,13 +50,18 @@ FOLDABLE: frozenset[str] = frozenset({
     "aten.mm", "aten.matmul", "aten.bmm", "aten.float", "aten.repeat", "aten.max", "aten.min", "aten.sum"})
 
 
-def _small(val: Any) -> bool:
+def _real(t: Any) -> bool:
+    """A tensor with data (not a fake or meta tensor of a trace)."""
     import torch
+    from torch._subclasses.fake_tensor import is_fake
 
-    if isinstance(val, torch.Tensor):
+    return isinstance(t, torch.Tensor) and not is_fake(t) and t.device.type != "meta"
+
+
+def _small(val: Any) -> bool:
+    if _real(val):
         return val.numel() <= MAX_ELEMENTS
-    return isinstance(val, (tuple, list)) and all(isinstance(v, torch.Tensor) and v.numel() <= MAX_ELEMENTS
-                                                  for v in val)
+    return isinstance(val, (tuple, list)) and all(_real(v) and v.numel() <= MAX_ELEMENTS for v in val)
 
 
 def _evaluate(n: Any, vals: Mapping[Any, Any]) -> Any:
@@ -69,7 +74,9 @@ def _evaluate(n: Any, vals: Mapping[Any, Any]) -> Any:
         kwargs = {**kwargs, "device": torch.device("cpu")}
     if _key(n.target) == "aten.to" and len(args) > 1 and isinstance(args[1], (torch.device, str)):
         args = (args[0], torch.device("cpu"), *args[2:])
-    with torch.no_grad():
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with torch.no_grad(), unset_fake_temporarily():   # real values even inside a compile's fake mode
         return n.target(*args, **kwargs)
 
 
@@ -80,7 +87,7 @@ def _attr(root: Any, target: str) -> Any:
     obj = root
     for part in target.split("."):
         obj = getattr(obj, part, None)
-    ok = isinstance(obj, torch.Tensor) and not isinstance(obj, torch.nn.Parameter) and obj.numel() <= MAX_ELEMENTS
+    ok = _real(obj) and not isinstance(obj, torch.nn.Parameter) and obj.numel() <= MAX_ELEMENTS
     return obj if ok else None
 
 
@@ -93,7 +100,7 @@ def fold_constants(nodes: Sequence[Any], known: Mapping[str, Any] | None = None,
     known = known or {}
     for n in nodes:
         if n.op == "placeholder":
-            if n.name in known:
+            if n.name in known and _real(known[n.name]):
                 vals[n] = known[n.name]
             continue
         if n.op == "get_attr" and root is not None:

@@ -68,6 +68,7 @@ from stitchtune.importers.torch_candidates import (
     _initial_exclusions,
 )
 from stitchtune.importers.torch_consts import fold_constants
+from stitchtune.importers.torch_cnn import functional_of, is_inplace
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
 
@@ -86,6 +87,20 @@ class TorchRegion:
     module: Any = field(default=None, compare=False, repr=False)
     #: nodes outside ``nodes`` that the region computes again (bool chains of graph inputs), graph order
     pulled: tuple[Any, ...] = field(default=(), compare=False)
+    #: per output: None, or the axis order PyTorch stores it in (its strides); the graph's output is
+    #: then ``pytorch_value.permute(perm)`` (row-major), and ``graph_out.permute(inverse(perm))`` is
+    #: PyTorch's strided tensor (see :meth:`restore_perm`)
+    output_perms: tuple[tuple[int, ...] | None, ...] = field(default=(), compare=False)
+
+    #: (fx node, the input or output node it equals): no-op nodes of the region (eval dropout, a
+    #: same-dtype cast) that are read outside it; PyTorch's readers read the node they equal
+    aliases: tuple[tuple[Any, Any], ...] = field(default=(), compare=False)
+
+    def restore_perm(self, i: int) -> tuple[int, ...]:
+        """The permutation that turns the kernel's row-major output ``i`` into PyTorch's strided
+        tensor (a free view; the identity when ``output_perms[i]`` is None)."""
+        p = self.output_perms[i] if self.output_perms else None
+        return tuple(range(len(self.outputs[i].meta["val"].shape))) if p is None else _inverse(p)
 
     @property
     def dynamic(self) -> bool:
@@ -94,9 +109,11 @@ class TorchRegion:
 
     @property
     def output_shapes(self) -> tuple[tuple[int, ...], ...]:
-        """PyTorch's shape of each output (may differ from the graph's in leading 1s only; symbolic
-        dims at their example values)."""
-        return tuple(tuple(_hint(d) or 1 for d in o.meta["val"].shape) for o in self.outputs)
+        """PyTorch's shape of each output as the kernel writes it (may differ from the graph's in
+        leading 1s only; symbolic dims at their example values; permuted by ``output_perms``)."""
+        perms = self.output_perms or (None,) * len(self.outputs)
+        shapes = [tuple(_hint(d) or 1 for d in o.meta["val"].shape) for o in self.outputs]
+        return tuple(s if p is None else tuple(s[i] for i in p) for s, p in zip(shapes, perms))
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -133,6 +150,13 @@ class _Culprit:
     node: Any
     reason: str
     free: bool = False   # a view or no-op left to the framework (not reported as declined)
+
+
+def _inverse(perm: Sequence[int]) -> tuple[int, ...]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
 
 
 def plan_check(graph: Any) -> str | None:
@@ -273,16 +297,22 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any],
         ph.meta = dict(x.meta)
         env[x] = ph
         back[ph] = x
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     for i, x in enumerate(held):
         t = consts[x]
-        if t.dim() == 0:
-            env[x] = g.call_function(torch.ops.aten.scalar_tensor.default, (t.item(),), {"dtype": t.dtype})
-        else:
-            root.register_buffer(f"const{i}", t.clone())
-            env[x] = g.get_attr(f"const{i}")
+        with unset_fake_temporarily():   # real constants, also inside a compile's fake mode
+            if t.dim() == 0:
+                env[x] = g.call_function(torch.ops.aten.scalar_tensor.default, (float(t.item()),),
+                                         {"dtype": t.dtype})
+            else:
+                root.register_buffer(f"const{i}", t.clone())
+                env[x] = g.get_attr(f"const{i}")
         env[x].meta = {"val": t, "folded": t}
     for n in group:
         env[n] = g.node_copy(n, lambda a: env[a])
+        if is_inplace(n):   # accepted by inplace_reason: its functional form, which mutates nothing
+            env[n].target = functional_of(n.target)
         back[env[n]] = n
     outputs = [n for n in group if n in owned and any(u not in members for u in n.users)]
     g.output(tuple(env[o] for o in outputs))
@@ -311,7 +341,7 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any], pulled: s
     if not outputs:
         return None
     for x in inputs:
-        if len(x.meta["val"].shape) == 0:   # graph.json tensors have rank 1..4
+        if len(x.meta["val"].shape) == 0:   # graph.json tensors have rank 1 or more
             return _Culprit(next(n for n in full if x in _fx_args(n)), f"reads the 0-d tensor {x.name!a}")
     b = GraphBuilder(name)
     values = []
@@ -330,28 +360,54 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any], pulled: s
             msg = str(exc)
             return _Culprit(back[cur], msg[len(prefix):] if msg.startswith(prefix) else msg)
         outs = None
-    culprit = _check_outputs(walker, sub, outputs, outs, {str(v.ref) for v in values}, set(full))
-    if culprit is not None:
-        return culprit
+    perms = _check_outputs(walker, sub, outputs, outs, {str(v.ref): x for v, x in zip(values, inputs)}, set(full))
+    if isinstance(perms, _Culprit):
+        return perms
+    out_node = next(n for n in sub.graph.nodes if n.op == "output")
     if outs is None:   # the walker refused an output shape that differs only in leading 1s
-        out_node = next(n for n in sub.graph.nodes if n.op == "output")
         outs = [walker.vals[s.name] for s in out_node.args[0]]
+    aliases = tuple((o, p) for o, p in zip(outputs, perms) if p is not None and not isinstance(p, tuple))
+    kept = [i for i, p in enumerate(perms) if p is None or isinstance(p, tuple)]
     try:
+        outs = [_stored(walker, out_node.args[0][i], outs[i], perms[i]) for i in kept]
         graph = b.graph(outs)
-    except StitchtuneError as exc:
+    except (StitchtuneError, ImportError_) as exc:
         return Declined(f"region {name} ({_ops_text(group)})", str(exc))
-    return graph, inputs, outputs, sub
+    return graph, inputs, [outputs[i] for i in kept], sub, tuple(perms[i] for i in kept), aliases
+
+
+def _stored(walker: Any, s: Any, v: Any, perm: tuple[int, ...] | None) -> Any:
+    """Output value ``v`` of sub node ``s`` as the region stores it: itself, or (``perm``: PyTorch
+    keeps it in permuted memory order) its exact value transposed by ``perm``, a row-major tensor
+    that ``permute(inverse(perm))`` turns into PyTorch's strided one for free."""
+    if perm is None:
+        return v
+    x = walker.exact(s, s)
+    shape = tuple(x.shape[p] for p in perm)
+    return walker.b.layout("transpose", [x], shape, str(x.dtype), f"{s.name}_stored", perm=list(perm))
+
+
+def _dense_perm(val: Any) -> tuple[int, ...] | None:
+    """The axis order in which the strided tensor ``val`` is row-major (``val.permute(perm)`` is
+    contiguous), or None when it is not a permutation of a dense tensor or has symbolic dims."""
+    if not all(isinstance(d, int) for d in val.shape) or not all(isinstance(d, int) for d in val.stride()):
+        return None
+    perm = tuple(sorted(range(val.dim()), key=lambda i: (-val.stride()[i], i)))
+    return perm if val.permute(perm).is_contiguous() else None
 
 
 def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | None,
-                   input_names: set[str], group: set[Any]) -> _Culprit | None:
-    """The first output the graph cannot return as PyTorch does (shape, a duplicate, an input), or None.
-    A view or no-op output that no node of ``group`` reads is left to the framework (``free``)."""
+                   input_names: Mapping[str, Any], group: set[Any]) -> _Culprit | list[Any]:
+    """The first output the graph cannot return as PyTorch does (shape, a duplicate, an input), or
+    for each output the axis order PyTorch stores it in when that is not row-major (else None), or
+    the fx node (an input or earlier output) that a no-op output equals. A view or no-op output that
+    no node of ``group`` reads is left to the framework (``free``)."""
     def inner(n: Any) -> bool:
         return any(u in group for u in n.users)
 
     out_node = next(n for n in sub.graph.nodes if n.op == "output")
-    seen: set[str] = set()
+    seen: dict[str, Any] = {}
+    perms: list[Any] = []
     for orig, s in zip(outputs, out_node.args[0]):
         if _is_view(orig) and not inner(orig):   # the region returns its base; PyTorch views it for free
             return _Culprit(orig, "a view at the region's boundary", free=True)
@@ -361,19 +417,26 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
             return _Culprit(orig, "its value is not a tensor the graph computes")
         if t is None or _strip1(v.shape) != _strip1(t):   # leading 1s may differ: same row-major bytes
             return _Culprit(orig, f"an output of PyTorch shape {list(t or ())} is graph shape {list(v.shape)}")
-        if not s.meta["val"].is_contiguous():
+        perm = None if s.meta["val"].is_contiguous() else _dense_perm(orig.meta["val"])
+        if perm is None and not s.meta["val"].is_contiguous() or _is_view(orig) and perm is not None:
             return _Culprit(orig, "a non-contiguous output (stitched kernels write row-major tensors)",
                             free=_is_view(orig) and not inner(orig))
+        perms.append(perm)
         if v.dtype == "bool":
             return _Culprit(orig, "a bool output (graph.json outputs are float tensors)")
-        if str(v.ref) in input_names:
-            return _Culprit(orig, "an output that passes an input through", free=_is_noop(orig) and not inner(orig))
-        if str(v.ref) in seen:
-            return _Culprit(orig, "an output equal to another output", free=_is_noop(orig) and not inner(orig))
-        seen.add(str(v.ref))
+        same, same_perm = seen.get(str(v.ref), (input_names.get(str(v.ref)), None))
+        if same is not None:   # a no-op (eval dropout, same-dtype cast) of an input or another output
+            if _is_noop(orig) and not inner(orig):
+                return _Culprit(orig, "a no-op output", free=True)
+            if not _is_noop(orig) or perm != same_perm:   # an alias must have the same strides
+                why = "passes an input through" if str(v.ref) in input_names else "equal to another output"
+                return _Culprit(orig, f"an output that {why}")
+            perms[-1] = same   # read inside the region too: PyTorch's node is an alias of ``same``
+            continue
+        seen[str(v.ref)] = (orig, perm)
     if outs is None and walker.current is not None and walker.current.op != "output":
         return _Culprit(outputs[0], "the region's outputs could not be mapped")
-    return None
+    return perms
 
 
 #: ATen ops whose result is a view of their input in PyTorch (no copy)
@@ -471,10 +534,11 @@ def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], Any],
         if isinstance(res, Declined):
             declined.append(res)
         elif res is not None and _computes(res[0]):
-            graph, inputs, outputs, sub = res
+            graph, inputs, outputs, sub, perms, aliases = res
             own = set(group)
             pulled = tuple(n for n in _with_pulled(group, ex.pulled) if n not in own)
-            regions.append(TorchRegion(graph.name, graph, tuple(group), tuple(inputs), tuple(outputs), sub, pulled))
+            regions.append(TorchRegion(graph.name, graph, tuple(group), tuple(inputs), tuple(outputs), sub,
+                                       pulled, perms, aliases))
         else:
             dropped.append(tuple(group))
     return regions, declined, dropped
@@ -527,7 +591,10 @@ def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
         raise StitchtuneError(f"region {name}: nothing reads its outputs")
     if isinstance(res, (_Culprit, Declined)):
         raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: {res.reason}")
-    graph, _, outputs, _ = res
+    graph, _, outputs, _, perms, aliases = res
+    if any(p is not None for p in perms) or aliases:
+        raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: an output is "
+                              "not row-major in PyTorch")
     why = accept(graph) if accept is not None else None
     if why:
         raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: {why}")

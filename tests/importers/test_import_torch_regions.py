@@ -94,12 +94,11 @@ def test_the_planner_can_refuse_a_region() -> None:
 
 
 def test_integer_tensors_are_declined_and_symbolic_shapes_mapped_at_their_examples() -> None:
-    gm = _aten(lambda x, i: x.exp() + i.float(), torch.randn(4, 8), torch.ones(4, 8, dtype=torch.int64))
-    [r] = find_regions(gm).regions   # graph.json casts an int input: the cast is inside the region
-    assert "int64" in {s.dtype for _, s in r.graph.inputs} and "cast" in {n.op for n in r.graph.nodes}
-    gm = _aten(lambda x, i: x.exp() + (i * 3).float(), torch.randn(4, 8), torch.ones(4, 8, dtype=torch.int64))
-    split = find_regions(gm)   # integer arithmetic is not graph.json's
-    assert any("int64" in d.reason for d in split.declined)
+    i = torch.ones(4, 8, dtype=torch.int64)
+    [r] = find_regions(_aten(lambda x, i: x.exp() + i.float(), torch.randn(4, 8), i)).regions
+    assert sorted(s.dtype for _, s in r.graph.inputs) == ["float32", "int64"]   # an integer input, cast
+    split = find_regions(_aten(lambda x, i: x.exp() + (i + 1).float(), torch.randn(4, 8), i))
+    assert any("int64" in d.reason for d in split.declined)   # integer arithmetic stays PyTorch's
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm = make_fx(lambda x: (x.exp() * 2.0).softmax(-1), tracing_mode="symbolic")(torch.randn(4, 8))
@@ -242,3 +241,23 @@ def test_an_index_that_gathers_is_declined_with_its_reason() -> None:
     split = find_regions(gm)
     assert any(d.what == "op aten.index" and "gather" in d.reason for d in split.declined), split.declined
     assert split.regions and "aten.index" not in split.regions[0].ops
+
+
+def test_an_output_pytorch_keeps_permuted_is_stored_row_major_and_a_no_op_output_is_an_alias() -> None:
+    def f(x: Any, w: Any) -> Any:
+        q = (x @ w).view(2, 4, 2, 4).transpose(1, 2)   # heads: [2, 2, 4, 4], strided
+        r = q * 2.0 + 1.0                               # PyTorch keeps q's memory order
+        c = r.clone()                                   # a no-op, read inside the region and outside
+        return r @ w[:4, :4], c @ w[:4, :4], (c * 3.0).sum(-1)
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    gm = _aten(f, x, w)
+    [r] = [r for r in find_regions(gm).regions if "aten.add" in r.ops]
+    [perm] = [p for p in r.output_perms if p is not None]
+    assert perm == (0, 2, 1, 3) and [(a.name, b.name) for a, b in r.aliases] == [("clone", "add")]
+    y = (x @ w).view(2, 4, 2, 4).transpose(1, 2)
+    [[name, _]] = [i for i in r.graph.inputs]
+    got = run_reference(r.graph, {name: (x @ w).numpy()})   # the view and transpose are in the region
+    stored = got[r.graph.outputs[r.output_perms.index(perm)]]
+    want = y * 2.0 + 1.0
+    assert stored.shape == (2, 4, 2, 4) and torch.allclose(torch.from_numpy(stored).permute(r.restore_perm(0)), want)
