@@ -147,7 +147,8 @@ def _counted(items: list[str]) -> str:
 # ---------------------------------------------------------------------------- torch.export
 _ATEN_COMPUTE = {"linear": "Gemm", "matmul": "MatMul", "mm": "MatMul", "bmm": "MatMul", "addmm": "Gemm",
                  "baddbmm": "MatMul", "convolution": "Conv", "conv2d": "Conv", "conv1d": "Conv",
-                 "scaled_dot_product_attention": "Attention"}
+                 "scaled_dot_product_attention": "Attention", "max_pool2d": "MaxPool",
+                 "max_pool2d_with_indices": "MaxPool", "avg_pool2d": "AveragePool"}
 _ATEN_HEAVY = ("sum", "mean", "amax", "amin", "max", "min", "softmax", "norm", "var", "std")
 
 
@@ -172,8 +173,29 @@ class TorchExportImport:
 
 
 class _Sub:
-    def __init__(self, graph: Any) -> None:
-        self.graph, self.constants = graph, ()
+    def __init__(self, graph: Any, constants: tuple[tuple[str, Any], ...] = ()) -> None:
+        self.graph, self.constants = graph, constants
+
+
+def _state_values(ep: Any) -> dict[str, Any]:
+    """Placeholder name -> value (numpy) of the exported program's parameters, buffers and constants."""
+    from torch.export.graph_signature import InputKind
+
+    out = {}
+    for s in ep.graph_signature.input_specs:
+        if s.kind != InputKind.USER_INPUT and s.target is not None:
+            t = ep.state_dict.get(s.target, ep.constants.get(s.target))
+            if t is not None:
+                out[s.arg.name] = t.detach().float().numpy()
+    return out
+
+
+def _region_sub(region: Any, values: dict[str, Any]) -> _Sub:
+    """A region's graph with the model's own values for its parameter and buffer inputs (a batch
+    norm's running variance must not be a standard-normal draw)."""
+    consts = tuple((name, values[n.name]) for (name, _), n in zip(region.graph.inputs, region.inputs)
+                   if n.name in values)
+    return _Sub(region.graph, consts)
 
 
 def _aten_key(target: Any) -> str:
@@ -254,7 +276,8 @@ def import_exported(model: str) -> TorchExportImport:
     found = tuple(dataclasses.replace(r, status="dropped") if r.status == "skipped" and not r.stopped_by else r
                   for r in found)   # only free views and dropped no-ops: nothing to stitch
     compute = tuple(label(i, nd) for i, nd in enumerate(nodes) if nd.op_type in COMPUTE_OPS)
-    return TorchExportImport([_Sub(r.graph) for r in split.regions], found, compute)
+    values = _state_values(ep)
+    return TorchExportImport([_region_sub(r, values) for r in split.regions], found, compute)
 
 
 # ---------------------------------------------------------------------------- checks

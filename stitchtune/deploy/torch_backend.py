@@ -15,8 +15,9 @@ Contract
   it, it runs eagerly (logged).
 * ``options``: ``db`` (tuning database; default ``$STITCHTUNE_DB`` else ``./tuning-db``; None: none,
   the heuristic), ``device`` (a Device or preset name schedules are chosen for; default the local GPU,
-  else the H200 preset), ``fallback``, ``deterministic`` (True: a region whose program uses float
-  atomics is declined; the stitched kernels use none today), ``cpu`` (``"emulate"`` | ``"reference"``:
+  else the H200 preset), ``fallback``, ``deterministic`` (True: schedule selection passes over tuned
+  records that combine with float atomics, ``cross_combine="atomic"``, and a region whose program still
+  uses them is declined; heuristic schedules use none), ``cpu`` (``"emulate"`` | ``"reference"``:
   how CPU tensors run), ``min_nodes`` (smallest region worth a kernel, in graph nodes; default 1),
   ``check_gather`` (default True: a region with a gather reads its index error flag after each CUDA
   launch, a synchronisation, and raises on an out-of-range index; False: never, see
@@ -156,13 +157,18 @@ def _attach_cubins(kernels: Sequence[Any], arch: str) -> dict[int, str]:
     return failed
 
 
+def program_atomics(program: Any) -> int:
+    """Float atomic adds the kernels of ``program`` issue (from their profiles; 0: bitwise reproducible)."""
+    return sum(k.atomics for k in program.profile.kernels)
+
+
 def _compile_graph(graph: Any, opts: BackendOptions, device: Any, on_cuda: bool) -> Any:
     """The CompiledGraph of ``graph`` (no cubin: the backend builds them in one batch, a
     per-shape kernel at its first launch)."""
     from stitchtune.deploy.compiled import compile as compile_graph
 
-    cg = compile_graph(graph, db=opts.db, device=device, build=False)
-    if opts.deterministic and getattr(cg.program.profile, "atomics", 0):
+    cg = compile_graph(graph, db=opts.db, device=device, build=False, deterministic=opts.deterministic)
+    if opts.deterministic and program_atomics(cg.program):   # selection should prevent it
         raise StitchtuneError("its program uses float atomics (deterministic=True)")
     return cg
 
@@ -329,7 +335,10 @@ def _decompositions(keep_whole: bool = True) -> dict[Any, Any]:
     aten = torch.ops.aten
     keep = {aten.native_layer_norm.default, aten._softmax.default, aten._log_softmax.default,
             aten.gelu.default, aten.silu.default, aten.rms_norm.default, aten.softmax.int,
-            aten.log_softmax.int, aten.layer_norm.default}
+            aten.log_softmax.int, aten.layer_norm.default, aten._native_batch_norm_legit_no_training.default,
+            # windowed ops stay whole (the framework's; Inductor's max-pool decomposition also
+            # needs torch._inductor.lowering imported, which only compile_fx does)
+            aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default}
     table = select_decomp_table()
     return {k: v for k, v in table.items() if not (keep_whole and k in keep)}
 

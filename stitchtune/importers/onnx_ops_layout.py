@@ -1,8 +1,9 @@
-"""ONNX Transpose/Reshape/Slice/Concat/Gather onto the graph.json layout ops, once graph.json has them.
+"""ONNX Transpose/Reshape/Slice/Concat/Split/Gather/Expand onto the graph.json layout ops, once graph.json has them.
 
 Each mapping turns on when its graph op is in :data:`stitchtune.graph.ops.OPS` (``transpose``
 ``{"perm"}``, ``reshape`` ``{"shape"}``, ``slice`` ``{"axis", "start", "stop"}`` with step 1,
-``concat`` ``{"axis"}``, ``gather`` ``{"axis": 0}`` with an int32/int64 index tensor); until then
+``concat`` ``{"axis"}``, ``gather`` ``{"axis": 0}`` with an int32/int64 index tensor, ``expand``
+``{"shape"}`` for an Expand that is not a broadcast view); until then
 :func:`layout_op` says None and the node stays a boundary, as before.
 
 Contract
@@ -33,7 +34,8 @@ from stitchtune.importers.builder import GraphBuilder, Value
 __all__ = ["INT_DTYPES", "layout_op", "map_layout", "map_split", "split_sizes", "why_not_layout"]
 
 _LAYOUT = {"Transpose": "transpose", "Reshape": "reshape", "Flatten": "reshape", "Squeeze": "reshape",
-           "Unsqueeze": "reshape", "Slice": "slice", "Concat": "concat", "Gather": "gather", "Split": "slice"}
+           "Unsqueeze": "reshape", "Slice": "slice", "Concat": "concat", "Gather": "gather", "Split": "slice",
+           "Expand": "expand"}
 INT_DTYPES = {6: "int32", 7: "int64"}   # TensorProto enum -> graph.json (index tensors of gather)
 
 
@@ -64,7 +66,8 @@ def why_not_layout(node: Any, attrs: dict[str, Any], const_of: Callable[[int], l
                    elem_of: Callable[[str], int | None], rank_of: Callable[[str], int]) -> str | None:
     """None if the layout node can be mapped, else the reason (see the module docstring)."""
     op = node.op_type
-    if op in ("Reshape", "Squeeze", "Unsqueeze") and len(node.input) > 1 and node.input[1] and const_of(1) is None:
+    if op in ("Reshape", "Squeeze", "Unsqueeze", "Expand") and len(node.input) > 1 and node.input[1] \
+            and const_of(1) is None:
         return "its shape/axes are not constants"
     if op == "Slice":
         sl = _slices(node, attrs, const_of, rank_of(node.input[0]))
@@ -95,8 +98,8 @@ def map_layout(b: GraphBuilder, node: Any, attrs: dict[str, Any], x: Callable[[s
         v = x(ins[0])
         perm = list(attrs.get("perm") or reversed(range(len(v.shape))))
         return b.layout("transpose", [v], out_shape, dtype, name, perm=[int(p) for p in perm])
-    if g == "reshape":
-        return b.layout("reshape", [x(ins[0])], out_shape, dtype, name, shape=list(out_shape))
+    if g in ("reshape", "expand"):   # expand: numpy's broadcast_to of the (exact) data to the output shape
+        return b.layout(g, [x(ins[0])], out_shape, dtype, name, shape=list(out_shape))
     if g == "concat":
         vals = [x(t) for t in ins if t]
         return b.layout("concat", vals, out_shape, dtype, name, axis=int(attrs["axis"]) % len(out_shape))

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from stitchtune.importers.builder import GraphBuilder, ImportError_, Value, scalar
+from stitchtune.importers.torch_cnn import CNN_OPS, dead, inplace_problem, map_cnn_op
 
 
 # ---------------------------------------------------------------------------- dtypes
@@ -157,6 +158,7 @@ SUPPORTED_OPS: frozenset[str] = frozenset({
     "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.softmax", "aten._softmax",
     "aten.log_softmax", "aten._log_softmax", "aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm",
     "aten.dropout", "aten.native_dropout", "aten.feature_dropout", "aten.scalar_tensor", *_MASK_OPS})
+SUPPORTED_OPS = SUPPORTED_OPS | CNN_OPS   # eval batch norm, 1x1 adaptive average pool (torch_cnn)
 _IGNORED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
             "aten._assert_async"}
 
@@ -172,6 +174,7 @@ class _Walker:
         self.forced_keepdim = self._keepdim_prepass()
         self.current: Any = None
         self._exact: dict[str, Value] = {}
+        self._order: dict[Any, int] | None = None   # node -> position, for in-place ops
 
     # -- helpers
     def tshape(self, n: Any) -> tuple[int, ...]:
@@ -236,18 +239,21 @@ class _Walker:
         for node in self.cap.gm.graph.nodes:
             self.current = node   # the node being mapped (torch_regions names it when mapping fails)
             if node.op in ("placeholder", "get_attr"):
-                self.vals[node.name] = self._input(node)
+                if node.users or self.cap.bindings[node.name][0] == "user":   # unused parameters and
+                    self.vals[node.name] = self._input(node)                # buffers are no inputs
             elif node.op == "call_function":
                 if node.target is operator.getitem:
                     src, idx = node.args
                     got = self.vals.get(src.name)
                     item = got[idx] if isinstance(got, tuple) and idx < len(got) else None
+                    if item is None and not node.users:   # an unused output (batch norm's saved stats)
+                        continue
                     if item is None:
                         raise ImportError_(f"{src.target} output {idx} at {_where(node)} is not supported")
                     self.vals[node.name] = item
                     continue
                 key = _key(node.target)
-                if key in _IGNORED:
+                if key in _IGNORED or dead(node):
                     continue
                 if key.endswith("_") and not key.endswith("__"):
                     key = self._inplace(node, key)
@@ -277,13 +283,13 @@ class _Walker:
         return outputs
 
     def _inplace(self, node: Any, key: str) -> str:
-        """An in-place op on a fresh intermediate that nothing reads afterwards is its out-of-place op."""
-        target = node.args[0] if node.args else None
-        order = {n: i for i, n in enumerate(self.cap.gm.graph.nodes)}
-        if (getattr(target, "op", None) != "call_function"
-                or any(order[u] > order[node] for u in target.users if u is not node)):
-            raise ImportError_(f"in-place op {node.target} at {_where(node)} mutates a value that is an "
-                               "input or is read later; graph.json graphs are pure")
+        """An in-place op on a fresh intermediate that nothing reads afterwards is its out-of-place op
+        (:func:`stitchtune.importers.torch_cnn.inplace_problem`)."""
+        if self._order is None:
+            self._order = {n: i for i, n in enumerate(self.cap.gm.graph.nodes)}
+        why = inplace_problem(node, self._order)
+        if why:
+            raise ImportError_(f"in-place op {node.target} at {_where(node)} {why}")
         return key[:-1]
 
     def _input(self, node: Any) -> Value:
@@ -368,6 +374,8 @@ class _Walker:
             return self._view(node, key, x)
         if key in _LAYOUT:
             return self._layout(node, key, a, x)
+        if key in CNN_OPS:
+            return map_cnn_op(self, node, key, a)
         raise ImportError_(f"unsupported op {node.target} at {_where(node)}")
 
     def _no_bool(self, node: Any, key: str, a: dict[str, Any]) -> None:

@@ -4,8 +4,10 @@
 * :func:`_initial_exclusions(nodes, consts)`: every ``call_function`` node whose op the importer maps
   (:data:`torch_aten.SUPPORTED_OPS`), with static (or hinted) shapes and float tensors in and out, is a
   candidate; integer tensors only where they are ids (``embedding``), cast (an integer mask) or
-  viewed, and constant ``index`` indices. Every other node is excluded with a reason (compute op, no
-  graph.json equivalent, dynamic shape, dtype); constants and assertions silently.
+  viewed, and constant ``index`` indices. Every other node is excluded with a reason (compute op,
+  windowed pooling op, no graph.json equivalent, dynamic shape, dtype); constants, assertions and
+  dead calls (nothing reads them, they mutate nothing) silently. An in-place op is a candidate as its
+  functional form when its mutation is unobservable (:func:`~stitchtune.importers.torch_cnn.inplace_reason`).
 * Bool chains of graph inputs and constants (a padding mask's cast, ``index``, ``&``, ``where``) are
   *pulled*: not grouped, but computed again by every region that reads them.
 """
@@ -17,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stitchtune.importers.torch_aten import _IGNORED, SUPPORTED_OPS, _key, index_dtype_name, value_dtype_name
+from stitchtune.importers.torch_cnn import WINDOWED_OPS, dead, inplace_reason, is_inplace
 
 #: ATen ops that are compute-intensive (matmuls, convolutions, attention): Inductor's or a library's job
 COMPUTE_OPS: frozenset[str] = frozenset({
@@ -68,12 +71,18 @@ _INT_OK = frozenset({"aten.to", "aten._to_copy", "aten.type_as", "aten.view", "a
 _INT_VIEWS = _INT_OK - {"aten.to", "aten._to_copy", "aten.type_as"}
 
 
-def _reject_reason(node: Any, consts: Mapping[Any, Any]) -> str | None:
+def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int]) -> str | None:
     """Why ``node`` (a call_function other than getitem) cannot be in a region, or None."""
     key = _key(node.target)
     if key in COMPUTE_OPS:
         return "compute-intensive op (left to Inductor)"
-    if not hasattr(node.target, "_schema") or key not in SUPPORTED_OPS:
+    if key in WINDOWED_OPS:
+        return "windowed op (pooling; left to the framework like a convolution)"
+    if is_inplace(node):   # as its functional form (torch_regions._subgraph copies it in its place)
+        why = inplace_reason(node, order, SUPPORTED_OPS)
+        if why:
+            return why
+    elif not hasattr(node.target, "_schema") or key not in SUPPORTED_OPS:
         return "no graph.json equivalent yet"
     val = node.meta.get("val")
     vals = val if isinstance(val, (tuple, list)) else [val]
@@ -152,6 +161,7 @@ def _pull_bool_chains(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, 
 
 def _initial_exclusions(nodes: Sequence[Any], consts: Mapping[Any, Any]) -> _Excluded:
     ex = _Excluded()
+    order = {n: i for i, n in enumerate(nodes)}
     for n in nodes:
         if n.op != "call_function" or n in consts or _key(n.target) in _IGNORED:
             ex.derived.add(n)   # constants are inputs (or scalars) of regions; assertions check nothing here
@@ -159,8 +169,10 @@ def _initial_exclusions(nodes: Sequence[Any], consts: Mapping[Any, Any]) -> _Exc
             if n.args[0] in ex:
                 ex.derived.add(n)
         else:
-            why = _reject_reason(n, consts)
-            if why:
+            why = _reject_reason(n, consts, order)
+            if why and dead(n):   # nothing reads it and it mutates nothing (make_fx's ``empty``)
+                ex.derived.add(n)
+            elif why:
                 ex.add(n, why)
     _pull_bool_chains(nodes, ex, consts)
     return ex

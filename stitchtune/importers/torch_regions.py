@@ -68,6 +68,7 @@ from stitchtune.importers.torch_candidates import (
     _initial_exclusions,
 )
 from stitchtune.importers.torch_consts import fold_constants
+from stitchtune.importers.torch_cnn import functional_of, is_inplace
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
 
@@ -310,6 +311,8 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any],
         env[x].meta = {"val": t, "folded": t}
     for n in group:
         env[n] = g.node_copy(n, lambda a: env[a])
+        if is_inplace(n):   # accepted by inplace_reason: its functional form, which mutates nothing
+            env[n].target = functional_of(n.target)
         back[env[n]] = n
     outputs = [n for n in group if n in owned and any(u not in members for u in n.users)]
     g.output(tuple(env[o] for o in outputs))

@@ -41,7 +41,7 @@ from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select
 from stitchtune.lower.base import _I, _add, _and, _mul
 from stitchtune.plan.planner import TensorClass
-from stitchtune.plan.remap import Shift, column_shift, domain_of, has_layout_ops, shift_offset
+from stitchtune.plan.remap import Shift, column_shift, domain_of, has_layout_ops, root_shift, shift_offset
 
 __all__ = ["Shift", "RemapValues", "gather_flag_buffers"]
 
@@ -75,6 +75,12 @@ class RemapValues:
         """The values of index-op node ``name`` at the sweep's element (no shift)."""
         return self.value(name, Shift())
 
+    def output_value(self, name: str) -> list[kir.Expr] | None:
+        """The values of output ``name`` where it is evaluated at a non-trivial
+        :func:`~stitchtune.plan.remap.root_shift` (a stored size-1 slice), else None (the sweep's own)."""
+        sh = root_shift(self.g, name, self.domain, self.row_axes)
+        return None if sh.identity else self.value(name, sh)
+
     def value(self, name: str, sh: Shift) -> list[kir.Expr]:
         key = (name, sh)
         if key in self.memo:
@@ -82,7 +88,7 @@ class RemapValues:
         nd = self.low.nodes.get(name)
         kind = OPS[nd.op].kind if nd is not None else "input"
         if not self.low.cls[name].varies_along_reduced:
-            if sh.axes() & set(self.row_axes):
+            if {a for a, _ in sh.delta} & set(self.row_axes):  # conditions alone keep the own element
                 raise UnsupportedGraphError(f"tensor '{name}': a per-row value under a slice/concat along a "
                                             "row axis is not supported")
             vals = self.sv.value(name)

@@ -414,7 +414,8 @@ class _RowKernel:
         sw = _RowSweep(idx_it, k0, valid, lb, from_prefetch)
         sv = _SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw),
                           partial(self.cache_index, sw), partial(self.smem_index, sw), self.stats)
-        sv.index_value = RemapValues(self, sw, sv).node_value
+        rv = RemapValues(self, sw, sv)
+        sv.index_value = rv.node_value
         for r in reds:
             vals = sv.value(low.nodes[r].args[0])  # type: ignore[arg-type]
             for j in range(vec):
@@ -426,7 +427,7 @@ class _RowKernel:
             self.stats["flops"] += flops
             self.stats["sfu"] += sfu
         for o in outputs:
-            vals = sv.value(o)
+            vals = rv.output_value(o) or sv.value(o)
             buf = low.out_buf[o]
             self.uses["out"].add(buf)
             c = low.cls[o]

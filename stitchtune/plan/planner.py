@@ -163,7 +163,7 @@ def _axes_maps(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int | N
             off = rank - len(am)
             for k, ax in enumerate(am):
                 pos = off + k
-                if ax is None:
+                if ax is None or node.shape[pos] == 1:  # a size-1 result dim (a size-1 slice) broadcasts
                     continue
                 if out[pos] is None:
                     out[pos] = ax

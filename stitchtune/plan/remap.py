@@ -22,7 +22,8 @@ output or a reduction argument that does not span the domain, a tensor of higher
 domain, a gather table read by anything but gather, a table whose trailing dims are not the view's
 columns or an index op in a column reduction (:func:`check_gathers`), an index tensor used with two
 table ranks, a per-row value or a gather under a row-axis slice/concat, a size-1 slice broadcast
-over several positions (a size-1 concat piece is fine).
+over several positions inside a computation (a size-1 concat piece is fine, and so is a size-1 slice
+that is only stored, e.g. ``x[:, 0:1, :]`` as an output: :func:`root_shift`).
 
 *Mixed* regions (:func:`has_layout_ops`: transpose / reshape too, e.g. Llama's rotary after the head
 split ``x [B, S, H*D] -> [B, S, H, D] -> [B, H, S, D]``): the layout nodes and the inputs they read
@@ -45,7 +46,7 @@ from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph, Node, TensorSpec
 from stitchtune.plan.index_map import IndexMap, index_map
 
-__all__ = ["has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
+__all__ = ["root_shift", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
            "Shift", "shift_offset", "check_remaps"]
 
 
@@ -184,7 +185,8 @@ def surrogate(graph: Graph) -> Graph:
         if tuple(graph.spec(name).shape) != _sur(graph.spec(name).shape, domain, name):
             raise UnsupportedGraphError(
                 f"tensor '{name}' {list(graph.spec(name).shape)} is stored or reduced but does not span the "
-                f"iteration domain {list(domain)}; stitched kernels store and reduce whole tensors only")
+                f"iteration domain {list(domain)}; stitched kernels store and reduce whole tensors only (tensors "
+                "of unrelated shapes, e.g. rotary's q with 4 heads and k with 2, belong in separate regions)")
     return Graph(name=graph.name, inputs=inputs, nodes=tuple(nodes), outputs=graph.outputs)
 
 
@@ -294,6 +296,37 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
                 "region with transpose / reshape; not supported")
 
 
+def root_shift(graph: Graph, name: str, domain: tuple[int, ...], row_axes: tuple[int, ...]) -> Shift:
+    """The shift output ``name`` is evaluated at: ``Shift()``, except where it broadcasts along a row
+    axis ``a`` of the domain (its own dim 1 there) and has a size-1 slice along ``a`` in its subtree
+    (BERT's pooler / ViT's class token: ``x[:, 0:1, :]`` of a LayerNorm output, stored next to it).
+    Such an output is stored only by the positions at coordinate 0 of ``a`` (per-column outputs by
+    row 0, others by :attr:`~stitchtune.plan.index_map.IndexMap.store_once`), so its evaluation is
+    limited to ``0 <= p[a] < 1``; under that condition the slice is a one-position piece moved by its
+    start (the remap of a size-1 concat piece), and the other positions' loads are masked."""
+    if not has_index_ops(graph):
+        return Shift()
+    nodes = {n.id: n for n in graph.nodes}
+    shape = graph.spec(name).shape
+    off = len(domain) - len(shape)
+    bcast = {a for a in row_axes if domain[a] > 1 and (a < off or shape[a - off] == 1)}
+    found: set[int] = set()
+    stack, seen = [name], set()
+    while stack and bcast - found:
+        cur = stack.pop()
+        nd = nodes.get(cur)
+        if nd is None or cur in seen:
+            continue
+        seen.add(cur)
+        if nd.op == "slice" and nd.shape[nd.axis] == 1:
+            found.add(len(domain) - len(nd.shape) + nd.axis)
+        stack.extend(nd.tensor_args)
+    sh: Shift | None = Shift()
+    for a in sorted(bcast & found):
+        sh = sh.limited(a, 0, 1, domain[a])  # type: ignore[union-attr]
+    return sh  # type: ignore[return-value]
+
+
 def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...],
                  varies: dict[str, bool], mixed: bool = False) -> None:
     """Walk the remapped evaluations a kernel will make (the rules of :mod:`stitchtune.lower.remap`),
@@ -313,7 +346,7 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
         nd = nodes.get(name)
         kind = OPS[nd.op].kind if nd is not None else "input"
         if not varies[name]:
-            if sh.axes() & rows:
+            if {a for a, _ in sh.delta} & rows:  # conditions alone keep the own element
                 raise UnsupportedGraphError(f"tensor '{name}': a per-row value under a slice/concat along a "
                                             "row axis is not supported")
             sh = Shift()  # evaluated as at the sweep's own element
@@ -352,7 +385,9 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
             for arg in nd.tensor_args:
                 visit(arg, sh)
 
-    for name in list(graph.outputs) + [str(n.args[0]) for n in graph.reductions()]:
+    for name in graph.outputs:
+        visit(name, root_shift(graph, name, domain, row_axes))
+    for name in [str(n.args[0]) for n in graph.reductions()]:
         visit(name, Shift())
 
 

@@ -111,3 +111,35 @@ def test_an_int_value_never_leaves_a_region_and_a_cast_to_int_is_a_boundary():
     assert all(g.spec(o).dtype == "float32" for o in g.outputs)
     ids = np.array([[1, -2], [2**40, 0], [5, 6], [7, 2**24 + 1]], np.int64)
     assert check_onnx_numerics(res, m, {"ids": ids, "x": _rand((2, 4), 4)}) == 1
+
+
+def test_concat_with_int_and_one_element_constants_imports_whole():
+    """A Concat of an int64 input with an int64 constant (cast to float after), and of a float with
+    a one-element constant: the constants become graph inputs (a layout op takes no scalar)."""
+    ci = nh.from_array(np.array([[1, 2], [3, -(2**40)]], np.int64), "ci")
+    nodes = [h.make_node("Concat", ["ids", "ci"], ["cc"], axis=1), h.make_node("Cast", ["cc"], ["f"], to=TP.FLOAT),
+             h.make_node("Mul", ["f", "x"], ["y"]),
+             h.make_node("Concat", ["x1", "one"], ["c1"], axis=1), h.make_node("Exp", ["c1"], ["y1"])]
+    m = _model(nodes, [_vi("ids", [2, 3], TP.INT64), _vi("x", [2, 5]), _vi("x1", [1, 3])],
+               [_vi("y", [2, 5]), _vi("y1", [1, 4])], [ci, _c([[0.5]], "one", np.float32)])
+    res = import_onnx(m)
+    assert sorted(r.status for r in res.regions) == ["whole", "whole"] and not res.boundaries, res.boundaries
+    ids = np.array([[0, 7, -3], [2**33, 1, 5]], np.int64)
+    assert check_onnx_numerics(res, m, {"ids": ids, "x": _rand((2, 5), 5), "x1": _rand((1, 3), 6)}) == 2
+
+
+def test_split_sizes_that_do_not_cut_the_axis_are_a_boundary():
+    """A hostile Split (sizes summing past the dim; more outputs than elements) is a named boundary,
+    never a failed import (the model's own shape inference does not check this)."""
+    for sizes, n in (([4, 30], 2), (None, 5)):
+        kw = {} if sizes else {"num_outputs": n}
+        ins = ["r", "sp"] if sizes else ["r"]
+        outs = [f"o{k}" for k in range(n)]
+        nodes = [h.make_node("Relu", ["x"], ["r"]), h.make_node("Split", ins, outs, axis=1, **kw),
+                 *[h.make_node("Neg", [o], [f"y{k}"]) for k, o in enumerate(outs)]]
+        g = h.make_graph(nodes, "g", [_vi("x", [2, 4])], [_vi(f"y{k}", [2, 2]) for k in range(n)],
+                         [_c(sizes, "sp")] if sizes else [], value_info=[_vi(o, [2, 2]) for o in outs])
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", 18)])
+        res = import_onnx(m)
+        why = [b for b in res.boundaries if b.split(":")[1] == "Split"]
+        assert len(why) == 1 and f"do not cut dim 4 into {n} non-empty parts" in why[0], res.boundaries

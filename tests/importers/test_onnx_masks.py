@@ -12,7 +12,12 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from helpers import check_onnx_numerics
+from helpers import DEV, check_onnx_numerics, emulated_errors
+
+from stitchtune.cost.heuristic import heuristic_schedule
+from stitchtune.graph.reference import run_reference
+from stitchtune.plan.planner import make_plan
+from stitchtune.space import SearchSpace
 
 from stitchtune.graph.ops import OPS
 from stitchtune.importers.onnx_import import import_onnx
@@ -141,17 +146,23 @@ def test_clip_maps_to_clamp_with_tensor_bounds_and_infinite_missing_ones():
     assert check_onnx_numerics(res, m, feeds) == 1
 
 
-def test_a_broadcast_view_that_a_reduction_needs_whole_is_left_to_the_framework():
-    """Expand(x[1,8] -> [4,8]) read by ReduceSum over axis 0: graph.json cannot materialise it, so
-    the Expand is cut out (named), and the reduction reads the expanded tensor."""
+def test_a_broadcast_view_that_a_reduction_needs_whole_is_expanded():
+    """Expand(x[1,8] -> [4,8]) read by ReduceSum over axis 0: the reduction needs the view whole, so
+    it reads an ``expand`` node (an index map; nothing is cut); the graph plans and its heuristic
+    schedule emulates to the reference."""
     nodes = [h.make_node("Expand", ["x", "shape"], ["xe"]), h.make_node("Exp", ["xe"], ["e"]),
              h.make_node("ReduceSum", ["e", "axes"], ["y"], keepdims=1)]
     m = _model(nodes, [_vi("x", [1, 8])], [_vi("y", [1, 8])],
                [nh.from_array(np.array([4, 8], np.int64), "shape"), nh.from_array(np.array([0], np.int64), "axes")])
     res = import_onnx(m)
-    assert [b.split(":")[1] for b in res.boundaries] == ["Expand"] and "materialised" in res.boundaries[0]
-    assert len(res.subgraphs) == 1 and dict(res.subgraphs[0].graph.inputs)["xe"].shape == (4, 8)
-    assert check_onnx_numerics(res, m, {"x": np.random.default_rng(4).standard_normal((1, 8)).astype(np.float32)}) == 1
+    assert not res.boundaries and [r.status for r in res.regions] == ["whole"], res.boundaries
+    g = res.subgraphs[0].graph
+    assert "expand" in {n.op for n in g.nodes} and dict(g.inputs)["x"].shape == (1, 8)
+    x = {"x": np.random.default_rng(4).standard_normal((1, 8)).astype(np.float32)}
+    assert check_onnx_numerics(res, m, x) == 1
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    assert emulated_errors(g, plan, space, heuristic_schedule(plan, DEV, space), x, run_reference(g, x))["y"] < 1e-5
 
 
 def _needs(*ops: str) -> None:
@@ -265,3 +276,31 @@ def test_reshapes_into_and_out_of_a_region_cost_nothing():
     assert [r.status for r in res2.regions] == ["whole"] and len(res2.subgraphs) == 1, res2.boundaries
     assert "reshape" in {n.op for n in res2.subgraphs[0].graph.nodes}
     assert check_onnx_numerics(res2, m2, feeds) == 1
+
+
+def test_repeat_kv_unsqueeze_expand_reshape_maps_onto_expand():
+    """Llama's grouped K/V heads: k [1,2,S,D] (after its rotary) -> Unsqueeze [1,2,1,S,D] -> Expand
+    [1,2,2,S,D] -> Reshape [1,4,S,D] -> MatMul: one graph with reshape/expand/reshape (rank 5 inside),
+    and an Expand of a model input leaving a region is written expanded; both plan and emulate."""
+    _needs("expand")
+    c = lambda v, n: nh.from_array(np.array(v, np.int64), n)  # noqa: E731
+    nodes = [h.make_node("Mul", ["k", "cos"], ["kr"]), h.make_node("Unsqueeze", ["kr", "ax2"], ["k5"]),
+             h.make_node("Expand", ["k5", "s5"], ["ke"]), h.make_node("Reshape", ["ke", "s4"], ["kk"]),
+             h.make_node("MatMul", ["q", "kk"], ["y"]),
+             h.make_node("Expand", ["b", "sb"], ["be"]), h.make_node("MatMul", ["be", "w"], ["y2"])]
+    m = _model(nodes, [_vi("k", [1, 2, S, 16]), _vi("cos", [S, 16]), _vi("q", [1, 4, 16, S]), _vi("b", [1, 16]),
+                       _vi("w", [16, 4])], [_vi("y", [1, 4, 16, 16]), _vi("y2", [8, 4])],
+               [c([2], "ax2"), c([1, 2, 2, S, 16], "s5"), c([1, 4, S, 16], "s4"), c([8, 16], "sb")])
+    res = import_onnx(m)
+    assert sorted(r.status for r in res.regions) == ["whole", "whole"], res.boundaries
+    feeds = {"k": _rand((1, 2, S, 16), 12), "cos": _rand((S, 16), 13), "q": _rand((1, 4, 16, S), 14),
+             "b": _rand((1, 16), 15), "w": _rand((16, 4), 16)}
+    assert check_onnx_numerics(res, m, feeds) == 2
+    for sg in res.subgraphs:
+        g = sg.graph
+        assert "expand" in {n.op for n in g.nodes}
+        x = {n: feeds[t] for n, t in sg.tensor_names if n in dict(g.inputs)}
+        plan = make_plan(g)
+        space = SearchSpace.for_plan(plan, DEV)
+        s = heuristic_schedule(plan, DEV, space)
+        assert max(emulated_errors(g, plan, space, s, x, run_reference(g, x)).values()) < 1e-5

@@ -14,6 +14,7 @@ from helpers import DEV, emulated_errors
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.gpu.build import NvccBuilder, nvcc_found
 from stitchtune.gpu.render import render
+from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import parse_graph
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.lower.entry import lower
@@ -44,6 +45,19 @@ def _cast_mul(dt: str, to: str):
                                                 "m": {"shape": [4, 64], "dtype": dt}}, "nodes": [
         {"id": "mf", "op": "cast", "args": ["m"], "to": to},
         {"id": "y", "op": "mul", "args": ["x", "mf"]}], "outputs": ["y"]})
+
+
+def _masked_max_f16():
+    """A float16 row reduction reading an int64 mask: vec 8, so one int64 vector is four 16-byte loads."""
+    return parse_graph({"name": "t", "inputs": {"x": {"shape": [8, 64], "dtype": "float16"},
+                                                "m": {"shape": [8, 64], "dtype": "int64"}}, "nodes": [
+        {"id": "mb", "op": "cast", "args": ["m"], "to": "bool"},
+        {"id": "w", "op": "where", "args": ["mb", "x", -1e4]},
+        {"id": "y", "op": "reduce_max", "args": ["w"], "axes": [1], "keepdims": True}], "outputs": ["y"]})
+
+
+def _vec8(space, n: int):
+    return [s for s in (space.sample(random.Random(i)) for i in range(300)) if s.vec == 8][:n]
 
 
 def _schedules(g, n: int):
@@ -80,6 +94,18 @@ def test_int_casts_to_floats_are_exact_against_the_reference(dt: str, to: str, v
         assert emulated_errors(g, plan, space, s, x, ref)["y"] == 0.0, s.to_json()
 
 
+def test_int64_vec8_loads_match_the_reference() -> None:
+    g = _masked_max_f16()
+    plan, space, _ = _schedules(g, 0)
+    x = random_inputs(g, 0)
+    x["m"] = np.resize(HOSTILE, x["m"].shape)
+    ref = run_reference(g, x)
+    scheds = _vec8(space, 2)
+    assert scheds and render(lower(g, plan, scheds[0], DEV, space)).count("reinterpret_cast<const uint4*>(in1") >= 4
+    for s in scheds:
+        assert emulated_errors(g, plan, space, s, x, ref)["y"] == 0.0, s.to_json()
+
+
 def test_int_loads_render_in_their_width_and_bytes_count_so() -> None:
     g = _cast_mul("int64", "float32")
     plan, space, scheds = _schedules(g, 0)
@@ -98,5 +124,39 @@ def test_int_loads_compile_for_sm90(tmp_path) -> None:
     for g in (_mask_softmax("int64"), _mask_softmax("int32"), _cast_mul("int64", "bfloat16"), _cast_mul("int32", "float16")):
         plan, space, scheds = _schedules(g, 2)
         sources += [render(lower(g, plan, s, DEV, space)) for s in scheds]
+    g = _masked_max_f16()
+    plan, space, _ = _schedules(g, 0)
+    sources += [render(lower(g, plan, s, DEV, space)) for s in _vec8(space, 1)]
     results = NvccBuilder(cache_dir=tmp_path).build(sources, "sm_90")
     assert [r.status for r in results] == ["ok"] * len(sources), [getattr(r, "error", "") for r in results]
+
+
+_MAPS = {  # int64 inputs moved by index maps before their cast
+    "expand": ({"x": [4, 8], "m": [1, 8]}, [
+        {"id": "e", "op": "expand", "args": ["m"], "shape": [4, 8]}, {"id": "b", "op": "cast", "args": ["e"], "to": "bool"},
+        {"id": "y", "op": "where", "args": ["b", "x", -5.0]},
+        {"id": "z", "op": "reduce_sum", "args": ["y"], "axes": [1], "keepdims": True}]),
+    "slice_concat": ({"x": [4, 16], "m": [4, 16]}, [
+        {"id": "a", "op": "slice", "args": ["m"], "axis": 1, "start": 8, "stop": 16},
+        {"id": "c", "op": "slice", "args": ["m"], "axis": 1, "start": 0, "stop": 8},
+        {"id": "r", "op": "concat", "args": ["a", "c"], "axis": 1},
+        {"id": "f", "op": "cast", "args": ["r"], "to": "float32"}, {"id": "z", "op": "mul", "args": ["x", "f"]}]),
+    "transpose": ({"x": [8, 4], "m": [4, 8]}, [
+        {"id": "t", "op": "transpose", "args": ["m"], "perm": [1, 0]}, {"id": "f", "op": "cast", "args": ["t"], "to": "float32"},
+        {"id": "y", "op": "add", "args": ["x", "f"]}, {"id": "z", "op": "reduce_max", "args": ["y"], "axes": [1], "keepdims": True}]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_MAPS))
+def test_index_maps_of_int_inputs_match_the_reference(case: str) -> None:
+    if "expand" in case and "expand" not in OPS:
+        pytest.skip("graph.json has no expand op")
+    shapes, nodes = _MAPS[case]
+    g = parse_graph({"name": "t", "inputs": {"x": {"shape": shapes["x"], "dtype": "float32"},
+                                             "m": {"shape": shapes["m"], "dtype": "int64"}}, "nodes": nodes, "outputs": ["z"]})
+    plan, space, scheds = _schedules(g, 3)
+    x = random_inputs(g, 0)
+    x["m"] = np.random.default_rng(2).integers(-(2**40), 2**40, x["m"].shape)
+    ref = run_reference(g, x)
+    for s in scheds:
+        assert emulated_errors(g, plan, space, s, x, ref)["z"] < 1e-6, s.to_json()
