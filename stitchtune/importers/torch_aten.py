@@ -133,7 +133,7 @@ def _key(target: Any) -> str:
 _UNARY = {"aten.relu": "relu", "aten.sigmoid": "sigmoid", "aten.tanh": "tanh", "aten.exp": "exp",
           "aten.log": "log", "aten.sqrt": "sqrt", "aten.rsqrt": "rsqrt", "aten.reciprocal": "reciprocal",
           "aten.neg": "neg", "aten.abs": "abs", "aten.erf": "erf", "aten.square": "square",
-          "aten.silu": "silu"}
+          "aten.silu": "silu", "aten.sin": "sin", "aten.cos": "cos"}
 _BINARY = {"aten.mul": "mul", "aten.div": "div", "aten.true_divide": "div", "aten.maximum": "maximum",
            "aten.minimum": "minimum"}
 _REDUCE = {"aten.sum": "reduce_sum", "aten.mean": "reduce_mean", "aten.amax": "reduce_max",

@@ -78,7 +78,7 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
         return "compute-intensive op (left to Inductor)"
     if key in WINDOWED_OPS:
         return "windowed op (pooling; left to the framework like a convolution)"
-    if is_inplace(node):   # as its functional form (torch_regions._subgraph copies it in its place)
+    if is_inplace(node):   # as its functional form (torch_subgraph._subgraph copies it in its place)
         why = inplace_reason(node, order, SUPPORTED_OPS)
         if why:
             return why

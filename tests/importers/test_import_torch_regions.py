@@ -261,3 +261,34 @@ def test_an_output_pytorch_keeps_permuted_is_stored_row_major_and_a_no_op_output
     stored = got[r.graph.outputs[r.output_perms.index(perm)]]
     want = y * 2.0 + 1.0
     assert stored.shape == (2, 4, 2, 4) and torch.allclose(torch.from_numpy(stored).permute(r.restore_perm(0)), want)
+
+
+def test_rotary_tables_computed_in_a_region_use_sin_and_cos_and_emulate_correctly() -> None:
+    """The torch.compile case: the frequencies are a graph input, so cos/sin are computed in-kernel."""
+    import random
+
+    from helpers import DEV, emulated_errors
+
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.graph.reference import random_inputs
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space import SearchSpace
+
+    def f(q: Any, freqs: Any) -> Any:
+        emb = torch.cat((freqs, freqs), -1)
+        x1, x2 = q[..., :4], q[..., 4:]
+        return q * emb.cos() + torch.cat((-x2, x1), -1) * emb.sin()
+
+    q, freqs = torch.randn(2, 2, 6, 8), torch.randn(6, 4) * 3.0
+    [r] = find_regions(_aten(f, q, freqs)).regions
+    assert {"sin", "cos"} <= {n.op for n in r.graph.nodes}
+    env = {"q_1": q, "freqs_1": freqs}
+    ins = {name: env[x.name].numpy() for (name, _), x in zip(r.graph.inputs, r.inputs)}
+    got = run_reference(r.graph, ins)[r.graph.outputs[0]]
+    assert np.abs(got - f(q, freqs).numpy()).max() < 1e-5
+    plan = make_plan(r.graph)
+    space = SearchSpace.for_plan(plan, DEV)
+    inputs = random_inputs(r.graph, 3)
+    ref = run_reference(r.graph, inputs)
+    for s in (heuristic_schedule(plan, DEV, space), space.sample(random.Random(0))):
+        assert max(emulated_errors(r.graph, plan, space, s, inputs, ref).values()) < 1e-5
