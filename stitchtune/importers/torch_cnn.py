@@ -43,7 +43,7 @@ WINDOWED_OPS: frozenset[str] = frozenset({
 
 
 def _where(node: Any) -> str:
-    from stitchtune.importers.torch_aten import _where as where   # torch_aten imports this module
+    from stitchtune.importers.torch_fx_util import _where as where
 
     return where(node)
 

@@ -26,7 +26,7 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stitchtune.importers.torch_aten import _key
+from stitchtune.importers.torch_fx_util import _key
 
 __all__ = ["FOLDABLE", "MAX_ELEMENTS", "fold_constants"]
 

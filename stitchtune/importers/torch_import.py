@@ -59,7 +59,8 @@ import numpy as np
 
 from stitchtune.graph.parse import Graph
 from stitchtune.importers.builder import GraphBuilder, ImportError_, sanitize_name
-from stitchtune.importers.torch_aten import _TORCH_DTYPES, _Captured, _Walker, torch_dtype_name
+from stitchtune.importers.torch_aten import _Captured, _Walker
+from stitchtune.importers.torch_fx_util import _TORCH_DTYPES, torch_dtype_name
 
 __all__ = ["TorchImport", "import_torch", "load_callable", "torch_dtype_name"]
 

@@ -16,7 +16,7 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
-from stitchtune.importers.torch_aten import _key
+from stitchtune.importers.torch_fx_util import _key
 from stitchtune.importers.torch_candidates import _fx_args, _hint
 from stitchtune.importers.torch_cnn import functional_of, is_inplace
 
