@@ -17,7 +17,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from helpers import check_onnx_numerics
+from helpers import check_onnx_numerics, onnx_vi
 
 from stitchtune.cli import main
 from stitchtune.graph.parse import load_graph
@@ -220,8 +220,7 @@ def test_dynamo_exported_blocks_import(tmp_path, capsys, kind):
 
 
 # ---------------------------------------------------------------------------- hand-built graphs
-def _vi(name, shape, elem=TP.FLOAT):
-    return h.make_tensor_value_info(name, elem, shape)
+_vi = onnx_vi
 
 
 def test_folds_the_legacy_expand_chain_and_bounds_what_it_folds():
