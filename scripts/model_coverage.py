@@ -37,6 +37,7 @@ ran, 2 (one line on stderr) for bad options.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import logging
@@ -146,7 +147,8 @@ def _counted(items: list[str]) -> str:
 # ---------------------------------------------------------------------------- torch.export
 _ATEN_COMPUTE = {"linear": "Gemm", "matmul": "MatMul", "mm": "MatMul", "bmm": "MatMul", "addmm": "Gemm",
                  "baddbmm": "MatMul", "convolution": "Conv", "conv2d": "Conv", "conv1d": "Conv",
-                 "scaled_dot_product_attention": "Attention"}
+                 "scaled_dot_product_attention": "Attention", "max_pool2d": "MaxPool",
+                 "max_pool2d_with_indices": "MaxPool", "avg_pool2d": "AveragePool"}
 _ATEN_HEAVY = ("sum", "mean", "amax", "amin", "max", "min", "softmax", "norm", "var", "std")
 
 
@@ -171,8 +173,29 @@ class TorchExportImport:
 
 
 class _Sub:
-    def __init__(self, graph: Any) -> None:
-        self.graph, self.constants = graph, ()
+    def __init__(self, graph: Any, constants: tuple[tuple[str, Any], ...] = ()) -> None:
+        self.graph, self.constants = graph, constants
+
+
+def _state_values(ep: Any) -> dict[str, Any]:
+    """Placeholder name -> value (numpy) of the exported program's parameters, buffers and constants."""
+    from torch.export.graph_signature import InputKind
+
+    out = {}
+    for s in ep.graph_signature.input_specs:
+        if s.kind != InputKind.USER_INPUT and s.target is not None:
+            t = ep.state_dict.get(s.target, ep.constants.get(s.target))
+            if t is not None:
+                out[s.arg.name] = t.detach().float().numpy()
+    return out
+
+
+def _region_sub(region: Any, values: dict[str, Any]) -> _Sub:
+    """A region's graph with the model's own values for its parameter and buffer inputs (a batch
+    norm's running variance must not be a standard-normal draw)."""
+    consts = tuple((name, values[n.name]) for (name, _), n in zip(region.graph.inputs, region.inputs)
+                   if n.name in values)
+    return _Sub(region.graph, consts)
 
 
 def _aten_key(target: Any) -> str:
@@ -192,6 +215,15 @@ def _fx_partition(nodes: list[_FxNode], groups: list[list[int]]) -> Any:
     return Partition(groups=groups, consumers=consumers, producer=producer, succ=succ, cores=[set(g) for g in groups])
 
 
+def _buffers(ep: Any) -> dict[str, Any]:
+    """Placeholder name -> value of the exported program's buffers and lifted constants (constant
+    model state, as ONNX initializers are)."""
+    sig = ep.graph_signature
+    names = {**sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+    state = {**ep.state_dict, **ep.constants}
+    return {ph: state[fqn] for ph, fqn in names.items() if fqn in state}
+
+
 def import_exported(model: str) -> TorchExportImport:
     """``torch.export`` the model (non-strict, eval, the example inputs) and cut its fx graph into
     stitchtune graphs with the torch importer's :func:`stitchtune.importers.torch_regions.find_regions`
@@ -208,21 +240,26 @@ def import_exported(model: str) -> TorchExportImport:
         warnings.simplefilter("ignore")
         ep = torch.export.export(module, args, strict=False)
     gm = ep.graph_module
-    split = find_regions(gm, accept=None, prefix=model)
+    split = find_regions(gm, accept=None, prefix=model, constants=_buffers(ep))
     fx = list(gm.graph.nodes)
     tensors = {n.name for n in fx if isinstance(n.meta.get("val"), torch.Tensor)}
     nodes = [_FxNode(n, tensors) for n in fx if n.op == "call_function" and n.name in tensors]
     index = {nd.name: i for i, nd in enumerate(nodes)}
+    folded = {n.name for n in split.constants}
     for nd in nodes:   # nodes of constants only (arange, zeros, ...) are constants, as folded in ONNX
-        if all(t in index and nodes[index[t]].op_type == "Constant" for t in nd.input):
+        if nd.name in folded or all(t in index and nodes[index[t]].op_type == "Constant" for t in nd.input):
             nd.op_type = "Constant"
-    groups = [sorted(index[n.name] for n in r.nodes if n.name in index) for r in split.regions]
+    groups = [sorted(index[n.name] for n in (*r.nodes, *r.pulled) if n.name in index) for r in split.regions]
     in_region = set().union(*groups) if groups else set()
     declined = {d.what.removeprefix("op "): d.reason for d in split.declined if d.what.startswith("op ")}
+    # free views/no-ops at region boundaries and groups dropped as no-ops are not cuts
+    free = {n.name for n in split.free} | {n.name for g in split.dropped for n in g}
     reasons: dict[int, str | None] = {}
     for i, nd in enumerate(nodes):
         if nd.op_type == "Constant" or nd.op_type in COMPUTE_OPS:
             reasons[i] = "constant" if nd.op_type == "Constant" else "compute op, left to the framework"
+        elif nd.name in free:
+            reasons[i] = None
         elif i not in in_region:
             reasons[i] = declined.get(_aten_key(nd.fx.target), "not in a region (only views and casts, or declined)")
         else:
@@ -236,8 +273,11 @@ def import_exported(model: str) -> TorchExportImport:
             pre.add(i)
     found = regions(nodes, set(range(len(nodes))), reasons, _fx_partition(nodes, groups),
                     [r.name for r in split.regions], frozenset(pre))
+    found = tuple(dataclasses.replace(r, status="dropped") if r.status == "skipped" and not r.stopped_by else r
+                  for r in found)   # only free views and dropped no-ops: nothing to stitch
     compute = tuple(label(i, nd) for i, nd in enumerate(nodes) if nd.op_type in COMPUTE_OPS)
-    return TorchExportImport([_Sub(r.graph) for r in split.regions], found, compute)
+    values = _state_values(ep)
+    return TorchExportImport([_region_sub(r, values) for r in split.regions], found, compute)
 
 
 # ---------------------------------------------------------------------------- checks

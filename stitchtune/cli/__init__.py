@@ -18,6 +18,7 @@ export, report, calibrate, model-check, bench) are in :mod:`stitchtune.cli.tunin
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -384,9 +385,18 @@ def _print_error(msg: str) -> None:
         print(f"stitchtune: error: {line}", file=sys.stderr)
 
 
+@functools.lru_cache(maxsize=4)
+def _parser(db_default: str) -> argparse.ArgumentParser:
+    """:func:`build_parser`, built once per default database: building it costs ~8 ms (hundreds of
+    ``add_argument`` calls and gettext lookups), more than validating a graph, and the only part of it
+    that depends on the environment is the ``--db`` default (``$STITCHTUNE_DB``), hence the key.
+    argparse parsers hold no per-call state, so reuse across :func:`main` calls is safe."""
+    return build_parser()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (see module docstring)."""
-    parser = build_parser()
+    parser = _parser(str(default_db()))
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse usage errors (2), --help/--version (0)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -293,14 +293,38 @@ class DeviceRun:
 
     def _read_flags(self) -> dict[str, float]:
         """The gather error flags of the last launch, zeroed again for the next one."""
-        out: dict[str, float] = {}
-        for name in gather_flag_buffers(self.program):
-            host = np.zeros(1, np.float32)
-            self.driver.memcpy_dtoh(host, self.launcher.scratch[name])
-            out[name] = float(host[0])
-            if host[0]:
-                self.driver.memset_d8(self.launcher.scratch[name], 0, 4, 0)
-        return out
+        return read_gather_flags(self.driver, self.launcher.scratch, self.program)
+
+
+def read_gather_flags(driver: Any, scratch: Mapping[str, int], program: Any) -> dict[str, float]:
+    """Flag buffer name -> value of each gather error flag of ``program`` in device memory (``scratch``:
+    buffer name -> device pointer, as a :class:`~stitchtune.gpu.launch.Launcher` holds them), read
+    through ``driver`` after the launches completed; a set flag is zeroed again for the next launch."""
+    out: dict[str, float] = {}
+    for name in gather_flag_buffers(program):
+        host = np.zeros(1, np.float32)
+        driver.memcpy_dtoh(host, scratch[name])
+        out[name] = float(host[0])
+        if host[0]:
+            driver.memset_d8(scratch[name], 0, 4, 0)
+    return out
+
+
+def check_launch_gathers(launcher: Any, program: Any) -> None:
+    """After ``program``'s launches through ``launcher`` (a :class:`~stitchtune.gpu.launch.Launcher`):
+    wait for them (``driver.synchronize()``), read the gathers' error flags and raise
+    :class:`StitchtuneError` naming each gather that met an out-of-range index. A no-op (no
+    synchronisation) for a program without gathers."""
+    if not gather_flag_buffers(program):
+        return
+    launcher.driver.synchronize()
+    check_gather_flags(program, read_gather_flags(launcher.driver, launcher.scratch, program))
+
+
+def gather_error(nodes: Sequence[str]) -> StitchtuneError:
+    """The error for gathers ``nodes`` (node ids) that met an out-of-range index."""
+    return StitchtuneError(problems=[f"gather {n!r}: index out of range (the table has fewer rows, or the "
+                                     "index is negative); those output rows are zeros" for n in nodes])
 
 
 def check_gather_flags(program: Any, flags: Mapping[str, float]) -> None:
@@ -309,8 +333,24 @@ def check_gather_flags(program: Any, flags: Mapping[str, float]) -> None:
     nodes = gather_flag_buffers(program)
     bad = [nodes[b] for b, v in flags.items() if b in nodes and v]
     if bad:
-        raise StitchtuneError(problems=[f"gather {n!r}: index out of range (the table has fewer rows, or the "
-                                        "index is negative); those output rows are zeros" for n in bad])
+        raise gather_error(bad)
+
+
+def check_gather_indices(graph: Any, arrays: Mapping[str, Any]) -> None:
+    """What the kernels' error flags report, checked on the host for the float64 reference: raise
+    :class:`StitchtuneError` naming every gather of ``graph`` whose index input in ``arrays`` holds a
+    value outside ``[0, rows of its table)``."""
+    bad = []
+    for node in graph.nodes:
+        if node.op == "gather":
+            table, idx = node.args
+            rows = graph.spec(table).shape[0]
+            if idx in arrays:
+                a = np.asarray(arrays[idx])
+                if a.size and (int(a.min()) < 0 or int(a.max()) >= rows):
+                    bad.append(node.id)
+    if bad:
+        raise gather_error(bad)
 
 
 def _device_array_problem(name: str, a: Any, spec: Any) -> list[str]:

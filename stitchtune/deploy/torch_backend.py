@@ -15,9 +15,13 @@ Contract
   it, it runs eagerly (logged).
 * ``options``: ``db`` (tuning database; default ``$STITCHTUNE_DB`` else ``./tuning-db``; None: none,
   the heuristic), ``device`` (a Device or preset name schedules are chosen for; default the local GPU,
-  else the H200 preset), ``fallback``, ``deterministic`` (True: a region whose program uses float
-  atomics is declined; the stitched kernels use none today), ``cpu`` (``"emulate"`` | ``"reference"``:
-  how CPU tensors run), ``min_nodes`` (smallest region worth a kernel, in graph nodes; default 1).
+  else the H200 preset), ``fallback``, ``deterministic`` (True: schedule selection passes over tuned
+  records that combine with float atomics, ``cross_combine="atomic"``, and a region whose program still
+  uses them is declined; heuristic schedules use none), ``cpu`` (``"emulate"`` | ``"reference"``:
+  how CPU tensors run), ``min_nodes`` (smallest region worth a kernel, in graph nodes; default 1),
+  ``check_gather`` (default True: a region with a gather reads its index error flag after each CUDA
+  launch, a synchronisation, and raises on an out-of-range index; False: never, see
+  :mod:`stitchtune.deploy.torch_ops`).
   An unknown option or value raises :class:`~stitchtune.errors.StitchtuneError`.
 * Never breaks a model: an op or region that cannot be stitched stays in the graph; any error while
   compiling a region declines it with the reason. Each graph's declines are logged once (info level,
@@ -45,7 +49,7 @@ from stitchtune.tune.dbpath import DEFAULT_DB
 
 log = logging.getLogger(__name__)
 
-_OPTION_KEYS = ("db", "device", "fallback", "deterministic", "cpu", "min_nodes")
+_OPTION_KEYS = ("db", "device", "fallback", "deterministic", "cpu", "min_nodes", "check_gather")
 _keys = itertools.count()
 
 
@@ -57,6 +61,7 @@ class BackendOptions:
     deterministic: bool = False
     cpu: str = "emulate"
     min_nodes: int = 1
+    check_gather: bool = True
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None) -> BackendOptions:
@@ -71,6 +76,8 @@ class BackendOptions:
             raise StitchtuneError(f"option fallback={o.fallback!r}: 'inductor' or 'eager'")
         if o.cpu not in ("emulate", "reference"):
             raise StitchtuneError(f"option cpu={o.cpu!r}: 'emulate' or 'reference'")
+        if not isinstance(o.check_gather, bool):
+            raise StitchtuneError(f"option check_gather={o.check_gather!r}: True or False")
         if not isinstance(o.min_nodes, int) or o.min_nodes < 1:
             raise StitchtuneError(f"option min_nodes={o.min_nodes!r}: a positive integer")
         return o
@@ -150,13 +157,18 @@ def _attach_cubins(kernels: Sequence[Any], arch: str) -> dict[int, str]:
     return failed
 
 
+def program_atomics(program: Any) -> int:
+    """Float atomic adds the kernels of ``program`` issue (from their profiles; 0: bitwise reproducible)."""
+    return sum(k.atomics for k in program.profile.kernels)
+
+
 def _compile_graph(graph: Any, opts: BackendOptions, device: Any, on_cuda: bool) -> Any:
     """The CompiledGraph of ``graph`` (no cubin: the backend builds them in one batch, a
     per-shape kernel at its first launch)."""
     from stitchtune.deploy.compiled import compile as compile_graph
 
-    cg = compile_graph(graph, db=opts.db, device=device, build=False)
-    if opts.deterministic and getattr(cg.program.profile, "atomics", 0):
+    cg = compile_graph(graph, db=opts.db, device=device, build=False, deterministic=opts.deterministic)
+    if opts.deterministic and program_atomics(cg.program):   # selection should prevent it
         raise StitchtuneError("its program uses float atomics (deterministic=True)")
     return cg
 
@@ -169,7 +181,8 @@ def _compile_region(region: Any, opts: BackendOptions, device: Any, on_cuda: boo
 
     cg = _compile_graph(region.graph, opts, device, on_cuda)
     if not region.dynamic:
-        return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu, out_shapes=region.output_shapes)
+        return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu, out_shapes=region.output_shapes,
+                            check_gather=opts.check_gather)
 
     def build(inputs: Sequence[Any]) -> tuple[Any, list[int]]:
         from stitchtune.importers.torch_regions import map_at_shapes
@@ -180,7 +193,7 @@ def _compile_region(region: Any, opts: BackendOptions, device: Any, on_cuda: boo
             graph_shapes[i] = shapes[j]
         on_gpu = bool(inputs) and inputs[0].is_cuda
         kernel = RegionKernel(region.name, region.ops, _compile_graph(graph, opts, device, on_gpu), cpu=opts.cpu,
-                              out_shapes=tuple(graph_shapes))
+                              out_shapes=tuple(graph_shapes), check_gather=opts.check_gather)
         return kernel, index
 
     return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=cg)
@@ -263,11 +276,18 @@ def _replace(gm: Any, chosen: Sequence[tuple[Any, str]]) -> Any:
         if isinstance(u, tuple):
             r, key = u
             call = g.call_function(torch.ops.stitchtune.region.default, (key, [env[x] for x in r.inputs]))
-            call.meta["val"] = [o.meta.get("val") for o in r.outputs]
-            for i, o in enumerate(r.outputs):
+            perms = r.output_perms or (None,) * len(r.outputs)
+            call.meta["val"] = [o.meta.get("val") if p is None else o.meta["val"].permute(p)
+                                for o, p in zip(r.outputs, perms)]
+            for i, (o, p) in enumerate(zip(r.outputs, perms)):
                 item = g.call_function(operator.getitem, (call, i))
-                item.meta = dict(o.meta)
+                item.meta = dict(o.meta) if p is None else {"val": call.meta["val"][i]}
+                if p is not None:   # the kernel wrote PyTorch's strided output row-major: view it back
+                    item = g.call_function(torch.ops.aten.permute.default, (item, list(r.restore_perm(i))))
+                    item.meta = dict(o.meta)
                 env[o] = item
+            for a, same in r.aliases:   # no-ops of the region read outside it: the value they equal
+                env[a] = env[same]
         else:
             env[u] = g.node_copy(u, lambda a: env[a])
     g.eliminate_dead_code()
@@ -315,7 +335,10 @@ def _decompositions(keep_whole: bool = True) -> dict[Any, Any]:
     aten = torch.ops.aten
     keep = {aten.native_layer_norm.default, aten._softmax.default, aten._log_softmax.default,
             aten.gelu.default, aten.silu.default, aten.rms_norm.default, aten.softmax.int,
-            aten.log_softmax.int, aten.layer_norm.default}
+            aten.log_softmax.int, aten.layer_norm.default, aten._native_batch_norm_legit_no_training.default,
+            # windowed ops stay whole (the framework's; Inductor's max-pool decomposition also
+            # needs torch._inductor.lowering imported, which only compile_fx does)
+            aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default}
     table = select_decomp_table()
     return {k: v for k, v in table.items() if not (keep_whole and k in keep)}
 

@@ -15,6 +15,12 @@ Contract
 * On CPU tensors it runs the same program in the emulator (``cpu="emulate"``) or the graph's float64
   reference (``cpu="reference"``).
 * A failure at run time raises :class:`RegionError` naming the region and its ops.
+* Gathers (embedding lookups) with an out-of-range index give zero rows and a :class:`RegionError`
+  naming the gather, on every path: the emulator and the CUDA kernels raise their error flag, the
+  float64 reference checks the indices on the host. On CUDA (``check_gather=True``, the default) a
+  region with a gather synchronises after its launch to read the flag (a 4-byte copy); while a CUDA
+  graph is being captured the flag is not read (logged once per region), and ``check_gather=False``
+  never reads it (no synchronisation; bad rows are silently zero).
 
 The real ``torch`` is imported by this module (it is only imported by the torch backend).
 """
@@ -61,6 +67,8 @@ class RegionKernel:
     driver: Any = None
     #: PyTorch's output shapes when they differ from the graph's in leading 1s (same row-major bytes)
     out_shapes: tuple[tuple[int, ...], ...] | None = None
+    #: read the gathers' error flags after a CUDA launch (see module docstring)
+    check_gather: bool = True
     _launchers: dict[Any, Any] = field(default_factory=dict, repr=False)  # per GPU index; "out_specs"
 
     @property
@@ -89,6 +97,9 @@ class RegionKernel:
         g = self.graph
         arrays = {n: _to_numpy(t, spec.dtype) for (n, spec), t in zip(g.inputs, inputs)}
         if self.cpu == "reference":
+            from stitchtune.deploy.compiled import check_gather_indices
+
+            check_gather_indices(g, arrays)
             out = run_reference(g, arrays)
         else:
             out = self.compiled.emulate(**arrays)
@@ -115,7 +126,8 @@ class RegionKernel:
 
     def launch_pointers(self, index: int, pointers: tuple[int, ...], stream: int) -> None:
         """Enqueue the region's kernels for ``pointers`` (graph inputs then outputs, in graph order) on
-        ``stream`` of GPU ``index``: the arguments are packed at the first call with these pointers."""
+        ``stream`` of GPU ``index``: the arguments are packed at the first call with these pointers.
+        A region with a gather then reads its error flag (``check_gather``; raises on a bad index)."""
         launcher, cache = self.launcher(index, stream)
         bound = cache.get(pointers)
         if bound is None:
@@ -125,6 +137,8 @@ class RegionKernel:
                 cache.pop(next(iter(cache)))
             bound = cache[pointers] = launcher.bind(dict(zip(names, pointers)))
         launcher.launch(bound, stream)
+        if self.check_gather and self._has_gather():
+            self._check_gather_flags(index, launcher)
 
     def run_launch(self, inputs: Sequence[Any]) -> list[Any]:
         """Outputs through the launch path: new tensors on the inputs' device (``torch.empty``), the
@@ -141,6 +155,26 @@ class RegionKernel:
             index, stream = -1, 0
         self.launch_pointers(index, ptrs, stream)
         return outs
+
+    def _check_gather_flags(self, index: int, launcher: Any) -> None:
+        """After a launch on GPU ``index`` (-1: CPU tensors over a given driver): read the gathers'
+        error flags (a synchronisation) and raise if one is set (module docstring)."""
+        from stitchtune.deploy.compiled import check_launch_gathers
+
+        if index >= 0 and torch.cuda.is_current_stream_capturing():
+            if not self._launchers.get("capture_warned"):
+                self._launchers["capture_warned"] = True
+                log.warning("%s: captured in a CUDA graph; its gather index check is off there", self.describe())
+            return
+        check_launch_gathers(launcher, self.compiled.program)
+
+    def _has_gather(self) -> bool:
+        hit = self._launchers.get("has_gather")
+        if hit is None:
+            from stitchtune.lower.remap import gather_flag_buffers
+
+            hit = self._launchers["has_gather"] = bool(gather_flag_buffers(self.compiled.program))
+        return hit
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
         if not all(t.is_contiguous() for t in inputs):

@@ -2,7 +2,9 @@
 
 Contract: ``render(program)`` is deterministic (same program, same bytes); every kernel is
 ``extern "C" __global__`` with pointer parameters in ``Kernel.params`` order; 16-bit element types
-are loaded and stored with conversions to and from float32; ``bool`` buffers are ``unsigned char``
+are loaded and stored with conversions to and from float32; ``int32``/``int64`` buffers (read-only)
+are loaded as the nearest float (``(float)v``), a vector as aligned accesses of at most 16 bytes each
+(an int64 vec 4 is two), or range-checked as ints by ``IndexLoad``; ``bool`` buffers are ``unsigned char``
 (one byte per element, read-only), loaded as ``1.0f`` / ``0.0f``, scalar or as one aligned 2/4/8/16
 byte vector whose bytes are converted one by one (the conversion is written inline, ``(b ? 1.0f :
 0.0f)``, so the preamble is the same for every program); identifiers come only from the IR, whose
@@ -153,6 +155,8 @@ class _Renderer:
         p = self.params[buf]
         if p.dtype == "bool":
             return f"({buf}[{idx}] ? 1.0f : 0.0f)"
+        if p.dtype in _UTYPE:  # int32 / int64: converted to the nearest float
+            return f"((float)({buf}[{idx}]))"
         if p.role == "scratch" and p.dtype == "float32":
             return f"st_ldcg({buf} + {idx})"
         return f"st_ld({buf} + {idx})"
@@ -234,6 +238,8 @@ class _Renderer:
                 self.emit(f"{vt} {tc} = {ld};", ind + 1)
                 for k in range(n):
                     self.emit(f"{s.dsts[c + k].name} = {tc}.{'xyzw'[k]};", ind + 1)
+        elif p.dtype in _UTYPE:
+            self._load_vec_int(s, p.dtype, idx, t, ind + 1)
         else:
             vt = self._vec_type(p.dtype, w)
             ct = _CTYPE[p.dtype]
@@ -243,6 +249,20 @@ class _Renderer:
                 val = f"({t}h[{k}] ? 1.0f : 0.0f)" if p.dtype == "bool" else f"st_ld({t}h + {k})"
                 self.emit(f"{d.name} = {val};", ind + 1)
         self.emit("}", ind)
+
+    def _load_vec_int(self, s: kir.LoadVec, dtype: str, idx: str, t: str, ind: int) -> None:
+        """An int32/int64 vector: aligned accesses of at most 16 bytes (an int64 vec 4 is two), each
+        element converted to the nearest float."""
+        w, per = len(s.dsts), 16 // kir.ELEM_BYTES[dtype]
+        ct = _CTYPE[dtype]
+        for c in range(0, w, per):
+            n = min(per, w - c)
+            vt = self._vec_type(dtype, n) or ct
+            tc, off = (t, idx) if c == 0 else (f"{t}_{c // per}", f"{idx} + {c}")
+            self.emit(f"{vt} {tc} = *reinterpret_cast<const {vt}*>({s.buf} + {off});", ind)
+            self.emit(f"const {ct}* {tc}h = reinterpret_cast<const {ct}*>(&{tc});", ind)
+            for k in range(n):
+                self.emit(f"{s.dsts[c + k].name} = ((float)({tc}h[{k}]));", ind)
 
     def _store_vec(self, s: kir.StoreVec, ind: int) -> None:
         w = len(s.values)

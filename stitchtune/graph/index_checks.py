@@ -7,8 +7,8 @@ Contract (graph.json forms)
   the end as in Python (``S + dim``), then ``0 <= S < E <= dim`` is required (an empty or out-of-range
   slice is an error, never clipped). Result: ``x``'s shape with ``E - S`` along ``A``, ``x``'s dtype.
 * ``{"op": "concat", "args": ["a", "b", ...], "axis": A}``: two to eight tensors of the same rank,
-  equal dims except along ``A`` (no broadcasting inside concat), all float (one promoted dtype) or
-  all bool. Result: dims summed along ``A``.
+  equal dims except along ``A`` (no broadcasting inside concat), all float (one promoted dtype),
+  all bool or all of one int dtype (index maps of int graph inputs). Result: dims summed along ``A``.
 * ``{"op": "gather", "args": ["table", "idx"], "axis": 0}``: ``axis`` 0 only; ``idx`` an
   ``int32``/``int64`` graph input; result shape ``idx.shape + table.shape[1:]`` (rank at most
   :data:`~stitchtune.graph.checks.MAX_RANK`), ``table``'s dtype (float). Out-of-range indices are a
@@ -119,12 +119,13 @@ def _concat_spec(path: str, specs: tuple[TensorSpec, ...], axis: int | None,
             p.add(f"{path}.args[{j}]", f"shape {list(s.shape)} differs from {list(specs[0].shape)} "
                                        f"outside axis {a} (concat does not broadcast)")
             return bad
-    kinds = {s.dtype == "bool" for s in specs}
+    kinds = {s.dtype if s.dtype in ("bool", *INT_DTYPES) else "float" for s in specs}
     if len(kinds) > 1:
-        p.add(f"{path}.args", "concat needs all float or all bool tensors")
+        p.add(f"{path}.args", "concat needs all float, all bool or all int tensors of one int dtype, got "
+                              + ", ".join(s.dtype for s in specs))
         return bad
     shape = tuple(sum(s.shape[a] for s in specs) if k == a else d for k, d in enumerate(specs[0].shape))
-    dtype = "bool" if kinds == {True} else promote_dtypes(s.dtype for s in specs)
+    dtype = kinds.pop() if kinds != {"float"} else promote_dtypes(s.dtype for s in specs)
     return shape, dtype, a, 0, 0
 
 
@@ -137,7 +138,7 @@ def _gather_spec(path: str, specs: tuple[TensorSpec, ...], names: tuple[str, ...
     if axis not in (0, -table.rank):
         p.add(f"{path}.axis", f"gather takes axis 0 only (rows of the table), got {axis}")
         return bad
-    if idx.dtype not in INT_DTYPES:  # only graph inputs are ever int
+    if idx.dtype not in INT_DTYPES:  # parse checks that an int index is a graph input
         p.add(f"{path}.args[1]", f"gather needs an int32/int64 graph input as its index, "
                                  f"{_show(names[1])} is {idx.dtype}")
         return bad

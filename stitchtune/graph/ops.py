@@ -227,6 +227,9 @@ _TABLE: tuple[OpInfo, ...] = (
     _u("reciprocal", _reciprocal, "(1.0f / {0})", 1, 1),
     _u("square", np.square, "({0} * {0})", 1, 0),
     _u("tanh", np.tanh, "tanhf({0})", 2, 1),
+    # sinf/cosf: full-range argument reduction (no fast-math), rotary embeddings' cos/sin tables
+    _u("sin", np.sin, "sinf({0})", 4, 1),
+    _u("cos", np.cos, "cosf({0})", 4, 1),
     _u("sigmoid", _expit, "(1.0f / (1.0f + expf((-{0}))))", 4, 2),
     _u("relu", _relu, "fmaxf({0}, 0.0f)", 1, 0),
     _u("erf", _erf, "erff({0})", 10, 0),

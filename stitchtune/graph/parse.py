@@ -22,6 +22,11 @@ Contract
   ``x != 0``, so NaN is true). Every other argument must be a float tensor or, for binary and
   ternary ops, a constant (see :attr:`~stitchtune.graph.ops.OpInfo.arg_types`). A bool tensor is
   not yet accepted as a graph output (cast it to a float dtype).
+* ``int32``/``int64`` tensors are graph inputs (token ids, attention masks) and the results of the
+  index maps ``transpose reshape slice concat`` of them (all arguments of one int dtype). They may
+  be read only by ``cast`` (to ``bool``: ``v != 0``; to a float dtype: the nearest value, exact for
+  ``|v| < 2**24``, see :mod:`stitchtune.graph.reference`), by those index maps, and -- a graph input
+  only -- as ``gather``'s index; never by arithmetic, never as an output, never as a cast's target.
 * The values themselves (:class:`Node`, :class:`TensorSpec`, ``DTYPES``, ``ITEMSIZE``,
   :func:`promote_dtypes`, :func:`broadcast_shapes`, and :class:`~stitchtune.graph.values.GraphValue`
   with the lookups and workload/structure keys) live in :mod:`stitchtune.graph.values` and are
@@ -104,6 +109,12 @@ __all__ = [
     "promote_dtypes",
     "broadcast_shapes",
 ]
+
+#: op kinds that take a tensor of any dtype (bool, float, int): they convert it (cast) or only move
+#: its elements (index maps); their result keeps the dtype (cast: gives ``to``)
+_ANY_DTYPE_KINDS = frozenset(("cast", "slice", "concat", "layout"))
+_INT_READERS = ("an int tensor is read only by cast (to a float dtype or bool), by transpose, reshape, "
+                "slice and concat, and as gather's index")
 
 _NODE_KEYS = ("id", "op", "args", "axes", "keepdims", "to", "axis", "start", "stop", "perm", "shape")
 
@@ -322,7 +333,8 @@ def _node_attributes(rn: dict[str, Any], path: str, info: OpInfo | None, p: _Pro
         else:
             to = _check_dtype(rn["to"], f"{path}.to", p)
             if to in INT_DTYPES:
-                p.add(f"{path}.to", f"cannot cast to {to}: int tensors are graph inputs used as gather indices only")
+                p.add(f"{path}.to", f"cannot cast to {to}: int tensors are graph inputs (cast them to a "
+                                    "float dtype or bool), never results")
                 to = None
     return keepdims, to
 
@@ -373,14 +385,19 @@ def _node_args(rn: dict[str, Any], i: int, path: str, nid: Any, id_ok: bool, inf
         ok = False
     if ok and info is not None:
         ok = _check_arg_types(path, info, values, specs, p)
+    if ok and info is not None and info.kind == "gather" and isinstance(values[-1], str) \
+            and specs[-1].dtype in INT_DTYPES and not scope.defined_at.get(values[-1], "").startswith("inputs"):
+        p.add(f"{path}.args[1]", f"gather needs an int32/int64 graph input as its index; {_show(values[-1])} is "
+                                 "computed (index with the input it is a view of)")
+        ok = False
     return _Args(tuple(values), tuple(specs), ok)
 
 
 def _check_arg_types(path: str, info: OpInfo, values: list[str | float], specs: list[TensorSpec],
                      p: _Problems) -> bool:
-    """Whether every tensor argument has the type ``info.arg_types`` asks for (cast takes anything);
-    a problem naming the argument and its dtype is added for each one that does not. An int tensor
-    (a graph input) is accepted only as gather's index."""
+    """Whether every tensor argument has the type ``info.arg_types`` asks for (cast, slice, concat and
+    the layout ops take any dtype); a problem naming the argument and its dtype is added for each one
+    that does not. An int tensor is accepted only by those ops and as gather's index."""
     ok, k = True, 0
     for j, v in enumerate(values):
         if not isinstance(v, str):
@@ -388,14 +405,12 @@ def _check_arg_types(path: str, info: OpInfo, values: list[str | float], specs: 
         dtype = specs[k].dtype
         k += 1
         want = info.arg_type(j)
-        if (want == "i") != (dtype in INT_DTYPES):
-            if want == "i":
-                continue  # gather's own check names the index's dtype
-            p.add(f"{path}.args[{j}]", f"{info.name} cannot take {_show(v)} ({dtype}): int tensors are "
-                                       "used as gather indices only")
-            ok = False
+        if want == "i" or info.kind in _ANY_DTYPE_KINDS:  # gather's own check names the index's dtype
             continue
-        if info.kind in ("cast", "slice", "concat", "layout") or want == "i":  # slice/concat/layout: float or bool
+        if dtype in INT_DTYPES:
+            p.add(f"{path}.args[{j}]", f"{info.name} cannot take {_show(v)} ({dtype}): {_INT_READERS}; "
+                                       "cast it to a float dtype or bool first")
+            ok = False
             continue
         want_bool = want == "b"
         if want_bool and dtype != "bool":

@@ -13,6 +13,13 @@ Contract
   zeros (``bool`` inputs: true with probability 3/4); the same seed gives the same arrays.
 * ``bool`` tensors are 0.0 / 1.0 in float64 (a ``bool`` input array is ``numpy.bool_``); a ``cast``
   to ``bool`` gives ``x != 0`` (NaN is true), as in numpy.
+* ``int32``/``int64`` inputs and the index maps of them stay int64 (exact at any value). A ``cast``
+  of one to a float dtype is defined as the nearest float32 (round to nearest even, what kernels do
+  at the load: ``(float)v``), then rounded to the cast's dtype: exact for ``|v| < 2**24``; beyond,
+  float32 keeps 24 significant bits, float16 is infinite anyway, and bfloat16 may differ by one ulp
+  from a direct conversion (a double rounding, e.g. ``2**25 + 2**17 + 1`` gives ``2**25``, not
+  ``2**25 + 2**18``). A ``cast`` to ``bool`` is ``v != 0``, exact (a non-zero int never converts to
+  0.0). Int inputs not used as gather indices are drawn as 0 / 1 (mask-like) by :func:`random_inputs`.
 * :func:`numpy_dtype(name)` maps ``float32``/``float16``/``bfloat16``/``bool`` to numpy dtypes; ml_dtypes is imported
   only for ``bfloat16`` (:func:`bfloat16_dtype`), so float32/float16 work never loads it.
 * Both refuse (:class:`StitchtuneError` with the numbers), before allocating, a graph whose reference
@@ -137,7 +144,8 @@ def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, n
             if info.kind == "reduce":
                 val = info.np_fn(args[0], axis=node.axes, keepdims=node.keepdims)
             elif info.kind == "cast":
-                val = args[0].astype(numpy_dtype(node.to or "float32")).astype(np.float64)
+                src = args[0].astype(np.float32) if args[0].dtype.kind == "i" else args[0]  # int: via float32
+                val = src.astype(numpy_dtype(node.to or "float32")).astype(np.float64)
             elif node.op == "transpose":
                 val = np.transpose(args[0], node.perm)
             elif node.op == "reshape":
@@ -150,7 +158,7 @@ def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, n
                 val = info.np_fn(*args, axis=node.axis)
             else:
                 val = info.np_fn(*args)
-            val = np.asarray(val, dtype=np.float64)
+            val = np.asarray(val, dtype=np.int64 if node.dtype in INT_DTYPES else np.float64)
             if val.shape != node.shape:  # a bug in graph/parse.py's inference, not a user error
                 raise AssertionError(f"{node.id}: shape {val.shape} != inferred {node.shape}")
             env[node.id] = val

@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 #: graph dtypes; ``bool`` is stored one byte per element (0 or 1) and holds comparison results and masks;
-#: ``int32``/``int64`` are graph inputs used as ``gather`` indices only
+#: ``int32``/``int64`` are graph inputs (gather indices, masks; read by cast and index maps, see graph/parse.py)
 DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "bool", "int32", "int64")
 FLOAT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 INT_DTYPES: tuple[str, ...] = ("int32", "int64")

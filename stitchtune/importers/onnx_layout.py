@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from stitchtune.importers.index_grid import MAX_GRID, broadcasts, grid_kind, is_broadcast, strip_leading_ones
 from stitchtune.importers.onnx_fold import evaluate
 
 __all__ = ["MAX_GRID", "VIEW_OPS", "View", "resolve_views"]
@@ -42,7 +43,6 @@ log = logging.getLogger(__name__)
 
 VIEW_OPS: frozenset[str] = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand",
                                       "Transpose", "Gather", "GatherND", "GatherElements", "Slice", "Tile"})
-MAX_GRID = 1 << 15   # elements of a base (and of each view of it) traced on an index grid
 
 
 @dataclass(frozen=True)
@@ -57,28 +57,7 @@ class View:
 
 
 _RESHAPES = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
-
-
-def _strip(shape: tuple[int, ...]) -> tuple[int, ...]:
-    k = 0
-    while k < len(shape) and shape[k] == 1:
-        k += 1
-    return shape[k:]
-
-
-def _broadcasts(base: tuple[int, ...], out: tuple[int, ...]) -> bool:
-    try:
-        return tuple(np.broadcast_shapes(base, out)) == out
-    except ValueError:
-        return False
-
-
-def _is_broadcast(grid: np.ndarray, base_shape: tuple[int, ...]) -> bool:
-    if not _broadcasts(base_shape, grid.shape):
-        return False
-    core = _strip(base_shape)
-    want = np.broadcast_to(np.arange(math.prod(core), dtype=np.int64).reshape(core), grid.shape)
-    return bool(np.array_equal(grid, want))
+_strip, _broadcasts, _is_broadcast = strip_leading_ones, broadcasts, is_broadcast
 
 
 def _grid(v: View) -> np.ndarray | None:
@@ -148,9 +127,9 @@ def _traced(op: str, n: Any, cur: View, oshape: tuple[int, ...], consts: Mapping
         return None
     if res.size > MAX_GRID or tuple(res.shape) != oshape or res.dtype.kind not in "iu":
         return None
-    size = math.prod(cur.base_shape)
-    if res.size == size and np.array_equal(res.reshape(-1), np.arange(size)):
+    kind = grid_kind(res, cur.base_shape)
+    if kind == "reshape":
         return View(cur.base, cur.base_shape, oshape, broadcast=_is_broadcast(res, cur.base_shape), reshape=True)
-    if _is_broadcast(res, cur.base_shape):
+    if kind == "broadcast":
         return View(cur.base, cur.base_shape, oshape, broadcast=True, reshape=False)
     return None

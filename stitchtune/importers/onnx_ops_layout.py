@@ -1,8 +1,9 @@
-"""ONNX Transpose/Reshape/Slice/Concat/Gather onto the graph.json layout ops, once graph.json has them.
+"""ONNX Transpose/Reshape/Slice/Concat/Split/Gather/Expand onto the graph.json layout ops, once graph.json has them.
 
 Each mapping turns on when its graph op is in :data:`stitchtune.graph.ops.OPS` (``transpose``
 ``{"perm"}``, ``reshape`` ``{"shape"}``, ``slice`` ``{"axis", "start", "stop"}`` with step 1,
-``concat`` ``{"axis"}``, ``gather`` ``{"axis": 0}`` with an int32/int64 index tensor); until then
+``concat`` ``{"axis"}``, ``gather`` ``{"axis": 0}`` with an int32/int64 index tensor, ``expand``
+``{"shape"}`` for an Expand that is not a broadcast view); until then
 :func:`layout_op` says None and the node stays a boundary, as before.
 
 Contract
@@ -14,6 +15,9 @@ Contract
   tensor whose dtype graph.json takes), else the reason.
 * :func:`map_layout(b, node, attrs, x, ins, out_shape, dtype, const_of, name)` emits the node(s)
   through :meth:`GraphBuilder.layout`; ``x(t)`` gives the (exact-shaped) value of tensor ``t``.
+* ``Split`` maps to one ``slice`` per output (:func:`map_split`): the sizes are the ``split``
+  attribute (opset < 13) or constant input, else ``num_outputs`` (or the output count) equal parts
+  of ``ceil(dim / n)``, the last one smaller, as ONNX defines; :func:`split_sizes` gives them.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ from stitchtune.graph.ops import OPS
 from stitchtune.graph.values import DTYPES
 from stitchtune.importers.builder import GraphBuilder, Value
 
-__all__ = ["INT_DTYPES", "layout_op", "map_layout", "why_not_layout"]
+__all__ = ["INT_DTYPES", "layout_op", "map_layout", "map_split", "split_sizes", "why_not_layout"]
 
 _LAYOUT = {"Transpose": "transpose", "Reshape": "reshape", "Flatten": "reshape", "Squeeze": "reshape",
-           "Unsqueeze": "reshape", "Slice": "slice", "Concat": "concat", "Gather": "gather"}
+           "Unsqueeze": "reshape", "Slice": "slice", "Concat": "concat", "Gather": "gather", "Split": "slice",
+           "Expand": "expand"}
 INT_DTYPES = {6: "int32", 7: "int64"}   # TensorProto enum -> graph.json (index tensors of gather)
 
 
@@ -61,7 +66,8 @@ def why_not_layout(node: Any, attrs: dict[str, Any], const_of: Callable[[int], l
                    elem_of: Callable[[str], int | None], rank_of: Callable[[str], int]) -> str | None:
     """None if the layout node can be mapped, else the reason (see the module docstring)."""
     op = node.op_type
-    if op in ("Reshape", "Squeeze", "Unsqueeze") and len(node.input) > 1 and node.input[1] and const_of(1) is None:
+    if op in ("Reshape", "Squeeze", "Unsqueeze", "Expand") and len(node.input) > 1 and node.input[1] \
+            and const_of(1) is None:
         return "its shape/axes are not constants"
     if op == "Slice":
         sl = _slices(node, attrs, const_of, rank_of(node.input[0]))
@@ -69,6 +75,8 @@ def why_not_layout(node: Any, attrs: dict[str, Any], const_of: Callable[[int], l
             return "slice parameters are not constants"
         if any(st != 1 for *_, st in sl):
             return "slice step is not 1"
+    if op == "Split" and split_sizes(node, attrs, const_of, None) is None:
+        return "split sizes are not constants"
     if op == "Gather":
         if int(attrs.get("axis", 0)) != 0:
             return "gather along an axis other than 0"
@@ -90,8 +98,8 @@ def map_layout(b: GraphBuilder, node: Any, attrs: dict[str, Any], x: Callable[[s
         v = x(ins[0])
         perm = list(attrs.get("perm") or reversed(range(len(v.shape))))
         return b.layout("transpose", [v], out_shape, dtype, name, perm=[int(p) for p in perm])
-    if g == "reshape":
-        return b.layout("reshape", [x(ins[0])], out_shape, dtype, name, shape=list(out_shape))
+    if g in ("reshape", "expand"):   # expand: numpy's broadcast_to of the (exact) data to the output shape
+        return b.layout(g, [x(ins[0])], out_shape, dtype, name, shape=list(out_shape))
     if g == "concat":
         vals = [x(t) for t in ins if t]
         return b.layout("concat", vals, out_shape, dtype, name, axis=int(attrs["axis"]) % len(out_shape))
@@ -109,3 +117,40 @@ def map_layout(b: GraphBuilder, node: Any, attrs: dict[str, Any], x: Callable[[s
         v = b.layout("slice", [v], out_shape if last else tuple(shape), dtype, name if last else f"{name}_{k}",
                      axis=axis, start=start, stop=stop)
     return v
+
+
+def split_sizes(node: Any, attrs: dict[str, Any], const_of: Callable[[int], list[int] | None],
+                dim: int | None) -> list[int] | None:
+    """The sizes of a Split's outputs along its axis (None: a size input that is not a constant);
+    with ``dim`` None only whether they are known is checked (``[]`` for equal parts)."""
+    if "split" in attrs:
+        return [int(v) for v in attrs["split"]]
+    if len(node.input) > 1 and node.input[1]:
+        return const_of(1)
+    if dim is None:
+        return []
+    n = int(attrs.get("num_outputs", len(node.output)))
+    part = -(-dim // n)
+    return [min(part, dim - k * part) for k in range(n)]
+
+
+def map_split(b: GraphBuilder, node: Any, attrs: dict[str, Any], x: Callable[[str], Value],
+              dtype: str, const_of: Callable[[int], list[int] | None], names: list[str]) -> list[Value | None]:
+    """One ``slice`` per output of a Split (None for an unnamed output); a size list that does not
+    add up to the dim, or an empty part, is an :class:`~stitchtune.importers.builder.ImportError_`."""
+    from stitchtune.importers.builder import ImportError_
+
+    v = x(node.input[0])
+    axis = int(attrs.get("axis", 0)) % len(v.shape)
+    sizes = split_sizes(node, attrs, const_of, v.shape[axis]) or []
+    if sum(sizes) != v.shape[axis] or len(sizes) != len(node.output) or min(sizes, default=0) <= 0:
+        raise ImportError_(f"Split {names[0]!a}: sizes {sizes} do not cut dim {v.shape[axis]} into "
+                           f"{len(node.output)} non-empty parts")
+    out: list[Value | None] = []
+    start = 0
+    for size, t, name in zip(sizes, node.output, names):
+        shape = tuple(size if k == axis else d for k, d in enumerate(v.shape))
+        out.append(b.layout("slice", [v], shape, dtype, name, axis=axis, start=start, stop=start + size)
+                   if t else None)
+        start += size
+    return out

@@ -22,7 +22,8 @@ __all__ = ["COMPUTE_OPS", "OnnxRegion", "Partition", "label", "partition", "regi
 
 COMPUTE_OPS: frozenset[str] = frozenset({
     "MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "MatMulInteger", "ConvInteger", "QLinearMatMul",
-    "QLinearConv", "FusedMatMul", "Attention", "MultiHeadAttention", "LSTM", "GRU", "RNN"})
+    "QLinearConv", "FusedMatMul", "Attention", "MultiHeadAttention", "LSTM", "GRU", "RNN",
+    "MaxPool", "AveragePool", "LpPool"})   # windowed pooling: graph.json has no windows
 
 
 def label(i: int, node: Any) -> str:

@@ -13,41 +13,24 @@ import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from stitchtune.importers.builder import GraphBuilder, ImportError_, Value, scalar
-
-
-# ---------------------------------------------------------------------------- dtypes
-_TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
-
-
-def torch_dtype_name(dt: Any) -> str | None:
-    """``torch.float32`` -> ``"float32"``; None for dtypes graph.json does not have as inputs of an
-    imported function (bool is a value dtype only, see :func:`value_dtype_name`)."""
-    return _TORCH_DTYPES.get(str(dt).removeprefix("torch."))
-
-
-def value_dtype_name(dt: Any) -> str | None:
-    """:func:`torch_dtype_name`, plus ``torch.bool`` -> ``"bool"`` (masks inside a graph)."""
-    return "bool" if str(dt) == "torch.bool" else torch_dtype_name(dt)
-
-
-def index_dtype_name(dt: Any) -> str | None:
-    """``torch.int64`` -> ``"int64"`` (and int32): the dtypes of gather indices (``embedding``'s ids)."""
-    name = str(dt).removeprefix("torch.")
-    return name if name in ("int32", "int64") else None
-
-
-def _to_numpy(t: Any, dtype: str) -> np.ndarray:
-    import torch
-
-    from stitchtune.graph.reference import numpy_dtype
-
-    return t.detach().to(torch.float32).cpu().numpy().astype(numpy_dtype(dtype))
+from stitchtune.importers.torch_cnn import CNN_OPS, dead, inplace_problem, map_cnn_op
+from stitchtune.importers.torch_fx_util import (  # noqa: F401  (re-exported: the importers' helpers)
+    _bind,
+    _fits,
+    _key,
+    _meta,
+    _strip1,
+    _to_numpy,
+    _where,
+    index_dtype_name,
+    torch_dtype_name,
+    value_dtype_name,
+)
 
 
 # ---------------------------------------------------------------------------- the walk
@@ -60,79 +43,10 @@ class _Captured:
     method: str
 
 
-def _where(node: Any) -> str:
-    """The innermost source location of an fx node outside PyTorch itself (else the innermost one)."""
-    import torch
-
-    torch_dir = str(Path(torch.__file__).parent)
-    st = node.meta.get("stack_trace") or ""
-    lines = [ln for ln in st.strip().splitlines() if ln.strip()]
-    frames = []
-    for i, ln in enumerate(lines):
-        ln = ln.strip()
-        if ln.startswith("File "):
-            code = lines[i + 1].strip() if i + 1 < len(lines) and not lines[i + 1].strip().startswith("File ") else ""
-            loc = ln.split(", in ")[0].replace("File ", "").replace('"', "").replace(", line ", ":")
-            frames.append((loc, code))
-    if not frames:
-        return f"graph node {node.name!a} (no source location recorded)"
-    user = [f for f in frames if not f[0].startswith(torch_dir)]
-    loc, code = (user or frames)[-1]
-    return f"{loc} ({code})" if code else loc
-
-
-def _meta(node: Any) -> tuple[tuple[int, ...], str | None]:
-    val = node.meta.get("val")
-    if val is None:
-        tm = node.meta.get("tensor_meta")
-        if tm is None:
-            return (), None
-        return tuple(int(d) for d in tm.shape), value_dtype_name(tm.dtype)
-    return tuple(int(d) for d in val.shape), value_dtype_name(val.dtype)
-
-
-def _strip1(shape: Sequence[int]) -> tuple[int, ...]:
-    s = list(shape)
-    while s and s[0] == 1:
-        s.pop(0)
-    return tuple(s)
-
-
-def _fits(g: Sequence[int], t: Sequence[int]) -> bool:
-    """True if a value of graph shape ``g`` broadcasts (numpy) to the PyTorch shape ``t``."""
-    g = list(g)
-    while len(g) > len(t) and g[0] == 1:
-        g.pop(0)
-    if len(g) > len(t):
-        return False
-    return all(gd in (1, td) for gd, td in zip(reversed(g), reversed(t)))
-
-
-def _bind(node: Any) -> dict[str, Any]:
-    """Schema argument name -> value (positional, keyword or default)."""
-    schema = node.target._schema
-    out: dict[str, Any] = {}
-    for i, a in enumerate(schema.arguments):
-        if i < len(node.args):
-            out[a.name] = node.args[i]
-        elif a.name in node.kwargs:
-            out[a.name] = node.kwargs[a.name]
-        elif a.has_default_value():
-            out[a.name] = a.default_value
-        else:
-            out[a.name] = None
-    return out
-
-
-def _key(target: Any) -> str:
-    s = str(target)
-    return s.rsplit(".", 1)[0] if s.count(".") >= 2 else s
-
-
 _UNARY = {"aten.relu": "relu", "aten.sigmoid": "sigmoid", "aten.tanh": "tanh", "aten.exp": "exp",
           "aten.log": "log", "aten.sqrt": "sqrt", "aten.rsqrt": "rsqrt", "aten.reciprocal": "reciprocal",
           "aten.neg": "neg", "aten.abs": "abs", "aten.erf": "erf", "aten.square": "square",
-          "aten.silu": "silu"}
+          "aten.silu": "silu", "aten.sin": "sin", "aten.cos": "cos"}
 _BINARY = {"aten.mul": "mul", "aten.div": "div", "aten.true_divide": "div", "aten.maximum": "maximum",
            "aten.minimum": "minimum"}
 _REDUCE = {"aten.sum": "reduce_sum", "aten.mean": "reduce_mean", "aten.amax": "reduce_max",
@@ -150,13 +64,14 @@ _MASK_OPS = {*_COMPARE, *_LOGICAL, "aten.where", "aten.masked_fill"}
 #: ``slice``, ``gather``; the element-moving views of :data:`_VIEWS` become ``reshape``)
 _LAYOUT = {"aten.transpose": "transpose", "aten.permute": "transpose", "aten.t": "transpose",
            "aten.cat": "concat", "aten.concat": "concat", "aten.slice": "slice", "aten.select": "slice",
-           "aten.embedding": "gather"}
+           "aten.embedding": "gather", "aten.index": "index"}
 #: every ATen op key (``_key(node.target)``) that :meth:`_Walker._op` maps (some only for some arguments)
 SUPPORTED_OPS: frozenset[str] = frozenset({
     *_UNARY, *_BINARY, *_REDUCE, *_VIEWS, *_CASTS, *_LAYOUT, "aten.gelu", "aten.add", "aten.sub", "aten.rsub", "aten.pow",
     "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.softmax", "aten._softmax",
     "aten.log_softmax", "aten._log_softmax", "aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm",
     "aten.dropout", "aten.native_dropout", "aten.feature_dropout", "aten.scalar_tensor", *_MASK_OPS})
+SUPPORTED_OPS = SUPPORTED_OPS | CNN_OPS   # eval batch norm, 1x1 adaptive average pool (torch_cnn)
 _IGNORED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
             "aten._assert_async"}
 
@@ -172,6 +87,7 @@ class _Walker:
         self.forced_keepdim = self._keepdim_prepass()
         self.current: Any = None
         self._exact: dict[str, Value] = {}
+        self._order: dict[Any, int] | None = None   # node -> position, for in-place ops
 
     # -- helpers
     def tshape(self, n: Any) -> tuple[int, ...]:
@@ -236,18 +152,21 @@ class _Walker:
         for node in self.cap.gm.graph.nodes:
             self.current = node   # the node being mapped (torch_regions names it when mapping fails)
             if node.op in ("placeholder", "get_attr"):
-                self.vals[node.name] = self._input(node)
+                if node.users or self.cap.bindings[node.name][0] == "user":   # unused parameters and
+                    self.vals[node.name] = self._input(node)                # buffers are no inputs
             elif node.op == "call_function":
                 if node.target is operator.getitem:
                     src, idx = node.args
                     got = self.vals.get(src.name)
                     item = got[idx] if isinstance(got, tuple) and idx < len(got) else None
+                    if item is None and not node.users:   # an unused output (batch norm's saved stats)
+                        continue
                     if item is None:
                         raise ImportError_(f"{src.target} output {idx} at {_where(node)} is not supported")
                     self.vals[node.name] = item
                     continue
                 key = _key(node.target)
-                if key in _IGNORED:
+                if key in _IGNORED or dead(node):
                     continue
                 if key.endswith("_") and not key.endswith("__"):
                     key = self._inplace(node, key)
@@ -277,19 +196,21 @@ class _Walker:
         return outputs
 
     def _inplace(self, node: Any, key: str) -> str:
-        """An in-place op on a fresh intermediate that nothing reads afterwards is its out-of-place op."""
-        target = node.args[0] if node.args else None
-        order = {n: i for i, n in enumerate(self.cap.gm.graph.nodes)}
-        if (getattr(target, "op", None) != "call_function"
-                or any(order[u] > order[node] for u in target.users if u is not node)):
-            raise ImportError_(f"in-place op {node.target} at {_where(node)} mutates a value that is an "
-                               "input or is read later; graph.json graphs are pure")
+        """An in-place op on a fresh intermediate that nothing reads afterwards is its out-of-place op
+        (:func:`stitchtune.importers.torch_cnn.inplace_problem`)."""
+        if self._order is None:
+            self._order = {n: i for i, n in enumerate(self.cap.gm.graph.nodes)}
+        why = inplace_problem(node, self._order)
+        if why:
+            raise ImportError_(f"in-place op {node.target} at {_where(node)} {why}")
         return key[:-1]
 
     def _input(self, node: Any) -> Value:
         kind, payload = self.cap.bindings[node.name]
         if kind == "user":
             return self.user_values[payload]
+        if kind == "folded":   # a constant the region resolves at import time (``index``'s indices)
+            return payload
         fqn, t = payload
         if kind == "const" and t.numel() == 1 and t.dim() == 0:
             return scalar(float(t.item()))
@@ -300,6 +221,10 @@ class _Walker:
 
     def _check(self, node: Any, v: Value) -> Value:
         t, dt = _meta(node)
+        if dt is None and v.dtype in ("int32", "int64") and _key(node.target) in _VIEWS \
+                and node.meta.get("val") is not None \
+                and index_dtype_name(node.meta["val"].dtype) == v.dtype:
+            dt = v.dtype   # a view of integer ids (read by gather or a cast)
         if dt is None:
             raise ImportError_(f"{node.target} at {_where(node)} produces a dtype graph.json does not have "
                                f"({node.meta.get('val').dtype if node.meta.get('val') is not None else '?'})")
@@ -362,6 +287,8 @@ class _Walker:
             return self._view(node, key, x)
         if key in _LAYOUT:
             return self._layout(node, key, a, x)
+        if key in CNN_OPS:
+            return map_cnn_op(self, node, key, a)
         raise ImportError_(f"unsupported op {node.target} at {_where(node)}")
 
     def _no_bool(self, node: Any, key: str, a: dict[str, Any]) -> None:
@@ -502,27 +429,30 @@ class _Walker:
 
     # -- layout and index ops
     def _layout_shape(self, node: Any, shape: Sequence[int]) -> tuple[int, ...]:
+        from stitchtune.graph.checks import MAX_RANK
+
         shape = tuple(int(d) for d in shape)
-        if not 1 <= len(shape) <= 4 or min(shape) < 1:
+        if not 1 <= len(shape) <= MAX_RANK or min(shape) < 1:
             raise ImportError_(f"{node.target} at {_where(node)}: a tensor of shape {list(shape)} (graph.json "
-                               "tensors have rank 1..4 and positive dims)")
+                               f"tensors have rank 1..{MAX_RANK} and positive dims)")
         return shape
 
     def exact(self, x: Any, node: Any) -> Value:
         """The value of fx node ``x`` at exactly PyTorch's shape (a ``reshape`` of the same elements when
-        its graph shape differs in unit axes); a broadcast view cannot be materialised (no expand)."""
+        its graph shape differs in unit axes, an ``expand`` of a broadcast view)."""
         v = self.val(x, node)
         if v.is_scalar:
             raise ImportError_(f"{node.target} at {_where(node)}: a constant tensor argument is not supported")
         t = self.tshape(x)
         if tuple(v.shape) == t:
             return v
-        if math.prod(v.shape) != math.prod(t):
-            raise ImportError_(f"{node.target} at {_where(node)}: reads {x.name!a}, a broadcast view (graph shape "
-                               f"{list(v.shape)}, PyTorch shape {list(t)}); graph.json has no expand")
-        if x.name not in self._exact:
+        if math.prod(v.shape) != math.prod(t) and not _fits(v.shape, t):
+            raise ImportError_(f"{node.target} at {_where(node)}: reads {x.name!a} (graph shape {list(v.shape)}, "
+                               f"PyTorch shape {list(t)}), neither a broadcast nor a reshape of it")
+        if x.name not in self._exact:   # a broadcast view is materialised by ``expand`` (numpy broadcast_to)
             t = self._layout_shape(node, t)
-            self._exact[x.name] = self.b.layout("reshape", [v], t, str(v.dtype), f"{x.name}_exact", shape=list(t))
+            op = "reshape" if math.prod(v.shape) == math.prod(t) else "expand"
+            self._exact[x.name] = self.b.layout(op, [v], t, str(v.dtype), f"{x.name}_exact", shape=list(t))
         return self._exact[x.name]
 
     def _reframe(self, x: Any, v: Value, t_in: Sequence[int], t_new: Sequence[int], name: str, node: Any) -> Value:
@@ -548,6 +478,8 @@ class _Walker:
         op = _LAYOUT[key]
         if op == "transpose":
             return self._transpose(node, key, a, x)
+        if op == "index":
+            return self._index(node, a, x)
         if op == "slice":
             return self._slice(node, key, a, x)
         t = self._layout_shape(node, self.tshape(node))
@@ -625,3 +557,31 @@ class _Walker:
         if key == "aten.select":
             return self._reframe(None, out, sliced_shape, self.tshape(node), node.name, node)
         return out
+
+    def _index(self, node: Any, a: dict[str, Any], x: Any) -> Value:
+        """``index.Tensor`` with indices known at import time: resolved on the index grid of ``x``
+        (:mod:`stitchtune.importers.index_grid`) when the result is ``x`` broadcast or reshaped."""
+        import torch
+
+        from stitchtune.importers.index_grid import MAX_GRID, grid_kind
+
+        idx = [None if i is None else self.vals.get(i.name) for i in a["indices"]]
+        if any(i is not None and not isinstance(i, torch.Tensor) for i in idx):
+            raise ImportError_(f"{node.target} at {_where(node)}: indices computed at run time (graph.json "
+                               "gathers rows by input indices only)")
+        t_in, t_out = self.tshape(x), self.tshape(node)
+        if math.prod(t_in) > MAX_GRID or math.prod(t_out) > MAX_GRID:
+            raise ImportError_(f"{node.target} at {_where(node)}: too large to resolve at import time")
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            grid = torch.arange(math.prod(t_in), dtype=torch.int64).reshape(t_in)
+            res = torch.ops.aten.index.Tensor(grid, idx).numpy()
+        kind = grid_kind(res, tuple(t_in))
+        v = self.val(x, node)
+        if kind == "broadcast" and _fits(v.shape, t_out):
+            return v
+        if kind == "reshape":
+            return self._reframe(x, v, t_in, t_out, node.name, node)
+        raise ImportError_(f"{node.target} at {_where(node)}: constant indices that gather (not a broadcast "
+                           "or reshape of the input)")

@@ -23,7 +23,11 @@ Contract
   (``transpose``), ``cat`` (``concat``, 2 to 8 tensors), ``slice.Tensor`` (step 1, bounds clamped)
   and ``select.int`` (``slice``), ``embedding(weight, ids)`` (``gather`` of int32/int64 ids that are
   a graph input; inputs may be given as ``int32``/``int64``, example ids are zeros), dropout in
-  eval mode (identity),
+  eval mode (identity), eval-mode batch norm (``batch_norm`` / ``native_batch_norm`` /
+  ``_native_batch_norm_legit_no_training`` with running statistics, channel axis 1),
+  ``adaptive_avg_pool2d`` to 1x1 (a mean over H and W), in-place ops (``add_``, ``relu_``, ...) as
+  their functional form when the mutated tensor is a fresh intermediate that nothing reads
+  afterwards (see :mod:`stitchtune.importers.torch_cnn`),
   comparisons (eq/ne/lt/le/gt/ge), logical and bitwise and/or/not of bools, ``where`` and
   ``masked_fill`` with a number (bool values inside the graph; arithmetic on a bool is refused),
   ``scalar_tensor`` (a constant). Anything
@@ -55,7 +59,8 @@ import numpy as np
 
 from stitchtune.graph.parse import Graph
 from stitchtune.importers.builder import GraphBuilder, ImportError_, sanitize_name
-from stitchtune.importers.torch_aten import _TORCH_DTYPES, _Captured, _Walker, torch_dtype_name
+from stitchtune.importers.torch_aten import _Captured, _Walker
+from stitchtune.importers.torch_fx_util import _TORCH_DTYPES, torch_dtype_name
 
 __all__ = ["TorchImport", "import_torch", "load_callable", "torch_dtype_name"]
 

@@ -7,8 +7,20 @@ region maps exactly what ``stitchtune import torch`` maps.
 Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
 
 * Candidates are ``call_function`` nodes whose op the importer maps (:data:`torch_aten.SUPPORTED_OPS`)
-  with static shapes and float tensors in and out; ``getitem`` of a candidate is a candidate. Every
-  other op is declined with a reason (compute op, no graph.json equivalent, dynamic shape, dtype).
+  with static shapes and float tensors in and out (see :mod:`stitchtune.importers.torch_candidates`
+  for integer ids and masks); ``getitem`` of a candidate is a candidate. Every other op is declined
+  with a reason (compute op, no graph.json equivalent, dynamic shape, dtype).
+* Nodes computed from constants only (``arange``, ``zeros``, masks of those; ``constants`` names the
+  placeholders that are constant) are evaluated at import time
+  (:func:`~stitchtune.importers.torch_consts.fold_constants`): a 0-d one is a scalar of the region's
+  graph, the indices of an ``index`` are resolved on an index grid (a broadcast or reshape; a real
+  gather is declined), any other is an input of the region that PyTorch computes.
+* Bool chains of graph inputs and constants are computed again by every region that reads them
+  (``TorchRegion.pulled``), so one padding mask feeds every layer's softmax region.
+* A view (``view``, ``transpose``, ``expand``, ...) or a no-op (eval dropout, a same-dtype cast)
+  whose result only leaves a region stays PyTorch's (``RegionSplit.free``: the region returns the
+  contiguous base); a group that nothing reads, or that only moves data as views, is dropped
+  (``RegionSplit.dropped``). Neither is reported as declined.
 * Regions are the maximal connected groups of candidates that are convex (no path leaves a region and
   re-enters it; a non-convex group is split by how many non-candidates precede its nodes, as the
   ONNX partition does, then parts linked by an edge are joined again while their union stays convex). Each region is mapped through :class:`torch_aten._Walker` on a sub-graph
@@ -33,14 +45,13 @@ from __future__ import annotations
 import logging
 import operator
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from stitchtune.errors import StitchtuneError
 from stitchtune.importers.builder import GraphBuilder, ImportError_
 from stitchtune.importers.torch_aten import (
-    SUPPORTED_OPS,
     _Captured,
     _key,
     _strip1,
@@ -49,18 +60,19 @@ from stitchtune.importers.torch_aten import (
     index_dtype_name,
     value_dtype_name,
 )
+from stitchtune.importers.torch_candidates import (
+    COMPUTE_OPS,  # noqa: F401  (re-exported: the compute ops left to the framework)
+    _Excluded,
+    _fx_args,
+    _hint,
+    _initial_exclusions,
+)
+from stitchtune.importers.torch_consts import fold_constants
+from stitchtune.importers.torch_subgraph import _dense_perm, _is_noop, _is_view, _subgraph, _with_pulled
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
 
 log = logging.getLogger(__name__)
-
-#: ATen ops that are compute-intensive (matmuls, convolutions, attention): Inductor's or a library's job
-COMPUTE_OPS: frozenset[str] = frozenset({
-    "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul", "aten.linear", "aten.convolution",
-    "aten.conv2d", "aten.conv1d", "aten.einsum", "aten._scaled_dot_product_flash_attention",
-    "aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_efficient_attention",
-    "aten._scaled_dot_product_cudnn_attention", "aten.scaled_dot_product_attention"})
-
 
 @dataclass(frozen=True)
 class TorchRegion:
@@ -73,6 +85,22 @@ class TorchRegion:
     outputs: tuple[Any, ...] = field(compare=False)   # fx nodes of graph.outputs, same order
     #: the region's ATen ops as a GraphModule (placeholders = ``inputs``, outputs = ``outputs``)
     module: Any = field(default=None, compare=False, repr=False)
+    #: nodes outside ``nodes`` that the region computes again (bool chains of graph inputs), graph order
+    pulled: tuple[Any, ...] = field(default=(), compare=False)
+    #: per output: None, or the axis order PyTorch stores it in (its strides); the graph's output is
+    #: then ``pytorch_value.permute(perm)`` (row-major), and ``graph_out.permute(inverse(perm))`` is
+    #: PyTorch's strided tensor (see :meth:`restore_perm`)
+    output_perms: tuple[tuple[int, ...] | None, ...] = field(default=(), compare=False)
+
+    #: (fx node, the input or output node it equals): no-op nodes of the region (eval dropout, a
+    #: same-dtype cast) that are read outside it; PyTorch's readers read the node they equal
+    aliases: tuple[tuple[Any, Any], ...] = field(default=(), compare=False)
+
+    def restore_perm(self, i: int) -> tuple[int, ...]:
+        """The permutation that turns the kernel's row-major output ``i`` into PyTorch's strided
+        tensor (a free view; the identity when ``output_perms[i]`` is None)."""
+        p = self.output_perms[i] if self.output_perms else None
+        return tuple(range(len(self.outputs[i].meta["val"].shape))) if p is None else _inverse(p)
 
     @property
     def dynamic(self) -> bool:
@@ -81,14 +109,17 @@ class TorchRegion:
 
     @property
     def output_shapes(self) -> tuple[tuple[int, ...], ...]:
-        """PyTorch's shape of each output (may differ from the graph's in leading 1s only; symbolic
-        dims at their example values)."""
-        return tuple(tuple(_hint(d) or 1 for d in o.meta["val"].shape) for o in self.outputs)
+        """PyTorch's shape of each output as the kernel writes it (may differ from the graph's in
+        leading 1s only; symbolic dims at their example values; permuted by ``output_perms``)."""
+        perms = self.output_perms or (None,) * len(self.outputs)
+        shapes = [tuple(_hint(d) or 1 for d in o.meta["val"].shape) for o in self.outputs]
+        return tuple(s if p is None else tuple(s[i] for i in p) for s, p in zip(shapes, perms))
 
     @property
     def ops(self) -> tuple[str, ...]:
-        """The ATen ops of the region (``getitem`` left out), in graph order."""
-        return tuple(_key(n.target) for n in self.nodes if n.target is not operator.getitem)
+        """The ATen ops the region computes (``getitem`` left out; ``pulled`` ones first, as they
+        precede what reads them), in graph order otherwise."""
+        return tuple(_key(n.target) for n in (*self.pulled, *self.nodes) if n.target is not operator.getitem)
 
 
 @dataclass(frozen=True)
@@ -102,14 +133,30 @@ class Declined:
 
 @dataclass(frozen=True)
 class RegionSplit:
+    """``regions`` and ``declined`` (see the module docstring); ``free``: nodes left to the framework
+    as free views or no-ops at a region's boundary (a transpose of a region's output, eval dropout,
+    a same-dtype cast); ``dropped``: groups that map to no computing graph (views only, or nothing
+    reads them); neither is a cut."""
+
     regions: tuple[TorchRegion, ...]
     declined: tuple[Declined, ...]
+    free: tuple[Any, ...] = ()
+    dropped: tuple[tuple[Any, ...], ...] = ()
+    constants: tuple[Any, ...] = ()   # nodes computed from constants only (inputs of regions, or scalars)
 
 
 @dataclass(frozen=True)
 class _Culprit:
     node: Any
     reason: str
+    free: bool = False   # a view or no-op left to the framework (not reported as declined)
+
+
+def _inverse(perm: Sequence[int]) -> tuple[int, ...]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
 
 
 def plan_check(graph: Any) -> str | None:
@@ -121,102 +168,6 @@ def plan_check(graph: Any) -> str | None:
     except StitchtuneError as exc:
         return f"planner: {exc}"
     return None
-
-
-# ---------------------------------------------------------------------------- candidates
-def _hint(d: Any) -> int | None:
-    """A static dim, or a symbolic dim's example value (its hint); None when it has none."""
-    if isinstance(d, int):
-        return d
-    try:
-        h = d.node.hint
-    except AttributeError:
-        return None
-    return int(h) if h is not None else None
-
-
-def _tensor_ok(val: Any, index: bool = False) -> str | None:
-    """None for a float tensor with static dims or symbolic dims with hints, else why not
-    (``index``: an int32/int64 tensor is fine too, the indices of ``embedding``)."""
-    import torch
-
-    if not isinstance(val, torch.Tensor):
-        return f"a {type(val).__name__} value, not a tensor"
-    if any(_hint(d) is None for d in val.shape):
-        return "dynamic shape without an example value (stitched kernels are specialised per shape)"
-    if value_dtype_name(val.dtype) is None and not (index and index_dtype_name(val.dtype)):
-        return f"dtype {str(val.dtype).removeprefix('torch.')}"
-    return None
-
-
-def _fx_args(node: Any) -> list[Any]:
-    import torch.fx
-
-    out: list[Any] = []
-    torch.fx.node.map_arg((node.args, node.kwargs), lambda a: out.append(a) or a)
-    return out
-
-
-def _reject_reason(node: Any) -> str | None:
-    """Why ``node`` (a call_function other than getitem) cannot be in a region, or None."""
-    key = _key(node.target)
-    if key in COMPUTE_OPS:
-        return "compute-intensive op (left to Inductor)"
-    if not hasattr(node.target, "_schema") or key not in SUPPORTED_OPS:
-        return "no graph.json equivalent yet"
-    val = node.meta.get("val")
-    vals = val if isinstance(val, (tuple, list)) else [val]
-    for v in vals:
-        if v is None:
-            continue
-        why = _tensor_ok(v)
-        if why:
-            return f"produces {why}"
-    ids = node.args[1] if key == "aten.embedding" and len(node.args) > 1 else None
-    for a in _fx_args(node):
-        why = _tensor_ok(a.meta.get("val"), index=a is ids)
-        if why:
-            return f"reads {why}"
-    return None
-
-
-class _Excluded:
-    """Nodes out of every region: ``reasons`` (reported) and ``derived`` (followed a reported one)."""
-
-    def __init__(self) -> None:
-        self.reasons: dict[Any, str] = {}
-        self.derived: set[Any] = set()
-
-    def __contains__(self, node: Any) -> bool:
-        return node in self.reasons or node in self.derived
-
-    def add(self, node: Any, reason: str) -> None:
-        """Exclude ``node``; a getitem takes its tuple-producing source along, and a source its getitems."""
-        self.reasons[node] = reason
-        if node.target is operator.getitem:
-            src = node.args[0]
-            if src not in self:
-                self.add(src, reason)
-                self.derived.add(src)
-                del self.reasons[src]
-        for u in node.users:
-            if u.target is operator.getitem and u not in self:
-                self.derived.add(u)
-
-
-def _initial_exclusions(nodes: Sequence[Any]) -> _Excluded:
-    ex = _Excluded()
-    for n in nodes:
-        if n.op != "call_function":
-            ex.derived.add(n)
-        elif n.target is operator.getitem:
-            if n.args[0] in ex:
-                ex.derived.add(n)
-        else:
-            why = _reject_reason(n)
-            if why:
-                ex.add(n, why)
-    return ex
 
 
 # ---------------------------------------------------------------------------- grouping
@@ -264,7 +215,7 @@ def _groups(nodes: Sequence[Any], ex: _Excluded) -> list[list[Any]]:
     for n in nodes:
         s = max((stage.get(a, 0) for a in _fx_args(n)), default=0)
         node_stage[n] = s
-        stage[n] = s + 1 if n in ex else s
+        stage[n] = s + 1 if n in ex and n not in ex.pulled else s
     cands = [n for n in nodes if n not in ex]
     out = []
     for comp in _components(cands, lambda a, b: True):
@@ -295,60 +246,23 @@ def _merge_convex(parts: list[list[Any]]) -> list[list[Any]]:
 
 
 # ---------------------------------------------------------------------------- mapping one group
-def _subgraph(group: list[Any]) -> tuple[Any, list[Any], list[Any], dict[Any, Any]]:
-    """(GraphModule of the group, external inputs, outputs, sub node -> original node)."""
-    import torch
-    import torch.fx
-
-    members = set(group)
-    inputs: list[Any] = []
-    for n in group:
-        for a in _fx_args(n):
-            if a not in members and a not in inputs:
-                inputs.append(a)
-    g = torch.fx.Graph()
-    env: dict[Any, Any] = {}
-    back: dict[Any, Any] = {}
-    for x in inputs:
-        ph = g.placeholder(f"in_{x.name}")
-        ph.meta = dict(x.meta)
-        env[x] = ph
-        back[ph] = x
-    for n in group:
-        env[n] = g.node_copy(n, lambda a: env[a])
-        back[env[n]] = n
-    outputs = [n for n in group if any(u not in members for u in n.users)]
-    g.output(tuple(env[o] for o in outputs))
-    for n in g.nodes:   # symbolic shapes are mapped at their example values (re-mapped per shape later)
-        if "val" in n.meta:
-            n.meta["val"] = _concrete(n.meta["val"])
-    return torch.fx.GraphModule(torch.nn.Module(), g), inputs, outputs, back
-
-
-def _concrete(val: Any) -> Any:
-    """``val`` with every symbolic dim replaced by its hint (a meta tensor), tuples elementwise."""
-    import torch
-
-    if isinstance(val, (tuple, list)):
-        return type(val)(_concrete(v) for v in val)
-    if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):
-        return torch.empty(tuple(_hint(d) or 1 for d in val.shape), dtype=val.dtype, device="meta")
-    return val
-
-
-def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any], Any] | _Culprit | Declined:
+def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any], pulled: set[Any] | None = None) -> tuple[Any, list[Any], list[Any], Any] | _Culprit | Declined | None:
     """(Graph, inputs, outputs, sub GraphModule) of one group, or the node to exclude, or the whole
-    group declined."""
-    sub, inputs, outputs, back = _subgraph(group)
+    group declined, or None when nothing outside the group reads it (dead code: no region)."""
+    sub, inputs, outputs, back = _subgraph(group, consts, pulled)
+    full = _with_pulled(group, pulled or set())
+    if not outputs:
+        return None
     for x in inputs:
-        if len(x.meta["val"].shape) == 0:   # graph.json tensors have rank 1..4
-            return _Culprit(next(n for n in group if x in _fx_args(n)), f"reads the 0-d tensor {x.name!a}")
+        if len(x.meta["val"].shape) == 0:   # graph.json tensors have rank 1 or more
+            return _Culprit(next(n for n in full if x in _fx_args(n)), f"reads the 0-d tensor {x.name!a}")
     b = GraphBuilder(name)
     values = []
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
         val = x.meta["val"]
         values.append(b.add_input(f"in{i}", tuple(_hint(d) or 1 for d in val.shape), value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))
     bindings = {ph.name: ("user", i) for i, ph in enumerate(n for n in sub.graph.nodes if n.op == "placeholder")}
+    bindings.update({n.name: ("folded", n.meta["folded"]) for n in sub.graph.nodes if n.op == "get_attr"})
     walker = _Walker(_Captured(sub, bindings, "fx"), b, values, lambda fqn, t: "float32")
     try:
         outs = walker.run()
@@ -359,43 +273,74 @@ def _map_group(group: list[Any], name: str) -> tuple[Any, list[Any], list[Any], 
             msg = str(exc)
             return _Culprit(back[cur], msg[len(prefix):] if msg.startswith(prefix) else msg)
         outs = None
-    culprit = _check_outputs(walker, sub, outputs, outs, {str(v.ref) for v in values})
-    if culprit is not None:
-        return culprit
+    perms = _check_outputs(walker, sub, outputs, outs, {str(v.ref): x for v, x in zip(values, inputs)}, set(full))
+    if isinstance(perms, _Culprit):
+        return perms
+    out_node = next(n for n in sub.graph.nodes if n.op == "output")
     if outs is None:   # the walker refused an output shape that differs only in leading 1s
-        out_node = next(n for n in sub.graph.nodes if n.op == "output")
         outs = [walker.vals[s.name] for s in out_node.args[0]]
+    aliases = tuple((o, p) for o, p in zip(outputs, perms) if p is not None and not isinstance(p, tuple))
+    kept = [i for i, p in enumerate(perms) if p is None or isinstance(p, tuple)]
     try:
+        outs = [_stored(walker, out_node.args[0][i], outs[i], perms[i]) for i in kept]
         graph = b.graph(outs)
-    except StitchtuneError as exc:
+    except (StitchtuneError, ImportError_) as exc:
         return Declined(f"region {name} ({_ops_text(group)})", str(exc))
-    return graph, inputs, outputs, sub
+    return graph, inputs, [outputs[i] for i in kept], sub, tuple(perms[i] for i in kept), aliases
+
+
+def _stored(walker: Any, s: Any, v: Any, perm: tuple[int, ...] | None) -> Any:
+    """Output value ``v`` of sub node ``s`` as the region stores it: itself, or (``perm``: PyTorch
+    keeps it in permuted memory order) its exact value transposed by ``perm``, a row-major tensor
+    that ``permute(inverse(perm))`` turns into PyTorch's strided one for free."""
+    if perm is None:
+        return v
+    x = walker.exact(s, s)
+    shape = tuple(x.shape[p] for p in perm)
+    return walker.b.layout("transpose", [x], shape, str(x.dtype), f"{s.name}_stored", perm=list(perm))
 
 
 def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | None,
-                   input_names: set[str]) -> _Culprit | None:
-    """The first output the graph cannot return as PyTorch does (shape, a duplicate, an input), or None."""
+                   input_names: Mapping[str, Any], group: set[Any]) -> _Culprit | list[Any]:
+    """The first output the graph cannot return as PyTorch does (shape, a duplicate, an input), or
+    for each output the axis order PyTorch stores it in when that is not row-major (else None), or
+    the fx node (an input or earlier output) that a no-op output equals. A view or no-op output that
+    no node of ``group`` reads is left to the framework (``free``)."""
+    def inner(n: Any) -> bool:
+        return any(u in group for u in n.users)
+
     out_node = next(n for n in sub.graph.nodes if n.op == "output")
-    seen: set[str] = set()
+    seen: dict[str, Any] = {}
+    perms: list[Any] = []
     for orig, s in zip(outputs, out_node.args[0]):
+        if _is_view(orig) and not inner(orig):   # the region returns its base; PyTorch views it for free
+            return _Culprit(orig, "a view at the region's boundary", free=True)
         v = walker.vals.get(s.name)
         t = tuple(int(d) for d in s.meta["val"].shape) if s.meta.get("val") is not None else None
         if v is None or not hasattr(v, "is_scalar") or v.is_scalar:
             return _Culprit(orig, "its value is not a tensor the graph computes")
         if t is None or _strip1(v.shape) != _strip1(t):   # leading 1s may differ: same row-major bytes
             return _Culprit(orig, f"an output of PyTorch shape {list(t or ())} is graph shape {list(v.shape)}")
-        if not s.meta["val"].is_contiguous():
-            return _Culprit(orig, "a non-contiguous output (stitched kernels write row-major tensors)")
+        perm = None if s.meta["val"].is_contiguous() else _dense_perm(orig.meta["val"])
+        if perm is None and not s.meta["val"].is_contiguous() or _is_view(orig) and perm is not None:
+            return _Culprit(orig, "a non-contiguous output (stitched kernels write row-major tensors)",
+                            free=_is_view(orig) and not inner(orig))
+        perms.append(perm)
         if v.dtype == "bool":
             return _Culprit(orig, "a bool output (graph.json outputs are float tensors)")
-        if str(v.ref) in input_names:
-            return _Culprit(orig, "an output that passes an input through")
-        if str(v.ref) in seen:
-            return _Culprit(orig, "an output equal to another output")
-        seen.add(str(v.ref))
+        same, same_perm = seen.get(str(v.ref), (input_names.get(str(v.ref)), None))
+        if same is not None:   # a no-op (eval dropout, same-dtype cast) of an input or another output
+            if _is_noop(orig) and not inner(orig):
+                return _Culprit(orig, "a no-op output", free=True)
+            if not _is_noop(orig) or perm != same_perm:   # an alias must have the same strides
+                why = "passes an input through" if str(v.ref) in input_names else "equal to another output"
+                return _Culprit(orig, f"an output that {why}")
+            perms[-1] = same   # read inside the region too: PyTorch's node is an alias of ``same``
+            continue
+        seen[str(v.ref)] = (orig, perm)
     if outs is None and walker.current is not None and walker.current.op != "output":
         return _Culprit(outputs[0], "the region's outputs could not be mapped")
-    return None
+    return perms
 
 
 def _ops_text(nodes: Iterable[Any]) -> str:
@@ -409,11 +354,29 @@ def _computes(graph: Any) -> bool:
 
 # ---------------------------------------------------------------------------- entry point
 def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_check,
-                 prefix: str = "region") -> RegionSplit:
+                 prefix: str = "region", constants: Mapping[str, Any] | None = None) -> RegionSplit:
     """The memory-intensive regions of ``gm`` (an ATen-level fx GraphModule with ``meta["val"]``) and
-    what was declined (see module docstring)."""
+    what was declined (see module docstring). ``constants``: placeholder name -> tensor for the
+    placeholders whose values never change (an exported program's buffers); the nodes computed from
+    constants only are evaluated (:func:`~stitchtune.importers.torch_consts.fold_constants`)."""
     nodes = list(gm.graph.nodes)
-    ex = _initial_exclusions(nodes)
+    consts = fold_constants(nodes, constants, gm)
+    ex = _initial_exclusions(nodes, consts)
+    while True:
+        groups, mapped = _settle(nodes, ex, consts, accept, prefix)
+        regions, declined, dropped = _collect(groups, mapped, ex)
+        claimed = {n for r in regions for n in r.pulled}
+        unclaimed = [n for n in nodes if n in ex.pulled and n not in claimed]
+        if not unclaimed:
+            break
+        ex.pulled.difference_update(unclaimed)   # read by no region: grouped like any other node
+    return RegionSplit(tuple(regions), tuple(_op_declines(nodes, ex)) + tuple(declined),
+                       tuple(n for n in nodes if n in ex.free), tuple(dropped), tuple(consts))
+
+
+def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
+            accept: Callable[[Any], str | None] | None, prefix: str) -> tuple[list[list[Any]], dict[frozenset[Any], Any]]:
+    """Group and map until every group maps (or is declined): (groups, group -> mapping result)."""
     mapped: dict[frozenset[Any], Any] = {}
     while True:
         groups = _groups(nodes, ex)
@@ -422,26 +385,37 @@ def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_chec
             key = frozenset(group)
             if key in mapped:
                 continue
-            res = _map_group(group, f"{prefix}_{group[0].name}")
-            if not isinstance(res, (_Culprit, Declined)) and _computes(res[0]) and accept is not None:
+            res = _map_group(group, f"{prefix}_{group[0].name}", consts, ex.pulled)
+            if isinstance(res, tuple) and _computes(res[0]) and accept is not None:
                 res = _judge(res, group, accept)
             if isinstance(res, _Culprit):
-                ex.add(res.node, res.reason)
+                ex.add(res.node, res.reason, res.free)
                 changed = True
             else:
                 mapped[key] = res
         if not changed:
-            break
+            return groups, mapped
+
+
+def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], Any],
+             ex: _Excluded) -> tuple[list[TorchRegion], list[Declined], list[tuple[Any, ...]]]:
+    """(regions, groups declined whole, groups dropped) of the settled ``groups``."""
     regions: list[TorchRegion] = []
     declined: list[Declined] = []
+    dropped: list[tuple[Any, ...]] = []
     for group in groups:
         res = mapped[frozenset(group)]
         if isinstance(res, Declined):
             declined.append(res)
-        elif _computes(res[0]):
-            graph, inputs, outputs, sub = res
-            regions.append(TorchRegion(graph.name, graph, tuple(group), tuple(inputs), tuple(outputs), sub))
-    return RegionSplit(tuple(regions), tuple(_op_declines(nodes, ex)) + tuple(declined))
+        elif res is not None and _computes(res[0]):
+            graph, inputs, outputs, sub, perms, aliases = res
+            own = set(group)
+            pulled = tuple(n for n in _with_pulled(group, ex.pulled) if n not in own)
+            regions.append(TorchRegion(graph.name, graph, tuple(group), tuple(inputs), tuple(outputs), sub,
+                                       pulled, perms, aliases))
+        else:
+            dropped.append(tuple(group))
+    return regions, declined, dropped
 
 
 _QUOTED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
@@ -484,10 +458,17 @@ def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
 
     _Meta(gm).run(*[torch.empty(tuple(t.shape), dtype=t.dtype, device="meta") for t in inputs])
     group = [n for n in gm.graph.nodes if n.op == "call_function"]
-    res = _map_group(group, name)
+    held = {n: n.meta["folded"] for n in gm.graph.nodes if "folded" in n.meta}
+    group = [n for n in group if n not in held]
+    res = _map_group(group, name, held)
+    if res is None:
+        raise StitchtuneError(f"region {name}: nothing reads its outputs")
     if isinstance(res, (_Culprit, Declined)):
         raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: {res.reason}")
-    graph, _, outputs, _ = res
+    graph, _, outputs, _, perms, aliases = res
+    if any(p is not None for p in perms) or aliases:
+        raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: an output is "
+                              "not row-major in PyTorch")
     why = accept(graph) if accept is not None else None
     if why:
         raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: {why}")

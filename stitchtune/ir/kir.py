@@ -14,8 +14,10 @@ Semantics (shared by both consumers):
   shared-memory buffers (:class:`SharedBuf`, float32, per block). Loads convert the element type to
   float32, stores convert float32 to the element type. A ``bool`` buffer (one byte per element,
   inputs only) loads as 1.0 for a non-zero byte and 0.0 for zero: graph bools are 0.0 / 1.0 floats in
-  kernels (see :mod:`stitchtune.graph.ops`). ``int32``/``int64`` buffers (gather indices, inputs
-  only) are read only by :class:`IndexLoad`, which yields a range-checked i32.
+  kernels (see :mod:`stitchtune.graph.ops`). ``int32``/``int64`` buffers (inputs only: gather
+  indices, masks) load as the nearest float32 (``(float)v``: exact for ``|v| < 2**24``), or through
+  :class:`IndexLoad`, which yields a range-checked i32. A :class:`LoadVec` of an int buffer may be
+  wider than 16 bytes (an int64 vec 4): it is then several aligned accesses of 16 bytes.
 * :class:`LoadVec` / :class:`StoreVec` move ``width`` consecutive elements starting at ``index`` (an
   element index that must be a multiple of ``width``: 16-byte or narrower aligned accesses). A false
   ``pred`` skips the access for that thread (a masked lane keeps its destination values).
@@ -161,7 +163,7 @@ class IndexLoad:
     """An i32 row index read from an ``int32``/``int64`` input: ``buf[index]`` when it lies in
     ``[0, bound)``, else ``-1`` (compared at the buffer's own width, so no value wraps into range).
 
-    ``pred`` false: no memory access, the value is ``-1``. The only way a kernel reads an int buffer.
+    ``pred`` false: no memory access, the value is ``-1``. (A :class:`Load` of an int buffer gives its float value.)
     """
 
     buf: str

@@ -55,4 +55,4 @@ def test_int_tensor_into_arithmetic_is_refused(tmp_path: Path) -> None:
     (tmp_path / "g.json").write_text(json.dumps(d))
     rc, out, err = _call(["validate", str(tmp_path / "g.json")])
     assert rc == 2 and out == ""
-    assert "nodes[1].args[1]: add cannot take 'ids' (int32): int tensors are used as gather indices only" in err
+    assert "nodes[1].args[1]: add cannot take 'ids' (int32): an int tensor is read only by cast" in err

@@ -96,3 +96,18 @@ def test_search_deterministic_records_only_deterministic_schedules(tmp_path: Pat
     assert len(df) >= 5 and df["deterministic"].astype(bool).all()
     assert (df["p_cross_combine"] != "atomic").all()
     assert df["study"].str.endswith("-deterministic").all()
+
+
+def test_torch_backend_deterministic_selects_past_atomic_records(db) -> None:
+    """The torch.compile backend's ``deterministic`` option reaches schedule selection: the tuned
+    atomic record is passed over for the deterministic one instead of declining the region."""
+    pytest.importorskip("torch")
+    from stitchtune.deploy.torch_backend import BackendOptions, _compile_graph, program_atomics
+
+    path, fast, slow = db
+    g, _, _ = setup(NAME)
+    clear_cache()
+    plain = _compile_graph(g, BackendOptions.from_options({"db": str(path)}), DEV, False)
+    assert plain.schedule == fast and program_atomics(plain.program) > 0
+    det = _compile_graph(g, BackendOptions.from_options({"db": str(path), "deterministic": True}), DEV, False)
+    assert det.schedule == slow and det.source == "tuned" and program_atomics(det.program) == 0

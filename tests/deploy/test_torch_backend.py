@@ -315,3 +315,55 @@ def test_cubins_are_built_in_one_batch_and_a_failed_build_declines_its_region(mo
     failed = torch_backend._attach_cubins(kernels, "sm_90")
     assert batches == [2] and list(failed) == [1] and "ptxas says no" in failed[1]
     assert isinstance(kernels[0], RegionKernel) and kernels[0].compiled.cubin == cubin.read_bytes()
+
+
+def test_permuted_outputs_and_no_op_aliases_match_eager() -> None:
+    """Rotary-style heads: a region output PyTorch keeps in transposed memory order is written
+    row-major and viewed back; a same-dtype clone read inside and outside the region is an alias."""
+    def f(x: Any, w: Any) -> Any:
+        q = (x @ w).view(2, 4, 2, 4).transpose(1, 2)
+        r = q * 2.0 + 1.0
+        c = r.clone()
+        return (r @ r.transpose(-1, -2)).view(2, -1), c @ w[:4, :4], (c * 3.0).sum(-1)
+
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    torch_backend.LAST_REPORTS.clear()
+    got = _compile(f, fallback="eager", cpu="emulate")(x, w)
+    for g, e in zip(got, f(x, w)):
+        assert torch.allclose(g, e, atol=1e-5)
+    assert any("aten.add" in s.ops for r in torch_backend.LAST_REPORTS for s in r.stitched)
+
+
+class ResBlock(torch.nn.Module):
+    """conv -> batch norm -> ReLU -> conv -> batch norm, += x, ReLU, max pool, 1x1 average pool."""
+
+    def __init__(self, c: int = 4) -> None:
+        super().__init__()
+        self.c1, self.c2 = (torch.nn.Conv2d(c, c, 3, padding=1, bias=False) for _ in range(2))
+        self.b1, self.b2 = torch.nn.BatchNorm2d(c), torch.nn.BatchNorm2d(c)
+        self.pool, self.avg = torch.nn.MaxPool2d(3, 2, 1), torch.nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x: Any) -> Any:
+        y = self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
+        y += x
+        return self.avg(self.pool(torch.relu(y)))
+
+
+@pytest.mark.parametrize("cpu,fallback", [("emulate", "eager"),
+                                          pytest.param("reference", "inductor", marks=pytest.mark.slow)])
+def test_a_resnet_block_stitches_batch_norm_relu_and_the_residual_add(cpu: str, fallback: str) -> None:
+    torch.manual_seed(0)
+    m = ResBlock()
+    for bn in (m.b1, m.b2):
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    m.eval()
+    x = torch.randn(1, 4, 8, 8)
+    with torch.no_grad():
+        e = torch_backend.explain(m, x, db=None, fallback=fallback, cpu=cpu)
+        want = m(x)
+    bn = "aten._native_batch_norm_legit_no_training"
+    assert [s.ops for s in e.stitched] == [(bn, "aten.relu"), (bn, "aten.add", "aten.relu"), ("aten.mean",)]
+    assert any("max_pool2d" in d.what and "windowed" in d.reason for d in e.declined)
+    assert (e.outputs - want).abs().max().item() < 1e-5

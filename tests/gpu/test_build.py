@@ -365,12 +365,11 @@ def _compile_sampled(per_example: int, tmp_path: Path) -> int:
 
 
 @needs_nvcc
-def test_sampled_schedules_of_small_examples_compile(tmp_path: Path) -> None:
-    assert _compile_sampled(2, tmp_path) >= 2 * len(list(EXAMPLES.glob("*_small.json")))
-
-
-@needs_nvcc
 @pytest.mark.slow
-def test_many_sampled_schedules_compile(tmp_path: Path) -> None:
-    n = int(os.environ.get("STITCHTUNE_BUILD_SAMPLES", "3"))
+def test_sampled_schedules_of_small_examples_compile(tmp_path: Path) -> None:
+    """STITCHTUNE_BUILD_SAMPLES (default 1) seeded legal schedules of every small example build through
+    the NvccBuilder (one source per program, resources parsed from ptxas) with sane resources. Breadth
+    is tests/lower/test_codegen.py's job: it compiles the heuristic and 50 sampled schedules of every
+    small example with nvcc (batched); this test is about the builder path, hence one sample."""
+    n = int(os.environ.get("STITCHTUNE_BUILD_SAMPLES", "1"))
     assert _compile_sampled(n, tmp_path) == n * len(list(EXAMPLES.glob("*_small.json")))

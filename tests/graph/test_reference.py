@@ -50,13 +50,13 @@ def test_np_fn_keeps_float32_and_float64(name: str) -> None:
 
 def test_op_table_fields() -> None:
     assert set(OPS) == {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "square",
-                        "tanh", "sigmoid", "relu", "erf", "gelu", "gelu_tanh", "silu",
+                        "tanh", "sin", "cos", "sigmoid", "relu", "erf", "gelu", "gelu_tanh", "silu",
                         "add", "sub", "mul", "div", "maximum", "minimum", "pow",
                         "lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or", "logical_not",
                         "where", "clamp",
                         "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "cast",
                         "slice", "concat", "gather", "transpose", "reshape", "expand"}
-    banned = re.compile(r"\b(exp|log|sqrt|tanh|erf|pow|fmax|fmin|fabs)\(")  # double-precision calls
+    banned = re.compile(r"\b(exp|log|sqrt|tanh|sin|cos|erf|pow|fmax|fmin|fabs)\(")  # double-precision calls
     for info in OPS.values():
         assert info.kind in ("unary", "binary", "ternary", "reduce", "cast", "slice", "concat", "gather", "layout")
         assert info.arity == {"binary": 2, "ternary": 3, "concat": 0, "gather": 2}.get(info.kind, 1)
@@ -82,6 +82,8 @@ def test_np_fn_values() -> None:
     t = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
     assert np.allclose(OPS["gelu_tanh"].np_fn(x), t)
     assert np.allclose(OPS["silu"].np_fn(x), x / (1 + np.exp(-x)))
+    assert np.allclose(OPS["sin"].np_fn(x), np.sin(x)) and np.allclose(OPS["cos"].np_fn(x), np.cos(x))
+    assert OPS["sin"].render("a") == "sinf(a)" and OPS["cos"].render("a") == "cosf(a)"
     assert np.array_equal(OPS["relu"].np_fn(x), np.maximum(x, 0))
     assert np.allclose(OPS["rsqrt"].np_fn(np.array([4.0])), [0.5])
 
@@ -111,17 +113,19 @@ def test_format_float_literal_exact_and_range() -> None:
 def test_cuda_templates_compile(tmp_path: Path) -> None:
     """Every template and a few literals compile as fp32 device code (nvcc, no GPU needed)."""
     lines = []
+    trig = []   # sinf/cosf use one double multiply in their slow path (|x| > ~1e5: Payne-Hanek)
     for k, info in enumerate(sorted(OPS.values(), key=lambda o: o.name)):
         if info.kind in INDEX_KINDS:  # index ops move elements; kernels never render their template
             continue
         expr = info.render(*(["a", "b", "c"][: info.arity]))
-        lines.append(f"  float r{k} = {expr};  out[{k}] = r{k};")
+        (trig if info.name in ("sin", "cos") else lines).append(f"  float r{k} = {expr};  out[{k}] = r{k};")
         if info.cuda_combine:
             lines.append(f"  out[{k}] += {info.combine('a', 'b')} + {format_float_literal(info.identity)};")
     for j, c in enumerate([1e-5, -2.5, math.inf, -math.inf, -0.0, 3.4e38]):
         lines.append(f"  out[{100 + j}] = a * {format_float_literal(c)};")
     src = ("extern \"C\" __global__ void k(float* out, float a, float b, float c) {\n"
-           + "\n".join(lines) + "\n}\n")
+           + "\n".join(lines) + "\n}\n"
+           + "extern \"C\" __global__ void k_trig(float* out, float a) {\n" + "\n".join(trig) + "\n}\n")
     cu = tmp_path / "ops.cu"
     cu.write_text(src)
     r = subprocess.run(["nvcc", "-c", "-arch=sm_80", "-Werror", "all-warnings", str(cu), "-o",
@@ -130,7 +134,9 @@ def test_cuda_templates_compile(tmp_path: Path) -> None:
     ptx = subprocess.run(["nvcc", "--ptx", "-arch=sm_80", str(cu), "-o", str(tmp_path / "ops.ptx")],
                          capture_output=True, text=True, timeout=300)
     assert ptx.returncode == 0
-    assert ".f64" not in (tmp_path / "ops.ptx").read_text()  # fp32 only, no double promotion
+    text = (tmp_path / "ops.ptx").read_text()
+    body = text.split(".entry k(")[1].split(".entry k_trig")[0]   # kernel k alone
+    assert ".f64" not in body  # fp32 only, no double promotion
 
 
 # ---------------------------------------------------------------------------- reference

@@ -94,9 +94,11 @@ def test_the_planner_can_refuse_a_region() -> None:
 
 
 def test_integer_tensors_are_declined_and_symbolic_shapes_mapped_at_their_examples() -> None:
-    gm = _aten(lambda x, i: x.exp() + i.float(), torch.randn(4, 8), torch.ones(4, 8, dtype=torch.int64))
-    split = find_regions(gm)
-    assert any("int64" in d.reason for d in split.declined)
+    i = torch.ones(4, 8, dtype=torch.int64)
+    [r] = find_regions(_aten(lambda x, i: x.exp() + i.float(), torch.randn(4, 8), i)).regions
+    assert sorted(s.dtype for _, s in r.graph.inputs) == ["float32", "int64"]   # an integer input, cast
+    split = find_regions(_aten(lambda x, i: x.exp() + (i + 1).float(), torch.randn(4, 8), i))
+    assert any("int64" in d.reason for d in split.declined)   # integer arithmetic stays PyTorch's
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm = make_fx(lambda x: (x.exp() * 2.0).softmax(-1), tracing_mode="symbolic")(torch.randn(4, 8))
@@ -122,17 +124,20 @@ def test_a_refusal_naming_a_node_declines_that_node_and_keeps_the_rest() -> None
 
 
 def test_outputs_may_differ_from_pytorch_in_leading_ones_only() -> None:
-    gm = _aten(lambda x: (x.exp() * 2.0).view(1, 4, 8), torch.randn(4, 8))
+    gm = _aten(lambda x: (x.exp() * 2.0).view(1, 4, 8) + 1.0, torch.randn(4, 8))
     [r] = find_regions(gm).regions
     assert r.output_shapes == ((1, 4, 8),)
     assert r.graph.spec(r.graph.outputs[0]).shape == (4, 8)
     x = torch.randn(4, 8)
-    gm = _aten(lambda x: (x.exp() * 2.0).view(8, 4), x)   # moves rows: a reshape inside the region
+    gm = _aten(lambda x: (x.exp() * 2.0).view(8, 4) + 1.0, x)   # moves rows: a reshape inside the region
     [r] = find_regions(gm).regions
     assert r.output_shapes == ((8, 4),) and "aten.view" in r.ops
     assert r.graph.spec(r.graph.outputs[0]).shape == (8, 4)
     out = run_reference(r.graph, {r.graph.inputs[0][0]: x.numpy()})[r.graph.outputs[0]]
-    assert np.abs(out - (x.exp() * 2.0).view(8, 4).numpy()).max() < 1e-5
+    assert np.abs(out - ((x.exp() * 2.0).view(8, 4) + 1.0).numpy()).max() < 1e-5
+    # a view that only leaves the region is PyTorch's (free): the region returns its base
+    split = find_regions(_aten(lambda x: (x.exp() * 2.0).view(8, 4), x))
+    assert split.regions[0].output_shapes == ((4, 8),) and [n.name for n in split.free] == ["view"]
 
 
 def test_masks_map_onto_comparisons_and_where() -> None:
@@ -156,7 +161,7 @@ def test_a_bool_output_or_arithmetic_on_bools_stays_outside() -> None:
     split = find_regions(gm)
     for r in split.regions:
         assert all(r.graph.spec(o).dtype != "bool" for o in r.graph.outputs)
-    assert any("bool output" in d.reason for d in split.declined)
+    assert any("bool output" in d.reason or "bool or integer result" in d.reason for d in split.declined)
 
 
 def test_parts_split_by_stage_are_joined_again_where_the_union_stays_convex() -> None:
@@ -172,3 +177,118 @@ def test_parts_split_by_stage_are_joined_again_where_the_union_stays_convex() ->
     assert len(split.regions) == 2 and ops[1] == {"aten.add"}
     gather = [n for n in split.regions[0].graph.nodes if n.op == "gather"]
     assert len(gather) == 1 and split.regions[0].graph.spec(gather[0].args[1]).dtype == "int64"
+
+
+def test_views_and_no_ops_at_a_boundary_are_left_to_the_framework_and_dead_groups_dropped() -> None:
+    def f(x: Any, w: Any) -> Any:
+        y = (x * 2.0).exp()
+        t = y.view(4, 2, 4).transpose(0, 1)   # head split: a non-contiguous view read by a matmul
+        (x + 1.0).tanh()                      # nothing reads it
+        return t @ w[:4], y
+
+    gm = _aten(f, torch.randn(4, 8), torch.randn(8, 3))
+    split = find_regions(gm, accept=None)
+    [r] = split.regions
+    assert r.ops == ("aten.mul", "aten.exp") and [o.name for o in r.outputs] == ["exp"]
+    assert {n.name for n in split.free} >= {"view", "transpose"}
+    assert any([n.name for n in g] == ["add", "tanh"] for g in split.dropped)
+    assert not any("tanh" in d.what or "transpose" in d.what or "contiguous" in d.reason for d in split.declined)
+
+
+def _masked_attention(s: Any, keep: Any, v: Any) -> Any:
+    """The transformers mask chain: constant aranges index the padding mask, ``&`` a constant causal
+    mask, ``where`` against 0-d constants, added to the scores of two attention layers."""
+    n = s.shape[-1]
+    rows, cols = torch.arange(n), torch.arange(n)
+    causal = (cols[None, None, None, :] <= rows[None, None, :, None]) & torch.ones((), dtype=torch.bool)
+    pad = keep[torch.arange(1)[:, None, None, None], cols[None, None, None, :]]   # aten.index, a view
+    mask = torch.where(causal & pad, torch.zeros(()), torch.finfo(torch.float32).min)
+    p = (s * 0.5 + mask).softmax(-1)
+    return ((p @ v) + mask).softmax(-1)
+
+
+def test_constant_subgraphs_are_folded_and_an_index_by_constant_grids_is_a_view() -> None:
+    torch.manual_seed(0)
+    s, v = torch.randn(1, 2, 4, 4), torch.randn(1, 2, 4, 4)
+    keep = torch.tensor([[True, True, False, True]])
+    gm = _aten(_masked_attention, s, keep, v)
+    split = find_regions(gm)
+    assert [d.what for d in split.declined] == ["op aten.bmm"], split.declined
+    first, second = split.regions
+    assert {"aten.index", "aten.bitwise_and", "aten.where", "aten._softmax"} <= set(first.ops)
+    assert any(n.target is torch.ops.aten.arange.start_step or "arange" in str(n.target) for n in split.constants)
+    # 0-d constants are scalars of the graph, the causal mask a constant input computed by PyTorch
+    assert [x.name for x in first.inputs if x in split.constants] and "where" in {n.op for n in first.graph.nodes}
+    env = {n: t for n, t in zip([n for n in gm.graph.nodes if n.op == "placeholder"], (s, keep, v))}
+    from torch.fx import Interpreter
+
+    class _Record(Interpreter):
+        def run_node(self, n: Any) -> Any:
+            env[n] = out = super().run_node(n)
+            return out
+
+    want = _Record(gm).run(s, keep, v)
+    for r in split.regions:
+        ins = {name: env[x].numpy() for (name, _), x in zip(r.graph.inputs, r.inputs)}
+        got = run_reference(r.graph, ins)
+        for o, name in zip(r.outputs, r.graph.outputs):
+            assert np.abs(got[name].reshape(env[o].shape) - env[o].numpy()).max() < 1e-5
+    assert np.isfinite(want.numpy()).all()
+
+
+def test_an_index_that_gathers_is_declined_with_its_reason() -> None:
+    gm = _aten(lambda x: x[torch.tensor([2, 0, 1])].exp() * 2.0, torch.randn(3, 4))
+    split = find_regions(gm)
+    assert any(d.what == "op aten.index" and "gather" in d.reason for d in split.declined), split.declined
+    assert split.regions and "aten.index" not in split.regions[0].ops
+
+
+def test_an_output_pytorch_keeps_permuted_is_stored_row_major_and_a_no_op_output_is_an_alias() -> None:
+    def f(x: Any, w: Any) -> Any:
+        q = (x @ w).view(2, 4, 2, 4).transpose(1, 2)   # heads: [2, 2, 4, 4], strided
+        r = q * 2.0 + 1.0                               # PyTorch keeps q's memory order
+        c = r.clone()                                   # a no-op, read inside the region and outside
+        return r @ w[:4, :4], c @ w[:4, :4], (c * 3.0).sum(-1)
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    gm = _aten(f, x, w)
+    [r] = [r for r in find_regions(gm).regions if "aten.add" in r.ops]
+    [perm] = [p for p in r.output_perms if p is not None]
+    assert perm == (0, 2, 1, 3) and [(a.name, b.name) for a, b in r.aliases] == [("clone", "add")]
+    y = (x @ w).view(2, 4, 2, 4).transpose(1, 2)
+    [[name, _]] = [i for i in r.graph.inputs]
+    got = run_reference(r.graph, {name: (x @ w).numpy()})   # the view and transpose are in the region
+    stored = got[r.graph.outputs[r.output_perms.index(perm)]]
+    want = y * 2.0 + 1.0
+    assert stored.shape == (2, 4, 2, 4) and torch.allclose(torch.from_numpy(stored).permute(r.restore_perm(0)), want)
+
+
+def test_rotary_tables_computed_in_a_region_use_sin_and_cos_and_emulate_correctly() -> None:
+    """The torch.compile case: the frequencies are a graph input, so cos/sin are computed in-kernel."""
+    import random
+
+    from helpers import DEV, emulated_errors
+
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.graph.reference import random_inputs
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space import SearchSpace
+
+    def f(q: Any, freqs: Any) -> Any:
+        emb = torch.cat((freqs, freqs), -1)
+        x1, x2 = q[..., :4], q[..., 4:]
+        return q * emb.cos() + torch.cat((-x2, x1), -1) * emb.sin()
+
+    q, freqs = torch.randn(2, 2, 6, 8), torch.randn(6, 4) * 3.0
+    [r] = find_regions(_aten(f, q, freqs)).regions
+    assert {"sin", "cos"} <= {n.op for n in r.graph.nodes}
+    env = {"q_1": q, "freqs_1": freqs}
+    ins = {name: env[x.name].numpy() for (name, _), x in zip(r.graph.inputs, r.inputs)}
+    got = run_reference(r.graph, ins)[r.graph.outputs[0]]
+    assert np.abs(got - f(q, freqs).numpy()).max() < 1e-5
+    plan = make_plan(r.graph)
+    space = SearchSpace.for_plan(plan, DEV)
+    inputs = random_inputs(r.graph, 3)
+    ref = run_reference(r.graph, inputs)
+    for s in (heuristic_schedule(plan, DEV, space), space.sample(random.Random(0))):
+        assert max(emulated_errors(r.graph, plan, space, s, inputs, ref).values()) < 1e-5

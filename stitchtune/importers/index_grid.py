@@ -1,0 +1,55 @@
+"""Index grids: which element of a base tensor each element of a layout op's result reads.
+
+Shared by the ONNX importer (:mod:`stitchtune.importers.onnx_layout`: Gather/GatherND/Slice chains
+on constant parameters) and the PyTorch importer (``aten.index`` with constant indices): the op is
+applied to the grid ``arange(prod(base)).reshape(base)`` and the result tells what the op is.
+
+Contract of :func:`grid_kind(res, base_shape)`: ``"reshape"`` when ``res`` holds every element of
+the base once, in order (the same bytes; it may also broadcast, see :func:`is_broadcast`),
+``"broadcast"`` when ``res`` is the base broadcast numpy-style (right-aligned) to ``res.shape``,
+else None (a real gather: not a view). Grids are bounded by :data:`MAX_GRID` elements.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["MAX_GRID", "broadcasts", "grid_kind", "is_broadcast", "strip_leading_ones"]
+
+MAX_GRID = 1 << 15   # elements of a base (and of each view of it) traced on an index grid
+
+
+def strip_leading_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    k = 0
+    while k < len(shape) and shape[k] == 1:
+        k += 1
+    return shape[k:]
+
+
+def broadcasts(base: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """True when ``base`` broadcasts (numpy rules) to exactly ``out``."""
+    try:
+        return tuple(np.broadcast_shapes(base, out)) == out
+    except ValueError:
+        return False
+
+
+def is_broadcast(grid: np.ndarray, base_shape: tuple[int, ...]) -> bool:
+    """True when the index ``grid`` is the base's own grid broadcast to ``grid.shape``."""
+    if not broadcasts(base_shape, grid.shape):
+        return False
+    core = strip_leading_ones(base_shape)
+    want = np.broadcast_to(np.arange(math.prod(core), dtype=np.int64).reshape(core), grid.shape)
+    return bool(np.array_equal(grid, want))
+
+
+def grid_kind(res: np.ndarray, base_shape: tuple[int, ...]) -> str | None:
+    """``"reshape"``, ``"broadcast"`` or None for the index grid ``res`` (see the module docstring)."""
+    size = math.prod(base_shape)
+    if res.size == size and np.array_equal(res.reshape(-1), np.arange(size)):
+        return "reshape"
+    if is_broadcast(res, base_shape):
+        return "broadcast"
+    return None

@@ -1,0 +1,180 @@
+"""Which nodes of an ATen fx graph may be in a memory-intensive region (for
+:mod:`stitchtune.importers.torch_regions`).
+
+* :func:`_initial_exclusions(nodes, consts)`: every ``call_function`` node whose op the importer maps
+  (:data:`torch_aten.SUPPORTED_OPS`), with static (or hinted) shapes and float tensors in and out, is a
+  candidate; integer tensors only where they are ids (``embedding``), cast (an integer mask) or
+  viewed, and constant ``index`` indices. Every other node is excluded with a reason (compute op,
+  windowed pooling op, no graph.json equivalent, dynamic shape, dtype); constants, assertions and
+  dead calls (nothing reads them, they mutate nothing) silently. An in-place op is a candidate as its
+  functional form when its mutation is unobservable (:func:`~stitchtune.importers.torch_cnn.inplace_reason`).
+* Bool chains of graph inputs and constants (a padding mask's cast, ``index``, ``&``, ``where``) are
+  *pulled*: not grouped, but computed again by every region that reads them.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stitchtune.importers.torch_aten import _IGNORED, SUPPORTED_OPS, _key, index_dtype_name, value_dtype_name
+from stitchtune.importers.torch_cnn import WINDOWED_OPS, dead, inplace_reason, is_inplace
+
+#: ATen ops that are compute-intensive (matmuls, convolutions, attention): Inductor's or a library's job
+COMPUTE_OPS: frozenset[str] = frozenset({
+    "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul", "aten.linear", "aten.convolution",
+    "aten.conv2d", "aten.conv1d", "aten.einsum", "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_efficient_attention",
+    "aten._scaled_dot_product_cudnn_attention", "aten.scaled_dot_product_attention"})
+
+
+
+def _hint(d: Any) -> int | None:
+    """A static dim, or a symbolic dim's example value (its hint); None when it has none."""
+    if isinstance(d, int):
+        return d
+    try:
+        h = d.node.hint
+    except AttributeError:
+        return None
+    return int(h) if h is not None else None
+
+
+def _tensor_ok(val: Any, index: bool = False) -> str | None:
+    """None for a float tensor with static dims or symbolic dims with hints, else why not
+    (``index``: an int32/int64 tensor is fine too, the indices of ``embedding``)."""
+    import torch
+
+    if not isinstance(val, torch.Tensor):
+        return f"a {type(val).__name__} value, not a tensor"
+    if any(_hint(d) is None for d in val.shape):
+        return "dynamic shape without an example value (stitched kernels are specialised per shape)"
+    if value_dtype_name(val.dtype) is None and not (index and index_dtype_name(val.dtype)):
+        return f"dtype {str(val.dtype).removeprefix('torch.')}"
+    return None
+
+
+def _fx_args(node: Any) -> list[Any]:
+    import torch.fx
+
+    out: list[Any] = []
+    torch.fx.node.map_arg((node.args, node.kwargs), lambda a: out.append(a) or a)
+    return out
+
+
+#: ops that may read (and views that may produce) int32/int64 tensors: casts of integer masks,
+#: views of ids; the integer values themselves are never computed on
+_INT_OK = frozenset({"aten.to", "aten._to_copy", "aten.type_as", "aten.view", "aten.reshape", "aten._unsafe_view",
+                     "aten.unsqueeze", "aten.squeeze", "aten.flatten", "aten.alias", "aten.clone",
+                     "aten.contiguous", "aten.detach", "aten.expand"})
+_INT_VIEWS = _INT_OK - {"aten.to", "aten._to_copy", "aten.type_as"}
+
+
+def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int]) -> str | None:
+    """Why ``node`` (a call_function other than getitem) cannot be in a region, or None."""
+    key = _key(node.target)
+    if key in COMPUTE_OPS:
+        return "compute-intensive op (left to Inductor)"
+    if key in WINDOWED_OPS:
+        return "windowed op (pooling; left to the framework like a convolution)"
+    if is_inplace(node):   # as its functional form (torch_subgraph._subgraph copies it in its place)
+        why = inplace_reason(node, order, SUPPORTED_OPS)
+        if why:
+            return why
+    elif not hasattr(node.target, "_schema") or key not in SUPPORTED_OPS:
+        return "no graph.json equivalent yet"
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    for v in vals:
+        if v is None:
+            continue
+        why = _tensor_ok(v, index=key in _INT_VIEWS)
+        if why:
+            return f"produces {why}"
+    ids = node.args[1] if key == "aten.embedding" and len(node.args) > 1 else None
+    folded = set(_fx_args(node)) - {node.args[0]} if key == "aten.index" else set()
+    for a in _fx_args(node):
+        if a in folded and a in consts:
+            continue
+        why = _tensor_ok(a.meta.get("val"), index=a is ids or key in _INT_OK)
+        if why:
+            return f"reads {why}"
+    return None
+
+
+class _Excluded:
+    """Nodes out of every region: ``reasons`` (reported) and ``derived`` (followed a reported one)."""
+
+    def __init__(self) -> None:
+        self.reasons: dict[Any, str] = {}
+        self.derived: set[Any] = set()
+        self.free: dict[Any, str] = {}
+        self.pulled: set[Any] = set()   # recomputed by every region that reads them (bool chains)
+
+    def __contains__(self, node: Any) -> bool:
+        return node in self.reasons or node in self.derived or node in self.free or node in self.pulled
+
+    def add(self, node: Any, reason: str, free: bool = False) -> None:
+        """Exclude ``node``; a getitem takes its tuple-producing source along, and a source its getitems.
+        A ``free`` node (a view or no-op the framework applies for free) is not reported."""
+        self.pulled.discard(node)
+        if free and node.target is not operator.getitem:
+            self.free[node] = reason
+            return
+        self.reasons[node] = reason
+        if node.target is operator.getitem:
+            src = node.args[0]
+            if src not in self:
+                self.add(src, reason)
+                self.derived.add(src)
+                del self.reasons[src]
+        for u in node.users:
+            if u.target is operator.getitem and u not in self:
+                self.derived.add(u)
+
+
+#: ops whose float result is computed again by every region that reads it when they read a pulled mask
+_PULLED_FLOAT = frozenset({"aten.where", "aten.masked_fill", "aten.to", "aten._to_copy", "aten.type_as",
+                           "aten.expand", "aten.view", "aten.unsqueeze", "aten.index"})
+
+
+def _pull_bool_chains(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any]) -> None:
+    """Mark the candidates that produce a bool or integer tensor (graph.json outputs only floats), or
+    finish such a mask (``where``), and read only graph inputs, constants and other such nodes: every
+    region that reads them computes them again (a padding mask's cast, index, ``&`` and ``where``
+    feed every layer's softmax). Those that no region reads are grouped as usual (``find_regions``)."""
+    import torch
+
+    for n in nodes:
+        if n in ex or n.op != "call_function" or n.target is operator.getitem:
+            continue
+        val = n.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        reads = _fx_args(n)
+        if val.dtype.is_floating_point and not (_key(n.target) in _PULLED_FLOAT and any(a in ex.pulled for a in reads)):
+            continue   # a float result is pulled only where it finishes a pulled mask (``where``)
+        if all(a.op == "placeholder" or a in consts or a in ex.pulled for a in reads):
+            ex.pulled.add(n)
+
+
+def _initial_exclusions(nodes: Sequence[Any], consts: Mapping[Any, Any]) -> _Excluded:
+    ex = _Excluded()
+    order = {n: i for i, n in enumerate(nodes)}
+    for n in nodes:
+        if n.op != "call_function" or n in consts or _key(n.target) in _IGNORED:
+            ex.derived.add(n)   # constants are inputs (or scalars) of regions; assertions check nothing here
+        elif n.target is operator.getitem:
+            if n.args[0] in ex:
+                ex.derived.add(n)
+        else:
+            why = _reject_reason(n, consts, order)
+            if why and dead(n):   # nothing reads it and it mutates nothing (make_fx's ``empty``)
+                ex.derived.add(n)
+            elif why:
+                ex.add(n, why)
+    _pull_bool_chains(nodes, ex, consts)
+    return ex
+
+

@@ -1,0 +1,130 @@
+"""Constant-only parts of an ATen fx graph, evaluated at import time.
+
+Masks and position tables are built from constants: ``arange``, ``new_ones``, ``zeros``, integer
+``add``/``ge``/``le``, ``unsqueeze``/``expand``/``slice``/``view`` of those, ``&`` of constant bool
+tensors, 0-d tensors. ``torch.export`` and the ``torch.compile`` backend specialise shapes, so
+these nodes compute the same tensor at every call (the ONNX importer folds the same nodes into
+initializers, :mod:`stitchtune.importers.onnx_fold`).
+
+Contract of :func:`fold_constants(nodes, known)` -> ``{fx node: tensor}``:
+
+* a ``call_function`` node is constant when its op is in :data:`FOLDABLE` (deterministic, no
+  randomness, no in-place ops) and every fx node it reads is constant; ``known`` names placeholders
+  whose values are constant (buffers of an exported program: position ids, rotary frequencies), and
+  ``get_attr`` nodes of tensor constants (not parameters) are constant;
+* it is evaluated on the CPU with PyTorch itself (``device`` arguments replaced by ``cpu``); a node
+  whose evaluation raises, whose result is not a tensor (or tuple of tensors read by ``getitem``) or
+  has more than :data:`MAX_ELEMENTS` elements is not constant, and neither is anything that reads it;
+* the result holds the constant ``call_function`` nodes (and constant ``getitem`` nodes), never
+  placeholders or ``get_attr`` nodes; nothing here modifies the graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stitchtune.importers.torch_fx_util import _key
+
+__all__ = ["FOLDABLE", "MAX_ELEMENTS", "fold_constants"]
+
+log = logging.getLogger(__name__)
+
+MAX_ELEMENTS = 1 << 16   # per constant tensor: bigger ones stay ops of the graph
+
+#: ATen op keys (``torch_aten._key``) that are evaluated when all they read is constant
+FOLDABLE: frozenset[str] = frozenset({
+    "aten.arange", "aten.zeros", "aten.ones", "aten.full", "aten.new_ones", "aten.new_zeros", "aten.new_full",
+    "aten.zeros_like", "aten.ones_like", "aten.full_like", "aten.scalar_tensor", "aten.lift_fresh_copy",
+    "aten.add", "aten.sub", "aten.rsub", "aten.mul", "aten.div", "aten.neg", "aten.remainder", "aten.floor_divide",
+    "aten.eq", "aten.ne", "aten.lt", "aten.le", "aten.gt", "aten.ge", "aten.__and__", "aten.__or__",
+    "aten.bitwise_and", "aten.bitwise_or", "aten.bitwise_not", "aten.logical_and", "aten.logical_or",
+    "aten.logical_not", "aten.where", "aten.masked_fill", "aten.tril", "aten.triu", "aten.cumsum",
+    "aten.unsqueeze", "aten.squeeze", "aten.expand", "aten.expand_as", "aten.view", "aten.reshape",
+    "aten._unsafe_view", "aten.flatten", "aten.slice", "aten.select", "aten.index", "aten.gather",
+    "aten.permute", "aten.transpose", "aten.t", "aten.cat", "aten.clone", "aten.contiguous", "aten.alias",
+    "aten.detach", "aten.to", "aten._to_copy", "aten.type_as", "aten.split", "aten.chunk",
+    "aten.sin", "aten.cos", "aten.exp", "aten.pow", "aten.reciprocal", "aten.sqrt", "aten.rsqrt",
+    "aten.mm", "aten.matmul", "aten.bmm", "aten.float", "aten.repeat", "aten.max", "aten.min", "aten.sum"})
+
+
+def _real(t: Any) -> bool:
+    """A tensor with data (not a fake or meta tensor of a trace)."""
+    import torch
+    from torch._subclasses.fake_tensor import is_fake
+
+    return isinstance(t, torch.Tensor) and not is_fake(t) and t.device.type != "meta"
+
+
+def _small(val: Any) -> bool:
+    if _real(val):
+        return val.numel() <= MAX_ELEMENTS
+    return isinstance(val, (tuple, list)) and all(_real(v) and v.numel() <= MAX_ELEMENTS for v in val)
+
+
+def _evaluate(n: Any, vals: Mapping[Any, Any]) -> Any:
+    """``n``'s value from the constant values of what it reads (raises when PyTorch does)."""
+    import torch
+    import torch.fx
+
+    args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: vals[a])
+    if "device" in kwargs:
+        kwargs = {**kwargs, "device": torch.device("cpu")}
+    if _key(n.target) == "aten.to" and len(args) > 1 and isinstance(args[1], (torch.device, str)):
+        args = (args[0], torch.device("cpu"), *args[2:])
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with torch.no_grad(), unset_fake_temporarily():   # real values even inside a compile's fake mode
+        return n.target(*args, **kwargs)
+
+
+def _attr(root: Any, target: str) -> Any:
+    """The tensor constant ``root.<target>`` (not a parameter), or None."""
+    import torch
+
+    obj = root
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    ok = _real(obj) and not isinstance(obj, torch.nn.Parameter) and obj.numel() <= MAX_ELEMENTS
+    return obj if ok else None
+
+
+def fold_constants(nodes: Sequence[Any], known: Mapping[str, Any] | None = None, root: Any = None) -> dict[Any, Any]:
+    """The constant nodes of ``nodes`` (an fx graph's nodes, in order) with their values (see the
+    module docstring); ``root`` (the GraphModule) holds the tensor constants of ``get_attr`` nodes."""
+    import torch.fx
+
+    vals: dict[Any, Any] = {}
+    known = known or {}
+    for n in nodes:
+        if n.op == "placeholder":
+            if n.name in known and _real(known[n.name]):
+                vals[n] = known[n.name]
+            continue
+        if n.op == "get_attr" and root is not None:
+            t = _attr(root, str(n.target))
+            if t is not None:
+                vals[n] = t
+            continue
+        if n.op != "call_function":
+            continue
+        reads: list[Any] = []
+        torch.fx.node.map_arg((n.args, n.kwargs), lambda a: reads.append(a) or a)
+        if any(a not in vals for a in reads):
+            continue
+        if n.target is operator.getitem:
+            src, i = n.args
+            vals[n] = vals[src][i]
+            continue
+        if not hasattr(n.target, "_schema") or _key(n.target) not in FOLDABLE:
+            continue
+        try:
+            out = _evaluate(n, vals)
+        except Exception as exc:  # noqa: BLE001 -- an op that does not evaluate is simply not constant
+            log.debug("%s is not folded: %s", n.name, exc)
+            continue
+        if _small(out):
+            vals[n] = out
+    return {n: v for n, v in vals.items() if n.op == "call_function"}

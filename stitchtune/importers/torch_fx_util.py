@@ -1,0 +1,110 @@
+"""Helpers of the PyTorch importers: dtype names, fx node metadata, shapes and source locations.
+
+Re-exported by :mod:`stitchtune.importers.torch_aten` (whose walker uses them all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+# ---------------------------------------------------------------------------- dtypes
+_TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+def torch_dtype_name(dt: Any) -> str | None:
+    """``torch.float32`` -> ``"float32"``; None for dtypes graph.json does not have as inputs of an
+    imported function (bool is a value dtype only, see :func:`value_dtype_name`)."""
+    return _TORCH_DTYPES.get(str(dt).removeprefix("torch."))
+
+
+def value_dtype_name(dt: Any) -> str | None:
+    """:func:`torch_dtype_name`, plus ``torch.bool`` -> ``"bool"`` (masks inside a graph)."""
+    return "bool" if str(dt) == "torch.bool" else torch_dtype_name(dt)
+
+
+def index_dtype_name(dt: Any) -> str | None:
+    """``torch.int64`` -> ``"int64"`` (and int32): the dtypes of gather indices (``embedding``'s ids)."""
+    name = str(dt).removeprefix("torch.")
+    return name if name in ("int32", "int64") else None
+
+
+def _to_numpy(t: Any, dtype: str) -> np.ndarray:
+    import torch
+
+    from stitchtune.graph.reference import numpy_dtype
+
+    return t.detach().to(torch.float32).cpu().numpy().astype(numpy_dtype(dtype))
+
+
+def _where(node: Any) -> str:
+    """The innermost source location of an fx node outside PyTorch itself (else the innermost one)."""
+    import torch
+
+    torch_dir = str(Path(torch.__file__).parent)
+    st = node.meta.get("stack_trace") or ""
+    lines = [ln for ln in st.strip().splitlines() if ln.strip()]
+    frames = []
+    for i, ln in enumerate(lines):
+        ln = ln.strip()
+        if ln.startswith("File "):
+            code = lines[i + 1].strip() if i + 1 < len(lines) and not lines[i + 1].strip().startswith("File ") else ""
+            loc = ln.split(", in ")[0].replace("File ", "").replace('"', "").replace(", line ", ":")
+            frames.append((loc, code))
+    if not frames:
+        return f"graph node {node.name!a} (no source location recorded)"
+    user = [f for f in frames if not f[0].startswith(torch_dir)]
+    loc, code = (user or frames)[-1]
+    return f"{loc} ({code})" if code else loc
+
+
+def _meta(node: Any) -> tuple[tuple[int, ...], str | None]:
+    val = node.meta.get("val")
+    if val is None:
+        tm = node.meta.get("tensor_meta")
+        if tm is None:
+            return (), None
+        return tuple(int(d) for d in tm.shape), value_dtype_name(tm.dtype)
+    return tuple(int(d) for d in val.shape), value_dtype_name(val.dtype)
+
+
+def _strip1(shape: Sequence[int]) -> tuple[int, ...]:
+    s = list(shape)
+    while s and s[0] == 1:
+        s.pop(0)
+    return tuple(s)
+
+
+def _fits(g: Sequence[int], t: Sequence[int]) -> bool:
+    """True if a value of graph shape ``g`` broadcasts (numpy) to the PyTorch shape ``t``."""
+    g = list(g)
+    while len(g) > len(t) and g[0] == 1:
+        g.pop(0)
+    if len(g) > len(t):
+        return False
+    return all(gd in (1, td) for gd, td in zip(reversed(g), reversed(t)))
+
+
+def _bind(node: Any) -> dict[str, Any]:
+    """Schema argument name -> value (positional, keyword or default)."""
+    schema = node.target._schema
+    out: dict[str, Any] = {}
+    for i, a in enumerate(schema.arguments):
+        if i < len(node.args):
+            out[a.name] = node.args[i]
+        elif a.name in node.kwargs:
+            out[a.name] = node.kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+        else:
+            out[a.name] = None
+    return out
+
+
+def _key(target: Any) -> str:
+    s = str(target)
+    return s.rsplit(".", 1)[0] if s.count(".") >= 2 else s

@@ -1,0 +1,147 @@
+"""The sub-graph of one region candidate group (for :mod:`stitchtune.importers.torch_regions`).
+
+* :func:`_subgraph(group, consts, pulled)`: a GraphModule of the group and the pulled nodes it reads;
+  its placeholders are the external inputs (symbolic dims at their hints), 0-d constants are
+  ``scalar_tensor`` nodes and constant ``index`` indices are buffers of the module (resolved at
+  import time, never graph inputs); its outputs are the group's nodes read outside it.
+* :func:`_is_view` / :func:`_is_noop`: nodes whose result PyTorch gives for free from their input
+  (a view; eval dropout or a same-dtype cast), left outside a region at its boundary.
+* :func:`_dense_perm`: the axis order a strided output is row-major in (PyTorch keeps an element-wise
+  result of a transposed input in that order).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+from stitchtune.importers.torch_fx_util import _key
+from stitchtune.importers.torch_candidates import _fx_args, _hint
+from stitchtune.importers.torch_cnn import functional_of, is_inplace
+
+
+def _embedded(x: Any, members: set[Any], consts: Mapping[Any, Any]) -> bool:
+    """True for a constant that the region's module holds itself: a 0-d value (a scalar of the graph)
+    or the indices of an ``index`` (resolved at import time), never a graph input."""
+    if x not in consts:
+        return False
+    if consts[x].dim() == 0:
+        return True
+    return all(_key(u.target) == "aten.index" and x is not u.args[0] for u in x.users if u in members)
+
+
+def _with_pulled(group: list[Any], pulled: set[Any]) -> list[Any]:
+    """``group`` and the ``pulled`` nodes it reads through chains of them, in graph order."""
+    seen: set[Any] = set(group)
+    todo = [a for n in group for a in _fx_args(n)]
+    while todo:
+        a = todo.pop()
+        if a in pulled and a not in seen:
+            seen.add(a)
+            todo.extend(_fx_args(a))
+    if len(seen) == len(group):
+        return group
+    order = {n: i for i, n in enumerate(next(iter(group)).graph.nodes)}
+    return sorted(seen, key=order.__getitem__)
+
+
+def _subgraph(group: list[Any], consts: Mapping[Any, Any],
+              pulled: set[Any] | None = None) -> tuple[Any, list[Any], list[Any], dict[Any, Any]]:
+    """(GraphModule of the group and the ``pulled`` nodes it reads, external inputs, outputs, sub
+    node -> original node); constants of :func:`_embedded` are nodes of the module (``scalar_tensor``
+    or a buffer), not inputs. Outputs are nodes of ``group`` only."""
+    import torch
+    import torch.fx
+
+    owned = set(group)
+    group = _with_pulled(group, pulled or set())
+    members = set(group)
+    inputs: list[Any] = []
+    held: list[Any] = []
+    for n in group:
+        for a in _fx_args(n):
+            if a not in members and a not in inputs and a not in held:
+                (held if _embedded(a, members, consts) else inputs).append(a)
+    g = torch.fx.Graph()
+    root = torch.nn.Module()
+    env: dict[Any, Any] = {}
+    back: dict[Any, Any] = {}
+    for x in inputs:
+        ph = g.placeholder(f"in_{x.name}")
+        ph.meta = dict(x.meta)
+        env[x] = ph
+        back[ph] = x
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    for i, x in enumerate(held):
+        t = consts[x]
+        with unset_fake_temporarily():   # real constants, also inside a compile's fake mode
+            if t.dim() == 0:
+                env[x] = g.call_function(torch.ops.aten.scalar_tensor.default, (float(t.item()),),
+                                         {"dtype": t.dtype})
+            else:
+                root.register_buffer(f"const{i}", t.clone())
+                env[x] = g.get_attr(f"const{i}")
+        env[x].meta = {"val": t, "folded": t}
+    for n in group:
+        env[n] = g.node_copy(n, lambda a: env[a])
+        if is_inplace(n):   # accepted by inplace_reason: its functional form, which mutates nothing
+            env[n].target = functional_of(n.target)
+        back[env[n]] = n
+    outputs = [n for n in group if n in owned and any(u not in members for u in n.users)]
+    g.output(tuple(env[o] for o in outputs))
+    for n in g.nodes:   # symbolic shapes are mapped at their example values (re-mapped per shape later)
+        if "val" in n.meta:
+            n.meta["val"] = _concrete(n.meta["val"])
+    return torch.fx.GraphModule(root, g), inputs, outputs, back
+
+
+def _concrete(val: Any) -> Any:
+    """``val`` with every symbolic dim replaced by its hint (a meta tensor), tuples elementwise."""
+    import torch
+
+    if isinstance(val, (tuple, list)):
+        return type(val)(_concrete(v) for v in val)
+    if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape):
+        return torch.empty(tuple(_hint(d) or 1 for d in val.shape), dtype=val.dtype, device="meta")
+    return val
+
+
+#: ATen ops whose result is a view of their input in PyTorch (no copy)
+_VIEW_OPS = frozenset({"aten.view", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze", "aten.expand",
+                       "aten.expand_as", "aten.alias", "aten.view_as", "aten.transpose", "aten.permute",
+                       "aten.t", "aten.slice", "aten.select", "aten.detach", "aten.flatten", "aten.reshape"})
+
+
+def _is_view(node: Any) -> bool:
+    """True when ``node``'s result is a view of its input (left outside a region, PyTorch applies it
+    to the region's contiguous output for free)."""
+    key = _key(node.target) if node.target is not operator.getitem else ""
+    if key in ("aten.reshape", "aten.flatten"):   # a view only of a contiguous input (else a copy)
+        src = node.args[0].meta.get("val") if node.args and hasattr(node.args[0], "meta") else None
+        return src is not None and src.is_contiguous()
+    return key in _VIEW_OPS
+
+
+def _is_noop(node: Any) -> bool:
+    """True for a view, eval dropout or a cast to the same dtype: the value of its input, unchanged."""
+    if _is_view(node):
+        return True
+    key = _key(node.target)
+    if key in ("aten.dropout", "aten.feature_dropout"):
+        return True
+    if key in ("aten.to", "aten._to_copy", "aten.type_as", "aten.contiguous", "aten.clone"):
+        src = node.args[0] if node.args else None
+        sv, ov = getattr(src, "meta", {}).get("val"), node.meta.get("val")
+        return sv is not None and ov is not None and getattr(sv, "dtype", None) == getattr(ov, "dtype", None)
+    return False
+
+
+def _dense_perm(val: Any) -> tuple[int, ...] | None:
+    """The axis order in which the strided tensor ``val`` is row-major (``val.permute(perm)`` is
+    contiguous), or None when it is not a permutation of a dense tensor or has symbolic dims."""
+    if not all(isinstance(d, int) for d in val.shape) or not all(isinstance(d, int) for d in val.stride()):
+        return None
+    perm = tuple(sorted(range(val.dim()), key=lambda i: (-val.stride()[i], i)))
+    return perm if val.permute(perm).is_contiguous() else None
