@@ -70,6 +70,7 @@ class RemapValues:
         self.domain = _domain(low)
         self.mixed = mixed_layout(low.g)
         self.chains = composed_chains(low.g)
+        self.dom_t = self._domain_tensor()
         # mixed: the columns are the innermost domain axis (check_mixed); the view's rows may hold
         # axes the domain lacks (an expand), so they are not split from M
         D = len(self.domain)
@@ -128,9 +129,25 @@ class RemapValues:
         off = len(self.domain) - len(spec.shape)
         return all(s == 1 or s == self.domain[off + k] for k, s in enumerate(spec.shape))
 
+    def _domain_tensor(self) -> str | None:
+        """In a mixed region with chains: a computed tensor of the domain's shape (its map's offset is
+        the row-major index of the domain position), else None."""
+        if not (self.mixed and self.chains):
+            return None
+        chained = {n for c in self.chains.values() for n in c}
+        return next((n.id for n in self.g.nodes if n.id not in chained and OPS[n.op].kind != "layout"
+                     and tuple(n.shape) == tuple(self.domain)), None)
+
     def pos(self, axis: int, lane: int) -> kir.Expr:
-        """Domain position along ``axis`` of lane ``lane``'s element."""
+        """Domain position along ``axis`` of lane ``lane``'s element (in a mixed region with chains,
+        from the row-major domain index through the map of a domain-shaped tensor: any view)."""
         D = self.domain
+        if self.dom_t is not None:
+            lin = _add(self.low.row_base(self.dom_t, Bin("min", self.k.ix.row, _I(self.p.M - 1))),
+                       self.low.col_offset(self.dom_t, _add(self.sw.k0, _I(lane))))
+            inner = prod(D[axis + 1:])
+            t = Bin("/", lin, _I(inner)) if inner > 1 else lin
+            return Bin("%", t, _I(D[axis])) if axis > 0 else t
         if axis in self.col_axes:
             inner = prod(D[b] for b in self.col_axes if b > axis)
             i: kir.Expr = _add(self.sw.k0, _I(lane))
@@ -306,6 +323,8 @@ class RemapValues:
             return False
         if self.col_axes[-1:] != (len(D) - 1,):
             return False
+        if self.dom_t is not None and self.p.imap(self.dom_t).vector_mode(v) != "vector":
+            return False  # the lanes' domain positions are not adjacent
         k = len(shape) - 1
         for name in chain[:-1]:
             nd = self.low.nodes[name]

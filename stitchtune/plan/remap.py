@@ -331,7 +331,8 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
                 col_axes: tuple[int, ...], family: str) -> None:
     """A mixed region (slice / concat with transpose / reshape) is lowered with column shifts only
     (:func:`column_shift`): no gather, a row-family (or element-wise) view whose columns are exactly
-    the innermost dim of the domain (``out_cols``: the axes of an output's last dim), and every input
+    the innermost dim of the domain (``out_cols``: the axes of an output's last dim; any view when
+    every input is loaded through a :func:`composed_chains` chain: GPT-2's q/k/v split), and every input
     outside :func:`layout_part` of its surrogate shape (no sliced input larger than the domain)."""
     for n in graph.nodes:
         if n.op == "gather":
@@ -340,11 +341,12 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
     if family == "col":
         raise UnsupportedGraphError("slice / concat with transpose / reshape are supported in row-reduction and "
                                     "element-wise kernels only, not in column reductions")
-    if tuple(out_cols) != tuple(col_axes) or domain[-1] < 2:
+    chained = _chained(graph)
+    every_chained = all(n in chained for n in graph.input_names)  # loads by chain arithmetic only
+    if (tuple(out_cols) != tuple(col_axes) and not every_chained) or domain[-1] < 2:
         raise UnsupportedGraphError(
             f"the columns of the kernel are not the innermost axis of the iteration domain {list(domain)}; "
             "slice / concat with transpose / reshape need the innermost axis as the kernel's columns")
-    chained = _chained(graph)
     for name, spec in graph.inputs:
         if tuple(spec.shape) != tuple(sur.spec(name).shape) and name not in chained:
             raise UnsupportedGraphError(

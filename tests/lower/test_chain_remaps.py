@@ -80,6 +80,24 @@ def test_a_chain_that_keeps_the_innermost_axis_loads_vectors() -> None:
     _errors(g, 3)
 
 
+def test_gpt2_qkv_split_into_heads_is_one_kernel() -> None:
+    # c_attn's output [B*S, 3H] -> [B, S, 3H], split into q, k, v along the innermost axis, each split
+    # into heads (reshape + transpose; k^T for the scores): a mixed region every input of which is a
+    # chain, so the view's columns (a head's D) need not be the whole innermost axis
+    B, S, nh, D = 2, 8, 4, 8
+    H = nh * D
+    nodes = [{"id": "v3", "op": "reshape", "args": ["qkv"], "shape": [B, S, 3 * H]}]
+    for i, perm in enumerate(([0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3])):
+        nodes += [{"id": f"s{i}", "op": "slice", "args": ["v3"], "axis": 2, "start": i * H, "stop": (i + 1) * H},
+                  {"id": f"h{i}", "op": "reshape", "args": [f"s{i}"], "shape": [B, S, nh, D]},
+                  {"id": f"t{i}", "op": "transpose", "args": [f"h{i}"], "perm": perm}]
+    g = _graph({"qkv": [B * S, 3 * H]}, nodes, ["t0", "t1", "t2"])
+    assert composed_chains(g) == {"v3": ("v3", "qkv")}
+    plan = make_plan(g)
+    assert (plan.M, plan.N) == (B * S * nh, D)
+    _errors(g, 4)
+
+
 @st.composite
 def _chains(draw) -> dict:
     shape = draw(st.lists(st.sampled_from([2, 3, 4, 6]), min_size=2, max_size=3))
