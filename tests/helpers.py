@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.errors import ScheduleError
-from stitchtune.graph.parse import DTYPES, NAME_RE, load_graph
+from stitchtune.graph.parse import DTYPES, MAX_RANK, NAME_RE, load_graph
 from stitchtune.graph.ops import OPS
 from stitchtune.hardware.device import get_device
 from stitchtune.lower.entry import lower
@@ -434,7 +434,7 @@ def malformed_graph(draw: st.DrawFn) -> dict[str, Any]:
             node["args"][0] = "x"
     elif kind == "rank":
         spec = d["inputs"][sorted(d["inputs"])[0]]
-        spec["shape"] = draw(st.lists(st.integers(1, 3), min_size=5, max_size=7))
+        spec["shape"] = draw(st.lists(st.integers(1, 3), min_size=MAX_RANK + 1, max_size=MAX_RANK + 3))
     return d
 
 
