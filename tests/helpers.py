@@ -456,6 +456,24 @@ def emulator_kernels(program: Any) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- ONNX importer
 
+def onnx_vi(name: str, shape: Any, elem: int | None = None) -> Any:
+    """An ONNX value info (``elem``: a TensorProto element type, default FLOAT)."""
+    from onnx import TensorProto, helper
+
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT if elem is None else elem, shape)
+
+
+def onnx_model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: Any = (), opset: int = 17) -> Any:
+    """A checked ONNX model of one graph ``g`` from hand-built nodes (opset ``opset``)."""
+    import onnx
+    from onnx import helper
+
+    m = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, list(inits)),
+                          opset_imports=[helper.make_opsetid("", opset)])
+    onnx.checker.check_model(m)
+    return m
+
+
 def onnx_values(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every tensor of ONNX ``model`` evaluated by onnx's reference evaluator."""
     from onnx import ModelProto

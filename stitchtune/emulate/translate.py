@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from stitchtune.emulate.cluster_ops import ClusterOps, ExprFn, StmtFn
 from stitchtune.ir import kir
 from stitchtune.emulate.memory import (
     _ELEM_BYTES,
@@ -30,7 +31,6 @@ from stitchtune.emulate.memory import (
     EmulatorFault,
     _access,
     _lanes_of,
-    _remote_access,
     _shared_broadcast_load,
     _State,
 )
@@ -67,8 +67,6 @@ from stitchtune.ir.kir import (
 # Compilation of IR trees into closures
 # ----------------------------------------------------------------------------------------------
 
-ExprFn = Callable[[_State, np.ndarray], Any]
-StmtFn = Callable[[_State, np.ndarray], None]
 
 
 def _cast_fn(fn: ExprFn, src: str, dst: str) -> ExprFn:
@@ -110,8 +108,9 @@ _CMP: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
-class _Compiled:
-    """A kernel compiled into closures (cached per kernel object)."""
+class _Compiled(ClusterOps):
+    """A kernel compiled into closures (cached per kernel object; the cluster statements are
+    :class:`~stitchtune.emulate.cluster_ops.ClusterOps`')."""
 
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
@@ -198,69 +197,6 @@ class _Compiled:
         if isinstance(e, kir.RemoteLoad):
             return self.remote_load(e), F32
         raise ValueError(f"unknown expression {e!r}")
-
-    # -- clusters ------------------------------------------------------------------------------
-
-    def _need_cluster(self, what: str) -> None:
-        if self.kernel.cluster <= 1:
-            raise ValueError(f"kernel {self.kernel.name}: {what} in a kernel without a cluster")
-
-    def _remote_parts(self, buf: str, rank: kir.Expr, index: kir.Expr, pred: kir.Expr | None, what: str):
-        self._need_cluster(what)
-        if buf not in self.shared:
-            raise ValueError(f"kernel {self.kernel.name}: {what} of {buf}, which is not a shared buffer")
-        return (self.as_type(rank, I32), self.as_type(index, I32),
-                self.as_type(pred, BOOL) if pred is not None else None)
-
-    def remote_load(self, e: kir.RemoteLoad) -> ExprFn:
-        rank, idx, pred = self._remote_parts(e.buf, e.rank, e.index, e.pred, "RemoteLoad")
-        buf = e.buf
-
-        def remote_load(st: _State, m: np.ndarray) -> Any:
-            act = m & pred(st, m) if pred is not None else m
-            lanes = np.flatnonzero(act)
-            out = np.zeros(st.T, np.float32)
-            if lanes.size:
-                out[lanes] = _remote_access(st, buf, lanes, _lanes_of(rank(st, act), lanes),
-                                            _lanes_of(idx(st, act), lanes), "load")
-            return out
-        return remote_load
-
-    def remote_store(self, s: kir.RemoteStore, where: str) -> StmtFn:
-        rank, idx, pred = self._remote_parts(s.buf, s.rank, s.index, s.pred, "RemoteStore")
-        vf = self.as_type(s.value, F32)
-        buf = s.buf
-
-        def remote_store(st: _State, m: np.ndarray) -> None:
-            st.where = where
-            act = m & pred(st, m) if pred is not None else m
-            lanes = np.flatnonzero(act)
-            if lanes.size:
-                _remote_access(st, buf, lanes, _lanes_of(rank(st, act), lanes), _lanes_of(idx(st, act), lanes),
-                               "store", _lanes_of(vf(st, act), lanes))
-        return remote_store
-
-    def cluster_sync(self, where: str) -> StmtFn:
-        self._need_cluster("ClusterSync")
-
-        def cluster_sync(st: _State, m: np.ndarray) -> None:
-            st.where = where
-            size = st.cluster * st.block
-            c = m.reshape(-1, size)
-            some, every = c.any(axis=1), c.all(axis=1)
-            part = some & ~every
-            if part.any():
-                raise st.fault("divergent_barrier", "cluster.sync() not reached by every thread of the "
-                               "cluster", np.repeat(part, size) & ~m, st.ar)
-            blocks = np.repeat(every, st.cluster)
-            for sb in st.shared.values():
-                sb.tracker.reset(blocks, sb.size)
-                if sb.ctracker is not None:
-                    sb.ctracker.reset(blocks, sb.size)
-            if every.all():
-                st.cluster_synced = True
-                st.remote_pending = False
-        return cluster_sync
 
     def as_type(self, e: kir.Expr, t: str) -> ExprFn:
         f, et = self.expr(e)

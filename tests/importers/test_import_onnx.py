@@ -13,7 +13,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from helpers import check_onnx_numerics
+from helpers import check_onnx_numerics, onnx_vi
 
 from stitchtune.cli import main
 from stitchtune.errors import StitchtuneError
@@ -29,8 +29,7 @@ N, K, D = 8, 16, 32
 RNG = np.random.default_rng(0)
 
 
-def _vi(name, shape, elem=TP.FLOAT):
-    return h.make_tensor_value_info(name, elem, shape)
+_vi = onnx_vi
 
 
 def _init(name, arr):

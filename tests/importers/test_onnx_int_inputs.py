@@ -12,7 +12,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from helpers import DEV, check_onnx_numerics, emulated_errors
+from helpers import DEV, check_onnx_numerics, emulated_errors, onnx_model, onnx_vi
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.graph.reference import run_reference
 from stitchtune.importers.onnx_import import import_onnx
@@ -23,14 +23,11 @@ B, H, S = 2, 2, 8
 _c = lambda v, n, dt=np.int64: nh.from_array(np.array(v, dt), n)  # noqa: E731
 
 
-def _vi(name, shape, elem=TP.FLOAT):
-    return h.make_tensor_value_info(name, elem, shape)
+_vi = onnx_vi
 
 
 def _model(nodes, inputs, outputs, inits=()):
-    m = h.make_model(h.make_graph(nodes, "g", inputs, outputs, list(inits)), opset_imports=[h.make_opsetid("", 18)])
-    onnx.checker.check_model(m)
-    return m
+    return onnx_model(nodes, inputs, outputs, inits, opset=18)
 
 
 def _rand(shape, seed):

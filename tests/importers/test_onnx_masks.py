@@ -12,7 +12,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from helpers import DEV, check_onnx_numerics, emulated_errors
+from helpers import DEV, check_onnx_numerics, emulated_errors, onnx_model, onnx_vi
 
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.graph.reference import run_reference
@@ -25,14 +25,10 @@ from stitchtune.importers.onnx_import import import_onnx
 B, H, S = 2, 3, 8
 
 
-def _vi(name, shape, elem=TP.FLOAT):
-    return h.make_tensor_value_info(name, elem, shape)
+_vi = onnx_vi
 
 
-def _model(nodes, inputs, outputs, inits=()):
-    m = h.make_model(h.make_graph(nodes, "g", inputs, outputs, list(inits)), opset_imports=[h.make_opsetid("", 17)])
-    onnx.checker.check_model(m)
-    return m
+_model = onnx_model
 
 
 def _mask_nodes(scores: str, out: str, tag: str) -> list:

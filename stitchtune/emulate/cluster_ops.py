@@ -1,0 +1,97 @@
+"""The emulator's translation of the cluster IR (``RemoteLoad``, ``RemoteStore``, ``ClusterSync``)
+into numpy closures: the part of :class:`stitchtune.emulate.translate._Compiled` that knows thread-block
+clusters, kept here as a mixin. Semantics (distributed shared memory, the cluster barrier, the faults
+``cluster_out_of_range`` / ``cluster_race`` / ``divergent_barrier``) are in
+:mod:`stitchtune.emulate.emulator`'s docstring; accesses go through
+:func:`stitchtune.emulate.memory._remote_access`.
+
+A user of the mixin provides ``kernel`` (the kir Kernel), ``shared`` (its shared buffers) and
+``as_type(expr, type) -> ExprFn``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from stitchtune.emulate.memory import _lanes_of, _remote_access, _State
+from stitchtune.ir import kir
+from stitchtune.ir.kir import BOOL, F32, I32
+
+__all__ = ["ClusterOps", "ExprFn", "StmtFn"]
+
+ExprFn = Callable[[_State, np.ndarray], Any]
+StmtFn = Callable[[_State, np.ndarray], None]
+
+
+class ClusterOps:
+    """Translation of the cluster statements and expressions (mixin of ``_Compiled``)."""
+
+    kernel: kir.Kernel
+    shared: Any
+
+    def as_type(self, e: kir.Expr, t: str) -> ExprFn:  # provided by the translator
+        raise NotImplementedError
+
+    def _need_cluster(self, what: str) -> None:
+        if self.kernel.cluster <= 1:
+            raise ValueError(f"kernel {self.kernel.name}: {what} in a kernel without a cluster")
+
+    def _remote_parts(self, buf: str, rank: kir.Expr, index: kir.Expr, pred: kir.Expr | None, what: str):
+        self._need_cluster(what)
+        if buf not in self.shared:
+            raise ValueError(f"kernel {self.kernel.name}: {what} of {buf}, which is not a shared buffer")
+        return (self.as_type(rank, I32), self.as_type(index, I32),
+                self.as_type(pred, BOOL) if pred is not None else None)
+
+    def remote_load(self, e: kir.RemoteLoad) -> ExprFn:
+        rank, idx, pred = self._remote_parts(e.buf, e.rank, e.index, e.pred, "RemoteLoad")
+        buf = e.buf
+
+        def remote_load(st: _State, m: np.ndarray) -> Any:
+            act = m & pred(st, m) if pred is not None else m
+            lanes = np.flatnonzero(act)
+            out = np.zeros(st.T, np.float32)
+            if lanes.size:
+                out[lanes] = _remote_access(st, buf, lanes, _lanes_of(rank(st, act), lanes),
+                                            _lanes_of(idx(st, act), lanes), "load")
+            return out
+        return remote_load
+
+    def remote_store(self, s: kir.RemoteStore, where: str) -> StmtFn:
+        rank, idx, pred = self._remote_parts(s.buf, s.rank, s.index, s.pred, "RemoteStore")
+        vf = self.as_type(s.value, F32)
+        buf = s.buf
+
+        def remote_store(st: _State, m: np.ndarray) -> None:
+            st.where = where
+            act = m & pred(st, m) if pred is not None else m
+            lanes = np.flatnonzero(act)
+            if lanes.size:
+                _remote_access(st, buf, lanes, _lanes_of(rank(st, act), lanes), _lanes_of(idx(st, act), lanes),
+                               "store", _lanes_of(vf(st, act), lanes))
+        return remote_store
+
+    def cluster_sync(self, where: str) -> StmtFn:
+        self._need_cluster("ClusterSync")
+
+        def cluster_sync(st: _State, m: np.ndarray) -> None:
+            st.where = where
+            size = st.cluster * st.block
+            c = m.reshape(-1, size)
+            some, every = c.any(axis=1), c.all(axis=1)
+            part = some & ~every
+            if part.any():
+                raise st.fault("divergent_barrier", "cluster.sync() not reached by every thread of the "
+                               "cluster", np.repeat(part, size) & ~m, st.ar)
+            blocks = np.repeat(every, st.cluster)
+            for sb in st.shared.values():
+                sb.tracker.reset(blocks, sb.size)
+                if sb.ctracker is not None:
+                    sb.ctracker.reset(blocks, sb.size)
+            if every.all():
+                st.cluster_synced = True
+                st.remote_pending = False
+        return cluster_sync
