@@ -424,7 +424,8 @@ _QUOTED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
 def _judge(res: tuple[Any, ...], group: list[Any],
            accept: Callable[[Any], str | None]) -> Any:
     """``res`` when ``accept`` takes its graph; else the group's node that the refusal names (a
-    reduction over other axes, ...: the rest may still be a region), else the group declined."""
+    reduction over other axes, ...: the rest may still be a region; for a named graph input, the
+    first node reading it), else the group declined."""
     why = accept(res[0])
     if not why:
         return res
@@ -434,6 +435,9 @@ def _judge(res: tuple[Any, ...], group: list[Any],
         if node is None:   # a node of a decomposed op: "<fx name>_<part>"
             cands = [n for n in group if name.startswith(n.name + "_")]
             node = max(cands, key=lambda n: len(n.name)) if cands else None
+        if node is None and re.fullmatch(r"in\d+", name) and int(name[2:]) < len(res[1]):
+            x = res[1][int(name[2:])]   # a graph input: the first node of the group reading it goes
+            node = next((n for n in group if x in _fx_args(n)), None)
         if node is not None and node.op == "call_function":
             return _Culprit(node, why)
     return Declined(f"region {res[0].name} ({_ops_text(group)})", why)

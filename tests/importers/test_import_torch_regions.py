@@ -292,3 +292,13 @@ def test_rotary_tables_computed_in_a_region_use_sin_and_cos_and_emulate_correctl
     ref = run_reference(r.graph, inputs)
     for s in (heuristic_schedule(plan, DEV, space), space.sample(random.Random(0))):
         assert max(emulated_errors(r.graph, plan, space, s, inputs, ref).values()) < 1e-5
+
+
+def test_a_refusal_naming_a_graph_input_declines_the_first_node_reading_it() -> None:
+    def refuse_two_inputs(g: Any) -> str | None:   # as the planner does: "the largest, 'in1', does not"
+        return "no tensor spans all axes (the largest, 'in1', does not)" if len(g.inputs) > 1 else None
+
+    split = find_regions(_aten(lambda a, b: (a.exp() * 2.0) + b, torch.randn(4, 6), torch.randn(4, 6)),
+                         accept=refuse_two_inputs)
+    assert [r.ops for r in split.regions] == [("aten.exp", "aten.mul")]
+    assert [d.what for d in split.declined] == ["op aten.add"] and "'in1'" in split.declined[0].reason
