@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,36 @@ def emulated_errors(g: Any, plan: Any, space: SearchSpace, s: Schedule, inputs: 
     """Relative error per output of schedule ``s`` run in the emulator (every grid co-resident)."""
     out = emulate_program(lower(g, plan, s, DEV, space), inputs, coresident_limit=lambda k: 1 << 30)
     return {o: rel_err(out[o], ref[o]) for o in ref}
+
+
+def check_emulates(g: Any, n_samples: int = 3, input_seed: int = 4, tol: float = 1e-5) -> None:
+    """Plan ``g``; its heuristic schedule and ``n_samples`` seeded samples (seeds 0..n-1) emulate within
+    ``tol`` (relative L2 per output) of the float64 reference on seeded random inputs."""
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.graph.reference import random_inputs, run_reference
+
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    inputs = random_inputs(g, input_seed)
+    ref = run_reference(g, inputs)
+    for s in [heuristic_schedule(plan, DEV, space)] + [space.sample(random.Random(i)) for i in range(n_samples)]:
+        for o, err in emulated_errors(g, plan, space, s, inputs, ref).items():
+            assert err < tol, (g.name, s.to_json(), o, err)
+
+
+def check_compiles_sm90(g: Any, seed: int, cache_dir: Path) -> None:
+    """The heuristic schedule of ``g`` and the sample drawn with ``seed`` render to CUDA that nvcc builds
+    for sm_90 (through the NvccBuilder, cached in ``cache_dir``)."""
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.gpu.build import NvccBuilder
+    from stitchtune.gpu.render import render
+
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    srcs = [render(lower(g, plan, s, DEV, space))
+            for s in (heuristic_schedule(plan, DEV, space), space.sample(random.Random(seed)))]
+    for res in NvccBuilder(cache_dir=cache_dir).build(srcs, arch="sm_90"):
+        assert res.status == "ok", res.log
 
 
 def suggested(space: SearchSpace, n: int, seed: int) -> list[tuple[dict[str, Any], Schedule]]:

@@ -7,20 +7,15 @@ computation, and a non-zero start of a value computed from per-row reductions, s
 
 from __future__ import annotations
 
-import random
 
 import pytest
 
-from helpers import DEV, emulated_errors
-from stitchtune.cost.heuristic import heuristic_schedule
+from helpers import check_compiles_sm90, check_emulates
 from stitchtune.errors import UnsupportedGraphError
-from stitchtune.gpu.build import NvccBuilder, nvcc_found
+from stitchtune.gpu.build import nvcc_found
 from stitchtune.graph.parse import parse_graph
-from stitchtune.graph.reference import random_inputs, run_reference
-from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.plan.remap import Shift, domain_of, root_shift
-from stitchtune.space import SearchSpace
 
 
 def _graph(inputs: dict[str, list[int]], nodes: list[dict], outputs: list[str]):
@@ -46,17 +41,6 @@ def _layernorm_select(B: int, S: int, H: int, start: int = 0, extra: bool = Fals
     return _graph({"x": [B, S, H], "y": [B, S, H], "w": [H]}, nodes, outs)
 
 
-def _check(g, n_samples: int = 3) -> None:
-    plan = make_plan(g)
-    space = SearchSpace.for_plan(plan, DEV)
-    inputs = random_inputs(g, 4)
-    ref = run_reference(g, inputs)
-    scheds = [heuristic_schedule(plan, DEV, space)] + [space.sample(random.Random(i)) for i in range(n_samples)]
-    for s in scheds:
-        for o, err in emulated_errors(g, plan, space, s, inputs, ref).items():
-            assert err < 1e-5, (g.name, s.to_json(), o)
-
-
 def test_root_shift_limits_a_stored_select_to_the_stored_positions() -> None:
     g = _layernorm_select(2, 8, 32)
     dom = domain_of(g)
@@ -70,14 +54,14 @@ def test_layernorm_and_its_class_token_are_one_kernel(B: int, extra: bool) -> No
     plan = make_plan(g)
     assert plan.family == "row" and (plan.M, plan.N) == (B * 8, 32)
     assert plan.imap("sel").plain if B == 1 else plan.imap("sel").store_once
-    _check(g, 4)
+    check_emulates(g, 4, 4)
 
 
 def test_a_select_at_another_start_of_an_elementwise_value() -> None:
     g = _graph({"x": [3, 8, 32]}, [{"id": "e", "op": "exp", "args": ["x"]},
                                    {"id": "s", "op": "slice", "args": ["e"], "axis": 1, "start": 5, "stop": 6},
                                    {"id": "s2", "op": "add", "args": ["s", 1.0]}], ["e", "s2"])
-    _check(g, 4)
+    check_emulates(g, 4, 4)
 
 
 def test_what_stays_refused_is_one_line() -> None:
@@ -92,12 +76,4 @@ def test_what_stays_refused_is_one_line() -> None:
 @pytest.mark.slow  # nvcc
 @pytest.mark.skipif(not nvcc_found(), reason="nvcc not installed")
 def test_renders_and_compiles_for_sm90(tmp_path) -> None:
-    from stitchtune.gpu.render import render
-
-    g = _layernorm_select(8, 197, 768)
-    plan = make_plan(g)
-    space = SearchSpace.for_plan(plan, DEV)
-    srcs = [render(lower(g, plan, s, DEV, space))
-            for s in (heuristic_schedule(plan, DEV, space), space.sample(random.Random(2)))]
-    for res in NvccBuilder(cache_dir=tmp_path).build(srcs, arch="sm_90"):
-        assert res.status == "ok", res.log
+    check_compiles_sm90(_layernorm_select(8, 197, 768), 2, tmp_path)
