@@ -7,6 +7,10 @@
 Every test runs with ``STITCHTUNE_DB`` pointing at a fresh empty directory of its own (autouse
 ``default_db``): a command or API call that falls back on the default database never reads or writes the
 developer's ``$STITCHTUNE_DB`` or a ``tuning-db/`` in the working directory.
+
+Tests marked ``waits`` (long wall-clock, mostly waiting on subprocesses) are moved to the front of the
+collection, so that pytest-xdist starts them first and the many short tests even out the end of the
+run (collected late, they kept one worker busy for a minute or two after the other had finished).
 """
 
 from __future__ import annotations
@@ -17,6 +21,11 @@ from typing import Callable
 import pytest
 
 from helpers import EXAMPLES_DIR, FULL_EXAMPLES, SMALL_EXAMPLES
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``waits`` tests first (stable: the rest keep their order)."""
+    items.sort(key=lambda item: item.get_closest_marker("waits") is None)
 
 
 @pytest.fixture(autouse=True)

@@ -37,6 +37,7 @@ def db_dir(tmp_path_factory, demo_db_script) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_executes(name, db_dir, monkeypatch):
     path = REPO / "notebooks" / name

@@ -36,7 +36,7 @@ WORKERS = 4
 TRIALS = 10
 STUDY = "concurrency"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 
 
 def _env() -> dict[str, str]:

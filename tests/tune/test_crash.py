@@ -83,6 +83,7 @@ def check_database(db: Path) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
     db = tmp_path / "db"
     rng = random.Random(SEED)

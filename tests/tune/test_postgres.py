@@ -92,6 +92,7 @@ def _check(db: Path, storage, study_name: str, n_workers: int, trials: int, log:
 
 
 @pytest.mark.postgres
+@pytest.mark.waits
 @pytest.mark.skipif(not PG_URL, reason="STITCHTUNE_TEST_PG_URL is not set (.ci/run starts PostgreSQL and sets it)")
 @pytest.mark.parametrize("workers", [3, 4])
 def test_workers_share_a_postgres_study(tmp_path, workers):
@@ -102,6 +103,7 @@ def test_workers_share_a_postgres_study(tmp_path, workers):
     _check(db, make_storage(PG_URL, str(db)), study, workers, 10, tmp_path / "measured.log")
 
 
+@pytest.mark.waits
 def test_four_workers_share_a_journal_file_study(tmp_path):
     import optuna
     from optuna.storages.journal import JournalFileBackend
