@@ -75,6 +75,20 @@ def emulated_errors(g: Any, plan: Any, space: SearchSpace, s: Schedule, inputs: 
     return {o: rel_err(out[o], ref[o]) for o in ref}
 
 
+def plan_or_refused(obj: dict[str, Any]) -> tuple[Any, Any]:
+    """(graph, plan) of a graph dict, or (graph, None) when the planner refuses it; a refusal must be
+    one line (the contract for every unsupported graph)."""
+    from stitchtune.errors import UnsupportedGraphError
+    from stitchtune.graph.parse import parse_graph
+
+    g = parse_graph(obj)
+    try:
+        return g, make_plan(g)
+    except UnsupportedGraphError as e:
+        assert "\n" not in str(e), str(e)
+        return g, None
+
+
 def check_emulates(g: Any, n_samples: int = 3, input_seed: int = 4, tol: float = 1e-5) -> None:
     """Plan ``g``; its heuristic schedule and ``n_samples`` seeded samples (seeds 0..n-1) emulate within
     ``tol`` (relative L2 per output) of the float64 reference on seeded random inputs."""
