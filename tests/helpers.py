@@ -75,6 +75,14 @@ def emulated_errors(g: Any, plan: Any, space: SearchSpace, s: Schedule, inputs: 
     return {o: rel_err(out[o], ref[o]) for o in ref}
 
 
+def float_graph(inputs: dict[str, list[int]], nodes: list[dict[str, Any]], outputs: list[str]) -> Any:
+    """The validated graph ``t`` with float32 ``inputs`` (name -> shape), ``nodes`` and ``outputs``."""
+    from stitchtune.graph.parse import parse_graph
+
+    return parse_graph({"name": "t", "inputs": {k: {"shape": v, "dtype": "float32"} for k, v in inputs.items()},
+                        "nodes": nodes, "outputs": outputs})
+
+
 def plan_or_refused(obj: dict[str, Any]) -> tuple[Any, Any]:
     """(graph, plan) of a graph dict, or (graph, None) when the planner refuses it; a refusal must be
     one line (the contract for every unsupported graph)."""

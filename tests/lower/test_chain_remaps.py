@@ -15,19 +15,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import DEV, check_compiles_sm90, check_emulates, plan_or_refused
+from helpers import check_compiles_sm90, check_emulates, DEV, float_graph as _graph, plan_or_refused
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.gpu.build import nvcc_found
-from stitchtune.graph.parse import parse_graph
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.plan.remap import composed_chains
 from stitchtune.space import SearchSpace
-
-
-def _graph(inputs: dict[str, list[int]], nodes: list[dict], outputs: list[str]):
-    return parse_graph({"name": "t", "inputs": {k: {"shape": v, "dtype": "float32"} for k, v in inputs.items()},
-                        "nodes": nodes, "outputs": outputs})
 
 
 def _vit(B: int, C: int, h: int, w: int):

@@ -15,20 +15,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from helpers import DEV, rel_err, setup
+from helpers import DEV, float_graph as _graph, rel_err, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.emulator import emulate_program
-from stitchtune.graph.parse import parse_graph
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.render import render
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import SearchSpace
-
-
-def _graph(inputs: dict[str, list[int]], nodes: list[dict], outputs: list[str]):
-    return parse_graph({"name": "t", "inputs": {k: {"shape": v, "dtype": "float32"} for k, v in inputs.items()},
-                        "nodes": nodes, "outputs": outputs})
 
 
 def _norm(x: str, axes: list[int], tail: list[dict]) -> list[dict]:

@@ -12,7 +12,7 @@ import random
 import numpy as np
 import pytest
 
-from helpers import DEV, emulated_errors, rel_err, setup
+from helpers import DEV, emulated_errors, float_graph as _graph, rel_err, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.deploy.compiled import compile as st_compile
 from stitchtune.emulate.emulator import emulate_program
@@ -24,11 +24,6 @@ from stitchtune.lower.entry import lower
 from stitchtune.lower.remap import gather_flag_buffers
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import SearchSpace
-
-
-def _graph(inputs: dict[str, list[int]], nodes: list[dict], outputs: list[str]):
-    return parse_graph({"name": "t", "inputs": {k: {"shape": v, "dtype": "float32"} for k, v in inputs.items()},
-                        "nodes": nodes, "outputs": outputs})
 
 
 def _rotate_half(x: str, d: int) -> list[dict]:

@@ -8,34 +8,15 @@ a trailing map of the output."""
 from __future__ import annotations
 
 import dataclasses
-import random
 import pytest
 
-from helpers import DEV, EXAMPLES, emulated_errors, setup
+from helpers import check_emulates, DEV, EXAMPLES, float_graph as _graph, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.gpu.build import NvccBuilder, nvcc_found
-from stitchtune.graph.parse import load_graph, parse_graph
-from stitchtune.graph.reference import random_inputs, run_reference
+from stitchtune.graph.parse import load_graph
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
-from stitchtune.space import SearchSpace
-
-
-def _check(g, n_samples: int, seed: int = 3) -> None:
-    plan = make_plan(g)
-    space = SearchSpace.for_plan(plan, DEV)
-    inputs = random_inputs(g, seed)
-    ref = run_reference(g, inputs)
-    scheds = [heuristic_schedule(plan, DEV, space)] + [space.sample(random.Random(i)) for i in range(n_samples)]
-    for s in scheds:
-        for o, err in emulated_errors(g, plan, space, s, inputs, ref).items():
-            assert err < 1e-5, (g.name, s.to_json(), o)
-
-
-def _graph(inputs: dict[str, list[int]], nodes: list[dict], outputs: list[str]):
-    return parse_graph({"name": "t", "inputs": {k: {"shape": v, "dtype": "float32"} for k, v in inputs.items()},
-                        "nodes": nodes, "outputs": outputs})
 
 
 def _rotary(B: int, S: int, H: int, D: int, cos_shape: list[int], tail: list[dict] | None = None,
@@ -64,7 +45,7 @@ def test_example_plans_with_the_general_map_of_x() -> None:
 
 
 def test_example_matches_the_reference() -> None:
-    _check(load_graph(EXAMPLES / "llama_rotary_small.json"), 4)
+    check_emulates(load_graph(EXAMPLES / "llama_rotary_small.json"), 4, 3)
 
 
 def _mapped_shifted() -> object:
@@ -101,7 +82,7 @@ def test_patterns_match_the_reference(case: str) -> None:
             {"id": "sq", "op": "mul", "args": ["out", "out"]},
             {"id": "ms", "op": "reduce_mean", "args": ["sq"], "axes": [-1], "keepdims": True},
             {"id": "y", "op": "div", "args": ["out", "ms"]}], out="y")
-    _check(g, 3)
+    check_emulates(g, 3, 3)
 
 
 def test_unsupported_mixed_patterns_are_one_named_line() -> None:
@@ -126,7 +107,7 @@ def test_onnx_llama_rotary_region_plans(tmp_path) -> None:
     assert len(graphs) == 2  # q: head split + rotary, out [B, H, S, D]; k: the same, then k^T [B, H, D, S]
     for g in graphs:
         assert make_plan(g).N == 8  # the head dim D
-        _check(g, 1)
+        check_emulates(g, 1, 3)
 
 
 @pytest.mark.skipif(not nvcc_found(), reason="nvcc not installed")

@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import check_compiles_sm90, check_emulates
+from helpers import check_compiles_sm90, check_emulates, float_graph as _graph
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.gpu.build import nvcc_found
-from stitchtune.graph.parse import parse_graph
 from stitchtune.plan.planner import make_plan
 from stitchtune.plan.remap import Shift, domain_of, root_shift
-
-
-def _graph(inputs: dict[str, list[int]], nodes: list[dict], outputs: list[str]):
-    return parse_graph({"name": "t", "inputs": {k: {"shape": v, "dtype": "float32"} for k, v in inputs.items()},
-                        "nodes": nodes, "outputs": outputs})
 
 
 def _layernorm_select(B: int, S: int, H: int, start: int = 0, extra: bool = False):

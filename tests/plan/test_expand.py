@@ -16,7 +16,7 @@ import random
 import numpy as np
 import pytest
 
-from helpers import DEV, check_emulates, setup
+from helpers import check_emulates, DEV, float_graph as _graph, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.memory import EmulatorFault
 from stitchtune.errors import GraphError, UnsupportedGraphError
@@ -26,11 +26,6 @@ from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import SearchSpace
-
-
-def _graph(inputs: dict[str, list[int]], nodes: list[dict], outputs: list[str]):
-    return parse_graph({"name": "t", "inputs": {k: {"shape": v, "dtype": "float32"} for k, v in inputs.items()},
-                        "nodes": nodes, "outputs": outputs})
 
 
 def _repeat_kv(src: str, B: int, H: int, n: int, S: int, D: int, out: str = "r") -> list[dict]:

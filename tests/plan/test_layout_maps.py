@@ -8,15 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import float_graph as _graph
 from stitchtune.errors import UnsupportedGraphError
-from stitchtune.graph.parse import parse_graph
 from stitchtune.plan.index_map import Factor
 from stitchtune.plan.planner import TensorClass, make_plan
-
-
-def _graph(inputs: dict[str, list[int]], nodes: list[dict], outputs: list[str]):
-    return parse_graph({"name": "t", "inputs": {k: {"shape": v, "dtype": "float32"} for k, v in inputs.items()},
-                        "nodes": nodes, "outputs": outputs})
 
 
 def _group_norm(N: int, C: int, H: int, W: int, G: int, gamma: list[int]) -> list[dict]:
