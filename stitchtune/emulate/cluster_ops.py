@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from stitchtune.emulate.memory import _lanes_of, _remote_access, _State
+from stitchtune.emulate.memory import _active, _lanes_of, _remote_access, _State
 from stitchtune.ir import kir
 from stitchtune.ir.kir import BOOL, F32, I32
 
@@ -51,8 +51,7 @@ class ClusterOps:
         buf = e.buf
 
         def remote_load(st: _State, m: np.ndarray) -> Any:
-            act = m & pred(st, m) if pred is not None else m
-            lanes = np.flatnonzero(act)
+            act, lanes = _active(st, m, pred)
             out = np.zeros(st.T, np.float32)
             if lanes.size:
                 out[lanes] = _remote_access(st, buf, lanes, _lanes_of(rank(st, act), lanes),
@@ -67,8 +66,7 @@ class ClusterOps:
 
         def remote_store(st: _State, m: np.ndarray) -> None:
             st.where = where
-            act = m & pred(st, m) if pred is not None else m
-            lanes = np.flatnonzero(act)
+            act, lanes = _active(st, m, pred)
             if lanes.size:
                 _remote_access(st, buf, lanes, _lanes_of(rank(st, act), lanes), _lanes_of(idx(st, act), lanes),
                                "store", _lanes_of(vf(st, act), lanes))

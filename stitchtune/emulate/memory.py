@@ -270,6 +270,13 @@ class _State:
                                    f"{t % self.block} ({idx.size} offending access(es))")
 
 
+def _active(st: _State, m: np.ndarray, pred: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(mask, lane indices) of the threads of ``m`` that execute a predicated memory statement
+    (``pred``: its compiled predicate, or None for all of ``m``)."""
+    act = m & pred(st, m) if pred is not None else m
+    return act, np.flatnonzero(act)
+
+
 def _lanes_of(x: Any, lanes: np.ndarray) -> np.ndarray:
     """The values of ``x`` (a [T] array or a scalar) at ``lanes``."""
     if np.ndim(x) == 0:

@@ -30,6 +30,7 @@ from stitchtune.emulate.memory import (
     _NP_SCALAR,
     EmulatorFault,
     _access,
+    _active,
     _lanes_of,
     _shared_broadcast_load,
     _State,
@@ -259,8 +260,7 @@ class _Compiled(ClusterOps):
         buf = e.buf
 
         def load(st: _State, m: np.ndarray) -> Any:
-            act = m & pred(st, m) if pred is not None else m
-            lanes = np.flatnonzero(act)
+            act, lanes = _active(st, m, pred)
             if lanes.size == st.T:  # every thread loads: no compaction needed
                 iv = idx(st, act)
                 if is_shared:
@@ -284,8 +284,7 @@ class _Compiled(ClusterOps):
         buf, bound = e.buf, int(e.bound)
 
         def index_load(st: _State, m: np.ndarray) -> Any:
-            act = m & pred(st, m) if pred is not None else m
-            lanes = np.flatnonzero(act)
+            act, lanes = _active(st, m, pred)
             out = np.full(st.T, -1, np.int32)
             if lanes.size:
                 base = _lanes_of(idx(st, act), lanes)
@@ -474,8 +473,7 @@ class _Compiled(ClusterOps):
 
         def loadvec(st: _State, m: np.ndarray) -> None:
             st.where = where
-            act = m & pred(st, m) if pred is not None else m
-            lanes = np.flatnonzero(act)
+            act, lanes = _active(st, m, pred)
             if not lanes.size:
                 return
             base = _lanes_of(idx(st, act), lanes)
@@ -497,8 +495,7 @@ class _Compiled(ClusterOps):
 
         def storevec(st: _State, m: np.ndarray) -> None:
             st.where = where
-            act = m & pred(st, m) if pred is not None else m
-            lanes = np.flatnonzero(act)
+            act, lanes = _active(st, m, pred)
             if not lanes.size:
                 return
             base = _lanes_of(idx(st, act), lanes)
@@ -517,8 +514,7 @@ class _Compiled(ClusterOps):
 
         def atomic(st: _State, m: np.ndarray) -> None:
             st.where = where
-            act = m & pred(st, m) if pred is not None else m
-            lanes = np.flatnonzero(act)
+            act, lanes = _active(st, m, pred)
             if not lanes.size:
                 return
             base = _lanes_of(idx(st, act), lanes)
