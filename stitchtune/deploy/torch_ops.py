@@ -70,6 +70,14 @@ class RegionKernel:
     #: read the gathers' error flags after a CUDA launch (see module docstring)
     check_gather: bool = True
     _launchers: dict[Any, Any] = field(default_factory=dict, repr=False)  # per GPU index; "out_specs"
+    #: whether the program has gathers (an error flag to read after a launch); set from ``compiled``
+    _gathers: bool = field(init=False, repr=False, default=False)
+    _capture_warned: bool = field(init=False, repr=False, default=False)
+
+    def __post_init__(self) -> None:
+        from stitchtune.lower.remap import gather_flag_buffers
+
+        self._gathers = bool(gather_flag_buffers(self.compiled.program))
 
     @property
     def graph(self) -> Any:
@@ -137,7 +145,7 @@ class RegionKernel:
                 cache.pop(next(iter(cache)))
             bound = cache[pointers] = launcher.bind(dict(zip(names, pointers)))
         launcher.launch(bound, stream)
-        if self.check_gather and self._has_gather():
+        if self.check_gather and self._gathers:
             self._check_gather_flags(index, launcher)
 
     def run_launch(self, inputs: Sequence[Any]) -> list[Any]:
@@ -162,19 +170,11 @@ class RegionKernel:
         from stitchtune.deploy.compiled import check_launch_gathers
 
         if index >= 0 and torch.cuda.is_current_stream_capturing():
-            if not self._launchers.get("capture_warned"):
-                self._launchers["capture_warned"] = True
+            if not self._capture_warned:
+                self._capture_warned = True
                 log.warning("%s: captured in a CUDA graph; its gather index check is off there", self.describe())
             return
         check_launch_gathers(launcher, self.compiled.program)
-
-    def _has_gather(self) -> bool:
-        hit = self._launchers.get("has_gather")
-        if hit is None:
-            from stitchtune.lower.remap import gather_flag_buffers
-
-            hit = self._launchers["has_gather"] = bool(gather_flag_buffers(self.compiled.program))
-        return hit
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
         if not all(t.is_contiguous() for t in inputs):
