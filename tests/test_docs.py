@@ -153,3 +153,14 @@ def test_interfaces_names_every_module() -> None:
                      if p.name != "__init__.py")
     missing = [m for m in modules if f"`{m}`" not in text]
     assert not missing, "docs/INTERFACES.md does not name: " + ", ".join(missing)
+
+
+def test_graph_format_names_every_op_and_node_key() -> None:
+    """docs/graph-format.md documents every op of the op table and every key a node may have."""
+    from stitchtune.graph.ops import OPS
+    from stitchtune.graph.parse import _NODE_KEYS
+
+    text = re.sub(r"^```.*?^```", "", (ROOT / "docs" / "graph-format.md").read_text(), flags=re.M | re.S)
+    words = set(re.findall(r"[A-Za-z_]+", " ".join(re.findall(r"`([^`]+)`", text))))
+    missing = [f"op {op}" for op in OPS if op not in words] + [f"key {k}" for k in _NODE_KEYS if k not in words]
+    assert not missing, "docs/graph-format.md does not name: " + ", ".join(missing)
