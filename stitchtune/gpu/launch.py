@@ -10,7 +10,7 @@ Why NVIDIA's cuda-python driver bindings (:mod:`stitchtune.gpu.driver`): they ta
 ``CUstream`` handle (torch's current stream as it is), work on the primary context that torch also
 uses (pointers of torch tensors are valid as they are), and with pre-packed ``kernelParams`` a launch
 is one Cython call into ``cuLaunchKernel`` with no per-call argument conversion (the alternatives
-weighed are in docs/GPU_NOTES.md, "Launching: one path, cuda-python").
+weighed are in docs/architecture.md, "The one launch path").
 
 Contract
 --------
