@@ -131,7 +131,7 @@ def test_launch_plan_of_a_duck_typed_program() -> None:
     plan = launch_plan(prog)
     assert plan.buffers == (PlanBuffer("a", "float16", 20, "input", False, "x"),
                             PlanBuffer("s", "float32", 12, "barrier", True, ""))
-    assert plan.launches == (PlanLaunch("k", (5, 1, 1), (32, 2, 1), 0, ("a", "s")),)
+    assert plan.launches == (PlanLaunch("k", (5, 1, 1), (32, 2, 1), 0, ("a", "s"), cooperative=True),)
     with pytest.raises(ValueError, match="unknown buffers"):
         launch_plan(NS(buffers=prog.buffers, launches=(NS(kernel="k", grid=1, block=1, args=("zz",)),)))
 
