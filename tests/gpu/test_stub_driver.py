@@ -8,6 +8,7 @@ push/pop). Every script runs in a subprocess whose loader finds the stub; the st
 from __future__ import annotations
 
 import importlib.util
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,11 @@ DRIVERS = ["cuda-python", pytest.param("pycuda", marks=pytest.mark.skipif(
 
 @pytest.fixture(scope="session")
 def stub(request: pytest.FixtureRequest) -> StubCuda:
-    """The stub driver library, compiled once per source (cached under pytest's cache directory)."""
-    return StubCuda(build(Path(request.config.cache.mkdir("stub-libcuda")), pycuda_symbols()))
+    """The stub driver library, compiled once per source (cached under pytest's cache directory, or the
+    temporary directory when pytest runs without its cache)."""
+    cache = getattr(request.config, "cache", None)
+    where = Path(cache.mkdir("stub-libcuda")) if cache is not None else Path(tempfile.gettempdir()) / "stub-libcuda"
+    return StubCuda(build(where, pycuda_symbols()))
 
 
 def _run(stub: StubCuda, tmp: Path, body: str, **env: str) -> Any:
