@@ -205,8 +205,9 @@ class Launcher:
             for name, nbytes in smem.items():
                 if nbytes > DEFAULT_SMEM_LIMIT:
                     driver.set_max_dynamic_smem(funcs[name], nbytes)
-            self._calls = tuple((funcs[ln.kernel], ln.grid, ln.block, ln.smem_bytes, ln.cooperative)
-                                for ln in plan.launches)
+            barriers = {b.name for b in plan.buffers if b.role == "barrier"}
+            self._calls = tuple((funcs[ln.kernel], ln.grid, ln.block, ln.smem_bytes,
+                                 ln.cooperative or any(a in barriers for a in ln.args)) for ln in plan.launches)
             for b in plan.buffers:
                 if b.role in ("scratch", "barrier"):
                     self.scratch[b.name] = driver.mem_alloc(b.nbytes)

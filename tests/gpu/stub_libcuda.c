@@ -450,6 +450,19 @@ CUresult cuModuleLoadData(void **mod, const void *image) {
          (unsigned long long)(uintptr_t)m);
 }
 
+CUresult cuModuleLoad(void **mod, const char *fname) {
+  char buf[4096] = "";
+  FILE *f = fopen(fname, "rb");
+  size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+  if (f) fclose(f);
+  buf[n] = 0;
+  if (!f) {
+    pthread_mutex_lock(&mu);
+    RETURN("cuModuleLoad", E_NOT_FOUND, ", \"file\": \"%s\"", fname);
+  }
+  return cuModuleLoadData(mod, buf);
+}
+
 CUresult cuModuleLoadDataEx(void **mod, const void *image, unsigned n, void *options, void **values) {
   (void)n; (void)options; (void)values;
   return cuModuleLoadData(mod, image);
@@ -688,7 +701,7 @@ static const Sym SYMS[] = {
   S("cuMemsetD8Async", cuMemsetD8Async), S("cuMemsetD8", cuMemsetD8_v2), S("cuMemcpyHtoD", cuMemcpyHtoD_v2),
   S("cuMemcpyDtoH", cuMemcpyDtoH_v2), S("cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2),
   S("cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2), S("cuModuleLoadData", cuModuleLoadData),
-  S("cuModuleLoadDataEx", cuModuleLoadDataEx),
+  S("cuModuleLoadDataEx", cuModuleLoadDataEx), S("cuModuleLoad", cuModuleLoad),
   S("cuModuleUnload", cuModuleUnload), S("cuModuleGetFunction", cuModuleGetFunction),
   S("cuFuncSetAttribute", cuFuncSetAttribute), S("cuFuncGetAttribute", cuFuncGetAttribute),
   S("cuOccupancyMaxActiveBlocksPerMultiprocessor", cuOccupancyMaxActiveBlocksPerMultiprocessor),

@@ -415,3 +415,40 @@ def test_every_driver_entry_point_the_package_calls_is_exercised(stub: StubCuda)
     source = (Path(__file__).with_name("stub_libcuda.c")).read_text()
     implemented = set(re.findall(r'S\("(cu\w+)"', source))
     assert named and named <= implemented, sorted(named - implemented)
+
+
+# ---------------------------------------------------------------------------------------- probes
+def test_cuda_available_probes_the_configured_gpu_and_releases_it(stub: StubCuda, tmp_path: Path) -> None:
+    script = "import json\nfrom stitchtune.gpu.runner import cuda_available\nprint(json.dumps(cuda_available()))\n"
+    one = _run(stub, tmp_path, script, STITCHTUNE_CUDA_DEVICE="1", STUB_CUDA_DEVICES="1")
+    two = _run(stub, tmp_path, script, STITCHTUNE_CUDA_DEVICE="1", STUB_CUDA_DEVICES="2")
+    assert one.value is False and two.value is True
+    assert [c["device"] for c in two.named("cuDevicePrimaryCtxRetain")] == [1]
+    assert two.named("cuDevicePrimaryCtxRelease")[-1]["refs"] == 0
+
+
+@pytest.mark.slow
+def test_driver_check_leaves_the_threads_context_and_the_reference_count_as_they_were(stub: StubCuda,
+                                                                                     tmp_path: Path) -> None:
+    """The occupancy check fails here at the module load (the stub takes no real cubin): it still pops
+    its context and releases the primary context."""
+    from stitchtune.gpu.build import nvcc_found
+
+    if not nvcc_found():
+        pytest.skip("nvcc is needed to build the occupancy check's kernel")
+    res = _run(stub, tmp_path, """
+import json
+from stitchtune.errors import ToolchainError
+from stitchtune.gpu.build import find_nvcc
+from stitchtune.hardware.device import get_device
+from stitchtune.hardware.occupancy import driver_check
+try:
+    driver_check(get_device("h200"), 0, find_nvcc())
+    err = None
+except ToolchainError as exc:
+    err = str(exc)
+print(json.dumps(err))
+""")
+    assert "cuModuleLoad" in res.value
+    assert [c["call"] for c in res.calls if c["call"].startswith("cuCtx")] == ["cuCtxPushCurrent", "cuCtxPopCurrent"]
+    assert res.named("cuDevicePrimaryCtxRelease")[-1]["refs"] == 0
