@@ -407,8 +407,11 @@ def worker_driver(ordinal: int | None = None, name: str | None = None) -> Driver
     if want and want not in DRIVERS:
         raise ToolchainError(f"unknown CUDA driver binding {want!r} (${DRIVER_ENV}: {' or '.join(DRIVERS)})")
     if not want:
-        want = "pycuda" if (importlib.util.find_spec("cuda") is None
-                            and importlib.util.find_spec("pycuda") is not None) else "cuda-python"
+        try:
+            _binding()
+            want = "cuda-python"
+        except ToolchainError:  # no cuda-python: pycuda when it is there, else cuda-python's error
+            want = "pycuda" if importlib.util.find_spec("pycuda") is not None else "cuda-python"
     if want == "pycuda":
         from stitchtune.gpu.pycuda_driver import PycudaDriver
 

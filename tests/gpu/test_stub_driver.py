@@ -402,19 +402,24 @@ def test_the_torch_region_op_over_the_real_binding(stub: StubCuda, tmp_path: Pat
     assert len(res.named("cuCtxPushCurrent")) == len(res.named("cuCtxPopCurrent")) > 0
 
 
-def test_every_driver_entry_point_the_package_calls_is_exercised(stub: StubCuda) -> None:
-    """Coverage of the stub: every cu* function the package's driver code names is one the stub
-    implements (a call the binding would route to a missing symbol fails here, not on the GPU)."""
+def test_the_stub_implements_every_driver_entry_point_the_package_names() -> None:
+    """Every cu* function the package's driver code names is one the stub implements: through the
+    bindings' symbol lookup (cuGetProcAddress) for the cuda-python driver, as an exported C function
+    for the occupancy check's direct ctypes calls. A call the stub lacked would fail here, not first
+    on a GPU."""
     import re
 
-    root = Path(__file__).resolve().parents[2] / "stitchtune" / "gpu"
-    named = set()
-    for f in ("driver.py",):
-        named |= set(re.findall(r'_call\("(cu\w+)"', (root / f).read_text()))
-    named |= {"cuLaunchKernel", "cuLaunchCooperativeKernel"}
-    source = (Path(__file__).with_name("stub_libcuda.c")).read_text()
-    implemented = set(re.findall(r'S\("(cu\w+)"', source))
-    assert named and named <= implemented, sorted(named - implemented)
+    pkg = Path(__file__).resolve().parents[2] / "stitchtune"
+    drv = (pkg / "gpu" / "driver.py").read_text()
+    via_binding = set(re.findall(r'_call\("(cu\w+)"', drv)) | set(re.findall(r'self\._cu\.(cu\w+)', drv)) | \
+        set(re.findall(r'getattr\(self\._cu, "(cu\w+)"', drv))
+    via_ctypes = set(re.findall(r"\bcuda\.(cu\w+)\(", (pkg / "hardware" / "occupancy.py").read_text()))
+    source = Path(__file__).with_name("stub_libcuda.c").read_text()
+    looked_up = set(re.findall(r'S\("(cu\w+)"', source))
+    exported = set(re.findall(r"^CUresult (cu\w+)\(", source, re.M))
+    assert {"cuLaunchKernel", "cuLaunchCooperativeKernel", "cuStreamIsCapturing", "cuCtxPushCurrent"} <= via_binding
+    assert via_binding <= looked_up, sorted(via_binding - looked_up)
+    assert via_ctypes and via_ctypes <= exported, sorted(via_ctypes - exported)
 
 
 # ---------------------------------------------------------------------------------------- probes
