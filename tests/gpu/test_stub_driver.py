@@ -377,6 +377,7 @@ print(json.dumps({"misaligned": misaligned, "flag": launcher.scratch[flag], "gat
 """
 
 
+@pytest.mark.slow
 def test_the_torch_region_op_over_the_real_binding(stub: StubCuda, tmp_path: Path) -> None:
     """torch.ops.stitchtune.region's launch path (CPU torch, fake stream handles): per-stream scratch,
     offset views copied, the gather flag reset on the launch stream, capture after a warm-up only."""
