@@ -37,7 +37,7 @@ else
 print(build(Path(sys.argv[2])))" "$ROOT/tests/gpu" "$WORK/stub")
 fi
 echo "build_pycuda: headers $CUDA_ROOT/include, linking libcuda from $LIBDIR"
-"$PY" -m pip download -q --no-deps --no-binary :all: pycuda -d "$WORK"
+"$PY" -m pip download -q --no-deps --no-binary pycuda pycuda -d "$WORK"
 tar -xzf "$WORK"/pycuda-*.tar.gz -C "$WORK"
 SRC=$(ls -d "$WORK"/pycuda-*/ | head -n 1)
 cat >"$SRC/siteconf.py" <<EOF
