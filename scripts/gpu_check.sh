@@ -10,6 +10,12 @@
 #   gpu_info    nvidia-smi (DRY_RUN: skipped)                                                       ~1 s
 #   versions    python / numpy / cuda-bindings / optuna / torch / jax versions (package metadata, no
 #               imports of torch or jax) / nvcc                                                     ~3 s
+#   launch_path scripts/gpu_launch_check.py, cap LAUNCH_CAP_S=45: the launch path itself (offset views,
+#               a second GPU where present, capture after a warm-up, a cooperative grid-barrier
+#               kernel under a concurrent load). If it fails, NOTHING ELSE RUNS: the summary says
+#               "verdict: launch path FAILED" and the script exits 1 (searches on a broken launch
+#               path would measure nothing). DRY_RUN: the stub-driver tests, cap 150 s
+#               (tests/gpu/test_stub_driver.py: the real cuda-python binding over a stub libcuda)  ~20 s
 #   gpu_tests   pytest -m gpu tests/gpu/test_gpu.py test_device_query.py hardware/test_occupancy.py
 #               tests/emulate/test_emulator.py, cap 60 s   ~35-45 s
 #               (fault -> launch_error, hang -> timeout, >48K smem, the launch path on torch streams
@@ -41,7 +47,7 @@
 # a worker (re)start is 0.1 s instead of 2 s. On the H200 host add nvcc (~0.7-1 s per batch of 8
 # with 16 cores, session-1 compile_s) and ~4 s of start-up per search: ~15-30 s per search.
 #
-# Knobs: DRY_RUN, OUT, BUDGET_S, TRIALS, SEARCH_EXAMPLES (space-separated paths, run in that order),
+# Knobs: DRY_RUN, OUT, BUDGET_S, LAUNCH_CAP_S, TRIALS, SEARCH_EXAMPLES (space-separated paths, run in that order),
 # SEARCH_BUDGET_S (all searches together), SEARCH_TIMEOUT_S (a fixed --timeout per search instead of
 # the shares; its cap is then SEARCH_CAP_S, default timeout + 10), GPU_SAMPLES (default 1),
 # GPU_EXAMPLES (comma-separated full-size examples for gpu_tests, default
@@ -90,6 +96,8 @@ SEARCH_TIMEOUT_S=${SEARCH_TIMEOUT_S:-}
 SEARCH_CAP_S=${SEARCH_CAP_S:-$(( ${SEARCH_TIMEOUT_S:-0} + 10 ))}
 BENCH_CAP_S=${BENCH_CAP_S:-110}
 GPU_TESTS_CAP_S=${GPU_TESTS_CAP_S:-60}
+LAUNCH_CAP_S=${LAUNCH_CAP_S:-$([ "$DRY_RUN" = 1 ] && echo 150 || echo 45)}
+LAUNCH_OK=1
 export STITCHTUNE_GPU_SAMPLES=${GPU_SAMPLES:-1}
 GPU_EXAMPLES=${GPU_EXAMPLES:-layernorm_bf16,colsum_sigmoid_scale}
 [ "$GPU_EXAMPLES" = all ] && GPU_EXAMPLES=""
@@ -164,6 +172,18 @@ print("nvcc", nvcc_version(find_nvcc()))
 print("cuda_available", cuda_available())
 '
 
+# ---- the launch path first: stop with a verdict when it fails ------------------------------------
+if [ "$DRY_RUN" = 1 ]; then
+  step launch_path "$LAUNCH_CAP_S" "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu/test_stub_driver.py
+else
+  step launch_path "$LAUNCH_CAP_S" "$PY" scripts/gpu_launch_check.py
+fi
+case "${STEPS[$(( ${#STEPS[@]} - 1 ))]}" in
+  launch_path\|ok\|*) ;;
+  *) LAUNCH_OK=0 ;;
+esac
+
+if [ "$LAUNCH_OK" = 1 ]; then
 # ---- GPU tests -------------------------------------------------------------------------------
 SMOKE='
 import json, sys, time, numpy as np
@@ -244,11 +264,18 @@ else
   step bench_max $(( $(left) - 30 )) "$PY" -m stitchtune bench $SEARCH_EXAMPLES --db "$DB" -o "$WORK/bench_max" \
     --peers inductor-max --iters 100 --warmup 10
 fi
+fi  # LAUNCH_OK
 
 # ---- bundle into $OUT (at most 4 files) --------------------------------------------------------
 TOTAL=$(( $(date +%s) - T_START ))
 {
   echo "gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) dry_run=$DRY_RUN backend=$BACKEND total=${TOTAL}s host=$(hostname)"
+  if [ "$LAUNCH_OK" = 1 ]; then
+    echo "verdict: launch path ok"
+  else
+    echo "verdict: launch path FAILED -- nothing else was run (see logs/launch_path.log in the bundle):"
+    grep -E '^check |^launch path|passed|failed|error' "$WORK/logs/launch_path.log" 2>/dev/null | tail -n 8 | sed 's/^/  /'
+  fi
   printf '%-34s %-8s %4s %6s  %s\n' step status rc secs note
   for s in "${STEPS[@]}"; do
     IFS='|' read -r n st rc secs note <<<"$s"
@@ -274,3 +301,4 @@ tar -czf "$OUT/gpu_check_bundle.tar.gz" -C "$WORK" . 2>/dev/null
 rm -rf "$WORK"
 cat "$OUT/summary.txt"
 echo "files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+[ "$LAUNCH_OK" = 1 ] || exit 1

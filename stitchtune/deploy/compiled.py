@@ -19,9 +19,13 @@ Contract
   :mod:`stitchtune.gpu.launch` (cuda-python, the device's primary context, the legacy default
   stream; synchronised before it returns). In: numpy arrays (copied to device buffers allocated at
   the first call and reused), or device arrays exposing ``__cuda_array_interface__`` (torch, cupy;
-  C-contiguous; used in place; a bfloat16 input as its raw 2-byte bits, e.g. a uint16 view). Out:
-  numpy arrays shaped like the graph's outputs. Scratch and barrier buffers are allocated and
-  initialised once, at the first call (:meth:`CompiledGraph.device_runner`). A driver error is a
+  C-contiguous and 16-byte aligned, else refused with a StitchtuneError naming it (a view with a
+  storage offset such as ``x[1:]`` is not: pass a copy); used in place; a bfloat16 input as its raw
+  2-byte bits, e.g. a uint16 view). Out: numpy arrays shaped like the graph's outputs. Scratch and
+  barrier buffers are allocated and initialised once, at the first call
+  (:meth:`CompiledGraph.device_runner`); calls from several threads are serialised (one set of
+  buffers); the driver's context is pushed for the call and popped after it (the thread's current
+  context, torch's current device, is left as it was). A driver error is a
   :class:`~stitchtune.gpu.driver.DriverError` (a ToolchainError) naming the call and the error.
   ``cg.emulate(**arrays)`` runs the same program in the numpy SIMT emulator on the CPU (slow: use
   small shapes). Both check every input's name, shape and dtype first.
@@ -32,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +69,7 @@ def build_manifest(graph: Any, device: Any, choice: Any, program: Any, space_ver
     """The manifest (see module docstring) of a lowered program; ``build`` is the BuildResult or None."""
     regs = dict(getattr(build, "registers", {}) or {}) if build is not None else {}
     spills = dict(getattr(build, "spill_bytes", {}) or {}) if build is not None else {}
+    static_smem = dict(getattr(build, "smem_bytes", {}) or {}) if build is not None else {}
     bufs = {b.name: b for b in program.buffers}
     kernels = []
     for ln in program.launches:
@@ -75,7 +81,7 @@ def build_manifest(graph: Any, device: Any, choice: Any, program: Any, space_ver
                          "role": b.role, "tensor": b.tensor or None})
         kernels.append({
             "kernel": ln.kernel, "grid": [int(ln.grid), 1, 1], "block": [int(ln.block), 1, 1],
-            "dynamic_smem_bytes": int(ln.smem_bytes), "static_smem_bytes": int(k.smem_bytes),
+            "dynamic_smem_bytes": int(ln.smem_bytes), "static_smem_bytes": static_smem.get(ln.kernel),
             "launch_bounds_min_blocks": int(k.min_blocks_per_sm),
             "registers": regs.get(ln.kernel), "spill_bytes": spills.get(ln.kernel), "args": args,
         })
@@ -226,8 +232,10 @@ class CompiledGraph:
             from stitchtune.gpu.driver import open_driver
 
             cubin = self.cubin if self.cubin is not None else _build(self.sources, self.device.arch)[1]
-            run = DeviceRun(self.program, cubin, driver if driver is not None else open_driver())
-            self._state["run"] = run
+            new = DeviceRun(self.program, cubin, driver if driver is not None else open_driver())
+            if run is not None:
+                run.close()  # the old module and buffers would leak otherwise
+            run = self._state["run"] = new
         return run
 
 
@@ -246,6 +254,21 @@ class DeviceRun:
         self.launcher = Launcher(driver, launch_plan(program), cubin)
         self.staging: dict[tuple[str, str], int] = {}
         self._bound: dict[tuple[tuple[str, int], ...], Any] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Free the staging buffers, the scratch and the module (best effort)."""
+        from stitchtune.gpu.driver import DriverError
+
+        with self._lock:
+            self._bound.clear()
+            try:
+                with self.driver.activate():
+                    while self.staging:
+                        self.driver.mem_free(self.staging.popitem()[1])
+            except DriverError:
+                self.staging.clear()
+            self.launcher.close()
 
     def _buffer(self, kind: str, name: str, nbytes: int) -> int:
         ptr = self.staging.get((kind, name))
@@ -256,22 +279,35 @@ class DeviceRun:
     def __call__(self, graph: Any, arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Outputs of ``graph`` for ``arrays`` (numpy arrays, or device arrays exposing
         ``__cuda_array_interface__``, used in place), as numpy arrays shaped like the graph's outputs."""
-        from stitchtune.gpu.driver import DriverError
         from stitchtune.gpu.launch import device_pointer
-        from stitchtune.graph.reference import numpy_dtype
 
         _check_arrays(graph, arrays)
         drv = self.driver
+        ptrs: dict[str, int] = {}
+        problems = []
+        for name, _ in graph.inputs:
+            a = arrays[name]
+            if not isinstance(a, np.ndarray):
+                try:
+                    ptrs[name] = device_pointer(a, aligned=True)
+                except ValueError as exc:
+                    problems.append(f"input {name!r}: {exc}")
+        if problems:
+            raise StitchtuneError(problems=problems)
+        with self._lock, drv.activate():
+            return self._run(graph, arrays, ptrs)
+
+    def _run(self, graph: Any, arrays: Mapping[str, Any], ptrs: dict[str, int]) -> dict[str, np.ndarray]:
+        from stitchtune.gpu.driver import DriverError
+        from stitchtune.graph.reference import numpy_dtype
+
+        drv = self.driver
         try:
-            drv.make_current()
-            ptrs: dict[str, int] = {}
             for name, _ in graph.inputs:
                 a = arrays[name]
                 if isinstance(a, np.ndarray):
                     ptrs[name] = self._buffer("input", name, a.nbytes)
                     drv.memcpy_htod(ptrs[name], a)
-                else:
-                    ptrs[name] = device_pointer(a)
             outs = {o: np.empty(graph.spec(o).shape, numpy_dtype(graph.spec(o).dtype)) for o in graph.outputs}
             for o, host in outs.items():
                 ptrs[o] = self._buffer("output", o, host.nbytes)
@@ -296,29 +332,32 @@ class DeviceRun:
         return read_gather_flags(self.driver, self.launcher.scratch, self.program)
 
 
-def read_gather_flags(driver: Any, scratch: Mapping[str, int], program: Any) -> dict[str, float]:
+def read_gather_flags(driver: Any, scratch: Mapping[str, int], program: Any, stream: int = 0) -> dict[str, float]:
     """Flag buffer name -> value of each gather error flag of ``program`` in device memory (``scratch``:
     buffer name -> device pointer, as a :class:`~stitchtune.gpu.launch.Launcher` holds them), read
-    through ``driver`` after the launches completed; a set flag is zeroed again for the next launch."""
+    through ``driver`` after the launches completed; a set flag is zeroed again for the next launch,
+    on ``stream`` (the stream the next launch goes on: a reset on another stream could land after it)."""
     out: dict[str, float] = {}
     for name in gather_flag_buffers(program):
         host = np.zeros(1, np.float32)
         driver.memcpy_dtoh(host, scratch[name])
         out[name] = float(host[0])
         if host[0]:
-            driver.memset_d8(scratch[name], 0, 4, 0)
+            driver.memset_d8(scratch[name], 0, 4, stream)
     return out
 
 
-def check_launch_gathers(launcher: Any, program: Any) -> None:
-    """After ``program``'s launches through ``launcher`` (a :class:`~stitchtune.gpu.launch.Launcher`):
-    wait for them (``driver.synchronize()``), read the gathers' error flags and raise
-    :class:`StitchtuneError` naming each gather that met an out-of-range index. A no-op (no
-    synchronisation) for a program without gathers."""
+def check_launch_gathers(launcher: Any, program: Any, stream: int = 0) -> None:
+    """After ``program``'s launches through ``launcher`` (a :class:`~stitchtune.gpu.launch.Launcher`) on
+    ``stream``: wait for them (``driver.synchronize()``), read the gathers' error flags (a set one is
+    reset on ``stream``) and raise :class:`StitchtuneError` naming each gather that met an
+    out-of-range index. A no-op (no synchronisation) for a program without gathers."""
     if not gather_flag_buffers(program):
         return
-    launcher.driver.synchronize()
-    check_gather_flags(program, read_gather_flags(launcher.driver, launcher.scratch, program))
+    with launcher.driver.activate():
+        launcher.driver.synchronize()
+        flags = read_gather_flags(launcher.driver, launcher.scratch, program, stream)
+    check_gather_flags(program, flags)
 
 
 def gather_error(nodes: Sequence[str]) -> StitchtuneError:

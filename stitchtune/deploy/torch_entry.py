@@ -14,9 +14,14 @@ Contract
   ``tensor.data_ptr()`` on the torch stream current at each call
   (``torch.cuda.current_stream().cuda_stream``): no copy goes through the host, nothing is
   synchronised; outputs are new tensors on the inputs' GPU; scratch/barrier buffers are allocated and
-  initialised once per GPU (on the stream current at the first call); arguments are packed once per
-  set of tensor pointers. The cubin is :attr:`CompiledGraph.cubin` (built through the nvcc builder's
-  cache when missing); no file is written.
+  initialised once per GPU and stream (concurrent calls on different streams never share them; the
+  first call on a stream must not be inside a CUDA-graph capture: run once before capturing);
+  arguments are packed once per set of tensor pointers. The GPU's primary context is pushed for the
+  call and popped after it (torch's current device is left alone). A tensor that is not 16-byte
+  aligned (a view with a storage offset, ``x[1:]``) is copied first. A graph with gathers reads their
+  error flags after the launch (a synchronisation; not while capturing) and raises naming a gather
+  that met an out-of-range index. The cubin is :attr:`CompiledGraph.cubin` (built through the nvcc
+  builder's cache when missing); no file is written.
 * ``emulate=True`` runs the same program in the CPU emulator on CPU tensors (tests, small shapes).
 * A tensor the kernels cannot take is refused with :class:`TensorRefused` (a ``StitchtuneError`` and a
   ``ValueError``), one problem per argument: not a tensor, wrong device (CPU tensor without
@@ -142,15 +147,14 @@ class StitchedFunction:
         return [_from_numpy(out[o], g.spec(o).dtype) for o in g.outputs]
 
     # -- CUDA ----------------------------------------------------------------------------------
-    def _launcher(self, device: Any) -> tuple[Any, dict[str, Any], dict[Any, Any]]:
-        """(Launcher, {param input: tensor}, bound-arguments cache) for one GPU, made at the first call
-        on it (the cubin from :attr:`compiled`, else built once through the builder's cache)."""
-        key = ("cuda", device.index)
+    def _launcher(self, index: int, stream: int) -> tuple[Any, dict[str, Any], dict[Any, Any]]:
+        """(Launcher, {param input: tensor}, bound-arguments cache) for GPU ``index`` and ``stream``, made
+        at the first call on them (the cubin from :attr:`compiled`, else built once through the
+        builder's cache; the parameters uploaded once per GPU)."""
+        key = ("cuda", index, stream)
         hit = self._state.get(key)
         if hit is not None:
             return hit
-        import torch as _torch
-
         from stitchtune.deploy.compiled import _build
         from stitchtune.gpu.driver import open_driver
         from stitchtune.gpu.launch import Launcher, launch_plan
@@ -158,36 +162,57 @@ class StitchedFunction:
         cubin = self.compiled.cubin or self._state.get("cubin")
         if cubin is None:
             cubin = self._state["cubin"] = _build(self.compiled.sources, self.compiled.device.arch)[1]
-        index = device.index if device.index is not None else _torch.cuda.current_device()
-        with _torch.cuda.device(index):
-            driver = open_driver(index)
-            stream = int(_torch.cuda.current_stream(index).cuda_stream)
-            launcher = Launcher(driver, launch_plan(self.compiled.program), cubin, stream=stream)
-        params = {n: _to_torch(a, f"cuda:{index}") for n, a in self.params}
+        launcher = Launcher(open_driver(index), launch_plan(self.compiled.program), cubin, stream=stream)
+        params = self._state.get(("params", index))
+        if params is None:
+            params = self._state[("params", index)] = {n: _to_torch(a, f"cuda:{index}") for n, a in self.params}
         self._state[key] = (launcher, params, {})
         return self._state[key]
 
     def _cuda(self, args: Sequence[Any]) -> list[Any]:
         import torch as _torch
 
-        g = self.graph
         device = args[0].device if args else _torch.device("cuda", _torch.cuda.current_device())
-        launcher, params, bound_cache = self._launcher(device)
+        index = device.index if device.index is not None else _torch.cuda.current_device()
+        stream = int(_torch.cuda.current_stream(device).cuda_stream)
+        launcher, params, bound_cache = self._launcher(index, stream)
+        outs = {o: _torch.empty(self.graph.spec(o).shape, dtype=_torch_dtype(self.graph.spec(o).dtype),
+                                device=device) for o in self.graph.outputs}
         tensors = {n: t.contiguous() for n, t in zip(self.arg_names, args)}
         tensors.update(params)
-        with _torch.cuda.device(device):
-            launcher.driver.make_current()
-            outs = {o: _torch.empty(g.spec(o).shape, dtype=_torch_dtype(g.spec(o).dtype), device=device)
-                    for o in g.outputs}
-            ptrs = {n: int(t.data_ptr()) for n, t in (*tensors.items(), *outs.items())}
-            key = tuple(ptrs.values())
-            bound = bound_cache.get(key)
-            if bound is None:
-                if len(bound_cache) >= MAX_BOUND:
-                    bound_cache.pop(next(iter(bound_cache)))
-                bound = bound_cache[key] = launcher.bind(ptrs)
-            launcher.launch(bound, int(_torch.cuda.current_stream(device).cuda_stream))
-        return [outs[o] for o in g.outputs]
+        self.launch_tensors(launcher, bound_cache, {**tensors, **outs}, stream)
+        return [outs[o] for o in self.graph.outputs]
+
+    def launch_tensors(self, launcher: Any, bound_cache: dict[Any, Any], tensors: dict[str, Any],
+                       stream: int) -> None:
+        """Launch the kernels on ``stream`` for ``tensors`` (every graph input and output by name; any
+        not :data:`~stitchtune.gpu.launch.ALIGN`-byte aligned is an input and is copied first),
+        arguments packed once per set of pointers; then, for a graph with gathers and outside a
+        capture, read their error flags (raises StitchtuneError naming a gather that met a bad index)."""
+        from stitchtune.deploy.compiled import check_launch_gathers
+        from stitchtune.gpu.launch import ALIGN
+
+        tensors = {n: t if t.data_ptr() % ALIGN == 0 else t.clone() for n, t in tensors.items()}
+        ptrs = {n: int(t.data_ptr()) for n, t in tensors.items()}
+        key = tuple(ptrs.values())
+        bound = bound_cache.get(key)
+        if bound is None:
+            if len(bound_cache) >= MAX_BOUND:
+                bound_cache.pop(next(iter(bound_cache)))
+            bound = bound_cache[key] = launcher.bind(ptrs)
+        launcher.launch(bound, stream)
+        if self._gathers and not launcher.driver.stream_capturing(stream):
+            check_launch_gathers(launcher, self.compiled.program, stream)
+
+    @property
+    def _gathers(self) -> bool:
+        """Whether the program has gathers (error flags to read after a launch)."""
+        hit = self._state.get("gathers")
+        if hit is None:
+            from stitchtune.lower.remap import gather_flag_buffers
+
+            hit = self._state["gathers"] = bool(gather_flag_buffers(self.compiled.program))
+        return bool(hit)
 
 
 #: packed argument sets kept per GPU (one per distinct set of tensor pointers seen, oldest dropped)

@@ -8,10 +8,15 @@ Contract
   implementation returns empty tensors of those shapes on the inputs' device, so Inductor, AOTAutograd
   and CUDA-graph capture treat it as an opaque kernel.
 * On CUDA tensors the kernel is launched through the one launch path
-  (:class:`stitchtune.gpu.launch.Launcher`): the cubin is loaded once per GPU, arguments are packed
+  (:class:`stitchtune.gpu.launch.Launcher`): the cubin is loaded and the scratch allocated once per
+  GPU and stream (concurrent calls on different streams never share scratch), arguments are packed
   once per set of tensor pointers (:meth:`RegionKernel.launch_pointers`, cached), and each call
   allocates only its outputs (``torch.empty``, torch's caching allocator) and enqueues the launches
-  on torch's current stream: no host copy, no synchronisation (capturable).
+  on torch's current stream: no host copy, no synchronisation (capturable once the first call on that
+  GPU and stream has run: a first call inside a capture raises a RegionError saying so). The GPU's
+  primary context is pushed for the launch and popped after it (torch's current device never
+  changes). An input that is not 16-byte aligned (a view with a storage offset, ``x[1:]``) is copied
+  first: the kernels' vector loads would fault on it.
 * On CPU tensors it runs the same program in the emulator (``cpu="emulate"``) or the graph's float64
   reference (``cpu="reference"``).
 * A failure at run time raises :class:`RegionError` naming the region and its ops.
@@ -116,8 +121,10 @@ class RegionKernel:
 
     # -- CUDA --------------------------------------------------------------------------------
     def launcher(self, index: int, stream: int) -> tuple[Any, dict[Any, Any]]:
-        """(Launcher, packed-arguments cache) for GPU ``index``, made at the first call on it."""
-        hit = self._launchers.get(index)
+        """(Launcher, packed-arguments cache) for GPU ``index`` and ``stream``, made at the first call on
+        them (scratch is per stream). Raises :class:`~stitchtune.gpu.launch.CaptureError` when that first
+        call happens while ``stream`` captures a CUDA graph."""
+        hit = self._launchers.get((index, stream))
         if hit is not None:
             return hit
         from stitchtune.deploy.compiled import _build
@@ -129,8 +136,8 @@ class RegionKernel:
             cubin = _build(self.compiled.sources, self.compiled.device.arch)[1]
         driver = self.driver if self.driver is not None else open_driver(index)
         launcher = Launcher(driver, launch_plan(self.compiled.program), cubin, stream=stream)
-        self._launchers[index] = (launcher, {})
-        return self._launchers[index]
+        self._launchers[(index, stream)] = (launcher, {})
+        return self._launchers[(index, stream)]
 
     def launch_pointers(self, index: int, pointers: tuple[int, ...], stream: int) -> None:
         """Enqueue the region's kernels for ``pointers`` (graph inputs then outputs, in graph order) on
@@ -146,35 +153,38 @@ class RegionKernel:
             bound = cache[pointers] = launcher.bind(dict(zip(names, pointers)))
         launcher.launch(bound, stream)
         if self.check_gather and self._gathers:
-            self._check_gather_flags(index, launcher)
+            self._check_gather_flags(launcher, stream)
 
-    def run_launch(self, inputs: Sequence[Any]) -> list[Any]:
+    def run_launch(self, inputs: Sequence[Any], stream: int | None = None) -> list[Any]:
         """Outputs through the launch path: new tensors on the inputs' device (``torch.empty``), the
-        kernels enqueued on torch's current stream (stream 0 for CPU tensors with a given driver)."""
+        kernels enqueued on torch's current stream (``stream`` for CPU tensors with a given driver,
+        default 0). Inputs that are not :data:`~stitchtune.gpu.launch.ALIGN`-byte aligned are copied."""
+        from stitchtune.gpu.launch import ALIGN
+
+        inputs = [t if t.data_ptr() % ALIGN == 0 else t.clone() for t in inputs]
         dev = inputs[0].device
         outs = self.empty_outputs(dev)
         ptrs = tuple([t.data_ptr() for t in inputs] + [t.data_ptr() for t in outs])
         if dev.type == "cuda":
             index = dev.index if dev.index is not None else torch.cuda.current_device()
             stream = torch.cuda.current_stream(dev).cuda_stream
-            if self.driver is None:
-                self.launcher(index, stream)[0].driver.make_current()
         else:
-            index, stream = -1, 0
+            index, stream = -1, int(stream or 0)
         self.launch_pointers(index, ptrs, stream)
         return outs
 
-    def _check_gather_flags(self, index: int, launcher: Any) -> None:
-        """After a launch on GPU ``index`` (-1: CPU tensors over a given driver): read the gathers'
-        error flags (a synchronisation) and raise if one is set (module docstring)."""
+    def _check_gather_flags(self, launcher: Any, stream: int) -> None:
+        """After a launch on ``stream``: read the gathers' error flags (a synchronisation; a set flag is
+        reset on ``stream``) and raise if one is set; skipped while ``stream`` captures a CUDA graph
+        (module docstring)."""
         from stitchtune.deploy.compiled import check_launch_gathers
 
-        if index >= 0 and torch.cuda.is_current_stream_capturing():
+        if launcher.driver.stream_capturing(stream):
             if not self._capture_warned:
                 self._capture_warned = True
                 log.warning("%s: captured in a CUDA graph; its gather index check is off there", self.describe())
             return
-        check_launch_gathers(launcher, self.compiled.program)
+        check_launch_gathers(launcher, self.compiled.program, stream)
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
         if not all(t.is_contiguous() for t in inputs):

@@ -6,7 +6,10 @@ Contract
   ``memset_d8`` on a stream), page-locked host buffers, modules and functions (``load_module``,
   ``get_function``, ``set_max_dynamic_smem``), ``launch`` of a function with pre-packed parameters on
   a stream handle, events, synchronisation and the device facts of :class:`DeviceFacts`
-  (``attribute``, ``total_memory``, ``info``). Pointers, streams and events are
+  (``attribute``, ``total_memory``, ``info``), whether a stream is capturing a CUDA graph
+  (``stream_capturing``) and ``activate()``: a ``with`` block during which the driver's context is
+  current on the calling thread, the caller's current context restored after it (nothing pushed when
+  it is current already). Pointers, streams and events are
   plain ints / opaque handles; a stream handle is any ``CUstream`` value (``0``: the legacy default
   stream; ``torch.cuda.current_stream().cuda_stream`` works as it is).
 * Every failed driver call raises :class:`DriverError` (a :class:`~stitchtune.errors.ToolchainError`)
@@ -16,9 +19,16 @@ Contract
 * :class:`CudaDriver` is the real one: ``cuda.bindings.driver`` (package ``cuda-bindings``; the older
   ``from cuda import cuda`` layout works too), imported in its constructor. It initialises the driver,
   retains the **primary context** of GPU ``ordinal`` (the one torch and cupy use, so pointers and
-  streams of torch tensors are valid here) and makes it current on the calling thread; call
-  :meth:`CudaDriver.make_current` on any other thread before using it. No driver library, no GPU or
-  no cuda-python: :class:`~stitchtune.errors.ToolchainError` with the reason.
+  streams of torch tensors are valid here) and, with ``current=True`` (what a worker process wants),
+  makes it current on the calling thread. Code that shares the thread with torch never sets a context
+  current for good (``cuCtxSetCurrent`` of GPU k would change torch's current device): it runs its
+  calls inside ``activate()`` (push/pop), as :class:`~stitchtune.gpu.launch.Launcher` does. Launches of
+  kernels with grid barriers are cooperative (``cuLaunchCooperativeKernel``): a grid the GPU cannot
+  hold co-resident is refused with ``CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`` instead of hanging. No
+  driver library, no GPU or no cuda-python: :class:`~stitchtune.errors.ToolchainError` with the reason.
+* :class:`PycudaDriver` (:mod:`stitchtune.gpu.pycuda_driver`) is the same interface over pycuda, for
+  the tuning worker only (its own process, the legacy default stream): :func:`worker_driver` picks it
+  when asked (``$STITCHTUNE_CUDA_DRIVER=pycuda``) or when cuda-python is missing and pycuda is present.
 * :class:`FakeDriver` is an in-package stand-in for CPU tests of everything above this module: device
   memory is numpy byte arrays (fresh allocations hold the garbage byte ``0xCD``), every call is
   recorded in ``calls`` (``(name, *arguments)``), launches in ``launches`` with their decoded
@@ -28,12 +38,14 @@ Contract
   given (``CUDA_ERROR_NOT_FOUND``), dynamic shared memory above 48 KiB without the opt-in
   (``CUDA_ERROR_INVALID_VALUE``); ``fail[call] = name`` makes the next such call fail; a kernel
   may set ``pending`` to an error name that the next synchronising call raises (sticky, as a real
-  fault poisons the context).
+  fault poisons the context); ``capturing`` is the set of stream handles that capture a graph (a
+  module load, allocation or synchronisation then fails with ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``,
+  as on a GPU); ``activate()`` blocks are counted in ``active`` and logged in ``context_calls``.
   Its device facts are ``attrs`` (``CU_DEVICE_ATTRIBUTE_*`` names without the prefix: the L2 size,
   SM count and compute capability from the constructor, plus any given; another name raises
   ``CUDA_ERROR_INVALID_VALUE`` as an unsupported attribute does) and ``memory_bytes``.
 * :func:`open_driver` returns a :class:`CudaDriver` for ``ordinal`` (default ``$STITCHTUNE_CUDA_DEVICE``
-  or 0), one per ordinal and process. :func:`open_device` returns a :class:`CudaDevice`: the same
+  or 0), one per ordinal and process, **not** made current (use ``activate()``). :func:`open_device` returns a :class:`CudaDevice`: the same
   device facts without retaining a context (what describing the GPU needs).
 """
 
@@ -53,6 +65,9 @@ import numpy as np
 from stitchtune.errors import ToolchainError
 
 DEVICE_ENV = "STITCHTUNE_CUDA_DEVICE"
+#: which binding the tuning worker uses: ``cuda-python`` | ``pycuda`` (default: cuda-python when it imports)
+DRIVER_ENV = "STITCHTUNE_CUDA_DRIVER"
+DRIVERS = ("cuda-python", "pycuda")
 #: dynamic shared memory a launch gets without opting in (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
 DEFAULT_SMEM_LIMIT = 48 * 1024
 
@@ -94,7 +109,9 @@ class Driver(DeviceFacts, Protocol):
     def get_function(self, module: Any, name: str) -> Any: ...
     def set_max_dynamic_smem(self, function: Any, nbytes: int) -> None: ...
     def launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
-               stream: int, params: int, nparams: int) -> None: ...
+               stream: int, params: int, nparams: int, cooperative: bool = False) -> None: ...
+    def stream_capturing(self, stream: int) -> bool: ...
+    def activate(self) -> Any: ...
     def event_create(self) -> Any: ...
     def event_record(self, event: Any, stream: int = 0) -> None: ...
     def event_synchronize(self, event: Any) -> None: ...
@@ -176,18 +193,75 @@ class CudaDevice:
                 "driver_version": int(self._call("cuDriverGetVersion"))}
 
 
-class CudaDriver(CudaDevice):
-    """:class:`Driver` over cuda-python on the primary context of GPU ``ordinal`` (see module docstring)."""
+class Activation:
+    """``with driver.activate():`` its context current for the block, the caller's restored after it.
 
-    def __init__(self, ordinal: int = 0) -> None:
+    ``push()`` answers whether it pushed (False: the context was current already); ``pop()`` undoes
+    a push. A plain class, not a generator context manager: a launch pays two attribute calls."""
+
+    __slots__ = ("_driver", "_local")
+
+    def __init__(self, driver: Any) -> None:
+        self._driver = driver
+        self._local = threading.local()  # per thread: a stack of "pushed?" for nested blocks
+
+    def __enter__(self) -> None:
+        pushed = self._driver._push_if_needed()
+        try:
+            self._local.stack.append(pushed)
+        except AttributeError:
+            self._local.stack = [pushed]
+
+    def __exit__(self, *exc: object) -> None:
+        if self._local.stack.pop():
+            self._driver._pop()
+
+
+class CudaDriver(CudaDevice):
+    """:class:`Driver` over cuda-python on the primary context of GPU ``ordinal`` (see module docstring).
+
+    ``current=True`` makes the context current on the calling thread (a process of its own, e.g. the
+    tuning worker); ``current=False`` leaves the thread's context alone (use :meth:`activate`)."""
+
+    def __init__(self, ordinal: int = 0, *, current: bool = True) -> None:
         super().__init__(ordinal)
         self._launch = self._cu.cuLaunchKernel
+        self._launch_coop = getattr(self._cu, "cuLaunchCooperativeKernel", None)
         self._pinned: list[int] = []
         self.context = self._call("cuDevicePrimaryCtxRetain", self.device)
-        self.make_current()
+        self._ctx_id = int(self.context)
+        self._activation = Activation(self)
+        if current:
+            self.make_current()
 
     def make_current(self) -> None:
+        """Make the context current on the calling thread for good (``cuCtxSetCurrent``)."""
         self._call("cuCtxSetCurrent", self.context)
+
+    def activate(self) -> Activation:
+        """A ``with`` block with this context current (pushed only when it is not; popped after)."""
+        return self._activation
+
+    def _push_if_needed(self) -> bool:
+        cur = self._call("cuCtxGetCurrent")
+        if cur is not None and int(cur) == self._ctx_id:
+            return False
+        self._call("cuCtxPushCurrent", self.context)
+        return True
+
+    def _pop(self) -> None:
+        self._call("cuCtxPopCurrent")
+
+    def stream_capturing(self, stream: int) -> bool:
+        """Whether ``stream`` is capturing a CUDA graph (``cuStreamIsCapturing``; the legacy stream
+        while another stream captures in global mode counts as capturing)."""
+        try:
+            status = self._call("cuStreamIsCapturing", stream)
+        except DriverError as exc:
+            if exc.name == "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT":
+                return True
+            raise
+        return int(status) != 0
 
     def mem_alloc(self, nbytes: int) -> int:
         return int(self._call("cuMemAlloc", max(int(nbytes), 1)))
@@ -231,13 +305,22 @@ class CudaDriver(CudaDevice):
         self._call("cuFuncSetAttribute", function, attr, int(nbytes))
 
     def launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
-               stream: int, params: int, nparams: int) -> None:
+               stream: int, params: int, nparams: int, cooperative: bool = False) -> None:
         # one call into cuLaunchKernel: ``params`` is the address of a packed void*[nparams]
-        err = self._launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream,
-                           params, 0)
+        if cooperative:
+            if self._launch_coop is None:
+                raise DriverError("cuLaunchCooperativeKernel", "CUDA_ERROR_NOT_SUPPORTED",
+                                  "these cuda-python bindings have no cooperative launch")
+            err = self._launch_coop(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
+                                    stream, params)
+            call = "cuLaunchCooperativeKernel"
+        else:
+            err = self._launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream,
+                               params, 0)
+            call = "cuLaunchKernel"
         err = err[0] if isinstance(err, tuple) else err
         if err != self._ok:
-            raise DriverError("cuLaunchKernel", self._error_name(err))
+            raise DriverError(call, self._error_name(err))
 
     def event_create(self) -> Any:
         return self._call("cuEventCreate", 0)
@@ -272,7 +355,7 @@ _open_lock = threading.Lock()
 
 @functools.lru_cache(maxsize=None)
 def _open_cached(ordinal: int) -> CudaDriver:
-    return CudaDriver(ordinal)
+    return CudaDriver(ordinal, current=False)
 
 
 def default_ordinal() -> int:
@@ -304,13 +387,36 @@ def open_device(ordinal: int | None = None) -> CudaDevice:
 
 
 def open_driver(ordinal: int | None = None) -> CudaDriver:
-    """The process's :class:`CudaDriver` for GPU ``ordinal`` (default ``$STITCHTUNE_CUDA_DEVICE`` or 0),
-    current on the calling thread. Raises ToolchainError without cuda-python, driver or GPU."""
+    """The process's :class:`CudaDriver` for GPU ``ordinal`` (default ``$STITCHTUNE_CUDA_DEVICE`` or 0).
+    It is not made current (the thread's context, and so torch's current device, stay as they are):
+    run driver calls inside ``activate()``. Raises ToolchainError without cuda-python, driver or GPU."""
     o = default_ordinal() if ordinal is None else int(ordinal)
     with _open_lock:
-        drv = _open_cached(o)
-    drv.make_current()
-    return drv
+        return _open_cached(o)
+
+
+def worker_driver(ordinal: int | None = None, name: str | None = None) -> Driver:
+    """The driver of the tuning worker (a process of its own, the legacy default stream), current on
+    the calling thread: ``name`` (default ``$STITCHTUNE_CUDA_DRIVER``) ``cuda-python`` or ``pycuda``;
+    unset: cuda-python when it imports, else pycuda when that does. ToolchainError for an unknown
+    name or when neither binding is installed."""
+    import importlib.util
+
+    o = default_ordinal() if ordinal is None else int(ordinal)
+    want = name if name is not None else os.environ.get(DRIVER_ENV, "")
+    if want and want not in DRIVERS:
+        raise ToolchainError(f"unknown CUDA driver binding {want!r} (${DRIVER_ENV}: {' or '.join(DRIVERS)})")
+    if not want:
+        try:
+            _binding()
+            want = "cuda-python"
+        except ToolchainError:  # no cuda-python: pycuda when it is there, else cuda-python's error
+            want = "pycuda" if importlib.util.find_spec("pycuda") is not None else "cuda-python"
+    if want == "pycuda":
+        from stitchtune.gpu.pycuda_driver import PycudaDriver
+
+        return PycudaDriver(o)
+    return CudaDriver(o)
 
 
 # ---------------------------------------------------------------------------- the fake
@@ -324,6 +430,7 @@ class FakeLaunch:
     smem: int
     stream: int
     args: tuple[int, ...]
+    cooperative: bool = False
 
 
 @dataclass
@@ -350,6 +457,9 @@ class FakeDriver:
         self.launches: list[FakeLaunch] = []
         self.fail: dict[str, str] = {}
         self.pending: str | None = None
+        self.capturing: set[int] = set()
+        self.active = 0  # depth of activate() blocks entered
+        self.context_calls: list[str] = []  # "push" / "pop" of those blocks (not in ``calls``)
         major, _, minor = cc.partition(".")
         self.attrs = {"L2_CACHE_SIZE": int(l2_bytes), "MULTIPROCESSOR_COUNT": int(sm_count),
                       "COMPUTE_CAPABILITY_MAJOR": int(major), "COMPUTE_CAPABILITY_MINOR": int(minor or 0),
@@ -381,6 +491,25 @@ class FakeDriver:
     def make_current(self) -> None:
         self._enter("make_current")
 
+    def activate(self) -> Activation:
+        return Activation(self)
+
+    def _push_if_needed(self) -> bool:
+        self.context_calls.append("push")
+        self.active += 1
+        return True
+
+    def _pop(self) -> None:
+        self.context_calls.append("pop")
+        self.active -= 1
+
+    def stream_capturing(self, stream: int) -> bool:
+        return int(stream) in self.capturing
+
+    def _no_capture(self, call: str) -> None:
+        if self.capturing:
+            raise DriverError(call, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED")
+
     def attribute(self, name: str) -> int:
         if name not in self.attrs:  # as the driver answers an attribute it does not support
             raise DriverError("cuDeviceGetAttribute", "CUDA_ERROR_INVALID_VALUE", f"no attribute {name}")
@@ -394,6 +523,7 @@ class FakeDriver:
 
     def mem_alloc(self, nbytes: int) -> int:
         self._enter("mem_alloc", int(nbytes))
+        self._no_capture("cuMemAlloc")
         ptr = self._next
         self._next += (max(int(nbytes), 1) + 511) // 256 * 256
         self.memory[ptr] = np.full(int(nbytes), self.GARBAGE, np.uint8)
@@ -426,6 +556,7 @@ class FakeDriver:
 
     def load_module(self, image: bytes) -> Any:
         self._enter("load_module", len(image))
+        self._no_capture("cuModuleLoadData")
         if not bytes(image).startswith(b"FAKE"):
             raise DriverError("cuModuleLoadData", "CUDA_ERROR_INVALID_IMAGE")
         return {"image": bytes(image)}
@@ -444,7 +575,7 @@ class FakeDriver:
         function.max_dynamic_smem = int(nbytes)
 
     def launch(self, function: FakeFunction, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
-               stream: int, params: int, nparams: int) -> None:
+               stream: int, params: int, nparams: int, cooperative: bool = False) -> None:
         self._enter("launch", function.name, stream)
         if smem > function.max_dynamic_smem:
             raise DriverError("cuLaunchKernel", "CUDA_ERROR_INVALID_VALUE",
@@ -452,7 +583,8 @@ class FakeDriver:
         # decode the packed kernelParams as the driver does: void*[n], each pointing at an 8-byte value
         slots = (ctypes.c_uint64 * nparams).from_address(params) if nparams else ()
         args = tuple(ctypes.c_uint64.from_address(int(s)).value for s in slots)
-        ln = FakeLaunch(function.name, tuple(grid), tuple(block), int(smem), int(stream), args)  # type: ignore[arg-type]
+        ln = FakeLaunch(function.name, tuple(grid), tuple(block), int(smem), int(stream), args,  # type: ignore[arg-type]
+                        bool(cooperative))
         self.launches.append(ln)
         fn = (self.kernels or {}).get(function.name)
         if fn is not None and not self.pending:
@@ -475,6 +607,7 @@ class FakeDriver:
 
     def synchronize(self) -> None:
         self._enter("synchronize")
+        self._no_capture("cuCtxSynchronize")
         self._sync_point("cuCtxSynchronize")
 
     def close(self) -> None:

@@ -18,9 +18,12 @@ Contract
   :class:`LaunchPlan` of :class:`PlanBuffer` and :class:`PlanLaunch` (plain data, picklable): every
   buffer with its byte size, role (``input``/``output``/``scratch``/``barrier``), graph tensor and
   whether it starts zeroed (barriers always do); every launch with its kernel name, grid and block as
-  3-tuples, dynamic shared memory and argument buffer names. An inconsistent program (a lowering bug)
-  raises ``ValueError``.
-* :class:`Launcher(driver, plan, cubin, stream=0)` loads the cubin into the driver's context, gets each
+  3-tuples, dynamic shared memory, argument buffer names and whether it is ``cooperative`` (it takes a
+  grid-barrier buffer: launched with ``cuLaunchCooperativeKernel``, so a grid that cannot be
+  co-resident is an error, never a hang). An inconsistent program (a lowering bug) raises ``ValueError``.
+* :class:`Launcher(driver, plan, cubin, stream=0)` first refuses to be made while ``stream`` captures a
+  CUDA graph (:class:`CaptureError`: module loads and allocations are illegal there and would
+  invalidate the capture; run the kernels once before capturing), then loads the cubin into the driver's context, gets each
   kernel once and opts it into dynamic shared memory above the 48 KiB default
   (:data:`DEFAULT_SMEM_LIMIT`; the largest of its launches, and only then), allocates one device
   buffer per scratch/barrier buffer and initialises them on ``stream``: ``zero_init`` scratch and
@@ -29,12 +32,20 @@ Contract
   again.
 * :meth:`Launcher.bind` packs the arguments of every launch for one set of input/output pointers
   (``{graph tensor: device pointer}``; inputs and outputs are named by the graph tensors they are
-  bound to) into a :class:`Bound` (the ``kernelParams`` arrays, kept alive by it).
+  bound to) into a :class:`Bound` (the ``kernelParams`` arrays, kept alive by it). A pointer that is not
+  :data:`ALIGN`-byte aligned is refused with :class:`MisalignedPointer` (a ``ValueError`` naming the
+  tensors): the kernels use 16-byte vector loads, and a misaligned one is a sticky
+  ``CUDA_ERROR_MISALIGNED_ADDRESS`` that kills the whole CUDA context (torch's with it). Callers copy
+  such a tensor (a view with a storage offset, ``x[1:]``) or refuse it.
   :meth:`Launcher.launch(bound, stream)` enqueues every launch in order on ``stream`` and does nothing
   else: no allocation, no synchronisation, no host copy (so it can be captured in a CUDA graph, and a
   repeated call costs only the launches). Errors are :class:`~stitchtune.gpu.driver.DriverError`.
+  Every driver call of a Launcher runs inside ``driver.activate()``: its context is current for the
+  call and the thread's previous one restored after it (torch's current device never changes).
+  One Launcher's scratch serves one stream: concurrent calls on different streams need a Launcher
+  each (the torch paths key theirs by GPU and stream).
 * :func:`device_pointer` reads the device pointer of an object exposing ``__cuda_array_interface__``
-  (torch, cupy, numba arrays), refusing non-contiguous ones.
+  (torch, cupy, numba arrays), refusing non-contiguous ones and (``aligned=True``) misaligned ones.
 * ``ELEM_BYTES`` is the element size per graph dtype.
 """
 
@@ -46,10 +57,28 @@ from typing import Any
 
 import numpy as np
 
+from stitchtune.errors import ToolchainError
 from stitchtune.gpu.driver import DEFAULT_SMEM_LIMIT, Driver, DriverError
 
-__all__ = ["DEFAULT_SMEM_LIMIT", "ELEM_BYTES", "Bound", "DriverError", "LaunchPlan", "Launcher", "PlanBuffer",
-           "PlanLaunch", "device_pointer", "launch_plan"]
+__all__ = ["ALIGN", "DEFAULT_SMEM_LIMIT", "ELEM_BYTES", "Bound", "CaptureError", "DriverError", "LaunchPlan",
+           "Launcher", "MisalignedPointer", "PlanBuffer", "PlanLaunch", "device_pointer", "launch_plan"]
+
+#: byte alignment every input/output pointer needs (the kernels' widest vector load: 16 bytes)
+ALIGN = 16
+
+
+class MisalignedPointer(ValueError):
+    """Device pointers that are not :data:`ALIGN`-byte aligned (``tensors``: the graph tensors)."""
+
+    def __init__(self, tensors: dict[str, int]) -> None:
+        self.tensors = dict(tensors)
+        names = ", ".join(f"{t!r} at {p:#x}" for t, p in sorted(tensors.items()))
+        super().__init__(f"device pointers not {ALIGN}-byte aligned: {names} (a view with a storage offset, "
+                         f"e.g. x[1:]? pass a copy); the kernels' vector loads would fault")
+
+
+class CaptureError(ToolchainError):
+    """A Launcher was to be made while its stream captures a CUDA graph."""
 
 ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int32": 4, "int64": 8}
 POISON = 0xFF  # 0xFF bytes are NaN in every float type
@@ -74,6 +103,8 @@ class PlanLaunch:
     block: tuple[int, int, int]
     smem_bytes: int
     args: tuple[str, ...]
+    #: the kernel takes a grid-barrier buffer: launched cooperatively (all blocks co-resident or an error)
+    cooperative: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,6 +135,7 @@ def launch_plan(program: Any) -> LaunchPlan:
     """
     bufs = []
     names = set()
+    barriers = {str(b.name) for b in program.buffers if str(b.role) == "barrier"}
     for b in program.buffers:
         role = str(b.role)
         if role not in ("input", "output", "scratch", "barrier"):
@@ -121,7 +153,7 @@ def launch_plan(program: Any) -> LaunchPlan:
             raise ValueError(f"launch of {ln.kernel!r} names unknown buffers {missing}")
         launches.append(
             PlanLaunch(str(ln.kernel), _dim3(ln.grid), _dim3(ln.block), int(getattr(ln, "smem_bytes", 0) or 0),
-                       tuple(str(a) for a in ln.args))
+                       tuple(str(a) for a in ln.args), any(str(a) in barriers for a in ln.args))
         )
     return LaunchPlan(tuple(bufs), tuple(launches))
 
@@ -149,8 +181,20 @@ class Launcher:
     def __init__(self, driver: Driver, plan: LaunchPlan, cubin: bytes, stream: int = 0) -> None:
         self.driver = driver
         self.plan = plan
-        self.module: Any = driver.load_module(cubin)
+        self.module: Any = None
         self.scratch: dict[str, int] = {}
+        self._active = driver.activate()
+        with self._active:
+            if driver.stream_capturing(stream):
+                raise CaptureError("the stitched kernels are loaded and their scratch allocated at the first call, "
+                                   "which a stream capturing a CUDA graph forbids: run the function once "
+                                   "before capturing it")
+            self.module = driver.load_module(cubin)
+            self._setup(plan, stream)
+        self._io = tuple((b.name, b.tensor) for b in plan.buffers if b.role in ("input", "output"))
+
+    def _setup(self, plan: LaunchPlan, stream: int) -> None:
+        driver = self.driver
         try:
             funcs: dict[str, Any] = {}
             smem: dict[str, int] = {}
@@ -161,7 +205,9 @@ class Launcher:
             for name, nbytes in smem.items():
                 if nbytes > DEFAULT_SMEM_LIMIT:
                     driver.set_max_dynamic_smem(funcs[name], nbytes)
-            self._calls = tuple((funcs[ln.kernel], ln.grid, ln.block, ln.smem_bytes) for ln in plan.launches)
+            barriers = {b.name for b in plan.buffers if b.role == "barrier"}
+            self._calls = tuple((funcs[ln.kernel], ln.grid, ln.block, ln.smem_bytes,
+                                 ln.cooperative or any(a in barriers for a in ln.args)) for ln in plan.launches)
             for b in plan.buffers:
                 if b.role in ("scratch", "barrier"):
                     self.scratch[b.name] = driver.mem_alloc(b.nbytes)
@@ -169,20 +215,24 @@ class Launcher:
         except BaseException:
             self.close()
             raise
-        self._io = tuple((b.name, b.tensor) for b in plan.buffers if b.role in ("input", "output"))
 
     def init_scratch(self, stream: int = 0) -> None:
         """Zero ``zero_init`` scratch and barriers, poison the other scratch (enqueued on ``stream``)."""
-        for b in self.plan.buffers:
-            if b.name in self.scratch and b.nbytes:
-                self.driver.memset_d8(self.scratch[b.name], 0 if b.zero_init else POISON, b.nbytes, stream)
+        with self._active:
+            for b in self.plan.buffers:
+                if b.name in self.scratch and b.nbytes:
+                    self.driver.memset_d8(self.scratch[b.name], 0 if b.zero_init else POISON, b.nbytes, stream)
 
     def bind(self, tensors: Mapping[str, int]) -> Bound:
         """Pack every launch's arguments for ``{graph tensor: device pointer}`` (every input and output of
-        the plan; extra names are ignored). Raises ``KeyError`` naming a missing tensor."""
+        the plan; extra names are ignored). Raises ``KeyError`` naming a missing tensor and
+        :class:`MisalignedPointer` naming the pointers that are not :data:`ALIGN`-byte aligned."""
         missing = sorted({t for _, t in self._io if t not in tensors})
         if missing:
             raise KeyError(f"no device pointer for graph tensors {missing}")
+        bad = {t: int(tensors[t]) for _, t in self._io if int(tensors[t]) % ALIGN}
+        if bad:
+            raise MisalignedPointer(bad)
         ptrs = dict(self.scratch)
         ptrs.update({buf: int(tensors[t]) for buf, t in self._io})
         keep: list[np.ndarray] = []
@@ -197,11 +247,19 @@ class Launcher:
     def launch(self, bound: Bound, stream: int = 0) -> None:
         """Enqueue every launch of the plan with ``bound``'s arguments on ``stream`` (nothing else)."""
         launch = self.driver.launch
-        for (func, grid, block, smem), (params, n) in zip(self._calls, bound.params):
-            launch(func, grid, block, smem, stream, params, n)
+        with self._active:
+            for (func, grid, block, smem, coop), (params, n) in zip(self._calls, bound.params):
+                launch(func, grid, block, smem, stream, params, n, coop)
 
     def close(self) -> None:
         """Free the scratch buffers and unload the module (best effort: a dead context cannot free)."""
+        try:
+            with self._active:
+                self._free()
+        except DriverError:  # the context cannot even be made current
+            pass
+
+    def _free(self) -> None:
         while self.scratch:
             _, ptr = self.scratch.popitem()
             try:
@@ -222,9 +280,10 @@ class Launcher:
         self.close()
 
 
-def device_pointer(obj: Any) -> int:
+def device_pointer(obj: Any, aligned: bool = False) -> int:
     """The device pointer of ``obj``'s ``__cuda_array_interface__``; ``ValueError`` when it is not
-    C-contiguous, ``TypeError`` when it has no such interface."""
+    C-contiguous, or (``aligned``) not :data:`ALIGN`-byte aligned; ``TypeError`` when it has no such
+    interface."""
     cai = getattr(obj, "__cuda_array_interface__", None)
     if not isinstance(cai, Mapping):
         raise TypeError(f"{type(obj).__name__} exposes no __cuda_array_interface__")
@@ -235,4 +294,8 @@ def device_pointer(obj: Any) -> int:
             if int(d) > 1 and int(st) != acc:
                 raise ValueError("a C-contiguous device array is needed")
             acc *= int(d)
-    return int(cai["data"][0])
+    ptr = int(cai["data"][0])
+    if aligned and ptr % ALIGN:
+        raise ValueError(f"device pointer {ptr:#x} is not {ALIGN}-byte aligned (a view with a storage offset, "
+                         "e.g. x[1:]?): pass a copy")
+    return ptr

@@ -2,8 +2,9 @@
 
 Contract
 --------
-* :func:`cuda_available` is True when NVIDIA's cuda-python driver bindings import and find a GPU
-  (checked in a short subprocess, cached); it never raises.
+* :func:`cuda_available` is True when the worker's driver binding (cuda-python, else pycuda: see
+  :func:`~stitchtune.gpu.driver.worker_driver`) imports and finds GPU ``$STITCHTUNE_CUDA_DEVICE``
+  (default 0; checked in a short subprocess that releases what it retained, cached); it never raises.
 * :class:`CudaRunner` implements ``Runner.run(items) -> list[Measurement]``. Per item it sends the
   cubin bytes and a plain-data :class:`~stitchtune.gpu.launch.LaunchPlan` to the worker
   (:mod:`stitchtune.gpu.worker`) and waits. The worker sends a heartbeat after every synchronised
@@ -27,7 +28,9 @@ Contract
   after timing) is the contract of :mod:`stitchtune.gpu.worker`. ``median_us`` and all
   ``samples_us`` are kept; ``estimated=False``.
 * ``backend="cuda"`` (default): the worker launches through :mod:`stitchtune.gpu.launch` over
-  cuda-python, which is imported only inside the worker.
+  cuda-python, which is imported only inside the worker; ``driver="pycuda"`` (or
+  ``$STITCHTUNE_CUDA_DRIVER``) makes it use pycuda instead (the worker is a process of its own on the
+  legacy default stream: nothing there needs cuda-python's foreign streams or capture).
 * ``backend="fake"`` (or ``STITCHTUNE_CUDA_BACKEND=fake``) runs the same worker protocol with a numpy
   stand-in for the GPU (see :mod:`stitchtune.gpu.worker`), so the watchdog/restart logic is tested
   without one.
@@ -59,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from stitchtune.errors import ToolchainError
+from stitchtune.gpu.driver import DRIVER_ENV, DRIVERS
 from stitchtune.gpu.launch import LaunchPlan, launch_plan
 from stitchtune.gpu.problem import Problem, _check_plan, _travel, close_fds, write_problem
 from stitchtune.gpu.worker import worker_entry
@@ -82,8 +86,8 @@ BACKEND_ENV = "STITCHTUNE_CUDA_BACKEND"
 
 _PROBE = (
     "import sys\n"
-    "from stitchtune.gpu.driver import CudaDriver\n"
-    "CudaDriver(0)\n"
+    "from stitchtune.gpu.driver import worker_driver\n"
+    "worker_driver().close()\n"
     "sys.exit(0)\n"
 )
 
@@ -97,7 +101,7 @@ def _child_pythonpath() -> str:
 def cuda_available() -> bool:
     """True when cuda-python imports and sees at least one GPU. Never raises; cached per process."""
     try:
-        if importlib.util.find_spec("cuda") is None:
+        if importlib.util.find_spec("cuda") is None and importlib.util.find_spec("pycuda") is None:
             return False
         env = dict(os.environ)
         env["PYTHONPATH"] = _child_pythonpath()
@@ -144,29 +148,30 @@ class CudaRunner:
 
     def __init__(self, graph: Any, device: Any = None, repeats: int = 20, warmup: int = 3,
                  timeout_s: float = 10.0, seed: int = 0, *, start_timeout_s: float = 180.0,
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, driver: str | None = None) -> None:
         from stitchtune.graph.reference import random_inputs
 
         inputs = random_inputs(graph, seed)
         expected = reference_outputs(graph, inputs)
         in_dtypes = {name: spec.dtype for name, spec in graph.inputs}
         problem = Problem({k: _travel(v) for k, v in inputs.items()}, in_dtypes, expected, output_dtypes(graph))
-        self._setup(problem, device, repeats, warmup, timeout_s, start_timeout_s, backend)
+        self._setup(problem, device, repeats, warmup, timeout_s, start_timeout_s, backend, driver)
 
     @classmethod
     def for_arrays(cls, inputs: Mapping[str, np.ndarray], input_dtypes: Mapping[str, str],
                    expected: Mapping[str, np.ndarray], output_dtypes: Mapping[str, str], device: Any = None,
                    repeats: int = 20, warmup: int = 3, timeout_s: float = 10.0, *,
-                   start_timeout_s: float = 180.0, backend: str | None = None) -> CudaRunner:
+                   start_timeout_s: float = 180.0, backend: str | None = None,
+                   driver: str | None = None) -> CudaRunner:
         """A runner for hand-written kernels: explicit inputs and expected outputs (float64)."""
         self = cls.__new__(cls)
         problem = Problem({k: _travel(v) for k, v in inputs.items()}, dict(input_dtypes),
                           {k: np.asarray(v, dtype=np.float64) for k, v in expected.items()}, dict(output_dtypes))
-        self._setup(problem, device, repeats, warmup, timeout_s, start_timeout_s, backend)
+        self._setup(problem, device, repeats, warmup, timeout_s, start_timeout_s, backend, driver)
         return self
 
     def _setup(self, problem: Problem, device: Any, repeats: int, warmup: int, timeout_s: float,
-               start_timeout_s: float, backend: str | None) -> None:
+               start_timeout_s: float, backend: str | None, driver: str | None = None) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: multiprocessing.connection.Connection | None = None
         self._closed = False
@@ -178,6 +183,9 @@ class CudaRunner:
         self.backend = backend or os.environ.get(BACKEND_ENV, "cuda")
         if self.backend not in ("cuda", "fake"):
             raise ToolchainError(f"unknown CUDA runner backend {self.backend!r} (cuda or fake)")
+        if driver is not None and driver not in DRIVERS:
+            raise ToolchainError(f"unknown CUDA driver binding {driver!r} ({' or '.join(DRIVERS)})")
+        self.driver = driver
         if self.repeats < 1 or self.warmup < 0 or self.timeout_s <= 0:
             raise ValueError("repeats >= 1, warmup >= 0 and timeout_s > 0 required")
         self.device_info: dict[str, Any] | None = None
@@ -205,6 +213,8 @@ class CudaRunner:
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = _child_pythonpath()
+        if self.driver is not None:
+            env[DRIVER_ENV] = self.driver
         code = f"from stitchtune.gpu.runner import worker_entry; worker_entry({theirs.fileno()})"
         try:
             proc = subprocess.Popen(  # noqa: S603 - fixed program text, no user input

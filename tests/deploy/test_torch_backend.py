@@ -219,9 +219,9 @@ def test_cuda_path_launches_on_the_given_stream_and_packs_once(monkeypatch: pyte
     later = [c[0] for c in drv.calls[before:]]
     assert later == ["launch"] * (3 * n)
     assert len(drv.launches) == 4 * n and {ln.stream for ln in drv.launches} == {0x77}
-    assert len(k._launchers[0][1]) == 1          # one packed argument set
-    k.launch_pointers(0, (ins[0], ins[1], drv.mem_alloc(8 * 16 * 4)), stream=0)
-    assert len(k._launchers[0][1]) == 2
+    assert len(k._launchers[(0, 0x77)][1]) == 1          # one packed argument set
+    k.launch_pointers(0, (ins[0], ins[1], drv.mem_alloc(8 * 16 * 4)), stream=0x77)
+    assert len(k._launchers[(0, 0x77)][1]) == 2
     assert sum(1 for c in drv.calls if c[0] == "load_module") == 1
 
 

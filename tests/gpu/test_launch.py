@@ -131,7 +131,7 @@ def test_launch_plan_of_a_duck_typed_program() -> None:
     plan = launch_plan(prog)
     assert plan.buffers == (PlanBuffer("a", "float16", 20, "input", False, "x"),
                             PlanBuffer("s", "float32", 12, "barrier", True, ""))
-    assert plan.launches == (PlanLaunch("k", (5, 1, 1), (32, 2, 1), 0, ("a", "s")),)
+    assert plan.launches == (PlanLaunch("k", (5, 1, 1), (32, 2, 1), 0, ("a", "s"), cooperative=True),)
     with pytest.raises(ValueError, match="unknown buffers"):
         launch_plan(NS(buffers=prog.buffers, launches=(NS(kernel="k", grid=1, block=1, args=("zz",)),)))
 
@@ -186,3 +186,65 @@ def test_cuda_driver_passes_argument_types_the_bindings_accept() -> None:
         assert not isinstance(e.value, TypeError), e.value
     with pytest.raises(TypeError):  # the check above can fail: a wrong type is refused
         drv.memset_d8(1 << 20, 0, 16, "not a stream")
+
+
+def test_bind_refuses_pointers_the_vector_loads_would_fault_on() -> None:
+    from stitchtune.gpu.launch import ALIGN, MisalignedPointer
+
+    drv = FakeDriver()
+    lau = Launcher(drv, _plan(), CUBIN)
+    io = _io(drv)
+    with pytest.raises(MisalignedPointer, match=r"'x' at 0x[0-9a-f]+") as err:
+        lau.bind({"x": io["x"] + 4, "y": io["y"]})
+    assert err.value.tensors == {"x": io["x"] + 4} and isinstance(err.value, ValueError)
+    lau.bind({"x": io["x"] + ALIGN, "y": io["y"]})   # any multiple of 16 is fine
+    arr = NS(__cuda_array_interface__={"shape": (4,), "typestr": "<f4", "data": (io["x"] + 4, False), "version": 3})
+    assert device_pointer(arr) == io["x"] + 4
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        device_pointer(arr, aligned=True)
+
+
+def test_no_launcher_is_made_while_its_stream_captures() -> None:
+    from stitchtune.gpu.launch import CaptureError
+
+    drv = FakeDriver()
+    drv.capturing.add(0x99)
+    with pytest.raises(CaptureError, match="once before capturing"):
+        Launcher(drv, _plan(), CUBIN, stream=0x99)
+    assert not drv.calls                  # nothing loaded or allocated: the capture stays valid
+    drv.capturing.clear()
+    Launcher(drv, _plan(), CUBIN, stream=0x99)   # after the capture: made as usual
+
+
+def test_every_launcher_call_runs_in_an_activated_context_and_barrier_kernels_are_cooperative() -> None:
+    drv = FakeDriver()
+    lau = Launcher(drv, _plan(), CUBIN)
+    lau.launch(lau.bind(_io(drv)), 5)
+    lau.close()
+    # made (init_scratch nested inside), launched, closed: every push popped
+    assert drv.active == 0 and drv.context_calls.count("push") == drv.context_calls.count("pop") == 4
+    assert [(ln.kernel, ln.cooperative) for ln in drv.launches] == [("k1", True), ("k2", False)]
+
+
+def test_the_worker_driver_is_chosen_by_name_or_by_what_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import stitchtune.gpu.driver as gd
+
+    with pytest.raises(ToolchainError, match=r"unknown CUDA driver binding 'cupy' \(\$STITCHTUNE_CUDA_DRIVER"):
+        gd.worker_driver(0, "cupy")
+    seen: list[str] = []
+    monkeypatch.setattr(gd, "CudaDriver", lambda o: seen.append(f"cuda-python {o}") or "cp")
+    import stitchtune.gpu.pycuda_driver as pd
+
+    monkeypatch.setattr(pd, "PycudaDriver", lambda o: seen.append(f"pycuda {o}") or "pc")
+    monkeypatch.setenv(gd.DRIVER_ENV, "pycuda")
+    assert gd.worker_driver(1) == "pc"
+    monkeypatch.delenv(gd.DRIVER_ENV)
+    assert gd.worker_driver(2) == "cp"           # cuda-python imports here
+
+    def no_binding() -> None:
+        raise ToolchainError("no cuda-python")
+
+    monkeypatch.setattr(gd, "_binding", no_binding)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: object() if name == "pycuda" else None)
+    assert gd.worker_driver(3) == "pc"
+    assert seen == ["pycuda 1", "cuda-python 2", "pycuda 3"]
