@@ -266,7 +266,8 @@ def _parse_node(rn: Any, i: int, path: str, scope: _Scope, listing: _NodeListing
         axes: tuple[int, ...] = ()
     else:
         shape, dtype, axes = _node_spec(rn, path, info, args, keepdims, to, p)
-    if len(p.items) > before or shape is None or dtype is None or not id_ok or info is None:
+    if (len(p.items) > before or shape is None or dtype is None or not id_ok or info is None
+            or not isinstance(nid, str)):
         if isinstance(nid, str):
             scope.failed.add(nid)
         return None

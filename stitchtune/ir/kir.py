@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Iterator, Union
 
 IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
@@ -413,7 +413,7 @@ class BufferSpec:
     def nbytes(self) -> int:
         return self.size * (4 if self.role == "barrier" else ELEM_BYTES[self.dtype])
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": self.dtype, "size": self.size, "role": self.role,
                 "tensor": self.tensor, "zero_init": self.zero_init}
 
@@ -428,7 +428,7 @@ class Launch:
     smem_bytes: int
     args: tuple[str, ...]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"kernel": self.kernel, "grid": self.grid, "block": self.block,
                 "smem_bytes": self.smem_bytes, "args": list(self.args)}
 
@@ -500,7 +500,7 @@ class Program:
         raise KeyError(name)
 
 
-def walk(stmts: tuple[Stmt, ...]):
+def walk(stmts: tuple[Stmt, ...]) -> Iterator[Stmt]:
     """Yield every statement in ``stmts``, depth first."""
     for s in stmts:
         yield s
