@@ -25,6 +25,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -55,7 +56,7 @@ BENCH_COLUMNS = ("workload", "system", "median_us")
 def _shape_text(shapes: object) -> str:
     """'16384x1024' for the largest shape in a ``shapes`` JSON cell, '' when unreadable."""
     try:
-        obj = json.loads(shapes) if isinstance(shapes, str) else shapes
+        obj: Any = json.loads(shapes) if isinstance(shapes, str) else shapes
         items = obj.values() if isinstance(obj, dict) else obj
         dims = [tuple(int(d) for d in s) for s in items]
         best = max(dims, key=lambda s: (math.prod(s), len(s)))
@@ -154,14 +155,14 @@ def param_importances(rows: pd.DataFrame) -> dict[str, float] | str:
     Evaluated with optuna's PED-ANOVA evaluator (optuna >= 3.6; no scikit-learn needed).
     """
     import optuna
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
     ok = rows[rows["time_us"].notna() & ~rows["is_reused"]]
     if "schedule_key" in ok.columns:
         ok = ok[ok["schedule_key"].isna() | ~ok["schedule_key"].duplicated()]   # one point per schedule
     if len(ok) < MIN_IMPORTANCE_TRIALS:
         return f"not enough trials: {len(ok)} ok, need {MIN_IMPORTANCE_TRIALS}"
-    dists = {}
+    dists: dict[str, BaseDistribution] = {}
     for col in _param_columns(ok):
         vals = ok[col].dropna()
         if vals.astype(str).nunique() < 2:
@@ -180,7 +181,8 @@ def param_importances(rows: pd.DataFrame) -> dict[str, float] | str:
     try:
         study = optuna.create_study(direction="minimize")
         for _, r in ok.iterrows():
-            params, used = {}, {}
+            params: dict[str, Any] = {}
+            used: dict[str, BaseDistribution] = {}
             for name, dist in dists.items():
                 v = r[f"p_{name}"]
                 if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -199,7 +201,8 @@ def param_importances(rows: pd.DataFrame) -> dict[str, float] | str:
         optuna.logging.set_verbosity(prev)
 
 
-def _py(v: object) -> object:
+def _py(v: Any) -> Any:
+    """A pandas cell as a plain Python value (numpy scalars unwrapped)."""
     return v.item() if isinstance(v, np.generic) else v
 
 

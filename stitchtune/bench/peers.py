@@ -220,6 +220,8 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
         if op == "slice":
             return args[0].narrow(node.axis, node.start, node.stop - node.start)
         if op == "concat":
+            if node.axis is None:
+                raise ValueError(f"peers: concat {node.id} has no axis")  # a bug: the parser sets it
             return torch.cat(args, dim=node.axis)
         if op == "gather":  # out-of-range index: a zero row, as the reference
             table, idx = args

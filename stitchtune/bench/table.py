@@ -129,7 +129,7 @@ def floor_reason(graph: Graph, device: Any) -> Floor:
     if not reductions:
         parts.append("no reduction: element-wise, nothing is needed twice")
     for red in reductions:
-        src = red.args[0]
+        src = red.tensor_args[0]
         feeds = (_ancestors(graph, red.id) | {red.id}) & input_names  # graph inputs the reduction reads
         after = [n for n in graph.nodes if red.id in _ancestors(graph, n.id)]
         # graph inputs that a consumer of the result needs again through a path that avoids the reduction

@@ -226,7 +226,7 @@ class _Compiled(ClusterOps):
             cmp = _CMP[op]
             return (lambda st, m: cmp(af(st, m), bf(st, m))), BOOL
         if op in ("&", "^") and at == BOOL and bt == BOOL:
-            fn = np.bitwise_and if op == "&" else np.bitwise_xor
+            fn: Callable[[Any, Any], Any] = np.bitwise_and if op == "&" else np.bitwise_xor
             return (lambda st, m: fn(af(st, m), bf(st, m))), BOOL
         rt = _promote(at, bt)
         if rt == BOOL:
@@ -404,7 +404,7 @@ class _Compiled(ClusterOps):
                     raise st.fault("divergent_barrier", "__syncthreads() not reached by every thread "
                                    "of the block", np.repeat(part, st.block) & ~m, st.ar)
                 for sb in st.shared.values():
-                    sb.tracker.reset(every, sb.size)
+                    sb.tracker.reset(np.asarray(every), sb.size)
             return barrier
         if isinstance(s, GridSync):
             def gridsync(st: _State, m: np.ndarray) -> None:

@@ -165,10 +165,11 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     else:
         bounds = [(i, min(i + _CHUNK, o.size)) for i in range(0, o.size, _CHUNK)]
         parts = list(_check_pool().map(lambda b: _piece_sums(o[b[0]:b[1]], r[b[0]:b[1]]), bounds))
-    if any(p is None for p in parts):
+    sums = [p for p in parts if p is not None]
+    if len(sums) < len(parts):
         return float("inf")
-    diff = math.sqrt(sum(p[0] for p in parts))  # type: ignore[index]
-    denom = math.sqrt(sum(p[1] for p in parts))  # type: ignore[index]
+    diff = math.sqrt(sum(p[0] for p in sums))
+    denom = math.sqrt(sum(p[1] for p in sums))
     if denom == 0.0:
         return diff  # all-zero reference: absolute error
     return diff / denom
@@ -272,14 +273,17 @@ class EmulateRunner:
         self._predict = predict
 
     def _fns(self) -> tuple[Callable[..., Any], Callable[..., Any], tuple[type[BaseException], ...]]:
-        emulate, predict = self._emulate, self._predict
+        emulate: Callable[..., Any] | None = self._emulate
+        predict: Callable[..., Any] | None = self._predict
         faults = self.fault_types
         if emulate is None:
             from stitchtune.emulate.emulator import EmulatorFault, emulate_program
 
             emulate, faults = emulate_program, (*faults, EmulatorFault)
         if predict is None:
-            from stitchtune.cost.model import predict
+            from stitchtune.cost.model import predict as model_predict
+
+            predict = model_predict
         return emulate, predict, faults
 
     def coresident_limit(self, program: Any, build: Any) -> Callable[[Any], int]:
@@ -294,7 +298,7 @@ class EmulateRunner:
             try:
                 limit, climit = emulator_limits(self.device, program, _build_registers(build))
                 outputs = emulate(program, self.inputs, coresident_limit=limit, cluster_limit=climit)
-            except faults as exc:  # type: ignore[misc]
+            except faults as exc:
                 out.append(Measurement("launch_error", estimated=True, error=clip_error(f"emulator fault: {exc}")))
                 continue
             chk = check_outputs(outputs, self.expected, self.dtypes)

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import os
 import zipfile
-from typing import Mapping
+from typing import IO, Mapping
 
 import numpy as np
 
 __all__ = ["save_npz"]
 
 
-def save_npz(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray]) -> None:
-    """Write ``arrays`` to the uncompressed archive ``path`` (no pickled objects); raises OSError."""
+def save_npz(path: str | os.PathLike[str] | IO[bytes], arrays: Mapping[str, np.ndarray]) -> None:
+    """Write ``arrays`` to the uncompressed archive ``path`` (a file name or a binary file open for
+    writing; no pickled objects); raises OSError."""
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
         for name, a in arrays.items():
             with zf.open(f"{name}.npy", "w", force_zip64=True) as f:

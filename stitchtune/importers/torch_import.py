@@ -270,7 +270,7 @@ def import_torch(fn: Any, inputs: Mapping[str, tuple[Sequence[int], str]], name:
             raise ImportError_("--shapes must cover a prefix of the positional arguments "
                                f"({', '.join(positional)})")
     gen = torch.Generator().manual_seed(seed)
-    b = GraphBuilder(name or getattr(fn, "__name__", type(fn).__name__))
+    b = GraphBuilder(name or str(getattr(fn, "__name__", type(fn).__name__)))
     args, values = [], []
     for n in order:
         shape, dt = inputs[n]

@@ -110,13 +110,13 @@ class TuningDB:
         Values must be scalars (str, int, float, bool, None, Timestamp); lists/dicts should be JSON
         strings already. A missing ``timestamp`` is filled with the current UTC time.
         """
-        rows = [dict(r) for r in rows]
-        if not rows:
+        records = [dict(r) for r in rows]
+        if not records:
             return None
         now = utc_now()
-        for r in rows:
+        for r in records:
             r.setdefault("timestamp", now)
-        df = pd.DataFrame(rows)
+        df = pd.DataFrame(records)
         ordered = [c for c in COLUMNS if c in df.columns] + sorted(c for c in df.columns if c not in COLUMNS)
         df = df[ordered]
         try:

@@ -181,17 +181,17 @@ def _lower_and_predict(c: _Cand, graph: Any, plan: Any, device: Any, st: Stages,
 
 def _build_batch(live: list[_Cand], device: Any, builder: Any, st: Stages) -> None:
     """Phase 2: render every survivor, build the distinct sources in one call, record each build."""
-    for c in live:
-        c.source = st.render(c.program)
+    rendered = [st.render(c.program) for c in live]
     unique: dict[str, int] = {}
-    for c in live:
-        unique.setdefault(c.source, len(unique))
+    for c, src in zip(live, rendered):
+        c.source = src
+        unique.setdefault(src, len(unique))
     sources = list(unique)
     results = builder.build(sources, str(getattr(device, "arch", "")))
     if len(results) != len(sources):
         raise RuntimeError(f"builder returned {len(results)} results for {len(sources)} sources")
-    for c in live:
-        c.build = results[unique[c.source]]
+    for c, src in zip(live, rendered):
+        c.build = results[unique[src]]
         _record_build(c, device, st)
 
 

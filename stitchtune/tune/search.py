@@ -104,7 +104,7 @@ def _row_from_trial(t: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {k: t.user_attrs.get(k) for k in RESULT_FIELDS}
     out["status"] = status
-    if t.state == TrialState.COMPLETE:
+    if t.state == TrialState.COMPLETE and t.value is not None:
         out["measured_us"] = float(t.value)
     return out
 
@@ -154,7 +154,7 @@ class _Loop:
         self.reused = 0
         self.trials_run = 0
         self.best_row: dict[str, Any] | None = None
-        self._varied: set[str] = set()  # best points whose variants were enqueued
+        self._varied: set[str | None] = set()  # best points whose variants were enqueued
         self.heur_row: dict[str, Any] | None = None
         self.since_improvement = 0
 
@@ -303,8 +303,8 @@ class _Loop:
             self._settle(trials, done, sorted(done))
         for i, num in waits.items():
             t = self.wait_for(num)
-            src = _row_from_trial(t) if t is not None else None
-            if src is None:
+            waited = _row_from_trial(t) if t is not None else None
+            if waited is None:
                 self.refresh_known()
                 key = scheds[i].key()
                 if key in self.known:
@@ -316,7 +316,7 @@ class _Loop:
                              self.best_us(), prune_factor=self.config.prune_factor, stages=self.stages)[0]
                 done[i] = {**self.base_row(trials[i], scheds[i]), **r}
             else:
-                done[i] = self.copy_result(self.base_row(trials[i], scheds[i]), src, f"{self.study_name}:{num}")
+                done[i] = self.copy_result(self.base_row(trials[i], scheds[i]), waited, f"{self.study_name}:{num}")
         self._settle(trials, done, sorted(waits) if waits else list(range(n)))
         return [(trials[i], done[i]) for i in range(n)]
 
