@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from stitchtune.errors import DatabaseError, StitchtuneError
+from stitchtune.graph.values import ITEMSIZE
 
 log = logging.getLogger(__name__)
 
@@ -305,16 +306,13 @@ def _device_bandwidth_gbs(device_name: str) -> float | None:
         return None
 
 
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "float64": 8, "int32": 4, "int64": 8}
-
-
 def min_bytes_from_shapes(shapes: object, dtypes: object) -> int | None:
     """Sum of the tensors in a row's ``shapes``/``dtypes`` JSON (inputs and outputs by name, as
     ``pipeline.context_row`` writes them): ``Graph.min_bytes()`` except when an output is also an
     input (then counted once). None when the cells cannot be read."""
     try:
         sh, dt = json.loads(str(shapes)), json.loads(str(dtypes))
-        total = sum(math.prod(int(x) for x in sh[name]) * _ITEMSIZE[dt[name]] for name in sh)
+        total = sum(math.prod(int(x) for x in sh[name]) * ITEMSIZE[dt[name]] for name in sh)
     except (TypeError, ValueError, KeyError, AttributeError, json.JSONDecodeError):
         return None
     return int(total) if total > 0 else None

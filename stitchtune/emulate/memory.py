@@ -77,7 +77,6 @@ class _ElemTypes(Mapping[str, np.dtype]):
 #: numpy element type of each buffer dtype (barrier buffers are always uint32)
 NP_ELEM: Mapping[str, np.dtype] = _ElemTypes()
 _NP_SCALAR = {F32: np.float32, I32: np.int32, BOOL: np.bool_}
-_ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "uint32": 4, "int32": 4, "int64": 8}
 
 
 class EmulatorFault(Exception):

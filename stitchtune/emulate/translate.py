@@ -26,7 +26,6 @@ import numpy as np
 from stitchtune.emulate.cluster_ops import ClusterOps, ExprFn, StmtFn
 from stitchtune.ir import kir
 from stitchtune.emulate.memory import (
-    _ELEM_BYTES,
     _NP_SCALAR,
     EmulatorFault,
     _access,
@@ -455,7 +454,7 @@ class _Compiled(ClusterOps):
         """One aligned access of at most 16 bytes; an int32/int64 vector (read-only) may be wider: the
         renderer splits it into aligned 16-byte accesses (the whole-width alignment implies theirs)."""
         dtype = "float32" if is_shared else self.params[buf].dtype
-        nbytes = width * _ELEM_BYTES.get(dtype, 4)
+        nbytes = width * kir.ELEM_BYTES.get(dtype, 4)
         if dtype in ("int32", "int64"):
             nbytes = min(nbytes, 16)
         if width not in (1, 2, 4, 8) or nbytes > 16:

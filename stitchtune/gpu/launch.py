@@ -35,7 +35,7 @@ Contract
   repeated call costs only the launches). Errors are :class:`~stitchtune.gpu.driver.DriverError`.
 * :func:`device_pointer` reads the device pointer of an object exposing ``__cuda_array_interface__``
   (torch, cupy, numba arrays), refusing non-contiguous ones.
-* ``ELEM_BYTES`` is the element size per graph dtype.
+* ``ELEM_BYTES`` is the element size per graph dtype (graph/values.py's ``ITEMSIZE``).
 """
 
 from __future__ import annotations
@@ -47,11 +47,12 @@ from typing import Any
 import numpy as np
 
 from stitchtune.gpu.driver import DEFAULT_SMEM_LIMIT, Driver, DriverError
+from stitchtune.graph.values import ITEMSIZE
 
 __all__ = ["DEFAULT_SMEM_LIMIT", "ELEM_BYTES", "Bound", "DriverError", "LaunchPlan", "Launcher", "PlanBuffer",
            "PlanLaunch", "device_pointer", "launch_plan"]
 
-ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int32": 4, "int64": 8}
+ELEM_BYTES = ITEMSIZE
 POISON = 0xFF  # 0xFF bytes are NaN in every float type
 
 

@@ -64,11 +64,11 @@ from stitchtune.importers.torch_aten import (
 from stitchtune.importers.torch_candidates import (
     COMPUTE_OPS,  # noqa: F401  (re-exported: the compute ops left to the framework)
     _Excluded,
-    _fx_args,
     _hint,
     _initial_exclusions,
 )
 from stitchtune.importers.torch_consts import fold_constants
+from stitchtune.importers.torch_fx_util import fx_args
 from stitchtune.importers.torch_subgraph import _dense_perm, _is_noop, _is_view, _subgraph, _with_pulled
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
@@ -184,7 +184,7 @@ def _components(members: Iterable[Any], same: Callable[[Any, Any], bool]) -> lis
         return n
 
     for n in member:
-        for a in _fx_args(n):
+        for a in fx_args(n):
             if a in member and same(a, n):
                 parent[find(a)] = find(n)
     comps: dict[Any, list[Any]] = {}
@@ -214,7 +214,7 @@ def _groups(nodes: Sequence[Any], ex: _Excluded) -> list[list[Any]]:
     stage: dict[Any, int] = {}
     node_stage: dict[Any, int] = {}
     for n in nodes:
-        s = max((stage.get(a, 0) for a in _fx_args(n)), default=0)
+        s = max((stage.get(a, 0) for a in fx_args(n)), default=0)
         node_stage[n] = s
         stage[n] = s + 1 if n in ex and n not in ex.pulled else s
     cands = [n for n in nodes if n not in ex]
@@ -235,8 +235,8 @@ def _merge_convex(parts: list[list[Any]]) -> list[list[Any]]:
         merged = False
         for i in range(len(sets)):
             for j in range(i + 1, len(sets)):
-                linked = any(a in sets[j] for n in sets[i] for a in _fx_args(n)) or \
-                    any(a in sets[i] for n in sets[j] for a in _fx_args(n))
+                linked = any(a in sets[j] for n in sets[i] for a in fx_args(n)) or \
+                    any(a in sets[i] for n in sets[j] for a in fx_args(n))
                 if linked and _convex(sets[i] | sets[j]):
                     sets[i] |= sets.pop(j)
                     merged = True
@@ -269,7 +269,7 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
         return None
     for x in inputs:
         if len(x.meta["val"].shape) == 0:   # graph.json tensors have rank 1 or more
-            return _Culprit(next(n for n in full if x in _fx_args(n)), f"reads the 0-d tensor {x.name!a}")
+            return _Culprit(next(n for n in full if x in fx_args(n)), f"reads the 0-d tensor {x.name!a}")
     b = GraphBuilder(name)
     values = []
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
@@ -452,7 +452,7 @@ def _judge(res: _Mapped, group: list[Any],
             node = max(cands, key=lambda n: len(n.name)) if cands else None
         if node is None and re.fullmatch(r"in\d+", name) and int(name[2:]) < len(res.inputs):
             x = res.inputs[int(name[2:])]   # a graph input: the first node of the group reading it goes
-            node = next((n for n in group if x in _fx_args(n)), None)
+            node = next((n for n in group if x in fx_args(n)), None)
         if node is not None and node.op == "call_function":
             return _Culprit(node, why)
     return Declined(f"region {res.graph.name} ({_ops_text(group)})", why)

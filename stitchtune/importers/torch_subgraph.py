@@ -16,8 +16,8 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
-from stitchtune.importers.torch_fx_util import _key
-from stitchtune.importers.torch_candidates import _fx_args, _hint
+from stitchtune.importers.torch_candidates import _hint
+from stitchtune.importers.torch_fx_util import _key, fx_args
 from stitchtune.importers.torch_cnn import functional_of, is_inplace
 
 
@@ -34,12 +34,12 @@ def _embedded(x: Any, members: set[Any], consts: Mapping[Any, Any]) -> bool:
 def _with_pulled(group: list[Any], pulled: set[Any]) -> list[Any]:
     """``group`` and the ``pulled`` nodes it reads through chains of them, in graph order."""
     seen: set[Any] = set(group)
-    todo = [a for n in group for a in _fx_args(n)]
+    todo = [a for n in group for a in fx_args(n)]
     while todo:
         a = todo.pop()
         if a in pulled and a not in seen:
             seen.add(a)
-            todo.extend(_fx_args(a))
+            todo.extend(fx_args(a))
     if len(seen) == len(group):
         return group
     order = {n: i for i, n in enumerate(next(iter(group)).graph.nodes)}
@@ -60,7 +60,7 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any],
     inputs: list[Any] = []
     held: list[Any] = []
     for n in group:
-        for a in _fx_args(n):
+        for a in fx_args(n):
             if a not in members and a not in inputs and a not in held:
                 (held if _embedded(a, members, consts) else inputs).append(a)
     g = torch.fx.Graph()
