@@ -57,7 +57,7 @@ from stitchtune.tune.config import (
     default_components,
     resolve_backend,
 )
-from stitchtune.tune.database import TuningDB
+from stitchtune.tune.database import TuningDB, read_parts
 from stitchtune.errors import ScheduleError
 from stitchtune.tune.pipeline import context_row, evaluate, schedule_columns
 from stitchtune.tune.result import SearchResult
@@ -167,13 +167,7 @@ class _Loop:
         self._seen_parts.update(new)
         import pandas as pd
 
-        frames = []
-        for p in new:
-            try:
-                frames.append(pd.read_parquet(p, engine="pyarrow"))
-            except Exception as exc:  # noqa: BLE001 - corrupt part: skipped, as TuningDB.read does
-                log.warning("skipping unreadable database part %s: %s", p, exc)
-        frames = [f for f in frames if not f.empty]
+        frames = read_parts(new)
         if not frames:
             return
         df = pd.concat(frames, ignore_index=True, sort=False)
