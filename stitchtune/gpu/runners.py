@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -69,10 +69,14 @@ class Measurement:
         return cls(**kw)
 
 
+@runtime_checkable
 class Runner(Protocol):
-    """Runs a batch of built programs; one :class:`Measurement` per item, in order."""
+    """Runs a batch of built programs; one :class:`Measurement` per item, in order. ``close`` releases
+    what the runner holds (a worker process, files); the runner is not used afterwards."""
 
     def run(self, items: list[tuple[Any, Any]]) -> list[Measurement]: ...
+
+    def close(self) -> None: ...
 
 
 # --------------------------------------------------------------------------------------------
@@ -291,6 +295,9 @@ class EmulateRunner:
         from ptxas' register counts when the build has them, else lowering's estimate."""
         return emulator_limits(self.device, program, _build_registers(build))[0]
 
+    def close(self) -> None:
+        """Nothing to release (the emulator runs in this process)."""
+
     def run(self, items: list[tuple[Any, Any]]) -> list[Measurement]:
         emulate, predict, faults = self._fns()
         out = []
@@ -341,6 +348,9 @@ class FakeRunner:
         self.estimated = estimated
         self.calls: list[tuple[Any, Any]] = []
         self._i = 0
+
+    def close(self) -> None:
+        """Nothing to release."""
 
     def run(self, items: list[tuple[Any, Any]]) -> list[Measurement]:
         out = []

@@ -129,9 +129,9 @@ class _Loop:
         self.estimated = self.backend != "cuda"
         self.plan = comp.make_plan(self.graph)
         self.space = comp.space_for_plan(self.plan, self.device)
-        if getattr(config, "deterministic", False) and hasattr(self.space, "deterministic_only"):
+        if config.deterministic:
             self.space = self.space.deterministic_only()  # no float atomics (--deterministic)
-        if config.sampler in ("gp", "cmaes") and hasattr(self.space, "flat_mode"):
+        if config.sampler in ("gp", "cmaes"):
             # these samplers model a fixed parameter set: plain names, repaired points (space/search_space.py)
             self.space = self.space.flat_mode()
         self.stages = comp.stages()
@@ -140,7 +140,7 @@ class _Loop:
         sampler = make_sampler(config.sampler, config.seed, self.space)
         self.grid = grid_points(self.space, config.seed) if config.sampler == "grid" else None
         self.study_name = config.study or default_study_name(self.graph, self.device)
-        if not config.study and getattr(self.space, "deterministic", False) and getattr(self.plan, "cross", ()):
+        if not config.study and self.space.deterministic and self.plan.cross:
             self.study_name += "-deterministic"  # another cross_combine domain: its own optuna study
         self.study = _open_study(self.study_name, make_storage(config.storage, config.db), sampler)
         self.ctx = context_row(self.graph, self.device)
@@ -411,25 +411,22 @@ class _Loop:
             log.warning("interrupted: finished trials are saved in %s", self.db.path)
         finally:
             bar.close()
-            close = getattr(self.runner, "close", None)
-            if close:
-                close()
+            self.runner.close()
         return self.result(stopped)
 
     def enqueue_variants(self) -> None:
         """Enqueue the space's ``variants`` of the best point (once per best point, only those not
         measured yet): the options the cost model ranks least reliably are measured side by side with
-        the best schedule in every search. No-op for the grid sampler or a space without variants."""
-        variants = getattr(self.space, "variants", None)
+        the best schedule in every search. No-op for the grid sampler."""
         row = self.best_row
-        if variants is None or self.grid is not None or row is None or not row.get("schedule_json"):
+        if self.grid is not None or row is None or not row.get("schedule_json"):
             return
         key = row.get("schedule_key")
         if key in self._varied:
             return
         self._varied.add(key)
         best = type(self.heuristic).from_dict(json.loads(row["schedule_json"]))
-        for v in variants(best):
+        for v in self.space.variants(best):
             if v.key() not in self.known:
                 self.study.enqueue_trial(self.space.params_of(v), user_attrs={"variant_of": key},
                                          skip_if_exists=True)
@@ -457,12 +454,10 @@ class _Loop:
         return float(self.heur_row["measured_us"]) / b if b > 0 else None
 
     def floor_us(self) -> float | None:
-        eff = getattr(self.device, "effective_copy_bandwidth_gbs", None)
-        bw = eff() if callable(eff) else getattr(self.device, "copy_bandwidth_gbs", None)
-        min_bytes = getattr(self.graph, "min_bytes", None)
-        if not bw or min_bytes is None:
+        bw = self.device.effective_copy_bandwidth_gbs()
+        if not bw:
             return None
-        return float(min_bytes()) / (float(bw) * 1e9) * 1e6
+        return float(self.graph.min_bytes()) / (float(bw) * 1e9) * 1e6
 
     def result(self, stopped: str) -> SearchResult:
         floor = self.floor_us()
