@@ -263,7 +263,8 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
                pulled: set[Any] | None = None) -> _Mapped | _Culprit | Declined | None:
     """One group mapped, or the node to exclude, or the whole group declined, or None when nothing
     outside the group reads it (dead code: no region)."""
-    sub, inputs, outputs, back = _subgraph(group, consts, pulled)
+    part = _subgraph(group, consts, pulled)
+    sub, inputs, outputs, back = part.module, part.inputs, part.outputs, part.back
     full = _with_pulled(group, pulled or set())
     if not outputs:
         return None

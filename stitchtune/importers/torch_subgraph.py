@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from stitchtune.importers.torch_candidates import _hint
@@ -46,11 +47,20 @@ def _with_pulled(group: list[Any], pulled: set[Any]) -> list[Any]:
     return sorted(seen, key=order.__getitem__)
 
 
-def _subgraph(group: list[Any], consts: Mapping[Any, Any],
-              pulled: set[Any] | None = None) -> tuple[Any, list[Any], list[Any], dict[Any, Any]]:
-    """(GraphModule of the group and the ``pulled`` nodes it reads, external inputs, outputs, sub
-    node -> original node); constants of :func:`_embedded` are nodes of the module (``scalar_tensor``
-    or a buffer), not inputs. Outputs are nodes of ``group`` only."""
+@dataclass(frozen=True)
+class _Sub:
+    """A group as a GraphModule of its own (see :func:`_subgraph`)."""
+
+    module: Any                 # torch.fx.GraphModule: placeholders = ``inputs``, outputs = ``outputs``
+    inputs: list[Any]           # the original nodes it reads from outside
+    outputs: list[Any]          # the group's nodes read outside it
+    back: dict[Any, Any]        # node of ``module`` -> the original node
+
+
+def _subgraph(group: list[Any], consts: Mapping[Any, Any], pulled: set[Any] | None = None) -> _Sub:
+    """The group and the ``pulled`` nodes it reads as a GraphModule; constants of :func:`_embedded`
+    are nodes of the module (``scalar_tensor`` or a buffer), not inputs. Outputs are nodes of
+    ``group`` only."""
     import torch
     import torch.fx
 
@@ -94,7 +104,7 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any],
     for n in g.nodes:   # symbolic shapes are mapped at their example values (re-mapped per shape later)
         if "val" in n.meta:
             n.meta["val"] = _concrete(n.meta["val"])
-    return torch.fx.GraphModule(root, g), inputs, outputs, back
+    return _Sub(torch.fx.GraphModule(root, g), inputs, outputs, back)
 
 
 def _concrete(val: Any) -> Any:
