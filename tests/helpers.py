@@ -172,6 +172,10 @@ class FakeSchedule:
     def flat(self) -> dict[str, Any]:
         return self.to_dict()
 
+    @property
+    def deterministic(self) -> bool:
+        return True
+
 
 class FakeSpace:
     """A two-parameter space (tune.protocols.SpaceLike): nothing atomic, no variants, already flat."""
@@ -240,7 +244,7 @@ class FakeDevice:
     key: str = "fakegpu-sm90"
     name: str = "fakegpu"
     arch: str = "sm_90"
-    cc: tuple[int, int] = (9, 0)
+    compute_capability: tuple[int, int] = (9, 0)
     copy_bandwidth_gbs: float = 1000.0
 
     def effective_copy_bandwidth_gbs(self) -> float:

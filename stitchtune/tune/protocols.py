@@ -25,6 +25,10 @@ class ScheduleLike(Protocol):
 
     def flat(self) -> dict[str, Any]: ...
 
+    @property
+    def deterministic(self) -> bool:
+        """Bitwise reproducible (no float atomics)."""
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ScheduleLike: ...
 
@@ -89,6 +93,9 @@ class DeviceLike(Protocol):
 
     @property
     def arch(self) -> str: ...
+
+    @property
+    def compute_capability(self) -> tuple[int, int]: ...
 
     def effective_copy_bandwidth_gbs(self) -> float:
         """The copy bandwidth the floor time is computed with (GB/s)."""
