@@ -25,7 +25,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -207,8 +207,17 @@ def _py(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
 
 
-def heuristic_rank(rows: pd.DataFrame) -> tuple[int, int, float, float] | None:
-    """(rank, n distinct ok schedules, heuristic time, best time) for one run; None without a heuristic.
+class HeuristicRank(NamedTuple):
+    """Where the heuristic schedule of one run landed among its ok schedules (rank 1 = fastest)."""
+
+    rank: int
+    of: int               # distinct ok schedules
+    heuristic_us: float
+    best_us: float
+
+
+def heuristic_rank(rows: pd.DataFrame) -> HeuristicRank | None:
+    """The heuristic's rank in one run; None without a heuristic.
 
     Schedules are de-duplicated by ``schedule_key`` (their fastest row); rank 1 = fastest.
     """
@@ -219,7 +228,7 @@ def heuristic_rank(rows: pd.DataFrame) -> tuple[int, int, float, float] | None:
     key = "schedule_key" if "schedule_key" in ok.columns and ok["schedule_key"].notna().all() else None
     times = ok.groupby(key)["time_us"].min() if key else ok["time_us"]
     ht = float(h["time_us"].min())
-    return int((times < ht).sum()) + 1, int(len(times)), ht, float(times.min())
+    return HeuristicRank(int((times < ht).sum()) + 1, int(len(times)), ht, float(times.min()))
 
 
 def summary_table(df: pd.DataFrame, floor_us: pd.Series | None = None) -> pd.DataFrame:
@@ -237,9 +246,9 @@ def summary_table(df: pd.DataFrame, floor_us: pd.Series | None = None) -> pd.Dat
         rows.append({
             "workload": run, "device": g["device_name"].iloc[0], "backend": g["backend"].iloc[0],
             "estimated": est, "trials": len(g), "ok": int(g["time_us"].notna().sum()),
-            "best_us": best, "heuristic_us": hr[2] if hr else float("nan"),
-            "speedup_vs_heuristic": hr[2] / best if hr and best > 0 else float("nan"),
-            "heuristic_rank": f"{hr[0]}/{hr[1]}" if hr else "n/a",
+            "best_us": best, "heuristic_us": hr.heuristic_us if hr else float("nan"),
+            "speedup_vs_heuristic": hr.heuristic_us / best if hr and best > 0 else float("nan"),
+            "heuristic_rank": f"{hr.rank}/{hr.of}" if hr else "n/a",
             "fraction_of_floor": fl / best if best and best > 0 else float("nan"),
             "spearman": float("nan") if est else spearman(g),
         })
