@@ -360,7 +360,8 @@ def figure_heuristic_rank(df: pd.DataFrame, workload: str | None = None) -> Figu
     if res is not None:
         rank_rows = int((t < res.heuristic_us).sum()) + 1
         ax.scatter([rank_rows], [res.heuristic_us], marker="*", s=200, color="orange", edgecolor="black", zorder=5,
-                   label=f"heuristic: rank {res.rank} of {res.of} schedules, {res.heuristic_us / res.best_us:.2f}× best")
+                   label=f"heuristic: rank {res.rank} of {res.of} schedules, "
+                         f"{res.heuristic_us / res.best_us:.2f}× best")
     else:
         ax.text(0.02, 0.95, "no heuristic trial found", transform=ax.transAxes, va="top")
     ax.set_xlabel("rank among ok trials (1 = fastest)")

@@ -2,9 +2,8 @@
 
 The real classes (``space.SearchSpace``, ``hardware.Device``, ``graph.Graph``, ``plan.StitchPlan``)
 and the fakes of ``tests/helpers.py`` implement these Protocols, as runners and builders implement
-``gpu.runners.Runner`` and ``gpu.build.Builder``; ``tests/tune/test_protocols.py`` checks both, so the loop calls every member directly
-(no ``hasattr`` for a member a fake might lack). Schedules are opaque to the loop except for
-:class:`ScheduleLike`.
+``gpu.runners.Runner`` and ``gpu.build.Builder``; ``tests/tune/test_protocols.py`` checks both, so
+the loop and the pipeline call every member directly (no ``hasattr`` for a member a fake might lack).
 """
 
 from __future__ import annotations
