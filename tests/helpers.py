@@ -172,9 +172,16 @@ class FakeSchedule:
     def flat(self) -> dict[str, Any]:
         return self.to_dict()
 
+    @property
+    def deterministic(self) -> bool:
+        return True
+
 
 class FakeSpace:
+    """A two-parameter space (tune.protocols.SpaceLike): nothing atomic, no variants, already flat."""
+
     version = "fake-space-1"
+    deterministic = False
 
     def suggest(self, trial: optuna.Trial) -> FakeSchedule:
         return FakeSchedule(trial.suggest_categorical("block", list(BLOCKS)),
@@ -188,6 +195,22 @@ class FakeSpace:
 
     def sample(self, rng) -> FakeSchedule:
         return FakeSchedule(int(rng.choice(BLOCKS)), int(rng.choice(VECS)))
+
+    def variants(self, s: FakeSchedule) -> list[FakeSchedule]:
+        return []
+
+    def deterministic_only(self) -> FakeSpace:
+        return self
+
+    def flat_mode(self) -> FakeSpace:
+        return self
+
+
+@dataclass(frozen=True)
+class FakePlan:
+    """tune.protocols.PlanLike: no reduction combined across blocks."""
+
+    cross: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -221,8 +244,11 @@ class FakeDevice:
     key: str = "fakegpu-sm90"
     name: str = "fakegpu"
     arch: str = "sm_90"
-    cc: tuple[int, int] = (9, 0)
+    compute_capability: tuple[int, int] = (9, 0)
     copy_bandwidth_gbs: float = 1000.0
+
+    def effective_copy_bandwidth_gbs(self) -> float:
+        return self.copy_bandwidth_gbs
 
 
 @dataclass(frozen=True)
@@ -359,7 +385,7 @@ def fake_components(runner: FakeRunner | None = None, builder: FakeBuilder | Non
     builder = builder or FakeBuilder()
     graph = graph or FakeGraph()
     return Components(
-        load_graph=lambda path: graph, make_plan=lambda g: "fake-plan", space_for_plan=lambda p, d: FakeSpace(),
+        load_graph=lambda path: graph, make_plan=lambda g: FakePlan(), space_for_plan=lambda p, d: FakeSpace(),
         heuristic_schedule=lambda p, d: FakeSchedule(128, 4), get_device=lambda name: FakeDevice(),
         make_builder=lambda cfg, dev, backend: builder, make_runner=lambda backend, g, d: runner,
         stages=fake_stages, cuda_available=lambda: False)

@@ -25,11 +25,13 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from stitchtune.errors import DatabaseError, StitchtuneError
+from stitchtune.graph.values import ITEMSIZE
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ BENCH_COLUMNS = ("workload", "system", "median_us")
 def _shape_text(shapes: object) -> str:
     """'16384x1024' for the largest shape in a ``shapes`` JSON cell, '' when unreadable."""
     try:
-        obj = json.loads(shapes) if isinstance(shapes, str) else shapes
+        obj: Any = json.loads(shapes) if isinstance(shapes, str) else shapes
         items = obj.values() if isinstance(obj, dict) else obj
         dims = [tuple(int(d) for d in s) for s in items]
         best = max(dims, key=lambda s: (math.prod(s), len(s)))
@@ -154,14 +156,14 @@ def param_importances(rows: pd.DataFrame) -> dict[str, float] | str:
     Evaluated with optuna's PED-ANOVA evaluator (optuna >= 3.6; no scikit-learn needed).
     """
     import optuna
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
     ok = rows[rows["time_us"].notna() & ~rows["is_reused"]]
     if "schedule_key" in ok.columns:
         ok = ok[ok["schedule_key"].isna() | ~ok["schedule_key"].duplicated()]   # one point per schedule
     if len(ok) < MIN_IMPORTANCE_TRIALS:
         return f"not enough trials: {len(ok)} ok, need {MIN_IMPORTANCE_TRIALS}"
-    dists = {}
+    dists: dict[str, BaseDistribution] = {}
     for col in _param_columns(ok):
         vals = ok[col].dropna()
         if vals.astype(str).nunique() < 2:
@@ -180,7 +182,8 @@ def param_importances(rows: pd.DataFrame) -> dict[str, float] | str:
     try:
         study = optuna.create_study(direction="minimize")
         for _, r in ok.iterrows():
-            params, used = {}, {}
+            params: dict[str, Any] = {}
+            used: dict[str, BaseDistribution] = {}
             for name, dist in dists.items():
                 v = r[f"p_{name}"]
                 if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -199,12 +202,22 @@ def param_importances(rows: pd.DataFrame) -> dict[str, float] | str:
         optuna.logging.set_verbosity(prev)
 
 
-def _py(v: object) -> object:
+def _py(v: Any) -> Any:
+    """A pandas cell as a plain Python value (numpy scalars unwrapped)."""
     return v.item() if isinstance(v, np.generic) else v
 
 
-def heuristic_rank(rows: pd.DataFrame) -> tuple[int, int, float, float] | None:
-    """(rank, n distinct ok schedules, heuristic time, best time) for one run; None without a heuristic.
+class HeuristicRank(NamedTuple):
+    """Where the heuristic schedule of one run landed among its ok schedules (rank 1 = fastest)."""
+
+    rank: int
+    of: int               # distinct ok schedules
+    heuristic_us: float
+    best_us: float
+
+
+def heuristic_rank(rows: pd.DataFrame) -> HeuristicRank | None:
+    """The heuristic's rank in one run; None without a heuristic.
 
     Schedules are de-duplicated by ``schedule_key`` (their fastest row); rank 1 = fastest.
     """
@@ -215,7 +228,7 @@ def heuristic_rank(rows: pd.DataFrame) -> tuple[int, int, float, float] | None:
     key = "schedule_key" if "schedule_key" in ok.columns and ok["schedule_key"].notna().all() else None
     times = ok.groupby(key)["time_us"].min() if key else ok["time_us"]
     ht = float(h["time_us"].min())
-    return int((times < ht).sum()) + 1, int(len(times)), ht, float(times.min())
+    return HeuristicRank(int((times < ht).sum()) + 1, int(len(times)), ht, float(times.min()))
 
 
 def summary_table(df: pd.DataFrame, floor_us: pd.Series | None = None) -> pd.DataFrame:
@@ -233,9 +246,9 @@ def summary_table(df: pd.DataFrame, floor_us: pd.Series | None = None) -> pd.Dat
         rows.append({
             "workload": run, "device": g["device_name"].iloc[0], "backend": g["backend"].iloc[0],
             "estimated": est, "trials": len(g), "ok": int(g["time_us"].notna().sum()),
-            "best_us": best, "heuristic_us": hr[2] if hr else float("nan"),
-            "speedup_vs_heuristic": hr[2] / best if hr and best > 0 else float("nan"),
-            "heuristic_rank": f"{hr[0]}/{hr[1]}" if hr else "n/a",
+            "best_us": best, "heuristic_us": hr.heuristic_us if hr else float("nan"),
+            "speedup_vs_heuristic": hr.heuristic_us / best if hr and best > 0 else float("nan"),
+            "heuristic_rank": f"{hr.rank}/{hr.of}" if hr else "n/a",
             "fraction_of_floor": fl / best if best and best > 0 else float("nan"),
             "spearman": float("nan") if est else spearman(g),
         })
@@ -302,16 +315,13 @@ def _device_bandwidth_gbs(device_name: str) -> float | None:
         return None
 
 
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "float64": 8, "int32": 4, "int64": 8}
-
-
 def min_bytes_from_shapes(shapes: object, dtypes: object) -> int | None:
     """Sum of the tensors in a row's ``shapes``/``dtypes`` JSON (inputs and outputs by name, as
     ``pipeline.context_row`` writes them): ``Graph.min_bytes()`` except when an output is also an
     input (then counted once). None when the cells cannot be read."""
     try:
         sh, dt = json.loads(str(shapes)), json.loads(str(dtypes))
-        total = sum(math.prod(int(x) for x in sh[name]) * _ITEMSIZE[dt[name]] for name in sh)
+        total = sum(math.prod(int(x) for x in sh[name]) * ITEMSIZE[dt[name]] for name in sh)
     except (TypeError, ValueError, KeyError, AttributeError, json.JSONDecodeError):
         return None
     return int(total) if total > 0 else None

@@ -358,9 +358,10 @@ def figure_heuristic_rank(df: pd.DataFrame, workload: str | None = None) -> Figu
     t = np.sort(r["time_us"].to_numpy(dtype=float))
     ax.plot(np.arange(1, len(t) + 1), t, marker=".", lw=1, label="ok trials, sorted")
     if res is not None:
-        rank_rows = int((t < res[2]).sum()) + 1
-        ax.scatter([rank_rows], [res[2]], marker="*", s=200, color="orange", edgecolor="black", zorder=5,
-                   label=f"heuristic: rank {res[0]} of {res[1]} schedules, {res[2] / res[3]:.2f}× best")
+        rank_rows = int((t < res.heuristic_us).sum()) + 1
+        ax.scatter([rank_rows], [res.heuristic_us], marker="*", s=200, color="orange", edgecolor="black", zorder=5,
+                   label=f"heuristic: rank {res.rank} of {res.of} schedules, "
+                         f"{res.heuristic_us / res.best_us:.2f}× best")
     else:
         ax.text(0.02, 0.95, "no heuristic trial found", transform=ax.transAxes, va="top")
     ax.set_xlabel("rank among ok trials (1 = fastest)")

@@ -58,7 +58,7 @@ from stitchtune.bench.table import (
     summarize,
     write_results,
 )
-from stitchtune.deploy.torch_entry import _to_torch, _torch_dtype, _torch_out
+from stitchtune.deploy.torch_entry import to_torch, torch_dtype, to_host
 from stitchtune.errors import StitchtuneError, ToolchainError
 from stitchtune.hardware.device import QUERIED_SOURCE
 
@@ -211,14 +211,14 @@ def _time_stitchtune(graph_path: str, graph: Graph, db: str, trials: int, device
     stream = int(torch.cuda.current_stream().cuda_stream)
     launcher = Launcher(open_driver(torch.cuda.current_device()), launch_plan(cg.program), cg.cubin, stream)
     try:
-        outs = [{o: torch.full(graph.spec(o).shape, float("nan"), dtype=_torch_dtype(graph.spec(o).dtype),
+        outs = [{o: torch.full(graph.spec(o).shape, float("nan"), dtype=torch_dtype(graph.spec(o).dtype),
                                device=torch_device) for o in graph.outputs} for _ in range(k)]
         bound = [launcher.bind({**{n: int(t.data_ptr()) for n, t in sets[i].items()},
                                 **{n: int(t.data_ptr()) for n, t in outs[i].items()}}) for i in range(k)]
         for i in range(3):
             launcher.launch(bound[i % k], stream)
         _sync(torch_device)
-        ok, err = _check(graph, [_torch_out(outs[2 % k][o]) for o in graph.outputs], expected)
+        ok, err = _check(graph, [to_host(outs[2 % k][o]) for o in graph.outputs], expected)
         samples = _event_times(lambda i: launcher.launch(bound[i % k], stream), warmup, iters, torch_device)
     finally:
         _sync(torch_device)
@@ -264,7 +264,7 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
     inputs, expected = reference or _reference(graph, seed)
     in_bytes = sum(a.nbytes for a in inputs.values())
     k = rotations_needed(in_bytes, device.l2_bytes)
-    sets = [{n: _to_torch(a, torch_device) for n, a in inputs.items()} for _ in range(k)]
+    sets = [{n: to_torch(a, torch_device) for n, a in inputs.items()} for _ in range(k)]
     rot = f"{k} rotating input copies"
     results: list[SystemTiming] = []
 
@@ -295,9 +295,9 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
                     res = peer.fn(**sets[i % k])
                 _sync(torch_device)
                 first_s = time.perf_counter() - t0
-                ok, err = _check(graph, [_torch_out(t) for t in res], expected)
+                ok, err = _check(graph, [to_host(t) for t in res], expected)
                 del res
-                samples = _event_times(lambda i, fn=peer.fn: fn(**sets[i % k]), warmup, iters, torch_device)
+                samples = _event_times(lambda i: peer.fn(**sets[i % k]), warmup, iters, torch_device)
                 med = statistics.median(samples)
                 how = f"{'CUDA events' if torch_device != 'cpu' else 'CPU wall clock'}, median of {iters}, {rot}"
             else:

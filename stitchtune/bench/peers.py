@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from stitchtune.deploy.torch_entry import torch_dtype
 from stitchtune.errors import StitchtuneError
 
 if TYPE_CHECKING:
@@ -89,12 +90,6 @@ def parse_peer_names(text: str | None) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------------------------
 # torch
 # ----------------------------------------------------------------------------------------------
-
-
-def _torch_dtype(name: str) -> Any:
-    import torch
-
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
 def _torch_unary() -> dict[str, Callable[[Any], Any]]:
@@ -200,10 +195,10 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
     names = [n for n, _ in graph.inputs]
     nodes = graph.nodes
     outputs = graph.outputs
-    out_dtypes = [_torch_dtype(graph.spec(o).dtype) for o in outputs]
+    out_dtypes = [torch_dtype(graph.spec(o).dtype) for o in outputs]
 
     def run_node(node: Node, env: dict[str, Any]) -> Any:
-        args = [env[a] if isinstance(a, str) else float(a) for a in node.args]
+        args: list[Any] = [env[a] if isinstance(a, str) else float(a) for a in node.args]
         op = node.op
         if op in unary:
             if isinstance(args[0], float):
@@ -220,6 +215,8 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
         if op == "slice":
             return args[0].narrow(node.axis, node.start, node.stop - node.start)
         if op == "concat":
+            if node.axis is None:
+                raise ValueError(f"peers: concat {node.id} has no axis")  # a bug: the parser sets it
             return torch.cat(args, dim=node.axis)
         if op == "gather":  # out-of-range index: a zero row, as the reference
             table, idx = args
@@ -231,7 +228,7 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
             if to == "bool":
                 return (args[0] != 0).to(torch.float32)
             if to in _SIXTEEN_BIT:  # round to the target type, keep computing in float32
-                return args[0].to(_torch_dtype(to)).to(torch.float32)
+                return args[0].to(torch_dtype(to)).to(torch.float32)
             return args[0]
         if op == "transpose":
             return args[0].permute(*node.perm)

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from stitchtune.graph.ops import REDUCTIONS
+from stitchtune.graph.values import ITEMSIZE
 
 if TYPE_CHECKING:
     from stitchtune.hardware.device import Device
@@ -46,8 +47,6 @@ BENCH_COLUMNS: tuple[str, ...] = (
     "workload", "system", "median_us", "min_bytes", "floor_bytes", "floor_us", "fraction_of_floor",
     "speedup_vs_this", "checked", "note",
 )
-
-_ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -129,7 +128,7 @@ def floor_reason(graph: Graph, device: Any) -> Floor:
     if not reductions:
         parts.append("no reduction: element-wise, nothing is needed twice")
     for red in reductions:
-        src = red.args[0]
+        src = red.tensor_args[0]
         feeds = (_ancestors(graph, red.id) | {red.id}) & input_names  # graph inputs the reduction reads
         after = [n for n in graph.nodes if red.id in _ancestors(graph, n.id)]
         # graph inputs that a consumer of the result needs again through a path that avoids the reduction
@@ -146,7 +145,7 @@ def floor_reason(graph: Graph, device: Any) -> Floor:
         group = _reduction_group_elems(in_shape, tuple(red.axes))
         total = int(np.prod(in_shape, dtype=np.int64))
         groups = max(1, total // group)
-        held = sum(min(group, int(np.prod(graph.spec(t).shape, dtype=np.int64))) * _ELEM_BYTES[graph.spec(t).dtype]
+        held = sum(min(group, int(np.prod(graph.spec(t).shape, dtype=np.int64))) * ITEMSIZE[graph.spec(t).dtype]
                    for t in reused)
         if held <= chip:
             parts.append(f"{red.id}: {red.op} over axes {list(red.axes)} of {list(in_shape)}, result broadcast "

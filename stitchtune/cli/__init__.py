@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 from collections import Counter
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -40,12 +40,17 @@ from stitchtune.cli.tuning import (
     _add_show,
 )
 from stitchtune.errors import StitchtuneError
+from stitchtune.graph.npz import save_npz
 from stitchtune.importers import add_import_parser
 from stitchtune.tune.dbpath import DB_HELP, default_db
 
 log = logging.getLogger("stitchtune")
 
-BackendFn = Callable[[Any, Mapping[str, np.ndarray], "dict[str, Any] | None"], "dict[str, np.ndarray]"]
+class BackendFn(Protocol):
+    """A `stitchtune run` backend: the graph's outputs for ``inputs`` (options it does not use ignored)."""
+
+    def __call__(self, graph: Any, inputs: Mapping[str, np.ndarray], schedule: dict[str, Any] | None,
+                 **options: Any) -> dict[str, np.ndarray]: ...
 
 
 # ---------------------------------------------------------------------------- shared helpers
@@ -114,7 +119,7 @@ def save_outputs_npz(path: str, outputs: Mapping[str, np.ndarray]) -> None:
     """Write arrays to ``path`` (.npz; bfloat16 is stored as 2-byte void, see load_inputs_npz)."""
     tmp = f"{path}.tmp-{os.getpid()}.npz"
     try:
-        np.savez(tmp, **dict(outputs))
+        save_npz(tmp, outputs)
         os.replace(tmp, path)
     except OSError as e:
         raise StitchtuneError(f"cannot write {ascii(path)}: {e.strerror or e}") from None

@@ -257,7 +257,7 @@ def _tune_inputs(fn: Any, shapes: dict[str, tuple[int, ...]], dtype_text: str | 
     """Example tensors for ``fn``'s positional parameters named in ``shapes`` (seeded, on the CPU)."""
     import torch
 
-    from stitchtune.importers.torch_import import _all_positional
+    from stitchtune.importers.torch_import import all_positional
 
     from stitchtune.graph.values import FLOAT_DTYPES
     from stitchtune.importers.builder import parse_dtypes
@@ -268,7 +268,7 @@ def _tune_inputs(fn: Any, shapes: dict[str, tuple[int, ...]], dtype_text: str | 
         dtypes = parse_dtypes(dtype_text, names, allowed=(*FLOAT_DTYPES, "int64"))
     except StitchtuneError as exc:  # reported together with the --shapes problems below
         problems, dtypes = list(exc.problems), {}
-    positional = _all_positional(fn)
+    positional = all_positional(fn)
     if positional is not None:
         order = [n for n in positional if n in shapes]
         problems += [f"--shapes: {n!a} is not a parameter of the callable ({', '.join(positional)})"

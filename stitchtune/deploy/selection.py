@@ -143,13 +143,10 @@ def _read_filtered(parts: list[str], device_key: str, space_version: str, codege
         return table.to_pandas()
     except Exception as exc:  # noqa: BLE001 - a part the fast path cannot read: fall back per part
         log.debug("fast database scan failed (%s); reading part by part", exc)
+    from stitchtune.tune.database import read_parts
+
     frames = []
-    for part in parts:
-        try:
-            df = pd.read_parquet(part, engine="pyarrow")
-        except Exception as exc:  # noqa: BLE001 - an unreadable part is skipped (tune/database.py's contract)
-            log.warning("skipping unreadable database part %s: %s", part, exc)
-            continue
+    for df in read_parts(parts):
         df = df.reindex(columns=list(LOOKUP_COLUMNS))
         m = ((df["status"] == "ok") & (df["device_key"] == device_key)
              & (df["space_version"].astype("string") == space_version)
@@ -246,9 +243,9 @@ def _parse_shapes(text: Any) -> dict[str, Any] | None:
 
 # ---------------------------------------------------------------------------- choosing
 def _record(row: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
-    from stitchtune.tune.database import _row_dict
+    from stitchtune.tune.database import row_dict
 
-    out = _row_dict(pd.Series({k: row.get(k) for k in LOOKUP_COLUMNS}))
+    out = row_dict(pd.Series({k: row.get(k) for k in LOOKUP_COLUMNS}))
     out.update(extra)
     return out
 

@@ -250,6 +250,8 @@ def _replace(gm: Any, chosen: Sequence[tuple[Any, str]]) -> Any:
     import torch
     import torch.fx
 
+    from stitchtune.importers.torch_fx_util import fx_args
+
     owner = {n: item for item in chosen for n in item[0].nodes}
     nodes = list(gm.graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
@@ -266,9 +268,7 @@ def _replace(gm: Any, chosen: Sequence[tuple[Any, str]]) -> Any:
     def deps(u: Any) -> list[Any]:
         if isinstance(u, tuple):
             return list(u[0].inputs)
-        out: list[Any] = []
-        torch.fx.node.map_arg((u.args, u.kwargs), lambda a: out.append(a) or a)
-        return out
+        return fx_args(u)
 
     g = torch.fx.Graph()
     env: dict[Any, Any] = {}

@@ -53,7 +53,8 @@ class TensorRefused(StitchtuneError, ValueError):
     """An argument the compiled kernels cannot take; ``problems`` says why, one line per argument."""
 
 
-def _torch_dtype(name: str) -> Any:
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of graph dtype ``name``."""
     import torch as _torch
 
     return {"float32": _torch.float32, "float16": _torch.float16, "bfloat16": _torch.bfloat16,
@@ -72,7 +73,7 @@ def _to_numpy(t: Any, dtype: str) -> np.ndarray:
 def _from_numpy(a: np.ndarray, dtype: str, device: Any = "cpu") -> Any:
     import torch as _torch
 
-    return _torch.from_numpy(np.ascontiguousarray(a).astype(np.float32)).to(device=device, dtype=_torch_dtype(dtype))
+    return _torch.from_numpy(np.ascontiguousarray(a).astype(np.float32)).to(device=device, dtype=torch_dtype(dtype))
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ class StitchedFunction:
             if not isinstance(t, _torch.Tensor):
                 problems.append(f"argument {name!r}: a torch.Tensor is needed, not {type(t).__name__}")
                 continue
-            want_dt = _torch_dtype(spec.dtype)
+            want_dt = torch_dtype(spec.dtype)
             if t.dtype != want_dt:
                 problems.append(f"argument {name!r}: dtype {t.dtype}, compiled for {want_dt}")
             if tuple(t.shape) != tuple(spec.shape):
@@ -165,7 +166,7 @@ class StitchedFunction:
         launcher = Launcher(open_driver(index), launch_plan(self.compiled.program), cubin, stream=stream)
         params = self._state.get(("params", index))
         if params is None:
-            params = self._state[("params", index)] = {n: _to_torch(a, f"cuda:{index}") for n, a in self.params}
+            params = self._state[("params", index)] = {n: to_torch(a, f"cuda:{index}") for n, a in self.params}
         self._state[key] = (launcher, params, {})
         return self._state[key]
 
@@ -176,7 +177,7 @@ class StitchedFunction:
         index = device.index if device.index is not None else _torch.cuda.current_device()
         stream = int(_torch.cuda.current_stream(device).cuda_stream)
         launcher, params, bound_cache = self._launcher(index, stream)
-        outs = {o: _torch.empty(self.graph.spec(o).shape, dtype=_torch_dtype(self.graph.spec(o).dtype),
+        outs = {o: _torch.empty(self.graph.spec(o).shape, dtype=torch_dtype(self.graph.spec(o).dtype),
                                 device=device) for o in self.graph.outputs}
         tensors = {n: t.contiguous() for n, t in zip(self.arg_names, args)}
         tensors.update(params)
@@ -219,7 +220,7 @@ class StitchedFunction:
 MAX_BOUND = 64
 
 
-def _to_torch(arr: np.ndarray, device: str = "cuda") -> Any:
+def to_torch(arr: np.ndarray, device: str = "cuda") -> Any:
     """A numpy array (bfloat16 included, as ml_dtypes) as a torch tensor on ``device``."""
     import torch as _torch
 
@@ -229,7 +230,7 @@ def _to_torch(arr: np.ndarray, device: str = "cuda") -> Any:
     return _torch.from_numpy(a).to(device)
 
 
-def _torch_out(t: Any) -> np.ndarray:
+def to_host(t: Any) -> np.ndarray:
     """A tensor's values as a float32 numpy array on the host (every graph dtype fits exactly)."""
     return t.float().cpu().numpy()
 
@@ -246,7 +247,7 @@ def compile(fn: Any, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB,
 
     from stitchtune.deploy.compiled import compile as api_compile
     from stitchtune.importers.torch_import import (
-        _all_positional,
+        all_positional,
         import_torch,
         torch_dtype_name,
     )
@@ -258,7 +259,7 @@ def compile(fn: Any, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB,
                 for i, t in enumerate(examples) if not isinstance(t, _torch.Tensor)]
     if problems:
         raise TensorRefused(problems=problems)
-    positional = _all_positional(fn)
+    positional = all_positional(fn)
     if positional is None:
         names = [f"arg{i}" for i in range(len(examples))]
     elif len(examples) > len(positional):

@@ -25,7 +25,7 @@ Contract
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, overload
 
 import numpy as np
 
@@ -77,7 +77,6 @@ class _ElemTypes(Mapping[str, np.dtype]):
 #: numpy element type of each buffer dtype (barrier buffers are always uint32)
 NP_ELEM: Mapping[str, np.dtype] = _ElemTypes()
 _NP_SCALAR = {F32: np.float32, I32: np.int32, BOOL: np.bool_}
-_ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "uint32": 4, "int32": 4, "int64": 8}
 
 
 class EmulatorFault(Exception):
@@ -284,6 +283,12 @@ def _lanes_of(x: Any, lanes: np.ndarray) -> np.ndarray:
     return x[lanes]
 
 
+@overload
+def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.ndarray, width: int,
+            op: Literal["load"], values: np.ndarray | None = None, raw: bool = False) -> np.ndarray: ...
+@overload
+def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.ndarray, width: int,
+            op: str, values: np.ndarray | None = None, raw: bool = False) -> np.ndarray | None: ...
 def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.ndarray, width: int,
             op: str, values: np.ndarray | None = None, raw: bool = False) -> np.ndarray | None:
     """One (vector) memory access of ``width`` elements from ``base`` by each thread in ``lanes``.
@@ -300,6 +305,7 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
         lr = np.repeat(lanes, width)
     else:
         e, lr = base, lanes
+    tracker: _Tracker | None
     if is_shared:
         sb = st.shared[buf]
         size = sb.size
@@ -430,7 +436,7 @@ def _shared_broadcast_load(st: _State, buf: str, iv: Any) -> np.ndarray | None:
     grid, block = st.grid, st.block
     if np.ndim(iv) == 0:
         p = 1
-        ib = np.full((grid, 1), iv, np.int32)
+        ib: np.ndarray = np.full((grid, 1), iv, np.int32)
     else:
         per_block = iv.reshape(grid, block)
         row0 = per_block[0]

@@ -26,7 +26,6 @@ import numpy as np
 from stitchtune.emulate.cluster_ops import ClusterOps, ExprFn, StmtFn
 from stitchtune.ir import kir
 from stitchtune.emulate.memory import (
-    _ELEM_BYTES,
     _NP_SCALAR,
     EmulatorFault,
     _access,
@@ -226,7 +225,7 @@ class _Compiled(ClusterOps):
             cmp = _CMP[op]
             return (lambda st, m: cmp(af(st, m), bf(st, m))), BOOL
         if op in ("&", "^") and at == BOOL and bt == BOOL:
-            fn = np.bitwise_and if op == "&" else np.bitwise_xor
+            fn: Callable[[Any, Any], Any] = np.bitwise_and if op == "&" else np.bitwise_xor
             return (lambda st, m: fn(af(st, m), bf(st, m))), BOOL
         rt = _promote(at, bt)
         if rt == BOOL:
@@ -404,7 +403,7 @@ class _Compiled(ClusterOps):
                     raise st.fault("divergent_barrier", "__syncthreads() not reached by every thread "
                                    "of the block", np.repeat(part, st.block) & ~m, st.ar)
                 for sb in st.shared.values():
-                    sb.tracker.reset(every, sb.size)
+                    sb.tracker.reset(np.asarray(every), sb.size)
             return barrier
         if isinstance(s, GridSync):
             def gridsync(st: _State, m: np.ndarray) -> None:
@@ -455,7 +454,7 @@ class _Compiled(ClusterOps):
         """One aligned access of at most 16 bytes; an int32/int64 vector (read-only) may be wider: the
         renderer splits it into aligned 16-byte accesses (the whole-width alignment implies theirs)."""
         dtype = "float32" if is_shared else self.params[buf].dtype
-        nbytes = width * _ELEM_BYTES.get(dtype, 4)
+        nbytes = width * kir.ELEM_BYTES.get(dtype, 4)
         if dtype in ("int32", "int64"):
             nbytes = min(nbytes, 16)
         if width not in (1, 2, 4, 8) or nbytes > 16:

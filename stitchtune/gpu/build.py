@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from stitchtune.errors import ToolchainError
 
@@ -89,6 +89,7 @@ class BuildResult:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+@runtime_checkable
 class Builder(Protocol):
     """Compiles a batch of sources; one :class:`BuildResult` per source, in order."""
 

@@ -128,7 +128,7 @@ def _binding() -> Any:
         from cuda.bindings import driver
     except ImportError:
         try:
-            from cuda import cuda as driver  # type: ignore[no-redef]  # cuda-python < 12.6
+            from cuda import cuda as driver  # cuda-python < 12.6
         except ImportError as exc:
             raise ToolchainError(f"running kernels needs NVIDIA's cuda-python driver bindings "
                                  f"(pip install cuda-bindings): {exc}") from None

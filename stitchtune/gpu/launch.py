@@ -46,7 +46,7 @@ Contract
   each (the torch paths key theirs by GPU and stream).
 * :func:`device_pointer` reads the device pointer of an object exposing ``__cuda_array_interface__``
   (torch, cupy, numba arrays), refusing non-contiguous ones and (``aligned=True``) misaligned ones.
-* ``ELEM_BYTES`` is the element size per graph dtype.
+* ``ELEM_BYTES`` is the element size per graph dtype (graph/values.py's ``ITEMSIZE``).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ import numpy as np
 
 from stitchtune.errors import ToolchainError
 from stitchtune.gpu.driver import DEFAULT_SMEM_LIMIT, Driver, DriverError
+from stitchtune.graph.values import ITEMSIZE
 
 __all__ = ["ALIGN", "DEFAULT_SMEM_LIMIT", "ELEM_BYTES", "Bound", "CaptureError", "DriverError", "LaunchPlan",
            "Launcher", "MisalignedPointer", "PlanBuffer", "PlanLaunch", "device_pointer", "launch_plan"]
@@ -80,7 +81,7 @@ class MisalignedPointer(ValueError):
 class CaptureError(ToolchainError):
     """A Launcher was to be made while its stream captures a CUDA graph."""
 
-ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int32": 4, "int64": 8}
+ELEM_BYTES = ITEMSIZE
 POISON = 0xFF  # 0xFF bytes are NaN in every float type
 
 

@@ -136,7 +136,7 @@ def _write_array(arr: np.ndarray, directory: str, tag: str, fds: list[int]) -> A
     a = np.ascontiguousarray(arr)
     fd = _new_file(directory, tag)
     fds.append(fd)
-    view = memoryview(a.reshape(-1).view(np.uint8))
+    view = a.reshape(-1).view(np.uint8).data
     done = 0
     while done < len(view):
         done += os.write(fd, view[done:done + (1 << 30)])

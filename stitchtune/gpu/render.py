@@ -210,9 +210,13 @@ class _Renderer:
         else:
             raise TypeError(f"unknown statement {s!r}")
 
-    def _vec_type(self, dtype: str, width: int) -> str | None:
+    def _vec_type(self, dtype: str, width: int) -> str:
+        """The unsigned type that moves ``width > 1`` elements of ``dtype`` (2 to 16 bytes) in one access."""
         nbytes = kir.ELEM_BYTES[dtype] * width
-        return {2: "unsigned short", 4: "unsigned int", 8: "uint2", 16: "uint4"}.get(nbytes) if width > 1 else None
+        vt = {2: "unsigned short", 4: "unsigned int", 8: "uint2", 16: "uint4"}.get(nbytes)
+        if vt is None or width < 2:
+            raise ValueError(f"no vector type for {width} x {dtype}")
+        return vt
 
     def _load_vec(self, s: kir.LoadVec, ind: int) -> None:
         w = len(s.dsts)
@@ -257,7 +261,7 @@ class _Renderer:
         ct = _CTYPE[dtype]
         for c in range(0, w, per):
             n = min(per, w - c)
-            vt = self._vec_type(dtype, n) or ct
+            vt = self._vec_type(dtype, n) if n > 1 else ct
             tc, off = (t, idx) if c == 0 else (f"{t}_{c // per}", f"{idx} + {c}")
             self.emit(f"{vt} {tc} = *reinterpret_cast<const {vt}*>({s.buf} + {off});", ind)
             self.emit(f"const {ct}* {tc}h = reinterpret_cast<const {ct}*>(&{tc});", ind)

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -69,10 +69,14 @@ class Measurement:
         return cls(**kw)
 
 
+@runtime_checkable
 class Runner(Protocol):
-    """Runs a batch of built programs; one :class:`Measurement` per item, in order."""
+    """Runs a batch of built programs; one :class:`Measurement` per item, in order. ``close`` releases
+    what the runner holds (a worker process, files); the runner is not used afterwards."""
 
     def run(self, items: list[tuple[Any, Any]]) -> list[Measurement]: ...
+
+    def close(self) -> None: ...
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,10 +169,11 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     else:
         bounds = [(i, min(i + _CHUNK, o.size)) for i in range(0, o.size, _CHUNK)]
         parts = list(_check_pool().map(lambda b: _piece_sums(o[b[0]:b[1]], r[b[0]:b[1]]), bounds))
-    if any(p is None for p in parts):
+    sums = [p for p in parts if p is not None]
+    if len(sums) < len(parts):
         return float("inf")
-    diff = math.sqrt(sum(p[0] for p in parts))  # type: ignore[index]
-    denom = math.sqrt(sum(p[1] for p in parts))  # type: ignore[index]
+    diff = math.sqrt(sum(p[0] for p in sums))
+    denom = math.sqrt(sum(p[1] for p in sums))
     if denom == 0.0:
         return diff  # all-zero reference: absolute error
     return diff / denom
@@ -272,20 +277,26 @@ class EmulateRunner:
         self._predict = predict
 
     def _fns(self) -> tuple[Callable[..., Any], Callable[..., Any], tuple[type[BaseException], ...]]:
-        emulate, predict = self._emulate, self._predict
+        emulate: Callable[..., Any] | None = self._emulate
+        predict: Callable[..., Any] | None = self._predict
         faults = self.fault_types
         if emulate is None:
             from stitchtune.emulate.emulator import EmulatorFault, emulate_program
 
             emulate, faults = emulate_program, (*faults, EmulatorFault)
         if predict is None:
-            from stitchtune.cost.model import predict
+            from stitchtune.cost.model import predict as model_predict
+
+            predict = model_predict
         return emulate, predict, faults
 
     def coresident_limit(self, program: Any, build: Any) -> Callable[[Any], int]:
         """``kernel -> blocks that fit on the device at once`` (the emulator's grid-barrier check),
         from ptxas' register counts when the build has them, else lowering's estimate."""
         return emulator_limits(self.device, program, _build_registers(build))[0]
+
+    def close(self) -> None:
+        """Nothing to release (the emulator runs in this process)."""
 
     def run(self, items: list[tuple[Any, Any]]) -> list[Measurement]:
         emulate, predict, faults = self._fns()
@@ -294,7 +305,7 @@ class EmulateRunner:
             try:
                 limit, climit = emulator_limits(self.device, program, _build_registers(build))
                 outputs = emulate(program, self.inputs, coresident_limit=limit, cluster_limit=climit)
-            except faults as exc:  # type: ignore[misc]
+            except faults as exc:
                 out.append(Measurement("launch_error", estimated=True, error=clip_error(f"emulator fault: {exc}")))
                 continue
             chk = check_outputs(outputs, self.expected, self.dtypes)
@@ -337,6 +348,9 @@ class FakeRunner:
         self.estimated = estimated
         self.calls: list[tuple[Any, Any]] = []
         self._i = 0
+
+    def close(self) -> None:
+        """Nothing to release."""
 
     def run(self, items: list[tuple[Any, Any]]) -> list[Measurement]:
         out = []

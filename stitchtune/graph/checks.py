@@ -19,7 +19,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from stitchtune.errors import GraphError
 from stitchtune.graph.values import DTYPES, Node, TensorSpec
@@ -64,7 +64,11 @@ def _show(v: Any) -> str:
         return t
     if isinstance(v, float):
         return repr(v)
-    return {dict: "an object", list: "a list"}.get(type(v), type(v).__name__)
+    if isinstance(v, dict):
+        return "an object"
+    if isinstance(v, list):
+        return "a list"
+    return type(v).__name__
 
 
 def _key_path(prefix: str, key: str) -> str:
@@ -132,7 +136,8 @@ def _check_dups(obj: Any, path: str, p: _Problems) -> None:
         p.add(path or "(top level)", f"duplicate key {_show(k)}")
 
 
-def _check_name(v: Any, path: str, p: _Problems, what: str) -> bool:
+def _check_name(v: Any, path: str, p: _Problems, what: str) -> TypeGuard[str]:
+    """Whether ``v`` is a valid name (a problem added to ``p`` when not)."""
     if not isinstance(v, str):
         p.add(path, f"{what} must be a string, got {_type_name(v)}")
         return False

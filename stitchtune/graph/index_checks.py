@@ -20,13 +20,14 @@ Contract (graph.json forms)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from stitchtune.graph.checks import MAX_ELEMENTS, MAX_RANK, _Problems, _show
 from stitchtune.graph.ops import INDEX_KINDS, OpInfo
 from stitchtune.graph.values import INT_DTYPES, TensorSpec, promote_dtypes
 
-__all__ = ["index_attributes", "index_spec", "INDEX_KEYS"]
+__all__ = ["IndexResult", "index_attributes", "index_spec", "INDEX_KEYS"]
 
 INDEX_KEYS = ("axis", "start", "stop")
 
@@ -64,6 +65,17 @@ def index_attributes(rn: dict[str, Any], path: str, info: OpInfo | None,
     return out[0], out[1], out[2]
 
 
+@dataclass(frozen=True)
+class IndexResult:
+    """What an index op yields: its result spec, the axis it works on, and (slice) the kept range."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    axis: int
+    start: int = 0   # slice: first kept index of ``axis`` (negative values resolved)
+    stop: int = 0    # slice: one past the last kept index
+
+
 def _axis(axis: int | None, rank: int, path: str, p: _Problems) -> int | None:
     if axis is None:
         return None
@@ -74,8 +86,8 @@ def _axis(axis: int | None, rank: int, path: str, p: _Problems) -> int | None:
 
 
 def index_spec(info: OpInfo, path: str, specs: tuple[TensorSpec, ...], arg_names: tuple[str, ...],
-               attrs: tuple[int | None, int | None, int | None], p: _Problems) -> tuple[tuple[int, ...] | None, str | None, int | None, int, int]:
-    """``(shape, dtype, axis, start, stop)`` of a valid index op (shape None and problems added otherwise)."""
+               attrs: tuple[int | None, int | None, int | None], p: _Problems) -> IndexResult | None:
+    """The result of a valid index op; None (problems added to ``p``) otherwise."""
     axis, start, stop = attrs
     if info.kind == "slice":
         return _slice_spec(path, specs[0], axis, start, stop, p)
@@ -85,71 +97,69 @@ def index_spec(info: OpInfo, path: str, specs: tuple[TensorSpec, ...], arg_names
 
 
 def _slice_spec(path: str, x: TensorSpec, axis: int | None, start: int | None, stop: int | None,
-                p: _Problems) -> tuple[tuple[int, ...] | None, str | None, int | None, int, int]:
+                p: _Problems) -> IndexResult | None:
     a = _axis(axis, x.rank, path, p)
     if a is None or start is None or stop is None:
-        return None, None, None, 0, 0
+        return None
     dim = x.shape[a]
     s = start + dim if start < 0 else start
     e = stop + dim if stop < 0 else stop
     if not 0 <= s < e <= dim:
         p.add(path, f"slice [{start}:{stop}] of axis {a} (dim {dim}) is empty or out of range "
                     f"(needs 0 <= start < stop <= dim after negative values count from the end)")
-        return None, None, None, 0, 0
+        return None
     shape = tuple(e - s if k == a else d for k, d in enumerate(x.shape))
-    return shape, x.dtype, a, s, e
+    return IndexResult(shape, x.dtype, a, s, e)
 
 
 def _concat_spec(path: str, specs: tuple[TensorSpec, ...], axis: int | None,
-                 p: _Problems) -> tuple[tuple[int, ...] | None, str | None, int | None, int, int]:
-    bad = (None, None, None, 0, 0)
+                 p: _Problems) -> IndexResult | None:
     if len(specs) < 2:
         p.add(f"{path}.args", f"concat needs two or more tensors, got {len(specs)}")
-        return bad
+        return None
     rank = specs[0].rank
     if any(s.rank != rank for s in specs):
         p.add(f"{path}.args", "concat needs tensors of the same rank, got shapes "
                               + " and ".join(str(list(s.shape)) for s in specs))
-        return bad
+        return None
     a = _axis(axis, rank, path, p)
     if a is None:
-        return bad
+        return None
     for j, s in enumerate(specs[1:], 1):
         if any(d != e for k, (d, e) in enumerate(zip(s.shape, specs[0].shape)) if k != a):
             p.add(f"{path}.args[{j}]", f"shape {list(s.shape)} differs from {list(specs[0].shape)} "
                                        f"outside axis {a} (concat does not broadcast)")
-            return bad
+            return None
     kinds = {s.dtype if s.dtype in ("bool", *INT_DTYPES) else "float" for s in specs}
     if len(kinds) > 1:
         p.add(f"{path}.args", "concat needs all float, all bool or all int tensors of one int dtype, got "
                               + ", ".join(s.dtype for s in specs))
-        return bad
+        return None
     shape = tuple(sum(s.shape[a] for s in specs) if k == a else d for k, d in enumerate(specs[0].shape))
     dtype = kinds.pop() if kinds != {"float"} else promote_dtypes(s.dtype for s in specs)
-    return shape, dtype, a, 0, 0
+    return IndexResult(shape, dtype, a)
 
 
 def _gather_spec(path: str, specs: tuple[TensorSpec, ...], names: tuple[str, ...], axis: int | None,
-                 p: _Problems) -> tuple[tuple[int, ...] | None, str | None, int | None, int, int]:
-    bad = (None, None, None, 0, 0)
+                 p: _Problems) -> IndexResult | None:
     table, idx = specs
     if axis is None:
-        return bad
+        return None
     if axis not in (0, -table.rank):
         p.add(f"{path}.axis", f"gather takes axis 0 only (rows of the table), got {axis}")
-        return bad
+        return None
     if idx.dtype not in INT_DTYPES:  # parse checks that an int index is a graph input
         p.add(f"{path}.args[1]", f"gather needs an int32/int64 graph input as its index, "
                                  f"{_show(names[1])} is {idx.dtype}")
-        return bad
+        return None
     if table.dtype not in ("float32", "float16", "bfloat16"):
         p.add(f"{path}.args[0]", f"gather needs a float table, {_show(names[0])} is {table.dtype}")
-        return bad
+        return None
     shape = tuple(idx.shape) + tuple(table.shape[1:])
     if len(shape) > MAX_RANK:
         p.add(path, f"result rank {len(shape)} exceeds {MAX_RANK}")
-        return bad
+        return None
     if math.prod(shape) > MAX_ELEMENTS:
         p.add(path, f"too large: result has {math.prod(shape)} elements (limit {MAX_ELEMENTS})")
-        return bad
-    return shape, table.dtype, 0, 0, 0
+        return None
+    return IndexResult(shape, table.dtype, 0)

@@ -103,45 +103,53 @@ class OpInfo:
 
 # ---------------------------------------------------------------------------- numpy semantics
 def _rsqrt(x: np.ndarray) -> np.ndarray:
-    return np.reciprocal(np.sqrt(x))
+    out: np.ndarray = np.reciprocal(np.sqrt(x))
+    return out
 
 
 def _reciprocal(x: np.ndarray) -> np.ndarray:
-    return np.reciprocal(x)
+    out: np.ndarray = np.reciprocal(x)
+    return out
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
-    return np.maximum(x, x.dtype.type(0))
+    out: np.ndarray = np.maximum(x, x.dtype.type(0))
+    return out
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
     from scipy.special import erf  # scipy loads on first use only (0.25 s; validate/space never need it)
 
-    return erf(x)
+    out: np.ndarray = erf(x)
+    return out
 
 
 def _expit(x: np.ndarray) -> np.ndarray:
     from scipy.special import expit
 
-    return expit(x)
+    out: np.ndarray = expit(x)
+    return out
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
     t = x.dtype.type
-    return t(0.5) * x * (t(1) + _erf(x * t(_SQRT1_2)))
+    out: np.ndarray = t(0.5) * x * (t(1) + _erf(x * t(_SQRT1_2)))
+    return out
 
 
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
     t = x.dtype.type
     inner = t(_SQRT_2_OVER_PI) * (x + t(0.044715) * x * x * x)
-    return t(0.5) * x * (t(1) + np.tanh(inner))
+    out: np.ndarray = t(0.5) * x * (t(1) + np.tanh(inner))
+    return out
 
 
 def _silu(x: np.ndarray) -> np.ndarray:
-    return x * _expit(x)
+    out: np.ndarray = x * _expit(x)
+    return out
 
 
 def _identity(x: np.ndarray) -> np.ndarray:
@@ -152,7 +160,7 @@ def _float_dtype(*args: Any) -> np.dtype:
     """The float dtype of the first float array among ``args`` (float64 when there is none)."""
     for a in args:
         dt = getattr(a, "dtype", None)
-        if dt is not None and dt.kind == "f":
+        if isinstance(dt, np.dtype) and dt.kind == "f":
             return dt
     return np.dtype(np.float64)
 
@@ -182,7 +190,8 @@ def _clamp(x: Any, lo: Any, hi: Any) -> np.ndarray:
 
 
 def _to_bool(x: Any) -> np.ndarray:
-    return (np.asarray(x) != 0).astype(_float_dtype(x))
+    out: np.ndarray = (np.asarray(x) != 0).astype(_float_dtype(x))
+    return out
 
 
 # ---------------------------------------------------------------------------- the table

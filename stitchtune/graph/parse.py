@@ -259,14 +259,19 @@ def _parse_node(rn: Any, i: int, path: str, scope: _Scope, listing: _NodeListing
     keepdims, to = _node_attributes(rn, path, info, p)
     attrs = index_attributes(rn, path, info, p)
     args = _node_args(rn, i, path, nid, id_ok, info, scope, listing, p)
-    axis, start, stop = None, 0, 0
+    axis: int | None = None
+    start = stop = 0
     if info is not None and info.kind in INDEX_KINDS:
-        shape, dtype, axis, start, stop = (index_spec(info, path, args.specs, tuple(
-            a for a in args.values if isinstance(a, str)), attrs, p) if args.ok else (None, None, None, 0, 0))
+        names = tuple(a for a in args.values if isinstance(a, str))
+        res = index_spec(info, path, args.specs, names, attrs, p) if args.ok else None
+        shape, dtype = (res.shape, res.dtype) if res is not None else (None, None)
+        if res is not None:
+            axis, start, stop = res.axis, res.start, res.stop
         axes: tuple[int, ...] = ()
     else:
         shape, dtype, axes = _node_spec(rn, path, info, args, keepdims, to, p)
-    if len(p.items) > before or shape is None or dtype is None or not id_ok or info is None:
+    if (len(p.items) > before or shape is None or dtype is None or not id_ok or info is None
+            or not isinstance(nid, str)):
         if isinstance(nid, str):
             scope.failed.add(nid)
         return None

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -59,7 +59,8 @@ def bfloat16_dtype() -> np.dtype:
     """``ml_dtypes.bfloat16`` as a numpy dtype; ml_dtypes is imported here, when a bfloat16 tensor is involved."""
     import ml_dtypes
 
-    return np.dtype(ml_dtypes.bfloat16)
+    dt: np.dtype = np.dtype(ml_dtypes.bfloat16)
+    return dt
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -140,7 +141,7 @@ def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, n
     with np.errstate(all="ignore"):  # inf/nan are legitimate results (e.g. log of 0)
         for node in graph.nodes:
             info = OPS[node.op]
-            args = [env[a] if isinstance(a, str) else float(a) for a in node.args]
+            args: list[Any] = [env[a] if isinstance(a, str) else float(a) for a in node.args]
             if info.kind == "reduce":
                 val = info.np_fn(args[0], axis=node.axes, keepdims=node.keepdims)
             elif info.kind == "cast":
@@ -179,8 +180,9 @@ def positive_inputs(graph: Graph) -> set[str]:
     out: set[str] = set()
     for node in graph.nodes:
         for i in _POSITIVE_ARG.get(node.op, ()):
-            if i < len(node.args) and isinstance(node.args[i], str) and node.args[i] in names:
-                out.add(node.args[i])
+            a = node.args[i] if i < len(node.args) else None
+            if isinstance(a, str) and a in names:
+                out.add(a)
     return out
 
 
@@ -189,9 +191,9 @@ def gather_bounds(graph: Graph) -> dict[str, int]:
     out: dict[str, int] = {}
     for node in graph.nodes:
         if node.op == "gather":
-            table, idx = node.args
-            rows = graph.spec(table).shape[0]  # type: ignore[arg-type]
-            out[idx] = min(out.get(idx, rows), rows)  # type: ignore[index]
+            table, idx = node.tensor_args  # both are tensors (checked by the parser)
+            rows = graph.spec(table).shape[0]
+            out[idx] = min(out.get(idx, rows), rows)
     return out
 
 

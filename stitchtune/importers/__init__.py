@@ -44,8 +44,7 @@ def add_import_parser(subparsers: Any, out: Callable[[str], None]) -> None:
 
 
 def _cmd_torch(args: argparse.Namespace, out: Callable[[str], None]) -> int:
-    import numpy as np
-
+    from stitchtune.graph.npz import save_npz
     from stitchtune.importers.builder import parse_dtypes, parse_shapes
     from stitchtune.importers.torch_import import import_torch, load_callable
 
@@ -63,7 +62,7 @@ def _cmd_torch(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     out("  outputs: " + ", ".join(g.outputs))
     if res.params:
         if args.params_out:
-            np.savez(args.params_out, **dict(res.params))
+            save_npz(args.params_out, dict(res.params))
             out(f"  wrote {len(res.params)} parameter values to {args.params_out}")
         else:
             out(f"  {len(res.params)} inputs are module parameters ({', '.join(n for n, _ in res.params)}); "

@@ -83,7 +83,7 @@ def _ints(a: np.ndarray | None) -> list[int]:
     return [] if a is None else [int(v) for v in np.asarray(a).reshape(-1)]
 
 
-def _axes(attrs: dict[str, Any], ins: list[np.ndarray | None], k: int) -> list[int] | None:
+def _axes(attrs: dict[str, Any], ins: Sequence[np.ndarray | None], k: int) -> list[int] | None:
     if "axes" in attrs:
         return [int(a) for a in attrs["axes"]]
     return _ints(ins[k]) if len(ins) > k and ins[k] is not None else None
@@ -272,7 +272,7 @@ _FOLDERS: dict[str, Callable[[dict[str, Any], list[Any]], np.ndarray]] = {
     "Where": _where, "ConstantOfShape": _constant_of_shape, "Expand": _expand, "Tile": _tile,
     "Range": _range, "MatMul": _matmul, "Trilu": _trilu,
     "Transpose": lambda attrs, ins: np.transpose(ins[0], attrs.get("perm")),
-    "Add": _binary(np.add), "Sub": _binary(np.subtract), "Mul": _binary(np.multiply), "Div": _div,
+    "Add": _binary(np.add), "Sub": _binary(np.subtract), "Mul": _binary(np.multiply), "Div": _binary(_div),
     "Pow": _binary(np.power), "Mod": lambda attrs, ins: _binary(np.fmod if attrs.get("fmod") else np.mod)(attrs, ins),
     "Equal": _binary(np.equal, False), "Less": _binary(np.less, False), "Greater": _binary(np.greater, False),
     "LessOrEqual": _binary(np.less_equal, False), "GreaterOrEqual": _binary(np.greater_equal, False),

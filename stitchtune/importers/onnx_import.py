@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -352,6 +352,14 @@ def import_onnx(model: Any, node_range: tuple[int | None, int | None] | None = N
                       compute_ops=compute, fold=fold)
 
 
+def _known_dims(shape: Sequence[int | str | None] | None) -> tuple[int, ...] | None:
+    """``shape`` when every dim is a known int, else None."""
+    if shape is None:
+        return None
+    dims = tuple(d for d in shape if isinstance(d, int))
+    return dims if len(dims) == len(shape) else None
+
+
 def _build_all(ctx: _Ctx, nodes: list[Any], part: Any, external: set[str],
                base: str) -> tuple[list[OnnxSubgraph], list[str]]:
     """The subgraphs ``base_0, base_1, ...`` of the groups, and each group's fate (its graph's name,
@@ -369,8 +377,7 @@ def _build_all(ctx: _Ctx, nodes: list[Any], part: Any, external: set[str],
 def _mappable_views(ctx: _Ctx, nodes: list[Any]) -> dict[int, View]:
     """The views of :func:`resolve_views` that a group can take: broadcast ones, and any whose
     every reader is such a view in turn (a chain that ends broadcast)."""
-    shapes = {t: (tuple(ty.shape) if ty.shape is not None and all(isinstance(d, int) for d in ty.shape) else None)
-              for t, ty in ctx.types.items()}
+    shapes = {t: _known_dims(ty.shape) for t, ty in ctx.types.items()}
     same = {i for i, n in enumerate(nodes) if n.op_type == "Cast" and n.input and n.input[0] in ctx.types
             and ctx.types[n.input[0]].elem == ctx.attrs(n).get("to")}
     views = resolve_views(nodes, shapes, ctx.consts, same)
@@ -525,7 +532,7 @@ def _build(ctx: _Ctx, nodes: list[Any], members: list[int], core: set[int], exte
             if not t or r is None:
                 continue
             got = _take(ctx, nodes, b, i, t, r, i in core and t in external, vals)
-            if got == "passed":
+            if isinstance(got, str):   # "passed"
                 passed_through = True   # the tensor equals one of the group's inputs: nothing to compute
             elif got is not None:
                 outputs.append(got)

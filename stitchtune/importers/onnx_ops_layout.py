@@ -48,6 +48,10 @@ def layout_op(op_type: str) -> str | None:
 def _slices(node: Any, attrs: dict[str, Any], const_of: Callable[[int], list[int] | None],
             rank: int) -> list[tuple[int, int, int, int]] | None:
     """``(axis, start, end, step)`` per sliced axis, or None if a parameter is not a constant."""
+    starts: list[int] | None
+    ends: list[int] | None
+    axes: list[int] | None
+    steps: list[int] | None
     if "starts" in attrs:   # opset < 10
         starts, ends, axes, steps = list(attrs["starts"]), list(attrs["ends"]), attrs.get("axes"), None
     else:

@@ -13,15 +13,17 @@ Contract
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
+from stitchtune.graph.npz import save_npz
 from stitchtune.graph.parse import Graph
 from stitchtune.importers.builder import ImportError_
 from stitchtune.importers.onnx_fold import FoldReport
@@ -50,7 +52,11 @@ class OnnxImport:
     fold: FoldReport = field(default_factory=lambda: FoldReport((), ()))
 
 
-def _write_atomic(path: Path, write: Callable[[Any], None]) -> None:
+def _write_bytes(f: IO[bytes], data: bytes) -> None:
+    f.write(data)
+
+
+def _write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -72,13 +78,13 @@ def write_subgraphs(result: OnnxImport, out_dir: str | Path) -> list[Path]:
         for sg in result.subgraphs:
             p = out / f"{sg.graph.name}.json"
             text = (json.dumps(sg.graph.to_dict(), indent=1) + "\n").encode()
-            _write_atomic(p, lambda f, text=text: f.write(text))
+            _write_atomic(p, functools.partial(_write_bytes, data=text))
             entry: dict[str, Any] = {"graph": p.name, "onnx_nodes": list(sg.onnx_nodes),
                                      "onnx_tensors": dict(sg.tensor_names)}
             if sg.constants:
                 cp = out / f"{sg.graph.name}.constants.npz"
                 arrays = dict(sg.constants)   # bfloat16 comes back as |V2; `stitchtune run` reads it
-                _write_atomic(cp, lambda f, arrays=arrays: np.savez(f, **arrays))
+                _write_atomic(cp, functools.partial(save_npz, arrays=arrays))
                 entry["constants"] = cp.name
             manifest.append(entry)
             paths.append(p)
@@ -88,7 +94,7 @@ def write_subgraphs(result: OnnxImport, out_dir: str | Path) -> list[Path]:
                "dropped_noop_groups": list(result.dropped), "folded": list(result.fold.folded),
                "not_folded": list(result.fold.unfolded), "compute_ops": list(result.compute_ops)}
         text = (json.dumps(doc, indent=1) + "\n").encode()
-        _write_atomic(out / "manifest.json", lambda f: f.write(text))
+        _write_atomic(out / "manifest.json", functools.partial(_write_bytes, data=text))
     except OSError as e:
         raise ImportError_(f"cannot write to {ascii(str(out))}: {e.strerror or e}") from None
     return paths

@@ -275,6 +275,7 @@ def _static_shape(ctx: _Ctx, t: str) -> tuple[int, ...]:
     ty = ctx.types.get(t)
     if ty is None or ty.shape is None:
         raise ImportError_(f"tensor {t!a} has no inferred shape; pass --shapes for the model inputs")
+    dims: list[int] = []
     for k, d in enumerate(ty.shape):
         if isinstance(d, int) and d == 0:
             raise ImportError_(f"tensor {t!a} dim {k} is 0 (empty tensors cannot be imported)")
@@ -288,7 +289,8 @@ def _static_shape(ctx: _Ctx, t: str) -> tuple[int, ...]:
                     if dyn else "no model input is dynamic: the model derives it from a value known only at run time")
             raise ImportError_(f"tensor {t!a} dim {k}{sym} is dynamic after constant folding and shape "
                                f"inference; {hint}")
-    shape = tuple(int(d) for d in ty.shape)
+        dims.append(d)
+    shape = tuple(dims)
     if math.prod(shape) > MAX_TENSOR_ELEMENTS:
         raise ImportError_(f"tensor {t!a} has shape {list(shape)}, over {MAX_TENSOR_ELEMENTS} elements")
     return shape

@@ -535,9 +535,8 @@ class _Walker:
             if (a.get("step") or 1) != 1:
                 raise ImportError_(f"{node.target} at {_where(node)}: slice step {a['step']} (graph.json slices "
                                    "have step 1)")
-            start, stop = a.get("start"), a.get("end")
-            start = 0 if start is None else int(start)
-            stop = n if stop is None else int(stop)
+            start = 0 if a.get("start") is None else int(a["start"])
+            stop = n if a.get("end") is None else int(a["end"])
             start = min(max(start + n if start < 0 else start, 0), n)
             stop = min(max(stop + n if stop < 0 else stop, 0), n)
             if stop <= start:

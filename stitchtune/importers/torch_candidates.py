@@ -20,6 +20,7 @@ from typing import Any
 
 from stitchtune.importers.torch_aten import _IGNORED, SUPPORTED_OPS, _key, index_dtype_name, value_dtype_name
 from stitchtune.importers.torch_cnn import WINDOWED_OPS, dead, inplace_reason, is_inplace
+from stitchtune.importers.torch_fx_util import fx_args
 
 #: ATen ops that are compute-intensive (matmuls, convolutions, attention): Inductor's or a library's job
 COMPUTE_OPS: frozenset[str] = frozenset({
@@ -55,13 +56,6 @@ def _tensor_ok(val: Any, index: bool = False) -> str | None:
     return None
 
 
-def _fx_args(node: Any) -> list[Any]:
-    import torch.fx
-
-    out: list[Any] = []
-    torch.fx.node.map_arg((node.args, node.kwargs), lambda a: out.append(a) or a)
-    return out
-
 
 #: ops that may read (and views that may produce) int32/int64 tensors: casts of integer masks,
 #: views of ids; the integer values themselves are never computed on
@@ -93,8 +87,8 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
         if why:
             return f"produces {why}"
     ids = node.args[1] if key == "aten.embedding" and len(node.args) > 1 else None
-    folded = set(_fx_args(node)) - {node.args[0]} if key == "aten.index" else set()
-    for a in _fx_args(node):
+    folded = set(fx_args(node)) - {node.args[0]} if key == "aten.index" else set()
+    for a in fx_args(node):
         if a in folded and a in consts:
             continue
         why = _tensor_ok(a.meta.get("val"), index=a is ids or key in _INT_OK)
@@ -152,7 +146,7 @@ def _pull_bool_chains(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, 
         val = n.meta.get("val")
         if not isinstance(val, torch.Tensor):
             continue
-        reads = _fx_args(n)
+        reads = fx_args(n)
         if val.dtype.is_floating_point and not (_key(n.target) in _PULLED_FLOAT and any(a in ex.pulled for a in reads)):
             continue   # a float result is pulled only where it finishes a pulled mask (``where``)
         if all(a.op == "placeholder" or a in consts or a in ex.pulled for a in reads):

@@ -20,6 +20,7 @@ source location.
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
 from typing import Any
 
 from stitchtune.importers.builder import ImportError_, Value, scalar
@@ -76,9 +77,7 @@ def _batch_norm(w: Any, node: Any, a: dict[str, Any]) -> Value:
                            "more axes are supported)")
     frame = (t[1],) + (1,) * (len(t) - 2)   # broadcasts along the axes after the channel axis
 
-    def channel(arg: Any, part: str) -> Value | None:
-        if arg is None:
-            return None
+    def channel(arg: Any, part: str) -> Value:
         v = w.exact(arg, node)
         if tuple(v.shape) != (t[1],):
             raise ImportError_(f"{node.target} at {_where(node)}: {part} has shape {list(v.shape)}, not "
@@ -86,7 +85,8 @@ def _batch_norm(w: Any, node: Any, a: dict[str, Any]) -> Value:
         return v
 
     mean, var = channel(a["running_mean"], "running_mean"), channel(a["running_var"], "running_var")
-    weight, bias = channel(a.get("weight"), "weight"), channel(a.get("bias"), "bias")
+    weight = None if a.get("weight") is None else channel(a["weight"], "weight")
+    bias = None if a.get("bias") is None else channel(a["bias"], "bias")
     rstd = b.unary("rsqrt", b.binary("add", var, scalar(float(a["eps"])), f"{name}_ve"), f"{name}_rstd")
     scale = rstd if weight is None else b.binary("mul", rstd, weight, f"{name}_scale")
 
@@ -152,7 +152,7 @@ def _fresh(node: Any) -> bool:
     return not _aliases(node.args[0] if node.target is operator.getitem else node)
 
 
-def inplace_problem(node: Any, order: dict[Any, int]) -> str | None:
+def inplace_problem(node: Any, order: Mapping[Any, int]) -> str | None:
     """None when in-place ``node`` may be read as its functional form: the tensor it mutates (through
     a chain of in-place ops) is a fresh intermediate, and neither it nor any view or in-place result
     of it is read after ``node``; else why not. ``order``: fx node -> position in its graph."""
@@ -173,7 +173,7 @@ def inplace_problem(node: Any, order: dict[Any, int]) -> str | None:
     return None
 
 
-def inplace_reason(node: Any, order: dict[Any, int], supported: frozenset[str]) -> str | None:
+def inplace_reason(node: Any, order: Mapping[Any, int], supported: frozenset[str]) -> str | None:
     """Why in-place ``node`` cannot be in a region of the region finder as its functional form (the
     op must be in ``supported``, the mutation unobservable, every tensor of one dtype), or None."""
     fn = functional_of(node.target)

@@ -26,7 +26,7 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stitchtune.importers.torch_fx_util import _key
+from stitchtune.importers.torch_fx_util import _key, fx_args
 
 __all__ = ["FOLDABLE", "MAX_ELEMENTS", "fold_constants"]
 
@@ -94,8 +94,6 @@ def _attr(root: Any, target: str) -> Any:
 def fold_constants(nodes: Sequence[Any], known: Mapping[str, Any] | None = None, root: Any = None) -> dict[Any, Any]:
     """The constant nodes of ``nodes`` (an fx graph's nodes, in order) with their values (see the
     module docstring); ``root`` (the GraphModule) holds the tensor constants of ``get_attr`` nodes."""
-    import torch.fx
-
     vals: dict[Any, Any] = {}
     known = known or {}
     for n in nodes:
@@ -110,8 +108,7 @@ def fold_constants(nodes: Sequence[Any], known: Mapping[str, Any] | None = None,
             continue
         if n.op != "call_function":
             continue
-        reads: list[Any] = []
-        torch.fx.node.map_arg((n.args, n.kwargs), lambda a: reads.append(a) or a)
+        reads = fx_args(n)
         if any(a not in vals for a in reads):
             continue
         if n.target is operator.getitem:

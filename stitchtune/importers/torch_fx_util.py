@@ -12,6 +12,16 @@ from typing import Any
 import numpy as np
 
 
+# ---------------------------------------------------------------------------- fx graphs
+def fx_args(node: Any) -> list[Any]:
+    """The fx nodes ``node`` reads (its args and kwargs, nested containers included), in order."""
+    import torch.fx
+
+    out: list[Any] = []
+    torch.fx.node.map_arg((node.args, node.kwargs), out.append)
+    return out
+
+
 # ---------------------------------------------------------------------------- dtypes
 _TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 

@@ -62,7 +62,7 @@ from stitchtune.importers.builder import GraphBuilder, ImportError_, sanitize_na
 from stitchtune.importers.torch_aten import _Captured, _Walker
 from stitchtune.importers.torch_fx_util import _TORCH_DTYPES, torch_dtype_name
 
-__all__ = ["TorchImport", "import_torch", "load_callable", "torch_dtype_name"]
+__all__ = ["TorchImport", "all_positional", "import_torch", "load_callable", "torch_dtype_name"]
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def input_names(fn: Any) -> list[str]:
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
 
 
-def _all_positional(fn: Any) -> list[str] | None:
+def all_positional(fn: Any) -> list[str] | None:
     """All positional parameter names, or None if ``fn`` takes ``*args``."""
     import torch
 
@@ -255,7 +255,7 @@ def import_torch(fn: Any, inputs: Mapping[str, tuple[Sequence[int], str]], name:
     _require_torch()
     import torch
 
-    positional = _all_positional(fn)
+    positional = all_positional(fn)
     required = input_names(fn)
     if positional is None:
         order = list(inputs)
@@ -270,7 +270,7 @@ def import_torch(fn: Any, inputs: Mapping[str, tuple[Sequence[int], str]], name:
             raise ImportError_("--shapes must cover a prefix of the positional arguments "
                                f"({', '.join(positional)})")
     gen = torch.Generator().manual_seed(seed)
-    b = GraphBuilder(name or getattr(fn, "__name__", type(fn).__name__))
+    b = GraphBuilder(name or str(getattr(fn, "__name__", type(fn).__name__)))
     args, values = [], []
     for n in order:
         shape, dt = inputs[n]

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stitchtune.errors import StitchtuneError
+from stitchtune.graph.parse import Graph
 from stitchtune.importers.builder import GraphBuilder, ImportError_
 from stitchtune.importers.torch_aten import (
     _Captured,
@@ -63,11 +64,11 @@ from stitchtune.importers.torch_aten import (
 from stitchtune.importers.torch_candidates import (
     COMPUTE_OPS,  # noqa: F401  (re-exported: the compute ops left to the framework)
     _Excluded,
-    _fx_args,
     _hint,
     _initial_exclusions,
 )
 from stitchtune.importers.torch_consts import fold_constants
+from stitchtune.importers.torch_fx_util import fx_args
 from stitchtune.importers.torch_subgraph import _dense_perm, _is_noop, _is_view, _subgraph, _with_pulled
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
@@ -183,7 +184,7 @@ def _components(members: Iterable[Any], same: Callable[[Any, Any], bool]) -> lis
         return n
 
     for n in member:
-        for a in _fx_args(n):
+        for a in fx_args(n):
             if a in member and same(a, n):
                 parent[find(a)] = find(n)
     comps: dict[Any, list[Any]] = {}
@@ -213,11 +214,11 @@ def _groups(nodes: Sequence[Any], ex: _Excluded) -> list[list[Any]]:
     stage: dict[Any, int] = {}
     node_stage: dict[Any, int] = {}
     for n in nodes:
-        s = max((stage.get(a, 0) for a in _fx_args(n)), default=0)
+        s = max((stage.get(a, 0) for a in fx_args(n)), default=0)
         node_stage[n] = s
         stage[n] = s + 1 if n in ex and n not in ex.pulled else s
     cands = [n for n in nodes if n not in ex]
-    out = []
+    out: list[list[Any]] = []
     for comp in _components(cands, lambda a, b: True):
         parts = [comp] if _convex(set(comp)) else _merge_convex(
             _components(comp, lambda a, b: node_stage[a] == node_stage[b]))
@@ -234,8 +235,8 @@ def _merge_convex(parts: list[list[Any]]) -> list[list[Any]]:
         merged = False
         for i in range(len(sets)):
             for j in range(i + 1, len(sets)):
-                linked = any(a in sets[j] for n in sets[i] for a in _fx_args(n)) or \
-                    any(a in sets[i] for n in sets[j] for a in _fx_args(n))
+                linked = any(a in sets[j] for n in sets[i] for a in fx_args(n)) or \
+                    any(a in sets[i] for n in sets[j] for a in fx_args(n))
                 if linked and _convex(sets[i] | sets[j]):
                     sets[i] |= sets.pop(j)
                     merged = True
@@ -246,16 +247,30 @@ def _merge_convex(parts: list[list[Any]]) -> list[list[Any]]:
 
 
 # ---------------------------------------------------------------------------- mapping one group
-def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any], pulled: set[Any] | None = None) -> tuple[Any, list[Any], list[Any], Any] | _Culprit | Declined | None:
-    """(Graph, inputs, outputs, sub GraphModule) of one group, or the node to exclude, or the whole
-    group declined, or None when nothing outside the group reads it (dead code: no region)."""
-    sub, inputs, outputs, back = _subgraph(group, consts, pulled)
+@dataclass(frozen=True)
+class _Mapped:
+    """One group mapped to a stitchtune graph (what :class:`TorchRegion` is made from)."""
+
+    graph: Graph
+    inputs: tuple[Any, ...]      # fx nodes feeding graph.inputs, same order
+    outputs: tuple[Any, ...]     # fx nodes of graph.outputs, same order
+    module: Any                  # the group's ATen ops as a GraphModule
+    perms: tuple[tuple[int, ...] | None, ...]   # see TorchRegion.output_perms
+    aliases: tuple[tuple[Any, Any], ...]        # see TorchRegion.aliases
+
+
+def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
+               pulled: set[Any] | None = None) -> _Mapped | _Culprit | Declined | None:
+    """One group mapped, or the node to exclude, or the whole group declined, or None when nothing
+    outside the group reads it (dead code: no region)."""
+    part = _subgraph(group, consts, pulled)
+    sub, inputs, outputs, back = part.module, part.inputs, part.outputs, part.back
     full = _with_pulled(group, pulled or set())
     if not outputs:
         return None
     for x in inputs:
         if len(x.meta["val"].shape) == 0:   # graph.json tensors have rank 1 or more
-            return _Culprit(next(n for n in full if x in _fx_args(n)), f"reads the 0-d tensor {x.name!a}")
+            return _Culprit(next(n for n in full if x in fx_args(n)), f"reads the 0-d tensor {x.name!a}")
     b = GraphBuilder(name)
     values = []
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
@@ -286,7 +301,8 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any], pulled: s
         graph = b.graph(outs)
     except (StitchtuneError, ImportError_) as exc:
         return Declined(f"region {name} ({_ops_text(group)})", str(exc))
-    return graph, inputs, [outputs[i] for i in kept], sub, tuple(perms[i] for i in kept), aliases
+    return _Mapped(graph, tuple(inputs), tuple(outputs[i] for i in kept), sub, tuple(perms[i] for i in kept),
+                   aliases)
 
 
 def _stored(walker: Any, s: Any, v: Any, perm: tuple[int, ...] | None) -> Any:
@@ -375,9 +391,10 @@ def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_chec
 
 
 def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
-            accept: Callable[[Any], str | None] | None, prefix: str) -> tuple[list[list[Any]], dict[frozenset[Any], Any]]:
+            accept: Callable[[Any], str | None] | None,
+            prefix: str) -> tuple[list[list[Any]], dict[frozenset[Any], _Mapped | Declined | None]]:
     """Group and map until every group maps (or is declined): (groups, group -> mapping result)."""
-    mapped: dict[frozenset[Any], Any] = {}
+    mapped: dict[frozenset[Any], _Mapped | Declined | None] = {}
     while True:
         groups = _groups(nodes, ex)
         changed = False
@@ -386,7 +403,7 @@ def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
             if key in mapped:
                 continue
             res = _map_group(group, f"{prefix}_{group[0].name}", consts, ex.pulled)
-            if isinstance(res, tuple) and _computes(res[0]) and accept is not None:
+            if isinstance(res, _Mapped) and _computes(res.graph) and accept is not None:
                 res = _judge(res, group, accept)
             if isinstance(res, _Culprit):
                 ex.add(res.node, res.reason, res.free)
@@ -397,7 +414,7 @@ def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
             return groups, mapped
 
 
-def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], Any],
+def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], _Mapped | Declined | None],
              ex: _Excluded) -> tuple[list[TorchRegion], list[Declined], list[tuple[Any, ...]]]:
     """(regions, groups declined whole, groups dropped) of the settled ``groups``."""
     regions: list[TorchRegion] = []
@@ -407,12 +424,11 @@ def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], Any],
         res = mapped[frozenset(group)]
         if isinstance(res, Declined):
             declined.append(res)
-        elif res is not None and _computes(res[0]):
-            graph, inputs, outputs, sub, perms, aliases = res
+        elif res is not None and _computes(res.graph):
             own = set(group)
             pulled = tuple(n for n in _with_pulled(group, ex.pulled) if n not in own)
-            regions.append(TorchRegion(graph.name, graph, tuple(group), tuple(inputs), tuple(outputs), sub,
-                                       pulled, perms, aliases))
+            regions.append(TorchRegion(res.graph.name, res.graph, tuple(group), res.inputs, res.outputs, res.module,
+                                       pulled, res.perms, res.aliases))
         else:
             dropped.append(tuple(group))
     return regions, declined, dropped
@@ -421,12 +437,12 @@ def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], Any],
 _QUOTED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
 
 
-def _judge(res: tuple[Any, ...], group: list[Any],
-           accept: Callable[[Any], str | None]) -> Any:
+def _judge(res: _Mapped, group: list[Any],
+           accept: Callable[[Any], str | None]) -> _Mapped | _Culprit | Declined:
     """``res`` when ``accept`` takes its graph; else the group's node that the refusal names (a
     reduction over other axes, ...: the rest may still be a region; for a named graph input, the
     first node reading it), else the group declined."""
-    why = accept(res[0])
+    why = accept(res.graph)
     if not why:
         return res
     by_name = {n.name: n for n in group}
@@ -435,12 +451,12 @@ def _judge(res: tuple[Any, ...], group: list[Any],
         if node is None:   # a node of a decomposed op: "<fx name>_<part>"
             cands = [n for n in group if name.startswith(n.name + "_")]
             node = max(cands, key=lambda n: len(n.name)) if cands else None
-        if node is None and re.fullmatch(r"in\d+", name) and int(name[2:]) < len(res[1]):
-            x = res[1][int(name[2:])]   # a graph input: the first node of the group reading it goes
-            node = next((n for n in group if x in _fx_args(n)), None)
+        if node is None and re.fullmatch(r"in\d+", name) and int(name[2:]) < len(res.inputs):
+            x = res.inputs[int(name[2:])]   # a graph input: the first node of the group reading it goes
+            node = next((n for n in group if x in fx_args(n)), None)
         if node is not None and node.op == "call_function":
             return _Culprit(node, why)
-    return Declined(f"region {res[0].name} ({_ops_text(group)})", why)
+    return Declined(f"region {res.graph.name} ({_ops_text(group)})", why)
 
 
 def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
@@ -469,8 +485,8 @@ def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
         raise StitchtuneError(f"region {name}: nothing reads its outputs")
     if isinstance(res, (_Culprit, Declined)):
         raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: {res.reason}")
-    graph, _, outputs, _, perms, aliases = res
-    if any(p is not None for p in perms) or aliases:
+    graph, outputs = res.graph, res.outputs
+    if any(p is not None for p in res.perms) or res.aliases:
         raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: an output is "
                               "not row-major in PyTorch")
     why = accept(graph) if accept is not None else None

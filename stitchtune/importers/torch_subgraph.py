@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from stitchtune.importers.torch_fx_util import _key
-from stitchtune.importers.torch_candidates import _fx_args, _hint
+from stitchtune.importers.torch_candidates import _hint
+from stitchtune.importers.torch_fx_util import _key, fx_args
 from stitchtune.importers.torch_cnn import functional_of, is_inplace
 
 
@@ -34,23 +35,32 @@ def _embedded(x: Any, members: set[Any], consts: Mapping[Any, Any]) -> bool:
 def _with_pulled(group: list[Any], pulled: set[Any]) -> list[Any]:
     """``group`` and the ``pulled`` nodes it reads through chains of them, in graph order."""
     seen: set[Any] = set(group)
-    todo = [a for n in group for a in _fx_args(n)]
+    todo = [a for n in group for a in fx_args(n)]
     while todo:
         a = todo.pop()
         if a in pulled and a not in seen:
             seen.add(a)
-            todo.extend(_fx_args(a))
+            todo.extend(fx_args(a))
     if len(seen) == len(group):
         return group
     order = {n: i for i, n in enumerate(next(iter(group)).graph.nodes)}
     return sorted(seen, key=order.__getitem__)
 
 
-def _subgraph(group: list[Any], consts: Mapping[Any, Any],
-              pulled: set[Any] | None = None) -> tuple[Any, list[Any], list[Any], dict[Any, Any]]:
-    """(GraphModule of the group and the ``pulled`` nodes it reads, external inputs, outputs, sub
-    node -> original node); constants of :func:`_embedded` are nodes of the module (``scalar_tensor``
-    or a buffer), not inputs. Outputs are nodes of ``group`` only."""
+@dataclass(frozen=True)
+class _Sub:
+    """A group as a GraphModule of its own (see :func:`_subgraph`)."""
+
+    module: Any                 # torch.fx.GraphModule: placeholders = ``inputs``, outputs = ``outputs``
+    inputs: list[Any]           # the original nodes it reads from outside
+    outputs: list[Any]          # the group's nodes read outside it
+    back: dict[Any, Any]        # node of ``module`` -> the original node
+
+
+def _subgraph(group: list[Any], consts: Mapping[Any, Any], pulled: set[Any] | None = None) -> _Sub:
+    """The group and the ``pulled`` nodes it reads as a GraphModule; constants of :func:`_embedded`
+    are nodes of the module (``scalar_tensor`` or a buffer), not inputs. Outputs are nodes of
+    ``group`` only."""
     import torch
     import torch.fx
 
@@ -60,7 +70,7 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any],
     inputs: list[Any] = []
     held: list[Any] = []
     for n in group:
-        for a in _fx_args(n):
+        for a in fx_args(n):
             if a not in members and a not in inputs and a not in held:
                 (held if _embedded(a, members, consts) else inputs).append(a)
     g = torch.fx.Graph()
@@ -94,7 +104,7 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any],
     for n in g.nodes:   # symbolic shapes are mapped at their example values (re-mapped per shape later)
         if "val" in n.meta:
             n.meta["val"] = _concrete(n.meta["val"])
-    return torch.fx.GraphModule(root, g), inputs, outputs, back
+    return _Sub(torch.fx.GraphModule(root, g), inputs, outputs, back)
 
 
 def _concrete(val: Any) -> Any:

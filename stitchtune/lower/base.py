@@ -9,7 +9,6 @@ needs from a built kernel. The families are :mod:`stitchtune.lower.row` and :mod
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -459,13 +458,7 @@ def scratch_loads_per_thread(kern: kir.Kernel) -> int:
     scratch = {pp.name for pp in kern.params if pp.role == "scratch"}
 
     def in_expr(x) -> int:
-        if isinstance(x, kir.Load):
-            return int(x.buf in scratch) + in_expr(x.index) + in_expr(x.pred)
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            return sum(in_expr(getattr(x, f.name)) for f in dataclasses.fields(x))
-        if isinstance(x, tuple):
-            return sum(in_expr(y) for y in x)
-        return 0
+        return sum(1 for e in kir.exprs(x) if isinstance(e, kir.Load) and e.buf in scratch)
 
     def in_stmts(stmts) -> int:
         n = 0

@@ -91,14 +91,6 @@ def cluster_counts(kern: kir.Kernel, rounds: int) -> dict[str, int]:
     shared-memory loads one thread issues per launch (``rounds`` rounds of the body's statements)."""
     syncs = sum(1 for st in kir.walk(kern.body) if isinstance(st, kir.ClusterSync))
 
-    def remote(x) -> int:
-        if isinstance(x, kir.RemoteLoad):
-            return 1
-        if isinstance(x, tuple):
-            return sum(remote(y) for y in x)
-        if hasattr(x, "__dataclass_fields__"):
-            return sum(remote(getattr(x, f)) for f in x.__dataclass_fields__)
-        return 0
-
-    loads = sum(remote(st) for st in kir.walk(kern.body) if not isinstance(st, (kir.For, kir.If)))
+    loads = sum(isinstance(e, kir.RemoteLoad) for st in kir.walk(kern.body) if not isinstance(st, (kir.For, kir.If))
+                for e in kir.exprs(st))
     return {"cluster": kern.cluster, "cluster_barriers": rounds * syncs, "dsmem_loads": rounds * loads}

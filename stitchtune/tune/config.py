@@ -16,11 +16,16 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stitchtune.errors import StitchtuneError, ToolchainError
 from stitchtune.tune.dbpath import default_db
 from stitchtune.tune.pipeline import Stages, default_stages
+from stitchtune.tune.protocols import DeviceLike, GraphLike, PlanLike, ScheduleLike, SpaceLike
+
+if TYPE_CHECKING:
+    from stitchtune.gpu.build import Builder
+    from stitchtune.gpu.runners import Runner
 
 __all__ = [
     "BACKENDS",
@@ -82,13 +87,13 @@ class SearchConfig:
 class Components:
     """The stages run_search calls; :func:`default_components` gives the real ones, tests pass fakes."""
 
-    load_graph: Callable[[str], Any]
-    make_plan: Callable[[Any], Any]
-    space_for_plan: Callable[[Any, Any], Any]
-    heuristic_schedule: Callable[[Any, Any], Any]
-    get_device: Callable[[str | None], Any]
-    make_builder: Callable[[SearchConfig, Any, str], Any]
-    make_runner: Callable[[str, Any, Any], Any]
+    load_graph: Callable[[str], GraphLike]
+    make_plan: Callable[[Any], PlanLike]
+    space_for_plan: Callable[[Any, Any], SpaceLike]
+    heuristic_schedule: Callable[[Any, Any], ScheduleLike]
+    get_device: Callable[[str | None], DeviceLike]
+    make_builder: Callable[[SearchConfig, Any, str], Builder]
+    make_runner: Callable[[str, Any, Any], Runner]
     stages: Callable[[], Stages]
     cuda_available: Callable[[], bool]
 
@@ -100,17 +105,18 @@ class SkipBuilder:
     def __init__(self, reason: str) -> None:
         self.reason = reason
 
-    def build(self, sources: list[str], arch: str) -> list[Any]:
+    def build(self, sources: list[str], arch: str | None = None) -> list[Any]:
         import hashlib
 
-        from stitchtune.gpu.build import BuildResult
+        from stitchtune.gpu.build import DEFAULT_ARCH, BuildResult
 
+        arch = arch or DEFAULT_ARCH
         return [BuildResult(status="ok", source_hash=hashlib.sha256(s.encode()).hexdigest(), cubin_path=None,
                             arch=arch, registers={}, smem_bytes={}, spill_bytes={}, stack_bytes={},
                             compile_s=0.0, error="") for s in sources]
 
 
-def _default_builder(config: SearchConfig, device: Any, backend: str) -> Any:
+def _default_builder(config: SearchConfig, device: Any, backend: str) -> Builder:
     """nvcc (the one finder and cache of :mod:`stitchtune.gpu.build`); with the emulate backend and no
     nvcc (or ``--no-build``) a :class:`SkipBuilder`."""
     from stitchtune.gpu.build import NvccBuilder, nvcc_found
@@ -120,7 +126,7 @@ def _default_builder(config: SearchConfig, device: Any, backend: str) -> Any:
     return NvccBuilder(jobs=config.jobs, timeout_s=120.0)
 
 
-def _default_runner(backend: str, graph: Any, device: Any) -> Any:
+def _default_runner(backend: str, graph: Any, device: Any) -> Runner:
     if backend == "cuda":
         from stitchtune.gpu.runner import CudaRunner
 
@@ -130,7 +136,7 @@ def _default_runner(backend: str, graph: Any, device: Any) -> Any:
     return EmulateRunner(graph, device)
 
 
-def _get_device(name: str | None) -> Any:
+def _get_device(name: str | None) -> DeviceLike:
     from stitchtune.gpu.device_query import default_device
     from stitchtune.hardware.device import get_device
 

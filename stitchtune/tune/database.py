@@ -110,13 +110,13 @@ class TuningDB:
         Values must be scalars (str, int, float, bool, None, Timestamp); lists/dicts should be JSON
         strings already. A missing ``timestamp`` is filled with the current UTC time.
         """
-        rows = [dict(r) for r in rows]
-        if not rows:
+        records = [dict(r) for r in rows]
+        if not records:
             return None
         now = utc_now()
-        for r in rows:
+        for r in records:
             r.setdefault("timestamp", now)
-        df = pd.DataFrame(rows)
+        df = pd.DataFrame(records)
         ordered = [c for c in COLUMNS if c in df.columns] + sorted(c for c in df.columns if c not in COLUMNS)
         df = df[ordered]
         try:
@@ -154,13 +154,7 @@ class TuningDB:
 
     def read(self) -> pd.DataFrame:
         """All rows of all readable parts as one DataFrame, de-duplicated (see module docstring)."""
-        frames = []
-        for part in self.parts():
-            try:
-                frames.append(pd.read_parquet(part, engine="pyarrow"))
-            except Exception as exc:  # noqa: BLE001 - any unreadable part is skipped, by contract
-                log.warning("skipping unreadable database part %s: %s", part, exc)
-        frames = [f for f in frames if not f.empty]
+        frames = read_parts(self.parts())
         if not frames:
             return pd.DataFrame(columns=list(COLUMNS))
         df = pd.concat(frames, ignore_index=True, sort=False)
@@ -199,7 +193,7 @@ class TuningDB:
             return None
         if backend is None and "estimated" in m.columns and (~m["estimated"].astype(bool)).any():
             m = m[~m["estimated"].astype(bool)]
-        return _row_dict(m.loc[m["measured_us"].astype(float).idxmin()])
+        return row_dict(m.loc[m["measured_us"].astype(float).idxmin()])
 
     def measured(self, workload_key: str, device_key: str, space_version: str, codegen_version: str,
                  backend: str, df: pd.DataFrame | None = None) -> dict[str, dict[str, Any]]:
@@ -220,7 +214,7 @@ class TuningDB:
         )
         sort_cols = ["_reused", "_notok"] + (["timestamp"] if "timestamp" in m.columns else [])
         m = m.sort_values(sort_cols, kind="stable").drop_duplicates("schedule_key", keep="first")
-        return {str(r["schedule_key"]): _row_dict(r.drop(labels=["_reused", "_notok"]))
+        return {str(r["schedule_key"]): row_dict(r.drop(labels=["_reused", "_notok"]))
                 for _, r in m.iterrows()}
 
     def best_per_workload(self, df: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -236,7 +230,24 @@ class TuningDB:
         return ok.loc[idx.values].sort_values(["graph_name", "device_key", "backend"]).reset_index(drop=True)
 
 
-def _row_dict(row: pd.Series) -> dict[str, Any]:
+def read_parts(parts: Iterable[str]) -> list[pd.DataFrame]:
+    """The rows of each part file in ``parts`` that has any, in order. An unreadable part (truncated,
+    foreign) is skipped with a logged warning naming it, by the database's contract."""
+    frames = []
+    for part in parts:
+        try:
+            df = pd.read_parquet(part, engine="pyarrow")
+        except Exception as exc:  # noqa: BLE001 - any unreadable part is skipped, by contract
+            log.warning("skipping unreadable database part %s: %s", part, exc)
+            continue
+        if not df.empty:
+            frames.append(df)
+    return frames
+
+
+def row_dict(row: pd.Series) -> dict[str, Any]:
+    """A database row as plain Python values: missing values (NaN, NA, NaT) as None, numpy scalars
+    unwrapped; lists, dicts, strings and timestamps as they are."""
     out: dict[str, Any] = {}
     for k, v in row.items():
         if not isinstance(v, (list, dict)) and v is not None:

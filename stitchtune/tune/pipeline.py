@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stitchtune.errors import ScheduleError
+from stitchtune.tune.protocols import DeviceLike
 
 log = logging.getLogger(__name__)
 
@@ -55,24 +56,18 @@ def default_stages() -> Stages:
                   should_prune=cost.should_prune, codegen_version=str(lower.CODEGEN_VERSION))
 
 
-def device_key(device: Any) -> str:
+def device_key(device: DeviceLike) -> str:
     """The device key used in the database (``Device.key``)."""
-    return str(getattr(device, "key", getattr(device, "name", "unknown")))
+    return device.key
 
 
-def device_cc(device: Any) -> str:
-    """Compute capability as ``"major.minor"`` from a Device (``cc`` tuple/str, or ``arch`` sm_XY)."""
-    cc = getattr(device, "cc", None) or getattr(device, "compute_capability", None)
-    if isinstance(cc, (tuple, list)) and len(cc) == 2:
-        return f"{int(cc[0])}.{int(cc[1])}"
-    if cc is not None:
-        return str(cc)
-    arch = str(getattr(device, "arch", ""))
-    digits = "".join(ch for ch in arch if ch.isdigit())
-    return f"{digits[:-1]}.{digits[-1]}" if len(digits) >= 2 else arch
+def device_cc(device: DeviceLike) -> str:
+    """Compute capability as ``"major.minor"``."""
+    major, minor = device.compute_capability
+    return f"{major}.{minor}"
 
 
-def context_row(graph: Any, device: Any) -> dict[str, Any]:
+def context_row(graph: Any, device: DeviceLike) -> dict[str, Any]:
     """Workload and device columns shared by every row of one search."""
     shapes = {name: list(spec.shape) for name, spec in graph.inputs}
     dtypes = {name: spec.dtype for name, spec in graph.inputs}
@@ -87,7 +82,7 @@ def context_row(graph: Any, device: Any) -> dict[str, Any]:
         "shapes": json.dumps(shapes, sort_keys=True),
         "dtypes": json.dumps(dtypes, sort_keys=True),
         "device_key": device_key(device),
-        "device_name": str(getattr(device, "name", "")),
+        "device_name": device.name,
         "device_cc": device_cc(device),
     }
 
@@ -97,7 +92,7 @@ def schedule_columns(schedule: Any) -> dict[str, Any]:
     cols: dict[str, Any] = {
         "schedule_json": json.dumps(schedule.to_dict(), sort_keys=True),
         "schedule_key": schedule.key(),
-        "deterministic": bool(getattr(schedule, "deterministic", True)),
+        "deterministic": bool(schedule.deterministic),
     }
     for k, v in schedule.flat().items():
         cols[f"p_{k}"] = v if isinstance(v, (int, float, str, bool)) or v is None else json.dumps(v)
@@ -167,7 +162,7 @@ def _lower_and_predict(c: _Cand, graph: Any, plan: Any, device: Any, st: Stages,
         return False
     c.prediction = st.predict(c.program.profile, device)
     c.row["predicted_us"] = _finite(c.prediction.time_us)
-    c.row["occupancy"] = _finite(getattr(c.prediction, "occupancy", None))
+    c.row["occupancy"] = _finite(c.prediction.occupancy)
     c.row["profile_json"] = _profile_json(c.program.profile)
     if c.prediction.prune_reason:
         c.row.update(status="pruned", prune_reason=_clip(c.prediction.prune_reason))
@@ -181,17 +176,17 @@ def _lower_and_predict(c: _Cand, graph: Any, plan: Any, device: Any, st: Stages,
 
 def _build_batch(live: list[_Cand], device: Any, builder: Any, st: Stages) -> None:
     """Phase 2: render every survivor, build the distinct sources in one call, record each build."""
-    for c in live:
-        c.source = st.render(c.program)
+    rendered = [st.render(c.program) for c in live]
     unique: dict[str, int] = {}
-    for c in live:
-        unique.setdefault(c.source, len(unique))
+    for c, src in zip(live, rendered):
+        c.source = src
+        unique.setdefault(src, len(unique))
     sources = list(unique)
-    results = builder.build(sources, str(getattr(device, "arch", "")))
+    results = builder.build(sources, device.arch)
     if len(results) != len(sources):
         raise RuntimeError(f"builder returned {len(results)} results for {len(sources)} sources")
-    for c in live:
-        c.build = results[unique[c.source]]
+    for c, src in zip(live, rendered):
+        c.build = results[unique[src]]
         _record_build(c, device, st)
 
 
@@ -199,10 +194,8 @@ def _record_build(c: _Cand, device: Any, st: Stages) -> None:
     """Build columns of one candidate; a failed build, or a re-prediction with the real registers
     that prunes, sets its status."""
     b = c.build
-    c.row["compile_s"] = _finite(getattr(b, "compile_s", None))
-    regs = dict(getattr(b, "registers", {}) or {})
-    smem = dict(getattr(b, "smem_bytes", {}) or {})
-    spill = dict(getattr(b, "spill_bytes", {}) or {})
+    c.row["compile_s"] = _finite(b.compile_s)
+    regs, smem, spill = dict(b.registers), dict(b.smem_bytes), dict(b.spill_bytes)
     c.row["registers"] = max(regs.values()) if regs else None
     c.row["smem_bytes"] = max(smem.values()) if smem else None
     c.row["spill_bytes"] = sum(spill.values()) if spill else None
@@ -213,7 +206,7 @@ def _record_build(c: _Cand, device: Any, st: Stages) -> None:
     if regs:
         pred = st.predict(c.program.profile, device, registers=regs)
         c.row["predicted_us"] = _finite(pred.time_us)
-        c.row["occupancy"] = _finite(getattr(pred, "occupancy", None))
+        c.row["occupancy"] = _finite(pred.occupancy)
         c.row["profile_json"] = _profile_json(c.program.profile, regs)
         if pred.prune_reason:
             c.row.update(status="pruned", prune_reason=_clip(f"after build: {pred.prune_reason}"))

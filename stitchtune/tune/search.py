@@ -57,7 +57,7 @@ from stitchtune.tune.config import (
     default_components,
     resolve_backend,
 )
-from stitchtune.tune.database import TuningDB
+from stitchtune.tune.database import TuningDB, read_parts
 from stitchtune.errors import ScheduleError
 from stitchtune.tune.pipeline import context_row, evaluate, schedule_columns
 from stitchtune.tune.result import SearchResult
@@ -104,7 +104,7 @@ def _row_from_trial(t: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {k: t.user_attrs.get(k) for k in RESULT_FIELDS}
     out["status"] = status
-    if t.state == TrialState.COMPLETE:
+    if t.state == TrialState.COMPLETE and t.value is not None:
         out["measured_us"] = float(t.value)
     return out
 
@@ -129,9 +129,9 @@ class _Loop:
         self.estimated = self.backend != "cuda"
         self.plan = comp.make_plan(self.graph)
         self.space = comp.space_for_plan(self.plan, self.device)
-        if getattr(config, "deterministic", False) and hasattr(self.space, "deterministic_only"):
+        if config.deterministic:
             self.space = self.space.deterministic_only()  # no float atomics (--deterministic)
-        if config.sampler in ("gp", "cmaes") and hasattr(self.space, "flat_mode"):
+        if config.sampler in ("gp", "cmaes"):
             # these samplers model a fixed parameter set: plain names, repaired points (space/search_space.py)
             self.space = self.space.flat_mode()
         self.stages = comp.stages()
@@ -140,7 +140,7 @@ class _Loop:
         sampler = make_sampler(config.sampler, config.seed, self.space)
         self.grid = grid_points(self.space, config.seed) if config.sampler == "grid" else None
         self.study_name = config.study or default_study_name(self.graph, self.device)
-        if not config.study and getattr(self.space, "deterministic", False) and getattr(self.plan, "cross", ()):
+        if not config.study and self.space.deterministic and self.plan.cross:
             self.study_name += "-deterministic"  # another cross_combine domain: its own optuna study
         self.study = _open_study(self.study_name, make_storage(config.storage, config.db), sampler)
         self.ctx = context_row(self.graph, self.device)
@@ -154,7 +154,7 @@ class _Loop:
         self.reused = 0
         self.trials_run = 0
         self.best_row: dict[str, Any] | None = None
-        self._varied: set[str] = set()  # best points whose variants were enqueued
+        self._varied: set[str | None] = set()  # best points whose variants were enqueued
         self.heur_row: dict[str, Any] | None = None
         self.since_improvement = 0
 
@@ -167,13 +167,7 @@ class _Loop:
         self._seen_parts.update(new)
         import pandas as pd
 
-        frames = []
-        for p in new:
-            try:
-                frames.append(pd.read_parquet(p, engine="pyarrow"))
-            except Exception as exc:  # noqa: BLE001 - corrupt part: skipped, as TuningDB.read does
-                log.warning("skipping unreadable database part %s: %s", p, exc)
-        frames = [f for f in frames if not f.empty]
+        frames = read_parts(new)
         if not frames:
             return
         df = pd.concat(frames, ignore_index=True, sort=False)
@@ -303,8 +297,8 @@ class _Loop:
             self._settle(trials, done, sorted(done))
         for i, num in waits.items():
             t = self.wait_for(num)
-            src = _row_from_trial(t) if t is not None else None
-            if src is None:
+            waited = _row_from_trial(t) if t is not None else None
+            if waited is None:
                 self.refresh_known()
                 key = scheds[i].key()
                 if key in self.known:
@@ -316,7 +310,7 @@ class _Loop:
                              self.best_us(), prune_factor=self.config.prune_factor, stages=self.stages)[0]
                 done[i] = {**self.base_row(trials[i], scheds[i]), **r}
             else:
-                done[i] = self.copy_result(self.base_row(trials[i], scheds[i]), src, f"{self.study_name}:{num}")
+                done[i] = self.copy_result(self.base_row(trials[i], scheds[i]), waited, f"{self.study_name}:{num}")
         self._settle(trials, done, sorted(waits) if waits else list(range(n)))
         return [(trials[i], done[i]) for i in range(n)]
 
@@ -417,25 +411,22 @@ class _Loop:
             log.warning("interrupted: finished trials are saved in %s", self.db.path)
         finally:
             bar.close()
-            close = getattr(self.runner, "close", None)
-            if close:
-                close()
+            self.runner.close()
         return self.result(stopped)
 
     def enqueue_variants(self) -> None:
         """Enqueue the space's ``variants`` of the best point (once per best point, only those not
         measured yet): the options the cost model ranks least reliably are measured side by side with
-        the best schedule in every search. No-op for the grid sampler or a space without variants."""
-        variants = getattr(self.space, "variants", None)
+        the best schedule in every search. No-op for the grid sampler."""
         row = self.best_row
-        if variants is None or self.grid is not None or row is None or not row.get("schedule_json"):
+        if self.grid is not None or row is None or not row.get("schedule_json"):
             return
         key = row.get("schedule_key")
         if key in self._varied:
             return
         self._varied.add(key)
         best = type(self.heuristic).from_dict(json.loads(row["schedule_json"]))
-        for v in variants(best):
+        for v in self.space.variants(best):
             if v.key() not in self.known:
                 self.study.enqueue_trial(self.space.params_of(v), user_attrs={"variant_of": key},
                                          skip_if_exists=True)
@@ -463,12 +454,10 @@ class _Loop:
         return float(self.heur_row["measured_us"]) / b if b > 0 else None
 
     def floor_us(self) -> float | None:
-        eff = getattr(self.device, "effective_copy_bandwidth_gbs", None)
-        bw = eff() if callable(eff) else getattr(self.device, "copy_bandwidth_gbs", None)
-        min_bytes = getattr(self.graph, "min_bytes", None)
-        if not bw or min_bytes is None:
+        bw = self.device.effective_copy_bandwidth_gbs()
+        if not bw:
             return None
-        return float(min_bytes()) / (float(bw) * 1e9) * 1e6
+        return float(self.graph.min_bytes()) / (float(bw) * 1e9) * 1e6
 
     def result(self, stopped: str) -> SearchResult:
         floor = self.floor_us()
