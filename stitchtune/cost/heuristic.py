@@ -47,7 +47,7 @@ import random
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.hardware.occupancy import max_resident_blocks, occupancy
 from stitchtune.plan.planner import StitchPlan
-from stitchtune.space import PERSISTENT, Schedule, SearchSpace
+from stitchtune.space import PERSISTENT, Schedule, SchemeName, SearchSpace
 
 log = logging.getLogger(__name__)
 
@@ -119,11 +119,11 @@ def _row(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
         split = max(1, min(max(space.domains["split"]), _pow2_floor(wave / M)))
         split = min(split, math.ceil(N / (tpr * vec)))  # every block keeps a piece of the row
         split = _pow2_floor(split)
-        schemes = ("global" if split > 1 else "regional",) * plan.nstages
+        schemes = (SchemeName.GLOBAL if split > 1 else SchemeName.REGIONAL,) * plan.nstages
         return Schedule(tpr, block, split, vec, PERSISTENT if split > 1 else 1, 0, schemes, ())
     tpr = min(1024, max(4, _pow2_ceil(N / (vec * 8))))
     block = max(tpr, 256)
-    scheme = "local" if tpr <= 32 else "regional"
+    scheme = SchemeName.LOCAL if tpr <= 32 else SchemeName.REGIONAL
     # cross reductions (column sums, losses): a persistent grid keeps the per-block partials few
     tasks = PERSISTENT if plan.cross else 1
     return Schedule(tpr, block, 1, vec, tasks, 0, (scheme,) * plan.nstages, ())
@@ -159,7 +159,7 @@ def _cluster_row(space: SearchSpace, plan: StitchPlan, dev, block: int = 512) ->
         return None
     cache = math.ceil(plan.N / (block * vec)) * vec  # floats per thread of one cached tensor, one block
     c = next((c for c in sizes if cache / c <= 64), max(sizes))
-    base = Schedule(block, block, c, vec, 1, 0, ("cluster",) * plan.nstages, (), cluster=c)
+    base = Schedule(block, block, c, vec, 1, 0, (SchemeName.CLUSTER,) * plan.nstages, (), cluster=c)
     return _fit_one_block(space, _reuse(space, _with_reuse(plan, base)))
 
 
@@ -196,7 +196,7 @@ def _col(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
     tiles = math.ceil(N / (tpc * vec))
     wave = max_resident_blocks(dev, block, 32, 0) or dev.sm_count
     split = max(1, min(max(space.domains["split"]), _pow2_floor(wave / tiles), _pow2_floor(M / tk)))
-    schemes = ("global" if split > 1 else "regional",) * plan.nstages
+    schemes = (SchemeName.GLOBAL if split > 1 else SchemeName.REGIONAL,) * plan.nstages
     return Schedule(tk, block, split, vec, PERSISTENT if split > 1 else 1, 0, schemes, ())
 
 
@@ -238,7 +238,7 @@ def heuristic_schedule(plan: StitchPlan, device, space: SearchSpace | None = Non
                                                  for c in plan.reuse_candidates)}))
     # global stitching needs a co-resident grid: demote reuse levels (registers -> shared -> re-read)
     # one tensor at a time until it is, and fall back to independent kernels when nothing helps
-    if "global" in s.schemes:
+    if _grid_barrier(space, s):
         inputs = set(plan.input_names)
         order = ["register", "shared", "global"]
         while not _coresident(space, s):
@@ -246,15 +246,21 @@ def heuristic_schedule(plan: StitchPlan, device, space: SearchSpace | None = Non
             idx = next((i for i in reversed(range(len(levels))) if levels[i] in ("register", "shared")), None)
             if idx is None:
                 s = Schedule(**{**s.to_dict(), "reuse": s.reuse,
-                                "schemes": tuple("independent" if x == "global" else x for x in s.schemes)})
+                                "schemes": tuple(SchemeName.INDEPENDENT if space.schemes[x].grid_barrier else x
+                                                 for x in s.schemes)})
                 break
             nxt = order[order.index(levels[idx]) + 1]
             levels[idx] = nxt if (nxt != "global" or plan.reuse_candidates[idx] in inputs) else "recompute"
             s = Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": tuple(levels)})
     s = _relax_registers(space, s)
-    if "global" in s.schemes:
+    if _grid_barrier(space, s):
         s = _pin_coresidency(space, s)
     return _checked(space, s)
+
+
+def _grid_barrier(space: SearchSpace, s: Schedule) -> bool:
+    """Whether a stage of ``s`` has a scheme with a grid barrier (its grid must be co-resident)."""
+    return space.schemes.any(s.schemes, lambda sc: sc.grid_barrier)
 
 
 def _checked(space: SearchSpace, s: Schedule) -> Schedule:

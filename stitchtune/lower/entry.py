@@ -41,7 +41,8 @@ from __future__ import annotations
 
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
-from stitchtune.lower.base import estimate_registers, kern_barriers, scratch_loads_per_thread
+from stitchtune.lower.base import estimate_registers
+from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
 from stitchtune.lower.col import lower_col
 from stitchtune.lower.row import lower_row
 from stitchtune.plan.planner import StitchPlan
@@ -57,5 +58,5 @@ def lower(graph: Graph, plan: StitchPlan, schedule: Schedule, device, space: Sea
     space = space or SearchSpace.for_plan(plan, device)
     space.check(schedule)
     if plan.family == "col":
-        return lower_col(graph, plan, schedule, device)
-    return lower_row(graph, plan, schedule, device)
+        return lower_col(graph, plan, schedule, device, space.schemes)
+    return lower_row(graph, plan, schedule, device, space.schemes)

@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, TypeVar
 
+from stitchtune.space.schemes import SCHEMES, SchemeTable
+
 T = TypeVar("T")
 
 Point = Mapping[str, Any]
@@ -34,7 +36,7 @@ CORE_FIELDS: tuple[str, ...] = ("tpr", "block", "split", "vec", "tasks_per_block
 """The fields every schedule has (its mapping, schemes and reuse levels); options come after them."""
 
 RESERVED: frozenset[str] = frozenset(CORE_FIELDS) | {
-    "family", "nstages", "single_pass_candidates", "options", "table", "option", "to_dict", "from_dict", "to_json", "from_json", "key", "flat",
+    "family", "nstages", "single_pass_candidates", "scheme_table", "max_cluster", "options", "table", "option", "to_dict", "from_dict", "to_json", "from_json", "key", "flat",
     "persistent", "deterministic", "ncross", "ncross_k", "ncross_s", "cross_f32",
 }
 """Names an option may not take: the core fields, the point's plan names and the Schedule's own attributes
@@ -168,11 +170,19 @@ class OptionTable:
 # the options of the stitch space
 # ------------------------------------------------------------------------------------------------
 
-def rereads(schemes: Iterable[str], reuse: Iterable[str]) -> bool:
+def rereads(schemes: Iterable[str], reuse: Iterable[str], table: SchemeTable = SCHEMES) -> bool:
     """Whether a schedule reads some full-size tensor from memory in more than one sweep: a reuse
     level ``global`` (an input re-read) or ``recompute`` (its inputs re-read), or a kernel boundary
-    (an ``independent`` stage: nothing cached survives it). Only then does the sweep ``order`` matter."""
-    return any(r in ("global", "recompute") for r in reuse) or "independent" in schemes
+    (a stage whose scheme has one, ``independent``: nothing cached survives it). Only then does the
+    sweep ``order`` matter."""
+    return any(r in ("global", "recompute") for r in reuse) or table.any(schemes, lambda sc: sc.kernel_boundary)
+
+
+def _schemes_of(p: Point) -> SchemeTable:
+    """The scheme table of the space a point belongs to."""
+    table = p.get("scheme_table", SCHEMES)
+    assert isinstance(table, SchemeTable)
+    return table
 
 
 def prefetchable(family: str, split: int, tasks_per_block: int) -> bool:
@@ -183,11 +193,11 @@ def prefetchable(family: str, split: int, tasks_per_block: int) -> bool:
 
 
 def _order_applies(p: Point) -> bool:
-    return rereads(p["schemes"], p["reuse"])
+    return rereads(p["schemes"], p["reuse"], _schemes_of(p))
 
 
 def _order_names(p: Point) -> Mapping[str, Any]:
-    return {"rereads": rereads(p["schemes"], p["reuse"])}
+    return {"rereads": rereads(p["schemes"], p["reuse"], _schemes_of(p))}
 
 
 def _has_stages(p: Point) -> bool:
@@ -212,9 +222,10 @@ def _is_row(p: Point) -> bool:
 
 
 def _combine_applies(p: Point) -> bool:
-    # a split row whose partials go through global scratch (a stage of every scheme but cluster; the
-    # cluster scheme came later, so every point without it is as before)
-    return p["family"] == "row" and p["split"] > 1 and any(x != "cluster" for x in p["schemes"])
+    # a split row with a stage whose partials go through global scratch: on a legal split point every
+    # scheme but a cluster one (sample asks this before the legality check, so the rule reads "not a
+    # cluster scheme" for its seeded draws to stay as recorded)
+    return p["family"] == "row" and p["split"] > 1 and _schemes_of(p).any(p["schemes"], lambda sc: not sc.cluster)
 
 
 ORDER: Option[str] = Option(
@@ -230,7 +241,8 @@ PREFETCH: Option[int] = Option(
 first sweep (row reductions with split 1 and several tasks per block, forward order)."""
 
 COMBINE: Option[str] = Option(
-    "combine", "thread", str, _combine_applies, "family == 'row' and split > 1 (a stage not 'cluster')", _is_row)
+    "combine", "thread", str, _combine_applies, "family == 'row' and split > 1 (a stage not of a cluster scheme)",
+    _is_row)
 """How a row split over several blocks combines its partials: ``thread`` (every thread loads all of them)
 or ``warp`` (each warp loads them together and reduces by shuffles)."""
 
@@ -298,7 +310,7 @@ warps and split blocks); the merged stage takes the first stage's scheme. Drawn 
 
 
 def _cluster_applies(p: Point) -> bool:
-    return p["family"] == "row" and "cluster" in p["schemes"]
+    return p["family"] == "row" and _schemes_of(p).any(p["schemes"], lambda sc: sc.cluster)
 
 
 def _never(p: Point) -> bool:

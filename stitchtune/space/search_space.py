@@ -1,8 +1,8 @@
 """The schedule space of one plan on one device: :class:`SearchSpace`.
 
-Domains, constraints and the scheme/reuse rules are data (the space file, ``search_spaces/stitch.json``,
+Domains, constraints and the reuse rules are data (the space file, ``search_spaces/stitch.json``,
 see :mod:`stitchtune.space.space_file`); the options are declared once in
-:mod:`stitchtune.space.options`. This module interprets both: the derived names constraints read,
+:mod:`stitchtune.space.options`, the schemes (their legality among them) in :mod:`stitchtune.space.schemes`. This module interprets both: the derived names constraints read,
 validation, optuna suggestion (define-by-run and flat), seeded sampling, the variants of a point and the
 exhaustive grid. Every option is handled by walking the :class:`OptionTable` in its order.
 """
@@ -21,7 +21,8 @@ from stitchtune.errors import ScheduleError, StitchtuneError
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space.constraints import names_used, safe_eval
 from stitchtune.space.options import OPTIONS, Option, OptionTable, cross_smem_floats
-from stitchtune.space.schedule import Schedule
+from stitchtune.space.schedule import Schedule, row_chunk
+from stitchtune.space.schemes import SCHEMES, SchemeTable
 from stitchtune.space.space_file import load_space_file
 
 Choose = Callable[[str, list[Any]], Any]
@@ -55,23 +56,33 @@ def _core_name(param: str) -> str:
 
 
 class SearchSpace:
-    """The schedule space of one plan on one device (domains from the space file, options from ``table``).
+    """The schedule space of one plan on one device (domains from the space file, options from ``table``,
+    schemes from ``schemes``).
 
     Every option of ``table`` must have a domain ``params[<name>]["choices"]`` in ``data`` that holds its
-    default (else :class:`~stitchtune.errors.StitchtuneError`).
+    default, and every scheme the space file offers must be declared in ``schemes`` (else
+    :class:`~stitchtune.errors.StitchtuneError`).
     """
 
-    def __init__(self, plan: StitchPlan, device: Any, data: dict[str, Any], table: OptionTable = OPTIONS) -> None:
+    def __init__(self, plan: StitchPlan, device: Any, data: dict[str, Any], table: OptionTable = OPTIONS,
+                 schemes: SchemeTable = SCHEMES) -> None:
         self.plan = plan
         self.device = device
         self.data = data
         self.table = table
+        self.schemes = schemes
         self.version: str = str(data["version"])
         self.flat = False  # plain parameter names (see flat_mode)
         self.deterministic = False  # only bitwise-reproducible points (see deterministic_only)
         p = data["params"]
         self.domains: dict[str, list[Any]] = {k: list(v["choices"]) for k, v in p.items()}
-        self.scheme_rules: dict[str, str] = data["scheme_rules"]
+        if "scheme_rules" in data:
+            raise StitchtuneError("search space file: 'scheme_rules' is not read any more; a scheme's legality "
+                                  "is declared with the scheme (stitchtune.space.schemes)")
+        undeclared = [x for x in self.domains["scheme"] if x not in schemes]
+        if undeclared:
+            raise StitchtuneError(f"search space offers undeclared scheme(s) {undeclared} "
+                                  f"(declared: {', '.join(schemes.names)})")
         self.reuse_rules: dict[str, str] = data["reuse_rules"]
         self.constraints: list[dict[str, str]] = data["constraints"]
         for opt in table:
@@ -101,7 +112,7 @@ class SearchSpace:
         if plan.family != "row" or plan.K < 2 * min(self.domains["block"]):  # too short for a cluster of two
             self.max_cluster = 1
         if self.max_cluster <= 1:
-            self.domains["scheme"] = [x for x in self.domains["scheme"] if x != "cluster"]
+            self.domains["scheme"] = [x for x in self.domains["scheme"] if not schemes[x].cluster]
         # vec choices above 16 bytes are never legal: drop them from the domain up front
         self.domains["vec"] = [v for v in self.domains["vec"] if v * self.elem_bytes <= 16]
         if plan.family == "row":
@@ -113,9 +124,9 @@ class SearchSpace:
 
     @classmethod
     def for_plan(cls, plan: StitchPlan, device: Any, path: Path | None = None,
-                 table: OptionTable = OPTIONS) -> "SearchSpace":
+                 table: OptionTable = OPTIONS, schemes: SchemeTable = SCHEMES) -> "SearchSpace":
         """The space of ``plan`` on ``device`` from the space file at ``path`` (default: the installed one)."""
-        return cls(plan, device, load_space_file(path), table)
+        return cls(plan, device, load_space_file(path), table, schemes)
 
     # -- points -----------------------------------------------------------------------------------
     def _core_point(self, tpr: int, block: int, split: int, vec: int, tasks: int, min_blocks: int,
@@ -125,7 +136,7 @@ class SearchSpace:
                 "single_pass_candidates": len(self.plan.single_pass), "tpr": tpr, "block": block,
                 "split": split, "vec": vec, "tasks_per_block": tasks, "min_blocks": min_blocks,
                 "schemes": tuple(schemes), "reuse": tuple(reuse), "max_cluster": self.max_cluster,
-                **self._cross_point}
+                "scheme_table": self.schemes, **self._cross_point}
 
     def _point(self, s: Schedule) -> dict[str, Any]:
         """The whole point of ``s``: its core and every option of this space's table (an option ``s``
@@ -175,8 +186,7 @@ class SearchSpace:
             vec_ok = P % s.vec == 0
             max_split = K
         else:
-            step = s.tpr * s.vec
-            chunk = math.ceil(math.ceil(K / s.split) / step) * step
+            chunk = row_chunk(K, s.split, s.tpr, s.vec)
             per_thread = chunk // s.tpr
             rpb = max(1, s.block // s.tpr)
             smem_cache = 4 * rpb * chunk * len(cached_smem)
@@ -223,7 +233,7 @@ class SearchSpace:
                          int(dev.smem_per_sm) // max(alloc, 1))
             fits = per_sm * max(dev.gpc_sms, default=0) >= cluster
         return {"cluster": cluster, "max_cluster": self.max_cluster,
-                "cluster_stages": sum(1 for x in s.schemes if x == "cluster"), "cluster_fits": fits}
+                "cluster_stages": self.schemes.count(s.schemes, lambda sc: sc.cluster), "cluster_fits": fits}
 
     def _domain_violations(self, s: Schedule) -> list[str]:
         """Values outside their domains, undeclared options, and scheme/reuse counts that do not fit the plan."""
@@ -262,11 +272,11 @@ class SearchSpace:
             if value != opt.default and opt.name not in failed_options and not opt.applies(point):
                 out.append(f"option {opt.name}={value} where it does not apply (only where {opt.where})")
         for i, sch in enumerate(s.schemes):
-            rule = self.scheme_rules.get(sch)
-            if rule is None:
+            scheme = self.schemes.get(sch)
+            if scheme is None:
                 out.append(f"unknown scheme {sch!r}")
-            elif not safe_eval(rule, names):
-                out.append(f"scheme {sch} is not legal for stage {i + 1} with this mapping ({rule})")
+            elif not safe_eval(scheme.rule, names):
+                out.append(f"scheme {sch} is not legal for stage {i + 1} with this mapping ({scheme.rule})")
         inputs = set(self.plan.input_names)
         for cand, r in zip(self.plan.reuse_candidates, s.reuse):
             rule = self.reuse_rules.get(r)
@@ -284,6 +294,10 @@ class SearchSpace:
         return s
 
     # -- decisions --------------------------------------------------------------------------------
+    def _legal_schemes(self, names: dict[str, Any]) -> list[str]:
+        """The schemes this space offers that are legal for the mapping ``names``, in domain order."""
+        return [x for x in self.domains["scheme"] if safe_eval(self.schemes[x].rule, names)]
+
     def _reuse_domain(self, cand: str) -> list[str]:
         is_input = cand in set(self.plan.input_names)
         return [r for r in self.domains["reuse"] if safe_eval(self.reuse_rules[r], {"is_input": is_input})]
@@ -316,10 +330,8 @@ class SearchSpace:
         min_blocks = choose(f"min_blocks_b{block}", mbs)
         tasks = choose("tasks_per_block", d["tasks_per_block"])
         names = {"family": fam, "tpr": tpr, "split": split, "block": block, "max_cluster": self.max_cluster}
-        legal = [x for x in d["scheme"] if safe_eval(self.scheme_rules[x], names)]
-        kind = "split" if split > 1 else ("warp" if "local" in legal else "block")
-        if "cluster" in legal:  # its own name: the split domain without the scheme stays as it was
-            kind = "cluster"
+        legal = self._legal_schemes(names)
+        kind = self.schemes.decision_kind(legal, split)
         schemes = tuple(choose(f"scheme_{i}_{kind}", legal) for i in range(plan.nstages))
         reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
         point = self._core_point(tpr, block, split, vec, tasks, min_blocks, schemes, reuse)
@@ -356,9 +368,8 @@ class SearchSpace:
         while min_blocks and min_blocks * block > self.device.max_threads_per_sm:
             min_blocks = max((m for m in d["min_blocks"] if m < min_blocks), default=0)
         names = {"family": fam, "tpr": tpr, "split": split, "block": block, "max_cluster": self.max_cluster}
-        legal = [x for x in d["scheme"] if safe_eval(self.scheme_rules[x], names)]
-        prefer = ("regional", "global", "independent", "local")
-        fixed = tuple(x if x in legal else next(y for y in prefer if y in legal) for x in schemes)
+        legal = self._legal_schemes(names)
+        fixed = tuple(self.schemes.repair(x, legal) for x in schemes)
         # the options that apply keep their picked value, the others take their default
         point = self._core_point(tpr, block, split, vec, tasks, min_blocks, fixed, reuse)
         options = self._decide_options(point, lambda opt: picked[opt.name], asks_undrawn)
