@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
@@ -102,7 +103,7 @@ class SweepValues:
         self.newly: set[str] = set()
         #: the values of an index-op node (slice / concat / gather), set by the family's sweep
         #: (:class:`stitchtune.lower.remap.RemapValues`); None where the family has no index ops
-        self.index_value = None
+        self.index_value: Callable[[str], list[kir.Expr]] | None = None
 
     def value(self, name: str) -> list[kir.Expr]:
         low, vec = self.low, self.vec
@@ -122,6 +123,7 @@ class SweepValues:
         if name in low.in_buf:
             vals = self.load_input(name)
         elif OPS[low.nodes[name].op].kind in INDEX_KINDS:
+            assert self.index_value is not None, f"index op {name} in a family without index ops"
             vals = self.index_value(name)
         else:
             nd = low.nodes[name]
@@ -444,9 +446,8 @@ class Lowerer:
         ws = self.tasks_in_flight_bytes(grid) if ki == 0 else max(
             (specs[b].nbytes for b in stats["reads"]), default=0)
         elem_bytes = min((kir.ELEM_BYTES[specs[b].dtype] for b in stats["reads"]), default=4)
-        # up to 4 vector loads of the sweep in flight per thread, register-cached or not: the
-        # measured H200 rows contradict the old claim that a register-cached row is all in flight
-        # (scripts/model_quality.py)
+        # up to 4 vector loads of the sweep in flight per thread, register-cached or not (what the
+        # measured H200 rows show, scripts/model_quality.py)
         in_flight = s.vec * elem_bytes * min(self.iters, 4)
         if any(a.name.startswith("pf") for a in kern.locals):
             # prefetch: the next task's loads are in flight while this task reduces (model assumption)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
@@ -179,7 +180,7 @@ class _ColKernel:
             Assign(kend, Bin("min", add(kbase, I(low.chunk)), I(p.M)))]
         self.uses: dict[str, set[str]] = {"in": set(), "out": set()}
         self.pvals: dict[str, list[kir.Expr]] = {}
-        self.stats = {"flops": 0, "sfu": 0, "reads": {}}
+        self.stats: dict[str, Any] = {"flops": 0, "sfu": 0, "reads": {}}
         self.filled: set[str] = set()
         self.prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import math
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Select, Var
-from stitchtune.lower.base import I, add, mul
+from stitchtune.lower.base import Ctx, I, Lowerer, SweepValues, add, mul
+from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.cross import CrossReduction
 from stitchtune.space.options import cross_smem_floats
 
@@ -37,11 +38,11 @@ def _f(x: float) -> Const:
     return Const(float(x), F32)
 
 
-def _per_col(low) -> list[tuple[int, CrossReduction]]:
+def _per_col(low: Lowerer) -> list[tuple[int, CrossReduction]]:
     return [(i, c) for i, c in enumerate(low.p.cross) if c.kind == "per_reduced"]
 
 
-def _scalars(low) -> list[tuple[int, CrossReduction]]:
+def _scalars(low: Lowerer) -> list[tuple[int, CrossReduction]]:
     return [(i, c) for i, c in enumerate(low.p.cross) if c.kind == "scalar"]
 
 
@@ -49,7 +50,7 @@ def _scale(c: CrossReduction) -> float:
     return 1.0 / c.count if c.mean else 1.0
 
 
-def cross_layout(low) -> tuple[list[kir.SharedBuf], list[kir.LocalArray], bool]:
+def cross_layout(low: Lowerer) -> tuple[list[kir.SharedBuf], list[kir.LocalArray], bool]:
     """(shared buffers, local arrays, needs a grid barrier) of the cross reductions of ``low``'s plan."""
     s, nk, ns = low.s, len(_per_col(low)), len(_scalars(low))
     shared: list[kir.SharedBuf] = []
@@ -63,7 +64,7 @@ def cross_layout(low) -> tuple[list[kir.SharedBuf], list[kir.LocalArray], bool]:
     return shared, locals_, s.cross_combine == "grid"
 
 
-def cross_init(k) -> dict[int, Var]:
+def cross_init(k: RowKernelBuilder) -> dict[int, Var]:
     """Zero the accumulators before the round loop (appended to ``k.body``); returns the scalar
     accumulator variable of each scalar cross reduction (by index in ``plan.cross``)."""
     low = k.low
@@ -77,7 +78,7 @@ def cross_init(k) -> dict[int, Var]:
     return accs
 
 
-def cross_accumulate(k, sw, sv, body: list) -> None:
+def cross_accumulate(k: RowKernelBuilder, sw: RowSweep, sv: SweepValues, body: list) -> None:
     """In the output sweep: each full-size source element into its column's (or the scalar) accumulator."""
     low = k.low
     for i, c in enumerate(low.p.cross):
@@ -94,7 +95,7 @@ def cross_accumulate(k, sw, sv, body: list) -> None:
                 body.append(Assign(a, Select(sw.valid, Bin("+", a, vals[j]), a)))
 
 
-def cross_accumulate_rows(k) -> None:
+def cross_accumulate_rows(k: RowKernelBuilder) -> None:
     """Once per task (round body, after the stages): each per-row source value into its scalar
     accumulator, on the row's first lane of its first split block."""
     low, ix = k.low, k.ix
@@ -107,7 +108,7 @@ def cross_accumulate_rows(k) -> None:
         k.rb.append(Assign(a, Select(lead, Bin("+", a, v), a)))
 
 
-def _column(k, e: int) -> kir.Expr:
+def _column(k: RowKernelBuilder, e: int) -> kir.Expr:
     """The column of accumulator element ``e`` (= i * vec + j) of this thread."""
     s = k.low.s
     i, j = divmod(e, s.vec)
@@ -119,7 +120,7 @@ def _warp_sum(out: list, get, put, masks: list[int]) -> None:
         out.append(put(Bin("+", get(), kir.Shfl(get(), m, 32))))
 
 
-def _block_values(k, out: list) -> list[tuple[int, kir.Expr, kir.Expr, kir.Expr]]:
+def _block_values(k: RowKernelBuilder, out: list) -> list[tuple[int, kir.Expr, kir.Expr, kir.Expr]]:
     """The block reduce (statements into ``out``); returns, per block value to combine, ``(cross
     index, column, value, predicate)`` (columns may repeat over loop iterations: statements follow)."""
     low, s = k.low, k.low.s
@@ -179,13 +180,13 @@ def _block_values(k, out: list) -> list[tuple[int, kir.Expr, kir.Expr, kir.Expr]
     return res
 
 
-def partial_buf(low, i: int, grid: int) -> str:
+def partial_buf(low: Lowerer, i: int, grid: int) -> str:
     """The per-block partials of cross reduction ``i``: ``grid x width`` floats (scratch)."""
     width = low.p.N if low.p.cross[i].kind == "per_reduced" else 1
     return low.scratch(f"xp{i}", grid * width)
 
 
-def cross_epilogue(k) -> list:
+def cross_epilogue(k: RowKernelBuilder) -> list:
     """The statements after the round loop: block reduce, then the cross-block combine of the schedule."""
     low = k.low
     mode, grid = low.s.cross_combine, k.lay.grid
@@ -208,7 +209,7 @@ def cross_epilogue(k) -> list:
     return out
 
 
-def final_sums(low, cx, uses: dict, parts: int, nblocks: int) -> list:
+def final_sums(low: Lowerer, cx: Ctx, uses: dict, parts: int, nblocks: int) -> list:
     """Sum the ``parts`` per-block partials of every cross reduction in block order into its output,
     with ``nblocks`` blocks running this code: per column one thread; a scalar by block 0 (every thread
     a strided share, then shuffles and ``sxs`` across the warps)."""
@@ -254,15 +255,14 @@ def final_sums(low, cx, uses: dict, parts: int, nblocks: int) -> list:
     return out
 
 
-def _small_kernel(low, name: str, cx, uses: dict, body: list, shared: list) -> kir.Kernel:
+def _small_kernel(low: Lowerer, name: str, cx: Ctx, uses: dict, body: list, shared: list) -> kir.Kernel:
     params = [low.param(b) for b in sorted(uses["out"], key=lambda x: int(x[3:]))]
     params += [low.param(b) for b in sorted(cx.scratch)]
     return kir.Kernel(name, tuple(params), tuple(body), low.s.block, tuple(shared), (), 0, None)
 
 
-def zero_kernel(low) -> tuple[kir.Kernel, int]:
+def zero_kernel(low: Lowerer) -> tuple[kir.Kernel, int]:
     """(the kernel that zeroes the atomically accumulated outputs, its grid): one element per thread."""
-    from stitchtune.lower.base import Ctx
 
     cx, uses = Ctx(), {"in": set(), "out": set()}
     block = low.s.block
@@ -277,9 +277,8 @@ def zero_kernel(low) -> tuple[kir.Kernel, int]:
     return _small_kernel(low, "st_xzero", cx, uses, body, []), math.ceil(width / block)
 
 
-def combine_kernel(low, parts: int) -> tuple[kir.Kernel, int]:
+def combine_kernel(low: Lowerer, parts: int) -> tuple[kir.Kernel, int]:
     """(the second kernel of ``cross_combine`` kernel: sums the ``parts`` partials in block order, its grid)."""
-    from stitchtune.lower.base import Ctx
 
     cx, uses = Ctx(), {"in": set(), "out": set()}
     block = low.s.block
@@ -290,7 +289,7 @@ def combine_kernel(low, parts: int) -> tuple[kir.Kernel, int]:
     return _small_kernel(low, "st_xsum", cx, uses, body, shared), grid
 
 
-def small_profile(low, kern: kir.Kernel, grid: int, parts: int) -> kir.KernelProfile:
+def small_profile(low: Lowerer, kern: kir.Kernel, grid: int, parts: int) -> kir.KernelProfile:
     """The analytic profile of a zeroing or combine kernel: it reads the partials, writes the outputs."""
     specs = {b.name: b for b in low.buffers}
     reads = sum(specs[p.name].nbytes for p in kern.params if p.role == "scratch")
@@ -303,7 +302,7 @@ def small_profile(low, kern: kir.Kernel, grid: int, parts: int) -> kir.KernelPro
         scratch_loads=int(math.ceil(_combine_loads(low, parts) / 8)) if reads else 0)
 
 
-def _combine_loads(low, parts: int) -> int:
+def _combine_loads(low: Lowerer, parts: int) -> int:
     """Partials one thread of the combine loads: all ``parts`` of its column, or its strided share of
     a scalar's. They are independent loads of distinct, coalesced lines (unlike a split row's partials,
     which every thread of a row loads), so the chain counts them 8 in flight per thread (an assumption)."""
@@ -312,7 +311,7 @@ def _combine_loads(low, parts: int) -> int:
     return math.ceil(parts / low.s.block) if parts else 0
 
 
-def atomic_counts(low, grid: int) -> tuple[int, int]:
+def atomic_counts(low: Lowerer, grid: int) -> tuple[int, int]:
     """(atomic adds of the main kernel, the most of them to one address) under ``cross_combine`` atomic."""
     if low.s.cross_combine != "atomic":
         return 0, 0

@@ -21,7 +21,7 @@ scratch + software grid barrier), ``independent`` (partials in global scratch, k
 their partials through distributed shared memory after a cluster barrier; see
 :mod:`stitchtune.lower.cluster`).
 
-Options (defaults = the kernels of before they existed): ``order`` alternate runs every other sweep
+Options (at their defaults the kernels are those without them): ``order`` alternate runs every other sweep
 that reads a full-size tensor backwards and every other such kernel's tasks in reverse; ``prefetch``
 (row reductions) loads the next task's full-size inputs into registers right after the first sweep;
 ``combine`` warp (split rows) has the lanes of each warp load a row's partials together.

@@ -45,7 +45,8 @@ from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.ops import OPS
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select
-from stitchtune.lower.base import I, add, and_, mul
+from stitchtune.lower.base import I, Lowerer, SweepValues, add, and_, mul
+from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.planner import TensorClass
 from stitchtune.plan.remap import (Shift, column_shift, composed_chains, domain_of, mixed_layout, root_shift,
                                    shift_offset)
@@ -63,7 +64,7 @@ class RemapValues:
     (``low``, ``ix``, ``cx``, ``rb``, ``uses``, ``stats``, ``f_index``), ``sw`` the sweep, ``sv`` its
     :class:`~stitchtune.lower.base.SweepValues`."""
 
-    def __init__(self, kern, sw, sv) -> None:
+    def __init__(self, kern: RowKernelBuilder, sw: RowSweep, sv: SweepValues) -> None:
         self.k, self.sw, self.sv = kern, sw, sv
         low = kern.low
         self.low, self.p, self.g, self.vec = low, low.p, low.g, low.s.vec
@@ -419,7 +420,7 @@ def _unravel(lin: kir.Expr, shape: tuple[int, ...]) -> list[kir.Expr]:
     return out
 
 
-def _flag_buffer(low, node_id: str) -> str:
+def _flag_buffer(low: Lowerer, node_id: str) -> str:
     """The error-flag scratch of gather ``node_id`` (one float32, zeroed before the launch)."""
     for b in low.buffers:
         if b.role == "scratch" and b.name.startswith("gerr") and b.tensor == node_id:
@@ -429,7 +430,7 @@ def _flag_buffer(low, node_id: str) -> str:
     return name
 
 
-def _domain(low) -> tuple[int, ...]:
+def _domain(low: Lowerer) -> tuple[int, ...]:
     return domain_of(low.g)
 
 

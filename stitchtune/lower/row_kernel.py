@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 from functools import partial
-from typing import Iterator
+from typing import Any, Iterator
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Var
 from stitchtune.lower import single_pass as sp
 from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul, SweepValues
-from stitchtune.lower.builder import RowIndex
+from stitchtune.lower.builder import RowIndex, RowLayout, RowSweep
 from stitchtune.lower.cluster import STATE_SLOTS, cluster_counts, cluster_shared, cluster_size
 from stitchtune.lower.cross import (atomic_counts, cross_accumulate, cross_accumulate_rows, cross_epilogue,
                                     cross_init, cross_layout)
@@ -29,19 +28,6 @@ from stitchtune.lower.remap import RemapValues
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import Schedule
-
-
-@dataclass(frozen=True)
-class RowLayout:
-    """Where one kernel keeps its reduction exchange and caches, and how it is launched."""
-
-    shared: tuple[kir.SharedBuf, ...]     # sred (the exchange), sc<t> (shared caches)
-    locals_: tuple[kir.LocalArray, ...]   # rc<t> (register caches)
-    smem_bytes: int
-    grid: int
-    rounds: int                           # tasks per block, in turn
-    needs_sync: bool                      # a global stage: a grid barrier
-    cluster: int = 1                      # a cluster stage: blocks per thread-block cluster
 
 
 def row_layout(low: Lowerer, seg: list[int], tasks: int, est_regs: int, is_last: bool = False) -> RowLayout:
@@ -73,19 +59,6 @@ def row_layout(low: Lowerer, seg: list[int], tasks: int, est_regs: int, is_last:
                       cluster)
 
 
-@dataclass(frozen=True)
-class RowSweep:
-    """One sweep's loop: the logical iteration index, the thread's first element ``k0`` of the
-    iteration and its validity, the loop body being built, and whether the full-size inputs come
-    from the prefetch registers (the kernel's first sweep, with prefetch on)."""
-
-    idx: kir.Expr
-    k0: Var
-    valid: Var
-    body: list
-    from_prefetch: bool
-
-
 class RowKernel:
     """One kernel of a row-family program, built phase by phase: the index set-up (constructor),
     the results of earlier kernels (:meth:`read_earlier_stages`), one sweep + combine per stage
@@ -113,7 +86,7 @@ class RowKernel:
         self.rb: list = self.round_head(tasks)
         self.uses: dict[str, set[str]] = {"in": set(), "out": set()}
         self.pvals: dict[str, kir.Expr] = {}
-        self.stats = {"flops": 0, "sfu": 0, "reads": {}}
+        self.stats: dict[str, Any] = {"flops": 0, "sfu": 0, "reads": {}}
         self.filled: set[str] = set()
         self.prefetched: list[str] = []
         self.row_bases: dict[str, Var] = {}  # mapped inputs: their row base in this round
@@ -265,18 +238,20 @@ class RowKernel:
         tn, rown, vn = cx.var("tn", I32), cx.var("rown", I32), cx.var("vn", kir.BOOL)
         ip, kp, vp = cx.var("ip", I32), cx.var("kp", I32), cx.var("vp", kir.BOOL)
         row_ok = Bin("<", rown, I(M))
-        out = [Assign(tn, task_expr), Assign(rown, self.row_of(tn)),
-               Assign(vn, and_(valid_task, row_ok))]
+        out: list[kir.Stmt] = [Assign(tn, task_expr), Assign(rown, self.row_of(tn)),
+                               Assign(vn, row_ok if valid_task is None else Bin("&&", valid_task, row_ok))]
         lp: list = [Assign(kp, mul(add(mul(ip, I(tpr)), self.ix.lane), I(vec))),
                     Assign(vp, Bin("&&", vn, Bin("<", kp, I(N))))]
         for name in self.prefetched:
             tix = low.tid_of[name]
+            dsts: list[kir.Expr]
             if low.p.imap(name).partial_cols or low.p.imap(name).vector_mode(vec) == "scalar":  # through the map
                 dsts = low.mapped_load(cx, lp, name, low.row_base(name, Bin("min", rown, I(M - 1))), kp, vp,
                                        f"f{tix}_")
             else:
-                dsts = tuple(cx.var(f"f{tix}_", F32) for _ in range(vec))
-                lp.append(kir.LoadVec(dsts, low.in_buf[name], self.f_index(rown, kp, name), vp))
+                loaded = tuple(cx.var(f"f{tix}_", F32) for _ in range(vec))
+                lp.append(kir.LoadVec(loaded, low.in_buf[name], self.f_index(rown, kp, name), vp))
+                dsts = list(loaded)
             lp += [kir.SetLocal(f"pf{tix}", add(mul(ip, I(vec)), I(j)), dsts[j]) for j in range(vec)]
         out.append(kir.For(ip, I(0), I(low.iters), 1, tuple(lp), unroll=True))
         return out
