@@ -47,7 +47,7 @@ import random
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.hardware.occupancy import max_resident_blocks, occupancy
 from stitchtune.plan.planner import StitchPlan
-from stitchtune.space import PERSISTENT, Schedule, SchemeName, SearchSpace
+from stitchtune.space import PERSISTENT, ReuseLevel, Schedule, SchemeName, SearchSpace, uncached_level
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +74,14 @@ def _reuse(space: SearchSpace, base: Schedule) -> Schedule:
     """Registers first (<= 64 floats/thread), then shared memory, else re-read/recompute; never a level
     that leaves a block without an SM to run on (estimated registers)."""
     plan = space.plan
-    inputs = set(plan.input_names)
-    levels = ["global" if c in inputs else "recompute" for c in plan.reuse_candidates]
+    levels = list(_uncached(plan))
     for i in range(len(plan.reuse_candidates)):
-        for lvl in ("register", "shared"):
+        for lvl in (ReuseLevel.REGISTER, ReuseLevel.SHARED):
             trial = levels.copy()
             trial[i] = lvl
             s = Schedule(**{**base.to_dict(), "schemes": base.schemes, "reuse": tuple(trial)})
             d = space.derived(s)
-            if lvl == "register" and d["reg_cache_elems"] > 64:
+            if lvl == ReuseLevel.REGISTER and d["reg_cache_elems"] > 64:
                 continue
             if space.violations(s) or _estimated_blocks_per_sm(space, s) == 0:  # a block must fit an SM
                 continue
@@ -163,25 +162,38 @@ def _cluster_row(space: SearchSpace, plan: StitchPlan, dev, block: int = 512) ->
     return _fit_one_block(space, _reuse(space, _with_reuse(plan, base)))
 
 
+def _uncached(plan: StitchPlan) -> tuple[ReuseLevel, ...]:
+    """Every reuse candidate kept nowhere: inputs re-read, intermediates recomputed."""
+    inputs = set(plan.input_names)
+    return tuple(uncached_level(c in inputs) for c in plan.reuse_candidates)
+
+
 def _with_reuse(plan: StitchPlan, s: Schedule) -> Schedule:
     """``s`` with every reuse candidate re-read (inputs) or recomputed (intermediates)."""
-    return Schedule(**{**s.to_dict(), "schemes": s.schemes,
-                       "reuse": tuple("global" if c in plan.input_names else "recompute" for c in plan.reuse_candidates)})
+    return Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": _uncached(plan)})
+
+
+def _demoted(plan: StitchPlan, s: Schedule) -> Schedule | None:
+    """``s`` with its last cached tensor one level down (registers -> shared -> re-read / recompute), or
+    None when nothing is cached."""
+    levels = list(s.reuse)
+    idx = next((i for i in reversed(range(len(levels))) if levels[i] in (ReuseLevel.REGISTER, ReuseLevel.SHARED)),
+               None)
+    if idx is None:
+        return None
+    is_input = plan.reuse_candidates[idx] in set(plan.input_names)
+    levels[idx] = ReuseLevel.SHARED if levels[idx] == ReuseLevel.REGISTER else uncached_level(is_input)
+    return Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": tuple(levels)})
 
 
 def _fit_one_block(space: SearchSpace, s: Schedule) -> Schedule:
     """Demote reuse levels (registers -> shared -> re-read / recompute), last tensor first, until a block
     with the estimated registers fits on an SM (rule 6)."""
-    plan, inputs = space.plan, set(space.plan.input_names)
-    order = ["register", "shared", "global"]
     while _estimated_blocks_per_sm(space, s) < 1:
-        levels = list(s.reuse)
-        idx = next((i for i in reversed(range(len(levels))) if levels[i] in ("register", "shared")), None)
-        if idx is None:
+        demoted = _demoted(space.plan, s)
+        if demoted is None:
             break
-        nxt = order[order.index(levels[idx]) + 1]
-        levels[idx] = nxt if (nxt != "global" or plan.reuse_candidates[idx] in inputs) else "recompute"
-        s = Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": tuple(levels)})
+        s = demoted
     return s
 
 
@@ -233,25 +245,18 @@ def heuristic_schedule(plan: StitchPlan, device, space: SearchSpace | None = Non
     if clustered is not None:
         return _checked(space, _relax_registers(space, clustered))
     base = _col(space, plan, device) if plan.family == "col" else _row(space, plan, device)
-    s = _reuse(space, Schedule(**{**base.to_dict(), "schemes": base.schemes,
-                                  "reuse": tuple("global" if c in plan.input_names else "recompute"
-                                                 for c in plan.reuse_candidates)}))
+    s = _reuse(space, _with_reuse(plan, base))
     # global stitching needs a co-resident grid: demote reuse levels (registers -> shared -> re-read)
     # one tensor at a time until it is, and fall back to independent kernels when nothing helps
     if _grid_barrier(space, s):
-        inputs = set(plan.input_names)
-        order = ["register", "shared", "global"]
         while not _coresident(space, s):
-            levels = list(s.reuse)
-            idx = next((i for i in reversed(range(len(levels))) if levels[i] in ("register", "shared")), None)
-            if idx is None:
+            demoted = _demoted(plan, s)
+            if demoted is None:
                 s = Schedule(**{**s.to_dict(), "reuse": s.reuse,
                                 "schemes": tuple(SchemeName.INDEPENDENT if space.schemes[x].grid_barrier else x
                                                  for x in s.schemes)})
                 break
-            nxt = order[order.index(levels[idx]) + 1]
-            levels[idx] = nxt if (nxt != "global" or plan.reuse_candidates[idx] in inputs) else "recompute"
-            s = Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": tuple(levels)})
+            s = demoted
     s = _relax_registers(space, s)
     if _grid_barrier(space, s):
         s = _pin_coresidency(space, s)

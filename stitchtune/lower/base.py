@@ -21,7 +21,7 @@ from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
 from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.plan.single_pass import SinglePassCandidate
-from stitchtune.space import SCHEMES, Schedule, Scheme, SchemeTable
+from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable
 
 def I(v: int) -> Const:  # noqa: E743 (the short name keeps index arithmetic readable)
     """The int32 constant ``v``."""
@@ -116,7 +116,7 @@ class SweepValues:
         level = low.reuse.get(name)
         if name in self.filled:
             vals: list[kir.Expr] = ([LocalRef(f"rc{tix}", self.cache_index(j)) for j in range(vec)]
-                                    if level == "register" else
+                                    if level == ReuseLevel.REGISTER else
                                     [Load(f"sc{tix}", self.smem_index(j)) for j in range(vec)])
             self.memo[name] = vals
             return vals
@@ -135,9 +135,9 @@ class SweepValues:
                 vals.append(v)
             self.stats["flops"] += OPS[nd.op].flops * vec
             self.stats["sfu"] += OPS[nd.op].sfu * vec
-        if low.cls[name] is TensorClass.FULL and level in ("register", "shared"):
+        if low.cls[name] is TensorClass.FULL and level in (ReuseLevel.REGISTER, ReuseLevel.SHARED):
             for j in range(vec):
-                if level == "register":
+                if level == ReuseLevel.REGISTER:
                     self.body.append(kir.SetLocal(f"rc{tix}", self.cache_index(j), vals[j]))
                 else:
                     self.body.append(kir.StoreVec(f"sc{tix}", self.smem_index(j), (vals[j],)))

@@ -29,7 +29,7 @@ from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select, Var
 from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul, SweepValues, estimate_registers
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space import SCHEMES, Schedule, Scheme, SchemeTable
+from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable
 
 
 def _load_f32(dsts: tuple, buf: str, idx: kir.Expr, pred: kir.Expr | None) -> list:
@@ -58,7 +58,7 @@ class ColLowerer(Lowerer):
         self.rpb = 1
         tiles = math.ceil(N / self.TC)
         tasks = tiles * S
-        n_reg = sum(1 for r in s.reuse if r == "register")
+        n_reg = sum(1 for r in s.reuse if r == ReuseLevel.REGISTER)
         est = estimate_registers(self.per_thread * n_reg, vec, 4)
         kernels, launches, profiles = [], [], []
         segs = self.kernel_segments()
@@ -104,10 +104,10 @@ def _col_layout(low: ColLowerer, seg: list[int], tasks: int, est_regs: int) -> _
     if red_slots and s.tpr > 1:
         shared.append(kir.SharedBuf("sred", red_slots * s.tpr * low.TC))
     for c in p.reuse_candidates:
-        if low.reuse[c] == "shared":
+        if low.reuse[c] == ReuseLevel.SHARED:
             shared.append(kir.SharedBuf(f"sc{low.tid_of[c]}", low.rpt * s.tpr * low.TC))
     locals_ = [kir.LocalArray(f"rc{low.tid_of[c]}", low.per_thread)
-               for c in p.reuse_candidates if low.reuse[c] == "register"]
+               for c in p.reuse_candidates if low.reuse[c] == ReuseLevel.REGISTER]
     smem_bytes = 4 * sum(x.size for x in shared)
     needs_sync = any(low.schemes[s.schemes[i]].grid_barrier for i in seg)
     grid = low.grid_for(tasks, s.block, smem_bytes, est_regs, s.split if s.split > 1 else 1, needs_sync)

@@ -20,7 +20,7 @@ from stitchtune.lower.base import Lowerer, estimate_registers
 from stitchtune.lower.cross import combine_kernel, small_profile, zero_kernel
 from stitchtune.lower.row_kernel import RowKernel
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space import SCHEMES, Schedule, SchemeTable, row_chunk
+from stitchtune.space import SCHEMES, ReuseLevel, Schedule, SchemeTable, row_chunk, uncached_level
 
 
 class RowLowerer(Lowerer):
@@ -33,7 +33,7 @@ class RowLowerer(Lowerer):
         self.merged = {c.stage: c for c in p.single_pass} if s.single_pass else {}
         if self.merged:  # tensors only the output sweep reads now: computed (or read) there, not cached
             for c in sp.single_sweep_candidates(self.g, p):
-                self.reuse[c] = "global" if c in self.in_buf else "recompute"
+                self.reuse[c] = uncached_level(c in self.in_buf)
         tpr, block, S, vec = s.tpr, s.block, s.split, s.vec
         self.rpb = rpb = block // tpr
         chunk = row_chunk(N, S, tpr, vec)
@@ -41,7 +41,7 @@ class RowLowerer(Lowerer):
         tasks = math.ceil(M / rpb) if S == 1 else M * S
         kernels, launches, profiles = [], [], []
         segs = self.kernel_segments() if p.nstages else [[]]
-        n_reg = sum(1 for r in self.reuse.values() if r == "register")
+        n_reg = sum(1 for r in self.reuse.values() if r == ReuseLevel.REGISTER)
         n_pf = s.prefetch * sum(1 for n, c in p.classes if c is TensorClass.FULL and n in self.in_buf)
         n_pf += sum(1 for c in p.cross if c.kind == "per_reduced")  # the cross accumulators
         est = estimate_registers(self.per_thread * (n_reg + n_pf), vec, 4)

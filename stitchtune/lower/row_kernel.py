@@ -27,7 +27,7 @@ from stitchtune.lower.exchange import combine_partials, exchange
 from stitchtune.lower.remap import RemapValues
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space import Schedule
+from stitchtune.space import ReuseLevel, Schedule
 
 
 def row_layout(low: Lowerer, seg: list[int], tasks: int, est_regs: int, is_last: bool = False) -> RowLayout:
@@ -43,10 +43,10 @@ def row_layout(low: Lowerer, seg: list[int], tasks: int, est_regs: int, is_last:
     if cluster > 1:
         shared.append(cluster_shared(max(red_slots, STATE_SLOTS if s.single_pass else 0)))
     for c in p.reuse_candidates:
-        if low.reuse[c] == "shared":
+        if low.reuse[c] == ReuseLevel.SHARED:
             shared.append(kir.SharedBuf(f"sc{low.tid_of[c]}", low.rpb * low.chunk))
     locals_ = [kir.LocalArray(f"rc{low.tid_of[c]}", low.per_thread)
-               for c in p.reuse_candidates if low.reuse[c] == "register"]
+               for c in p.reuse_candidates if low.reuse[c] == ReuseLevel.REGISTER]
     cross_sync = False
     if is_last and p.cross:
         x_shared, x_locals, cross_sync = cross_layout(low)

@@ -9,6 +9,7 @@ One job per module: ``schedule`` (the value), ``options`` (every option declared
 from stitchtune.space.constraints import names_used, safe_eval
 from stitchtune.space.options import (COMBINE, CORE_FIELDS, OPTIONS, ORDER, PREFETCH, RESERVED, SINGLE_PASS, Option,
                                       OptionTable, Point, prefetchable, rereads)
+from stitchtune.space.levels import ReuseLevel, uncached_level
 from stitchtune.space.schedule import PERSISTENT, Schedule, row_chunk
 from stitchtune.space.schemes import SCHEMES, Scheme, SchemeName, SchemeTable
 from stitchtune.space.search_space import SearchSpace
@@ -18,5 +19,5 @@ __all__ = [
     "COMBINE", "CORE_FIELDS", "OPTIONS", "ORDER", "PERSISTENT", "PREFETCH", "RESERVED", "SINGLE_PASS", "Option",
     "OptionTable", "Point",
     "SCHEMES", "SPACE_FILE", "Schedule", "Scheme", "SchemeName", "SchemeTable", "SearchSpace", "default_space_file", "load_space_file", "names_used", "prefetchable",
-    "rereads", "row_chunk", "safe_eval",
+    "rereads", "ReuseLevel", "row_chunk", "safe_eval", "uncached_level",
 ]

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, TypeVar
 
+from stitchtune.space.levels import ReuseLevel
 from stitchtune.space.schemes import SCHEMES, SchemeTable
 
 T = TypeVar("T")
@@ -175,7 +176,7 @@ def rereads(schemes: Iterable[str], reuse: Iterable[str], table: SchemeTable = S
     level ``global`` (an input re-read) or ``recompute`` (its inputs re-read), or a kernel boundary
     (a stage whose scheme has one, ``independent``: nothing cached survives it). Only then does the
     sweep ``order`` matter."""
-    return any(r in ("global", "recompute") for r in reuse) or table.any(schemes, lambda sc: sc.kernel_boundary)
+    return any(r in (ReuseLevel.GLOBAL, ReuseLevel.RECOMPUTE) for r in reuse) or table.any(schemes, lambda sc: sc.kernel_boundary)
 
 
 def _schemes_of(p: Point) -> SchemeTable:

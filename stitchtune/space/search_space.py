@@ -21,6 +21,7 @@ from stitchtune.errors import ScheduleError, StitchtuneError
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space.constraints import names_used, safe_eval
 from stitchtune.space.options import OPTIONS, Option, OptionTable, cross_smem_floats
+from stitchtune.space.levels import ReuseLevel
 from stitchtune.space.schedule import Schedule, row_chunk
 from stitchtune.space.schemes import SCHEMES, SchemeTable
 from stitchtune.space.space_file import load_space_file
@@ -174,8 +175,8 @@ class SearchSpace:
         plan = self.plan
         K, P = plan.K, plan.P
         fam = plan.family
-        cached_reg = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == "register"]
-        cached_smem = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == "shared"]
+        cached_reg = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == ReuseLevel.REGISTER]
+        cached_smem = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == ReuseLevel.SHARED]
         if fam == "col":
             chunk = math.ceil(K / s.split)
             rows_per_thread = math.ceil(chunk / max(s.tpr, 1))
