@@ -46,7 +46,7 @@ import random
 
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.hardware.occupancy import max_resident_blocks, occupancy
-from stitchtune.plan.planner import StitchPlan
+from stitchtune.plan.planner import Family, StitchPlan
 from stitchtune.space import PERSISTENT, ReuseLevel, Schedule, SchemeName, SearchSpace, uncached_level
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ def _row(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
     M, N = plan.M, plan.N
     vec = _vec(space, N)
     wave = max_resident_blocks(dev, 1024, 32, 0) or dev.sm_count  # assume 32 regs, 1024 threads
-    if plan.family == "elementwise":
+    if plan.family == Family.ELEMENTWISE:
         tpr = min(1024, max(32, _pow2_ceil(N / (vec * 8))))
         return Schedule(tpr, tpr, 1, vec, 1, 0, (), ())
     if M < wave and N > 1024 and not plan.cross:  # task splitting
@@ -146,7 +146,7 @@ def _cluster_row(space: SearchSpace, plan: StitchPlan, dev, block: int = 512) ->
     preference among 128..1024 differs between layernorm_wide, logsoftmax and softmax_wide, and its
     cluster constants are guesses), the smallest cluster that brings one cached tensor to <= 64 floats per
     thread (rule 4's register budget), else the largest."""
-    if plan.family != "row" or not plan.nstages or space.max_cluster <= 1 or plan.cross:  # cross: split 1
+    if plan.family != Family.ROW or not plan.nstages or space.max_cluster <= 1 or plan.cross:  # cross: split 1
         return None
     vec = _vec(space, plan.N)
     if 1024 not in space.domains["block"] or _row_registers(plan, 1024, vec) <= _register_budget(dev):
@@ -244,7 +244,7 @@ def heuristic_schedule(plan: StitchPlan, device, space: SearchSpace | None = Non
     clustered = _cluster_row(space, plan, device)
     if clustered is not None:
         return _checked(space, _relax_registers(space, clustered))
-    base = _col(space, plan, device) if plan.family == "col" else _row(space, plan, device)
+    base = _col(space, plan, device) if plan.family == Family.COL else _row(space, plan, device)
     s = _reuse(space, _with_reuse(plan, base))
     # global stitching needs a co-resident grid: demote reuse levels (registers -> shared -> re-read)
     # one tensor at a time until it is, and fall back to independent kernels when nothing helps

@@ -15,7 +15,7 @@ from typing import Callable
 
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
-from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, MathOp, Var
+from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, LocalRef, MathOp, Var
 from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
 from stitchtune.graph.ops import INDEX_KINDS, OPS
@@ -161,13 +161,13 @@ class Lowerer:
         for i, (name, spec) in enumerate(graph.inputs):
             b = f"in{i}"
             self.in_buf[name] = b
-            self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), "input", name))
+            self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), BufferRole.INPUT, name))
         self.out_buf: dict[str, str] = {}
         for j, name in enumerate(dict.fromkeys(graph.outputs)):
             b = f"out{j}"
             self.out_buf[name] = b
             spec = graph.spec(name)
-            self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), "output", name))
+            self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), BufferRole.OUTPUT, name))
         self.reuse = dict(zip(plan.reuse_candidates, s.reuse))
         self.gather_tables = {nd.args[0] for nd in graph.nodes if nd.op == "gather"}
         self.rpb = 1
@@ -292,7 +292,7 @@ class Lowerer:
         part of the rows (each of its rows is read by several view rows) its own size while it fits
         in half the L2 (the repeats hit there), else the view's ``M * N`` elements (each repeat
         misses). A simple model: the L2 share and the all-or-nothing switch are assumptions."""
-        name = buf.tensor if buf.role == "input" else ""
+        name = buf.tensor if buf.role == BufferRole.INPUT else ""
         if name in self.gather_tables:  # the gathered rows, at most the whole table
             return min(buf.nbytes, self.p.M * self.p.N * kir.ELEM_BYTES[buf.dtype])
         if not name or not self.p.mapped(name) or buf.nbytes <= self.dev.l2_bytes // 2:
@@ -307,7 +307,7 @@ class Lowerer:
         element size, stride)``, while the tensor is larger than half the L2 (a smaller one keeps its
         sectors in L2 until the neighbouring lanes of other warps use them: 1). A simple model: the
         L2 share is an assumption, and partial reuse of sectors by later warps is not modelled."""
-        name = buf.tensor if buf.role in ("input", "output") else ""
+        name = buf.tensor if buf.role in (BufferRole.INPUT, BufferRole.OUTPUT) else ""
         if not name or not self.p.mapped(name) or buf.nbytes <= self.dev.l2_bytes // 2:
             return 1
         cols = self.p.imap(name).cols
@@ -321,16 +321,16 @@ class Lowerer:
     # -- helpers ------------------------------------------------------------------------------
     def param(self, bufname: str) -> kir.Param:
         b = next(x for x in self.buffers if x.name == bufname)
-        return kir.Param(b.name, b.dtype if b.role != "barrier" else "float32", b.size, b.role)
+        return kir.Param(b.name, b.dtype if b.role != BufferRole.BARRIER else "float32", b.size, b.role)
 
     def scratch(self, name: str, size: int) -> str:
         if not any(b.name == name for b in self.buffers):
-            self.buffers.append(kir.BufferSpec(name, "float32", size, "scratch", "", zero_init=False))
+            self.buffers.append(kir.BufferSpec(name, "float32", size, BufferRole.SCRATCH, "", zero_init=False))
         return name
 
     def barrier_buf(self) -> str:
         if not any(b.name == "gbar" for b in self.buffers):
-            self.buffers.append(kir.BufferSpec("gbar", "float32", 2, "barrier", "", zero_init=True))
+            self.buffers.append(kir.BufferSpec("gbar", "float32", 2, BufferRole.BARRIER, "", zero_init=True))
         return "gbar"
 
     def red_info(self, r: str):
@@ -441,8 +441,8 @@ class Lowerer:
             if self.cls.get(name) is not TensorClass.FULL and self.in_buf[name] in {pp.name for pp in kern.params}:
                 dram_read += math.prod(spec.shape) * kir.ELEM_BYTES[spec.dtype]
         writes = sum(specs[pp.name].nbytes * self.sector_factor(specs[pp.name])
-                     for pp in kern.params if pp.role == "output")
-        scratch = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "scratch")
+                     for pp in kern.params if pp.role == BufferRole.OUTPUT)
+        scratch = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == BufferRole.SCRATCH)
         ws = self.tasks_in_flight_bytes(grid) if ki == 0 else max(
             (specs[b].nbytes for b in stats["reads"]), default=0)
         elem_bytes = min((kir.ELEM_BYTES[specs[b].dtype] for b in stats["reads"]), default=4)

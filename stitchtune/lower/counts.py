@@ -6,12 +6,13 @@ import dataclasses
 import math
 
 from stitchtune.ir import kir
+from stitchtune.ir.kir import BufferRole
 
 
 def scratch_loads_per_thread(kern: kir.Kernel) -> int:
     """Loads (:class:`kir.Load` / :class:`kir.LoadVec`) of scratch parameters one thread executes,
     with each loop counted ``trip count`` times (constant bounds; 1 otherwise)."""
-    scratch = {pp.name for pp in kern.params if pp.role == "scratch"}
+    scratch = {pp.name for pp in kern.params if pp.role == BufferRole.SCRATCH}
 
     def in_expr(x) -> int:
         if isinstance(x, kir.Load):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from stitchtune.ir import kir
-from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Select, Var
+from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, LocalRef, Select, Var
 from stitchtune.lower.base import Ctx, I, Lowerer, SweepValues, add, mul
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.cross import CrossReduction
@@ -292,8 +292,8 @@ def combine_kernel(low: Lowerer, parts: int) -> tuple[kir.Kernel, int]:
 def small_profile(low: Lowerer, kern: kir.Kernel, grid: int, parts: int) -> kir.KernelProfile:
     """The analytic profile of a zeroing or combine kernel: it reads the partials, writes the outputs."""
     specs = {b.name: b for b in low.buffers}
-    reads = sum(specs[p.name].nbytes for p in kern.params if p.role == "scratch")
-    writes = sum(specs[p.name].nbytes for p in kern.params if p.role == "output")
+    reads = sum(specs[p.name].nbytes for p in kern.params if p.role == BufferRole.SCRATCH)
+    writes = sum(specs[p.name].nbytes for p in kern.params if p.role == BufferRole.OUTPUT)
     return kir.KernelProfile(
         name=kern.name, grid=grid, block=kern.block, smem_bytes=kern.smem_bytes, est_registers=32,
         dram_read_bytes=int(reads), dram_write_bytes=int(writes), reread_bytes=0, reread_working_set=0,

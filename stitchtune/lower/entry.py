@@ -45,7 +45,7 @@ from stitchtune.lower.base import estimate_registers
 from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
 from stitchtune.lower.col import lower_col
 from stitchtune.lower.row import lower_row
-from stitchtune.plan.planner import StitchPlan
+from stitchtune.plan.planner import Family, StitchPlan
 from stitchtune.space import Schedule, SearchSpace
 
 CODEGEN_VERSION = "1"
@@ -57,6 +57,6 @@ def lower(graph: Graph, plan: StitchPlan, schedule: Schedule, device, space: Sea
     """Lower ``schedule`` for ``graph``; raise :class:`ScheduleError` naming why a point is illegal."""
     space = space or SearchSpace.for_plan(plan, device)
     space.check(schedule)
-    if plan.family == "col":
+    if plan.family == Family.COL:
         return lower_col(graph, plan, schedule, device, space.schemes)
     return lower_row(graph, plan, schedule, device, space.schemes)

@@ -44,7 +44,7 @@ from math import prod
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.ops import OPS
 from stitchtune.ir import kir
-from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select
+from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, Select
 from stitchtune.lower.base import I, Lowerer, SweepValues, add, and_, mul
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.planner import TensorClass
@@ -56,7 +56,7 @@ __all__ = ["Shift", "RemapValues", "gather_flag_buffers"]
 
 def gather_flag_buffers(program: kir.Program) -> dict[str, str]:
     """Error-flag buffer name -> gather node id of a lowered program (empty without gathers)."""
-    return {b.name: b.tensor for b in program.buffers if b.role == "scratch" and b.name.startswith("gerr")}
+    return {b.name: b.tensor for b in program.buffers if b.role == BufferRole.SCRATCH and b.name.startswith("gerr")}
 
 
 class RemapValues:
@@ -423,10 +423,10 @@ def _unravel(lin: kir.Expr, shape: tuple[int, ...]) -> list[kir.Expr]:
 def _flag_buffer(low: Lowerer, node_id: str) -> str:
     """The error-flag scratch of gather ``node_id`` (one float32, zeroed before the launch)."""
     for b in low.buffers:
-        if b.role == "scratch" and b.name.startswith("gerr") and b.tensor == node_id:
+        if b.role == BufferRole.SCRATCH and b.name.startswith("gerr") and b.tensor == node_id:
             return b.name
     name = f"gerr{sum(1 for b in low.buffers if b.name.startswith('gerr'))}"
-    low.buffers.append(kir.BufferSpec(name, "float32", 1, "scratch", node_id, zero_init=True))
+    low.buffers.append(kir.BufferSpec(name, "float32", 1, BufferRole.SCRATCH, node_id, zero_init=True))
     return name
 
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, TypeVar
 
 from stitchtune.space.levels import ReuseLevel
 from stitchtune.space.schemes import SCHEMES, SchemeTable
+from stitchtune.plan.planner import Family
 
 T = TypeVar("T")
 
@@ -190,7 +191,7 @@ def prefetchable(family: str, split: int, tasks_per_block: int) -> bool:
     """Whether ``prefetch`` can matter: a row reduction (an element-wise graph has one sweep, with no
     reduction to overlap the next task's loads with) with whole rows per block (split 1) and blocks
     that take several tasks in turn (``tasks_per_block`` 0 = persistent, or >= 2)."""
-    return family == "row" and split == 1 and tasks_per_block != 1
+    return family == Family.ROW and split == 1 and tasks_per_block != 1
 
 
 def _order_applies(p: Point) -> bool:
@@ -215,18 +216,18 @@ def _prefetch_names(p: Point) -> Mapping[str, Any]:
 
 def _prefetch_registers(n: Point) -> int:
     """One row piece (``per_thread`` floats) per full-size input, row family only."""
-    return n["per_thread"] * n["prefetch"] * n["n_full_inputs"] if n["family"] != "col" else 0
+    return n["per_thread"] * n["prefetch"] * n["n_full_inputs"] if n["family"] != Family.COL else 0
 
 
 def _is_row(p: Point) -> bool:
-    return p["family"] == "row"
+    return p["family"] == Family.ROW
 
 
 def _combine_applies(p: Point) -> bool:
     # a split row with a stage whose partials go through global scratch: on a legal split point every
     # scheme but a cluster one (sample asks this before the legality check, so the rule reads "not a
     # cluster scheme" for its seeded draws to stay as recorded)
-    return p["family"] == "row" and p["split"] > 1 and _schemes_of(p).any(p["schemes"], lambda sc: not sc.cluster)
+    return p["family"] == Family.ROW and p["split"] > 1 and _schemes_of(p).any(p["schemes"], lambda sc: not sc.cluster)
 
 
 ORDER: Option[str] = Option(
@@ -257,7 +258,7 @@ def _cross_names(p: Point) -> Mapping[str, Any]:
 
 def _cross_registers(n: Point) -> int:
     """The per-column accumulators: one row piece (``per_thread`` floats) per per-column cross reduction."""
-    return n["per_thread"] * n.get("ncross_k", 0) if n["family"] == "row" else 0
+    return n["per_thread"] * n.get("ncross_k", 0) if n["family"] == Family.ROW else 0
 
 
 def cross_smem_floats(tpr: int, block: int, chunk: int, ncross_k: int, ncross_s: int) -> int:
@@ -292,7 +293,7 @@ def deterministic(schedule: Any) -> bool:
 
 
 def _single_pass_applies(p: Point) -> bool:
-    return p["family"] == "row" and p.get("single_pass_candidates", 0) > 0
+    return p["family"] == Family.ROW and p.get("single_pass_candidates", 0) > 0
 
 
 def _single_pass_names(p: Point) -> Mapping[str, Any]:
@@ -311,7 +312,7 @@ warps and split blocks); the merged stage takes the first stage's scheme. Drawn 
 
 
 def _cluster_applies(p: Point) -> bool:
-    return p["family"] == "row" and _schemes_of(p).any(p["schemes"], lambda sc: sc.cluster)
+    return p["family"] == Family.ROW and _schemes_of(p).any(p["schemes"], lambda sc: sc.cluster)
 
 
 def _never(p: Point) -> bool:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from stitchtune.errors import ScheduleError, StitchtuneError
-from stitchtune.plan.planner import StitchPlan, TensorClass
+from stitchtune.plan.planner import Family, StitchPlan, TensorClass
 from stitchtune.space.constraints import names_used, safe_eval
 from stitchtune.space.options import OPTIONS, Option, OptionTable, cross_smem_floats
 from stitchtune.space.levels import ReuseLevel
@@ -95,7 +95,7 @@ class SearchSpace:
                                     for c in self.constraints]
         # every tensor accessed with vector loads/stores (full-size ones, and the per-column operands
         # that are contiguous along the vector) must fit 16 bytes: the widest element type decides
-        vec_cls = ({TensorClass.FULL, TensorClass.PER_KEPT} if plan.family == "col"
+        vec_cls = ({TensorClass.FULL, TensorClass.PER_KEPT} if plan.family == Family.COL
                    else {TensorClass.FULL, TensorClass.PER_REDUCED})
         vectored = [n for n, c in plan.classes if c in vec_cls]
         self.elem_bytes = max((2 if plan.dtype(n) != "float32" else 4) for n in vectored) if vectored else 4
@@ -110,15 +110,15 @@ class SearchSpace:
         # row reductions long enough to give every thread of a cluster of two smallest blocks an element
         self.max_cluster = (int(device.max_cluster_size) if "cluster" in table and getattr(device, "supports_clusters", False)
                             else 1)
-        if plan.family != "row" or plan.K < 2 * min(self.domains["block"]):  # too short for a cluster of two
+        if plan.family != Family.ROW or plan.K < 2 * min(self.domains["block"]):  # too short for a cluster of two
             self.max_cluster = 1
         if self.max_cluster <= 1:
             self.domains["scheme"] = [x for x in self.domains["scheme"] if not schemes[x].cluster]
         # vec choices above 16 bytes are never legal: drop them from the domain up front
         self.domains["vec"] = [v for v in self.domains["vec"] if v * self.elem_bytes <= 16]
-        if plan.family == "row":
+        if plan.family == Family.ROW:
             self.domains["tpr"] = [t for t in self.domains["tpr"] if t >= 4]
-        elif plan.family == "elementwise":  # whole blocks along the row
+        elif plan.family == Family.ELEMENTWISE:  # whole blocks along the row
             self.domains["tpr"] = [t for t in self.domains["tpr"] if t >= 32]
         else:  # column tiles at least 8 threads wide
             self.domains["tpr"] = [t for t in self.domains["tpr"] if t * 8 <= max(self.domains["block"])]
@@ -177,7 +177,7 @@ class SearchSpace:
         fam = plan.family
         cached_reg = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == ReuseLevel.REGISTER]
         cached_smem = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == ReuseLevel.SHARED]
-        if fam == "col":
+        if fam == Family.COL:
             chunk = math.ceil(K / s.split)
             rows_per_thread = math.ceil(chunk / max(s.tpr, 1))
             per_thread = rows_per_thread * s.vec
@@ -206,7 +206,7 @@ class SearchSpace:
             "smem_red_bytes": smem_red, "smem_limit": int(self.device.smem_per_block_optin), "vec_ok": vec_ok,
             "max_split": max_split, "max_threads_per_sm": int(self.device.max_threads_per_sm),
             "cross_smem_bytes": 4 * cross_smem_floats(s.tpr, s.block, chunk, self._cross_point["ncross_k"],
-                                                      self._cross_point["ncross_s"]) if fam == "row" else 0,
+                                                      self._cross_point["ncross_s"]) if fam == Family.ROW else 0,
         }
         point = self._point(s)
         for opt in self.table:
@@ -315,7 +315,7 @@ class SearchSpace:
         fam = plan.family
         tpr = choose("tpr", d["tpr"])
         vec = choose("vec", d["vec"])
-        if fam == "col":
+        if fam == Family.COL:
             split = choose("split", d["split"])
             blocks = [b for b in d["block"] if b >= tpr and b // tpr >= 8 and b // tpr * vec <= max(plan.P, vec)]
             block = choose(f"block_t{tpr}_v{vec}", blocks or [max(d["block"])])
@@ -323,7 +323,7 @@ class SearchSpace:
             max_split = max(1, math.ceil(plan.K / (tpr * vec)))
             splits = [x for x in d["split"] if x <= max_split] or [1]
             split = choose(f"split_t{tpr}_v{vec}", splits) if tpr >= 32 else 1
-            if split > 1 or fam == "elementwise" or tpr >= max(d["block"]):
+            if split > 1 or fam == Family.ELEMENTWISE or tpr >= max(d["block"]):
                 block = tpr
             else:
                 block = choose(f"block_t{tpr}", [b for b in d["block"] if b >= max(tpr, 32)])
@@ -360,12 +360,12 @@ class SearchSpace:
         for opt in self.table:
             asked = opt.flat_asks(raw) and (opt.drawn or asks_undrawn(opt.name))
             raw[opt.name] = picked[opt.name] = choose(opt.name, d[opt.name]) if asked else opt.default
-        if fam == "col":
+        if fam == Family.COL:
             block = min(max(block, tpr * 8), max(d["block"]))
         else:
             if tpr < 32:
                 split = 1
-            block = tpr if (split > 1 or fam == "elementwise" or tpr >= max(d["block"])) else max(block, tpr, 32)
+            block = tpr if (split > 1 or fam == Family.ELEMENTWISE or tpr >= max(d["block"])) else max(block, tpr, 32)
         while min_blocks and min_blocks * block > self.device.max_threads_per_sm:
             min_blocks = max((m for m in d["min_blocks"] if m < min_blocks), default=0)
         names = {"family": fam, "tpr": tpr, "split": split, "block": block, "max_cluster": self.max_cluster}
