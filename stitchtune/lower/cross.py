@@ -261,10 +261,15 @@ def _small_kernel(low: Lowerer, name: str, cx: Ctx, uses: dict, body: list, shar
     return kir.Kernel(name, tuple(params), tuple(body), low.s.block, tuple(shared), (), 0, None)
 
 
+def _no_uses() -> dict[str, set[str]]:
+    """An empty record of the global buffers a kernel reads ("in") and writes ("out")."""
+    return {"in": set(), "out": set()}
+
+
 def zero_kernel(low: Lowerer) -> tuple[kir.Kernel, int]:
     """(the kernel that zeroes the atomically accumulated outputs, its grid): one element per thread."""
 
-    cx, uses = Ctx(), {"in": set(), "out": set()}
+    cx, uses = Ctx(), _no_uses()
     block = low.s.block
     width = max(low.p.N if c.kind == "per_reduced" else 1 for c in low.p.cross)
     gid = cx.var("xg", I32)
@@ -280,7 +285,7 @@ def zero_kernel(low: Lowerer) -> tuple[kir.Kernel, int]:
 def combine_kernel(low: Lowerer, parts: int) -> tuple[kir.Kernel, int]:
     """(the second kernel of ``cross_combine`` kernel: sums the ``parts`` partials in block order, its grid)."""
 
-    cx, uses = Ctx(), {"in": set(), "out": set()}
+    cx, uses = Ctx(), _no_uses()
     block = low.s.block
     width = max(low.p.N if c.kind == "per_reduced" else 1 for c in low.p.cross)
     grid = math.ceil(width / block)

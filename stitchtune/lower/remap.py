@@ -209,7 +209,7 @@ class RemapValues:
     def elementwise(self, nd, sh: Shift) -> list[kir.Expr]:
         low, vec = self.low, self.vec
         argv = [self.value(a, sh) if isinstance(a, str) else [Const(float(a), F32)] * vec for a in nd.args]
-        vals = []
+        vals: list[kir.Expr] = []
         for j in range(vec):
             v = self.k.cx.var(f"t{low.tid_of[nd.id]}_", F32)
             self.sw.body.append(Assign(v, low.expr_of_node(nd, [x[j] for x in argv])))
@@ -259,7 +259,7 @@ class RemapValues:
         rowb = low.row_base(name, Bin("min", self.k.ix.row, I(self.p.M - 1))) if full else I(0)
         if full:
             self._count(buf)
-        out = []
+        out: list[kir.Expr] = []
         for j in range(self.vec):
             v = self.k.cx.var("g", F32)
             at = add(add(rowb, low.col_offset(name, add(self.sw.k0, I(j)))), I(delta))
@@ -280,7 +280,7 @@ class RemapValues:
         self._count(buf)
         if self._chain_contiguous(chain, sh):
             return self._emit(buf, self._chain_offset(chain, sh, 0), sh, True, None)
-        out = []
+        out: list[kir.Expr] = []
         for j in range(self.vec):
             v = self.k.cx.var("g", F32)
             pj = and_(self.sw.valid, self.cond(sh, j))
@@ -388,7 +388,7 @@ class RemapValues:
                 self.sw.body.append(Assign(v, Const(0.0, F32)))
             self.sw.body.append(kir.LoadVec(dsts, buf, base, pred0))
             return list(dsts)
-        out = []
+        out: list[kir.Expr] = []
         for j in range(vec):
             pj = and_(and_(self.sw.valid, extra), self.cond(sh, j))
             v = self.k.cx.var("g", F32)

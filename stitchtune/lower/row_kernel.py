@@ -440,7 +440,9 @@ class RowKernel:
             prof = self.cross_profile(prof)
         if lay.cluster > 1:  # launched as thread-block clusters (stitchtune.lower.cluster)
             kern = dataclasses.replace(kern, cluster=lay.cluster)
-            prof = dataclasses.replace(prof, **cluster_counts(kern, lay.rounds))
+            counts = cluster_counts(kern, lay.rounds)
+            prof = dataclasses.replace(prof, cluster=counts["cluster"], cluster_barriers=counts["cluster_barriers"],
+                                       dsmem_loads=counts["dsmem_loads"])
         return kern, prof
 
     def cross_profile(self, prof: kir.KernelProfile) -> kir.KernelProfile:
