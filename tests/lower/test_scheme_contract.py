@@ -1,7 +1,8 @@
 """One contract over every stitching scheme (the built-in table and ``helpers.GLOBAL_ROWS``, a scheme
 declared only in the tests): its legal points lower, emulate to the float64 reference, render, compile with
 nvcc for sm_90, and the cost model reports the term the scheme declares. Small shapes (``*_small``
-examples), seeded samples that use the scheme in at least one stage."""
+examples), seeded samples that use the scheme in at least one stage. About two minutes on one core:
+marked slow (CI runs it)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def _cases(scheme: str) -> list[tuple[str, SearchSpace, list[Schedule]]]:
     return cases
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", SCHEME_NAMES)
 def test_legal_points_lower_emulate_and_report_the_cost_term(scheme: str) -> None:
     cases = _cases(scheme)
@@ -76,6 +78,7 @@ def test_legal_points_lower_emulate_and_report_the_cost_term(scheme: str) -> Non
     assert max(priced) > 0, f"the cost model never reports scheme {scheme}'s term {term!r}"
 
 
+@pytest.mark.slow
 def test_every_scheme_renders_and_compiles_for_sm_90(tmp_path) -> None:
     srcs = []
     for scheme in SCHEME_NAMES:
