@@ -73,7 +73,7 @@ def test_legal_points_lower_emulate_and_report_the_cost_term(scheme: str) -> Non
             assert max(errs.values()) < 1e-5, (name, s.to_json(), errs)
             rows = explain(prog.profile, DEV)
             if all(r["prune_reason"] is None for r in rows):  # (a legal point may still be pruned by occupancy)
-                priced.append(max((r[term] for r in rows), default=0.0) if term else 1.0)
+                priced.append(max((r.get(term, 0.0) for r in rows), default=0.0) if term else 1.0)
     assert priced, f"every point of scheme {scheme} was pruned by the cost model"
     assert max(priced) > 0, f"the cost model never reports scheme {scheme}'s term {term!r}"
 
