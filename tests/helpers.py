@@ -33,7 +33,7 @@ from stitchtune.graph.ops import OPS
 from stitchtune.hardware.device import get_device
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
-from stitchtune.space import Schedule, SearchSpace
+from stitchtune.space import Schedule, Scheme, SearchSpace
 from stitchtune.tune.pipeline import Stages
 from stitchtune.tune.search import Components
 
@@ -110,6 +110,48 @@ def check_emulates(g: Any, n_samples: int = 3, input_seed: int = 4, tol: float =
     for s in [heuristic_schedule(plan, DEV, space)] + [space.sample(random.Random(i)) for i in range(n_samples)]:
         for o, err in emulated_errors(g, plan, space, s, inputs, ref).items():
             assert err < tol, (g.name, s.to_json(), o, err)
+
+
+GLOBAL_ROWS = Scheme(
+    "global_rows", "split == 1 and family == 'row'", partials=True, grid_barrier=True, cost_term="grid_barriers",
+    doc="global stitching of whole rows: each row's value through global scratch after a grid barrier")
+"""A scheme made of existing exchange steps and declared only in the tests (``tests/space/test_schemes.py``,
+``tests/lower/test_scheme_contract.py``): a row that one block holds still hands its reduced value over
+through global memory and a grid barrier (AStitch's global stitching without a split)."""
+
+
+def local_scheme_space(name: str) -> SearchSpace:
+    """The space of ``examples/<name>`` on the H200 with :data:`GLOBAL_ROWS` declared and offered (a table
+    with it added, its name appended to the space file's scheme choices)."""
+    from stitchtune.space import SCHEMES, load_space_file
+
+    plan = make_plan(load_graph(EXAMPLES / name))
+    data = load_space_file()
+    data["params"]["scheme"]["choices"] = [*data["params"]["scheme"]["choices"], GLOBAL_ROWS.name]
+    return SearchSpace(plan, DEV, data, schemes=SCHEMES.extended(GLOBAL_ROWS))
+
+
+def assert_matches_golden(path: Path, text: str, what: str) -> None:
+    """``text`` equals the golden file ``path``, else fail with a unified diff of the two (the first
+    200 lines of it). ``STITCHTUNE_REGEN_GOLDEN=1`` rewrites the file instead (a deliberate change of
+    generated code, to be said in its commit); a missing file is written and the test fails."""
+    import difflib
+
+    import pytest
+
+    if os.environ.get("STITCHTUNE_REGEN_GOLDEN") or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if not os.environ.get("STITCHTUNE_REGEN_GOLDEN"):
+            pytest.fail(f"golden file {path.name} was missing and has been written; commit it")
+        return
+    want = path.read_text()
+    if text != want:
+        diff = list(difflib.unified_diff(want.splitlines(), text.splitlines(), f"{path.name} (golden)",
+                                         f"{path.name} (generated)", lineterm=""))
+        pytest.fail(f"{what} differs from {path.name} ({len(diff)} diff lines; regenerate with "
+                    f"STITCHTUNE_REGEN_GOLDEN=1 only for an intended change):\n" + "\n".join(diff[:200]),
+                    pytrace=False)
 
 
 def check_compiles_sm90(g: Any, seed: int, cache_dir: Path) -> None:

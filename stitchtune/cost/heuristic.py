@@ -46,8 +46,8 @@ import random
 
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.hardware.occupancy import max_resident_blocks, occupancy
-from stitchtune.plan.planner import StitchPlan
-from stitchtune.space import PERSISTENT, Schedule, SearchSpace
+from stitchtune.plan.planner import Family, StitchPlan
+from stitchtune.space import PERSISTENT, ReuseLevel, Schedule, SchemeName, SearchSpace, uncached_level
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +74,14 @@ def _reuse(space: SearchSpace, base: Schedule) -> Schedule:
     """Registers first (<= 64 floats/thread), then shared memory, else re-read/recompute; never a level
     that leaves a block without an SM to run on (estimated registers)."""
     plan = space.plan
-    inputs = set(plan.input_names)
-    levels = ["global" if c in inputs else "recompute" for c in plan.reuse_candidates]
+    levels = list(_uncached(plan))
     for i in range(len(plan.reuse_candidates)):
-        for lvl in ("register", "shared"):
+        for lvl in (ReuseLevel.REGISTER, ReuseLevel.SHARED):
             trial = levels.copy()
             trial[i] = lvl
             s = Schedule(**{**base.to_dict(), "schemes": base.schemes, "reuse": tuple(trial)})
             d = space.derived(s)
-            if lvl == "register" and d["reg_cache_elems"] > 64:
+            if lvl == ReuseLevel.REGISTER and d["reg_cache_elems"] > 64:
                 continue
             if space.violations(s) or _estimated_blocks_per_sm(space, s) == 0:  # a block must fit an SM
                 continue
@@ -111,7 +110,7 @@ def _row(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
     M, N = plan.M, plan.N
     vec = _vec(space, N)
     wave = max_resident_blocks(dev, 1024, 32, 0) or dev.sm_count  # assume 32 regs, 1024 threads
-    if plan.family == "elementwise":
+    if plan.family == Family.ELEMENTWISE:
         tpr = min(1024, max(32, _pow2_ceil(N / (vec * 8))))
         return Schedule(tpr, tpr, 1, vec, 1, 0, (), ())
     if M < wave and N > 1024 and not plan.cross:  # task splitting
@@ -119,11 +118,11 @@ def _row(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
         split = max(1, min(max(space.domains["split"]), _pow2_floor(wave / M)))
         split = min(split, math.ceil(N / (tpr * vec)))  # every block keeps a piece of the row
         split = _pow2_floor(split)
-        schemes = ("global" if split > 1 else "regional",) * plan.nstages
+        schemes = (SchemeName.GLOBAL if split > 1 else SchemeName.REGIONAL,) * plan.nstages
         return Schedule(tpr, block, split, vec, PERSISTENT if split > 1 else 1, 0, schemes, ())
     tpr = min(1024, max(4, _pow2_ceil(N / (vec * 8))))
     block = max(tpr, 256)
-    scheme = "local" if tpr <= 32 else "regional"
+    scheme = SchemeName.LOCAL if tpr <= 32 else SchemeName.REGIONAL
     # cross reductions (column sums, losses): a persistent grid keeps the per-block partials few
     tasks = PERSISTENT if plan.cross else 1
     return Schedule(tpr, block, 1, vec, tasks, 0, (scheme,) * plan.nstages, ())
@@ -147,7 +146,7 @@ def _cluster_row(space: SearchSpace, plan: StitchPlan, dev, block: int = 512) ->
     preference among 128..1024 differs between layernorm_wide, logsoftmax and softmax_wide, and its
     cluster constants are guesses), the smallest cluster that brings one cached tensor to <= 64 floats per
     thread (rule 4's register budget), else the largest."""
-    if plan.family != "row" or not plan.nstages or space.max_cluster <= 1 or plan.cross:  # cross: split 1
+    if plan.family != Family.ROW or not plan.nstages or space.max_cluster <= 1 or plan.cross:  # cross: split 1
         return None
     vec = _vec(space, plan.N)
     if 1024 not in space.domains["block"] or _row_registers(plan, 1024, vec) <= _register_budget(dev):
@@ -159,29 +158,42 @@ def _cluster_row(space: SearchSpace, plan: StitchPlan, dev, block: int = 512) ->
         return None
     cache = math.ceil(plan.N / (block * vec)) * vec  # floats per thread of one cached tensor, one block
     c = next((c for c in sizes if cache / c <= 64), max(sizes))
-    base = Schedule(block, block, c, vec, 1, 0, ("cluster",) * plan.nstages, (), cluster=c)
+    base = Schedule(block, block, c, vec, 1, 0, (SchemeName.CLUSTER,) * plan.nstages, (), cluster=c)
     return _fit_one_block(space, _reuse(space, _with_reuse(plan, base)))
+
+
+def _uncached(plan: StitchPlan) -> tuple[ReuseLevel, ...]:
+    """Every reuse candidate kept nowhere: inputs re-read, intermediates recomputed."""
+    inputs = set(plan.input_names)
+    return tuple(uncached_level(c in inputs) for c in plan.reuse_candidates)
 
 
 def _with_reuse(plan: StitchPlan, s: Schedule) -> Schedule:
     """``s`` with every reuse candidate re-read (inputs) or recomputed (intermediates)."""
-    return Schedule(**{**s.to_dict(), "schemes": s.schemes,
-                       "reuse": tuple("global" if c in plan.input_names else "recompute" for c in plan.reuse_candidates)})
+    return Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": _uncached(plan)})
+
+
+def _demoted(plan: StitchPlan, s: Schedule) -> Schedule | None:
+    """``s`` with its last cached tensor one level down (registers -> shared -> re-read / recompute), or
+    None when nothing is cached."""
+    levels = list(s.reuse)
+    idx = next((i for i in reversed(range(len(levels))) if levels[i] in (ReuseLevel.REGISTER, ReuseLevel.SHARED)),
+               None)
+    if idx is None:
+        return None
+    is_input = plan.reuse_candidates[idx] in set(plan.input_names)
+    levels[idx] = ReuseLevel.SHARED if levels[idx] == ReuseLevel.REGISTER else uncached_level(is_input)
+    return Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": tuple(levels)})
 
 
 def _fit_one_block(space: SearchSpace, s: Schedule) -> Schedule:
     """Demote reuse levels (registers -> shared -> re-read / recompute), last tensor first, until a block
     with the estimated registers fits on an SM (rule 6)."""
-    plan, inputs = space.plan, set(space.plan.input_names)
-    order = ["register", "shared", "global"]
     while _estimated_blocks_per_sm(space, s) < 1:
-        levels = list(s.reuse)
-        idx = next((i for i in reversed(range(len(levels))) if levels[i] in ("register", "shared")), None)
-        if idx is None:
+        demoted = _demoted(space.plan, s)
+        if demoted is None:
             break
-        nxt = order[order.index(levels[idx]) + 1]
-        levels[idx] = nxt if (nxt != "global" or plan.reuse_candidates[idx] in inputs) else "recompute"
-        s = Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": tuple(levels)})
+        s = demoted
     return s
 
 
@@ -196,7 +208,7 @@ def _col(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
     tiles = math.ceil(N / (tpc * vec))
     wave = max_resident_blocks(dev, block, 32, 0) or dev.sm_count
     split = max(1, min(max(space.domains["split"]), _pow2_floor(wave / tiles), _pow2_floor(M / tk)))
-    schemes = ("global" if split > 1 else "regional",) * plan.nstages
+    schemes = (SchemeName.GLOBAL if split > 1 else SchemeName.REGIONAL,) * plan.nstages
     return Schedule(tk, block, split, vec, PERSISTENT if split > 1 else 1, 0, schemes, ())
 
 
@@ -232,29 +244,28 @@ def heuristic_schedule(plan: StitchPlan, device, space: SearchSpace | None = Non
     clustered = _cluster_row(space, plan, device)
     if clustered is not None:
         return _checked(space, _relax_registers(space, clustered))
-    base = _col(space, plan, device) if plan.family == "col" else _row(space, plan, device)
-    s = _reuse(space, Schedule(**{**base.to_dict(), "schemes": base.schemes,
-                                  "reuse": tuple("global" if c in plan.input_names else "recompute"
-                                                 for c in plan.reuse_candidates)}))
+    base = _col(space, plan, device) if plan.family == Family.COL else _row(space, plan, device)
+    s = _reuse(space, _with_reuse(plan, base))
     # global stitching needs a co-resident grid: demote reuse levels (registers -> shared -> re-read)
     # one tensor at a time until it is, and fall back to independent kernels when nothing helps
-    if "global" in s.schemes:
-        inputs = set(plan.input_names)
-        order = ["register", "shared", "global"]
+    if _grid_barrier(space, s):
         while not _coresident(space, s):
-            levels = list(s.reuse)
-            idx = next((i for i in reversed(range(len(levels))) if levels[i] in ("register", "shared")), None)
-            if idx is None:
+            demoted = _demoted(plan, s)
+            if demoted is None:
                 s = Schedule(**{**s.to_dict(), "reuse": s.reuse,
-                                "schemes": tuple("independent" if x == "global" else x for x in s.schemes)})
+                                "schemes": tuple(SchemeName.INDEPENDENT if space.schemes[x].grid_barrier else x
+                                                 for x in s.schemes)})
                 break
-            nxt = order[order.index(levels[idx]) + 1]
-            levels[idx] = nxt if (nxt != "global" or plan.reuse_candidates[idx] in inputs) else "recompute"
-            s = Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": tuple(levels)})
+            s = demoted
     s = _relax_registers(space, s)
-    if "global" in s.schemes:
+    if _grid_barrier(space, s):
         s = _pin_coresidency(space, s)
     return _checked(space, s)
+
+
+def _grid_barrier(space: SearchSpace, s: Schedule) -> bool:
+    """Whether a stage of ``s`` has a scheme with a grid barrier (its grid must be co-resident)."""
+    return space.schemes.any(s.schemes, lambda sc: sc.grid_barrier)
 
 
 def _checked(space: SearchSpace, s: Schedule) -> Schedule:

@@ -26,9 +26,10 @@ Contract
   argument (``lo > hi`` gives ``hi``, as numpy and torch do).
 * ``flops`` / ``sfu`` are approximate per-element counts of fp32 ALU operations and special-function
   unit operations (MUFU: ex2, lg2, rsq, rcp, sqrt, tanh) for the cost model.
-* Reductions also carry ``identity`` (the neutral element), ``cuda_combine``, ``np_combine`` (a
-  numpy ufunc, e.g. for combining partial results in the emulator) and ``is_mean`` (the result is
-  divided by the number of reduced elements after combining).
+* Reductions also carry ``identity`` (the neutral element), ``combine_op`` (the binary operator
+  merging two partials, ``+``/``max``/``min``: the kernel IR's ``Bin``; ``cuda_combine`` is its CUDA
+  form), ``np_combine`` (a numpy ufunc, e.g. for combining partial results in the emulator) and
+  ``is_mean`` (the result is divided by the number of reduced elements after combining).
 
 * The index ops (``kind`` ``slice``, ``concat``, ``gather``) move elements without arithmetic:
   ``slice(x)`` with the node's ``axis``/``start``/``stop`` (step 1), ``concat(a, b, ...)`` along
@@ -78,7 +79,7 @@ class OpInfo:
     sfu: int
     commutative: bool = False
     identity: float | None = None
-    cuda_combine: str | None = None
+    combine_op: str | None = None  # the binary operator merging two partials: '+', 'max' or 'min'
     np_combine: Any = None  # numpy ufunc for reductions
     is_mean: bool = False
     arg_types: str = ""  # one of 'f' / 'b' per argument; '' = all float
@@ -94,11 +95,20 @@ class OpInfo:
             raise ValueError(f"{self.name} takes {self.arity} operand(s), got {len(operands)}")
         return self.cuda.format(*operands)
 
+    @property
+    def cuda_combine(self) -> str | None:
+        """The CUDA form of :attr:`combine_op` over ``{0}`` and ``{1}`` (None for a non-reduction)."""
+        return None if self.combine_op is None else _CUDA_COMBINE[self.combine_op]
+
     def combine(self, a: str, b: str) -> str:
         """The CUDA expression combining two partial reduction results (reductions only)."""
         if self.cuda_combine is None:
             raise ValueError(f"{self.name} is not a reduction")
         return self.cuda_combine.format(a, b)
+
+
+#: how each combine operator renders in CUDA (the kernel IR renders its ``Bin`` nodes the same way)
+_CUDA_COMBINE = {"+": "({0} + {1})", "max": "fmaxf({0}, {1})", "min": "fminf({0}, {1})"}
 
 
 # ---------------------------------------------------------------------------- numpy semantics
@@ -222,7 +232,7 @@ def _b(name: str, fn: Callable[..., Any], cuda: str, flops: int, sfu: int, comm:
 def _r(name: str, fn: Callable[..., Any], identity: float, combine: str, np_combine: Any,
        is_mean: bool = False) -> OpInfo:
     return OpInfo(name=name, kind="reduce", arity=1, np_fn=fn, cuda="{0}", flops=1, sfu=0,
-                  identity=identity, cuda_combine=combine, np_combine=np_combine, is_mean=is_mean)
+                  identity=identity, combine_op=combine, np_combine=np_combine, is_mean=is_mean)
 
 
 _TABLE: tuple[OpInfo, ...] = (
@@ -271,10 +281,10 @@ _TABLE: tuple[OpInfo, ...] = (
            cuda="(((({0} != {0}) || ({1} != {1})) || ({2} != {2})) ? ({0} + {1} + {2}) : fminf(fmaxf({0}, {1}), {2}))",
            flops=5, sfu=0, arg_types="fff"),
     # reductions
-    _r("reduce_sum", np.sum, 0.0, "({0} + {1})", np.add),
-    _r("reduce_mean", np.mean, 0.0, "({0} + {1})", np.add, is_mean=True),
-    _r("reduce_max", np.max, -math.inf, "fmaxf({0}, {1})", np.maximum),
-    _r("reduce_min", np.min, math.inf, "fminf({0}, {1})", np.minimum),
+    _r("reduce_sum", np.sum, 0.0, "+", np.add),
+    _r("reduce_mean", np.mean, 0.0, "+", np.add, is_mean=True),
+    _r("reduce_max", np.max, -math.inf, "max", np.maximum),
+    _r("reduce_min", np.min, math.inf, "min", np.minimum),
     # cast
     OpInfo(name="cast", kind="cast", arity=1, np_fn=_identity, cuda="{0}", flops=0, sfu=0),
     # layout (index maps inside a region: the element moves, the value does not change; the

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, fields
+from enum import StrEnum
 from typing import Any, Iterator, TypeGuard, Union, get_args
 
 from stitchtune.graph.values import ITEMSIZE
@@ -400,6 +401,15 @@ class Kernel:
         return self.barrier_param is not None
 
 
+class BufferRole(StrEnum):
+    """What a global buffer of a program holds (``BufferSpec.role``, ``Param.role``)."""
+
+    INPUT = "input"       # a graph input
+    OUTPUT = "output"     # a graph output
+    SCRATCH = "scratch"   # partials, per-row values, flags between kernels or blocks
+    BARRIER = "barrier"   # the grid barrier's counters
+
+
 @dataclass(frozen=True)
 class BufferSpec:
     """A global buffer of a program. ``tensor`` is the graph tensor it holds ('' for scratch)."""
@@ -407,7 +417,7 @@ class BufferSpec:
     name: str
     dtype: str
     size: int
-    role: str  # input | output | scratch | barrier
+    role: str  # a BufferRole: input | output | scratch | barrier
     tensor: str = ""
     zero_init: bool = False
 

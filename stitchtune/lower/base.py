@@ -1,26 +1,30 @@
 """Lowering machinery shared by both families (see :mod:`stitchtune.lower.entry` for the contract).
 
-:class:`_Lowerer` holds the buffers, reuse levels and helpers every family uses (kernel constructor,
+:class:`Lowerer` holds the buffers, reuse levels and helpers every family uses (kernel constructor,
 grid sizing, the analytic profile, the sweep order and task order of ``Schedule.order``);
-:class:`_SweepValues` produces the per-element values of one sweep (inputs, caches, recomputed
-intermediates). :func:`scratch_loads_per_thread` and :func:`kern_barriers` count what the cost model
-needs from a built kernel. The families are :mod:`stitchtune.lower.row` and :mod:`stitchtune.lower.col`.
+:class:`SweepValues` produces the per-element values of one sweep (inputs, caches, recomputed
+intermediates). The families are :mod:`stitchtune.lower.row` and :mod:`stitchtune.lower.col`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
-from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, MathOp, Var
+from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, LocalRef, MathOp, Var
 from stitchtune.hardware.occupancy import max_resident_blocks
+from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
 from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space import Schedule
+from stitchtune.plan.single_pass import SinglePassCandidate
+from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable
 
-_I = lambda v: Const(int(v), I32)  # noqa: E731
+def I(v: int) -> Const:  # noqa: E743 (the short name keeps index arithmetic readable)
+    """The int32 constant ``v``."""
+    return Const(int(v), I32)
 
 
 def _folded(op: str, unit: int, a: kir.Expr, b: kir.Expr) -> kir.Expr:
@@ -32,15 +36,15 @@ def _folded(op: str, unit: int, a: kir.Expr, b: kir.Expr) -> kir.Expr:
     return Bin(op, a, b)
 
 
-def _add(a: kir.Expr, b: kir.Expr) -> kir.Expr:
+def add(a: kir.Expr, b: kir.Expr) -> kir.Expr:
     return _folded("+", 0, a, b)
 
 
-def _mul(a: kir.Expr, b: kir.Expr) -> kir.Expr:
+def mul(a: kir.Expr, b: kir.Expr) -> kir.Expr:
     return _folded("*", 1, a, b)
 
 
-def _and(a: kir.Expr | None, b: kir.Expr | None) -> kir.Expr | None:
+def and_(a: kir.Expr | None, b: kir.Expr | None) -> kir.Expr | None:
     if a is None:
         return b
     if b is None:
@@ -51,12 +55,12 @@ def _and(a: kir.Expr | None, b: kir.Expr | None) -> kir.Expr | None:
 def _axis_offset(am, i: kir.Expr) -> kir.Expr:
     """``sum(((i // f.inner) % f.dim) * f.stride)`` over the factors of axis map ``am``, without the
     divisions by 1, the ``%`` that cannot wrap and the products by 1 (``0`` for a broadcast axis)."""
-    out: kir.Expr = _I(0)
+    out: kir.Expr = I(0)
     for f in am.factors:
-        t = Bin("/", i, _I(f.inner)) if f.inner > 1 else i
+        t = Bin("/", i, I(f.inner)) if f.inner > 1 else i
         if am.needs_mod(f):
-            t = Bin("%", t, _I(f.dim))
-        out = _add(out, _mul(t, _I(f.stride)))
+            t = Bin("%", t, I(f.dim))
+        out = add(out, mul(t, I(f.stride)))
     return out
 
 
@@ -66,7 +70,7 @@ def estimate_registers(per_thread_cache: int, vec: int, n_live: int) -> int:
 
 
 @dataclass
-class _Ctx:
+class Ctx:
     """Mutable state while building one kernel: the scratch buffers it uses and the counter that
     numbers its variables (never escapes the lowering)."""
 
@@ -78,7 +82,7 @@ class _Ctx:
         return Var(f"{prefix}{self.counter}", dtype)
 
 
-class _SweepValues:
+class SweepValues:
     """Per-element values of the tensors one sweep needs (shared by both families).
 
     ``broadcast(name)`` returns the values of a per-row/per-column/scalar tensor (or None for a
@@ -89,7 +93,7 @@ class _SweepValues:
     (``newly``) and read from there by later sweeps (``filled``).
     """
 
-    def __init__(self, low: "_Lowerer", cx: _Ctx, body: list, vec: int, filled: set[str], broadcast, load_input,
+    def __init__(self, low: "Lowerer", cx: Ctx, body: list, vec: int, filled: set[str], broadcast, load_input,
                  cache_index, smem_index, stats: dict) -> None:
         self.low, self.cx, self.body, self.vec, self.filled = low, cx, body, vec, filled
         self.broadcast, self.load_input = broadcast, load_input
@@ -98,7 +102,7 @@ class _SweepValues:
         self.newly: set[str] = set()
         #: the values of an index-op node (slice / concat / gather), set by the family's sweep
         #: (:class:`stitchtune.lower.remap.RemapValues`); None where the family has no index ops
-        self.index_value = None
+        self.index_value: Callable[[str], list[kir.Expr]] | None = None
 
     def value(self, name: str) -> list[kir.Expr]:
         low, vec = self.low, self.vec
@@ -111,13 +115,14 @@ class _SweepValues:
         level = low.reuse.get(name)
         if name in self.filled:
             vals: list[kir.Expr] = ([LocalRef(f"rc{tix}", self.cache_index(j)) for j in range(vec)]
-                                    if level == "register" else
+                                    if level == ReuseLevel.REGISTER else
                                     [Load(f"sc{tix}", self.smem_index(j)) for j in range(vec)])
             self.memo[name] = vals
             return vals
         if name in low.in_buf:
             vals = self.load_input(name)
         elif OPS[low.nodes[name].op].kind in INDEX_KINDS:
+            assert self.index_value is not None, f"index op {name} in a family without index ops"
             vals = self.index_value(name)
         else:
             nd = low.nodes[name]
@@ -129,9 +134,9 @@ class _SweepValues:
                 vals.append(v)
             self.stats["flops"] += OPS[nd.op].flops * vec
             self.stats["sfu"] += OPS[nd.op].sfu * vec
-        if low.cls[name] is TensorClass.FULL and level in ("register", "shared"):
+        if low.cls[name] is TensorClass.FULL and level in (ReuseLevel.REGISTER, ReuseLevel.SHARED):
             for j in range(vec):
-                if level == "register":
+                if level == ReuseLevel.REGISTER:
                     self.body.append(kir.SetLocal(f"rc{tix}", self.cache_index(j), vals[j]))
                 else:
                     self.body.append(kir.StoreVec(f"sc{tix}", self.smem_index(j), (vals[j],)))
@@ -140,11 +145,12 @@ class _SweepValues:
         return vals
 
 
-class _Lowerer:
+class Lowerer:
     """Shared machinery of both families."""
 
-    def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device) -> None:
+    def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device, schemes: SchemeTable = SCHEMES) -> None:
         self.g, self.p, self.s, self.dev = graph, plan, s, device
+        self.schemes = schemes
         self.nodes = {nd.id: nd for nd in graph.nodes}
         self.tid_of = {n: i for i, n in enumerate(list(plan.input_names) + [nd.id for nd in graph.nodes])}
         self.cls = dict(plan.classes)
@@ -154,16 +160,22 @@ class _Lowerer:
         for i, (name, spec) in enumerate(graph.inputs):
             b = f"in{i}"
             self.in_buf[name] = b
-            self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), "input", name))
+            self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), BufferRole.INPUT, name))
         self.out_buf: dict[str, str] = {}
         for j, name in enumerate(dict.fromkeys(graph.outputs)):
             b = f"out{j}"
             self.out_buf[name] = b
             spec = graph.spec(name)
-            self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), "output", name))
+            self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), BufferRole.OUTPUT, name))
         self.reuse = dict(zip(plan.reuse_candidates, s.reuse))
         self.gather_tables = {nd.args[0] for nd in graph.nodes if nd.op == "gather"}
         self.rpb = 1
+        # the family's sizes, set by its lower(): elements of a reduction row (row family) or rows of a
+        # column chunk (col family) a block covers per task, of them a thread's, and its sweep iterations
+        self.chunk = self.per_thread = self.iters = 0
+        self.n_kernels = 1
+        #: single-pass pairs (``schedule.single_pass``): first stage of each merged pair -> its candidate
+        self.merged: dict[int, SinglePassCandidate] = {}
         self.red_idx = {r: i for i, r in enumerate(plan.reductions)}
         # sweep order (schedule.order == "alternate"), carried across kernels: the direction of the last
         # sweep that read a full-size tensor from memory, and the task order of the last kernel that did
@@ -171,8 +183,18 @@ class _Lowerer:
         self.last_reversed: bool | None = None
         self.last_tasks_reversed: bool | None = None
 
+    # -- schemes ----------------------------------------------------------------------------------
+    def stage_scheme(self, st: int) -> Scheme:
+        """The scheme stage ``st`` runs with: its own, or for the second stage of a merged pair the
+        first one's (the two are one stage then)."""
+        return self.schemes[self.s.schemes[st - 1] if st - 1 in self.merged else self.s.schemes[st]]
+
+    def merged_second(self, st: int) -> bool:
+        """Whether stage ``st`` is computed by the sweep of the stage before it (single pass)."""
+        return st - 1 in self.merged
+
     # -- sweep order ------------------------------------------------------------------------------
-    def sweep_index(self, cx: _Ctx, it: Var) -> tuple[kir.Expr, Var | None]:
+    def sweep_index(self, cx: Ctx, it: Var) -> tuple[kir.Expr, Var | None]:
         """The logical iteration index of a sweep over ``it``: ``it`` itself for forward schedules;
         for ``alternate`` ones a fresh variable whose assignment :meth:`order_sweep` emits once the
         sweep's body is known."""
@@ -191,7 +213,7 @@ class _Lowerer:
         if reads_memory:
             rev = self.last_reversed is False
             self.last_reversed = rev
-        return [Assign(ii, Bin("-", _I(iters - 1), it) if rev else it)]
+        return [Assign(ii, Bin("-", I(iters - 1), it) if rev else it)]
 
     def order_tasks(self, rb: list, reads_memory: bool, total: int) -> None:
         """Alternate order: of consecutive kernels that read full-size tensors from memory, every other
@@ -204,7 +226,7 @@ class _Lowerer:
         rev = self.last_tasks_reversed is False
         self.last_tasks_reversed = rev
         if rev:
-            rb[0] = Assign(rb[0].var, Bin("-", _I(total - 1), rb[0].expr))
+            rb[0] = Assign(rb[0].var, Bin("-", I(total - 1), rb[0].expr))
 
     # -- index maps -----------------------------------------------------------------------------
     def row_base(self, name: str, r: kir.Expr) -> kir.Expr:
@@ -223,13 +245,13 @@ class _Lowerer:
         (:attr:`~stitchtune.plan.index_map.IndexMap.store_once`), row ``r`` at coordinate 0 along each
         of its row repeats: the one writer of each element."""
         for dim, inner in self.p.imap(name).row_repeats if self.p.imap(name).store_once else ():
-            t = Bin("/", r, _I(inner)) if inner > 1 else r
+            t = Bin("/", r, I(inner)) if inner > 1 else r
             if inner * dim < self.p.M:
-                t = Bin("%", t, _I(dim))
-            pred = _and(pred, Bin("==", t, _I(0)))
+                t = Bin("%", t, I(dim))
+            pred = and_(pred, Bin("==", t, I(0)))
         return pred
 
-    def mapped_load(self, cx: _Ctx, body: list, name: str, base: kir.Expr, c: kir.Expr,
+    def mapped_load(self, cx: Ctx, body: list, name: str, base: kir.Expr, c: kir.Expr,
                     pred: kir.Expr | None, prefix: str) -> list[kir.Expr]:
         """Append the loads of the ``vec`` elements ``c .. c + vec - 1`` (``c`` a multiple of ``vec``) of
         input ``name`` at row offset ``base`` to ``body`` and return their values, by the map's
@@ -239,16 +261,16 @@ class _Lowerer:
         mode = self.p.imap(name).vector_mode(vec)
         if mode == "vector":
             dsts = tuple(cx.var(prefix, F32) for _ in range(vec))
-            body.append(kir.LoadVec(dsts, buf, _add(base, self.col_offset(name, c)), pred))
+            body.append(kir.LoadVec(dsts, buf, add(base, self.col_offset(name, c)), pred))
             return list(dsts)
         if mode == "uniform":
             v = cx.var(prefix, F32)
-            body.append(Assign(v, Load(buf, _add(base, self.col_offset(name, c)), pred)))
+            body.append(Assign(v, Load(buf, add(base, self.col_offset(name, c)), pred)))
             return [v] * vec
         out: list[kir.Expr] = []
         for j in range(vec):
             v = cx.var(prefix, F32)
-            body.append(Assign(v, Load(buf, _add(base, self.col_offset(name, _add(c, _I(j)))), pred)))
+            body.append(Assign(v, Load(buf, add(base, self.col_offset(name, add(c, I(j)))), pred)))
             out.append(v)
         return out
 
@@ -259,17 +281,17 @@ class _Lowerer:
         scalar store per element (an output's map is bijective: never ``uniform`` for ``vec > 1``)."""
         buf = self.out_buf[name]
         if self.p.imap(name).vector_mode(len(vals)) == "vector":
-            body.append(kir.StoreVec(buf, _add(base, self.col_offset(name, c)), tuple(vals), pred))
+            body.append(kir.StoreVec(buf, add(base, self.col_offset(name, c)), tuple(vals), pred))
             return
         for j, v in enumerate(vals):
-            body.append(kir.StoreVec(buf, _add(base, self.col_offset(name, _add(c, _I(j)))), (v,), pred))
+            body.append(kir.StoreVec(buf, add(base, self.col_offset(name, add(c, I(j)))), (v,), pred))
 
     def read_bytes(self, buf: kir.BufferSpec) -> int:
         """Bytes one sweep over the view reads from ``buf``: its size; for an input broadcast along
         part of the rows (each of its rows is read by several view rows) its own size while it fits
         in half the L2 (the repeats hit there), else the view's ``M * N`` elements (each repeat
         misses). A simple model: the L2 share and the all-or-nothing switch are assumptions."""
-        name = buf.tensor if buf.role == "input" else ""
+        name = buf.tensor if buf.role == BufferRole.INPUT else ""
         if name in self.gather_tables:  # the gathered rows, at most the whole table
             return min(buf.nbytes, self.p.M * self.p.N * kir.ELEM_BYTES[buf.dtype])
         if not name or not self.p.mapped(name) or buf.nbytes <= self.dev.l2_bytes // 2:
@@ -284,7 +306,7 @@ class _Lowerer:
         element size, stride)``, while the tensor is larger than half the L2 (a smaller one keeps its
         sectors in L2 until the neighbouring lanes of other warps use them: 1). A simple model: the
         L2 share is an assumption, and partial reuse of sectors by later warps is not modelled."""
-        name = buf.tensor if buf.role in ("input", "output") else ""
+        name = buf.tensor if buf.role in (BufferRole.INPUT, BufferRole.OUTPUT) else ""
         if not name or not self.p.mapped(name) or buf.nbytes <= self.dev.l2_bytes // 2:
             return 1
         cols = self.p.imap(name).cols
@@ -298,16 +320,16 @@ class _Lowerer:
     # -- helpers ------------------------------------------------------------------------------
     def param(self, bufname: str) -> kir.Param:
         b = next(x for x in self.buffers if x.name == bufname)
-        return kir.Param(b.name, b.dtype if b.role != "barrier" else "float32", b.size, b.role)
+        return kir.Param(b.name, b.dtype if b.role != BufferRole.BARRIER else "float32", b.size, b.role)
 
     def scratch(self, name: str, size: int) -> str:
         if not any(b.name == name for b in self.buffers):
-            self.buffers.append(kir.BufferSpec(name, "float32", size, "scratch", "", zero_init=False))
+            self.buffers.append(kir.BufferSpec(name, "float32", size, BufferRole.SCRATCH, "", zero_init=False))
         return name
 
     def barrier_buf(self) -> str:
         if not any(b.name == "gbar" for b in self.buffers):
-            self.buffers.append(kir.BufferSpec("gbar", "float32", 2, "barrier", "", zero_init=True))
+            self.buffers.append(kir.BufferSpec("gbar", "float32", 2, BufferRole.BARRIER, "", zero_init=True))
         return "gbar"
 
     def red_info(self, r: str):
@@ -325,8 +347,10 @@ class _Lowerer:
         return MathOp(nd.op, tuple(args))
 
     def combine(self, r: str, a: kir.Expr, b: kir.Expr) -> kir.Expr:
-        op = self.nodes[r].op
-        return Bin({"reduce_max": "max", "reduce_min": "min"}.get(op, "+"), a, b)
+        """``a`` and ``b`` (partials of reduction ``r``) combined by the op table's ``combine_op``."""
+        op = self.red_info(r).combine_op
+        assert op is not None
+        return Bin(op, a, b)
 
     def identity(self, r: str) -> Const:
         return Const(float(self.red_info(r).identity), F32)
@@ -351,7 +375,7 @@ class _Lowerer:
             else:
                 yield nd, args
 
-    def make_kernel(self, ki: int, uses: dict, cx: _Ctx, body: list, shared: list, locals_: list,
+    def make_kernel(self, ki: int, uses: dict, cx: Ctx, body: list, shared: list, locals_: list,
                     needs_sync: bool) -> kir.Kernel:
         """Kernel ``st_k<ki>`` with its pointer parameters in a fixed order: inputs, outputs (by index),
         scratch (by name), then the grid-barrier counter when the kernel synchronises the grid."""
@@ -364,11 +388,12 @@ class _Lowerer:
                           self.s.min_blocks, "gbar" if needs_sync else None)
 
     def kernel_segments(self) -> list[list[int]]:
-        """Stages (0-based) per kernel: a new kernel starts after each independent stage."""
+        """Stages (0-based) per kernel: a new kernel starts after each stage whose scheme has a kernel
+        boundary."""
         segs: list[list[int]] = [[]]
         for i, sch in enumerate(self.s.schemes):
             segs[-1].append(i)
-            if sch == "independent":
+            if self.schemes[sch].kernel_boundary:
                 segs.append([])
         return segs
 
@@ -415,14 +440,13 @@ class _Lowerer:
             if self.cls.get(name) is not TensorClass.FULL and self.in_buf[name] in {pp.name for pp in kern.params}:
                 dram_read += math.prod(spec.shape) * kir.ELEM_BYTES[spec.dtype]
         writes = sum(specs[pp.name].nbytes * self.sector_factor(specs[pp.name])
-                     for pp in kern.params if pp.role == "output")
-        scratch = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == "scratch")
+                     for pp in kern.params if pp.role == BufferRole.OUTPUT)
+        scratch = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == BufferRole.SCRATCH)
         ws = self.tasks_in_flight_bytes(grid) if ki == 0 else max(
             (specs[b].nbytes for b in stats["reads"]), default=0)
         elem_bytes = min((kir.ELEM_BYTES[specs[b].dtype] for b in stats["reads"]), default=4)
-        # up to 4 vector loads of the sweep in flight per thread, register-cached or not: the
-        # measured H200 rows contradict the old claim that a register-cached row is all in flight
-        # (scripts/model_quality.py)
+        # up to 4 vector loads of the sweep in flight per thread, register-cached or not (what the
+        # measured H200 rows show, scripts/model_quality.py)
         in_flight = s.vec * elem_bytes * min(self.iters, 4)
         if any(a.name.startswith("pf") for a in kern.locals):
             # prefetch: the next task's loads are in flight while this task reduces (model assumption)
@@ -450,33 +474,3 @@ class _Lowerer:
         s = self.s
         rows = grid * self.rpb if s.split == 1 else grid // max(1, s.split)
         return rows * self.p.N * 4
-
-
-def scratch_loads_per_thread(kern: kir.Kernel) -> int:
-    """Loads (:class:`kir.Load` / :class:`kir.LoadVec`) of scratch parameters one thread executes,
-    with each loop counted ``trip count`` times (constant bounds; 1 otherwise)."""
-    scratch = {pp.name for pp in kern.params if pp.role == "scratch"}
-
-    def in_expr(x) -> int:
-        return sum(1 for e in kir.exprs(x) if isinstance(e, kir.Load) and e.buf in scratch)
-
-    def in_stmts(stmts) -> int:
-        n = 0
-        for st in stmts:
-            if isinstance(st, kir.For):
-                trip = 1
-                if isinstance(st.start, kir.Const) and isinstance(st.stop, kir.Const) and st.step > 0:
-                    trip = max(0, math.ceil((int(st.stop.value) - int(st.start.value)) / st.step))
-                n += trip * (in_stmts(st.body) + in_expr(st.start) + in_expr(st.stop))
-            elif isinstance(st, kir.If):
-                n += in_expr(st.cond) + max(in_stmts(st.then), in_stmts(st.orelse))
-            else:
-                n += int(isinstance(st, kir.LoadVec) and st.buf in scratch) + in_expr(st)
-        return n
-
-    return in_stmts(kern.body)
-
-
-def kern_barriers(kern: kir.Kernel) -> int:
-    """Barriers per round (statically counted inside the round loop)."""
-    return sum(1 for st in kir.walk(kern.body) if isinstance(st, kir.Barrier))

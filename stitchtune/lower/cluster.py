@@ -2,7 +2,7 @@
 
 A row split over ``split`` blocks whose stage uses the ``cluster`` scheme is launched as clusters of
 ``split`` blocks (``Kernel.cluster``, rendered ``__cluster_dims__``): the grid is a multiple of the
-split (``_Lowerer.grid_for`` rounds it so), so the blocks of one task group ``bid // split`` hold the
+split (``Lowerer.grid_for`` rounds it so), so the blocks of one task group ``bid // split`` hold the
 pieces of one row and a block's split index is its cluster rank. After the block has its partial
 (warp shuffles, then shared memory across the warps when the block has several), the partials are
 combined through distributed shared memory:
@@ -25,60 +25,47 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from stitchtune.ir import kir
-from stitchtune.ir.kir import Assign, Bin
-from stitchtune.lower.base import _I
+from stitchtune.lower.base import I
+from stitchtune.lower.state import reset
 
-if TYPE_CHECKING:  # the row kernel builder (stitchtune.lower.row imports this module)
-    from stitchtune.lower.row import _RowKernel
+if TYPE_CHECKING:
+    from stitchtune.lower.builder import ExchangeBuilder
+    from stitchtune.lower.state import ReductionState
+    from stitchtune.space.schemes import SchemeTable
 
-#: the shared buffer of the cluster exchange (one float per reduction of a stage)
+#: the shared buffer of the cluster exchange (one float per slot of a stage's reduction states)
 CLUSTER_BUF = "scl"
 
 
-def cluster_size(schemes: tuple[str, ...], seg: list[int], split: int) -> int:
-    """Blocks per cluster of a kernel running stages ``seg``: the split when one of them uses the
-    cluster scheme, else 1."""
-    return split if any(schemes[i] == "cluster" for i in seg) else 1
+def cluster_size(schemes: tuple[str, ...], seg: list[int], split: int, table: "SchemeTable") -> int:
+    """Blocks per cluster of a kernel running stages ``seg``: the split when one of them uses a cluster
+    scheme, else 1."""
+    return split if table.any((schemes[i] for i in seg), lambda sc: sc.cluster) else 1
 
 
 def cluster_shared(slots: int) -> kir.SharedBuf:
-    """The exchange buffer of a cluster kernel whose stages have at most ``slots`` reductions."""
+    """The exchange buffer of a cluster kernel whose stages' states have at most ``slots`` slots."""
     return kir.SharedBuf(CLUSTER_BUF, max(1, slots))
 
 
-def cluster_exchange(k: "_RowKernel", reds: list[str]) -> None:
-    """Combine the block partials ``k.pvals[r]`` of ``reds`` across the row's cluster (module
-    docstring, steps 1-4); afterwards every thread of every block holds the row's combined value."""
-    low, rb = k.low, k.rb
-    size = low.s.split
-    writer = Bin("==", kir.Special("tid"), _I(0))
-    for slot, r in enumerate(reds):
-        rb.append(kir.StoreVec(CLUSTER_BUF, _I(slot), (k.pvals[r],), writer))
+def cluster_exchange(k: "ExchangeBuilder", states: list["ReductionState"]) -> None:
+    """Merge the block states ``states`` across the row's cluster (module docstring, steps 1-4), every
+    state variable in its own slot; every thread merges the states of ranks 0..split-1 in order, so
+    every block holds bitwise the same row result."""
+    rb, size = k.rb, k.schedule.split
+    writer = kir.Bin("==", kir.Special("tid"), I(0))
+    firsts, n = [], 0
+    for st in states:
+        firsts.append(n)
+        for i, v in enumerate(st.vars):
+            rb.append(kir.StoreVec(CLUSTER_BUF, I(n + i), (v,), writer))
+        n += len(st.vars)
     rb.append(kir.ClusterSync())
-    for slot, r in enumerate(reds):
-        acc = k.pvals[r]
-        rb.append(Assign(acc, low.identity(r)))
+    for st, first in zip(states, firsts):
+        rb.extend(reset(st))
         for q in range(size):
-            rb.append(Assign(acc, low.combine(r, acc, kir.RemoteLoad(CLUSTER_BUF, _I(q), _I(slot)))))
-    rb.append(kir.ClusterSync())
-
-
-def cluster_exchange_merged(k: "_RowKernel", st) -> None:
-    """The same exchange for the running state ``st`` of a single-pass pair
-    (:class:`stitchtune.lower.single_pass.OnlineState`): every state variable in its own slot, then
-    every thread merges the states of ranks 0..split-1 in order (bitwise the same row result in every
-    block)."""
-    from stitchtune.lower import single_pass as sp  # noqa: PLC0415 (a sibling module, used here only)
-
-    rb, size = k.rb, k.low.s.split
-    writer = Bin("==", kir.Special("tid"), _I(0))
-    for slot, v in enumerate(st.vars):
-        rb.append(kir.StoreVec(CLUSTER_BUF, _I(slot), (v,), writer))
-    rb.append(kir.ClusterSync())
-    rb.extend(sp.reset(st))
-    for q in range(size):
-        other = tuple(kir.RemoteLoad(CLUSTER_BUF, _I(q), _I(slot)) for slot in range(len(st.vars)))
-        rb.extend(sp.merge(st, other, k.cx.var))
+            other = tuple(kir.RemoteLoad(CLUSTER_BUF, I(q), I(first + i)) for i in range(len(st.vars)))
+            rb.extend(st.merge(other, k.var))
     rb.append(kir.ClusterSync())
 
 

@@ -11,7 +11,7 @@ Schemes: ``local`` (one thread owns a whole column: tpr == 1, split == 1), ``reg
 scratch + grid barrier), ``independent`` (partials in scratch, kernel boundary). Per-column values
 (reduction results, per-column inputs) are ``vec`` values per thread; per-row inputs are scalars.
 
-:class:`_ColLowerer` sizes the program and builds each kernel through a :class:`_ColKernel`, which
+:class:`ColLowerer` sizes the program and builds each kernel through a :class:`_ColKernel`, which
 reads like the kernel: index set-up, the results of earlier kernels, per stage a sweep (loads and
 reduce) and the combine of the partials, the output sweep and stores, the round loop. Its fixed
 parts are frozen values (:class:`_ColLayout`, :class:`_ColIndex`, :class:`_ColSweep`).
@@ -22,26 +22,27 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select, Var
-from stitchtune.lower.base import _I, _add, _and, _Ctx, _Lowerer, _mul, _SweepValues, estimate_registers
+from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul, SweepValues, estimate_registers
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space import Schedule
+from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable
 
 
 def _load_f32(dsts: tuple, buf: str, idx: kir.Expr, pred: kir.Expr | None) -> list:
     """Loads of a float32 scratch buffer in accesses of at most 16 bytes (4 floats)."""
-    return [kir.LoadVec(dsts[k:k + 4], buf, _add(idx, _I(k)), pred) for k in range(0, len(dsts), 4)]
+    return [kir.LoadVec(dsts[k:k + 4], buf, add(idx, I(k)), pred) for k in range(0, len(dsts), 4)]
 
 
 def _store_f32(buf: str, idx: kir.Expr, vals: tuple, pred: kir.Expr | None) -> list:
     """Stores to a float32 scratch buffer in accesses of at most 16 bytes (4 floats)."""
-    return [kir.StoreVec(buf, _add(idx, _I(k)), vals[k:k + 4], pred) for k in range(0, len(vals), 4)]
+    return [kir.StoreVec(buf, add(idx, I(k)), vals[k:k + 4], pred) for k in range(0, len(vals), 4)]
 
 
-class _ColLowerer(_Lowerer):
+class ColLowerer(Lowerer):
     """Column reductions."""
 
     def lower(self) -> kir.Program:
@@ -57,7 +58,7 @@ class _ColLowerer(_Lowerer):
         self.rpb = 1
         tiles = math.ceil(N / self.TC)
         tasks = tiles * S
-        n_reg = sum(1 for r in s.reuse if r == "register")
+        n_reg = sum(1 for r in s.reuse if r == ReuseLevel.REGISTER)
         est = estimate_registers(self.per_thread * n_reg, vec, 4)
         kernels, launches, profiles = [], [], []
         segs = self.kernel_segments()
@@ -96,19 +97,19 @@ class _ColLayout:
     needs_sync: bool                      # a global stage: a grid barrier
 
 
-def _col_layout(low: _ColLowerer, seg: list[int], tasks: int, est_regs: int) -> _ColLayout:
+def _col_layout(low: ColLowerer, seg: list[int], tasks: int, est_regs: int) -> _ColLayout:
     p, s = low.p, low.s
     red_slots = max((len(p.stages[i]) for i in seg), default=0)
     shared: list[kir.SharedBuf] = []
     if red_slots and s.tpr > 1:
         shared.append(kir.SharedBuf("sred", red_slots * s.tpr * low.TC))
     for c in p.reuse_candidates:
-        if low.reuse[c] == "shared":
+        if low.reuse[c] == ReuseLevel.SHARED:
             shared.append(kir.SharedBuf(f"sc{low.tid_of[c]}", low.rpt * s.tpr * low.TC))
     locals_ = [kir.LocalArray(f"rc{low.tid_of[c]}", low.per_thread)
-               for c in p.reuse_candidates if low.reuse[c] == "register"]
+               for c in p.reuse_candidates if low.reuse[c] == ReuseLevel.REGISTER]
     smem_bytes = 4 * sum(x.size for x in shared)
-    needs_sync = any(s.schemes[i] == "global" for i in seg)
+    needs_sync = any(low.schemes[s.schemes[i]].grid_barrier for i in seg)
     grid = low.grid_for(tasks, s.block, smem_bytes, est_regs, s.split if s.split > 1 else 1, needs_sync)
     return _ColLayout(tuple(shared), tuple(locals_), smem_bytes, grid, math.ceil(tasks / grid), needs_sync)
 
@@ -155,31 +156,31 @@ class _ColKernel:
     cache by an earlier sweep).
     """
 
-    def __init__(self, low: _ColLowerer, ki: int, seg: list[int], tasks: int, est_regs: int) -> None:
+    def __init__(self, low: ColLowerer, ki: int, seg: list[int], tasks: int, est_regs: int) -> None:
         self.low, self.ki, self.est_regs = low, ki, est_regs
         s, p = low.s, low.p
-        self.cx = cx = _Ctx()
+        self.cx = cx = Ctx()
         self.lay = _col_layout(low, seg, tasks, est_regs)
         tid = kir.Special("tid")
         tc, tk = cx.var("tc", I32), cx.var("tk", I32)
-        self.body: list = [Assign(tc, Bin("%", tid, _I(low.tpc))), Assign(tk, Bin("/", tid, _I(low.tpc)))]
+        self.body: list = [Assign(tc, Bin("%", tid, I(low.tpc))), Assign(tk, Bin("/", tid, I(low.tpc)))]
         rd, tile, sidx = cx.var("rd", I32), cx.var("tile", I32), cx.var("sidx", I32)
         c0, cvalid = cx.var("c", I32), cx.var("cv", kir.BOOL)
         kbase, kend = cx.var("kb", I32), cx.var("ke", I32)
         task = cx.var("task", I32)
-        cc0 = Bin("min", c0, _I(p.N - s.vec))
+        cc0 = Bin("min", c0, I(p.N - s.vec))
         self.ix = _ColIndex(tc, tk, rd, tile, sidx, c0, cvalid, kbase, kend, task, cc0)
         S, vec = s.split, s.vec
         self.rb: list = [
-            Assign(task, _add(_mul(rd, kir.Special("gdim")), kir.Special("bid"))),
-            Assign(tile, Bin("/", task, _I(S))), Assign(sidx, Bin("%", task, _I(S))),
-            Assign(c0, _add(_mul(tile, _I(low.TC)), _mul(tc, _I(vec)))),
-            Assign(cvalid, Bin("&&", Bin("<", c0, _I(p.N)), Bin("<", task, _I(tasks)))),
-            Assign(kbase, _mul(sidx, _I(low.chunk))),
-            Assign(kend, Bin("min", _add(kbase, _I(low.chunk)), _I(p.M)))]
+            Assign(task, add(mul(rd, kir.Special("gdim")), kir.Special("bid"))),
+            Assign(tile, Bin("/", task, I(S))), Assign(sidx, Bin("%", task, I(S))),
+            Assign(c0, add(mul(tile, I(low.TC)), mul(tc, I(vec)))),
+            Assign(cvalid, Bin("&&", Bin("<", c0, I(p.N)), Bin("<", task, I(tasks)))),
+            Assign(kbase, mul(sidx, I(low.chunk))),
+            Assign(kend, Bin("min", add(kbase, I(low.chunk)), I(p.M)))]
         self.uses: dict[str, set[str]] = {"in": set(), "out": set()}
         self.pvals: dict[str, list[kir.Expr]] = {}
-        self.stats = {"flops": 0, "sfu": 0, "reads": {}}
+        self.stats: dict[str, Any] = {"flops": 0, "sfu": 0, "reads": {}}
         self.filled: set[str] = set()
         self.prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
 
@@ -192,14 +193,14 @@ class _ColKernel:
         buf = low.in_buf[name]
         self.uses["in"].add(buf)
         if low.cls[name] is TensorClass.PER_KEPT and low.p.mapped(name):  # through its column factors
-            self.pvals[name] = low.mapped_load(self.cx, self.rb, name, _I(0), ix.cc0, ix.cvalid, "p")
+            self.pvals[name] = low.mapped_load(self.cx, self.rb, name, I(0), ix.cc0, ix.cvalid, "p")
         elif low.cls[name] is TensorClass.PER_KEPT:
             dsts = tuple(self.cx.var("p", F32) for _ in range(vec))
             self.rb.append(kir.LoadVec(dsts, buf, ix.cc0, ix.cvalid))
             self.pvals[name] = list(dsts)
         else:
             v = self.cx.var("p", F32)
-            self.rb.append(Assign(v, Load(buf, _I(0))))
+            self.rb.append(Assign(v, Load(buf, I(0))))
             self.pvals[name] = [v] * vec
         return self.pvals[name]
 
@@ -226,9 +227,9 @@ class _ColKernel:
             self.rb.append(Assign(a, low.identity(r)))
         q = cx.var("q", I32)
         tmp = tuple(cx.var("pp", F32) for _ in range(vec))
-        loop = _load_f32(tmp, part, _add(_mul(q, _I(N)), ix.cc0), ix.cvalid)
+        loop = _load_f32(tmp, part, add(mul(q, I(N)), ix.cc0), ix.cvalid)
         loop += [Assign(accs[j], low.combine(r, accs[j], tmp[j])) for j in range(vec)]
-        self.rb.append(kir.For(q, _I(0), _I(S), 1, tuple(loop)))
+        self.rb.append(kir.For(q, I(0), I(S), 1, tuple(loop)))
         self.pvals[r] = list(accs)
 
     def read_earlier_stages(self) -> None:
@@ -237,7 +238,7 @@ class _ColKernel:
         low, ix, cx = self.low, self.ix, self.cx
         for st in self.prev_stages:
             for r in low.p.stages[st]:
-                if low.s.schemes[st] == "independent":
+                if low.schemes[low.s.schemes[st]].kernel_boundary:
                     self.read_partials(r)
                     low.finalize(self.rb, r, self.pvals)
                 else:
@@ -250,11 +251,11 @@ class _ColKernel:
 
     # -- sweeps -----------------------------------------------------------------------------------
     def cache_index(self, sw: _ColSweep, j: int) -> kir.Expr:
-        return _add(_mul(sw.idx, _I(self.low.s.vec)), _I(j))
+        return add(mul(sw.idx, I(self.low.s.vec)), I(j))
 
     def smem_index(self, sw: _ColSweep, j: int) -> kir.Expr:
         tk, vec, TC, ix = self.low.s.tpr, self.low.s.vec, self.low.TC, self.ix
-        return _add(_mul(_add(_mul(sw.idx, _I(tk)), ix.tk), _I(TC)), _add(_mul(ix.tc, _I(vec)), _I(j)))
+        return add(mul(add(mul(sw.idx, I(tk)), ix.tk), I(TC)), add(mul(ix.tc, I(vec)), I(j)))
 
     def broadcast(self, name: str) -> list[kir.Expr] | None:
         """The ``vec`` values of a per-column or scalar tensor (None for the others)."""
@@ -268,7 +269,7 @@ class _ColKernel:
         buf = low.in_buf[name]
         self.uses["in"].add(buf)
         if low.p.mapped(name):  # through its index map
-            rbase = low.row_base(name, Bin("min", sw.r, _I(M - 1)))
+            rbase = low.row_base(name, Bin("min", sw.r, I(M - 1)))
             if low.cls[name] is TensorClass.FULL:
                 self.stats["reads"][buf] = self.stats["reads"].get(buf, 0) + 1
                 return low.mapped_load(self.cx, sw.body, name, rbase, self.ix.cc0, sw.valid, f"t{low.tid_of[name]}_")
@@ -277,12 +278,12 @@ class _ColKernel:
             return [v] * vec
         if low.cls[name] is TensorClass.FULL:
             dsts = tuple(self.cx.var(f"t{low.tid_of[name]}_", F32) for _ in range(vec))
-            idx = _add(_mul(Bin("min", sw.r, _I(M - 1)), _I(N)), self.ix.cc0)
+            idx = add(mul(Bin("min", sw.r, I(M - 1)), I(N)), self.ix.cc0)
             sw.body.append(kir.LoadVec(dsts, buf, idx, sw.valid))
             self.stats["reads"][buf] = self.stats["reads"].get(buf, 0) + 1
             return list(dsts)
         v = self.cx.var(f"t{low.tid_of[name]}_", F32)  # PER_REDUCED: one value per row
-        sw.body.append(Assign(v, Load(buf, Bin("min", sw.r, _I(M - 1)), sw.valid)))
+        sw.body.append(Assign(v, Load(buf, Bin("min", sw.r, I(M - 1)), sw.valid)))
         return [v] * vec
 
     def sweep(self, reds: list[str], outputs: list[str]) -> None:
@@ -298,10 +299,10 @@ class _ColKernel:
             accs[r] = [cx.var("acc", F32) for _ in range(vec)]
             for a in accs[r]:
                 self.rb.append(Assign(a, low.identity(r)))
-        lb: list = [Assign(r_, _add(ix.kbase, _add(_mul(idx_it, _I(tk)), ix.tk))),
+        lb: list = [Assign(r_, add(ix.kbase, add(mul(idx_it, I(tk)), ix.tk))),
                     Assign(valid, Bin("&&", ix.cvalid, Bin("<", r_, ix.kend)))]
         sw = _ColSweep(idx_it, r_, valid, lb)
-        sv = _SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw),
+        sv = SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw),
                           partial(self.cache_index, sw), partial(self.smem_index, sw), self.stats)
         for r in reds:
             vals = sv.value(low.nodes[r].args[0])  # type: ignore[arg-type]
@@ -313,17 +314,17 @@ class _ColKernel:
             buf = low.out_buf[o]
             self.uses["out"].add(buf)
             if low.p.mapped(o):  # a permuted (bijective) map: stored through it
-                rbase = low.row_base(o, Bin("min", r_, _I(low.p.M - 1)))
+                rbase = low.row_base(o, Bin("min", r_, I(low.p.M - 1)))
                 if low.cls[o] is TensorClass.FULL:
                     low.mapped_store(lb, o, rbase, ix.cc0, list(vals), low.once_pred(o, r_, valid))
                 else:
-                    lb.append(kir.StoreVec(buf, rbase, (vals[0],), _and(valid, Bin("==", ix.c0, _I(0)))))
+                    lb.append(kir.StoreVec(buf, rbase, (vals[0],), and_(valid, Bin("==", ix.c0, I(0)))))
             elif low.cls[o] is TensorClass.FULL:
-                lb.append(kir.StoreVec(buf, _add(_mul(r_, _I(N)), ix.c0), tuple(vals), valid))
+                lb.append(kir.StoreVec(buf, add(mul(r_, I(N)), ix.c0), tuple(vals), valid))
             else:  # PER_REDUCED output: one value per row, written by the first column's threads
-                lb.append(kir.StoreVec(buf, r_, (vals[0],), _and(valid, Bin("==", ix.c0, _I(0)))))
+                lb.append(kir.StoreVec(buf, r_, (vals[0],), and_(valid, Bin("==", ix.c0, I(0)))))
         head = low.order_sweep(ii, it, low.rpt, sum(self.stats["reads"].values()) > reads_before)
-        self.rb.append(kir.For(it, _I(0), _I(low.rpt), 1, tuple(head + lb),
+        self.rb.append(kir.For(it, I(0), I(low.rpt), 1, tuple(head + lb),
                                unroll=bool(self.lay.locals_) or low.rpt <= 8))
         self.filled.update(sv.newly)
         for r in reds:
@@ -338,8 +339,8 @@ class _ColKernel:
         for si_, r in enumerate(reds):
             base = si_ * tk * TC
             for j in range(vec):
-                rb.append(kir.StoreVec("sred", _add(_I(base), _add(_mul(ix.tk, _I(TC)), _add(
-                    _mul(ix.tc, _I(vec)), _I(j)))), (self.pvals[r][j],)))
+                rb.append(kir.StoreVec("sred", add(I(base), add(mul(ix.tk, I(TC)), add(
+                    mul(ix.tc, I(vec)), I(j)))), (self.pvals[r][j],)))
         rb.append(kir.Barrier())
         for si_, r in enumerate(reds):
             base = si_ * tk * TC
@@ -347,24 +348,24 @@ class _ColKernel:
             for a in accs:
                 rb.append(Assign(a, low.identity(r)))
             q = self.cx.var("q", I32)
-            loop = [Assign(accs[j], low.combine(r, accs[j], Load("sred", _add(
-                _I(base), _add(_mul(q, _I(TC)), _add(_mul(ix.tc, _I(vec)), _I(j))))))) for j in range(vec)]
-            rb.append(kir.For(q, _I(0), _I(tk), 1, tuple(loop)))
+            loop = [Assign(accs[j], low.combine(r, accs[j], Load("sred", add(
+                I(base), add(mul(q, I(TC)), add(mul(ix.tc, I(vec)), I(j))))))) for j in range(vec)]
+            rb.append(kir.For(q, I(0), I(tk), 1, tuple(loop)))
         rb.append(kir.Barrier())
 
-    def exchange(self, reds: list[str], scheme: str) -> None:
-        """Combine the partials of ``reds``: across the row threads of a block (tpr > 1), then
-        (global scratch) across the split row chunks of a column tile."""
+    def exchange(self, reds: list[str], scheme: Scheme) -> None:
+        """Combine the partials of ``reds``: across the row threads of a block (tpr > 1), then, where the
+        scheme has partials (global scratch), across the split row chunks of a column tile."""
         low, ix = self.low, self.ix
         if low.s.tpr > 1:
             self.exchange_in_block(reds)
-        if scheme in ("global", "independent"):
+        if scheme.partials:
             for r in reds:
                 part = low.scratch(f"part{low.red_idx[r]}", low.s.split * low.p.N)
                 self.cx.scratch.add(part)
-                self.rb.extend(_store_f32(part, _add(_mul(ix.sidx, _I(low.p.N)), ix.cc0), tuple(self.pvals[r]),
-                                          Bin("&&", ix.cvalid, Bin("==", ix.tk, _I(0)))))
-            if scheme == "global":
+                self.rb.extend(_store_f32(part, add(mul(ix.sidx, I(low.p.N)), ix.cc0), tuple(self.pvals[r]),
+                                          Bin("&&", ix.cvalid, Bin("==", ix.tk, I(0)))))
+            if scheme.grid_barrier:
                 self.rb.append(kir.GridSync())
                 for r in reds:
                     self.read_partials(r, target=self.pvals[r])
@@ -375,10 +376,10 @@ class _ColKernel:
         the final values; ``keep_results``: stored per column for a later kernel."""
         low, ix = self.low, self.ix
         reds = list(low.p.stages[st])
-        scheme = low.s.schemes[st]
+        scheme = low.schemes[low.s.schemes[st]]
         self.sweep(reds, [])
         self.exchange(reds, scheme)
-        if scheme == "independent":
+        if not scheme.result_in_kernel:
             return
         for r in reds:
             low.finalize(self.rb, r, self.pvals)
@@ -386,7 +387,7 @@ class _ColKernel:
                 vb = low.scratch(f"val{low.red_idx[r]}", low.p.N)
                 self.cx.scratch.add(vb)
                 self.rb.extend(_store_f32(vb, ix.cc0, tuple(self.pvals[r]), Bin("&&", ix.cvalid, Bin(
-                    "&&", Bin("==", ix.tk, _I(0)), Bin("==", ix.sidx, _I(0))))))
+                    "&&", Bin("==", ix.tk, I(0)), Bin("==", ix.sidx, I(0))))))
         self.compute_p_nodes()
 
     def write_outputs(self) -> None:
@@ -404,25 +405,27 @@ class _ColKernel:
             vals = self.load_p(o) if o in low.in_buf else self.pvals[o]
             buf = low.out_buf[o]
             self.uses["out"].add(buf)
-            lead = Bin("&&", Bin("==", ix.tk, _I(0)), Bin("==", ix.sidx, _I(0)))
+            lead = Bin("&&", Bin("==", ix.tk, I(0)), Bin("==", ix.sidx, I(0)))
             if c is TensorClass.PER_KEPT and low.p.mapped(o):
-                low.mapped_store(self.rb, o, _I(0), ix.cc0, list(vals), Bin("&&", ix.cvalid, lead))
+                low.mapped_store(self.rb, o, I(0), ix.cc0, list(vals), Bin("&&", ix.cvalid, lead))
             elif c is TensorClass.PER_KEPT:
                 self.rb.append(kir.StoreVec(buf, ix.c0, tuple(vals), Bin("&&", ix.cvalid, lead)))
             else:
-                self.rb.append(kir.StoreVec(buf, _I(0), (vals[0],), Bin("&&", Bin("==", ix.c0, _I(0)),
+                self.rb.append(kir.StoreVec(buf, I(0), (vals[0],), Bin("&&", Bin("==", ix.c0, I(0)),
                                                                          Bin("&&", ix.cvalid, lead))))
 
     def finish(self) -> tuple[kir.Kernel, kir.KernelProfile]:
         """The round loop, the kernel and its profile."""
         low, lay = self.low, self.lay
         low.order_tasks(self.rb, bool(self.stats["reads"]), lay.rounds * lay.grid)
-        self.body.append(kir.For(self.ix.rd, _I(0), _I(lay.rounds), 1, tuple(self.rb)))
+        self.body.append(kir.For(self.ix.rd, I(0), I(lay.rounds), 1, tuple(self.rb)))
         kern = low.make_kernel(self.ki, self.uses, self.cx, self.body, list(lay.shared), list(lay.locals_),
                                lay.needs_sync)
         return kern, low.profile(kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.stats, self.ki)
 
 
-def lower_col(graph: Graph, plan: StitchPlan, schedule: Schedule, device) -> kir.Program:
-    """Lower a column-reduction graph (the schedule was already checked against the space)."""
-    return _ColLowerer(graph, plan, schedule, device).lower()
+def lower_col(graph: Graph, plan: StitchPlan, schedule: Schedule, device,
+              schemes: SchemeTable = SCHEMES) -> kir.Program:
+    """Lower a column-reduction graph (the schedule was already checked against the space whose scheme
+    table is ``schemes``)."""
+    return ColLowerer(graph, plan, schedule, device, schemes).lower()

@@ -1,6 +1,6 @@
 """Lowering of cross reductions (:mod:`stitchtune.plan.cross`) in the last kernel of a row-family program.
 
-Phases (each a function below, called by :class:`stitchtune.lower.row._RowKernel`):
+Phases (each a function below, called by :class:`stitchtune.lower.row.RowKernel`):
 
 1. :func:`cross_layout`: the per-thread accumulators (``xa<i>``: one row piece of ``per_thread`` floats
    per per-column reduction, in registers; a scalar variable per scalar reduction) and the shared
@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 from stitchtune.ir import kir
-from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Select, Var
-from stitchtune.lower.base import _I, _add, _mul
+from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, LocalRef, Select, Var
+from stitchtune.lower.base import Ctx, I, Lowerer, SweepValues, add, mul
+from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.cross import CrossReduction
 from stitchtune.space.options import cross_smem_floats
 
@@ -37,11 +38,11 @@ def _f(x: float) -> Const:
     return Const(float(x), F32)
 
 
-def _per_col(low) -> list[tuple[int, CrossReduction]]:
+def _per_col(low: Lowerer) -> list[tuple[int, CrossReduction]]:
     return [(i, c) for i, c in enumerate(low.p.cross) if c.kind == "per_reduced"]
 
 
-def _scalars(low) -> list[tuple[int, CrossReduction]]:
+def _scalars(low: Lowerer) -> list[tuple[int, CrossReduction]]:
     return [(i, c) for i, c in enumerate(low.p.cross) if c.kind == "scalar"]
 
 
@@ -49,7 +50,7 @@ def _scale(c: CrossReduction) -> float:
     return 1.0 / c.count if c.mean else 1.0
 
 
-def cross_layout(low) -> tuple[list[kir.SharedBuf], list[kir.LocalArray], bool]:
+def cross_layout(low: Lowerer) -> tuple[list[kir.SharedBuf], list[kir.LocalArray], bool]:
     """(shared buffers, local arrays, needs a grid barrier) of the cross reductions of ``low``'s plan."""
     s, nk, ns = low.s, len(_per_col(low)), len(_scalars(low))
     shared: list[kir.SharedBuf] = []
@@ -63,13 +64,13 @@ def cross_layout(low) -> tuple[list[kir.SharedBuf], list[kir.LocalArray], bool]:
     return shared, locals_, s.cross_combine == "grid"
 
 
-def cross_init(k) -> dict[int, Var]:
+def cross_init(k: RowKernelBuilder) -> dict[int, Var]:
     """Zero the accumulators before the round loop (appended to ``k.body``); returns the scalar
     accumulator variable of each scalar cross reduction (by index in ``plan.cross``)."""
     low = k.low
     e = k.cx.var("xe", I32)
     for i, _ in _per_col(low):
-        k.body.append(kir.For(e, _I(0), _I(low.per_thread), 1, (kir.SetLocal(f"xa{i}", e, _f(0)),), unroll=True))
+        k.body.append(kir.For(e, I(0), I(low.per_thread), 1, (kir.SetLocal(f"xa{i}", e, _f(0)),), unroll=True))
     accs = {}
     for i, _ in _scalars(low):
         accs[i] = k.cx.var("xs", F32)
@@ -77,7 +78,7 @@ def cross_init(k) -> dict[int, Var]:
     return accs
 
 
-def cross_accumulate(k, sw, sv, body: list) -> None:
+def cross_accumulate(k: RowKernelBuilder, sw: RowSweep, sv: SweepValues, body: list) -> None:
     """In the output sweep: each full-size source element into its column's (or the scalar) accumulator."""
     low = k.low
     for i, c in enumerate(low.p.cross):
@@ -94,11 +95,11 @@ def cross_accumulate(k, sw, sv, body: list) -> None:
                 body.append(Assign(a, Select(sw.valid, Bin("+", a, vals[j]), a)))
 
 
-def cross_accumulate_rows(k) -> None:
+def cross_accumulate_rows(k: RowKernelBuilder) -> None:
     """Once per task (round body, after the stages): each per-row source value into its scalar
     accumulator, on the row's first lane of its first split block."""
     low, ix = k.low, k.ix
-    lead = Bin("&&", ix.rvalid, Bin("&&", Bin("==", ix.lane, _I(0)), Bin("==", ix.sidx, _I(0))))
+    lead = Bin("&&", ix.rvalid, Bin("&&", Bin("==", ix.lane, I(0)), Bin("==", ix.sidx, I(0))))
     for i, c in enumerate(low.p.cross):
         if c.source_full:
             continue
@@ -107,11 +108,11 @@ def cross_accumulate_rows(k) -> None:
         k.rb.append(Assign(a, Select(lead, Bin("+", a, v), a)))
 
 
-def _column(k, e: int) -> kir.Expr:
+def _column(k: RowKernelBuilder, e: int) -> kir.Expr:
     """The column of accumulator element ``e`` (= i * vec + j) of this thread."""
     s = k.low.s
     i, j = divmod(e, s.vec)
-    return _add(_mul(_add(_I(i * s.tpr), k.ix.lane), _I(s.vec)), _I(j))
+    return add(mul(add(I(i * s.tpr), k.ix.lane), I(s.vec)), I(j))
 
 
 def _warp_sum(out: list, get, put, masks: list[int]) -> None:
@@ -119,7 +120,7 @@ def _warp_sum(out: list, get, put, masks: list[int]) -> None:
         out.append(put(Bin("+", get(), kir.Shfl(get(), m, 32))))
 
 
-def _block_values(k, out: list) -> list[tuple[int, kir.Expr, kir.Expr, kir.Expr]]:
+def _block_values(k: RowKernelBuilder, out: list) -> list[tuple[int, kir.Expr, kir.Expr, kir.Expr]]:
     """The block reduce (statements into ``out``); returns, per block value to combine, ``(cross
     index, column, value, predicate)`` (columns may repeat over loop iterations: statements follow)."""
     low, s = k.low, k.low.s
@@ -130,62 +131,62 @@ def _block_values(k, out: list) -> list[tuple[int, kir.Expr, kir.Expr, kir.Expr]
     pcs = _per_col(low)
     for i, _ in pcs:  # merge the sub-warp rows of each warp (lanes with the same columns)
         for e in range(low.per_thread):
-            _warp_sum(out, lambda i=i, e=e: LocalRef(f"xa{i}", _I(e)),
-                      lambda v, i=i, e=e: kir.SetLocal(f"xa{i}", _I(e), v), subwarp)
+            _warp_sum(out, lambda i=i, e=e: LocalRef(f"xa{i}", I(e)),
+                      lambda v, i=i, e=e: kir.SetLocal(f"xa{i}", I(e), v), subwarp)
     for i, _ in _scalars(low):
         a = k.cross_acc[i]
         _warp_sum(out, lambda a=a: a, lambda v, a=a: Assign(a, v), [16, 8, 4, 2, 1])
-    writer = Bin("<", Bin("%", _TID, _I(32)), _I(tpr)) if tpr < 32 else None
+    writer = Bin("<", Bin("%", _TID, I(32)), I(tpr)) if tpr < 32 else None
     if pcs and groups > 1:
-        slot = Bin("/", _TID, _I(max(tpr, 32)))
+        slot = Bin("/", _TID, I(max(tpr, 32)))
         for n, (i, _) in enumerate(pcs):
-            base = _mul(_add(_I(n * groups), slot), _I(chunk))
+            base = mul(add(I(n * groups), slot), I(chunk))
             for e in range(low.per_thread):
-                out.append(kir.StoreVec("sxk", _add(base, _column(k, e)), (LocalRef(f"xa{i}", _I(e)),), writer))
+                out.append(kir.StoreVec("sxk", add(base, _column(k, e)), (LocalRef(f"xa{i}", I(e)),), writer))
     nw = block // 32
     scal = _scalars(low)
     if scal and block > 32:
         for n, (i, _) in enumerate(scal):
-            out.append(kir.StoreVec("sxs", _add(_I(n * nw), Bin("/", _TID, _I(32))), (k.cross_acc[i],),
-                                    Bin("==", Bin("%", _TID, _I(32)), _I(0))))
+            out.append(kir.StoreVec("sxs", add(I(n * nw), Bin("/", _TID, I(32))), (k.cross_acc[i],),
+                                    Bin("==", Bin("%", _TID, I(32)), I(0))))
     if (pcs and groups > 1) or (scal and block > 32):
         out.append(kir.Barrier())
     if pcs and groups > 1:
         for n, (i, _) in enumerate(pcs):
             for q in range(math.ceil(chunk / block)):
-                col = _add(_TID, _I(q * block))
+                col = add(_TID, I(q * block))
                 v = k.cx.var("xv", F32)
-                inside = Bin("<", col, _I(chunk))
+                inside = Bin("<", col, I(chunk))
                 out.append(Assign(v, _f(0)))
                 for g in range(groups):
-                    out.append(Assign(v, Bin("+", v, Load("sxk", _add(_I((n * groups + g) * chunk),
-                                                                      Bin("min", col, _I(chunk - 1))), inside))))
-                res.append((i, col, v, Bin("<", col, _I(N))))
+                    out.append(Assign(v, Bin("+", v, Load("sxk", add(I((n * groups + g) * chunk),
+                                                                      Bin("min", col, I(chunk - 1))), inside))))
+                res.append((i, col, v, Bin("<", col, I(N))))
     elif pcs:
         for i, _ in pcs:
             for e in range(low.per_thread):
                 col = _column(k, e)
-                ok = Bin("<", col, _I(N))
-                res.append((i, col, LocalRef(f"xa{i}", _I(e)), ok if writer is None else Bin("&&", writer, ok)))
+                ok = Bin("<", col, I(N))
+                res.append((i, col, LocalRef(f"xa{i}", I(e)), ok if writer is None else Bin("&&", writer, ok)))
     for n, (i, _) in enumerate(scal):
         if block > 32:
             v = k.cx.var("xv", F32)
             out.append(Assign(v, _f(0)))
             for w in range(nw):
-                out.append(Assign(v, Bin("+", v, Load("sxs", _I(n * nw + w)))))
+                out.append(Assign(v, Bin("+", v, Load("sxs", I(n * nw + w)))))
         else:
             v = k.cross_acc[i]
-        res.append((i, _I(0), v, Bin("==", _TID, _I(0))))
+        res.append((i, I(0), v, Bin("==", _TID, I(0))))
     return res
 
 
-def partial_buf(low, i: int, grid: int) -> str:
+def partial_buf(low: Lowerer, i: int, grid: int) -> str:
     """The per-block partials of cross reduction ``i``: ``grid x width`` floats (scratch)."""
     width = low.p.N if low.p.cross[i].kind == "per_reduced" else 1
     return low.scratch(f"xp{i}", grid * width)
 
 
-def cross_epilogue(k) -> list:
+def cross_epilogue(k: RowKernelBuilder) -> list:
     """The statements after the round loop: block reduce, then the cross-block combine of the schedule."""
     low = k.low
     mode, grid = low.s.cross_combine, k.lay.grid
@@ -201,14 +202,14 @@ def cross_epilogue(k) -> list:
             part = partial_buf(low, i, grid)
             k.cx.scratch.add(part)
             width = low.p.N if c.kind == "per_reduced" else 1
-            out.append(kir.StoreVec(part, _add(_mul(_BID, _I(width)), col), (v,), pred))
+            out.append(kir.StoreVec(part, add(mul(_BID, I(width)), col), (v,), pred))
     if mode == "grid":
         out.append(kir.GridSync())
         out += final_sums(low, k.cx, k.uses, grid, grid)
     return out
 
 
-def final_sums(low, cx, uses: dict, parts: int, nblocks: int) -> list:
+def final_sums(low: Lowerer, cx: Ctx, uses: dict, parts: int, nblocks: int) -> list:
     """Sum the ``parts`` per-block partials of every cross reduction in block order into its output,
     with ``nblocks`` blocks running this code: per column one thread; a scalar by block 0 (every thread
     a strided share, then shuffles and ``sxs`` across the warps)."""
@@ -216,7 +217,7 @@ def final_sums(low, cx, uses: dict, parts: int, nblocks: int) -> list:
     block = s.block
     out: list = []
     gid = cx.var("xg", I32)
-    out.append(Assign(gid, _add(_mul(_BID, _I(block)), _TID)))
+    out.append(Assign(gid, add(mul(_BID, I(block)), _TID)))
     g = cx.var("xq", I32)
     for i, c in enumerate(low.p.cross):
         buf = low.out_buf[c.node]
@@ -229,59 +230,62 @@ def final_sums(low, cx, uses: dict, parts: int, nblocks: int) -> list:
             for q in range(math.ceil(N / (nblocks * block))):
                 col = cx.var("xc", I32)
                 ok = cx.var("xok", kir.BOOL)
-                out += [Assign(col, _add(gid, _I(q * nblocks * block))), Assign(ok, Bin("<", col, _I(N))),
+                out += [Assign(col, add(gid, I(q * nblocks * block))), Assign(ok, Bin("<", col, I(N))),
                         Assign(acc, _f(0)),
-                        kir.For(g, _I(0), _I(parts), 1, (Assign(acc, Bin("+", acc, Load(
-                            part, _add(_mul(g, _I(N)), Bin("min", col, _I(N - 1))), ok))),)),
+                        kir.For(g, I(0), I(parts), 1, (Assign(acc, Bin("+", acc, Load(
+                            part, add(mul(g, I(N)), Bin("min", col, I(N - 1))), ok))),)),
                         kir.StoreVec(buf, col, (Bin("*", acc, _f(_scale(c))) if c.mean else acc,), ok)]
             continue
-        mine = Bin("==", _BID, _I(0))
+        mine = Bin("==", _BID, I(0))
         idx = cx.var("xi", I32)
-        out += [Assign(acc, _f(0)), kir.For(g, _I(0), _I(math.ceil(parts / block)), 1, (
-            Assign(idx, _add(_mul(g, _I(block)), _TID)),
-            Assign(acc, Bin("+", acc, Load(part, Bin("min", idx, _I(parts - 1)),
-                                           Bin("&&", mine, Bin("<", idx, _I(parts))))))))]
+        out += [Assign(acc, _f(0)), kir.For(g, I(0), I(math.ceil(parts / block)), 1, (
+            Assign(idx, add(mul(g, I(block)), _TID)),
+            Assign(acc, Bin("+", acc, Load(part, Bin("min", idx, I(parts - 1)),
+                                           Bin("&&", mine, Bin("<", idx, I(parts))))))))]
         _warp_sum(out, lambda: acc, lambda v: Assign(acc, v), [16, 8, 4, 2, 1])
         if block > 32:
             nw = block // 32
-            out += [kir.Barrier(), kir.StoreVec("sxs", Bin("/", _TID, _I(32)), (acc,),
-                                                Bin("==", Bin("%", _TID, _I(32)), _I(0))), kir.Barrier(),
+            out += [kir.Barrier(), kir.StoreVec("sxs", Bin("/", _TID, I(32)), (acc,),
+                                                Bin("==", Bin("%", _TID, I(32)), I(0))), kir.Barrier(),
                     Assign(acc, _f(0))]
             for w in range(nw):
-                out.append(Assign(acc, Bin("+", acc, Load("sxs", _I(w)))))
-        out.append(kir.StoreVec(buf, _I(0), (Bin("*", acc, _f(_scale(c))) if c.mean else acc,),
-                                Bin("&&", mine, Bin("==", _TID, _I(0)))))
+                out.append(Assign(acc, Bin("+", acc, Load("sxs", I(w)))))
+        out.append(kir.StoreVec(buf, I(0), (Bin("*", acc, _f(_scale(c))) if c.mean else acc,),
+                                Bin("&&", mine, Bin("==", _TID, I(0)))))
     return out
 
 
-def _small_kernel(low, name: str, cx, uses: dict, body: list, shared: list) -> kir.Kernel:
+def _small_kernel(low: Lowerer, name: str, cx: Ctx, uses: dict, body: list, shared: list) -> kir.Kernel:
     params = [low.param(b) for b in sorted(uses["out"], key=lambda x: int(x[3:]))]
     params += [low.param(b) for b in sorted(cx.scratch)]
     return kir.Kernel(name, tuple(params), tuple(body), low.s.block, tuple(shared), (), 0, None)
 
 
-def zero_kernel(low) -> tuple[kir.Kernel, int]:
-    """(the kernel that zeroes the atomically accumulated outputs, its grid): one element per thread."""
-    from stitchtune.lower.base import _Ctx
+def _no_uses() -> dict[str, set[str]]:
+    """An empty record of the global buffers a kernel reads ("in") and writes ("out")."""
+    return {"in": set(), "out": set()}
 
-    cx, uses = _Ctx(), {"in": set(), "out": set()}
+
+def zero_kernel(low: Lowerer) -> tuple[kir.Kernel, int]:
+    """(the kernel that zeroes the atomically accumulated outputs, its grid): one element per thread."""
+
+    cx, uses = Ctx(), _no_uses()
     block = low.s.block
     width = max(low.p.N if c.kind == "per_reduced" else 1 for c in low.p.cross)
     gid = cx.var("xg", I32)
-    body: list = [Assign(gid, _add(_mul(_BID, _I(block)), _TID))]
+    body: list = [Assign(gid, add(mul(_BID, I(block)), _TID))]
     for c in low.p.cross:
         buf = low.out_buf[c.node]
         uses["out"].add(buf)
         w = low.p.N if c.kind == "per_reduced" else 1
-        body.append(kir.StoreVec(buf, Bin("min", gid, _I(w - 1)), (_f(0),), Bin("<", gid, _I(w))))
+        body.append(kir.StoreVec(buf, Bin("min", gid, I(w - 1)), (_f(0),), Bin("<", gid, I(w))))
     return _small_kernel(low, "st_xzero", cx, uses, body, []), math.ceil(width / block)
 
 
-def combine_kernel(low, parts: int) -> tuple[kir.Kernel, int]:
+def combine_kernel(low: Lowerer, parts: int) -> tuple[kir.Kernel, int]:
     """(the second kernel of ``cross_combine`` kernel: sums the ``parts`` partials in block order, its grid)."""
-    from stitchtune.lower.base import _Ctx
 
-    cx, uses = _Ctx(), {"in": set(), "out": set()}
+    cx, uses = Ctx(), _no_uses()
     block = low.s.block
     width = max(low.p.N if c.kind == "per_reduced" else 1 for c in low.p.cross)
     grid = math.ceil(width / block)
@@ -290,11 +294,11 @@ def combine_kernel(low, parts: int) -> tuple[kir.Kernel, int]:
     return _small_kernel(low, "st_xsum", cx, uses, body, shared), grid
 
 
-def small_profile(low, kern: kir.Kernel, grid: int, parts: int) -> kir.KernelProfile:
+def small_profile(low: Lowerer, kern: kir.Kernel, grid: int, parts: int) -> kir.KernelProfile:
     """The analytic profile of a zeroing or combine kernel: it reads the partials, writes the outputs."""
     specs = {b.name: b for b in low.buffers}
-    reads = sum(specs[p.name].nbytes for p in kern.params if p.role == "scratch")
-    writes = sum(specs[p.name].nbytes for p in kern.params if p.role == "output")
+    reads = sum(specs[p.name].nbytes for p in kern.params if p.role == BufferRole.SCRATCH)
+    writes = sum(specs[p.name].nbytes for p in kern.params if p.role == BufferRole.OUTPUT)
     return kir.KernelProfile(
         name=kern.name, grid=grid, block=kern.block, smem_bytes=kern.smem_bytes, est_registers=32,
         dram_read_bytes=int(reads), dram_write_bytes=int(writes), reread_bytes=0, reread_working_set=0,
@@ -303,7 +307,7 @@ def small_profile(low, kern: kir.Kernel, grid: int, parts: int) -> kir.KernelPro
         scratch_loads=int(math.ceil(_combine_loads(low, parts) / 8)) if reads else 0)
 
 
-def _combine_loads(low, parts: int) -> int:
+def _combine_loads(low: Lowerer, parts: int) -> int:
     """Partials one thread of the combine loads: all ``parts`` of its column, or its strided share of
     a scalar's. They are independent loads of distinct, coalesced lines (unlike a split row's partials,
     which every thread of a row loads), so the chain counts them 8 in flight per thread (an assumption)."""
@@ -312,7 +316,7 @@ def _combine_loads(low, parts: int) -> int:
     return math.ceil(parts / low.s.block) if parts else 0
 
 
-def atomic_counts(low, grid: int) -> tuple[int, int]:
+def atomic_counts(low: Lowerer, grid: int) -> tuple[int, int]:
     """(atomic adds of the main kernel, the most of them to one address) under ``cross_combine`` atomic."""
     if low.s.cross_combine != "atomic":
         return 0, 0

@@ -21,7 +21,7 @@ scratch + software grid barrier), ``independent`` (partials in global scratch, k
 their partials through distributed shared memory after a cluster barrier; see
 :mod:`stitchtune.lower.cluster`).
 
-Options (defaults = the kernels of before they existed): ``order`` alternate runs every other sweep
+Options (at their defaults the kernels are those without them): ``order`` alternate runs every other sweep
 that reads a full-size tensor backwards and every other such kernel's tasks in reverse; ``prefetch``
 (row reductions) loads the next task's full-size inputs into registers right after the first sweep;
 ``combine`` warp (split rows) has the lanes of each warp load a row's partials together.
@@ -41,10 +41,11 @@ from __future__ import annotations
 
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
-from stitchtune.lower.base import estimate_registers, kern_barriers, scratch_loads_per_thread
+from stitchtune.lower.base import estimate_registers
+from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
 from stitchtune.lower.col import lower_col
 from stitchtune.lower.row import lower_row
-from stitchtune.plan.planner import StitchPlan
+from stitchtune.plan.planner import Family, StitchPlan
 from stitchtune.space import Schedule, SearchSpace
 
 CODEGEN_VERSION = "1"
@@ -56,6 +57,6 @@ def lower(graph: Graph, plan: StitchPlan, schedule: Schedule, device, space: Sea
     """Lower ``schedule`` for ``graph``; raise :class:`ScheduleError` naming why a point is illegal."""
     space = space or SearchSpace.for_plan(plan, device)
     space.check(schedule)
-    if plan.family == "col":
-        return lower_col(graph, plan, schedule, device)
-    return lower_row(graph, plan, schedule, device)
+    if plan.family == Family.COL:
+        return lower_col(graph, plan, schedule, device, space.schemes)
+    return lower_row(graph, plan, schedule, device, space.schemes)

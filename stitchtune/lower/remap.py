@@ -44,8 +44,9 @@ from math import prod
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.ops import OPS
 from stitchtune.ir import kir
-from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select
-from stitchtune.lower.base import _I, _add, _and, _mul
+from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, Select
+from stitchtune.lower.base import I, Lowerer, SweepValues, add, and_, mul
+from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.planner import TensorClass
 from stitchtune.plan.remap import (Shift, column_shift, composed_chains, domain_of, mixed_layout, root_shift,
                                    shift_offset)
@@ -55,15 +56,15 @@ __all__ = ["Shift", "RemapValues", "gather_flag_buffers"]
 
 def gather_flag_buffers(program: kir.Program) -> dict[str, str]:
     """Error-flag buffer name -> gather node id of a lowered program (empty without gathers)."""
-    return {b.name: b.tensor for b in program.buffers if b.role == "scratch" and b.name.startswith("gerr")}
+    return {b.name: b.tensor for b in program.buffers if b.role == BufferRole.SCRATCH and b.name.startswith("gerr")}
 
 
 class RemapValues:
     """The values of one sweep's index-op nodes (module docstring). ``kern`` is the row kernel
     (``low``, ``ix``, ``cx``, ``rb``, ``uses``, ``stats``, ``f_index``), ``sw`` the sweep, ``sv`` its
-    :class:`~stitchtune.lower.base._SweepValues`."""
+    :class:`~stitchtune.lower.base.SweepValues`."""
 
-    def __init__(self, kern, sw, sv) -> None:
+    def __init__(self, kern: RowKernelBuilder, sw: RowSweep, sv: SweepValues) -> None:
         self.k, self.sw, self.sv = kern, sw, sv
         low = kern.low
         self.low, self.p, self.g, self.vec = low, low.p, low.g, low.s.vec
@@ -143,30 +144,30 @@ class RemapValues:
         from the row-major domain index through the map of a domain-shaped tensor: any view)."""
         D = self.domain
         if self.dom_t is not None:
-            lin = _add(self.low.row_base(self.dom_t, Bin("min", self.k.ix.row, _I(self.p.M - 1))),
-                       self.low.col_offset(self.dom_t, _add(self.sw.k0, _I(lane))))
+            lin = add(self.low.row_base(self.dom_t, Bin("min", self.k.ix.row, I(self.p.M - 1))),
+                       self.low.col_offset(self.dom_t, add(self.sw.k0, I(lane))))
             inner = prod(D[axis + 1:])
-            t = Bin("/", lin, _I(inner)) if inner > 1 else lin
-            return Bin("%", t, _I(D[axis])) if axis > 0 else t
+            t = Bin("/", lin, I(inner)) if inner > 1 else lin
+            return Bin("%", t, I(D[axis])) if axis > 0 else t
         if axis in self.col_axes:
             inner = prod(D[b] for b in self.col_axes if b > axis)
-            i: kir.Expr = _add(self.sw.k0, _I(lane))
+            i: kir.Expr = add(self.sw.k0, I(lane))
             total = self.p.N
         else:
             inner = prod(D[b] for b in self.row_axes if b > axis)
-            i = Bin("min", self.k.ix.row, _I(self.p.M - 1))
+            i = Bin("min", self.k.ix.row, I(self.p.M - 1))
             total = self.p.M
-        t = Bin("/", i, _I(inner)) if inner > 1 else i
-        return Bin("%", t, _I(D[axis])) if inner * D[axis] < total else t
+        t = Bin("/", i, I(inner)) if inner > 1 else i
+        return Bin("%", t, I(D[axis])) if inner * D[axis] < total else t
 
     def cond(self, sh: Shift, lane: int) -> kir.Expr | None:
         out = None
         for a, lo, hi in sh.conds:
             p = self.pos(a, lane)
             if lo > 0:
-                out = _and(out, Bin(">=", p, _I(lo)))
+                out = and_(out, Bin(">=", p, I(lo)))
             if hi < self.domain[a]:
-                out = _and(out, Bin("<", p, _I(hi)))
+                out = and_(out, Bin("<", p, I(hi)))
         return out
 
     def uniform(self, sh: Shift) -> bool:
@@ -208,7 +209,7 @@ class RemapValues:
     def elementwise(self, nd, sh: Shift) -> list[kir.Expr]:
         low, vec = self.low, self.vec
         argv = [self.value(a, sh) if isinstance(a, str) else [Const(float(a), F32)] * vec for a in nd.args]
-        vals = []
+        vals: list[kir.Expr] = []
         for j in range(vec):
             v = self.k.cx.var(f"t{low.tid_of[nd.id]}_", F32)
             self.sw.body.append(Assign(v, low.expr_of_node(nd, [x[j] for x in argv])))
@@ -247,7 +248,7 @@ class RemapValues:
         else:  # per-column input: varies along the columns only
             base = self.sw.k0
             row_ok = True
-        return self._emit(buf, _add(base, _I(delta)), sh, row_ok and delta % self.vec == 0 and
+        return self._emit(buf, add(base, I(delta)), sh, row_ok and delta % self.vec == 0 and
                           (im.cols.broadcast or im.cols.contiguous()), None)
 
     def _strided_load(self, name: str, buf: str, delta: int, sh: Shift) -> list[kir.Expr]:
@@ -255,14 +256,14 @@ class RemapValues:
         predicated scalar load per lane at row offset + the map's column offset + ``delta``."""
         low = self.low
         full = low.cls[name] is TensorClass.FULL
-        rowb = low.row_base(name, Bin("min", self.k.ix.row, _I(self.p.M - 1))) if full else _I(0)
+        rowb = low.row_base(name, Bin("min", self.k.ix.row, I(self.p.M - 1))) if full else I(0)
         if full:
             self._count(buf)
-        out = []
+        out: list[kir.Expr] = []
         for j in range(self.vec):
             v = self.k.cx.var("g", F32)
-            at = _add(_add(rowb, low.col_offset(name, _add(self.sw.k0, _I(j)))), _I(delta))
-            self.sw.body.append(Assign(v, Load(buf, at, _and(self.sw.valid, self.cond(sh, j)))))
+            at = add(add(rowb, low.col_offset(name, add(self.sw.k0, I(j)))), I(delta))
+            self.sw.body.append(Assign(v, Load(buf, at, and_(self.sw.valid, self.cond(sh, j)))))
             out.append(v)
         return out
 
@@ -279,10 +280,10 @@ class RemapValues:
         self._count(buf)
         if self._chain_contiguous(chain, sh):
             return self._emit(buf, self._chain_offset(chain, sh, 0), sh, True, None)
-        out = []
+        out: list[kir.Expr] = []
         for j in range(self.vec):
             v = self.k.cx.var("g", F32)
-            pj = _and(self.sw.valid, self.cond(sh, j))
+            pj = and_(self.sw.valid, self.cond(sh, j))
             self.sw.body.append(Assign(v, Load(buf, self._chain_offset(chain, sh, j), pj)))
             out.append(v)
         return out
@@ -292,7 +293,7 @@ class RemapValues:
         hshape = self.g.spec(chain[0]).shape
         off = len(self.domain) - len(hshape)
         coords: list[kir.Expr] | None = [
-            _I(0) if d == 1 else _add(self.pos(off + k, lane), _I(sh.d(off + k))) for k, d in enumerate(hshape)]
+            I(0) if d == 1 else add(self.pos(off + k, lane), I(sh.d(off + k))) for k, d in enumerate(hshape)]
         lin: kir.Expr | None = None
         shape = hshape
         for name in chain[:-1]:
@@ -301,7 +302,7 @@ class RemapValues:
             if nd.op == "transpose":
                 if coords is None:
                     coords = _unravel(lin, shape)  # type: ignore[arg-type]
-                back: list[kir.Expr] = [_I(0)] * len(src)
+                back: list[kir.Expr] = [I(0)] * len(src)
                 for i, p in enumerate(nd.perm):
                     back[p] = coords[i]
                 coords, lin = back, None
@@ -349,9 +350,9 @@ class RemapValues:
         buf = self.low.in_buf[table]
         self.k.uses["in"].add(buf)
         self._count(buf)
-        base = _add(_mul(Bin("max", gi, _I(0)), _I(self.p.N)), _add(self.sw.k0, _I(delta)))
+        base = add(mul(Bin("max", gi, I(0)), I(self.p.N)), add(self.sw.k0, I(delta)))
         return self._emit(buf, base, sh, self.p.N % self.vec == 0 and delta % self.vec == 0,
-                          Bin(">=", gi, _I(0)))
+                          Bin(">=", gi, I(0)))
 
     def k_gather_row(self, nd) -> kir.Var:
         """The round's table row of gather ``nd`` (once per kernel round), and its error flag."""
@@ -362,16 +363,16 @@ class RemapValues:
         idx = nd.args[1]
         ibuf = low.in_buf[idx]
         k.uses["in"].add(ibuf)
-        r = Bin("min", k.ix.row, _I(self.p.M - 1))
+        r = Bin("min", k.ix.row, I(self.p.M - 1))
         at = low.row_base(idx, r) if self.p.mapped(idx) else r
         gi = k.cx.var("gi", I32)
         V = self.g.spec(nd.args[0]).shape[0]
         k.rb.append(Assign(gi, kir.IndexLoad(ibuf, at, V, k.ix.rvalid)))
         flag = _flag_buffer(low, nd.id)
         k.cx.scratch.add(flag)
-        first = Bin("&&", Bin("==", k.ix.lane, _I(0)), Bin("==", k.ix.sidx, _I(0)))
-        k.rb.append(kir.AtomicAdd(flag, _I(0), Const(1.0, F32),
-                                  Bin("&&", Bin("&&", k.ix.rvalid, first), Bin("<", gi, _I(0)))))
+        first = Bin("&&", Bin("==", k.ix.lane, I(0)), Bin("==", k.ix.sidx, I(0)))
+        k.rb.append(kir.AtomicAdd(flag, I(0), Const(1.0, F32),
+                                  Bin("&&", Bin("&&", k.ix.rvalid, first), Bin("<", gi, I(0)))))
         rows[nd.id] = gi
         return gi
 
@@ -379,7 +380,7 @@ class RemapValues:
         """``vec`` values from ``buf[base + j]``: one vector load when aligned and the conditions are
         uniform over the lanes, else one predicated scalar load per lane (0.0 where masked)."""
         vec, low = self.vec, self.low
-        pred0 = _and(_and(self.sw.valid, extra), self.cond(sh, 0))
+        pred0 = and_(and_(self.sw.valid, extra), self.cond(sh, 0))
         if aligned and self.uniform(sh):
             dsts = tuple(self.k.cx.var("g", F32) for _ in range(vec))
             # a masked vector keeps its destinations: zero them first so that masked lanes read 0.0
@@ -387,22 +388,22 @@ class RemapValues:
                 self.sw.body.append(Assign(v, Const(0.0, F32)))
             self.sw.body.append(kir.LoadVec(dsts, buf, base, pred0))
             return list(dsts)
-        out = []
+        out: list[kir.Expr] = []
         for j in range(vec):
-            pj = _and(_and(self.sw.valid, extra), self.cond(sh, j))
+            pj = and_(and_(self.sw.valid, extra), self.cond(sh, j))
             v = self.k.cx.var("g", F32)
-            self.sw.body.append(Assign(v, Load(buf, _add(base, _I(j)), pj)))
+            self.sw.body.append(Assign(v, Load(buf, add(base, I(j)), pj)))
             out.append(v)
         return out
 
 
 def _linear(coords: list[kir.Expr], shape: tuple[int, ...]) -> kir.Expr:
     """The row-major offset of ``coords`` in a tensor of ``shape`` (size-1 dims contribute nothing)."""
-    out: kir.Expr = _I(0)
+    out: kir.Expr = I(0)
     for k, c in enumerate(coords):
         if shape[k] == 1 or (isinstance(c, Const) and c.value == 0):
             continue
-        out = _add(out, _mul(c, _I(prod(shape[k + 1:]))))
+        out = add(out, mul(c, I(prod(shape[k + 1:]))))
     return out
 
 
@@ -412,24 +413,24 @@ def _unravel(lin: kir.Expr, shape: tuple[int, ...]) -> list[kir.Expr]:
     for k, d in enumerate(shape):
         inner = prod(shape[k + 1:])
         if d == 1:
-            out.append(_I(0))
+            out.append(I(0))
             continue
-        t = Bin("/", lin, _I(inner)) if inner > 1 else lin
-        out.append(Bin("%", t, _I(d)) if k > 0 else t)
+        t = Bin("/", lin, I(inner)) if inner > 1 else lin
+        out.append(Bin("%", t, I(d)) if k > 0 else t)
     return out
 
 
-def _flag_buffer(low, node_id: str) -> str:
+def _flag_buffer(low: Lowerer, node_id: str) -> str:
     """The error-flag scratch of gather ``node_id`` (one float32, zeroed before the launch)."""
     for b in low.buffers:
-        if b.role == "scratch" and b.name.startswith("gerr") and b.tensor == node_id:
+        if b.role == BufferRole.SCRATCH and b.name.startswith("gerr") and b.tensor == node_id:
             return b.name
     name = f"gerr{sum(1 for b in low.buffers if b.name.startswith('gerr'))}"
-    low.buffers.append(kir.BufferSpec(name, "float32", 1, "scratch", node_id, zero_init=True))
+    low.buffers.append(kir.BufferSpec(name, "float32", 1, BufferRole.SCRATCH, node_id, zero_init=True))
     return name
 
 
-def _domain(low) -> tuple[int, ...]:
+def _domain(low: Lowerer) -> tuple[int, ...]:
     return domain_of(low.g)
 
 

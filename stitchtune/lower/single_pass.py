@@ -27,12 +27,14 @@ the merge reads the other state into fresh variables first, so ``other`` may be 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, Assign, Bin, Const, MathOp, Select, Var
 from stitchtune.graph.parse import Graph
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.plan.single_pass import WELFORD, SinglePassCandidate
+from stitchtune.lower.state import VarMaker
 
 NEG_INF = Const(float("-inf"), F32)
 ZERO = Const(0.0, F32)
@@ -62,6 +64,33 @@ class OnlineState:
         Welford ``pshift<first>``): the count of a Welford partial is not stored, it follows from the
         split (:func:`split_count`)."""
         return self.vars[1:] if self.welford else self.vars
+
+    # -- the ReductionState interface (stitchtune.lower.state) ------------------------------------------
+    def identity(self) -> tuple[kir.Expr, ...]:
+        return identity(self)
+
+    def merge(self, other: tuple[kir.Expr, ...], var: VarMaker) -> list[kir.Stmt]:
+        return merge(self, other, var)
+
+    def partial(self, count: kir.Expr, loaded: tuple[kir.Expr, ...]) -> tuple[kir.Expr, ...]:
+        return partial(self, count, loaded)
+
+    def part_names(self, red_idx: Mapping[str, int]) -> tuple[str, ...]:
+        """``part<first>``, ``part<second>`` and for Welford ``pshift<first>`` (the order of :attr:`stored`)."""
+        names = [f"part{red_idx[self.cand.first]}", f"part{red_idx[self.cand.second]}"]
+        if self.welford:
+            names.append(f"pshift{red_idx[self.cand.first]}")
+        return tuple(names)
+
+    def finish(self, K: int, var: VarMaker) -> tuple[list[kir.Stmt], tuple[tuple[str, Var], ...]]:
+        """The pair's two results, each in a fresh variable."""
+        stmts: list[kir.Stmt] = []
+        out = []
+        for r, e in zip((self.cand.first, self.cand.second), results(self, K)):
+            v = var("acc", F32)
+            stmts.append(Assign(v, e))
+            out.append((r, v))
+        return stmts, tuple(out)
 
 
 def new_state(cand: SinglePassCandidate, var) -> OnlineState:

@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph, Node
+from stitchtune.plan.family import Family
 
 #: ops a cross reduction may be (float atomics and ordered sums exist for these)
 CROSS_OPS = ("reduce_sum", "reduce_mean")
@@ -116,7 +117,7 @@ def check_cross(graph: Graph, cross_nodes: list[Node], family: str, classes: Map
 def _refusal(graph: Graph, nd: Node, src: str, family: str, classes: Mapping[str, Any],
              mapped: Mapping[str, bool], readers: set[str]) -> str:
     """Why cross reduction ``nd`` has no stitched lowering ('' when it has one)."""
-    if family != "row":
+    if family != Family.ROW:
         return "is supported in row-reduction graphs only"
     if nd.op not in CROSS_OPS:
         return f"is a {nd.op}; cross-block combines support reduce_sum and reduce_mean"

@@ -53,6 +53,7 @@ from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import OPS
 from stitchtune.plan import remap
+from stitchtune.plan.family import Family
 from stitchtune.plan.axes import Groups, tensor_axes
 from stitchtune.plan.cross import CrossReduction, check_cross, split_cross
 from stitchtune.plan.index_map import IndexMap, index_map
@@ -78,7 +79,7 @@ class TensorClass(Enum):
 class StitchPlan:
     """The analysis result. All tuples are in graph (topological) order."""
 
-    family: str                              # row | col | elementwise
+    family: Family                           # row | col | elementwise
     M: int
     N: int
     classes: tuple[tuple[str, TensorClass], ...]  # tensor name -> its class
@@ -113,12 +114,12 @@ class StitchPlan:
     @property
     def P(self) -> int:
         """Number of independent rows (row family) or columns (col family)."""
-        return self.N if self.family == "col" else self.M
+        return self.N if self.family == Family.COL else self.M
 
     @property
     def K(self) -> int:
         """Length of each reduction (row: N, col: M)."""
-        return self.M if self.family == "col" else self.N
+        return self.M if self.family == Family.COL else self.N
 
     @property
     def nstages(self) -> int:
@@ -226,20 +227,20 @@ def _view(order: tuple[int, ...], sizes: dict[int, int], has_reductions: bool, r
     has rows ``T`` and columns ``B*C``). Without a reduced axis: rows of the innermost axis."""
     red = [a for a in order if a in red_axes]
     if not has_reductions or not red or not order:
-        family = "row" if has_reductions else "elementwise"
+        family = Family.ROW if has_reductions else Family.ELEMENTWISE
         return _View(family, sizes, tuple(order[:-1]), tuple(order[-1:]))
     kept = tuple(a for a in order if a not in red_axes)
     if order[-1] in red_axes:
-        return _View("row", sizes, kept, tuple(red))
-    return _View("col", sizes, tuple(red), kept)
+        return _View(Family.ROW, sizes, kept, tuple(red))
+    return _View(Family.COL, sizes, tuple(red), kept)
 
 
 def _classify(names: list[str], view: _View, maps: dict[str, Groups]) -> dict[str, TensorClass]:
     """The class of each tensor: which axis groups (rows, columns) it varies along (all of a group's
     axes or only some of them: a partial variation is expressed by the tensor's index map)."""
     rows_live, cols_live = set(view.row_axes), set(view.col_axes)
-    per_row = TensorClass.PER_KEPT if view.family != "col" else TensorClass.PER_REDUCED
-    per_col = TensorClass.PER_KEPT if view.family == "col" else TensorClass.PER_REDUCED
+    per_row = TensorClass.PER_KEPT if view.family != Family.COL else TensorClass.PER_REDUCED
+    per_col = TensorClass.PER_KEPT if view.family == Family.COL else TensorClass.PER_REDUCED
     classes: dict[str, TensorClass] = {}
     for name in names:
         varies = {a for g in maps[name] for a in g}
@@ -273,7 +274,7 @@ def _index_maps(graph: Graph, view: _View, maps: dict[str, Groups]) -> dict[str,
 def _check_reduction_sources(red_nodes: list[Node], view: _View, maps: dict[str, Groups]) -> None:
     """A kernel reduces over every reduced axis of the view: a reduction's source must vary along
     all of them (a source broadcast along one would be summed once per repeat)."""
-    red_side = set(view.col_axes if view.family == "row" else view.row_axes)
+    red_side = set(view.col_axes if view.family == Family.ROW else view.row_axes)
     for nd in red_nodes:
         varies = {a for g in maps[nd.args[0]] for a in g}  # type: ignore[index]
         if not red_side <= varies:
@@ -333,7 +334,7 @@ def _check_index_op_maps(imaps: dict[str, IndexMap], family: str) -> None:
     """The remapped lowering (slice, concat, gather) addresses operands that broadcast along part of
     the row axes of row-family kernels only (as before general index maps)."""
     for name, im in imaps.items():
-        if im.partial_cols or (family == "col" and not im.plain):
+        if im.partial_cols or (family == Family.COL and not im.plain):
             raise UnsupportedGraphError(
                 f"tensor '{name}' varies along only part of an axis group in a region with slice, concat "
                 "or gather; index maps there support broadcasting along the row axes of row kernels only")

@@ -51,6 +51,7 @@ from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph, Node, TensorSpec
 from stitchtune.plan.index_map import IndexMap, index_map
+from stitchtune.plan.family import Family
 
 __all__ = ["root_shift", "composed_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
            "Shift", "shift_offset", "check_remaps"]
@@ -338,7 +339,7 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
         if n.op == "gather":
             raise UnsupportedGraphError(f"gather '{n.id}' is in a region with transpose / reshape; stitched "
                                         "kernels do not combine the two yet")
-    if family == "col":
+    if family == Family.COL:
         raise UnsupportedGraphError("slice / concat with transpose / reshape are supported in row-reduction and "
                                     "element-wise kernels only, not in column reductions")
     chained = _chained(graph)
@@ -484,7 +485,7 @@ def check_gathers(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ..
     for n in graph.nodes:
         if n.op not in ("gather", "slice", "concat"):
             continue
-        if family == "col":
+        if family == Family.COL:
             raise UnsupportedGraphError(f"{n.op} '{n.id}': index ops are supported in row-reduction and "
                                         "element-wise kernels only, not in column reductions")
         if n.op != "gather":

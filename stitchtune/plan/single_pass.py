@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stitchtune.graph.parse import Graph, Node
+from stitchtune.plan.family import Family
 
 WELFORD = "welford"
 ONLINE_SOFTMAX = "online_softmax"
@@ -109,7 +110,7 @@ def single_pass_candidates(graph: Graph, family: str, stages: tuple[tuple[str, .
                            K: int) -> tuple[SinglePassCandidate, ...]:
     """The mergeable stage pairs of a plan (row family only; each stage a single reduction; pairs do
     not overlap: a stage merged with the one before it is not merged with the one after it)."""
-    if family != "row":
+    if family != Family.ROW:
         return ()
     by_id = {nd.id: nd for nd in graph.nodes}
     out: list[SinglePassCandidate] = []

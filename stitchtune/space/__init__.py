@@ -2,20 +2,22 @@
 :class:`SearchSpace` (domains and constraints from ``search_spaces/stitch.json``).
 
 One job per module: ``schedule`` (the value), ``options`` (every option declared once),
-``constraints`` (the safe expression evaluator), ``space_file`` (finding and reading the data),
+``schemes`` (every stitching scheme declared once), ``constraints`` (the safe expression evaluator), ``space_file`` (finding and reading the data),
 ``search_space`` (suggest, sample, validate, variants, grid). Import the public names from here.
 """
 
 from stitchtune.space.constraints import names_used, safe_eval
 from stitchtune.space.options import (COMBINE, CORE_FIELDS, OPTIONS, ORDER, PREFETCH, RESERVED, SINGLE_PASS, Option,
                                       OptionTable, Point, prefetchable, rereads)
-from stitchtune.space.schedule import PERSISTENT, Schedule
+from stitchtune.space.levels import ReuseLevel, uncached_level
+from stitchtune.space.schedule import PERSISTENT, Schedule, row_chunk
+from stitchtune.space.schemes import SCHEMES, Scheme, SchemeName, SchemeTable
 from stitchtune.space.search_space import SearchSpace
 from stitchtune.space.space_file import SPACE_FILE, default_space_file, load_space_file
 
 __all__ = [
     "COMBINE", "CORE_FIELDS", "OPTIONS", "ORDER", "PERSISTENT", "PREFETCH", "RESERVED", "SINGLE_PASS", "Option",
     "OptionTable", "Point",
-    "SPACE_FILE", "Schedule", "SearchSpace", "default_space_file", "load_space_file", "names_used", "prefetchable",
-    "rereads", "safe_eval",
+    "SCHEMES", "SPACE_FILE", "Schedule", "Scheme", "SchemeName", "SchemeTable", "SearchSpace", "default_space_file", "load_space_file", "names_used", "prefetchable",
+    "rereads", "ReuseLevel", "row_chunk", "safe_eval", "uncached_level",
 ]

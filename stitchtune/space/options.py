@@ -25,6 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, TypeVar
 
+from stitchtune.space.levels import ReuseLevel
+from stitchtune.space.schemes import SCHEMES, SchemeTable
+from stitchtune.plan.planner import Family
+
 T = TypeVar("T")
 
 Point = Mapping[str, Any]
@@ -34,7 +38,7 @@ CORE_FIELDS: tuple[str, ...] = ("tpr", "block", "split", "vec", "tasks_per_block
 """The fields every schedule has (its mapping, schemes and reuse levels); options come after them."""
 
 RESERVED: frozenset[str] = frozenset(CORE_FIELDS) | {
-    "family", "nstages", "single_pass_candidates", "options", "table", "option", "to_dict", "from_dict", "to_json", "from_json", "key", "flat",
+    "family", "nstages", "single_pass_candidates", "scheme_table", "max_cluster", "options", "table", "option", "to_dict", "from_dict", "to_json", "from_json", "key", "flat",
     "persistent", "deterministic", "ncross", "ncross_k", "ncross_s", "cross_f32",
 }
 """Names an option may not take: the core fields, the point's plan names and the Schedule's own attributes
@@ -168,26 +172,34 @@ class OptionTable:
 # the options of the stitch space
 # ------------------------------------------------------------------------------------------------
 
-def rereads(schemes: Iterable[str], reuse: Iterable[str]) -> bool:
+def rereads(schemes: Iterable[str], reuse: Iterable[str], table: SchemeTable = SCHEMES) -> bool:
     """Whether a schedule reads some full-size tensor from memory in more than one sweep: a reuse
     level ``global`` (an input re-read) or ``recompute`` (its inputs re-read), or a kernel boundary
-    (an ``independent`` stage: nothing cached survives it). Only then does the sweep ``order`` matter."""
-    return any(r in ("global", "recompute") for r in reuse) or "independent" in schemes
+    (a stage whose scheme has one, ``independent``: nothing cached survives it). Only then does the
+    sweep ``order`` matter."""
+    return any(r in (ReuseLevel.GLOBAL, ReuseLevel.RECOMPUTE) for r in reuse) or table.any(schemes, lambda sc: sc.kernel_boundary)
+
+
+def _schemes_of(p: Point) -> SchemeTable:
+    """The scheme table of the space a point belongs to."""
+    table = p.get("scheme_table", SCHEMES)
+    assert isinstance(table, SchemeTable)
+    return table
 
 
 def prefetchable(family: str, split: int, tasks_per_block: int) -> bool:
     """Whether ``prefetch`` can matter: a row reduction (an element-wise graph has one sweep, with no
     reduction to overlap the next task's loads with) with whole rows per block (split 1) and blocks
     that take several tasks in turn (``tasks_per_block`` 0 = persistent, or >= 2)."""
-    return family == "row" and split == 1 and tasks_per_block != 1
+    return family == Family.ROW and split == 1 and tasks_per_block != 1
 
 
 def _order_applies(p: Point) -> bool:
-    return rereads(p["schemes"], p["reuse"])
+    return rereads(p["schemes"], p["reuse"], _schemes_of(p))
 
 
 def _order_names(p: Point) -> Mapping[str, Any]:
-    return {"rereads": rereads(p["schemes"], p["reuse"])}
+    return {"rereads": rereads(p["schemes"], p["reuse"], _schemes_of(p))}
 
 
 def _has_stages(p: Point) -> bool:
@@ -204,17 +216,18 @@ def _prefetch_names(p: Point) -> Mapping[str, Any]:
 
 def _prefetch_registers(n: Point) -> int:
     """One row piece (``per_thread`` floats) per full-size input, row family only."""
-    return n["per_thread"] * n["prefetch"] * n["n_full_inputs"] if n["family"] != "col" else 0
+    return n["per_thread"] * n["prefetch"] * n["n_full_inputs"] if n["family"] != Family.COL else 0
 
 
 def _is_row(p: Point) -> bool:
-    return p["family"] == "row"
+    return p["family"] == Family.ROW
 
 
 def _combine_applies(p: Point) -> bool:
-    # a split row whose partials go through global scratch (a stage of every scheme but cluster; the
-    # cluster scheme came later, so every point without it is as before)
-    return p["family"] == "row" and p["split"] > 1 and any(x != "cluster" for x in p["schemes"])
+    # a split row with a stage whose partials go through global scratch: on a legal split point every
+    # scheme but a cluster one (sample asks this before the legality check, so the rule reads "not a
+    # cluster scheme" for its seeded draws to stay as recorded)
+    return p["family"] == Family.ROW and p["split"] > 1 and _schemes_of(p).any(p["schemes"], lambda sc: not sc.cluster)
 
 
 ORDER: Option[str] = Option(
@@ -230,7 +243,8 @@ PREFETCH: Option[int] = Option(
 first sweep (row reductions with split 1 and several tasks per block, forward order)."""
 
 COMBINE: Option[str] = Option(
-    "combine", "thread", str, _combine_applies, "family == 'row' and split > 1 (a stage not 'cluster')", _is_row)
+    "combine", "thread", str, _combine_applies, "family == 'row' and split > 1 (a stage not of a cluster scheme)",
+    _is_row)
 """How a row split over several blocks combines its partials: ``thread`` (every thread loads all of them)
 or ``warp`` (each warp loads them together and reduces by shuffles)."""
 
@@ -244,7 +258,7 @@ def _cross_names(p: Point) -> Mapping[str, Any]:
 
 def _cross_registers(n: Point) -> int:
     """The per-column accumulators: one row piece (``per_thread`` floats) per per-column cross reduction."""
-    return n["per_thread"] * n.get("ncross_k", 0) if n["family"] == "row" else 0
+    return n["per_thread"] * n.get("ncross_k", 0) if n["family"] == Family.ROW else 0
 
 
 def cross_smem_floats(tpr: int, block: int, chunk: int, ncross_k: int, ncross_s: int) -> int:
@@ -279,7 +293,7 @@ def deterministic(schedule: Any) -> bool:
 
 
 def _single_pass_applies(p: Point) -> bool:
-    return p["family"] == "row" and p.get("single_pass_candidates", 0) > 0
+    return p["family"] == Family.ROW and p.get("single_pass_candidates", 0) > 0
 
 
 def _single_pass_names(p: Point) -> Mapping[str, Any]:
@@ -298,7 +312,7 @@ warps and split blocks); the merged stage takes the first stage's scheme. Drawn 
 
 
 def _cluster_applies(p: Point) -> bool:
-    return p["family"] == "row" and "cluster" in p["schemes"]
+    return p["family"] == Family.ROW and _schemes_of(p).any(p["schemes"], lambda sc: sc.cluster)
 
 
 def _never(p: Point) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, TypeVar, overload
 
@@ -31,6 +32,18 @@ T = TypeVar("T")
 PERSISTENT = 0
 
 
+def _plain(names: Iterable[Any]) -> tuple[Any, ...]:
+    """``names`` as a tuple, each string member of an enum (``SchemeName``, ``ReuseLevel``) as its plain value."""
+    return tuple(str(x) if isinstance(x, str) else x for x in names)
+
+
+def row_chunk(K: int, split: int, tpr: int, vec: int) -> int:
+    """Elements of a reduction row of length ``K`` that one block covers per task (row family): its
+    piece ``ceil(K / split)`` rounded up to whole sweeps of ``tpr`` threads x ``vec`` elements."""
+    step = tpr * vec
+    return math.ceil(math.ceil(K / split) / step) * step
+
+
 @dataclass(frozen=True, init=False)
 class Schedule:
     """One point of the space. See ``search_spaces/stitch.json`` for what each field and option means.
@@ -39,7 +52,8 @@ class Schedule:
     table=OPTIONS, **named)``: ``options`` (a mapping or (name, value) pairs) and keyword ``named``
     options (these win) must be declared in ``table``; values equal to the default are dropped, so
     ``Schedule(..., order="forward") == Schedule(...)``. ``dataclasses.replace(s, order="alternate")``
-    works and keeps ``s.table``.
+    works and keeps ``s.table``. Schemes and reuse levels are stored as plain strings (a
+    :class:`~stitchtune.space.schemes.SchemeName` or ``ReuseLevel`` member turns into its value).
     """
 
     tpr: int
@@ -63,8 +77,9 @@ class Schedule:
         values = dict(options)
         values.update(named)
         for name, value in (("tpr", tpr), ("block", block), ("split", split), ("vec", vec),
-                            ("tasks_per_block", tasks_per_block), ("min_blocks", min_blocks), ("schemes", schemes),
-                            ("reuse", reuse), ("options", table.normalized(values)), ("table", table)):
+                            ("tasks_per_block", tasks_per_block), ("min_blocks", min_blocks),
+                            ("schemes", _plain(schemes)), ("reuse", _plain(reuse)),
+                            ("options", table.normalized(values)), ("table", table)):
             object.__setattr__(self, name, value)
 
     def __getattr__(self, name: str) -> Any:

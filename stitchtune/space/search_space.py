@@ -1,8 +1,8 @@
 """The schedule space of one plan on one device: :class:`SearchSpace`.
 
-Domains, constraints and the scheme/reuse rules are data (the space file, ``search_spaces/stitch.json``,
+Domains, constraints and the reuse rules are data (the space file, ``search_spaces/stitch.json``,
 see :mod:`stitchtune.space.space_file`); the options are declared once in
-:mod:`stitchtune.space.options`. This module interprets both: the derived names constraints read,
+:mod:`stitchtune.space.options`, the schemes (their legality among them) in :mod:`stitchtune.space.schemes`. This module interprets both: the derived names constraints read,
 validation, optuna suggestion (define-by-run and flat), seeded sampling, the variants of a point and the
 exhaustive grid. Every option is handled by walking the :class:`OptionTable` in its order.
 """
@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from stitchtune.errors import ScheduleError, StitchtuneError
-from stitchtune.plan.planner import StitchPlan, TensorClass
+from stitchtune.plan.planner import Family, StitchPlan, TensorClass
 from stitchtune.space.constraints import names_used, safe_eval
 from stitchtune.space.options import OPTIONS, Option, OptionTable, cross_smem_floats
-from stitchtune.space.schedule import Schedule
+from stitchtune.space.levels import ReuseLevel
+from stitchtune.space.schedule import Schedule, row_chunk
+from stitchtune.space.schemes import SCHEMES, SchemeTable
 from stitchtune.space.space_file import load_space_file
 
 Choose = Callable[[str, list[Any]], Any]
@@ -55,23 +57,33 @@ def _core_name(param: str) -> str:
 
 
 class SearchSpace:
-    """The schedule space of one plan on one device (domains from the space file, options from ``table``).
+    """The schedule space of one plan on one device (domains from the space file, options from ``table``,
+    schemes from ``schemes``).
 
     Every option of ``table`` must have a domain ``params[<name>]["choices"]`` in ``data`` that holds its
-    default (else :class:`~stitchtune.errors.StitchtuneError`).
+    default, and every scheme the space file offers must be declared in ``schemes`` (else
+    :class:`~stitchtune.errors.StitchtuneError`).
     """
 
-    def __init__(self, plan: StitchPlan, device: Any, data: dict[str, Any], table: OptionTable = OPTIONS) -> None:
+    def __init__(self, plan: StitchPlan, device: Any, data: dict[str, Any], table: OptionTable = OPTIONS,
+                 schemes: SchemeTable = SCHEMES) -> None:
         self.plan = plan
         self.device = device
         self.data = data
         self.table = table
+        self.schemes = schemes
         self.version: str = str(data["version"])
         self.flat = False  # plain parameter names (see flat_mode)
         self.deterministic = False  # only bitwise-reproducible points (see deterministic_only)
         p = data["params"]
         self.domains: dict[str, list[Any]] = {k: list(v["choices"]) for k, v in p.items()}
-        self.scheme_rules: dict[str, str] = data["scheme_rules"]
+        if "scheme_rules" in data:
+            raise StitchtuneError("search space file: 'scheme_rules' is not read any more; a scheme's legality "
+                                  "is declared with the scheme (stitchtune.space.schemes)")
+        undeclared = [x for x in self.domains["scheme"] if x not in schemes]
+        if undeclared:
+            raise StitchtuneError(f"search space offers undeclared scheme(s) {undeclared} "
+                                  f"(declared: {', '.join(schemes.names)})")
         self.reuse_rules: dict[str, str] = data["reuse_rules"]
         self.constraints: list[dict[str, str]] = data["constraints"]
         for opt in table:
@@ -83,7 +95,7 @@ class SearchSpace:
                                     for c in self.constraints]
         # every tensor accessed with vector loads/stores (full-size ones, and the per-column operands
         # that are contiguous along the vector) must fit 16 bytes: the widest element type decides
-        vec_cls = ({TensorClass.FULL, TensorClass.PER_KEPT} if plan.family == "col"
+        vec_cls = ({TensorClass.FULL, TensorClass.PER_KEPT} if plan.family == Family.COL
                    else {TensorClass.FULL, TensorClass.PER_REDUCED})
         vectored = [n for n, c in plan.classes if c in vec_cls]
         self.elem_bytes = max((2 if plan.dtype(n) != "float32" else 4) for n in vectored) if vectored else 4
@@ -98,24 +110,24 @@ class SearchSpace:
         # row reductions long enough to give every thread of a cluster of two smallest blocks an element
         self.max_cluster = (int(device.max_cluster_size) if "cluster" in table and getattr(device, "supports_clusters", False)
                             else 1)
-        if plan.family != "row" or plan.K < 2 * min(self.domains["block"]):  # too short for a cluster of two
+        if plan.family != Family.ROW or plan.K < 2 * min(self.domains["block"]):  # too short for a cluster of two
             self.max_cluster = 1
         if self.max_cluster <= 1:
-            self.domains["scheme"] = [x for x in self.domains["scheme"] if x != "cluster"]
+            self.domains["scheme"] = [x for x in self.domains["scheme"] if not schemes[x].cluster]
         # vec choices above 16 bytes are never legal: drop them from the domain up front
         self.domains["vec"] = [v for v in self.domains["vec"] if v * self.elem_bytes <= 16]
-        if plan.family == "row":
+        if plan.family == Family.ROW:
             self.domains["tpr"] = [t for t in self.domains["tpr"] if t >= 4]
-        elif plan.family == "elementwise":  # whole blocks along the row
+        elif plan.family == Family.ELEMENTWISE:  # whole blocks along the row
             self.domains["tpr"] = [t for t in self.domains["tpr"] if t >= 32]
         else:  # column tiles at least 8 threads wide
             self.domains["tpr"] = [t for t in self.domains["tpr"] if t * 8 <= max(self.domains["block"])]
 
     @classmethod
     def for_plan(cls, plan: StitchPlan, device: Any, path: Path | None = None,
-                 table: OptionTable = OPTIONS) -> "SearchSpace":
+                 table: OptionTable = OPTIONS, schemes: SchemeTable = SCHEMES) -> "SearchSpace":
         """The space of ``plan`` on ``device`` from the space file at ``path`` (default: the installed one)."""
-        return cls(plan, device, load_space_file(path), table)
+        return cls(plan, device, load_space_file(path), table, schemes)
 
     # -- points -----------------------------------------------------------------------------------
     def _core_point(self, tpr: int, block: int, split: int, vec: int, tasks: int, min_blocks: int,
@@ -125,7 +137,7 @@ class SearchSpace:
                 "single_pass_candidates": len(self.plan.single_pass), "tpr": tpr, "block": block,
                 "split": split, "vec": vec, "tasks_per_block": tasks, "min_blocks": min_blocks,
                 "schemes": tuple(schemes), "reuse": tuple(reuse), "max_cluster": self.max_cluster,
-                **self._cross_point}
+                "scheme_table": self.schemes, **self._cross_point}
 
     def _point(self, s: Schedule) -> dict[str, Any]:
         """The whole point of ``s``: its core and every option of this space's table (an option ``s``
@@ -163,9 +175,9 @@ class SearchSpace:
         plan = self.plan
         K, P = plan.K, plan.P
         fam = plan.family
-        cached_reg = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == "register"]
-        cached_smem = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == "shared"]
-        if fam == "col":
+        cached_reg = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == ReuseLevel.REGISTER]
+        cached_smem = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == ReuseLevel.SHARED]
+        if fam == Family.COL:
             chunk = math.ceil(K / s.split)
             rows_per_thread = math.ceil(chunk / max(s.tpr, 1))
             per_thread = rows_per_thread * s.vec
@@ -175,8 +187,7 @@ class SearchSpace:
             vec_ok = P % s.vec == 0
             max_split = K
         else:
-            step = s.tpr * s.vec
-            chunk = math.ceil(math.ceil(K / s.split) / step) * step
+            chunk = row_chunk(K, s.split, s.tpr, s.vec)
             per_thread = chunk // s.tpr
             rpb = max(1, s.block // s.tpr)
             smem_cache = 4 * rpb * chunk * len(cached_smem)
@@ -195,7 +206,7 @@ class SearchSpace:
             "smem_red_bytes": smem_red, "smem_limit": int(self.device.smem_per_block_optin), "vec_ok": vec_ok,
             "max_split": max_split, "max_threads_per_sm": int(self.device.max_threads_per_sm),
             "cross_smem_bytes": 4 * cross_smem_floats(s.tpr, s.block, chunk, self._cross_point["ncross_k"],
-                                                      self._cross_point["ncross_s"]) if fam == "row" else 0,
+                                                      self._cross_point["ncross_s"]) if fam == Family.ROW else 0,
         }
         point = self._point(s)
         for opt in self.table:
@@ -223,7 +234,7 @@ class SearchSpace:
                          int(dev.smem_per_sm) // max(alloc, 1))
             fits = per_sm * max(dev.gpc_sms, default=0) >= cluster
         return {"cluster": cluster, "max_cluster": self.max_cluster,
-                "cluster_stages": sum(1 for x in s.schemes if x == "cluster"), "cluster_fits": fits}
+                "cluster_stages": self.schemes.count(s.schemes, lambda sc: sc.cluster), "cluster_fits": fits}
 
     def _domain_violations(self, s: Schedule) -> list[str]:
         """Values outside their domains, undeclared options, and scheme/reuse counts that do not fit the plan."""
@@ -262,11 +273,11 @@ class SearchSpace:
             if value != opt.default and opt.name not in failed_options and not opt.applies(point):
                 out.append(f"option {opt.name}={value} where it does not apply (only where {opt.where})")
         for i, sch in enumerate(s.schemes):
-            rule = self.scheme_rules.get(sch)
-            if rule is None:
+            scheme = self.schemes.get(sch)
+            if scheme is None:
                 out.append(f"unknown scheme {sch!r}")
-            elif not safe_eval(rule, names):
-                out.append(f"scheme {sch} is not legal for stage {i + 1} with this mapping ({rule})")
+            elif not safe_eval(scheme.rule, names):
+                out.append(f"scheme {sch} is not legal for stage {i + 1} with this mapping ({scheme.rule})")
         inputs = set(self.plan.input_names)
         for cand, r in zip(self.plan.reuse_candidates, s.reuse):
             rule = self.reuse_rules.get(r)
@@ -284,6 +295,10 @@ class SearchSpace:
         return s
 
     # -- decisions --------------------------------------------------------------------------------
+    def _legal_schemes(self, names: dict[str, Any]) -> list[str]:
+        """The schemes this space offers that are legal for the mapping ``names``, in domain order."""
+        return [x for x in self.domains["scheme"] if safe_eval(self.schemes[x].rule, names)]
+
     def _reuse_domain(self, cand: str) -> list[str]:
         is_input = cand in set(self.plan.input_names)
         return [r for r in self.domains["reuse"] if safe_eval(self.reuse_rules[r], {"is_input": is_input})]
@@ -300,7 +315,7 @@ class SearchSpace:
         fam = plan.family
         tpr = choose("tpr", d["tpr"])
         vec = choose("vec", d["vec"])
-        if fam == "col":
+        if fam == Family.COL:
             split = choose("split", d["split"])
             blocks = [b for b in d["block"] if b >= tpr and b // tpr >= 8 and b // tpr * vec <= max(plan.P, vec)]
             block = choose(f"block_t{tpr}_v{vec}", blocks or [max(d["block"])])
@@ -308,7 +323,7 @@ class SearchSpace:
             max_split = max(1, math.ceil(plan.K / (tpr * vec)))
             splits = [x for x in d["split"] if x <= max_split] or [1]
             split = choose(f"split_t{tpr}_v{vec}", splits) if tpr >= 32 else 1
-            if split > 1 or fam == "elementwise" or tpr >= max(d["block"]):
+            if split > 1 or fam == Family.ELEMENTWISE or tpr >= max(d["block"]):
                 block = tpr
             else:
                 block = choose(f"block_t{tpr}", [b for b in d["block"] if b >= max(tpr, 32)])
@@ -316,10 +331,8 @@ class SearchSpace:
         min_blocks = choose(f"min_blocks_b{block}", mbs)
         tasks = choose("tasks_per_block", d["tasks_per_block"])
         names = {"family": fam, "tpr": tpr, "split": split, "block": block, "max_cluster": self.max_cluster}
-        legal = [x for x in d["scheme"] if safe_eval(self.scheme_rules[x], names)]
-        kind = "split" if split > 1 else ("warp" if "local" in legal else "block")
-        if "cluster" in legal:  # its own name: the split domain without the scheme stays as it was
-            kind = "cluster"
+        legal = self._legal_schemes(names)
+        kind = self.schemes.decision_kind(legal, split)
         schemes = tuple(choose(f"scheme_{i}_{kind}", legal) for i in range(plan.nstages))
         reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
         point = self._core_point(tpr, block, split, vec, tasks, min_blocks, schemes, reuse)
@@ -347,18 +360,17 @@ class SearchSpace:
         for opt in self.table:
             asked = opt.flat_asks(raw) and (opt.drawn or asks_undrawn(opt.name))
             raw[opt.name] = picked[opt.name] = choose(opt.name, d[opt.name]) if asked else opt.default
-        if fam == "col":
+        if fam == Family.COL:
             block = min(max(block, tpr * 8), max(d["block"]))
         else:
             if tpr < 32:
                 split = 1
-            block = tpr if (split > 1 or fam == "elementwise" or tpr >= max(d["block"])) else max(block, tpr, 32)
+            block = tpr if (split > 1 or fam == Family.ELEMENTWISE or tpr >= max(d["block"])) else max(block, tpr, 32)
         while min_blocks and min_blocks * block > self.device.max_threads_per_sm:
             min_blocks = max((m for m in d["min_blocks"] if m < min_blocks), default=0)
         names = {"family": fam, "tpr": tpr, "split": split, "block": block, "max_cluster": self.max_cluster}
-        legal = [x for x in d["scheme"] if safe_eval(self.scheme_rules[x], names)]
-        prefer = ("regional", "global", "independent", "local")
-        fixed = tuple(x if x in legal else next(y for y in prefer if y in legal) for x in schemes)
+        legal = self._legal_schemes(names)
+        fixed = tuple(self.schemes.repair(x, legal) for x in schemes)
         # the options that apply keep their picked value, the others take their default
         point = self._core_point(tpr, block, split, vec, tasks, min_blocks, fixed, reuse)
         options = self._decide_options(point, lambda opt: picked[opt.name], asks_undrawn)

@@ -38,7 +38,7 @@ from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.render import preamble, render, render_kernel
 from stitchtune.space import Schedule, SearchSpace
 
-from helpers import rel_err, setup
+from helpers import assert_matches_golden, rel_err, setup
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -207,13 +207,7 @@ def test_golden_rendered_source(case: str) -> None:
     space = SearchSpace.for_plan(plan, DEV)
     src = render(lower(g, plan, s, DEV, space))
     assert src == render(lower(g, plan, s, DEV, space))  # deterministic
-    path = GOLDEN / f"{case}.cu"
-    if os.environ.get("STITCHTUNE_REGEN_GOLDEN") or not path.exists():
-        GOLDEN.mkdir(exist_ok=True)
-        path.write_text(src)
-        if not os.environ.get("STITCHTUNE_REGEN_GOLDEN"):
-            pytest.fail(f"golden file {path.name} was missing and has been written; commit it")
-    assert src == path.read_text(), f"rendered source of {case} changed; regenerate goldens if intended"
+    assert_matches_golden(GOLDEN / f"{case}.cu", src, f"rendered source of {case}")
 
 
 # --------------------------------------------------------------------------------- plan and space

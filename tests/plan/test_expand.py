@@ -101,7 +101,7 @@ def test_without_the_predicate_the_emulator_sees_two_writers(monkeypatch) -> Non
     B, H, n, S, D = 1, 2, 2, 4, 8
     g = _graph({"k": [B, H, S, D]}, [{"id": "k2", "op": "mul", "args": ["k", 3.0]}]
                + _repeat_kv("k2", B, H, n, S, D), ["r", "k2"])
-    monkeypatch.setattr(base._Lowerer, "once_pred", lambda self, name, r, pred: pred)
+    monkeypatch.setattr(base.Lowerer, "once_pred", lambda self, name, r, pred: pred)
     with pytest.raises(EmulatorFault, match="race"):
         check_emulates(g, 0, 5)
 

@@ -1,0 +1,127 @@
+"""The public interface of a row-family kernel builder: what the exchange
+(:mod:`stitchtune.lower.exchange`), the cluster scheme (:mod:`stitchtune.lower.cluster`), the cross
+reductions (:mod:`stitchtune.lower.cross`) and the index ops (:mod:`stitchtune.lower.remap`) may use of
+the kernel being built (:class:`ExchangeBuilder`, :class:`RowKernelBuilder`), and the frozen values a row
+kernel is built from (:class:`RowIndex`, :class:`RowLayout`, :class:`RowSweep`).
+:class:`stitchtune.lower.row_kernel.RowKernel` implements both Protocols; a test may pass any object that does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from stitchtune.ir import kir
+from stitchtune.ir.kir import Var
+from stitchtune.lower.base import Ctx, Lowerer
+from stitchtune.plan.planner import StitchPlan
+from stitchtune.space import Schedule
+
+if TYPE_CHECKING:
+    from stitchtune.lower.state import ReductionState
+
+
+@dataclass(frozen=True)
+class RowIndex:
+    """The index variables of a row kernel: the thread's lane in its row and row in its block (set
+    once), the round, and the row, split index, row validity and element range of the round's task."""
+
+    lane: Var
+    rib: Var
+    rd: Var
+    row: Var
+    sidx: Var
+    rvalid: Var
+    kbase: Var
+    kend: Var
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Where one kernel keeps its reduction exchange and caches, and how it is launched."""
+
+    shared: tuple[kir.SharedBuf, ...]     # sred (the exchange), sc<t> (shared caches)
+    locals_: tuple[kir.LocalArray, ...]   # rc<t> (register caches)
+    smem_bytes: int
+    grid: int
+    rounds: int                           # tasks per block, in turn
+    needs_sync: bool                      # a global stage: a grid barrier
+    cluster: int = 1                      # a cluster stage: blocks per thread-block cluster
+
+
+@dataclass(frozen=True)
+class RowSweep:
+    """One sweep's loop: the logical iteration index, the thread's first element ``k0`` of the
+    iteration and its validity, the loop body being built, and whether the full-size inputs come
+    from the prefetch registers (the kernel's first sweep, with prefetch on)."""
+
+    idx: kir.Expr
+    k0: Var
+    valid: Var
+    body: list
+    from_prefetch: bool
+
+
+class ExchangeBuilder(Protocol):
+    """What a reduction-state exchange needs of the kernel it is built into."""
+
+    #: the statements of the current round (the exchange appends to it)
+    rb: list[kir.Stmt]
+    #: the kernel's index variables
+    ix: RowIndex
+
+    @property
+    def schedule(self) -> Schedule:
+        """The schedule being lowered."""
+        ...
+
+    @property
+    def plan(self) -> StitchPlan:
+        """The plan being lowered."""
+        ...
+
+    @property
+    def rows_per_block(self) -> int:
+        """Rows a block holds at once (``block // tpr``)."""
+        ...
+
+    @property
+    def chunk(self) -> int:
+        """Elements of a row one block covers per task (a split row's piece)."""
+        ...
+
+    def var(self, prefix: str, dtype: str = kir.F32) -> Var:
+        """A fresh kernel variable."""
+        ...
+
+    def state_parts(self, st: "ReductionState") -> tuple[str, ...]:
+        """The scratch buffers of ``st``'s per-block partials (one per stored slot), registered as used
+        by this kernel."""
+        ...
+
+
+class RowKernelBuilder(ExchangeBuilder, Protocol):
+    """What the cross reductions (:mod:`stitchtune.lower.cross`) and the index ops
+    (:mod:`stitchtune.lower.remap`) use of a row kernel being built, besides the exchange's part."""
+
+    low: Lowerer                      # the program's shared machinery (buffers, maps, schedule)
+    cx: Ctx                           # the kernel's variables and scratch buffers
+    body: list[kir.Stmt]                # statements before the round loop
+    lay: RowLayout
+    pvals: dict[str, kir.Expr]          # per-row and scalar values available, by tensor name
+    uses: dict[str, set[str]]           # global buffers read ("in") and written ("out")
+    stats: dict[str, Any]               # what the profile counts (flops, sfu, reads per buffer)
+    cross_acc: dict[int, Var]           # the scalar cross accumulators
+    gather_rows: dict[str, Var]         # gather nodes: their table row in this round
+
+    def load_p(self, name: str) -> kir.Expr:
+        """A per-row or scalar input value (loaded once per round)."""
+        ...
+
+    def cache_index(self, sw: RowSweep, j: int) -> kir.Expr:
+        """The register-cache index of element ``j`` of the sweep's current vector."""
+        ...
+
+    def f_index(self, r: kir.Expr, k: kir.Expr, name: str | None = None) -> kir.Expr:
+        """Element ``k`` of row ``r`` of a full-size tensor (through input ``name``'s index map)."""
+        ...
