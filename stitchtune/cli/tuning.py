@@ -131,15 +131,18 @@ def _add_bench(sub: Any) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from stitchtune.bench.measure import format_table, run_bench
-    from stitchtune.hardware.device import get_device
     from stitchtune.bench.peers import parse_peer_names
+    from stitchtune.gpu.device_query import query_device
 
     peers = parse_peer_names(args.peers)
     problems = [f"--{k} must be >= {lo} (got {v})" for k, v, lo in
                 (("trials", args.trials, 0), ("iters", args.iters, 5), ("warmup", args.warmup, 0)) if v < lo]
     if problems:
         raise StitchtuneError(problems=problems)
+    query_device()  # no GPU: say so now, not after importing torch and the peers (seconds)
+    from stitchtune.bench.measure import format_table, run_bench
+    from stitchtune.hardware.device import get_device
+
     device = get_device(args.device) if args.device else None
     df = run_bench(args.graphs, db=args.db, trials=args.trials, peers=peers, device=device,
                    out_dir=args.out or args.db, iters=args.iters, warmup=args.warmup,
@@ -296,15 +299,16 @@ def _tune_inputs(fn: Any, shapes: dict[str, tuple[int, ...]], dtype_text: str | 
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from stitchtune.deploy.model_tuning import tune_model
     from stitchtune.importers.builder import parse_shapes
     from stitchtune.importers.torch_import import load_callable
-    from stitchtune.tune.config import resolve_backend
 
     if args.trials < 1:
         raise StitchtuneError(f"--trials must be >= 1 (got {args.trials})")
     shapes = parse_shapes(args.shapes)
     fn, _label = load_callable(args.callable)
+    from stitchtune.deploy.model_tuning import tune_model
+    from stitchtune.tune.config import resolve_backend
+
     if args.train and hasattr(fn, "train"):
         fn.train()
     inputs = _tune_inputs(fn, shapes, args.dtype)
