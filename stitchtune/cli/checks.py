@@ -105,7 +105,7 @@ def in_file(path: str) -> str | None:
     if not stat.S_ISREG(st.st_mode):
         return f"is {_kind(st)}, not a file"
     if not os.access(path, os.R_OK):
-        return "not readable (permission denied)"
+        return "cannot read it (permission denied)"
     return None
 
 

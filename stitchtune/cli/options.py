@@ -8,6 +8,9 @@ Contract
 * :func:`add_graph`, :func:`add_db`, :func:`add_out` and :func:`add_device` add the shared arguments
   (``GRAPH``, ``--db DIR``, ``-o/--out``, ``--device NAME``) with the same names, metavars and help in
   every command, and declare their path checks (:mod:`stitchtune.cli.checks`).
+* :func:`seed` is the ``type=`` of every random seed (0 .. 2**32 - 1); :func:`int_at_most` is the ``type=`` of a count whose huge values can only be typos (a 40-digit
+  ``--trials`` would run until interrupted): over the bound is a usage error, exit 2. Lower bounds stay
+  with the code that uses the value.
 * Imports nothing heavy (the parser is built on every call).
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+from collections.abc import Callable
 from typing import Any
 
 from stitchtune.cli import checks
@@ -86,3 +90,29 @@ def add_out(p: argparse.ArgumentParser, kind: checks.Kind, help: str, *, metavar
 def add_device(p: argparse.ArgumentParser, help: str = "device preset (default: the local GPU, else h200)") -> None:
     """``--device NAME``."""
     p.add_argument("--device", default=None, metavar="NAME", help=help)
+
+
+#: upper bounds of the CLI's counts (far above any real use)
+MAX_TRIALS = 1_000_000
+MAX_JOBS = 4096
+MAX_SAMPLES = 1_000_000
+
+
+def int_at_most(hi: int, lo: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: an integer <= ``hi`` (and >= ``lo`` when given)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:  # also over Python's digit limit
+            raise argparse.ArgumentTypeError(f"not an integer: {text[:40]!a}") from None
+        if value > hi or (lo is not None and value < lo):
+            bound = f"at most {hi}" if lo is None else f"from {lo} to {hi}"
+            raise argparse.ArgumentTypeError(f"{bound} (got {text[:40]})")
+        return value
+
+    parse.__name__ = "integer"   # argparse names the type in its messages
+    return parse
+
+
+#: a random seed (numpy's and optuna's samplers take 0 .. 2**32 - 1)
+seed = int_at_most(2**32 - 1, lo=0)

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from stitchtune.cli import checks
-from stitchtune.cli.options import add_db, add_device, add_graph, add_out
+from stitchtune.cli.options import MAX_JOBS, MAX_TRIALS, add_db, add_device, add_graph, add_out, int_at_most, seed
 from stitchtune.errors import StitchtuneError
 
 
@@ -118,15 +118,15 @@ def _add_bench(sub: Any) -> None:
     p = sub.add_parser("bench", help="time tuned kernels against torch eager, torch.compile and JAX (GPU)")
     add_graph(p, nargs="+")
     add_db(p, checks.db_write, "tuning database (tuned records; --trials appends to it)")
-    p.add_argument("--trials", type=int, default=0, metavar="N",
+    p.add_argument("--trials", type=int_at_most(MAX_TRIALS), default=0, metavar="N",
                    help="search N trials first for a graph without a tuned record (default 0: heuristic)")
     p.add_argument("--peers", default=",".join(PEER_NAMES), metavar="LIST",
                    help=f"comma-separated peers, or none (default: {','.join(PEER_NAMES)})")
     add_device(p, "device preset (default: the GPU torch sees)")
     add_out(p, checks.out_dir, "where bench_<device>.csv/.png go (default: the --db directory, where report "
             "finds them)", metavar="DIR")
-    p.add_argument("--iters", type=int, default=100, metavar="N", help="timed calls per system (default 100)")
-    p.add_argument("--warmup", type=int, default=10, metavar="N", help="warm-up calls (default 10)")
+    p.add_argument("--iters", type=int_at_most(MAX_TRIALS), default=100, metavar="N", help="timed calls per system (default 100)")
+    p.add_argument("--warmup", type=int_at_most(MAX_TRIALS), default=10, metavar="N", help="warm-up calls (default 10)")
     p.set_defaults(func=_cmd_bench)
 
 
@@ -155,7 +155,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _add_search(sub: Any) -> None:
     p = sub.add_parser("search", help="tune a graph's stitch schedule (optuna; results in the tuning database)")
     add_graph(p)
-    p.add_argument("--trials", type=int, default=64, metavar="N", help="trials in this run (default 64)")
+    p.add_argument("--trials", type=int_at_most(MAX_TRIALS), default=64, metavar="N", help="trials in this run (default 64)")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop after S seconds")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),
                    help="auto: cuda when cuda-python finds a GPU, else emulate (estimated times)")
@@ -167,11 +167,11 @@ def _add_search(sub: Any) -> None:
                    help="study name (default: <graph>-<workload key[:12]>-<device>)")
     p.add_argument("--sampler", default="tpe", choices=("tpe", "gp", "cmaes", "random", "grid"),
                    help="optuna sampler: tpe, gp (Gaussian process), cmaes, random or grid (default: tpe)")
-    p.add_argument("--seed", type=int, default=None, metavar="S",
+    p.add_argument("--seed", type=seed, default=None, metavar="S",
                    help="sampler seed, for a reproducible sequence of trials (default: random)")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+    p.add_argument("--jobs", type=int_at_most(MAX_JOBS), default=os.cpu_count() or 1, metavar="N",
                    help="trials per batch = parallel compiles (default: CPU count)")
-    p.add_argument("--early-stop", type=int, default=None, metavar="K", help="stop after K trials without improvement")
+    p.add_argument("--early-stop", type=int_at_most(MAX_TRIALS), default=None, metavar="K", help="stop after K trials without improvement")
     p.add_argument("--prune-factor", type=float, default=3.0, metavar="F",
                    help="skip points predicted F x slower than the best measured (default 3)")
     p.add_argument("--no-build", action="store_true", help="emulate backend: do not compile with nvcc")
@@ -247,13 +247,13 @@ def _add_tune(sub: Any) -> None:
     p.add_argument("--dtype", default=None, metavar="DTYPE",
                    help="float32|float16|bfloat16|int64 for all inputs, or per input: x=bfloat16,ids=int64 "
                         "(int64 inputs are zeros and ones, e.g. token ids)")
-    p.add_argument("--trials", type=int, default=64, metavar="N",
+    p.add_argument("--trials", type=int_at_most(MAX_TRIALS), default=64, metavar="N",
                    help="total trials, split over the regions by predicted share (default 64)")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),
                    help="auto: cuda when cuda-python finds a GPU, else emulate (estimated times)")
     add_device(p)
     add_db(p, checks.db_write)
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+    p.add_argument("--jobs", type=int_at_most(MAX_JOBS), default=os.cpu_count() or 1, metavar="N",
                    help="trials per batch = parallel compiles (default: CPU count)")
     p.add_argument("--no-build", action="store_true", help="emulate backend: do not compile with nvcc")
     p.add_argument("--train", action="store_true",

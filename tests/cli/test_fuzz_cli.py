@@ -373,7 +373,7 @@ def test_missing_and_unreadable_graph_files(work: Path) -> None:
         for command in EXAMPLES:
             for p in (missing, work):
                 rc, out, err = call(argv_for(command, str(p), work))
-                assert_named_refusal(rc, out, err, ("cannot read", "No such file", "directory"), (str(missing),))
+                assert_named_refusal(rc, out, err, ("cannot read", "No such file", "no such file", "directory"), (str(missing),))
             if os.geteuid() != 0:  # root reads anything
                 rc, out, err = call(argv_for(command, str(unreadable), work))
                 assert_named_refusal(rc, out, err, ("cannot read",), ())
