@@ -222,11 +222,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _add_run(sub: Any) -> None:
     p = sub.add_parser("run", help="execute a graph on given or random inputs")
     add_graph(p)
-    src = p.add_mutually_exclusive_group(required=True)
-    checks.checked(p, src.add_argument("--inputs", metavar="IN.npz", help="input arrays by name (.npz)"),
-                   checks.in_file)
-    src.add_argument("--random-inputs", metavar="SEED", type=seed,
-                     help="draw standard-normal inputs with this seed")
+    checks.checked(p, p.add_argument(
+        "--inputs", metavar="IN.npz", action="append",
+        help="input arrays by name (.npz); repeatable, e.g. your inputs plus the *.constants.npz an ONNX "
+             "import wrote (a later file wins for a name in both)"), checks.in_file)
+    p.add_argument("--random-inputs", metavar="SEED", type=seed,
+                   help="draw standard-normal inputs with this seed (with --inputs: only those the files lack)")
     add_out(p, checks.out_file, "where to write the outputs (.npz)", metavar="OUT.npz", required=True)
     p.add_argument("--backend", default="reference", choices=sorted(BACKENDS),
                    help="how to execute (default: reference)")
@@ -238,14 +239,24 @@ def _add_run(sub: Any) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from stitchtune.graph.reference import random_inputs
+    from stitchtune.graph.reference import check_inputs, random_inputs
 
+    if not args.inputs and args.random_inputs is None:
+        raise StitchtuneError("the inputs are needed: --inputs IN.npz (repeatable) and/or --random-inputs SEED")
     g = _load(args.graph)
     schedule = parse_schedule_arg(args.schedule)
-    if args.inputs is not None:
-        inputs = load_inputs_npz(args.inputs, g)
+    inputs: dict[str, np.ndarray] = {}
+    for path in args.inputs or ():
+        inputs.update(load_inputs_npz(path, g))
+    if args.random_inputs is not None:
+        inputs = {**random_inputs(g, args.random_inputs), **inputs}
     else:
-        inputs = random_inputs(g, args.random_inputs)
+        try:
+            check_inputs(g, inputs)
+        except StitchtuneError as e:
+            hint = ["--random-inputs SEED draws the inputs that no --inputs file has"] \
+                if any(": missing" in p for p in e.problems) else []
+            raise StitchtuneError(problems=[*e.problems, *hint]) from None
     outputs = BACKENDS[args.backend](g, inputs, schedule, db=args.db, device=args.device)
     save_outputs_npz(args.out, outputs)
     for name, a in outputs.items():

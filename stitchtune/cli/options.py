@@ -66,9 +66,9 @@ def add_graph(p: argparse.ArgumentParser, nargs: str | None = None) -> argparse.
 
 
 _DB_KIND_HELP = {checks.db_read: "tuning database to read",
-                 checks.db_maybe: "tuning database to choose schedules from (missing: heuristic schedules)",
+                 checks.db_maybe: "tuning database to choose schedules from; without one, the heuristic schedule",
                  checks.db_update: "tuning database to read and save the fit into",
-                 checks.db_write: "tuning database the results are appended to (created when missing)"}
+                 checks.db_write: "tuning database the results are appended to, created when missing"}
 
 
 def add_db(p: argparse.ArgumentParser, kind: checks.Kind, help: str | None = None) -> argparse.Action:

@@ -672,7 +672,10 @@ def test_graph_larger_than_host_memory_is_refused_with_numbers(work: Path, monke
     path.write_text(json.dumps(d))
     need = ref.reference_bytes(load_graph(path))
     assert need == 4096 * 4096 * (4 + 8 + 8)
-    for argv in (argv_for("run", str(path), work), argv_for("search", str(path), work)):
+    search = argv_for("search", str(path), work)
+    search[search.index("--db") + 1] = str(work / "host-db")
+    for argv in (argv_for("run", str(path), work), search):
         rc, out, err = call(argv)
         assert_named_refusal(rc, out, err, ("too large for this host",), (), where=False)
         assert str(need) in err and str(64 * 2**20) in err
+    assert not (work / "host-db").exists()   # refused before the study storage (optuna.journal) was made
