@@ -31,7 +31,6 @@ from stitchtune.analysis.data import (
     _prepared,
     _py,
     _runs_by_size,
-    checked_rows,
     dimension_columns,
     floors,
     heuristic_rank,

@@ -31,7 +31,16 @@ import numpy as np
 from stitchtune import __version__
 from stitchtune.cli import checks
 from stitchtune.cli.importing import _add_import
-from stitchtune.cli.options import MAX_SAMPLES, Parser, add_db, add_device, add_graph, add_out, int_at_most, seed
+from stitchtune.cli.options import (
+    MAX_SAMPLES,
+    Parser,
+    add_db,
+    add_device,
+    add_graph,
+    add_out,
+    int_at_most,
+    seed,
+)
 from stitchtune.cli.tuning import (
     _add_bench,
     _add_calibrate,
@@ -352,7 +361,8 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 def _add_space(sub: Any) -> None:
     p = sub.add_parser("space", help="print valid schedules of a graph's search space as JSON lines")
     add_graph(p)
-    p.add_argument("--sample", type=int_at_most(MAX_SAMPLES), default=5, metavar="N", help="how many schedules (default 5)")
+    p.add_argument("--sample", type=int_at_most(MAX_SAMPLES), default=5, metavar="N",
+                   help="how many schedules (default 5)")
     p.add_argument("--seed", type=seed, default=0, metavar="S", help="random seed (default 0)")
     add_device(p)
     p.add_argument("--heuristic", action="store_true", help="print the heuristic schedule first")

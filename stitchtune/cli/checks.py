@@ -101,9 +101,9 @@ def in_file(path: str) -> str | None:
     """Why ``path`` cannot be read as an input file, or None (kind ``in_file``)."""
     st = _stat(path)
     if st is None:
-        return "no such file"
+        return "does not exist"
     if not stat.S_ISREG(st.st_mode):
-        return f"is {_kind(st)}, not a file"
+        return f"is {_kind(st)}, not a regular file"
     if not os.access(path, os.R_OK):
         return "cannot read it (permission denied)"
     return None

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from stitchtune.cli import checks
-from stitchtune.cli.options import add_out
+from stitchtune.cli.options import add_callable, add_out
 
 
 def _add_import(subparsers: Any) -> None:
@@ -20,12 +20,8 @@ def _add_import(subparsers: Any) -> None:
     sub = p.add_subparsers(dest="import_kind", metavar="KIND", required=True)
 
     t = sub.add_parser("torch", help="capture a PyTorch function or nn.Module with torch.export")
-    t.add_argument("callable", metavar="MODULE:CALLABLE",
-                   help="path/to/file.py:NAME or dotted.module:NAME (a function, nn.Module, or nn.Module class)")
-    t.add_argument("--shapes", required=True, metavar="NAME=DIMS,...",
-                   help="example shapes per argument, e.g. x=16384x1024,gamma=1024")
-    t.add_argument("--dtype", default=None, metavar="DTYPE",
-                   help="float32|float16|bfloat16 for all inputs, or per input: x=bfloat16,gamma=float32")
+    add_callable(t, "x=16384x1024,gamma=1024",
+                 "float32|float16|bfloat16 for all inputs, or per input: x=bfloat16,gamma=float32")
     add_out(t, checks.out_file, "graph.json to write", metavar="GRAPH.json", required=True, old=("--output",))
     t.add_argument("--name", default=None, help="graph name (default: the callable's name)")
     checks.checked(t, t.add_argument("--params-out", default=None, metavar="PARAMS.npz",

@@ -5,10 +5,12 @@ Contract
 * :class:`Parser` is the ``argparse.ArgumentParser`` of every (sub)command: a subcommand's one-line
   ``help`` is also its ``description`` (shown by ``stitchtune COMMAND --help``), and an option's
   old spellings kept for scripts (:func:`hidden_alias`) are accepted but not shown in help.
-* :func:`add_graph`, :func:`add_db`, :func:`add_out` and :func:`add_device` add the shared arguments
-  (``GRAPH``, ``--db DIR``, ``-o/--out``, ``--device NAME``) with the same names, metavars and help in
+* :func:`add_graph`, :func:`add_db`, :func:`add_out`, :func:`add_device` and :func:`add_callable` add
+  the shared arguments (``GRAPH``, ``--db DIR``, ``-o/--out``, ``--device NAME``, ``MODULE:CALLABLE`` with
+  ``--shapes`` and ``--dtype``) with the same names, metavars and help in
   every command, and declare their path checks (:mod:`stitchtune.cli.checks`).
-* :func:`seed` is the ``type=`` of every random seed (0 .. 2**32 - 1); :func:`int_at_most` is the ``type=`` of a count whose huge values can only be typos (a 40-digit
+* :func:`seed` is the ``type=`` of every random seed (0 .. 2**32 - 1); :func:`int_at_most` is the
+  ``type=`` of a count whose huge values can only be typos (a 40-digit
   ``--trials`` would run until interrupted): over the bound is a usage error, exit 2. Lower bounds stay
   with the code that uses the value.
 * Imports nothing heavy (the parser is built on every call).
@@ -65,7 +67,7 @@ def add_graph(p: argparse.ArgumentParser, nargs: str | None = None) -> argparse.
     return checks.checked(p, a, checks.in_file)
 
 
-_DB_KIND_HELP = {checks.db_read: "tuning database to read",
+_DB_KIND_HELP: dict[checks.Kind, str] = {checks.db_read: "tuning database to read",
                  checks.db_maybe: "tuning database to choose schedules from; without one, the heuristic schedule",
                  checks.db_update: "tuning database to read and save the fit into",
                  checks.db_write: "tuning database the results are appended to, created when missing"}
@@ -85,6 +87,15 @@ def add_out(p: argparse.ArgumentParser, kind: checks.Kind, help: str, *, metavar
                        help=help)
     hidden_alias(a, *old)
     return checks.checked(p, a, kind)
+
+
+def add_callable(p: argparse.ArgumentParser, shapes_example: str, dtype_help: str) -> None:
+    """``MODULE:CALLABLE``, ``--shapes`` and ``--dtype`` (``import torch``, ``tune``)."""
+    p.add_argument("callable", metavar="MODULE:CALLABLE",
+                   help="path/to/file.py:NAME or dotted.module:NAME (a function, nn.Module, or nn.Module class)")
+    p.add_argument("--shapes", required=True, metavar="NAME=DIMS,...",
+                   help=f"example shapes per argument, e.g. {shapes_example}")
+    p.add_argument("--dtype", default=None, metavar="DTYPE", help=dtype_help)
 
 
 def add_device(p: argparse.ArgumentParser, help: str = "device preset (default: the local GPU, else h200)") -> None:

@@ -14,7 +14,17 @@ import sys
 from typing import Any
 
 from stitchtune.cli import checks
-from stitchtune.cli.options import MAX_JOBS, MAX_TRIALS, add_db, add_device, add_graph, add_out, int_at_most, seed
+from stitchtune.cli.options import (
+    MAX_JOBS,
+    MAX_TRIALS,
+    add_callable,
+    add_db,
+    add_device,
+    add_graph,
+    add_out,
+    int_at_most,
+    seed,
+)
 from stitchtune.errors import StitchtuneError
 
 
@@ -125,7 +135,8 @@ def _add_bench(sub: Any) -> None:
     add_device(p, "device preset (default: the GPU torch sees)")
     add_out(p, checks.out_dir, "where bench_<device>.csv/.png go (default: the --db directory, where report "
             "finds them)", metavar="DIR")
-    p.add_argument("--iters", type=int_at_most(MAX_TRIALS), default=100, metavar="N", help="timed calls per system (default 100)")
+    p.add_argument("--iters", type=int_at_most(MAX_TRIALS), default=100, metavar="N",
+                   help="timed calls per system (default 100)")
     p.add_argument("--warmup", type=int_at_most(MAX_TRIALS), default=10, metavar="N", help="warm-up calls (default 10)")
     p.set_defaults(func=_cmd_bench)
 
@@ -155,7 +166,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _add_search(sub: Any) -> None:
     p = sub.add_parser("search", help="tune a graph's stitch schedule (optuna; results in the tuning database)")
     add_graph(p)
-    p.add_argument("--trials", type=int_at_most(MAX_TRIALS), default=64, metavar="N", help="trials in this run (default 64)")
+    p.add_argument("--trials", type=int_at_most(MAX_TRIALS), default=64, metavar="N",
+                   help="trials in this run (default 64)")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop after S seconds")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),
                    help="auto: cuda when cuda-python finds a GPU, else emulate (estimated times)")
@@ -171,7 +183,8 @@ def _add_search(sub: Any) -> None:
                    help="sampler seed, for a reproducible sequence of trials (default: random)")
     p.add_argument("--jobs", type=int_at_most(MAX_JOBS), default=os.cpu_count() or 1, metavar="N",
                    help="trials per batch = parallel compiles (default: CPU count)")
-    p.add_argument("--early-stop", type=int_at_most(MAX_TRIALS), default=None, metavar="K", help="stop after K trials without improvement")
+    p.add_argument("--early-stop", type=int_at_most(MAX_TRIALS), default=None, metavar="K",
+                   help="stop after K trials without improvement")
     p.add_argument("--prune-factor", type=float, default=3.0, metavar="F",
                    help="skip points predicted F x slower than the best measured (default 3)")
     p.add_argument("--no-build", action="store_true", help="emulate backend: do not compile with nvcc")
@@ -240,13 +253,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- tune (a whole model)
 def _add_tune(sub: Any) -> None:
     p = sub.add_parser("tune", help="tune every region torch.compile(backend='stitchtune') stitches in a model")
-    p.add_argument("callable", metavar="MODULE:CALLABLE",
-                   help="path/to/file.py:NAME or dotted.module:NAME (a function, nn.Module, or nn.Module class)")
-    p.add_argument("--shapes", required=True, metavar="NAME=DIMS,...",
-                   help="example shapes per argument, e.g. x=8x512x1024")
-    p.add_argument("--dtype", default=None, metavar="DTYPE",
-                   help="float32|float16|bfloat16|int64 for all inputs, or per input: x=bfloat16,ids=int64 "
-                        "(int64 inputs are zeros and ones, e.g. token ids)")
+    add_callable(p, "x=8x512x1024",
+                 "float32|float16|bfloat16|int64 for all inputs, or per input: x=bfloat16,ids=int64 "
+                 "(int64 inputs are zeros and ones, e.g. token ids)")
     p.add_argument("--trials", type=int_at_most(MAX_TRIALS), default=64, metavar="N",
                    help="total trials, split over the regions by predicted share (default 64)")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),

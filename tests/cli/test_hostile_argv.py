@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 
 import stitchtune.errors
 from stitchtune import cli
-from helpers import COMMITTED_DB, EXAMPLES_DIR, REPO
+from helpers import COMMITTED_DB, EXAMPLES_DIR, REPO, time_limit
 
 GRAPH = EXAMPLES_DIR / "layernorm_small.json"
 EXAMPLES = 14          # per command (hypothesis max_examples)
@@ -153,24 +153,6 @@ def _fill(text: str, names: dict[str, str]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ calling
-class Hang(Exception):
-    """A CLI call ran past CALL_LIMIT_S."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
-    def boom(signum: int, frame: Any) -> None:
-        raise Hang(f"no answer after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def call(argv: list[str], cwd: str, stdout: Any = None) -> tuple[int, str, str]:
     out, err = stdout or io.StringIO(), io.StringIO()
     here = os.getcwd()
@@ -219,7 +201,8 @@ def hostile_argv(draw: st.DrawFn, command: tuple[str, ...]) -> list[str]:
         pool = BAD_TEXT + BAD_JSON[:4] + PATHS[:3]
     value = draw(st.sampled_from(pool))
     if not action.option_strings:  # a positional: replace the first one of the baseline (or add it)
-        positional = [i for i, a in enumerate(base) if not a.startswith("-") and (i == 0 or not base[i - 1].startswith("-"))]
+        positional = [i for i, a in enumerate(base)
+                      if not a.startswith("-") and (i == 0 or not base[i - 1].startswith("-"))]
         if positional:
             i = positional[0]
             return [*command, *base[:i], value, *base[i + 1:]]

@@ -37,4 +37,5 @@ def test_compiled_objects_have_one_line_reprs() -> None:
     assert text.startswith("<CompiledGraph layernorm_small on NVIDIA H200/sm_90: schedule ")
     assert "(heuristic), 1 kernel, cubin not built>" in text
     fn = StitchedFunction(compiled=cg, arg_names=("x", "gamma", "beta"), params=(), emulate=True)
-    assert repr(fn) == f"<StitchedFunction (x, gamma, beta) on CPU emulator, captured with export, 0 captured parameter(s): {text}>"
+    assert repr(fn) == ("<StitchedFunction (x, gamma, beta) on CPU emulator, captured with export, "
+                        f"0 captured parameter(s): {text}>")
