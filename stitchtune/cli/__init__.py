@@ -2,17 +2,21 @@
 
 Contract: :func:`main(argv)` returns the exit code (0 ok, 2 user error or usage error, 130
 interrupted). Every :class:`~stitchtune.errors.StitchtuneError` becomes one
-``stitchtune: error: <problem>`` line per problem on stderr, without a traceback; any other
-exception is a bug and propagates.
+``stitchtune: error: <problem>`` line per problem on stderr, without a traceback. Before a command
+runs, every path argument is checked (:mod:`stitchtune.cli.checks`); an ``OSError`` on one of those
+paths that still happens later is an error line too. A closed stdout (``... | head``) ends the
+command quietly with exit 0. Any other exception is a bug and propagates.
 
-Adding a subcommand: write ``_add_<name>(sub)`` (creates the subparser and calls
-``p.set_defaults(func=_cmd_<name>)``) and ``_cmd_<name>(args) -> int``, then append
-``_add_<name>`` to ``_SUBCOMMANDS``. Adding a ``run`` backend: put a function
-``(graph, inputs, schedule_dict_or_None, *, db=DIR, device=NAME_or_None) -> {output name: array}``
+Adding a subcommand: write ``_add_<name>(sub)`` (creates the subparser, using the shared arguments
+of :mod:`stitchtune.cli.options`, and calls ``p.set_defaults(func=_cmd_<name>)``) and
+``_cmd_<name>(args) -> int``, then append ``_add_<name>`` to ``_SUBCOMMANDS``; give the subparser a
+``help`` (it is also its description) and every argument a ``help``. Adding a ``run`` backend: put a
+function ``(graph, inputs, schedule_dict_or_None, *, db=DIR, device=NAME_or_None) -> {output name: array}``
 into :data:`BACKENDS` (import heavy modules inside the function; ignore options it does not use).
 
 The graph, device and space commands are here; the commands on a tuning database (search, show,
-export, report, calibrate, model-check, bench) are in :mod:`stitchtune.cli.tuning`.
+export, report, calibrate, model-check, bench, tune) are in :mod:`stitchtune.cli.tuning`, ``import
+torch|onnx`` in :mod:`stitchtune.cli.importing`.
 """
 
 from __future__ import annotations

@@ -69,21 +69,23 @@ BASE: dict[tuple[str, ...], list[str]] = {
 
 BAD_NUMBERS = ["-1", "0", "-0", "nan", "inf", "-inf", "1e999", "abc", "", "9" * 40, "0x10", "3.5", " 3", "1_0"]
 BAD_TEXT = ["", "-", "x", "=", ",", "x=", "x=0", "x=-1x3", "x=2x0", "a=b=c", "\x00", "é\u2028", "a" * 5000,
-            "1e999", "nan", "..", "../../etc/passwd", "h200x", "none,none", "eager,", "m:f", ":", "a.b:c"]
+            "1e999", "nan", "..", "../../etc/passwd", "h200x", "none,none", "eager,", "m:f", ":", "a.b:c",
+            "sqlite:////proc/stitchtune-no-such/x.db", "journal:///tmp"]
 BAD_JSON = ["{", "[" * 3000, "null", "[]", '"s"', "{}", '{"tpr": 1e400}', '{"tpr": "x", "block": 7}',
             '{"block": 7}', '{"tpr": 1' + "0" * 5000 + "}", "@", "@{missing}", "@{dir}", "@{fifo}",
             "@{garbage}", "@{empty_file}"]
 PATHS = ["{missing}", "{dir}", "{fifo}", "{unreadable}", "{unwritable}", "{under_file}", "{garbage}",
          "{empty_file}", "{proc}", "a\x00b", "{long}", "", "{existing_out}", "{valid_graph}"]
 
-#: exception class names that must not reach the user (builtins, our own, a few libraries')
+#: exception class names that must not reach the user: builtins, our own, and any CamelCase word ending in
+#: Error, Exception or Fault (library errors such as sqlalchemy's OperationalError)
 EXCEPTION_NAMES = sorted(
     {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)
      and not issubclass(v, Warning)}
     | {n for n, v in vars(stitchtune.errors).items() if isinstance(v, type) and issubclass(v, BaseException)}
     | {"EmulatorFault", "BadZipFile", "JSONDecodeError", "ArgumentError", "ArgumentTypeError", "ParserError",
        "ArrowInvalid", "DecodeError", "UnpicklingError", "ImportError_", "DatabaseError"})
-EXCEPTION_RE = re.compile(r"\b(" + "|".join(map(re.escape, EXCEPTION_NAMES)) + r")\b")
+EXCEPTION_RE = re.compile(r"\b(" + "|".join(map(re.escape, EXCEPTION_NAMES)) + r"|[A-Z]\w*(Error|Exception|Fault))\b")
 
 
 # ------------------------------------------------------------------------------------------ commands
