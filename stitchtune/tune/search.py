@@ -118,11 +118,9 @@ class _Loop:
         self.worker = _worker_id()
         self.graph = comp.load_graph(config.graph_path)
         self.device = comp.get_device(config.device)
-        from stitchtune.graph.reference import check_host_memory
         from stitchtune.hardware.device import check_fits
 
         check_fits(self.graph, self.device)  # before anything is allocated for the graph
-        check_host_memory(self.graph)  # and before the storage (optuna.journal) is created
         if config.backend == "auto":
             self.backend, self.backend_reason = resolve_backend("auto", comp.cuda_available)
             log.info("%s", self.backend_reason)

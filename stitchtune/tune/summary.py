@@ -29,8 +29,8 @@ def format_summary(res: SearchResult) -> str:
     """The end-of-search table, as text (the CLI prints it)."""
     est = " (estimated)" if res.estimated else ""
     lines = [f"study {res.study_name} on {res.device_key}, backend {res.backend}{est}, storage {res.storage}",
-             (f"database {res.db_path}; {res.trials_run} trial(s) this run ({res.reused} of them a schedule "
-              f"already tried, told from the earlier result), stopped: {res.stopped}, {res.elapsed_s:.1f} s")]
+             (f"database {res.db_path}; {res.trials_run} trial(s) this run ({res.reused} reused: schedules "
+              f"already tried, told from their earlier result), stopped: {res.stopped}, {res.elapsed_s:.1f} s")]
     rows: list[tuple[str, str]] = []
     if res.best is not None:
         sched = res.best.get("schedule_json") or ""
