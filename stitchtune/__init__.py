@@ -4,9 +4,9 @@ The public Python entry points load lazily (PEP 562), so ``import stitchtune`` c
 
 * ``stitchtune.compile(graph_or_path, db=..., device=...)`` -> ``CompiledGraph``
   (:mod:`stitchtune.deploy.compiled`);
-* ``stitchtune.torch`` -> the PyTorch entry point (:mod:`stitchtune.deploy.torch_entry`), e.g.
-  ``stitchtune.torch.compile(fn, example_inputs=...)``. It is an attribute, not a module file named
-  like the ``torch`` package: write ``import stitchtune`` and use ``stitchtune.torch``.
+* ``stitchtune.torch`` -> the PyTorch entry point (:mod:`stitchtune.torch`, re-exporting
+  :mod:`stitchtune.deploy.torch_entry`), e.g. ``stitchtune.torch.compile(fn, example_inputs=...)``;
+  ``import stitchtune.torch`` and ``import stitchtune`` + the attribute give the same module.
 
 The package's rooms (subpackages) and the one direction their imports go are drawn in README.md.
 """
@@ -25,5 +25,5 @@ def __getattr__(name: str) -> Any:
 
         return compile
     if name == "torch":
-        return importlib.import_module("stitchtune.deploy.torch_entry")
+        return importlib.import_module("stitchtune.torch")
     raise AttributeError(f"module 'stitchtune' has no attribute {name!r}")

@@ -10,14 +10,19 @@
   wrong_result; all others ok with time = predicted time, fake, not a measurement), with
   ``fake_stages``, ``FakeBuilder``, ``FakeRunner`` and ``fake_components`` for ``run_search``.
 * Hypothesis strategies for hostile graph files: ``hostile_names``, ``json_values``, ``malformed_graph``.
+* ``time_limit(seconds)``: a context manager that raises ``Hang`` when its body runs longer (SIGALRM;
+  the main thread only), for in-process CLI calls that must not hang.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import random
+import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +43,25 @@ from stitchtune.tune.pipeline import Stages
 from stitchtune.tune.search import Components
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+class Hang(Exception):
+    """A call under :func:`time_limit` ran past its limit."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`Hang` in the body after ``seconds`` (SIGALRM; restores the previous handler)."""
+    def boom(signum: int, frame: Any) -> None:
+        raise Hang(f"no answer after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 EXAMPLES_DIR = REPO / "examples"
 EXAMPLES = EXAMPLES_DIR
 SMALL_EXAMPLES = sorted(EXAMPLES_DIR.glob("*_small.json"))

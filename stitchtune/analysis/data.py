@@ -343,10 +343,25 @@ def min_bytes_from_graphs(paths: Iterable[str | os.PathLike[str]]) -> dict[str, 
 
 
 # --------------------------------------------------------------------------------------- benchmarks, runs, dimensions
+def _bench_devices(stems: list[str]) -> dict[str, str]:
+    """The device of each ``bench_*`` file stem (without ``bench_``): a stem that extends another one by
+    ``_<label>`` (``h200_inductor_max`` next to ``h200``) is a second run on that device."""
+    out = {}
+    for s in stems:
+        bases = [o for o in stems if o != s and s.startswith(o + "_")]
+        out[s] = max(bases, key=len) if bases else s
+    return out
+
+
 def read_bench(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame | None:
-    """Concatenate ``bench_<device>.csv`` files (adds ``device`` from the file name); None if none."""
+    """Concatenate ``bench_<device>.csv`` files; None if none. Adds ``run`` (the file name without
+    ``bench_`` and ``.csv``: rows of one run share a stitchtune measurement) and ``device`` (the run, or
+    the device of which the run's name is an extension, see :func:`_bench_devices`)."""
     frames = []
-    for p in sorted(Path(x) for x in paths):
+    files = sorted(Path(x) for x in paths)
+    runs = [p.stem[len("bench_"):] if p.stem.startswith("bench_") else p.stem for p in files]
+    devices = _bench_devices(runs)
+    for p, run in zip(files, runs):
         try:
             b = pd.read_csv(p)
         except (OSError, ValueError) as exc:
@@ -354,9 +369,31 @@ def read_bench(paths: Iterable[str | os.PathLike[str]]) -> pd.DataFrame | None:
         missing = [c for c in BENCH_COLUMNS if c not in b.columns]
         if missing:
             raise DatabaseError(f"benchmark CSV {p} lacks columns: {', '.join(missing)}")
-        b["device"] = p.stem[len("bench_"):] if p.stem.startswith("bench_") else p.stem
+        b["run"] = run
+        b["device"] = devices[run]
         frames.append(b)
     return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def peer_speedups(bench: pd.DataFrame) -> pd.DataFrame:
+    """Speedup of stitchtune over each peer (peer median / stitchtune median of the same run and
+    workload), rows that failed the reference check left out: index ``workload`` (``workload @ device``
+    when there are several devices), one column per peer; NaN where a peer was not run."""
+    bench = checked_rows(bench)
+    if "run" not in bench.columns:
+        bench = bench.assign(run=bench["device"])
+    key = bench["workload"].astype(str)
+    if bench["device"].nunique() > 1:
+        key = key + " @ " + bench["device"].astype(str)
+    b = bench.assign(key=key)
+    base = b[b["system"] == "stitchtune"].groupby(["key", "run"])["median_us"].min()
+    peers = b[b["system"] != "stitchtune"]
+    ratio = peers["median_us"].to_numpy(dtype=float) / base.reindex(
+        pd.MultiIndex.from_arrays([peers["key"], peers["run"]])).to_numpy(dtype=float)
+    sp = peers.assign(speedup=ratio).dropna(subset=["speedup"])
+    if sp.empty:
+        return pd.DataFrame()
+    return sp.pivot_table(index="key", columns="system", values="speedup", aggfunc="median")
 
 
 def checked_rows(bench: pd.DataFrame) -> pd.DataFrame:

@@ -31,11 +31,11 @@ from stitchtune.analysis.data import (
     _prepared,
     _py,
     _runs_by_size,
-    checked_rows,
     dimension_columns,
     floors,
     heuristic_rank,
     param_importances,
+    peer_speedups,
     pick_run,
     spearman,
 )
@@ -265,10 +265,18 @@ def figure_floor_fraction(df: pd.DataFrame, floor_us: pd.Series | None = None) -
     return fig
 
 
+#: how the figures name the peers of ``stitchtune bench``
+PEER_LABELS = {"torch_eager": "PyTorch eager", "torch_compile_default": "torch.compile",
+               "torch_compile_max_autotune": "torch.compile max-autotune",
+               "torch_compile_max_autotune_no_cudagraphs": "torch.compile max-autotune (no CUDA graphs)",
+               "jax_jit": "JAX jit"}
+
+
 def figure_speedup_over_peers(bench: pd.DataFrame | None) -> Figure:
-    """Speedup of stitchtune over each peer per workload (peer median / stitchtune median); rows that
-    failed the reference check are left out."""
-    fig = Figure(figsize=(9.0, 4.6), layout="constrained")
+    """Speedup of stitchtune over each peer per workload (peer median / stitchtune median of the same
+    benchmark run; rows that failed the reference check left out), on a log axis so that ~1x
+    differences stay readable next to 10x ones; the closest peer (lowest geometric-mean speedup) first."""
+    fig = Figure(figsize=(9.0, 5.6), layout="constrained")
     ax = fig.subplots()
     devices = "" if bench is None else ", ".join(_text(x, 20) for x in sorted(bench["device"].unique()))
     fig.suptitle("Speedup of tuned kernels over peers (measured" + (f" on {devices})" if devices else ")"))
@@ -276,27 +284,31 @@ def figure_speedup_over_peers(bench: pd.DataFrame | None) -> Figure:
         _empty(ax, "no benchmark results (<db>/bench_<device>.csv) with a stitchtune row",
                "workload", "speedup (×)")
         return fig
-    bench = checked_rows(bench)
-    b = bench.assign(key=bench["workload"].astype(str) + np.where(
-        bench["device"].nunique() > 1, " @ " + bench["device"].astype(str), ""))
-    piv = b.pivot_table(index="key", columns="system", values="median_us", aggfunc="min")
-    peers = [c for c in piv.columns if c != "stitchtune"]
-    peers = [p for p in PEER_SYSTEMS if p in peers] + sorted(p for p in peers if p not in PEER_SYSTEMS)
-    sp = piv[peers].div(piv["stitchtune"], axis=0).dropna(how="all")
-    if sp.empty or not peers:
+    sp = peer_speedups(bench)
+    if sp.empty:
         _empty(ax, "no workload has both stitchtune and a peer", "workload", "speedup (×)")
         return fig
+    geo = {p: float(np.exp(np.log(sp[p].dropna()).mean())) for p in sp.columns}
+    peers = sorted(sp.columns, key=lambda p: geo[p])
     x = np.arange(len(sp))
     w = 0.8 / len(peers)
     for i, peer in enumerate(peers):
         vals = sp[peer].to_numpy(dtype=float)
-        gm = np.exp(np.nanmean(np.log(vals))) if np.isfinite(vals).any() else float("nan")
-        ax.bar(x + (i - (len(peers) - 1) / 2) * w, vals, w, label=f"vs {_text(peer, 30)} (geomean {gm:.2f}×)")
-    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+        n = int(np.isfinite(vals).sum())
+        count = "" if n == len(sp) else f", {n} of {len(sp)} workloads"
+        label = f"vs {_text(PEER_LABELS.get(peer, peer), 60)} (geomean {geo[peer]:.2f}×{count})"
+        ax.bar(x + (i - (len(peers) - 1) / 2) * w, vals, w, label=label)
+    ax.axhline(1.0, color="black", lw=0.9, ls="--")
+    ax.set_yscale("log")
+    lo, hi = float(np.nanmin(sp.to_numpy())), float(np.nanmax(sp.to_numpy()))
+    ticks = [t for t in (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 50, 100) if lo / 1.3 <= t <= hi * 1.3]
+    ax.set_ylim(min(lo, 1.0) / 1.15, max(hi, 1.0) * 1.15)
+    ax.set_yticks(ticks, [f"{t:g}×" for t in ticks])
+    ax.minorticks_off()
     ax.set_xticks(x, [_text(k, 30) for k in sp.index], rotation=30, ha="right", fontsize=8)
     ax.set_xlabel("workload")
-    ax.set_ylabel("speedup (×, peer time / stitchtune time)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_ylabel("speedup, log scale\n(peer time / stitchtune time; > 1: stitchtune faster)")
+    fig.legend(fontsize=8, loc="outside lower center", ncol=2)
     ax.grid(alpha=0.3, axis="y")
     return fig
 

@@ -41,6 +41,7 @@ from stitchtune.analysis.data import (
     min_bytes_from_graphs,
     min_bytes_from_shapes,
     param_importances,
+    peer_speedups,
     pick_run,
     prepare,
     read_bench,
@@ -70,7 +71,7 @@ __all__ = [  # the public API of stitchtune.analysis.report, including the names
     "figure_floor_fraction", "figure_heuristic_rank", "figure_param_importances",
     "figure_predicted_vs_measured", "figure_schedule_dimensions", "figure_speedup_over_peers",
     "figure_status", "figure_time_vs_occupancy", "floors", "heuristic_rank", "min_bytes_from_graphs",
-    "min_bytes_from_shapes", "param_importances", "pick_run", "prepare", "read_bench", "spearman",
+    "min_bytes_from_shapes", "param_importances", "peer_speedups", "pick_run", "prepare", "read_bench", "spearman",
     "summary_table", "write_report",
 ]
 
@@ -106,12 +107,16 @@ def write_report(db_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
 
     db_dir, out = Path(db_dir), Path(out_dir)
     if not db_dir.is_dir():
-        raise DatabaseError(f"database directory {db_dir} does not exist")
+        why = "is not a directory" if db_dir.exists() else "does not exist"
+        raise DatabaseError(f"database directory {ascii(str(db_dir))} {why}")
     d = prepare(read_db(db_dir))
     bench = read_bench(bench_paths if bench_paths is not None else db_dir.glob("bench_*.csv"))
     mb = min_bytes_from_graphs(graph_paths or [])
     fl = floors(d, bench, bandwidth_gbs, mb)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DatabaseError(f"cannot create the report directory {ascii(str(out))}: {e.strerror or e}") from None
     figures: list[tuple[str, str, Figure]] = [
         ("best_so_far.png", "Best time so far vs trial number", figure_best_so_far(d)),
         ("predicted_vs_measured.png", "Cost model: predicted vs measured", figure_predicted_vs_measured(d)),
@@ -130,12 +135,15 @@ def write_report(db_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str]
                         figure_schedule_dimensions(d, run)))
         figures.append((f"heuristic_rank_{stem}.png", f"Heuristic rank: {run}", figure_heuristic_rank(d, run)))
     written: list[Path] = []
-    for name, _, fig in figures:
-        path = out / name
-        fig.savefig(path, dpi=100)
-        written.append(path)
-    md = out / "report.md"
-    md.write_text(_markdown(d, fl, bench, figures), encoding="utf-8")
+    try:
+        for name, _, fig in figures:
+            path = out / name
+            fig.savefig(path, dpi=100)
+            written.append(path)
+        md = out / "report.md"
+        md.write_text(_markdown(d, fl, bench, figures), encoding="utf-8")
+    except OSError as e:
+        raise DatabaseError(f"cannot write the report into {ascii(str(out))}: {e.strerror or e}") from None
     written.append(md)
     log.info("wrote %d report files to %s", len(written), out)
     return written
@@ -166,11 +174,15 @@ def _markdown(d: pd.DataFrame, fl: pd.Series, bench: pd.DataFrame | None,
         bench = checked_rows(bench)
         lines += ["## Benchmark (measured; rows that failed the reference check left out)", "", "| workload | device | system | median (µs) | speedup of stitchtune |",
                   "|---|---|---|---:|---:|"]
-        st = bench[bench["system"] == "stitchtune"].set_index(["workload", "device"])["median_us"]
+        if "run" not in bench.columns:
+            bench = bench.assign(run=bench["device"])
+        # the speedup is over the stitchtune row of the same run (file): runs on one device differ a little
+        st = bench[bench["system"] == "stitchtune"].groupby(["workload", "run"])["median_us"].min()
         for _, r in bench.iterrows():
-            base = st.get((r["workload"], r["device"]), float("nan"))
+            base = st.get((r["workload"], r["run"]), float("nan"))
             sp = r["median_us"] / base if r["system"] != "stitchtune" else float("nan")
-            lines.append(f"| {_md(r['workload'])} | {_md(r['device'])} | {_md(r['system'])} "
+            where = r["device"] if r["run"] == r["device"] else f"{r['device']} (run {r['run']})"
+            lines.append(f"| {_md(r['workload'])} | {_md(where)} | {_md(r['system'])} "
                          f"| {_fmt(float(r['median_us']), '.2f')} | {_fmt(float(sp), '.2f')} |")
         lines.append("")
     lines += ["## Figures", ""]

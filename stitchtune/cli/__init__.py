@@ -2,17 +2,21 @@
 
 Contract: :func:`main(argv)` returns the exit code (0 ok, 2 user error or usage error, 130
 interrupted). Every :class:`~stitchtune.errors.StitchtuneError` becomes one
-``stitchtune: error: <problem>`` line per problem on stderr, without a traceback; any other
-exception is a bug and propagates.
+``stitchtune: error: <problem>`` line per problem on stderr, without a traceback. Before a command
+runs, every path argument is checked (:mod:`stitchtune.cli.checks`); an ``OSError`` on one of those
+paths that still happens later is an error line too. A closed stdout (``... | head``) ends the
+command quietly with exit 0. Any other exception is a bug and propagates.
 
-Adding a subcommand: write ``_add_<name>(sub)`` (creates the subparser and calls
-``p.set_defaults(func=_cmd_<name>)``) and ``_cmd_<name>(args) -> int``, then append
-``_add_<name>`` to ``_SUBCOMMANDS``. Adding a ``run`` backend: put a function
-``(graph, inputs, schedule_dict_or_None, *, db=DIR, device=NAME_or_None) -> {output name: array}``
+Adding a subcommand: write ``_add_<name>(sub)`` (creates the subparser, using the shared arguments
+of :mod:`stitchtune.cli.options`, and calls ``p.set_defaults(func=_cmd_<name>)``) and
+``_cmd_<name>(args) -> int``, then append ``_add_<name>`` to ``_SUBCOMMANDS``; give the subparser a
+``help`` (it is also its description) and every argument a ``help``. Adding a ``run`` backend: put a
+function ``(graph, inputs, schedule_dict_or_None, *, db=DIR, device=NAME_or_None) -> {output name: array}``
 into :data:`BACKENDS` (import heavy modules inside the function; ignore options it does not use).
 
 The graph, device and space commands are here; the commands on a tuning database (search, show,
-export, report, calibrate, model-check, bench) are in :mod:`stitchtune.cli.tuning`.
+export, report, calibrate, model-check, bench, tune) are in :mod:`stitchtune.cli.tuning`, ``import
+torch|onnx`` in :mod:`stitchtune.cli.importing`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,18 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from stitchtune import __version__
+from stitchtune.cli import checks
+from stitchtune.cli.importing import _add_import
+from stitchtune.cli.options import (
+    MAX_SAMPLES,
+    Parser,
+    add_db,
+    add_device,
+    add_graph,
+    add_out,
+    int_at_most,
+    seed,
+)
 from stitchtune.cli.tuning import (
     _add_bench,
     _add_calibrate,
@@ -41,8 +57,7 @@ from stitchtune.cli.tuning import (
 )
 from stitchtune.errors import StitchtuneError
 from stitchtune.graph.npz import save_npz
-from stitchtune.importers import add_import_parser
-from stitchtune.tune.dbpath import DB_HELP, default_db
+from stitchtune.tune.dbpath import default_db
 
 log = logging.getLogger("stitchtune")
 
@@ -76,6 +91,9 @@ def parse_schedule_arg(text: str | None) -> dict[str, Any] | None:
     if text.startswith("@"):
         path = text[1:]
         src = ascii(path)
+        why = checks.in_file(path)
+        if why:
+            raise StitchtuneError(f"schedule file {src}: {why}")
         try:
             with open(path, "rb") as f:
                 raw = f.read(4 * 1024 * 1024 + 1)
@@ -102,11 +120,20 @@ def load_inputs_npz(path: str, graph: Any) -> dict[str, np.ndarray]:
     2-byte void (``|V2``); for bfloat16 inputs they are reinterpreted as ``ml_dtypes.bfloat16``."""
     from stitchtune.graph.reference import numpy_dtype
 
+    import zipfile
+
     try:
-        with np.load(path, allow_pickle=False) as z:
+        z = np.load(path, allow_pickle=False)
+        if not hasattr(z, "files"):  # a bare .npy array has no names
+            raise ValueError("an .npy array, not an .npz archive of named arrays")
+        with z:
             arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError) as e:
-        raise StitchtuneError(f"cannot read inputs {ascii(path)}: {e}") from None
+    except ValueError as e:
+        why = "not an .npz archive of arrays (numpy.savez)" if "pickle" in str(e) else str(e)
+        raise StitchtuneError(f"cannot read inputs {ascii(path)}: {why}") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as e:
+        raise StitchtuneError(f"cannot read inputs {ascii(path)}: damaged or not an .npz archive "
+                              f"({getattr(e, 'strerror', None) or e})") from None
     specs = dict(graph.inputs)
     for k, a in arrays.items():
         spec = specs.get(k)
@@ -150,7 +177,15 @@ def _compiled_for_run(graph: Any, schedule: dict[str, Any] | None, db: str | Non
 
 def _backend_emulate(graph: Any, inputs: Mapping[str, np.ndarray], schedule: dict[str, Any] | None,
                      *, db: str | None = None, device: str | None = None, **_options: Any) -> dict[str, np.ndarray]:
-    return _compiled_for_run(graph, schedule, db, device, build=False).emulate(**inputs)
+    from stitchtune.emulate.memory import EmulatorFault
+
+    cg = _compiled_for_run(graph, schedule, db, device, build=False)
+    try:
+        return cg.emulate(**inputs)
+    except EmulatorFault as e:  # the user's schedule (e.g. a grid barrier over more blocks than fit); else a bug
+        if cg.source != "given":
+            raise
+        raise StitchtuneError(f"--schedule cannot run on {cg.device.key}: {e}") from None
 
 
 def _backend_cuda(graph: Any, inputs: Mapping[str, np.ndarray], schedule: dict[str, Any] | None,
@@ -168,7 +203,7 @@ BACKENDS: dict[str, BackendFn] = {
 # ---------------------------------------------------------------------------- validate
 def _add_validate(sub: Any) -> None:
     p = sub.add_parser("validate", help="check a graph.json and print a summary")
-    p.add_argument("graph", help="path to graph.json")
+    add_graph(p)
     p.set_defaults(func=_cmd_validate)
 
 
@@ -204,32 +239,42 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- run
 def _add_run(sub: Any) -> None:
     p = sub.add_parser("run", help="execute a graph on given or random inputs")
-    p.add_argument("graph", help="path to graph.json")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--inputs", metavar="IN.npz", help="input arrays by name (.npz)")
-    src.add_argument("--random-inputs", metavar="SEED", type=int,
-                     help="draw standard-normal inputs with this seed")
-    p.add_argument("--out", metavar="OUT.npz", required=True, help="where to write the outputs")
+    add_graph(p)
+    checks.checked(p, p.add_argument(
+        "--inputs", metavar="IN.npz", action="append",
+        help="input arrays by name (.npz); repeatable, e.g. your inputs plus the *.constants.npz an ONNX "
+             "import wrote (a later file wins for a name in both)"), checks.in_file)
+    p.add_argument("--random-inputs", metavar="SEED", type=seed,
+                   help="draw standard-normal inputs with this seed (with --inputs: only those the files lack)")
+    add_out(p, checks.out_file, "where to write the outputs (.npz)", metavar="OUT.npz", required=True)
     p.add_argument("--backend", default="reference", choices=sorted(BACKENDS),
                    help="how to execute (default: reference)")
     p.add_argument("--schedule", metavar="JSON|@FILE", default=None,
                    help="schedule for kernel backends: inline JSON or @file")
-    p.add_argument("--db", default=default_db(), metavar="DIR",
-                   help=f"tuning database the kernel backends choose the schedule from (default: {DB_HELP})")
-    p.add_argument("--device", default=None, metavar="NAME",
-                   help="device preset for kernel backends (default: the local GPU, else h200)")
+    add_db(p, checks.db_maybe, "tuning database the kernel backends choose the schedule from")
+    add_device(p, "device preset for kernel backends (default: the local GPU, else h200)")
     p.set_defaults(func=_cmd_run)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from stitchtune.graph.reference import random_inputs
+    from stitchtune.graph.reference import check_inputs, random_inputs
 
+    if not args.inputs and args.random_inputs is None:
+        raise StitchtuneError("the inputs are needed: --inputs IN.npz (repeatable) and/or --random-inputs SEED")
     g = _load(args.graph)
     schedule = parse_schedule_arg(args.schedule)
-    if args.inputs is not None:
-        inputs = load_inputs_npz(args.inputs, g)
+    inputs: dict[str, np.ndarray] = {}
+    for path in args.inputs or ():
+        inputs.update(load_inputs_npz(path, g))
+    if args.random_inputs is not None:
+        inputs = {**random_inputs(g, args.random_inputs), **inputs}
     else:
-        inputs = random_inputs(g, args.random_inputs)
+        try:
+            check_inputs(g, inputs)
+        except StitchtuneError as e:
+            hint = ["--random-inputs SEED draws the inputs that no --inputs file has"] \
+                if any(": missing" in p for p in e.problems) else []
+            raise StitchtuneError(problems=[*e.problems, *hint]) from None
     outputs = BACKENDS[args.backend](g, inputs, schedule, db=args.db, device=args.device)
     save_outputs_npz(args.out, outputs)
     for name, a in outputs.items():
@@ -241,12 +286,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- compile
 def _add_compile(sub: Any) -> None:
     p = sub.add_parser("compile", help="write the kernels the tuning database selects (CUDA, cubin, manifest)")
-    p.add_argument("graph", help="path to graph.json")
-    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
-    p.add_argument("-o", "--out", default=None, metavar="DIR",
-                   help="output directory (default: compiled/<graph name>)")
-    p.add_argument("--device", default=None, metavar="NAME",
-                   help="device preset (default: the local GPU, else h200)")
+    add_graph(p)
+    add_db(p, checks.db_maybe)
+    add_out(p, checks.out_dir, "output directory (default: compiled/<graph name>)", metavar="DIR")
+    add_device(p)
     p.add_argument("--schedule", metavar="JSON|@FILE", default=None,
                    help="compile this schedule instead of the database's choice")
     p.add_argument("--no-cubin", action="store_true", help="do not run nvcc (source and manifest only)")
@@ -259,9 +302,12 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from stitchtune.deploy.compiled import compile as st_compile
 
     g = _load(args.graph)
+    out = args.out or os.path.join("compiled", g.name)
+    why = checks.out_dir(out) if args.out is None else None
+    if why:
+        raise StitchtuneError(f"output directory {ascii(out)} (the default; -o/--out DIR names another): {why}")
     cg = st_compile(g, db=args.db, device=args.device, schedule=parse_schedule_arg(args.schedule),
                     build=False if args.no_cubin else None, deterministic=args.deterministic)
-    out = args.out or os.path.join("compiled", g.name)
     paths = cg.write(out)
     m = cg.manifest
     print(f"{g.name} on {m['device_key']}: schedule {m['schedule_key']} ({cg.source})")
@@ -280,7 +326,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- devices
 def _add_devices(sub: Any) -> None:
     p = sub.add_parser("devices", help="list device presets and the GPU cuda-python finds")
-    p.add_argument("--device", default=None, metavar="NAME", help="print one device's full description")
+    add_device(p, "print one device's full description")
     p.add_argument("--check", action="store_true",
                    help="compare the occupancy model with the CUDA driver on the local GPU (needs nvcc)")
     p.set_defaults(func=_cmd_devices)
@@ -323,10 +369,11 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- parser / main
 def _add_space(sub: Any) -> None:
     p = sub.add_parser("space", help="print valid schedules of a graph's search space as JSON lines")
-    p.add_argument("graph", metavar="GRAPH", help="graph.json")
-    p.add_argument("--sample", type=int, default=5, metavar="N", help="how many schedules (default 5)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default 0)")
-    p.add_argument("--device", default=None, metavar="NAME", help="device preset (default: the GPU, else H200)")
+    add_graph(p)
+    p.add_argument("--sample", type=int_at_most(MAX_SAMPLES), default=5, metavar="N",
+                   help="how many schedules (default 5)")
+    p.add_argument("--seed", type=seed, default=0, metavar="S", help="random seed (default 0)")
+    add_device(p)
     p.add_argument("--heuristic", action="store_true", help="print the heuristic schedule first")
     p.set_defaults(func=_cmd_space)
 
@@ -368,12 +415,12 @@ _SUBCOMMANDS: list[Callable[[Any], None]] = [
     _add_show,
     _add_export,
     _add_tune,
-    lambda sub: add_import_parser(sub, print),  # `import torch|onnx` (stitchtune/importers)
+    _add_import,
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="stitchtune",
         description="Autotune stitch schedules for memory-intensive GPU subgraphs.")
     parser.add_argument("--version", action="version", version=f"stitchtune {__version__}")
@@ -399,6 +446,20 @@ def _parser(db_default: str) -> argparse.ArgumentParser:
     return build_parser()
 
 
+def _quiet_stdout() -> None:
+    """After a closed pipe: point stdout at /dev/null so that the interpreter's final flush is quiet."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):   # in-process callers' StringIO: nothing to flush at exit
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except OSError:
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (see module docstring)."""
     parser = _parser(str(default_db()))
@@ -406,10 +467,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse usage errors (2), --help/--version (0)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except BrokenPipeError:  # --help into a closed pipe
+        _quiet_stdout()
+        return 0
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="stitchtune: %(levelname)s: %(message)s")
     try:
-        return int(args.func(args))
+        checks.preflight(args)
+        rc = int(args.func(args))
+        if sys.stdout is not None:  # None when started with stdout closed (print then writes nothing)
+            sys.stdout.flush()
+        return rc
     except StitchtuneError as e:
         for problem in e.problems:
             _print_error(problem)
@@ -417,3 +485,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stitchtune: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout went away (`... | head`): stop quietly
+        _quiet_stdout()
+        return 0
+    except OSError as e:  # a path the user named that the checks could not foresee (a race, /proc as root)
+        if not checks.is_about(e, checks.user_paths(args)):
+            raise
+        _print_error(f"{ascii(e.filename)}: {e.strerror or e}")
+        return 2

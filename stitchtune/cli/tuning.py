@@ -13,21 +13,33 @@ import os
 import sys
 from typing import Any
 
+from stitchtune.cli import checks
+from stitchtune.cli.options import (
+    MAX_JOBS,
+    MAX_TRIALS,
+    add_callable,
+    add_db,
+    add_device,
+    add_graph,
+    add_out,
+    int_at_most,
+    seed,
+)
 from stitchtune.errors import StitchtuneError
-from stitchtune.tune.dbpath import DB_HELP, default_db
 
 
 # ---------------------------------------------------------------------------- report
 def _add_report(sub: Any) -> None:
     p = sub.add_parser("report", help="write figures (PNG) and a Markdown summary of a tuning database")
-    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
-    p.add_argument("-o", "--out", required=True, metavar="DIR", help="output directory")
-    p.add_argument("--bench", action="append", default=None, metavar="CSV",
-                   help="benchmark CSV (repeatable; default: DB/bench_*.csv)")
-    p.add_argument("--graphs", nargs="*", default=None, metavar="GRAPH",
-                   help="graph.json files for min bytes (default: examples/*.json when present)")
-    p.add_argument("--bandwidth-gbs", type=float, default=None,
-                   help="copy bandwidth for the floor (default: from the device preset)")
+    add_db(p, checks.db_read)
+    add_out(p, checks.out_dir, "output directory (created when missing)", metavar="DIR", required=True)
+    checks.checked(p, p.add_argument("--bench", action="append", default=None, metavar="CSV",
+                                     help="benchmark CSV (repeatable; default: DB/bench_*.csv)"), checks.in_file)
+    checks.checked(p, p.add_argument("--graphs", nargs="*", default=None, metavar="GRAPH",
+                                     help="graph.json files for min bytes (default: examples/*.json when present)"),
+                   checks.in_file)
+    p.add_argument("--bandwidth-gbs", type=float, default=None, metavar="GBS",
+                   help="copy bandwidth for the floor in GB/s (default: from the device preset)")
     p.set_defaults(func=_cmd_report)
 
 
@@ -46,9 +58,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- calibrate / model-check
 def _add_calibrate(sub: Any) -> None:
     p = sub.add_parser("calibrate", help="re-fit the cost model's per-device constants from measured rows")
-    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
-    p.add_argument("--device", default=None, metavar="NAME",
-                   help="device preset or name (default: every device with measured rows)")
+    add_db(p, checks.db_update)
+    add_device(p, "device preset or name (default: every device with measured rows)")
     p.set_defaults(func=_cmd_calibrate)
 
 
@@ -77,15 +88,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _add_model_check(sub: Any) -> None:
     p = sub.add_parser("model-check", help="rank correlation of predicted vs measured times, pruned winners")
-    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
-    p.add_argument("--factor", type=float, default=3.0,
+    add_db(p, checks.db_read)
+    p.add_argument("--factor", type=float, default=3.0, metavar="F",
                    help="pruning factor: predicted > FACTOR x best measured (default 3.0)")
     p.add_argument("--repredict", action="store_true",
                    help="judge the current cost model: predict every row again (re-lowering the workloads "
                         "of --graphs) instead of using the predictions stored at search time")
-    p.add_argument("--graphs", nargs="*", default=None, metavar="GRAPH",
-                   help="graph files whose workloads are re-lowered with --repredict (default: examples/*.json "
-                        "when that folder exists)")
+    checks.checked(p, p.add_argument(
+        "--graphs", nargs="*", default=None, metavar="GRAPH",
+        help="graph files whose workloads are re-lowered with --repredict (default: examples/*.json when that "
+             "folder exists)"), checks.in_file)
     p.set_defaults(func=_cmd_model_check)
 
 
@@ -114,30 +126,34 @@ def _add_bench(sub: Any) -> None:
     from stitchtune.bench.peers import PEER_NAMES
 
     p = sub.add_parser("bench", help="time tuned kernels against torch eager, torch.compile and JAX (GPU)")
-    p.add_argument("graphs", nargs="+", metavar="GRAPH", help="graph.json files")
-    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
-    p.add_argument("--trials", type=int, default=0, metavar="N",
+    add_graph(p, nargs="+")
+    add_db(p, checks.db_write, "tuning database (tuned records; --trials appends to it)")
+    p.add_argument("--trials", type=int_at_most(MAX_TRIALS), default=0, metavar="N",
                    help="search N trials first for a graph without a tuned record (default 0: heuristic)")
     p.add_argument("--peers", default=",".join(PEER_NAMES), metavar="LIST",
                    help=f"comma-separated peers, or none (default: {','.join(PEER_NAMES)})")
-    p.add_argument("--device", default=None, metavar="NAME", help="device preset (default: the GPU torch sees)")
-    p.add_argument("-o", "--out", default=None, metavar="DIR",
-                   help="where bench_<device>.csv/.png go (default: the --db directory, where report finds them)")
-    p.add_argument("--iters", type=int, default=100, metavar="N", help="timed calls per system (default 100)")
-    p.add_argument("--warmup", type=int, default=10, metavar="N", help="warm-up calls (default 10)")
+    add_device(p, "device preset (default: the GPU torch sees)")
+    add_out(p, checks.out_dir, "where bench_<device>.csv/.png go (default: the --db directory, where report "
+            "finds them)", metavar="DIR")
+    p.add_argument("--iters", type=int_at_most(MAX_TRIALS), default=100, metavar="N",
+                   help="timed calls per system (default 100)")
+    p.add_argument("--warmup", type=int_at_most(MAX_TRIALS), default=10, metavar="N", help="warm-up calls (default 10)")
     p.set_defaults(func=_cmd_bench)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from stitchtune.bench.measure import format_table, run_bench
-    from stitchtune.hardware.device import get_device
     from stitchtune.bench.peers import parse_peer_names
+    from stitchtune.gpu.device_query import query_device
 
     peers = parse_peer_names(args.peers)
     problems = [f"--{k} must be >= {lo} (got {v})" for k, v, lo in
                 (("trials", args.trials, 0), ("iters", args.iters, 5), ("warmup", args.warmup, 0)) if v < lo]
     if problems:
         raise StitchtuneError(problems=problems)
+    query_device()  # no GPU: say so now, not after importing torch and the peers (seconds)
+    from stitchtune.bench.measure import format_table, run_bench
+    from stitchtune.hardware.device import get_device
+
     device = get_device(args.device) if args.device else None
     df = run_bench(args.graphs, db=args.db, trials=args.trials, peers=peers, device=device,
                    out_dir=args.out or args.db, iters=args.iters, warmup=args.warmup,
@@ -149,22 +165,26 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- search / show / export
 def _add_search(sub: Any) -> None:
     p = sub.add_parser("search", help="tune a graph's stitch schedule (optuna; results in the tuning database)")
-    p.add_argument("graph", help="path to graph.json")
-    p.add_argument("--trials", type=int, default=64, metavar="N", help="trials in this run (default 64)")
+    add_graph(p)
+    p.add_argument("--trials", type=int_at_most(MAX_TRIALS), default=64, metavar="N",
+                   help="trials in this run (default 64)")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop after S seconds")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),
                    help="auto: cuda when cuda-python finds a GPU, else emulate (estimated times)")
-    p.add_argument("--device", default=None, metavar="NAME", help="device preset (default: the GPU, else h200)")
-    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
+    add_device(p)
+    add_db(p, checks.db_write)
     p.add_argument("--storage", default=None, metavar="URL",
                    help="optuna storage URL (postgresql://..., sqlite:///...; default: DIR/optuna.journal)")
     p.add_argument("--study", default=None, metavar="NAME",
                    help="study name (default: <graph>-<workload key[:12]>-<device>)")
-    p.add_argument("--sampler", default="tpe", choices=("tpe", "gp", "cmaes", "random", "grid"))
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+    p.add_argument("--sampler", default="tpe", choices=("tpe", "gp", "cmaes", "random", "grid"),
+                   help="optuna sampler: tpe, gp (Gaussian process), cmaes, random or grid (default: tpe)")
+    p.add_argument("--seed", type=seed, default=None, metavar="S",
+                   help="sampler seed, for a reproducible sequence of trials (default: random)")
+    p.add_argument("--jobs", type=int_at_most(MAX_JOBS), default=os.cpu_count() or 1, metavar="N",
                    help="trials per batch = parallel compiles (default: CPU count)")
-    p.add_argument("--early-stop", type=int, default=None, metavar="K", help="stop after K trials without improvement")
+    p.add_argument("--early-stop", type=int_at_most(MAX_TRIALS), default=None, metavar="K",
+                   help="stop after K trials without improvement")
     p.add_argument("--prune-factor", type=float, default=3.0, metavar="F",
                    help="skip points predicted F x slower than the best measured (default 3)")
     p.add_argument("--no-build", action="store_true", help="emulate backend: do not compile with nvcc")
@@ -191,7 +211,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 def _add_show(sub: Any) -> None:
     p = sub.add_parser("show", help="best schedule per workload and device in a tuning database")
-    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
+    add_db(p, checks.db_read)
     p.set_defaults(func=_cmd_show)
 
 
@@ -208,8 +228,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 def _add_export(sub: Any) -> None:
     p = sub.add_parser("export", help="write a tuning database as one CSV file")
-    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
-    p.add_argument("--csv", required=True, metavar="FILE", help="output CSV")
+    add_db(p, checks.db_read)
+    add_out(p, checks.out_file, "output CSV file", metavar="FILE.csv", required=True, old=("--csv",))
     p.set_defaults(func=_cmd_export)
 
 
@@ -217,35 +237,32 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from stitchtune.tune.database import read_db
 
     df = read_db(args.db)
-    tmp = f"{args.csv}.tmp-{os.getpid()}"
+    tmp = f"{args.out}.tmp-{os.getpid()}"
     try:
         df.to_csv(tmp, index=False)
-        os.replace(tmp, args.csv)
+        os.replace(tmp, args.out)
     except OSError as e:
-        raise StitchtuneError(f"cannot write {ascii(args.csv)}: {e.strerror or e}") from None
+        raise StitchtuneError(f"cannot write {ascii(args.out)}: {e.strerror or e}") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    print(f"wrote {len(df)} rows to {args.csv}")
+    print(f"wrote {len(df)} rows to {args.out}")
     return 0
 
 
 # ---------------------------------------------------------------------------- tune (a whole model)
 def _add_tune(sub: Any) -> None:
     p = sub.add_parser("tune", help="tune every region torch.compile(backend='stitchtune') stitches in a model")
-    p.add_argument("callable", metavar="MODULE:CALLABLE",
-                   help="path/to/file.py:NAME or dotted.module:NAME (a function, nn.Module, or nn.Module class)")
-    p.add_argument("--shapes", required=True, help="example shapes per argument, e.g. x=8x512x1024")
-    p.add_argument("--dtype", default=None,
-                   help="float32|float16|bfloat16|int64 for all inputs, or per input: x=bfloat16,ids=int64 "
-                        "(int64 inputs are zeros and ones, e.g. token ids)")
-    p.add_argument("--trials", type=int, default=64, metavar="N",
+    add_callable(p, "x=8x512x1024",
+                 "float32|float16|bfloat16|int64 for all inputs, or per input: x=bfloat16,ids=int64 "
+                 "(int64 inputs are zeros and ones, e.g. token ids)")
+    p.add_argument("--trials", type=int_at_most(MAX_TRIALS), default=64, metavar="N",
                    help="total trials, split over the regions by predicted share (default 64)")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),
                    help="auto: cuda when cuda-python finds a GPU, else emulate (estimated times)")
-    p.add_argument("--device", default=None, metavar="NAME", help="device preset (default: the GPU, else h200)")
-    p.add_argument("--db", default=default_db(), metavar="DIR", help=f"tuning database (default: {DB_HELP})")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+    add_device(p)
+    add_db(p, checks.db_write)
+    p.add_argument("--jobs", type=int_at_most(MAX_JOBS), default=os.cpu_count() or 1, metavar="N",
                    help="trials per batch = parallel compiles (default: CPU count)")
     p.add_argument("--no-build", action="store_true", help="emulate backend: do not compile with nvcc")
     p.add_argument("--train", action="store_true",
@@ -291,15 +308,16 @@ def _tune_inputs(fn: Any, shapes: dict[str, tuple[int, ...]], dtype_text: str | 
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from stitchtune.deploy.model_tuning import tune_model
     from stitchtune.importers.builder import parse_shapes
     from stitchtune.importers.torch_import import load_callable
-    from stitchtune.tune.config import resolve_backend
 
     if args.trials < 1:
         raise StitchtuneError(f"--trials must be >= 1 (got {args.trials})")
     shapes = parse_shapes(args.shapes)
     fn, _label = load_callable(args.callable)
+    from stitchtune.deploy.model_tuning import tune_model
+    from stitchtune.tune.config import resolve_backend
+
     if args.train and hasattr(fn, "train"):
         fn.train()
     inputs = _tune_inputs(fn, shapes, args.dtype)

@@ -126,6 +126,14 @@ class CompiledGraph:
     cubin: bytes | None = field(default=None, repr=False, compare=False)
     _state: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
+    def __repr__(self) -> str:
+        """One line (the generated dataclass repr held the whole IR, source and manifest: ~150 KB)."""
+        m = self.manifest
+        kernels = len(m.get("kernels", ()))
+        return (f"<CompiledGraph {self.graph.name} on {m.get('device_key')}: schedule {m.get('schedule_key')} "
+                f"({self.source}), {kernels} kernel{'s' if kernels != 1 else ''}, "
+                f"cubin {'built' if self.cubin is not None else 'not built'}>")
+
     @property
     def schedule(self) -> Any:
         return self.choice.schedule

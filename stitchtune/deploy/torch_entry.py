@@ -89,6 +89,12 @@ class StitchedFunction:
     method: str = "export"
     _state: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
+    def __repr__(self) -> str:
+        """One line: the arguments, how it runs, and the compiled graph's own one-line repr."""
+        where = "CPU emulator" if self.emulate else "CUDA"
+        return (f"<StitchedFunction ({', '.join(self.arg_names)}) on {where}, captured with {self.method}, "
+                f"{len(self.params)} captured parameter(s): {self.compiled!r}>")
+
     @property
     def graph(self) -> Any:
         return self.compiled.graph

@@ -302,7 +302,11 @@ def _node_op(rn: dict[str, Any], path: str, p: _Problems) -> OpInfo | None:
     elif not isinstance(op, str):
         p.add(f"{path}.op", f"must be a string, got {_type_name(op)}")
     elif op not in OPS:
-        p.add(f"{path}.op", f"unknown op {_show(op)}")
+        import difflib
+
+        near = difflib.get_close_matches(op[:64], list(OPS), n=3)
+        hint = f" (did you mean {' or '.join(map(repr, near))}?)" if near else ""
+        p.add(f"{path}.op", f"unknown op {_show(op)}{hint}")
     else:
         return OPS[op]
     return None

@@ -90,9 +90,9 @@ def load_callable(spec: str) -> tuple[Any, str]:
     """``"path/to/file.py:NAME"`` or ``"dotted.module:NAME"`` -> (object, display name).
 
     ``NAME`` may be dotted (attribute path). An ``nn.Module`` subclass is instantiated with no
-    arguments. Raises :class:`ImportError_` if the module or attribute cannot be found.
+    arguments. Raises :class:`ImportError_` if the module or attribute cannot be found (torch is imported
+    after the module, so a misspelt name is reported without waiting for it).
     """
-    _require_torch()
     mod_part, colon, attr = spec.rpartition(":")
     if not colon or not mod_part or not attr:
         raise ImportError_(f"{spec!a} is not MODULE:CALLABLE (a .py path or dotted module, then ':' and a name)")
@@ -112,8 +112,16 @@ def load_callable(spec: str) -> tuple[Any, str]:
             module = importlib.import_module(mod_part)
     except ImportError_:
         raise
-    except Exception as e:  # user code failed to import: a user error, reported in one line
+    except ModuleNotFoundError as e:
+        if e.name == "torch":
+            _require_torch()
+        if e.name and mod_part.startswith(e.name):  # the module named, not one it imports
+            raise ImportError_(f"no module named {e.name!a} (MODULE is a .py path or an importable dotted "
+                               "module)") from None
+        raise ImportError_(f"importing {mod_part!a} failed: {e}") from e
+    except Exception as e:  # the user's code failed to import: a user error, reported in one line
         raise ImportError_(f"importing {mod_part!a} failed: {type(e).__name__}: {e}") from e
+    _require_torch()
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):

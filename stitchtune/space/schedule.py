@@ -139,8 +139,10 @@ class Schedule:
                        min_blocks=int(d.get("min_blocks", 0)),
                        schemes=tuple(str(s) for s in d.get("schemes", ())),
                        reuse=tuple(str(r) for r in d.get("reuse", ())), table=table, **named)
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            raise ScheduleError(f"malformed schedule: {exc!r}") from None
+        except KeyError as exc:
+            raise ScheduleError(f"malformed schedule: missing key {exc.args[0]!a}") from None
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ScheduleError(f"malformed schedule: {ascii(str(exc))[1:-1]}") from None
 
     def to_json(self) -> str:
         """Canonical JSON of :meth:`to_dict` (sorted keys, no spaces)."""

@@ -151,7 +151,8 @@ def make_storage(url: str | None, db_path: str) -> Any:
             if "duplicate key" not in str(exc) and "already exists" not in str(exc):
                 break
             time.sleep(0.1 + 0.2 * attempt)
-    first = str(last).strip().splitlines()[0] if str(last).strip() else type(last).__name__
+    first = str(last).strip().splitlines()[0] if str(last).strip() else "the driver gave no reason"
+    first = re.sub(r"^\([\w.]+\)\s*", "", first)  # sqlalchemy's "(sqlite3.OperationalError) " prefix
     raise DatabaseError(f"cannot open optuna storage {describe_storage(url, db_path)}: {first}") from last
 
 

@@ -4,7 +4,8 @@ Contract
 --------
 * :func:`format_summary(result)` turns a :class:`~stitchtune.tune.result.SearchResult` into the end-of-search
   table; every time is labelled ``(estimated)`` when the result is (emulate backend).
-* :func:`format_best_table(df)`: best row per workload, device and backend, ``estimated``/``measured``.
+* :func:`format_best_table(df)`: best row per workload, device and backend; the time is in a column
+  ``measured_us`` or ``estimated_us`` (emulate backend: the cost model's prediction), whichever applies.
 * :func:`json_safe(row)`: a row with only JSON-serialisable values.
 * Pure functions of their arguments; :mod:`stitchtune.tune.search` re-exports them.
 """
@@ -28,8 +29,8 @@ def format_summary(res: SearchResult) -> str:
     """The end-of-search table, as text (the CLI prints it)."""
     est = " (estimated)" if res.estimated else ""
     lines = [f"study {res.study_name} on {res.device_key}, backend {res.backend}{est}, storage {res.storage}",
-             (f"database {res.db_path}; {res.trials_run} trial(s) this run ({res.reused} reused from the "
-              f"database or other workers), stopped: {res.stopped}, {res.elapsed_s:.1f} s")]
+             (f"database {res.db_path}; {res.trials_run} trial(s) this run ({res.reused} reused: schedules "
+              f"already tried, told from their earlier result), stopped: {res.stopped}, {res.elapsed_s:.1f} s")]
     rows: list[tuple[str, str]] = []
     if res.best is not None:
         sched = res.best.get("schedule_json") or ""
@@ -59,13 +60,19 @@ def format_best_table(df: Any) -> str:
     """``stitchtune show``: best row per workload, device and backend, as a text table."""
     if df is None or len(df) == 0:
         return "no successful trials in this database"
-    cols = [c for c in ("graph_name", "workload_key", "device_key", "backend", "measured_us", "estimated",
+    cols = [c for c in ("graph_name", "workload_key", "device_key", "backend", "measured_us",
                         "schedule_key", "study", "trial_number") if c in df.columns]
     view = df[cols].copy()
     if "workload_key" in view.columns:
         view["workload_key"] = view["workload_key"].astype(str).str[:12]
-    if "estimated" in view.columns:
-        view["estimated"] = view["estimated"].map(lambda e: "estimated" if bool(e) else "measured")
+    if "measured_us" in view.columns:  # one column per kind of time, named for it ("-": the other kind)
+        est = (df["estimated"].fillna(False).astype(bool) if "estimated" in df.columns
+               else view["measured_us"].map(lambda _: False))
+        times = view.pop("measured_us").map(lambda t: f"{float(t):.3f}")
+        at = cols.index("measured_us")
+        for name, mask in (("estimated_us", est), ("measured_us", ~est)):
+            if mask.any():
+                view.insert(at, name, times.where(mask, "-"))
     return view.to_string(index=False)
 
 

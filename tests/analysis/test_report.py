@@ -104,7 +104,7 @@ def test_cli_report_user_errors_exit_2(tmp_path, capsys):
     assert main(["report", "--db", str(tmp_path), "-o", str(tmp_path / "o")]) == 2  # exists, no trials
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("stitchtune: error: ") for line in err)
-    assert "does not exist" in err[0] and "no trials" in err[1]
+    assert "no such tuning database directory" in err[0] and "no trials" in err[1]
 
 
 def test_bad_bench_csv_is_a_user_error(demo_db, tmp_path, capsys):
@@ -273,6 +273,38 @@ def test_speedup_over_peers_figure(tmp_path):
     assert heights == [1.0, 2.0, 4.0]                     # the unchecked jax row on b is left out
     assert "measured" in fig.get_suptitle()
     assert "no benchmark" in _texts(report.figure_speedup_over_peers(None))
+
+
+def test_a_second_bench_run_is_the_same_device_and_its_own_baseline(tmp_path, demo_db):
+    """``bench_h200_inductor_max.csv`` next to ``bench_h200.csv`` is another run on the h200 (not a device
+    named "h200_inductor_max"); each peer is compared with the stitchtune row of its own run; the axis is
+    logarithmic and the closest peer comes first, each named in full."""
+    main_run, second = tmp_path / "bench_h200.csv", tmp_path / "bench_h200_inductor_max.csv"
+    pd.DataFrame([
+        {"workload": "a", "system": "stitchtune", "median_us": 10.0},
+        {"workload": "a", "system": "torch_eager", "median_us": 130.0},
+        {"workload": "a", "system": "jax_jit", "median_us": 11.0},
+    ]).to_csv(main_run, index=False)
+    pd.DataFrame([
+        {"workload": "a", "system": "stitchtune", "median_us": 12.0},
+        {"workload": "a", "system": "torch_compile_max_autotune_no_cudagraphs", "median_us": 9.0},
+    ]).to_csv(second, index=False)
+    bench = report.read_bench([main_run, second])
+    assert set(bench["device"]) == {"h200"} and set(bench["run"]) == {"h200", "h200_inductor_max"}
+    sp = report.peer_speedups(bench)
+    assert list(sp.index) == ["a"]                                 # no "a @ h200_inductor_max"
+    assert sp.loc["a", "torch_compile_max_autotune_no_cudagraphs"] == pytest.approx(9.0 / 12.0)
+    assert sp.loc["a", "torch_eager"] == pytest.approx(13.0)
+    fig = report.figure_speedup_over_peers(bench)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[0].startswith("vs torch.compile max-autotune (no CUDA graphs) (geomean 0.75×")
+    assert labels[-1].startswith("vs PyTorch eager (geomean 13.00×")
+    fig.savefig(tmp_path / "speedup.png")
+    d = report.prepare(read_db(demo_db))
+    md = report._markdown(d, report.floors(d, bench, None, {}), bench, [])   # report.md without the figures
+    assert r"| h200 (run h200\_inductor\_max) |" in md and r"| h200\_inductor\_max |" not in md
 
 
 def test_floor_prefers_the_bench_csv_of_the_same_device(tmp_path):

@@ -26,10 +26,8 @@ import json
 import os
 import random
 import re
-import signal
 import stat
 import sys
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -49,7 +47,7 @@ from stitchtune.graph.parse import (
 )
 from stitchtune.graph.ops import OPS
 
-from helpers import hostile_names, json_values, malformed_graph
+from helpers import hostile_names, json_values, malformed_graph, time_limit
 
 pytestmark = pytest.mark.slow
 
@@ -110,24 +108,6 @@ def argv_for(command: str, graph: str, work: Path) -> list[str]:
         if flag in opts and not (flag == "--out" and "-o" in opts):
             argv += [flag] if value is None else [flag, value]
     return argv
-
-
-class Hang(Exception):
-    """A CLI call ran past CALL_LIMIT_S."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
-    def boom(signum: int, frame: Any) -> None:
-        raise Hang(f"no answer after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def call(argv: list[str]) -> tuple[int, str, str]:
@@ -373,7 +353,7 @@ def test_missing_and_unreadable_graph_files(work: Path) -> None:
         for command in EXAMPLES:
             for p in (missing, work):
                 rc, out, err = call(argv_for(command, str(p), work))
-                assert_named_refusal(rc, out, err, ("cannot read", "No such file", "directory"), (str(missing),))
+                assert_named_refusal(rc, out, err, ("cannot read", "No such file", "does not exist", "directory"), (str(missing),))
             if os.geteuid() != 0:  # root reads anything
                 rc, out, err = call(argv_for(command, str(unreadable), work))
                 assert_named_refusal(rc, out, err, ("cannot read",), ())
@@ -672,7 +652,10 @@ def test_graph_larger_than_host_memory_is_refused_with_numbers(work: Path, monke
     path.write_text(json.dumps(d))
     need = ref.reference_bytes(load_graph(path))
     assert need == 4096 * 4096 * (4 + 8 + 8)
-    for argv in (argv_for("run", str(path), work), argv_for("search", str(path), work)):
+    search = argv_for("search", str(path), work)
+    search[search.index("--db") + 1] = str(work / "host-db")
+    for argv in (argv_for("run", str(path), work), search):
         rc, out, err = call(argv)
         assert_named_refusal(rc, out, err, ("too large for this host",), (), where=False)
         assert str(need) in err and str(64 * 2**20) in err
+    assert not (work / "host-db").exists()   # refused before the study storage (optuna.journal) was made

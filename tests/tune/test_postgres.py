@@ -43,6 +43,7 @@ def _run_workers(tmp_path: Path, n: int, trials: int, storage: str | None, study
     env[LOG_ENV] = str(log)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     procs = []
+    (tmp_path / "fake.json").write_text("{}")  # the CLI checks its GRAPH is a file; the fakes never read it
     for i in range(n):
         argv = ["search", "fake.json", "--db", str(db), "--study", study, "--trials", str(trials), "--jobs", "2",
                 "--sampler", "random", "--seed", str(i), "--backend", "emulate", "--no-progress"]

@@ -204,9 +204,13 @@ def test_json_rows_roundtrip(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ CLI
-def _use_fakes(monkeypatch, runner=None):
+def _use_fakes(monkeypatch, cwd, runner=None):
+    """Fake stages for the CLI's search, run in ``cwd`` where a ``fake.json`` exists (the CLI checks that
+    its GRAPH is a readable file before the search; the fakes never read it)."""
     import stitchtune.tune.search as search_mod
 
+    monkeypatch.chdir(cwd)
+    (cwd / "fake.json").write_text("{}")
     comp = fake_components(runner)
     monkeypatch.setattr(search_mod, "default_components", lambda: comp)
     return comp
@@ -218,7 +222,7 @@ def test_cli_search_show_export(tmp_path, monkeypatch, capsys):
     from stitchtune.cli import main
 
     runner = FakeRunner()
-    _use_fakes(monkeypatch, runner)
+    _use_fakes(monkeypatch, tmp_path, runner)
     db = str(tmp_path / "db")
     argv = ["search", "fake.json", "--db", db, "--trials", "6", "--backend", "auto", "--sampler", "random",
             "--seed", "2", "--jobs", "3", "--no-progress"]
@@ -242,7 +246,7 @@ def test_cli_search_show_export(tmp_path, monkeypatch, capsys):
 def test_cli_user_errors_exit_2(tmp_path, monkeypatch, capsys):
     from stitchtune.cli import main
 
-    _use_fakes(monkeypatch)
+    _use_fakes(monkeypatch, tmp_path)
     assert main(["search", "fake.json", "--db", str(tmp_path), "--trials", "0", "--jobs", "0",
                  "--backend", "emulate"]) == 2
     err = capsys.readouterr().err

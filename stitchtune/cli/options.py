@@ -1,0 +1,129 @@
+"""The CLI's parser class and the options several subcommands share, spelled one way everywhere.
+
+Contract
+--------
+* :class:`Parser` is the ``argparse.ArgumentParser`` of every (sub)command: a subcommand's one-line
+  ``help`` is also its ``description`` (shown by ``stitchtune COMMAND --help``), and an option's
+  old spellings kept for scripts (:func:`hidden_alias`) are accepted but not shown in help.
+* :func:`add_graph`, :func:`add_db`, :func:`add_out`, :func:`add_device` and :func:`add_callable` add
+  the shared arguments (``GRAPH``, ``--db DIR``, ``-o/--out``, ``--device NAME``, ``MODULE:CALLABLE`` with
+  ``--shapes`` and ``--dtype``) with the same names, metavars and help in
+  every command, and declare their path checks (:mod:`stitchtune.cli.checks`).
+* :func:`seed` is the ``type=`` of every random seed (0 .. 2**32 - 1); :func:`int_at_most` is the
+  ``type=`` of a count whose huge values can only be typos (a 40-digit
+  ``--trials`` would run until interrupted): over the bound is a usage error, exit 2. Lower bounds stay
+  with the code that uses the value.
+* Imports nothing heavy (the parser is built on every call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from stitchtune.cli import checks
+from stitchtune.tune.dbpath import DB_HELP, default_db
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Leaves an action's hidden aliases (``action.hidden_aliases``) out of the help."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        hidden = getattr(action, "hidden_aliases", ())
+        if hidden:
+            action = copy.copy(action)
+            action.option_strings = [s for s in action.option_strings if s not in hidden]
+        return super()._format_action_invocation(action)
+
+
+class _SubParsers(argparse._SubParsersAction):  # the documented hook: parser.register("action", "parsers", ...)
+    def add_parser(self, name: str, **kwargs: Any) -> Any:
+        if "help" in kwargs:
+            kwargs.setdefault("description", kwargs["help"][:1].upper() + kwargs["help"][1:] + ".")
+        return super().add_parser(name, **kwargs)
+
+
+class Parser(argparse.ArgumentParser):
+    """ArgumentParser with :class:`HelpFormatter`; its subcommands get their help as description."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _SubParsers)
+
+
+def hidden_alias(action: argparse.Action, *aliases: str) -> argparse.Action:
+    """Mark ``aliases`` (already among ``action.option_strings``) as old spellings: accepted, not shown."""
+    action.hidden_aliases = aliases  # type: ignore[attr-defined]
+    return action
+
+
+def add_graph(p: argparse.ArgumentParser, nargs: str | None = None) -> argparse.Action:
+    """The positional ``GRAPH`` (a graph.json file; ``nargs="+"`` for several)."""
+    a = p.add_argument("graph" if nargs is None else "graphs", nargs=nargs, metavar="GRAPH",
+                       help="graph.json file" if nargs is None else "graph.json files")
+    return checks.checked(p, a, checks.in_file)
+
+
+_DB_KIND_HELP: dict[checks.Kind, str] = {checks.db_read: "tuning database to read",
+                 checks.db_maybe: "tuning database to choose schedules from; without one, the heuristic schedule",
+                 checks.db_update: "tuning database to read and save the fit into",
+                 checks.db_write: "tuning database the results are appended to, created when missing"}
+
+
+def add_db(p: argparse.ArgumentParser, kind: checks.Kind, help: str | None = None) -> argparse.Action:
+    """``--db DIR`` (default ``$STITCHTUNE_DB``, else ``./tuning-db``), checked as ``kind``."""
+    a = p.add_argument("--db", default=default_db(), metavar="DIR",
+                       help=f"{help or _DB_KIND_HELP[kind]} (default: {DB_HELP})")
+    return checks.checked(p, a, kind)
+
+
+def add_out(p: argparse.ArgumentParser, kind: checks.Kind, help: str, *, metavar: str,
+            required: bool = False, default: str | None = None, old: tuple[str, ...] = ()) -> argparse.Action:
+    """``-o/--out`` (plus hidden old spellings ``old``), checked as ``kind`` (out_file or out_dir)."""
+    a = p.add_argument("-o", "--out", *old, dest="out", required=required, default=default, metavar=metavar,
+                       help=help)
+    hidden_alias(a, *old)
+    return checks.checked(p, a, kind)
+
+
+def add_callable(p: argparse.ArgumentParser, shapes_example: str, dtype_help: str) -> None:
+    """``MODULE:CALLABLE``, ``--shapes`` and ``--dtype`` (``import torch``, ``tune``)."""
+    p.add_argument("callable", metavar="MODULE:CALLABLE",
+                   help="path/to/file.py:NAME or dotted.module:NAME (a function, nn.Module, or nn.Module class)")
+    p.add_argument("--shapes", required=True, metavar="NAME=DIMS,...",
+                   help=f"example shapes per argument, e.g. {shapes_example}")
+    p.add_argument("--dtype", default=None, metavar="DTYPE", help=dtype_help)
+
+
+def add_device(p: argparse.ArgumentParser, help: str = "device preset (default: the local GPU, else h200)") -> None:
+    """``--device NAME``."""
+    p.add_argument("--device", default=None, metavar="NAME", help=help)
+
+
+#: upper bounds of the CLI's counts (far above any real use)
+MAX_TRIALS = 1_000_000
+MAX_JOBS = 4096
+MAX_SAMPLES = 1_000_000
+
+
+def int_at_most(hi: int, lo: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: an integer <= ``hi`` (and >= ``lo`` when given)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:  # also over Python's digit limit
+            raise argparse.ArgumentTypeError(f"not an integer: {text[:40]!a}") from None
+        if value > hi or (lo is not None and value < lo):
+            bound = f"at most {hi}" if lo is None else f"from {lo} to {hi}"
+            raise argparse.ArgumentTypeError(f"{bound} (got {text[:40]})")
+        return value
+
+    parse.__name__ = "integer"   # argparse names the type in its messages
+    return parse
+
+
+#: a random seed (numpy's and optuna's samplers take 0 .. 2**32 - 1)
+seed = int_at_most(2**32 - 1, lo=0)
