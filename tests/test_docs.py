@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CLI_MD = ROOT / "docs" / "cli.md"
 README_MAX_LINES = 260
 # pages the docs index links to that are written on another branch: tolerated only while missing here
-ARRIVING = {"docs/launch-path.md"}
 
 
 def _doc_files() -> list[Path]:
@@ -117,8 +116,6 @@ def test_doc_links_and_paths_exist(doc: Path) -> None:
         file_part, _, anchor = target.partition("#")
         dest = (doc.parent / file_part).resolve() if file_part else doc
         if not dest.exists():
-            if dest.is_relative_to(ROOT) and str(dest.relative_to(ROOT)) in ARRIVING:
-                continue
             problems.append(f"link to a missing file: {target}")
         elif not dest.is_relative_to(ROOT):
             problems.append(f"link outside the repository: {target}")
