@@ -11,10 +11,10 @@ Contract
   ``train`` (``model.train()``, forward and backward of one step). The graphs differ, so their
   regions are different workloads: a record tuned for one is never used for another.
   :data:`DEFAULT_CALLS` (``inference``, ``eval-grad``) are tuned unless the caller says otherwise.
-* :func:`capture_regions(model, example_inputs, call)` captures ``model`` as the backend does in that
+* :func:`capture_graphs(model, example_inputs, call)` captures ``model`` as the backend does in that
   call pattern (``torch.compile`` + AOTAutograd with the backend's decompositions; an ``nn.Module``
   is put in the pattern's train/eval mode and restored after; ``train`` differentiates the float
-  outputs' sum) and returns the regions of every graph
+  outputs' sum) and returns its ATen graphs; :func:`capture_regions` the regions of every graph
   (:func:`~stitchtune.importers.torch_regions.find_regions`, the planner as the judge).
 * :func:`model_workloads(model, example_inputs, device, calls)` de-duplicates the regions of all
   ``calls`` by workload (same ``Graph.workload_key()``: e.g. the same layer norm in every layer, or
@@ -153,31 +153,43 @@ def differentiate(out: Any) -> None:
         sum(t.float().sum() for t in leaves).backward()
 
 
-def capture_regions(model: Any, example_inputs: Sequence[Any], call: str = "inference") -> list[Any]:
-    """Every :class:`~stitchtune.importers.torch_regions.TorchRegion` the backend would find in
-    ``model`` at ``example_inputs`` called as ``call`` (a :data:`CALL_PATTERNS` name), in graph order."""
+def capture_graphs(model: Any, example_inputs: Sequence[Any], call: str = "inference") -> list[tuple[str, Any]]:
+    """The ATen graphs AOTAutograd hands the backend when ``model`` is called on ``example_inputs`` as
+    ``call`` (a :data:`CALL_PATTERNS` name), in compile order: ``(kind, GraphModule)`` with kind
+    ``"inference"``, ``"forward"`` or ``"backward"`` (the backend's decompositions applied)."""
     import torch
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
     from stitchtune.deploy.torch_backend import _decompositions
-    from stitchtune.importers.torch_regions import find_regions
 
-    found: list[Any] = []
+    found: list[tuple[str, Any]] = []
 
-    def collect(gm: Any, _inputs: Any) -> Any:
-        found.extend(find_regions(gm).regions)
-        return make_boxed_func(gm.forward)
+    def collector(kind: str) -> Callable[[Any, Any], Any]:
+        def collect(gm: Any, _inputs: Any) -> Any:
+            found.append((kind, gm))
+            return make_boxed_func(gm.forward)
+
+        return collect
 
     torch._dynamo.reset()
     try:
-        compiled = torch.compile(model, backend=aot_autograd(fw_compiler=collect, bw_compiler=collect,
-                                                             inference_compiler=collect,
+        compiled = torch.compile(model, backend=aot_autograd(fw_compiler=collector("forward"),
+                                                             bw_compiler=collector("backward"),
+                                                             inference_compiler=collector("inference"),
                                                              decompositions=_decompositions()))
         run_call(compiled, model, example_inputs, CALL_PATTERNS[call])
     finally:
         torch._dynamo.reset()
     return found
+
+
+def capture_regions(model: Any, example_inputs: Sequence[Any], call: str = "inference") -> list[Any]:
+    """Every :class:`~stitchtune.importers.torch_regions.TorchRegion` the backend would find in
+    ``model`` at ``example_inputs`` called as ``call`` (a :data:`CALL_PATTERNS` name), in graph order."""
+    from stitchtune.importers.torch_regions import find_regions
+
+    return [r for _, gm in capture_graphs(model, example_inputs, call) for r in find_regions(gm).regions]
 
 
 def _tensors(out: Any) -> list[Any]:

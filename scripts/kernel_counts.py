@@ -1,0 +1,268 @@
+"""Kernels per step: ``torch.compile(backend="stitchtune")`` against Inductor alone, and the ideal.
+
+    PYTHONPATH=$PWD python scripts/kernel_counts.py [--models bert,gpt2,llama,vit,convnext,resnet]
+                                                    [--modes inference,train] [--json OUT] [--markdown]
+
+Each model is built from a transformers config by ``scripts/model_coverage.py`` (2 layers, small
+hidden sizes, random weights, batch 1, sequence 8 or 32x32 images; nothing is downloaded) and called
+as :data:`stitchtune.deploy.model_tuning.CALL_PATTERNS` says: ``inference`` (eval, under no_grad: the
+inference graph), ``train`` (train mode, forward and backward of the output's sum). Three counts
+per model and mode, all on this machine's CPU:
+
+* ``inductor`` -- the kernels Inductor generates for the whole step: the nodes its scheduler hands to
+  code generation after fusion, less extern calls (matmuls, convolutions: a library's kernels, in
+  neither column) and no-ops. Each is one loop nest, one kernel on a GPU; Inductor's CPU code
+  generator then packs the loop nests between two extern calls into one ``cpp_fused_*`` C++ function
+  (those are counted too, as ``cpp_functions``, but are not kernels in the GPU sense). Horizontal
+  fusion is what Inductor's CPU scheduler allows (``cpp.max_horizontal_fusion_size``, default 16).
+* ``backend`` -- with the stitchtune backend: the stitched regions' kernels (launches of their programs;
+  one per region unless a combine needs a second kernel) plus the kernels Inductor generates for the
+  rest of the graphs (counted as above). Regions run through the float64 reference here
+  (``cpu="reference"``): only compilation matters, and no database is read (heuristic schedules).
+* ``ideal`` -- one kernel per maximal memory-intensive region between compute ops in the ATen graphs
+  the backend receives: nodes that are not compute ops (``COMPUTE_OPS`` of the torch importer, plus
+  convolution backward) and not free views are joined along data edges (through views) when no
+  compute op lies between them (same *stage*, the number of compute ops on the longest path from the
+  graph's inputs), so each region is convex; what cannot be fused in theory (a compute op) is the only
+  cut.
+
+Inductor's CPU code generator fuses differently from its Triton one, so ``inductor`` here is a CPU
+figure; ``backend/inductor`` is the ratio the issue's goal is stated in. A model or mode that fails
+is a row with its reason; exit 0 when the script ran, 2 (one line on stderr) for bad options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import logging
+import operator
+import re
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+MODELS = ("bert", "gpt2", "llama", "vit", "convnext", "resnet")
+MODES = ("inference", "train")
+_KERNEL_DEF = re.compile(r"async_compile\.(?:cpp_pybinding|cpp|triton)\(")
+#: compute ops of backward graphs, besides the torch importer's COMPUTE_OPS
+_BACKWARD_COMPUTE = frozenset({"aten.convolution_backward", "aten._scaled_dot_product_flash_attention_backward",
+                               "aten._scaled_dot_product_efficient_attention_backward",
+                               "aten._scaled_dot_product_flash_attention_for_cpu_backward"})
+#: ops that return several views of their input
+_MULTI_VIEWS = frozenset({"aten.split", "aten.split_with_sizes", "aten.unbind", "aten.chunk", "aten.as_strided"})
+
+
+def _model_builder() -> Callable[[str], tuple[Any, tuple[Any, ...], list[str]]]:
+    """``scripts/model_coverage.py``'s ``build_model`` (the same small models)."""
+    spec = importlib.util.spec_from_file_location("model_coverage", Path(__file__).with_name("model_coverage.py"))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.build_model
+
+
+# ---------------------------------------------------------------------------- counting
+def generated_functions(codes: Sequence[str]) -> int:
+    """Kernel definitions in Inductor's output code (one per generated C++ function or Triton kernel)."""
+    return sum(len(_KERNEL_DEF.findall(c)) for c in codes)
+
+
+@contextlib.contextmanager
+def scheduled_kernels() -> Iterator[list[int]]:
+    """Counts, per graph Inductor generates code for, the scheduler's nodes after fusion that become
+    generated kernels (not extern calls, not no-ops)."""
+    from torch._inductor import scheduler as sched
+
+    counts: list[int] = []
+    original = sched.Scheduler._codegen
+
+    def counting(self: Any, nodes: list[Any]) -> Any:
+        counts.append(sum(1 for n in nodes if not isinstance(n, (sched.ExternKernelSchedulerNode,
+                                                                  sched.NopKernelSchedulerNode))))
+        return original(self, nodes)
+
+    sched.Scheduler._codegen = counting
+    try:
+        yield counts
+    finally:
+        sched.Scheduler._codegen = original
+
+
+def ideal_regions(gm: Any) -> int:
+    """Maximal convex memory-intensive regions of an ATen graph (see module docstring)."""
+    import torch
+
+    from stitchtune.importers.torch_candidates import COMPUTE_OPS
+    from stitchtune.importers.torch_fx_util import _key
+    from stitchtune.importers.torch_subgraph import _is_view
+
+    stage: dict[Any, int] = {}
+    root: dict[Any, Any] = {}        # a free view -> the node whose value it views
+    kind: dict[Any, str] = {}        # "compute" | "memory"
+    parent: dict[Any, Any] = {}
+
+    def find(n: Any) -> Any:
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            stage[n] = 0
+            continue
+        ins: list[Any] = []
+        torch.fx.node.map_arg((n.args, n.kwargs), lambda a: ins.append(a) or a)
+        ins = [root.get(a, a) for a in ins]
+        after = [stage.get(a, 0) + (kind.get(a) == "compute") for a in ins]
+        stage[n] = max(after, default=0)
+        val = n.meta.get("val")
+        if n.target is operator.getitem:
+            root[n] = ins[0]   # a field of a multi-output node: that node's value
+        elif _key(n.target) in COMPUTE_OPS or _key(n.target) in _BACKWARD_COMPUTE:
+            kind[n] = "compute"
+        elif _is_view(n) or _key(n.target) in _MULTI_VIEWS or not any(isinstance(v, torch.Tensor) for v in (val if isinstance(val, (tuple, list)) else [val])):
+            if ins:   # a view, a list of views (split) or a size: what it reads
+                root[n] = ins[0]
+        else:
+            kind[n] = "memory"
+            parent[n] = n
+            for a in ins:
+                if kind.get(a) == "memory" and stage[a] == stage[n]:
+                    parent[find(a)] = find(n)
+    return len({find(n) for n, k in kind.items() if k == "memory"})
+
+
+# ---------------------------------------------------------------------------- one model, one mode
+def _fresh_inductor() -> None:
+    import torch
+    import torch._inductor.config as icfg
+
+    torch._dynamo.reset()
+    icfg.fx_graph_cache = False       # every graph is generated again, never loaded from the cache
+    if hasattr(icfg, "autotune_local_cache"):
+        icfg.autotune_local_cache = False
+
+
+def count_step(model: Any, args: Sequence[Any], mode: str) -> dict[str, Any]:
+    """{"inductor", "backend", "stitched", "rest", "ideal", "graphs"} for one step of ``model``."""
+    import torch
+    from torch._inductor.utils import run_and_get_code
+
+    from stitchtune.deploy import torch_backend
+    from stitchtune.deploy.model_tuning import CALL_PATTERNS, capture_graphs, run_call
+
+    call = CALL_PATTERNS[mode]
+
+    def step(backend: Any) -> tuple[int, int]:
+        _fresh_inductor()
+        compiled = torch.compile(model, backend=backend)
+        with scheduled_kernels() as counts:
+            _, codes = run_and_get_code(lambda: run_call(compiled, model, args, call))
+        model.zero_grad(set_to_none=True)
+        return sum(counts), generated_functions(codes)
+
+    inductor, inductor_functions = step("inductor")
+    torch_backend.LAST_REPORTS.clear()
+
+    def stitchtune(gm: Any, example_inputs: Any) -> Any:
+        return torch_backend.stitchtune_backend(gm, example_inputs, options={"db": None, "cpu": "reference"})
+
+    rest, rest_functions = step(stitchtune)
+    reports = list(torch_backend.LAST_REPORTS)
+    stitched = sum(s.kernels for r in reports for s in r.stitched)
+    graphs = capture_graphs(model, args, mode)
+    model.zero_grad(set_to_none=True)
+    ideal = sum(ideal_regions(gm) for _, gm in graphs)
+    return {"inductor": inductor, "backend": stitched + rest, "stitched": stitched, "rest": rest,
+            "regions": sum(len(r.stitched) for r in reports), "ideal": ideal,
+            "cpp_functions": {"inductor": inductor_functions, "rest": rest_functions},
+            "graphs": [k for k, _ in graphs]}
+
+
+def run(models: Sequence[str], modes: Sequence[str], say: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
+    """One row per model and mode (a failure is a row with its reason)."""
+    build = _model_builder()
+    rows = []
+    for name in models:
+        for mode in modes:
+            t0 = time.time()
+            row: dict[str, Any] = {"model": name, "mode": mode}
+            try:
+                model, args, _names = build(name)
+                row.update(count_step(model, args, mode), status="ran")
+            except Exception as exc:  # noqa: BLE001 - a row with its reason, never an exception
+                row.update(status="failed", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200])
+            row["seconds"] = round(time.time() - t0, 1)
+            rows.append(row)
+            say(_line(row))
+    return rows
+
+
+# ---------------------------------------------------------------------------- output
+def _ratio(a: int, b: int) -> str:
+    return f"{a / b:.2f}x" if b else "-"
+
+
+def _line(row: dict[str, Any]) -> str:
+    if row["status"] != "ran":
+        return f"{row['model']:<9} {row['mode']:<10} failed: {row['reason']}"
+    return (f"{row['model']:<9} {row['mode']:<10} {row['inductor']:>8} {row['backend']:>8} "
+            f"({row['stitched']} stitched + {row['rest']} Inductor) {_ratio(row['backend'], row['inductor']):>7} "
+            f"{row['ideal']:>6} {_ratio(row['ideal'], row['inductor']):>7}")
+
+
+def markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The table as markdown (one row per model and mode)."""
+    out = ["| model | mode | Inductor alone | backend (stitched + Inductor) | backend / Inductor | ideal | ideal / Inductor |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if r["status"] != "ran":
+            out.append(f"| {r['model']} | {r['mode']} | failed: {r['reason']} | | | | |")
+            continue
+        out.append(f"| {r['model']} | {r['mode']} | {r['inductor']} | {r['backend']} ({r['stitched']} + {r['rest']}) "
+                   f"| {_ratio(r['backend'], r['inductor'])} | {r['ideal']} | {_ratio(r['ideal'], r['inductor'])} |")
+    return out
+
+
+def _parse_list(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    got = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in got if t not in allowed]
+    if bad or not got:
+        raise ValueError(f"--{what} {text!a}: a comma-separated list of {', '.join(allowed)}")
+    return got
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="kernels per step: stitchtune backend vs Inductor alone, and the ideal")
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--json", default=None, metavar="OUT", help="also write the rows as JSON")
+    p.add_argument("--markdown", action="store_true", help="print the table as markdown too")
+    a = p.parse_args(argv)
+    try:
+        models = _parse_list(a.models, MODELS, "models")
+        modes = _parse_list(a.modes, MODES, "modes")
+    except ValueError as e:
+        print(f"kernel_counts: error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.ERROR)
+    warnings.filterwarnings("ignore")
+    print(f"{'model':<9} {'mode':<10} {'inductor':>8} {'backend':>8} {'':<30} {'ratio':>7} {'ideal':>6} {'ratio':>7}",
+          flush=True)
+    rows = run(models, modes, say=lambda s: print(s, flush=True))
+    if a.markdown:
+        print("\n".join(["", *markdown(rows)]))
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
