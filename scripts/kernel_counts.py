@@ -17,8 +17,11 @@ per model and mode, all on this machine's CPU:
   fusion is what Inductor's CPU scheduler allows (``cpp.max_horizontal_fusion_size``, default 16).
 * ``backend`` -- with the stitchtune backend: the stitched regions' kernels (launches of their programs;
   one per region unless a combine needs a second kernel) plus the kernels Inductor generates for the
-  rest of the graphs (counted as above). Regions run through the float64 reference here
-  (``cpu="reference"``): only compilation matters, and no database is read (heuristic schedules).
+  rest of the graphs (counted as above). The backend's own graph compiler (the one
+  ``torch.compile(backend="stitchtune")`` runs) is applied to each graph AOTAutograd hands it
+  (captured by :func:`stitchtune.deploy.model_tuning.capture_graphs`); the step is compiled, not
+  run, and no database is read (heuristic schedules; kernel counts do not depend on the schedule
+  source).
 * ``ideal`` -- one kernel per maximal memory-intensive region between compute ops in the ATen graphs
   the backend receives: nodes that are not compute ops (``COMPUTE_OPS`` of the torch importer, plus
   convolution backward) and not free views are joined along data edges (through views) when no
@@ -169,21 +172,25 @@ def count_step(model: Any, args: Sequence[Any], mode: str) -> dict[str, Any]:
         return sum(counts), generated_functions(codes)
 
     inductor, inductor_functions = step("inductor")
-    torch_backend.LAST_REPORTS.clear()
-
-    def stitchtune(gm: Any, example_inputs: Any) -> Any:
-        return torch_backend.stitchtune_backend(gm, example_inputs, options={"db": None, "cpu": "reference"})
-
-    rest, rest_functions = step(stitchtune)
-    reports = list(torch_backend.LAST_REPORTS)
-    stitched = sum(s.kernels for r in reports for s in r.stitched)
     graphs = capture_graphs(model, args, mode)
     model.zero_grad(set_to_none=True)
-    ideal = sum(ideal_regions(gm) for _, gm in graphs)
+    stitched = regions = rest = rest_functions = 0
+    opts = torch_backend.BackendOptions.from_options({"db": None, "cpu": "reference"})
+    _fresh_inductor()
+    for g in graphs:   # the backend's own graph compiler on each graph AOTAutograd hands it
+        compiler = torch_backend._graph_compiler(opts, None, g.kind)
+        torch_backend.LAST_REPORTS.clear()
+        with scheduled_kernels() as counts:
+            _, codes = run_and_get_code(lambda g=g: compiler(g.module, list(g.example_inputs)))
+        rest += sum(counts)
+        rest_functions += generated_functions(codes)
+        stitched += sum(s.kernels for r in torch_backend.LAST_REPORTS for s in r.stitched)
+        regions += sum(len(r.stitched) for r in torch_backend.LAST_REPORTS)
+    ideal = sum(ideal_regions(g.module) for g in graphs)
     return {"inductor": inductor, "backend": stitched + rest, "stitched": stitched, "rest": rest,
-            "regions": sum(len(r.stitched) for r in reports), "ideal": ideal,
+            "regions": regions, "ideal": ideal,
             "cpp_functions": {"inductor": inductor_functions, "rest": rest_functions},
-            "graphs": [k for k, _ in graphs]}
+            "graphs": [g.kind for g in graphs]}
 
 
 def run(models: Sequence[str], modes: Sequence[str], say: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:

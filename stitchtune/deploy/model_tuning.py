@@ -153,21 +153,31 @@ def differentiate(out: Any) -> None:
         sum(t.float().sum() for t in leaves).backward()
 
 
-def capture_graphs(model: Any, example_inputs: Sequence[Any], call: str = "inference") -> list[tuple[str, Any]]:
+@dataclass(frozen=True)
+class CapturedGraph:
+    """One ATen graph AOTAutograd handed the backend: ``kind`` is ``"inference"``, ``"forward"`` or
+    ``"backward"``; ``example_inputs`` are the (fake) tensors it was compiled for."""
+
+    kind: str
+    module: Any              # torch.fx.GraphModule
+    example_inputs: tuple[Any, ...]
+
+
+def capture_graphs(model: Any, example_inputs: Sequence[Any], call: str = "inference") -> list[CapturedGraph]:
     """The ATen graphs AOTAutograd hands the backend when ``model`` is called on ``example_inputs`` as
-    ``call`` (a :data:`CALL_PATTERNS` name), in compile order: ``(kind, GraphModule)`` with kind
-    ``"inference"``, ``"forward"`` or ``"backward"`` (the backend's decompositions applied)."""
+    ``call`` (a :data:`CALL_PATTERNS` name), in compile order (the backend's decompositions applied;
+    the graphs run eagerly here)."""
     import torch
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
     from stitchtune.deploy.torch_backend import _decompositions
 
-    found: list[tuple[str, Any]] = []
+    found: list[CapturedGraph] = []
 
     def collector(kind: str) -> Callable[[Any, Any], Any]:
-        def collect(gm: Any, _inputs: Any) -> Any:
-            found.append((kind, gm))
+        def collect(gm: Any, inputs: Any) -> Any:
+            found.append(CapturedGraph(kind, gm, tuple(inputs)))
             return make_boxed_func(gm.forward)
 
         return collect
@@ -189,7 +199,7 @@ def capture_regions(model: Any, example_inputs: Sequence[Any], call: str = "infe
     ``model`` at ``example_inputs`` called as ``call`` (a :data:`CALL_PATTERNS` name), in graph order."""
     from stitchtune.importers.torch_regions import find_regions
 
-    return [r for _, gm in capture_graphs(model, example_inputs, call) for r in find_regions(gm).regions]
+    return [r for g in capture_graphs(model, example_inputs, call) for r in find_regions(g.module).regions]
 
 
 def _tensors(out: Any) -> list[Any]:

@@ -38,9 +38,9 @@ def test_ideal_regions_are_convex_and_views_are_free() -> None:
     from stitchtune.deploy.model_tuning import capture_graphs
 
     kc = _script()
-    ((kind, gm),) = capture_graphs(Residual(), (torch.randn(4, 8, 32),), "inference")
-    assert kind == "inference"
-    assert kc.ideal_regions(gm) == 2
+    (g,) = capture_graphs(Residual(), (torch.randn(4, 8, 32),), "inference")
+    assert g.kind == "inference"
+    assert kc.ideal_regions(g.module) == 2
 
 
 @pytest.mark.slow
