@@ -61,13 +61,13 @@ _BACKWARD_COMPUTE = frozenset({"aten.convolution_backward", "aten._scaled_dot_pr
 _MULTI_VIEWS = frozenset({"aten.split", "aten.split_with_sizes", "aten.unbind", "aten.chunk", "aten.as_strided"})
 
 
-def _model_builder() -> Callable[[str], tuple[Any, tuple[Any, ...], list[str]]]:
-    """``scripts/model_coverage.py``'s ``build_model`` (the same small models)."""
+def _coverage() -> Any:
+    """``scripts/model_coverage.py`` (its ``build_model``: the same small models; its list parser)."""
     spec = importlib.util.spec_from_file_location("model_coverage", Path(__file__).with_name("model_coverage.py"))
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.build_model
+    return mod
 
 
 # ---------------------------------------------------------------------------- counting
@@ -195,7 +195,7 @@ def count_step(model: Any, args: Sequence[Any], mode: str) -> dict[str, Any]:
 
 def run(models: Sequence[str], modes: Sequence[str], say: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
     """One row per model and mode (a failure is a row with its reason)."""
-    build = _model_builder()
+    build = _coverage().build_model
     rows = []
     for name in models:
         for mode in modes:
@@ -238,14 +238,6 @@ def markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _parse_list(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    got = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in got if t not in allowed]
-    if bad or not got:
-        raise ValueError(f"--{what} {text!a}: a comma-separated list of {', '.join(allowed)}")
-    return got
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="kernels per step: stitchtune backend vs Inductor alone, and the ideal")
     p.add_argument("--models", default=",".join(MODELS))
@@ -254,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", action="store_true", help="print the table as markdown too")
     a = p.parse_args(argv)
     try:
-        models = _parse_list(a.models, MODELS, "models")
-        modes = _parse_list(a.modes, MODES, "modes")
+        parse_list = _coverage()._parse_list
+        models = parse_list(a.models, MODELS, "models")
+        modes = parse_list(a.modes, MODES, "modes")
     except ValueError as e:
         print(f"kernel_counts: error: {e}", file=sys.stderr)
         return 2
