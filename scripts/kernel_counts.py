@@ -21,13 +21,16 @@ per model and mode, all on this machine's CPU:
   ``torch.compile(backend="stitchtune")`` runs) is applied to each graph AOTAutograd hands it
   (captured by :func:`stitchtune.deploy.model_tuning.capture_graphs`); the step is compiled, not
   run, and no database is read (heuristic schedules; kernel counts do not depend on the schedule
-  source).
+  source). Where Inductor fails on the rest of a graph (the backend then runs it eagerly) every
+  memory-intensive ATen op of it counts as one kernel and the row lists the graph in ``eager_rest``.
 * ``ideal`` -- one kernel per maximal memory-intensive region between compute ops in the ATen graphs
   the backend receives: nodes that are not compute ops (``COMPUTE_OPS`` of the torch importer, plus
   convolution backward) and not free views are joined along data edges (through views) when no
   compute op lies between them (same *stage*, the number of compute ops on the longest path from the
-  graph's inputs), so each region is convex; what cannot be fused in theory (a compute op) is the only
-  cut.
+  graph's inputs), so each region is convex; nodes of one stage that read the same value join too
+  (as Inductor's horizontal fusion does). What cannot be fused in theory (a compute op) is the only
+  cut. The graphs are those AOTAutograd hands the stitchtune backend (its default partitioner), so in
+  training they can differ from Inductor's own (min-cut partitioner, recomputation).
 
 Inductor's CPU code generator fuses differently from its Triton one, so ``inductor`` here is a CPU
 figure; ``backend/inductor`` is the ratio the issue's goal is stated in. A model or mode that fails
@@ -101,14 +104,11 @@ def ideal_regions(gm: Any) -> int:
     """Maximal convex memory-intensive regions of an ATen graph (see module docstring)."""
     import torch
 
-    from stitchtune.importers.torch_candidates import COMPUTE_OPS
-    from stitchtune.importers.torch_fx_util import _key
-    from stitchtune.importers.torch_subgraph import _is_view
-
     stage: dict[Any, int] = {}
-    root: dict[Any, Any] = {}        # a free view -> the node whose value it views
-    kind: dict[Any, str] = {}        # "compute" | "memory"
+    root: dict[Any, Any] = {}        # a view -> the node whose value it views
+    kind: dict[Any, str] = {}
     parent: dict[Any, Any] = {}
+    readers: dict[tuple[Any, int], Any] = {}   # (a value, a stage) -> a memory node of that stage reading it
 
     def find(n: Any) -> Any:
         while parent[n] is not n:
@@ -123,23 +123,47 @@ def ideal_regions(gm: Any) -> int:
         ins: list[Any] = []
         torch.fx.node.map_arg((n.args, n.kwargs), lambda a: ins.append(a) or a)
         ins = [root.get(a, a) for a in ins]
-        after = [stage.get(a, 0) + (kind.get(a) == "compute") for a in ins]
-        stage[n] = max(after, default=0)
-        val = n.meta.get("val")
-        if n.target is operator.getitem:
-            root[n] = ins[0]   # a field of a multi-output node: that node's value
-        elif _key(n.target) in COMPUTE_OPS or _key(n.target) in _BACKWARD_COMPUTE:
-            kind[n] = "compute"
-        elif _is_view(n) or _key(n.target) in _MULTI_VIEWS or not any(isinstance(v, torch.Tensor) for v in (val if isinstance(val, (tuple, list)) else [val])):
-            if ins:   # a view, a list of views (split) or a size: what it reads
+        stage[n] = max((stage.get(a, 0) + (kind.get(a) == "compute") for a in ins), default=0)
+        kind[n] = _classify(n)
+        if kind[n] == "view":
+            if ins:
                 root[n] = ins[0]
-        else:
-            kind[n] = "memory"
-            parent[n] = n
-            for a in ins:
-                if kind.get(a) == "memory" and stage[a] == stage[n]:
-                    parent[find(a)] = find(n)
+            continue
+        if kind[n] != "memory":
+            continue
+        parent[n] = n
+        for a in ins:
+            if kind.get(a) == "memory" and stage[a] == stage[n]:   # producer -> consumer, no compute between
+                parent[find(a)] = find(n)
+            other = readers.setdefault((a, stage[n]), n)           # siblings reading one value
+            parent[find(other)] = find(n)
     return len({find(n) for n, k in kind.items() if k == "memory"})
+
+
+def _classify(n: Any) -> str:
+    """``"compute"``, ``"view"`` (no kernel: a view, a field of a multi-output node, a size) or
+    ``"memory"`` for an fx ``call_function`` node."""
+    import torch
+
+    from stitchtune.importers.torch_candidates import COMPUTE_OPS
+    from stitchtune.importers.torch_fx_util import _key
+    from stitchtune.importers.torch_subgraph import _is_view
+
+    if n.target is operator.getitem:
+        return "view"
+    key = _key(n.target)
+    if key in COMPUTE_OPS or key in _BACKWARD_COMPUTE or key == "stitchtune.region":
+        return "compute"
+    val = n.meta.get("val")
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    if _is_view(n) or key in _MULTI_VIEWS or not any(isinstance(v, torch.Tensor) for v in vals):
+        return "view"
+    return "memory"
+
+
+def eager_kernels(gm: Any) -> int:
+    """Kernels of ``gm`` run eagerly: one per memory-intensive ATen op (views and compute ops aside)."""
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function" and _classify(n) == "memory")
 
 
 # ---------------------------------------------------------------------------- one model, one mode
@@ -177,20 +201,26 @@ def count_step(model: Any, args: Sequence[Any], mode: str) -> dict[str, Any]:
     stitched = regions = rest = rest_functions = 0
     opts = torch_backend.BackendOptions.from_options({"db": None, "cpu": "reference"})
     _fresh_inductor()
-    for g in graphs:   # the backend's own graph compiler on each graph AOTAutograd hands it
-        compiler = torch_backend._graph_compiler(opts, None, g.kind)
-        torch_backend.LAST_REPORTS.clear()
+    eager: list[str] = []
+    for g in graphs:   # what the backend's graph compiler does with each graph AOTAutograd hands it
+        inputs = list(g.example_inputs)
+        stitched_gm, report = torch_backend.stitch_graph(g.module, inputs, opts, g.kind)
         with scheduled_kernels() as counts:
-            _, codes = run_and_get_code(lambda g=g: compiler(g.module, list(g.example_inputs)))
-        rest += sum(counts)
-        rest_functions += generated_functions(codes)
-        stitched += sum(s.kernels for r in torch_backend.LAST_REPORTS for s in r.stitched)
-        regions += sum(len(r.stitched) for r in torch_backend.LAST_REPORTS)
+            _, codes = run_and_get_code(lambda: torch_backend._compile_rest(stitched_gm, inputs, opts, None, g.kind,
+                                                                               len(report.stitched)))
+        if counts:
+            rest += sum(counts)
+            rest_functions += generated_functions(codes)
+        else:   # Inductor failed on the rest (the backend runs it eagerly): one kernel per ATen op
+            eager.append(g.kind)
+            rest += eager_kernels(stitched_gm)
+        stitched += sum(s.kernels for s in report.stitched)
+        regions += len(report.stitched)
     ideal = sum(ideal_regions(g.module) for g in graphs)
     return {"inductor": inductor, "backend": stitched + rest, "stitched": stitched, "rest": rest,
             "regions": regions, "ideal": ideal,
             "cpp_functions": {"inductor": inductor_functions, "rest": rest_functions},
-            "graphs": [g.kind for g in graphs]}
+            "graphs": [g.kind for g in graphs], "eager_rest": eager}
 
 
 def run(models: Sequence[str], modes: Sequence[str], say: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
