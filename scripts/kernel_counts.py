@@ -22,7 +22,8 @@ per model and mode, all on this machine's CPU:
   (captured by :func:`stitchtune.deploy.model_tuning.capture_graphs`); the step is compiled, not
   run, and no database is read (heuristic schedules; kernel counts do not depend on the schedule
   source). Where Inductor fails on the rest of a graph (the backend then runs it eagerly) every
-  memory-intensive ATen op of it counts as one kernel and the row lists the graph in ``eager_rest``.
+  memory-intensive ATen op of it counts as one kernel and the row lists the graph and the
+  reason in ``eager_rest``.
 * ``ideal`` -- one kernel per maximal memory-intensive region between compute ops in the ATen graphs
   the backend receives: nodes that are not compute ops (``COMPUTE_OPS`` of the torch importer, plus
   convolution backward) and not free views are joined along data edges (through views) when no
@@ -167,6 +168,25 @@ def eager_kernels(gm: Any) -> int:
 
 
 # ---------------------------------------------------------------------------- one model, one mode
+@contextlib.contextmanager
+def _warnings_of(logger: str) -> Iterator[list[str]]:
+    """The warning messages ``logger`` emits inside the block (kept from the console)."""
+    heard: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: heard.append(record.getMessage()[:300])  # type: ignore[method-assign]
+    lg = logging.getLogger(logger)
+    level, propagate = lg.level, lg.propagate
+    lg.setLevel(logging.WARNING)
+    lg.propagate = False
+    lg.addHandler(handler)
+    try:
+        yield heard
+    finally:
+        lg.removeHandler(handler)
+        lg.setLevel(level)
+        lg.propagate = propagate
+
+
 def _fresh_inductor() -> None:
     import torch
     import torch._inductor.config as icfg
@@ -202,20 +222,21 @@ def count_step(model: Any, args: Sequence[Any], mode: str) -> dict[str, Any]:
     opts = torch_backend.BackendOptions.from_options({"db": None, "cpu": "reference"})
     _fresh_inductor()
     eager: list[str] = []
-    for g in graphs:   # what the backend's graph compiler does with each graph AOTAutograd hands it
-        inputs = list(g.example_inputs)
-        stitched_gm, report = torch_backend.stitch_graph(g.module, inputs, opts, g.kind)
-        with scheduled_kernels() as counts:
-            _, codes = run_and_get_code(lambda: torch_backend._compile_rest(stitched_gm, inputs, opts, None, g.kind,
-                                                                               len(report.stitched)))
-        if counts:
-            rest += sum(counts)
-            rest_functions += generated_functions(codes)
-        else:   # Inductor failed on the rest (the backend runs it eagerly): one kernel per ATen op
-            eager.append(g.kind)
-            rest += eager_kernels(stitched_gm)
-        stitched += sum(s.kernels for s in report.stitched)
-        regions += len(report.stitched)
+    with _warnings_of(torch_backend.__name__) as heard:
+        for g in graphs:   # what the backend's graph compiler does with each graph AOTAutograd hands it
+            inputs = list(g.example_inputs)
+            stitched_gm, report = torch_backend.stitch_graph(g.module, inputs, opts, g.kind)
+            with scheduled_kernels() as counts:
+                _, codes = run_and_get_code(lambda: torch_backend._compile_rest(stitched_gm, inputs, opts, None, g.kind,
+                                                                                   len(report.stitched)))
+            if counts:
+                rest += sum(counts)
+                rest_functions += generated_functions(codes)
+            else:   # Inductor failed on the rest (the backend runs it eagerly): one kernel per ATen op
+                eager.append(f"{g.kind}: {heard[-1] if heard else 'Inductor generated no code'}")
+                rest += eager_kernels(stitched_gm)
+            stitched += sum(s.kernels for s in report.stitched)
+            regions += len(report.stitched)
     ideal = sum(ideal_regions(g.module) for g in graphs)
     return {"inductor": inductor, "backend": stitched + rest, "stitched": stitched, "rest": rest,
             "regions": regions, "ideal": ideal,
