@@ -265,8 +265,12 @@ def _add_tune(sub: Any) -> None:
     p.add_argument("--jobs", type=int_at_most(MAX_JOBS), default=os.cpu_count() or 1, metavar="N",
                    help="trials per batch = parallel compiles (default: CPU count)")
     p.add_argument("--no-build", action="store_true", help="emulate backend: do not compile with nvcc")
+    p.add_argument("--calls", default="inference,eval-grad", metavar="LIST",
+                   help="the ways the model will be called, whose graphs are tuned: inference (eval, under no_grad "
+                        "or inference_mode), eval-grad (eval with grad enabled: the training forward), train "
+                        "(train mode, forward and backward); default inference,eval-grad")
     p.add_argument("--train", action="store_true",
-                   help="tune the regions of a training step (forward and backward graphs; module in train mode)")
+                   help="also tune the regions of a training step (forward and backward graphs; module in train mode)")
     p.set_defaults(func=_cmd_tune)
 
 
@@ -308,22 +312,22 @@ def _tune_inputs(fn: Any, shapes: dict[str, tuple[int, ...]], dtype_text: str | 
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
+    from stitchtune.deploy.model_tuning import parse_calls
     from stitchtune.importers.builder import parse_shapes
     from stitchtune.importers.torch_import import load_callable
 
     if args.trials < 1:
         raise StitchtuneError(f"--trials must be >= 1 (got {args.trials})")
+    calls = parse_calls(args.calls + (",train" if args.train else ""))
     shapes = parse_shapes(args.shapes)
     fn, _label = load_callable(args.callable)
     from stitchtune.deploy.model_tuning import tune_model
     from stitchtune.tune.config import resolve_backend
 
-    if args.train and hasattr(fn, "train"):
-        fn.train()
     inputs = _tune_inputs(fn, shapes, args.dtype)
     backend, why = resolve_backend(args.backend)
     print(why, file=sys.stderr, flush=True)
     tune_model(fn, inputs, trials=args.trials, db=args.db, backend=backend, device=args.device,
-               build=not args.no_build, jobs=args.jobs, train=args.train, say=lambda s: print(s, flush=True))
+               build=not args.no_build, jobs=args.jobs, calls=calls, say=lambda s: print(s, flush=True))
     print(f"database: {args.db} (torch.compile(model, backend='stitchtune', options={{'db': {args.db!r}}}) reads it)")
     return 0

@@ -3,37 +3,85 @@
 
 Contract
 --------
-* :func:`model_workloads(model, example_inputs, device)` captures ``model`` as the backend does
-  (``torch.compile`` + AOTAutograd with the backend's decompositions, one call under ``no_grad``;
-  with ``train``, one forward and backward step, so the backward graph's regions are tuned too),
-  finds the regions of every graph (:func:`~stitchtune.importers.torch_regions.find_regions`, the
-  planner as the judge), and de-duplicates equal workloads (same ``Graph.workload_key()``: e.g. the
-  same layer norm in every layer). Each :class:`Workload` has its region count and the cost model's
-  prediction of its heuristic schedule (``predicted_us``, per call) on ``device``; ``share`` is its
-  fraction of the summed ``count x predicted_us`` (the stitched part of the model, as predicted).
-  Workloads come largest share first.
+* A :class:`CallPattern` is one way a user calls the compiled model, and so one set of graphs
+  AOTAutograd hands the backend (:data:`CALL_PATTERNS`): ``inference`` (``model.eval()`` under
+  ``torch.no_grad()`` or ``torch.inference_mode()``: the inference graph), ``eval-grad``
+  (``model.eval()`` with grad enabled, parameters requiring grad: AOTAutograd's *training forward*,
+  whose regions also return what backward would need, e.g. a layer norm's mean and rstd) and
+  ``train`` (``model.train()``, forward and backward of one step). The graphs differ, so their
+  regions are different workloads: a record tuned for one is never used for another.
+  :data:`DEFAULT_CALLS` (``inference``, ``eval-grad``) are tuned unless the caller says otherwise.
+* :func:`capture_graphs(model, example_inputs, call)` captures ``model`` as the backend does in that
+  call pattern (``torch.compile`` + AOTAutograd with the backend's decompositions; an ``nn.Module``
+  is put in the pattern's train/eval mode and restored after; ``train`` differentiates the float
+  outputs' sum) and returns its ATen graphs; :func:`capture_regions` the regions of every graph
+  (:func:`~stitchtune.importers.torch_regions.find_regions`, the planner as the judge).
+* :func:`model_workloads(model, example_inputs, device, calls)` de-duplicates the regions of all
+  ``calls`` by workload (same ``Graph.workload_key()``: e.g. the same layer norm in every layer, or
+  in the inference and the training graphs). Each :class:`Workload` has its region count (over all
+  patterns; ``calls`` per pattern) and the cost model's prediction of its heuristic schedule
+  (``predicted_us``, per call) on ``device``; ``share`` is its fraction of the summed
+  ``count x predicted_us`` (the stitched part of the model, as predicted). Workloads come largest
+  share first.
 * :func:`split_budget(workloads, trials)` gives each workload ``round(share x trials)`` trials by the
-  largest-remainder rule, in that order; when ``trials`` is below the number of workloads the smallest
-  get 0 (they keep the heuristic). The sum is exactly ``trials``.
+  largest-remainder rule, in that order, then, when ``trials`` covers every workload, moves one trial
+  from the largest to each workload left with 0 (its heuristic schedule becomes a record, so every
+  region compiles from a tuned record); when ``trials`` is below the number of workloads the
+  smallest get 0 (they keep the heuristic). The sum is exactly ``trials``.
 * :func:`tune_model` runs :func:`stitchtune.tune.search.run_search` on each workload with its trials
   (largest first; graph files in a temporary folder), all into one database ``db``, which the backend
   then reads (``options={"db": ...}``). ``say`` receives one progress line per region and the summary
-  lines; the model-level gain is ``sum(count x heuristic time) / sum(count x best time)`` over the
-  stitched regions, labelled *estimated* when the times are the emulate backend's cost-model times.
+  lines, one per call pattern; the gain is ``sum(count x heuristic time) / sum(count x best time)``
+  over that pattern's stitched regions, labelled *estimated* when the times are the emulate backend's
+  cost-model times.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from stitchtune.errors import StitchtuneError
+
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CallPattern:
+    """One way of calling a compiled model (see module docstring)."""
+
+    name: str
+    training: bool   # nn.Module.train() (dropout, batch statistics) rather than eval()
+    grad: bool       # autograd enabled: AOTAutograd compiles the training forward
+    backward: bool   # a backward pass follows: its graph is captured too
+    help: str
+
+
+CALL_PATTERNS: dict[str, CallPattern] = {p.name: p for p in (
+    CallPattern("inference", False, False, False,
+                "model.eval() under torch.no_grad() or torch.inference_mode() (the inference graph)"),
+    CallPattern("eval-grad", False, True, False,
+                "model.eval() with grad enabled (the training forward graph, which also saves what backward needs)"),
+    CallPattern("train", True, True, True, "model.train(), forward and backward of one step"),
+)}
+DEFAULT_CALLS: tuple[str, ...] = ("inference", "eval-grad")
+
+
+def parse_calls(text: str) -> tuple[str, ...]:
+    """``"inference,train"`` -> the pattern names, in :data:`CALL_PATTERNS` order; an unknown name is
+    a :class:`~stitchtune.errors.StitchtuneError` naming the known ones."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in CALL_PATTERNS]
+    if bad or not names:
+        raise StitchtuneError(f"--calls {text!a}: a comma-separated list of {', '.join(CALL_PATTERNS)}")
+    return tuple(n for n in CALL_PATTERNS if n in names)
 
 
 @dataclass(frozen=True)
@@ -44,6 +92,7 @@ class Workload:
     count: int
     predicted_us: float
     share: float = 0.0
+    calls: tuple[tuple[str, int], ...] = ()   # (call pattern, regions of this workload in its graphs)
 
 
 @dataclass(frozen=True)
@@ -70,39 +119,87 @@ def predicted_us(graph: Any, device: Any) -> float:
     return float(predict(program.profile, device).time_us)
 
 
-def capture_regions(model: Any, example_inputs: Sequence[Any], train: bool = False) -> list[Any]:
-    """Every :class:`~stitchtune.importers.torch_regions.TorchRegion` the backend would find in
-    ``model`` at ``example_inputs``, in graph order: the inference graphs, or with ``train`` the
-    forward and backward graphs of one step (the float outputs' sum is differentiated)."""
+@contextlib.contextmanager
+def calling_as(model: Any, call: CallPattern) -> Iterator[None]:
+    """``model`` in ``call``'s train/eval mode (an ``nn.Module``; restored after) and grad mode."""
+    import torch
+
+    was = getattr(model, "training", None)
+    if isinstance(model, torch.nn.Module):
+        model.train(call.training)
+    try:
+        with torch.enable_grad() if call.grad else torch.no_grad():
+            yield
+    finally:
+        if isinstance(model, torch.nn.Module) and was is not None:
+            model.train(was)
+
+
+def run_call(compiled: Any, model: Any, example_inputs: Sequence[Any], call: CallPattern) -> Any:
+    """Call ``compiled`` on ``example_inputs`` as ``call`` says (``model`` is the module whose mode is
+    set); with ``call.backward``, differentiate the sum of the float outputs that require grad."""
+    with calling_as(model, call):
+        out = compiled(*example_inputs)
+        if call.backward:
+            differentiate(out)
+    return out
+
+
+def differentiate(out: Any) -> None:
+    """Backward of the sum of the tensors in ``out`` that require grad (what a loss does to a
+    compiled model: its backward graph is compiled and run); nothing when none does."""
+    leaves = [t for t in _tensors(out) if t.requires_grad]
+    if leaves:
+        sum(t.float().sum() for t in leaves).backward()
+
+
+@dataclass(frozen=True)
+class CapturedGraph:
+    """One ATen graph AOTAutograd handed the backend: ``kind`` is ``"inference"``, ``"forward"`` or
+    ``"backward"``; ``example_inputs`` are the (fake) tensors it was compiled for."""
+
+    kind: str
+    module: Any              # torch.fx.GraphModule
+    example_inputs: tuple[Any, ...]
+
+
+def capture_graphs(model: Any, example_inputs: Sequence[Any], call: str = "inference") -> list[CapturedGraph]:
+    """The ATen graphs AOTAutograd hands the backend when ``model`` is called on ``example_inputs`` as
+    ``call`` (a :data:`CALL_PATTERNS` name), in compile order (the backend's decompositions applied;
+    the graphs run eagerly here)."""
     import torch
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
     from stitchtune.deploy.torch_backend import _decompositions
-    from stitchtune.importers.torch_regions import find_regions
 
-    found: list[Any] = []
+    found: list[CapturedGraph] = []
 
-    def collect(gm: Any, _inputs: Any) -> Any:
-        found.extend(find_regions(gm).regions)
-        return make_boxed_func(gm.forward)
+    def collector(kind: str) -> Callable[[Any, Any], Any]:
+        def collect(gm: Any, inputs: Any) -> Any:
+            found.append(CapturedGraph(kind, gm, tuple(inputs)))
+            return make_boxed_func(gm.forward)
+
+        return collect
 
     torch._dynamo.reset()
     try:
-        compiled = torch.compile(model, backend=aot_autograd(fw_compiler=collect, bw_compiler=collect,
-                                                             inference_compiler=collect,
+        compiled = torch.compile(model, backend=aot_autograd(fw_compiler=collector("forward"),
+                                                             bw_compiler=collector("backward"),
+                                                             inference_compiler=collector("inference"),
                                                              decompositions=_decompositions()))
-        if train:
-            out = compiled(*example_inputs)
-            leaves = [t for t in _tensors(out) if t.requires_grad]
-            if leaves:
-                sum(t.float().sum() for t in leaves).backward()
-        else:
-            with torch.no_grad():
-                compiled(*example_inputs)
+        run_call(compiled, model, example_inputs, CALL_PATTERNS[call])
     finally:
         torch._dynamo.reset()
     return found
+
+
+def capture_regions(model: Any, example_inputs: Sequence[Any], call: str = "inference") -> list[Any]:
+    """Every :class:`~stitchtune.importers.torch_regions.TorchRegion` the backend would find in
+    ``model`` at ``example_inputs`` called as ``call`` (a :data:`CALL_PATTERNS` name), in graph order."""
+    from stitchtune.importers.torch_regions import find_regions
+
+    return [r for g in capture_graphs(model, example_inputs, call) for r in find_regions(g.module).regions]
 
 
 def _tensors(out: Any) -> list[Any]:
@@ -120,20 +217,24 @@ def _tensors(out: Any) -> list[Any]:
     return []
 
 
-def model_workloads(model: Any, example_inputs: Sequence[Any], device: Any, train: bool = False) -> list[Workload]:
-    """The de-duplicated workloads of ``model``, largest predicted share first (see module docstring)."""
-    groups: dict[str, list[Any]] = {}
-    for r in capture_regions(model, example_inputs, train):
-        groups.setdefault(r.graph.workload_key(), []).append(r)
+def model_workloads(model: Any, example_inputs: Sequence[Any], device: Any,
+                    calls: Sequence[str] = DEFAULT_CALLS) -> list[Workload]:
+    """The de-duplicated workloads of ``model`` over ``calls``, largest predicted share first (see
+    module docstring)."""
+    groups: dict[str, list[tuple[str, Any]]] = {}
+    for call in calls:
+        for r in capture_regions(model, example_inputs, call):
+            groups.setdefault(r.graph.workload_key(), []).append((call, r))
     out = []
-    for regions in groups.values():
-        g = regions[0].graph
+    for found in groups.values():
+        g = found[0][1].graph
         try:
             t = predicted_us(g, device)
         except Exception as exc:  # noqa: BLE001 - the backend would decline it too
             log.warning("region %s cannot be lowered (%s); not tuned", g.name, exc)
             continue
-        out.append(Workload(g, tuple(r.name for r in regions), regions[0].ops, len(regions), t))
+        per_call = tuple((c, sum(1 for cc, _ in found if cc == c)) for c in calls if any(cc == c for cc, _ in found))
+        out.append(Workload(g, tuple(r.name for _, r in found), found[0][1].ops, len(found), t, calls=per_call))
     total = sum(w.count * w.predicted_us for w in out) or 1.0
     out = [replace(w, share=w.count * w.predicted_us / total) for w in out]
     return sorted(out, key=lambda w: -w.share)
@@ -149,6 +250,10 @@ def split_budget(workloads: Sequence[Workload], trials: int) -> list[int]:
     order = sorted(range(len(workloads)), key=lambda i: (-(exact[i] - got[i]), i))
     for i in order[:left]:
         got[i] += 1
+    if trials >= len(workloads):
+        for i in [i for i, n in enumerate(got) if n == 0]:
+            got[max(range(len(got)), key=lambda j: (got[j], -j))] -= 1
+            got[i] = 1
     return got
 
 
@@ -168,9 +273,11 @@ def _time(row: Any) -> float | None:
 
 
 def tune_model(model: Any, example_inputs: Sequence[Any], *, trials: int, db: str, backend: str,
-               device: str | None = None, build: bool = True, jobs: int = 1, train: bool = False,
+               device: str | None = None, build: bool = True, jobs: int = 1,
+               calls: Sequence[str] = DEFAULT_CALLS,
                say: Callable[[str], None] = lambda s: None) -> list[TunedWorkload]:
-    """Search every workload of ``model`` into ``db`` with ``trials`` in total (see module docstring)."""
+    """Search every workload of ``model`` called as ``calls`` into ``db`` with ``trials`` in total
+    (see module docstring)."""
     from stitchtune.hardware.device import get_device
     from stitchtune.tune.config import SearchConfig
     from stitchtune.tune.search import run_search
@@ -181,11 +288,11 @@ def tune_model(model: Any, example_inputs: Sequence[Any], *, trials: int, db: st
         dev = default_device()
     else:
         dev = get_device(device)
-    workloads = model_workloads(model, example_inputs, dev, train)
+    workloads = model_workloads(model, example_inputs, dev, calls)
     budget = split_budget(workloads, trials)
     n_regions = sum(w.count for w in workloads)
-    say(f"{n_regions} stitchable region(s), {len(workloads)} distinct workload(s) on {dev.key}; "
-        f"{trials} trials split by predicted share")
+    say(f"{n_regions} stitchable region(s) in the graphs of {', '.join(calls)} calls, {len(workloads)} distinct "
+        f"workload(s) on {dev.key}; {trials} trials split by predicted share")
     done: list[TunedWorkload] = []
     with tempfile.TemporaryDirectory(prefix="stitchtune-tune-") as folder:
         for i, (w, n) in enumerate(zip(workloads, budget), 1):
@@ -214,14 +321,22 @@ def _fmt(us: float | None) -> str:
 
 
 def summary_lines(done: Sequence[TunedWorkload]) -> list[str]:
-    """The model-level expected gain over the stitched regions (labelled)."""
-    pairs = [(t.workload.count * t.heuristic_us, t.workload.count * t.best_us) for t in done
-             if t.heuristic_us is not None and t.best_us is not None]
-    if not pairs:
-        return ["no region was tuned"]
-    before, after = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+    """The expected gain over the stitched regions of each call pattern's graphs (labelled)."""
+    calls: list[str | None] = [c for c in CALL_PATTERNS if any(c == cc for t in done for cc, _ in t.workload.calls)]
     est = any(t.estimated for t in done)
     label = "predicted (emulate backend: cost-model times)" if est else "measured"
-    gain = before / after if after > 0 else float("nan")
-    return [f"stitched regions per model call, {label}: heuristic {before:.2f} us -> tuned {after:.2f} us "
-            f"({gain:.2f}x over the stitched part; the rest of the model is not counted)"]
+    lines = []
+    for call in calls or [None]:   # None: workloads without per-call counts
+        pairs = []
+        for t in done:
+            n = t.workload.count if call is None else dict(t.workload.calls).get(call, 0)
+            if n and t.heuristic_us is not None and t.best_us is not None:
+                pairs.append((n * t.heuristic_us, n * t.best_us))
+        if not pairs:
+            continue
+        before, after = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+        gain = before / after if after > 0 else float("nan")
+        what = "stitched regions per model call" if call is None else f"{call} call: stitched regions"
+        lines.append(f"{what}, {label}: heuristic {before:.2f} us -> tuned {after:.2f} us "
+                     f"({gain:.2f}x over the stitched part; the rest of the model is not counted)")
+    return lines or ["no region was tuned"]

@@ -29,8 +29,9 @@ Contract
   symbolic shapes is checked at the example shapes and gets a
   :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel`: mapped again and compiled once per
   seen input shape, the region's ATen ops where that fails.
-* :func:`explain(model, *example_inputs, **options)` compiles and runs ``model`` once on the
-  examples with this backend and returns an :class:`Explanation` (``.stitched``, ``.declined``;
+* :func:`explain(model, *example_inputs, backward=False, **options)` compiles and runs ``model`` once
+  on the examples with this backend, as a compiled call in the caller's grad mode would run (with
+  ``backward``, a backward pass too), and returns an :class:`Explanation` (``.stitched``, ``.declined``;
   ``str()`` is a table). :data:`LAST_REPORTS` holds the reports of the graphs compiled since the
   last :func:`explain` started.
 """
@@ -441,21 +442,25 @@ def _cut(s: str, n: int) -> str:
     return s if len(s) <= n else s[: n - 3] + "..."
 
 
-def explain(model: Any, *example_inputs: Any, **options: Any) -> Explanation:
-    """Compile ``model`` with the stitchtune backend, run it once on ``example_inputs`` (under
-    ``torch.no_grad()`` unless an input requires grad) and report what was stitched and declined.
-    Like ``torch._dynamo.explain`` it starts from ``torch._dynamo.reset()`` (so every graph is
-    compiled and reported), which drops the process's other compiled graphs."""
-    import contextlib
-
+def explain(model: Any, *example_inputs: Any, backward: bool = False, **options: Any) -> Explanation:
+    """Compile ``model`` with the stitchtune backend, call it once on ``example_inputs`` exactly as a
+    compiled call here would run (the caller's grad mode and the module's train/eval mode: under
+    ``torch.no_grad()`` or ``torch.inference_mode()`` the inference graph, with grad enabled and
+    parameters requiring grad the training forward) and report what was stitched and declined, with
+    each region's schedule source. ``backward=True`` then differentiates the sum of the float outputs
+    that require grad, so the backward graph is compiled and reported too. Like
+    ``torch._dynamo.explain`` it starts from ``torch._dynamo.reset()`` (so every graph is compiled
+    and reported), which drops the process's other compiled graphs."""
     import torch
+
+    from stitchtune.deploy.model_tuning import differentiate
 
     LAST_REPORTS.clear()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=stitchtune_backend, options=options or None)
-    grad = any(getattr(t, "requires_grad", False) for t in example_inputs)
-    with contextlib.nullcontext() if grad else torch.no_grad():
-        outputs = compiled(*example_inputs)
+    outputs = compiled(*example_inputs)
+    if backward:
+        differentiate(outputs)
     reports = list(LAST_REPORTS)
     return Explanation(tuple(s for r in reports for s in r.stitched),
                        tuple(d for r in reports for d in r.declined), len(reports), outputs)

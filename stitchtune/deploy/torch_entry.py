@@ -325,9 +325,12 @@ def register_backend() -> None:
 
 
 def explain(model: Any, *example_inputs: Any, **options: Any) -> Any:
-    """What ``torch.compile(model, backend="stitchtune")`` stitches and declines on ``example_inputs``:
-    an :class:`~stitchtune.deploy.torch_backend.Explanation` (``.stitched``, ``.declined``; printing it
-    shows a table). ``options`` are the backend's (``db=``, ``device=``, ``fallback=``, ...)."""
+    """What ``torch.compile(model, backend="stitchtune")`` stitches and declines on ``example_inputs``,
+    called as a compiled call here would be (the caller's grad mode: wrap it in ``torch.no_grad()``
+    for the inference graph; ``backward=True`` adds a backward pass): an
+    :class:`~stitchtune.deploy.torch_backend.Explanation` (``.stitched``, ``.declined`` with each
+    region's schedule source; printing it shows a table). Other ``options`` are the backend's
+    (``db=``, ``device=``, ``fallback=``, ...)."""
     from stitchtune.deploy.torch_backend import explain as _explain
 
     return _explain(model, *example_inputs, **options)

@@ -40,9 +40,10 @@ Contract
   inlined as scalars, other constants (weights, bool tables) become inputs with their values in
   ``OnnxSubgraph.constants`` (a one-element constant read by a layout op is an input too).
   Outputs are the tensors its own (not recomputed) nodes produce that are read outside it or are
-  model outputs; never bool or int (their producers become boundaries); an
-  output may have another shape than its ONNX tensor when it holds the same elements in the same
-  order (a Reshape on the way out of the region costs nothing and is left out). Names are
+  model outputs; never bool or int (their producers become boundaries). Every output has exactly
+  the shape of the ONNX tensor it names: a value computed in another shape with the same elements
+  in the same order (a reshaped frame, a Reshape on the way out of the region) is stored through a
+  ``reshape`` node (an index map: no extra pass), so a subgraph substitutes mechanically. Names are
   sanitised to ``[A-Za-z_][A-Za-z0-9_]{0,63}``; ``tensor_names`` maps them back to ONNX names.
 * A dynamic dimension on a tensor of a mappable node is an error naming the tensor, the dimension
   and its symbol, unless ``shapes`` fixes it.
@@ -461,6 +462,8 @@ def _take(ctx: _Ctx, nodes: list[Any], b: GraphBuilder, i: int, t: str, r: Value
         raise _Demote(i, f"its value {t!a} would leave the region as a {dt} tensor ({dt} graph outputs are refused)")
     if not same:   # a broadcast value leaves expanded (written whole); readers inside keep the broadcast
         return b.layout("expand", [r], expect, str(r.dtype), f"{t}_expand", shape=list(expect))
+    if tuple(r.shape) != expect:   # a reshaped frame leaves in the ONNX tensor's shape (stored through the view)
+        return b.layout("reshape", [r], expect, str(r.dtype), f"{t}_view", shape=list(expect))
     return r
 
 

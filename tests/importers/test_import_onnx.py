@@ -252,3 +252,35 @@ def test_model_exported_by_torch_onnx(tmp_path):
     assert [[n.op for n in sg.graph.nodes][-1] for sg in res.subgraphs] == ["gelu", "div"]
     assert all(NAME_RE.fullmatch(n) for sg in res.subgraphs for n, _ in sg.graph.inputs)
     check_onnx_numerics(res, onnx.load(str(path)), {"x": RNG.standard_normal((N, K)).astype(np.float32)}, tol=1e-4)
+
+
+def test_an_output_behind_a_free_view_has_the_onnx_tensors_shape(tmp_path):
+    """Attention's head merge: softmax(scores) @ v -> Add bias per head -> Transpose(0,2,1,3) ->
+    Reshape [B,S,H*D] -> MatMul. The region's output is written in the shape of the ONNX tensor its
+    manifest names ([B,S,H*D], stored through the view), not the transposed [B,S,H,D] before it;
+    the graph plans and emulates, and matches onnxruntime tensor for tensor."""
+    from helpers import check_emulates, onnx_model
+
+    B, H, S, Dh = 2, 4, 8, 16
+    inits = [_init("shape", np.array([B, S, H * Dh], np.int64)),
+             _init("W", RNG.standard_normal((H * Dh, 8)).astype(np.float32)),
+             _init("hb", RNG.standard_normal((H, 1, Dh)).astype(np.float32))]
+    nodes = [h.make_node("MatMul", ["p", "v"], ["ctx"]),
+             h.make_node("Add", ["ctx", "hb"], ["cb"]),
+             h.make_node("Transpose", ["cb"], ["ct"], perm=[0, 2, 1, 3]),
+             h.make_node("Reshape", ["ct", "shape"], ["merged"]),
+             h.make_node("MatMul", ["merged", "W"], ["y"])]
+    m = onnx_model(nodes, [_vi("p", [B, H, S, S]), _vi("v", [B, H, S, Dh])], [_vi("y", [B, S, 8])], inits)
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1, res.boundaries
+    sg = res.subgraphs[0]
+    names = dict(sg.tensor_names)
+    (out,) = sg.graph.outputs
+    assert names[out] == "merged" and sg.graph.spec(out).shape == (B, S, H * Dh)
+    feeds = {"p": RNG.random((B, H, S, S)).astype(np.float32), "v": RNG.standard_normal((B, H, S, Dh)).astype(np.float32)}
+    assert check_onnx_numerics(res, m, feeds) == 1
+    check_emulates(sg.graph, n_samples=2)
+    write_subgraphs(res, tmp_path)
+    entry = json.loads((tmp_path / "manifest.json").read_text())["subgraphs"][0]
+    written = load_graph(tmp_path / entry["graph"])
+    assert entry["onnx_tensors"][written.outputs[0]] == "merged" and written.spec(written.outputs[0]).shape == (B, S, H * Dh)

@@ -1,0 +1,60 @@
+"""scripts/kernel_counts.py on one tiny model: kernels per step (stitched + Inductor's for the rest)
+against Inductor alone, and the ideal count of convex memory-intensive regions."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+
+from helpers import REPO
+
+torch = pytest.importorskip("torch")
+
+
+def _script() -> Any:
+    spec = importlib.util.spec_from_file_location("kernel_counts", REPO / "scripts" / "kernel_counts.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Residual(torch.nn.Module):
+    """ln -> linear -> (+ ln's output) -> gelu: the residual add reads a value from before the matmul,
+    yet the ideal is two regions (ln; add+gelu), never one (a region around a matmul is not convex)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(32)
+        self.fc = torch.nn.Linear(32, 32)
+
+    def forward(self, x: Any) -> Any:
+        h = self.ln(x * 2.0)
+        return torch.nn.functional.gelu(self.fc(h) + h)
+
+
+def test_ideal_regions_are_convex_and_views_are_free() -> None:
+    from stitchtune.deploy.model_tuning import capture_graphs
+
+    kc = _script()
+    (g,) = capture_graphs(Residual(), (torch.randn(4, 8, 32),), "inference")
+    assert g.kind == "inference"
+    assert kc.ideal_regions(g.module) == 2
+
+
+@pytest.mark.slow
+def test_counts_of_one_step_add_up() -> None:
+    """Inductor's kernels come from its scheduler (one per fused loop nest that code is generated
+    for); the backend's are its stitched kernels plus Inductor's for what is left."""
+    kc = _script()
+    torch.manual_seed(0)
+    row = {"model": "residual", "mode": "inference", "status": "ran",
+           **kc.count_step(Residual().eval(), (torch.randn(4, 8, 32),), "inference")}
+    assert row["graphs"] == ["inference"] and row["ideal"] == 2
+    assert row["regions"] == 2 and row["stitched"] == 2        # ln (with x * 2) and add + gelu
+    assert row["backend"] == row["stitched"] + row["rest"] and row["rest"] == 0
+    assert row["inductor"] >= 2 and row["cpp_functions"]["inductor"] >= 1
+    lines = kc.markdown([row, {"model": "m", "mode": "train", "status": "failed", "reason": "why"}])
+    assert lines[2].startswith("| ") and "failed: why" in lines[3]
+    assert kc.main(["--models", "bert,t5"]) == 2
