@@ -329,12 +329,13 @@ class _Compiled(ClusterOps):
         lane_mask, width = e.lane_mask, e.width
 
         def shfl(st: _State, m: np.ndarray) -> Any:
-            w = m.reshape(-1, 32)
-            part = w.any(axis=1) & ~w.all(axis=1)
-            if part.any():
-                bad = np.repeat(part, 32) & ~m
-                raise st.fault("inactive_shuffle", "shuffle with an inactive lane in the warp",
-                               bad, st.ar)
+            if m is not st.full:
+                w = m.reshape(-1, 32)
+                part = w.any(axis=1) & ~w.all(axis=1)
+                if part.any():
+                    bad = np.repeat(part, 32) & ~m
+                    raise st.fault("inactive_shuffle", "shuffle with an inactive lane in the warp",
+                                   bad, st.ar)
             v = vf(st, m)
             if np.ndim(v) == 0:
                 return v
@@ -362,7 +363,11 @@ class _Compiled(ClusterOps):
 
             def assign(st: _State, m: np.ndarray) -> None:
                 st.where = where
-                st.vars[name] = np.where(m, f(st, m), st.vars[name]).astype(npt, copy=False)
+                if m is st.full:  # vars are never written in place: sharing an array is safe
+                    v = f(st, m)
+                    st.vars[name] = np.full(st.T, v, npt) if np.ndim(v) == 0 else v.astype(npt, copy=False)
+                else:
+                    st.vars[name] = np.where(m, f(st, m), st.vars[name]).astype(npt, copy=False)
             return assign
         if isinstance(s, SetLocal):
             return self.setlocal(s, where)
@@ -386,17 +391,21 @@ class _Compiled(ClusterOps):
             def if_(st: _State, m: np.ndarray) -> None:
                 st.where = where
                 c = cf(st, m)
-                mt = m & c
+                mt = st.mask(m & c)
                 if mt.any():
                     then(st, mt)
                 if orelse is not None:
-                    mf = m & ~c
+                    mf = st.mask(m & ~c)
                     if mf.any():
                         orelse(st, mf)
             return if_
         if isinstance(s, Barrier):
             def barrier(st: _State, m: np.ndarray) -> None:
                 st.where = where
+                if m is st.full:
+                    for sb in st.shared.values():
+                        sb.tracker.reset()
+                    return
                 b = m.reshape(st.grid, st.block)
                 some, every = b.any(axis=1), b.all(axis=1)
                 part = some & ~every
@@ -436,7 +445,7 @@ class _Compiled(ClusterOps):
             def setlocal_const(st: _State, m: np.ndarray) -> None:
                 st.where = where
                 a = st.locals[arr_name]
-                a[:, k] = np.where(m, vf(st, m), a[:, k])
+                a[:, k] = vf(st, m) if m is st.full else np.where(m, vf(st, m), a[:, k])
             return setlocal_const
         idx = self.as_type(s.index, I32)
 
@@ -479,6 +488,9 @@ class _Compiled(ClusterOps):
             base = _lanes_of(idx(st, act), lanes)
             vals = _access(st, buf, is_shared, lanes, base, width, "load")
             for k, (name, npt) in enumerate(dsts):
+                if lanes.size == st.T:
+                    st.vars[name] = vals[:, k].astype(npt)
+                    continue
                 a = st.vars[name].copy()
                 a[lanes] = vals[:, k]
                 st.vars[name] = a
@@ -535,16 +547,20 @@ class _Compiled(ClusterOps):
 
         def for_(st: _State, m: np.ndarray) -> None:
             st.where = where
-            st.vars[name] = np.where(m, start(st, m), st.vars[name]).astype(np.int32, copy=False)
+            v0 = start(st, m)
+            if m is st.full:
+                st.vars[name] = np.full(st.T, v0, np.int32) if np.ndim(v0) == 0 else v0.astype(np.int32, copy=False)
+            else:
+                st.vars[name] = np.where(m, v0, st.vars[name]).astype(np.int32, copy=False)
             act = m
             while True:
                 st.where = where
-                act = act & (st.vars[name] < stop(st, act))
+                act = st.mask(act & (st.vars[name] < stop(st, act)))
                 if not act.any():
                     return
                 body(st, act)
                 v = st.vars[name]
-                st.vars[name] = np.where(act, v + step, v).astype(np.int32, copy=False)
+                st.vars[name] = v + step if act is st.full else np.where(act, v + step, v).astype(np.int32, copy=False)
         return for_
 
 
