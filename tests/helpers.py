@@ -4,8 +4,8 @@
   (the committed H200 tuning database, ``results/h200-2026-11-29``).
 * Lowering: ``DEV`` (H200 preset), ``setup(name)`` -> (graph, plan, space), ``rel_err``,
   ``emulated_errors`` and ``suggested`` (schedules drawn the way optuna would).
-* nvcc: ``batch_source`` (many programs in one translation unit) and ``ptxas_report`` (one nvcc -O3 build
-  for sm_90 and its ``-Xptxas -v`` report).
+* nvcc: ``batch_source`` (many programs in one translation unit), ``ptxas_report`` (one nvcc -O3 build
+  for sm_90 and its ``-Xptxas -v`` report) and ``compile_programs_sm90`` (both, registers per kernel).
 * Search fakes: a 15-point fake space (block in ``BLOCKS`` x vec in ``VECS``) whose outcomes are fixed
   per point (``FATES``: (32,4) illegal -> pruned; (512,4) cost-model prune_reason -> pruned; (64,4)
   compile_error; (64,2) build timeout -> timeout; (512,1) launch_error; (512,2) run timeout; (128,1)
@@ -163,6 +163,18 @@ def ptxas_report(src: str, tmp_path: Path, timeout: int) -> str:
                        cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stderr
+
+
+def compile_programs_sm90(programs: list[Any], tmp_path: Path, timeout: int = 600) -> list[dict[str, int]]:
+    """Build ``programs`` for sm_90 in one nvcc call (:func:`batch_source`); the registers ptxas reports for
+    each program's kernels (``{kernel name: registers}``, one dict per program, every kernel present)."""
+    import re
+
+    src, names = batch_source(programs)
+    report = ptxas_report(src, tmp_path, timeout)
+    regs = {n: int(r) for n, r in re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", report, re.S)}
+    assert set(regs) == set(names), sorted(set(names) ^ set(regs))
+    return [{k.name: regs[f"p{i}_{k.name}"] for k in prog.kernels} for i, prog in enumerate(programs)]
 
 
 def suggested(space: SearchSpace, n: int, seed: int) -> list[tuple[dict[str, Any], Schedule]]:
