@@ -109,6 +109,23 @@ _CMP: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
+def _uses_mask(e: kir.Expr) -> bool:
+    """Whether evaluating ``e`` depends on the active mask: a memory load, a local array read or a
+    shuffle (their checks and faults are per active lane). Anything else is arithmetic on every lane,
+    which never faults, so a lazy operand made only of it may be evaluated everywhere."""
+    if isinstance(e, (Const, Var, Special, kir.ClusterRank)):
+        return False
+    if isinstance(e, Bin):
+        return _uses_mask(e.a) or _uses_mask(e.b)
+    if isinstance(e, MathOp):
+        return any(_uses_mask(a) for a in e.args)
+    if isinstance(e, Select):
+        return _uses_mask(e.cond) or _uses_mask(e.a) or _uses_mask(e.b)
+    if isinstance(e, Cast):
+        return _uses_mask(e.expr)
+    return True  # loads, local arrays, shuffles, remote loads (and anything new: the safe answer)
+
+
 class _Compiled(ClusterOps):
     """A kernel compiled into closures (cached per kernel object; the cluster statements are
     :class:`~stitchtune.emulate.cluster_ops.ClusterOps`')."""
@@ -176,6 +193,8 @@ class _Compiled(ClusterOps):
             (af, at), (bf, bt) = self.expr(e.a), self.expr(e.b)
             rt = _promote(at, bt)
             af, bf = _cast_fn(af, at, rt), _cast_fn(bf, bt, rt)
+            if not (_uses_mask(e.a) or _uses_mask(e.b)):  # no mask to narrow: both sides on every lane
+                return (lambda st, m: np.where(cf(st, m), af(st, m), bf(st, m))), rt
 
             def select(st: _State, m: np.ndarray) -> Any:
                 c = cf(st, m)
@@ -208,6 +227,10 @@ class _Compiled(ClusterOps):
         (af, at), (bf, bt) = self.expr(e.a), self.expr(e.b)
         if op in ("&&", "||"):
             af, bf = _cast_fn(af, at, BOOL), _cast_fn(bf, bt, BOOL)
+            if not _uses_mask(e.b):  # a pure right operand: evaluated on every lane, same result
+                if op == "&&":
+                    return (lambda st, m: af(st, m) & bf(st, m)), BOOL
+                return (lambda st, m: af(st, m) | bf(st, m)), BOOL
             if op == "&&":
                 def land(st: _State, m: np.ndarray) -> Any:
                     a = af(st, m)
