@@ -5,7 +5,8 @@
 * Lowering: ``DEV`` (H200 preset), ``setup(name)`` -> (graph, plan, space), ``rel_err``,
   ``emulated_errors`` and ``suggested`` (schedules drawn the way optuna would).
 * nvcc: ``batch_source`` (many programs in one translation unit), ``ptxas_report`` (one nvcc -O3 build
-  for sm_90 and its ``-Xptxas -v`` report) and ``compile_programs_sm90`` (both, registers per kernel).
+  for sm_90 and its ``-Xptxas -v`` report), ``compile_programs_sm90`` (both, registers per kernel) and
+  ``shared_ptxas_report`` (one build per source for the whole run, shared by the xdist workers).
 * Search fakes: a 15-point fake space (block in ``BLOCKS`` x vec in ``VECS``) whose outcomes are fixed
   per point (``FATES``: (32,4) illegal -> pruned; (512,4) cost-model prune_reason -> pruned; (64,4)
   compile_error; (64,2) build timeout -> timeout; (512,1) launch_error; (512,2) run timeout; (128,1)
@@ -163,6 +164,30 @@ def ptxas_report(src: str, tmp_path: Path, timeout: int) -> str:
                        cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stderr
+
+
+def shared_ptxas_report(src: str, shared_dir: Path, timeout: int = 600) -> str:
+    """:func:`ptxas_report` of ``src``, built once per run: the first test (on any xdist worker) to ask
+    builds it under an exclusive lock and stores the report by the source's sha256; the others wait
+    for the lock and read it (conftest's ``shared_build_dir`` fixture gives ``shared_dir``)."""
+    import fcntl
+    import hashlib
+
+    key = hashlib.sha256(src.encode()).hexdigest()[:24]
+    out = shared_dir / f"{key}.ptxas.txt"
+    with open(shared_dir / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not out.is_file():
+                work = shared_dir / key
+                work.mkdir(exist_ok=True)
+                report = ptxas_report(src, work, timeout)
+                tmp = out.with_suffix(".tmp")
+                tmp.write_text(report)
+                tmp.replace(out)
+            return out.read_text()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def compile_programs_sm90(programs: list[Any], tmp_path: Path, timeout: int = 600) -> list[dict[str, int]]:
