@@ -7,8 +7,11 @@ Contract
 * ``_State`` is one launch: ``T = grid * block`` lockstep lanes (``tid``, ``bid``, ``lane``), the
   variables (``[T]`` arrays), local arrays (``[T, size]``, NaN at start), the global buffers of the
   launch (``_GBuf``: array, written flags, race tracker when the kernel writes the buffer) and the
-  shared buffers (``_SBuf``: one ``size`` slice per block). ``_State.fault`` builds a fault naming the
-  kernel, statement, element, block and thread of the first offending lane.
+  shared buffers (``_SBuf``: one ``size`` slice per block). Written flags only ever turn on, so once a
+  buffer is fully written its loads skip the check (``_Written``). ``_State.full`` is the mask of every
+  lane; a statement run under that very object takes its fast path (no ``where``, no compaction), and
+  ``_State.mask`` hands it back for any mask that turns out all-active. ``_State.fault`` builds a fault
+  naming the kernel, statement, element, block and thread of the first offending lane.
 * ``_access`` is every (vector) load / store / atomic add of a global or shared buffer, with the
   checks of the emulator's module docstring (alignment, bounds, uninitialised reads, shared and global
   races through ``_Tracker``); ``_remote_access`` is a load / store of another block's shared memory
