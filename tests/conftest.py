@@ -8,6 +8,10 @@ Every test runs with ``STITCHTUNE_DB`` pointing at a fresh empty directory of it
 ``default_db``): a command or API call that falls back on the default database never reads or writes the
 developer's ``$STITCHTUNE_DB`` or a ``tuning-db/`` in the working directory.
 
+``shared_build_dir``: one directory for the whole run, shared by the pytest-xdist workers (under the run's
+base temporary directory), where ``helpers.shared_ptxas_report`` keeps one nvcc build per source for
+every test and worker that asks for it.
+
 Tests marked ``waits`` (long wall-clock, mostly waiting on subprocesses) are moved to the front of the
 collection, so that pytest-xdist starts them first and the many short tests even out the end of the
 run (collected late, they kept one worker busy for a minute or two after the other had finished).
@@ -33,6 +37,18 @@ def default_db(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     """The test's own default tuning database (``$STITCHTUNE_DB``; the directory is not created)."""
     path = tmp_path_factory.mktemp("default-db", numbered=True) / "tuning-db"
     monkeypatch.setenv("STITCHTUNE_DB", str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of this run shared by all xdist workers (each worker's base temp is one level down)."""
+    import os
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = root / "shared-nvcc"
+    path.mkdir(exist_ok=True)
     return path
 
 

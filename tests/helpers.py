@@ -4,6 +4,9 @@
   (the committed H200 tuning database, ``results/h200-2026-11-29``).
 * Lowering: ``DEV`` (H200 preset), ``setup(name)`` -> (graph, plan, space), ``rel_err``,
   ``emulated_errors`` and ``suggested`` (schedules drawn the way optuna would).
+* nvcc: ``batch_source`` (many programs in one translation unit), ``ptxas_report`` (one nvcc -O3 build
+  for sm_90 and its ``-Xptxas -v`` report), ``compile_programs_sm90`` (both, registers per kernel) and
+  ``shared_ptxas_report`` (one build per source for the whole run, shared by the xdist workers).
 * Search fakes: a 15-point fake space (block in ``BLOCKS`` x vec in ``VECS``) whose outcomes are fixed
   per point (``FATES``: (32,4) illegal -> pruned; (512,4) cost-model prune_reason -> pruned; (64,4)
   compile_error; (64,2) build timeout -> timeout; (512,1) launch_error; (512,2) run timeout; (128,1)
@@ -191,6 +194,78 @@ def check_compiles_sm90(g: Any, seed: int, cache_dir: Path) -> None:
             for s in (heuristic_schedule(plan, DEV, space), space.sample(random.Random(seed)))]
     for res in NvccBuilder(cache_dir=cache_dir).build(srcs, arch="sm_90"):
         assert res.status == "ok", res.log
+
+
+def batch_source(programs: list[Any]) -> tuple[str, list[str]]:
+    """One CUDA translation unit for many kir programs (the preamble once, kernels renamed ``p<i>_<name>``)
+    and the kernel names in it. One nvcc call for many kernels: each nvcc process costs ~0.8 s of CPU
+    before it compiles anything (headers, cicc and ptxas start-up), one kernel a small part of that."""
+    import dataclasses
+
+    from stitchtune.gpu.render import preamble, render_kernel
+
+    src = preamble([k for prog in programs for k in prog.kernels])
+    names = []
+    for i, prog in enumerate(programs):
+        for k in prog.kernels:
+            k2 = dataclasses.replace(k, name=f"p{i}_{k.name}")
+            names.append(k2.name)
+            src += "\n" + render_kernel(k2) + "\n"
+    return src, names
+
+
+def ptxas_report(src: str, tmp_path: Path, timeout: int) -> str:
+    """Compile ``src`` for sm_90 with nvcc -O3 (the test skips without nvcc; a failed build fails it) and
+    return ptxas's ``-v`` report."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    nvcc = shutil.which("nvcc") or shutil.which("/usr/local/cuda/bin/nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    (tmp_path / "k.cu").write_text(src)
+    r = subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-Xptxas", "-v", "-o", "k.cubin", "k.cu"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stderr
+
+
+def shared_ptxas_report(src: str, shared_dir: Path, timeout: int = 600) -> str:
+    """:func:`ptxas_report` of ``src``, built once per run: the first test (on any xdist worker) to ask
+    builds it under an exclusive lock and stores the report by the source's sha256; the others wait
+    for the lock and read it (conftest's ``shared_build_dir`` fixture gives ``shared_dir``)."""
+    import fcntl
+    import hashlib
+
+    key = hashlib.sha256(src.encode()).hexdigest()[:24]
+    out = shared_dir / f"{key}.ptxas.txt"
+    with open(shared_dir / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not out.is_file():
+                work = shared_dir / key
+                work.mkdir(exist_ok=True)
+                report = ptxas_report(src, work, timeout)
+                tmp = out.with_suffix(".tmp")
+                tmp.write_text(report)
+                tmp.replace(out)
+            return out.read_text()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def compile_programs_sm90(programs: list[Any], tmp_path: Path, timeout: int = 600) -> list[dict[str, int]]:
+    """Build ``programs`` for sm_90 in one nvcc call (:func:`batch_source`); the registers ptxas reports for
+    each program's kernels (``{kernel name: registers}``, one dict per program, every kernel present)."""
+    import re
+
+    src, names = batch_source(programs)
+    report = ptxas_report(src, tmp_path, timeout)
+    regs = {n: int(r) for n, r in re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", report, re.S)}
+    assert set(regs) == set(names), sorted(set(names) ^ set(regs))
+    return [{k.name: regs[f"p{i}_{k.name}"] for k in prog.kernels} for i, prog in enumerate(programs)]
 
 
 def suggested(space: SearchSpace, n: int, seed: int) -> list[tuple[dict[str, Any], Schedule]]:

@@ -123,7 +123,7 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
     if block_order_seed is not None:
         st.block_rank = np.random.default_rng(block_order_seed).permutation(grid).astype(np.int32)
     with np.errstate(all="ignore"):
-        ck.body(st, np.ones(st.T, bool))
+        ck.body(st, st.full)
     if st.remote_pending:
         raise EmulatorFault("cluster_race", f"kernel {kernel.name}: distributed shared memory accessed after "
                             "the last cluster barrier (the owning block may exit while it is read)")

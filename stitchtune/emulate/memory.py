@@ -7,8 +7,11 @@ Contract
 * ``_State`` is one launch: ``T = grid * block`` lockstep lanes (``tid``, ``bid``, ``lane``), the
   variables (``[T]`` arrays), local arrays (``[T, size]``, NaN at start), the global buffers of the
   launch (``_GBuf``: array, written flags, race tracker when the kernel writes the buffer) and the
-  shared buffers (``_SBuf``: one ``size`` slice per block). ``_State.fault`` builds a fault naming the
-  kernel, statement, element, block and thread of the first offending lane.
+  shared buffers (``_SBuf``: one ``size`` slice per block). Written flags only ever turn on, so once a
+  buffer is fully written its loads skip the check (``_Written``). ``_State.full`` is the mask of every
+  lane; a statement run under that very object takes its fast path (no ``where``, no compaction), and
+  ``_State.mask`` hands it back for any mask that turns out all-active. ``_State.fault`` builds a fault
+  naming the kernel, statement, element, block and thread of the first offending lane.
 * ``_access`` is every (vector) load / store / atomic add of a global or shared buffer, with the
   checks of the emulator's module docstring (alignment, bounds, uninitialised reads, shared and global
   races through ``_Tracker``); ``_remote_access`` is a load / store of another block's shared memory
@@ -127,19 +130,27 @@ class _Tracker:
 
     @staticmethod
     def _other(arr: np.ndarray, e: np.ndarray, who: np.ndarray) -> np.ndarray:
-        """Lanes whose element has an accessor other than ``who`` in ``arr``."""
-        x = arr[e]
+        """Lanes whose element has an accessor other than ``who`` in ``arr`` (``e``: intp indices)."""
+        x = arr.take(e)
         return (x != -1) & (x != who)
 
     @staticmethod
-    def _add(arr: np.ndarray, e: np.ndarray, who: np.ndarray) -> None:
-        """Record ``who`` as an accessor of ``e`` (exact also when lanes share an element)."""
-        x = arr[e]
-        arr[e] = np.where((x == -1) | (x == who), who, np.int32(-2))
-        y = arr[e]  # with duplicate elements the last lane won: a lane that sees a different id clashes
-        clash = (y != who) & (y != -2)
+    def _add(arr: np.ndarray, e: np.ndarray, who: np.ndarray) -> bool:
+        """Record ``who`` as an accessor of ``e`` (exact also when lanes share an element); True when an
+        element ended with several accessors (-2) in this call.
+
+        After ``arr[e] = who`` every element holds the id of one of its lanes (whichever numpy wrote
+        last), so a lane that reads back a different id shares its element with another accessor; so
+        does a lane whose element already had another one.
+        """
+        x = arr.take(e)
+        arr[e] = who
+        clash = arr.take(e) != who
+        clash |= (x != -1) & (x != who)
         if clash.any():
             arr[e[clash]] = -2
+            return True
+        return False
 
     def read(self, e: np.ndarray, who: np.ndarray) -> np.ndarray:
         bad = self._other(self.w, e, who)
@@ -149,8 +160,12 @@ class _Tracker:
         return bad
 
     def write(self, e: np.ndarray, who: np.ndarray) -> np.ndarray:
-        self._add(self.w, e, who)  # first, so that two writers in one statement conflict
-        bad = self._other(self.w, e, who)
+        # first, so that two writers in one statement conflict; without a clash every element now
+        # holds exactly its lanes' id, so no lane sees another writer
+        if self._add(self.w, e, who):
+            bad = self._other(self.w, e, who)
+        else:
+            bad = np.zeros(e.size, bool)
         bad |= self._other(self.r, e, who)
         if self.a is not None:
             bad |= self._other(self.a, e, who)
@@ -169,7 +184,34 @@ class _Tracker:
 # ----------------------------------------------------------------------------------------------
 
 
-class _GBuf:
+class _Written:
+    """The written flags of a buffer and whether a load must still check them: once every element of
+    ``written[:size]`` is set it stays set (nothing clears a flag), so loads skip the check from then on.
+    Stores call :meth:`stored`; the next load recounts (one ``all()`` instead of a gather per load)."""
+
+    written: np.ndarray
+    check_written: bool
+    _nflags: int
+    _stored: bool
+
+    def _init_written(self, written: np.ndarray, n: int) -> None:
+        self.written = written
+        self._nflags = n  # the flags of the buffer's elements (written may be longer)
+        self.check_written = not bool(written[:n].all())
+        self._stored = False
+
+    def stored(self) -> None:
+        self._stored = True
+
+    def must_check_written(self) -> bool:
+        """True while some element of the buffer may be unwritten."""
+        if self.check_written and self._stored:
+            self._stored = False
+            self.check_written = not bool(self.written[: self._nflags].all())
+        return self.check_written
+
+
+class _GBuf(_Written):
     """A global buffer as seen by one launch."""
 
     def __init__(self, param: kir.Param, arr: np.ndarray, written: np.ndarray, tracked: bool,
@@ -177,24 +219,24 @@ class _GBuf:
         self.name = param.name
         self.arr = arr
         self.size = param.size
-        self.written = written
-        self.check_written = not bool(written[: param.size].all())  # stays all-True once all-True
+        self._init_written(written, param.size)
         self.tracker = _Tracker(param.size, atomics) if tracked else None
+        self.scratch: np.ndarray | None = None  # positions, for the same-statement write check
 
 
-class _SBuf:
+class _SBuf(_Written):
     """A shared buffer: ``[grid * size]`` float32 values, written flags and a race tracker; in a
     cluster kernel also ``ctracker``, the blocks that accessed each element since the last cluster
     barrier (local and remote accesses; None otherwise)."""
 
     def __init__(self, size: int, grid: int, bid: np.ndarray, cluster: int = 1) -> None:
-        self.size = size
         self.arr = np.zeros(grid * size, np.float32)
-        self.written = np.zeros(grid * size, bool)
+        self.size = size  # elements per block
+        self._init_written(np.zeros(grid * size, bool), grid * size)
         self.tracker = _Tracker(grid * size, atomics=False)
         self.ctracker = _Tracker(grid * size, atomics=False) if cluster > 1 else None
         # element offset of each thread's block in the flat array
-        self.lane_base = bid.astype(np.int32 if grid * size < 2**31 else np.int64) * size
+        self.lane_base = bid.astype(np.intp) * size
 
 
 class _CompiledKernel(Protocol):
@@ -219,6 +261,7 @@ class _State:
         self.bid = t // np.int32(k.block)
         self.lane = self.tid % np.int32(32)
         self.ar = t
+        self.full = np.ones(T, bool)  # the mask of every lane: the body runs under it, never written to
         self.coresident_limit = coresident_limit
         self.block_rank: np.ndarray | None = None  # the order blocks apply atomic adds in (None: thread order)
         self.where = ""
@@ -256,6 +299,11 @@ class _State:
             self._shfl_src[key] = (self.ar - lane + src).astype(np.intp)
         return self._shfl_src[key]
 
+    def mask(self, m: np.ndarray) -> np.ndarray:
+        """``m``, or :attr:`full` itself when every lane of ``m`` is active (the statements take their
+        fast paths on ``m is st.full``: no ``where``, no compaction)."""
+        return self.full if m is not self.full and m.all() else m
+
     def fault(self, kind: str, what: str, bad: np.ndarray, lanes: np.ndarray,
               elems: np.ndarray | None = None) -> EmulatorFault:
         """Build a fault naming the first offending lane (``bad`` is aligned with ``lanes``)."""
@@ -272,15 +320,25 @@ class _State:
 def _active(st: _State, m: np.ndarray, pred: Any) -> tuple[np.ndarray, np.ndarray]:
     """(mask, lane indices) of the threads of ``m`` that execute a predicated memory statement
     (``pred``: its compiled predicate, or None for all of ``m``)."""
-    act = m & pred(st, m) if pred is not None else m
-    return act, np.flatnonzero(act)
+    act = st.mask(m & pred(st, m)) if pred is not None else m
+    return act, (st.ar if act is st.full else np.flatnonzero(act))
 
 
 def _lanes_of(x: Any, lanes: np.ndarray) -> np.ndarray:
     """The values of ``x`` (a [T] array or a scalar) at ``lanes``."""
     if np.ndim(x) == 0:
         return np.full(lanes.size, x)
-    return x[lanes]
+    if lanes.size == x.shape[0]:  # lanes: sorted distinct lanes, so all of them
+        return x
+    return x.take(lanes)
+
+
+def _elements(base: np.ndarray, width: int) -> np.ndarray:
+    """``[base + k for k < width]`` per lane, flat (int32, lane-major)."""
+    e = np.empty((base.size, width), np.int32)
+    for k in range(width):  # one strided column at a time: far faster than a [n, 1] + [width] broadcast
+        np.add(base, np.int32(k), out=e[:, k])
+    return e.ravel()
 
 
 @overload
@@ -301,57 +359,53 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
         mis = (base & np.int32(width - 1)) != 0  # widths are powers of two
         if mis.any():
             raise st.fault("bad_alignment", f"{width}-wide access to {buf}{{at}}", mis, lanes, base)
-        e = (base[:, None] + np.arange(width, dtype=np.int32)).ravel()
+        e = _elements(base, width)
         lr = np.repeat(lanes, width)
     else:
         e, lr = base, lanes
-    tracker: _Tracker | None
-    if is_shared:
-        sb = st.shared[buf]
-        size = sb.size
-    else:
-        gb = st.glob[buf]
-        size = gb.size
+    b: _GBuf | _SBuf = st.shared[buf] if is_shared else st.glob[buf]
+    size = b.size
     oob = e.view(np.uint32) >= size  # negative indices wrap to huge unsigned values
     if oob.any():
         raise st.fault("out_of_bounds", f"{op} of {buf}{{at}} (size {size})", oob, lr, e)
-    if is_shared:
-        g = sb.lane_base[lr] + e
-        who = st.tid[lr]
-        arr, written, tracker, race = sb.arr, sb.written, sb.tracker, "shared_race"
-        check_written = True
-    else:
-        g = e
-        who = st.bid[lr]
-        arr, written, tracker, race = gb.arr, gb.written, gb.tracker, "global_race"
-        check_written = gb.check_written
-    if op in ("load", "atomic") and check_written:
-        un = ~written[g]
-        if un.any():
-            raise st.fault("uninitialized_read", f"{op} of unwritten {buf}{{at}}", un, lr, e)
-    if is_shared and sb.ctracker is not None:
-        _cluster_track(st, sb, buf, op, g, lr, e)
+    # flat element of each lane (intp: numpy converts any other index type on every gather)
+    g = b.lane_base.take(lr) + e if isinstance(b, _SBuf) else e.astype(np.intp)
+    tracker = b.tracker
+    if tracker is not None:  # the accessor ids the tracker records: threads (shared) or blocks (global)
+        ids = st.tid if is_shared else st.bid
+        who = ids if lanes is st.ar else ids.take(lanes)
+        if width > 1:
+            who = np.repeat(who, width)
+    if op in ("load", "atomic") and b.must_check_written():
+        wr = b.written.take(g)
+        if not wr.all():
+            raise st.fault("uninitialized_read", f"{op} of unwritten {buf}{{at}}", ~wr, lr, e)
+    if isinstance(b, _SBuf) and b.ctracker is not None:
+        _cluster_track(st, b, buf, op, g, lr, e)
+    race = "shared_race" if is_shared else "global_race"
     if op == "load":
         if tracker is not None:
             bad = tracker.read(g, who)
             if bad.any():
                 raise st.fault(race, f"read of {buf}{{at}} written by another "
                                f"{'thread' if is_shared else 'block'} without a barrier", bad, lr, e)
-        v = arr[g]
+        v = b.arr.take(g)
         if v.dtype != np.float32 and not raw:
             v = v.astype(np.float32)
         return v.reshape(-1, width)
     assert values is not None
+    arr = b.arr
     if op == "store":
         if tracker is not None:
             bad = tracker.write(g, who)
             if bad.any():
                 raise st.fault(race, f"write of {buf}{{at}} accessed by another "
                                f"{'thread' if is_shared else 'block'} without a barrier", bad, lr, e)
-        if not is_shared and tracker is not None and lanes.size > 1:
-            _check_same_statement_writes(st, buf, g, lr, e)
+        if isinstance(b, _GBuf) and tracker is not None and lanes.size > 1:
+            _check_same_statement_writes(st, b, g, lr, e)
         arr[g] = values.ravel().astype(arr.dtype, copy=False)
-        written[g] = True
+        b.written[g] = True
+        b.stored()
         return None
     # atomic add
     if tracker is not None:
@@ -366,16 +420,26 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
     return None
 
 
-def _check_same_statement_writes(st: _State, buf: str, g: np.ndarray, lr: np.ndarray, e: np.ndarray) -> None:
+def _check_same_statement_writes(st: _State, b: _GBuf, g: np.ndarray, lr: np.ndarray, e: np.ndarray) -> None:
     """``global_race`` when two threads write one global element in the same store statement (one
-    thread's vector never repeats an element, so a repeat is always two threads)."""
+    thread's vector never repeats an element, so a repeat is always two threads).
+
+    Each position's index is scattered into a scratch array of the buffer's size and read back: with a
+    repeated element only one of its positions can read its own index back (O(n), no sort); the fault
+    then names the first repeat in lane order.
+    """
+    pos = np.arange(g.size, dtype=np.intp)
+    if b.scratch is None:
+        b.scratch = np.empty(b.size, np.intp)
+    b.scratch[g] = pos
+    if (b.scratch.take(g) == pos).all():
+        return
     order = np.argsort(g, kind="stable")
     sg = g[order]
     dup = sg[1:] == sg[:-1]
-    if dup.any():
-        bad = np.zeros(g.size, bool)
-        bad[order[1:][dup]] = True
-        raise st.fault("global_race", f"write of {buf}{{at}} by two threads in one store (no atomic)", bad, lr, e)
+    bad = np.zeros(g.size, bool)
+    bad[order[1:][dup]] = True
+    raise st.fault("global_race", f"write of {b.name}{{at}} by two threads in one store (no atomic)", bad, lr, e)
 
 
 def _cluster_track(st: _State, sb: _SBuf, buf: str, op: str, g: np.ndarray, lanes: np.ndarray,
@@ -422,6 +486,7 @@ def _remote_access(st: _State, buf: str, lanes: np.ndarray, rank: np.ndarray, id
     assert values is not None
     sb.arr[g] = values.astype(np.float32, copy=False)
     sb.written[g] = True
+    sb.stored()
     return None
 
 
@@ -441,7 +506,8 @@ def _shared_broadcast_load(st: _State, buf: str, iv: Any) -> np.ndarray | None:
         per_block = iv.reshape(grid, block)
         row0 = per_block[0]
         p = 1
-        while p < block and not (row0.reshape(-1, p) == row0[:p]).all():
+        # row0[p] == row0[0] is necessary for period p: a scalar test before the O(block) one
+        while p < block and (row0[p] != row0[0] or not (row0.reshape(-1, p) == row0[:p]).all()):
             p *= 2
         if p >= block:
             return None
@@ -457,16 +523,17 @@ def _shared_broadcast_load(st: _State, buf: str, iv: Any) -> np.ndarray | None:
     oob = ib.view(np.uint32) >= sb.size
     if oob.any():
         raise st.fault("out_of_bounds", f"load of {buf}{{at}} (size {sb.size})", oob, lanes, ib)
-    g = sb.lane_base[lanes] + ib
-    un = ~sb.written[g]
-    if un.any():
-        raise st.fault("uninitialized_read", f"load of unwritten {buf}{{at}}", un, lanes, ib)
-    w = sb.tracker.w[g]
+    g = sb.lane_base.take(lanes) + ib
+    if sb.must_check_written():
+        wr = sb.written.take(g)
+        if not wr.all():
+            raise st.fault("uninitialized_read", f"load of unwritten {buf}{{at}}", ~wr, lanes, ib)
+    w = sb.tracker.w.take(g)
     bad = w != -1  # several threads read each element: any writer in this interval races with one
     if bad.any():
         other = lanes + np.where(w == st.tid[lanes], p, 0).astype(np.int32)  # a reader that is not the writer
         raise st.fault("shared_race", f"read of {buf}{{at}} written by another thread without a barrier",
                        bad, other, ib)
     sb.tracker.r[g] = -2
-    v = sb.arr[g].reshape(grid, 1, p)
+    v = sb.arr.take(g).reshape(grid, 1, p)
     return np.broadcast_to(v, (grid, block // p, p)).reshape(st.T)

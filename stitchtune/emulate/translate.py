@@ -108,6 +108,23 @@ _CMP: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
+def _uses_mask(e: kir.Expr) -> bool:
+    """Whether evaluating ``e`` depends on the active mask: a memory load, a local array read or a
+    shuffle (their checks and faults are per active lane). Anything else is arithmetic on every lane,
+    which never faults, so a lazy operand made only of it may be evaluated everywhere."""
+    if isinstance(e, (Const, Var, Special, kir.ClusterRank)):
+        return False
+    if isinstance(e, Bin):
+        return _uses_mask(e.a) or _uses_mask(e.b)
+    if isinstance(e, MathOp):
+        return any(_uses_mask(a) for a in e.args)
+    if isinstance(e, Select):
+        return _uses_mask(e.cond) or _uses_mask(e.a) or _uses_mask(e.b)
+    if isinstance(e, Cast):
+        return _uses_mask(e.expr)
+    return True  # loads, local arrays, shuffles, remote loads (and anything new: the safe answer)
+
+
 class _Compiled(ClusterOps):
     """A kernel compiled into closures (cached per kernel object; the cluster statements are
     :class:`~stitchtune.emulate.cluster_ops.ClusterOps`')."""
@@ -175,6 +192,8 @@ class _Compiled(ClusterOps):
             (af, at), (bf, bt) = self.expr(e.a), self.expr(e.b)
             rt = _promote(at, bt)
             af, bf = _cast_fn(af, at, rt), _cast_fn(bf, bt, rt)
+            if not (_uses_mask(e.a) or _uses_mask(e.b)):  # no mask to narrow: both sides on every lane
+                return (lambda st, m: np.where(cf(st, m), af(st, m), bf(st, m))), rt
 
             def select(st: _State, m: np.ndarray) -> Any:
                 c = cf(st, m)
@@ -207,6 +226,10 @@ class _Compiled(ClusterOps):
         (af, at), (bf, bt) = self.expr(e.a), self.expr(e.b)
         if op in ("&&", "||"):
             af, bf = _cast_fn(af, at, BOOL), _cast_fn(bf, bt, BOOL)
+            if not _uses_mask(e.b):  # a pure right operand: evaluated on every lane, same result
+                if op == "&&":
+                    return (lambda st, m: af(st, m) & bf(st, m)), BOOL
+                return (lambda st, m: af(st, m) | bf(st, m)), BOOL
             if op == "&&":
                 def land(st: _State, m: np.ndarray) -> Any:
                     a = af(st, m)
@@ -328,12 +351,13 @@ class _Compiled(ClusterOps):
         lane_mask, width = e.lane_mask, e.width
 
         def shfl(st: _State, m: np.ndarray) -> Any:
-            w = m.reshape(-1, 32)
-            part = w.any(axis=1) & ~w.all(axis=1)
-            if part.any():
-                bad = np.repeat(part, 32) & ~m
-                raise st.fault("inactive_shuffle", "shuffle with an inactive lane in the warp",
-                               bad, st.ar)
+            if m is not st.full:
+                w = m.reshape(-1, 32)
+                part = w.any(axis=1) & ~w.all(axis=1)
+                if part.any():
+                    bad = np.repeat(part, 32) & ~m
+                    raise st.fault("inactive_shuffle", "shuffle with an inactive lane in the warp",
+                                   bad, st.ar)
             v = vf(st, m)
             if np.ndim(v) == 0:
                 return v
@@ -361,7 +385,11 @@ class _Compiled(ClusterOps):
 
             def assign(st: _State, m: np.ndarray) -> None:
                 st.where = where
-                st.vars[name] = np.where(m, f(st, m), st.vars[name]).astype(npt, copy=False)
+                if m is st.full:  # vars are never written in place: sharing an array is safe
+                    v = f(st, m)
+                    st.vars[name] = np.full(st.T, v, npt) if np.ndim(v) == 0 else v.astype(npt, copy=False)
+                else:
+                    st.vars[name] = np.where(m, f(st, m), st.vars[name]).astype(npt, copy=False)
             return assign
         if isinstance(s, SetLocal):
             return self.setlocal(s, where)
@@ -385,17 +413,21 @@ class _Compiled(ClusterOps):
             def if_(st: _State, m: np.ndarray) -> None:
                 st.where = where
                 c = cf(st, m)
-                mt = m & c
+                mt = st.mask(m & c)
                 if mt.any():
                     then(st, mt)
                 if orelse is not None:
-                    mf = m & ~c
+                    mf = st.mask(m & ~c)
                     if mf.any():
                         orelse(st, mf)
             return if_
         if isinstance(s, Barrier):
             def barrier(st: _State, m: np.ndarray) -> None:
                 st.where = where
+                if m is st.full:
+                    for sb in st.shared.values():
+                        sb.tracker.reset()
+                    return
                 b = m.reshape(st.grid, st.block)
                 some, every = b.any(axis=1), b.all(axis=1)
                 part = some & ~every
@@ -435,7 +467,7 @@ class _Compiled(ClusterOps):
             def setlocal_const(st: _State, m: np.ndarray) -> None:
                 st.where = where
                 a = st.locals[arr_name]
-                a[:, k] = np.where(m, vf(st, m), a[:, k])
+                a[:, k] = vf(st, m) if m is st.full else np.where(m, vf(st, m), a[:, k])
             return setlocal_const
         idx = self.as_type(s.index, I32)
 
@@ -478,6 +510,9 @@ class _Compiled(ClusterOps):
             base = _lanes_of(idx(st, act), lanes)
             vals = _access(st, buf, is_shared, lanes, base, width, "load")
             for k, (name, npt) in enumerate(dsts):
+                if lanes.size == st.T:
+                    st.vars[name] = vals[:, k].astype(npt)
+                    continue
                 a = st.vars[name].copy()
                 a[lanes] = vals[:, k]
                 st.vars[name] = a
@@ -534,16 +569,20 @@ class _Compiled(ClusterOps):
 
         def for_(st: _State, m: np.ndarray) -> None:
             st.where = where
-            st.vars[name] = np.where(m, start(st, m), st.vars[name]).astype(np.int32, copy=False)
+            v0 = start(st, m)
+            if m is st.full:
+                st.vars[name] = np.full(st.T, v0, np.int32) if np.ndim(v0) == 0 else v0.astype(np.int32, copy=False)
+            else:
+                st.vars[name] = np.where(m, v0, st.vars[name]).astype(np.int32, copy=False)
             act = m
             while True:
                 st.where = where
-                act = act & (st.vars[name] < stop(st, act))
+                act = st.mask(act & (st.vars[name] < stop(st, act)))
                 if not act.any():
                     return
                 body(st, act)
                 v = st.vars[name]
-                st.vars[name] = np.where(act, v + step, v).astype(np.int32, copy=False)
+                st.vars[name] = v + step if act is st.full else np.where(act, v + step, v).astype(np.int32, copy=False)
         return for_
 
 

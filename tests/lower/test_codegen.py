@@ -14,18 +14,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import re
-import shutil
-import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from stitchtune.ir import kir
 from stitchtune.hardware.device import get_device
 from stitchtune.cost.model import predict
 from stitchtune.emulate.emulator import emulate_program
@@ -35,10 +31,11 @@ from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import TensorClass, make_plan
 from stitchtune.graph.reference import random_inputs, run_reference
-from stitchtune.gpu.render import preamble, render, render_kernel
+from stitchtune.gpu.build import KernelResources, parse_ptxas
+from stitchtune.gpu.render import render, render_kernel
 from stitchtune.space import Schedule, SearchSpace
 
-from helpers import assert_matches_golden, rel_err, setup
+from helpers import assert_matches_golden, batch_source, ptxas_report, rel_err, setup, shared_ptxas_report
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -114,41 +111,13 @@ def test_coverage_of_schemes_and_mappings() -> None:
                      "split-row (several blocks per row)", "column-tile", "column-split"}
 
 
-def _nvcc() -> str | None:
-    return shutil.which("nvcc") or (shutil.which("/usr/local/cuda/bin/nvcc"))
-
-
-def _batch_source(programs: list[kir.Program]) -> tuple[str, list[str]]:
-    """One translation unit for many programs: kernels renamed ``p<i>_<name>``."""
-    src = preamble([k for prog in programs for k in prog.kernels])
-    names = []
-    for i, prog in enumerate(programs):
-        for k in prog.kernels:
-            k2 = dataclasses.replace(k, name=f"p{i}_{k.name}")
-            names.append(k2.name)
-            src += "\n" + render_kernel(k2) + "\n"
-    return src, names
-
-
-def _ptxas_report(src: str, tmp_path: Path, timeout: int) -> str:
-    """Compile ``src`` for sm_90 (skip without nvcc) and return ptxas's ``-v`` report."""
-    nvcc = _nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found")
-    (tmp_path / "k.cu").write_text(src)
-    r = subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-Xptxas", "-v", "-o", "k.cubin", "k.cu"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r.stderr
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SMALL)
 def test_sampled_schedules_compile_for_sm90(name: str, tmp_path: Path) -> None:
     g, plan, space = setup(name)
     progs = [lower(g, plan, s, DEV, space) for s in [heuristic_schedule(plan, DEV, space)] + sampled(space, COMPILE_SCHEDULES)]
-    src, names = _batch_source(progs)
-    report = _ptxas_report(src, tmp_path, 600)
+    src, names = batch_source(progs)
+    report = ptxas_report(src, tmp_path, 600)
     regs = dict(re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", report, re.S))
     assert set(regs) == set(names)
     for n, v in regs.items():
@@ -156,21 +125,43 @@ def test_sampled_schedules_compile_for_sm90(name: str, tmp_path: Path) -> None:
     assert len(re.findall(r"bytes spill stores", report)) == len(names)
 
 
+def _full_size_heuristics() -> list[tuple[object, object]]:
+    """(schedule, program) of the heuristic of every full-size example, in ``FULL`` order."""
+    out = []
+    for name in FULL:
+        g, plan, space = setup(name)
+        s = heuristic_schedule(plan, DEV, space)
+        out.append((s, lower(g, plan, s, DEV, space)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def full_size_resources(shared_build_dir: Path) -> dict[str, KernelResources]:
+    """ptxas' resources of every kernel of every full-size heuristic (``p<i>_<kernel>``, ``i`` the example's
+    index in ``FULL``), from one nvcc build that the whole run shares."""
+    src, names = batch_source([prog for _, prog in _full_size_heuristics()])
+    report = shared_ptxas_report(src, shared_build_dir, 600)
+    res = parse_ptxas(report)
+    assert set(res) == set(names)
+    assert all(f"Function properties for {n}" in report for n in names)  # the spill figures are ptxas' own
+    return res
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FULL)
-def test_heuristic_full_size_compiles_without_spills(name: str, tmp_path: Path) -> None:
+def test_heuristic_full_size_compiles_without_spills(name: str, full_size_resources) -> None:
     g, plan, space = setup(name)
     s = heuristic_schedule(plan, DEV, space)
     assert space.violations(s) == []
     prog = lower(g, plan, s, DEV, space)
-    report = _ptxas_report(render(prog), tmp_path, 300)
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", report)]
-    assert spills and all(x == 0 for x in spills), report
+    i = FULL.index(name)
+    mine = {k.name: full_size_resources[f"p{i}_{k.name}"] for k in prog.kernels}
+    assert all(r.spill_store_bytes == 0 and r.spill_load_bytes == 0 for r in mine.values()), mine
     # with the compiler's register counts every kernel is still legal: in particular a grid-barrier
     # grid stays co-resident (the colsum heuristic was pruned after its build on the H200 before
     # heuristic._pin_coresidency)
-    regs = {n: int(r) for n, r in re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", report, re.S)}
-    assert set(regs) == {k.name for k in prog.kernels}
+    regs = {n: r.registers for n, r in mine.items()}
+    assert all(1 <= r <= 255 for r in regs.values()), regs
     assert predict(prog.profile, DEV, registers=regs).prune_reason is None, (s.to_json(), regs)
 
 

@@ -10,9 +10,9 @@ import random
 import numpy as np
 import pytest
 
-from helpers import DEV, emulated_errors
+from helpers import DEV, compile_programs_sm90, emulated_errors
 from stitchtune.cost.heuristic import heuristic_schedule
-from stitchtune.gpu.build import NvccBuilder, nvcc_found
+from stitchtune.gpu.build import nvcc_found
 from stitchtune.gpu.render import render
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import parse_graph
@@ -120,15 +120,14 @@ def test_int_loads_render_in_their_width_and_bytes_count_so() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not nvcc_found(), reason="nvcc not installed")
 def test_int_loads_compile_for_sm90(tmp_path) -> None:
-    sources = []
+    programs = []
     for g in (_mask_softmax("int64"), _mask_softmax("int32"), _cast_mul("int64", "bfloat16"), _cast_mul("int32", "float16")):
         plan, space, scheds = _schedules(g, 2)
-        sources += [render(lower(g, plan, s, DEV, space)) for s in scheds]
+        programs += [lower(g, plan, s, DEV, space) for s in scheds]
     g = _masked_max_f16()
     plan, space, _ = _schedules(g, 0)
-    sources += [render(lower(g, plan, s, DEV, space)) for s in _vec8(space, 1)]
-    results = NvccBuilder(cache_dir=tmp_path).build(sources, "sm_90")
-    assert [r.status for r in results] == ["ok"] * len(sources), [getattr(r, "error", "") for r in results]
+    programs += [lower(g, plan, s, DEV, space) for s in _vec8(space, 1)]
+    compile_programs_sm90(programs, tmp_path)  # one nvcc call; fails the test on any error
 
 
 _MAPS = {  # int64 inputs moved by index maps before their cast

@@ -12,12 +12,11 @@ import random
 import numpy as np
 import pytest
 
-from helpers import DEV, emulated_errors, rel_err, setup
+from helpers import DEV, compile_programs_sm90, emulated_errors, rel_err, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.cost.model import predict
 from stitchtune.emulate.emulator import emulate_program
-from stitchtune.gpu.build import NvccBuilder, nvcc_found
-from stitchtune.gpu.render import render
+from stitchtune.gpu.build import nvcc_found
 from stitchtune.graph.parse import parse_graph
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.lower.entry import lower
@@ -164,13 +163,12 @@ def test_default_schedules_are_unchanged() -> None:
 def test_single_pass_kernels_compile_for_sm90(tmp_path) -> None:
     """Welford and online-softmax kernels of each shape: sub-warp and block rows, split rows with a
     grid barrier (thread combine) and with a kernel boundary (warp combine)."""
-    sources = []
+    programs = []
     for name in ("layernorm_small.json", "logsoftmax_small.json"):
         g, plan, space = setup(name)
         for s in _covering(space, ("subwarp", "block", "split-global-thread", "split-independent-warp")).values():
-            sources.append(render(lower(g, plan, s, DEV, space)))
-    results = NvccBuilder(jobs=2, cache_dir=tmp_path).build(sources, "sm_90")
-    assert [r.status for r in results] == ["ok"] * len(sources), [r.error for r in results if r.status != "ok"]
+            programs.append(lower(g, plan, s, DEV, space))
+    compile_programs_sm90(programs, tmp_path)  # one nvcc call; fails the test on any error
 
 
 # ---------------------------------------------------------------------------------------------------
