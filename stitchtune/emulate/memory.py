@@ -523,7 +523,7 @@ def _shared_broadcast_load(st: _State, buf: str, iv: Any) -> np.ndarray | None:
     oob = ib.view(np.uint32) >= sb.size
     if oob.any():
         raise st.fault("out_of_bounds", f"load of {buf}{{at}} (size {sb.size})", oob, lanes, ib)
-    g = sb.lane_base.take(lanes) + ib
+    g: np.ndarray = sb.lane_base.take(lanes) + ib
     if sb.must_check_written():
         wr = sb.written.take(g)
         if not wr.all():
