@@ -518,12 +518,12 @@ def _shared_broadcast_load(st: _State, buf: str, iv: Any) -> np.ndarray | None:
     sb = st.shared[buf]
     if sb.ctracker is not None:  # a cluster kernel: the general path records the cluster accesses
         return None
-    lanes = (st.ar[::block][:, None] + np.arange(p, dtype=np.int32)).ravel()  # threads to name in a fault
+    lanes: np.ndarray = (st.ar[::block][:, None] + np.arange(p, dtype=np.int32)).ravel()  # threads to name in a fault
     ib = ib.ravel()
     oob = ib.view(np.uint32) >= sb.size
     if oob.any():
         raise st.fault("out_of_bounds", f"load of {buf}{{at}} (size {sb.size})", oob, lanes, ib)
-    g: np.ndarray = sb.lane_base.take(lanes) + ib
+    g = sb.lane_base.take(lanes) + ib
     if sb.must_check_written():
         wr = sb.written.take(g)
         if not wr.all():
