@@ -38,7 +38,7 @@ import torch
 
 from stitchtune.errors import StitchtuneError
 
-__all__ = ["RegionError", "RegionKernel", "register", "region_op"]
+__all__ = ["GuardedRegion", "RegionError", "RegionKernel", "register", "region_op"]
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,77 @@ class DynamicRegionKernel:
         return [outs[i] for i in index]
 
 
-def register(key: str, kernel: RegionKernel | DynamicRegionKernel) -> None:
+def is_index_error(exc: BaseException) -> bool:
+    """True for a gather's out-of-range index (a flagged error of the model's input, raised as it is:
+    running the ATen ops instead would fail too, and on CUDA with a device-side assert)."""
+    return "index out of range" in str(exc)
+
+
+@dataclass
+class GuardedRegion:
+    """What the torch backend registers: ``kernel`` (a :class:`RegionKernel` or
+    :class:`DynamicRegionKernel`), and the region's ATen ops (``module``) to run instead when the
+    kernel fails at run time. The first failure calls ``on_fail(reason)`` (the backend reports the
+    region as declined) and is logged once; from then on every call runs ``module`` (its outputs
+    made contiguous in the kernel's axis order ``perms``, never aliasing an input). A gather's
+    out-of-range index (:func:`is_index_error`) is raised, not hidden."""
+
+    kernel: Any
+    module: Any
+    perms: tuple[tuple[int, ...] | None, ...]
+    on_fail: Any = None
+    failed: str | None = None
+    _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes -> output specs
+
+    @property
+    def compiled(self) -> Any:
+        return self.kernel.compiled
+
+    def describe(self) -> str:
+        return str(self.kernel.describe())
+
+    def fake(self, inputs: Sequence[Any]) -> list[Any]:
+        return list(self.kernel.fake(inputs))
+
+    def _check(self, inputs: Sequence[Any], outs: Sequence[Any]) -> None:
+        """Raise when the kernel's outputs are not what its fake result promised (shape, dtype)."""
+        key = tuple(tuple(t.shape) for t in inputs)
+        want = self._specs.get(key)
+        if want is None:
+            want = self._specs[key] = [(tuple(f.shape), f.dtype) for f in self.fake(inputs)]
+        got = [(tuple(o.shape), o.dtype) for o in outs]
+        if got != want:
+            raise RegionError(f"{self.describe()}: outputs {got}, its fake result says {want}")
+
+    def eager(self, inputs: Sequence[Any]) -> list[Any]:
+        """The region's outputs computed by its ATen ops, laid out as the kernel writes them."""
+        outs = self.module(*inputs)
+        res = []
+        for o, p in zip(outs, self.perms):
+            o = (o if p is None else o.permute(p)).contiguous()
+            if o._base is not None or any(o.data_ptr() == t.data_ptr() for t in inputs):
+                o = o.clone()
+            res.append(o)
+        return res
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+        if self.failed is None:
+            try:
+                outs = list(self.kernel(inputs))
+                self._check(inputs, outs)
+                return outs
+            except Exception as exc:  # noqa: BLE001 - never break a model: the ATen ops run instead
+                if is_index_error(exc):
+                    raise
+                self.failed = f"{type(exc).__name__}: {exc}"
+                log.warning("%s failed at run time (%s); running its ATen ops from now on",
+                            self.describe(), self.failed)
+                if self.on_fail is not None:
+                    self.on_fail(self.failed)
+        return self.eager(inputs)
+
+
+def register(key: str, kernel: RegionKernel | DynamicRegionKernel | GuardedRegion) -> None:
     """Make ``kernel`` what ``torch.ops.stitchtune.region(key, ...)`` runs."""
     with _lock:
         _registry[key] = kernel
@@ -285,7 +355,7 @@ def _to_numpy(t: Any, dtype: str) -> np.ndarray:
 def _from_numpy(a: np.ndarray, dtype: str) -> Any:
     from stitchtune.graph.reference import numpy_dtype
 
-    a = np.ascontiguousarray(a).astype(numpy_dtype(dtype), copy=False)
+    a = np.asarray(a).astype(numpy_dtype(dtype), order="C", copy=False)   # keeps 0-d (ascontiguousarray does not)
     if dtype == "bfloat16":
         return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(a.copy())
