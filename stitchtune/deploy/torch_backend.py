@@ -288,47 +288,37 @@ def _same_layout(got: Any, want: Any) -> str | None:
 
 
 def _fake_check(new_gm: Any, origin: Mapping[Any, tuple[Any, str]], example_inputs: Sequence[Any]) -> dict[str, str]:
-    """Run ``new_gm`` on fake tensors (what AOTAutograd and Inductor do with it) and compare each value
-    a region gives (``origin``: new node -> (the original node it stands for, region key)) with the
+    """Run the nodes of ``new_gm`` made for regions (``origin``: new node -> (the original node it
+    stands for or None, region key)) on fake tensors, as AOTAutograd and Inductor will, reading every
+    other value from its node's ``meta["val"]`` (PyTorch's own fake value), and compare each with the
     original node's: {region key: why} for the regions whose fake result fails or differs (shape,
-    dtype, strides). Stops at the first failure of a node that is not a region's."""
-    import contextlib
-
+    dtype, strides)."""
     import torch
     import torch.fx
     from torch._guards import detect_fake_mode
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    mode = detect_fake_mode(example_inputs)
-    if mode is None:
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
-        example_inputs = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
+    mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
     bad: dict[str, str] = {}
-
-    class _Check(torch.fx.Interpreter):
-        def run_node(self, n: Any) -> Any:
+    vals: dict[Any, Any] = {}
+    with mode:
+        for n in new_gm.graph.nodes:
             hit = origin.get(n)
             if hit is None or hit[1] in bad:
-                return super().run_node(n)
-            try:
-                val = super().run_node(n)
-            except Exception as exc:  # noqa: BLE001 - the region's fake result failed
-                bad[hit[1]] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                raise _Stop() from exc
+                continue
             orig, key = hit
+            try:
+                args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs),
+                                                     lambda a: vals[a] if a in vals else a.meta["val"])
+                vals[n] = n.target(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - the region's fake result failed
+                bad[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                continue
             if orig is not None:
-                why = _same_layout(val, orig.meta.get("val"))
+                why = _same_layout(vals[n], orig.meta.get("val"))
                 if why:
                     bad[key] = f"{orig.name}: {why}"
-            return val
-
-    with mode, contextlib.suppress(_Stop):
-        _Check(new_gm).run(*example_inputs)
     return bad
-
-
-class _Stop(Exception):
-    """Ends a fake run at the first region whose fake result failed."""
 
 
 def _replace(gm: Any, chosen: Sequence[tuple[Any, str]]) -> tuple[Any, dict[Any, tuple[Any, str]]]:
