@@ -466,11 +466,16 @@ def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, 
             from torch._inductor.compile_fx import compile_fx_inner
             from torch._inductor.utils import BoxedBool
 
+            from torch._inductor import config as inductor_config
+
             rest = _redecompose(gm, example_inputs)
             kwargs: dict[str, Any] = {"is_backward": kind == "backward", "is_inference": kind == "inference"}
             if mode == "reduce-overhead":
                 kwargs["cudagraphs"] = BoxedBool(True)
-            return compile_fx_inner(rest, example_inputs, **kwargs)
+            # dropout's rand: Inductor replaces it in its joint-graph passes, which run before a
+            # backend's graph compilers; here it is the eager op
+            with inductor_config.patch(fallback_random=True):
+                return compile_fx_inner(rest, example_inputs, **kwargs)
         except Exception as exc:  # noqa: BLE001 - never break a model: run the rest eagerly
             log.warning("stitchtune: Inductor failed on the %s graph (%s: %s); running it eagerly",
                         kind, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
@@ -480,7 +485,11 @@ def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, 
 # ---------------------------------------------------------------------------- the backend
 def _graph_compiler(opts: BackendOptions, mode: str | None, kind: str) -> Any:
     def compiler(gm: Any, example_inputs: Sequence[Any]) -> Any:
-        new_gm, report = stitch_graph(gm, example_inputs, opts, kind)
+        try:
+            new_gm, report = stitch_graph(gm, example_inputs, opts, kind)
+        except Exception as exc:  # noqa: BLE001 - never break a model: this graph without regions
+            new_gm, report = gm, GraphReport(kind)
+            report.declined.append(DeclinedInfo(kind, "graph", f"stitching failed: {type(exc).__name__}: {exc}"))
         LAST_REPORTS.append(report)
         report.log_once()
         return _compile_rest(new_gm, example_inputs, opts, mode, kind, len(report.stitched))

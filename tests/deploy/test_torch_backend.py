@@ -342,6 +342,37 @@ def test_when_inductor_fails_on_the_rest_it_runs_eagerly(monkeypatch: pytest.Mon
     assert any("inductor is down" in r.getMessage() and "eagerly" in r.getMessage() for r in caplog.records)
 
 
+def test_dropout_in_training_goes_to_inductor_with_the_regions(caplog: pytest.LogCaptureFixture) -> None:
+    """The forward graph of a training step with dropout (``aten.rand``) compiles with Inductor (its
+    random ops as eager ones), not eagerly after an Inductor failure."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Dropout(0.25))
+    x = torch.randn(4, 16, requires_grad=True)
+    torch_backend.LAST_REPORTS.clear()
+    with caplog.at_level(logging.WARNING, logger="stitchtune.deploy.torch_backend"):
+        y = _compile(m, cpu="reference")(x)
+        y.sum().backward()
+    assert not [r for r in caplog.records if "Inductor failed" in r.getMessage()], caplog.text
+    assert {r.graph for r in torch_backend.LAST_REPORTS} == {"forward", "backward"} and _stitched() > 0
+    kept = (y != 0).float().mean().item()   # about 3/4 of the values survive dropout
+    assert 0.5 < kept < 0.95 and x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_a_failure_of_the_whole_stitching_step_leaves_the_graph_to_the_fallback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*a: Any, **k: Any) -> Any:
+        raise RuntimeError("stitching is down")
+
+    monkeypatch.setattr(torch_backend, "stitch_graph", broken)
+    torch.manual_seed(0)
+    m, x = Block().eval(), torch.randn(2, 4, 16)
+    with torch.no_grad():
+        e = torch_backend.explain(m, x, db=None, fallback="eager")
+        want = m(x)
+    assert torch.allclose(e.outputs, want, atol=1e-6) and not e.stitched
+    assert [d.what for d in e.declined] == ["graph"] and "stitching is down" in e.declined[0].reason
+
+
 def test_a_masked_softmax_with_a_bool_mask_is_one_emulated_region() -> None:
     def f(scores: Any, keep: Any) -> Any:
         return (scores * 0.25).masked_fill(~keep, float("-inf")).softmax(-1)
