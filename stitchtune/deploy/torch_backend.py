@@ -24,8 +24,14 @@ Contract
   :mod:`stitchtune.deploy.torch_ops`).
   An unknown option or value raises :class:`~stitchtune.errors.StitchtuneError`.
 * Never breaks a model: an op or region that cannot be stitched stays in the graph; any error while
-  compiling a region declines it with the reason. Each graph's declines are logged once (info level,
-  one line each). With static shapes torch recompiles per new shape (dynamo's cache); a region with
+  compiling a region declines it with the reason. The rewritten graph's region calls are run on fake
+  tensors (as AOTAutograd and Inductor will): a region whose fake result fails, or differs from
+  PyTorch's value in shape, dtype or strides, is declined. Each registered kernel is guarded
+  (:class:`~stitchtune.deploy.torch_ops.GuardedRegion`): a region that fails at run time, forward or
+  backward, or returns other shapes than its fake result, is declined then (logged once as a warning,
+  in the report and so in :func:`explain`) and runs its ATen ops from then on; a gather's
+  out-of-range index is raised, not hidden. A failure of the whole stitching step leaves the graph
+  as it is (declined ``graph``). Each graph's declines are logged once (info level, one line each). With static shapes torch recompiles per new shape (dynamo's cache); a region with
   symbolic shapes is checked at the example shapes and gets a
   :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel`: mapped again and compiled once per
   seen input shape, the region's ATen ops where that fails.

@@ -14,7 +14,9 @@ Contract
   on torch's current stream: no host copy, no synchronisation (capturable).
 * On CPU tensors it runs the same program in the emulator (``cpu="emulate"``) or the graph's float64
   reference (``cpu="reference"``).
-* A failure at run time raises :class:`RegionError` naming the region and its ops.
+* A failure at run time raises :class:`RegionError` naming the region and its ops; the torch backend
+  registers each kernel inside a :class:`GuardedRegion`, which then declines the region and runs its
+  ATen ops instead (a gather's out-of-range index is raised).
 * Gathers (embedding lookups) with an out-of-range index give zero rows and a :class:`RegionError`
   naming the gather, on every path: the emulator and the CUDA kernels raise their error flag, the
   float64 reference checks the indices on the host. On CUDA (``check_gather=True``, the default) a
@@ -259,7 +261,7 @@ class GuardedRegion:
     perms: tuple[tuple[int, ...] | None, ...]
     on_fail: Any = None
     failed: str | None = None
-    _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes -> output specs
+    _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes checked -> specs
 
     @property
     def compiled(self) -> Any:
@@ -272,14 +274,18 @@ class GuardedRegion:
         return list(self.kernel.fake(inputs))
 
     def _check(self, inputs: Sequence[Any], outs: Sequence[Any]) -> None:
-        """Raise when the kernel's outputs are not what its fake result promised (shape, dtype)."""
-        key = tuple(tuple(t.shape) for t in inputs)
-        want = self._specs.get(key)
-        if want is None:
-            want = self._specs[key] = [(tuple(f.shape), f.dtype) for f in self.fake(inputs)]
+        """Raise when the kernel's outputs are not what its fake result promised (shape, dtype);
+        checked at the first call of a static kernel (its shapes never change), per input shapes of a
+        dynamic one."""
+        static = isinstance(self.kernel, RegionKernel)
+        key = () if static else tuple(tuple(t.shape) for t in inputs)
+        if key in self._specs:
+            return
+        want = [(tuple(f.shape), f.dtype) for f in self.fake(inputs)]
         got = [(tuple(o.shape), o.dtype) for o in outs]
         if got != want:
             raise RegionError(f"{self.describe()}: outputs {got}, its fake result says {want}")
+        self._specs[key] = want
 
     def eager(self, inputs: Sequence[Any]) -> list[Any]:
         """The region's outputs computed by its ATen ops, laid out as the kernel writes them."""

@@ -141,14 +141,14 @@ def _grads(model: Any) -> dict[str, Any]:
     return {n: torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
-def run_case(name: str, mode: str, cpu: str = "emulate") -> Row:
+def run_case(name: str, mode: str, cpu: str = "emulate", fallback: str = "eager") -> Row:
     """Compile model ``name`` with the backend, run ``mode`` once and compare with eager (see module)."""
     torch.manual_seed(0)
     model, args = MODELS[name]()
     torch._dynamo.reset()
     torch_backend.LAST_REPORTS.clear()
     compiled = torch.compile(model, backend=torch_backend.stitchtune_backend,
-                             options={"db": None, "fallback": "eager", "cpu": cpu})
+                             options={"db": None, "fallback": fallback, "cpu": cpu})
     t0 = time.perf_counter()
     if mode == "inference":
         model.eval()
@@ -192,8 +192,10 @@ def test_model_matches_eager_under_the_backend(name: str, mode: str) -> None:
 if __name__ == "__main__":
     import sys
 
-    names = sys.argv[1:] or list(MODELS)
+    args = sys.argv[1:]
+    fallback = "inductor" if "--inductor" in args else "eager"
+    names = [a for a in args if not a.startswith("--")] or list(MODELS)
     print(HEADER)
     for n in names:
         for m in ("inference", "train"):
-            print(run_case(n, m).line(), flush=True)
+            print(run_case(n, m, fallback=fallback).line(), flush=True)
