@@ -105,7 +105,8 @@ class RegionKernel:
         from stitchtune.graph.reference import run_reference
 
         g = self.graph
-        arrays = {n: _to_numpy(t, spec.dtype) for (n, spec), t in zip(g.inputs, inputs)}
+        # PyTorch may hold an input with other leading 1s than the graph (same row-major bytes)
+        arrays = {n: _to_numpy(t, spec.dtype).reshape(spec.shape) for (n, spec), t in zip(g.inputs, inputs)}
         if self.cpu == "reference":
             from stitchtune.deploy.compiled import check_gather_indices
 
