@@ -245,7 +245,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
             continue
         key = f"{r.name}#{next(_keys)}"
         torch_ops.register(key, torch_ops.GuardedRegion(kernel, r.module, r.output_perms or (None,) * len(r.outputs),
-                                                        _runtime_decline(report, kind, r)))
+                                                        _runtime_decline(report, kind, r), _kept_outputs(r)))
         chosen.append((r, key, kernel))
     new_gm = gm
     while chosen:
@@ -264,6 +264,17 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
         new_gm = gm
     report.stitched += [_info(kind, r, kernel) for r, _, kernel in chosen]
     return new_gm, report
+
+
+def _kept_outputs(region: Any) -> tuple[int, ...] | None:
+    """Which outputs of ``region.module`` the kernel returns (None: all): the module also returns the
+    no-ops that the region's ``aliases`` stand for (its outputs are its nodes read outside it, in
+    graph order)."""
+    if not region.aliases:
+        return None
+    read = set(region.outputs) | {a for a, _ in region.aliases}
+    every = [n for n in region.nodes if n in read]
+    return tuple(every.index(o) for o in region.outputs)
 
 
 def _runtime_decline(report: GraphReport, kind: str, region: Any) -> Any:

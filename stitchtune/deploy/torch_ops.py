@@ -216,13 +216,7 @@ class DynamicRegionKernel:
         return [torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in outs]
 
     def _eager(self, inputs: Sequence[Any]) -> list[Any]:
-        outs = []
-        for o in self.module(*inputs):
-            o = o.contiguous()
-            if o._base is not None or any(o.data_ptr() == t.data_ptr() for t in inputs):
-                o = o.clone()
-            outs.append(o)
-        return outs
+        return eager_outputs(self.module, inputs)
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
         key = tuple((tuple(t.shape), t.dtype, t.device.type) for t in inputs)
@@ -240,6 +234,22 @@ class DynamicRegionKernel:
         kernel, index = hit
         outs = kernel(inputs)
         return [outs[i] for i in index]
+
+
+def eager_outputs(module: Any, inputs: Sequence[Any], perms: Sequence[Any] | None = None,
+                  keep: Sequence[int] | None = None) -> list[Any]:
+    """A region's ATen ops (``module``) run on ``inputs``: its outputs ``keep`` (default all), each
+    new and row-major in the axis order ``perms[i]`` (None: its own), as a kernel writes it; never a
+    view of an input."""
+    every = list(module(*inputs))
+    outs = []
+    for i, o in enumerate(every if keep is None else [every[k] for k in keep]):
+        p = perms[i] if perms else None
+        o = (o if p is None else o.permute(p)).contiguous()
+        if o._base is not None or any(o.data_ptr() == t.data_ptr() for t in inputs):
+            o = o.clone()
+        outs.append(o)
+    return outs
 
 
 def is_index_error(exc: BaseException) -> bool:
@@ -261,6 +271,8 @@ class GuardedRegion:
     module: Any
     perms: tuple[tuple[int, ...] | None, ...]
     on_fail: Any = None
+    #: which of ``module``'s outputs the kernel returns, in its order (None: all)
+    keep: tuple[int, ...] | None = None
     failed: str | None = None
     _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes checked -> specs
 
@@ -290,14 +302,7 @@ class GuardedRegion:
 
     def eager(self, inputs: Sequence[Any]) -> list[Any]:
         """The region's outputs computed by its ATen ops, laid out as the kernel writes them."""
-        outs = self.module(*inputs)
-        res = []
-        for o, p in zip(outs, self.perms):
-            o = (o if p is None else o.permute(p)).contiguous()
-            if o._base is not None or any(o.data_ptr() == t.data_ptr() for t in inputs):
-                o = o.clone()
-            res.append(o)
-        return res
+        return eager_outputs(self.module, inputs, self.perms, self.keep)
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
         if self.failed is None:

@@ -44,6 +44,14 @@ def _compile(model: Any, **options: Any) -> Any:
     return torch.compile(model, backend="stitchtune", options={"db": None, **options})
 
 
+def _refuse(monkeypatch: pytest.MonkeyPatch, owner: Any, attr: str, message: str) -> None:
+    """Make ``owner.attr`` raise ``RuntimeError(message)`` for the test."""
+    def refuse(*a: Any, **k: Any) -> Any:
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(owner, attr, refuse)
+
+
 def _stitched() -> int:
     return sum(len(r.stitched) for r in torch_backend.LAST_REPORTS)
 
@@ -329,10 +337,7 @@ def test_when_inductor_fails_on_the_rest_it_runs_eagerly(monkeypatch: pytest.Mon
                                                          caplog: pytest.LogCaptureFixture) -> None:
     import torch._inductor.compile_fx as cfx
 
-    def refuse(*a: Any, **k: Any) -> Any:
-        raise RuntimeError("inductor is down")
-
-    monkeypatch.setattr(cfx, "compile_fx_inner", refuse)
+    _refuse(monkeypatch, cfx, "compile_fx_inner", "inductor is down")
     torch.manual_seed(0)
     m, x = Block().eval(), torch.randn(2, 4, 16)
     with caplog.at_level(logging.WARNING, logger="stitchtune.deploy.torch_backend"), torch.no_grad():
@@ -360,10 +365,7 @@ def test_dropout_in_training_goes_to_inductor_with_the_regions(caplog: pytest.Lo
 
 def test_a_failure_of_the_whole_stitching_step_leaves_the_graph_to_the_fallback(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(*a: Any, **k: Any) -> Any:
-        raise RuntimeError("stitching is down")
-
-    monkeypatch.setattr(torch_backend, "stitch_graph", broken)
+    _refuse(monkeypatch, torch_backend, "stitch_graph", "stitching is down")
     torch.manual_seed(0)
     m, x = Block().eval(), torch.randn(2, 4, 16)
     with torch.no_grad():
@@ -416,9 +418,16 @@ def test_cubins_are_built_in_one_batch_and_a_failed_build_declines_its_region(mo
     assert isinstance(kernels[0], RegionKernel) and kernels[0].compiled.cubin == cubin.read_bytes()
 
 
-def test_permuted_outputs_and_no_op_aliases_match_eager() -> None:
+@pytest.mark.parametrize("kernels", ["work", "fail at run time"])
+def test_permuted_outputs_and_no_op_aliases_match_eager(kernels: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rotary-style heads: a region output PyTorch keeps in transposed memory order is written
-    row-major and viewed back; a same-dtype clone read inside and outside the region is an alias."""
+    row-major and viewed back; a same-dtype clone read inside and outside the region is an alias.
+    When the kernels fail at run time, the regions' ATen ops give the same layout."""
+    if kernels != "work":
+        from stitchtune.deploy.torch_ops import RegionKernel
+
+        _refuse(monkeypatch, RegionKernel, "run_cpu", "emulator says no")
+
     def f(x: Any, w: Any) -> Any:
         q = (x @ w).view(2, 4, 2, 4).transpose(1, 2)
         r = q * 2.0 + 1.0
@@ -430,8 +439,9 @@ def test_permuted_outputs_and_no_op_aliases_match_eager() -> None:
     torch_backend.LAST_REPORTS.clear()
     got = _compile(f, fallback="eager", cpu="emulate")(x, w)
     for g, e in zip(got, f(x, w)):
-        assert torch.allclose(g, e, atol=1e-5)
-    assert any("aten.add" in s.ops for r in torch_backend.LAST_REPORTS for s in r.stitched)
+        assert g.shape == e.shape and g.stride() == e.stride() and torch.allclose(g, e, atol=1e-5)
+    stitched = any("aten.add" in s.ops for r in torch_backend.LAST_REPORTS for s in r.stitched)
+    assert stitched == (kernels == "work")
 
 
 class ResBlock(torch.nn.Module):
