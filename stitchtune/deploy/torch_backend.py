@@ -490,8 +490,10 @@ def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, 
             if mode == "reduce-overhead":
                 kwargs["cudagraphs"] = BoxedBool(True)
             # dropout's rand: Inductor replaces it in its joint-graph passes, which run before a
-            # backend's graph compilers; here it is the eager op
-            with inductor_config.patch(fallback_random=True):
+            # backend's graph compilers; here it is the eager op. No layout optimisation: the
+            # backward graph was traced with the forward's strides (a channels-last activation
+            # saved by the forward breaks its views)
+            with inductor_config.patch(fallback_random=True, layout_optimization=False):
                 return compile_fx_inner(rest, example_inputs, **kwargs)
         except Exception as exc:  # noqa: BLE001 - never break a model: run the rest eagerly
             log.warning("stitchtune: Inductor failed on the %s graph (%s: %s); running it eagerly",
