@@ -24,8 +24,14 @@ Contract
   :mod:`stitchtune.deploy.torch_ops`).
   An unknown option or value raises :class:`~stitchtune.errors.StitchtuneError`.
 * Never breaks a model: an op or region that cannot be stitched stays in the graph; any error while
-  compiling a region declines it with the reason. Each graph's declines are logged once (info level,
-  one line each). With static shapes torch recompiles per new shape (dynamo's cache); a region with
+  compiling a region declines it with the reason. The rewritten graph's region calls are run on fake
+  tensors (as AOTAutograd and Inductor will): a region whose fake result fails, or differs from
+  PyTorch's value in shape, dtype or strides, is declined. Each registered kernel is guarded
+  (:class:`~stitchtune.deploy.torch_ops.GuardedRegion`): a region that fails at run time, forward or
+  backward, or returns other shapes than its fake result, is declined then (logged once as a warning,
+  in the report and so in :func:`explain`) and runs its ATen ops from then on; a gather's
+  out-of-range index is raised, not hidden. A failure of the whole stitching step leaves the graph
+  as it is (declined ``graph``). Each graph's declines are logged once (info level, one line each). With static shapes torch recompiles per new shape (dynamo's cache); a region with
   symbolic shapes is checked at the example shapes and gets a
   :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel`: mapped again and compiled once per
   seen input shape, the region's ATen ops where that fails.
@@ -239,15 +245,104 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
             report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})", failed[i]))
             continue
         key = f"{r.name}#{next(_keys)}"
-        torch_ops.register(key, kernel)
-        chosen.append((r, key))
-        report.stitched.append(_info(kind, r, kernel))
-    return (_replace(gm, chosen) if chosen else gm), report
+        torch_ops.register(key, torch_ops.GuardedRegion(kernel, r.module, r.output_perms or (None,) * len(r.outputs),
+                                                        _runtime_decline(report, kind, r), _kept_outputs(r)))
+        chosen.append((r, key, kernel))
+    new_gm = gm
+    while chosen:
+        try:
+            new_gm, origin = _replace(gm, [(r, key) for r, key, _ in chosen])
+            bad = _fake_check(new_gm, origin, example_inputs)
+        except Exception as exc:  # noqa: BLE001 - never break a model: no region in this graph
+            bad = {key: f"the rewritten graph failed: {type(exc).__name__}: {exc}" for _, key, _ in chosen}
+        if not bad:
+            break
+        for r, key, _ in chosen:
+            if key in bad:
+                report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})",
+                                                    f"fake (meta) check: {bad[key]}"))
+        chosen = [c for c in chosen if c[1] not in bad]
+        new_gm = gm
+    report.stitched += [_info(kind, r, kernel) for r, _, kernel in chosen]
+    return new_gm, report
 
 
-def _replace(gm: Any, chosen: Sequence[tuple[Any, str]]) -> Any:
+def _kept_outputs(region: Any) -> tuple[int, ...] | None:
+    """Which outputs of ``region.module`` the kernel returns (None: all): the module also returns the
+    no-ops that the region's ``aliases`` stand for (its outputs are its nodes read outside it, in
+    graph order)."""
+    if not region.aliases:
+        return None
+    read = set(region.outputs) | {a for a, _ in region.aliases}
+    every = [n for n in region.nodes if n in read]
+    return tuple(every.index(o) for o in region.outputs)
+
+
+def _runtime_decline(report: GraphReport, kind: str, region: Any) -> Any:
+    """The callback a :class:`~stitchtune.deploy.torch_ops.GuardedRegion` calls (once) when its
+    kernel fails at run time: the region is reported as declined (its ATen ops run from then on)."""
+    def decline(reason: str) -> None:
+        report.stitched[:] = [s for s in report.stitched if s.region != region.name]
+        report.declined.append(DeclinedInfo(kind, f"region {region.name} ({', '.join(region.ops)})",
+                                            f"failed at run time, runs its ATen ops: {reason}"))
+
+    return decline
+
+
+def _same_layout(got: Any, want: Any) -> str | None:
+    """None when the fake tensors ``got`` and ``want`` agree in shape, dtype and strides (of the
+    dims longer than 1), else what differs."""
+    import torch
+
+    if not isinstance(want, torch.Tensor):
+        return None
+    if not isinstance(got, torch.Tensor):
+        return f"a {type(got).__name__} where PyTorch has a tensor"
+    if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+        return f"{got.dtype}{list(got.shape)} where PyTorch has {want.dtype}{list(want.shape)}"
+    if any(n > 1 and a != b for n, a, b in zip(want.shape, got.stride(), want.stride())):
+        return f"strides {list(got.stride())} where PyTorch has {list(want.stride())} (shape {list(want.shape)})"
+    return None
+
+
+def _fake_check(new_gm: Any, origin: Mapping[Any, tuple[Any, str]], example_inputs: Sequence[Any]) -> dict[str, str]:
+    """Run the nodes of ``new_gm`` made for regions (``origin``: new node -> (the original node it
+    stands for or None, region key)) on fake tensors, as AOTAutograd and Inductor will, reading every
+    other value from its node's ``meta["val"]`` (PyTorch's own fake value), and compare each with the
+    original node's: {region key: why} for the regions whose fake result fails or differs (shape,
+    dtype, strides)."""
+    import torch
+    import torch.fx
+    from torch._guards import detect_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
+    bad: dict[str, str] = {}
+    vals: dict[Any, Any] = {}
+    with mode:
+        for n in new_gm.graph.nodes:
+            hit = origin.get(n)
+            if hit is None or hit[1] in bad:
+                continue
+            orig, key = hit
+            try:
+                args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs),
+                                                     lambda a: vals[a] if a in vals else a.meta["val"])
+                vals[n] = n.target(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - the region's fake result failed
+                bad[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                continue
+            if orig is not None:
+                why = _same_layout(vals[n], orig.meta.get("val"))
+                if why:
+                    bad[key] = f"{orig.name}: {why}"
+    return bad
+
+
+def _replace(gm: Any, chosen: Sequence[tuple[Any, str]]) -> tuple[Any, dict[Any, tuple[Any, str]]]:
     """A new GraphModule: ``gm``'s nodes in a topological order, each region one ``stitchtune::region``
-    call (placed after its last input) plus one ``getitem`` per output."""
+    call (placed after its last input) plus one ``getitem`` per output; and for each node made for a
+    region, (the original node whose value it is, or None; the region's key)."""
     import torch
     import torch.fx
 
@@ -273,6 +368,7 @@ def _replace(gm: Any, chosen: Sequence[tuple[Any, str]]) -> Any:
 
     g = torch.fx.Graph()
     env: dict[Any, Any] = {}
+    origin: dict[Any, tuple[Any, str]] = {}
     for u in _topological(units, deps, owner, order):
         if isinstance(u, tuple):
             r, key = u
@@ -280,20 +376,39 @@ def _replace(gm: Any, chosen: Sequence[tuple[Any, str]]) -> Any:
             perms = r.output_perms or (None,) * len(r.outputs)
             call.meta["val"] = [o.meta.get("val") if p is None else o.meta["val"].permute(p)
                                 for o, p in zip(r.outputs, perms)]
+            origin[call] = (None, key)
             for i, (o, p) in enumerate(zip(r.outputs, perms)):
                 item = g.call_function(operator.getitem, (call, i))
                 item.meta = dict(o.meta) if p is None else {"val": call.meta["val"][i]}
                 if p is not None:   # the kernel wrote PyTorch's strided output row-major: view it back
+                    origin[item] = (None, key)
                     item = g.call_function(torch.ops.aten.permute.default, (item, list(r.restore_perm(i))))
                     item.meta = dict(o.meta)
                 env[o] = item
-            for a, same in r.aliases:   # no-ops of the region read outside it: the value they equal
-                env[a] = env[same]
+                origin[item] = (o, key)
+            for a, _same in r.aliases:   # no-ops of the region read outside it: their views, again
+                made = set(env.values())
+                env[a] = _copy_noop_chain(g, env, a)
+                origin.update({v: (k, key) for k, v in env.items() if v not in made})
         else:
             env[u] = g.node_copy(u, lambda a: env[a])
     g.eliminate_dead_code()
     g.lint()
-    return torch.fx.GraphModule(gm, g)
+    return torch.fx.GraphModule(gm, g), origin
+
+
+def _copy_noop_chain(g: Any, env: dict[Any, Any], n: Any) -> Any:
+    """The new graph's node for ``n``, a no-op of a region (a view, eval dropout, a same-dtype cast)
+    read outside it: ``n`` copied over its (copied) argument chain down to a value ``env`` has, so that
+    its shape and strides are PyTorch's (an ``unsqueeze`` of a region output is not that output)."""
+    from stitchtune.importers.torch_subgraph import _is_noop
+
+    if n in env:
+        return env[n]
+    if not _is_noop(n):
+        raise StitchtuneError(f"internal: alias {n.name} of a region is not a no-op chain")
+    env[n] = g.node_copy(n, lambda a: _copy_noop_chain(g, env, a))
+    return env[n]
 
 
 def _topological(units: list[Any], deps: Any, owner: Mapping[Any, Any], order: Mapping[Any, int]) -> list[Any]:
@@ -369,11 +484,18 @@ def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, 
             from torch._inductor.compile_fx import compile_fx_inner
             from torch._inductor.utils import BoxedBool
 
+            from torch._inductor import config as inductor_config
+
             rest = _redecompose(gm, example_inputs)
             kwargs: dict[str, Any] = {"is_backward": kind == "backward", "is_inference": kind == "inference"}
             if mode == "reduce-overhead":
                 kwargs["cudagraphs"] = BoxedBool(True)
-            return compile_fx_inner(rest, example_inputs, **kwargs)
+            # dropout's rand: Inductor replaces it in its joint-graph passes, which run before a
+            # backend's graph compilers; here it is the eager op. No layout optimisation: the
+            # backward graph was traced with the forward's strides (a channels-last activation
+            # saved by the forward breaks its views)
+            with inductor_config.patch(fallback_random=True, layout_optimization=False):
+                return compile_fx_inner(rest, example_inputs, **kwargs)
         except Exception as exc:  # noqa: BLE001 - never break a model: run the rest eagerly
             log.warning("stitchtune: Inductor failed on the %s graph (%s: %s); running it eagerly",
                         kind, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
@@ -383,7 +505,11 @@ def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, 
 # ---------------------------------------------------------------------------- the backend
 def _graph_compiler(opts: BackendOptions, mode: str | None, kind: str) -> Any:
     def compiler(gm: Any, example_inputs: Sequence[Any]) -> Any:
-        new_gm, report = stitch_graph(gm, example_inputs, opts, kind)
+        try:
+            new_gm, report = stitch_graph(gm, example_inputs, opts, kind)
+        except Exception as exc:  # noqa: BLE001 - never break a model: this graph without regions
+            new_gm, report = gm, GraphReport(kind)
+            report.declined.append(DeclinedInfo(kind, "graph", f"stitching failed: {type(exc).__name__}: {exc}"))
         LAST_REPORTS.append(report)
         report.log_once()
         return _compile_rest(new_gm, example_inputs, opts, mode, kind, len(report.stitched))

@@ -19,7 +19,9 @@ Contract
   first: the kernels' vector loads would fault on it.
 * On CPU tensors it runs the same program in the emulator (``cpu="emulate"``) or the graph's float64
   reference (``cpu="reference"``).
-* A failure at run time raises :class:`RegionError` naming the region and its ops.
+* A failure at run time raises :class:`RegionError` naming the region and its ops; the torch backend
+  registers each kernel inside a :class:`GuardedRegion`, which then declines the region and runs its
+  ATen ops instead (a gather's out-of-range index is raised).
 * Gathers (embedding lookups) with an out-of-range index give zero rows and a :class:`RegionError`
   naming the gather, on every path: the emulator and the CUDA kernels raise their error flag, the
   float64 reference checks the indices on the host. On CUDA (``check_gather=True``, the default) a
@@ -43,7 +45,7 @@ import torch
 
 from stitchtune.errors import StitchtuneError
 
-__all__ = ["RegionError", "RegionKernel", "register", "region_op"]
+__all__ = ["GuardedRegion", "RegionError", "RegionKernel", "register", "region_op"]
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +110,8 @@ class RegionKernel:
         from stitchtune.graph.reference import run_reference
 
         g = self.graph
-        arrays = {n: _to_numpy(t, spec.dtype) for (n, spec), t in zip(g.inputs, inputs)}
+        # PyTorch may hold an input with other leading 1s than the graph (same row-major bytes)
+        arrays = {n: _to_numpy(t, spec.dtype).reshape(spec.shape) for (n, spec), t in zip(g.inputs, inputs)}
         if self.cpu == "reference":
             from stitchtune.deploy.compiled import check_gather_indices
 
@@ -223,13 +226,7 @@ class DynamicRegionKernel:
         return [torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in outs]
 
     def _eager(self, inputs: Sequence[Any]) -> list[Any]:
-        outs = []
-        for o in self.module(*inputs):
-            o = o.contiguous()
-            if o._base is not None or any(o.data_ptr() == t.data_ptr() for t in inputs):
-                o = o.clone()
-            outs.append(o)
-        return outs
+        return eager_outputs(self.module, inputs)
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
         key = tuple((tuple(t.shape), t.dtype, t.device.type) for t in inputs)
@@ -249,7 +246,92 @@ class DynamicRegionKernel:
         return [outs[i] for i in index]
 
 
-def register(key: str, kernel: RegionKernel | DynamicRegionKernel) -> None:
+def eager_outputs(module: Any, inputs: Sequence[Any], perms: Sequence[Any] | None = None,
+                  keep: Sequence[int] | None = None) -> list[Any]:
+    """A region's ATen ops (``module``) run on ``inputs``: its outputs ``keep`` (default all), each
+    new and row-major in the axis order ``perms[i]`` (None: its own), as a kernel writes it; never a
+    view of an input."""
+    every = list(module(*inputs))
+    outs = []
+    for i, o in enumerate(every if keep is None else [every[k] for k in keep]):
+        p = perms[i] if perms else None
+        o = (o if p is None else o.permute(p)).contiguous()
+        if o._base is not None or any(o.data_ptr() == t.data_ptr() for t in inputs):
+            o = o.clone()
+        outs.append(o)
+    return outs
+
+
+def is_index_error(exc: BaseException) -> bool:
+    """True for a gather's out-of-range index (a flagged error of the model's input, raised as it is:
+    running the ATen ops instead would fail too, and on CUDA with a device-side assert)."""
+    return "index out of range" in str(exc)
+
+
+@dataclass
+class GuardedRegion:
+    """What the torch backend registers: ``kernel`` (a :class:`RegionKernel` or
+    :class:`DynamicRegionKernel`), and the region's ATen ops (``module``) to run instead when the
+    kernel fails at run time. The first failure calls ``on_fail(reason)`` (the backend reports the
+    region as declined) and is logged once; from then on every call runs ``module`` (its outputs
+    made contiguous in the kernel's axis order ``perms``, never aliasing an input). A gather's
+    out-of-range index (:func:`is_index_error`) is raised, not hidden."""
+
+    kernel: Any
+    module: Any
+    perms: tuple[tuple[int, ...] | None, ...]
+    on_fail: Any = None
+    #: which of ``module``'s outputs the kernel returns, in its order (None: all)
+    keep: tuple[int, ...] | None = None
+    failed: str | None = None
+    _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes checked -> specs
+
+    @property
+    def compiled(self) -> Any:
+        return self.kernel.compiled
+
+    def describe(self) -> str:
+        return str(self.kernel.describe())
+
+    def fake(self, inputs: Sequence[Any]) -> list[Any]:
+        return list(self.kernel.fake(inputs))
+
+    def _check(self, inputs: Sequence[Any], outs: Sequence[Any]) -> None:
+        """Raise when the kernel's outputs are not what its fake result promised (shape, dtype);
+        checked at the first call of a static kernel (its shapes never change), per input shapes of a
+        dynamic one."""
+        static = isinstance(self.kernel, RegionKernel)
+        key = () if static else tuple(tuple(t.shape) for t in inputs)
+        if key in self._specs:
+            return
+        want = [(tuple(f.shape), f.dtype) for f in self.fake(inputs)]
+        got = [(tuple(o.shape), o.dtype) for o in outs]
+        if got != want:
+            raise RegionError(f"{self.describe()}: outputs {got}, its fake result says {want}")
+        self._specs[key] = want
+
+    def eager(self, inputs: Sequence[Any]) -> list[Any]:
+        """The region's outputs computed by its ATen ops, laid out as the kernel writes them."""
+        return eager_outputs(self.module, inputs, self.perms, self.keep)
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+        if self.failed is None:
+            try:
+                outs = list(self.kernel(inputs))
+                self._check(inputs, outs)
+                return outs
+            except Exception as exc:  # noqa: BLE001 - never break a model: the ATen ops run instead
+                if is_index_error(exc):
+                    raise
+                self.failed = f"{type(exc).__name__}: {exc}"
+                log.warning("%s failed at run time (%s); running its ATen ops from now on",
+                            self.describe(), self.failed)
+                if self.on_fail is not None:
+                    self.on_fail(self.failed)
+        return self.eager(inputs)
+
+
+def register(key: str, kernel: RegionKernel | DynamicRegionKernel | GuardedRegion) -> None:
     """Make ``kernel`` what ``torch.ops.stitchtune.region(key, ...)`` runs."""
     with _lock:
         _registry[key] = kernel
@@ -295,7 +377,7 @@ def _to_numpy(t: Any, dtype: str) -> np.ndarray:
 def _from_numpy(a: np.ndarray, dtype: str) -> Any:
     from stitchtune.graph.reference import numpy_dtype
 
-    a = np.ascontiguousarray(a).astype(numpy_dtype(dtype), copy=False)
+    a = np.asarray(a).astype(numpy_dtype(dtype), order="C", copy=False)   # keeps 0-d (ascontiguousarray does not)
     if dtype == "bfloat16":
         return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(a.copy())

@@ -44,6 +44,14 @@ def _compile(model: Any, **options: Any) -> Any:
     return torch.compile(model, backend="stitchtune", options={"db": None, **options})
 
 
+def _refuse(monkeypatch: pytest.MonkeyPatch, owner: Any, attr: str, message: str) -> None:
+    """Make ``owner.attr`` raise ``RuntimeError(message)`` for the test."""
+    def refuse(*a: Any, **k: Any) -> Any:
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(owner, attr, refuse)
+
+
 def _stitched() -> int:
     return sum(len(r.stitched) for r in torch_backend.LAST_REPORTS)
 
@@ -114,18 +122,84 @@ def test_a_region_that_fails_to_compile_is_declined_and_the_model_still_runs(
     assert any("boom in planning" in r.getMessage() for r in caplog.records)
 
 
-def test_a_kernel_failure_at_run_time_names_the_region(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stitchtune.deploy.torch_ops import RegionError, RegionKernel
+def test_a_kernel_failure_at_run_time_declines_the_region_once_and_runs_its_aten_ops(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from stitchtune.deploy.torch_ops import RegionKernel
+
+    calls = []
 
     def broken(self: Any, inputs: Any) -> Any:
+        calls.append(self.name)
         raise ValueError("emulator says no")
 
     monkeypatch.setattr(RegionKernel, "run_cpu", broken)
-    m = Block().eval()
-    with torch.no_grad(), pytest.raises(Exception) as info:
-        _compile(m, fallback="eager")(torch.randn(2, 4, 16))
-    assert "stitched region region_" in str(info.value) and "emulator says no" in str(info.value)
-    assert isinstance(info.value, RegionError) or "RegionError" in str(info.value)
+    torch.manual_seed(0)
+    m, x = Block().eval(), torch.randn(2, 4, 16)
+    with caplog.at_level(logging.WARNING, logger="stitchtune.deploy.torch_ops"), torch.no_grad():
+        e = torch_backend.explain(m, x, db=None, fallback="eager")
+        again = torch.compile(m, backend="stitchtune", options={"db": None, "fallback": "eager"})(x)
+        want = m(x)
+    assert torch.allclose(e.outputs, want, atol=1e-5) and torch.allclose(again, want, atol=1e-5)
+    assert not e.stitched
+    failed = [d for d in e.declined if "failed at run time" in d.reason]
+    assert len(failed) == 2 and all("emulator says no" in d.reason for d in failed)
+    warned = [r for r in caplog.records if "emulator says no" in r.getMessage()]
+    assert len(warned) == 2 and len(calls) == 2   # once per region: then its ATen ops run
+
+
+def test_a_wrong_fake_result_is_caught_before_the_graph_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake (meta) result of another shape than PyTorch's declines its region at compile time."""
+    from stitchtune.deploy.torch_ops import RegionKernel
+
+    real = RegionKernel.fake
+
+    def wrong(self: Any, inputs: Any) -> Any:
+        outs = real(self, inputs)
+        return [o.reshape(1, *o.shape) for o in outs] if "aten.native_layer_norm" in self.ops else outs
+
+    monkeypatch.setattr(RegionKernel, "fake", wrong)
+    torch.manual_seed(0)
+    m, x = Block().eval(), torch.randn(2, 4, 16)
+    with torch.no_grad():
+        e = torch_backend.explain(m, x, db=None, fallback="eager")
+        want = m(x)
+    assert torch.allclose(e.outputs, want, atol=1e-5)
+    assert len(e.stitched) == 1 and "aten.native_layer_norm" not in e.stitched[0].ops
+    [d] = [d for d in e.declined if "fake" in d.reason]
+    assert "native_layer_norm" in d.what and "[1, 2, 4, 16]" in d.reason
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "atan2", "lerp", "bce"])
+def test_backward_of_broadcasting_binary_ops_matches_eager(op: str) -> None:
+    """Gradients of operands that broadcast (a sum over the broadcast axes in the backward; a 0-d loss)."""
+    fns = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": lambda a, b: a / (b.abs() + 1),
+           "pow": lambda a, b: a.abs() ** b, "maximum": torch.maximum, "minimum": torch.minimum,
+           "atan2": torch.atan2, "lerp": lambda a, b: torch.lerp(a, b, 0.3),
+           "bce": lambda a, b: torch.nn.functional.binary_cross_entropy_with_logits(a, b.sigmoid().expand(4, 8))}
+    f = fns[op]
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 8, requires_grad=True), torch.randn(8, requires_grad=True)
+    got = _compile(f, fallback="eager", cpu="reference")(a, b)
+    got.sum().backward()   # a 0-d output (bce) is the loss itself: its tangent has its shape
+    ga, gb = a.grad.clone(), b.grad.clone()
+    a.grad = b.grad = None
+    want = f(a, b)
+    want.sum().backward()
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(ga, a.grad, atol=1e-4) and torch.allclose(gb, b.grad, atol=1e-4)
+
+
+def test_batch_norm_training_step_matches_eager() -> None:
+    torch.manual_seed(0)
+    m, x = torch.nn.BatchNorm1d(8), torch.randn(4, 8, requires_grad=True)
+    got = _compile(m, fallback="eager", cpu="reference")(x)
+    (got * got.detach()).sum().backward()
+    gx, gw = x.grad.clone(), m.weight.grad.clone()
+    x.grad, m.weight.grad = None, None
+    want = m(x)
+    (want * want.detach()).sum().backward()
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(gx, x.grad, atol=1e-4) and torch.allclose(gw, m.weight.grad, atol=1e-4)
 
 
 def test_static_shapes_recompile_and_symbolic_shapes_get_kernels_per_seen_shape() -> None:
@@ -148,7 +222,8 @@ def test_static_shapes_recompile_and_symbolic_shapes_get_kernels_per_seen_shape(
             assert torch.allclose(c(x), m(x), atol=1e-5)
     [report] = torch_backend.LAST_REPORTS
     assert len(report.stitched) == 2 and all(s.source.endswith("per shape") for s in report.stitched)
-    dyn = [k for k in torch_ops._registry.values() if isinstance(k, torch_ops.DynamicRegionKernel)][-2:]
+    dyn = [k.kernel for k in torch_ops._registry.values()
+           if isinstance(getattr(k, "kernel", None), torch_ops.DynamicRegionKernel)][-2:]
     assert [len(k.kernels) for k in dyn] == [2, 2]   # one set of kernels per seen shape, cached
     assert all(v is not None for k in dyn for v in k.kernels.values())
 
@@ -168,7 +243,8 @@ def test_a_shape_the_region_cannot_take_runs_its_aten_ops(monkeypatch: pytest.Mo
         assert torch.allclose(c(x), m(x), atol=1e-5)
     from stitchtune.deploy import torch_ops
 
-    dyn = [k for k in torch_ops._registry.values() if isinstance(k, torch_ops.DynamicRegionKernel)][-2:]
+    dyn = [k.kernel for k in torch_ops._registry.values()
+           if isinstance(getattr(k, "kernel", None), torch_ops.DynamicRegionKernel)][-2:]
     assert len(dyn) == 2 and all(list(k.kernels.values()) == [None] for k in dyn)
 
 
@@ -261,10 +337,7 @@ def test_when_inductor_fails_on_the_rest_it_runs_eagerly(monkeypatch: pytest.Mon
                                                          caplog: pytest.LogCaptureFixture) -> None:
     import torch._inductor.compile_fx as cfx
 
-    def refuse(*a: Any, **k: Any) -> Any:
-        raise RuntimeError("inductor is down")
-
-    monkeypatch.setattr(cfx, "compile_fx_inner", refuse)
+    _refuse(monkeypatch, cfx, "compile_fx_inner", "inductor is down")
     torch.manual_seed(0)
     m, x = Block().eval(), torch.randn(2, 4, 16)
     with caplog.at_level(logging.WARNING, logger="stitchtune.deploy.torch_backend"), torch.no_grad():
@@ -272,6 +345,34 @@ def test_when_inductor_fails_on_the_rest_it_runs_eagerly(monkeypatch: pytest.Mon
         want = m(x)
     assert torch.allclose(got, want, atol=1e-5)
     assert any("inductor is down" in r.getMessage() and "eagerly" in r.getMessage() for r in caplog.records)
+
+
+def test_dropout_in_training_goes_to_inductor_with_the_regions(caplog: pytest.LogCaptureFixture) -> None:
+    """The forward graph of a training step with dropout (``aten.rand``) compiles with Inductor (its
+    random ops as eager ones), not eagerly after an Inductor failure."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Dropout(0.25))
+    x = torch.randn(4, 16, requires_grad=True)
+    torch_backend.LAST_REPORTS.clear()
+    with caplog.at_level(logging.WARNING, logger="stitchtune.deploy.torch_backend"):
+        y = _compile(m, cpu="reference")(x)
+        y.sum().backward()
+    assert not [r for r in caplog.records if "Inductor failed" in r.getMessage()], caplog.text
+    assert {r.graph for r in torch_backend.LAST_REPORTS} == {"forward", "backward"} and _stitched() > 0
+    kept = (y != 0).float().mean().item()   # about 3/4 of the values survive dropout
+    assert 0.5 < kept < 0.95 and x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_a_failure_of_the_whole_stitching_step_leaves_the_graph_to_the_fallback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _refuse(monkeypatch, torch_backend, "stitch_graph", "stitching is down")
+    torch.manual_seed(0)
+    m, x = Block().eval(), torch.randn(2, 4, 16)
+    with torch.no_grad():
+        e = torch_backend.explain(m, x, db=None, fallback="eager")
+        want = m(x)
+    assert torch.allclose(e.outputs, want, atol=1e-6) and not e.stitched
+    assert [d.what for d in e.declined] == ["graph"] and "stitching is down" in e.declined[0].reason
 
 
 def test_a_masked_softmax_with_a_bool_mask_is_one_emulated_region() -> None:
@@ -317,9 +418,16 @@ def test_cubins_are_built_in_one_batch_and_a_failed_build_declines_its_region(mo
     assert isinstance(kernels[0], RegionKernel) and kernels[0].compiled.cubin == cubin.read_bytes()
 
 
-def test_permuted_outputs_and_no_op_aliases_match_eager() -> None:
+@pytest.mark.parametrize("kernels", ["work", "fail at run time"])
+def test_permuted_outputs_and_no_op_aliases_match_eager(kernels: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rotary-style heads: a region output PyTorch keeps in transposed memory order is written
-    row-major and viewed back; a same-dtype clone read inside and outside the region is an alias."""
+    row-major and viewed back; a same-dtype clone read inside and outside the region is an alias.
+    When the kernels fail at run time, the regions' ATen ops give the same layout."""
+    if kernels != "work":
+        from stitchtune.deploy.torch_ops import RegionKernel
+
+        _refuse(monkeypatch, RegionKernel, "run_cpu", "emulator says no")
+
     def f(x: Any, w: Any) -> Any:
         q = (x @ w).view(2, 4, 2, 4).transpose(1, 2)
         r = q * 2.0 + 1.0
@@ -331,8 +439,9 @@ def test_permuted_outputs_and_no_op_aliases_match_eager() -> None:
     torch_backend.LAST_REPORTS.clear()
     got = _compile(f, fallback="eager", cpu="emulate")(x, w)
     for g, e in zip(got, f(x, w)):
-        assert torch.allclose(g, e, atol=1e-5)
-    assert any("aten.add" in s.ops for r in torch_backend.LAST_REPORTS for s in r.stitched)
+        assert g.shape == e.shape and g.stride() == e.stride() and torch.allclose(g, e, atol=1e-5)
+    stitched = any("aten.add" in s.ops for r in torch_backend.LAST_REPORTS for s in r.stitched)
+    assert stitched == (kernels == "work")
 
 
 class ResBlock(torch.nn.Module):
