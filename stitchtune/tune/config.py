@@ -149,24 +149,14 @@ def _cuda_available() -> bool:
     return bool(cuda_available())
 
 
-def _load_graph(path: str) -> Any:
-    """The graph at ``path``, refused at once when its numpy reference would not fit in host memory
-    (before the search creates its storage, ``optuna.journal``, or any database file)."""
-    from stitchtune.graph.parse import load_graph
-    from stitchtune.graph.reference import check_host_memory
-
-    graph = load_graph(path)
-    check_host_memory(graph)
-    return graph
-
-
 def default_components() -> Components:
     """The real stages, imported lazily."""
     from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.graph.parse import load_graph
     from stitchtune.plan.planner import make_plan
     from stitchtune.space import SearchSpace
 
-    return Components(load_graph=_load_graph, make_plan=make_plan, space_for_plan=SearchSpace.for_plan,
+    return Components(load_graph=load_graph, make_plan=make_plan, space_for_plan=SearchSpace.for_plan,
                       heuristic_schedule=heuristic_schedule, get_device=_get_device,
                       make_builder=_default_builder, make_runner=_default_runner, stages=default_stages,
                       cuda_available=_cuda_available)

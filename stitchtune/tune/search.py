@@ -121,6 +121,11 @@ class _Loop:
         from stitchtune.hardware.device import check_fits
 
         check_fits(self.graph, self.device)  # before anything is allocated for the graph
+        from stitchtune.graph.parse import Graph
+        from stitchtune.graph.reference import check_host_memory
+
+        if isinstance(self.graph, Graph):  # the emulator and the reference run here: before any storage
+            check_host_memory(self.graph)
         if config.backend == "auto":
             self.backend, self.backend_reason = resolve_backend("auto", comp.cuda_available)
             log.info("%s", self.backend_reason)
