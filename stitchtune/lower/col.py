@@ -208,12 +208,18 @@ class _ColKernel:
         """Compute the per-column and scalar nodes whose reductions are all available."""
         low, vec = self.low, self.low.s.vec
         for nd, args in low.ready_p_nodes(self.pvals, self.load_p, lambda c: [Const(c, F32)] * vec):
-            vs = []
+            vs: list[kir.Expr] = []
             for j in range(vec):
                 v = self.cx.var("p", F32)
                 self.rb.append(Assign(v, low.expr_of_node(nd, [a[j] for a in args])))
                 vs.append(v)
             self.pvals[nd.id] = vs
+
+    def acc_vars(self, r: str) -> list[kir.Var]:
+        """The accumulators of reduction ``r`` (its ``pvals``: variables, combined in place)."""
+        accs = [v for v in self.pvals[r] if isinstance(v, kir.Var)]
+        assert len(accs) == len(self.pvals[r]), f"reduction '{r}' has values that are not variables"
+        return accs
 
     def read_partials(self, r: str, target: list[kir.Var] | None = None) -> None:
         """Combine the ``split`` partials of reduction ``r`` for this thread's columns from scratch
@@ -328,7 +334,7 @@ class _ColKernel:
                                unroll=bool(self.lay.locals_) or low.rpt <= 8))
         self.filled.update(sv.newly)
         for r in reds:
-            self.pvals[r] = accs[r]
+            self.pvals[r] = list(accs[r])
 
     # -- combining the partials of a stage ----------------------------------------------------------
     def exchange_in_block(self, reds: list[str]) -> None:
@@ -344,7 +350,7 @@ class _ColKernel:
         rb.append(kir.Barrier())
         for si_, r in enumerate(reds):
             base = si_ * tk * TC
-            accs = self.pvals[r]
+            accs = self.acc_vars(r)
             for a in accs:
                 rb.append(Assign(a, low.identity(r)))
             q = self.cx.var("q", I32)
@@ -368,7 +374,7 @@ class _ColKernel:
             if scheme.grid_barrier:
                 self.rb.append(kir.GridSync())
                 for r in reds:
-                    self.read_partials(r, target=self.pvals[r])
+                    self.read_partials(r, target=self.acc_vars(r))
 
     # -- stages and outputs -----------------------------------------------------------------------
     def reduce_stage(self, st: int, keep_results: bool) -> None:

@@ -104,10 +104,10 @@ class RemapValues:
             vals = self.sv.value(name)
         elif name in self.chains:  # a layout chain of an input (plan.remap.composed_chains)
             vals = self.composed(name, sh)
-        elif kind == "layout":  # transpose / reshape: the index maps move the element (mixed regions)
-            vals = self.value(nd.args[0], sh)
-        elif kind == "slice":
-            vals = self.value(nd.args[0], sh.moved(self._axis(nd), nd.start))
+        elif nd is not None and kind == "layout":  # transpose / reshape: index maps move the element
+            vals = self.value(str(nd.args[0]), sh)
+        elif nd is not None and kind == "slice":
+            vals = self.value(str(nd.args[0]), sh.moved(self._axis(nd), nd.start))
         elif kind == "concat":
             vals = self.concat(nd, sh)
         elif kind == "gather":

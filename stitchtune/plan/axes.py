@@ -194,7 +194,7 @@ def _align_orphans(b: _Builder, graph: Graph, dom: str) -> None:
             target = dom_groups[off + k]
             if target and prod(b.sizes[a] for a in target) == spec.shape[k]:
                 try:
-                    b.unify(target, g)  # type: ignore[arg-type]
+                    b.unify(target, g)
                 except _AxisError:
                     pass  # left orphan: refused below
 

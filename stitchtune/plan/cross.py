@@ -55,7 +55,7 @@ class CrossReduction:
 
 def _live_reduced(nd: Node, maps: Mapping[str, tuple[int | None, ...]], live: set[int]) -> frozenset[int]:
     src = maps[nd.args[0]]  # type: ignore[index]
-    return frozenset(src[i] for i in nd.axes if src[i] is not None and src[i] in live)
+    return frozenset(a for a in (src[i] for i in nd.axes) if a is not None and a in live)
 
 
 def split_cross(red_nodes: list[Node], maps: Mapping[str, tuple[int | None, ...]],

@@ -138,11 +138,11 @@ def _axes_maps(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int | N
             raise UnsupportedGraphError(f"input '{name}' has a higher rank than the largest tensor")
         m: list[int | None] = []
         for k, s in enumerate(shape):
-            ax = D - len(shape) + k
+            dax = D - len(shape) + k
             if s == 1:
                 m.append(None)
-            elif s == domain[ax]:
-                m.append(ax)
+            elif s == domain[dax]:
+                m.append(dax)
             else:
                 raise UnsupportedGraphError(
                     f"input '{name}' shape {list(shape)} does not align with the iteration domain {list(domain)}")

@@ -355,6 +355,12 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
                 "region with transpose / reshape; not supported")
 
 
+def _axis(nd: Node) -> int:
+    """The axis of a slice / concat / gather node (set, normalised, by the graph's validation)."""
+    assert nd.axis is not None, f"{nd.op} '{nd.id}' has no axis"
+    return nd.axis
+
+
 def root_shift(graph: Graph, name: str, domain: tuple[int, ...], row_axes: tuple[int, ...]) -> Shift:
     """The shift output ``name`` is evaluated at: ``Shift()``, except where it broadcasts along a row
     axis ``a`` of the domain (its own dim 1 there) and has a size-1 slice along ``a`` in its subtree
@@ -377,8 +383,8 @@ def root_shift(graph: Graph, name: str, domain: tuple[int, ...], row_axes: tuple
         if nd is None or cur in seen:
             continue
         seen.add(cur)
-        if nd.op == "slice" and nd.shape[nd.axis] == 1:
-            found.add(len(domain) - len(nd.shape) + nd.axis)
+        if nd.op == "slice" and nd.shape[_axis(nd)] == 1:
+            found.add(len(domain) - len(nd.shape) + _axis(nd))
         stack.extend(nd.tensor_args)
     sh: Shift | None = Shift()
     for a in sorted(bcast & found):
@@ -405,10 +411,10 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
         seen.add((name, sh))
         nd = nodes.get(name)
         kind = OPS[nd.op].kind if nd is not None else "input"
-        if kind == "slice":
+        if nd is not None and kind == "slice":
             _check_size1_slice(nd, sh, domain)
         if not varies[name]:
-            if kind in INDEX_KINDS:
+            if nd is not None and kind in INDEX_KINDS:
                 raise UnsupportedGraphError(
                     f"{nd.op} '{name}' gives a value that does not vary along the kernel's columns (one per row, "
                     "or a scalar); stitched kernels remap full and per-column values only")
@@ -426,17 +432,17 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
                 shift_offset(name, graph.spec(name).shape, sh, domain)
             return
         off = len(domain) - len(nd.shape)
-        if mixed and kind in ("slice", "concat") and off + nd.axis != len(domain) - 1:
+        if mixed and kind in ("slice", "concat") and off + _axis(nd) != len(domain) - 1:
             raise UnsupportedGraphError(
                 f"{nd.op} '{nd.id}' acts along an outer axis in a region with transpose / reshape; there slice "
                 "and concat may act along the innermost axis only")
         if kind == "slice":
-            a = off + nd.axis
+            a = off + _axis(nd)
             visit(str(nd.args[0]), sh.moved(a, nd.start))
         elif kind == "concat":
-            a, o = off + nd.axis, 0
+            a, o = off + _axis(nd), 0
             for arg in nd.tensor_args:
-                ln = graph.spec(arg).shape[nd.axis]
+                ln = graph.spec(arg).shape[_axis(nd)]
                 psh = sh.limited(a, o - sh.d(a), o + ln - sh.d(a), domain[a])
                 if psh is not None:
                     visit(arg, psh.moved(a, -o))
@@ -457,9 +463,9 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
 
 def _check_size1_slice(nd: Node, sh: Shift, domain: tuple[int, ...]) -> None:
     """A size-1 slice evaluated over several positions of its axis (broadcast) is refused."""
-    a = len(domain) - len(nd.shape) + nd.axis  # type: ignore[operator]
+    a = len(domain) - len(nd.shape) + _axis(nd)
     lo, hi = {x: (l, h) for x, l, h in sh.conds}.get(a, (0, domain[a]))
-    if nd.shape[nd.axis] == 1 and hi - lo > 1:  # type: ignore[index]
+    if nd.shape[_axis(nd)] == 1 and hi - lo > 1:
         raise UnsupportedGraphError(
             f"slice '{nd.id}' has size 1 along axis {nd.axis} and is broadcast against the iteration "
             f"domain {list(domain)} there; not supported (a size-1 slice may be a concat piece, or be stored)")
@@ -475,7 +481,7 @@ def real_index_maps(graph: Graph, sur: Graph, axes: dict[str, tuple[int | None, 
         s = sur.spec(name).shape
         if name in tables or tuple(spec.shape) == tuple(s) or len(spec.shape) != len(s):
             continue
-        out[name] = index_map(spec.shape, axes[name], domain, row_axes, col_axes)
+        out[name] = index_map(spec.shape, axes[name], dict(enumerate(domain)), row_axes, col_axes)
     return out
 
 
