@@ -46,7 +46,8 @@ import random
 
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.hardware.occupancy import max_resident_blocks, occupancy
-from stitchtune.plan.planner import Family, StitchPlan
+from stitchtune.plan.family import Family
+from stitchtune.plan.planner import StitchPlan
 from stitchtune.space import PERSISTENT, ReuseLevel, Schedule, SchemeName, SearchSpace, uncached_level
 
 log = logging.getLogger(__name__)

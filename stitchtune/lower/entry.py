@@ -45,7 +45,8 @@ from stitchtune.lower.base import estimate_registers
 from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
 from stitchtune.lower.col import lower_col
 from stitchtune.lower.row import lower_row
-from stitchtune.plan.planner import Family, StitchPlan
+from stitchtune.plan.family import Family
+from stitchtune.plan.planner import StitchPlan
 from stitchtune.space import Schedule, SearchSpace
 
 CODEGEN_VERSION = "1"

@@ -174,7 +174,7 @@ def _node_axes(b: _Builder, node: Node) -> None:
         _broadcast(b, node)
 
 
-def _repeated(groups: list) -> bool:
+def _repeated(groups: list[tuple[int, ...] | None]) -> bool:
     axes = [a for g in groups for a in (g or ())]
     return len(axes) != len(set(axes))
 

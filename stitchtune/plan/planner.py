@@ -54,7 +54,7 @@ from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import OPS
 from stitchtune.plan import remap
 from stitchtune.plan.family import Family
-from stitchtune.plan.axes import Groups, tensor_axes
+from stitchtune.plan.axes import Groups, TensorAxes, tensor_axes
 from stitchtune.plan.cross import CrossReduction, check_cross, split_cross
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
@@ -181,7 +181,7 @@ class _View:
     """The 2-D view of the iteration domain: which domain axes are rows (``M``) and which columns
     (``N``), each group in domain (row-major) order; ``sizes[a]`` is the extent of axis ``a``."""
 
-    family: str
+    family: Family
     sizes: dict[int, int]
     row_axes: tuple[int, ...]
     col_axes: tuple[int, ...]
@@ -340,7 +340,7 @@ def _check_index_op_maps(imaps: dict[str, IndexMap], family: str) -> None:
                 "or gather; index maps there support broadcasting along the row axes of row kernels only")
 
 
-def _split_cross(all_red: list[Node], axes) -> tuple[list[Node], list[Node]]:
+def _split_cross(all_red: list[Node], axes: TensorAxes) -> tuple[list[Node], list[Node]]:
     """:func:`~stitchtune.plan.cross.split_cross` over the axes of :func:`tensor_axes`, where every
     tensor dim spans at most one axis (positions in the domain order); with a merged dim (a reshape
     merging axes) no reduction is cross."""
@@ -353,7 +353,8 @@ def _split_cross(all_red: list[Node], axes) -> tuple[list[Node], list[Node]]:
     return split_cross(all_red, old, tuple(sizes[a] for a in order))
 
 
-def _mixed_view(real: Graph, sur: Graph, names: list[str], all_red: list[Node]):
+def _mixed_view(real: Graph, sur: Graph, names: list[str], all_red: list[Node]
+                ) -> tuple[tuple[int, ...], dict[str, Groups], list[Node], list[Node], _View]:
     """Domain, axis groups, (row-side, cross) reductions and view of a mixed region (slice / concat
     with transpose / reshape): :func:`tensor_axes` of the surrogate ``sur``, checked by
     :func:`~stitchtune.plan.remap.check_mixed` (the view's columns are the domain's innermost axis)."""
