@@ -312,7 +312,7 @@ class _ColKernel:
         sv = SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw),
                           partial(self.cache_index, sw), partial(self.smem_index, sw), self.stats)
         for r in reds:
-            vals = sv.value(low.nodes[r].args[0])  # type: ignore[arg-type]
+            vals = sv.value(str(low.nodes[r].args[0]))
             for j in range(vec):
                 a = accs[r][j]
                 lb.append(Assign(a, Select(valid, low.combine(r, a, vals[j]), a)))

@@ -309,7 +309,8 @@ class RemapValues:
             src = self.g.spec(str(nd.args[0])).shape
             if nd.op == "transpose":
                 if coords is None:
-                    coords = _unravel(lin, shape)  # type: ignore[arg-type]
+                    assert lin is not None  # one of the two forms is always set
+                    coords = _unravel(lin, shape)
                 back: list[kir.Expr] = [I(0)] * len(src)
                 for i, p in enumerate(nd.perm):
                     back[p] = coords[i]
@@ -317,7 +318,10 @@ class RemapValues:
             else:  # reshape: the row-major linear index is the same in the source
                 lin, coords = (_linear(coords, shape) if coords is not None else lin), None
             shape = src
-        return _linear(coords, shape) if coords is not None else lin  # type: ignore[return-value]
+        if coords is not None:
+            return _linear(coords, shape)
+        assert lin is not None  # one of the two forms is always set
+        return lin
 
     def _chain_contiguous(self, chain: tuple[str, ...], sh: Shift) -> bool:
         """The ``vec`` lanes of a vector load adjacent, aligned elements of the chain's input: the

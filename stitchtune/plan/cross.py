@@ -54,7 +54,7 @@ class CrossReduction:
 
 
 def _live_reduced(nd: Node, maps: Mapping[str, tuple[int | None, ...]], live: set[int]) -> frozenset[int]:
-    src = maps[nd.args[0]]  # type: ignore[index]
+    src = maps[str(nd.args[0])]
     return frozenset(a for a in (src[i] for i in nd.axes) if a is not None and a in live)
 
 

@@ -204,7 +204,7 @@ def _reduced_axes(red_nodes: list[Node], maps: dict[str, Groups]) -> set[int]:
     """The domain axes every reduction reduces (the same for all of them, never mixed with kept ones)."""
     red_axes: set[int] | None = None
     for nd in red_nodes:
-        src = maps[nd.args[0]]  # type: ignore[index]
+        src = maps[str(nd.args[0])]
         axes = {a for i in nd.axes for a in src[i]}
         kept = {a for i, g in enumerate(src) if i not in nd.axes for a in g}
         if red_axes is None:
@@ -276,7 +276,7 @@ def _check_reduction_sources(red_nodes: list[Node], view: _View, maps: dict[str,
     all of them (a source broadcast along one would be summed once per repeat)."""
     red_side = set(view.col_axes if view.family == Family.ROW else view.row_axes)
     for nd in red_nodes:
-        varies = {a for g in maps[nd.args[0]] for a in g}  # type: ignore[index]
+        varies = {a for g in maps[str(nd.args[0])] for a in g}
         if not red_side <= varies:
             raise UnsupportedGraphError(
                 f"reduction '{nd.id}' reduces a tensor that broadcasts along part of the reduced axes")
@@ -286,7 +286,7 @@ def _check_reductions(red_nodes: list[Node], classes: dict[str, TensorClass]) ->
     """Every reduction reduces a full-size tensor to one value per row/column (a scalar result, the
     full reduction of a single row/column, becomes ``PER_KEPT`` in ``classes``)."""
     for nd in red_nodes:
-        if classes[nd.args[0]] is not TensorClass.FULL:  # type: ignore[index]
+        if classes[str(nd.args[0])] is not TensorClass.FULL:
             raise UnsupportedGraphError(f"reduction '{nd.id}' reduces a tensor that is not full-size")
         if classes[nd.id] not in (TensorClass.PER_KEPT, TensorClass.SCALAR):
             raise UnsupportedGraphError(f"reduction '{nd.id}' leaves a full-size result")
@@ -324,7 +324,7 @@ def _reuse_candidates(graph: Graph, names: list[str], classes: dict[str, TensorC
 
     for i, st in enumerate(stages):
         for r in st:
-            mark(by_id[r].args[0], i + 1)  # type: ignore[arg-type]
+            mark(str(by_id[r].args[0]), i + 1)
     for o in graph.outputs + cross_sources:
         mark(o, len(stages) + 1)
     return tuple(n for n in names if classes[n] is TensorClass.FULL and len(needs[n]) >= 2)

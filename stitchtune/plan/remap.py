@@ -63,7 +63,7 @@ def has_index_ops(graph: Graph) -> bool:
 
 def gather_tables(graph: Graph) -> dict[str, str]:
     """Gather node id -> its table input."""
-    return {n.id: n.args[0] for n in graph.nodes if n.op == "gather"}  # type: ignore[misc]
+    return {n.id: str(n.args[0]) for n in graph.nodes if n.op == "gather"}
 
 
 def domain_of(graph: Graph) -> tuple[int, ...]:
@@ -78,7 +78,7 @@ def domain_of(graph: Graph) -> tuple[int, ...]:
             o = nodes[o].tensor_args[0]
         names.append(o)
     shapes = [graph.spec(o).shape for o in names]
-    shapes += [graph.spec(n.args[0]).shape for n in graph.reductions()]  # type: ignore[arg-type]
+    shapes += [graph.spec(str(n.args[0])).shape for n in graph.reductions()]
     return max(shapes, key=lambda s: (prod(s), len(s)))
 
 
@@ -124,7 +124,7 @@ def _gather_shapes(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int
                                             "a gather table may only be read by gather")
             continue
         table, idx = n.args
-        tspec, ispec = graph.spec(table), graph.spec(idx)  # type: ignore[arg-type]
+        tspec, ispec = graph.spec(str(table)), graph.spec(str(idx))
         isur = _sur(tuple(ispec.shape) + (1,) * (tspec.rank - 1), domain, str(idx))
         if out.setdefault(str(idx), isur) != isur:
             raise UnsupportedGraphError(f"gather '{n.id}': index '{idx}' is used with tables of different ranks")
@@ -386,10 +386,12 @@ def root_shift(graph: Graph, name: str, domain: tuple[int, ...], row_axes: tuple
         if nd.op == "slice" and nd.shape[_axis(nd)] == 1:
             found.add(len(domain) - len(nd.shape) + _axis(nd))
         stack.extend(nd.tensor_args)
-    sh: Shift | None = Shift()
+    sh = Shift()
     for a in sorted(bcast & found):
-        sh = sh.limited(a, 0, 1, domain[a])  # type: ignore[union-attr]
-    return sh  # type: ignore[return-value]
+        lim = sh.limited(a, 0, 1, domain[a])
+        assert lim is not None, "0 <= p < 1 is never empty on a broadcast axis (extent > 1)"
+        sh = lim
+    return sh
 
 
 def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...],
@@ -496,7 +498,7 @@ def check_gathers(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ..
                                         "element-wise kernels only, not in column reductions")
         if n.op != "gather":
             continue
-        trail = graph.spec(n.args[0]).shape[1:]  # type: ignore[arg-type]
+        trail = graph.spec(str(n.args[0])).shape[1:]
         cols = tuple(domain[a] for a in col_axes)
         live = tuple(d for d in cols if d > 1)
         if prod(trail) != prod(cols) or tuple(d for d in trail if d > 1) != live or (
