@@ -116,7 +116,10 @@ def fit(df: pd.DataFrame, device: Device, base: CostParams | None = None,
     x0 = np.clip(np.log([getattr(base, n) for n in names]), lo + 1e-9, hi - 1e-9)
 
     def params_of(x: np.ndarray) -> CostParams:
-        return dataclasses.replace(base, **{n: float(math.exp(v)) for n, v in zip(names, x, strict=True)})
+        # the FITTED names are float fields, which mypy cannot tell from a str: it would check each value
+        # against every field's type
+        fitted: dict[str, Any] = {n: float(math.exp(v)) for n, v in zip(names, x, strict=True)}
+        return dataclasses.replace(base, **fitted)
 
     def residuals(x: np.ndarray) -> np.ndarray:
         p = params_of(x)
@@ -317,7 +320,7 @@ def repredict(df: pd.DataFrame, graphs: Sequence[Any] = (), params: CostParams |
 
     by_key = {g.workload_key(): g for g in graphs}
     plans: dict[str, Any] = {}
-    devices: dict[str, Any] = {}
+    devices: dict[str | None, Device | None] = {}
     out = df.copy()
     preds, sources = [], []
     for r in out.itertuples(index=False):
@@ -340,7 +343,7 @@ def repredict(df: pd.DataFrame, graphs: Sequence[Any] = (), params: CostParams |
                 prof = lower(g, plans[g.workload_key()], Schedule.from_json(sched), dev).profile
             except StitchtuneError as exc:  # not a legal point under today's space: keep the stored profile
                 log.info("row of %s not re-lowered: %s", getattr(r, "graph_name", "?"), exc)
-        if prof is not None:
+        if prof is not None and dev is not None:
             preds.append(predict(prof, dev, regs, params=params).time_us)
             sources.append("relowered")
         elif dev is not None and stored is not None:

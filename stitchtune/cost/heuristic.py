@@ -45,8 +45,10 @@ import math
 import random
 
 from stitchtune.lower.entry import estimate_registers
+from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks, occupancy
-from stitchtune.plan.planner import Family, StitchPlan
+from stitchtune.plan.family import Family
+from stitchtune.plan.planner import StitchPlan
 from stitchtune.space import PERSISTENT, ReuseLevel, Schedule, SchemeName, SearchSpace, uncached_level
 
 log = logging.getLogger(__name__)
@@ -106,7 +108,7 @@ def _relax_registers(space: SearchSpace, s: Schedule) -> Schedule:
     return Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": s.reuse, "min_blocks": best})
 
 
-def _row(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
+def _row(space: SearchSpace, plan: StitchPlan, dev: Device) -> Schedule:
     M, N = plan.M, plan.N
     vec = _vec(space, N)
     wave = max_resident_blocks(dev, 1024, 32, 0) or dev.sm_count  # assume 32 regs, 1024 threads
@@ -128,7 +130,7 @@ def _row(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
     return Schedule(tpr, block, 1, vec, tasks, 0, (scheme,) * plan.nstages, ())
 
 
-def _register_budget(dev) -> int:
+def _register_budget(dev: Device) -> int:
     """Registers per thread at :data:`TARGET_OCCUPANCY` (rule 6)."""
     return min(dev.max_regs_per_thread, int(dev.regs_per_sm // (TARGET_OCCUPANCY * dev.max_threads_per_sm)))
 
@@ -140,7 +142,7 @@ def _row_registers(plan: StitchPlan, threads: int, vec: int) -> int:
     return estimate_registers(per_thread * max(1, len(plan.reuse_candidates)), vec, 4)
 
 
-def _cluster_row(space: SearchSpace, plan: StitchPlan, dev, block: int = 512) -> Schedule | None:
+def _cluster_row(space: SearchSpace, plan: StitchPlan, dev: Device, block: int = 512) -> Schedule | None:
     """Rule 6: the cluster schedule of a row too wide for one block's registers, or None (the row fits,
     or the space offers no cluster). Blocks of ``block`` threads (512: a middle choice; the cost model's
     preference among 128..1024 differs between layernorm_wide, logsoftmax and softmax_wide, and its
@@ -197,7 +199,7 @@ def _fit_one_block(space: SearchSpace, s: Schedule) -> Schedule:
     return s
 
 
-def _col(space: SearchSpace, plan: StitchPlan, dev) -> Schedule:
+def _col(space: SearchSpace, plan: StitchPlan, dev: Device) -> Schedule:
     M, N = plan.M, plan.N
     vec = _vec(space, N)
     while vec > 1 and 8 * vec > N:  # a tile of at least 8 column threads must fit the columns
@@ -221,7 +223,7 @@ def _estimated_blocks_per_sm(space: SearchSpace, s: Schedule) -> int:
 
 def _coresident(space: SearchSpace, s: Schedule) -> bool:
     """Whether a grid of ``split`` blocks (one row or tile at a time) fits on the device at once."""
-    return _estimated_blocks_per_sm(space, s) * space.device.sm_count >= s.split
+    return _estimated_blocks_per_sm(space, s) * int(space.device.sm_count) >= s.split
 
 
 def _pin_coresidency(space: SearchSpace, s: Schedule) -> Schedule:
@@ -238,7 +240,7 @@ def _pin_coresidency(space: SearchSpace, s: Schedule) -> Schedule:
     return Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": s.reuse, "min_blocks": min(ok)})
 
 
-def heuristic_schedule(plan: StitchPlan, device, space: SearchSpace | None = None) -> Schedule:
+def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | None = None) -> Schedule:
     """The AStitch default schedule for ``plan`` on ``device`` (always a legal point of the space)."""
     space = space or SearchSpace.for_plan(plan, device)
     clustered = _cluster_row(space, plan, device)

@@ -231,7 +231,7 @@ def profile_from_dict(d: Mapping[str, Any]) -> tuple[ProgramProfile, dict[str, i
 
 # ---------------------------------------------------------------------------- the model
 def _smooth_min(*xs: float) -> float:
-    return sum(x ** -_SMOOTH_P for x in xs) ** (-1.0 / _SMOOTH_P)
+    return float(sum(x ** -_SMOOTH_P for x in xs) ** (-1.0 / _SMOOTH_P))
 
 
 def kernel_legality(k: KernelProfile, device: Device, regs: int) -> tuple[Occupancy, str | None]:

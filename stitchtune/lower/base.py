@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from stitchtune.ir import kir
-from stitchtune.graph.parse import Graph
+from stitchtune.graph.parse import Graph, Node
 from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, LocalRef, MathOp, Var
+from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
-from stitchtune.graph.ops import INDEX_KINDS, OPS
+from stitchtune.graph.ops import INDEX_KINDS, OPS, OpInfo
+from stitchtune.plan.index_map import AxisMap
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.plan.single_pass import SinglePassCandidate
 from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable
+
+V = TypeVar("V")  # a family's per-row / per-column value (row: one expression; column: vec of them)
 
 def I(v: int) -> Const:  # noqa: E743 (the short name keeps index arithmetic readable)
     """The int32 constant ``v``."""
@@ -52,7 +57,7 @@ def and_(a: kir.Expr | None, b: kir.Expr | None) -> kir.Expr | None:
     return Bin("&&", a, b)
 
 
-def _axis_offset(am, i: kir.Expr) -> kir.Expr:
+def _axis_offset(am: AxisMap, i: kir.Expr) -> kir.Expr:
     """``sum(((i // f.inner) % f.dim) * f.stride)`` over the factors of axis map ``am``, without the
     divisions by 1, the ``%`` that cannot wrap and the products by 1 (``0`` for a broadcast axis)."""
     out: kir.Expr = I(0)
@@ -74,7 +79,7 @@ class Ctx:
     """Mutable state while building one kernel: the scratch buffers it uses and the counter that
     numbers its variables (never escapes the lowering)."""
 
-    scratch: set = field(default_factory=set)
+    scratch: set[str] = field(default_factory=set)
     counter: int = 0
 
     def var(self, prefix: str, dtype: str = F32) -> Var:
@@ -93,8 +98,10 @@ class SweepValues:
     (``newly``) and read from there by later sweeps (``filled``).
     """
 
-    def __init__(self, low: "Lowerer", cx: Ctx, body: list, vec: int, filled: set[str], broadcast, load_input,
-                 cache_index, smem_index, stats: dict) -> None:
+    def __init__(self, low: "Lowerer", cx: Ctx, body: list[kir.Stmt], vec: int, filled: set[str],
+                 broadcast: Callable[[str], list[kir.Expr] | None], load_input: Callable[[str], list[kir.Expr]],
+                 cache_index: Callable[[int], kir.Expr], smem_index: Callable[[int], kir.Expr],
+                 stats: dict[str, Any]) -> None:
         self.low, self.cx, self.body, self.vec, self.filled = low, cx, body, vec, filled
         self.broadcast, self.load_input = broadcast, load_input
         self.cache_index, self.smem_index, self.stats = cache_index, smem_index, stats
@@ -148,7 +155,7 @@ class SweepValues:
 class Lowerer:
     """Shared machinery of both families."""
 
-    def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device, schemes: SchemeTable = SCHEMES) -> None:
+    def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device, schemes: SchemeTable = SCHEMES) -> None:
         self.g, self.p, self.s, self.dev = graph, plan, s, device
         self.schemes = schemes
         self.nodes = {nd.id: nd for nd in graph.nodes}
@@ -203,7 +210,7 @@ class Lowerer:
         ii = cx.var("ii", I32)
         return ii, ii
 
-    def order_sweep(self, ii: Var | None, it: Var, iters: int, reads_memory: bool) -> list:
+    def order_sweep(self, ii: Var | None, it: Var, iters: int, reads_memory: bool) -> list[kir.Stmt]:
         """The assignment of the logical index ``ii`` (no statement for forward schedules). A sweep that
         reads a full-size tensor from memory runs opposite to the previous such sweep (the first one
         forwards), so that it starts with what the previous one left in L2; other sweeps run forwards."""
@@ -215,7 +222,7 @@ class Lowerer:
             self.last_reversed = rev
         return [Assign(ii, Bin("-", I(iters - 1), it) if rev else it)]
 
-    def order_tasks(self, rb: list, reads_memory: bool, total: int) -> None:
+    def order_tasks(self, rb: list[kir.Stmt], reads_memory: bool, total: int) -> None:
         """Alternate order: of consecutive kernels that read full-size tensors from memory, every other
         one takes its tasks backwards (the first forwards), so that a re-read across a kernel boundary
         starts with the tasks whose data the previous kernel left in L2. ``rb[0]`` is the assignment of
@@ -226,7 +233,9 @@ class Lowerer:
         rev = self.last_tasks_reversed is False
         self.last_tasks_reversed = rev
         if rev:
-            rb[0] = Assign(rb[0].var, Bin("-", I(total - 1), rb[0].expr))
+            head = rb[0]
+            assert isinstance(head, Assign), "the round body starts with the task index's assignment"
+            rb[0] = Assign(head.var, Bin("-", I(total - 1), head.expr))
 
     # -- index maps -----------------------------------------------------------------------------
     def row_base(self, name: str, r: kir.Expr) -> kir.Expr:
@@ -251,7 +260,7 @@ class Lowerer:
             pred = and_(pred, Bin("==", t, I(0)))
         return pred
 
-    def mapped_load(self, cx: Ctx, body: list, name: str, base: kir.Expr, c: kir.Expr,
+    def mapped_load(self, cx: Ctx, body: list[kir.Stmt], name: str, base: kir.Expr, c: kir.Expr,
                     pred: kir.Expr | None, prefix: str) -> list[kir.Expr]:
         """Append the loads of the ``vec`` elements ``c .. c + vec - 1`` (``c`` a multiple of ``vec``) of
         input ``name`` at row offset ``base`` to ``body`` and return their values, by the map's
@@ -274,7 +283,7 @@ class Lowerer:
             out.append(v)
         return out
 
-    def mapped_store(self, body: list, name: str, base: kir.Expr, c: kir.Expr, vals: list[kir.Expr],
+    def mapped_store(self, body: list[kir.Stmt], name: str, base: kir.Expr, c: kir.Expr, vals: list[kir.Expr],
                      pred: kir.Expr | None) -> None:
         """Append the stores of the ``vec`` values of output ``name`` at columns ``c .. c + vec - 1``
         and row offset ``base``: one vector store where the map is contiguous there, else one
@@ -332,10 +341,10 @@ class Lowerer:
             self.buffers.append(kir.BufferSpec("gbar", "float32", 2, BufferRole.BARRIER, "", zero_init=True))
         return "gbar"
 
-    def red_info(self, r: str):
+    def red_info(self, r: str) -> OpInfo:
         return OPS[self.nodes[r].op]
 
-    def expr_of_node(self, nd, args: list[kir.Expr]) -> kir.Expr:
+    def expr_of_node(self, nd: Node, args: list[kir.Expr]) -> kir.Expr:
         info = OPS[nd.op]
         if info.kind == "layout":  # transpose / reshape: the planner's index maps moved the element
             return args[0]
@@ -353,16 +362,19 @@ class Lowerer:
         return Bin(op, a, b)
 
     def identity(self, r: str) -> Const:
-        return Const(float(self.red_info(r).identity), F32)
+        ident = self.red_info(r).identity
+        assert ident is not None, f"'{r}' is not a reduction"
+        return Const(float(ident), F32)
 
-    def ready_p_nodes(self, pvals: dict, load_p, const):
+    def ready_p_nodes(self, pvals: Mapping[str, V], load_p: Callable[[str], V],
+                      const: Callable[[float], V]) -> Iterator[tuple[Node, list[V]]]:
         """Yield ``(node, argument values)`` for every per-row/per-column/scalar node not computed yet
         whose arguments are all available (``pvals``, or a per-row/per-column or scalar input loaded
         through ``load_p``); ``const(x)`` turns a constant argument into a value."""
         for nd in self.g.nodes:
             if self.cls[nd.id].varies_along_reduced or nd.id in pvals or OPS[nd.op].kind == "reduce":
                 continue
-            args = []
+            args: list[V] = []
             for a in nd.args:
                 if not isinstance(a, str):
                     args.append(const(float(a)))
@@ -375,7 +387,8 @@ class Lowerer:
             else:
                 yield nd, args
 
-    def make_kernel(self, ki: int, uses: dict, cx: Ctx, body: list, shared: list, locals_: list,
+    def make_kernel(self, ki: int, uses: dict[str, set[str]], cx: Ctx, body: list[kir.Stmt],
+                    shared: list[kir.SharedBuf], locals_: list[kir.LocalArray],
                     needs_sync: bool) -> kir.Kernel:
         """Kernel ``st_k<ki>`` with its pointer parameters in a fixed order: inputs, outputs (by index),
         scratch (by name), then the grid-barrier counter when the kernel synchronises the grid."""
@@ -419,7 +432,8 @@ class Lowerer:
 
 
     # -- analytic profile -------------------------------------------------------------------------
-    def profile(self, kern, grid, rounds, smem_bytes, est_regs, stats, ki) -> kir.KernelProfile:
+    def profile(self, kern: kir.Kernel, grid: int, rounds: int, smem_bytes: int, est_regs: int,
+                stats: dict[str, Any], ki: int) -> kir.KernelProfile:
         p, s = self.p, self.s
         elems = p.M * p.N
         specs = {b.name: b for b in self.buffers}
@@ -462,11 +476,11 @@ class Lowerer:
             scratch_loads=int(scratch_loads_per_thread(kern)),
             reversed_rereads=s.order == "alternate" and reread > 0)
 
-    def finalize(self, rb, r, pvals) -> None:
-        """Turn a combined sum into a mean where the reduction is a mean (``pvals[r]`` may be a list)."""
+    def finalize(self, rb: list[kir.Stmt], r: str, accs: list[Var]) -> None:
+        """Turn a combined sum (the accumulators ``accs`` of reduction ``r``) into a mean where the
+        reduction is a mean."""
         if self.red_info(r).is_mean:
-            vs = pvals[r] if isinstance(pvals[r], list) else [pvals[r]]
-            for v in dict.fromkeys(vs):
+            for v in dict.fromkeys(accs):
                 rb.append(Assign(v, Bin("*", v, Const(1.0 / self.p.K, F32))))
 
     def tasks_in_flight_bytes(self, grid: int) -> int:

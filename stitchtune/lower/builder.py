@@ -58,7 +58,7 @@ class RowSweep:
     idx: kir.Expr
     k0: Var
     valid: Var
-    body: list
+    body: list[kir.Stmt]
     from_prefetch: bool
 
 

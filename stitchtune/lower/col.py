@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from stitchtune.hardware.device import Device
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select, Var
@@ -32,12 +33,12 @@ from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable
 
 
-def _load_f32(dsts: tuple, buf: str, idx: kir.Expr, pred: kir.Expr | None) -> list:
+def _load_f32(dsts: tuple[Var, ...], buf: str, idx: kir.Expr, pred: kir.Expr | None) -> list[kir.Stmt]:
     """Loads of a float32 scratch buffer in accesses of at most 16 bytes (4 floats)."""
     return [kir.LoadVec(dsts[k:k + 4], buf, add(idx, I(k)), pred) for k in range(0, len(dsts), 4)]
 
 
-def _store_f32(buf: str, idx: kir.Expr, vals: tuple, pred: kir.Expr | None) -> list:
+def _store_f32(buf: str, idx: kir.Expr, vals: tuple[kir.Expr, ...], pred: kir.Expr | None) -> list[kir.Stmt]:
     """Stores to a float32 scratch buffer in accesses of at most 16 bytes (4 floats)."""
     return [kir.StoreVec(buf, add(idx, I(k)), vals[k:k + 4], pred) for k in range(0, len(vals), 4)]
 
@@ -141,7 +142,7 @@ class _ColSweep:
     idx: kir.Expr
     r: Var
     valid: Var
-    body: list
+    body: list[kir.Stmt]
 
 
 class _ColKernel:
@@ -163,7 +164,7 @@ class _ColKernel:
         self.lay = _col_layout(low, seg, tasks, est_regs)
         tid = kir.Special("tid")
         tc, tk = cx.var("tc", I32), cx.var("tk", I32)
-        self.body: list = [Assign(tc, Bin("%", tid, I(low.tpc))), Assign(tk, Bin("/", tid, I(low.tpc)))]
+        self.body: list[kir.Stmt] = [Assign(tc, Bin("%", tid, I(low.tpc))), Assign(tk, Bin("/", tid, I(low.tpc)))]
         rd, tile, sidx = cx.var("rd", I32), cx.var("tile", I32), cx.var("sidx", I32)
         c0, cvalid = cx.var("c", I32), cx.var("cv", kir.BOOL)
         kbase, kend = cx.var("kb", I32), cx.var("ke", I32)
@@ -171,7 +172,7 @@ class _ColKernel:
         cc0 = Bin("min", c0, I(p.N - s.vec))
         self.ix = _ColIndex(tc, tk, rd, tile, sidx, c0, cvalid, kbase, kend, task, cc0)
         S, vec = s.split, s.vec
-        self.rb: list = [
+        self.rb: list[kir.Stmt] = [
             Assign(task, add(mul(rd, kir.Special("gdim")), kir.Special("bid"))),
             Assign(tile, Bin("/", task, I(S))), Assign(sidx, Bin("%", task, I(S))),
             Assign(c0, add(mul(tile, I(low.TC)), mul(tc, I(vec)))),
@@ -208,12 +209,18 @@ class _ColKernel:
         """Compute the per-column and scalar nodes whose reductions are all available."""
         low, vec = self.low, self.low.s.vec
         for nd, args in low.ready_p_nodes(self.pvals, self.load_p, lambda c: [Const(c, F32)] * vec):
-            vs = []
+            vs: list[kir.Expr] = []
             for j in range(vec):
                 v = self.cx.var("p", F32)
                 self.rb.append(Assign(v, low.expr_of_node(nd, [a[j] for a in args])))
                 vs.append(v)
             self.pvals[nd.id] = vs
+
+    def acc_vars(self, r: str) -> list[kir.Var]:
+        """The accumulators of reduction ``r`` (its ``pvals``: variables, combined in place)."""
+        accs = [v for v in self.pvals[r] if isinstance(v, kir.Var)]
+        assert len(accs) == len(self.pvals[r]), f"reduction '{r}' has values that are not variables"
+        return accs
 
     def read_partials(self, r: str, target: list[kir.Var] | None = None) -> None:
         """Combine the ``split`` partials of reduction ``r`` for this thread's columns from scratch
@@ -240,7 +247,7 @@ class _ColKernel:
             for r in low.p.stages[st]:
                 if low.schemes[low.s.schemes[st]].kernel_boundary:
                     self.read_partials(r)
-                    low.finalize(self.rb, r, self.pvals)
+                    low.finalize(self.rb, r, self.acc_vars(r))
                 else:
                     vb = low.scratch(f"val{low.red_idx[r]}", low.p.N)
                     cx.scratch.add(vb)
@@ -299,13 +306,13 @@ class _ColKernel:
             accs[r] = [cx.var("acc", F32) for _ in range(vec)]
             for a in accs[r]:
                 self.rb.append(Assign(a, low.identity(r)))
-        lb: list = [Assign(r_, add(ix.kbase, add(mul(idx_it, I(tk)), ix.tk))),
+        lb: list[kir.Stmt] = [Assign(r_, add(ix.kbase, add(mul(idx_it, I(tk)), ix.tk))),
                     Assign(valid, Bin("&&", ix.cvalid, Bin("<", r_, ix.kend)))]
         sw = _ColSweep(idx_it, r_, valid, lb)
         sv = SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw),
                           partial(self.cache_index, sw), partial(self.smem_index, sw), self.stats)
         for r in reds:
-            vals = sv.value(low.nodes[r].args[0])  # type: ignore[arg-type]
+            vals = sv.value(str(low.nodes[r].args[0]))
             for j in range(vec):
                 a = accs[r][j]
                 lb.append(Assign(a, Select(valid, low.combine(r, a, vals[j]), a)))
@@ -328,7 +335,7 @@ class _ColKernel:
                                unroll=bool(self.lay.locals_) or low.rpt <= 8))
         self.filled.update(sv.newly)
         for r in reds:
-            self.pvals[r] = accs[r]
+            self.pvals[r] = list(accs[r])
 
     # -- combining the partials of a stage ----------------------------------------------------------
     def exchange_in_block(self, reds: list[str]) -> None:
@@ -344,7 +351,7 @@ class _ColKernel:
         rb.append(kir.Barrier())
         for si_, r in enumerate(reds):
             base = si_ * tk * TC
-            accs = self.pvals[r]
+            accs = self.acc_vars(r)
             for a in accs:
                 rb.append(Assign(a, low.identity(r)))
             q = self.cx.var("q", I32)
@@ -368,7 +375,7 @@ class _ColKernel:
             if scheme.grid_barrier:
                 self.rb.append(kir.GridSync())
                 for r in reds:
-                    self.read_partials(r, target=self.pvals[r])
+                    self.read_partials(r, target=self.acc_vars(r))
 
     # -- stages and outputs -----------------------------------------------------------------------
     def reduce_stage(self, st: int, keep_results: bool) -> None:
@@ -382,7 +389,7 @@ class _ColKernel:
         if not scheme.result_in_kernel:
             return
         for r in reds:
-            low.finalize(self.rb, r, self.pvals)
+            low.finalize(self.rb, r, self.acc_vars(r))
             if keep_results:
                 vb = low.scratch(f"val{low.red_idx[r]}", low.p.N)
                 self.cx.scratch.add(vb)
@@ -424,7 +431,7 @@ class _ColKernel:
         return kern, low.profile(kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.stats, self.ki)
 
 
-def lower_col(graph: Graph, plan: StitchPlan, schedule: Schedule, device,
+def lower_col(graph: Graph, plan: StitchPlan, schedule: Schedule, device: Device,
               schemes: SchemeTable = SCHEMES) -> kir.Program:
     """Lower a column-reduction graph (the schedule was already checked against the space whose scheme
     table is ``schemes``)."""

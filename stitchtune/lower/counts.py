@@ -13,10 +13,10 @@ def scratch_loads_per_thread(kern: kir.Kernel) -> int:
     with each loop counted ``trip count`` times (constant bounds; 1 otherwise)."""
     scratch = {pp.name for pp in kern.params if pp.role == BufferRole.SCRATCH}
 
-    def in_expr(x: object) -> int:
+    def in_expr(x: kir.Expr | kir.Stmt | None) -> int:
         return sum(1 for e in kir.exprs(x) if isinstance(e, kir.Load) and e.buf in scratch)
 
-    def in_stmts(stmts) -> int:
+    def in_stmts(stmts: tuple[kir.Stmt, ...]) -> int:
         n = 0
         for st in stmts:
             if isinstance(st, kir.For):

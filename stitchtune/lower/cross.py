@@ -24,6 +24,8 @@ Phases (each a function below, called by :class:`stitchtune.lower.row.RowKernel`
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, LocalRef, Select, Var
 from stitchtune.lower.base import Ctx, I, Lowerer, SweepValues, add, mul
@@ -78,7 +80,7 @@ def cross_init(k: RowKernelBuilder) -> dict[int, Var]:
     return accs
 
 
-def cross_accumulate(k: RowKernelBuilder, sw: RowSweep, sv: SweepValues, body: list) -> None:
+def cross_accumulate(k: RowKernelBuilder, sw: RowSweep, sv: SweepValues, body: list[kir.Stmt]) -> None:
     """In the output sweep: each full-size source element into its column's (or the scalar) accumulator."""
     low = k.low
     for i, c in enumerate(low.p.cross):
@@ -115,27 +117,28 @@ def _column(k: RowKernelBuilder, e: int) -> kir.Expr:
     return add(mul(add(I(i * s.tpr), k.ix.lane), I(s.vec)), I(j))
 
 
-def _warp_sum(out: list, get, put, masks: list[int]) -> None:
+def _warp_sum(out: list[kir.Stmt], get: Callable[[], kir.Expr], put: Callable[[kir.Expr], kir.Stmt],
+              masks: list[int]) -> None:
     for m in masks:
         out.append(put(Bin("+", get(), kir.Shfl(get(), m, 32))))
 
 
-def _block_values(k: RowKernelBuilder, out: list) -> list[tuple[int, kir.Expr, kir.Expr, kir.Expr]]:
+def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, kir.Expr, kir.Expr, kir.Expr]]:
     """The block reduce (statements into ``out``); returns, per block value to combine, ``(cross
     index, column, value, predicate)`` (columns may repeat over loop iterations: statements follow)."""
     low, s = k.low, k.low.s
     tpr, block, chunk, N = s.tpr, s.block, low.chunk, low.p.N
     groups = block // max(tpr, 32)
     subwarp = [m for m in (1, 2, 4, 8, 16) if m >= tpr]
-    res: list = []
+    res: list[tuple[int, kir.Expr, kir.Expr, kir.Expr]] = []
     pcs = _per_col(low)
     for i, _ in pcs:  # merge the sub-warp rows of each warp (lanes with the same columns)
         for e in range(low.per_thread):
-            _warp_sum(out, lambda i=i, e=e: LocalRef(f"xa{i}", I(e)),
-                      lambda v, i=i, e=e: kir.SetLocal(f"xa{i}", I(e), v), subwarp)
+            # (_warp_sum calls get and put at once: the loop's i and e are the current ones)
+            _warp_sum(out, lambda: LocalRef(f"xa{i}", I(e)), lambda v: kir.SetLocal(f"xa{i}", I(e), v), subwarp)
     for i, _ in _scalars(low):
         a = k.cross_acc[i]
-        _warp_sum(out, lambda a=a: a, lambda v, a=a: Assign(a, v), [16, 8, 4, 2, 1])
+        _warp_sum(out, lambda: a, lambda v: Assign(a, v), [16, 8, 4, 2, 1])
     writer = Bin("<", Bin("%", _TID, I(32)), I(tpr)) if tpr < 32 else None
     if pcs and groups > 1:
         slot = Bin("/", _TID, I(max(tpr, 32)))
@@ -186,11 +189,11 @@ def partial_buf(low: Lowerer, i: int, grid: int) -> str:
     return low.scratch(f"xp{i}", grid * width)
 
 
-def cross_epilogue(k: RowKernelBuilder) -> list:
+def cross_epilogue(k: RowKernelBuilder) -> list[kir.Stmt]:
     """The statements after the round loop: block reduce, then the cross-block combine of the schedule."""
     low = k.low
     mode, grid = low.s.cross_combine, k.lay.grid
-    out: list = [kir.Comment("cross reductions: block reduce, then combine across blocks")]
+    out: list[kir.Stmt] = [kir.Comment("cross reductions: block reduce, then combine across blocks")]
     for i, col, v, pred in _block_values(k, out):
         c = low.p.cross[i]
         if mode == "atomic":
@@ -209,13 +212,13 @@ def cross_epilogue(k: RowKernelBuilder) -> list:
     return out
 
 
-def final_sums(low: Lowerer, cx: Ctx, uses: dict, parts: int, nblocks: int) -> list:
+def final_sums(low: Lowerer, cx: Ctx, uses: dict[str, set[str]], parts: int, nblocks: int) -> list[kir.Stmt]:
     """Sum the ``parts`` per-block partials of every cross reduction in block order into its output,
     with ``nblocks`` blocks running this code: per column one thread; a scalar by block 0 (every thread
     a strided share, then shuffles and ``sxs`` across the warps)."""
     s = low.s
     block = s.block
-    out: list = []
+    out: list[kir.Stmt] = []
     gid = cx.var("xg", I32)
     out.append(Assign(gid, add(mul(_BID, I(block)), _TID)))
     g = cx.var("xq", I32)
@@ -255,7 +258,8 @@ def final_sums(low: Lowerer, cx: Ctx, uses: dict, parts: int, nblocks: int) -> l
     return out
 
 
-def _small_kernel(low: Lowerer, name: str, cx: Ctx, uses: dict, body: list, shared: list) -> kir.Kernel:
+def _small_kernel(low: Lowerer, name: str, cx: Ctx, uses: dict[str, set[str]], body: list[kir.Stmt],
+                  shared: list[kir.SharedBuf]) -> kir.Kernel:
     params = [low.param(b) for b in sorted(uses["out"], key=lambda x: int(x[3:]))]
     params += [low.param(b) for b in sorted(cx.scratch)]
     return kir.Kernel(name, tuple(params), tuple(body), low.s.block, tuple(shared), (), 0, None)
@@ -273,7 +277,7 @@ def zero_kernel(low: Lowerer) -> tuple[kir.Kernel, int]:
     block = low.s.block
     width = max(low.p.N if c.kind == "per_reduced" else 1 for c in low.p.cross)
     gid = cx.var("xg", I32)
-    body: list = [Assign(gid, add(mul(_BID, I(block)), _TID))]
+    body: list[kir.Stmt] = [Assign(gid, add(mul(_BID, I(block)), _TID))]
     for c in low.p.cross:
         buf = low.out_buf[c.node]
         uses["out"].add(buf)

@@ -39,13 +39,15 @@ the cluster exchange of the row family in :mod:`stitchtune.lower.cluster`.
 
 from __future__ import annotations
 
+from stitchtune.hardware.device import Device
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
 from stitchtune.lower.base import estimate_registers
 from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
 from stitchtune.lower.col import lower_col
 from stitchtune.lower.row import lower_row
-from stitchtune.plan.planner import Family, StitchPlan
+from stitchtune.plan.family import Family
+from stitchtune.plan.planner import StitchPlan
 from stitchtune.space import Schedule, SearchSpace
 
 CODEGEN_VERSION = "1"
@@ -53,7 +55,7 @@ CODEGEN_VERSION = "1"
 __all__ = ["CODEGEN_VERSION", "estimate_registers", "kern_barriers", "lower", "scratch_loads_per_thread"]
 
 
-def lower(graph: Graph, plan: StitchPlan, schedule: Schedule, device, space: SearchSpace | None = None) -> kir.Program:
+def lower(graph: Graph, plan: StitchPlan, schedule: Schedule, device: Device, space: SearchSpace | None = None) -> kir.Program:
     """Lower ``schedule`` for ``graph``; raise :class:`ScheduleError` naming why a point is illegal."""
     space = space or SearchSpace.for_plan(plan, device)
     space.check(schedule)

@@ -43,6 +43,7 @@ from math import prod
 
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.ops import OPS
+from stitchtune.graph.parse import Node
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, Select
 from stitchtune.lower.base import I, Lowerer, SweepValues, add, and_, mul
@@ -57,6 +58,12 @@ __all__ = ["Shift", "RemapValues", "gather_flag_buffers"]
 def gather_flag_buffers(program: kir.Program) -> dict[str, str]:
     """Error-flag buffer name -> gather node id of a lowered program (empty without gathers)."""
     return {b.name: b.tensor for b in program.buffers if b.role == BufferRole.SCRATCH and b.name.startswith("gerr")}
+
+
+def _node_axis(nd: Node) -> int:
+    """The axis of a slice / concat / gather node (set, normalised, by the graph's validation)."""
+    assert nd.axis is not None, f"{nd.op} '{nd.id}' has no axis"
+    return nd.axis
 
 
 class RemapValues:
@@ -104,26 +111,27 @@ class RemapValues:
             vals = self.sv.value(name)
         elif name in self.chains:  # a layout chain of an input (plan.remap.composed_chains)
             vals = self.composed(name, sh)
-        elif kind == "layout":  # transpose / reshape: the index maps move the element (mixed regions)
-            vals = self.value(nd.args[0], sh)
-        elif kind == "slice":
-            vals = self.value(nd.args[0], sh.moved(self._axis(nd), nd.start))
-        elif kind == "concat":
+        elif nd is not None and kind == "layout":  # transpose / reshape: index maps move the element
+            vals = self.value(str(nd.args[0]), sh)
+        elif nd is not None and kind == "slice":
+            vals = self.value(str(nd.args[0]), sh.moved(self._axis(nd), nd.start))
+        elif nd is not None and kind == "concat":
             vals = self.concat(nd, sh)
-        elif kind == "gather":
+        elif nd is not None and kind == "gather":
             vals = self.gather(nd, sh)
         elif sh.identity or (not sh.delta and kind == "input" and self._spans(name)):
             vals = self.sv.value(name)
         elif kind == "input":
             vals = self.load(name, sh)
         else:
+            assert nd is not None, name  # the other kinds are nodes'
             vals = self.elementwise(nd, sh)
         self.memo[key] = vals
         return vals
 
     # -- positions -------------------------------------------------------------------------------
-    def _axis(self, nd) -> int:
-        return len(self.domain) - len(nd.shape) + nd.axis
+    def _axis(self, nd: Node) -> int:
+        return len(self.domain) - len(nd.shape) + _node_axis(nd)
 
     def _spans(self, name: str) -> bool:
         spec = self.g.spec(name)
@@ -184,12 +192,12 @@ class RemapValues:
         return True
 
     # -- ops -------------------------------------------------------------------------------------
-    def concat(self, nd, sh: Shift) -> list[kir.Expr]:
+    def concat(self, nd: Node, sh: Shift) -> list[kir.Expr]:
         a = self._axis(nd)
         pieces: list[tuple[Shift, list[kir.Expr]]] = []
         o = 0
-        for arg in nd.args:
-            ln = self.g.spec(arg).shape[nd.axis]
+        for arg in nd.tensor_args:
+            ln = self.g.spec(arg).shape[_node_axis(nd)]
             d = sh.d(a)
             psh = sh.limited(a, o - d, o + ln - d, self.domain[a])
             if psh is not None:
@@ -206,7 +214,7 @@ class RemapValues:
             out.append(v)
         return out
 
-    def elementwise(self, nd, sh: Shift) -> list[kir.Expr]:
+    def elementwise(self, nd: Node, sh: Shift) -> list[kir.Expr]:
         low, vec = self.low, self.vec
         argv = [self.value(a, sh) if isinstance(a, str) else [Const(float(a), F32)] * vec for a in nd.args]
         vals: list[kir.Expr] = []
@@ -301,7 +309,8 @@ class RemapValues:
             src = self.g.spec(str(nd.args[0])).shape
             if nd.op == "transpose":
                 if coords is None:
-                    coords = _unravel(lin, shape)  # type: ignore[arg-type]
+                    assert lin is not None  # one of the two forms is always set
+                    coords = _unravel(lin, shape)
                 back: list[kir.Expr] = [I(0)] * len(src)
                 for i, p in enumerate(nd.perm):
                     back[p] = coords[i]
@@ -309,7 +318,10 @@ class RemapValues:
             else:  # reshape: the row-major linear index is the same in the source
                 lin, coords = (_linear(coords, shape) if coords is not None else lin), None
             shape = src
-        return _linear(coords, shape) if coords is not None else lin  # type: ignore[return-value]
+        if coords is not None:
+            return _linear(coords, shape)
+        assert lin is not None  # one of the two forms is always set
+        return lin
 
     def _chain_contiguous(self, chain: tuple[str, ...], sh: Shift) -> bool:
         """The ``vec`` lanes of a vector load adjacent, aligned elements of the chain's input: the
@@ -339,11 +351,11 @@ class RemapValues:
             shape = src
         return k == len(shape) - 1 and shape[-1] % v == 0
 
-    def gather(self, nd, sh: Shift) -> list[kir.Expr]:
+    def gather(self, nd: Node, sh: Shift) -> list[kir.Expr]:
         """``table[idx[row], c]`` at ``p + delta`` (column shifts only), 0.0 for an out-of-range index."""
         if sh.axes() & set(self.row_axes):
             raise UnsupportedGraphError(f"gather '{nd.id}' under a slice/concat along a row axis is not supported")
-        table = nd.args[0]
+        table = str(nd.args[0])
         tshape = self.g.spec(table).shape
         delta = self._check_bounds(nd.id, tuple(tshape[1:]), sh)
         gi = self.k_gather_row(nd)
@@ -354,19 +366,19 @@ class RemapValues:
         return self._emit(buf, base, sh, self.p.N % self.vec == 0 and delta % self.vec == 0,
                           Bin(">=", gi, I(0)))
 
-    def k_gather_row(self, nd) -> kir.Var:
+    def k_gather_row(self, nd: Node) -> kir.Var:
         """The round's table row of gather ``nd`` (once per kernel round), and its error flag."""
         k, low = self.k, self.low
         rows = k.gather_rows
         if nd.id in rows:
             return rows[nd.id]
-        idx = nd.args[1]
+        idx = str(nd.args[1])
         ibuf = low.in_buf[idx]
         k.uses["in"].add(ibuf)
         r = Bin("min", k.ix.row, I(self.p.M - 1))
         at = low.row_base(idx, r) if self.p.mapped(idx) else r
         gi = k.cx.var("gi", I32)
-        V = self.g.spec(nd.args[0]).shape[0]
+        V = self.g.spec(str(nd.args[0])).shape[0]
         k.rb.append(Assign(gi, kir.IndexLoad(ibuf, at, V, k.ix.rvalid)))
         flag = _flag_buffer(low, nd.id)
         k.cx.scratch.add(flag)

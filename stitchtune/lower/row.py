@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from stitchtune.hardware.device import Device
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph
 from stitchtune.lower import single_pass as sp
@@ -85,7 +86,8 @@ class RowLowerer(Lowerer):
             k.write_outputs()
         return k.finish()
 
-    def cross_kernels(self, kernels: list, launches: list, profiles: list) -> None:
+    def cross_kernels(self, kernels: list[kir.Kernel], launches: list[kir.Launch],
+                      profiles: list[kir.KernelProfile]) -> None:
         """The small kernels of the cross-block combine: the zeroing kernel before the others
         (``cross_combine`` atomic) or the kernel that sums the partials after them (``kernel``)."""
         mode, parts = self.s.cross_combine, profiles[-1].grid
@@ -98,7 +100,7 @@ class RowLowerer(Lowerer):
         profiles.insert(at, small_profile(self, k, grid, parts))
 
 
-def lower_row(graph: Graph, plan: StitchPlan, schedule: Schedule, device,
+def lower_row(graph: Graph, plan: StitchPlan, schedule: Schedule, device: Device,
               schemes: SchemeTable = SCHEMES) -> kir.Program:
     """Lower a row-reduction or element-wise graph (the schedule was already checked against the space
     whose scheme table is ``schemes``)."""

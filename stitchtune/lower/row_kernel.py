@@ -79,11 +79,11 @@ class RowKernel:
         self.lay = row_layout(low, seg, tasks, est_regs, self.is_last)
         lane, rib = cx.var("lane", I32), cx.var("rib", I32)
         tid = kir.Special("tid")
-        self.body: list = [Assign(lane, Bin("%", tid, I(s.tpr))), Assign(rib, Bin("/", tid, I(s.tpr)))]
+        self.body: list[kir.Stmt] = [Assign(lane, Bin("%", tid, I(s.tpr))), Assign(rib, Bin("/", tid, I(s.tpr)))]
         rd, row, sidx = cx.var("rd", I32), cx.var("row", I32), cx.var("sidx", I32)
         rvalid, kbase, kend = cx.var("rv", kir.BOOL), cx.var("kb", I32), cx.var("ke", I32)
         self.ix = RowIndex(lane, rib, rd, row, sidx, rvalid, kbase, kend)
-        self.rb: list = self.round_head(tasks)
+        self.rb: list[kir.Stmt] = self.round_head(tasks)
         self.uses: dict[str, set[str]] = {"in": set(), "out": set()}
         self.pvals: dict[str, kir.Expr] = {}
         self.stats: dict[str, Any] = {"flops": 0, "sfu": 0, "reads": {}}
@@ -122,11 +122,11 @@ class RowKernel:
         return parts
 
     # -- indices ----------------------------------------------------------------------------------
-    def round_head(self, tasks: int) -> list:
+    def round_head(self, tasks: int) -> list[kir.Stmt]:
         """The statements that start a round: its task, and the task's row, split index and range."""
         s, ix, cx = self.low.s, self.ix, self.cx
         S, M, N, chunk = s.split, self.low.p.M, self.low.p.N, self.low.chunk
-        rb: list = []
+        rb: list[kir.Stmt] = []
         task = add(mul(ix.rd, kir.Special("gdim")), kir.Special("bid"))
         if s.order == "alternate":
             tq = cx.var("tq", I32)
@@ -231,7 +231,7 @@ class RowKernel:
             self.pvals[r] = v
 
     # -- sweeps -----------------------------------------------------------------------------------
-    def prefetch_rows(self, task_expr: kir.Expr, valid_task: kir.Expr | None) -> list:
+    def prefetch_rows(self, task_expr: kir.Expr, valid_task: kir.Expr | None) -> list[kir.Stmt]:
         """Statements loading the prefetched inputs of the row group ``task_expr`` into pf<t>."""
         low, cx, s = self.low, self.cx, self.low.s
         tpr, vec, M, N = s.tpr, s.vec, low.p.M, low.p.N
@@ -240,7 +240,7 @@ class RowKernel:
         row_ok = Bin("<", rown, I(M))
         out: list[kir.Stmt] = [Assign(tn, task_expr), Assign(rown, self.row_of(tn)),
                                Assign(vn, row_ok if valid_task is None else Bin("&&", valid_task, row_ok))]
-        lp: list = [Assign(kp, mul(add(mul(ip, I(tpr)), self.ix.lane), I(vec))),
+        lp: list[kir.Stmt] = [Assign(kp, mul(add(mul(ip, I(tpr)), self.ix.lane), I(vec))),
                     Assign(vp, Bin("&&", vn, Bin("<", kp, I(N))))]
         for name in self.prefetched:
             tix = low.tid_of[name]
@@ -311,7 +311,7 @@ class RowKernel:
         idx_it, ii = low.sweep_index(cx, it)
         reads_before = sum(self.stats["reads"].values())  # full-size input loads of earlier sweeps
         from_prefetch, self.first_sweep = self.first_sweep, False
-        lb: list = []
+        lb: list[kir.Stmt] = []
         accs = [PlainState(r, cx.var("acc", F32), low.red_info(r)) for r in reds]
         for acc in accs:
             self.rb.extend(reset(acc))

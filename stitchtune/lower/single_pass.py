@@ -93,7 +93,7 @@ class OnlineState:
         return stmts, tuple(out)
 
 
-def new_state(cand: SinglePassCandidate, var) -> OnlineState:
+def new_state(cand: SinglePassCandidate, var: VarMaker) -> OnlineState:
     """A state of fresh variables (``var(prefix)`` makes one)."""
     names = ("wn", "wmean", "wm2", "wc") if cand.kind == WELFORD else ("om", "os")
     return OnlineState(cand, tuple(var(n) for n in names))
@@ -104,12 +104,12 @@ def identity(st: OnlineState) -> tuple[Const, ...]:
     return (ZERO, ZERO, ZERO, ZERO) if st.welford else (NEG_INF, ZERO)
 
 
-def reset(st: OnlineState) -> list:
+def reset(st: OnlineState) -> list[kir.Stmt]:
     """``state = empty``."""
     return [Assign(v, c) for v, c in zip(st.vars, identity(st))]
 
 
-def update(st: OnlineState, x: kir.Expr, valid: kir.Expr, var) -> list:
+def update(st: OnlineState, x: kir.Expr, valid: kir.Expr, var: VarMaker) -> list[kir.Stmt]:
     """Online softmax: fold element ``x`` into ``(m, s)`` where ``valid`` (unchanged elsewhere)."""
     m, s = st.vars
     ok, big, e = var("ov", kir.BOOL), var("ob", kir.BOOL), var("oe")
@@ -119,14 +119,14 @@ def update(st: OnlineState, x: kir.Expr, valid: kir.Expr, var) -> list:
             Assign(m, Select(Bin("&&", ok, big), x, m))]
 
 
-def update_vector(st: OnlineState, xs: list[kir.Expr], valid: kir.Expr, var) -> list:
+def update_vector(st: OnlineState, xs: list[kir.Expr], valid: kir.Expr, var: VarMaker) -> list[kir.Stmt]:
     """Fold the ``vec`` elements ``xs`` of one vector (all valid or all masked) into the state."""
     if not st.welford:
         return [a for x in xs for a in update(st, x, valid, var)]
     n, mean, m2, c = st.vars
     ys = [var("wy") for _ in xs]
     g, m2g, nt, d, f = var("wg"), var("wq"), var("wn"), var("wd"), var("wf")
-    out: list = [Assign(c, Select(Bin("&&", valid, Bin("==", n, ZERO)), xs[0], c))]
+    out: list[kir.Stmt] = [Assign(c, Select(Bin("&&", valid, Bin("==", n, ZERO)), xs[0], c))]
     out += [Assign(y, Bin("-", x, c)) for y, x in zip(ys, xs)]
     total: kir.Expr = ys[0]
     for y in ys[1:]:
@@ -147,11 +147,11 @@ def update_vector(st: OnlineState, xs: list[kir.Expr], valid: kir.Expr, var) -> 
     return out
 
 
-def merge(st: OnlineState, other: tuple[kir.Expr, ...], var) -> list:
+def merge(st: OnlineState, other: tuple[kir.Expr, ...], var: VarMaker) -> list[kir.Stmt]:
     """``state = merge(state, other)``; ``other`` (same layout as ``st.vars``) is read into fresh
     variables before the state changes."""
     tmp = tuple(var("wo" if st.welford else "oo") for _ in other)
-    out: list = [Assign(t, o) for t, o in zip(tmp, other)]
+    out: list[kir.Stmt] = [Assign(t, o) for t, o in zip(tmp, other)]
     if st.welford:
         n, mean, m2, c = st.vars
         nb, mb, m2b, cb = tmp
@@ -186,7 +186,9 @@ def split_count(n: int, chunk: int, q: int) -> int:
 
 def split_count_expr(n: int, chunk: int, q: kir.Expr) -> kir.Expr:
     """:func:`split_count` for a run-time ``q`` (as a float)."""
-    i = lambda v: Const(int(v), kir.I32)  # noqa: E731
+    def i(v: int) -> Const:
+        return Const(int(v), kir.I32)
+
     c = Bin("min", Bin("max", Bin("-", i(n), Bin("*", q, i(chunk))), i(0)), i(chunk))
     return kir.Cast(c, F32)
 

@@ -144,10 +144,11 @@ def _broadcast(b: _Builder, node: Node) -> None:
             g = src[k]
             if not g:
                 continue
-            if out[off + k] is None:
+            cur = out[off + k]
+            if cur is None:
                 out[off + k] = g
             else:
-                b.unify(out[off + k], g)  # type: ignore[arg-type]
+                b.unify(cur, g)
     b.groups[node.id] = [g or () for g in out]
 
 
@@ -164,7 +165,7 @@ def _node_axes(b: _Builder, node: Node) -> None:
         b.groups[node.id] = [src[p] for p in node.perm]
     elif node.op == "reshape":
         flat = [a for g in b.groups[targs[0]] for a in (g or ())]
-        b.groups[node.id] = b.regroup(flat, node.shape)  # type: ignore[assignment]
+        b.groups[node.id] = list(b.regroup(flat, node.shape))
     elif node.op == "expand":  # a broadcast: every grown (or added) dim is a fresh axis the source lacks
         src = b.groups[targs[0]]
         off = len(node.shape) - len(src)
@@ -174,7 +175,7 @@ def _node_axes(b: _Builder, node: Node) -> None:
         _broadcast(b, node)
 
 
-def _repeated(groups: list) -> bool:
+def _repeated(groups: list[tuple[int, ...] | None]) -> bool:
     axes = [a for g in groups for a in (g or ())]
     return len(axes) != len(set(axes))
 
@@ -194,7 +195,7 @@ def _align_orphans(b: _Builder, graph: Graph, dom: str) -> None:
             target = dom_groups[off + k]
             if target and prod(b.sizes[a] for a in target) == spec.shape[k]:
                 try:
-                    b.unify(target, g)  # type: ignore[arg-type]
+                    b.unify(target, g)
                 except _AxisError:
                     pass  # left orphan: refused below
 

@@ -54,8 +54,8 @@ class CrossReduction:
 
 
 def _live_reduced(nd: Node, maps: Mapping[str, tuple[int | None, ...]], live: set[int]) -> frozenset[int]:
-    src = maps[nd.args[0]]  # type: ignore[index]
-    return frozenset(src[i] for i in nd.axes if src[i] is not None and src[i] in live)
+    src = maps[str(nd.args[0])]
+    return frozenset(a for a in (src[i] for i in nd.axes) if a is not None and a in live)
 
 
 def split_cross(red_nodes: list[Node], maps: Mapping[str, tuple[int | None, ...]],
@@ -78,7 +78,8 @@ def split_cross(red_nodes: list[Node], maps: Mapping[str, tuple[int | None, ...]
         return red_nodes, []
     if len(groups) == 2:
         a, b = groups
-        suffix = lambda g: sorted(g) == live_sorted[len(live_sorted) - len(g):]  # noqa: E731
+        def suffix(g: frozenset[int]) -> bool:
+            return sorted(g) == live_sorted[len(live_sorted) - len(g):]
         row, col = (a, b) if suffix(a) else (b, a)
         if not (suffix(row) and set(col) == live - set(row)):
             return red_nodes, []  # the planner names the reduction over other axes

@@ -193,15 +193,15 @@ def _row_repeats(axes: tuple[int, ...], sizes: Mapping[int, int], stride_of: dic
     return tuple(reversed(runs))
 
 
-def index_map(shape: tuple[int, ...], groups: tuple[tuple[int, ...], ...], sizes: Mapping[int, int],
+def index_map(shape: tuple[int, ...], groups: tuple[tuple[int, ...] | int | None, ...], sizes: Mapping[int, int],
               row_axes: tuple[int, ...], col_axes: tuple[int, ...]) -> IndexMap:
     """The map of a tensor of ``shape`` whose dim ``k`` spans the domain axes ``groups[k]`` (row-major
     inside the dim; ``()`` for a size-1 dim, broadcast), over the view with row axes ``row_axes`` and
     column axes ``col_axes``; ``sizes[a]`` is the extent of domain axis ``a``. A dim may also be given
     as one axis (an ``int``) or ``None`` (size 1), the form of :mod:`stitchtune.plan.remap`."""
-    groups = tuple(() if g is None else ((g,) if isinstance(g, int) else tuple(g)) for g in groups)
+    norm = tuple(() if g is None else ((g,) if isinstance(g, int) else tuple(g)) for g in groups)
     stride_of: dict[int, int] = {}
-    for k, group in enumerate(groups):
+    for k, group in enumerate(norm):
         st = prod(shape[k + 1:])
         for a in reversed(group):
             stride_of[a] = st

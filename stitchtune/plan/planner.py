@@ -54,7 +54,7 @@ from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import OPS
 from stitchtune.plan import remap
 from stitchtune.plan.family import Family
-from stitchtune.plan.axes import Groups, tensor_axes
+from stitchtune.plan.axes import Groups, TensorAxes, tensor_axes
 from stitchtune.plan.cross import CrossReduction, check_cross, split_cross
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
@@ -138,11 +138,11 @@ def _axes_maps(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int | N
             raise UnsupportedGraphError(f"input '{name}' has a higher rank than the largest tensor")
         m: list[int | None] = []
         for k, s in enumerate(shape):
-            ax = D - len(shape) + k
+            dax = D - len(shape) + k
             if s == 1:
                 m.append(None)
-            elif s == domain[ax]:
-                m.append(ax)
+            elif s == domain[dax]:
+                m.append(dax)
             else:
                 raise UnsupportedGraphError(
                     f"input '{name}' shape {list(shape)} does not align with the iteration domain {list(domain)}")
@@ -181,7 +181,7 @@ class _View:
     """The 2-D view of the iteration domain: which domain axes are rows (``M``) and which columns
     (``N``), each group in domain (row-major) order; ``sizes[a]`` is the extent of axis ``a``."""
 
-    family: str
+    family: Family
     sizes: dict[int, int]
     row_axes: tuple[int, ...]
     col_axes: tuple[int, ...]
@@ -204,7 +204,7 @@ def _reduced_axes(red_nodes: list[Node], maps: dict[str, Groups]) -> set[int]:
     """The domain axes every reduction reduces (the same for all of them, never mixed with kept ones)."""
     red_axes: set[int] | None = None
     for nd in red_nodes:
-        src = maps[nd.args[0]]  # type: ignore[index]
+        src = maps[str(nd.args[0])]
         axes = {a for i in nd.axes for a in src[i]}
         kept = {a for i, g in enumerate(src) if i not in nd.axes for a in g}
         if red_axes is None:
@@ -276,7 +276,7 @@ def _check_reduction_sources(red_nodes: list[Node], view: _View, maps: dict[str,
     all of them (a source broadcast along one would be summed once per repeat)."""
     red_side = set(view.col_axes if view.family == Family.ROW else view.row_axes)
     for nd in red_nodes:
-        varies = {a for g in maps[nd.args[0]] for a in g}  # type: ignore[index]
+        varies = {a for g in maps[str(nd.args[0])] for a in g}
         if not red_side <= varies:
             raise UnsupportedGraphError(
                 f"reduction '{nd.id}' reduces a tensor that broadcasts along part of the reduced axes")
@@ -286,7 +286,7 @@ def _check_reductions(red_nodes: list[Node], classes: dict[str, TensorClass]) ->
     """Every reduction reduces a full-size tensor to one value per row/column (a scalar result, the
     full reduction of a single row/column, becomes ``PER_KEPT`` in ``classes``)."""
     for nd in red_nodes:
-        if classes[nd.args[0]] is not TensorClass.FULL:  # type: ignore[index]
+        if classes[str(nd.args[0])] is not TensorClass.FULL:
             raise UnsupportedGraphError(f"reduction '{nd.id}' reduces a tensor that is not full-size")
         if classes[nd.id] not in (TensorClass.PER_KEPT, TensorClass.SCALAR):
             raise UnsupportedGraphError(f"reduction '{nd.id}' leaves a full-size result")
@@ -324,7 +324,7 @@ def _reuse_candidates(graph: Graph, names: list[str], classes: dict[str, TensorC
 
     for i, st in enumerate(stages):
         for r in st:
-            mark(by_id[r].args[0], i + 1)  # type: ignore[arg-type]
+            mark(str(by_id[r].args[0]), i + 1)
     for o in graph.outputs + cross_sources:
         mark(o, len(stages) + 1)
     return tuple(n for n in names if classes[n] is TensorClass.FULL and len(needs[n]) >= 2)
@@ -340,7 +340,7 @@ def _check_index_op_maps(imaps: dict[str, IndexMap], family: str) -> None:
                 "or gather; index maps there support broadcasting along the row axes of row kernels only")
 
 
-def _split_cross(all_red: list[Node], axes) -> tuple[list[Node], list[Node]]:
+def _split_cross(all_red: list[Node], axes: TensorAxes) -> tuple[list[Node], list[Node]]:
     """:func:`~stitchtune.plan.cross.split_cross` over the axes of :func:`tensor_axes`, where every
     tensor dim spans at most one axis (positions in the domain order); with a merged dim (a reshape
     merging axes) no reduction is cross."""
@@ -353,7 +353,8 @@ def _split_cross(all_red: list[Node], axes) -> tuple[list[Node], list[Node]]:
     return split_cross(all_red, old, tuple(sizes[a] for a in order))
 
 
-def _mixed_view(real: Graph, sur: Graph, names: list[str], all_red: list[Node]):
+def _mixed_view(real: Graph, sur: Graph, names: list[str], all_red: list[Node]
+                ) -> tuple[tuple[int, ...], dict[str, Groups], list[Node], list[Node], _View]:
     """Domain, axis groups, (row-side, cross) reductions and view of a mixed region (slice / concat
     with transpose / reshape): :func:`tensor_axes` of the surrogate ``sur``, checked by
     :func:`~stitchtune.plan.remap.check_mixed` (the view's columns are the domain's innermost axis)."""

@@ -63,7 +63,7 @@ def has_index_ops(graph: Graph) -> bool:
 
 def gather_tables(graph: Graph) -> dict[str, str]:
     """Gather node id -> its table input."""
-    return {n.id: n.args[0] for n in graph.nodes if n.op == "gather"}  # type: ignore[misc]
+    return {n.id: str(n.args[0]) for n in graph.nodes if n.op == "gather"}
 
 
 def domain_of(graph: Graph) -> tuple[int, ...]:
@@ -78,7 +78,7 @@ def domain_of(graph: Graph) -> tuple[int, ...]:
             o = nodes[o].tensor_args[0]
         names.append(o)
     shapes = [graph.spec(o).shape for o in names]
-    shapes += [graph.spec(n.args[0]).shape for n in graph.reductions()]  # type: ignore[arg-type]
+    shapes += [graph.spec(str(n.args[0])).shape for n in graph.reductions()]
     return max(shapes, key=lambda s: (prod(s), len(s)))
 
 
@@ -124,7 +124,7 @@ def _gather_shapes(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int
                                             "a gather table may only be read by gather")
             continue
         table, idx = n.args
-        tspec, ispec = graph.spec(table), graph.spec(idx)  # type: ignore[arg-type]
+        tspec, ispec = graph.spec(str(table)), graph.spec(str(idx))
         isur = _sur(tuple(ispec.shape) + (1,) * (tspec.rank - 1), domain, str(idx))
         if out.setdefault(str(idx), isur) != isur:
             raise UnsupportedGraphError(f"gather '{n.id}': index '{idx}' is used with tables of different ranks")
@@ -355,6 +355,12 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
                 "region with transpose / reshape; not supported")
 
 
+def _axis(nd: Node) -> int:
+    """The axis of a slice / concat / gather node (set, normalised, by the graph's validation)."""
+    assert nd.axis is not None, f"{nd.op} '{nd.id}' has no axis"
+    return nd.axis
+
+
 def root_shift(graph: Graph, name: str, domain: tuple[int, ...], row_axes: tuple[int, ...]) -> Shift:
     """The shift output ``name`` is evaluated at: ``Shift()``, except where it broadcasts along a row
     axis ``a`` of the domain (its own dim 1 there) and has a size-1 slice along ``a`` in its subtree
@@ -377,13 +383,15 @@ def root_shift(graph: Graph, name: str, domain: tuple[int, ...], row_axes: tuple
         if nd is None or cur in seen:
             continue
         seen.add(cur)
-        if nd.op == "slice" and nd.shape[nd.axis] == 1:
-            found.add(len(domain) - len(nd.shape) + nd.axis)
+        if nd.op == "slice" and nd.shape[_axis(nd)] == 1:
+            found.add(len(domain) - len(nd.shape) + _axis(nd))
         stack.extend(nd.tensor_args)
-    sh: Shift | None = Shift()
+    sh = Shift()
     for a in sorted(bcast & found):
-        sh = sh.limited(a, 0, 1, domain[a])  # type: ignore[union-attr]
-    return sh  # type: ignore[return-value]
+        lim = sh.limited(a, 0, 1, domain[a])
+        assert lim is not None, "0 <= p < 1 is never empty on a broadcast axis (extent > 1)"
+        sh = lim
+    return sh
 
 
 def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...],
@@ -405,10 +413,10 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
         seen.add((name, sh))
         nd = nodes.get(name)
         kind = OPS[nd.op].kind if nd is not None else "input"
-        if kind == "slice":
+        if nd is not None and kind == "slice":
             _check_size1_slice(nd, sh, domain)
         if not varies[name]:
-            if kind in INDEX_KINDS:
+            if nd is not None and kind in INDEX_KINDS:
                 raise UnsupportedGraphError(
                     f"{nd.op} '{name}' gives a value that does not vary along the kernel's columns (one per row, "
                     "or a scalar); stitched kernels remap full and per-column values only")
@@ -426,17 +434,17 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
                 shift_offset(name, graph.spec(name).shape, sh, domain)
             return
         off = len(domain) - len(nd.shape)
-        if mixed and kind in ("slice", "concat") and off + nd.axis != len(domain) - 1:
+        if mixed and kind in ("slice", "concat") and off + _axis(nd) != len(domain) - 1:
             raise UnsupportedGraphError(
                 f"{nd.op} '{nd.id}' acts along an outer axis in a region with transpose / reshape; there slice "
                 "and concat may act along the innermost axis only")
         if kind == "slice":
-            a = off + nd.axis
+            a = off + _axis(nd)
             visit(str(nd.args[0]), sh.moved(a, nd.start))
         elif kind == "concat":
-            a, o = off + nd.axis, 0
+            a, o = off + _axis(nd), 0
             for arg in nd.tensor_args:
-                ln = graph.spec(arg).shape[nd.axis]
+                ln = graph.spec(arg).shape[_axis(nd)]
                 psh = sh.limited(a, o - sh.d(a), o + ln - sh.d(a), domain[a])
                 if psh is not None:
                     visit(arg, psh.moved(a, -o))
@@ -457,9 +465,9 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
 
 def _check_size1_slice(nd: Node, sh: Shift, domain: tuple[int, ...]) -> None:
     """A size-1 slice evaluated over several positions of its axis (broadcast) is refused."""
-    a = len(domain) - len(nd.shape) + nd.axis  # type: ignore[operator]
+    a = len(domain) - len(nd.shape) + _axis(nd)
     lo, hi = {x: (l, h) for x, l, h in sh.conds}.get(a, (0, domain[a]))
-    if nd.shape[nd.axis] == 1 and hi - lo > 1:  # type: ignore[index]
+    if nd.shape[_axis(nd)] == 1 and hi - lo > 1:
         raise UnsupportedGraphError(
             f"slice '{nd.id}' has size 1 along axis {nd.axis} and is broadcast against the iteration "
             f"domain {list(domain)} there; not supported (a size-1 slice may be a concat piece, or be stored)")
@@ -475,7 +483,7 @@ def real_index_maps(graph: Graph, sur: Graph, axes: dict[str, tuple[int | None, 
         s = sur.spec(name).shape
         if name in tables or tuple(spec.shape) == tuple(s) or len(spec.shape) != len(s):
             continue
-        out[name] = index_map(spec.shape, axes[name], domain, row_axes, col_axes)
+        out[name] = index_map(spec.shape, axes[name], dict(enumerate(domain)), row_axes, col_axes)
     return out
 
 
@@ -490,7 +498,7 @@ def check_gathers(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ..
                                         "element-wise kernels only, not in column reductions")
         if n.op != "gather":
             continue
-        trail = graph.spec(n.args[0]).shape[1:]  # type: ignore[arg-type]
+        trail = graph.spec(str(n.args[0])).shape[1:]
         cols = tuple(domain[a] for a in col_axes)
         live = tuple(d for d in cols if d > 1)
         if prod(trail) != prod(cols) or tuple(d for d in trail if d > 1) != live or (

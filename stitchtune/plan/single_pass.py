@@ -49,8 +49,8 @@ class SinglePassCandidate:
     second_is_sum: bool = False
 
 
-def _is_const(a: object, value: float, rel: float = 1e-6) -> bool:
-    return not isinstance(a, str) and abs(float(a) - value) <= rel * abs(value)  # type: ignore[arg-type]
+def _is_const(a: str | float, value: float, rel: float = 1e-6) -> bool:
+    return not isinstance(a, str) and abs(float(a) - value) <= rel * abs(value)
 
 
 def _mean_names(r1: Node, nodes: list[Node], K: int) -> set[str]:
@@ -85,7 +85,7 @@ def _welford(r1: Node, r2: Node, by_id: dict[str, Node], K: int, stage: int) -> 
     if r1.op not in ("reduce_mean", "reduce_sum") or r2.op not in ("reduce_mean", "reduce_sum"):
         return None
     x = r1.args[0]
-    sq = by_id.get(r2.args[0])  # type: ignore[arg-type]
+    sq = by_id.get(str(r2.args[0]))
     d_name = _squared_arg(sq) if sq is not None else None
     d = by_id.get(d_name) if d_name is not None else None
     if d is None or d.op != "sub" or len(d.args) != 2:
@@ -99,8 +99,8 @@ def _welford(r1: Node, r2: Node, by_id: dict[str, Node], K: int, stage: int) -> 
 def _online_softmax(r1: Node, r2: Node, by_id: dict[str, Node], stage: int) -> SinglePassCandidate | None:
     if r1.op != "reduce_max" or r2.op != "reduce_sum":
         return None
-    e = by_id.get(r2.args[0])  # type: ignore[arg-type]
-    d = by_id.get(e.args[0]) if e is not None and e.op == "exp" else None  # type: ignore[arg-type]
+    e = by_id.get(str(r2.args[0]))
+    d = by_id.get(str(e.args[0])) if e is not None and e.op == "exp" else None
     if d is None or d.op != "sub" or tuple(d.args) != (r1.args[0], r1.id):
         return None
     return SinglePassCandidate(ONLINE_SOFTMAX, stage, r1.id, r2.id, str(r1.args[0]))

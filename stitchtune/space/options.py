@@ -27,7 +27,7 @@ from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, TypeVar
 
 from stitchtune.space.levels import ReuseLevel
 from stitchtune.space.schemes import SCHEMES, SchemeTable
-from stitchtune.plan.planner import Family
+from stitchtune.plan.family import Family
 
 T = TypeVar("T")
 
@@ -203,7 +203,7 @@ def _order_names(p: Point) -> Mapping[str, Any]:
 
 
 def _has_stages(p: Point) -> bool:
-    return p["nstages"] > 0
+    return int(p["nstages"]) > 0
 
 
 def _prefetch_applies(p: Point) -> bool:
@@ -220,7 +220,7 @@ def _prefetch_registers(n: Point) -> int:
 
 
 def _is_row(p: Point) -> bool:
-    return p["family"] == Family.ROW
+    return bool(p["family"] == Family.ROW)
 
 
 def _combine_applies(p: Point) -> bool:
@@ -249,7 +249,7 @@ COMBINE: Option[str] = Option(
 or ``warp`` (each warp loads them together and reduces by shuffles)."""
 
 def _has_cross(p: Point) -> bool:
-    return p.get("ncross", 0) > 0
+    return int(p.get("ncross", 0)) > 0
 
 
 def _cross_names(p: Point) -> Mapping[str, Any]:
@@ -288,12 +288,12 @@ def deterministic(schedule: Any) -> bool:
     table = getattr(schedule, "table", None)
     if table is None or "cross_combine" not in table:
         return True
-    return schedule.option("cross_combine") != "atomic"
+    return bool(schedule.option("cross_combine") != "atomic")
 
 
 
 def _single_pass_applies(p: Point) -> bool:
-    return p["family"] == Family.ROW and p.get("single_pass_candidates", 0) > 0
+    return _is_row(p) and int(p.get("single_pass_candidates", 0)) > 0
 
 
 def _single_pass_names(p: Point) -> Mapping[str, Any]:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from stitchtune.errors import ScheduleError, StitchtuneError
-from stitchtune.plan.planner import Family, StitchPlan, TensorClass
+from stitchtune.plan.family import Family
+from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space.constraints import names_used, safe_eval
 from stitchtune.space.options import OPTIONS, Option, OptionTable, cross_smem_floats
 from stitchtune.space.levels import ReuseLevel

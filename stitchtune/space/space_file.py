@@ -35,6 +35,7 @@ def load_space_file(path: Path | None = None) -> dict[str, Any]:
     malformed file is a :class:`~stitchtune.errors.StitchtuneError`."""
     p = Path(path) if path else default_space_file()
     try:
-        return json.loads(p.read_text())
+        data: dict[str, Any] = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise StitchtuneError(f"cannot read search space {p}: {exc}") from None
+    return data
