@@ -64,7 +64,7 @@ class RegionError(StitchtuneError, RuntimeError):
 class RegionKernel:
     """One compiled region: its graph, :class:`~stitchtune.deploy.compiled.CompiledGraph` and how CPU
     tensors are run (``"emulate"`` | ``"reference"``). ``driver``: a driver to launch CUDA tensors with
-    (tests pass a :class:`~stitchtune.gpu.driver.FakeDriver`; then CPU tensors go through the launch
+    (tests pass a :class:`~stitchtune.gpu.fake_driver.FakeDriver`; then CPU tensors go through the launch
     path too, their pointers passed as they are); None opens the GPU's at the first call."""
 
     name: str
