@@ -62,7 +62,7 @@ def _host_us(call: Any, iters: int) -> float:
 
 
 def _null_driver() -> Any:
-    from stitchtune.gpu.driver import FakeDriver
+    from stitchtune.gpu.fake_driver import FakeDriver
 
     class NullDriver(FakeDriver):
         """A FakeDriver whose launch only counts (the host path without the fake's argument decoding)."""

@@ -659,7 +659,7 @@ def malformed_graph(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def emulator_kernels(program: Any) -> dict[str, Any]:
-    """FakeDriver kernels (``stitchtune.gpu.driver.FakeDriver(kernels=...)``) that run each kernel of
+    """FakeDriver kernels (``stitchtune.gpu.fake_driver.FakeDriver(kernels=...)``) that run each kernel of
     ``program`` in the SIMT emulator on the fake device memory the launch's arguments point at."""
     from stitchtune.emulate.emulator import elem_dtype, emulate_kernel
 

@@ -46,11 +46,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stitchtune.deploy.torch_rewrite import fake_check, replace_regions
 from stitchtune.errors import StitchtuneError
 from stitchtune.tune.dbpath import DEFAULT_DB
 
@@ -251,8 +251,8 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     new_gm = gm
     while chosen:
         try:
-            new_gm, origin = _replace(gm, [(r, key) for r, key, _ in chosen])
-            bad = _fake_check(new_gm, origin, example_inputs)
+            new_gm, origin = replace_regions(gm, [(r, key) for r, key, _ in chosen])
+            bad = fake_check(new_gm, origin, example_inputs)
         except Exception as exc:  # noqa: BLE001 - never break a model: no region in this graph
             bad = {key: f"the rewritten graph failed: {type(exc).__name__}: {exc}" for _, key, _ in chosen}
         if not bad:
@@ -287,159 +287,6 @@ def _runtime_decline(report: GraphReport, kind: str, region: Any) -> Any:
                                             f"failed at run time, runs its ATen ops: {reason}"))
 
     return decline
-
-
-def _same_layout(got: Any, want: Any) -> str | None:
-    """None when the fake tensors ``got`` and ``want`` agree in shape, dtype and strides (of the
-    dims longer than 1), else what differs."""
-    import torch
-
-    if not isinstance(want, torch.Tensor):
-        return None
-    if not isinstance(got, torch.Tensor):
-        return f"a {type(got).__name__} where PyTorch has a tensor"
-    if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
-        return f"{got.dtype}{list(got.shape)} where PyTorch has {want.dtype}{list(want.shape)}"
-    if any(n > 1 and a != b for n, a, b in zip(want.shape, got.stride(), want.stride())):
-        return f"strides {list(got.stride())} where PyTorch has {list(want.stride())} (shape {list(want.shape)})"
-    return None
-
-
-def _fake_check(new_gm: Any, origin: Mapping[Any, tuple[Any, str]], example_inputs: Sequence[Any]) -> dict[str, str]:
-    """Run the nodes of ``new_gm`` made for regions (``origin``: new node -> (the original node it
-    stands for or None, region key)) on fake tensors, as AOTAutograd and Inductor will, reading every
-    other value from its node's ``meta["val"]`` (PyTorch's own fake value), and compare each with the
-    original node's: {region key: why} for the regions whose fake result fails or differs (shape,
-    dtype, strides)."""
-    import torch
-    import torch.fx
-    from torch._guards import detect_fake_mode
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
-    bad: dict[str, str] = {}
-    vals: dict[Any, Any] = {}
-    with mode:
-        for n in new_gm.graph.nodes:
-            hit = origin.get(n)
-            if hit is None or hit[1] in bad:
-                continue
-            orig, key = hit
-            try:
-                args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs),
-                                                     lambda a: vals[a] if a in vals else a.meta["val"])
-                vals[n] = n.target(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - the region's fake result failed
-                bad[key] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                continue
-            if orig is not None:
-                why = _same_layout(vals[n], orig.meta.get("val"))
-                if why:
-                    bad[key] = f"{orig.name}: {why}"
-    return bad
-
-
-def _replace(gm: Any, chosen: Sequence[tuple[Any, str]]) -> tuple[Any, dict[Any, tuple[Any, str]]]:
-    """A new GraphModule: ``gm``'s nodes in a topological order, each region one ``stitchtune::region``
-    call (placed after its last input) plus one ``getitem`` per output; and for each node made for a
-    region, (the original node whose value it is, or None; the region's key)."""
-    import torch
-    import torch.fx
-
-    from stitchtune.importers.torch_fx_util import fx_args
-
-    owner = {n: item for item in chosen for n in item[0].nodes}
-    nodes = list(gm.graph.nodes)
-    order = {n: i for i, n in enumerate(nodes)}
-    units: list[Any] = []
-    seen_regions: set[str] = set()
-    for n in nodes:
-        if n in owner:
-            if owner[n][1] not in seen_regions:
-                seen_regions.add(owner[n][1])
-                units.append(owner[n])
-        else:
-            units.append(n)
-
-    def deps(u: Any) -> list[Any]:
-        if isinstance(u, tuple):
-            return list(u[0].inputs)
-        return fx_args(u)
-
-    g = torch.fx.Graph()
-    env: dict[Any, Any] = {}
-    origin: dict[Any, tuple[Any, str]] = {}
-    for u in _topological(units, deps, owner, order):
-        if isinstance(u, tuple):
-            r, key = u
-            call = g.call_function(torch.ops.stitchtune.region.default, (key, [env[x] for x in r.inputs]))
-            perms = r.output_perms or (None,) * len(r.outputs)
-            call.meta["val"] = [o.meta.get("val") if p is None else o.meta["val"].permute(p)
-                                for o, p in zip(r.outputs, perms)]
-            origin[call] = (None, key)
-            for i, (o, p) in enumerate(zip(r.outputs, perms)):
-                item = g.call_function(operator.getitem, (call, i))
-                item.meta = dict(o.meta) if p is None else {"val": call.meta["val"][i]}
-                if p is not None:   # the kernel wrote PyTorch's strided output row-major: view it back
-                    origin[item] = (None, key)
-                    item = g.call_function(torch.ops.aten.permute.default, (item, list(r.restore_perm(i))))
-                    item.meta = dict(o.meta)
-                env[o] = item
-                origin[item] = (o, key)
-            for a, _same in r.aliases:   # no-ops of the region read outside it: their views, again
-                made = set(env.values())
-                env[a] = _copy_noop_chain(g, env, a)
-                origin.update({v: (k, key) for k, v in env.items() if v not in made})
-        else:
-            env[u] = g.node_copy(u, lambda a: env[a])
-    g.eliminate_dead_code()
-    g.lint()
-    return torch.fx.GraphModule(gm, g), origin
-
-
-def _copy_noop_chain(g: Any, env: dict[Any, Any], n: Any) -> Any:
-    """The new graph's node for ``n``, a no-op of a region (a view, eval dropout, a same-dtype cast)
-    read outside it: ``n`` copied over its (copied) argument chain down to a value ``env`` has, so that
-    its shape and strides are PyTorch's (an ``unsqueeze`` of a region output is not that output)."""
-    from stitchtune.importers.torch_subgraph import _is_noop
-
-    if n in env:
-        return env[n]
-    if not _is_noop(n):
-        raise StitchtuneError(f"internal: alias {n.name} of a region is not a no-op chain")
-    env[n] = g.node_copy(n, lambda a: _copy_noop_chain(g, env, a))
-    return env[n]
-
-
-def _topological(units: list[Any], deps: Any, owner: Mapping[Any, Any], order: Mapping[Any, int]) -> list[Any]:
-    """``units`` in a topological order, each as early as the original order allows (Kahn, by index)."""
-    import heapq
-
-    def unit_of(n: Any) -> Any:
-        return owner[n] if n in owner else n
-
-    first = {id(u): order[u[0].nodes[0]] if isinstance(u, tuple) else order[u] for u in units}
-    by_id = {id(u): u for u in units}
-    need: dict[int, int] = {}
-    users: dict[int, list[int]] = {}
-    for u in units:
-        ds = {id(unit_of(d)) for d in deps(u)} - {id(u)}
-        need[id(u)] = len(ds)
-        for d in ds:
-            users.setdefault(d, []).append(id(u))
-    ready = [(first[i], i) for i, c in need.items() if c == 0]
-    heapq.heapify(ready)
-    out = []
-    while ready:
-        _, i = heapq.heappop(ready)
-        out.append(by_id[i])
-        for j in users.get(i, ()):
-            need[j] -= 1
-            if need[j] == 0:
-                heapq.heappush(ready, (first[j], j))
-    if len(out) != len(units):
-        raise StitchtuneError("internal: stitched regions form a cycle (a region was not convex)")
-    return out
 
 
 # ---------------------------------------------------------------------------- the rest of the graph

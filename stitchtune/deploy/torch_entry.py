@@ -196,7 +196,7 @@ class StitchedFunction:
         not :data:`~stitchtune.gpu.launch.ALIGN`-byte aligned is an input and is copied first),
         arguments packed once per set of pointers; then, for a graph with gathers and outside a
         capture, read their error flags (raises StitchtuneError naming a gather that met a bad index)."""
-        from stitchtune.deploy.compiled import check_launch_gathers
+        from stitchtune.deploy.run_checks import check_launch_gathers
         from stitchtune.gpu.launch import ALIGN
 
         tensors = {n: t if t.data_ptr() % ALIGN == 0 else t.clone() for n, t in tensors.items()}

@@ -64,7 +64,7 @@ class RegionError(StitchtuneError, RuntimeError):
 class RegionKernel:
     """One compiled region: its graph, :class:`~stitchtune.deploy.compiled.CompiledGraph` and how CPU
     tensors are run (``"emulate"`` | ``"reference"``). ``driver``: a driver to launch CUDA tensors with
-    (tests pass a :class:`~stitchtune.gpu.driver.FakeDriver`; then CPU tensors go through the launch
+    (tests pass a :class:`~stitchtune.gpu.fake_driver.FakeDriver`; then CPU tensors go through the launch
     path too, their pointers passed as they are); None opens the GPU's at the first call."""
 
     name: str
@@ -113,7 +113,7 @@ class RegionKernel:
         # PyTorch may hold an input with other leading 1s than the graph (same row-major bytes)
         arrays = {n: _to_numpy(t, spec.dtype).reshape(spec.shape) for (n, spec), t in zip(g.inputs, inputs)}
         if self.cpu == "reference":
-            from stitchtune.deploy.compiled import check_gather_indices
+            from stitchtune.deploy.run_checks import check_gather_indices
 
             check_gather_indices(g, arrays)
             out = run_reference(g, arrays)
@@ -180,7 +180,7 @@ class RegionKernel:
         """After a launch on ``stream``: read the gathers' error flags (a synchronisation; a set flag is
         reset on ``stream``) and raise if one is set; skipped while ``stream`` captures a CUDA graph
         (module docstring)."""
-        from stitchtune.deploy.compiled import check_launch_gathers
+        from stitchtune.deploy.run_checks import check_launch_gathers
 
         if launcher.driver.stream_capturing(stream):
             if not self._capture_warned:

@@ -11,19 +11,18 @@ Contract
   :class:`~stitchtune.emulate.memory._State` under the active ``mask`` (``[T]`` bool). Every
   expression becomes ``fn(state, mask) -> [T] array | scalar`` with a static type, every statement
   ``fn(state, mask) -> None``; control flow, C arithmetic and barrier / shuffle checks follow the
-  semantics in :mod:`stitchtune.emulate.emulator`'s docstring. Memory accesses go through
+  semantics in :mod:`stitchtune.emulate.emulator`'s docstring. Expressions are compiled by
+  :class:`~stitchtune.emulate.translate_expr.ExprCompiler` (its base class), statements here. Memory accesses go through
   :mod:`stitchtune.emulate.memory` (``_access``), which raises :class:`EmulatorFault` on a kernel bug.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
-from stitchtune.emulate.cluster_ops import ClusterOps, ExprFn, StmtFn
+from stitchtune.emulate.cluster_ops import StmtFn
 from stitchtune.ir import kir
 from stitchtune.emulate.memory import (
     _NP_SCALAR,
@@ -31,36 +30,25 @@ from stitchtune.emulate.memory import (
     _access,
     _active,
     _lanes_of,
-    _shared_broadcast_load,
     _State,
 )
+from stitchtune.emulate.translate_expr import ExprCompiler
 from stitchtune.ir.kir import (
     BOOL,
-    CMP_OPS,
     F32,
     I32,
     Assign,
     AtomicAdd,
     Barrier,
-    Bin,
-    Cast,
     Comment,
     Const,
     For,
     GridSync,
     If,
-    IndexLoad,
     Kernel,
-    Load,
     LoadVec,
-    LocalRef,
-    MathOp,
-    Select,
     SetLocal,
-    Shfl,
-    Special,
     StoreVec,
-    Var,
 )
 
 # ----------------------------------------------------------------------------------------------
@@ -68,64 +56,7 @@ from stitchtune.ir.kir import (
 # ----------------------------------------------------------------------------------------------
 
 
-
-def _cast_fn(fn: ExprFn, src: str, dst: str) -> ExprFn:
-    """Convert values of type ``src`` to ``dst`` with C semantics."""
-    if src == dst:
-        return fn
-    if dst == F32:
-        return lambda st, m: np.asarray(fn(st, m)).astype(np.float32)
-    if dst == I32:
-        # float -> int truncates toward zero like C; bool -> 0/1
-        return lambda st, m: np.asarray(fn(st, m)).astype(np.int32)
-    if dst == BOOL:
-        return lambda st, m: np.asarray(fn(st, m)) != 0
-    raise ValueError(f"unknown type {dst}")
-
-
-def _int_div(a: Any, b: Any) -> Any:
-    b = np.where(b == 0, np.int32(1), b)
-    return ((a - np.fmod(a, b)) // b).astype(np.int32)
-
-
-def _int_mod(a: Any, b: Any) -> Any:
-    b = np.where(b == 0, np.int32(1), b)
-    return np.fmod(a, b).astype(np.int32)
-
-
-_FLOAT_BIN: dict[str, Callable[[Any, Any], Any]] = {
-    "+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide, "%": np.fmod,
-    "min": np.fmin, "max": np.fmax,
-}
-_INT_BIN: dict[str, Callable[[Any, Any], Any]] = {
-    "+": np.add, "-": np.subtract, "*": np.multiply, "/": _int_div, "%": _int_mod,
-    "min": np.minimum, "max": np.maximum, "&": np.bitwise_and, "^": np.bitwise_xor,
-    ">>": np.right_shift, "<<": np.left_shift,
-}
-_CMP: dict[str, Callable[[Any, Any], Any]] = {
-    "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
-    "==": np.equal, "!=": np.not_equal,
-}
-
-
-def _uses_mask(e: kir.Expr) -> bool:
-    """Whether evaluating ``e`` depends on the active mask: a memory load, a local array read or a
-    shuffle (their checks and faults are per active lane). Anything else is arithmetic on every lane,
-    which never faults, so a lazy operand made only of it may be evaluated everywhere."""
-    if isinstance(e, (Const, Var, Special, kir.ClusterRank)):
-        return False
-    if isinstance(e, Bin):
-        return _uses_mask(e.a) or _uses_mask(e.b)
-    if isinstance(e, MathOp):
-        return any(_uses_mask(a) for a in e.args)
-    if isinstance(e, Select):
-        return _uses_mask(e.cond) or _uses_mask(e.a) or _uses_mask(e.b)
-    if isinstance(e, Cast):
-        return _uses_mask(e.expr)
-    return True  # loads, local arrays, shuffles, remote loads (and anything new: the safe answer)
-
-
-class _Compiled(ClusterOps):
+class _Compiled(ExprCompiler):
     """A kernel compiled into closures (cached per kernel object; the cluster statements are
     :class:`~stitchtune.emulate.cluster_ops.ClusterOps`')."""
 
@@ -153,216 +84,6 @@ class _Compiled(ClusterOps):
         if self.has_grid_sync and kernel.barrier_param not in self.params:
             raise ValueError(f"kernel {kernel.name}: GridSync needs barrier_param naming a parameter")
         self.body = self.block_fn(kernel.body, "stmt ")
-
-    # -- expressions ---------------------------------------------------------------------------
-
-    def buf_kind(self, name: str) -> bool:
-        """True if ``name`` is a shared buffer, False for a parameter; ValueError otherwise."""
-        if name in self.shared:
-            return True
-        if name in self.params:
-            return False
-        raise ValueError(f"kernel {self.kernel.name}: unknown buffer {name}")
-
-    def expr(self, e: kir.Expr) -> tuple[ExprFn, str]:
-        """Compile ``e`` into ``fn(state, mask) -> array | scalar`` and its static type."""
-        if isinstance(e, Const):
-            v = _NP_SCALAR[e.dtype](e.value)
-            return (lambda st, m: v), e.dtype
-        if isinstance(e, Var):
-            if e.name not in self.var_types:
-                raise ValueError(f"kernel {self.kernel.name}: variable {e.name} is never assigned")
-            name = e.name
-            return (lambda st, m: st.vars[name]), self.var_types[name]
-        if isinstance(e, Special):
-            kind = e.kind
-            if kind == "tid":
-                return (lambda st, m: st.tid), I32
-            if kind == "bid":
-                return (lambda st, m: st.bid), I32
-            if kind == "bdim":
-                return (lambda st, m: np.int32(st.block)), I32
-            return (lambda st, m: np.int32(st.grid)), I32
-        if isinstance(e, Bin):
-            return self.bin(e)
-        if isinstance(e, MathOp):
-            return self.mathop(e)
-        if isinstance(e, Select):
-            cf = self.as_type(e.cond, BOOL)
-            (af, at), (bf, bt) = self.expr(e.a), self.expr(e.b)
-            rt = _promote(at, bt)
-            af, bf = _cast_fn(af, at, rt), _cast_fn(bf, bt, rt)
-            if not (_uses_mask(e.a) or _uses_mask(e.b)):  # no mask to narrow: both sides on every lane
-                return (lambda st, m: np.where(cf(st, m), af(st, m), bf(st, m))), rt
-
-            def select(st: _State, m: np.ndarray) -> Any:
-                c = cf(st, m)
-                return np.where(c, af(st, m & c), bf(st, m & ~c))
-            return select, rt
-        if isinstance(e, Cast):
-            f, t = self.expr(e.expr)
-            return _cast_fn(f, t, e.dtype), e.dtype
-        if isinstance(e, Load):
-            return self.load(e), F32
-        if isinstance(e, IndexLoad):
-            return self.index_load(e), I32
-        if isinstance(e, LocalRef):
-            return self.localref(e), F32
-        if isinstance(e, Shfl):
-            return self.shfl(e), F32
-        if isinstance(e, kir.ClusterRank):
-            self._need_cluster("ClusterRank")
-            return (lambda st, m: st.bid % np.int32(st.cluster)), I32
-        if isinstance(e, kir.RemoteLoad):
-            return self.remote_load(e), F32
-        raise ValueError(f"unknown expression {e!r}")
-
-    def as_type(self, e: kir.Expr, t: str) -> ExprFn:
-        f, et = self.expr(e)
-        return _cast_fn(f, et, t)
-
-    def bin(self, e: Bin) -> tuple[ExprFn, str]:
-        op = e.op
-        (af, at), (bf, bt) = self.expr(e.a), self.expr(e.b)
-        if op in ("&&", "||"):
-            af, bf = _cast_fn(af, at, BOOL), _cast_fn(bf, bt, BOOL)
-            if not _uses_mask(e.b):  # a pure right operand: evaluated on every lane, same result
-                if op == "&&":
-                    return (lambda st, m: af(st, m) & bf(st, m)), BOOL
-                return (lambda st, m: af(st, m) | bf(st, m)), BOOL
-            if op == "&&":
-                def land(st: _State, m: np.ndarray) -> Any:
-                    a = af(st, m)
-                    return a & bf(st, m & a)  # b only where a holds (C short-circuit)
-                return land, BOOL
-
-            def lor(st: _State, m: np.ndarray) -> Any:
-                a = af(st, m)
-                return a | bf(st, m & ~a)
-            return lor, BOOL
-        if op in CMP_OPS:
-            ct = _promote(at, bt)
-            if ct == BOOL:
-                ct = I32
-            af, bf = _cast_fn(af, at, ct), _cast_fn(bf, bt, ct)
-            cmp = _CMP[op]
-            return (lambda st, m: cmp(af(st, m), bf(st, m))), BOOL
-        if op in ("&", "^") and at == BOOL and bt == BOOL:
-            fn: Callable[[Any, Any], Any] = np.bitwise_and if op == "&" else np.bitwise_xor
-            return (lambda st, m: fn(af(st, m), bf(st, m))), BOOL
-        rt = _promote(at, bt)
-        if rt == BOOL:
-            rt = I32
-        if rt == F32:
-            if op not in _FLOAT_BIN:
-                raise ValueError(f"operator {op} on float operands")
-            fn = _FLOAT_BIN[op]
-        else:
-            fn = _INT_BIN[op]
-        af, bf = _cast_fn(af, at, rt), _cast_fn(bf, bt, rt)
-        return (lambda st, m: fn(af(st, m), bf(st, m))), rt
-
-    def mathop(self, e: MathOp) -> tuple[ExprFn, str]:
-        from stitchtune.graph.ops import KERNEL_OPS, OPS, kernel_op
-
-        if e.op not in OPS and e.op not in KERNEL_OPS:
-            raise ValueError(f"unknown kernel operator {e.op}")
-        np_fn = kernel_op(e.op).np_fn
-        args = [self.as_type(a, F32) for a in e.args]
-
-        def mathop(st: _State, m: np.ndarray) -> Any:
-            vals = [a(st, m) for a in args]
-            return np.asarray(np_fn(*vals)).astype(np.float32, copy=False)
-        return mathop, F32
-
-    def load(self, e: Load) -> ExprFn:
-        is_shared = self.buf_kind(e.buf)
-        idx = self.as_type(e.index, I32)
-        pred = self.as_type(e.pred, BOOL) if e.pred is not None else None
-        buf = e.buf
-
-        def load(st: _State, m: np.ndarray) -> Any:
-            act, lanes = _active(st, m, pred)
-            if lanes.size == st.T:  # every thread loads: no compaction needed
-                iv = idx(st, act)
-                if is_shared:
-                    v = _shared_broadcast_load(st, buf, iv)
-                    if v is not None:
-                        return v
-                return _access(st, buf, is_shared, st.ar, np.broadcast_to(iv, (st.T,)), 1, "load")[:, 0]
-            out = np.zeros(st.T, np.float32)
-            if lanes.size:
-                base = _lanes_of(idx(st, act), lanes)
-                out[lanes] = _access(st, buf, is_shared, lanes, base, 1, "load")[:, 0]
-            return out
-        return load
-
-    def index_load(self, e: IndexLoad) -> ExprFn:
-        """An int32/int64 element, range-checked exactly (never through float32), as an i32 or -1."""
-        if self.buf_kind(e.buf) or self.params[e.buf].dtype not in ("int32", "int64"):
-            raise ValueError(f"kernel {self.kernel.name}: index load from non-integer buffer {e.buf}")
-        idx = self.as_type(e.index, I32)
-        pred = self.as_type(e.pred, BOOL) if e.pred is not None else None
-        buf, bound = e.buf, int(e.bound)
-
-        def index_load(st: _State, m: np.ndarray) -> Any:
-            act, lanes = _active(st, m, pred)
-            out = np.full(st.T, -1, np.int32)
-            if lanes.size:
-                base = _lanes_of(idx(st, act), lanes)
-                v = _access(st, buf, False, lanes, base, 1, "load", raw=True)[:, 0].astype(np.int64)
-                out[lanes] = np.where((v >= 0) & (v < bound), v, -1).astype(np.int32)
-            return out
-        return index_load
-
-    def localref(self, e: LocalRef) -> ExprFn:
-        arr_name = e.array
-        if arr_name not in self.locals:
-            raise ValueError(f"kernel {self.kernel.name}: unknown local array {arr_name}")
-        size = self.locals[arr_name].size
-        if isinstance(e.index, Const):
-            k = int(e.index.value)
-            if not 0 <= k < size:
-                where = f"local array {arr_name}[{k}] (size {size})"
-
-                def oob(st: _State, m: np.ndarray) -> Any:
-                    lanes = np.flatnonzero(m)
-                    if lanes.size:
-                        raise st.fault("out_of_bounds", where, np.ones(lanes.size, bool), lanes)
-                    return np.float32(0)
-                return oob
-            return lambda st, m: st.locals[arr_name][:, k]
-        idx = self.as_type(e.index, I32)
-
-        def localref(st: _State, m: np.ndarray) -> Any:
-            i = np.broadcast_to(idx(st, m), (st.T,))
-            bad = m & ((i < 0) | (i >= size))
-            if bad.any():
-                lanes = np.flatnonzero(m)
-                raise st.fault("out_of_bounds", f"read of local array {arr_name}{{at}} (size {size})",
-                               bad[lanes], lanes, i[lanes])
-            return st.locals[arr_name][st.ar, np.clip(i, 0, size - 1)]
-        return localref
-
-    def shfl(self, e: Shfl) -> ExprFn:
-        if e.width not in (1, 2, 4, 8, 16, 32) or not 0 <= e.lane_mask < 32:
-            raise ValueError(f"bad shuffle lane_mask {e.lane_mask} / width {e.width}")
-        vf = self.as_type(e.value, F32)
-        lane_mask, width = e.lane_mask, e.width
-
-        def shfl(st: _State, m: np.ndarray) -> Any:
-            if m is not st.full:
-                w = m.reshape(-1, 32)
-                part = w.any(axis=1) & ~w.all(axis=1)
-                if part.any():
-                    bad = np.repeat(part, 32) & ~m
-                    raise st.fault("inactive_shuffle", "shuffle with an inactive lane in the warp",
-                                   bad, st.ar)
-            v = vf(st, m)
-            if np.ndim(v) == 0:
-                return v
-            return v[st.shfl_src(lane_mask, width)]
-        return shfl
 
     # -- statements ----------------------------------------------------------------------------
 
@@ -584,12 +305,6 @@ class _Compiled(ClusterOps):
                 v = st.vars[name]
                 st.vars[name] = v + step if act is st.full else np.where(act, v + step, v).astype(np.int32, copy=False)
         return for_
-
-
-def _promote(a: str, b: str) -> str:
-    """C's usual arithmetic conversions restricted to bool < i32 < f32."""
-    order = {BOOL: 0, I32: 1, F32: 2}
-    return a if order[a] >= order[b] else b
 
 
 _CACHE: dict[int, tuple[weakref.ref, _Compiled]] = {}

@@ -4,7 +4,7 @@ Contract
 --------
 * :func:`read_device` describes the GPU behind any :class:`~stitchtune.gpu.driver.DeviceFacts`
   (a :class:`~stitchtune.gpu.driver.CudaDevice`, a :class:`~stitchtune.gpu.driver.CudaDriver`, a
-  :class:`~stitchtune.gpu.driver.FakeDriver`): its name, the ``CU_DEVICE_ATTRIBUTE_*`` values of
+  :class:`~stitchtune.gpu.fake_driver.FakeDriver`): its name, the ``CU_DEVICE_ATTRIBUTE_*`` values of
   :data:`~stitchtune.hardware.device.DEVICE_ATTRIBUTES` and ``cuDeviceTotalMem``, turned into a Device
   by :func:`~stitchtune.hardware.device.device_from_attributes` (``source == "cuda"``). The compute
   capability is required (its :class:`~stitchtune.gpu.driver.DriverError` propagates); an attribute

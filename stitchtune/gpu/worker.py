@@ -29,7 +29,7 @@ Contract
   (cuda-python, or pycuda with ``$STITCHTUNE_CUDA_DRIVER=pycuda`` or when cuda-python is missing;
   imported only in the worker; the primary context of GPU ``STITCHTUNE_CUDA_DEVICE``, default 0,
   current on the worker's thread); a :class:`~stitchtune.gpu.driver.DriverError` is a launch error. Tests run it over the
-  :class:`~stitchtune.gpu.driver.FakeDriver`. bfloat16 arrays travel as uint16 views.
+  :class:`~stitchtune.gpu.fake_driver.FakeDriver`. bfloat16 arrays travel as uint16 views.
 * :class:`_FakeBackend` runs the same protocol with a numpy stand-in for the GPU, so the watchdog/restart
   logic is tested without one. A fake "cubin" is ``b"FAKE:<mode>[:<time_us>]"`` with mode ``ok``
   (writes the reference), ``wrong``, ``nan`` (writes nothing), ``hang`` (sleeps forever), ``fault``
@@ -65,7 +65,7 @@ class WorkerLaunchError(Exception):
 
 class _DriverBackend:
     """The GPU through a :class:`~stitchtune.gpu.driver.Driver` (cuda-python in the worker; the
-    :class:`~stitchtune.gpu.driver.FakeDriver` in tests), programs through
+    :class:`~stitchtune.gpu.fake_driver.FakeDriver` in tests), programs through
     :class:`~stitchtune.gpu.launch.Launcher`. Everything runs on the legacy default stream (0)."""
 
     def __init__(self, problem: Problem, driver: Driver) -> None:

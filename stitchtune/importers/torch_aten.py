@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from stitchtune.importers.torch_fx_util import (  # noqa: F401  (re-exported: th
     torch_dtype_name,
     value_dtype_name,
 )
+from stitchtune.importers.torch_layout import _LAYOUT, LayoutOps
 
 
 # ---------------------------------------------------------------------------- the walk
@@ -60,11 +61,6 @@ _LOGICAL = {"aten.logical_and": "logical_and", "aten.logical_or": "logical_or", 
             "aten.bitwise_and": "logical_and", "aten.bitwise_or": "logical_or", "aten.bitwise_not": "logical_not",
             "aten.__and__": "logical_and", "aten.__or__": "logical_or"}
 _MASK_OPS = {*_COMPARE, *_LOGICAL, "aten.where", "aten.masked_fill"}
-#: ops that move elements, mapped onto graph.json's layout and index ops (``transpose``, ``concat``,
-#: ``slice``, ``gather``; the element-moving views of :data:`_VIEWS` become ``reshape``)
-_LAYOUT = {"aten.transpose": "transpose", "aten.permute": "transpose", "aten.t": "transpose",
-           "aten.cat": "concat", "aten.concat": "concat", "aten.slice": "slice", "aten.select": "slice",
-           "aten.embedding": "gather", "aten.index": "index"}
 #: every ATen op key (``_key(node.target)``) that :meth:`_Walker._op` maps (some only for some arguments)
 SUPPORTED_OPS: frozenset[str] = frozenset({
     *_UNARY, *_BINARY, *_REDUCE, *_VIEWS, *_CASTS, *_LAYOUT, "aten.gelu", "aten.add", "aten.sub", "aten.rsub", "aten.pow",
@@ -76,7 +72,7 @@ _IGNORED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_con
             "aten._assert_async"}
 
 
-class _Walker:
+class _Walker(LayoutOps):
     def __init__(self, cap: _Captured, b: GraphBuilder, user_values: list[Value],
                  param_dtype: Callable[[str, Any], str]) -> None:
         self.cap, self.b = cap, b
@@ -426,161 +422,3 @@ class _Walker:
             raise ImportError_(f"{node.target} at {_where(node)}: {list(t_in)} -> {list(t_new)} (graph shape "
                                f"{list(v.shape)}) is neither a broadcast nor a reshape")
         return self._reframe(x, v, t_in, t_new, node.name, node)
-
-    # -- layout and index ops
-    def _layout_shape(self, node: Any, shape: Sequence[int]) -> tuple[int, ...]:
-        from stitchtune.graph.checks import MAX_RANK
-
-        shape = tuple(int(d) for d in shape)
-        if not 1 <= len(shape) <= MAX_RANK or min(shape) < 1:
-            raise ImportError_(f"{node.target} at {_where(node)}: a tensor of shape {list(shape)} (graph.json "
-                               f"tensors have rank 1..{MAX_RANK} and positive dims)")
-        return shape
-
-    def exact(self, x: Any, node: Any) -> Value:
-        """The value of fx node ``x`` at exactly PyTorch's shape (a ``reshape`` of the same elements when
-        its graph shape differs in unit axes, an ``expand`` of a broadcast view)."""
-        v = self.val(x, node)
-        if v.is_scalar:
-            raise ImportError_(f"{node.target} at {_where(node)}: a constant tensor argument is not supported")
-        t = self.tshape(x)
-        if tuple(v.shape) == t:
-            return v
-        if math.prod(v.shape) != math.prod(t) and not _fits(v.shape, t):
-            raise ImportError_(f"{node.target} at {_where(node)}: reads {x.name!a} (graph shape {list(v.shape)}, "
-                               f"PyTorch shape {list(t)}), neither a broadcast nor a reshape of it")
-        if x.name not in self._exact:   # a broadcast view is materialised by ``expand`` (numpy broadcast_to)
-            t = self._layout_shape(node, t)
-            op = "reshape" if math.prod(v.shape) == math.prod(t) else "expand"
-            self._exact[x.name] = self.b.layout(op, [v], t, str(v.dtype), f"{x.name}_exact", shape=list(t))
-        return self._exact[x.name]
-
-    def _reframe(self, x: Any, v: Value, t_in: Sequence[int], t_new: Sequence[int], name: str, node: Any) -> Value:
-        """``v`` (the value of PyTorch shape ``t_in``) viewed as ``t_new`` (same element count): when
-        the view only adds or removes unit axes a broadcast ``v`` stays one (its own axes re-framed),
-        else the exact value is reshaped."""
-        p = [1] * (len(t_in) - len(v.shape)) + list(v.shape)
-        big_in = [i for i, d in enumerate(t_in) if d != 1]
-        big_new = [d for d in t_new if d != 1]
-        if len(p) == len(t_in) and [t_in[i] for i in big_in] == big_new:
-            it = iter(big_in)
-            q = tuple(1 if d == 1 else p[next(it)] for d in t_new)
-            if tuple(v.shape) == q or _strip1(v.shape) == _strip1(q):
-                return v
-            q = self._layout_shape(node, q)
-            return self.b.layout("reshape", [v], q, str(v.dtype), name, shape=list(q))
-        src = self.exact(x, node) if x is not None else v
-        t_new = self._layout_shape(node, t_new)
-        return self.b.layout("reshape", [src], t_new, str(src.dtype), name, shape=list(t_new))
-
-    def _layout(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
-        """``transpose``/``permute``/``t``, ``cat``, ``slice``/``select`` and ``embedding`` (see :data:`_LAYOUT`)."""
-        op = _LAYOUT[key]
-        if op == "transpose":
-            return self._transpose(node, key, a, x)
-        if op == "index":
-            return self._index(node, a, x)
-        if op == "slice":
-            return self._slice(node, key, a, x)
-        t = self._layout_shape(node, self.tshape(node))
-        _, dt = _meta(node)
-        if op == "concat":
-            parts = [n for n in a["tensors"] if math.prod(self.tshape(n)) > 0]
-            vals = [self.b.cast(self.exact(n, node), str(dt), f"{node.name}_in{i}") for i, n in enumerate(parts)]
-            if len(vals) == 1:
-                return vals[0]
-            if not 2 <= len(vals) <= 8:
-                raise ImportError_(f"{node.target} at {_where(node)}: concatenates {len(vals)} tensors "
-                                   "(graph.json's concat takes 2 to 8)")
-            return self.b.layout("concat", vals, t, str(dt), node.name, axis=int(a["dim"]) % len(t))
-        ids = self.val(a["indices"], node)   # embedding(weight, indices): rows of the table
-        if ids.dtype not in ("int32", "int64") or not self.b.is_input(ids):
-            raise ImportError_(f"{node.target} at {_where(node)}: the indices must be an int32/int64 tensor that "
-                               "is a graph input (graph.json gathers by input indices only)")
-        table = self.exact(a["weight"], node)
-        return self.b.layout("gather", [table, ids], t, str(table.dtype), node.name, axis=0)
-
-    def _transpose(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
-        """A permutation of the axes; one that keeps the order of the non-unit axes is a reshape."""
-        t_in = self.tshape(x)
-        r = len(t_in)
-        perm = list(range(r))
-        if key == "aten.t":
-            perm.reverse()
-        elif key == "aten.transpose":
-            d0, d1 = int(a["dim0"]) % max(r, 1), int(a["dim1"]) % max(r, 1)
-            perm[d0], perm[d1] = perm[d1], perm[d0]
-        else:
-            perm = [int(d) % r for d in a["dims"]]
-        t_new = self.tshape(node)
-        if [p for p in perm if t_in[p] != 1] == [i for i in range(r) if t_in[i] != 1]:
-            return self._reframe(x, self.val(x, node), t_in, t_new, node.name, node)
-        v = self.exact(x, node)
-        return self.b.layout("transpose", [v], self._layout_shape(node, t_new), str(v.dtype), node.name, perm=perm)
-
-    def _slice(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
-        """``slice.Tensor`` (step 1; start/end clamped to the dim as PyTorch does) and ``select.int``
-        (a slice of one, then its axis dropped). Slicing an axis that the value broadcasts along
-        changes nothing; else the value's own axis is sliced (it may broadcast along others)."""
-        t_in = self.tshape(x)
-        r = len(t_in)
-        dim = int(a["dim"]) % max(r, 1)
-        n = t_in[dim]
-        if key == "aten.select":
-            i = int(a["index"])
-            start, stop = i + n if i < 0 else i, (i + n if i < 0 else i) + 1
-            if not 0 <= start < n:
-                raise ImportError_(f"{node.target} at {_where(node)}: index {i} out of range for size {n}")
-        else:
-            if (a.get("step") or 1) != 1:
-                raise ImportError_(f"{node.target} at {_where(node)}: slice step {a['step']} (graph.json slices "
-                                   "have step 1)")
-            start = 0 if a.get("start") is None else int(a["start"])
-            stop = n if a.get("end") is None else int(a["end"])
-            start = min(max(start + n if start < 0 else start, 0), n)
-            stop = min(max(stop + n if stop < 0 else stop, 0), n)
-            if stop <= start:
-                raise ImportError_(f"{node.target} at {_where(node)}: an empty slice")
-        v = self.val(x, node)
-        if len(v.shape) > r:   # a keepdims frame of a reduction: slice the exact value
-            v = self.exact(x, node)
-        g = dim - (r - len(v.shape))
-        sliced_shape = tuple(stop - start if i == dim else d for i, d in enumerate(t_in))
-        if start == 0 and stop == n or g < 0 or v.shape[g] == 1:
-            out = v   # the whole axis, or an axis that v broadcasts along
-        else:
-            shape = tuple(stop - start if i == g else d for i, d in enumerate(v.shape))
-            out = self.b.layout("slice", [v], self._layout_shape(node, shape), str(v.dtype),
-                                node.name if key == "aten.slice" else f"{node.name}_slice",
-                                axis=g, start=start, stop=stop)
-        if key == "aten.select":
-            return self._reframe(None, out, sliced_shape, self.tshape(node), node.name, node)
-        return out
-
-    def _index(self, node: Any, a: dict[str, Any], x: Any) -> Value:
-        """``index.Tensor`` with indices known at import time: resolved on the index grid of ``x``
-        (:mod:`stitchtune.importers.index_grid`) when the result is ``x`` broadcast or reshaped."""
-        import torch
-
-        from stitchtune.importers.index_grid import MAX_GRID, grid_kind
-
-        idx = [None if i is None else self.vals.get(i.name) for i in a["indices"]]
-        if any(i is not None and not isinstance(i, torch.Tensor) for i in idx):
-            raise ImportError_(f"{node.target} at {_where(node)}: indices computed at run time (graph.json "
-                               "gathers rows by input indices only)")
-        t_in, t_out = self.tshape(x), self.tshape(node)
-        if math.prod(t_in) > MAX_GRID or math.prod(t_out) > MAX_GRID:
-            raise ImportError_(f"{node.target} at {_where(node)}: too large to resolve at import time")
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-        with unset_fake_temporarily():
-            grid = torch.arange(math.prod(t_in), dtype=torch.int64).reshape(t_in)
-            res = torch.ops.aten.index.Tensor(grid, idx).numpy()
-        kind = grid_kind(res, tuple(t_in))
-        v = self.val(x, node)
-        if kind == "broadcast" and _fits(v.shape, t_out):
-            return v
-        if kind == "reshape":
-            return self._reframe(x, v, t_in, t_out, node.name, node)
-        raise ImportError_(f"{node.target} at {_where(node)}: constant indices that gather (not a broadcast "
-                           "or reshape of the input)")

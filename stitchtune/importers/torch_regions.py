@@ -69,6 +69,7 @@ from stitchtune.importers.torch_candidates import (
 )
 from stitchtune.importers.torch_consts import fold_constants
 from stitchtune.importers.torch_fx_util import fx_args
+from stitchtune.importers.torch_grouping import _groups
 from stitchtune.importers.torch_subgraph import _dense_perm, _is_noop, _is_view, _subgraph, _with_pulled
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
@@ -169,81 +170,6 @@ def plan_check(graph: Any) -> str | None:
     except StitchtuneError as exc:
         return f"planner: {exc}"
     return None
-
-
-# ---------------------------------------------------------------------------- grouping
-def _components(members: Iterable[Any], same: Callable[[Any, Any], bool]) -> list[list[Any]]:
-    """Connected components of ``members`` over producer->consumer edges where ``same(a, b)``."""
-    member = set(members)
-    parent = {n: n for n in member}
-
-    def find(n: Any) -> Any:
-        while parent[n] is not n:
-            parent[n] = parent[parent[n]]
-            n = parent[n]
-        return n
-
-    for n in member:
-        for a in fx_args(n):
-            if a in member and same(a, n):
-                parent[find(a)] = find(n)
-    comps: dict[Any, list[Any]] = {}
-    for n in member:
-        comps.setdefault(find(n), []).append(n)
-    return list(comps.values())
-
-
-def _convex(group: set[Any]) -> bool:
-    """No path leaves ``group`` and re-enters it."""
-    frontier = [u for n in group for u in n.users if u not in group]
-    seen = set(frontier)
-    while frontier:
-        n = frontier.pop()
-        for u in n.users:
-            if u in group:
-                return False
-            if u not in seen:
-                seen.add(u)
-                frontier.append(u)
-    return True
-
-
-def _groups(nodes: Sequence[Any], ex: _Excluded) -> list[list[Any]]:
-    """Maximal convex groups of candidates, each in graph order."""
-    order = {n: i for i, n in enumerate(nodes)}
-    stage: dict[Any, int] = {}
-    node_stage: dict[Any, int] = {}
-    for n in nodes:
-        s = max((stage.get(a, 0) for a in fx_args(n)), default=0)
-        node_stage[n] = s
-        stage[n] = s + 1 if n in ex and n not in ex.pulled else s
-    cands = [n for n in nodes if n not in ex]
-    out: list[list[Any]] = []
-    for comp in _components(cands, lambda a, b: True):
-        parts = [comp] if _convex(set(comp)) else _merge_convex(
-            _components(comp, lambda a, b: node_stage[a] == node_stage[b]))
-        out.extend(sorted(p, key=order.__getitem__) for p in parts)
-    return sorted(out, key=lambda g: order[g[0]])
-
-
-def _merge_convex(parts: list[list[Any]]) -> list[list[Any]]:
-    """Join parts linked by an edge while their union stays convex (the split by stage is coarse: an
-    embedding whose ids come from integer ops has a later stage than the one it is added to)."""
-    sets = [set(p) for p in parts]
-    merged = True
-    while merged:
-        merged = False
-        for i in range(len(sets)):
-            for j in range(i + 1, len(sets)):
-                linked = any(a in sets[j] for n in sets[i] for a in fx_args(n)) or \
-                    any(a in sets[i] for n in sets[j] for a in fx_args(n))
-                if linked and _convex(sets[i] | sets[j]):
-                    sets[i] |= sets.pop(j)
-                    merged = True
-                    break
-            if merged:
-                break
-    return [list(p) for p in sets]
 
 
 # ---------------------------------------------------------------------------- mapping one group

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 import time
 from collections import Counter
@@ -61,6 +60,7 @@ from stitchtune.tune.database import TuningDB, read_parts
 from stitchtune.errors import ScheduleError
 from stitchtune.tune.pipeline import context_row, evaluate, schedule_columns
 from stitchtune.tune.result import SearchResult
+from stitchtune.tune.trial_rows import RESULT_FIELDS, _plain, _row_from_trial
 from stitchtune.tune.summary import format_best_table, format_summary, json_safe  # noqa: F401 - re-exported
 from stitchtune.tune.study import (
     _KEY_WAIT_S,
@@ -79,34 +79,7 @@ from stitchtune.tune.study import (
 
 log = logging.getLogger(__name__)
 
-RESULT_FIELDS = ("status", "prune_reason", "predicted_us", "measured_us", "samples_us", "max_rel_error",
-                 "registers", "smem_bytes", "spill_bytes", "occupancy", "compile_s", "error", "estimated")
 _POLL_S = 0.2
-
-
-# ---------------------------------------------------------------------------------------- trial <-> row
-def _plain(v: Any) -> Any:
-    """A JSON-safe Python scalar (numpy scalars unwrapped, NaN/inf -> None)."""
-    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        try:
-            v = v.item()
-        except (TypeError, ValueError):
-            return str(v)
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
-
-
-def _row_from_trial(t: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
-    """The outcome of a finished trial as result columns, or None when it has none (stale/interrupted)."""
-    status = t.user_attrs.get("status")
-    if status is None:
-        return None
-    out: dict[str, Any] = {k: t.user_attrs.get(k) for k in RESULT_FIELDS}
-    out["status"] = status
-    if t.state == TrialState.COMPLETE and t.value is not None:
-        out["measured_us"] = float(t.value)
-    return out
 
 
 # ---------------------------------------------------------------------------------------- the loop

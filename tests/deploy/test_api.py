@@ -20,7 +20,7 @@ import stitchtune
 from stitchtune import cli
 from stitchtune.deploy.compiled import CompiledGraph
 from stitchtune.gpu.build import find_nvcc
-from stitchtune.gpu.driver import FakeDriver
+from stitchtune.gpu.fake_driver import FakeDriver
 from stitchtune.gpu.runner import cuda_available
 from stitchtune.errors import ScheduleError, StitchtuneError, ToolchainError
 from stitchtune.graph.reference import numpy_dtype, random_inputs, run_reference

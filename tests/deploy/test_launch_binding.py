@@ -15,7 +15,7 @@ import stitchtune
 from helpers import EXAMPLES_DIR
 from stitchtune.deploy.compiled import build_manifest
 from stitchtune.errors import StitchtuneError
-from stitchtune.gpu.driver import FakeDriver
+from stitchtune.gpu.fake_driver import FakeDriver
 from stitchtune.graph.reference import random_inputs
 
 LN = EXAMPLES_DIR / "layernorm_small.json"

@@ -274,7 +274,7 @@ def test_cuda_path_launches_on_the_given_stream_and_packs_once(monkeypatch: pyte
     once per set of pointers, and a repeated call only launches (no allocation, copy or sync)."""
     from stitchtune.deploy.compiled import compile as compile_graph
     from stitchtune.deploy.torch_ops import RegionKernel
-    from stitchtune.gpu.driver import FakeDriver
+    from stitchtune.gpu.fake_driver import FakeDriver
     from stitchtune.importers.torch_regions import find_regions
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -306,7 +306,7 @@ def test_the_custom_op_goes_through_the_launch_path_with_tensor_pointers() -> No
     with the tensors' own pointers (inputs, then outputs), no host copy."""
     from stitchtune.deploy import torch_ops
     from stitchtune.deploy.compiled import compile as compile_graph
-    from stitchtune.gpu.driver import FakeDriver
+    from stitchtune.gpu.fake_driver import FakeDriver
     from stitchtune.importers.torch_regions import find_regions
     from torch.fx.experimental.proxy_tensor import make_fx
 

@@ -62,7 +62,7 @@ def test_cpu_paths_raise_naming_the_gather(region, cpu: str, bad: int) -> None:
 def _launch(region, ids: np.ndarray, check: bool):
     """(kernel over a fake driver whose kernels run the emulator on its memory, the driver, the
     pointers: region inputs then the output, the ids' pointer)."""
-    from stitchtune.gpu.driver import FakeDriver
+    from stitchtune.gpu.fake_driver import FakeDriver
 
     region, order = region
 

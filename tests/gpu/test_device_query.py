@@ -11,7 +11,8 @@ import pytest
 from stitchtune.errors import ToolchainError
 from stitchtune.gpu import device_query
 from stitchtune.gpu.device_query import default_device, query_device, read_device
-from stitchtune.gpu.driver import DriverError, FakeDriver
+from stitchtune.gpu.driver import DriverError
+from stitchtune.gpu.fake_driver import FakeDriver
 from stitchtune.hardware.device import PRESETS, Device
 from tests.hardware.test_device import H200_ATTRS, H200_MEMORY
 

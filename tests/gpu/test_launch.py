@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from stitchtune.errors import ToolchainError
-from stitchtune.gpu.driver import DEFAULT_SMEM_LIMIT, CudaDriver, DriverError, FakeDriver
+from stitchtune.gpu.driver import DEFAULT_SMEM_LIMIT, CudaDriver, DriverError
+from stitchtune.gpu.fake_driver import FakeDriver
 from stitchtune.gpu.launch import Launcher, LaunchPlan, PlanBuffer, PlanLaunch, device_pointer, launch_plan
 from stitchtune.gpu.runner import cuda_available
 

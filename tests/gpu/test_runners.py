@@ -438,7 +438,7 @@ def _scratch_reader(drv: Any, args: tuple[int, ...], ln: Any) -> None:
 
 
 def _driver_backend(kernels: dict[str, Any]) -> tuple[Any, Any, Any]:
-    from stitchtune.gpu.driver import FakeDriver
+    from stitchtune.gpu.fake_driver import FakeDriver
     from stitchtune.gpu.problem import Problem
     from stitchtune.gpu.worker import _DriverBackend
 

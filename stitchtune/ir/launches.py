@@ -1,0 +1,101 @@
+"""The program-level records of the kernel IR: global buffers, launches and the launches' cost profiles.
+
+Frozen dataclasses (``BufferRole`` a string enum) that :class:`stitchtune.ir.kir.Program` holds besides
+its kernels; :mod:`stitchtune.ir.kir` re-exports every name (``kir.BufferSpec``, ``kir.KernelProfile``, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from stitchtune.graph.values import ITEMSIZE as ELEM_BYTES
+
+
+class BufferRole(StrEnum):
+    """What a global buffer of a program holds (``BufferSpec.role``, ``Param.role``)."""
+
+    INPUT = "input"       # a graph input
+    OUTPUT = "output"     # a graph output
+    SCRATCH = "scratch"   # partials, per-row values, flags between kernels or blocks
+    BARRIER = "barrier"   # the grid barrier's counters
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """A global buffer of a program. ``tensor`` is the graph tensor it holds ('' for scratch)."""
+
+    name: str
+    dtype: str
+    size: int
+    role: str  # a BufferRole: input | output | scratch | barrier
+    tensor: str = ""
+    zero_init: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * (4 if self.role == "barrier" else ELEM_BYTES[self.dtype])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "size": self.size, "role": self.role,
+                "tensor": self.tensor, "zero_init": self.zero_init}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: ``kernel<<<grid, block, smem_bytes>>>(*args)``; args are buffer names."""
+
+    kernel: str
+    grid: int
+    block: int
+    smem_bytes: int
+    args: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kernel": self.kernel, "grid": self.grid, "block": self.block,
+                "smem_bytes": self.smem_bytes, "args": list(self.args)}
+
+
+@dataclass(frozen=True)
+class KernelProfile:
+    """What the cost model needs to know about one launch (computed by lowering, analytically)."""
+
+    name: str
+    grid: int
+    block: int
+    smem_bytes: int
+    est_registers: int
+    dram_read_bytes: int
+    dram_write_bytes: int
+    reread_bytes: int
+    reread_working_set: int
+    flops: int
+    sfu_ops: int
+    block_barriers: int
+    grid_barriers: int
+    atomics: int
+    bytes_in_flight_per_thread: int
+    #: loads of scratch (partials / per-row values written earlier in the launch or by an earlier
+    #: kernel) one thread issues per launch, summed over its rounds and loops (see the cost model's
+    #: scratch chain; default 0: profiles stored before this field existed)
+    scratch_loads: int = 0
+    #: the re-reads run opposite to the read before them (schedule order ``alternate``), so they start
+    #: with what that read left in L2 (default False: forward, and profiles stored before the field)
+    reversed_rereads: bool = False
+    #: the most float atomic adds one address receives in this launch (they serialise at the L2:
+    #: the per-block adds of a cross reduction's column or scalar; default 0: none, and profiles
+    #: stored before the field existed)
+    atomic_serial: int = 0
+    #: thread-block clusters (the ``cluster`` scheme): blocks per cluster, cluster barriers one block
+    #: passes and remote (distributed) shared-memory loads one thread issues per launch (defaults:
+    #: no cluster, and profiles stored before these fields existed)
+    cluster: int = 1
+    cluster_barriers: int = 0
+    dsmem_loads: int = 0
+
+
+@dataclass(frozen=True)
+class ProgramProfile:
+    kernels: tuple[KernelProfile, ...]
+    min_bytes: int
