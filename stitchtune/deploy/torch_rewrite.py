@@ -133,11 +133,11 @@ def _copy_noop_chain(g: Any, env: dict[Any, Any], n: Any) -> Any:
     """The new graph's node for ``n``, a no-op of a region (a view, eval dropout, a same-dtype cast)
     read outside it: ``n`` copied over its (copied) argument chain down to a value ``env`` has, so that
     its shape and strides are PyTorch's (an ``unsqueeze`` of a region output is not that output)."""
-    from stitchtune.importers.torch_subgraph import _is_noop
+    from stitchtune.importers.torch_subgraph import is_noop
 
     if n in env:
         return env[n]
-    if not _is_noop(n):
+    if not is_noop(n):
         raise StitchtuneError(f"internal: alias {n.name} of a region is not a no-op chain")
     env[n] = g.node_copy(n, lambda a: _copy_noop_chain(g, env, a))
     return env[n]

@@ -70,7 +70,7 @@ from stitchtune.importers.torch_candidates import (
 from stitchtune.importers.torch_consts import fold_constants
 from stitchtune.importers.torch_fx_util import fx_args
 from stitchtune.importers.torch_grouping import _groups
-from stitchtune.importers.torch_subgraph import _dense_perm, _is_noop, _is_view, _subgraph, _with_pulled
+from stitchtune.importers.torch_subgraph import _dense_perm, _is_view, _subgraph, _with_pulled, is_noop
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
 
@@ -272,9 +272,9 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
             return _Culprit(orig, "a bool output (graph.json outputs are float tensors)")
         same, same_perm = seen.get(str(v.ref), (input_names.get(str(v.ref)), None))
         if same is not None:   # a no-op (eval dropout, same-dtype cast) of an input or another output
-            if _is_noop(orig) and not inner(orig):
+            if is_noop(orig) and not inner(orig):
                 return _Culprit(orig, "a no-op output", free=True)
-            if not _is_noop(orig) or perm != same_perm:   # an alias must have the same strides
+            if not is_noop(orig) or perm != same_perm:   # an alias must have the same strides
                 why = "passes an input through" if str(v.ref) in input_names else "equal to another output"
                 return _Culprit(orig, f"an output that {why}")
             perms[-1] = same   # read inside the region too: PyTorch's node is an alias of ``same``

@@ -4,7 +4,7 @@
   its placeholders are the external inputs (symbolic dims at their hints), 0-d constants are
   ``scalar_tensor`` nodes and constant ``index`` indices are buffers of the module (resolved at
   import time, never graph inputs); its outputs are the group's nodes read outside it.
-* :func:`_is_view` / :func:`_is_noop`: nodes whose result PyTorch gives for free from their input
+* :func:`_is_view` / :func:`is_noop`: nodes whose result PyTorch gives for free from their input
   (a view; eval dropout or a same-dtype cast), left outside a region at its boundary.
 * :func:`_dense_perm`: the axis order a strided output is row-major in (PyTorch keeps an element-wise
   result of a transposed input in that order).
@@ -134,7 +134,7 @@ def _is_view(node: Any) -> bool:
     return key in _VIEW_OPS
 
 
-def _is_noop(node: Any) -> bool:
+def is_noop(node: Any) -> bool:
     """True for a view, eval dropout or a cast to the same dtype: the value of its input, unchanged."""
     if _is_view(node):
         return True
