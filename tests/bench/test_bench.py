@@ -252,11 +252,12 @@ def test_stitchtune_row_launches_through_the_launch_path(monkeypatch: pytest.Mon
     torch = pytest.importorskip("torch")
     import stitchtune
     from stitchtune.gpu import driver as gd
+    from stitchtune.gpu.fake_driver import FakeDriver
     from stitchtune.gpu.launch import launch_plan
 
     g = load_graph(EXAMPLES / "colsum_sigmoid_scale_small.json")
     cg = dataclasses.replace(stitchtune.compile(g, db=None, device=h200, build=False), cubin=b"FAKE")
-    drv = gd.FakeDriver()
+    drv = FakeDriver()
     monkeypatch.setattr(bench, "stitchtune_program", lambda *a, **k: cg)
     monkeypatch.setattr(gd, "open_driver", lambda ordinal=None: drv)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: NS(cuda_stream=0xBEEF))
