@@ -384,15 +384,15 @@ def _cmd_space(args: argparse.Namespace) -> int:
     from stitchtune.hardware.device import get_device
     from stitchtune.gpu.device_query import default_device
     from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.lower.resources import legal_space
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space import SearchSpace
 
     if args.sample < 0:
         raise StitchtuneError(f"--sample must be >= 0 (got {args.sample})")
     g = _load(args.graph)
     dev = get_device(args.device) if args.device else default_device()
     plan = make_plan(g)
-    space = SearchSpace.for_plan(plan, dev)
+    space = legal_space(g, plan, dev)
     if args.heuristic:
         print(heuristic_schedule(plan, dev, space).to_json())
     rng = random.Random(args.seed)

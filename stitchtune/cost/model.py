@@ -76,7 +76,7 @@ from typing import Any, Mapping
 from stitchtune.hardware.device import Device
 from stitchtune.errors import StitchtuneError
 from stitchtune.ir.kir import KernelProfile, ProgramProfile
-from stitchtune.hardware.occupancy import Occupancy, clusters_resident, max_active_clusters, occupancy
+from stitchtune.hardware.occupancy import Occupancy, clusters_resident, launch_refusal
 
 log = logging.getLogger(__name__)
 
@@ -235,43 +235,10 @@ def _smooth_min(*xs: float) -> float:
 
 
 def kernel_legality(k: KernelProfile, device: Device, regs: int) -> tuple[Occupancy, str | None]:
-    """Occupancy of kernel ``k`` and the reason it can never run correctly (None when legal)."""
-    if k.block > device.max_threads_per_block or k.block <= 0:
-        return (Occupancy(0, 0, 0.0, "threads_per_block"),
-                f"kernel {k.name}: block of {k.block} threads outside 1..{device.max_threads_per_block}")
-    occ = occupancy(device, k.block, regs, k.smem_bytes)
-    if k.smem_bytes > device.smem_per_block_optin:
-        return occ, (f"kernel {k.name}: {k.smem_bytes} B shared memory per block exceeds the "
-                     f"{device.smem_per_block_optin} B opt-in limit of {device.name}")
-    if occ.blocks_per_sm == 0:
-        return occ, (f"kernel {k.name}: zero occupancy ({occ.limiter}: {k.block} threads, "
-                     f"{regs} registers/thread, {k.smem_bytes} B shared memory)")
-    if k.grid <= 0:
-        return occ, f"kernel {k.name}: empty grid ({k.grid} blocks)"
-    resident = occ.blocks_per_sm * device.sm_count
-    if k.cluster > 1:
-        reason = _cluster_reason(k, device, regs)
-        if reason is not None:
-            return occ, reason
-        resident = min(resident, k.cluster * max_active_clusters(device, k.block, regs, k.smem_bytes, k.cluster))
-    if k.grid_barriers > 0 and k.grid > resident:
-        return occ, (f"kernel {k.name}: grid barrier needs all {k.grid} blocks co-resident, but only "
-                     f"{resident} fit ({device.sm_count} SMs x {occ.blocks_per_sm} blocks/SM, "
-                     f"limited by {occ.limiter})")
-    return occ, None
-
-
-def _cluster_reason(k: KernelProfile, device: Device, regs: int) -> str | None:
-    """Why a cluster kernel cannot run (None when it can): cluster size, grid, residency."""
-    if k.cluster > device.max_cluster_size:
-        return (f"kernel {k.name}: cluster of {k.cluster} blocks, {device.name} launches at most "
-                f"{device.max_cluster_size} (portable size)")
-    if k.grid % k.cluster:
-        return f"kernel {k.name}: grid {k.grid} is not a multiple of its cluster of {k.cluster} blocks"
-    if max_active_clusters(device, k.block, regs, k.smem_bytes, k.cluster) < 1:
-        return (f"kernel {k.name}: a cluster of {k.cluster} blocks ({k.block} threads, {regs} registers/thread, "
-                f"{k.smem_bytes} B shared memory each) cannot be resident on one GPC")
-    return None
+    """Occupancy of kernel ``k`` and the reason it can never run correctly (None when legal): the
+    rules of :func:`~stitchtune.hardware.occupancy.launch_refusal`, the reason prefixed with the kernel."""
+    occ, reason = launch_refusal(device, k.block, regs, k.smem_bytes, k.grid, k.grid_barriers > 0, k.cluster)
+    return occ, None if reason is None else f"kernel {k.name}: {reason}"
 
 
 def kernel_time_us(k: KernelProfile, device: Device, occ: Occupancy, params: CostParams) -> float:

@@ -374,7 +374,8 @@ def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = 
     from stitchtune.lower.entry import CODEGEN_VERSION, lower
     from stitchtune.plan.planner import make_plan
     from stitchtune.gpu.render import render
-    from stitchtune.space import Schedule, SearchSpace
+    from stitchtune.lower.resources import legal_space
+    from stitchtune.space import Schedule
     from stitchtune.deploy.selection import Choice, choose_schedule
 
     if isinstance(graph_or_path, Graph):
@@ -393,7 +394,7 @@ def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = 
 
     check_fits(graph, dev)  # a graph that cannot fit the device is refused with the numbers
     plan = make_plan(graph)
-    space = SearchSpace.for_plan(plan, dev)
+    space = legal_space(graph, plan, dev)  # a given schedule whose kernels do not fit is refused
     if schedule is not None:
         s = schedule if isinstance(schedule, Schedule) else Schedule.from_dict(dict(schedule))
         space.check(s)

@@ -110,11 +110,11 @@ def predicted_us(graph: Any, device: Any) -> float:
     from stitchtune.cost.model import predict
     from stitchtune.deploy.selection import heuristic_schedule
     from stitchtune.lower.entry import lower
+    from stitchtune.lower.resources import legal_space
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space import SearchSpace
 
     plan = make_plan(graph)
-    space = SearchSpace.for_plan(plan, device)
+    space = legal_space(graph, plan, device)
     program = lower(graph, plan, heuristic_schedule(plan, device, space), device, space)
     return float(predict(program.profile, device).time_us)
 

@@ -8,7 +8,8 @@ model's hard limits, and ``Choice.source`` / ``Choice.reason`` say which rule ch
 Contract of :func:`choose_schedule(graph, db_path, device)` -> :class:`Choice`:
 
 1. ``tuned``: the fastest ``ok`` record of the tuning database with the same workload key, device key
-   (``Device.key``), search-space version (``search_spaces/stitch.json``'s ``version``) and code
+   (``Device.key``), search-space version (``search_spaces/stitch.json``'s ``version``, or one of its
+   ``compatible_versions``: earlier versions whose schedules are re-validated in today's space) and code
    generator version (``lower.entry.CODEGEN_VERSION``). Measured GPU records (``estimated`` false) are
    preferred; estimated (emulated, cost-model time) records are used only when no measured one
    exists, and the reason says so.
@@ -42,7 +43,7 @@ import math
 import os
 import random
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +66,7 @@ LOOKUP_COLUMNS: tuple[str, ...] = (
 MAX_TRIES = 24
 
 _cache_lock = threading.Lock()
-_cache: dict[tuple[str, str, str, str], tuple[tuple[Any, ...], pd.DataFrame]] = {}
+_cache: dict[tuple[str, str, tuple[str, ...], str], tuple[tuple[Any, ...], pd.DataFrame]] = {}
 _warned: set[tuple[str, str, str]] = set()
 
 
@@ -130,13 +131,15 @@ def _arrow_schema() -> Any:
     return pa.schema([(c, types.get(c, pa.string())) for c in LOOKUP_COLUMNS])
 
 
-def _read_filtered(parts: list[str], device_key: str, space_version: str, codegen_version: str) -> pd.DataFrame:
-    """The ``ok`` rows with a time of this device and versions, :data:`LOOKUP_COLUMNS` only."""
+def _read_filtered(parts: list[str], device_key: str, space_versions: tuple[str, ...],
+                   codegen_version: str) -> pd.DataFrame:
+    """The ``ok`` rows with a time of this device, one of ``space_versions`` and this codegen version,
+    :data:`LOOKUP_COLUMNS` only."""
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
     flt = ((pc.field("status") == "ok") & (pc.field("device_key") == device_key)
-           & (pc.field("space_version") == space_version) & (pc.field("codegen_version") == codegen_version)
+           & pc.field("space_version").isin(list(space_versions)) & (pc.field("codegen_version") == codegen_version)
            & pc.field("measured_us").is_valid())
     try:
         table = ds.dataset(parts, schema=_arrow_schema(), format="parquet").to_table(filter=flt)
@@ -149,7 +152,7 @@ def _read_filtered(parts: list[str], device_key: str, space_version: str, codege
     for df in read_parts(parts):
         df = df.reindex(columns=list(LOOKUP_COLUMNS))
         m = ((df["status"] == "ok") & (df["device_key"] == device_key)
-             & (df["space_version"].astype("string") == space_version)
+             & df["space_version"].astype("string").isin(list(space_versions))
              & (df["codegen_version"].astype("string") == codegen_version) & df["measured_us"].notna())
         frames.append(df[m.fillna(False).astype(bool)])
     frames = [f for f in frames if not f.empty]
@@ -158,9 +161,10 @@ def _read_filtered(parts: list[str], device_key: str, space_version: str, codege
     return pd.concat(frames, ignore_index=True)
 
 
-def load_candidates(db_path: str | os.PathLike[str], device_key: str, space_version: str,
+def load_candidates(db_path: str | os.PathLike[str], device_key: str, space_version: str | Sequence[str],
                     codegen_version: str) -> pd.DataFrame:
     """Usable rows of database ``db_path`` for one device and versions (cached until the parts change).
+    ``space_version``: one version, or several (today's and the compatible earlier ones).
 
     A missing directory is an empty database. The returned frame must not be modified.
     """
@@ -171,14 +175,15 @@ def load_candidates(db_path: str | os.PathLike[str], device_key: str, space_vers
         return _empty()
     parts = TuningDB(path).parts()
     sig = _part_signature(parts)
-    key = (path, device_key, str(space_version), str(codegen_version))
+    versions = (str(space_version),) if isinstance(space_version, str) else tuple(str(v) for v in space_version)
+    key = (path, device_key, versions, str(codegen_version))
     with _cache_lock:
         hit = _cache.get(key)
     if hit is not None and hit[0] == sig:
         return hit[1]
     if not parts:
         return _empty()
-    df = _read_filtered(parts, device_key, str(space_version), str(codegen_version))
+    df = _read_filtered(parts, device_key, versions, str(codegen_version))
     df = df.assign(measured_us=pd.to_numeric(df["measured_us"], errors="coerce"),
                    _est=_estimated(df)).reset_index(drop=True)
     with _cache_lock:
@@ -407,16 +412,18 @@ def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: 
     the graph's plan and search space when the caller has them already. ``deterministic``: only
     bitwise-reproducible schedules (see the module docstring)."""
     from stitchtune.lower.entry import CODEGEN_VERSION
+    from stitchtune.lower.resources import legal_space
     from stitchtune.plan.planner import make_plan
-    from stitchtune.space import SearchSpace
 
     plan = plan if plan is not None else make_plan(graph)
-    space = space if space is not None else SearchSpace.for_plan(plan, device)
+    space = space if space is not None else legal_space(graph, plan, device)
     dkey = str(device.key)
     sv, cv = str(space.version), str(CODEGEN_VERSION)
+    # records of the compatible earlier space versions too: each is re-validated in today's space
+    svs = (sv, *(str(v) for v in getattr(space, "compatible_versions", ())))
     wk, sk = graph.workload_key(), graph.structure_key()
-    where = f"device {dkey}, space version {sv}, codegen version {cv}"
-    df = load_candidates(db_path, dkey, sv, cv) if db_path is not None else _empty()
+    where = f"device {dkey}, space version {'/'.join(svs)}, codegen version {cv}"
+    df = load_candidates(db_path, dkey, svs, cv) if db_path is not None else _empty()
     q = _Lookup(graph, plan, device, space, dkey, where, deterministic)
 
     # 1. exact workload

@@ -135,6 +135,48 @@ def clusters_resident(device: Device, blocks_per_sm: int, cluster: int) -> int:
     return sum((g * blocks_per_sm) // cluster for g in device.gpc_sms)
 
 
+
+def launch_refusal(device: Device, block: int, registers_per_thread: int, smem_per_block: int, grid: int,
+                   grid_barrier: bool = False, cluster: int = 1) -> tuple[Occupancy, str | None]:
+    """Occupancy of one launch shape and why the device refuses it for resources (None when it can
+    run): a block outside ``1..max_threads_per_block``, shared memory over the opt-in limit, zero
+    occupancy (registers, shared memory, warps), an empty grid, a cluster the device cannot launch or
+    hold on one GPC (or a grid that is not a multiple of it), and a grid with a grid barrier
+    (``grid_barrier``) larger than the blocks (whole clusters) that can be co-resident.
+
+    The one statement of these rules: the cost model's legality (``cost.model.kernel_legality``) and
+    the space's resource check (``lower.resources``) both call it. The reason is a sentence without
+    the kernel's name (callers prefix it)."""
+    if block > device.max_threads_per_block or block <= 0:
+        return (Occupancy(0, 0, 0.0, "threads_per_block"),
+                f"block of {block} threads outside 1..{device.max_threads_per_block}")
+    occ = occupancy(device, block, registers_per_thread, smem_per_block)
+    if smem_per_block > device.smem_per_block_optin:
+        return occ, (f"{smem_per_block} B shared memory per block exceeds the "
+                     f"{device.smem_per_block_optin} B opt-in limit of {device.name}")
+    if occ.blocks_per_sm == 0:
+        return occ, (f"zero occupancy ({occ.limiter}: {block} threads, "
+                     f"{registers_per_thread} registers/thread, {smem_per_block} B shared memory)")
+    if grid <= 0:
+        return occ, f"empty grid ({grid} blocks)"
+    resident = occ.blocks_per_sm * device.sm_count
+    if cluster > 1:
+        if cluster > device.max_cluster_size:
+            return occ, (f"cluster of {cluster} blocks, {device.name} launches at most "
+                         f"{device.max_cluster_size} (portable size)")
+        if grid % cluster:
+            return occ, f"grid {grid} is not a multiple of its cluster of {cluster} blocks"
+        clusters = clusters_resident(device, occ.blocks_per_sm, cluster)
+        if clusters < 1:
+            return occ, (f"a cluster of {cluster} blocks ({block} threads, {registers_per_thread} registers/thread, "
+                         f"{smem_per_block} B shared memory each) cannot be resident on one GPC")
+        resident = min(resident, cluster * clusters)
+    if grid_barrier and grid > resident:
+        return occ, (f"grid barrier needs all {grid} blocks co-resident, but only "
+                     f"{resident} fit ({device.sm_count} SMs x {occ.blocks_per_sm} blocks/SM, "
+                     f"limited by {occ.limiter})")
+    return occ, None
+
 # ---------------------------------------------------------------------------- check against a GPU driver
 _CHECK_KERNEL = r"""
 extern "C" __global__ void k(float* out, int n) {

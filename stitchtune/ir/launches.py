@@ -96,6 +96,27 @@ class KernelProfile:
 
 
 @dataclass(frozen=True)
+class LaunchShape:
+    """The resources of one launch, all the device's limits judge (a kernel's block, shared memory,
+    registers per thread, grid, whether it has a grid barrier, blocks per cluster): what
+    ``lower.resources`` computes before any kernel body is built, equal to the same fields of the
+    :class:`KernelProfile` the lowering produces (``grid_barrier``: its ``grid_barriers > 0``)."""
+
+    name: str
+    block: int
+    smem_bytes: int
+    registers: int
+    grid: int
+    grid_barrier: bool
+    cluster: int = 1
+
+    @classmethod
+    def of(cls, k: KernelProfile) -> "LaunchShape":
+        """The shape of a lowered kernel's profile (its estimated registers)."""
+        return cls(k.name, k.block, k.smem_bytes, k.est_registers, k.grid, k.grid_barriers > 0, k.cluster)
+
+
+@dataclass(frozen=True)
 class ProgramProfile:
     kernels: tuple[KernelProfile, ...]
     min_bytes: int

@@ -26,6 +26,7 @@ from typing import Any
 
 from stitchtune.hardware.device import Device
 from stitchtune.ir import kir
+from stitchtune.ir.launches import LaunchShape
 from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select, Var
 from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul, SweepValues, estimate_registers
@@ -47,6 +48,20 @@ class ColLowerer(Lowerer):
     """Column reductions."""
 
     def lower(self) -> kir.Program:
+        tasks, est, segs = self.size()
+        block = self.s.block
+        kernels, launches, profiles = [], [], []
+        for ki, seg in enumerate(segs):
+            k, prof = self.build_kernel(ki, seg, ki == len(segs) - 1, tasks, est)
+            kernels.append(k)
+            launches.append(kir.Launch(k.name, prof.grid, block, k.smem_bytes, tuple(pp.name for pp in k.params)))
+            profiles.append(prof)
+        return kir.Program(tuple(kernels), tuple(self.buffers), tuple(launches),
+                           kir.ProgramProfile(tuple(profiles), self.g.min_bytes()))
+
+    def size(self) -> tuple[int, int, list[list[int]]]:
+        """Size the program before any kernel is built: (tasks, estimated registers per thread, the
+        stages of each kernel); sets the tile sizes. :meth:`lower` and :meth:`resources` start here."""
         p, s = self.p, self.s
         M, N = p.M, p.N
         tk, block, S, vec = s.tpr, s.block, s.split, s.vec
@@ -61,15 +76,17 @@ class ColLowerer(Lowerer):
         tasks = tiles * S
         n_reg = sum(1 for r in s.reuse if r == ReuseLevel.REGISTER)
         est = estimate_registers(self.per_thread * n_reg, vec, 4)
-        kernels, launches, profiles = [], [], []
-        segs = self.kernel_segments()
+        return tasks, est, self.kernel_segments()
+
+    def resources(self) -> tuple[LaunchShape, ...]:
+        """The launch shape of every kernel :meth:`lower` would build, from the same layouts
+        (:func:`_col_layout`) without building kernel bodies."""
+        tasks, est, segs = self.size()
+        out = []
         for ki, seg in enumerate(segs):
-            k, prof = self.build_kernel(ki, seg, ki == len(segs) - 1, tasks, est)
-            kernels.append(k)
-            launches.append(kir.Launch(k.name, prof.grid, block, k.smem_bytes, tuple(pp.name for pp in k.params)))
-            profiles.append(prof)
-        return kir.Program(tuple(kernels), tuple(self.buffers), tuple(launches),
-                           kir.ProgramProfile(tuple(profiles), self.g.min_bytes()))
+            lay = _col_layout(self, seg, tasks, est)
+            out.append(LaunchShape(f"st_k{ki}", self.s.block, lay.smem_bytes, est, lay.grid, lay.needs_sync))
+        return tuple(out)
 
     def tasks_in_flight_bytes(self, grid: int) -> int:
         return grid * self.chunk * self.TC * 4

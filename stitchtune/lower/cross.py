@@ -36,6 +36,10 @@ from stitchtune.space.options import cross_smem_floats
 _TID, _BID = kir.Special("tid"), kir.Special("bid")
 
 
+SMALL_KERNEL_REGISTERS = 32
+"""The register estimate of the small zeroing and combine kernels (replaced by ptxas figures after the build)."""
+
+
 def _f(x: float) -> Const:
     return Const(float(x), F32)
 
@@ -304,7 +308,7 @@ def small_profile(low: Lowerer, kern: kir.Kernel, grid: int, parts: int) -> kir.
     reads = sum(specs[p.name].nbytes for p in kern.params if p.role == BufferRole.SCRATCH)
     writes = sum(specs[p.name].nbytes for p in kern.params if p.role == BufferRole.OUTPUT)
     return kir.KernelProfile(
-        name=kern.name, grid=grid, block=kern.block, smem_bytes=kern.smem_bytes, est_registers=32,
+        name=kern.name, grid=grid, block=kern.block, smem_bytes=kern.smem_bytes, est_registers=SMALL_KERNEL_REGISTERS,
         dram_read_bytes=int(reads), dram_write_bytes=int(writes), reread_bytes=0, reread_working_set=0,
         flops=int(reads // 4), sfu_ops=0, block_barriers=sum(isinstance(x, kir.Barrier) for x in kir.walk(kern.body)),
         grid_barriers=0, atomics=0, bytes_in_flight_per_thread=4 * min(parts, 4),

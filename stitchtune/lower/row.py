@@ -15,11 +15,12 @@ import math
 
 from stitchtune.hardware.device import Device
 from stitchtune.ir import kir
+from stitchtune.ir.launches import LaunchShape
 from stitchtune.graph.parse import Graph
 from stitchtune.lower import single_pass as sp
 from stitchtune.lower.base import Lowerer, estimate_registers
-from stitchtune.lower.cross import combine_kernel, small_profile, zero_kernel
-from stitchtune.lower.row_kernel import RowKernel
+from stitchtune.lower.cross import SMALL_KERNEL_REGISTERS, combine_kernel, small_profile, zero_kernel
+from stitchtune.lower.row_kernel import RowKernel, row_layout
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import SCHEMES, ReuseLevel, Schedule, SchemeTable, row_chunk, uncached_level
 
@@ -28,6 +29,24 @@ class RowLowerer(Lowerer):
     """Row reductions (and pure element-wise graphs)."""
 
     def lower(self) -> kir.Program:
+        tasks, est, segs = self.size()
+        block = self.s.block
+        kernels, launches, profiles = [], [], []
+        for ki, seg in enumerate(segs):
+            is_last = ki == len(segs) - 1
+            k, prof = self.build_kernel(ki, seg, is_last, tasks, est)
+            kernels.append(k)
+            launches.append(kir.Launch(k.name, prof.grid, block, k.smem_bytes, tuple(pp.name for pp in k.params)))
+            profiles.append(prof)
+        if self.p.cross:
+            self.cross_kernels(kernels, launches, profiles)
+        profile = kir.ProgramProfile(tuple(profiles), self.g.min_bytes())
+        return kir.Program(tuple(kernels), tuple(self.buffers), tuple(launches), profile, self.single_pass_notes())
+
+    def size(self) -> tuple[int, int, list[list[int]]]:
+        """Size the program before any kernel is built: (tasks, estimated registers per thread, the
+        stages of each kernel); sets the row sizes (``rpb``, ``chunk``, ``per_thread``, ``iters``), the
+        merged single-pass stages and ``n_kernels``. :meth:`lower` and :meth:`resources` start here."""
         p, s = self.p, self.s
         M, N = p.M, p.N
         # single-pass statistics: first stage of each merged pair -> its candidate
@@ -40,23 +59,29 @@ class RowLowerer(Lowerer):
         chunk = row_chunk(N, S, tpr, vec)
         self.chunk, self.per_thread, self.iters = chunk, chunk // tpr, chunk // (tpr * vec)
         tasks = math.ceil(M / rpb) if S == 1 else M * S
-        kernels, launches, profiles = [], [], []
         segs = self.kernel_segments() if p.nstages else [[]]
         n_reg = sum(1 for r in self.reuse.values() if r == ReuseLevel.REGISTER)
         n_pf = s.prefetch * sum(1 for n, c in p.classes if c is TensorClass.FULL and n in self.in_buf)
         n_pf += sum(1 for c in p.cross if c.kind == "per_reduced")  # the cross accumulators
         est = estimate_registers(self.per_thread * (n_reg + n_pf), vec, 4)
         self.n_kernels = len(segs)
+        return tasks, est, segs
+
+    def resources(self) -> tuple[LaunchShape, ...]:
+        """The launch shape of every kernel :meth:`lower` would build, in launch order, from the same
+        layouts (:func:`~stitchtune.lower.row_kernel.row_layout`) without building kernel bodies."""
+        tasks, est, segs = self.size()
+        out = []
         for ki, seg in enumerate(segs):
-            is_last = ki == len(segs) - 1
-            k, prof = self.build_kernel(ki, seg, is_last, tasks, est)
-            kernels.append(k)
-            launches.append(kir.Launch(k.name, prof.grid, block, k.smem_bytes, tuple(pp.name for pp in k.params)))
-            profiles.append(prof)
-        if p.cross:
-            self.cross_kernels(kernels, launches, profiles)
-        profile = kir.ProgramProfile(tuple(profiles), self.g.min_bytes())
-        return kir.Program(tuple(kernels), tuple(self.buffers), tuple(launches), profile, self.single_pass_notes())
+            lay = row_layout(self, seg, tasks, est, ki == len(segs) - 1)
+            out.append(LaunchShape(f"st_k{ki}", self.s.block, lay.smem_bytes, est, lay.grid, lay.needs_sync,
+                                   lay.cluster))
+        if self.p.cross and self.s.cross_combine != "grid":
+            atomic = self.s.cross_combine == "atomic"
+            k, grid = zero_kernel(self) if atomic else combine_kernel(self, out[-1].grid)
+            small = LaunchShape(k.name, k.block, k.smem_bytes, SMALL_KERNEL_REGISTERS, grid, False, 1)
+            out.insert(0, small) if atomic else out.append(small)
+        return tuple(out)
 
     def single_pass_notes(self) -> tuple[str, ...]:
         """One line per merged stage pair (what the profile's fewer bytes come from)."""

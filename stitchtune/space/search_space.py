@@ -22,13 +22,18 @@ from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space.constraints import names_used, safe_eval
 from stitchtune.space.options import OPTIONS, Option, OptionTable, cross_smem_floats
-from stitchtune.space.levels import ReuseLevel
-from stitchtune.space.schedule import Schedule, row_chunk
+from stitchtune.space.levels import ReuseLevel, uncached_level
+from stitchtune.space.schedule import PERSISTENT, Schedule, row_chunk
 from stitchtune.space.schemes import SCHEMES, SchemeTable
 from stitchtune.space.space_file import load_space_file
 
 Choose = Callable[[str, list[Any]], Any]
 """``choose(parameter name, domain) -> value``: how a decision walk asks for each value."""
+
+ResourceCheck = Callable[[Schedule], "str | None"]
+"""``check(schedule) -> reason | None``: why the device cannot run the kernels of a schedule that satisfies
+the space's rules (None: it can). Built above this room, where the lowering sizes the kernels
+(``stitchtune.lower.resources.resource_check``), and given to :meth:`SearchSpace.with_resources`."""
 
 _CORE_SCALARS = ("tpr", "block", "split", "vec", "tasks_per_block", "min_blocks")
 
@@ -74,6 +79,9 @@ class SearchSpace:
         self.table = table
         self.schemes = schemes
         self.version: str = str(data["version"])
+        #: earlier space versions whose records selection still reads, each re-validated in this space
+        self.compatible_versions: tuple[str, ...] = tuple(str(v) for v in data.get("compatible_versions", ()))
+        self.resources: ResourceCheck | None = None  # see with_resources
         self.flat = False  # plain parameter names (see flat_mode)
         self.deterministic = False  # only bitwise-reproducible points (see deterministic_only)
         p = data["params"]
@@ -256,9 +264,20 @@ class SearchSpace:
         return out
 
     def violations(self, s: Schedule) -> list[str]:
-        """Every reason ``s`` is outside the space (empty when it is a legal point): domains, the space
-        file's constraints, each option at a non-default value where it does not apply (unless a failed
-        constraint already names that option), then the scheme and reuse rules."""
+        """Every reason ``s`` is outside the space (empty when it is a legal point): :meth:`rule_violations`,
+        then, when they pass and the space has a resource check (:meth:`with_resources`), why the device
+        cannot run its kernels."""
+        out = self.rule_violations(s)
+        if not out and self.resources is not None:
+            reason = self.resources(s)
+            if reason is not None:
+                out.append(f"does not fit {getattr(self.device, 'name', 'the device')}: {reason}")
+        return out
+
+    def rule_violations(self, s: Schedule) -> list[str]:
+        """Every reason ``s`` breaks the space's rules: domains, the space file's constraints, each option
+        at a non-default value where it does not apply (unless a failed constraint already names that
+        option), then the scheme and reuse rules."""
         out = self._domain_violations(s)
         if out:
             return out
@@ -386,6 +405,14 @@ class SearchSpace:
         other.deterministic = True
         return other
 
+    def with_resources(self, check: ResourceCheck) -> "SearchSpace":
+        """A copy of this space that offers only points ``check`` passes (the kernels fit the device):
+        :meth:`violations` reports its reason, so :meth:`sample` draws again, :meth:`grid` and
+        :meth:`variants` leave such points out and :meth:`suggest` repairs them (:meth:`fit`)."""
+        other = copy.copy(self)
+        other.resources = check
+        return other
+
     def flat_mode(self) -> "SearchSpace":
         """A copy of this space whose :meth:`suggest` / :meth:`params_of` use plain parameter names
         (see :meth:`_decide_flat`)."""
@@ -405,7 +432,64 @@ class SearchSpace:
                 fixed.append(_fixed_params(trial))
             return name in fixed[0]
 
-        return decide(lambda name, dom: trial.suggest_categorical(name, list(dom)), asks_undrawn)
+        s = decide(lambda name, dom: trial.suggest_categorical(name, list(dom)), asks_undrawn)
+        return self.fit(s)
+
+    def _rebuilt(self, s: Schedule, **core: Any) -> Schedule:
+        """``s`` with the core fields ``core`` changed, each option keeping its value where it still
+        applies (its default elsewhere, the value a forced option takes)."""
+        f = {n: core.get(n, getattr(s, n)) for n in _CORE_SCALARS + ("schemes", "reuse")}
+        point = self._core_point(f["tpr"], f["block"], f["split"], f["vec"], f["tasks_per_block"], f["min_blocks"],
+                                 tuple(f["schemes"]), tuple(f["reuse"]))
+        stored = self._point(s)
+        options = self._decide_options(point, lambda opt: stored[opt.name], lambda name: True)
+        return Schedule(f["tpr"], f["block"], f["split"], f["vec"], f["tasks_per_block"], f["min_blocks"],
+                        tuple(f["schemes"]), tuple(f["reuse"]), options, table=self.table)
+
+    def _fit_steps(self, s: Schedule) -> list[Callable[[Schedule], Schedule]]:
+        """The changes :meth:`fit` tries, mildest first: a persistent grid (co-resident by construction),
+        the cross reductions combined by a second kernel instead of a grid barrier, kernel boundaries
+        instead of grid barriers, nothing cached on chip, the smallest block the mapping allows."""
+        steps: list[Callable[[Schedule], Schedule]] = []
+        if PERSISTENT in self.domains["tasks_per_block"]:
+            steps.append(lambda x: self._rebuilt(x, tasks_per_block=PERSISTENT))
+        if "cross_combine" in self.table and "kernel" in self.domains["cross_combine"]:
+            by_kernel: dict[str, Any] = {"cross_combine": "kernel"}
+            steps.append(lambda x: dataclasses.replace(x, table=self.table, **by_kernel)
+                         if x.option("cross_combine") == "grid" else x)
+        boundary = sorted((sc.repair_rank if sc.repair_rank is not None else 99, sc.name)
+                          for sc in self.schemes if sc.kernel_boundary and sc.name in self.domains["scheme"])
+        if boundary:
+            steps.append(lambda x: self._rebuilt(x, schemes=tuple(
+                boundary[0][1] if self.schemes[sc].grid_barrier else sc for sc in x.schemes)))
+        inputs = set(self.plan.input_names)
+        steps.append(lambda x: self._rebuilt(x, reuse=tuple(
+            uncached_level(c in inputs) if ReuseLevel(r).cached else r for c, r in zip(self.plan.reuse_candidates, x.reuse))))
+        if s.block > s.tpr:
+            smallest = min((b for b in self.domains["block"] if b >= max(s.tpr, 32)), default=s.block)
+            steps.append(lambda x: self._rebuilt(x, block=smallest))
+        return steps
+
+    def fit(self, s: Schedule) -> Schedule:
+        """``s`` when it is legal, else a legal point near it, deterministically: each of
+        :meth:`_fit_steps` alone, then all of them one after the other (the first legal result); failing
+        these, a point sampled with ``s.key()`` as the seed. :meth:`suggest` returns its points through
+        here, so a space with a resource check never suggests a point its kernels do not fit; the
+        trial's parameters then describe the point before the repair (as in flat mode)."""
+        if self.resources is None or not self.violations(s):
+            return s
+        steps = self._fit_steps(s)
+        tried = []
+        for step in steps:
+            tried.append(step(s))
+        x = s
+        for step in steps:
+            x = step(x)
+            tried.append(x)
+        for cand in tried:
+            if cand != s and not self.violations(cand):
+                return cand
+        return self.sample(random.Random(s.key()))
 
     def params_of(self, s: Schedule) -> dict[str, Any]:
         """The optuna parameter dict of ``s`` (for ``study.enqueue_trial``); the names, and their order,

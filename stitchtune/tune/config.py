@@ -96,6 +96,9 @@ class Components:
     make_runner: Callable[[str, Any, Any], Runner]
     stages: Callable[[], Stages]
     cuda_available: Callable[[], bool]
+    #: ``legal_space(graph, plan, device, space) -> space``: the space that offers only schedules whose
+    #: kernels fit the device (``lower.resources.legal_space``); None: the space as ``space_for_plan`` gives it
+    legal_space: Callable[[Any, Any, Any, Any], SpaceLike] | None = None
 
 
 # ---------------------------------------------------------------------------------------- components
@@ -153,13 +156,14 @@ def default_components() -> Components:
     """The real stages, imported lazily."""
     from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.graph.parse import load_graph
+    from stitchtune.lower.resources import legal_space
     from stitchtune.plan.planner import make_plan
     from stitchtune.space import SearchSpace
 
     return Components(load_graph=load_graph, make_plan=make_plan, space_for_plan=SearchSpace.for_plan,
                       heuristic_schedule=heuristic_schedule, get_device=_get_device,
                       make_builder=_default_builder, make_runner=_default_runner, stages=default_stages,
-                      cuda_available=_cuda_available)
+                      cuda_available=_cuda_available, legal_space=legal_space)
 
 
 def resolve_backend(requested: str, cuda_available: Callable[[], bool] | None = None) -> tuple[str, str]:

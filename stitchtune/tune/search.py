@@ -107,6 +107,8 @@ class _Loop:
         self.estimated = self.backend != "cuda"
         self.plan = comp.make_plan(self.graph)
         self.space = comp.space_for_plan(self.plan, self.device)
+        if comp.legal_space is not None:  # only schedules whose kernels fit the device
+            self.space = comp.legal_space(self.graph, self.plan, self.device, self.space)
         if config.deterministic:
             self.space = self.space.deterministic_only()  # no float atomics (--deterministic)
         if config.sampler in ("gp", "cmaes"):

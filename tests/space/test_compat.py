@@ -7,6 +7,9 @@
   examples added later are recorded in files of their own (``SUGGEST_ADDED``, ``--only NAME ...``; and
   ``tests/lower/golden/kernel_hashes_*.json``), so that an existing entry is never rewritten;
 * schedule JSON and ``key()``: tuning databases on disk are keyed by them; the space ``version``.
+
+The goldens are recorded with the space as ``SearchSpace.for_plan`` builds it, without the resource
+check of ``stitchtune.lower.resources.legal_space`` (what searches use since space version 2).
 """
 
 from __future__ import annotations
@@ -141,6 +144,11 @@ def test_flat_columns_are_the_database_columns() -> None:
 
 
 def test_space_version_is_unchanged() -> None:
-    assert load_space_file()["version"] == "1"
+    """Version 2: searches offer only schedules whose kernels fit the device (the resource check); the
+    rules are those of version 1, whose records selection still reads (re-validated). The golden files
+    above were recorded with the space without the resource check (``SearchSpace.for_plan``), which
+    offers and draws what version 1 did: the check changes a seeded sample only where it was illegal."""
+    assert load_space_file()["version"] == "2"
     _, _, space = setup("layernorm_small.json")
-    assert space.version == "1"
+    assert space.version == "2" and space.compatible_versions == ("1",)
+    assert space.resources is None
