@@ -192,3 +192,38 @@ def test_load_candidates_reads_heterogeneous_parts(ln: Graph, tmp_path: Any) -> 
     df = load_candidates(tmp_path, H200.key, space_of(ln).version, CODEGEN_VERSION)
     assert sorted(df["measured_us"]) == [3.0, 4.0]
     assert list(df.sort_values("measured_us")["_est"]) == [False, False]  # backend cuda -> measured
+
+
+def test_records_of_the_compatible_earlier_space_version_are_read_where_they_still_run(tmp_path: Any) -> None:
+    """Space version 2 offers only schedules whose kernels fit; records of version 1 (same rules) are
+    still chosen when their schedule fits, and one that does not fit is passed over, saying why."""
+    g = load_graph(EXAMPLES_DIR / "rmsnorm_backward.json")
+    plan = make_plan(g)
+    bare = SearchSpace.for_plan(plan, H200)
+    assert space_of(g).compatible_versions == ("1",) and space_of(g).version == "2"
+    unfit = bare.sample(random.Random(1))   # its cross_combine grid barrier cannot be co-resident
+    assert not bare.violations(unfit) and not legal(g, unfit)
+    (fits,) = schedules(g, 1)
+    TuningDB(tmp_path).append([row(g, unfit, 1.0, space_version="1"), row(g, fits, 2.0, space_version="1"),
+                               row(g, fits, 0.5, space_version="0")])
+    c = choose_schedule(g, tmp_path, H200)
+    assert c.source == "tuned" and c.schedule == fits and c.record is not None
+    assert c.record["space_version"] == "1" and c.record["measured_us"] == 2.0
+    assert "space version 2/1" in c.reason
+
+
+def test_committed_h200_records_are_still_chosen() -> None:
+    """The committed H200 database (space version 1) still gives every workload it tuned its record."""
+    from helpers import COMMITTED_DB
+    from stitchtune.tune.database import read_db
+
+    df = read_db(COMMITTED_DB)
+    tuned = set(df[(df["status"] == "ok") & (df["device_key"] == H200.key)]["workload_key"])
+    found = 0
+    for path in sorted(EXAMPLES_DIR.glob("*.json")):
+        g = load_graph(path)
+        if g.workload_key() in tuned:
+            c = choose_schedule(g, COMMITTED_DB, H200)
+            assert c.source == "tuned" and c.record is not None and c.record["space_version"] == "1", path.name
+            found += 1
+    assert found == len(tuned) == 5
