@@ -277,7 +277,8 @@ CROSS_COMBINE: Option[str] = Option(
 """How the blocks' partials of the cross reductions (column sums, losses: :mod:`stitchtune.plan.cross`)
 are combined: ``atomic`` (float atomic adds into the output, zeroed by a small kernel first: not
 bitwise reproducible), ``grid`` (per-block partials in scratch, a grid barrier, then ordered sums of
-the partials: the grid must be co-resident, which the cost model checks as for the global scheme) or
+the partials: the grid must be co-resident, which the space's resource check and the cost model check
+as for the global scheme) or
 ``kernel`` (partials, then a small second kernel sums them in order)."""
 
 

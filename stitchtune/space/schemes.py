@@ -60,7 +60,8 @@ class Scheme:
     * ``cluster``: the split blocks of a row form one thread-block cluster (sm_90) and exchange through
       distributed shared memory; the space offers such a scheme only on devices with clusters.
     * ``partials``: per-block partials through global scratch; ``grid_barrier``: then a grid barrier
-      (the grid must be co-resident, which the cost model checks); ``kernel_boundary``: then a kernel
+      (the grid must be co-resident: a resource, not a rule of the mapping, so the space's resource
+      check and the cost model check it, see ``stitchtune.lower.resources``); ``kernel_boundary``: then a kernel
       boundary (the next kernel combines them; the stage's values are not known in this kernel).
     * ``repair_rank``: preference when the flat-mode repair replaces an illegal scheme (lowest first;
       None: never chosen by the repair).

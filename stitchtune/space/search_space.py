@@ -5,6 +5,10 @@ see :mod:`stitchtune.space.space_file`); the options are declared once in
 :mod:`stitchtune.space.options`, the schemes (their legality among them) in :mod:`stitchtune.space.schemes`. This module interprets both: the derived names constraints read,
 validation, optuna suggestion (define-by-run and flat), seeded sampling, the variants of a point and the
 exhaustive grid. Every option is handled by walking the :class:`OptionTable` in its order.
+
+Legality is the space's rules (:meth:`SearchSpace.rule_violations`) and, in a space given a resource
+check (:meth:`SearchSpace.with_resources`; the check is built above this room, where the lowering sizes
+the kernels: ``stitchtune.lower.resources.legal_space``), that the device can run every kernel.
 """
 
 from __future__ import annotations
@@ -422,8 +426,10 @@ class SearchSpace:
 
     def suggest(self, trial: Any) -> Schedule:
         """Ask an optuna trial for a schedule (define-by-run). Constraints that the decision order
-        cannot rule out (register and shared-memory budgets) are *not* enforced here: check the
-        result with :meth:`violations` (a violated point is pruned without compiling)."""
+        cannot rule out (register and shared-memory budgets) are *not* enforced by the walk: in a space
+        with a resource check (:meth:`with_resources`) an illegal point is repaired (:meth:`fit`);
+        without one it is returned as asked (check it with :meth:`violations`: the search prunes a
+        violated point without compiling)."""
         decide = self._decide_flat if self.flat else self._decide
         fixed: list[frozenset[str]] = []  # looked up once, the first time an undrawn option applies
 
