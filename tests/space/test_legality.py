@@ -5,8 +5,8 @@ define-by-run suggestions (a seeded fake trial), the variants of a point and, fo
 the whole grid -- lowers, passes ``check_fits``, has no prune reason in the cost model (block size,
 shared memory, occupancy > 0, clusters) and, where a kernel has a grid barrier, a grid no larger than
 the blocks that can be co-resident (what the emulator checks before a ``GridSync``). The fast test
-takes a seed or two per (graph, device); the ``slow`` one twelve seeds, variants everywhere and larger
-grids.
+takes one seed per (graph, device); the ``slow`` one three more, the variants of every example on every
+preset and whole grids.
 """
 
 from __future__ import annotations
@@ -125,11 +125,13 @@ def test_every_grid_point_runs(device: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_every_offered_schedule_runs_exhaustive(device: str) -> None:
-    """Six more seeds per example on this preset (2..7), the variants of the first, and the whole grid
-    of the narrowed space of every element-wise example on the H200 and the T4."""
+    """Three more seeds per example on this preset (2..4), the variants of the first, and on the H200
+    the whole grid of the narrowed space of every small element-wise example (all of its points lowered).
+    (Seeds 2..7 on every preset, with the grids of every element-wise example on the H200 and the T4,
+    passed as well: about four minutes on two busy cores.)"""
     for path in EXAMPLES:
-        _check_offers(path, device, range(2, 8), True)
-        if device in ("h200", "t4") and make_plan(load_graph(str(path))).nstages == 0:
+        _check_offers(path, device, range(2, 5), True)
+        if device == "h200" and path.stem.endswith("_small") and make_plan(load_graph(str(path))).nstages == 0:
             _check_grid(path, device, None)
 
 
