@@ -163,12 +163,14 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
     error flags of gathers among them, see :func:`stitchtune.lower.remap.gather_flag_buffers`).
     ``block_order_seed``: launch ``i`` runs its atomic adds in the block order of seed
     ``(block_order_seed, i)`` (see the module docstring).
-    ``extents`` (a generic program, ``program.dynamic``; by graph dim name): buffers sized and grids
-    computed for them (:class:`~stitchtune.ir.launches.DynamicInfo`), the kernels given them as arguments.
+    ``extents`` (a generic program, ``program.dynamic``; by graph dim name; default its planned extents):
+    buffers sized and grids computed for them (:class:`~stitchtune.ir.launches.DynamicInfo`), the kernels given them as arguments.
     """
     dyn = program.dynamic
-    if (dyn is None) != (extents is None):
-        raise ValueError("extents are given exactly for a generic program (program.dynamic)")
+    if dyn is None and extents is not None:
+        raise ValueError("extents are given only for a generic program (program.dynamic)")
+    if dyn is not None and extents is None:
+        extents = dict(dyn.planned)
     kargs: dict[str, int] = {}
     if dyn is not None and extents is not None:
         kargs = dict(zip(dyn.args, dyn.arg_values(dict(extents))))

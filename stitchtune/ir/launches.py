@@ -149,12 +149,16 @@ class GridRule:
 class DynamicInfo:
     """What a generic program needs at launch: ``dims`` (graph dim names, sorted) and the kernel
     argument of each (``args``, generated identifiers ``ext0``...); the size of each buffer whose size
-    follows the extents (others keep ``BufferSpec.size``); one :class:`GridRule` per launch."""
+    follows the extents (others keep ``BufferSpec.size``); one :class:`GridRule` per launch; the
+    ``planned`` extents (``BufferSpec.size`` and ``Launch.grid`` are theirs)."""
 
     dims: tuple[str, ...]
     args: tuple[str, ...]
     sizes: tuple[tuple[str, SymInt], ...]
     grids: tuple[GridRule, ...]
+    #: the extents the program was planned and its buffers sized at (each dim at its bucket's largest):
+    #: what a launch without explicit extents runs at (the tuning worker, the emulate runner)
+    planned: tuple[tuple[str, int], ...] = ()
 
     def arg_values(self, extents: dict[str, int]) -> tuple[int, ...]:
         """The ``int`` arguments of every kernel, in order."""

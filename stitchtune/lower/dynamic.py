@@ -208,5 +208,5 @@ def lower_dynamic(fit: RowFit, schedule: Schedule, device: Device,
         rules.append(rule)
     tensors = dict(fit.sizes)
     sizes = tuple((b.name, tensors[b.tensor]) for b in prog.buffers if b.tensor in tensors and b.role in ("input", "output"))
-    info = DynamicInfo(tuple(d for d, _ in fit.sym.args), fit.sym.arg_names(), sizes, tuple(rules))
+    info = DynamicInfo(tuple(d for d, _ in fit.sym.args), fit.sym.arg_names(), sizes, tuple(rules), fit.extents)
     return dataclasses.replace(prog, dynamic=info)
