@@ -53,6 +53,7 @@ class RowFit:
     extents), the row symbols, and the size of each graph input/output as a monomial."""
 
     key: BucketKey
+    dgraph: DynamicGraph
     extents: tuple[tuple[str, int], ...]     # the representative extents (each dim at its bucket's largest)
     graph: Graph
     plan: StitchPlan
@@ -167,7 +168,7 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
     args = tuple((d, f"ext{i}") for i, d in enumerate(dg.dim_names))
     sym = RowSymbols(fitted["M"], tuple(rows), args)
     sizes = tuple((label[5:], f) for label, f in fitted.items() if label.startswith("size:"))
-    return RowFit(key, tuple(sorted(rep.items())), g0, p0, sym, sizes)
+    return RowFit(key, dg, tuple(sorted(rep.items())), g0, p0, sym, sizes)
 
 
 def check_schedule(fit: RowFit, schedule: Schedule) -> DynamicRefusal | None:
@@ -186,6 +187,59 @@ def check_schedule(fit: RowFit, schedule: Schedule) -> DynamicRefusal | None:
     return None
 
 
+def _runtime(e: kir.Expr) -> bool:
+    """Whether ``e`` reads a value known only at launch (an extent argument or the grid size)."""
+    return any(isinstance(x, kir.Extent) or (isinstance(x, kir.Special) and x.kind == "gdim") for x in kir.exprs(e))
+
+
+def runtime_divs(kernel: kir.Kernel, rounds: int) -> int:
+    """Integer divisions and remainders by a runtime value one thread of ``kernel`` executes per launch:
+    each occurrence times the trip counts of the loops around it (a loop with runtime bounds, the round
+    loop, counted ``rounds`` times)."""
+
+    def count(stmts: tuple[kir.Stmt, ...], mult: int) -> int:
+        n = 0
+        for s in stmts:
+            n += mult * sum(1 for e in kir.exprs(s) if isinstance(e, kir.Bin) and e.op in ("/", "%") and _runtime(e.b))
+            if isinstance(s, kir.For):
+                trips = rounds  # runtime bounds: the round loop
+                if isinstance(s.start, kir.Const) and isinstance(s.stop, kir.Const):
+                    trips = max(0, -(-(int(s.stop.value) - int(s.start.value)) // s.step))
+                n += count(s.body, mult * trips)
+            elif isinstance(s, kir.If):
+                n += count(s.then, mult) + count(s.orelse, mult)
+        return n
+
+    return count(kernel.body, 1)
+
+
+def generic_profile(fit: RowFit, schedule: Schedule, device: Device, program: kir.Program,
+                    extents: Mapping[str, int]) -> kir.ProgramProfile | None:
+    """The profile of generic ``program`` (``lower_dynamic(fit, schedule, ...)``) run at ``extents``: the
+    specialised program's at those extents with the same schedule (same grid, bytes, rounds) and the
+    generic kernels' ``runtime_divs`` (cost model item 8); None where the schedule is not a legal point
+    of the plan at ``extents``."""
+    from stitchtune.errors import ScheduleError
+    from stitchtune.lower.entry import lower
+
+    g = fit.dgraph.at_unchecked(extents)
+    plan = make_plan(g)
+    try:
+        static = lower(g, plan, schedule, device, SearchSpace.for_plan(plan, device))
+    except ScheduleError:
+        return None
+    if len(static.profile.kernels) != len(program.profile.kernels):
+        return None
+    assert program.dynamic is not None, "a generic program"
+    ext = dict(extents)
+    kernels = []
+    for i, (sp, ln) in enumerate(zip(static.profile.kernels, program.launches)):
+        rule = program.dynamic.grids[i]
+        rounds = -(-rule.tasks(ext) // rule.grid(ext))
+        kernels.append(dataclasses.replace(sp, runtime_divs=runtime_divs(program.kernel(ln.kernel), rounds)))
+    return dataclasses.replace(static.profile, kernels=tuple(kernels))
+
+
 def lower_dynamic(fit: RowFit, schedule: Schedule, device: Device,
                   space: SearchSpace | None = None) -> kir.Program | DynamicRefusal:
     """The generic program of ``schedule`` (checked against the representative plan's space) for every
@@ -198,7 +252,7 @@ def lower_dynamic(fit: RowFit, schedule: Schedule, device: Device,
     low = RowLowerer(fit.graph, fit.plan, schedule, device, space.schemes)
     low.sym = fit.sym
     prog = low.lower()
-    rules = []
+    rules, profiles = [], []
     for ln, prof in zip(prog.launches, prog.profile.kernels):
         k = prog.kernel(ln.kernel)
         rule = GridRule(fit.sym.M, low.rpb, schedule.split, schedule.tasks_per_block, schedule.persistent,
@@ -206,6 +260,9 @@ def lower_dynamic(fit: RowFit, schedule: Schedule, device: Device,
                         max_resident_blocks(device, k.block, prof.est_registers, k.smem_bytes))
         assert rule.grid(dict(fit.extents)) == ln.grid, "the grid rule must give the lowered grid"
         rules.append(rule)
+        rounds = -(-rule.tasks(dict(fit.extents)) // ln.grid)
+        profiles.append(dataclasses.replace(prof, runtime_divs=runtime_divs(k, rounds)))
+    prog = dataclasses.replace(prog, profile=dataclasses.replace(prog.profile, kernels=tuple(profiles)))
     tensors = dict(fit.sizes)
     sizes = tuple((b.name, tensors[b.tensor]) for b in prog.buffers if b.tensor in tensors and b.role in ("input", "output"))
     info = DynamicInfo(tuple(d for d, _ in fit.sym.args), fit.sym.arg_names(), sizes, tuple(rules), fit.extents)
