@@ -40,9 +40,11 @@ Blocks per wave and co-residency come from :mod:`stitchtune.hardware.occupancy` 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
+from typing import Any
 
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.hardware.device import Device
@@ -277,3 +279,24 @@ def _checked(space: SearchSpace, s: Schedule) -> Schedule:
         log.warning("heuristic schedule %s is illegal (%s); using a sampled legal schedule", s, "; ".join(problems))
         s = space.sample(random.Random(0))
     return s
+
+
+def generic_heuristic(fit: Any, device: Device, space: SearchSpace | None = None) -> Schedule:
+    """The heuristic schedule of a dynamic graph's bucket (``fit``: a
+    :class:`~stitchtune.lower.dynamic.RowFit`) on its representative plan, made generic where it is not: without the
+    single pass, then with vector width 1, then a seeded sample of the space that the generic kernel
+    accepts (a dynamic row length refuses vector widths, splits and single passes its extents do not
+    allow). ``ScheduleError`` when none of 200 samples is accepted."""
+    from stitchtune.errors import ScheduleError
+    from stitchtune.lower.dynamic import check_schedule
+
+    space = space or SearchSpace.for_plan(fit.plan, device)
+    h = heuristic_schedule(fit.plan, device, space)
+    tries = [h, dataclasses.replace(h, single_pass=0)]  # type: ignore[call-arg]  # an option (Schedule docs)
+    tries.append(dataclasses.replace(tries[-1], vec=1))
+    rng = random.Random(0)
+    for i in range(203):
+        s = tries[i] if i < len(tries) else space.sample(rng)
+        if not space.violations(s) and check_schedule(fit, s) is None:
+            return s
+    raise ScheduleError(f"no schedule of the space runs generically for bucket {fit.key.label()}")

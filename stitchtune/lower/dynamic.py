@@ -19,10 +19,18 @@ operands that broadcast along part of the rows (a position embedding ``[S, H]`` 
 :class:`~stitchtune.ir.launches.GridRule` of the extents; buffers are sized for the largest extents and
 :class:`~stitchtune.ir.launches.DynamicInfo` gives the sizes at any others.
 
+A dynamic extent in the reduced axis (the row length ``N``, e.g. softmax over the keys of attention
+scores ``[B, H, S, S]``) is bounded by the bucket's largest: the sweep runs the iterations of the largest
+row, each guarded by ``k < N`` from the arguments; register caches and shared memory are sized for the
+largest row; a mean divides by ``N`` at run time; column maps use the symbolic column factors.
+
 What a generic kernel cannot serve is a :class:`~stitchtune.graph.dynamic.DynamicRefusal` (data):
-a dynamic extent in the reduced axis (``row length``: the row length, vector width and shared memory of
-a row kernel are static), the column family (it reduces over the rows), cross reductions, index ops,
-outputs broadcast along rows, and a vector width whose alignment does not hold for every extent.
+the column family (it reduces over the rows), cross reductions, index ops, outputs broadcast along
+rows (the graph); and of a schedule (:func:`check_schedule`): a vector width whose alignment does not
+hold for every extent (with a dynamic row length: unless the row length is a multiple of it), and,
+with a dynamic row length, split rows (their pieces and partial counts) and the single pass (Welford /
+online softmax finish with a static count). :func:`stitchtune.cost.heuristic.generic_heuristic` gives
+a schedule every bucket accepts.
 """
 
 from __future__ import annotations
@@ -155,18 +163,14 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
     full = {**rep, **check}
     if sc != s0 or any(fitted[label].value(full) != v for label, v in nc):
         return DynamicRefusal("plan", f"the plan at {check} does not follow the fitted extents")
-    if not fitted["N"].static:
-        return DynamicRefusal("row length", "a dynamic extent in the reduced axis (the row length of a row "
-                              "kernel, its vector width and shared memory are static); planned per extent")
-    for label, f in fitted.items():
-        if label.startswith("cols:") and not f.static:
-            return DynamicRefusal("index map", f"{label.split(':')[1]} varies along the columns with an extent")
     rows: list[tuple[str, tuple[SymFactor, ...]]] = []
+    cols: list[tuple[str, tuple[SymFactor, ...]]] = []
     for name, im in p0.index_maps:
-        rows.append((name, tuple(SymFactor(fitted[f"rows:{name}:{i}:dim"], fitted[f"rows:{name}:{i}:inner"],
-                                           fitted[f"rows:{name}:{i}:stride"]) for i in range(len(im.rows.factors)))))
+        for axis, out, n in (("rows", rows, len(im.rows.factors)), ("cols", cols, len(im.cols.factors))):
+            out.append((name, tuple(SymFactor(fitted[f"{axis}:{name}:{i}:dim"], fitted[f"{axis}:{name}:{i}:inner"],
+                                              fitted[f"{axis}:{name}:{i}:stride"]) for i in range(n))))
     args = tuple((d, f"ext{i}") for i, d in enumerate(dg.dim_names))
-    sym = RowSymbols(fitted["M"], tuple(rows), args)
+    sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols))
     sizes = tuple((label[5:], f) for label, f in fitted.items() if label.startswith("size:"))
     return RowFit(key, dg, tuple(sorted(rep.items())), g0, p0, sym, sizes)
 
@@ -175,15 +179,30 @@ def check_schedule(fit: RowFit, schedule: Schedule) -> DynamicRefusal | None:
     """Whether ``schedule`` can run generically: every vector access aligned for every extent (the row
     strides of vector-loaded operands a multiple of ``vec`` whatever the extents), no output that
     broadcasts along part of the rows."""
-    p, vec = fit.plan, schedule.vec
+    p, vec, sym = fit.plan, schedule.vec, fit.sym
+    if sym.dynamic_rows_length:
+        if schedule.split > 1:
+            return DynamicRefusal(f"split {schedule.split}", "a split row's pieces and partial counts need a static "
+                                  "row length")
+        if schedule.single_pass:
+            return DynamicRefusal("single_pass", "Welford / online-softmax results need a static row length")
+    if vec > 1 and sym.dynamic_rows_length and sym.N.coef % vec:  # a vector must not straddle a row's end
+        return DynamicRefusal(f"vec {vec}", f"the row length ({sym.N}) is not a multiple of {vec} for every extent")
     for name, im in p.index_maps:
         if im.store_once and name in fit.graph.outputs:
             return DynamicRefusal(f"output {ascii(name)[1:-1]}", "stored once per row repeat (static rows only)")
-        if vec > 1 and im.vector_mode(vec) == "vector":
-            for f in fit.sym.factors(name):
-                if f.stride.coef % vec:
-                    return DynamicRefusal(f"vec {vec}", f"a row stride ({f.stride}) is not a multiple of {vec} "
-                                          "for every extent")
+        mode = im.vector_mode(vec) if vec > 1 else "scalar"
+        if mode == "scalar":
+            continue
+        # vector accesses stay aligned for every extent: the row strides, the innermost column run (a
+        # vector load) or every column factor's step (a uniform load) multiples of vec whatever the extents
+        cf = dict(sym.cols).get(name, ())
+        need = [f.stride for f in sym.factors(name)]
+        need += [cf[-1].dim] if mode == "vector" and cf else [f.inner for f in cf]
+        for v in need:
+            if not v.static and v.coef % vec:
+                return DynamicRefusal(f"vec {vec}", f"{ascii(name)[1:-1]}: a stride or run ({v}) is not a multiple "
+                                      f"of {vec} for every extent")
     return None
 
 
