@@ -178,3 +178,22 @@ def test_generic_kernels_compile_with_nvcc(tmp_path: Path) -> None:
     assert len(programs) >= len(EXAMPLES)
     regs = compile_programs_sm90(programs, tmp_path)  # one nvcc call; fails the test on any error
     assert all(1 <= r <= 255 for d in regs for r in d.values())
+
+
+def test_two_dynamic_dims_batch_and_seq() -> None:
+    """rows = batch x seq (a product of two extents), the position embedding's rows follow seq alone."""
+    obj = json.loads((DYN / "embed_add_layernorm_seq.json").read_text())
+    obj["dynamic"] = {"seq": {"min": 1, "max": 32}, "batch": {"min": 1, "max": 8}}
+    obj["inputs"]["tok"]["shape"] = ["batch", "seq", 128]
+    dg = parse_dynamic(obj)
+    assert len(dg.keys()) == 4 * 6
+    key = dg.key_of({"seq": 20, "batch": 3})
+    fit = fitted(dg, key)
+    assert str(fit.sym.M) == "batch*seq" and str(fit.sym.factors("pos")[0].dim) == "seq"
+    prog = lower_dynamic(fit, generic_heuristic(fit, DEV), DEV)
+    assert isinstance(prog, kir.Program) and prog.kernels[0].extents == ("ext0", "ext1")
+    for ext in ({"seq": 17, "batch": 3}, {"seq": 23, "batch": 4}, {"seq": 32, "batch": 3}):
+        g = dg.at(ext)
+        ins = random_inputs(g, 1)
+        out = emulate_program(prog, ins, extents=ext)
+        assert rel_err(out["y"], run_reference(g, ins)["y"]) < 1e-5, ext
