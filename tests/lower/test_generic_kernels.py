@@ -197,3 +197,17 @@ def test_two_dynamic_dims_batch_and_seq() -> None:
         ins = random_inputs(g, 1)
         out = emulate_program(prog, ins, extents=ext)
         assert rel_err(out["y"], run_reference(g, ins)["y"]) < 1e-5, ext
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_a_bucket_from_one(name: str) -> None:
+    """The default first bucket starts at 1 (1..16): extent 1 is a tail like any other, also for a
+    dynamic row length (a softmax over one key, which the planner alone has no plan for)."""
+    obj = json.loads((DYN / f"{name}.json").read_text())
+    obj["dynamic"]["seq"] = {"min": 1, "max": 2048}
+    dg = parse_dynamic(obj)
+    key = dg.key_of({"seq": 1})
+    assert key.label() == "seq=1..16"
+    fit = fitted(dg, key)
+    space = SearchSpace.for_plan(fit.plan, DEV)
+    assert check_bucket(dg, key, [generic_heuristic(fit, DEV, space)], fit, space) == 0
