@@ -7,7 +7,7 @@ For each example of ``examples/dynamic/`` and each extent (default: every bucket
 an odd and its largest extent), one row:
 
 * ``generic_us``: the *predicted* time (cost model, :mod:`stitchtune.cost.model` item 8) of the bucket's
-  generic program (the heuristic schedule of the bucket's representative plan, lowered by
+  generic program (the generic heuristic of the bucket's representative plan, lowered by
   :func:`stitchtune.lower.dynamic.lower_dynamic`) run at that extent;
 * ``specialised_us``: the predicted time of the heuristic schedule of the graph *at* that extent (what
   a per-shape compile builds);
@@ -33,15 +33,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stitchtune.cost.heuristic import heuristic_schedule  # noqa: E402
+from stitchtune.cost.heuristic import generic_heuristic, heuristic_schedule  # noqa: E402
 from stitchtune.cost.model import predict  # noqa: E402
+from stitchtune.errors import StitchtuneError  # noqa: E402
 from stitchtune.graph.dynamic import DynamicRefusal, load_dynamic  # noqa: E402
 from stitchtune.hardware.device import get_device  # noqa: E402
 from stitchtune.lower.dynamic import RowFit, fit_rows, generic_profile, lower_dynamic  # noqa: E402
 from stitchtune.lower.entry import lower  # noqa: E402
 from stitchtune.plan.planner import make_plan  # noqa: E402
 
-EXAMPLES = ("layernorm_seq", "softmax_seq", "bias_gelu_seq", "embed_add_layernorm_seq")
+EXAMPLES = ("layernorm_seq", "softmax_seq", "bias_gelu_seq", "embed_add_layernorm_seq", "attention_softmax_seq")
 
 
 def time_program(driver: Any, program: Any, cubin: bytes, inputs: dict[str, np.ndarray],
@@ -111,22 +112,27 @@ def rows_for(name: str, device: Any, extents_arg: str, measure: bool = False, it
         fit = fits.setdefault(key.label(), fit_rows(dg, key))
         row: dict[str, Any] = {"example": name, "bucket": key.label(), "extent": e}
         g = dg.at(ext)
-        plan = make_plan(g)
-        s_spec = heuristic_schedule(plan, device)
-        spec = lower(g, plan, s_spec, device)
-        row["specialised_us"] = predict(spec.profile, device).time_us
+        spec: Any = None
+        try:
+            plan = make_plan(g)
+            spec = lower(g, plan, heuristic_schedule(plan, device), device)
+            row["specialised_us"] = predict(spec.profile, device).time_us
+        except StitchtuneError as exc:  # e.g. a softmax over one key: no plan at this extent
+            row["specialised_us"] = math.nan
+            row["spec_note"] = f"no specialised kernel: {exc.problems[0]}"
         gen: Any = None
         if isinstance(fit, DynamicRefusal):
             row["generic_us"], row["note"] = math.nan, f"refused: {fit}"
         else:
-            s_gen = heuristic_schedule(fit.plan, device)
+            s_gen = generic_heuristic(fit, device)
             gen = lower_dynamic(fit, s_gen, device)
             prof = None if isinstance(gen, DynamicRefusal) else generic_profile(fit, s_gen, device, gen, ext)
             row["generic_us"] = math.nan if prof is None else predict(prof, device).time_us
             row["note"] = ("refused: " + str(gen)) if isinstance(gen, DynamicRefusal) else (
                 "" if prof is not None else "no specialised profile with this schedule at this extent")
+        row["note"] = "; ".join(x for x in (row.pop("spec_note", ""), row["note"]) if x)
         row["ratio"] = row["generic_us"] / row["specialised_us"]
-        if measure and gen is not None and not isinstance(gen, DynamicRefusal):
+        if measure and spec is not None and gen is not None and not isinstance(gen, DynamicRefusal):
             row.update(_measure(g, spec, gen, ext, iters, device.arch))
         out.append(row)
     return out

@@ -237,15 +237,14 @@ def generic_profile(fit: RowFit, schedule: Schedule, device: Device, program: ki
     """The profile of generic ``program`` (``lower_dynamic(fit, schedule, ...)``) run at ``extents``: the
     specialised program's at those extents with the same schedule (same grid, bytes, rounds) and the
     generic kernels' ``runtime_divs`` (cost model item 8); None where the schedule is not a legal point
-    of the plan at ``extents``."""
-    from stitchtune.errors import ScheduleError
+    of the plan at ``extents`` (or there is no plan there)."""
     from stitchtune.lower.entry import lower
 
     g = fit.dgraph.at_unchecked(extents)
-    plan = make_plan(g)
-    try:
+    try:  # no plan at this extent (a softmax over one key), or the schedule is no point of it
+        plan = make_plan(g)
         static = lower(g, plan, schedule, device, SearchSpace.for_plan(plan, device))
-    except ScheduleError:
+    except StitchtuneError:
         return None
     if len(static.profile.kernels) != len(program.profile.kernels):
         return None
