@@ -1,0 +1,287 @@
+"""Generic kernels: one program per bucket of a dynamic graph, run for every extent in the bucket.
+
+Contract
+--------
+:func:`fit_rows` plans a :class:`~stitchtune.graph.dynamic.DynamicGraph` at the bucket's largest
+extents (the *representative* graph and plan that search, the cost model and the heuristic see) and
+expresses every number of the plan that follows the extents as a monomial of them
+(:class:`~stitchtune.graph.dynamic.SymInt`): the view's rows ``M``, each operand's row factors and each
+input's and output's size. It fits them from plans at other extents (one dim moved at a time) and
+checks the fit at a third, odd extent of every dim; a plan whose *structure* changes with the extents,
+or a number that is not a monomial, is refused.
+
+:func:`lower_dynamic` lowers a schedule of that plan with the rows symbolic
+(:class:`~stitchtune.lower.symbols.RowSymbols`): every kernel takes the extents as ``int`` arguments
+(``ext0``, ... in dim-name order; never a name from the graph), guards rows against ``M`` computed
+from them, clamps to ``M - 1``, computes its round count from ``M`` and ``gridDim.x``, and addresses
+operands that broadcast along part of the rows (a position embedding ``[S, H]`` under ``[B, S, H]``:
+``(r % S) * H``) through the symbolic factors. The grid of each launch is a
+:class:`~stitchtune.ir.launches.GridRule` of the extents; buffers are sized for the largest extents and
+:class:`~stitchtune.ir.launches.DynamicInfo` gives the sizes at any others.
+
+A dynamic extent in the reduced axis (the row length ``N``, e.g. softmax over the keys of attention
+scores ``[B, H, S, S]``) is bounded by the bucket's largest: the sweep runs the iterations of the largest
+row, each guarded by ``k < N`` from the arguments; register caches and shared memory are sized for the
+largest row; a mean divides by ``N`` at run time; column maps use the symbolic column factors.
+
+What a generic kernel cannot serve is a :class:`~stitchtune.graph.dynamic.DynamicRefusal` (data):
+the column family (it reduces over the rows), cross reductions, index ops, outputs broadcast along
+rows (the graph); and of a schedule (:func:`check_schedule`): a vector width whose alignment does not
+hold for every extent (with a dynamic row length: unless the row length is a multiple of it), and,
+with a dynamic row length, split rows (their pieces and partial counts) and the single pass (Welford /
+online softmax finish with a static count). :func:`stitchtune.cost.heuristic.generic_heuristic` gives
+a schedule every bucket accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+from collections.abc import Mapping
+from typing import Any
+
+from stitchtune.errors import StitchtuneError
+from stitchtune.graph.dynamic import BucketKey, DynamicGraph, DynamicRefusal, SymInt
+from stitchtune.graph.ops import INDEX_KINDS, OPS
+from stitchtune.graph.parse import Graph
+from stitchtune.hardware.device import Device
+from stitchtune.hardware.occupancy import max_resident_blocks
+from stitchtune.ir import kir
+from stitchtune.ir.launches import DynamicInfo, GridRule
+from stitchtune.lower.row import RowLowerer
+from stitchtune.lower.symbols import RowSymbols, SymFactor
+from stitchtune.plan.family import Family
+from stitchtune.plan.planner import StitchPlan, make_plan
+from stitchtune.space import Schedule, SearchSpace
+
+
+@dataclasses.dataclass(frozen=True)
+class RowFit:
+    """A dynamic graph fitted for one bucket: the representative ``graph`` and ``plan`` (largest
+    extents), the row symbols, and the size of each graph input/output as a monomial."""
+
+    key: BucketKey
+    dgraph: DynamicGraph
+    extents: tuple[tuple[str, int], ...]     # the representative extents (each dim at its bucket's largest)
+    graph: Graph
+    plan: StitchPlan
+    sym: RowSymbols
+    sizes: tuple[tuple[str, SymInt], ...]    # graph tensor -> elements
+
+
+def _numbers(g: Graph, p: StitchPlan) -> tuple[Any, list[tuple[str, int]]]:
+    """The structure of a plan (what must not change with the extents) and its numbers, labelled."""
+    nums: list[tuple[str, int]] = [("M", p.M), ("N", p.N)]
+    shape = []
+    for name, im in p.index_maps:
+        shape.append((name, len(im.rows.factors), len(im.cols.factors), len(im.row_repeats), im.plain))
+        for i, f in enumerate(im.rows.factors):
+            nums += [(f"rows:{name}:{i}:dim", f.dim), (f"rows:{name}:{i}:inner", f.inner),
+                     (f"rows:{name}:{i}:stride", f.stride)]
+        for i, f in enumerate(im.cols.factors):
+            nums += [(f"cols:{name}:{i}:dim", f.dim), (f"cols:{name}:{i}:inner", f.inner),
+                     (f"cols:{name}:{i}:stride", f.stride)]
+        for i, (d, inner) in enumerate(im.row_repeats):
+            nums += [(f"repeat:{name}:{i}:dim", d), (f"repeat:{name}:{i}:inner", inner)]
+    for name, spec in g.inputs:
+        nums.append((f"size:{name}", spec.numel))
+    for o in dict.fromkeys(g.outputs):
+        nums.append((f"size:{o}", g.spec(o).numel))
+    skeleton = dataclasses.replace(p, M=0, N=0, index_maps=())
+    return (skeleton, tuple(shape)), nums
+
+
+def _fit(base: int, moved: Mapping[str, tuple[int, int, int]], label: str) -> SymInt | None:
+    """The monomial through ``base`` (all dims at a) and, per dim, its value with that dim at b:
+    ``moved[d] = (a, b, value)``; None when there is none with integer exponents >= 0."""
+    dims: list[str] = []
+    coef = Fraction(base)
+    for d, (a, b, v) in sorted(moved.items()):
+        if v == base:
+            continue
+        if base == 0 or v == 0:
+            return None
+        ratio, e, step = Fraction(v, base), 0, Fraction(b, a)
+        power = Fraction(1)
+        while power != ratio and e < 4:
+            e += 1
+            power *= step
+        if power != ratio:
+            return None
+        dims += [d] * e
+        coef /= Fraction(a) ** e
+    if coef.denominator != 1:
+        return None
+    return SymInt(int(coef), tuple(sorted(dims)))
+
+
+def _at(dg: DynamicGraph, ext: Mapping[str, int]) -> Graph:
+    g: Graph = dg.at_unchecked(ext)
+    return g
+
+
+def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
+    """Fit the row symbols of ``dg`` for bucket ``key`` (module docstring); a refusal as data."""
+    for nd in _at(dg, key.largest()).nodes:
+        if OPS[nd.op].kind in INDEX_KINDS:
+            return DynamicRefusal(f"index op {nd.id}", "slice / concat / gather are lowered for static shapes only")
+    rep = key.largest()
+    symbolic = [b.dim for b in key.buckets if b.lo < b.hi]
+    try:
+        g0 = _at(dg, rep)
+        p0 = make_plan(g0)
+    except StitchtuneError as e:
+        return DynamicRefusal("plan", f"the graph at {rep} has no plan: {e.problems[0]}")
+    if p0.family == Family.COL:
+        return DynamicRefusal("family col", "a column reduction reduces over the dynamic rows")
+    if p0.cross:
+        return DynamicRefusal("cross reduction", "a reduction over the rows combines across blocks by a static count")
+    s0, n0 = _numbers(g0, p0)
+    moved: dict[str, dict[str, tuple[int, int, int]]] = {label: {} for label, _ in n0}
+    for d in symbolic:
+        a = rep[d]
+        b = a // 2 if a >= 4 else a + 2
+        try:
+            gd = _at(dg, {**rep, d: b})
+            sd, nd_ = _numbers(gd, make_plan(gd))
+        except StitchtuneError as e:
+            return DynamicRefusal("plan", f"the graph at {d}={b} has no plan: {e.problems[0]}")
+        if sd != s0 or [x for x, _ in nd_] != [x for x, _ in n0]:
+            return DynamicRefusal("plan", f"the plan at {d}={b} differs in structure from the one at {d}={a}")
+        for (label, _), (_, v) in zip(n0, nd_):
+            moved[label][d] = (a, b, v)
+    fitted: dict[str, SymInt] = {}
+    for label, v in n0:
+        f = _fit(v, moved[label], label)
+        if f is None:
+            return DynamicRefusal("index map", f"{label.split(':')[0]} of the plan is no monomial of the extents")
+        fitted[label] = f
+    # the check: every dim at an odd extent other than the fitted ones
+    check = {d: (rep[d] + 1 if rep[d] % 2 == 0 else rep[d] + 2) for d in symbolic}
+    gc = _at(dg, {**rep, **check})
+    sc, nc = _numbers(gc, make_plan(gc))
+    full = {**rep, **check}
+    if sc != s0 or any(fitted[label].value(full) != v for label, v in nc):
+        return DynamicRefusal("plan", f"the plan at {check} does not follow the fitted extents")
+    rows: list[tuple[str, tuple[SymFactor, ...]]] = []
+    cols: list[tuple[str, tuple[SymFactor, ...]]] = []
+    for name, im in p0.index_maps:
+        for axis, out, n in (("rows", rows, len(im.rows.factors)), ("cols", cols, len(im.cols.factors))):
+            out.append((name, tuple(SymFactor(fitted[f"{axis}:{name}:{i}:dim"], fitted[f"{axis}:{name}:{i}:inner"],
+                                              fitted[f"{axis}:{name}:{i}:stride"]) for i in range(n))))
+    args = tuple((d, f"ext{i}") for i, d in enumerate(dg.dim_names))
+    sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols))
+    sizes = tuple((label[5:], f) for label, f in fitted.items() if label.startswith("size:"))
+    return RowFit(key, dg, tuple(sorted(rep.items())), g0, p0, sym, sizes)
+
+
+def check_schedule(fit: RowFit, schedule: Schedule) -> DynamicRefusal | None:
+    """Whether ``schedule`` can run generically: every vector access aligned for every extent (the row
+    strides of vector-loaded operands a multiple of ``vec`` whatever the extents), no output that
+    broadcasts along part of the rows."""
+    p, vec, sym = fit.plan, schedule.vec, fit.sym
+    if sym.dynamic_rows_length:
+        if schedule.split > 1:
+            return DynamicRefusal(f"split {schedule.split}", "a split row's pieces and partial counts need a static "
+                                  "row length")
+        if schedule.single_pass:
+            return DynamicRefusal("single_pass", "Welford / online-softmax results need a static row length")
+    if vec > 1 and sym.dynamic_rows_length and sym.N.coef % vec:  # a vector must not straddle a row's end
+        return DynamicRefusal(f"vec {vec}", f"the row length ({sym.N}) is not a multiple of {vec} for every extent")
+    for name, im in p.index_maps:
+        if im.store_once and name in fit.graph.outputs:
+            return DynamicRefusal(f"output {ascii(name)[1:-1]}", "stored once per row repeat (static rows only)")
+        mode = im.vector_mode(vec) if vec > 1 else "scalar"
+        if mode == "scalar":
+            continue
+        # vector accesses stay aligned for every extent: the row strides, the innermost column run (a
+        # vector load) or every column factor's step (a uniform load) multiples of vec whatever the extents
+        cf = dict(sym.cols).get(name, ())
+        need = [f.stride for f in sym.factors(name)]
+        need += [cf[-1].dim] if mode == "vector" and cf else [f.inner for f in cf]
+        for v in need:
+            if not v.static and v.coef % vec:
+                return DynamicRefusal(f"vec {vec}", f"{ascii(name)[1:-1]}: a stride or run ({v}) is not a multiple "
+                                      f"of {vec} for every extent")
+    return None
+
+
+def _runtime(e: kir.Expr) -> bool:
+    """Whether ``e`` reads a value known only at launch (an extent argument or the grid size)."""
+    return any(isinstance(x, kir.Extent) or (isinstance(x, kir.Special) and x.kind == "gdim") for x in kir.exprs(e))
+
+
+def runtime_divs(kernel: kir.Kernel, rounds: int) -> int:
+    """Integer divisions and remainders by a runtime value one thread of ``kernel`` executes per launch:
+    each occurrence times the trip counts of the loops around it (a loop with runtime bounds, the round
+    loop, counted ``rounds`` times)."""
+
+    def count(stmts: tuple[kir.Stmt, ...], mult: int) -> int:
+        n = 0
+        for s in stmts:
+            n += mult * sum(1 for e in kir.exprs(s) if isinstance(e, kir.Bin) and e.op in ("/", "%") and _runtime(e.b))
+            if isinstance(s, kir.For):
+                trips = rounds  # runtime bounds: the round loop
+                if isinstance(s.start, kir.Const) and isinstance(s.stop, kir.Const):
+                    trips = max(0, -(-(int(s.stop.value) - int(s.start.value)) // s.step))
+                n += count(s.body, mult * trips)
+            elif isinstance(s, kir.If):
+                n += count(s.then, mult) + count(s.orelse, mult)
+        return n
+
+    return count(kernel.body, 1)
+
+
+def generic_profile(fit: RowFit, schedule: Schedule, device: Device, program: kir.Program,
+                    extents: Mapping[str, int]) -> kir.ProgramProfile | None:
+    """The profile of generic ``program`` (``lower_dynamic(fit, schedule, ...)``) run at ``extents``: the
+    specialised program's at those extents with the same schedule (same grid, bytes, rounds) and the
+    generic kernels' ``runtime_divs`` (cost model item 8); None where the schedule is not a legal point
+    of the plan at ``extents`` (or there is no plan there)."""
+    from stitchtune.lower.entry import lower
+
+    g = fit.dgraph.at_unchecked(extents)
+    try:  # no plan at this extent (a softmax over one key), or the schedule is no point of it
+        plan = make_plan(g)
+        static = lower(g, plan, schedule, device, SearchSpace.for_plan(plan, device))
+    except StitchtuneError:
+        return None
+    if len(static.profile.kernels) != len(program.profile.kernels):
+        return None
+    assert program.dynamic is not None, "a generic program"
+    ext = dict(extents)
+    kernels = []
+    for i, (sp, ln) in enumerate(zip(static.profile.kernels, program.launches)):
+        rule = program.dynamic.grids[i]
+        rounds = -(-rule.tasks(ext) // rule.grid(ext))
+        kernels.append(dataclasses.replace(sp, runtime_divs=runtime_divs(program.kernel(ln.kernel), rounds)))
+    return dataclasses.replace(static.profile, kernels=tuple(kernels))
+
+
+def lower_dynamic(fit: RowFit, schedule: Schedule, device: Device,
+                  space: SearchSpace | None = None) -> kir.Program | DynamicRefusal:
+    """The generic program of ``schedule`` (checked against the representative plan's space) for every
+    extent of ``fit.key``; a refusal (data) where the schedule cannot run generically."""
+    space = space or SearchSpace.for_plan(fit.plan, device)
+    space.check(schedule)
+    why = check_schedule(fit, schedule)
+    if why is not None:
+        return why
+    low = RowLowerer(fit.graph, fit.plan, schedule, device, space.schemes)
+    low.sym = fit.sym
+    prog = low.lower()
+    rules, profiles = [], []
+    for ln, prof in zip(prog.launches, prog.profile.kernels):
+        k = prog.kernel(ln.kernel)
+        rule = GridRule(fit.sym.M, low.rpb, schedule.split, schedule.tasks_per_block, schedule.persistent,
+                        k.uses_grid_sync, schedule.split if schedule.split > 1 else 1,
+                        max_resident_blocks(device, k.block, prof.est_registers, k.smem_bytes))
+        assert rule.grid(dict(fit.extents)) == ln.grid, "the grid rule must give the lowered grid"
+        rules.append(rule)
+        rounds = -(-rule.tasks(dict(fit.extents)) // ln.grid)
+        profiles.append(dataclasses.replace(prof, runtime_divs=runtime_divs(k, rounds)))
+    prog = dataclasses.replace(prog, profile=dataclasses.replace(prog.profile, kernels=tuple(profiles)))
+    tensors = dict(fit.sizes)
+    sizes = tuple((b.name, tensors[b.tensor]) for b in prog.buffers if b.tensor in tensors and b.role in ("input", "output"))
+    info = DynamicInfo(tuple(d for d, _ in fit.sym.args), fit.sym.arg_names(), sizes, tuple(rules), fit.extents)
+    return dataclasses.replace(prog, dynamic=info)
