@@ -372,7 +372,8 @@ class Lowerer:
         whose arguments are all available (``pvals``, or a per-row/per-column or scalar input loaded
         through ``load_p``); ``const(x)`` turns a constant argument into a value."""
         for nd in self.g.nodes:
-            if self.cls[nd.id].varies_along_reduced or nd.id in pvals or OPS[nd.op].kind == "reduce":
+            if (self.cls[nd.id].varies_along_reduced or nd.id in pvals or OPS[nd.op].kind == "reduce"
+                    or nd.id in self.p.epilogue):  # (the epilogue runs after the cross combine)
                 continue
             args: list[V] = []
             for a in nd.args:

@@ -397,7 +397,7 @@ class RowKernel:
         """The output sweep (full-size and per-reduced-index outputs), then the per-row and scalar
         outputs, written by the row's first lane of its first split block."""
         low, ix = self.low, self.ix
-        crossed = {c.node for c in low.p.cross}
+        crossed = {c.node for c in low.p.cross} | set(low.p.epilogue)  # stored after the cross combine
         outs = [o for o in dict.fromkeys(low.g.outputs) if o not in crossed]
         f_outs = [o for o in outs if low.cls[o].varies_along_reduced]
         x_full = any(c.source_full for c in low.p.cross)

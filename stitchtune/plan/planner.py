@@ -55,7 +55,7 @@ from stitchtune.graph.ops import OPS
 from stitchtune.plan import remap
 from stitchtune.plan.family import Family
 from stitchtune.plan.axes import Groups, TensorAxes, tensor_axes
-from stitchtune.plan.cross import CrossReduction, check_cross, split_cross
+from stitchtune.plan.cross import CrossReduction, check_cross, epilogue_nodes, split_cross
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
 
@@ -95,6 +95,9 @@ class StitchPlan:
     #: (:mod:`stitchtune.plan.cross`); not in ``reductions`` / ``stages``. Empty for every graph whose
     #: reductions all reduce the same axes.
     cross: tuple[CrossReduction, ...] = ()
+    #: the scalar epilogue of the cross reductions (:func:`~stitchtune.plan.cross.epilogue_nodes`):
+    #: element-wise scalar nodes computed once after the cross-block combine, never by the rows' tasks
+    epilogue: tuple[str, ...] = ()
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -416,4 +419,5 @@ def make_plan(graph: Graph) -> StitchPlan:
         reuse_candidates=_reuse_candidates(graph, names, classes, stages, tuple(c.source for c in cross)),
         input_names=tuple(n for n, _ in graph.inputs), dtypes=tuple((n, graph.spec(n).dtype) for n in names),
         index_maps=tuple((n, imaps[n]) for n in names),
-        single_pass=single_pass_candidates(graph, view.family, stages, view.N), cross=cross)
+        single_pass=single_pass_candidates(graph, view.family, stages, view.N), cross=cross,
+        epilogue=epilogue_nodes(graph, [nd for nd in cross_nodes]) if cross else ())
