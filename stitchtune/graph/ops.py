@@ -36,7 +36,10 @@ Contract
   ``axis`` (two or more tensors, ``arity`` 0 = variadic), ``gather(table, idx)`` along axis 0:
   ``out[i..., :] = table[idx[i...], :]``, and a row of zeros where ``idx`` is out of range (``< 0`` or
   ``>= table.shape[0]``; kernels also raise an error flag there). ``idx`` (``arg_types`` ``i``) is an
-  ``int32``/``int64`` graph input. Their ``np_fn`` take the node's attributes as keywords.
+  ``int32``/``int64`` graph input. ``gather_elements(x, idx)`` along ``axis`` (any): ``torch.gather`` /
+  ONNX ``GatherElements``, ``out[p] = x[p with p[axis] := idx[p]]``, result shape ``idx.shape``, and
+  0 where ``idx`` is out of ``[0, x.shape[axis])`` (flagged by kernels as for ``gather``). Their
+  ``np_fn`` take the node's attributes as keywords.
 
 Nothing here knows about graphs; ``graph/parse.py`` checks arity and attributes against this table.
 """
@@ -328,14 +331,29 @@ def _gather(table: np.ndarray, idx: np.ndarray, *, axis: int = 0) -> np.ndarray:
     return gather_rows(table, idx)
 
 
+def gather_elements(x: np.ndarray, idx: np.ndarray, *, axis: int) -> np.ndarray:
+    """``out[p] = x[p with p[axis] := idx[p]]`` (``torch.gather`` / ONNX ``GatherElements``; ``idx``
+    no larger than ``x`` along the other axes), 0 wherever ``idx`` is out of ``[0, x.shape[axis])``."""
+    idx = np.asarray(idx, dtype=np.int64)
+    ok = (idx >= 0) & (idx < x.shape[axis])
+    part = x[tuple(slice(0, d) if k != axis else slice(None) for k, d in enumerate(idx.shape))]
+    out = np.take_along_axis(part, np.where(ok, idx, 0), axis=axis)
+    out[~ok] = 0
+    return out
+
+
 _INDEX_OPS: tuple[OpInfo, ...] = (
     OpInfo(name="slice", kind="slice", arity=1, np_fn=_slice, cuda="{0}", flops=0, sfu=0),
     OpInfo(name="concat", kind="concat", arity=0, np_fn=_concat, cuda="{0}", flops=0, sfu=0),
     OpInfo(name="gather", kind="gather", arity=2, np_fn=_gather, cuda="{0}", flops=0, sfu=0, arg_types="fi"),
+    OpInfo(name="gather_elements", kind="gather_elements", arity=2, np_fn=gather_elements, cuda="{0}", flops=0,
+           sfu=0, arg_types="fi"),
 )
 OPS.update({op.name: op for op in _INDEX_OPS})
 #: the op kinds that only move elements (index remaps inside a region)
-INDEX_KINDS: frozenset[str] = frozenset(("slice", "concat", "gather"))
+INDEX_KINDS: frozenset[str] = frozenset(("slice", "concat", "gather", "gather_elements"))
+#: the op kinds that read a runtime int index tensor (an error flag for an out-of-range index)
+GATHER_KINDS: frozenset[str] = frozenset(("gather", "gather_elements"))
 
 
 def _round_to(dtype_name: str) -> Callable[[np.ndarray], np.ndarray]:

@@ -155,7 +155,7 @@ def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, n
                 val = np.broadcast_to(args[0], node.shape)
             elif info.kind == "slice":
                 val = info.np_fn(args[0], axis=node.axis, start=node.start, stop=node.stop)
-            elif info.kind in ("concat", "gather"):
+            elif info.kind in ("concat", "gather", "gather_elements"):
                 val = info.np_fn(*args, axis=node.axis)
             else:
                 val = info.np_fn(*args)
@@ -187,12 +187,13 @@ def positive_inputs(graph: Graph) -> set[str]:
 
 
 def gather_bounds(graph: Graph) -> dict[str, int]:
-    """For each int input: the number of rows of the smallest table it indexes (valid indices are below)."""
+    """For each int input: the number of rows of the smallest table it indexes (``gather_elements``: the
+    extent of its axis; valid indices are below)."""
     out: dict[str, int] = {}
     for node in graph.nodes:
-        if node.op == "gather":
+        if node.op in ("gather", "gather_elements"):
             table, idx = node.tensor_args  # both are tensors (checked by the parser)
-            rows = graph.spec(table).shape[0]
+            rows = graph.spec(table).shape[node.axis or 0]
             out[idx] = min(out.get(idx, rows), rows)
     return out
 

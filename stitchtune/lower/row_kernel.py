@@ -24,7 +24,7 @@ from stitchtune.lower.cluster import STATE_SLOTS, cluster_counts, cluster_shared
 from stitchtune.lower.cross import (atomic_counts, cross_accumulate, cross_accumulate_rows, cross_epilogue,
                                     cross_init, cross_layout)
 from stitchtune.lower.exchange import combine_partials, exchange
-from stitchtune.lower.remap import RemapValues
+from stitchtune.lower.remap import RemapValues, pick_value
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import ReuseLevel, Schedule
@@ -183,11 +183,22 @@ class RowKernel:
         return v
 
     def compute_p_nodes(self) -> None:
-        """Compute the per-row and scalar nodes whose reductions are all available."""
-        for nd, args in self.low.ready_p_nodes(self.pvals, self.load_p, lambda c: Const(c, F32)):
-            v = self.cx.var("p", F32)
-            self.rb.append(Assign(v, self.low.expr_of_node(nd, args)))
-            self.pvals[nd.id] = v
+        """Compute the per-row and scalar nodes whose reductions are all available, and the picks
+        (``gather_elements``, :func:`~stitchtune.lower.remap.pick_value`) whose per-row values are."""
+        picks = [nd for nd in self.low.g.nodes if nd.op == "gather_elements"]
+        while True:
+            for nd in picks:
+                if nd.id not in self.pvals:
+                    v = pick_value(self, nd)
+                    if v is not None:
+                        self.pvals[nd.id] = v
+            before = len(self.pvals)
+            for nd, args in self.low.ready_p_nodes(self.pvals, self.load_p, lambda c: Const(c, F32)):
+                v = self.cx.var("p", F32)
+                self.rb.append(Assign(v, self.low.expr_of_node(nd, args)))
+                self.pvals[nd.id] = v
+            if len(self.pvals) == before or all(nd.id in self.pvals for nd in picks):
+                return
 
     def read_earlier_stages(self) -> None:
         """The results of the stages of earlier kernels: combined from their partials (an

@@ -43,7 +43,7 @@ def test_slice_attribute_problems() -> None:
     assert any("nodes[0].stop: missing" in p for p in probs)
     assert any("nodes[0].axis: axis 3 out of range" in p for p in probs)
     probs = _problems(_g([{"id": "y", "op": "neg", "args": ["x"], "axis": 0}]))
-    assert probs == ["nodes[0].axis: only slice, concat and gather take 'axis'; neg does not"]
+    assert probs == ["nodes[0].axis: only slice, concat, gather and gather_elements take 'axis'; neg does not"]
     probs = _problems(_g([{"id": "y", "op": "slice", "args": ["x"], "axis": 0, "start": 0.5, "stop": 1}]))
     assert any("nodes[0].start: must be an integer" in p for p in probs)
 

@@ -43,6 +43,9 @@ def test_np_fn_keeps_float32_and_float64(name: str) -> None:
         elif info.kind == "gather":
             r = info.np_fn(x, np.array([2, -1, 3, 0]), axis=0)
             assert r.shape == (4, 4) and (r[1] == 0).all() and (r[2] == 0).all() and (r[0] == x[2]).all()
+        elif info.kind == "gather_elements":
+            r = info.np_fn(x, np.array([[3], [-1], [0]]), axis=1)
+            assert r.shape == (3, 1) and r[1, 0] == 0 and r[0, 0] == x[0, 3] and r[2, 0] == x[2, 0]
         else:
             r = info.np_fn(x)
         assert r.dtype == dt, (name, dt, r.dtype)
@@ -55,11 +58,12 @@ def test_op_table_fields() -> None:
                         "lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or", "logical_not",
                         "where", "clamp",
                         "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "cast",
-                        "slice", "concat", "gather", "transpose", "reshape", "expand"}
+                        "slice", "concat", "gather", "gather_elements", "transpose", "reshape", "expand"}
     banned = re.compile(r"\b(exp|log|sqrt|tanh|sin|cos|erf|pow|fmax|fmin|fabs)\(")  # double-precision calls
     for info in OPS.values():
-        assert info.kind in ("unary", "binary", "ternary", "reduce", "cast", "slice", "concat", "gather", "layout")
-        assert info.arity == {"binary": 2, "ternary": 3, "concat": 0, "gather": 2}.get(info.kind, 1)
+        assert info.kind in ("unary", "binary", "ternary", "reduce", "cast", "slice", "concat", "gather",
+                             "gather_elements", "layout")
+        assert info.arity == {"binary": 2, "ternary": 3, "concat": 0, "gather": 2, "gather_elements": 2}.get(info.kind, 1)
         assert info.result in ("float", "bool") and set(info.arg_types) <= {"f", "b", "i"}
         assert info.arg_types == "" or len(info.arg_types) == info.arity
         assert info.cuda.count("(") == info.cuda.count(")")
