@@ -65,6 +65,21 @@ _INT_OK = frozenset({"aten.to", "aten._to_copy", "aten.type_as", "aten.view", "a
 _INT_VIEWS = _INT_OK - {"aten.to", "aten._to_copy", "aten.type_as"}
 
 
+#: ATen gathers along an axis (graph.json's ``gather_elements``) -> the position of their index argument
+GATHER_INDEX_ARG = {"aten.gather": 2, "aten.take_along_dim": 1}
+
+
+def _gather_index_view(node: Any) -> bool:
+    """Whether ``node`` (a view) makes an integer tensor that a gather along an axis reads as its index:
+    graph.json indexes by graph inputs, so the view stays outside the region (PyTorch makes it, no
+    kernel) and the region reads it as an input."""
+    val = node.meta.get("val")
+    if val is None or getattr(val, "dtype", None) is None or val.dtype.is_floating_point:
+        return False
+    return any(_key(u.target) in GATHER_INDEX_ARG and len(u.args) > GATHER_INDEX_ARG[_key(u.target)]
+               and u.args[GATHER_INDEX_ARG[_key(u.target)]] is node for u in node.users)
+
+
 def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int]) -> str | None:
     """Why ``node`` (a call_function other than getitem) cannot be in a region, or None."""
     key = _key(node.target)
@@ -87,6 +102,10 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
         if why:
             return f"produces {why}"
     ids = node.args[1] if key == "aten.embedding" and len(node.args) > 1 else None
+    if key in GATHER_INDEX_ARG and len(node.args) > GATHER_INDEX_ARG[key]:
+        ids = node.args[GATHER_INDEX_ARG[key]]
+    if key in _INT_VIEWS and _gather_index_view(node):
+        return "an index view read by a gather (left to PyTorch: the gather reads it as an input)"
     folded = set(fx_args(node)) - {node.args[0]} if key == "aten.index" else set()
     for a in fx_args(node):
         if a in folded and a in consts:

@@ -302,3 +302,21 @@ def test_a_refusal_naming_a_graph_input_declines_the_first_node_reading_it() -> 
                          accept=refuse_two_inputs)
     assert [r.ops for r in split.regions] == [("aten.exp", "aten.mul")]
     assert [d.what for d in split.declined] == ["op aten.add"] and "'in1'" in split.declined[0].reason
+
+
+@pytest.mark.parametrize("how", ["gather", "take_along_dim"])
+def test_a_gather_along_the_classes_is_gather_elements_and_its_index_view_stays_outside(how: str) -> None:
+    def f(x: Any, t: Any) -> Any:
+        lp = torch.log_softmax(x, -1)
+        p = torch.gather(lp, 1, t.unsqueeze(1)) if how == "gather" else torch.take_along_dim(lp, t.unsqueeze(1), 1)
+        return -p.mean()
+
+    x, t = torch.randn(6, 20), torch.randint(0, 20, (6,))
+    split = find_regions(_aten(f, x, t))
+    [region] = split.regions
+    assert "gather_elements" in {n.op for n in region.graph.nodes}
+    # the index is computed by PyTorch (a view; take_along_dim also wraps negative indices: remainder)
+    assert {d.what for d in split.declined} <= {"op aten.unsqueeze", "op aten.remainder"}, split.declined
+    ins = {name: a.numpy() for (name, _), a in zip(region.graph.inputs, [x, t.unsqueeze(1)])}
+    out = run_reference(region.graph, ins)[region.graph.outputs[0]]
+    assert abs(float(out.ravel()[0]) - float(f(x, t))) < 1e-5
