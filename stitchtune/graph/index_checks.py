@@ -147,6 +147,20 @@ def _concat_spec(path: str, specs: tuple[TensorSpec, ...], axis: int | None,
     return IndexResult(shape, dtype, a)
 
 
+def _gather_dtypes(op: str, what: str, path: str, specs: tuple[TensorSpec, ...], names: tuple[str, ...],
+                   p: _Problems) -> bool:
+    """Whether a gather's source is float and its index int32/int64 (a problem naming the argument if not;
+    parse checks that an int index is a graph input)."""
+    src, idx = specs
+    if idx.dtype not in INT_DTYPES:
+        p.add(f"{path}.args[1]", f"{op} needs an int32/int64 graph input as its index, {_show(names[1])} is {idx.dtype}")
+        return False
+    if src.dtype not in ("float32", "float16", "bfloat16"):
+        p.add(f"{path}.args[0]", f"{op} needs a float {what}, {_show(names[0])} is {src.dtype}")
+        return False
+    return True
+
+
 def _gather_spec(path: str, specs: tuple[TensorSpec, ...], names: tuple[str, ...], axis: int | None,
                  p: _Problems) -> IndexResult | None:
     table, idx = specs
@@ -155,12 +169,7 @@ def _gather_spec(path: str, specs: tuple[TensorSpec, ...], names: tuple[str, ...
     if axis not in (0, -table.rank):
         p.add(f"{path}.axis", f"gather takes axis 0 only (rows of the table), got {axis}")
         return None
-    if idx.dtype not in INT_DTYPES:  # parse checks that an int index is a graph input
-        p.add(f"{path}.args[1]", f"gather needs an int32/int64 graph input as its index, "
-                                 f"{_show(names[1])} is {idx.dtype}")
-        return None
-    if table.dtype not in ("float32", "float16", "bfloat16"):
-        p.add(f"{path}.args[0]", f"gather needs a float table, {_show(names[0])} is {table.dtype}")
+    if not _gather_dtypes("gather", "table", path, specs, names, p):
         return None
     shape = tuple(idx.shape) + tuple(table.shape[1:])
     if len(shape) > MAX_RANK:
@@ -178,12 +187,7 @@ def _gather_elements_spec(path: str, specs: tuple[TensorSpec, ...], names: tuple
     a = _axis(axis, x.rank, path, p)
     if a is None:
         return None
-    if idx.dtype not in INT_DTYPES:
-        p.add(f"{path}.args[1]", f"gather_elements needs an int32/int64 graph input as its index, "
-                                 f"{_show(names[1])} is {idx.dtype}")
-        return None
-    if x.dtype not in ("float32", "float16", "bfloat16"):
-        p.add(f"{path}.args[0]", f"gather_elements needs a float tensor, {_show(names[0])} is {x.dtype}")
+    if not _gather_dtypes("gather_elements", "tensor", path, specs, names, p):
         return None
     if idx.rank != x.rank or any(i > d for k, (i, d) in enumerate(zip(idx.shape, x.shape)) if k != a):
         p.add(f"{path}.args[1]", f"gather_elements needs an index of the same rank as {_show(names[0])} "
