@@ -57,6 +57,7 @@ from stitchtune.plan.family import Family
 from stitchtune.plan.axes import Groups, TensorAxes, tensor_axes
 from stitchtune.plan.cross import CrossReduction, check_cross, split_cross
 from stitchtune.plan.index_map import IndexMap, index_map
+from stitchtune.plan.ints import int_registers
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
 
 
@@ -377,6 +378,10 @@ def make_plan(graph: Graph) -> StitchPlan:
     *mixed* region (slice / concat and transpose / reshape, e.g. Llama's rotary: head split, then
     rotate-half) is mapped by :func:`tensor_axes` on its surrogate, whose layout part keeps its own
     shapes, and lowered with column shifts only (:func:`~stitchtune.plan.remap.check_mixed`)."""
+    if int_registers(graph):
+        raise UnsupportedGraphError(
+            f"graph '{graph.name}' computes with int values (iota, int arithmetic or comparisons, a cast to an "
+            "int dtype, an int output); stitched kernels do not lower them yet (the reference runs them)")
     real, graph = graph, remap.surrogate(graph)
     names = [n for n, _ in graph.inputs] + [nd.id for nd in graph.nodes]
     all_red = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
