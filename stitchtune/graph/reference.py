@@ -41,7 +41,7 @@ import numpy as np
 
 from stitchtune.errors import GraphError, StitchtuneError
 from stitchtune.graph.parse import DTYPES, INT_DTYPES, Graph
-from stitchtune.graph.ops import OPS
+from stitchtune.graph.ops import OPS, float_to_int
 
 __all__ = ["numpy_dtype", "bfloat16_dtype", "run_reference", "cast_value", "random_inputs", "check_inputs", "check_host_memory",
            "reference_bytes", "host_memory_bytes", "HOST_MEMORY_FRACTION"]
@@ -182,15 +182,9 @@ def cast_value(x: np.ndarray, to: str) -> np.ndarray:
     giving 0 and values beyond the int range the nearest limit (CUDA's saturating conversion);
     anything -> bool is ``x != 0``; bool -> int is 0 / 1."""
     if to in INT_DTYPES:
-        info = np.iinfo(numpy_dtype(to))
         if x.dtype.kind == "i":
             return x.astype(numpy_dtype(to)).astype(np.int64)
-        t = np.trunc(x.astype(np.float32).astype(np.float64))
-        ok = np.isfinite(t) & (t >= info.min) & (t < -float(info.min))  # -min = 2**(bits-1): exactly representable
-        out = np.where(ok, np.where(ok, t, 0).astype(np.int64), 0)
-        out = np.where(t >= -float(info.min), info.max, out)
-        out = np.where(t < info.min, info.min, out)
-        return np.asarray(out, dtype=np.int64)
+        return float_to_int(x.astype(np.float32), to).astype(np.int64)
     src = x.astype(np.float32) if x.dtype.kind == "i" and to != "bool" else x  # int: via float32
     return np.asarray(src != 0 if to == "bool" else src).astype(numpy_dtype(to)).astype(np.float64)
 

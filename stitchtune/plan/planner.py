@@ -51,7 +51,7 @@ from math import prod
 
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph, Node
-from stitchtune.graph.ops import OPS
+from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.plan import remap
 from stitchtune.plan.family import Family
 from stitchtune.plan.axes import Groups, TensorAxes, tensor_axes
@@ -378,10 +378,11 @@ def make_plan(graph: Graph) -> StitchPlan:
     *mixed* region (slice / concat and transpose / reshape, e.g. Llama's rotary: head split, then
     rotate-half) is mapped by :func:`tensor_axes` on its surrogate, whose layout part keeps its own
     shapes, and lowered with column shifts only (:func:`~stitchtune.plan.remap.check_mixed`)."""
-    if int_registers(graph):
+    ints = int_registers(graph)
+    if ints and any(OPS[nd.op].kind in INDEX_KINDS for nd in graph.nodes):
         raise UnsupportedGraphError(
-            f"graph '{graph.name}' computes with int values (iota, int arithmetic or comparisons, a cast to an "
-            "int dtype, an int output); stitched kernels do not lower them yet (the reference runs them)")
+            f"graph '{graph.name}' computes with int values in a region with slice, concat or gather; stitched "
+            "kernels lower int arithmetic in element-wise and row-reduction regions only")
     real, graph = graph, remap.surrogate(graph)
     names = [n for n, _ in graph.inputs] + [nd.id for nd in graph.nodes]
     all_red = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
@@ -401,6 +402,10 @@ def make_plan(graph: Graph) -> StitchPlan:
         maps = axes.of
         red_nodes, cross_nodes = _split_cross(all_red, axes)
         view = _view(axes.order, axes.size_of, bool(all_red), _reduced_axes(red_nodes, maps))
+    if ints and view.family == Family.COL:
+        raise UnsupportedGraphError(
+            f"graph '{real.name}' computes with int values in a column-reduction region; stitched kernels lower "
+            "int arithmetic in element-wise and row-reduction regions only")
     classes = _classify(names, view, maps)
     _check_reductions(red_nodes, classes)
     _check_reduction_sources(red_nodes, view, maps)
@@ -418,7 +423,8 @@ def make_plan(graph: Graph) -> StitchPlan:
     return StitchPlan(
         family=view.family, M=view.M, N=view.N, classes=tuple(classes.items()),
         reductions=tuple(nd.id for nd in red_nodes), stages=stages,
-        reuse_candidates=_reuse_candidates(graph, names, classes, stages, tuple(c.source for c in cross)),
+        reuse_candidates=tuple(n for n in _reuse_candidates(graph, names, classes, stages, tuple(c.source for c in cross))
+                               if n not in ints),  # int registers are reloaded / recomputed, never cached
         input_names=tuple(n for n, _ in graph.inputs), dtypes=tuple((n, graph.spec(n).dtype) for n in names),
         index_maps=tuple((n, imaps[n]) for n in names),
         single_pass=single_pass_candidates(graph, view.family, stages, view.N), cross=cross)
