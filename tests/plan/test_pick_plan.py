@@ -38,3 +38,20 @@ def test_a_pick_from_a_reduction_result_is_refused() -> None:
                      "outputs": ["p"]})
     with pytest.raises(UnsupportedGraphError, match="gather_elements 'p'"):
         make_plan(g)
+
+
+def test_int_arithmetic_next_to_a_pick_is_refused_naming_the_pick() -> None:
+    """Int registers in a region with index ops are not lowered yet: the refusal names the index op,
+    so that an importer can leave it out and keep the rest of the region."""
+    g = parse_graph({"name": "g", "inputs": {"x": {"shape": [4, 8], "dtype": "float32"},
+                                             "t": {"shape": [4, 1], "dtype": "int64"}},
+                     "nodes": [{"id": "s", "op": "reduce_sum", "args": ["x"], "axes": [-1], "keepdims": True},
+                               {"id": "p", "op": "gather_elements", "args": ["x", "t"], "axis": 1},
+                               {"id": "ti", "op": "add", "args": ["t", 1]},
+                               {"id": "tf", "op": "cast", "args": ["ti"], "to": "float32"},
+                               {"id": "o", "op": "add", "args": ["p", "tf"]},
+                               {"id": "y", "op": "add", "args": ["o", "s"]}],
+                     "outputs": ["y"]})
+    with pytest.raises(UnsupportedGraphError) as e:
+        make_plan(g)
+    assert str(e.value).startswith("gather_elements 'p' is in a region that computes with int values")
