@@ -89,3 +89,24 @@ def test_cross_entropy_is_one_launch_under_the_grid_combine() -> None:
     x = random_inputs(g, 4)
     out = emulate_program(prog, x, coresident_limit=ALL)
     assert rel_err(out["loss"], run_reference(g, x)["loss"]) < 1e-5
+
+
+def test_picks_emulate_under_split_rows_clusters_and_kernel_boundaries() -> None:
+    """Without a cross reduction the space splits long rows over blocks (global / cluster schemes) and
+    cuts kernels (independent): the pick is recomputed where each kernel needs it."""
+    d = ce_graph(4, 4096, outputs=("loss", "picked")).to_dict()
+    d["nodes"] = [nd for nd in d["nodes"] if nd["id"] not in ("nll", "total", "loss")]
+    d["nodes"].append({"id": "y", "op": "mul", "args": ["logp", "picked"]})
+    d["outputs"] = ["picked", "y"]
+    g = parse_graph(d)
+    plan, space, _ = _schedules(g, 0)
+    x = random_inputs(g, 2)
+    ref = run_reference(g, x)
+    seen = set()
+    for i in range(14):
+        s = space.sample(random.Random(i))
+        seen.add(s.split > 1)
+        prog = lower(g, plan, s, DEV, space)
+        out = emulate_program(prog, x, coresident_limit=ALL, cluster_limit=ALL)
+        assert max(rel_err(out[o], ref[o]) for o in ref) < 1e-5, s.to_json()
+    assert seen == {True, False}
