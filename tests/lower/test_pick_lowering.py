@@ -110,3 +110,17 @@ def test_picks_emulate_under_split_rows_clusters_and_kernel_boundaries() -> None
         out = emulate_program(prog, x, coresident_limit=ALL, cluster_limit=ALL)
         assert max(rel_err(out[o], ref[o]) for o in ref) < 1e-5, s.to_json()
     assert seen == {True, False}
+
+
+def test_compiled_graph_reports_an_out_of_range_target_by_name(tmp_path) -> None:
+    from stitchtune.deploy.compiled import compile as st_compile
+    from stitchtune.errors import StitchtuneError
+
+    g = ce_graph(8, 40)
+    cg = st_compile(g, db=tmp_path / "none", device="h200", build=False)
+    x = random_inputs(g, 5)
+    assert abs(float(cg.emulate(**x)["loss"].ravel()[0]) - float(run_reference(g, x)["loss"].ravel()[0])) < 1e-5
+    x["target"][2, 0] = 40
+    with pytest.raises(StitchtuneError) as e:
+        cg.emulate(**x)
+    assert e.value.problems[0].startswith("gather 'picked': index out of range")
