@@ -3,7 +3,8 @@
 * Paths: ``REPO``, ``EXAMPLES_DIR``, ``SMALL_EXAMPLES`` / ``FULL_EXAMPLES`` (sorted Paths), ``COMMITTED_DB``
   (the committed H200 tuning database, ``results/h200-2026-11-29``).
 * Lowering: ``DEV`` (H200 preset), ``setup(name)`` -> (graph, plan, space), ``rel_err``,
-  ``emulated_errors`` and ``suggested`` (schedules drawn the way optuna would).
+  ``emulated_errors`` and ``suggested`` (schedules drawn the way optuna would); ``ce_graph`` (cross
+  entropy with integer targets: log-softmax, a ``gather_elements`` pick, a scalar epilogue).
 * nvcc: ``batch_source`` (many programs in one translation unit), ``ptxas_report`` (one nvcc -O3 build
   for sm_90 and its ``-Xptxas -v`` report), ``compile_programs_sm90`` (both, registers per kernel) and
   ``shared_ptxas_report`` (one build per source for the whole run, shared by the xdist workers).
@@ -36,7 +37,7 @@ from hypothesis import strategies as st
 
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.errors import ScheduleError
-from stitchtune.graph.parse import DTYPES, MAX_RANK, NAME_RE, load_graph
+from stitchtune.graph.parse import DTYPES, MAX_RANK, NAME_RE, load_graph, parse_graph
 from stitchtune.graph.ops import OPS
 from stitchtune.hardware.device import get_device
 from stitchtune.lower.entry import lower
@@ -748,3 +749,25 @@ def check_onnx_numerics(result: Any, model: Any, feeds: dict[str, np.ndarray], t
             assert err < tol, (sg.graph.name, o, err)
             compared += 1
     return compared
+
+
+# ---------------------------------------------------------------------------- loss heads
+
+def _keep_red(i: str, op: str, a: str, axes: list[int]) -> dict:
+    return {"id": i, "op": op, "args": [a], "axes": axes, "keepdims": True}
+
+
+def ce_graph(rows: int = 16, cols: int = 1000, dtype: str = "float32", idx_shape: list[int] | None = None,
+             axis: int = 1, outputs: tuple[str, ...] = ("loss",)) -> object:
+    """Cross entropy: log-softmax, the target's log-probability picked, the mean over rows as a sum
+    times ``1 / rows`` (the scalar epilogue)."""
+    return parse_graph({
+        "name": "ce", "inputs": {"logits": {"shape": [rows, cols], "dtype": dtype},
+                                 "target": {"shape": idx_shape or [rows, 1], "dtype": "int64"}},
+        "nodes": [_keep_red("mx", "reduce_max", "logits", [-1]), {"id": "sh", "op": "sub", "args": ["logits", "mx"]},
+                  {"id": "e", "op": "exp", "args": ["sh"]}, _keep_red("se", "reduce_sum", "e", [-1]),
+                  {"id": "ls", "op": "log", "args": ["se"]}, {"id": "logp", "op": "sub", "args": ["sh", "ls"]},
+                  {"id": "picked", "op": "gather_elements", "args": ["logp", "target"], "axis": axis},
+                  {"id": "nll", "op": "neg", "args": ["picked"]}, _keep_red("total", "reduce_sum", "nll", [0, 1]),
+                  {"id": "loss", "op": "mul", "args": ["total", 1.0 / rows]}],
+        "outputs": list(outputs)})

@@ -71,9 +71,9 @@ def check_gather_indices(graph: Any, arrays: Mapping[str, Any]) -> None:
     value outside ``[0, rows of its table)``."""
     bad = []
     for node in graph.nodes:
-        if node.op == "gather":
+        if node.op in ("gather", "gather_elements"):
             table, idx = node.args
-            rows = graph.spec(table).shape[0]
+            rows = graph.spec(table).shape[node.axis or 0]
             if idx in arrays:
                 a = np.asarray(arrays[idx])
                 if a.size and (int(a.min()) < 0 or int(a.max()) >= rows):

@@ -192,7 +192,8 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
             arrays[b.name] = np.zeros(b.size, dt)
             written[b.name] = np.ones(b.size, bool)
         elif b.role in ("output", "scratch"):
-            arrays[b.name] = np.full(b.size, np.nan, np.float32).astype(dt)
+            fill = np.iinfo(dt).min if dt.kind == "i" else np.nan  # int outputs: a sentinel, never NaN
+            arrays[b.name] = np.full(b.size, fill, dt if dt.kind == "i" else np.float32).astype(dt)
             written[b.name] = np.zeros(b.size, bool)
         else:
             raise ValueError(f"buffer {b.name} has unknown role {b.role!r}")

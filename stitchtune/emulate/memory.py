@@ -34,7 +34,7 @@ import numpy as np
 
 from stitchtune.emulate.races import _Tracker
 from stitchtune.ir import kir
-from stitchtune.ir.kir import BOOL, F32, I32
+from stitchtune.ir.kir import BOOL, F32, I32, I64
 
 FAULT_KINDS = (
     "out_of_bounds",
@@ -80,7 +80,7 @@ class _ElemTypes(Mapping[str, np.dtype]):
 
 #: numpy element type of each buffer dtype (barrier buffers are always uint32)
 NP_ELEM: Mapping[str, np.dtype] = _ElemTypes()
-_NP_SCALAR = {F32: np.float32, I32: np.int32, BOOL: np.bool_}
+_NP_SCALAR = {F32: np.float32, I32: np.int32, I64: np.int64, BOOL: np.bool_}
 
 
 class EmulatorFault(Exception):

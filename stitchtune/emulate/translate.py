@@ -37,6 +37,7 @@ from stitchtune.ir.kir import (
     BOOL,
     F32,
     I32,
+    I64,
     Assign,
     AtomicAdd,
     Barrier,
@@ -222,6 +223,11 @@ class _Compiled(ExprCompiler):
         pred = self.as_type(s.pred, BOOL) if s.pred is not None else None
         dsts = [(d.name, _NP_SCALAR[self.var_types[d.name]]) for d in s.dsts]
         buf = s.buf
+        raw = any(self.var_types[d.name] in (I32, I64) for d in s.dsts)  # int registers: the element itself
+        if raw and (is_shared or self.params[buf].dtype not in ("int32", "int64")
+                    or len({self.var_types[d.name] for d in s.dsts}) > 1):
+            raise ValueError(f"kernel {self.kernel.name}: int vector load from {buf} needs an int buffer and "
+                             "int destinations only")
 
         def loadvec(st: _State, m: np.ndarray) -> None:
             st.where = where
@@ -229,7 +235,7 @@ class _Compiled(ExprCompiler):
             if not lanes.size:
                 return
             base = _lanes_of(idx(st, act), lanes)
-            vals = _access(st, buf, is_shared, lanes, base, width, "load")
+            vals = _access(st, buf, is_shared, lanes, base, width, "load", raw=raw)
             for k, (name, npt) in enumerate(dsts):
                 if lanes.size == st.T:
                     st.vars[name] = vals[:, k].astype(npt)
@@ -245,7 +251,10 @@ class _Compiled(ExprCompiler):
         self._vec_check(s.buf, width, is_shared)
         idx = self.as_type(s.index, I32)
         pred = self.as_type(s.pred, BOOL) if s.pred is not None else None
-        vals = [self.as_type(v, F32) for v in s.values]
+        ity = {"int32": I32, "int64": I64}.get(self.params[s.buf].dtype) if not is_shared else None
+        vt = ity or F32  # an int output stores int values (int registers), any other buffer float32
+        vals = [self.as_type(v, vt) for v in s.values]
+        npt = _NP_SCALAR[vt]
         buf = s.buf
 
         def storevec(st: _State, m: np.ndarray) -> None:
@@ -254,7 +263,7 @@ class _Compiled(ExprCompiler):
             if not lanes.size:
                 return
             base = _lanes_of(idx(st, act), lanes)
-            v = np.stack([_lanes_of(f(st, act), lanes) for f in vals], axis=1).astype(np.float32, copy=False)
+            v: np.ndarray = np.stack([_lanes_of(f(st, act), lanes) for f in vals], axis=1).astype(npt, copy=False)
             _access(st, buf, is_shared, lanes, base, width, "store", v)
         return storevec
 

@@ -30,10 +30,12 @@ from stitchtune.ir.kir import (
     CMP_OPS,
     F32,
     I32,
+    I64,
     Bin,
     Cast,
     Const,
     IndexLoad,
+    IntOp,
     Kernel,
     Load,
     LocalRef,
@@ -51,9 +53,10 @@ def _cast_fn(fn: ExprFn, src: str, dst: str) -> ExprFn:
         return fn
     if dst == F32:
         return lambda st, m: np.asarray(fn(st, m)).astype(np.float32)
-    if dst == I32:
-        # float -> int truncates toward zero like C; bool -> 0/1
-        return lambda st, m: np.asarray(fn(st, m)).astype(np.int32)
+    if dst in (I32, I64):
+        # float -> int truncates toward zero like C; bool -> 0/1; int64 -> int32 keeps the low bits
+        npt = _NP_SCALAR[dst]
+        return lambda st, m: np.asarray(fn(st, m)).astype(npt)
     if dst == BOOL:
         return lambda st, m: np.asarray(fn(st, m)) != 0
     raise ValueError(f"unknown type {dst}")
@@ -92,7 +95,7 @@ def _uses_mask(e: kir.Expr) -> bool:
         return False
     if isinstance(e, Bin):
         return _uses_mask(e.a) or _uses_mask(e.b)
-    if isinstance(e, MathOp):
+    if isinstance(e, (MathOp, IntOp)):
         return any(_uses_mask(a) for a in e.args)
     if isinstance(e, Select):
         return _uses_mask(e.cond) or _uses_mask(e.a) or _uses_mask(e.b)
@@ -102,8 +105,8 @@ def _uses_mask(e: kir.Expr) -> bool:
 
 
 def _promote(a: str, b: str) -> str:
-    """C's usual arithmetic conversions restricted to bool < i32 < f32."""
-    order = {BOOL: 0, I32: 1, F32: 2}
+    """C's usual arithmetic conversions restricted to bool < i32 < i64 < f32."""
+    order = {BOOL: 0, I32: 1, I64: 2, F32: 3}
     return a if order[a] >= order[b] else b
 
 
@@ -153,6 +156,8 @@ class ExprCompiler(ClusterOps):
             return self.bin(e)
         if isinstance(e, MathOp):
             return self.mathop(e)
+        if isinstance(e, IntOp):
+            return self.intop(e)
         if isinstance(e, Select):
             cf = self.as_type(e.cond, BOOL)
             (af, at), (bf, bt) = self.expr(e.a), self.expr(e.b)
@@ -169,7 +174,7 @@ class ExprCompiler(ClusterOps):
             f, t = self.expr(e.expr)
             return _cast_fn(f, t, e.dtype), e.dtype
         if isinstance(e, Load):
-            return self.load(e), F32
+            return self.load(e), e.dtype
         if isinstance(e, IndexLoad):
             return self.index_load(e), I32
         if isinstance(e, LocalRef):
@@ -241,8 +246,22 @@ class ExprCompiler(ClusterOps):
             return np.asarray(np_fn(*vals)).astype(np.float32, copy=False)
         return mathop, F32
 
+    def intop(self, e: IntOp) -> tuple[ExprFn, str]:
+        """An int operator at its width (wrapping), see :class:`~stitchtune.ir.kir.IntOp`."""
+        from stitchtune.graph.ops import INT_CUDA, int_np
+
+        if e.op not in INT_CUDA:
+            raise ValueError(f"unknown int operator {e.op}")
+        fn = int_np(e.op, {I32: "int32", I64: "int64"}[e.dtype])
+        args = [self.as_type(a, F32 if e.op == "from_float" else e.dtype) for a in e.args]
+        return (lambda st, m: fn(*(a(st, m) for a in args))), e.dtype
+
     def load(self, e: Load) -> ExprFn:
         is_shared = self.buf_kind(e.buf)
+        raw = e.dtype != F32
+        if raw and (is_shared or self.params[e.buf].dtype not in ("int32", "int64")):
+            raise ValueError(f"kernel {self.kernel.name}: int load from non-integer buffer {e.buf}")
+        npt = _NP_SCALAR[e.dtype]
         idx = self.as_type(e.index, I32)
         pred = self.as_type(e.pred, BOOL) if e.pred is not None else None
         buf = e.buf
@@ -255,11 +274,12 @@ class ExprCompiler(ClusterOps):
                     v = _shared_broadcast_load(st, buf, iv)
                     if v is not None:
                         return v
-                return _access(st, buf, is_shared, st.ar, np.broadcast_to(iv, (st.T,)), 1, "load")[:, 0]
-            out = np.zeros(st.T, np.float32)
+                v = _access(st, buf, is_shared, st.ar, np.broadcast_to(iv, (st.T,)), 1, "load", raw=raw)[:, 0]
+                return v.astype(npt, copy=False) if raw else v
+            out: np.ndarray = np.zeros(st.T, npt)
             if lanes.size:
                 base = _lanes_of(idx(st, act), lanes)
-                out[lanes] = _access(st, buf, is_shared, lanes, base, 1, "load")[:, 0]
+                out[lanes] = _access(st, buf, is_shared, lanes, base, 1, "load", raw=raw)[:, 0]
             return out
         return load
 

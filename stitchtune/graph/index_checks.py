@@ -13,6 +13,11 @@ Contract (graph.json forms)
   ``int32``/``int64`` graph input; result shape ``idx.shape + table.shape[1:]`` (rank at most
   :data:`~stitchtune.graph.checks.MAX_RANK`), ``table``'s dtype (float). Out-of-range indices are a
   defined result (a zero row) and a flagged error at run time, not a validation error.
+* ``{"op": "gather_elements", "args": ["x", "idx"], "axis": A}`` (``torch.gather``, ONNX
+  ``GatherElements``): ``A`` in ``[-rank, rank)``; ``x`` float, ``idx`` an ``int32``/``int64`` graph
+  input of the same rank with ``idx.shape[d] <= x.shape[d]`` for ``d != A``; result ``idx.shape``,
+  ``x``'s dtype; ``out[p] = x[p with p[A] := idx[p]]``, 0 (and a run-time error flag) where
+  ``idx[p]`` is out of ``[0, x.shape[A])``.
 * Only these ops take ``axis``; only ``slice`` takes ``start``/``stop``; every problem is one
   ``"<json path>: <what>"`` line.
 """
@@ -50,7 +55,7 @@ def index_attributes(rn: dict[str, Any], path: str, info: OpInfo | None,
             takes |= {"start", "stop"}
         for k in INDEX_KEYS:
             if k in rn and k not in takes:
-                p.add(f"{path}.{k}", f"only {'slice' if k != 'axis' else 'slice, concat and gather'} "
+                p.add(f"{path}.{k}", f"only {'slice' if k != 'axis' else 'slice, concat, gather and gather_elements'} "
                                      f"take{'s' if k != 'axis' else ''} {k!r}; {info.name} does not")
     if kind not in INDEX_KINDS:
         return None, None, None
@@ -93,6 +98,8 @@ def index_spec(info: OpInfo, path: str, specs: tuple[TensorSpec, ...], arg_names
         return _slice_spec(path, specs[0], axis, start, stop, p)
     if info.kind == "concat":
         return _concat_spec(path, specs, axis, p)
+    if info.kind == "gather_elements":
+        return _gather_elements_spec(path, specs, arg_names, axis, p)
     return _gather_spec(path, specs, arg_names, axis, p)
 
 
@@ -140,6 +147,20 @@ def _concat_spec(path: str, specs: tuple[TensorSpec, ...], axis: int | None,
     return IndexResult(shape, dtype, a)
 
 
+def _gather_dtypes(op: str, what: str, path: str, specs: tuple[TensorSpec, ...], names: tuple[str, ...],
+                   p: _Problems) -> bool:
+    """Whether a gather's source is float and its index int32/int64 (a problem naming the argument if not;
+    parse checks that an int index is a graph input)."""
+    src, idx = specs
+    if idx.dtype not in INT_DTYPES:
+        p.add(f"{path}.args[1]", f"{op} needs an int32/int64 graph input as its index, {_show(names[1])} is {idx.dtype}")
+        return False
+    if src.dtype not in ("float32", "float16", "bfloat16"):
+        p.add(f"{path}.args[0]", f"{op} needs a float {what}, {_show(names[0])} is {src.dtype}")
+        return False
+    return True
+
+
 def _gather_spec(path: str, specs: tuple[TensorSpec, ...], names: tuple[str, ...], axis: int | None,
                  p: _Problems) -> IndexResult | None:
     table, idx = specs
@@ -148,12 +169,7 @@ def _gather_spec(path: str, specs: tuple[TensorSpec, ...], names: tuple[str, ...
     if axis not in (0, -table.rank):
         p.add(f"{path}.axis", f"gather takes axis 0 only (rows of the table), got {axis}")
         return None
-    if idx.dtype not in INT_DTYPES:  # parse checks that an int index is a graph input
-        p.add(f"{path}.args[1]", f"gather needs an int32/int64 graph input as its index, "
-                                 f"{_show(names[1])} is {idx.dtype}")
-        return None
-    if table.dtype not in ("float32", "float16", "bfloat16"):
-        p.add(f"{path}.args[0]", f"gather needs a float table, {_show(names[0])} is {table.dtype}")
+    if not _gather_dtypes("gather", "table", path, specs, names, p):
         return None
     shape = tuple(idx.shape) + tuple(table.shape[1:])
     if len(shape) > MAX_RANK:
@@ -163,3 +179,18 @@ def _gather_spec(path: str, specs: tuple[TensorSpec, ...], names: tuple[str, ...
         p.add(path, f"too large: result has {math.prod(shape)} elements (limit {MAX_ELEMENTS})")
         return None
     return IndexResult(shape, table.dtype, 0)
+
+
+def _gather_elements_spec(path: str, specs: tuple[TensorSpec, ...], names: tuple[str, ...], axis: int | None,
+                          p: _Problems) -> IndexResult | None:
+    x, idx = specs
+    a = _axis(axis, x.rank, path, p)
+    if a is None:
+        return None
+    if not _gather_dtypes("gather_elements", "tensor", path, specs, names, p):
+        return None
+    if idx.rank != x.rank or any(i > d for k, (i, d) in enumerate(zip(idx.shape, x.shape)) if k != a):
+        p.add(f"{path}.args[1]", f"gather_elements needs an index of the same rank as {_show(names[0])} "
+                                 f"{list(x.shape)}, no larger outside axis {a}; got {list(idx.shape)}")
+        return None
+    return IndexResult(tuple(idx.shape), x.dtype, a)

@@ -36,7 +36,15 @@ Contract
   ``axis`` (two or more tensors, ``arity`` 0 = variadic), ``gather(table, idx)`` along axis 0:
   ``out[i..., :] = table[idx[i...], :]``, and a row of zeros where ``idx`` is out of range (``< 0`` or
   ``>= table.shape[0]``; kernels also raise an error flag there). ``idx`` (``arg_types`` ``i``) is an
-  ``int32``/``int64`` graph input. Their ``np_fn`` take the node's attributes as keywords.
+  ``int32``/``int64`` graph input. ``gather_elements(x, idx)`` along ``axis`` (any): ``torch.gather`` /
+  ONNX ``GatherElements``, ``out[p] = x[p with p[axis] := idx[p]]``, result shape ``idx.shape``, and
+  0 where ``idx`` is out of ``[0, x.shape[axis])`` (flagged by kernels as for ``gather``). Their
+  ``np_fn`` take the node's attributes as keywords.
+
+* ``ints``: the op also takes int tensors, when *all* its ``f`` arguments are ints (add, sub, mul,
+  neg, abs, maximum, minimum, the comparisons, where's branches). ``np_fn`` is then exact on int64
+  arrays (the reference wraps int32 results); kernels compute at the int width with wrapping
+  arithmetic (:data:`INT_CUDA`). ``iota`` (kind ``iota``, no arguments) is :func:`iota`.
 
 Nothing here knows about graphs; ``graph/parse.py`` checks arity and attributes against this table.
 """
@@ -60,6 +68,10 @@ __all__ = [
     "BOOL_RESULT",
     "format_float_literal",
     "get_op",
+    "INT_CUDA",
+    "INT_CTYPES",
+    "float_to_int",
+    "int_np",
 ]
 
 _SQRT1_2 = 0.7071067811865476  # 1/sqrt(2)
@@ -84,6 +96,7 @@ class OpInfo:
     is_mean: bool = False
     arg_types: str = ""  # one of 'f' / 'b' per argument; '' = all float
     result: str = "float"  # 'float' | 'bool'
+    ints: bool = False  # the 'f' arguments may instead all be int tensors (see "Integer values")
 
     def arg_type(self, i: int) -> str:
         """``'f'`` (float tensor or constant), ``'b'`` (bool tensor) or ``'i'`` (int tensor) for argument ``i``."""
@@ -192,6 +205,8 @@ def _logical(ufunc: Any) -> Callable[..., Any]:
 
 
 def _where(c: Any, a: Any, b: Any) -> np.ndarray:
+    if all(np.asarray(x).dtype.kind == "i" for x in (a, b)):  # int branches stay exact
+        return np.asarray(np.where(np.asarray(c) != 0, a, b))
     return np.asarray(np.where(np.asarray(c) != 0, a, b)).astype(_float_dtype(a, b, c))
 
 
@@ -211,7 +226,7 @@ _TRUE_FALSE = " ? 1.0f : 0.0f)"
 def _c(name: str, fn: Any, cop: str) -> OpInfo:
     """A comparison of two floats (or a float and a constant) giving a bool."""
     return OpInfo(name=name, kind="binary", arity=2, np_fn=_cmp(fn), cuda="(({0} " + cop + " {1})" + _TRUE_FALSE,
-                  flops=1, sfu=0, commutative=name in ("eq", "ne"), arg_types="ff", result="bool")
+                  flops=1, sfu=0, commutative=name in ("eq", "ne"), arg_types="ff", result="bool", ints=True)
 
 
 def _l(name: str, fn: Any, cuda: str, arity: int) -> OpInfo:
@@ -220,13 +235,14 @@ def _l(name: str, fn: Any, cuda: str, arity: int) -> OpInfo:
                   cuda=cuda, flops=arity, sfu=0, commutative=arity == 2, arg_types="b" * arity, result="bool")
 
 
-def _u(name: str, fn: Callable[..., Any], cuda: str, flops: int, sfu: int) -> OpInfo:
-    return OpInfo(name=name, kind="unary", arity=1, np_fn=fn, cuda=cuda, flops=flops, sfu=sfu)
+def _u(name: str, fn: Callable[..., Any], cuda: str, flops: int, sfu: int, ints: bool = False) -> OpInfo:
+    return OpInfo(name=name, kind="unary", arity=1, np_fn=fn, cuda=cuda, flops=flops, sfu=sfu, ints=ints)
 
 
-def _b(name: str, fn: Callable[..., Any], cuda: str, flops: int, sfu: int, comm: bool) -> OpInfo:
+def _b(name: str, fn: Callable[..., Any], cuda: str, flops: int, sfu: int, comm: bool,
+       ints: bool = False) -> OpInfo:
     return OpInfo(name=name, kind="binary", arity=2, np_fn=fn, cuda=cuda, flops=flops, sfu=sfu,
-                  commutative=comm)
+                  commutative=comm, ints=ints)
 
 
 def _r(name: str, fn: Callable[..., Any], identity: float, combine: str, np_combine: Any,
@@ -237,8 +253,8 @@ def _r(name: str, fn: Callable[..., Any], identity: float, combine: str, np_comb
 
 _TABLE: tuple[OpInfo, ...] = (
     # unary
-    _u("neg", np.negative, "(-{0})", 1, 0),
-    _u("abs", np.abs, "fabsf({0})", 1, 0),
+    _u("neg", np.negative, "(-{0})", 1, 0, ints=True),
+    _u("abs", np.abs, "fabsf({0})", 1, 0, ints=True),
     _u("exp", np.exp, "expf({0})", 2, 1),
     _u("log", np.log, "logf({0})", 2, 1),
     _u("sqrt", np.sqrt, "sqrtf({0})", 1, 1),
@@ -257,12 +273,12 @@ _TABLE: tuple[OpInfo, ...] = (
        "(0.5f * {0} * (1.0f + tanhf((0.7978846f * ({0} + (0.044715f * {0} * {0} * {0}))))))", 9, 1),
     _u("silu", _silu, "({0} / (1.0f + expf((-{0}))))", 4, 2),
     # binary
-    _b("add", np.add, "({0} + {1})", 1, 0, True),
-    _b("sub", np.subtract, "({0} - {1})", 1, 0, False),
-    _b("mul", np.multiply, "({0} * {1})", 1, 0, True),
+    _b("add", np.add, "({0} + {1})", 1, 0, True, ints=True),
+    _b("sub", np.subtract, "({0} - {1})", 1, 0, False, ints=True),
+    _b("mul", np.multiply, "({0} * {1})", 1, 0, True, ints=True),
     _b("div", np.divide, "({0} / {1})", 2, 1, False),
-    _b("maximum", np.maximum, "fmaxf({0}, {1})", 1, 0, True),
-    _b("minimum", np.minimum, "fminf({0}, {1})", 1, 0, True),
+    _b("maximum", np.maximum, "fmaxf({0}, {1})", 1, 0, True, ints=True),
+    _b("minimum", np.minimum, "fminf({0}, {1})", 1, 0, True, ints=True),
     _b("pow", np.power, "powf({0}, {1})", 4, 2, False),
     # comparisons (float, float -> bool) and logical ops (bool -> bool)
     _c("lt", np.less, "<"),
@@ -276,7 +292,7 @@ _TABLE: tuple[OpInfo, ...] = (
     _l("logical_not", np.logical_not, "(({0} == 0.0f)" + _TRUE_FALSE, 1),
     # ternary: where(cond bool, a, b), clamp(x, lo, hi); a, b, lo, hi may be constants
     OpInfo(name="where", kind="ternary", arity=3, np_fn=_where, cuda="(({0} != 0.0f) ? {1} : {2})",
-           flops=1, sfu=0, arg_types="bff"),
+           flops=1, sfu=0, arg_types="bff", ints=True),
     OpInfo(name="clamp", kind="ternary", arity=3, np_fn=_clamp,
            cuda="(((({0} != {0}) || ({1} != {1})) || ({2} != {2})) ? ({0} + {1} + {2}) : fminf(fmaxf({0}, {1}), {2}))",
            flops=5, sfu=0, arg_types="fff"),
@@ -328,14 +344,40 @@ def _gather(table: np.ndarray, idx: np.ndarray, *, axis: int = 0) -> np.ndarray:
     return gather_rows(table, idx)
 
 
+def gather_elements(x: np.ndarray, idx: np.ndarray, *, axis: int) -> np.ndarray:
+    """``out[p] = x[p with p[axis] := idx[p]]`` (``torch.gather`` / ONNX ``GatherElements``; ``idx``
+    no larger than ``x`` along the other axes), 0 wherever ``idx`` is out of ``[0, x.shape[axis])``."""
+    idx = np.asarray(idx, dtype=np.int64)
+    ok = (idx >= 0) & (idx < x.shape[axis])
+    part = x[tuple(slice(0, d) if k != axis else slice(None) for k, d in enumerate(idx.shape))]
+    out = np.take_along_axis(part, np.where(ok, idx, 0), axis=axis)
+    out[~ok] = 0
+    return out
+
+
+def iota(shape: tuple[int, ...], axis: int) -> np.ndarray:
+    """``iota``'s value (int64): each element's coordinate along ``axis`` of ``shape``."""
+    line = np.arange(shape[axis], dtype=np.int64).reshape([-1 if d == axis else 1 for d in range(len(shape))])
+    return np.broadcast_to(line, shape)
+
+
+#: ``iota`` (kind ``iota``, no arguments): an int tensor of the node's ``shape`` and ``dtype`` whose
+#: element is its coordinate along ``axis`` (``torch.arange`` broadcast); ``np_fn`` is :func:`iota`
+IOTA = OpInfo(name="iota", kind="iota", arity=0, np_fn=iota, cuda="{0}", flops=0, sfu=0)
+OPS[IOTA.name] = IOTA
+
 _INDEX_OPS: tuple[OpInfo, ...] = (
     OpInfo(name="slice", kind="slice", arity=1, np_fn=_slice, cuda="{0}", flops=0, sfu=0),
     OpInfo(name="concat", kind="concat", arity=0, np_fn=_concat, cuda="{0}", flops=0, sfu=0),
     OpInfo(name="gather", kind="gather", arity=2, np_fn=_gather, cuda="{0}", flops=0, sfu=0, arg_types="fi"),
+    OpInfo(name="gather_elements", kind="gather_elements", arity=2, np_fn=gather_elements, cuda="{0}", flops=0,
+           sfu=0, arg_types="fi"),
 )
 OPS.update({op.name: op for op in _INDEX_OPS})
 #: the op kinds that only move elements (index remaps inside a region)
-INDEX_KINDS: frozenset[str] = frozenset(("slice", "concat", "gather"))
+INDEX_KINDS: frozenset[str] = frozenset(("slice", "concat", "gather", "gather_elements"))
+#: the op kinds that read a runtime int index tensor (an error flag for an out-of-range index)
+GATHER_KINDS: frozenset[str] = frozenset(("gather", "gather_elements"))
 
 
 def _round_to(dtype_name: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -360,6 +402,54 @@ KERNEL_OPS: dict[str, OpInfo] = {
     "to_bool": OpInfo(name="to_bool", kind="unary", arity=1, np_fn=_to_bool,
                       cuda="(({0} != 0.0f)" + _TRUE_FALSE, flops=1, sfu=0),
 }
+
+
+#: The CUDA forms of the int ops on operands of one int C type: ``{s}`` is that signed type (``int`` /
+#: ``long long``), ``{u}`` its unsigned twin; arithmetic goes through the unsigned type, so it wraps
+#: (two's complement) where signed overflow would be undefined. ``from_float`` is a cast of a float32
+#: value: truncation toward zero, NaN -> 0, saturating (``cvt.rzi``), ``{f2i}`` the intrinsic.
+#: Comparisons and ``where`` use their float templates (C compares and selects ints alike).
+INT_CUDA: dict[str, str] = {
+    "add": "(({s})(({u}){0} + ({u}){1}))",
+    "sub": "(({s})(({u}){0} - ({u}){1}))",
+    "mul": "(({s})(({u}){0} * ({u}){1}))",
+    "neg": "(({s})(-(({u}){0})))",
+    "abs": "(({0} < 0) ? (({s})(-(({u}){0}))) : {0})",
+    "maximum": "max({0}, {1})",
+    "minimum": "min({0}, {1})",
+    "from_float": "(({0} != {0}) ? (({s})0) : {f2i}({0}))",
+}
+#: the C types and float -> int intrinsic of each int width, as :data:`INT_CUDA` takes them
+INT_CTYPES: dict[str, dict[str, str]] = {
+    "int32": {"s": "int", "u": "unsigned int", "f2i": "__float2int_rz"},
+    "int64": {"s": "long long", "u": "unsigned long long", "f2i": "__float2ll_rz"},
+}
+
+
+def float_to_int(x: Any, dtype: str) -> np.ndarray:
+    """``x`` (float) converted to int ``dtype`` as kernels do (``from_float``): truncation toward zero,
+    NaN -> 0, values beyond the range the nearest limit. Returns an array of that dtype."""
+    info = np.iinfo(np.dtype(dtype))
+    t = np.trunc(np.asarray(x, dtype=np.float64))
+    lim = -float(info.min)  # 2**(bits - 1), exact in float64
+    ok = np.isfinite(t) & (t >= info.min) & (t < lim)
+    out = np.where(ok, t, 0).astype(np.int64)
+    out = np.where(t >= lim, info.max, np.where(t < info.min, info.min, out))
+    return np.asarray(out).astype(np.dtype(dtype))
+
+
+def int_np(op: str, dtype: str) -> Callable[..., np.ndarray]:
+    """The numpy form of int op ``op`` (a key of :data:`INT_CUDA`) at int ``dtype``: arguments are
+    converted to that dtype and the result wraps as in the kernel."""
+    dt = np.dtype(dtype)
+    if op == "from_float":
+        return lambda x: float_to_int(x, dtype)
+    fn = OPS[op].np_fn
+
+    def apply(*xs: Any) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            return np.asarray(fn(*(np.asarray(x).astype(dt) for x in xs))).astype(dt)
+    return apply
 
 
 def kernel_op(name: str) -> OpInfo:

@@ -19,14 +19,18 @@ Contract
 * ``bool`` tensors (graph inputs, stored one byte per element, and results of the comparisons
   ``lt le gt ge eq ne`` and of ``logical_and logical_or logical_not``) may be read only by logical
   ops, by ``where``'s first argument and by ``cast`` (bool -> float gives 0 / 1; float -> bool is
-  ``x != 0``, so NaN is true). Every other argument must be a float tensor or, for binary and
-  ternary ops, a constant (see :attr:`~stitchtune.graph.ops.OpInfo.arg_types`). A bool tensor is
-  not yet accepted as a graph output (cast it to a float dtype).
-* ``int32``/``int64`` tensors are graph inputs (token ids, attention masks) and the results of the
-  index maps ``transpose reshape slice concat`` of them (all arguments of one int dtype). They may
-  be read only by ``cast`` (to ``bool``: ``v != 0``; to a float dtype: the nearest value, exact for
-  ``|v| < 2**24``, see :mod:`stitchtune.graph.reference`), by those index maps, and -- a graph input
-  only -- as ``gather``'s index; never by arithmetic, never as an output, never as a cast's target.
+  ``x != 0``, so NaN is true) and by ``reduce_sum`` (a count). Every other argument must be a float
+  (or int, see below) tensor or, for binary and ternary ops, a constant (see
+  :attr:`~stitchtune.graph.ops.OpInfo.arg_types`). A bool tensor is not yet accepted as a graph
+  output (cast it to a float dtype).
+* ``int32``/``int64`` tensors are graph inputs (token ids, labels, attention masks), ``iota`` nodes
+  and the results of the int ops, of casts to an int dtype and of the index maps of ints. The int
+  ops (``OpInfo.ints``: add sub mul neg abs maximum minimum, the comparisons, ``where``'s branches)
+  take them when *all* their numeric arguments are int (int and float never mix; constants must be
+  integers in the result's range, at most 2**53 in magnitude); the result is int64 if any argument
+  is, else int32; arithmetic wraps. Int tensors are also read by ``cast``, the index maps, and -- a
+  graph input only -- as ``gather``'s index, and may be outputs. A ``reduce_sum`` of a bool tensor is
+  a float32 count (at most 2**24 reduced elements). Semantics: docs/graph-format.md, "Integer values".
 * The values themselves (:class:`Node`, :class:`TensorSpec`, ``DTYPES``, ``ITEMSIZE``,
   :func:`promote_dtypes`, :func:`broadcast_shapes`, and :class:`~stitchtune.graph.values.GraphValue`
   with the lookups and workload/structure keys) live in :mod:`stitchtune.graph.values` and are

@@ -31,16 +31,19 @@ from stitchtune.graph.values import (
     broadcast_shapes,
     promote_dtypes,
 )
-from stitchtune.graph.ops import INDEX_KINDS, OPS, OpInfo
+from stitchtune.graph.ops import GATHER_KINDS, INDEX_KINDS, OPS, OpInfo
 from stitchtune.graph.index_checks import index_attributes, index_spec
 
 #: op kinds that take a tensor of any dtype (bool, float, int): they convert it (cast) or only move
 #: its elements (index maps); their result keeps the dtype (cast: gives ``to``)
 _ANY_DTYPE_KINDS = frozenset(("cast", "slice", "concat", "layout"))
-_INT_READERS = ("an int tensor is read only by cast (to a float dtype or bool), by transpose, reshape, "
-                "slice and concat, and as gather's index")
+_INT_READERS = ("an int tensor is read by the int ops (add sub mul neg abs maximum minimum, the comparisons, "
+                "where's branches), cast, the layout and index ops, and as the index of gather and gather_elements")
+#: the largest integer constant an int op takes (constants are held as float64: exact up to here)
+MAX_INT_CONSTANT = 2**53
+_INT_RANGE = {"int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1)}
 
-_NODE_KEYS = ("id", "op", "args", "axes", "keepdims", "to", "axis", "start", "stop", "perm", "shape")
+_NODE_KEYS = ("id", "op", "args", "axes", "keepdims", "to", "axis", "start", "stop", "perm", "shape", "dtype")
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,10 @@ def _parse_node(rn: Any, i: int, path: str, scope: _Scope, listing: _NodeListing
     nid = rn.get("id")
     id_ok = _node_id(rn, path, scope, p)
     info = _node_op(rn, path, p)
+    if "dtype" in rn and (info is None or info.kind != "iota"):
+        p.add(f"{path}.dtype", f"only iota takes 'dtype'{'; ' + info.name + ' does not' if info else ''}")
+    if info is not None and info.kind == "iota":
+        return _parse_iota(rn, path, nid, id_ok, scope, p, before)
     keepdims, to = _node_attributes(rn, path, info, p)
     attrs = index_attributes(rn, path, info, p)
     args = _node_args(rn, i, path, nid, id_ok, info, scope, listing, p)
@@ -156,6 +163,33 @@ def _node_op(rn: dict[str, Any], path: str, p: _Problems) -> OpInfo | None:
     return None
 
 
+def _parse_iota(rn: dict[str, Any], path: str, nid: Any, id_ok: bool, scope: _Scope, p: _Problems,
+                before: int) -> Node | None:
+    """An ``iota`` node: no arguments, a ``shape``, an ``axis`` of it and an int ``dtype`` (default int64)."""
+    for k in ("axes", "keepdims", "to", "start", "stop", "perm"):
+        if k in rn:
+            p.add(f"{path}.{k}", f"iota does not take {k!r} (it takes shape, axis and dtype)")
+    if rn.get("args", []) != []:
+        p.add(f"{path}.args", f"iota takes no arguments (give shape, axis and dtype), got {_show(rn.get('args'))}")
+    shape = _check_shape(rn["shape"], f"{path}.shape", p) if "shape" in rn else None
+    if "shape" not in rn:
+        p.add(f"{path}.shape", "missing: iota needs a shape")
+    dtype = rn.get("dtype", "int64")
+    if dtype not in INT_DTYPES:
+        p.add(f"{path}.dtype", f"iota's dtype must be int32 or int64, got {_show(dtype)}")
+    axis = rn.get("axis")
+    if "axis" not in rn:
+        p.add(f"{path}.axis", "missing: iota needs the axis it counts along")
+    elif shape is not None and (isinstance(axis, bool) or not isinstance(axis, int) or not -len(shape) <= axis < len(shape)):
+        p.add(f"{path}.axis", f"must be an integer in [{-len(shape)}, {len(shape)}) for shape {list(shape)}, "
+                              f"got {_show(axis)}")
+    if len(p.items) > before or shape is None or not id_ok or not isinstance(nid, str) or not isinstance(axis, int):
+        if isinstance(nid, str):
+            scope.failed.add(nid)
+        return None
+    return Node(id=nid, op="iota", args=(), shape=shape, dtype=str(dtype), axis=axis % len(shape))
+
+
 def _node_attributes(rn: dict[str, Any], path: str, info: OpInfo | None, p: _Problems) -> tuple[bool, str | None]:
     """``(keepdims, to)``: only reductions take ``axes``/``keepdims``, only cast takes (and needs) ``to``."""
     is_reduce = info is not None and info.kind == "reduce"
@@ -167,9 +201,10 @@ def _node_attributes(rn: dict[str, Any], path: str, info: OpInfo | None, p: _Pro
                     p.add(f"{path}.{k}", f"only reductions take {k!r}; {info.name} does not")
         if not is_cast and "to" in rn:
             p.add(f"{path}.to", f"only cast takes 'to'; {info.name} does not")
-        for k, ops in (("perm", ("transpose",)), ("shape", ("reshape", "expand"))):
+        for k, ops in (("perm", ("transpose",)), ("shape", ("reshape", "expand", "iota"))):
             if k in rn and info.name not in ops:
-                p.add(f"{path}.{k}", f"only {' and '.join(ops)} take{'s' if len(ops) == 1 else ''} {k!r}; "
+                p.add(f"{path}.{k}", f"only {' and '.join(ops) if len(ops) < 3 else ', '.join(ops[:-1]) + ' and ' + ops[-1]} "
+                                     f"take{'s' if len(ops) == 1 else ''} {k!r}; "
                                      f"{info.name} does not")
             elif k not in rn and info.name in ops:
                 p.add(f"{path}.{k}", f"missing: {info.name} needs {'a permutation of the dims' if k == 'perm' else 'a target shape'}")
@@ -185,10 +220,6 @@ def _node_attributes(rn: dict[str, Any], path: str, info: OpInfo | None, p: _Pro
             p.add(f"{path}.to", "missing: cast needs a target dtype")
         else:
             to = _check_dtype(rn["to"], f"{path}.to", p)
-            if to in INT_DTYPES:
-                p.add(f"{path}.to", f"cannot cast to {to}: int tensors are graph inputs (cast them to a "
-                                    "float dtype or bool), never results")
-                to = None
     return keepdims, to
 
 
@@ -238,9 +269,9 @@ def _node_args(rn: dict[str, Any], i: int, path: str, nid: Any, id_ok: bool, inf
         ok = False
     if ok and info is not None:
         ok = _check_arg_types(path, info, values, specs, p)
-    if ok and info is not None and info.kind == "gather" and isinstance(values[-1], str) \
+    if ok and info is not None and info.kind in GATHER_KINDS and isinstance(values[-1], str) \
             and specs[-1].dtype in INT_DTYPES and not scope.defined_at.get(values[-1], "").startswith("inputs"):
-        p.add(f"{path}.args[1]", f"gather needs an int32/int64 graph input as its index; {_show(values[-1])} is "
+        p.add(f"{path}.args[1]", f"{info.name} needs an int32/int64 graph input as its index; {_show(values[-1])} is "
                                  "computed (index with the input it is a view of)")
         ok = False
     return _Args(tuple(values), tuple(specs), ok)
@@ -250,19 +281,35 @@ def _check_arg_types(path: str, info: OpInfo, values: list[str | float], specs: 
                      p: _Problems) -> bool:
     """Whether every tensor argument has the type ``info.arg_types`` asks for (cast, slice, concat and
     the layout ops take any dtype); a problem naming the argument and its dtype is added for each one
-    that does not. An int tensor is accepted only by those ops and as gather's index."""
+    that does not. Where ``info.ints``, the ``f`` arguments may all be int tensors instead (their
+    constants then integers in the result dtype's range); ``reduce_sum`` also takes a bool tensor (a
+    count). Any other int tensor is accepted only by the ops above and as gather's index."""
     ok, k = True, 0
+    numeric = [specs[i].dtype for i, v in enumerate(a for a in values if isinstance(a, str))
+               if info.arg_type(_tensor_position(values, i)) == "f"]
+    int_mode = info.ints and any(d in INT_DTYPES for d in numeric)
+    if int_mode and any(d not in INT_DTYPES for d in numeric):
+        shown = ", ".join(f"{_show(v)} ({specs[i].dtype})" for i, v in enumerate(a for a in values if isinstance(a, str))
+                          if info.arg_type(_tensor_position(values, i)) == "f")
+        p.add(f"{path}.args", f"{info.name} cannot mix int and non-int tensors: {shown}; cast one of them first")
+        return False
     for j, v in enumerate(values):
         if not isinstance(v, str):
+            if int_mode and info.arg_type(j) == "f":
+                ok = _check_int_constant(f"{path}.args[{j}]", info, v, promote_ints(numeric), p) and ok
             continue
         dtype = specs[k].dtype
         k += 1
         want = info.arg_type(j)
         if want == "i" or info.kind in _ANY_DTYPE_KINDS:  # gather's own check names the index's dtype
             continue
+        if info.name == "reduce_sum" and dtype == "bool":  # a count (float32, see _node_spec)
+            continue
         if dtype in INT_DTYPES:
+            if int_mode and want == "f":
+                continue
             p.add(f"{path}.args[{j}]", f"{info.name} cannot take {_show(v)} ({dtype}): {_INT_READERS}; "
-                                       "cast it to a float dtype or bool first")
+                                       "cast it first")
             ok = False
             continue
         want_bool = want == "b"
@@ -270,10 +317,34 @@ def _check_arg_types(path: str, info: OpInfo, values: list[str | float], specs: 
             p.add(f"{path}.args[{j}]", f"{info.name} needs a bool tensor here; {_show(v)} is {dtype}")
             ok = False
         elif not want_bool and dtype == "bool":
-            p.add(f"{path}.args[{j}]", f"{info.name} needs a float tensor here; {_show(v)} is bool "
-                                       "(cast it to a float dtype first)")
+            what = "float or int" if info.ints else "float"
+            p.add(f"{path}.args[{j}]", f"{info.name} needs a {what} tensor here; {_show(v)} is bool "
+                                       f"(cast it to a {what} dtype first)")
             ok = False
     return ok
+
+
+def _tensor_position(values: list[str | float], i: int) -> int:
+    """The argument position of the ``i``-th tensor argument in ``values``."""
+    return [j for j, v in enumerate(values) if isinstance(v, str)][i]
+
+
+def promote_ints(dtypes: list[str]) -> str:
+    """int64 if any of ``dtypes`` is int64, else int32 (the result dtype of int arithmetic)."""
+    return "int64" if "int64" in dtypes else "int32"
+
+
+def _check_int_constant(path: str, info: OpInfo, c: float, dtype: str, p: _Problems) -> bool:
+    """Whether constant ``c`` of an int op is an integer within ``dtype``'s range and within
+    +-:data:`MAX_INT_CONSTANT` (a problem is added if not)."""
+    lo, hi = _INT_RANGE[dtype]
+    if not math.isfinite(c) or c != int(c):
+        p.add(path, f"{info.name} on int tensors needs an integer constant, got {_show(c)}")
+        return False
+    if not max(lo, -MAX_INT_CONSTANT) <= int(c) <= min(hi, MAX_INT_CONSTANT):
+        p.add(path, f"constant {int(c)} is outside the range of {dtype} (or beyond 2**53)")
+        return False
+    return True
 
 
 def _tensor_arg(a: str, apath: str, i: int, nid: Any, id_ok: bool, scope: _Scope, listing: _NodeListing,
@@ -319,6 +390,13 @@ def _node_spec(rn: dict[str, Any], path: str, info: OpInfo | None, args: _Args, 
         axes = _check_axes(rn.get("axes"), "axes" in rn, first.rank, f"{path}.axes", p)
         if axes is None:
             return None, first.dtype, ()
+        if first.dtype == "bool":  # a count of true elements, float32: exact while it stays below 2**24
+            counted = math.prod(first.shape[d] for d in axes)
+            if counted > 2**24:
+                p.add(f"{path}.axes", f"a reduce_sum of a bool tensor counts in float32, exact up to 2**24 "
+                                      f"elements; these axes reduce {counted}")
+                return None, None, ()
+            first = TensorSpec(first.shape, "float32")
         if keepdims:
             return tuple(1 if d in axes else s for d, s in enumerate(first.shape)), first.dtype, axes
         shape = tuple(s for d, s in enumerate(first.shape) if d not in axes)
@@ -382,7 +460,10 @@ def _result_dtype(info: OpInfo, args: _Args) -> str:
     """``bool`` for a bool-valued op, else the promoted dtype of the float tensor arguments."""
     if info.result == "bool":
         return "bool"
-    return promote_dtypes(s.dtype for s in args.specs if s.dtype != "bool")
+    numeric = [s.dtype for s in args.specs if s.dtype != "bool"]
+    if info.ints and any(d in INT_DTYPES for d in numeric):
+        return promote_ints(numeric)
+    return promote_dtypes(numeric)
 
 
 def _check_axes(v: Any, present: bool, rank: int, path: str, p: _Problems) -> tuple[int, ...] | None:

@@ -13,6 +13,9 @@ Contract
   zeros (``bool`` inputs: true with probability 3/4); the same seed gives the same arrays.
 * ``bool`` tensors are 0.0 / 1.0 in float64 (a ``bool`` input array is ``numpy.bool_``); a ``cast``
   to ``bool`` gives ``x != 0`` (NaN is true), as in numpy.
+* Int values (inputs, ``iota``, int ops, casts to int) stay int64, exact; an int32 result is wrapped
+  to 32 bits (two's complement) after each node, so int arithmetic wraps at its dtype's width; int
+  constants are exact integers. Casts to int: :func:`cast_value`.
 * ``int32``/``int64`` inputs and the index maps of them stay int64 (exact at any value). A ``cast``
   of one to a float dtype is defined as the nearest float32 (round to nearest even, what kernels do
   at the load: ``(float)v``), then rounded to the cast's dtype: exact for ``|v| < 2**24``; beyond,
@@ -38,9 +41,9 @@ import numpy as np
 
 from stitchtune.errors import GraphError, StitchtuneError
 from stitchtune.graph.parse import DTYPES, INT_DTYPES, Graph
-from stitchtune.graph.ops import OPS
+from stitchtune.graph.ops import OPS, float_to_int
 
-__all__ = ["numpy_dtype", "bfloat16_dtype", "run_reference", "random_inputs", "check_inputs", "check_host_memory",
+__all__ = ["numpy_dtype", "bfloat16_dtype", "run_reference", "cast_value", "random_inputs", "check_inputs", "check_host_memory",
            "reference_bytes", "host_memory_bytes", "HOST_MEMORY_FRACTION"]
 
 log = logging.getLogger(__name__)
@@ -142,11 +145,14 @@ def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, n
         for node in graph.nodes:
             info = OPS[node.op]
             args: list[Any] = [env[a] if isinstance(a, str) else float(a) for a in node.args]
-            if info.kind == "reduce":
+            if info.ints and any(isinstance(a, np.ndarray) and a.dtype.kind == "i" for a in args):
+                args = [np.int64(int(a)) if isinstance(a, float) else a for a in args]  # exact int constants
+            if info.kind == "iota":
+                val = info.np_fn(node.shape, node.axis)
+            elif info.kind == "reduce":
                 val = info.np_fn(args[0], axis=node.axes, keepdims=node.keepdims)
             elif info.kind == "cast":
-                src = args[0].astype(np.float32) if args[0].dtype.kind == "i" else args[0]  # int: via float32
-                val = src.astype(numpy_dtype(node.to or "float32")).astype(np.float64)
+                val = cast_value(args[0], node.to or "float32")
             elif node.op == "transpose":
                 val = np.transpose(args[0], node.perm)
             elif node.op == "reshape":
@@ -155,16 +161,32 @@ def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, n
                 val = np.broadcast_to(args[0], node.shape)
             elif info.kind == "slice":
                 val = info.np_fn(args[0], axis=node.axis, start=node.start, stop=node.stop)
-            elif info.kind in ("concat", "gather"):
+            elif info.kind in ("concat", "gather", "gather_elements"):
                 val = info.np_fn(*args, axis=node.axis)
             else:
                 val = info.np_fn(*args)
             val = np.asarray(val, dtype=np.int64 if node.dtype in INT_DTYPES else np.float64)
+            if node.dtype == "int32":  # int32 arithmetic wraps at 32 bits (two's complement)
+                val = val.astype(np.int32).astype(np.int64)
             if val.shape != node.shape:  # a bug in graph/parse.py's inference, not a user error
                 raise AssertionError(f"{node.id}: shape {val.shape} != inferred {node.shape}")
             env[node.id] = val
         out = {o: env[o].astype(numpy_dtype(graph.spec(o).dtype)) for o in graph.outputs}
     return out
+
+
+def cast_value(x: np.ndarray, to: str) -> np.ndarray:
+    """A ``cast`` of reference value ``x`` (int64 for an int tensor, float64 otherwise) to dtype ``to``,
+    as kernels do it (see the module docstring): int -> float through float32; int -> int keeps the low
+    bits (int64 -> int32 wraps); float -> int rounds to float32, then truncates toward zero, NaN
+    giving 0 and values beyond the int range the nearest limit (CUDA's saturating conversion);
+    anything -> bool is ``x != 0``; bool -> int is 0 / 1."""
+    if to in INT_DTYPES:
+        if x.dtype.kind == "i":
+            return x.astype(numpy_dtype(to)).astype(np.int64)
+        return float_to_int(x.astype(np.float32), to).astype(np.int64)
+    src = x.astype(np.float32) if x.dtype.kind == "i" and to != "bool" else x  # int: via float32
+    return np.asarray(src != 0 if to == "bool" else src).astype(numpy_dtype(to)).astype(np.float64)
 
 
 #: ops whose argument (first argument for pow and for div's denominator: second) must be positive
@@ -187,12 +209,13 @@ def positive_inputs(graph: Graph) -> set[str]:
 
 
 def gather_bounds(graph: Graph) -> dict[str, int]:
-    """For each int input: the number of rows of the smallest table it indexes (valid indices are below)."""
+    """For each int input: the number of rows of the smallest table it indexes (``gather_elements``: the
+    extent of its axis; valid indices are below)."""
     out: dict[str, int] = {}
     for node in graph.nodes:
-        if node.op == "gather":
+        if node.op in ("gather", "gather_elements"):
             table, idx = node.tensor_args  # both are tensors (checked by the parser)
-            rows = graph.spec(table).shape[0]
+            rows = graph.spec(table).shape[node.axis or 0]
             out[idx] = min(out.get(idx, rows), rows)
     return out
 

@@ -170,8 +170,10 @@ class GraphValue:
                 d["to"] = n.to
             if n.op == "transpose":
                 d["perm"] = list(n.perm)
-            if n.op in ("reshape", "expand"):
+            if n.op in ("reshape", "expand", "iota"):
                 d["shape"] = list(n.shape)
+            if n.op == "iota":
+                d["dtype"] = n.dtype
             if n.axis is not None:
                 d["axis"] = n.axis
             if n.op == "slice":

@@ -29,6 +29,7 @@ from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import (
     DTYPES,
     FLOAT_DTYPES,
+    INT_DTYPES,
     Graph,
     broadcast_shapes,
     parse_graph,
@@ -152,12 +153,19 @@ class GraphBuilder:
         shape = broadcast_shapes(*shapes)
         if shape is None:
             raise ImportError_(f"{op}: shapes {', '.join(map(str, shapes))} do not broadcast (value {name!a})")
+        numeric = [v.dtype for v in args if not v.is_scalar and v.dtype is not None and v.dtype != "bool"]
         if OPS[op].result == "bool":
             dtype = "bool"
+        elif OPS[op].ints and numeric and all(d in INT_DTYPES for d in numeric):
+            dtype = "int64" if "int64" in numeric else "int32"   # int ops on ints (graph-format.md)
         else:
-            floats = [v.dtype for v in args if v.dtype is not None and v.dtype != "bool"]
-            dtype = promote_dtypes(floats) if floats else "float32"
+            dtype = promote_dtypes(numeric) if numeric else "float32"
         return self._emit(name, op, args, shape, dtype)
+
+    def iota(self, shape: Sequence[int], axis: int, dtype: str, name: str) -> Value:
+        """An ``iota`` node: each element's coordinate along ``axis`` of ``shape`` (int32 / int64)."""
+        shape = tuple(int(d) for d in shape)
+        return self._emit(name, "iota", [], shape, dtype, shape=list(shape), axis=int(axis), dtype=dtype)
 
     def layout(self, op: str, x: Sequence[Value], result_shape: Sequence[int], dtype: str, name: str, /,
                **attrs: Any) -> Value:
@@ -177,11 +185,13 @@ class GraphBuilder:
             shape = tuple(1 if i in norm else d for i, d in enumerate(x.shape))
         else:
             shape = tuple(d for i, d in enumerate(x.shape) if i not in norm)
-        return self._emit(name, op, [x], shape, x.dtype or "float32", axes=norm, keepdims=bool(keepdims))
+        dtype = "float32" if x.dtype == "bool" else (x.dtype or "float32")   # a bool sum is a float32 count
+        return self._emit(name, op, [x], shape, dtype, axes=norm, keepdims=bool(keepdims))
 
     def cast(self, x: Value, to: str, name: str) -> Value:
-        if to not in (*FLOAT_DTYPES, "bool"):
-            raise ImportError_(f"cast to {to!a} is not supported (graph.json casts to: {', '.join(FLOAT_DTYPES)}, bool)")
+        if to not in (*FLOAT_DTYPES, "bool", *INT_DTYPES):
+            raise ImportError_(f"cast to {to!a} is not supported (graph.json casts to: "
+                               f"{', '.join((*FLOAT_DTYPES, 'bool', *INT_DTYPES))})")
         if x.is_scalar or x.dtype == to:
             return x
         return self._emit(name, "cast", [x], x.shape, to, to=to)

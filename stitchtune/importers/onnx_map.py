@@ -88,7 +88,7 @@ def _map_node(ctx: _Ctx, b: GraphBuilder, index: int, node: Any, v: Callable[[st
     if op == "Split":
         return map_split(b, node, a, exact, _elem_name(ctx, node.input[0]), lambda k: ctx.const_list(node, k),
                          out_names)
-    if op == "Gather" and tuple(v(ins[1]).shape) != _static_shape(ctx, ins[1]):
+    if op in ("Gather", "GatherElements") and tuple(v(ins[1]).shape) != _static_shape(ctx, ins[1]):
         raise _Demote(-1, "a reshaped view of gather's index (graph.json indexes by a graph input)", tensor=ins[1])
     if layout_op(op) is not None:
         out = node.output[0]

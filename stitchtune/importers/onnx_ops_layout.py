@@ -35,7 +35,7 @@ __all__ = ["INT_DTYPES", "layout_op", "map_layout", "map_split", "split_sizes", 
 
 _LAYOUT = {"Transpose": "transpose", "Reshape": "reshape", "Flatten": "reshape", "Squeeze": "reshape",
            "Unsqueeze": "reshape", "Slice": "slice", "Concat": "concat", "Gather": "gather", "Split": "slice",
-           "Expand": "expand"}
+           "Expand": "expand", "GatherElements": "gather_elements"}
 INT_DTYPES = {6: "int32", 7: "int64"}   # TensorProto enum -> graph.json (index tensors of gather)
 
 
@@ -89,6 +89,12 @@ def why_not_layout(node: Any, attrs: dict[str, Any], const_of: Callable[[int], l
         name = INT_DTYPES.get(elem_of(node.input[1]) or -1)
         if name is None or name not in DTYPES:
             return "gather indices are not an integer tensor graph.json takes"
+    if op == "GatherElements":
+        if const_of(1) is not None:
+            return "gather of constant indices (not yet)"
+        name = INT_DTYPES.get(elem_of(node.input[1]) or -1)
+        if name is None or name not in DTYPES:
+            return "gather indices are not an integer tensor graph.json takes"
     return None
 
 
@@ -109,6 +115,9 @@ def map_layout(b: GraphBuilder, node: Any, attrs: dict[str, Any], x: Callable[[s
         return b.layout("concat", vals, out_shape, dtype, name, axis=int(attrs["axis"]) % len(out_shape))
     if g == "gather":
         return b.layout("gather", [x(ins[0]), x(ins[1])], out_shape, dtype, name, axis=0)
+    if g == "gather_elements":   # torch.gather's semantics: the index has the result's shape
+        return b.layout("gather_elements", [x(ins[0]), x(ins[1])], out_shape, dtype, name,
+                        axis=int(attrs.get("axis", 0)) % len(out_shape))
     v = x(ins[0])   # slice: one graph node per sliced axis, start/stop clamped as ONNX does
     sl = _slices(node, attrs, const_of, len(v.shape)) or []
     shape = list(v.shape)

@@ -221,7 +221,7 @@ def _takes_int(node: Any, lop: str | None, t: str) -> bool:
     result is checked in turn), Gather's index (graph.json's int rules, see graph/parse.py)."""
     if node.op_type == "Cast":
         return node.input[:1] == [t]
-    if lop == "gather":
+    if lop in ("gather", "gather_elements"):
         return node.input[1:2] == [t]
     return lop is not None
 

@@ -61,15 +61,29 @@ _LOGICAL = {"aten.logical_and": "logical_and", "aten.logical_or": "logical_or", 
             "aten.bitwise_and": "logical_and", "aten.bitwise_or": "logical_or", "aten.bitwise_not": "logical_not",
             "aten.__and__": "logical_and", "aten.__or__": "logical_or"}
 _MASK_OPS = {*_COMPARE, *_LOGICAL, "aten.where", "aten.masked_fill"}
+#: ``arange`` and its decomposition ``prims.iota``: an ``iota`` (then ``* step + start``)
+_IOTA = {"aten.arange", "prims.iota"}
+#: ops that take int tensors as ints (graph.json's int ops); any other op reads an int tensor as
+#: torch does, promoted to float32 first (``exp(ids)``, ``ids / 2``)
+INT_OPS: frozenset[str] = frozenset({
+    "aten.add", "aten.sub", "aten.rsub", "aten.mul", "aten.neg", "aten.abs", "aten.maximum", "aten.minimum",
+    "aten.clamp", "aten.clamp_min", "aten.clamp_max", *_COMPARE, "aten.where", "aten.masked_fill"})
 #: every ATen op key (``_key(node.target)``) that :meth:`_Walker._op` maps (some only for some arguments)
 SUPPORTED_OPS: frozenset[str] = frozenset({
     *_UNARY, *_BINARY, *_REDUCE, *_VIEWS, *_CASTS, *_LAYOUT, "aten.gelu", "aten.add", "aten.sub", "aten.rsub", "aten.pow",
     "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.softmax", "aten._softmax",
     "aten.log_softmax", "aten._log_softmax", "aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm",
-    "aten.dropout", "aten.native_dropout", "aten.feature_dropout", "aten.scalar_tensor", *_MASK_OPS})
+    "aten.dropout", "aten.native_dropout", "aten.feature_dropout", "aten.scalar_tensor", *_MASK_OPS, *_IOTA})
 SUPPORTED_OPS = SUPPORTED_OPS | CNN_OPS   # eval batch norm, 1x1 adaptive average pool (torch_cnn)
 _IGNORED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
             "aten._assert_async"}
+
+
+@dataclass(frozen=True)
+class _Alias:
+    """An argument replaced by another value of the walk (an int tensor promoted to float32)."""
+
+    name: str
 
 
 class _Walker(LayoutOps):
@@ -92,6 +106,8 @@ class _Walker(LayoutOps):
     def val(self, x: Any, node: Any) -> Value:
         import torch.fx
 
+        if isinstance(x, _Alias):
+            return self.vals[x.name]
         if isinstance(x, torch.fx.Node):
             v = self.vals.get(x.name)
             if not isinstance(v, Value):
@@ -217,10 +233,8 @@ class _Walker(LayoutOps):
 
     def _check(self, node: Any, v: Value) -> Value:
         t, dt = _meta(node)
-        if dt is None and v.dtype in ("int32", "int64") and _key(node.target) in _VIEWS \
-                and node.meta.get("val") is not None \
-                and index_dtype_name(node.meta["val"].dtype) == v.dtype:
-            dt = v.dtype   # a view of integer ids (read by gather or a cast)
+        if dt is None and node.meta.get("val") is not None:
+            dt = index_dtype_name(node.meta["val"].dtype)   # an int value (ids, positions, a count)
         if dt is None:
             raise ImportError_(f"{node.target} at {_where(node)} produces a dtype graph.json does not have "
                                f"({node.meta.get('val').dtype if node.meta.get('val') is not None else '?'})")
@@ -243,7 +257,14 @@ class _Walker(LayoutOps):
             if isinstance(a.get("s"), bool) or not isinstance(a.get("s"), (int, float)):
                 raise ImportError_(f"{node.target} at {_where(node)}: a non-numeric scalar_tensor")
             return scalar(float(a["s"]))
+        if key in _IOTA:
+            return self._iota(node, key, a)
         self._no_bool(node, key, a)
+        if key in INT_OPS:
+            a = self._promote_ints(node, a)
+        elif key in _UNARY or key in _BINARY or key in ("aten.pow", "aten.gelu"):
+            a = self._ints_to_float(node, a)
+        x = a.get("self", a.get("input"))
         if key in _UNARY:
             return b.unary(_UNARY[key], self.val(x, node), name)
         if key == "aten.gelu":
@@ -287,11 +308,61 @@ class _Walker(LayoutOps):
             return map_cnn_op(self, node, key, a)
         raise ImportError_(f"unsupported op {node.target} at {_where(node)}")
 
+    def _iota(self, node: Any, key: str, a: dict[str, Any]) -> Value:
+        """``arange(start, end, step)`` / ``prims.iota(length, start, step)``: an int ``iota`` of the
+        result's length, times ``step`` plus ``start`` (int arithmetic, exact), cast where the result
+        is a float (its values are then integers, exact below 2**24)."""
+        t, dt = _meta(node)
+        if dt is None and node.meta.get("val") is not None:
+            dt = index_dtype_name(node.meta["val"].dtype)
+        start, step = a.get("start", 0), a.get("step", 1)
+        if dt is None or len(t) != 1 or any(isinstance(c, bool) or not isinstance(c, int) for c in (start, step)):
+            raise ImportError_(f"{node.target} at {_where(node)}: only a 1-d arange with integer start and step "
+                               "is supported")
+        it = "int64" if dt not in ("int32", "int64") else dt
+        v = self.b.iota(t, 0, it, node.name if (start, step) == (0, 1) and it == dt else f"{node.name}_i")
+        if step != 1:
+            v = self.b.binary("mul", v, scalar(float(step)), f"{node.name}_step")
+        if start != 0:
+            v = self.b.binary("add", v, scalar(float(start)), f"{node.name}_start")
+        return v if it == dt else self.b.cast(v, dt, node.name)
+
+    def _promote_ints(self, node: Any, a: dict[str, Any]) -> dict[str, Any]:
+        """An int op's arguments as torch promotes them: ints stay ints where every tensor argument is
+        an int and every number an integer; otherwise (a float tensor or a fractional number with an
+        int tensor) the int tensors are cast to the result's float dtype first."""
+        import torch.fx
+
+        tensors = [v for v in a.values() if isinstance(v, torch.fx.Node) and isinstance(self.vals.get(v.name), Value)]
+        ints = [v for v in tensors if self.vals[v.name].dtype in ("int32", "int64")]
+        if not ints:
+            return a
+        floats = [v for v in tensors if self.vals[v.name].dtype not in ("int32", "int64", "bool")]
+        nums = [v for k, v in a.items() if k not in ("alpha",) and isinstance(v, float) and v != int(v)]
+        if not floats and not nums and not any(isinstance(v, float) and not math.isfinite(v) for v in a.values()):
+            return a
+        return self._ints_to_float(node, a)
+
+    def _ints_to_float(self, node: Any, a: dict[str, Any]) -> dict[str, Any]:
+        """``a`` with every int tensor argument cast to float32 (torch's promotion of an int tensor
+        read by a float op)."""
+        import torch.fx
+
+        out = dict(a)
+        for k, v in a.items():
+            if isinstance(v, torch.fx.Node) and isinstance(self.vals.get(v.name), Value) \
+                    and self.vals[v.name].dtype in ("int32", "int64"):
+                name = f"{v.name}_f"
+                if name not in self.vals:
+                    self.vals[name] = self.b.cast(self.vals[v.name], "float32", name)
+                out[k] = _Alias(name)
+        return out
+
     def _no_bool(self, node: Any, key: str, a: dict[str, Any]) -> None:
         """Refuse a bool tensor argument of an arithmetic op (graph.json reads bools only in logical
         ops, ``where``'s condition and casts)."""
-        if key in _CASTS or key in _VIEWS or key in _LAYOUT:
-            return
+        if key in _CASTS or key in _VIEWS or key in _LAYOUT or (key == "aten.sum" and a.get("dtype") is None):
+            return   # (a sum of a bool tensor is a count)
         import torch.fx
 
         for v in a.values():
@@ -392,6 +463,9 @@ class _Walker(LayoutOps):
     def _reduce(self, node: Any, key: str, a: dict[str, Any]) -> Any:
         x = a["self"]
         v = self.val(x, node)
+        if v.dtype in ("int32", "int64") or (v.dtype == "bool" and key != "aten.sum"):
+            raise ImportError_(f"{node.target} at {_where(node)}: reducing a {v.dtype} tensor is not supported "
+                               "(a sum of a bool tensor is: a count)")
         if a.get("dtype") is not None:
             v = self.b.cast(v, self._dtype(a["dtype"], node), f"{node.name}_in")
         keep = bool(a.get("keepdim")) or node.name in self.forced_keepdim

@@ -18,7 +18,8 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stitchtune.importers.torch_aten import _IGNORED, SUPPORTED_OPS, _key, index_dtype_name, value_dtype_name
+from stitchtune.importers.torch_aten import (_BINARY, _IGNORED, _IOTA, _UNARY, INT_OPS, SUPPORTED_OPS, _key,
+                                             index_dtype_name, value_dtype_name)
 from stitchtune.importers.torch_cnn import WINDOWED_OPS, dead, inplace_reason, is_inplace
 from stitchtune.importers.torch_fx_util import fx_args
 
@@ -57,12 +58,35 @@ def _tensor_ok(val: Any, index: bool = False) -> str | None:
 
 
 
-#: ops that may read (and views that may produce) int32/int64 tensors: casts of integer masks,
-#: views of ids; the integer values themselves are never computed on
-_INT_OK = frozenset({"aten.to", "aten._to_copy", "aten.type_as", "aten.view", "aten.reshape", "aten._unsafe_view",
+_CAST_KEYS = frozenset({"aten.to", "aten._to_copy", "aten.type_as"})
+#: ops that may read int32/int64 tensors: casts, views of ids, graph.json's int ops (int arithmetic,
+#: comparisons, ``where``), and the float ops that read an int tensor as torch does (promoted to float32)
+_INT_OK = frozenset({*_CAST_KEYS, "aten.view", "aten.reshape", "aten._unsafe_view",
                      "aten.unsqueeze", "aten.squeeze", "aten.flatten", "aten.alias", "aten.clone",
-                     "aten.contiguous", "aten.detach", "aten.expand"})
-_INT_VIEWS = _INT_OK - {"aten.to", "aten._to_copy", "aten.type_as"}
+                     "aten.contiguous", "aten.detach", "aten.expand", *INT_OPS, *_UNARY, *_BINARY, "aten.pow"})
+#: ops that may produce int32/int64 tensors: views of ints, casts, the int ops, ``arange``, a bool sum
+#: views of int tensors (an embedding's ids reshaped): still input indices for graph.json's gather
+_VIEWS_OF_INTS = frozenset({"aten.view", "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze",
+                            "aten.flatten", "aten.alias", "aten.clone", "aten.contiguous", "aten.detach",
+                            "aten.expand"})
+_INT_VIEWS = frozenset({"aten.view", "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze",
+                        "aten.flatten", "aten.alias", "aten.clone", "aten.contiguous", "aten.detach", "aten.expand",
+                        *_CAST_KEYS, *INT_OPS, *_IOTA, "aten.sum"}) - {"aten.div", "aten.true_divide"}
+
+
+#: ATen gathers along an axis (graph.json's ``gather_elements``) -> the position of their index argument
+GATHER_INDEX_ARG = {"aten.gather": 2, "aten.take_along_dim": 1}
+
+
+def _gather_index_view(node: Any) -> bool:
+    """Whether ``node`` (a view) makes an integer tensor that a gather along an axis reads as its index:
+    graph.json indexes by graph inputs, so the view stays outside the region (PyTorch makes it, no
+    kernel) and the region reads it as an input."""
+    val = node.meta.get("val")
+    if val is None or getattr(val, "dtype", None) is None or val.dtype.is_floating_point:
+        return False
+    return any(_key(u.target) in GATHER_INDEX_ARG and len(u.args) > GATHER_INDEX_ARG[_key(u.target)]
+               and u.args[GATHER_INDEX_ARG[_key(u.target)]] is node for u in node.users)
 
 
 def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int]) -> str | None:
@@ -86,7 +110,14 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
         why = _tensor_ok(v, index=key in _INT_VIEWS)
         if why:
             return f"produces {why}"
+    if any(_key(u.target) in ("aten.embedding", "aten.index") and node in fx_args(u)[1:] for u in node.users
+           if u.op == "call_function") and key not in _VIEWS_OF_INTS:
+        return "computes indices (graph.json gathers by input indices only; the framework computes them)"
     ids = node.args[1] if key == "aten.embedding" and len(node.args) > 1 else None
+    if key in GATHER_INDEX_ARG and len(node.args) > GATHER_INDEX_ARG[key]:
+        ids = node.args[GATHER_INDEX_ARG[key]]
+    if key in _INT_VIEWS and _gather_index_view(node):
+        return "an index view read by a gather (left to PyTorch: the gather reads it as an input)"
     folded = set(fx_args(node)) - {node.args[0]} if key == "aten.index" else set()
     for a in fx_args(node):
         if a in folded and a in consts:

@@ -19,7 +19,8 @@ from stitchtune.importers.torch_fx_util import _fits, _meta, _strip1, _where
 #: ``slice``, ``gather``; the element-moving views of :data:`_VIEWS` become ``reshape``)
 _LAYOUT = {"aten.transpose": "transpose", "aten.permute": "transpose", "aten.t": "transpose",
            "aten.cat": "concat", "aten.concat": "concat", "aten.slice": "slice", "aten.select": "slice",
-           "aten.embedding": "gather", "aten.index": "index"}
+           "aten.embedding": "gather", "aten.index": "index", "aten.gather": "gather_elements",
+           "aten.take_along_dim": "gather_elements"}
 
 
 class LayoutOps:
@@ -89,6 +90,8 @@ class LayoutOps:
             return self._index(node, a, x)
         if op == "slice":
             return self._slice(node, key, a, x)
+        if op == "gather_elements":
+            return self._gather_elements(node, key, a, x)
         t = self._layout_shape(node, self.tshape(node))
         _, dt = _meta(node)
         if op == "concat":
@@ -106,6 +109,23 @@ class LayoutOps:
                                "is a graph input (graph.json gathers by input indices only)")
         table = self.exact(a["weight"], node)
         return self.b.layout("gather", [table, ids], t, str(table.dtype), node.name, axis=0)
+
+    def _gather_elements(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+        """``gather(self, dim, index)`` / ``take_along_dim(self, indices, dim)`` (index of ``self``'s
+        shape along ``dim``, no broadcasting): graph.json's ``gather_elements``, its index an int32/int64
+        graph input (the candidates leave an index view such as ``target.unsqueeze(1)`` to PyTorch)."""
+        idx_arg = a.get("index", a.get("indices"))
+        dim = a.get("dim")
+        t = self.tshape(node)
+        if dim is None or tuple(self.tshape(idx_arg)) != tuple(t):
+            raise ImportError_(f"{node.target} at {_where(node)}: graph.json's gather_elements needs a dim and an "
+                               "index of the result's shape (no broadcasting of the indices)")
+        ids = self.val(idx_arg, node)
+        if ids.dtype not in ("int32", "int64") or not self.b.is_input(ids) or tuple(ids.shape) != tuple(t):
+            raise ImportError_(f"{node.target} at {_where(node)}: the index must be an int32/int64 tensor that "
+                               "is a graph input of the result's shape (graph.json gathers by input indices only)")
+        src = self.exact(x, node)
+        return self.b.layout("gather_elements", [src, ids], t, str(src.dtype), node.name, axis=int(dim) % len(t))
 
     def _transpose(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
         """A permutation of the axes; one that keeps the order of the non-unit axes is a reshape."""

@@ -18,6 +18,12 @@ Semantics (shared by both consumers):
   indices, masks) load as the nearest float32 (``(float)v``: exact for ``|v| < 2**24``), or through
   :class:`IndexLoad`, which yields a range-checked i32. A :class:`LoadVec` of an int buffer may be
   wider than 16 bytes (an int64 vec 4): it is then several aligned accesses of 16 bytes.
+* Int registers (graphs that compute with ints, :mod:`stitchtune.plan.ints`): variables of type i32 /
+  i64 (``int`` / ``long long``). A :class:`LoadVec` into int variables, or a :class:`Load` with an int
+  ``dtype``, reads an int buffer's elements at their own width (int32 into i32, int64 into i64, no
+  conversion); a :class:`StoreVec` to an int32/int64 output stores int values (converted to the
+  buffer's width, wrapping). :class:`IntOp` is int arithmetic; :class:`Bin` comparisons and
+  :class:`Select` work on ints as in C.
 * :class:`LoadVec` / :class:`StoreVec` move ``width`` consecutive elements starting at ``index`` (an
   element index that must be a multiple of ``width``: 16-byte or narrower aligned accesses). A false
   ``pred`` skips the access for that thread (a masked lane keeps its destination values).
@@ -70,7 +76,10 @@ IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 #: scalar types of IR values
 F32 = "f32"
 I32 = "i32"
+I64 = "i64"
 BOOL = "bool"
+#: the IR type holding a graph int dtype exactly (int registers, see :class:`IntOp`)
+INT_VTYPE = {"int32": I32, "int64": I64}
 
 #: element types of buffers (graph dtypes) and their sizes: graph/values.py's ITEMSIZE
 ELEM_BYTES = ITEMSIZE
@@ -145,6 +154,22 @@ class MathOp:
 
 
 @dataclass(frozen=True)
+class IntOp:
+    """A graph int operator (a key of :data:`stitchtune.graph.ops.INT_CUDA`: add, sub, mul, neg, abs,
+    maximum, minimum, or ``from_float``, the saturating float32 -> int conversion) at int type
+    ``dtype`` (i32 / i64). Operands are converted to ``dtype`` first (``from_float``: a float32
+    operand); arithmetic wraps (two's complement)."""
+
+    op: str
+    args: tuple["Expr", ...]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if self.dtype not in (I32, I64):
+            raise ValueError(self.dtype)
+
+
+@dataclass(frozen=True)
 class Select:
     """``cond ? a : b``."""
 
@@ -163,14 +188,16 @@ class Cast:
 
 @dataclass(frozen=True)
 class Load:
-    """Scalar load of ``buf[index]`` (global parameter or shared buffer), as float32.
+    """Scalar load of ``buf[index]`` (global parameter or shared buffer), as float32; with ``dtype``
+    i32 / i64 (an int buffer only), the element itself at that width (int registers).
 
-    ``pred`` false: no memory access, the value is 0.0.
+    ``pred`` false: no memory access, the value is 0.0 (0).
     """
 
     buf: str
     index: "Expr"
     pred: "Expr | None" = None
+    dtype: str = F32
 
 
 @dataclass(frozen=True)
@@ -233,8 +260,8 @@ class Extent:
         check_ident(self.name)
 
 
-Expr = Union[Const, Var, Special, Bin, MathOp, Select, Cast, Load, IndexLoad, LocalRef, Shfl, ClusterRank, RemoteLoad,
-             Extent]
+Expr = Union[Const, Var, Special, Bin, MathOp, IntOp, Select, Cast, Load, IndexLoad, LocalRef, Shfl, ClusterRank,
+             RemoteLoad, Extent]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph, Node
-from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, LocalRef, MathOp, Var
+from stitchtune.ir.kir import F32, I32, I64, INT_VTYPE, Assign, Bin, BufferRole, Const, Load, LocalRef, MathOp, Var
 from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.ir.launches import grid_size
@@ -23,9 +23,13 @@ from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
 from stitchtune.lower.symbols import RowSymbols
 from stitchtune.graph.ops import INDEX_KINDS, OPS, OpInfo
 from stitchtune.plan.index_map import AxisMap
+from stitchtune.plan.ints import int_registers
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.plan.single_pass import SinglePassCandidate
 from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable
+
+#: the C comparison of each graph comparison op (int registers compare with kir.Bin)
+_CMP_OPS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 V = TypeVar("V")  # a family's per-row / per-column value (row: one expression; column: vec of them)
 
@@ -112,6 +116,9 @@ class SweepValues:
         #: the values of an index-op node (slice / concat / gather), set by the family's sweep
         #: (:class:`stitchtune.lower.remap.RemapValues`); None where the family has no index ops
         self.index_value: Callable[[str], list[kir.Expr]] | None = None
+        #: the ``vec`` values of a full-size or per-reduced-index ``iota`` at the sweep's element, set by
+        #: the family's sweep; None where the family has no iota
+        self.iota_value: Callable[[str], list[kir.Expr]] | None = None
 
     def value(self, name: str) -> list[kir.Expr]:
         low, vec = self.low, self.vec
@@ -133,12 +140,15 @@ class SweepValues:
         elif OPS[low.nodes[name].op].kind in INDEX_KINDS:
             assert self.index_value is not None, f"index op {name} in a family without index ops"
             vals = self.index_value(name)
+        elif low.nodes[name].op == "iota":
+            assert self.iota_value is not None, f"iota {name} in a family without iota"
+            vals = self.iota_value(name)
         else:
             nd = low.nodes[name]
             argv = [self.value(a) if isinstance(a, str) else [Const(float(a), F32)] * vec for a in nd.args]
             vals = []
             for j in range(vec):
-                v = self.cx.var(f"t{tix}_", F32)
+                v = self.cx.var(f"t{tix}_", low.vtype(name))
                 self.body.append(Assign(v, low.expr_of_node(nd, [a[j] for a in argv])))
                 vals.append(v)
             self.stats["flops"] += OPS[nd.op].flops * vec
@@ -163,6 +173,8 @@ class Lowerer:
         self.nodes = {nd.id: nd for nd in graph.nodes}
         self.tid_of = {n: i for i, n in enumerate(list(plan.input_names) + [nd.id for nd in graph.nodes])}
         self.cls = dict(plan.classes)
+        #: int tensors held as int registers (:mod:`stitchtune.plan.ints`); empty for most graphs
+        self.int_regs = int_registers(graph)
         # global buffers
         self.buffers: list[kir.BufferSpec] = []
         self.in_buf: dict[str, str] = {}
@@ -305,22 +317,27 @@ class Lowerer:
         input ``name`` at row offset ``base`` to ``body`` and return their values, by the map's
         :meth:`~stitchtune.plan.index_map.IndexMap.vector_mode`: one vector load, one scalar load
         broadcast to the ``vec`` values, or one scalar load per element."""
-        vec, buf = self.s.vec, self.in_buf[name]
+        vec, buf, vt = self.s.vec, self.in_buf[name], self.vtype(name)
         mode = self.p.imap(name).vector_mode(vec)
         if mode == "vector":
-            dsts = tuple(cx.var(prefix, F32) for _ in range(vec))
+            dsts = tuple(cx.var(prefix, vt) for _ in range(vec))
             body.append(kir.LoadVec(dsts, buf, add(base, self.col_offset(name, c)), pred))
             return list(dsts)
         if mode == "uniform":
-            v = cx.var(prefix, F32)
-            body.append(Assign(v, Load(buf, add(base, self.col_offset(name, c)), pred)))
+            v = cx.var(prefix, vt)
+            body.append(Assign(v, self.load(name, add(base, self.col_offset(name, c)), pred)))
             return [v] * vec
         out: list[kir.Expr] = []
         for j in range(vec):
-            v = cx.var(prefix, F32)
-            body.append(Assign(v, Load(buf, add(base, self.col_offset(name, add(c, I(j)))), pred)))
+            v = cx.var(prefix, vt)
+            body.append(Assign(v, self.load(name, add(base, self.col_offset(name, add(c, I(j)))), pred)))
             out.append(v)
         return out
+
+    def load(self, name: str, index: kir.Expr, pred: kir.Expr | None) -> Load:
+        """A scalar load of input ``name`` at ``index``: float32, or its own int width for an int register."""
+        vt = self.vtype(name)
+        return Load(self.in_buf[name], index, pred) if vt == F32 else Load(self.in_buf[name], index, pred, vt)
 
     def mapped_store(self, body: list[kir.Stmt], name: str, base: kir.Expr, c: kir.Expr, vals: list[kir.Expr],
                      pred: kir.Expr | None) -> None:
@@ -383,8 +400,56 @@ class Lowerer:
     def red_info(self, r: str) -> OpInfo:
         return OPS[self.nodes[r].op]
 
+    def vtype(self, name: str) -> str:
+        """The IR type of tensor ``name``'s values in registers: i32 / i64 for an int register, else f32."""
+        return INT_VTYPE[self.g.spec(name).dtype] if name in self.int_regs else F32
+
+    def iota_at(self, name: str, offset: kir.Expr) -> kir.Expr:
+        """The value of ``iota`` node ``name`` at element ``offset`` (``< numel``) of its own row-major
+        layout: ``(offset // inner) % dim`` along its axis, at its int type."""
+        nd = self.nodes[name]
+        assert nd.axis is not None
+        inner = math.prod(nd.shape[nd.axis + 1:])
+        t = Bin("/", offset, I(inner)) if inner > 1 else offset
+        if nd.axis > 0:
+            t = Bin("%", t, I(nd.shape[nd.axis]))
+        return t if self.vtype(name) == I32 else kir.Cast(t, self.vtype(name))
+
+    def int_expr(self, nd: Node, args: list[kir.Expr]) -> kir.Expr:
+        """The expression of a node that reads or gives int registers (see graph-format.md, "Integer
+        values"): int ops at their width, comparisons and ``where`` as C's, casts to / from int."""
+        info = OPS[nd.op]
+        src = [self.vtype(a) if isinstance(a, str) else None for a in nd.args]
+        if info.kind == "layout":
+            return args[0]
+        if info.kind == "cast":
+            to, a, st = nd.to or nd.dtype, args[0], src[0]
+            if st in (I32, I64):
+                if to in INT_VTYPE:
+                    return a if INT_VTYPE[to] == st else kir.Cast(a, INT_VTYPE[to])
+                if to == "bool":
+                    return kir.Select(Bin("!=", a, Const(0, st)), Const(1.0, F32), Const(0.0, F32))
+                f = kir.Cast(a, F32)
+                return MathOp(f"round_{to}", (f,)) if to in ("float16", "bfloat16") else f
+            return kir.IntOp("from_float", (a,), INT_VTYPE[to])
+        ints = [t for t in src if t in (I32, I64)]
+        t = I64 if I64 in ints else I32
+
+        def typed(k: int) -> kir.Expr:  # argument k at int type t (constants become int literals)
+            a = args[k]
+            if isinstance(a, Const):
+                return Const(int(a.value), t)
+            return a if src[k] == t else kir.Cast(a, t)
+        if nd.op == "where":
+            return kir.Select(Bin("!=", args[0], Const(0.0, F32)), typed(1), typed(2))
+        if info.result == "bool":
+            return kir.Select(Bin(_CMP_OPS[nd.op], typed(0), typed(1)), Const(1.0, F32), Const(0.0, F32))
+        return kir.IntOp(nd.op, tuple(typed(k) for k in range(len(args))), t)
+
     def expr_of_node(self, nd: Node, args: list[kir.Expr]) -> kir.Expr:
         info = OPS[nd.op]
+        if self.int_regs and (nd.id in self.int_regs or any(a in self.int_regs for a in nd.tensor_args)):
+            return self.int_expr(nd, args)
         if info.kind == "layout":  # transpose / reshape: the planner's index maps moved the element
             return args[0]
         if info.kind == "cast":  # float32 registers: a cast to a 16-bit type rounds, as the reference does
@@ -411,7 +476,8 @@ class Lowerer:
         whose arguments are all available (``pvals``, or a per-row/per-column or scalar input loaded
         through ``load_p``); ``const(x)`` turns a constant argument into a value."""
         for nd in self.g.nodes:
-            if self.cls[nd.id].varies_along_reduced or nd.id in pvals or OPS[nd.op].kind == "reduce":
+            if (self.cls[nd.id].varies_along_reduced or nd.id in pvals or OPS[nd.op].kind == "reduce"
+                    or nd.id in self.p.epilogue):  # (the epilogue runs after the cross combine)
                 continue
             args: list[V] = []
             for a in nd.args:

@@ -19,6 +19,11 @@ Phases (each a function below, called by :class:`stitchtune.lower.row.RowKernel`
    is read), passes a grid barrier and sums the partials in block order (:func:`final_sums`); ``kernel``
    stores the partials and :func:`combine_kernel` (a second launch) sums them in block order. ``grid``
    and ``kernel`` are bitwise reproducible whatever order the blocks run in; ``atomic`` is not.
+   ``max`` / ``min`` cross reductions combine with their own op from its neutral element (-inf / +inf)
+   at every step (the space allows ``atomic`` for sums and means only: ``cross_atomic``).
+4. :func:`epilogue` (``grid`` and ``kernel``, after the final combine): the scalar epilogue nodes
+   (``plan.epilogue``) from the scalar results, stored by thread 0 of block 0; a cross reduction
+   that is not an output is never stored.
 """
 
 from __future__ import annotations
@@ -56,6 +61,15 @@ def _scale(c: CrossReduction) -> float:
     return 1.0 / c.count if c.mean else 1.0
 
 
+def _ident(c: CrossReduction) -> Const:
+    """The neutral element of ``c``'s combine: 0 for sums, -inf for max, +inf for min."""
+    return _f({"+": 0.0, "max": -math.inf, "min": math.inf}[c.combine])
+
+
+def _comb(c: CrossReduction, a: kir.Expr, b: kir.Expr) -> kir.Expr:
+    return Bin(c.combine, a, b)
+
+
 def cross_layout(low: Lowerer) -> tuple[list[kir.SharedBuf], list[kir.LocalArray], bool]:
     """(shared buffers, local arrays, needs a grid barrier) of the cross reductions of ``low``'s plan."""
     s, nk, ns = low.s, len(_per_col(low)), len(_scalars(low))
@@ -75,12 +89,12 @@ def cross_init(k: RowKernelBuilder) -> dict[int, Var]:
     accumulator variable of each scalar cross reduction (by index in ``plan.cross``)."""
     low = k.low
     e = k.cx.var("xe", I32)
-    for i, _ in _per_col(low):
-        k.body.append(kir.For(e, I(0), I(low.per_thread), 1, (kir.SetLocal(f"xa{i}", e, _f(0)),), unroll=True))
+    for i, c in _per_col(low):
+        k.body.append(kir.For(e, I(0), I(low.per_thread), 1, (kir.SetLocal(f"xa{i}", e, _ident(c)),), unroll=True))
     accs = {}
-    for i, _ in _scalars(low):
+    for i, c in _scalars(low):
         accs[i] = k.cx.var("xs", F32)
-        k.body.append(Assign(accs[i], _f(0)))
+        k.body.append(Assign(accs[i], _ident(c)))
     return accs
 
 
@@ -95,10 +109,10 @@ def cross_accumulate(k: RowKernelBuilder, sw: RowSweep, sv: SweepValues, body: l
             if c.kind == "per_reduced":
                 idx = k.cache_index(sw, j)
                 cur = LocalRef(f"xa{i}", idx)
-                body.append(kir.SetLocal(f"xa{i}", idx, Select(sw.valid, Bin("+", cur, vals[j]), cur)))
+                body.append(kir.SetLocal(f"xa{i}", idx, Select(sw.valid, _comb(c, cur, vals[j]), cur)))
             else:
                 a = k.cross_acc[i]
-                body.append(Assign(a, Select(sw.valid, Bin("+", a, vals[j]), a)))
+                body.append(Assign(a, Select(sw.valid, _comb(c, a, vals[j]), a)))
 
 
 def cross_accumulate_rows(k: RowKernelBuilder) -> None:
@@ -111,7 +125,7 @@ def cross_accumulate_rows(k: RowKernelBuilder) -> None:
             continue
         v = k.pvals[c.source] if c.source in k.pvals else k.load_p(c.source)
         a = k.cross_acc[i]
-        k.rb.append(Assign(a, Select(lead, Bin("+", a, v), a)))
+        k.rb.append(Assign(a, Select(lead, _comb(c, a, v), a)))
 
 
 def _column(k: RowKernelBuilder, e: int) -> kir.Expr:
@@ -122,9 +136,10 @@ def _column(k: RowKernelBuilder, e: int) -> kir.Expr:
 
 
 def _warp_sum(out: list[kir.Stmt], get: Callable[[], kir.Expr], put: Callable[[kir.Expr], kir.Stmt],
-              masks: list[int]) -> None:
+              masks: list[int], op: str = "+") -> None:
+    """Combine (``op``: ``+``, ``max``, ``min``) across the lanes ``masks`` apart (xor shuffles)."""
     for m in masks:
-        out.append(put(Bin("+", get(), kir.Shfl(get(), m, 32))))
+        out.append(put(Bin(op, get(), kir.Shfl(get(), m, 32))))
 
 
 def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, kir.Expr, kir.Expr, kir.Expr]]:
@@ -136,13 +151,14 @@ def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, k
     subwarp = [m for m in (1, 2, 4, 8, 16) if m >= tpr]
     res: list[tuple[int, kir.Expr, kir.Expr, kir.Expr]] = []
     pcs = _per_col(low)
-    for i, _ in pcs:  # merge the sub-warp rows of each warp (lanes with the same columns)
+    for i, c in pcs:  # merge the sub-warp rows of each warp (lanes with the same columns)
         for e in range(low.per_thread):
             # (_warp_sum calls get and put at once: the loop's i and e are the current ones)
-            _warp_sum(out, lambda: LocalRef(f"xa{i}", I(e)), lambda v: kir.SetLocal(f"xa{i}", I(e), v), subwarp)
-    for i, _ in _scalars(low):
+            _warp_sum(out, lambda: LocalRef(f"xa{i}", I(e)), lambda v: kir.SetLocal(f"xa{i}", I(e), v), subwarp,
+                      c.combine)
+    for i, c in _scalars(low):
         a = k.cross_acc[i]
-        _warp_sum(out, lambda: a, lambda v: Assign(a, v), [16, 8, 4, 2, 1])
+        _warp_sum(out, lambda: a, lambda v: Assign(a, v), [16, 8, 4, 2, 1], c.combine)
     writer = Bin("<", Bin("%", _TID, I(32)), I(tpr)) if tpr < 32 else None
     if pcs and groups > 1:
         slot = Bin("/", _TID, I(max(tpr, 32)))
@@ -159,14 +175,14 @@ def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, k
     if (pcs and groups > 1) or (scal and block > 32):
         out.append(kir.Barrier())
     if pcs and groups > 1:
-        for n, (i, _) in enumerate(pcs):
+        for n, (i, c) in enumerate(pcs):
             for q in range(math.ceil(chunk / block)):
                 col = add(_TID, I(q * block))
                 v = k.cx.var("xv", F32)
                 inside = Bin("<", col, I(chunk))
-                out.append(Assign(v, _f(0)))
+                out.append(Assign(v, _ident(c)))
                 for g in range(groups):
-                    out.append(Assign(v, Bin("+", v, Load("sxk", add(I((n * groups + g) * chunk),
+                    out.append(Assign(v, _comb(c, v, Load("sxk", add(I((n * groups + g) * chunk),
                                                                       Bin("min", col, I(chunk - 1))), inside))))
                 res.append((i, col, v, Bin("<", col, I(N))))
     elif pcs:
@@ -175,12 +191,12 @@ def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, k
                 col = _column(k, e)
                 ok = Bin("<", col, I(N))
                 res.append((i, col, LocalRef(f"xa{i}", I(e)), ok if writer is None else Bin("&&", writer, ok)))
-    for n, (i, _) in enumerate(scal):
+    for n, (i, c) in enumerate(scal):
         if block > 32:
             v = k.cx.var("xv", F32)
-            out.append(Assign(v, _f(0)))
+            out.append(Assign(v, _ident(c)))
             for w in range(nw):
-                out.append(Assign(v, Bin("+", v, Load("sxs", I(n * nw + w)))))
+                out.append(Assign(v, _comb(c, v, Load("sxs", I(n * nw + w)))))
         else:
             v = k.cross_acc[i]
         res.append((i, I(0), v, Bin("==", _TID, I(0))))
@@ -217,48 +233,77 @@ def cross_epilogue(k: RowKernelBuilder) -> list[kir.Stmt]:
 
 
 def final_sums(low: Lowerer, cx: Ctx, uses: dict[str, set[str]], parts: int, nblocks: int) -> list[kir.Stmt]:
-    """Sum the ``parts`` per-block partials of every cross reduction in block order into its output,
+    """Combine the ``parts`` per-block partials of every cross reduction in block order into its output,
     with ``nblocks`` blocks running this code: per column one thread; a scalar by block 0 (every thread
-    a strided share, then shuffles and ``sxs`` across the warps)."""
+    a strided share, then shuffles and ``sxs`` across the warps, so that every thread of block 0 holds
+    it), then the scalar epilogue (:func:`epilogue`)."""
     s = low.s
     block = s.block
     out: list[kir.Stmt] = []
     gid = cx.var("xg", I32)
     out.append(Assign(gid, add(mul(_BID, I(block)), _TID)))
     g = cx.var("xq", I32)
+    finals: dict[str, kir.Expr] = {}
+    mine = Bin("==", _BID, I(0))
     for i, c in enumerate(low.p.cross):
-        buf = low.out_buf[c.node]
-        uses["out"].add(buf)
         part = partial_buf(low, i, parts)
         cx.scratch.add(part)
-        acc = cx.var("xt", F32)
+        acc: Var = cx.var("xt", F32)
         if c.kind == "per_reduced":
+            buf = low.out_buf[c.node]  # (per-column results are outputs: the planner refuses other readers)
+            uses["out"].add(buf)
             N = low.p.N
             for q in range(math.ceil(N / (nblocks * block))):
                 col = cx.var("xc", I32)
                 ok = cx.var("xok", kir.BOOL)
                 out += [Assign(col, add(gid, I(q * nblocks * block))), Assign(ok, Bin("<", col, I(N))),
-                        Assign(acc, _f(0)),
-                        kir.For(g, I(0), I(parts), 1, (Assign(acc, Bin("+", acc, Load(
+                        Assign(acc, _ident(c)),
+                        kir.For(g, I(0), I(parts), 1, (Assign(acc, _comb(c, acc, Load(
                             part, add(mul(g, I(N)), Bin("min", col, I(N - 1))), ok))),)),
                         kir.StoreVec(buf, col, (Bin("*", acc, _f(_scale(c))) if c.mean else acc,), ok)]
             continue
-        mine = Bin("==", _BID, I(0))
         idx = cx.var("xi", I32)
-        out += [Assign(acc, _f(0)), kir.For(g, I(0), I(math.ceil(parts / block)), 1, (
-            Assign(idx, add(mul(g, I(block)), _TID)),
-            Assign(acc, Bin("+", acc, Load(part, Bin("min", idx, I(parts - 1)),
-                                           Bin("&&", mine, Bin("<", idx, I(parts))))))))]
-        _warp_sum(out, lambda: acc, lambda v: Assign(acc, v), [16, 8, 4, 2, 1])
+        inside = Bin("&&", mine, Bin("<", idx, I(parts)))
+        got: kir.Expr = Load(part, Bin("min", idx, I(parts - 1)), inside)  # a masked load reads 0.0
+        if c.combine != "+":
+            got = Select(inside, got, _ident(c))
+        out += [Assign(acc, _ident(c)), kir.For(g, I(0), I(math.ceil(parts / block)), 1, (
+            Assign(idx, add(mul(g, I(block)), _TID)), Assign(acc, _comb(c, acc, got))))]
+        _warp_sum(out, lambda: acc, lambda v: Assign(acc, v), [16, 8, 4, 2, 1], c.combine)
         if block > 32:
             nw = block // 32
             out += [kir.Barrier(), kir.StoreVec("sxs", Bin("/", _TID, I(32)), (acc,),
                                                 Bin("==", Bin("%", _TID, I(32)), I(0))), kir.Barrier(),
-                    Assign(acc, _f(0))]
+                    Assign(acc, _ident(c))]
             for w in range(nw):
-                out.append(Assign(acc, Bin("+", acc, Load("sxs", I(w)))))
-        out.append(kir.StoreVec(buf, I(0), (Bin("*", acc, _f(_scale(c))) if c.mean else acc,),
-                                Bin("&&", mine, Bin("==", _TID, I(0)))))
+                out.append(Assign(acc, _comb(c, acc, Load("sxs", I(w)))))
+        final: kir.Expr = Bin("*", acc, _f(_scale(c))) if c.mean else acc
+        finals[c.node] = final
+        if c.output:
+            buf = low.out_buf[c.node]
+            uses["out"].add(buf)
+            out.append(kir.StoreVec(buf, I(0), (final,), Bin("&&", mine, Bin("==", _TID, I(0)))))
+    out += epilogue(low, cx, uses, finals, Bin("&&", mine, Bin("==", _TID, I(0))))
+    return out
+
+
+def epilogue(low: Lowerer, cx: Ctx, uses: dict[str, set[str]], finals: dict[str, kir.Expr],
+             writer: kir.Expr) -> list[kir.Stmt]:
+    """The scalar epilogue (``plan.epilogue``, graph order) over the final values ``finals`` of the
+    scalar cross reductions; each epilogue output stored by ``writer`` (one thread)."""
+    out: list[kir.Stmt] = []
+    vals = dict(finals)
+    for name in low.p.epilogue:
+        nd = low.nodes[name]
+        args = [vals[a] if isinstance(a, str) else _f(float(a)) for a in nd.args]
+        v = cx.var("xe", F32)
+        out.append(Assign(v, low.expr_of_node(nd, args)))
+        vals[name] = v
+    for o in dict.fromkeys(low.g.outputs):
+        if o in low.p.epilogue:
+            buf = low.out_buf[o]
+            uses["out"].add(buf)
+            out.append(kir.StoreVec(buf, I(0), (vals[o],), writer))
     return out
 
 

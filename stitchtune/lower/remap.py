@@ -24,6 +24,11 @@ the same remaps (:func:`stitchtune.plan.remap.check_remaps`), so a refusal is a 
 zero-initialised float32 scratch whose ``tensor`` is the gather node's id) for an out-of-range index.
 Refused: a row-axis shift of a per-row value or of a gather.
 
+A pick (``gather_elements`` along the view's column axis, :func:`pick_value`) is a per-row value: the
+row kernel computes it with the per-row nodes once the per-row values its source reads are known,
+from one predicated scalar load per input at column ``idx[row]`` (read once per round by
+:func:`gather_index`, with the node's error flag as for ``gather``), 0.0 for an out-of-range index.
+
 In a *mixed* region (transpose / reshape of the inputs, then slice / concat along the innermost
 axis: Llama's rotary after the head split) every shift is a column shift ``d``
 (:func:`stitchtune.plan.remap.column_shift`); a layout node passes the shift to its argument and an
@@ -49,10 +54,10 @@ from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, Se
 from stitchtune.lower.base import I, Lowerer, SweepValues, add, and_, mul
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.planner import TensorClass
-from stitchtune.plan.remap import (Shift, column_shift, composed_chains, domain_of, mixed_layout, root_shift,
-                                   shift_offset)
+from stitchtune.plan.remap import (Shift, column_shift, composed_chains, domain_of, mixed_layout, pick_leaves,
+                                   root_shift, shift_offset)
 
-__all__ = ["Shift", "RemapValues", "gather_flag_buffers"]
+__all__ = ["Shift", "RemapValues", "gather_flag_buffers", "gather_index", "pick_value"]
 
 
 def gather_flag_buffers(program: kir.Program) -> dict[str, str]:
@@ -368,25 +373,7 @@ class RemapValues:
 
     def k_gather_row(self, nd: Node) -> kir.Var:
         """The round's table row of gather ``nd`` (once per kernel round), and its error flag."""
-        k, low = self.k, self.low
-        rows = k.gather_rows
-        if nd.id in rows:
-            return rows[nd.id]
-        idx = str(nd.args[1])
-        ibuf = low.in_buf[idx]
-        k.uses["in"].add(ibuf)
-        r = Bin("min", k.ix.row, I(self.p.M - 1))
-        at = low.row_base(idx, r) if self.p.mapped(idx) else r
-        gi = k.cx.var("gi", I32)
-        V = self.g.spec(str(nd.args[0])).shape[0]
-        k.rb.append(Assign(gi, kir.IndexLoad(ibuf, at, V, k.ix.rvalid)))
-        flag = _flag_buffer(low, nd.id)
-        k.cx.scratch.add(flag)
-        first = Bin("&&", Bin("==", k.ix.lane, I(0)), Bin("==", k.ix.sidx, I(0)))
-        k.rb.append(kir.AtomicAdd(flag, I(0), Const(1.0, F32),
-                                  Bin("&&", Bin("&&", k.ix.rvalid, first), Bin("<", gi, I(0)))))
-        rows[nd.id] = gi
-        return gi
+        return gather_index(self.k, nd, self.g.spec(str(nd.args[0])).shape[0])
 
     def _emit(self, buf: str, base: kir.Expr, sh: Shift, aligned: bool, extra: kir.Expr | None) -> list[kir.Expr]:
         """``vec`` values from ``buf[base + j]``: one vector load when aligned and the conditions are
@@ -407,6 +394,76 @@ class RemapValues:
             self.sw.body.append(Assign(v, Load(buf, add(base, I(j)), pj)))
             out.append(v)
         return out
+
+
+def gather_index(k: RowKernelBuilder, nd: Node, bound: int) -> kir.Var:
+    """The round's index of gather / pick ``nd`` for the task's row (once per kernel round): its index
+    input read by :class:`~stitchtune.ir.kir.IndexLoad` (``-1`` outside ``[0, bound)``), and the
+    node's error flag raised by the row's first lane for an out-of-range index."""
+    low = k.low
+    rows = k.gather_rows
+    if nd.id in rows:
+        return rows[nd.id]
+    idx = str(nd.args[1])
+    ibuf = low.in_buf[idx]
+    k.uses["in"].add(ibuf)
+    r = Bin("min", k.ix.row, I(low.p.M - 1))
+    at = low.row_base(idx, r) if low.p.mapped(idx) else r
+    gi = k.cx.var("gi", I32)
+    k.rb.append(Assign(gi, kir.IndexLoad(ibuf, at, bound, k.ix.rvalid)))
+    flag = _flag_buffer(low, nd.id)
+    k.cx.scratch.add(flag)
+    first = Bin("&&", Bin("==", k.ix.lane, I(0)), Bin("==", k.ix.sidx, I(0)))
+    k.rb.append(kir.AtomicAdd(flag, I(0), Const(1.0, F32),
+                              Bin("&&", Bin("&&", k.ix.rvalid, first), Bin("<", gi, I(0)))))
+    rows[nd.id] = gi
+    return gi
+
+
+def pick_value(k: RowKernelBuilder, nd: Node) -> kir.Expr | None:
+    """The value of pick ``nd`` (``gather_elements`` along the view's column axis,
+    :func:`stitchtune.plan.remap.check_picks`) for the round's row: its source expression evaluated at
+    column ``idx[row]``, the per-row values it reads taken as they are (None while one of them is not
+    computed yet: call again after the next stage), each input varying along the columns loaded at
+    its own address of element ``(row, idx[row])``: one scalar load, predicated on an in-range index
+    (never outside the tensor: the column is ``max(idx, 0) < N``); 0.0 for an out-of-range index, as
+    the reference gives, with the node's error flag raised."""
+    low = k.low
+    const, loaded = pick_leaves(low.g, nd, domain_of(low.g))
+    for name in const:
+        if name not in k.pvals and name not in low.in_buf:
+            return None
+    for name in const:
+        if name not in k.pvals:
+            k.load_p(name)
+    gi = gather_index(k, nd, low.g.spec(str(nd.args[0])).shape[_node_axis(nd)])
+    ok = Bin(">=", gi, I(0))
+    col = Bin("max", gi, I(0))
+    r = Bin("min", k.ix.row, I(low.p.M - 1))
+    vals: dict[str, kir.Expr] = {n: k.pvals[n] for n in const}
+    for name in loaded:
+        buf = low.in_buf[name]
+        k.uses["in"].add(buf)
+        addr = low.col_offset(name, col)
+        if low.cls[name] is TensorClass.FULL:
+            addr = add(low.row_base(name, r), addr)
+        v = k.cx.var("pk", F32)
+        k.rb.append(Assign(v, Load(buf, addr, Bin("&&", k.ix.rvalid, ok))))
+        vals[name] = v
+
+    def at(name: str) -> kir.Expr:
+        if name in vals:
+            return vals[name]
+        m = low.nodes[name]
+        args: list[kir.Expr] = [at(a) if isinstance(a, str) else Const(float(a), F32) for a in m.args]
+        v = k.cx.var("pk", F32)
+        k.rb.append(Assign(v, low.expr_of_node(m, args)))
+        vals[name] = v
+        return v
+
+    out = k.cx.var("pk", F32)
+    k.rb.append(Assign(out, Select(ok, at(str(nd.args[0])), Const(0.0, F32))))
+    return out
 
 
 def _linear(coords: list[kir.Expr], shape: tuple[int, ...]) -> kir.Expr:

@@ -24,7 +24,7 @@ from stitchtune.lower.cluster import STATE_SLOTS, cluster_counts, cluster_shared
 from stitchtune.lower.cross import (atomic_counts, cross_accumulate, cross_accumulate_rows, cross_epilogue,
                                     cross_init, cross_layout)
 from stitchtune.lower.exchange import combine_partials, exchange
-from stitchtune.lower.remap import RemapValues
+from stitchtune.lower.remap import RemapValues, pick_value
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import ReuseLevel, Schedule
@@ -176,25 +176,39 @@ class RowKernel:
         low, ix = self.low, self.ix
         if name in self.pvals:
             return self.pvals[name]
-        v = self.cx.var("p", F32)
+        v = self.cx.var("p", low.vtype(name))
         buf = low.in_buf[name]
         self.uses["in"].add(buf)
         per_row = low.cls[name] is TensorClass.PER_KEPT
         idx = ix.row if per_row else I(0)
         pred = ix.rvalid if per_row else None
         if low.p.mapped(name):  # per-row along part of the row axes: its own row index
-            self.rb.append(Assign(v, Load(buf, self.round_row_base(name), pred)))
+            self.rb.append(Assign(v, low.load(name, self.round_row_base(name), pred)))
         else:
-            self.rb.append(Assign(v, Load(buf, Bin("min", idx, low.m_last()) if per_row else idx, pred)))
+            self.rb.append(Assign(v, low.load(name, Bin("min", idx, low.m_last()) if per_row else idx, pred)))
         self.pvals[name] = v
         return v
 
     def compute_p_nodes(self) -> None:
-        """Compute the per-row and scalar nodes whose reductions are all available."""
-        for nd, args in self.low.ready_p_nodes(self.pvals, self.load_p, lambda c: Const(c, F32)):
-            v = self.cx.var("p", F32)
-            self.rb.append(Assign(v, self.low.expr_of_node(nd, args)))
-            self.pvals[nd.id] = v
+        """Compute the per-row and scalar nodes whose reductions are all available, and the picks
+        (``gather_elements``, :func:`~stitchtune.lower.remap.pick_value`) whose per-row values are."""
+        picks = [nd for nd in self.low.g.nodes if nd.op == "gather_elements"]
+        while True:
+            for nd in picks:
+                if nd.id not in self.pvals:
+                    pv = pick_value(self, nd)
+                    if pv is not None:
+                        self.pvals[nd.id] = pv
+            before = len(self.pvals)
+            for nd, args in self.low.ready_p_nodes(self.pvals, self.load_p, lambda c: Const(c, F32)):
+                v = self.cx.var("p", self.low.vtype(nd.id))
+                if nd.op == "iota":  # per-row (or scalar): its coordinate from the row's offset in it
+                    self.rb.append(Assign(v, self.low.iota_at(nd.id, self.round_row_base(nd.id))))
+                else:
+                    self.rb.append(Assign(v, self.low.expr_of_node(nd, args)))
+                self.pvals[nd.id] = v
+            if len(self.pvals) == before or all(nd.id in self.pvals for nd in picks):
+                return
 
     def read_earlier_stages(self) -> None:
         """The results of the stages of earlier kernels: combined from their partials (an
@@ -284,7 +298,7 @@ class RowKernel:
         buf = low.in_buf[name]
         self.uses["in"].add(buf)
         reads = self.stats["reads"]
-        if sw.from_prefetch and low.cls[name] is TensorClass.FULL:
+        if sw.from_prefetch and low.cls[name] is TensorClass.FULL and name not in low.int_regs:
             reads[buf] = reads.get(buf, 0) + 1
             self.prefetched.append(name)
             return [LocalRef(f"pf{low.tid_of[name]}", self.cache_index(sw, j)) for j in range(vec)]
@@ -294,7 +308,7 @@ class RowKernel:
                 reads[buf] = reads.get(buf, 0) + 1
             base = self.round_row_base(name) if low.cls[name] is TensorClass.FULL else I(0)
             return low.mapped_load(self.cx, sw.body, name, base, sw.k0, sw.valid, f"t{low.tid_of[name]}_")
-        dsts = tuple(self.cx.var(f"t{low.tid_of[name]}_", F32) for _ in range(vec))
+        dsts = tuple(self.cx.var(f"t{low.tid_of[name]}_", low.vtype(name)) for _ in range(vec))
         if low.cls[name] is TensorClass.FULL and low.p.mapped(name):  # broadcast along part of the rows
             idx = add(self.round_row_base(name), sw.k0)
             reads[buf] = reads.get(buf, 0) + 1
@@ -305,6 +319,18 @@ class RowKernel:
             idx = sw.k0
         sw.body.append(kir.LoadVec(dsts, buf, idx, sw.valid))
         return list(dsts)
+
+    def iota_values(self, sw: RowSweep, name: str) -> list[kir.Expr]:
+        """The ``vec`` values of a full-size or per-reduced-index ``iota`` at the sweep's element (index
+        arithmetic on its map's offset, no memory access)."""
+        low = self.low
+        base = self.round_row_base(name) if low.cls[name] is TensorClass.FULL else I(0)
+        out: list[kir.Expr] = []
+        for j in range(low.s.vec):
+            v = self.cx.var(f"t{low.tid_of[name]}_", low.vtype(name))
+            sw.body.append(Assign(v, low.iota_at(name, add(base, low.col_offset(name, add(sw.k0, I(j)))))))
+            out.append(v)
+        return out
 
     def sweep(self, reds: list[str], outputs: list[str], online: sp.OnlineState | None = None,
               cross: bool = False) -> list[ReductionState]:
@@ -331,6 +357,7 @@ class RowKernel:
                           partial(self.cache_index, sw), partial(self.smem_index, sw), self.stats)
         rv = RemapValues(self, sw, sv)
         sv.index_value = rv.node_value
+        sv.iota_value = partial(self.iota_values, sw)
         for acc in accs:
             vals = sv.value(str(low.nodes[acc.reduction].args[0]))
             lb.extend(acc.fold(vals[j], valid) for j in range(vec))
@@ -404,7 +431,7 @@ class RowKernel:
         """The output sweep (full-size and per-reduced-index outputs), then the per-row and scalar
         outputs, written by the row's first lane of its first split block."""
         low, ix = self.low, self.ix
-        crossed = {c.node for c in low.p.cross}
+        crossed = {c.node for c in low.p.cross} | set(low.p.epilogue)  # stored after the cross combine
         outs = [o for o in dict.fromkeys(low.g.outputs) if o not in crossed]
         f_outs = [o for o in outs if low.cls[o].varies_along_reduced]
         x_full = any(c.source_full for c in low.p.cross)

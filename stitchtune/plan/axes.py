@@ -156,7 +156,9 @@ def _node_axes(b: _Builder, node: Node) -> None:
     """The groups of ``node``'s result (raises :class:`_AxisError` when axes do not fit)."""
     kind = OPS[node.op].kind
     targs = node.tensor_args
-    if kind == "reduce":
+    if kind == "iota":  # no argument: its dims are fresh axes, as an input's
+        b.groups[node.id] = [(b.fresh(s),) if s > 1 else () for s in node.shape]
+    elif kind == "reduce":
         src = b.groups[targs[0]]
         b.groups[node.id] = ([() if i in node.axes else g for i, g in enumerate(src)] if node.keepdims
                              else [g for i, g in enumerate(src) if i not in node.axes])
@@ -181,11 +183,13 @@ def _repeated(groups: list[tuple[int, ...] | None]) -> bool:
 
 
 def _align_orphans(b: _Builder, graph: Graph, dom: str) -> None:
-    """An input whose axes never met the domain tensor's (unused, or feeding only tensors that do
-    not meet it) is aligned to the domain tensor's dims by numpy broadcasting (right-aligned), as
+    """An input (or an ``iota``) whose axes never met the domain tensor's (unused, or feeding only tensors
+    that do not meet it) is aligned to the domain tensor's dims by numpy broadcasting (right-aligned), as
     if it were added to it."""
     dom_groups = b.groups[dom]
-    for name, spec in graph.inputs:
+    leaves = [(name, spec.shape) for name, spec in graph.inputs] + \
+        [(nd.id, nd.shape) for nd in graph.nodes if OPS[nd.op].kind == "iota"]  # an iota starts axes as an input
+    for name, shape in leaves:
         known = {a for g in dom_groups for a in (g or ())}
         src = b.groups[name]
         off = len(dom_groups) - len(src)
@@ -193,7 +197,7 @@ def _align_orphans(b: _Builder, graph: Graph, dom: str) -> None:
             if not g or set(g) <= known or off + k < 0:
                 continue
             target = dom_groups[off + k]
-            if target and prod(b.sizes[a] for a in target) == spec.shape[k]:
+            if target and prod(b.sizes[a] for a in target) == shape[k]:
                 try:
                     b.unify(target, g)
                 except _AxisError:

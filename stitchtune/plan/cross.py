@@ -13,6 +13,14 @@ atomics, partials + grid barrier, or partials + a small second kernel; see
 * ``scalar``: everything is reduced (a loss: ``mean((pred - target) ** 2)``), or the rows of a
   per-row source (the mean over rows of a per-row cross entropy); one value (class ``SCALAR``).
 
+A cross reduction is a ``reduce_sum``, ``reduce_mean``, ``reduce_max`` or ``reduce_min`` (its
+``combine`` op: ``+``, ``max``, ``min``). Its result is complete only after every block has finished,
+so it may be read only by the *scalar epilogue* (:func:`epilogue_nodes`): element-wise nodes whose
+arguments are scalar cross reductions, other epilogue nodes and constants (``loss = sum(l) * -1/N``,
+a sum divided by a count that is itself a cross reduction), computed once after the cross-block
+combine by the thread that holds the final values; a cross reduction read only there need not be an
+output.
+
 Contract: :func:`split_cross` separates the graph's reductions into the row (or column) reductions the
 planner handled before and the cross reductions, *before* the view is chosen; for a graph whose
 reductions all reduce the same axes it returns them unchanged and no cross reduction, so plans of
@@ -28,11 +36,12 @@ from math import prod
 from typing import Any, Mapping
 
 from stitchtune.errors import UnsupportedGraphError
+from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.plan.family import Family
 
-#: ops a cross reduction may be (float atomics and ordered sums exist for these)
-CROSS_OPS = ("reduce_sum", "reduce_mean")
+#: ops a cross reduction may be (ordered combines exist for these; float atomics for the sums only)
+CROSS_OPS = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min")
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,9 @@ class CrossReduction:
     ``node``: its node id (a graph output, read by no other node); ``source``: the tensor it reduces;
     ``kind``: ``per_reduced`` (one value per column) or ``scalar``; ``source_full``: whether the source
     is full-size (accumulated in the output sweep) or per-row (accumulated once per row);
-    ``mean``: a mean (the sum is scaled by ``1 / count``); ``count``: elements reduced per result.
+    ``mean``: a mean (the sum is scaled by ``1 / count``); ``count``: elements reduced per result;
+    ``combine``: the op table's ``combine_op`` (``+`` for sums and means, ``max``, ``min``);
+    ``output``: whether the result is a graph output (else only the epilogue reads it).
     """
 
     node: str
@@ -51,6 +62,8 @@ class CrossReduction:
     source_full: bool
     mean: bool
     count: int
+    combine: str = "+"
+    output: bool = True
 
 
 def _live_reduced(nd: Node, maps: Mapping[str, tuple[int | None, ...]], live: set[int]) -> frozenset[int]:
@@ -95,6 +108,21 @@ def split_cross(red_nodes: list[Node], maps: Mapping[str, tuple[int | None, ...]
     return rest, full
 
 
+def epilogue_nodes(graph: Graph, cross_nodes: list[Node]) -> tuple[str, ...]:
+    """The scalar epilogue of ``cross_nodes`` (graph order): every element-wise node (unary, binary,
+    ternary, cast) of one element whose tensor arguments are all cross reductions or epilogue nodes,
+    with at least one of them (module docstring). Empty without cross reductions."""
+    done = {nd.id for nd in cross_nodes}
+    out: list[str] = []
+    for nd in graph.nodes:
+        targs = nd.tensor_args
+        if (targs and all(a in done for a in targs) and OPS[nd.op].kind in ("unary", "binary", "ternary", "cast")
+                and prod(nd.shape) == 1):
+            done.add(nd.id)
+            out.append(nd.id)
+    return tuple(out)
+
+
 def check_cross(graph: Graph, cross_nodes: list[Node], family: str, classes: Mapping[str, Any],
                 mapped: Mapping[str, bool]) -> tuple[CrossReduction, ...]:
     """The :class:`CrossReduction` of each node of ``cross_nodes`` (graph order), after the view's
@@ -102,16 +130,25 @@ def check_cross(graph: Graph, cross_nodes: list[Node], family: str, classes: Map
     of the row axes. Raises :class:`UnsupportedGraphError` naming the node and why."""
     if not cross_nodes:
         return ()
-    readers = {a for nd in graph.nodes for a in nd.args if isinstance(a, str)}
+    epi = set(epilogue_nodes(graph, cross_nodes))
+    readers = {a for nd in graph.nodes if nd.id not in epi for a in nd.args if isinstance(a, str)}
+    epi_readers = {a for nd in graph.nodes if nd.id in epi for a in nd.args if isinstance(a, str)}
     out = []
     for nd in cross_nodes:
         src = str(nd.args[0])
         why = _refusal(graph, nd, src, family, classes, mapped, readers)
+        kind = "per_reduced" if classes[nd.id].value == "K" else "scalar"
+        if not why and kind != "scalar" and nd.id in epi_readers:
+            why = "is read by another node; only scalar results may be read after the combine (the scalar epilogue)"
+        if not why and nd.id not in graph.outputs and nd.id not in epi_readers:
+            why = "is not a graph output"
         if why:
             raise UnsupportedGraphError(f"reduction '{nd.id}' over the rows {why}")
-        kind = "per_reduced" if classes[nd.id].value == "K" else "scalar"
         count = prod(graph.spec(src).shape[i] for i in nd.axes)
-        out.append(CrossReduction(nd.id, src, kind, classes[src].value == "F", nd.op == "reduce_mean", count))
+        comb = OPS[nd.op].combine_op
+        assert comb is not None, f"{nd.op} is a reduction"
+        out.append(CrossReduction(nd.id, src, kind, classes[src].value == "F", nd.op == "reduce_mean", count,
+                                  comb, nd.id in graph.outputs))
     return tuple(out)
 
 
@@ -121,11 +158,10 @@ def _refusal(graph: Graph, nd: Node, src: str, family: str, classes: Mapping[str
     if family != Family.ROW:
         return "is supported in row-reduction graphs only"
     if nd.op not in CROSS_OPS:
-        return f"is a {nd.op}; cross-block combines support reduce_sum and reduce_mean"
+        return f"is a {nd.op}; cross-block combines support reduce_sum, reduce_mean, reduce_max and reduce_min"
     if nd.id in readers:
-        return "is read by another node; its result is only complete after every block has finished"
-    if nd.id not in graph.outputs:
-        return "is not a graph output"
+        return ("is read by another node; its result is only complete after every block has finished (only "
+                "element-wise scalar nodes of cross reductions and constants may read it: the scalar epilogue)")
     c_src, c_out = classes[src].value, classes[nd.id].value
     if c_src not in ("F", "P"):
         return f"reduces tensor '{src}', which varies along neither the rows nor the whole view"

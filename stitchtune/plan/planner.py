@@ -51,12 +51,13 @@ from math import prod
 
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph, Node
-from stitchtune.graph.ops import OPS
+from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.plan import remap
 from stitchtune.plan.family import Family
 from stitchtune.plan.axes import Groups, TensorAxes, tensor_axes
-from stitchtune.plan.cross import CrossReduction, check_cross, split_cross
+from stitchtune.plan.cross import CrossReduction, check_cross, epilogue_nodes, split_cross
 from stitchtune.plan.index_map import IndexMap, index_map
+from stitchtune.plan.ints import int_registers
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
 
 
@@ -95,6 +96,9 @@ class StitchPlan:
     #: (:mod:`stitchtune.plan.cross`); not in ``reductions`` / ``stages``. Empty for every graph whose
     #: reductions all reduce the same axes.
     cross: tuple[CrossReduction, ...] = ()
+    #: the scalar epilogue of the cross reductions (:func:`~stitchtune.plan.cross.epilogue_nodes`):
+    #: element-wise scalar nodes computed once after the cross-block combine, never by the rows' tasks
+    epilogue: tuple[str, ...] = ()
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -377,6 +381,13 @@ def make_plan(graph: Graph) -> StitchPlan:
     *mixed* region (slice / concat and transpose / reshape, e.g. Llama's rotary: head split, then
     rotate-half) is mapped by :func:`tensor_axes` on its surrogate, whose layout part keeps its own
     shapes, and lowered with column shifts only (:func:`~stitchtune.plan.remap.check_mixed`)."""
+    ints = int_registers(graph)
+    index_op = next((nd for nd in graph.nodes if OPS[nd.op].kind in INDEX_KINDS), None)
+    if ints and index_op is not None:  # (naming the index op: an importer can leave it out and keep the rest)
+        raise UnsupportedGraphError(
+            f"{index_op.op} '{index_op.id}' is in a region that computes with int values (graph '{graph.name}'); "
+            "stitched kernels lower int arithmetic in element-wise and row-reduction regions without slice, "
+            "concat or gather only")
     real, graph = graph, remap.surrogate(graph)
     names = [n for n, _ in graph.inputs] + [nd.id for nd in graph.nodes]
     all_red = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
@@ -396,6 +407,10 @@ def make_plan(graph: Graph) -> StitchPlan:
         maps = axes.of
         red_nodes, cross_nodes = _split_cross(all_red, axes)
         view = _view(axes.order, axes.size_of, bool(all_red), _reduced_axes(red_nodes, maps))
+    if ints and view.family == Family.COL:
+        raise UnsupportedGraphError(
+            f"graph '{real.name}' computes with int values in a column-reduction region; stitched kernels lower "
+            "int arithmetic in element-wise and row-reduction regions only")
     classes = _classify(names, view, maps)
     _check_reductions(red_nodes, classes)
     _check_reduction_sources(red_nodes, view, maps)
@@ -413,7 +428,9 @@ def make_plan(graph: Graph) -> StitchPlan:
     return StitchPlan(
         family=view.family, M=view.M, N=view.N, classes=tuple(classes.items()),
         reductions=tuple(nd.id for nd in red_nodes), stages=stages,
-        reuse_candidates=_reuse_candidates(graph, names, classes, stages, tuple(c.source for c in cross)),
+        reuse_candidates=tuple(n for n in _reuse_candidates(graph, names, classes, stages, tuple(c.source for c in cross))
+                               if n not in ints),  # int registers are reloaded / recomputed, never cached
         input_names=tuple(n for n, _ in graph.inputs), dtypes=tuple((n, graph.spec(n).dtype) for n in names),
         index_maps=tuple((n, imaps[n]) for n in names),
-        single_pass=single_pass_candidates(graph, view.family, stages, view.N), cross=cross)
+        single_pass=single_pass_candidates(graph, view.family, stages, view.N), cross=cross,
+        epilogue=epilogue_nodes(graph, [nd for nd in cross_nodes]) if cross else ())

@@ -1,4 +1,5 @@
-"""Index remaps: planning graphs with ``slice``, ``concat`` and ``gather`` (see graph/index_checks.py).
+"""Index remaps: planning graphs with ``slice``, ``concat``, ``gather`` and ``gather_elements`` (see
+graph/index_checks.py).
 
 These ops move elements without arithmetic, so a stitched kernel never materialises their results:
 it evaluates the element-wise subtree below them at a *remapped* position and loads the graph inputs
@@ -11,6 +12,10 @@ there (:mod:`stitchtune.lower.remap`). Planning sees a *surrogate* graph (:func:
 * ``slice`` becomes a unary and ``concat`` an n-ary element-wise node over the surrogate shapes;
   ``gather(table, idx)`` an element-wise node of ``idx`` seen as per-row (``idx.shape`` + ones) and
   the table seen as one row (``table.shape[1:]``), so its result is full-size and the index per-row.
+
+* ``gather_elements`` is planned as a *pick* (:func:`check_picks`): one element per row along the
+  view's column axis, a per-row node of its index and of the per-row values its element-wise source
+  reads (:func:`pick_leaves`), so that its stage follows theirs; the domain spans its source.
 
 The planner then classifies, stages and maps the surrogate as any other graph (so the space, the
 cost model and the heuristic need nothing new); :func:`real_index_maps` gives the inputs whose own
@@ -53,7 +58,7 @@ from stitchtune.graph.parse import Graph, Node, TensorSpec
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.family import Family
 
-__all__ = ["root_shift", "composed_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
+__all__ = ["pick_leaves", "check_picks", "root_shift", "composed_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
            "Shift", "shift_offset", "check_remaps"]
 
 
@@ -79,6 +84,7 @@ def domain_of(graph: Graph) -> tuple[int, ...]:
         names.append(o)
     shapes = [graph.spec(o).shape for o in names]
     shapes += [graph.spec(str(n.args[0])).shape for n in graph.reductions()]
+    shapes += [graph.spec(str(n.args[0])).shape for n in graph.nodes if n.op == "gather_elements"]
     return max(shapes, key=lambda s: (prod(s), len(s)))
 
 
@@ -231,11 +237,14 @@ def surrogate(graph: Graph) -> Graph:
     for nd in graph.nodes:
         kind = OPS[nd.op].kind
         shape = tuple(nd.shape) if nd.id in keep else special.get(nd.id) or _sur(nd.shape, domain, nd.id)
-        op = {"slice": "neg", "concat": "add", "gather": "add", "layout": "neg"}.get(kind, nd.op)
+        op = {"slice": "neg", "concat": "add", "gather": "add", "gather_elements": "add", "layout": "neg"}.get(kind, nd.op)
         if nd.id in keep:  # a layout node of a mixed region, as it is (perm / target shape)
             nodes.append(nd)
             continue
-        nodes.append(Node(id=nd.id, op=op, args=nd.args, axes=nd.axes, keepdims=nd.keepdims, to=nd.to,
+        args = nd.args
+        if kind == "gather_elements":  # one value per row: of its index and the per-row values it reads
+            args = (str(nd.args[1]), *pick_leaves(graph, nd, domain)[0])
+        nodes.append(Node(id=nd.id, op=op, args=args, axes=nd.axes, keepdims=nd.keepdims, to=nd.to,
                           shape=shape, dtype=nd.dtype))
     for name in [o for o in graph.outputs if o not in keep] + [str(n.args[0]) for n in graph.reductions()]:
         if tuple(graph.spec(name).shape) != _sur(graph.spec(name).shape, domain, name):
@@ -336,8 +345,8 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
     every input is loaded through a :func:`composed_chains` chain: GPT-2's q/k/v split), and every input
     outside :func:`layout_part` of its surrogate shape (no sliced input larger than the domain)."""
     for n in graph.nodes:
-        if n.op == "gather":
-            raise UnsupportedGraphError(f"gather '{n.id}' is in a region with transpose / reshape; stitched "
+        if n.op in ("gather", "gather_elements"):
+            raise UnsupportedGraphError(f"{n.op} '{n.id}' is in a region with transpose / reshape; stitched "
                                         "kernels do not combine the two yet")
     if family == Family.COL:
         raise UnsupportedGraphError("slice / concat with transpose / reshape are supported in row-reduction and "
@@ -415,6 +424,11 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
         kind = OPS[nd.op].kind if nd is not None else "input"
         if nd is not None and kind == "slice":
             _check_size1_slice(nd, sh, domain)
+        if nd is not None and kind == "gather_elements":  # a per-row pick, loaded at its own row
+            if {a for a, _ in sh.delta} & rows:
+                raise UnsupportedGraphError(f"gather_elements '{name}' under a slice/concat along a row axis is "
+                                            "not supported")
+            return
         if not varies[name]:
             if nd is not None and kind in INDEX_KINDS:
                 raise UnsupportedGraphError(
@@ -463,6 +477,63 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
         visit(name, Shift())
 
 
+_PICK_ONLY = ("gather_elements '{0}': stitched kernels pick one element per row along the kernel's column axis "
+              "(an index of size 1 along axis {1} and of the source's size elsewhere, that axis the one reduced by "
+              "the region's row reductions); other gathers along an axis are not supported yet")
+
+
+def pick_leaves(graph: Graph, nd: Node, domain: tuple[int, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(constant, loaded)`` tensors of the subtree a pick ``gather_elements`` node ``nd`` evaluates at
+    its row's index: ``constant`` are those constant along the gather axis (size 1 there: per-row
+    values such as a row max or log-sum-exp, where the walk stops), ``loaded`` the inputs that vary
+    along it (loaded at the picked position). :class:`UnsupportedGraphError` naming the node for a
+    subtree node that is not element-wise."""
+    x, idx = (graph.spec(str(t)) for t in nd.args)
+    if idx.shape[_axis(nd)] != 1 or any(i != d for k, (i, d) in enumerate(zip(idx.shape, x.shape)) if k != _axis(nd)):
+        raise UnsupportedGraphError(_PICK_ONLY.format(nd.id, _axis(nd)))
+    nodes = {n.id: n for n in graph.nodes}
+    a = len(domain) - len(nd.shape) + _axis(nd)
+    if a != max((k for k, d in enumerate(domain) if d > 1), default=a):  # not the innermost live axis
+        raise UnsupportedGraphError(_PICK_ONLY.format(nd.id, _axis(nd)))
+    const: list[str] = []
+    loaded: list[str] = []
+    stack, seen = [str(nd.args[0])], set()
+    while stack:
+        cur = stack.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        shape = graph.spec(cur).shape
+        k = a - (len(domain) - len(shape))
+        if k < 0 or shape[k] == 1:
+            const.append(cur)
+            continue
+        m = nodes.get(cur)
+        if m is None:
+            loaded.append(cur)
+            continue
+        if OPS[m.op].kind not in ("unary", "binary", "ternary", "cast"):
+            raise UnsupportedGraphError(
+                f"gather_elements '{nd.id}' picks from '{cur}' ({m.op}); stitched kernels pick from element-wise "
+                "expressions of inputs and per-row values only")
+        stack.extend(m.tensor_args)
+    return tuple(sorted(const)), tuple(sorted(loaded))
+
+
+def check_picks(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ...]) -> None:
+    """Every ``gather_elements`` is a *pick*: one element per row along the kernel's column axis
+    (``idx`` of size 1 along the gather axis and of the source's dims elsewhere, the gather axis the
+    view's only column axis: cross entropy's target logit), whose source is an element-wise expression
+    (:func:`pick_leaves`); :class:`UnsupportedGraphError` naming the node otherwise."""
+    for n in graph.nodes:
+        if n.op != "gather_elements":
+            continue
+        pick_leaves(graph, n, domain)
+        live = tuple(c for c in col_axes if domain[c] > 1)
+        if live != (len(domain) - len(n.shape) + _axis(n),):
+            raise UnsupportedGraphError(_PICK_ONLY.format(n.id, _axis(n)))
+
+
 def _check_size1_slice(nd: Node, sh: Shift, domain: tuple[int, ...]) -> None:
     """A size-1 slice evaluated over several positions of its axis (broadcast) is refused."""
     a = len(domain) - len(nd.shape) + _axis(nd)
@@ -491,11 +562,13 @@ def check_gathers(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ..
     """A gather's table rows must be the view's columns: ``table.shape[1:]`` spans exactly the column
     axes (so element ``(r, c)`` is ``table[idx[r], c]``), in a row-family view."""
     for n in graph.nodes:
-        if n.op not in ("gather", "slice", "concat"):
+        if n.op not in ("gather", "gather_elements", "slice", "concat"):
             continue
         if family == Family.COL:
             raise UnsupportedGraphError(f"{n.op} '{n.id}': index ops are supported in row-reduction and "
                                         "element-wise kernels only, not in column reductions")
+        if n.op == "gather_elements":
+            check_picks(graph, domain, col_axes)
         if n.op != "gather":
             continue
         trail = graph.spec(str(n.args[0])).shape[1:]

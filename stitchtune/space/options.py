@@ -39,7 +39,7 @@ CORE_FIELDS: tuple[str, ...] = ("tpr", "block", "split", "vec", "tasks_per_block
 
 RESERVED: frozenset[str] = frozenset(CORE_FIELDS) | {
     "family", "nstages", "single_pass_candidates", "scheme_table", "max_cluster", "options", "table", "option", "to_dict", "from_dict", "to_json", "from_json", "key", "flat",
-    "persistent", "deterministic", "ncross", "ncross_k", "ncross_s", "cross_f32",
+    "persistent", "deterministic", "ncross", "ncross_k", "ncross_s", "cross_f32", "cross_atomic",
 }
 """Names an option may not take: the core fields, the point's plan names and the Schedule's own attributes
 (``tests/space`` checks that this covers every public attribute of :class:`~stitchtune.space.Schedule`)."""
@@ -253,7 +253,8 @@ def _has_cross(p: Point) -> bool:
 
 
 def _cross_names(p: Point) -> Mapping[str, Any]:
-    return {"ncross": p.get("ncross", 0), "cross_f32": p.get("cross_f32", True)}
+    return {"ncross": p.get("ncross", 0), "cross_f32": p.get("cross_f32", True),
+            "cross_atomic": p.get("cross_atomic", True)}
 
 
 def _cross_registers(n: Point) -> int:

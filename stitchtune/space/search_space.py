@@ -118,7 +118,11 @@ class SearchSpace:
         cross = getattr(plan, "cross", ())
         self._cross_point = {"ncross": len(cross), "ncross_k": sum(c.kind == "per_reduced" for c in cross),
                              "ncross_s": sum(c.kind == "scalar" for c in cross),
-                             "cross_f32": all(plan.dtype(c.node) == "float32" for c in cross)}
+                             "cross_f32": all(plan.dtype(c.node) == "float32" for c in cross),
+                             # float atomic adds combine sums and means stored as they are (no max / min,
+                             # no scalar epilogue reading a complete result)
+                             "cross_atomic": all(getattr(c, "combine", "+") == "+" and getattr(c, "output", True)
+                                                 for c in cross) and not getattr(plan, "epilogue", ())}
         # thread-block clusters: the scheme comes with the cluster option, on devices that have them, for
         # row reductions long enough to give every thread of a cluster of two smallest blocks an element
         self.max_cluster = (int(device.max_cluster_size) if "cluster" in table and getattr(device, "supports_clusters", False)

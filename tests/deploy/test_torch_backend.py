@@ -476,3 +476,26 @@ def test_a_resnet_block_stitches_batch_norm_relu_and_the_residual_add(cpu: str, 
     assert [s.ops for s in e.stitched] == [(bn, "aten.relu"), (bn, "aten.add", "aten.relu"), ("aten.mean",)]
     assert any("max_pool2d" in d.what and "windowed" in d.reason for d in e.declined)
     assert (e.outputs - want).abs().max().item() < 1e-5
+
+
+def test_nll_of_log_softmax_is_one_stitched_region_and_matches_eager() -> None:
+    """``-gather(log_softmax(x), 1, t[:, None]).mean()``: log-softmax, the target pick, the mean over
+    rows and the negation are one region (one kernel launch under the grid combine; the heuristic's
+    combine kernel makes two); forward value and ``torch.autograd.grad`` match eager."""
+    def f(x: Any, t: Any) -> Any:
+        return -torch.gather(torch.log_softmax(x, -1), 1, t.unsqueeze(1)).mean()
+
+    torch.manual_seed(0)
+    x, t = torch.randn(16, 1000, requires_grad=True), torch.randint(0, 1000, (16,))
+    torch_backend.LAST_REPORTS.clear()
+    got = _compile(f, fallback="eager", cpu="emulate")(x, t)
+    (g_got,) = torch.autograd.grad(got, x)
+    want = f(x, t)
+    (g_want,) = torch.autograd.grad(want, x)
+    assert abs(float(got) - float(want)) <= 1e-5 * abs(float(want))
+    assert torch.allclose(g_got, g_want, atol=1e-6)
+    fwd = [r for r in torch_backend.LAST_REPORTS if r.graph == "forward"]
+    [region] = fwd[0].stitched
+    assert set(region.ops) == {"aten._log_softmax", "aten.gather", "aten.mean", "aten.neg"}
+    assert 1 <= region.kernels <= 2
+    assert [d.what for d in fwd[0].declined] == ["op aten.unsqueeze"]   # a view PyTorch makes (no kernel)

@@ -43,6 +43,13 @@ def test_np_fn_keeps_float32_and_float64(name: str) -> None:
         elif info.kind == "gather":
             r = info.np_fn(x, np.array([2, -1, 3, 0]), axis=0)
             assert r.shape == (4, 4) and (r[1] == 0).all() and (r[2] == 0).all() and (r[0] == x[2]).all()
+        elif info.kind == "gather_elements":
+            r = info.np_fn(x, np.array([[3], [-1], [0]]), axis=1)
+            assert r.shape == (3, 1) and r[1, 0] == 0 and r[0, 0] == x[0, 3] and r[2, 0] == x[2, 0]
+        elif info.kind == "iota":  # no operand: an int64 coordinate grid
+            r = info.np_fn((3, 4), 1)
+            assert r.dtype == np.int64 and (r == np.arange(4)).all() and r.shape == (3, 4)
+            continue
         else:
             r = info.np_fn(x)
         assert r.dtype == dt, (name, dt, r.dtype)
@@ -55,11 +62,13 @@ def test_op_table_fields() -> None:
                         "lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or", "logical_not",
                         "where", "clamp",
                         "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "cast",
-                        "slice", "concat", "gather", "transpose", "reshape", "expand"}
+                        "slice", "concat", "gather", "gather_elements", "transpose", "reshape", "expand", "iota"}
     banned = re.compile(r"\b(exp|log|sqrt|tanh|sin|cos|erf|pow|fmax|fmin|fabs)\(")  # double-precision calls
     for info in OPS.values():
-        assert info.kind in ("unary", "binary", "ternary", "reduce", "cast", "slice", "concat", "gather", "layout")
-        assert info.arity == {"binary": 2, "ternary": 3, "concat": 0, "gather": 2}.get(info.kind, 1)
+        assert info.kind in ("unary", "binary", "ternary", "reduce", "cast", "slice", "concat", "gather",
+                             "gather_elements", "layout", "iota")
+        assert info.arity == {"binary": 2, "ternary": 3, "concat": 0, "gather": 2, "gather_elements": 2,
+                              "iota": 0}.get(info.kind, 1)
         assert info.result in ("float", "bool") and set(info.arg_types) <= {"f", "b", "i"}
         assert info.arg_types == "" or len(info.arg_types) == info.arity
         assert info.cuda.count("(") == info.cuda.count(")")
@@ -115,7 +124,7 @@ def test_cuda_templates_compile(tmp_path: Path) -> None:
     lines = []
     trig = []   # sinf/cosf use one double multiply in their slow path (|x| > ~1e5: Payne-Hanek)
     for k, info in enumerate(sorted(OPS.values(), key=lambda o: o.name)):
-        if info.kind in INDEX_KINDS:  # index ops move elements; kernels never render their template
+        if info.kind in INDEX_KINDS or info.kind == "iota":  # kernels never render these templates
             continue
         expr = info.render(*(["a", "b", "c"][: info.arity]))
         (trig if info.name in ("sin", "cos") else lines).append(f"  float r{k} = {expr};  out[{k}] = r{k};")

@@ -93,12 +93,12 @@ def test_the_planner_can_refuse_a_region() -> None:
     assert any(d.what.startswith("region ") and d.reason == "refused for the test" for d in split.declined)
 
 
-def test_integer_tensors_are_declined_and_symbolic_shapes_mapped_at_their_examples() -> None:
+def test_integer_tensors_are_mapped_and_symbolic_shapes_mapped_at_their_examples() -> None:
     i = torch.ones(4, 8, dtype=torch.int64)
     [r] = find_regions(_aten(lambda x, i: x.exp() + i.float(), torch.randn(4, 8), i)).regions
     assert sorted(s.dtype for _, s in r.graph.inputs) == ["float32", "int64"]   # an integer input, cast
-    split = find_regions(_aten(lambda x, i: x.exp() + (i + 1).float(), torch.randn(4, 8), i))
-    assert any("int64" in d.reason for d in split.declined)   # integer arithmetic stays PyTorch's
+    [r] = find_regions(_aten(lambda x, i: x.exp() + (i + 1).float(), torch.randn(4, 8), i)).regions
+    assert any(n.op == "add" and n.dtype == "int64" for n in r.graph.nodes)   # integer arithmetic is stitched
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm = make_fx(lambda x: (x.exp() * 2.0).softmax(-1), tracing_mode="symbolic")(torch.randn(4, 8))
@@ -302,3 +302,21 @@ def test_a_refusal_naming_a_graph_input_declines_the_first_node_reading_it() -> 
                          accept=refuse_two_inputs)
     assert [r.ops for r in split.regions] == [("aten.exp", "aten.mul")]
     assert [d.what for d in split.declined] == ["op aten.add"] and "'in1'" in split.declined[0].reason
+
+
+@pytest.mark.parametrize("how", ["gather", "take_along_dim"])
+def test_a_gather_along_the_classes_is_gather_elements_and_its_index_view_stays_outside(how: str) -> None:
+    def f(x: Any, t: Any) -> Any:
+        lp = torch.log_softmax(x, -1)
+        p = torch.gather(lp, 1, t.unsqueeze(1)) if how == "gather" else torch.take_along_dim(lp, t.unsqueeze(1), 1)
+        return -p.mean()
+
+    x, t = torch.randn(6, 20), torch.randint(0, 20, (6,))
+    split = find_regions(_aten(f, x, t))
+    [region] = split.regions
+    assert "gather_elements" in {n.op for n in region.graph.nodes}
+    # the index is computed by PyTorch (a view; take_along_dim also wraps negative indices: remainder)
+    assert {d.what for d in split.declined} <= {"op aten.unsqueeze", "op aten.remainder"}, split.declined
+    ins = {name: a.numpy() for (name, _), a in zip(region.graph.inputs, [x, t.unsqueeze(1)])}
+    out = run_reference(region.graph, ins)[region.graph.outputs[0]]
+    assert abs(float(out.ravel()[0]) - float(f(x, t))) < 1e-5

@@ -140,3 +140,28 @@ def test_split_sizes_that_do_not_cut_the_axis_are_a_boundary():
         res = import_onnx(m)
         why = [b for b in res.boundaries if b.split(":")[1] == "Split"]
         assert len(why) == 1 and f"do not cut dim 4 into {n} non-empty parts" in why[0], res.boundaries
+
+
+@pytest.mark.parametrize("unsqueeze", [False, True])
+def test_gather_elements_of_the_target_log_probability_is_one_region(unsqueeze: bool):
+    """Cross entropy as exported: LogSoftmax, GatherElements(axis 1) of the target's log-probability,
+    Neg, ReduceMean: one graph with ``gather_elements``, planned with a pick and emulated; an Unsqueeze
+    of a [N] target is left to the framework (graph.json gathers by graph inputs)."""
+    N, C = 8, 40
+    nodes = [h.make_node("LogSoftmax", ["x"], ["lp"], axis=1),
+             h.make_node("GatherElements", ["lp", "t1" if unsqueeze else "t"], ["p"], axis=1),
+             h.make_node("Neg", ["p"], ["nl"]), h.make_node("ReduceMean", ["nl"], ["loss"], keepdims=1)]
+    inits = []
+    if unsqueeze:
+        nodes.insert(0, h.make_node("Unsqueeze", ["t", "ax"], ["t1"]))
+        inits.append(_c([1], "ax"))
+    m = _model(nodes, [_vi("x", [N, C]), _vi("t", [N] if unsqueeze else [N, 1], TP.INT64)],
+               [_vi("loss", [1, 1])], inits)
+    res = import_onnx(m)
+    assert len(res.subgraphs) == 1
+    g = res.subgraphs[0].graph
+    assert "gather_elements" in {n.op for n in g.nodes}
+    feeds = {"x": _rand((N, C), 3), "t": np.random.default_rng(4).integers(0, C, [N] if unsqueeze else [N, 1])}
+    assert check_onnx_numerics(res, m, feeds) == 1
+    plan = make_plan(g)
+    assert plan.cross and plan.family == "row"

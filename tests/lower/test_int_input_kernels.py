@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from helpers import DEV, compile_programs_sm90, emulated_errors
+from test_int_ops_kernels import int_op_programs
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.gpu.build import nvcc_found
 from stitchtune.gpu.render import render
@@ -127,6 +128,7 @@ def test_int_loads_compile_for_sm90(tmp_path) -> None:
     g = _masked_max_f16()
     plan, space, _ = _schedules(g, 0)
     programs += [lower(g, plan, s, DEV, space) for s in _vec8(space, 1)]
+    programs += int_op_programs()  # int registers: iota, wrapping int64 arithmetic, int outputs
     compile_programs_sm90(programs, tmp_path)  # one nvcc call; fails the test on any error
 
 

@@ -54,8 +54,11 @@ def _red(i: str, op: str, a: str, axes: list[int], keep: bool = True) -> dict:
 
 
 @pytest.mark.parametrize("nodes,outputs,needle", [
+    ([_red("t", "reduce_sum", "x", [0, 1]), {"id": "z", "op": "sub", "args": ["x", "t"]}], ["z"],
+     "read by another node"),
     ([_red("m", "reduce_max", "x", [-1]), {"id": "y", "op": "sub", "args": ["x", "m"]},
-      _red("c", "reduce_max", "y", [0], False)], ["y", "c"], "reduce_sum and reduce_mean"),
+      _red("c", "reduce_sum", "y", [0]), {"id": "z", "op": "mul", "args": ["c", 2.0]}], ["z"],
+     "scalar epilogue"),
     ([_red("m", "reduce_max", "x", [-1]), {"id": "y", "op": "sub", "args": ["x", "m"]},
       _red("c", "reduce_sum", "y", [0]), {"id": "z", "op": "mul", "args": ["y", "c"]}], ["z"], "read by another node"),
     ([_red("c", "reduce_sum", "x", [0]), _red("t", "reduce_sum", "x", [0, 1])], ["c", "t"], "column-reduction"),
@@ -78,3 +81,24 @@ def test_partial_row_axes_are_refused() -> None:
                {"x": {"shape": [4, 8, 16], "dtype": "float32"}})
     with pytest.raises(UnsupportedGraphError, match="reduces other axes|part of the row axes"):
         make_plan(g)
+
+
+def test_max_and_min_over_every_axis_are_cross_reductions() -> None:
+    p = make_plan(_graph([_red("m", "reduce_max", "x", [-1]), {"id": "y", "op": "sub", "args": ["x", "m"]},
+                          _red("hi", "reduce_max", "y", [0, 1]), _red("lo", "reduce_min", "x", [0, 1])],
+                         ["y", "hi", "lo"]))
+    assert [(c.node, c.kind, c.combine) for c in p.cross] == [("hi", "scalar", "max"), ("lo", "scalar", "min")]
+    assert p.epilogue == ()
+
+
+def test_scalar_epilogue_reads_cross_reductions_after_the_combine() -> None:
+    """``mean = sum(l) / sum(w)`` and ``loss = mean * -1``: the two sums are cross reductions (``s``
+    is not an output: only the epilogue reads it), the division and the scaling the epilogue."""
+    p = make_plan(_graph([_red("m", "reduce_max", "x", [-1]), {"id": "l", "op": "sub", "args": ["m", "w"]},
+                          _red("s", "reduce_sum", "l", [0, 1]), _red("n", "reduce_sum", "w", [0, 1]),
+                          {"id": "q", "op": "div", "args": ["s", "n"]},
+                          {"id": "loss", "op": "mul", "args": ["q", -1.0]}], ["loss", "n"],
+                         {"x": {"shape": [8, 16], "dtype": "float32"}, "w": {"shape": [8, 1], "dtype": "float32"}}))
+    assert [(c.node, c.output) for c in p.cross] == [("s", False), ("n", True)]
+    assert p.epilogue == ("q", "loss")
+    assert p.cls("loss") is TensorClass.SCALAR
