@@ -270,7 +270,10 @@ class RemapValues:
         out: list[kir.Expr] = []
         for j in range(self.vec):
             v = self.k.cx.var("g", F32)
-            at = add(add(rowb, low.col_offset(name, add(self.sw.k0, I(j)))), I(delta))
+            if self.mixed:  # delta is a column shift (column_shift): the map of column c + delta
+                at = add(rowb, low.col_offset(name, add(self.sw.k0, I(j + delta))))
+            else:  # delta is in the input's own strides (shift_offset)
+                at = add(add(rowb, low.col_offset(name, add(self.sw.k0, I(j)))), I(delta))
             self.sw.body.append(Assign(v, Load(buf, at, and_(self.sw.valid, self.cond(sh, j)))))
             out.append(v)
         return out

@@ -82,19 +82,44 @@ def domain_of(graph: Graph) -> tuple[int, ...]:
     return max(shapes, key=lambda s: (prod(s), len(s)))
 
 
+def _after_index_ops(graph: Graph) -> set[str]:
+    """The nodes computed from the result of a slice, concat or gather (the index ops included)."""
+    out: set[str] = set()
+    for nd in graph.nodes:
+        if OPS[nd.op].kind in INDEX_KINDS or any(a in out for a in nd.tensor_args):
+            out.add(nd.id)
+    return out
+
+
+def _feeds_layout(graph: Graph) -> set[str]:
+    """The nodes before the index ops that a transpose / reshape / expand before the index ops is
+    computed from (they keep their own shapes: :func:`layout_part`)."""
+    after = _after_index_ops(graph)
+    out: set[str] = set()
+    for nd in reversed(graph.nodes):
+        if nd.id in after:
+            continue
+        if any(c.id in out or (OPS[c.op].kind == "layout" and c.id not in after) for c in graph.consumers(nd.id)):
+            out.add(nd.id)
+    return out
+
+
 def layout_tails(graph: Graph) -> set[str]:
-    """The transpose / reshape nodes of a region with index ops that rearrange a *computed* tensor
-    (a tensor that is not an input or a rearranged input), e.g. ``k^T`` after Llama's rotary. Each
-    may be read only by other such nodes and be an output (it is stored through its map, never
-    evaluated at a shifted position); :class:`UnsupportedGraphError` naming the node otherwise."""
+    """The transpose / reshape / expand nodes of a region with index ops that rearrange a tensor
+    computed from an index op's result (``k^T`` after Llama's rotary). Each may be read only by
+    other such nodes and be an output (it is stored through its map, never evaluated at a shifted
+    position); :class:`UnsupportedGraphError` naming the node otherwise. A layout node of a tensor
+    computed *before* any index op (a per-head RMSNorm's result transposed to ``[B, H, S, D]`` and
+    rotated, the rotary angles ``cat(freqs, freqs)`` made by expand + reshape) is not a tail: it is
+    part of :func:`layout_part`."""
     if not has_index_ops(graph):
         return set()
-    inputs = {n for n, _ in graph.inputs}
-    head: set[str] = set()
+    after = _after_index_ops(graph)
     tails: set[str] = set()
     for nd in graph.nodes:
         if OPS[nd.op].kind == "layout":
-            (head if all(a in inputs or a in head for a in nd.tensor_args) else tails).add(nd.id)
+            if nd.id in after:
+                tails.add(nd.id)
             continue
         for a in nd.tensor_args:
             if a in tails:
@@ -154,10 +179,12 @@ def composed_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
     domain = domain_of(graph)
     nodes = {n.id: n for n in graph.nodes}
     outputs, inputs = set(graph.outputs), set(graph.input_names)
+    feeds = _feeds_layout(graph)
     out: dict[str, tuple[str, ...]] = {}
     for nd in graph.nodes:
         cons = graph.consumers(nd.id)
         if (nd.op not in ("transpose", "reshape") or not cons or nd.id in outputs or len(nd.shape) > len(domain)
+                or any(c.id in feeds for c in cons)
                 or any(OPS[c.op].kind == "layout" for c in cons) or _sur(nd.shape, domain, nd.id) == nd.shape):
             continue
         chain, cur = [nd.id], nd
@@ -188,23 +215,34 @@ def mixed_layout(graph: Graph) -> bool:
 
 def layout_part(graph: Graph) -> set[str]:
     """The tensors of a *mixed* region (index ops and layout ops) that keep their own shape in the
-    surrogate: every layout node and every input read by one. A layout node reads inputs or layout
-    nodes (or is one of the :func:`layout_tails`), and one read by anything else must span the iteration domain (right-aligned:
-    every dim 1 or the domain's), so that slice / concat / gather see a domain-shaped tensor;
-    :class:`UnsupportedGraphError` naming the node otherwise."""
+    surrogate: every layout node, and everything a layout node that precedes the index ops is
+    computed from (its inputs, and the nodes before it: a per-head RMSNorm of ``[B, S, H, D]``
+    transposed to ``[B, H, S, D]`` and rotated). A tensor of this part read by a node outside it
+    must span the iteration domain (right-aligned: every dim 1 or the domain's), so that slice /
+    concat / gather see a domain-shaped tensor; :class:`UnsupportedGraphError` naming the tensor
+    otherwise."""
     if not has_layout_ops(graph):
         return set()
     domain = domain_of(graph)
     tails = layout_tails(graph)
     chained = _chained(graph)
+    nodes = {n.id: n for n in graph.nodes}
     keep: set[str] = set(tails)
+    stack: list[str] = []
     for nd in graph.nodes:
         if OPS[nd.op].kind != "layout" or nd.id in tails or nd.id in chained:
             continue
         keep.add(nd.id)
-        keep.update(nd.tensor_args)
+        stack.extend(nd.tensor_args)
+    while stack:  # what the layout nodes before the index ops are computed from
+        a = stack.pop()
+        if a in keep or a in chained:
+            continue
+        keep.add(a)
+        if a in nodes:
+            stack.extend(nodes[a].tensor_args)
     for nd in graph.nodes:
-        if OPS[nd.op].kind == "layout":
+        if nd.id in keep:
             continue
         for a in nd.tensor_args:
             if a in keep and _sur(graph.spec(a).shape, domain, a) != tuple(graph.spec(a).shape):
@@ -237,7 +275,8 @@ def surrogate(graph: Graph) -> Graph:
             continue
         nodes.append(Node(id=nd.id, op=op, args=nd.args, axes=nd.axes, keepdims=nd.keepdims, to=nd.to,
                           shape=shape, dtype=nd.dtype))
-    for name in [o for o in graph.outputs if o not in keep] + [str(n.args[0]) for n in graph.reductions()]:
+    for name in [o for o in graph.outputs if o not in keep] + [str(n.args[0]) for n in graph.reductions()
+                                                               if str(n.args[0]) not in keep]:
         if tuple(graph.spec(name).shape) != _sur(graph.spec(name).shape, domain, name):
             raise UnsupportedGraphError(
                 f"tensor '{name}' {list(graph.spec(name).shape)} is stored or reduced but does not span the "
