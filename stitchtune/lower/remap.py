@@ -25,10 +25,14 @@ zero-initialised float32 scratch whose ``tensor`` is the gather node's id) for a
 Refused: a row-axis shift of a per-row value or of a gather.
 
 In a *mixed* region (transpose / reshape of the inputs, then slice / concat along the innermost
-axis: Llama's rotary after the head split) every shift is a column shift ``d``
-(:func:`stitchtune.plan.remap.column_shift`); a layout node passes the shift to its argument and an
-input is loaded at its general map's address of view element ``(r, c + d)``, i.e. its row offset plus
-``c + d`` (the planner requires contiguous column maps there).
+axis: Llama's rotary after the head split) a shift that reaches an input through a layout node is a
+column shift ``d`` (:func:`stitchtune.plan.remap.column_shift`); a layout node passes the shift to its
+argument and an input is loaded at its general map's address of view element ``(r, c + d)``: its row
+offset plus ``c + d`` for a contiguous column map, its map of column ``c + d`` otherwise (inv_freq
+repeated along the head dim). An input of the domain's own layout read by slice / concat directly
+may be shifted along any axis (Swin's roll): loaded at its own address plus the delta in its own
+strides, the row positions of the conditions taken from the map of a computed tensor of the
+domain's shape (the view's rows follow the largest tensor's layout, not the domain's).
 
 A layout chain of an input (:func:`stitchtune.plan.remap.composed_chains`) is loaded at the head's
 position ``p + delta`` along any axis: the head's coordinates are carried back through the chain's
@@ -151,6 +155,8 @@ class RemapValues:
         """Domain position along ``axis`` of lane ``lane``'s element (in a mixed region with chains,
         from the row-major domain index through the map of a domain-shaped tensor: any view)."""
         D = self.domain
+        if self.dom_t is None and self.mixed and axis not in self.col_axes:
+            return self._row_pos(axis)
         if self.dom_t is not None:
             lin = add(self.low.row_base(self.dom_t, Bin("min", self.k.ix.row, I(self.p.M - 1))),
                        self.low.col_offset(self.dom_t, add(self.sw.k0, I(lane))))
@@ -167,6 +173,21 @@ class RemapValues:
             total = self.p.M
         t = Bin("/", i, I(inner)) if inner > 1 else i
         return Bin("%", t, I(D[axis])) if inner * D[axis] < total else t
+
+    def _row_pos(self, axis: int) -> kir.Expr:
+        """In a mixed region: the domain position along row axis ``axis`` of the round's row, from the
+        map of a computed tensor of the domain's shape (the view's rows need not be the domain's
+        leading axes in order: they follow the largest tensor's layout)."""
+        D = self.domain
+        dom_t = next((n.id for n in self.g.nodes if OPS[n.op].kind != "layout" and tuple(n.shape) == tuple(D)
+                      and self.p.imap(n.id).cols.contiguous()), None)
+        if dom_t is None:
+            raise UnsupportedGraphError("a slice/concat along an outer axis in a region with transpose / reshape "
+                                        "needs a computed tensor of the iteration domain's shape")
+        lin = self.low.row_base(dom_t, Bin("min", self.k.ix.row, I(self.p.M - 1)))
+        inner = prod(D[axis + 1:])
+        t = Bin("/", lin, I(inner)) if inner > 1 else lin
+        return Bin("%", t, I(D[axis])) if axis > 0 else t
 
     def cond(self, sh: Shift, lane: int) -> kir.Expr | None:
         out = None
@@ -240,7 +261,9 @@ class RemapValues:
     def load(self, name: str, sh: Shift) -> list[kir.Expr]:
         """Input ``name`` at ``p + delta`` under the conditions (a FULL or per-column input)."""
         low = self.low
-        if self.mixed:  # view element (r, c + d): a contiguous column map adds d (the planner checked it)
+        if self.mixed and sh.axes() - {len(self.domain) - 1}:  # an input of the domain's layout, p + delta
+            delta = self._check_bounds(name, self.g.spec(name).shape, sh)  # (plan.remap.check_remaps)
+        elif self.mixed:  # view element (r, c + d): a contiguous column map adds d (the planner checked it)
             delta = column_shift(name, sh, self.domain)
         else:
             delta = self._check_bounds(name, self.g.spec(name).shape, sh)
@@ -248,6 +271,9 @@ class RemapValues:
         self.k.uses["in"].add(buf)
         im = self.p.imap(name)
         if not (im.cols.broadcast or im.cols.contiguous()):  # strided columns: each lane's own address
+            if self.mixed and sh.axes() - {len(self.domain) - 1}:
+                raise UnsupportedGraphError(f"input '{name}': a slice/concat along an outer axis of an input "
+                                            "whose columns are not contiguous, in a region with transpose / reshape")
             return self._strided_load(name, buf, delta, sh)
         if low.cls[name] is TensorClass.FULL:
             base = self.k.f_index(self.k.ix.row, self.sw.k0, name)

@@ -31,9 +31,15 @@ split ``x [B, S, H*D] -> [B, S, H, D] -> [B, H, S, D]``): the layout nodes and t
 :func:`~stitchtune.plan.axes.tensor_axes` (general index maps); every shift must then be a column
 shift (:func:`column_shift`: slice / concat along the innermost domain axis, which must be the view's
 columns, :func:`check_mixed`), so a shifted load is the general map's address of view element
-``(r, c + d)``. A transpose / reshape of a computed tensor (``k^T`` after the rotary,
+``(r, c + d)``; an input of the domain's own layout, read by slice / concat without a layout node
+between, may be shifted along any axis (Swin's ``roll`` as slice + concat along H and W, then the
+window partition as trailing maps): its load is proven by :func:`shift_offset`, in its own strides. A
+transpose / reshape / expand of a tensor computed *before* the index ops (a per-head RMSNorm, the
+rotary angles made in the region) keeps its shapes with everything it is computed from
+(:func:`layout_part`); one of a tensor computed from an index op's result (``k^T`` after the rotary,
 :func:`layout_tails`) may only make an output, stored through its map. Refused there: such a node
-read by another op, a slice / concat along an outer axis, gather, column reductions, an input sliced beyond the domain.
+read by another op, a slice / concat along an outer axis of an input read through a transpose /
+reshape, gather, column reductions, an input sliced beyond the domain.
 
 A transpose / reshape chain of one input whose head does not align with the domain (ViT's patch
 flatten, concatenated after the class token along the sequence: :func:`composed_chains`) is not a
@@ -356,8 +362,9 @@ def column_shift(who: str, sh: Shift, domain: tuple[int, ...]) -> int:
     last = len(domain) - 1
     if sh.axes() - {last}:
         raise UnsupportedGraphError(
-            f"node '{who}': a slice/concat along an outer axis in a region with transpose / reshape; there "
-            "slice and concat may act along the innermost axis only")
+            f"node '{who}': a slice/concat along an outer axis reads it through a transpose / reshape (or "
+            "it does not have the iteration domain's layout); there slice and concat may act along the innermost "
+            "axis only")
     lo, hi = {a: (l, h) for a, l, h in sh.conds}.get(last, (0, domain[last]))
     d = sh.d(last)
     if lo + d < 0 or hi - 1 + d > domain[last] - 1:
@@ -439,12 +446,15 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
     from the outputs and the reduction arguments, so that every refusal is a planning error:
     a per-row value (``varies[name]`` false: it does not vary along the columns) or a gather under a
     row-axis shift, a remapped load outside a tensor. ``varies``: tensor -> varies along the columns.
-    ``mixed``: a region with transpose / reshape, where every shift is a column shift
-    (:func:`column_shift`)."""
+    ``mixed``: a region with transpose / reshape, where a shift that reaches an input through a layout
+    node (or one of another layout than the domain's) is a column shift (:func:`column_shift`); an input
+    of the domain's layout read by slice / concat directly may be shifted along any axis (Swin's roll
+    before the window partition), its load proven by :func:`shift_offset`."""
     nodes = {n.id: n for n in graph.nodes}
     rows = set(row_axes)
     seen: set[tuple[str, Shift]] = set()
     chains = composed_chains(graph)
+    keep = layout_part(graph) if mixed else set()
 
     def visit(name: str, sh: Shift) -> None:
         if (name, sh) in seen:
@@ -467,16 +477,18 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
             shift_offset(name, graph.spec(name).shape, sh, domain)
             return
         if nd is None:
-            if mixed:
+            if mixed and not (sh.axes() - {len(domain) - 1} and name not in keep and _spans(graph, name, domain)):
                 column_shift(name, sh, domain)
+            elif mixed:  # an input of the domain's layout: p + delta in its own strides (Swin's roll)
+                if not any(OPS[n.op].kind != "layout" and tuple(n.shape) == tuple(domain) for n in graph.nodes):
+                    raise UnsupportedGraphError(
+                        f"input '{name}': a slice/concat along an outer axis in a region with transpose / reshape "
+                        "needs a computed tensor of the iteration domain's shape (the kernel's positions)")
+                shift_offset(name, graph.spec(name).shape, sh, domain)
             elif not (not sh.delta and _spans(graph, name, domain)):
                 shift_offset(name, graph.spec(name).shape, sh, domain)
             return
         off = len(domain) - len(nd.shape)
-        if mixed and kind in ("slice", "concat") and off + _axis(nd) != len(domain) - 1:
-            raise UnsupportedGraphError(
-                f"{nd.op} '{nd.id}' acts along an outer axis in a region with transpose / reshape; there slice "
-                "and concat may act along the innermost axis only")
         if kind == "slice":
             a = off + _axis(nd)
             visit(str(nd.args[0]), sh.moved(a, nd.start))

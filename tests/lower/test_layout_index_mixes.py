@@ -63,9 +63,6 @@ def rotary_with_angles(B: int = 1, S: int = 8, H: int = 4, D: int = 8) -> Any:
     return _graph({"x": [B, S, H * D], "pos": [1, S, 1], "inv": [D // 2]}, nodes, ["rout"])
 
 
-CASES = {"qk_norm_rotary": qk_norm_rotary, "rotary_with_angles": rotary_with_angles}
-
-
 def test_a_layout_before_the_index_ops_keeps_its_shapes() -> None:
     g = qk_norm_rotary()
     assert layout_tails(g) == set()  # q is no tail: it is read by the rotary
@@ -79,6 +76,42 @@ def test_angles_in_the_region_make_the_whole_head_dim_the_columns() -> None:
     plan = make_plan(rotary_with_angles())
     assert (plan.family, plan.M, plan.N) == ("elementwise", 4 * 8, 8)  # not the half D/2 of the expand
     assert plan.imap("inv").partial_cols  # inv_freq repeats along the columns: ((c % 4))
+
+
+def shifted_windows(B: int = 1, H: int = 8, W: int = 8, C: int = 4, w: int = 4, s: int = 2) -> Any:
+    """Swin's shifted windows: ``roll(x, (-s, -s), (1, 2))`` of ``[B, H, W, C]`` as ONNX exports it (slice +
+    concat along H, then along W), then the window partition ``[B, H/w, w, W/w, w, C]`` -> transpose ->
+    ``[B * nW, w*w, C]`` (trailing maps of the output)."""
+    nodes = [{"id": "a1", "op": "slice", "args": ["x"], "axis": 1, "start": s, "stop": H},
+             {"id": "a2", "op": "slice", "args": ["x"], "axis": 1, "start": 0, "stop": s},
+             {"id": "r1", "op": "concat", "args": ["a1", "a2"], "axis": 1},
+             {"id": "b1", "op": "slice", "args": ["r1"], "axis": 2, "start": s, "stop": W},
+             {"id": "b2", "op": "slice", "args": ["r1"], "axis": 2, "start": 0, "stop": s},
+             {"id": "r2", "op": "concat", "args": ["b1", "b2"], "axis": 2},
+             {"id": "v", "op": "reshape", "args": ["r2"], "shape": [B, H // w, w, W // w, w, C]},
+             {"id": "t", "op": "transpose", "args": ["v"], "perm": [0, 1, 3, 2, 4, 5]},
+             {"id": "o", "op": "reshape", "args": ["t"], "shape": [B * (H // w) * (W // w), w * w, C]}]
+    return _graph({"x": [B, H, W, C]}, nodes, ["o"])
+
+
+def test_shifted_windows_plan_over_the_rolled_tensor() -> None:
+    g = shifted_windows()
+    assert layout_tails(g) == {"v", "t", "o"}
+    plan = make_plan(g)
+    assert (plan.family, plan.M, plan.N) == ("elementwise", 8 * 8, 4)
+    assert plan.imap("o").bijective and not plan.imap("o").plain  # stored window by window
+
+
+def test_an_outer_roll_of_an_input_read_through_a_reshape_is_one_named_line() -> None:
+    # x [B, H*W, C] viewed as [B, H, W, C] before the roll: its shifted rows are not the view's
+    g = _graph({"x": [1, 64, 4]}, [{"id": "xv", "op": "reshape", "args": ["x"], "shape": [1, 8, 8, 4]}] + [
+        dict(n, args=["xv" if a == "x" else a for a in n["args"]]) for n in shifted_windows().to_dict()["nodes"]],
+        ["o"])
+    with pytest.raises(UnsupportedGraphError, match="node 'x': a slice/concat along an outer axis reads it through"):
+        make_plan(g)
+
+
+CASES = {"qk_norm_rotary": qk_norm_rotary, "rotary_with_angles": rotary_with_angles, "shifted_windows": shifted_windows}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
