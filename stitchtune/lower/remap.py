@@ -53,8 +53,8 @@ from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, Se
 from stitchtune.lower.base import I, Lowerer, SweepValues, add, and_, mul
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.planner import TensorClass
-from stitchtune.plan.remap import (Shift, column_shift, composed_chains, domain_of, mixed_layout, root_shift,
-                                   shift_offset)
+from stitchtune.plan.remap import (OuterSources, Shift, column_shift, composed_chains, domain_of, mixed_layout, outer_sources,
+                                   root_shift, shift_offset)
 
 __all__ = ["Shift", "RemapValues", "gather_flag_buffers"]
 
@@ -82,6 +82,7 @@ class RemapValues:
         self.domain = _domain(low)
         self.mixed = mixed_layout(low.g)
         self.chains = composed_chains(low.g)
+        self.outer = outer_sources(low.g, self.domain) if self.mixed else OuterSources((), frozenset())
         self.dom_t = self._domain_tensor()
         # mixed: the columns are the innermost domain axis (check_mixed); the view's rows may hold
         # axes the domain lacks (an expand), so they are not split from M
@@ -258,11 +259,17 @@ class RemapValues:
         if reads.get(buf, 0) == self.reads_before.get(buf, 0):
             reads[buf] = reads.get(buf, 0) + 1
 
+    def _outer(self, sh: Shift) -> bool:
+        """In a mixed region: ``sh`` shifts or limits an outer axis (loads in row-major strides)."""
+        return self.mixed and bool(sh.axes() - {len(self.domain) - 1})
+
     def load(self, name: str, sh: Shift) -> list[kir.Expr]:
         """Input ``name`` at ``p + delta`` under the conditions (a FULL or per-column input)."""
         low = self.low
-        if self.mixed and sh.axes() - {len(self.domain) - 1}:  # an input of the domain's layout, p + delta
-            delta = self._check_bounds(name, self.g.spec(name).shape, sh)  # (plan.remap.check_remaps)
+        if self._outer(sh):  # p + delta in the row-major strides of plan.remap.outer_sources (checked there)
+            shape = self.outer.shape(name)
+            assert shape is not None, f"input '{name}' under an outer shift (the planner refuses it)"
+            delta = self._check_bounds(name, shape, sh)
         elif self.mixed:  # view element (r, c + d): a contiguous column map adds d (the planner checked it)
             delta = column_shift(name, sh, self.domain)
         else:
@@ -271,7 +278,7 @@ class RemapValues:
         self.k.uses["in"].add(buf)
         im = self.p.imap(name)
         if not (im.cols.broadcast or im.cols.contiguous()):  # strided columns: each lane's own address
-            if self.mixed and sh.axes() - {len(self.domain) - 1}:
+            if self._outer(sh):
                 raise UnsupportedGraphError(f"input '{name}': a slice/concat along an outer axis of an input "
                                             "whose columns are not contiguous, in a region with transpose / reshape")
             return self._strided_load(name, buf, delta, sh)

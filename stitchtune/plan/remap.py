@@ -59,7 +59,7 @@ from stitchtune.graph.parse import Graph, Node, TensorSpec
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.family import Family
 
-__all__ = ["root_shift", "composed_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
+__all__ = ["OuterSources", "outer_sources", "root_shift", "composed_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
            "Shift", "shift_offset", "check_remaps"]
 
 
@@ -455,6 +455,7 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
     seen: set[tuple[str, Shift]] = set()
     chains = composed_chains(graph)
     keep = layout_part(graph) if mixed else set()
+    outer = outer_sources(graph, domain) if mixed else OuterSources((), frozenset())
 
     def visit(name: str, sh: Shift) -> None:
         if (name, sh) in seen:
@@ -476,15 +477,23 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
         if name in chains:  # loaded through the chain: in bounds where the head's positions are
             shift_offset(name, graph.spec(name).shape, sh, domain)
             return
+        if mixed and sh.axes() - {len(domain) - 1} and (nd is None or name in keep):
+            src = outer.shape(name)
+            if nd is not None and name not in outer.nodes or nd is None and src is None:
+                raise UnsupportedGraphError(
+                    f"node '{name}': a slice/concat along an outer axis reads it through a transpose / reshape "
+                    "(or it does not have the iteration domain's layout); there slice and concat may act along "
+                    "the innermost axis only")
+            if not any(OPS[n.op].kind != "layout" and tuple(n.shape) == tuple(domain) for n in graph.nodes):
+                raise UnsupportedGraphError(
+                    f"tensor '{name}': a slice/concat along an outer axis in a region with transpose / reshape "
+                    "needs a computed tensor of the iteration domain's shape (the kernel's positions)")
+            if src is not None:  # an input: p + delta in row-major strides (Swin's roll)
+                shift_offset(name, src, sh, domain)
+                return
         if nd is None:
-            if mixed and not (sh.axes() - {len(domain) - 1} and name not in keep and _spans(graph, name, domain)):
+            if mixed:
                 column_shift(name, sh, domain)
-            elif mixed:  # an input of the domain's layout: p + delta in its own strides (Swin's roll)
-                if not any(OPS[n.op].kind != "layout" and tuple(n.shape) == tuple(domain) for n in graph.nodes):
-                    raise UnsupportedGraphError(
-                        f"input '{name}': a slice/concat along an outer axis in a region with transpose / reshape "
-                        "needs a computed tensor of the iteration domain's shape (the kernel's positions)")
-                shift_offset(name, graph.spec(name).shape, sh, domain)
             elif not (not sh.delta and _spans(graph, name, domain)):
                 shift_offset(name, graph.spec(name).shape, sh, domain)
             return
@@ -512,6 +521,63 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
         visit(name, root_shift(graph, name, domain, row_axes))
     for name in [str(n.args[0]) for n in graph.reductions()]:
         visit(name, Shift())
+
+
+@dataclass(frozen=True)
+class OuterSources:
+    """What a shift along an outer axis may reach in a mixed region (:func:`outer_sources`):
+    ``shapes`` input -> the shape in whose row-major strides it is loaded at a shifted position;
+    ``nodes``: the layout and computed nodes it is evaluated through."""
+
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    nodes: frozenset[str]
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        return dict(self.shapes).get(name)
+
+
+def outer_sources(graph: Graph, domain: tuple[int, ...]) -> OuterSources:
+    """In a mixed region: the inputs a position shifted along an outer axis (Swin's roll) may be
+    loaded from, each with the shape in whose row-major strides its offset moves: an input of the
+    domain's layout outside :func:`layout_part` (its own shape); below a reshape to a shape that
+    aligns with the domain (Swin's tokens ``[B, H*W, C]`` viewed as ``[B, H, W, C]``: a reshape keeps
+    the row-major index), through element-wise nodes of the reshape's source shape, an input of that
+    shape (the reshape's shape) or one that varies along the innermost dim only (a bias: its own
+    shape, which the outer shift leaves alone). Anything else under an outer shift is refused."""
+    keep = layout_part(graph)
+    nodes = {n.id: n for n in graph.nodes}
+    shapes: dict[str, tuple[int, ...]] = {
+        n: tuple(s.shape) for n, s in graph.inputs if n not in keep and _spans(graph, n, domain)}
+    through: set[str] = set()
+    for r in graph.nodes:
+        if r.op != "reshape" or r.id not in keep or len(r.shape) > len(domain) or not _spans(graph, r.id, domain):
+            continue
+        src = tuple(graph.spec(str(r.args[0])).shape)
+        if src[-1:] != tuple(domain[-1:]):
+            continue
+        found: dict[str, tuple[int, ...]] = {}
+        seen: set[str] = set()
+        stack, ok = [str(r.args[0])], True
+        while stack and ok:
+            a = stack.pop()
+            if a in seen:
+                continue
+            seen.add(a)
+            shape = tuple(graph.spec(a).shape)
+            if a in nodes:
+                nd = nodes[a]
+                ok = OPS[nd.op].kind not in ("reduce", "layout") and shape == src and nd.id not in _after_index_ops(graph)
+                stack.extend(nd.tensor_args)
+            elif shape == src:
+                found[a] = tuple(r.shape)
+            elif all(d == 1 for d in shape[:-1]) and shape[-1:] == src[-1:]:
+                found[a] = shape
+            else:
+                ok = False
+        if ok and all(shapes.get(n, v) == v for n, v in found.items()):
+            shapes.update(found)
+            through |= (seen - set(graph.input_names)) | {r.id}
+    return OuterSources(tuple(sorted(shapes.items())), frozenset(through))
 
 
 def _check_size1_slice(nd: Node, sh: Shift, domain: tuple[int, ...]) -> None:

@@ -102,16 +102,40 @@ def test_shifted_windows_plan_over_the_rolled_tensor() -> None:
     assert plan.imap("o").bijective and not plan.imap("o").plain  # stored window by window
 
 
-def test_an_outer_roll_of_an_input_read_through_a_reshape_is_one_named_line() -> None:
-    # x [B, H*W, C] viewed as [B, H, W, C] before the roll: its shifted rows are not the view's
-    g = _graph({"x": [1, 64, 4]}, [{"id": "xv", "op": "reshape", "args": ["x"], "shape": [1, 8, 8, 4]}] + [
-        dict(n, args=["xv" if a == "x" else a for a in n["args"]]) for n in shifted_windows().to_dict()["nodes"]],
-        ["o"])
-    with pytest.raises(UnsupportedGraphError, match="node 'x': a slice/concat along an outer axis reads it through"):
+def _roll_of(pre: list[dict[str, Any]], x: dict[str, list[int]]) -> Any:
+    """:func:`shifted_windows` rolling the last of the nodes ``pre`` (of inputs ``x``) instead of ``x``."""
+    nodes = [dict(n, args=[pre[-1]["id"] if a == "x" else a for a in n["args"]]) for n in shifted_windows().to_dict()["nodes"]]
+    return _graph(x, pre + nodes, ["o"])
+
+
+def rolled_tokens() -> Any:
+    """The roll of tokens ``[B, H*W, C]`` viewed as ``[B, H, W, C]`` (a reshape keeps the row-major index)."""
+    return _roll_of([{"id": "xv", "op": "reshape", "args": ["x"], "shape": [1, 8, 8, 4]}], {"x": [1, 64, 4]})
+
+
+def rolled_biased_tokens() -> Any:
+    """The roll of ``tokens + bias`` (a projection's output), viewed as ``[B, H, W, C]``: the bias is read at
+    the shifted column only, the tokens at the shifted row-major offset."""
+    return _roll_of([{"id": "xb", "op": "add", "args": ["x", "b"]},
+                     {"id": "xv", "op": "reshape", "args": ["xb"], "shape": [1, 8, 8, 4]}], {"x": [1, 64, 4], "b": [4]})
+
+
+def test_outer_rolls_that_stay_refused_are_one_named_line() -> None:
+    # x transposed before the roll: a shifted position is not the same offset in x
+    g = _roll_of([{"id": "xt", "op": "transpose", "args": ["x"], "perm": [0, 2, 1, 3]}], {"x": [1, 8, 8, 4]})
+    with pytest.raises(UnsupportedGraphError, match="node 'xt': a slice/concat along an outer axis reads it through"):
         make_plan(g)
+    # Swin's LayerNorm right before the roll: rows shifted through a computed tensor (and another row's
+    # statistics, which a row kernel does not have)
+    ln = [{"id": "m", "op": "reduce_mean", "args": ["x"], "axes": [-1], "keepdims": True},
+          {"id": "xc", "op": "sub", "args": ["x", "m"]},
+          {"id": "xv", "op": "reshape", "args": ["xc"], "shape": [1, 8, 8, 4]}]
+    with pytest.raises(UnsupportedGraphError, match="node 'xv': a slice/concat along an outer axis"):
+        make_plan(_roll_of(ln, {"x": [1, 64, 4]}))
 
 
-CASES = {"qk_norm_rotary": qk_norm_rotary, "rotary_with_angles": rotary_with_angles, "shifted_windows": shifted_windows}
+CASES = {"qk_norm_rotary": qk_norm_rotary, "rotary_with_angles": rotary_with_angles, "shifted_windows": shifted_windows,
+         "rolled_tokens": rolled_tokens, "rolled_biased_tokens": rolled_biased_tokens}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
