@@ -192,9 +192,14 @@ def _pull_broadcast_sources(nodes: Sequence[Any], ex: _Excluded, consts: Mapping
     are two regions rather than one refused group, and no angle tensor goes through memory."""
     import torch
 
-    def numel(n: Any) -> int:
+    def numel(n: Any) -> int:   # from the dims' hints: no guard on a symbolic size
         val = n.meta.get("val")
-        return int(val.numel()) if isinstance(val, torch.Tensor) else 0
+        if not isinstance(val, torch.Tensor):
+            return 0
+        out = 1
+        for d in val.shape:
+            out *= _hint(d) or 1
+        return out
 
     cand: list[Any] = []
     for n in nodes:

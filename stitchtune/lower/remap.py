@@ -53,7 +53,7 @@ from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, Se
 from stitchtune.lower.base import I, Lowerer, SweepValues, add, and_, mul
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.planner import TensorClass
-from stitchtune.plan.remap import (OuterSources, Shift, column_shift, composed_chains, domain_of, mixed_layout, outer_sources,
+from stitchtune.plan.remap import (Shift, column_shift, composed_chains, domain_of, mixed_layout, outer_sources,
                                    root_shift, shift_offset)
 
 __all__ = ["Shift", "RemapValues", "gather_flag_buffers"]
@@ -82,7 +82,7 @@ class RemapValues:
         self.domain = _domain(low)
         self.mixed = mixed_layout(low.g)
         self.chains = composed_chains(low.g)
-        self.outer = outer_sources(low.g, self.domain) if self.mixed else OuterSources((), frozenset())
+        self.outer = outer_sources(low.g, self.domain)
         self.dom_t = self._domain_tensor()
         # mixed: the columns are the innermost domain axis (check_mixed); the view's rows may hold
         # axes the domain lacks (an expand), so they are not split from M

@@ -544,6 +544,8 @@ def outer_sources(graph: Graph, domain: tuple[int, ...]) -> OuterSources:
     the row-major index), through element-wise nodes of the reshape's source shape, an input of that
     shape (the reshape's shape) or one that varies along the innermost dim only (a bias: its own
     shape, which the outer shift leaves alone). Anything else under an outer shift is refused."""
+    if not (has_index_ops(graph) and mixed_layout(graph)):
+        return OuterSources((), frozenset())
     keep = layout_part(graph)
     nodes = {n.id: n for n in graph.nodes}
     shapes: dict[str, tuple[int, ...]] = {
