@@ -82,6 +82,7 @@ def _export(kind: str, path) -> dict[str, np.ndarray]:
     return {n: a.numpy() for n, a in zip(names, args)}
 
 
+@pytest.mark.slow  # the torch exports (~6 s each on the shared machine)
 @pytest.mark.parametrize("kind,wanted", [("qk_norm_rotary", ("reduce_mean", "transpose", "slice", "concat")),
                                          ("shifted_windows", ("reshape", "slice", "concat", "transpose"))])
 def test_every_subgraph_plans_and_matches_onnxruntime(tmp_path, kind: str, wanted: tuple[str, ...]) -> None:
