@@ -31,9 +31,10 @@ split ``x [B, S, H*D] -> [B, S, H, D] -> [B, H, S, D]``): the layout nodes and t
 :func:`~stitchtune.plan.axes.tensor_axes` (general index maps); every shift must then be a column
 shift (:func:`column_shift`: slice / concat along the innermost domain axis, which must be the view's
 columns, :func:`check_mixed`), so a shifted load is the general map's address of view element
-``(r, c + d)``; an input of the domain's own layout, read by slice / concat without a layout node
-between, may be shifted along any axis (Swin's ``roll`` as slice + concat along H and W, then the
-window partition as trailing maps): its load is proven by :func:`shift_offset`, in its own strides. A
+``(r, c + d)``; an input of the domain's own layout read by slice / concat directly, or tokens
+viewed as the domain by a reshape (:func:`outer_sources`), may be shifted along any axis (Swin's
+``roll`` as slice + concat along H and W, then the window partition as trailing maps): its load is
+proven by :func:`shift_offset`, in row-major strides. A
 transpose / reshape / expand of a tensor computed *before* the index ops (a per-head RMSNorm, the
 rotary angles made in the region) keeps its shapes with everything it is computed from
 (:func:`layout_part`); one of a tensor computed from an index op's result (``k^T`` after the rotary,
