@@ -9,7 +9,9 @@
   dead calls (nothing reads them, they mutate nothing) silently. An in-place op is a candidate as its
   functional form when its mutation is unobservable (:func:`~stitchtune.importers.torch_cnn.inplace_reason`).
 * Bool chains of graph inputs and constants (a padding mask's cast, ``index``, ``&``, ``where``) are
-  *pulled*: not grouped, but computed again by every region that reads them.
+  *pulled*: not grouped, but computed again by every region that reads them; so are float chains of
+  values from outside every region that only broadcast into larger tensors (the rotary angles:
+  :func:`_pull_broadcast_sources`).
 """
 
 from __future__ import annotations
@@ -200,6 +202,50 @@ def _initial_exclusions(nodes: Sequence[Any], consts: Mapping[Any, Any]) -> _Exc
             elif why:
                 ex.add(n, why)
     _pull_bool_chains(nodes, ex, consts)
+    _pull_broadcast_sources(nodes, ex, consts)
     return ex
+
+
+#: element-wise and view ops whose float result is computed again by every region that reads it
+#: when it only broadcasts into larger tensors (:func:`_pull_broadcast_sources`)
+_PULLED_SOURCES = frozenset({"aten.mul", "aten.add", "aten.sub", "aten.div", "aten.neg", "aten.cos", "aten.sin",
+                             "aten.exp", "aten.reciprocal", "aten.rsqrt", "aten.sqrt", "aten.view",
+                             "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "aten.expand",
+                             "aten.clone", "aten.contiguous", "aten.alias", "aten.to", "aten._to_copy"})
+
+
+def _pull_broadcast_sources(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any]) -> None:
+    """Pull the float chains that read only values from outside every region (graph inputs,
+    constants, excluded or pulled nodes) through element-wise ops and views, and whose results are
+    only broadcast into larger tensors (the rotary angles: ``cos`` / ``sin`` of ``positions *
+    inv_freq``, ``[1, S, D]``, read by q ``[B, H, S, D]`` and k ``[B, Hkv, S, D]`` of every layer): every
+    region that reads them computes them again, so that q's and k's rotary, whose domains differ,
+    are two regions rather than one refused group, and no angle tensor goes through memory."""
+    import torch
+
+    def numel(n: Any) -> int:   # from the dims' hints: no guard on a symbolic size
+        val = n.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            return 0
+        out = 1
+        for d in val.shape:
+            out *= _hint(d) or 1
+        return out
+
+    cand: list[Any] = []
+    for n in nodes:
+        if n in ex or n.op != "call_function" or _key(n.target) not in _PULLED_SOURCES:
+            continue
+        val = n.meta.get("val")
+        if not isinstance(val, torch.Tensor) or not val.dtype.is_floating_point:
+            continue
+        if all(a.op == "placeholder" or a in consts or a in ex or a in cand for a in fx_args(n)):
+            cand.append(n)
+    kept = set(cand)
+    for n in reversed(cand):   # users first: a pulled node only broadcasts into larger readers
+        users = list(n.users)
+        if not users or any(u not in kept and (u in ex or numel(u) <= numel(n)) for u in users):
+            kept.discard(n)
+    ex.pulled.update(kept)
 
 

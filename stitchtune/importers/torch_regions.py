@@ -16,7 +16,12 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   graph, the indices of an ``index`` are resolved on an index grid (a broadcast or reshape; a real
   gather is declined), any other is an input of the region that PyTorch computes.
 * Bool chains of graph inputs and constants are computed again by every region that reads them
-  (``TorchRegion.pulled``), so one padding mask feeds every layer's softmax region.
+  (``TorchRegion.pulled``), so one padding mask feeds every layer's softmax region; so are float
+  element-wise / view chains of values from outside every region that only broadcast into larger
+  tensors (the rotary angles, ``cos`` / ``sin`` of ``positions * inv_freq``: q's and k's rotary of every
+  layer are one region each).
+* A ``clone`` of a broadcast (``repeat_kv``'s ``expand`` + ``clone``) read outside the region is stored
+  expanded (an ``expand`` node): the region that makes k writes the grouped copy itself.
 * A view (``view``, ``transpose``, ``expand``, ...) or a no-op (eval dropout, a same-dtype cast)
   whose result only leaves a region stays PyTorch's (``RegionSplit.free``: the region returns the
   contiguous base); a group that nothing reads, or that only moves data as views, is dropped
@@ -68,7 +73,7 @@ from stitchtune.importers.torch_candidates import (
     _initial_exclusions,
 )
 from stitchtune.importers.torch_consts import fold_constants
-from stitchtune.importers.torch_fx_util import fx_args
+from stitchtune.importers.torch_fx_util import _fits, fx_args
 from stitchtune.importers.torch_grouping import _groups
 from stitchtune.importers.torch_subgraph import _dense_perm, _is_view, _subgraph, _with_pulled, is_noop
 
@@ -236,7 +241,8 @@ def _stored(walker: Any, s: Any, v: Any, perm: tuple[int, ...] | None) -> Any:
     keeps it in permuted memory order) its exact value transposed by ``perm``, a row-major tensor
     that ``permute(inverse(perm))`` turns into PyTorch's strided one for free."""
     if perm is None:
-        return v
+        t = tuple(int(d) for d in s.meta["val"].shape)
+        return v if _strip1(v.shape) == _strip1(t) else walker.exact(s, s)   # a materialised broadcast
     x = walker.exact(s, s)
     shape = tuple(x.shape[p] for p in perm)
     return walker.b.layout("transpose", [x], shape, str(x.dtype), f"{s.name}_stored", perm=list(perm))
@@ -261,7 +267,7 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         t = tuple(int(d) for d in s.meta["val"].shape) if s.meta.get("val") is not None else None
         if v is None or not hasattr(v, "is_scalar") or v.is_scalar:
             return _Culprit(orig, "its value is not a tensor the graph computes")
-        if t is None or _strip1(v.shape) != _strip1(t):   # leading 1s may differ: same row-major bytes
+        if t is None or _strip1(v.shape) != _strip1(t) and not _materialised(orig, v.shape, t):
             return _Culprit(orig, f"an output of PyTorch shape {list(t or ())} is graph shape {list(v.shape)}")
         perm = None if s.meta["val"].is_contiguous() else _dense_perm(orig.meta["val"])
         if perm is None and not s.meta["val"].is_contiguous() or _is_view(orig) and perm is not None:
@@ -270,6 +276,8 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         perms.append(perm)
         if v.dtype == "bool":
             return _Culprit(orig, "a bool output (graph.json outputs are float tensors)")
+        if _strip1(v.shape) != _strip1(t):   # a materialised broadcast: a new tensor (its own expand node)
+            continue
         same, same_perm = seen.get(str(v.ref), (input_names.get(str(v.ref)), None))
         if same is not None:   # a no-op (eval dropout, same-dtype cast) of an input or another output
             if is_noop(orig) and not inner(orig):
@@ -283,6 +291,13 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
     if outs is None and walker.current is not None and walker.current.op != "output":
         return _Culprit(outputs[0], "the region's outputs could not be mapped")
     return perms
+
+
+def _materialised(orig: Any, shape: Sequence[int], t: Sequence[int]) -> bool:
+    """Whether output ``orig`` is a copy (``clone`` / ``contiguous``) of a broadcast value of graph
+    ``shape`` that PyTorch holds at ``t`` (Llama's ``repeat_kv``: ``expand`` then ``clone``): the region
+    stores it expanded (:func:`_stored`), reading the source once per copy."""
+    return _key(orig.target) in ("aten.clone", "aten.contiguous") and _fits(shape, t) and not _is_view(orig)
 
 
 def _ops_text(nodes: Iterable[Any]) -> str:

@@ -30,10 +30,14 @@ from one predicated scalar load per input at column ``idx[row]`` (read once per 
 :func:`gather_index`, with the node's error flag as for ``gather``), 0.0 for an out-of-range index.
 
 In a *mixed* region (transpose / reshape of the inputs, then slice / concat along the innermost
-axis: Llama's rotary after the head split) every shift is a column shift ``d``
-(:func:`stitchtune.plan.remap.column_shift`); a layout node passes the shift to its argument and an
-input is loaded at its general map's address of view element ``(r, c + d)``, i.e. its row offset plus
-``c + d`` (the planner requires contiguous column maps there).
+axis: Llama's rotary after the head split) a shift that reaches an input through a layout node is a
+column shift ``d`` (:func:`stitchtune.plan.remap.column_shift`); a layout node passes the shift to its
+argument and an input is loaded at its general map's address of view element ``(r, c + d)``: its row
+offset plus ``c + d`` for a contiguous column map, its map of column ``c + d`` otherwise (inv_freq
+repeated along the head dim). An input of the domain's own layout read by slice / concat directly
+may be shifted along any axis (Swin's roll): loaded at its own address plus the delta in its own
+strides, the row positions of the conditions taken from the map of a computed tensor of the
+domain's shape (the view's rows follow the largest tensor's layout, not the domain's).
 
 A layout chain of an input (:func:`stitchtune.plan.remap.composed_chains`) is loaded at the head's
 position ``p + delta`` along any axis: the head's coordinates are carried back through the chain's
@@ -54,8 +58,8 @@ from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, Se
 from stitchtune.lower.base import I, Lowerer, SweepValues, add, and_, mul
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.planner import TensorClass
-from stitchtune.plan.remap import (Shift, column_shift, composed_chains, domain_of, mixed_layout, pick_leaves,
-                                   root_shift, shift_offset)
+from stitchtune.plan.remap import (Shift, column_shift, composed_chains, domain_of, mixed_layout, outer_sources,
+                                   pick_leaves, root_shift, shift_offset)
 
 __all__ = ["Shift", "RemapValues", "gather_flag_buffers", "gather_index", "pick_value"]
 
@@ -83,6 +87,7 @@ class RemapValues:
         self.domain = _domain(low)
         self.mixed = mixed_layout(low.g)
         self.chains = composed_chains(low.g)
+        self.outer = outer_sources(low.g, self.domain)
         self.dom_t = self._domain_tensor()
         # mixed: the columns are the innermost domain axis (check_mixed); the view's rows may hold
         # axes the domain lacks (an expand), so they are not split from M
@@ -156,6 +161,8 @@ class RemapValues:
         """Domain position along ``axis`` of lane ``lane``'s element (in a mixed region with chains,
         from the row-major domain index through the map of a domain-shaped tensor: any view)."""
         D = self.domain
+        if self.dom_t is None and self.mixed and axis not in self.col_axes:
+            return self._row_pos(axis)
         if self.dom_t is not None:
             lin = add(self.low.row_base(self.dom_t, Bin("min", self.k.ix.row, I(self.p.M - 1))),
                        self.low.col_offset(self.dom_t, add(self.sw.k0, I(lane))))
@@ -172,6 +179,21 @@ class RemapValues:
             total = self.p.M
         t = Bin("/", i, I(inner)) if inner > 1 else i
         return Bin("%", t, I(D[axis])) if inner * D[axis] < total else t
+
+    def _row_pos(self, axis: int) -> kir.Expr:
+        """In a mixed region: the domain position along row axis ``axis`` of the round's row, from the
+        map of a computed tensor of the domain's shape (the view's rows need not be the domain's
+        leading axes in order: they follow the largest tensor's layout)."""
+        D = self.domain
+        dom_t = next((n.id for n in self.g.nodes if OPS[n.op].kind != "layout" and tuple(n.shape) == tuple(D)
+                      and self.p.imap(n.id).cols.contiguous()), None)
+        if dom_t is None:
+            raise UnsupportedGraphError("a slice/concat along an outer axis in a region with transpose / reshape "
+                                        "needs a computed tensor of the iteration domain's shape")
+        lin = self.low.row_base(dom_t, Bin("min", self.k.ix.row, I(self.p.M - 1)))
+        inner = prod(D[axis + 1:])
+        t = Bin("/", lin, I(inner)) if inner > 1 else lin
+        return Bin("%", t, I(D[axis])) if axis > 0 else t
 
     def cond(self, sh: Shift, lane: int) -> kir.Expr | None:
         out = None
@@ -242,10 +264,18 @@ class RemapValues:
         if reads.get(buf, 0) == self.reads_before.get(buf, 0):
             reads[buf] = reads.get(buf, 0) + 1
 
+    def _outer(self, sh: Shift) -> bool:
+        """In a mixed region: ``sh`` shifts or limits an outer axis (loads in row-major strides)."""
+        return self.mixed and bool(sh.axes() - {len(self.domain) - 1})
+
     def load(self, name: str, sh: Shift) -> list[kir.Expr]:
         """Input ``name`` at ``p + delta`` under the conditions (a FULL or per-column input)."""
         low = self.low
-        if self.mixed:  # view element (r, c + d): a contiguous column map adds d (the planner checked it)
+        if self._outer(sh):  # p + delta in the row-major strides of plan.remap.outer_sources (checked there)
+            shape = self.outer.shape(name)
+            assert shape is not None, f"input '{name}' under an outer shift (the planner refuses it)"
+            delta = self._check_bounds(name, shape, sh)
+        elif self.mixed:  # view element (r, c + d): a contiguous column map adds d (the planner checked it)
             delta = column_shift(name, sh, self.domain)
         else:
             delta = self._check_bounds(name, self.g.spec(name).shape, sh)
@@ -253,6 +283,9 @@ class RemapValues:
         self.k.uses["in"].add(buf)
         im = self.p.imap(name)
         if not (im.cols.broadcast or im.cols.contiguous()):  # strided columns: each lane's own address
+            if self._outer(sh):
+                raise UnsupportedGraphError(f"input '{name}': a slice/concat along an outer axis of an input "
+                                            "whose columns are not contiguous, in a region with transpose / reshape")
             return self._strided_load(name, buf, delta, sh)
         if low.cls[name] is TensorClass.FULL:
             base = self.k.f_index(self.k.ix.row, self.sw.k0, name)
@@ -275,7 +308,10 @@ class RemapValues:
         out: list[kir.Expr] = []
         for j in range(self.vec):
             v = self.k.cx.var("g", F32)
-            at = add(add(rowb, low.col_offset(name, add(self.sw.k0, I(j)))), I(delta))
+            if self.mixed:  # delta is a column shift (column_shift): the map of column c + delta
+                at = add(rowb, low.col_offset(name, add(self.sw.k0, I(j + delta))))
+            else:  # delta is in the input's own strides (shift_offset)
+                at = add(add(rowb, low.col_offset(name, add(self.sw.k0, I(j)))), I(delta))
             self.sw.body.append(Assign(v, Load(buf, at, and_(self.sw.valid, self.cond(sh, j)))))
             out.append(v)
         return out

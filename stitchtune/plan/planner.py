@@ -369,7 +369,14 @@ def _mixed_view(real: Graph, sur: Graph, names: list[str], all_red: list[Node]
     view = _view(axes.order, axes.size_of, bool(all_red), _reduced_axes(red_nodes, maps))
     keep = remap.layout_part(real)
     dom_t = next(n for n in names if n not in keep and tuple(sur.spec(n).shape) == tuple(domain))
-    remap.check_mixed(real, sur, domain, maps[dom_t][-1], view.col_axes, view.family)
+    out_cols = maps[dom_t][-1]
+    chained = {n for c in remap.composed_chains(real).values() for n in c}
+    if (view.family == Family.ELEMENTWISE and set(view.col_axes) < set(out_cols)
+            and not all(n in chained for n in real.input_names)):
+        # the innermost domain dim spans several axes (rotary angles ``cat(freqs, freqs)`` made by an
+        # expand): all of them are the columns, so that a column shift moves along the whole dim
+        view = _View(view.family, view.sizes, tuple(a for a in axes.order if a not in out_cols), tuple(out_cols))
+    remap.check_mixed(real, sur, domain, out_cols, view.col_axes, view.family)
     return domain, maps, red_nodes, cross_nodes, view
 
 
@@ -418,9 +425,8 @@ def make_plan(graph: Graph) -> StitchPlan:
         rows = tuple(range(len(domain) - 1)) if mixed else view.row_axes
         remap.check_remaps(real, domain, rows, {n: c.varies_along_reduced for n, c in classes.items()}, mixed)
     imaps = _index_maps(graph, view, maps)
-    if real is not graph:
-        tails = remap.layout_tails(real)  # stored through their maps only, never loaded shifted
-        _check_index_op_maps({n: m for n, m in imaps.items() if n not in tails}, view.family)
+    if real is not graph and not mixed:  # mixed: a shifted load maps view element (r, c + d) (lower.remap)
+        _check_index_op_maps(imaps, view.family)
     if real is not graph and not mixed:
         imaps.update(remap.real_index_maps(real, graph, old, domain, view.row_axes, view.col_axes))
     cross = check_cross(graph, cross_nodes, view.family, classes, {n: not m.plain for n, m in imaps.items()})

@@ -36,9 +36,16 @@ split ``x [B, S, H*D] -> [B, S, H, D] -> [B, H, S, D]``): the layout nodes and t
 :func:`~stitchtune.plan.axes.tensor_axes` (general index maps); every shift must then be a column
 shift (:func:`column_shift`: slice / concat along the innermost domain axis, which must be the view's
 columns, :func:`check_mixed`), so a shifted load is the general map's address of view element
-``(r, c + d)``. A transpose / reshape of a computed tensor (``k^T`` after the rotary,
+``(r, c + d)``; an input of the domain's own layout read by slice / concat directly, or tokens
+viewed as the domain by a reshape (:func:`outer_sources`), may be shifted along any axis (Swin's
+``roll`` as slice + concat along H and W, then the window partition as trailing maps): its load is
+proven by :func:`shift_offset`, in row-major strides. A
+transpose / reshape / expand of a tensor computed *before* the index ops (a per-head RMSNorm, the
+rotary angles made in the region) keeps its shapes with everything it is computed from
+(:func:`layout_part`); one of a tensor computed from an index op's result (``k^T`` after the rotary,
 :func:`layout_tails`) may only make an output, stored through its map. Refused there: such a node
-read by another op, a slice / concat along an outer axis, gather, column reductions, an input sliced beyond the domain.
+read by another op, a slice / concat along an outer axis of an input read through a transpose /
+reshape, gather, column reductions, an input sliced beyond the domain.
 
 A transpose / reshape chain of one input whose head does not align with the domain (ViT's patch
 flatten, concatenated after the class token along the sequence: :func:`composed_chains`) is not a
@@ -58,7 +65,7 @@ from stitchtune.graph.parse import Graph, Node, TensorSpec
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.family import Family
 
-__all__ = ["pick_leaves", "check_picks", "root_shift", "composed_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
+__all__ = ["pick_leaves", "check_picks", "OuterSources", "outer_sources", "root_shift", "composed_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
            "Shift", "shift_offset", "check_remaps"]
 
 
@@ -88,19 +95,44 @@ def domain_of(graph: Graph) -> tuple[int, ...]:
     return max(shapes, key=lambda s: (prod(s), len(s)))
 
 
+def _after_index_ops(graph: Graph) -> set[str]:
+    """The nodes computed from the result of a slice, concat or gather (the index ops included)."""
+    out: set[str] = set()
+    for nd in graph.nodes:
+        if OPS[nd.op].kind in INDEX_KINDS or any(a in out for a in nd.tensor_args):
+            out.add(nd.id)
+    return out
+
+
+def _feeds_layout(graph: Graph) -> set[str]:
+    """The nodes before the index ops that a transpose / reshape / expand before the index ops is
+    computed from (they keep their own shapes: :func:`layout_part`)."""
+    after = _after_index_ops(graph)
+    out: set[str] = set()
+    for nd in reversed(graph.nodes):
+        if nd.id in after:
+            continue
+        if any(c.id in out or (OPS[c.op].kind == "layout" and c.id not in after) for c in graph.consumers(nd.id)):
+            out.add(nd.id)
+    return out
+
+
 def layout_tails(graph: Graph) -> set[str]:
-    """The transpose / reshape nodes of a region with index ops that rearrange a *computed* tensor
-    (a tensor that is not an input or a rearranged input), e.g. ``k^T`` after Llama's rotary. Each
-    may be read only by other such nodes and be an output (it is stored through its map, never
-    evaluated at a shifted position); :class:`UnsupportedGraphError` naming the node otherwise."""
+    """The transpose / reshape / expand nodes of a region with index ops that rearrange a tensor
+    computed from an index op's result (``k^T`` after Llama's rotary). Each may be read only by
+    other such nodes and be an output (it is stored through its map, never evaluated at a shifted
+    position); :class:`UnsupportedGraphError` naming the node otherwise. A layout node of a tensor
+    computed *before* any index op (a per-head RMSNorm's result transposed to ``[B, H, S, D]`` and
+    rotated, the rotary angles ``cat(freqs, freqs)`` made by expand + reshape) is not a tail: it is
+    part of :func:`layout_part`."""
     if not has_index_ops(graph):
         return set()
-    inputs = {n for n, _ in graph.inputs}
-    head: set[str] = set()
+    after = _after_index_ops(graph)
     tails: set[str] = set()
     for nd in graph.nodes:
         if OPS[nd.op].kind == "layout":
-            (head if all(a in inputs or a in head for a in nd.tensor_args) else tails).add(nd.id)
+            if nd.id in after:
+                tails.add(nd.id)
             continue
         for a in nd.tensor_args:
             if a in tails:
@@ -160,10 +192,12 @@ def composed_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
     domain = domain_of(graph)
     nodes = {n.id: n for n in graph.nodes}
     outputs, inputs = set(graph.outputs), set(graph.input_names)
+    feeds = _feeds_layout(graph)
     out: dict[str, tuple[str, ...]] = {}
     for nd in graph.nodes:
         cons = graph.consumers(nd.id)
         if (nd.op not in ("transpose", "reshape") or not cons or nd.id in outputs or len(nd.shape) > len(domain)
+                or any(c.id in feeds for c in cons)
                 or any(OPS[c.op].kind == "layout" for c in cons) or _sur(nd.shape, domain, nd.id) == nd.shape):
             continue
         chain, cur = [nd.id], nd
@@ -194,23 +228,34 @@ def mixed_layout(graph: Graph) -> bool:
 
 def layout_part(graph: Graph) -> set[str]:
     """The tensors of a *mixed* region (index ops and layout ops) that keep their own shape in the
-    surrogate: every layout node and every input read by one. A layout node reads inputs or layout
-    nodes (or is one of the :func:`layout_tails`), and one read by anything else must span the iteration domain (right-aligned:
-    every dim 1 or the domain's), so that slice / concat / gather see a domain-shaped tensor;
-    :class:`UnsupportedGraphError` naming the node otherwise."""
+    surrogate: every layout node, and everything a layout node that precedes the index ops is
+    computed from (its inputs, and the nodes before it: a per-head RMSNorm of ``[B, S, H, D]``
+    transposed to ``[B, H, S, D]`` and rotated). A tensor of this part read by a node outside it
+    must span the iteration domain (right-aligned: every dim 1 or the domain's), so that slice /
+    concat / gather see a domain-shaped tensor; :class:`UnsupportedGraphError` naming the tensor
+    otherwise."""
     if not has_layout_ops(graph):
         return set()
     domain = domain_of(graph)
     tails = layout_tails(graph)
     chained = _chained(graph)
+    nodes = {n.id: n for n in graph.nodes}
     keep: set[str] = set(tails)
+    stack: list[str] = []
     for nd in graph.nodes:
         if OPS[nd.op].kind != "layout" or nd.id in tails or nd.id in chained:
             continue
         keep.add(nd.id)
-        keep.update(nd.tensor_args)
+        stack.extend(nd.tensor_args)
+    while stack:  # what the layout nodes before the index ops are computed from
+        a = stack.pop()
+        if a in keep or a in chained:
+            continue
+        keep.add(a)
+        if a in nodes:
+            stack.extend(nodes[a].tensor_args)
     for nd in graph.nodes:
-        if OPS[nd.op].kind == "layout":
+        if nd.id in keep:
             continue
         for a in nd.tensor_args:
             if a in keep and _sur(graph.spec(a).shape, domain, a) != tuple(graph.spec(a).shape):
@@ -246,7 +291,8 @@ def surrogate(graph: Graph) -> Graph:
             args = (str(nd.args[1]), *pick_leaves(graph, nd, domain)[0])
         nodes.append(Node(id=nd.id, op=op, args=args, axes=nd.axes, keepdims=nd.keepdims, to=nd.to,
                           shape=shape, dtype=nd.dtype))
-    for name in [o for o in graph.outputs if o not in keep] + [str(n.args[0]) for n in graph.reductions()]:
+    for name in [o for o in graph.outputs if o not in keep] + [str(n.args[0]) for n in graph.reductions()
+                                                               if str(n.args[0]) not in keep]:
         if tuple(graph.spec(name).shape) != _sur(graph.spec(name).shape, domain, name):
             raise UnsupportedGraphError(
                 f"tensor '{name}' {list(graph.spec(name).shape)} is stored or reduced but does not span the "
@@ -326,8 +372,9 @@ def column_shift(who: str, sh: Shift, domain: tuple[int, ...]) -> int:
     last = len(domain) - 1
     if sh.axes() - {last}:
         raise UnsupportedGraphError(
-            f"node '{who}': a slice/concat along an outer axis in a region with transpose / reshape; there "
-            "slice and concat may act along the innermost axis only")
+            f"node '{who}': a slice/concat along an outer axis reads it through a transpose / reshape (or "
+            "it does not have the iteration domain's layout); there slice and concat may act along the innermost "
+            "axis only")
     lo, hi = {a: (l, h) for a, l, h in sh.conds}.get(last, (0, domain[last]))
     d = sh.d(last)
     if lo + d < 0 or hi - 1 + d > domain[last] - 1:
@@ -409,12 +456,16 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
     from the outputs and the reduction arguments, so that every refusal is a planning error:
     a per-row value (``varies[name]`` false: it does not vary along the columns) or a gather under a
     row-axis shift, a remapped load outside a tensor. ``varies``: tensor -> varies along the columns.
-    ``mixed``: a region with transpose / reshape, where every shift is a column shift
-    (:func:`column_shift`)."""
+    ``mixed``: a region with transpose / reshape, where a shift that reaches an input through a layout
+    node (or one of another layout than the domain's) is a column shift (:func:`column_shift`); an input
+    of the domain's layout read by slice / concat directly may be shifted along any axis (Swin's roll
+    before the window partition), its load proven by :func:`shift_offset`."""
     nodes = {n.id: n for n in graph.nodes}
     rows = set(row_axes)
     seen: set[tuple[str, Shift]] = set()
     chains = composed_chains(graph)
+    keep = layout_part(graph) if mixed else set()
+    outer = outer_sources(graph, domain) if mixed else OuterSources((), frozenset())
 
     def visit(name: str, sh: Shift) -> None:
         if (name, sh) in seen:
@@ -441,6 +492,20 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
         if name in chains:  # loaded through the chain: in bounds where the head's positions are
             shift_offset(name, graph.spec(name).shape, sh, domain)
             return
+        if mixed and sh.axes() - {len(domain) - 1} and (nd is None or name in keep):
+            src = outer.shape(name)
+            if nd is not None and name not in outer.nodes or nd is None and src is None:
+                raise UnsupportedGraphError(
+                    f"node '{name}': a slice/concat along an outer axis reads it through a transpose / reshape "
+                    "(or it does not have the iteration domain's layout); there slice and concat may act along "
+                    "the innermost axis only")
+            if not any(OPS[n.op].kind != "layout" and tuple(n.shape) == tuple(domain) for n in graph.nodes):
+                raise UnsupportedGraphError(
+                    f"tensor '{name}': a slice/concat along an outer axis in a region with transpose / reshape "
+                    "needs a computed tensor of the iteration domain's shape (the kernel's positions)")
+            if src is not None:  # an input: p + delta in row-major strides (Swin's roll)
+                shift_offset(name, src, sh, domain)
+                return
         if nd is None:
             if mixed:
                 column_shift(name, sh, domain)
@@ -448,10 +513,6 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
                 shift_offset(name, graph.spec(name).shape, sh, domain)
             return
         off = len(domain) - len(nd.shape)
-        if mixed and kind in ("slice", "concat") and off + _axis(nd) != len(domain) - 1:
-            raise UnsupportedGraphError(
-                f"{nd.op} '{nd.id}' acts along an outer axis in a region with transpose / reshape; there slice "
-                "and concat may act along the innermost axis only")
         if kind == "slice":
             a = off + _axis(nd)
             visit(str(nd.args[0]), sh.moved(a, nd.start))
@@ -532,6 +593,65 @@ def check_picks(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ...]
         live = tuple(c for c in col_axes if domain[c] > 1)
         if live != (len(domain) - len(n.shape) + _axis(n),):
             raise UnsupportedGraphError(_PICK_ONLY.format(n.id, _axis(n)))
+
+
+@dataclass(frozen=True)
+class OuterSources:
+    """What a shift along an outer axis may reach in a mixed region (:func:`outer_sources`):
+    ``shapes`` input -> the shape in whose row-major strides it is loaded at a shifted position;
+    ``nodes``: the layout and computed nodes it is evaluated through."""
+
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    nodes: frozenset[str]
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        return dict(self.shapes).get(name)
+
+
+def outer_sources(graph: Graph, domain: tuple[int, ...]) -> OuterSources:
+    """In a mixed region: the inputs a position shifted along an outer axis (Swin's roll) may be
+    loaded from, each with the shape in whose row-major strides its offset moves: an input of the
+    domain's layout outside :func:`layout_part` (its own shape); below a reshape to a shape that
+    aligns with the domain (Swin's tokens ``[B, H*W, C]`` viewed as ``[B, H, W, C]``: a reshape keeps
+    the row-major index), through element-wise nodes of the reshape's source shape, an input of that
+    shape (the reshape's shape) or one that varies along the innermost dim only (a bias: its own
+    shape, which the outer shift leaves alone). Anything else under an outer shift is refused."""
+    if not (has_index_ops(graph) and mixed_layout(graph)):
+        return OuterSources((), frozenset())
+    keep = layout_part(graph)
+    nodes = {n.id: n for n in graph.nodes}
+    shapes: dict[str, tuple[int, ...]] = {
+        n: tuple(s.shape) for n, s in graph.inputs if n not in keep and _spans(graph, n, domain)}
+    through: set[str] = set()
+    for r in graph.nodes:
+        if r.op != "reshape" or r.id not in keep or len(r.shape) > len(domain) or not _spans(graph, r.id, domain):
+            continue
+        src = tuple(graph.spec(str(r.args[0])).shape)
+        if src[-1:] != tuple(domain[-1:]):
+            continue
+        found: dict[str, tuple[int, ...]] = {}
+        seen: set[str] = set()
+        stack, ok = [str(r.args[0])], True
+        while stack and ok:
+            a = stack.pop()
+            if a in seen:
+                continue
+            seen.add(a)
+            shape = tuple(graph.spec(a).shape)
+            if a in nodes:
+                nd = nodes[a]
+                ok = OPS[nd.op].kind not in ("reduce", "layout") and shape == src and nd.id not in _after_index_ops(graph)
+                stack.extend(nd.tensor_args)
+            elif shape == src:
+                found[a] = tuple(r.shape)
+            elif all(d == 1 for d in shape[:-1]) and shape[-1:] == src[-1:]:
+                found[a] = shape
+            else:
+                ok = False
+        if ok and all(shapes.get(n, v) == v for n, v in found.items()):
+            shapes.update(found)
+            through |= (seen - set(graph.input_names)) | {r.id}
+    return OuterSources(tuple(sorted(shapes.items())), frozenset(through))
 
 
 def _check_size1_slice(nd: Node, sh: Shift, domain: tuple[int, ...]) -> None:

@@ -1,0 +1,157 @@
+"""Mixed regions beyond the head split (stitchtune/plan/remap.py ``layout_part``): a transpose /
+reshape / expand of a tensor *computed* before the index ops (a per-head RMSNorm of q followed by
+the rotary, Qwen3-style; the rotary angles ``cat(freqs, freqs)`` computed in the region from the
+positions, Llama-style), and slice / concat along outer axes next to a window partition (Swin's
+shifted windows: ``roll`` as slice + concat along H and W). Each plans, emulates like the float64
+reference (the emulator faults on any out-of-bounds, unwritten or racy access) and compiles; what
+is still not planned is one named line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from helpers import check_emulates, DEV, float_graph as _graph
+from stitchtune.cost.heuristic import heuristic_schedule
+from stitchtune.errors import UnsupportedGraphError
+from stitchtune.gpu.build import NvccBuilder, nvcc_found
+from stitchtune.lower.entry import lower
+from stitchtune.plan.planner import make_plan
+from stitchtune.plan.remap import composed_chains, layout_part, layout_tails
+from stitchtune.space import SearchSpace
+
+
+def _rotate(src: str, D: int, pre: str = "r") -> list[dict[str, Any]]:
+    """``src * cos + rotate_half(src) * sin`` along the innermost axis (``D`` even)."""
+    h = D // 2
+    return [{"id": f"{pre}x2", "op": "slice", "args": [src], "axis": -1, "start": h, "stop": D},
+            {"id": f"{pre}n", "op": "neg", "args": [f"{pre}x2"]},
+            {"id": f"{pre}x1", "op": "slice", "args": [src], "axis": -1, "start": 0, "stop": h},
+            {"id": f"{pre}rot", "op": "concat", "args": [f"{pre}n", f"{pre}x1"], "axis": -1},
+            {"id": f"{pre}qc", "op": "mul", "args": [src, "cos"]},
+            {"id": f"{pre}rs", "op": "mul", "args": [f"{pre}rot", "sin"]},
+            {"id": f"{pre}out", "op": "add", "args": [f"{pre}qc", f"{pre}rs"]}]
+
+
+def qk_norm_rotary(B: int = 2, S: int = 4, H: int = 2, D: int = 8) -> Any:
+    """Qwen3's q path: ``[B, S, H*D]`` split into heads, RMSNorm over each head's D (weight ``[D]``),
+    transposed to ``[B, H, S, D]`` and rotated (cos / sin ``[S, D]``)."""
+    nodes = [{"id": "xr", "op": "reshape", "args": ["x"], "shape": [B, S, H, D]},
+             {"id": "sq", "op": "mul", "args": ["xr", "xr"]},
+             {"id": "ms", "op": "reduce_mean", "args": ["sq"], "axes": [-1], "keepdims": True},
+             {"id": "eps", "op": "add", "args": ["ms", 1e-6]},
+             {"id": "rs", "op": "rsqrt", "args": ["eps"]},
+             {"id": "nn", "op": "mul", "args": ["xr", "rs"]},
+             {"id": "nw", "op": "mul", "args": ["nn", "w"]},
+             {"id": "q", "op": "transpose", "args": ["nw"], "perm": [0, 2, 1, 3]}] + _rotate("q", D)
+    return _graph({"x": [B, S, H * D], "w": [D], "cos": [S, D], "sin": [S, D]}, nodes, ["rout"])
+
+
+def rotary_with_angles(B: int = 1, S: int = 8, H: int = 4, D: int = 8) -> Any:
+    """Llama's rotary with its angles computed in the region: ``freqs = pos * inv_freq`` ``[1, S, D/2]``,
+    ``cat(freqs, freqs)`` as PyTorch decomposes it (reshape, expand, reshape to ``[1, 1, S, D]``), cos and
+    sin of it, applied to q after the head split."""
+    nodes = [{"id": "fr", "op": "mul", "args": ["pos", "inv"]},
+             {"id": "fu", "op": "reshape", "args": ["fr"], "shape": [1, S, 1, D // 2]},
+             {"id": "fe", "op": "expand", "args": ["fu"], "shape": [1, S, 2, D // 2]},
+             {"id": "emb", "op": "reshape", "args": ["fe"], "shape": [1, 1, S, D]},
+             {"id": "cos", "op": "cos", "args": ["emb"]},
+             {"id": "sin", "op": "sin", "args": ["emb"]},
+             {"id": "xr", "op": "reshape", "args": ["x"], "shape": [B, S, H, D]},
+             {"id": "q", "op": "transpose", "args": ["xr"], "perm": [0, 2, 1, 3]}] + _rotate("q", D)
+    return _graph({"x": [B, S, H * D], "pos": [1, S, 1], "inv": [D // 2]}, nodes, ["rout"])
+
+
+def test_a_layout_before_the_index_ops_keeps_its_shapes() -> None:
+    g = qk_norm_rotary()
+    assert layout_tails(g) == set()  # q is no tail: it is read by the rotary
+    assert {"xr", "sq", "ms", "rs", "nn", "nw", "q"} <= layout_part(g)
+    assert composed_chains(g) == {}  # xr feeds the norm, which keeps its own shape: not a chain
+    plan = make_plan(g)
+    assert (plan.family, plan.M, plan.N) == ("row", 2 * 2 * 4, 8)  # rows B*S*H, the head dim reduced
+
+
+def test_angles_in_the_region_make_the_whole_head_dim_the_columns() -> None:
+    plan = make_plan(rotary_with_angles())
+    assert (plan.family, plan.M, plan.N) == ("elementwise", 4 * 8, 8)  # not the half D/2 of the expand
+    assert plan.imap("inv").partial_cols  # inv_freq repeats along the columns: ((c % 4))
+
+
+def shifted_windows(B: int = 1, H: int = 8, W: int = 8, C: int = 4, w: int = 4, s: int = 2) -> Any:
+    """Swin's shifted windows: ``roll(x, (-s, -s), (1, 2))`` of ``[B, H, W, C]`` as ONNX exports it (slice +
+    concat along H, then along W), then the window partition ``[B, H/w, w, W/w, w, C]`` -> transpose ->
+    ``[B * nW, w*w, C]`` (trailing maps of the output)."""
+    nodes = [{"id": "a1", "op": "slice", "args": ["x"], "axis": 1, "start": s, "stop": H},
+             {"id": "a2", "op": "slice", "args": ["x"], "axis": 1, "start": 0, "stop": s},
+             {"id": "r1", "op": "concat", "args": ["a1", "a2"], "axis": 1},
+             {"id": "b1", "op": "slice", "args": ["r1"], "axis": 2, "start": s, "stop": W},
+             {"id": "b2", "op": "slice", "args": ["r1"], "axis": 2, "start": 0, "stop": s},
+             {"id": "r2", "op": "concat", "args": ["b1", "b2"], "axis": 2},
+             {"id": "v", "op": "reshape", "args": ["r2"], "shape": [B, H // w, w, W // w, w, C]},
+             {"id": "t", "op": "transpose", "args": ["v"], "perm": [0, 1, 3, 2, 4, 5]},
+             {"id": "o", "op": "reshape", "args": ["t"], "shape": [B * (H // w) * (W // w), w * w, C]}]
+    return _graph({"x": [B, H, W, C]}, nodes, ["o"])
+
+
+def test_shifted_windows_plan_over_the_rolled_tensor() -> None:
+    g = shifted_windows()
+    assert layout_tails(g) == {"v", "t", "o"}
+    plan = make_plan(g)
+    assert (plan.family, plan.M, plan.N) == ("elementwise", 8 * 8, 4)
+    assert plan.imap("o").bijective and not plan.imap("o").plain  # stored window by window
+
+
+def _roll_of(pre: list[dict[str, Any]], x: dict[str, list[int]]) -> Any:
+    """:func:`shifted_windows` rolling the last of the nodes ``pre`` (of inputs ``x``) instead of ``x``."""
+    nodes = [dict(n, args=[pre[-1]["id"] if a == "x" else a for a in n["args"]]) for n in shifted_windows().to_dict()["nodes"]]
+    return _graph(x, pre + nodes, ["o"])
+
+
+def rolled_tokens() -> Any:
+    """The roll of tokens ``[B, H*W, C]`` viewed as ``[B, H, W, C]`` (a reshape keeps the row-major index)."""
+    return _roll_of([{"id": "xv", "op": "reshape", "args": ["x"], "shape": [1, 8, 8, 4]}], {"x": [1, 64, 4]})
+
+
+def rolled_biased_tokens() -> Any:
+    """The roll of ``tokens + bias`` (a projection's output), viewed as ``[B, H, W, C]``: the bias is read at
+    the shifted column only, the tokens at the shifted row-major offset."""
+    return _roll_of([{"id": "xb", "op": "add", "args": ["x", "b"]},
+                     {"id": "xv", "op": "reshape", "args": ["xb"], "shape": [1, 8, 8, 4]}], {"x": [1, 64, 4], "b": [4]})
+
+
+def test_outer_rolls_that_stay_refused_are_one_named_line() -> None:
+    # x transposed before the roll: a shifted position is not the same offset in x
+    g = _roll_of([{"id": "xt", "op": "transpose", "args": ["x"], "perm": [0, 2, 1, 3]}], {"x": [1, 8, 8, 4]})
+    with pytest.raises(UnsupportedGraphError, match="node 'xt': a slice/concat along an outer axis reads it through"):
+        make_plan(g)
+    # Swin's LayerNorm right before the roll: rows shifted through a computed tensor (and another row's
+    # statistics, which a row kernel does not have)
+    ln = [{"id": "m", "op": "reduce_mean", "args": ["x"], "axes": [-1], "keepdims": True},
+          {"id": "xc", "op": "sub", "args": ["x", "m"]},
+          {"id": "xv", "op": "reshape", "args": ["xc"], "shape": [1, 8, 8, 4]}]
+    with pytest.raises(UnsupportedGraphError, match="node 'xv': a slice/concat along an outer axis"):
+        make_plan(_roll_of(ln, {"x": [1, 64, 4]}))
+
+
+CASES = {"qk_norm_rotary": qk_norm_rotary, "rotary_with_angles": rotary_with_angles, "shifted_windows": shifted_windows,
+         "rolled_tokens": rolled_tokens, "rolled_biased_tokens": rolled_biased_tokens}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cases_match_the_reference(case: str) -> None:
+    check_emulates(CASES[case](), 3, 3)
+
+
+@pytest.mark.skipif(not nvcc_found(), reason="nvcc not installed")
+def test_cases_compile_for_sm90(tmp_path) -> None:
+    from stitchtune.gpu.render import render
+
+    srcs = []
+    for make in CASES.values():
+        g = make()
+        plan = make_plan(g)
+        space = SearchSpace.for_plan(plan, DEV)
+        srcs.append(render(lower(g, plan, heuristic_schedule(plan, DEV, space), DEV, space)))
+    for res in NvccBuilder(cache_dir=tmp_path).build(srcs, arch="sm_90"):
+        assert res.status == "ok", res.log
