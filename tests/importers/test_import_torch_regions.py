@@ -302,3 +302,23 @@ def test_a_refusal_naming_a_graph_input_declines_the_first_node_reading_it() -> 
                          accept=refuse_two_inputs)
     assert [r.ops for r in split.regions] == [("aten.exp", "aten.mul")]
     assert [d.what for d in split.declined] == ["op aten.add"] and "'in1'" in split.declined[0].reason
+
+
+def test_the_backward_primitives_of_inductors_decompositions_join_their_region() -> None:
+    """``prims.convert_element_type`` (dropout's mask made float in a backward graph) and Inductor's
+    ``fma`` (softmax's backward) map, so they no longer cut a backward region in two."""
+    import torch._inductor.inductor_prims  # noqa: F401  (registers prims.fma)
+
+    def f(g: Any, y: Any, keep: Any) -> Any:
+        gy = g * y
+        dx = torch.ops.prims.fma(-y, gy.sum(-1, keepdim=True), gy)
+        return dx * torch.ops.prims.convert_element_type(keep, torch.float32) * 1.25
+
+    torch.manual_seed(0)
+    g, y, keep = torch.randn(2, 4, 8), torch.randn(2, 4, 8).softmax(-1), torch.rand(2, 4, 8) > 0.2
+    split = find_regions(_aten(f, g, y, keep))
+    [r] = split.regions
+    assert {"prims.fma", "prims.convert_element_type", "aten.sum"} <= set(r.ops) and not split.declined
+    ins = {"g_1": g, "y_1": y, "keep_1": keep}
+    out = run_reference(r.graph, {name: ins[n.name].numpy() for (name, _), n in zip(r.graph.inputs, r.inputs)})
+    assert np.abs(out[r.graph.outputs[0]] - f(g, y, keep).numpy()).max() < 1e-5
