@@ -74,6 +74,11 @@ _IGNORED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_con
             "aten._assert_async"}
 
 
+def _is_bool(x: Any) -> bool:
+    """True for an fx node whose value is a bool tensor."""
+    return hasattr(x, "meta") and _meta(x)[1] == "bool"
+
+
 class _Walker(LayoutOps):
     def __init__(self, cap: _Captured, b: GraphBuilder, user_values: list[Value],
                  param_dtype: Callable[[str, Any], str]) -> None:
@@ -245,6 +250,11 @@ class _Walker(LayoutOps):
             if isinstance(a.get("s"), bool) or not isinstance(a.get("s"), (int, float)):
                 raise ImportError_(f"{node.target} at {_where(node)}: a non-numeric scalar_tensor")
             return scalar(float(a["s"]))
+        if key == "aten.mul" and _meta(node)[1] not in (None, "bool") and any(map(_is_bool, (x, a.get("other")))):
+            # training dropout's ``mask * x``: the mask cast to the product's dtype (exact: 0 or 1)
+            prod_dt = str(_meta(node)[1])
+            lhs, rhs = (b.cast(self.val(v, node), prod_dt, f"{name}_{i}") for i, v in enumerate((x, a["other"])))
+            return b.binary("mul", lhs, rhs, name)
         self._no_bool(node, key, a)
         if key in _UNARY:
             return b.unary(_UNARY[key], self.val(x, node), name)

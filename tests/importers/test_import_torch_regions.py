@@ -322,3 +322,25 @@ def test_the_backward_primitives_of_inductors_decompositions_join_their_region()
     ins = {"g_1": g, "y_1": y, "keep_1": keep}
     out = run_reference(r.graph, {name: ins[n.name].numpy() for (name, _), n in zip(r.graph.inputs, r.inputs)})
     assert np.abs(out[r.graph.outputs[0]] - f(g, y, keep).numpy()).max() < 1e-5
+
+
+def test_a_training_dropouts_mask_product_joins_its_region() -> None:
+    """Training dropout as AOTAutograd leaves it: ``rand`` (no graph.json op) and the bool mask
+    ``gt`` (a bool output: saved for the backward) stay outside; ``mask * x`` and the rescale join
+    the region around them, the mask read as a bool input and cast."""
+    def f(x: Any, r: Any) -> Any:
+        keep = r > 0.1
+        return (keep * x.softmax(-1)) * (1 / 0.9) + 1.0, keep
+
+    torch.manual_seed(0)
+    x, r = torch.randn(2, 4, 8), torch.rand(2, 4, 8)
+    gm = _aten(lambda x: f(x, torch.rand(2, 4, 8)), x)
+    split = find_regions(gm)
+    [reg] = split.regions
+    assert {"aten._softmax", "aten.mul", "aten.add"} <= set(reg.ops) and "aten.gt" not in reg.ops
+    assert {d.what for d in split.declined} == {"op aten.rand", "op aten.gt"}
+    assert sorted(s.dtype for _, s in reg.graph.inputs) == ["bool", "float32"]
+    keep = r > 0.1
+    feed = {name: (keep if s.dtype == "bool" else x).numpy() for name, s in reg.graph.inputs}
+    out = run_reference(reg.graph, feed)[reg.graph.outputs[0]]
+    assert np.abs(out - f(x, r)[0].numpy()).max() < 1e-5
