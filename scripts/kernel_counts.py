@@ -9,9 +9,11 @@ as :data:`stitchtune.deploy.model_tuning.CALL_PATTERNS` says: ``inference`` (eva
 inference graph), ``train`` (train mode, forward and backward of the output's sum). Three counts
 per model and mode, all on this machine's CPU:
 
-* ``inductor`` -- the kernels Inductor generates for the whole step: the nodes its scheduler hands to
+* ``inductor`` -- the kernels Inductor makes for the whole step: the nodes its scheduler hands to
   code generation after fusion, less extern calls (matmuls, convolutions: a library's kernels, in
-  neither column) and no-ops. Each is one loop nest, one kernel on a GPU; Inductor's CPU code
+  neither column) and no-ops, plus the memory-intensive ATen ops it runs as fallbacks (one launch
+  each: the ``randint`` of its random seeds; in the backend's rest, dropout's ``rand``, which the
+  backend leaves to PyTorch with ``fallback_random``). Each is one loop nest, one kernel on a GPU; Inductor's CPU code
   generator then packs the loop nests between two extern calls into one ``cpp_fused_*`` C++ function
   (those are counted too, as ``cpp_functions``, but are not kernels in the GPU sense). Horizontal
   fusion is what Inductor's CPU scheduler allows (``cpp.max_horizontal_fusion_size``, default 16).
@@ -82,10 +84,25 @@ def generated_functions(codes: Sequence[str]) -> int:
     return sum(len(_KERNEL_DEF.findall(c)) for c in codes)
 
 
+def _fallback_kernel(node: Any) -> bool:
+    """True for an extern node of Inductor's scheduler that runs a memory-intensive ATen op eagerly
+    (a *fallback*: dropout's ``rand`` under ``fallback_random``, the ``randint`` of Inductor's seeds,
+    a pooling window): one kernel launch. Library calls (matmuls, convolutions), the stitched
+    regions' custom op (counted as stitched) and the fields of multi-output nodes are not."""
+    from stitchtune.importers.torch_candidates import COMPUTE_OPS
+
+    name = str(getattr(node.node, "python_kernel_name", "") or "").removeprefix("torch.ops.")
+    if not name.startswith("aten."):
+        return False
+    key = ".".join(name.split(".")[:2])
+    return key not in COMPUTE_OPS and key not in _BACKWARD_COMPUTE
+
+
 @contextlib.contextmanager
 def scheduled_kernels() -> Iterator[list[int]]:
     """Counts, per graph Inductor generates code for, the scheduler's nodes after fusion that become
-    generated kernels (not extern calls, not no-ops)."""
+    kernels: generated ones (not extern calls, not no-ops) and ATen fallbacks of memory-intensive
+    ops (:func:`_fallback_kernel`)."""
     from torch._inductor import scheduler as sched
 
     counts: list[int] = []
@@ -93,7 +110,8 @@ def scheduled_kernels() -> Iterator[list[int]]:
 
     def counting(self: Any, nodes: list[Any]) -> Any:
         counts.append(sum(1 for n in nodes if not isinstance(n, (sched.ExternKernelSchedulerNode,
-                                                                  sched.NopKernelSchedulerNode))))
+                                                                  sched.NopKernelSchedulerNode))
+                          or isinstance(n, sched.ExternKernelSchedulerNode) and _fallback_kernel(n)))
         return original(self, nodes)
 
     sched.Scheduler._codegen = counting

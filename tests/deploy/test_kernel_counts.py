@@ -56,6 +56,21 @@ def test_a_node_of_graph_inputs_only_joins_the_region_it_feeds_after_a_matmul() 
     assert kc.ideal_regions(cut) == 2   # r * 0.9 feeds the matmul; the rest is one region
 
 
+def test_aten_fallbacks_of_memory_intensive_ops_count_as_kernels_and_library_calls_do_not() -> None:
+    from types import SimpleNamespace
+
+    kc = _script()
+
+    def extern(name: str) -> Any:
+        return SimpleNamespace(node=SimpleNamespace(python_kernel_name=name))
+
+    assert kc._fallback_kernel(extern("torch.ops.aten.rand.default"))       # dropout's rand, eagerly
+    assert kc._fallback_kernel(extern("aten.randint.low_out"))              # Inductor's seeds
+    for name in ("extern_kernels.mm", "torch.ops.aten.convolution_backward.default",
+                 "torch.ops.stitchtune.region.default", ""):
+        assert not kc._fallback_kernel(extern(name)), name
+
+
 @pytest.mark.slow
 def test_counts_of_one_step_add_up() -> None:
     """Inductor's kernels come from its scheduler (one per fused loop nest that code is generated
