@@ -344,3 +344,22 @@ def test_a_training_dropouts_mask_product_joins_its_region() -> None:
     feed = {name: (keep if s.dtype == "bool" else x).numpy() for name, s in reg.graph.inputs}
     out = run_reference(reg.graph, feed)[reg.graph.outputs[0]]
     assert np.abs(out - f(x, r)[0].numpy()).max() < 1e-5
+
+
+def test_two_regions_reading_one_value_join_when_the_planner_takes_their_union() -> None:
+    """A column sum of the gradient (a bias gradient) and the row-wise work on the same gradient
+    are not linked by an edge; they become one region (the planner combines the column sum
+    across blocks), emulated like PyTorch, instead of two kernels reading the gradient twice."""
+    def f(g: Any, y: Any) -> Any:
+        return (g * y).softmax(-1), g.sum(0, keepdim=True)
+
+    torch.manual_seed(0)
+    g, y = torch.randn(16, 8), torch.randn(16, 8)
+    split = find_regions(_aten(f, g, y))
+    [r] = split.regions
+    assert {"aten._softmax", "aten.sum"} <= set(r.ops)
+    ins = {"g_1": g, "y_1": y}
+    out = run_reference(r.graph, {name: ins[n.name].numpy() for (name, _), n in zip(r.graph.inputs, r.inputs)})
+    want = dict(zip([n.name for n in r.outputs], f(g, y)))
+    for o, n in zip(r.graph.outputs, r.outputs):
+        assert np.abs(out[o].reshape(want[n.name].shape) - want[n.name].numpy()).max() < 1e-5
