@@ -9,9 +9,11 @@ as :data:`stitchtune.deploy.model_tuning.CALL_PATTERNS` says: ``inference`` (eva
 inference graph), ``train`` (train mode, forward and backward of the output's sum). Three counts
 per model and mode, all on this machine's CPU:
 
-* ``inductor`` -- the kernels Inductor generates for the whole step: the nodes its scheduler hands to
+* ``inductor`` -- the kernels Inductor makes for the whole step: the nodes its scheduler hands to
   code generation after fusion, less extern calls (matmuls, convolutions: a library's kernels, in
-  neither column) and no-ops. Each is one loop nest, one kernel on a GPU; Inductor's CPU code
+  neither column) and no-ops, plus the memory-intensive ATen ops it runs as fallbacks (one launch
+  each: the ``randint`` of its random seeds; in the backend's rest, dropout's ``rand``, which the
+  backend leaves to PyTorch with ``fallback_random``). Each is one loop nest, one kernel on a GPU; Inductor's CPU code
   generator then packs the loop nests between two extern calls into one ``cpp_fused_*`` C++ function
   (those are counted too, as ``cpp_functions``, but are not kernels in the GPU sense). Horizontal
   fusion is what Inductor's CPU scheduler allows (``cpp.max_horizontal_fusion_size``, default 16).
@@ -26,10 +28,12 @@ per model and mode, all on this machine's CPU:
   reason in ``eager_rest``.
 * ``ideal`` -- one kernel per maximal memory-intensive region between compute ops in the ATen graphs
   the backend receives: nodes that are not compute ops (``COMPUTE_OPS`` of the torch importer, plus
-  convolution backward) and not free views are joined along data edges (through views) when no
-  compute op lies between them (same *stage*, the number of compute ops on the longest path from the
-  graph's inputs), so each region is convex; nodes of one stage that read the same value join too
-  (as Inductor's horizontal fusion does). What cannot be fused in theory (a compute op) is the only
+  convolution backward) and not free views are joined along data edges (through views) while no
+  compute op lies on a path between two nodes of the joined region (a node that reads only graph
+  inputs, such as a running statistic's momentum product, so joins the consumer it feeds after a
+  compute op: it can run as late as that); nodes of one *stage* (the number of compute ops on the
+  longest path from the graph's inputs) that read the same value join too, under the same
+  condition (as Inductor's horizontal fusion does). What cannot be fused in theory (a compute op) is the only
   cut. The graphs are those AOTAutograd hands the stitchtune backend (its default partitioner), so in
   training they can differ from Inductor's own (min-cut partitioner, recomputation).
 
@@ -80,10 +84,25 @@ def generated_functions(codes: Sequence[str]) -> int:
     return sum(len(_KERNEL_DEF.findall(c)) for c in codes)
 
 
+def _fallback_kernel(node: Any) -> bool:
+    """True for an extern node of Inductor's scheduler that runs a memory-intensive ATen op eagerly
+    (a *fallback*: dropout's ``rand`` under ``fallback_random``, the ``randint`` of Inductor's seeds,
+    a pooling window): one kernel launch. Library calls (matmuls, convolutions), the stitched
+    regions' custom op (counted as stitched) and the fields of multi-output nodes are not."""
+    from stitchtune.importers.torch_candidates import COMPUTE_OPS
+
+    name = str(getattr(node.node, "python_kernel_name", "") or "").removeprefix("torch.ops.")
+    if not name.startswith("aten."):
+        return False
+    key = ".".join(name.split(".")[:2])
+    return key not in COMPUTE_OPS and key not in _BACKWARD_COMPUTE
+
+
 @contextlib.contextmanager
 def scheduled_kernels() -> Iterator[list[int]]:
     """Counts, per graph Inductor generates code for, the scheduler's nodes after fusion that become
-    generated kernels (not extern calls, not no-ops)."""
+    kernels: generated ones (not extern calls, not no-ops) and ATen fallbacks of memory-intensive
+    ops (:func:`_fallback_kernel`)."""
     from torch._inductor import scheduler as sched
 
     counts: list[int] = []
@@ -91,7 +110,8 @@ def scheduled_kernels() -> Iterator[list[int]]:
 
     def counting(self: Any, nodes: list[Any]) -> Any:
         counts.append(sum(1 for n in nodes if not isinstance(n, (sched.ExternKernelSchedulerNode,
-                                                                  sched.NopKernelSchedulerNode))))
+                                                                  sched.NopKernelSchedulerNode))
+                          or isinstance(n, sched.ExternKernelSchedulerNode) and _fallback_kernel(n)))
         return original(self, nodes)
 
     sched.Scheduler._codegen = counting
@@ -102,14 +122,28 @@ def scheduled_kernels() -> Iterator[list[int]]:
 
 
 def ideal_regions(gm: Any) -> int:
-    """Maximal convex memory-intensive regions of an ATen graph (see module docstring)."""
-    import torch
-
-    stage: dict[Any, int] = {}
+    """Maximal memory-intensive regions of an ATen graph with no compute op between their nodes
+    (see module docstring)."""
+    nodes = list(gm.graph.nodes)
     root: dict[Any, Any] = {}        # a view -> the node whose value it views
     kind: dict[Any, str] = {}
+    ins: dict[Any, list[Any]] = {}
+    above: dict[Any, int] = {}       # bit set of the compute ops a node depends on
+    for n in nodes:
+        ins[n] = list(n.all_input_nodes)
+        kind[n] = _classify(n) if n.op == "call_function" else "input"
+    bit = {n: 1 << i for i, n in enumerate(n for n in nodes if kind[n] == "compute")}
+    for n in nodes:
+        above[n] = 0
+        for a in ins[n]:
+            above[n] |= above[a] | bit.get(a, 0)
+    below: dict[Any, int] = {n: 0 for n in nodes}   # bit set of the compute ops depending on a node
+    for n in reversed(nodes):
+        for a in ins[n]:
+            below[a] |= below[n] | bit.get(n, 0)
     parent: dict[Any, Any] = {}
-    readers: dict[tuple[Any, int], Any] = {}   # (a value, a stage) -> a memory node of that stage reading it
+    readers: dict[tuple[Any, int], list[Any]] = {}   # (a value, a stage) -> memory nodes reading it
+    stage: dict[Any, int] = {}   # compute ops on the longest path from the graph's inputs
 
     def find(n: Any) -> Any:
         while parent[n] is not n:
@@ -117,28 +151,33 @@ def ideal_regions(gm: Any) -> int:
             n = parent[n]
         return n
 
-    for n in gm.graph.nodes:
-        if n.op != "call_function":
-            stage[n] = 0
-            continue
-        ins: list[Any] = []
-        torch.fx.node.map_arg((n.args, n.kwargs), lambda a: ins.append(a) or a)
-        ins = [root.get(a, a) for a in ins]
-        stage[n] = max((stage.get(a, 0) + (kind.get(a) == "compute") for a in ins), default=0)
-        kind[n] = _classify(n)
-        if kind[n] == "view":
-            if ins:
-                root[n] = ins[0]
-            continue
+    def join(x: Any, y: Any) -> bool:
+        """Join the regions of x and y unless a compute op lies on a path between two of their nodes
+        (each root holds its region's ``above`` / ``below`` sets)."""
+        x, y = find(x), find(y)
+        if x is y:
+            return True
+        if below[x] & above[y] or below[y] & above[x]:
+            return False
+        parent[x] = y
+        above[y] |= above[x]
+        below[y] |= below[x]
+        return True
+
+    for n in nodes:
+        stage[n] = max((stage[a] + (kind[a] == "compute") for a in ins[n]), default=0)
+        if kind[n] == "view" and ins[n]:
+            root[n] = root.get(ins[n][0], ins[n][0])
         if kind[n] != "memory":
             continue
         parent[n] = n
-        for a in ins:
-            if kind.get(a) == "memory" and stage[a] == stage[n]:   # producer -> consumer, no compute between
-                parent[find(a)] = find(n)
-            other = readers.setdefault((a, stage[n]), n)           # siblings reading one value
-            parent[find(other)] = find(n)
-    return len({find(n) for n, k in kind.items() if k == "memory"})
+        for a in {root.get(a, a) for a in ins[n]}:
+            if kind.get(a) == "memory":          # producer -> consumer
+                join(a, n)
+            siblings = readers.setdefault((a, stage[n]), [])   # of one stage, reading one value
+            if not any(join(other, n) for other in siblings):
+                siblings.append(n)
+    return len({find(n) for n in parent})
 
 
 def _classify(n: Any) -> str:

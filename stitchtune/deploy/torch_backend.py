@@ -11,8 +11,9 @@ Contract
   :func:`~stitchtune.deploy.selection.choose_schedule`: tuned, nearest shape or heuristic,
   re-validated) and replaced by one call of the opaque custom op ``stitchtune::region``
   (:mod:`stitchtune.deploy.torch_ops`). The rest of the graph is re-decomposed and compiled by
-  Inductor (``fallback="inductor"``, the default) or run as it is (``"eager"``); if Inductor fails on
-  it, it runs eagerly (logged).
+  Inductor (``fallback="inductor"``, the default; dropout's random ops become Inductor's own, made
+  inside the kernel that reads them, as Inductor's joint-graph pass does) or run as it is
+  (``"eager"``); if Inductor fails on it, it runs eagerly (logged).
 * ``options``: ``db`` (tuning database; default ``$STITCHTUNE_DB`` else ``./tuning-db``; None: none,
   the heuristic), ``device`` (a Device or preset name schedules are chosen for; default the local GPU,
   else the H200 preset), ``fallback``, ``deterministic`` (True: schedule selection passes over tuned
@@ -321,6 +322,26 @@ def _redecompose(gm: Any, example_inputs: Sequence[Any]) -> Any:
         return make_fx(gm, decomposition_table=table)(*example_inputs)
 
 
+def _inductor_random(gm: Any, example_inputs: Sequence[Any]) -> None:
+    """Replace ``gm``'s ATen random ops (dropout's ``rand``) by Inductor's seeded ones in place, as
+    Inductor's joint-graph passes do (none when ``fallback_random`` is set)."""
+    from torch._guards import detect_fake_mode
+    from torch._inductor.fx_passes.replace_random import replace_random_passes
+    from torch._inductor.virtualized import V
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import torch
+
+    if not any(torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())
+               for n in gm.graph.nodes if n.op == "call_function"):
+        return
+    with V.set_fake_mode(detect_fake_mode(example_inputs) or FakeTensorMode()):
+        changed = replace_random_passes(gm)
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+
+
 def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, mode: str | None,
                   kind: str, n_stitched: int) -> Any:
     """The callable (boxed) that runs ``gm``: Inductor, or eager (also when Inductor fails)."""
@@ -337,11 +358,14 @@ def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, 
             kwargs: dict[str, Any] = {"is_backward": kind == "backward", "is_inference": kind == "inference"}
             if mode == "reduce-overhead":
                 kwargs["cudagraphs"] = BoxedBool(True)
-            # dropout's rand: Inductor replaces it in its joint-graph passes, which run before a
-            # backend's graph compilers; here it is the eager op. No layout optimisation: the
-            # backward graph was traced with the forward's strides (a channels-last activation
-            # saved by the forward breaks its views)
-            with inductor_config.patch(fallback_random=True, layout_optimization=False):
+            # dropout's rand: Inductor replaces it by its own random op in its joint-graph passes,
+            # which run before a backend's graph compilers; that pass runs here, so the random
+            # numbers are made inside the kernel that reads them (the mask), as Inductor alone
+            # does, not by an ATen launch per dropout. No layout optimisation: the backward graph
+            # was traced with the forward's strides (a channels-last activation saved by the
+            # forward breaks its views)
+            with inductor_config.patch(layout_optimization=False):
+                _inductor_random(rest, example_inputs)
                 return compile_fx_inner(rest, example_inputs, **kwargs)
         except Exception as exc:  # noqa: BLE001 - never break a model: run the rest eagerly
             log.warning("stitchtune: Inductor failed on the %s graph (%s: %s); running it eagerly",

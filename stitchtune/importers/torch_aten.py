@@ -55,7 +55,9 @@ _REDUCE = {"aten.sum": "reduce_sum", "aten.mean": "reduce_mean", "aten.amax": "r
 _VIEWS = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze",
           "aten.flatten", "aten.expand", "aten.expand_as", "aten.alias", "aten.clone", "aten.contiguous",
           "aten.detach", "aten.lift_fresh_copy", "aten.view_as"}
-_CASTS = {"aten._to_copy", "aten.to", "aten.type_as", "aten._to_dtype"}
+#: casts to the node's dtype (``prims.convert_element_type``: what Inductor's decompositions make of
+#: ``to`` in backward graphs, e.g. dropout's bool mask made float)
+_CASTS = {"aten._to_copy", "aten.to", "aten.type_as", "aten._to_dtype", "prims.convert_element_type"}
 _COMPARE = {"aten.eq": "eq", "aten.ne": "ne", "aten.lt": "lt", "aten.le": "le", "aten.gt": "gt", "aten.ge": "ge"}
 _LOGICAL = {"aten.logical_and": "logical_and", "aten.logical_or": "logical_or", "aten.logical_not": "logical_not",
             "aten.bitwise_and": "logical_and", "aten.bitwise_or": "logical_or", "aten.bitwise_not": "logical_not",
@@ -73,7 +75,7 @@ SUPPORTED_OPS: frozenset[str] = frozenset({
     *_UNARY, *_BINARY, *_REDUCE, *_VIEWS, *_CASTS, *_LAYOUT, "aten.gelu", "aten.add", "aten.sub", "aten.rsub", "aten.pow",
     "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.softmax", "aten._softmax",
     "aten.log_softmax", "aten._log_softmax", "aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm",
-    "aten.dropout", "aten.native_dropout", "aten.feature_dropout", "aten.scalar_tensor", *_MASK_OPS, *_IOTA})
+    "aten.dropout", "aten.native_dropout", "aten.feature_dropout", "aten.scalar_tensor", "prims.fma", *_MASK_OPS, *_IOTA})
 SUPPORTED_OPS = SUPPORTED_OPS | CNN_OPS   # eval batch norm, 1x1 adaptive average pool (torch_cnn)
 _IGNORED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
             "aten._assert_async"}
@@ -84,6 +86,11 @@ class _Alias:
     """An argument replaced by another value of the walk (an int tensor promoted to float32)."""
 
     name: str
+
+
+def _is_bool(x: Any) -> bool:
+    """True for an fx node whose value is a bool tensor."""
+    return hasattr(x, "meta") and _meta(x)[1] == "bool"
 
 
 class _Walker(LayoutOps):
@@ -259,6 +266,11 @@ class _Walker(LayoutOps):
             return scalar(float(a["s"]))
         if key in _IOTA:
             return self._iota(node, key, a)
+        if key == "aten.mul" and _meta(node)[1] not in (None, "bool") and any(map(_is_bool, (x, a.get("other")))):
+            # training dropout's ``mask * x``: the mask cast to the product's dtype (exact: 0 or 1)
+            prod_dt = str(_meta(node)[1])
+            lhs, rhs = (b.cast(self.val(v, node), prod_dt, f"{name}_{i}") for i, v in enumerate((x, a["other"])))
+            return b.binary("mul", lhs, rhs, name)
         self._no_bool(node, key, a)
         if key in INT_OPS:
             a = self._promote_ints(node, a)
@@ -279,6 +291,9 @@ class _Walker(LayoutOps):
                 raise ImportError_(f"{node.target} rounding_mode={a['rounding_mode']!a} at {_where(node)} "
                                    "is not supported")
             return b.binary(_BINARY[key], self.val(x, node), self.val(a["other"], node), name)
+        if key == "prims.fma":   # a * b + c (Inductor's decomposition of softmax's backward)
+            prod = b.binary("mul", self.val(a["a"], node), self.val(a["b"], node), f"{name}_mul")
+            return b.binary("add", prod, self.val(a["c"], node), name)
         if key == "aten.pow":
             return b.binary("pow", self.val(x, node), self.val(a["exponent"], node), name)
         if key in ("aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh"):
@@ -299,7 +314,7 @@ class _Walker(LayoutOps):
             _, dt = _meta(node)
             if dt is None:
                 raise ImportError_(f"{node.target} at {_where(node)}: cast to a dtype graph.json does not have")
-            return b.cast(self.val(x, node), dt, name)
+            return b.cast(self.val(a["a"] if key == "prims.convert_element_type" else x, node), dt, name)
         if key in _VIEWS:
             return self._view(node, key, x)
         if key in _LAYOUT:

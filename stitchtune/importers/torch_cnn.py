@@ -5,6 +5,10 @@
   eps) [* weight] [+ bias]`` over channel axis 1; the per-channel ``[C]`` vectors are reshaped to
   ``[C, 1, ..., 1]`` so that they broadcast along the spatial axes (a middle-axis broadcast). The
   ``native`` forms return ``(y, None, None)``: their saved statistics are empty in eval mode.
+* ``var_mean`` with ``keepdim=True`` (training-mode batch norm's statistics as Inductor's decompositions
+  leave them): ``mean`` then the mean of the centred squares, times ``n / (n - correction)``; both
+  reductions over the same axes, so the normalisation, ReLU and running-statistics updates that read
+  them join one region.
 * ``adaptive_avg_pool2d`` (and ``_adaptive_avg_pool2d``) to 1x1 is ``reduce_mean`` over H and W with
   keepdims; a spatial dim whose output size equals its input size is kept (size 1 of size 1 too).
   Any other output size is a windowed average: refused with that reason.
@@ -34,7 +38,7 @@ BATCH_NORM_OPS: frozenset[str] = frozenset({"aten.batch_norm", "aten.native_batc
 #: adaptive average pooling, mapped when every spatial output size is 1 or the input's size
 POOL_MEAN_OPS: frozenset[str] = frozenset({"aten.adaptive_avg_pool2d", "aten._adaptive_avg_pool2d"})
 #: the ops :func:`map_cnn_op` maps (``torch_aten.SUPPORTED_OPS`` has them)
-CNN_OPS: frozenset[str] = BATCH_NORM_OPS | POOL_MEAN_OPS
+CNN_OPS: frozenset[str] = BATCH_NORM_OPS | POOL_MEAN_OPS | {"aten.var_mean"}
 #: pooling over windows: no graph.json equivalent, left to the framework like a convolution
 WINDOWED_OPS: frozenset[str] = frozenset({
     "aten.max_pool1d", "aten.max_pool2d", "aten.max_pool3d", "aten.max_pool2d_with_indices",
@@ -62,7 +66,35 @@ def map_cnn_op(w: Any, node: Any, key: str, a: dict[str, Any]) -> Any:
     if key in BATCH_NORM_OPS:
         y = _batch_norm(w, node, a)
         return y if key == "aten.batch_norm" else (y, None, None)
+    if key == "aten.var_mean":
+        return _var_mean(w, node, a)
     return _pool_mean(w, node, a)
+
+
+def _var_mean(w: Any, node: Any, a: dict[str, Any]) -> tuple[Value, Value]:
+    """``(var, mean)`` over ``dim`` (all axes when None) with ``keepdim=True``."""
+    import math
+
+    b, name, x = w.b, node.name, a["self"]
+    if not a.get("keepdim"):
+        raise ImportError_(f"{node.target} at {_where(node)}: var_mean without keepdim=True is not supported")
+    axes = w.axes(x, a.get("dim"), node)
+    t = w.tshape(x)
+    dims = a.get("dim")
+    dims = range(len(t)) if dims is None or dims == [] else ([dims] if isinstance(dims, int) else dims)
+    n = math.prod(t[d] for d in dims)
+    corr = a.get("correction")   # the ``dim`` overload says ``unbiased`` instead
+    corr = float(a.get("unbiased", True)) if corr is None else float(corr)
+    if n - corr <= 0:
+        raise ImportError_(f"{node.target} at {_where(node)}: {n} value(s) with correction {corr}")
+    v = w.val(x, node)
+    mean = b.reduce("reduce_mean", v, axes, True, f"{name}_mean")
+    xc = b.binary("sub", v, mean, f"{name}_xc")
+    var = b.reduce("reduce_mean", b.binary("mul", xc, xc, f"{name}_sq"), axes, True,
+                   f"{name}_msq" if corr else f"{name}_var")
+    if corr:
+        var = b.binary("mul", var, scalar(n / (n - corr)), f"{name}_var")
+    return var, mean
 
 
 def _batch_norm(w: Any, node: Any, a: dict[str, Any]) -> Value:

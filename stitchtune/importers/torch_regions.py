@@ -34,6 +34,9 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   through; leading 1s may differ, see ``TorchRegion.output_shapes``) is declined with the walker's reason and the groups are recomputed without it, until
   every region maps. A graph without any computing node (views, reshapes and casts only: PyTorch's
   views are free) is dropped silently.
+* Two settled regions that read the same value, or one the other's output, are joined when their
+  union is convex and maps and ``accept`` takes it (one kernel reads the value once: a bias
+  gradient's column sum beside the layer norm backward reading the same gradient); else they stay.
 * ``accept(graph)`` (default: the planner, :func:`stitchtune.plan.planner.make_plan`) returns None or
   why not. When the reason names a node of the region (``'sum_4'``: e.g. a column sum next to row
   sums in a layer norm's backward), that node is declined with the reason and the rest is grouped
@@ -74,7 +77,7 @@ from stitchtune.importers.torch_candidates import (
 )
 from stitchtune.importers.torch_consts import fold_constants
 from stitchtune.importers.torch_fx_util import _fits, fx_args
-from stitchtune.importers.torch_grouping import _groups
+from stitchtune.importers.torch_grouping import _convex, _groups
 from stitchtune.importers.torch_subgraph import _dense_perm, _is_view, _subgraph, _with_pulled, is_noop
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
@@ -321,6 +324,7 @@ def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_chec
     ex = _initial_exclusions(nodes, consts)
     while True:
         groups, mapped = _settle(nodes, ex, consts, accept, prefix)
+        groups = _join_siblings(nodes, groups, mapped, ex, consts, accept, prefix)
         regions, declined, dropped = _collect(groups, mapped, ex)
         claimed = {n for r in regions for n in r.pulled}
         unclaimed = [n for n in nodes if n in ex.pulled and n not in claimed]
@@ -353,6 +357,45 @@ def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
                 mapped[key] = res
         if not changed:
             return groups, mapped
+
+
+def _join_siblings(nodes: Sequence[Any], groups: list[list[Any]],
+                   mapped: dict[frozenset[Any], _Mapped | Declined | None], ex: _Excluded,
+                   consts: Mapping[Any, Any], accept: Callable[[Any], str | None] | None,
+                   prefix: str) -> list[list[Any]]:
+    """``groups`` with two mapped groups that read the same value, or one the other's output, joined
+    (adds the union to ``mapped``) while their union is convex and maps and the planner accepts it:
+    one kernel where there were two (a bias gradient's column sum beside the layer norm backward
+    that reads the same gradient); a union that fails keeps the two as they were."""
+    order = {n: i for i, n in enumerate(nodes)}
+
+    def reads(g: list[Any]) -> set[Any]:
+        res = mapped.get(frozenset(g))
+        return set(res.inputs) if isinstance(res, _Mapped) and _computes(res.graph) else set()
+
+    tried: set[frozenset[Any]] = set()
+    out = list(groups)
+    joined = True
+    while joined:
+        joined = False
+        for i, j in ((i, j) for i in range(len(out)) for j in range(i + 1, len(out))):
+            union = frozenset(out[i]) | frozenset(out[j])
+            ri, rj = reads(out[i]), reads(out[j])
+            if union in tried or not (ri and rj) or not (ri & rj or ri & set(out[j]) or rj & set(out[i])):
+                continue
+            tried.add(union)
+            if not _convex(set(union)):
+                continue
+            group = sorted(union, key=order.__getitem__)
+            res = _map_group(group, f"{prefix}_{group[0].name}", consts, ex.pulled)
+            if isinstance(res, _Mapped) and accept is not None:
+                res = _judge(res, group, accept)
+            if isinstance(res, _Mapped):
+                mapped[union] = res
+                out[i], joined = group, True
+                del out[j]
+                break
+    return sorted(out, key=lambda g: order[g[0]])
 
 
 def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], _Mapped | Declined | None],

@@ -43,6 +43,34 @@ def test_ideal_regions_are_convex_and_views_are_free() -> None:
     assert kc.ideal_regions(g.module) == 2
 
 
+def test_a_node_of_graph_inputs_only_joins_the_region_it_feeds_after_a_matmul() -> None:
+    """``r * 0.9`` reads only a graph input: it can run as late as the add after the matmul, so the
+    ideal is one region of it, the add and the exp, and two when a matmul lies between them."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    kc = _script()
+    x, w, r = torch.randn(4, 8), torch.randn(8, 8), torch.randn(4, 8)
+    late = make_fx(lambda x, w, r: ((x @ w) + r * 0.9).exp())(x, w, r)
+    assert kc.ideal_regions(late) == 1
+    cut = make_fx(lambda x, w, r: ((r * 0.9) @ w + r.exp()).exp())(x, w, r)
+    assert kc.ideal_regions(cut) == 2   # r * 0.9 feeds the matmul; the rest is one region
+
+
+def test_aten_fallbacks_of_memory_intensive_ops_count_as_kernels_and_library_calls_do_not() -> None:
+    from types import SimpleNamespace
+
+    kc = _script()
+
+    def extern(name: str) -> Any:
+        return SimpleNamespace(node=SimpleNamespace(python_kernel_name=name))
+
+    assert kc._fallback_kernel(extern("torch.ops.aten.rand.default"))       # dropout's rand, eagerly
+    assert kc._fallback_kernel(extern("aten.randint.low_out"))              # Inductor's seeds
+    for name in ("extern_kernels.mm", "torch.ops.aten.convolution_backward.default",
+                 "torch.ops.stitchtune.region.default", ""):
+        assert not kc._fallback_kernel(extern(name)), name
+
+
 @pytest.mark.slow
 def test_counts_of_one_step_add_up() -> None:
     """Inductor's kernels come from its scheduler (one per fused loop nest that code is generated

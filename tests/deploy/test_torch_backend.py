@@ -349,18 +349,55 @@ def test_when_inductor_fails_on_the_rest_it_runs_eagerly(monkeypatch: pytest.Mon
 
 def test_dropout_in_training_goes_to_inductor_with_the_regions(caplog: pytest.LogCaptureFixture) -> None:
     """The forward graph of a training step with dropout (``aten.rand``) compiles with Inductor (its
-    random ops as eager ones), not eagerly after an Inductor failure."""
+    random ops replaced by Inductor's, as its own joint-graph pass does), not eagerly after an
+    Inductor failure."""
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Dropout(0.25))
     x = torch.randn(4, 16, requires_grad=True)
     torch_backend.LAST_REPORTS.clear()
+    from torch._inductor.utils import run_and_get_code
+
     with caplog.at_level(logging.WARNING, logger="stitchtune.deploy.torch_backend"):
-        y = _compile(m, cpu="reference")(x)
+        y, codes = run_and_get_code(lambda: _compile(m, cpu="reference")(x))
         y.sum().backward()
     assert not [r for r in caplog.records if "Inductor failed" in r.getMessage()], caplog.text
+    # Inductor makes the random numbers in the kernel that compares them (no ATen rand launch)
+    assert codes and not any("aten.rand." in c for c in codes) and any("randint" in c for c in codes)
     assert {r.graph for r in torch_backend.LAST_REPORTS} == {"forward", "backward"} and _stitched() > 0
     kept = (y != 0).float().mean().item()   # about 3/4 of the values survive dropout
     assert 0.5 < kept < 0.95 and x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_dropouts_mask_product_is_stitched_and_a_training_step_matches_the_same_masks_eagerly() -> None:
+    """Training dropout's ``mask * x`` (forward) and the mask cast of its backward are stitched into
+    the regions around them; with the same seed and the rest run eagerly the step equals
+    AOTAutograd's graphs run eagerly (the same ``aten.rand`` calls in the same order, so the same
+    masks)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    def step(backend: Any) -> tuple[Any, Any]:
+        torch.manual_seed(1)
+        m = torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 16), torch.nn.GELU(),
+                                torch.nn.Dropout(0.25), torch.nn.LayerNorm(16))
+        x = torch.randn(4, 16, requires_grad=True)
+        torch._dynamo.reset()
+        y = torch.compile(m, backend=backend)(x)
+        (y * torch.linspace(-1.0, 2.0, 16)).sum().backward()   # a layer norm's plain sum has no gradient
+        return y.detach(), x.grad
+
+    eager = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward),
+                         decompositions=torch_backend._decompositions())
+    want_y, want_g = step(eager)
+    torch_backend.LAST_REPORTS.clear()
+    got_y, got_g = step(lambda gm, inputs: torch_backend.stitchtune_backend(gm, inputs, options={
+        "db": None, "fallback": "eager"}))   # the rest eagerly: PyTorch's rand, not Inductor's
+    assert torch.allclose(got_y, want_y, atol=1e-5) and torch.allclose(got_g, want_g, atol=1e-4)
+    assert want_g.abs().max() > 1e-2
+    ops = {r.graph: [o for s in r.stitched for o in s.ops] for r in torch_backend.LAST_REPORTS}
+    declined = [d.what for r in torch_backend.LAST_REPORTS for d in r.declined]
+    assert "op aten.mul" not in declined and "op prims.convert_element_type" not in declined
+    assert "prims.convert_element_type" in ops["backward"] and ops["forward"].count("aten.mul") >= 2
 
 
 def test_a_failure_of_the_whole_stitching_step_leaves_the_graph_to_the_fallback(

@@ -178,7 +178,7 @@ def test_unsupported_op_names_op_and_source_line():
     (lambda x: x.add_(1.0), "mutates"),
     (lambda x: x.sum(-1).squeeze(), None),
     (lambda x: (x > 0).float() * x, None),   # a comparison, cast to float: graph.json has both
-    (lambda x: (x > 0) * x, "bool tensor"),   # arithmetic on a bool: graph.json refuses it
+    (lambda x: (x > 0) + x, "bool tensor"),   # arithmetic on a bool (a product casts it): refused
     (lambda x: x.argmax(-1, keepdim=True).float(), "aten.argmax"),
 ])
 def test_rejections_are_clear(fn, why):

@@ -181,3 +181,25 @@ def test_in_place_ops_whose_mutation_is_observable_stay_outside() -> None:
     assert "graph input" in _declines(on_input, torch.randn(4, 4))["op aten.mul_"]
     with pytest.raises(StitchtuneError, match="read afterwards"):
         import_torch(read_after, {"x": ((4, 4), "float32")})
+
+
+def test_training_batch_norm_statistics_join_the_normalisation_in_one_region() -> None:
+    """Training-mode batch norm as the backend's decompositions leave it (``var_mean`` over N, H, W,
+    then the normalisation): one region, the batch statistics computed in it (batch 2: the reduced
+    axes are not contiguous), emulated like eager; the unbiased variance form scales by n / (n - 1)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from stitchtune.deploy.torch_backend import _decompositions
+
+    def f(x: Any, w: Any, b: Any) -> Any:
+        y = torch.nn.functional.batch_norm(x, None, None, w, b, training=True, eps=1e-5)
+        var, mean = torch.var_mean(x, (0, 2, 3), keepdim=True)   # unbiased: correction 1
+        return torch.relu(y) + (var * 2.0 + mean)
+
+    torch.manual_seed(0)
+    args = [torch.randn(2, 4, 5, 6) * 3 + 1, torch.rand(4) + 0.5, torch.randn(4)]
+    gm = make_fx(f, decomposition_table=_decompositions())(*args)
+    split = find_regions(gm)
+    [r] = split.regions
+    assert r.ops.count("aten.var_mean") == 2 and "aten.relu" in r.ops and not split.declined
+    _check_regions(split, _values(gm, args))

@@ -320,3 +320,64 @@ def test_a_gather_along_the_classes_is_gather_elements_and_its_index_view_stays_
     ins = {name: a.numpy() for (name, _), a in zip(region.graph.inputs, [x, t.unsqueeze(1)])}
     out = run_reference(region.graph, ins)[region.graph.outputs[0]]
     assert abs(float(out.ravel()[0]) - float(f(x, t))) < 1e-5
+
+
+def test_the_backward_primitives_of_inductors_decompositions_join_their_region() -> None:
+    """``prims.convert_element_type`` (dropout's mask made float in a backward graph) and Inductor's
+    ``fma`` (softmax's backward) map, so they no longer cut a backward region in two."""
+    import torch._inductor.inductor_prims  # noqa: F401  (registers prims.fma)
+
+    def f(g: Any, y: Any, keep: Any) -> Any:
+        gy = g * y
+        dx = torch.ops.prims.fma(-y, gy.sum(-1, keepdim=True), gy)
+        return dx * torch.ops.prims.convert_element_type(keep, torch.float32) * 1.25
+
+    torch.manual_seed(0)
+    g, y, keep = torch.randn(2, 4, 8), torch.randn(2, 4, 8).softmax(-1), torch.rand(2, 4, 8) > 0.2
+    split = find_regions(_aten(f, g, y, keep))
+    [r] = split.regions
+    assert {"prims.fma", "prims.convert_element_type", "aten.sum"} <= set(r.ops) and not split.declined
+    ins = {"g_1": g, "y_1": y, "keep_1": keep}
+    out = run_reference(r.graph, {name: ins[n.name].numpy() for (name, _), n in zip(r.graph.inputs, r.inputs)})
+    assert np.abs(out[r.graph.outputs[0]] - f(g, y, keep).numpy()).max() < 1e-5
+
+
+def test_a_training_dropouts_mask_product_joins_its_region() -> None:
+    """Training dropout as AOTAutograd leaves it: ``rand`` (no graph.json op) and the bool mask
+    ``gt`` (a bool output: saved for the backward) stay outside; ``mask * x`` and the rescale join
+    the region around them, the mask read as a bool input and cast."""
+    def f(x: Any, r: Any) -> Any:
+        keep = r > 0.1
+        return (keep * x.softmax(-1)) * (1 / 0.9) + 1.0, keep
+
+    torch.manual_seed(0)
+    x, r = torch.randn(2, 4, 8), torch.rand(2, 4, 8)
+    gm = _aten(lambda x: f(x, torch.rand(2, 4, 8)), x)
+    split = find_regions(gm)
+    [reg] = split.regions
+    assert {"aten._softmax", "aten.mul", "aten.add"} <= set(reg.ops) and "aten.gt" not in reg.ops
+    assert {d.what for d in split.declined} == {"op aten.rand", "op aten.gt"}
+    assert sorted(s.dtype for _, s in reg.graph.inputs) == ["bool", "float32"]
+    keep = r > 0.1
+    feed = {name: (keep if s.dtype == "bool" else x).numpy() for name, s in reg.graph.inputs}
+    out = run_reference(reg.graph, feed)[reg.graph.outputs[0]]
+    assert np.abs(out - f(x, r)[0].numpy()).max() < 1e-5
+
+
+def test_two_regions_reading_one_value_join_when_the_planner_takes_their_union() -> None:
+    """A column sum of the gradient (a bias gradient) and the row-wise work on the same gradient
+    are not linked by an edge; they become one region (the planner combines the column sum
+    across blocks), emulated like PyTorch, instead of two kernels reading the gradient twice."""
+    def f(g: Any, y: Any) -> Any:
+        return (g * y).softmax(-1), g.sum(0, keepdim=True)
+
+    torch.manual_seed(0)
+    g, y = torch.randn(16, 8), torch.randn(16, 8)
+    split = find_regions(_aten(f, g, y))
+    [r] = split.regions
+    assert {"aten._softmax", "aten.sum"} <= set(r.ops)
+    ins = {"g_1": g, "y_1": y}
+    out = run_reference(r.graph, {name: ins[n.name].numpy() for (name, _), n in zip(r.graph.inputs, r.inputs)})
+    want = dict(zip([n.name for n in r.outputs], f(g, y)))
+    for o, n in zip(r.graph.outputs, r.outputs):
+        assert np.abs(out[o].reshape(want[n.name].shape) - want[n.name].numpy()).max() < 1e-5
