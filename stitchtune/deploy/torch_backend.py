@@ -33,12 +33,15 @@ Contract
   out-of-range index is raised, not hidden. A failure of the whole stitching step leaves the graph
   as it is (declined ``graph``). Each graph's declines are logged once (info level, one line each). With static shapes torch recompiles per new shape (dynamo's cache); a region with
   symbolic shapes is checked at the example shapes and gets a
-  :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel`: mapped again and compiled once per
-  seen input shape, the region's ATen ops where that fails.
+  :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` whose kernels are cached by
+  (structure, bucket of its symbols' values): made per input shape met (mapped again and
+  compiled), the region's ATen ops where that fails.
+* Every region's schedule selections, kernels built, cache hits and eager calls are counted
+  (:mod:`stitchtune.deploy.torch_stats`; ``stitchtune.torch.stats()``).
 * :func:`explain(model, *example_inputs, backward=False, **options)` compiles and runs ``model`` once
   on the examples with this backend, as a compiled call in the caller's grad mode would run (with
   ``backward``, a backward pass too), and returns an :class:`Explanation` (``.stitched``, ``.declined``;
-  ``str()`` is a table). :data:`LAST_REPORTS` holds the reports of the graphs compiled since the
+  ``str()`` is a table ending with the counts of this call, ``.stats``). :data:`LAST_REPORTS` holds the reports of the graphs compiled since the
   last :func:`explain` started.
 """
 
@@ -169,41 +172,70 @@ def program_atomics(program: Any) -> int:
     return sum(k.atomics for k in program.profile.kernels)
 
 
-def _compile_graph(graph: Any, opts: BackendOptions, device: Any, on_cuda: bool) -> Any:
+def _compile_graph(graph: Any, opts: BackendOptions, device: Any, counter: Any = None) -> Any:
     """The CompiledGraph of ``graph`` (no cubin: the backend builds them in one batch, a
-    per-shape kernel at its first launch)."""
+    per-shape kernel at its first launch); one schedule selection, counted by ``counter``."""
     from stitchtune.deploy.compiled import compile as compile_graph
 
     cg = compile_graph(graph, db=opts.db, device=device, build=False, deterministic=opts.deterministic)
+    if counter is not None:
+        counter.add(selections=1)
     if opts.deterministic and program_atomics(cg.program):   # selection should prevent it
         raise StitchtuneError("its program uses float atomics (deterministic=True)")
     return cg
 
 
-def _compile_region(region: Any, opts: BackendOptions, device: Any, on_cuda: bool) -> Any:
+def _compile_region(region: Any, opts: BackendOptions, device: Any, kind: str = "inference") -> Any:
     """The :class:`~stitchtune.deploy.torch_ops.RegionKernel` of one region (errors propagate); for
-    symbolic shapes a :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` that makes one per
-    seen shape (the region was checked at the example shapes here)."""
-    from stitchtune.deploy.torch_ops import DynamicRegionKernel, RegionKernel
+    symbolic shapes a :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` that makes kernels
+    per (structure, bucket) of the shapes it meets (the region was checked at the example shapes
+    here). Its counter (:mod:`~stitchtune.deploy.torch_stats`) counts the selections and builds."""
+    from stitchtune.deploy import torch_stats
+    from stitchtune.deploy.torch_ops import Built, DynamicRegionKernel, RegionKernel
 
-    cg = _compile_graph(region.graph, opts, device, on_cuda)
+    counter = torch_stats.region_counter(kind, region.name, region.ops, region.dynamic)
+    cg = _compile_graph(region.graph, opts, device, counter)
     if not region.dynamic:
+        counter.add(builds=1)
         return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu, out_shapes=region.output_shapes,
                             check_gather=opts.check_gather)
 
-    def build(inputs: Sequence[Any]) -> tuple[Any, list[int]]:
+    def build(inputs: Sequence[Any]) -> Built:
         from stitchtune.importers.torch_regions import map_at_shapes
 
         graph, index, shapes = map_at_shapes(region.module, inputs, region.name)
         graph_shapes: list[Any] = [None] * len(index)
         for j, i in enumerate(index):
             graph_shapes[i] = shapes[j]
-        on_gpu = bool(inputs) and inputs[0].is_cuda
-        kernel = RegionKernel(region.name, region.ops, _compile_graph(graph, opts, device, on_gpu), cpu=opts.cpu,
+        kernel = RegionKernel(region.name, region.ops, _compile_graph(graph, opts, device, counter), cpu=opts.cpu,
                               out_shapes=tuple(graph_shapes), check_gather=opts.check_gather)
-        return kernel, index
+        counter.add(builds=1)
+        return Built(kernel, tuple(index))
 
-    return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=cg)
+    return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=cg,
+                               bucket_of=_extents_of(region), counter=counter)
+
+
+def _extents_of(region: Any) -> Any:
+    """``(inputs) -> ((name, extent), ...)``: the extents of ``region``'s symbolic input dims (each
+    symbol read where it first appears, so the key depends only on the symbols' values); None when
+    a symbolic dim is an expression of symbols (the cache then keys by the exact shapes)."""
+    from stitchtune.importers.torch_regions import symbolic_dims
+
+    dims = symbolic_dims(region.inputs)
+    if any(d is None for ds in dims for d in ds):
+        return None
+    where: dict[str, tuple[int, int]] = {}
+    for i, ds in enumerate(dims):
+        for axis, d in enumerate(ds):
+            if isinstance(d, str):
+                where.setdefault(d, (i, axis))
+    order = sorted(where.items())
+
+    def extents(inputs: Sequence[Any]) -> tuple[tuple[str, int], ...]:
+        return tuple((name, int(inputs[i].shape[axis])) for name, (i, axis) in order)
+
+    return extents
 
 
 def _info(kind: str, region: Any, kernel: Any) -> StitchedInfo:
@@ -234,7 +266,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
             report.declined.append(DeclinedInfo(kind, f"region {r.name}", f"{len(r.graph.nodes)} node(s) < min_nodes"))
             continue
         try:
-            made.append((r, _compile_region(r, opts, device, on_cuda)))
+            made.append((r, _compile_region(r, opts, device, kind)))
         except Exception as exc:  # noqa: BLE001 - any stitchtune error declines the region
             report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})",
                                                 f"{type(exc).__name__}: {exc}"))
@@ -395,6 +427,8 @@ class Explanation:
     declined: tuple[DeclinedInfo, ...]
     graphs: int
     outputs: Any = field(default=None, compare=False, repr=False)
+    #: kernels built, selections and cache hits of this call (:func:`stitchtune.torch.stats`)
+    stats: Any = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         rows = [f"stitchtune: {len(self.stitched)} region(s) stitched, {len(self.declined)} declined "
@@ -408,6 +442,8 @@ class Explanation:
         rows += ["", f"{'graph':<9} {'declined':<44} {'count':>5}  reason"]
         for d in self.declined:
             rows.append(f"{d.graph:<9} {_cut(d.what, 44):<44} {d.count:>5}  {_cut(d.reason, 120)}")
+        if self.stats is not None:
+            rows += ["", self.stats.summary()]
         return "\n".join(rows)
 
 
@@ -426,9 +462,11 @@ def explain(model: Any, *example_inputs: Any, backward: bool = False, **options:
     and reported), which drops the process's other compiled graphs."""
     import torch
 
+    from stitchtune.deploy import torch_stats
     from stitchtune.deploy.model_tuning import differentiate
 
     LAST_REPORTS.clear()
+    torch_stats.reset()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=stitchtune_backend, options=options or None)
     outputs = compiled(*example_inputs)
@@ -436,4 +474,4 @@ def explain(model: Any, *example_inputs: Any, backward: bool = False, **options:
         differentiate(outputs)
     reports = list(LAST_REPORTS)
     return Explanation(tuple(s for r in reports for s in r.stitched),
-                       tuple(d for r in reports for d in r.declined), len(reports), outputs)
+                       tuple(d for r in reports for d in r.declined), len(reports), outputs, torch_stats.stats())

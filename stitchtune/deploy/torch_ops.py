@@ -45,7 +45,7 @@ import torch
 
 from stitchtune.errors import StitchtuneError
 
-__all__ = ["GuardedRegion", "RegionError", "RegionKernel", "register", "region_op"]
+__all__ = ["Built", "DynamicRegionKernel", "GuardedRegion", "RegionError", "RegionKernel", "register", "region_op"]
 
 log = logging.getLogger(__name__)
 
@@ -205,18 +205,46 @@ class RegionKernel:
         return self.empty_outputs(inputs[0].device if inputs else torch.device("cpu"))
 
 
+@dataclass(frozen=True)
+class Built:
+    """A kernel :class:`DynamicRegionKernel`'s ``build`` made: ``kernel(inputs) -> outputs`` (a
+    :class:`RegionKernel`), ``index[i]`` the position in its outputs of the module's output ``i``, and
+    ``generic``: True when it runs every shape of the inputs' bucket (kept for the bucket), False
+    when it is specialised to the inputs' shapes (kept for those shapes)."""
+
+    kernel: Any
+    index: tuple[int, ...]
+    generic: bool = False
+
+
+@dataclass
+class _Entry:
+    """One (structure, bucket) of a :class:`DynamicRegionKernel`'s cache: a generic kernel, or
+    kernels per shape (None: no kernel for that shape, its ATen ops run)."""
+
+    generic: Built | None = None
+    shapes: dict[Any, Built | None] = field(default_factory=dict)
+
+
 @dataclass
 class DynamicRegionKernel:
-    """A region with symbolic shapes: ``module`` (its ATen ops) gives the fake result and, where no
-    kernel can be made, the eager one; per concrete input shapes ``build(inputs)`` makes a
-    :class:`RegionKernel` (cached; a failure is logged once and that shape runs eagerly)."""
+    """A region with symbolic shapes. ``module`` (its ATen ops) gives the fake result and, where no
+    kernel can be made, the eager one. Kernels are cached by (structure, bucket): the structure is
+    the inputs' dtypes, device type and ranks; the bucket is ``bucket_of(inputs)`` (None, or when it
+    raises: the exact input shapes). A cache miss calls ``build(inputs)`` -> :class:`Built`; a generic
+    kernel then serves every shape of its bucket, a specialised one its shapes only. A failing build
+    is logged once per shape, and that shape runs the region's ATen ops. ``counter`` (a
+    :class:`~stitchtune.deploy.torch_stats.RegionCounter`) counts cache hits and eager calls; ``build``
+    counts its own selections and builds."""
 
     name: str
     ops: tuple[str, ...]
     module: Any
-    build: Any   # (inputs) -> (RegionKernel, for each module output its index in the kernel's outputs)
+    build: Any   # (inputs) -> Built
     compiled: Any = None   # the CompiledGraph at the example shapes (what explain reports)
-    kernels: dict[Any, Any] = field(default_factory=dict, repr=False)
+    bucket_of: Any = None  # (inputs) -> hashable bucket; None: the exact shapes
+    counter: Any = None
+    kernels: dict[Any, _Entry] = field(default_factory=dict, repr=False)
 
     def describe(self) -> str:
         return f"stitched region {self.name} ({', '.join(o.removeprefix('aten.') for o in self.ops)})"
@@ -228,22 +256,61 @@ class DynamicRegionKernel:
     def _eager(self, inputs: Sequence[Any]) -> list[Any]:
         return eager_outputs(self.module, inputs)
 
+    def _bucket(self, inputs: Sequence[Any], shapes: Any) -> Any:
+        if self.bucket_of is None:
+            return ("shapes", shapes)
+        try:
+            return ("bucket", self.bucket_of(inputs))
+        except Exception as exc:  # noqa: BLE001 - outside every bucket: kernels per shape
+            log.debug("%s: no bucket for shapes %s (%s)", self.describe(), [list(s) for s in shapes], exc)
+            return ("shapes", shapes)
+
+    def entries(self) -> list[tuple[Any, Any, Built | None]]:
+        """The cache, flat: (bucket or None when keyed by the exact shapes, shapes or None for a
+        generic kernel, kernel or None)."""
+        out: list[tuple[Any, Any, Built | None]] = []
+        for (_, (tag, b)), e in self.kernels.items():
+            bucket = b if tag == "bucket" else None
+            if e.generic is not None:
+                out.append((bucket, None, e.generic))
+            out += [(bucket, sh, b) for sh, b in e.shapes.items()]
+        return out
+
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
-        key = tuple((tuple(t.shape), t.dtype, t.device.type) for t in inputs)
-        if key not in self.kernels:
+        shapes = tuple(tuple(t.shape) for t in inputs)
+        key = (tuple((t.dtype, t.device.type, t.dim()) for t in inputs), self._bucket(inputs, shapes))
+        entry = self.kernels.get(key)
+        if entry is None:
+            entry = self.kernels[key] = _Entry()
+        built = entry.generic
+        if built is None and shapes in entry.shapes:
+            built = entry.shapes[shapes]
+            if built is None:
+                self._count(eager=1)
+                return self._eager(inputs)
+        if built is not None:
+            self._count(hits=1)
+        else:
             try:
-                self.kernels[key] = self.build(inputs)
-                log.info("%s: kernels made for shapes %s", self.describe(), [list(k[0]) for k in key])
+                built = self.build(inputs)
+                log.info("%s: kernels made for shapes %s%s", self.describe(), [list(s) for s in shapes],
+                         f" (bucket {key[1][1]})" if built.generic else "")
             except Exception as exc:  # noqa: BLE001 - this shape runs the region's ATen ops instead
                 log.warning("%s: no kernel for shapes %s (%s); running its ATen ops", self.describe(),
-                            [list(k[0]) for k in key], exc)
-                self.kernels[key] = None
-        hit = self.kernels[key]
-        if hit is None:
-            return self._eager(inputs)
-        kernel, index = hit
-        outs = kernel(inputs)
-        return [outs[i] for i in index]
+                            [list(s) for s in shapes], exc)
+                entry.shapes[shapes] = None
+                self._count(eager=1)
+                return self._eager(inputs)
+            if built.generic:
+                entry.generic = built
+            else:
+                entry.shapes[shapes] = built
+        outs = built.kernel(inputs)
+        return [outs[i] for i in built.index]
+
+    def _count(self, **n: int) -> None:
+        if self.counter is not None:
+            self.counter.add(**n)
 
 
 def eager_outputs(module: Any, inputs: Sequence[Any], perms: Sequence[Any] | None = None,
