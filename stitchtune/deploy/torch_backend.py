@@ -21,7 +21,8 @@ Contract
   how CPU tensors run), ``min_nodes`` (smallest region worth a kernel, in graph nodes; default 1),
   ``check_gather`` (default True: a region with a gather reads its index error flag after each CUDA
   launch, a synchronisation, and raises on an out-of-range index; False: never, see
-  :mod:`stitchtune.deploy.torch_ops`).
+  :mod:`stitchtune.deploy.torch_ops`), ``max_extent`` (default 2048: symbolic sizes are bucketed
+  over ``1..max_extent``, see :mod:`stitchtune.deploy.torch_dynamic`; larger ones get kernels per shape).
   An unknown option or value raises :class:`~stitchtune.errors.StitchtuneError`.
 * Never breaks a model: an op or region that cannot be stitched stays in the graph; any error while
   compiling a region declines it with the reason. The rewritten graph's region calls are run on fake
@@ -34,8 +35,8 @@ Contract
   as it is (declined ``graph``). Each graph's declines are logged once (info level, one line each). With static shapes torch recompiles per new shape (dynamo's cache); a region with
   symbolic shapes is checked at the example shapes and gets a
   :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` whose kernels are cached by
-  (structure, bucket of its symbols' values): made per input shape met (mapped again and
-  compiled), the region's ATen ops where that fails.
+  (structure, bucket of its symbols' values) (:mod:`stitchtune.deploy.torch_dynamic`), the
+  region's ATen ops where none can be made.
 * Every region's schedule selections, kernels built, cache hits and eager calls are counted
   (:mod:`stitchtune.deploy.torch_stats`; ``stitchtune.torch.stats()``).
 * :func:`explain(model, *example_inputs, backward=False, **options)` compiles and runs ``model`` once
@@ -59,7 +60,7 @@ from stitchtune.tune.dbpath import DEFAULT_DB
 
 log = logging.getLogger(__name__)
 
-_OPTION_KEYS = ("db", "device", "fallback", "deterministic", "cpu", "min_nodes", "check_gather")
+_OPTION_KEYS = ("db", "device", "fallback", "deterministic", "cpu", "min_nodes", "check_gather", "max_extent")
 _keys = itertools.count()
 
 
@@ -72,6 +73,7 @@ class BackendOptions:
     cpu: str = "emulate"
     min_nodes: int = 1
     check_gather: bool = True
+    max_extent: int = 2048
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None) -> BackendOptions:
@@ -90,6 +92,8 @@ class BackendOptions:
             raise StitchtuneError(f"option check_gather={o.check_gather!r}: True or False")
         if not isinstance(o.min_nodes, int) or o.min_nodes < 1:
             raise StitchtuneError(f"option min_nodes={o.min_nodes!r}: a positive integer")
+        if isinstance(o.max_extent, bool) or not isinstance(o.max_extent, int) or not 1 <= o.max_extent < 2**31:
+            raise StitchtuneError(f"option max_extent={o.max_extent!r}: a positive integer below 2**31")
         return o
 
 
@@ -191,7 +195,7 @@ def _compile_region(region: Any, opts: BackendOptions, device: Any, kind: str = 
     per (structure, bucket) of the shapes it meets (the region was checked at the example shapes
     here). Its counter (:mod:`~stitchtune.deploy.torch_stats`) counts the selections and builds."""
     from stitchtune.deploy import torch_stats
-    from stitchtune.deploy.torch_ops import Built, DynamicRegionKernel, RegionKernel
+    from stitchtune.deploy.torch_ops import RegionKernel
 
     counter = torch_stats.region_counter(kind, region.name, region.ops, region.dynamic)
     cg = _compile_graph(region.graph, opts, device, counter)
@@ -200,42 +204,9 @@ def _compile_region(region: Any, opts: BackendOptions, device: Any, kind: str = 
         return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu, out_shapes=region.output_shapes,
                             check_gather=opts.check_gather)
 
-    def build(inputs: Sequence[Any]) -> Built:
-        from stitchtune.importers.torch_regions import map_at_shapes
+    from stitchtune.deploy.torch_dynamic import dynamic_region_kernel
 
-        graph, index, shapes = map_at_shapes(region.module, inputs, region.name)
-        graph_shapes: list[Any] = [None] * len(index)
-        for j, i in enumerate(index):
-            graph_shapes[i] = shapes[j]
-        kernel = RegionKernel(region.name, region.ops, _compile_graph(graph, opts, device, counter), cpu=opts.cpu,
-                              out_shapes=tuple(graph_shapes), check_gather=opts.check_gather)
-        counter.add(builds=1)
-        return Built(kernel, tuple(index))
-
-    return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=cg,
-                               bucket_of=_extents_of(region), counter=counter)
-
-
-def _extents_of(region: Any) -> Any:
-    """``(inputs) -> ((name, extent), ...)``: the extents of ``region``'s symbolic input dims (each
-    symbol read where it first appears, so the key depends only on the symbols' values); None when
-    a symbolic dim is an expression of symbols (the cache then keys by the exact shapes)."""
-    from stitchtune.importers.torch_regions import symbolic_dims
-
-    dims = symbolic_dims(region.inputs)
-    if any(d is None for ds in dims for d in ds):
-        return None
-    where: dict[str, tuple[int, int]] = {}
-    for i, ds in enumerate(dims):
-        for axis, d in enumerate(ds):
-            if isinstance(d, str):
-                where.setdefault(d, (i, axis))
-    order = sorted(where.items())
-
-    def extents(inputs: Sequence[Any]) -> tuple[tuple[str, int], ...]:
-        return tuple((name, int(inputs[i].shape[axis])) for name, (i, axis) in order)
-
-    return extents
+    return dynamic_region_kernel(region, opts, device, counter, cg)
 
 
 def _info(kind: str, region: Any, kernel: Any) -> StitchedInfo:

@@ -1,0 +1,91 @@
+"""Kernels of a stitched region with symbolic (dynamic) sizes, for the torch.compile backend.
+
+Contract
+--------
+* :func:`region_dynamic_graph(region, max_extent)` names the region's symbolic input sizes
+  (:func:`~stitchtune.importers.torch_regions.symbolic_region`: dynamo's symbols, ``s0``, ...) and
+  returns its :class:`~stitchtune.graph.dynamic.DynamicGraph`, each symbol bounded ``1..max_extent``
+  with the default power-of-two buckets (:class:`~stitchtune.graph.dynamic.Buckets`). Raises
+  :class:`~stitchtune.errors.StitchtuneError` saying why a region has none (a size that is an
+  expression of symbols, a number of the graph that depends on a symbol).
+* :func:`dynamic_region_kernel(region, opts, device, counter, compiled)` -> a
+  :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` whose cache is keyed by (structure,
+  :class:`~stitchtune.graph.dynamic.BucketKey` of the symbols' values). A miss makes a kernel
+  specialised to the inputs' extents: the graph at those extents (``DynamicGraph.at``), one schedule
+  selection and one build, counted by ``counter``. A region without a dynamic graph, or extents
+  outside ``1..max_extent``, keys by the exact shapes and maps the region again per shape
+  (:func:`~stitchtune.importers.torch_regions.map_at_shapes`). Build failures are the
+  DynamicRegionKernel's: that shape runs the region's ATen ops.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from stitchtune.errors import StitchtuneError
+
+__all__ = ["dynamic_region_kernel", "region_dynamic_graph"]
+
+log = logging.getLogger(__name__)
+
+
+def region_dynamic_graph(region: Any, max_extent: int) -> tuple[Any, Any]:
+    """(SymbolicRegion, DynamicGraph) of ``region`` (see module docstring)."""
+    from stitchtune.graph.dynamic import parse_dynamic
+    from stitchtune.importers.torch_regions import symbolic_dims, symbolic_region
+
+    dims = symbolic_dims(region.inputs)
+    sym = symbolic_region(region.module, dims, [n.meta["val"].dtype for n in region.inputs], region.name)
+    try:
+        dg = parse_dynamic(sym.graph_json({n: (1, max_extent) for n in sym.names}))
+    except StitchtuneError as exc:
+        raise StitchtuneError(f"region {region.name}: its graph with named sizes is refused: {exc}") from exc
+    return sym, dg
+
+
+def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, compiled: Any) -> Any:
+    """The :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` of a region with symbolic sizes
+    (see module docstring); ``compiled`` is its CompiledGraph at the example shapes (for explain)."""
+    from stitchtune.deploy.torch_backend import _compile_graph
+    from stitchtune.deploy.torch_ops import Built, DynamicRegionKernel, RegionKernel
+
+    def kernel(graph: Any, out_shapes: Sequence[Any]) -> Any:
+        k = RegionKernel(region.name, region.ops, _compile_graph(graph, opts, device, counter), cpu=opts.cpu,
+                         out_shapes=tuple(out_shapes), check_gather=opts.check_gather)
+        counter.add(builds=1)
+        return k
+
+    def per_shape(inputs: Sequence[Any]) -> Built:
+        from stitchtune.importers.torch_regions import map_at_shapes
+
+        graph, index, shapes = map_at_shapes(region.module, inputs, region.name)
+        return Built(kernel(graph, _in_graph_order(index, shapes)), tuple(index))
+
+    try:
+        sym, dg = region_dynamic_graph(region, opts.max_extent)
+    except StitchtuneError as exc:
+        log.info("%s: kernels per input shape (%s)", region.name, exc)
+        return DynamicRegionKernel(region.name, region.ops, region.module, per_shape, compiled=compiled,
+                                   counter=counter)
+
+    def bucket_of(inputs: Sequence[Any]) -> Any:
+        return dg.key_of(sym.extents([t.shape for t in inputs]))
+
+    def build(inputs: Sequence[Any]) -> Built:
+        ext = sym.extents([t.shape for t in inputs])
+        if not all(1 <= v <= opts.max_extent for v in ext.values()):
+            return per_shape(inputs)
+        return Built(kernel(dg.at(ext), _in_graph_order(sym.index, sym.shapes_at(ext))), sym.index)
+
+    return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=compiled,
+                               bucket_of=bucket_of, counter=counter)
+
+
+def _in_graph_order(index: Sequence[int], shapes: Sequence[Any]) -> list[Any]:
+    """The module outputs' ``shapes`` in the graph's output order (``index[j]``: module output ``j``'s place)."""
+    out: list[Any] = [None] * len(index)
+    for j, i in enumerate(index):
+        out[i] = shapes[j]
+    return out
