@@ -191,12 +191,18 @@ def _add_search(sub: Any) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--deterministic", action="store_true",
                    help="only bitwise-reproducible schedules (no float atomics; own study when that changes the space)")
+    p.add_argument("--dynamic", action="append", default=None, metavar="NAME=LO..HI[:B1,...]",
+                   help="tune generic kernels per bucket of dynamic dim NAME (a name in the graph's shapes): "
+                        "power-of-two buckets, or the given upper bounds; --trials is split by each "
+                        "bucket's share (repeatable)")
     p.set_defaults(func=_cmd_search)
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
+    from stitchtune.graph.dynamic import parse_dynamic_arg
     from stitchtune.tune.search import SearchConfig, format_summary, resolve_backend, run_search
 
+    dims = [parse_dynamic_arg(t) for t in args.dynamic or ()]  # bad text: one error line before anything runs
     backend, why = resolve_backend(args.backend)
     print(why, file=sys.stderr, flush=True)
     cfg = SearchConfig(graph_path=args.graph, trials=args.trials, timeout_s=args.timeout, backend=backend,
@@ -204,9 +210,34 @@ def _cmd_search(args: argparse.Namespace) -> int:
                        sampler=args.sampler, seed=args.seed, jobs=args.jobs, early_stop=args.early_stop,
                        prune_factor=args.prune_factor, build=not args.no_build, progress=not args.no_progress,
                        deterministic=args.deterministic)
+    if dims:
+        return _search_dynamic(cfg, dims)
     res = run_search(cfg)
     print(format_summary(res))
     return 130 if res.stopped == "interrupted" else 0
+
+
+def _search_dynamic(cfg: Any, dims: list[Any]) -> int:
+    """``search --dynamic``: every bucket's search, one summary each, then one line per bucket."""
+    from stitchtune.tune.dynamic_search import run_dynamic_search
+    from stitchtune.tune.search import format_summary
+
+    outcomes = run_dynamic_search(cfg, dims, progress=lambda line: print(line, flush=True))
+    for o in outcomes:
+        if o.result is not None:
+            print(f"== bucket {o.key.label()} ({o.trials} trial(s))")
+            print(format_summary(o.result))
+    print("buckets:")
+    for o in outcomes:
+        if o.result is None:
+            print(f"  {o.key.label()}: skipped: {o.refusal}")
+        else:
+            best = o.result.best
+            what = "no ok schedule" if best is None else (
+                f"best {float(best['measured_us']):.2f} us{' (estimated)' if best.get('estimated') else ''} "
+                f"schedule {best['schedule_key']}")
+            print(f"  {o.key.label()}: {what}")
+    return 130 if any(o.result is not None and o.result.stopped == "interrupted" for o in outcomes) else 0
 
 
 def _add_show(sub: Any) -> None:

@@ -269,6 +269,7 @@ class DeviceRun:
         self.driver = driver
         self.launcher = Launcher(driver, launch_plan(program), cubin)
         self.staging: dict[tuple[str, str], int] = {}
+        self._staged_bytes: dict[tuple[str, str], int] = {}
         self._bound: dict[tuple[tuple[str, int], ...], Any] = {}
         self._lock = threading.Lock()
 
@@ -287,14 +288,23 @@ class DeviceRun:
             self.launcher.close()
 
     def _buffer(self, kind: str, name: str, nbytes: int) -> int:
+        """The staging buffer of an input/output, grown when a generic program's call needs more."""
         ptr = self.staging.get((kind, name))
+        if ptr is not None and self._staged_bytes.get((kind, name), 0) < nbytes:
+            self.driver.mem_free(self.staging.pop((kind, name)))
+            self._bound.clear()  # packed arguments may hold the freed pointer
+            ptr = None
         if ptr is None:
             ptr = self.staging[(kind, name)] = self.driver.mem_alloc(nbytes)
+            self._staged_bytes[(kind, name)] = nbytes
         return ptr
 
-    def __call__(self, graph: Any, arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def __call__(self, graph: Any, arrays: Mapping[str, Any],
+                 extents: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
         """Outputs of ``graph`` for ``arrays`` (numpy arrays, or device arrays exposing
-        ``__cuda_array_interface__``, used in place), as numpy arrays shaped like the graph's outputs."""
+        ``__cuda_array_interface__``, used in place), as numpy arrays shaped like the graph's outputs.
+        A generic program (``program.dynamic``) runs with ``extents`` (``graph`` is the dynamic graph at
+        them: its shapes are the call's)."""
         from stitchtune.gpu.launch import device_pointer
 
         _check_arrays(graph, arrays)
@@ -311,9 +321,10 @@ class DeviceRun:
         if problems:
             raise StitchtuneError(problems=problems)
         with self._lock, drv.activate():
-            return self._run(graph, arrays, ptrs)
+            return self._run(graph, arrays, ptrs, extents)
 
-    def _run(self, graph: Any, arrays: Mapping[str, Any], ptrs: dict[str, int]) -> dict[str, np.ndarray]:
+    def _run(self, graph: Any, arrays: Mapping[str, Any], ptrs: dict[str, int],
+             extents: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
         from stitchtune.gpu.driver import DriverError
         from stitchtune.graph.reference import numpy_dtype
 
@@ -327,12 +338,12 @@ class DeviceRun:
             outs = {o: np.empty(graph.spec(o).shape, numpy_dtype(graph.spec(o).dtype)) for o in graph.outputs}
             for o, host in outs.items():
                 ptrs[o] = self._buffer("output", o, host.nbytes)
-            key = tuple(sorted(ptrs.items()))
+            key = tuple(sorted(ptrs.items())) + tuple(sorted((extents or {}).items()))
             bound = self._bound.get(key)
             if bound is None:
                 if len(self._bound) >= self.MAX_BOUND:
                     self._bound.pop(next(iter(self._bound)))
-                bound = self._bound[key] = self.launcher.bind(ptrs)
+                bound = self._bound[key] = self.launcher.bind(ptrs, None if extents is None else dict(extents))
             self.launcher.launch(bound, 0)
             drv.synchronize()
             for o, host in outs.items():

@@ -17,7 +17,7 @@ Interface (shared with the torch backend, ``deploy/torch_*``)
   :class:`~stitchtune.graph.dynamic.DynamicRefusal` (data, never an exception): the caller compiles
   per extent with :func:`stitchtune.deploy.compiled.compile` instead.
 
-``DynamicCompiled`` (immutable):
+``DynamicCompiled`` (immutable; :class:`CompiledBucket` implements it):
 * ``key``, ``dgraph``, ``schedule``, ``program`` (the kir program, buffers sized for the largest extents);
 * ``emulate(extents, **arrays) -> dict[str, ndarray]``: the numpy SIMT emulator with buffers of the
   *actual* extents (every access checked against them);
@@ -27,12 +27,19 @@ Interface (shared with the torch backend, ``deploy/torch_*``)
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from stitchtune.graph.dynamic import BucketKey, DynamicGraph
+from stitchtune.errors import GraphError
+from stitchtune.graph.dynamic import BucketKey, DynamicGraph, DynamicRefusal
+from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
+
+log = logging.getLogger(__name__)
 
 
 class DynamicCompiled(Protocol):
@@ -46,3 +53,106 @@ class DynamicCompiled(Protocol):
     def covers(self, extents: Mapping[str, int]) -> bool: ...
     def emulate(self, extents: Mapping[str, int], **arrays: np.ndarray) -> dict[str, np.ndarray]: ...
     def __call__(self, extents: Mapping[str, int], **arrays: Any) -> dict[str, np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class CompiledBucket:
+    """The generic program of one bucket (see module docstring). ``source`` is where its schedule came
+    from (tuned | nearest-shape | heuristic | given), ``sources`` the CUDA C, ``cubin`` None when not built."""
+
+    key: BucketKey
+    dgraph: DynamicGraph
+    device: Any
+    schedule: Any
+    source: str
+    program: Any
+    sources: str
+    cubin: bytes | None = field(default=None, repr=False, compare=False)
+    _state: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __repr__(self) -> str:
+        return (f"<CompiledBucket {self.key.label() or 'static'}: schedule {self.schedule.key()} ({self.source}), "
+                f"{len(self.program.kernels)} kernel(s), cubin {'built' if self.cubin is not None else 'not built'}>")
+
+    def covers(self, extents: Mapping[str, int]) -> bool:
+        return self.key.contains(extents)
+
+    def _graph_at(self, extents: Mapping[str, int]) -> Any:
+        if set(extents) != set(self.dgraph.dim_names) or not self.covers(extents):
+            raise GraphError(f"extents {dict(sorted(extents.items()))} are not in bucket {self.key.label()}")
+        return self.dgraph.at(extents)
+
+    def emulate(self, extents: Mapping[str, int], **arrays: np.ndarray) -> dict[str, np.ndarray]:
+        """The generic program in the CPU emulator at ``extents`` (buffers of those extents: every access
+        is checked against them); ``{output: array}`` shaped like the graph at ``extents``."""
+        from stitchtune.emulate.emulator import emulate_program
+        from stitchtune.graph.reference import check_inputs
+        from stitchtune.gpu.runners import emulator_limits
+
+        g = self._graph_at(extents)
+        check_inputs(g, arrays)
+        limit, climit = emulator_limits(self.device, self.program, {})
+        flat = emulate_program(self.program, dict(arrays), coresident_limit=limit, cluster_limit=climit,
+                               extents=dict(extents))
+        return {o: flat[o].reshape(g.spec(o).shape) for o in g.outputs}
+
+    def __call__(self, extents: Mapping[str, int], **arrays: Any) -> dict[str, np.ndarray]:
+        """Run on the GPU at ``extents`` (the grid computed from them; no rebuild)."""
+        from stitchtune.deploy.compiled import DeviceRun, _build
+        from stitchtune.gpu.driver import open_driver
+
+        g = self._graph_at(extents)
+        run = self._state.get("run")
+        if run is None:
+            cubin = self.cubin if self.cubin is not None else _build(self.sources, self.device.arch)[1]
+            run = self._state["run"] = DeviceRun(self.program, cubin, open_driver())
+        out: dict[str, np.ndarray] = run(g, arrays, dict(extents))
+        return out
+
+
+def compile_dynamic(dgraph: DynamicGraph, key: BucketKey, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB,
+                    device: Any = None, *, schedule: Any = None, build: bool | None = None
+                    ) -> CompiledBucket | DynamicRefusal:
+    """Compile bucket ``key`` of ``dgraph`` (module docstring). ``device``: a Device, a preset name, or
+    None (the local GPU, else the H200 preset); ``build`` as :func:`stitchtune.deploy.compiled.compile`.
+    The schedule: ``schedule`` when given, else the database's best record of this bucket
+    (:func:`stitchtune.deploy.selection.choose_schedule` on the representative graph, ``bucket=``), else
+    the heuristic; one the generic kernel refuses falls back to the heuristic (logged)."""
+    db = resolve_db(db)
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.deploy.compiled import _build
+    from stitchtune.deploy.selection import choose_schedule
+    from stitchtune.gpu.build import nvcc_found
+    from stitchtune.gpu.render import render
+    from stitchtune.hardware.device import check_fits, get_device
+    from stitchtune.lower.dynamic import fit_rows, lower_dynamic
+    from stitchtune.space import Schedule, SearchSpace
+
+    if device is None:
+        from stitchtune.gpu.device_query import default_device
+
+        dev = default_device()
+    else:
+        dev = get_device(device) if isinstance(device, str) else device
+    fit = fit_rows(dgraph, key)
+    if isinstance(fit, DynamicRefusal):
+        return fit
+    check_fits(fit.graph, dev)
+    space = SearchSpace.for_plan(fit.plan, dev)
+    if schedule is not None:
+        s = schedule if isinstance(schedule, Schedule) else Schedule.from_dict(dict(schedule))
+        source = "given"
+    else:
+        choice = choose_schedule(fit.graph, db, dev, plan=fit.plan, space=space, bucket=key.label())
+        s, source = choice.schedule, choice.source
+    program = lower_dynamic(fit, s, dev, space)
+    if isinstance(program, DynamicRefusal) and source != "given":
+        log.info("bucket %s: schedule %s refused by the generic kernel (%s); the heuristic instead",
+                 key.label(), s.key(), program)
+        s, source = heuristic_schedule(fit.plan, dev, space), "heuristic"
+        program = lower_dynamic(fit, s, dev, space)
+    if isinstance(program, DynamicRefusal):
+        return program
+    sources = render(program)
+    cubin = _build(sources, dev.arch)[1] if build or (build is None and nvcc_found()) else None
+    return CompiledBucket(key, dgraph, dev, s, source, program, sources, cubin)

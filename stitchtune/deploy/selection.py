@@ -58,7 +58,7 @@ SOURCES = ("tuned", "nearest-shape", "heuristic", "given")
 #: Columns :func:`load_candidates` reads (a part without one of them reads it as null).
 LOOKUP_COLUMNS: tuple[str, ...] = (
     "workload_key", "structure_key", "graph_name", "shapes", "device_key", "backend", "estimated",
-    "space_version", "codegen_version", "schedule_json", "schedule_key", "status", "measured_us",
+    "space_version", "codegen_version", "schedule_json", "schedule_key", "status", "measured_us", "bucket",
 )
 
 #: At most this many schedules are lowered and re-validated per lookup (nearest-shape and tuned).
@@ -401,11 +401,13 @@ def _choose_heuristic(q: _Lookup, db_path: str | os.PathLike[str] | None, wk: st
 
 
 def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: Any, *, plan: Any = None,
-                    space: Any = None, deterministic: bool = False) -> Choice:
+                    space: Any = None, deterministic: bool = False, bucket: str | None = None) -> Choice:
     """The schedule to build for ``graph`` on ``device`` from the database ``db_path`` (see module
     docstring). ``db_path=None`` or a missing directory: no records (heuristic). ``plan``/``space``:
     the graph's plan and search space when the caller has them already. ``deterministic``: only
-    bitwise-reproducible schedules (see the module docstring)."""
+    bitwise-reproducible schedules (see the module docstring). ``bucket`` (a dynamic graph's bucket label,
+    ``graph`` its representative): the bucket's own records of this workload (generic kernels, the
+    ``bucket`` column) come first, then the rules above."""
     from stitchtune.lower.entry import CODEGEN_VERSION
     from stitchtune.plan.planner import make_plan
     from stitchtune.space import SearchSpace
@@ -419,8 +421,13 @@ def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: 
     df = load_candidates(db_path, dkey, sv, cv) if db_path is not None else _empty()
     q = _Lookup(graph, plan, device, space, dkey, where, deterministic)
 
+    # 0. a bucket's generic kernels
+    choice = None
+    if bucket:
+        choice = _choose_tuned(q, df[(df["workload_key"] == wk) & (df["bucket"].fillna("") == bucket)])
     # 1. exact workload
-    choice = _choose_tuned(q, df[df["workload_key"] == wk])
+    if choice is None:
+        choice = _choose_tuned(q, df[df["workload_key"] == wk])
     # 2. same structure, other shapes
     if choice is None:
         choice = _choose_nearest(q, df[(df["structure_key"] == sk) & (df["workload_key"] != wk)], wk)

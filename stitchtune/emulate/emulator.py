@@ -74,6 +74,8 @@ into closures is in :mod:`stitchtune.emulate.translate`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 from collections.abc import Callable
 
@@ -102,7 +104,7 @@ __all__ = ["FAULT_KINDS", "NP_ELEM", "EmulatorFault", "elem_dtype", "emulate_ker
 def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
                    written: dict[str, np.ndarray] | None = None,
                    coresident_limit: int | None = None, cluster_limit: int | None = None,
-                   block_order_seed: int | None = None) -> None:
+                   block_order_seed: int | None = None, extents: dict[str, int] | None = None) -> None:
     """Run one launch ``kernel<<<grid, kernel.block>>>`` in place on ``buffers``.
 
     ``buffers`` maps each parameter name to a 1-D numpy array of the parameter's element type
@@ -112,14 +114,16 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
     that can be co-resident; a ``GridSync`` in a larger grid raises ``grid_not_coresident``.
     ``cluster_limit`` (cluster kernels): the clusters that can be resident at once; 0 raises
     ``cluster_not_resident`` (None: not checked). ``block_order_seed``: apply atomic adds in a seeded
-    random order of the blocks (see the module docstring).
+    random order of the blocks (see the module docstring). ``extents``: a generic kernel's ``int``
+    arguments by name (exactly ``kernel.extents``); its buffers may then be smaller than ``Param.size``
+    and every access is checked against the buffer given.
     Raises :class:`EmulatorFault` on a kernel bug (buffers are then partly updated).
     """
     if grid < 1 or grid * kernel.block >= 2**31:
         raise ValueError(f"grid {grid} x block {kernel.block} is not an emulable launch")
     _check_cluster_launch(kernel, grid, cluster_limit)
     ck = _compiled(kernel)
-    st = _State(ck, grid, buffers, written or {}, coresident_limit)
+    st = _State(ck, grid, buffers, written or {}, coresident_limit, extents)
     if block_order_seed is not None:
         st.block_rank = np.random.default_rng(block_order_seed).permutation(grid).astype(np.int32)
     with np.errstate(all="ignore"):
@@ -146,7 +150,8 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
                     coresident_limit: Callable[[Kernel], int] | None = None,
                     cluster_limit: Callable[[Kernel], int] | None = None,
                     scratch_out: dict[str, np.ndarray] | None = None,
-                    block_order_seed: int | None = None) -> dict[str, np.ndarray]:
+                    block_order_seed: int | None = None,
+                    extents: dict[str, int] | None = None) -> dict[str, np.ndarray]:
     """Run every launch of ``program`` on fresh buffers; return ``{output tensor: flat array}``.
 
     Inputs are taken from ``inputs`` by ``BufferSpec.tensor`` (any shape, flattened in C order and
@@ -158,10 +163,22 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
     error flags of gathers among them, see :func:`stitchtune.lower.remap.gather_flag_buffers`).
     ``block_order_seed``: launch ``i`` runs its atomic adds in the block order of seed
     ``(block_order_seed, i)`` (see the module docstring).
+    ``extents`` (a generic program, ``program.dynamic``; by graph dim name; default its planned extents):
+    buffers sized and grids computed for them (:class:`~stitchtune.ir.launches.DynamicInfo`), the kernels given them as arguments.
     """
+    dyn = program.dynamic
+    if dyn is None and extents is not None:
+        raise ValueError("extents are given only for a generic program (program.dynamic)")
+    if dyn is not None and extents is None:
+        extents = dict(dyn.planned)
+    kargs: dict[str, int] = {}
+    if dyn is not None and extents is not None:
+        kargs = dict(zip(dyn.args, dyn.arg_values(dict(extents))))
     arrays: dict[str, np.ndarray] = {}
     written: dict[str, np.ndarray] = {}
     for b in program.buffers:
+        if dyn is not None and extents is not None:
+            b = dataclasses.replace(b, size=dyn.size(b.name, b.size, dict(extents)))
         dt = elem_dtype(b.dtype, b.role)
         if b.role == "input":
             if b.tensor not in inputs:
@@ -195,8 +212,9 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
         log.debug("emulating launch %d: %s<<<%d, %d>>>", i, kernel.name, launch.grid, launch.block)
         climit = cluster_limit(kernel) if cluster_limit is not None and kernel.cluster > 1 else None
         seed = None if block_order_seed is None else hash((int(block_order_seed), i)) & 0x7FFFFFFF
-        emulate_kernel(kernel, launch.grid, kb, written=kw, coresident_limit=limit, cluster_limit=climit,
-                       block_order_seed=seed)
+        grid = launch.grid if dyn is None or extents is None else dyn.grid(i, dict(extents))
+        emulate_kernel(kernel, grid, kb, written=kw, coresident_limit=limit, cluster_limit=climit,
+                       block_order_seed=seed, extents={x: kargs[x] for x in kernel.extents} or None)
     if scratch_out is not None:
         scratch_out.update({b.name: arrays[b.name].copy() for b in program.buffers if b.role == "scratch"})
     return {b.tensor: arrays[b.name].copy() for b in program.buffers if b.role == "output"}

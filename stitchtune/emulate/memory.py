@@ -137,12 +137,13 @@ class _GBuf(_Written):
     """A global buffer as seen by one launch."""
 
     def __init__(self, param: kir.Param, arr: np.ndarray, written: np.ndarray, tracked: bool,
-                 atomics: bool) -> None:
+                 atomics: bool, size: int | None = None) -> None:
+        size = param.size if size is None else size  # a generic kernel's launch: the actual buffer
         self.name = param.name
         self.arr = arr
-        self.size = param.size
-        self._init_written(written, param.size)
-        self.tracker = _Tracker(param.size, atomics) if tracked else None
+        self.size = size
+        self._init_written(written, size)
+        self.tracker = _Tracker(size, atomics) if tracked else None
         self.scratch: np.ndarray | None = None  # positions, for the same-statement write check
 
 
@@ -172,8 +173,14 @@ class _CompiledKernel(Protocol):
 
 class _State:
     def __init__(self, ck: _CompiledKernel, grid: int, buffers: dict[str, np.ndarray],
-                 written: dict[str, np.ndarray], coresident_limit: int | None) -> None:
+                 written: dict[str, np.ndarray], coresident_limit: int | None,
+                 extents: dict[str, int] | None = None) -> None:
         k = ck.kernel
+        ext = dict(extents or {})
+        if set(ext) != set(k.extents) or any(v < 1 or v >= 2**31 for v in ext.values()):
+            raise ValueError(f"kernel {k.name}: extents {sorted(ext.items())} for arguments {list(k.extents)}")
+        #: a generic kernel's dynamic extents (int32 values of its ``int`` arguments)
+        self.extents = {n: np.int32(v) for n, v in ext.items()}
         self.kernel = k
         self.grid = grid
         self.block = k.block
@@ -197,14 +204,16 @@ class _State:
                 raise ValueError(f"kernel {k.name}: no buffer for parameter {p.name}")
             arr = buffers[p.name]
             want = elem_dtype(p.dtype, p.role)
-            if arr.ndim != 1 or arr.dtype != want or arr.size < p.size:
+            # a generic kernel's buffers are those of the launch's extents, at most Param.size
+            if arr.ndim != 1 or arr.dtype != want or (arr.size < p.size and not k.extents):
                 raise ValueError(f"kernel {k.name}: buffer {p.name} must be 1-D {want} of >= {p.size} "
                                  f"elements, got {arr.dtype} {arr.shape}")
             w = written.get(p.name)
             if w is None:
                 w = np.ones(arr.size, bool)
             self.glob[p.name] = _GBuf(p, arr, w, tracked=p.name in ck.written_params,
-                                      atomics=p.name in ck.atomic_params)
+                                      atomics=p.name in ck.atomic_params,
+                                      size=min(arr.size, p.size) if k.extents else p.size)
         self.cluster = k.cluster
         self.shared = {s.name: _SBuf(s.size, grid, self.bid, k.cluster) for s in k.shared}
         self.cluster_synced = False   # a ClusterSync has run (every block of the cluster has started)

@@ -88,7 +88,7 @@ def _uses_mask(e: kir.Expr) -> bool:
     """Whether evaluating ``e`` depends on the active mask: a memory load, a local array read or a
     shuffle (their checks and faults are per active lane). Anything else is arithmetic on every lane,
     which never faults, so a lazy operand made only of it may be evaluated everywhere."""
-    if isinstance(e, (Const, Var, Special, kir.ClusterRank)):
+    if isinstance(e, (Const, Var, Special, kir.ClusterRank, kir.Extent)):
         return False
     if isinstance(e, Bin):
         return _uses_mask(e.a) or _uses_mask(e.b)
@@ -135,6 +135,11 @@ class ExprCompiler(ClusterOps):
                 raise ValueError(f"kernel {self.kernel.name}: variable {e.name} is never assigned")
             name = e.name
             return (lambda st, m: st.vars[name]), self.var_types[name]
+        if isinstance(e, kir.Extent):
+            if e.name not in self.kernel.extents:
+                raise ValueError(f"kernel {self.kernel.name}: extent {e.name} is not one of its arguments")
+            ext = e.name
+            return (lambda st, m: st.extents[ext]), I32
         if isinstance(e, Special):
             kind = e.kind
             if kind == "tid":

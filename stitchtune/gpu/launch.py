@@ -112,6 +112,9 @@ class PlanLaunch:
 class LaunchPlan:
     buffers: tuple[PlanBuffer, ...]
     launches: tuple[PlanLaunch, ...]
+    #: a generic program's :class:`~stitchtune.ir.launches.DynamicInfo` (extent arguments and grids per
+    #: extents; scratch stays sized for the largest extents); None for a static program
+    dynamic: Any = None
 
 
 def _dim3(v: Any) -> tuple[int, int, int]:
@@ -156,7 +159,7 @@ def launch_plan(program: Any) -> LaunchPlan:
             PlanLaunch(str(ln.kernel), _dim3(ln.grid), _dim3(ln.block), int(getattr(ln, "smem_bytes", 0) or 0),
                        tuple(str(a) for a in ln.args), any(str(a) in barriers for a in ln.args))
         )
-    return LaunchPlan(tuple(bufs), tuple(launches))
+    return LaunchPlan(tuple(bufs), tuple(launches), getattr(program, "dynamic", None))
 
 
 # ---------------------------------------------------------------------------- launching
@@ -171,6 +174,8 @@ class Bound:
     pointers: Mapping[str, int]
     params: tuple[tuple[int, int], ...]
     _keep: tuple[np.ndarray, ...]
+    #: a generic program's grid per launch at the bound extents (None: the plan's grids)
+    grids: tuple[tuple[int, int, int], ...] | None = None
 
 
 class Launcher:
@@ -224,10 +229,18 @@ class Launcher:
                 if b.name in self.scratch and b.nbytes:
                     self.driver.memset_d8(self.scratch[b.name], 0 if b.zero_init else POISON, b.nbytes, stream)
 
-    def bind(self, tensors: Mapping[str, int]) -> Bound:
+    def bind(self, tensors: Mapping[str, int], extents: Mapping[str, int] | None = None) -> Bound:
         """Pack every launch's arguments for ``{graph tensor: device pointer}`` (every input and output of
         the plan; extra names are ignored). Raises ``KeyError`` naming a missing tensor and
-        :class:`MisalignedPointer` naming the pointers that are not :data:`ALIGN`-byte aligned."""
+        :class:`MisalignedPointer` naming the pointers that are not :data:`ALIGN`-byte aligned.
+        A generic program (``plan.dynamic``) also takes ``extents`` (by graph dim name): each kernel gets
+        them as its ``int`` arguments after the pointers, and each launch the grid they give (default:
+        the planned extents, where its buffers' sizes hold); a static program takes none (``ValueError``)."""
+        dyn = self.plan.dynamic
+        if dyn is None and extents is not None:
+            raise ValueError("extents are bound only for a generic program")
+        if dyn is not None and extents is None:
+            extents = dict(dyn.planned)
         missing = sorted({t for _, t in self._io if t not in tensors})
         if missing:
             raise KeyError(f"no device pointer for graph tensors {missing}")
@@ -238,19 +251,24 @@ class Launcher:
         ptrs.update({buf: int(tensors[t]) for buf, t in self._io})
         keep: list[np.ndarray] = []
         params = []
+        ext = dict(extents or {})
+        ints = [int(v) for v in dyn.arg_values(ext)] if dyn is not None else []
         for ln in self.plan.launches:
-            values = np.array([ptrs[a] for a in ln.args], dtype=np.uint64)
-            slots = np.array([values.ctypes.data + 8 * i for i in range(len(ln.args))], dtype=np.uint64)
+            # an int argument's slot holds it in its low 4 bytes (little-endian): the driver reads 4
+            values = np.array([ptrs[a] for a in ln.args] + ints, dtype=np.uint64)
+            n = len(ln.args) + len(ints)
+            slots = np.array([values.ctypes.data + 8 * i for i in range(n)], dtype=np.uint64)
             keep += [values, slots]
-            params.append((int(slots.ctypes.data) if len(ln.args) else 0, len(ln.args)))
-        return Bound(ptrs, tuple(params), tuple(keep))
+            params.append((int(slots.ctypes.data) if n else 0, n))
+        grids = None if dyn is None else tuple((dyn.grid(i, ext), 1, 1) for i in range(len(self.plan.launches)))
+        return Bound(ptrs, tuple(params), tuple(keep), grids)
 
     def launch(self, bound: Bound, stream: int = 0) -> None:
         """Enqueue every launch of the plan with ``bound``'s arguments on ``stream`` (nothing else)."""
         launch = self.driver.launch
         with self._active:
-            for (func, grid, block, smem, coop), (params, n) in zip(self._calls, bound.params):
-                launch(func, grid, block, smem, stream, params, n, coop)
+            for i, ((func, grid, block, smem, coop), (params, n)) in enumerate(zip(self._calls, bound.params)):
+                launch(func, grid if bound.grids is None else bound.grids[i], block, smem, stream, params, n, coop)
 
     def close(self) -> None:
         """Free the scratch buffers and unload the module (best effort: a dead context cannot free)."""

@@ -100,6 +100,10 @@ class _Renderer:
             return str(int(x.value))
         if isinstance(x, kir.Var):
             return x.name
+        if isinstance(x, kir.Extent):
+            if x.name not in self.k.extents:
+                raise ValueError(f"kernel {self.k.name}: extent {x.name} is not one of its arguments")
+            return x.name
         if isinstance(x, kir.Special):
             return {"tid": "(int)threadIdx.x", "bid": "(int)blockIdx.x", "bdim": "(int)blockDim.x",
                     "gdim": "(int)gridDim.x"}[x.kind]
@@ -318,6 +322,7 @@ class _Renderer:
                 params.append(f"const {_CTYPE[p.dtype]}* __restrict__ {p.name}")
             else:
                 params.append(f"{_CTYPE[p.dtype]}* __restrict__ {p.name}")
+        params += [f"const int {x}" for x in k.extents]  # a generic kernel's dynamic extents
         bounds = f"__launch_bounds__({k.block}, {k.min_blocks_per_sm})" if k.min_blocks_per_sm else \
             f"__launch_bounds__({k.block})"
         if k.cluster > 1:

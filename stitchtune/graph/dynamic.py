@@ -204,6 +204,26 @@ def key_share(dims: tuple[DynamicDim, ...], key: BucketKey) -> float:
 
 
 @dataclass(frozen=True)
+class SymInt:
+    """A monomial of dynamic extents: ``coef * prod(extents[d] for d in dims)`` (``dims`` sorted, a dim
+    repeated for a power; ``()``: the constant ``coef``). The sizes, strides and row counts of a graph
+    whose dynamic dims are outer dims are such monomials (products of dims)."""
+
+    coef: int
+    dims: tuple[str, ...] = ()
+
+    def value(self, extents: Mapping[str, int]) -> int:
+        return self.coef * math.prod(int(extents[d]) for d in self.dims)
+
+    @property
+    def static(self) -> bool:
+        return not self.dims
+
+    def __str__(self) -> str:
+        return "*".join([str(self.coef)] * (self.coef != 1 or not self.dims) + list(self.dims))
+
+
+@dataclass(frozen=True)
 class DynamicRefusal:
     """Why a graph (or one schedule) cannot be served by a generic kernel: ``part`` names what
     (``"row length"``, ``"scheme global"``, ``"cross reduction"``, ``"index op slice_1"``, ``"family col"``),
@@ -222,6 +242,7 @@ class DynamicGraphLike(Protocol):
     dims: tuple[DynamicDim, ...]
 
     def at(self, extents: Mapping[str, int]) -> Any: ...
+
     def key_of(self, extents: Mapping[str, int]) -> BucketKey: ...
 
 
@@ -256,6 +277,13 @@ class DynamicGraph:
 
         ext = self._check_extents(extents)
         return parse_graph(_substitute(self.template, ext))
+
+    def at_unchecked(self, extents: Mapping[str, int]) -> Any:
+        """:meth:`at` without the bounds check (the lowering plans at extents beyond a bucket to fit its
+        symbols); the graph itself is still validated."""
+        from stitchtune.graph.parse import parse_graph
+
+        return parse_graph(_substitute(self.template, {d.name: int(extents[d.name]) for d in self.dims}))
 
     def key_of(self, extents: Mapping[str, int]) -> BucketKey:
         """The bucket key of ``extents`` (one bucket per dim)."""

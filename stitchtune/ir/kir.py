@@ -27,6 +27,10 @@ Semantics (shared by both consumers):
 * :class:`Shfl` is ``__shfl_xor_sync(0xffffffff, value, lane_mask, width)``: all 32 lanes of the
   warp must be active.
 * :class:`AtomicAdd` adds to a float32 global buffer element.
+* A *generic* kernel (``Kernel.extents`` non-empty) also takes ``int`` arguments after the pointers,
+  the dynamic extents (:class:`Extent`); its ``Param.size`` is the largest size (the bucket's largest
+  extents), the buffers of a launch may be smaller (``Program.dynamic`` gives their sizes and the grid
+  at given extents), and every access is checked against the actual buffer.
 * Thread-block clusters (``Kernel.cluster`` > 1, sm_90): consecutive groups of ``cluster`` blocks
   (``blockIdx.x // cluster``) form a cluster, launched together on one GPC; the grid must be a
   multiple of ``cluster``. :class:`ClusterRank` is the block's rank in its cluster
@@ -54,6 +58,8 @@ from stitchtune.graph.values import ITEMSIZE
 from stitchtune.ir.launches import (  # re-exported: kir.BufferRole, kir.KernelProfile, ...
     BufferRole as BufferRole,
     BufferSpec as BufferSpec,
+    DynamicInfo as DynamicInfo,
+    GridRule as GridRule,
     KernelProfile as KernelProfile,
     Launch as Launch,
     ProgramProfile as ProgramProfile,
@@ -215,7 +221,20 @@ class RemoteLoad:
     pred: "Expr | None" = None
 
 
-Expr = Union[Const, Var, Special, Bin, MathOp, Select, Cast, Load, IndexLoad, LocalRef, Shfl, ClusterRank, RemoteLoad]
+@dataclass(frozen=True)
+class Extent:
+    """A dynamic extent: the kernel's ``int`` argument ``name`` (i32, ``>= 1``), one of
+    ``Kernel.extents``; the same value in every thread of a launch (a generic kernel, see
+    :class:`~stitchtune.ir.launches.DynamicInfo`)."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        check_ident(self.name)
+
+
+Expr = Union[Const, Var, Special, Bin, MathOp, Select, Cast, Load, IndexLoad, LocalRef, Shfl, ClusterRank, RemoteLoad,
+             Extent]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -389,9 +408,13 @@ class Kernel:
     min_blocks_per_sm: int = 0  # __launch_bounds__(block, min_blocks); 0 = only max threads
     barrier_param: str | None = None
     cluster: int = 1  # blocks per thread-block cluster (__cluster_dims__); 1 = no cluster
+    #: the ``int`` arguments after the pointers (dynamic extents read by :class:`Extent`); () = static
+    extents: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_ident(self.name)
+        for x in self.extents:
+            check_ident(x)
         if self.block % 32 or not 32 <= self.block <= 1024:
             raise ValueError(f"block size {self.block} must be a multiple of 32 in 32..1024")
         if not 1 <= self.cluster <= 16:
@@ -416,6 +439,9 @@ class Program:
     launches: tuple[Launch, ...]
     profile: ProgramProfile
     notes: tuple[str, ...] = field(default=())
+    #: a generic program (every kernel takes the dynamic extents): buffer sizes and grids per extents;
+    #: None for a static program (sizes and grids above are then exact)
+    dynamic: DynamicInfo | None = None
 
     def kernel(self, name: str) -> Kernel:
         for k in self.kernels:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from stitchtune.graph.dynamic import SymInt
 from stitchtune.graph.values import ITEMSIZE as ELEM_BYTES
 
 
@@ -99,3 +100,75 @@ class KernelProfile:
 class ProgramProfile:
     kernels: tuple[KernelProfile, ...]
     min_bytes: int
+
+
+def grid_size(tasks: int, tasks_per_block: int, persistent: bool, needs_sync: bool, multiple: int,
+              cores: int) -> int:
+    """Blocks of a kernel with ``tasks`` tasks: as many as are co-resident (``cores``, a persistent
+    schedule), else ``tasks / tasks_per_block``. A grid that must stay co-resident (persistent, or with
+    a grid barrier) is rounded *down* to a multiple of ``multiple`` (the blocks of one split row; at
+    least one such multiple), any other one up; at least 1, at most 2**31 - 1."""
+    if persistent or needs_sync:
+        grid = min(tasks, max(cores, 1)) if persistent else -(-tasks // tasks_per_block)
+        if multiple > 1:
+            grid = max(multiple, (grid // multiple) * multiple)
+    else:
+        grid = -(-tasks // tasks_per_block)
+        if multiple > 1:
+            grid = -(-grid // multiple) * multiple
+    return max(1, min(grid, 2**31 - 1))
+
+
+@dataclass(frozen=True)
+class GridRule:
+    """How a generic launch's grid follows the extents: ``rows`` view rows (a monomial of the extents),
+    ``rows_per_block`` rows per task (split 1) or ``split`` tasks per row, then :func:`grid_size`."""
+
+    rows: SymInt
+    rows_per_block: int
+    split: int
+    tasks_per_block: int
+    persistent: bool
+    needs_sync: bool
+    multiple: int
+    cores: int
+    fixed: int = 0   # > 0: the grid does not follow the extents (a small combine kernel)
+
+    def tasks(self, extents: dict[str, int]) -> int:
+        m = self.rows.value(extents)
+        return -(-m // self.rows_per_block) if self.split == 1 else m * self.split
+
+    def grid(self, extents: dict[str, int]) -> int:
+        if self.fixed:
+            return self.fixed
+        return grid_size(self.tasks(extents), self.tasks_per_block, self.persistent, self.needs_sync,
+                         self.multiple, self.cores)
+
+
+@dataclass(frozen=True)
+class DynamicInfo:
+    """What a generic program needs at launch: ``dims`` (graph dim names, sorted) and the kernel
+    argument of each (``args``, generated identifiers ``ext0``...); the size of each buffer whose size
+    follows the extents (others keep ``BufferSpec.size``); one :class:`GridRule` per launch; the
+    ``planned`` extents (``BufferSpec.size`` and ``Launch.grid`` are theirs)."""
+
+    dims: tuple[str, ...]
+    args: tuple[str, ...]
+    sizes: tuple[tuple[str, SymInt], ...]
+    grids: tuple[GridRule, ...]
+    #: the extents the program was planned and its buffers sized at (each dim at its bucket's largest):
+    #: what a launch without explicit extents runs at (the tuning worker, the emulate runner)
+    planned: tuple[tuple[str, int], ...] = ()
+
+    def arg_values(self, extents: dict[str, int]) -> tuple[int, ...]:
+        """The ``int`` arguments of every kernel, in order."""
+        return tuple(int(extents[d]) for d in self.dims)
+
+    def size(self, buffer: str, default: int, extents: dict[str, int]) -> int:
+        for name, sym in self.sizes:
+            if name == buffer:
+                return sym.value(extents)
+        return default
+
+    def grid(self, launch: int, extents: dict[str, int]) -> int:
+        return self.grids[launch].grid(extents)

@@ -18,7 +18,9 @@ from stitchtune.graph.parse import Graph, Node
 from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, LocalRef, MathOp, Var
 from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks
+from stitchtune.ir.launches import grid_size
 from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
+from stitchtune.lower.symbols import RowSymbols
 from stitchtune.graph.ops import INDEX_KINDS, OPS, OpInfo
 from stitchtune.plan.index_map import AxisMap
 from stitchtune.plan.planner import StitchPlan, TensorClass
@@ -189,6 +191,29 @@ class Lowerer:
         # (True = backwards; None before the first)
         self.last_reversed: bool | None = None
         self.last_tasks_reversed: bool | None = None
+        #: a generic lowering (:mod:`stitchtune.lower.dynamic`): the view's rows as expressions over the
+        #: kernels' extent arguments; None for the static lowering (constants, the kernels of before)
+        self.sym: RowSymbols | None = None
+
+    # -- the view's row count: a constant, or an expression of a generic kernel ----------------------
+    def m_expr(self) -> kir.Expr:
+        """``M``, the view's rows (in a generic kernel: over its extent arguments)."""
+        return I(self.p.M) if self.sym is None else self.sym.expr(self.sym.M)
+
+    def m_last(self) -> kir.Expr:
+        """``M - 1``, the last row (what row indices are clamped to)."""
+        return I(self.p.M - 1) if self.sym is None else Bin("-", self.sym.expr(self.sym.M), I(1))
+
+    def rounds_expr(self, rounds: int, rows_per_task: int, split: int) -> kir.Expr:
+        """The trip count of the round loop: ``rounds`` in a static kernel; in a generic one the tasks at
+        the launch's extents (``ceil(M / rows_per_task)``, or ``M * split``) over the grid, rounded up."""
+        if self.sym is None:
+            return I(rounds)
+        m = self.sym.expr(self.sym.M)
+        tasks = Bin("*", m, I(split)) if split > 1 else (
+            m if rows_per_task == 1 else Bin("/", Bin("+", m, I(rows_per_task - 1)), I(rows_per_task)))
+        g = kir.Special("gdim")
+        return Bin("/", Bin("-", Bin("+", tasks, g), I(1)), g)
 
     # -- schemes ----------------------------------------------------------------------------------
     def stage_scheme(self, st: int) -> Scheme:
@@ -222,7 +247,7 @@ class Lowerer:
             self.last_reversed = rev
         return [Assign(ii, Bin("-", I(iters - 1), it) if rev else it)]
 
-    def order_tasks(self, rb: list[kir.Stmt], reads_memory: bool, total: int) -> None:
+    def order_tasks(self, rb: list[kir.Stmt], reads_memory: bool, total: int | kir.Expr) -> None:
         """Alternate order: of consecutive kernels that read full-size tensors from memory, every other
         one takes its tasks backwards (the first forwards), so that a re-read across a kernel boundary
         starts with the tasks whose data the previous kernel left in L2. ``rb[0]`` is the assignment of
@@ -235,13 +260,16 @@ class Lowerer:
         if rev:
             head = rb[0]
             assert isinstance(head, Assign), "the round body starts with the task index's assignment"
-            rb[0] = Assign(head.var, Bin("-", I(total - 1), head.expr))
+            last = I(total - 1) if isinstance(total, int) else Bin("-", total, I(1))  # generic: an expression
+            rb[0] = Assign(head.var, Bin("-", last, head.expr))
 
     # -- index maps -----------------------------------------------------------------------------
     def row_base(self, name: str, r: kir.Expr) -> kir.Expr:
         """The offset of row ``r`` (``0 <= r < M``: callers clamp) in tensor ``name`` through its
         index map: the sum over its row factors of ``((r // inner) % dim) * stride``, without the
         divisions by 1, the ``%`` that cannot wrap and the products by 1."""
+        if self.sym is not None:
+            return self.sym.row_offset(name, r)
         return _axis_offset(self.p.imap(name).rows, r)
 
     def col_offset(self, name: str, c: kir.Expr) -> kir.Expr:
@@ -398,7 +426,8 @@ class Lowerer:
         if needs_sync:
             params.append(self.param(self.barrier_buf()))
         return kir.Kernel(f"st_k{ki}", tuple(params), tuple(body), self.s.block, tuple(shared), tuple(locals_),
-                          self.s.min_blocks, "gbar" if needs_sync else None)
+                          self.s.min_blocks, "gbar" if needs_sync else None,
+                          extents=() if self.sym is None else self.sym.arg_names())
 
     def kernel_segments(self) -> list[list[int]]:
         """Stages (0-based) per kernel: a new kernel starts after each stage whose scheme has a kernel
@@ -411,24 +440,11 @@ class Lowerer:
         return segs
 
     def grid_for(self, tasks: int, block: int, smem: int, est_regs: int, multiple: int, needs_sync: bool) -> int:
-        """Blocks of a kernel with ``tasks`` tasks: as many as are co-resident (a persistent schedule),
-        else ``tasks / tasks_per_block``. A grid that must stay co-resident (persistent, or with a grid
-        barrier) is rounded *down* to a multiple of ``multiple`` (the blocks of one split row; at least
-        one such multiple), any other one up; at least 1, at most 2**31 - 1."""
+        """Blocks of a kernel with ``tasks`` tasks (:func:`stitchtune.ir.launches.grid_size` with the
+        blocks of this kernel that are co-resident on the device)."""
         s = self.s
         cores = max_resident_blocks(self.dev, block, est_regs, smem)
-        if s.persistent or needs_sync:
-            if s.persistent:
-                grid = min(tasks, max(cores, 1))
-            else:
-                grid = math.ceil(tasks / s.tasks_per_block)
-            if multiple > 1:
-                grid = max(multiple, (grid // multiple) * multiple)
-        else:
-            grid = math.ceil(tasks / s.tasks_per_block)
-            if multiple > 1:
-                grid = math.ceil(grid / multiple) * multiple
-        return max(1, min(grid, 2**31 - 1))
+        return grid_size(tasks, s.tasks_per_block, s.persistent, needs_sync, multiple, cores)
 
 
     # -- analytic profile -------------------------------------------------------------------------

@@ -94,6 +94,10 @@ class ExchangeBuilder(Protocol):
         """A fresh kernel variable."""
         ...
 
+    def last_row(self) -> kir.Expr:
+        """The view's last row ``M - 1`` (a constant; in a generic kernel an expression of its extents)."""
+        ...
+
     def state_parts(self, st: "ReductionState") -> tuple[str, ...]:
         """The scratch buffers of ``st``'s per-block partials (one per stored slot), registered as used
         by this kernel."""

@@ -92,11 +92,11 @@ def _slots(states: list[ReductionState]) -> list[int]:
 def store_partials(k: ExchangeBuilder, states: list[ReductionState]) -> None:
     """Each block's state of its row piece to its partials (one per row and split index), written by
     the row's first lane."""
-    ix, S, M = k.ix, k.schedule.split, k.plan.M
+    ix, S = k.ix, k.schedule.split
     for st in states:
         leader = Bin("&&", ix.rvalid, Bin("==", Bin("%", kir.Special("tid"), I(k.schedule.tpr)), I(0)))
         for buf, v in zip(k.state_parts(st), st.stored):
-            k.rb.append(kir.StoreVec(buf, add(mul(Bin("min", ix.row, I(M - 1)), I(S)), ix.sidx), (v,), leader))
+            k.rb.append(kir.StoreVec(buf, add(mul(Bin("min", ix.row, k.last_row()), I(S)), ix.sidx), (v,), leader))
 
 
 def combine_partials(k: ExchangeBuilder, st: ReductionState) -> None:
@@ -107,7 +107,7 @@ def combine_partials(k: ExchangeBuilder, st: ReductionState) -> None:
     rb, rvalid, s = k.rb, k.ix.rvalid, k.schedule
     S, N, chunk = s.split, k.plan.N, k.chunk
     parts = k.state_parts(st)
-    base = mul(Bin("min", k.ix.row, I(k.plan.M - 1)), I(S))
+    base = mul(Bin("min", k.ix.row, k.last_row()), I(S))
     rb.extend(reset(st))
     if s.combine == "warp" and S > 1:
         wl = Bin("%", kir.Special("tid"), I(32))

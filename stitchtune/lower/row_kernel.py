@@ -115,6 +115,9 @@ class RowKernel:
     def var(self, prefix: str, dtype: str = F32) -> Var:
         return self.cx.var(prefix, dtype)
 
+    def last_row(self) -> kir.Expr:
+        return self.low.m_last()
+
     def state_parts(self, st: ReductionState) -> tuple[str, ...]:
         low = self.low
         parts = tuple(low.scratch(n, low.p.M * low.s.split) for n in st.part_names(low.red_idx))
@@ -137,10 +140,14 @@ class RowKernel:
         else:
             tv = cx.var("task", I32)
             rb += [Assign(tv, task), Assign(ix.row, Bin("/", tv, I(S))), Assign(ix.sidx, Bin("%", tv, I(S)))]
-        rb += [Assign(ix.rvalid, Bin("<", ix.row, I(M))),
+        rb += [Assign(ix.rvalid, Bin("<", ix.row, self.low.m_expr())),
                Assign(ix.kbase, mul(ix.sidx, I(chunk))),
                Assign(ix.kend, Bin("min", add(ix.kbase, I(chunk)), I(N)))]
         return rb
+
+    def rounds(self) -> kir.Expr:
+        """The round loop's trip count (a constant; in a generic kernel computed from the extents)."""
+        return self.low.rounds_expr(self.lay.rounds, self.low.rpb, self.low.s.split)
 
     def row_of(self, t: kir.Expr) -> kir.Expr:
         """This thread's row of row group ``t`` (split 1)."""
@@ -151,15 +158,15 @@ class RowKernel:
         when it broadcasts along part of the rows)."""
         low = self.low
         if name is not None and low.p.mapped(name):
-            return add(low.row_base(name, Bin("min", r, I(low.p.M - 1))), k)
-        return add(mul(Bin("min", r, I(low.p.M - 1)), I(low.p.N)), k)
+            return add(low.row_base(name, Bin("min", r, low.m_last())), k)
+        return add(mul(Bin("min", r, low.m_last()), I(low.p.N)), k)
 
     def round_row_base(self, name: str) -> kir.Expr:
         """The row base of mapped input ``name`` at this round's row, computed once per round (the
         first use appends its assignment to the round body, ahead of the sweep that needs it)."""
         if name not in self.row_bases:
             v = self.cx.var("rb", I32)
-            self.rb.append(Assign(v, self.low.row_base(name, Bin("min", self.ix.row, I(self.low.p.M - 1)))))
+            self.rb.append(Assign(v, self.low.row_base(name, Bin("min", self.ix.row, self.low.m_last()))))
             self.row_bases[name] = v
         return self.row_bases[name]
 
@@ -178,7 +185,7 @@ class RowKernel:
         if low.p.mapped(name):  # per-row along part of the row axes: its own row index
             self.rb.append(Assign(v, Load(buf, self.round_row_base(name), pred)))
         else:
-            self.rb.append(Assign(v, Load(buf, Bin("min", idx, I(low.p.M - 1)) if per_row else idx, pred)))
+            self.rb.append(Assign(v, Load(buf, Bin("min", idx, low.m_last()) if per_row else idx, pred)))
         self.pvals[name] = v
         return v
 
@@ -227,7 +234,7 @@ class RowKernel:
             vb = low.scratch(f"val{low.red_idx[r]}", p.P)
             self.cx.scratch.add(vb)
             v = self.cx.var("acc", F32)
-            self.rb.append(Assign(v, Load(vb, Bin("min", ix.row, I(p.P - 1)), ix.rvalid)))
+            self.rb.append(Assign(v, Load(vb, Bin("min", ix.row, low.m_last()), ix.rvalid)))
             self.pvals[r] = v
 
     # -- sweeps -----------------------------------------------------------------------------------
@@ -237,7 +244,7 @@ class RowKernel:
         tpr, vec, M, N = s.tpr, s.vec, low.p.M, low.p.N
         tn, rown, vn = cx.var("tn", I32), cx.var("rown", I32), cx.var("vn", kir.BOOL)
         ip, kp, vp = cx.var("ip", I32), cx.var("kp", I32), cx.var("vp", kir.BOOL)
-        row_ok = Bin("<", rown, I(M))
+        row_ok = Bin("<", rown, low.m_expr())
         out: list[kir.Stmt] = [Assign(tn, task_expr), Assign(rown, self.row_of(tn)),
                                Assign(vn, row_ok if valid_task is None else Bin("&&", valid_task, row_ok))]
         lp: list[kir.Stmt] = [Assign(kp, mul(add(mul(ip, I(tpr)), self.ix.lane), I(vec))),
@@ -246,7 +253,7 @@ class RowKernel:
             tix = low.tid_of[name]
             dsts: list[kir.Expr]
             if low.p.imap(name).partial_cols or low.p.imap(name).vector_mode(vec) == "scalar":  # through the map
-                dsts = low.mapped_load(cx, lp, name, low.row_base(name, Bin("min", rown, I(M - 1))), kp, vp,
+                dsts = low.mapped_load(cx, lp, name, low.row_base(name, Bin("min", rown, low.m_last())), kp, vp,
                                        f"f{tix}_")
             else:
                 loaded = tuple(cx.var(f"f{tix}_", F32) for _ in range(vec))
@@ -339,7 +346,7 @@ class RowKernel:
             self.uses["out"].add(buf)
             c = low.cls[o]
             if low.p.mapped(o):  # a permuted (bijective) map: stored through it
-                base = low.row_base(o, Bin("min", ix.row, I(low.p.M - 1))) if c is TensorClass.FULL else I(0)
+                base = low.row_base(o, Bin("min", ix.row, low.m_last())) if c is TensorClass.FULL else I(0)
                 pred = (low.once_pred(o, ix.row, valid) if c is TensorClass.FULL else
                         and_(valid, Bin("==", ix.row, I(0))))
                 low.mapped_store(lb, o, base, k0, list(vals), pred)
@@ -355,7 +362,7 @@ class RowKernel:
         if self.prefetched and from_prefetch:  # the next task's inputs, in flight while this one reduces
             nxt = add(ix.rd, I(1))
             self.rb.extend(self.prefetch_rows(add(mul(nxt, kir.Special("gdim")), kir.Special("bid")),
-                                              Bin("<", nxt, I(self.lay.rounds))))
+                                              Bin("<", nxt, self.rounds())))
         self.filled.update(sv.newly)
         for acc in accs:
             self.pvals[acc.reduction] = acc.acc
@@ -390,7 +397,7 @@ class RowKernel:
         vb = low.scratch(f"val{low.red_idx[r]}", p.P)
         self.cx.scratch.add(vb)
         leader = Bin("&&", Bin("==", Bin("%", kir.Special("tid"), I(low.s.tpr)), I(0)), Bin("==", ix.sidx, I(0)))
-        self.rb.append(kir.StoreVec(vb, Bin("min", ix.row, I(p.P - 1)), (self.pvals[r],),
+        self.rb.append(kir.StoreVec(vb, Bin("min", ix.row, low.m_last()), (self.pvals[r],),
                                     Bin("&&", ix.rvalid, leader)))
 
     def write_outputs(self) -> None:
@@ -415,7 +422,7 @@ class RowKernel:
             self.uses["out"].add(buf)
             leader = Bin("&&", Bin("==", ix.lane, I(0)), Bin("==", ix.sidx, I(0)))
             if c is TensorClass.PER_KEPT and low.p.mapped(o):  # a permuted (bijective) map of the rows
-                self.rb.append(kir.StoreVec(buf, low.row_base(o, Bin("min", ix.row, I(low.p.M - 1))),
+                self.rb.append(kir.StoreVec(buf, low.row_base(o, Bin("min", ix.row, low.m_last())),
                                             (self.pvals[o],), Bin("&&", ix.rvalid, leader)))
             elif c is TensorClass.PER_KEPT:
                 self.rb.append(kir.StoreVec(buf, ix.row, (self.pvals[o],), Bin("&&", ix.rvalid, leader)))
@@ -426,12 +433,13 @@ class RowKernel:
     def finish(self) -> tuple[kir.Kernel, kir.KernelProfile]:
         """The round loop (after the first task's prefetch), the kernel and its profile."""
         low, lay = self.low, self.lay
-        low.order_tasks(self.rb, bool(self.stats["reads"]), lay.rounds * lay.grid)
+        total = lay.rounds * lay.grid if low.sym is None else Bin("*", self.rounds(), kir.Special("gdim"))
+        low.order_tasks(self.rb, bool(self.stats["reads"]), total)
         locals_ = list(lay.locals_)
         if self.prefetched:  # the first task's inputs, before the round loop
             locals_ += [kir.LocalArray(f"pf{low.tid_of[n]}", low.per_thread) for n in self.prefetched]
             self.body.extend(self.prefetch_rows(kir.Special("bid"), None))
-        self.body.append(kir.For(self.ix.rd, I(0), I(lay.rounds), 1, tuple(self.rb)))
+        self.body.append(kir.For(self.ix.rd, I(0), self.rounds(), 1, tuple(self.rb)))
         if self.is_last and low.p.cross:
             self.body.extend(cross_epilogue(self))
         kern = low.make_kernel(self.ki, self.uses, self.cx, self.body, list(lay.shared), locals_, lay.needs_sync)

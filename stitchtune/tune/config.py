@@ -62,6 +62,9 @@ class SearchConfig:
     progress: bool = True         # tqdm bar on stderr
     dup_wait_s: float = 600.0     # longest wait for another worker's trial of the same schedule
     deterministic: bool = False   # only bitwise-reproducible schedules (no float atomics)
+    #: a bucket of a dynamic graph (``BucketKey.label()``; "" for a static search): every row records it
+    #: in the ``bucket`` column, the study is the bucket's own and only rows of the bucket are reused
+    bucket: str = ""
 
     def __post_init__(self) -> None:
         problems = []

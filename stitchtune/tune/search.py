@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from collections import Counter
@@ -118,10 +119,14 @@ class _Loop:
         sampler = make_sampler(config.sampler, config.seed, self.space)
         self.grid = grid_points(self.space, config.seed) if config.sampler == "grid" else None
         self.study_name = config.study or default_study_name(self.graph, self.device)
+        if config.bucket and not config.study:  # a bucket's generic kernels: their own study
+            self.study_name += "-" + re.sub(r"[^A-Za-z0-9_.-]", "_", config.bucket)
         if not config.study and self.space.deterministic and self.plan.cross:
             self.study_name += "-deterministic"  # another cross_combine domain: its own optuna study
         self.study = _open_study(self.study_name, make_storage(config.storage, config.db), sampler)
         self.ctx = context_row(self.graph, self.device)
+        if config.bucket:
+            self.ctx["bucket"] = config.bucket
         self.versions = {"space_version": str(self.space.version),
                          "codegen_version": str(self.stages.codegen_version)}
         self.heuristic = comp.heuristic_schedule(self.plan, self.device)
@@ -149,6 +154,9 @@ class _Loop:
         if not frames:
             return
         df = pd.concat(frames, ignore_index=True, sort=False)
+        # a bucket's rows measure generic kernels: reused only within the bucket, never by a static search
+        bucket = df["bucket"].fillna("") if "bucket" in df.columns else pd.Series("", index=df.index)
+        df = df[bucket == self.config.bucket]
         found = self.db.measured(self.ctx["workload_key"], self.ctx["device_key"], self.versions["space_version"],
                                  self.versions["codegen_version"], self.backend, df=df)
         for key, row in found.items():

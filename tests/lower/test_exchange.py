@@ -54,6 +54,9 @@ class FakeKernel:
         self.n += 1
         return Var(f"{prefix}{self.n}", dtype)
 
+    def last_row(self) -> kir.Expr:
+        return kir.Const(self._p.M - 1, I32)
+
     def state_parts(self, st: ReductionState) -> tuple[str, ...]:
         names = st.part_names({"r": 0, "m": 0, "v": 1})
         self.parts += names

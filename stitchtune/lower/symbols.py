@@ -1,0 +1,63 @@
+"""The symbols of a generic (dynamic-rows) lowering: the view's row count and the operands' row index
+maps as monomials of the dynamic extents, and how they become kernel expressions.
+
+:class:`RowSymbols` is fitted by :mod:`stitchtune.lower.dynamic` (from plans at several extents) and
+read by the row lowering (:class:`~stitchtune.lower.base.Lowerer`'s ``sym``): where a static kernel has
+the constant ``M`` (row guards, clamps, the round count) a generic one has an expression over its
+``int`` arguments (:class:`~stitchtune.ir.kir.Extent`). The static lowering never builds one, so its
+kernels stay byte-identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stitchtune.graph.dynamic import SymInt
+from stitchtune.ir import kir
+from stitchtune.ir.kir import I32, Bin, Const
+
+
+@dataclass(frozen=True)
+class SymFactor:
+    """One row factor ``((r // inner) % dim) * stride`` with symbolic fields."""
+
+    dim: SymInt
+    inner: SymInt
+    stride: SymInt
+
+
+@dataclass(frozen=True)
+class RowSymbols:
+    """``M`` (view rows) as a monomial, each tensor's row factors, and the kernel argument of each dim."""
+
+    M: SymInt
+    rows: tuple[tuple[str, tuple[SymFactor, ...]], ...]
+    args: tuple[tuple[str, str], ...]   # graph dim -> generated argument name (ext0, ext1, ...)
+
+    def arg_names(self) -> tuple[str, ...]:
+        return tuple(a for _, a in self.args)
+
+    def expr(self, s: SymInt) -> kir.Expr:
+        """``s`` as an i32 expression over the kernel's extent arguments."""
+        names = dict(self.args)
+        out: kir.Expr | None = None if s.coef == 1 and s.dims else Const(s.coef, I32)
+        for d in s.dims:
+            e: kir.Expr = kir.Extent(names[d])
+            out = e if out is None else Bin("*", out, e)
+        assert out is not None
+        return out
+
+    def factors(self, name: str) -> tuple[SymFactor, ...]:
+        return dict(self.rows)[name]
+
+    def row_offset(self, name: str, r: kir.Expr) -> kir.Expr:
+        """``sum(((r // inner) % dim) * stride)`` over tensor ``name``'s symbolic row factors (the ``%``
+        kept whenever a field is symbolic: ``r // inner < dim`` need not hold for every extent)."""
+        out: kir.Expr = Const(0, I32)
+        for f in self.factors(name):
+            t = r if f.inner == SymInt(1) else Bin("/", r, self.expr(f.inner))
+            if not (f.dim.static and f.inner.static and f.inner.coef * f.dim.coef >= self.M.coef and self.M.static):
+                t = Bin("%", t, self.expr(f.dim))
+            term = t if f.stride == SymInt(1) else Bin("*", t, self.expr(f.stride))
+            out = term if isinstance(out, Const) and out.value == 0 else Bin("+", out, term)
+        return out

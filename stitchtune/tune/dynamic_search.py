@@ -1,0 +1,165 @@
+"""``stitchtune search graph.json --dynamic seq=1..2048``: tune the generic kernels of every bucket.
+
+Contract
+--------
+:func:`run_dynamic_search(config, dims)` loads the graph as a
+:class:`~stitchtune.graph.dynamic.DynamicGraph` (``dims``, from ``--dynamic``, replace the bounds and
+buckets the file declares for those names; a name no shape uses is a GraphError), then, bucket key by
+bucket key (the product of the dims' buckets), runs one ordinary search (:func:`~stitchtune.tune.search.run_search`)
+on the bucket's representative graph (every dim at its bucket's largest extent) with:
+
+* the trial budget ``config.trials`` split by each bucket's expected share of calls (extents uniform over
+  each dim's range; at least one trial per bucket: the heuristic, trial 0);
+* lowering by :func:`~stitchtune.lower.dynamic.lower_dynamic` (a schedule the generic kernel refuses is a
+  ``pruned`` row naming the refusal);
+* a runner that checks every schedule at the bucket's other probe extents (its smallest and an odd
+  one, :meth:`~stitchtune.graph.dynamic.Bucket.probes`) in the emulator against the float64 reference,
+  besides the configured runner's run at the largest extent (timed on the GPU with ``cuda``, predicted
+  with ``emulate``);
+* ``config.bucket`` set to the key's label: every row has the ``bucket`` column, and the study is the
+  bucket's own.
+
+A bucket whose graph the generic kernel refuses (:class:`~stitchtune.graph.dynamic.DynamicRefusal`, e.g.
+a dynamic reduced axis) is reported and skipped. ``progress(line)`` is told one line per bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stitchtune.errors import GraphError, ScheduleError
+from stitchtune.graph.dynamic import (BucketKey, DynamicDim, DynamicGraph, DynamicRefusal, key_share, load_dynamic)
+from stitchtune.tune.config import Components, SearchConfig, default_components
+from stitchtune.tune.result import SearchResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BucketOutcome:
+    """One bucket of a dynamic search: its trials and result, or why it was skipped."""
+
+    key: BucketKey
+    trials: int
+    result: SearchResult | None
+    refusal: DynamicRefusal | None = None
+
+
+def with_dims(dg: DynamicGraph, dims: Sequence[DynamicDim]) -> DynamicGraph:
+    """``dg`` with the bounds and buckets of ``dims`` (each must name a dim of the graph)."""
+    by = {d.name: d for d in dg.dims}
+    for d in dims:
+        if d.name not in by:
+            raise GraphError(f"--dynamic {d.name}: the graph has no dynamic dim {d.name!r} "
+                             f"(its shapes name: {', '.join(sorted(by)) or 'none'})")
+        by[d.name] = d
+    return dataclasses.replace(dg, dims=tuple(sorted(by.values(), key=lambda d: d.name)))
+
+
+def split_trials(dg: DynamicGraph, total: int) -> list[tuple[BucketKey, int]]:
+    """Each bucket key and its trials: ``total`` split by expected share, at least 1 each."""
+    return [(k, max(1, round(total * key_share(dg.dims, k)))) for k in dg.keys()]
+
+
+class ProbeRunner:
+    """A runner that checks each generic program at the bucket's other probe extents in the emulator,
+    then runs it with ``inner`` (at the planned, largest extents). A fault or a wrong result at a probe
+    is that measurement (``launch_error`` / ``wrong_result``, the extent named in the error)."""
+
+    def __init__(self, inner: Any, dg: DynamicGraph, key: BucketKey, device: Any) -> None:
+        from stitchtune.graph.reference import random_inputs
+        from stitchtune.gpu.runners import output_dtypes, reference_outputs
+
+        self.inner, self.device = inner, device
+        largest = key.largest()
+        self.probes: list[tuple[dict[str, int], dict[str, Any], dict[str, Any], dict[str, str]]] = []
+        for b in key.buckets:
+            for e in b.probes():
+                if e == b.hi:
+                    continue
+                ext = {**largest, b.dim: e}
+                g = dg.at(ext)
+                ins = random_inputs(g, e)
+                self.probes.append((ext, ins, reference_outputs(g, ins), output_dtypes(g)))
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def run(self, items: list[tuple[Any, Any]]) -> list[Any]:
+        from stitchtune.emulate.emulator import EmulatorFault, emulate_program
+        from stitchtune.gpu.runners import Measurement, check_outputs, clip_error, emulator_limits
+
+        out: list[Any] = [None] * len(items)
+        passed = []
+        for i, (program, build) in enumerate(items):
+            for ext, ins, ref, dtypes in self.probes:
+                limit, climit = emulator_limits(self.device, program, {})
+                try:
+                    got = emulate_program(program, ins, coresident_limit=limit, cluster_limit=climit, extents=ext)
+                except EmulatorFault as exc:
+                    out[i] = Measurement("launch_error", estimated=True,
+                                         error=clip_error(f"emulator fault at {ext}: {exc}"))
+                    break
+                chk = check_outputs(got, ref, dtypes)
+                if not chk.ok:
+                    out[i] = Measurement("wrong_result", max_rel_error=chk.max_rel_error, estimated=True,
+                                         error=clip_error(f"at {ext}: {chk.error}"))
+                    break
+            else:
+                passed.append(i)
+        for i, m in zip(passed, self.inner.run([items[i] for i in passed])):
+            out[i] = m
+        return out
+
+
+def _bucket_components(base: Components, dg: DynamicGraph, key: BucketKey, fit: Any) -> Components:
+    from stitchtune.lower.dynamic import lower_dynamic
+
+    def lower(graph: Any, plan: Any, schedule: Any, device: Any, space: Any = None) -> Any:
+        prog = lower_dynamic(fit, schedule, device, space)
+        if isinstance(prog, DynamicRefusal):
+            raise ScheduleError(f"generic kernel: {prog}")
+        return prog
+
+    def stages() -> Any:
+        return dataclasses.replace(base.stages(), lower=lower)
+
+    def make_runner(backend: str, graph: Any, device: Any) -> Any:
+        return ProbeRunner(base.make_runner(backend, graph, device), dg, key, device)
+
+    return dataclasses.replace(base, load_graph=lambda _path: fit.graph, make_plan=lambda _g: fit.plan,
+                               stages=stages, make_runner=make_runner)
+
+
+def run_dynamic_search(config: SearchConfig, dims: Sequence[DynamicDim] = (), components: Components | None = None,
+                       progress: Callable[[str], None] | None = None) -> list[BucketOutcome]:
+    """Search every bucket of the graph at ``config.graph_path`` (module docstring)."""
+    from stitchtune.lower.dynamic import fit_rows
+    from stitchtune.tune.search import run_search
+
+    dg = with_dims(load_dynamic(config.graph_path), dims)
+    if not dg.dims:
+        raise GraphError(f"{ascii(config.graph_path)}: no dynamic dim (name one in a shape and give --dynamic "
+                         "NAME=LO..HI, or declare \"dynamic\" in the file)")
+    base = components or default_components()
+    say = progress or (lambda line: None)
+    plan = split_trials(dg, config.trials)
+    say(f"{len(plan)} bucket(s), {sum(n for _, n in plan)} trials split by expected share")
+    outcomes = []
+    for i, (key, n) in enumerate(plan, 1):
+        fit = fit_rows(dg, key)
+        if isinstance(fit, DynamicRefusal):
+            say(f"[{i}/{len(plan)}] {key.label()}: skipped (generic kernel refused: {fit})")
+            outcomes.append(BucketOutcome(key, 0, None, fit))
+            continue
+        say(f"[{i}/{len(plan)}] {key.label()}: {n} trial(s) at {dict(fit.extents)}")
+        cfg = dataclasses.replace(config, trials=n, bucket=key.label(), graph_path=config.graph_path)
+        res = run_search(cfg, _bucket_components(base, dg, key, fit))
+        outcomes.append(BucketOutcome(key, n, res))
+        if res.stopped == "interrupted":
+            break
+    return outcomes
