@@ -213,7 +213,7 @@ def _info(kind: str, region: Any, kernel: Any) -> StitchedInfo:
     g = region.graph
     dtypes = sorted({g.spec(o).dtype for o in g.outputs})
     return StitchedInfo(kind, region.name, region.ops, tuple(tuple(s.shape) for _, s in g.inputs),
-                        "/".join(dtypes), kernel.compiled.source + (", per shape" if region.dynamic else ""),
+                        "/".join(dtypes), kernel.compiled.source + (", per bucket" if region.dynamic else ""),
                         len(kernel.compiled.program.launches))
 
 

@@ -10,9 +10,14 @@ Contract
   expression of symbols, a number of the graph that depends on a symbol).
 * :func:`dynamic_region_kernel(region, opts, device, counter, compiled)` -> a
   :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` whose cache is keyed by (structure,
-  :class:`~stitchtune.graph.dynamic.BucketKey` of the symbols' values). A miss makes a kernel
-  specialised to the inputs' extents: the graph at those extents (``DynamicGraph.at``), one schedule
-  selection and one build, counted by ``counter``. A region without a dynamic graph, or extents
+  :class:`~stitchtune.graph.dynamic.BucketKey` of the symbols' values). A miss makes the bucket's
+  *generic* kernel (:func:`stitchtune.deploy.dynamic.compile_dynamic`: one schedule selection and
+  one program, built once by nvcc on a GPU, that runs every extent of the bucket; a
+  :class:`~stitchtune.deploy.torch_ops.RegionKernel` with ``sym``), counted by ``counter``. A
+  bucket the generic kernel refuses (a ``DynamicRefusal``: e.g. a symbolic reduced axis; with
+  ``deterministic``, a program with float atomics) is remembered, logged once, and gets kernels
+  specialised per extent: the graph at those extents (``DynamicGraph.at``), one selection and
+  one build each. A region without a dynamic graph, or extents
   outside ``1..max_extent``, keys by the exact shapes and maps the region again per shape
   (:func:`~stitchtune.importers.torch_regions.map_at_shapes`). Build failures are the
   DynamicRegionKernel's: that shape runs the region's ATen ops.
@@ -25,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stitchtune.errors import StitchtuneError
+from stitchtune.graph.dynamic import DynamicRefusal
 
 __all__ = ["dynamic_region_kernel", "region_dynamic_graph"]
 
@@ -70,6 +76,27 @@ def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, com
         return DynamicRegionKernel(region.name, region.ops, region.module, per_shape, compiled=compiled,
                                    counter=counter)
 
+    refused: dict[Any, str] = {}   # bucket key -> why no generic kernel serves it
+
+    def generic(ext: dict[str, int]) -> Built | None:
+        from stitchtune.deploy.dynamic import compile_dynamic
+        from stitchtune.deploy.torch_backend import program_atomics
+
+        key = dg.key_of(ext)
+        if key in refused:
+            return None
+        res = compile_dynamic(dg, key, db=opts.db, device=device, build=False)
+        why = str(res) if isinstance(res, DynamicRefusal) else (
+            "its program uses float atomics (deterministic=True)"
+            if opts.deterministic and program_atomics(res.program) else None)
+        if why is not None:
+            refused[key] = why
+            log.info("%s: no generic kernel for bucket %s (%s); kernels per extent", region.name, key.label(), why)
+            return None
+        counter.add(selections=1, builds=1)
+        k = RegionKernel(region.name, region.ops, res, cpu=opts.cpu, check_gather=opts.check_gather, sym=sym)
+        return Built(k, sym.index, generic=True)
+
     def bucket_of(inputs: Sequence[Any]) -> Any:
         return dg.key_of(sym.extents([t.shape for t in inputs]))
 
@@ -77,7 +104,7 @@ def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, com
         ext = sym.extents([t.shape for t in inputs])
         if not all(1 <= v <= opts.max_extent for v in ext.values()):
             return per_shape(inputs)
-        return Built(kernel(dg.at(ext), _in_graph_order(sym.index, sym.shapes_at(ext))), sym.index)
+        return generic(ext) or Built(kernel(dg.at(ext), sym.graph_output_shapes(ext)), sym.index)
 
     return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=compiled,
                                bucket_of=bucket_of, counter=counter)

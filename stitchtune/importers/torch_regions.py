@@ -490,6 +490,15 @@ class SymbolicRegion:
         """PyTorch's output shapes at ``extents``."""
         return tuple(tuple(extents[d] if isinstance(d, str) else d for d in s) for s in self.output_shapes)
 
+    def graph_output_shapes(self, extents: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:
+        """PyTorch's output shapes at ``extents`` in the graph's output order (output ``index[i]`` is
+        the module's output ``i``)."""
+        shapes = self.shapes_at(extents)
+        out: list[tuple[int, ...]] = [()] * len(shapes)
+        for j, i in enumerate(self.index):
+            out[i] = shapes[j]
+        return tuple(out)
+
 
 def _named(obj: Any, names: Mapping[int, str]) -> Any:
     """``obj`` (graph.json) with every int in a ``shape`` list that is a key of ``names`` replaced by its name."""
