@@ -748,3 +748,21 @@ def check_onnx_numerics(result: Any, model: Any, feeds: dict[str, np.ndarray], t
             assert err < tol, (sg.graph.name, o, err)
             compared += 1
     return compared
+
+
+# ---------------------------------------------------------------------------- torch backend
+def torch_block(h: int = 16) -> Any:
+    """A torch module (torch is imported here): LayerNorm -> Linear -> GELU -> softmax, two
+    memory-intensive regions around a matmul, in eval mode."""
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(h)
+            self.fc = torch.nn.Linear(h, h)
+
+        def forward(self, x: Any) -> Any:
+            return torch.nn.functional.gelu(self.fc(self.ln(x * 2.0 + 1.0))).softmax(-1)
+
+    return Block().eval()

@@ -10,29 +10,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import stitchtune.torch as st_torch  # noqa: E402
-from stitchtune.deploy import torch_backend, torch_ops, torch_stats  # noqa: E402
+from stitchtune.deploy import torch_backend, torch_ops  # noqa: E402
 from stitchtune.errors import StitchtuneError  # noqa: E402
+from helpers import torch_block  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _reset() -> Any:
-    torch_backend.register()
-    torch._dynamo.reset()
-    torch_stats.reset()
-    yield
-    torch._dynamo.reset()
-
-
-class Block(torch.nn.Module):
-    """LayerNorm -> Linear -> GELU softmax: two memory-intensive regions around a matmul."""
-
-    def __init__(self, h: int = 16) -> None:
-        super().__init__()
-        self.ln = torch.nn.LayerNorm(h)
-        self.fc = torch.nn.Linear(h, h)
-
-    def forward(self, x: Any) -> Any:
-        return torch.nn.functional.gelu(self.fc(self.ln(x * 2.0 + 1.0))).softmax(-1)
+pytestmark = pytest.mark.usefixtures("fresh_backend")
 
 
 def _dynamic_kernels() -> list[Any]:
@@ -42,7 +24,7 @@ def _dynamic_kernels() -> list[Any]:
 
 def _run(sizes: list[int], **options: Any) -> list[Any]:
     torch.manual_seed(0)
-    m = Block().eval()
+    m = torch_block()
     before = len(_dynamic_kernels())
     c = torch.compile(m, backend="stitchtune", dynamic=True,
                       options={"db": None, "fallback": "eager", "cpu": "reference", **options})

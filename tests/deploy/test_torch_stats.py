@@ -12,27 +12,9 @@ torch = pytest.importorskip("torch")
 import stitchtune.torch as st_torch  # noqa: E402
 from stitchtune.deploy import torch_backend, torch_stats  # noqa: E402
 from stitchtune.deploy.torch_ops import Built, DynamicRegionKernel  # noqa: E402
+from helpers import torch_block  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _reset() -> Any:
-    torch_backend.register()
-    torch._dynamo.reset()
-    torch_stats.reset()
-    yield
-    torch._dynamo.reset()
-
-
-class Block(torch.nn.Module):
-    """LayerNorm -> Linear -> GELU softmax: two memory-intensive regions around a matmul."""
-
-    def __init__(self, h: int = 16) -> None:
-        super().__init__()
-        self.ln = torch.nn.LayerNorm(h)
-        self.fc = torch.nn.Linear(h, h)
-
-    def forward(self, x: Any) -> Any:
-        return torch.nn.functional.gelu(self.fc(self.ln(x * 2.0 + 1.0))).softmax(-1)
+pytestmark = pytest.mark.usefixtures("fresh_backend")
 
 
 def _fake_region(generic: bool, fail_at: int | None = None) -> tuple[DynamicRegionKernel, list[tuple[int, ...]]]:
@@ -97,7 +79,7 @@ def test_dtypes_are_part_of_the_cache_key() -> None:
 
 def test_static_regions_count_one_selection_and_build_each() -> None:
     torch.manual_seed(0)
-    m = Block().eval()
+    m = torch_block()
     c = torch.compile(m, backend="stitchtune", options={"db": None, "fallback": "eager", "cpu": "reference"})
     with torch.no_grad():
         for _ in range(3):
@@ -110,7 +92,7 @@ def test_static_regions_count_one_selection_and_build_each() -> None:
 
 def test_symbolic_regions_count_one_generic_build_per_bucket() -> None:
     torch.manual_seed(0)
-    m = Block().eval()
+    m = torch_block()
     c = torch.compile(m, backend="stitchtune", dynamic=True,
                       options={"db": None, "fallback": "eager", "cpu": "reference"})
     with torch.no_grad():
@@ -129,7 +111,7 @@ def test_symbolic_regions_count_one_generic_build_per_bucket() -> None:
 def test_explain_reports_the_counts_of_its_call() -> None:
     torch.manual_seed(0)
     with torch.no_grad():
-        e = torch_backend.explain(Block().eval(), torch.randn(2, 4, 16), db=None, fallback="eager", cpu="reference")
+        e = torch_backend.explain(torch_block(), torch.randn(2, 4, 16), db=None, fallback="eager", cpu="reference")
     assert (e.stats.builds, e.stats.selections, e.stats.hits) == (2, 2, 0)
     assert str(e).endswith("2 kernel(s) built, 2 schedule selection(s), 0 cache hit(s), 0 eager call(s) "
                            "over 2 region(s)")
