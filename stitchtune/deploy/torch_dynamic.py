@@ -36,6 +36,9 @@ __all__ = ["dynamic_region_kernel", "region_dynamic_graph"]
 
 log = logging.getLogger(__name__)
 
+#: bucket keys remembered per region (by the symbols' values; forgotten all at once beyond)
+MAX_KEYS = 4096
+
 
 def region_dynamic_graph(region: Any, max_extent: int) -> tuple[Any, Any]:
     """(SymbolicRegion, DynamicGraph) of ``region`` (see module docstring)."""
@@ -97,8 +100,17 @@ def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, com
         k = RegionKernel(region.name, region.ops, res, cpu=opts.cpu, check_gather=opts.check_gather, sym=sym)
         return Built(k, sym.index, generic=True)
 
+    keys: dict[tuple[int, ...], Any] = {}   # the symbols' values -> their BucketKey (a call's hot path)
+
     def bucket_of(inputs: Sequence[Any]) -> Any:
-        return dg.key_of(sym.extents([t.shape for t in inputs]))
+        values = tuple(int(inputs[i].shape[axis]) for _, i, axis in sym.where)
+        key = keys.get(values)
+        if key is None:
+            key = dg.key_of(dict(zip(sym.names, values)))   # outside the bounds: raises, not kept
+            if len(keys) >= MAX_KEYS:
+                keys.clear()
+            keys[values] = key
+        return key
 
     def build(inputs: Sequence[Any]) -> Built:
         ext = sym.extents([t.shape for t in inputs])

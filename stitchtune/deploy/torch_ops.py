@@ -107,7 +107,7 @@ class RegionKernel:
         graph at the inputs' extents and those extents (sorted (name, extent) pairs)."""
         if self.sym is None:
             return self.compiled.graph, None
-        ext = tuple(sorted(self.sym.extents([t.shape for t in inputs]).items()))
+        ext = tuple((name, int(inputs[i].shape[axis])) for name, i, axis in self.sym.where)   # sorted by name
         g = self._graphs.get(ext)
         if g is None:
             if len(self._graphs) >= MAX_BOUND:
@@ -125,10 +125,12 @@ class RegionKernel:
         return f"stitched region {self.name} ({', '.join(o.removeprefix('aten.') for o in self.ops)})"
 
     # -- shapes ------------------------------------------------------------------------------
-    def empty_outputs(self, device: Any, inputs: Sequence[Any] = ()) -> list[Any]:
+    def empty_outputs(self, device: Any, inputs: Sequence[Any] = (),
+                      ext: tuple[tuple[str, int], ...] | None = None) -> list[Any]:
         """New (uninitialised) output tensors on ``device``, one per graph output (a generic kernel's
-        shaped for the extents of ``inputs``)."""
-        ext = None if self.sym is None else self.at(inputs)[1]
+        shaped for the extents ``ext``, by default those of ``inputs``)."""
+        if self.sym is not None and ext is None:
+            ext = self.at(inputs)[1]
         specs = self._out_specs.get(ext)
         if specs is None:
             g = self.graph if ext is None else self.at(inputs)[0]
@@ -206,14 +208,15 @@ class RegionKernel:
 
         inputs = [t if t.data_ptr() % ALIGN == 0 else t.clone() for t in inputs]
         dev = inputs[0].device
-        outs = self.empty_outputs(dev, inputs)
+        ext = None if self.sym is None else self.at(inputs)[1]
+        outs = self.empty_outputs(dev, inputs, ext)
         ptrs = tuple([t.data_ptr() for t in inputs] + [t.data_ptr() for t in outs])
         if dev.type == "cuda":
             index = dev.index if dev.index is not None else torch.cuda.current_device()
             stream = torch.cuda.current_stream(dev).cuda_stream
         else:
             index, stream = -1, int(stream or 0)
-        self.launch_pointers(index, ptrs, stream, None if self.sym is None else self.at(inputs)[1])
+        self.launch_pointers(index, ptrs, stream, ext)
         return outs
 
     def _check_gather_flags(self, launcher: Any, stream: int) -> None:
