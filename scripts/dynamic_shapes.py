@@ -14,10 +14,14 @@ changed dimension dynamic). Per model the script prints, all measured on this ma
 regions run in the emulator, ``--cpu emulate``, or the float64 reference):
 
 * ``regions``: stitched regions over every compiled graph (``explain``'s count);
-* ``selections``: schedule selections (one per graph compiled by stitchtune.deploy.compiled.compile,
-  counted by wrapping it); ``workloads``: distinct workload keys among them;
-* ``builds``, ``hits``: kernels made (programs on CPU, nvcc builds on a GPU) and region calls that
-  found their kernel in the cache, from ``stitchtune.torch.stats()`` (where this checkout has it);
+* ``specialised``: graphs compiled for one shape (calls of stitchtune.deploy.compiled.compile,
+  counted by wrapping it; a bucket's generic kernel is compiled by
+  ``stitchtune.deploy.dynamic.compile_dynamic`` instead); ``workloads``: distinct workload keys
+  among them;
+* ``selections``, ``builds``, ``hits``, ``eager``: schedule selections, kernels made (programs on
+  CPU, nvcc builds on a GPU), region calls that found their kernel in the cache and calls that ran
+  the ATen ops, from ``stitchtune.torch.stats()`` (where this checkout has it);
+  ``builds_per_region``: each region's builds (``region:builds``, symbolic regions);
 * ``recompiles``: graphs dynamo compiled (``torch._dynamo`` counters, ``stats.unique_graphs``);
 * ``max_diff``: the largest |compiled - eager| of ``last_hidden_state`` over every length;
 * ``seconds``: wall time of the calls (compiling included).
@@ -98,13 +102,14 @@ def run_model(name: str, lens: Sequence[int], dynamic: str, cpu: str) -> dict[st
     row: dict[str, Any] = {
         "model": name, "lengths": len(lens), "dynamic": dynamic, "cpu": cpu,
         "regions": sum(len(r.stitched) for r in torch_backend.LAST_REPORTS),
-        "selections": len(workloads), "workloads": len(set(workloads)),
+        "specialised": len(workloads), "workloads": len(set(workloads)),
         "recompiles": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
         "max_diff": diff, "seconds": round(secs, 1)}
     stats = getattr(st_torch, "stats", None)
     if stats is not None:
         s = stats()
-        row.update(builds=s.builds, hits=s.hits, stats_selections=s.selections)
+        row.update(selections=s.selections, builds=s.builds, hits=s.hits, eager=s.eager,
+                   builds_per_region=" ".join(f"{r.region}:{r.builds}" for r in s.regions if r.dynamic))
     return row
 
 
