@@ -128,3 +128,16 @@ def test_a_generic_kernel_binds_the_extents_on_the_launch_path() -> None:
     # arguments are packed per (pointers, extents)
     assert {key[1] for key in k._launchers[(-1, 0)][1]} == {tuple(sorted(k.sym.extents([(b, s, 16)]).items()))
                                                           for b, s in sizes}
+
+
+def test_automatic_dynamic_gets_generic_kernels_after_its_recompile() -> None:
+    torch.manual_seed(0)
+    m = torch_block()
+    c = torch.compile(m, backend="stitchtune", options={"db": None, "fallback": "eager", "cpu": "reference"})
+    with torch.no_grad():
+        for b in (3, 5, 7, 9):   # 3: a static graph; 5: dynamo recompiles with the batch symbolic
+            x = torch.randn(b, 4, 16)
+            assert torch.allclose(c(x), m(x), atol=1e-5)
+    s = st_torch.stats()
+    assert [(r.dynamic, r.selections, r.builds, r.hits) for r in s.regions] == [
+        (False, 1, 1, 0), (False, 1, 1, 0), (True, 2, 1, 2), (True, 2, 1, 2)]
