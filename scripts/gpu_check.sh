@@ -37,8 +37,13 @@
 #   torch_entry scripts/gpu_torch_entry.py: stitchtune.compile (numpy and torch-tensor inputs) on the
 #               small examples and
 #               stitchtune.deploy.torch_entry.compile next to eager and torch.compile, cap 40                   ~35 s
+#   generic     scripts/generic_vs_specialised.py --measure on layernorm_seq and embed_add_layernorm_seq
+#               at seq 17 and 1537: the generic kernel of each bucket (extents as kernel arguments) and
+#               the specialised kernel of each extent, built and timed (CUDA events), both checked
+#               against the reference, next to the cost model's predictions, cap 30 s (DRY_RUN: the
+#               predictions only)                                                                    ~20 s
 #   bench_max   torch.compile max-autotune-no-cudagraphs with the time left (plan ~60-90 s; nothing
-#               if every step before ran to its cap: 5+1+3+60+220+3+110+40 = 442 s)
+#               if every step before ran to its cap: 5+1+3+60+220+3+110+40+30 = 472 s)
 # Then everything is bundled into $OUT (at most 4 files) and a short table is printed last.
 # Why 64 trials of all 8 full-size examples should fit (not yet run on a GPU): on a 2-core CPU with the
 # fake GPU (scripts/profile_host_overhead.py, fake builds) a 64-trial search of bias_gelu (256 MiB
@@ -254,6 +259,8 @@ done
 # pairs of schedules that differ in one option (every search measures its best point's variants)
 [ -f scripts/variant_pairs.py ] && step variant_pairs 30 "$PY" scripts/variant_pairs.py --db "$DB" --backend "$BACKEND"
 if [ "$DRY_RUN" = 1 ]; then
+  step generic 30 "$PY" scripts/generic_vs_specialised.py --examples layernorm_seq,embed_add_layernorm_seq \
+    --extents 17,1537
   step bench 60 "$PY" -m stitchtune bench $SEARCH_EXAMPLES --db "$DB" -o "$WORK/bench" --iters 5 --warmup 1 \
     --peers eager
 else
@@ -261,6 +268,9 @@ else
   step bench "$BENCH_CAP_S" "$PY" -m stitchtune bench $SEARCH_EXAMPLES --db "$DB" -o "$WORK/bench" \
     --peers eager,xla,inductor --iters 100 --warmup 10
   step torch_entry 40 "$PY" scripts/gpu_torch_entry.py --db "$DB" --examples layernorm,softmax --iters 50
+  # generic (one kernel per bucket, extents as kernel arguments) vs specialised kernels: predicted and measured
+  step generic 30 "$PY" scripts/generic_vs_specialised.py --measure --examples layernorm_seq,embed_add_layernorm_seq \
+    --extents 17,1537 --iters 50
   step bench_max $(( $(left) - 30 )) "$PY" -m stitchtune bench $SEARCH_EXAMPLES --db "$DB" -o "$WORK/bench_max" \
     --peers inductor-max --iters 100 --warmup 10
 fi

@@ -75,6 +75,29 @@ def _load(path: str) -> Any:
     return load_graph(path)
 
 
+def _load_dynamic_summary(path: str) -> Any:
+    """A static graph as :func:`_load`; a graph with dynamic dims: validated at every dim's bounds, its
+    dims and buckets printed, and the graph at the largest extents returned (summarised after)."""
+    from stitchtune.errors import GraphError
+
+    try:
+        return _load(path)
+    except GraphError as e:
+        if not e.problems[0].startswith("dynamic: a graph with dynamic dims"):
+            raise
+    from stitchtune.graph.dynamic import load_dynamic
+
+    dg = load_dynamic(path)
+    if not dg.dims:
+        raise GraphError("dynamic: declares no dim")
+    print(f"dynamic dims ({len(dg.dims)}), the graph valid at every dim's min and max:")
+    for d in dg.dims:
+        print(f"  {d.name}: {d.lo}..{d.hi}, {len(d.buckets.buckets)} bucket(s): "
+              + ", ".join(f"{b.lo}..{b.hi}" for b in d.buckets.buckets))
+    print("at the largest extents:")
+    return dg.at({d.name: d.hi for d in dg.dims})
+
+
 def _human_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -210,7 +233,7 @@ def _add_validate(sub: Any) -> None:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from stitchtune.graph.ops import OPS
 
-    g = _load(args.graph)
+    g = _load_dynamic_summary(args.graph)
     ops = Counter(n.op for n in g.nodes)
     print(f"graph {g.name}: valid")
     print(f"  inputs ({len(g.inputs)}):")

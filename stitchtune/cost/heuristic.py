@@ -40,9 +40,11 @@ Blocks per wave and co-residency come from :mod:`stitchtune.hardware.occupancy` 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
+from typing import Any
 
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.hardware.device import Device
@@ -277,3 +279,38 @@ def _checked(space: SearchSpace, s: Schedule) -> Schedule:
         log.warning("heuristic schedule %s is illegal (%s); using a sampled legal schedule", s, "; ".join(problems))
         s = space.sample(random.Random(0))
     return s
+
+
+def generic_heuristic(fit: Any, device: Device, space: SearchSpace | None = None, candidates: int = 32) -> Schedule:
+    """The heuristic schedule of a dynamic graph's bucket (``fit``: a
+    :class:`~stitchtune.lower.dynamic.RowFit`) on its representative plan when the generic kernel accepts
+    it; else the one of lowest predicted time (cost model, at the bucket's largest extents) among the
+    accepted ones of: the heuristic without the single pass, with vector width 1, their variants (one
+    option away) and ``candidates`` seeded samples of the space (a dynamic row length refuses vector
+    widths, splits and single passes its extents do not allow). ``ScheduleError`` when none is accepted."""
+    from stitchtune.cost.model import predict
+    from stitchtune.errors import ScheduleError
+    from stitchtune.lower.dynamic import check_schedule, lower_dynamic
+
+    space = space or SearchSpace.for_plan(fit.plan, device)
+    h = heuristic_schedule(fit.plan, device, space)
+    if check_schedule(fit, h) is None:
+        return h
+    tries = [dataclasses.replace(h, single_pass=0)]  # type: ignore[call-arg]  # an option (Schedule docs)
+    tries.append(dataclasses.replace(tries[-1], vec=1))
+    tries += [v for t in tries if not space.violations(t) for v in space.variants(t)]
+    rng = random.Random(0)
+    tries += [space.sample(rng) for _ in range(candidates)]
+    best: tuple[float, Schedule] | None = None
+    for s in dict.fromkeys(tries):
+        if space.violations(s) or check_schedule(fit, s) is not None:
+            continue
+        prog = lower_dynamic(fit, s, device, space)
+        if isinstance(prog, Schedule) or not hasattr(prog, "profile"):
+            continue
+        pred = predict(prog.profile, device)
+        if pred.prune_reason is None and (best is None or pred.time_us < best[0]):
+            best = (pred.time_us, s)
+    if best is None:
+        raise ScheduleError(f"no schedule of the space runs generically for bucket {fit.key.label()}")
+    return best[1]

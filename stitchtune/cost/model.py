@@ -58,6 +58,15 @@ The model, per kernel (all quantities from the :class:`~stitchtune.ir.kir.Kernel
    hidden in part by the other resident blocks, as for block barriers). Both constants are GUESSES
    (0.5 us per cluster barrier, 40 ns per remote load: DSMEM latency of the order of 200 cycles at
    ~2 GHz with a few loads in flight), unmeasured: re-fit them from the first GPU database.
+8. Generic kernels (one program per bucket of a dynamic graph, :mod:`stitchtune.lower.dynamic`): the
+   profile of a generic program at given extents is the specialised program's at those extents (the
+   same schedule: the same grid, bytes and rounds, :func:`stitchtune.lower.dynamic.generic_profile`),
+   plus ``runtime_divs``: the integer divisions and remainders by a runtime value (its row bounds,
+   position-embedding maps ``r % S``, the round count over ``gridDim.x``) one thread executes, each
+   ``runtime_div_ns`` (a GUESS: ~20 dependent instructions at ~2 GHz, 20 ns), hidden in part by the
+   other resident blocks (``ceil(waves) x runtime_divs x runtime_div_ns / blocks_per_sm``). Its
+   other cost, a schedule tuned for the bucket's largest extent run at a smaller one, is in the
+   specialised profile at that extent. Unmeasured: compare with ``scripts/gpu_check.sh``'s generic step.
 8. Program time = sum over kernels, x ``time_scale``. ``occupancy``/``limiter`` of a Prediction are
    those of its slowest kernel (of the first illegal one when pruned).
 """
@@ -105,6 +114,7 @@ class CostParams:
     atomic_serial_ns: float = 1.0      # per float atomic add to one address after another (assumed)
     cluster_barrier_us: float = 0.5    # stall of one block at one cluster.sync() (GUESS, item 6)
     dsmem_load_ns: float = 40.0        # per remote shared-memory load per thread (GUESS, item 6)
+    runtime_div_ns: float = 20.0       # per integer division by a runtime value per thread (GUESS, item 8)
     time_scale: float = 1.0            # final multiplier (fitted when only predicted_us is known)
     fitted_rows: int = 0               # measured rows the values were fitted on (0 = defaults)
     source: str = "defaults"           # "defaults" | "calibrated"
@@ -322,6 +332,8 @@ def kernel_terms_us(k: KernelProfile, device: Device, occ: Occupancy, params: Co
     launch = device.launch_overhead_us * p.launch_scale
     terms = {"launch": launch, "body": body, "block_barriers": barriers, "grid_barriers": grid_sync,
              "atomics": atomics, "scratch_chain": chain}
+    if k.runtime_divs:  # a generic kernel's index arithmetic (item 8)
+        terms["runtime_index"] = math.ceil(waves) * k.runtime_divs * p.runtime_div_ns / 1000.0 / occ.blocks_per_sm
     if k.cluster > 1:
         terms["cluster_exchange"] = math.ceil(waves) * (k.cluster_barriers * p.cluster_barrier_us + k.dsmem_loads
                                                         * p.dsmem_load_ns / 1000.0) / occ.blocks_per_sm

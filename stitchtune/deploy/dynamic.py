@@ -119,12 +119,12 @@ def compile_dynamic(dgraph: DynamicGraph, key: BucketKey, db: str | os.PathLike[
     (:func:`stitchtune.deploy.selection.choose_schedule` on the representative graph, ``bucket=``), else
     the heuristic; one the generic kernel refuses falls back to the heuristic (logged)."""
     db = resolve_db(db)
-    from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.deploy.compiled import _build
     from stitchtune.deploy.selection import choose_schedule
     from stitchtune.gpu.build import nvcc_found
     from stitchtune.gpu.render import render
     from stitchtune.hardware.device import check_fits, get_device
+    from stitchtune.cost.heuristic import generic_heuristic
     from stitchtune.lower.dynamic import fit_rows, lower_dynamic
     from stitchtune.space import Schedule, SearchSpace
 
@@ -147,9 +147,9 @@ def compile_dynamic(dgraph: DynamicGraph, key: BucketKey, db: str | os.PathLike[
         s, source = choice.schedule, choice.source
     program = lower_dynamic(fit, s, dev, space)
     if isinstance(program, DynamicRefusal) and source != "given":
-        log.info("bucket %s: schedule %s refused by the generic kernel (%s); the heuristic instead",
+        log.info("bucket %s: schedule %s refused by the generic kernel (%s); the generic heuristic instead",
                  key.label(), s.key(), program)
-        s, source = heuristic_schedule(fit.plan, dev, space), "heuristic"
+        s, source = generic_heuristic(fit, dev, space), "heuristic"
         program = lower_dynamic(fit, s, dev, space)
     if isinstance(program, DynamicRefusal):
         return program

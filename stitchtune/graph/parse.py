@@ -163,6 +163,10 @@ def parse_graph(obj: Any) -> Graph:
     if not isinstance(obj, dict):
         p.add("(top level)", f"must be a JSON object, got {_type_name(obj)}")
         p.raise_if_any()
+    if "dynamic" in obj:  # one line, not a problem per named shape dim
+        raise GraphError(problems=["dynamic: a graph with dynamic dims is read by stitchtune.graph.dynamic."
+                                   "load_dynamic (`stitchtune validate`, `stitchtune search --dynamic`), not as a "
+                                   "static graph"])
     name = _check_top(obj, p)
     scope = _Scope()
     inputs = _parse_inputs(obj, scope, p)

@@ -94,6 +94,10 @@ class KernelProfile:
     cluster: int = 1
     cluster_barriers: int = 0
     dsmem_loads: int = 0
+    #: integer divisions / remainders by a runtime value (a generic kernel's extents, the grid size) one
+    #: thread executes per launch: a constant divisor compiles to a multiply-shift, a runtime one to a
+    #: ~20-instruction sequence (default 0: static kernels, and profiles stored before the field)
+    runtime_divs: int = 0
 
 
 @dataclass(frozen=True)

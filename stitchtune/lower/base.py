@@ -204,6 +204,15 @@ class Lowerer:
         """``M - 1``, the last row (what row indices are clamped to)."""
         return I(self.p.M - 1) if self.sym is None else Bin("-", self.sym.expr(self.sym.M), I(1))
 
+    def n_expr(self) -> kir.Expr:
+        """``N``, the row length (in a generic kernel with a dynamic row length: over its extent arguments)."""
+        return I(self.p.N) if self.sym is None or self.sym.N.static else self.sym.expr(self.sym.N)
+
+    def k_value(self) -> int | kir.Expr:
+        """The reductions' length ``K`` (row family: ``N``) as a constant, or an expression of a generic
+        kernel with a dynamic row length (a mean then divides by it at run time)."""
+        return self.p.K if self.sym is None or self.sym.N.static else self.sym.expr(self.sym.N)
+
     def rounds_expr(self, rounds: int, rows_per_task: int, split: int) -> kir.Expr:
         """The trip count of the round loop: ``rounds`` in a static kernel; in a generic one the tasks at
         the launch's extents (``ceil(M / rows_per_task)``, or ``M * split``) over the grid, rounded up."""
@@ -275,6 +284,8 @@ class Lowerer:
     def col_offset(self, name: str, c: kir.Expr) -> kir.Expr:
         """The offset column ``c`` (``0 <= c < N``) adds in tensor ``name`` through its index map (the
         column factors, as :meth:`row_base`; ``c`` itself for a contiguous map)."""
+        if self.sym is not None and not self.sym.N.static:
+            return self.sym.col_offset(name, c)
         return _axis_offset(self.p.imap(name).cols, c)
 
     def once_pred(self, name: str, r: kir.Expr, pred: kir.Expr | None) -> kir.Expr | None:

@@ -19,10 +19,18 @@ operands that broadcast along part of the rows (a position embedding ``[S, H]`` 
 :class:`~stitchtune.ir.launches.GridRule` of the extents; buffers are sized for the largest extents and
 :class:`~stitchtune.ir.launches.DynamicInfo` gives the sizes at any others.
 
+A dynamic extent in the reduced axis (the row length ``N``, e.g. softmax over the keys of attention
+scores ``[B, H, S, S]``) is bounded by the bucket's largest: the sweep runs the iterations of the largest
+row, each guarded by ``k < N`` from the arguments; register caches and shared memory are sized for the
+largest row; a mean divides by ``N`` at run time; column maps use the symbolic column factors.
+
 What a generic kernel cannot serve is a :class:`~stitchtune.graph.dynamic.DynamicRefusal` (data):
-a dynamic extent in the reduced axis (``row length``: the row length, vector width and shared memory of
-a row kernel are static), the column family (it reduces over the rows), cross reductions, index ops,
-outputs broadcast along rows, and a vector width whose alignment does not hold for every extent.
+the column family (it reduces over the rows), cross reductions, index ops, outputs broadcast along
+rows (the graph); and of a schedule (:func:`check_schedule`): a vector width whose alignment does not
+hold for every extent (with a dynamic row length: unless the row length is a multiple of it), and,
+with a dynamic row length, split rows (their pieces and partial counts) and the single pass (Welford /
+online softmax finish with a static count). :func:`stitchtune.cost.heuristic.generic_heuristic` gives
+a schedule every bucket accepts.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ class RowFit:
     extents), the row symbols, and the size of each graph input/output as a monomial."""
 
     key: BucketKey
+    dgraph: DynamicGraph
     extents: tuple[tuple[str, int], ...]     # the representative extents (each dim at its bucket's largest)
     graph: Graph
     plan: StitchPlan
@@ -154,36 +163,99 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
     full = {**rep, **check}
     if sc != s0 or any(fitted[label].value(full) != v for label, v in nc):
         return DynamicRefusal("plan", f"the plan at {check} does not follow the fitted extents")
-    if not fitted["N"].static:
-        return DynamicRefusal("row length", "a dynamic extent in the reduced axis (the row length of a row "
-                              "kernel, its vector width and shared memory are static); planned per extent")
-    for label, f in fitted.items():
-        if label.startswith("cols:") and not f.static:
-            return DynamicRefusal("index map", f"{label.split(':')[1]} varies along the columns with an extent")
     rows: list[tuple[str, tuple[SymFactor, ...]]] = []
+    cols: list[tuple[str, tuple[SymFactor, ...]]] = []
     for name, im in p0.index_maps:
-        rows.append((name, tuple(SymFactor(fitted[f"rows:{name}:{i}:dim"], fitted[f"rows:{name}:{i}:inner"],
-                                           fitted[f"rows:{name}:{i}:stride"]) for i in range(len(im.rows.factors)))))
+        for axis, out, n in (("rows", rows, len(im.rows.factors)), ("cols", cols, len(im.cols.factors))):
+            out.append((name, tuple(SymFactor(fitted[f"{axis}:{name}:{i}:dim"], fitted[f"{axis}:{name}:{i}:inner"],
+                                              fitted[f"{axis}:{name}:{i}:stride"]) for i in range(n))))
     args = tuple((d, f"ext{i}") for i, d in enumerate(dg.dim_names))
-    sym = RowSymbols(fitted["M"], tuple(rows), args)
+    sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols))
     sizes = tuple((label[5:], f) for label, f in fitted.items() if label.startswith("size:"))
-    return RowFit(key, tuple(sorted(rep.items())), g0, p0, sym, sizes)
+    return RowFit(key, dg, tuple(sorted(rep.items())), g0, p0, sym, sizes)
 
 
 def check_schedule(fit: RowFit, schedule: Schedule) -> DynamicRefusal | None:
     """Whether ``schedule`` can run generically: every vector access aligned for every extent (the row
     strides of vector-loaded operands a multiple of ``vec`` whatever the extents), no output that
     broadcasts along part of the rows."""
-    p, vec = fit.plan, schedule.vec
+    p, vec, sym = fit.plan, schedule.vec, fit.sym
+    if sym.dynamic_rows_length:
+        if schedule.split > 1:
+            return DynamicRefusal(f"split {schedule.split}", "a split row's pieces and partial counts need a static "
+                                  "row length")
+        if schedule.single_pass:
+            return DynamicRefusal("single_pass", "Welford / online-softmax results need a static row length")
+    if vec > 1 and sym.dynamic_rows_length and sym.N.coef % vec:  # a vector must not straddle a row's end
+        return DynamicRefusal(f"vec {vec}", f"the row length ({sym.N}) is not a multiple of {vec} for every extent")
     for name, im in p.index_maps:
         if im.store_once and name in fit.graph.outputs:
             return DynamicRefusal(f"output {ascii(name)[1:-1]}", "stored once per row repeat (static rows only)")
-        if vec > 1 and im.vector_mode(vec) == "vector":
-            for f in fit.sym.factors(name):
-                if f.stride.coef % vec:
-                    return DynamicRefusal(f"vec {vec}", f"a row stride ({f.stride}) is not a multiple of {vec} "
-                                          "for every extent")
+        mode = im.vector_mode(vec) if vec > 1 else "scalar"
+        if mode == "scalar":
+            continue
+        # vector accesses stay aligned for every extent: the row strides, the innermost column run (a
+        # vector load) or every column factor's step (a uniform load) multiples of vec whatever the extents
+        cf = dict(sym.cols).get(name, ())
+        need = [f.stride for f in sym.factors(name)]
+        need += [cf[-1].dim] if mode == "vector" and cf else [f.inner for f in cf]
+        for v in need:
+            if not v.static and v.coef % vec:
+                return DynamicRefusal(f"vec {vec}", f"{ascii(name)[1:-1]}: a stride or run ({v}) is not a multiple "
+                                      f"of {vec} for every extent")
     return None
+
+
+def _runtime(e: kir.Expr) -> bool:
+    """Whether ``e`` reads a value known only at launch (an extent argument or the grid size)."""
+    return any(isinstance(x, kir.Extent) or (isinstance(x, kir.Special) and x.kind == "gdim") for x in kir.exprs(e))
+
+
+def runtime_divs(kernel: kir.Kernel, rounds: int) -> int:
+    """Integer divisions and remainders by a runtime value one thread of ``kernel`` executes per launch:
+    each occurrence times the trip counts of the loops around it (a loop with runtime bounds, the round
+    loop, counted ``rounds`` times)."""
+
+    def count(stmts: tuple[kir.Stmt, ...], mult: int) -> int:
+        n = 0
+        for s in stmts:
+            n += mult * sum(1 for e in kir.exprs(s) if isinstance(e, kir.Bin) and e.op in ("/", "%") and _runtime(e.b))
+            if isinstance(s, kir.For):
+                trips = rounds  # runtime bounds: the round loop
+                if isinstance(s.start, kir.Const) and isinstance(s.stop, kir.Const):
+                    trips = max(0, -(-(int(s.stop.value) - int(s.start.value)) // s.step))
+                n += count(s.body, mult * trips)
+            elif isinstance(s, kir.If):
+                n += count(s.then, mult) + count(s.orelse, mult)
+        return n
+
+    return count(kernel.body, 1)
+
+
+def generic_profile(fit: RowFit, schedule: Schedule, device: Device, program: kir.Program,
+                    extents: Mapping[str, int]) -> kir.ProgramProfile | None:
+    """The profile of generic ``program`` (``lower_dynamic(fit, schedule, ...)``) run at ``extents``: the
+    specialised program's at those extents with the same schedule (same grid, bytes, rounds) and the
+    generic kernels' ``runtime_divs`` (cost model item 8); None where the schedule is not a legal point
+    of the plan at ``extents`` (or there is no plan there)."""
+    from stitchtune.lower.entry import lower
+
+    g = fit.dgraph.at_unchecked(extents)
+    try:  # no plan at this extent (a softmax over one key), or the schedule is no point of it
+        plan = make_plan(g)
+        static = lower(g, plan, schedule, device, SearchSpace.for_plan(plan, device))
+    except StitchtuneError:
+        return None
+    if len(static.profile.kernels) != len(program.profile.kernels):
+        return None
+    assert program.dynamic is not None, "a generic program"
+    ext = dict(extents)
+    kernels = []
+    for i, (sp, ln) in enumerate(zip(static.profile.kernels, program.launches)):
+        rule = program.dynamic.grids[i]
+        rounds = -(-rule.tasks(ext) // rule.grid(ext))
+        kernels.append(dataclasses.replace(sp, runtime_divs=runtime_divs(program.kernel(ln.kernel), rounds)))
+    return dataclasses.replace(static.profile, kernels=tuple(kernels))
 
 
 def lower_dynamic(fit: RowFit, schedule: Schedule, device: Device,
@@ -198,7 +270,7 @@ def lower_dynamic(fit: RowFit, schedule: Schedule, device: Device,
     low = RowLowerer(fit.graph, fit.plan, schedule, device, space.schemes)
     low.sym = fit.sym
     prog = low.lower()
-    rules = []
+    rules, profiles = [], []
     for ln, prof in zip(prog.launches, prog.profile.kernels):
         k = prog.kernel(ln.kernel)
         rule = GridRule(fit.sym.M, low.rpb, schedule.split, schedule.tasks_per_block, schedule.persistent,
@@ -206,6 +278,9 @@ def lower_dynamic(fit: RowFit, schedule: Schedule, device: Device,
                         max_resident_blocks(device, k.block, prof.est_registers, k.smem_bytes))
         assert rule.grid(dict(fit.extents)) == ln.grid, "the grid rule must give the lowered grid"
         rules.append(rule)
+        rounds = -(-rule.tasks(dict(fit.extents)) // ln.grid)
+        profiles.append(dataclasses.replace(prof, runtime_divs=runtime_divs(k, rounds)))
+    prog = dataclasses.replace(prog, profile=dataclasses.replace(prog.profile, kernels=tuple(profiles)))
     tensors = dict(fit.sizes)
     sizes = tuple((b.name, tensors[b.tensor]) for b in prog.buffers if b.tensor in tensors and b.role in ("input", "output"))
     info = DynamicInfo(tuple(d for d, _ in fit.sym.args), fit.sym.arg_names(), sizes, tuple(rules), fit.extents)

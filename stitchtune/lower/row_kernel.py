@@ -142,7 +142,7 @@ class RowKernel:
             rb += [Assign(tv, task), Assign(ix.row, Bin("/", tv, I(S))), Assign(ix.sidx, Bin("%", tv, I(S)))]
         rb += [Assign(ix.rvalid, Bin("<", ix.row, self.low.m_expr())),
                Assign(ix.kbase, mul(ix.sidx, I(chunk))),
-               Assign(ix.kend, Bin("min", add(ix.kbase, I(chunk)), I(N)))]
+               Assign(ix.kend, Bin("min", add(ix.kbase, I(chunk)), self.low.n_expr()))]
         return rb
 
     def rounds(self) -> kir.Expr:
@@ -159,7 +159,7 @@ class RowKernel:
         low = self.low
         if name is not None and low.p.mapped(name):
             return add(low.row_base(name, Bin("min", r, low.m_last())), k)
-        return add(mul(Bin("min", r, low.m_last()), I(low.p.N)), k)
+        return add(mul(Bin("min", r, low.m_last()), low.n_expr()), k)
 
     def round_row_base(self, name: str) -> kir.Expr:
         """The row base of mapped input ``name`` at this round's row, computed once per round (the
@@ -221,7 +221,7 @@ class RowKernel:
 
     def take_results(self, state: ReductionState) -> list[str]:
         """The final values of a complete state's reductions (``pvals``); returns their names."""
-        stmts, values = state.finish(self.low.p.K, self.cx.var)
+        stmts, values = state.finish(self.low.k_value(), self.cx.var)
         self.rb.extend(stmts)
         for r, v in values:
             self.pvals[r] = v
@@ -248,7 +248,7 @@ class RowKernel:
         out: list[kir.Stmt] = [Assign(tn, task_expr), Assign(rown, self.row_of(tn)),
                                Assign(vn, row_ok if valid_task is None else Bin("&&", valid_task, row_ok))]
         lp: list[kir.Stmt] = [Assign(kp, mul(add(mul(ip, I(tpr)), self.ix.lane), I(vec))),
-                    Assign(vp, Bin("&&", vn, Bin("<", kp, I(N))))]
+                    Assign(vp, Bin("&&", vn, Bin("<", kp, low.n_expr())))]
         for name in self.prefetched:
             tix = low.tid_of[name]
             dsts: list[kir.Expr]
@@ -351,7 +351,7 @@ class RowKernel:
                         and_(valid, Bin("==", ix.row, I(0))))
                 low.mapped_store(lb, o, base, k0, list(vals), pred)
             elif c is TensorClass.FULL:
-                lb.append(kir.StoreVec(buf, add(mul(ix.row, I(N)), k0), tuple(vals), valid))
+                lb.append(kir.StoreVec(buf, add(mul(ix.row, low.n_expr()), k0), tuple(vals), valid))
             elif c is TensorClass.PER_REDUCED:
                 lb.append(kir.StoreVec(buf, k0, tuple(vals), and_(valid, Bin("==", ix.row, I(0)))))
         if cross:

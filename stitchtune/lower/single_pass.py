@@ -82,8 +82,10 @@ class OnlineState:
             names.append(f"pshift{red_idx[self.cand.first]}")
         return tuple(names)
 
-    def finish(self, K: int, var: VarMaker) -> tuple[list[kir.Stmt], tuple[tuple[str, Var], ...]]:
-        """The pair's two results, each in a fresh variable."""
+    def finish(self, K: int | kir.Expr, var: VarMaker) -> tuple[list[kir.Stmt], tuple[tuple[str, Var], ...]]:
+        """The pair's two results, each in a fresh variable (``K`` a constant: a generic kernel with a
+        dynamic row length has no single pass, :func:`stitchtune.lower.dynamic.check_schedule`)."""
+        assert isinstance(K, int), "single-pass statistics need a static row length"
         stmts: list[kir.Stmt] = []
         out = []
         for r, e in zip((self.cand.first, self.cand.second), results(self, K)):

@@ -53,9 +53,10 @@ class ReductionState(Protocol):
         """The scratch buffer names of the stored slots (``red_idx``: reduction name -> its index)."""
         ...
 
-    def finish(self, K: int, var: VarMaker) -> tuple[list[kir.Stmt], tuple[tuple[str, Var], ...]]:
+    def finish(self, K: int | kir.Expr, var: VarMaker) -> tuple[list[kir.Stmt], tuple[tuple[str, Var], ...]]:
         """Statements computing the final values of the reductions a complete state holds (``K`` the
-        reduced length), and (reduction name, variable holding its value) for each."""
+        reduced length: a constant, or an i32 expression in a generic kernel with a dynamic row
+        length), and (reduction name, variable holding its value) for each."""
         ...
 
 
@@ -102,8 +103,11 @@ class PlainState:
     def part_names(self, red_idx: Mapping[str, int]) -> tuple[str, ...]:
         return (f"part{red_idx[self.reduction]}",)
 
-    def finish(self, K: int, var: VarMaker) -> tuple[list[kir.Stmt], tuple[tuple[str, Var], ...]]:
-        """The combined value in ``acc`` itself, a mean's divided by ``K`` in place."""
-        stmts: list[kir.Stmt] = ([Assign(self.acc, Bin("*", self.acc, Const(1.0 / K, F32)))]
+    def finish(self, K: int | kir.Expr, var: VarMaker) -> tuple[list[kir.Stmt], tuple[tuple[str, Var], ...]]:
+        """The combined value in ``acc`` itself, a mean's divided by ``K`` in place (``K`` an i32
+        expression in a generic kernel with a dynamic row length: divided at run time)."""
+        scale: kir.Expr = (Const(1.0 / K, F32) if isinstance(K, int)
+                           else Bin("/", Const(1.0, F32), kir.Cast(K, F32)))
+        stmts: list[kir.Stmt] = ([Assign(self.acc, Bin("*", self.acc, scale))]
                                  if self.info.is_mean else [])
         return stmts, ((self.reduction, self.acc),)

@@ -33,6 +33,14 @@ class RowSymbols:
     M: SymInt
     rows: tuple[tuple[str, tuple[SymFactor, ...]], ...]
     args: tuple[tuple[str, str], ...]   # graph dim -> generated argument name (ext0, ext1, ...)
+    #: the row length and each tensor's column factors (a dynamic reduced axis; N static otherwise)
+    N: SymInt = SymInt(0)
+    cols: tuple[tuple[str, tuple[SymFactor, ...]], ...] = ()
+
+    @property
+    def dynamic_rows_length(self) -> bool:
+        """The row length ``N`` follows the extents (a generic kernel sweeps up to its largest value)."""
+        return not self.N.static
 
     def arg_names(self) -> tuple[str, ...]:
         return tuple(a for _, a in self.args)
@@ -53,10 +61,17 @@ class RowSymbols:
     def row_offset(self, name: str, r: kir.Expr) -> kir.Expr:
         """``sum(((r // inner) % dim) * stride)`` over tensor ``name``'s symbolic row factors (the ``%``
         kept whenever a field is symbolic: ``r // inner < dim`` need not hold for every extent)."""
+        return self._offset(self.factors(name), self.M, r)
+
+    def col_offset(self, name: str, c: kir.Expr) -> kir.Expr:
+        """The same over the column factors (a dynamic row length)."""
+        return self._offset(dict(self.cols)[name], self.N, c)
+
+    def _offset(self, factors: tuple[SymFactor, ...], extent: SymInt, r: kir.Expr) -> kir.Expr:
         out: kir.Expr = Const(0, I32)
-        for f in self.factors(name):
+        for f in factors:
             t = r if f.inner == SymInt(1) else Bin("/", r, self.expr(f.inner))
-            if not (f.dim.static and f.inner.static and f.inner.coef * f.dim.coef >= self.M.coef and self.M.static):
+            if not (f.dim.static and f.inner.static and f.inner.coef * f.dim.coef >= extent.coef and extent.static):
                 t = Bin("%", t, self.expr(f.dim))
             term = t if f.stride == SymInt(1) else Bin("*", t, self.expr(f.stride))
             out = term if isinstance(out, Const) and out.value == 0 else Bin("+", out, term)

@@ -20,7 +20,8 @@ on the bucket's representative graph (every dim at its bucket's largest extent) 
   bucket's own.
 
 A bucket whose graph the generic kernel refuses (:class:`~stitchtune.graph.dynamic.DynamicRefusal`, e.g.
-a dynamic reduced axis) is reported and skipped. ``progress(line)`` is told one line per bucket.
+a column reduction over dynamic rows) is reported and skipped. Trial 0 is
+:func:`~stitchtune.cost.heuristic.generic_heuristic` (the heuristic, made generic where it is not). ``progress(line)`` is told one line per bucket.
 """
 
 from __future__ import annotations
@@ -131,8 +132,13 @@ def _bucket_components(base: Components, dg: DynamicGraph, key: BucketKey, fit: 
     def make_runner(backend: str, graph: Any, device: Any) -> Any:
         return ProbeRunner(base.make_runner(backend, graph, device), dg, key, device)
 
+    def heuristic(plan: Any, device: Any) -> Any:  # trial 0: the heuristic, made generic where it is not
+        from stitchtune.cost.heuristic import generic_heuristic
+
+        return generic_heuristic(fit, device)
+
     return dataclasses.replace(base, load_graph=lambda _path: fit.graph, make_plan=lambda _g: fit.plan,
-                               stages=stages, make_runner=make_runner)
+                               stages=stages, make_runner=make_runner, heuristic_schedule=heuristic)
 
 
 def run_dynamic_search(config: SearchConfig, dims: Sequence[DynamicDim] = (), components: Components | None = None,

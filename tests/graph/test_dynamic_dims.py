@@ -103,3 +103,24 @@ def test_static_graph_is_a_dynamic_graph_without_dims() -> None:
     dg = load_dynamic(EXAMPLES_DIR / "layernorm_small.json")
     assert dg.dims == () and dg.keys() == (BucketKey(()),)
     assert dg.at({}).name == "layernorm_small"
+
+
+def test_a_static_reader_refuses_a_dynamic_graph_in_one_line() -> None:
+    from stitchtune.graph.parse import load_graph
+
+    with pytest.raises(GraphError) as e:
+        load_graph(DYN / "layernorm_seq.json")
+    assert len(e.value.problems) == 1 and "load_dynamic" in e.value.problems[0]
+
+
+def test_validate_prints_the_buckets_of_a_dynamic_graph() -> None:
+    import contextlib
+    import io
+
+    from stitchtune import cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["validate", str(DYN / "attention_softmax_seq.json")]) == 0
+    text = out.getvalue()
+    assert "seq: 1..2048, 8 bucket(s): 1..16, 17..32" in text and "s: float32[2, 4, 2048, 2048]" in text

@@ -72,15 +72,15 @@ def test_dynamic_search_tunes_every_bucket_and_selection_uses_it(small_graph: Pa
 
 
 def test_compile_dynamic_refusal_is_data() -> None:
-    obj: dict[str, Any] = {"name": "sm", "dynamic": {"seq": {"min": 1, "max": 64}},
-                           "inputs": {"s": {"shape": [4, 8, "seq"], "dtype": "float32"}},
-                           "nodes": [{"id": "m", "op": "reduce_max", "args": ["s"], "axes": [-1], "keepdims": True},
-                                     {"id": "y", "op": "sub", "args": ["s", "m"]}], "outputs": ["y"]}
+    obj: dict[str, Any] = {"name": "cs", "dynamic": {"seq": {"min": 1, "max": 64}},
+                           "inputs": {"x": {"shape": ["seq", 64], "dtype": "float32"}},
+                           "nodes": [{"id": "c", "op": "reduce_sum", "args": ["x"], "axes": [0], "keepdims": True}],
+                           "outputs": ["c"]}
     from stitchtune.graph.dynamic import DynamicRefusal, parse_dynamic
 
     dg = parse_dynamic(obj)
     r = compile_dynamic(dg, dg.key_of({"seq": 3}), db=None, device=DEV, build=False)
-    assert isinstance(r, DynamicRefusal) and r.part == "row length"
+    assert isinstance(r, DynamicRefusal) and r.part == "family col"
 
 
 @pytest.mark.parametrize("arg", ["seq=1..x", "seq=0..4", "seq=8..64:4,64"])
