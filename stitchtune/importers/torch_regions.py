@@ -513,7 +513,9 @@ def _named(obj: Any, names: Mapping[int, str]) -> Any:
 def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dtypes: Sequence[Any], name: str,
                     accept: Callable[[Any], str | None] | None = plan_check) -> SymbolicRegion:
     """A region's ``module`` mapped once for every value of its symbolic dims: ``dims`` per input as
-    :func:`symbolic_dims` gives them, ``dtypes`` the inputs' torch dtypes. The module is mapped
+    :func:`symbolic_dims` gives them, ``dtypes`` the inputs' torch dtypes. The symbols are named
+    ``d0, d1, ...`` in order of first appearance (input by input, axis by axis), not by dynamo's
+    symbol names, so equal regions get equal graphs and bucket labels (``d0=17..32``) in every run. The module is mapped
     (:func:`map_at_shapes`) at two sets of probe values of the symbols; with each probe written as
     its symbol's name both graphs must be the same graph.json (so no static number of the graph
     depends on a symbol, and every extent that does is a dim of a shape). Raises
@@ -525,20 +527,20 @@ def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dty
 
     if any(d is None for ds in dims for d in ds):
         raise StitchtuneError(f"region {name}: a symbolic input dim is an expression of symbols")
-    names = sorted({d for ds in dims for d in ds if isinstance(d, str)})
-    if not names:
-        raise StitchtuneError(f"region {name}: no symbolic input dim")
-    if len(names) > len(_PROBES[0]):
-        raise StitchtuneError(f"region {name}: {len(names)} symbolic dims (at most {len(_PROBES[0])})")
-    where: dict[str, tuple[str, int, int]] = {}
+    where: dict[str, tuple[str, int, int]] = {}   # symbol -> (its name d<k>, input, axis) at first appearance
     for i, ds in enumerate(dims):
         for axis, d in enumerate(ds):
-            if isinstance(d, str):
-                where.setdefault(d, (d, i, axis))
+            if isinstance(d, str) and d not in where:
+                where[d] = (f"d{len(where)}", i, axis)
+    if not where:
+        raise StitchtuneError(f"region {name}: no symbolic input dim")
+    if len(where) > len(_PROBES[0]):
+        raise StitchtuneError(f"region {name}: {len(where)} symbolic dims (at most {len(_PROBES[0])})")
+    names = sorted(w[0] for w in where.values())
     mapped: list[tuple[str, tuple[int, ...], tuple[tuple[int | str, ...], ...]]] = []
     for probes in _PROBES:
         value = dict(zip(names, probes))
-        metas = [torch.empty(tuple(value[d] if isinstance(d, str) else int(d or 0) for d in ds), dtype=dt,
+        metas = [torch.empty(tuple(value[where[d][0]] if isinstance(d, str) else int(d or 0) for d in ds), dtype=dt,
                              device="meta") for ds, dt in zip(dims, dtypes)]
         graph, index, shapes = map_at_shapes(module, metas, name, accept)
         back = {v: k for k, v in value.items()}
@@ -548,7 +550,8 @@ def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dty
     if mapped[0] != mapped[1]:
         raise StitchtuneError(f"region {name}: its graph depends on a symbolic dim other than through shapes")
     text, order, out_shapes = mapped[0]
-    return SymbolicRegion(text, tuple(names), tuple(where[n] for n in names), order, out_shapes)
+    by_name = {w[0]: w for w in where.values()}
+    return SymbolicRegion(text, tuple(names), tuple(by_name[n] for n in names), order, out_shapes)
 
 
 def _op_declines(nodes: Sequence[Any], ex: _Excluded) -> list[Declined]:
