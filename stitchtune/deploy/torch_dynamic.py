@@ -3,22 +3,23 @@
 Contract
 --------
 * :func:`region_dynamic_graph(region, max_extent)` names the region's symbolic input sizes
-  (:func:`~stitchtune.importers.torch_regions.symbolic_region`: dynamo's symbols, ``s0``, ...) and
-  returns its :class:`~stitchtune.graph.dynamic.DynamicGraph`, each symbol bounded ``1..max_extent``
-  with the default power-of-two buckets (:class:`~stitchtune.graph.dynamic.Buckets`). Raises
-  :class:`~stitchtune.errors.StitchtuneError` saying why a region has none (a size that is an
-  expression of symbols, a number of the graph that depends on a symbol).
+  (:func:`~stitchtune.importers.torch_regions.symbolic_region`: ``d0, d1, ...`` by first
+  appearance) and returns its :class:`~stitchtune.graph.dynamic.DynamicGraph`, each size bounded
+  ``1..max_extent`` with the default power-of-two buckets
+  (:class:`~stitchtune.graph.dynamic.Buckets`). Raises :class:`~stitchtune.errors.StitchtuneError`
+  saying why a region has none (a size that is an expression of symbols, a number of the graph
+  that depends on a symbol).
 * :func:`dynamic_region_kernel(region, opts, device, counter, compiled)` -> a
   :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` whose cache is keyed by (structure,
-  :class:`~stitchtune.graph.dynamic.BucketKey` of the symbols' values). A miss makes the bucket's
-  *generic* kernel (:func:`stitchtune.deploy.dynamic.compile_dynamic`: one schedule selection and
-  one program, built once by nvcc on a GPU, that runs every extent of the bucket; a
+  :class:`~stitchtune.graph.dynamic.BucketKey` of the sizes). A miss makes the bucket's *generic*
+  kernel (:func:`stitchtune.deploy.dynamic.compile_dynamic`: one schedule selection and one
+  program, built once by nvcc on a GPU, that runs every extent of the bucket; a
   :class:`~stitchtune.deploy.torch_ops.RegionKernel` with ``sym``), counted by ``counter``. A
-  bucket the generic kernel refuses (a ``DynamicRefusal``: e.g. an index op such as an embedding gather; with
-  ``deterministic``, a program with float atomics) is remembered, logged once, and gets kernels
-  specialised per extent: the graph at those extents (``DynamicGraph.at``), one selection and
-  one build each. A region without a dynamic graph, or extents
-  outside ``1..max_extent``, keys by the exact shapes and maps the region again per shape
+  bucket the generic kernel refuses (a ``DynamicRefusal``, e.g. an index op such as an embedding
+  gather; with ``deterministic``, a program with float atomics) is remembered, logged once, and
+  gets kernels specialised per extent: the graph at those extents (``DynamicGraph.at``), one
+  selection and one build each. A region without a dynamic graph, or extents outside
+  ``1..max_extent``, keys by the exact shapes and maps the region again per shape
   (:func:`~stitchtune.importers.torch_regions.map_at_shapes`). Build failures are the
   DynamicRegionKernel's: that shape runs the region's ATen ops.
 """
