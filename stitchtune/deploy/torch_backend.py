@@ -189,15 +189,18 @@ def _compile_graph(graph: Any, opts: BackendOptions, device: Any, counter: Any =
     return cg
 
 
-def _compile_region(region: Any, opts: BackendOptions, device: Any, kind: str = "inference") -> Any:
+def _compile_region(region: Any, opts: BackendOptions, device: Any, kind: str = "inference",
+                    counter: Any = None) -> Any:
     """The :class:`~stitchtune.deploy.torch_ops.RegionKernel` of one region (errors propagate); for
     symbolic shapes a :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` that makes kernels
     per (structure, bucket) of the shapes it meets (the region was checked at the example shapes
-    here). Its counter (:mod:`~stitchtune.deploy.torch_stats`) counts the selections and builds."""
+    here). ``counter`` (:mod:`~stitchtune.deploy.torch_stats`; None: a new one) counts the
+    selections and builds."""
     from stitchtune.deploy import torch_stats
     from stitchtune.deploy.torch_ops import RegionKernel
 
-    counter = torch_stats.region_counter(kind, region.name, region.ops, region.dynamic)
+    if counter is None:
+        counter = torch_stats.region_counter(kind, region.name, region.ops, region.dynamic)
     cg = _compile_graph(region.graph, opts, device, counter)
     if not region.dynamic:
         counter.add(builds=1)
@@ -219,7 +222,7 @@ def _info(kind: str, region: Any, kernel: Any) -> StitchedInfo:
 
 def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, kind: str) -> tuple[Any, GraphReport]:
     """``gm`` with every region it can stitch replaced by ``stitchtune::region`` calls, and the report."""
-    from stitchtune.deploy import torch_ops
+    from stitchtune.deploy import torch_ops, torch_stats
     from stitchtune.importers.torch_regions import find_regions
 
     report = GraphReport(kind)
@@ -232,24 +235,29 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     on_cuda = any(getattr(getattr(t, "device", None), "type", "") == "cuda" for t in example_inputs)
     device = _device_for(opts)
     made = []
+    counters: dict[str, Any] = {}
     for r in split.regions:
         if len(r.graph.nodes) < opts.min_nodes:
             report.declined.append(DeclinedInfo(kind, f"region {r.name}", f"{len(r.graph.nodes)} node(s) < min_nodes"))
             continue
+        counters[r.name] = torch_stats.region_counter(kind, r.name, r.ops, r.dynamic)
         try:
-            made.append((r, _compile_region(r, opts, device, kind)))
+            made.append((r, _compile_region(r, opts, device, kind, counters[r.name])))
         except Exception as exc:  # noqa: BLE001 - any stitchtune error declines the region
             report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})",
                                                 f"{type(exc).__name__}: {exc}"))
+            counters[r.name].decline(report.declined[-1].reason)
     failed = _attach_cubins([k for _, k in made], device.arch) if on_cuda else {}
     chosen = []
     for i, (r, kernel) in enumerate(made):
         if i in failed:
             report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})", failed[i]))
+            counters[r.name].decline(failed[i])
             continue
         key = f"{r.name}#{next(_keys)}"
         torch_ops.register(key, torch_ops.GuardedRegion(kernel, r.module, r.output_perms or (None,) * len(r.outputs),
-                                                        _runtime_decline(report, kind, r), _kept_outputs(r)))
+                                                        _runtime_decline(report, kind, r, counters[r.name]),
+                                                        _kept_outputs(r)))
         chosen.append((r, key, kernel))
     new_gm = gm
     while chosen:
@@ -264,6 +272,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
             if key in bad:
                 report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})",
                                                     f"fake (meta) check: {bad[key]}"))
+                counters[r.name].decline(report.declined[-1].reason)
         chosen = [c for c in chosen if c[1] not in bad]
         new_gm = gm
     report.stitched += [_info(kind, r, kernel) for r, _, kernel in chosen]
@@ -281,10 +290,13 @@ def _kept_outputs(region: Any) -> tuple[int, ...] | None:
     return tuple(every.index(o) for o in region.outputs)
 
 
-def _runtime_decline(report: GraphReport, kind: str, region: Any) -> Any:
+def _runtime_decline(report: GraphReport, kind: str, region: Any, counter: Any = None) -> Any:
     """The callback a :class:`~stitchtune.deploy.torch_ops.GuardedRegion` calls (once) when its
-    kernel fails at run time: the region is reported as declined (its ATen ops run from then on)."""
+    kernel fails at run time: the region is reported as declined (its ATen ops run from then on;
+    ``counter`` says so too)."""
     def decline(reason: str) -> None:
+        if counter is not None:
+            counter.decline(f"failed at run time: {reason}")
         report.stitched[:] = [s for s in report.stitched if s.region != region.name]
         report.declined.append(DeclinedInfo(kind, f"region {region.name} ({', '.join(region.ops)})",
                                             f"failed at run time, runs its ATen ops: {reason}"))

@@ -17,6 +17,9 @@ Contract
   - ``eager``: calls of a region with symbolic shapes that ran its ATen ops because no kernel could be
     made for those shapes (each such shape is tried once: later calls count as ``eager`` only).
 
+  A region declined after its counter was made (its compile failed, nvcc failed, the fake
+  check, or its kernel failed at run time) keeps its counts and says why in ``declined``.
+
 * :func:`stats` returns a :class:`TorchStats` snapshot (frozen: later calls do not change it) of every
   region counted since the last :func:`reset` (the process start, or
   :func:`stitchtune.deploy.torch_backend.explain`, which resets them); :func:`reset` forgets every
@@ -48,7 +51,14 @@ class RegionCounter:
     builds: int = 0
     hits: int = 0
     eager: int = 0
+    declined: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def decline(self, reason: str) -> None:
+        """Mark the region declined (the first reason is kept)."""
+        with self._lock:
+            if self.declined is None:
+                self.declined = reason
 
     def add(self, *, selections: int = 0, builds: int = 0, hits: int = 0, eager: int = 0) -> None:
         with self._lock:
@@ -60,7 +70,7 @@ class RegionCounter:
     def snapshot(self) -> RegionStats:
         with self._lock:
             return RegionStats(self.graph, self.region, self.ops, self.dynamic, self.selections, self.builds,
-                               self.hits, self.eager)
+                               self.hits, self.eager, self.declined)
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,8 @@ class RegionStats:
     builds: int
     hits: int
     eager: int
+    #: None while stitched, else why the region was declined (its ATen ops run)
+    declined: str | None = None
 
 
 @dataclass(frozen=True)
@@ -109,7 +121,8 @@ class TorchStats:
                 f"{'graph':<9} {'region':<28} {'shapes':<8} {'selections':>10} {'builds':>6} {'hits':>6} {'eager':>6}"]
         for r in self.regions:
             rows.append(f"{r.graph:<9} {r.region[:28]:<28} {'symbolic' if r.dynamic else 'static':<8} "
-                        f"{r.selections:>10} {r.builds:>6} {r.hits:>6} {r.eager:>6}")
+                        f"{r.selections:>10} {r.builds:>6} {r.hits:>6} {r.eager:>6}"
+                        + (f"  declined: {r.declined[:80]}" if r.declined else ""))
         return "\n".join(rows)
 
 

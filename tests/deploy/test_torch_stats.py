@@ -115,3 +115,27 @@ def test_explain_reports_the_counts_of_its_call() -> None:
     assert (e.stats.builds, e.stats.selections, e.stats.hits) == (2, 2, 0)
     assert str(e).endswith("2 kernel(s) built, 2 schedule selection(s), 0 cache hit(s), 0 eager call(s) "
                            "over 2 region(s)")
+
+
+def test_a_region_declined_after_its_selection_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stitchtune.errors import StitchtuneError
+
+    real = torch_backend._compile_region
+
+    def flaky(region: Any, *a: Any) -> Any:
+        k = real(region, *a)   # selected and made, then refused
+        if "aten.gelu" in region.ops:
+            raise StitchtuneError("refused after selection")
+        return k
+
+    monkeypatch.setattr(torch_backend, "_compile_region", flaky)
+    torch.manual_seed(0)
+    m = torch_block()
+    c = torch.compile(m, backend="stitchtune", options={"db": None, "fallback": "eager", "cpu": "reference"})
+    with torch.no_grad():
+        x = torch.randn(2, 4, 16)
+        assert torch.allclose(c(x), m(x), atol=1e-5)
+    s = st_torch.stats()
+    assert [(r.selections, r.builds, r.declined) for r in s.regions] == [
+        (1, 1, None), (1, 1, "StitchtuneError: refused after selection")]
+    assert str(s).splitlines()[-1].endswith("declined: StitchtuneError: refused after selection")
