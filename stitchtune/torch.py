@@ -14,6 +14,9 @@ from stitchtune.deploy.torch_entry import (
     compile,
     explain,
     register_backend,
+    reset_stats,
+    stats,
 )
 
-__all__ = ["StitchedFunction", "TensorRefused", "backend", "compile", "explain", "register_backend"]
+__all__ = ["StitchedFunction", "TensorRefused", "backend", "compile", "explain", "register_backend", "reset_stats",
+           "stats"]

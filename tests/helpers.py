@@ -771,3 +771,21 @@ def ce_graph(rows: int = 16, cols: int = 1000, dtype: str = "float32", idx_shape
                   {"id": "nll", "op": "neg", "args": ["picked"]}, _keep_red("total", "reduce_sum", "nll", [0, 1]),
                   {"id": "loss", "op": "mul", "args": ["total", 1.0 / rows]}],
         "outputs": list(outputs)})
+
+
+# ---------------------------------------------------------------------------- torch backend
+def torch_block(h: int = 16) -> Any:
+    """A torch module (torch is imported here): LayerNorm -> Linear -> GELU -> softmax, two
+    memory-intensive regions around a matmul, in eval mode."""
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(h)
+            self.fc = torch.nn.Linear(h, h)
+
+        def forward(self, x: Any) -> Any:
+            return torch.nn.functional.gelu(self.fc(self.ln(x * 2.0 + 1.0))).softmax(-1)
+
+    return Block().eval()

@@ -22,7 +22,8 @@ Contract
   how CPU tensors run), ``min_nodes`` (smallest region worth a kernel, in graph nodes; default 1),
   ``check_gather`` (default True: a region with a gather reads its index error flag after each CUDA
   launch, a synchronisation, and raises on an out-of-range index; False: never, see
-  :mod:`stitchtune.deploy.torch_ops`).
+  :mod:`stitchtune.deploy.torch_ops`), ``max_extent`` (default 2048: symbolic sizes are bucketed
+  over ``1..max_extent``, see :mod:`stitchtune.deploy.torch_dynamic`; larger ones get kernels per shape).
   An unknown option or value raises :class:`~stitchtune.errors.StitchtuneError`.
 * Never breaks a model: an op or region that cannot be stitched stays in the graph; any error while
   compiling a region declines it with the reason. The rewritten graph's region calls are run on fake
@@ -34,12 +35,15 @@ Contract
   out-of-range index is raised, not hidden. A failure of the whole stitching step leaves the graph
   as it is (declined ``graph``). Each graph's declines are logged once (info level, one line each). With static shapes torch recompiles per new shape (dynamo's cache); a region with
   symbolic shapes is checked at the example shapes and gets a
-  :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel`: mapped again and compiled once per
-  seen input shape, the region's ATen ops where that fails.
+  :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` whose kernels are cached by
+  (structure, bucket of its symbols' values) (:mod:`stitchtune.deploy.torch_dynamic`), the
+  region's ATen ops where none can be made.
+* Every region's schedule selections, kernels built, cache hits and eager calls are counted
+  (:mod:`stitchtune.deploy.torch_stats`; ``stitchtune.torch.stats()``).
 * :func:`explain(model, *example_inputs, backward=False, **options)` compiles and runs ``model`` once
   on the examples with this backend, as a compiled call in the caller's grad mode would run (with
   ``backward``, a backward pass too), and returns an :class:`Explanation` (``.stitched``, ``.declined``;
-  ``str()`` is a table). :data:`LAST_REPORTS` holds the reports of the graphs compiled since the
+  ``str()`` is a table ending with the counts of this call, ``.stats``). :data:`LAST_REPORTS` holds the reports of the graphs compiled since the
   last :func:`explain` started.
 """
 
@@ -57,7 +61,7 @@ from stitchtune.tune.dbpath import DEFAULT_DB
 
 log = logging.getLogger(__name__)
 
-_OPTION_KEYS = ("db", "device", "fallback", "deterministic", "cpu", "min_nodes", "check_gather")
+_OPTION_KEYS = ("db", "device", "fallback", "deterministic", "cpu", "min_nodes", "check_gather", "max_extent")
 _keys = itertools.count()
 
 
@@ -70,6 +74,7 @@ class BackendOptions:
     cpu: str = "emulate"
     min_nodes: int = 1
     check_gather: bool = True
+    max_extent: int = 2048
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None) -> BackendOptions:
@@ -88,6 +93,8 @@ class BackendOptions:
             raise StitchtuneError(f"option check_gather={o.check_gather!r}: True or False")
         if not isinstance(o.min_nodes, int) or o.min_nodes < 1:
             raise StitchtuneError(f"option min_nodes={o.min_nodes!r}: a positive integer")
+        if isinstance(o.max_extent, bool) or not isinstance(o.max_extent, int) or not 1 <= o.max_extent < 2**31:
+            raise StitchtuneError(f"option max_extent={o.max_extent!r}: a positive integer below 2**31")
         return o
 
 
@@ -170,54 +177,53 @@ def program_atomics(program: Any) -> int:
     return sum(k.atomics for k in program.profile.kernels)
 
 
-def _compile_graph(graph: Any, opts: BackendOptions, device: Any, on_cuda: bool) -> Any:
+def _compile_graph(graph: Any, opts: BackendOptions, device: Any, counter: Any = None) -> Any:
     """The CompiledGraph of ``graph`` (no cubin: the backend builds them in one batch, a
-    per-shape kernel at its first launch)."""
+    per-shape kernel at its first launch); one schedule selection, counted by ``counter``."""
     from stitchtune.deploy.compiled import compile as compile_graph
 
     cg = compile_graph(graph, db=opts.db, device=device, build=False, deterministic=opts.deterministic)
+    if counter is not None:
+        counter.add(selections=1)
     if opts.deterministic and program_atomics(cg.program):   # selection should prevent it
         raise StitchtuneError("its program uses float atomics (deterministic=True)")
     return cg
 
 
-def _compile_region(region: Any, opts: BackendOptions, device: Any, on_cuda: bool) -> Any:
+def _compile_region(region: Any, opts: BackendOptions, device: Any, kind: str = "inference",
+                    counter: Any = None) -> Any:
     """The :class:`~stitchtune.deploy.torch_ops.RegionKernel` of one region (errors propagate); for
-    symbolic shapes a :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` that makes one per
-    seen shape (the region was checked at the example shapes here)."""
-    from stitchtune.deploy.torch_ops import DynamicRegionKernel, RegionKernel
+    symbolic shapes a :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` that makes kernels
+    per (structure, bucket) of the shapes it meets (the region was checked at the example shapes
+    here). ``counter`` (:mod:`~stitchtune.deploy.torch_stats`; None: a new one) counts the
+    selections and builds."""
+    from stitchtune.deploy import torch_stats
+    from stitchtune.deploy.torch_ops import RegionKernel
 
-    cg = _compile_graph(region.graph, opts, device, on_cuda)
+    if counter is None:
+        counter = torch_stats.region_counter(kind, region.name, region.ops, region.dynamic)
+    cg = _compile_graph(region.graph, opts, device, counter)
     if not region.dynamic:
+        counter.add(builds=1)
         return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu, out_shapes=region.output_shapes,
                             check_gather=opts.check_gather)
 
-    def build(inputs: Sequence[Any]) -> tuple[Any, list[int]]:
-        from stitchtune.importers.torch_regions import map_at_shapes
+    from stitchtune.deploy.torch_dynamic import dynamic_region_kernel
 
-        graph, index, shapes = map_at_shapes(region.module, inputs, region.name)
-        graph_shapes: list[Any] = [None] * len(index)
-        for j, i in enumerate(index):
-            graph_shapes[i] = shapes[j]
-        on_gpu = bool(inputs) and inputs[0].is_cuda
-        kernel = RegionKernel(region.name, region.ops, _compile_graph(graph, opts, device, on_gpu), cpu=opts.cpu,
-                              out_shapes=tuple(graph_shapes), check_gather=opts.check_gather)
-        return kernel, index
-
-    return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=cg)
+    return dynamic_region_kernel(region, opts, device, counter, cg)
 
 
 def _info(kind: str, region: Any, kernel: Any) -> StitchedInfo:
     g = region.graph
     dtypes = sorted({g.spec(o).dtype for o in g.outputs})
     return StitchedInfo(kind, region.name, region.ops, tuple(tuple(s.shape) for _, s in g.inputs),
-                        "/".join(dtypes), kernel.compiled.source + (", per shape" if region.dynamic else ""),
+                        "/".join(dtypes), kernel.compiled.source + (", per bucket" if region.dynamic else ""),
                         len(kernel.compiled.program.launches))
 
 
 def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, kind: str) -> tuple[Any, GraphReport]:
     """``gm`` with every region it can stitch replaced by ``stitchtune::region`` calls, and the report."""
-    from stitchtune.deploy import torch_ops
+    from stitchtune.deploy import torch_ops, torch_stats
     from stitchtune.importers.torch_regions import find_regions
 
     report = GraphReport(kind)
@@ -230,24 +236,29 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     on_cuda = any(getattr(getattr(t, "device", None), "type", "") == "cuda" for t in example_inputs)
     device = _device_for(opts)
     made = []
+    counters: dict[str, Any] = {}
     for r in split.regions:
         if len(r.graph.nodes) < opts.min_nodes:
             report.declined.append(DeclinedInfo(kind, f"region {r.name}", f"{len(r.graph.nodes)} node(s) < min_nodes"))
             continue
+        counters[r.name] = torch_stats.region_counter(kind, r.name, r.ops, r.dynamic)
         try:
-            made.append((r, _compile_region(r, opts, device, on_cuda)))
+            made.append((r, _compile_region(r, opts, device, kind, counters[r.name])))
         except Exception as exc:  # noqa: BLE001 - any stitchtune error declines the region
             report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})",
                                                 f"{type(exc).__name__}: {exc}"))
+            counters[r.name].decline(report.declined[-1].reason)
     failed = _attach_cubins([k for _, k in made], device.arch) if on_cuda else {}
     chosen = []
     for i, (r, kernel) in enumerate(made):
         if i in failed:
             report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})", failed[i]))
+            counters[r.name].decline(failed[i])
             continue
         key = f"{r.name}#{next(_keys)}"
         torch_ops.register(key, torch_ops.GuardedRegion(kernel, r.module, r.output_perms or (None,) * len(r.outputs),
-                                                        _runtime_decline(report, kind, r), _kept_outputs(r)))
+                                                        _runtime_decline(report, kind, r, counters[r.name]),
+                                                        _kept_outputs(r)))
         chosen.append((r, key, kernel))
     new_gm = gm
     while chosen:
@@ -262,6 +273,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
             if key in bad:
                 report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})",
                                                     f"fake (meta) check: {bad[key]}"))
+                counters[r.name].decline(report.declined[-1].reason)
         chosen = [c for c in chosen if c[1] not in bad]
         new_gm = gm
     report.stitched += [_info(kind, r, kernel) for r, _, kernel in chosen]
@@ -279,10 +291,13 @@ def _kept_outputs(region: Any) -> tuple[int, ...] | None:
     return tuple(every.index(o) for o in region.outputs)
 
 
-def _runtime_decline(report: GraphReport, kind: str, region: Any) -> Any:
+def _runtime_decline(report: GraphReport, kind: str, region: Any, counter: Any = None) -> Any:
     """The callback a :class:`~stitchtune.deploy.torch_ops.GuardedRegion` calls (once) when its
-    kernel fails at run time: the region is reported as declined (its ATen ops run from then on)."""
+    kernel fails at run time: the region is reported as declined (its ATen ops run from then on;
+    ``counter`` says so too)."""
     def decline(reason: str) -> None:
+        if counter is not None:
+            counter.decline(f"failed at run time: {reason}")
         report.stitched[:] = [s for s in report.stitched if s.region != region.name]
         report.declined.append(DeclinedInfo(kind, f"region {region.name} ({', '.join(region.ops)})",
                                             f"failed at run time, runs its ATen ops: {reason}"))
@@ -419,6 +434,8 @@ class Explanation:
     declined: tuple[DeclinedInfo, ...]
     graphs: int
     outputs: Any = field(default=None, compare=False, repr=False)
+    #: kernels built, selections and cache hits of this call (:func:`stitchtune.torch.stats`)
+    stats: Any = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         rows = [f"stitchtune: {len(self.stitched)} region(s) stitched, {len(self.declined)} declined "
@@ -432,6 +449,8 @@ class Explanation:
         rows += ["", f"{'graph':<9} {'declined':<44} {'count':>5}  reason"]
         for d in self.declined:
             rows.append(f"{d.graph:<9} {_cut(d.what, 44):<44} {d.count:>5}  {_cut(d.reason, 120)}")
+        if self.stats is not None:
+            rows += ["", self.stats.summary()]
         return "\n".join(rows)
 
 
@@ -450,9 +469,11 @@ def explain(model: Any, *example_inputs: Any, backward: bool = False, **options:
     and reported), which drops the process's other compiled graphs."""
     import torch
 
+    from stitchtune.deploy import torch_stats
     from stitchtune.deploy.model_tuning import differentiate
 
     LAST_REPORTS.clear()
+    torch_stats.reset()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=stitchtune_backend, options=options or None)
     outputs = compiled(*example_inputs)
@@ -460,4 +481,4 @@ def explain(model: Any, *example_inputs: Any, backward: bool = False, **options:
         differentiate(outputs)
     reports = list(LAST_REPORTS)
     return Explanation(tuple(s for r in reports for s in r.stitched),
-                       tuple(d for r in reports for d in r.declined), len(reports), outputs)
+                       tuple(d for r in reports for d in r.declined), len(reports), outputs, torch_stats.stats())

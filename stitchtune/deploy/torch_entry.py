@@ -324,6 +324,22 @@ def register_backend() -> None:
     register()
 
 
+def stats() -> Any:
+    """What the ``"stitchtune"`` torch.compile backend built since the last :func:`reset_stats` (or
+    :func:`explain`): a :class:`~stitchtune.deploy.torch_stats.TorchStats` (``.builds``,
+    ``.selections``, ``.hits``, ``.eager``, ``.regions`` per region; printing it shows a table)."""
+    from stitchtune.deploy.torch_stats import stats as _stats
+
+    return _stats()
+
+
+def reset_stats() -> None:
+    """Start :func:`stats` afresh (regions compiled before are no longer listed)."""
+    from stitchtune.deploy.torch_stats import reset
+
+    reset()
+
+
 def explain(model: Any, *example_inputs: Any, **options: Any) -> Any:
     """What ``torch.compile(model, backend="stitchtune")`` stitches and declines on ``example_inputs``,
     called as a compiled call here would be (the caller's grad mode: wrap it in ``torch.no_grad()``

@@ -45,7 +45,7 @@ import torch
 
 from stitchtune.errors import StitchtuneError
 
-__all__ = ["GuardedRegion", "RegionError", "RegionKernel", "register", "region_op"]
+__all__ = ["Built", "DynamicRegionKernel", "GuardedRegion", "RegionError", "RegionKernel", "register", "region_op"]
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,14 @@ class RegionKernel:
     """One compiled region: its graph, :class:`~stitchtune.deploy.compiled.CompiledGraph` and how CPU
     tensors are run (``"emulate"`` | ``"reference"``). ``driver``: a driver to launch CUDA tensors with
     (tests pass a :class:`~stitchtune.gpu.fake_driver.FakeDriver`; then CPU tensors go through the launch
-    path too, their pointers passed as they are); None opens the GPU's at the first call."""
+    path too, their pointers passed as they are); None opens the GPU's at the first call.
+
+    A *generic* kernel has ``sym`` (the region's
+    :class:`~stitchtune.importers.torch_regions.SymbolicRegion`) and ``compiled`` a compiled bucket
+    (:class:`~stitchtune.deploy.dynamic.CompiledBucket`): each call reads the extents of the
+    symbolic sizes from its inputs and runs the one program at them (the emulator or the float64
+    reference at the graph of those extents; on the launch path the extents are bound as kernel
+    arguments, so nothing is rebuilt); its output shapes follow the extents."""
 
     name: str
     ops: tuple[str, ...]
@@ -76,10 +83,14 @@ class RegionKernel:
     out_shapes: tuple[tuple[int, ...], ...] | None = None
     #: read the gathers' error flags after a CUDA launch (see module docstring)
     check_gather: bool = True
-    _launchers: dict[Any, Any] = field(default_factory=dict, repr=False)  # per GPU index; "out_specs"
+    _launchers: dict[Any, Any] = field(default_factory=dict, repr=False)  # per (GPU index, stream)
+    _out_specs: dict[Any, Any] = field(default_factory=dict, repr=False)  # per extents (None: static)
     #: whether the program has gathers (an error flag to read after a launch); set from ``compiled``
     _gathers: bool = field(init=False, repr=False, default=False)
     _capture_warned: bool = field(init=False, repr=False, default=False)
+    #: a generic kernel's SymbolicRegion (see above); None for a kernel of one shape
+    sym: Any = None
+    _graphs: dict[Any, Any] = field(default_factory=dict, repr=False)   # extents -> Graph (generic)
 
     def __post_init__(self) -> None:
         from stitchtune.lower.remap import gather_flag_buffers
@@ -88,20 +99,45 @@ class RegionKernel:
 
     @property
     def graph(self) -> Any:
+        """The graph of a kernel of one shape (a generic kernel's depends on the extents: :meth:`at`)."""
         return self.compiled.graph
+
+    def at(self, inputs: Sequence[Any]) -> tuple[Any, tuple[tuple[str, int], ...] | None]:
+        """(graph, extents) of a call on ``inputs``: :attr:`graph` and None, or for a generic kernel the
+        graph at the inputs' extents and those extents (sorted (name, extent) pairs)."""
+        if self.sym is None:
+            return self.compiled.graph, None
+        ext = tuple((name, int(inputs[i].shape[axis])) for name, i, axis in self.sym.where)   # sorted by name
+        g = self._graphs.get(ext)
+        if g is None:
+            if len(self._graphs) >= MAX_BOUND:
+                self._graphs.pop(next(iter(self._graphs)))
+            g = self._graphs[ext] = self.compiled.dgraph.at(dict(ext))
+        return g, ext
+
+    def _out_shapes(self, g: Any, ext: tuple[tuple[str, int], ...] | None) -> tuple[tuple[int, ...], ...]:
+        """PyTorch's output shapes, in the graph's output order."""
+        if ext is not None:
+            return tuple(self.sym.graph_output_shapes(dict(ext)))
+        return self.out_shapes or tuple(tuple(g.spec(o).shape) for o in g.outputs)
 
     def describe(self) -> str:
         return f"stitched region {self.name} ({', '.join(o.removeprefix('aten.') for o in self.ops)})"
 
     # -- shapes ------------------------------------------------------------------------------
-    def empty_outputs(self, device: Any) -> list[Any]:
-        """New (uninitialised) output tensors on ``device``, one per graph output."""
-        specs = self._launchers.get("out_specs")
+    def empty_outputs(self, device: Any, inputs: Sequence[Any] = (),
+                      ext: tuple[tuple[str, int], ...] | None = None) -> list[Any]:
+        """New (uninitialised) output tensors on ``device``, one per graph output (a generic kernel's
+        shaped for the extents ``ext``, by default those of ``inputs``)."""
+        if self.sym is not None and ext is None:
+            ext = self.at(inputs)[1]
+        specs = self._out_specs.get(ext)
         if specs is None:
-            g = self.graph
-            shapes = self.out_shapes or tuple(tuple(g.spec(o).shape) for o in g.outputs)
-            specs = self._launchers["out_specs"] = tuple((tuple(sh), _DTYPES[g.spec(o).dtype])
-                                                         for sh, o in zip(shapes, g.outputs))
+            g = self.graph if ext is None else self.at(inputs)[0]
+            specs = tuple((tuple(sh), _DTYPES[g.spec(o).dtype]) for sh, o in zip(self._out_shapes(g, ext), g.outputs))
+            if len(self._out_specs) >= MAX_BOUND:
+                self._out_specs.pop(next(iter(self._out_specs)))
+            self._out_specs[ext] = specs
         return [torch.empty(shape, dtype=dt, device=device) for shape, dt in specs]
 
     # -- CPU ---------------------------------------------------------------------------------
@@ -109,7 +145,7 @@ class RegionKernel:
         """Outputs for CPU tensors, computed by the emulator or the float64 reference."""
         from stitchtune.graph.reference import run_reference
 
-        g = self.graph
+        g, ext = self.at(inputs)
         # PyTorch may hold an input with other leading 1s than the graph (same row-major bytes)
         arrays = {n: _to_numpy(t, spec.dtype).reshape(spec.shape) for (n, spec), t in zip(g.inputs, inputs)}
         if self.cpu == "reference":
@@ -117,9 +153,11 @@ class RegionKernel:
 
             check_gather_indices(g, arrays)
             out = run_reference(g, arrays)
+        elif ext is not None:
+            out = self.compiled.emulate(dict(ext), **arrays)
         else:
             out = self.compiled.emulate(**arrays)
-        shapes = self.out_shapes or tuple(tuple(g.spec(o).shape) for o in g.outputs)
+        shapes = self._out_shapes(g, ext)
         return [_from_numpy(np.asarray(out[o]).reshape(sh), g.spec(o).dtype) for sh, o in zip(shapes, g.outputs)]
 
     # -- CUDA --------------------------------------------------------------------------------
@@ -142,18 +180,22 @@ class RegionKernel:
         self._launchers[(index, stream)] = (launcher, {})
         return self._launchers[(index, stream)]
 
-    def launch_pointers(self, index: int, pointers: tuple[int, ...], stream: int) -> None:
+    def launch_pointers(self, index: int, pointers: tuple[int, ...], stream: int,
+                        extents: tuple[tuple[str, int], ...] | None = None) -> None:
         """Enqueue the region's kernels for ``pointers`` (graph inputs then outputs, in graph order) on
-        ``stream`` of GPU ``index``: the arguments are packed at the first call with these pointers.
-        A region with a gather then reads its error flag (``check_gather``; raises on a bad index)."""
+        ``stream`` of GPU ``index``: the arguments are packed at the first call with these pointers
+        (and, for a generic kernel, these ``extents``). A region with a gather then reads its error
+        flag (``check_gather``; raises on a bad index)."""
         launcher, cache = self.launcher(index, stream)
-        bound = cache.get(pointers)
+        key = pointers if extents is None else (pointers, extents)
+        bound = cache.get(key)
         if bound is None:
-            g = self.graph
+            g = self.compiled.graph if extents is None else self.compiled.dgraph.at(dict(extents))
             names = [n for n, _ in g.inputs] + list(g.outputs)
             if len(cache) >= MAX_BOUND:
                 cache.pop(next(iter(cache)))
-            bound = cache[pointers] = launcher.bind(dict(zip(names, pointers)))
+            args = dict(zip(names, pointers))
+            bound = cache[key] = launcher.bind(args) if extents is None else launcher.bind(args, dict(extents))
         launcher.launch(bound, stream)
         if self.check_gather and self._gathers:
             self._check_gather_flags(launcher, stream)
@@ -166,14 +208,15 @@ class RegionKernel:
 
         inputs = [t if t.data_ptr() % ALIGN == 0 else t.clone() for t in inputs]
         dev = inputs[0].device
-        outs = self.empty_outputs(dev)
+        ext = None if self.sym is None else self.at(inputs)[1]
+        outs = self.empty_outputs(dev, inputs, ext)
         ptrs = tuple([t.data_ptr() for t in inputs] + [t.data_ptr() for t in outs])
         if dev.type == "cuda":
             index = dev.index if dev.index is not None else torch.cuda.current_device()
             stream = torch.cuda.current_stream(dev).cuda_stream
         else:
             index, stream = -1, int(stream or 0)
-        self.launch_pointers(index, ptrs, stream)
+        self.launch_pointers(index, ptrs, stream, ext)
         return outs
 
     def _check_gather_flags(self, launcher: Any, stream: int) -> None:
@@ -202,21 +245,49 @@ class RegionKernel:
 
     def fake(self, inputs: Sequence[Any]) -> list[Any]:
         """The op's fake (meta) result: empty outputs on the inputs' device."""
-        return self.empty_outputs(inputs[0].device if inputs else torch.device("cpu"))
+        return self.empty_outputs(inputs[0].device if inputs else torch.device("cpu"), inputs)
+
+
+@dataclass(frozen=True)
+class Built:
+    """A kernel :class:`DynamicRegionKernel`'s ``build`` made: ``kernel(inputs) -> outputs`` (a
+    :class:`RegionKernel`), ``index[i]`` the position in its outputs of the module's output ``i``, and
+    ``generic``: True when it runs every shape of the inputs' bucket (kept for the bucket), False
+    when it is specialised to the inputs' shapes (kept for those shapes)."""
+
+    kernel: Any
+    index: tuple[int, ...]
+    generic: bool = False
+
+
+@dataclass
+class _Entry:
+    """One (structure, bucket) of a :class:`DynamicRegionKernel`'s cache: a generic kernel, or
+    kernels per shape (None: no kernel for that shape, its ATen ops run)."""
+
+    generic: Built | None = None
+    shapes: dict[Any, Built | None] = field(default_factory=dict)
 
 
 @dataclass
 class DynamicRegionKernel:
-    """A region with symbolic shapes: ``module`` (its ATen ops) gives the fake result and, where no
-    kernel can be made, the eager one; per concrete input shapes ``build(inputs)`` makes a
-    :class:`RegionKernel` (cached; a failure is logged once and that shape runs eagerly)."""
+    """A region with symbolic shapes. ``module`` (its ATen ops) gives the fake result and, where no
+    kernel can be made, the eager one. Kernels are cached by (structure, bucket): the structure is
+    the inputs' dtypes, device type and ranks; the bucket is ``bucket_of(inputs)`` (None, or when it
+    raises: the exact input shapes). A cache miss calls ``build(inputs)`` -> :class:`Built`; a generic
+    kernel then serves every shape of its bucket, a specialised one its shapes only. A failing build
+    is logged once per shape, and that shape runs the region's ATen ops. ``counter`` (a
+    :class:`~stitchtune.deploy.torch_stats.RegionCounter`) counts cache hits and eager calls; ``build``
+    counts its own selections and builds."""
 
     name: str
     ops: tuple[str, ...]
     module: Any
-    build: Any   # (inputs) -> (RegionKernel, for each module output its index in the kernel's outputs)
+    build: Any   # (inputs) -> Built
     compiled: Any = None   # the CompiledGraph at the example shapes (what explain reports)
-    kernels: dict[Any, Any] = field(default_factory=dict, repr=False)
+    bucket_of: Any = None  # (inputs) -> hashable bucket; None: the exact shapes
+    counter: Any = None
+    kernels: dict[Any, _Entry] = field(default_factory=dict, repr=False)
 
     def describe(self) -> str:
         return f"stitched region {self.name} ({', '.join(o.removeprefix('aten.') for o in self.ops)})"
@@ -228,22 +299,61 @@ class DynamicRegionKernel:
     def _eager(self, inputs: Sequence[Any]) -> list[Any]:
         return eager_outputs(self.module, inputs)
 
+    def _bucket(self, inputs: Sequence[Any], shapes: Any) -> Any:
+        if self.bucket_of is None:
+            return ("shapes", shapes)
+        try:
+            return ("bucket", self.bucket_of(inputs))
+        except Exception as exc:  # noqa: BLE001 - outside every bucket: kernels per shape
+            log.debug("%s: no bucket for shapes %s (%s)", self.describe(), [list(s) for s in shapes], exc)
+            return ("shapes", shapes)
+
+    def entries(self) -> list[tuple[Any, Any, Built | None]]:
+        """The cache, flat: (bucket or None when keyed by the exact shapes, shapes or None for a
+        generic kernel, kernel or None)."""
+        out: list[tuple[Any, Any, Built | None]] = []
+        for (_, (tag, b)), e in self.kernels.items():
+            bucket = b if tag == "bucket" else None
+            if e.generic is not None:
+                out.append((bucket, None, e.generic))
+            out += [(bucket, sh, b) for sh, b in e.shapes.items()]
+        return out
+
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
-        key = tuple((tuple(t.shape), t.dtype, t.device.type) for t in inputs)
-        if key not in self.kernels:
+        shapes = tuple(tuple(t.shape) for t in inputs)
+        key = (tuple((t.dtype, t.device.type, t.dim()) for t in inputs), self._bucket(inputs, shapes))
+        entry = self.kernels.get(key)
+        if entry is None:
+            entry = self.kernels[key] = _Entry()
+        built = entry.generic
+        if built is None and shapes in entry.shapes:
+            built = entry.shapes[shapes]
+            if built is None:
+                self._count(eager=1)
+                return self._eager(inputs)
+        if built is not None:
+            self._count(hits=1)
+        else:
             try:
-                self.kernels[key] = self.build(inputs)
-                log.info("%s: kernels made for shapes %s", self.describe(), [list(k[0]) for k in key])
+                built = self.build(inputs)
+                log.info("%s: kernels made for shapes %s%s", self.describe(), [list(s) for s in shapes],
+                         f" (bucket {key[1][1]})" if built.generic else "")
             except Exception as exc:  # noqa: BLE001 - this shape runs the region's ATen ops instead
                 log.warning("%s: no kernel for shapes %s (%s); running its ATen ops", self.describe(),
-                            [list(k[0]) for k in key], exc)
-                self.kernels[key] = None
-        hit = self.kernels[key]
-        if hit is None:
-            return self._eager(inputs)
-        kernel, index = hit
-        outs = kernel(inputs)
-        return [outs[i] for i in index]
+                            [list(s) for s in shapes], exc)
+                entry.shapes[shapes] = None
+                self._count(eager=1)
+                return self._eager(inputs)
+            if built.generic:
+                entry.generic = built
+            else:
+                entry.shapes[shapes] = built
+        outs = built.kernel(inputs)
+        return [outs[i] for i in built.index]
+
+    def _count(self, **n: int) -> None:
+        if self.counter is not None:
+            self.counter.add(**n)
 
 
 def eager_outputs(module: Any, inputs: Sequence[Any], perms: Sequence[Any] | None = None,

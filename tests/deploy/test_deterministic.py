@@ -107,7 +107,7 @@ def test_torch_backend_deterministic_selects_past_atomic_records(db) -> None:
     path, fast, slow = db
     g, _, _ = setup(NAME)
     clear_cache()
-    plain = _compile_graph(g, BackendOptions.from_options({"db": str(path)}), DEV, False)
+    plain = _compile_graph(g, BackendOptions.from_options({"db": str(path)}), DEV)
     assert plain.schedule == fast and program_atomics(plain.program) > 0
-    det = _compile_graph(g, BackendOptions.from_options({"db": str(path), "deterministic": True}), DEV, False)
+    det = _compile_graph(g, BackendOptions.from_options({"db": str(path), "deterministic": True}), DEV)
     assert det.schedule == slow and det.source == "tuned" and program_atomics(det.program) == 0

@@ -202,7 +202,7 @@ def test_batch_norm_training_step_matches_eager() -> None:
     assert torch.allclose(gx, x.grad, atol=1e-4) and torch.allclose(gw, m.weight.grad, atol=1e-4)
 
 
-def test_static_shapes_recompile_and_symbolic_shapes_get_kernels_per_seen_shape() -> None:
+def test_static_shapes_recompile_and_symbolic_shapes_get_a_kernel_per_bucket() -> None:
     from stitchtune.deploy import torch_ops
 
     torch.manual_seed(0)
@@ -221,11 +221,11 @@ def test_static_shapes_recompile_and_symbolic_shapes_get_kernels_per_seen_shape(
             x = torch.randn(b, 4, 16)
             assert torch.allclose(c(x), m(x), atol=1e-5)
     [report] = torch_backend.LAST_REPORTS
-    assert len(report.stitched) == 2 and all(s.source.endswith("per shape") for s in report.stitched)
+    assert len(report.stitched) == 2 and all(s.source.endswith("per bucket") for s in report.stitched)
     dyn = [k.kernel for k in torch_ops._registry.values()
            if isinstance(getattr(k, "kernel", None), torch_ops.DynamicRegionKernel)][-2:]
-    assert [len(k.kernels) for k in dyn] == [2, 2]   # one set of kernels per seen shape, cached
-    assert all(v is not None for k in dyn for v in k.kernels.values())
+    assert [len(k.entries()) for k in dyn] == [1, 1]   # 5 and 6 rows: one generic kernel of one bucket
+    assert all(b is not None and b.generic for k in dyn for _, _, b in k.entries())
 
 
 def test_a_shape_the_region_cannot_take_runs_its_aten_ops(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -245,7 +245,7 @@ def test_a_shape_the_region_cannot_take_runs_its_aten_ops(monkeypatch: pytest.Mo
 
     dyn = [k.kernel for k in torch_ops._registry.values()
            if isinstance(getattr(k, "kernel", None), torch_ops.DynamicRegionKernel)][-2:]
-    assert len(dyn) == 2 and all(list(k.kernels.values()) == [None] for k in dyn)
+    assert len(dyn) == 2 and all([b for _, _, b in k.entries()] == [None] for k in dyn)
 
 
 def test_options_are_checked() -> None:
@@ -449,7 +449,7 @@ def test_cubins_are_built_in_one_batch_and_a_failed_build_declines_its_region(mo
     gm = make_fx(lambda x: Block().eval()(x), tracing_mode="fake")(torch.randn(2, 4, 16))
     regions = find_regions(gm).regions
     opts = torch_backend.BackendOptions(db=None)
-    kernels = [torch_backend._compile_region(r, opts, torch_backend._device_for(opts), True) for r in regions]
+    kernels = [torch_backend._compile_region(r, opts, torch_backend._device_for(opts)) for r in regions]
     failed = torch_backend._attach_cubins(kernels, "sm_90")
     assert batches == [2] and list(failed) == [1] and "ptxas says no" in failed[1]
     assert isinstance(kernels[0], RegionKernel) and kernels[0].compiled.cubin == cubin.read_bytes()

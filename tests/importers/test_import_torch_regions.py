@@ -381,3 +381,61 @@ def test_two_regions_reading_one_value_join_when_the_planner_takes_their_union()
     want = dict(zip([n.name for n in r.outputs], f(g, y)))
     for o, n in zip(r.graph.outputs, r.outputs):
         assert np.abs(out[o].reshape(want[n.name].shape) - want[n.name].numpy()).max() < 1e-5
+
+
+
+def _reshaped(x: Any, g: Any) -> Any:   # a reshape to symbolic sizes, then a region reading it
+    return ((x * g).reshape(x.shape[0], 1, x.shape[1], 8) + 1.0).softmax(-1)
+
+
+def _merged(x: Any, g: Any) -> Any:   # a reshape to a product of symbols
+    return ((x * g).reshape(x.shape[0] * x.shape[1], 8) + 1.0).softmax(-1)
+
+
+def _symbolic_regions(fn: Any) -> Any:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return find_regions(make_fx(fn, tracing_mode="symbolic")(torch.randn(3, 4, 8), torch.randn(8))).regions
+
+
+def test_symbolic_dims_are_named_in_the_regions_graph() -> None:
+    from stitchtune.importers.torch_regions import symbolic_dims, symbolic_region
+
+    first, second = _symbolic_regions(_reshaped)
+    a, b = symbolic_dims(first.inputs)[0][:2]
+    assert isinstance(a, str) and isinstance(b, str) and a != b
+    assert symbolic_dims(first.inputs) == ((a, b, 8), (8,)) and symbolic_dims(second.inputs) == ((a, 1, b, 8),)
+    sym = symbolic_region(second.module, symbolic_dims(second.inputs), [torch.float32], second.name)
+    # named by first appearance, not by dynamo's symbols
+    assert sym.names == ("d0", "d1") and sym.where == (("d0", 0, 0), ("d1", 0, 2)) and sym.index == (0,)
+    assert sym.template["inputs"] == {"in0": {"shape": ["d0", 1, "d1", 8], "dtype": "float32"}}
+    assert [n["op"] for n in sym.template["nodes"]][:2] == ["add", "reduce_max"]
+    assert sym.extents([(5, 1, 7, 8)]) == {"d0": 5, "d1": 7}
+    assert sym.shapes_at({"d0": 5, "d1": 7}) == ((5, 1, 7, 8),) == sym.graph_output_shapes({"d0": 5, "d1": 7})
+    assert sym.graph_json({"d0": (2, 64), "d1": (2, 9)})["dynamic"] == {"d0": {"min": 2, "max": 64},
+                                                                       "d1": {"min": 2, "max": 9}}
+    # the template at concrete extents is the region's graph mapped at those shapes
+    from stitchtune.importers.torch_regions import map_at_shapes
+
+    graph, _, _ = map_at_shapes(second.module, [torch.empty(5, 1, 7, 8)], second.name)
+    at = graph.to_dict()
+    assert sym.template["nodes"] == at["nodes"] and at["inputs"]["in0"]["shape"] == [5, 1, 7, 8]
+
+
+def test_a_region_without_a_symbolic_graph_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stitchtune.errors import StitchtuneError
+    from stitchtune.importers import torch_regions
+    from stitchtune.importers.torch_regions import symbolic_dims, symbolic_region
+
+    _, merged = _symbolic_regions(_merged)
+    dims = symbolic_dims(merged.inputs)
+    assert dims[0][0] is None and dims[0][1] == 8   # s0*s1 rows: an expression
+    with pytest.raises(StitchtuneError, match="expression of symbols"):
+        symbolic_region(merged.module, dims, [torch.float32], merged.name)
+    _, second = _symbolic_regions(_reshaped)
+    with pytest.raises(StitchtuneError, match="no symbolic input dim"):
+        symbolic_region(second.module, [(5, 1, 7, 8)], [torch.float32], second.name)
+    # a probe that equals a static dim (8) names it in one mapping only: the two graphs differ
+    monkeypatch.setattr(torch_regions, "_PROBES", ((8, 9), (1051, 1061)))
+    with pytest.raises(StitchtuneError, match="other than through shapes"):
+        symbolic_region(second.module, symbolic_dims(second.inputs), [torch.float32], second.name)

@@ -1,0 +1,131 @@
+"""Kernels of a stitched region with symbolic (dynamic) sizes, for the torch.compile backend.
+
+Contract
+--------
+* :func:`region_dynamic_graph(region, max_extent)` names the region's symbolic input sizes
+  (:func:`~stitchtune.importers.torch_regions.symbolic_region`: ``d0, d1, ...`` by first
+  appearance) and returns its :class:`~stitchtune.graph.dynamic.DynamicGraph`, each size bounded
+  ``1..max_extent`` with the default power-of-two buckets
+  (:class:`~stitchtune.graph.dynamic.Buckets`). Raises :class:`~stitchtune.errors.StitchtuneError`
+  saying why a region has none (a size that is an expression of symbols, a number of the graph
+  that depends on a symbol).
+* :func:`dynamic_region_kernel(region, opts, device, counter, compiled)` -> a
+  :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` whose cache is keyed by (structure,
+  :class:`~stitchtune.graph.dynamic.BucketKey` of the sizes). A miss makes the bucket's *generic*
+  kernel (:func:`stitchtune.deploy.dynamic.compile_dynamic`: one schedule selection and one
+  program, built once by nvcc on a GPU, that runs every extent of the bucket; a
+  :class:`~stitchtune.deploy.torch_ops.RegionKernel` with ``sym``), counted by ``counter``. A
+  bucket the generic kernel refuses (a ``DynamicRefusal``, e.g. an index op such as an embedding
+  gather; with ``deterministic``, a program with float atomics) is remembered, logged once, and
+  gets kernels specialised per extent: the graph at those extents (``DynamicGraph.at``), one
+  selection and one build each. A region without a dynamic graph, or extents outside
+  ``1..max_extent``, keys by the exact shapes and maps the region again per shape
+  (:func:`~stitchtune.importers.torch_regions.map_at_shapes`). Build failures are the
+  DynamicRegionKernel's: that shape runs the region's ATen ops.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from stitchtune.errors import StitchtuneError
+from stitchtune.graph.dynamic import DynamicRefusal
+
+__all__ = ["dynamic_region_kernel", "region_dynamic_graph"]
+
+log = logging.getLogger(__name__)
+
+#: bucket keys remembered per region (by the symbols' values; forgotten all at once beyond)
+MAX_KEYS = 4096
+
+
+def region_dynamic_graph(region: Any, max_extent: int) -> tuple[Any, Any]:
+    """(SymbolicRegion, DynamicGraph) of ``region`` (see module docstring)."""
+    from stitchtune.graph.dynamic import parse_dynamic
+    from stitchtune.importers.torch_regions import symbolic_dims, symbolic_region
+
+    dims = symbolic_dims(region.inputs)
+    sym = symbolic_region(region.module, dims, [n.meta["val"].dtype for n in region.inputs], region.name)
+    try:
+        dg = parse_dynamic(sym.graph_json({n: (1, max_extent) for n in sym.names}))
+    except StitchtuneError as exc:
+        raise StitchtuneError(f"region {region.name}: its graph with named sizes is refused: {exc}") from exc
+    return sym, dg
+
+
+def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, compiled: Any) -> Any:
+    """The :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` of a region with symbolic sizes
+    (see module docstring); ``compiled`` is its CompiledGraph at the example shapes (for explain)."""
+    from stitchtune.deploy.torch_backend import _compile_graph
+    from stitchtune.deploy.torch_ops import Built, DynamicRegionKernel, RegionKernel
+
+    def kernel(graph: Any, out_shapes: Sequence[Any]) -> Any:
+        k = RegionKernel(region.name, region.ops, _compile_graph(graph, opts, device, counter), cpu=opts.cpu,
+                         out_shapes=tuple(out_shapes), check_gather=opts.check_gather)
+        counter.add(builds=1)
+        return k
+
+    def per_shape(inputs: Sequence[Any]) -> Built:
+        from stitchtune.importers.torch_regions import map_at_shapes
+
+        graph, index, shapes = map_at_shapes(region.module, inputs, region.name)
+        return Built(kernel(graph, _in_graph_order(index, shapes)), tuple(index))
+
+    try:
+        sym, dg = region_dynamic_graph(region, opts.max_extent)
+    except StitchtuneError as exc:
+        log.info("%s: kernels per input shape (%s)", region.name, exc)
+        return DynamicRegionKernel(region.name, region.ops, region.module, per_shape, compiled=compiled,
+                                   counter=counter)
+
+    refused: dict[Any, str] = {}   # bucket key -> why no generic kernel serves it
+
+    def generic(ext: dict[str, int]) -> Built | None:
+        from stitchtune.deploy.dynamic import compile_dynamic
+        from stitchtune.deploy.torch_backend import program_atomics
+
+        key = dg.key_of(ext)
+        if key in refused:
+            return None
+        res = compile_dynamic(dg, key, db=opts.db, device=device, build=False)
+        why = str(res) if isinstance(res, DynamicRefusal) else (
+            "its program uses float atomics (deterministic=True)"
+            if opts.deterministic and program_atomics(res.program) else None)
+        if why is not None:
+            refused[key] = why
+            log.info("%s: no generic kernel for bucket %s (%s); kernels per extent", region.name, key.label(), why)
+            return None
+        counter.add(selections=1, builds=1)
+        k = RegionKernel(region.name, region.ops, res, cpu=opts.cpu, check_gather=opts.check_gather, sym=sym)
+        return Built(k, sym.index, generic=True)
+
+    keys: dict[tuple[int, ...], Any] = {}   # the symbols' values -> their BucketKey (a call's hot path)
+
+    def bucket_of(inputs: Sequence[Any]) -> Any:
+        values = tuple(int(inputs[i].shape[axis]) for _, i, axis in sym.where)
+        key = keys.get(values)
+        if key is None:
+            key = dg.key_of(dict(zip(sym.names, values)))   # outside the bounds: raises, not kept
+            if len(keys) >= MAX_KEYS:
+                keys.clear()
+            keys[values] = key
+        return key
+
+    def build(inputs: Sequence[Any]) -> Built:
+        ext = sym.extents([t.shape for t in inputs])
+        if not all(1 <= v <= opts.max_extent for v in ext.values()):
+            return per_shape(inputs)
+        return generic(ext) or Built(kernel(dg.at(ext), sym.graph_output_shapes(ext)), sym.index)
+
+    return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=compiled,
+                               bucket_of=bucket_of, counter=counter)
+
+
+def _in_graph_order(index: Sequence[int], shapes: Sequence[Any]) -> list[Any]:
+    """The module outputs' ``shapes`` in the graph's output order (``index[j]``: module output ``j``'s place)."""
+    out: list[Any] = [None] * len(index)
+    for j, i in enumerate(index):
+        out[i] = shapes[j]
+    return out
