@@ -194,8 +194,8 @@ def _tensor_rule(ctx: _Ctx, node: Any, lop: str | None) -> str | None:
                 return f"tensor {t!a} is not float32/float16/bfloat16/bool (or has no type)"
         if ty.shape is not None and not 1 <= len(ty.shape) <= MAX_RANK:
             return f"tensor {t!a} has rank {len(ty.shape)} (graph.json takes 1..{MAX_RANK})"
-        if ty.shape is not None and all(isinstance(d, int) for d in ty.shape) \
-                and math.prod(ty.shape) > MAX_TENSOR_ELEMENTS:
+        dims = [d for d in ty.shape or () if isinstance(d, int)]
+        if ty.shape is not None and len(dims) == len(ty.shape) and math.prod(dims) > MAX_TENSOR_ELEMENTS:
             return f"tensor {t!a} has over {MAX_TENSOR_ELEMENTS} elements"
     return None
 
@@ -212,6 +212,8 @@ def _attribute_rule(ctx: _Ctx, node: Any, a: dict[str, Any]) -> str | None:
                 return "clip bounds are constants of more than one element"
     if node.op_type == "Cast" and a.get("to") not in _ONNX_ALL and a.get("to") not in INT_DTYPES:
         return "cast to a type other than float32/float16/bfloat16/bool/int32/int64"
+    if node.op_type == "Gelu" and a.get("approximate", "none") not in ("none", "tanh"):
+        return "unknown gelu approximation"
     return _int_mix_rule(ctx, node)
 
 
@@ -232,9 +234,6 @@ def _int_mix_rule(ctx: _Ctx, node: Any) -> str | None:
                 return f"int op with the non-integer constant {t!a}"
         elif t not in ints:
             return f"mixes int and non-int tensors ({ints[0]!a}, {t!a})"
-    return None
-    if node.op_type == "Gelu" and a.get("approximate", "none") not in ("none", "tanh"):
-        return "unknown gelu approximation"
     return None
 
 
