@@ -55,7 +55,7 @@ _REDUCE = {"aten.sum": "reduce_sum", "aten.mean": "reduce_mean", "aten.amax": "r
 _VIEWS = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze",
           "aten.flatten", "aten.expand", "aten.expand_as", "aten.alias", "aten.clone", "aten.contiguous",
           "aten.detach", "aten.lift_fresh_copy", "aten.view_as"}
-_CASTS = {"aten._to_copy", "aten.to", "aten.type_as", "aten._to_dtype"}
+_CASTS = {"aten._to_copy", "aten.to", "aten.type_as", "aten._to_dtype", "prims.convert_element_type"}
 _COMPARE = {"aten.eq": "eq", "aten.ne": "ne", "aten.lt": "lt", "aten.le": "le", "aten.gt": "gt", "aten.ge": "ge"}
 _LOGICAL = {"aten.logical_and": "logical_and", "aten.logical_or": "logical_or", "aten.logical_not": "logical_not",
             "aten.bitwise_and": "logical_and", "aten.bitwise_or": "logical_or", "aten.bitwise_not": "logical_not",
@@ -250,7 +250,7 @@ class _Walker(LayoutOps):
     def _op(self, node: Any, key: str, a: dict[str, Any]) -> Any:
         """The graph value(s) of one ATen node (a tuple for multi-output ops); unsupported ops raise."""
         b, name = self.b, node.name
-        x = a.get("self", a.get("input"))
+        x = a.get("self", a.get("input", a.get("a")))   # ("a": prims.convert_element_type)
         if key in _MASK_OPS:
             return self._mask_op(node, key, a, x)
         if key == "aten.scalar_tensor":   # a 0-d constant (e.g. masked_fill's value): a scalar
@@ -264,7 +264,7 @@ class _Walker(LayoutOps):
             a = self._promote_ints(node, a)
         elif key in _UNARY or key in _BINARY or key in ("aten.pow", "aten.gelu"):
             a = self._ints_to_float(node, a)
-        x = a.get("self", a.get("input"))
+        x = a.get("self", a.get("input", a.get("a")))   # ("a": prims.convert_element_type)
         if key in _UNARY:
             return b.unary(_UNARY[key], self.val(x, node), name)
         if key == "aten.gelu":
