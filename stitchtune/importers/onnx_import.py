@@ -11,13 +11,15 @@ Contract
   ``node_range`` (python slice over node indices), its tensors are float32/float16/bfloat16 or bool
   of rank 1..``MAX_RANK``, bools only where graph.json takes them (logical ops, ``Where``'s
   condition, ``Cast``, ``Equal`` of two bools; bool operands are tensors, never constants), int32 /
-  int64 tensors only where graph.json takes them (``Cast``'s input -- an attention mask cast to
-  bool or a float --, the data of the layout ops, Gather's index), and its attribute-like inputs
+  int64 tensors only where graph.json takes them (``Cast``'s input and result -- an attention mask
+  cast to bool or a float, a position cast to int --, the int ops Add/Sub/Mul/Neg/Abs/Max/Min, the
+  comparisons and Where's branches with *all* numeric operands int and integer constants, the data
+  of the layout ops, Gather's index; an int value may leave a subgraph), and its attribute-like inputs
   (reduction axes, shapes, slice bounds, split sizes) are constants. Every other node (MatMul, Gemm,
-  Conv, integer arithmetic, ...) is a boundary; the rules are :func:`~stitchtune.importers.onnx_rules._why_not`.
+  Conv, integer division, ...) is a boundary; the rules are :func:`~stitchtune.importers.onnx_rules._why_not`.
   The mask chain maps as Equal/Less/LessOrEqual/Greater/GreaterOrEqual -> ``eq lt le gt ge``,
   Not/And/Or -> ``logical_not/and/or``, Where -> ``where``, Clip -> ``clamp`` (a missing bound is
-  -inf / +inf).
+  -inf / +inf). A ``Range`` of constants is folded into a constant (an int input of the region).
 * *Views*: a layout node whose other inputs are constants and whose output is its chain's first
   tensor broadcast numpy-style (Expand, Reshape/Unsqueeze/Flatten/Gather chains that only move unit
   axes; see :mod:`~stitchtune.importers.onnx_layout`), of a float, bool or int tensor, maps to
@@ -322,7 +324,7 @@ def _take(ctx: _Ctx, nodes: list[Any], b: GraphBuilder, i: int, t: str, r: Value
     if not same and "expand" not in OPS:
         raise _Demote(_lazy_origin(ctx, nodes, t, vals), f"a broadcast view that would leave "
                       f"the region through {t!a} (graph.json has no expand)")
-    if dt == "bool" or dt in INT_DTYPES.values():
+    if dt == "bool":
         raise _Demote(i, f"its value {t!a} would leave the region as a {dt} tensor ({dt} graph outputs are refused)")
     if not same:   # a broadcast value leaves expanded (written whole); readers inside keep the broadcast
         return b.layout("expand", [r], expect, str(r.dtype), f"{t}_expand", shape=list(expect))

@@ -13,7 +13,7 @@ from typing import Any
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import broadcast_shapes
 from stitchtune.importers.builder import GraphBuilder, Value, scalar
-from stitchtune.importers.onnx_ops_layout import layout_op, map_layout, map_split
+from stitchtune.importers.onnx_ops_layout import INT_DTYPES, layout_op, map_layout, map_split
 from stitchtune.importers.onnx_partition import label
 from stitchtune.importers.onnx_rules import (
     _BINARY,
@@ -143,7 +143,7 @@ def _map_other(ctx: _Ctx, b: GraphBuilder, node: Any, a: dict[str, Any], v: Call
     """Cast, Gelu/FastGelu and Clip (``clamp``; a missing bound is -inf / +inf)."""
     op, ins = node.op_type, list(node.input)
     if op == "Cast":
-        return b.cast(v(ins[0]), _ONNX_ALL[a["to"]], name)
+        return b.cast(v(ins[0]), _ONNX_ALL.get(a["to"]) or INT_DTYPES[a["to"]], name)
     if op in ("Gelu", "FastGelu"):
         x = v(ins[0])
         if op == "FastGelu" and len(ins) > 1 and ins[1]:

@@ -190,11 +190,13 @@ def _tensor_rule(ctx: _Ctx, node: Any, lop: str | None) -> str | None:
         if ty is None or ty.elem not in _ONNX_ALL:
             if node.op_type in _REDUCE and node.input[1:2] == [t]:
                 continue
-            if ty is not None and ty.elem in INT_DTYPES and _takes_int(node, lop, t):
-                continue
-            return f"tensor {t!a} is not float32/float16/bfloat16/bool (or has no type)"
+            if ty is None or ty.elem not in INT_DTYPES or not _takes_int(node, lop, t):
+                return f"tensor {t!a} is not float32/float16/bfloat16/bool (or has no type)"
         if ty.shape is not None and not 1 <= len(ty.shape) <= MAX_RANK:
             return f"tensor {t!a} has rank {len(ty.shape)} (graph.json takes 1..{MAX_RANK})"
+        dims = [d for d in ty.shape or () if isinstance(d, int)]
+        if ty.shape is not None and len(dims) == len(ty.shape) and math.prod(dims) > MAX_TENSOR_ELEMENTS:
+            return f"tensor {t!a} has over {MAX_TENSOR_ELEMENTS} elements"
     return None
 
 
@@ -208,19 +210,45 @@ def _attribute_rule(ctx: _Ctx, node: Any, a: dict[str, Any]) -> str | None:
             t = node.input[k] if len(node.input) > k else ""
             if t and t in ctx.consts and ctx.consts[t].size != 1:
                 return "clip bounds are constants of more than one element"
-    if node.op_type == "Cast" and a.get("to") not in _ONNX_ALL:
-        return "cast to a type other than float32/float16/bfloat16/bool"
+    if node.op_type == "Cast" and a.get("to") not in _ONNX_ALL and a.get("to") not in INT_DTYPES:
+        return "cast to a type other than float32/float16/bfloat16/bool/int32/int64"
     if node.op_type == "Gelu" and a.get("approximate", "none") not in ("none", "tanh"):
         return "unknown gelu approximation"
+    return _int_mix_rule(ctx, node)
+
+
+def _int_mix_rule(ctx: _Ctx, node: Any) -> str | None:
+    """Why an int op mixes int and float tensors, or an int tensor with a fractional constant (graph.json
+    never mixes them; ONNX does not either, but a model's constants may be floats), else None."""
+    if node.op_type not in _INT_OPS:
+        return None
+    ins = [t for t in (node.input[1:] if node.op_type == "Where" else node.input) if t]
+    ints = [t for t in ins if t in ctx.types and ctx.types[t].elem in INT_DTYPES]
+    if not ints:
+        return None
+    for t in ins:
+        c = ctx.consts.get(t)
+        if c is not None and c.size == 1:
+            f = float(np.asarray(c).reshape(-1)[0])
+            if not math.isfinite(f) or f != int(f) or abs(f) > 2**53:
+                return f"int op with the non-integer constant {t!a}"
+        elif t not in ints:
+            return f"mixes int and non-int tensors ({ints[0]!a}, {t!a})"
     return None
 
 
+#: ONNX ops that compute on int tensors as graph.json's int ops (int arithmetic, comparisons, Where's
+#: branches; all their numeric operands int, see :func:`_int_mix_rule`)
+_INT_OPS = frozenset({"Add", "Sub", "Mul", "Neg", "Abs", "Max", "Min", *_COMPARE, "Where"})
+
+
 def _takes_int(node: Any, lop: str | None, t: str) -> bool:
-    """Whether ``node`` may read or produce int tensor ``t``: Cast's input (to bool or a float), the
-    data and result of Transpose/Reshape/Slice/Concat/Split (index maps of an int; what reads their
-    result is checked in turn), Gather's index (graph.json's int rules, see graph/parse.py)."""
-    if node.op_type == "Cast":
-        return node.input[:1] == [t]
+    """Whether ``node`` may read or produce int tensor ``t``: Cast's input and result, the int ops
+    (:data:`_INT_OPS`), the data and result of Transpose/Reshape/Slice/Concat/Split (index maps of an
+    int; what reads their result is checked in turn), Gather's and GatherElements' index (graph.json's
+    int rules, see graph/parse.py)."""
+    if node.op_type in ("Cast", *_INT_OPS):
+        return True
     if lop in ("gather", "gather_elements"):
         return node.input[1:2] == [t]
     return lop is not None

@@ -257,7 +257,7 @@ class _Walker(LayoutOps):
     def _op(self, node: Any, key: str, a: dict[str, Any]) -> Any:
         """The graph value(s) of one ATen node (a tuple for multi-output ops); unsupported ops raise."""
         b, name = self.b, node.name
-        x = a.get("self", a.get("input"))
+        x = a.get("self", a.get("input", a.get("a")))   # ("a": prims.convert_element_type)
         if key in _MASK_OPS:
             return self._mask_op(node, key, a, x)
         if key == "aten.scalar_tensor":   # a 0-d constant (e.g. masked_fill's value): a scalar
@@ -276,7 +276,7 @@ class _Walker(LayoutOps):
             a = self._promote_ints(node, a)
         elif key in _UNARY or key in _BINARY or key in ("aten.pow", "aten.gelu"):
             a = self._ints_to_float(node, a)
-        x = a.get("self", a.get("input"))
+        x = a.get("self", a.get("input", a.get("a")))   # ("a": prims.convert_element_type)
         if key in _UNARY:
             return b.unary(_UNARY[key], self.val(x, node), name)
         if key == "aten.gelu":

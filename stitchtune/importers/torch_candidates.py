@@ -60,7 +60,7 @@ def _tensor_ok(val: Any, index: bool = False) -> str | None:
 
 
 
-_CAST_KEYS = frozenset({"aten.to", "aten._to_copy", "aten.type_as"})
+_CAST_KEYS = frozenset({"aten.to", "aten._to_copy", "aten.type_as", "prims.convert_element_type"})
 #: ops that may read int32/int64 tensors: casts, views of ids, graph.json's int ops (int arithmetic,
 #: comparisons, ``where``), and the float ops that read an int tensor as torch does (promoted to float32)
 _INT_OK = frozenset({*_CAST_KEYS, "aten.view", "aten.reshape", "aten._unsafe_view",

@@ -47,7 +47,8 @@ FOLDABLE: frozenset[str] = frozenset({
     "aten.permute", "aten.transpose", "aten.t", "aten.cat", "aten.clone", "aten.contiguous", "aten.alias",
     "aten.detach", "aten.to", "aten._to_copy", "aten.type_as", "aten.split", "aten.chunk",
     "aten.sin", "aten.cos", "aten.exp", "aten.pow", "aten.reciprocal", "aten.sqrt", "aten.rsqrt",
-    "aten.mm", "aten.matmul", "aten.bmm", "aten.float", "aten.repeat", "aten.max", "aten.min", "aten.sum"})
+    "aten.mm", "aten.matmul", "aten.bmm", "aten.float", "aten.repeat", "aten.max", "aten.min", "aten.sum",
+    "prims.iota", "prims.convert_element_type"})   # (the decompositions of arange and of a dtype cast)
 
 
 def _real(t: Any) -> bool:

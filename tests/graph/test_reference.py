@@ -15,7 +15,7 @@ import scipy.special
 
 from stitchtune.errors import StitchtuneError
 from stitchtune.graph.parse import load_graph, parse_graph
-from stitchtune.graph.ops import INDEX_KINDS, OPS, format_float_literal
+from stitchtune.graph.ops import INDEX_KINDS, INT_CTYPES, INT_CUDA, OPS, format_float_literal
 from stitchtune.graph.reference import numpy_dtype, random_inputs, run_reference
 
 
@@ -120,7 +120,8 @@ def test_format_float_literal_exact_and_range() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_cuda_templates_compile(tmp_path: Path) -> None:
-    """Every template and a few literals compile as fp32 device code (nvcc, no GPU needed)."""
+    """Every template and a few literals compile as fp32 device code, and the int templates at both
+    widths (nvcc, no GPU needed)."""
     lines = []
     trig = []   # sinf/cosf use one double multiply in their slow path (|x| > ~1e5: Payne-Hanek)
     for k, info in enumerate(sorted(OPS.values(), key=lambda o: o.name)):
@@ -132,9 +133,16 @@ def test_cuda_templates_compile(tmp_path: Path) -> None:
             lines.append(f"  out[{k}] += {info.combine('a', 'b')} + {format_float_literal(info.identity)};")
     for j, c in enumerate([1e-5, -2.5, math.inf, -math.inf, -0.0, 3.4e38]):
         lines.append(f"  out[{100 + j}] = a * {format_float_literal(c)};")
+    ints = []   # the int templates at both widths (wrapping through the unsigned type; float -> int)
+    for width, ct in INT_CTYPES.items():
+        for op, tpl in sorted(INT_CUDA.items()):
+            args = ["a"] if op == "from_float" else [f"(({ct['s']})(i{k}))" for k in range(OPS[op].arity)]
+            ints.append(f"  {ct['s']} q_{width}_{op} = {tpl.format(*args, **ct)};  iout[0] += (long long)q_{width}_{op};")
     src = ("extern \"C\" __global__ void k(float* out, float a, float b, float c) {\n"
            + "\n".join(lines) + "\n}\n"
-           + "extern \"C\" __global__ void k_trig(float* out, float a) {\n" + "\n".join(trig) + "\n}\n")
+           + "extern \"C\" __global__ void k_trig(float* out, float a) {\n" + "\n".join(trig) + "\n}\n"
+           + "extern \"C\" __global__ void k_int(long long* iout, float a, long long i0, long long i1) {\n"
+           + "\n".join(ints) + "\n}\n")
     cu = tmp_path / "ops.cu"
     cu.write_text(src)
     r = subprocess.run(["nvcc", "-c", "-arch=sm_80", "-Werror", "all-warnings", str(cu), "-o",

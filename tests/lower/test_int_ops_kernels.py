@@ -1,6 +1,7 @@
 """Int values computed inside stitched kernels: a causal mask built from two ``iota``s, a comparison and a
 ``where`` into a softmax; position ids (``iota`` + an int64 offset, wrapping int arithmetic) stored as
-int outputs; a float -> int cast; a bool ``reduce_sum`` count. Every schedule checked is emulated
+int outputs; a float -> int cast; a bool ``reduce_sum`` count (per row, and cross entropy's
+``ignore_index`` count over the rows). Every schedule checked is emulated
 against the reference: int outputs bit-exact, float ones within 1e-5."""
 
 from __future__ import annotations
@@ -71,6 +72,26 @@ def position_ids() -> Any:
         "outputs": ["pos", "cl2", "neg", "lab", "mask"]})
 
 
+def ignore_index_count() -> Any:
+    """Cross entropy's ``ignore_index``: ``valid = labels != -100`` (an int64 comparison per row), the
+    log-sum-exp of each row kept where valid, their sum and the count of valid rows (a bool
+    ``reduce_sum`` over the rows: cross reductions)."""
+    return parse_graph({
+        "name": "ce_count", "inputs": {"x": {"shape": [16, 32], "dtype": "float32"},
+                                       "labels": {"shape": [16, 1], "dtype": "int64"}},
+        "nodes": [
+            {"id": "m", "op": "reduce_max", "args": ["x"], "axes": [-1], "keepdims": True},
+            {"id": "e", "op": "sub", "args": ["x", "m"]},
+            {"id": "ee", "op": "exp", "args": ["e"]},
+            {"id": "s", "op": "reduce_sum", "args": ["ee"], "axes": [-1], "keepdims": True},
+            {"id": "ls", "op": "log", "args": ["s"]},
+            {"id": "valid", "op": "ne", "args": ["labels", -100]},
+            {"id": "w", "op": "where", "args": ["valid", "ls", 0.0]},
+            {"id": "loss", "op": "reduce_sum", "args": ["w"], "axes": [0, 1], "keepdims": True},
+            {"id": "cnt", "op": "reduce_sum", "args": ["valid"], "axes": [0, 1], "keepdims": True}],
+        "outputs": ["loss", "cnt"]})
+
+
 HOSTILE_PAST = np.array([[5], [-7], [2**40], [0], [1], [2], [2**62], [-(2**62)]], np.int64)
 
 
@@ -78,6 +99,8 @@ def _inputs(g: Any) -> dict[str, np.ndarray]:
     x = random_inputs(g, 3)
     if "past" in x:
         x["past"] = np.resize(HOSTILE_PAST, x["past"].shape)
+    if "labels" in x:
+        x["labels"] = np.resize(np.array([[3], [-100], [2**40], [-100], [0]], np.int64), x["labels"].shape)
     if "ids" in x:
         x["ids"] = np.random.default_rng(0).integers(-(2**31), 2**31, x["ids"].shape).astype(np.int32)
         x["ids"].ravel()[::5] = -100
@@ -112,6 +135,10 @@ def test_causal_mask_softmax_emulates_exactly(pos_dtype: str) -> None:
 
 def test_position_ids_emulate_exactly() -> None:
     _check(position_ids(), 6)
+
+
+def test_ignore_index_count_emulates_exactly() -> None:
+    _check(ignore_index_count(), 6)
 
 
 def test_int_values_are_registers_of_their_width() -> None:
@@ -152,7 +179,7 @@ def test_unsupported_int_regions_are_one_line(nodes: list[dict], outputs: list[s
 def int_op_programs() -> list[Any]:
     """Programs of the graphs above for the batched sm_90 build (tests/lower/test_int_input_kernels.py)."""
     programs = []
-    for g in (causal_softmax("int64"), causal_softmax("int32"), position_ids()):
+    for g in (causal_softmax("int64"), causal_softmax("int32"), position_ids(), ignore_index_count()):
         plan, space, scheds = schedules(g, 2)
         programs += [lower(g, plan, s, DEV, space) for s in scheds]
     return programs
