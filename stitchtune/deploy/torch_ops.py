@@ -49,7 +49,8 @@ __all__ = ["Built", "DynamicRegionKernel", "GuardedRegion", "RegionError", "Regi
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "bool": torch.bool}
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "bool": torch.bool,
+           "int32": torch.int32, "int64": torch.int64}
 _registry: dict[str, Any] = {}   # key -> RegionKernel | DynamicRegionKernel
 _lock = threading.Lock()
 #: packed argument sets kept per region and GPU (one per distinct set of pointers, oldest dropped)

@@ -426,6 +426,27 @@ def test_a_masked_softmax_with_a_bool_mask_is_one_emulated_region() -> None:
     assert len(report.stitched) == 1 and {"aten.where", "aten._softmax"} <= set(report.stitched[0].ops)
 
 
+def test_a_region_with_an_int64_output_passes_the_fake_check_and_matches_eager_exactly() -> None:
+    """Cross entropy's ``where(target != ignore_index, target, 0)``: a region whose output is int64
+    (its fake result and its emulated run both carry the int dtype), not declined."""
+    def f(x: Any, t: Any) -> Any:
+        safe = torch.where(t != -100, t, 0)
+        return x * 2.0 + 1.0, safe
+
+    torch.manual_seed(0)
+    x, t = torch.randn(16, 8), torch.randint(0, 8, (16,))
+    t[3] = -100
+    torch_backend.LAST_REPORTS.clear()
+    got = _compile(f, fallback="eager", cpu="emulate")(x, t)
+    want = f(x, t)
+    assert got[1].dtype == torch.int64 and torch.equal(got[1], want[1])
+    assert torch.allclose(got[0], want[0], atol=1e-6)
+    [report] = torch_backend.LAST_REPORTS
+    int_regions = [r for r in report.stitched if {"aten.ne", "aten.where"} <= set(r.ops)]
+    assert int_regions, (report.stitched, report.declined)
+    assert not [d for d in report.declined if "fake" in str(d)], report.declined
+
+
 def test_cubins_are_built_in_one_batch_and_a_failed_build_declines_its_region(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA compile path without a GPU: the builder gets every region's source at once; a source
     it fails on declines that region only."""
