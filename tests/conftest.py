@@ -15,14 +15,25 @@ every test and worker that asks for it.
 Tests marked ``waits`` (long wall-clock, mostly waiting on subprocesses) are moved to the front of the
 collection, so that pytest-xdist starts them first and the many short tests even out the end of the
 run (collected late, they kept one worker busy for a minute or two after the other had finished).
+
+Under pytest-xdist every worker runs its math libraries (OpenMP: torch's intra-op pool; OpenBLAS, MKL)
+with one thread, unless the variable is set already: ``-n auto`` starts one worker per core, and a
+second thread per worker only oversubscribes the cores (idle pool threads spin for their next task).
+Set here, before numpy or torch is imported; the tests' subprocesses inherit it.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
+from pathlib import Path  # noqa: E402
 from typing import Callable
 
-import pytest
+import pytest  # noqa: E402
 
 from helpers import EXAMPLES_DIR, FULL_EXAMPLES, SMALL_EXAMPLES
 
@@ -43,8 +54,6 @@ def default_db(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
 @pytest.fixture(scope="session")
 def shared_build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory of this run shared by all xdist workers (each worker's base temp is one level down)."""
-    import os
-
     base = tmp_path_factory.getbasetemp()
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     path = root / "shared-nvcc"
