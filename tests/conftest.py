@@ -20,6 +20,14 @@ Under pytest-xdist every worker runs its math libraries (OpenMP: torch's intra-o
 with one thread, unless the variable is set already: ``-n auto`` starts one worker per core, and a
 second thread per worker only oversubscribes the cores (idle pool threads spin for their next task).
 Set here, before numpy or torch is imported; the tests' subprocesses inherit it.
+
+An xdist worker collects its garbage at the end of its session, then freezes what is left
+(``gc.freeze``), before it reports back (``pytest_sessionfinish``). pytest's own clean-up runs five full
+collections after that report, and execnet gives a worker 5 s to finish once the controller has all
+reports, then sends it SIGINT: five passes over a heap with torch and transformers in it took longer on a
+loaded machine, and the KeyboardInterrupt either cut the clean-up short (its unraisable-exception
+report lost) or landed in hypothesis' gc callback (``PytestUnraisableExceptionWarning``). The same
+garbage is collected, and its unraisable exceptions reported, as before.
 """
 
 from __future__ import annotations
@@ -36,6 +44,19 @@ from typing import Callable
 import pytest  # noqa: E402
 
 from helpers import EXAMPLES_DIR, FULL_EXAMPLES, SMALL_EXAMPLES
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In an xdist worker: collect garbage (at most five passes, as pytest's clean-up), then freeze the rest,
+    so that the clean-up after the worker's report is quick (see the module docstring)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import gc
+
+        for _ in range(5):
+            if not gc.collect():
+                break
+        gc.freeze()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
