@@ -223,10 +223,24 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
             ok = (idx >= 0) & (idx < table.shape[0])
             rows = table[idx.clamp(0, table.shape[0] - 1)]
             return rows * ok.reshape(ok.shape + (1,) * (table.dim() - 1)).to(rows.dtype)
+        if op == "gather_elements":  # torch.gather; out-of-range index: 0, as the reference
+            x, idx = args
+            ax = int(node.axis or 0)
+            part = x[tuple(slice(0, d) if k != ax else slice(None) for k, d in enumerate(idx.shape))]
+            ok = (idx >= 0) & (idx < x.shape[ax])
+            return torch.gather(part, ax, idx.clamp(0, x.shape[ax] - 1)) * ok.to(x.dtype)
+        if op == "iota":
+            shape, ax = tuple(node.shape), int(node.axis or 0)
+            line = torch.arange(shape[ax], dtype=torch.int64)
+            return line.reshape([-1 if d == ax else 1 for d in range(len(shape))]).expand(shape)
         if op == "cast":
             to = node.to or node.dtype
             if to == "bool":
                 return (args[0] != 0).to(torch.float32)
+            if to in ("int32", "int64"):
+                return args[0].to(torch.int64)
+            if not args[0].is_floating_point():   # an int value made float
+                return args[0].to(torch.float32)
             if to in _SIXTEEN_BIT:  # round to the target type, keep computing in float32
                 return args[0].to(torch_dtype(to)).to(torch.float32)
             return args[0]
@@ -379,8 +393,22 @@ def jax_function(graph: Graph) -> Callable[..., tuple]:
                 ok = (idx >= 0) & (idx < table.shape[0])
                 rows = table[jnp.clip(idx, 0, table.shape[0] - 1)]
                 val = rows * ok.reshape(ok.shape + (1,) * (table.ndim - 1)).astype(f32)
+            elif op == "gather_elements":  # take_along_axis; out-of-range index: 0, as the reference
+                x, idx = args
+                ax = int(node.axis or 0)
+                part = x[tuple(slice(0, d) if k != ax else slice(None) for k, d in enumerate(idx.shape))]
+                ok = (idx >= 0) & (idx < x.shape[ax])
+                val = jnp.take_along_axis(part, jnp.clip(idx, 0, x.shape[ax] - 1), axis=ax) * ok.astype(x.dtype)
+            elif op == "iota":
+                shape, ax = tuple(node.shape), int(node.axis or 0)
+                line = jnp.arange(shape[ax]).reshape([-1 if d == ax else 1 for d in range(len(shape))])
+                val = jnp.broadcast_to(line, shape)
             elif op == "cast" and (node.to or node.dtype) == "bool":
                 val = (args[0] != 0).astype(f32)
+            elif op == "cast" and (node.to or node.dtype) in ("int32", "int64"):
+                val = args[0].astype(jnp.int32 if (node.to or node.dtype) == "int32" else jnp.int64)
+            elif op == "cast" and jnp.issubdtype(args[0].dtype, jnp.integer):   # an int value made float
+                val = args[0].astype(f32)
             elif op == "cast":
                 to = node.to or node.dtype
                 val = args[0].astype(_jax_dtype(to)).astype(f32) if to in _SIXTEEN_BIT else args[0]

@@ -105,6 +105,14 @@ def _every_op_graph() -> dict:
             nodes += [{"id": f"h{i}", "op": "slice", "args": [last], "axis": -1, "start": 4, "stop": 8},
                       {"id": f"l{i}", "op": "slice", "args": [last], "axis": -1, "start": 0, "stop": 4},
                       {"id": nid, "op": op, "args": [f"h{i}", f"l{i}"], "axis": -1}]
+        elif op == "iota":  # column coordinates, made float and scaled
+            nodes += [{"id": f"q{i}", "op": op, "args": [], "shape": [4, 8], "axis": 1, "dtype": "int32"},
+                      {"id": f"r{i}", "op": "cast", "args": [f"q{i}"], "to": "float32"},
+                      {"id": f"v{i}", "op": "mul", "args": [f"r{i}", 0.125]},
+                      {"id": nid, "op": "add", "args": [f"v{i}", last]}]
+        elif op == "gather_elements":  # one column of the running value per row (cross entropy's pick)
+            nodes += [{"id": f"g{i}", "op": op, "args": [last, "cols"], "axis": 1},
+                      {"id": nid, "op": "add", "args": [f"g{i}", last]}]
         elif kind == "gather":  # rows of y by the index input (a row of zeros for index -1 is in test_gather)
             nodes += [{"id": f"g{i}", "op": op, "args": ["y", "ids"], "axis": 0},
                       {"id": nid, "op": "add", "args": [f"g{i}", last]}]
@@ -129,7 +137,8 @@ def _every_op_graph() -> dict:
         last = f"s{i}"
     nodes.append({"id": "mx", "op": "maximum", "args": [0.25, last]})
     nodes.append({"id": "out", "op": "cast", "args": ["mx"], "to": "float16"})
-    return {"name": "every_op", "inputs": {"x": x, "y": x, "ids": {"shape": [4], "dtype": "int32"}},
+    return {"name": "every_op", "inputs": {"x": x, "y": x, "ids": {"shape": [4], "dtype": "int32"},
+                                              "cols": {"shape": [4, 1], "dtype": "int64"}},
             "nodes": nodes, "outputs": ["out", last]}
 
 

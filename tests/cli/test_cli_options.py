@@ -152,13 +152,15 @@ def test_run_inputs_repeatable_and_filled_by_random_inputs(tmp_path: Path) -> No
 
 
 def test_a_given_schedule_the_device_cannot_run_is_an_error_line(tmp_path: Path) -> None:
-    """A grid barrier over 1024 blocks where a T4 holds 640: the emulator's fault becomes the message."""
+    """A grid barrier over 1024 blocks where a T4 holds 640: refused by the resource check, one line."""
     sched = {"block": 64, "combine": "warp", "min_blocks": 2, "reuse": ["shared", "register"],
              "schemes": ["independent", "global"], "split": 8, "tasks_per_block": 2, "tpr": 64, "vec": 1}
     rc, _out, err = call(["run", G, "--random-inputs", "0", "--out", str(tmp_path / "o.npz"), "--backend", "emulate",
                           "--device", "t4", "--schedule", json.dumps(sched)])
     assert rc == 2 and "Traceback" not in err
-    assert err.startswith("stitchtune: error: --schedule cannot run on Tesla T4") and "co-resident" in err
+    # refused before any kernel runs: the space's resource check names the device, the kernel and the limit
+    assert err.startswith("stitchtune: error: does not fit Tesla T4: kernel ") and "co-resident" in err
+    assert err.count("\n") == 1
 
 
 @pytest.mark.parametrize("text,message", [('{"block": 7}', "missing key 'tpr'"),
