@@ -83,14 +83,17 @@ def test_out_of_range_targets_give_zero_and_the_flag(make) -> None:
         assert all(clean[b][0] == 0 for b in gather_flag_buffers(prog))
 
 
-def test_cross_entropy_is_one_launch_under_the_grid_combine() -> None:
-    g = ce_graph(64, 1000)
+@pytest.mark.parametrize("make", [ce_graph, ce_ignore_graph])
+def test_cross_entropy_is_one_launch_under_the_grid_combine(make) -> None:
+    """Also with ``ignore_index`` (two rows ignored): the count and the masked sum share the combine."""
+    g = make(64, 1000)
     plan, space, _ = _schedules(g, 0)
     s = next(s for s in (space.sample(random.Random(i)) for i in range(400))
              if s.cross_combine == "grid" and set(s.schemes) <= {"local", "regional", "global"})
     prog = lower(g, plan, s, DEV, space)
     assert len(prog.launches) == 1, [ln.kernel for ln in prog.launches]
     x = random_inputs(g, 4)
+    x["target"][[5, 17], 0] = -100 if make is ce_ignore_graph else x["target"][[5, 17], 0]
     out = emulate_program(prog, x, coresident_limit=ALL)
     assert rel_err(out["loss"], run_reference(g, x)["loss"]) < 1e-5
 
@@ -161,15 +164,3 @@ def test_cross_entropy_with_every_row_ignored_gives_nan_without_the_flag() -> No
         out = emulate_program(prog, x, coresident_limit=ALL, scratch_out=scratch)
         assert np.isnan(out["loss"]).all() and np.isnan(run_reference(g, x)["loss"]).all(), s.to_json()
         assert all(scratch[b][0] == 0 for b in gather_flag_buffers(prog)), s.to_json()
-
-
-def test_cross_entropy_with_ignore_index_is_one_launch_under_the_grid_combine() -> None:
-    g = ce_ignore_graph(64, 1000)
-    plan, space, _ = _schedules(g, 0)
-    s = next(s for s in (space.sample(random.Random(i)) for i in range(400))
-             if s.cross_combine == "grid" and set(s.schemes) <= {"local", "regional", "global"})
-    prog = lower(g, plan, s, DEV, space)
-    assert len(prog.launches) == 1, [ln.kernel for ln in prog.launches]
-    x = _ce_targets(64, 1000, [5, 17], 4)
-    out = emulate_program(prog, x, coresident_limit=ALL)
-    assert rel_err(out["loss"], run_reference(g, x)["loss"]) < 1e-5
