@@ -164,3 +164,17 @@ def test_cross_entropy_with_every_row_ignored_gives_nan_without_the_flag() -> No
         out = emulate_program(prog, x, coresident_limit=ALL, scratch_out=scratch)
         assert np.isnan(out["loss"]).all() and np.isnan(run_reference(g, x)["loss"]).all(), s.to_json()
         assert all(scratch[b][0] == 0 for b in gather_flag_buffers(prog)), s.to_json()
+
+
+def test_int_arithmetic_next_to_a_pick_read_by_input_index() -> None:
+    """Int registers (``t + 1`` cast to float) beside a pick whose index is the input itself."""
+    g = parse_graph({"name": "g", "inputs": {"x": {"shape": [5, 24], "dtype": "float32"},
+                                             "t": {"shape": [5, 1], "dtype": "int64"}},
+                     "nodes": [{"id": "s", "op": "reduce_sum", "args": ["x"], "axes": [-1], "keepdims": True},
+                               {"id": "p", "op": "gather_elements", "args": ["x", "t"], "axis": 1},
+                               {"id": "ti", "op": "add", "args": ["t", 1]},
+                               {"id": "tf", "op": "cast", "args": ["ti"], "to": "float32"},
+                               {"id": "o", "op": "add", "args": ["p", "tf"]},
+                               {"id": "y", "op": "add", "args": ["o", "s"]}],
+                     "outputs": ["y"]})
+    _check(g, random_inputs(g, 6), 1e-5)
