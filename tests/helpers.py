@@ -773,6 +773,26 @@ def ce_graph(rows: int = 16, cols: int = 1000, dtype: str = "float32", idx_shape
         "outputs": list(outputs)})
 
 
+def ce_ignore_graph(rows: int = 16, cols: int = 100, ignore: int = -100, outputs: tuple[str, ...] = ("loss",)) -> object:
+    """Cross entropy with ``ignore_index`` (``F.cross_entropy(x, t, ignore_index=ignore)``): the pick's index
+    is computed in the region (``where(t != ignore, t, 0)``) and the loss is the mean over the rows kept,
+    ``sum(where(valid, -picked, 0)) / sum(valid)`` (the scalar epilogue of two cross reductions)."""
+    return parse_graph({
+        "name": "cei", "inputs": {"logits": {"shape": [rows, cols], "dtype": "float32"},
+                                  "target": {"shape": [rows, 1], "dtype": "int64"}},
+        "nodes": [{"id": "valid", "op": "ne", "args": ["target", ignore]},
+                  {"id": "tc", "op": "where", "args": ["valid", "target", 0]},
+                  _keep_red("mx", "reduce_max", "logits", [-1]), {"id": "sh", "op": "sub", "args": ["logits", "mx"]},
+                  {"id": "e", "op": "exp", "args": ["sh"]}, _keep_red("se", "reduce_sum", "e", [-1]),
+                  {"id": "ls", "op": "log", "args": ["se"]}, {"id": "logp", "op": "sub", "args": ["sh", "ls"]},
+                  {"id": "picked", "op": "gather_elements", "args": ["logp", "tc"], "axis": 1},
+                  {"id": "nll", "op": "neg", "args": ["picked"]},
+                  {"id": "nz", "op": "where", "args": ["valid", "nll", 0.0]},
+                  _keep_red("total", "reduce_sum", "nz", [0, 1]), _keep_red("cnt", "reduce_sum", "valid", [0, 1]),
+                  {"id": "loss", "op": "div", "args": ["total", "cnt"]}],
+        "outputs": list(outputs)})
+
+
 # ---------------------------------------------------------------------------- torch backend
 def torch_block(h: int = 16) -> Any:
     """A torch module (torch is imported here): LayerNorm -> Linear -> GELU -> softmax, two

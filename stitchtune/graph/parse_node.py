@@ -31,7 +31,7 @@ from stitchtune.graph.values import (
     broadcast_shapes,
     promote_dtypes,
 )
-from stitchtune.graph.ops import GATHER_KINDS, INDEX_KINDS, OPS, OpInfo
+from stitchtune.graph.ops import INDEX_KINDS, OPS, OpInfo
 from stitchtune.graph.index_checks import index_attributes, index_spec
 
 #: op kinds that take a tensor of any dtype (bool, float, int): they convert it (cast) or only move
@@ -269,7 +269,7 @@ def _node_args(rn: dict[str, Any], i: int, path: str, nid: Any, id_ok: bool, inf
         ok = False
     if ok and info is not None:
         ok = _check_arg_types(path, info, values, specs, p)
-    if ok and info is not None and info.kind in GATHER_KINDS and isinstance(values[-1], str) \
+    if ok and info is not None and info.kind == "gather" and isinstance(values[-1], str) \
             and specs[-1].dtype in INT_DTYPES and not scope.defined_at.get(values[-1], "").startswith("inputs"):
         p.add(f"{path}.args[1]", f"{info.name} needs an int32/int64 graph input as its index; {_show(values[-1])} is "
                                  "computed (index with the input it is a view of)")

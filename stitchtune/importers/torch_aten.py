@@ -93,6 +93,59 @@ def _is_bool(x: Any) -> bool:
     return hasattr(x, "meta") and _meta(x)[1] == "bool"
 
 
+def _is_view(n: Any) -> bool:
+    return bool(n.op == "call_function" and _key(n.target) in _VIEWS)
+
+
+def _row_lift_ok(n: Any, m: Any, members: set[Any], B: int) -> bool:
+    """Whether fx node ``m``, an argument or a user of row vector ``n``, fits the lift: a member, a 0-d
+    value (a reduction of one, a scalar), or the keepdim form ``(B, 1)`` on the other side of a view."""
+    if m in members:
+        return True
+    val = m.meta.get("val") if hasattr(m, "meta") else None
+    shape = tuple(getattr(val, "shape", (None,)))
+    return shape == () or (shape == (B, 1) and (_is_view(m) if m in n.users else _is_view(n)))
+
+
+def row_vectors(gm: Any) -> frozenset[str]:
+    """The rank-1 ``[B]`` values of ``gm`` that torch's ``squeeze`` / ``unsqueeze`` of keepdim ``[B, 1]``
+    results say are one value per row (cross entropy's target, mask and picked loss next to
+    ``logits [B, C]``): the graph holds them as ``[B, 1]``, so that they broadcast along the rows.
+    A connected set of ``[B]`` values (fx edges between them) is lifted when one of them is squeezed from
+    or unsqueezed to ``[B, 1]`` and every argument and user outside the set is a 0-d value or such a view
+    (a ``[B]`` value read along the columns of a ``[C, B]`` tensor is never lifted). Static shapes only."""
+    def shape(n: Any) -> tuple[int, ...] | None:
+        val = n.meta.get("val") if hasattr(n, "meta") else None
+        dims = tuple(getattr(val, "shape", None) or ()) if val is not None and hasattr(val, "shape") else None
+        return dims if dims is not None and all(type(d) is int for d in dims) else None   # (no symbolic dim)
+
+    nodes = [n for n in gm.graph.nodes if n.op in ("placeholder", "call_function")]
+    out: set[str] = set()
+    seen: set[Any] = set()
+    for start in nodes:
+        sh = shape(start)
+        if start in seen or sh is None or len(sh) != 1 or sh[0] <= 1:
+            continue
+        B = sh[0]
+        comp, stack = set(), [start]
+        while stack:   # the [B] values connected to ``start``
+            n = stack.pop()
+            if n in comp:
+                continue
+            comp.add(n)
+            for m in [*(a for a in n.all_input_nodes), *n.users]:
+                if m.op in ("placeholder", "call_function") and shape(m) == (B,):
+                    stack.append(m)
+        seen |= comp
+        keyed = [m for n in comp for m in [*n.all_input_nodes, *n.users] if m not in comp and shape(m) == (B, 1)
+                 and (_is_view(m) if m in n.users else _is_view(n))]
+        if not keyed:
+            continue
+        if all(_row_lift_ok(n, m, comp, B) for n in comp for m in [*n.all_input_nodes, *n.users] if m.op != "output"):
+            out |= {n.name for n in comp}
+    return frozenset(out)
+
+
 class _Walker(LayoutOps):
     def __init__(self, cap: _Captured, b: GraphBuilder, user_values: list[Value],
                  param_dtype: Callable[[str, Any], str]) -> None:
@@ -102,6 +155,12 @@ class _Walker(LayoutOps):
         self.params: list[tuple[str, np.ndarray]] = []
         self.param_dtype = param_dtype
         self.forced_keepdim = self._keepdim_prepass()
+        self.rows = row_vectors(cap.gm)   # [B] values held as [B, 1] (user inputs: the caller's shapes)
+        for n in cap.gm.graph.nodes:   # a caller that gave a row vector input as [B] gets no lift
+            if n.op == "placeholder" and n.name in self.rows and cap.bindings.get(n.name, ("", 0))[0] == "user" \
+                    and tuple(user_values[cap.bindings[n.name][1]].shape) != (*self.tshape(n), 1):
+                self.rows = frozenset()
+                break
         self.current: Any = None
         self._exact: dict[str, Value] = {}
         self._order: dict[Any, int] | None = None   # node -> position, for in-place ops
@@ -129,6 +188,8 @@ class _Walker(LayoutOps):
         """PyTorch dims of ``x`` -> graph axes of its value (size-1 leading dims may differ)."""
         v = self.val(x, node)
         t = self.tshape(x)
+        if getattr(x, "name", None) in self.rows and tuple(v.shape) == (*t, 1):
+            return [0, 1]   # a row vector's reduction reduces all of it (its graph form [B, 1])
         if _strip1(t) != _strip1(v.shape):
             raise ImportError_(f"{node.target} at {_where(node)}: reducing a broadcast or reshaped tensor "
                                f"(PyTorch shape {list(t)}, graph shape {list(v.shape)}) is not supported")
@@ -249,7 +310,8 @@ class _Walker(LayoutOps):
             raise ImportError_(f"{node.target} at {_where(node)}: a constant tensor is not supported")
         if v.dtype != dt:
             v = self.b.cast(v, dt, node.name)
-        if not _fits(v.shape, t) and node.name not in self.forced_keepdim:
+        if not _fits(v.shape, t) and node.name not in self.forced_keepdim and not (
+                node.name in self.rows and tuple(v.shape) == (*t, 1)):
             raise ImportError_(f"{node.target} at {_where(node)}: graph shape {list(v.shape)} does not match "
                                f"PyTorch shape {list(t)}")
         return v
@@ -502,6 +564,9 @@ class _Walker(LayoutOps):
         broadcasts to the result (no node), else a ``reshape`` (``expand`` is implicit broadcasting)."""
         v = self.val(x, node)
         t_in, t_new = self.tshape(x), self.tshape(node)
+        if (getattr(x, "name", None) in self.rows or node.name in self.rows) and len(v.shape) == 2 and \
+                tuple(v.shape) in ((*t_new, 1), tuple(t_new)):   # a row vector's [B] <-> [B, 1]: no node
+            return v
         if _fits(v.shape, t_new) and (
                 key in ("aten.expand", "aten.expand_as")
                 or _strip1(t_in) == _strip1(t_new)

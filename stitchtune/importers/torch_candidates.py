@@ -81,11 +81,15 @@ GATHER_INDEX_ARG = {"aten.gather": 2, "aten.take_along_dim": 1}
 
 
 def _gather_index_view(node: Any) -> bool:
-    """Whether ``node`` (a view) makes an integer tensor that a gather along an axis reads as its index:
-    graph.json indexes by graph inputs, so the view stays outside the region (PyTorch makes it, no
-    kernel) and the region reads it as an input."""
+    """Whether ``node`` (a view of an input) makes an integer tensor that a gather along an axis reads as
+    its index: the view stays outside the region (PyTorch makes it, no kernel) and the region reads it as
+    an input. A view of a computed index (``where(t != ignore, t, 0).unsqueeze(1)``) stays a candidate:
+    the region computes the index (a pick's index may be an int register)."""
     val = node.meta.get("val")
     if val is None or getattr(val, "dtype", None) is None or val.dtype.is_floating_point:
+        return False
+    src = node.args[0] if node.args else None
+    if getattr(src, "op", None) == "call_function":   # a computed index (ignore_index's where): in the region
         return False
     return any(_key(u.target) in GATHER_INDEX_ARG and len(u.args) > GATHER_INDEX_ARG[_key(u.target)]
                and u.args[GATHER_INDEX_ARG[_key(u.target)]] is node for u in node.users)

@@ -113,7 +113,9 @@ class LayoutOps:
     def _gather_elements(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
         """``gather(self, dim, index)`` / ``take_along_dim(self, indices, dim)`` (index of ``self``'s
         shape along ``dim``, no broadcasting): graph.json's ``gather_elements``, its index an int32/int64
-        graph input (the candidates leave an index view such as ``target.unsqueeze(1)`` to PyTorch)."""
+        graph input (the candidates leave an index view of an input such as ``target.unsqueeze(1)`` to
+        PyTorch) or an int tensor the region computes (``where(t != ignore, t, 0)``, a pick's per-row index;
+        the planner refuses other computed indices naming the gather)."""
         idx_arg = a.get("index", a.get("indices"))
         dim = a.get("dim")
         t = self.tshape(node)
@@ -121,9 +123,9 @@ class LayoutOps:
             raise ImportError_(f"{node.target} at {_where(node)}: graph.json's gather_elements needs a dim and an "
                                "index of the result's shape (no broadcasting of the indices)")
         ids = self.val(idx_arg, node)
-        if ids.dtype not in ("int32", "int64") or not self.b.is_input(ids) or tuple(ids.shape) != tuple(t):
-            raise ImportError_(f"{node.target} at {_where(node)}: the index must be an int32/int64 tensor that "
-                               "is a graph input of the result's shape (graph.json gathers by input indices only)")
+        if ids.dtype not in ("int32", "int64") or tuple(ids.shape) != tuple(t):
+            raise ImportError_(f"{node.target} at {_where(node)}: the index must be an int32/int64 tensor of the "
+                               "result's shape (a graph input, or computed in the region)")
         src = self.exact(x, node)
         return self.b.layout("gather_elements", [src, ids], t, str(src.dtype), node.name, axis=int(dim) % len(t))
 

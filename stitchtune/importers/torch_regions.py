@@ -67,6 +67,7 @@ from stitchtune.importers.torch_aten import (
     _Walker,
     _where,
     index_dtype_name,
+    row_vectors,
     value_dtype_name,
 )
 from stitchtune.importers.torch_candidates import (
@@ -208,10 +209,13 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
             return _Culprit(next(n for n in full if x in fx_args(n)), f"reads the 0-d tensor {x.name!a}")
     b = GraphBuilder(name)
     values = []
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    rows = row_vectors(sub)   # [B] inputs the region holds as [B, 1] (one value per row)
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
         val = x.meta["val"]
-        values.append(b.add_input(f"in{i}", tuple(_hint(d) or 1 for d in val.shape), value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))
-    bindings = {ph.name: ("user", i) for i, ph in enumerate(n for n in sub.graph.nodes if n.op == "placeholder")}
+        shape = tuple(_hint(d) or 1 for d in val.shape) + ((1,) if placeholders[i].name in rows else ())
+        values.append(b.add_input(f"in{i}", shape, value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))
+    bindings = {ph.name: ("user", i) for i, ph in enumerate(placeholders)}
     bindings.update({n.name: ("folded", n.meta["folded"]) for n in sub.graph.nodes if n.op == "get_attr"})
     walker = _Walker(_Captured(sub, bindings, "fx"), b, values, lambda fqn, t: "float32")
     try:

@@ -441,12 +441,17 @@ def gather_index(k: RowKernelBuilder, nd: Node, bound: int) -> kir.Var:
     if nd.id in rows:
         return rows[nd.id]
     idx = str(nd.args[1])
-    ibuf = low.in_buf[idx]
-    k.uses["in"].add(ibuf)
-    r = Bin("min", k.ix.row, I(low.p.M - 1))
-    at = low.row_base(idx, r) if low.p.mapped(idx) else r
     gi = k.cx.var("gi", I32)
-    k.rb.append(Assign(gi, kir.IndexLoad(ibuf, at, bound, k.ix.rvalid)))
+    if idx in low.nodes:  # a per-row int register the region computed (plan.remap.check_pick_indices)
+        v, st = k.pvals[idx], low.vtype(idx)
+        ok = Bin("&&", k.ix.rvalid, Bin("&&", Bin(">=", v, Const(0, st)), Bin("<", v, Const(bound, st))))
+        k.rb.append(Assign(gi, Select(ok, v if st == I32 else kir.Cast(v, I32), I(-1))))
+    else:
+        ibuf = low.in_buf[idx]
+        k.uses["in"].add(ibuf)
+        r = Bin("min", k.ix.row, I(low.p.M - 1))
+        at = low.row_base(idx, r) if low.p.mapped(idx) else r
+        k.rb.append(Assign(gi, kir.IndexLoad(ibuf, at, bound, k.ix.rvalid)))
     flag = _flag_buffer(low, nd.id)
     k.cx.scratch.add(flag)
     first = Bin("&&", Bin("==", k.ix.lane, I(0)), Bin("==", k.ix.sidx, I(0)))
@@ -466,6 +471,8 @@ def pick_value(k: RowKernelBuilder, nd: Node) -> kir.Expr | None:
     the reference gives, with the node's error flag raised."""
     low = k.low
     const, loaded = pick_leaves(low.g, nd, domain_of(low.g))
+    if str(nd.args[1]) in low.nodes and str(nd.args[1]) not in k.pvals:  # a computed index, not yet known
+        return None
     for name in const:
         if name not in k.pvals and name not in low.in_buf:
             return None

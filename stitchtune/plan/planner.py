@@ -389,12 +389,13 @@ def make_plan(graph: Graph) -> StitchPlan:
     rotate-half) is mapped by :func:`tensor_axes` on its surrogate, whose layout part keeps its own
     shapes, and lowered with column shifts only (:func:`~stitchtune.plan.remap.check_mixed`)."""
     ints = int_registers(graph)
-    index_op = next((nd for nd in graph.nodes if OPS[nd.op].kind in INDEX_KINDS), None)
+    index_op = next((nd for nd in graph.nodes if OPS[nd.op].kind in INDEX_KINDS and nd.op != "gather_elements"), None)
     if ints and index_op is not None:  # (naming the index op: an importer can leave it out and keep the rest)
         raise UnsupportedGraphError(
             f"{index_op.op} '{index_op.id}' is in a region that computes with int values (graph '{graph.name}'); "
             "stitched kernels lower int arithmetic in element-wise and row-reduction regions without slice, "
-            "concat or gather only")
+            "concat or gather only (gather_elements picks may sit next to it)")
+    remap.check_pick_indices(graph, ints)
     real, graph = graph, remap.surrogate(graph)
     names = [n for n, _ in graph.inputs] + [nd.id for nd in graph.nodes]
     all_red = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]

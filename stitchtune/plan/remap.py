@@ -65,7 +65,7 @@ from stitchtune.graph.parse import Graph, Node, TensorSpec
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.family import Family
 
-__all__ = ["pick_leaves", "check_picks", "OuterSources", "outer_sources", "root_shift", "composed_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
+__all__ = ["pick_leaves", "check_picks", "check_pick_indices", "OuterSources", "outer_sources", "root_shift", "composed_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
            "Shift", "shift_offset", "check_remaps"]
 
 
@@ -593,6 +593,20 @@ def check_picks(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ...]
         live = tuple(c for c in col_axes if domain[c] > 1)
         if live != (len(domain) - len(n.shape) + _axis(n),):
             raise UnsupportedGraphError(_PICK_ONLY.format(n.id, _axis(n)))
+
+
+def check_pick_indices(graph: Graph, ints: frozenset[str]) -> None:
+    """A pick's index is a graph input or a per-row value the region computes in int registers (``ints``,
+    :func:`~stitchtune.plan.ints.int_registers`: cross entropy's ``where(t != ignore, t, 0)``), which the
+    kernel range-checks as it checks a loaded index; a computed index that is not an int register (a
+    reshape of an int input only) is refused naming the node."""
+    inputs = set(graph.input_names)
+    for n in graph.nodes:
+        idx = str(n.args[1]) if n.op == "gather_elements" else ""
+        if idx and idx not in inputs and idx not in ints:
+            raise UnsupportedGraphError(
+                f"gather_elements '{n.id}' reads index '{idx}', which the region computes without int arithmetic "
+                "(a view of an int input); index with the input itself")
 
 
 @dataclass(frozen=True)

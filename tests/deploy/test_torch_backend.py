@@ -557,3 +557,29 @@ def test_nll_of_log_softmax_is_one_stitched_region_and_matches_eager() -> None:
     assert set(region.ops) == {"aten._log_softmax", "aten.gather", "aten.mean", "aten.neg"}
     assert 1 <= region.kernels <= 2
     assert [d.what for d in fwd[0].declined] == ["op aten.unsqueeze"]   # a view PyTorch makes (no kernel)
+
+
+@pytest.mark.parametrize("ignored", [[3], [], list(range(16))])
+def test_cross_entropy_with_ignore_index_is_one_stitched_region(ignored: list[int]) -> None:
+    """``F.cross_entropy(x, t, ignore_index=-100)``: the pick's index ``where(t != -100, t, 0)`` computed
+    in the region, the rank-1 mask and picked loss held per row, the mean over the rows kept as the
+    masked sum over the count: one region, nothing declined, matching eager (NaN when every row is
+    ignored, as in PyTorch)."""
+    def f(x: Any, t: Any) -> Any:
+        return torch.nn.functional.cross_entropy(x, t, ignore_index=-100)
+
+    torch.manual_seed(1)
+    x, t = torch.randn(16, 100), torch.randint(0, 100, (16,))
+    t[ignored] = -100
+    torch_backend.LAST_REPORTS.clear()
+    with torch.no_grad():
+        got = _compile(f, fallback="eager", cpu="emulate")(x, t)
+        want = f(x, t)
+    if ignored == list(range(16)):
+        assert torch.isnan(got) and torch.isnan(want)
+    else:
+        assert abs(float(got) - float(want)) <= 1e-5 * abs(float(want))
+    [rep] = torch_backend.LAST_REPORTS
+    [region] = rep.stitched
+    assert {"aten._log_softmax", "aten.gather", "aten.where", "aten.sum", "aten.div"} <= set(region.ops)
+    assert rep.declined == [] and 1 <= region.kernels <= 2

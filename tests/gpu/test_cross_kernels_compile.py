@@ -1,6 +1,7 @@
 """Every new kernel shape of the cross reductions (main kernel with per-column and scalar combines,
 the zeroing kernel, the partial-sum kernel, the grid-barrier combine; max / min combines and the
-scalar epilogue; cross entropy with a ``gather_elements`` pick of the target) renders and compiles
+scalar epilogue; cross entropy with a ``gather_elements`` pick of the target, also with ``ignore_index``: an
+index computed in int registers and a mean over the rows kept) renders and compiles
 with nvcc for sm_90."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import random
 
 import pytest
 
-from helpers import DEV, ce_graph, compile_programs_sm90, float_graph, setup
+from helpers import DEV, ce_graph, ce_ignore_graph, compile_programs_sm90, float_graph, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.gpu.build import nvcc_found
 from stitchtune.lower.entry import lower
@@ -40,6 +41,10 @@ def test_cross_kernels_compile_for_sm90(tmp_path) -> None:
     space = SearchSpace.for_plan(plan, DEV)
     for s in [heuristic_schedule(plan, DEV, space)] + [x for x in _one_of_each(space, 2) if x.cross_combine != "atomic"]:
         programs.append(lower(g, plan, s, DEV, space))
+    g = ce_ignore_graph(16, 1000, outputs=("loss", "picked"))   # the pick's index computed in i64 registers
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    programs += [lower(g, plan, s, DEV, space) for s in [heuristic_schedule(plan, DEV, space)] + _one_of_each(space, 2)]
     g = float_graph({"x": [8, 64]}, [{"id": "hi", "op": "reduce_max", "args": ["x"], "axes": [0, 1], "keepdims": True},
                                      {"id": "lo", "op": "reduce_min", "args": ["x"], "axes": [0, 1], "keepdims": True},
                                      {"id": "d", "op": "sub", "args": ["hi", "lo"]}], ["d", "lo"])

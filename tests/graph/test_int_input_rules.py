@@ -75,6 +75,17 @@ def test_computed_gather_indices_are_refused() -> None:
                      "(index with the input it is a view of)"]
 
 
+def test_a_computed_gather_elements_index_is_accepted() -> None:
+    """A pick's index may be computed (cross entropy's ``where(t != ignore, t, 0)``); the reference
+    gathers by its values (out-of-range ones give 0.0)."""
+    d = _g([{"id": "v", "op": "ne", "args": ["m", -1]}, {"id": "c", "op": "where", "args": ["v", "m", 0]},
+            {"id": "y", "op": "gather_elements", "args": ["x", "c"], "axis": 1}])
+    m = np.array([[0, -1, 3, 5], [2, 2, -1, 1]])
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    y = run_reference(parse_graph(d), {"x": x, "m": m, "k": m.astype(np.int32), "t": np.zeros((10, 4), np.float32)})["y"]
+    assert y.tolist() == [[0.0, 0.0, 3.0, 0.0], [6.0, 6.0, 4.0, 5.0]]
+
+
 def _cast_all(to: str) -> tuple[object, dict[str, np.ndarray]]:
     g = parse_graph(_g([{"id": "r", "op": "transpose", "args": ["m"], "perm": [1, 0]},
                         {"id": "b", "op": "cast", "args": ["r"], "to": to},

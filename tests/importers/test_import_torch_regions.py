@@ -439,3 +439,46 @@ def test_a_region_without_a_symbolic_graph_says_why(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(torch_regions, "_PROBES", ((8, 9), (1051, 1061)))
     with pytest.raises(StitchtuneError, match="other than through shapes"):
         symbolic_region(second.module, symbolic_dims(second.inputs), [torch.float32], second.name)
+
+
+def _ce_decomposed(x: Any, t: Any) -> Any:
+    """``F.cross_entropy(x, t, ignore_index=-100)`` as Inductor's decompositions write it."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x: Any, t: Any) -> Any:
+        return torch.nn.functional.cross_entropy(x, t, ignore_index=-100)
+
+    return make_fx(f, decomposition_table=select_decomp_table(), tracing_mode="fake")(x, t)
+
+
+def test_rank1_per_row_values_are_held_as_rows() -> None:
+    """Cross entropy's target ``[B]``, its mask and the picked loss (squeezed from a ``[B, 1]`` gather)
+    are held as ``[B, 1]``: one region whose index is computed, whose sums are over the rows, and
+    whose reference (inputs fed as ``[B, 1]``, same bytes) gives PyTorch's loss."""
+    from stitchtune.importers.torch_aten import row_vectors
+
+    x, t = torch.randn(12, 30), torch.randint(0, 30, (12,))
+    t[[2, 7]] = -100
+    gm = _ce_decomposed(x, t)
+    ph = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    assert ph[1] in row_vectors(gm) and ph[0] not in row_vectors(gm)
+    [r] = find_regions(gm).regions
+    assert sorted(tuple(s.shape) for _, s in r.graph.inputs) == [(12, 1), (12, 30)]
+    [pick] = [n for n in r.graph.nodes if n.op == "gather_elements"]
+    assert pick.args[1] not in dict(r.graph.inputs)   # the index where(t != -100, t, 0) is computed
+    feeds = {name: (x if spec.dtype == "float32" else t).numpy().reshape(spec.shape) for name, spec in r.graph.inputs}
+    got = float(run_reference(r.graph, feeds)[r.graph.outputs[0]].ravel()[0])
+    assert abs(got - float(torch.nn.functional.cross_entropy(x, t, ignore_index=-100))) < 1e-5
+
+
+def test_a_rank1_value_also_read_along_the_columns_is_not_lifted() -> None:
+    """``v[:, None]`` says per row but ``v[None, :]`` per column: ``v`` keeps its own shape."""
+    from stitchtune.importers.torch_aten import row_vectors
+
+    def f(x: Any, v: Any) -> Any:
+        w = v * 2.0
+        return x + w[:, None] + w[None, :]
+
+    gm = _aten(f, torch.randn(8, 8), torch.randn(8))
+    assert row_vectors(gm) == frozenset()

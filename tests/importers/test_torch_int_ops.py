@@ -56,7 +56,8 @@ def _check_regions(gm: Any, *args: Any) -> Any:
     split = find_regions(gm)
     assert split.regions
     for r in split.regions:
-        feeds = {name: env[n.name].numpy() for (name, _), n in zip(r.graph.inputs, r.inputs)}
+        # (a rank-1 value held per row is fed as [B, 1], as the region op reshapes it: same bytes)
+        feeds = {name: env[n.name].numpy().reshape(spec.shape) for (name, spec), n in zip(r.graph.inputs, r.inputs)}
         out = run_reference(r.graph, feeds)
         for o, n in zip(r.graph.outputs, r.outputs):
             want = env[n.name].numpy()

@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pytest
 
-from helpers import DEV, ce_graph, rel_err
+from helpers import DEV, ce_graph, ce_ignore_graph, rel_err
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.graph.parse import parse_graph
@@ -60,8 +60,12 @@ def test_a_per_column_bias_and_an_input_pick() -> None:
     _check(g, random_inputs(g, 2), 1e-5)
 
 
-def test_out_of_range_targets_give_zero_and_the_flag() -> None:
-    g = ce_graph(8, 40, outputs=("loss", "picked"))
+@pytest.mark.parametrize("make", [ce_graph, ce_ignore_graph])
+def test_out_of_range_targets_give_zero_and_the_flag(make) -> None:
+    """An index read from the input, or computed in the kernel (``where(t != -100, t, 0)`` keeps -1, 40
+    and 2**40 of 40 classes): the pick is 0.0 (as the reference gives) and the flag is raised; no load
+    leaves the tensor (the emulator checks)."""
+    g = make(8, 40, outputs=("loss", "picked"))
     x = random_inputs(g, 3)
     x["target"][[1, 4, 6], 0] = [-1, 40, 2**40]
     ref = run_reference(g, x)
@@ -79,14 +83,17 @@ def test_out_of_range_targets_give_zero_and_the_flag() -> None:
         assert all(clean[b][0] == 0 for b in gather_flag_buffers(prog))
 
 
-def test_cross_entropy_is_one_launch_under_the_grid_combine() -> None:
-    g = ce_graph(64, 1000)
+@pytest.mark.parametrize("make", [ce_graph, ce_ignore_graph])
+def test_cross_entropy_is_one_launch_under_the_grid_combine(make) -> None:
+    """Also with ``ignore_index`` (two rows ignored): the count and the masked sum share the combine."""
+    g = make(64, 1000)
     plan, space, _ = _schedules(g, 0)
     s = next(s for s in (space.sample(random.Random(i)) for i in range(400))
              if s.cross_combine == "grid" and set(s.schemes) <= {"local", "regional", "global"})
     prog = lower(g, plan, s, DEV, space)
     assert len(prog.launches) == 1, [ln.kernel for ln in prog.launches]
     x = random_inputs(g, 4)
+    x["target"][[5, 17], 0] = -100 if make is ce_ignore_graph else x["target"][[5, 17], 0]
     out = emulate_program(prog, x, coresident_limit=ALL)
     assert rel_err(out["loss"], run_reference(g, x)["loss"]) < 1e-5
 
@@ -124,3 +131,50 @@ def test_compiled_graph_reports_an_out_of_range_target_by_name(tmp_path) -> None
     with pytest.raises(StitchtuneError) as e:
         cg.emulate(**x)
     assert e.value.problems[0].startswith("gather 'picked': index out of range")
+
+
+def _ce_targets(rows: int, cols: int, ignored: list[int], seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    t = rng.integers(0, cols, (rows, 1))
+    t[ignored, 0] = -100
+    return {"logits": rng.standard_normal((rows, cols)).astype(np.float32), "target": t}
+
+
+@pytest.mark.parametrize("rows,cols,ignored", [(16, 100, [3]), (7, 37, [0, 1, 6]), (33, 130, [])])
+def test_cross_entropy_with_ignore_index_matches_the_reference(rows: int, cols: int, ignored: list[int]) -> None:
+    """The pick's index computed in the kernel (``where(t != -100, t, 0)``), the loss the masked sum over
+    the count: heuristic and sampled schedules against the float64 reference and torch's own loss."""
+    import torch
+    import torch.nn.functional as F
+
+    g = ce_ignore_graph(rows, cols, outputs=("loss", "picked"))
+    x = _ce_targets(rows, cols, ignored, rows)
+    _check(g, x, 1e-5)
+    want = F.cross_entropy(torch.from_numpy(x["logits"]), torch.from_numpy(x["target"][:, 0]), ignore_index=-100)
+    assert abs(float(run_reference(g, x)["loss"].ravel()[0]) - float(want)) < 1e-5
+
+
+def test_cross_entropy_with_every_row_ignored_gives_nan_without_the_flag() -> None:
+    g = ce_ignore_graph(6, 40)
+    x = _ce_targets(6, 40, list(range(6)), 1)
+    plan, space, scheds = _schedules(g, 2)
+    for s in scheds:
+        prog = lower(g, plan, s, DEV, space)
+        scratch: dict[str, np.ndarray] = {}
+        out = emulate_program(prog, x, coresident_limit=ALL, scratch_out=scratch)
+        assert np.isnan(out["loss"]).all() and np.isnan(run_reference(g, x)["loss"]).all(), s.to_json()
+        assert all(scratch[b][0] == 0 for b in gather_flag_buffers(prog)), s.to_json()
+
+
+def test_int_arithmetic_next_to_a_pick_read_by_input_index() -> None:
+    """Int registers (``t + 1`` cast to float) beside a pick whose index is the input itself."""
+    g = parse_graph({"name": "g", "inputs": {"x": {"shape": [5, 24], "dtype": "float32"},
+                                             "t": {"shape": [5, 1], "dtype": "int64"}},
+                     "nodes": [{"id": "s", "op": "reduce_sum", "args": ["x"], "axes": [-1], "keepdims": True},
+                               {"id": "p", "op": "gather_elements", "args": ["x", "t"], "axis": 1},
+                               {"id": "ti", "op": "add", "args": ["t", 1]},
+                               {"id": "tf", "op": "cast", "args": ["ti"], "to": "float32"},
+                               {"id": "o", "op": "add", "args": ["p", "tf"]},
+                               {"id": "y", "op": "add", "args": ["o", "s"]}],
+                     "outputs": ["y"]})
+    _check(g, random_inputs(g, 6), 1e-5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import ce_graph
+from helpers import ce_graph, ce_ignore_graph
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import parse_graph
 from stitchtune.plan.planner import TensorClass, make_plan
@@ -40,9 +40,8 @@ def test_a_pick_from_a_reduction_result_is_refused() -> None:
         make_plan(g)
 
 
-def test_int_arithmetic_next_to_a_pick_is_refused_naming_the_pick() -> None:
-    """Int registers in a region with index ops are not lowered yet: the refusal names the index op,
-    so that an importer can leave it out and keep the rest of the region."""
+def test_int_arithmetic_next_to_a_pick_plans() -> None:
+    """Int registers beside a pick read by input index: one row plan (the int values are per-row)."""
     g = parse_graph({"name": "g", "inputs": {"x": {"shape": [4, 8], "dtype": "float32"},
                                              "t": {"shape": [4, 1], "dtype": "int64"}},
                      "nodes": [{"id": "s", "op": "reduce_sum", "args": ["x"], "axes": [-1], "keepdims": True},
@@ -52,6 +51,41 @@ def test_int_arithmetic_next_to_a_pick_is_refused_naming_the_pick() -> None:
                                {"id": "o", "op": "add", "args": ["p", "tf"]},
                                {"id": "y", "op": "add", "args": ["o", "s"]}],
                      "outputs": ["y"]})
+    p = make_plan(g)
+    assert (p.family, p.M, p.N) == ("row", 4, 8) and p.cls("ti") is TensorClass.PER_KEPT
+
+
+def test_cross_entropy_with_ignore_index_is_one_row_plan() -> None:
+    """The pick's index computed in the region, the mask's count and the masked sum as two cross
+    reductions, their quotient the scalar epilogue."""
+    p = make_plan(ce_ignore_graph())
+    assert (p.family, p.M, p.N, p.stages) == ("row", 16, 100, (("mx",), ("se",)))
+    assert p.cls("tc") is TensorClass.PER_KEPT and p.cls("valid") is TensorClass.PER_KEPT
+    assert [(c.node, c.source, c.kind, c.source_full, c.output) for c in p.cross] == [
+        ("total", "nz", "scalar", False, False), ("cnt", "valid", "scalar", False, False)]
+    assert p.epilogue == ("loss",)
+
+
+def test_slice_and_gather_next_to_int_arithmetic_stay_refused() -> None:
+    g = parse_graph({"name": "g", "inputs": {"x": {"shape": [4, 8], "dtype": "float32"},
+                                             "t": {"shape": [4, 1], "dtype": "int64"}},
+                     "nodes": [{"id": "sl", "op": "slice", "args": ["x"], "axis": 1, "start": 0, "stop": 4},
+                               {"id": "ti", "op": "add", "args": ["t", 1]},
+                               {"id": "tf", "op": "cast", "args": ["ti"], "to": "float32"},
+                               {"id": "y", "op": "add", "args": ["sl", "tf"]}],
+                     "outputs": ["y"]})
     with pytest.raises(UnsupportedGraphError) as e:
         make_plan(g)
-    assert str(e.value).startswith("gather_elements 'p' is in a region that computes with int values")
+    assert str(e.value).startswith("slice 'sl' is in a region that computes with int values")
+
+
+def test_a_pick_index_viewed_without_int_arithmetic_is_refused() -> None:
+    """A computed index that is no int register (a reshape of an int input) names the pick."""
+    g = parse_graph({"name": "g", "inputs": {"x": {"shape": [4, 8], "dtype": "float32"},
+                                             "t": {"shape": [4], "dtype": "int64"}},
+                     "nodes": [{"id": "t2", "op": "reshape", "args": ["t"], "shape": [4, 1]},
+                               {"id": "p", "op": "gather_elements", "args": ["x", "t2"], "axis": 1}],
+                     "outputs": ["p"]})
+    with pytest.raises(UnsupportedGraphError) as e:
+        make_plan(g)
+    assert "gather_elements 'p'" in str(e.value) and "'t2'" in str(e.value) and "\n" not in str(e.value)
