@@ -43,7 +43,7 @@ from typing import Any
 from stitchtune.errors import StitchtuneError
 from stitchtune.graph.dynamic import BucketKey, DynamicGraph, DynamicRefusal, SymInt
 from stitchtune.graph.ops import INDEX_KINDS, OPS
-from stitchtune.graph.parse import Graph
+from stitchtune.graph.parse import Graph, Node
 from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.ir import kir
@@ -120,11 +120,33 @@ def _at(dg: DynamicGraph, ext: Mapping[str, int]) -> Graph:
     return g
 
 
+def _index_refusal(dg: DynamicGraph, nd: Node) -> DynamicRefusal | None:
+    """Why index node ``nd`` keeps ``dg`` from a generic kernel, or None: a ``gather`` of rows of a
+    static table (an input none of whose dims is named) along its axis 0 is served (its index read per
+    row through the symbolic row map, its checks against the table's static row count); slice, concat
+    and ``gather_elements`` are not."""
+    kind = OPS[nd.op].kind
+    if kind not in INDEX_KINDS:
+        return None
+    if kind != "gather":
+        return DynamicRefusal(f"index op {nd.id}", "slice / concat / gather_elements are lowered for static shapes only")
+    table = str(nd.args[0])
+    spec = dg.template["inputs"].get(table)
+    if spec is None:
+        return DynamicRefusal(f"index op {nd.id}", "a gather from a computed tensor is lowered for static shapes only")
+    if any(isinstance(d, str) for d in spec["shape"]):
+        return DynamicRefusal(f"index op {nd.id}", "the gathered table's shape follows the extents")
+    if nd.axis != 0:  # normalised by the graph's validation
+        return DynamicRefusal(f"index op {nd.id}", "a gather along an axis other than the table's rows")
+    return None
+
+
 def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
     """Fit the row symbols of ``dg`` for bucket ``key`` (module docstring); a refusal as data."""
     for nd in _at(dg, key.largest()).nodes:
-        if OPS[nd.op].kind in INDEX_KINDS:
-            return DynamicRefusal(f"index op {nd.id}", "slice / concat / gather are lowered for static shapes only")
+        why = _index_refusal(dg, nd)
+        if why is not None:
+            return why
     rep = key.largest()
     symbolic = [b.dim for b in key.buckets if b.lo < b.hi]
     try:

@@ -398,6 +398,8 @@ class RemapValues:
             raise UnsupportedGraphError(f"gather '{nd.id}' under a slice/concat along a row axis is not supported")
         table = str(nd.args[0])
         tshape = self.g.spec(table).shape
+        # a generic kernel: the table is static (lower.dynamic) and its rows are the view's columns
+        assert self.low.sym is None or self.low.sym.N.static, "a gather under a dynamic row length"
         delta = self._check_bounds(nd.id, tuple(tshape[1:]), sh)
         gi = self.k_gather_row(nd)
         buf = self.low.in_buf[table]
@@ -443,7 +445,7 @@ def gather_index(k: RowKernelBuilder, nd: Node, bound: int) -> kir.Var:
     idx = str(nd.args[1])
     ibuf = low.in_buf[idx]
     k.uses["in"].add(ibuf)
-    r = Bin("min", k.ix.row, I(low.p.M - 1))
+    r = Bin("min", k.ix.row, low.m_last())
     at = low.row_base(idx, r) if low.p.mapped(idx) else r
     gi = k.cx.var("gi", I32)
     k.rb.append(Assign(gi, kir.IndexLoad(ibuf, at, bound, k.ix.rvalid)))
