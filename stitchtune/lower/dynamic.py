@@ -24,9 +24,13 @@ scores ``[B, H, S, S]``) is bounded by the bucket's largest: the sweep runs the 
 row, each guarded by ``k < N`` from the arguments; register caches and shared memory are sized for the
 largest row; a mean divides by ``N`` at run time; column maps use the symbolic column factors.
 
+An embedding ``gather`` of rows of a static table (an input without named dims) is served: the row's
+id is read through the ids' symbolic row map at the row clamped to ``M - 1`` and range-checked against
+the table's static row count, with the static kernel's error flag (:mod:`stitchtune.lower.remap`).
+
 What a generic kernel cannot serve is a :class:`~stitchtune.graph.dynamic.DynamicRefusal` (data):
-the column family (it reduces over the rows), cross reductions, index ops, outputs broadcast along
-rows (the graph); and of a schedule (:func:`check_schedule`): a vector width whose alignment does not
+the column family (it reduces over the rows), cross reductions, slice / concat / gather_elements and
+a gather from a table with named dims (:func:`_index_refusal`), outputs broadcast along rows (the graph); and of a schedule (:func:`check_schedule`): a vector width whose alignment does not
 hold for every extent (with a dynamic row length: unless the row length is a multiple of it), and,
 with a dynamic row length, split rows (their pieces and partial counts) and the single pass (Welford /
 online softmax finish with a static count). :func:`stitchtune.cost.heuristic.generic_heuristic` gives
