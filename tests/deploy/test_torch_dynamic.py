@@ -93,35 +93,36 @@ def test_an_embedding_gather_gets_one_generic_kernel_per_bucket() -> None:
     assert (r.selections, r.builds, r.hits) == (3, 2, 5)
 
 
-class Sliced(torch.nn.Module):
-    """A scale sliced from a static parameter, then a layer norm: slice / concat are lowered for static
-    shapes only, so no generic kernel serves it."""
+class Picked(torch.nn.Module):
+    """One element per row picked by an index (``torch.gather`` along the hidden axis) added to the row,
+    then a layer norm: a pick (``gather_elements``) is lowered for static shapes only, so no generic
+    kernel serves it."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.w = torch.nn.Parameter(torch.randn(32))
         self.ln = torch.nn.LayerNorm(16)
 
-    def forward(self, x: Any) -> Any:
-        return self.ln(x * self.w[8:24])
+    def forward(self, x: Any, i: Any) -> Any:
+        return self.ln(x + torch.gather(x, 2, i))
 
 
 def test_a_bucket_the_generic_kernel_refuses_gets_kernels_per_extent(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
     torch.manual_seed(0)
-    m = Sliced().eval()
+    m = Picked().eval()
     before = len(_dynamic_kernels())
     c = torch.compile(m, backend="stitchtune", dynamic=True,
                       options={"db": None, "fallback": "eager", "cpu": "emulate"})
     with caplog.at_level(logging.INFO, logger="stitchtune.deploy.torch_dynamic"), torch.no_grad():
         for n in (5, 7, 5, 9):
-            x = torch.randn(3, n, 16)
-            assert torch.allclose(c(x), m(x), atol=1e-5)
+            x, i = torch.randn(3, n, 16), torch.randint(0, 16, (3, n, 1))
+            assert torch.allclose(c(x, i), m(x, i), atol=1e-5)
     [k] = _dynamic_kernels()[before:]
-    assert [sh[1] for _, sh, e in k.entries() if e is not None] == [(3, 5, 16), (3, 7, 16), (3, 9, 16)]   # (w, x)
+    assert [sh[0] for _, sh, e in k.entries() if e is not None] == [(3, 5, 16), (3, 7, 16), (3, 9, 16)]
     assert not any(e.generic for _, _, e in k.entries())
-    assert sum("no generic kernel for bucket" in r.message for r in caplog.records) == 1   # remembered
+    [why] = [r.message for r in caplog.records if "no generic kernel for bucket" in r.message]   # remembered
+    assert "gather_elements" in why
     [r] = st_torch.stats().regions
     assert (r.selections, r.builds, r.hits) == (4, 3, 1)
 

@@ -26,7 +26,7 @@ from stitchtune.space import SearchSpace
 
 DYN = EXAMPLES_DIR / "dynamic"
 EXAMPLES = ("layernorm_seq", "softmax_seq", "bias_gelu_seq", "embed_add_layernorm_seq", "attention_softmax_seq",
-            "gather_embed_layernorm_seq")
+            "gather_embed_layernorm_seq", "rotate_half_seq")
 #: what a generic kernel may refuse of a legal schedule of these graphs (a dynamic row length: vector widths
 #: its extents do not align, split rows, single passes)
 REFUSED_PARTS = ("vec", "split", "single_pass")
@@ -149,11 +149,25 @@ def test_refusals_are_data_naming_the_part() -> None:
     r = fit_rows(col, col.key_of({"seq": 30}))
     assert isinstance(r, DynamicRefusal) and r.part == "family col"
     sl = _dyn({"name": "sl", "dynamic": {"seq": {"min": 1, "max": 64}},
-               "inputs": {"x": {"shape": ["seq", 64], "dtype": "float32"}},
-               "nodes": [{"id": "h", "op": "slice", "args": ["x"], "axis": 1, "start": 0, "stop": 32},
+               "inputs": {"x": {"shape": [4, "seq", 64], "dtype": "float32"}},
+               "nodes": [{"id": "h", "op": "slice", "args": ["x"], "axis": 0, "start": 0, "stop": 2},
                          {"id": "y", "op": "exp", "args": ["h"]}], "outputs": ["y"]})
     r = fit_rows(sl, sl.key_of({"seq": 30}))
-    assert isinstance(r, DynamicRefusal) and r.part == "index op h"
+    assert isinstance(r, DynamicRefusal) and r.part == "index op h" and "row axis" in r.reason
+    tr = _dyn({"name": "tr", "dynamic": {"seq": {"min": 1, "max": 64}},
+               "inputs": {"x": {"shape": [2, 8, "seq"], "dtype": "float32"}},
+               "nodes": [{"id": "t", "op": "transpose", "args": ["x"], "perm": [0, 2, 1]},
+                         {"id": "h", "op": "slice", "args": ["t"], "axis": 2, "start": 0, "stop": 4},
+                         {"id": "y", "op": "exp", "args": ["h"]}], "outputs": ["y"]})
+    r = fit_rows(tr, tr.key_of({"seq": 30}))
+    assert isinstance(r, DynamicRefusal) and r.part == "index op h" and "transpose" in r.reason
+    rl = _dyn({"name": "rl", "dynamic": {"seq": {"min": 1, "max": 64}},
+               "inputs": {"x": {"shape": [4, "seq", 16], "dtype": "float32"}},
+               "nodes": [{"id": "h", "op": "slice", "args": ["x"], "axis": 2, "start": 0, "stop": 8},
+                         {"id": "m", "op": "reduce_max", "args": ["h"], "axes": [1, 2], "keepdims": True},
+                         {"id": "y", "op": "sub", "args": ["h", "m"]}], "outputs": ["y"]})
+    r = fit_rows(rl, rl.key_of({"seq": 30}))
+    assert isinstance(r, DynamicRefusal) and r.part == "index op h" and "dynamic row length" in r.reason, r
 
 
 def _gather_graph(**change: Any) -> Any:
