@@ -33,8 +33,9 @@ region without transpose / reshape (:func:`_shift_refusal`).
 What a generic kernel cannot serve is a :class:`~stitchtune.graph.dynamic.DynamicRefusal` (data):
 the column family (it reduces over the rows), cross reductions, gather_elements, a gather from a
 table with named dims (:func:`_index_refusal`), a slice / concat along a row axis or in a region with
-transpose / reshape, any index op under a dynamic row length, outputs broadcast along rows (the graph); and of a schedule (:func:`check_schedule`): a vector width whose alignment does not
-hold for every extent (with a dynamic row length: unless the row length is a multiple of it), and,
+transpose / reshape, any index op under a dynamic row length, outputs broadcast along rows (the
+graph); and of a schedule (:func:`check_schedule`): a vector width whose alignment does not hold for
+every extent (with a dynamic row length: unless the row length is a multiple of it), and,
 with a dynamic row length, split rows (their pieces and partial counts) and the single pass (Welford /
 online softmax finish with a static count). :func:`stitchtune.cost.heuristic.generic_heuristic` gives
 a schedule every bucket accepts.
