@@ -47,6 +47,7 @@ import numpy as np
 from stitchtune import __version__
 from stitchtune.deploy.run_checks import (  # noqa: F401  (check_gather_indices, check_launch_gathers, gather_error: re-exported)
     _check_arrays,
+    check_emulated_gathers,
     check_gather_flags,
     check_gather_indices,
     check_launch_gathers,
@@ -54,7 +55,6 @@ from stitchtune.deploy.run_checks import (  # noqa: F401  (check_gather_indices,
     read_gather_flags,
 )
 from stitchtune.errors import StitchtuneError, ToolchainError
-from stitchtune.lower.remap import gather_flag_buffers
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
 
 log = logging.getLogger(__name__)
@@ -230,8 +230,7 @@ class CompiledGraph:
         scratch: dict[str, np.ndarray] = {}
         flat = emulate_program(self.program, dict(arrays), coresident_limit=limit, cluster_limit=climit,
                                scratch_out=scratch)
-        flags = gather_flag_buffers(self.program)
-        check_gather_flags(self.program, {b: float(a[0]) for b, a in scratch.items() if b in flags})
+        check_emulated_gathers(self.program, scratch)
         return {o: flat[o].reshape(self.graph.spec(o).shape) for o in self.graph.outputs}
 
     def __call__(self, **arrays: Any) -> dict[str, np.ndarray]:

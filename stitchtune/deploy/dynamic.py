@@ -84,7 +84,10 @@ class CompiledBucket:
 
     def emulate(self, extents: Mapping[str, int], **arrays: np.ndarray) -> dict[str, np.ndarray]:
         """The generic program in the CPU emulator at ``extents`` (buffers of those extents: every access
-        is checked against them); ``{output: array}`` shaped like the graph at ``extents``."""
+        is checked against them); ``{output: array}`` shaped like the graph at ``extents``. Raises
+        :class:`~stitchtune.errors.StitchtuneError` naming each gather whose error flag the run set (an
+        index out of range)."""
+        from stitchtune.deploy.run_checks import check_emulated_gathers
         from stitchtune.emulate.emulator import emulate_program
         from stitchtune.graph.reference import check_inputs
         from stitchtune.gpu.runners import emulator_limits
@@ -92,8 +95,10 @@ class CompiledBucket:
         g = self._graph_at(extents)
         check_inputs(g, arrays)
         limit, climit = emulator_limits(self.device, self.program, {})
+        scratch: dict[str, np.ndarray] = {}
         flat = emulate_program(self.program, dict(arrays), coresident_limit=limit, cluster_limit=climit,
-                               extents=dict(extents))
+                               extents=dict(extents), scratch_out=scratch)
+        check_emulated_gathers(self.program, scratch)
         return {o: flat[o].reshape(g.spec(o).shape) for o in g.outputs}
 
     def __call__(self, extents: Mapping[str, int], **arrays: Any) -> dict[str, np.ndarray]:

@@ -65,6 +65,13 @@ def check_gather_flags(program: Any, flags: Mapping[str, float]) -> None:
         raise gather_error(bad)
 
 
+def check_emulated_gathers(program: Any, scratch: Mapping[str, Any]) -> None:
+    """:func:`check_gather_flags` over the scratch buffers an emulated run of ``program`` left
+    (``emulate_program(..., scratch_out=scratch)``)."""
+    flags = gather_flag_buffers(program)
+    check_gather_flags(program, {b: float(a[0]) for b, a in scratch.items() if b in flags})
+
+
 def check_gather_indices(graph: Any, arrays: Mapping[str, Any]) -> None:
     """What the kernels' error flags report, checked on the host for the float64 reference: raise
     :class:`StitchtuneError` naming every gather of ``graph`` whose index input in ``arrays`` holds a

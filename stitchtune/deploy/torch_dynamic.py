@@ -15,8 +15,8 @@ Contract
   kernel (:func:`stitchtune.deploy.dynamic.compile_dynamic`: one schedule selection and one
   program, built once by nvcc on a GPU, that runs every extent of the bucket; a
   :class:`~stitchtune.deploy.torch_ops.RegionKernel` with ``sym``), counted by ``counter``. A
-  bucket the generic kernel refuses (a ``DynamicRefusal``, e.g. an index op such as an embedding
-  gather; with ``deterministic``, a program with float atomics) is remembered, logged once, and
+  bucket the generic kernel refuses (a ``DynamicRefusal``, e.g. a ``gather_elements`` or a slice
+  across rows; with ``deterministic``, a program with float atomics) is remembered, logged once, and
   gets kernels specialised per extent: the graph at those extents (``DynamicGraph.at``), one
   selection and one build each. A region without a dynamic graph, or extents outside
   ``1..max_extent``, keys by the exact shapes and maps the region again per shape

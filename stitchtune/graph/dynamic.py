@@ -38,8 +38,8 @@ kernel argument (``int``, after the pointers), so it runs for every extent in th
 rebuild. ``DynamicCompiled.run(extents, **arrays)`` / ``emulate(extents, **arrays)`` take the
 extents explicitly (``dgraph.extents_of(shapes)`` infers them from input shapes) and check that
 they lie in the bucket. A graph the generic kernel cannot serve (the reduced axis dynamic with a
-scheme that needs a static row length, a cross reduction over dynamic rows, index ops along a
-dynamic axis) gets a :class:`DynamicRefusal` (data: which part and why), and the caller falls back to
+scheme that needs a static row length, a cross reduction over dynamic rows, a slice / concat across
+rows, a gather from a table with dynamic dims) gets a :class:`DynamicRefusal` (data: which part and why), and the caller falls back to
 a specialised compile per extent.
 """
 

@@ -24,10 +24,18 @@ scores ``[B, H, S, S]``) is bounded by the bucket's largest: the sweep runs the 
 row, each guarded by ``k < N`` from the arguments; register caches and shared memory are sized for the
 largest row; a mean divides by ``N`` at run time; column maps use the symbolic column factors.
 
+An embedding ``gather`` of rows of a static table (an input without named dims) is served: the row's
+id is read through the ids' symbolic row map at the row clamped to ``M - 1`` and range-checked against
+the table's static row count, with the static kernel's error flag (:mod:`stitchtune.lower.remap`).
+So are slice / concat along the view's column axes (static offsets and conditions within a row) of a
+region without transpose / reshape (:func:`_shift_refusal`).
+
 What a generic kernel cannot serve is a :class:`~stitchtune.graph.dynamic.DynamicRefusal` (data):
-the column family (it reduces over the rows), cross reductions, index ops, outputs broadcast along
-rows (the graph); and of a schedule (:func:`check_schedule`): a vector width whose alignment does not
-hold for every extent (with a dynamic row length: unless the row length is a multiple of it), and,
+the column family (it reduces over the rows), cross reductions, gather_elements, a gather from a
+table with named dims (:func:`_index_refusal`), a slice / concat along a row axis or in a region with
+transpose / reshape, any index op under a dynamic row length, outputs broadcast along rows (the
+graph); and of a schedule (:func:`check_schedule`): a vector width whose alignment does not hold for
+every extent (with a dynamic row length: unless the row length is a multiple of it), and,
 with a dynamic row length, split rows (their pieces and partial counts) and the single pass (Welford /
 online softmax finish with a static count). :func:`stitchtune.cost.heuristic.generic_heuristic` gives
 a schedule every bucket accepts.
@@ -43,15 +51,17 @@ from typing import Any
 from stitchtune.errors import StitchtuneError
 from stitchtune.graph.dynamic import BucketKey, DynamicGraph, DynamicRefusal, SymInt
 from stitchtune.graph.ops import INDEX_KINDS, OPS
-from stitchtune.graph.parse import Graph
+from stitchtune.graph.parse import Graph, Node
 from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.ir import kir
 from stitchtune.ir.launches import DynamicInfo, GridRule
+from stitchtune.lower.remap import split_axes
 from stitchtune.lower.row import RowLowerer
 from stitchtune.lower.symbols import RowSymbols, SymFactor
 from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan, make_plan
+from stitchtune.plan.remap import composed_chains, domain_of, mixed_layout
 from stitchtune.space import Schedule, SearchSpace
 
 
@@ -120,11 +130,53 @@ def _at(dg: DynamicGraph, ext: Mapping[str, int]) -> Graph:
     return g
 
 
+def _index_refusal(dg: DynamicGraph, nd: Node) -> DynamicRefusal | None:
+    """Why index node ``nd`` keeps ``dg`` from a generic kernel, or None: a ``gather`` of rows of a
+    static table (an input none of whose dims is named) along its axis 0 is served (its index read per
+    row through the symbolic row map, its checks against the table's static row count);
+    ``gather_elements`` is not; slice and concat are checked on the plan (:func:`_shift_refusal`)."""
+    kind = OPS[nd.op].kind
+    if kind not in INDEX_KINDS or kind in ("slice", "concat"):  # slice / concat: checked on the plan
+        return None
+    if kind != "gather":
+        return DynamicRefusal(f"index op {nd.id}", "gather_elements is lowered for static shapes only")
+    table = str(nd.args[0])
+    spec = dg.template["inputs"].get(table)
+    if spec is None:
+        return DynamicRefusal(f"index op {nd.id}", "a gather from a computed tensor is lowered for static shapes only")
+    if any(isinstance(d, str) for d in spec["shape"]):
+        return DynamicRefusal(f"index op {nd.id}", "the gathered table's shape follows the extents")
+    if nd.axis != 0:  # normalised by the graph's validation
+        return DynamicRefusal(f"index op {nd.id}", "a gather along an axis other than the table's rows")
+    return None
+
+
+def _shift_refusal(g: Graph, p: StitchPlan) -> DynamicRefusal | None:
+    """Why the slices / concats of representative graph ``g`` (plan ``p``) keep it from a generic
+    kernel, or None: served along the view's column axes only (static offsets within a row; the rows'
+    positions follow the extents), and not in a region with transpose / reshape."""
+    shifts = [nd for nd in g.nodes if OPS[nd.op].kind in ("slice", "concat")]
+    if not shifts:
+        return None
+    if mixed_layout(g) or composed_chains(g):
+        return DynamicRefusal(f"index op {shifts[0].id}", "a slice / concat in a region with transpose / reshape "
+                              "is lowered for static shapes only")
+    dom = domain_of(g)
+    _, cols = split_axes(dom, p.M)
+    for nd in shifts:
+        assert nd.axis is not None  # set, normalised, by the graph's validation
+        if len(dom) - len(nd.shape) + nd.axis not in cols:
+            return DynamicRefusal(f"index op {nd.id}", "a slice / concat along a row axis (its positions follow "
+                                  "the extents)")
+    return None
+
+
 def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
     """Fit the row symbols of ``dg`` for bucket ``key`` (module docstring); a refusal as data."""
     for nd in _at(dg, key.largest()).nodes:
-        if OPS[nd.op].kind in INDEX_KINDS:
-            return DynamicRefusal(f"index op {nd.id}", "slice / concat / gather are lowered for static shapes only")
+        why = _index_refusal(dg, nd)
+        if why is not None:
+            return why
     rep = key.largest()
     symbolic = [b.dim for b in key.buckets if b.lo < b.hi]
     try:
@@ -136,6 +188,9 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
         return DynamicRefusal("family col", "a column reduction reduces over the dynamic rows")
     if p0.cross:
         return DynamicRefusal("cross reduction", "a reduction over the rows combines across blocks by a static count")
+    why = _shift_refusal(g0, p0)
+    if why is not None:
+        return why
     s0, n0 = _numbers(g0, p0)
     moved: dict[str, dict[str, tuple[int, int, int]]] = {label: {} for label, _ in n0}
     for d in symbolic:
@@ -171,6 +226,9 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
                                               fitted[f"{axis}:{name}:{i}:stride"]) for i in range(n))))
     args = tuple((d, f"ext{i}") for i, d in enumerate(dg.dim_names))
     sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols))
+    index = [nd.id for nd in g0.nodes if OPS[nd.op].kind in INDEX_KINDS]
+    if index and sym.dynamic_rows_length:  # their offsets and conditions are columns of a static row
+        return DynamicRefusal(f"index op {index[0]}", "an index op under a dynamic row length")
     sizes = tuple((label[5:], f) for label, f in fitted.items() if label.startswith("size:"))
     return RowFit(key, dg, tuple(sorted(rep.items())), g0, p0, sym, sizes)
 

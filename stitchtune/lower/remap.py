@@ -61,7 +61,7 @@ from stitchtune.plan.planner import TensorClass
 from stitchtune.plan.remap import (Shift, column_shift, composed_chains, domain_of, mixed_layout, outer_sources,
                                    pick_leaves, root_shift, shift_offset)
 
-__all__ = ["Shift", "RemapValues", "gather_flag_buffers", "gather_index", "pick_value"]
+__all__ = ["Shift", "RemapValues", "gather_flag_buffers", "gather_index", "pick_value", "split_axes"]
 
 
 def gather_flag_buffers(program: kir.Program) -> dict[str, str]:
@@ -93,7 +93,7 @@ class RemapValues:
         # axes the domain lacks (an expand), so they are not split from M
         D = len(self.domain)
         self.row_axes, self.col_axes = ((tuple(range(D - 1)), (D - 1,)) if self.mixed else
-                                        _split_axes(self.domain, self.p.M))
+                                        split_axes(self.domain, self.p.M))
         self.memo: dict[tuple[str, Shift], list[kir.Expr]] = {}
         self.reads_before = dict(kern.stats["reads"])  # what earlier sweeps read
 
@@ -302,7 +302,7 @@ class RemapValues:
         predicated scalar load per lane at row offset + the map's column offset + ``delta``."""
         low = self.low
         full = low.cls[name] is TensorClass.FULL
-        rowb = low.row_base(name, Bin("min", self.k.ix.row, I(self.p.M - 1))) if full else I(0)
+        rowb = low.row_base(name, Bin("min", self.k.ix.row, low.m_last())) if full else I(0)
         if full:
             self._count(buf)
         out: list[kir.Expr] = []
@@ -398,6 +398,8 @@ class RemapValues:
             raise UnsupportedGraphError(f"gather '{nd.id}' under a slice/concat along a row axis is not supported")
         table = str(nd.args[0])
         tshape = self.g.spec(table).shape
+        # a generic kernel: the table is static (lower.dynamic) and its rows are the view's columns
+        assert self.low.sym is None or self.low.sym.N.static, "a gather under a dynamic row length"
         delta = self._check_bounds(nd.id, tuple(tshape[1:]), sh)
         gi = self.k_gather_row(nd)
         buf = self.low.in_buf[table]
@@ -449,7 +451,7 @@ def gather_index(k: RowKernelBuilder, nd: Node, bound: int) -> kir.Var:
     else:
         ibuf = low.in_buf[idx]
         k.uses["in"].add(ibuf)
-        r = Bin("min", k.ix.row, I(low.p.M - 1))
+        r = Bin("min", k.ix.row, low.m_last())
         at = low.row_base(idx, r) if low.p.mapped(idx) else r
         k.rb.append(Assign(gi, kir.IndexLoad(ibuf, at, bound, k.ix.rvalid)))
     flag = _flag_buffer(low, nd.id)
@@ -546,7 +548,7 @@ def _domain(low: Lowerer) -> tuple[int, ...]:
     return domain_of(low.g)
 
 
-def _split_axes(domain: tuple[int, ...], M: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def split_axes(domain: tuple[int, ...], M: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Row axes (the leading axes whose product is ``M``) and column axes of the view."""
     k = 0
     while k < len(domain) and prod(domain[:k]) < M:

@@ -58,8 +58,8 @@ def test_sizes_beyond_max_extent_get_kernels_per_shape() -> None:
 
 
 class Lookup(torch.nn.Module):
-    """An embedding gather then a layer norm: index ops are lowered for static shapes only, so no
-    generic kernel serves it."""
+    """An embedding gather (a static table, ids of dynamic batch and length), a position embedding
+    sliced to the length, then a layer norm."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -70,22 +70,59 @@ class Lookup(torch.nn.Module):
         return self.ln(self.emb(ids) * 2.0)
 
 
-def test_a_bucket_the_generic_kernel_refuses_gets_kernels_per_extent(caplog: pytest.LogCaptureFixture) -> None:
-    import logging
+def test_an_embedding_gather_gets_one_generic_kernel_per_bucket() -> None:
+    from stitchtune.deploy.torch_ops import RegionError
 
     torch.manual_seed(0)
     m = Lookup().eval()
     before = len(_dynamic_kernels())
     c = torch.compile(m, backend="stitchtune", dynamic=True,
                       options={"db": None, "fallback": "eager", "cpu": "emulate"})
-    with caplog.at_level(logging.INFO, logger="stitchtune.deploy.torch_dynamic"), torch.no_grad():
-        for n in (5, 7, 5, 9):
+    with torch.no_grad():
+        for n in (5, 7, 5, 9, 20, 31):
             ids = torch.randint(0, 64, (3, n))
             assert torch.allclose(c(ids), m(ids), atol=1e-5)
+        bad = torch.randint(0, 64, (3, 23))
+        bad[2, 22] = 64   # the last row: the generic kernel's index check at an extent it was not built at
+        with pytest.raises((RegionError, StitchtuneError), match="index out of range"):
+            c(bad)
     [k] = _dynamic_kernels()[before:]
-    assert [sh[1] for _, sh, e in k.entries() if e is not None] == [(3, 5), (3, 7), (3, 9)]   # (table, ids, ...)
+    assert [(_buckets(b), sh) for b, sh, _ in k.entries()] == [([(1, 16), (1, 16)], None), ([(1, 16), (17, 32)], None)]
+    assert all(e is not None and e.generic for _, _, e in k.entries())
+    [r] = st_torch.stats().regions
+    assert (r.selections, r.builds, r.hits) == (3, 2, 5)
+
+
+class Picked(torch.nn.Module):
+    """One element per row picked by an index (``torch.gather`` along the hidden axis) added to the row,
+    then a layer norm: a pick (``gather_elements``) is lowered for static shapes only, so no generic
+    kernel serves it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(16)
+
+    def forward(self, x: Any, i: Any) -> Any:
+        return self.ln(x + torch.gather(x, 2, i))
+
+
+def test_a_bucket_the_generic_kernel_refuses_gets_kernels_per_extent(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    torch.manual_seed(0)
+    m = Picked().eval()
+    before = len(_dynamic_kernels())
+    c = torch.compile(m, backend="stitchtune", dynamic=True,
+                      options={"db": None, "fallback": "eager", "cpu": "emulate"})
+    with caplog.at_level(logging.INFO, logger="stitchtune.deploy.torch_dynamic"), torch.no_grad():
+        for n in (5, 7, 5, 9):
+            x, i = torch.randn(3, n, 16), torch.randint(0, 16, (3, n, 1))
+            assert torch.allclose(c(x, i), m(x, i), atol=1e-5)
+    [k] = _dynamic_kernels()[before:]
+    assert [sh[0] for _, sh, e in k.entries() if e is not None] == [(3, 5, 16), (3, 7, 16), (3, 9, 16)]
     assert not any(e.generic for _, _, e in k.entries())
-    assert sum("no generic kernel for bucket" in r.message for r in caplog.records) == 1   # remembered
+    [why] = [r.message for r in caplog.records if "no generic kernel for bucket" in r.message]   # remembered
+    assert "gather_elements" in why
     [r] = st_torch.stats().regions
     assert (r.selections, r.builds, r.hits) == (4, 3, 1)
 

@@ -1,9 +1,9 @@
 """End to end: a tiny BERT (transformers config, random weights, nothing downloaded) compiled once with
 torch.compile(dynamic=True, backend="stitchtune") and called at 12 sequence lengths over 4 buckets
 (1-16, 17-32, 33-64, 65-128): no recompile, the output equal to eager at every length (emulated
-kernels on the CPU), and at most one kernel per region per bucket, except where the generic kernel
-refuses the region (an embedding gather: index ops are lowered for static shapes only; it gets
-kernels per length). scripts/dynamic_shapes.py runs the same over 100 lengths in 1..2048."""
+kernels on the CPU), and one kernel per region per bucket, the embedding region (word-embedding
+gather by the ids, position and type embeddings, layer norm) included. scripts/dynamic_shapes.py runs
+the same over 100 lengths in 1..2048."""
 
 from __future__ import annotations
 
@@ -43,13 +43,9 @@ def test_a_dynamic_bert_builds_one_kernel_per_region_and_bucket_and_matches_eage
     assert len(dynamic) >= 4 and s.eager == 0
     kernels: dict[str, Any] = {key.split("#")[0]: g.kernel for key, g in torch_ops._registry.items()
                                if key not in before and isinstance(g.kernel, torch_ops.DynamicRegionKernel)}
-    per_length = []
     for r in dynamic:
         entries = kernels[r.region].entries()
         assert r.selections == r.builds + 1 and r.builds + r.hits == len(LENGTHS)
-        if all(e is not None and e.generic for _, _, e in entries):
-            assert r.builds == len(entries) == BUCKETS, r
-        else:   # refused by the generic kernel: kernels per length (an embedding gather)
-            assert "aten.embedding" in r.ops and r.builds == len(LENGTHS), r
-            per_length.append(r.region)
-    assert len(per_length) <= 1 and len(dynamic) - len(per_length) >= 3
+        assert all(e is not None and e.generic for _, _, e in entries), r
+        assert r.builds == len(entries) == BUCKETS, r
+    assert any("aten.embedding" in r.ops for r in dynamic)   # the embedding region is one of them

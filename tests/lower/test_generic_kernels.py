@@ -21,10 +21,12 @@ from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.render import render
 from stitchtune.ir import kir
 from stitchtune.lower.dynamic import RowFit, fit_rows, lower_dynamic
+from stitchtune.lower.remap import gather_flag_buffers
 from stitchtune.space import SearchSpace
 
 DYN = EXAMPLES_DIR / "dynamic"
-EXAMPLES = ("layernorm_seq", "softmax_seq", "bias_gelu_seq", "embed_add_layernorm_seq", "attention_softmax_seq")
+EXAMPLES = ("layernorm_seq", "softmax_seq", "bias_gelu_seq", "embed_add_layernorm_seq", "attention_softmax_seq",
+            "gather_embed_layernorm_seq", "rotate_half_seq")
 #: what a generic kernel may refuse of a legal schedule of these graphs (a dynamic row length: vector widths
 #: its extents do not align, split rows, single passes)
 REFUSED_PARTS = ("vec", "split", "single_pass")
@@ -147,11 +149,95 @@ def test_refusals_are_data_naming_the_part() -> None:
     r = fit_rows(col, col.key_of({"seq": 30}))
     assert isinstance(r, DynamicRefusal) and r.part == "family col"
     sl = _dyn({"name": "sl", "dynamic": {"seq": {"min": 1, "max": 64}},
-               "inputs": {"x": {"shape": ["seq", 64], "dtype": "float32"}},
-               "nodes": [{"id": "h", "op": "slice", "args": ["x"], "axis": 1, "start": 0, "stop": 32},
+               "inputs": {"x": {"shape": [4, "seq", 64], "dtype": "float32"}},
+               "nodes": [{"id": "h", "op": "slice", "args": ["x"], "axis": 0, "start": 0, "stop": 2},
                          {"id": "y", "op": "exp", "args": ["h"]}], "outputs": ["y"]})
     r = fit_rows(sl, sl.key_of({"seq": 30}))
-    assert isinstance(r, DynamicRefusal) and r.part == "index op h"
+    assert isinstance(r, DynamicRefusal) and r.part == "index op h" and "row axis" in r.reason
+    tr = _dyn({"name": "tr", "dynamic": {"seq": {"min": 1, "max": 64}},
+               "inputs": {"x": {"shape": [2, 8, "seq"], "dtype": "float32"}},
+               "nodes": [{"id": "t", "op": "transpose", "args": ["x"], "perm": [0, 2, 1]},
+                         {"id": "h", "op": "slice", "args": ["t"], "axis": 2, "start": 0, "stop": 4},
+                         {"id": "y", "op": "exp", "args": ["h"]}], "outputs": ["y"]})
+    r = fit_rows(tr, tr.key_of({"seq": 30}))
+    assert isinstance(r, DynamicRefusal) and r.part == "index op h" and "transpose" in r.reason
+    rl = _dyn({"name": "rl", "dynamic": {"seq": {"min": 1, "max": 64}},
+               "inputs": {"x": {"shape": [4, "seq", 16], "dtype": "float32"}},
+               "nodes": [{"id": "h", "op": "slice", "args": ["x"], "axis": 2, "start": 0, "stop": 8},
+                         {"id": "m", "op": "reduce_max", "args": ["h"], "axes": [1, 2], "keepdims": True},
+                         {"id": "y", "op": "sub", "args": ["h", "m"]}], "outputs": ["y"]})
+    r = fit_rows(rl, rl.key_of({"seq": 30}))
+    assert isinstance(r, DynamicRefusal) and r.part == "index op h" and "dynamic row length" in r.reason, r
+
+
+def _gather_graph(**change: Any) -> Any:
+    """``examples/dynamic/gather_embed_layernorm_seq.json`` with seq 1..64 and ``change`` applied to its
+    inputs (name -> spec)."""
+    obj = json.loads((DYN / "gather_embed_layernorm_seq.json").read_text())
+    obj["dynamic"]["seq"] = {"min": 1, "max": 64}
+    obj["inputs"].update(change)
+    return parse_dynamic(obj)
+
+
+def test_a_gather_the_generic_kernel_cannot_serve_is_refused_by_name() -> None:
+    dg = _gather_graph(word={"shape": ["seq", 64], "dtype": "float32"})   # the table follows the extents
+    r = fit_rows(dg, dg.key_of({"seq": 30}))
+    assert isinstance(r, DynamicRefusal) and r.part == "index op we" and "table" in r.reason
+    pk = _dyn({"name": "pk", "dynamic": {"seq": {"min": 1, "max": 64}},
+               "inputs": {"x": {"shape": [2, "seq", 64], "dtype": "float32"},
+                          "i": {"shape": [2, "seq", 1], "dtype": "int32"}},
+               "nodes": [{"id": "p", "op": "gather_elements", "args": ["x", "i"], "axis": 2},
+                         {"id": "y", "op": "add", "args": ["x", "p"]}], "outputs": ["y"]})
+    r = fit_rows(pk, pk.key_of({"seq": 30}))
+    assert isinstance(r, DynamicRefusal) and r.part == "index op p" and "gather_elements" in r.reason
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_an_out_of_range_id_raises_the_flag_of_a_generic_gather(dtype: str) -> None:
+    """In bucket 33..64 at 33, 49 and 64: hostile ids (negative, the table's row count, huge) in the first
+    and the last row give zero rows and the node's error flag, never an access out of bounds (the
+    emulator checks every one against buffers of that extent); in-range ids leave the flag at 0."""
+    dg = _gather_graph(ids={"shape": [2, "seq"], "dtype": dtype})
+    key = dg.key_of({"seq": 64})
+    fit = fitted(dg, key)
+    space = SearchSpace.for_plan(fit.plan, DEV)
+    prog = lower_dynamic(fit, generic_heuristic(fit, DEV, space), DEV, space)
+    assert isinstance(prog, kir.Program) and gather_flag_buffers(prog) == {"gerr0": "we"}
+    for e in key.buckets[0].probes():
+        g = dg.at({"seq": e})
+        x = random_inputs(g, e)
+        clean: dict[str, np.ndarray] = {}
+        emulate_program(prog, dict(x), extents={"seq": e}, coresident_limit=lambda k: 1 << 30, scratch_out=clean)
+        assert clean["gerr0"][0] == 0, e
+        bad = [-1, 50, 2**31 - 1] if dtype == "int32" else [-1, 50, 2**32 + 3]
+        x["ids"].flat[:len(bad)] = bad
+        x["ids"].flat[-1] = bad[1]
+        ref = run_reference(g, x)
+        scratch: dict[str, np.ndarray] = {}
+        out = emulate_program(prog, dict(x), extents={"seq": e}, coresident_limit=lambda k: 1 << 30,
+                              scratch_out=scratch)
+        assert rel_err(out["y"], ref["y"]) < 1e-5, e
+        assert scratch["gerr0"][0] > 0, e
+
+
+def test_a_generic_gather_reads_ids_of_two_dynamic_dims() -> None:
+    """ids [batch, seq]: the rows are batch x seq, the id of row r is ids[r] whatever the extents."""
+    obj = json.loads((DYN / "gather_embed_layernorm_seq.json").read_text())
+    obj["dynamic"] = {"seq": {"min": 1, "max": 32}, "batch": {"min": 1, "max": 8}}
+    obj["inputs"]["ids"]["shape"] = ["batch", "seq"]
+    dg = parse_dynamic(obj)
+    key = dg.key_of({"seq": 20, "batch": 3})
+    fit = fitted(dg, key)
+    assert str(fit.sym.M) == "batch*seq"
+    prog = lower_dynamic(fit, generic_heuristic(fit, DEV), DEV)
+    assert isinstance(prog, kir.Program) and prog.kernels[0].extents == ("ext0", "ext1")
+    src = render(prog)
+    assert "< (unsigned int)50)" in src and "seq" not in src   # the static table's bound; nothing from the graph
+    for ext in ({"seq": 17, "batch": 3}, {"seq": 23, "batch": 4}, {"seq": 32, "batch": 3}):
+        g = dg.at(ext)
+        ins = random_inputs(g, 1)
+        out = emulate_program(prog, ins, extents=ext)
+        assert rel_err(out["y"], run_reference(g, ins)["y"]) < 1e-5, ext
 
 
 def test_dynamic_row_length_refuses_what_its_extents_do_not_allow() -> None:
