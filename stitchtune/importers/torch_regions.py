@@ -278,8 +278,6 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
             return _Culprit(orig, "a non-contiguous output (stitched kernels write row-major tensors)",
                             free=_is_view(orig) and not inner(orig))
         perms.append(perm)
-        if v.dtype == "bool":
-            return _Culprit(orig, "a bool output (graph.json outputs are float tensors)")
         if _strip1(v.shape) != _strip1(t):   # a materialised broadcast: a new tensor (its own expand node)
             continue
         same, same_perm = seen.get(str(v.ref), (input_names.get(str(v.ref)), None))
@@ -294,6 +292,9 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         seen[str(v.ref)] = (orig, perm)
     if outs is None and walker.current is not None and walker.current.op != "output":
         return _Culprit(outputs[0], "the region's outputs could not be mapped")
+    if all(walker.vals[s.name].dtype == "bool" for s in out_node.args[0]):
+        # a mask and nothing else: Inductor computes it inside the kernel that reads it (no launch)
+        return _Culprit(outputs[-1], "a region of bool outputs only (a mask Inductor fuses into its reader)")
     return perms
 
 
