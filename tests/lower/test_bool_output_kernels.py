@@ -12,14 +12,12 @@ from typing import Any
 import numpy as np
 
 from helpers import DEV, rel_err
-from stitchtune.cost.heuristic import heuristic_schedule
+from test_int_ops_kernels import schedules
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.graph.parse import parse_graph
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.render import render
 from stitchtune.lower.entry import lower
-from stitchtune.plan.planner import make_plan
-from stitchtune.space import SearchSpace
 
 
 def dropout_softmax() -> Any:
@@ -63,12 +61,6 @@ def _inputs(g: Any) -> dict[str, np.ndarray]:
         x["x"].ravel()[::7] = np.nan
         x["x"].ravel()[3::11] = 0.0
     return x
-
-
-def schedules(g: Any, n: int) -> tuple[Any, SearchSpace, list[Any]]:
-    plan = make_plan(g)
-    space = SearchSpace.for_plan(plan, DEV)
-    return plan, space, [heuristic_schedule(plan, DEV, space)] + [space.sample(random.Random(i)) for i in range(n)]
 
 
 def _check(g: Any, n: int) -> None:
