@@ -742,6 +742,8 @@ def check_onnx_numerics(result: Any, model: Any, feeds: dict[str, np.ndarray], t
             assert tuple(inputs[n].shape) == spec.shape, (sg.graph.name, n, inputs[n].shape, spec.shape)
         got = run_reference(sg.graph, inputs)
         for o in sg.graph.outputs:
+            if values[onnx_name[o]].dtype == np.bool_:   # a mask: bools, bit for bit
+                assert got[o].dtype == np.bool_ and np.array_equal(got[o], values[onnx_name[o]]), (sg.graph.name, o)
             want = values[onnx_name[o]].astype(np.float64)
             mine = got[o].astype(np.float64)
             assert mine.shape == want.shape, (sg.graph.name, o, onnx_name[o], mine.shape, want.shape)

@@ -47,7 +47,8 @@ def region_dynamic_graph(region: Any, max_extent: int) -> tuple[Any, Any]:
     from stitchtune.importers.torch_regions import symbolic_dims, symbolic_region
 
     dims = symbolic_dims(region.inputs)
-    sym = symbolic_region(region.module, dims, [n.meta["val"].dtype for n in region.inputs], region.name)
+    sym = symbolic_region(region.module, dims, [n.meta["val"].dtype for n in region.inputs], region.name,
+                          perms=region.output_perms)
     try:
         dg = parse_dynamic(sym.graph_json({n: (1, max_extent) for n in sym.names}))
     except StitchtuneError as exc:
@@ -70,7 +71,7 @@ def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, com
     def per_shape(inputs: Sequence[Any]) -> Built:
         from stitchtune.importers.torch_regions import map_at_shapes
 
-        graph, index, shapes = map_at_shapes(region.module, inputs, region.name)
+        graph, index, shapes = map_at_shapes(region.module, inputs, region.name, perms=region.output_perms)
         return Built(kernel(graph, _in_graph_order(index, shapes)), tuple(index))
 
     try:
@@ -78,7 +79,7 @@ def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, com
     except StitchtuneError as exc:
         log.info("%s: kernels per input shape (%s)", region.name, exc)
         return DynamicRegionKernel(region.name, region.ops, region.module, per_shape, compiled=compiled,
-                                   counter=counter)
+                                   counter=counter, perms=region.output_perms)
 
     refused: dict[Any, str] = {}   # bucket key -> why no generic kernel serves it
 
@@ -120,7 +121,7 @@ def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, com
         return generic(ext) or Built(kernel(dg.at(ext), sym.graph_output_shapes(ext)), sym.index)
 
     return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=compiled,
-                               bucket_of=bucket_of, counter=counter)
+                               bucket_of=bucket_of, counter=counter, perms=region.output_perms)
 
 
 def _in_graph_order(index: Sequence[int], shapes: Sequence[Any]) -> list[Any]:

@@ -288,17 +288,23 @@ class DynamicRegionKernel:
     compiled: Any = None   # the CompiledGraph at the example shapes (what explain reports)
     bucket_of: Any = None  # (inputs) -> hashable bucket; None: the exact shapes
     counter: Any = None
+    #: per output, the axis order the kernels write it row-major in (the region's ``output_perms``:
+    #: PyTorch keeps it permuted in memory); () or None: its own order
+    perms: tuple[tuple[int, ...] | None, ...] = ()
     kernels: dict[Any, _Entry] = field(default_factory=dict, repr=False)
 
     def describe(self) -> str:
         return f"stitched region {self.name} ({', '.join(o.removeprefix('aten.') for o in self.ops)})"
 
     def fake(self, inputs: Sequence[Any]) -> list[Any]:
+        """Empty outputs shaped as the kernels write them (permuted by ``perms``)."""
         outs = self.module(*inputs)
-        return [torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in outs]
+        perms = self.perms or (None,) * len(outs)
+        return [torch.empty(o.shape if p is None else o.permute(p).shape, dtype=o.dtype, device=o.device)
+                for o, p in zip(outs, perms)]
 
     def _eager(self, inputs: Sequence[Any]) -> list[Any]:
-        return eager_outputs(self.module, inputs)
+        return eager_outputs(self.module, inputs, self.perms or None)
 
     def _bucket(self, inputs: Sequence[Any], shapes: Any) -> Any:
         if self.bucket_of is None:

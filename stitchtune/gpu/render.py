@@ -312,8 +312,11 @@ class _Renderer:
                 self.emit(f"{pre}{s.buf}[{off}] = {v};", ind)
             return
         p = self.params[s.buf]
-        if p.dtype == "bool":  # graph validation refuses bool outputs; scratch buffers are float32
-            raise ValueError(f"kernel {self.k.name}: store to bool buffer {s.buf}")
+        if p.dtype == "bool":  # a bool output: fp32 registers (0 / 1; NaN is true) stored as 0 / 1 bytes
+            vals = [f"(({v}) != 0.0f)" for v in vals]
+            if w == 1:
+                self.emit(f"{pre}{s.buf}[{idx}] = (unsigned char){vals[0]};", ind)
+                return
         if p.dtype in _UTYPE:  # an int output: int values (int registers), element by element
             for k, v in enumerate(vals):
                 off = idx if k == 0 else f"{idx} + {k}"
@@ -341,7 +344,7 @@ class _Renderer:
         self.emit(f"{vt} {t};", ind + 1)
         self.emit(f"{ct}* {t}h = reinterpret_cast<{ct}*>(&{t});", ind + 1)
         for k, v in enumerate(vals):
-            self.emit(f"st_st({t}h + {k}, {v});", ind + 1)
+            self.emit(f"{t}h[{k}] = (unsigned char){v};" if p.dtype == "bool" else f"st_st({t}h + {k}, {v});", ind + 1)
         self.emit(f"*reinterpret_cast<{vt}*>({s.buf} + {idx}) = {t};", ind + 1)
         self.emit("}", ind)
 

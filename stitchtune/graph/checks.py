@@ -298,9 +298,6 @@ def _parse_outputs(obj: dict[str, Any], scope: _Scope, p: _Problems) -> list[str
             p.add(path, f"must be a tensor name, got {_type_name(o)}")
         elif o in seen_out:
             p.add(path, f"duplicate output {_show(o)}")
-        elif o in scope.specs and scope.specs[o].dtype == "bool":
-            p.add(path, f"output {_show(o)} is bool: bool outputs are not supported yet "
-                        "(cast it to a float dtype)")
         elif o in scope.specs:
             seen_out.add(o)
             outputs.append(o)

@@ -21,8 +21,8 @@ Contract
   ops, by ``where``'s first argument and by ``cast`` (bool -> float gives 0 / 1; float -> bool is
   ``x != 0``, so NaN is true) and by ``reduce_sum`` (a count). Every other argument must be a float
   (or int, see below) tensor or, for binary and ternary ops, a constant (see
-  :attr:`~stitchtune.graph.ops.OpInfo.arg_types`). A bool tensor is not yet accepted as a graph
-  output (cast it to a float dtype).
+  :attr:`~stitchtune.graph.ops.OpInfo.arg_types`). A bool tensor may be a graph output (one byte
+  per element, 0 / 1, as ``torch.bool``; the reference returns numpy bools).
 * ``int32``/``int64`` tensors are graph inputs (token ids, labels, attention masks), ``iota`` nodes
   and the results of the int ops, of casts to an int dtype and of the index maps of ints. The int
   ops (``OpInfo.ints``: add sub mul neg abs maximum minimum, the comparisons, ``where``'s branches)

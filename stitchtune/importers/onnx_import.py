@@ -42,7 +42,7 @@ Contract
   inlined as scalars, other constants (weights, bool tables) become inputs with their values in
   ``OnnxSubgraph.constants`` (a one-element constant read by a layout op is an input too).
   Outputs are the tensors its own (not recomputed) nodes produce that are read outside it or are
-  model outputs; never bool or int (their producers become boundaries). Every output has exactly
+  model outputs (float, bool or int tensors). Every output has exactly
   the shape of the ONNX tensor it names: a value computed in another shape with the same elements
   in the same order (a reshaped frame, a Reshape on the way out of the region) is stored through a
   ``reshape`` node (an index map: no extra pass), so a subgraph substitutes mechanically. Names are
@@ -301,7 +301,7 @@ def _take(ctx: _Ctx, nodes: list[Any], b: GraphBuilder, i: int, t: str, r: Value
     """Record node ``i``'s value ``r`` of tensor ``t`` (checked against the model's shape, cast to
     its dtype) in ``vals``; return it when it ``leaves`` the group as an output, ``"passed"`` when
     it would leave but is one of the group's inputs, else None. Raises :class:`_Demote` when it
-    cannot leave (bool, broadcast, rearranged) or does not fit the model."""
+    cannot leave (a broadcast, a rearranged view) or does not fit the model."""
     view = ctx.views.get(i)
     if view is not None and not view.broadcast and not view.reshape:
         if leaves:
@@ -324,8 +324,6 @@ def _take(ctx: _Ctx, nodes: list[Any], b: GraphBuilder, i: int, t: str, r: Value
     if not same and "expand" not in OPS:
         raise _Demote(_lazy_origin(ctx, nodes, t, vals), f"a broadcast view that would leave "
                       f"the region through {t!a} (graph.json has no expand)")
-    if dt == "bool":
-        raise _Demote(i, f"its value {t!a} would leave the region as a {dt} tensor ({dt} graph outputs are refused)")
     if not same:   # a broadcast value leaves expanded (written whole); readers inside keep the broadcast
         return b.layout("expand", [r], expect, str(r.dtype), f"{t}_expand", shape=list(expect))
     if tuple(r.shape) != expect:   # a reshaped frame leaves in the ONNX tensor's shape (stored through the view)
@@ -359,7 +357,7 @@ def _build(ctx: _Ctx, nodes: list[Any], members: list[int], core: set[int], exte
     """The group's subgraph, or ``"no-op"`` when every value it hands on is one of its inputs passed
     through unchanged, or ``"unused"`` when nothing outside reads what it computes. Values of its
     ``core`` nodes in ``external`` leave it (the nodes it only recomputes hand nothing on). Raises
-    :class:`_Demote` for a node whose value would leave the group as a bool or a broadcast view."""
+    :class:`_Demote` for a node whose value would leave the group as a broadcast or rearranged view."""
     b = GraphBuilder(gname)
     produced = {t for i in members for t in nodes[i].output if t}
     vals: dict[str, Value] = {}

@@ -76,6 +76,12 @@ _INT_VIEWS = frozenset({"aten.view", "aten.reshape", "aten._unsafe_view", "aten.
                         *_CAST_KEYS, *INT_OPS, *_IOTA, "aten.sum"}) - {"aten.div", "aten.true_divide"}
 
 
+#: ATen ops that draw random numbers (no graph.json equivalent: Inductor draws them in its kernels)
+RANDOM_OPS = frozenset({"aten.rand", "aten.rand_like", "aten.randn", "aten.randn_like", "aten.bernoulli",
+                        "aten.native_dropout", "aten.randint", "aten.randint_like"})
+_COMPARISONS = frozenset({"aten.gt", "aten.ge", "aten.lt", "aten.le", "aten.eq", "aten.ne"})
+
+
 #: ATen gathers along an axis (graph.json's ``gather_elements``) -> the position of their index argument
 GATHER_INDEX_ARG = {"aten.gather": 2, "aten.take_along_dim": 1}
 
@@ -131,6 +137,9 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
         why = _tensor_ok(a.meta.get("val"), index=a is ids or key in _INT_OK)
         if why:
             return f"reads {why}"
+    if key in _COMPARISONS and any(a.op == "call_function" and _key(a.target) in RANDOM_OPS for a in fx_args(node)):
+        return ("compares random numbers drawn in the graph (Inductor draws them in the kernel that "
+                "compares them: a 1-byte mask instead of 4-byte numbers handed to a region)")
     return None
 
 
@@ -171,7 +180,7 @@ _PULLED_FLOAT = frozenset({"aten.where", "aten.masked_fill", "aten.to", "aten._t
 
 
 def _pull_bool_chains(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any]) -> None:
-    """Mark the candidates that produce a bool or integer tensor (graph.json outputs only floats), or
+    """Mark the candidates that produce a bool or integer tensor (a mask or index chain), or
     finish such a mask (``where``), and read only graph inputs, constants and other such nodes: every
     region that reads them computes them again (a padding mask's cast, index, ``&`` and ``where``
     feed every layer's softmax). Those that no region reads are grouped as usual (``find_regions``)."""

@@ -278,12 +278,13 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         if t is None or _strip1(v.shape) != _strip1(t) and not _materialised(orig, v.shape, t):
             return _Culprit(orig, f"an output of PyTorch shape {list(t or ())} is graph shape {list(v.shape)}")
         perm = None if s.meta["val"].is_contiguous() else _dense_perm(orig.meta["val"])
+        if perm is None and _symbolic(orig.meta["val"]):   # the concrete trace may tie where PyTorch's symbolic
+            perm = _dense_perm(orig.meta["val"])           # strides do not (a rotary output at seq = head dim)
+            perm = None if perm == tuple(range(len(perm or ()))) else perm
         if perm is None and not s.meta["val"].is_contiguous() or _is_view(orig) and perm is not None:
             return _Culprit(orig, "a non-contiguous output (stitched kernels write row-major tensors)",
                             free=_is_view(orig) and not inner(orig))
         perms.append(perm)
-        if v.dtype == "bool":
-            return _Culprit(orig, "a bool output (graph.json outputs are float tensors)")
         if _strip1(v.shape) != _strip1(t):   # a materialised broadcast: a new tensor (its own expand node)
             continue
         same, same_perm = seen.get(str(v.ref), (input_names.get(str(v.ref)), None))
@@ -298,7 +299,15 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         seen[str(v.ref)] = (orig, perm)
     if outs is None and walker.current is not None and walker.current.op != "output":
         return _Culprit(outputs[0], "the region's outputs could not be mapped")
+    if all(walker.vals[s.name].dtype == "bool" for s in out_node.args[0]):
+        # a mask and nothing else: Inductor computes it inside the kernel that reads it (no launch)
+        return _Culprit(outputs[-1], "a region of bool outputs only (a mask Inductor fuses into its reader)")
     return perms
+
+
+def _symbolic(val: Any) -> bool:
+    """``val`` (a fake tensor) has a symbolic size or stride."""
+    return val is not None and not all(isinstance(d, int) for d in (*val.shape, *val.stride()))
 
 
 def _materialised(orig: Any, shape: Sequence[int], t: Sequence[int]) -> bool:
@@ -449,10 +458,15 @@ def _judge(res: _Mapped, group: list[Any],
 
 
 def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
-                  accept: Callable[[Any], str | None] | None = plan_check) -> tuple[Any, list[int], tuple[Any, ...]]:
+                  accept: Callable[[Any], str | None] | None = plan_check,
+                  perms: Sequence[tuple[int, ...] | None] = ()) -> tuple[Any, list[int], tuple[Any, ...]]:
     """A region's ``module`` mapped again for the concrete ``inputs`` (tensors): (Graph, for each of
-    the module's outputs its index in ``graph.outputs``, PyTorch's output shapes). Raises
-    :class:`~stitchtune.errors.StitchtuneError` when the region does not map or plan at these shapes."""
+    the module's outputs its index in ``graph.outputs``, the output shapes as the kernel writes them:
+    PyTorch's, permuted by ``perms``). ``perms`` (the region's ``output_perms``, per module output;
+    empty: all None) is the axis order each output must be stored in: the mapping at these shapes
+    must store it so (a region whose outputs PyTorch keeps permuted writes them row-major in that
+    order). Raises :class:`~stitchtune.errors.StitchtuneError` when the region does not map or plan
+    at these shapes, or would store an output in another order."""
     import copy
 
     import torch
@@ -475,18 +489,20 @@ def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
     if isinstance(res, (_Culprit, Declined)):
         raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: {res.reason}")
     graph, outputs = res.graph, res.outputs
-    if any(p is not None for p in res.perms) or res.aliases:
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    wanted = list(out_node.args[0])
+    want = tuple(perms) or (None,) * len(wanted)
+    if res.aliases or any(o in outputs and res.perms[outputs.index(o)] != p for o, p in zip(wanted, want)):
         raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: an output is "
-                              "not row-major in PyTorch")
+                              "not stored in the region's axis order")
     why = accept(graph) if accept is not None else None
     if why:
         raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: {why}")
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    wanted = list(out_node.args[0])
     if any(o not in outputs for o in wanted):
         raise StitchtuneError(f"region {name}: an output is not computed by the region at these shapes")
     index = [outputs.index(o) for o in wanted]
-    return graph, index, tuple(tuple(int(d) for d in o.meta["val"].shape) for o in wanted)
+    return graph, index, tuple(tuple(int(d) for d in (o.meta["val"] if p is None else o.meta["val"].permute(p)).shape)
+                               for o, p in zip(wanted, want))
 
 
 # ---------------------------------------------------------------------------- symbolic dims
@@ -573,7 +589,8 @@ def _named(obj: Any, names: Mapping[int, str]) -> Any:
 
 
 def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dtypes: Sequence[Any], name: str,
-                    accept: Callable[[Any], str | None] | None = plan_check) -> SymbolicRegion:
+                    accept: Callable[[Any], str | None] | None = plan_check,
+                    perms: Sequence[tuple[int, ...] | None] = ()) -> SymbolicRegion:
     """A region's ``module`` mapped once for every value of its symbolic dims: ``dims`` per input as
     :func:`symbolic_dims` gives them, ``dtypes`` the inputs' torch dtypes. The symbols are named
     ``d0, d1, ...`` in order of first appearance (input by input, axis by axis), not by dynamo's
@@ -582,7 +599,8 @@ def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dty
     its symbol's name both graphs must be the same graph.json (so no static number of the graph
     depends on a symbol, and every extent that does is a dim of a shape). Raises
     :class:`~stitchtune.errors.StitchtuneError` saying why not (a dim that is an expression of
-    symbols, a symbol read in a number other than a shape, a region that does not map)."""
+    symbols, a symbol read in a number other than a shape, a region that does not map). ``perms``:
+    the region's ``output_perms`` (see :func:`map_at_shapes`)."""
     import json
 
     import torch
@@ -604,7 +622,7 @@ def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dty
         value = dict(zip(names, probes))
         metas = [torch.empty(tuple(value[where[d][0]] if isinstance(d, str) else int(d or 0) for d in ds), dtype=dt,
                              device="meta") for ds, dt in zip(dims, dtypes)]
-        graph, index, shapes = map_at_shapes(module, metas, name, accept)
+        graph, index, shapes = map_at_shapes(module, metas, name, accept, perms)
         back = {v: k for k, v in value.items()}
         text = json.dumps(_named(graph.to_dict(), back), sort_keys=True)
         out = tuple(tuple(back.get(d, d) for d in s) for s in shapes)

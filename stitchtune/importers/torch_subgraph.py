@@ -150,8 +150,20 @@ def is_noop(node: Any) -> bool:
 
 def _dense_perm(val: Any) -> tuple[int, ...] | None:
     """The axis order in which the strided tensor ``val`` is row-major (``val.permute(perm)`` is
-    contiguous), or None when it is not a permutation of a dense tensor or has symbolic dims."""
-    if not all(isinstance(d, int) for d in val.shape) or not all(isinstance(d, int) for d in val.stride()):
+    contiguous), or None when it is not a permutation of a dense tensor. Symbolic sizes and strides
+    are read at their hints (no guard is added): the order PyTorch's symbolic strides give at the
+    traced sizes, which the backend's fake check compares symbolically afterwards."""
+    if all(isinstance(d, int) for d in (*val.shape, *val.stride())):
+        perm = tuple(sorted(range(val.dim()), key=lambda i: (-val.stride()[i], i)))
+        return perm if val.permute(perm).is_contiguous() else None
+    hinted = [_hint(d) for d in (*val.shape, *val.stride())]
+    if any(h is None for h in hinted):
         return None
-    perm = tuple(sorted(range(val.dim()), key=lambda i: (-val.stride()[i], i)))
-    return perm if val.permute(perm).is_contiguous() else None
+    shape, stride = [int(h or 0) for h in hinted[:val.dim()]], [int(h or 0) for h in hinted[val.dim():]]
+    perm = tuple(sorted(range(val.dim()), key=lambda i: (-stride[i], i)))
+    step = 1
+    for i in reversed(perm):   # row-major in this order: each stride the product of the sizes after it
+        if shape[i] != 1 and stride[i] != step:
+            return None
+        step *= shape[i]
+    return perm

@@ -400,6 +400,32 @@ def test_dropouts_mask_product_is_stitched_and_a_training_step_matches_the_same_
     assert "prims.convert_element_type" in ops["backward"] and ops["forward"].count("aten.mul") >= 2
 
 
+def test_a_mask_saved_for_the_backward_is_a_bool_output_of_its_region() -> None:
+    """A dropout-like mask of a value the region computes (``noise * layer_norm(x) > 0.1``, the noise an
+    input): AOTAutograd saves the bool mask for the backward; the forward's region computes it with
+    the masked product (a bool output, emulated kernels), and the step's values and gradients equal
+    eager PyTorch's for the same noise, the mask bit for bit."""
+    def f(x: Any, w: Any, noise: Any) -> tuple[Any, Any]:
+        h = torch.nn.functional.layer_norm(x, (16,)) * w
+        keep = h * noise > 0.1
+        return torch.where(keep, h, 0.0) * (1 / 0.9), keep
+
+    torch.manual_seed(0)
+    x, noise = torch.randn(4, 16), torch.rand(4, 16)
+    w_eager = torch.linspace(0.5, 1.5, 16).requires_grad_()
+    w_comp = w_eager.detach().clone().requires_grad_()
+    want_y, want_keep = f(x, w_eager, noise)
+    (want_y * torch.linspace(-1.0, 2.0, 16)).sum().backward()
+    torch_backend.LAST_REPORTS.clear()
+    got_y, got_keep = _compile(f, fallback="eager")(x, w_comp, noise)
+    (got_y * torch.linspace(-1.0, 2.0, 16)).sum().backward()
+    assert got_keep.dtype == torch.bool and torch.equal(got_keep, want_keep) and 0 < int(want_keep.sum()) < 64
+    assert torch.allclose(got_y, want_y, atol=1e-5) and torch.allclose(w_comp.grad, w_eager.grad, atol=1e-4)
+    fw = [r for r in torch_backend.LAST_REPORTS if r.graph == "forward"]
+    assert fw and any("aten.gt" in s.ops for r in fw for s in r.stitched)
+    assert not [d for r in fw for d in r.declined if "bool" in d.reason]
+
+
 def test_a_failure_of_the_whole_stitching_step_leaves_the_graph_to_the_fallback(
         monkeypatch: pytest.MonkeyPatch) -> None:
     _refuse(monkeypatch, torch_backend, "stitch_graph", "stitching is down")

@@ -49,3 +49,28 @@ def test_rotary_is_one_region_per_tensor_and_repeat_kv_is_stitched() -> None:
     got = e.outputs.last_hidden_state
     assert got.shape == want.shape
     assert (got - want).abs().max().item() < 1e-5
+
+
+def test_rotary_regions_run_under_dynamic_shapes(caplog: pytest.LogCaptureFixture) -> None:
+    """With ``dynamic=True`` the rotary outputs are PyTorch's permuted ``[1, heads, s, 8]`` tensors
+    (stored ``[1, s, heads, 8]``): the regions keep that layout for symbolic ``s`` (the traced
+    length 8 equals the head dim, where a concrete re-trace ties), pass the fake check, and their
+    kernels (emulated) run at two lengths with eager's outputs."""
+    import logging
+
+    model, ids = _llama()
+    torch_backend.LAST_REPORTS.clear()
+    try:
+        compiled = torch.compile(model, backend="stitchtune", dynamic=True,
+                                 options={"db": None, "fallback": "eager", "cpu": "emulate"})
+        with torch.no_grad(), caplog.at_level(logging.WARNING, logger="stitchtune.deploy.torch_ops"):
+            for n in (8, 11):
+                x = torch.randint(0, 64, (1, n))
+                got, want = compiled(x).last_hidden_state, model(x).last_hidden_state
+                assert got.shape == want.shape and (got - want).abs().max().item() < 1e-5, n
+    finally:
+        torch._dynamo.reset()
+    stitched = [s for r in torch_backend.LAST_REPORTS for s in r.stitched]
+    assert sum({"aten.cat", "aten.neg", "aten.permute"} <= set(s.ops) for s in stitched) == 4   # q and k, 2 layers
+    assert not [d for r in torch_backend.LAST_REPORTS for d in r.declined if "fake" in d.reason]
+    assert not [m for m in caplog.messages if "no kernel" in m and "cat" in m], caplog.messages

@@ -116,11 +116,19 @@ def test_wrong_arity_and_types_are_one_line_naming_the_node(node: dict, want: st
     assert _problems(_g([node], ["o"])) == [want]
 
 
-def test_bool_output_is_refused_in_one_line() -> None:
-    assert _problems(_g([{"id": "o", "op": "eq", "args": ["x", "y"]}])) == [
-        "outputs[0]: output 'o' is bool: bool outputs are not supported yet (cast it to a float dtype)"]
-    assert _problems({**_g([{"id": "o", "op": "neg", "args": ["x"]}]), "outputs": ["o", "m"]}) == [
-        "outputs[1]: output 'm' is bool: bool outputs are not supported yet (cast it to a float dtype)"]
+def test_bool_outputs_are_numpy_bools_of_their_mask() -> None:
+    """A comparison, a cast to bool (NaN is true) and a bool input may be outputs: numpy bools."""
+    g = parse_graph({**_g([{"id": "o", "op": "gt", "args": ["x", "y"]},
+                           {"id": "c", "op": "cast", "args": ["x"], "to": "bool"}]), "outputs": ["o", "c", "m"]})
+    assert [g.spec(o).dtype for o in g.outputs] == ["bool", "bool", "bool"]
+    x = np.array([[1, 0, np.nan, -2], [3, 0, 1, 1]], np.float32)
+    y = np.array([[0, 0, 1, -3], [4, -1, np.nan, 1]], np.float32)
+    m = np.array([[True, False, True, False]])
+    out = run_reference(g, {"x": x, "y": y, "m": m})
+    assert all(v.dtype == np.bool_ for v in out.values())
+    assert out["o"].tolist() == [[True, False, False, True], [False, True, False, False]]
+    assert out["c"].tolist() == [[True, False, True, True], [True, False, True, True]]
+    assert np.array_equal(out["m"], m)
 
 
 def test_bool_inputs_are_drawn_as_numpy_bools() -> None:

@@ -156,12 +156,21 @@ def test_masks_map_onto_comparisons_and_where() -> None:
     assert np.abs(out - f(scores, keep).numpy()).max() < 1e-6
 
 
-def test_a_bool_output_or_arithmetic_on_bools_stays_outside() -> None:
-    gm = _aten(lambda x: ((x > 0) & (x < 2), (x > 0).float() * x.exp()), torch.randn(4, 8))
-    split = find_regions(gm)
-    for r in split.regions:
-        assert all(r.graph.spec(o).dtype != "bool" for o in r.graph.outputs)
-    assert any("bool output" in d.reason or "bool or integer result" in d.reason for d in split.declined)
+def test_a_bool_output_joins_its_region_with_pytorchs_values() -> None:
+    """A mask the function returns (a bool output, one byte per element as torch.bool) is computed
+    by the region that also computes the float result read from it."""
+    def f(x: Any) -> Any:
+        y = x.exp()
+        return (y > 0.5) & (y < 2), y * 2.0
+
+    x = torch.randn(4, 8)
+    split = find_regions(_aten(f, x))
+    [r] = split.regions
+    assert not split.declined and [r.graph.spec(o).dtype for o in r.graph.outputs] == ["bool", "float32"]
+    out = run_reference(r.graph, {r.graph.inputs[0][0]: x.numpy()})
+    mask, y = f(x)
+    assert out[r.graph.outputs[0]].dtype == np.bool_ and np.array_equal(out[r.graph.outputs[0]], mask.numpy())
+    assert np.abs(out[r.graph.outputs[1]] - y.numpy()).max() < 1e-5
 
 
 def test_parts_split_by_stage_are_joined_again_where_the_union_stays_convex() -> None:
@@ -343,8 +352,9 @@ def test_the_backward_primitives_of_inductors_decompositions_join_their_region()
 
 
 def test_a_training_dropouts_mask_product_joins_its_region() -> None:
-    """Training dropout as AOTAutograd leaves it: ``rand`` (no graph.json op) and the bool mask
-    ``gt`` (a bool output: saved for the backward) stay outside; ``mask * x`` and the rescale join
+    """Training dropout as AOTAutograd leaves it: ``rand`` (no graph.json op) and the mask ``gt``
+    that compares it stay outside (Inductor draws the numbers in the kernel that compares them: a
+    1-byte mask rather than 4-byte numbers handed to the region); ``mask * x`` and the rescale join
     the region around them, the mask read as a bool input and cast."""
     def f(x: Any, r: Any) -> Any:
         keep = r > 0.1
@@ -357,11 +367,20 @@ def test_a_training_dropouts_mask_product_joins_its_region() -> None:
     [reg] = split.regions
     assert {"aten._softmax", "aten.mul", "aten.add"} <= set(reg.ops) and "aten.gt" not in reg.ops
     assert {d.what for d in split.declined} == {"op aten.rand", "op aten.gt"}
+    assert "random numbers" in next(d.reason for d in split.declined if d.what == "op aten.gt")
     assert sorted(s.dtype for _, s in reg.graph.inputs) == ["bool", "float32"]
     keep = r > 0.1
     feed = {name: (keep if s.dtype == "bool" else x).numpy() for name, s in reg.graph.inputs}
     out = run_reference(reg.graph, feed)[reg.graph.outputs[0]]
     assert np.abs(out - f(x, r)[0].numpy()).max() < 1e-5
+
+
+def test_a_region_of_bool_outputs_only_is_left_to_inductor() -> None:
+    """A mask and nothing else (an embedding backward's index checks): Inductor computes it inside
+    the kernel that reads it, where a region would be one more launch."""
+    split = find_regions(_aten(lambda x: (x > 0) & (x < 2), torch.randn(4, 8)))
+    assert not split.regions and split.declined
+    assert all("bool outputs only" in d.reason for d in split.declined)
 
 
 def test_two_regions_reading_one_value_join_when_the_planner_takes_their_union() -> None:

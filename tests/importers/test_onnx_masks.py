@@ -102,9 +102,9 @@ def test_one_mask_chain_feeding_two_layers_is_recomputed_in_each(elem):
     assert check_onnx_numerics(res, m, feeds) == 2
 
 
-def test_comparisons_and_logical_ops_map_and_a_bool_output_is_cut_before():
-    """Less/GreaterOrEqual/Equal/And/Or -> lt/ge/eq/logical_*: a bool model output (or a bool read
-    by a boundary) is never a graph output: its producers are left out."""
+def test_comparisons_and_logical_ops_map_and_a_bool_model_output_is_a_graph_output():
+    """Less/GreaterOrEqual/Equal/And/Or -> lt/ge/eq/logical_*; a bool model output is a bool graph
+    output (one byte per element), equal to onnxruntime's."""
     nodes = [h.make_node("Less", ["x", "zero"], ["lt"]),
              h.make_node("GreaterOrEqual", ["x", "y"], ["ge"]),
              h.make_node("Equal", ["lt", "ge"], ["eq"]),
@@ -125,8 +125,9 @@ def test_comparisons_and_logical_ops_map_and_a_bool_output_is_cut_before():
     m2 = _model(nodes[:2], [_vi("x", [4, 8]), _vi("y", [4, 8])], [_vi("lt", [4, 8], TP.BOOL), _vi("ge", [4, 8], TP.BOOL)],
                 [nh.from_array(np.array(0.0, np.float32), "zero")])
     res2 = import_onnx(m2)
-    assert not res2.subgraphs
-    assert all("bool" in b for b in res2.boundaries) and len(res2.boundaries) == 2
+    assert not res2.boundaries and [r.status for r in res2.regions] == ["whole", "whole"]
+    assert [sg.graph.spec(o).dtype for sg in res2.subgraphs for o in sg.graph.outputs] == ["bool", "bool"]
+    assert check_onnx_numerics(res2, m2, feeds) == 2
 
 
 def test_clip_maps_to_clamp_with_tensor_bounds_and_infinite_missing_ones():

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from helpers import DEV, compile_programs_sm90, emulated_errors
+from test_bool_output_kernels import bool_output_programs
 from test_int_ops_kernels import int_op_programs
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.gpu.build import nvcc_found
@@ -129,6 +130,7 @@ def test_int_loads_compile_for_sm90(tmp_path) -> None:
     plan, space, _ = _schedules(g, 0)
     programs += [lower(g, plan, s, DEV, space) for s in _vec8(space, 1)]
     programs += int_op_programs()  # int registers: iota, wrapping int64 arithmetic, int outputs
+    programs += bool_output_programs()  # bool outputs: 0 / 1 bytes, one by one and packed in vectors
     compile_programs_sm90(programs, tmp_path)  # one nvcc call; fails the test on any error
 
 
