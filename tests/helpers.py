@@ -759,6 +759,21 @@ def _keep_red(i: str, op: str, a: str, axes: list[int]) -> dict:
     return {"id": i, "op": op, "args": [a], "axes": axes, "keepdims": True}
 
 
+def int_next_to_pick_graph(rows: int, cols: int) -> object:
+    """Int registers (``t + 1`` cast to float) beside a pick whose index is the input ``t`` itself,
+    plus a row sum: ``y = x[r, t[r]] + (t[r] + 1) + sum(x[r])``."""
+    return parse_graph({
+        "name": "g", "inputs": {"x": {"shape": [rows, cols], "dtype": "float32"},
+                                "t": {"shape": [rows, 1], "dtype": "int64"}},
+        "nodes": [{"id": "s", "op": "reduce_sum", "args": ["x"], "axes": [-1], "keepdims": True},
+                  {"id": "p", "op": "gather_elements", "args": ["x", "t"], "axis": 1},
+                  {"id": "ti", "op": "add", "args": ["t", 1]},
+                  {"id": "tf", "op": "cast", "args": ["ti"], "to": "float32"},
+                  {"id": "o", "op": "add", "args": ["p", "tf"]},
+                  {"id": "y", "op": "add", "args": ["o", "s"]}],
+        "outputs": ["y"]})
+
+
 def ce_graph(rows: int = 16, cols: int = 1000, dtype: str = "float32", idx_shape: list[int] | None = None,
              axis: int = 1, outputs: tuple[str, ...] = ("loss",)) -> object:
     """Cross entropy: log-softmax, the target's log-probability picked, the mean over rows as a sum

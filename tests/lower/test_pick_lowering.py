@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pytest
 
-from helpers import DEV, ce_graph, ce_ignore_graph, rel_err
+from helpers import int_next_to_pick_graph, DEV, ce_graph, ce_ignore_graph, rel_err
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.graph.parse import parse_graph
@@ -168,13 +168,5 @@ def test_cross_entropy_with_every_row_ignored_gives_nan_without_the_flag() -> No
 
 def test_int_arithmetic_next_to_a_pick_read_by_input_index() -> None:
     """Int registers (``t + 1`` cast to float) beside a pick whose index is the input itself."""
-    g = parse_graph({"name": "g", "inputs": {"x": {"shape": [5, 24], "dtype": "float32"},
-                                             "t": {"shape": [5, 1], "dtype": "int64"}},
-                     "nodes": [{"id": "s", "op": "reduce_sum", "args": ["x"], "axes": [-1], "keepdims": True},
-                               {"id": "p", "op": "gather_elements", "args": ["x", "t"], "axis": 1},
-                               {"id": "ti", "op": "add", "args": ["t", 1]},
-                               {"id": "tf", "op": "cast", "args": ["ti"], "to": "float32"},
-                               {"id": "o", "op": "add", "args": ["p", "tf"]},
-                               {"id": "y", "op": "add", "args": ["o", "s"]}],
-                     "outputs": ["y"]})
+    g = int_next_to_pick_graph(5, 24)
     _check(g, random_inputs(g, 6), 1e-5)

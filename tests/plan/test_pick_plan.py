@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import ce_graph, ce_ignore_graph
+from helpers import int_next_to_pick_graph, ce_graph, ce_ignore_graph
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import parse_graph
 from stitchtune.plan.planner import TensorClass, make_plan
@@ -42,15 +42,7 @@ def test_a_pick_from_a_reduction_result_is_refused() -> None:
 
 def test_int_arithmetic_next_to_a_pick_plans() -> None:
     """Int registers beside a pick read by input index: one row plan (the int values are per-row)."""
-    g = parse_graph({"name": "g", "inputs": {"x": {"shape": [4, 8], "dtype": "float32"},
-                                             "t": {"shape": [4, 1], "dtype": "int64"}},
-                     "nodes": [{"id": "s", "op": "reduce_sum", "args": ["x"], "axes": [-1], "keepdims": True},
-                               {"id": "p", "op": "gather_elements", "args": ["x", "t"], "axis": 1},
-                               {"id": "ti", "op": "add", "args": ["t", 1]},
-                               {"id": "tf", "op": "cast", "args": ["ti"], "to": "float32"},
-                               {"id": "o", "op": "add", "args": ["p", "tf"]},
-                               {"id": "y", "op": "add", "args": ["o", "s"]}],
-                     "outputs": ["y"]})
+    g = int_next_to_pick_graph(4, 8)
     p = make_plan(g)
     assert (p.family, p.M, p.N) == ("row", 4, 8) and p.cls("ti") is TensorClass.PER_KEPT
 
