@@ -59,7 +59,8 @@ from stitchtune.lower.base import I, Lowerer, SweepValues, add, and_, mul
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.planner import TensorClass
 from stitchtune.plan.remap import (Shift, column_shift, composed_chains, domain_of, mixed_layout, outer_sources,
-                                   pick_leaves, root_shift, shift_offset)
+                                   root_shift, shift_offset)
+from stitchtune.plan.pick import pick_leaves
 
 __all__ = ["Shift", "RemapValues", "gather_flag_buffers", "gather_index", "pick_value", "split_axes"]
 
@@ -444,7 +445,7 @@ def gather_index(k: RowKernelBuilder, nd: Node, bound: int) -> kir.Var:
         return rows[nd.id]
     idx = str(nd.args[1])
     gi = k.cx.var("gi", I32)
-    if idx in low.nodes:  # a per-row int register the region computed (plan.remap.check_pick_indices)
+    if idx in low.nodes:  # a per-row int register the region computed (plan.pick.check_pick_indices)
         v, st = k.pvals[idx], low.vtype(idx)
         ok = Bin("&&", k.ix.rvalid, Bin("&&", Bin(">=", v, Const(0, st)), Bin("<", v, Const(bound, st))))
         k.rb.append(Assign(gi, Select(ok, v if st == I32 else kir.Cast(v, I32), I(-1))))
@@ -465,7 +466,7 @@ def gather_index(k: RowKernelBuilder, nd: Node, bound: int) -> kir.Var:
 
 def pick_value(k: RowKernelBuilder, nd: Node) -> kir.Expr | None:
     """The value of pick ``nd`` (``gather_elements`` along the view's column axis,
-    :func:`stitchtune.plan.remap.check_picks`) for the round's row: its source expression evaluated at
+    :func:`stitchtune.plan.pick.check_picks`) for the round's row: its source expression evaluated at
     column ``idx[row]``, the per-row values it reads taken as they are (None while one of them is not
     computed yet: call again after the next stage), each input varying along the columns loaded at
     its own address of element ``(row, idx[row])``: one scalar load, predicated on an in-range index

@@ -52,7 +52,7 @@ from math import prod
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import INDEX_KINDS, OPS
-from stitchtune.plan import remap
+from stitchtune.plan import pick, remap
 from stitchtune.plan.family import Family
 from stitchtune.plan.axes import Groups, TensorAxes, tensor_axes
 from stitchtune.plan.cross import CrossReduction, check_cross, epilogue_nodes, split_cross
@@ -395,7 +395,7 @@ def make_plan(graph: Graph) -> StitchPlan:
             f"{index_op.op} '{index_op.id}' is in a region that computes with int values (graph '{graph.name}'); "
             "stitched kernels lower int arithmetic in element-wise and row-reduction regions without slice, "
             "concat or gather only (gather_elements picks may sit next to it)")
-    remap.check_pick_indices(graph, ints)
+    pick.check_pick_indices(graph, ints)
     real, graph = graph, remap.surrogate(graph)
     names = [n for n, _ in graph.inputs] + [nd.id for nd in graph.nodes]
     all_red = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]

@@ -13,9 +13,9 @@ there (:mod:`stitchtune.lower.remap`). Planning sees a *surrogate* graph (:func:
   ``gather(table, idx)`` an element-wise node of ``idx`` seen as per-row (``idx.shape`` + ones) and
   the table seen as one row (``table.shape[1:]``), so its result is full-size and the index per-row.
 
-* ``gather_elements`` is planned as a *pick* (:func:`check_picks`): one element per row along the
+* ``gather_elements`` is planned as a *pick* (:func:`stitchtune.plan.pick.check_picks`): one element per row along the
   view's column axis, a per-row node of its index and of the per-row values its element-wise source
-  reads (:func:`pick_leaves`), so that its stage follows theirs; the domain spans its source.
+  reads (:func:`stitchtune.plan.pick.pick_leaves`), so that its stage follows theirs; the domain spans its source.
 
 The planner then classifies, stages and maps the surrogate as any other graph (so the space, the
 cost model and the heuristic need nothing new); :func:`real_index_maps` gives the inputs whose own
@@ -64,8 +64,10 @@ from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph, Node, TensorSpec
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.family import Family
+from stitchtune.plan.pick import node_axis as _axis
+from stitchtune.plan.pick import check_picks, pick_leaves
 
-__all__ = ["pick_leaves", "check_picks", "check_pick_indices", "OuterSources", "outer_sources", "root_shift", "composed_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
+__all__ = ["OuterSources", "outer_sources", "root_shift", "composed_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
            "Shift", "shift_offset", "check_remaps"]
 
 
@@ -411,12 +413,6 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
                 "region with transpose / reshape; not supported")
 
 
-def _axis(nd: Node) -> int:
-    """The axis of a slice / concat / gather node (set, normalised, by the graph's validation)."""
-    assert nd.axis is not None, f"{nd.op} '{nd.id}' has no axis"
-    return nd.axis
-
-
 def root_shift(graph: Graph, name: str, domain: tuple[int, ...], row_axes: tuple[int, ...]) -> Shift:
     """The shift output ``name`` is evaluated at: ``Shift()``, except where it broadcasts along a row
     axis ``a`` of the domain (its own dim 1 there) and has a size-1 slice along ``a`` in its subtree
@@ -536,77 +532,6 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
         visit(name, root_shift(graph, name, domain, row_axes))
     for name in [str(n.args[0]) for n in graph.reductions()]:
         visit(name, Shift())
-
-
-_PICK_ONLY = ("gather_elements '{0}': stitched kernels pick one element per row along the kernel's column axis "
-              "(an index of size 1 along axis {1} and of the source's size elsewhere, that axis the one reduced by "
-              "the region's row reductions); other gathers along an axis are not supported yet")
-
-
-def pick_leaves(graph: Graph, nd: Node, domain: tuple[int, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``(constant, loaded)`` tensors of the subtree a pick ``gather_elements`` node ``nd`` evaluates at
-    its row's index: ``constant`` are those constant along the gather axis (size 1 there: per-row
-    values such as a row max or log-sum-exp, where the walk stops), ``loaded`` the inputs that vary
-    along it (loaded at the picked position). :class:`UnsupportedGraphError` naming the node for a
-    subtree node that is not element-wise."""
-    x, idx = (graph.spec(str(t)) for t in nd.args)
-    if idx.shape[_axis(nd)] != 1 or any(i != d for k, (i, d) in enumerate(zip(idx.shape, x.shape)) if k != _axis(nd)):
-        raise UnsupportedGraphError(_PICK_ONLY.format(nd.id, _axis(nd)))
-    nodes = {n.id: n for n in graph.nodes}
-    a = len(domain) - len(nd.shape) + _axis(nd)
-    if a != max((k for k, d in enumerate(domain) if d > 1), default=a):  # not the innermost live axis
-        raise UnsupportedGraphError(_PICK_ONLY.format(nd.id, _axis(nd)))
-    const: list[str] = []
-    loaded: list[str] = []
-    stack, seen = [str(nd.args[0])], set()
-    while stack:
-        cur = stack.pop()
-        if cur in seen:
-            continue
-        seen.add(cur)
-        shape = graph.spec(cur).shape
-        k = a - (len(domain) - len(shape))
-        if k < 0 or shape[k] == 1:
-            const.append(cur)
-            continue
-        m = nodes.get(cur)
-        if m is None:
-            loaded.append(cur)
-            continue
-        if OPS[m.op].kind not in ("unary", "binary", "ternary", "cast"):
-            raise UnsupportedGraphError(
-                f"gather_elements '{nd.id}' picks from '{cur}' ({m.op}); stitched kernels pick from element-wise "
-                "expressions of inputs and per-row values only")
-        stack.extend(m.tensor_args)
-    return tuple(sorted(const)), tuple(sorted(loaded))
-
-
-def check_picks(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ...]) -> None:
-    """Every ``gather_elements`` is a *pick*: one element per row along the kernel's column axis
-    (``idx`` of size 1 along the gather axis and of the source's dims elsewhere, the gather axis the
-    view's only column axis: cross entropy's target logit), whose source is an element-wise expression
-    (:func:`pick_leaves`); :class:`UnsupportedGraphError` naming the node otherwise."""
-    for n in graph.nodes:
-        if n.op != "gather_elements":
-            continue
-        pick_leaves(graph, n, domain)
-        live = tuple(c for c in col_axes if domain[c] > 1)
-        if live != (len(domain) - len(n.shape) + _axis(n),):
-            raise UnsupportedGraphError(_PICK_ONLY.format(n.id, _axis(n)))
-
-
-def check_pick_indices(graph: Graph, ints: frozenset[str]) -> None:
-    """A pick's index is a graph input or a per-row value the region computes in int registers (``ints``,
-    :func:`~stitchtune.plan.ints.int_registers`: cross entropy's ``where(t != ignore, t, 0)``), which the
-    kernel range-checks as it checks a loaded index; a computed index that is not an int register (a
-    reshape of an int input only) is refused naming the node."""
-    inputs = set(graph.input_names)
-    for n in graph.nodes:
-        idx = str(n.args[1]) if n.op == "gather_elements" else ""
-        if idx and idx not in inputs and idx not in ints:
-            raise UnsupportedGraphError(
-                f"gather_elements '{n.id}' reads index '{idx}', which the region computes without int arithmetic "
-                "(a view of an int input); index with the input itself")
 
 
 @dataclass(frozen=True)
