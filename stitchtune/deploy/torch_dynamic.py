@@ -3,7 +3,7 @@
 Contract
 --------
 * :func:`region_dynamic_graph(region, max_extent)` names the region's symbolic input sizes
-  (:func:`~stitchtune.importers.torch_regions.symbolic_region`: ``d0, d1, ...`` by first
+  (:func:`~stitchtune.importers.torch_symbolic.symbolic_region`: ``d0, d1, ...`` by first
   appearance) and returns its :class:`~stitchtune.graph.dynamic.DynamicGraph`, each size bounded
   ``1..max_extent`` with the default power-of-two buckets
   (:class:`~stitchtune.graph.dynamic.Buckets`). Raises :class:`~stitchtune.errors.StitchtuneError`
@@ -20,7 +20,7 @@ Contract
   gets kernels specialised per extent: the graph at those extents (``DynamicGraph.at``), one
   selection and one build each. A region without a dynamic graph, or extents outside
   ``1..max_extent``, keys by the exact shapes and maps the region again per shape
-  (:func:`~stitchtune.importers.torch_regions.map_at_shapes`). Build failures are the
+  (:func:`~stitchtune.importers.torch_symbolic.map_at_shapes`). Build failures are the
   DynamicRegionKernel's: that shape runs the region's ATen ops.
 """
 
@@ -44,7 +44,7 @@ MAX_KEYS = 4096
 def region_dynamic_graph(region: Any, max_extent: int) -> tuple[Any, Any]:
     """(SymbolicRegion, DynamicGraph) of ``region`` (see module docstring)."""
     from stitchtune.graph.dynamic import parse_dynamic
-    from stitchtune.importers.torch_regions import symbolic_dims, symbolic_region
+    from stitchtune.importers.torch_symbolic import symbolic_dims, symbolic_region
 
     dims = symbolic_dims(region.inputs)
     sym = symbolic_region(region.module, dims, [n.meta["val"].dtype for n in region.inputs], region.name,
@@ -69,7 +69,7 @@ def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, com
         return k
 
     def per_shape(inputs: Sequence[Any]) -> Built:
-        from stitchtune.importers.torch_regions import map_at_shapes
+        from stitchtune.importers.torch_symbolic import map_at_shapes
 
         graph, index, shapes = map_at_shapes(region.module, inputs, region.name, perms=region.output_perms)
         return Built(kernel(graph, _in_graph_order(index, shapes)), tuple(index))

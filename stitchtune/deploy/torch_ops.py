@@ -69,7 +69,7 @@ class RegionKernel:
     path too, their pointers passed as they are); None opens the GPU's at the first call.
 
     A *generic* kernel has ``sym`` (the region's
-    :class:`~stitchtune.importers.torch_regions.SymbolicRegion`) and ``compiled`` a compiled bucket
+    :class:`~stitchtune.importers.torch_symbolic.SymbolicRegion`) and ``compiled`` a compiled bucket
     (:class:`~stitchtune.deploy.dynamic.CompiledBucket`): each call reads the extents of the
     symbolic sizes from its inputs and runs the one program at them (the emulator or the float64
     reference at the graph of those extents; on the launch path the extents are bound as kernel

@@ -229,12 +229,12 @@ def test_static_shapes_recompile_and_symbolic_shapes_get_a_kernel_per_bucket() -
 
 
 def test_a_shape_the_region_cannot_take_runs_its_aten_ops(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stitchtune.importers import torch_regions
+    from stitchtune.importers import torch_symbolic
 
     def refuse(*a: Any, **k: Any) -> Any:
         raise StitchtuneError("not at these shapes")
 
-    monkeypatch.setattr(torch_regions, "map_at_shapes", refuse)
+    monkeypatch.setattr(torch_symbolic, "map_at_shapes", refuse)
     torch.manual_seed(0)
     m = Block().eval()
     c = torch.compile(m, backend="stitchtune", dynamic=True, options={"db": None, "fallback": "eager"})

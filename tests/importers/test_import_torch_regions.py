@@ -104,7 +104,7 @@ def test_integer_tensors_are_mapped_and_symbolic_shapes_mapped_at_their_examples
     gm = make_fx(lambda x: (x.exp() * 2.0).softmax(-1), tracing_mode="symbolic")(torch.randn(4, 8))
     [r] = find_regions(gm).regions   # mapped at the example shapes, re-mapped per shape at run time
     assert r.dynamic and r.graph.spec(r.graph.outputs[0]).shape == (4, 8)
-    from stitchtune.importers.torch_regions import map_at_shapes
+    from stitchtune.importers.torch_symbolic import map_at_shapes
 
     graph, index, shapes = map_at_shapes(r.module, [torch.randn(3, 8)], "again")
     assert graph.spec(graph.outputs[0]).shape == (3, 8) and index == [0] and shapes == ((3, 8),)
@@ -418,7 +418,7 @@ def _symbolic_regions(fn: Any) -> Any:
 
 
 def test_symbolic_dims_are_named_in_the_regions_graph() -> None:
-    from stitchtune.importers.torch_regions import symbolic_dims, symbolic_region
+    from stitchtune.importers.torch_symbolic import symbolic_dims, symbolic_region
 
     first, second = _symbolic_regions(_reshaped)
     a, b = symbolic_dims(first.inputs)[0][:2]
@@ -434,7 +434,7 @@ def test_symbolic_dims_are_named_in_the_regions_graph() -> None:
     assert sym.graph_json({"d0": (2, 64), "d1": (2, 9)})["dynamic"] == {"d0": {"min": 2, "max": 64},
                                                                        "d1": {"min": 2, "max": 9}}
     # the template at concrete extents is the region's graph mapped at those shapes
-    from stitchtune.importers.torch_regions import map_at_shapes
+    from stitchtune.importers.torch_symbolic import map_at_shapes
 
     graph, _, _ = map_at_shapes(second.module, [torch.empty(5, 1, 7, 8)], second.name)
     at = graph.to_dict()
@@ -443,8 +443,8 @@ def test_symbolic_dims_are_named_in_the_regions_graph() -> None:
 
 def test_a_region_without_a_symbolic_graph_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     from stitchtune.errors import StitchtuneError
-    from stitchtune.importers import torch_regions
-    from stitchtune.importers.torch_regions import symbolic_dims, symbolic_region
+    from stitchtune.importers import torch_symbolic
+    from stitchtune.importers.torch_symbolic import symbolic_dims, symbolic_region
 
     _, merged = _symbolic_regions(_merged)
     dims = symbolic_dims(merged.inputs)
@@ -455,7 +455,7 @@ def test_a_region_without_a_symbolic_graph_says_why(monkeypatch: pytest.MonkeyPa
     with pytest.raises(StitchtuneError, match="no symbolic input dim"):
         symbolic_region(second.module, [(5, 1, 7, 8)], [torch.float32], second.name)
     # a probe that equals a static dim (8) names it in one mapping only: the two graphs differ
-    monkeypatch.setattr(torch_regions, "_PROBES", ((8, 9), (1051, 1061)))
+    monkeypatch.setattr(torch_symbolic, "_PROBES", ((8, 9), (1051, 1061)))
     with pytest.raises(StitchtuneError, match="other than through shapes"):
         symbolic_region(second.module, symbolic_dims(second.inputs), [torch.float32], second.name)
 

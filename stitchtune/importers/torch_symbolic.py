@@ -1,0 +1,193 @@
+"""A region of the torch backend mapped at other shapes than the ones it was found at: at concrete
+input shapes (:func:`map_at_shapes`, a kernel per shape) and once for every value of its symbolic
+dims (:func:`symbolic_dims`, :func:`symbolic_region` -> :class:`SymbolicRegion`: the graph.json of a
+dynamic graph whose dims are named ``d0, d1, ...``). The regions themselves are found by
+:func:`stitchtune.importers.torch_regions.find_regions`; nothing here modifies the module given."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stitchtune.errors import StitchtuneError
+from stitchtune.importers.torch_regions import Declined, _Culprit, _map_group, plan_check
+
+__all__ = ["SymbolicRegion", "map_at_shapes", "symbolic_dims", "symbolic_region"]
+
+
+def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
+                  accept: Callable[[Any], str | None] | None = plan_check,
+                  perms: Sequence[tuple[int, ...] | None] = ()) -> tuple[Any, list[int], tuple[Any, ...]]:
+    """A region's ``module`` mapped again for the concrete ``inputs`` (tensors): (Graph, for each of
+    the module's outputs its index in ``graph.outputs``, the output shapes as the kernel writes them:
+    PyTorch's, permuted by ``perms``). ``perms`` (the region's ``output_perms``, per module output;
+    empty: all None) is the axis order each output must be stored in: the mapping at these shapes
+    must store it so (a region whose outputs PyTorch keeps permuted writes them row-major in that
+    order). Raises :class:`~stitchtune.errors.StitchtuneError` when the region does not map or plan
+    at these shapes, or would store an output in another order."""
+    import copy
+
+    import torch
+
+    gm = copy.deepcopy(module)
+
+    class _Meta(torch.fx.Interpreter):
+        def run_node(self, n: Any) -> Any:
+            out = super().run_node(n)
+            n.meta["val"] = out
+            return out
+
+    _Meta(gm).run(*[torch.empty(tuple(t.shape), dtype=t.dtype, device="meta") for t in inputs])
+    group = [n for n in gm.graph.nodes if n.op == "call_function"]
+    held = {n: n.meta["folded"] for n in gm.graph.nodes if "folded" in n.meta}
+    group = [n for n in group if n not in held]
+    res = _map_group(group, name, held)
+    if res is None:
+        raise StitchtuneError(f"region {name}: nothing reads its outputs")
+    if isinstance(res, (_Culprit, Declined)):
+        raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: {res.reason}")
+    graph, outputs = res.graph, res.outputs
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    wanted = list(out_node.args[0])
+    want = tuple(perms) or (None,) * len(wanted)
+    if res.aliases or any(o in outputs and res.perms[outputs.index(o)] != p for o, p in zip(wanted, want)):
+        raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: an output is "
+                              "not stored in the region's axis order")
+    why = accept(graph) if accept is not None else None
+    if why:
+        raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: {why}")
+    if any(o not in outputs for o in wanted):
+        raise StitchtuneError(f"region {name}: an output is not computed by the region at these shapes")
+    index = [outputs.index(o) for o in wanted]
+    return graph, index, tuple(tuple(int(d) for d in (o.meta["val"] if p is None else o.meta["val"].permute(p)).shape)
+                               for o, p in zip(wanted, want))
+
+
+# ---------------------------------------------------------------------------- symbolic dims
+def symbolic_dims(nodes: Sequence[Any]) -> tuple[tuple[int | str | None, ...], ...]:
+    """Per fx node (a region's inputs), per dim of its ``meta["val"]``: the int of a static dim, the
+    name of the symbol a symbolic dim is (``"s0"``: dynamo's symbol, the same name in every region
+    of a graph), or None for a symbolic dim that is an expression of symbols (``2*s0``)."""
+    out = []
+    for n in nodes:
+        dims: list[int | str | None] = []
+        for d in n.meta["val"].shape:
+            if isinstance(d, int):
+                dims.append(d)
+                continue
+            expr = d.node.expr
+            if getattr(expr, "is_number", False):
+                dims.append(int(expr))
+            elif getattr(expr, "is_Symbol", False):
+                dims.append(str(expr))
+            else:
+                dims.append(None)
+        out.append(tuple(dims))
+    return tuple(out)
+
+
+#: the values symbolic dims are mapped at, two sets (see :func:`symbolic_region`): primes far from
+#: the sizes of models, so that no static dim or product of them equals one by chance
+_PROBES = ((1009, 1013, 1019, 1021, 1031, 1033, 1039, 1049), (1051, 1061, 1063, 1069, 1087, 1091, 1093, 1097))
+
+
+@dataclass(frozen=True)
+class SymbolicRegion:
+    """A region's graph with its symbolic dims named (see :func:`symbolic_region`).
+
+    ``template`` is graph.json (:meth:`Graph.to_dict`) with each symbolic extent written as its name
+    in the shapes of inputs and of ``reshape``/``expand`` nodes; ``names`` the dim names, sorted;
+    ``where[name]`` the (region input, axis) its extent is read from at run time; ``index[i]`` the
+    position in the graph's outputs of the module's output ``i`` and ``output_shapes[i]`` its PyTorch
+    shape (ints and names)."""
+
+    template_json: str
+    names: tuple[str, ...]
+    where: tuple[tuple[str, int, int], ...]
+    index: tuple[int, ...]
+    output_shapes: tuple[tuple[int | str, ...], ...]
+
+    @property
+    def template(self) -> dict[str, Any]:
+        import json
+
+        out: dict[str, Any] = json.loads(self.template_json)
+        return out
+
+    def extents(self, shapes: Sequence[Sequence[int]]) -> dict[str, int]:
+        """Each dim's extent in the region inputs' ``shapes`` (PyTorch's, in input order)."""
+        return {name: int(shapes[i][axis]) for name, i, axis in self.where}
+
+    def graph_json(self, bounds: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
+        """graph.json with its ``"dynamic"`` section: each dim's (min, max) from ``bounds``."""
+        return {**self.template, "dynamic": {n: {"min": bounds[n][0], "max": bounds[n][1]} for n in self.names}}
+
+    def shapes_at(self, extents: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:
+        """PyTorch's output shapes at ``extents``."""
+        return tuple(tuple(extents[d] if isinstance(d, str) else d for d in s) for s in self.output_shapes)
+
+    def graph_output_shapes(self, extents: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:
+        """PyTorch's output shapes at ``extents`` in the graph's output order (output ``index[i]`` is
+        the module's output ``i``)."""
+        shapes = self.shapes_at(extents)
+        out: list[tuple[int, ...]] = [()] * len(shapes)
+        for j, i in enumerate(self.index):
+            out[i] = shapes[j]
+        return tuple(out)
+
+
+def _named(obj: Any, names: Mapping[int, str]) -> Any:
+    """``obj`` (graph.json) with every int in a ``shape`` list that is a key of ``names`` replaced by its name."""
+    if isinstance(obj, dict):
+        return {k: ([names.get(x, x) if isinstance(x, int) else x for x in v]
+                    if k == "shape" and isinstance(v, list) else _named(v, names)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_named(x, names) for x in obj]
+    return obj
+
+
+def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dtypes: Sequence[Any], name: str,
+                    accept: Callable[[Any], str | None] | None = plan_check,
+                    perms: Sequence[tuple[int, ...] | None] = ()) -> SymbolicRegion:
+    """A region's ``module`` mapped once for every value of its symbolic dims: ``dims`` per input as
+    :func:`symbolic_dims` gives them, ``dtypes`` the inputs' torch dtypes. The symbols are named
+    ``d0, d1, ...`` in order of first appearance (input by input, axis by axis), not by dynamo's
+    symbol names, so equal regions get equal graphs and bucket labels (``d0=17..32``) in every run. The module is mapped
+    (:func:`map_at_shapes`) at two sets of probe values of the symbols; with each probe written as
+    its symbol's name both graphs must be the same graph.json (so no static number of the graph
+    depends on a symbol, and every extent that does is a dim of a shape). Raises
+    :class:`~stitchtune.errors.StitchtuneError` saying why not (a dim that is an expression of
+    symbols, a symbol read in a number other than a shape, a region that does not map). ``perms``:
+    the region's ``output_perms`` (see :func:`map_at_shapes`)."""
+    import json
+
+    import torch
+
+    if any(d is None for ds in dims for d in ds):
+        raise StitchtuneError(f"region {name}: a symbolic input dim is an expression of symbols")
+    where: dict[str, tuple[str, int, int]] = {}   # symbol -> (its name d<k>, input, axis) at first appearance
+    for i, ds in enumerate(dims):
+        for axis, d in enumerate(ds):
+            if isinstance(d, str) and d not in where:
+                where[d] = (f"d{len(where)}", i, axis)
+    if not where:
+        raise StitchtuneError(f"region {name}: no symbolic input dim")
+    if len(where) > len(_PROBES[0]):
+        raise StitchtuneError(f"region {name}: {len(where)} symbolic dims (at most {len(_PROBES[0])})")
+    names = sorted(w[0] for w in where.values())
+    mapped: list[tuple[str, tuple[int, ...], tuple[tuple[int | str, ...], ...]]] = []
+    for probes in _PROBES:
+        value = dict(zip(names, probes))
+        metas = [torch.empty(tuple(value[where[d][0]] if isinstance(d, str) else int(d or 0) for d in ds), dtype=dt,
+                             device="meta") for ds, dt in zip(dims, dtypes)]
+        graph, index, shapes = map_at_shapes(module, metas, name, accept, perms)
+        back = {v: k for k, v in value.items()}
+        text = json.dumps(_named(graph.to_dict(), back), sort_keys=True)
+        out = tuple(tuple(back.get(d, d) for d in s) for s in shapes)
+        mapped.append((text, tuple(index), out))
+    if mapped[0] != mapped[1]:
+        raise StitchtuneError(f"region {name}: its graph depends on a symbolic dim other than through shapes")
+    text, order, out_shapes = mapped[0]
+    by_name = {w[0]: w for w in where.values()}
+    return SymbolicRegion(text, tuple(names), tuple(by_name[n] for n in names), order, out_shapes)
