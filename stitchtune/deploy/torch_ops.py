@@ -109,12 +109,18 @@ class RegionKernel:
         if self.sym is None:
             return self.compiled.graph, None
         ext = tuple((name, int(inputs[i].shape[axis])) for name, i, axis in self.sym.where)   # sorted by name
+        return self._graph_at(ext), ext
+
+    def _graph_at(self, ext: tuple[tuple[str, int], ...] | None) -> Any:
+        """The graph at extents ``ext`` (:attr:`graph` for None), kept in a bounded cache."""
+        if ext is None:
+            return self.compiled.graph
         g = self._graphs.get(ext)
         if g is None:
             if len(self._graphs) >= MAX_BOUND:
                 self._graphs.pop(next(iter(self._graphs)))
             g = self._graphs[ext] = self.compiled.dgraph.at(dict(ext))
-        return g, ext
+        return g
 
     def _out_shapes(self, g: Any, ext: tuple[tuple[str, int], ...] | None) -> tuple[tuple[int, ...], ...]:
         """PyTorch's output shapes, in the graph's output order."""
@@ -134,7 +140,7 @@ class RegionKernel:
             ext = self.at(inputs)[1]
         specs = self._out_specs.get(ext)
         if specs is None:
-            g = self.graph if ext is None else self.at(inputs)[0]
+            g = self._graph_at(ext)
             specs = tuple((tuple(sh), _DTYPES[g.spec(o).dtype]) for sh, o in zip(self._out_shapes(g, ext), g.outputs))
             if len(self._out_specs) >= MAX_BOUND:
                 self._out_specs.pop(next(iter(self._out_specs)))
@@ -191,7 +197,7 @@ class RegionKernel:
         key = pointers if extents is None else (pointers, extents)
         bound = cache.get(key)
         if bound is None:
-            g = self.compiled.graph if extents is None else self.compiled.dgraph.at(dict(extents))
+            g = self._graph_at(extents)
             names = [n for n, _ in g.inputs] + list(g.outputs)
             if len(cache) >= MAX_BOUND:
                 cache.pop(next(iter(cache)))

@@ -440,10 +440,8 @@ class _Walker(LayoutOps):
         ops, ``where``'s condition and casts)."""
         if key in _CASTS or key in _VIEWS or key in _LAYOUT or (key == "aten.sum" and a.get("dtype") is None):
             return   # (a sum of a bool tensor is a count)
-        import torch.fx
-
         for v in a.values():
-            if isinstance(v, torch.fx.Node) and _meta(v)[1] == "bool":
+            if _is_bool(v):
                 raise ImportError_(f"{node.target} at {_where(node)}: reads the bool tensor {v.name!a} "
                                    "(graph.json reads bools only in logical ops, where and cast)")
 
