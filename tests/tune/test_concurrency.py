@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 GRAPH = REPO / "examples" / "layernorm_small.json"
 WORKERS = 4
 TRIALS = 10
-KILL_TRIALS = 6  # per worker in the kill test (3 batches of 2): the kill comes 0.5 s after the first rows
+KILL_TRIALS = 8  # per worker in the kill test (4 batches of 2): the kill comes 0.5 s after the first rows
 STUDY = "concurrency"
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
