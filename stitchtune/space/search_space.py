@@ -569,19 +569,35 @@ class SearchSpace:
     def grid(self) -> list[Schedule]:
         """Every legal point (for the grid sampler and exhaustive sweeps; can be large): the product of
         the core domains, schemes, reuse levels and the option domains (table order), filtered by
-        :meth:`violations`."""
+        :meth:`violations`, in that product's order.
+
+        An option is enumerated over its domain only where it applies to the point decided so far;
+        elsewhere only its default is tried (any other value there is a violation, and a default outside
+        the domain too), so the points skipped are illegal ones and the result is the same."""
         d = self.domains
         out = []
         reuse_doms = [self._reuse_domain(c) for c in self.plan.reuse_candidates]
-        option_names = [opt.name for opt in self.table]
-        option_doms = [d[n] for n in option_names]
         for tpr, block, split, vec, tasks, mb in itertools.product(
                 d["tpr"], d["block"], d["split"], d["vec"], d["tasks_per_block"], d["min_blocks"]):
             for schemes in itertools.product(d["scheme"], repeat=self.plan.nstages):
                 for reuse in itertools.product(*reuse_doms):
-                    for values in itertools.product(*option_doms):
-                        s = Schedule(tpr, block, split, vec, tasks, mb, tuple(schemes), tuple(reuse),
-                                     dict(zip(option_names, values)), table=self.table)
+                    core = self._core_point(tpr, block, split, vec, tasks, mb, tuple(schemes), tuple(reuse))
+                    for values in self._option_values(core):
+                        s = Schedule(tpr, block, split, vec, tasks, mb, tuple(schemes), tuple(reuse), values,
+                                     table=self.table)
                         if not self.violations(s):
                             out.append(s)
         return out
+
+    def _option_values(self, core: dict[str, Any]) -> list[dict[str, Any]]:
+        """The option values :meth:`grid` tries at the mapping ``core``: in table order, an option's whole
+        domain where it applies to the point decided so far, else its default (if in its domain)."""
+        combos: list[tuple[dict[str, Any], dict[str, Any]]] = [({}, core)]
+        for opt in self.table:
+            dom = self.domains[opt.name]
+            grown = []
+            for values, point in combos:
+                tries = dom if opt.applies(point) else [v for v in (opt.default,) if v in dom]
+                grown += [({**values, opt.name: v}, {**point, opt.name: v}) for v in tries]
+            combos = grown
+        return [values for values, _ in combos]

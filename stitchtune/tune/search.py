@@ -22,7 +22,8 @@ Contract of :func:`run_search`
   for that trial and copies its outcome: only the lowest-numbered trial of a schedule measures it.
   Each trial's schedule key is written to its user attrs right after it is asked, which makes this
   rule safe without locks. A trial of a dead local worker is marked FAIL (``stale``) and no longer
-  waited for.
+  waited for; a RUNNING trial still without a key after ``_KEY_WAIT_S`` (its worker died inside
+  ``ask()``) is not waited for either.
 * Stops after ``trials`` trials of this run, ``timeout_s`` seconds, ``early_stop`` trials in a row
   without improvement, an exhausted grid, or Ctrl-C (the trials in flight are told FAIL with user
   attr ``interrupted``; everything finished before is already in the database).
@@ -66,6 +67,7 @@ from stitchtune.tune.summary import format_best_table, format_summary, json_safe
 from stitchtune.tune.study import (
     _KEY_WAIT_S,
     MAX_GRID,  # noqa: F401 - re-exported
+    _age_s,
     _fail_stale,
     _local_dead,
     _open_study,
@@ -200,7 +202,14 @@ class _Loop:
         return row
 
     def owner_of(self, trial: optuna.Trial, key: str) -> optuna.trial.FrozenTrial | None:
-        """The lowest-numbered other trial of this study with the same schedule key (None: we own it)."""
+        """The lowest-numbered other trial of this study with the same schedule key (None: we own it).
+
+        A lower-numbered RUNNING trial without a key yet may be about to claim ``key``: it is waited for
+        while it is younger than ``_KEY_WAIT_S`` (a live worker signs and keys its trial within
+        milliseconds of asking for it). An older one was abandoned (its worker died inside ``ask()`` or
+        before keying it) and is not waited for, so one dead worker costs every other worker one wait
+        of at most ``_KEY_WAIT_S`` in all, not one per schedule.
+        """
         deadline = time.monotonic() + _KEY_WAIT_S
         while True:
             pending = False
@@ -211,7 +220,7 @@ class _Loop:
                 k = t.user_attrs.get("schedule_key")
                 if k is None:
                     if (t.state == TrialState.RUNNING and not _local_dead(t.user_attrs.get("worker"))
-                            and not t.user_attrs.get("stale")):
+                            and not t.user_attrs.get("stale") and _age_s(t) < _KEY_WAIT_S):
                         pending = True
                     continue
                 settled_or_running = t.state != TrialState.FAIL or t.user_attrs.get("status")

@@ -3,11 +3,16 @@
 Contract
 --------
 * :func:`make_storage(url, db_path)`: ``None`` -> a journal file ``<db>/optuna.journal``
-  (``JournalFileBackend``; a torn last record is cut first by :func:`repair_journal_tail`, under the
-  journal's own lock; a record damaged inside the file -> :class:`~stitchtune.errors.DatabaseError`
-  saying what to do), else any SQLAlchemy URL (``sqlite:///...``, ``postgresql://...``), retried while
-  workers starting together race on creating the schema. Every failure is a ``DatabaseError``;
+  (``JournalFileBackend`` with the lock of :func:`journal_lock`; a torn last record is cut first by
+  :func:`repair_journal_tail`, under that lock; a record damaged inside the file ->
+  :class:`~stitchtune.errors.DatabaseError` saying what to do), else any SQLAlchemy URL
+  (``sqlite:///...``, ``postgresql://...``), retried while workers starting together race on creating
+  the schema. Every failure is a ``DatabaseError``;
   :func:`describe_storage` names the storage without its password.
+* :func:`journal_lock(path)`: optuna's ``JournalFileSymlinkLock`` with a grace period of
+  :func:`journal_lock_grace_s` seconds (``$STITCHTUNE_JOURNAL_LOCK_GRACE_S``, a whole number >= 3; default
+  30, optuna's): a lock left by a process killed while it held it is broken after that long without a
+  change of the journal (an append holds the lock for milliseconds). A bad value -> ``DatabaseError``.
 * :func:`default_study_name`: ``<graph name>-<workload key[:12]>-<device key>``, unsafe characters -> ``_``.
 * :func:`make_sampler(name, seed, space)`: tpe, gp, cmaes, random, grid (a random sampler; the loop
   enqueues :func:`grid_points`, at most :data:`MAX_GRID`, shuffled by ``seed``). A missing optional
@@ -40,11 +45,17 @@ log = logging.getLogger(__name__)
 
 _KEY_WAIT_S = 15.0
 
+JOURNAL_LOCK_GRACE_ENV = "STITCHTUNE_JOURNAL_LOCK_GRACE_S"
+DEFAULT_JOURNAL_LOCK_GRACE_S = 30  # optuna's default
+_MIN_JOURNAL_LOCK_GRACE_S = 3      # optuna warns below this
+
 __all__ = [
     "MAX_GRID",
     "default_study_name",
     "describe_storage",
     "grid_points",
+    "journal_lock",
+    "journal_lock_grace_s",
     "make_sampler",
     "make_storage",
     "repair_journal_tail",
@@ -65,6 +76,30 @@ def describe_storage(url: str | None, db_path: str) -> str:
     return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
 
 
+def journal_lock_grace_s() -> int:
+    """Seconds without a change of the journal after which a held journal lock is broken: the whole
+    number in ``$STITCHTUNE_JOURNAL_LOCK_GRACE_S`` (>= 3), else 30. Anything else -> ``DatabaseError``."""
+    raw = os.environ.get(JOURNAL_LOCK_GRACE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_JOURNAL_LOCK_GRACE_S
+    try:
+        grace = int(raw)
+    except ValueError:
+        grace = -1
+    if grace < _MIN_JOURNAL_LOCK_GRACE_S:
+        raise DatabaseError(f"${JOURNAL_LOCK_GRACE_ENV} must be a whole number of seconds >= "
+                            f"{_MIN_JOURNAL_LOCK_GRACE_S} (got {raw[:40]!a})")
+    return grace
+
+
+def journal_lock(path: str) -> Any:
+    """The lock every append to the journal ``path`` takes (optuna's ``JournalFileSymlinkLock``), with
+    the grace period of :func:`journal_lock_grace_s`."""
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    return JournalFileSymlinkLock(path, grace_period=journal_lock_grace_s())
+
+
 def repair_journal_tail(path: str) -> int:
     """Cut a torn last record (a writer killed in mid-append, a full disk) off an optuna journal file.
 
@@ -82,9 +117,7 @@ def repair_journal_tail(path: str) -> int:
         fh.seek(-1, os.SEEK_END)
         if fh.read(1) == b"\n":
             return 0
-    from optuna.storages.journal import JournalFileSymlinkLock
-
-    lock = JournalFileSymlinkLock(path)  # the lock JournalFileBackend takes for every append
+    lock = journal_lock(path)  # the lock JournalFileBackend takes for every append
     lock.acquire()
     try:
         with open(path, "r+b") as fh:
@@ -125,7 +158,7 @@ def make_storage(url: str | None, db_path: str) -> Any:
         try:
             os.makedirs(db_path, exist_ok=True)
             repair_journal_tail(path)
-            return JournalStorage(JournalFileBackend(path))
+            return JournalStorage(JournalFileBackend(path, lock_obj=journal_lock(path)))
         except OSError as exc:
             raise DatabaseError(f"cannot use journal storage in {db_path!r}: {exc}") from exc
         except ValueError as exc:  # json.JSONDecodeError: a damaged record inside the journal

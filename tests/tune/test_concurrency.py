@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -34,6 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 GRAPH = REPO / "examples" / "layernorm_small.json"
 WORKERS = 4
 TRIALS = 10
+KILL_TRIALS = 8  # per worker in the kill test (4 batches of 2): the kill comes 0.5 s after the first rows
 STUDY = "concurrency"
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
@@ -42,6 +44,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.waits]
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    # a worker killed while it appends to the journal leaves the journal's lock behind: the others break
+    # it after 5 s instead of optuna's 30 (an append holds it for milliseconds)
+    env["STITCHTUNE_JOURNAL_LOCK_GRACE_S"] = "5"
     return env
 
 
@@ -51,8 +56,8 @@ def _cmd(db: Path, trials: int, seed: int = 5) -> list[str]:
             "--seed", str(seed), "--no-progress", "--no-build", "--prune-factor", "1000"]
 
 
-def _start(db: Path, n: int) -> list[subprocess.Popen[str]]:
-    return [subprocess.Popen(_cmd(db, TRIALS), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+def _start(db: Path, n: int, trials: int = TRIALS) -> list[subprocess.Popen[str]]:
+    return [subprocess.Popen(_cmd(db, trials), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True) for _ in range(n)]
 
 
@@ -116,23 +121,30 @@ def test_four_real_workers_on_one_journal_study(tmp_path: Path) -> None:
 
 def test_one_of_four_workers_killed_the_others_finish(tmp_path: Path) -> None:
     db = tmp_path / "db"
-    procs = _start(db, WORKERS)
+    trials = KILL_TRIALS
+    procs = _start(db, WORKERS, trials)
     victim = procs[1]
     deadline = time.monotonic() + 120
     while not list(db.glob("part-*.parquet")) and time.monotonic() < deadline:  # wait until trials run
         time.sleep(0.2)
     time.sleep(0.5)
-    if victim.poll() is None:
-        os.kill(victim.pid, signal.SIGKILL)
+    assert victim.poll() is None, "the victim finished before the kill: it did not land mid-run"
+    os.kill(victim.pid, signal.SIGKILL)
     victim.communicate(timeout=60)
+    assert victim.returncode == -signal.SIGKILL
     for p in procs:
         if p is victim:
             continue
         out = p.communicate(timeout=600)[0]
         assert p.returncode == 0, out[-3000:]
-        assert f"{TRIALS} trial(s) this run" in out
+        assert f"{trials} trial(s) this run" in out
     # a later run marks the dead worker's unfinished trials stale, then runs its own
     again = subprocess.run(_cmd(db, 2), env=_env(), capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     n, _ = _check(db, None, strict_once=False)
-    assert n >= (WORKERS - 1) * TRIALS + 2
+    assert n >= (WORKERS - 1) * trials + 2
+    # the kill landed mid-run: the victim had signed trials and had not finished all of its own
+    victims = [t for t in _study(db).get_trials(deepcopy=False)
+               if t.user_attrs.get("worker") == f"{socket.gethostname()}:{victim.pid}"]
+    assert victims, "the victim was killed before it started a trial"
+    assert sum(t.state.is_finished() and not t.user_attrs.get("stale") for t in victims) < trials

@@ -53,6 +53,9 @@ def search_cmd(db: Path, trials: int, seed: int) -> list[str]:
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    # a run killed while it appends to the journal leaves the journal's lock behind (most kills here do):
+    # the next run breaks it after 3 s instead of optuna's 30. One run at a time: no live holder to wrong
+    env["STITCHTUNE_JOURNAL_LOCK_GRACE_S"] = "3"
     return env
 
 
@@ -255,3 +258,27 @@ def test_repair_journal_tail_edge_cases(tmp_path: Path) -> None:
     assert repair_journal_tail(str(p)) == 200_000 and p.read_bytes() == b'{"a":1}\n'
     assert repair_journal_tail(str(p)) == 0
     assert not (tmp_path / "j.lock").exists()
+
+
+def test_the_journal_lock_grace_comes_from_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``$STITCHTUNE_JOURNAL_LOCK_GRACE_S``: how long a journal lock left by a killed writer blocks the
+    others (default 30 s, optuna's); the storage's appends and the tail repair take that lock. A bad
+    value is one error line, exit 2."""
+    from stitchtune.errors import DatabaseError
+    from stitchtune.tune.study import JOURNAL_LOCK_GRACE_ENV, journal_lock, journal_lock_grace_s, make_storage
+
+    monkeypatch.delenv(JOURNAL_LOCK_GRACE_ENV, raising=False)
+    assert journal_lock_grace_s() == 30
+    monkeypatch.setenv(JOURNAL_LOCK_GRACE_ENV, " 7 ")
+    assert journal_lock_grace_s() == 7
+    assert journal_lock(str(tmp_path / "j")).grace_period == 7
+    storage = make_storage(None, str(tmp_path / "db"))
+    assert storage._backend._lock.grace_period == 7  # the lock of every append
+    for bad in ("2", "0", "-5", "1.5", "soon"):
+        monkeypatch.setenv(JOURNAL_LOCK_GRACE_ENV, bad)
+        with pytest.raises(DatabaseError, match=f"{JOURNAL_LOCK_GRACE_ENV} must be a whole number"):
+            journal_lock_grace_s()
+    rc, _out, err = _search_in_process(tmp_path / "db2", 1, capsys)
+    assert rc == 2 and "Traceback" not in err
+    assert err.count("stitchtune: error:") == 1 and JOURNAL_LOCK_GRACE_ENV in err and "'soon'" in err

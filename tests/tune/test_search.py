@@ -273,3 +273,24 @@ def test_unsigned_running_trial_is_failed_after_the_key_wait(tmp_path):
     trials = study.get_trials()
     assert trials[t.number].state == optuna.trial.TrialState.FAIL and trials[t.number].user_attrs["stale"]
     assert trials[signed.number].state == optuna.trial.TrialState.RUNNING
+
+
+@pytest.mark.parametrize("age_s, waits", [(0.0, True), (3600.0, False)])
+def test_a_keyless_running_trial_is_waited_for_only_while_young(monkeypatch, age_s, waits):
+    """``owner_of``: a lower-numbered RUNNING trial without a schedule key (its worker died inside
+    ``ask()``) is waited for while it is young, never once it is older than the key wait: a dead worker
+    costs the others one wait in all, not one per schedule."""
+    import types
+
+    import stitchtune.tune.search as search
+
+    study = optuna.create_study(study_name="s", storage=optuna.storages.InMemoryStorage())
+    study.ask()  # unsigned, never keyed
+    mine = study.ask()
+    sleeps: list[float] = []
+    monkeypatch.setattr(search, "_KEY_WAIT_S", 0.05)
+    monkeypatch.setattr(search, "_age_s", lambda t: age_s)
+    monkeypatch.setattr(search.time, "sleep", sleeps.append)
+    loop = types.SimpleNamespace(study=study)
+    assert search._Loop.owner_of(loop, mine, "k") is None  # type: ignore[arg-type]
+    assert bool(sleeps) == waits
