@@ -154,6 +154,9 @@ class RegionSplit:
     free: tuple[Any, ...] = ()
     dropped: tuple[tuple[Any, ...], ...] = ()
     constants: tuple[Any, ...] = ()   # nodes computed from constants only (inputs of regions, or scalars)
+    #: (node, its value: a CPU tensor) for each of ``constants`` that a region reads as an input; a
+    #: caller may hand the region the value itself instead of computing the node (no kernel)
+    folded: tuple[tuple[Any, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -344,8 +347,10 @@ def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_chec
         if not unclaimed:
             break
         ex.pulled.difference_update(unclaimed)   # read by no region: grouped like any other node
+    read = {x for r in regions for x in r.inputs}
     return RegionSplit(tuple(regions), tuple(_op_declines(nodes, ex)) + tuple(declined),
-                       tuple(n for n in nodes if n in ex.free), tuple(dropped), tuple(consts))
+                       tuple(n for n in nodes if n in ex.free), tuple(dropped), tuple(consts),
+                       tuple((n, v) for n, v in consts.items() if n in read and hasattr(v, "dim")))
 
 
 def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
