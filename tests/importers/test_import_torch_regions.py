@@ -257,7 +257,8 @@ def test_an_output_pytorch_keeps_permuted_is_stored_row_major_and_a_no_op_output
         q = (x @ w).view(2, 4, 2, 4).transpose(1, 2)   # heads: [2, 2, 4, 4], strided
         r = q * 2.0 + 1.0                               # PyTorch keeps q's memory order
         c = r.clone()                                   # a no-op, read inside the region and outside
-        return r @ w[:4, :4], c @ w[:4, :4], (c * 3.0).sum(-1)
+        # (read outside through views only: a contiguous copy for a bmm would be stored by the region)
+        return r.transpose(1, 2).reshape(8, 8) @ w, c.transpose(1, 2).reshape(8, 8) @ w, (c * 3.0).sum(-1)
 
     x, w = torch.randn(8, 8), torch.randn(8, 8)
     gm = _aten(f, x, w)
@@ -270,6 +271,22 @@ def test_an_output_pytorch_keeps_permuted_is_stored_row_major_and_a_no_op_output
     stored = got[r.graph.outputs[r.output_perms.index(perm)]]
     want = y * 2.0 + 1.0
     assert stored.shape == (2, 4, 2, 4) and torch.allclose(torch.from_numpy(stored).permute(r.restore_perm(0)), want)
+
+
+def test_contiguous_copies_of_a_permuted_result_for_two_matmuls_are_stored_by_the_region() -> None:
+    """``r @ w`` of a strided ``r`` makes PyTorch copy it contiguous (expand, clone) for each bmm:
+    the region stores the first copy row-major and the second as a copy of it, not ``r`` permuted
+    for Inductor to copy twice."""
+    def f(x: Any, w: Any) -> Any:
+        r = (x @ w).view(2, 4, 2, 4).transpose(1, 2) * 2.0 + 1.0
+        return r @ w[:4, :4], r @ w[4:, 4:]
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    [r] = find_regions(_aten(f, x, w)).regions
+    assert r.ops.count("aten.clone") == 2 and r.output_perms == (None, None) and not r.aliases, r
+    got = run_reference(r.graph, {r.graph.inputs[0][0]: (x @ w).numpy()})
+    want = ((x @ w).view(2, 4, 2, 4).transpose(1, 2) * 2.0 + 1.0).contiguous().numpy()
+    assert all(np.abs(got[o] - want).max() < 1e-6 for o in r.graph.outputs)
 
 
 def test_rotary_tables_computed_in_a_region_use_sin_and_cos_and_emulate_correctly() -> None:
@@ -472,6 +489,23 @@ def test_rotary_angles_also_returned_are_still_computed_again_in_each_region() -
     rot = [r for r in split.regions if "aten.cat" in r.ops and "aten.neg" in r.ops]
     assert len(rot) == 2 and all({"aten.cos", "aten.sin"} <= set(r.ops) for r in rot), [r.ops for r in split.regions]
     assert not [d for d in split.declined if d.reason.startswith("planner")], split.declined
+
+
+def test_a_clone_of_a_region_output_is_stored_by_the_region_as_a_second_output() -> None:
+    """Attention dropout at p = 0 in training is a ``clone`` of the softmax, saved and multiplied: the
+    region stores the clone too (a second tensor), rather than leaving a copy kernel to Inductor."""
+    def f(s: Any, v: Any) -> Any:
+        p = (s * 0.5).softmax(-1)
+        c = p.clone()
+        return p, c @ v
+
+    s, v = torch.randn(2, 8, 8), torch.randn(2, 8, 4)
+    split = find_regions(_aten(f, s, v))
+    [r] = split.regions
+    assert r.ops[-1] == "aten.clone" and len(r.outputs) == 2 and not r.aliases, r.ops
+    out = run_reference(r.graph, {r.graph.inputs[0][0]: s.numpy()})
+    want = (s * 0.5).softmax(-1).numpy()
+    assert all(np.abs(out[o] - want).max() < 1e-6 for o in r.graph.outputs)
 
 
 def test_a_slice_scattered_into_zeros_read_by_anything_but_add_is_declined() -> None:
