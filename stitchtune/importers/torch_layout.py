@@ -24,6 +24,17 @@ _LAYOUT = {"aten.transpose": "transpose", "aten.permute": "transpose", "aten.t":
            "aten.take_along_dim": "gather_elements", "aten.slice_scatter": "slice_scatter"}
 
 
+def _bounds(node: Any, a: dict[str, Any], n: int) -> tuple[int, int]:
+    """``(start, end)`` of a ``slice`` / ``slice_scatter`` over a dim of size ``n``, clamped as PyTorch
+    does (negative bounds count from the end); a step other than 1 raises."""
+    if (a.get("step") or 1) != 1:
+        raise ImportError_(f"{node.target} at {_where(node)}: slice step {a['step']} (graph.json slices "
+                           "have step 1)")
+    start = 0 if a.get("start") is None else int(a["start"])
+    stop = n if a.get("end") is None else int(a["end"])
+    return min(max(start + n if start < 0 else start, 0), n), min(max(stop + n if stop < 0 else stop, 0), n)
+
+
 @dataclass(frozen=True)
 class Padded:
     """A slice scattered into zeros (``slice_scatter(full(shape, 0), src, dim, lo, hi)``): ``shape``
@@ -177,13 +188,7 @@ class LayoutOps:
             if not 0 <= start < n:
                 raise ImportError_(f"{node.target} at {_where(node)}: index {i} out of range for size {n}")
         else:
-            if (a.get("step") or 1) != 1:
-                raise ImportError_(f"{node.target} at {_where(node)}: slice step {a['step']} (graph.json slices "
-                                   "have step 1)")
-            start = 0 if a.get("start") is None else int(a["start"])
-            stop = n if a.get("end") is None else int(a["end"])
-            start = min(max(start + n if start < 0 else start, 0), n)
-            stop = min(max(stop + n if stop < 0 else stop, 0), n)
+            start, stop = _bounds(node, a, n)
             if stop <= start:
                 raise ImportError_(f"{node.target} at {_where(node)}: an empty slice")
         v = self.val(x, node)
@@ -213,13 +218,7 @@ class LayoutOps:
         t = self._layout_shape(node, self.tshape(node))
         dim = int(a.get("dim", 0)) % len(t)
         n = t[dim]
-        if (a.get("step") or 1) != 1:
-            raise ImportError_(f"{node.target} at {_where(node)}: slice_scatter step {a['step']} (graph.json "
-                               "slices have step 1)")
-        start = 0 if a.get("start") is None else int(a["start"])
-        stop = n if a.get("end") is None else int(a["end"])
-        start = min(max(start + n if start < 0 else start, 0), n)
-        stop = max(min(max(stop + n if stop < 0 else stop, 0), n), start)
+        start, stop = _bounds(node, a, n)
         _, dt = _meta(node)
         src = self.b.cast(self.exact(a["src"], node), str(dt), f"{node.name}_src")
         if stop <= start or tuple(src.shape) != tuple(stop - start if i == dim else d for i, d in enumerate(t)):

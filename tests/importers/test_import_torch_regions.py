@@ -13,6 +13,25 @@ from stitchtune.graph.reference import run_reference  # noqa: E402
 from stitchtune.importers.torch_regions import find_regions  # noqa: E402
 
 
+def _assert_emulates(graph: Any) -> None:
+    """The heuristic schedule and a sampled one of ``graph`` emulate like its reference (1e-5)."""
+    import random
+
+    from helpers import DEV, emulated_errors
+
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.graph.reference import random_inputs
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space import SearchSpace
+
+    plan = make_plan(graph)
+    space = SearchSpace.for_plan(plan, DEV)
+    inputs = random_inputs(graph, 3)
+    ref = run_reference(graph, inputs)
+    for s in (heuristic_schedule(plan, DEV, space), space.sample(random.Random(0))):
+        assert max(emulated_errors(graph, plan, space, s, inputs, ref).values()) < 1e-5
+
+
 def _aten(fn: Any, *args: Any) -> Any:
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -291,15 +310,6 @@ def test_contiguous_copies_of_a_permuted_result_for_two_matmuls_are_stored_by_th
 
 def test_rotary_tables_computed_in_a_region_use_sin_and_cos_and_emulate_correctly() -> None:
     """The torch.compile case: the frequencies are a graph input, so cos/sin are computed in-kernel."""
-    import random
-
-    from helpers import DEV, emulated_errors
-
-    from stitchtune.cost.heuristic import heuristic_schedule
-    from stitchtune.graph.reference import random_inputs
-    from stitchtune.plan.planner import make_plan
-    from stitchtune.space import SearchSpace
-
     def f(q: Any, freqs: Any) -> Any:
         emb = torch.cat((freqs, freqs), -1)
         x1, x2 = q[..., :4], q[..., 4:]
@@ -312,12 +322,7 @@ def test_rotary_tables_computed_in_a_region_use_sin_and_cos_and_emulate_correctl
     ins = {name: env[x.name].numpy() for (name, _), x in zip(r.graph.inputs, r.inputs)}
     got = run_reference(r.graph, ins)[r.graph.outputs[0]]
     assert np.abs(got - f(q, freqs).numpy()).max() < 1e-5
-    plan = make_plan(r.graph)
-    space = SearchSpace.for_plan(plan, DEV)
-    inputs = random_inputs(r.graph, 3)
-    ref = run_reference(r.graph, inputs)
-    for s in (heuristic_schedule(plan, DEV, space), space.sample(random.Random(0))):
-        assert max(emulated_errors(r.graph, plan, space, s, inputs, ref).values()) < 1e-5
+    _assert_emulates(r.graph)
 
 
 def test_a_refusal_naming_a_graph_input_declines_the_first_node_reading_it() -> None:
@@ -432,15 +437,6 @@ def _rotary_backward(g: Any, cos: Any, sin: Any) -> Any:
 def test_rotary_backwards_slices_scattered_into_zeros_are_one_region() -> None:
     """``slice_scatter`` into a constant of zeros read by ``add``: one concat, no zeros made or
     read; the region (slices, neg, scatters, adds, permute) emulates like PyTorch."""
-    import random
-
-    from helpers import DEV, emulated_errors
-
-    from stitchtune.cost.heuristic import heuristic_schedule
-    from stitchtune.graph.reference import random_inputs
-    from stitchtune.plan.planner import make_plan
-    from stitchtune.space import SearchSpace
-
     torch.manual_seed(0)
     args = (torch.randn(1, 2, 8, 8), torch.randn(1, 1, 8, 8), torch.randn(1, 1, 8, 8))
     split = find_regions(_aten(_rotary_backward, *args))
@@ -450,12 +446,7 @@ def test_rotary_backwards_slices_scattered_into_zeros_are_one_region() -> None:
     env = dict(zip(("g_1", "cos_1", "sin_1"), args))
     out = run_reference(r.graph, {name: env[x.name].numpy() for (name, _), x in zip(r.graph.inputs, r.inputs)})
     assert np.abs(out[r.graph.outputs[0]] - _rotary_backward(*args).numpy()).max() < 1e-5
-    plan = make_plan(r.graph)
-    space = SearchSpace.for_plan(plan, DEV)
-    inputs = random_inputs(r.graph, 3)
-    ref = run_reference(r.graph, inputs)
-    for s in (heuristic_schedule(plan, DEV, space), space.sample(random.Random(0))):
-        assert max(emulated_errors(r.graph, plan, space, s, inputs, ref).values()) < 1e-5
+    _assert_emulates(r.graph)
 
 
 def test_a_gqa_sum_before_rotarys_backward_is_declined_by_name_and_the_rest_is_one_region() -> None:
