@@ -249,6 +249,8 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
                                                 f"{type(exc).__name__}: {exc}"))
             counters[r.name].decline(report.declined[-1].reason)
     failed = _attach_cubins([k for _, k in made], device.arch) if on_cuda else {}
+    folded = dict(split.folded)
+    held: dict[str, frozenset[int]] = {}
     chosen = []
     for i, (r, kernel) in enumerate(made):
         if i in failed:
@@ -256,14 +258,16 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
             counters[r.name].decline(failed[i])
             continue
         key = f"{r.name}#{next(_keys)}"
+        consts = _held_constants(r, folded)
+        held[key] = frozenset(i for i, _ in consts)
         torch_ops.register(key, torch_ops.GuardedRegion(kernel, r.module, r.output_perms or (None,) * len(r.outputs),
                                                         _runtime_decline(report, kind, r, counters[r.name]),
-                                                        _kept_outputs(r)))
+                                                        _kept_outputs(r), held=consts))
         chosen.append((r, key, kernel))
     new_gm = gm
     while chosen:
         try:
-            new_gm, origin = replace_regions(gm, [(r, key) for r, key, _ in chosen])
+            new_gm, origin = replace_regions(gm, [(r, key) for r, key, _ in chosen], held)
             bad = fake_check(new_gm, origin, example_inputs)
         except Exception as exc:  # noqa: BLE001 - never break a model: no region in this graph
             bad = {key: f"the rewritten graph failed: {type(exc).__name__}: {exc}" for _, key, _ in chosen}
@@ -278,6 +282,15 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
         new_gm = gm
     report.stitched += [_info(kind, r, kernel) for r, _, kernel in chosen]
     return new_gm, report
+
+
+def _held_constants(region: Any, folded: dict[Any, Any]) -> tuple[tuple[int, Any], ...]:
+    """(position, value) of ``region``'s inputs computed from constants only (``RegionSplit.folded``: a
+    causal mask, position ids), which its registered kernel holds instead of reading them from the
+    graph (no kernel computes them at run time); none when every input is one (the call keeps one
+    tensor argument, whose device the constants follow)."""
+    consts = tuple((i, folded[x]) for i, x in enumerate(region.inputs) if x in folded)
+    return consts if len(consts) < len(region.inputs) else ()
 
 
 def _kept_outputs(region: Any) -> tuple[int, ...] | None:

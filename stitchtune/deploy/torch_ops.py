@@ -398,7 +398,10 @@ class GuardedRegion:
     kernel fails at run time. The first failure calls ``on_fail(reason)`` (the backend reports the
     region as declined) and is logged once; from then on every call runs ``module`` (its outputs
     made contiguous in the kernel's axis order ``perms``, never aliasing an input). A gather's
-    out-of-range index (:func:`is_index_error`) is raised, not hidden."""
+    out-of-range index (:func:`is_index_error`) is raised, not hidden. ``held``: (position, tensor)
+    for region inputs that are constants (a causal mask, position ids) which the op's caller does not
+    pass: they are put back at their positions (on the device of the first input) before every call,
+    so no kernel computes them."""
 
     kernel: Any
     module: Any
@@ -407,7 +410,9 @@ class GuardedRegion:
     #: which of ``module``'s outputs the kernel returns, in its order (None: all)
     keep: tuple[int, ...] | None = None
     failed: str | None = None
+    held: tuple[tuple[int, Any], ...] = ()
     _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes checked -> specs
+    _held_on: dict[Any, list[Any]] = field(default_factory=dict, repr=False)   # device -> held tensors there
 
     @property
     def compiled(self) -> Any:
@@ -416,8 +421,25 @@ class GuardedRegion:
     def describe(self) -> str:
         return str(self.kernel.describe())
 
+    def _with_held(self, inputs: Sequence[Any], fake: bool = False) -> list[Any]:
+        """``inputs`` with the held constants inserted at their positions (``fake``: empty tensors of
+        their shapes and strides, made in the active fake mode)."""
+        if not self.held:
+            return list(inputs)
+        device = inputs[0].device if inputs else torch.device("cpu")
+        if fake:
+            consts = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device) for _, t in self.held]
+        else:
+            with _lock:
+                consts = self._held_on.get(device) or [t.to(device) for _, t in self.held]
+                self._held_on[device] = consts
+        out = list(inputs)
+        for (i, _), t in zip(self.held, consts):
+            out.insert(i, t)
+        return out
+
     def fake(self, inputs: Sequence[Any]) -> list[Any]:
-        return list(self.kernel.fake(inputs))
+        return list(self.kernel.fake(self._with_held(inputs, fake=True)))
 
     def _check(self, inputs: Sequence[Any], outs: Sequence[Any]) -> None:
         """Raise when the kernel's outputs are not what its fake result promised (shape, dtype);
@@ -427,7 +449,7 @@ class GuardedRegion:
         key = () if static else tuple(tuple(t.shape) for t in inputs)
         if key in self._specs:
             return
-        want = [(tuple(f.shape), f.dtype) for f in self.fake(inputs)]
+        want = [(tuple(f.shape), f.dtype) for f in self.kernel.fake(inputs)]
         got = [(tuple(o.shape), o.dtype) for o in outs]
         if got != want:
             raise RegionError(f"{self.describe()}: outputs {got}, its fake result says {want}")
@@ -438,6 +460,7 @@ class GuardedRegion:
         return eager_outputs(self.module, inputs, self.perms, self.keep)
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+        inputs = self._with_held(inputs)
         if self.failed is None:
             try:
                 outs = list(self.kernel(inputs))

@@ -2,11 +2,12 @@
 
 Contract
 --------
-* :func:`replace_regions(gm, chosen)` returns a new GraphModule with ``gm``'s nodes in a topological
-  order, each chosen region one ``stitchtune::region`` call plus one ``getitem`` per output (no-ops of
-  a region read outside it copied over), and for each node made for a region, (the original node
-  whose value it is, or None; the region's key). A cycle of regions raises
-  :class:`~stitchtune.errors.StitchtuneError` (internal).
+* :func:`replace_regions(gm, chosen, held)` returns a new GraphModule with ``gm``'s nodes in a
+  topological order, each chosen region one ``stitchtune::region`` call plus one ``getitem`` per output
+  (no-ops of a region read outside it copied over), and for each node made for a region, (the original
+  node whose value it is, or None; the region's key). ``held[key]``: positions of the region's inputs
+  that the call does not pass (constants its registered kernel holds); a node only they read is dead
+  code. A cycle of regions raises :class:`~stitchtune.errors.StitchtuneError` (internal).
 * :func:`fake_check(new_gm, origin, example_inputs)` runs those nodes on fake tensors and returns
   {region key: why} for the regions whose fake result fails or differs from PyTorch's in shape, dtype
   or strides (what :mod:`stitchtune.deploy.torch_backend` declines).
@@ -71,10 +72,12 @@ def fake_check(new_gm: Any, origin: Mapping[Any, tuple[Any, str]], example_input
     return bad
 
 
-def replace_regions(gm: Any, chosen: Sequence[tuple[Any, str]]) -> tuple[Any, dict[Any, tuple[Any, str]]]:
+def replace_regions(gm: Any, chosen: Sequence[tuple[Any, str]], held: Mapping[str, frozenset[int]] | None = None
+                    ) -> tuple[Any, dict[Any, tuple[Any, str]]]:
     """A new GraphModule: ``gm``'s nodes in a topological order, each region one ``stitchtune::region``
-    call (placed after its last input) plus one ``getitem`` per output; and for each node made for a
-    region, (the original node whose value it is, or None; the region's key)."""
+    call (placed after its last input; without the inputs at ``held[key]``) plus one ``getitem`` per
+    output; and for each node made for a region, (the original node whose value it is, or None; the
+    region's key)."""
     import torch
     import torch.fx
 
@@ -104,7 +107,9 @@ def replace_regions(gm: Any, chosen: Sequence[tuple[Any, str]]) -> tuple[Any, di
     for u in _topological(units, deps, owner, order):
         if isinstance(u, tuple):
             r, key = u
-            call = g.call_function(torch.ops.stitchtune.region.default, (key, [env[x] for x in r.inputs]))
+            skip = (held or {}).get(key, frozenset())
+            call = g.call_function(torch.ops.stitchtune.region.default,
+                                   (key, [env[x] for i, x in enumerate(r.inputs) if i not in skip]))
             perms = r.output_perms or (None,) * len(r.outputs)
             call.meta["val"] = [o.meta.get("val") if p is None else o.meta["val"].permute(p)
                                 for o, p in zip(r.outputs, perms)]

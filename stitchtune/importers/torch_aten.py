@@ -31,7 +31,7 @@ from stitchtune.importers.torch_fx_util import (  # noqa: F401  (re-exported: th
     torch_dtype_name,
     value_dtype_name,
 )
-from stitchtune.importers.torch_layout import _LAYOUT, LayoutOps
+from stitchtune.importers.torch_layout import _LAYOUT, LayoutOps, Padded
 
 
 # ---------------------------------------------------------------------------- the walk
@@ -473,11 +473,16 @@ class _Walker(LayoutOps):
         op = _LOGICAL[key]
         return b.logical_not(args[0], name) if op == "logical_not" else b.elementwise(op, args, name)
 
-    def _add_sub(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
-        """``add`` / ``sub`` / ``rsub`` (``rsub(x, y) = y - x``); ``alpha`` multiplies what is added or subtracted."""
+    def _add_sub(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value | Padded:
+        """``add`` / ``sub`` / ``rsub`` (``rsub(x, y) = y - x``); ``alpha`` multiplies what is added or
+        subtracted; an ``add`` of a slice scattered into zeros is :meth:`LayoutOps.add_padded`'s."""
         b, name = self.b, node.name
-        lhs, rhs = self.val(x, node), self.val(a["other"], node)
         alpha = a.get("alpha")
+        padded = [self.vals.get(str(getattr(v, "name", ""))) for v in (x, a["other"])]
+        if key == "aten.add" and alpha in (None, 1) and any(isinstance(p, Padded) for p in padded):
+            lhs, rhs = (p if isinstance(p, Padded) else self.val(v, node) for p, v in zip(padded, (x, a["other"])))
+            return self.add_padded(node, lhs, rhs)
+        lhs, rhs = self.val(x, node), self.val(a["other"], node)
         if alpha is not None and alpha != 1:
             if key == "aten.rsub":
                 lhs = b.binary("mul", lhs, scalar(alpha), f"{name}_alpha")

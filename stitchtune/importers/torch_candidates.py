@@ -233,7 +233,9 @@ def _pull_broadcast_sources(nodes: Sequence[Any], ex: _Excluded, consts: Mapping
     only broadcast into larger tensors (the rotary angles: ``cos`` / ``sin`` of ``positions *
     inv_freq``, ``[1, S, D]``, read by q ``[B, H, S, D]`` and k ``[B, Hkv, S, D]`` of every layer): every
     region that reads them computes them again, so that q's and k's rotary, whose domains differ,
-    are two regions rather than one refused group, and no angle tensor goes through memory."""
+    are two regions rather than one refused group, and no angle tensor goes through memory. A
+    training graph also returns the angles (saved for the backward): that output stays PyTorch's
+    (one small kernel of the rest), the regions still compute them again."""
     import torch
 
     def numel(n: Any) -> int:   # from the dims' hints: no guard on a symbolic size
@@ -256,7 +258,7 @@ def _pull_broadcast_sources(nodes: Sequence[Any], ex: _Excluded, consts: Mapping
             cand.append(n)
     kept = set(cand)
     for n in reversed(cand):   # users first: a pulled node only broadcasts into larger readers
-        users = list(n.users)
+        users = [u for u in n.users if u.op != "output"]   # (saved for the backward: PyTorch's copy)
         if not users or any(u not in kept and (u in ex or numel(u) <= numel(n)) for u in users):
             kept.discard(n)
     ex.pulled.update(kept)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from stitchtune.importers.builder import GraphBuilder, ImportError_, Value
@@ -20,7 +21,30 @@ from stitchtune.importers.torch_fx_util import _fits, _meta, _strip1, _where
 _LAYOUT = {"aten.transpose": "transpose", "aten.permute": "transpose", "aten.t": "transpose",
            "aten.cat": "concat", "aten.concat": "concat", "aten.slice": "slice", "aten.select": "slice",
            "aten.embedding": "gather", "aten.index": "index", "aten.gather": "gather_elements",
-           "aten.take_along_dim": "gather_elements"}
+           "aten.take_along_dim": "gather_elements", "aten.slice_scatter": "slice_scatter"}
+
+
+def _bounds(node: Any, a: dict[str, Any], n: int) -> tuple[int, int]:
+    """``(start, end)`` of a ``slice`` / ``slice_scatter`` over a dim of size ``n``, clamped as PyTorch
+    does (negative bounds count from the end); a step other than 1 raises."""
+    if (a.get("step") or 1) != 1:
+        raise ImportError_(f"{node.target} at {_where(node)}: slice step {a['step']} (graph.json slices "
+                           "have step 1)")
+    start = 0 if a.get("start") is None else int(a["start"])
+    stop = n if a.get("end") is None else int(a["end"])
+    return min(max(start + n if start < 0 else start, 0), n), min(max(stop + n if stop < 0 else stop, 0), n)
+
+
+@dataclass(frozen=True)
+class Padded:
+    """A slice scattered into zeros (``slice_scatter(full(shape, 0), src, dim, lo, hi)``): ``shape``
+    with each part ``(lo, hi, value)`` along ``dim`` and zeros elsewhere. Not a graph value: only an
+    ``add`` reads it (:meth:`LayoutOps.add_padded`), any other reader refuses it."""
+
+    shape: tuple[int, ...]
+    dim: int
+    parts: tuple[tuple[int, int, Value], ...]
+    dtype: str
 
 
 class LayoutOps:
@@ -81,8 +105,9 @@ class LayoutOps:
         t_new = self._layout_shape(node, t_new)
         return self.b.layout("reshape", [src], t_new, str(src.dtype), name, shape=list(t_new))
 
-    def _layout(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
-        """``transpose``/``permute``/``t``, ``cat``, ``slice``/``select`` and ``embedding`` (see :data:`_LAYOUT`)."""
+    def _layout(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value | Padded:
+        """``transpose``/``permute``/``t``, ``cat``, ``slice``/``select``, ``slice_scatter`` and ``embedding``
+        (see :data:`_LAYOUT`)."""
         op = _LAYOUT[key]
         if op == "transpose":
             return self._transpose(node, key, a, x)
@@ -92,6 +117,8 @@ class LayoutOps:
             return self._slice(node, key, a, x)
         if op == "gather_elements":
             return self._gather_elements(node, key, a, x)
+        if op == "slice_scatter":
+            return self._slice_scatter(node, a, x)
         t = self._layout_shape(node, self.tshape(node))
         _, dt = _meta(node)
         if op == "concat":
@@ -161,13 +188,7 @@ class LayoutOps:
             if not 0 <= start < n:
                 raise ImportError_(f"{node.target} at {_where(node)}: index {i} out of range for size {n}")
         else:
-            if (a.get("step") or 1) != 1:
-                raise ImportError_(f"{node.target} at {_where(node)}: slice step {a['step']} (graph.json slices "
-                                   "have step 1)")
-            start = 0 if a.get("start") is None else int(a["start"])
-            stop = n if a.get("end") is None else int(a["end"])
-            start = min(max(start + n if start < 0 else start, 0), n)
-            stop = min(max(stop + n if stop < 0 else stop, 0), n)
+            start, stop = _bounds(node, a, n)
             if stop <= start:
                 raise ImportError_(f"{node.target} at {_where(node)}: an empty slice")
         v = self.val(x, node)
@@ -185,6 +206,85 @@ class LayoutOps:
         if key == "aten.select":
             return self._reframe(None, out, sliced_shape, self.tshape(node), node.name, node)
         return out
+
+    def _slice_scatter(self, node: Any, a: dict[str, Any], x: Any) -> Value | Padded:
+        """``slice_scatter(self, src, dim, start, end)`` (step 1), the backward of a ``slice``. When
+        ``self`` is a value of the region: ``src`` between its parts before ``start`` and after
+        ``end`` (one ``concat`` along ``dim``). When ``self`` is a constant of zeros (``full(shape,
+        0)``, folded): a :class:`Padded` value that only an ``add`` may read (:meth:`add_padded`: the
+        sum of rotary's two halves in a training graph is one ``concat``; no zeros are made)."""
+        import torch
+
+        t = self._layout_shape(node, self.tshape(node))
+        dim = int(a.get("dim", 0)) % len(t)
+        n = t[dim]
+        start, stop = _bounds(node, a, n)
+        _, dt = _meta(node)
+        src = self.b.cast(self.exact(a["src"], node), str(dt), f"{node.name}_src")
+        if stop <= start or tuple(src.shape) != tuple(stop - start if i == dim else d for i, d in enumerate(t)):
+            raise ImportError_(f"{node.target} at {_where(node)}: src of shape {list(src.shape)} does not fill "
+                               f"[{start}:{stop}] of dim {dim} of {list(t)}")
+        if (start, stop) == (0, n):
+            return src
+        base = self.vals.get(x.name) if hasattr(x, "name") else None
+        if isinstance(base, torch.Tensor):   # a folded constant: zeros, or refused
+            if base.numel() == 0 or bool((base != 0).any()):
+                raise ImportError_(f"{node.target} at {_where(node)}: scatters into a constant that is not zeros")
+            return Padded(t, dim, ((start, stop, src),), str(dt))
+        whole = self.b.cast(self.exact(x, node), str(dt), f"{node.name}_base")
+        return self._concat_parts(node, t, dim, [(start, stop, src)], whole, str(dt), add=False)
+
+    def add_padded(self, node: Any, lhs: Any, rhs: Any) -> Value | Padded:
+        """``lhs + rhs`` where one of them (graph values or :class:`Padded`) is a :class:`Padded`:
+        two with disjoint parts along the same axis are one (a ``concat`` when the parts cover the
+        axis); a tensor plus one is a ``concat`` of its slices, the parts added to theirs."""
+        t = self._layout_shape(node, self.tshape(node))
+        _, dt = _meta(node)
+        p, q = (lhs, rhs) if isinstance(lhs, Padded) else (rhs, lhs)
+        if p.shape != t:
+            raise ImportError_(f"{node.target} at {_where(node)}: adds a scattered slice of shape {list(p.shape)} "
+                               f"to a result of shape {list(t)}")
+        if isinstance(q, Padded):
+            parts = sorted(p.parts + q.parts, key=lambda s: s[0])
+            if q.shape != t or q.dim != p.dim or any(a[1] > b[0] for a, b in zip(parts, parts[1:])):
+                raise ImportError_(f"{node.target} at {_where(node)}: adds scattered slices that overlap")
+            covered = parts[0][0] == 0 and parts[-1][1] == t[p.dim] and all(
+                a[1] == b[0] for a, b in zip(parts, parts[1:]))
+            if not covered:
+                return Padded(t, p.dim, tuple(parts), str(dt))
+            return self._concat_parts(node, t, p.dim, parts, None, str(dt))
+        return self._concat_parts(node, t, p.dim, list(p.parts), q, str(dt), add=True)
+
+    def _concat_parts(self, node: Any, t: Sequence[int], dim: int, parts: Sequence[tuple[int, int, Value]],
+                      whole: Value | None, dt: str, add: bool = False) -> Value:
+        """A tensor of shape ``t``: along ``dim``, each part ``(lo, hi, v)`` (``add``: plus
+        ``whole[lo:hi]``) and ``whole`` between the parts (``whole`` None: the parts cover the axis);
+        one ``concat``."""
+        pieces: list[Value] = []
+        at = 0
+
+        def piece(lo: int, hi: int, tag: str) -> Value:
+            assert whole is not None
+            shape = tuple(hi - lo if i == dim else d for i, d in enumerate(t))
+            if (lo, hi) == (0, t[dim]):
+                return whole
+            return self.b.layout("slice", [whole], shape, dt, f"{node.name}_{tag}", axis=dim, start=lo, stop=hi)
+
+        if whole is not None and tuple(whole.shape) != tuple(t):
+            raise ImportError_(f"{node.target} at {_where(node)}: adds a broadcast tensor to a scattered slice")
+        for k, (lo, hi, v) in enumerate(parts):
+            if lo > at:
+                pieces.append(piece(at, lo, f"gap{k}"))
+            pieces.append(self.b.binary("add", v, piece(lo, hi, f"at{k}"), f"{node.name}_p{k}") if add else v)
+            at = hi
+        if at < t[dim]:
+            pieces.append(piece(at, t[dim], "tail"))
+        if len(pieces) == 1:
+            return pieces[0]
+        if len(pieces) > 8:
+            raise ImportError_(f"{node.target} at {_where(node)}: concatenates {len(pieces)} tensors "
+                               "(graph.json's concat takes 2 to 8)")
+        return self.b.layout("concat", pieces, tuple(t), dt, node.name, axis=dim)
 
     def _index(self, node: Any, a: dict[str, Any], x: Any) -> Value:
         """``index.Tensor`` with indices known at import time: resolved on the index grid of ``x``

@@ -14,7 +14,8 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   placeholders that are constant) are evaluated at import time
   (:func:`~stitchtune.importers.torch_consts.fold_constants`): a 0-d one is a scalar of the region's
   graph, the indices of an ``index`` are resolved on an index grid (a broadcast or reshape; a real
-  gather is declined), any other is an input of the region that PyTorch computes.
+  gather is declined), any other is an input of the region that PyTorch computes (its value is in
+  ``RegionSplit.folded``: the torch backend hands it to the region's kernel instead).
 * Bool chains of graph inputs and constants are computed again by every region that reads them
   (``TorchRegion.pulled``), so one padding mask feeds every layer's softmax region; so are float
   element-wise / view chains of values from outside every region that only broadcast into larger
@@ -25,7 +26,9 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
 * A view (``view``, ``transpose``, ``expand``, ...) or a no-op (eval dropout, a same-dtype cast)
   whose result only leaves a region stays PyTorch's (``RegionSplit.free``: the region returns the
   contiguous base); a group that nothing reads, or that only moves data as views, is dropped
-  (``RegionSplit.dropped``). Neither is reported as declined.
+  (``RegionSplit.dropped``). Neither is reported as declined. A ``clone`` of another output of the
+  region (attention dropout at p = 0 in training: the softmax saved and its copy multiplied) is stored
+  again by the region, a second output, rather than copied by a kernel of its own.
 * Regions are the maximal connected groups of candidates that are convex (no path leaves a region and
   re-enters it; a non-convex group is split by how many non-candidates precede its nodes, as the
   ONNX partition does, then parts linked by an edge are joined again while their union stays convex). Each region is mapped through :class:`torch_aten._Walker` on a sub-graph
@@ -154,6 +157,9 @@ class RegionSplit:
     free: tuple[Any, ...] = ()
     dropped: tuple[tuple[Any, ...], ...] = ()
     constants: tuple[Any, ...] = ()   # nodes computed from constants only (inputs of regions, or scalars)
+    #: (node, its value: a CPU tensor) for each of ``constants`` that a region reads as an input; a
+    #: caller may hand the region the value itself instead of computing the node (no kernel)
+    folded: tuple[tuple[Any, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -232,21 +238,29 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     out_node = next(n for n in sub.graph.nodes if n.op == "output")
     if outs is None:   # the walker refused an output shape that differs only in leading 1s
         outs = [walker.vals[s.name] for s in out_node.args[0]]
-    aliases = tuple((o, p) for o, p in zip(outputs, perms) if p is not None and not isinstance(p, tuple))
-    kept = [i for i, p in enumerate(perms) if p is None or isinstance(p, tuple)]
+    aliases = tuple((o, p) for o, p in zip(outputs, perms) if p is not None and p is not _COPY
+                    and not isinstance(p, tuple))
+    kept = [i for i, p in enumerate(perms) if p is None or p is _COPY or isinstance(p, tuple)]
     try:
         outs = [_stored(walker, out_node.args[0][i], outs[i], perms[i]) for i in kept]
         graph = b.graph(outs)
     except (StitchtuneError, ImportError_) as exc:
         return Declined(f"region {name} ({_ops_text(group)})", str(exc))
-    return _Mapped(graph, tuple(inputs), tuple(outputs[i] for i in kept), sub, tuple(perms[i] for i in kept),
-                   aliases)
+    return _Mapped(graph, tuple(inputs), tuple(outputs[i] for i in kept), sub,
+                   tuple(None if perms[i] is _COPY else perms[i] for i in kept), aliases)
 
 
-def _stored(walker: Any, s: Any, v: Any, perm: tuple[int, ...] | None) -> Any:
+#: an output that is PyTorch's copy (``clone``) of another output: the region stores the value twice
+_COPY = object()
+
+
+def _stored(walker: Any, s: Any, v: Any, perm: Any) -> Any:
     """Output value ``v`` of sub node ``s`` as the region stores it: itself, or (``perm``: PyTorch
     keeps it in permuted memory order) its exact value transposed by ``perm``, a row-major tensor
-    that ``permute(inverse(perm))`` turns into PyTorch's strided one for free."""
+    that ``permute(inverse(perm))`` turns into PyTorch's strided one for free, or (``_COPY``) a
+    second tensor of the same value (a same-shape ``reshape``: the kernel stores it twice)."""
+    if perm is _COPY:
+        return walker.b.layout("reshape", [v], v.shape, str(v.dtype), f"{s.name}_copy", shape=list(v.shape))
     if perm is None:
         t = tuple(int(d) for d in s.meta["val"].shape)
         return v if _strip1(v.shape) == _strip1(t) else walker.exact(s, s)   # a materialised broadcast
@@ -287,6 +301,10 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         if _strip1(v.shape) != _strip1(t):   # a materialised broadcast: a new tensor (its own expand node)
             continue
         same, same_perm = seen.get(str(v.ref), (input_names.get(str(v.ref)), None))
+        if same is not None and str(v.ref) in seen and perm is None and same_perm is None \
+                and _key(orig.target) in ("aten.clone", "aten.contiguous"):
+            perms[-1] = _COPY   # PyTorch's copy of another output (attention dropout at p = 0 in training):
+            continue            # stored again by the region, not copied by a kernel of its own
         if same is not None:   # a no-op (eval dropout, same-dtype cast) of an input or another output
             if is_noop(orig) and not inner(orig):
                 return _Culprit(orig, "a no-op output", free=True)
@@ -344,8 +362,10 @@ def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_chec
         if not unclaimed:
             break
         ex.pulled.difference_update(unclaimed)   # read by no region: grouped like any other node
+    read = {x for r in regions for x in r.inputs}
     return RegionSplit(tuple(regions), tuple(_op_declines(nodes, ex)) + tuple(declined),
-                       tuple(n for n in nodes if n in ex.free), tuple(dropped), tuple(consts))
+                       tuple(n for n in nodes if n in ex.free), tuple(dropped), tuple(consts),
+                       tuple((n, v) for n, v in consts.items() if n in read and hasattr(v, "dim")))
 
 
 def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],

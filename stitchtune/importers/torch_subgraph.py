@@ -23,13 +23,15 @@ from stitchtune.importers.torch_cnn import functional_of, is_inplace
 
 
 def _embedded(x: Any, members: set[Any], consts: Mapping[Any, Any]) -> bool:
-    """True for a constant that the region's module holds itself: a 0-d value (a scalar of the graph)
-    or the indices of an ``index`` (resolved at import time), never a graph input."""
+    """True for a constant that the region's module holds itself: a 0-d value (a scalar of the graph),
+    the indices of an ``index`` (resolved at import time) or the base of a ``slice_scatter`` (a
+    ``full`` that the walker turns into fills), never a graph input."""
     if x not in consts:
         return False
     if consts[x].dim() == 0:
         return True
-    return all(_key(u.target) == "aten.index" and x is not u.args[0] for u in x.users if u in members)
+    return all(_key(u.target) == "aten.index" and x is not u.args[0]
+               or _key(u.target) == "aten.slice_scatter" and x is u.args[0] for u in x.users if u in members)
 
 
 def _with_pulled(group: list[Any], pulled: set[Any]) -> list[Any]:

@@ -368,7 +368,13 @@ def _mixed_view(real: Graph, sur: Graph, names: list[str], all_red: list[Node]
     red_nodes, cross_nodes = _split_cross(all_red, axes)
     view = _view(axes.order, axes.size_of, bool(all_red), _reduced_axes(red_nodes, maps))
     keep = remap.layout_part(real)
-    dom_t = next(n for n in names if n not in keep and tuple(sur.spec(n).shape) == tuple(domain))
+    dom_t = next((n for n in names if n not in keep and tuple(sur.spec(n).shape) == tuple(domain)), None)
+    if dom_t is None:   # the domain-sized tensors all keep their own layout (a reduction of a reshaped input)
+        culprit = next((f"reduction '{nd.id}' reads" for nd in all_red), "the region has")
+        raise UnsupportedGraphError(
+            f"{culprit} a tensor of the iteration domain {list(domain)} that a transpose / reshape makes, in a "
+            f"region with slice or concat (graph '{real.name}'); such regions iterate a domain-shaped tensor "
+            "computed after the layout ops")
     out_cols = maps[dom_t][-1]
     chained = {n for c in remap.composed_chains(real).values() for n in c}
     if (view.family == Family.ELEMENTWISE and set(view.col_axes) < set(out_cols)

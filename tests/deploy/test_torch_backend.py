@@ -609,3 +609,26 @@ def test_cross_entropy_with_ignore_index_is_one_stitched_region(ignored: list[in
     [region] = rep.stitched
     assert {"aten._log_softmax", "aten.gather", "aten.where", "aten.sum", "aten.div"} <= set(region.ops)
     assert rep.declined == [] and 1 <= region.kernels <= 2
+
+
+def test_a_constant_region_input_is_held_by_the_kernel_not_computed_by_the_graph() -> None:
+    """A causal mask made from ``arange`` (folded at import time) is an input of the softmax region:
+    the registered kernel holds its value, the region call does not pass it, and nothing in the
+    rewritten graph computes it (Inductor would make a kernel for it per region); the result is
+    PyTorch's."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(s: Any) -> Any:
+        i = torch.arange(8)
+        return s.masked_fill(i[None, :] > i[:, None], float("-inf")).softmax(-1) * 2.0
+
+    s = torch.randn(2, 8, 8)
+    gm = make_fx(f)(s)
+    opts = torch_backend.BackendOptions.from_options({"db": None, "cpu": "reference"})
+    new_gm, report = torch_backend.stitch_graph(gm, [s], opts, "inference")
+    [region] = report.stitched
+    [call] = [n for n in new_gm.graph.nodes if n.target is torch.ops.stitchtune.region.default]
+    assert [a.name for a in call.args[1]] == ["s_1"]   # the mask is not an argument
+    computed = {str(n.target) for n in new_gm.graph.nodes if n.op == "call_function"}
+    assert not any("arange" in t or "iota" in t or ".gt." in t for t in computed), computed
+    assert torch.allclose(new_gm(s), f(s), atol=1e-6)

@@ -85,6 +85,14 @@ def test_cat_and_rotate_half() -> None:
     assert {"concat", "slice"} <= ops
 
 
+def test_slice_scatter_into_a_tensor_is_a_concat_of_its_slices() -> None:
+    def f(x: Any, y: Any) -> Any:
+        return torch.slice_scatter(x, y.exp(), 1, 2, 5) * 2.0, torch.slice_scatter(x, y[:, :2], -1, 4) + 1.0
+
+    ops = _check(f, {"x": ((4, 6), "float32"), "y": ((4, 3), "float32")})
+    assert {"concat", "slice"} <= ops
+
+
 def test_slice_clamps_and_negative_bounds_and_select() -> None:
     def f(x: Any) -> Any:
         return x[:, 1:100] * 2.0, x[:, -3:-1].exp(), x[:, 0] + 1.0, x[1] * x[:, 2:3]

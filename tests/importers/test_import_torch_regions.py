@@ -13,6 +13,25 @@ from stitchtune.graph.reference import run_reference  # noqa: E402
 from stitchtune.importers.torch_regions import find_regions  # noqa: E402
 
 
+def _assert_emulates(graph: Any) -> None:
+    """The heuristic schedule and a sampled one of ``graph`` emulate like its reference (1e-5)."""
+    import random
+
+    from helpers import DEV, emulated_errors
+
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.graph.reference import random_inputs
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space import SearchSpace
+
+    plan = make_plan(graph)
+    space = SearchSpace.for_plan(plan, DEV)
+    inputs = random_inputs(graph, 3)
+    ref = run_reference(graph, inputs)
+    for s in (heuristic_schedule(plan, DEV, space), space.sample(random.Random(0))):
+        assert max(emulated_errors(graph, plan, space, s, inputs, ref).values()) < 1e-5
+
+
 def _aten(fn: Any, *args: Any) -> Any:
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -257,7 +276,8 @@ def test_an_output_pytorch_keeps_permuted_is_stored_row_major_and_a_no_op_output
         q = (x @ w).view(2, 4, 2, 4).transpose(1, 2)   # heads: [2, 2, 4, 4], strided
         r = q * 2.0 + 1.0                               # PyTorch keeps q's memory order
         c = r.clone()                                   # a no-op, read inside the region and outside
-        return r @ w[:4, :4], c @ w[:4, :4], (c * 3.0).sum(-1)
+        # (read outside through views only: a contiguous copy for a bmm would be stored by the region)
+        return r.transpose(1, 2).reshape(8, 8) @ w, c.transpose(1, 2).reshape(8, 8) @ w, (c * 3.0).sum(-1)
 
     x, w = torch.randn(8, 8), torch.randn(8, 8)
     gm = _aten(f, x, w)
@@ -272,17 +292,24 @@ def test_an_output_pytorch_keeps_permuted_is_stored_row_major_and_a_no_op_output
     assert stored.shape == (2, 4, 2, 4) and torch.allclose(torch.from_numpy(stored).permute(r.restore_perm(0)), want)
 
 
+def test_contiguous_copies_of_a_permuted_result_for_two_matmuls_are_stored_by_the_region() -> None:
+    """``r @ w`` of a strided ``r`` makes PyTorch copy it contiguous (expand, clone) for each bmm:
+    the region stores the first copy row-major and the second as a copy of it, not ``r`` permuted
+    for Inductor to copy twice."""
+    def f(x: Any, w: Any) -> Any:
+        r = (x @ w).view(2, 4, 2, 4).transpose(1, 2) * 2.0 + 1.0
+        return r @ w[:4, :4], r @ w[4:, 4:]
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    [r] = find_regions(_aten(f, x, w)).regions
+    assert r.ops.count("aten.clone") == 2 and r.output_perms == (None, None) and not r.aliases, r
+    got = run_reference(r.graph, {r.graph.inputs[0][0]: (x @ w).numpy()})
+    want = ((x @ w).view(2, 4, 2, 4).transpose(1, 2) * 2.0 + 1.0).contiguous().numpy()
+    assert all(np.abs(got[o] - want).max() < 1e-6 for o in r.graph.outputs)
+
+
 def test_rotary_tables_computed_in_a_region_use_sin_and_cos_and_emulate_correctly() -> None:
     """The torch.compile case: the frequencies are a graph input, so cos/sin are computed in-kernel."""
-    import random
-
-    from helpers import DEV, emulated_errors
-
-    from stitchtune.cost.heuristic import heuristic_schedule
-    from stitchtune.graph.reference import random_inputs
-    from stitchtune.plan.planner import make_plan
-    from stitchtune.space import SearchSpace
-
     def f(q: Any, freqs: Any) -> Any:
         emb = torch.cat((freqs, freqs), -1)
         x1, x2 = q[..., :4], q[..., 4:]
@@ -295,12 +322,7 @@ def test_rotary_tables_computed_in_a_region_use_sin_and_cos_and_emulate_correctl
     ins = {name: env[x.name].numpy() for (name, _), x in zip(r.graph.inputs, r.inputs)}
     got = run_reference(r.graph, ins)[r.graph.outputs[0]]
     assert np.abs(got - f(q, freqs).numpy()).max() < 1e-5
-    plan = make_plan(r.graph)
-    space = SearchSpace.for_plan(plan, DEV)
-    inputs = random_inputs(r.graph, 3)
-    ref = run_reference(r.graph, inputs)
-    for s in (heuristic_schedule(plan, DEV, space), space.sample(random.Random(0))):
-        assert max(emulated_errors(r.graph, plan, space, s, inputs, ref).values()) < 1e-5
+    _assert_emulates(r.graph)
 
 
 def test_a_refusal_naming_a_graph_input_declines_the_first_node_reading_it() -> None:
@@ -401,6 +423,89 @@ def test_two_regions_reading_one_value_join_when_the_planner_takes_their_union()
     for o, n in zip(r.graph.outputs, r.outputs):
         assert np.abs(out[o].reshape(want[n.name].shape) - want[n.name].numpy()).max() < 1e-5
 
+
+
+def _rotary_backward(g: Any, cos: Any, sin: Any) -> Any:
+    """What AOTAutograd makes of rotary's backward: ``rotate_half``'s slices scattered into zeros
+    (``slice_backward``), added, then the head permute."""
+    gs = g * sin
+    lo = torch.slice_scatter(torch.zeros(g.shape), -gs[..., :4], 3, 4)
+    hi = torch.slice_scatter(torch.zeros(g.shape), gs[..., 4:], 3, 0, 4)
+    return (lo + hi + g * cos).permute(0, 2, 1, 3).contiguous()
+
+
+def test_rotary_backwards_slices_scattered_into_zeros_are_one_region() -> None:
+    """``slice_scatter`` into a constant of zeros read by ``add``: one concat, no zeros made or
+    read; the region (slices, neg, scatters, adds, permute) emulates like PyTorch."""
+    torch.manual_seed(0)
+    args = (torch.randn(1, 2, 8, 8), torch.randn(1, 1, 8, 8), torch.randn(1, 1, 8, 8))
+    split = find_regions(_aten(_rotary_backward, *args))
+    [r] = split.regions
+    assert r.ops.count("aten.slice_scatter") == 2 and not split.declined, split.declined
+    assert len(r.inputs) == 3 and "concat" in {n.op for n in r.graph.nodes}   # the zeros are no input
+    env = dict(zip(("g_1", "cos_1", "sin_1"), args))
+    out = run_reference(r.graph, {name: env[x.name].numpy() for (name, _), x in zip(r.graph.inputs, r.inputs)})
+    assert np.abs(out[r.graph.outputs[0]] - _rotary_backward(*args).numpy()).max() < 1e-5
+    _assert_emulates(r.graph)
+
+
+def test_a_gqa_sum_before_rotarys_backward_is_declined_by_name_and_the_rest_is_one_region() -> None:
+    """The key gradient of grouped-query attention sums the repeated heads first; the planner does
+    not iterate a reshaped reduction input next to slice / concat, says so naming the sum (not a
+    crash), and the rotary backward after it stays one region."""
+    def f(g: Any, cos: Any, sin: Any) -> Any:
+        return _rotary_backward(g.view(1, 2, 2, 8, 8).sum(2), cos, sin)
+
+    split = find_regions(_aten(f, torch.randn(1, 4, 8, 8), torch.randn(1, 1, 8, 8), torch.randn(1, 1, 8, 8)))
+    assert [d.what for d in split.declined] == ["op aten.sum"], split.declined
+    assert "reduction 'sum" in split.declined[0].reason
+    [r] = split.regions
+    assert r.ops.count("aten.slice_scatter") == 2
+
+
+def test_rotary_angles_also_returned_are_still_computed_again_in_each_region() -> None:
+    """A training forward returns the angles (saved for the backward): q's and k's rotary are still
+    one region each that computes cos / sin itself; the returned angles stay PyTorch's."""
+    def f(q: Any, k: Any, pos: Any, inv: Any) -> Any:
+        ang = pos[:, None] * inv[None, :]
+        emb = ang[:, None, :].expand(6, 2, 4).reshape(6, 8)   # (Llama's cat of the angles with themselves)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+
+        def rot(x: Any) -> Any:
+            return x * cos + torch.cat((-x[..., 4:], x[..., :4]), -1) * sin
+        return rot(q), rot(k), cos, sin
+
+    args = (torch.randn(1, 4, 6, 8), torch.randn(1, 2, 6, 8), torch.arange(6.0), torch.rand(4))
+    split = find_regions(_aten(f, *args))
+    rot = [r for r in split.regions if "aten.cat" in r.ops and "aten.neg" in r.ops]
+    assert len(rot) == 2 and all({"aten.cos", "aten.sin"} <= set(r.ops) for r in rot), [r.ops for r in split.regions]
+    assert not [d for d in split.declined if d.reason.startswith("planner")], split.declined
+
+
+def test_a_clone_of_a_region_output_is_stored_by_the_region_as_a_second_output() -> None:
+    """Attention dropout at p = 0 in training is a ``clone`` of the softmax, saved and multiplied: the
+    region stores the clone too (a second tensor), rather than leaving a copy kernel to Inductor."""
+    def f(s: Any, v: Any) -> Any:
+        p = (s * 0.5).softmax(-1)
+        c = p.clone()
+        return p, c @ v
+
+    s, v = torch.randn(2, 8, 8), torch.randn(2, 8, 4)
+    split = find_regions(_aten(f, s, v))
+    [r] = split.regions
+    assert r.ops[-1] == "aten.clone" and len(r.outputs) == 2 and not r.aliases, r.ops
+    out = run_reference(r.graph, {r.graph.inputs[0][0]: s.numpy()})
+    want = (s * 0.5).softmax(-1).numpy()
+    assert all(np.abs(out[o] - want).max() < 1e-6 for o in r.graph.outputs)
+
+
+def test_a_slice_scattered_into_zeros_read_by_anything_but_add_is_declined() -> None:
+    def f(g: Any) -> Any:
+        return torch.slice_scatter(torch.zeros(4, 8), g.exp(), 1, 0, 4) * 2.0
+
+    split = find_regions(_aten(f, torch.randn(4, 4)))
+    assert [r.ops for r in split.regions] == [("aten.exp",)]
+    assert any("aten.slice_scatter" in d.what or "aten.mul" in d.what for d in split.declined), split.declined
 
 
 def _reshaped(x: Any, g: Any) -> Any:   # a reshape to symbolic sizes, then a region reading it
