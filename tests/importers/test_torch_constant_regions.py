@@ -114,15 +114,33 @@ def _rotate(x: Any) -> Any:
     return torch.cat([-x[..., half:], x[..., :half]], -1) * torch.cos(pos * 0.5) + x
 
 
-def test_a_region_that_cannot_compute_its_constants_reads_them_as_inputs() -> None:
-    """The planner lowers int arithmetic only without slice / concat: the region maps again with the
-    positions as an input (computed by the framework, as before constants were pulled)."""
+def test_positions_beside_a_concat_are_computed_in_the_region() -> None:
     torch.manual_seed(0)
     args = (torch.randn(2, 8, 16), torch.randn(16, 16))
     gm = _aten(lambda x, w: _rotate(x @ w), *args)
     split = find_regions(gm)
     [r] = split.regions
     assert "aten.cat" in r.ops and [d.what for d in split.declined] == ["op aten.mm"], split.declined
-    assert [x for x in r.inputs if x in split.constants]
+    assert not [x for x in r.inputs if x in split.constants]
+    assert {"iota", "cos", "concat"} <= {n.op for n in r.graph.nodes}
+    _check_against_torch(gm, split, args)
+    check_emulates(r.graph, n_samples=2)
+
+
+def test_a_region_that_cannot_compute_its_constants_reads_them_as_inputs() -> None:
+    """The planner refuses a gather by input ids in a region that computes with ints (naming the
+    gather): rather than leaving the embedding out, the region maps again with the constant (a
+    position mask of aranges) as an input, computed by the framework as before constants were pulled."""
+    args = _embed_args()[:2]
+
+    def f(ids: Any, wte: Any) -> Any:
+        keep = (torch.arange(ids.shape[1]) < ids.shape[1] - 1)[None, :, None]
+        return (torch.nn.functional.embedding(ids, wte) * keep.float()).softmax(-1)
+
+    gm = _aten(f, *args)
+    split = find_regions(gm)
+    [r] = split.regions
+    assert not split.declined, split.declined
+    assert "aten.embedding" in r.ops and [x for x in r.inputs if x in split.constants]
     assert "iota" not in {n.op for n in r.graph.nodes}
     _check_against_torch(gm, split, args)
