@@ -38,7 +38,8 @@ MAX_ELEMENTS = 1 << 16   # per constant tensor: bigger ones stay ops of the grap
 FOLDABLE: frozenset[str] = frozenset({
     "aten.arange", "aten.zeros", "aten.ones", "aten.full", "aten.new_ones", "aten.new_zeros", "aten.new_full",
     "aten.zeros_like", "aten.ones_like", "aten.full_like", "aten.scalar_tensor", "aten.lift_fresh_copy",
-    "aten.add", "aten.sub", "aten.rsub", "aten.mul", "aten.div", "aten.neg", "aten.remainder", "aten.floor_divide",
+    "aten.add", "aten.sub", "aten.rsub", "aten.mul", "aten.div", "aten.neg", "aten.remainder", "aten.fmod",
+    "aten.floor_divide",
     "aten.eq", "aten.ne", "aten.lt", "aten.le", "aten.gt", "aten.ge", "aten.__and__", "aten.__or__",
     "aten.bitwise_and", "aten.bitwise_or", "aten.bitwise_not", "aten.logical_and", "aten.logical_or",
     "aten.logical_not", "aten.where", "aten.masked_fill", "aten.tril", "aten.triu", "aten.cumsum",

@@ -208,10 +208,11 @@ class LayoutOps:
 
     def _index(self, node: Any, a: dict[str, Any], x: Any) -> Value:
         """``index.Tensor`` with indices known at import time: resolved on the index grid of ``x``
-        (:mod:`stitchtune.importers.index_grid`) when the result is ``x`` broadcast or reshaped."""
+        (:mod:`stitchtune.importers.index_grid`) when the result is ``x`` broadcast or reshaped, or
+        rotated along one axis (``torch.roll``: two slices and a concat)."""
         import torch
 
-        from stitchtune.importers.index_grid import MAX_GRID, grid_kind
+        from stitchtune.importers.index_grid import MAX_GRID, grid_kind, rotation
 
         idx = [None if i is None else self.vals.get(i.name) for i in a["indices"]]
         if any(i is not None and not isinstance(i, torch.Tensor) for i in idx):
@@ -231,5 +232,15 @@ class LayoutOps:
             return v
         if kind == "reshape":
             return self._reframe(x, v, t_in, t_out, node.name, node)
+        turn = rotation(res, tuple(t_in))
+        if turn is not None:   # torch.roll along one axis (decomposed into an index): two slices, a concat
+            axis, k = turn
+            src = self.exact(x, node)
+            n = int(t_in[axis])
+            parts = [self.b.layout("slice", [src], tuple(n - k if i == axis else d for i, d in enumerate(t_in)),
+                                   str(src.dtype), f"{node.name}_tail", axis=axis, start=k, stop=n),
+                     self.b.layout("slice", [src], tuple(k if i == axis else d for i, d in enumerate(t_in)),
+                                   str(src.dtype), f"{node.name}_head", axis=axis, start=0, stop=k)]
+            return self.b.layout("concat", parts, tuple(t_in), str(src.dtype), node.name, axis=axis)
         raise ImportError_(f"{node.target} at {_where(node)}: constant indices that gather (not a broadcast "
                            "or reshape of the input)")

@@ -144,3 +144,38 @@ def test_a_region_that_cannot_compute_its_constants_reads_them_as_inputs() -> No
     assert "aten.embedding" in r.ops and [x for x in r.inputs if x in split.constants]
     assert "iota" not in {n.op for n in r.graph.nodes}
     _check_against_torch(gm, split, args)
+
+
+def test_index_grid_rotation_finds_one_axis_rolls_only() -> None:
+    from stitchtune.importers.index_grid import rotation
+
+    grid = np.arange(4 * 6 * 8).reshape(4, 6, 8)
+    assert rotation(np.roll(grid, -2, axis=1), (4, 6, 8)) == (1, 2)
+    assert rotation(np.roll(grid, 3, axis=2), (4, 6, 8)) == (2, 5)     # roll by +3: starts at 8 - 3
+    assert rotation(grid, (4, 6, 8)) is None                           # no rotation: a reshape
+    assert rotation(np.roll(np.roll(grid, 1, axis=0), 1, axis=2), (4, 6, 8)) is None   # two axes at once
+    assert rotation(grid[:, ::-1], (4, 6, 8)) is None
+
+
+def test_a_roll_of_constant_indices_is_two_slices_and_a_concat() -> None:
+    """Swin's cyclic shift: ``torch.roll`` along the outer (spatial) axes, which torch decomposes into
+    ``index`` by ``(arange + shift) % n`` (``fmod`` of constants, folded): each roll is mapped onto a
+    concat of two slices of the rolled axis, so the shift sits in the region (no int64 index)."""
+    torch.manual_seed(0)
+    args = (torch.randn(1, 4, 6, 8), torch.randn(8, 8))
+
+    def f(x: Any, w: Any) -> Any:
+        return torch.roll((x @ w) * 2.0, shifts=(-1, 2), dims=(1, 2)) + 1.0
+
+    from torch._inductor.decomposition import select_decomp_table   # (the backend's decompositions)
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(f, decomposition_table=select_decomp_table(), tracing_mode="fake")(*args)
+    assert any("fmod" in str(n.target) or "remainder" in str(n.target) for n in gm.graph.nodes), gm.graph
+    split = find_regions(gm)
+    [r] = split.regions
+    assert [d.what for d in split.declined] == ["op aten.mm"], split.declined
+    ops = [n.op for n in r.graph.nodes]
+    assert ops.count("concat") == 2 and ops.count("slice") == 4
+    _check_against_torch(gm, split, args)
+    check_emulates(r.graph, n_samples=2)
