@@ -826,3 +826,30 @@ def torch_block(h: int = 16) -> Any:
             return torch.nn.functional.gelu(self.fc(self.ln(x * 2.0 + 1.0))).softmax(-1)
 
     return Block().eval()
+
+
+def rotary_positions_graph(batch: int = 2, seq: int = 8, dim: int = 16, start: int = 3,
+                           from_slice: bool = False) -> object:
+    """Rotary beside positions computed in the region: ``x * cos(a) + rotate_half(x) * sin(a)`` with
+    ``a = float(iota(seq) + start) * f`` (int registers apart from rotate_half's slice / neg / concat).
+    ``from_slice``: the positions are cast to int from a slice of ``x`` instead (int values computed
+    from an index op's result)."""
+    half = dim // 2
+    pos: list[dict[str, Any]] = [{"id": "pos", "op": "iota", "args": [], "shape": [seq, 1], "axis": 0, "dtype": "int64"}]
+    if from_slice:
+        pos = [{"id": "x0", "op": "slice", "args": ["x"], "axis": 2, "start": 0, "stop": 1},
+               {"id": "pos", "op": "cast", "args": ["x0"], "to": "int64"}]
+    return parse_graph({
+        "name": "rot", "inputs": {"x": {"shape": [batch, seq, dim], "dtype": "float32"},
+                                  "f": {"shape": [dim], "dtype": "float32"}},
+        "nodes": [*pos, {"id": "p1", "op": "add", "args": ["pos", start]},
+                  {"id": "pf", "op": "cast", "args": ["p1"], "to": "float32"},
+                  {"id": "ang", "op": "mul", "args": ["pf", "f"]},
+                  {"id": "c", "op": "cos", "args": ["ang"]}, {"id": "s", "op": "sin", "args": ["ang"]},
+                  {"id": "hi", "op": "slice", "args": ["x"], "axis": 2, "start": half, "stop": dim},
+                  {"id": "lo", "op": "slice", "args": ["x"], "axis": 2, "start": 0, "stop": half},
+                  {"id": "nh", "op": "neg", "args": ["hi"]},
+                  {"id": "rh", "op": "concat", "args": ["nh", "lo"], "axis": 2},
+                  {"id": "a", "op": "mul", "args": ["x", "c"]}, {"id": "b", "op": "mul", "args": ["rh", "s"]},
+                  {"id": "y", "op": "add", "args": ["a", "b"]}],
+        "outputs": ["y"]})

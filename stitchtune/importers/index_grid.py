@@ -7,7 +7,8 @@ applied to the grid ``arange(prod(base)).reshape(base)`` and the result tells wh
 Contract of :func:`grid_kind(res, base_shape)`: ``"reshape"`` when ``res`` holds every element of
 the base once, in order (the same bytes; it may also broadcast, see :func:`is_broadcast`),
 ``"broadcast"`` when ``res`` is the base broadcast numpy-style (right-aligned) to ``res.shape``,
-else None (a real gather: not a view). Grids are bounded by :data:`MAX_GRID` elements.
+else None (a real gather: not a view). :func:`rotation(res, base_shape)` tells a rotation along one
+axis (``torch.roll``: a concat of two slices). Grids are bounded by :data:`MAX_GRID` elements.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import math
 
 import numpy as np
 
-__all__ = ["MAX_GRID", "broadcasts", "grid_kind", "is_broadcast", "strip_leading_ones"]
+__all__ = ["MAX_GRID", "broadcasts", "grid_kind", "is_broadcast", "rotation", "strip_leading_ones"]
 
 MAX_GRID = 1 << 15   # elements of a base (and of each view of it) traced on an index grid
 
@@ -52,4 +53,21 @@ def grid_kind(res: np.ndarray, base_shape: tuple[int, ...]) -> str | None:
         return "reshape"
     if is_broadcast(res, base_shape):
         return "broadcast"
+    return None
+
+
+def rotation(res: np.ndarray, base_shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """``(axis, k)`` when the index grid ``res`` is the base rotated along one axis (``torch.roll``):
+    element ``i`` of that axis reads element ``(i + k) % n``, ``0 < k < n``, i.e. ``concat(base[k:],
+    base[:k])``; else None."""
+    if tuple(res.shape) != tuple(base_shape):
+        return None
+    grid = np.arange(math.prod(base_shape), dtype=np.int64).reshape(base_shape)
+    for axis, n in enumerate(base_shape):
+        if n < 2:
+            continue
+        stride = math.prod(base_shape[axis + 1:])
+        k = int(res.reshape(-1)[0] // stride) % n
+        if 0 < k and np.array_equal(res, np.roll(grid, -k, axis=axis)):
+            return axis, k
     return None

@@ -468,9 +468,16 @@ class _Walker(LayoutOps):
                 raise ImportError_(f"{node.target} at {_where(node)}: comparing bool tensors is not supported")
             return b.elementwise(_COMPARE[key], args, name)
         args = [self.val(x, node)] + ([self.val(a["other"], node)] if "other" in a else [])
+        op = _LOGICAL[key]
+        if len(args) == 2 and op in ("logical_and", "logical_or") and sum(v.is_scalar for v in args) == 1:
+            # a 0-d bool constant (a mask started as ``full((), True)``): ``x & True`` and ``x | False`` are x
+            k = 0 if args[0].is_scalar else 1
+            tensor = args[1 - k]
+            if _is_bool(x if k == 0 else a["other"]) and bool(args[k].ref) == (op == "logical_and") \
+                    and tensor.dtype == "bool":
+                return tensor
         if any(v.is_scalar or v.dtype != "bool" for v in args):
             raise ImportError_(f"{node.target} at {_where(node)}: logical ops need bool tensors")
-        op = _LOGICAL[key]
         return b.logical_not(args[0], name) if op == "logical_not" else b.elementwise(op, args, name)
 
     def _add_sub(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value | Padded:

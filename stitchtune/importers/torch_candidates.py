@@ -11,7 +11,10 @@
 * Bool chains of graph inputs and constants (a padding mask's cast, ``index``, ``&``, ``where``) are
   *pulled*: not grouped, but computed again by every region that reads them; so are float chains of
   values from outside every region that only broadcast into larger tensors (the rotary angles:
-  :func:`_pull_broadcast_sources`).
+  :func:`_pull_broadcast_sources`); so are constant tensors that the importer maps (a causal mask's
+  ``iota``, ``le`` and ``& True``, float positions), except indices resolved at import time and
+  embedding ids (:func:`_pull_constants`; a region the planner then refuses is mapped again reading
+  them as inputs, ``torch_regions._map_with_constants``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 from stitchtune.importers.torch_aten import (_BINARY, _IGNORED, _IOTA, _UNARY, INT_OPS, SUPPORTED_OPS, _key,
                                              index_dtype_name, value_dtype_name)
 from stitchtune.importers.torch_cnn import WINDOWED_OPS, dead, inplace_reason, is_inplace
+from stitchtune.importers.torch_consts import resolved_index
 from stitchtune.importers.torch_fx_util import fx_args
 
 #: ATen ops that are compute-intensive (matmuls, convolutions, attention): Inductor's or a library's job
@@ -151,6 +155,7 @@ class _Excluded:
         self.derived: set[Any] = set()
         self.free: dict[Any, str] = {}
         self.pulled: set[Any] = set()   # recomputed by every region that reads them (bool chains)
+        self.constants: set[Any] = set()   # the pulled constants (_pull_constants), also in ``derived``
 
     def __contains__(self, node: Any) -> bool:
         return node in self.reasons or node in self.derived or node in self.free or node in self.pulled
@@ -214,9 +219,42 @@ def _initial_exclusions(nodes: Sequence[Any], consts: Mapping[Any, Any]) -> _Exc
                 ex.derived.add(n)
             elif why:
                 ex.add(n, why)
+    _pull_constants(nodes, ex, consts)
     _pull_bool_chains(nodes, ex, consts)
     _pull_broadcast_sources(nodes, ex, consts)
     return ex
+
+
+def _pull_constants(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any]) -> None:
+    """Pull the constant tensors (:func:`~stitchtune.importers.torch_consts.fold_constants`) that the
+    importer maps from nothing but other such tensors and 0-d constants: a causal mask's ``iota``,
+    ``unsqueeze``, ``le`` and ``& True``, a padding mask's ``ge``, the rotary positions ``iota`` cast to
+    float. Every region that reads one as data computes it again (int registers, :mod:`stitchtune.plan.ints`),
+    rather than reading a tensor that the framework computes in a kernel of its own at each call. The
+    indices of an ``index`` stay constants resolved at import time (they are not read as data); a
+    constant that no region reads stays out of every region (it remains excluded). Static shapes only:
+    a symbolic size is not a constant of the region's graph."""
+    import torch
+
+    for n in nodes:
+        val = consts.get(n)
+        if n.op != "call_function" or n.target is operator.getitem or not isinstance(val, torch.Tensor):
+            continue
+        key = _key(n.target)
+        fake = n.meta.get("val")
+        if val.dim() == 0 or key not in SUPPORTED_OPS or key in COMPUTE_OPS or not isinstance(fake, torch.Tensor) \
+                or not all(isinstance(d, int) for d in fake.shape) \
+                or value_dtype_name(val.dtype) is None and index_dtype_name(val.dtype) is None:
+            continue
+        if all(resolved_index(u, n, consts) for u in n.users) or any(
+                _key(u.target) == "aten.embedding" and u.args[1] is n and not resolved_index(u, n, consts)
+                for u in n.users if u.op == "call_function" and len(u.args) > 1):
+            continue   # indices resolved at import time (an index's, a range of embedding ids), or
+            # embedding ids that a region reads as an input (graph.json gathers by input indices)
+        reads = fx_args(n)[:1] if key == "aten.index" else fx_args(n)
+        if all(a in ex.pulled or a in consts and getattr(consts[a], "dim", lambda: 1)() == 0 for a in reads):
+            ex.pulled.add(n)
+            ex.constants.add(n)
 
 
 #: element-wise and view ops whose float result is computed again by every region that reads it

@@ -28,7 +28,7 @@ from typing import Any
 
 from stitchtune.importers.torch_fx_util import _key, fx_args
 
-__all__ = ["FOLDABLE", "MAX_ELEMENTS", "fold_constants"]
+__all__ = ["FOLDABLE", "MAX_ELEMENTS", "fold_constants", "resolved_index", "row_range"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,8 @@ MAX_ELEMENTS = 1 << 16   # per constant tensor: bigger ones stay ops of the grap
 FOLDABLE: frozenset[str] = frozenset({
     "aten.arange", "aten.zeros", "aten.ones", "aten.full", "aten.new_ones", "aten.new_zeros", "aten.new_full",
     "aten.zeros_like", "aten.ones_like", "aten.full_like", "aten.scalar_tensor", "aten.lift_fresh_copy",
-    "aten.add", "aten.sub", "aten.rsub", "aten.mul", "aten.div", "aten.neg", "aten.remainder", "aten.floor_divide",
+    "aten.add", "aten.sub", "aten.rsub", "aten.mul", "aten.div", "aten.neg", "aten.remainder", "aten.fmod",
+    "aten.floor_divide",
     "aten.eq", "aten.ne", "aten.lt", "aten.le", "aten.gt", "aten.ge", "aten.__and__", "aten.__or__",
     "aten.bitwise_and", "aten.bitwise_or", "aten.bitwise_not", "aten.logical_and", "aten.logical_or",
     "aten.logical_not", "aten.where", "aten.masked_fill", "aten.tril", "aten.triu", "aten.cumsum",
@@ -126,3 +127,38 @@ def fold_constants(nodes: Sequence[Any], known: Mapping[str, Any] | None = None,
         if _small(out):
             vals[n] = out
     return {n: v for n, v in vals.items() if n.op == "call_function"}
+
+
+def row_range(ids: Any, rows: int) -> tuple[int, int] | None:
+    """``(start, stop)`` when the constant int tensor ``ids`` holds, in row-major order, the consecutive
+    rows ``start, start + 1, ..., stop - 1`` of a table of ``rows`` rows (GPT-2's position ids
+    ``arange(S)``: an embedding of them is the table's rows ``[0, S)``), else None."""
+    import torch
+
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64) or ids.numel() == 0:
+        return None
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():   # real values, also inside a compile's fake mode
+        flat = ids.reshape(-1).to(torch.int64)
+        start = int(flat[0])
+        stop = start + flat.numel()
+        if start < 0 or stop > rows or not torch.equal(flat, torch.arange(start, stop, dtype=torch.int64)):
+            return None
+    return start, stop
+
+
+def resolved_index(u: Any, x: Any, consts: Mapping[Any, Any]) -> bool:
+    """Whether fx node ``u`` reads the constant ``x`` (a node of ``consts``) as indices that a region
+    resolves at import time: the indices of an ``index``, or the ids of an ``embedding`` that are a
+    range of the table's rows (:func:`row_range`: the region reads a slice of the table)."""
+    if getattr(u, "op", None) != "call_function" or x not in consts:
+        return False
+    key = _key(u.target)
+    if key == "aten.index":
+        return x is not u.args[0] and x in fx_args(u)
+    if key == "aten.embedding" and len(u.args) > 1 and u.args[1] is x and x is not u.args[0]:
+        table = u.args[0].meta.get("val") if hasattr(u.args[0], "meta") else None
+        rows = table.shape[0] if table is not None and table.dim() > 0 else None
+        return isinstance(rows, int) and row_range(consts[x], rows) is not None
+    return False

@@ -130,12 +130,32 @@ class LayoutOps:
                 raise ImportError_(f"{node.target} at {_where(node)}: concatenates {len(vals)} tensors "
                                    "(graph.json's concat takes 2 to 8)")
             return self.b.layout("concat", vals, t, str(dt), node.name, axis=int(a["dim"]) % len(t))
+        folded = self.vals.get(getattr(a["indices"], "name", ""))
+        if folded is not None and not isinstance(folded, Value):   # constant ids resolved at import time
+            return self._table_rows(node, a, folded, t)
         ids = self.val(a["indices"], node)   # embedding(weight, indices): rows of the table
         if ids.dtype not in ("int32", "int64") or not self.b.is_input(ids):
             raise ImportError_(f"{node.target} at {_where(node)}: the indices must be an int32/int64 tensor that "
                                "is a graph input (graph.json gathers by input indices only)")
         table = self.exact(a["weight"], node)
         return self.b.layout("gather", [table, ids], t, str(table.dtype), node.name, axis=0)
+
+    def _table_rows(self, node: Any, a: dict[str, Any], ids: Any, t: tuple[int, ...]) -> Value:
+        """``embedding(weight, ids)`` for constant ``ids`` that are consecutive rows ``[start, stop)``
+        of the table (:func:`~stitchtune.importers.torch_consts.row_range`: position ids ``arange(S)``):
+        the table's slice of those rows, reshaped to the result (no index, no gather)."""
+        from stitchtune.importers.torch_consts import row_range
+
+        table = self.exact(a["weight"], node)
+        span = row_range(ids, table.shape[0])
+        if span is None:
+            raise ImportError_(f"{node.target} at {_where(node)}: constant ids that are not a range of the "
+                               "table's rows")
+        start, stop = span
+        rows = (stop - start, *table.shape[1:])
+        out = table if rows == tuple(table.shape) else self.b.layout(
+            "slice", [table], rows, str(table.dtype), f"{node.name}_rows", axis=0, start=start, stop=stop)
+        return self._reframe(None, out, rows, t, node.name, node)
 
     def _gather_elements(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
         """``gather(self, dim, index)`` / ``take_along_dim(self, indices, dim)`` (index of ``self``'s
@@ -288,10 +308,11 @@ class LayoutOps:
 
     def _index(self, node: Any, a: dict[str, Any], x: Any) -> Value:
         """``index.Tensor`` with indices known at import time: resolved on the index grid of ``x``
-        (:mod:`stitchtune.importers.index_grid`) when the result is ``x`` broadcast or reshaped."""
+        (:mod:`stitchtune.importers.index_grid`) when the result is ``x`` broadcast or reshaped, or
+        rotated along one axis (``torch.roll``: two slices and a concat)."""
         import torch
 
-        from stitchtune.importers.index_grid import MAX_GRID, grid_kind
+        from stitchtune.importers.index_grid import MAX_GRID, grid_kind, rotation
 
         idx = [None if i is None else self.vals.get(i.name) for i in a["indices"]]
         if any(i is not None and not isinstance(i, torch.Tensor) for i in idx):
@@ -311,5 +332,15 @@ class LayoutOps:
             return v
         if kind == "reshape":
             return self._reframe(x, v, t_in, t_out, node.name, node)
+        turn = rotation(res, tuple(t_in))
+        if turn is not None:   # torch.roll along one axis (decomposed into an index): two slices, a concat
+            axis, k = turn
+            src = self.exact(x, node)
+            n = int(t_in[axis])
+            parts = [self.b.layout("slice", [src], tuple(n - k if i == axis else d for i, d in enumerate(t_in)),
+                                   str(src.dtype), f"{node.name}_tail", axis=axis, start=k, stop=n),
+                     self.b.layout("slice", [src], tuple(k if i == axis else d for i, d in enumerate(t_in)),
+                                   str(src.dtype), f"{node.name}_head", axis=axis, start=0, stop=k)]
+            return self.b.layout("concat", parts, tuple(t_in), str(src.dtype), node.name, axis=axis)
         raise ImportError_(f"{node.target} at {_where(node)}: constant indices that gather (not a broadcast "
                            "or reshape of the input)")

@@ -198,6 +198,7 @@ class _Mapped:
     module: Any                  # the group's ATen ops as a GraphModule
     perms: tuple[tuple[int, ...] | None, ...]   # see TorchRegion.output_perms
     aliases: tuple[tuple[Any, Any], ...]        # see TorchRegion.aliases
+    pulled: frozenset[Any] = frozenset()        # the pulled nodes it was mapped with (see _settle)
 
 
 def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
@@ -247,7 +248,8 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     except (StitchtuneError, ImportError_) as exc:
         return Declined(f"region {name} ({_ops_text(group)})", str(exc))
     return _Mapped(graph, tuple(inputs), tuple(outputs[i] for i in kept), sub,
-                   tuple(None if perms[i] is _COPY else perms[i] for i in kept), aliases)
+                   tuple(None if perms[i] is _COPY else perms[i] for i in kept), aliases,
+                   frozenset(pulled or ()))
 
 
 #: an output that is PyTorch's copy (``clone``) of another output: the region stores the value twice
@@ -380,9 +382,7 @@ def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
             key = frozenset(group)
             if key in mapped:
                 continue
-            res = _map_group(group, f"{prefix}_{group[0].name}", consts, ex.pulled)
-            if isinstance(res, _Mapped) and _computes(res.graph) and accept is not None:
-                res = _judge(res, group, accept)
+            res = _map_with_constants(group, f"{prefix}_{group[0].name}", consts, ex, accept)
             if isinstance(res, _Culprit):
                 ex.add(res.node, res.reason, res.free)
                 changed = True
@@ -390,6 +390,24 @@ def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
                 mapped[key] = res
         if not changed:
             return groups, mapped
+
+
+def _map_with_constants(group: list[Any], name: str, consts: Mapping[Any, Any], ex: _Excluded,
+                        accept: Callable[[Any], str | None] | None) -> _Mapped | _Culprit | Declined | None:
+    """``group`` mapped (and judged by ``accept`` where it computes) with the pulled nodes it reads;
+    when that fails and it computes pulled constants (:func:`~stitchtune.importers.torch_candidates._pull_constants`:
+    an iota the planner cannot lower next to a slice or concat), mapped again reading those constants
+    as inputs (the framework computes them), as it did before they were pulled; the first result
+    when neither maps."""
+    res = _map_group(group, name, consts, ex.pulled)
+    if isinstance(res, _Mapped) and _computes(res.graph) and accept is not None:
+        res = _judge(res, group, accept)
+    if isinstance(res, _Mapped) or not ex.constants & set(_with_pulled(group, ex.pulled)):
+        return res
+    alt = _map_group(group, name, consts, ex.pulled - ex.constants)
+    if isinstance(alt, _Mapped) and _computes(alt.graph) and accept is not None:
+        alt = _judge(alt, group, accept)
+    return alt if isinstance(alt, _Mapped) else res
 
 
 def _join_siblings(nodes: Sequence[Any], groups: list[list[Any]],
@@ -420,9 +438,7 @@ def _join_siblings(nodes: Sequence[Any], groups: list[list[Any]],
             if not _convex(set(union)):
                 continue
             group = sorted(union, key=order.__getitem__)
-            res = _map_group(group, f"{prefix}_{group[0].name}", consts, ex.pulled)
-            if isinstance(res, _Mapped) and accept is not None:
-                res = _judge(res, group, accept)
+            res = _map_with_constants(group, f"{prefix}_{group[0].name}", consts, ex, accept)
             if isinstance(res, _Mapped):
                 mapped[union] = res
                 out[i], joined = group, True
@@ -443,7 +459,7 @@ def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], _Mapped | Dec
             declined.append(res)
         elif res is not None and _computes(res.graph):
             own = set(group)
-            pulled = tuple(n for n in _with_pulled(group, ex.pulled) if n not in own)
+            pulled = tuple(n for n in _with_pulled(group, set(res.pulled)) if n not in own)
             regions.append(TorchRegion(res.graph.name, res.graph, tuple(group), res.inputs, res.outputs, res.module,
                                        pulled, res.perms, res.aliases))
         else:

@@ -20,29 +20,37 @@ from typing import Any
 from stitchtune.importers.torch_candidates import _hint
 from stitchtune.importers.torch_fx_util import _key, fx_args
 from stitchtune.importers.torch_cnn import functional_of, is_inplace
+from stitchtune.importers.torch_consts import resolved_index as _resolved
 
 
 def _embedded(x: Any, members: set[Any], consts: Mapping[Any, Any]) -> bool:
     """True for a constant that the region's module holds itself: a 0-d value (a scalar of the graph),
-    the indices of an ``index`` (resolved at import time) or the base of a ``slice_scatter`` (a
-    ``full`` that the walker turns into fills), never a graph input."""
+    indices resolved at import time (:func:`_resolved`) or the base of a ``slice_scatter`` (a ``full``
+    that the walker turns into fills), never a graph input."""
     if x not in consts:
         return False
     if consts[x].dim() == 0:
         return True
-    return all(_key(u.target) == "aten.index" and x is not u.args[0]
-               or _key(u.target) == "aten.slice_scatter" and x is u.args[0] for u in x.users if u in members)
+    return all(_resolved(u, x, consts) or _key(u.target) == "aten.slice_scatter" and x is u.args[0]
+               for u in x.users if u in members)
+
+
+def _data_args(n: Any) -> list[Any]:
+    """The fx nodes ``n`` reads as values: all of them, but only the source of an ``index`` (its
+    indices are constants resolved at import time, :func:`_resolved`)."""
+    args = fx_args(n)
+    return args[:1] if n.op == "call_function" and _key(n.target) == "aten.index" else args
 
 
 def _with_pulled(group: list[Any], pulled: set[Any]) -> list[Any]:
     """``group`` and the ``pulled`` nodes it reads through chains of them, in graph order."""
     seen: set[Any] = set(group)
-    todo = [a for n in group for a in fx_args(n)]
+    todo = [a for n in group for a in _data_args(n)]
     while todo:
         a = todo.pop()
         if a in pulled and a not in seen:
             seen.add(a)
-            todo.extend(fx_args(a))
+            todo.extend(_data_args(a))
     if len(seen) == len(group):
         return group
     order = {n: i for i, n in enumerate(next(iter(group)).graph.nodes)}
@@ -75,6 +83,10 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any], pulled: set[Any] | No
         for a in fx_args(n):
             if a not in members and a not in inputs and a not in held:
                 (held if _embedded(a, members, consts) else inputs).append(a)
+    # indices that the region also computes (a pulled constant read as data too) are still resolved
+    # at import time where they are indices: a buffer of the module beside the computed node
+    indices = [a for n in group for a in fx_args(n) if a in members and _resolved(n, a, consts)]
+    held += [a for a in dict.fromkeys(indices) if a not in held]
     g = torch.fx.Graph()
     root = torch.nn.Module()
     env: dict[Any, Any] = {}
@@ -86,18 +98,21 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any], pulled: set[Any] | No
         back[ph] = x
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    fixed: dict[Any, Any] = {}   # a held constant -> its node in the module
     for i, x in enumerate(held):
         t = consts[x]
         with unset_fake_temporarily():   # real constants, also inside a compile's fake mode
             if t.dim() == 0:
-                env[x] = g.call_function(torch.ops.aten.scalar_tensor.default, (float(t.item()),),
-                                         {"dtype": t.dtype})
+                fixed[x] = g.call_function(torch.ops.aten.scalar_tensor.default, (float(t.item()),),
+                                           {"dtype": t.dtype})
             else:
                 root.register_buffer(f"const{i}", t.clone())
-                env[x] = g.get_attr(f"const{i}")
-        env[x].meta = {"val": t, "folded": t}
+                fixed[x] = g.get_attr(f"const{i}")
+        fixed[x].meta = {"val": t, "folded": t}
+        if x not in members:
+            env[x] = fixed[x]
     for n in group:
-        env[n] = g.node_copy(n, lambda a: env[a])
+        env[n] = g.node_copy(n, lambda a: fixed[a] if a in fixed and _resolved(n, a, consts) else env[a])
         if is_inplace(n):   # accepted by inplace_reason: its functional form, which mutates nothing
             env[n].target = functional_of(n.target)
         back[env[n]] = n

@@ -135,11 +135,10 @@ def _axes_maps(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int | N
     right-aligned ``domain`` each of its dims indexes (None for a size-1 dim). Graphs without index
     ops use :func:`~stitchtune.plan.axes.tensor_axes` instead."""
     D = len(domain)
-    maps: dict[str, tuple[int | None, ...]] = {}
-    for name, spec in graph.inputs:
-        shape = spec.shape
+
+    def aligned(name: str, shape: tuple[int, ...], what: str) -> tuple[int | None, ...]:
         if len(shape) > D:
-            raise UnsupportedGraphError(f"input '{name}' has a higher rank than the largest tensor")
+            raise UnsupportedGraphError(f"{what} '{name}' has a higher rank than the largest tensor")
         m: list[int | None] = []
         for k, s in enumerate(shape):
             dax = D - len(shape) + k
@@ -149,11 +148,16 @@ def _axes_maps(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int | N
                 m.append(dax)
             else:
                 raise UnsupportedGraphError(
-                    f"input '{name}' shape {list(shape)} does not align with the iteration domain {list(domain)}")
-        maps[name] = tuple(m)
+                    f"{what} '{name}' shape {list(shape)} does not align with the iteration domain {list(domain)}")
+        return tuple(m)
+
+    maps: dict[str, tuple[int | None, ...]] = {name: aligned(name, spec.shape, "input") for name, spec in graph.inputs}
     for node in graph.nodes:
         info = OPS[node.op]
         targs = [a for a in node.args if isinstance(a, str)]
+        if info.kind == "iota":   # no argument: its dims index the domain's axes as an input's do
+            maps[node.id] = aligned(node.id, tuple(node.shape), "iota")
+            continue
         if info.kind == "reduce":
             src = maps[targs[0]]
             if node.keepdims:
@@ -395,8 +399,8 @@ def make_plan(graph: Graph) -> StitchPlan:
     rotate-half) is mapped by :func:`tensor_axes` on its surrogate, whose layout part keeps its own
     shapes, and lowered with column shifts only (:func:`~stitchtune.plan.remap.check_mixed`)."""
     ints = int_registers(graph)
-    index_op = next((nd for nd in graph.nodes if OPS[nd.op].kind in INDEX_KINDS and nd.op != "gather_elements"), None)
-    if ints and index_op is not None:  # (naming the index op: an importer can leave it out and keep the rest)
+    index_op = remap.int_index_op(graph, ints)
+    if index_op is not None:  # (naming the index op: an importer can leave it out and keep the rest)
         raise UnsupportedGraphError(
             f"{index_op.op} '{index_op.id}' is in a region that computes with int values (graph '{graph.name}'); "
             "stitched kernels lower int arithmetic in element-wise and row-reduction regions without slice, "

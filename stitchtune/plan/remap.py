@@ -106,6 +106,21 @@ def _after_index_ops(graph: Graph) -> set[str]:
     return out
 
 
+def int_index_op(graph: Graph, ints: frozenset[str]) -> Node | None:
+    """The first slice / concat / gather of ``graph`` that meets int registers (``ints``,
+    :func:`~stitchtune.plan.ints.int_registers`): one that reads an int tensor, or the first of them
+    when an int tensor is computed from an index op's result (a remapped evaluation computes in float
+    registers only) or is a graph input. None when the int values are computed from ``iota`` alone,
+    apart from the index ops (rotary's positions ``iota`` cast to float beside rotate_half's slice /
+    concat); ``gather_elements`` picks are never named (:mod:`stitchtune.plan.pick`)."""
+    index_ops = [nd for nd in graph.nodes if OPS[nd.op].kind in INDEX_KINDS and nd.op != "gather_elements"]
+    if not ints or not index_ops:
+        return None
+    if ints & (_after_index_ops(graph) | set(graph.input_names)):   # (an int input: loaded as an int)
+        return index_ops[0]
+    return next((nd for nd in index_ops if any(a in ints for a in nd.tensor_args)), None)
+
+
 def _feeds_layout(graph: Graph) -> set[str]:
     """The nodes before the index ops that a transpose / reshape / expand before the index ops is
     computed from (they keep their own shapes: :func:`layout_part`)."""
