@@ -609,3 +609,27 @@ def test_cross_entropy_with_ignore_index_is_one_stitched_region(ignored: list[in
     [region] = rep.stitched
     assert {"aten._log_softmax", "aten.gather", "aten.where", "aten.sum", "aten.div"} <= set(region.ops)
     assert rep.declined == [] and 1 <= region.kernels <= 2
+
+
+def test_a_clone_of_a_region_output_reads_the_output_itself() -> None:
+    """Dropout of probability 0 after a softmax (ViT's attention) is a ``clone`` of the region's output:
+    the matmul reads the kernel's output itself (no copy left to Inductor); a clone that the graph
+    returns stays a copy (it must not alias another output)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x: Any, w: Any) -> Any:
+        p = torch.softmax(x * 2.0, -1)
+        kept = torch.exp(x).clone()
+        return p.clone() @ w, p, kept, kept.clone()
+
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    gm = make_fx(f)(x, w)
+    opts = torch_backend.BackendOptions(db=None, cpu="emulate")
+    new_gm, report = torch_backend.stitch_graph(gm, [x, w], opts, "inference")
+    assert report.stitched, report
+    clones = [n for n in new_gm.graph.nodes if n.target is torch.ops.aten.clone.default]
+    assert len(clones) == 1 and all(u.op == "output" for u in clones[0].users)
+    got, want = new_gm(x, w), f(x, w)
+    for g, e in zip(got, want):
+        assert torch.allclose(g, e, atol=1e-5)
+    assert got[2].data_ptr() != got[3].data_ptr()
