@@ -358,8 +358,10 @@ def _inductor_random(gm: Any, example_inputs: Sequence[Any]) -> None:
 
 
 def channels_last_conv_backward(gm: Any) -> bool:
-    """Whether ``gm`` has a 2-D ``convolution_backward`` whose gradient or input PyTorch holds
-    channels-last (ConvNeXt's, whose layer norms run over NHWC). Inductor decides its layout
+    """Whether ``gm`` has a 2-D ``convolution_backward`` whose gradient and input PyTorch both holds
+    channels-last (ConvNeXt's, whose layer norms run over NHWC; not ViT's patch embedding, whose
+    input is the NCHW image: there the layout optimisation would copy the image instead of the
+    gradient, and the weight gradient back). Inductor decides its layout
     optimisation from forward convolutions only, so a backward graph never gets it; without it, its
     lowering orders a convolution's input and gradient by the stride order of the weight gradient
     (for a depthwise weight ``[C, 1, k, k]`` the size-1 dim ties and the order is none of the
@@ -373,7 +375,7 @@ def channels_last_conv_backward(gm: Any) -> bool:
                 and v.is_contiguous(memory_format=torch.channels_last))
 
     return any(n.op == "call_function" and n.target is torch.ops.aten.convolution_backward.default
-               and any(channels_last(getattr(a, "meta", {}).get("val")) for a in n.args[:2])
+               and all(channels_last(getattr(a, "meta", {}).get("val")) for a in n.args[:2])
                for n in gm.graph.nodes)
 
 

@@ -635,17 +635,19 @@ def test_a_clone_of_a_region_output_reads_the_output_itself() -> None:
     assert got[2].data_ptr() != got[3].data_ptr()
 
 
-@pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
+@pytest.mark.parametrize("layout", ["channels_last", "contiguous", "mixed"])
 def test_backward_graphs_convolving_channels_last_tensors_are_recognised(layout: str) -> None:
     """Inductor compiles such a backward graph with its layout optimisation (else it copies a
-    depthwise convolution's input and gradient into the weight gradient's order); NCHW ones without."""
+    depthwise convolution's input and gradient into the weight gradient's order); NCHW ones, and a
+    channels-last gradient of an NCHW input (ViT's patch embedding), without."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def f(g: Any, x: Any, w: Any) -> Any:
         return torch.ops.aten.convolution_backward(g, x, w, [4], [1, 1], [3, 3], [1, 1], False, [0, 0], 4,
                                                    [True, True, True])
 
-    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
-    g, x = (torch.randn(1, 4, 8, 8).to(memory_format=fmt) for _ in range(2))
+    cl, plain = torch.channels_last, torch.contiguous_format
+    fmts = {"channels_last": (cl, cl), "contiguous": (plain, plain), "mixed": (cl, plain)}[layout]
+    g, x = (torch.randn(1, 4, 8, 8).to(memory_format=f) for f in fmts)
     gm = make_fx(f, tracing_mode="fake")(g, x, torch.randn(4, 1, 7, 7))
     assert torch_backend.channels_last_conv_backward(gm) == (layout == "channels_last")
