@@ -398,15 +398,13 @@ def make_plan(graph: Graph) -> StitchPlan:
         if any(OPS[nd.op].kind in INDEX_KINDS for nd in graph.nodes):
             raise
         try:
-            tried = {tensor_axes(graph).order}
+            axes = tensor_axes(graph)
         except UnsupportedGraphError:
             raise refusal from None   # no axes at all: no other layout either
-        for name in domain_candidates(graph):
-            try:
-                order = tensor_axes(graph, name).order
-            except UnsupportedGraphError:
-                continue
-            if order in tried:
+        tried, spans = {axes.order}, axes.of
+        for name in domain_candidates(graph):   # one try per distinct layout spanning every axis
+            order = tuple(a for g in spans[name] for a in g)
+            if order in tried or set(order) != set(axes.order):
                 continue
             tried.add(order)
             try:
