@@ -651,3 +651,25 @@ def test_backward_graphs_convolving_channels_last_tensors_are_recognised(layout:
     g, x = (torch.randn(1, 4, 8, 8).to(memory_format=f) for f in fmts)
     gm = make_fx(f, tracing_mode="fake")(g, x, torch.randn(4, 1, 7, 7))
     assert torch_backend.channels_last_conv_backward(gm) == (layout == "channels_last")
+
+
+def test_a_permuted_view_read_inside_and_outside_a_region_is_stored_in_its_memory_order() -> None:
+    """ConvNeXt's layer norm gradient, NHWC, viewed as NCHW for a convolution and read (permuted back)
+    by the layer scale's gradient: one region that writes the view in its memory order, not two cut
+    at the view."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x: Any, w: Any, g: Any) -> Any:
+        y = (x * 2.0).exp()               # [1, 4, 4, 8], NHWC
+        v = y.permute(0, 3, 1, 2)         # NCHW view, read by the convolution and below
+        z = v.permute(0, 2, 3, 1) * g
+        return torch.nn.functional.conv2d(v, w), z, z.sum((0, 1, 2))
+
+    x, w, g = torch.randn(1, 4, 4, 8), torch.randn(8, 8, 1, 1), torch.randn(8)
+    gm = make_fx(f)(x, w, g)
+    opts = torch_backend.BackendOptions(db=None, cpu="emulate")
+    new_gm, report = torch_backend.stitch_graph(gm, [x, w, g], opts, "inference")
+    assert len(report.stitched) == 1, report
+    assert not [d for d in report.declined if "aten.permute" in d.what], report
+    for got, want in zip(new_gm(x, w, g), f(x, w, g)):
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
