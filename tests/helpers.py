@@ -140,6 +140,28 @@ def check_emulates(g: Any, n_samples: int = 3, input_seed: int = 4, tol: float =
             assert err < tol, (g.name, s.to_json(), o, err)
 
 
+def channels_last_ln_backward(h: int = 4, w: int = 4, c: int = 32, grad: str = "merged") -> Any:
+    """A channels-last layer norm's backward as ConvNeXt's training step has it: ``dx`` (row sums over
+    ``C`` of ``[1, H, W, C]``) and the column sums ``dgamma``, ``dbeta`` over ``(1, H, W)``. ``grad``:
+    how the gradient ``dy`` comes in: ``"merged"`` (a matmul's ``[H*W, C]`` viewed as ``[1, H, W, C]``)
+    or ``"nchw"`` (a convolution's ``[1, C, H, W]`` transposed to ``[1, H, W, C]``)."""
+    def red(i: str, a: str, axes: list[int], keep: bool) -> dict[str, Any]:
+        return {"id": i, "op": "reduce_sum", "args": [a], "axes": axes, "keepdims": keep}
+
+    first = ({"id": "v", "op": "reshape", "args": ["dy"], "shape": [1, h, w, c]} if grad == "merged" else
+             {"id": "v", "op": "transpose", "args": ["dy"], "perm": [0, 2, 3, 1]})
+    nodes = [first, {"id": "xc", "op": "sub", "args": ["x", "mu"]}, {"id": "xh", "op": "mul", "args": ["xc", "rs"]},
+             {"id": "g", "op": "mul", "args": ["v", "gamma"]}, {"id": "gn", "op": "mul", "args": ["g", float(c)]},
+             red("s1", "g", [3], True), {"id": "gx", "op": "mul", "args": ["g", "xh"]}, red("s2", "gx", [3], True),
+             {"id": "t", "op": "mul", "args": ["xh", "s2"]}, {"id": "a", "op": "sub", "args": ["gn", "s1"]},
+             {"id": "b", "op": "sub", "args": ["a", "t"]}, {"id": "d", "op": "div", "args": ["rs", float(c)]},
+             {"id": "dx", "op": "mul", "args": ["d", "b"]}, {"id": "vx", "op": "mul", "args": ["v", "xh"]},
+             red("dgamma", "vx", [0, 1, 2], False), red("dbeta", "v", [0, 1, 2], False)]
+    dy = [h * w, c] if grad == "merged" else [1, c, h, w]
+    return float_graph({"dy": dy, "x": [1, h, w, c], "mu": [1, h, w, 1], "rs": [1, h, w, 1], "gamma": [c]},
+                       nodes, ["dx", "dgamma", "dbeta"])
+
+
 GLOBAL_ROWS = Scheme(
     "global_rows", "split == 1 and family == 'row'", partials=True, grid_barrier=True, cost_term="grid_barriers",
     doc="global stitching of whole rows: each row's value through global scratch after a grid barrier")

@@ -370,6 +370,28 @@ def _inductor_random(gm: Any, example_inputs: Sequence[Any]) -> None:
         gm.recompile()
 
 
+def channels_last_conv_backward(gm: Any) -> bool:
+    """Whether ``gm`` has a 2-D ``convolution_backward`` whose gradient and input PyTorch both holds
+    channels-last (ConvNeXt's, whose layer norms run over NHWC; not ViT's patch embedding, whose
+    input is the NCHW image: there the layout optimisation would copy the image instead of the
+    gradient, and the weight gradient back). Inductor decides its layout
+    optimisation from forward convolutions only, so a backward graph never gets it; without it, its
+    lowering orders a convolution's input and gradient by the stride order of the weight gradient
+    (for a depthwise weight ``[C, 1, k, k]`` the size-1 dim ties and the order is none of the
+    tensors'): copies of the input and the gradient before the library call and of its result
+    after it, two to four kernels per convolution. With it, channels-last tensors are taken as
+    they are."""
+    import torch
+
+    def channels_last(v: Any) -> bool:
+        return (isinstance(v, torch.Tensor) and v.dim() == 4 and not v.is_contiguous()
+                and v.is_contiguous(memory_format=torch.channels_last))
+
+    return any(n.op == "call_function" and n.target is torch.ops.aten.convolution_backward.default
+               and all(channels_last(getattr(a, "meta", {}).get("val")) for a in n.args[:2])
+               for n in gm.graph.nodes)
+
+
 def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, mode: str | None,
                   kind: str, n_stitched: int) -> Any:
     """The callable (boxed) that runs ``gm``: Inductor, or eager (also when Inductor fails)."""
@@ -384,6 +406,7 @@ def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, 
 
             rest = _redecompose(gm, example_inputs)
             kwargs: dict[str, Any] = {"is_backward": kind == "backward", "is_inference": kind == "inference"}
+            layout = kind == "backward" and channels_last_conv_backward(rest)
             if mode == "reduce-overhead":
                 kwargs["cudagraphs"] = BoxedBool(True)
             # dropout's rand: Inductor replaces it by its own random op in its joint-graph passes,
@@ -391,8 +414,9 @@ def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, 
             # numbers are made inside the kernel that reads them (the mask), as Inductor alone
             # does, not by an ATen launch per dropout. No layout optimisation: the backward graph
             # was traced with the forward's strides (a channels-last activation saved by the
-            # forward breaks its views)
-            with inductor_config.patch(layout_optimization=False):
+            # forward breaks its views); but a backward graph that convolves channels-last
+            # tensors takes it (channels_last_conv_backward: its inputs' layouts are fixed)
+            with inductor_config.patch(layout_optimization=layout, force_layout_optimization=layout):
                 _inductor_random(rest, example_inputs)
                 return compile_fx_inner(rest, example_inputs, **kwargs)
         except Exception as exc:  # noqa: BLE001 - never break a model: run the rest eagerly

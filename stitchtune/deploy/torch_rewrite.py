@@ -4,10 +4,11 @@ Contract
 --------
 * :func:`replace_regions(gm, chosen, held)` returns a new GraphModule with ``gm``'s nodes in a
   topological order, each chosen region one ``stitchtune::region`` call plus one ``getitem`` per output
-  (no-ops of a region read outside it copied over), and for each node made for a region, (the original
-  node whose value it is, or None; the region's key). ``held[key]``: positions of the region's inputs
-  that the call does not pass (constants its registered kernel holds); a node only they read is dead
-  code. A cycle of regions raises :class:`~stitchtune.errors.StitchtuneError` (internal).
+  (no-ops of a region read outside it copied over; a ``clone`` of a region's output that only other ops
+  read, with its layout, is that output), and for each node made for a region, (the original node whose
+  value it is, or None; the region's key). ``held[key]``: positions of the region's inputs that the call
+  does not pass (constants its registered kernel holds); a node only they read is dead code. A cycle of
+  regions raises :class:`~stitchtune.errors.StitchtuneError` (internal).
 * :func:`fake_check(new_gm, origin, example_inputs)` runs those nodes on fake tensors and returns
   {region key: why} for the regions whose fake result fails or differs from PyTorch's in shape, dtype
   or strides (what :mod:`stitchtune.deploy.torch_backend` declines).
@@ -127,11 +128,38 @@ def replace_regions(gm: Any, chosen: Sequence[tuple[Any, str]], held: Mapping[st
                 made = set(env.values())
                 env[a] = _copy_noop_chain(g, env, a)
                 origin.update({v: (k, key) for k, v in env.items() if v not in made})
+        elif _redundant_copy(u, env, origin):
+            env[u] = env[u.args[0]]
         else:
             env[u] = g.node_copy(u, lambda a: env[a])
     g.eliminate_dead_code()
     g.lint()
     return torch.fx.GraphModule(gm, g), origin
+
+
+def _redundant_copy(n: Any, env: Mapping[Any, Any], origin: Mapping[Any, tuple[Any, str]]) -> bool:
+    """Whether ``n`` is a ``clone`` / ``contiguous`` of a region's output (a new node of ``env`` made for a
+    region, ``origin``) with its dtype, shape and strides, that no graph output and no mutating op reads
+    (a dropout of probability 0 after a softmax): its readers may read the kernel's output itself, a
+    fresh tensor, where Inductor would copy it in a kernel of its own (Inductor alone writes the copy
+    from the softmax's kernel)."""
+    import torch
+
+    from stitchtune.importers.torch_fx_util import _key
+
+    if n.op != "call_function" or _key(n.target) not in ("aten.clone", "aten.contiguous") or not n.args:
+        return False
+    src = n.args[0]
+    if getattr(src, "op", None) is None or env.get(src) not in origin:
+        return False
+    got, want = src.meta.get("val"), n.meta.get("val")
+    if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)) or _same_layout(got, want):
+        return False
+    for u in n.users:
+        schema = getattr(u.target, "_schema", None)
+        if u.op == "output" or (schema is not None and schema.is_mutable):
+            return False
+    return True
 
 
 def _copy_noop_chain(g: Any, env: dict[Any, Any], n: Any) -> Any:

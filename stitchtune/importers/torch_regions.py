@@ -25,10 +25,13 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   expanded (an ``expand`` node): the region that makes k writes the grouped copy itself.
 * A view (``view``, ``transpose``, ``expand``, ...) or a no-op (eval dropout, a same-dtype cast)
   whose result only leaves a region stays PyTorch's (``RegionSplit.free``: the region returns the
-  contiguous base); a group that nothing reads, or that only moves data as views, is dropped
-  (``RegionSplit.dropped``). Neither is reported as declined. A ``clone`` of another output of the
-  region (attention dropout at p = 0 in training: the softmax saved and its copy multiplied) is stored
-  again by the region, a second output, rather than copied by a kernel of its own.
+  contiguous base); a permuted view also read inside the region (not returned by the graph) is an output
+  stored in its memory order (``output_perms``: ConvNeXt's NHWC gradient viewed as NCHW for a
+  convolution and permuted back by the layer scale's gradient). A group that nothing reads, or
+  that only moves data as views, is dropped (``RegionSplit.dropped``). Neither is reported as declined.
+  A ``clone`` of another output of the region (attention dropout at p = 0 in training: the softmax
+  saved and its copy multiplied) is stored again by the region, a second output, rather than copied by
+  a kernel of its own.
 * Regions are the maximal connected groups of candidates that are convex (no path leaves a region and
   re-enters it; a non-convex group is split by how many non-candidates precede its nodes, as the
   ONNX partition does, then parts linked by an edge are joined again while their union stays convex). Each region is mapped through :class:`torch_aten._Walker` on a sub-graph
@@ -296,7 +299,10 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         if perm is None and _symbolic(orig.meta["val"]):   # the concrete trace may tie where PyTorch's symbolic
             perm = _dense_perm(orig.meta["val"])           # strides do not (a rotary output at seq = head dim)
             perm = None if perm == tuple(range(len(perm or ()))) else perm
-        if perm is None and not s.meta["val"].is_contiguous() or _is_view(orig) and perm is not None:
+        if perm is None and not s.meta["val"].is_contiguous() or _is_view(orig) and perm is not None \
+                and not (inner(orig) and all(u.op != "output" for u in orig.users)):
+            # (a permuted view also read inside the region, and not returned by the graph, is stored
+            # in its memory order like any permuted output: ConvNeXt's NHWC gradient viewed as NCHW)
             return _Culprit(orig, "a non-contiguous output (stitched kernels write row-major tensors)",
                             free=_is_view(orig) and not inner(orig))
         perms.append(perm)

@@ -13,8 +13,8 @@ reshaped to ``[N, G, C/G, H*W]`` splits the axis of ``C`` into ``G`` and ``C/G``
 the end every tensor is a sub-product of one set of axes.
 
 Contract (:func:`tensor_axes`): the result's ``order`` is the layout of the *domain tensor* (the
-largest tensor, the one with the higher rank on a tie, the first in graph order after that): the
-domain axes in row-major order, every axis of size > 1 and every axis some tensor spans (an input
+largest tensor, the one with the higher rank on a tie, the first in graph order after that; or the
+one named by ``domain``, see :func:`domain_candidates`): the domain axes in row-major order, every axis of size > 1 and every axis some tensor spans (an input
 whose axes never meet the domain tensor's, e.g. an unused one, is aligned to it by broadcasting). Each tensor
 spans each axis at most once (``x + transpose(x)``, a diagonal, is refused). An
 :class:`~stitchtune.errors.UnsupportedGraphError` naming the node is raised where no such axes
@@ -177,6 +177,15 @@ def _node_axes(b: _Builder, node: Node) -> None:
         _broadcast(b, node)
 
 
+def domain_candidates(graph: Graph) -> tuple[str, ...]:
+    """The tensors that may be the domain tensor (the largest size, then the highest rank), graph
+    outputs first, then the others in graph order; the default domain tensor is among them."""
+    specs = [(n, s.shape) for n, s in graph.inputs] + [(nd.id, nd.shape) for nd in graph.nodes]
+    top = max((prod(s), len(s)) for _, s in specs)
+    names = [n for n, s in specs if (prod(s), len(s)) == top]
+    return tuple(sorted(names, key=lambda n: n not in graph.outputs))
+
+
 def _repeated(groups: list[tuple[int, ...] | None]) -> bool:
     axes = [a for g in groups for a in (g or ())]
     return len(axes) != len(set(axes))
@@ -204,8 +213,11 @@ def _align_orphans(b: _Builder, graph: Graph, dom: str) -> None:
                     pass  # left orphan: refused below
 
 
-def tensor_axes(graph: Graph) -> TensorAxes:
-    """The domain axes of every tensor of ``graph`` (see the module docstring)."""
+def tensor_axes(graph: Graph, domain: str | None = None) -> TensorAxes:
+    """The domain axes of every tensor of ``graph`` (see the module docstring); ``domain``: the name of
+    the domain tensor instead of the default one (a tensor of the largest size and rank whose layout
+    the planner tries when the default one's refuses: a channels-last layer norm's backward whose
+    first input is the gradient in NCHW order)."""
     b = _Builder()
     for name, spec in graph.inputs:
         b.groups[name] = [(b.fresh(s),) if s > 1 else () for s in spec.shape]
@@ -228,7 +240,7 @@ def tensor_axes(graph: Graph) -> TensorAxes:
                 f"tensor '{name}' uses one axis of the region in two of its dims (a diagonal, e.g. x + "
                 "transpose(x)); stitched kernels need every tensor to span each axis at most once")
     specs = [(n, s.shape) for n, s in graph.inputs] + [(nd.id, nd.shape) for nd in graph.nodes]
-    dom = max(specs, key=lambda t: (prod(t[1]), len(t[1])))[0]
+    dom = domain if domain is not None else max(specs, key=lambda t: (prod(t[1]), len(t[1])))[0]
     _align_orphans(b, graph, dom)
     order = tuple(a for g in b.groups[dom] for a in (g or ()))
     used = {a for gs in b.groups.values() for g in gs for a in (g or ())}

@@ -66,14 +66,16 @@ class CrossReduction:
     output: bool = True
 
 
-def _live_reduced(nd: Node, maps: Mapping[str, tuple[int | None, ...]], live: set[int]) -> frozenset[int]:
+def _live_reduced(nd: Node, maps: Mapping[str, tuple[tuple[int, ...], ...]], live: set[int]) -> frozenset[int]:
     src = maps[str(nd.args[0])]
-    return frozenset(a for a in (src[i] for i in nd.axes) if a is not None and a in live)
+    return frozenset(a for i in nd.axes for a in src[i] if a in live)
 
 
-def split_cross(red_nodes: list[Node], maps: Mapping[str, tuple[int | None, ...]],
+def split_cross(red_nodes: list[Node], maps: Mapping[str, tuple[tuple[int, ...], ...]],
                 domain: tuple[int, ...]) -> tuple[list[Node], list[Node]]:
-    """``(row_or_col_reductions, cross_reductions)`` of ``red_nodes``.
+    """``(row_or_col_reductions, cross_reductions)`` of ``red_nodes``; ``maps[name]``: for each dim of
+    tensor ``name``, the positions in ``domain`` of the axes it spans (``()`` for a size-1 dim; a dim
+    merged from several axes, a ``[B*H*W, C]`` gradient viewed as ``[B, H, W, C]``, spans several).
 
     A reduction over every live axis is a cross (scalar) reduction. Of the others, when they reduce
     two different axis sets, one the trailing live axes (row reductions) and the other exactly the

@@ -54,7 +54,7 @@ from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.plan import pick, remap
 from stitchtune.plan.family import Family
-from stitchtune.plan.axes import Groups, TensorAxes, tensor_axes
+from stitchtune.plan.axes import Groups, TensorAxes, domain_candidates, tensor_axes
 from stitchtune.plan.cross import CrossReduction, check_cross, epilogue_nodes, split_cross
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.ints import int_registers
@@ -349,16 +349,13 @@ def _check_index_op_maps(imaps: dict[str, IndexMap], family: str) -> None:
 
 
 def _split_cross(all_red: list[Node], axes: TensorAxes) -> tuple[list[Node], list[Node]]:
-    """:func:`~stitchtune.plan.cross.split_cross` over the axes of :func:`tensor_axes`, where every
-    tensor dim spans at most one axis (positions in the domain order); with a merged dim (a reshape
-    merging axes) no reduction is cross."""
-    order = axes.order
-    pos = {a: i for i, a in enumerate(order)}
-    if any(len(g) > 1 for _, gs in axes.groups for g in gs):
-        return all_red, []
-    old = {n: tuple(pos[g[0]] if g else None for g in gs) for n, gs in axes.groups}
+    """:func:`~stitchtune.plan.cross.split_cross` over the axes of :func:`tensor_axes` (each tensor
+    dim as the positions in the domain order of the axes it spans: several for a merged dim, the
+    ``[B*H*W, C]`` gradient of a channels-last layer norm's backward viewed as ``[B, H, W, C]``)."""
+    pos = {a: i for i, a in enumerate(axes.order)}
+    spans = {n: tuple(tuple(pos[a] for a in g) for g in gs) for n, gs in axes.groups}
     sizes = axes.size_of
-    return split_cross(all_red, old, tuple(sizes[a] for a in order))
+    return split_cross(all_red, spans, tuple(sizes[a] for a in axes.order))
 
 
 def _mixed_view(real: Graph, sur: Graph, names: list[str], all_red: list[Node]
@@ -397,7 +394,39 @@ def make_plan(graph: Graph) -> StitchPlan:
     graph through :func:`~stitchtune.plan.axes.tensor_axes` (transpose / reshape as index maps). A
     *mixed* region (slice / concat and transpose / reshape, e.g. Llama's rotary: head split, then
     rotate-half) is mapped by :func:`tensor_axes` on its surrogate, whose layout part keeps its own
-    shapes, and lowered with column shifts only (:func:`~stitchtune.plan.remap.check_mixed`)."""
+    shapes, and lowered with column shifts only (:func:`~stitchtune.plan.remap.check_mixed`).
+
+    When the default domain tensor's layout is refused, the layouts of the other largest tensors
+    (:func:`~stitchtune.plan.axes.domain_candidates`, outputs first) are tried in turn: a
+    channels-last layer norm's backward reads its gradient in NCHW order, whose innermost axis is
+    not the one its row reductions reduce, and plans over the layout of its NHWC output. A graph the
+    default layout plans gets exactly the plan it always had; a refused one raises the default
+    layout's refusal."""
+    try:
+        return _make_plan(graph)
+    except UnsupportedGraphError as refusal:
+        if any(OPS[nd.op].kind in INDEX_KINDS for nd in graph.nodes):
+            raise
+        try:
+            axes = tensor_axes(graph)
+        except UnsupportedGraphError:
+            raise refusal from None   # no axes at all: no other layout either
+        tried, spans = {axes.order}, axes.of
+        for name in domain_candidates(graph):   # one try per distinct layout spanning every axis
+            order = tuple(a for g in spans[name] for a in g)
+            if order in tried or set(order) != set(axes.order):
+                continue
+            tried.add(order)
+            try:
+                return _make_plan(graph, name)
+            except UnsupportedGraphError:
+                continue
+        raise refusal
+
+
+def _make_plan(graph: Graph, domain_tensor: str | None = None) -> StitchPlan:
+    """:func:`make_plan` over the layout of tensor ``domain_tensor`` (None: the default domain tensor;
+    only for graphs without index ops)."""
     ints = int_registers(graph)
     index_op = remap.int_index_op(graph, ints)
     if index_op is not None:  # (naming the index op: an importer can leave it out and keep the rest)
@@ -417,11 +446,11 @@ def make_plan(graph: Graph) -> StitchPlan:
         old = _axes_maps(graph, domain)
         maps = {n: tuple((a,) if a is not None else () for a in m) for n, m in old.items()}
         order = tuple(a for a in range(len(domain)) if domain[a] > 1)
-        red_nodes, cross_nodes = split_cross(all_red, old, domain)
+        red_nodes, cross_nodes = split_cross(all_red, maps, domain)
         view = _view(order, dict(enumerate(domain)), bool(all_red), _reduced_axes(red_nodes, maps))
         remap.check_gathers(real, domain, view.col_axes, view.family)
     else:
-        axes = tensor_axes(graph)
+        axes = tensor_axes(graph, domain_tensor)
         maps = axes.of
         red_nodes, cross_nodes = _split_cross(all_red, axes)
         view = _view(axes.order, axes.size_of, bool(all_red), _reduced_axes(red_nodes, maps))

@@ -632,3 +632,67 @@ def test_a_constant_region_input_is_held_by_the_kernel_not_computed_by_the_graph
     computed = {str(n.target) for n in new_gm.graph.nodes if n.op == "call_function"}
     assert not any("arange" in t or "iota" in t or ".gt." in t for t in computed), computed
     assert torch.allclose(new_gm(s), f(s), atol=1e-6)
+
+
+def test_a_clone_of_a_region_output_reads_the_output_itself() -> None:
+    """Dropout of probability 0 after a softmax (ViT's attention) is a ``clone`` of the region's output:
+    the matmul reads the kernel's output itself (no copy left to Inductor); a clone that the graph
+    returns stays a copy (it must not alias another output)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x: Any, w: Any) -> Any:
+        p = torch.softmax(x * 2.0, -1)
+        kept = torch.exp(x).clone()
+        return p.clone() @ w, p, kept, kept.clone()
+
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    gm = make_fx(f)(x, w)
+    opts = torch_backend.BackendOptions(db=None, cpu="emulate")
+    new_gm, report = torch_backend.stitch_graph(gm, [x, w], opts, "inference")
+    assert report.stitched, report
+    clones = [n for n in new_gm.graph.nodes if n.target is torch.ops.aten.clone.default]
+    assert len(clones) == 1 and all(u.op == "output" for u in clones[0].users)
+    got, want = new_gm(x, w), f(x, w)
+    for g, e in zip(got, want):
+        assert torch.allclose(g, e, atol=1e-5)
+    assert got[2].data_ptr() != got[3].data_ptr()
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "contiguous", "mixed"])
+def test_backward_graphs_convolving_channels_last_tensors_are_recognised(layout: str) -> None:
+    """Inductor compiles such a backward graph with its layout optimisation (else it copies a
+    depthwise convolution's input and gradient into the weight gradient's order); NCHW ones, and a
+    channels-last gradient of an NCHW input (ViT's patch embedding), without."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(g: Any, x: Any, w: Any) -> Any:
+        return torch.ops.aten.convolution_backward(g, x, w, [4], [1, 1], [3, 3], [1, 1], False, [0, 0], 4,
+                                                   [True, True, True])
+
+    cl, plain = torch.channels_last, torch.contiguous_format
+    fmts = {"channels_last": (cl, cl), "contiguous": (plain, plain), "mixed": (cl, plain)}[layout]
+    g, x = (torch.randn(1, 4, 8, 8).to(memory_format=f) for f in fmts)
+    gm = make_fx(f, tracing_mode="fake")(g, x, torch.randn(4, 1, 7, 7))
+    assert torch_backend.channels_last_conv_backward(gm) == (layout == "channels_last")
+
+
+def test_a_permuted_view_read_inside_and_outside_a_region_is_stored_in_its_memory_order() -> None:
+    """ConvNeXt's layer norm gradient, NHWC, viewed as NCHW for a convolution and read (permuted back)
+    by the layer scale's gradient: one region that writes the view in its memory order, not two cut
+    at the view."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x: Any, w: Any, g: Any) -> Any:
+        y = (x * 2.0).exp()               # [1, 4, 4, 8], NHWC
+        v = y.permute(0, 3, 1, 2)         # NCHW view, read by the convolution and below
+        z = v.permute(0, 2, 3, 1) * g
+        return torch.nn.functional.conv2d(v, w), z, z.sum((0, 1, 2))
+
+    x, w, g = torch.randn(1, 4, 4, 8), torch.randn(8, 8, 1, 1), torch.randn(8)
+    gm = make_fx(f)(x, w, g)
+    opts = torch_backend.BackendOptions(db=None, cpu="emulate")
+    new_gm, report = torch_backend.stitch_graph(gm, [x, w, g], opts, "inference")
+    assert len(report.stitched) == 1, report
+    assert not [d for d in report.declined if "aten.permute" in d.what], report
+    for got, want in zip(new_gm(x, w, g), f(x, w, g)):
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)

@@ -197,6 +197,14 @@ def test_a_convolutional_training_step_with_inductor_for_the_rest() -> None:
     assert row.error <= TOL and row.stitched > 0 and row.failed_at_run == 0, row
 
 
+@pytest.mark.slow
+def test_a_channels_last_training_step_with_inductor_for_the_rest() -> None:
+    """ConvNeXt's backward convolves channels-last gradients: Inductor compiles the rest of its
+    backward with its layout optimisation (``torch_backend.channels_last_conv_backward``)."""
+    row = run_case("convnext", "train", cpu="reference", fallback="inductor")
+    assert row.error <= TOL and row.stitched > 0 and row.failed_at_run == 0, row
+
+
 if __name__ == "__main__":
     import sys
 

@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from helpers import DEV, rel_err, setup
+from helpers import DEV, channels_last_ln_backward, rel_err, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.cost.model import predict
 from stitchtune.emulate.emulator import emulate_program
@@ -146,3 +146,18 @@ def test_heuristic_of_cross_plans_is_its_own_rule(name: str) -> None:
     _, plan, space = setup(name)
     s = heuristic_schedule(plan, DEV, space)
     assert not space.violations(s) and s.split == 1 and s.persistent and s.deterministic
+
+
+@pytest.mark.parametrize("grad", ["merged", "nchw"])
+def test_channels_last_layer_norm_backward_emulates(grad: str) -> None:
+    """ConvNeXt's layer norm backward (row sums over C of [1, H, W, C], dgamma and dbeta over H*W
+    rows; the gradient a merged [H*W, C] or a transposed NCHW tensor): the heuristic and each combine."""
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space import SearchSpace
+
+    g = channels_last_ln_backward(4, 6, 24, grad)
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    for s in [heuristic_schedule(plan, DEV, space)] + [_first_of(space, m, start=3) for m in MODES]:
+        errs, _ = _errors(g, plan, space, s, seed=2)
+        assert max(errs.values()) < 1, (s.to_json(), errs)

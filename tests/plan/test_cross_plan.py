@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import EXAMPLES, FULL_EXAMPLES, SMALL_EXAMPLES
+from helpers import EXAMPLES, FULL_EXAMPLES, SMALL_EXAMPLES, channels_last_ln_backward
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import load_graph, parse_graph
 from stitchtune.plan.planner import TensorClass, make_plan
@@ -102,3 +102,24 @@ def test_scalar_epilogue_reads_cross_reductions_after_the_combine() -> None:
     assert [(c.node, c.output) for c in p.cross] == [("s", False), ("n", True)]
     assert p.epilogue == ("q", "loss")
     assert p.cls("loss") is TensorClass.SCALAR
+
+
+@pytest.mark.parametrize("grad", ["merged", "nchw"])
+def test_channels_last_layer_norm_backward_is_one_row_plan(grad: str) -> None:
+    """ConvNeXt's layer norm backward over ``[1, H, W, C]``: the gradient as a matmul's ``[H*W, C]``
+    (a dim merged from two row axes) or a convolution's NCHW tensor (the default domain tensor, whose
+    innermost axis is ``W``: the plan takes the layout of the NHWC output instead) gives one row plan
+    with ``dgamma`` and ``dbeta`` as column sums."""
+    p = make_plan(channels_last_ln_backward(4, 4, 32, grad))
+    assert (p.family, p.M, p.N) == ("row", 16, 32)
+    assert [(c.node, c.kind) for c in p.cross] == [("dgamma", "per_reduced"), ("dbeta", "per_reduced")]
+    assert p.stages == (("s1", "s2"),)
+
+
+def test_other_layouts_keep_the_default_refusal() -> None:
+    """A graph no layout plans raises the default layout's refusal, naming its node."""
+    g = _graph([_red("m", "reduce_sum", "x", [-1]), {"id": "y", "op": "sub", "args": ["x", "m"]},
+                _red("c", "reduce_sum", "y", [0, 1], False), {"id": "z", "op": "mul", "args": ["y", "c"]}], ["z"],
+               {"x": {"shape": [4, 8, 16], "dtype": "float32"}})
+    with pytest.raises(UnsupportedGraphError, match="'c'"):
+        make_plan(g)
