@@ -41,6 +41,9 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   why not. When the reason names a node of the region (``'sum_4'``: e.g. a column sum next to row
   sums in a layer norm's backward), that node is declined with the reason and the rest is grouped
   again; otherwise the region is declined whole (its ops stay in the fx graph).
+* A 0-d input (a loss's incoming gradient, a count of rows kept, a position offset) is a ``[1]`` input
+  of the region's graph (graph.json tensors have rank 1 or more) that broadcasts as PyTorch's 0-d
+  tensor does; the region op reshapes the tensor to the graph's shape (same bytes).
 * Graph inputs are named ``in0, in1, ...`` in order of first use, so equal regions (the same layer
   norm in every layer) have equal workload keys (one tuning record serves them all).
 * Region ``i`` has ``nodes`` (fx nodes, graph order), ``inputs`` (external fx nodes, in the graph's
@@ -203,8 +206,9 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     full = _with_pulled(group, pulled or set())
     if not outputs:
         return None
-    for x in inputs:
-        if len(x.meta["val"].shape) == 0:   # graph.json tensors have rank 1 or more
+    for x in inputs:   # a 0-d input (a loss's incoming gradient, a count) is a [1] tensor of the graph
+        val = x.meta["val"]   # that broadcasts like PyTorch's 0-d one (graph.json tensors have rank >= 1)
+        if len(val.shape) == 0 and not (value_dtype_name(val.dtype) or index_dtype_name(val.dtype)):
             return _Culprit(next(n for n in full if x in fx_args(n)), f"reads the 0-d tensor {x.name!a}")
     b = GraphBuilder(name)
     values = []
@@ -212,7 +216,7 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     rows = row_vectors(sub)   # [B] inputs the region holds as [B, 1] (one value per row)
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
         val = x.meta["val"]
-        shape = tuple(_hint(d) or 1 for d in val.shape) + ((1,) if placeholders[i].name in rows else ())
+        shape = tuple(_hint(d) or 1 for d in val.shape) + ((1,) if placeholders[i].name in rows or not val.shape else ())
         values.append(b.add_input(f"in{i}", shape, value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))
     bindings = {ph.name: ("user", i) for i, ph in enumerate(placeholders)}
     bindings.update({n.name: ("folded", n.meta["folded"]) for n in sub.graph.nodes if n.op == "get_attr"})
