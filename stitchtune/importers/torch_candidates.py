@@ -4,7 +4,8 @@
 * :func:`_initial_exclusions(nodes, consts)`: every ``call_function`` node whose op the importer maps
   (:data:`torch_aten.SUPPORTED_OPS`), with static (or hinted) shapes and float tensors in and out, is a
   candidate; integer tensors only where they are ids (``embedding``), cast (an integer mask) or
-  viewed, and constant ``index`` indices. Every other node is excluded with a reason (compute op,
+  viewed, and constant ``index`` indices; ``full`` only as the base of a ``scatter`` of a number (a
+  one-hot: :func:`is_scatter_base`, a number of the graph). Every other node is excluded with a reason (compute op,
   windowed pooling op, no graph.json equivalent, dynamic shape, dtype); constants, assertions and
   dead calls (nothing reads them, they mutate nothing) silently. An in-place op is a candidate as its
   functional form when its mutation is unobservable (:func:`~stitchtune.importers.torch_cnn.inplace_reason`).
@@ -101,6 +102,13 @@ def _gather_index_view(node: Any) -> bool:
                and u.args[GATHER_INDEX_ARG[_key(u.target)]] is node for u in node.users)
 
 
+def is_scatter_base(node: Any) -> bool:
+    """Whether every reader of ``node`` is a ``scatter`` that reads it as its base (``self``): a
+    constant of one value there is a number of the graph (``where(hit, value, base)``)."""
+    return bool(node.users) and all(u.op == "call_function" and _key(u.target) == "aten.scatter"
+                                    and u.args[0] is node and node not in u.args[1:] for u in node.users)
+
+
 def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int]) -> str | None:
     """Why ``node`` (a call_function other than getitem) cannot be in a region, or None."""
     key = _key(node.target)
@@ -128,6 +136,10 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
     ids = node.args[1] if key == "aten.embedding" and len(node.args) > 1 else None
     if key in GATHER_INDEX_ARG and len(node.args) > GATHER_INDEX_ARG[key]:
         ids = node.args[GATHER_INDEX_ARG[key]]
+    if key == "aten.scatter" and len(node.args) > 2:   # a one-hot's index (torch_layout._one_hot)
+        ids = node.args[2]
+    if key == "aten.full" and not is_scatter_base(node):
+        return "a constant tensor (mapped only as the base of a scatter of a number)"
     if key in _INT_VIEWS and _gather_index_view(node):
         return "an index view read by a gather (left to PyTorch: the gather reads it as an input)"
     folded = set(fx_args(node)) - {node.args[0]} if key == "aten.index" else set()

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from stitchtune.importers.builder import GraphBuilder, ImportError_, Value
+from stitchtune.importers.builder import GraphBuilder, ImportError_, Value, scalar
 from stitchtune.importers.torch_fx_util import _fits, _meta, _strip1, _where
 
 #: ops that move elements, mapped onto graph.json's layout and index ops (``transpose``, ``concat``,
@@ -20,7 +20,7 @@ from stitchtune.importers.torch_fx_util import _fits, _meta, _strip1, _where
 _LAYOUT = {"aten.transpose": "transpose", "aten.permute": "transpose", "aten.t": "transpose",
            "aten.cat": "concat", "aten.concat": "concat", "aten.slice": "slice", "aten.select": "slice",
            "aten.embedding": "gather", "aten.index": "index", "aten.gather": "gather_elements",
-           "aten.take_along_dim": "gather_elements"}
+           "aten.take_along_dim": "gather_elements", "aten.scatter": "one_hot"}
 
 
 class LayoutOps:
@@ -92,6 +92,8 @@ class LayoutOps:
             return self._slice(node, key, a, x)
         if op == "gather_elements":
             return self._gather_elements(node, key, a, x)
+        if op == "one_hot":
+            return self._one_hot(node, a, x)
         t = self._layout_shape(node, self.tshape(node))
         _, dt = _meta(node)
         if op == "concat":
@@ -128,6 +130,35 @@ class LayoutOps:
                                "result's shape (a graph input, or computed in the region)")
         src = self.exact(x, node)
         return self.b.layout("gather_elements", [src, ids], t, str(src.dtype), node.name, axis=int(dim) % len(t))
+
+    def _one_hot(self, node: Any, a: dict[str, Any], x: Any) -> Value:
+        """``scatter(self, dim, index, value)`` (``scatter.value``, no ``reduce``) whose index has size 1
+        along ``dim`` and ``self``'s size on every other axis: one position per row set to a number
+        (cross entropy's backward: a one-hot of the target), mapped as ``where(iota(dim) == index,
+        value, self)``. Element-wise: no address depends on the index, so an index outside
+        ``[0, size)`` reads and writes nothing out of bounds; it matches no position and the row stays
+        ``self`` (where PyTorch raises; the forward's pick of the same target raises its error flag).
+        ``self`` may be a number (a ``full`` of one value)."""
+        t = self.tshape(node)
+        dim, idx_arg, value = a.get("dim"), a.get("index"), a.get("value")
+        if a.get("reduce") is not None or not isinstance(value, (int, float)) or isinstance(value, bool) \
+                or not isinstance(dim, int):
+            raise ImportError_(f"{node.target} at {_where(node)}: only scatter of a number without reduce "
+                               "(a one-hot) is supported")
+        d = int(dim) % len(t)
+        it = self.tshape(idx_arg)
+        if len(it) != len(t) or it[d] != 1 or any(i != n for k, (i, n) in enumerate(zip(it, t)) if k != d):
+            raise ImportError_(f"{node.target} at {_where(node)}: the index must have size 1 along dim {d} and "
+                               f"the result's size elsewhere (index {list(it)}, result {list(t)})")
+        ids = self.val(idx_arg, node)
+        if ids.dtype not in ("int32", "int64"):
+            raise ImportError_(f"{node.target} at {_where(node)}: the index must be an int32/int64 tensor")
+        base = self.val(x, node)
+        if base.dtype == "bool" or base.dtype in ("int32", "int64"):
+            raise ImportError_(f"{node.target} at {_where(node)}: scatter into a {base.dtype} tensor is not supported")
+        pos = self.b.iota(tuple(n if k == d else 1 for k, n in enumerate(t)), d, str(ids.dtype), f"{node.name}_pos")
+        hit = self.b.elementwise("eq", [pos, ids], f"{node.name}_hit")
+        return self.b.elementwise("where", [hit, scalar(float(value)), base], node.name)
 
     def _transpose(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
         """A permutation of the axes; one that keeps the order of the non-unit axes is a reshape."""

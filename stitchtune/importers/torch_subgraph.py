@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stitchtune.importers.torch_candidates import _hint
+from stitchtune.importers.torch_candidates import _hint, is_scatter_base
 from stitchtune.importers.torch_fx_util import _key, fx_args
 from stitchtune.importers.torch_cnn import functional_of, is_inplace
 
@@ -27,9 +27,20 @@ def _embedded(x: Any, members: set[Any], consts: Mapping[Any, Any]) -> bool:
     or the indices of an ``index`` (resolved at import time), never a graph input."""
     if x not in consts:
         return False
-    if consts[x].dim() == 0:
+    if consts[x].dim() == 0 or _uniform_base(x, consts[x]):
         return True
     return all(_key(u.target) == "aten.index" and x is not u.args[0] for u in x.users if u in members)
+
+
+def _uniform_base(x: Any, t: Any) -> bool:
+    """A constant of one value (a folded ``full``) read only as a ``scatter``'s base: a number of the
+    graph (:func:`~stitchtune.importers.torch_candidates.is_scatter_base`)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    if not is_scatter_base(x) or t.numel() == 0 or not t.dtype.is_floating_point:
+        return False
+    with unset_fake_temporarily():
+        return bool((t == t.reshape(-1)[0]).all())
 
 
 def _with_pulled(group: list[Any], pulled: set[Any]) -> list[Any]:
@@ -87,8 +98,8 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any], pulled: set[Any] | No
     for i, x in enumerate(held):
         t = consts[x]
         with unset_fake_temporarily():   # real constants, also inside a compile's fake mode
-            if t.dim() == 0:
-                env[x] = g.call_function(torch.ops.aten.scalar_tensor.default, (float(t.item()),),
+            if t.dim() == 0 or _uniform_base(x, t):
+                env[x] = g.call_function(torch.ops.aten.scalar_tensor.default, (float(t.reshape(-1)[0].item()),),
                                          {"dtype": t.dtype})
             else:
                 root.register_buffer(f"const{i}", t.clone())

@@ -609,3 +609,28 @@ def test_cross_entropy_with_ignore_index_is_one_stitched_region(ignored: list[in
     [region] = rep.stitched
     assert {"aten._log_softmax", "aten.gather", "aten.where", "aten.sum", "aten.div"} <= set(region.ops)
     assert rep.declined == [] and 1 <= region.kernels <= 2
+
+
+@pytest.mark.parametrize("kw,ignored", [({}, [3]), ({}, list(range(16))), ({"reduction": "sum"}, [0, 5]),
+                                        ({"reduction": "none"}, [7]), ({"label_smoothing": 0.1}, [3])])
+def test_cross_entropy_backward_is_one_stitched_launch(kw: dict[str, Any], ignored: list[int]) -> None:
+    """A training step's backward of ``F.cross_entropy(x, t, ignore_index=-100)``: the incoming 0-d
+    gradient and count read as ``[1]`` inputs, the target's one-hot (``scatter`` of -1 into zeros) as
+    ``iota == index``, log-softmax's backward: one region, one launch, gradients equal to eager (zero
+    on ignored rows; all rows ignored: a NaN loss and zero gradients, as in PyTorch)."""
+    def f(x: Any, t: Any) -> Any:
+        return torch.nn.functional.cross_entropy(x, t, ignore_index=-100, **kw)
+
+    torch.manual_seed(2)
+    x, t = torch.randn(16, 100, requires_grad=True), torch.randint(0, 100, (16,))
+    t[ignored] = -100
+    torch_backend.LAST_REPORTS.clear()
+    got = _compile(f, fallback="eager", cpu="emulate")(x, t)
+    (gx,) = torch.autograd.grad(got.sum(), x)
+    want = f(x, t)
+    (wx,) = torch.autograd.grad(want.sum(), x)
+    assert torch.allclose(got, want, atol=1e-5, equal_nan=True) and torch.allclose(gx, wx, atol=1e-5)
+    assert bool((gx[ignored] == 0).all())
+    [bwd] = [r for r in torch_backend.LAST_REPORTS if r.graph == "backward"]
+    [region] = bwd.stitched
+    assert bwd.declined == [] and region.kernels == 1 and "aten.scatter" in region.ops
