@@ -186,6 +186,27 @@ class _Excluded:
                 self.derived.add(u)
 
 
+#: int views and copies that stay with the value PyTorch computes (:func:`_leave_int_copies`)
+_INT_COPIES = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape", "aten.flatten", "aten.clone",
+                         "aten.contiguous", "aten.alias", "aten.detach"})
+
+
+def _leave_int_copies(nodes: Sequence[Any], ex: _Excluded) -> None:
+    """Leave to PyTorch the int views and copies of int values it computes (a node excluded with a
+    reason): a language model's shifted labels ``pad(labels)[:, 1:].clone().view(-1)`` reach the loss
+    region as one ``[B*S]`` input, held per row, rather than as a copy of the excluded slice inside
+    it. Free (not reported): PyTorch makes them with the value they copy."""
+    import torch
+
+    for n in nodes:
+        if n in ex or n.op != "call_function" or _key(n.target) not in _INT_COPIES:
+            continue
+        val, src = n.meta.get("val"), n.args[0] if n.args else None
+        if isinstance(val, torch.Tensor) and index_dtype_name(val.dtype) is not None \
+                and getattr(src, "op", None) == "call_function" and (src in ex.reasons or src in ex.free):
+            ex.add(n, "an int copy of a value PyTorch computes", free=True)
+
+
 #: ops whose float result is computed again by every region that reads it when they read a pulled mask
 _PULLED_FLOAT = frozenset({"aten.where", "aten.masked_fill", "aten.to", "aten._to_copy", "aten.type_as",
                            "aten.expand", "aten.view", "aten.unsqueeze", "aten.index"})
@@ -226,6 +247,7 @@ def _initial_exclusions(nodes: Sequence[Any], consts: Mapping[Any, Any]) -> _Exc
                 ex.derived.add(n)
             elif why:
                 ex.add(n, why)
+    _leave_int_copies(nodes, ex)
     _pull_bool_chains(nodes, ex, consts)
     _pull_broadcast_sources(nodes, ex, consts)
     return ex
