@@ -159,6 +159,8 @@ class _Walker(LayoutOps):
         self.param_dtype = param_dtype
         self.forced_keepdim = self._keepdim_prepass()
         self.rows = row_vectors(cap.gm)   # [B] values held as [B, 1] (user inputs: the caller's shapes)
+        #: placeholders the caller declared at the shape every reader reshapes them to (no node)
+        self.viewed: frozenset[str] = frozenset()
         for n in cap.gm.graph.nodes:   # a caller that gave a row vector input as [B] gets no lift
             if n.op == "placeholder" and n.name in self.rows and cap.bindings.get(n.name, ("", 0))[0] == "user" \
                     and tuple(user_values[cap.bindings[n.name][1]].shape) != (*self.tshape(n), 1):
@@ -166,6 +168,7 @@ class _Walker(LayoutOps):
                 break
         self.current: Any = None
         self._exact: dict[str, Value] = {}
+        self._reshaped: dict[str, Value] = {}
         self._order: dict[Any, int] | None = None   # node -> position, for in-place ops
 
     # -- helpers
@@ -568,6 +571,11 @@ class _Walker(LayoutOps):
         broadcasts to the result (no node), else a ``reshape`` (``expand`` is implicit broadcasting)."""
         v = self.val(x, node)
         t_in, t_new = self.tshape(x), self.tshape(node)
+        back = self.unreshaped(v, t_new)
+        if back is not None:   # a view back to the shape of what v reshapes: that value, no node
+            return back
+        if getattr(x, "name", None) in self.viewed:   # declared at this view's shape
+            return v
         if (getattr(x, "name", None) in self.rows or node.name in self.rows) and len(v.shape) == 2 and \
                 tuple(v.shape) in ((*t_new, 1), tuple(t_new)):   # a row vector's [B] <-> [B, 1]: no node
             return v

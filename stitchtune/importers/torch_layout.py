@@ -29,6 +29,8 @@ class LayoutOps:
     b: GraphBuilder
     vals: dict[str, Any]
     _exact: dict[str, Value]
+    #: a ``reshape`` node's value -> the value it reshapes (a view back to that shape is that value)
+    _reshaped: dict[str, Value]
 
     def tshape(self, n: Any) -> tuple[int, ...]:  # provided by the walker
         raise NotImplementedError
@@ -61,7 +63,22 @@ class LayoutOps:
             t = self._layout_shape(node, t)
             op = "reshape" if math.prod(v.shape) == math.prod(t) else "expand"
             self._exact[x.name] = self.b.layout(op, [v], t, str(v.dtype), f"{x.name}_exact", shape=list(t))
+            if op == "reshape":
+                self._reshaped[str(self._exact[x.name].ref)] = v
         return self._exact[x.name]
+
+    def _reshape(self, v: Value, shape: tuple[int, ...], name: str) -> Value:
+        """A ``reshape`` of ``v`` (same elements, row-major), remembered so that a view back to
+        ``v``'s shape is ``v`` itself (:meth:`unreshaped`)."""
+        out = self.b.layout("reshape", [v], shape, str(v.dtype), name, shape=list(shape))
+        self._reshaped[str(out.ref)] = v
+        return out
+
+    def unreshaped(self, v: Value, shape: Sequence[int]) -> Value | None:
+        """The value that ``reshape`` node ``v`` was made from when it has ``shape`` (a round trip such as
+        logits ``[B*S, V]`` viewed ``[B, S, V]`` and back), else None."""
+        src = self._reshaped.get(str(v.ref))
+        return src if src is not None and tuple(src.shape) == tuple(shape) else None
 
     def _reframe(self, x: Any, v: Value, t_in: Sequence[int], t_new: Sequence[int], name: str, node: Any) -> Value:
         """``v`` (the value of PyTorch shape ``t_in``) viewed as ``t_new`` (same element count): when
@@ -75,11 +92,9 @@ class LayoutOps:
             q = tuple(1 if d == 1 else p[next(it)] for d in t_new)
             if tuple(v.shape) == q or _strip1(v.shape) == _strip1(q):
                 return v
-            q = self._layout_shape(node, q)
-            return self.b.layout("reshape", [v], q, str(v.dtype), name, shape=list(q))
+            return self._reshape(v, self._layout_shape(node, q), name)
         src = self.exact(x, node) if x is not None else v
-        t_new = self._layout_shape(node, t_new)
-        return self.b.layout("reshape", [src], t_new, str(src.dtype), name, shape=list(t_new))
+        return self._reshape(src, self._layout_shape(node, t_new), name)
 
     def _layout(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
         """``transpose``/``permute``/``t``, ``cat``, ``slice``/``select`` and ``embedding`` (see :data:`_LAYOUT`)."""

@@ -77,3 +77,46 @@ def test_other_scatters_are_declined_with_a_reason(case: str, why: str) -> None:
 
     split = find_regions(gm)
     assert any(d.what == "op aten.scatter" and why in d.reason for d in split.declined), split.declined
+
+
+class _CausalLMHead(torch.nn.Module):
+    """transformers' causal-LM loss on logits ``[2, 8, 50]`` (its label shift, flatten and cross entropy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logits = torch.nn.Parameter(torch.randn(2, 8, 50))
+
+    def forward(self, labels: Any) -> Any:
+        from transformers.loss.loss_utils import ForCausalLMLoss
+
+        return ForCausalLMLoss(self.logits, labels, 50)
+
+
+def test_a_causal_lm_loss_head_is_one_region_forward_and_one_backward() -> None:
+    """The logits ``[B, S, V]`` read as ``[B*S, V]`` (the region declares the input at the shape its
+    reshape gives), the shifted labels' copy and view left to PyTorch with the shift itself (pad and
+    slice), held per row: one region each way, no reshape node in either."""
+    pytest.importorskip("transformers")
+    from stitchtune.deploy.model_tuning import capture_graphs
+    from stitchtune.importers.torch_regions import find_regions
+
+    labels = torch.randint(0, 50, (2, 8))
+    labels[0, :3] = -100
+    graphs = capture_graphs(_CausalLMHead(), [labels], "train")
+    assert [g.kind for g in graphs] == ["forward", "backward"]
+    fwd, bwd = (find_regions(g.module) for g in graphs)
+    [f] = fwd.regions
+    [b] = bwd.regions
+    assert "aten.gather" in f.ops and "aten.scatter" in b.ops
+    assert sorted(s.shape for _, s in f.graph.inputs) == [(16, 1), (16, 50)]
+    assert not [n for r in (f, b) for n in r.graph.nodes if n.op == "reshape"]
+    assert {d.what for d in fwd.declined} == {"op aten.constant_pad_nd", "op aten.slice"} and bwd.declined == ()
+
+
+def test_a_view_and_its_view_back_are_the_value_itself() -> None:
+    def f(x: Any) -> Any:
+        return (x.view(2, 8, 4).view(16, 4) * 2.0).exp()
+
+    x = torch.randn(16, 4)
+    [r] = _check_regions(_aten(f, x), x).regions
+    assert [n.op for n in r.graph.nodes] == ["mul", "exp"]
