@@ -31,7 +31,8 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   ONNX partition does, then parts linked by an edge are joined again while their union stays convex). Each region is mapped through :class:`torch_aten._Walker` on a sub-graph
   whose placeholders are the region's external inputs. A node that fails to map (or is an output
   that the graph cannot express: another shape than PyTorch's, a duplicate or an input passed
-  through; leading 1s may differ, see ``TorchRegion.output_shapes``) is declined with the walker's reason and the groups are recomputed without it, until
+  through; leading 1s may differ, and a ``[B]`` value held per row is stored as ``[B, 1]``, see
+  ``TorchRegion.output_shapes``) is declined with the walker's reason and the groups are recomputed without it, until
   every region maps. A graph without any computing node (views, reshapes and casts only: PyTorch's
   views are free) is dropped silently.
 * Two settled regions that read the same value, or one the other's output, are joined when their
@@ -287,7 +288,9 @@ def _stored(walker: Any, s: Any, v: Any, perm: tuple[int, ...] | None) -> Any:
     that ``permute(inverse(perm))`` turns into PyTorch's strided one for free."""
     if perm is None:
         t = tuple(int(d) for d in s.meta["val"].shape)
-        return v if _strip1(v.shape) == _strip1(t) else walker.exact(s, s)   # a materialised broadcast
+        if _strip1(v.shape) == _strip1(t) or s.name in walker.rows and tuple(v.shape) == (*t, 1):
+            return v   # (a [B] value held per row as [B, 1]: the same bytes)
+        return walker.exact(s, s)   # a materialised broadcast
     x = walker.exact(s, s)
     shape = tuple(x.shape[p] for p in perm)
     return walker.b.layout("transpose", [x], shape, str(x.dtype), f"{s.name}_stored", perm=list(perm))
@@ -315,7 +318,8 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         t = tuple(int(d) for d in s.meta["val"].shape) if s.meta.get("val") is not None else None
         if v is None or not hasattr(v, "is_scalar") or v.is_scalar:
             return _Culprit(orig, "its value is not a tensor the graph computes")
-        if t is None or _strip1(v.shape) != _strip1(t) and not _materialised(orig, v.shape, t):
+        row = s.name in walker.rows and t is not None and tuple(v.shape) == (*t, 1)   # a [B] value held as [B, 1]
+        if t is None or _strip1(v.shape) != _strip1(t) and not _materialised(orig, v.shape, t) and not row:
             return _Culprit(orig, f"an output of PyTorch shape {list(t or ())} is graph shape {list(v.shape)}")
         perm = None if s.meta["val"].is_contiguous() else _dense_perm(orig.meta["val"])
         if perm is None and _symbolic(orig.meta["val"]):   # the concrete trace may tie where PyTorch's symbolic

@@ -631,9 +631,12 @@ def test_cross_entropy_backward_is_one_stitched_launch(kw: dict[str, Any], ignor
     (wx,) = torch.autograd.grad(want.sum(), x)
     assert torch.allclose(got, want, atol=1e-5, equal_nan=True) and torch.allclose(gx, wx, atol=1e-5)
     assert bool((gx[ignored] == 0).all())
-    [bwd] = [r for r in torch_backend.LAST_REPORTS if r.graph == "backward"]
+    fwd, bwd = (next(r for r in torch_backend.LAST_REPORTS if r.graph == kind) for kind in ("forward", "backward"))
     [region] = bwd.stitched
     assert bwd.declined == [] and region.kernels == 1 and "aten.scatter" in region.ops
+    if "label_smoothing" not in kw:   # the forward too (reduction none: the per-row losses stored as [B, 1])
+        [head] = fwd.stitched
+        assert fwd.declined == [] and "aten.gather" in head.ops and head.kernels <= 2
 
 
 def _loss_head_regions() -> tuple[Any, Any]:
