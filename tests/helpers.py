@@ -810,6 +810,20 @@ def ce_ignore_graph(rows: int = 16, cols: int = 100, ignore: int = -100, outputs
         "outputs": list(outputs)})
 
 
+def ce_items_graph(rows: int = 16, cols: int = 100, dtype: str = "int64") -> object:
+    """:func:`ce_ignore_graph` as transformers' causal-LM loss with ``num_items_in_batch``: the masked sum
+    over a ``[1]`` input (PyTorch's 0-d count, cast to float when it is an int) in the scalar epilogue."""
+    d = ce_ignore_graph(rows, cols).to_dict()
+    d["inputs"]["items"] = {"shape": [1], "dtype": dtype}
+    d["nodes"] = [nd for nd in d["nodes"] if nd["id"] not in ("cnt", "loss")]
+    n = "items"
+    if dtype != "float32":
+        d["nodes"].append({"id": "items_f", "op": "cast", "args": ["items"], "to": "float32"})
+        n = "items_f"
+    d["nodes"].append({"id": "loss", "op": "div", "args": ["total", n]})
+    return parse_graph(d)
+
+
 def ce_backward_graph(rows: int = 16, cols: int = 100, ignore: int = -100) -> object:
     """Cross entropy's backward as the torch backend imports it (mean reduction, ``ignore_index``):
     ``g / count`` of two ``[1]`` inputs (PyTorch's 0-d incoming gradient and count), the target's

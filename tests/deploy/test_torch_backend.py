@@ -647,19 +647,24 @@ def _loss_head_regions() -> tuple[Any, Any]:
     return fwd, bwd
 
 
-def test_a_causal_lm_loss_head_is_one_region_each_way_and_matches_eager() -> None:
+@pytest.mark.parametrize("items", [None, torch.tensor(13)])
+def test_a_causal_lm_loss_head_is_one_region_each_way_and_matches_eager(items: Any) -> None:
     """transformers' causal-LM loss (label shift, flatten, cross entropy with ignored labels) on logits:
-    forward one region (the cross reductions' combine: at most two launches), backward one launch."""
+    forward one region (the cross reductions' combine: at most two launches), backward one launch;
+    with ``num_items_in_batch`` (as the Trainer passes it) the sum over that 0-d count too."""
     pytest.importorskip("transformers")
     from transformers.loss.loss_utils import ForCausalLMLoss
+
+    def loss(x: Any, t: Any, n: Any) -> Any:
+        return ForCausalLMLoss(x, t, 50, num_items_in_batch=n)
 
     torch.manual_seed(3)
     logits, labels = torch.randn(2, 8, 50, requires_grad=True), torch.randint(0, 50, (2, 8))
     labels[0, :3] = -100
     torch_backend.LAST_REPORTS.clear()
-    got = _compile(lambda x, t: ForCausalLMLoss(x, t, 50), fallback="eager", cpu="emulate")(logits, labels)
+    got = _compile(loss, fallback="eager", cpu="emulate")(logits, labels, items)
     (g,) = torch.autograd.grad(got, logits)
-    want = ForCausalLMLoss(logits, labels, 50)
+    want = loss(logits, labels, items)
     (w,) = torch.autograd.grad(want, logits)
     assert abs(got.item() - want.item()) < 1e-5 and torch.allclose(g, w, atol=1e-6)
     fwd, bwd = _loss_head_regions()

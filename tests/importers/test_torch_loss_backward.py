@@ -80,19 +80,21 @@ def test_other_scatters_are_declined_with_a_reason(case: str, why: str) -> None:
 
 
 class _CausalLMHead(torch.nn.Module):
-    """transformers' causal-LM loss on logits ``[2, 8, 50]`` (its label shift, flatten and cross entropy)."""
+    """transformers' causal-LM loss on logits ``[2, 8, 50]`` (its label shift, flatten and cross entropy;
+    with ``num_items_in_batch``, a sum over a 0-d count)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.logits = torch.nn.Parameter(torch.randn(2, 8, 50))
 
-    def forward(self, labels: Any) -> Any:
+    def forward(self, labels: Any, *items: Any) -> Any:
         from transformers.loss.loss_utils import ForCausalLMLoss
 
-        return ForCausalLMLoss(self.logits, labels, 50)
+        return ForCausalLMLoss(self.logits, labels, 50, num_items_in_batch=items[0] if items else None)
 
 
-def test_a_causal_lm_loss_head_is_one_region_forward_and_one_backward() -> None:
+@pytest.mark.parametrize("items", [(), (torch.tensor(13),)])
+def test_a_causal_lm_loss_head_is_one_region_forward_and_one_backward(items: tuple[Any, ...]) -> None:
     """The logits ``[B, S, V]`` read as ``[B*S, V]`` (the region declares the input at the shape its
     reshape gives), the shifted labels' copy and view left to PyTorch with the shift itself (pad and
     slice), held per row: one region each way, no reshape node in either."""
@@ -102,13 +104,13 @@ def test_a_causal_lm_loss_head_is_one_region_forward_and_one_backward() -> None:
 
     labels = torch.randint(0, 50, (2, 8))
     labels[0, :3] = -100
-    graphs = capture_graphs(_CausalLMHead(), [labels], "train")
+    graphs = capture_graphs(_CausalLMHead(), [labels, *items], "train")
     assert [g.kind for g in graphs] == ["forward", "backward"]
     fwd, bwd = (find_regions(g.module) for g in graphs)
     [f] = fwd.regions
     [b] = bwd.regions
     assert "aten.gather" in f.ops and "aten.scatter" in b.ops
-    assert sorted(s.shape for _, s in f.graph.inputs) == [(16, 1), (16, 50)]
+    assert sorted(s.shape for _, s in f.graph.inputs) == sorted([(16, 1), (16, 50)] + [(1,)] * len(items))
     assert not [n for r in (f, b) for n in r.graph.nodes if n.op == "reshape"]
     assert {d.what for d in fwd.declined} == {"op aten.constant_pad_nd", "op aten.slice"} and bwd.declined == ()
 

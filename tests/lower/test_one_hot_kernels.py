@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import DEV, ce_backward_graph, rel_err
+from helpers import DEV, ce_backward_graph, ce_items_graph, rel_err
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.graph.reference import run_reference
@@ -87,8 +87,39 @@ def test_the_heuristic_schedule_is_one_launch() -> None:
     assert rel_err(out["dx"], run_reference(g, _inputs(64, 1000, [5, 17], 2))["dx"]) < 1e-5
 
 
+@pytest.mark.parametrize("dtype", ["int64", "float32"])
+def test_the_scalar_epilogue_reads_a_one_element_input(dtype: str) -> None:
+    """``loss = masked sum / num_items`` (transformers with ``num_items_in_batch``): the epilogue loads
+    the ``[1]`` count (an int64 one cast to float) after the combine, in the main kernel (``grid``) or
+    in the second kernel (``kernel``), which then reads it too."""
+    g = ce_items_graph(16, 100, dtype)
+    plan, space, _ = _schedules(g, 0)
+    assert plan.epilogue[-1] == "loss"
+    x = {"logits": np.random.default_rng(1).standard_normal((16, 100)).astype(np.float32),
+         "target": np.arange(16).reshape(16, 1) * 3, "items": np.array([13], dtype)}
+    x["target"][[2, 9], 0] = -100
+    ref = run_reference(g, x)["loss"]
+    combines = set()
+    for s in (space.sample(random.Random(i)) for i in range(40)):
+        if s.cross_combine in combines:
+            continue
+        combines.add(s.cross_combine)
+        prog = lower(g, plan, s, DEV, space)
+        out = emulate_program(prog, x, coresident_limit=ALL, cluster_limit=ALL)
+        assert rel_err(out["loss"], ref) < 1e-5, s.to_json()
+    assert {"grid", "kernel"} <= combines
+
+
 def one_hot_programs() -> list[Any]:
-    """Programs of the backward graph for the batched sm_90 build (tests/lower/test_int_input_kernels.py)."""
-    g = ce_backward_graph(16, 100)
-    plan, space, scheds = _schedules(g, 2)
-    return [lower(g, plan, s, DEV, space) for s in scheds]
+    """Programs of the backward graph and of a loss over a ``[1]`` count (the epilogue's load) for the
+    batched sm_90 build (tests/lower/test_int_input_kernels.py)."""
+    programs = []
+    for g in (ce_backward_graph(16, 100), ce_items_graph(16, 100)):
+        plan, space, scheds = _schedules(g, 2)
+        programs += [lower(g, plan, s, DEV, space) for s in scheds]
+    g = ce_items_graph(16, 100)
+    plan, space, _ = _schedules(g, 0)
+    for combine in ("grid", "kernel"):
+        s = next(s for s in (space.sample(random.Random(i)) for i in range(100)) if s.cross_combine == combine)
+        programs.append(lower(g, plan, s, DEV, space))
+    return programs
