@@ -76,7 +76,6 @@ from stitchtune.importers.torch_aten import (
 )
 from stitchtune.importers.torch_candidates import (
     COMPUTE_OPS,  # noqa: F401  (re-exported: the compute ops left to the framework)
-    GATHER_INDEX_ARG,
     _Excluded,
     _hint,
     _initial_exclusions,
@@ -84,7 +83,7 @@ from stitchtune.importers.torch_candidates import (
 from stitchtune.importers.torch_consts import fold_constants
 from stitchtune.importers.torch_fx_util import _fits, fx_args
 from stitchtune.importers.torch_grouping import _convex, _groups
-from stitchtune.importers.torch_subgraph import _dense_perm, _is_view, _subgraph, _with_pulled, is_noop
+from stitchtune.importers.torch_subgraph import _dense_perm, _is_view, _subgraph, _with_pulled, is_noop, viewed_inputs
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
 
@@ -216,7 +215,7 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     values = []
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     rows = row_vectors(sub)   # [B] inputs the region holds as [B, 1] (one value per row)
-    viewed = _viewed_inputs(sub, group)
+    viewed = viewed_inputs(sub, group)
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
         val = x.meta["val"]
         shape = tuple(_hint(d) or 1 for d in val.shape) + ((1,) if placeholders[i].name in rows or not val.shape else ())
@@ -252,34 +251,6 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
         return Declined(f"region {name} ({_ops_text(group)})", str(exc))
     return _Mapped(graph, tuple(inputs), tuple(outputs[i] for i in kept), sub, tuple(perms[i] for i in kept),
                    aliases)
-
-
-_RESHAPES = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape"})
-
-
-def _viewed_inputs(sub: Any, group: Sequence[Any]) -> dict[str, tuple[tuple[int, ...], str]]:
-    """In a region with a pick (``gather``): placeholder name -> (the static shape every reader of it
-    reshapes it to, one of those readers) for the inputs read only through such reshapes (a language
-    model's logits ``[B, S, V]`` viewed ``[B*S, V]``). The region declares the input at that shape
-    (the region op reshapes the contiguous tensor: same bytes) because a pick cannot read through a
-    reshape node; other regions keep the reshape node (and their workload keys)."""
-    if not any(_key(n.target) in GATHER_INDEX_ARG for n in group if n.op == "call_function"):
-        return {}
-    out: dict[str, tuple[tuple[int, ...], str]] = {}
-    for ph in (n for n in sub.graph.nodes if n.op == "placeholder"):
-        val, users = ph.meta.get("val"), list(ph.users)
-        if val is None or not val.shape or not all(type(d) is int for d in val.shape) or not users:
-            continue
-        shapes = {tuple(u.meta["val"].shape) for u in users if u.op == "call_function" and _key(u.target) in _RESHAPES
-                  and u.meta.get("val") is not None}
-        if len(shapes) != 1 or not all(u.op == "call_function" and _key(u.target) in _RESHAPES for u in users):
-            continue
-        shape = next(iter(shapes))
-        chained = all(w.op == "output" or w.op == "call_function" and _key(w.target) in _RESHAPES
-                      for u in users for w in u.users)
-        if shape and all(type(d) is int for d in shape) and shape != tuple(val.shape) and not chained:
-            out[ph.name] = (shape, users[0].name)   # (a chain of views: the walker sees its round trips)
-    return out
 
 
 def _stored(walker: Any, s: Any, v: Any, perm: tuple[int, ...] | None) -> Any:

@@ -4,6 +4,8 @@
   its placeholders are the external inputs (symbolic dims at their hints), 0-d constants are
   ``scalar_tensor`` nodes and constant ``index`` indices are buffers of the module (resolved at
   import time, never graph inputs); its outputs are the group's nodes read outside it.
+* :func:`viewed_inputs`: in a region with a pick, the inputs read only through one reshape (declared
+  at the reshaped shape by the region).
 * :func:`_is_view` / :func:`is_noop`: nodes whose result PyTorch gives for free from their input
   (a view; eval dropout or a same-dtype cast), left outside a region at its boundary.
 * :func:`_dense_perm`: the axis order a strided output is row-major in (PyTorch keeps an element-wise
@@ -13,11 +15,11 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stitchtune.importers.torch_candidates import _hint, is_scatter_base
+from stitchtune.importers.torch_candidates import GATHER_INDEX_ARG, _hint, is_scatter_base
 from stitchtune.importers.torch_fx_util import _key, fx_args
 from stitchtune.importers.torch_cnn import functional_of, is_inplace
 
@@ -116,6 +118,34 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any], pulled: set[Any] | No
         if "val" in n.meta:
             n.meta["val"] = _concrete(n.meta["val"])
     return _Sub(torch.fx.GraphModule(root, g), inputs, outputs, back)
+
+
+_RESHAPES = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape"})
+
+
+def viewed_inputs(sub: Any, group: Sequence[Any]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """In a region with a pick (``gather``): placeholder name -> (the static shape every reader of it
+    reshapes it to, one of those readers) for the inputs read only through such reshapes (a language
+    model's logits ``[B, S, V]`` viewed ``[B*S, V]``). The region declares the input at that shape
+    (the region op reshapes the contiguous tensor: same bytes) because a pick cannot read through a
+    reshape node; other regions keep the reshape node (and their workload keys)."""
+    if not any(_key(n.target) in GATHER_INDEX_ARG for n in group if n.op == "call_function"):
+        return {}
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    for ph in (n for n in sub.graph.nodes if n.op == "placeholder"):
+        val, users = ph.meta.get("val"), list(ph.users)
+        if val is None or not val.shape or not all(type(d) is int for d in val.shape) or not users:
+            continue
+        shapes = {tuple(u.meta["val"].shape) for u in users if u.op == "call_function" and _key(u.target) in _RESHAPES
+                  and u.meta.get("val") is not None}
+        if len(shapes) != 1 or not all(u.op == "call_function" and _key(u.target) in _RESHAPES for u in users):
+            continue
+        shape = next(iter(shapes))
+        chained = all(w.op == "output" or w.op == "call_function" and _key(w.target) in _RESHAPES
+                      for u in users for w in u.users)
+        if shape and all(type(d) is int for d in shape) and shape != tuple(val.shape) and not chained:
+            out[ph.name] = (shape, users[0].name)   # (a chain of views: the walker sees its round trips)
+    return out
 
 
 def _concrete(val: Any) -> Any:
