@@ -3,6 +3,9 @@
     PYTHONPATH=$PWD python scripts/kernel_counts.py [--models bert,gpt2,llama,vit,convnext,resnet]
                                                     [--modes inference,train] [--json OUT] [--markdown]
 
+``--models gpt2-labels,llama-labels`` (not in the default list) counts the causal LMs with their head
+called with ``labels=`` (the output is the loss, so ``train`` differentiates the loss itself).
+
 Each model is built from a transformers config by ``scripts/model_coverage.py`` (2 layers, small
 hidden sizes, random weights, batch 1, sequence 8 or 32x32 images; nothing is downloaded) and called
 as :data:`stitchtune.deploy.model_tuning.CALL_PATTERNS` says: ``inference`` (eval, under no_grad: the
@@ -59,6 +62,8 @@ from pathlib import Path
 from typing import Any
 
 MODELS = ("bert", "gpt2", "llama", "vit", "convnext", "resnet")
+#: the causal LMs with their head, called with ``labels=`` (the loss is the output; not in the default list)
+LABELS_MODELS = ("gpt2-labels", "llama-labels")
 MODES = ("inference", "train")
 _KERNEL_DEF = re.compile(r"async_compile\.(?:cpp_pybinding|cpp|triton)\(")
 #: compute ops of backward graphs, besides the torch importer's COMPUTE_OPS
@@ -292,7 +297,7 @@ def run(models: Sequence[str], modes: Sequence[str], say: Callable[[str], None] 
             t0 = time.time()
             row: dict[str, Any] = {"model": name, "mode": mode}
             try:
-                model, args, _names = build(name)
+                model, args, _names = build(name.removesuffix("-labels"), labels=name.endswith("-labels"))
                 row.update(count_step(model, args, mode), status="ran")
             except Exception as exc:  # noqa: BLE001 - a row with its reason, never an exception
                 row.update(status="failed", reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200])
@@ -337,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         parse_list = _coverage()._parse_list
-        models = parse_list(a.models, MODELS, "models")
+        models = parse_list(a.models, MODELS + LABELS_MODELS, "models")
         modes = parse_list(a.modes, MODES, "modes")
     except ValueError as e:
         print(f"kernel_counts: error: {e}", file=sys.stderr)

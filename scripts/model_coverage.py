@@ -62,8 +62,10 @@ MAX_ELEMENTS = 1 << 20   # per subgraph (inputs + outputs); bigger ones are not 
 
 
 # ---------------------------------------------------------------------------- models
-def build_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
-    """(module returning last_hidden_state, example args, input names) for ``name``."""
+def build_model(name: str, labels: bool = False) -> tuple[Any, tuple[Any, ...], list[str]]:
+    """(module returning last_hidden_state, example args, input names) for ``name``; ``labels``
+    (``gpt2`` and ``llama`` only): the causal LM with its head, called with ``labels=input_ids``
+    (the first three labels ignored, -100), returning the loss."""
     import torch
     import transformers as tf
 
@@ -88,6 +90,10 @@ def build_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
     cfg._attn_implementation = "eager"
     if hasattr(cfg, "use_cache"):
         cfg.use_cache = False
+    if labels:
+        if name not in ("gpt2", "llama"):
+            raise ValueError(f"{name}: a labels (causal LM) variant exists for gpt2 and llama only")
+        return _with_labels(tf.AutoModelForCausalLM.from_config(cfg).eval())
     model = tf.AutoModel.from_config(cfg).eval()
 
     class LastHidden(torch.nn.Module):   # inputs by keyword: GPT2Model's 2nd positional is past_key_values
@@ -105,6 +111,25 @@ def build_model(name: str) -> tuple[Any, tuple[Any, ...], list[str]]:
     mask = torch.ones(BATCH, SEQ, dtype=torch.long)
     names = ["input_ids", "attention_mask"]
     return LastHidden(model, names).eval(), (ids, mask), names
+
+
+def _with_labels(lm: Any) -> tuple[Any, tuple[Any, ...], list[str]]:
+    """(module returning ``lm``'s loss for ``labels``, example args, input names)."""
+    import torch
+
+    class Loss(torch.nn.Module):
+        def __init__(self, m: Any) -> None:
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids: Any, labels: Any) -> Any:
+            return self.m(input_ids=input_ids, labels=labels, return_dict=True).loss
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 100, (BATCH, SEQ), generator=g)
+    lab = ids.clone()
+    lab[:, :3] = -100
+    return Loss(lm).eval(), (ids, lab), ["input_ids", "labels"]
 
 
 def export(name: str, exporter: str, path: Path) -> None:

@@ -832,6 +832,44 @@ def ce_ignore_graph(rows: int = 16, cols: int = 100, ignore: int = -100, outputs
         "outputs": list(outputs)})
 
 
+def ce_items_graph(rows: int = 16, cols: int = 100, dtype: str = "int64") -> object:
+    """:func:`ce_ignore_graph` as transformers' causal-LM loss with ``num_items_in_batch``: the masked sum
+    over a ``[1]`` input (PyTorch's 0-d count, cast to float when it is an int) in the scalar epilogue."""
+    d = ce_ignore_graph(rows, cols).to_dict()
+    d["inputs"]["items"] = {"shape": [1], "dtype": dtype}
+    d["nodes"] = [nd for nd in d["nodes"] if nd["id"] not in ("cnt", "loss")]
+    n = "items"
+    if dtype != "float32":
+        d["nodes"].append({"id": "items_f", "op": "cast", "args": ["items"], "to": "float32"})
+        n = "items_f"
+    d["nodes"].append({"id": "loss", "op": "div", "args": ["total", n]})
+    return parse_graph(d)
+
+
+def ce_backward_graph(rows: int = 16, cols: int = 100, ignore: int = -100) -> object:
+    """Cross entropy's backward as the torch backend imports it (mean reduction, ``ignore_index``):
+    ``g / count`` of two ``[1]`` inputs (PyTorch's 0-d incoming gradient and count), the target's
+    one-hot ``where(iota == where(t != ignore, t, 0), -1, 0)`` (``scatter`` of a number into zeros),
+    times the masked scale, minus ``softmax * rowsum`` (log-softmax's backward from the saved ``logp``)."""
+    return parse_graph({
+        "name": "ceb", "inputs": {"g": {"shape": [1], "dtype": "float32"}, "count": {"shape": [1], "dtype": "float32"},
+                                  "target": {"shape": [rows, 1], "dtype": "int64"},
+                                  "logp": {"shape": [rows, cols], "dtype": "float32"}},
+        "nodes": [{"id": "scale", "op": "div", "args": ["g", "count"]},
+                  {"id": "valid", "op": "ne", "args": ["target", ignore]},
+                  {"id": "tc", "op": "where", "args": ["valid", "target", 0]},
+                  {"id": "pos", "op": "iota", "args": [], "shape": [1, cols], "dtype": "int64", "axis": 1},
+                  {"id": "hit", "op": "eq", "args": ["pos", "tc"]},
+                  {"id": "onehot", "op": "where", "args": ["hit", -1.0, 0.0]},
+                  {"id": "w", "op": "where", "args": ["valid", "scale", 0.0]},
+                  {"id": "gl", "op": "mul", "args": ["onehot", "w"]},
+                  {"id": "p", "op": "exp", "args": ["logp"]},
+                  _keep_red("rs", "reduce_sum", "gl", [1]),
+                  {"id": "pr", "op": "mul", "args": ["p", "rs"]},
+                  {"id": "dx", "op": "sub", "args": ["gl", "pr"]}],
+        "outputs": ["dx"]})
+
+
 # ---------------------------------------------------------------------------- torch backend
 def torch_block(h: int = 16) -> Any:
     """A torch module (torch is imported here): LayerNorm -> Linear -> GELU -> softmax, two

@@ -65,6 +65,9 @@ _LOGICAL = {"aten.logical_and": "logical_and", "aten.logical_or": "logical_or", 
 _MASK_OPS = {*_COMPARE, *_LOGICAL, "aten.where", "aten.masked_fill"}
 #: ``arange`` and its decomposition ``prims.iota``: an ``iota`` (then ``* step + start``)
 _IOTA = {"aten.arange", "prims.iota"}
+#: constants of one value, mapped as a number: ``scalar_tensor`` (0-d) and ``full`` (only as a
+#: scatter's base: :func:`stitchtune.importers.torch_candidates.full_reason`)
+_FILLS = {"aten.scalar_tensor", "aten.full"}
 #: ops that take int tensors as ints (graph.json's int ops); any other op reads an int tensor as
 #: torch does, promoted to float32 first (``exp(ids)``, ``ids / 2``)
 INT_OPS: frozenset[str] = frozenset({
@@ -75,7 +78,7 @@ SUPPORTED_OPS: frozenset[str] = frozenset({
     *_UNARY, *_BINARY, *_REDUCE, *_VIEWS, *_CASTS, *_LAYOUT, "aten.gelu", "aten.add", "aten.sub", "aten.rsub", "aten.pow",
     "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.softmax", "aten._softmax",
     "aten.log_softmax", "aten._log_softmax", "aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm",
-    "aten.dropout", "aten.native_dropout", "aten.feature_dropout", "aten.scalar_tensor", "prims.fma", *_MASK_OPS, *_IOTA})
+    "aten.dropout", "aten.native_dropout", "aten.feature_dropout", *_FILLS, "prims.fma", *_MASK_OPS, *_IOTA})
 SUPPORTED_OPS = SUPPORTED_OPS | CNN_OPS   # eval batch norm, 1x1 adaptive average pool (torch_cnn)
 _IGNORED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
             "aten._assert_async"}
@@ -156,6 +159,8 @@ class _Walker(LayoutOps):
         self.param_dtype = param_dtype
         self.forced_keepdim = self._keepdim_prepass()
         self.rows = row_vectors(cap.gm)   # [B] values held as [B, 1] (user inputs: the caller's shapes)
+        #: placeholders the caller declared at the shape every reader reshapes them to (no node)
+        self.viewed: frozenset[str] = frozenset()
         for n in cap.gm.graph.nodes:   # a caller that gave a row vector input as [B] gets no lift
             if n.op == "placeholder" and n.name in self.rows and cap.bindings.get(n.name, ("", 0))[0] == "user" \
                     and tuple(user_values[cap.bindings[n.name][1]].shape) != (*self.tshape(n), 1):
@@ -163,6 +168,7 @@ class _Walker(LayoutOps):
                 break
         self.current: Any = None
         self._exact: dict[str, Value] = {}
+        self._reshaped: dict[str, Value] = {}
         self._order: dict[Any, int] | None = None   # node -> position, for in-place ops
 
     # -- helpers
@@ -253,7 +259,7 @@ class _Walker(LayoutOps):
                 if not hasattr(node.target, "_schema"):
                     raise ImportError_(f"unsupported op {node.target} at {_where(node)}")
                 res = self._op(node, key, _bind(node))
-                if isinstance(res, Value) and not (res.is_scalar and key == "aten.scalar_tensor"):
+                if isinstance(res, Value) and not (res.is_scalar and key in _FILLS):
                     res = self._check(node, res)
                 self.vals[node.name] = res
             elif node.op == "output":
@@ -322,10 +328,11 @@ class _Walker(LayoutOps):
         x = a.get("self", a.get("input", a.get("a")))   # ("a": prims.convert_element_type)
         if key in _MASK_OPS:
             return self._mask_op(node, key, a, x)
-        if key == "aten.scalar_tensor":   # a 0-d constant (e.g. masked_fill's value): a scalar
-            if isinstance(a.get("s"), bool) or not isinstance(a.get("s"), (int, float)):
-                raise ImportError_(f"{node.target} at {_where(node)}: a non-numeric scalar_tensor")
-            return scalar(float(a["s"]))
+        if key in _FILLS:   # a 0-d constant (e.g. masked_fill's value), or a scatter's base of one value
+            fill = a.get("s", a.get("fill_value"))
+            if isinstance(fill, bool) or not isinstance(fill, (int, float)):
+                raise ImportError_(f"{node.target} at {_where(node)}: a non-numeric {key.removeprefix('aten.')}")
+            return scalar(float(fill))
         if key in _IOTA:
             return self._iota(node, key, a)
         if key == "aten.mul" and _meta(node)[1] not in (None, "bool") and any(map(_is_bool, (x, a.get("other")))):
@@ -574,6 +581,11 @@ class _Walker(LayoutOps):
         broadcasts to the result (no node), else a ``reshape`` (``expand`` is implicit broadcasting)."""
         v = self.val(x, node)
         t_in, t_new = self.tshape(x), self.tshape(node)
+        back = self.unreshaped(v, t_new)
+        if back is not None:   # a view back to the shape of what v reshapes: that value, no node
+            return back
+        if getattr(x, "name", None) in self.viewed:   # declared at this view's shape
+            return v
         if (getattr(x, "name", None) in self.rows or node.name in self.rows) and len(v.shape) == 2 and \
                 tuple(v.shape) in ((*t_new, 1), tuple(t_new)):   # a row vector's [B] <-> [B, 1]: no node
             return v

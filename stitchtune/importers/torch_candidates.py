@@ -4,7 +4,8 @@
 * :func:`_initial_exclusions(nodes, consts)`: every ``call_function`` node whose op the importer maps
   (:data:`torch_aten.SUPPORTED_OPS`), with static (or hinted) shapes and float tensors in and out, is a
   candidate; integer tensors only where they are ids (``embedding``), cast (an integer mask) or
-  viewed, and constant ``index`` indices. Every other node is excluded with a reason (compute op,
+  viewed, and constant ``index`` indices; ``full`` only as the base of a ``scatter`` of a number (a
+  one-hot: :func:`is_scatter_base`, a number of the graph). Every other node is excluded with a reason (compute op,
   windowed pooling op, no graph.json equivalent, dynamic shape, dtype); constants, assertions and
   dead calls (nothing reads them, they mutate nothing) silently. An in-place op is a candidate as its
   functional form when its mutation is unobservable (:func:`~stitchtune.importers.torch_cnn.inplace_reason`).
@@ -105,6 +106,13 @@ def _gather_index_view(node: Any) -> bool:
                and u.args[GATHER_INDEX_ARG[_key(u.target)]] is node for u in node.users)
 
 
+def is_scatter_base(node: Any) -> bool:
+    """Whether every reader of ``node`` is a ``scatter`` that reads it as its base (``self``): a
+    constant of one value there is a number of the graph (``where(hit, value, base)``)."""
+    return bool(node.users) and all(u.op == "call_function" and _key(u.target) == "aten.scatter"
+                                    and u.args[0] is node and node not in u.args[1:] for u in node.users)
+
+
 def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int]) -> str | None:
     """Why ``node`` (a call_function other than getitem) cannot be in a region, or None."""
     key = _key(node.target)
@@ -132,6 +140,10 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
     ids = node.args[1] if key == "aten.embedding" and len(node.args) > 1 else None
     if key in GATHER_INDEX_ARG and len(node.args) > GATHER_INDEX_ARG[key]:
         ids = node.args[GATHER_INDEX_ARG[key]]
+    if key == "aten.scatter" and len(node.args) > 2:   # a one-hot's index (torch_layout._one_hot)
+        ids = node.args[2]
+    if key == "aten.full" and not is_scatter_base(node):
+        return "a constant tensor (mapped only as the base of a scatter of a number)"
     if key in _INT_VIEWS and _gather_index_view(node):
         return "an index view read by a gather (left to PyTorch: the gather reads it as an input)"
     folded = set(fx_args(node)) - {node.args[0]} if key == "aten.index" else set()
@@ -179,6 +191,27 @@ class _Excluded:
                 self.derived.add(u)
 
 
+#: int views and copies that stay with the value PyTorch computes (:func:`_leave_int_copies`)
+_INT_COPIES = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape", "aten.flatten", "aten.clone",
+                         "aten.contiguous", "aten.alias", "aten.detach"})
+
+
+def _leave_int_copies(nodes: Sequence[Any], ex: _Excluded) -> None:
+    """Leave to PyTorch the int views and copies of int values it computes (a node excluded with a
+    reason): a language model's shifted labels ``pad(labels)[:, 1:].clone().view(-1)`` reach the loss
+    region as one ``[B*S]`` input, held per row, rather than as a copy of the excluded slice inside
+    it. Free (not reported): PyTorch makes them with the value they copy."""
+    import torch
+
+    for n in nodes:
+        if n in ex or n.op != "call_function" or _key(n.target) not in _INT_COPIES:
+            continue
+        val, src = n.meta.get("val"), n.args[0] if n.args else None
+        if isinstance(val, torch.Tensor) and index_dtype_name(val.dtype) is not None \
+                and getattr(src, "op", None) == "call_function" and (src in ex.reasons or src in ex.free):
+            ex.add(n, "an int copy of a value PyTorch computes", free=True)
+
+
 #: ops whose float result is computed again by every region that reads it when they read a pulled mask
 _PULLED_FLOAT = frozenset({"aten.where", "aten.masked_fill", "aten.to", "aten._to_copy", "aten.type_as",
                            "aten.expand", "aten.view", "aten.unsqueeze", "aten.index"})
@@ -220,6 +253,7 @@ def _initial_exclusions(nodes: Sequence[Any], consts: Mapping[Any, Any]) -> _Exc
             elif why:
                 ex.add(n, why)
     _pull_constants(nodes, ex, consts)
+    _leave_int_copies(nodes, ex)
     _pull_bool_chains(nodes, ex, consts)
     _pull_broadcast_sources(nodes, ex, consts)
     return ex

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stitchtune.importers.builder import GraphBuilder, ImportError_, Value
+from stitchtune.importers.builder import GraphBuilder, ImportError_, Value, scalar
 from stitchtune.importers.torch_fx_util import _fits, _meta, _strip1, _where
 
 #: ops that move elements, mapped onto graph.json's layout and index ops (``transpose``, ``concat``,
@@ -21,7 +21,8 @@ from stitchtune.importers.torch_fx_util import _fits, _meta, _strip1, _where
 _LAYOUT = {"aten.transpose": "transpose", "aten.permute": "transpose", "aten.t": "transpose",
            "aten.cat": "concat", "aten.concat": "concat", "aten.slice": "slice", "aten.select": "slice",
            "aten.embedding": "gather", "aten.index": "index", "aten.gather": "gather_elements",
-           "aten.take_along_dim": "gather_elements", "aten.slice_scatter": "slice_scatter"}
+           "aten.take_along_dim": "gather_elements", "aten.slice_scatter": "slice_scatter",
+           "aten.scatter": "one_hot"}
 
 
 def _bounds(node: Any, a: dict[str, Any], n: int) -> tuple[int, int]:
@@ -53,6 +54,8 @@ class LayoutOps:
     b: GraphBuilder
     vals: dict[str, Any]
     _exact: dict[str, Value]
+    #: a ``reshape`` node's value -> the value it reshapes (a view back to that shape is that value)
+    _reshaped: dict[str, Value]
 
     def tshape(self, n: Any) -> tuple[int, ...]:  # provided by the walker
         raise NotImplementedError
@@ -85,7 +88,22 @@ class LayoutOps:
             t = self._layout_shape(node, t)
             op = "reshape" if math.prod(v.shape) == math.prod(t) else "expand"
             self._exact[x.name] = self.b.layout(op, [v], t, str(v.dtype), f"{x.name}_exact", shape=list(t))
+            if op == "reshape":
+                self._reshaped[str(self._exact[x.name].ref)] = v
         return self._exact[x.name]
+
+    def _reshape(self, v: Value, shape: tuple[int, ...], name: str) -> Value:
+        """A ``reshape`` of ``v`` (same elements, row-major), remembered so that a view back to
+        ``v``'s shape is ``v`` itself (:meth:`unreshaped`)."""
+        out = self.b.layout("reshape", [v], shape, str(v.dtype), name, shape=list(shape))
+        self._reshaped[str(out.ref)] = v
+        return out
+
+    def unreshaped(self, v: Value, shape: Sequence[int]) -> Value | None:
+        """The value that ``reshape`` node ``v`` was made from when it has ``shape`` (a round trip such as
+        logits ``[B*S, V]`` viewed ``[B, S, V]`` and back), else None."""
+        src = self._reshaped.get(str(v.ref))
+        return src if src is not None and tuple(src.shape) == tuple(shape) else None
 
     def _reframe(self, x: Any, v: Value, t_in: Sequence[int], t_new: Sequence[int], name: str, node: Any) -> Value:
         """``v`` (the value of PyTorch shape ``t_in``) viewed as ``t_new`` (same element count): when
@@ -99,11 +117,9 @@ class LayoutOps:
             q = tuple(1 if d == 1 else p[next(it)] for d in t_new)
             if tuple(v.shape) == q or _strip1(v.shape) == _strip1(q):
                 return v
-            q = self._layout_shape(node, q)
-            return self.b.layout("reshape", [v], q, str(v.dtype), name, shape=list(q))
+            return self._reshape(v, self._layout_shape(node, q), name)
         src = self.exact(x, node) if x is not None else v
-        t_new = self._layout_shape(node, t_new)
-        return self.b.layout("reshape", [src], t_new, str(src.dtype), name, shape=list(t_new))
+        return self._reshape(src, self._layout_shape(node, t_new), name)
 
     def _layout(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value | Padded:
         """``transpose``/``permute``/``t``, ``cat``, ``slice``/``select``, ``slice_scatter`` and ``embedding``
@@ -119,6 +135,8 @@ class LayoutOps:
             return self._gather_elements(node, key, a, x)
         if op == "slice_scatter":
             return self._slice_scatter(node, a, x)
+        if op == "one_hot":
+            return self._one_hot(node, a, x)
         t = self._layout_shape(node, self.tshape(node))
         _, dt = _meta(node)
         if op == "concat":
@@ -175,6 +193,35 @@ class LayoutOps:
                                "result's shape (a graph input, or computed in the region)")
         src = self.exact(x, node)
         return self.b.layout("gather_elements", [src, ids], t, str(src.dtype), node.name, axis=int(dim) % len(t))
+
+    def _one_hot(self, node: Any, a: dict[str, Any], x: Any) -> Value:
+        """``scatter(self, dim, index, value)`` (``scatter.value``, no ``reduce``) whose index has size 1
+        along ``dim`` and ``self``'s size on every other axis: one position per row set to a number
+        (cross entropy's backward: a one-hot of the target), mapped as ``where(iota(dim) == index,
+        value, self)``. Element-wise: no address depends on the index, so an index outside
+        ``[0, size)`` reads and writes nothing out of bounds; it matches no position and the row stays
+        ``self`` (where PyTorch raises; the forward's pick of the same target raises its error flag).
+        ``self`` may be a number (a ``full`` of one value)."""
+        t = self.tshape(node)
+        dim, idx_arg, value = a.get("dim"), a.get("index"), a.get("value")
+        if a.get("reduce") is not None or not isinstance(value, (int, float)) or isinstance(value, bool) \
+                or not isinstance(dim, int):
+            raise ImportError_(f"{node.target} at {_where(node)}: only scatter of a number without reduce "
+                               "(a one-hot) is supported")
+        d = int(dim) % len(t)
+        it = self.tshape(idx_arg)
+        if len(it) != len(t) or it[d] != 1 or any(i != n for k, (i, n) in enumerate(zip(it, t)) if k != d):
+            raise ImportError_(f"{node.target} at {_where(node)}: the index must have size 1 along dim {d} and "
+                               f"the result's size elsewhere (index {list(it)}, result {list(t)})")
+        ids = self.val(idx_arg, node)
+        if ids.dtype not in ("int32", "int64"):
+            raise ImportError_(f"{node.target} at {_where(node)}: the index must be an int32/int64 tensor")
+        base = self.val(x, node)
+        if base.dtype == "bool" or base.dtype in ("int32", "int64"):
+            raise ImportError_(f"{node.target} at {_where(node)}: scatter into a {base.dtype} tensor is not supported")
+        pos = self.b.iota(tuple(n if k == d else 1 for k, n in enumerate(t)), d, str(ids.dtype), f"{node.name}_pos")
+        hit = self.b.elementwise("eq", [pos, ids], f"{node.name}_hit")
+        return self.b.elementwise("where", [hit, scalar(float(value)), base], node.name)
 
     def _transpose(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
         """A permutation of the axes; one that keeps the order of the non-unit axes is a reshape."""

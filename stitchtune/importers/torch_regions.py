@@ -37,7 +37,8 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   ONNX partition does, then parts linked by an edge are joined again while their union stays convex). Each region is mapped through :class:`torch_aten._Walker` on a sub-graph
   whose placeholders are the region's external inputs. A node that fails to map (or is an output
   that the graph cannot express: another shape than PyTorch's, a duplicate or an input passed
-  through; leading 1s may differ, see ``TorchRegion.output_shapes``) is declined with the walker's reason and the groups are recomputed without it, until
+  through; leading 1s may differ, and a ``[B]`` value held per row is stored as ``[B, 1]``, see
+  ``TorchRegion.output_shapes``) is declined with the walker's reason and the groups are recomputed without it, until
   every region maps. A graph without any computing node (views, reshapes and casts only: PyTorch's
   views are free) is dropped silently.
 * Two settled regions that read the same value, or one the other's output, are joined when their
@@ -47,6 +48,9 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   why not. When the reason names a node of the region (``'sum_4'``: e.g. a column sum next to row
   sums in a layer norm's backward), that node is declined with the reason and the rest is grouped
   again; otherwise the region is declined whole (its ops stay in the fx graph).
+* A 0-d input (a loss's incoming gradient, a count of rows kept, a position offset) is a ``[1]`` input
+  of the region's graph (graph.json tensors have rank 1 or more) that broadcasts as PyTorch's 0-d
+  tensor does; the region op reshapes the tensor to the graph's shape (same bytes).
 * Graph inputs are named ``in0, in1, ...`` in order of first use, so equal regions (the same layer
   norm in every layer) have equal workload keys (one tuning record serves them all).
 * Region ``i`` has ``nodes`` (fx nodes, graph order), ``inputs`` (external fx nodes, in the graph's
@@ -85,7 +89,7 @@ from stitchtune.importers.torch_candidates import (
 from stitchtune.importers.torch_consts import fold_constants
 from stitchtune.importers.torch_fx_util import _fits, fx_args
 from stitchtune.importers.torch_grouping import _convex, _groups
-from stitchtune.importers.torch_subgraph import _dense_perm, _is_view, _subgraph, _with_pulled, is_noop
+from stitchtune.importers.torch_subgraph import _dense_perm, _is_view, _subgraph, _with_pulled, is_noop, viewed_inputs
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
 
@@ -213,20 +217,26 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     full = _with_pulled(group, pulled or set())
     if not outputs:
         return None
-    for x in inputs:
-        if len(x.meta["val"].shape) == 0:   # graph.json tensors have rank 1 or more
+    for x in inputs:   # a 0-d input (a loss's incoming gradient, a count) is a [1] tensor of the graph
+        val = x.meta["val"]   # that broadcasts like PyTorch's 0-d one (graph.json tensors have rank >= 1)
+        if len(val.shape) == 0 and not (value_dtype_name(val.dtype) or index_dtype_name(val.dtype)):
             return _Culprit(next(n for n in full if x in fx_args(n)), f"reads the 0-d tensor {x.name!a}")
     b = GraphBuilder(name)
     values = []
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     rows = row_vectors(sub)   # [B] inputs the region holds as [B, 1] (one value per row)
+    viewed = viewed_inputs(sub, group)
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
         val = x.meta["val"]
-        shape = tuple(_hint(d) or 1 for d in val.shape) + ((1,) if placeholders[i].name in rows else ())
+        shape = tuple(_hint(d) or 1 for d in val.shape) + ((1,) if placeholders[i].name in rows or not val.shape else ())
+        if placeholders[i].name in viewed:
+            shape, rows_view = viewed[placeholders[i].name]
+            shape += (1,) if rows_view in rows else ()
         values.append(b.add_input(f"in{i}", shape, value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))
     bindings = {ph.name: ("user", i) for i, ph in enumerate(placeholders)}
     bindings.update({n.name: ("folded", n.meta["folded"]) for n in sub.graph.nodes if n.op == "get_attr"})
     walker = _Walker(_Captured(sub, bindings, "fx"), b, values, lambda fqn, t: "float32")
+    walker.viewed = frozenset(viewed)
     try:
         outs = walker.run()
     except ImportError_ as exc:
@@ -268,7 +278,9 @@ def _stored(walker: Any, s: Any, v: Any, perm: Any) -> Any:
         return walker.b.layout("reshape", [v], v.shape, str(v.dtype), f"{s.name}_copy", shape=list(v.shape))
     if perm is None:
         t = tuple(int(d) for d in s.meta["val"].shape)
-        return v if _strip1(v.shape) == _strip1(t) else walker.exact(s, s)   # a materialised broadcast
+        if _strip1(v.shape) == _strip1(t) or s.name in walker.rows and tuple(v.shape) == (*t, 1):
+            return v   # (a [B] value held per row as [B, 1]: the same bytes)
+        return walker.exact(s, s)   # a materialised broadcast
     x = walker.exact(s, s)
     shape = tuple(x.shape[p] for p in perm)
     return walker.b.layout("transpose", [x], shape, str(x.dtype), f"{s.name}_stored", perm=list(perm))
@@ -290,10 +302,14 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         if _is_view(orig) and not inner(orig):   # the region returns its base; PyTorch views it for free
             return _Culprit(orig, "a view at the region's boundary", free=True)
         v = walker.vals.get(s.name)
+        src = walker._reshaped.get(str(getattr(v, "ref", "")))
+        if _is_view(orig) and src is not None and str(src.ref) in input_names:   # (read inside too)
+            return _Culprit(orig, "a view of an input at the region's boundary", free=True)
         t = tuple(int(d) for d in s.meta["val"].shape) if s.meta.get("val") is not None else None
         if v is None or not hasattr(v, "is_scalar") or v.is_scalar:
             return _Culprit(orig, "its value is not a tensor the graph computes")
-        if t is None or _strip1(v.shape) != _strip1(t) and not _materialised(orig, v.shape, t):
+        row = s.name in walker.rows and t is not None and tuple(v.shape) == (*t, 1)   # a [B] value held as [B, 1]
+        if t is None or _strip1(v.shape) != _strip1(t) and not _materialised(orig, v.shape, t) and not row:
             return _Culprit(orig, f"an output of PyTorch shape {list(t or ())} is graph shape {list(v.shape)}")
         perm = None if s.meta["val"].is_contiguous() else _dense_perm(orig.meta["val"])
         if perm is None and _symbolic(orig.meta["val"]):   # the concrete trace may tie where PyTorch's symbolic

@@ -4,6 +4,8 @@
   its placeholders are the external inputs (symbolic dims at their hints), 0-d constants are
   ``scalar_tensor`` nodes and constant ``index`` indices are buffers of the module (resolved at
   import time, never graph inputs); its outputs are the group's nodes read outside it.
+* :func:`viewed_inputs`: in a region with a pick, the inputs read only through one reshape (declared
+  at the reshaped shape by the region).
 * :func:`_is_view` / :func:`is_noop`: nodes whose result PyTorch gives for free from their input
   (a view; eval dropout or a same-dtype cast), left outside a region at its boundary.
 * :func:`_dense_perm`: the axis order a strided output is row-major in (PyTorch keeps an element-wise
@@ -13,11 +15,11 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stitchtune.importers.torch_candidates import _hint
+from stitchtune.importers.torch_candidates import GATHER_INDEX_ARG, _hint, is_scatter_base
 from stitchtune.importers.torch_fx_util import _key, fx_args
 from stitchtune.importers.torch_cnn import functional_of, is_inplace
 from stitchtune.importers.torch_consts import resolved_index as _resolved
@@ -29,7 +31,7 @@ def _embedded(x: Any, members: set[Any], consts: Mapping[Any, Any]) -> bool:
     that the walker turns into fills), never a graph input."""
     if x not in consts:
         return False
-    if consts[x].dim() == 0:
+    if consts[x].dim() == 0 or _uniform_base(x, consts[x]):
         return True
     return all(_resolved(u, x, consts) or _key(u.target) == "aten.slice_scatter" and x is u.args[0]
                for u in x.users if u in members)
@@ -40,6 +42,17 @@ def _data_args(n: Any) -> list[Any]:
     indices are constants resolved at import time, :func:`_resolved`)."""
     args = fx_args(n)
     return args[:1] if n.op == "call_function" and _key(n.target) == "aten.index" else args
+
+
+def _uniform_base(x: Any, t: Any) -> bool:
+    """A constant of one value (a folded ``full``) read only as a ``scatter``'s base: a number of the
+    graph (:func:`~stitchtune.importers.torch_candidates.is_scatter_base`)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    if not is_scatter_base(x) or t.numel() == 0 or not t.dtype.is_floating_point:
+        return False
+    with unset_fake_temporarily():
+        return bool((t == t.reshape(-1)[0]).all())
 
 
 def _with_pulled(group: list[Any], pulled: set[Any]) -> list[Any]:
@@ -102,8 +115,8 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any], pulled: set[Any] | No
     for i, x in enumerate(held):
         t = consts[x]
         with unset_fake_temporarily():   # real constants, also inside a compile's fake mode
-            if t.dim() == 0:
-                fixed[x] = g.call_function(torch.ops.aten.scalar_tensor.default, (float(t.item()),),
+            if t.dim() == 0 or _uniform_base(x, t):
+                fixed[x] = g.call_function(torch.ops.aten.scalar_tensor.default, (float(t.reshape(-1)[0].item()),),
                                            {"dtype": t.dtype})
             else:
                 root.register_buffer(f"const{i}", t.clone())
@@ -122,6 +135,34 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any], pulled: set[Any] | No
         if "val" in n.meta:
             n.meta["val"] = _concrete(n.meta["val"])
     return _Sub(torch.fx.GraphModule(root, g), inputs, outputs, back)
+
+
+_RESHAPES = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape"})
+
+
+def viewed_inputs(sub: Any, group: Sequence[Any]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """In a region with a pick (``gather``): placeholder name -> (the static shape every reader of it
+    reshapes it to, one of those readers) for the inputs read only through such reshapes (a language
+    model's logits ``[B, S, V]`` viewed ``[B*S, V]``). The region declares the input at that shape
+    (the region op reshapes the contiguous tensor: same bytes) because a pick cannot read through a
+    reshape node; other regions keep the reshape node (and their workload keys)."""
+    if not any(_key(n.target) in GATHER_INDEX_ARG for n in group if n.op == "call_function"):
+        return {}
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    for ph in (n for n in sub.graph.nodes if n.op == "placeholder"):
+        val, users = ph.meta.get("val"), list(ph.users)
+        if val is None or not val.shape or not all(type(d) is int for d in val.shape) or not users:
+            continue
+        shapes = {tuple(u.meta["val"].shape) for u in users if u.op == "call_function" and _key(u.target) in _RESHAPES
+                  and u.meta.get("val") is not None}
+        if len(shapes) != 1 or not all(u.op == "call_function" and _key(u.target) in _RESHAPES for u in users):
+            continue
+        shape = next(iter(shapes))
+        chained = all(w.op == "output" or w.op == "call_function" and _key(w.target) in _RESHAPES
+                      for u in users for w in u.users)
+        if shape and all(type(d) is int for d in shape) and shape != tuple(val.shape) and not chained:
+            out[ph.name] = (shape, users[0].name)   # (a chain of views: the walker sees its round trips)
+    return out
 
 
 def _concrete(val: Any) -> Any:

@@ -22,7 +22,8 @@ Phases (each a function below, called by :class:`stitchtune.lower.row.RowKernel`
    ``max`` / ``min`` cross reductions combine with their own op from its neutral element (-inf / +inf)
    at every step (the space allows ``atomic`` for sums and means only: ``cross_atomic``).
 4. :func:`epilogue` (``grid`` and ``kernel``, after the final combine): the scalar epilogue nodes
-   (``plan.epilogue``) from the scalar results, stored by thread 0 of block 0; a cross reduction
+   (``plan.epilogue``) from the scalar results and the one-element inputs it loads (the second kernel
+   of ``kernel`` then takes them as parameters), stored by thread 0 of block 0; a cross reduction
    that is not an output is never stored.
 """
 
@@ -293,9 +294,23 @@ def epilogue(low: Lowerer, cx: Ctx, uses: dict[str, set[str]], finals: dict[str,
     scalar cross reductions; each epilogue output stored by ``writer`` (one thread)."""
     out: list[kir.Stmt] = []
     vals = dict(finals)
+
+    def at(a: str) -> kir.Expr:   # a one-element input (loaded) or a node of such inputs, computed here
+        if a not in vals:
+            if a in low.in_buf:
+                uses["in"].add(low.in_buf[a])
+                vals[a] = v = cx.var("xe", low.vtype(a))
+                out.append(Assign(v, low.load(a, I(0), writer)))
+            else:
+                nd = low.nodes[a]
+                vals[a] = v = cx.var("xe", low.vtype(a))
+                out.append(Assign(v, low.expr_of_node(nd, [at(x) if isinstance(x, str) else _f(float(x))
+                                                            for x in nd.args])))
+        return vals[a]
+
     for name in low.p.epilogue:
         nd = low.nodes[name]
-        args = [vals[a] if isinstance(a, str) else _f(float(a)) for a in nd.args]
+        args = [at(a) if isinstance(a, str) else _f(float(a)) for a in nd.args]
         v = cx.var("xe", F32)
         out.append(Assign(v, low.expr_of_node(nd, args)))
         vals[name] = v
@@ -309,7 +324,8 @@ def epilogue(low: Lowerer, cx: Ctx, uses: dict[str, set[str]], finals: dict[str,
 
 def _small_kernel(low: Lowerer, name: str, cx: Ctx, uses: dict[str, set[str]], body: list[kir.Stmt],
                   shared: list[kir.SharedBuf]) -> kir.Kernel:
-    params = [low.param(b) for b in sorted(uses["out"], key=lambda x: int(x[3:]))]
+    params = [low.param(b) for b in sorted(uses["in"], key=lambda x: int(x[2:]))]   # (the epilogue's scalars)
+    params += [low.param(b) for b in sorted(uses["out"], key=lambda x: int(x[3:]))]
     params += [low.param(b) for b in sorted(cx.scratch)]
     return kir.Kernel(name, tuple(params), tuple(body), low.s.block, tuple(shared), (), 0, None)
 

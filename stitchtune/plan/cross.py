@@ -16,10 +16,11 @@ atomics, partials + grid barrier, or partials + a small second kernel; see
 A cross reduction is a ``reduce_sum``, ``reduce_mean``, ``reduce_max`` or ``reduce_min`` (its
 ``combine`` op: ``+``, ``max``, ``min``). Its result is complete only after every block has finished,
 so it may be read only by the *scalar epilogue* (:func:`epilogue_nodes`): element-wise nodes whose
-arguments are scalar cross reductions, other epilogue nodes and constants (``loss = sum(l) * -1/N``,
-a sum divided by a count that is itself a cross reduction), computed once after the cross-block
-combine by the thread that holds the final values; a cross reduction read only there need not be an
-output.
+arguments are scalar cross reductions, other epilogue nodes, constants and one-element inputs or
+nodes of those only (:func:`scalar_inputs`: ``loss = sum(l) * -1/N``, a sum divided by a count that
+is itself a cross reduction, or by a ``[1]`` input such as transformers' ``num_items_in_batch``),
+computed once after the cross-block combine by the thread that holds the final values (it loads the
+one-element inputs itself); a cross reduction read only there need not be an output.
 
 Contract: :func:`split_cross` separates the graph's reductions into the row (or column) reductions the
 planner handled before and the cross reductions, *before* the view is chosen; for a graph whose
@@ -112,15 +113,32 @@ def split_cross(red_nodes: list[Node], maps: Mapping[str, tuple[tuple[int, ...],
 
 def epilogue_nodes(graph: Graph, cross_nodes: list[Node]) -> tuple[str, ...]:
     """The scalar epilogue of ``cross_nodes`` (graph order): every element-wise node (unary, binary,
-    ternary, cast) of one element whose tensor arguments are all cross reductions or epilogue nodes,
-    with at least one of them (module docstring). Empty without cross reductions."""
+    ternary, cast) of one element whose tensor arguments are all cross reductions, epilogue nodes or
+    :func:`scalar_inputs` values, with at least one cross reduction or epilogue node (module docstring).
+    Empty without cross reductions."""
     done = {nd.id for nd in cross_nodes}
+    pre = set(scalar_inputs(graph))
     out: list[str] = []
     for nd in graph.nodes:
         targs = nd.tensor_args
-        if (targs and all(a in done for a in targs) and OPS[nd.op].kind in ("unary", "binary", "ternary", "cast")
-                and prod(nd.shape) == 1):
+        if (targs and all(a in done or a in pre for a in targs) and any(a in done for a in targs)
+                and OPS[nd.op].kind in _ELEMENTWISE and prod(nd.shape) == 1):
             done.add(nd.id)
+            out.append(nd.id)
+    return tuple(out)
+
+
+_ELEMENTWISE = ("unary", "binary", "ternary", "cast")
+
+
+def scalar_inputs(graph: Graph) -> tuple[str, ...]:
+    """The one-element graph inputs (a 0-d count or divisor of PyTorch's) and the element-wise nodes of
+    one element that read only those (its cast to float), graph order: values the scalar epilogue
+    loads or computes again itself (``loss = sum / num_items``)."""
+    out = [n for n in graph.input_names if prod(graph.spec(n).shape) == 1]
+    for nd in graph.nodes:
+        targs = nd.tensor_args
+        if targs and all(a in out for a in targs) and OPS[nd.op].kind in _ELEMENTWISE and prod(nd.shape) == 1:
             out.append(nd.id)
     return tuple(out)
 

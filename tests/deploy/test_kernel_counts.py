@@ -86,3 +86,20 @@ def test_counts_of_one_step_add_up() -> None:
     lines = kc.markdown([row, {"model": "m", "mode": "train", "status": "failed", "reason": "why"}])
     assert lines[2].startswith("| ") and "failed: why" in lines[3]
     assert kc.main(["--models", "bert,t5"]) == 2
+
+
+def test_the_labels_variants_return_the_causal_lm_loss() -> None:
+    """``--models gpt2-labels,llama-labels``: the causal LM with its head called with ``labels=`` (the
+    first three ignored), its output the 0-d loss; no other model has the variant."""
+    pytest.importorskip("transformers")
+    kc = _script()
+    assert kc.LABELS_MODELS == ("gpt2-labels", "llama-labels") and not set(kc.LABELS_MODELS) & set(kc.MODELS)
+    build = kc._coverage().build_model
+    model, (ids, labels), names = build("gpt2", labels=True)
+    assert names == ["input_ids", "labels"] and (labels[:, :3] == -100).all()
+    with torch.no_grad():
+        loss = model(ids, labels)
+    assert loss.dim() == 0 and bool(torch.isfinite(loss))
+    with pytest.raises(ValueError, match="gpt2 and llama only"):
+        build("bert", labels=True)
+    assert kc.main(["--models", "bert-labels"]) == 2

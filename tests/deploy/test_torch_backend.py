@@ -702,3 +702,95 @@ def test_a_permuted_view_read_inside_and_outside_a_region_is_stored_in_its_memor
     assert not [d for d in report.declined if "aten.permute" in d.what], report
     for got, want in zip(new_gm(x, w, g), f(x, w, g)):
         assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw,ignored", [({}, [3]), ({}, list(range(16))), ({"reduction": "sum"}, [0, 5]),
+                                        ({"reduction": "none"}, [7]), ({"label_smoothing": 0.1}, [3])])
+def test_cross_entropy_backward_is_one_stitched_launch(kw: dict[str, Any], ignored: list[int]) -> None:
+    """A training step's backward of ``F.cross_entropy(x, t, ignore_index=-100)``: the incoming 0-d
+    gradient and count read as ``[1]`` inputs, the target's one-hot (``scatter`` of -1 into zeros) as
+    ``iota == index``, log-softmax's backward: one region, one launch, gradients equal to eager (zero
+    on ignored rows; all rows ignored: a NaN loss and zero gradients, as in PyTorch)."""
+    def f(x: Any, t: Any) -> Any:
+        return torch.nn.functional.cross_entropy(x, t, ignore_index=-100, **kw)
+
+    torch.manual_seed(2)
+    x, t = torch.randn(16, 100, requires_grad=True), torch.randint(0, 100, (16,))
+    t[ignored] = -100
+    torch_backend.LAST_REPORTS.clear()
+    got = _compile(f, fallback="eager", cpu="emulate")(x, t)
+    (gx,) = torch.autograd.grad(got.sum(), x)
+    want = f(x, t)
+    (wx,) = torch.autograd.grad(want.sum(), x)
+    assert torch.allclose(got, want, atol=1e-5, equal_nan=True) and torch.allclose(gx, wx, atol=1e-5)
+    assert bool((gx[ignored] == 0).all())
+    fwd, bwd = (next(r for r in torch_backend.LAST_REPORTS if r.graph == kind) for kind in ("forward", "backward"))
+    [region] = bwd.stitched
+    assert bwd.declined == [] and region.kernels == 1 and "aten.scatter" in region.ops
+    if "label_smoothing" not in kw:   # the forward too (reduction none: the per-row losses stored as [B, 1])
+        [head] = fwd.stitched
+        assert fwd.declined == [] and "aten.gather" in head.ops and head.kernels <= 2
+
+
+def _loss_head_regions() -> tuple[Any, Any]:
+    """(forward, backward) stitched regions of the loss head in :data:`torch_backend.LAST_REPORTS`:
+    the one with the target's pick, the one with its one-hot."""
+    [fwd] = [s for r in torch_backend.LAST_REPORTS if r.graph == "forward" for s in r.stitched if "aten.gather" in s.ops]
+    [bwd] = [s for r in torch_backend.LAST_REPORTS if r.graph == "backward" for s in r.stitched if "aten.scatter" in s.ops]
+    return fwd, bwd
+
+
+@pytest.mark.parametrize("items", [None, torch.tensor(13)])
+def test_a_causal_lm_loss_head_is_one_region_each_way_and_matches_eager(items: Any) -> None:
+    """transformers' causal-LM loss (label shift, flatten, cross entropy with ignored labels) on logits:
+    forward one region (the cross reductions' combine: at most two launches), backward one launch;
+    with ``num_items_in_batch`` (as the Trainer passes it) the sum over that 0-d count too."""
+    pytest.importorskip("transformers")
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    def loss(x: Any, t: Any, n: Any) -> Any:
+        return ForCausalLMLoss(x, t, 50, num_items_in_batch=n)
+
+    torch.manual_seed(3)
+    logits, labels = torch.randn(2, 8, 50, requires_grad=True), torch.randint(0, 50, (2, 8))
+    labels[0, :3] = -100
+    torch_backend.LAST_REPORTS.clear()
+    got = _compile(loss, fallback="eager", cpu="emulate")(logits, labels, items)
+    (g,) = torch.autograd.grad(got, logits)
+    want = loss(logits, labels, items)
+    (w,) = torch.autograd.grad(want, logits)
+    assert abs(got.item() - want.item()) < 1e-5 and torch.allclose(g, w, atol=1e-6)
+    fwd, bwd = _loss_head_regions()
+    assert 1 <= fwd.kernels <= 2 and bwd.kernels == 1 and (16, 50) in fwd.shapes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_language_model_training_step_with_labels(family: str) -> None:
+    """A tiny GPT-2 / Llama (transformers configs, random weights) called with ``labels=``: the loss head
+    is one region forward and one backward (one launch), loss and gradients equal eager within 1e-4."""
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if family == "gpt2":
+        cfg = tf.GPT2Config(vocab_size=100, n_positions=16, n_embd=32, n_layer=1, n_head=4, n_inner=64,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    else:
+        cfg = tf.LlamaConfig(vocab_size=100, max_position_embeddings=16, num_key_value_heads=2, num_hidden_layers=1,
+                             hidden_size=32, num_attention_heads=4, intermediate_size=64)
+    cfg._attn_implementation, cfg.use_cache = "eager", False
+    m = tf.AutoModelForCausalLM.from_config(cfg).train()
+    ids = torch.randint(0, 100, (2, 8))
+    labels = ids.clone()
+    labels[0, :3] = -100
+    torch_backend.LAST_REPORTS.clear()
+    got = _compile(m, fallback="eager", cpu="emulate")(input_ids=ids, labels=labels).loss
+    got.backward()
+    grads = {k: p.grad.clone() for k, p in m.named_parameters()}
+    m.zero_grad()
+    want = m(input_ids=ids, labels=labels).loss
+    want.backward()
+    scale = max(float(p.grad.abs().max()) for p in m.parameters())
+    assert abs(got.item() - want.item()) < 1e-4
+    assert max(float((grads[k] - p.grad).abs().max()) for k, p in m.named_parameters()) <= 1e-4 * scale
+    fwd, bwd = _loss_head_regions()
+    assert 1 <= fwd.kernels <= 2 and bwd.kernels == 1
