@@ -20,7 +20,7 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stitchtune.importers.torch_aten import (_BINARY, _IGNORED, _IOTA, _UNARY, INT_OPS, SUPPORTED_OPS, _key,
+from stitchtune.importers.torch_aten import (_BINARY, _IGNORED, _IOTA, _UNARY, INT_OPS, RAND_KEY, SUPPORTED_OPS, _key,
                                              index_dtype_name, value_dtype_name)
 from stitchtune.importers.torch_cnn import WINDOWED_OPS, dead, inplace_reason, is_inplace
 from stitchtune.importers.torch_fx_util import fx_args
@@ -65,7 +65,8 @@ _CAST_KEYS = frozenset({"aten.to", "aten._to_copy", "aten.type_as", "prims.conve
 #: comparisons, ``where``), and the float ops that read an int tensor as torch does (promoted to float32)
 _INT_OK = frozenset({*_CAST_KEYS, "aten.view", "aten.reshape", "aten._unsafe_view",
                      "aten.unsqueeze", "aten.squeeze", "aten.flatten", "aten.alias", "aten.clone",
-                     "aten.contiguous", "aten.detach", "aten.expand", *INT_OPS, *_UNARY, *_BINARY, "aten.pow"})
+                     "aten.contiguous", "aten.detach", "aten.expand", *INT_OPS, *_UNARY, *_BINARY, "aten.pow",
+                     RAND_KEY})   # (its int64 seed)
 #: ops that may produce int32/int64 tensors: views of ints, casts, the int ops, ``arange``, a bool sum
 #: views of int tensors (an embedding's ids reshaped): still input indices for graph.json's gather
 _VIEWS_OF_INTS = frozenset({"aten.view", "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze",
@@ -138,9 +139,12 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
         if why:
             return f"reads {why}"
     if key in _COMPARISONS and any(a.op == "call_function" and _key(a.target) in RANDOM_OPS for a in fx_args(node)):
-        return ("compares random numbers drawn in the graph (Inductor draws them in the kernel that "
-                "compares them: a 1-byte mask instead of 4-byte numbers handed to a region)")
+        return _RANDOM_COMPARED
     return None
+
+
+_RANDOM_COMPARED = ("compares random numbers drawn in the graph (Inductor draws them in the kernel that "
+                    "compares them: a 1-byte mask instead of 4-byte numbers handed to a region)")
 
 
 class _Excluded:
@@ -172,6 +176,10 @@ class _Excluded:
         for u in node.users:
             if u.target is operator.getitem and u not in self:
                 self.derived.add(u)
+        if _key(node.target) == RAND_KEY:   # a draw left out takes its comparisons along (as aten.rand's)
+            for u in node.users:
+                if u.op == "call_function" and _key(u.target) in _COMPARISONS and u not in self:
+                    self.add(u, _RANDOM_COMPARED)
 
 
 #: ops whose float result is computed again by every region that reads it when they read a pulled mask
@@ -212,6 +220,8 @@ def _initial_exclusions(nodes: Sequence[Any], consts: Mapping[Any, Any]) -> _Exc
             why = _reject_reason(n, consts, order)
             if why and dead(n):   # nothing reads it and it mutates nothing (make_fx's ``empty``)
                 ex.derived.add(n)
+            elif why and n.users and all(_key(u.target) == RAND_KEY for u in n.users):
+                ex.derived.add(n)   # a draw's seed (a view of the seeds): a region's input, no kernel
             elif why:
                 ex.add(n, why)
     _pull_bool_chains(nodes, ex, consts)

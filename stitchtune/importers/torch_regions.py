@@ -61,6 +61,7 @@ from stitchtune.errors import StitchtuneError
 from stitchtune.graph.parse import Graph
 from stitchtune.importers.builder import GraphBuilder, ImportError_
 from stitchtune.importers.torch_aten import (
+    RAND_KEY,
     _Captured,
     _key,
     _strip1,
@@ -442,6 +443,10 @@ def _judge(res: _Mapped, group: list[Any],
     why = accept(res.graph)
     if not why:
         return res
+    if "computes with int values" in why:   # a gather or a column reduction next to int arithmetic:
+        drawn = next((n for n in group if _key(n.target) == RAND_KEY), None)   # give up a draw first
+        if drawn is not None:
+            return _Culprit(drawn, f"{why} (the random numbers of this region's dropout are drawn by the framework)")
     by_name = {n.name: n for n in group}
     for name in _QUOTED.findall(why):
         node = by_name.get(name)
