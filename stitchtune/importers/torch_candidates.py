@@ -8,6 +8,10 @@
   windowed pooling op, no graph.json equivalent, dynamic shape, dtype); constants, assertions and
   dead calls (nothing reads them, they mutate nothing) silently. An in-place op is a candidate as its
   functional form when its mutation is unobservable (:func:`~stitchtune.importers.torch_cnn.inplace_reason`).
+* ``stitchtune::rand`` (dropout's numbers drawn in the region, :mod:`stitchtune.importers.torch_random`)
+  is a candidate and its seed (a view of Inductor's seeds) a silent input; ``aten.rand`` is not, and a
+  comparison of its numbers (or of a draw left out of every region) stays with Inductor, which draws
+  them in the kernel that compares them.
 * Bool chains of graph inputs and constants (a padding mask's cast, ``index``, ``&``, ``where``) are
   *pulled*: not grouped, but computed again by every region that reads them; so are float chains of
   values from outside every region that only broadcast into larger tensors (the rotary angles:

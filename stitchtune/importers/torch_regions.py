@@ -39,8 +39,11 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   gradient's column sum beside the layer norm backward reading the same gradient); else they stay.
 * ``accept(graph)`` (default: the planner, :func:`stitchtune.plan.planner.make_plan`) returns None or
   why not. When the reason names a node of the region (``'sum_4'``: e.g. a column sum next to row
-  sums in a layer norm's backward), that node is declined with the reason and the rest is grouped
-  again; otherwise the region is declined whole (its ops stay in the fx graph).
+  sums in a layer norm's backward; a column sum next to a concat, which the planner names first),
+  that node is declined with the reason and the rest is grouped again; otherwise the region is
+  declined whole (its ops stay in the fx graph). A region refused for int arithmetic (next to a
+  gather, or in a column reduction) that draws random numbers (``stitchtune::rand``:
+  :mod:`stitchtune.importers.torch_random`) gives up its draw first, with the comparisons reading it.
 * Graph inputs are named ``in0, in1, ...`` in order of first use, so equal regions (the same layer
   norm in every layer) have equal workload keys (one tuning record serves them all).
 * Region ``i`` has ``nodes`` (fx nodes, graph order), ``inputs`` (external fx nodes, in the graph's
