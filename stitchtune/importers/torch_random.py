@@ -11,11 +11,11 @@ counter-based hash of the seed and each element's flat index), from one int64 se
 * ``stitchtune::rand(Tensor seed, int stream, int[] size) -> Tensor``: ``uniform(seed[0] + stream *``
   :data:`STREAM_STEP` ``, flat index)`` at ``size`` (eager, fake and the importer's mapping agree).
 * :func:`seed_rands(gm)`: a copy of ``gm`` in which the ``k``-th float32 ``aten.rand`` of static size is
-  ``stitchtune::rand(seeds[k:k + 1], 0, size)``, ``seeds = prims.inductor_seeds(n)`` (Inductor's own
-  seeds, a ``randint`` drawn once per call: fresh masks every step; one seed per draw); None when
-  ``gm`` has none.
+  ``stitchtune::rand(seeds[2k:2k + 1], 0, size)``, ``seeds = prims.inductor_seeds(2n)`` (Inductor's own
+  seeds, a ``randint`` drawn once per call: fresh masks every step; one seed per draw, every other
+  one so that each draw's seed is 16-byte aligned); None when ``gm`` has none.
 * :func:`unseed_rands(gm)`: ``gm`` (in place) with every ``stitchtune::rand`` that no region took as
-  Inductor's own draw of it (``prims.inductor_random`` of ``inductor_lookup_seed(seeds, k)``, what its
+  Inductor's own draw of it (``prims.inductor_random`` of ``inductor_lookup_seed(seeds, 2k)``, what its
   random pass makes of ``aten.rand``: drawn in the kernel that compares the numbers, from the same
   seeds, no second seed kernel).
 
@@ -37,6 +37,9 @@ from stitchtune.importers.torch_aten import RAND_STREAM_STEP as STREAM_STEP
 __all__ = ["STREAM_STEP", "seed_rands", "uniform_torch", "unseed_rands"]
 
 _M32 = 0xFFFFFFFF
+#: seeds apart in Inductor's seed tensor: each draw's ``seeds[i:i + 1]`` starts 16-byte aligned, so a
+#: region's launch takes it as it is (a misaligned input would be copied first)
+_SEED_STRIDE = 2
 
 
 def uniform_torch(seed: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
@@ -93,14 +96,16 @@ def seed_rands(gm: Any) -> Any | None:
     new_output.meta = dict(old_output.meta)
     rands: list[Any] = [n for n in graph.nodes if _drawable(n)]
     first = rands[0]
+    n = _SEED_STRIDE * len(rands)
     with graph.inserting_before(first):
-        seeds = graph.call_function(torch.ops.prims.inductor_seeds.default, (len(rands), first.meta["val"].device))
-    seeds.meta["val"] = first.meta["val"].new_empty((len(rands),), dtype=torch.int64)
+        seeds = graph.call_function(torch.ops.prims.inductor_seeds.default, (n, first.meta["val"].device))
+    seeds.meta["val"] = first.meta["val"].new_empty((n,), dtype=torch.int64)
     for k, r in enumerate(rands):
+        i = _SEED_STRIDE * k
         with graph.inserting_before(r):
-            seed = graph.call_function(torch.ops.aten.slice.Tensor, (seeds, 0, k, k + 1))
+            seed = graph.call_function(torch.ops.aten.slice.Tensor, (seeds, 0, i, i + 1))
             drawn = graph.call_function(torch.ops.stitchtune.rand.default, (seed, 0, list(r.meta["val"].shape)))
-        seed.meta["val"] = seeds.meta["val"][k:k + 1]
+        seed.meta["val"] = seeds.meta["val"][i:i + 1]
         drawn.meta = dict(r.meta)
         r.replace_all_uses_with(drawn)
         graph.erase_node(r)

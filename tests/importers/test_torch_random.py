@@ -71,3 +71,17 @@ def test_draws_no_region_took_go_back_to_inductors_random_op() -> None:
     assert "stitchtune.rand.default" not in targets and "aten.slice.Tensor" not in targets
     assert "prims.inductor_random.default" in targets and "prims.inductor_lookup_seed.default" in targets
     assert seed_rands(back) is None   # nothing left to draw in regions
+
+
+def test_each_draws_seed_is_a_16_byte_aligned_view_of_inductors_seeds() -> None:
+    """Every other seed: ``seeds[2k:2k + 1]`` starts 16 bytes apart (a region's launch would copy a
+    misaligned input first)."""
+    def two(x: Any) -> Any:
+        return (torch.rand(4, 16) > 0.5) * x, (torch.rand(4, 16) > 0.25) * x
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    seeded = seed_rands(make_fx(two, tracing_mode="fake")(torch.randn(4, 16)))
+    seeds = [n for n in seeded.graph.nodes if str(n.target) == "prims.inductor_seeds.default"]
+    starts = [n.args[2] for n in seeded.graph.nodes if str(n.target) == "aten.slice.Tensor"]
+    assert len(seeds) == 1 and seeds[0].args[0] == 4 and starts == [0, 2]
