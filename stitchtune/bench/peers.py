@@ -229,6 +229,10 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
             part = x[tuple(slice(0, d) if k != ax else slice(None) for k, d in enumerate(idx.shape))]
             ok = (idx >= 0) & (idx < x.shape[ax])
             return torch.gather(part, ax, idx.clamp(0, x.shape[ax] - 1)) * ok.to(x.dtype)
+        if op == "uniform":   # the same bits as the kernels' (importers/torch_random.py)
+            from stitchtune.importers.torch_random import uniform_torch
+
+            return uniform_torch(args[0], args[1])
         if op == "iota":
             shape, ax = tuple(node.shape), int(node.axis or 0)
             line = torch.arange(shape[ax], dtype=torch.int64)

@@ -12,7 +12,9 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    down the rows, and the rows split so that tiles x split fills one wave.
    A plan with cross reductions (:mod:`stitchtune.plan.cross`) never splits rows (the space requires
    split 1) and takes a persistent grid, so that few per-block partials are combined, by the
-   deterministic ``cross_combine`` kernel (its default).
+   deterministic ``cross_combine`` kernel (its default); when every row fits one block (a training
+   step's layer norm backward at a small batch), by ``grid``: that block sums its partials after a
+   one-block grid barrier, one launch where ``kernel`` would make two.
 3. **Schemes**: ``local`` when a row's threads are within one warp (a shuffle all-reduce keeps the
    result in registers), ``regional`` when the row is within one block (block-locality check), and
    ``global`` when it is split across blocks and the grid can be co-resident; otherwise
@@ -264,6 +266,10 @@ def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | No
     s = _relax_registers(space, s)
     if _grid_barrier(space, s):
         s = _pin_coresidency(space, s)
+    if plan.cross and plan.family == Family.ROW and plan.M <= s.block // min(s.tpr, s.block) and s.split == 1:
+        # every row in one block: its partials are the totals, summed after a (one-block) grid barrier
+        # in the same kernel rather than by a second launch
+        s = dataclasses.replace(s, cross_combine="grid")  # type: ignore[call-arg]  # an option (Schedule docs)
     return _checked(space, s)
 
 

@@ -224,11 +224,14 @@ def _info(kind: str, region: Any, kernel: Any) -> StitchedInfo:
 def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, kind: str) -> tuple[Any, GraphReport]:
     """``gm`` with every region it can stitch replaced by ``stitchtune::region`` calls, and the report."""
     from stitchtune.deploy import torch_ops, torch_stats
+    from stitchtune.importers.torch_random import seed_rands, unseed_rands
     from stitchtune.importers.torch_regions import find_regions
 
     report = GraphReport(kind)
+    seeded = seed_rands(gm)   # dropout's rand drawn by the regions that read it (one seed per call)
+    work = gm if seeded is None else seeded
     try:
-        split = find_regions(gm)
+        split = find_regions(work)
     except Exception as exc:  # noqa: BLE001 - never break a model
         report.declined.append(DeclinedInfo(kind, "graph", f"region finder failed: {type(exc).__name__}: {exc}"))
         return gm, report
@@ -267,7 +270,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     new_gm = gm
     while chosen:
         try:
-            new_gm, origin = replace_regions(gm, [(r, key) for r, key, _ in chosen], held)
+            new_gm, origin = replace_regions(work, [(r, key) for r, key, _ in chosen], held)
             bad = fake_check(new_gm, origin, example_inputs)
         except Exception as exc:  # noqa: BLE001 - never break a model: no region in this graph
             bad = {key: f"the rewritten graph failed: {type(exc).__name__}: {exc}" for _, key, _ in chosen}
@@ -281,6 +284,8 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
         chosen = [c for c in chosen if c[1] not in bad]
         new_gm = gm
     report.stitched += [_info(kind, r, kernel) for r, _, kernel in chosen]
+    if new_gm is not gm:
+        new_gm = unseed_rands(new_gm)   # the draws no region took: Inductor's again
     return new_gm, report
 
 

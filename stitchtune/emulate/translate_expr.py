@@ -238,8 +238,10 @@ class ExprCompiler(ClusterOps):
 
         if e.op not in OPS and e.op not in KERNEL_OPS:
             raise ValueError(f"unknown kernel operator {e.op}")
-        np_fn = kernel_op(e.op).np_fn
-        args = [self.as_type(a, F32) for a in e.args]
+        info = kernel_op(e.op)
+        np_fn = info.np_fn
+        # int operands ('i': uniform's seed and counter) at their own int type, the others as float32
+        args = [self.expr(a)[0] if info.arg_type(k) == "i" else self.as_type(a, F32) for k, a in enumerate(e.args)]
 
         def mathop(st: _State, m: np.ndarray) -> Any:
             vals = [a(st, m) for a in args]

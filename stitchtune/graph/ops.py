@@ -18,8 +18,8 @@ Contract
   ``{0}`` (values are fp32 in registers; rounding happens at the store).
 * ``arg_types`` gives the type each argument must have, one letter per argument: ``f`` a float
   tensor (or a constant where the op takes constants: binary and ternary ops), ``b`` a ``bool`` tensor;
-  empty means every argument is ``f``. ``result`` is ``"float"`` (the promoted dtype of the float
-  arguments) or ``"bool"``. Bool values are 0.0 / 1.0 inside ``np_fn`` and inside kernels (fp32
+  empty means every argument is ``f``; ``i`` an int tensor (``uniform``, gather's index). ``result`` is
+  ``"float"`` (the promoted dtype of the float arguments), ``"bool"`` or ``"float32"`` (``uniform``). Bool values are 0.0 / 1.0 inside ``np_fn`` and inside kernels (fp32
   registers; see ``graph/parse.py`` for the dtype rules): comparisons return 1.0 for true, logical ops
   and ``where`` treat any non-zero value as true. Comparisons are IEEE: NaN compares false, except
   ``ne`` (true). ``clamp(x, lo, hi)`` is ``minimum(maximum(x, lo), hi)`` with NaN propagated from any
@@ -95,7 +95,7 @@ class OpInfo:
     np_combine: Any = None  # numpy ufunc for reductions
     is_mean: bool = False
     arg_types: str = ""  # one of 'f' / 'b' per argument; '' = all float
-    result: str = "float"  # 'float' | 'bool'
+    result: str = "float"  # 'float' | 'bool' | 'float32'
     ints: bool = False  # the 'f' arguments may instead all be int tensors (see "Integer values")
 
     def arg_type(self, i: int) -> str:
@@ -365,6 +365,40 @@ def iota(shape: tuple[int, ...], axis: int) -> np.ndarray:
 #: element is its coordinate along ``axis`` (``torch.arange`` broadcast); ``np_fn`` is :func:`iota`
 IOTA = OpInfo(name="iota", kind="iota", arity=0, np_fn=iota, cuda="{0}", flops=0, sfu=0)
 OPS[IOTA.name] = IOTA
+
+_M32 = 0xFFFFFFFF
+
+
+def uniform(seed: Any, idx: Any) -> np.ndarray:
+    """``uniform``'s value (float32 in ``[0, 1)``, 24 random bits): a counter-based hash of the int64
+    ``seed`` and the int32 element counter ``idx`` (murmur3's finaliser over ``idx * 0x9E3779B1 + lo``
+    with ``hi`` mixed in, ``lo`` / ``hi`` the seed's 32-bit halves), then its top 24 bits times 2**-24.
+    Kernels compute the same bits (:data:`UNIFORM` ``cuda``); torch's ``stitchtune::rand`` too."""
+    s = np.asarray(seed).astype(np.int64).astype(np.uint64)
+    i = np.asarray(idx).astype(np.int64).astype(np.uint64) & np.uint64(_M32)
+    m = np.uint64(_M32)
+    lo, hi = s & m, (s >> np.uint64(32)) & m
+    h = (i * np.uint64(0x9E3779B1) + lo) & m
+    h ^= h >> np.uint64(16)
+    h = (h * np.uint64(0x85EBCA6B)) & m
+    h ^= hi
+    h ^= h >> np.uint64(13)
+    h = (h * np.uint64(0xC2B2AE35)) & m
+    h ^= h >> np.uint64(16)
+    return ((h >> np.uint64(8)).astype(np.float64) * 2.0**-24).astype(np.float32)
+
+
+#: ``uniform(seed, idx)`` (kind ``binary``, two int tensors, result float32): a random number in
+#: ``[0, 1)`` per element, :func:`uniform` of the int64 seed and the int32 counter (a region's dropout
+#: draws ``rand`` with it: the counter is the element's flat index). Its CUDA form is a device lambda
+#: called in place (one expression, operands used once).
+UNIFORM = OpInfo(
+    name="uniform", kind="binary", arity=2, np_fn=uniform, flops=16, sfu=0, arg_types="ii", result="float32",
+    cuda=("([](unsigned long long s, unsigned int i) -> float {{ unsigned int h = i * 0x9E3779B1u + "
+          "(unsigned int)s; h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= (unsigned int)(s >> 32); h ^= h >> 13; "
+          "h *= 0xC2B2AE35u; h ^= h >> 16; return (float)(h >> 8) * 5.9604644775390625e-08f; }}"
+          "((unsigned long long)({0}), (unsigned int)({1})))"))
+OPS[UNIFORM.name] = UNIFORM
 
 _INDEX_OPS: tuple[OpInfo, ...] = (
     OpInfo(name="slice", kind="slice", arity=1, np_fn=_slice, cuda="{0}", flops=0, sfu=0),

@@ -255,8 +255,8 @@ def _node_args(rn: dict[str, Any], i: int, path: str, nid: Any, id_ok: bool, inf
             c = _constant(a, apath, p)
             if c is None:
                 ok = False
-            elif info is not None and (info.kind not in ("binary", "ternary") or info.arg_type(j) == "b"):
-                what = "a bool tensor" if info.arg_type(j) == "b" else "a tensor argument"
+            elif info is not None and (info.kind not in ("binary", "ternary") or info.arg_type(j) in ("b", "i")):
+                what = {"b": "a bool tensor", "i": "an int tensor"}.get(info.arg_type(j), "a tensor argument")
                 p.add(apath, f"{info.name} needs {what}, not a constant")
                 ok = False
             else:
@@ -301,6 +301,10 @@ def _check_arg_types(path: str, info: OpInfo, values: list[str | float], specs: 
         dtype = specs[k].dtype
         k += 1
         want = info.arg_type(j)
+        if want == "i" and info.kind == "binary" and dtype not in INT_DTYPES:   # uniform's seed and counter
+            p.add(f"{path}.args[{j}]", f"{info.name} needs an int tensor here; {_show(v)} is {dtype}")
+            ok = False
+            continue
         if want == "i" or info.kind in _ANY_DTYPE_KINDS:  # gather's own check names the index's dtype
             continue
         if info.name == "reduce_sum" and dtype == "bool":  # a count (float32, see _node_spec)
@@ -458,8 +462,8 @@ def _expand_shape(rn: dict[str, Any], path: str, first: TensorSpec, shape: tuple
 
 def _result_dtype(info: OpInfo, args: _Args) -> str:
     """``bool`` for a bool-valued op, else the promoted dtype of the float tensor arguments."""
-    if info.result == "bool":
-        return "bool"
+    if info.result in ("bool", "float32"):
+        return info.result
     numeric = [s.dtype for s in args.specs if s.dtype != "bool"]
     if info.ints and any(d in INT_DTYPES for d in numeric):
         return promote_ints(numeric)

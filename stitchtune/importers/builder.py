@@ -154,8 +154,8 @@ class GraphBuilder:
         if shape is None:
             raise ImportError_(f"{op}: shapes {', '.join(map(str, shapes))} do not broadcast (value {name!a})")
         numeric = [v.dtype for v in args if not v.is_scalar and v.dtype is not None and v.dtype != "bool"]
-        if OPS[op].result == "bool":
-            dtype = "bool"
+        if OPS[op].result in ("bool", "float32"):
+            dtype = OPS[op].result
         elif OPS[op].ints and numeric and all(d in INT_DTYPES for d in numeric):
             dtype = "int64" if "int64" in numeric else "int32"   # int ops on ints (graph-format.md)
         else:

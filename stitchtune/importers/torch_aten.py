@@ -73,12 +73,18 @@ _FILLS = {"aten.scalar_tensor", "aten.full"}
 INT_OPS: frozenset[str] = frozenset({
     "aten.add", "aten.sub", "aten.rsub", "aten.mul", "aten.neg", "aten.abs", "aten.maximum", "aten.minimum",
     "aten.clamp", "aten.clamp_min", "aten.clamp_max", *_COMPARE, "aten.where", "aten.masked_fill"})
+#: the key of ``stitchtune::rand(seed, stream, size)`` (:mod:`stitchtune.importers.torch_random`): dropout's
+#: numbers drawn in the region, ``uniform(seed + stream * RAND_STREAM_STEP, flat index)``
+RAND_KEY = "stitchtune.rand"
+#: what a stream adds to the seed (a graph.json int constant: exact, below 2**53 for streams < 2**16)
+RAND_STREAM_STEP = 0x9E3779B97
 #: every ATen op key (``_key(node.target)``) that :meth:`_Walker._op` maps (some only for some arguments)
 SUPPORTED_OPS: frozenset[str] = frozenset({
     *_UNARY, *_BINARY, *_REDUCE, *_VIEWS, *_CASTS, *_LAYOUT, "aten.gelu", "aten.add", "aten.sub", "aten.rsub", "aten.pow",
     "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.softmax", "aten._softmax",
     "aten.log_softmax", "aten._log_softmax", "aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm",
-    "aten.dropout", "aten.native_dropout", "aten.feature_dropout", *_FILLS, "prims.fma", *_MASK_OPS, *_IOTA})
+    "aten.dropout", "aten.native_dropout", "aten.feature_dropout", *_FILLS, "prims.fma", *_MASK_OPS, *_IOTA,
+    RAND_KEY})
 SUPPORTED_OPS = SUPPORTED_OPS | CNN_OPS   # eval batch norm, 1x1 adaptive average pool (torch_cnn)
 _IGNORED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
             "aten._assert_async"}
@@ -335,6 +341,8 @@ class _Walker(LayoutOps):
             return scalar(float(fill))
         if key in _IOTA:
             return self._iota(node, key, a)
+        if key == RAND_KEY:
+            return self._rand(node, a)
         if key == "aten.mul" and _meta(node)[1] not in (None, "bool") and any(map(_is_bool, (x, a.get("other")))):
             # training dropout's ``mask * x``: the mask cast to the product's dtype (exact: 0 or 1)
             prod_dt = str(_meta(node)[1])
@@ -391,6 +399,31 @@ class _Walker(LayoutOps):
         if key in CNN_OPS:
             return map_cnn_op(self, node, key, a)
         raise ImportError_(f"unsupported op {node.target} at {_where(node)}")
+
+    def _rand(self, node: Any, a: dict[str, Any]) -> Value:
+        """``stitchtune::rand(seed, stream, size)``: ``uniform(seed + stream * RAND_STREAM_STEP, i)`` with
+        ``i`` the element's row-major flat index in ``size``, a sum of int32 ``iota``s times strides."""
+        b, name = self.b, node.name
+        t = tuple(int(d) for d in a["size"])
+        stream = a["stream"]
+        if math.prod(t) >= 2**31 or isinstance(stream, bool) or not isinstance(stream, int) or not 0 <= stream < 2**16:
+            raise ImportError_(f"{node.target} at {_where(node)}: only fewer than 2**31 numbers and streams "
+                               "below 2**16 are supported")
+        seed = self.val(a["seed"], node)
+        if stream:
+            seed = b.binary("add", seed, scalar(float(stream * RAND_STREAM_STEP)), f"{name}_seed")
+        idx: Value | None = None
+        stride = 1
+        for ax in reversed(range(len(t))):
+            if t[ax] > 1:
+                term = b.iota(t, ax, "int32", f"{name}_i{ax}")
+                if stride > 1:
+                    term = b.binary("mul", term, scalar(float(stride)), f"{name}_s{ax}")
+                idx = term if idx is None else b.binary("add", idx, term, f"{name}_c{ax}")
+            stride *= t[ax]
+        if idx is None:   # a single number: counter 0
+            idx = b.iota(t or (1,), 0, "int32", f"{name}_i")
+        return b.elementwise("uniform", [seed, idx], name)
 
     def _iota(self, node: Any, key: str, a: dict[str, Any]) -> Value:
         """``arange(start, end, step)`` / ``prims.iota(length, start, step)``: an int ``iota`` of the

@@ -9,6 +9,10 @@
   windowed pooling op, no graph.json equivalent, dynamic shape, dtype); constants, assertions and
   dead calls (nothing reads them, they mutate nothing) silently. An in-place op is a candidate as its
   functional form when its mutation is unobservable (:func:`~stitchtune.importers.torch_cnn.inplace_reason`).
+* ``stitchtune::rand`` (dropout's numbers drawn in the region, :mod:`stitchtune.importers.torch_random`)
+  is a candidate and its seed (a view of Inductor's seeds) a silent input; ``aten.rand`` is not, and a
+  comparison of its numbers (or of a draw left out of every region) stays with Inductor, which draws
+  them in the kernel that compares them.
 * Bool chains of graph inputs and constants (a padding mask's cast, ``index``, ``&``, ``where``) are
   *pulled*: not grouped, but computed again by every region that reads them; so are float chains of
   values from outside every region that only broadcast into larger tensors (the rotary angles:
@@ -24,7 +28,7 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stitchtune.importers.torch_aten import (_BINARY, _IGNORED, _IOTA, _UNARY, INT_OPS, SUPPORTED_OPS, _key,
+from stitchtune.importers.torch_aten import (_BINARY, _IGNORED, _IOTA, _UNARY, INT_OPS, RAND_KEY, SUPPORTED_OPS, _key,
                                              index_dtype_name, value_dtype_name)
 from stitchtune.importers.torch_cnn import WINDOWED_OPS, dead, inplace_reason, is_inplace
 from stitchtune.importers.torch_consts import resolved_index
@@ -70,7 +74,8 @@ _CAST_KEYS = frozenset({"aten.to", "aten._to_copy", "aten.type_as", "prims.conve
 #: comparisons, ``where``), and the float ops that read an int tensor as torch does (promoted to float32)
 _INT_OK = frozenset({*_CAST_KEYS, "aten.view", "aten.reshape", "aten._unsafe_view",
                      "aten.unsqueeze", "aten.squeeze", "aten.flatten", "aten.alias", "aten.clone",
-                     "aten.contiguous", "aten.detach", "aten.expand", *INT_OPS, *_UNARY, *_BINARY, "aten.pow"})
+                     "aten.contiguous", "aten.detach", "aten.expand", *INT_OPS, *_UNARY, *_BINARY, "aten.pow",
+                     RAND_KEY})   # (its int64 seed)
 #: ops that may produce int32/int64 tensors: views of ints, casts, the int ops, ``arange``, a bool sum
 #: views of int tensors (an embedding's ids reshaped): still input indices for graph.json's gather
 _VIEWS_OF_INTS = frozenset({"aten.view", "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze",
@@ -154,9 +159,12 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
         if why:
             return f"reads {why}"
     if key in _COMPARISONS and any(a.op == "call_function" and _key(a.target) in RANDOM_OPS for a in fx_args(node)):
-        return ("compares random numbers drawn in the graph (Inductor draws them in the kernel that "
-                "compares them: a 1-byte mask instead of 4-byte numbers handed to a region)")
+        return _RANDOM_COMPARED
     return None
+
+
+_RANDOM_COMPARED = ("compares random numbers drawn in the graph (Inductor draws them in the kernel that "
+                    "compares them: a 1-byte mask instead of 4-byte numbers handed to a region)")
 
 
 class _Excluded:
@@ -189,6 +197,10 @@ class _Excluded:
         for u in node.users:
             if u.target is operator.getitem and u not in self:
                 self.derived.add(u)
+        if _key(node.target) == RAND_KEY:   # a draw left out takes its comparisons along (as aten.rand's)
+            for u in node.users:
+                if u.op == "call_function" and _key(u.target) in _COMPARISONS and u not in self:
+                    self.add(u, _RANDOM_COMPARED)
 
 
 #: int views and copies that stay with the value PyTorch computes (:func:`_leave_int_copies`)
@@ -250,6 +262,8 @@ def _initial_exclusions(nodes: Sequence[Any], consts: Mapping[Any, Any]) -> _Exc
             why = _reject_reason(n, consts, order)
             if why and dead(n):   # nothing reads it and it mutates nothing (make_fx's ``empty``)
                 ex.derived.add(n)
+            elif why and n.users and all(_key(u.target) == RAND_KEY for u in n.users):
+                ex.derived.add(n)   # a draw's seed (a view of the seeds): a region's input, no kernel
             elif why:
                 ex.add(n, why)
     _pull_constants(nodes, ex, consts)

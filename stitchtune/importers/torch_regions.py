@@ -46,8 +46,11 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   gradient's column sum beside the layer norm backward reading the same gradient); else they stay.
 * ``accept(graph)`` (default: the planner, :func:`stitchtune.plan.planner.make_plan`) returns None or
   why not. When the reason names a node of the region (``'sum_4'``: e.g. a column sum next to row
-  sums in a layer norm's backward), that node is declined with the reason and the rest is grouped
-  again; otherwise the region is declined whole (its ops stay in the fx graph).
+  sums in a layer norm's backward; a column sum next to a concat, which the planner names first),
+  that node is declined with the reason and the rest is grouped again; otherwise the region is
+  declined whole (its ops stay in the fx graph). A region refused for int arithmetic (next to a
+  gather, or in a column reduction) that draws random numbers (``stitchtune::rand``:
+  :mod:`stitchtune.importers.torch_random`) gives up its draw first, with the comparisons reading it.
 * A 0-d input (a loss's incoming gradient, a count of rows kept, a position offset) is a ``[1]`` input
   of the region's graph (graph.json tensors have rank 1 or more) that broadcasts as PyTorch's 0-d
   tensor does; the region op reshapes the tensor to the graph's shape (same bytes).
@@ -71,6 +74,7 @@ from stitchtune.errors import StitchtuneError
 from stitchtune.graph.parse import Graph
 from stitchtune.importers.builder import GraphBuilder, ImportError_
 from stitchtune.importers.torch_aten import (
+    RAND_KEY,
     _Captured,
     _key,
     _strip1,
@@ -500,6 +504,10 @@ def _judge(res: _Mapped, group: list[Any],
     why = accept(res.graph)
     if not why:
         return res
+    if "computes with int values" in why:   # a gather or a column reduction next to int arithmetic:
+        drawn = next((n for n in group if _key(n.target) == RAND_KEY), None)   # give up a draw first
+        if drawn is not None:
+            return _Culprit(drawn, f"{why} (the random numbers of this region's dropout are drawn by the framework)")
     by_name = {n.name: n for n in group}
     for name in _QUOTED.findall(why):
         node = by_name.get(name)

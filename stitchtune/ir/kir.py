@@ -147,7 +147,8 @@ class Bin:
 
 @dataclass(frozen=True)
 class MathOp:
-    """A float32 graph operator from :mod:`stitchtune.graph.ops` applied to float32 operands."""
+    """A float32 graph operator from :mod:`stitchtune.graph.ops` applied to float32 operands (int
+    operands where the op's ``arg_types`` say ``i``: ``uniform``'s seed and counter)."""
 
     op: str
     args: tuple["Expr", ...]

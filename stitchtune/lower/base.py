@@ -422,6 +422,8 @@ class Lowerer:
         src = [self.vtype(a) if isinstance(a, str) else None for a in nd.args]
         if info.kind == "layout":
             return args[0]
+        if info.result == "float32":   # uniform(seed, counter): int operands, a float32 value
+            return MathOp(nd.op, tuple(args))
         if info.kind == "cast":
             to, a, st = nd.to or nd.dtype, args[0], src[0]
             if st in (I32, I64):

@@ -413,8 +413,8 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
             raise UnsupportedGraphError(f"{n.op} '{n.id}' is in a region with transpose / reshape; stitched "
                                         "kernels do not combine the two yet")
     if family == Family.COL:
-        raise UnsupportedGraphError("slice / concat with transpose / reshape are supported in row-reduction and "
-                                    "element-wise kernels only, not in column reductions")
+        raise UnsupportedGraphError(f"{_column_reductions(graph)}slice / concat with transpose / reshape are supported "
+                                    "in row-reduction and element-wise kernels only, not in column reductions")
     chained = _chained(graph)
     every_chained = all(n in chained for n in graph.input_names)  # loads by chain arithmetic only
     if (tuple(out_cols) != tuple(col_axes) and not every_chained) or domain[-1] < 2:
@@ -632,6 +632,14 @@ def real_index_maps(graph: Graph, sur: Graph, axes: dict[str, tuple[int | None, 
     return out
 
 
+def _column_reductions(graph: Graph) -> str:
+    """The refusal's head naming a column-family graph's reductions first (``"column reduction
+    'sum_13' next to "``): a region finder that declines the node a refusal names first then keeps
+    the index ops (a concat of the q/k/v gradients) and leaves the column sum out, not the reverse."""
+    reds = [nd.id for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
+    return f"column reduction {', '.join(repr(r) for r in reds)} next to " if reds else ""
+
+
 def check_gathers(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ...], family: str) -> None:
     """A gather's table rows must be the view's columns: ``table.shape[1:]`` spans exactly the column
     axes (so element ``(r, c)`` is ``table[idx[r], c]``), in a row-family view."""
@@ -639,8 +647,8 @@ def check_gathers(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ..
         if n.op not in ("gather", "gather_elements", "slice", "concat"):
             continue
         if family == Family.COL:
-            raise UnsupportedGraphError(f"{n.op} '{n.id}': index ops are supported in row-reduction and "
-                                        "element-wise kernels only, not in column reductions")
+            raise UnsupportedGraphError(f"{_column_reductions(graph)}{n.op} '{n.id}': index ops are supported in "
+                                        "row-reduction and element-wise kernels only, not in column reductions")
         if n.op == "gather_elements":
             check_picks(graph, domain, col_axes)
         if n.op != "gather":

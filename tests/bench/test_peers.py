@@ -90,6 +90,10 @@ def _every_op_graph() -> dict:
             nodes.append({"id": nid, "op": op, "args": args})
         elif kind == "unary":
             nodes.append({"id": nid, "op": op, "args": [f"p{i}" if op in ("log", "sqrt", "rsqrt") else last]})
+        elif op == "uniform":  # random numbers of a seed and a counter (both iotas here), added
+            nodes += [{"id": f"q{i}", "op": "iota", "args": [], "shape": [4, 8], "axis": 1, "dtype": "int64"},
+                      {"id": f"w{i}", "op": op, "args": [f"q{i}", f"q{i}"]},
+                      {"id": nid, "op": "add", "args": [f"w{i}", last]}]
         elif kind == "binary":
             a = f"p{i}" if op == "pow" else last
             args = [[a, 1.5], [1.5, a], [a, "y"]][i % 3]

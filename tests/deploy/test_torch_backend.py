@@ -370,12 +370,15 @@ def test_dropout_in_training_goes_to_inductor_with_the_regions(caplog: pytest.Lo
 
 
 def test_dropouts_mask_product_is_stitched_and_a_training_step_matches_the_same_masks_eagerly() -> None:
-    """Training dropout's ``mask * x`` (forward) and the mask cast of its backward are stitched into
-    the regions around them; with the same seed and the rest run eagerly the step equals
-    AOTAutograd's graphs run eagerly (the same ``aten.rand`` calls in the same order, so the same
-    masks)."""
+    """Training dropout's numbers, its comparison and ``mask * x`` (forward) and the mask cast of its
+    backward are stitched into the regions around them (the region draws the numbers:
+    ``stitchtune::rand``, graph.json's ``uniform``); with the same seed and the rest run eagerly the
+    step equals AOTAutograd's graphs run eagerly with the same draws (``seed_rands``: the same seeds
+    from the same ``randint``, hashed by torch, so the same masks bit for bit)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
+
+    from stitchtune.importers.torch_random import seed_rands
 
     def step(backend: Any) -> tuple[Any, Any]:
         torch.manual_seed(1)
@@ -387,7 +390,7 @@ def test_dropouts_mask_product_is_stitched_and_a_training_step_matches_the_same_
         (y * torch.linspace(-1.0, 2.0, 16)).sum().backward()   # a layer norm's plain sum has no gradient
         return y.detach(), x.grad
 
-    eager = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward),
+    eager = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func((seed_rands(gm) or gm).forward),
                          decompositions=torch_backend._decompositions())
     want_y, want_g = step(eager)
     torch_backend.LAST_REPORTS.clear()
@@ -399,6 +402,7 @@ def test_dropouts_mask_product_is_stitched_and_a_training_step_matches_the_same_
     declined = [d.what for r in torch_backend.LAST_REPORTS for d in r.declined]
     assert "op aten.mul" not in declined and "op prims.convert_element_type" not in declined
     assert "prims.convert_element_type" in ops["backward"] and ops["forward"].count("aten.mul") >= 2
+    assert {"stitchtune.rand", "aten.gt"} <= set(ops["forward"])   # drawn and compared in the region
 
 
 def test_a_mask_saved_for_the_backward_is_a_bool_output_of_its_region() -> None:

@@ -28,6 +28,10 @@ def test_np_fn_keeps_float32_and_float64(name: str) -> None:
         if info.kind == "reduce":
             r = info.np_fn(x, axis=(1,), keepdims=True)
             assert r.shape == (3, 1)
+        elif info.kind == "binary" and info.arg_types == "ii":   # uniform: int operands, float32 values
+            r = info.np_fn(np.arange(12).reshape(3, 4), np.int64(7))
+            assert r.dtype == np.float32 and r.shape == (3, 4) and ((r >= 0) & (r < 1)).all()
+            continue
         elif info.kind == "binary":
             r = info.np_fn(x, x[::-1])
             assert info.np_fn(x, 1.5).dtype == dt
@@ -62,14 +66,15 @@ def test_op_table_fields() -> None:
                         "lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or", "logical_not",
                         "where", "clamp",
                         "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "cast",
-                        "slice", "concat", "gather", "gather_elements", "transpose", "reshape", "expand", "iota"}
+                        "slice", "concat", "gather", "gather_elements", "transpose", "reshape", "expand", "iota",
+                        "uniform"}
     banned = re.compile(r"\b(exp|log|sqrt|tanh|sin|cos|erf|pow|fmax|fmin|fabs)\(")  # double-precision calls
     for info in OPS.values():
         assert info.kind in ("unary", "binary", "ternary", "reduce", "cast", "slice", "concat", "gather",
                              "gather_elements", "layout", "iota")
         assert info.arity == {"binary": 2, "ternary": 3, "concat": 0, "gather": 2, "gather_elements": 2,
                               "iota": 0}.get(info.kind, 1)
-        assert info.result in ("float", "bool") and set(info.arg_types) <= {"f", "b", "i"}
+        assert info.result in ("float", "bool", "float32") and set(info.arg_types) <= {"f", "b", "i"}
         assert info.arg_types == "" or len(info.arg_types) == info.arity
         assert info.cuda.count("(") == info.cuda.count(")")
         assert not banned.search(info.cuda), info.name

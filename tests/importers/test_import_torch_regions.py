@@ -609,3 +609,33 @@ def test_a_rank1_value_also_read_along_the_columns_is_not_lifted() -> None:
 
     gm = _aten(f, torch.randn(8, 8), torch.randn(8))
     assert row_vectors(gm) == frozenset()
+
+
+def _qkv_grads(dq: Any, dk: Any, dv: Any, w: Any) -> Any:
+    """GPT-2's backward at the fused q/k/v projection: the heads' gradients transposed back, the
+    concat, the input gradient (a matmul) and the bias gradient (a column sum of the concat)."""
+    def heads(t: Any) -> Any:
+        return t.permute(0, 2, 1, 3).contiguous().view(1, 8, 32)
+
+    g = torch.cat([heads(dq), heads(dk.transpose(-1, -2)), heads(dv)], 2).view(8, 96)
+    return g @ w, g.sum(0, keepdim=True)
+
+
+def test_a_column_sum_next_to_a_concat_is_declined_and_the_concat_stays_one_region() -> None:
+    """The planner refuses a concat in a column-reduction kernel and names the column reduction
+    first: the column sum is declined (one kernel of the framework's) and the transposes and the
+    concat of the q/k/v gradients stay one region, not a region per transpose plus the concat's
+    copies."""
+    torch.manual_seed(0)
+    args = (torch.randn(1, 4, 8, 8), torch.randn(1, 4, 8, 8), torch.randn(1, 4, 8, 8), torch.randn(96, 32))
+    split = find_regions(_aten(_qkv_grads, *args))
+    [r] = split.regions
+    assert "aten.cat" in r.ops and "aten.sum" not in r.ops
+    [d] = [d for d in split.declined if d.what == "op aten.sum"]
+    assert d.reason.startswith("planner: column reduction 'sum") and "concat" in d.reason
+    ins = dict(zip(("dq_1", "dk_1", "dv_1", "w_1"), args))
+    out = run_reference(r.graph, {name: ins[n.name].numpy() for (name, _), n in zip(r.graph.inputs, r.inputs)})
+    [o] = r.graph.outputs
+    dq, dk, dv, _ = args
+    want = torch.cat([t.permute(0, 2, 1, 3).reshape(1, 8, 32) for t in (dq, dk.transpose(-1, -2), dv)], 2)
+    assert np.abs(out[o].reshape(8, 96) - want.reshape(8, 96).numpy()).max() < 1e-6

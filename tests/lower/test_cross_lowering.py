@@ -161,3 +161,34 @@ def test_channels_last_layer_norm_backward_emulates(grad: str) -> None:
     for s in [heuristic_schedule(plan, DEV, space)] + [_first_of(space, m, start=3) for m in MODES]:
         errs, _ = _errors(g, plan, space, s, seed=2)
         assert max(errs.values()) < 1, (s.to_json(), errs)
+
+
+def test_a_cross_plan_whose_rows_fit_one_block_combines_in_its_kernel() -> None:
+    """Every row in one block (a training step's layer norm backward at batch x sequence 8): the heuristic
+    sums the block's partials after a grid barrier of that one block (``grid``), one launch instead of
+    the partials kernel and the ``kernel`` combine's second launch, emulated like the reference; a
+    plan of more blocks keeps the ``kernel`` combine."""
+    from helpers import float_graph
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space import SearchSpace
+
+    def graph(rows: int):
+        return float_graph({"x": [rows, 32], "g": [rows, 32]}, [
+            {"id": "m", "op": "reduce_max", "args": ["x"], "axes": [-1], "keepdims": True},
+            {"id": "d", "op": "sub", "args": ["x", "m"]},
+            {"id": "e", "op": "exp", "args": ["d"]},
+            {"id": "s", "op": "reduce_sum", "args": ["e"], "axes": [-1], "keepdims": True},
+            {"id": "p", "op": "div", "args": ["e", "s"]},
+            {"id": "c", "op": "reduce_sum", "args": ["g"], "axes": [0], "keepdims": True}], ["p", "c"])
+
+    g = graph(8)
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    s = heuristic_schedule(plan, DEV, space)
+    assert plan.cross and s.cross_combine == "grid" and not space.violations(s) and s.deterministic
+    prog = lower(g, plan, s, DEV, space)
+    assert len(prog.launches) == 1 and prog.launches[0].grid == 1
+    errs, _ = _errors(g, plan, space, s)
+    assert max(errs.values()) < 1
+    big = make_plan(graph(4096))
+    assert heuristic_schedule(big, DEV, SearchSpace.for_plan(big, DEV)).cross_combine == "kernel"

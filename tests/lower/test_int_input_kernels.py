@@ -14,6 +14,7 @@ from helpers import DEV, compile_programs_sm90, emulated_errors
 from test_bool_output_kernels import bool_output_programs
 from test_int_ops_kernels import int_op_programs
 from test_one_hot_kernels import one_hot_programs
+from test_random_kernels import random_programs
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.gpu.build import nvcc_found
 from stitchtune.gpu.render import render
@@ -133,6 +134,7 @@ def test_int_loads_compile_for_sm90(tmp_path) -> None:
     programs += int_op_programs()  # int registers: iota, wrapping int64 arithmetic, int outputs
     programs += bool_output_programs()  # bool outputs: 0 / 1 bytes, one by one and packed in vectors
     programs += one_hot_programs()  # cross entropy's backward: a one-hot of an int register, [1] inputs
+    programs += random_programs()  # uniform: dropout's random numbers drawn in the kernel
     compile_programs_sm90(programs, tmp_path)  # one nvcc call; fails the test on any error
 
 
