@@ -25,10 +25,12 @@ per model and mode, all on this machine's CPU:
   rest of the graphs (counted as above). The backend's own graph compiler (the one
   ``torch.compile(backend="stitchtune")`` runs) is applied to each graph AOTAutograd hands it
   (captured by :func:`stitchtune.deploy.model_tuning.capture_graphs`); the step is compiled, not
-  run, and no database is read (heuristic schedules; kernel counts do not depend on the schedule
-  source). Where Inductor fails on the rest of a graph (the backend then runs it eagerly) every
+  run, and no database is read (heuristic schedules: a tuned schedule may choose another combine of
+  a cross reduction, one launch instead of two or the reverse). Where Inductor fails on the rest of a graph (the backend then runs it eagerly) every
   memory-intensive ATen op of it counts as one kernel and the row lists the graph and the
-  reason in ``eager_rest``.
+  reason in ``eager_rest``. Plus ``copies``: the region op makes a strided input (a permuted or
+  split view that the graph hands it) contiguous before its launch, one copy kernel each; counted
+  from the strides of the graph's fake values (:func:`input_copies`).
 * ``ideal`` -- one kernel per maximal memory-intensive region between compute ops in the ATen graphs
   the backend receives: nodes that are not compute ops (``COMPUTE_OPS`` of the torch importer, plus
   convolution backward) and not free views are joined along data edges (through views) while no
@@ -206,6 +208,20 @@ def _classify(n: Any) -> str:
     return "memory"
 
 
+def input_copies(gm: Any) -> int:
+    """Copy kernels the region op launches before its kernels: one per region input that is not
+    contiguous (``GuardedRegion`` makes it so), by the strides of the fx graph's fake values."""
+    import torch
+
+    n = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.stitchtune.region.default:
+            for a in node.args[1]:
+                v = getattr(a, "meta", {}).get("val")
+                n += isinstance(v, torch.Tensor) and not v.is_contiguous()
+    return n
+
+
 def eager_kernels(gm: Any) -> int:
     """Kernels of ``gm`` run eagerly: one per memory-intensive ATen op (views and compute ops aside)."""
     return sum(1 for n in gm.graph.nodes if n.op == "call_function" and _classify(n) == "memory")
@@ -262,7 +278,7 @@ def count_step(model: Any, args: Sequence[Any], mode: str) -> dict[str, Any]:
     inductor, inductor_functions = step("inductor")
     graphs = capture_graphs(model, args, mode)
     model.zero_grad(set_to_none=True)
-    stitched = regions = rest = rest_functions = 0
+    stitched = regions = rest = rest_functions = copies = 0
     opts = torch_backend.BackendOptions.from_options({"db": None, "cpu": "reference"})
     _fresh_inductor()
     eager: list[str] = []
@@ -281,8 +297,10 @@ def count_step(model: Any, args: Sequence[Any], mode: str) -> dict[str, Any]:
                 rest += eager_kernels(stitched_gm)
             stitched += sum(s.kernels for s in report.stitched)
             regions += len(report.stitched)
+            copies += input_copies(stitched_gm)
     ideal = sum(ideal_regions(g.module) for g in graphs)
-    return {"inductor": inductor, "backend": stitched + rest, "stitched": stitched, "rest": rest,
+    return {"inductor": inductor, "backend": stitched + rest + copies, "stitched": stitched, "rest": rest,
+            "copies": copies,
             "regions": regions, "ideal": ideal,
             "cpp_functions": {"inductor": inductor_functions, "rest": rest_functions},
             "graphs": [g.kind for g in graphs], "eager_rest": eager}
@@ -316,19 +334,22 @@ def _line(row: dict[str, Any]) -> str:
     if row["status"] != "ran":
         return f"{row['model']:<9} {row['mode']:<10} failed: {row['reason']}"
     return (f"{row['model']:<9} {row['mode']:<10} {row['inductor']:>8} {row['backend']:>8} "
-            f"({row['stitched']} stitched + {row['rest']} Inductor) {_ratio(row['backend'], row['inductor']):>7} "
+            f"({row['stitched']} stitched + {row['rest']} Inductor + {row['copies']} copies) "
+            f"{_ratio(row['backend'], row['inductor']):>7} "
             f"{row['ideal']:>6} {_ratio(row['ideal'], row['inductor']):>7}")
 
 
 def markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The table as markdown (one row per model and mode)."""
-    out = ["| model | mode | Inductor alone | backend (stitched + Inductor) | backend / Inductor | ideal | ideal / Inductor |",
+    out = ["| model | mode | Inductor alone | backend (stitched + Inductor + copies) | backend / Inductor | ideal "
+           "| ideal / Inductor |",
            "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         if r["status"] != "ran":
             out.append(f"| {r['model']} | {r['mode']} | failed: {r['reason']} | | | | |")
             continue
-        out.append(f"| {r['model']} | {r['mode']} | {r['inductor']} | {r['backend']} ({r['stitched']} + {r['rest']}) "
+        out.append(f"| {r['model']} | {r['mode']} | {r['inductor']} | {r['backend']} "
+                   f"({r['stitched']} + {r['rest']} + {r['copies']}) "
                    f"| {_ratio(r['backend'], r['inductor'])} | {r['ideal']} | {_ratio(r['ideal'], r['inductor'])} |")
     return out
 
@@ -349,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.ERROR)
     warnings.filterwarnings("ignore")
-    print(f"{'model':<9} {'mode':<10} {'inductor':>8} {'backend':>8} {'':<30} {'ratio':>7} {'ideal':>6} {'ratio':>7}",
+    print(f"{'model':<9} {'mode':<10} {'inductor':>8} {'backend':>8} {'':<41} {'ratio':>7} {'ideal':>6} {'ratio':>7}",
           flush=True)
     rows = run(models, modes, say=lambda s: print(s, flush=True))
     if a.markdown:

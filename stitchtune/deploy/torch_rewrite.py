@@ -145,9 +145,9 @@ def _redundant_copy(n: Any, env: Mapping[Any, Any], origin: Mapping[Any, tuple[A
     from the softmax's kernel)."""
     import torch
 
-    from stitchtune.importers.torch_fx_util import _key
+    from stitchtune.importers.torch_fx_util import op_key
 
-    if n.op != "call_function" or _key(n.target) not in ("aten.clone", "aten.contiguous") or not n.args:
+    if n.op != "call_function" or op_key(n.target) not in ("aten.clone", "aten.contiguous") or not n.args:
         return False
     src = n.args[0]
     if getattr(src, "op", None) is None or env.get(src) not in origin:

@@ -115,6 +115,10 @@ def _bind(node: Any) -> dict[str, Any]:
     return out
 
 
-def _key(target: Any) -> str:
+def op_key(target: Any) -> str:
+    """An fx target's op name without its overload (``torch.ops.aten.add.Tensor`` -> ``aten.add``)."""
     s = str(target)
     return s.rsplit(".", 1)[0] if s.count(".") >= 2 else s
+
+
+_key = op_key   # the importers' short name

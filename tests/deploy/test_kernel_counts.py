@@ -71,6 +71,24 @@ def test_aten_fallbacks_of_memory_intensive_ops_count_as_kernels_and_library_cal
         assert not kc._fallback_kernel(extern(name)), name
 
 
+def test_strided_region_inputs_count_as_copies() -> None:
+    """The region op makes a strided input contiguous before it launches (one copy kernel): counted by
+    the strides of the graph's fake values, contiguous inputs and other calls not."""
+    import torch.fx
+
+    from stitchtune.deploy import torch_ops  # noqa: F401 - registers torch.ops.stitchtune.region
+
+    kc = _script()
+    g = torch.fx.Graph()
+    a, b = g.placeholder("a"), g.placeholder("b")
+    a.meta["val"], b.meta["val"] = torch.empty(8, 4).t(), torch.empty(4, 8)
+    r1 = g.call_function(torch.ops.stitchtune.region.default, ("k1", [a, b]))
+    r2 = g.call_function(torch.ops.stitchtune.region.default, ("k2", [b]))
+    other = g.call_function(torch.ops.aten.add.Tensor, (a, b))
+    g.output((r1, r2, other))
+    assert kc.input_copies(torch.fx.GraphModule(torch.nn.Module(), g)) == 1
+
+
 @pytest.mark.slow
 def test_counts_of_one_step_add_up() -> None:
     """Inductor's kernels come from its scheduler (one per fused loop nest that code is generated
@@ -81,7 +99,8 @@ def test_counts_of_one_step_add_up() -> None:
            **kc.count_step(Residual().eval(), (torch.randn(4, 8, 32),), "inference")}
     assert row["graphs"] == ["inference"] and row["ideal"] == 2
     assert row["regions"] == 2 and row["stitched"] == 2        # ln (with x * 2) and add + gelu
-    assert row["backend"] == row["stitched"] + row["rest"] and row["rest"] == 0
+    assert row["backend"] == row["stitched"] + row["rest"] + row["copies"] and row["rest"] == 0
+    assert row["copies"] == 0   # every region input is contiguous here
     assert row["inductor"] >= 2 and row["cpp_functions"]["inductor"] >= 1
     lines = kc.markdown([row, {"model": "m", "mode": "train", "status": "failed", "reason": "why"}])
     assert lines[2].startswith("| ") and "failed: why" in lines[3]

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 GRAPH = REPO / "examples" / "layernorm_small.json"
 WORKERS = 4
 TRIALS = 10
-KILL_TRIALS = 8  # per worker in the kill test (4 batches of 2): the kill comes 0.5 s after the first rows
+KILL_TRIALS = 8  # per worker in the kill test (4 batches of 2): the kill comes once the victim signed a trial
 STUDY = "concurrency"
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
@@ -124,10 +124,15 @@ def test_one_of_four_workers_killed_the_others_finish(tmp_path: Path) -> None:
     trials = KILL_TRIALS
     procs = _start(db, WORKERS, trials)
     victim = procs[1]
-    deadline = time.monotonic() + 120
-    while not list(db.glob("part-*.parquet")) and time.monotonic() < deadline:  # wait until trials run
+    tag = f"{socket.gethostname()}:{victim.pid}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and victim.poll() is None:   # until the victim has signed a trial
+        try:
+            if any(t.user_attrs.get("worker") == tag for t in _study(db).get_trials(deepcopy=False)):
+                break
+        except KeyError:   # no study in the journal yet
+            pass
         time.sleep(0.2)
-    time.sleep(0.5)
     assert victim.poll() is None, "the victim finished before the kill: it did not land mid-run"
     os.kill(victim.pid, signal.SIGKILL)
     victim.communicate(timeout=60)
@@ -145,6 +150,6 @@ def test_one_of_four_workers_killed_the_others_finish(tmp_path: Path) -> None:
     assert n >= (WORKERS - 1) * trials + 2
     # the kill landed mid-run: the victim had signed trials and had not finished all of its own
     victims = [t for t in _study(db).get_trials(deepcopy=False)
-               if t.user_attrs.get("worker") == f"{socket.gethostname()}:{victim.pid}"]
+               if t.user_attrs.get("worker") == tag]
     assert victims, "the victim was killed before it started a trial"
     assert sum(t.state.is_finished() and not t.user_attrs.get("stale") for t in victims) < trials
