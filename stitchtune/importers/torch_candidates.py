@@ -32,7 +32,7 @@ from stitchtune.importers.torch_aten import (_BINARY, _IGNORED, _IOTA, _UNARY, I
                                              index_dtype_name, value_dtype_name)
 from stitchtune.importers.torch_cnn import WINDOWED_OPS, dead, inplace_reason, is_inplace
 from stitchtune.importers.torch_consts import resolved_index
-from stitchtune.importers.torch_fx_util import fx_args
+from stitchtune.importers.torch_fx_util import data_args, fx_args
 
 #: ATen ops that are compute-intensive (matmuls, convolutions, attention): Inductor's or a library's job
 COMPUTE_OPS: frozenset[str] = frozenset({
@@ -299,7 +299,7 @@ def _pull_constants(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, An
                 for u in n.users if u.op == "call_function" and len(u.args) > 1):
             continue   # indices resolved at import time (an index's, a range of embedding ids), or
             # embedding ids that a region reads as an input (graph.json gathers by input indices)
-        reads = fx_args(n)[:1] if key == "aten.index" else fx_args(n)
+        reads = data_args(n)
         if all(a in ex.pulled or a in consts and getattr(consts[a], "dim", lambda: 1)() == 0 for a in reads):
             ex.pulled.add(n)
             ex.constants.add(n)

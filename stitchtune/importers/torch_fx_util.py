@@ -22,6 +22,13 @@ def fx_args(node: Any) -> list[Any]:
     return out
 
 
+def data_args(node: Any) -> list[Any]:
+    """The fx nodes ``node`` reads as values: :func:`fx_args`, but of an ``index`` only its source (its
+    indices are constants the importers resolve at import time)."""
+    args = fx_args(node)
+    return args[:1] if node.op == "call_function" and op_key(node.target) == "aten.index" else args
+
+
 # ---------------------------------------------------------------------------- dtypes
 _TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 

@@ -425,14 +425,15 @@ def _map_with_constants(group: list[Any], name: str, consts: Mapping[Any, Any], 
     an iota the planner cannot lower next to a slice or concat), mapped again reading those constants
     as inputs (the framework computes them), as it did before they were pulled; the first result
     when neither maps."""
-    res = _map_group(group, name, consts, ex.pulled)
-    if isinstance(res, _Mapped) and _computes(res.graph) and accept is not None:
-        res = _judge(res, group, accept)
+    def judged(pulled: set[Any]) -> _Mapped | _Culprit | Declined | None:
+        res = _map_group(group, name, consts, pulled)
+        return _judge(res, group, accept) if isinstance(res, _Mapped) and _computes(res.graph) \
+            and accept is not None else res
+
+    res = judged(ex.pulled)
     if isinstance(res, _Mapped) or not ex.constants & set(_with_pulled(group, ex.pulled)):
         return res
-    alt = _map_group(group, name, consts, ex.pulled - ex.constants)
-    if isinstance(alt, _Mapped) and _computes(alt.graph) and accept is not None:
-        alt = _judge(alt, group, accept)
+    alt = judged(ex.pulled - ex.constants)
     return alt if isinstance(alt, _Mapped) else res
 
 

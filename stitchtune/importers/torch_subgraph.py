@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stitchtune.importers.torch_candidates import GATHER_INDEX_ARG, _hint, is_scatter_base
-from stitchtune.importers.torch_fx_util import _key, fx_args
+from stitchtune.importers.torch_fx_util import _key, data_args, fx_args
 from stitchtune.importers.torch_cnn import functional_of, is_inplace
 from stitchtune.importers.torch_consts import resolved_index as _resolved
 
@@ -37,13 +37,6 @@ def _embedded(x: Any, members: set[Any], consts: Mapping[Any, Any]) -> bool:
                for u in x.users if u in members)
 
 
-def _data_args(n: Any) -> list[Any]:
-    """The fx nodes ``n`` reads as values: all of them, but only the source of an ``index`` (its
-    indices are constants resolved at import time, :func:`_resolved`)."""
-    args = fx_args(n)
-    return args[:1] if n.op == "call_function" and _key(n.target) == "aten.index" else args
-
-
 def _uniform_base(x: Any, t: Any) -> bool:
     """A constant of one value (a folded ``full``) read only as a ``scatter``'s base: a number of the
     graph (:func:`~stitchtune.importers.torch_candidates.is_scatter_base`)."""
@@ -58,12 +51,12 @@ def _uniform_base(x: Any, t: Any) -> bool:
 def _with_pulled(group: list[Any], pulled: set[Any]) -> list[Any]:
     """``group`` and the ``pulled`` nodes it reads through chains of them, in graph order."""
     seen: set[Any] = set(group)
-    todo = [a for n in group for a in _data_args(n)]
+    todo = [a for n in group for a in data_args(n)]
     while todo:
         a = todo.pop()
         if a in pulled and a not in seen:
             seen.add(a)
-            todo.extend(_data_args(a))
+            todo.extend(data_args(a))
     if len(seen) == len(group):
         return group
     order = {n: i for i, n in enumerate(next(iter(group)).graph.nodes)}
