@@ -16,7 +16,7 @@ and the shifted address stays ``vec``-aligned, else one predicated scalar load p
 and scalar values are unchanged by column shifts. With no delta and no condition the sweep's own
 evaluation is used (caches, prefetch).
 
-Every load is proven in bounds (:func:`stitchtune.plan.remap.shift_offset`): for each axis the
+Every load is proven in bounds (:func:`stitchtune.plan.shift.shift_offset`): for each axis the
 positions the conditions allow, shifted, lie inside the tensor's own dims; the planner already walked
 the same remaps (:func:`stitchtune.plan.remap.check_remaps`), so a refusal is a planning error. ``gather(table, idx)``: once per round the row's index is read by :class:`~stitchtune.ir.kir.IndexLoad`
 (``-1`` when out of ``[0, V)``), a table element is ``table[i * N + c]`` loaded only where ``i >= 0``
@@ -31,7 +31,7 @@ from one predicated scalar load per input at column ``idx[row]`` (read once per 
 
 In a *mixed* region (transpose / reshape of the inputs, then slice / concat along the innermost
 axis: Llama's rotary after the head split) a shift that reaches an input through a layout node is a
-column shift ``d`` (:func:`stitchtune.plan.remap.column_shift`); a layout node passes the shift to its
+column shift ``d`` (:func:`stitchtune.plan.shift.column_shift`); a layout node passes the shift to its
 argument and an input is loaded at its general map's address of view element ``(r, c + d)``: its row
 offset plus ``c + d`` for a contiguous column map, its map of column ``c + d`` otherwise (inv_freq
 repeated along the head dim). An input of the domain's own layout read by slice / concat directly
@@ -58,8 +58,8 @@ from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, Se
 from stitchtune.lower.base import I, Lowerer, SweepValues, add, and_, mul
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.planner import TensorClass
-from stitchtune.plan.remap import (Shift, column_shift, composed_chains, domain_of, mixed_layout, outer_sources,
-                                   root_shift, shift_offset)
+from stitchtune.plan.remap import composed_chains, domain_of, mixed_layout, outer_sources, root_shift
+from stitchtune.plan.shift import Shift, column_shift, shift_offset
 from stitchtune.plan.pick import pick_leaves
 
 __all__ = ["Shift", "RemapValues", "gather_flag_buffers", "gather_index", "pick_value", "split_axes"]

@@ -22,7 +22,7 @@ cost model and the heuristic need nothing new); :func:`real_index_maps` gives th
 shape differs from their surrogate shape (a sliced input larger than the domain, a concat piece
 smaller than it) their maps with their own strides, and :func:`check_remaps` walks every remapped
 evaluation the kernel will make (a :class:`Shift` per tensor reached), proving each load in bounds
-(:func:`shift_offset`). Refused with :class:`UnsupportedGraphError` naming the tensor or node: an
+(:func:`~stitchtune.plan.shift.shift_offset`). Refused with :class:`UnsupportedGraphError` naming the tensor or node: an
 output or a reduction argument that does not span the domain, a tensor of higher rank than the
 domain, a gather table read by anything but gather, a table whose trailing dims are not the view's
 columns or an index op in a column reduction (:func:`check_gathers`), an index tensor used with two
@@ -34,12 +34,12 @@ that is only stored, e.g. ``x[:, 0:1, :]`` as an output: :func:`root_shift`).
 split ``x [B, S, H*D] -> [B, S, H, D] -> [B, H, S, D]``): the layout nodes and the inputs they read
 (:func:`layout_part`) keep their own shapes in the surrogate, which the planner maps with
 :func:`~stitchtune.plan.axes.tensor_axes` (general index maps); every shift must then be a column
-shift (:func:`column_shift`: slice / concat along the innermost domain axis, which must be the view's
+shift (:func:`~stitchtune.plan.shift.column_shift`: slice / concat along the innermost domain axis, which must be the view's
 columns, :func:`check_mixed`), so a shifted load is the general map's address of view element
 ``(r, c + d)``; an input of the domain's own layout read by slice / concat directly, or tokens
 viewed as the domain by a reshape (:func:`outer_sources`), may be shifted along any axis (Swin's
 ``roll`` as slice + concat along H and W, then the window partition as trailing maps): its load is
-proven by :func:`shift_offset`, in row-major strides. A
+proven by :func:`~stitchtune.plan.shift.shift_offset`, in row-major strides. A
 transpose / reshape / expand of a tensor computed *before* the index ops (a per-head RMSNorm, the
 rotary angles made in the region) keeps its shapes with everything it is computed from
 (:func:`layout_part`); one of a tensor computed from an index op's result (``k^T`` after the rotary,
@@ -56,7 +56,7 @@ through the chain to the input's offset. A region whose layout nodes are all suc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from math import prod
 
 from stitchtune.errors import UnsupportedGraphError
@@ -66,9 +66,10 @@ from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.family import Family
 from stitchtune.plan.pick import node_axis as _axis
 from stitchtune.plan.pick import check_picks, pick_leaves
+from stitchtune.plan.shift import Shift, check_size1_slice, column_shift, shift_offset, spans
 
-__all__ = ["OuterSources", "outer_sources", "root_shift", "composed_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "column_shift", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
-           "Shift", "shift_offset", "check_remaps"]
+__all__ = ["OuterSources", "outer_sources", "root_shift", "composed_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
+           "check_remaps"]
 
 
 def has_index_ops(graph: Graph) -> bool:
@@ -318,93 +319,10 @@ def surrogate(graph: Graph) -> Graph:
     return Graph(name=graph.name, inputs=inputs, nodes=tuple(nodes), outputs=graph.outputs)
 
 
-@dataclass(frozen=True)
-class Shift:
-    """Evaluate at domain position ``p + delta`` for positions with ``lo <= p[axis] < hi``."""
-
-    delta: tuple[tuple[int, int], ...] = ()       # (domain axis, d), sorted, d != 0
-    conds: tuple[tuple[int, int, int], ...] = ()  # (domain axis, lo, hi), one per axis, sorted
-
-    @property
-    def identity(self) -> bool:
-        return not self.delta and not self.conds
-
-    def d(self, axis: int) -> int:
-        return dict(self.delta).get(axis, 0)
-
-    def moved(self, axis: int, by: int) -> "Shift":
-        dd = dict(self.delta)
-        dd[axis] = dd.get(axis, 0) + by
-        return replace(self, delta=tuple(sorted((a, v) for a, v in dd.items() if v)))
-
-    def limited(self, axis: int, lo: int, hi: int, dim: int) -> "Shift | None":
-        """With ``lo <= p[axis] < hi`` added (None when no position of ``[0, dim)`` is left)."""
-        cs = dict((a, (l, h)) for a, l, h in self.conds)
-        ol, oh = cs.get(axis, (0, dim))
-        lo, hi = max(lo, ol, 0), min(hi, oh, dim)
-        if lo >= hi:
-            return None
-        if lo == 0 and hi == dim:
-            cs.pop(axis, None)
-        else:
-            cs[axis] = (lo, hi)
-        return replace(self, conds=tuple(sorted((a, l, h) for a, (l, h) in cs.items())))
-
-    def axes(self) -> set[int]:
-        return {a for a, _ in self.delta} | {a for a, _, _ in self.conds}
-
-
-def shift_offset(who: str, shape: tuple[int, ...], sh: Shift, domain: tuple[int, ...]) -> int:
-    """The element offset of ``sh``'s delta in a tensor of ``shape`` (right-aligned to ``domain``,
-    its own strides); :class:`UnsupportedGraphError` naming ``who`` unless every position the
-    conditions allow, shifted, lies inside the tensor (an axis of size 1 broadcasts: no offset)."""
-    off = len(domain) - len(shape)
-    conds = {a: (lo, hi) for a, lo, hi in sh.conds}
-    delta = 0
-    for k, dim in enumerate(shape):
-        a = off + k
-        if dim == 1:
-            continue
-        lo, hi = conds.get(a, (0, domain[a]))
-        d = sh.d(a)
-        if lo + d < 0 or hi - 1 + d > dim - 1:
-            raise UnsupportedGraphError(
-                f"node '{who}': positions [{lo + d}, {hi + d}) along axis {a} fall outside its size {dim}; "
-                "a slice/concat that reads outside a tensor is not supported")
-        delta += d * prod(shape[k + 1:])
-    return delta
-
-
-def _spans(graph: Graph, name: str, domain: tuple[int, ...]) -> bool:
-    shape = graph.spec(name).shape
-    off = len(domain) - len(shape)
-    return all(s == 1 or s == domain[off + k] for k, s in enumerate(shape))
-
-
-def column_shift(who: str, sh: Shift, domain: tuple[int, ...]) -> int:
-    """In a mixed region (:func:`check_mixed`): the column offset of ``sh``, which may shift and
-    limit the innermost domain axis (the view's columns) only; :class:`UnsupportedGraphError` naming
-    ``who`` unless every column the conditions allow, shifted, lies in ``[0, domain[-1])``. The load
-    of view element ``(r, c + d)`` is then in bounds by the index map's contract."""
-    last = len(domain) - 1
-    if sh.axes() - {last}:
-        raise UnsupportedGraphError(
-            f"node '{who}': a slice/concat along an outer axis reads it through a transpose / reshape (or "
-            "it does not have the iteration domain's layout); there slice and concat may act along the innermost "
-            "axis only")
-    lo, hi = {a: (l, h) for a, l, h in sh.conds}.get(last, (0, domain[last]))
-    d = sh.d(last)
-    if lo + d < 0 or hi - 1 + d > domain[last] - 1:
-        raise UnsupportedGraphError(
-            f"node '{who}': positions [{lo + d}, {hi + d}) along the innermost axis fall outside its size "
-            f"{domain[last]}; a slice/concat that reads outside a tensor is not supported")
-    return d
-
-
 def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tuple[int, ...],
                 col_axes: tuple[int, ...], family: str) -> None:
     """A mixed region (slice / concat with transpose / reshape) is lowered with column shifts only
-    (:func:`column_shift`): no gather, a row-family (or element-wise) view whose columns are exactly
+    (:func:`~stitchtune.plan.shift.column_shift`): no gather, a row-family (or element-wise) view whose columns are exactly
     the innermost dim of the domain (``out_cols``: the axes of an output's last dim; any view when
     every input is loaded through a :func:`composed_chains` chain: GPT-2's q/k/v split), and every input
     outside :func:`layout_part` of its surrogate shape (no sliced input larger than the domain)."""
@@ -468,9 +386,9 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
     a per-row value (``varies[name]`` false: it does not vary along the columns) or a gather under a
     row-axis shift, a remapped load outside a tensor. ``varies``: tensor -> varies along the columns.
     ``mixed``: a region with transpose / reshape, where a shift that reaches an input through a layout
-    node (or one of another layout than the domain's) is a column shift (:func:`column_shift`); an input
+    node (or one of another layout than the domain's) is a column shift (:func:`~stitchtune.plan.shift.column_shift`); an input
     of the domain's layout read by slice / concat directly may be shifted along any axis (Swin's roll
-    before the window partition), its load proven by :func:`shift_offset`."""
+    before the window partition), its load proven by :func:`~stitchtune.plan.shift.shift_offset`."""
     nodes = {n.id: n for n in graph.nodes}
     rows = set(row_axes)
     seen: set[tuple[str, Shift]] = set()
@@ -485,7 +403,7 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
         nd = nodes.get(name)
         kind = OPS[nd.op].kind if nd is not None else "input"
         if nd is not None and kind == "slice":
-            _check_size1_slice(nd, sh, domain)
+            check_size1_slice(nd, sh, domain)
         if nd is not None and kind == "gather_elements":  # a per-row pick, loaded at its own row
             if {a for a, _ in sh.delta} & rows:
                 raise UnsupportedGraphError(f"gather_elements '{name}' under a slice/concat along a row axis is "
@@ -520,7 +438,7 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
         if nd is None:
             if mixed:
                 column_shift(name, sh, domain)
-            elif not (not sh.delta and _spans(graph, name, domain)):
+            elif not (not sh.delta and spans(graph, name, domain)):
                 shift_offset(name, graph.spec(name).shape, sh, domain)
             return
         off = len(domain) - len(nd.shape)
@@ -575,10 +493,10 @@ def outer_sources(graph: Graph, domain: tuple[int, ...]) -> OuterSources:
     keep = layout_part(graph)
     nodes = {n.id: n for n in graph.nodes}
     shapes: dict[str, tuple[int, ...]] = {
-        n: tuple(s.shape) for n, s in graph.inputs if n not in keep and _spans(graph, n, domain)}
+        n: tuple(s.shape) for n, s in graph.inputs if n not in keep and spans(graph, n, domain)}
     through: set[str] = set()
     for r in graph.nodes:
-        if r.op != "reshape" or r.id not in keep or len(r.shape) > len(domain) or not _spans(graph, r.id, domain):
+        if r.op != "reshape" or r.id not in keep or len(r.shape) > len(domain) or not spans(graph, r.id, domain):
             continue
         src = tuple(graph.spec(str(r.args[0])).shape)
         if src[-1:] != tuple(domain[-1:]):
@@ -606,16 +524,6 @@ def outer_sources(graph: Graph, domain: tuple[int, ...]) -> OuterSources:
             shapes.update(found)
             through |= (seen - set(graph.input_names)) | {r.id}
     return OuterSources(tuple(sorted(shapes.items())), frozenset(through))
-
-
-def _check_size1_slice(nd: Node, sh: Shift, domain: tuple[int, ...]) -> None:
-    """A size-1 slice evaluated over several positions of its axis (broadcast) is refused."""
-    a = len(domain) - len(nd.shape) + _axis(nd)
-    lo, hi = {x: (l, h) for x, l, h in sh.conds}.get(a, (0, domain[a]))
-    if nd.shape[_axis(nd)] == 1 and hi - lo > 1:
-        raise UnsupportedGraphError(
-            f"slice '{nd.id}' has size 1 along axis {nd.axis} and is broadcast against the iteration "
-            f"domain {list(domain)} there; not supported (a size-1 slice may be a concat piece, or be stored)")
 
 
 def real_index_maps(graph: Graph, sur: Graph, axes: dict[str, tuple[int | None, ...]], domain: tuple[int, ...],
