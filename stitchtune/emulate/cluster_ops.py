@@ -29,8 +29,11 @@ StmtFn = Callable[[_State, np.ndarray], None]
 class ClusterOps:
     """Translation of the cluster statements and expressions (mixin of ``_Compiled``)."""
 
-    kernel: kir.Kernel
     shared: Any
+
+    @property
+    def kernel(self) -> kir.Kernel:  # provided by the translator
+        raise NotImplementedError
 
     def as_type(self, e: kir.Expr, t: str) -> ExprFn:  # provided by the translator
         raise NotImplementedError

@@ -165,7 +165,8 @@ class _SBuf(_Written):
 class _CompiledKernel(Protocol):
     """What a launch needs of a compiled kernel (``stitchtune.emulate.translate._Compiled`` is one)."""
 
-    kernel: kir.Kernel
+    @property
+    def kernel(self) -> kir.Kernel: ...
     var_types: dict[str, str]    # every variable of the kernel -> its IR type
     written_params: set[str]     # parameters the kernel stores to (race-tracked)
     atomic_params: set[str]      # parameters the kernel adds to atomically

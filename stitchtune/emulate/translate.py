@@ -3,8 +3,10 @@
 Contract
 --------
 * ``_compiled(kernel)`` returns the kernel's ``_Compiled`` form, built once per kernel object (cached by
-  identity with a weak reference). Building it checks the IR and raises ``ValueError`` for a malformed
-  kernel (unknown variable, buffer or type, a name used by two buffers, a non-i32 loop variable, ...).
+  identity while the kernel lives: the compiled form refers to its kernel weakly, and the entry leaves
+  the cache when the kernel is collected). Building it checks the IR and raises ``ValueError`` for a
+  malformed kernel (unknown variable, buffer or type, a name used by two buffers, a non-i32 loop
+  variable, ...).
 * ``_Compiled`` is a :class:`~stitchtune.emulate.memory._CompiledKernel` (the kernel, its variable
   types, the parameters it writes / adds to atomically), what a ``_State`` is built from.
 * ``_Compiled.body(state, mask)`` runs the kernel body on a
@@ -62,7 +64,7 @@ class _Compiled(ExprCompiler):
     :class:`~stitchtune.emulate.cluster_ops.ClusterOps`')."""
 
     def __init__(self, kernel: Kernel) -> None:
-        self.kernel = kernel
+        self._kernel = weakref.ref(kernel)  # weak: the cache entry must not keep its kernel alive
         self.var_types = {v.name: v.dtype for v in kir.collect_vars(kernel)}
         for name, dt in self.var_types.items():
             if dt not in _NP_SCALAR:
@@ -85,6 +87,14 @@ class _Compiled(ExprCompiler):
         if self.has_grid_sync and kernel.barrier_param not in self.params:
             raise ValueError(f"kernel {kernel.name}: GridSync needs barrier_param naming a parameter")
         self.body = self.block_fn(kernel.body, "stmt ")
+
+    @property
+    def kernel(self) -> Kernel:
+        """The compiled kernel (alive while anyone uses its compiled form: the caller holds it)."""
+        k = self._kernel()
+        if k is None:
+            raise ReferenceError("the compiled kernel has been collected")
+        return k
 
     # -- statements ----------------------------------------------------------------------------
 
@@ -320,12 +330,15 @@ _CACHE: dict[int, tuple[weakref.ref, _Compiled]] = {}
 
 
 def _compiled(kernel: Kernel) -> _Compiled:
-    """The closures of ``kernel``, compiled once per kernel object."""
-    hit = _CACHE.get(id(kernel))
+    """The closures of ``kernel``, compiled once per kernel object (the entry goes with the kernel)."""
+    key = id(kernel)
+    hit = _CACHE.get(key)
     if hit is not None and hit[0]() is kernel:
         return hit[1]
     ck = _Compiled(kernel)
-    for key in [k for k, (r, _) in _CACHE.items() if r() is None]:
-        del _CACHE[key]
-    _CACHE[id(kernel)] = (weakref.ref(kernel), ck)
+
+    def drop(ref: weakref.ref) -> None:
+        if _CACHE.get(key, (None,))[0] is ref:
+            del _CACHE[key]
+    _CACHE[key] = (weakref.ref(kernel, drop), ck)
     return ck

@@ -36,7 +36,6 @@ from stitchtune.ir.kir import (
     Const,
     IndexLoad,
     IntOp,
-    Kernel,
     Load,
     LocalRef,
     MathOp,
@@ -113,7 +112,6 @@ def _promote(a: str, b: str) -> str:
 class ExprCompiler(ClusterOps):
     """Compiles kir expressions into closures (the expression half of the emulator's translator)."""
 
-    kernel: Kernel
     var_types: dict[str, str]
     params: dict[str, kir.Param]
     shared: dict[str, kir.SharedBuf]

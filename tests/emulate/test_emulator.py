@@ -122,6 +122,28 @@ def test_vector_copy_with_tail(n: int) -> None:
     np.testing.assert_array_equal(out["y"], x)
 
 
+def test_compiled_kernels_are_cached_per_kernel_and_released_with_it() -> None:
+    """A kernel is translated once while it lives; its cache entry (closures and all) goes with it, so a
+    long run that emulates many kernels (a tuning session, the test suite) does not keep them all."""
+    import gc
+    import weakref
+
+    from stitchtune.emulate import translate
+
+    n = 1000
+    k = copy_kernel(n)
+    x = np.ones(n, np.float32)
+    emulate_kernel(k, copy_grid(n), {"x": x, "y": np.zeros(n, np.float32)})
+    ck = translate._compiled(k)
+    emulate_kernel(k, copy_grid(n), {"x": x, "y": np.zeros(n, np.float32)})
+    assert translate._compiled(k) is ck
+    ref = weakref.ref(ck)
+    del k, ck
+    gc.collect()
+    assert ref() is None
+    assert all(kref() is not None for kref, _ in translate._CACHE.values())  # no entry outlives its kernel
+
+
 def test_vector_copy_without_tail_mask_is_out_of_bounds() -> None:
     n = 1023
     k = copy_kernel(n, tail_mask=False)
