@@ -2,19 +2,55 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import BufferRole
+
+#: the fields of each IR node type that :func:`kir.exprs` descends into (a For's / If's nested
+#: statements are the statement walk's, not the expression walk's)
+_EXPR_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _expr_fields(t: type) -> tuple[str, ...]:
+    names = _EXPR_FIELDS.get(t)
+    if names is None:
+        skip = {kir.For: ("body",), kir.If: ("then", "orelse")}.get(t, ())
+        names = _EXPR_FIELDS[t] = tuple(f.name for f in dataclasses.fields(t) if f.name not in skip)
+    return names
+
+
+def _count_loads(x: Any, scratch: set[str], memo: dict[int, int]) -> int:
+    """The scratch loads among ``kir.exprs(x)`` (counted with multiplicity, as that walk yields them),
+    each IR node's count computed once (``memo`` by identity: lowering shares subtrees, and the walk
+    met a shared subtree once per place it appears)."""
+    if x is None or isinstance(x, (str, int, float, bool)):
+        return 0
+    if isinstance(x, tuple):
+        return sum(_count_loads(y, scratch, memo) for y in x)
+    key = id(x)
+    n = memo.get(key)
+    if n is None:
+        n = int(isinstance(x, kir.Load) and x.buf in scratch)
+        for name in _expr_fields(type(x)):
+            n += _count_loads(getattr(x, name), scratch, memo)
+        memo[key] = n
+    return n
 
 
 def scratch_loads_per_thread(kern: kir.Kernel) -> int:
     """Loads (:class:`kir.Load` / :class:`kir.LoadVec`) of scratch parameters one thread executes,
     with each loop counted ``trip count`` times (constant bounds; 1 otherwise)."""
     scratch = {pp.name for pp in kern.params if pp.role == BufferRole.SCRATCH}
+    if not scratch:  # nothing to count: skip the walk over every expression
+        return 0
+
+    memo: dict[int, int] = {}  # the kernel holds every node alive, so identities stay unique
 
     def in_expr(x: kir.Expr | kir.Stmt | None) -> int:
-        return sum(1 for e in kir.exprs(x) if isinstance(e, kir.Load) and e.buf in scratch)
+        return _count_loads(x, scratch, memo)
 
     def in_stmts(stmts: tuple[kir.Stmt, ...]) -> int:
         n = 0
