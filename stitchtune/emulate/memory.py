@@ -273,6 +273,11 @@ def _elements(base: np.ndarray, width: int) -> np.ndarray:
     return e.ravel()
 
 
+def _per_element(x: np.ndarray, width: int) -> np.ndarray:
+    """``x`` (one value per lane) repeated for each of the ``width`` elements of the lane's access."""
+    return x if width == 1 else np.repeat(x, width)
+
+
 @overload
 def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.ndarray, width: int,
             op: Literal["load"], values: np.ndarray | None = None, raw: bool = False) -> np.ndarray: ...
@@ -288,20 +293,21 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
     """
     base = np.ascontiguousarray(base, dtype=np.int32)  # IR indices are i32
     if width > 1:
-        mis = (base & np.int32(width - 1)) != 0  # widths are powers of two
-        if mis.any():
+        # widths are powers of two: every base is aligned iff their bitwise or is (one reduction)
+        if base.size and np.bitwise_or.reduce(base) & np.int32(width - 1):
+            mis = (base & np.int32(width - 1)) != 0
             raise st.fault("bad_alignment", f"{width}-wide access to {buf}{{at}}", mis, lanes, base)
         e = _elements(base, width)
-        lr = np.repeat(lanes, width)
     else:
-        e, lr = base, lanes
+        e = base
     b: _GBuf | _SBuf = st.shared[buf] if is_shared else st.glob[buf]
     size = b.size
-    oob = e.view(np.uint32) >= size  # negative indices wrap to huge unsigned values
-    if oob.any():
-        raise st.fault("out_of_bounds", f"{op} of {buf}{{at}} (size {size})", oob, lr, e)
+    eu = e.view(np.uint32)  # negative indices wrap to huge unsigned values
+    if eu.size and eu.max() >= size:  # one reduction; the offending lanes only on the fault path
+        raise st.fault("out_of_bounds", f"{op} of {buf}{{at}} (size {size})", eu >= size,
+                       _per_element(lanes, width), e)
     # flat element of each lane (intp: numpy converts any other index type on every gather)
-    g = b.lane_base.take(lr) + e if isinstance(b, _SBuf) else e.astype(np.intp)
+    g = _per_element(b.lane_base.take(lanes), width) + e if isinstance(b, _SBuf) else e.astype(np.intp)
     tracker = b.tracker
     if tracker is not None:  # the accessor ids the tracker records: threads (shared) or blocks (global)
         ids = st.tid if is_shared else st.bid
@@ -311,16 +317,17 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
     if op in ("load", "atomic") and b.must_check_written():
         wr = b.written.take(g)
         if not wr.all():
-            raise st.fault("uninitialized_read", f"{op} of unwritten {buf}{{at}}", ~wr, lr, e)
+            raise st.fault("uninitialized_read", f"{op} of unwritten {buf}{{at}}", ~wr, _per_element(lanes, width), e)
     if isinstance(b, _SBuf) and b.ctracker is not None:
-        _cluster_track(st, b, buf, op, g, lr, e)
+        _cluster_track(st, b, buf, op, g, _per_element(lanes, width), e)
     race = "shared_race" if is_shared else "global_race"
     if op == "load":
         if tracker is not None:
             bad = tracker.read(g, who)
             if bad.any():
                 raise st.fault(race, f"read of {buf}{{at}} written by another "
-                               f"{'thread' if is_shared else 'block'} without a barrier", bad, lr, e)
+                               f"{'thread' if is_shared else 'block'} without a barrier", bad,
+                               _per_element(lanes, width), e)
         v = b.arr.take(g)
         if v.dtype != np.float32 and not raw:
             v = v.astype(np.float32)
@@ -332,9 +339,10 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
             bad = tracker.write(g, who)
             if bad.any():
                 raise st.fault(race, f"write of {buf}{{at}} accessed by another "
-                               f"{'thread' if is_shared else 'block'} without a barrier", bad, lr, e)
+                               f"{'thread' if is_shared else 'block'} without a barrier", bad,
+                               _per_element(lanes, width), e)
         if isinstance(b, _GBuf) and tracker is not None and lanes.size > 1:
-            _check_same_statement_writes(st, b, g, lr, e)
+            _check_same_statement_writes(st, b, g, lanes, width, e)
         arr[g] = values.ravel().astype(arr.dtype, copy=False)
         b.written[g] = True
         b.stored()
@@ -343,16 +351,18 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
     if tracker is not None:
         bad = tracker.atomic(g, who)
         if bad.any():
-            raise st.fault(race, f"atomic add to {buf}{{at}} also plainly accessed by another block", bad, lr, e)
+            raise st.fault(race, f"atomic add to {buf}{{at}} also plainly accessed by another block", bad,
+                           _per_element(lanes, width), e)
     vals = values.ravel()
     if st.block_rank is not None:  # the blocks' adds in a seeded order (float addition is not associative)
-        order = np.argsort(st.block_rank[st.bid[lr]], kind="stable")
+        order = np.argsort(st.block_rank[st.bid[_per_element(lanes, width)]], kind="stable")
         g, vals = g[order], vals[order]
     np.add.at(arr, g, vals)
     return None
 
 
-def _check_same_statement_writes(st: _State, b: _GBuf, g: np.ndarray, lr: np.ndarray, e: np.ndarray) -> None:
+def _check_same_statement_writes(st: _State, b: _GBuf, g: np.ndarray, lanes: np.ndarray, width: int,
+                                 e: np.ndarray) -> None:
     """``global_race`` when two threads write one global element in the same store statement (one
     thread's vector never repeats an element, so a repeat is always two threads).
 
@@ -371,7 +381,8 @@ def _check_same_statement_writes(st: _State, b: _GBuf, g: np.ndarray, lr: np.nda
     dup = sg[1:] == sg[:-1]
     bad = np.zeros(g.size, bool)
     bad[order[1:][dup]] = True
-    raise st.fault("global_race", f"write of {b.name}{{at}} by two threads in one store (no atomic)", bad, lr, e)
+    raise st.fault("global_race", f"write of {b.name}{{at}} by two threads in one store (no atomic)", bad,
+                   _per_element(lanes, width), e)
 
 
 def _cluster_track(st: _State, sb: _SBuf, buf: str, op: str, g: np.ndarray, lanes: np.ndarray,

@@ -146,11 +146,11 @@ class _Compiled(ExprCompiler):
                 st.where = where
                 c = cf(st, m)
                 mt = st.mask(m & c)
-                if mt.any():
+                if mt is st.full or mt.any():  # (full: every lane, no reduction needed)
                     then(st, mt)
                 if orelse is not None:
                     mf = st.mask(m & ~c)
-                    if mf.any():
+                    if mf is st.full or mf.any():
                         orelse(st, mf)
             return if_
         if isinstance(s, Barrier):
@@ -318,7 +318,7 @@ class _Compiled(ExprCompiler):
             while True:
                 st.where = where
                 act = st.mask(act & (st.vars[name] < stop(st, act)))
-                if not act.any():
+                if act is not st.full and not act.any():
                     return
                 body(st, act)
                 v = st.vars[name]
