@@ -46,10 +46,69 @@ from stitchtune.ir.kir import (
 )
 
 
+def _const_fn(v: Any) -> ExprFn:
+    """The expression whose value is always ``v`` (marked, so that its users can fold it in)."""
+    def const(st: _State, m: np.ndarray) -> Any:
+        return v
+    setattr(const, "emu_const", (v,))
+    return const
+
+
+def _var_fn(name: str) -> ExprFn:
+    """The value of variable ``name`` (marked, so that its users can read it without a call)."""
+    def var(st: _State, m: np.ndarray) -> Any:
+        return st.vars[name]
+    setattr(var, "emu_var", name)
+    return var
+
+
+def _const_of(fn: ExprFn) -> tuple[Any] | None:
+    """``(value,)`` of a constant expression, None otherwise."""
+    return getattr(fn, "emu_const", None)
+
+
+def _binary(fn: Callable[[Any, Any], Any], af: ExprFn, bf: ExprFn) -> ExprFn:
+    """``fn(a, b)`` of two expressions, evaluated as ``lambda st, m: fn(af(st, m), bf(st, m))`` does,
+    with the calls to constant and variable operands taken out of the closure (two constants: the
+    value, computed once here, as the numpy call would at run time)."""
+    ca, cb = _const_of(af), _const_of(bf)
+    if ca is not None and cb is not None:
+        with np.errstate(all="ignore"):  # as the launch runs it
+            return _const_fn(fn(ca[0], cb[0]))
+    va: str | None = getattr(af, "emu_var", None)
+    vb: str | None = getattr(bf, "emu_var", None)
+    if cb is not None:
+        b = cb[0]
+        if va is not None:
+            return lambda st, m: fn(st.vars[va], b)
+        return lambda st, m: fn(af(st, m), b)
+    if ca is not None:
+        a = ca[0]
+        if vb is not None:
+            return lambda st, m: fn(a, st.vars[vb])
+        return lambda st, m: fn(a, bf(st, m))
+    if va is not None and vb is not None:
+        return lambda st, m: fn(st.vars[va], st.vars[vb])
+    if va is not None:
+        return lambda st, m: fn(st.vars[va], bf(st, m))
+    if vb is not None:
+        return lambda st, m: fn(af(st, m), st.vars[vb])
+    return lambda st, m: fn(af(st, m), bf(st, m))
+
+
 def _cast_fn(fn: ExprFn, src: str, dst: str) -> ExprFn:
-    """Convert values of type ``src`` to ``dst`` with C semantics."""
+    """Convert values of type ``src`` to ``dst`` with C semantics (a constant's once, here)."""
     if src == dst:
         return fn
+    cast = _cast_fn_of(fn, src, dst)
+    c = _const_of(fn)
+    if c is not None:
+        with np.errstate(all="ignore"):  # as the launch runs it
+            return _const_fn(cast(None, None))  # type: ignore[arg-type]  # a constant reads no state
+    return cast
+
+
+def _cast_fn_of(fn: ExprFn, src: str, dst: str) -> ExprFn:
     if dst == F32:
         return lambda st, m: np.asarray(fn(st, m)).astype(np.float32)
     if dst in (I32, I64):
@@ -129,13 +188,11 @@ class ExprCompiler(ClusterOps):
     def expr(self, e: kir.Expr) -> tuple[ExprFn, str]:
         """Compile ``e`` into ``fn(state, mask) -> array | scalar`` and its static type."""
         if isinstance(e, Const):
-            v = _NP_SCALAR[e.dtype](e.value)
-            return (lambda st, m: v), e.dtype
+            return _const_fn(_NP_SCALAR[e.dtype](e.value)), e.dtype
         if isinstance(e, Var):
             if e.name not in self.var_types:
                 raise ValueError(f"kernel {self.kernel.name}: variable {e.name} is never assigned")
-            name = e.name
-            return (lambda st, m: st.vars[name]), self.var_types[name]
+            return _var_fn(e.name), self.var_types[e.name]
         if isinstance(e, kir.Extent):
             if e.name not in self.kernel.extents:
                 raise ValueError(f"kernel {self.kernel.name}: extent {e.name} is not one of its arguments")
@@ -214,11 +271,10 @@ class ExprCompiler(ClusterOps):
             if ct == BOOL:
                 ct = I32
             af, bf = _cast_fn(af, at, ct), _cast_fn(bf, bt, ct)
-            cmp = _CMP[op]
-            return (lambda st, m: cmp(af(st, m), bf(st, m))), BOOL
+            return _binary(_CMP[op], af, bf), BOOL
         if op in ("&", "^") and at == BOOL and bt == BOOL:
             fn: Callable[[Any, Any], Any] = np.bitwise_and if op == "&" else np.bitwise_xor
-            return (lambda st, m: fn(af(st, m), bf(st, m))), BOOL
+            return _binary(fn, af, bf), BOOL
         rt = _promote(at, bt)
         if rt == BOOL:
             rt = I32
@@ -229,7 +285,7 @@ class ExprCompiler(ClusterOps):
         else:
             fn = _INT_BIN[op]
         af, bf = _cast_fn(af, at, rt), _cast_fn(bf, bt, rt)
-        return (lambda st, m: fn(af(st, m), bf(st, m))), rt
+        return _binary(fn, af, bf), rt
 
     def mathop(self, e: MathOp) -> tuple[ExprFn, str]:
         from stitchtune.graph.ops import KERNEL_OPS, OPS, kernel_op
@@ -240,6 +296,13 @@ class ExprCompiler(ClusterOps):
         np_fn = info.np_fn
         # int operands ('i': uniform's seed and counter) at their own int type, the others as float32
         args = [self.expr(a)[0] if info.arg_type(k) == "i" else self.as_type(a, F32) for k, a in enumerate(e.args)]
+
+        if len(args) == 1:  # the common arities without building an argument list per call
+            a0 = args[0]
+            return (lambda st, m: np.asarray(np_fn(a0(st, m))).astype(np.float32, copy=False)), F32
+        if len(args) == 2:
+            a0, a1 = args
+            return (lambda st, m: np.asarray(np_fn(a0(st, m), a1(st, m))).astype(np.float32, copy=False)), F32
 
         def mathop(st: _State, m: np.ndarray) -> Any:
             vals = [a(st, m) for a in args]
