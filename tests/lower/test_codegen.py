@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import re
@@ -63,11 +64,14 @@ def sampled(space: SearchSpace, n: int, seed0: int = 0) -> list[Schedule]:
     return [space.sample(random.Random(seed0 + i)) for i in range(n)]
 
 
-def emulated_schedules(name: str) -> tuple[object, object, SearchSpace, list[Schedule]]:
+@functools.cache
+def emulated_schedules(name: str) -> tuple[object, object, SearchSpace, tuple[Schedule, ...]]:
     """(graph, plan, space, schedules) of one small example: the heuristic and ``N_SCHEDULES`` seeded
-    samples, the set :func:`test_sampled_schedules_match_reference_in_emulator` emulates."""
+    samples, the set :func:`test_sampled_schedules_match_reference_in_emulator` emulates. Drawn once
+    per example and process (all frozen values), so that the coverage test and the emulation test
+    that run in one worker share the draws."""
     g, plan, space = setup(name)
-    return g, plan, space, [heuristic_schedule(plan, DEV, space)] + sampled(space, N_SCHEDULES)
+    return g, plan, space, (heuristic_schedule(plan, DEV, space), *sampled(space, N_SCHEDULES))
 
 
 @pytest.mark.parametrize("name", SMALL)
