@@ -314,6 +314,9 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
         who = ids if lanes is st.ar else ids.take(lanes)
         if width > 1:
             who = np.repeat(who, width)
+        # increasing elements (a coalesced access) are distinct: the trackers and the same-statement
+        # write check then skip their search for lanes that share an element
+        distinct = g.size < 2 or bool((g[1:] > g[:-1]).all())
     if op in ("load", "atomic") and b.must_check_written():
         wr = b.written.take(g)
         if not wr.all():
@@ -323,7 +326,7 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
     race = "shared_race" if is_shared else "global_race"
     if op == "load":
         if tracker is not None:
-            bad = tracker.read(g, who)
+            bad = tracker.read(g, who, distinct)
             if bad.any():
                 raise st.fault(race, f"read of {buf}{{at}} written by another "
                                f"{'thread' if is_shared else 'block'} without a barrier", bad,
@@ -336,12 +339,12 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
     arr = b.arr
     if op == "store":
         if tracker is not None:
-            bad = tracker.write(g, who)
+            bad = tracker.write(g, who, distinct)
             if bad.any():
                 raise st.fault(race, f"write of {buf}{{at}} accessed by another "
                                f"{'thread' if is_shared else 'block'} without a barrier", bad,
                                _per_element(lanes, width), e)
-        if isinstance(b, _GBuf) and tracker is not None and lanes.size > 1:
+        if isinstance(b, _GBuf) and tracker is not None and lanes.size > 1 and not distinct:
             _check_same_statement_writes(st, b, g, lanes, width, e)
         arr[g] = values.ravel().astype(arr.dtype, copy=False)
         b.written[g] = True
@@ -349,7 +352,7 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
         return None
     # atomic add
     if tracker is not None:
-        bad = tracker.atomic(g, who)
+        bad = tracker.atomic(g, who, distinct)
         if bad.any():
             raise st.fault(race, f"atomic add to {buf}{{at}} also plainly accessed by another block", bad,
                            _per_element(lanes, width), e)

@@ -41,34 +41,36 @@ class _Tracker:
         return (x != -1) & (x != who)
 
     @staticmethod
-    def _add(arr: np.ndarray, e: np.ndarray, who: np.ndarray) -> bool:
+    def _add(arr: np.ndarray, e: np.ndarray, who: np.ndarray, distinct: bool = False) -> bool:
         """Record ``who`` as an accessor of ``e`` (exact also when lanes share an element); True when an
         element ended with several accessors (-2) in this call.
 
         After ``arr[e] = who`` every element holds the id of one of its lanes (whichever numpy wrote
         last), so a lane that reads back a different id shares its element with another accessor; so
-        does a lane whose element already had another one.
+        does a lane whose element already had another one. ``distinct``: the caller knows that no two
+        lanes share an element, so the read-back cannot differ and is skipped.
         """
         x = arr.take(e)
         arr[e] = who
-        clash = arr.take(e) != who
-        clash |= (x != -1) & (x != who)
+        clash = (x != -1) & (x != who)
+        if not distinct:
+            clash |= arr.take(e) != who
         if clash.any():
             arr[e[clash]] = -2
             return True
         return False
 
-    def read(self, e: np.ndarray, who: np.ndarray) -> np.ndarray:
+    def read(self, e: np.ndarray, who: np.ndarray, distinct: bool = False) -> np.ndarray:
         bad = self._other(self.w, e, who)
         if self.a is not None:
             bad |= self._other(self.a, e, who)
-        self._add(self.r, e, who)
+        self._add(self.r, e, who, distinct)
         return bad
 
-    def write(self, e: np.ndarray, who: np.ndarray) -> np.ndarray:
+    def write(self, e: np.ndarray, who: np.ndarray, distinct: bool = False) -> np.ndarray:
         # first, so that two writers in one statement conflict; without a clash every element now
         # holds exactly its lanes' id, so no lane sees another writer
-        if self._add(self.w, e, who):
+        if self._add(self.w, e, who, distinct):
             bad = self._other(self.w, e, who)
         else:
             bad = np.zeros(e.size, bool)
@@ -77,9 +79,9 @@ class _Tracker:
             bad |= self._other(self.a, e, who)
         return bad
 
-    def atomic(self, e: np.ndarray, who: np.ndarray) -> np.ndarray:
+    def atomic(self, e: np.ndarray, who: np.ndarray, distinct: bool = False) -> np.ndarray:
         assert self.a is not None
-        self._add(self.a, e, who)
+        self._add(self.a, e, who, distinct)
         bad = self._other(self.w, e, who)
         bad |= self._other(self.r, e, who)
         return bad

@@ -273,7 +273,9 @@ class _Compiled(ExprCompiler):
             if not lanes.size:
                 return
             base = _lanes_of(idx(st, act), lanes)
-            v: np.ndarray = np.stack([_lanes_of(f(st, act), lanes) for f in vals], axis=1).astype(npt, copy=False)
+            v: np.ndarray = np.empty((lanes.size, width), npt)  # every value is of type npt already (as_type)
+            for k, f in enumerate(vals):
+                v[:, k] = _lanes_of(f(st, act), lanes)
             _access(st, buf, is_shared, lanes, base, width, "store", v)
         return storevec
 

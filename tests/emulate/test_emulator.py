@@ -552,6 +552,46 @@ def test_two_blocks_writing_one_element_race() -> None:
     assert "y[0]" in str(ei.value)
 
 
+@pytest.mark.parametrize("index,fault", [
+    (Bin("-", i(63), GID), None),                      # distinct, descending: no fault
+    (GID, None),                                       # distinct, increasing (the fast path): no fault
+    (Bin("/", GID, i(2)), "global_race"),               # two threads of a block on each element
+    (Select(Bin("==", TID, i(31)), Bin("-", GID, i(1)), GID), "global_race"),  # increasing but one repeat
+])
+def test_two_threads_of_a_block_storing_one_element_race(index: kir.Expr, fault: str | None) -> None:
+    """One store statement in which two threads write one global element is a race (the lost update),
+    whether or not the elements are in increasing order; distinct elements in any order are not."""
+    k = Kernel("ws", (Param("y", "float32", 64, "output"),), (StoreVec("y", index, (Cast(GID, kir.F32),)),),
+               block=32)
+    y = np.zeros(64, np.float32)
+    if fault is None:
+        emulate_kernel(k, 2, {"y": y})
+        assert sorted(y.tolist()) == list(range(64))
+        return
+    with pytest.raises(EmulatorFault) as ei:
+        emulate_kernel(k, 2, {"y": y})
+    assert ei.value.kind == fault
+    assert "by two threads in one store" in str(ei.value)
+
+
+@pytest.mark.parametrize("pair", [False, True])
+def test_two_threads_storing_one_shared_element_race(pair: bool) -> None:
+    """Shared memory: distinct elements per thread are fine; two threads on one element race, also
+    within one store statement."""
+    idx = Bin("/", TID, i(2)) if pair else TID
+    k = Kernel("ss", (Param("y", "float32", 32, "output"),),
+               (StoreVec("s", idx, (f(1.0),)), Barrier(), StoreVec("y", TID, (Load("s", idx),))),
+               block=32, shared=(SharedBuf("s", 32),))
+    y = np.zeros(32, np.float32)
+    if not pair:
+        emulate_kernel(k, 1, {"y": y})
+        assert (y == 1).all()
+        return
+    with pytest.raises(EmulatorFault) as ei:
+        emulate_kernel(k, 1, {"y": y})
+    assert ei.value.kind == "shared_race"
+
+
 def test_local_array_registers() -> None:
     """Vertical packing: each thread keeps 4 values in a local array and writes them reversed."""
     n = 512
