@@ -199,6 +199,8 @@ class _State:
         for name, dt in ck.var_types.items():  # declared `= 0` at the top, as gpu/render.py does
             self.vars[name] = np.zeros(T, _NP_SCALAR[dt])
         self.locals = {a.name: np.full((T, a.size), np.nan, np.float32) for a in k.locals}
+        # flat offset of each lane's row in a local array (a gather by flat index is far faster than [lane, i])
+        self.local_rows = {a.name: t.astype(np.intp) * a.size for a in k.locals}
         self.glob: dict[str, _GBuf] = {}
         for p in k.params:
             if p.name not in buffers:

@@ -385,12 +385,14 @@ class ExprCompiler(ClusterOps):
 
         def localref(st: _State, m: np.ndarray) -> Any:
             i = np.broadcast_to(idx(st, m), (st.T,))
-            bad = m & ((i < 0) | (i >= size))
-            if bad.any():
-                lanes = np.flatnonzero(m)
-                raise st.fault("out_of_bounds", f"read of local array {arr_name}{{at}} (size {size})",
-                               bad[lanes], lanes, i[lanes])
-            return st.locals[arr_name][st.ar, np.clip(i, 0, size - 1)]
+            if i.view(np.uint32).max() >= size:  # some lane (active or not) outside: the full check
+                bad = m & ((i < 0) | (i >= size))
+                if bad.any():
+                    lanes = np.flatnonzero(m)
+                    raise st.fault("out_of_bounds", f"read of local array {arr_name}{{at}} (size {size})",
+                                   bad[lanes], lanes, i[lanes])
+                i = np.clip(i, 0, size - 1)  # inactive lanes read a valid element, unused
+            return st.locals[arr_name].take(st.local_rows[arr_name] + i)  # flat index: far faster than [ar, i]
         return localref
 
     def shfl(self, e: Shfl) -> ExprFn:

@@ -613,6 +613,29 @@ def test_local_array_registers() -> None:
     assert ei.value.kind == "out_of_bounds"
 
 
+def test_local_array_reads_by_a_lane_index_are_checked_for_active_lanes_only() -> None:
+    """A dynamic-index read of a local array: in range, each thread reads its own row; an index out of
+    range in a lane the branch leaves inactive is no fault; in an active lane it names lane and element."""
+    k_ = Var("k", I32)
+    fill = For(k_, i(0), i(4), 1, (SetLocal("r", k_, Cast(add(mul(TID, i(4)), k_), kir.F32)),))
+    idx = Select(lt(TID, i(16)), Bin("%", TID, i(4)), i(99))  # 99 (outside) for threads 16..31
+
+    def kernel(cond: kir.Expr) -> Kernel:
+        return Kernel("lref", (Param("y", "float32", 32, "output"),),
+                      (fill, If(cond, (StoreVec("y", TID, (LocalRef("r", idx),)),))),
+                      block=32, locals=(LocalArray("r", 4),))
+
+    y = np.full(32, -1, np.float32)
+    emulate_kernel(kernel(lt(TID, i(16))), 1, {"y": y}, written={"y": np.zeros(32, bool)})
+    t = np.arange(16)
+    np.testing.assert_array_equal(y[:16], t * 4 + t % 4)
+    assert (y[16:] == -1).all()
+    with pytest.raises(EmulatorFault) as ei:
+        emulate_kernel(kernel(lt(TID, i(32))), 1, {"y": y})
+    assert ei.value.kind == "out_of_bounds"
+    assert "read of local array r[99] (size 4)" in str(ei.value) and "thread 16 " in str(ei.value)
+
+
 def test_mathop_uses_the_op_table() -> None:
     from stitchtune.graph import ops
     from stitchtune.ir.kir import MathOp
