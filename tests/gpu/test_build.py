@@ -328,6 +328,14 @@ def test_fake_builder_programmable_statuses() -> None:
     assert fb2.calls == [(["good", "bad"], "sm_90")]
 
 
+def test_the_tests_batched_builds_use_the_builders_flags() -> None:
+    """helpers.BUILDER_FLAGS (tests that build in one translation unit what the builder would build one by
+    one) are the NvccBuilder's default flags beyond ``-O3 -Xptxas -v``."""
+    from helpers import BUILDER_FLAGS
+
+    assert NvccBuilder(nvcc="/bin/false").flags == ("-O3", "-Xptxas", "-v", *BUILDER_FLAGS)
+
+
 def test_default_cache_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("STITCHTUNE_CACHE", str(tmp_path / "c"))
     assert NvccBuilder(nvcc="/bin/false").cache_dir == tmp_path / "c"
