@@ -7,7 +7,8 @@
   entropy with integer targets: log-softmax, a ``gather_elements`` pick, a scalar epilogue).
 * nvcc: ``batch_source`` (many programs in one translation unit), ``ptxas_report`` (one nvcc -O3 build
   for sm_90 and its ``-Xptxas -v`` report), ``compile_programs_sm90`` (both, registers per kernel) and
-  ``shared_ptxas_report`` (one build per source for the whole run, shared by the xdist workers).
+  ``shared_ptxas_report`` (one build per source for the whole run, shared by the xdist workers);
+  ``BUILDER_FLAGS`` (what the NvccBuilder adds, for batched builds of what it would build one by one).
 * Search fakes: a 15-point fake space (block in ``BLOCKS`` x vec in ``VECS``) whose outcomes are fixed
   per point (``FATES``: (32,4) illegal -> pruned; (512,4) cost-model prune_reason -> pruned; (64,4)
   compile_error; (64,2) build timeout -> timeout; (512,1) launch_error; (512,2) run timeout; (128,1)
@@ -204,19 +205,17 @@ def assert_matches_golden(path: Path, text: str, what: str) -> None:
                     pytrace=False)
 
 
-def check_compiles_sm90(g: Any, seed: int, cache_dir: Path) -> None:
+def check_compiles_sm90(g: Any, seed: int, tmp_path: Path) -> None:
     """The heuristic schedule of ``g`` and the sample drawn with ``seed`` render to CUDA that nvcc builds
-    for sm_90 (through the NvccBuilder, cached in ``cache_dir``)."""
+    for sm_90 with the NvccBuilder's flags, both in one translation unit (:func:`compile_programs_sm90`;
+    ptxas must report every kernel)."""
     from stitchtune.cost.heuristic import heuristic_schedule
-    from stitchtune.gpu.build import NvccBuilder
-    from stitchtune.gpu.render import render
 
     plan = make_plan(g)
     space = SearchSpace.for_plan(plan, DEV)
-    srcs = [render(lower(g, plan, s, DEV, space))
-            for s in (heuristic_schedule(plan, DEV, space), space.sample(random.Random(seed)))]
-    for res in NvccBuilder(cache_dir=cache_dir).build(srcs, arch="sm_90"):
-        assert res.status == "ok", res.log
+    programs = [lower(g, plan, s, DEV, space)
+                for s in (heuristic_schedule(plan, DEV, space), space.sample(random.Random(seed)))]
+    compile_programs_sm90(programs, tmp_path, flags=BUILDER_FLAGS)
 
 
 def batch_source(programs: list[Any]) -> tuple[str, list[str]]:
@@ -237,9 +236,13 @@ def batch_source(programs: list[Any]) -> tuple[str, list[str]]:
     return src, names
 
 
-def ptxas_report(src: str, tmp_path: Path, timeout: int) -> str:
-    """Compile ``src`` for sm_90 with nvcc -O3 (the test skips without nvcc; a failed build fails it) and
-    return ptxas's ``-v`` report."""
+#: the flags :class:`stitchtune.gpu.build.NvccBuilder` adds to ``-O3 -Xptxas -v`` by default (line info)
+BUILDER_FLAGS = ("-lineinfo",)
+
+
+def ptxas_report(src: str, tmp_path: Path, timeout: int, flags: tuple[str, ...] = ()) -> str:
+    """Compile ``src`` for sm_90 with nvcc -O3 and ``flags`` (the test skips without nvcc; a failed build
+    fails it) and return ptxas's ``-v`` report."""
     import shutil
     import subprocess
 
@@ -249,7 +252,7 @@ def ptxas_report(src: str, tmp_path: Path, timeout: int) -> str:
     if nvcc is None:
         pytest.skip("nvcc not found")
     (tmp_path / "k.cu").write_text(src)
-    r = subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-Xptxas", "-v", "-o", "k.cubin", "k.cu"],
+    r = subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-O3", "-Xptxas", "-v", *flags, "-o", "k.cubin", "k.cu"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stderr
@@ -279,13 +282,15 @@ def shared_ptxas_report(src: str, shared_dir: Path, timeout: int = 600) -> str:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def compile_programs_sm90(programs: list[Any], tmp_path: Path, timeout: int = 600) -> list[dict[str, int]]:
-    """Build ``programs`` for sm_90 in one nvcc call (:func:`batch_source`); the registers ptxas reports for
-    each program's kernels (``{kernel name: registers}``, one dict per program, every kernel present)."""
+def compile_programs_sm90(programs: list[Any], tmp_path: Path, timeout: int = 600,
+                          flags: tuple[str, ...] = ()) -> list[dict[str, int]]:
+    """Build ``programs`` for sm_90 in one nvcc call (:func:`batch_source`, :func:`ptxas_report` with
+    ``flags``); the registers ptxas reports for each program's kernels (``{kernel name: registers}``, one
+    dict per program, every kernel present)."""
     import re
 
     src, names = batch_source(programs)
-    report = ptxas_report(src, tmp_path, timeout)
+    report = ptxas_report(src, tmp_path, timeout, flags)
     regs = {n: int(r) for n, r in re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", report, re.S)}
     assert set(regs) == set(names), sorted(set(names) ^ set(regs))
     return [{k.name: regs[f"p{i}_{k.name}"] for k in prog.kernels} for i, prog in enumerate(programs)]

@@ -12,6 +12,7 @@ Contract (docs/INTERFACES.md, "Builder / Runner"):
 * Results of successful builds are cached on disk under
   ``sha256(source, arch, nvcc version, flags)``: ``<key>.cubin`` + ``<key>.json`` (metadata), both
   written atomically (temporary file + ``os.replace``), so concurrent builders never see torn files.
+* A source given several times in one batch is compiled once; each occurrence gets its result.
 * Registers, static shared memory, spill bytes (stores + loads) and stack frame come from
   ``-Xptxas -v`` and are keyed by kernel name.
 
@@ -395,15 +396,24 @@ class NvccBuilder:
         return result
 
     def build(self, sources: list[str], arch: str = DEFAULT_ARCH) -> list[BuildResult]:
+        """One result per source, in order. A source that occurs several times in ``sources`` is built
+        once and every occurrence gets that result (the same regions of every layer of a model, a
+        schedule suggested twice): run concurrently, the copies all missed the cache and each ran nvcc."""
         check_arch(arch)
         nvcc_version(self.nvcc)  # fail early and clearly when the toolchain is unusable
         if not sources:
             return []
-        if self.jobs == 1 or len(sources) == 1:
-            return [self._build_one(s, arch) for s in sources]
-        # Threads are enough: each one waits on its own nvcc process (the real parallel work).
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(self.jobs, len(sources))) as ex:
-            return list(ex.map(lambda s: self._build_one(s, arch), sources))
+        unique = list(dict.fromkeys(sources))
+        if len(unique) < len(sources):
+            log.debug("build: %d sources, %d distinct", len(sources), len(unique))
+        if self.jobs == 1 or len(unique) == 1:
+            built = [self._build_one(s, arch) for s in unique]
+        else:
+            # Threads are enough: each one waits on its own nvcc process (the real parallel work).
+            with concurrent.futures.ThreadPoolExecutor(max_workers=min(self.jobs, len(unique))) as ex:
+                built = list(ex.map(lambda s: self._build_one(s, arch), unique))
+        by_source = dict(zip(unique, built, strict=True))
+        return [by_source[s] for s in sources]
 
 
 class FakeBuilder:

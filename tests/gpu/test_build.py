@@ -240,6 +240,27 @@ def test_source_never_reaches_the_command_line_and_cache_hits(tmp_path: Path, mo
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.name.endswith(".tmp")]
 
 
+def test_a_source_repeated_in_one_batch_is_compiled_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copies of a source in one batch (the same region in every layer of a model) run nvcc once; every
+    copy gets that build's result, in the batch's order."""
+    log = tmp_path / "argv.log"
+    monkeypatch.setenv("FAKE_NVCC_LOG", str(log))
+    nvcc = _fake_nvcc(tmp_path, """\
+        src = open(args[-1]).read()
+        time.sleep(0.2)  # the copies would overlap in the thread pool
+        open(out, "wb").write(src.encode())
+        """)
+    b = NvccBuilder(jobs=4, cache_dir=tmp_path / "cache", nvcc=str(nvcc))
+    res = b.build(["// a", "// b", "// a", "// a", "// c", "// b"])
+    assert len(log.read_text().splitlines()) == 3
+    assert [Path(r.cubin_path).read_bytes() for r in res] == [b"// a", b"// b", b"// a", b"// a", b"// c", b"// b"]
+    assert res[0] == res[2] == res[3] and res[1] == res[5] and not any(r.cached for r in res)
+    (single,) = NvccBuilder(jobs=1, cache_dir=tmp_path / "cache2", nvcc=str(nvcc)).build(["// d"])
+    assert single.status == "ok" and len(log.read_text().splitlines()) == 4
+    assert [r.status for r in NvccBuilder(jobs=1, cache_dir=tmp_path / "cache3", nvcc=str(nvcc)).build(["// e"] * 3)] \
+        == ["ok"] * 3 and len(log.read_text().splitlines()) == 5
+
+
 def test_corrupt_cache_entry_is_rebuilt(tmp_path: Path) -> None:
     nvcc = _fake_nvcc(tmp_path, """\
         open(out, "wb").write(b"CUBIN")
@@ -305,6 +326,14 @@ def test_fake_builder_programmable_statuses() -> None:
     fb2 = FakeBuilder(statuses=lambda s: "compile_error" if "bad" in s else "ok")
     assert [r.status for r in fb2.build(["good", "bad"])] == ["ok", "compile_error"]
     assert fb2.calls == [(["good", "bad"], "sm_90")]
+
+
+def test_the_tests_batched_builds_use_the_builders_flags() -> None:
+    """helpers.BUILDER_FLAGS (tests that build in one translation unit what the builder would build one by
+    one) are the NvccBuilder's default flags beyond ``-O3 -Xptxas -v``."""
+    from helpers import BUILDER_FLAGS
+
+    assert NvccBuilder(nvcc="/bin/false").flags == ("-O3", "-Xptxas", "-v", *BUILDER_FLAGS)
 
 
 def test_default_cache_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -6,8 +6,9 @@
   scheme, every thread-mapping kind and every value of the options order/prefetch/combine appears.
 * The heuristic and the first ``COMPILE_SCHEDULES`` of those samples (default 20, env
   ``STITCHTUNE_COMPILE_SAMPLES``; 50 = all) compile with nvcc for sm_90 and ptxas reports their
-  resources (nvcc costs ~1 s per kernel here, the emulator a fraction of that: all 50 compiled took a
-  third of the suite's time).
+  resources (nvcc costs ~0.1 s per kernel here and ~1 s per translation unit, the emulator a fraction
+  of that: all 50 compiled took a third of the suite's time); the examples are built in six groups,
+  one translation unit each.
 * Golden files pin the rendered source of a few fixed schedules (regenerate with
   ``STITCHTUNE_REGEN_GOLDEN=1``).
 """
@@ -115,18 +116,63 @@ def test_coverage_of_schemes_and_mappings() -> None:
                      "split-row (several blocks per row)", "column-tile", "column-split"}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", SMALL)
-def test_sampled_schedules_compile_for_sm90(name: str, tmp_path: Path) -> None:
-    g, plan, space = setup(name)
-    progs = [lower(g, plan, s, DEV, space) for s in [heuristic_schedule(plan, DEV, space)] + sampled(space, COMPILE_SCHEDULES)]
-    src, names = batch_source(progs)
-    report = ptxas_report(src, tmp_path, 600)
+#: the small examples in groups of about five, one nvcc translation unit per group: each nvcc process spends
+#: ~1 CPU-s on its headers (cuda_runtime.h, cuda_fp16.h, cuda_bf16.h) before the first kernel, so 29
+#: translation units (one per example) cost ~25 CPU-s more than six; a group stays one test of ~15 s
+COMPILE_GROUPS = [tuple(SMALL[i::6]) for i in range(6)]
+
+
+def _check_compiled(name: str, names: list[str], report: str) -> None:
+    """ptxas reported every kernel of ``name`` (``names``) with 1..255 registers and its spill line."""
     regs = dict(re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", report, re.S))
-    assert set(regs) == set(names)
+    assert set(regs) == set(names), (name, sorted(set(regs) ^ set(names)))
     for n, v in regs.items():
-        assert 1 <= int(v) <= 255, (n, v)
-    assert len(re.findall(r"bytes spill stores", report)) == len(names)
+        assert 1 <= int(v) <= 255, (name, n, v)
+    assert len(re.findall(r"bytes spill stores", report)) == len(names), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", COMPILE_GROUPS, ids=["+".join(n.removesuffix("_small.json") for n in g)
+                                                       for g in COMPILE_GROUPS])
+def test_sampled_schedules_compile_for_sm90(group: tuple[str, ...], tmp_path: Path) -> None:
+    """The heuristic and the first ``COMPILE_SCHEDULES`` samples of each small example of ``group`` compile
+    for sm_90, all in one nvcc call; ptxas reports each example's kernels (registers, spill line). Where
+    that build fails, each example is built alone, so that the failure names the example(s) at fault."""
+    progs: dict[str, list] = {}
+    for name in group:
+        g, plan, space = setup(name)
+        progs[name] = [lower(g, plan, s, DEV, space)
+                       for s in [heuristic_schedule(plan, DEV, space)] + sampled(space, COMPILE_SCHEDULES)]
+    src, names = batch_source([p for name in group for p in progs[name]])
+    try:
+        report = ptxas_report(src, tmp_path, 600)
+    except AssertionError as group_error:
+        failed = []
+        for name in group:
+            (tmp_path / name).mkdir()
+            src, names = batch_source(progs[name])
+            try:
+                _check_compiled(name, names, ptxas_report(src, tmp_path / name, 600))
+            except AssertionError as exc:
+                failed.append(f"{name}: {exc}")
+        pytest.fail("\n".join(failed) or f"the group's build failed, every example alone compiled: {group_error}")
+    # batch_source names the kernels p<i>_..., i counting the programs over the whole group
+    reports = _entries_by_kernel(report)
+    assert set(reports) == set(names), sorted(set(reports) ^ set(names))
+    offset = 0
+    for name in group:
+        mine = [f"p{offset + j}_{k.name}" for j, p in enumerate(progs[name]) for k in p.kernels]
+        offset += len(progs[name])
+        _check_compiled(name, mine, "".join(reports[n] for n in mine))
+
+
+def _entries_by_kernel(report: str) -> dict[str, str]:
+    """ptxas' ``-v`` report cut into one piece per entry function (from its "Compiling entry function"
+    line to the next one): the piece of kernel ``k`` holds its properties (spill line) and its "Used"
+    line."""
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r"ptxas info\s*: Compiling entry function '(\w+)'", report)]
+    ends = [s for s, _ in starts[1:]] + [len(report)]
+    return {k: report[s:e] for (s, k), e in zip(starts, ends)}
 
 
 def _full_size_heuristics() -> list[tuple[object, object]]:

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from helpers import check_emulates, DEV, float_graph as _graph
+from helpers import BUILDER_FLAGS, check_emulates, compile_programs_sm90, DEV, float_graph as _graph
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.errors import UnsupportedGraphError
-from stitchtune.gpu.build import NvccBuilder, nvcc_found
+from stitchtune.gpu.build import nvcc_found
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.plan.remap import composed_chains, layout_part, layout_tails
@@ -145,13 +145,11 @@ def test_cases_match_the_reference(case: str) -> None:
 
 @pytest.mark.skipif(not nvcc_found(), reason="nvcc not installed")
 def test_cases_compile_for_sm90(tmp_path) -> None:
-    from stitchtune.gpu.render import render
-
-    srcs = []
+    programs = []
     for make in CASES.values():
         g = make()
         plan = make_plan(g)
         space = SearchSpace.for_plan(plan, DEV)
-        srcs.append(render(lower(g, plan, heuristic_schedule(plan, DEV, space), DEV, space)))
-    for res in NvccBuilder(cache_dir=tmp_path).build(srcs, arch="sm_90"):
-        assert res.status == "ok", res.log
+        programs.append(lower(g, plan, heuristic_schedule(plan, DEV, space), DEV, space))
+    # one translation unit for all cases, with the builder's flags; ptxas must report every kernel
+    compile_programs_sm90(programs, tmp_path, flags=BUILDER_FLAGS)

@@ -6,6 +6,7 @@ marked slow (CI runs it)."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -43,15 +44,25 @@ def _points(space: SearchSpace, scheme: str, n: int) -> list[Schedule]:
     return out
 
 
+@functools.cache
+def _case(name: str, scheme: str) -> tuple[str, SearchSpace, list[Schedule]] | None:
+    """``(name, space, points)`` where example ``name`` offers ``scheme`` and samples of it were found, else
+    None; computed once per process (the contract and compile tests ask for the same ones)."""
+    space = _space(name, scheme)
+    if scheme in space.domains["scheme"]:
+        pts = _points(space, scheme, 2)
+        if pts:
+            return name, space, pts
+    return None
+
+
 def _cases(scheme: str) -> list[tuple[str, SearchSpace, list[Schedule]]]:
-    cases = []
-    for name in WHERE:
-        space = _space(name, scheme)
-        if scheme in space.domains["scheme"]:
-            pts = _points(space, scheme, 2)
-            if pts:
-                cases.append((name, space, pts))
-    return cases
+    return [c for name in WHERE if (c := _case(name, scheme)) is not None]
+
+
+def _first_case(scheme: str) -> tuple[str, SearchSpace, list[Schedule]]:
+    """``_cases(scheme)[0]`` without sampling the examples after it."""
+    return next(c for name in WHERE if (c := _case(name, scheme)) is not None)
 
 
 @pytest.mark.slow
@@ -82,7 +93,7 @@ def test_legal_points_lower_emulate_and_report_the_cost_term(scheme: str) -> Non
 def test_every_scheme_renders_and_compiles_for_sm_90(tmp_path) -> None:
     srcs = []
     for scheme in SCHEME_NAMES:
-        name, space, points = _cases(scheme)[0]
+        name, space, points = _first_case(scheme)
         g = load_graph(EXAMPLES / name)
         src = render(lower(g, space.plan, points[0], DEV, space))
         assert "__global__" in src

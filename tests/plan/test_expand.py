@@ -16,11 +16,11 @@ import random
 import numpy as np
 import pytest
 
-from helpers import check_emulates, DEV, float_graph as _graph, setup
+from helpers import BUILDER_FLAGS, check_emulates, compile_programs_sm90, DEV, float_graph as _graph, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.memory import EmulatorFault
 from stitchtune.errors import GraphError, UnsupportedGraphError
-from stitchtune.gpu.build import NvccBuilder, nvcc_found
+from stitchtune.gpu.build import nvcc_found
 from stitchtune.graph.parse import parse_graph
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.lower.entry import lower
@@ -130,17 +130,15 @@ def test_rotary_then_repeat_kv_plans_at_full_size() -> None:
 @pytest.mark.slow  # nvcc
 @pytest.mark.skipif(not nvcc_found(), reason="nvcc not installed")
 def test_grouped_copy_and_its_once_stored_source_compile_for_sm90(tmp_path) -> None:
-    from stitchtune.gpu.render import render
-
     g, plan, space = setup("repeat_kv_rotary.json")
     s = dataclasses.replace(heuristic_schedule(plan, DEV, space), vec=4)
     assert not space.violations(s)
-    srcs = [render(lower(g, plan, s, DEV, space))]
+    programs = [lower(g, plan, s, DEV, space)]
     B, H, n, S, D = 2, 4, 2, 16, 64
     g2 = _graph({"k": [B, H, S, D]}, [{"id": "k2", "op": "mul", "args": ["k", 3.0]}]
                 + _repeat_kv("k2", B, H, n, S, D), ["r", "k2"])
     p2 = make_plan(g2)
     sp2 = SearchSpace.for_plan(p2, DEV)
-    srcs.append(render(lower(g2, p2, sp2.sample(random.Random(1)), DEV, sp2)))
-    for res in NvccBuilder(cache_dir=tmp_path).build(srcs, arch="sm_90"):
-        assert res.status == "ok", res.log
+    programs.append(lower(g2, p2, sp2.sample(random.Random(1)), DEV, sp2))
+    # both in one translation unit, with the builder's flags; ptxas must report every kernel
+    compile_programs_sm90(programs, tmp_path, flags=BUILDER_FLAGS)
