@@ -602,14 +602,14 @@ _NOT_OPS = json_values.filter(lambda v: not (isinstance(v, str) and v in OPS))
 _TOP_KEYS = st.sampled_from(["name", "inputs", "nodes", "outputs"])
 _NODE_KEYS = st.sampled_from(["id", "op", "args"])
 _NOT_ARG_NAMES = st.none() | st.booleans() | st.lists(st.integers(), max_size=2)
-_BAD_AXES = (st.lists(st.integers(min_value=4) | st.integers(max_value=-5), min_size=1, max_size=3) | not_a_list
-             | st.just([]))
-_BAD_CONSTANTS = st.sampled_from([True, False, math.nan, 1e39, -1e300, None, {}, [1.0]])
+_BAD_AXES: st.SearchStrategy[Any] = (
+    st.lists(st.integers(min_value=4) | st.integers(max_value=-5), min_size=1, max_size=3) | not_a_list | st.just([]))
+_BAD_CONSTANTS: st.SearchStrategy[Any] = st.sampled_from([True, False, math.nan, 1e39, -1e300, None, {}, [1.0]])
 _EXTRA_TARGETS = st.sampled_from(["top", "node", "input"])
 _KNOWN_KEYS = ("id", "op", "args", "axes", "keepdims", "to", "name", "inputs", "nodes", "outputs", "description",
                "shape", "dtype")
 _EXTRA_KEYS = st.text(max_size=8).filter(lambda k: k not in _KNOWN_KEYS)
-_NOT_A_LIST_OR_EMPTY = not_a_list | st.just([])
+_NOT_A_LIST_OR_EMPTY: st.SearchStrategy[Any] = not_a_list | st.just([])
 _NOT_A_DICT_NOR_DICT = not_a_dict.filter(lambda v: not isinstance(v, dict))
 _BAD_RANKS = st.lists(st.integers(1, 3), min_size=MAX_RANK + 1, max_size=MAX_RANK + 3)
 
