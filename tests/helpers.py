@@ -15,7 +15,8 @@
   ``fake_stages``, ``FakeBuilder``, ``FakeRunner`` and ``fake_components`` for ``run_search``.
 * Hypothesis strategies for hostile graph files: ``hostile_names``, ``json_values``, ``malformed_graph``
   (strategies built once at import, not per draw); ``pick(draw, items)`` draws one of a sequence that
-  changes per example without building a ``sampled_from`` for it; ``LOWER`` (a-z).
+  changes per example without building a ``sampled_from`` for it; ``SMALL_GRAPHS`` (one of the small
+  examples, as a dict: copy before changing it); ``LOWER`` (a-z).
 * ``time_limit(seconds)``: a context manager that raises ``Hang`` when its body runs longer (SIGALRM;
   the main thread only), for in-process CLI calls that must not hang.
 """

@@ -48,7 +48,7 @@ from stitchtune.graph.parse import (
 )
 from stitchtune.graph.ops import OPS
 
-from helpers import LOWER, hostile_names, json_values, malformed_graph, pick, time_limit
+from helpers import LOWER, SMALL_GRAPHS, hostile_names, json_values, malformed_graph, pick, time_limit
 
 pytestmark = pytest.mark.slow
 
@@ -151,7 +151,6 @@ KINDS = st.sampled_from([
     "negative_dim", "total_bytes", "unknown_op", "hostile_name", "wrong_type", "non_utf8",
     "truncated", "deep_json", "too_many_inputs", "too_many_outputs", "big_file", "huge_int",
 ])
-SMALL_GRAPHS = st.sampled_from(SMALL_DICTS)
 CYCLE_OPS = ("neg", "exp", "relu")
 HUGE_SHAPES = st.lists(st.integers(2**16, 2**40), min_size=2, max_size=4)
 OP_NAMES = hostile | st.text(min_size=1, max_size=12)
