@@ -14,7 +14,10 @@
   compile_error; (64,2) build timeout -> timeout; (512,1) launch_error; (512,2) run timeout; (128,1)
   wrong_result; all others ok with time = predicted time, fake, not a measurement), with
   ``fake_stages``, ``FakeBuilder``, ``FakeRunner`` and ``fake_components`` for ``run_search``.
-* Hypothesis strategies for hostile graph files: ``hostile_names``, ``json_values``, ``malformed_graph``.
+* Hypothesis strategies for hostile graph files: ``hostile_names``, ``json_values``, ``malformed_graph``
+  (strategies built once at import, not per draw); ``pick(draw, items)`` draws one of a sequence that
+  changes per example without building a ``sampled_from`` for it; ``SMALL_GRAPHS`` (one of the small
+  examples, as a dict: copy before changing it); ``LOWER`` (a-z).
 * ``time_limit(seconds)``: a context manager that raises ``Hang`` when its body runs longer (SIGALRM;
   the main thread only), for in-process CLI calls that must not hang.
 """
@@ -564,10 +567,14 @@ def fake_components(runner: FakeRunner | None = None, builder: FakeBuilder | Non
 # ---------------------------------------------------------------------------- hostile graph files
 HOSTILE_CHARS = ['"', "'", "\n", "\r", "*/", "/*", ";", "\\", " ", "-", "$(", "`", "\x00", "é",
                  "\u2028", "{", "}", "#", "%", "."]
+#: ``[a-z]{0,n}`` and ``[0-9][A-Za-z0-9_]{0,6}`` as plain text strategies over those alphabets: the same
+#: strings as ``st.from_regex`` draws, at a third of its cost per example (the fuzzers draw thousands)
+LOWER = "abcdefghijklmnopqrstuvwxyz"
+_WORD_CHARS = LOWER + LOWER.upper() + "0123456789_"
 hostile_names = st.one_of(
-    st.builds(lambda a, c, b: a + c + b, st.from_regex(r"[a-z]{0,5}", fullmatch=True),
+    st.builds(lambda a, c, b: a + c + b, st.text(LOWER, max_size=5),
               st.sampled_from(HOSTILE_CHARS), st.text(max_size=8)),
-    st.from_regex(r"[0-9][A-Za-z0-9_]{0,6}", fullmatch=True),
+    st.builds(lambda a, b: a + b, st.sampled_from("0123456789"), st.text(_WORD_CHARS, max_size=6)),
     st.just(""), st.just("a" * 65), st.text(min_size=1, max_size=12),
 ).filter(lambda s: not NAME_RE.fullmatch(s))
 
@@ -585,66 +592,91 @@ def _defined(d: dict[str, Any]) -> set[str]:
     return set(d["inputs"]) | {n["id"] for n in d["nodes"]}
 
 
+# Strategies that malformed_graph draws from, built once: a strategy made inside a draw is a new object
+# each time, validated and labelled again on every example.
+SMALL_GRAPHS = st.sampled_from(SMALL_DICTS)
+_MUTATIONS = st.sampled_from([
+    "node_id", "input_name", "graph_name", "dim", "dtype", "op", "drop_top", "drop_node_key",
+    "unknown_arg", "arity", "axes", "constant", "extra_key", "output", "swap", "top_type",
+    "nodes_type", "inputs_type", "node_type", "shape_type", "dup_id", "cast_to", "rank",
+])
+_GRAPH_NAMES = hostile_names | st.integers() | st.none()
+_BAD_DIMS = (st.integers(max_value=0) | st.floats() | st.text(max_size=3) | st.booleans() | st.none()
+             | st.integers(min_value=2**31))
+_NOT_DTYPES = json_values.filter(lambda v: v not in DTYPES)
+_NOT_OPS = json_values.filter(lambda v: not (isinstance(v, str) and v in OPS))
+_TOP_KEYS = st.sampled_from(["name", "inputs", "nodes", "outputs"])
+_NODE_KEYS = st.sampled_from(["id", "op", "args"])
+_NOT_ARG_NAMES = st.none() | st.booleans() | st.lists(st.integers(), max_size=2)
+_BAD_AXES: st.SearchStrategy[Any] = (
+    st.lists(st.integers(min_value=4) | st.integers(max_value=-5), min_size=1, max_size=3) | not_a_list | st.just([]))
+_BAD_CONSTANTS: st.SearchStrategy[Any] = st.sampled_from([True, False, math.nan, 1e39, -1e300, None, {}, [1.0]])
+_EXTRA_TARGETS = st.sampled_from(["top", "node", "input"])
+_KNOWN_KEYS = ("id", "op", "args", "axes", "keepdims", "to", "name", "inputs", "nodes", "outputs", "description",
+               "shape", "dtype")
+_EXTRA_KEYS = st.text(max_size=8).filter(lambda k: k not in _KNOWN_KEYS)
+_NOT_A_LIST_OR_EMPTY: st.SearchStrategy[Any] = not_a_list | st.just([])
+_NOT_A_DICT_NOR_DICT = not_a_dict.filter(lambda v: not isinstance(v, dict))
+_BAD_RANKS = st.lists(st.integers(1, 3), min_size=MAX_RANK + 1, max_size=MAX_RANK + 3)
+
+
+def pick(draw: st.DrawFn, items: Any) -> Any:
+    """One of ``items`` (a non-empty sequence), drawn as ``st.sampled_from(items)`` draws it (an index),
+    without building a new strategy per call."""
+    return items[draw(st.integers(0, len(items) - 1))]
+
+
 @st.composite
 def malformed_graph(draw: st.DrawFn) -> dict[str, Any]:
     """A small example with one mutation that certainly makes it invalid."""
-    d = json.loads(json.dumps(draw(st.sampled_from(SMALL_DICTS))))
+    d = json.loads(json.dumps(draw(SMALL_GRAPHS)))
     nodes = d["nodes"]
     i = draw(st.integers(0, len(nodes) - 1))
     node = nodes[i]
-    kind = draw(st.sampled_from([
-        "node_id", "input_name", "graph_name", "dim", "dtype", "op", "drop_top", "drop_node_key",
-        "unknown_arg", "arity", "axes", "constant", "extra_key", "output", "swap", "top_type",
-        "nodes_type", "inputs_type", "node_type", "shape_type", "dup_id", "cast_to", "rank",
-    ]))
+    kind = draw(_MUTATIONS)
     if kind == "node_id":
         node["id"] = draw(hostile_names)
     elif kind == "input_name":
-        k = draw(st.sampled_from(sorted(d["inputs"])))
+        k = pick(draw, sorted(d["inputs"]))
         d["inputs"][draw(hostile_names)] = d["inputs"].pop(k)
     elif kind == "graph_name":
-        d["name"] = draw(hostile_names | st.integers() | st.none())
+        d["name"] = draw(_GRAPH_NAMES)
     elif kind == "dim":
-        spec = d["inputs"][draw(st.sampled_from(sorted(d["inputs"])))]
+        spec = d["inputs"][pick(draw, sorted(d["inputs"]))]
         j = draw(st.integers(0, len(spec["shape"]) - 1))
-        spec["shape"][j] = draw(st.integers(max_value=0) | st.floats() | st.text(max_size=3)
-                                | st.booleans() | st.none() | st.integers(min_value=2**31))
+        spec["shape"][j] = draw(_BAD_DIMS)
     elif kind == "dtype":
-        spec = d["inputs"][draw(st.sampled_from(sorted(d["inputs"])))]
-        spec["dtype"] = draw(json_values.filter(lambda v: v not in DTYPES))
+        spec = d["inputs"][pick(draw, sorted(d["inputs"]))]
+        spec["dtype"] = draw(_NOT_DTYPES)
     elif kind == "op":
-        node["op"] = draw(json_values.filter(lambda v: not (isinstance(v, str) and v in OPS)))
+        node["op"] = draw(_NOT_OPS)
     elif kind == "drop_top":
-        del d[draw(st.sampled_from(["name", "inputs", "nodes", "outputs"]))]
+        del d[draw(_TOP_KEYS)]
     elif kind == "drop_node_key":
-        del node[draw(st.sampled_from(["id", "op", "args"]))]
+        del node[draw(_NODE_KEYS)]
     elif kind == "unknown_arg":
         defined = _defined(d)
-        node["args"][0] = draw(st.text(max_size=10).filter(lambda s: s not in defined)
-                               | st.none() | st.booleans() | st.lists(st.integers(), max_size=2))
+        node["args"][0] = draw(st.text(max_size=10).filter(lambda s: s not in defined) | _NOT_ARG_NAMES)
     elif kind == "arity":
         node["args"] = node["args"] + draw(st.lists(st.sampled_from(sorted(d["inputs"])) | st.floats(0, 1),
                                                     min_size=1, max_size=3))
     elif kind == "axes":
         red = [n for n in nodes if n["op"].startswith("reduce_")]
         if red:
-            red[0]["axes"] = draw(st.lists(st.integers(min_value=4) | st.integers(max_value=-5),
-                                           min_size=1, max_size=3) | not_a_list | st.just([]))
+            red[0]["axes"] = draw(_BAD_AXES)
         else:
             node["axes"] = [0]  # not a reduction
     elif kind == "constant":
         consts = [(n, j) for n in nodes for j, a in enumerate(n["args"]) if not isinstance(a, str)]
-        bad = draw(st.sampled_from([True, False, math.nan, 1e39, -1e300, None, {}, [1.0]]))
+        bad = draw(_BAD_CONSTANTS)
         if consts:
             n, j = consts[0]
             n["args"][j] = bad
         else:
             node["args"][0] = bad
     elif kind == "extra_key":
-        target = draw(st.sampled_from(["top", "node", "input"]))
-        key = draw(st.text(max_size=8).filter(
-            lambda k: k not in ("id", "op", "args", "axes", "keepdims", "to", "name", "inputs",
-                                "nodes", "outputs", "description", "shape", "dtype")))
+        target = draw(_EXTRA_TARGETS)
+        key = draw(_EXTRA_KEYS)
         if target == "top":
             d[key] = draw(json_values)
         elif target == "node":
@@ -654,7 +686,7 @@ def malformed_graph(draw: st.DrawFn) -> dict[str, Any]:
     elif kind == "output":
         defined = _defined(d)
         d["outputs"] = draw(st.lists(st.text(max_size=8).filter(lambda s: s not in defined),
-                                     min_size=1, max_size=3) | not_a_list | st.just([]))
+                                     min_size=1, max_size=3) | _NOT_A_LIST_OR_EMPTY)
     elif kind == "swap":
         # move the last node (which reads an earlier node) to the front: a forward reference
         nodes.insert(0, nodes.pop())
@@ -663,26 +695,26 @@ def malformed_graph(draw: st.DrawFn) -> dict[str, Any]:
     elif kind == "top_type":
         d = draw(not_a_dict)  # type: ignore[assignment]
     elif kind == "nodes_type":
-        d["nodes"] = draw(not_a_list | st.just([]))
+        d["nodes"] = draw(_NOT_A_LIST_OR_EMPTY)
     elif kind == "inputs_type":
-        d["inputs"] = draw(not_a_dict.filter(lambda v: not isinstance(v, dict)))
+        d["inputs"] = draw(_NOT_A_DICT_NOR_DICT)
     elif kind == "node_type":
         nodes[i] = draw(not_a_dict)
     elif kind == "shape_type":
         spec = d["inputs"][sorted(d["inputs"])[0]]
-        spec["shape"] = draw(not_a_list | st.just([]))
+        spec["shape"] = draw(_NOT_A_LIST_OR_EMPTY)
     elif kind == "dup_id":
-        node["id"] = draw(st.sampled_from(sorted(_defined(d) - {node["id"]})))
+        node["id"] = pick(draw, sorted(_defined(d) - {node["id"]}))
     elif kind == "cast_to":
         node["op"], node["args"], node["to"] = "cast", node["args"][:1], draw(
-            json_values.filter(lambda v: v not in DTYPES))
+            _NOT_DTYPES)
         node.pop("axes", None)
         node.pop("keepdims", None)
         if isinstance(node["args"][0], (int, float)):
             node["args"][0] = "x"
     elif kind == "rank":
         spec = d["inputs"][sorted(d["inputs"])[0]]
-        spec["shape"] = draw(st.lists(st.integers(1, 3), min_size=MAX_RANK + 1, max_size=MAX_RANK + 3))
+        spec["shape"] = draw(_BAD_RANKS)
     return d
 
 

@@ -21,6 +21,7 @@ fake nvcc), and a graph that does not fit in the device's memory is refused with
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -47,7 +48,7 @@ from stitchtune.graph.parse import (
 )
 from stitchtune.graph.ops import OPS
 
-from helpers import hostile_names, json_values, malformed_graph, time_limit
+from helpers import LOWER, SMALL_GRAPHS, hostile_names, json_values, malformed_graph, pick, time_limit
 
 pytestmark = pytest.mark.slow
 
@@ -140,8 +141,59 @@ def assert_named_refusal(rc: int, out: str, err: str, expect: tuple[str, ...], r
 
 
 # ------------------------------------------------------------------------------------------ strategies
-hostile = st.builds(lambda a, c, b: a + c + b, st.from_regex(r"[a-z]{0,4}", fullmatch=True),
+hostile = st.builds(lambda a, c, b: a + c + b, st.text(LOWER, max_size=4),   # [a-z]{0,4} + char + text
                     st.sampled_from(HOSTILE_CHARS), st.text(max_size=6))
+
+# Every strategy hostile_graph draws from is built once, here: one made inside the draw is a new object per
+# example, validated and labelled again each time (10,000 examples).
+KINDS = st.sampled_from([
+    "mutated", "mutated", "mutated", "random_json", "deep_chain", "cycle", "self_cycle", "huge_dim",
+    "negative_dim", "total_bytes", "unknown_op", "hostile_name", "wrong_type", "non_utf8",
+    "truncated", "deep_json", "too_many_inputs", "too_many_outputs", "big_file", "huge_int",
+])
+CYCLE_OPS = ("neg", "exp", "relu")
+HUGE_SHAPES = st.lists(st.integers(2**16, 2**40), min_size=2, max_size=4)
+OP_NAMES = hostile | st.text(min_size=1, max_size=12)
+NAMES = hostile | hostile_names
+NAME_PLACES = st.sampled_from(["graph", "input", "node", "output", "arg", "dtype", "axes_key"])
+WRONG_VALUES = (st.none() | st.booleans() | st.floats(allow_nan=True) | st.integers()
+                | st.lists(st.integers(), max_size=2) | st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)
+                | st.text(max_size=4))
+WRONG_PLACES = st.sampled_from(["name", "inputs", "nodes", "outputs", "shape", "dtype", "id", "op", "args", "axes",
+                                "keepdims", "node", "spec"])
+BAD_UTF8 = st.sampled_from([b"\xff", b"\xc3", b"\x80\x80", b"\xed\xa0\x80"])
+NESTERS = st.sampled_from([(b"[", b"]"), (b'{"a":', b"}")])
+HUGE_INT_HEADS = st.sampled_from(["9", "-9", "0.9e"])
+BIG_DESCRIPTION = 4 * 1024 * 1024  # characters: the file is over MAX_FILE_BYTES
+
+
+def dumps_with(d: dict[str, Any], key: str, value_json: bytes) -> bytes:
+    """``json.dumps(d).encode()`` with ``d[key]`` serialised as ``value_json`` (JSON text), byte for byte what
+    json.dumps writes when ``d[key]`` is that value; for values too large to build as Python objects per
+    example (thousands of nodes, megabytes of text). ``d`` is changed: ``d[key]`` becomes a placeholder."""
+    d[key] = "\x00splice\x00"
+    text = json.dumps(d).encode()
+    marker = json.dumps(d[key]).encode()
+    assert text.count(marker) == 1
+    return text.replace(marker, value_json)
+
+
+@functools.lru_cache(maxsize=1)
+def _chain_nodes() -> tuple[bytes, ...]:
+    """JSON of nodes ``n1 .. n{MAX_NODES + 63}`` of the deep chain (``n{i} = neg(n{i-1})``), built once."""
+    return tuple(json.dumps({"id": f"n{i}", "op": "neg", "args": [f"n{i - 1}"]}).encode()
+                 for i in range(1, MAX_NODES + 64))
+
+
+def chain_nodes_json(first_in: str, n: int) -> bytes:
+    """JSON of the list of ``n`` nodes ``n0 = neg(first_in)``, ``n{i} = neg(n{i-1})``."""
+    head = json.dumps({"id": "n0", "op": "neg", "args": [first_in]}).encode()
+    return b"[" + b", ".join((head, *_chain_nodes()[:n - 1])) + b"]"
+
+
+@functools.lru_cache(maxsize=1)
+def _big_description() -> bytes:
+    return json.dumps("x" * BIG_DESCRIPTION).encode()
 
 
 def _raw_markers(s: str) -> tuple[str, ...]:
@@ -150,18 +202,14 @@ def _raw_markers(s: str) -> tuple[str, ...]:
 
 
 def _base(draw: st.DrawFn) -> dict[str, Any]:
-    return json.loads(json.dumps(draw(st.sampled_from(SMALL_DICTS))))
+    return json.loads(json.dumps(draw(SMALL_GRAPHS)))
 
 
 @st.composite
 def hostile_graph(draw: st.DrawFn) -> tuple[bytes, tuple[str, ...], tuple[str, ...]]:
     """(file bytes, words one of which the error must contain (empty: any named problem), raw
     strings that must not be echoed)."""
-    kind = draw(st.sampled_from([
-        "mutated", "mutated", "mutated", "random_json", "deep_chain", "cycle", "self_cycle", "huge_dim",
-        "negative_dim", "total_bytes", "unknown_op", "hostile_name", "wrong_type", "non_utf8",
-        "truncated", "deep_json", "too_many_inputs", "too_many_outputs", "big_file", "huge_int",
-    ]))
+    kind = draw(KINDS)
     if kind == "mutated":
         return json.dumps(draw(malformed_graph())).encode(), (), ()
     if kind == "random_json":
@@ -172,12 +220,12 @@ def hostile_graph(draw: st.DrawFn) -> tuple[bytes, tuple[str, ...], tuple[str, .
     first_in = inputs[0]
     if kind == "deep_chain":
         n = draw(st.integers(MAX_NODES + 1, MAX_NODES + 64))
-        d["nodes"] = [{"id": f"n{i}", "op": "neg", "args": [f"n{i - 1}" if i else first_in]} for i in range(n)]
         d["outputs"] = [f"n{n - 1}"]
-        return json.dumps(d).encode(), ("too many nodes",), ()
+        return dumps_with(d, "nodes", chain_nodes_json(first_in, n)), ("too many nodes",), ()
     if kind == "cycle":
         k = draw(st.integers(2, 60))
-        d["nodes"] = [{"id": f"c{i}", "op": draw(st.sampled_from(["neg", "exp", "relu"])),
+        ops = draw(st.integers(0, len(CYCLE_OPS) ** k - 1))  # node i's op: base-3 digit i (one draw, not k)
+        d["nodes"] = [{"id": f"c{i}", "op": CYCLE_OPS[ops // len(CYCLE_OPS) ** i % len(CYCLE_OPS)],
                        "args": [f"c{(i + 1) % k}"]} for i in range(k)]
         d["outputs"] = ["c0"]
         return json.dumps(d).encode(), ("cycle", "unknown tensor"), ()
@@ -186,11 +234,11 @@ def hostile_graph(draw: st.DrawFn) -> tuple[bytes, tuple[str, ...], tuple[str, .
         node["args"][0] = node["id"]
         return json.dumps(d).encode(), ("cycle", "unknown tensor", "args"), ()
     if kind == "huge_dim":
-        spec = d["inputs"][draw(st.sampled_from(inputs))]
-        spec["shape"] = draw(st.lists(st.integers(2**16, 2**40), min_size=2, max_size=4))
+        spec = d["inputs"][pick(draw, inputs)]
+        spec["shape"] = draw(HUGE_SHAPES)
         return json.dumps(d).encode(), ("too large",), ()
     if kind == "negative_dim":
-        spec = d["inputs"][draw(st.sampled_from(inputs))]
+        spec = d["inputs"][pick(draw, inputs)]
         j = draw(st.integers(0, len(spec["shape"]) - 1))
         spec["shape"][j] = draw(st.integers(-(2**63), 0))
         return json.dumps(d).encode(), ("must be positive",), ()
@@ -205,14 +253,14 @@ def hostile_graph(draw: st.DrawFn) -> tuple[bytes, tuple[str, ...], tuple[str, .
         return json.dumps(d).encode(), ("too large",), ()
     if kind == "unknown_op":
         node = d["nodes"][draw(st.integers(0, len(d["nodes"]) - 1))]
-        op = draw(hostile | st.text(min_size=1, max_size=12)).strip("\x00") or "bogus"
+        op = draw(OP_NAMES).strip("\x00") or "bogus"
         if op in OPS:
             op = op + "_x"
         node["op"] = op
         return json.dumps(d).encode(), ("unknown op",), _raw_markers(op)
     if kind == "hostile_name":
-        name = draw(hostile | hostile_names)
-        where = draw(st.sampled_from(["graph", "input", "node", "output", "arg", "dtype", "axes_key"]))
+        name = draw(NAMES)
+        where = draw(NAME_PLACES)
         if where == "graph":
             d["name"] = name
         elif where == "input":
@@ -229,11 +277,8 @@ def hostile_graph(draw: st.DrawFn) -> tuple[bytes, tuple[str, ...], tuple[str, .
             d["nodes"][0][name] = 1
         return json.dumps(d).encode(), (), _raw_markers(name)
     if kind == "wrong_type":
-        bad = draw(st.none() | st.booleans() | st.floats(allow_nan=True) | st.integers()
-                   | st.lists(st.integers(), max_size=2) | st.dictionaries(st.text(max_size=3), st.integers(),
-                                                                         max_size=2) | st.text(max_size=4))
-        target = draw(st.sampled_from(["name", "inputs", "nodes", "outputs", "shape", "dtype", "id", "op",
-                                       "args", "axes", "keepdims", "node", "spec"]))
+        bad = draw(WRONG_VALUES)
+        target = draw(WRONG_PLACES)
         node = d["nodes"][draw(st.integers(0, len(d["nodes"]) - 1))]
         if target in ("name", "inputs", "nodes", "outputs"):
             if target == "name" and isinstance(bad, str):
@@ -268,14 +313,14 @@ def hostile_graph(draw: st.DrawFn) -> tuple[bytes, tuple[str, ...], tuple[str, .
     if kind == "non_utf8":
         text = json.dumps(d).encode()
         cut = draw(st.integers(0, len(text)))
-        return text[:cut] + draw(st.sampled_from([b"\xff", b"\xc3", b"\x80\x80", b"\xed\xa0\x80"])) + text[cut:], \
+        return text[:cut] + draw(BAD_UTF8) + text[cut:], \
             ("not UTF-8",), ()
     if kind == "truncated":
         text = json.dumps(d).encode()
         return text[:draw(st.integers(0, len(text) - 1))], ("not JSON", "must be a JSON object"), ()
     if kind == "deep_json":
         depth = draw(st.integers(1000, 200_000))
-        opener, closer = draw(st.sampled_from([(b"[", b"]"), (b'{"a":', b"}")]))
+        opener, closer = draw(NESTERS)
         return opener * depth + b"null" + closer * depth, ("nested too deeply", "must be a JSON object",
                                                            "unknown key"), ()
     if kind == "too_many_inputs":
@@ -287,12 +332,11 @@ def hostile_graph(draw: st.DrawFn) -> tuple[bytes, tuple[str, ...], tuple[str, .
         d["outputs"] = [d["nodes"][-1]["id"]] * n
         return json.dumps(d).encode(), ("too many outputs",), ()
     if kind == "big_file":
-        d["description"] = "x" * (4 * 1024 * 1024)
-        return json.dumps(d).encode(), ("too large",), ()
+        return dumps_with(d, "description", _big_description()), ("too large",), ()
     # huge_int: a number with thousands of digits where an int is expected
     spec = d["inputs"][first_in]
     spec["shape"][0] = "__HUGE__"
-    digits = draw(st.sampled_from(["9", "-9", "0.9e"])) + "9" * draw(st.integers(30, 20000))
+    digits = draw(HUGE_INT_HEADS) + "9" * draw(st.integers(30, 20000))
     raw = json.dumps(d).encode().replace(b'"__HUGE__"', digits.encode())
     return raw, ("too large", "must be positive", "not JSON", "must be an integer", "digits"), ()
 
@@ -513,6 +557,22 @@ def test_hostile_names_really_are_hostile() -> None:
     rnd = random.Random(0)
     assert not any(NAME_RE.fullmatch(c) for c in HOSTILE_CHARS)
     assert len({rnd.choice(HOSTILE_CHARS) for _ in range(200)}) > 10
+
+
+def test_spliced_payloads_are_what_json_dumps_writes() -> None:
+    """The deep chain's nodes and the big file's description, spliced in as JSON built once, give byte for
+    byte the file json.dumps writes for the same graph (the fuzz's cheap path writes the same files)."""
+    for d0 in SMALL_DICTS[:3]:
+        first_in = sorted(d0["inputs"])[0]
+        for n in (MAX_NODES + 1, MAX_NODES + 64):
+            d = json.loads(json.dumps(d0))
+            d["outputs"] = [f"n{n - 1}"]
+            plain = dict(d, nodes=[{"id": f"n{i}", "op": "neg", "args": [f"n{i - 1}" if i else first_in]}
+                                   for i in range(n)])
+            assert dumps_with(d, "nodes", chain_nodes_json(first_in, n)) == json.dumps(plain).encode()
+        d = json.loads(json.dumps(d0))
+        plain = dict(d, description="x" * BIG_DESCRIPTION)
+        assert dumps_with(d, "description", _big_description()) == json.dumps(plain).encode()
 
 
 # ------------------------------------------------------------------------------------------ hostile --schedule
