@@ -73,6 +73,8 @@ def time_limit(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
 # ------------------------------------------------------------------------------------------ forked CLI
 #: what a ``stitchtune search`` imports before its first trial: imported once by the fork server
 FORKED_PRELOAD = ["helpers", "stitchtune.cli", "stitchtune.cli.tuning", "stitchtune.tune.search",
