@@ -19,7 +19,9 @@ run (collected late, they kept one worker busy for a minute or two after the oth
 Under pytest-xdist every worker runs its math libraries (OpenMP: torch's intra-op pool; OpenBLAS, MKL)
 with one thread, unless the variable is set already: ``-n auto`` starts one worker per core, and a
 second thread per worker only oversubscribes the cores (idle pool threads spin for their next task).
-Set here, before numpy or torch is imported; the tests' subprocesses inherit it.
+Set here, before numpy or torch is imported; the tests' subprocesses inherit it. Likewise Inductor (the
+``fallback="inductor"`` tests) compiles its C++ in the worker itself (``TORCHINDUCTOR_COMPILE_THREADS=1``)
+instead of starting a pool of compile processes, each of which imports torch (about 6 CPU-s per worker).
 
 An xdist worker collects its garbage at the end of its session, then freezes what is left
 (``gc.freeze``), before it reports back (``pytest_sessionfinish``). pytest's own clean-up runs five full
@@ -52,7 +54,7 @@ if not os.environ.get("STITCHTUNE_TEST_NO_PYC"):
     sys.dont_write_bytecode = False
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS"):
         os.environ.setdefault(_var, "1")
 
 from pathlib import Path  # noqa: E402

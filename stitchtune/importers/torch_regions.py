@@ -93,7 +93,7 @@ from stitchtune.importers.torch_candidates import (
 from stitchtune.importers.torch_consts import fold_constants
 from stitchtune.importers.torch_fx_util import _fits, fx_args
 from stitchtune.importers.torch_grouping import _convex, _groups
-from stitchtune.importers.torch_subgraph import _dense_perm, _is_view, _subgraph, _with_pulled, is_noop, viewed_inputs
+from stitchtune.importers.torch_subgraph import _dense_perm, _is_view, _Sub, _subgraph, _with_pulled, is_noop, viewed_inputs
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
 
@@ -206,7 +206,7 @@ class _Mapped:
     graph: Graph
     inputs: tuple[Any, ...]      # fx nodes feeding graph.inputs, same order
     outputs: tuple[Any, ...]     # fx nodes of graph.outputs, same order
-    module: Any                  # the group's ATen ops as a GraphModule
+    sub: _Sub                    # the group's ATen ops (``sub.module``: as a GraphModule)
     perms: tuple[tuple[int, ...] | None, ...]   # see TorchRegion.output_perms
     aliases: tuple[tuple[Any, Any], ...]        # see TorchRegion.aliases
     pulled: frozenset[Any] = frozenset()        # the pulled nodes it was mapped with (see _settle)
@@ -217,7 +217,7 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     """One group mapped, or the node to exclude, or the whole group declined, or None when nothing
     outside the group reads it (dead code: no region)."""
     part = _subgraph(group, consts, pulled)
-    sub, inputs, outputs, back = part.module, part.inputs, part.outputs, part.back
+    sub, inputs, outputs, back = part, part.inputs, part.outputs, part.back   # (``sub.graph``: the walk)
     full = _with_pulled(group, pulled or set())
     if not outputs:
         return None
@@ -487,7 +487,7 @@ def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], _Mapped | Dec
         elif res is not None and _computes(res.graph):
             own = set(group)
             pulled = tuple(n for n in _with_pulled(group, set(res.pulled)) if n not in own)
-            regions.append(TorchRegion(res.graph.name, res.graph, tuple(group), res.inputs, res.outputs, res.module,
+            regions.append(TorchRegion(res.graph.name, res.graph, tuple(group), res.inputs, res.outputs, res.sub.module,
                                        pulled, res.perms, res.aliases))
         else:
             dropped.append(tuple(group))

@@ -1,6 +1,6 @@
 """The sub-graph of one region candidate group (for :mod:`stitchtune.importers.torch_regions`).
 
-* :func:`_subgraph(group, consts, pulled)`: a GraphModule of the group and the pulled nodes it reads;
+* :func:`_subgraph(group, consts, pulled)`: a graph (a GraphModule on demand) of the group and the pulled nodes it reads;
   its placeholders are the external inputs (symbolic dims at their hints), 0-d constants are
   ``scalar_tensor`` nodes and constant ``index`` indices are buffers of the module (resolved at
   import time, never graph inputs); its outputs are the group's nodes read outside it.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from stitchtune.importers.torch_candidates import GATHER_INDEX_ARG, _hint, is_scatter_base
@@ -65,12 +66,21 @@ def _with_pulled(group: list[Any], pulled: set[Any]) -> list[Any]:
 
 @dataclass(frozen=True)
 class _Sub:
-    """A group as a GraphModule of its own (see :func:`_subgraph`)."""
+    """A group as a graph of its own (see :func:`_subgraph`); :attr:`module` makes it a GraphModule."""
 
-    module: Any                 # torch.fx.GraphModule: placeholders = ``inputs``, outputs = ``outputs``
+    graph: Any                  # torch.fx.Graph: placeholders = ``inputs``, outputs = ``outputs``
+    root: Any                   # torch.nn.Module holding the graph's buffers (its ``get_attr`` targets)
     inputs: list[Any]           # the original nodes it reads from outside
     outputs: list[Any]          # the group's nodes read outside it
-    back: dict[Any, Any]        # node of ``module`` -> the original node
+    back: dict[Any, Any]        # node of ``graph`` -> the original node
+
+    @cached_property
+    def module(self) -> Any:
+        """The GraphModule of ``graph`` (built on first use: a GraphModule generates and compiles its
+        Python code, milliseconds that most groups, mapped and judged only through ``graph``, never need)."""
+        import torch.fx
+
+        return torch.fx.GraphModule(self.root, self.graph)
 
 
 def _subgraph(group: list[Any], consts: Mapping[Any, Any], pulled: set[Any] | None = None) -> _Sub:
@@ -127,7 +137,7 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any], pulled: set[Any] | No
     for n in g.nodes:   # symbolic shapes are mapped at their example values (re-mapped per shape later)
         if "val" in n.meta:
             n.meta["val"] = _concrete(n.meta["val"])
-    return _Sub(torch.fx.GraphModule(root, g), inputs, outputs, back)
+    return _Sub(g, root, inputs, outputs, back)
 
 
 _RESHAPES = frozenset({"aten.view", "aten._unsafe_view", "aten.reshape"})

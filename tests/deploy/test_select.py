@@ -142,7 +142,7 @@ def test_new_shape_uses_nearest_tuned_shape(ln: Graph, tmp_path: Any, caplog: An
 def test_nearest_shape_skips_records_illegal_for_the_new_shape(ln: Graph, tmp_path: Any) -> None:
     # a grid-barrier (global) schedule fits co-resident at 32768 rows but not at 65536
     target, near_g, far_g = with_rows(ln, 65536), with_rows(ln, 32768), with_rows(ln, 8192)
-    space, rng = space_of(near_g), random.Random(0)
+    space, rng = space_of(near_g), random.Random(2)   # (seed 2: the first such schedule is draw 167; seed 0: 880)
     bad = next((s for s in (space.sample(rng) for _ in range(3000))
                 if "global" in s.schemes and legal(near_g, s) and not legal(target, s)), None)
     assert bad is not None, "no schedule whose legality depends on the row count"

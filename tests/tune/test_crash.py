@@ -1,8 +1,11 @@
 """Crashes (issue 9, part 2): ``stitchtune search`` killed with SIGKILL at random moments.
 
 :data:`KILLS` times (seeded delays, so the run is repeatable in intent; the exact moment depends
-on the machine's load) a ``stitchtune search --backend emulate`` subprocess is started on one
-database and killed with SIGKILL. After every kill:
+on the machine's load) a ``stitchtune search --backend emulate`` process is started on one
+database and killed with SIGKILL. The killed processes are forked from a server that imported the
+CLI once (``helpers.forked_cli``): each runs the CLI's ``main`` on its own, and its kill lands in the
+search (planning, trials, writes), not in the interpreter's start-up and imports, which touch no
+database. After every kill:
 
 * every visible part file reads back (parts are published atomically; a ``.tmp-*`` file left by
   a kill in mid-write is never read), the database reads as one DataFrame;
@@ -28,18 +31,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from helpers import forked_cli, run_forked_cli, start_fork_server, stop_fork_server
 from stitchtune.tune.database import DEDUP_COLUMNS, STATUSES, TuningDB
 
 REPO = Path(__file__).resolve().parents[2]
 GRAPH = REPO / "examples" / "softmax_small.json"
 KILLS = 12
 SEED = 9
-FINAL = 40  # trials of the last, unkilled run
+FINAL = 16  # trials of the last, unkilled run
 KEY_COLUMNS = ("workload_key", "device_key", "backend", "space_version", "codegen_version", "status", "study",
                "trial_number", "worker", "timestamp")
 
@@ -50,6 +55,12 @@ def search_cmd(db: Path, trials: int, seed: int) -> list[str]:
             "--no-progress", "--no-build"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _fork_server() -> Any:
+    yield
+    stop_fork_server()
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
@@ -57,6 +68,13 @@ def _env() -> dict[str, str]:
     # the next run breaks it after 3 s instead of optuna's 30. One run at a time: no live holder to wrong
     env["STITCHTUNE_JOURNAL_LOCK_GRACE_S"] = "3"
     return env
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def raw_rows(db: Path) -> pd.DataFrame:
@@ -93,22 +111,26 @@ def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
     rows = 0
     kills = 0
     grew_after_kill = 0
-    ready_s = None  # how long a run takes to write its first part here (the machine may be loaded)
+    journal = db / "optuna.journal"
+    start_fork_server()
     for i in range(KILLS):
-        t0 = time.monotonic()
-        proc = subprocess.Popen(search_cmd(db, 400, 100 + i), env=_env(), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
-        if ready_s is None:  # first run: wait for its first part, then kill a little later
-            while not list(db.glob("part-*.parquet")) and time.monotonic() - t0 < 180 and proc.poll() is None:
-                time.sleep(0.05)
-            ready_s = time.monotonic() - t0
-            time.sleep(rng.uniform(0.0, 2.0))
-        else:  # later runs: anywhere from start-up to a few seconds of trials
-            time.sleep(rng.uniform(0.3 * ready_s, ready_s + 4.0))
-        if proc.poll() is None:
+        size = _size(journal)
+        proc = forked_cli(search_cmd(db, 400, 100 + i)[3:], env=_env())   # the argv after "python -m stitchtune"
+        # the kill lands from the run's first write (the first run: its first part, so that the final run
+        # has schedules to reuse; later runs: the journal grows, a study created or a trial begun, any lock
+        # left by the run killed before broken) to two seconds of trials later, wherever that falls:
+        # mid-trial, mid-append, while a part is written. Not earlier: a run killed while it plans or
+        # waits for a stale lock touches nothing, and its successor would wait for the same lock again
+        deadline = time.monotonic() + 180
+        while proc.is_alive() and time.monotonic() < deadline and (
+                _size(journal) <= size if i else not list(db.glob("part-*.parquet"))):
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 2.0))
+        if proc.is_alive():
             os.kill(proc.pid, signal.SIGKILL)
             kills += 1
-        rc = proc.wait(60)
+        proc.join(60)
+        rc = proc.exitcode
         assert rc in (-signal.SIGKILL, 0), rc
         n = check_database(db)
         assert n >= rows
@@ -181,20 +203,21 @@ def test_corrupt_and_truncated_parts_are_skipped_with_a_warning_naming_them(
 
 
 def test_show_and_resume_with_a_corrupt_part(tmp_path: Path) -> None:
-    """The CLI reads a database with a corrupt part (warning on stderr, exit 0), and a search resumes on it."""
+    """The CLI reads a database with a corrupt part (warning on stderr, exit 0), and a search resumes on it
+    (each command a process of its own, forked from the fork server)."""
     db = tmp_path / "db"
-    first = subprocess.run(search_cmd(db, 6, 2), env=_env(), capture_output=True, text=True, timeout=600, check=False)
-    assert first.returncode == 0, first.stderr[-3000:]
+    logs = tmp_path / "logs"
+    rc, _out, err = run_forked_cli(search_cmd(db, 6, 2)[3:], logs, env=_env())
+    assert rc == 0, err[-3000:]
     part = min(db.glob("part-*.parquet"))
     shutil.copy(part, tmp_path / "backup.parquet")
     part.write_bytes(part.read_bytes()[:-50])  # truncate a real part in place
-    show = subprocess.run([sys.executable, "-m", "stitchtune", "show", "--db", str(db)], env=_env(),
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert show.returncode == 0, show.stderr[-3000:]
-    assert part.name in show.stderr and "Traceback" not in show.stderr
-    again = subprocess.run(search_cmd(db, 4, 3), env=_env(), capture_output=True, text=True, timeout=600, check=False)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert part.name in again.stderr and "4 trial(s) this run" in again.stdout
+    rc, _out, err = run_forked_cli(["show", "--db", str(db)], logs, env=_env(), timeout=300)
+    assert rc == 0, err[-3000:]
+    assert part.name in err and "Traceback" not in err
+    rc, out, err = run_forked_cli(search_cmd(db, 4, 3)[3:], logs, env=_env())
+    assert rc == 0, err[-3000:]
+    assert part.name in err and "4 trial(s) this run" in out
 
 
 # ------------------------------------------------------------------------------------------ the optuna journal
