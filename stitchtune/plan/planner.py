@@ -58,6 +58,7 @@ from stitchtune.plan.axes import Groups, TensorAxes, domain_candidates, tensor_a
 from stitchtune.plan.cross import CrossReduction, check_cross, epilogue_nodes, split_cross
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.ints import int_registers
+from stitchtune.plan.row_moves import commute_row_moves
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
 
 
@@ -401,7 +402,13 @@ def make_plan(graph: Graph) -> StitchPlan:
     channels-last layer norm's backward reads its gradient in NCHW order, whose innermost axis is
     not the one its row reductions reduce, and plans over the layout of its NHWC output. A graph the
     default layout plans gets exactly the plan it always had; a refused one raises the default
-    layout's refusal."""
+    layout's refusal.
+
+    A row move (slice / concat along outer axes) of a row-local computation with a reduction (Swin's
+    LayerNorm right before its ``roll``) is first pushed below that computation
+    (:func:`~stitchtune.plan.row_moves.commute_row_moves`): the plan is that of the rewritten graph, which
+    the lowering makes again from ``graph``."""
+    graph = commute_row_moves(graph)
     try:
         return _make_plan(graph)
     except UnsupportedGraphError as refusal:

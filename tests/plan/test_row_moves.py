@@ -1,0 +1,74 @@
+"""Row moves pushed below row-local computations (stitchtune/plan/row_moves.py): the rewritten graph
+computes exactly what the graph as given computes (float64 reference, same inputs and outputs), the
+per-column weights stay where they are, and every graph the rewrite does not apply to is returned as
+it is (so the kernels of every graph planned before are unchanged)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from helpers import float_graph as _graph
+from stitchtune.graph.reference import random_inputs, run_reference
+from stitchtune.plan.row_moves import commute_row_moves, row_moves
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lower"))   # the Swin graphs of the lowering tests
+from test_layout_index_mixes import (layernorm_rows, rolled_biased_tokens, rolled_layernorm,  # noqa: E402
+                                     rolled_layernorm_output, shifted_windows)
+
+
+def _same_values(g, h) -> None:
+    assert (g.input_names, g.outputs) == (h.input_names, h.outputs)
+    inputs = random_inputs(g, 3)
+    want, got = run_reference(g, inputs), run_reference(h, inputs)
+    for o in g.outputs:
+        assert np.array_equal(want[o], got[o]), o
+
+
+def test_the_roll_moves_below_the_layernorm() -> None:
+    g = rolled_layernorm()
+    (move,) = row_moves(g)
+    assert (move.root, move.source, move.view, move.moved_inputs) == ("r2", "xv", "xv", ("x",))
+    assert move.tree == ("a1", "a2", "r1", "b1", "b2", "r2")
+    assert move.computed == ("m", "xc", "sq", "var", "ve", "rs", "xn", "xg", "xb")
+    h = commute_row_moves(g)
+    nodes = {nd.id: nd for nd in h.nodes}
+    assert {"m", "xb", "xv", "a1"}.isdisjoint(nodes)          # the old LayerNorm and roll are gone
+    assert nodes["r2"].op == "add" and nodes["r2"].shape == (1, 8, 8, 8)   # the LayerNorm's last node
+    movers = [nd for nd in h.nodes if nd.op in ("slice", "concat")]
+    assert len(movers) == 6 and all(nd.tensor_args[0] != "g" for nd in movers)  # x moved; g, b read as they are
+    assert [nd.axes for nd in h.nodes if nd.op == "reduce_mean"] == [(3,), (3,)]
+    _same_values(g, h)
+    assert commute_row_moves(h) is h
+
+
+def test_every_varying_input_moves_with_the_rows() -> None:
+    g = rolled_layernorm_output()
+    (move,) = row_moves(g)
+    assert move.view is None and move.moved_inputs == ("x", "y")
+    _same_values(g, commute_row_moves(g))
+
+
+def test_graphs_the_rewrite_does_not_apply_to_are_returned_as_they_are() -> None:
+    cases = {
+        "no reduction under the roll (remapped loads already)": rolled_biased_tokens(),
+        "the roll of an input": shifted_windows(),
+        "no index op": _graph({"x": [4, 8], "g": [8], "b": [8]}, layernorm_rows("x", 8), ["xb"]),
+    }
+    ln = layernorm_rows("x", 8)
+    inner = [{"id": "s1", "op": "slice", "args": ["xb"], "axis": 1, "start": 2, "stop": 8},
+             {"id": "s2", "op": "slice", "args": ["xb"], "axis": 1, "start": 0, "stop": 2},
+             {"id": "r", "op": "concat", "args": ["s1", "s2"], "axis": 1}]
+    cases["a roll along the innermost axis"] = _graph({"x": [4, 8], "g": [8], "b": [8]}, ln + inner, ["r"])
+    outer = [dict(n, axis=0, stop=n["stop"] - 4 if n["stop"] == 8 else n["stop"]) if n["op"] == "slice" else
+             dict(n, axis=0) for n in inner]
+    per_row = [dict(n, args=["mu" if a == "m" else a for a in n["args"]]) for n in ln if n["id"] != "m"]
+    cases["a per-row input"] = _graph({"x": [4, 8], "mu": [4, 1], "g": [8], "b": [8]}, per_row + outer, ["r"])
+    for why, g in cases.items():
+        assert commute_row_moves(g) is g, why
+    # the outer roll of the same LayerNorm does move
+    moved = _graph({"x": [4, 8], "g": [8], "b": [8]}, ln + outer, ["r"])
+    assert commute_row_moves(moved) is not moved
+    _same_values(moved, commute_row_moves(moved))
