@@ -5,8 +5,8 @@ positions, Llama-style), and slice / concat along outer axes next to a window pa
 shifted windows: ``roll`` as slice + concat along H and W), also right after Swin's LayerNorm (the roll pushed below the row-local
 LayerNorm: stitchtune/plan/row_moves.py). Each plans, emulates like the float64 reference (the
 emulator faults on any out-of-bounds, unwritten or racy access) and compiles; what is still not
-planned (a transpose before the roll, a statistic over the tokens, the LayerNorm's statistics also
-stored unrolled) is one named line."""
+planned (a transpose before the roll, a statistic over the tokens, a per-row input under the roll) is
+one named line."""
 
 from __future__ import annotations
 
@@ -154,9 +154,23 @@ def rolled_layernorm_output(C: int = 8) -> Any:
     return _graph({"x": [1, 8, 8, C], "y": [1, 8, 8, C], "g": [C], "b": [C]}, nodes, ["r2"])
 
 
+def rolled_layernorm_saved(C: int = 8) -> Any:
+    """Swin's block start as a training step's forward has it: the residual sum of a projection's ``[64, C]``
+    (viewed as tokens) and the shortcut is an output too (the next residual reads it), and so are the
+    LayerNorm's mean and 1/std (saved for the backward): each computed once more in the tokens' own order."""
+    nodes = [{"id": "pv", "op": "reshape", "args": ["p"], "shape": [1, 64, C]},
+             {"id": "xr", "op": "add", "args": ["pv", "y"]}] + layernorm_rows("xr", C)
+    nodes += [{"id": "xv", "op": "reshape", "args": ["xb"], "shape": [1, 8, 8, C]}]
+    nodes += [dict(n, args=["xv" if a == "x" else a for a in n["args"]]) for n in shifted_windows(C=C).to_dict()["nodes"]]
+    return _graph({"p": [64, C], "y": [1, 64, C], "g": [C], "b": [C]}, nodes, ["o", "xr", "m", "rs"])
+
+
 def test_a_layernorm_before_the_roll_plans_over_the_rolled_rows() -> None:
     plan = make_plan(rolled_layernorm())
     assert (plan.family, plan.M, plan.N, plan.nstages) == ("row", 64, 8, 2)
+    plan = make_plan(rolled_layernorm_saved())
+    assert (plan.family, plan.M, plan.N) == ("row", 64, 8)
+    assert plan.imap("xr").bijective and plan.imap("m").bijective  # stored in the tokens' own order
     assert plan.imap("o").bijective and not plan.imap("o").plain  # stored window by window
     plan = make_plan(rolled_layernorm_output())
     assert (plan.family, plan.M, plan.N, plan.nstages) == ("row", 64, 8, 2)
@@ -174,17 +188,18 @@ def test_outer_rolls_that_stay_refused_are_one_named_line() -> None:
           {"id": "xv", "op": "reshape", "args": ["xc"], "shape": [1, 8, 8, 4]}]
     with pytest.raises(UnsupportedGraphError, match="column reduction 'm' next to slice / concat"):
         make_plan(_roll_of(ln, {"x": [1, 64, 4]}))
-    # the LayerNorm's statistics also stored in the tokens' own order: its nodes stay next to the rolled
-    # copy, and x is read in two layouts
-    g = rolled_layernorm()
-    g = _graph({"x": [1, 64, 8], "g": [8], "b": [8]}, g.to_dict()["nodes"], ["o", "m"])
-    with pytest.raises(UnsupportedGraphError, match="tensor 'x' \\[1, 64, 8\\] is read by 'm' in a region"):
+    # a per-row input under the roll (given means): moved, it would be a per-row value under a row shift
+    nodes = [dict(n, args=["mu" if a == "m" else a for a in n["args"]]) for n in layernorm_rows("x", 4) if n["id"] != "m"]
+    g = _roll_of(nodes + [{"id": "xv", "op": "reshape", "args": ["xb"], "shape": [1, 8, 8, 4]}],
+                 {"x": [1, 64, 4], "mu": [1, 64, 1], "g": [4], "b": [4]})
+    with pytest.raises(UnsupportedGraphError, match="node 'xv': a slice/concat along an outer axis"):
         make_plan(g)
 
 
 CASES = {"qk_norm_rotary": qk_norm_rotary, "rotary_with_angles": rotary_with_angles, "shifted_windows": shifted_windows,
          "rolled_tokens": rolled_tokens, "rolled_biased_tokens": rolled_biased_tokens,
-         "rolled_layernorm": rolled_layernorm, "rolled_layernorm_output": rolled_layernorm_output}
+         "rolled_layernorm": rolled_layernorm, "rolled_layernorm_output": rolled_layernorm_output,
+         "rolled_layernorm_saved": rolled_layernorm_saved}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lower"))   # the Swin graphs of the lowering tests
 from test_layout_index_mixes import (layernorm_rows, rolled_biased_tokens, rolled_layernorm,  # noqa: E402
-                                     rolled_layernorm_output, shifted_windows)
+                                     rolled_layernorm_output, rolled_layernorm_saved, shifted_windows)
 
 
 def _same_values(g, h) -> None:
@@ -49,6 +49,19 @@ def test_every_varying_input_moves_with_the_rows() -> None:
     (move,) = row_moves(g)
     assert move.view is None and move.moved_inputs == ("x", "y")
     _same_values(g, commute_row_moves(g))
+
+
+def test_values_also_read_in_their_own_order_are_made_again_there() -> None:
+    g = rolled_layernorm_saved()
+    (move,) = row_moves(g)
+    assert move.moved_inputs == ("p", "y") and "pv" in move.computed   # a view of tokens inside the computation
+    assert move.kept == ("xr", "m", "rs")
+    h = commute_row_moves(g)
+    nodes = {nd.id: nd for nd in h.nodes}
+    assert all(nodes[k].op == "reshape" and nodes[k].shape == g.spec(k).shape for k in move.kept)
+    assert nodes[str(nodes["m"].args[0])].op == "reduce_mean" and nodes[str(nodes["m"].args[0])].shape == (1, 8, 8, 1)
+    assert sum(nd.op == "reduce_mean" for nd in h.nodes) == 4   # the rolled LayerNorm and the kept statistics
+    _same_values(g, h)
 
 
 def test_graphs_the_rewrite_does_not_apply_to_are_returned_as_they_are() -> None:
