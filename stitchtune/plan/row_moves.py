@@ -11,7 +11,7 @@ per-row value under a row-axis shift (:func:`~stitchtune.plan.remap.check_remaps
 rewrites such a graph before planning: the tree of slice / concat nodes (its *root* is the node read
 by something else than slice / concat, or an output) over one source tensor ``S`` (a computed
 tensor, or reshapes of one that keep its innermost dim: Swin's tokens ``[B, H*W, C]`` viewed as
-``[B, H, W, C]``) is applied to the inputs that the row-local computation of ``S`` reads and that vary
+``[B, H, W, C]``, maybe one such reshape per slice as the ONNX importer makes them) is applied to the inputs that the row-local computation of ``S`` reads and that vary
 along the rows (each viewed in ``S``'s layout: ``S``'s outer dims, its own innermost one), and the
 computation is made again on the moved values, in ``S``'s layout; its last node takes the root's id,
 so every consumer, and the outputs, read it unchanged. Inputs that are constant along the rows (a
@@ -53,17 +53,19 @@ _ROW_LOCAL_KINDS = ("unary", "binary", "ternary", "cast")
 @dataclass(frozen=True)
 class RowMove:
     """One row move to push down: ``tree`` the slice / concat nodes (graph order, ``root`` last) over
-    the one ``source`` tensor ``S``; ``view`` the reshape ``S`` is (None: ``S`` is computed);
-    ``computed`` the row-local nodes that vary along the rows (graph order; reshapes that keep the
-    innermost dim among them; the tensor ``S`` is or views last); ``moved_inputs`` the inputs among
-    their arguments that vary along the rows; ``kept`` the nodes among ``computed`` (and ``S``) also
-    read in their own order (outputs, or read by other nodes: a residual sum, training's saved
-    statistics), computed once more unmoved in ``S``'s layout and reshaped back."""
+    ``sources``, the tensors of one shape that the tree reads (``S``; one, or several reshapes of the
+    same tensor); ``top`` the computed tensor they are or view; ``views`` the reshapes between them
+    (``sources`` among them where they are reshapes); ``computed`` the row-local nodes that vary along
+    the rows (graph order, ``top`` last; reshapes that keep the innermost dim among them);
+    ``moved_inputs`` the inputs among their arguments that vary along the rows; ``kept`` the nodes of
+    ``computed`` and ``views`` also read in their own order (outputs, or read by other nodes: a residual
+    sum, training's saved statistics), computed once more unmoved in ``S``'s layout and reshaped back."""
 
     root: str
     tree: tuple[str, ...]
-    source: str
-    view: str | None
+    sources: tuple[str, ...]
+    top: str
+    views: tuple[str, ...]
     computed: tuple[str, ...]
     moved_inputs: tuple[str, ...]
     kept: tuple[str, ...] = ()
@@ -121,30 +123,39 @@ def _move(graph: Graph, nodes: dict[str, Node], root: Node) -> RowMove | None:
                     stack.append(a)
             else:
                 leaves.add(a)
-    if len(leaves) != 1 or next(iter(leaves)) not in nodes:
+    if not leaves <= set(nodes) or len({nodes[s].shape for s in leaves}) != 1:
         return None
-    source = nodes[next(iter(leaves))]
-    if any(len(nodes[t].shape) != len(source.shape) for t in tree):
+    shape = nodes[next(iter(leaves))].shape
+    if any(len(nodes[t].shape) != len(shape) for t in tree):
         return None
-    top, views = source, {source.id}
-    while top.op == "reshape" and _keeps_rows(graph, top):   # Swin's tokens viewed as [B, H, W, C]
-        arg = str(top.args[0])
-        if arg not in nodes:
-            return None   # the roll of an input: planned as remapped loads
-        top = nodes[arg]
-        views.add(top.id)
-    found = _row_local(graph, nodes, top, tuple(source.shape))
+    tops, views = set(), set()
+    for leaf in leaves:
+        top = nodes[leaf]
+        while top.op == "reshape" and _keeps_rows(graph, top):   # Swin's tokens viewed as [B, H, W, C]
+            views.add(top.id)
+            arg = str(top.args[0])
+            if arg not in nodes:
+                return None   # the roll of an input: planned as remapped loads
+            top = nodes[arg]
+        tops.add(top)
+    if len(tops) != 1:
+        return None
+    top = tops.pop()
+    found = _row_local(graph, nodes, top, tuple(shape))
     if found is None:
         return None
     computed, moved_inputs = found
     if not any(OPS[nodes[c].op].kind == "reduce" for c in computed):
         return None
     inside = set(computed) | views | tree
-    read_out = {n for n in [*computed, source.id]
+    read_out = {n for n in [*computed, *views]
                 if n in graph.outputs or any(c.id not in inside for c in graph.consumers(n))}
-    return RowMove(root=root.id, tree=tuple(nd.id for nd in graph.nodes if nd.id in tree), source=source.id,
-                   view=None if source is top else source.id, computed=computed, moved_inputs=moved_inputs,
-                   kept=tuple(nd.id for nd in graph.nodes if nd.id in read_out))
+
+    def ordered(ids: set[str]) -> tuple[str, ...]:
+        return tuple(nd.id for nd in graph.nodes if nd.id in ids)
+
+    return RowMove(root=root.id, tree=ordered(tree), sources=ordered(leaves), top=top.id, views=ordered(views),
+                   computed=computed, moved_inputs=moved_inputs, kept=ordered(read_out))
 
 
 def _keeps_rows(graph: Graph, nd: Node) -> bool:
@@ -203,7 +214,7 @@ def _pushed(graph: Graph, move: RowMove, names: set[str]) -> list[dict[str, Any]
     the source's layout), the row-local computation on the moved values (its last node named
     ``move.root``), and the ``kept`` nodes computed unmoved in the source's layout, reshaped back
     under their own ids."""
-    src = tuple(graph.spec(move.source).shape)
+    src = tuple(graph.spec(move.sources[0]).shape)
     nodes = {nd.id: nd for nd in graph.nodes}
     out: list[dict[str, Any]] = []
 
@@ -226,7 +237,8 @@ def _pushed(graph: Graph, move: RowMove, names: set[str]) -> list[dict[str, Any]
 
     moved: dict[str, str] = {}
     for u in move.moved_inputs:
-        local = {move.source: viewed(u)}
+        head = viewed(u)
+        local = {s: head for s in move.sources}
         for t in move.tree:
             nd = nodes[t]
             d: dict[str, Any] = {"id": fresh(f"{t}_{u}"), "op": nd.op,
@@ -236,17 +248,17 @@ def _pushed(graph: Graph, move: RowMove, names: set[str]) -> list[dict[str, Any]
             local[t] = d["id"]
             out.append(d)
         moved[u] = local[move.root]
-    top = [c for c in move.computed if nodes[c].op != "reshape"][-1]
+    top = move.top
     out += _remade(nodes, move.computed, moved, lambda c: move.root if c == top else fresh(c))
     if move.kept:
         own = {u: viewed(u) for u in move.moved_inputs}
-        need = _ancestors(nodes, [top if k == move.source else k for k in move.kept], set(move.computed))
+        need = _ancestors(nodes, [top if k in move.views else k for k in move.kept], set(move.computed))
         def own_name(c: str) -> str:   # a kept node of the source's layout is made under its own id
             return c if c in move.kept and nodes[c].shape == (*src[:-1], nodes[c].shape[-1]) else fresh(c)
 
         out += _remade(nodes, tuple(c for c in move.computed if c in need), own, own_name)
         for k in move.kept:
-            image = _image(nodes, top if k == move.source else k, own)
+            image = _image(nodes, top if k in move.views else k, own)
             if image != k:
                 out.append({"id": k, "op": "reshape", "args": [image], "shape": list(graph.spec(k).shape)})
     return out

@@ -30,7 +30,7 @@ def _same_values(g, h) -> None:
 def test_the_roll_moves_below_the_layernorm() -> None:
     g = rolled_layernorm()
     (move,) = row_moves(g)
-    assert (move.root, move.source, move.view, move.moved_inputs) == ("r2", "xv", "xv", ("x",))
+    assert (move.root, move.sources, move.top, move.views, move.moved_inputs) == ("r2", ("xv",), "xb", ("xv",), ("x",))
     assert move.tree == ("a1", "a2", "r1", "b1", "b2", "r2")
     assert move.computed == ("m", "xc", "sq", "var", "ve", "rs", "xn", "xg", "xb")
     h = commute_row_moves(g)
@@ -47,7 +47,7 @@ def test_the_roll_moves_below_the_layernorm() -> None:
 def test_every_varying_input_moves_with_the_rows() -> None:
     g = rolled_layernorm_output()
     (move,) = row_moves(g)
-    assert move.view is None and move.moved_inputs == ("x", "y")
+    assert move.sources == ("xb",) and move.views == () and move.moved_inputs == ("x", "y")
     _same_values(g, commute_row_moves(g))
 
 
