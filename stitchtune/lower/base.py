@@ -169,7 +169,8 @@ class Lowerer:
     """Shared machinery of both families."""
 
     def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device, schemes: SchemeTable = SCHEMES) -> None:
-        graph = commute_row_moves(graph)   # the graph make_plan planned (row moves pushed down)
+        if plan.moved_rows:   # the graph make_plan planned (its row moves pushed down)
+            graph = commute_row_moves(graph)
         self.g, self.p, self.s, self.dev = graph, plan, s, device
         self.schemes = schemes
         self.nodes = {nd.id: nd for nd in graph.nodes}

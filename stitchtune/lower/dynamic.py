@@ -62,7 +62,6 @@ from stitchtune.lower.symbols import RowSymbols, SymFactor
 from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan, make_plan
 from stitchtune.plan.remap import composed_chains, domain_of, mixed_layout
-from stitchtune.plan.row_moves import commute_row_moves
 from stitchtune.space import Schedule, SearchSpace
 
 
@@ -185,7 +184,7 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
         p0 = make_plan(g0)
     except StitchtuneError as e:
         return DynamicRefusal("plan", f"the graph at {rep} has no plan: {e.problems[0]}")
-    if commute_row_moves(g0) is not g0:
+    if p0.moved_rows:
         return DynamicRefusal("row move", "a slice/concat moves the rows of a row-local computation (Swin's roll "
                                           "after a LayerNorm); pushed below it for static shapes only")
     if p0.family == Family.COL:

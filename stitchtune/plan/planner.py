@@ -45,7 +45,7 @@ executor.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from math import prod
 
@@ -100,6 +100,9 @@ class StitchPlan:
     #: the scalar epilogue of the cross reductions (:func:`~stitchtune.plan.cross.epilogue_nodes`):
     #: element-wise scalar nodes computed once after the cross-block combine, never by the rows' tasks
     epilogue: tuple[str, ...] = ()
+    #: planned on :func:`~stitchtune.plan.row_moves.commute_row_moves` of the graph (its row moves pushed
+    #: below their row-local computations), which the lowering then lowers in place of the graph
+    moved_rows: bool = False
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -404,11 +407,25 @@ def make_plan(graph: Graph) -> StitchPlan:
     default layout plans gets exactly the plan it always had; a refused one raises the default
     layout's refusal.
 
-    A row move (slice / concat along outer axes) of a row-local computation with a reduction (Swin's
-    LayerNorm right before its ``roll``) is first pushed below that computation
-    (:func:`~stitchtune.plan.row_moves.commute_row_moves`): the plan is that of the rewritten graph, which
-    the lowering makes again from ``graph``."""
-    graph = commute_row_moves(graph)
+    A graph refused so whose row moves (slice / concat along outer axes) of a row-local computation
+    with a reduction (Swin's LayerNorm right before its ``roll``) can be pushed below that computation
+    (:func:`~stitchtune.plan.row_moves.commute_row_moves`) gets the plan of the rewritten graph, marked
+    :attr:`StitchPlan.moved_rows` (the lowering makes the same rewrite); when that is refused too, the
+    refusal of ``graph`` stands."""
+    try:
+        return _plan_layouts(graph)
+    except UnsupportedGraphError as refusal:
+        moved = commute_row_moves(graph)
+        if moved is graph:
+            raise
+        try:
+            return replace(_plan_layouts(moved), moved_rows=True)
+        except UnsupportedGraphError:
+            raise refusal from None
+
+
+def _plan_layouts(graph: Graph) -> StitchPlan:
+    """:func:`make_plan` without the row-move rewrite: the default layout, then the other layouts."""
     try:
         return _make_plan(graph)
     except UnsupportedGraphError as refusal:

@@ -8,7 +8,7 @@ per-row or per-column values. So ``roll(LN(x)) == LN(roll(x))``.
 
 A stitched row kernel computes the statistics of the row it is at, so the planner refuses a
 per-row value under a row-axis shift (:func:`~stitchtune.plan.remap.check_remaps`). :func:`commute_row_moves`
-rewrites such a graph before planning: the tree of slice / concat nodes (its *root* is the node read
+rewrites such a graph: the tree of slice / concat nodes (its *root* is the node read
 by something else than slice / concat, or an output) over one source tensor ``S`` (a computed
 tensor, or reshapes of one that keep its innermost dim: Swin's tokens ``[B, H*W, C]`` viewed as
 ``[B, H, W, C]``, maybe one such reshape per slice as the ONNX importer makes them) is applied to the inputs that the row-local computation of ``S`` reads and that vary
@@ -29,9 +29,11 @@ reshape that keeps the innermost dim; every tensor of the computation either of 
 dim 1); every leaf a graph input, full-size where it varies along the rows (a per-row input, moved,
 would be a per-row value under a row shift). Anything else leaves the graph as it is (and the
 planner's refusal stands). The result is a validated :class:`Graph` with the same inputs and
-outputs, whose reference values are those of ``graph``; the planner
-(:func:`~stitchtune.plan.planner.make_plan`) and the lowering (:class:`~stitchtune.lower.base.Lowerer`)
-both see it in place of ``graph``.
+outputs, whose reference values are those of ``graph``. The planner
+(:func:`~stitchtune.plan.planner.make_plan`) plans it when it refuses ``graph`` itself (so every graph
+planned before keeps its plan and kernels: a class token selected at row 0 next to its LayerNorm), and
+marks the plan ``moved_rows``; the lowering (:class:`~stitchtune.lower.base.Lowerer`) then lowers it in
+place of ``graph``.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def test_shifted_windows_plan_over_the_rolled_tensor() -> None:
     g = shifted_windows()
     assert layout_tails(g) == {"v", "t", "o"}
     plan = make_plan(g)
-    assert (plan.family, plan.M, plan.N) == ("elementwise", 8 * 8, 4)
+    assert (plan.family, plan.M, plan.N, plan.moved_rows) == ("elementwise", 8 * 8, 4, False)
     assert plan.imap("o").bijective and not plan.imap("o").plain  # stored window by window
 
 
@@ -167,7 +167,7 @@ def rolled_layernorm_saved(C: int = 8) -> Any:
 
 def test_a_layernorm_before_the_roll_plans_over_the_rolled_rows() -> None:
     plan = make_plan(rolled_layernorm())
-    assert (plan.family, plan.M, plan.N, plan.nstages) == ("row", 64, 8, 2)
+    assert (plan.family, plan.M, plan.N, plan.nstages, plan.moved_rows) == ("row", 64, 8, 2, True)
     plan = make_plan(rolled_layernorm_saved())
     assert (plan.family, plan.M, plan.N) == ("row", 64, 8)
     assert plan.imap("xr").bijective and plan.imap("m").bijective  # stored in the tokens' own order

@@ -85,3 +85,25 @@ def test_graphs_the_rewrite_does_not_apply_to_are_returned_as_they_are() -> None
     moved = _graph({"x": [4, 8], "g": [8], "b": [8]}, ln + outer, ["r"])
     assert commute_row_moves(moved) is not moved
     _same_values(moved, commute_row_moves(moved))
+
+
+def test_slices_of_rows_are_taken_before_the_rows_are_computed() -> None:
+    """``(x - max(x))[2:4]`` and the rotation of ``x - max(x)`` along the rows: once refused (the output
+    does not span the domain the reduction sets; a per-row value under a row-axis shift), now the rows
+    computed from the moved rows of ``x``, row plans that emulate like the reference."""
+    from helpers import check_emulates
+    from stitchtune.plan.planner import make_plan
+
+    head = [{"id": "m", "op": "reduce_max", "args": ["x"], "axes": [-1], "keepdims": True},
+            {"id": "d", "op": "sub", "args": ["x", "m"]}]
+    part = _graph({"x": [6, 8]}, head + [{"id": "y", "op": "slice", "args": ["d"], "axis": 0, "start": 2, "stop": 4}], ["y"])
+    turn = _graph({"x": [6, 8]}, head + [{"id": "a", "op": "slice", "args": ["d"], "axis": 0, "start": 2, "stop": 6},
+                                         {"id": "b", "op": "slice", "args": ["d"], "axis": 0, "start": 0, "stop": 2},
+                                         {"id": "y", "op": "concat", "args": ["a", "b"], "axis": 0}], ["y"])
+    for g, rows in ((part, 2), (turn, 6)):
+        (move,) = row_moves(g)
+        assert (move.root, move.sources, move.moved_inputs) == ("y", ("d",), ("x",))
+        _same_values(g, commute_row_moves(g))
+        plan = make_plan(g)
+        assert (plan.family, plan.M, plan.N) == ("row", rows, 8)
+        check_emulates(g, 2, 3)
