@@ -21,6 +21,7 @@ from stitchtune.importers.onnx_rules import (
     _ELEMENTWISE,
     _LOGICAL,
     _NOOP_SHAPE_OPS,
+    pads_nothing,
     _ONNX_ALL,
     _REDUCE,
     _UNARY,
@@ -83,7 +84,7 @@ def _map_node(ctx: _Ctx, b: GraphBuilder, index: int, node: Any, v: Callable[[st
         return [_map_mask(b, op, ins, v, name)]
     if op in _UNARY:
         return [b.unary(_UNARY[op], v(ins[0]), name)]
-    if op == "Identity" or (op in _NOOP_SHAPE_OPS and _changes_nothing(ctx, node)):
+    if op == "Identity" or (op in _NOOP_SHAPE_OPS and _changes_nothing(ctx, node)) or pads_nothing(ctx, node):
         return [v(ins[0])]
     if op == "Split":
         return map_split(b, node, a, exact, _elem_name(ctx, node.input[0]), lambda k: ctx.const_list(node, k),

@@ -143,6 +143,9 @@ def _why_not(ctx: _Ctx, i: int, node: Any, in_range: bool) -> str | None:
     elif node.op_type in _NOOP_SHAPE_OPS and node.domain in ("", "ai.onnx"):
         if not _changes_nothing(ctx, node):
             return "changes the shape (graph.json has no reshape)"
+    elif node.op_type == "Pad" and node.domain in ("", "ai.onnx"):
+        if not pads_nothing(ctx, node):
+            return "pads (graph.json has no pad)"
     elif node.domain not in _DOMAINS or node.op_type not in SUPPORTED_OPS:
         return "unsupported op"
     if node.op_type in _MS_ONLY and node.domain != "com.microsoft":
@@ -286,6 +289,13 @@ def _bool_rule(ctx: _Ctx, node: Any) -> str | None:
     if op == "Where" and node.output and _is_bool(ctx, node.output[0]):
         return "where of bool values"
     return None
+
+
+def pads_nothing(ctx: _Ctx, node: Any) -> bool:
+    """True for a ``Pad`` whose pads are a constant of zeros (Swin's ``maybe_pad`` where the windows
+    tile the image): the value of its data input, unchanged."""
+    pads = ctx.const_list(node, 1) if node.op_type == "Pad" else None
+    return pads is not None and not any(pads)
 
 
 def _changes_nothing(ctx: _Ctx, node: Any) -> bool:

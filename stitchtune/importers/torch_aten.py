@@ -28,6 +28,7 @@ from stitchtune.importers.torch_fx_util import (  # noqa: F401  (re-exported: th
     _to_numpy,
     _where,
     index_dtype_name,
+    zero_pad,
     torch_dtype_name,
     value_dtype_name,
 )
@@ -392,7 +393,7 @@ class _Walker(LayoutOps):
             if dt is None:
                 raise ImportError_(f"{node.target} at {_where(node)}: cast to a dtype graph.json does not have")
             return b.cast(self.val(a["a"] if key == "prims.convert_element_type" else x, node), dt, name)
-        if key in _VIEWS:
+        if key in _VIEWS or zero_pad(node):
             return self._view(node, key, x)
         if key in _LAYOUT:
             return self._layout(node, key, a, x)

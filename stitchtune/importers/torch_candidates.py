@@ -32,7 +32,7 @@ from stitchtune.importers.torch_aten import (_BINARY, _IGNORED, _IOTA, _UNARY, I
                                              index_dtype_name, value_dtype_name)
 from stitchtune.importers.torch_cnn import WINDOWED_OPS, dead, inplace_reason, is_inplace
 from stitchtune.importers.torch_consts import resolved_index
-from stitchtune.importers.torch_fx_util import data_args, fx_args
+from stitchtune.importers.torch_fx_util import data_args, fx_args, zero_pad
 
 #: ATen ops that are compute-intensive (matmuls, convolutions, attention): Inductor's or a library's job
 COMPUTE_OPS: frozenset[str] = frozenset({
@@ -129,7 +129,7 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
         why = inplace_reason(node, order, SUPPORTED_OPS)
         if why:
             return why
-    elif not hasattr(node.target, "_schema") or key not in SUPPORTED_OPS:
+    elif not hasattr(node.target, "_schema") or (key not in SUPPORTED_OPS and not zero_pad(node)):
         return "no graph.json equivalent yet"
     val = node.meta.get("val")
     vals = val if isinstance(val, (tuple, list)) else [val]

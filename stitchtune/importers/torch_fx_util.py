@@ -129,3 +129,12 @@ def op_key(target: Any) -> str:
 
 
 _key = op_key   # the importers' short name
+
+
+def zero_pad(node: Any) -> bool:
+    """Whether fx node ``node`` is a ``constant_pad_nd`` that pads nothing (every pad 0: Swin's
+    ``maybe_pad`` where the windows tile the image): the value of its input, unchanged."""
+    if getattr(node, "op", None) != "call_function" or op_key(node.target) != "aten.constant_pad_nd":
+        return False
+    pad = node.args[1] if len(node.args) > 1 else node.kwargs.get("pad")
+    return isinstance(pad, (list, tuple)) and all(isinstance(p, int) and p == 0 for p in pad)

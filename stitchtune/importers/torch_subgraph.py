@@ -21,7 +21,7 @@ from functools import cached_property
 from typing import Any
 
 from stitchtune.importers.torch_candidates import GATHER_INDEX_ARG, _hint, is_scatter_base
-from stitchtune.importers.torch_fx_util import _key, data_args, fx_args
+from stitchtune.importers.torch_fx_util import _key, data_args, fx_args, zero_pad
 from stitchtune.importers.torch_cnn import functional_of, is_inplace
 from stitchtune.importers.torch_consts import resolved_index as _resolved
 
@@ -196,8 +196,9 @@ def _is_view(node: Any) -> bool:
 
 
 def is_noop(node: Any) -> bool:
-    """True for a view, eval dropout or a cast to the same dtype: the value of its input, unchanged."""
-    if _is_view(node):
+    """True for a view, eval dropout, a cast to the same dtype or a pad of nothing: the value of its
+    input, unchanged."""
+    if _is_view(node) or zero_pad(node):
         return True
     key = _key(node.target)
     if key in ("aten.dropout", "aten.feature_dropout"):

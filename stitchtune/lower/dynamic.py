@@ -184,6 +184,9 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
         p0 = make_plan(g0)
     except StitchtuneError as e:
         return DynamicRefusal("plan", f"the graph at {rep} has no plan: {e.problems[0]}")
+    if p0.moved_rows:
+        return DynamicRefusal("row move", "a slice/concat moves the rows of a row-local computation (Swin's roll "
+                                          "after a LayerNorm); pushed below it for static shapes only")
     if p0.family == Family.COL:
         return DynamicRefusal("family col", "a column reduction reduces over the dynamic rows")
     if p0.cross:

@@ -45,7 +45,7 @@ executor.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from math import prod
 
@@ -58,6 +58,7 @@ from stitchtune.plan.axes import Groups, TensorAxes, domain_candidates, tensor_a
 from stitchtune.plan.cross import CrossReduction, check_cross, epilogue_nodes, split_cross
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.ints import int_registers
+from stitchtune.plan.row_moves import commute_row_moves
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
 
 
@@ -99,6 +100,9 @@ class StitchPlan:
     #: the scalar epilogue of the cross reductions (:func:`~stitchtune.plan.cross.epilogue_nodes`):
     #: element-wise scalar nodes computed once after the cross-block combine, never by the rows' tasks
     epilogue: tuple[str, ...] = ()
+    #: planned on :func:`~stitchtune.plan.row_moves.commute_row_moves` of the graph (its row moves pushed
+    #: below their row-local computations), which the lowering then lowers in place of the graph
+    moved_rows: bool = False
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -401,7 +405,27 @@ def make_plan(graph: Graph) -> StitchPlan:
     channels-last layer norm's backward reads its gradient in NCHW order, whose innermost axis is
     not the one its row reductions reduce, and plans over the layout of its NHWC output. A graph the
     default layout plans gets exactly the plan it always had; a refused one raises the default
-    layout's refusal."""
+    layout's refusal.
+
+    A graph refused so whose row moves (slice / concat along outer axes) of a row-local computation
+    with a reduction (Swin's LayerNorm right before its ``roll``) can be pushed below that computation
+    (:func:`~stitchtune.plan.row_moves.commute_row_moves`) gets the plan of the rewritten graph, marked
+    :attr:`StitchPlan.moved_rows` (the lowering makes the same rewrite); when that is refused too, the
+    refusal of ``graph`` stands."""
+    try:
+        return _plan_layouts(graph)
+    except UnsupportedGraphError as refusal:
+        moved = commute_row_moves(graph)
+        if moved is graph:
+            raise
+        try:
+            return replace(_plan_layouts(moved), moved_rows=True)
+        except UnsupportedGraphError:
+            raise refusal from None
+
+
+def _plan_layouts(graph: Graph) -> StitchPlan:
+    """:func:`make_plan` without the row-move rewrite: the default layout, then the other layouts."""
     try:
         return _make_plan(graph)
     except UnsupportedGraphError as refusal:

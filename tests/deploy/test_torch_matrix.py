@@ -1,5 +1,6 @@
-"""The model matrix of issue 26 ("the backend never breaks a model"): ten model families from
-transformers configs (random weights, nothing downloaded, 1 layer, hidden 32), each compiled with
+"""The model matrix of issue 26 ("the backend never breaks a model"): eleven model families from
+transformers configs (random weights, nothing downloaded, 1 layer, hidden 32; Swin: two blocks, the second
+shifting its windows), each compiled with
 ``torch.compile(backend="stitchtune")`` (regions emulated on the CPU, the rest eager) for inference
 (eval, no_grad) and for one training step (train mode, dropout 0, forward + backward of a loss).
 Outputs equal eager within 1e-4; gradients on one scale per model,
@@ -96,10 +97,19 @@ def _whisper() -> tuple[Any, tuple[Any, ...]]:
     return WhisperEncoder(cfg), (torch.randn(2, 8, 16),)
 
 
+def _swin() -> tuple[Any, tuple[Any, ...]]:
+    """Two Swin blocks (8x8 tokens, 4x4 windows): the second shifts its windows (a roll by 2)."""
+    cfg = transformers.SwinConfig(image_size=32, patch_size=4, num_channels=3, embed_dim=16, depths=[2], num_heads=[2],
+                                  window_size=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                  drop_path_rate=0.0)
+    return transformers.SwinModel(cfg), _image(32)
+
+
 #: name -> () -> (model with random weights, example inputs)
 MODELS: dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]] = {
     "bert": _bert, "gpt2": _gpt2, "llama": _decoder("Llama"), "vit": _vit, "convnext": _convnext,
     "resnet": _resnet, "qwen2": _decoder("Qwen2"), "distilbert": _distilbert, "t5": _t5, "whisper": _whisper,
+    "swin": _swin,
 }
 
 
@@ -187,6 +197,18 @@ def test_model_matches_eager_under_the_backend(name: str, mode: str) -> None:
     row = run_case(name, mode)
     assert row.error <= TOL, row
     assert row.stitched > 0 and row.failed_at_run == 0, row
+    if name == "swin":
+        _check_swin_roll_region()
+
+
+def _check_swin_roll_region() -> None:
+    """The shifted block's LayerNorm (with the residual sum before it), its zero pad, the roll (two
+    ``index`` along H and W) and the window partition are one stitched region of one kernel, in
+    inference and in the training step's forward (where the LayerNorm's statistics are saved too)."""
+    forward = [s for r in torch_backend.LAST_REPORTS for s in r.stitched if s.graph in ("inference", "forward")]
+    rolled = [s for s in forward if "aten.native_layer_norm" in s.ops and "aten.index" in s.ops]
+    assert len(rolled) == 1, [s.ops for s in forward]
+    assert {"aten.add", "aten.constant_pad_nd", "aten.permute"} <= set(rolled[0].ops) and rolled[0].kernels == 1
 
 
 

@@ -284,3 +284,22 @@ def test_an_output_behind_a_free_view_has_the_onnx_tensors_shape(tmp_path):
     entry = json.loads((tmp_path / "manifest.json").read_text())["subgraphs"][0]
     written = load_graph(tmp_path / entry["graph"])
     assert entry["onnx_tensors"][written.outputs[0]] == "merged" and written.spec(written.outputs[0]).shape == (B, S, H * Dh)
+
+
+def test_a_pad_of_nothing_is_the_value_it_pads():
+    """Pad with constant zero pads (Swin's ``maybe_pad`` where the windows tile the image) maps to nothing:
+    the Exp before it and the Relu after it are one subgraph; a Pad that pads is a boundary."""
+    def model(pads):
+        nodes = [h.make_node("Exp", ["x"], ["e"]), h.make_node("Pad", ["e", "pads"], ["p"]),
+                 h.make_node("Relu", ["p"], ["y"])]
+        out = [N, D + sum(pads[1::2])]
+        g = h.make_graph(nodes, "pad", [_vi("x", [N, D])], [_vi("y", out)], [_init("pads", np.array(pads, np.int64))])
+        return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+    m = model([0, 0, 0, 0])
+    res = import_onnx(m)
+    (sg,) = res.subgraphs
+    assert [n.op for n in sg.graph.nodes] == ["exp", "relu"]
+    check_onnx_numerics(res, m, {"x": RNG.standard_normal((N, D)).astype(np.float32)})
+    res = import_onnx(model([0, 0, 0, 1]))
+    assert len(res.subgraphs) == 2 and any(":Pad:" in b and "pads (graph.json has no pad)" in b for b in res.boundaries)

@@ -639,3 +639,31 @@ def test_a_column_sum_next_to_a_concat_is_declined_and_the_concat_stays_one_regi
     dq, dk, dv, _ = args
     want = torch.cat([t.permute(0, 2, 1, 3).reshape(1, 8, 32) for t in (dq, dk.transpose(-1, -2), dv)], 2)
     assert np.abs(out[o].reshape(8, 96) - want.reshape(8, 96).numpy()).max() < 1e-6
+
+
+def _swin_shift(x: Any, g: Any, b: Any) -> Any:
+    """Swin's shifted block start: LayerNorm of ``[B, H*W, C]``, viewed ``[B, H, W, C]``, a pad of nothing
+    (``maybe_pad`` where the windows tile the image), the roll by -2 along H and W, the window partition."""
+    h = torch.nn.functional.layer_norm(x, (x.shape[-1],), g, b).view(1, 8, 8, 8)
+    h = torch.nn.functional.pad(h, (0, 0, 0, 0, 0, 0))
+    h = torch.roll(h, shifts=(-2, -2), dims=(1, 2))
+    return h.view(1, 2, 4, 2, 4, 8).permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, 16, 8)
+
+
+def test_a_layernorm_a_pad_of_nothing_and_the_roll_are_one_region() -> None:
+    torch.manual_seed(0)
+    args = (torch.randn(1, 64, 8), torch.randn(8), torch.randn(8))
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from stitchtune.deploy.torch_backend import _decompositions
+
+    split = find_regions(make_fx(_swin_shift, decomposition_table=_decompositions(), tracing_mode="fake")(*args))
+    (region,) = split.regions   # (the roll: two ``index`` of rotated constant indices)
+    assert {"aten.native_layer_norm", "aten.constant_pad_nd", "aten.index", "aten.permute"} <= set(region.ops)
+    from stitchtune.plan.planner import make_plan
+
+    assert (make_plan(region.graph).family, make_plan(region.graph).N) == ("row", 8)   # one row kernel
+    _assert_emulates(region.graph)
+    # a pad of something is no region node (graph.json has no pad)
+    padded = find_regions(_aten(lambda x: torch.nn.functional.pad(x.exp(), (0, 1)), torch.randn(4, 8)))
+    assert any(d.what == "op aten.constant_pad_nd" and "no graph.json equivalent" in d.reason for d in padded.declined)

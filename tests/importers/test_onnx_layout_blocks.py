@@ -3,8 +3,9 @@ exporter: a Qwen3-style attention input (q and k projections, a per-head RMSNorm
 rotary, k repeated for grouped-query heads) and a Swin-style shifted-window input (a projection
 viewed as ``[B, H, W, C]``, ``roll`` exported as slice + concat along H and W, the window partition).
 Every imported subgraph plans (no refusal), matches onnxruntime through the reference executor and
-emulates like the reference. HF Swin's LayerNorm right before the roll stays refused (a row kernel
-has its own row's statistics only): see tests/lower/test_layout_index_mixes.py."""
+emulates like the reference. Then HF's Swin itself (two blocks, the second shifted): its LayerNorm
+right before the roll (with the residual sum before it and the zero ``Pad``) is one subgraph that
+plans, the roll pushed below the LayerNorm (stitchtune/plan/row_moves.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ onnx = pytest.importorskip("onnx")
 torch = pytest.importorskip("torch")
 
 from helpers import check_emulates, check_onnx_numerics  # noqa: E402
+from stitchtune.errors import UnsupportedGraphError  # noqa: E402
 from stitchtune.importers.onnx_import import import_onnx  # noqa: E402
 from stitchtune.plan.planner import make_plan  # noqa: E402
 
@@ -98,3 +100,45 @@ def test_every_subgraph_plans_and_matches_onnxruntime(tmp_path, kind: str, wante
     for sg in res.subgraphs:
         if set(wanted) <= {n.op for n in sg.graph.nodes}:
             check_emulates(sg.graph, 1, 3)
+
+
+@pytest.mark.slow  # the export of a whole (tiny) model (~10 s on the shared machine)
+def test_swin_shifted_block_plans_with_its_layernorm_and_roll_in_one_subgraph(tmp_path) -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.SwinConfig(image_size=32, patch_size=4, num_channels=3, embed_dim=16, depths=[2], num_heads=[2],
+                                  window_size=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                  drop_path_rate=0.0)
+    model = transformers.SwinModel(cfg).eval()
+
+    class Hidden(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.m(pixel_values=x).last_hidden_state
+
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    path = tmp_path / "swin.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Hidden(), (x,), str(path), dynamo=False, input_names=["x"], output_names=["y"])
+    res = import_onnx(path)
+    rolled = [sg for sg in res.subgraphs if {"slice", "concat", "reduce_mean", "rsqrt"} <= {n.op for n in sg.graph.nodes}]
+    refused = []
+    for sg in res.subgraphs:
+        try:
+            make_plan(sg.graph)
+        except UnsupportedGraphError as e:
+            refused.append((sg, str(e)))
+    # the roll back after the attention (a window reverse: a transpose before the roll) and the residual sum
+    # that reads it stay one refused subgraph, its refusal one line
+    assert len(refused) == 1 and "\n" not in refused[0][1], [r for _, r in refused]
+    assert "rearranges a tensor computed in a region with slice, concat or gather" in refused[0][1]
+    (before,) = [sg for sg in rolled if sg is not refused[0][0]]   # LayerNorm + roll + partition: one subgraph
+    assert {"reshape", "transpose", "add", "mul"} <= {n.op for n in before.graph.nodes}
+    plan = make_plan(before.graph)
+    assert (plan.family, plan.M, plan.N) == ("row", 64, 16)
+    assert check_onnx_numerics(res, onnx.load(str(path)), {"x": x.numpy()}, tol=1e-5) >= len(res.subgraphs)
+    check_emulates(before.graph, 1, 3)

@@ -23,6 +23,7 @@ from stitchtune.ir import kir
 from stitchtune.lower.dynamic import RowFit, fit_rows, lower_dynamic
 from stitchtune.lower.remap import gather_flag_buffers
 from stitchtune.space import SearchSpace
+from test_layout_index_mixes import layernorm_rows
 
 DYN = EXAMPLES_DIR / "dynamic"
 EXAMPLES = ("layernorm_seq", "softmax_seq", "bias_gelu_seq", "embed_add_layernorm_seq", "attention_softmax_seq",
@@ -305,3 +306,19 @@ def test_a_bucket_from_one(name: str) -> None:
     fit = fitted(dg, key)
     space = SearchSpace.for_plan(fit.plan, DEV)
     assert check_bucket(dg, key, [generic_heuristic(fit, DEV, space)], fit, space) == 0
+
+
+def test_a_row_move_below_a_layernorm_is_refused_as_data() -> None:
+    """A LayerNorm rolled along its rows plans only through the row-move rewrite (stitchtune/plan/row_moves.py),
+    which the generic kernels do not take: every bucket is a ``row move`` refusal, not an error."""
+    nodes = layernorm_rows("x", 8) + [
+        {"id": "s1", "op": "slice", "args": ["xb"], "axis": 1, "start": 2, "stop": 8},
+        {"id": "s2", "op": "slice", "args": ["xb"], "axis": 1, "start": 0, "stop": 2},
+        {"id": "r", "op": "concat", "args": ["s1", "s2"], "axis": 1}]
+    f32 = "float32"
+    dg = parse_dynamic({"name": "t", "inputs": {"x": {"shape": ["n", 8, 8], "dtype": f32}, "g": {"shape": [8], "dtype": f32},
+                                                "b": {"shape": [8], "dtype": f32}},
+                        "nodes": nodes, "outputs": ["r"], "dynamic": {"n": {"min": 1, "max": 4}}})
+    for key in dg.keys():
+        r = fit_rows(dg, key)
+        assert isinstance(r, DynamicRefusal) and r.part == "row move", r

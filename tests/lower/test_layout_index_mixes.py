@@ -2,9 +2,11 @@
 reshape / expand of a tensor *computed* before the index ops (a per-head RMSNorm of q followed by
 the rotary, Qwen3-style; the rotary angles ``cat(freqs, freqs)`` computed in the region from the
 positions, Llama-style), and slice / concat along outer axes next to a window partition (Swin's
-shifted windows: ``roll`` as slice + concat along H and W). Each plans, emulates like the float64
-reference (the emulator faults on any out-of-bounds, unwritten or racy access) and compiles; what
-is still not planned is one named line."""
+shifted windows: ``roll`` as slice + concat along H and W), also right after Swin's LayerNorm (the roll pushed below the row-local
+LayerNorm: stitchtune/plan/row_moves.py). Each plans, emulates like the float64 reference (the
+emulator faults on any out-of-bounds, unwritten or racy access) and compiles; what is still not
+planned (a transpose before the roll, a statistic over the tokens, a per-row input under the roll) is
+one named line."""
 
 from __future__ import annotations
 
@@ -98,7 +100,7 @@ def test_shifted_windows_plan_over_the_rolled_tensor() -> None:
     g = shifted_windows()
     assert layout_tails(g) == {"v", "t", "o"}
     plan = make_plan(g)
-    assert (plan.family, plan.M, plan.N) == ("elementwise", 8 * 8, 4)
+    assert (plan.family, plan.M, plan.N, plan.moved_rows) == ("elementwise", 8 * 8, 4, False)
     assert plan.imap("o").bijective and not plan.imap("o").plain  # stored window by window
 
 
@@ -120,22 +122,84 @@ def rolled_biased_tokens() -> Any:
                      {"id": "xv", "op": "reshape", "args": ["xb"], "shape": [1, 8, 8, 4]}], {"x": [1, 64, 4], "b": [4]})
 
 
+def layernorm_rows(x: str, C: int) -> list[dict[str, Any]]:
+    """LayerNorm over the innermost axis of ``x`` (weight ``g``, bias ``b`` of ``[C]``), result ``xb``."""
+    return [{"id": "m", "op": "reduce_mean", "args": [x], "axes": [-1], "keepdims": True},
+            {"id": "xc", "op": "sub", "args": [x, "m"]},
+            {"id": "sq", "op": "mul", "args": ["xc", "xc"]},
+            {"id": "var", "op": "reduce_mean", "args": ["sq"], "axes": [-1], "keepdims": True},
+            {"id": "ve", "op": "add", "args": ["var", 1e-5]},
+            {"id": "rs", "op": "rsqrt", "args": ["ve"]},
+            {"id": "xn", "op": "mul", "args": ["xc", "rs"]},
+            {"id": "xg", "op": "mul", "args": ["xn", "g"]},
+            {"id": "xb", "op": "add", "args": ["xg", "b"]}]
+
+
+def rolled_layernorm(C: int = 8) -> Any:
+    """Swin's block start: ``layernorm_before`` of tokens ``[1, 64, C]``, viewed as ``[1, 8, 8, C]``, rolled
+    by ``(-2, -2)`` along H and W (slice + concat) and partitioned into 4x4 windows. Planned with the roll
+    pushed below the LayerNorm (:mod:`stitchtune.plan.row_moves`): each row's statistics are those of the
+    source row it reads."""
+    nodes = [dict(n, args=["xv" if a == "x" else a for a in n["args"]]) for n in shifted_windows(C=C).to_dict()["nodes"]]
+    return _graph({"x": [1, 64, C], "g": [C], "b": [C]},
+                  layernorm_rows("x", C) + [{"id": "xv", "op": "reshape", "args": ["xb"], "shape": [1, 8, 8, C]}] + nodes,
+                  ["o"])
+
+
+def rolled_layernorm_output(C: int = 8) -> Any:
+    """A residual sum and its LayerNorm over ``[1, 8, 8, C]``, rolled along H and W and stored as it is: no
+    layout op, both summands moved with the rows."""
+    nodes = [{"id": "xy", "op": "add", "args": ["x", "y"]}] + layernorm_rows("xy", C)
+    nodes += [dict(n, args=["xb" if a == "x" else a for a in n["args"]]) for n in shifted_windows(C=C).to_dict()["nodes"][:6]]
+    return _graph({"x": [1, 8, 8, C], "y": [1, 8, 8, C], "g": [C], "b": [C]}, nodes, ["r2"])
+
+
+def rolled_layernorm_saved(C: int = 8) -> Any:
+    """Swin's block start as a training step's forward has it: the residual sum of a projection's ``[64, C]``
+    (viewed as tokens) and the shortcut is an output too (the next residual reads it), and so are the
+    LayerNorm's mean and 1/std (saved for the backward): each computed once more in the tokens' own order."""
+    nodes = [{"id": "pv", "op": "reshape", "args": ["p"], "shape": [1, 64, C]},
+             {"id": "xr", "op": "add", "args": ["pv", "y"]}] + layernorm_rows("xr", C)
+    nodes += [{"id": "xv", "op": "reshape", "args": ["xb"], "shape": [1, 8, 8, C]}]
+    nodes += [dict(n, args=["xv" if a == "x" else a for a in n["args"]]) for n in shifted_windows(C=C).to_dict()["nodes"]]
+    return _graph({"p": [64, C], "y": [1, 64, C], "g": [C], "b": [C]}, nodes, ["o", "xr", "m", "rs"])
+
+
+def test_a_layernorm_before_the_roll_plans_over_the_rolled_rows() -> None:
+    plan = make_plan(rolled_layernorm())
+    assert (plan.family, plan.M, plan.N, plan.nstages, plan.moved_rows) == ("row", 64, 8, 2, True)
+    plan = make_plan(rolled_layernorm_saved())
+    assert (plan.family, plan.M, plan.N) == ("row", 64, 8)
+    assert plan.imap("xr").bijective and plan.imap("m").bijective  # stored in the tokens' own order
+    assert plan.imap("o").bijective and not plan.imap("o").plain  # stored window by window
+    plan = make_plan(rolled_layernorm_output())
+    assert (plan.family, plan.M, plan.N, plan.nstages) == ("row", 64, 8, 2)
+
+
 def test_outer_rolls_that_stay_refused_are_one_named_line() -> None:
     # x transposed before the roll: a shifted position is not the same offset in x
     g = _roll_of([{"id": "xt", "op": "transpose", "args": ["x"], "perm": [0, 2, 1, 3]}], {"x": [1, 8, 8, 4]})
     with pytest.raises(UnsupportedGraphError, match="node 'xt': a slice/concat along an outer axis reads it through"):
         make_plan(g)
-    # Swin's LayerNorm right before the roll: rows shifted through a computed tensor (and another row's
-    # statistics, which a row kernel does not have)
-    ln = [{"id": "m", "op": "reduce_mean", "args": ["x"], "axes": [-1], "keepdims": True},
+    # a statistic over the tokens (not row-local): the roll cannot move below it, and the mean over axis 1
+    # makes it a column reduction
+    ln = [{"id": "m", "op": "reduce_mean", "args": ["x"], "axes": [1], "keepdims": True},
           {"id": "xc", "op": "sub", "args": ["x", "m"]},
           {"id": "xv", "op": "reshape", "args": ["xc"], "shape": [1, 8, 8, 4]}]
-    with pytest.raises(UnsupportedGraphError, match="node 'xv': a slice/concat along an outer axis"):
+    with pytest.raises(UnsupportedGraphError, match="column reduction 'm' next to slice / concat"):
         make_plan(_roll_of(ln, {"x": [1, 64, 4]}))
+    # a per-row input under the roll (given means): moved, it would be a per-row value under a row shift
+    nodes = [dict(n, args=["mu" if a == "m" else a for a in n["args"]]) for n in layernorm_rows("x", 4) if n["id"] != "m"]
+    g = _roll_of(nodes + [{"id": "xv", "op": "reshape", "args": ["xb"], "shape": [1, 8, 8, 4]}],
+                 {"x": [1, 64, 4], "mu": [1, 64, 1], "g": [4], "b": [4]})
+    with pytest.raises(UnsupportedGraphError, match="node 'xv': a slice/concat along an outer axis"):
+        make_plan(g)
 
 
 CASES = {"qk_norm_rotary": qk_norm_rotary, "rotary_with_angles": rotary_with_angles, "shifted_windows": shifted_windows,
-         "rolled_tokens": rolled_tokens, "rolled_biased_tokens": rolled_biased_tokens}
+         "rolled_tokens": rolled_tokens, "rolled_biased_tokens": rolled_biased_tokens,
+         "rolled_layernorm": rolled_layernorm, "rolled_layernorm_output": rolled_layernorm_output,
+         "rolled_layernorm_saved": rolled_layernorm_saved}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

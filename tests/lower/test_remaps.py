@@ -205,14 +205,15 @@ def test_gather_reads_only_the_gathered_rows_in_the_profile() -> None:
     ({"x": [4, 8]}, [{"id": "s", "op": "slice", "args": ["x"], "axis": 1, "start": 0, "stop": 1},
                      {"id": "y", "op": "mul", "args": ["s", "x"]}],
      ["y"], "has size 1 along axis 1"),
-    # an output that does not span the domain the reduction sets
+    # an output that does not span the domain the reduction sets (part of each row: rows 2:4 would be
+    # planned, the slice moved below the row-local computation: tests/plan/test_row_moves.py)
     ({"x": [6, 8]}, [{"id": "m", "op": "reduce_max", "args": ["x"], "axes": [-1], "keepdims": True},
                      {"id": "d", "op": "sub", "args": ["x", "m"]},
-                     {"id": "y", "op": "slice", "args": ["d"], "axis": 0, "start": 2, "stop": 4}],
+                     {"id": "y", "op": "slice", "args": ["d"], "axis": 1, "start": 2, "stop": 4}],
      ["y"], "does not span the iteration domain"),
-    # a row-axis rotation of values computed from a per-row reduction result: refused when planning
-    ({"x": [6, 8]}, [{"id": "m", "op": "reduce_max", "args": ["x"], "axes": [-1], "keepdims": True},
-                     {"id": "d", "op": "sub", "args": ["x", "m"]},
+    # a row-axis rotation of values computed from a per-row input: refused when planning (of a per-row
+    # reduction's result, the rotation is moved below the reduction: tests/plan/test_row_moves.py)
+    ({"x": [6, 8], "m": [6, 1]}, [{"id": "d", "op": "sub", "args": ["x", "m"]},
                      {"id": "a", "op": "slice", "args": ["d"], "axis": 0, "start": 2, "stop": 6},
                      {"id": "b", "op": "slice", "args": ["d"], "axis": 0, "start": 0, "stop": 2},
                      {"id": "y", "op": "concat", "args": ["a", "b"], "axis": 0}],
