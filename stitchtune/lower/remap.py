@@ -349,14 +349,19 @@ class RemapValues:
         for name in chain[:-1]:
             nd = self.low.nodes[name]
             src = self.g.spec(str(nd.args[0])).shape
+            if nd.op in ("transpose", "slice") and coords is None:
+                assert lin is not None  # one of the two forms is always set
+                coords = _unravel(lin, shape)
             if nd.op == "transpose":
-                if coords is None:
-                    assert lin is not None  # one of the two forms is always set
-                    coords = _unravel(lin, shape)
+                assert coords is not None
                 back: list[kir.Expr] = [I(0)] * len(src)
                 for i, p in enumerate(nd.perm):
                     back[p] = coords[i]
                 coords, lin = back, None
+            elif nd.op == "slice":  # the same position in the source, moved by the start
+                assert coords is not None
+                a = _node_axis(nd)
+                coords = [add(c, I(nd.start)) if k == a and nd.start else c for k, c in enumerate(coords)]
             else:  # reshape: the row-major linear index is the same in the source
                 lin, coords = (_linear(coords, shape) if coords is not None else lin), None
             shape = src
@@ -386,6 +391,9 @@ class RemapValues:
             src = self.g.spec(str(nd.args[0])).shape
             if nd.op == "transpose":
                 k = nd.perm[k]
+            elif nd.op == "slice":  # along the innermost dim: aligned where the start and the source's dim are
+                if _node_axis(nd) == k and nd.start % v or src[-1] % v:
+                    return False
             elif k != len(shape) - 1 or shape[-1] % v or src[-1] % v:
                 return False
             else:

@@ -68,7 +68,7 @@ from stitchtune.plan.pick import node_axis as _axis
 from stitchtune.plan.pick import check_picks, pick_leaves
 from stitchtune.plan.shift import Shift, check_size1_slice, column_shift, shift_offset, spans
 
-__all__ = ["OuterSources", "outer_sources", "root_shift", "composed_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
+__all__ = ["OuterSources", "outer_sources", "root_shift", "composed_chains", "sliced_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
            "check_remaps"]
 
 
@@ -98,10 +98,15 @@ def domain_of(graph: Graph) -> tuple[int, ...]:
     return max(shapes, key=lambda s: (prod(s), len(s)))
 
 
-def _after_index_ops(graph: Graph) -> set[str]:
-    """The nodes computed from the result of a slice, concat or gather (the index ops included)."""
+def _after_index_ops(graph: Graph, loaded: frozenset[str] | None = None) -> set[str]:
+    """The nodes computed from the result of a slice, concat or gather (the index ops included). The
+    members of :func:`sliced_chains` (``loaded``: their nodes; None: computed) are loaded by index
+    arithmetic like an input, so they and their head count as before the index ops."""
+    skip = _sliced_members(graph) if loaded is None else loaded
     out: set[str] = set()
     for nd in graph.nodes:
+        if nd.id in skip:
+            continue
         if OPS[nd.op].kind in INDEX_KINDS or any(a in out for a in nd.tensor_args):
             out.add(nd.id)
     return out
@@ -122,10 +127,11 @@ def int_index_op(graph: Graph, ints: frozenset[str]) -> Node | None:
     return next((nd for nd in index_ops if any(a in ints for a in nd.tensor_args)), None)
 
 
-def _feeds_layout(graph: Graph) -> set[str]:
+def _feeds_layout(graph: Graph, loaded: frozenset[str] | None = None) -> set[str]:
     """The nodes before the index ops that a transpose / reshape / expand before the index ops is
-    computed from (they keep their own shapes: :func:`layout_part`)."""
-    after = _after_index_ops(graph)
+    computed from (they keep their own shapes: :func:`layout_part`); ``loaded`` as for
+    :func:`_after_index_ops`."""
+    after = _after_index_ops(graph, loaded)
     out: set[str] = set()
     for nd in reversed(graph.nodes):
         if nd.id in after:
@@ -230,6 +236,81 @@ def composed_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
             cur = nodes[arg]
             if cur.op not in ("transpose", "reshape"):
                 break
+    out.update(sliced_chains(graph))
+    return out
+
+
+_LINKS = ("transpose", "reshape", "slice")
+
+
+def sliced_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
+    """The chains of :func:`composed_chains` that slice a wider input and rearrange the slice: head
+    tensor -> ``(head, ..., input)``, a run of transpose / reshape / slice nodes from one graph input
+    with a transpose or reshape after (above) a slice, each member read only by the next, the head read
+    by other ops and none of them a transpose / reshape / expand (Phi-3's fused projection: ``qkv [B,
+    S, (H + 2 KV) * D]`` -> slice of q's columns ``[B, S, H * D]`` -> reshape ``[B, S, H, D]`` ->
+    transpose ``[B, H, S, D]``, then the rotary's slice / neg / concat along ``D``). The head may align
+    with the iteration domain. The input may start several such chains (q's and k's columns) when
+    nothing else reads it and their heads have one shape (the surrogate gives the input that shape).
+    Such a region was refused before (a transpose / reshape after a slice may only make an output),
+    so no region that planned changes. A chain whose head feeds a transpose / reshape before the index
+    ops (a per-head norm of the slice) is not one. Empty without index ops or layout ops."""
+    if not has_index_ops(graph) or not has_layout_ops(graph):
+        return {}
+    cands = _shared_inputs(graph, _sliced_candidates(graph))
+    while cands:
+        feeds = _feeds_layout(graph, frozenset(n for c in cands.values() for n in c[:-1]))
+        bad = {h for h in cands if any(c.id in feeds for c in graph.consumers(h))}
+        if not bad:
+            break
+        cands = _shared_inputs(graph, {h: c for h, c in cands.items() if h not in bad})
+    return cands
+
+
+def _sliced_members(graph: Graph) -> frozenset[str]:
+    """The nodes of :func:`sliced_chains` (heads included, inputs not)."""
+    return frozenset(n for c in sliced_chains(graph).values() for n in c[:-1])
+
+
+def _sliced_candidates(graph: Graph) -> dict[str, tuple[str, ...]]:
+    """The runs of :func:`sliced_chains` by their structure alone (inputs may be shared), longest first:
+    a run inside another one's is dropped."""
+    nodes = {n.id: n for n in graph.nodes}
+    outputs, inputs = set(graph.outputs), set(graph.input_names)
+    found: dict[str, tuple[str, ...]] = {}
+    for nd in graph.nodes:
+        cons = graph.consumers(nd.id)
+        if nd.op not in _LINKS or not cons or nd.id in outputs or any(OPS[c.op].kind == "layout" for c in cons):
+            continue
+        chain, cur = [nd.id], nd
+        while True:
+            arg = str(cur.args[0])
+            if arg in outputs:
+                break
+            if arg in inputs:
+                ops = [nodes[n].op for n in chain]
+                if "slice" in ops and any(o != "slice" for o in ops[:len(ops) - 1 - ops[::-1].index("slice")]):
+                    found[nd.id] = (*chain, arg)
+                break
+            if graph.consumers(arg) != (cur,) or nodes[arg].op not in _LINKS:
+                break
+            chain.append(arg)
+            cur = nodes[arg]
+    inner = {n for c in found.values() for n in c[1:]}
+    return {h: c for h, c in found.items() if h not in inner}
+
+
+def _shared_inputs(graph: Graph, cands: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """``cands`` without the chains whose input another op reads, or another chain of a different
+    head shape."""
+    out = dict(cands)
+    for name in {c[-1] for c in cands.values()}:
+        mine = {h: c for h, c in cands.items() if c[-1] == name}
+        starts = {c[-2] for c in mine.values()}
+        shapes = {tuple(graph.spec(h).shape) for h in mine}
+        if any(c.id not in starts for c in graph.consumers(name)) or len(shapes) > 1:
+            for h in mine:
+                del out[h]
     return out
 
 

@@ -1,0 +1,153 @@
+"""Rotary after a fused qkv projection (Phi-3): ``qkv [B, S, (H + 2 KV) * D]`` sliced to q's (or k's)
+columns, viewed as heads ``[B, S, H, D]``, transposed to ``[B, H, S, D]`` and rotated (rotate_half:
+slice + neg + concat along ``D``). The slice, reshape and transpose are one chain of the input
+(``plan.remap.sliced_chains``): each element (at its own and at the rotate-half positions) is loaded
+through the chain's index arithmetic, so the region is one kernel. Each case plans, emulates like the
+float64 reference (the emulator faults on any out-of-bounds, unwritten or racy access) and compiles;
+vector loads where the columns and the slice start are multiples of the width; what stays refused is
+one named line."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from helpers import check_emulates, DEV, float_graph as _graph
+from lower.test_layout_index_mixes import _rotate
+from stitchtune.cost.heuristic import heuristic_schedule
+from stitchtune.errors import UnsupportedGraphError
+from stitchtune.gpu.build import NvccBuilder, nvcc_found
+from stitchtune.lower.entry import lower
+from stitchtune.plan.planner import make_plan
+from stitchtune.plan.remap import composed_chains, sliced_chains
+from stitchtune.space import SearchSpace
+
+
+def _heads(start: int, n: int, B: int, S: int, D: int, pre: str) -> list[dict[str, Any]]:
+    """``qkv[..., start : start + n*D]`` viewed as ``[B, S, n, D]``, transposed to ``[B, n, S, D]`` (``{pre}h``)."""
+    return [{"id": f"{pre}sl", "op": "slice", "args": ["qkv"], "axis": -1, "start": start, "stop": start + n * D},
+            {"id": f"{pre}hv", "op": "reshape", "args": [f"{pre}sl"], "shape": [B, S, n, D]},
+            {"id": f"{pre}h", "op": "transpose", "args": [f"{pre}hv"], "perm": [0, 2, 1, 3]}]
+
+
+def _rot(src: str, D: int, pre: str, cos: str = "cos", sin: str = "sin") -> list[dict[str, Any]]:
+    return [dict(n, args=[{"cos": cos, "sin": sin}.get(a, a) for a in n["args"]]) for n in _rotate(src, D, pre)]
+
+
+def fused_q(B: int = 2, S: int = 4, H: int = 2, KV: int = 1, D: int = 8) -> Any:
+    """q's rotary: the first ``H*D`` columns of the fused projection, cos / sin ``[S, D]``."""
+    return _graph({"qkv": [B, S, (H + 2 * KV) * D], "cos": [S, D], "sin": [S, D]},
+                  _heads(0, H, B, S, D, "q") + _rot("qh", D, "r"), ["rout"])
+
+
+def fused_k_unsqueezed(B: int = 2, S: int = 4, H: int = 2, KV: int = 1, D: int = 8) -> Any:
+    """k's rotary (columns ``[H*D, (H+KV)*D)``) with cos / sin ``[B, S, D]`` unsqueezed to ``[B, 1, S, D]``
+    in the region, as PyTorch's graph has them (a mixed region: the unsqueeze keeps its map)."""
+    nodes = [{"id": "cu", "op": "reshape", "args": ["c"], "shape": [B, 1, S, D]},
+             {"id": "su", "op": "reshape", "args": ["s"], "shape": [B, 1, S, D]}]
+    return _graph({"qkv": [B, S, (H + 2 * KV) * D], "c": [B, S, D], "s": [B, S, D]},
+                  nodes + _heads(H * D, KV, B, S, D, "k") + _rot("kh", D, "r", "cu", "su"), ["rout"])
+
+
+def fused_q_and_k(B: int = 2, S: int = 4, H: int = 2, D: int = 8) -> Any:
+    """q's and k's rotary in one region (as many k heads as q heads): two chains of one input."""
+    nodes = _heads(0, H, B, S, D, "q") + _rot("qh", D, "r") + _heads(H * D, H, B, S, D, "k") + _rot("kh", D, "p")
+    return _graph({"qkv": [B, S, 3 * H * D], "cos": [S, D], "sin": [S, D]}, nodes, ["rout", "pout"])
+
+
+def fused_partial(B: int = 2, S: int = 4, H: int = 2, KV: int = 1, D: int = 8) -> Any:
+    """A partial rotary (Phi-3's ``q_rot, q_pass`` with rotary dim ``D/2``): the rotated half concatenated
+    with the passed-through one."""
+    R = D // 2
+    nodes = _heads(0, H, B, S, D, "q") + [
+        {"id": "qr", "op": "slice", "args": ["qh"], "axis": -1, "start": 0, "stop": R},
+        {"id": "qp", "op": "slice", "args": ["qh"], "axis": -1, "start": R, "stop": D}] + _rot("qr", R, "r") + [
+        {"id": "y", "op": "concat", "args": ["rout", "qp"], "axis": -1}]
+    return _graph({"qkv": [B, S, (H + 2 * KV) * D], "cos": [S, R], "sin": [S, R]}, nodes, ["y"])
+
+
+def fused_q_softmax(B: int = 2, S: int = 4, H: int = 2, D: int = 8) -> Any:
+    """A row reduction after the rotary (max over each head's D): a row kernel over the chain."""
+    nodes = _heads(D, H, B, S, D, "q") + _rot("qh", D, "r") + [
+        {"id": "mx", "op": "reduce_max", "args": ["rout"], "axes": [-1], "keepdims": True},
+        {"id": "y", "op": "sub", "args": ["rout", "mx"]}]
+    return _graph({"qkv": [B, S, 4 * D], "cos": [S, D], "sin": [S, D]}, nodes, ["y"])
+
+
+def fused_q_odd_start(B: int = 2, S: int = 4, H: int = 2, D: int = 8) -> Any:
+    """q's columns start off the vector grid (column 3): scalar loads, still in bounds."""
+    nodes = [{"id": "qsl", "op": "slice", "args": ["qkv"], "axis": -1, "start": 3, "stop": 3 + H * D},
+             {"id": "qhv", "op": "reshape", "args": ["qsl"], "shape": [B, S, H, D]},
+             {"id": "qh", "op": "transpose", "args": ["qhv"], "perm": [0, 2, 1, 3]}] + _rot("qh", D, "r")
+    return _graph({"qkv": [B, S, 4 * D], "cos": [S, D], "sin": [S, D]}, nodes, ["rout"])
+
+
+CASES = {"fused_q": fused_q, "fused_k_unsqueezed": fused_k_unsqueezed, "fused_q_and_k": fused_q_and_k,
+         "fused_partial": fused_partial, "fused_q_softmax": fused_q_softmax, "fused_q_odd_start": fused_q_odd_start,
+         "fused_q_wide": lambda: fused_q(2, 8, 4, 2, 16)}
+
+
+def test_the_slice_reshape_and_transpose_are_one_chain() -> None:
+    g = fused_q()
+    assert sliced_chains(g) == {"qh": ("qh", "qhv", "qsl", "qkv")}
+    assert composed_chains(g) == sliced_chains(g)
+    plan = make_plan(g)
+    assert (plan.family, plan.M, plan.N) == ("elementwise", 2 * 2 * 4, 8)   # rows B*H*S, columns a head's D
+    assert set(sliced_chains(fused_q_and_k())) == {"qh", "kh"}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cases_match_the_reference(case: str) -> None:
+    check_emulates(CASES[case](), 3, 3)
+
+
+@pytest.mark.parametrize("case,loads", [("fused_q", 3), ("fused_q_and_k", 6), ("fused_q_odd_start", 0)])
+def test_vector_loads_where_the_chain_keeps_the_grid(case: str, loads: int) -> None:
+    # the own element and the two rotate-half positions (c + D/2, c - D/2), one float4 each
+    from stitchtune.gpu.render import render
+
+    g = CASES[case]()
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    s = dataclasses.replace(heuristic_schedule(plan, DEV, space), vec=4)
+    assert not space.violations(s)
+    assert render(lower(g, plan, s, DEV, space)).count("reinterpret_cast<const float4*>(in0") == loads
+
+
+def test_what_stays_refused_is_one_named_line() -> None:
+    B, S, H, D = 2, 4, 2, 8
+    # a per-head norm between the head split and the transpose (Qwen3-style, on a fused projection)
+    nodes = [{"id": "sl", "op": "slice", "args": ["qkv"], "axis": -1, "start": 0, "stop": H * D},
+             {"id": "hv", "op": "reshape", "args": ["sl"], "shape": [B, S, H, D]},
+             {"id": "sq", "op": "mul", "args": ["hv", "hv"]},
+             {"id": "ms", "op": "reduce_mean", "args": ["sq"], "axes": [-1], "keepdims": True},
+             {"id": "nn", "op": "mul", "args": ["hv", "ms"]},
+             {"id": "qh", "op": "transpose", "args": ["nn"], "perm": [0, 2, 1, 3]}] + _rot("qh", D, "r")
+    g = _graph({"qkv": [B, S, 4 * D], "cos": [S, D], "sin": [S, D]}, nodes, ["rout"])
+    assert sliced_chains(g) == {}
+    with pytest.raises(UnsupportedGraphError, match="node 'hv' .* is read by 'sq'"):
+        make_plan(g)
+    # q's 2 heads and k's 1 head from one input in one region (they belong in two)
+    nodes = _heads(0, H, B, S, D, "q") + _rot("qh", D, "r") + _heads(H * D, 1, B, S, D, "k") + _rot("kh", D, "p")
+    g = _graph({"qkv": [B, S, (H + 2) * D], "cos": [S, D], "sin": [S, D]}, nodes, ["rout", "pout"])
+    assert sliced_chains(g) == {}
+    with pytest.raises(UnsupportedGraphError, match="^node 'qh' .* may only make an output$"):
+        make_plan(g)
+
+
+@pytest.mark.skipif(not nvcc_found(), reason="nvcc not installed")
+def test_cases_compile_for_sm90(tmp_path) -> None:
+    from stitchtune.gpu.render import render
+
+    srcs = []
+    for make in CASES.values():
+        g = make()
+        plan = make_plan(g)
+        space = SearchSpace.for_plan(plan, DEV)
+        s = dataclasses.replace(heuristic_schedule(plan, DEV, space), vec=4)   # the vector loads, where legal
+        srcs.append(render(lower(g, plan, heuristic_schedule(plan, DEV, space) if space.violations(s) else s,
+                                 DEV, space)))
+    for res in NvccBuilder(cache_dir=tmp_path).build(srcs, arch="sm_90"):
+        assert res.status == "ok", res.log
