@@ -58,7 +58,7 @@ from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, Se
 from stitchtune.lower.base import I, Lowerer, SweepValues, add, and_, mul
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.planner import TensorClass
-from stitchtune.plan.remap import composed_chains, domain_of, mixed_layout, outer_sources, root_shift
+from stitchtune.plan.remap import composed_chains, domain_of, mixed_layout, outer_sources, root_shift, wide_inputs
 from stitchtune.plan.shift import Shift, column_shift, shift_offset
 from stitchtune.plan.pick import pick_leaves
 
@@ -89,6 +89,7 @@ class RemapValues:
         self.mixed = mixed_layout(low.g)
         self.chains = composed_chains(low.g)
         self.outer = outer_sources(low.g, self.domain)
+        self.wide = wide_inputs(low.g)   # wider than the domain along its innermost axis (own row strides)
         self.dom_t = self._domain_tensor()
         # mixed: the columns are the innermost domain axis (check_mixed); the view's rows may hold
         # axes the domain lacks (an expand), so they are not split from M
@@ -277,7 +278,7 @@ class RemapValues:
             assert shape is not None, f"input '{name}' under an outer shift (the planner refuses it)"
             delta = self._check_bounds(name, shape, sh)
         elif self.mixed:  # view element (r, c + d): a contiguous column map adds d (the planner checked it)
-            delta = column_shift(name, sh, self.domain)
+            delta = column_shift(name, sh, self.domain, self.g.spec(name).shape[-1] if name in self.wide else None)
         else:
             delta = self._check_bounds(name, self.g.spec(name).shape, sh)
         buf = low.in_buf[name]

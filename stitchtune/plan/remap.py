@@ -68,7 +68,7 @@ from stitchtune.plan.pick import node_axis as _axis
 from stitchtune.plan.pick import check_picks, pick_leaves
 from stitchtune.plan.shift import Shift, check_size1_slice, column_shift, shift_offset, spans
 
-__all__ = ["OuterSources", "outer_sources", "root_shift", "composed_chains", "sliced_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
+__all__ = ["OuterSources", "outer_sources", "root_shift", "composed_chains", "sliced_chains", "wide_inputs", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
            "check_remaps"]
 
 
@@ -246,24 +246,25 @@ _LINKS = ("transpose", "reshape", "slice")
 def sliced_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
     """The chains of :func:`composed_chains` that slice a wider input and rearrange the slice: head
     tensor -> ``(head, ..., input)``, a run of transpose / reshape / slice nodes from one graph input
-    with a transpose or reshape after (above) a slice, each member read only by the next, the head read
-    by other ops and none of them a transpose / reshape / expand (Phi-3's fused projection: ``qkv [B,
+    with a slice in it, each member read only by chain members, the head a transpose / reshape read by
+    other ops and none of them a transpose / reshape / expand (Phi-3's fused projection: ``qkv [B,
     S, (H + 2 KV) * D]`` -> slice of q's columns ``[B, S, H * D]`` -> reshape ``[B, S, H, D]`` ->
     transpose ``[B, H, S, D]``, then the rotary's slice / neg / concat along ``D``). The head may align
-    with the iteration domain. The input may start several such chains (q's and k's columns) when
-    nothing else reads it and their heads have one shape (the surrogate gives the input that shape).
+    with the iteration domain. Chains may share members (q's and k's columns of one input; one slice
+    that the importer reshaped once per reader) when their heads have one shape (the surrogate gives
+    every member its head's shape).
     Such a region was refused before (a transpose / reshape after a slice may only make an output),
     so no region that planned changes. A chain whose head feeds a transpose / reshape before the index
     ops (a per-head norm of the slice) is not one. Empty without index ops or layout ops."""
     if not has_index_ops(graph) or not has_layout_ops(graph):
         return {}
-    cands = _shared_inputs(graph, _sliced_candidates(graph))
+    cands = _shared_members(graph, _sliced_candidates(graph))
     while cands:
         feeds = _feeds_layout(graph, frozenset(n for c in cands.values() for n in c[:-1]))
         bad = {h for h in cands if any(c.id in feeds for c in graph.consumers(h))}
         if not bad:
             break
-        cands = _shared_inputs(graph, {h: c for h, c in cands.items() if h not in bad})
+        cands = _shared_members(graph, {h: c for h, c in cands.items() if h not in bad})
     return cands
 
 
@@ -273,14 +274,15 @@ def _sliced_members(graph: Graph) -> frozenset[str]:
 
 
 def _sliced_candidates(graph: Graph) -> dict[str, tuple[str, ...]]:
-    """The runs of :func:`sliced_chains` by their structure alone (inputs may be shared), longest first:
-    a run inside another one's is dropped."""
+    """The runs of :func:`sliced_chains` by their structure alone (members may be shared: checked by
+    :func:`_shared_members`); a run inside another one's is dropped."""
     nodes = {n.id: n for n in graph.nodes}
     outputs, inputs = set(graph.outputs), set(graph.input_names)
     found: dict[str, tuple[str, ...]] = {}
     for nd in graph.nodes:
         cons = graph.consumers(nd.id)
-        if nd.op not in _LINKS or not cons or nd.id in outputs or any(OPS[c.op].kind == "layout" for c in cons):
+        if nd.op not in ("transpose", "reshape") or not cons or nd.id in outputs \
+                or any(OPS[c.op].kind == "layout" for c in cons):
             continue
         chain, cur = [nd.id], nd
         while True:
@@ -288,30 +290,35 @@ def _sliced_candidates(graph: Graph) -> dict[str, tuple[str, ...]]:
             if arg in outputs:
                 break
             if arg in inputs:
-                ops = [nodes[n].op for n in chain]
-                if "slice" in ops and any(o != "slice" for o in ops[:len(ops) - 1 - ops[::-1].index("slice")]):
+                if any(nodes[n].op == "slice" for n in chain):
                     found[nd.id] = (*chain, arg)
                 break
-            if graph.consumers(arg) != (cur,) or nodes[arg].op not in _LINKS:
-                break
+            if nodes[arg].op not in _LINKS or any(c.op not in _LINKS for c in graph.consumers(arg)):
+                break   # (a member read by an op that computes is a head)
             chain.append(arg)
             cur = nodes[arg]
     inner = {n for c in found.values() for n in c[1:]}
     return {h: c for h, c in found.items() if h not in inner}
 
 
-def _shared_inputs(graph: Graph, cands: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
-    """``cands`` without the chains whose input another op reads, or another chain of a different
-    head shape."""
+def _shared_members(graph: Graph, cands: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """``cands`` without the chains that share a member (the input, or a slice of it that the importer
+    gave each reader its own reshape of) with a reader outside the chains, or with a chain of a
+    different head shape (the surrogate gives every member its head's shape)."""
     out = dict(cands)
-    for name in {c[-1] for c in cands.values()}:
-        mine = {h: c for h, c in cands.items() if c[-1] == name}
-        starts = {c[-2] for c in mine.values()}
-        shapes = {tuple(graph.spec(h).shape) for h in mine}
-        if any(c.id not in starts for c in graph.consumers(name)) or len(shapes) > 1:
-            for h in mine:
-                del out[h]
-    return out
+    while True:
+        nxt: dict[str, set[str]] = {}     # member -> the chain members that read it
+        heads: dict[str, set[str]] = {}   # member -> the heads of the chains through it
+        for h, c in out.items():
+            for k in range(1, len(c)):
+                nxt.setdefault(c[k], set()).add(c[k - 1])
+                heads.setdefault(c[k], set()).add(h)
+        bad = {h for m, hs in heads.items()
+               if any(c.id not in nxt[m] for c in graph.consumers(m))
+               or len({tuple(graph.spec(x).shape) for x in hs}) > 1 for h in hs}
+        if not bad:
+            return out
+        out = {h: c for h, c in out.items() if h not in bad}
 
 
 def _chained(graph: Graph) -> set[str]:
@@ -420,11 +427,34 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
         raise UnsupportedGraphError(
             f"the columns of the kernel are not the innermost axis of the iteration domain {list(domain)}; "
             "slice / concat with transpose / reshape need the innermost axis as the kernel's columns")
+    wide = wide_inputs(graph)
     for name, spec in graph.inputs:
-        if tuple(spec.shape) != tuple(sur.spec(name).shape) and name not in chained:
+        if tuple(spec.shape) != tuple(sur.spec(name).shape) and name not in chained and name not in wide:
             raise UnsupportedGraphError(
                 f"input '{name}' {list(spec.shape)} is sliced beyond the iteration domain {list(domain)} in a "
-                "region with transpose / reshape; not supported")
+                "region with transpose / reshape, along an outer axis or read through a transpose / reshape; "
+                "there an input may be wider than the domain along its innermost axis only")
+
+
+def wide_inputs(graph: Graph) -> frozenset[str]:
+    """In a mixed region: the inputs wider than the iteration domain along its innermost axis only
+    (every other dim 1 or the domain's, right-aligned), read by slice / concat and element-wise ops
+    directly (outside :func:`layout_part` and the chains): V's columns of a fused projection ``qkv
+    [B, S, (H + 2 KV) * D]`` sliced to ``[B, S, KV * D]`` and then only rearranged (repeated for the
+    grouped heads) into an output. Their maps keep their own row strides (the planner), and a column
+    shift loads them at column ``c + d < width`` (:func:`~stitchtune.plan.shift.column_shift`)."""
+    if not (has_index_ops(graph) and mixed_layout(graph)):
+        return frozenset()
+    domain = domain_of(graph)
+    skip = layout_part(graph) | _chained(graph) | set(gather_tables(graph).values())
+    out = set()
+    for name, spec in graph.inputs:
+        shape = tuple(spec.shape)
+        if name in skip or len(shape) > len(domain) or shape[-1] <= domain[-1]:
+            continue
+        if _sur(shape, domain, name)[:-1] == shape[:-1]:
+            out.add(name)
+    return frozenset(out)
 
 
 def root_shift(graph: Graph, name: str, domain: tuple[int, ...], row_axes: tuple[int, ...]) -> Shift:
@@ -476,6 +506,7 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
     chains = composed_chains(graph)
     keep = layout_part(graph) if mixed else set()
     outer = outer_sources(graph, domain) if mixed else OuterSources((), frozenset())
+    wide = wide_inputs(graph) if mixed else frozenset()
 
     def visit(name: str, sh: Shift) -> None:
         if (name, sh) in seen:
@@ -518,7 +549,7 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
                 return
         if nd is None:
             if mixed:
-                column_shift(name, sh, domain)
+                column_shift(name, sh, domain, graph.spec(name).shape[-1] if name in wide else None)
             elif not (not sh.delta and spans(graph, name, domain)):
                 shift_offset(name, graph.spec(name).shape, sh, domain)
             return

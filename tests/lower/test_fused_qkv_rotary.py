@@ -21,7 +21,7 @@ from stitchtune.errors import UnsupportedGraphError
 from stitchtune.gpu.build import NvccBuilder, nvcc_found
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
-from stitchtune.plan.remap import composed_chains, sliced_chains
+from stitchtune.plan.remap import composed_chains, sliced_chains, wide_inputs
 from stitchtune.space import SearchSpace
 
 
@@ -84,9 +84,39 @@ def fused_q_odd_start(B: int = 2, S: int = 4, H: int = 2, D: int = 8) -> Any:
     return _graph({"qkv": [B, S, 4 * D], "cos": [S, D], "sin": [S, D]}, nodes, ["rout"])
 
 
+def fused_k_reshaped_per_reader(B: int = 2, S: int = 8, H: int = 2, D: int = 16) -> Any:
+    """k's rotary as the ONNX import gives it (one key/value head): the slice viewed as ``[B, 1, S, D]`` by
+    one reshape per reader, then repeated for the q heads and transposed for the scores (stored tails)."""
+    nodes = [{"id": "ks", "op": "slice", "args": ["qkv"], "axis": 2, "start": H * D, "stop": (H + 1) * D}]
+    nodes += [{"id": f"kv{i}", "op": "reshape", "args": ["ks"], "shape": [B, 1, S, D]} for i in range(3)]
+    nodes += [{"id": "x2", "op": "slice", "args": ["kv1"], "axis": 3, "start": D // 2, "stop": D},
+              {"id": "x1", "op": "slice", "args": ["kv2"], "axis": 3, "start": 0, "stop": D // 2},
+              {"id": "n", "op": "neg", "args": ["x2"]},
+              {"id": "rot", "op": "concat", "args": ["n", "x1"], "axis": 3},
+              {"id": "kc", "op": "mul", "args": ["kv0", "cos"]},
+              {"id": "rs", "op": "mul", "args": ["rot", "sin"]},
+              {"id": "k", "op": "add", "args": ["kc", "rs"]},
+              {"id": "u", "op": "reshape", "args": ["k"], "shape": [B, 1, 1, S, D]},
+              {"id": "e", "op": "expand", "args": ["u"], "shape": [B, 1, H, S, D]},
+              {"id": "r", "op": "reshape", "args": ["e"], "shape": [B, H, S, D]},
+              {"id": "kt", "op": "transpose", "args": ["r"], "perm": [0, 1, 3, 2]}]
+    return _graph({"qkv": [B, S, (H + 2) * D], "cos": [1, 1, S, D], "sin": [1, 1, S, D]}, nodes, ["kt"])
+
+
+def fused_v_repeated(B: int = 2, S: int = 8, H: int = 2, D: int = 16) -> Any:
+    """v's columns (the last ``D``) only rearranged: repeated for the q heads into an output; the input is
+    wider than the domain along its innermost axis (``plan.remap.wide_inputs``)."""
+    nodes = [{"id": "vs", "op": "slice", "args": ["qkv"], "axis": 2, "start": (H + 1) * D, "stop": (H + 2) * D},
+             {"id": "u", "op": "reshape", "args": ["vs"], "shape": [B, 1, 1, S, D]},
+             {"id": "e", "op": "expand", "args": ["u"], "shape": [B, 1, H, S, D]},
+             {"id": "v", "op": "reshape", "args": ["e"], "shape": [B, H, S, D]}]
+    return _graph({"qkv": [B, S, (H + 2) * D]}, nodes, ["v"])
+
+
 CASES = {"fused_q": fused_q, "fused_k_unsqueezed": fused_k_unsqueezed, "fused_q_and_k": fused_q_and_k,
          "fused_partial": fused_partial, "fused_q_softmax": fused_q_softmax, "fused_q_odd_start": fused_q_odd_start,
-         "fused_q_wide": lambda: fused_q(2, 8, 4, 2, 16)}
+         "fused_q_wide": lambda: fused_q(2, 8, 4, 2, 16), "fused_k_reshaped_per_reader": fused_k_reshaped_per_reader,
+         "fused_v_repeated": fused_v_repeated}
 
 
 def test_the_slice_reshape_and_transpose_are_one_chain() -> None:
@@ -96,6 +126,8 @@ def test_the_slice_reshape_and_transpose_are_one_chain() -> None:
     plan = make_plan(g)
     assert (plan.family, plan.M, plan.N) == ("elementwise", 2 * 2 * 4, 8)   # rows B*H*S, columns a head's D
     assert set(sliced_chains(fused_q_and_k())) == {"qh", "kh"}
+    assert set(sliced_chains(fused_k_reshaped_per_reader())) == {"kv0", "kv1", "kv2"}   # sharing the slice
+    assert wide_inputs(fused_v_repeated()) == {"qkv"} and sliced_chains(fused_v_repeated()) == {}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
