@@ -34,14 +34,16 @@ axis: Llama's rotary after the head split) a shift that reaches an input through
 column shift ``d`` (:func:`stitchtune.plan.shift.column_shift`); a layout node passes the shift to its
 argument and an input is loaded at its general map's address of view element ``(r, c + d)``: its row
 offset plus ``c + d`` for a contiguous column map, its map of column ``c + d`` otherwise (inv_freq
-repeated along the head dim). An input of the domain's own layout read by slice / concat directly
+repeated along the head dim); an input wider than the domain along that axis
+(:func:`stitchtune.plan.remap.wide_inputs`) has its own row strides and takes ``c + d`` up to its width. An input of the domain's own layout read by slice / concat directly
 may be shifted along any axis (Swin's roll): loaded at its own address plus the delta in its own
 strides, the row positions of the conditions taken from the map of a computed tensor of the
 domain's shape (the view's rows follow the largest tensor's layout, not the domain's).
 
 A layout chain of an input (:func:`stitchtune.plan.remap.composed_chains`) is loaded at the head's
-position ``p + delta`` along any axis: the head's coordinates are carried back through the chain's
-transposes (permuted) and reshapes (row-major linear index) to the input's offset, one vector load
+position ``p + delta`` along any axis (also where a sweep reads the head as it is): the head's
+coordinates are carried back through the chain's transposes (permuted), reshapes (row-major linear
+index) and slices (the start added) to the input's offset, one vector load
 where the head's innermost dim stays the input's innermost, else one predicated load per lane. An
 input whose columns are not one contiguous run (its own strides) is loaded lane by lane through its map.
 """

@@ -45,13 +45,17 @@ rotary angles made in the region) keeps its shapes with everything it is compute
 (:func:`layout_part`); one of a tensor computed from an index op's result (``k^T`` after the rotary,
 :func:`layout_tails`) may only make an output, stored through its map. Refused there: such a node
 read by another op, a slice / concat along an outer axis of an input read through a transpose /
-reshape, gather, column reductions, an input sliced beyond the domain.
+reshape, gather, column reductions, an input sliced beyond the domain other than along its innermost
+axis alone (:func:`wide_inputs`: its own row strides, a column shift up to its width).
 
 A transpose / reshape chain of one input whose head does not align with the domain (ViT's patch
 flatten, concatenated after the class token along the sequence: :func:`composed_chains`) is not a
 layout part: the planner sees it as one input of the head's aligned shape, the bounds are proven on
 the head's own shape, and the kernel carries each (shifted, along any axis) position of the head back
 through the chain to the input's offset. A region whose layout nodes are all such chains is not mixed.
+A chain may also slice (:func:`sliced_chains`: Phi-3's fused ``qkv`` sliced to q's columns, viewed as
+heads and transposed, then rotated); its head may then align with the domain, and its slice moves the
+carried position by its start.
 """
 
 from __future__ import annotations
