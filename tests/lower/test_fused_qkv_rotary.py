@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
-from helpers import check_emulates, DEV, float_graph as _graph
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers import check_emulates, DEV, float_graph as _graph, plan_or_refused
 from lower.test_layout_index_mixes import _rotate
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.errors import UnsupportedGraphError
@@ -167,6 +170,52 @@ def test_what_stays_refused_is_one_named_line() -> None:
     assert sliced_chains(g) == {}
     with pytest.raises(UnsupportedGraphError, match="^node 'qh' .* may only make an output$"):
         make_plan(g)
+
+
+@st.composite
+def _sliced(draw: Any) -> dict[str, Any]:
+    """A random input ``[B, S, W]`` sliced along its last (or middle) axis, the slice split into heads by a
+    reshape and (maybe) transposed, then rotated along the last axis or just scaled; several such chains
+    of the one input may share it (all heads of one shape) or have different head counts (refused)."""
+    B, S, D = draw(st.sampled_from([1, 2])), draw(st.sampled_from([2, 3, 4])), draw(st.sampled_from([2, 4, 6]))
+    n = draw(st.integers(1, 3))
+    heads = [n] + {"none": [], "same": [n], "other": [n % 3 + 1]}[draw(st.sampled_from(["none", "same", "other"]))]
+    along_seq = draw(st.booleans()) and len(heads) == 1
+    extra = 0 if along_seq else draw(st.integers(0, 5))
+    W = sum(heads) * D + extra
+    nodes: list[dict[str, Any]] = []
+    outs = []
+    start = draw(st.integers(0, extra))
+    for i, n in enumerate(heads):
+        if along_seq:   # rows 1.. of the sequence, all columns of q: [B, S - 1, n*D]
+            sl = {"id": f"s{i}", "op": "slice", "args": ["x"], "axis": 1, "start": 1, "stop": S}
+            shape = [B, S - 1, n, D]
+        else:
+            sl = {"id": f"s{i}", "op": "slice", "args": ["x"], "axis": 2, "start": start, "stop": start + n * D}
+            shape = [B, S, n, D]
+        nodes += [sl, {"id": f"h{i}", "op": "reshape", "args": [f"s{i}"], "shape": shape}]
+        head = f"h{i}"
+        if draw(st.booleans()):
+            nodes.append({"id": f"t{i}", "op": "transpose", "args": [head], "perm": [0, 2, 1, 3]})
+            head = f"t{i}"
+        if draw(st.booleans()):
+            nodes += _rot(head, D, f"r{i}", "c", "c")
+            outs.append(f"r{i}out")
+        else:
+            nodes.append({"id": f"m{i}", "op": "mul", "args": [head, 2.0]})
+            outs.append(f"m{i}")
+        start += n * D
+    return {"name": "sl", "inputs": {"x": {"shape": [B, S, W], "dtype": "float32"}, "c": {"shape": [D], "dtype": "float32"}},
+            "nodes": nodes, "outputs": outs}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(_sliced())
+def test_random_sliced_chains_emulate_like_the_reference(obj: dict[str, Any]) -> None:
+    g, plan = plan_or_refused(obj)
+    if plan is None:
+        return
+    check_emulates(g, 1, 2)
 
 
 @pytest.mark.skipif(not nvcc_found(), reason="nvcc not installed")
