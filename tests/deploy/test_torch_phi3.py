@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from stitchtune.deploy import torch_backend  # noqa: E402
+from helpers import explain_with_eager  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -25,12 +25,8 @@ def test_the_rotary_after_the_fused_qkv_split_is_stitched() -> None:
                                   bos_token_id=0, eos_token_id=0)
     cfg._attn_implementation, cfg.use_cache = "eager", False
     model, ids = transformers.Phi3Model(cfg).eval(), torch.randint(0, 64, (2, 8))
-    with torch.no_grad():
-        want = model(ids).last_hidden_state
-        try:
-            e = torch_backend.explain(model, ids, db=None, fallback="eager", cpu="emulate")
-        finally:
-            torch._dynamo.reset()
+    e, out = explain_with_eager(model, ids)
+    want = out.last_hidden_state
     rotary = [s for s in e.stitched if {"aten.neg", "aten.cat", "aten.mul", "aten.add"} <= set(s.ops)]
     assert sum(s.ops.count("aten.neg") for s in rotary) == 2, str(e)   # q's and k's rotate_half
     assert any({"aten.slice", "aten.view", "aten.neg"} <= set(s.ops) for s in rotary), str(e)   # k with its split
