@@ -260,8 +260,16 @@ def sliced_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
     Such a region was refused before (a transpose / reshape after a slice may only make an output),
     so no region that planned changes. A chain whose head feeds a transpose / reshape before the index
     ops (a per-head norm of the slice) is not one. Empty without index ops or layout ops."""
-    if not has_index_ops(graph) or not has_layout_ops(graph):
-        return {}
+    return dict(_sliced_chains(graph))
+
+
+def _sliced_chains(graph: Graph) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """:func:`sliced_chains` as items (at once empty without a slice that a chain link reads: every
+    index-op walk asks for it)."""
+    if not any(nd.op == "slice" and any(c.op in _LINKS for c in graph.consumers(nd.id)) for nd in graph.nodes):
+        return ()
+    if not has_layout_ops(graph):
+        return ()
     cands = _shared_members(graph, _sliced_candidates(graph))
     while cands:
         feeds = _feeds_layout(graph, frozenset(n for c in cands.values() for n in c[:-1]))
@@ -269,7 +277,7 @@ def sliced_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
         if not bad:
             break
         cands = _shared_members(graph, {h: c for h, c in cands.items() if h not in bad})
-    return cands
+    return tuple(cands.items())
 
 
 def _sliced_members(graph: Graph) -> frozenset[str]:
@@ -442,18 +450,19 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
 
 def wide_inputs(graph: Graph) -> frozenset[str]:
     """In a mixed region: the inputs wider than the iteration domain along its innermost axis only
-    (every other dim 1 or the domain's, right-aligned), read by slice / concat and element-wise ops
-    directly (outside :func:`layout_part` and the chains): V's columns of a fused projection ``qkv
+    (every other dim 1 or the domain's, right-aligned), read by a slice directly (and by other
+    element-wise ops, outside :func:`layout_part` and the chains): V's columns of a fused projection ``qkv
     [B, S, (H + 2 KV) * D]`` sliced to ``[B, S, KV * D]`` and then only rearranged (repeated for the
     grouped heads) into an output. Their maps keep their own row strides (the planner), and a column
     shift loads them at column ``c + d < width`` (:func:`~stitchtune.plan.shift.column_shift`)."""
-    if not (has_index_ops(graph) and mixed_layout(graph)):
+    sliced = [n for n in graph.input_names if any(c.op == "slice" for c in graph.consumers(n))]
+    if not sliced or not mixed_layout(graph):
         return frozenset()
     domain = domain_of(graph)
     skip = layout_part(graph) | _chained(graph) | set(gather_tables(graph).values())
     out = set()
-    for name, spec in graph.inputs:
-        shape = tuple(spec.shape)
+    for name in sliced:
+        shape = tuple(graph.spec(name).shape)
         if name in skip or len(shape) > len(domain) or shape[-1] <= domain[-1]:
             continue
         if _sur(shape, domain, name)[:-1] == shape[:-1]:
