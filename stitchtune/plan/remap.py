@@ -164,11 +164,29 @@ def layout_tails(graph: Graph) -> set[str]:
             continue
         for a in nd.tensor_args:
             if a in tails:
+                _refuse_shared_slice(graph, a, nd.id)
                 raise UnsupportedGraphError(
                     f"node '{a}' (transpose / reshape) rearranges a "
                     f"tensor computed in a region with slice, concat or gather and is read by '{nd.id}'; there a "
                     "transpose / reshape of a computed tensor may only make an output")
     return tails
+
+
+def _refuse_shared_slice(graph: Graph, head: str, reader: str) -> None:
+    """The refusal of a layout tail read by ``reader`` that would be a :func:`sliced_chains` head but for
+    what else reads the input it slices (a chain of another head shape, or an op outside the chains):
+    one line naming the head (a region finder that leaves it out keeps the rest), the input and why."""
+    chain = _sliced_candidates(graph).get(head)
+    if chain is None:
+        return
+    src = chain[-1]
+    others = sorted({c.id for m in chain[1:] for c in graph.consumers(m)} - set(chain))
+    if not others:   # (dropped for a per-head norm before a transpose: the general refusal)
+        return
+    raise UnsupportedGraphError(
+        f"node '{head}' (transpose / reshape) rearranges a slice of input '{src}' and is read by '{reader}', but "
+        f"'{', '.join(others)}' also read that input (or its slice) in another layout or head count; slices of one "
+        "input rearranged into tensors of different shapes belong in separate regions")
 
 
 def _sur(shape: tuple[int, ...], domain: tuple[int, ...], name: str) -> tuple[int, ...]:

@@ -168,7 +168,7 @@ def test_what_stays_refused_is_one_named_line() -> None:
     nodes = _heads(0, H, B, S, D, "q") + _rot("qh", D, "r") + _heads(H * D, 1, B, S, D, "k") + _rot("kh", D, "p")
     g = _graph({"qkv": [B, S, (H + 2) * D], "cos": [S, D], "sin": [S, D]}, nodes, ["rout", "pout"])
     assert sliced_chains(g) == {}
-    with pytest.raises(UnsupportedGraphError, match="^node 'qh' .* may only make an output$"):
+    with pytest.raises(UnsupportedGraphError, match="^node 'qh' .* a slice of input 'qkv' .* 'ksl' also read"):
         make_plan(g)
 
 
