@@ -1017,6 +1017,21 @@ def torch_block(h: int = 16) -> Any:
     return Block().eval()
 
 
+def explain_with_eager(model: Any, *args: Any) -> tuple[Any, Any]:
+    """(the torch backend's ``explain`` of ``model(*args)``: regions emulated on the CPU, the rest eager;
+    ``model(*args)`` itself), both under ``no_grad``; dynamo's caches are reset afterwards."""
+    import torch
+
+    from stitchtune.deploy import torch_backend
+
+    with torch.no_grad():
+        want = model(*args)
+        try:
+            return torch_backend.explain(model, *args, db=None, fallback="eager", cpu="emulate"), want
+        finally:
+            torch._dynamo.reset()
+
+
 def rotary_positions_graph(batch: int = 2, seq: int = 8, dim: int = 16, start: int = 3,
                            from_slice: bool = False) -> object:
     """Rotary beside positions computed in the region: ``x * cos(a) + rotate_half(x) * sin(a)`` with

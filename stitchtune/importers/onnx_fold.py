@@ -20,6 +20,10 @@ Contract
   and is left unfolded when that exceeds :data:`MAX_FOLD_ELEMENTS`. A folded node is replaced *in
   place* by a ``Constant`` node (node indices stay those of the file) and its value is recorded in
   ``consts``. A node that cannot be evaluated is left as it is (reported, never fatal).
+* Then a ``Concat`` input that is statically empty along the axis is dropped while another input
+  is left, and a node whose empty output nobody reads any more becomes a ``Constant`` in place
+  (graph.json has no empty tensors: Phi-3's rotary concatenates ``q[..., rotary_dim:]``, empty when
+  the whole head is rotated).
 """
 
 from __future__ import annotations
@@ -365,6 +369,48 @@ def _fold_pass(m: Any, consts: ConstTable, folded: list[str], unfolded: dict[int
     return changed
 
 
+def _drop_empty_pieces(m: Any, consts: ConstTable, folded: list[str]) -> bool:
+    """Concat inputs that are empty along the axis (static shapes) dropped while another is left
+    (Phi-3's ``cat([rotated, q[..., rotary_dim:]])`` with the full head rotated; with one left the
+    Concat becomes an ``Identity``); a node whose output
+    nobody reads any more and is empty becomes a ``Constant`` of that empty value in place (reported
+    as folded). True when something changed."""
+    from onnx import helper, numpy_helper
+
+    shapes = _static_shapes(m)
+    changed = False
+    for node in m.graph.node:
+        if node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
+            continue
+        axis = next((int(helper.get_attribute_value(a)) for a in node.attribute if a.name == "axis"), 0)
+        keep = [t for t in node.input if not (t in shapes and shapes[t] and 0 in shapes[t]
+                                               and shapes[t][axis] == 0)]
+        if keep and len(keep) < len(node.input):
+            del node.input[:]
+            node.input.extend(keep)
+            if len(keep) == 1:   # one piece left: the value itself
+                del node.attribute[:]
+                node.op_type = "Identity"
+            changed = True
+    if not changed:
+        return False
+    read = {t for n in m.graph.node for t in n.input} | {o.name for o in m.graph.output}
+    elem = {vi.name: vi.type.tensor_type.elem_type for vi in m.graph.value_info}
+    for i, node in enumerate(m.graph.node):
+        out = node.output[0] if len(node.output) == 1 else ""
+        if not out or out in read or node.op_type == "Constant" or 0 not in shapes.get(out, (1,)) \
+                or out not in elem:
+            continue
+        value = np.zeros(shapes[out], helper.tensor_dtype_to_np_dtype(elem[out]))
+        del node.input[:]
+        del node.attribute[:]
+        node.op_type, node.domain = "Constant", ""
+        node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(value)))
+        consts.set(out, value)
+        folded.append(f"{i}:empty:{node.name or '-'}")
+    return True
+
+
 def fold_and_infer(model: Any, consts: ConstTable) -> tuple[Any, FoldReport]:
     """Inferred copy of ``model`` with its constant-only nodes folded; see the module docstring."""
     m = infer(model)
@@ -373,6 +419,8 @@ def fold_and_infer(model: Any, consts: ConstTable) -> tuple[Any, FoldReport]:
     for _ in range(MAX_ROUNDS):
         if not _fold_pass(m, consts, folded, unfolded):
             break
+        m = infer(m)
+    if _drop_empty_pieces(m, consts, folded):
         m = infer(m)
     if folded:
         log.info("folded %d constant-only nodes", len(folded))

@@ -25,6 +25,7 @@ from stitchtune.graph.ops import INDEX_KINDS, OPS, OpInfo
 from stitchtune.plan.index_map import AxisMap
 from stitchtune.plan.ints import int_registers
 from stitchtune.plan.planner import StitchPlan, TensorClass
+from stitchtune.plan.remap import composed_chains
 from stitchtune.plan.row_moves import commute_row_moves
 from stitchtune.plan.single_pass import SinglePassCandidate
 from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable
@@ -138,7 +139,7 @@ class SweepValues:
             return vals
         if name in low.in_buf:
             vals = self.load_input(name)
-        elif OPS[low.nodes[name].op].kind in INDEX_KINDS:
+        elif OPS[low.nodes[name].op].kind in INDEX_KINDS or name in low.chain_heads:
             assert self.index_value is not None, f"index op {name} in a family without index ops"
             vals = self.index_value(name)
         elif low.nodes[name].op == "iota":
@@ -193,6 +194,9 @@ class Lowerer:
             self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), BufferRole.OUTPUT, name))
         self.reuse = dict(zip(plan.reuse_candidates, s.reuse))
         self.gather_tables = {nd.args[0] for nd in graph.nodes if nd.op == "gather"}
+        #: the heads of layout chains of inputs (:func:`~stitchtune.plan.remap.composed_chains`): loaded by
+        #: the chain's index arithmetic (:mod:`stitchtune.lower.remap`), also where a sweep reads them as they are
+        self.chain_heads = frozenset(composed_chains(graph))
         self.rpb = 1
         # the family's sizes, set by its lower(): elements of a reduction row (row family) or rows of a
         # column chunk (col family) a block covers per task, of them a thread's, and its sweep iterations

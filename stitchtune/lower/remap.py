@@ -34,14 +34,16 @@ axis: Llama's rotary after the head split) a shift that reaches an input through
 column shift ``d`` (:func:`stitchtune.plan.shift.column_shift`); a layout node passes the shift to its
 argument and an input is loaded at its general map's address of view element ``(r, c + d)``: its row
 offset plus ``c + d`` for a contiguous column map, its map of column ``c + d`` otherwise (inv_freq
-repeated along the head dim). An input of the domain's own layout read by slice / concat directly
+repeated along the head dim); an input wider than the domain along that axis
+(:func:`stitchtune.plan.remap.wide_inputs`) has its own row strides and takes ``c + d`` up to its width. An input of the domain's own layout read by slice / concat directly
 may be shifted along any axis (Swin's roll): loaded at its own address plus the delta in its own
 strides, the row positions of the conditions taken from the map of a computed tensor of the
 domain's shape (the view's rows follow the largest tensor's layout, not the domain's).
 
 A layout chain of an input (:func:`stitchtune.plan.remap.composed_chains`) is loaded at the head's
-position ``p + delta`` along any axis: the head's coordinates are carried back through the chain's
-transposes (permuted) and reshapes (row-major linear index) to the input's offset, one vector load
+position ``p + delta`` along any axis (also where a sweep reads the head as it is): the head's
+coordinates are carried back through the chain's transposes (permuted), reshapes (row-major linear
+index) and slices (the start added) to the input's offset, one vector load
 where the head's innermost dim stays the input's innermost, else one predicated load per lane. An
 input whose columns are not one contiguous run (its own strides) is loaded lane by lane through its map.
 """
@@ -58,7 +60,7 @@ from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, Se
 from stitchtune.lower.base import I, Lowerer, SweepValues, add, and_, mul
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.planner import TensorClass
-from stitchtune.plan.remap import composed_chains, domain_of, mixed_layout, outer_sources, root_shift
+from stitchtune.plan.remap import composed_chains, domain_of, mixed_layout, outer_sources, root_shift, wide_inputs
 from stitchtune.plan.shift import Shift, column_shift, shift_offset
 from stitchtune.plan.pick import pick_leaves
 
@@ -89,6 +91,7 @@ class RemapValues:
         self.mixed = mixed_layout(low.g)
         self.chains = composed_chains(low.g)
         self.outer = outer_sources(low.g, self.domain)
+        self.wide = wide_inputs(low.g)   # wider than the domain along its innermost axis (own row strides)
         self.dom_t = self._domain_tensor()
         # mixed: the columns are the innermost domain axis (check_mixed); the view's rows may hold
         # axes the domain lacks (an expand), so they are not split from M
@@ -277,7 +280,7 @@ class RemapValues:
             assert shape is not None, f"input '{name}' under an outer shift (the planner refuses it)"
             delta = self._check_bounds(name, shape, sh)
         elif self.mixed:  # view element (r, c + d): a contiguous column map adds d (the planner checked it)
-            delta = column_shift(name, sh, self.domain)
+            delta = column_shift(name, sh, self.domain, self.g.spec(name).shape[-1] if name in self.wide else None)
         else:
             delta = self._check_bounds(name, self.g.spec(name).shape, sh)
         buf = low.in_buf[name]
@@ -349,14 +352,19 @@ class RemapValues:
         for name in chain[:-1]:
             nd = self.low.nodes[name]
             src = self.g.spec(str(nd.args[0])).shape
+            if nd.op in ("transpose", "slice") and coords is None:
+                assert lin is not None  # one of the two forms is always set
+                coords = _unravel(lin, shape)
             if nd.op == "transpose":
-                if coords is None:
-                    assert lin is not None  # one of the two forms is always set
-                    coords = _unravel(lin, shape)
+                assert coords is not None
                 back: list[kir.Expr] = [I(0)] * len(src)
                 for i, p in enumerate(nd.perm):
                     back[p] = coords[i]
                 coords, lin = back, None
+            elif nd.op == "slice":  # the same position in the source, moved by the start
+                assert coords is not None
+                a = _node_axis(nd)
+                coords = [add(c, I(nd.start)) if k == a and nd.start else c for k, c in enumerate(coords)]
             else:  # reshape: the row-major linear index is the same in the source
                 lin, coords = (_linear(coords, shape) if coords is not None else lin), None
             shape = src
@@ -386,6 +394,9 @@ class RemapValues:
             src = self.g.spec(str(nd.args[0])).shape
             if nd.op == "transpose":
                 k = nd.perm[k]
+            elif nd.op == "slice":  # along the innermost dim: aligned where the start and the source's dim are
+                if _node_axis(nd) == k and nd.start % v or src[-1] % v:
+                    return False
             elif k != len(shape) - 1 or shape[-1] % v or src[-1] % v:
                 return False
             else:

@@ -45,13 +45,17 @@ rotary angles made in the region) keeps its shapes with everything it is compute
 (:func:`layout_part`); one of a tensor computed from an index op's result (``k^T`` after the rotary,
 :func:`layout_tails`) may only make an output, stored through its map. Refused there: such a node
 read by another op, a slice / concat along an outer axis of an input read through a transpose /
-reshape, gather, column reductions, an input sliced beyond the domain.
+reshape, gather, column reductions, an input sliced beyond the domain other than along its innermost
+axis alone (:func:`wide_inputs`: its own row strides, a column shift up to its width).
 
 A transpose / reshape chain of one input whose head does not align with the domain (ViT's patch
 flatten, concatenated after the class token along the sequence: :func:`composed_chains`) is not a
 layout part: the planner sees it as one input of the head's aligned shape, the bounds are proven on
 the head's own shape, and the kernel carries each (shifted, along any axis) position of the head back
 through the chain to the input's offset. A region whose layout nodes are all such chains is not mixed.
+A chain may also slice (:func:`sliced_chains`: Phi-3's fused ``qkv`` sliced to q's columns, viewed as
+heads and transposed, then rotated); its head may then align with the domain, and its slice moves the
+carried position by its start.
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ from stitchtune.plan.pick import node_axis as _axis
 from stitchtune.plan.pick import check_picks, pick_leaves
 from stitchtune.plan.shift import Shift, check_size1_slice, column_shift, shift_offset, spans
 
-__all__ = ["OuterSources", "outer_sources", "root_shift", "composed_chains", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
+__all__ = ["OuterSources", "outer_sources", "root_shift", "composed_chains", "sliced_chains", "wide_inputs", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
            "check_remaps"]
 
 
@@ -98,10 +102,15 @@ def domain_of(graph: Graph) -> tuple[int, ...]:
     return max(shapes, key=lambda s: (prod(s), len(s)))
 
 
-def _after_index_ops(graph: Graph) -> set[str]:
-    """The nodes computed from the result of a slice, concat or gather (the index ops included)."""
+def _after_index_ops(graph: Graph, loaded: frozenset[str] | None = None) -> set[str]:
+    """The nodes computed from the result of a slice, concat or gather (the index ops included). The
+    members of :func:`sliced_chains` (``loaded``: their nodes; None: computed) are loaded by index
+    arithmetic like an input, so they and their head count as before the index ops."""
+    skip = _sliced_members(graph) if loaded is None else loaded
     out: set[str] = set()
     for nd in graph.nodes:
+        if nd.id in skip:
+            continue
         if OPS[nd.op].kind in INDEX_KINDS or any(a in out for a in nd.tensor_args):
             out.add(nd.id)
     return out
@@ -122,10 +131,11 @@ def int_index_op(graph: Graph, ints: frozenset[str]) -> Node | None:
     return next((nd for nd in index_ops if any(a in ints for a in nd.tensor_args)), None)
 
 
-def _feeds_layout(graph: Graph) -> set[str]:
+def _feeds_layout(graph: Graph, loaded: frozenset[str] | None = None) -> set[str]:
     """The nodes before the index ops that a transpose / reshape / expand before the index ops is
-    computed from (they keep their own shapes: :func:`layout_part`)."""
-    after = _after_index_ops(graph)
+    computed from (they keep their own shapes: :func:`layout_part`); ``loaded`` as for
+    :func:`_after_index_ops`."""
+    after = _after_index_ops(graph, loaded)
     out: set[str] = set()
     for nd in reversed(graph.nodes):
         if nd.id in after:
@@ -154,11 +164,29 @@ def layout_tails(graph: Graph) -> set[str]:
             continue
         for a in nd.tensor_args:
             if a in tails:
+                _refuse_shared_slice(graph, a, nd.id)
                 raise UnsupportedGraphError(
                     f"node '{a}' (transpose / reshape) rearranges a "
                     f"tensor computed in a region with slice, concat or gather and is read by '{nd.id}'; there a "
                     "transpose / reshape of a computed tensor may only make an output")
     return tails
+
+
+def _refuse_shared_slice(graph: Graph, head: str, reader: str) -> None:
+    """The refusal of a layout tail read by ``reader`` that would be a :func:`sliced_chains` head but for
+    what else reads the input it slices (a chain of another head shape, or an op outside the chains):
+    one line naming the head (a region finder that leaves it out keeps the rest), the input and why."""
+    chain = _sliced_candidates(graph).get(head)
+    if chain is None:
+        return
+    src = chain[-1]
+    others = sorted({c.id for m in chain[1:] for c in graph.consumers(m)} - set(chain))
+    if not others:   # (dropped for a per-head norm before a transpose: the general refusal)
+        return
+    raise UnsupportedGraphError(
+        f"node '{head}' (transpose / reshape) rearranges a slice of input '{src}' and is read by '{reader}', but "
+        f"'{', '.join(others)}' also read that input (or its slice) in another layout or head count; slices of one "
+        "input rearranged into tensors of different shapes belong in separate regions")
 
 
 def _sur(shape: tuple[int, ...], domain: tuple[int, ...], name: str) -> tuple[int, ...]:
@@ -230,7 +258,97 @@ def composed_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
             cur = nodes[arg]
             if cur.op not in ("transpose", "reshape"):
                 break
+    out.update(sliced_chains(graph))
     return out
+
+
+_LINKS = ("transpose", "reshape", "slice")
+
+
+def sliced_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
+    """The chains of :func:`composed_chains` that slice a wider input and rearrange the slice: head
+    tensor -> ``(head, ..., input)``, a run of transpose / reshape / slice nodes from one graph input
+    with a slice in it, each member read only by chain members, the head a transpose / reshape read by
+    other ops and none of them a transpose / reshape / expand (Phi-3's fused projection: ``qkv [B,
+    S, (H + 2 KV) * D]`` -> slice of q's columns ``[B, S, H * D]`` -> reshape ``[B, S, H, D]`` ->
+    transpose ``[B, H, S, D]``, then the rotary's slice / neg / concat along ``D``). The head may align
+    with the iteration domain. Chains may share members (q's and k's columns of one input; one slice
+    that the importer reshaped once per reader) when their heads have one shape (the surrogate gives
+    every member its head's shape).
+    Such a region was refused before (a transpose / reshape after a slice may only make an output),
+    so no region that planned changes. A chain whose head feeds a transpose / reshape before the index
+    ops (a per-head norm of the slice) is not one. Empty without index ops or layout ops."""
+    return dict(_sliced_chains(graph))
+
+
+def _sliced_chains(graph: Graph) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """:func:`sliced_chains` as items (at once empty without a slice that a chain link reads: every
+    index-op walk asks for it)."""
+    if not any(nd.op == "slice" and any(c.op in _LINKS for c in graph.consumers(nd.id)) for nd in graph.nodes):
+        return ()
+    if not has_layout_ops(graph):
+        return ()
+    cands = _shared_members(graph, _sliced_candidates(graph))
+    while cands:
+        feeds = _feeds_layout(graph, frozenset(n for c in cands.values() for n in c[:-1]))
+        bad = {h for h in cands if any(c.id in feeds for c in graph.consumers(h))}
+        if not bad:
+            break
+        cands = _shared_members(graph, {h: c for h, c in cands.items() if h not in bad})
+    return tuple(cands.items())
+
+
+def _sliced_members(graph: Graph) -> frozenset[str]:
+    """The nodes of :func:`sliced_chains` (heads included, inputs not)."""
+    return frozenset(n for c in sliced_chains(graph).values() for n in c[:-1])
+
+
+def _sliced_candidates(graph: Graph) -> dict[str, tuple[str, ...]]:
+    """The runs of :func:`sliced_chains` by their structure alone (members may be shared: checked by
+    :func:`_shared_members`); a run inside another one's is dropped."""
+    nodes = {n.id: n for n in graph.nodes}
+    outputs, inputs = set(graph.outputs), set(graph.input_names)
+    found: dict[str, tuple[str, ...]] = {}
+    for nd in graph.nodes:
+        cons = graph.consumers(nd.id)
+        if nd.op not in ("transpose", "reshape") or not cons or nd.id in outputs \
+                or any(OPS[c.op].kind == "layout" for c in cons):
+            continue
+        chain, cur = [nd.id], nd
+        while True:
+            arg = str(cur.args[0])
+            if arg in outputs:
+                break
+            if arg in inputs:
+                if any(nodes[n].op == "slice" for n in chain):
+                    found[nd.id] = (*chain, arg)
+                break
+            if nodes[arg].op not in _LINKS or any(c.op not in _LINKS for c in graph.consumers(arg)):
+                break   # (a member read by an op that computes is a head)
+            chain.append(arg)
+            cur = nodes[arg]
+    inner = {n for c in found.values() for n in c[1:]}
+    return {h: c for h, c in found.items() if h not in inner}
+
+
+def _shared_members(graph: Graph, cands: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """``cands`` without the chains that share a member (the input, or a slice of it that the importer
+    gave each reader its own reshape of) with a reader outside the chains, or with a chain of a
+    different head shape (the surrogate gives every member its head's shape)."""
+    out = dict(cands)
+    while True:
+        nxt: dict[str, set[str]] = {}     # member -> the chain members that read it
+        heads: dict[str, set[str]] = {}   # member -> the heads of the chains through it
+        for h, c in out.items():
+            for k in range(1, len(c)):
+                nxt.setdefault(c[k], set()).add(c[k - 1])
+                heads.setdefault(c[k], set()).add(h)
+        bad = {h for m, hs in heads.items()
+               if any(c.id not in nxt[m] for c in graph.consumers(m))
+               or len({tuple(graph.spec(x).shape) for x in hs}) > 1 for h in hs}
+        if not bad:
+            return out
+        out = {h: c for h, c in out.items() if h not in bad}
 
 
 def _chained(graph: Graph) -> set[str]:
@@ -339,11 +457,35 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
         raise UnsupportedGraphError(
             f"the columns of the kernel are not the innermost axis of the iteration domain {list(domain)}; "
             "slice / concat with transpose / reshape need the innermost axis as the kernel's columns")
+    wide = wide_inputs(graph)
     for name, spec in graph.inputs:
-        if tuple(spec.shape) != tuple(sur.spec(name).shape) and name not in chained:
+        if tuple(spec.shape) != tuple(sur.spec(name).shape) and name not in chained and name not in wide:
             raise UnsupportedGraphError(
                 f"input '{name}' {list(spec.shape)} is sliced beyond the iteration domain {list(domain)} in a "
-                "region with transpose / reshape; not supported")
+                "region with transpose / reshape, along an outer axis or read through a transpose / reshape; "
+                "there an input may be wider than the domain along its innermost axis only")
+
+
+def wide_inputs(graph: Graph) -> frozenset[str]:
+    """In a mixed region: the inputs wider than the iteration domain along its innermost axis only
+    (every other dim 1 or the domain's, right-aligned), read by a slice directly (and by other
+    element-wise ops, outside :func:`layout_part` and the chains): V's columns of a fused projection ``qkv
+    [B, S, (H + 2 KV) * D]`` sliced to ``[B, S, KV * D]`` and then only rearranged (repeated for the
+    grouped heads) into an output. Their maps keep their own row strides (the planner), and a column
+    shift loads them at column ``c + d < width`` (:func:`~stitchtune.plan.shift.column_shift`)."""
+    sliced = [n for n in graph.input_names if any(c.op == "slice" for c in graph.consumers(n))]
+    if not sliced or not mixed_layout(graph):
+        return frozenset()
+    domain = domain_of(graph)
+    skip = layout_part(graph) | _chained(graph) | set(gather_tables(graph).values())
+    out = set()
+    for name in sliced:
+        shape = tuple(graph.spec(name).shape)
+        if name in skip or len(shape) > len(domain) or shape[-1] <= domain[-1]:
+            continue
+        if _sur(shape, domain, name)[:-1] == shape[:-1]:
+            out.add(name)
+    return frozenset(out)
 
 
 def root_shift(graph: Graph, name: str, domain: tuple[int, ...], row_axes: tuple[int, ...]) -> Shift:
@@ -395,6 +537,7 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
     chains = composed_chains(graph)
     keep = layout_part(graph) if mixed else set()
     outer = outer_sources(graph, domain) if mixed else OuterSources((), frozenset())
+    wide = wide_inputs(graph) if mixed else frozenset()
 
     def visit(name: str, sh: Shift) -> None:
         if (name, sh) in seen:
@@ -437,7 +580,7 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
                 return
         if nd is None:
             if mixed:
-                column_shift(name, sh, domain)
+                column_shift(name, sh, domain, graph.spec(name).shape[-1] if name in wide else None)
             elif not (not sh.delta and spans(graph, name, domain)):
                 shift_offset(name, graph.spec(name).shape, sh, domain)
             return

@@ -87,11 +87,13 @@ def spans(graph: Graph, name: str, domain: tuple[int, ...]) -> bool:
     return all(s == 1 or s == domain[off + k] for k, s in enumerate(shape))
 
 
-def column_shift(who: str, sh: Shift, domain: tuple[int, ...]) -> int:
+def column_shift(who: str, sh: Shift, domain: tuple[int, ...], width: int | None = None) -> int:
     """In a mixed region (:func:`check_mixed`): the column offset of ``sh``, which may shift and
     limit the innermost domain axis (the view's columns) only; :class:`UnsupportedGraphError` naming
     ``who`` unless every column the conditions allow, shifted, lies in ``[0, domain[-1])``. The load
-    of view element ``(r, c + d)`` is then in bounds by the index map's contract."""
+    of view element ``(r, c + d)`` is then in bounds by the index map's contract. ``width``: an input
+    wider than the domain along that axis (:func:`~stitchtune.plan.remap.wide_inputs`, its own row
+    strides), whose columns ``[0, width)`` are in bounds."""
     last = len(domain) - 1
     if sh.axes() - {last}:
         raise UnsupportedGraphError(
@@ -100,10 +102,11 @@ def column_shift(who: str, sh: Shift, domain: tuple[int, ...]) -> int:
             "axis only")
     lo, hi = {a: (l, h) for a, l, h in sh.conds}.get(last, (0, domain[last]))
     d = sh.d(last)
-    if lo + d < 0 or hi - 1 + d > domain[last] - 1:
+    size = domain[last] if width is None else width
+    if lo + d < 0 or hi - 1 + d > size - 1:
         raise UnsupportedGraphError(
             f"node '{who}': positions [{lo + d}, {hi + d}) along the innermost axis fall outside its size "
-            f"{domain[last]}; a slice/concat that reads outside a tensor is not supported")
+            f"{size}; a slice/concat that reads outside a tensor is not supported")
     return d
 
 

@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from helpers import explain_with_eager  # noqa: E402
 from stitchtune.deploy import torch_backend  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -30,12 +31,8 @@ def _llama() -> tuple[Any, Any]:
 
 def test_rotary_is_one_region_per_tensor_and_repeat_kv_is_stitched() -> None:
     model, ids = _llama()
-    with torch.no_grad():
-        want = model(ids).last_hidden_state
-        try:
-            e = torch_backend.explain(model, ids, db=None, fallback="eager", cpu="emulate")
-        finally:
-            torch._dynamo.reset()
+    e, out = explain_with_eager(model, ids)
+    want = out.last_hidden_state
     rotary = [s for s in e.stitched if "aten.cat" in s.ops and "aten.cos" in s.ops]
     # q and k of each layer: cos / sin, the head permute, rotate_half (slice, neg, cat), mul / add
     assert len(rotary) == 4, str(e)

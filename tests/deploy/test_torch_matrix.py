@@ -110,6 +110,7 @@ MODELS: dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]] = {
     "bert": _bert, "gpt2": _gpt2, "llama": _decoder("Llama"), "vit": _vit, "convnext": _convnext,
     "resnet": _resnet, "qwen2": _decoder("Qwen2"), "distilbert": _distilbert, "t5": _t5, "whisper": _whisper,
     "swin": _swin,
+    "phi3": _decoder("Phi3", pad_token_id=0, bos_token_id=0, eos_token_id=0),
 }
 
 
