@@ -1,4 +1,4 @@
-"""The model matrix of issue 26 ("the backend never breaks a model"): eleven model families from
+"""The model matrix of issue 26 ("the backend never breaks a model"): twelve model families from
 transformers configs (random weights, nothing downloaded, 1 layer, hidden 32; Swin: two blocks, the second
 shifting its windows), each compiled with
 ``torch.compile(backend="stitchtune")`` (regions emulated on the CPU, the rest eager) for inference
