@@ -391,6 +391,26 @@ def compile_programs_sm90(programs: list[Any], tmp_path: Path, timeout: int = 60
     return [{k.name: regs[f"p{i}_{k.name}"] for k in prog.kernels} for i, prog in enumerate(programs)]
 
 
+def heuristic_programs(graphs: list[Any], vec4: bool = False) -> list[Any]:
+    """The programs of each graph's heuristic schedule on the H200 (planned, spaced and lowered as a search
+    would), and with ``vec4`` also each one's ``vec = 4`` variant where the space allows it: the input of a
+    batched compile test (:func:`compile_programs_sm90`)."""
+    import dataclasses
+
+    from stitchtune.cost.heuristic import heuristic_schedule
+
+    dev = DEV
+    programs = []
+    for g in graphs:
+        plan = make_plan(g)
+        space = SearchSpace.for_plan(plan, dev)
+        base = heuristic_schedule(plan, dev, space)
+        wide = dataclasses.replace(base, vec=4)
+        keep = [base, wide] if vec4 and not space.violations(wide) else [base]
+        programs += [lower(g, plan, s, dev, space) for s in keep]
+    return programs
+
+
 def suggested(space: SearchSpace, n: int, seed: int) -> list[tuple[dict[str, Any], Schedule]]:
     """``n`` (optuna parameters, schedule) pairs suggested by a random-sampler study (define-by-run);
     every schedule's :meth:`SearchSpace.params_of` is checked to give back its trial's parameters."""

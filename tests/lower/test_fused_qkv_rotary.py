@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import check_emulates, compile_programs_sm90, DEV, float_graph as _graph, plan_or_refused
+from helpers import check_emulates, compile_programs_sm90, DEV, float_graph as _graph, heuristic_programs, plan_or_refused
 from lower.test_layout_index_mixes import _rotate
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.errors import UnsupportedGraphError
@@ -221,12 +221,5 @@ def test_random_sliced_chains_emulate_like_the_reference(obj: dict[str, Any]) ->
 @pytest.mark.skipif(not nvcc_found(), reason="nvcc not installed")
 def test_cases_compile_for_sm90(tmp_path) -> None:
     # the heuristic schedule of every case, and its vec = 4 variant where legal, in one nvcc call
-    programs = []
-    for make in CASES.values():
-        g = make()
-        plan = make_plan(g)
-        space = SearchSpace.for_plan(plan, DEV)
-        base = heuristic_schedule(plan, DEV, space)
-        wide = dataclasses.replace(base, vec=4)
-        programs += [lower(g, plan, s, DEV, space) for s in ([base] if space.violations(wide) else [base, wide])]
+    programs = heuristic_programs([make() for make in CASES.values()], vec4=True)
     assert all(compile_programs_sm90(programs, tmp_path))

@@ -14,14 +14,11 @@ from typing import Any
 
 import pytest
 
-from helpers import BUILDER_FLAGS, check_emulates, compile_programs_sm90, DEV, float_graph as _graph
-from stitchtune.cost.heuristic import heuristic_schedule
+from helpers import BUILDER_FLAGS, check_emulates, compile_programs_sm90, float_graph as _graph, heuristic_programs
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.gpu.build import nvcc_found
-from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.plan.remap import composed_chains, layout_part, layout_tails
-from stitchtune.space import SearchSpace
 
 
 def _rotate(src: str, D: int, pre: str = "r") -> list[dict[str, Any]]:
@@ -209,11 +206,6 @@ def test_cases_match_the_reference(case: str) -> None:
 
 @pytest.mark.skipif(not nvcc_found(), reason="nvcc not installed")
 def test_cases_compile_for_sm90(tmp_path) -> None:
-    programs = []
-    for make in CASES.values():
-        g = make()
-        plan = make_plan(g)
-        space = SearchSpace.for_plan(plan, DEV)
-        programs.append(lower(g, plan, heuristic_schedule(plan, DEV, space), DEV, space))
+    programs = heuristic_programs([make() for make in CASES.values()])
     # one translation unit for all cases, with the builder's flags; ptxas must report every kernel
     compile_programs_sm90(programs, tmp_path, flags=BUILDER_FLAGS)
