@@ -452,6 +452,47 @@ def test_rotary_backwards_slices_scattered_into_zeros_are_one_region() -> None:
     _assert_emulates(r.graph)
 
 
+def _rotary_backward_full(g: Any, cos: Any, sin: Any, w: Any) -> Any:
+    """Rotary's backward as AOTAutograd writes it in a model: the zeros are ``aten.full`` nodes (pulled
+    into the region as numbers) and the gradient goes on through a view to a matmul."""
+    gs = g * sin
+    zeros = [torch.ops.aten.full(list(g.shape), 0.0) for _ in range(2)]
+    lo = torch.ops.aten.slice_scatter(zeros[0], -gs[..., :4], 3, 4)
+    hi = torch.ops.aten.slice_scatter(zeros[1], gs[..., 4:], 3, 0, 4)
+    d = (lo + hi + g * cos).permute(0, 2, 1, 3).contiguous()
+    return d, d.view(8, -1) @ w
+
+
+def test_slices_scattered_into_a_full_of_zeros_the_region_computes_are_one_concat() -> None:
+    """A ``full`` of zeros that the region computes itself (a number of the graph) is a base of
+    zeros like a folded constant: the whole rotary backward is one region that emulates like
+    PyTorch (before, its scatters were refused as reading a constant, which left the slices, the
+    ``neg`` and the scatters to Inductor: three kernels where there is one)."""
+    torch.manual_seed(0)
+    args = (torch.randn(1, 2, 8, 8), torch.randn(1, 1, 8, 8), torch.randn(1, 1, 8, 8), torch.randn(16, 3))
+    split = find_regions(_aten(_rotary_backward_full, *args))
+    [r] = split.regions
+    assert r.ops.count("aten.slice_scatter") == 2 and "aten.neg" in r.ops
+    assert [d.what for d in split.declined] == ["op aten.mm"], split.declined
+    assert len(r.inputs) == 3 and "concat" in {n.op for n in r.graph.nodes}
+    env = dict(zip(("g_1", "cos_1", "sin_1"), args))
+    out = run_reference(r.graph, {name: env[x.name].numpy() for (name, _), x in zip(r.graph.inputs, r.inputs)})
+    want = _rotary_backward_full(*args)[0].numpy()
+    assert np.abs(out[r.graph.outputs[0]].reshape(want.shape) - want).max() < 1e-5
+    _assert_emulates(r.graph)
+
+
+def test_a_slice_scattered_into_a_full_of_ones_is_refused() -> None:
+    """Only zeros are a :class:`Padded` base: a ``full`` of another value is refused by name."""
+    def f(g: Any) -> Any:
+        base = torch.ops.aten.full([4, 8], 1.0)
+        return torch.ops.aten.slice_scatter(base, g.exp(), 1, 0, 4) + g.sum()
+
+    split = find_regions(_aten(f, torch.randn(4, 4)))
+    assert all("aten.slice_scatter" not in r.ops for r in split.regions)
+    assert any("not zeros" in d.reason or "aten.slice_scatter" in d.what for d in split.declined), split.declined
+
+
 def test_a_gqa_sum_before_rotarys_backward_is_declined_by_name_and_the_rest_is_one_region() -> None:
     """The key gradient of grouped-query attention sums the repeated heads first; the planner does
     not iterate a reshaped reduction input next to slice / concat, says so naming the sum (not a
