@@ -48,10 +48,10 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   why not. When the reason names a node of the region (``'sum_4'``: e.g. a column sum next to row
   sums in a layer norm's backward; a column sum next to a concat, which the planner names first),
   that node is declined with the reason and the rest is grouped again; otherwise the region is
-  declined whole (its ops stay in the fx graph). A named ``sum`` over one axis of at most
-  :data:`UNROLL_MAX` elements that a view split off a larger dim (grouped-query attention's sum of
-  a key's gradient over the heads that share it, next to rotary's slices) is first mapped again as
-  adds of its slices (:func:`_unrollable`), and declined only when that is refused too. A region refused for int arithmetic (next to a
+  declined whole (its ops stay in the fx graph). In a refused region, a ``sum`` over one axis of at
+  most :data:`UNROLL_MAX` elements that a view split off a larger dim (grouped-query attention's sum
+  of a key's gradient over the heads that share it, next to rotary's slices) is first mapped again as
+  adds of its slices (:func:`_unrollable`); the refusals after that are handled as above. A region refused for int arithmetic (next to a
   gather, or in a column reduction) that draws random numbers (``stitchtune::rand``:
   :mod:`stitchtune.importers.torch_random`) gives up its draw first, with the comparisons reading it.
 * A 0-d input (a loss's incoming gradient, a count of rows kept, a position offset) is a ``[1]`` input
@@ -511,8 +511,9 @@ def _judge(res: _Mapped, group: list[Any], accept: Callable[[Any], str | None],
            unrolled: Iterable[Any] = ()) -> _Mapped | _Culprit | Declined:
     """``res`` when ``accept`` takes its graph; else the group's node that the refusal names (a
     reduction over other axes, ...: the rest may still be a region; for a named graph input, the
-    first node reading it; a small sum over a split-off axis not yet ``unrolled``: to map again as
-    adds of slices, :func:`_unrollable`), else the group declined."""
+    first node reading it), else the group declined. A refused group with a small sum over a split-off
+    axis not yet ``unrolled`` (:func:`_unrollable`) first names that sum, to map again as adds of
+    slices."""
     why = accept(res.graph)
     if not why:
         return res
@@ -520,6 +521,9 @@ def _judge(res: _Mapped, group: list[Any], accept: Callable[[Any], str | None],
         drawn = next((n for n in group if _key(n.target) == RAND_KEY), None)   # give up a draw first
         if drawn is not None:
             return _Culprit(drawn, f"{why} (the random numbers of this region's dropout are drawn by the framework)")
+    small = next((n for n in group if n not in set(unrolled) and _unrollable(n)), None)
+    if small is not None:   # (whatever the refusal names: a squeeze of the sum, the sum itself)
+        return _Culprit(small, why, unroll=True)
     by_name = {n.name: n for n in group}
     for name in _QUOTED.findall(why):
         node = by_name.get(name)
@@ -530,7 +534,7 @@ def _judge(res: _Mapped, group: list[Any], accept: Callable[[Any], str | None],
             x = res.inputs[int(name[2:])]   # a graph input: the first node of the group reading it goes
             node = next((n for n in group if x in fx_args(n)), None)
         if node is not None and node.op == "call_function":
-            return _Culprit(node, why, unroll=node not in set(unrolled) and _unrollable(node))
+            return _Culprit(node, why)
     return Declined(f"region {res.graph.name} ({_ops_text(group)})", why)
 
 

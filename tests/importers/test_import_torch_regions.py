@@ -525,6 +525,32 @@ def test_a_gqa_sum_before_rotarys_backward_is_unrolled_into_one_region(keepdim: 
     _assert_emulates(r.graph)
 
 
+@pytest.mark.slow  # nvcc
+def test_the_unrolled_gqa_rotary_backward_region_compiles_for_sm90(tmp_path: Any) -> None:
+    """The region of the unrolled head sum and rotary's backward (at a Llama-like head dim of 64,
+    4 query heads per key, 16 positions) emulates over sampled schedules and builds with nvcc."""
+    from helpers import check_compiles_sm90, check_emulates
+
+    from stitchtune.gpu.build import nvcc_found
+
+    def f(b: Any, cos: Any, sin: Any, w: Any) -> Any:
+        v = b.view(1, 8, 64, 16).permute(0, 1, 3, 2).reshape(1, 2, 4, 16, 64)
+        g = v.sum(2, keepdim=True).squeeze(2)
+        zeros = [torch.ops.aten.full(list(g.shape), 0.0) for _ in range(2)]
+        gs = g * sin
+        lo = torch.ops.aten.slice_scatter(zeros[0], -gs[..., :32], 3, 32)
+        hi = torch.ops.aten.slice_scatter(zeros[1], gs[..., 32:], 3, 0, 32)
+        return (lo + hi + g * cos).permute(0, 2, 1, 3).contiguous().view(16, -1) @ w
+
+    split = find_regions(_aten(f, torch.randn(8, 64, 16), torch.randn(1, 1, 16, 64), torch.randn(1, 1, 16, 64),
+                               torch.randn(128, 3)))
+    [r] = split.regions
+    check_emulates(r.graph, 2)
+    if not nvcc_found():
+        pytest.skip("nvcc not installed")
+    check_compiles_sm90(r.graph, 1, tmp_path)
+
+
 def test_a_column_sum_the_planner_refuses_is_not_unrolled() -> None:
     """Only a sum over an axis that a view split off is unrolled: a column sum over the rows of a
     tensor as it is (a bias gradient next to a concat) grows with the data, and stays declined."""
