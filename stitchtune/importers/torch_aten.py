@@ -602,7 +602,7 @@ class _Walker(LayoutOps):
         dims = a.get("dim")
         axes = self.axes(x, dims, node)
         op = _REDUCE[key]
-        if len(axes) == 1 and node.name in self.unrolled and key == "aten.sum":
+        if len(axes) == 1 and node.name in self.unrolled and key == "aten.sum" and tuple(v.shape) == self.tshape(x):
             out = self._unrolled_sum(node, v, axes[0], keep)
         elif axes:
             if len(axes) == len(v.shape):
