@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +168,8 @@ class _Walker(LayoutOps):
         self.rows = row_vectors(cap.gm)   # [B] values held as [B, 1] (user inputs: the caller's shapes)
         #: placeholders the caller declared at the shape every reader reshapes them to (no node)
         self.viewed: frozenset[str] = frozenset()
+        #: ``sum`` nodes mapped as adds of slices (:meth:`_unrolled_sum`; the region finder picks them)
+        self.unrolled: frozenset[str] = frozenset()
         for n in cap.gm.graph.nodes:   # a caller that gave a row vector input as [B] gets no lift
             if n.op == "placeholder" and n.name in self.rows and cap.bindings.get(n.name, ("", 0))[0] == "user" \
                     and tuple(user_values[cap.bindings[n.name][1]].shape) != (*self.tshape(n), 1):
@@ -600,7 +602,9 @@ class _Walker(LayoutOps):
         dims = a.get("dim")
         axes = self.axes(x, dims, node)
         op = _REDUCE[key]
-        if axes:
+        if len(axes) == 1 and node.name in self.unrolled and key == "aten.sum" and tuple(v.shape) == self.tshape(x):
+            out = self._unrolled_sum(node, v, axes[0], keep)
+        elif axes:
             if len(axes) == len(v.shape):
                 keep = True   # graph.json has no rank-0 tensors; (1, ..., 1) broadcasts the same way
             out = self.b.reduce(op, v, axes, keep, node.name)
@@ -609,6 +613,22 @@ class _Walker(LayoutOps):
         if key in ("aten.max", "aten.min") and isinstance(dims, int):
             return (out, None)   # (values, indices); indices are not representable
         return out
+
+    def _unrolled_sum(self, node: Any, v: Value, ax: int, keep: bool) -> Value:
+        """``sum(v, ax)`` as adds of its slices along axis ``ax`` (one ``slice`` per element, ``reshape``d
+        without the axis, added in index order; ``keep``: the sum ``reshape``d back to a 1 there, which
+        a ``squeeze`` reading it undoes for free): an element-wise graph where the planner refuses the
+        reduction (grouped-query attention's sum of a key's gradient over the heads that share it,
+        next to rotary's slices: a slice of a computed tensor may not be reshaped after it is added)."""
+        kept = tuple(1 if j == ax else d for j, d in enumerate(v.shape))
+        dropped = tuple(d for j, d in enumerate(v.shape) if j != ax) or (1,)
+        parts = [self._reshape(self.b.layout("slice", [v], kept, str(v.dtype), f"{node.name}_{i}", axis=ax,
+                                             start=i, stop=i + 1), dropped, f"{node.name}_{i}_view")
+                 for i in range(v.shape[ax])]
+        acc = parts[0]
+        for i, part in enumerate(parts[1:]):
+            acc = self.b.binary("add", acc, part, f"{node.name}_add{i}" if keep or i < len(parts) - 2 else node.name)
+        return self._reshape(acc, kept, node.name) if keep else acc
 
     def _view(self, node: Any, key: str, x: Any) -> Value:
         """A view, ``clone``/``contiguous``/``alias``/``detach`` or ``expand``: the value itself where it

@@ -278,8 +278,9 @@ class LayoutOps:
         """``slice_scatter(self, src, dim, start, end)`` (step 1), the backward of a ``slice``. When
         ``self`` is a value of the region: ``src`` between its parts before ``start`` and after
         ``end`` (one ``concat`` along ``dim``). When ``self`` is a constant of zeros (``full(shape,
-        0)``, folded): a :class:`Padded` value that only an ``add`` may read (:meth:`add_padded`: the
-        sum of rotary's two halves in a training graph is one ``concat``; no zeros are made)."""
+        0)``, folded, or the number 0 that a ``full`` the region computes itself maps to): a
+        :class:`Padded` value that only an ``add`` may read (:meth:`add_padded`: the sum of rotary's
+        two halves in a training graph is one ``concat``; no zeros are made)."""
         import torch
 
         t = self._layout_shape(node, self.tshape(node))
@@ -294,6 +295,8 @@ class LayoutOps:
         if (start, stop) == (0, n):
             return src
         base = self.vals.get(x.name) if hasattr(x, "name") else None
+        if isinstance(base, Value) and base.is_scalar:   # a fill the region computes (a pulled ``full``)
+            base = torch.tensor(float(base.ref))
         if isinstance(base, torch.Tensor):   # a folded constant: zeros, or refused
             if base.numel() == 0 or bool((base != 0).any()):
                 raise ImportError_(f"{node.target} at {_where(node)}: scatters into a constant that is not zeros")

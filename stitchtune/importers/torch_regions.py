@@ -48,7 +48,10 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   why not. When the reason names a node of the region (``'sum_4'``: e.g. a column sum next to row
   sums in a layer norm's backward; a column sum next to a concat, which the planner names first),
   that node is declined with the reason and the rest is grouped again; otherwise the region is
-  declined whole (its ops stay in the fx graph). A region refused for int arithmetic (next to a
+  declined whole (its ops stay in the fx graph). In a refused region, a ``sum`` over one axis of at
+  most :data:`UNROLL_MAX` elements that a view split off a larger dim (grouped-query attention's sum
+  of a key's gradient over the heads that share it, next to rotary's slices) is first mapped again as
+  adds of its slices (:func:`_unrollable`); the refusals after that are handled as above. A region refused for int arithmetic (next to a
   gather, or in a column reduction) that draws random numbers (``stitchtune::rand``:
   :mod:`stitchtune.importers.torch_random`) gives up its draw first, with the comparisons reading it.
 * A 0-d input (a loss's incoming gradient, a count of rows kept, a position offset) is a ``[1]`` input
@@ -64,6 +67,7 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
 from __future__ import annotations
 
 import logging
+import math
 import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -178,6 +182,7 @@ class _Culprit:
     node: Any
     reason: str
     free: bool = False   # a view or no-op left to the framework (not reported as declined)
+    unroll: bool = False   # a small sum to map again as adds of slices (not excluded)
 
 
 def _inverse(perm: Sequence[int]) -> tuple[int, ...]:
@@ -213,9 +218,9 @@ class _Mapped:
 
 
 def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
-               pulled: set[Any] | None = None) -> _Mapped | _Culprit | Declined | None:
+               pulled: set[Any] | None = None, unrolled: Iterable[Any] = ()) -> _Mapped | _Culprit | Declined | None:
     """One group mapped, or the node to exclude, or the whole group declined, or None when nothing
-    outside the group reads it (dead code: no region)."""
+    outside the group reads it (dead code: no region); the ``unrolled`` sums as adds of slices."""
     part = _subgraph(group, consts, pulled)
     sub, inputs, outputs, back = part, part.inputs, part.outputs, part.back   # (``sub.graph``: the walk)
     full = _with_pulled(group, pulled or set())
@@ -241,6 +246,8 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     bindings.update({n.name: ("folded", n.meta["folded"]) for n in sub.graph.nodes if n.op == "get_attr"})
     walker = _Walker(_Captured(sub, bindings, "fx"), b, values, lambda fqn, t: "float32")
     walker.viewed = frozenset(viewed)
+    sums = set(unrolled)
+    walker.unrolled = frozenset(s.name for s, n in back.items() if n in sums)
     try:
         outs = walker.run()
     except ImportError_ as exc:
@@ -409,7 +416,10 @@ def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
             if key in mapped:
                 continue
             res = _map_with_constants(group, f"{prefix}_{group[0].name}", consts, ex, accept)
-            if isinstance(res, _Culprit):
+            if isinstance(res, _Culprit) and res.unroll:
+                ex.unrolled.add(res.node)   # mapped again, the sum as adds of slices
+                changed = True
+            elif isinstance(res, _Culprit):
                 ex.add(res.node, res.reason, res.free)
                 changed = True
             else:
@@ -426,8 +436,8 @@ def _map_with_constants(group: list[Any], name: str, consts: Mapping[Any, Any], 
     as inputs (the framework computes them), as it did before they were pulled; the first result
     when neither maps."""
     def judged(pulled: set[Any]) -> _Mapped | _Culprit | Declined | None:
-        res = _map_group(group, name, consts, pulled)
-        return _judge(res, group, accept) if isinstance(res, _Mapped) and _computes(res.graph) \
+        res = _map_group(group, name, consts, pulled, ex.unrolled)
+        return _judge(res, group, accept, ex.unrolled) if isinstance(res, _Mapped) and _computes(res.graph) \
             and accept is not None else res
 
     res = judged(ex.pulled)
@@ -497,11 +507,13 @@ def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], _Mapped | Dec
 _QUOTED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
 
 
-def _judge(res: _Mapped, group: list[Any],
-           accept: Callable[[Any], str | None]) -> _Mapped | _Culprit | Declined:
+def _judge(res: _Mapped, group: list[Any], accept: Callable[[Any], str | None],
+           unrolled: Iterable[Any] = ()) -> _Mapped | _Culprit | Declined:
     """``res`` when ``accept`` takes its graph; else the group's node that the refusal names (a
     reduction over other axes, ...: the rest may still be a region; for a named graph input, the
-    first node reading it), else the group declined."""
+    first node reading it), else the group declined. A refused group with a small sum over a split-off
+    axis not yet ``unrolled`` (:func:`_unrollable`) first names that sum, to map again as adds of
+    slices."""
     why = accept(res.graph)
     if not why:
         return res
@@ -509,6 +521,9 @@ def _judge(res: _Mapped, group: list[Any],
         drawn = next((n for n in group if _key(n.target) == RAND_KEY), None)   # give up a draw first
         if drawn is not None:
             return _Culprit(drawn, f"{why} (the random numbers of this region's dropout are drawn by the framework)")
+    small = next((n for n in group if n not in set(unrolled) and _unrollable(n)), None)
+    if small is not None:   # (whatever the refusal names: a squeeze of the sum, the sum itself)
+        return _Culprit(small, why, unroll=True)
     by_name = {n.name: n for n in group}
     for name in _QUOTED.findall(why):
         node = by_name.get(name)
@@ -521,6 +536,39 @@ def _judge(res: _Mapped, group: list[Any],
         if node is not None and node.op == "call_function":
             return _Culprit(node, why)
     return Declined(f"region {res.graph.name} ({_ops_text(group)})", why)
+
+
+#: the most elements per output that a refused ``sum`` is unrolled over (:func:`_unrollable`)
+UNROLL_MAX = 8
+
+
+def _unrollable(node: Any) -> bool:
+    """Whether ``node`` is a float ``sum`` over one axis of at most :data:`UNROLL_MAX` (2 or more)
+    elements that a ``view`` split off a larger dim (grouped-query attention's key / value gradient,
+    ``[B, H, S, D]`` viewed ``[B, Hkv, H / Hkv, S, D]`` and summed over the heads that share a key):
+    a planner refusing the reduction may take it as adds of slices. A sum over a dim of the tensor as
+    it is (a bias gradient's column sum over the rows) is never unrolled: its size grows with the
+    data, not with the model's structure."""
+    if node.op != "call_function" or _key(node.target) != "aten.sum" or len(node.args) < 2:
+        return False
+    x, dims = node.args[0], node.args[1]
+    src = getattr(x, "args", (None,))[0] if _key(getattr(x, "target", None)) in ("aten.view", "aten._unsafe_view",
+                                                                                 "aten.reshape") else None
+    val, before = getattr(x, "meta", {}).get("val"), getattr(src, "meta", {}).get("val")
+    if val is None or before is None or not val.dtype.is_floating_point or node.kwargs.get("dtype") is not None:
+        return False
+    shape, old = list(val.shape), list(before.shape)
+    dims = [dims] if isinstance(dims, int) else list(dims or ())
+    if len(dims) != 1 or not all(isinstance(d, int) for d in (*shape, *old)):
+        return False
+    ax = dims[0] % len(shape)
+    if not 2 <= shape[ax] <= UNROLL_MAX:
+        return False
+    cum = [math.prod(shape[:j]) for j in range(len(shape) + 1)]   # the run of the view's dims between
+    bounds = {math.prod(old[:k]) for k in range(len(old) + 1)}     # two cuts that its input shares
+    lo = max(j for j in range(ax + 1) if cum[j] in bounds)
+    hi = min(j for j in range(ax + 1, len(shape) + 1) if cum[j] in bounds)
+    return sum(1 for d in shape[lo:hi] if d > 1) >= 2
 
 
 def _op_declines(nodes: Sequence[Any], ex: _Excluded) -> list[Declined]:

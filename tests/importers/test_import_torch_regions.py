@@ -452,18 +452,120 @@ def test_rotary_backwards_slices_scattered_into_zeros_are_one_region() -> None:
     _assert_emulates(r.graph)
 
 
-def test_a_gqa_sum_before_rotarys_backward_is_declined_by_name_and_the_rest_is_one_region() -> None:
-    """The key gradient of grouped-query attention sums the repeated heads first; the planner does
-    not iterate a reshaped reduction input next to slice / concat, says so naming the sum (not a
-    crash), and the rotary backward after it stays one region."""
-    def f(g: Any, cos: Any, sin: Any) -> Any:
-        return _rotary_backward(g.view(1, 2, 2, 8, 8).sum(2), cos, sin)
+def _rotary_backward_full(g: Any, cos: Any, sin: Any, w: Any) -> Any:
+    """Rotary's backward as AOTAutograd writes it in a model: the zeros are ``aten.full`` nodes (pulled
+    into the region as numbers) and the gradient goes on through a view to a matmul."""
+    gs = g * sin
+    zeros = [torch.ops.aten.full(list(g.shape), 0.0) for _ in range(2)]
+    lo = torch.ops.aten.slice_scatter(zeros[0], -gs[..., :4], 3, 4)
+    hi = torch.ops.aten.slice_scatter(zeros[1], gs[..., 4:], 3, 0, 4)
+    d = (lo + hi + g * cos).permute(0, 2, 1, 3).contiguous()
+    return d, d.view(8, -1) @ w
 
-    split = find_regions(_aten(f, torch.randn(1, 4, 8, 8), torch.randn(1, 1, 8, 8), torch.randn(1, 1, 8, 8)))
-    assert [d.what for d in split.declined] == ["op aten.sum"], split.declined
-    assert "reduction 'sum" in split.declined[0].reason
+
+def test_slices_scattered_into_a_full_of_zeros_the_region_computes_are_one_concat() -> None:
+    """A ``full`` of zeros that the region computes itself (a number of the graph) is a base of
+    zeros like a folded constant: the whole rotary backward is one region that emulates like
+    PyTorch (before, its scatters were refused as reading a constant, which left the slices, the
+    ``neg`` and the scatters to Inductor: three kernels where there is one)."""
+    torch.manual_seed(0)
+    args = (torch.randn(1, 2, 8, 8), torch.randn(1, 1, 8, 8), torch.randn(1, 1, 8, 8), torch.randn(16, 3))
+    split = find_regions(_aten(_rotary_backward_full, *args))
     [r] = split.regions
-    assert r.ops.count("aten.slice_scatter") == 2
+    assert r.ops.count("aten.slice_scatter") == 2 and "aten.neg" in r.ops
+    assert [d.what for d in split.declined] == ["op aten.mm"], split.declined
+    assert len(r.inputs) == 3 and "concat" in {n.op for n in r.graph.nodes}
+    env = dict(zip(("g_1", "cos_1", "sin_1"), args))
+    out = run_reference(r.graph, {name: env[x.name].numpy() for (name, _), x in zip(r.graph.inputs, r.inputs)})
+    want = _rotary_backward_full(*args)[0].numpy()
+    assert np.abs(out[r.graph.outputs[0]].reshape(want.shape) - want).max() < 1e-5
+    _assert_emulates(r.graph)
+
+
+def test_a_slice_scattered_into_a_full_of_ones_is_refused() -> None:
+    """Only zeros are a :class:`Padded` base: a ``full`` of another value is refused by name."""
+    def f(g: Any) -> Any:
+        base = torch.ops.aten.full([4, 8], 1.0)
+        return torch.ops.aten.slice_scatter(base, g.exp(), 1, 0, 4) + g.sum()
+
+    split = find_regions(_aten(f, torch.randn(4, 4)))
+    assert all("aten.slice_scatter" not in r.ops for r in split.regions)
+    assert any("not zeros" in d.reason or "aten.slice_scatter" in d.what for d in split.declined), split.declined
+
+
+def _gqa_rotary_backward(b: Any, cos: Any, sin: Any, w: Any, keepdim: bool = True) -> Any:
+    """A grouped-query key's gradient as a Llama training graph has it: the batched matmul's
+    ``[H, D, S]`` gradient viewed per head, transposed, split into (key heads, heads per key) and
+    summed over the heads that share a key, then rotary's backward and the matmul it feeds."""
+    v = b.view(1, 4, 8, 8).permute(0, 1, 3, 2).reshape(1, 2, 2, 8, 8)
+    g = v.sum(2, keepdim=True).squeeze(2) if keepdim else v.sum(2)
+    return _rotary_backward_full(g, cos, sin, w)
+
+
+@pytest.mark.parametrize("keepdim", [True, False])
+def test_a_gqa_sum_before_rotarys_backward_is_unrolled_into_one_region(keepdim: bool) -> None:
+    """The planner refuses a reduction of a reshaped tensor next to slice / concat; the sum over the
+    2 heads that share a key (an axis a view split off) is mapped again as adds of its slices, and
+    the head sum, rotary's backward and the head permute are one element-wise region that emulates
+    like PyTorch (before: the sum was left to Inductor, a kernel of its own)."""
+    torch.manual_seed(0)
+    args = (torch.randn(4, 8, 8), torch.randn(1, 1, 8, 8), torch.randn(1, 1, 8, 8), torch.randn(16, 3))
+    def f(b: Any, cos: Any, sin: Any, w: Any) -> Any:
+        return _gqa_rotary_backward(b, cos, sin, w, keepdim)
+
+    split = find_regions(_aten(f, *args))
+    [r] = split.regions
+    assert [d.what for d in split.declined] == ["op aten.mm"], split.declined
+    assert "aten.sum" in r.ops and not any(n.op.startswith("reduce") for n in r.graph.nodes)
+    assert sum(n.op == "slice" for n in r.graph.nodes) >= 2 + 2   # the two heads' slices, rotary's halves
+    env = dict(zip(("b_1", "cos_1", "sin_1"), args))
+    out = run_reference(r.graph, {name: env[x.name].numpy() for (name, _), x in zip(r.graph.inputs, r.inputs)})
+    want = _gqa_rotary_backward(*args, keepdim=keepdim)[0].numpy()
+    assert np.abs(out[r.graph.outputs[0]].reshape(want.shape) - want).max() < 1e-5
+    _assert_emulates(r.graph)
+
+
+@pytest.mark.slow  # nvcc
+def test_the_unrolled_gqa_rotary_backward_region_compiles_for_sm90(tmp_path: Any) -> None:
+    """The region of the unrolled head sum and rotary's backward (at a Llama-like head dim of 64,
+    4 query heads per key, 16 positions) emulates over sampled schedules and builds with nvcc."""
+    from helpers import check_compiles_sm90, check_emulates
+
+    from stitchtune.gpu.build import nvcc_found
+
+    def f(b: Any, cos: Any, sin: Any, w: Any) -> Any:
+        v = b.view(1, 8, 64, 16).permute(0, 1, 3, 2).reshape(1, 2, 4, 16, 64)
+        g = v.sum(2, keepdim=True).squeeze(2)
+        zeros = [torch.ops.aten.full(list(g.shape), 0.0) for _ in range(2)]
+        gs = g * sin
+        lo = torch.ops.aten.slice_scatter(zeros[0], -gs[..., :32], 3, 32)
+        hi = torch.ops.aten.slice_scatter(zeros[1], gs[..., 32:], 3, 0, 32)
+        return (lo + hi + g * cos).permute(0, 2, 1, 3).contiguous().view(16, -1) @ w
+
+    split = find_regions(_aten(f, torch.randn(8, 64, 16), torch.randn(1, 1, 16, 64), torch.randn(1, 1, 16, 64),
+                               torch.randn(128, 3)))
+    [r] = split.regions
+    check_emulates(r.graph, 2)
+    if not nvcc_found():
+        pytest.skip("nvcc not installed")
+    check_compiles_sm90(r.graph, 1, tmp_path)
+
+
+def test_a_column_sum_the_planner_refuses_is_not_unrolled() -> None:
+    """Only a sum over an axis that a view split off is unrolled: a column sum over the rows of a
+    tensor as it is (a bias gradient next to a concat) grows with the data, and stays declined."""
+    from stitchtune.importers.torch_regions import _unrollable
+
+    def f(a: Any, b: Any) -> Any:
+        c = torch.cat((a, b), -1)
+        return c * 2.0, c.sum(0, keepdim=True)
+
+    gm = _aten(f, torch.randn(4, 8), torch.randn(4, 8))
+    sums = [n for n in gm.graph.nodes if n.op == "call_function" and "sum" in str(n.target)]
+    assert sums and not any(_unrollable(n) for n in sums)
+    gqa = _aten(lambda b, cos, sin, w: _gqa_rotary_backward(b, cos, sin, w), torch.randn(4, 8, 8), torch.randn(1, 1, 8, 8), torch.randn(1, 1, 8, 8),
+                torch.randn(16, 3))
+    assert [_unrollable(n) for n in gqa.graph.nodes if n.op == "call_function" and "sum" in str(n.target)] == [True]
 
 
 def test_rotary_angles_also_returned_are_still_computed_again_in_each_region() -> None:
