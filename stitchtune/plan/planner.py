@@ -52,7 +52,7 @@ from math import prod
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import INDEX_KINDS, OPS
-from stitchtune.plan import pick, remap
+from stitchtune.plan import chains, pick, remap
 from stitchtune.plan.family import Family
 from stitchtune.plan.axes import Groups, TensorAxes, domain_candidates, tensor_axes
 from stitchtune.plan.cross import CrossReduction, check_cross, epilogue_nodes, split_cross
@@ -367,12 +367,12 @@ def _mixed_view(real: Graph, sur: Graph, names: list[str], all_red: list[Node]
     """Domain, axis groups, (row-side, cross) reductions and view of a mixed region (slice / concat
     with transpose / reshape): :func:`tensor_axes` of the surrogate ``sur``, checked by
     :func:`~stitchtune.plan.remap.check_mixed` (the view's columns are the domain's innermost axis)."""
-    domain = remap.domain_of(real)
+    domain = chains.domain_of(real)
     axes = tensor_axes(sur)
     maps = axes.of
     red_nodes, cross_nodes = _split_cross(all_red, axes)
     view = _view(axes.order, axes.size_of, bool(all_red), _reduced_axes(red_nodes, maps))
-    keep = remap.layout_part(real)
+    keep = chains.layout_part(real)
     dom_t = next((n for n in names if n not in keep and tuple(sur.spec(n).shape) == tuple(domain)), None)
     if dom_t is None:   # the domain-sized tensors all keep their own layout (a reduction of a reshaped input)
         culprit = next((f"reduction '{nd.id}' reads" for nd in all_red), "the region has")
@@ -381,7 +381,7 @@ def _mixed_view(real: Graph, sur: Graph, names: list[str], all_red: list[Node]
             f"region with slice or concat (graph '{real.name}'); such regions iterate a domain-shaped tensor "
             "computed after the layout ops")
     out_cols = maps[dom_t][-1]
-    chained = {n for c in remap.composed_chains(real).values() for n in c}
+    chained = chains.chain_members(real)
     if (view.family == Family.ELEMENTWISE and set(view.col_axes) < set(out_cols)
             and not all(n in chained for n in real.input_names)):
         # the innermost domain dim spans several axes (rotary angles ``cat(freqs, freqs)`` made by an
@@ -462,7 +462,7 @@ def _make_plan(graph: Graph, domain_tensor: str | None = None) -> StitchPlan:
     real, graph = graph, remap.surrogate(graph)
     names = [n for n, _ in graph.inputs] + [nd.id for nd in graph.nodes]
     all_red = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
-    mixed = real is not graph and remap.mixed_layout(real)
+    mixed = real is not graph and chains.mixed_layout(real)
     if mixed:  # slice / concat with transpose / reshape: general maps, column shifts
         domain, maps, red_nodes, cross_nodes, view = _mixed_view(real, graph, names, all_red)
     elif real is not graph:
@@ -495,7 +495,7 @@ def _make_plan(graph: Graph, domain_tensor: str | None = None) -> StitchPlan:
         imaps.update(remap.real_index_maps(real, graph, old, domain, view.row_axes, view.col_axes))
     if mixed:  # an input wider than the domain along its innermost axis: its own row strides
         imaps.update({n: index_map(real.spec(n).shape, maps[n], view.sizes, view.row_axes, view.col_axes)
-                      for n in remap.wide_inputs(real)})
+                      for n in chains.wide_inputs(real)})
     cross = check_cross(graph, cross_nodes, view.family, classes, {n: not m.plain for n, m in imaps.items()})
     stages = _stages(graph, red_nodes)
     return StitchPlan(

@@ -1,4 +1,4 @@
-"""Mixed regions beyond the head split (stitchtune/plan/remap.py ``layout_part``): a transpose /
+"""Mixed regions beyond the head split (stitchtune/plan/chains.py ``layout_part``): a transpose /
 reshape / expand of a tensor *computed* before the index ops (a per-head RMSNorm of q followed by
 the rotary, Qwen3-style; the rotary angles ``cat(freqs, freqs)`` computed in the region from the
 positions, Llama-style), and slice / concat along outer axes next to a window partition (Swin's
@@ -20,7 +20,7 @@ from stitchtune.errors import UnsupportedGraphError
 from stitchtune.gpu.build import nvcc_found
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
-from stitchtune.plan.remap import composed_chains, layout_part, layout_tails
+from stitchtune.plan.chains import composed_chains, layout_part, layout_tails
 from stitchtune.space import SearchSpace
 
 
