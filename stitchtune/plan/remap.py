@@ -219,83 +219,123 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
     node (or one of another layout than the domain's) is a column shift (:func:`~stitchtune.plan.shift.column_shift`); an input
     of the domain's layout read by slice / concat directly may be shifted along any axis (Swin's roll
     before the window partition), its load proven by :func:`~stitchtune.plan.shift.shift_offset`."""
-    nodes = {n.id: n for n in graph.nodes}
-    rows = set(row_axes)
-    seen: set[tuple[str, Shift]] = set()
-    chains = composed_chains(graph)
-    keep = layout_part(graph) if mixed else set()
-    outer = outer_sources(graph, domain) if mixed else OuterSources((), frozenset())
-    wide = wide_inputs(graph) if mixed else frozenset()
+    walk = _RemapWalk(graph, domain, frozenset(row_axes), varies, mixed)
+    for name in graph.outputs:
+        walk.visit(name, root_shift(graph, name, domain, row_axes))
+    for name in [str(n.args[0]) for n in graph.reductions()]:
+        walk.visit(name, Shift())
 
-    def visit(name: str, sh: Shift) -> None:
-        if (name, sh) in seen:
+
+class _RemapWalk:
+    """One walk of :func:`check_remaps`: the evaluations proven so far (``seen``), and what the
+    region decides once (its chains, layout part, outer sources and wide inputs)."""
+
+    def __init__(self, graph: Graph, domain: tuple[int, ...], rows: frozenset[int], varies: dict[str, bool],
+                 mixed: bool) -> None:
+        self.graph, self.domain, self.rows, self.varies, self.mixed = graph, domain, rows, varies, mixed
+        self.nodes = {n.id: n for n in graph.nodes}
+        self.seen: set[tuple[str, Shift]] = set()
+        self.chains = composed_chains(graph)
+        self.keep = layout_part(graph) if mixed else set()
+        self.outer = outer_sources(graph, domain) if mixed else OuterSources((), frozenset())
+        self.wide = wide_inputs(graph) if mixed else frozenset()
+
+    def visit(self, name: str, sh: Shift) -> None:
+        """Prove tensor ``name`` evaluated at shift ``sh``, and what it reads at theirs."""
+        if (name, sh) in self.seen:
             return
-        seen.add((name, sh))
-        nd = nodes.get(name)
-        kind = OPS[nd.op].kind if nd is not None else "input"
-        if nd is not None and kind == "slice":
-            check_size1_slice(nd, sh, domain)
-        if nd is not None and kind == "gather_elements":  # a per-row pick, loaded at its own row
-            if {a for a, _ in sh.delta} & rows:
-                raise UnsupportedGraphError(f"gather_elements '{name}' under a slice/concat along a row axis is "
-                                            "not supported")
+        self.seen.add((name, sh))
+        nd = self.nodes.get(name)
+        if nd is not None and not self._own_checks(nd, sh):
             return
-        if not varies[name]:
-            if nd is not None and kind in INDEX_KINDS:
-                raise UnsupportedGraphError(
-                    f"{nd.op} '{name}' gives a value that does not vary along the kernel's columns (one per row, "
-                    "or a scalar); stitched kernels remap full and per-column values only")
-            if {a for a, _ in sh.delta} & rows:  # conditions alone keep the own element
-                raise UnsupportedGraphError(f"tensor '{name}': a per-row value under a slice/concat along a "
-                                            "row axis is not supported")
-            sh = Shift()  # evaluated as at the sweep's own element
-        if name in chains:  # loaded through the chain: in bounds where the head's positions are
-            shift_offset(name, graph.spec(name).shape, sh, domain)
+        if not self.varies[name]:
+            sh = self._per_row(name, nd, sh)
+        if name in self.chains:  # loaded through the chain: in bounds where the head's positions are
+            shift_offset(name, self.graph.spec(name).shape, sh, self.domain)
+        elif self._outer_load(name, nd, sh):
             return
-        if mixed and sh.axes() - {len(domain) - 1} and (nd is None or name in keep):
-            src = outer.shape(name)
-            if nd is not None and name not in outer.nodes or nd is None and src is None:
-                raise UnsupportedGraphError(
-                    f"node '{name}': a slice/concat along an outer axis reads it through a transpose / reshape "
-                    "(or it does not have the iteration domain's layout); there slice and concat may act along "
-                    "the innermost axis only")
-            if not any(OPS[n.op].kind != "layout" and tuple(n.shape) == tuple(domain) for n in graph.nodes):
-                raise UnsupportedGraphError(
-                    f"tensor '{name}': a slice/concat along an outer axis in a region with transpose / reshape "
-                    "needs a computed tensor of the iteration domain's shape (the kernel's positions)")
-            if src is not None:  # an input: p + delta in row-major strides (Swin's roll)
-                shift_offset(name, src, sh, domain)
-                return
-        if nd is None:
-            if mixed:
-                column_shift(name, sh, domain, graph.spec(name).shape[-1] if name in wide else None)
-            elif not (not sh.delta and spans(graph, name, domain)):
-                shift_offset(name, graph.spec(name).shape, sh, domain)
-            return
-        off = len(domain) - len(nd.shape)
+        elif nd is None:
+            self._input_load(name, sh)
+        else:
+            self._through(nd, sh)
+
+    def _own_checks(self, nd: Node, sh: Shift) -> bool:
+        """The checks of ``nd`` itself: a size-1 slice broadcast over several positions; a pick under a
+        row-axis shift. False where the walk stops (a pick is loaded at its own row)."""
+        kind = OPS[nd.op].kind
         if kind == "slice":
-            a = off + _axis(nd)
-            visit(str(nd.args[0]), sh.moved(a, nd.start))
+            check_size1_slice(nd, sh, self.domain)
+        if kind == "gather_elements":
+            if {a for a, _ in sh.delta} & self.rows:
+                raise UnsupportedGraphError(f"gather_elements '{nd.id}' under a slice/concat along a row axis is "
+                                            "not supported")
+            return False
+        return True
+
+    def _per_row(self, name: str, nd: Node | None, sh: Shift) -> Shift:
+        """The shift a value that does not vary along the columns is evaluated at: the sweep's own
+        element; refused for an index op's result and under a row-axis shift."""
+        if nd is not None and OPS[nd.op].kind in INDEX_KINDS:
+            raise UnsupportedGraphError(
+                f"{nd.op} '{name}' gives a value that does not vary along the kernel's columns (one per row, "
+                "or a scalar); stitched kernels remap full and per-column values only")
+        if {a for a, _ in sh.delta} & self.rows:  # conditions alone keep the own element
+            raise UnsupportedGraphError(f"tensor '{name}': a per-row value under a slice/concat along a "
+                                        "row axis is not supported")
+        return Shift()
+
+    def _outer_load(self, name: str, nd: Node | None, sh: Shift) -> bool:
+        """In a mixed region, a shift along an outer axis reaching an input or the layout part: True
+        where it is an input of :func:`outer_sources` (its load ``p + delta`` in row-major strides,
+        Swin's roll, proven here); refused where the shift may not reach it; False otherwise (the
+        walk goes on)."""
+        if not (self.mixed and sh.axes() - {len(self.domain) - 1} and (nd is None or name in self.keep)):
+            return False
+        src = self.outer.shape(name)
+        if nd is not None and name not in self.outer.nodes or nd is None and src is None:
+            raise UnsupportedGraphError(
+                f"node '{name}': a slice/concat along an outer axis reads it through a transpose / reshape "
+                "(or it does not have the iteration domain's layout); there slice and concat may act along "
+                "the innermost axis only")
+        if not any(OPS[n.op].kind != "layout" and tuple(n.shape) == tuple(self.domain) for n in self.graph.nodes):
+            raise UnsupportedGraphError(
+                f"tensor '{name}': a slice/concat along an outer axis in a region with transpose / reshape "
+                "needs a computed tensor of the iteration domain's shape (the kernel's positions)")
+        if src is None:
+            return False
+        shift_offset(name, src, sh, self.domain)
+        return True
+
+    def _input_load(self, name: str, sh: Shift) -> None:
+        """A graph input loaded at shift ``sh``: a column shift in a mixed region (up to its width for
+        a wide input), else in bounds of its own shape."""
+        if self.mixed:
+            column_shift(name, sh, self.domain, self.graph.spec(name).shape[-1] if name in self.wide else None)
+        elif not (not sh.delta and spans(self.graph, name, self.domain)):
+            shift_offset(name, self.graph.spec(name).shape, sh, self.domain)
+
+    def _through(self, nd: Node, sh: Shift) -> None:
+        """Walk on from node ``nd`` at shift ``sh``: a slice moves the shift by its start, a concat
+        limits it to each piece, a gather's table row is loaded at it, any other op passes it on."""
+        kind = OPS[nd.op].kind
+        off = len(self.domain) - len(nd.shape)
+        if kind == "slice":
+            self.visit(str(nd.args[0]), sh.moved(off + _axis(nd), nd.start))
         elif kind == "concat":
             a, o = off + _axis(nd), 0
             for arg in nd.tensor_args:
-                ln = graph.spec(arg).shape[_axis(nd)]
-                psh = sh.limited(a, o - sh.d(a), o + ln - sh.d(a), domain[a])
+                ln = self.graph.spec(arg).shape[_axis(nd)]
+                psh = sh.limited(a, o - sh.d(a), o + ln - sh.d(a), self.domain[a])
                 if psh is not None:
-                    visit(arg, psh.moved(a, -o))
+                    self.visit(arg, psh.moved(a, -o))
                 o += ln
         elif kind == "gather":
-            if sh.axes() & rows:
+            if sh.axes() & self.rows:
                 raise UnsupportedGraphError(f"gather '{nd.id}' under a slice/concat along a row axis is not supported")
-            shift_offset(nd.id, tuple(graph.spec(str(nd.args[0])).shape[1:]), sh, domain)
+            shift_offset(nd.id, tuple(self.graph.spec(str(nd.args[0])).shape[1:]), sh, self.domain)
         else:
             for arg in nd.tensor_args:
-                visit(arg, sh)
-
-    for name in graph.outputs:
-        visit(name, root_shift(graph, name, domain, row_axes))
-    for name in [str(n.args[0]) for n in graph.reductions()]:
-        visit(name, Shift())
+                self.visit(arg, sh)
 
 
 @dataclass(frozen=True)
