@@ -26,7 +26,6 @@ from stitchtune.plan.index_map import AxisMap
 from stitchtune.plan.ints import int_registers
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.plan.chains import composed_chains
-from stitchtune.plan.row_moves import commute_row_moves
 from stitchtune.plan.single_pass import SinglePassCandidate
 from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable
 
@@ -170,8 +169,7 @@ class Lowerer:
     """Shared machinery of both families."""
 
     def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device, schemes: SchemeTable = SCHEMES) -> None:
-        if plan.moved_rows:   # the graph make_plan planned (its row moves pushed down)
-            graph = commute_row_moves(graph)
+        graph = plan.planned_graph(graph)   # the row-move rewrite make_plan planned, if any
         self.g, self.p, self.s, self.dev = graph, plan, s, device
         self.schemes = schemes
         self.nodes = {nd.id: nd for nd in graph.nodes}

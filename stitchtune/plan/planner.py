@@ -100,9 +100,11 @@ class StitchPlan:
     #: the scalar epilogue of the cross reductions (:func:`~stitchtune.plan.cross.epilogue_nodes`):
     #: element-wise scalar nodes computed once after the cross-block combine, never by the rows' tasks
     epilogue: tuple[str, ...] = ()
-    #: planned on :func:`~stitchtune.plan.row_moves.commute_row_moves` of the graph (its row moves pushed
-    #: below their row-local computations), which the lowering then lowers in place of the graph
-    moved_rows: bool = False
+    #: the graph this plan was made for when it is not the one given to :func:`make_plan`: its
+    #: :func:`~stitchtune.plan.row_moves.commute_row_moves` rewrite (row moves pushed below their
+    #: row-local computations; the same inputs and outputs), which the lowering lowers in place of the
+    #: given graph (:meth:`planned_graph`). None for every other plan.
+    moved_graph: Graph | None = None
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -118,6 +120,23 @@ class StitchPlan:
 
     def dtype(self, name: str) -> str:
         return dict(self.dtypes)[name]
+
+    @property
+    def moved_rows(self) -> bool:
+        """Whether the plan was made for the row-move rewrite of its graph (:attr:`moved_graph`)."""
+        return self.moved_graph is not None
+
+    def planned_graph(self, graph: Graph) -> Graph:
+        """The graph this plan was made for, given the graph it was asked for: :attr:`moved_graph`
+        where the planner rewrote ``graph``, else ``graph`` itself. :class:`ValueError` (a caller's
+        bug) where ``graph`` has other inputs or outputs than the rewritten one (not its graph)."""
+        moved = self.moved_graph
+        if moved is None:
+            return graph
+        if moved.inputs != graph.inputs or moved.outputs != graph.outputs:
+            raise ValueError(f"plan of the row-move rewrite of graph '{moved.name}' used with graph '{graph.name}' "
+                             "of other inputs or outputs")
+        return moved
 
     @property
     def P(self) -> int:
@@ -410,7 +429,7 @@ def make_plan(graph: Graph) -> StitchPlan:
     A graph refused so whose row moves (slice / concat along outer axes) of a row-local computation
     with a reduction (Swin's LayerNorm right before its ``roll``) can be pushed below that computation
     (:func:`~stitchtune.plan.row_moves.commute_row_moves`) gets the plan of the rewritten graph, marked
-    :attr:`StitchPlan.moved_rows` (the lowering makes the same rewrite); when that is refused too, the
+    :attr:`StitchPlan.moved_graph` (the graph the lowering lowers); when that is refused too, the
     refusal of ``graph`` stands."""
     try:
         return _plan_layouts(graph)
@@ -419,7 +438,7 @@ def make_plan(graph: Graph) -> StitchPlan:
         if moved is graph:
             raise
         try:
-            return replace(_plan_layouts(moved), moved_rows=True)
+            return replace(_plan_layouts(moved), moved_graph=moved)
         except UnsupportedGraphError:
             raise refusal from None
 

@@ -32,8 +32,8 @@ planner's refusal stands). The result is a validated :class:`Graph` with the sam
 outputs, whose reference values are those of ``graph``. The planner
 (:func:`~stitchtune.plan.planner.make_plan`) plans it when it refuses ``graph`` itself (so every graph
 planned before keeps its plan and kernels: a class token selected at row 0 next to its LayerNorm), and
-marks the plan ``moved_rows``; the lowering (:class:`~stitchtune.lower.base.Lowerer`) then lowers it in
-place of ``graph``.
+carries it in the plan (``StitchPlan.moved_graph``); the lowering (:class:`~stitchtune.lower.base.Lowerer`)
+then lowers that graph in place of ``graph``, without making the rewrite again.
 """
 
 from __future__ import annotations

@@ -14,13 +14,16 @@ from typing import Any
 
 import pytest
 
-from helpers import BUILDER_FLAGS, check_emulates, compile_programs_sm90, DEV, float_graph as _graph
+from helpers import BUILDER_FLAGS, check_emulates, compile_programs_sm90, DEV, emulated_errors, float_graph as _graph
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.gpu.build import nvcc_found
+from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
+from stitchtune.plan import row_moves as row_moves_module
 from stitchtune.plan.chains import composed_chains, layout_part, layout_tails
+from stitchtune.plan.row_moves import commute_row_moves
 from stitchtune.space import SearchSpace
 
 
@@ -174,6 +177,25 @@ def test_a_layernorm_before_the_roll_plans_over_the_rolled_rows() -> None:
     assert plan.imap("o").bijective and not plan.imap("o").plain  # stored window by window
     plan = make_plan(rolled_layernorm_output())
     assert (plan.family, plan.M, plan.N, plan.nstages) == ("row", 64, 8, 2)
+
+
+def test_the_plan_carries_the_rewritten_graph_and_the_lowering_does_not_rewrite_again(monkeypatch) -> None:
+    g = rolled_layernorm()
+    plan = make_plan(g)
+    assert plan.moved_graph == commute_row_moves(g) and plan.planned_graph(g) is plan.moved_graph
+    other = shifted_windows()
+    with pytest.raises(ValueError, match="row-move rewrite of graph"):
+        plan.planned_graph(other)
+    assert make_plan(other).moved_graph is None and make_plan(other).planned_graph(other) is other
+
+    def no_rewrite(graph: Any) -> Any:
+        raise AssertionError("the lowering made the row-move rewrite again")
+    space = SearchSpace.for_plan(plan, DEV)
+    inputs = random_inputs(g, 3)
+    ref = run_reference(g, inputs)
+    monkeypatch.setattr(row_moves_module, "_commuted", no_rewrite)
+    errors = emulated_errors(g, plan, space, heuristic_schedule(plan, DEV, space), inputs, ref)
+    assert set(errors) == set(g.outputs) and max(errors.values()) < 1e-5, errors
 
 
 def test_outer_rolls_that_stay_refused_are_one_named_line() -> None:
