@@ -20,6 +20,7 @@ from math import prod
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph
+from stitchtune.plan.pick import node_axis
 from stitchtune.plan.index_ops import (after_index_ops, feeds_layout, gather_tables, has_index_ops, has_layout_ops,
                                        surrogate_shape)
 
@@ -96,19 +97,27 @@ def composed_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
     reshape ``[1, 32, 16]`` -> transpose ``[1, 16, 32]``, concatenated after the class token along the
     sequence, domain ``[1, 17, 32]``). The planner sees the chain as one input of the head's aligned
     shape; the kernel loads the head's element at a (shifted) domain position through the chain's
-    index arithmetic (:mod:`stitchtune.lower.remap`). Empty without index ops."""
+    index arithmetic (:mod:`stitchtune.lower.remap`). A head that aligns with the domain is a chain
+    only where it holds a transpose and a slice / concat along an outer axis reads it, directly or
+    through element-wise nodes (:func:`_outer_moved`; Swin's window
+    reverse ``[nW, w*w, C]`` -> ``[B, H, W, C]`` rolled back along H and W, which a mixed region's maps
+    cannot shift: refused before, so no region that planned changes). Empty without index ops."""
     if not has_index_ops(graph) or not has_layout_ops(graph):
         return {}
     domain = domain_of(graph)
     nodes = {n.id: n for n in graph.nodes}
     outputs, inputs = set(graph.outputs), set(graph.input_names)
     feeds = feeds_layout(graph, sliced_members(graph))
+    rolled = _outer_moved(graph)
     out: dict[str, tuple[str, ...]] = {}
     for nd in graph.nodes:
         cons = graph.consumers(nd.id)
         if (nd.op not in ("transpose", "reshape") or not cons or nd.id in outputs or len(nd.shape) > len(domain)
                 or any(c.id in feeds for c in cons)
-                or any(OPS[c.op].kind == "layout" for c in cons) or surrogate_shape(nd.shape, domain, nd.id) == nd.shape):
+                or any(OPS[c.op].kind == "layout" for c in cons)):
+            continue
+        aligned = surrogate_shape(nd.shape, domain, nd.id) == nd.shape
+        if aligned and nd.id not in rolled:
             continue
         chain, cur = [nd.id], nd
         while True:
@@ -117,12 +126,31 @@ def composed_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
                 break
             chain.append(arg)
             if arg in inputs:
-                out[nd.id] = tuple(chain)
+                if not aligned or any(nodes[m].op == "transpose" for m in chain[:-1]):
+                    out[nd.id] = tuple(chain)
                 break
             cur = nodes[arg]
             if cur.op not in ("transpose", "reshape"):
                 break
     out.update(sliced_chains(graph))
+    return out
+
+
+def _outer_moved(graph: Graph) -> set[str]:
+    """The tensors a slice / concat along an outer axis reads, directly or through element-wise nodes
+    and other slices / concats (they are evaluated at positions moved along an outer axis)."""
+    stack = [a for nd in graph.nodes if nd.op in ("slice", "concat") and node_axis(nd) < len(nd.shape) - 1
+             for a in nd.tensor_args]
+    out: set[str] = set()
+    nodes = {n.id: n for n in graph.nodes}
+    while stack:
+        a = stack.pop()
+        if a in out:
+            continue
+        out.add(a)
+        nd = nodes.get(a)
+        if nd is not None and OPS[nd.op].kind in ("unary", "binary", "ternary", "cast", "slice", "concat"):
+            stack.extend(nd.tensor_args)
     return out
 
 

@@ -59,6 +59,7 @@ from stitchtune.plan.cross import CrossReduction, check_cross, epilogue_nodes, s
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.ints import int_registers
 from stitchtune.plan.row_moves import commute_row_moves
+from stitchtune.plan.row_views import commute_row_views
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
 
 
@@ -429,18 +430,22 @@ def make_plan(graph: Graph) -> StitchPlan:
     A graph refused so whose row moves (slice / concat along outer axes) of a row-local computation
     with a reduction (Swin's LayerNorm right before its ``roll``) can be pushed below that computation
     (:func:`~stitchtune.plan.row_moves.commute_row_moves`) gets the plan of the rewritten graph, marked
-    :attr:`StitchPlan.moved_graph` (the graph the lowering lowers); when that is refused too, the
-    refusal of ``graph`` stands."""
+    :attr:`StitchPlan.moved_graph` (the graph the lowering lowers); so does one whose rows are
+    rearranged before a slice / concat and viewed again after it (Swin's roll back after attention:
+    :func:`~stitchtune.plan.row_views.commute_row_views`); when those are refused too, the refusal of
+    ``graph`` stands."""
     try:
         return _plan_layouts(graph)
     except UnsupportedGraphError as refusal:
-        moved = commute_row_moves(graph)
-        if moved is graph:
-            raise
-        try:
-            return replace(_plan_layouts(moved), moved_graph=moved)
-        except UnsupportedGraphError:
-            raise refusal from None
+        for rewrite in (commute_row_moves, commute_row_views):
+            moved = rewrite(graph)
+            if moved is graph:
+                continue
+            try:
+                return replace(_plan_layouts(moved), moved_graph=moved)
+            except UnsupportedGraphError:
+                continue
+        raise refusal from None
 
 
 def _plan_layouts(graph: Graph) -> StitchPlan:

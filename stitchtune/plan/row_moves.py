@@ -46,7 +46,7 @@ from typing import Any
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph, Node, parse_graph
 
-__all__ = ["RowMove", "commute_row_moves", "row_moves"]
+__all__ = ["RowMove", "commute_row_moves", "row_moves", "fresh_names", "ordered_nodes", "live_nodes"]
 
 _MOVES = ("slice", "concat")
 _ROW_LOCAL_KINDS = ("unary", "binary", "ternary", "cast")
@@ -92,7 +92,7 @@ def _commuted(graph: Graph) -> Graph:
     for m in moves:
         out.extend(_pushed(graph, m, names))
     body = graph.to_dict()
-    body["nodes"] = _live(_ordered(out), body["outputs"])
+    body["nodes"] = live_nodes(ordered_nodes(out), body["outputs"])
     return parse_graph(body)
 
 
@@ -221,13 +221,7 @@ def _pushed(graph: Graph, move: RowMove, names: set[str]) -> list[dict[str, Any]
     out: list[dict[str, Any]] = []
 
     def fresh(base: str) -> str:
-        stem, k = f"{base[:48]}_{move.root[:8]}", 0
-        name = stem
-        while name in names:
-            k += 1
-            name = f"{stem}_{k}"
-        names.add(name)
-        return name
+        return fresh_names(names, f"{base[:48]}_{move.root[:8]}")
 
     def viewed(u: str) -> str:   # input u in the source's layout
         shape = list(src[:-1]) + [graph.spec(u).shape[-1]]
@@ -264,6 +258,16 @@ def _pushed(graph: Graph, move: RowMove, names: set[str]) -> list[dict[str, Any]
             if image != k:
                 out.append({"id": k, "op": "reshape", "args": [image], "shape": list(graph.spec(k).shape)})
     return out
+
+
+def fresh_names(names: set[str], stem: str) -> str:
+    """A name that is not in ``names`` (``stem``, else ``stem_1``, ...), added to them."""
+    name, k = stem, 0
+    while name in names:
+        k += 1
+        name = f"{stem}_{k}"
+    names.add(name)
+    return name
 
 
 def _remade(nodes: dict[str, Node], computed: tuple[str, ...], values: dict[str, str],
@@ -307,7 +311,7 @@ def _ancestors(nodes: dict[str, Node], names: list[str], within: set[str]) -> se
     return seen
 
 
-def _ordered(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def ordered_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``nodes`` (graph.json form) in an order where each comes after the nodes it reads (stable)."""
     by = {d["id"]: d for d in nodes}
     done: set[str] = set()
@@ -327,7 +331,7 @@ def _ordered(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _live(nodes: list[dict[str, Any]], outputs: list[str]) -> list[dict[str, Any]]:
+def live_nodes(nodes: list[dict[str, Any]], outputs: list[str]) -> list[dict[str, Any]]:
     """``nodes`` (graph.json form, topological) without those no output depends on."""
     need = set(outputs)
     keep = []
