@@ -44,8 +44,8 @@ transpose / reshape / expand of a tensor computed *before* the index ops (a per-
 rotary angles made in the region) keeps its shapes with everything it is computed from
 (:func:`~stitchtune.plan.chains.layout_part`); one of a tensor computed from an index op's result (``k^T`` after the rotary,
 :func:`~stitchtune.plan.chains.layout_tails`) may only make an output, stored through its map. Refused there: such a node
-read by another op, a slice / concat along an outer axis of an input read through a transpose /
-reshape, gather, column reductions, an input sliced beyond the domain other than along its innermost
+read by another op (but see :mod:`stitchtune.plan.row_views`), a slice / concat along an outer axis
+of an input read through a transpose / reshape that is not a chain (a transpose of a computed tensor), gather, column reductions, an input sliced beyond the domain other than along its innermost
 axis alone (:func:`~stitchtune.plan.chains.wide_inputs`: its own row strides, a column shift up to its width).
 
 

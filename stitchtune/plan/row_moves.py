@@ -46,7 +46,7 @@ from typing import Any
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph, Node, parse_graph
 
-__all__ = ["RowMove", "commute_row_moves", "row_moves", "fresh_names", "ordered_nodes", "live_nodes"]
+__all__ = ["RowMove", "commute_row_moves", "row_moves", "fresh_names", "remade_nodes", "ordered_nodes", "live_nodes"]
 
 _MOVES = ("slice", "concat")
 _ROW_LOCAL_KINDS = ("unary", "binary", "ternary", "cast")
@@ -245,14 +245,14 @@ def _pushed(graph: Graph, move: RowMove, names: set[str]) -> list[dict[str, Any]
             out.append(d)
         moved[u] = local[move.root]
     top = move.top
-    out += _remade(nodes, move.computed, moved, lambda c: move.root if c == top else fresh(c))
+    out += remade_nodes(nodes, move.computed, moved, lambda c: move.root if c == top else fresh(c))
     if move.kept:
         own = {u: viewed(u) for u in move.moved_inputs}
         need = _ancestors(nodes, [top if k in move.views else k for k in move.kept], set(move.computed))
         def own_name(c: str) -> str:   # a kept node of the source's layout is made under its own id
             return c if c in move.kept and nodes[c].shape == (*src[:-1], nodes[c].shape[-1]) else fresh(c)
 
-        out += _remade(nodes, tuple(c for c in move.computed if c in need), own, own_name)
+        out += remade_nodes(nodes, tuple(c for c in move.computed if c in need), own, own_name)
         for k in move.kept:
             image = _image(nodes, top if k in move.views else k, own)
             if image != k:
@@ -270,7 +270,7 @@ def fresh_names(names: set[str], stem: str) -> str:
     return name
 
 
-def _remade(nodes: dict[str, Node], computed: tuple[str, ...], values: dict[str, str],
+def remade_nodes(nodes: dict[str, Node], computed: tuple[str, ...], values: dict[str, str],
             name: Any) -> list[dict[str, Any]]:
     """The nodes ``computed`` (graph order) made again in the source's layout, reading ``values``
     (tensor -> the name of its value there; filled in); reshapes are no nodes (their argument's value);

@@ -36,7 +36,7 @@ from typing import Any
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph, Node, parse_graph
 from stitchtune.plan.pick import node_axis
-from stitchtune.plan.row_moves import fresh_names, live_nodes, ordered_nodes
+from stitchtune.plan.row_moves import fresh_names, live_nodes, ordered_nodes, remade_nodes
 
 __all__ = ["commute_row_views"]
 
@@ -168,23 +168,13 @@ def _remade_in(graph: Graph, nodes: dict[str, Node], view: Node, down: tuple[str
     out = [d for d in body["nodes"] if d["id"] not in set(down)]   # (the view: an output, or dropped as unread)
     values: dict[str, str] = {view.id: str(view.args[0])}
     outputs = set(graph.outputs)
-    for c in down:
-        nd = nodes[c]
-        args: list[Any] = []
-        for a in nd.args:
-            if isinstance(a, str) and a not in values and a in graph.input_names and \
-                    tuple(graph.spec(a).shape) == tuple(view.shape):
+    for c in down:   # each input of the view's shape, viewed in the source's layout
+        for a in nodes[c].tensor_args:
+            if a not in values and a in graph.input_names and tuple(graph.spec(a).shape) == tuple(view.shape):
                 values[a] = fresh_names(names, f"{a[:48]}_rows")
                 out.append({"id": values[a], "op": "reshape", "args": [a], "shape": list(src)})
-            args.append(values.get(a, a) if isinstance(a, str) else a)
-        d: dict[str, Any] = {"id": fresh_names(names, f"{c[:48]}_rows") if c in outputs else c, "op": nd.op, "args": args}
-        if OPS[nd.op].kind == "reduce":
-            d["axes"], d["keepdims"] = [-1], True
-        if nd.op == "cast":
-            d["to"] = nd.to
-        values[c] = d["id"]
-        out.append(d)
-        if c in outputs:
-            out.append({"id": c, "op": "reshape", "args": [d["id"]], "shape": list(nd.shape)})
+    ids = {c: fresh_names(names, f"{c[:48]}_rows") if c in outputs else c for c in down}
+    out += remade_nodes(nodes, down, values, ids.__getitem__)
+    out += [{"id": c, "op": "reshape", "args": [ids[c]], "shape": list(nodes[c].shape)} for c in down if c in outputs]
     body["nodes"] = live_nodes(ordered_nodes(out), body["outputs"])
     return parse_graph(body)
