@@ -61,7 +61,7 @@ from math import prod
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph, Node, TensorSpec
-from stitchtune.plan.chains import (chain_members, composed_chains, domain_of, layout_part, mixed_layout,
+from stitchtune.plan.chains import (chain_members, composed_chains, domain_of, layout_part, layout_tails, mixed_layout,
                                     sliced_members, wide_inputs)
 from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import IndexMap, index_map
@@ -183,10 +183,15 @@ def root_shift(graph: Graph, name: str, domain: tuple[int, ...], row_axes: tuple
     Such an output is stored only by the positions at coordinate 0 of ``a`` (per-column outputs by
     row 0, others by :attr:`~stitchtune.plan.index_map.IndexMap.store_once`), so its evaluation is
     limited to ``0 <= p[a] < 1``; under that condition the slice is a one-position piece moved by its
-    start (the remap of a size-1 concat piece), and the other positions' loads are masked."""
+    start (the remap of a size-1 concat piece), and the other positions' loads are masked. An output
+    made by a trailing transpose / reshape (:func:`~stitchtune.plan.chains.layout_tails`) is the tensor
+    it rearranges, stored through its map (its own shape is not right-aligned with the domain)."""
     if not has_index_ops(graph):
         return Shift()
     nodes = {n.id: n for n in graph.nodes}
+    tails = layout_tails(graph)
+    while name in tails:
+        name = nodes[name].tensor_args[0]
     shape = graph.spec(name).shape
     off = len(domain) - len(shape)
     bcast = {a for a in row_axes if domain[a] > 1 and (a < off or shape[a - off] == 1)}

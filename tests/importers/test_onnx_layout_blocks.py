@@ -21,7 +21,6 @@ onnx = pytest.importorskip("onnx")
 torch = pytest.importorskip("torch")
 
 from helpers import check_emulates, check_onnx_numerics  # noqa: E402
-from stitchtune.errors import UnsupportedGraphError  # noqa: E402
 from stitchtune.importers.onnx_import import import_onnx  # noqa: E402
 from stitchtune.plan.planner import make_plan  # noqa: E402
 
