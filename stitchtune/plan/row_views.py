@@ -96,8 +96,9 @@ def _columns_below_views(graph: Graph) -> Graph:
                 break
             chain.append(nxt)
             cur = nxt
-        if not chain or cur.id in outputs or not _outer_moved(cur, graph):
-            continue
+        if not chain or cur.id in outputs or not _outer_moved(cur, graph) or any(
+                isinstance(a, str) and a != x and graph.spec(a).rank > len(cur.shape) for a in nd.args):
+            continue   # (a per-column value of a higher rank than the head would broadcast it further)
         head = cur.id
         new_head = fresh_names(names, f"{head[:48]}_rows")
         by = {d["id"]: d for d in out}
