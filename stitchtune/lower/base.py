@@ -25,8 +25,7 @@ from stitchtune.graph.ops import INDEX_KINDS, OPS, OpInfo
 from stitchtune.plan.index_map import AxisMap
 from stitchtune.plan.ints import int_registers
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.plan.remap import composed_chains
-from stitchtune.plan.row_moves import commute_row_moves
+from stitchtune.plan.chains import composed_chains
 from stitchtune.plan.single_pass import SinglePassCandidate
 from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable
 
@@ -170,8 +169,7 @@ class Lowerer:
     """Shared machinery of both families."""
 
     def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device, schemes: SchemeTable = SCHEMES) -> None:
-        if plan.moved_rows:   # the graph make_plan planned (its row moves pushed down)
-            graph = commute_row_moves(graph)
+        graph = plan.planned_graph(graph)   # the row-move rewrite make_plan planned, if any
         self.g, self.p, self.s, self.dev = graph, plan, s, device
         self.schemes = schemes
         self.nodes = {nd.id: nd for nd in graph.nodes}
@@ -194,7 +192,7 @@ class Lowerer:
             self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), BufferRole.OUTPUT, name))
         self.reuse = dict(zip(plan.reuse_candidates, s.reuse))
         self.gather_tables = {nd.args[0] for nd in graph.nodes if nd.op == "gather"}
-        #: the heads of layout chains of inputs (:func:`~stitchtune.plan.remap.composed_chains`): loaded by
+        #: the heads of layout chains of inputs (:func:`~stitchtune.plan.chains.composed_chains`): loaded by
         #: the chain's index arithmetic (:mod:`stitchtune.lower.remap`), also where a sweep reads them as they are
         self.chain_heads = frozenset(composed_chains(graph))
         self.rpb = 1

@@ -61,7 +61,7 @@ from stitchtune.lower.row import RowLowerer
 from stitchtune.lower.symbols import RowSymbols, SymFactor
 from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan, make_plan
-from stitchtune.plan.remap import composed_chains, domain_of, mixed_layout
+from stitchtune.plan.chains import composed_chains, domain_of, mixed_layout
 from stitchtune.space import Schedule, SearchSpace
 
 

@@ -35,12 +35,12 @@ column shift ``d`` (:func:`stitchtune.plan.shift.column_shift`); a layout node p
 argument and an input is loaded at its general map's address of view element ``(r, c + d)``: its row
 offset plus ``c + d`` for a contiguous column map, its map of column ``c + d`` otherwise (inv_freq
 repeated along the head dim); an input wider than the domain along that axis
-(:func:`stitchtune.plan.remap.wide_inputs`) has its own row strides and takes ``c + d`` up to its width. An input of the domain's own layout read by slice / concat directly
+(:func:`stitchtune.plan.chains.wide_inputs`) has its own row strides and takes ``c + d`` up to its width. An input of the domain's own layout read by slice / concat directly
 may be shifted along any axis (Swin's roll): loaded at its own address plus the delta in its own
 strides, the row positions of the conditions taken from the map of a computed tensor of the
 domain's shape (the view's rows follow the largest tensor's layout, not the domain's).
 
-A layout chain of an input (:func:`stitchtune.plan.remap.composed_chains`) is loaded at the head's
+A layout chain of an input (:func:`stitchtune.plan.chains.composed_chains`) is loaded at the head's
 position ``p + delta`` along any axis (also where a sweep reads the head as it is): the head's
 coordinates are carried back through the chain's transposes (permuted), reshapes (row-major linear
 index) and slices (the start added) to the input's offset, one vector load
@@ -60,7 +60,8 @@ from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, Se
 from stitchtune.lower.base import I, Lowerer, SweepValues, add, and_, mul
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.planner import TensorClass
-from stitchtune.plan.remap import composed_chains, domain_of, mixed_layout, outer_sources, root_shift, wide_inputs
+from stitchtune.plan.chains import composed_chains, domain_of, mixed_layout, wide_inputs
+from stitchtune.plan.remap import outer_sources, root_shift
 from stitchtune.plan.shift import Shift, column_shift, shift_offset
 from stitchtune.plan.pick import pick_leaves
 
@@ -123,7 +124,7 @@ class RemapValues:
                 raise UnsupportedGraphError(f"tensor '{name}': a per-row value under a slice/concat along a "
                                             "row axis is not supported")
             vals = self.sv.value(name)
-        elif name in self.chains:  # a layout chain of an input (plan.remap.composed_chains)
+        elif name in self.chains:  # a layout chain of an input (plan.chains.composed_chains)
             vals = self.composed(name, sh)
         elif nd is not None and kind == "layout":  # transpose / reshape: index maps move the element
             vals = self.value(str(nd.args[0]), sh)

@@ -52,13 +52,14 @@ from math import prod
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import INDEX_KINDS, OPS
-from stitchtune.plan import pick, remap
+from stitchtune.plan import chains, pick, remap
 from stitchtune.plan.family import Family
 from stitchtune.plan.axes import Groups, TensorAxes, domain_candidates, tensor_axes
 from stitchtune.plan.cross import CrossReduction, check_cross, epilogue_nodes, split_cross
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.ints import int_registers
 from stitchtune.plan.row_moves import commute_row_moves
+from stitchtune.plan.row_views import commute_row_views
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
 
 
@@ -100,9 +101,11 @@ class StitchPlan:
     #: the scalar epilogue of the cross reductions (:func:`~stitchtune.plan.cross.epilogue_nodes`):
     #: element-wise scalar nodes computed once after the cross-block combine, never by the rows' tasks
     epilogue: tuple[str, ...] = ()
-    #: planned on :func:`~stitchtune.plan.row_moves.commute_row_moves` of the graph (its row moves pushed
-    #: below their row-local computations), which the lowering then lowers in place of the graph
-    moved_rows: bool = False
+    #: the graph this plan was made for when it is not the one given to :func:`make_plan`: its
+    #: :func:`~stitchtune.plan.row_moves.commute_row_moves` rewrite (row moves pushed below their
+    #: row-local computations; the same inputs and outputs), which the lowering lowers in place of the
+    #: given graph (:meth:`planned_graph`). None for every other plan.
+    moved_graph: Graph | None = None
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -118,6 +121,23 @@ class StitchPlan:
 
     def dtype(self, name: str) -> str:
         return dict(self.dtypes)[name]
+
+    @property
+    def moved_rows(self) -> bool:
+        """Whether the plan was made for the row-move rewrite of its graph (:attr:`moved_graph`)."""
+        return self.moved_graph is not None
+
+    def planned_graph(self, graph: Graph) -> Graph:
+        """The graph this plan was made for, given the graph it was asked for: :attr:`moved_graph`
+        where the planner rewrote ``graph``, else ``graph`` itself. :class:`ValueError` (a caller's
+        bug) where ``graph`` has other inputs or outputs than the rewritten one (not its graph)."""
+        moved = self.moved_graph
+        if moved is None:
+            return graph
+        if moved.inputs != graph.inputs or moved.outputs != graph.outputs:
+            raise ValueError(f"plan of the row-move rewrite of graph '{moved.name}' used with graph '{graph.name}' "
+                             "of other inputs or outputs")
+        return moved
 
     @property
     def P(self) -> int:
@@ -367,12 +387,12 @@ def _mixed_view(real: Graph, sur: Graph, names: list[str], all_red: list[Node]
     """Domain, axis groups, (row-side, cross) reductions and view of a mixed region (slice / concat
     with transpose / reshape): :func:`tensor_axes` of the surrogate ``sur``, checked by
     :func:`~stitchtune.plan.remap.check_mixed` (the view's columns are the domain's innermost axis)."""
-    domain = remap.domain_of(real)
+    domain = chains.domain_of(real)
     axes = tensor_axes(sur)
     maps = axes.of
     red_nodes, cross_nodes = _split_cross(all_red, axes)
     view = _view(axes.order, axes.size_of, bool(all_red), _reduced_axes(red_nodes, maps))
-    keep = remap.layout_part(real)
+    keep = chains.layout_part(real)
     dom_t = next((n for n in names if n not in keep and tuple(sur.spec(n).shape) == tuple(domain)), None)
     if dom_t is None:   # the domain-sized tensors all keep their own layout (a reduction of a reshaped input)
         culprit = next((f"reduction '{nd.id}' reads" for nd in all_red), "the region has")
@@ -381,7 +401,7 @@ def _mixed_view(real: Graph, sur: Graph, names: list[str], all_red: list[Node]
             f"region with slice or concat (graph '{real.name}'); such regions iterate a domain-shaped tensor "
             "computed after the layout ops")
     out_cols = maps[dom_t][-1]
-    chained = {n for c in remap.composed_chains(real).values() for n in c}
+    chained = chains.chain_members(real)
     if (view.family == Family.ELEMENTWISE and set(view.col_axes) < set(out_cols)
             and not all(n in chained for n in real.input_names)):
         # the innermost domain dim spans several axes (rotary angles ``cat(freqs, freqs)`` made by an
@@ -410,18 +430,22 @@ def make_plan(graph: Graph) -> StitchPlan:
     A graph refused so whose row moves (slice / concat along outer axes) of a row-local computation
     with a reduction (Swin's LayerNorm right before its ``roll``) can be pushed below that computation
     (:func:`~stitchtune.plan.row_moves.commute_row_moves`) gets the plan of the rewritten graph, marked
-    :attr:`StitchPlan.moved_rows` (the lowering makes the same rewrite); when that is refused too, the
-    refusal of ``graph`` stands."""
+    :attr:`StitchPlan.moved_graph` (the graph the lowering lowers); so does one whose rows are
+    rearranged before a slice / concat and viewed again after it (Swin's roll back after attention:
+    :func:`~stitchtune.plan.row_views.commute_row_views`); when those are refused too, the refusal of
+    ``graph`` stands."""
     try:
         return _plan_layouts(graph)
     except UnsupportedGraphError as refusal:
-        moved = commute_row_moves(graph)
-        if moved is graph:
-            raise
-        try:
-            return replace(_plan_layouts(moved), moved_rows=True)
-        except UnsupportedGraphError:
-            raise refusal from None
+        for rewrite in (commute_row_moves, commute_row_views):
+            moved = rewrite(graph)
+            if moved is graph:
+                continue
+            try:
+                return replace(_plan_layouts(moved), moved_graph=moved)
+            except UnsupportedGraphError:
+                continue
+        raise refusal from None
 
 
 def _plan_layouts(graph: Graph) -> StitchPlan:
@@ -462,7 +486,7 @@ def _make_plan(graph: Graph, domain_tensor: str | None = None) -> StitchPlan:
     real, graph = graph, remap.surrogate(graph)
     names = [n for n, _ in graph.inputs] + [nd.id for nd in graph.nodes]
     all_red = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
-    mixed = real is not graph and remap.mixed_layout(real)
+    mixed = real is not graph and chains.mixed_layout(real)
     if mixed:  # slice / concat with transpose / reshape: general maps, column shifts
         domain, maps, red_nodes, cross_nodes, view = _mixed_view(real, graph, names, all_red)
     elif real is not graph:
@@ -495,7 +519,7 @@ def _make_plan(graph: Graph, domain_tensor: str | None = None) -> StitchPlan:
         imaps.update(remap.real_index_maps(real, graph, old, domain, view.row_axes, view.col_axes))
     if mixed:  # an input wider than the domain along its innermost axis: its own row strides
         imaps.update({n: index_map(real.spec(n).shape, maps[n], view.sizes, view.row_axes, view.col_axes)
-                      for n in remap.wide_inputs(real)})
+                      for n in chains.wide_inputs(real)})
     cross = check_cross(graph, cross_nodes, view.family, classes, {n: not m.plain for n, m in imaps.items()})
     stages = _stages(graph, red_nodes)
     return StitchPlan(

@@ -30,9 +30,9 @@ table ranks, a per-row value or a gather under a row-axis slice/concat, a size-1
 over several positions inside a computation (a size-1 concat piece is fine, and so is a size-1 slice
 that is only stored, e.g. ``x[:, 0:1, :]`` as an output: :func:`root_shift`).
 
-*Mixed* regions (:func:`has_layout_ops`: transpose / reshape too, e.g. Llama's rotary after the head
+*Mixed* regions (:func:`~stitchtune.plan.index_ops.has_layout_ops`: transpose / reshape too, e.g. Llama's rotary after the head
 split ``x [B, S, H*D] -> [B, S, H, D] -> [B, H, S, D]``): the layout nodes and the inputs they read
-(:func:`layout_part`) keep their own shapes in the surrogate, which the planner maps with
+(:func:`~stitchtune.plan.chains.layout_part`) keep their own shapes in the surrogate, which the planner maps with
 :func:`~stitchtune.plan.axes.tensor_axes` (general index maps); every shift must then be a column
 shift (:func:`~stitchtune.plan.shift.column_shift`: slice / concat along the innermost domain axis, which must be the view's
 columns, :func:`check_mixed`), so a shifted load is the general map's address of view element
@@ -42,20 +42,15 @@ viewed as the domain by a reshape (:func:`outer_sources`), may be shifted along 
 proven by :func:`~stitchtune.plan.shift.shift_offset`, in row-major strides. A
 transpose / reshape / expand of a tensor computed *before* the index ops (a per-head RMSNorm, the
 rotary angles made in the region) keeps its shapes with everything it is computed from
-(:func:`layout_part`); one of a tensor computed from an index op's result (``k^T`` after the rotary,
-:func:`layout_tails`) may only make an output, stored through its map. Refused there: such a node
-read by another op, a slice / concat along an outer axis of an input read through a transpose /
-reshape, gather, column reductions, an input sliced beyond the domain other than along its innermost
-axis alone (:func:`wide_inputs`: its own row strides, a column shift up to its width).
+(:func:`~stitchtune.plan.chains.layout_part`); one of a tensor computed from an index op's result (``k^T`` after the rotary,
+:func:`~stitchtune.plan.chains.layout_tails`) may only make an output, stored through its map. Refused there: such a node
+read by another op (but see :mod:`stitchtune.plan.row_views`), a slice / concat along an outer axis
+of an input read through a transpose / reshape that is not a chain (a transpose of a computed tensor), gather, column reductions, an input sliced beyond the domain other than along its innermost
+axis alone (:func:`~stitchtune.plan.chains.wide_inputs`: its own row strides, a column shift up to its width).
 
-A transpose / reshape chain of one input whose head does not align with the domain (ViT's patch
-flatten, concatenated after the class token along the sequence: :func:`composed_chains`) is not a
-layout part: the planner sees it as one input of the head's aligned shape, the bounds are proven on
-the head's own shape, and the kernel carries each (shifted, along any axis) position of the head back
-through the chain to the input's offset. A region whose layout nodes are all such chains is not mixed.
-A chain may also slice (:func:`sliced_chains`: Phi-3's fused ``qkv`` sliced to q's columns, viewed as
-heads and transposed, then rotated); its head may then align with the domain, and its slice moves the
-carried position by its start.
+
+The layout nodes of such regions (chains of inputs, tails, the layout part) and the iteration domain
+are decided in :mod:`stitchtune.plan.chains`; the primitives both read in :mod:`stitchtune.plan.index_ops`.
 """
 
 from __future__ import annotations
@@ -66,54 +61,17 @@ from math import prod
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph, Node, TensorSpec
-from stitchtune.plan.index_map import IndexMap, index_map
+from stitchtune.plan.chains import (chain_members, composed_chains, domain_of, layout_part, layout_tails, mixed_layout,
+                                    sliced_members, wide_inputs)
 from stitchtune.plan.family import Family
+from stitchtune.plan.index_map import IndexMap, index_map
+from stitchtune.plan.index_ops import after_index_ops, gather_tables, has_index_ops, surrogate_shape
 from stitchtune.plan.pick import node_axis as _axis
 from stitchtune.plan.pick import check_picks, pick_leaves
 from stitchtune.plan.shift import Shift, check_size1_slice, column_shift, shift_offset, spans
 
-__all__ = ["OuterSources", "outer_sources", "root_shift", "composed_chains", "sliced_chains", "wide_inputs", "mixed_layout", "has_index_ops", "has_layout_ops", "layout_part", "layout_tails", "check_mixed", "domain_of", "surrogate", "real_index_maps", "check_gathers", "gather_tables",
-           "check_remaps"]
-
-
-def has_index_ops(graph: Graph) -> bool:
-    return any(OPS[n.op].kind in INDEX_KINDS for n in graph.nodes)
-
-
-def gather_tables(graph: Graph) -> dict[str, str]:
-    """Gather node id -> its table input."""
-    return {n.id: str(n.args[0]) for n in graph.nodes if n.op == "gather"}
-
-
-def domain_of(graph: Graph) -> tuple[int, ...]:
-    """The iteration domain: the largest output or reduction argument (elements, then rank). In a
-    mixed region an output made by a trailing transpose / reshape (:func:`layout_tails`) counts by
-    the tensor it rearranges."""
-    tails = layout_tails(graph)
-    nodes = {n.id: n for n in graph.nodes}
-    names = []
-    for o in graph.outputs:
-        while o in tails:
-            o = nodes[o].tensor_args[0]
-        names.append(o)
-    shapes = [graph.spec(o).shape for o in names]
-    shapes += [graph.spec(str(n.args[0])).shape for n in graph.reductions()]
-    shapes += [graph.spec(str(n.args[0])).shape for n in graph.nodes if n.op == "gather_elements"]
-    return max(shapes, key=lambda s: (prod(s), len(s)))
-
-
-def _after_index_ops(graph: Graph, loaded: frozenset[str] | None = None) -> set[str]:
-    """The nodes computed from the result of a slice, concat or gather (the index ops included). The
-    members of :func:`sliced_chains` (``loaded``: their nodes; None: computed) are loaded by index
-    arithmetic like an input, so they and their head count as before the index ops."""
-    skip = _sliced_members(graph) if loaded is None else loaded
-    out: set[str] = set()
-    for nd in graph.nodes:
-        if nd.id in skip:
-            continue
-        if OPS[nd.op].kind in INDEX_KINDS or any(a in out for a in nd.tensor_args):
-            out.add(nd.id)
-    return out
+__all__ = ["OuterSources", "outer_sources", "root_shift", "int_index_op", "surrogate", "check_mixed",
+           "real_index_maps", "check_gathers", "check_remaps"]
 
 
 def int_index_op(graph: Graph, ints: frozenset[str]) -> Node | None:
@@ -126,75 +84,9 @@ def int_index_op(graph: Graph, ints: frozenset[str]) -> Node | None:
     index_ops = [nd for nd in graph.nodes if OPS[nd.op].kind in INDEX_KINDS and nd.op != "gather_elements"]
     if not ints or not index_ops:
         return None
-    if ints & (_after_index_ops(graph) | set(graph.input_names)):   # (an int input: loaded as an int)
+    if ints & (after_index_ops(graph, sliced_members(graph)) | set(graph.input_names)):   # (an int input: loaded as an int)
         return index_ops[0]
     return next((nd for nd in index_ops if any(a in ints for a in nd.tensor_args)), None)
-
-
-def _feeds_layout(graph: Graph, loaded: frozenset[str] | None = None) -> set[str]:
-    """The nodes before the index ops that a transpose / reshape / expand before the index ops is
-    computed from (they keep their own shapes: :func:`layout_part`); ``loaded`` as for
-    :func:`_after_index_ops`."""
-    after = _after_index_ops(graph, loaded)
-    out: set[str] = set()
-    for nd in reversed(graph.nodes):
-        if nd.id in after:
-            continue
-        if any(c.id in out or (OPS[c.op].kind == "layout" and c.id not in after) for c in graph.consumers(nd.id)):
-            out.add(nd.id)
-    return out
-
-
-def layout_tails(graph: Graph) -> set[str]:
-    """The transpose / reshape / expand nodes of a region with index ops that rearrange a tensor
-    computed from an index op's result (``k^T`` after Llama's rotary). Each may be read only by
-    other such nodes and be an output (it is stored through its map, never evaluated at a shifted
-    position); :class:`UnsupportedGraphError` naming the node otherwise. A layout node of a tensor
-    computed *before* any index op (a per-head RMSNorm's result transposed to ``[B, H, S, D]`` and
-    rotated, the rotary angles ``cat(freqs, freqs)`` made by expand + reshape) is not a tail: it is
-    part of :func:`layout_part`."""
-    if not has_index_ops(graph):
-        return set()
-    after = _after_index_ops(graph)
-    tails: set[str] = set()
-    for nd in graph.nodes:
-        if OPS[nd.op].kind == "layout":
-            if nd.id in after:
-                tails.add(nd.id)
-            continue
-        for a in nd.tensor_args:
-            if a in tails:
-                _refuse_shared_slice(graph, a, nd.id)
-                raise UnsupportedGraphError(
-                    f"node '{a}' (transpose / reshape) rearranges a "
-                    f"tensor computed in a region with slice, concat or gather and is read by '{nd.id}'; there a "
-                    "transpose / reshape of a computed tensor may only make an output")
-    return tails
-
-
-def _refuse_shared_slice(graph: Graph, head: str, reader: str) -> None:
-    """The refusal of a layout tail read by ``reader`` that would be a :func:`sliced_chains` head but for
-    what else reads the input it slices (a chain of another head shape, or an op outside the chains):
-    one line naming the head (a region finder that leaves it out keeps the rest), the input and why."""
-    chain = _sliced_candidates(graph).get(head)
-    if chain is None:
-        return
-    src = chain[-1]
-    others = sorted({c.id for m in chain[1:] for c in graph.consumers(m)} - set(chain))
-    if not others:   # (dropped for a per-head norm before a transpose: the general refusal)
-        return
-    raise UnsupportedGraphError(
-        f"node '{head}' (transpose / reshape) rearranges a slice of input '{src}' and is read by '{reader}', but "
-        f"'{', '.join(others)}' also read that input (or its slice) in another layout or head count; slices of one "
-        "input rearranged into tensors of different shapes belong in separate regions")
-
-
-def _sur(shape: tuple[int, ...], domain: tuple[int, ...], name: str) -> tuple[int, ...]:
-    off = len(domain) - len(shape)
-    if off < 0:
-        raise UnsupportedGraphError(f"tensor '{name}' {list(shape)} has a higher rank than the iteration "
-                                    f"domain {list(domain)}")
-    return tuple(1 if s == 1 else domain[off + k] for k, s in enumerate(shape))
 
 
 def _gather_shapes(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
@@ -209,201 +101,19 @@ def _gather_shapes(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int
             continue
         table, idx = n.args
         tspec, ispec = graph.spec(str(table)), graph.spec(str(idx))
-        isur = _sur(tuple(ispec.shape) + (1,) * (tspec.rank - 1), domain, str(idx))
+        isur = surrogate_shape(tuple(ispec.shape) + (1,) * (tspec.rank - 1), domain, str(idx))
         if out.setdefault(str(idx), isur) != isur:
             raise UnsupportedGraphError(f"gather '{n.id}': index '{idx}' is used with tables of different ranks")
-        out[str(table)] = _sur(tuple(tspec.shape[1:]), domain, str(table))
+        out[str(table)] = surrogate_shape(tuple(tspec.shape[1:]), domain, str(table))
     for o in graph.outputs:
         if o in tables:
             raise UnsupportedGraphError(f"output '{o}' is a gather table; a table may only be read by gather")
     return out
 
 
-def has_layout_ops(graph: Graph) -> bool:
-    """Whether ``graph`` has a transpose or reshape (a general index map)."""
-    return any(OPS[n.op].kind == "layout" for n in graph.nodes)
-
-
-def composed_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
-    """The layout chains a remap reads through in a region with index ops: head tensor -> ``(head,
-    ..., input)``. A chain is a run of transpose / reshape nodes from one graph input, each member
-    read only by the next (and no member an output), whose head is read by other ops and does not
-    align with the iteration domain (right-aligned; ViT's patch flatten: conv ``[1, 32, 4, 4]`` ->
-    reshape ``[1, 32, 16]`` -> transpose ``[1, 16, 32]``, concatenated after the class token along the
-    sequence, domain ``[1, 17, 32]``). The planner sees the chain as one input of the head's aligned
-    shape; the kernel loads the head's element at a (shifted) domain position through the chain's
-    index arithmetic (:mod:`stitchtune.lower.remap`). Empty without index ops."""
-    if not has_index_ops(graph) or not has_layout_ops(graph):
-        return {}
-    domain = domain_of(graph)
-    nodes = {n.id: n for n in graph.nodes}
-    outputs, inputs = set(graph.outputs), set(graph.input_names)
-    feeds = _feeds_layout(graph)
-    out: dict[str, tuple[str, ...]] = {}
-    for nd in graph.nodes:
-        cons = graph.consumers(nd.id)
-        if (nd.op not in ("transpose", "reshape") or not cons or nd.id in outputs or len(nd.shape) > len(domain)
-                or any(c.id in feeds for c in cons)
-                or any(OPS[c.op].kind == "layout" for c in cons) or _sur(nd.shape, domain, nd.id) == nd.shape):
-            continue
-        chain, cur = [nd.id], nd
-        while True:
-            arg = str(cur.args[0])
-            if graph.consumers(arg) != (cur,) or arg in outputs:
-                break
-            chain.append(arg)
-            if arg in inputs:
-                out[nd.id] = tuple(chain)
-                break
-            cur = nodes[arg]
-            if cur.op not in ("transpose", "reshape"):
-                break
-    out.update(sliced_chains(graph))
-    return out
-
-
-_LINKS = ("transpose", "reshape", "slice")
-
-
-def sliced_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
-    """The chains of :func:`composed_chains` that slice a wider input and rearrange the slice: head
-    tensor -> ``(head, ..., input)``, a run of transpose / reshape / slice nodes from one graph input
-    with a slice in it, each member read only by chain members, the head a transpose / reshape read by
-    other ops and none of them a transpose / reshape / expand (Phi-3's fused projection: ``qkv [B,
-    S, (H + 2 KV) * D]`` -> slice of q's columns ``[B, S, H * D]`` -> reshape ``[B, S, H, D]`` ->
-    transpose ``[B, H, S, D]``, then the rotary's slice / neg / concat along ``D``). The head may align
-    with the iteration domain. Chains may share members (q's and k's columns of one input; one slice
-    that the importer reshaped once per reader) when their heads have one shape (the surrogate gives
-    every member its head's shape).
-    Such a region was refused before (a transpose / reshape after a slice may only make an output),
-    so no region that planned changes. A chain whose head feeds a transpose / reshape before the index
-    ops (a per-head norm of the slice) is not one. Empty without index ops or layout ops."""
-    return dict(_sliced_chains(graph))
-
-
-def _sliced_chains(graph: Graph) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """:func:`sliced_chains` as items (at once empty without a slice that a chain link reads: every
-    index-op walk asks for it)."""
-    if not any(nd.op == "slice" and any(c.op in _LINKS for c in graph.consumers(nd.id)) for nd in graph.nodes):
-        return ()
-    if not has_layout_ops(graph):
-        return ()
-    cands = _shared_members(graph, _sliced_candidates(graph))
-    while cands:
-        feeds = _feeds_layout(graph, frozenset(n for c in cands.values() for n in c[:-1]))
-        bad = {h for h in cands if any(c.id in feeds for c in graph.consumers(h))}
-        if not bad:
-            break
-        cands = _shared_members(graph, {h: c for h, c in cands.items() if h not in bad})
-    return tuple(cands.items())
-
-
-def _sliced_members(graph: Graph) -> frozenset[str]:
-    """The nodes of :func:`sliced_chains` (heads included, inputs not)."""
-    return frozenset(n for c in sliced_chains(graph).values() for n in c[:-1])
-
-
-def _sliced_candidates(graph: Graph) -> dict[str, tuple[str, ...]]:
-    """The runs of :func:`sliced_chains` by their structure alone (members may be shared: checked by
-    :func:`_shared_members`); a run inside another one's is dropped."""
-    nodes = {n.id: n for n in graph.nodes}
-    outputs, inputs = set(graph.outputs), set(graph.input_names)
-    found: dict[str, tuple[str, ...]] = {}
-    for nd in graph.nodes:
-        cons = graph.consumers(nd.id)
-        if nd.op not in ("transpose", "reshape") or not cons or nd.id in outputs \
-                or any(OPS[c.op].kind == "layout" for c in cons):
-            continue
-        chain, cur = [nd.id], nd
-        while True:
-            arg = str(cur.args[0])
-            if arg in outputs:
-                break
-            if arg in inputs:
-                if any(nodes[n].op == "slice" for n in chain):
-                    found[nd.id] = (*chain, arg)
-                break
-            if nodes[arg].op not in _LINKS or any(c.op not in _LINKS for c in graph.consumers(arg)):
-                break   # (a member read by an op that computes is a head)
-            chain.append(arg)
-            cur = nodes[arg]
-    inner = {n for c in found.values() for n in c[1:]}
-    return {h: c for h, c in found.items() if h not in inner}
-
-
-def _shared_members(graph: Graph, cands: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
-    """``cands`` without the chains that share a member (the input, or a slice of it that the importer
-    gave each reader its own reshape of) with a reader outside the chains, or with a chain of a
-    different head shape (the surrogate gives every member its head's shape)."""
-    out = dict(cands)
-    while True:
-        nxt: dict[str, set[str]] = {}     # member -> the chain members that read it
-        heads: dict[str, set[str]] = {}   # member -> the heads of the chains through it
-        for h, c in out.items():
-            for k in range(1, len(c)):
-                nxt.setdefault(c[k], set()).add(c[k - 1])
-                heads.setdefault(c[k], set()).add(h)
-        bad = {h for m, hs in heads.items()
-               if any(c.id not in nxt[m] for c in graph.consumers(m))
-               or len({tuple(graph.spec(x).shape) for x in hs}) > 1 for h in hs}
-        if not bad:
-            return out
-        out = {h: c for h, c in out.items() if h not in bad}
-
-
-def _chained(graph: Graph) -> set[str]:
-    return {n for c in composed_chains(graph).values() for n in c}
-
-
-def mixed_layout(graph: Graph) -> bool:
-    """Whether ``graph`` has a transpose / reshape / expand outside :func:`composed_chains` (a
-    *mixed* region: general maps from :func:`~stitchtune.plan.axes.tensor_axes`, column shifts only)."""
-    chained = _chained(graph)
-    return any(OPS[n.op].kind == "layout" and n.id not in chained for n in graph.nodes)
-
-
-def layout_part(graph: Graph) -> set[str]:
-    """The tensors of a *mixed* region (index ops and layout ops) that keep their own shape in the
-    surrogate: every layout node, and everything a layout node that precedes the index ops is
-    computed from (its inputs, and the nodes before it: a per-head RMSNorm of ``[B, S, H, D]``
-    transposed to ``[B, H, S, D]`` and rotated). A tensor of this part read by a node outside it
-    must span the iteration domain (right-aligned: every dim 1 or the domain's), so that slice /
-    concat / gather see a domain-shaped tensor; :class:`UnsupportedGraphError` naming the tensor
-    otherwise."""
-    if not has_layout_ops(graph):
-        return set()
-    domain = domain_of(graph)
-    tails = layout_tails(graph)
-    chained = _chained(graph)
-    nodes = {n.id: n for n in graph.nodes}
-    keep: set[str] = set(tails)
-    stack: list[str] = []
-    for nd in graph.nodes:
-        if OPS[nd.op].kind != "layout" or nd.id in tails or nd.id in chained:
-            continue
-        keep.add(nd.id)
-        stack.extend(nd.tensor_args)
-    while stack:  # what the layout nodes before the index ops are computed from
-        a = stack.pop()
-        if a in keep or a in chained:
-            continue
-        keep.add(a)
-        if a in nodes:
-            stack.extend(nodes[a].tensor_args)
-    for nd in graph.nodes:
-        if nd.id in keep:
-            continue
-        for a in nd.tensor_args:
-            if a in keep and _sur(graph.spec(a).shape, domain, a) != tuple(graph.spec(a).shape):
-                raise UnsupportedGraphError(
-                    f"tensor '{a}' {list(graph.spec(a).shape)} is read by '{nd.id}' in a region with slice, concat "
-                    f"or gather but does not align with the iteration domain {list(domain)}")
-    return keep
-
-
 def surrogate(graph: Graph) -> Graph:
     """The graph the planner analyses in place of ``graph`` (module docstring); ``graph`` itself
-    when it has no index op. In a mixed region the tensors of :func:`layout_part` keep their shapes
+    when it has no index op. In a mixed region the tensors of :func:`~stitchtune.plan.chains.layout_part` keep their shapes
     (the planner maps them with :func:`~stitchtune.plan.axes.tensor_axes`)."""
     if not has_index_ops(graph):
         return graph
@@ -411,13 +121,13 @@ def surrogate(graph: Graph) -> Graph:
     special = _gather_shapes(graph, domain)
     keep = layout_part(graph)
     for head, chain in composed_chains(graph).items():  # one input of the head's aligned shape
-        special.update({n: _sur(graph.spec(head).shape, domain, head) for n in chain})
-    inputs = tuple((n, TensorSpec(tuple(s.shape) if n in keep else special.get(n) or _sur(s.shape, domain, n),
+        special.update({n: surrogate_shape(graph.spec(head).shape, domain, head) for n in chain})
+    inputs = tuple((n, TensorSpec(tuple(s.shape) if n in keep else special.get(n) or surrogate_shape(s.shape, domain, n),
                                   s.dtype)) for n, s in graph.inputs)
     nodes = []
     for nd in graph.nodes:
         kind = OPS[nd.op].kind
-        shape = tuple(nd.shape) if nd.id in keep else special.get(nd.id) or _sur(nd.shape, domain, nd.id)
+        shape = tuple(nd.shape) if nd.id in keep else special.get(nd.id) or surrogate_shape(nd.shape, domain, nd.id)
         op = {"slice": "neg", "concat": "add", "gather": "add", "gather_elements": "add", "layout": "neg"}.get(kind, nd.op)
         if nd.id in keep:  # a layout node of a mixed region, as it is (perm / target shape)
             nodes.append(nd)
@@ -429,7 +139,7 @@ def surrogate(graph: Graph) -> Graph:
                           shape=shape, dtype=nd.dtype))
     for name in [o for o in graph.outputs if o not in keep] + [str(n.args[0]) for n in graph.reductions()
                                                                if str(n.args[0]) not in keep]:
-        if tuple(graph.spec(name).shape) != _sur(graph.spec(name).shape, domain, name):
+        if tuple(graph.spec(name).shape) != surrogate_shape(graph.spec(name).shape, domain, name):
             raise UnsupportedGraphError(
                 f"tensor '{name}' {list(graph.spec(name).shape)} is stored or reduced but does not span the "
                 f"iteration domain {list(domain)}; stitched kernels store and reduce whole tensors only (tensors "
@@ -442,8 +152,8 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
     """A mixed region (slice / concat with transpose / reshape) is lowered with column shifts only
     (:func:`~stitchtune.plan.shift.column_shift`): no gather, a row-family (or element-wise) view whose columns are exactly
     the innermost dim of the domain (``out_cols``: the axes of an output's last dim; any view when
-    every input is loaded through a :func:`composed_chains` chain: GPT-2's q/k/v split), and every input
-    outside :func:`layout_part` of its surrogate shape (no sliced input larger than the domain)."""
+    every input is loaded through a :func:`~stitchtune.plan.chains.composed_chains` chain: GPT-2's q/k/v split), and every input
+    outside :func:`~stitchtune.plan.chains.layout_part` of its surrogate shape (no sliced input larger than the domain)."""
     for n in graph.nodes:
         if n.op in ("gather", "gather_elements"):
             raise UnsupportedGraphError(f"{n.op} '{n.id}' is in a region with transpose / reshape; stitched "
@@ -451,7 +161,7 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
     if family == Family.COL:
         raise UnsupportedGraphError(f"{_column_reductions(graph)}slice / concat with transpose / reshape are supported "
                                     "in row-reduction and element-wise kernels only, not in column reductions")
-    chained = _chained(graph)
+    chained = chain_members(graph)
     every_chained = all(n in chained for n in graph.input_names)  # loads by chain arithmetic only
     if (tuple(out_cols) != tuple(col_axes) and not every_chained) or domain[-1] < 2:
         raise UnsupportedGraphError(
@@ -466,28 +176,6 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
                 "there an input may be wider than the domain along its innermost axis only")
 
 
-def wide_inputs(graph: Graph) -> frozenset[str]:
-    """In a mixed region: the inputs wider than the iteration domain along its innermost axis only
-    (every other dim 1 or the domain's, right-aligned), read by a slice directly (and by other
-    element-wise ops, outside :func:`layout_part` and the chains): V's columns of a fused projection ``qkv
-    [B, S, (H + 2 KV) * D]`` sliced to ``[B, S, KV * D]`` and then only rearranged (repeated for the
-    grouped heads) into an output. Their maps keep their own row strides (the planner), and a column
-    shift loads them at column ``c + d < width`` (:func:`~stitchtune.plan.shift.column_shift`)."""
-    sliced = [n for n in graph.input_names if any(c.op == "slice" for c in graph.consumers(n))]
-    if not sliced or not mixed_layout(graph):
-        return frozenset()
-    domain = domain_of(graph)
-    skip = layout_part(graph) | _chained(graph) | set(gather_tables(graph).values())
-    out = set()
-    for name in sliced:
-        shape = tuple(graph.spec(name).shape)
-        if name in skip or len(shape) > len(domain) or shape[-1] <= domain[-1]:
-            continue
-        if _sur(shape, domain, name)[:-1] == shape[:-1]:
-            out.add(name)
-    return frozenset(out)
-
-
 def root_shift(graph: Graph, name: str, domain: tuple[int, ...], row_axes: tuple[int, ...]) -> Shift:
     """The shift output ``name`` is evaluated at: ``Shift()``, except where it broadcasts along a row
     axis ``a`` of the domain (its own dim 1 there) and has a size-1 slice along ``a`` in its subtree
@@ -495,10 +183,15 @@ def root_shift(graph: Graph, name: str, domain: tuple[int, ...], row_axes: tuple
     Such an output is stored only by the positions at coordinate 0 of ``a`` (per-column outputs by
     row 0, others by :attr:`~stitchtune.plan.index_map.IndexMap.store_once`), so its evaluation is
     limited to ``0 <= p[a] < 1``; under that condition the slice is a one-position piece moved by its
-    start (the remap of a size-1 concat piece), and the other positions' loads are masked."""
+    start (the remap of a size-1 concat piece), and the other positions' loads are masked. An output
+    made by a trailing transpose / reshape (:func:`~stitchtune.plan.chains.layout_tails`) is the tensor
+    it rearranges, stored through its map (its own shape is not right-aligned with the domain)."""
     if not has_index_ops(graph):
         return Shift()
     nodes = {n.id: n for n in graph.nodes}
+    tails = layout_tails(graph)
+    while name in tails:
+        name = nodes[name].tensor_args[0]
     shape = graph.spec(name).shape
     off = len(domain) - len(shape)
     bcast = {a for a in row_axes if domain[a] > 1 and (a < off or shape[a - off] == 1)}
@@ -531,83 +224,123 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
     node (or one of another layout than the domain's) is a column shift (:func:`~stitchtune.plan.shift.column_shift`); an input
     of the domain's layout read by slice / concat directly may be shifted along any axis (Swin's roll
     before the window partition), its load proven by :func:`~stitchtune.plan.shift.shift_offset`."""
-    nodes = {n.id: n for n in graph.nodes}
-    rows = set(row_axes)
-    seen: set[tuple[str, Shift]] = set()
-    chains = composed_chains(graph)
-    keep = layout_part(graph) if mixed else set()
-    outer = outer_sources(graph, domain) if mixed else OuterSources((), frozenset())
-    wide = wide_inputs(graph) if mixed else frozenset()
+    walk = _RemapWalk(graph, domain, frozenset(row_axes), varies, mixed)
+    for name in graph.outputs:
+        walk.visit(name, root_shift(graph, name, domain, row_axes))
+    for name in [str(n.args[0]) for n in graph.reductions()]:
+        walk.visit(name, Shift())
 
-    def visit(name: str, sh: Shift) -> None:
-        if (name, sh) in seen:
+
+class _RemapWalk:
+    """One walk of :func:`check_remaps`: the evaluations proven so far (``seen``), and what the
+    region decides once (its chains, layout part, outer sources and wide inputs)."""
+
+    def __init__(self, graph: Graph, domain: tuple[int, ...], rows: frozenset[int], varies: dict[str, bool],
+                 mixed: bool) -> None:
+        self.graph, self.domain, self.rows, self.varies, self.mixed = graph, domain, rows, varies, mixed
+        self.nodes = {n.id: n for n in graph.nodes}
+        self.seen: set[tuple[str, Shift]] = set()
+        self.chains = composed_chains(graph)
+        self.keep = layout_part(graph) if mixed else set()
+        self.outer = outer_sources(graph, domain) if mixed else OuterSources((), frozenset())
+        self.wide = wide_inputs(graph) if mixed else frozenset()
+
+    def visit(self, name: str, sh: Shift) -> None:
+        """Prove tensor ``name`` evaluated at shift ``sh``, and what it reads at theirs."""
+        if (name, sh) in self.seen:
             return
-        seen.add((name, sh))
-        nd = nodes.get(name)
-        kind = OPS[nd.op].kind if nd is not None else "input"
-        if nd is not None and kind == "slice":
-            check_size1_slice(nd, sh, domain)
-        if nd is not None and kind == "gather_elements":  # a per-row pick, loaded at its own row
-            if {a for a, _ in sh.delta} & rows:
-                raise UnsupportedGraphError(f"gather_elements '{name}' under a slice/concat along a row axis is "
-                                            "not supported")
+        self.seen.add((name, sh))
+        nd = self.nodes.get(name)
+        if nd is not None and not self._own_checks(nd, sh):
             return
-        if not varies[name]:
-            if nd is not None and kind in INDEX_KINDS:
-                raise UnsupportedGraphError(
-                    f"{nd.op} '{name}' gives a value that does not vary along the kernel's columns (one per row, "
-                    "or a scalar); stitched kernels remap full and per-column values only")
-            if {a for a, _ in sh.delta} & rows:  # conditions alone keep the own element
-                raise UnsupportedGraphError(f"tensor '{name}': a per-row value under a slice/concat along a "
-                                            "row axis is not supported")
-            sh = Shift()  # evaluated as at the sweep's own element
-        if name in chains:  # loaded through the chain: in bounds where the head's positions are
-            shift_offset(name, graph.spec(name).shape, sh, domain)
+        if not self.varies[name]:
+            sh = self._per_row(name, nd, sh)
+        if name in self.chains:  # loaded through the chain: in bounds where the head's positions are
+            shift_offset(name, self.graph.spec(name).shape, sh, self.domain)
+        elif self._outer_load(name, nd, sh):
             return
-        if mixed and sh.axes() - {len(domain) - 1} and (nd is None or name in keep):
-            src = outer.shape(name)
-            if nd is not None and name not in outer.nodes or nd is None and src is None:
-                raise UnsupportedGraphError(
-                    f"node '{name}': a slice/concat along an outer axis reads it through a transpose / reshape "
-                    "(or it does not have the iteration domain's layout); there slice and concat may act along "
-                    "the innermost axis only")
-            if not any(OPS[n.op].kind != "layout" and tuple(n.shape) == tuple(domain) for n in graph.nodes):
-                raise UnsupportedGraphError(
-                    f"tensor '{name}': a slice/concat along an outer axis in a region with transpose / reshape "
-                    "needs a computed tensor of the iteration domain's shape (the kernel's positions)")
-            if src is not None:  # an input: p + delta in row-major strides (Swin's roll)
-                shift_offset(name, src, sh, domain)
-                return
-        if nd is None:
-            if mixed:
-                column_shift(name, sh, domain, graph.spec(name).shape[-1] if name in wide else None)
-            elif not (not sh.delta and spans(graph, name, domain)):
-                shift_offset(name, graph.spec(name).shape, sh, domain)
-            return
-        off = len(domain) - len(nd.shape)
+        elif nd is None:
+            self._input_load(name, sh)
+        else:
+            self._through(nd, sh)
+
+    def _own_checks(self, nd: Node, sh: Shift) -> bool:
+        """The checks of ``nd`` itself: a size-1 slice broadcast over several positions; a pick under a
+        row-axis shift. False where the walk stops (a pick is loaded at its own row)."""
+        kind = OPS[nd.op].kind
         if kind == "slice":
-            a = off + _axis(nd)
-            visit(str(nd.args[0]), sh.moved(a, nd.start))
+            check_size1_slice(nd, sh, self.domain)
+        if kind == "gather_elements":
+            if {a for a, _ in sh.delta} & self.rows:
+                raise UnsupportedGraphError(f"gather_elements '{nd.id}' under a slice/concat along a row axis is "
+                                            "not supported")
+            return False
+        return True
+
+    def _per_row(self, name: str, nd: Node | None, sh: Shift) -> Shift:
+        """The shift a value that does not vary along the columns is evaluated at: the sweep's own
+        element; refused for an index op's result and under a row-axis shift."""
+        if nd is not None and OPS[nd.op].kind in INDEX_KINDS:
+            raise UnsupportedGraphError(
+                f"{nd.op} '{name}' gives a value that does not vary along the kernel's columns (one per row, "
+                "or a scalar); stitched kernels remap full and per-column values only")
+        if {a for a, _ in sh.delta} & self.rows:  # conditions alone keep the own element
+            raise UnsupportedGraphError(f"tensor '{name}': a per-row value under a slice/concat along a "
+                                        "row axis is not supported")
+        return Shift()
+
+    def _outer_load(self, name: str, nd: Node | None, sh: Shift) -> bool:
+        """In a mixed region, a shift along an outer axis reaching an input or the layout part: True
+        where it is an input of :func:`outer_sources` (its load ``p + delta`` in row-major strides,
+        Swin's roll, proven here); refused where the shift may not reach it; False otherwise (the
+        walk goes on)."""
+        if not (self.mixed and sh.axes() - {len(self.domain) - 1} and (nd is None or name in self.keep)):
+            return False
+        src = self.outer.shape(name)
+        if nd is not None and name not in self.outer.nodes or nd is None and src is None:
+            raise UnsupportedGraphError(
+                f"node '{name}': a slice/concat along an outer axis reads it through a transpose / reshape "
+                "(or it does not have the iteration domain's layout); there slice and concat may act along "
+                "the innermost axis only")
+        if not any(OPS[n.op].kind != "layout" and tuple(n.shape) == tuple(self.domain) for n in self.graph.nodes):
+            raise UnsupportedGraphError(
+                f"tensor '{name}': a slice/concat along an outer axis in a region with transpose / reshape "
+                "needs a computed tensor of the iteration domain's shape (the kernel's positions)")
+        if src is None:
+            return False
+        shift_offset(name, src, sh, self.domain)
+        return True
+
+    def _input_load(self, name: str, sh: Shift) -> None:
+        """A graph input loaded at shift ``sh``: a column shift in a mixed region (up to its width for
+        a wide input), else in bounds of its own shape."""
+        if self.mixed:
+            column_shift(name, sh, self.domain, self.graph.spec(name).shape[-1] if name in self.wide else None)
+        elif not (not sh.delta and spans(self.graph, name, self.domain)):
+            shift_offset(name, self.graph.spec(name).shape, sh, self.domain)
+
+    def _through(self, nd: Node, sh: Shift) -> None:
+        """Walk on from node ``nd`` at shift ``sh``: a slice moves the shift by its start, a concat
+        limits it to each piece, a gather's table row is loaded at it, any other op passes it on."""
+        kind = OPS[nd.op].kind
+        off = len(self.domain) - len(nd.shape)
+        if kind == "slice":
+            self.visit(str(nd.args[0]), sh.moved(off + _axis(nd), nd.start))
         elif kind == "concat":
             a, o = off + _axis(nd), 0
             for arg in nd.tensor_args:
-                ln = graph.spec(arg).shape[_axis(nd)]
-                psh = sh.limited(a, o - sh.d(a), o + ln - sh.d(a), domain[a])
+                ln = self.graph.spec(arg).shape[_axis(nd)]
+                psh = sh.limited(a, o - sh.d(a), o + ln - sh.d(a), self.domain[a])
                 if psh is not None:
-                    visit(arg, psh.moved(a, -o))
+                    self.visit(arg, psh.moved(a, -o))
                 o += ln
         elif kind == "gather":
-            if sh.axes() & rows:
+            if sh.axes() & self.rows:
                 raise UnsupportedGraphError(f"gather '{nd.id}' under a slice/concat along a row axis is not supported")
-            shift_offset(nd.id, tuple(graph.spec(str(nd.args[0])).shape[1:]), sh, domain)
+            shift_offset(nd.id, tuple(self.graph.spec(str(nd.args[0])).shape[1:]), sh, self.domain)
         else:
             for arg in nd.tensor_args:
-                visit(arg, sh)
-
-    for name in graph.outputs:
-        visit(name, root_shift(graph, name, domain, row_axes))
-    for name in [str(n.args[0]) for n in graph.reductions()]:
-        visit(name, Shift())
+                self.visit(arg, sh)
 
 
 @dataclass(frozen=True)
@@ -626,7 +359,7 @@ class OuterSources:
 def outer_sources(graph: Graph, domain: tuple[int, ...]) -> OuterSources:
     """In a mixed region: the inputs a position shifted along an outer axis (Swin's roll) may be
     loaded from, each with the shape in whose row-major strides its offset moves: an input of the
-    domain's layout outside :func:`layout_part` (its own shape); below a reshape to a shape that
+    domain's layout outside :func:`~stitchtune.plan.chains.layout_part` (its own shape); below a reshape to a shape that
     aligns with the domain (Swin's tokens ``[B, H*W, C]`` viewed as ``[B, H, W, C]``: a reshape keeps
     the row-major index), through element-wise nodes of the reshape's source shape, an input of that
     shape (the reshape's shape) or one that varies along the innermost dim only (a bias: its own
@@ -655,7 +388,7 @@ def outer_sources(graph: Graph, domain: tuple[int, ...]) -> OuterSources:
             shape = tuple(graph.spec(a).shape)
             if a in nodes:
                 nd = nodes[a]
-                ok = OPS[nd.op].kind not in ("reduce", "layout") and shape == src and nd.id not in _after_index_ops(graph)
+                ok = OPS[nd.op].kind not in ("reduce", "layout") and shape == src and nd.id not in after_index_ops(graph, sliced_members(graph))
                 stack.extend(nd.tensor_args)
             elif shape == src:
                 found[a] = tuple(r.shape)
@@ -673,7 +406,7 @@ def real_index_maps(graph: Graph, sur: Graph, axes: dict[str, tuple[int | None, 
                     row_axes: tuple[int, ...], col_axes: tuple[int, ...]) -> dict[str, IndexMap]:
     """The maps of the inputs whose own shape (same rank) differs from the surrogate one: the same
     domain axes, addressed with their own strides (a sliced input larger than the domain)."""
-    tables = set(gather_tables(graph).values()) | _chained(graph)
+    tables = set(gather_tables(graph).values()) | chain_members(graph)
     out: dict[str, IndexMap] = {}
     for name, spec in graph.inputs:
         s = sur.spec(name).shape

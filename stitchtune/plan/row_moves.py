@@ -32,8 +32,8 @@ planner's refusal stands). The result is a validated :class:`Graph` with the sam
 outputs, whose reference values are those of ``graph``. The planner
 (:func:`~stitchtune.plan.planner.make_plan`) plans it when it refuses ``graph`` itself (so every graph
 planned before keeps its plan and kernels: a class token selected at row 0 next to its LayerNorm), and
-marks the plan ``moved_rows``; the lowering (:class:`~stitchtune.lower.base.Lowerer`) then lowers it in
-place of ``graph``.
+carries it in the plan (``StitchPlan.moved_graph``); the lowering (:class:`~stitchtune.lower.base.Lowerer`)
+then lowers that graph in place of ``graph``, without making the rewrite again.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Any
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph, Node, parse_graph
 
-__all__ = ["RowMove", "commute_row_moves", "row_moves"]
+__all__ = ["RowMove", "commute_row_moves", "row_moves", "fresh_names", "remade_nodes", "ordered_nodes", "live_nodes"]
 
 _MOVES = ("slice", "concat")
 _ROW_LOCAL_KINDS = ("unary", "binary", "ternary", "cast")
@@ -92,7 +92,7 @@ def _commuted(graph: Graph) -> Graph:
     for m in moves:
         out.extend(_pushed(graph, m, names))
     body = graph.to_dict()
-    body["nodes"] = _live(_ordered(out), body["outputs"])
+    body["nodes"] = live_nodes(ordered_nodes(out), body["outputs"])
     return parse_graph(body)
 
 
@@ -221,13 +221,7 @@ def _pushed(graph: Graph, move: RowMove, names: set[str]) -> list[dict[str, Any]
     out: list[dict[str, Any]] = []
 
     def fresh(base: str) -> str:
-        stem, k = f"{base[:48]}_{move.root[:8]}", 0
-        name = stem
-        while name in names:
-            k += 1
-            name = f"{stem}_{k}"
-        names.add(name)
-        return name
+        return fresh_names(names, f"{base[:48]}_{move.root[:8]}")
 
     def viewed(u: str) -> str:   # input u in the source's layout
         shape = list(src[:-1]) + [graph.spec(u).shape[-1]]
@@ -251,14 +245,14 @@ def _pushed(graph: Graph, move: RowMove, names: set[str]) -> list[dict[str, Any]
             out.append(d)
         moved[u] = local[move.root]
     top = move.top
-    out += _remade(nodes, move.computed, moved, lambda c: move.root if c == top else fresh(c))
+    out += remade_nodes(nodes, move.computed, moved, lambda c: move.root if c == top else fresh(c))
     if move.kept:
         own = {u: viewed(u) for u in move.moved_inputs}
         need = _ancestors(nodes, [top if k in move.views else k for k in move.kept], set(move.computed))
         def own_name(c: str) -> str:   # a kept node of the source's layout is made under its own id
             return c if c in move.kept and nodes[c].shape == (*src[:-1], nodes[c].shape[-1]) else fresh(c)
 
-        out += _remade(nodes, tuple(c for c in move.computed if c in need), own, own_name)
+        out += remade_nodes(nodes, tuple(c for c in move.computed if c in need), own, own_name)
         for k in move.kept:
             image = _image(nodes, top if k in move.views else k, own)
             if image != k:
@@ -266,7 +260,17 @@ def _pushed(graph: Graph, move: RowMove, names: set[str]) -> list[dict[str, Any]
     return out
 
 
-def _remade(nodes: dict[str, Node], computed: tuple[str, ...], values: dict[str, str],
+def fresh_names(names: set[str], stem: str) -> str:
+    """A name that is not in ``names`` (``stem``, else ``stem_1``, ...), added to them."""
+    name, k = stem, 0
+    while name in names:
+        k += 1
+        name = f"{stem}_{k}"
+    names.add(name)
+    return name
+
+
+def remade_nodes(nodes: dict[str, Node], computed: tuple[str, ...], values: dict[str, str],
             name: Any) -> list[dict[str, Any]]:
     """The nodes ``computed`` (graph order) made again in the source's layout, reading ``values``
     (tensor -> the name of its value there; filled in); reshapes are no nodes (their argument's value);
@@ -307,7 +311,7 @@ def _ancestors(nodes: dict[str, Node], names: list[str], within: set[str]) -> se
     return seen
 
 
-def _ordered(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def ordered_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``nodes`` (graph.json form) in an order where each comes after the nodes it reads (stable)."""
     by = {d["id"]: d for d in nodes}
     done: set[str] = set()
@@ -327,7 +331,7 @@ def _ordered(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _live(nodes: list[dict[str, Any]], outputs: list[str]) -> list[dict[str, Any]]:
+def live_nodes(nodes: list[dict[str, Any]], outputs: list[str]) -> list[dict[str, Any]]:
     """``nodes`` (graph.json form, topological) without those no output depends on."""
     need = set(outputs)
     keep = []

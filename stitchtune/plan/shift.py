@@ -92,7 +92,7 @@ def column_shift(who: str, sh: Shift, domain: tuple[int, ...], width: int | None
     limit the innermost domain axis (the view's columns) only; :class:`UnsupportedGraphError` naming
     ``who`` unless every column the conditions allow, shifted, lies in ``[0, domain[-1])``. The load
     of view element ``(r, c + d)`` is then in bounds by the index map's contract. ``width``: an input
-    wider than the domain along that axis (:func:`~stitchtune.plan.remap.wide_inputs`, its own row
+    wider than the domain along that axis (:func:`~stitchtune.plan.chains.wide_inputs`, its own row
     strides), whose columns ``[0, width)`` are in bounds."""
     last = len(domain) - 1
     if sh.axes() - {last}:

@@ -205,12 +205,17 @@ def test_model_matches_eager_under_the_backend(name: str, mode: str) -> None:
 def _check_swin_roll_region() -> None:
     """The shifted block's LayerNorm (with the residual sum before it), its zero pad, the roll (two
     ``index`` along H and W) and the window partition are one stitched region of one kernel, in
-    inference and in the training step's forward (where the LayerNorm's statistics are saved too)."""
+    inference and in the training step's forward (where the LayerNorm's statistics are saved too); so
+    are the window reverse after the attention, the roll back, the residual sum and the next LayerNorm
+    (planned in the rows' own layout: plan/row_views.py)."""
     forward = [s for r in torch_backend.LAST_REPORTS for s in r.stitched if s.graph in ("inference", "forward")]
     rolled = [s for s in forward if "aten.native_layer_norm" in s.ops and "aten.index" in s.ops]
-    assert len(rolled) == 1, [s.ops for s in forward]
-    assert {"aten.add", "aten.constant_pad_nd", "aten.permute"} <= set(rolled[0].ops) and rolled[0].kernels == 1
-
+    assert len(rolled) == 2 and all(s.kernels == 1 for s in rolled), [s.ops for s in forward]
+    (roll,) = [s for s in rolled if s.ops.index("aten.native_layer_norm") < s.ops.index("aten.index")]
+    (back,) = [s for s in rolled if s is not roll]
+    assert {"aten.add", "aten.constant_pad_nd", "aten.permute"} <= set(roll.ops)
+    assert {"aten.add", "aten.permute"} <= set(back.ops)
+    assert back.ops.index("aten.permute") < back.ops.index("aten.index") < back.ops.index("aten.native_layer_norm")
 
 
 def test_a_convolutional_training_step_with_inductor_for_the_rest() -> None:

@@ -1,4 +1,4 @@
-"""Slice / concat of a transposed or reshaped input along any axis (``plan.remap.composed_chains``):
+"""Slice / concat of a transposed or reshaped input along any axis (``plan.chains.composed_chains``):
 ViT's patch flatten (conv ``[1, C, h, w]`` -> reshape ``[1, C, h*w]`` -> transpose ``[1, h*w, C]``)
 concatenated after the class token along the sequence, + position embedding, LayerNorm, is one
 kernel; the patches are loaded through the chain's index arithmetic. Random chains of transposes
@@ -20,7 +20,7 @@ from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.gpu.build import nvcc_found
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
-from stitchtune.plan.remap import composed_chains
+from stitchtune.plan.chains import composed_chains
 from stitchtune.space import SearchSpace
 
 

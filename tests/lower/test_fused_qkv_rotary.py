@@ -1,7 +1,7 @@
 """Rotary after a fused qkv projection (Phi-3): ``qkv [B, S, (H + 2 KV) * D]`` sliced to q's (or k's)
 columns, viewed as heads ``[B, S, H, D]``, transposed to ``[B, H, S, D]`` and rotated (rotate_half:
 slice + neg + concat along ``D``). The slice, reshape and transpose are one chain of the input
-(``plan.remap.sliced_chains``): each element (at its own and at the rotate-half positions) is loaded
+(``plan.chains.sliced_chains``): each element (at its own and at the rotate-half positions) is loaded
 through the chain's index arithmetic, so the region is one kernel. Each case plans, emulates like the
 float64 reference (the emulator faults on any out-of-bounds, unwritten or racy access) and compiles;
 vector loads where the columns and the slice start are multiples of the width; what stays refused is
@@ -24,7 +24,7 @@ from stitchtune.errors import UnsupportedGraphError
 from stitchtune.gpu.build import nvcc_found
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
-from stitchtune.plan.remap import composed_chains, sliced_chains, wide_inputs
+from stitchtune.plan.chains import composed_chains, sliced_chains, wide_inputs
 from stitchtune.space import SearchSpace
 
 
@@ -108,7 +108,7 @@ def fused_k_reshaped_per_reader(B: int = 2, S: int = 8, H: int = 2, D: int = 16)
 
 def fused_v_repeated(B: int = 2, S: int = 8, H: int = 2, D: int = 16) -> Any:
     """v's columns (the last ``D``) only rearranged: repeated for the q heads into an output; the input is
-    wider than the domain along its innermost axis (``plan.remap.wide_inputs``)."""
+    wider than the domain along its innermost axis (``plan.chains.wide_inputs``)."""
     nodes = [{"id": "vs", "op": "slice", "args": ["qkv"], "axis": 2, "start": (H + 1) * D, "stop": (H + 2) * D},
              {"id": "u", "op": "reshape", "args": ["vs"], "shape": [B, 1, 1, S, D]},
              {"id": "e", "op": "expand", "args": ["u"], "shape": [B, 1, H, S, D]},

@@ -1,4 +1,4 @@
-"""Mixed regions beyond the head split (stitchtune/plan/remap.py ``layout_part``): a transpose /
+"""Mixed regions beyond the head split (stitchtune/plan/chains.py ``layout_part``): a transpose /
 reshape / expand of a tensor *computed* before the index ops (a per-head RMSNorm of q followed by
 the rotary, Qwen3-style; the rotary angles ``cat(freqs, freqs)`` computed in the region from the
 positions, Llama-style), and slice / concat along outer axes next to a window partition (Swin's
@@ -14,11 +14,16 @@ from typing import Any
 
 import pytest
 
-from helpers import BUILDER_FLAGS, check_emulates, compile_programs_sm90, float_graph as _graph, heuristic_programs
+from helpers import BUILDER_FLAGS, check_emulates, compile_programs_sm90, DEV, emulated_errors, float_graph as _graph, heuristic_programs
+from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.gpu.build import nvcc_found
+from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.plan.planner import make_plan
-from stitchtune.plan.remap import composed_chains, layout_part, layout_tails
+from stitchtune.plan import row_moves as row_moves_module
+from stitchtune.plan.chains import composed_chains, layout_part, layout_tails
+from stitchtune.plan.row_moves import commute_row_moves
+from stitchtune.space import SearchSpace
 
 
 def _rotate(src: str, D: int, pre: str = "r") -> list[dict[str, Any]]:
@@ -162,6 +167,52 @@ def rolled_layernorm_saved(C: int = 8) -> Any:
     return _graph({"p": [64, C], "y": [1, 64, C], "g": [C], "b": [C]}, nodes, ["o", "xr", "m", "rs"])
 
 
+def rolled_back(C: int = 8, bias: bool = True, shortcut: bool = True, s: int = 2) -> Any:
+    """Swin's shifted block after its window attention: the projection ``p`` ``[4, 16, C]`` (+ bias ``pb``),
+    the window reverse ``[1, 2, 2, 4, 4, C]`` -> transpose -> ``[1, 8, 8, C]``, the roll back by ``s`` (slice
+    + concat along H, then W), the tokens view ``[1, 64, C]``, the residual sum with ``y`` and
+    ``layernorm_after``; the sum and the LayerNorm are outputs (the next residual reads the sum)."""
+    nodes: list[dict[str, Any]] = []
+    src = "p"
+    if bias:
+        nodes.append({"id": "pa", "op": "add", "args": ["p", "pb"]})
+        src = "pa"
+    nodes += [{"id": "wv", "op": "reshape", "args": [src], "shape": [1, 2, 2, 4, 4, C]},
+              {"id": "wt", "op": "transpose", "args": ["wv"], "perm": [0, 1, 3, 2, 4, 5]},
+              {"id": "x", "op": "reshape", "args": ["wt"], "shape": [1, 8, 8, C]},
+              {"id": "a1", "op": "slice", "args": ["x"], "axis": 1, "start": 8 - s, "stop": 8},
+              {"id": "a2", "op": "slice", "args": ["x"], "axis": 1, "start": 0, "stop": 8 - s},
+              {"id": "r1", "op": "concat", "args": ["a1", "a2"], "axis": 1},
+              {"id": "b1", "op": "slice", "args": ["r1"], "axis": 2, "start": 8 - s, "stop": 8},
+              {"id": "b2", "op": "slice", "args": ["r1"], "axis": 2, "start": 0, "stop": 8 - s},
+              {"id": "r2", "op": "concat", "args": ["b1", "b2"], "axis": 2},
+              {"id": "tv", "op": "reshape", "args": ["r2"], "shape": [1, 64, C]}]
+    res = "tv"
+    if shortcut:
+        nodes.append({"id": "res", "op": "add", "args": ["y", "tv"]})
+        res = "res"
+    inputs = {"p": [4, 16, C], "g": [C], "b": [C]} | ({"pb": [C]} if bias else {}) | ({"y": [1, 64, C]} if shortcut else {})
+    return _graph(inputs, nodes + layernorm_rows(res, C), [res, "xb"])
+
+
+def rolled_transposed(z: bool = False) -> Any:
+    """The roll of ``x`` transposed (H and W swapped) before it (``z``: plus an input ``z`` of the rolled
+    layout): a chain of the input read at shifted positions."""
+    pre = [{"id": "xt", "op": "transpose", "args": ["x"], "perm": [0, 2, 1, 3]}]
+    pre += [{"id": "xe", "op": "add", "args": ["xt", "z"]}] if z else []
+    return _roll_of(pre, {"x": [1, 8, 8, 4]} | ({"z": [1, 8, 8, 4]} if z else {}))
+
+
+def test_the_roll_back_after_attention_plans_in_the_rows_layout() -> None:
+    plan = make_plan(rolled_back())
+    assert (plan.family, plan.M, plan.N, plan.nstages, plan.moved_rows) == ("row", 64, 8, 2, True)
+    h = plan.planned_graph(rolled_back())
+    assert composed_chains(h) == {"x_rows": ("x_rows", "wt", "wv", "p")}   # the reverse of p alone
+    assert {nd.id: nd.shape for nd in h.nodes if nd.op == "reduce_mean"} == {"m": (1, 8, 8, 1), "var": (1, 8, 8, 1)}
+    plan = make_plan(rolled_transposed())   # no rewrite: the transposed input is a chain
+    assert (plan.family, plan.M, plan.N, plan.moved_rows) == ("elementwise", 64, 4, False)
+
+
 def test_a_layernorm_before_the_roll_plans_over_the_rolled_rows() -> None:
     plan = make_plan(rolled_layernorm())
     assert (plan.family, plan.M, plan.N, plan.nstages, plan.moved_rows) == ("row", 64, 8, 2, True)
@@ -173,9 +224,29 @@ def test_a_layernorm_before_the_roll_plans_over_the_rolled_rows() -> None:
     assert (plan.family, plan.M, plan.N, plan.nstages) == ("row", 64, 8, 2)
 
 
+def test_the_plan_carries_the_rewritten_graph_and_the_lowering_does_not_rewrite_again(monkeypatch) -> None:
+    g = rolled_layernorm()
+    plan = make_plan(g)
+    assert plan.moved_graph == commute_row_moves(g) and plan.planned_graph(g) is plan.moved_graph
+    other = shifted_windows()
+    with pytest.raises(ValueError, match="row-move rewrite of graph"):
+        plan.planned_graph(other)
+    assert make_plan(other).moved_graph is None and make_plan(other).planned_graph(other) is other
+
+    def no_rewrite(graph: Any) -> Any:
+        raise AssertionError("the lowering made the row-move rewrite again")
+    space = SearchSpace.for_plan(plan, DEV)
+    inputs = random_inputs(g, 3)
+    ref = run_reference(g, inputs)
+    monkeypatch.setattr(row_moves_module, "_commuted", no_rewrite)
+    errors = emulated_errors(g, plan, space, heuristic_schedule(plan, DEV, space), inputs, ref)
+    assert set(errors) == set(g.outputs) and max(errors.values()) < 1e-5, errors
+
+
 def test_outer_rolls_that_stay_refused_are_one_named_line() -> None:
-    # x transposed before the roll: a shifted position is not the same offset in x
-    g = _roll_of([{"id": "xt", "op": "transpose", "args": ["x"], "perm": [0, 2, 1, 3]}], {"x": [1, 8, 8, 4]})
+    # a full-size sum transposed before the roll: neither a chain of one input nor a per-column op below it
+    g = _roll_of([{"id": "xe", "op": "add", "args": ["x", "z"]},
+                  {"id": "xt", "op": "transpose", "args": ["xe"], "perm": [0, 2, 1, 3]}], {"x": [1, 8, 8, 4], "z": [1, 8, 8, 4]})
     with pytest.raises(UnsupportedGraphError, match="node 'xt': a slice/concat along an outer axis reads it through"):
         make_plan(g)
     # a statistic over the tokens (not row-local): the roll cannot move below it, and the mean over axis 1
@@ -196,7 +267,9 @@ def test_outer_rolls_that_stay_refused_are_one_named_line() -> None:
 CASES = {"qk_norm_rotary": qk_norm_rotary, "rotary_with_angles": rotary_with_angles, "shifted_windows": shifted_windows,
          "rolled_tokens": rolled_tokens, "rolled_biased_tokens": rolled_biased_tokens,
          "rolled_layernorm": rolled_layernorm, "rolled_layernorm_output": rolled_layernorm_output,
-         "rolled_layernorm_saved": rolled_layernorm_saved}
+         "rolled_layernorm_saved": rolled_layernorm_saved, "rolled_back": rolled_back,
+         "rolled_back_plain": lambda: rolled_back(bias=False, shortcut=False, s=3), "rolled_transposed": rolled_transposed,
+         "rolled_transposed_sum": lambda: rolled_transposed(z=True)}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

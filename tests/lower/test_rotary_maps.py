@@ -14,7 +14,7 @@ from helpers import check_emulates, DEV, EXAMPLES, float_graph as _graph, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.gpu.build import NvccBuilder, nvcc_found
-from stitchtune.graph.parse import load_graph
+from stitchtune.graph.parse import load_graph, parse_graph
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 
@@ -85,9 +85,22 @@ def test_patterns_match_the_reference(case: str) -> None:
     check_emulates(g, 3, 3)
 
 
+def test_a_rotation_along_the_heads_of_an_input_plans_through_its_chain() -> None:
+    """Rotate along H, not D, of the head split of an input: the split (reshape + transpose) is a chain of x
+    (``plan.chains.composed_chains``) whose shifted positions the kernel carries back to x's offset."""
+    for B, cos in ((1, [1, 4, 1, 8]), (2, [1, 4, 4, 8])):
+        g = _rotary(B, 4, 4, 8, cos, axis=1)
+        plan = make_plan(g)
+        assert (plan.family, plan.M, plan.N) == ("elementwise", B * 16, 8)
+        check_emulates(g, 2, 3)
+
+
 def test_unsupported_mixed_patterns_are_one_named_line() -> None:
-    with pytest.raises(UnsupportedGraphError, match="outer axis"):  # rotate along H, not D
-        make_plan(_rotary(1, 4, 4, 8, [1, 4, 1, 8], axis=1))
+    body = _rotary(1, 4, 4, 8, [1, 4, 1, 8], axis=1).to_dict()   # rotate along H of a computed tensor's heads
+    body["nodes"] = [{"id": "xe", "op": "exp", "args": ["x"]}] + [
+        dict(n, args=["xe"]) if n["id"] == "xr" else n for n in body["nodes"]]
+    with pytest.raises(UnsupportedGraphError, match="outer axis"):
+        make_plan(parse_graph(body))
     g = _rotary(1, 4, 2, 8, [1, 1, 4, 8], [{"id": "t", "op": "transpose", "args": ["out"], "perm": [0, 1, 3, 2]},
                                            {"id": "e", "op": "exp", "args": ["t"]}], out="e")
     with pytest.raises(UnsupportedGraphError, match="node 't' .* is read by 'e'"):

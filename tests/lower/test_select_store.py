@@ -14,7 +14,8 @@ from helpers import check_compiles_sm90, check_emulates, float_graph as _graph
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.gpu.build import nvcc_found
 from stitchtune.plan.planner import make_plan
-from stitchtune.plan.remap import domain_of, root_shift
+from stitchtune.plan.chains import domain_of
+from stitchtune.plan.remap import root_shift
 from stitchtune.plan.shift import Shift
 
 

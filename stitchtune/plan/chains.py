@@ -1,0 +1,316 @@
+"""Layout nodes (transpose / reshape / expand) in a region with index ops: which are *chains* of an
+input that a remap reads through by index arithmetic, which are *tails* (rearranging a tensor
+computed from an index op's result into an output), and which keep their own shapes in the surrogate
+(the *layout part* of a mixed region); and the iteration domain, which the tails decide.
+
+A transpose / reshape chain of one input whose head does not align with the domain (ViT's patch
+flatten, concatenated after the class token along the sequence: :func:`composed_chains`) is not a
+layout part: the planner sees it as one input of the head's aligned shape, the bounds are proven on
+the head's own shape, and the kernel carries each (shifted, along any axis) position of the head back
+through the chain to the input's offset. A region whose layout nodes are all such chains is not mixed.
+A chain may also slice (:func:`sliced_chains`: Phi-3's fused ``qkv`` sliced to q's columns, viewed as
+heads and transposed, then rotated); its head may then align with the domain, and its slice moves the
+carried position by its start.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from stitchtune.errors import UnsupportedGraphError
+from stitchtune.graph.ops import OPS
+from stitchtune.graph.parse import Graph
+from stitchtune.plan.pick import node_axis
+from stitchtune.plan.index_ops import (after_index_ops, feeds_layout, gather_tables, has_index_ops, has_layout_ops,
+                                       surrogate_shape)
+
+__all__ = ["composed_chains", "sliced_chains", "sliced_members", "chain_members", "wide_inputs", "mixed_layout",
+           "layout_part", "layout_tails", "domain_of"]
+
+
+def domain_of(graph: Graph) -> tuple[int, ...]:
+    """The iteration domain: the largest output or reduction argument (elements, then rank). In a
+    mixed region an output made by a trailing transpose / reshape (:func:`layout_tails`) counts by
+    the tensor it rearranges."""
+    tails = layout_tails(graph)
+    nodes = {n.id: n for n in graph.nodes}
+    names = []
+    for o in graph.outputs:
+        while o in tails:
+            o = nodes[o].tensor_args[0]
+        names.append(o)
+    shapes = [graph.spec(o).shape for o in names]
+    shapes += [graph.spec(str(n.args[0])).shape for n in graph.reductions()]
+    shapes += [graph.spec(str(n.args[0])).shape for n in graph.nodes if n.op == "gather_elements"]
+    return max(shapes, key=lambda s: (prod(s), len(s)))
+
+
+def layout_tails(graph: Graph) -> set[str]:
+    """The transpose / reshape / expand nodes of a region with index ops that rearrange a tensor
+    computed from an index op's result (``k^T`` after Llama's rotary). Each may be read only by
+    other such nodes and be an output (it is stored through its map, never evaluated at a shifted
+    position); :class:`UnsupportedGraphError` naming the node otherwise. A layout node of a tensor
+    computed *before* any index op (a per-head RMSNorm's result transposed to ``[B, H, S, D]`` and
+    rotated, the rotary angles ``cat(freqs, freqs)`` made by expand + reshape) is not a tail: it is
+    part of :func:`layout_part`."""
+    if not has_index_ops(graph):
+        return set()
+    after = after_index_ops(graph, sliced_members(graph))
+    tails: set[str] = set()
+    for nd in graph.nodes:
+        if OPS[nd.op].kind == "layout":
+            if nd.id in after:
+                tails.add(nd.id)
+            continue
+        for a in nd.tensor_args:
+            if a in tails:
+                _refuse_shared_slice(graph, a, nd.id)
+                raise UnsupportedGraphError(
+                    f"node '{a}' (transpose / reshape) rearranges a "
+                    f"tensor computed in a region with slice, concat or gather and is read by '{nd.id}'; there a "
+                    "transpose / reshape of a computed tensor may only make an output")
+    return tails
+
+
+def _refuse_shared_slice(graph: Graph, head: str, reader: str) -> None:
+    """The refusal of a layout tail read by ``reader`` that would be a :func:`sliced_chains` head but for
+    what else reads the input it slices (a chain of another head shape, or an op outside the chains):
+    one line naming the head (a region finder that leaves it out keeps the rest), the input and why."""
+    chain = _sliced_candidates(graph).get(head)
+    if chain is None:
+        return
+    src = chain[-1]
+    others = sorted({c.id for m in chain[1:] for c in graph.consumers(m)} - set(chain))
+    if not others:   # (dropped for a per-head norm before a transpose: the general refusal)
+        return
+    raise UnsupportedGraphError(
+        f"node '{head}' (transpose / reshape) rearranges a slice of input '{src}' and is read by '{reader}', but "
+        f"'{', '.join(others)}' also read that input (or its slice) in another layout or head count; slices of one "
+        "input rearranged into tensors of different shapes belong in separate regions")
+
+
+def composed_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
+    """The layout chains a remap reads through in a region with index ops: head tensor -> ``(head,
+    ..., input)``. A chain is a run of transpose / reshape nodes from one graph input, each member
+    read only by the next (and no member an output), whose head is read by other ops and does not
+    align with the iteration domain (right-aligned; ViT's patch flatten: conv ``[1, 32, 4, 4]`` ->
+    reshape ``[1, 32, 16]`` -> transpose ``[1, 16, 32]``, concatenated after the class token along the
+    sequence, domain ``[1, 17, 32]``). The planner sees the chain as one input of the head's aligned
+    shape; the kernel loads the head's element at a (shifted) domain position through the chain's
+    index arithmetic (:mod:`stitchtune.lower.remap`). A head that aligns with the domain is a chain
+    only where it holds a transpose and a slice / concat along an outer axis reads it, directly or
+    through element-wise nodes (:func:`_outer_moved`; Swin's window
+    reverse ``[nW, w*w, C]`` -> ``[B, H, W, C]`` rolled back along H and W, which a mixed region's maps
+    cannot shift: refused before, so no region that planned changes). Empty without index ops."""
+    if not has_index_ops(graph) or not has_layout_ops(graph):
+        return {}
+    domain = domain_of(graph)
+    nodes = {n.id: n for n in graph.nodes}
+    outputs, inputs = set(graph.outputs), set(graph.input_names)
+    feeds = feeds_layout(graph, sliced_members(graph))
+    rolled = _outer_moved(graph)
+    out: dict[str, tuple[str, ...]] = {}
+    for nd in graph.nodes:
+        cons = graph.consumers(nd.id)
+        if (nd.op not in ("transpose", "reshape") or not cons or nd.id in outputs or len(nd.shape) > len(domain)
+                or any(c.id in feeds for c in cons)
+                or any(OPS[c.op].kind == "layout" for c in cons)):
+            continue
+        aligned = surrogate_shape(nd.shape, domain, nd.id) == nd.shape
+        if aligned and nd.id not in rolled:
+            continue
+        chain, cur = [nd.id], nd
+        while True:
+            arg = str(cur.args[0])
+            if graph.consumers(arg) != (cur,) or arg in outputs:
+                break
+            chain.append(arg)
+            if arg in inputs:
+                if not aligned or any(nodes[m].op == "transpose" for m in chain[:-1]):
+                    out[nd.id] = tuple(chain)
+                break
+            cur = nodes[arg]
+            if cur.op not in ("transpose", "reshape"):
+                break
+    out.update(sliced_chains(graph))
+    return out
+
+
+def _outer_moved(graph: Graph) -> set[str]:
+    """The tensors a slice / concat along an outer axis reads, directly or through element-wise nodes
+    and other slices / concats (they are evaluated at positions moved along an outer axis)."""
+    stack = [a for nd in graph.nodes if nd.op in ("slice", "concat") and node_axis(nd) < len(nd.shape) - 1
+             for a in nd.tensor_args]
+    out: set[str] = set()
+    nodes = {n.id: n for n in graph.nodes}
+    while stack:
+        a = stack.pop()
+        if a in out:
+            continue
+        out.add(a)
+        nd = nodes.get(a)
+        if nd is not None and OPS[nd.op].kind in ("unary", "binary", "ternary", "cast", "slice", "concat"):
+            stack.extend(nd.tensor_args)
+    return out
+
+
+_LINKS = ("transpose", "reshape", "slice")
+
+
+def sliced_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
+    """The chains of :func:`composed_chains` that slice a wider input and rearrange the slice: head
+    tensor -> ``(head, ..., input)``, a run of transpose / reshape / slice nodes from one graph input
+    with a slice in it, each member read only by chain members, the head a transpose / reshape read by
+    other ops and none of them a transpose / reshape / expand (Phi-3's fused projection: ``qkv [B,
+    S, (H + 2 KV) * D]`` -> slice of q's columns ``[B, S, H * D]`` -> reshape ``[B, S, H, D]`` ->
+    transpose ``[B, H, S, D]``, then the rotary's slice / neg / concat along ``D``). The head may align
+    with the iteration domain. Chains may share members (q's and k's columns of one input; one slice
+    that the importer reshaped once per reader) when their heads have one shape (the surrogate gives
+    every member its head's shape).
+    Such a region was refused before (a transpose / reshape after a slice may only make an output),
+    so no region that planned changes. A chain whose head feeds a transpose / reshape before the index
+    ops (a per-head norm of the slice) is not one. Empty without index ops or layout ops."""
+    return dict(_sliced_chains(graph))
+
+
+def _sliced_chains(graph: Graph) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """:func:`sliced_chains` as items (at once empty without a slice that a chain link reads: every
+    index-op walk asks for it)."""
+    if not any(nd.op == "slice" and any(c.op in _LINKS for c in graph.consumers(nd.id)) for nd in graph.nodes):
+        return ()
+    if not has_layout_ops(graph):
+        return ()
+    cands = _shared_members(graph, _sliced_candidates(graph))
+    while cands:
+        feeds = feeds_layout(graph, frozenset(n for c in cands.values() for n in c[:-1]))
+        bad = {h for h in cands if any(c.id in feeds for c in graph.consumers(h))}
+        if not bad:
+            break
+        cands = _shared_members(graph, {h: c for h, c in cands.items() if h not in bad})
+    return tuple(cands.items())
+
+
+def sliced_members(graph: Graph) -> frozenset[str]:
+    """The nodes of :func:`sliced_chains` (heads included, inputs not)."""
+    return frozenset(n for c in sliced_chains(graph).values() for n in c[:-1])
+
+
+def _sliced_candidates(graph: Graph) -> dict[str, tuple[str, ...]]:
+    """The runs of :func:`sliced_chains` by their structure alone (members may be shared: checked by
+    :func:`_shared_members`); a run inside another one's is dropped."""
+    nodes = {n.id: n for n in graph.nodes}
+    outputs, inputs = set(graph.outputs), set(graph.input_names)
+    found: dict[str, tuple[str, ...]] = {}
+    for nd in graph.nodes:
+        cons = graph.consumers(nd.id)
+        if nd.op not in ("transpose", "reshape") or not cons or nd.id in outputs \
+                or any(OPS[c.op].kind == "layout" for c in cons):
+            continue
+        chain, cur = [nd.id], nd
+        while True:
+            arg = str(cur.args[0])
+            if arg in outputs:
+                break
+            if arg in inputs:
+                if any(nodes[n].op == "slice" for n in chain):
+                    found[nd.id] = (*chain, arg)
+                break
+            if nodes[arg].op not in _LINKS or any(c.op not in _LINKS for c in graph.consumers(arg)):
+                break   # (a member read by an op that computes is a head)
+            chain.append(arg)
+            cur = nodes[arg]
+    inner = {n for c in found.values() for n in c[1:]}
+    return {h: c for h, c in found.items() if h not in inner}
+
+
+def _shared_members(graph: Graph, cands: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """``cands`` without the chains that share a member (the input, or a slice of it that the importer
+    gave each reader its own reshape of) with a reader outside the chains, or with a chain of a
+    different head shape (the surrogate gives every member its head's shape)."""
+    out = dict(cands)
+    while True:
+        nxt: dict[str, set[str]] = {}     # member -> the chain members that read it
+        heads: dict[str, set[str]] = {}   # member -> the heads of the chains through it
+        for h, c in out.items():
+            for k in range(1, len(c)):
+                nxt.setdefault(c[k], set()).add(c[k - 1])
+                heads.setdefault(c[k], set()).add(h)
+        bad = {h for m, hs in heads.items()
+               if any(c.id not in nxt[m] for c in graph.consumers(m))
+               or len({tuple(graph.spec(x).shape) for x in hs}) > 1 for h in hs}
+        if not bad:
+            return out
+        out = {h: c for h, c in out.items() if h not in bad}
+
+
+def chain_members(graph: Graph) -> set[str]:
+    """Every tensor of a :func:`composed_chains` chain (heads and inputs included)."""
+    return {n for c in composed_chains(graph).values() for n in c}
+
+
+def mixed_layout(graph: Graph) -> bool:
+    """Whether ``graph`` has a transpose / reshape / expand outside :func:`composed_chains` (a
+    *mixed* region: general maps from :func:`~stitchtune.plan.axes.tensor_axes`, column shifts only)."""
+    chained = chain_members(graph)
+    return any(OPS[n.op].kind == "layout" and n.id not in chained for n in graph.nodes)
+
+
+def layout_part(graph: Graph) -> set[str]:
+    """The tensors of a *mixed* region (index ops and layout ops) that keep their own shape in the
+    surrogate: every layout node, and everything a layout node that precedes the index ops is
+    computed from (its inputs, and the nodes before it: a per-head RMSNorm of ``[B, S, H, D]``
+    transposed to ``[B, H, S, D]`` and rotated). A tensor of this part read by a node outside it
+    must span the iteration domain (right-aligned: every dim 1 or the domain's), so that slice /
+    concat / gather see a domain-shaped tensor; :class:`UnsupportedGraphError` naming the tensor
+    otherwise."""
+    if not has_layout_ops(graph):
+        return set()
+    domain = domain_of(graph)
+    tails = layout_tails(graph)
+    chained = chain_members(graph)
+    nodes = {n.id: n for n in graph.nodes}
+    keep: set[str] = set(tails)
+    stack: list[str] = []
+    for nd in graph.nodes:
+        if OPS[nd.op].kind != "layout" or nd.id in tails or nd.id in chained:
+            continue
+        keep.add(nd.id)
+        stack.extend(nd.tensor_args)
+    while stack:  # what the layout nodes before the index ops are computed from
+        a = stack.pop()
+        if a in keep or a in chained:
+            continue
+        keep.add(a)
+        if a in nodes:
+            stack.extend(nodes[a].tensor_args)
+    for nd in graph.nodes:
+        if nd.id in keep:
+            continue
+        for a in nd.tensor_args:
+            if a in keep and surrogate_shape(graph.spec(a).shape, domain, a) != tuple(graph.spec(a).shape):
+                raise UnsupportedGraphError(
+                    f"tensor '{a}' {list(graph.spec(a).shape)} is read by '{nd.id}' in a region with slice, concat "
+                    f"or gather but does not align with the iteration domain {list(domain)}")
+    return keep
+
+
+def wide_inputs(graph: Graph) -> frozenset[str]:
+    """In a mixed region: the inputs wider than the iteration domain along its innermost axis only
+    (every other dim 1 or the domain's, right-aligned), read by a slice directly (and by other
+    element-wise ops, outside :func:`layout_part` and the chains): V's columns of a fused projection ``qkv
+    [B, S, (H + 2 KV) * D]`` sliced to ``[B, S, KV * D]`` and then only rearranged (repeated for the
+    grouped heads) into an output. Their maps keep their own row strides (the planner), and a column
+    shift loads them at column ``c + d < width`` (:func:`~stitchtune.plan.shift.column_shift`)."""
+    sliced = [n for n in graph.input_names if any(c.op == "slice" for c in graph.consumers(n))]
+    if not sliced or not mixed_layout(graph):
+        return frozenset()
+    domain = domain_of(graph)
+    skip = layout_part(graph) | chain_members(graph) | set(gather_tables(graph).values())
+    out = set()
+    for name in sliced:
+        shape = tuple(graph.spec(name).shape)
+        if name in skip or len(shape) > len(domain) or shape[-1] <= domain[-1]:
+            continue
+        if surrogate_shape(shape, domain, name)[:-1] == shape[:-1]:
+            out.add(name)
+    return frozenset(out)
