@@ -206,7 +206,7 @@ def _compile_region(region: Any, opts: BackendOptions, device: Any, kind: str = 
     if not region.dynamic:
         counter.add(builds=1)
         return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu, out_shapes=region.output_shapes,
-                            check_gather=opts.check_gather)
+                            check_gather=opts.check_gather, in_perms=region.input_perms)
 
     from stitchtune.deploy.torch_dynamic import dynamic_region_kernel
 

@@ -120,6 +120,11 @@ class TorchRegion:
     #: (fx node, the input or output node it equals): no-op nodes of the region (eval dropout, a
     #: same-dtype cast) that are read outside it; PyTorch's readers read the node they equal
     aliases: tuple[tuple[Any, Any], ...] = field(default=(), compare=False)
+    #: per input: None, or the axis order PyTorch stores it in (a permutation of a dense tensor that
+    #: is not row-major: a convolution's channels-last output); the graph's input is then
+    #: ``pytorch_value.permute(perm)`` (row-major: a free view, no copy) and the graph transposes it
+    #: back to PyTorch's axes
+    input_perms: tuple[tuple[int, ...] | None, ...] = field(default=(), compare=False)
 
     def restore_perm(self, i: int) -> tuple[int, ...]:
         """The permutation that turns the kernel's row-major output ``i`` into PyTorch's strided
@@ -210,6 +215,7 @@ class _Mapped:
     perms: tuple[tuple[int, ...] | None, ...]   # see TorchRegion.output_perms
     aliases: tuple[tuple[Any, Any], ...]        # see TorchRegion.aliases
     pulled: frozenset[Any] = frozenset()        # the pulled nodes it was mapped with (see _settle)
+    in_perms: tuple[tuple[int, ...] | None, ...] = ()   # see TorchRegion.input_perms
 
 
 def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
@@ -230,13 +236,20 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     rows = row_vectors(sub)   # [B] inputs the region holds as [B, 1] (one value per row)
     viewed = viewed_inputs(sub, group)
+    in_perms = _input_perms(inputs, outputs, consts, {ph.name for ph in placeholders if ph.name in rows or ph.name in viewed},
+                            [ph.name for ph in placeholders])
+    raw = []
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
         val = x.meta["val"]
         shape = tuple(_hint(d) or 1 for d in val.shape) + ((1,) if placeholders[i].name in rows or not val.shape else ())
         if placeholders[i].name in viewed:
             shape, rows_view = viewed[placeholders[i].name]
             shape += (1,) if rows_view in rows else ()
-        values.append(b.add_input(f"in{i}", shape, value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))
+        p = in_perms[i]
+        raw.append(b.add_input(f"in{i}", shape if p is None else tuple(shape[a] for a in p),
+                               value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))
+        # (an input PyTorch holds permuted is declared in its memory order and read through a transpose)
+        values.append(raw[-1] if p is None else b.transpose(raw[-1], _inverse(p), f"in{i}_read"))
     bindings = {ph.name: ("user", i) for i, ph in enumerate(placeholders)}
     bindings.update({n.name: ("folded", n.meta["folded"]) for n in sub.graph.nodes if n.op == "get_attr"})
     walker = _Walker(_Captured(sub, bindings, "fx"), b, values, lambda fqn, t: "float32")
@@ -250,7 +263,8 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
             msg = str(exc)
             return _Culprit(back[cur], msg[len(prefix):] if msg.startswith(prefix) else msg)
         outs = None
-    perms = _check_outputs(walker, sub, outputs, outs, {str(v.ref): x for v, x in zip(values, inputs)}, set(full))
+    perms = _check_outputs(walker, sub, outputs, outs,
+                           {str(v.ref): x for vs in (values, raw) for v, x in zip(vs, inputs)}, set(full))
     if isinstance(perms, _Culprit):
         return perms
     out_node = next(n for n in sub.graph.nodes if n.op == "output")
@@ -266,7 +280,28 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
         return Declined(f"region {name} ({_ops_text(group)})", str(exc))
     return _Mapped(graph, tuple(inputs), tuple(outputs[i] for i in kept), sub,
                    tuple(None if perms[i] is _COPY else perms[i] for i in kept), aliases,
-                   frozenset(pulled or ()))
+                   frozenset(pulled or ()), tuple(in_perms))
+
+
+def _input_perms(inputs: Sequence[Any], outputs: Sequence[Any], consts: Mapping[Any, Any], reshaped: set[str],
+                 names: Sequence[str]) -> list[tuple[int, ...] | None]:
+    """Per region input: the axis order PyTorch stores it in when that is a permutation of a dense
+    tensor other than row-major (a convolution's channels-last output read as NCHW: ``val.permute(p)``
+    is contiguous), else None. The region declares such an input as ``val.permute(p)`` (its memory)
+    and reads it through a transpose, so the region op passes the permuted view, not a copy (see
+    :attr:`TorchRegion.input_perms`). None for every input of a region with symbolic sizes (its
+    kernels are mapped again at contiguous shapes), for constants (held by the kernel as they are),
+    and for the inputs declared at another shape (``reshaped``: read through one reshape, or a
+    ``[B]`` value held per row)."""
+    if any(_symbolic(n.meta.get("val")) for n in (*inputs, *outputs)):
+        return [None] * len(inputs)
+    out: list[tuple[int, ...] | None] = []
+    for x, name in zip(inputs, names):
+        val = x.meta.get("val")
+        p = None if val is None or val.dim() < 2 or val.is_contiguous() or x in consts or name in reshaped \
+            else _dense_perm(val)
+        out.append(None if p is None or p == tuple(range(len(p))) else p)
+    return out
 
 
 #: an output that is PyTorch's copy (``clone``) of another output: the region stores the value twice
@@ -488,7 +523,7 @@ def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], _Mapped | Dec
             own = set(group)
             pulled = tuple(n for n in _with_pulled(group, set(res.pulled)) if n not in own)
             regions.append(TorchRegion(res.graph.name, res.graph, tuple(group), res.inputs, res.outputs, res.sub.module,
-                                       pulled, res.perms, res.aliases))
+                                       pulled, res.perms, res.aliases, res.in_perms))
         else:
             dropped.append(tuple(group))
     return regions, declined, dropped
