@@ -17,6 +17,10 @@ Contract
   primary context is pushed for the launch and popped after it (torch's current device never
   changes). An input that is not 16-byte aligned (a view with a storage offset, ``x[1:]``) is copied
   first: the kernels' vector loads would fault on it.
+* An input that PyTorch holds permuted and the region's graph declares in its memory order
+  (``RegionKernel.in_perms``, the region's ``input_perms``: ConvNeXt's channels-last convolution
+  outputs) is passed as that permuted view, a free view of its storage; any other strided input (or
+  one whose strides differ at run time) is made contiguous first, one copy (``copies`` counts them).
 * On CPU tensors it runs the same program in the emulator (``cpu="emulate"``) or the graph's float64
   reference (``cpu="reference"``).
 * A failure at run time raises :class:`RegionError` naming the region and its ops; the torch backend

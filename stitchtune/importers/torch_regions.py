@@ -51,6 +51,12 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   declined whole (its ops stay in the fx graph). A region refused for int arithmetic (next to a
   gather, or in a column reduction) that draws random numbers (``stitchtune::rand``:
   :mod:`stitchtune.importers.torch_random`) gives up its draw first, with the comparisons reading it.
+* An input that PyTorch holds permuted (its strides a permutation of a dense tensor's other than
+  row-major: a convolution's channels-last output seen as NCHW) is declared in its memory order and
+  read through a transpose (``TorchRegion.input_perms``); the graph builder composes that transpose
+  with the model's own permutes (ConvNeXt's permute to channels-last cancels it), so the region op
+  passes a view of the tensor, not a copy. Not for regions with symbolic sizes, constants, or inputs
+  declared at another shape.
 * A 0-d input (a loss's incoming gradient, a count of rows kept, a position offset) is a ``[1]`` input
   of the region's graph (graph.json tensors have rank 1 or more) that broadcasts as PyTorch's 0-d
   tensor does; the region op reshapes the tensor to the graph's shape (same bytes).
