@@ -100,7 +100,8 @@ class BackendOptions:
 
 @dataclass(frozen=True)
 class StitchedInfo:
-    """One stitched region: its ATen ops, input shapes, output dtype and where its schedule came from."""
+    """One stitched region: its ATen ops, input shapes (as its kernels read them: an input PyTorch holds
+    permuted in its memory order), output dtype and where its schedule came from."""
 
     graph: str         # "forward" | "backward" | "inference"
     region: str

@@ -39,10 +39,11 @@ def region() -> Any:
     return r
 
 
-def _args(r: Any, y: Any) -> list[Any]:
+def _args(r: Any, y: Any) -> tuple[list[Any], Any]:
+    """(the region's inputs for ``y``, in its input order; eager's result on them)."""
     g = torch.Generator().manual_seed(1)
     by_name = {"y": y, "g": torch.randn(C, generator=g), "b": torch.randn(C, generator=g)}
-    return [by_name[n.name.split("_")[0]] for n in r.inputs]
+    return [by_name[n.name.split("_")[0]] for n in r.inputs], _ln_residual(*by_name.values())
 
 
 @pytest.mark.parametrize("cpu", ["emulate", "reference"])
@@ -58,8 +59,7 @@ def test_the_kernel_reads_the_permuted_view_and_equals_eager(region: Any, cpu: s
     as_read = RegionKernel.as_read
     monkeypatch.setattr(RegionKernel, "as_read", lambda self, ins: read.append(as_read(self, ins)) or read[-1])
     y = _channels_last(seed=4)
-    args = _args(region, y)
-    want = _ln_residual(*[dict(zip([n.name.split("_")[0] for n in region.inputs], args))[n] for n in "ygb"])
+    args, want = _args(region, y)
     for inputs in (args, [t.contiguous() for t in args]):
         [out] = k(inputs)
         restored = out.permute(region.restore_perm(0))
@@ -79,7 +79,7 @@ def test_the_launch_path_binds_the_strided_inputs_own_pointer(region: Any) -> No
     k = RegionKernel(region.name, region.ops, dataclasses.replace(cg, cubin=b"FAKE"), driver=drv,
                      out_shapes=region.output_shapes, in_perms=region.input_perms)
     y = _channels_last(seed=5)
-    args = _args(region, y)
+    args, _ = _args(region, y)
     [out] = k(args)
     i = [n.name.startswith("y") for n in region.inputs].index(True)
     name = region.graph.inputs[i][0]
