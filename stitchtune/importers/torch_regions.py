@@ -55,8 +55,9 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   row-major: a convolution's channels-last output seen as NCHW) is declared in its memory order and
   read through a transpose (``TorchRegion.input_perms``); the graph builder composes that transpose
   with the model's own permutes (ConvNeXt's permute to channels-last cancels it), so the region op
-  passes a view of the tensor, not a copy. Not for regions with symbolic sizes, constants, or inputs
-  declared at another shape.
+  passes a view of the tensor, not a copy. Float inputs only, and not for regions with symbolic
+  sizes, constants, or inputs declared at another shape; a region that ``accept`` refuses so is
+  mapped again with those inputs in PyTorch's axes (the region op copies them).
 * A 0-d input (a loss's incoming gradient, a count of rows kept, a position offset) is a ``[1]`` input
   of the region's graph (graph.json tensors have rank 1 or more) that broadcasts as PyTorch's 0-d
   tensor does; the region op reshapes the tensor to the graph's shape (same bytes).
@@ -225,9 +226,10 @@ class _Mapped:
 
 
 def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
-               pulled: set[Any] | None = None) -> _Mapped | _Culprit | Declined | None:
+               pulled: set[Any] | None = None, permuted: bool = True) -> _Mapped | _Culprit | Declined | None:
     """One group mapped, or the node to exclude, or the whole group declined, or None when nothing
-    outside the group reads it (dead code: no region)."""
+    outside the group reads it (dead code: no region). ``permuted``: inputs that PyTorch holds
+    permuted are declared in their memory order (:func:`_input_perms`); False: in PyTorch's axes."""
     part = _subgraph(group, consts, pulled)
     sub, inputs, outputs, back = part, part.inputs, part.outputs, part.back   # (``sub.graph``: the walk)
     full = _with_pulled(group, pulled or set())
@@ -243,7 +245,7 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     rows = row_vectors(sub)   # [B] inputs the region holds as [B, 1] (one value per row)
     viewed = viewed_inputs(sub, group)
     in_perms = _input_perms(inputs, outputs, consts, {ph.name for ph in placeholders if ph.name in rows or ph.name in viewed},
-                            [ph.name for ph in placeholders])
+                            [ph.name for ph in placeholders]) if permuted else [None] * len(inputs)
     raw = []
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
         val = x.meta["val"]
@@ -297,15 +299,15 @@ def _input_perms(inputs: Sequence[Any], outputs: Sequence[Any], consts: Mapping[
     and reads it through a transpose, so the region op passes the permuted view, not a copy (see
     :attr:`TorchRegion.input_perms`). None for every input of a region with symbolic sizes (its
     kernels are mapped again at contiguous shapes), for constants (held by the kernel as they are),
-    and for the inputs declared at another shape (``reshaped``: read through one reshape, or a
-    ``[B]`` value held per row)."""
+    for the inputs declared at another shape (``reshaped``: read through one reshape, or a ``[B]``
+    value held per row), and for int and bool inputs (a gather's indices must be a graph input)."""
     if any(_symbolic(n.meta.get("val")) for n in (*inputs, *outputs)):
         return [None] * len(inputs)
     out: list[tuple[int, ...] | None] = []
     for x, name in zip(inputs, names):
         val = x.meta.get("val")
-        p = None if val is None or val.dim() < 2 or val.is_contiguous() or x in consts or name in reshaped \
-            else _dense_perm(val)
+        p = None if val is None or val.dim() < 2 or not val.dtype.is_floating_point or val.is_contiguous() \
+            or x in consts or name in reshaped else _dense_perm(val)
         out.append(None if p is None or p == tuple(range(len(p))) else p)
     return out
 
@@ -465,17 +467,39 @@ def _map_with_constants(group: list[Any], name: str, consts: Mapping[Any, Any], 
     when that fails and it computes pulled constants (:func:`~stitchtune.importers.torch_candidates._pull_constants`:
     an iota the planner cannot lower next to a slice or concat), mapped again reading those constants
     as inputs (the framework computes them), as it did before they were pulled; the first result
-    when neither maps."""
-    def judged(pulled: set[Any]) -> _Mapped | _Culprit | Declined | None:
-        res = _map_group(group, name, consts, pulled)
+    when neither maps. A group refused while it reads inputs that PyTorch holds permuted through
+    transposes (:func:`_input_perms`) is mapped again reading them in PyTorch's axes (the region op
+    then copies them), so reading in memory order never costs a region."""
+    def mapped(pulled: set[Any], permuted: bool = True) -> _Mapped | _Culprit | Declined | None:
+        res = _map_group(group, name, consts, pulled, permuted)
         return _judge(res, group, accept) if isinstance(res, _Mapped) and _computes(res.graph) \
             and accept is not None else res
+
+    def judged(pulled: set[Any]) -> _Mapped | _Culprit | Declined | None:
+        res = mapped(pulled)
+        if isinstance(res, _Mapped) or res is None or not _reads_permuted(group):
+            return res
+        plain = mapped(pulled, permuted=False)   # its permuted inputs' transposes refused: copied, as before
+        return plain if isinstance(plain, _Mapped) else res
 
     res = judged(ex.pulled)
     if isinstance(res, _Mapped) or not ex.constants & set(_with_pulled(group, ex.pulled)):
         return res
     alt = judged(ex.pulled - ex.constants)
     return alt if isinstance(alt, _Mapped) else res
+
+
+def _reads_permuted(group: Sequence[Any]) -> bool:
+    """Whether a node of ``group`` reads a float tensor from outside it that PyTorch holds permuted
+    (a candidate for :func:`_input_perms`)."""
+    own = set(group)
+    for n in group:
+        for a in fx_args(n):
+            val: Any = a.meta.get("val") if a not in own and hasattr(a, "meta") else None
+            if hasattr(val, "is_contiguous") and val.dim() >= 2 and val.dtype.is_floating_point \
+                    and not _symbolic(val) and not val.is_contiguous() and _dense_perm(val) is not None:
+                return True
+    return False
 
 
 def _join_siblings(nodes: Sequence[Any], groups: list[list[Any]],

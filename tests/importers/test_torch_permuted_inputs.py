@@ -121,6 +121,31 @@ def test_strided_inputs_that_are_no_permutation_keep_their_axes() -> None:
     assert [tuple(s.shape) for _, s in region.graph.inputs] == [(4, 16), (4, 16)]
 
 
+def test_a_region_refused_with_its_permuted_read_is_mapped_again_in_pytorchs_axes() -> None:
+    """Reading in memory order never costs a region: where ``accept`` refuses the graph that reads a
+    permuted input through a transpose, the region reads it in PyTorch's axes (copied), as before."""
+    def no_transposed_inputs(graph: Any) -> str | None:
+        names = {n for n, _ in graph.inputs}
+        bad = [n.id for n in graph.nodes if n.op == "transpose" and set(n.args) & names]
+        return f"a transposed input in {bad}" if bad else None
+
+    y = _nchw_of_nhwc()
+    [region] = find_regions(_aten(_softmax_channels, y), accept=no_transposed_inputs).regions
+    assert region.input_perms == (None,)
+    assert [tuple(s.shape) for _, s in region.graph.inputs] == [(1, C, 4, 4)]
+    [region] = find_regions(_aten(_ln_channels_last, y, torch.randn(C), torch.randn(C)),
+                            accept=no_transposed_inputs).regions
+    assert region.input_perms[0] == (0, 2, 3, 1)          # (its transposes cancel: nothing refused)
+
+
+def test_int_and_bool_inputs_keep_pytorchs_axes() -> None:
+    """A gather's indices must be a graph input: int and bool inputs are never read through a transpose."""
+    mask = torch.rand(1, 4, 4, C).permute(0, 3, 1, 2) > 0.5
+    [region] = find_regions(_aten(lambda t, m: t.masked_fill(m, 0.0).softmax(1), torch.randn(1, C, 4, 4),
+                                  mask)).regions
+    assert all(p is None for p in region.input_perms)
+
+
 def test_regions_with_symbolic_sizes_declare_no_permuted_input() -> None:
     """Their kernels are mapped again at contiguous shapes per bucket, so their graph keeps PyTorch's
     axes (and the region op copies such an input)."""
