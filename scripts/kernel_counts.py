@@ -28,9 +28,10 @@ per model and mode, all on this machine's CPU:
   run, and no database is read (heuristic schedules: a tuned schedule may choose another combine of
   a cross reduction, one launch instead of two or the reverse). Where Inductor fails on the rest of a graph (the backend then runs it eagerly) every
   memory-intensive ATen op of it counts as one kernel and the row lists the graph and the
-  reason in ``eager_rest``. Plus ``copies``: the region op makes a strided input (a permuted or
-  split view that the graph hands it) contiguous before its launch, one copy kernel each; counted
-  from the strides of the graph's fake values (:func:`input_copies`).
+  reason in ``eager_rest``. Plus ``copies``: the region op makes a strided input that its graph
+  does not read in place (a split view; a permuted one is read in its memory order) contiguous
+  before its launch, one copy kernel each; counted from the strides of the graph's fake values
+  (:func:`input_copies`).
 * ``ideal`` -- one kernel per maximal memory-intensive region between compute ops in the ATen graphs
   the backend receives: nodes that are not compute ops (``COMPUTE_OPS`` of the torch importer, plus
   convolution backward) and not free views are joined along data edges (through views) while no
@@ -209,16 +210,22 @@ def _classify(n: Any) -> str:
 
 
 def input_copies(gm: Any) -> int:
-    """Copy kernels the region op launches before its kernels: one per region input that is not
-    contiguous (``GuardedRegion`` makes it so), by the strides of the fx graph's fake values."""
+    """Copy kernels the region op launches before its kernels: one per region input that its kernel
+    cannot read where it lies (a strided input the region's graph does not declare in its memory
+    order: :meth:`GuardedRegion.copies <stitchtune.deploy.torch_ops.GuardedRegion.copies>`), by the
+    strides of the fx graph's fake values."""
     import torch
+
+    from stitchtune.deploy import torch_ops
 
     n = 0
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.stitchtune.region.default:
-            for a in node.args[1]:
-                v = getattr(a, "meta", {}).get("val")
-                n += isinstance(v, torch.Tensor) and not v.is_contiguous()
+            vals = [getattr(a, "meta", {}).get("val") for a in node.args[1]]
+            if all(isinstance(v, torch.Tensor) for v in vals):
+                n += torch_ops.lookup(node.args[0]).copies(vals)
+            else:   # (not a tensor we can read the strides of: every strided one counts)
+                n += sum(isinstance(v, torch.Tensor) and not v.is_contiguous() for v in vals)
     return n
 
 

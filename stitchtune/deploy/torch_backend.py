@@ -100,7 +100,8 @@ class BackendOptions:
 
 @dataclass(frozen=True)
 class StitchedInfo:
-    """One stitched region: its ATen ops, input shapes, output dtype and where its schedule came from."""
+    """One stitched region: its ATen ops, input shapes (as its kernels read them: an input PyTorch holds
+    permuted in its memory order), output dtype and where its schedule came from."""
 
     graph: str         # "forward" | "backward" | "inference"
     region: str
@@ -206,7 +207,7 @@ def _compile_region(region: Any, opts: BackendOptions, device: Any, kind: str = 
     if not region.dynamic:
         counter.add(builds=1)
         return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu, out_shapes=region.output_shapes,
-                            check_gather=opts.check_gather)
+                            check_gather=opts.check_gather, in_perms=region.input_perms)
 
     from stitchtune.deploy.torch_dynamic import dynamic_region_kernel
 

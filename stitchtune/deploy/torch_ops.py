@@ -17,6 +17,10 @@ Contract
   primary context is pushed for the launch and popped after it (torch's current device never
   changes). An input that is not 16-byte aligned (a view with a storage offset, ``x[1:]``) is copied
   first: the kernels' vector loads would fault on it.
+* An input that PyTorch holds permuted and the region's graph declares in its memory order
+  (``RegionKernel.in_perms``, the region's ``input_perms``: ConvNeXt's channels-last convolution
+  outputs) is passed as that permuted view, a free view of its storage; any other strided input (or
+  one whose strides differ at run time) is made contiguous first, one copy (``copies`` counts them).
 * On CPU tensors it runs the same program in the emulator (``cpu="emulate"``) or the graph's float64
   reference (``cpu="reference"``).
 * A failure at run time raises :class:`RegionError` naming the region and its ops; the torch backend
@@ -91,6 +95,9 @@ class RegionKernel:
     _capture_warned: bool = field(init=False, repr=False, default=False)
     #: a generic kernel's SymbolicRegion (see above); None for a kernel of one shape
     sym: Any = None
+    #: per input: None, or the permutation that makes PyTorch's strided input the graph's row-major
+    #: one (the region's ``input_perms``: the kernel reads ``t.permute(p)``, a free view)
+    in_perms: tuple[tuple[int, ...] | None, ...] = ()
     _graphs: dict[Any, Any] = field(default_factory=dict, repr=False)   # extents -> Graph (generic)
 
     def __post_init__(self) -> None:
@@ -239,9 +246,21 @@ class RegionKernel:
             return
         check_launch_gathers(launcher, self.compiled.program, stream)
 
+    def as_read(self, inputs: Sequence[Any]) -> list[Any]:
+        """``inputs`` as the kernels read them: each permuted by its ``in_perms`` entry (a view), and
+        made contiguous where that view is not (a copy: a strided input the graph does not declare in
+        its memory order, or strides other than those the region was found with)."""
+        if self.in_perms:
+            inputs = [t if p is None else t.permute(p) for t, p in zip(inputs, self.in_perms)]
+        return [t if t.is_contiguous() else t.contiguous() for t in inputs]
+
+    def copies(self, inputs: Sequence[Any]) -> int:
+        """How many of ``inputs`` (real or fake tensors) a call copies before its launch (:meth:`as_read`)."""
+        perms = self.in_perms or (None,) * len(inputs)
+        return sum(not (t if p is None else t.permute(p)).is_contiguous() for t, p in zip(inputs, perms))
+
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
-        if not all(t.is_contiguous() for t in inputs):
-            inputs = [t.contiguous() for t in inputs]
+        inputs = self.as_read(inputs)
         try:
             if self.driver is not None or (inputs and inputs[0].is_cuda):
                 return self.run_launch(inputs)
@@ -311,6 +330,11 @@ class DynamicRegionKernel:
 
     def _eager(self, inputs: Sequence[Any]) -> list[Any]:
         return eager_outputs(self.module, inputs, self.perms or None)
+
+    def copies(self, inputs: Sequence[Any]) -> int:
+        """How many of ``inputs`` a call copies before its launch: every strided one (the kernels of a
+        region with symbolic sizes are mapped at contiguous inputs)."""
+        return sum(not t.is_contiguous() for t in inputs)
 
     def _bucket(self, inputs: Sequence[Any], shapes: Any) -> Any:
         if self.bucket_of is None:
@@ -440,6 +464,11 @@ class GuardedRegion:
 
     def fake(self, inputs: Sequence[Any]) -> list[Any]:
         return list(self.kernel.fake(self._with_held(inputs, fake=True)))
+
+    def copies(self, inputs: Sequence[Any]) -> int:
+        """How many copy kernels a call on ``inputs`` (the op's arguments, real or fake: their strides
+        count) launches before the region's kernels."""
+        return int(self.kernel.copies(self._with_held(inputs, fake=True)))
 
     def _check(self, inputs: Sequence[Any], outs: Sequence[Any]) -> None:
         """Raise when the kernel's outputs are not what its fake result promised (shape, dtype);

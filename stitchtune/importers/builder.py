@@ -109,6 +109,7 @@ class GraphBuilder:
         self.name = sanitize_name(name, "graph")
         self._inputs: dict[str, dict[str, Any]] = {}
         self._nodes: list[dict[str, Any]] = []
+        self._transposed: dict[str, tuple[Value, tuple[int, ...]]] = {}   # transpose node -> (source, perm)
 
     # ------------------------------------------------------------------ inputs and primitives
     def add_input(self, preferred: str, shape: Sequence[int], dtype: str) -> Value:
@@ -175,6 +176,25 @@ class GraphBuilder:
         if op not in OPS:
             raise ImportError_(f"graph.json has no {op!a} op (value {name!a})")
         return self._emit(name, op, list(x), tuple(int(d) for d in result_shape), dtype, **attrs)
+
+    def transpose(self, x: Value, perm: Sequence[int], name: str) -> Value:
+        """``x`` with its axes permuted (result axis ``i`` is ``x``'s axis ``perm[i]``). A transpose of a
+        transpose this builder made is one transpose of the first one's source (the composed
+        permutation), or that source itself when they cancel (a region input read in memory order,
+        then permuted back by the model: no node at all)."""
+        if x.is_scalar:
+            raise ImportError_(f"transpose of a scalar constant is not supported (value {name!a})")
+        p = tuple(int(a) for a in perm)
+        if sorted(p) != list(range(len(x.shape))):
+            raise ImportError_(f"transpose: {list(p)} is not a permutation of {len(x.shape)} axes (value {name!a})")
+        src, q = self._transposed.get(str(x.ref), (x, tuple(range(len(x.shape)))))
+        p = tuple(q[a] for a in p)
+        if p == tuple(range(len(p))):
+            return src
+        out = self._emit(name, "transpose", [src], tuple(src.shape[a] for a in p), src.dtype or "float32",
+                         perm=list(p))
+        self._transposed[str(out.ref)] = (src, p)
+        return out
 
     def reduce(self, op: str, x: Value, axes: Sequence[int], keepdims: bool, name: str) -> Value:
         if x.is_scalar:

@@ -224,7 +224,8 @@ class LayoutOps:
         return self.b.elementwise("where", [hit, scalar(float(value)), base], node.name)
 
     def _transpose(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
-        """A permutation of the axes; one that keeps the order of the non-unit axes is a reshape."""
+        """A permutation of the axes; one that keeps the order of the non-unit axes is a reshape; one of
+        a transposed value composes with it (:meth:`GraphBuilder.transpose`)."""
         t_in = self.tshape(x)
         r = len(t_in)
         perm = list(range(r))
@@ -238,8 +239,12 @@ class LayoutOps:
         t_new = self.tshape(node)
         if [p for p in perm if t_in[p] != 1] == [i for i in range(r) if t_in[i] != 1]:
             return self._reframe(x, self.val(x, node), t_in, t_new, node.name, node)
-        v = self.exact(x, node)
-        return self.b.layout("transpose", [v], self._layout_shape(node, t_new), str(v.dtype), node.name, perm=perm)
+        shape = self._layout_shape(node, t_new)
+        out = self.b.transpose(self.exact(x, node), perm, node.name)   # (a transpose of a transpose: one)
+        if tuple(out.shape) != shape:
+            raise ImportError_(f"{node.target} at {_where(node)}: transposed to {list(out.shape)}, PyTorch "
+                               f"says {list(shape)}")
+        return out
 
     def _slice(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
         """``slice.Tensor`` (step 1; start/end clamped to the dim as PyTorch does) and ``select.int``

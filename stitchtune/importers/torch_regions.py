@@ -54,6 +54,13 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   adds of its slices (:func:`_unrollable`); the refusals after that are handled as above. A region refused for int arithmetic (next to a
   gather, or in a column reduction) that draws random numbers (``stitchtune::rand``:
   :mod:`stitchtune.importers.torch_random`) gives up its draw first, with the comparisons reading it.
+* An input that PyTorch holds permuted (its strides a permutation of a dense tensor's other than
+  row-major: a convolution's channels-last output seen as NCHW) is declared in its memory order and
+  read through a transpose (``TorchRegion.input_perms``); the graph builder composes that transpose
+  with the model's own permutes (ConvNeXt's permute to channels-last cancels it), so the region op
+  passes a view of the tensor, not a copy. Float inputs only, and not for regions with symbolic
+  sizes, constants, or inputs declared at another shape; a region that ``accept`` refuses so is
+  mapped again with those inputs in PyTorch's axes (the region op copies them).
 * A 0-d input (a loss's incoming gradient, a count of rows kept, a position offset) is a ``[1]`` input
   of the region's graph (graph.json tensors have rank 1 or more) that broadcasts as PyTorch's 0-d
   tensor does; the region op reshapes the tensor to the graph's shape (same bytes).
@@ -124,6 +131,11 @@ class TorchRegion:
     #: (fx node, the input or output node it equals): no-op nodes of the region (eval dropout, a
     #: same-dtype cast) that are read outside it; PyTorch's readers read the node they equal
     aliases: tuple[tuple[Any, Any], ...] = field(default=(), compare=False)
+    #: per input: None, or the axis order PyTorch stores it in (a permutation of a dense tensor that
+    #: is not row-major: a convolution's channels-last output); the graph's input is then
+    #: ``pytorch_value.permute(perm)`` (row-major: a free view, no copy) and the graph transposes it
+    #: back to PyTorch's axes
+    input_perms: tuple[tuple[int, ...] | None, ...] = field(default=(), compare=False)
 
     def restore_perm(self, i: int) -> tuple[int, ...]:
         """The permutation that turns the kernel's row-major output ``i`` into PyTorch's strided
@@ -215,12 +227,16 @@ class _Mapped:
     perms: tuple[tuple[int, ...] | None, ...]   # see TorchRegion.output_perms
     aliases: tuple[tuple[Any, Any], ...]        # see TorchRegion.aliases
     pulled: frozenset[Any] = frozenset()        # the pulled nodes it was mapped with (see _settle)
+    in_perms: tuple[tuple[int, ...] | None, ...] = ()   # see TorchRegion.input_perms
 
 
 def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
-               pulled: set[Any] | None = None, unrolled: Iterable[Any] = ()) -> _Mapped | _Culprit | Declined | None:
+               pulled: set[Any] | None = None, unrolled: Iterable[Any] = (),
+               permuted: bool = True) -> _Mapped | _Culprit | Declined | None:
     """One group mapped, or the node to exclude, or the whole group declined, or None when nothing
-    outside the group reads it (dead code: no region); the ``unrolled`` sums as adds of slices."""
+    outside the group reads it (dead code: no region); the ``unrolled`` sums as adds of slices.
+    ``permuted``: inputs that PyTorch holds permuted are declared in their memory order
+    (:func:`_input_perms`); False: in PyTorch's axes."""
     part = _subgraph(group, consts, pulled)
     sub, inputs, outputs, back = part, part.inputs, part.outputs, part.back   # (``sub.graph``: the walk)
     full = _with_pulled(group, pulled or set())
@@ -235,13 +251,20 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     rows = row_vectors(sub)   # [B] inputs the region holds as [B, 1] (one value per row)
     viewed = viewed_inputs(sub, group)
+    in_perms = _input_perms(inputs, outputs, consts, {ph.name for ph in placeholders if ph.name in rows or ph.name in viewed},
+                            [ph.name for ph in placeholders]) if permuted else [None] * len(inputs)
+    raw = []
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
         val = x.meta["val"]
         shape = tuple(_hint(d) or 1 for d in val.shape) + ((1,) if placeholders[i].name in rows or not val.shape else ())
         if placeholders[i].name in viewed:
             shape, rows_view = viewed[placeholders[i].name]
             shape += (1,) if rows_view in rows else ()
-        values.append(b.add_input(f"in{i}", shape, value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))
+        p = in_perms[i]
+        raw.append(b.add_input(f"in{i}", shape if p is None else tuple(shape[a] for a in p),
+                               value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))
+        # (an input PyTorch holds permuted is declared in its memory order and read through a transpose)
+        values.append(raw[-1] if p is None else b.transpose(raw[-1], _inverse(p), f"in{i}_read"))
     bindings = {ph.name: ("user", i) for i, ph in enumerate(placeholders)}
     bindings.update({n.name: ("folded", n.meta["folded"]) for n in sub.graph.nodes if n.op == "get_attr"})
     walker = _Walker(_Captured(sub, bindings, "fx"), b, values, lambda fqn, t: "float32")
@@ -257,7 +280,8 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
             msg = str(exc)
             return _Culprit(back[cur], msg[len(prefix):] if msg.startswith(prefix) else msg)
         outs = None
-    perms = _check_outputs(walker, sub, outputs, outs, {str(v.ref): x for v, x in zip(values, inputs)}, set(full))
+    perms = _check_outputs(walker, sub, outputs, outs,
+                           {str(v.ref): x for vs in (values, raw) for v, x in zip(vs, inputs)}, set(full))
     if isinstance(perms, _Culprit):
         return perms
     out_node = next(n for n in sub.graph.nodes if n.op == "output")
@@ -273,7 +297,28 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
         return Declined(f"region {name} ({_ops_text(group)})", str(exc))
     return _Mapped(graph, tuple(inputs), tuple(outputs[i] for i in kept), sub,
                    tuple(None if perms[i] is _COPY else perms[i] for i in kept), aliases,
-                   frozenset(pulled or ()))
+                   frozenset(pulled or ()), tuple(in_perms))
+
+
+def _input_perms(inputs: Sequence[Any], outputs: Sequence[Any], consts: Mapping[Any, Any], reshaped: set[str],
+                 names: Sequence[str]) -> list[tuple[int, ...] | None]:
+    """Per region input: the axis order PyTorch stores it in when that is a permutation of a dense
+    tensor other than row-major (a convolution's channels-last output read as NCHW: ``val.permute(p)``
+    is contiguous), else None. The region declares such an input as ``val.permute(p)`` (its memory)
+    and reads it through a transpose, so the region op passes the permuted view, not a copy (see
+    :attr:`TorchRegion.input_perms`). None for every input of a region with symbolic sizes (its
+    kernels are mapped again at contiguous shapes), for constants (held by the kernel as they are),
+    for the inputs declared at another shape (``reshaped``: read through one reshape, or a ``[B]``
+    value held per row), and for int and bool inputs (a gather's indices must be a graph input)."""
+    if any(_symbolic(n.meta.get("val")) for n in (*inputs, *outputs)):
+        return [None] * len(inputs)
+    out: list[tuple[int, ...] | None] = []
+    for x, name in zip(inputs, names):
+        val = x.meta.get("val")
+        p = None if val is None or val.dim() < 2 or not val.dtype.is_floating_point or val.is_contiguous() \
+            or x in consts or name in reshaped else _dense_perm(val)
+        out.append(None if p is None or p == tuple(range(len(p))) else p)
+    return out
 
 
 #: an output that is PyTorch's copy (``clone``) of another output: the region stores the value twice
@@ -434,17 +479,39 @@ def _map_with_constants(group: list[Any], name: str, consts: Mapping[Any, Any], 
     when that fails and it computes pulled constants (:func:`~stitchtune.importers.torch_candidates._pull_constants`:
     an iota the planner cannot lower next to a slice or concat), mapped again reading those constants
     as inputs (the framework computes them), as it did before they were pulled; the first result
-    when neither maps."""
-    def judged(pulled: set[Any]) -> _Mapped | _Culprit | Declined | None:
-        res = _map_group(group, name, consts, pulled, ex.unrolled)
+    when neither maps. A group refused while it reads inputs that PyTorch holds permuted through
+    transposes (:func:`_input_perms`) is mapped again reading them in PyTorch's axes (the region op
+    then copies them), so reading in memory order never costs a region."""
+    def mapped(pulled: set[Any], permuted: bool = True) -> _Mapped | _Culprit | Declined | None:
+        res = _map_group(group, name, consts, pulled, ex.unrolled, permuted)
         return _judge(res, group, accept, ex.unrolled) if isinstance(res, _Mapped) and _computes(res.graph) \
             and accept is not None else res
+
+    def judged(pulled: set[Any]) -> _Mapped | _Culprit | Declined | None:
+        res = mapped(pulled)
+        if isinstance(res, _Mapped) or res is None or not _reads_permuted(group):
+            return res
+        plain = mapped(pulled, permuted=False)   # its permuted inputs' transposes refused: copied, as before
+        return plain if isinstance(plain, _Mapped) else res
 
     res = judged(ex.pulled)
     if isinstance(res, _Mapped) or not ex.constants & set(_with_pulled(group, ex.pulled)):
         return res
     alt = judged(ex.pulled - ex.constants)
     return alt if isinstance(alt, _Mapped) else res
+
+
+def _reads_permuted(group: Sequence[Any]) -> bool:
+    """Whether a node of ``group`` reads a float tensor from outside it that PyTorch holds permuted
+    (a candidate for :func:`_input_perms`)."""
+    own = set(group)
+    for n in group:
+        for a in fx_args(n):
+            val: Any = a.meta.get("val") if a not in own and hasattr(a, "meta") else None
+            if hasattr(val, "is_contiguous") and val.dim() >= 2 and val.dtype.is_floating_point \
+                    and not _symbolic(val) and not val.is_contiguous() and _dense_perm(val) is not None:
+                return True
+    return False
 
 
 def _join_siblings(nodes: Sequence[Any], groups: list[list[Any]],
@@ -498,7 +565,7 @@ def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], _Mapped | Dec
             own = set(group)
             pulled = tuple(n for n in _with_pulled(group, set(res.pulled)) if n not in own)
             regions.append(TorchRegion(res.graph.name, res.graph, tuple(group), res.inputs, res.outputs, res.sub.module,
-                                       pulled, res.perms, res.aliases))
+                                       pulled, res.perms, res.aliases, res.in_perms))
         else:
             dropped.append(tuple(group))
     return regions, declined, dropped

@@ -71,21 +71,37 @@ def test_aten_fallbacks_of_memory_intensive_ops_count_as_kernels_and_library_cal
         assert not kc._fallback_kernel(extern(name)), name
 
 
-def test_strided_region_inputs_count_as_copies() -> None:
-    """The region op makes a strided input contiguous before it launches (one copy kernel): counted by
-    the strides of the graph's fake values, contiguous inputs and other calls not."""
-    import torch.fx
+def test_strided_region_inputs_count_as_copies_unless_read_in_memory_order() -> None:
+    """The region op makes a strided input contiguous before it launches (one copy kernel) unless its
+    graph declares that input in its memory order (``input_perms``: a free permuted view): counted per
+    registered kernel by the strides of the graph's fake values; contiguous inputs and other calls not."""
+    import dataclasses
 
-    from stitchtune.deploy import torch_ops  # noqa: F401 - registers torch.ops.stitchtune.region
+    import torch.fx
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from stitchtune.deploy import torch_ops
+    from stitchtune.deploy.compiled import compile as compile_graph
+    from stitchtune.importers.torch_regions import find_regions
 
     kc = _script()
+    nchw = torch.empty(1, 4, 4, 8).permute(0, 3, 1, 2)   # NCHW view of channels-last memory
+    gm = make_fx(lambda y: torch.nn.functional.layer_norm(y.permute(0, 2, 3, 1), (8,)), tracing_mode="fake")(nchw)
+    [region] = find_regions(gm).regions
+    assert region.input_perms == ((0, 2, 3, 1),)
+    cg = compile_graph(region.graph, db=None, device="h200", build=False)
+    reads = torch_ops.RegionKernel(region.name, region.ops, cg, in_perms=region.input_perms)
+    torch_ops.register("k-reads", torch_ops.GuardedRegion(reads, region.module, (None,)))
+    torch_ops.register("k-copies", torch_ops.GuardedRegion(dataclasses.replace(reads, in_perms=()), region.module,
+                                                           (None,)))
     g = torch.fx.Graph()
     a, b = g.placeholder("a"), g.placeholder("b")
-    a.meta["val"], b.meta["val"] = torch.empty(8, 4).t(), torch.empty(4, 8)
-    r1 = g.call_function(torch.ops.stitchtune.region.default, ("k1", [a, b]))
-    r2 = g.call_function(torch.ops.stitchtune.region.default, ("k2", [b]))
+    a.meta["val"], b.meta["val"] = nchw, torch.empty(1, 8, 4, 4)
+    r1 = g.call_function(torch.ops.stitchtune.region.default, ("k-copies", [a]))
+    r2 = g.call_function(torch.ops.stitchtune.region.default, ("k-reads", [a]))
+    r3 = g.call_function(torch.ops.stitchtune.region.default, ("k-copies", [b]))
     other = g.call_function(torch.ops.aten.add.Tensor, (a, b))
-    g.output((r1, r2, other))
+    g.output((r1, r2, r3, other))
     assert kc.input_copies(torch.fx.GraphModule(torch.nn.Module(), g)) == 1
 
 
