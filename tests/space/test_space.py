@@ -186,6 +186,21 @@ def test_constraint_evaluator_refuses_anything_but_arithmetic_and_logic() -> Non
         safe_eval("a < b", {"a": 1})
 
 
+def test_constraints_evaluated_together_give_what_each_gives_alone() -> None:
+    """``safe_eval_all`` (the space's rules in one evaluation) returns each expression's own value and
+    raises what ``safe_eval`` raises for the first expression at fault, in order."""
+    from stitchtune.space.constraints import safe_eval_all
+
+    exprs = ("a * 2 <= b", "c in ('x', 'y')", "not a or b // a == 2", "a - b")
+    names = {"a": 3, "b": 6, "c": "z"}
+    assert safe_eval_all(exprs, names) == tuple(safe_eval(e, names) for e in exprs) == (True, False, True, -3)
+    assert safe_eval_all((), names) == ()
+    with pytest.raises(StitchtuneError, match="'a < d' uses unknown name 'd'"):
+        safe_eval_all(("a < b", "a < d", "e"), names)
+    with pytest.raises(StitchtuneError, match="uses Call"):
+        safe_eval_all(("a < b", "f(a)"), names)
+
+
 def test_single_pass_is_legal_only_with_a_candidate() -> None:
     """``single_pass`` applies where the plan has a mean-then-variance or max-then-sum-of-exp pair: sampling
     draws both values there (never elsewhere), the space built with the recorded table never draws it,
@@ -239,18 +254,28 @@ def test_a_space_no_thread_mapping_fits_is_refused_without_drawing() -> None:
 
 @pytest.mark.parametrize("name", ["layernorm.json", "colsum_sigmoid_scale.json", "bias_gelu.json",
                                   "layernorm_wide.json", "middle_center.json", "cross_entropy.json"])
-def test_the_emptiness_check_passes_spaces_with_legal_points(name: str) -> None:
-    """The emptiness check never refuses a space that has a legal point: on spaces whose heuristic is
-    legal, seeded ``sample`` draws a legal point, and the check (which draws nothing) leaves the seeded
-    draws as they were (the recorded ones are in tests/space/test_compat.py)."""
+def test_the_mapping_check_agrees_with_the_full_rules(name: str) -> None:
+    """What ``sample`` skips early is what the full rules refuse: a point whose thread mapping breaks a
+    mapping rule has violations (naming that rule), and ``derived`` gives every point the names the
+    mapping check reads. A space with legal points is not called empty, and its seeded sample is legal
+    (the seeded draws themselves are recorded in tests/space/test_compat.py)."""
     g = load_graph(EXAMPLES / name)
     plan = make_plan(g)
     space = SearchSpace.for_plan(plan, DEV)
-    assert not space.violations(heuristic_schedule(plan, DEV, space))
-    checked, plain = _CountingRandom(3), _CountingRandom(3)
-    s = space.sample(checked)
-    assert not space.violations(s)
-    # the draws of the same seed without the check (a fresh space whose check is recorded as passed)
-    unchecked = SearchSpace.for_plan(plan, DEV)
-    unchecked._impossible = (None,)
-    assert unchecked.sample(plain) == s and plain.draws == checked.draws
+    h = heuristic_schedule(plan, DEV, space)
+    assert not space.violations(h)
+    assert space._mapping_is_impossible() is None
+    assert not space.violations(space.sample(random.Random(3)))
+    rng = random.Random(5)
+    broken = 0
+    for _ in range(300):
+        s = dataclasses.replace(h, **{n: rng.choice(space.domains[n]) for n in
+                                      ("tpr", "block", "split", "vec", "tasks_per_block", "min_blocks")})
+        mapping = (s.tpr, s.block, s.split, s.vec, s.tasks_per_block, s.min_blocks)
+        names = space.derived(s)
+        assert {k: names[k] for k in space._mapping_names(*mapping)} == space._mapping_names(*mapping)
+        bad = space._mapping_breaks(*mapping)
+        if bad is not None:
+            broken += 1
+            assert any(bad["expr"] in v for v in space.violations(s)), (s, bad)
+    assert broken  # the draws met mappings the check refuses
