@@ -24,7 +24,7 @@ from typing import Any, Callable
 from stitchtune.errors import ScheduleError, StitchtuneError
 from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space.constraints import names_used, safe_eval
+from stitchtune.space.constraints import names_used, safe_eval, safe_eval_all
 from stitchtune.space.options import OPTIONS, Option, OptionTable, cross_smem_floats
 from stitchtune.space.levels import ReuseLevel, uncached_level
 from stitchtune.space.schedule import PERSISTENT, Schedule, row_chunk
@@ -86,6 +86,9 @@ class SearchSpace:
         #: earlier space versions whose records selection still reads, each re-validated in this space
         self.compatible_versions: tuple[str, ...] = tuple(str(v) for v in data.get("compatible_versions", ()))
         self.resources: ResourceCheck | None = None  # see with_resources
+        self._impossible: tuple[str | None] | None = None  # see _mapping_is_impossible (computed once)
+        self._mapping_rule_list: tuple[dict[str, str], ...] | None = None  # see _mapping_rules
+        self._mapping_memo: dict[tuple[int, ...], dict[str, str] | None] = {}  # see _mapping_breaks
         self.flat = False  # plain parameter names (see flat_mode)
         self.deterministic = False  # only bitwise-reproducible points (see deterministic_only)
         p = data["params"]
@@ -106,6 +109,7 @@ class SearchSpace:
         # the options each constraint reads: an option's own rule is not reported again when one fails
         self._constraint_options = [frozenset(names_used(c["expr"])) & frozenset(table.names)
                                     for c in self.constraints]
+        self._constraint_exprs = tuple(c["expr"] for c in self.constraints)  # checked in one evaluation
         # every tensor accessed with vector loads/stores (full-size ones, and the per-column operands
         # that are contiguous along the vector) must fit 16 bytes: the widest element type decides
         vec_cls = ({TensorClass.FULL, TensorClass.PER_KEPT} if plan.family == Family.COL
@@ -190,22 +194,16 @@ class SearchSpace:
         the budgets below, each option's value and the names its ``derive`` adds; ``reg_cache_elems``
         includes the registers each option's value costs."""
         plan = self.plan
-        K, P = plan.K, plan.P
         fam = plan.family
         cached_reg = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == ReuseLevel.REGISTER]
         cached_smem = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == ReuseLevel.SHARED]
+        names = self._mapping_names(s.tpr, s.block, s.split, s.vec, s.tasks_per_block, s.min_blocks)
+        chunk, per_thread = names["chunk"], names["per_thread"]
         if fam == Family.COL:
-            chunk = math.ceil(K / s.split)
-            rows_per_thread = math.ceil(chunk / max(s.tpr, 1))
-            per_thread = rows_per_thread * s.vec
             cols_per_block = (s.block // max(s.tpr, 1)) * s.vec
             smem_cache = 4 * chunk * cols_per_block * len(cached_smem)
             smem_red = 4 * s.block * max(1, s.vec) if plan.nstages else 0
-            vec_ok = P % s.vec == 0
-            max_split = K
         else:
-            chunk = row_chunk(K, s.split, s.tpr, s.vec)
-            per_thread = chunk // s.tpr
             rpb = max(1, s.block // s.tpr)
             smem_cache = 4 * rpb * chunk * len(cached_smem)
             slots = max(1, plan.nstages)
@@ -213,18 +211,12 @@ class SearchSpace:
                 # a merged pair exchanges its whole running state: (n, mean, M2, shift) or (max, sum)
                 slots = max([slots] + [4 if c.kind == "welford" else 2 for c in plan.single_pass])
             smem_red = 4 * max(1, rpb) * max(1, s.tpr // 32) * slots if plan.nstages else 0
-            vec_ok = K % s.vec == 0
-            max_split = max(1, math.ceil(K / (s.tpr * s.vec)))
-        names: dict[str, Any] = {
-            "family": fam, "tpr": s.tpr, "block": s.block, "split": s.split, "vec": s.vec,
-            "tasks_per_block": s.tasks_per_block, "min_blocks": s.min_blocks,
-            "elem_bytes": self.elem_bytes, "K": K, "P": P, "chunk": chunk, "per_thread": per_thread,
+        names.update({
             "reg_cache_elems": per_thread * len(cached_reg), "smem_cache_bytes": smem_cache,
-            "smem_red_bytes": smem_red, "smem_limit": int(self.device.smem_per_block_optin), "vec_ok": vec_ok,
-            "max_split": max_split, "max_threads_per_sm": int(self.device.max_threads_per_sm),
+            "smem_red_bytes": smem_red,
             "cross_smem_bytes": 4 * cross_smem_floats(s.tpr, s.block, chunk, self._cross_point["ncross_k"],
                                                       self._cross_point["ncross_s"]) if fam == Family.ROW else 0,
-        }
+        })
         point = self._point(s)
         for opt in self.table:
             names[opt.name] = point[opt.name]
@@ -233,6 +225,77 @@ class SearchSpace:
         context = {**point, **names, "n_full_inputs": self.n_full_inputs}
         names["reg_cache_elems"] += sum(opt.registers(context) for opt in self.table)
         return names
+
+    def _mapping_names(self, tpr: int, block: int, split: int, vec: int, tasks: int,
+                       min_blocks: int) -> dict[str, Any]:
+        """The names of :meth:`derived` that the thread mapping alone decides (with the plan and the device):
+        the six core fields, ``family``, ``elem_bytes``, ``K``, ``P``, ``chunk``, ``per_thread``, ``vec_ok``,
+        ``max_split``, ``smem_limit`` and ``max_threads_per_sm``. ``tasks`` and ``min_blocks`` only pass
+        through (no other name depends on them: :meth:`_mapping_is_impossible` relies on it)."""
+        plan = self.plan
+        K, P = plan.K, plan.P
+        if plan.family == Family.COL:
+            chunk = math.ceil(K / split)
+            per_thread = math.ceil(chunk / max(tpr, 1)) * vec
+            vec_ok = P % vec == 0
+            max_split = K
+        else:
+            chunk = row_chunk(K, split, tpr, vec)
+            per_thread = chunk // tpr
+            vec_ok = K % vec == 0
+            max_split = max(1, math.ceil(K / (tpr * vec)))
+        return {"family": plan.family, "tpr": tpr, "block": block, "split": split, "vec": vec,
+                "tasks_per_block": tasks, "min_blocks": min_blocks, "elem_bytes": self.elem_bytes, "K": K, "P": P,
+                "chunk": chunk, "per_thread": per_thread, "smem_limit": int(self.device.smem_per_block_optin),
+                "vec_ok": vec_ok, "max_split": max_split, "max_threads_per_sm": int(self.device.max_threads_per_sm)}
+
+    def _mapping_rules(self) -> tuple[dict[str, str], ...]:
+        """The space file's constraints that read only :meth:`_mapping_names` (in file order)."""
+        if self._mapping_rule_list is None:
+            known = set(self._mapping_names(1, 1, 1, 1, 0, 0))
+            self._mapping_rule_list = tuple(c for c in self.constraints if set(names_used(c["expr"])) <= known)
+        return self._mapping_rule_list
+
+    def _mapping_breaks(self, tpr: int, block: int, split: int, vec: int, tasks: int,
+                        min_blocks: int) -> dict[str, str] | None:
+        """The first of :meth:`_mapping_rules` this thread mapping breaks (None: it passes them): a point with
+        this mapping breaks it too (:meth:`derived` gives it the same names). Remembered per mapping (copies
+        of a space share the memo: they keep the plan, the device and the core domains)."""
+        key = (tpr, block, split, vec, tasks, min_blocks)
+        if key not in self._mapping_memo:
+            rules = self._mapping_rules()
+            passed = safe_eval_all(tuple(c["expr"] for c in rules), self._mapping_names(*key))
+            self._mapping_memo[key] = next((c for c, ok in zip(rules, passed) if not ok), None)
+        return self._mapping_memo[key]
+
+    def _mapping_is_impossible(self) -> str | None:
+        """Why no point of this space can be legal, judged on the thread mapping alone (None: some mapping
+        passes, which does not prove a legal point exists): every mapping of the core domains breaks one of
+        :meth:`_mapping_rules`. Exact for what it judges (it never calls a non-empty space empty) and cheap
+        (a few thousand mappings at most, without drawing), so :meth:`sample` refuses such a space at once
+        instead of after ``max_tries`` rejected draws. Computed once per space."""
+        if self._impossible is not None:
+            return self._impossible[0]
+        d = self.domains
+        empty = [n for n in _CORE_SCALARS if not d[n]]
+        if empty:
+            self._impossible = (f"no value of {', '.join(empty)} is offered for this plan",)
+            return self._impossible[0]
+        used = {n for c in self._mapping_rules() for n in names_used(c["expr"])}
+        # tasks and min_blocks only pass through: one value stands for all where no rule reads them
+        tasks_dom = d["tasks_per_block"] if "tasks_per_block" in used else d["tasks_per_block"][:1]
+        mb_dom = d["min_blocks"] if "min_blocks" in used else d["min_blocks"][:1]
+        broken: set[str] = set()
+        for mapping in itertools.product(d["tpr"], d["block"], d["split"], d["vec"], tasks_dom, mb_dom):
+            bad = self._mapping_breaks(*mapping)
+            if bad is None:
+                break
+            broken.add(f"{bad['reason']} ({bad['expr']})")
+        else:
+            self._impossible = ("every thread mapping breaks a rule: " + "; ".join(sorted(broken)),)
+            return self._impossible[0]
+        self._impossible = (None,)
+        return None
 
     def _cluster_names(self, s: Schedule, names: dict[str, Any]) -> dict[str, Any]:
         """The names of the cluster constraints: ``max_cluster``, ``cluster_stages`` and ``cluster_fits``,
@@ -291,8 +354,9 @@ class SearchSpace:
             return out
         names = self.derived(s)
         failed_options: set[str] = set()
-        for c, options in zip(self.constraints, self._constraint_options):
-            if not safe_eval(c["expr"], names):
+        passed = safe_eval_all(self._constraint_exprs, names)
+        for c, options, ok in zip(self.constraints, self._constraint_options, passed):
+            if not ok:
                 out.append(f"{c['reason']} ({c['expr']})")
                 failed_options |= options
         point = self._point(s)
@@ -307,11 +371,13 @@ class SearchSpace:
             elif not safe_eval(scheme.rule, names):
                 out.append(f"scheme {sch} is not legal for stage {i + 1} with this mapping ({scheme.rule})")
         inputs = set(self.plan.input_names)
+        reuse_names = dict(names)
         for cand, r in zip(self.plan.reuse_candidates, s.reuse):
             rule = self.reuse_rules.get(r)
+            reuse_names["is_input"] = cand in inputs
             if rule is None:
                 out.append(f"unknown reuse level {r!r}")
-            elif not safe_eval(rule, {**names, "is_input": cand in inputs}):
+            elif not safe_eval(rule, reuse_names):
                 out.append(f"reuse level {r} is not legal for {'an input' if cand in inputs else 'an intermediate'}")
         return out
 
@@ -549,7 +615,11 @@ class SearchSpace:
         then each option in table order uniformly among its values where it applies to that point (its
         default elsewhere). The draws (one ``rng.choice`` per value, in this order) are a contract:
         seeded samples are recorded in ``tests/lower/golden/kernel_hashes.json``."""
+        impossible = self._mapping_is_impossible()  # draws nothing: seeded samples stay the same
+        if impossible is not None:
+            raise ScheduleError(f"no legal schedule: the space is empty for this graph ({impossible})")
         d = self.domains
+        reuse_doms = [self._reuse_domain(c) for c in self.plan.reuse_candidates]  # the same lists every draw
         for _ in range(max_tries):
             tpr = rng.choice(d["tpr"])
             block = rng.choice(d["block"])
@@ -558,9 +628,11 @@ class SearchSpace:
             tasks = rng.choice(d["tasks_per_block"])
             min_blocks = rng.choice(d["min_blocks"])
             schemes = tuple(rng.choice(d["scheme"]) for _ in range(self.plan.nstages))
-            reuse = tuple(rng.choice(self._reuse_domain(c)) for c in self.plan.reuse_candidates)
+            reuse = tuple(rng.choice(dom) for dom in reuse_doms)
             point = self._core_point(tpr, block, split, vec, tasks, min_blocks, schemes, reuse)
             options = self._decide_options(point, lambda opt: rng.choice(d[opt.name]))
+            if self._mapping_breaks(tpr, block, split, vec, tasks, min_blocks) is not None:
+                continue  # a violation by the mapping alone (known without building the point)
             s = Schedule(tpr, block, split, vec, tasks, min_blocks, schemes, reuse, options, table=self.table)
             if not self.violations(s):
                 return s

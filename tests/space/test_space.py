@@ -13,7 +13,7 @@ import pytest
 from helpers import DEV, EXAMPLES, setup, suggested
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.errors import ScheduleError, StitchtuneError
-from stitchtune.graph.parse import load_graph
+from stitchtune.graph.parse import load_graph, parse_graph
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import PERSISTENT, Schedule, SearchSpace, names_used, prefetchable, rereads, safe_eval
 
@@ -186,6 +186,21 @@ def test_constraint_evaluator_refuses_anything_but_arithmetic_and_logic() -> Non
         safe_eval("a < b", {"a": 1})
 
 
+def test_constraints_evaluated_together_give_what_each_gives_alone() -> None:
+    """``safe_eval_all`` (the space's rules in one evaluation) returns each expression's own value and
+    raises what ``safe_eval`` raises for the first expression at fault, in order."""
+    from stitchtune.space.constraints import safe_eval_all
+
+    exprs = ("a * 2 <= b", "c in ('x', 'y')", "not a or b // a == 2", "a - b")
+    names = {"a": 3, "b": 6, "c": "z"}
+    assert safe_eval_all(exprs, names) == tuple(safe_eval(e, names) for e in exprs) == (True, False, True, -3)
+    assert safe_eval_all((), names) == ()
+    with pytest.raises(StitchtuneError, match="'a < d' uses unknown name 'd'"):
+        safe_eval_all(("a < b", "a < d", "e"), names)
+    with pytest.raises(StitchtuneError, match="uses Call"):
+        safe_eval_all(("a < b", "f(a)"), names)
+
+
 def test_single_pass_is_legal_only_with_a_candidate() -> None:
     """``single_pass`` applies where the plan has a mean-then-variance or max-then-sum-of-exp pair: sampling
     draws both values there (never elsewhere), the space built with the recorded table never draws it,
@@ -202,3 +217,65 @@ def test_single_pass_is_legal_only_with_a_candidate() -> None:
     s = rms.sample(random.Random(0))
     bad = rms.violations(dataclasses.replace(s, single_pass=1))
     assert any("single-pass statistics need" in v for v in bad), bad
+
+
+class _CountingRandom(random.Random):
+    """A seeded ``random.Random`` that counts its ``choice`` draws."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed)
+        self.draws = 0
+
+    def choice(self, seq):  # type: ignore[no-untyped-def]
+        self.draws += 1
+        return super().choice(seq)
+
+
+def test_a_space_no_thread_mapping_fits_is_refused_without_drawing() -> None:
+    """A column reduction over a tensor 5 columns wide: every column tile needs at least 8 threads across
+    and at most 5 columns (two space-file rules on the mapping alone), so the space is empty. ``sample``
+    says so at once, naming the rules, without a draw (it used to reject 20,000 draws, ~3 CPU-s)."""
+    g = parse_graph({"name": "narrow", "inputs": {"x": {"shape": [32, 5], "dtype": "float32"}},
+                         "nodes": [{"id": "n1", "op": "reduce_min", "args": ["x"], "axes": [-2], "keepdims": False}],
+                         "outputs": ["n1"]})
+    space = SearchSpace.for_plan(make_plan(g), DEV)
+    rng = _CountingRandom(0)
+    with pytest.raises(ScheduleError, match="space is empty") as err:
+        space.sample(rng)
+    assert rng.draws == 0
+    assert "column tile narrower than 8 threads" in str(err.value)
+    assert "column tile wider than the tensor" in str(err.value)
+    # the same mapping rules, checked one mapping at a time: none passes them
+    for tpr in space.domains["tpr"]:
+        for block in space.domains["block"]:
+            for vec in space.domains["vec"]:
+                assert not (block // tpr >= 8 and block // tpr * vec <= 5), (tpr, block, vec)
+
+
+@pytest.mark.parametrize("name", ["layernorm.json", "colsum_sigmoid_scale.json", "bias_gelu.json",
+                                  "layernorm_wide.json", "middle_center.json", "cross_entropy.json"])
+def test_the_mapping_check_agrees_with_the_full_rules(name: str) -> None:
+    """What ``sample`` skips early is what the full rules refuse: a point whose thread mapping breaks a
+    mapping rule has violations (naming that rule), and ``derived`` gives every point the names the
+    mapping check reads. A space with legal points is not called empty, and its seeded sample is legal
+    (the seeded draws themselves are recorded in tests/space/test_compat.py)."""
+    g = load_graph(EXAMPLES / name)
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    h = heuristic_schedule(plan, DEV, space)
+    assert not space.violations(h)
+    assert space._mapping_is_impossible() is None
+    assert not space.violations(space.sample(random.Random(3)))
+    rng = random.Random(5)
+    broken = 0
+    for _ in range(300):
+        s = dataclasses.replace(h, **{n: rng.choice(space.domains[n]) for n in
+                                      ("tpr", "block", "split", "vec", "tasks_per_block", "min_blocks")})
+        mapping = (s.tpr, s.block, s.split, s.vec, s.tasks_per_block, s.min_blocks)
+        names = space.derived(s)
+        assert {k: names[k] for k in space._mapping_names(*mapping)} == space._mapping_names(*mapping)
+        bad = space._mapping_breaks(*mapping)
+        if bad is not None:
+            broken += 1
+            assert any(bad["expr"] in v for v in space.violations(s)), (s, bad)
+    assert broken  # the draws met mappings the check refuses
