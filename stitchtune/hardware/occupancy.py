@@ -191,6 +191,8 @@ extern "C" __global__ void k(float* out, int n) {
   out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
 }
 """
+#: the check kernels' NACC (named ``k<NACC>``); sm_90: 14, 40, 72, 168, 255 registers
+_CHECK_NACC = (1, 24, 56, 120, 200)
 
 
 def driver_check(device: Device, ordinal: int = 0, nvcc: str = "nvcc") -> tuple[int, list[dict[str, int]]]:
@@ -228,37 +230,44 @@ def driver_check(device: Device, ordinal: int = 0, nvcc: str = "nvcc") -> tuple[
     total, bad = 0, []
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            for nacc in (1, 24, 56, 120, 200):      # sm_90: 14, 40, 72, 168, 255 registers
-                src = os.path.join(tmp, f"k{nacc}.cu")
-                with open(src, "w") as f:
-                    f.write(_CHECK_KERNEL.replace("NACC", str(nacc)))
-                cubin = os.path.join(tmp, f"k{nacc}.cubin")
-                try:
-                    subprocess.run([nvcc, "-cubin", f"-arch={device.arch}", src, "-o", cubin], check=True,
-                                   capture_output=True, timeout=300)
-                except (OSError, subprocess.SubprocessError) as exc:
-                    raise ToolchainError(f"nvcc failed on the occupancy check kernel: {exc}") from exc
-                mod, fn, regs = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int()
-                ck(cuda.cuModuleLoad(ctypes.byref(mod), cubin.encode()), "cuModuleLoad")
-                ck(cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"k"), "cuModuleGetFunction")
-                ck(cuda.cuFuncGetAttribute(ctypes.byref(regs), 4, fn), "cuFuncGetAttribute(NUM_REGS)")
-                # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8): allow up to the opt-in limit
-                ck(cuda.cuFuncSetAttribute(fn, 8, ctypes.c_int(device.smem_per_block_optin)),
-                   "cuFuncSetAttribute")
-                for threads in (32, 96, 128, 256, 512, 768, 1024):
-                    for smem in (0, 4096, 40000, 65536, 100000, device.smem_per_block_optin):
-                        if smem > device.smem_per_block_optin:
-                            continue
-                        n = ctypes.c_int()
-                        ck(cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                            ctypes.byref(n), fn, ctypes.c_int(threads), ctypes.c_size_t(smem)),
-                           "cuOccupancyMaxActiveBlocksPerMultiprocessor")
-                        ours = occupancy(device, threads, regs.value, smem).blocks_per_sm
-                        total += 1
-                        if ours != n.value:
-                            bad.append(dict(threads=threads, registers=regs.value, smem=smem,
-                                            driver=n.value, ours=ours))
-                ck(cuda.cuModuleUnload(mod), "cuModuleUnload")
+            # the five kernels in one source, one nvcc call and one module: each nvcc process spends
+            # most of a CPU-second on the CUDA headers before its first kernel
+            src, cubin = os.path.join(tmp, "check.cu"), os.path.join(tmp, "check.cubin")
+            with open(src, "w") as f:
+                f.write("".join(_CHECK_KERNEL.replace("NACC", str(nacc)).replace("void k(", f"void k{nacc}(")
+                                for nacc in _CHECK_NACC))
+            try:
+                subprocess.run([nvcc, "-cubin", f"-arch={device.arch}", src, "-o", cubin], check=True,
+                               capture_output=True, timeout=300)
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise ToolchainError(f"nvcc failed on the occupancy check kernels: {exc}") from exc
+            mod = ctypes.c_void_p()
+            ck(cuda.cuModuleLoad(ctypes.byref(mod), cubin.encode()), "cuModuleLoad")
+            try:
+                for nacc in _CHECK_NACC:
+                    fn, regs = ctypes.c_void_p(), ctypes.c_int()
+                    ck(cuda.cuModuleGetFunction(ctypes.byref(fn), mod, f"k{nacc}".encode()), "cuModuleGetFunction")
+                    ck(cuda.cuFuncGetAttribute(ctypes.byref(regs), 4, fn), "cuFuncGetAttribute(NUM_REGS)")
+                    # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8): allow up to the opt-in limit
+                    ck(cuda.cuFuncSetAttribute(fn, 8, ctypes.c_int(device.smem_per_block_optin)),
+                       "cuFuncSetAttribute")
+                    for threads in (32, 96, 128, 256, 512, 768, 1024):
+                        for smem in (0, 4096, 40000, 65536, 100000, device.smem_per_block_optin):
+                            if smem > device.smem_per_block_optin:
+                                continue
+                            n = ctypes.c_int()
+                            ck(cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                                ctypes.byref(n), fn, ctypes.c_int(threads), ctypes.c_size_t(smem)),
+                               "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+                            ours = occupancy(device, threads, regs.value, smem).blocks_per_sm
+                            total += 1
+                            if ours != n.value:
+                                bad.append(dict(threads=threads, registers=regs.value, smem=smem,
+                                                driver=n.value, ours=ours))
+            except BaseException:
+                cuda.cuModuleUnload(mod)
+                raise
+            ck(cuda.cuModuleUnload(mod), "cuModuleUnload")
     finally:  # leave the thread's context and the primary context's reference count as they were
         cuda.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
         cuda.cuDevicePrimaryCtxRelease_v2(dev)

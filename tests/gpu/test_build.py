@@ -349,9 +349,35 @@ def test_default_cache_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+#: the sampled programs go through the builder in this many sources (one translation unit each, built in
+#: parallel by ``jobs=2``): each nvcc process spends ~0.7 CPU-s on its headers before the first kernel, so
+#: 29 sources (one per program) cost ~25 CPU-s where two cost ~7
+SAMPLED_SOURCES = 2
+
+
+def _check_resources(dev, where: str, kernels, b, names: dict[str, str]) -> None:
+    """The resources ``b`` (a BuildResult) reports for ``kernels`` (named in the source as ``names[k.name]``)
+    are sane: registers within 1..255 and the launch bounds' cap, no static shared memory, spills >= 0."""
+    for k in kernels:
+        n = names[k.name]
+        min_blocks = max(1, k.min_blocks_per_sm)
+        if k.block * min_blocks > dev.max_threads_per_sm:
+            min_blocks = 1  # ptxas: "threads per SM out of range, .minnctapersm will be ignored"
+        cap = dev.regs_per_sm // (k.block * min_blocks)
+        assert 1 <= b.registers[n] <= min(255, cap), (where, k.name, b.registers[n])
+        assert b.smem_bytes[n] == 0, where  # all shared memory is dynamic (extern __shared__)
+        assert b.spill_bytes[n] >= 0 and b.stack_bytes[n] >= 0
+
+
 def _compile_sampled(per_example: int, tmp_path: Path) -> int:
+    """Build ``per_example`` seeded legal schedules of every small example through one NvccBuilder, the
+    programs in :data:`SAMPLED_SOURCES` translation units (``helpers.batch_source``: the preamble once,
+    kernels renamed ``p<i>_<name>``); check each program's kernels' resources. A source that fails to
+    build has each of its programs built alone (``render``, as a search builds it), so that the failure
+    names the schedule(s) at fault. The number of programs."""
     import random
 
+    from helpers import batch_source
     from stitchtune.hardware.device import get_device
     from stitchtune.errors import ScheduleError
     from stitchtune.graph.parse import load_graph
@@ -377,19 +403,18 @@ def _compile_sampled(per_example: int, tmp_path: Path) -> int:
                 got += 1
             except ScheduleError:
                 continue
-    builds = NvccBuilder(jobs=2, cache_dir=tmp_path / "cache").build([render(p) for _, _, p in programs], dev.arch)
-    for (name, s, p), b in zip(programs, builds, strict=True):
-        where = f"{name} {s.to_json()}"
-        assert b.status == "ok", f"{where}: {b.error}"
-        assert set(b.registers) == {k.name for k in p.kernels}, where
-        for k in p.kernels:
-            min_blocks = max(1, k.min_blocks_per_sm)
-            if k.block * min_blocks > dev.max_threads_per_sm:
-                min_blocks = 1  # ptxas: "threads per SM out of range, .minnctapersm will be ignored"
-            cap = dev.regs_per_sm // (k.block * min_blocks)
-            assert 1 <= b.registers[k.name] <= min(255, cap), (where, k.name, b.registers[k.name])
-            assert b.smem_bytes[k.name] == 0, where  # all shared memory is dynamic (extern __shared__)
-            assert b.spill_bytes[k.name] >= 0 and b.stack_bytes[k.name] >= 0
+    groups = [programs[i::SAMPLED_SOURCES] for i in range(SAMPLED_SOURCES)]
+    builder = NvccBuilder(jobs=2, cache_dir=tmp_path / "cache")
+    sources = [batch_source([p for _, _, p in group]) for group in groups]
+    for group, (_, names), b in zip(groups, sources, builder.build([src for src, _ in sources], dev.arch),
+                                    strict=True):
+        if b.status != "ok":   # which program(s): each alone, as the search would build it
+            alone = builder.build([render(p) for _, _, p in group], dev.arch)
+            failed = [f"{name} {s.to_json()}: {r.error}" for (name, s, _), r in zip(group, alone) if r.status != "ok"]
+            pytest.fail("\n".join(failed) or f"the batched source failed, every program alone built: {b.error}")
+        assert set(b.registers) == set(names), sorted(set(b.registers) ^ set(names))
+        for i, (name, s, p) in enumerate(group):
+            _check_resources(dev, f"{name} {s.to_json()}", p.kernels, b, {k.name: f"p{i}_{k.name}" for k in p.kernels})
     return len(programs)
 
 
@@ -397,7 +422,8 @@ def _compile_sampled(per_example: int, tmp_path: Path) -> int:
 @pytest.mark.slow
 def test_sampled_schedules_of_small_examples_compile(tmp_path: Path) -> None:
     """STITCHTUNE_BUILD_SAMPLES (default 1) seeded legal schedules of every small example build through
-    the NvccBuilder (one source per program, resources parsed from ptxas) with sane resources. Breadth
+    the NvccBuilder (the programs batched into a few sources, resources parsed from ptxas per kernel) with
+    sane resources. Breadth
     is tests/lower/test_codegen.py's job: it compiles the heuristic and 50 sampled schedules of every
     small example with nvcc (batched); this test is about the builder path, hence one sample."""
     n = int(os.environ.get("STITCHTUNE_BUILD_SAMPLES", "1"))

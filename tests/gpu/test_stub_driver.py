@@ -436,20 +436,19 @@ def test_cuda_available_probes_the_configured_gpu_and_releases_it(stub: StubCuda
 @pytest.mark.slow
 def test_driver_check_leaves_the_threads_context_and_the_reference_count_as_they_were(stub: StubCuda,
                                                                                      tmp_path: Path) -> None:
-    """The occupancy check fails here at the module load (the stub takes no real cubin): it still pops
-    its context and releases the primary context."""
-    from stitchtune.gpu.build import nvcc_found
-
-    if not nvcc_found():
-        pytest.skip("nvcc is needed to build the occupancy check's kernel")
-    res = _run(stub, tmp_path, """
+    """The occupancy check fails here at the module load: the stub takes no real cubin, and a stand-in
+    nvcc writes an image that it rejects the same way (no compiler needed). The check still pops its
+    context and releases the primary context."""
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text('#!/bin/sh\nwhile [ "$#" -gt 1 ]; do [ "$1" = -o ] && printf "not a cubin" > "$2"; shift; done\n')
+    nvcc.chmod(0o755)
+    res = _run(stub, tmp_path, f"""
 import json
 from stitchtune.errors import ToolchainError
-from stitchtune.gpu.build import find_nvcc
 from stitchtune.hardware.device import get_device
 from stitchtune.hardware.occupancy import driver_check
 try:
-    driver_check(get_device("h200"), 0, find_nvcc())
+    driver_check(get_device("h200"), 0, {str(nvcc)!r})
     err = None
 except ToolchainError as exc:
     err = str(exc)

@@ -208,18 +208,22 @@ def test_driver_check() -> None:
 @pytest.mark.skipif(not shutil.which("nvcc"), reason="needs nvcc")
 def test_driver_check_plumbing_with_fake_driver(monkeypatch: pytest.MonkeyPatch) -> None:
     """driver_check's nvcc + driver-call sequence, with a fake libcuda that answers from occupancy():
-    catches argument mistakes before the check runs on a real GPU."""
+    catches argument mistakes before the check runs on a real GPU. The five check kernels are built by
+    one nvcc call into one module, each looked up by its name."""
     import ctypes
 
     from stitchtune.hardware import occupancy as occ_mod
 
     dev = get_device("h200")
     calls: list[str] = []
+    kernels: list[bytes] = []
 
     class FakeCuda:
         def __getattr__(self, name: str):  # every cu* call succeeds unless special-cased
             def call(*args):
                 calls.append(name)
+                if name == "cuModuleGetFunction":
+                    kernels.append(args[2])
                 if name == "cuFuncGetAttribute":
                     args[0]._obj.value = 40
                 if name == "cuOccupancyMaxActiveBlocksPerMultiprocessor":
@@ -231,4 +235,5 @@ def test_driver_check_plumbing_with_fake_driver(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(ctypes, "CDLL", lambda _name: FakeCuda())
     total, bad = occ_mod.driver_check(dev)
     assert total == 5 * 7 * 6 and bad == []
-    assert calls.count("cuModuleLoad") == 5 and calls[0] == "cuInit"
+    assert calls.count("cuModuleLoad") == 1 and calls.count("cuModuleUnload") == 1 and calls[0] == "cuInit"
+    assert kernels == [b"k1", b"k24", b"k56", b"k120", b"k200"]
