@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import itertools
 import math
 import random
@@ -86,8 +87,6 @@ class SearchSpace:
         #: earlier space versions whose records selection still reads, each re-validated in this space
         self.compatible_versions: tuple[str, ...] = tuple(str(v) for v in data.get("compatible_versions", ()))
         self.resources: ResourceCheck | None = None  # see with_resources
-        self._impossible: tuple[str | None] | None = None  # see _mapping_is_impossible (computed once)
-        self._mapping_rule_list: tuple[dict[str, str], ...] | None = None  # see _mapping_rules
         self._mapping_memo: dict[tuple[int, ...], dict[str, str] | None] = {}  # see _mapping_breaks
         self.flat = False  # plain parameter names (see flat_mode)
         self.deterministic = False  # only bitwise-reproducible points (see deterministic_only)
@@ -249,12 +248,11 @@ class SearchSpace:
                 "chunk": chunk, "per_thread": per_thread, "smem_limit": int(self.device.smem_per_block_optin),
                 "vec_ok": vec_ok, "max_split": max_split, "max_threads_per_sm": int(self.device.max_threads_per_sm)}
 
+    @functools.cached_property
     def _mapping_rules(self) -> tuple[dict[str, str], ...]:
         """The space file's constraints that read only :meth:`_mapping_names` (in file order)."""
-        if self._mapping_rule_list is None:
-            known = set(self._mapping_names(1, 1, 1, 1, 0, 0))
-            self._mapping_rule_list = tuple(c for c in self.constraints if set(names_used(c["expr"])) <= known)
-        return self._mapping_rule_list
+        known = set(self._mapping_names(1, 1, 1, 1, 0, 0))
+        return tuple(c for c in self.constraints if set(names_used(c["expr"])) <= known)
 
     def _mapping_breaks(self, tpr: int, block: int, split: int, vec: int, tasks: int,
                         min_blocks: int) -> dict[str, str] | None:
@@ -263,25 +261,23 @@ class SearchSpace:
         of a space share the memo: they keep the plan, the device and the core domains)."""
         key = (tpr, block, split, vec, tasks, min_blocks)
         if key not in self._mapping_memo:
-            rules = self._mapping_rules()
+            rules = self._mapping_rules
             passed = safe_eval_all(tuple(c["expr"] for c in rules), self._mapping_names(*key))
             self._mapping_memo[key] = next((c for c, ok in zip(rules, passed) if not ok), None)
         return self._mapping_memo[key]
 
+    @functools.cached_property
     def _mapping_is_impossible(self) -> str | None:
         """Why no point of this space can be legal, judged on the thread mapping alone (None: some mapping
         passes, which does not prove a legal point exists): every mapping of the core domains breaks one of
         :meth:`_mapping_rules`. Exact for what it judges (it never calls a non-empty space empty) and cheap
         (a few thousand mappings at most, without drawing), so :meth:`sample` refuses such a space at once
         instead of after ``max_tries`` rejected draws. Computed once per space."""
-        if self._impossible is not None:
-            return self._impossible[0]
         d = self.domains
         empty = [n for n in _CORE_SCALARS if not d[n]]
         if empty:
-            self._impossible = (f"no value of {', '.join(empty)} is offered for this plan",)
-            return self._impossible[0]
-        used = {n for c in self._mapping_rules() for n in names_used(c["expr"])}
+            return f"no value of {', '.join(empty)} is offered for this plan"
+        used = {n for c in self._mapping_rules for n in names_used(c["expr"])}
         # tasks and min_blocks only pass through: one value stands for all where no rule reads them
         tasks_dom = d["tasks_per_block"] if "tasks_per_block" in used else d["tasks_per_block"][:1]
         mb_dom = d["min_blocks"] if "min_blocks" in used else d["min_blocks"][:1]
@@ -292,9 +288,7 @@ class SearchSpace:
                 break
             broken.add(f"{bad['reason']} ({bad['expr']})")
         else:
-            self._impossible = ("every thread mapping breaks a rule: " + "; ".join(sorted(broken)),)
-            return self._impossible[0]
-        self._impossible = (None,)
+            return "every thread mapping breaks a rule: " + "; ".join(sorted(broken))
         return None
 
     def _cluster_names(self, s: Schedule, names: dict[str, Any]) -> dict[str, Any]:
@@ -615,7 +609,7 @@ class SearchSpace:
         then each option in table order uniformly among its values where it applies to that point (its
         default elsewhere). The draws (one ``rng.choice`` per value, in this order) are a contract:
         seeded samples are recorded in ``tests/lower/golden/kernel_hashes.json``."""
-        impossible = self._mapping_is_impossible()  # draws nothing: seeded samples stay the same
+        impossible = self._mapping_is_impossible  # draws nothing: seeded samples stay the same
         if impossible is not None:
             raise ScheduleError(f"no legal schedule: the space is empty for this graph ({impossible})")
         d = self.domains
