@@ -25,7 +25,9 @@ so it is not modelled.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from stitchtune.hardware.device import Device
 
@@ -195,6 +197,35 @@ extern "C" __global__ void k(float* out, int n) {
 _CHECK_NACC = (1, 24, 56, 120, 200)
 
 
+def _check_kernel(cuda: Any, ck: Callable[[int, str], None], mod: Any, name: str,
+                  device: Device) -> tuple[int, list[dict[str, int]]]:
+    """:func:`driver_check` for kernel ``name`` of the loaded module ``mod`` (``cuda``: libcuda; ``ck``
+    raises on a failed call): its registers as the driver reports them, compared with :func:`occupancy`
+    over the block sizes and shared-memory sizes up to the opt-in limit. Returns (configurations
+    compared, mismatches as dicts)."""
+    import ctypes
+
+    fn, regs = ctypes.c_void_p(), ctypes.c_int()
+    ck(cuda.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()), "cuModuleGetFunction")
+    ck(cuda.cuFuncGetAttribute(ctypes.byref(regs), 4, fn), "cuFuncGetAttribute(NUM_REGS)")
+    # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8): allow up to the opt-in limit
+    ck(cuda.cuFuncSetAttribute(fn, 8, ctypes.c_int(device.smem_per_block_optin)), "cuFuncSetAttribute")
+    total, bad = 0, []
+    for threads in (32, 96, 128, 256, 512, 768, 1024):
+        for smem in (0, 4096, 40000, 65536, 100000, device.smem_per_block_optin):
+            if smem > device.smem_per_block_optin:
+                continue
+            n = ctypes.c_int()
+            ck(cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                ctypes.byref(n), fn, ctypes.c_int(threads), ctypes.c_size_t(smem)),
+               "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+            ours = occupancy(device, threads, regs.value, smem).blocks_per_sm
+            total += 1
+            if ours != n.value:
+                bad.append(dict(threads=threads, registers=regs.value, smem=smem, driver=n.value, ours=ours))
+    return total, bad
+
+
 def driver_check(device: Device, ordinal: int = 0, nvcc: str = "nvcc") -> tuple[int, list[dict[str, int]]]:
     """Compare :func:`occupancy` with the driver's ``cuOccupancyMaxActiveBlocksPerMultiprocessor`` on
     GPU ``ordinal`` for kernels of ~14..255 registers (compiled with nvcc for ``device.arch``), several
@@ -245,25 +276,9 @@ def driver_check(device: Device, ordinal: int = 0, nvcc: str = "nvcc") -> tuple[
             ck(cuda.cuModuleLoad(ctypes.byref(mod), cubin.encode()), "cuModuleLoad")
             try:
                 for nacc in _CHECK_NACC:
-                    fn, regs = ctypes.c_void_p(), ctypes.c_int()
-                    ck(cuda.cuModuleGetFunction(ctypes.byref(fn), mod, f"k{nacc}".encode()), "cuModuleGetFunction")
-                    ck(cuda.cuFuncGetAttribute(ctypes.byref(regs), 4, fn), "cuFuncGetAttribute(NUM_REGS)")
-                    # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8): allow up to the opt-in limit
-                    ck(cuda.cuFuncSetAttribute(fn, 8, ctypes.c_int(device.smem_per_block_optin)),
-                       "cuFuncSetAttribute")
-                    for threads in (32, 96, 128, 256, 512, 768, 1024):
-                        for smem in (0, 4096, 40000, 65536, 100000, device.smem_per_block_optin):
-                            if smem > device.smem_per_block_optin:
-                                continue
-                            n = ctypes.c_int()
-                            ck(cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                                ctypes.byref(n), fn, ctypes.c_int(threads), ctypes.c_size_t(smem)),
-                               "cuOccupancyMaxActiveBlocksPerMultiprocessor")
-                            ours = occupancy(device, threads, regs.value, smem).blocks_per_sm
-                            total += 1
-                            if ours != n.value:
-                                bad.append(dict(threads=threads, registers=regs.value, smem=smem,
-                                                driver=n.value, ours=ours))
+                    n_compared, mismatches = _check_kernel(cuda, ck, mod, f"k{nacc}", device)
+                    total += n_compared
+                    bad += mismatches
             except BaseException:
                 cuda.cuModuleUnload(mod)
                 raise
