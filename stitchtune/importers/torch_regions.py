@@ -314,11 +314,19 @@ def _input_perms(inputs: Sequence[Any], outputs: Sequence[Any], consts: Mapping[
         return [None] * len(inputs)
     out: list[tuple[int, ...] | None] = []
     for x, name in zip(inputs, names):
-        val = x.meta.get("val")
-        p = None if val is None or val.dim() < 2 or not val.dtype.is_floating_point or val.is_contiguous() \
-            or x in consts or name in reshaped else _dense_perm(val)
+        p = None if x in consts or name in reshaped else _held_permuted(x.meta.get("val"))
         out.append(None if p is None or p == tuple(range(len(p))) else p)
     return out
+
+
+def _held_permuted(val: Any) -> tuple[int, ...] | None:
+    """The axis order PyTorch stores ``val`` (an fx node's value) in when it is a float tensor of rank 2
+    or more, of static sizes, not contiguous and a permutation of a dense tensor (:func:`_dense_perm`);
+    else None."""
+    if not hasattr(val, "is_contiguous") or val.dim() < 2 or not val.dtype.is_floating_point \
+            or _symbolic(val) or val.is_contiguous():
+        return None
+    return _dense_perm(val)
 
 
 #: an output that is PyTorch's copy (``clone``) of another output: the region stores the value twice
@@ -507,9 +515,7 @@ def _reads_permuted(group: Sequence[Any]) -> bool:
     own = set(group)
     for n in group:
         for a in fx_args(n):
-            val: Any = a.meta.get("val") if a not in own and hasattr(a, "meta") else None
-            if hasattr(val, "is_contiguous") and val.dim() >= 2 and val.dtype.is_floating_point \
-                    and not _symbolic(val) and not val.is_contiguous() and _dense_perm(val) is not None:
+            if a not in own and hasattr(a, "meta") and _held_permuted(a.meta.get("val")) is not None:
                 return True
     return False
 
