@@ -45,8 +45,9 @@ from typing import Any
 
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph, Node, parse_graph
+from stitchtune.plan.rewrite import fresh_names, live_nodes, ordered_nodes, remade_nodes
 
-__all__ = ["RowMove", "commute_row_moves", "row_moves", "fresh_names", "remade_nodes", "ordered_nodes", "live_nodes"]
+__all__ = ["RowMove", "commute_row_moves", "row_moves"]
 
 _MOVES = ("slice", "concat")
 _ROW_LOCAL_KINDS = ("unary", "binary", "ternary", "cast")
@@ -260,38 +261,6 @@ def _pushed(graph: Graph, move: RowMove, names: set[str]) -> list[dict[str, Any]
     return out
 
 
-def fresh_names(names: set[str], stem: str) -> str:
-    """A name that is not in ``names`` (``stem``, else ``stem_1``, ...), added to them."""
-    name, k = stem, 0
-    while name in names:
-        k += 1
-        name = f"{stem}_{k}"
-    names.add(name)
-    return name
-
-
-def remade_nodes(nodes: dict[str, Node], computed: tuple[str, ...], values: dict[str, str],
-            name: Any) -> list[dict[str, Any]]:
-    """The nodes ``computed`` (graph order) made again in the source's layout, reading ``values``
-    (tensor -> the name of its value there; filled in); reshapes are no nodes (their argument's value);
-    ``name(c)`` the id of the node made for ``c``."""
-    out: list[dict[str, Any]] = []
-    for c in computed:
-        nd = nodes[c]
-        if nd.op == "reshape":
-            values[c] = values[str(nd.args[0])]
-            continue
-        d: dict[str, Any] = {"id": name(c), "op": nd.op,
-                             "args": [values.get(a, a) if isinstance(a, str) else a for a in nd.args]}
-        if OPS[nd.op].kind == "reduce":
-            d["axes"], d["keepdims"] = [-1], True
-        if nd.op == "cast":
-            d["to"] = nd.to
-        values[c] = d["id"]
-        out.append(d)
-    return out
-
-
 def _image(nodes: dict[str, Node], c: str, values: dict[str, str]) -> str:
     """The name of ``c``'s value in ``values`` (through reshapes to their argument's)."""
     while c not in values and nodes[c].op == "reshape":
@@ -309,34 +278,3 @@ def _ancestors(nodes: dict[str, Node], names: list[str], within: set[str]) -> se
             seen.add(n)
             stack.extend(a for a in nodes[n].tensor_args if a in within)
     return seen
-
-
-def ordered_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``nodes`` (graph.json form) in an order where each comes after the nodes it reads (stable)."""
-    by = {d["id"]: d for d in nodes}
-    done: set[str] = set()
-    out: list[dict[str, Any]] = []
-    for d in nodes:
-        stack = [(d["id"], False)]
-        while stack:
-            i, ready = stack.pop()
-            if i in done or i not in by:
-                continue
-            if ready:
-                done.add(i)
-                out.append(by[i])
-                continue
-            stack.append((i, True))
-            stack.extend((a, False) for a in reversed(by[i]["args"]) if isinstance(a, str) and a not in done)
-    return out
-
-
-def live_nodes(nodes: list[dict[str, Any]], outputs: list[str]) -> list[dict[str, Any]]:
-    """``nodes`` (graph.json form, topological) without those no output depends on."""
-    need = set(outputs)
-    keep = []
-    for d in reversed(nodes):
-        if d["id"] in need:
-            keep.append(d)
-            need.update(a for a in d["args"] if isinstance(a, str))
-    return keep[::-1]

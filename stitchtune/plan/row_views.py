@@ -36,7 +36,7 @@ from typing import Any
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph, Node, parse_graph
 from stitchtune.plan.pick import node_axis
-from stitchtune.plan.row_moves import fresh_names, live_nodes, ordered_nodes, remade_nodes
+from stitchtune.plan.rewrite import fresh_names, live_nodes, ordered_nodes, remade_nodes
 
 __all__ = ["commute_row_views"]
 
