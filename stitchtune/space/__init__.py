@@ -3,7 +3,8 @@
 
 One job per module: ``schedule`` (the value), ``options`` (every option declared once),
 ``schemes`` (every stitching scheme declared once), ``constraints`` (the safe expression evaluator), ``space_file`` (finding and reading the data),
-``search_space`` (suggest, sample, validate, variants, grid). Import the public names from here.
+``search_space`` (suggest, sample, variants, grid), ``legality`` (validate: the rules a point must pass).
+Import the public names from here.
 """
 
 from stitchtune.space.constraints import names_used, safe_eval

@@ -2,20 +2,22 @@
 
 Domains, constraints and the reuse rules are data (the space file, ``search_spaces/stitch.json``,
 see :mod:`stitchtune.space.space_file`); the options are declared once in
-:mod:`stitchtune.space.options`, the schemes (their legality among them) in :mod:`stitchtune.space.schemes`. This module interprets both: the derived names constraints read,
-validation, optuna suggestion (define-by-run and flat), seeded sampling, the variants of a point and the
-exhaustive grid. Every option is handled by walking the :class:`OptionTable` in its order.
+:mod:`stitchtune.space.options`, the schemes (their legality among them) in :mod:`stitchtune.space.schemes`. This module interprets both: the domains of
+one plan on one device, optuna suggestion (define-by-run and flat) and the repair of a suggested point,
+seeded sampling, the variants of a point and the exhaustive grid. Every option is handled by walking the
+:class:`OptionTable` in its order.
 
-Legality is the space's rules (:meth:`SearchSpace.rule_violations`) and, in a space given a resource
-check (:meth:`SearchSpace.with_resources`; the check is built above this room, where the lowering sizes
-the kernels: ``stitchtune.lower.resources.legal_space``), that the device can run every kernel.
+Legality is the space's rules (:meth:`SearchSpace.rule_violations`: the derived names constraints read,
+the checks and the early check of a thread mapping alone live in :mod:`stitchtune.space.legality`, whose
+:class:`~stitchtune.space.legality.SpaceRules` the space inherits) and, in a space given a resource check
+(:meth:`SearchSpace.with_resources`; the check is built above this room, where the lowering sizes the
+kernels: ``stitchtune.lower.resources.legal_space``), that the device can run every kernel.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import itertools
 import math
 import random
@@ -25,22 +27,16 @@ from typing import Any, Callable
 from stitchtune.errors import ScheduleError, StitchtuneError
 from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space.constraints import names_used, safe_eval, safe_eval_all
-from stitchtune.space.options import OPTIONS, Option, OptionTable, cross_smem_floats
+from stitchtune.space.constraints import names_used, safe_eval
+from stitchtune.space.legality import CORE_SCALARS, MappingRules, ResourceCheck, SpaceRules
+from stitchtune.space.options import OPTIONS, Option, OptionTable
 from stitchtune.space.levels import ReuseLevel, uncached_level
-from stitchtune.space.schedule import PERSISTENT, Schedule, row_chunk
+from stitchtune.space.schedule import PERSISTENT, Schedule
 from stitchtune.space.schemes import SCHEMES, SchemeTable
 from stitchtune.space.space_file import load_space_file
 
 Choose = Callable[[str, list[Any]], Any]
 """``choose(parameter name, domain) -> value``: how a decision walk asks for each value."""
-
-ResourceCheck = Callable[[Schedule], "str | None"]
-"""``check(schedule) -> reason | None``: why the device cannot run the kernels of a schedule that satisfies
-the space's rules (None: it can). Built above this room, where the lowering sizes the kernels
-(``stitchtune.lower.resources.resource_check``), and given to :meth:`SearchSpace.with_resources`."""
-
-_CORE_SCALARS = ("tpr", "block", "split", "vec", "tasks_per_block", "min_blocks")
 
 
 def _never(name: str) -> bool:
@@ -67,7 +63,7 @@ def _core_name(param: str) -> str:
     raise KeyError(param)
 
 
-class SearchSpace:
+class SearchSpace(SpaceRules):
     """The schedule space of one plan on one device (domains from the space file, options from ``table``,
     schemes from ``schemes``).
 
@@ -87,7 +83,6 @@ class SearchSpace:
         #: earlier space versions whose records selection still reads, each re-validated in this space
         self.compatible_versions: tuple[str, ...] = tuple(str(v) for v in data.get("compatible_versions", ()))
         self.resources: ResourceCheck | None = None  # see with_resources
-        self._mapping_memo: dict[tuple[int, ...], dict[str, str] | None] = {}  # see _mapping_breaks
         self.flat = False  # plain parameter names (see flat_mode)
         self.deterministic = False  # only bitwise-reproducible points (see deterministic_only)
         p = data["params"]
@@ -115,6 +110,7 @@ class SearchSpace:
                    else {TensorClass.FULL, TensorClass.PER_REDUCED})
         vectored = [n for n, c in plan.classes if c in vec_cls]
         self.elem_bytes = max((2 if plan.dtype(n) != "float32" else 4) for n in vectored) if vectored else 4
+        self._mappings = MappingRules(plan, device, self.elem_bytes, self.constraints)  # shared by copies
         # full-size inputs: each takes one row piece of prefetch registers (schedule.prefetch)
         self.n_full_inputs = sum(1 for n, c in plan.classes if c is TensorClass.FULL and n in plan.input_names)
         # the cross reductions (plan.cross) as the option rules read them
@@ -149,26 +145,7 @@ class SearchSpace:
         """The space of ``plan`` on ``device`` from the space file at ``path`` (default: the installed one)."""
         return cls(plan, device, load_space_file(path), table, schemes)
 
-    # -- points -----------------------------------------------------------------------------------
-    def _core_point(self, tpr: int, block: int, split: int, vec: int, tasks: int, min_blocks: int,
-                    schemes: tuple[str, ...], reuse: tuple[str, ...]) -> dict[str, Any]:
-        """The :data:`~stitchtune.space.options.Point` of a mapping, before any option is decided."""
-        return {"family": self.plan.family, "nstages": self.plan.nstages,
-                "single_pass_candidates": len(self.plan.single_pass), "tpr": tpr, "block": block,
-                "split": split, "vec": vec, "tasks_per_block": tasks, "min_blocks": min_blocks,
-                "schemes": tuple(schemes), "reuse": tuple(reuse), "max_cluster": self.max_cluster,
-                "scheme_table": self.schemes, **self._cross_point}
-
-    def _point(self, s: Schedule) -> dict[str, Any]:
-        """The whole point of ``s``: its core and every option of this space's table (an option ``s``
-        does not store reads as the table's default)."""
-        point = self._core_point(s.tpr, s.block, s.split, s.vec, s.tasks_per_block, s.min_blocks, s.schemes,
-                                 s.reuse)
-        stored = dict(s.options)
-        for opt in self.table:
-            point[opt.name] = stored.get(opt.name, opt.default)
-        return point
-
+    # -- decisions --------------------------------------------------------------------------------
     def _decide_options(self, point: dict[str, Any], ask: Callable[[Option[Any]], Any],
                         asks_undrawn: Callable[[str], bool] = _never) -> dict[str, Any]:
         """Each option in table order: ``ask(option)`` where it applies to ``point`` (which grows with
@@ -187,202 +164,6 @@ class SearchSpace:
             point[opt.name] = values[opt.name] = value
         return values
 
-    # -- derived quantities and checks ------------------------------------------------------------
-    def derived(self, s: Schedule) -> dict[str, Any]:
-        """The names constraint expressions may use, for schedule ``s``: the mapping, the plan's sizes,
-        the budgets below, each option's value and the names its ``derive`` adds; ``reg_cache_elems``
-        includes the registers each option's value costs."""
-        plan = self.plan
-        fam = plan.family
-        cached_reg = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == ReuseLevel.REGISTER]
-        cached_smem = [c for c, r in zip(plan.reuse_candidates, s.reuse) if r == ReuseLevel.SHARED]
-        names = self._mapping_names(s.tpr, s.block, s.split, s.vec, s.tasks_per_block, s.min_blocks)
-        chunk, per_thread = names["chunk"], names["per_thread"]
-        if fam == Family.COL:
-            cols_per_block = (s.block // max(s.tpr, 1)) * s.vec
-            smem_cache = 4 * chunk * cols_per_block * len(cached_smem)
-            smem_red = 4 * s.block * max(1, s.vec) if plan.nstages else 0
-        else:
-            rpb = max(1, s.block // s.tpr)
-            smem_cache = 4 * rpb * chunk * len(cached_smem)
-            slots = max(1, plan.nstages)
-            if "single_pass" in self.table and s.option("single_pass"):
-                # a merged pair exchanges its whole running state: (n, mean, M2, shift) or (max, sum)
-                slots = max([slots] + [4 if c.kind == "welford" else 2 for c in plan.single_pass])
-            smem_red = 4 * max(1, rpb) * max(1, s.tpr // 32) * slots if plan.nstages else 0
-        names.update({
-            "reg_cache_elems": per_thread * len(cached_reg), "smem_cache_bytes": smem_cache,
-            "smem_red_bytes": smem_red,
-            "cross_smem_bytes": 4 * cross_smem_floats(s.tpr, s.block, chunk, self._cross_point["ncross_k"],
-                                                      self._cross_point["ncross_s"]) if fam == Family.ROW else 0,
-        })
-        point = self._point(s)
-        for opt in self.table:
-            names[opt.name] = point[opt.name]
-            names.update(opt.derive(point))
-        names.update(self._cluster_names(s, names))
-        context = {**point, **names, "n_full_inputs": self.n_full_inputs}
-        names["reg_cache_elems"] += sum(opt.registers(context) for opt in self.table)
-        return names
-
-    def _mapping_names(self, tpr: int, block: int, split: int, vec: int, tasks: int,
-                       min_blocks: int) -> dict[str, Any]:
-        """The names of :meth:`derived` that the thread mapping alone decides (with the plan and the device):
-        the six core fields, ``family``, ``elem_bytes``, ``K``, ``P``, ``chunk``, ``per_thread``, ``vec_ok``,
-        ``max_split``, ``smem_limit`` and ``max_threads_per_sm``. ``tasks`` and ``min_blocks`` only pass
-        through (no other name depends on them: :meth:`_mapping_is_impossible` relies on it)."""
-        plan = self.plan
-        K, P = plan.K, plan.P
-        if plan.family == Family.COL:
-            chunk = math.ceil(K / split)
-            per_thread = math.ceil(chunk / max(tpr, 1)) * vec
-            vec_ok = P % vec == 0
-            max_split = K
-        else:
-            chunk = row_chunk(K, split, tpr, vec)
-            per_thread = chunk // tpr
-            vec_ok = K % vec == 0
-            max_split = max(1, math.ceil(K / (tpr * vec)))
-        return {"family": plan.family, "tpr": tpr, "block": block, "split": split, "vec": vec,
-                "tasks_per_block": tasks, "min_blocks": min_blocks, "elem_bytes": self.elem_bytes, "K": K, "P": P,
-                "chunk": chunk, "per_thread": per_thread, "smem_limit": int(self.device.smem_per_block_optin),
-                "vec_ok": vec_ok, "max_split": max_split, "max_threads_per_sm": int(self.device.max_threads_per_sm)}
-
-    @functools.cached_property
-    def _mapping_rules(self) -> tuple[dict[str, str], ...]:
-        """The space file's constraints that read only :meth:`_mapping_names` (in file order)."""
-        known = set(self._mapping_names(1, 1, 1, 1, 0, 0))
-        return tuple(c for c in self.constraints if set(names_used(c["expr"])) <= known)
-
-    def _mapping_breaks(self, tpr: int, block: int, split: int, vec: int, tasks: int,
-                        min_blocks: int) -> dict[str, str] | None:
-        """The first of :meth:`_mapping_rules` this thread mapping breaks (None: it passes them): a point with
-        this mapping breaks it too (:meth:`derived` gives it the same names). Remembered per mapping (copies
-        of a space share the memo: they keep the plan, the device and the core domains)."""
-        key = (tpr, block, split, vec, tasks, min_blocks)
-        if key not in self._mapping_memo:
-            rules = self._mapping_rules
-            passed = safe_eval_all(tuple(c["expr"] for c in rules), self._mapping_names(*key))
-            self._mapping_memo[key] = next((c for c, ok in zip(rules, passed) if not ok), None)
-        return self._mapping_memo[key]
-
-    @functools.cached_property
-    def _mapping_is_impossible(self) -> str | None:
-        """Why no point of this space can be legal, judged on the thread mapping alone (None: some mapping
-        passes, which does not prove a legal point exists): every mapping of the core domains breaks one of
-        :meth:`_mapping_rules`. Exact for what it judges (it never calls a non-empty space empty) and cheap
-        (a few thousand mappings at most, without drawing), so :meth:`sample` refuses such a space at once
-        instead of after ``max_tries`` rejected draws. Computed once per space."""
-        d = self.domains
-        empty = [n for n in _CORE_SCALARS if not d[n]]
-        if empty:
-            return f"no value of {', '.join(empty)} is offered for this plan"
-        used = {n for c in self._mapping_rules for n in names_used(c["expr"])}
-        # tasks and min_blocks only pass through: one value stands for all where no rule reads them
-        tasks_dom = d["tasks_per_block"] if "tasks_per_block" in used else d["tasks_per_block"][:1]
-        mb_dom = d["min_blocks"] if "min_blocks" in used else d["min_blocks"][:1]
-        broken: set[str] = set()
-        for mapping in itertools.product(d["tpr"], d["block"], d["split"], d["vec"], tasks_dom, mb_dom):
-            bad = self._mapping_breaks(*mapping)
-            if bad is None:
-                break
-            broken.add(f"{bad['reason']} ({bad['expr']})")
-        else:
-            return "every thread mapping breaks a rule: " + "; ".join(sorted(broken))
-        return None
-
-    def _cluster_names(self, s: Schedule, names: dict[str, Any]) -> dict[str, Any]:
-        """The names of the cluster constraints: ``max_cluster``, ``cluster_stages`` and ``cluster_fits``,
-        and ``cluster`` = 1 in a space whose table lacks the option. ``cluster_fits``: one cluster's blocks
-        fit on the device's largest GPC by threads, block slots and shared memory per SM (a coarse form of
-        the occupancy rules, read from the device description: this room sits below ``hardware``; the cost
-        model applies the full rules, registers included, once they are known)."""
-        cluster = int(names.get("cluster", 1))
-        fits = True
-        if cluster > 1 and self.max_cluster > 1:
-            dev = self.device
-            smem = int(names["smem_cache_bytes"]) + int(names["smem_red_bytes"]) + 4 * 8 * max(1, self.plan.nstages)
-            unit = int(dev.smem_alloc_unit)
-            alloc = -(-(smem + int(dev.smem_reserved_per_block)) // unit) * unit
-            per_sm = min(int(dev.max_threads_per_sm) // s.block, int(dev.max_blocks_per_sm),
-                         int(dev.smem_per_sm) // max(alloc, 1))
-            fits = per_sm * max(dev.gpc_sms, default=0) >= cluster
-        return {"cluster": cluster, "max_cluster": self.max_cluster,
-                "cluster_stages": self.schemes.count(s.schemes, lambda sc: sc.cluster), "cluster_fits": fits}
-
-    def _domain_violations(self, s: Schedule) -> list[str]:
-        """Values outside their domains, undeclared options, and scheme/reuse counts that do not fit the plan."""
-        out: list[str] = []
-        for name in _CORE_SCALARS:
-            if getattr(s, name) not in self.domains[name]:
-                out.append(f"{name}={getattr(s, name)} not in {self.domains[name]}")
-        stored = dict(s.options)
-        for opt in self.table:
-            value = stored.get(opt.name, opt.default)
-            if value not in self.domains[opt.name]:
-                out.append(f"{opt.name}={value} not in {self.domains[opt.name]}")
-        out += [f"option {n}={v} is not declared by this space" for n, v in s.options if n not in self.table]
-        if len(s.schemes) != self.plan.nstages:
-            out.append(f"{len(s.schemes)} schemes for {self.plan.nstages} stages")
-        if len(s.reuse) != len(self.plan.reuse_candidates):
-            out.append(f"{len(s.reuse)} reuse levels for {len(self.plan.reuse_candidates)} candidates")
-        return out
-
-    def violations(self, s: Schedule) -> list[str]:
-        """Every reason ``s`` is outside the space (empty when it is a legal point): :meth:`rule_violations`,
-        then, when they pass and the space has a resource check (:meth:`with_resources`), why the device
-        cannot run its kernels."""
-        out = self.rule_violations(s)
-        if not out and self.resources is not None:
-            reason = self.resources(s)
-            if reason is not None:
-                out.append(f"does not fit {getattr(self.device, 'name', 'the device')}: {reason}")
-        return out
-
-    def rule_violations(self, s: Schedule) -> list[str]:
-        """Every reason ``s`` breaks the space's rules: domains, the space file's constraints, each option
-        at a non-default value where it does not apply (unless a failed constraint already names that
-        option), then the scheme and reuse rules."""
-        out = self._domain_violations(s)
-        if out:
-            return out
-        names = self.derived(s)
-        failed_options: set[str] = set()
-        passed = safe_eval_all(self._constraint_exprs, names)
-        for c, options, ok in zip(self.constraints, self._constraint_options, passed):
-            if not ok:
-                out.append(f"{c['reason']} ({c['expr']})")
-                failed_options |= options
-        point = self._point(s)
-        for opt in self.table:
-            value = point[opt.name]
-            if value != opt.default and opt.name not in failed_options and not opt.applies(point):
-                out.append(f"option {opt.name}={value} where it does not apply (only where {opt.where})")
-        for i, sch in enumerate(s.schemes):
-            scheme = self.schemes.get(sch)
-            if scheme is None:
-                out.append(f"unknown scheme {sch!r}")
-            elif not safe_eval(scheme.rule, names):
-                out.append(f"scheme {sch} is not legal for stage {i + 1} with this mapping ({scheme.rule})")
-        inputs = set(self.plan.input_names)
-        reuse_names = dict(names)
-        for cand, r in zip(self.plan.reuse_candidates, s.reuse):
-            rule = self.reuse_rules.get(r)
-            reuse_names["is_input"] = cand in inputs
-            if rule is None:
-                out.append(f"unknown reuse level {r!r}")
-            elif not safe_eval(rule, reuse_names):
-                out.append(f"reuse level {r} is not legal for {'an input' if cand in inputs else 'an intermediate'}")
-        return out
-
-    def check(self, s: Schedule) -> Schedule:
-        """Return ``s`` if legal, else raise :class:`ScheduleError` listing every violation."""
-        v = self.violations(s)
-        if v:
-            raise ScheduleError("illegal schedule: " + "; ".join(v), problems=v)
-        return s
-
-    # -- decisions --------------------------------------------------------------------------------
     def _legal_schemes(self, names: dict[str, Any]) -> list[str]:
         """The schemes this space offers that are legal for the mapping ``names``, in domain order."""
         return [x for x in self.domains["scheme"] if safe_eval(self.schemes[x].rule, names)]
@@ -508,7 +289,7 @@ class SearchSpace:
     def _rebuilt(self, s: Schedule, **core: Any) -> Schedule:
         """``s`` with the core fields ``core`` changed, each option keeping its value where it still
         applies (its default elsewhere, the value a forced option takes)."""
-        f = {n: core.get(n, getattr(s, n)) for n in _CORE_SCALARS + ("schemes", "reuse")}
+        f = {n: core.get(n, getattr(s, n)) for n in CORE_SCALARS + ("schemes", "reuse")}
         point = self._core_point(f["tpr"], f["block"], f["split"], f["vec"], f["tasks_per_block"], f["min_blocks"],
                                  tuple(f["schemes"]), tuple(f["reuse"]))
         stored = self._point(s)
@@ -625,7 +406,7 @@ class SearchSpace:
             reuse = tuple(rng.choice(dom) for dom in reuse_doms)
             point = self._core_point(tpr, block, split, vec, tasks, min_blocks, schemes, reuse)
             options = self._decide_options(point, lambda opt: rng.choice(d[opt.name]))
-            if self._mapping_breaks(tpr, block, split, vec, tasks, min_blocks) is not None:
+            if self._mappings.breaks(tpr, block, split, vec, tasks, min_blocks) is not None:
                 continue  # a violation by the mapping alone (known without building the point)
             s = Schedule(tpr, block, split, vec, tasks, min_blocks, schemes, reuse, options, table=self.table)
             if not self.violations(s):

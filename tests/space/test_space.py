@@ -273,8 +273,8 @@ def test_the_mapping_check_agrees_with_the_full_rules(name: str) -> None:
                                       ("tpr", "block", "split", "vec", "tasks_per_block", "min_blocks")})
         mapping = (s.tpr, s.block, s.split, s.vec, s.tasks_per_block, s.min_blocks)
         names = space.derived(s)
-        assert {k: names[k] for k in space._mapping_names(*mapping)} == space._mapping_names(*mapping)
-        bad = space._mapping_breaks(*mapping)
+        assert {k: names[k] for k in space._mappings.names(*mapping)} == space._mappings.names(*mapping)
+        bad = space._mappings.breaks(*mapping)
         if bad is not None:
             broken += 1
             assert any(bad["expr"] in v for v in space.violations(s)), (s, bad)
