@@ -63,6 +63,7 @@ from stitchtune.errors import StitchtuneError, ToolchainError
 from stitchtune.hardware.device import QUERIED_SOURCE
 
 if TYPE_CHECKING:
+    from stitchtune.bench.peers import Peer
     from stitchtune.hardware.device import Device
     from stitchtune.graph.parse import Graph
 
@@ -228,10 +229,6 @@ def _time_stitchtune(graph_path: str, graph: Graph, db: str, trials: int, device
                         f"{origin}; CUDA events, median of {iters}, {k} rotating input copies; {err}", tuple(samples))
 
 
-class _Skip(Exception):
-    """Internal: this system is not part of the current phase."""
-
-
 def _reference(graph: Graph, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(random inputs, float64 numpy reference outputs) of ``graph``."""
     from stitchtune.graph.reference import random_inputs
@@ -265,61 +262,88 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
     in_bytes = sum(a.nbytes for a in inputs.values())
     k = rotations_needed(in_bytes, device.l2_bytes)
     sets = [{n: to_torch(a, torch_device) for n, a in inputs.items()} for _ in range(k)]
-    rot = f"{k} rotating input copies"
     results: list[SystemTiming] = []
-
-    # -- stitchtune
-    try:
-        if not stitchtune:
-            raise _Skip
-        results.append(_time_stitchtune(graph_path, graph, db, trials, device, sets, expected, warmup, iters,
-                                        torch_device))
-    except _Skip:
-        pass
-    except StitchtuneError as exc:
-        results.append(SystemTiming(wl, STITCHTUNE, None, False, f"not run: {'; '.join(exc.problems)}"))
-    except Exception as exc:
-        log.exception("%s: stitchtune failed", wl)
-        results.append(SystemTiming(wl, STITCHTUNE, None, False, f"failed: {type(exc).__name__}: {exc}"[:500]))
-
-    # -- peers
+    if stitchtune:
+        results.append(_stitchtune_row(graph_path, graph, db, trials, device, sets, expected, warmup, iters,
+                                       torch_device))
     peers, notes = build_peers(graph, tuple(peer_names))
     for note in notes:
         sys_ = note.split(":", 1)[0]
         results.append(SystemTiming(wl, sys_, None, False, note))
     for peer in peers:
-        try:
-            if peer.framework == "torch":
-                t0 = time.perf_counter()
-                for i in range(3):
-                    res = peer.fn(**sets[i % k])
-                _sync(torch_device)
-                first_s = time.perf_counter() - t0
-                ok, err = _check(graph, [to_host(t) for t in res], expected)
-                del res
-                samples = _event_times(lambda i: peer.fn(**sets[i % k]), warmup, iters, torch_device)
-                med = statistics.median(samples)
-                how = f"{'CUDA events' if torch_device != 'cpu' else 'CPU wall clock'}, median of {iters}, {rot}"
-            else:
-                import jax
-
-                jsets = [{n: jax.device_put(a) for n, a in inputs.items()} for _ in range(k)]
-                t0 = time.perf_counter()
-                res = jax.block_until_ready(peer.fn(**jsets[0]))
-                first_s = time.perf_counter() - t0
-                ok, err = _check(graph, [np.asarray(r, dtype=np.float32) for r in res], expected)
-                del res
-                med, how = _jax_times(peer.fn, jsets, warmup, iters)
-                how += f", {rot}"
-                samples = []
-            results.append(SystemTiming(wl, peer.system, med, ok,
-                                        f"{how}; first calls (compile) {first_s:.1f} s; {err}", tuple(samples)))
-        except Exception as exc:
-            log.exception("%s: peer %s failed", wl, peer.system)
-            results.append(SystemTiming(wl, peer.system, None, False, f"failed: {type(exc).__name__}: {exc}"[:500]))
-        finally:
-            _sync(torch_device)
+        results.append(_peer_row(graph, peer, inputs, sets, expected, warmup, iters, torch_device))
     return results
+
+
+def _stitchtune_row(graph_path: str, graph: Graph, db: str, trials: int, device: Device,
+                    sets: list[dict[str, Any]], expected: dict[str, np.ndarray], warmup: int, iters: int,
+                    torch_device: str) -> SystemTiming:
+    """stitchtune's row of :func:`bench_graph` (:func:`_time_stitchtune`), or its failure in ``note``:
+    a user-facing refusal as "not run", anything else as "failed" (logged). Never raises."""
+    wl = graph.name
+    try:
+        return _time_stitchtune(graph_path, graph, db, trials, device, sets, expected, warmup, iters, torch_device)
+    except StitchtuneError as exc:
+        return SystemTiming(wl, STITCHTUNE, None, False, f"not run: {'; '.join(exc.problems)}")
+    except Exception as exc:
+        log.exception("%s: stitchtune failed", wl)
+        return SystemTiming(wl, STITCHTUNE, None, False, f"failed: {type(exc).__name__}: {exc}"[:500])
+
+
+def _peer_row(graph: Graph, peer: Peer, inputs: dict[str, np.ndarray], sets: list[dict[str, Any]],
+              expected: dict[str, np.ndarray], warmup: int, iters: int, torch_device: str) -> SystemTiming:
+    """One peer's row of :func:`bench_graph`: checked after its first calls, then timed (a torch peer
+    on ``sets``, a JAX peer on as many copies of ``inputs`` put on its device); a failure is its note
+    (logged). Never raises."""
+    rot = f"{len(sets)} rotating input copies"
+    try:
+        if peer.framework == "torch":
+            first_s, (ok, err), samples = _torch_peer_times(graph, peer, sets, expected, warmup, iters, torch_device)
+            med = statistics.median(samples)
+            how = f"{'CUDA events' if torch_device != 'cpu' else 'CPU wall clock'}, median of {iters}, {rot}"
+        else:
+            first_s, (ok, err), med, how = _jax_peer_times(graph, peer, inputs, len(sets), expected, warmup, iters)
+            how += f", {rot}"
+            samples = []
+        return SystemTiming(graph.name, peer.system, med, ok,
+                            f"{how}; first calls (compile) {first_s:.1f} s; {err}", tuple(samples))
+    except Exception as exc:
+        log.exception("%s: peer %s failed", graph.name, peer.system)
+        return SystemTiming(graph.name, peer.system, None, False, f"failed: {type(exc).__name__}: {exc}"[:500])
+    finally:
+        _sync(torch_device)
+
+
+def _torch_peer_times(graph: Graph, peer: Peer, sets: list[dict[str, Any]], expected: dict[str, np.ndarray],
+                      warmup: int, iters: int, torch_device: str) -> tuple[float, tuple[bool, str], list[float]]:
+    """(seconds of the first three calls, :func:`_check` of the third's outputs, :func:`_event_times`
+    samples in µs) of a torch peer, cycling through the input rotations ``sets``."""
+    k = len(sets)
+    t0 = time.perf_counter()
+    for i in range(3):
+        res = peer.fn(**sets[i % k])
+    _sync(torch_device)
+    first_s = time.perf_counter() - t0
+    checked = _check(graph, [to_host(t) for t in res], expected)
+    del res
+    return first_s, checked, _event_times(lambda i: peer.fn(**sets[i % k]), warmup, iters, torch_device)
+
+
+def _jax_peer_times(graph: Graph, peer: Peer, inputs: dict[str, np.ndarray], k: int,
+                    expected: dict[str, np.ndarray], warmup: int, iters: int
+                    ) -> tuple[float, tuple[bool, str], float, str]:
+    """(seconds of the first call, :func:`_check` of its outputs, µs per call and the method of
+    :func:`_jax_times`) of a JAX peer, cycling through ``k`` copies of ``inputs`` on its device."""
+    import jax
+
+    jsets = [{n: jax.device_put(a) for n, a in inputs.items()} for _ in range(k)]
+    t0 = time.perf_counter()
+    res = jax.block_until_ready(peer.fn(**jsets[0]))
+    first_s = time.perf_counter() - t0
+    checked = _check(graph, [np.asarray(r, dtype=np.float32) for r in res], expected)
+    del res
+    med, how = _jax_times(peer.fn, jsets, warmup, iters)
+    return first_s, checked, med, how
 
 
 def run_bench(graphs: Sequence[str | os.PathLike[str]], db: str, trials: int, peers: Sequence[str],
