@@ -187,11 +187,76 @@ def _torch_reduce() -> dict[str, Callable[..., Any]]:
     }
 
 
+NodeOp = Callable[["Node", list[Any]], Any]
+"""``f(node, args) -> value``: an op that reads its node's attributes (axis, shape, perm, target type)
+besides its argument values ``args`` (tensors, or Python floats for constants)."""
+
+
+def _torch_index_ops() -> dict[str, NodeOp]:
+    """slice, concat, gather, gather_elements, uniform and iota on torch tensors, as the reference."""
+    import torch
+
+    def concat(node: Node, args: list[Any]) -> Any:
+        if node.axis is None:
+            raise ValueError(f"peers: concat {node.id} has no axis")  # a bug: the parser sets it
+        return torch.cat(args, dim=node.axis)
+
+    def gather(node: Node, args: list[Any]) -> Any:  # out-of-range index: a zero row, as the reference
+        table, idx = args
+        ok = (idx >= 0) & (idx < table.shape[0])
+        rows = table[idx.clamp(0, table.shape[0] - 1)]
+        return rows * ok.reshape(ok.shape + (1,) * (table.dim() - 1)).to(rows.dtype)
+
+    def gather_elements(node: Node, args: list[Any]) -> Any:  # torch.gather; out-of-range index: 0, as the reference
+        x, idx = args
+        ax = int(node.axis or 0)
+        part = x[tuple(slice(0, d) if k != ax else slice(None) for k, d in enumerate(idx.shape))]
+        ok = (idx >= 0) & (idx < x.shape[ax])
+        return torch.gather(part, ax, idx.clamp(0, x.shape[ax] - 1)) * ok.to(x.dtype)
+
+    def uniform(node: Node, args: list[Any]) -> Any:   # the same bits as the kernels' (importers/torch_random.py)
+        from stitchtune.importers.torch_random import uniform_torch
+
+        return uniform_torch(args[0], args[1])
+
+    def iota(node: Node, args: list[Any]) -> Any:
+        shape, ax = tuple(node.shape), int(node.axis or 0)
+        line = torch.arange(shape[ax], dtype=torch.int64)
+        return line.reshape([-1 if d == ax else 1 for d in range(len(shape))]).expand(shape)
+
+    return {"slice": lambda node, args: args[0].narrow(node.axis, node.start, node.stop - node.start),
+            "concat": concat, "gather": gather, "gather_elements": gather_elements, "uniform": uniform, "iota": iota}
+
+
+def _torch_layout_ops() -> dict[str, NodeOp]:
+    """cast (bools as 0.0 / 1.0, ints as int64, 16-bit types rounded to and computed on in float32),
+    transpose, reshape and expand on torch tensors."""
+    import torch
+
+    def cast(node: Node, args: list[Any]) -> Any:
+        to = node.to or node.dtype
+        if to == "bool":
+            return (args[0] != 0).to(torch.float32)
+        if to in ("int32", "int64"):
+            return args[0].to(torch.int64)
+        if not args[0].is_floating_point():   # an int value made float
+            return args[0].to(torch.float32)
+        if to in _SIXTEEN_BIT:  # round to the target type, keep computing in float32
+            return args[0].to(torch_dtype(to)).to(torch.float32)
+        return args[0]
+
+    return {"cast": cast,
+            "transpose": lambda node, args: args[0].permute(*node.perm),
+            "reshape": lambda node, args: args[0].reshape(node.shape),
+            "expand": lambda node, args: args[0].expand(*node.shape)}
+
+
 def _torch_body(graph: Graph) -> Callable[..., tuple]:
     """The eager float32 function of ``graph`` taking inputs positionally in ``graph.inputs`` order."""
     import torch
 
     unary, binary, reduce, masks = _torch_unary(), _torch_binary(), _torch_reduce(), _torch_masks()
+    node_ops = {**_torch_index_ops(), **_torch_layout_ops()}
     names = [n for n, _ in graph.inputs]
     nodes = graph.nodes
     outputs = graph.outputs
@@ -212,48 +277,8 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
             return reduce[op](args[0], tuple(node.axes), bool(node.keepdims))
         if op in masks:
             return masks[op](*args)
-        if op == "slice":
-            return args[0].narrow(node.axis, node.start, node.stop - node.start)
-        if op == "concat":
-            if node.axis is None:
-                raise ValueError(f"peers: concat {node.id} has no axis")  # a bug: the parser sets it
-            return torch.cat(args, dim=node.axis)
-        if op == "gather":  # out-of-range index: a zero row, as the reference
-            table, idx = args
-            ok = (idx >= 0) & (idx < table.shape[0])
-            rows = table[idx.clamp(0, table.shape[0] - 1)]
-            return rows * ok.reshape(ok.shape + (1,) * (table.dim() - 1)).to(rows.dtype)
-        if op == "gather_elements":  # torch.gather; out-of-range index: 0, as the reference
-            x, idx = args
-            ax = int(node.axis or 0)
-            part = x[tuple(slice(0, d) if k != ax else slice(None) for k, d in enumerate(idx.shape))]
-            ok = (idx >= 0) & (idx < x.shape[ax])
-            return torch.gather(part, ax, idx.clamp(0, x.shape[ax] - 1)) * ok.to(x.dtype)
-        if op == "uniform":   # the same bits as the kernels' (importers/torch_random.py)
-            from stitchtune.importers.torch_random import uniform_torch
-
-            return uniform_torch(args[0], args[1])
-        if op == "iota":
-            shape, ax = tuple(node.shape), int(node.axis or 0)
-            line = torch.arange(shape[ax], dtype=torch.int64)
-            return line.reshape([-1 if d == ax else 1 for d in range(len(shape))]).expand(shape)
-        if op == "cast":
-            to = node.to or node.dtype
-            if to == "bool":
-                return (args[0] != 0).to(torch.float32)
-            if to in ("int32", "int64"):
-                return args[0].to(torch.int64)
-            if not args[0].is_floating_point():   # an int value made float
-                return args[0].to(torch.float32)
-            if to in _SIXTEEN_BIT:  # round to the target type, keep computing in float32
-                return args[0].to(torch_dtype(to)).to(torch.float32)
-            return args[0]
-        if op == "transpose":
-            return args[0].permute(*node.perm)
-        if op == "reshape":
-            return args[0].reshape(node.shape)
-        if op == "expand":
-            return args[0].expand(*node.shape)
+        if op in node_ops:
+            return node_ops[op](node, args)
         raise ValueError(f"peers: op {op!r} has no torch implementation")  # a bug: graph validated ops
 
     def body(*tensors: Any) -> tuple:
@@ -358,6 +383,55 @@ def _jax_masks() -> dict[str, Callable[..., Any]]:
                      lambda x, lo, hi: jnp.minimum(jnp.maximum(x, lo), hi))
 
 
+def _jax_index_ops() -> dict[str, NodeOp]:
+    """slice, concat, gather, gather_elements and iota on JAX arrays, as the reference (no ``uniform``)."""
+    import jax
+    import jax.numpy as jnp
+
+    def gather(node: Node, args: list[Any]) -> Any:  # out-of-range index: a zero row, as the reference
+        table, idx = args
+        ok = (idx >= 0) & (idx < table.shape[0])
+        rows = table[jnp.clip(idx, 0, table.shape[0] - 1)]
+        return rows * ok.reshape(ok.shape + (1,) * (table.ndim - 1)).astype(jnp.float32)
+
+    def gather_elements(node: Node, args: list[Any]) -> Any:  # take_along_axis; out-of-range index: 0, as the reference
+        x, idx = args
+        ax = int(node.axis or 0)
+        part = x[tuple(slice(0, d) if k != ax else slice(None) for k, d in enumerate(idx.shape))]
+        ok = (idx >= 0) & (idx < x.shape[ax])
+        return jnp.take_along_axis(part, jnp.clip(idx, 0, x.shape[ax] - 1), axis=ax) * ok.astype(x.dtype)
+
+    def iota(node: Node, args: list[Any]) -> Any:
+        shape, ax = tuple(node.shape), int(node.axis or 0)
+        line = jnp.arange(shape[ax]).reshape([-1 if d == ax else 1 for d in range(len(shape))])
+        return jnp.broadcast_to(line, shape)
+
+    return {"slice": lambda node, args: jax.lax.slice_in_dim(args[0], node.start, node.stop, axis=node.axis),
+            "concat": lambda node, args: jnp.concatenate(args, axis=node.axis),
+            "gather": gather, "gather_elements": gather_elements, "iota": iota}
+
+
+def _jax_layout_ops() -> dict[str, NodeOp]:
+    """cast (bools as 0.0 / 1.0, ints as int32 / int64, 16-bit types rounded to and computed on in
+    float32), transpose, reshape and expand on JAX arrays."""
+    import jax.numpy as jnp
+
+    def cast(node: Node, args: list[Any]) -> Any:
+        to = node.to or node.dtype
+        if to == "bool":
+            return (args[0] != 0).astype(jnp.float32)
+        if to in ("int32", "int64"):
+            return args[0].astype(jnp.int32 if to == "int32" else jnp.int64)
+        if jnp.issubdtype(args[0].dtype, jnp.integer):   # an int value made float
+            return args[0].astype(jnp.float32)
+        return args[0].astype(_jax_dtype(to)).astype(jnp.float32) if to in _SIXTEEN_BIT else args[0]
+
+    return {"cast": cast,
+            "transpose": lambda node, args: jnp.transpose(args[0], node.perm),
+            "reshape": lambda node, args: jnp.reshape(args[0], node.shape),
+            "expand": lambda node, args: jnp.broadcast_to(args[0], node.shape)}
+
+
 def jax_function(graph: Graph) -> Callable[..., tuple]:
     """``f(**arrays) -> tuple``: ``graph`` in JAX, ``jax.jit``-compiled. Raises ``ImportError`` without jax."""
     import jax
@@ -365,6 +439,7 @@ def jax_function(graph: Graph) -> Callable[..., tuple]:
 
     unary, binary, reduce = _jax_tables()
     masks = _jax_masks()
+    node_ops = {**_jax_index_ops(), **_jax_layout_ops()}
     names = [n for n, _ in graph.inputs]
     nodes = graph.nodes
     outputs = graph.outputs
@@ -374,57 +449,26 @@ def jax_function(graph: Graph) -> Callable[..., tuple]:
     def scalar(x: float) -> Any:
         return jnp.asarray(x, dtype=f32)  # weakly typed python floats could promote differently
 
+    def run_node(node: Node, env: dict[str, Any]) -> Any:
+        args = [env[a] if isinstance(a, str) else scalar(float(a)) for a in node.args]
+        op = node.op
+        if op in unary:
+            return unary[op](args[0])
+        if op in binary:
+            return binary[op](args[0], args[1])
+        if op in reduce:
+            return reduce[op](args[0], axis=tuple(node.axes), keepdims=bool(node.keepdims))
+        if op in masks:
+            return masks[op](*args)
+        if op in node_ops:
+            return node_ops[op](node, args)
+        raise ValueError(f"peers: op {op!r} has no jax implementation")
+
     def body(*arrays: Any) -> tuple:
         env: dict[str, Any] = {n: a if jnp.issubdtype(a.dtype, jnp.integer) else a.astype(f32)
                                for n, a in zip(names, arrays)}
         for node in nodes:
-            args = [env[a] if isinstance(a, str) else scalar(float(a)) for a in node.args]
-            op = node.op
-            if op in unary:
-                val = unary[op](args[0])
-            elif op in binary:
-                val = binary[op](args[0], args[1])
-            elif op in reduce:
-                val = reduce[op](args[0], axis=tuple(node.axes), keepdims=bool(node.keepdims))
-            elif op in masks:
-                val = masks[op](*args)
-            elif op == "slice":
-                val = jax.lax.slice_in_dim(args[0], node.start, node.stop, axis=node.axis)
-            elif op == "concat":
-                val = jnp.concatenate(args, axis=node.axis)
-            elif op == "gather":  # out-of-range index: a zero row, as the reference
-                table, idx = args
-                ok = (idx >= 0) & (idx < table.shape[0])
-                rows = table[jnp.clip(idx, 0, table.shape[0] - 1)]
-                val = rows * ok.reshape(ok.shape + (1,) * (table.ndim - 1)).astype(f32)
-            elif op == "gather_elements":  # take_along_axis; out-of-range index: 0, as the reference
-                x, idx = args
-                ax = int(node.axis or 0)
-                part = x[tuple(slice(0, d) if k != ax else slice(None) for k, d in enumerate(idx.shape))]
-                ok = (idx >= 0) & (idx < x.shape[ax])
-                val = jnp.take_along_axis(part, jnp.clip(idx, 0, x.shape[ax] - 1), axis=ax) * ok.astype(x.dtype)
-            elif op == "iota":
-                shape, ax = tuple(node.shape), int(node.axis or 0)
-                line = jnp.arange(shape[ax]).reshape([-1 if d == ax else 1 for d in range(len(shape))])
-                val = jnp.broadcast_to(line, shape)
-            elif op == "cast" and (node.to or node.dtype) == "bool":
-                val = (args[0] != 0).astype(f32)
-            elif op == "cast" and (node.to or node.dtype) in ("int32", "int64"):
-                val = args[0].astype(jnp.int32 if (node.to or node.dtype) == "int32" else jnp.int64)
-            elif op == "cast" and jnp.issubdtype(args[0].dtype, jnp.integer):   # an int value made float
-                val = args[0].astype(f32)
-            elif op == "cast":
-                to = node.to or node.dtype
-                val = args[0].astype(_jax_dtype(to)).astype(f32) if to in _SIXTEEN_BIT else args[0]
-            elif op == "transpose":
-                val = jnp.transpose(args[0], node.perm)
-            elif op == "reshape":
-                val = jnp.reshape(args[0], node.shape)
-            elif op == "expand":
-                val = jnp.broadcast_to(args[0], node.shape)
-            else:
-                raise ValueError(f"peers: op {op!r} has no jax implementation")
-            env[node.id] = val
+            env[node.id] = run_node(node, env)
         return tuple(env[o].astype(dt) for o, dt in zip(outputs, out_dtypes))
 
     jitted = jax.jit(body)
