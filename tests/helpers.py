@@ -1077,3 +1077,34 @@ def rotary_positions_graph(batch: int = 2, seq: int = 8, dim: int = 16, start: i
                   {"id": "a", "op": "mul", "args": ["x", "c"]}, {"id": "b", "op": "mul", "args": ["rh", "s"]},
                   {"id": "y", "op": "add", "args": ["a", "b"]}],
         "outputs": ["y"]})
+
+
+def embedding_dropout_graph(p: float = 0.1, S: int = 8, H: int = 32, V: int = 20) -> Any:
+    """BERT's embeddings in its training step as the torch importer maps them (three gathers, their
+    sum, a layer norm) with the embedding dropout drawn in the region (tests/plan/test_int_beside_gather.py): ``uniform(seed, counter)`` of
+    an ``iota`` counter over ``[1, S, H]``, compared, cast and scaled."""
+    i64, f32 = {"dtype": "int64"}, {"dtype": "float32"}
+    return parse_graph({
+        "name": "emb_dropout",
+        "inputs": {"tok": {"shape": [1, S], **i64}, "wte": {"shape": [V, H], **f32},
+                   "typ": {"shape": [1, S], **i64}, "tte": {"shape": [2, H], **f32},
+                   "pos": {"shape": [1, S], **i64}, "wpe": {"shape": [S, H], **f32},
+                   "gamma": {"shape": [H], **f32}, "beta": {"shape": [H], **f32}, "seed": {"shape": [1], **i64}},
+        "nodes": [
+            {"id": "e0", "op": "gather", "args": ["wte", "tok"], "axis": 0},
+            {"id": "e1", "op": "gather", "args": ["tte", "typ"], "axis": 0},
+            {"id": "e2", "op": "gather", "args": ["wpe", "pos"], "axis": 0},
+            {"id": "s0", "op": "add", "args": ["e0", "e1"]}, {"id": "x", "op": "add", "args": ["s0", "e2"]},
+            {"id": "mu", "op": "reduce_mean", "args": ["x"], "axes": [2], "keepdims": True},
+            {"id": "xc", "op": "sub", "args": ["x", "mu"]}, {"id": "sq", "op": "mul", "args": ["xc", "xc"]},
+            {"id": "var", "op": "reduce_mean", "args": ["sq"], "axes": [2], "keepdims": True},
+            {"id": "ve", "op": "add", "args": ["var", 1e-12]}, {"id": "rs", "op": "rsqrt", "args": ["ve"]},
+            {"id": "xn", "op": "mul", "args": ["xc", "rs"]}, {"id": "xg", "op": "mul", "args": ["xn", "gamma"]},
+            {"id": "ln", "op": "add", "args": ["xg", "beta"]},
+            {"id": "i2", "op": "iota", "args": [], "shape": [1, S, H], "dtype": "int32", "axis": 2},
+            {"id": "i1", "op": "iota", "args": [], "shape": [1, S, H], "dtype": "int32", "axis": 1},
+            {"id": "s1", "op": "mul", "args": ["i1", float(H)]}, {"id": "c1", "op": "add", "args": ["i2", "s1"]},
+            {"id": "u", "op": "uniform", "args": ["seed", "c1"]},
+            {"id": "keep", "op": "gt", "args": ["u", p]}, {"id": "kf", "op": "cast", "args": ["keep"], "to": "float32"},
+            {"id": "m", "op": "mul", "args": ["kf", "ln"]}, {"id": "y", "op": "mul", "args": ["m", 1.0 / (1.0 - p)]}],
+        "outputs": ["x", "mu", "rs", "keep", "y"]})

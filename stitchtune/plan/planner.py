@@ -480,8 +480,8 @@ def _make_plan(graph: Graph, domain_tensor: str | None = None) -> StitchPlan:
     if index_op is not None:  # (naming the index op: an importer can leave it out and keep the rest)
         raise UnsupportedGraphError(
             f"{index_op.op} '{index_op.id}' is in a region that computes with int values (graph '{graph.name}'); "
-            "stitched kernels lower int arithmetic in element-wise and row-reduction regions without slice, "
-            "concat or gather only (gather_elements picks may sit next to it)")
+            "stitched kernels evaluate slice, concat and gather in float registers: int values may sit beside "
+            "them, but not be read through them, be their result or be computed from it")
     pick.check_pick_indices(graph, ints)
     real, graph = graph, remap.surrogate(graph)
     names = [n for n, _ in graph.inputs] + [nd.id for nd in graph.nodes]

@@ -75,18 +75,51 @@ __all__ = ["OuterSources", "outer_sources", "root_shift", "int_index_op", "surro
 
 
 def int_index_op(graph: Graph, ints: frozenset[str]) -> Node | None:
-    """The first slice / concat / gather of ``graph`` that meets int registers (``ints``,
-    :func:`~stitchtune.plan.ints.int_registers`): one that reads an int tensor, or the first of them
-    when an int tensor is computed from an index op's result (a remapped evaluation computes in float
-    registers only) or is a graph input. None when the int values are computed from ``iota`` alone,
-    apart from the index ops (rotary's positions ``iota`` cast to float beside rotate_half's slice /
-    concat); ``gather_elements`` picks are never named (:mod:`stitchtune.plan.pick`)."""
+    """The first slice / concat / gather of ``graph`` whose remapped evaluation meets int registers
+    (``ints``, :func:`~stitchtune.plan.ints.int_registers`), or None. A remapped evaluation
+    (:mod:`stitchtune.lower.remap`) loads and computes in float registers only, so an index op is named
+    when its result is an int tensor or an int tensor lies :func:`_under_index_ops` it (read at a
+    moved position); and while an int tensor is computed from an index op's result or belongs to a
+    layout chain (:func:`~stitchtune.plan.chains.chain_members`), the first index op.
+    Int values computed beside the index ops (dropout's counter ``iota`` arithmetic and its
+    ``uniform`` draw next to BERT's embedding gathers, rotary's positions next to rotate_half), and
+    int inputs read there or as gather indices, are evaluated by the sweep itself in int registers:
+    not named. ``gather_elements`` picks are never named (:mod:`stitchtune.plan.pick`)."""
     index_ops = [nd for nd in graph.nodes if OPS[nd.op].kind in INDEX_KINDS and nd.op != "gather_elements"]
     if not ints or not index_ops:
         return None
-    if ints & (after_index_ops(graph, sliced_members(graph)) | set(graph.input_names)):   # (an int input: loaded as an int)
+    under = _under_index_ops(graph, index_ops)
+    named = next((nd for nd in index_ops if nd.id in ints or ints & under[nd.id]), None)
+    if named is not None:
+        return named
+    if ints & after_index_ops(graph, sliced_members(graph)):
         return index_ops[0]
-    return next((nd for nd in index_ops if any(a in ints for a in nd.tensor_args)), None)
+    if any(OPS[nd.op].kind == "layout" and nd.id in ints for nd in graph.nodes) and ints & chain_members(graph):
+        return index_ops[0]   # (a chain of an input is loaded by index arithmetic, as floats)
+    return None
+
+
+def _under_index_ops(graph: Graph, index_ops: list[Node]) -> dict[str, frozenset[str]]:
+    """Index op id -> the tensors a remapped evaluation of it reads at moved positions (through
+    :class:`~stitchtune.lower.remap.RemapValues`: the arguments of a slice / concat and what they
+    are computed from, through other slices / concats and element-wise nodes). A gather stops the
+    walk: its table row is loaded directly and its index read once per row as an int
+    (:func:`~stitchtune.lower.remap.gather_index`)."""
+    nodes = {n.id: n for n in graph.nodes}
+    out: dict[str, frozenset[str]] = {}
+    for op in index_ops:
+        seen: set[str] = set()
+        stack = [] if op.op == "gather" else list(op.tensor_args)
+        while stack:
+            a = stack.pop()
+            if a in seen:
+                continue
+            seen.add(a)
+            nd = nodes.get(a)
+            if nd is not None and nd.op != "gather":
+                stack.extend(nd.tensor_args)
+        out[op.id] = frozenset(seen)
+    return out
 
 
 def _gather_shapes(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int, ...]]:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import DEV, rel_err
+from helpers import DEV, embedding_dropout_graph, heuristic_programs, rel_err
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.errors import StitchtuneError
@@ -93,14 +93,16 @@ def test_uniform_reads_int_tensors_only() -> None:
 
 
 def random_programs() -> list[Any]:
-    """Programs of the dropout graph (heuristic and two sampled schedules) for the batched sm_90 build
+    """Programs of the dropout graph (heuristic and two sampled schedules) and of BERT's embedding dropout
+    beside its gathers (heuristic, and ``vec = 4``) for the batched sm_90 build
     (tests/lower/test_int_input_kernels.py): the CUDA form of ``uniform`` compiles."""
     g = dropout_layer_norm()
     plan = make_plan(g)
     space = SearchSpace.for_plan(plan, DEV)
     rng = random.Random(0)
-    return [lower(g, plan, s, DEV, space) for s in (heuristic_schedule(plan, DEV, space), space.sample(rng),
-                                                       space.sample(rng))]
+    own = [lower(g, plan, s, DEV, space) for s in (heuristic_schedule(plan, DEV, space), space.sample(rng),
+                                                      space.sample(rng))]
+    return own + heuristic_programs([embedding_dropout_graph()], vec4=True)
 
 
 def test_the_cuda_form_is_one_expression_of_the_seed_and_the_counter() -> None:
