@@ -162,7 +162,7 @@ def test_legacy_int_inputs_keep_float_loads() -> None:
 
 @pytest.mark.parametrize("nodes, outputs, want", [
     ([{"id": "i", "op": "iota", "args": [], "shape": [8, 4], "axis": 0},
-      {"id": "s", "op": "slice", "args": ["i"], "axis": 1, "start": 0, "stop": 2}], ["s"], "slice, concat or gather"),
+      {"id": "s", "op": "slice", "args": ["i"], "axis": 1, "start": 0, "stop": 2}], ["s"], "slice, concat and gather"),
     ([{"id": "i", "op": "iota", "args": [], "shape": [8, 4], "axis": 0},
       {"id": "f", "op": "cast", "args": ["i"], "to": "float32"},
       {"id": "y", "op": "mul", "args": ["f", "x"]},
