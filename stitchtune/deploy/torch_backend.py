@@ -237,7 +237,9 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
         report.declined.append(DeclinedInfo(kind, "graph", f"region finder failed: {type(exc).__name__}: {exc}"))
         return gm, report
     report.declined += [DeclinedInfo(kind, d.what, d.reason, d.count) for d in split.declined]
-    on_cuda = any(getattr(getattr(t, "device", None), "type", "") == "cuda" for t in example_inputs)
+    cuda_devices = [t.device for t in example_inputs if getattr(getattr(t, "device", None), "type", "") == "cuda"]
+    on_cuda = bool(cuda_devices)
+    graph_device = cuda_devices[0] if on_cuda else None   # where a region that reads no tensor runs
     device = _device_for(opts)
     made = []
     counters: dict[str, Any] = {}
@@ -266,7 +268,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
         held[key] = frozenset(i for i, _ in consts)
         torch_ops.register(key, torch_ops.GuardedRegion(kernel, r.module, r.output_perms or (None,) * len(r.outputs),
                                                         _runtime_decline(report, kind, r, counters[r.name]),
-                                                        _kept_outputs(r), held=consts))
+                                                        _kept_outputs(r), held=consts, device=graph_device))
         chosen.append((r, key, kernel))
     new_gm = gm
     while chosen:

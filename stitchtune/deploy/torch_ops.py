@@ -214,14 +214,15 @@ class RegionKernel:
         if self.check_gather and self._gathers:
             self._check_gather_flags(launcher, stream)
 
-    def run_launch(self, inputs: Sequence[Any], stream: int | None = None) -> list[Any]:
-        """Outputs through the launch path: new tensors on the inputs' device (``torch.empty``), the
-        kernels enqueued on torch's current stream (``stream`` for CPU tensors with a given driver,
-        default 0). Inputs that are not :data:`~stitchtune.gpu.launch.ALIGN`-byte aligned are copied."""
+    def run_launch(self, inputs: Sequence[Any], stream: int | None = None, device: Any = None) -> list[Any]:
+        """Outputs through the launch path: new tensors on ``device`` (default: the first input's; a
+        region that reads no tensor must be given it), the kernels enqueued on torch's current stream
+        (``stream`` for CPU tensors with a given driver, default 0). Inputs that are not
+        :data:`~stitchtune.gpu.launch.ALIGN`-byte aligned are copied."""
         from stitchtune.gpu.launch import ALIGN
 
         inputs = [t if t.data_ptr() % ALIGN == 0 else t.clone() for t in inputs]
-        dev = inputs[0].device
+        dev = device if device is not None else inputs[0].device
         ext = None if self.sym is None else self.at(inputs)[1]
         outs = self.empty_outputs(dev, inputs, ext)
         ptrs = tuple([t.data_ptr() for t in inputs] + [t.data_ptr() for t in outs])
@@ -259,19 +260,22 @@ class RegionKernel:
         perms = self.in_perms or (None,) * len(inputs)
         return sum(not (t if p is None else t.permute(p)).is_contiguous() for t, p in zip(inputs, perms))
 
-    def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+    def __call__(self, inputs: Sequence[Any], device: Any = None) -> list[Any]:
+        """The region's outputs for ``inputs`` on ``device`` (default: the first input's, else the CPU):
+        launched kernels on a CUDA device (or with a given driver), the emulator on the CPU."""
         inputs = self.as_read(inputs)
+        dev = _device_of(inputs, device)
         try:
-            if self.driver is not None or (inputs and inputs[0].is_cuda):
-                return self.run_launch(inputs)
+            if self.driver is not None or dev.type == "cuda":
+                return self.run_launch(inputs, device=dev)
             return self.run_cpu(inputs)
         except Exception as exc:
             raise RegionError(f"{self.describe()} failed at run time: {type(exc).__name__}: {exc}") from exc
 
 
-    def fake(self, inputs: Sequence[Any]) -> list[Any]:
-        """The op's fake (meta) result: empty outputs on the inputs' device."""
-        return self.empty_outputs(inputs[0].device if inputs else torch.device("cpu"), inputs)
+    def fake(self, inputs: Sequence[Any], device: Any = None) -> list[Any]:
+        """The op's fake (meta) result: empty outputs on ``device`` (default: the first input's)."""
+        return self.empty_outputs(_device_of(inputs, device), inputs)
 
 
 @dataclass(frozen=True)
@@ -321,8 +325,9 @@ class DynamicRegionKernel:
     def describe(self) -> str:
         return f"stitched region {self.name} ({', '.join(o.removeprefix('aten.') for o in self.ops)})"
 
-    def fake(self, inputs: Sequence[Any]) -> list[Any]:
-        """Empty outputs shaped as the kernels write them (permuted by ``perms``)."""
+    def fake(self, inputs: Sequence[Any], device: Any = None) -> list[Any]:
+        """Empty outputs shaped as the kernels write them (permuted by ``perms``; on the device the
+        region's ATen ops put them, ``device`` unused)."""
         outs = self.module(*inputs)
         perms = self.perms or (None,) * len(outs)
         return [torch.empty(o.shape if p is None else o.permute(p).shape, dtype=o.dtype, device=o.device)
@@ -356,7 +361,7 @@ class DynamicRegionKernel:
             out += [(bucket, sh, b) for sh, b in e.shapes.items()]
         return out
 
-    def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+    def __call__(self, inputs: Sequence[Any], device: Any = None) -> list[Any]:
         shapes = tuple(tuple(t.shape) for t in inputs)
         key = (tuple((t.dtype, t.device.type, t.dim()) for t in inputs), self._bucket(inputs, shapes))
         entry = self.kernels.get(key)
@@ -385,7 +390,7 @@ class DynamicRegionKernel:
                 entry.generic = built
             else:
                 entry.shapes[shapes] = built
-        outs = built.kernel(inputs)
+        outs = built.kernel(inputs, device)
         return [outs[i] for i in built.index]
 
     def _count(self, **n: int) -> None:
@@ -425,7 +430,9 @@ class GuardedRegion:
     out-of-range index (:func:`is_index_error`) is raised, not hidden. ``held``: (position, tensor)
     for region inputs that are constants (a causal mask, position ids) which the op's caller does not
     pass: they are put back at their positions (on the device of the first input) before every call,
-    so no kernel computes them."""
+    so no kernel computes them. ``device``: the device of the graph the region runs in (None: the
+    first input's); a region that reads no tensor (an ``iota`` and its arithmetic) runs there, and an
+    input on another device (a CPU 0-d tensor beside CUDA ones) is moved there first."""
 
     kernel: Any
     module: Any
@@ -435,6 +442,7 @@ class GuardedRegion:
     keep: tuple[int, ...] | None = None
     failed: str | None = None
     held: tuple[tuple[int, Any], ...] = ()
+    device: Any = None
     _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes checked -> specs
     _held_on: dict[Any, list[Any]] = field(default_factory=dict, repr=False)   # device -> held tensors there
 
@@ -448,9 +456,10 @@ class GuardedRegion:
     def _with_held(self, inputs: Sequence[Any], fake: bool = False) -> list[Any]:
         """``inputs`` with the held constants inserted at their positions (``fake``: empty tensors of
         their shapes and strides, made in the active fake mode)."""
+        device = _device_of(inputs, self.device)
+        inputs = [t if t.device == device else t.to(device) for t in inputs]
         if not self.held:
-            return list(inputs)
-        device = inputs[0].device if inputs else torch.device("cpu")
+            return inputs
         if fake:
             consts = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device) for _, t in self.held]
         else:
@@ -463,7 +472,7 @@ class GuardedRegion:
         return out
 
     def fake(self, inputs: Sequence[Any]) -> list[Any]:
-        return list(self.kernel.fake(self._with_held(inputs, fake=True)))
+        return list(self.kernel.fake(self._with_held(inputs, fake=True), self.device))
 
     def copies(self, inputs: Sequence[Any]) -> int:
         """How many copy kernels a call on ``inputs`` (the op's arguments, real or fake: their strides
@@ -492,7 +501,7 @@ class GuardedRegion:
         inputs = self._with_held(inputs)
         if self.failed is None:
             try:
-                outs = list(self.kernel(inputs))
+                outs = list(self.kernel(inputs, self.device))
                 self._check(inputs, outs)
                 return outs
             except Exception as exc:  # noqa: BLE001 - never break a model: the ATen ops run instead
@@ -504,6 +513,13 @@ class GuardedRegion:
                 if self.on_fail is not None:
                     self.on_fail(self.failed)
         return self.eager(inputs)
+
+
+def _device_of(inputs: Sequence[Any], device: Any = None) -> Any:
+    """``device`` when given, else the first input's device, else the CPU's."""
+    if device is not None:
+        return device
+    return inputs[0].device if inputs else torch.device("cpu")
 
 
 def register(key: str, kernel: RegionKernel | DynamicRegionKernel | GuardedRegion) -> None:

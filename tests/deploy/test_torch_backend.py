@@ -154,8 +154,8 @@ def test_a_wrong_fake_result_is_caught_before_the_graph_runs(monkeypatch: pytest
 
     real = RegionKernel.fake
 
-    def wrong(self: Any, inputs: Any) -> Any:
-        outs = real(self, inputs)
+    def wrong(self: Any, inputs: Any, device: Any = None) -> Any:
+        outs = real(self, inputs, device)
         return [o.reshape(1, *o.shape) for o in outs] if "aten.native_layer_norm" in self.ops else outs
 
     monkeypatch.setattr(RegionKernel, "fake", wrong)

@@ -1,0 +1,63 @@
+"""A stitched region runs on the device of its graph: one that reads no tensor (T5's relative
+position buckets: ``iota`` and int arithmetic only) must not fall back to the CPU's emulator inside a
+CUDA graph (found on the H200: ``Expected all tensors to be on the same device, cuda:0 and cpu``),
+and a CPU 0-d tensor beside CUDA inputs is moved to the graph's device before the launch. The
+``meta`` device stands in for a GPU here: the kernel is a recording stub."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from stitchtune.deploy import torch_ops  # noqa: E402
+
+
+class _Recording:
+    """A kernel stub: records the devices it is called with, returns one empty output there."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], str]] = []
+
+    def __call__(self, inputs: list[Any], device: Any = None) -> list[Any]:
+        dev = torch_ops._device_of(inputs, device)
+        self.calls.append(([t.device.type for t in inputs], dev.type))
+        return [torch.empty(4, device=dev)]
+
+    def fake(self, inputs: list[Any], device: Any = None) -> list[Any]:
+        return [torch.empty(4, device=torch_ops._device_of(inputs, device))]
+
+    def describe(self) -> str:
+        return "stub region"
+
+
+def test_a_region_that_reads_no_tensor_runs_on_its_graphs_device() -> None:
+    kernel = _Recording()
+    region = torch_ops.GuardedRegion(kernel, module=None, perms=(None,), device=torch.device("meta"))
+    [out] = region([])
+    assert out.device.type == "meta" and kernel.calls == [([], "meta")]
+    assert region.fake([])[0].device.type == "meta"
+
+
+def test_without_a_graph_device_it_stays_where_its_inputs_are() -> None:
+    kernel = _Recording()
+    region = torch_ops.GuardedRegion(kernel, module=None, perms=(None,))
+    assert region([])[0].device.type == "cpu"
+    assert region([torch.ones(2)])[0].device.type == "cpu"
+
+
+def test_a_cpu_scalar_beside_device_inputs_is_moved_to_the_graphs_device() -> None:
+    kernel = _Recording()
+    region = torch_ops.GuardedRegion(kernel, module=None, perms=(None,), device=torch.device("meta"))
+    region([torch.empty(3, device="meta"), torch.tensor(2.0)])
+    assert kernel.calls == [(["meta", "meta"], "meta")]
+
+
+def test_held_constants_follow_the_graphs_device_when_no_input_is_passed() -> None:
+    kernel = _Recording()
+    region = torch_ops.GuardedRegion(kernel, module=None, perms=(None,), held=((0, torch.arange(3)),),
+                                     device=torch.device("meta"))
+    region([torch.tensor(1.0)])
+    assert kernel.calls == [(["meta", "meta"], "meta")]
