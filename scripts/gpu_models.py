@@ -1,0 +1,313 @@
+"""Whole models under ``torch.compile(backend="stitchtune")`` on a CUDA GPU: correctness, then time.
+
+    python scripts/gpu_models.py [--out DIR] [--budget-s 400] [--phases check,time] [--iters 20]
+    python scripts/gpu_models.py --cpu --phases check --models bert,gpt2     # CPU dry run (emulated)
+
+Two phases, each row written to ``DIR/gpu_models.jsonl`` as soon as it is known (a run cut short keeps
+every finished row; runs into one DIR append), then a markdown table of every row in that file to
+``DIR/gpu_models.md`` and stdout:
+
+``check``
+    every model of the backend matrix (``tests/deploy/test_torch_matrix.py``: tiny transformers
+    configs, random weights) on the GPU, inference (eval, no_grad) and one training step (forward +
+    backward of ``mean(out**2)``); the regions launch real cubins (nvcc), the rest goes to Inductor.
+    Error = max |out - eager|, and for training the gradients' max |g - g_eager| / max |g_eager|
+    (the larger); regions stitched / declined / declined at run time, from the backend's reports.
+``time``
+    ``--time-models`` at a realistic size (2 layers; BERT/GPT-2 hidden 768, Llama hidden 1024 with
+    GQA 16/4 heads; batch 8, sequence 512; fp32; dropout 0): per step, eager, Inductor
+    (``torch.compile()``) and the backend (heuristic schedules: no tuning database), each the median
+    of ``--iters`` steps timed with CUDA events, plus the CUDA kernels of one step seen by the
+    profiler (CUPTI: every kernel on the device, matmuls and copies included), their summed device
+    time and the same per maker (stitchtune ``st_*``, Inductor's Triton, matmul libraries, ATen, copies):
+    a step much longer than its kernels' sum waits on the host.
+
+Every figure printed is measured in this run on this machine; nothing is predicted. ``--cpu`` runs the
+check phase on the CPU (regions emulated) to test this script without a GPU. Exit 0 when the script
+ran (failed rows are rows), 2 for bad options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+MATRIX = REPO / "tests" / "deploy" / "test_torch_matrix.py"
+TIME_MODELS = ("bert", "gpt2", "llama")
+
+
+def _matrix() -> Any:
+    spec = importlib.util.spec_from_file_location("torch_matrix", MATRIX)
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules["torch_matrix"] = mod   # its dataclasses look their module up
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def _to(args: tuple[Any, ...], dev: str) -> tuple[Any, ...]:
+    return tuple(a.to(dev) for a in args)
+
+
+def _backend(torch: Any, model: Any, cpu: bool) -> Any:
+    from stitchtune.deploy import torch_backend
+
+    torch._dynamo.reset()
+    torch_backend.LAST_REPORTS.clear()
+    opts = {"db": None, "cpu": "emulate"} if cpu else {"db": None}
+    return torch.compile(model, backend=torch_backend.stitchtune_backend, options=opts)
+
+
+def _reports() -> dict[str, int]:
+    from stitchtune.deploy import torch_backend
+
+    reps = list(torch_backend.LAST_REPORTS)
+    stitched = [s for r in reps for s in r.stitched]
+    declined = [d for r in reps for d in r.declined if d.what.startswith("region")]
+    return {"graphs": len(reps), "stitched": len(stitched), "declined": len(declined),
+            "stitched_kernels": sum(s.kernels for s in stitched),
+            "failed_at_run": sum(1 for d in declined if "failed at run time" in d.reason)}
+
+
+def check_case(mx: Any, torch: Any, name: str, mode: str, dev: str, cpu: bool) -> dict[str, Any]:
+    """One model x mode of the matrix on ``dev`` (see module docstring)."""
+    torch.manual_seed(0)
+    model, args = mx.MODELS[name]()
+    model, args = model.to(dev), _to(args, dev)
+    compiled = _backend(torch, model, cpu)
+    t0 = time.perf_counter()
+    if mode == "inference":
+        model.eval()
+        with torch.no_grad():
+            got, want = mx._first(compiled(*args)), mx._first(model(*args))
+        error = (got - want).abs().max().item()
+    else:
+        model.train()
+        got = mx._first(compiled(*args))
+        (got.float() ** 2).mean().backward()
+        g_got = mx._grads(model)
+        model.zero_grad(set_to_none=True)
+        want = mx._first(model(*args))
+        (want.float() ** 2).mean().backward()
+        g_want = mx._grads(model)
+        scale = max(g.abs().max().item() for g in g_want.values()) or 1.0
+        error = max((got - want).abs().max().item(),
+                    max((g_got[k] - g_want[k]).abs().max().item() for k in g_want) / scale)
+    row = {"phase": "check", "model": name, "mode": mode, "error": error, "ok": error <= mx.TOL,
+           "seconds": round(time.perf_counter() - t0, 2)}
+    row.update(_reports())
+    row["ok"] = bool(row["ok"] and row["stitched"] > 0 and row["failed_at_run"] == 0)
+    return row
+
+
+def _medium(name: str) -> tuple[Any, tuple[Any, ...]]:
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    common = dict(num_hidden_layers=2, vocab_size=32000, max_position_embeddings=1024)
+    if name == "bert":
+        cfg = tf.BertConfig(hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+                            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common)
+        model = tf.BertModel(cfg)
+    elif name == "gpt2":
+        cfg = tf.GPT2Config(n_embd=768, n_layer=2, n_head=12, vocab_size=32000, n_positions=1024,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+        model = tf.GPT2Model(cfg)
+    elif name == "llama":
+        cfg = tf.LlamaConfig(hidden_size=1024, num_attention_heads=16, num_key_value_heads=4,
+                             intermediate_size=2816, **common)
+        model = tf.LlamaModel(cfg)
+    else:
+        raise ValueError(name)
+    cfg._attn_implementation = "eager"
+    if hasattr(cfg, "use_cache"):
+        cfg.use_cache = False
+    return model, (torch.randint(0, 32000, (8, 512)),)
+
+
+def _step(mx: Any, torch: Any, fn: Any, model: Any, args: tuple[Any, ...], mode: str) -> Any:
+    def run() -> None:
+        if mode == "inference":
+            with torch.no_grad():
+                fn(*args)
+        else:
+            model.zero_grad(set_to_none=True)
+            (mx._first(fn(*args)).float() ** 2).mean().backward()
+    return run
+
+
+def _median_us(torch: Any, run: Any, iters: int) -> float:
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for s, e in pairs:
+        s.record()
+        run()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in pairs)
+
+
+def _kind(name: str) -> str:
+    """A CUDA kernel's maker, from its name: ``stitchtune`` (``st_*``), ``inductor`` (Triton),
+    ``matmul`` (cuBLAS / CUTLASS), ``copy`` (memcpy / memset), else ``aten``."""
+    low = name.lower()
+    if name.startswith("st_"):
+        return "stitchtune"
+    if low.startswith("triton") or "triton_" in low:
+        return "inductor"
+    if any(k in low for k in ("gemm", "cutlass", "nvjet", "xmma", "cublas", "sm90_", "sm80_")):
+        return "matmul"
+    if name.startswith(("Memcpy", "Memset")):
+        return "copy"
+    return "aten"
+
+
+def _kernels(torch: Any, run: Any) -> dict[str, Any]:
+    """One step under the profiler: CUDA kernels (copies apart) and their summed device time (us),
+    in all and per maker (:func:`_kind`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    evs = [e for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    n: dict[str, int] = {}
+    us: dict[str, float] = {}
+    for e in evs:
+        k = _kind(e.name)
+        n[k] = n.get(k, 0) + 1
+        us[k] = us.get(k, 0.0) + e.time_range.elapsed_us()
+    return {"kernels": len(evs) - n.get("copy", 0), "memcpy_memset": n.get("copy", 0),
+            "kernel_us": round(sum(us.values()), 1), "by_maker": {k: [n[k], round(us[k], 1)] for k in sorted(n)}}
+
+
+def time_case(mx: Any, torch: Any, name: str, mode: str, iters: int) -> list[dict[str, Any]]:
+    """Eager, Inductor and the backend for model ``name`` (medium size) in ``mode``: one row each."""
+    rows = []
+    model, args = _medium(name)
+    model, args = model.cuda(), _to(args, "cuda")
+    model.train(mode == "train")
+    for variant in ("eager", "inductor", "stitchtune"):
+        row: dict[str, Any] = {"phase": "time", "model": name, "mode": mode, "variant": variant}
+        t0 = time.perf_counter()
+        try:
+            torch._dynamo.reset()
+            fn = (model if variant == "eager" else torch.compile(model) if variant == "inductor"
+                  else _backend(torch, model, cpu=False))
+            run = _step(mx, torch, fn, model, args, mode)
+            run()  # compile
+            row["compile_s"] = round(time.perf_counter() - t0, 1)
+            row["median_us"] = round(_median_us(torch, run, iters), 1)
+            row.update(_kernels(torch, run))
+            if variant == "stitchtune":
+                row.update(_reports())
+        except Exception as e:  # a failure is a row
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            row["trace_tail"] = traceback.format_exc().splitlines()[-4:]
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    out = ["| model | mode | ok | error | stitched | declined | failed at run | stitched kernels | s |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["phase"] == "check":
+            if "exception" in r:
+                out.append(f"| {r['model']} | {r['mode']} | FAIL | {r['exception'][:80]} | | | | | |")
+            else:
+                out.append(f"| {r['model']} | {r['mode']} | {'pass' if r['ok'] else 'FAIL'} | {r['error']:.1e} | "
+                           f"{r['stitched']} | {r['declined']} | {r['failed_at_run']} | {r['stitched_kernels']} | "
+                           f"{r['seconds']} |")
+    timed = [r for r in rows if r["phase"] == "time"]
+    if timed:
+        out += ["", "| model | mode | variant | median us/step | CUDA kernels/step | memcpy+memset | "
+                    "kernel us (sum) | per maker: kernels, us | compile s | note |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in timed:
+            makers = "; ".join(f"{k} {v[0]}, {v[1]:.0f}" for k, v in r.get("by_maker", {}).items())
+            out.append(f"| {r['model']} | {r['mode']} | {r['variant']} | {r.get('median_us', '')} | "
+                       f"{r.get('kernels', '')} | {r.get('memcpy_memset', '')} | {r.get('kernel_us', '')} | {makers} | "
+                       f"{r.get('compile_s', '')} | {r.get('error', '')[:120]} |")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="gpu_models_out")
+    ap.add_argument("--budget-s", type=float, default=400.0)
+    ap.add_argument("--phases", default="check,time")
+    ap.add_argument("--models", default="", help="check phase: comma-separated matrix models (default all)")
+    ap.add_argument("--time-models", default=",".join(TIME_MODELS))
+    ap.add_argument("--modes", default="inference,train")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--cpu", action="store_true", help="dry run on the CPU (regions emulated; check phase only)")
+    a = ap.parse_args(argv)
+    import torch
+
+    mx = _matrix()
+    phases = [p for p in a.phases.split(",") if p]
+    models = [m for m in a.models.split(",") if m] or list(mx.MODELS)
+    modes = [m for m in a.modes.split(",") if m]
+    bad = ([p for p in phases if p not in ("check", "time")] + [m for m in models if m not in mx.MODELS]
+           + [m for m in modes if m not in ("inference", "train")]
+           + [m for m in a.time_models.split(",") if m and m not in TIME_MODELS])
+    if bad or (a.cpu and "time" in phases) or (not a.cpu and not torch.cuda.is_available()):
+        print(f"gpu_models: bad options {bad or ''} (time needs a GPU; without one pass --cpu)", file=sys.stderr)
+        return 2
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = (out / "gpu_models.jsonl").open("a")
+    start, rows = time.monotonic(), []
+    dev = "cpu" if a.cpu else "cuda"
+    if not a.cpu:
+        print(f"device: {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
+
+    def emit(row: dict[str, Any]) -> None:
+        rows.append(row)
+        log.write(json.dumps(row) + "\n")
+        log.flush()
+        print(json.dumps(row), flush=True)
+
+    jobs: list[tuple[str, str, str]] = []
+    if "check" in phases:
+        jobs += [("check", m, mode) for m in models for mode in modes]
+    if "time" in phases:
+        jobs += [("time", m, mode) for m in a.time_models.split(",") if m for mode in modes]
+    for phase, m, mode in jobs:
+        if time.monotonic() - start > a.budget_s:
+            emit({"phase": phase, "model": m, "mode": mode, "skipped": "budget spent"})
+            continue
+        try:
+            if phase == "check":
+                emit(check_case(mx, torch, m, mode, dev, a.cpu))
+            else:
+                for r in time_case(mx, torch, m, mode, a.iters):
+                    emit(r)
+        except Exception as e:  # a failure is a row
+            emit({"phase": phase, "model": m, "mode": mode, "ok": False,
+                  "exception": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
+                  "trace_tail": traceback.format_exc().splitlines()[-6:]})
+    log.close()
+    every = [json.loads(x) for x in (out / "gpu_models.jsonl").read_text().splitlines() if x.strip()]
+    lines = table([r for r in every if "skipped" not in r])   # this run's rows and earlier runs' into DIR
+    (out / "gpu_models.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"total {time.monotonic() - start:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
