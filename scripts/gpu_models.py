@@ -7,6 +7,11 @@ Two phases, each row written to ``DIR/gpu_models.jsonl`` as soon as it is known 
 every finished row; runs into one DIR append), then a markdown table of every row in that file to
 ``DIR/gpu_models.md`` and stdout:
 
+``tuned`` (after ``time``)
+    ``--tune-models`` searched with ``stitchtune tune``'s whole-model tuning (``--trials`` in all,
+    split among the regions by predicted share; the ``cuda`` backend: every trial built and measured)
+    into a fresh database, then timed as in ``time`` with the backend reading it; the row says how
+    many regions took a tuned schedule (``sources``).
 ``check``
     every model of the backend matrix (``tests/deploy/test_torch_matrix.py``: tiny transformers
     configs, random weights) on the GPU, inference (eval, no_grad) and one training step (forward +
@@ -220,6 +225,53 @@ def time_case(mx: Any, torch: Any, name: str, mode: str, iters: int) -> list[dic
     return rows
 
 
+def tuned_case(mx: Any, torch: Any, name: str, mode: str, trials: int, cpu: bool) -> dict[str, Any]:
+    """``stitchtune tune``'s whole-model search (``tune_model``, ``trials`` in all, the call pattern of
+    ``mode``) into a fresh database, then the backend reading it: the step timed as in ``time``
+    (GPU), or run once (``cpu``: a tiny matrix model, the emulate backend)."""
+    import os
+    import tempfile
+
+    from stitchtune.deploy.model_tuning import tune_model
+
+    model, args = mx.MODELS[name]() if cpu else _medium(name)
+    dev = "cpu" if cpu else "cuda"
+    model, args = model.to(dev), _to(args, dev)
+    row: dict[str, Any] = {"phase": "tuned", "model": name, "mode": mode, "variant": "stitchtune-tuned",
+                           "trials": trials}
+    db = tempfile.mkdtemp(prefix="gpu-models-db-")
+    t0 = time.perf_counter()
+    lines: list[str] = []
+    tune_model(model, args, trials=trials, db=db, backend="emulate" if cpu else "cuda", jobs=os.cpu_count() or 1,
+               calls=(mode,), say=lambda line: (lines.append(line), print(line, flush=True)))
+    row["tune_s"] = round(time.perf_counter() - t0, 1)
+    row["tune_summary"] = [x for x in lines if not x.startswith("[")][-3:]
+    from stitchtune.deploy import torch_backend
+
+    torch._dynamo.reset()
+    torch_backend.LAST_REPORTS.clear()
+    fn = torch.compile(model, backend=torch_backend.stitchtune_backend,
+                       options={"db": db, **({"cpu": "emulate"} if cpu else {})})
+    model.train(mode == "train")
+    run = _step(mx, torch, fn, model, args, mode)
+    run()
+    if not cpu:
+        row["median_us"] = round(_median_us(torch, run, 20), 1)
+        row.update(_kernels(torch, run))
+    row.update(_reports())
+    sources = [s.source for r in torch_backend.LAST_REPORTS for s in r.stitched]
+    row["sources"] = {k: sources.count(k) for k in sorted(set(sources))}
+    return row
+
+
+def _note(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return str(r["error"])[:120]
+    if r["phase"] == "tuned":
+        return f"{r['trials']} trials tuned in {r['tune_s']} s; schedules {r.get('sources', {})}"
+    return ""
+
+
 def table(rows: list[dict[str, Any]]) -> list[str]:
     out = ["| model | mode | ok | error | stitched | declined | failed at run | stitched kernels | s |",
            "|---|---|---|---|---|---|---|---|---|"]
@@ -231,7 +283,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
                 out.append(f"| {r['model']} | {r['mode']} | {'pass' if r['ok'] else 'FAIL'} | {r['error']:.1e} | "
                            f"{r['stitched']} | {r['declined']} | {r['failed_at_run']} | {r['stitched_kernels']} | "
                            f"{r['seconds']} |")
-    timed = [r for r in rows if r["phase"] == "time"]
+    timed = [r for r in rows if r["phase"] in ("time", "tuned")]
     if timed:
         out += ["", "| model | mode | variant | median us/step | CUDA kernels/step | memcpy+memset | "
                     "kernel us (sum) | per maker: kernels, us | compile s | note |",
@@ -240,7 +292,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             makers = "; ".join(f"{k} {v[0]}, {v[1]:.0f}" for k, v in r.get("by_maker", {}).items())
             out.append(f"| {r['model']} | {r['mode']} | {r['variant']} | {r.get('median_us', '')} | "
                        f"{r.get('kernels', '')} | {r.get('memcpy_memset', '')} | {r.get('kernel_us', '')} | {makers} | "
-                       f"{r.get('compile_s', '')} | {r.get('error', '')[:120]} |")
+                       f"{r.get('compile_s', '')} | {_note(r)} |")
     return out
 
 
@@ -253,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-models", default=",".join(TIME_MODELS))
     ap.add_argument("--modes", default="inference,train")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--tune-models", default="bert", help="phase tuned: models tuned, then timed")
+    ap.add_argument("--trials", type=int, default=48, help="phase tuned: trials per model, all regions together")
     ap.add_argument("--cpu", action="store_true", help="dry run on the CPU (regions emulated; check phase only)")
     a = ap.parse_args(argv)
     import torch
@@ -261,9 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     phases = [p for p in a.phases.split(",") if p]
     models = [m for m in a.models.split(",") if m] or list(mx.MODELS)
     modes = [m for m in a.modes.split(",") if m]
-    bad = ([p for p in phases if p not in ("check", "time")] + [m for m in models if m not in mx.MODELS]
+    bad = ([p for p in phases if p not in ("check", "time", "tuned")] + [m for m in models if m not in mx.MODELS]
            + [m for m in modes if m not in ("inference", "train")]
-           + [m for m in a.time_models.split(",") if m and m not in TIME_MODELS])
+           + [m for m in a.time_models.split(",") if m and m not in TIME_MODELS]
+           + [m for m in a.tune_models.split(",") if m and m not in (mx.MODELS if a.cpu else TIME_MODELS)])
     if bad or (a.cpu and "time" in phases) or (not a.cpu and not torch.cuda.is_available()):
         print(f"gpu_models: bad options {bad or ''} (time needs a GPU; without one pass --cpu)", file=sys.stderr)
         return 2
@@ -286,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         jobs += [("check", m, mode) for m in models for mode in modes]
     if "time" in phases:
         jobs += [("time", m, mode) for m in a.time_models.split(",") if m for mode in modes]
+    if "tuned" in phases:
+        jobs += [("tuned", m, mode) for m in a.tune_models.split(",") if m for mode in modes]
     for phase, m, mode in jobs:
         if time.monotonic() - start > a.budget_s:
             emit({"phase": phase, "model": m, "mode": mode, "skipped": "budget spent"})
@@ -293,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if phase == "check":
                 emit(check_case(mx, torch, m, mode, dev, a.cpu))
+            elif phase == "tuned":
+                emit(tuned_case(mx, torch, m, mode, a.trials, a.cpu))
             else:
                 for r in time_case(mx, torch, m, mode, a.iters):
                     emit(r)
