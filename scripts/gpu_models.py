@@ -180,7 +180,7 @@ def _kind(name: str) -> str:
 
 def _kernels(torch: Any, run: Any) -> dict[str, Any]:
     """One step under the profiler: CUDA kernels (copies apart) and their summed device time (us),
-    in all and per maker (:func:`_kind`)."""
+    in all and per maker (:func:`_kind`), and each kernel (name, us) in start order (``trace``)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -194,7 +194,9 @@ def _kernels(torch: Any, run: Any) -> dict[str, Any]:
         k = _kind(e.name)
         n[k] = n.get(k, 0) + 1
         us[k] = us.get(k, 0.0) + e.time_range.elapsed_us()
-    return {"kernels": len(evs) - n.get("copy", 0), "memcpy_memset": n.get("copy", 0),
+    order = sorted(evs, key=lambda e: e.time_range.start)
+    return {"trace": [[e.name[:48], round(e.time_range.elapsed_us(), 1)] for e in order],
+            "kernels": len(evs) - n.get("copy", 0), "memcpy_memset": n.get("copy", 0),
             "kernel_us": round(sum(us.values()), 1), "by_maker": {k: [n[k], round(us[k], 1)] for k in sorted(n)}}
 
 
@@ -245,7 +247,7 @@ def tuned_case(mx: Any, torch: Any, name: str, mode: str, trials: int, cpu: bool
     tune_model(model, args, trials=trials, db=db, backend="emulate" if cpu else "cuda", jobs=os.cpu_count() or 1,
                calls=(mode,), say=lambda line: (lines.append(line), print(line, flush=True)))
     row["tune_s"] = round(time.perf_counter() - t0, 1)
-    row["tune_summary"] = [x for x in lines if not x.startswith("[")][-3:]
+    row["tune_lines"] = lines   # per region: predicted, heuristic -> best (measured on the GPU)
     from stitchtune.deploy import torch_backend
 
     torch._dynamo.reset()
