@@ -2,8 +2,18 @@
 function, with the semantics of :func:`stitchtune.graph.reference.run_reference` and the generated
 kernels (see :mod:`stitchtune.bench.peers` for the rules every peer follows).
 
-Contract: ``jax_function(graph)`` returns the ``jax.jit``-compiled ``f(**arrays) -> tuple`` of outputs
-in ``graph.outputs`` order, the inputs keyed by graph input name. Raises ``ImportError`` without jax.
+Contract:
+
+* ``jax_function(graph)`` returns ``f(**arrays) -> tuple``: the ``jax.jit``-compiled graph, outputs in
+  ``graph.outputs`` order and dtypes, the inputs (numpy or JAX arrays) keyed by graph input name.
+  Raises ``ImportError`` without jax.
+* Int values are exact as in the reference: each keeps its graph dtype (int32 arithmetic wraps at 32
+  bits), int constants of int ops are exact integers, a float -> int ``cast`` truncates, saturates and
+  gives 0 for NaN. JAX holds int64 only with ``jax_enable_x64``: for a graph with an int64 value
+  (:func:`uses_int64`) ``f`` traces and runs inside :func:`x64_scope` (thread-local, the process's
+  setting is left as it was), and :func:`jax_inputs` puts its inputs on the device there (an int64
+  array put outside it would already be int32).
+* ``uniform`` is :func:`uniform_jax`: the same bits as the reference, the kernels and the torch peer.
 
 jax is optional: it is imported inside the functions that need it. Nothing from the graph file reaches
 generated source here: node ids are only dictionary keys.
@@ -11,21 +21,90 @@ generated source here: node ids are only dictionary keys.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from stitchtune.bench.peer_ops import SIXTEEN_BIT, NodeOp, mask_ops
+from stitchtune.bench.peer_ops import SIXTEEN_BIT, NodeOp, mask_ops, node_args
 
 if TYPE_CHECKING:
     from stitchtune.graph.parse import Graph, Node
 
-__all__ = ["jax_function"]
+__all__ = ["jax_function", "jax_inputs", "uniform_jax", "uses_int64", "x64_scope"]
+
+_M32 = 0xFFFFFFFF
 
 
 def _jax_dtype(name: str) -> Any:
     import jax.numpy as jnp
 
-    return {"float32": jnp.float32, "float16": jnp.float16, "bfloat16": jnp.bfloat16}[name]
+    return {"float32": jnp.float32, "float16": jnp.float16, "bfloat16": jnp.bfloat16, "bool": jnp.bool_,
+            "int32": jnp.int32, "int64": jnp.int64}[name]
+
+
+def uses_int64(graph: Graph) -> bool:
+    """True when an input or a node of ``graph`` is int64 (its JAX peer needs ``jax_enable_x64``)."""
+    return any(s.dtype == "int64" for _, s in graph.inputs) or any(n.dtype == "int64" for n in graph.nodes)
+
+
+@contextlib.contextmanager
+def x64_scope(on: bool = True) -> Iterator[None]:
+    """``jax_enable_x64`` inside the block when ``on`` (``jax.enable_x64``, thread-local, restored on
+    exit; on a JAX without it, the config flag, restored on exit); nothing when not ``on``."""
+    if not on:
+        yield
+        return
+    import jax
+
+    scope = getattr(jax, "enable_x64", None)
+    if scope is not None:
+        with scope(True):
+            yield
+        return
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", before)
+
+
+def jax_inputs(graph: Graph, arrays: Mapping[str, Any]) -> dict[str, Any]:
+    """``arrays`` (numpy) put on JAX's default device as :func:`jax_function` of ``graph`` reads them:
+    inside :func:`x64_scope` when the graph :func:`uses_int64`, so int64 inputs stay int64."""
+    import jax
+
+    with x64_scope(uses_int64(graph)):
+        return {n: jax.device_put(a) for n, a in arrays.items()}
+
+
+def _uint32(x: Any) -> Any:
+    """The low 32 bits of int array ``x`` as uint32 (two's complement)."""
+    import jax
+    import jax.numpy as jnp
+
+    if x.dtype == jnp.int64:
+        return (x & _M32).astype(jnp.uint32)
+    return jax.lax.bitcast_convert_type(x.astype(jnp.int32), jnp.uint32)
+
+
+def uniform_jax(seed: Any, counter: Any) -> Any:
+    """:func:`stitchtune.graph.ops.uniform` on int JAX arrays (broadcast): float32 in ``[0, 1)``, the
+    very bits of the reference, the kernels and ``uniform_torch``. ``seed`` is an int64 array (or
+    int32, sign-extended as the reference does), ``counter`` int32 or int64 (its low 32 bits count);
+    uint32 arithmetic wraps as the kernel's ``unsigned int``."""
+    import jax.numpy as jnp
+
+    lo = _uint32(seed)
+    hi = _uint32(seed >> 32) if seed.dtype == jnp.int64 else jnp.where(seed < 0, jnp.uint32(_M32), jnp.uint32(0))
+    h = _uint32(counter) * jnp.uint32(0x9E3779B1) + lo
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ hi
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    h = h ^ (h >> 16)
+    return (h >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)
 
 
 def _jax_tables() -> tuple[dict, dict, dict]:
@@ -82,7 +161,7 @@ def _jax_masks() -> dict[str, Callable[..., Any]]:
 
 
 def _jax_index_ops() -> dict[str, NodeOp]:
-    """slice, concat, gather, gather_elements and iota on JAX arrays, as the reference (no ``uniform``)."""
+    """slice, concat, gather, gather_elements, uniform and iota on JAX arrays, as the reference."""
     import jax
     import jax.numpy as jnp
 
@@ -101,28 +180,37 @@ def _jax_index_ops() -> dict[str, NodeOp]:
 
     def iota(node: Node, args: list[Any]) -> Any:
         shape, ax = tuple(node.shape), int(node.axis or 0)
-        line = jnp.arange(shape[ax]).reshape([-1 if d == ax else 1 for d in range(len(shape))])
-        return jnp.broadcast_to(line, shape)
+        line = jnp.arange(shape[ax], dtype=_jax_dtype(node.dtype))
+        return jnp.broadcast_to(line.reshape([-1 if d == ax else 1 for d in range(len(shape))]), shape)
 
     return {"slice": lambda node, args: jax.lax.slice_in_dim(args[0], node.start, node.stop, axis=node.axis),
             "concat": lambda node, args: jnp.concatenate(args, axis=node.axis),
-            "gather": gather, "gather_elements": gather_elements, "iota": iota}
+            "gather": gather, "gather_elements": gather_elements, "iota": iota,
+            "uniform": lambda node, args: uniform_jax(args[0], args[1])}
 
 
 def _jax_layout_ops() -> dict[str, NodeOp]:
-    """cast (bools as 0.0 / 1.0, ints as int32 / int64, 16-bit types rounded to and computed on in
-    float32), transpose, reshape and expand on JAX arrays."""
+    """cast (bools as 0.0 / 1.0, ints as int32 / int64 as the reference's ``cast_value``, 16-bit types
+    rounded to and computed on in float32), transpose, reshape and expand on JAX arrays."""
     import jax.numpy as jnp
 
+    def float_to_int(x: Any, dt: Any) -> Any:  # graph/ops.float_to_int: truncate, NaN -> 0, saturate
+        info = jnp.iinfo(dt)
+        t = jnp.trunc(x)
+        lim = -float(info.min)   # 2**(bits - 1), exact in float32
+        v = jnp.where(jnp.isfinite(t) & (t >= -lim) & (t < lim), t, 0.0).astype(dt)
+        return jnp.where(t >= lim, jnp.asarray(info.max, dt), jnp.where(t < -lim, jnp.asarray(info.min, dt), v))
+
     def cast(node: Node, args: list[Any]) -> Any:
-        to = node.to or node.dtype
+        to, x = node.to or node.dtype, args[0]
         if to == "bool":
-            return (args[0] != 0).astype(jnp.float32)
-        if to in ("int32", "int64"):
-            return args[0].astype(jnp.int32 if to == "int32" else jnp.int64)
-        if jnp.issubdtype(args[0].dtype, jnp.integer):   # an int value made float
-            return args[0].astype(jnp.float32)
-        return args[0].astype(_jax_dtype(to)).astype(jnp.float32) if to in SIXTEEN_BIT else args[0]
+            return (x != 0).astype(jnp.float32)
+        is_int = jnp.issubdtype(x.dtype, jnp.integer)
+        if to in ("int32", "int64"):   # int -> int keeps the low bits; float -> int truncates
+            return x.astype(_jax_dtype(to)) if is_int else float_to_int(x, _jax_dtype(to))
+        if is_int:   # an int value made float: the nearest float32 (then rounded to a 16-bit type)
+            x = x.astype(jnp.float32)
+        return x.astype(_jax_dtype(to)).astype(jnp.float32) if to in SIXTEEN_BIT else x
 
     return {"cast": cast,
             "transpose": lambda node, args: jnp.transpose(args[0], node.perm),
@@ -131,7 +219,8 @@ def _jax_layout_ops() -> dict[str, NodeOp]:
 
 
 def jax_function(graph: Graph) -> Callable[..., tuple]:
-    """``f(**arrays) -> tuple``: ``graph`` in JAX, ``jax.jit``-compiled. Raises ``ImportError`` without jax."""
+    """``f(**arrays) -> tuple``: ``graph`` in JAX, ``jax.jit``-compiled, run inside :func:`x64_scope`
+    when the graph :func:`uses_int64` (see the module docstring). Raises ``ImportError`` without jax."""
     import jax
     import jax.numpy as jnp
 
@@ -144,11 +233,16 @@ def jax_function(graph: Graph) -> Callable[..., tuple]:
     out_dtypes = [_jax_dtype(graph.spec(o).dtype) for o in outputs]
     f32 = jnp.float32
 
-    def scalar(x: float) -> Any:
-        return jnp.asarray(x, dtype=f32)  # weakly typed python floats could promote differently
+    x64 = uses_int64(graph)
+
+    def scalar(x: Any) -> Any:  # weakly typed python floats could promote differently; ints stay weak
+        return jnp.asarray(x, dtype=f32) if isinstance(x, float) else x
+
+    def is_int(v: Any) -> bool:
+        return bool(jnp.issubdtype(v.dtype, jnp.integer))
 
     def run_node(node: Node, env: dict[str, Any]) -> Any:
-        args = [env[a] if isinstance(a, str) else scalar(float(a)) for a in node.args]
+        args = [scalar(a) for a in node_args(node, env, is_int)]
         op = node.op
         if op in unary:
             return unary[op](args[0])
@@ -174,6 +268,10 @@ def jax_function(graph: Graph) -> Callable[..., tuple]:
     def call(**arrays: Any) -> tuple:
         return jitted(*[arrays[n] for n in names])
 
-    return call
+    def call_x64(**arrays: Any) -> tuple:   # entering the scope costs every call: only where needed
+        with x64_scope():
+            return jitted(*[arrays[n] for n in names])
+
+    return call_x64 if x64 else call
 
 

@@ -175,6 +175,13 @@ def _check(graph: Graph, outs: Sequence[np.ndarray], expected: dict[str, np.ndar
     return res.ok, err if res.ok else f"WRONG RESULT: {res.error}"
 
 
+def _jax_host(a: Any) -> np.ndarray:
+    """A JAX output on the host: an int array as it is (an int64 value stays exact), any other (float,
+    bool) as float32 (every float graph dtype fits exactly)."""
+    arr = np.asarray(a)
+    return arr if arr.dtype.kind in "iu" else arr.astype(np.float32)
+
+
 def stitchtune_program(graph_path: str, graph: Graph, db: str, trials: int, device: Device) -> Any:
     """The :class:`~stitchtune.deploy.compiled.CompiledGraph` (built) stitchtune runs for ``graph``: the
     schedule :func:`~stitchtune.deploy.selection.choose_schedule` picks from ``db``. When that is not a
@@ -336,11 +343,13 @@ def _jax_peer_times(graph: Graph, peer: Peer, inputs: dict[str, np.ndarray], k: 
     :func:`_jax_times`) of a JAX peer, cycling through ``k`` copies of ``inputs`` on its device."""
     import jax
 
-    jsets = [{n: jax.device_put(a) for n, a in inputs.items()} for _ in range(k)]
+    from stitchtune.bench.jax_peer import jax_inputs
+
+    jsets = [jax_inputs(graph, inputs) for _ in range(k)]   # int64 inputs stay int64 (x64 scope)
     t0 = time.perf_counter()
     res = jax.block_until_ready(peer.fn(**jsets[0]))
     first_s = time.perf_counter() - t0
-    checked = _check(graph, [np.asarray(r, dtype=np.float32) for r in res], expected)
+    checked = _check(graph, [_jax_host(r) for r in res], expected)
     del res
     med, how = _jax_times(peer.fn, jsets, warmup, iters)
     return first_s, checked, med, how

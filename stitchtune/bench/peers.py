@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stitchtune.bench.jax_peer import jax_function
-from stitchtune.bench.peer_ops import SIXTEEN_BIT, NodeOp, mask_ops
+from stitchtune.bench.peer_ops import SIXTEEN_BIT, NodeOp, mask_ops, node_args
 from stitchtune.deploy.torch_entry import torch_dtype
 from stitchtune.errors import StitchtuneError
 
@@ -127,15 +127,15 @@ def _torch_unary() -> dict[str, Callable[[Any], Any]]:
 def _torch_binary() -> dict[str, Callable[[Any, Any], Any]]:
     import torch
 
-    def _max(a: Any, b: Any) -> Any:
-        if isinstance(a, float):
+    def _max(a: Any, b: Any) -> Any:   # a constant (float, or int beside an int tensor) clamps
+        if isinstance(a, (int, float)):
             a, b = b, a
-        return torch.clamp(a, min=b) if isinstance(b, float) else torch.maximum(a, b)
+        return torch.clamp(a, min=b) if isinstance(b, (int, float)) else torch.maximum(a, b)
 
     def _min(a: Any, b: Any) -> Any:
-        if isinstance(a, float):
+        if isinstance(a, (int, float)):
             a, b = b, a
-        return torch.clamp(a, max=b) if isinstance(b, float) else torch.minimum(a, b)
+        return torch.clamp(a, max=b) if isinstance(b, (int, float)) else torch.minimum(a, b)
 
     return {
         "add": lambda a, b: a + b,
@@ -150,7 +150,8 @@ def _torch_binary() -> dict[str, Callable[[Any, Any], Any]]:
 
 def _torch_masks() -> dict[str, Callable[..., Any]]:
     """Comparisons, logical ops, where and clamp on float32 tensors (or Python floats) whose bools
-    are 0.0 / 1.0, as in the reference (``graph/ops.py``)."""
+    are 0.0 / 1.0, as in the reference (``graph/ops.py``); comparisons and ``where``'s branches also
+    on int tensors (and Python ints)."""
     import torch
 
     def f(x: Any) -> Any:
@@ -197,7 +198,7 @@ def _torch_index_ops() -> dict[str, NodeOp]:
         ax = int(node.axis or 0)
         part = x[tuple(slice(0, d) if k != ax else slice(None) for k, d in enumerate(idx.shape))]
         ok = (idx >= 0) & (idx < x.shape[ax])
-        return torch.gather(part, ax, idx.clamp(0, x.shape[ax] - 1)) * ok.to(x.dtype)
+        return torch.gather(part, ax, idx.clamp(0, x.shape[ax] - 1).long()) * ok.to(x.dtype)
 
     def uniform(node: Node, args: list[Any]) -> Any:   # the same bits as the kernels' (importers/torch_random.py)
         from stitchtune.importers.torch_random import uniform_torch
@@ -206,7 +207,7 @@ def _torch_index_ops() -> dict[str, NodeOp]:
 
     def iota(node: Node, args: list[Any]) -> Any:
         shape, ax = tuple(node.shape), int(node.axis or 0)
-        line = torch.arange(shape[ax], dtype=torch.int64)
+        line = torch.arange(shape[ax], dtype=torch_dtype(node.dtype))
         return line.reshape([-1 if d == ax else 1 for d in range(len(shape))]).expand(shape)
 
     return {"slice": lambda node, args: args[0].narrow(node.axis, node.start, node.stop - node.start),
@@ -214,21 +215,28 @@ def _torch_index_ops() -> dict[str, NodeOp]:
 
 
 def _torch_layout_ops() -> dict[str, NodeOp]:
-    """cast (bools as 0.0 / 1.0, ints as int64, 16-bit types rounded to and computed on in float32),
-    transpose, reshape and expand on torch tensors."""
+    """cast (bools as 0.0 / 1.0, ints as int32 / int64 as the reference's ``cast_value``, 16-bit types
+    rounded to and computed on in float32), transpose, reshape and expand on torch tensors."""
     import torch
 
+    def float_to_int(x: Any, dt: Any) -> Any:  # graph/ops.float_to_int: truncate, NaN -> 0, saturate
+        info = torch.iinfo(dt)
+        t = torch.trunc(x)
+        lim = -float(info.min)   # 2**(bits - 1), exact in float32
+        v = torch.where(torch.isfinite(t) & (t >= -lim) & (t < lim), t, 0.0).to(dt)
+        return torch.where(t >= lim, info.max, torch.where(t < -lim, info.min, v))
+
     def cast(node: Node, args: list[Any]) -> Any:
-        to = node.to or node.dtype
+        to, x = node.to or node.dtype, args[0]
         if to == "bool":
-            return (args[0] != 0).to(torch.float32)
-        if to in ("int32", "int64"):
-            return args[0].to(torch.int64)
-        if not args[0].is_floating_point():   # an int value made float
-            return args[0].to(torch.float32)
+            return (x != 0).to(torch.float32)
+        if to in ("int32", "int64"):   # int -> int keeps the low bits; float -> int truncates
+            return float_to_int(x, torch_dtype(to)) if x.is_floating_point() else x.to(torch_dtype(to))
+        if not x.is_floating_point():   # an int value made float: the nearest float32 (then rounded)
+            x = x.to(torch.float32)
         if to in SIXTEEN_BIT:  # round to the target type, keep computing in float32
-            return args[0].to(torch_dtype(to)).to(torch.float32)
-        return args[0]
+            return x.to(torch_dtype(to)).to(torch.float32)
+        return x
 
     return {"cast": cast,
             "transpose": lambda node, args: args[0].permute(*node.perm),
@@ -247,8 +255,11 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
     outputs = graph.outputs
     out_dtypes = [torch_dtype(graph.spec(o).dtype) for o in outputs]
 
+    def is_int(v: Any) -> bool:
+        return not v.is_floating_point()
+
     def run_node(node: Node, env: dict[str, Any]) -> Any:
-        args: list[Any] = [env[a] if isinstance(a, str) else float(a) for a in node.args]
+        args = node_args(node, env, is_int)
         op = node.op
         if op in unary:
             if isinstance(args[0], float):
@@ -269,8 +280,8 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
     def body(*tensors: Any) -> tuple:
         env: dict[str, Any] = {}
         for name, t in zip(names, tensors):
-            if t.dtype in (torch.int32, torch.int64):  # gather indices stay integers
-                env[name] = t.long()
+            if t.dtype in (torch.int32, torch.int64):  # ints keep their width (int32 arithmetic wraps)
+                env[name] = t
             else:
                 env[name] = t.to(torch.float32) if t.dtype != torch.float32 else t
         for node in nodes:
