@@ -257,10 +257,7 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
     outputs) from :func:`_reference` when already computed; ``stitchtune=False`` times only the peers.
     ``torch_device="cpu"`` exists only for CPU tests of this function (wall-clock timing; the stitchtune
     launcher needs CUDA)."""
-    import torch
-
     from stitchtune.bench.peers import build_peers
-
     from stitchtune.hardware.device import check_fits
 
     check_fits(graph, device)  # refused with the numbers before any allocation
