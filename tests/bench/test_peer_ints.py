@@ -158,3 +158,45 @@ def test_bench_checks_both_peers_of_a_dropout_graph_on_cpu() -> None:
         assert "not installed" in by["jax_jit"].note
     else:
         assert by["jax_jit"].checked, by["jax_jit"].note
+
+
+def _gather_graph() -> dict:
+    """gather by an int32 input and gather_elements by a computed int64 index, both with indices out of
+    range (a zero row / element, as the reference)."""
+    f = {"shape": [5, 3], "dtype": "float32"}
+    return {"name": "gathers", "inputs": {"t": f, "ids": {"shape": [4], "dtype": "int32"},
+                                          "tgt": {"shape": [5, 1], "dtype": "int64"}},
+            "nodes": [{"id": "rows", "op": "gather", "args": ["t", "ids"], "axis": 0},
+                      {"id": "keep", "op": "ne", "args": ["tgt", -100.0]},
+                      {"id": "idx", "op": "where", "args": ["keep", "tgt", 0.0]},
+                      {"id": "pick", "op": "gather_elements", "args": ["t", "idx"], "axis": 1}],
+            "outputs": ["rows", "idx", "pick"]}
+
+
+def _gather_inputs() -> dict[str, np.ndarray]:
+    return {"t": np.arange(15, dtype=np.float32).reshape(5, 3) + 1, "ids": np.array([4, -1, 0, 5], np.int32),
+            "tgt": np.array([[2], [-100], [0], [3], [-7]], np.int64)}
+
+
+def test_gathers_in_both_peers_are_exact() -> None:
+    graph = parse_graph(_gather_graph())
+    inputs = _gather_inputs()
+    ran = 0
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:
+        outs = peers.torch_function(graph)(**{k: torch.from_numpy(v) for k, v in inputs.items()})
+        _assert_exact(graph, {n: t.numpy() for n, t in zip(graph.outputs, outs)}, inputs)
+        ran += 1
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        outs = peers.jax_function(graph)(**inputs)
+        _assert_exact(graph, {n: np.asarray(a) for n, a in zip(graph.outputs, outs)}, inputs)
+        ran += 1
+    if not ran:
+        pytest.skip("neither torch nor jax is installed")
