@@ -3,8 +3,12 @@
 The peers are what a user would otherwise run; ``stitchtune bench`` times them side by side with the
 tuned kernels. Each is built from the very same graph with the same semantics as
 :func:`stitchtune.graph.reference.run_reference` and the generated kernels: 16-bit inputs are upcast to
-float32 on load, all arithmetic is float32, every output is cast to its graph dtype at the end, and a
-``cast`` node rounds its value to the target dtype (and continues in float32).
+float32 on load, all float arithmetic is float32, every output is cast to its graph dtype at the end,
+and a ``cast`` node rounds its value to the target dtype (and continues in float32). Bools are float32
+0.0 / 1.0. Int values are exact, as in the reference: each keeps its graph dtype (int32 arithmetic
+wraps at 32 bits), int constants of int ops are exact integers (:func:`~stitchtune.bench.peer_ops.node_args`),
+a float -> int ``cast`` truncates, saturates and gives 0 for NaN, and ``uniform`` gives the reference's
+bits (:func:`~stitchtune.importers.torch_random.uniform_torch`, :func:`~stitchtune.bench.jax_peer.uniform_jax`).
 
 Contract:
 
