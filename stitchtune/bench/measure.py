@@ -175,6 +175,14 @@ def _check(graph: Graph, outs: Sequence[np.ndarray], expected: dict[str, np.ndar
     return res.ok, err if res.ok else f"WRONG RESULT: {res.error}"
 
 
+def _torch_host(t: Any) -> np.ndarray:
+    """A torch peer's output on the host: an int tensor as it is (an int64 value stays exact), any
+    other as float32 (:func:`~stitchtune.deploy.torch_entry.to_host`)."""
+    import torch
+
+    return t.cpu().numpy() if t.dtype in (torch.int32, torch.int64) else to_host(t)
+
+
 def _jax_host(a: Any) -> np.ndarray:
     """A JAX output on the host: an int array as it is (an int64 value stays exact), any other (float,
     bool) as float32 (every float graph dtype fits exactly)."""
@@ -226,7 +234,7 @@ def _time_stitchtune(graph_path: str, graph: Graph, db: str, trials: int, device
         for i in range(3):
             launcher.launch(bound[i % k], stream)
         _sync(torch_device)
-        ok, err = _check(graph, [to_host(outs[2 % k][o]) for o in graph.outputs], expected)
+        ok, err = _check(graph, [_torch_host(outs[2 % k][o]) for o in graph.outputs], expected)
         samples = _event_times(lambda i: launcher.launch(bound[i % k], stream), warmup, iters, torch_device)
     finally:
         _sync(torch_device)
@@ -328,7 +336,7 @@ def _torch_peer_times(graph: Graph, peer: Peer, sets: list[dict[str, Any]], expe
         res = peer.fn(**sets[i % k])
     _sync(torch_device)
     first_s = time.perf_counter() - t0
-    checked = _check(graph, [to_host(t) for t in res], expected)
+    checked = _check(graph, [_torch_host(t) for t in res], expected)
     del res
     return first_s, checked, _event_times(lambda i: peer.fn(**sets[i % k]), warmup, iters, torch_device)
 

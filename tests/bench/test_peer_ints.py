@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -200,3 +202,19 @@ def test_gathers_in_both_peers_are_exact() -> None:
         ran += 1
     if not ran:
         pytest.skip("neither torch nor jax is installed")
+
+
+def test_bench_reads_int_outputs_back_exactly() -> None:
+    """The bench checks a peer's int64 output as ints (through float32, 2**40 + 3 reads 2**40)."""
+    from stitchtune.bench import measure
+
+    big = np.array([BIG, -BIG], np.int64)
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        assert measure._torch_host(torch.from_numpy(big)).tolist() == big.tolist()
+        assert measure._torch_host(torch.ones(2, dtype=torch.bfloat16)).dtype == np.float32
+    if importlib.util.find_spec("jax") is not None:
+        with jax_peer.x64_scope():
+            assert measure._jax_host(jax_peer.jax_inputs(parse_graph(_int_graph()), {"ids": big})["ids"]).tolist() \
+                == big.tolist()
