@@ -175,6 +175,21 @@ def _check(graph: Graph, outs: Sequence[np.ndarray], expected: dict[str, np.ndar
     return res.ok, err if res.ok else f"WRONG RESULT: {res.error}"
 
 
+def _torch_host(t: Any) -> np.ndarray:
+    """A torch peer's output on the host: an int tensor as it is (an int64 value stays exact), any
+    other as float32 (:func:`~stitchtune.deploy.torch_entry.to_host`)."""
+    import torch
+
+    return t.cpu().numpy() if t.dtype in (torch.int32, torch.int64) else to_host(t)
+
+
+def _jax_host(a: Any) -> np.ndarray:
+    """A JAX output on the host: an int array as it is (an int64 value stays exact), any other (float,
+    bool) as float32 (every float graph dtype fits exactly)."""
+    arr = np.asarray(a)
+    return arr if arr.dtype.kind in "iu" else arr.astype(np.float32)
+
+
 def stitchtune_program(graph_path: str, graph: Graph, db: str, trials: int, device: Device) -> Any:
     """The :class:`~stitchtune.deploy.compiled.CompiledGraph` (built) stitchtune runs for ``graph``: the
     schedule :func:`~stitchtune.deploy.selection.choose_schedule` picks from ``db``. When that is not a
@@ -219,7 +234,7 @@ def _time_stitchtune(graph_path: str, graph: Graph, db: str, trials: int, device
         for i in range(3):
             launcher.launch(bound[i % k], stream)
         _sync(torch_device)
-        ok, err = _check(graph, [to_host(outs[2 % k][o]) for o in graph.outputs], expected)
+        ok, err = _check(graph, [_torch_host(outs[2 % k][o]) for o in graph.outputs], expected)
         samples = _event_times(lambda i: launcher.launch(bound[i % k], stream), warmup, iters, torch_device)
     finally:
         _sync(torch_device)
@@ -250,10 +265,7 @@ def bench_graph(graph_path: str, graph: Graph, *, db: str, trials: int, peer_nam
     outputs) from :func:`_reference` when already computed; ``stitchtune=False`` times only the peers.
     ``torch_device="cpu"`` exists only for CPU tests of this function (wall-clock timing; the stitchtune
     launcher needs CUDA)."""
-    import torch
-
     from stitchtune.bench.peers import build_peers
-
     from stitchtune.hardware.device import check_fits
 
     check_fits(graph, device)  # refused with the numbers before any allocation
@@ -324,7 +336,7 @@ def _torch_peer_times(graph: Graph, peer: Peer, sets: list[dict[str, Any]], expe
         res = peer.fn(**sets[i % k])
     _sync(torch_device)
     first_s = time.perf_counter() - t0
-    checked = _check(graph, [to_host(t) for t in res], expected)
+    checked = _check(graph, [_torch_host(t) for t in res], expected)
     del res
     return first_s, checked, _event_times(lambda i: peer.fn(**sets[i % k]), warmup, iters, torch_device)
 
@@ -336,11 +348,13 @@ def _jax_peer_times(graph: Graph, peer: Peer, inputs: dict[str, np.ndarray], k: 
     :func:`_jax_times`) of a JAX peer, cycling through ``k`` copies of ``inputs`` on its device."""
     import jax
 
-    jsets = [{n: jax.device_put(a) for n, a in inputs.items()} for _ in range(k)]
+    from stitchtune.bench.jax_peer import jax_inputs
+
+    jsets = [jax_inputs(graph, inputs) for _ in range(k)]   # int64 inputs stay int64 (x64 scope)
     t0 = time.perf_counter()
     res = jax.block_until_ready(peer.fn(**jsets[0]))
     first_s = time.perf_counter() - t0
-    checked = _check(graph, [np.asarray(r, dtype=np.float32) for r in res], expected)
+    checked = _check(graph, [_jax_host(r) for r in res], expected)
     del res
     med, how = _jax_times(peer.fn, jsets, warmup, iters)
     return first_s, checked, med, how

@@ -3,8 +3,12 @@
 The peers are what a user would otherwise run; ``stitchtune bench`` times them side by side with the
 tuned kernels. Each is built from the very same graph with the same semantics as
 :func:`stitchtune.graph.reference.run_reference` and the generated kernels: 16-bit inputs are upcast to
-float32 on load, all arithmetic is float32, every output is cast to its graph dtype at the end, and a
-``cast`` node rounds its value to the target dtype (and continues in float32).
+float32 on load, all float arithmetic is float32, every output is cast to its graph dtype at the end,
+and a ``cast`` node rounds its value to the target dtype (and continues in float32). Bools are float32
+0.0 / 1.0. Int values are exact, as in the reference: each keeps its graph dtype (int32 arithmetic
+wraps at 32 bits), int constants of int ops are exact integers (:func:`~stitchtune.bench.peer_ops.node_args`),
+a float -> int ``cast`` truncates, saturates and gives 0 for NaN, and ``uniform`` gives the reference's
+bits (:func:`~stitchtune.importers.torch_random.uniform_torch`, :func:`~stitchtune.bench.jax_peer.uniform_jax`).
 
 Contract:
 
@@ -12,12 +16,15 @@ Contract:
   order; the inputs are torch tensors keyed by graph input name (any device). ``torch_function(graph,
   compile_mode="default")`` (or ``"max-autotune-no-cudagraphs"``) wraps the same function with
   ``torch.compile``.
-* ``jax_function(graph)`` returns the ``jax.jit``-compiled ``f(**arrays) -> tuple``.
+* ``jax_function(graph)`` returns the ``jax.jit``-compiled ``f(**arrays) -> tuple`` (built in
+  :mod:`stitchtune.bench.jax_peer`, re-exported here).
 * ``build_peers(graph, names)`` builds the requested peers (``PEER_NAMES``); a peer whose framework
   is not installed is skipped and named in the returned notes, never an error.
 
-torch and jax are optional: they are imported inside the functions that need them. Nothing from the
-graph file reaches generated source here: node ids are only dictionary keys.
+The torch forms of the ops live here, the JAX forms in :mod:`~stitchtune.bench.jax_peer`, what both
+share in :mod:`~stitchtune.bench.peer_ops`. torch and jax are optional: they are imported inside the
+functions that need them. Nothing from the graph file reaches generated source here: node ids are only
+dictionary keys.
 """
 
 from __future__ import annotations
@@ -28,11 +35,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from stitchtune.bench.jax_peer import jax_function
+from stitchtune.bench.peer_ops import SIXTEEN_BIT, NodeOp, mask_ops, node_args
 from stitchtune.deploy.torch_entry import torch_dtype
 from stitchtune.errors import StitchtuneError
 
 if TYPE_CHECKING:
     from stitchtune.graph.parse import Graph, Node
+
+__all__ = ["PEER_NAMES", "PEER_SYSTEMS", "Peer", "PeerError", "build_peers", "jax_function", "parse_peer_names",
+           "torch_function"]
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +64,6 @@ _TORCH_MODES: dict[str, str | None] = {
     "inductor-max": "max-autotune-no-cudagraphs",
 }
 
-_SIXTEEN_BIT = ("float16", "bfloat16")
 _COMPILED = 0  # compiled torch peers built so far (names their code objects)
 
 
@@ -120,15 +131,15 @@ def _torch_unary() -> dict[str, Callable[[Any], Any]]:
 def _torch_binary() -> dict[str, Callable[[Any, Any], Any]]:
     import torch
 
-    def _max(a: Any, b: Any) -> Any:
-        if isinstance(a, float):
+    def _max(a: Any, b: Any) -> Any:   # a constant (float, or int beside an int tensor) clamps
+        if isinstance(a, (int, float)):
             a, b = b, a
-        return torch.clamp(a, min=b) if isinstance(b, float) else torch.maximum(a, b)
+        return torch.clamp(a, min=b) if isinstance(b, (int, float)) else torch.maximum(a, b)
 
     def _min(a: Any, b: Any) -> Any:
-        if isinstance(a, float):
+        if isinstance(a, (int, float)):
             a, b = b, a
-        return torch.clamp(a, max=b) if isinstance(b, float) else torch.minimum(a, b)
+        return torch.clamp(a, max=b) if isinstance(b, (int, float)) else torch.minimum(a, b)
 
     return {
         "add": lambda a, b: a + b,
@@ -141,26 +152,10 @@ def _torch_binary() -> dict[str, Callable[[Any, Any], Any]]:
     }
 
 
-def _mask_ops(f: Callable[[Any], Any], where: Callable[..., Any],
-              clamp: Callable[..., Any]) -> dict[str, Callable[..., Any]]:
-    """Comparisons, logical ops, ``where`` and ``clamp`` for one array library: its operators serve
-    the comparisons; ``f`` turns a boolean array into float32 0.0 / 1.0 (how the peers carry bools,
-    as the reference does in ``graph/ops.py``), ``where(c, a, b)`` and ``clamp(x, lo, hi)`` are the
-    library's own."""
-    return {
-        "lt": lambda a, b: f(a < b), "le": lambda a, b: f(a <= b), "gt": lambda a, b: f(a > b),
-        "ge": lambda a, b: f(a >= b), "eq": lambda a, b: f(a == b), "ne": lambda a, b: f(a != b),
-        "logical_and": lambda a, b: f((a != 0) & (b != 0)),
-        "logical_or": lambda a, b: f((a != 0) | (b != 0)),
-        "logical_not": lambda a: f(a == 0),
-        "where": lambda c, a, b: f(where(c, a, b)),
-        "clamp": clamp,
-    }
-
-
 def _torch_masks() -> dict[str, Callable[..., Any]]:
     """Comparisons, logical ops, where and clamp on float32 tensors (or Python floats) whose bools
-    are 0.0 / 1.0, as in the reference (``graph/ops.py``)."""
+    are 0.0 / 1.0, as in the reference (``graph/ops.py``); comparisons and ``where``'s branches also
+    on int tensors (and Python ints)."""
     import torch
 
     def f(x: Any) -> Any:
@@ -173,7 +168,7 @@ def _torch_masks() -> dict[str, Callable[..., Any]]:
         like = next(a for a in (x, lo, hi) if not isinstance(a, float))
         return torch.minimum(torch.maximum(t(x, like), t(lo, like)), t(hi, like))
 
-    return _mask_ops(f, lambda c, a, b: torch.where(c != 0, t(a, c), t(b, c)), clamp)
+    return mask_ops(f, lambda c, a, b: torch.where(c != 0, t(a, c), t(b, c)), clamp)
 
 
 def _torch_reduce() -> dict[str, Callable[..., Any]]:
@@ -185,11 +180,6 @@ def _torch_reduce() -> dict[str, Callable[..., Any]]:
         "reduce_max": lambda x, axes, keep: torch.amax(x, dim=axes, keepdim=keep),
         "reduce_min": lambda x, axes, keep: torch.amin(x, dim=axes, keepdim=keep),
     }
-
-
-NodeOp = Callable[["Node", list[Any]], Any]
-"""``f(node, args) -> value``: an op that reads its node's attributes (axis, shape, perm, target type)
-besides its argument values ``args`` (tensors, or Python floats for constants)."""
 
 
 def _torch_index_ops() -> dict[str, NodeOp]:
@@ -212,7 +202,7 @@ def _torch_index_ops() -> dict[str, NodeOp]:
         ax = int(node.axis or 0)
         part = x[tuple(slice(0, d) if k != ax else slice(None) for k, d in enumerate(idx.shape))]
         ok = (idx >= 0) & (idx < x.shape[ax])
-        return torch.gather(part, ax, idx.clamp(0, x.shape[ax] - 1)) * ok.to(x.dtype)
+        return torch.gather(part, ax, idx.clamp(0, x.shape[ax] - 1).long()) * ok.to(x.dtype)
 
     def uniform(node: Node, args: list[Any]) -> Any:   # the same bits as the kernels' (importers/torch_random.py)
         from stitchtune.importers.torch_random import uniform_torch
@@ -221,7 +211,7 @@ def _torch_index_ops() -> dict[str, NodeOp]:
 
     def iota(node: Node, args: list[Any]) -> Any:
         shape, ax = tuple(node.shape), int(node.axis or 0)
-        line = torch.arange(shape[ax], dtype=torch.int64)
+        line = torch.arange(shape[ax], dtype=torch_dtype(node.dtype))
         return line.reshape([-1 if d == ax else 1 for d in range(len(shape))]).expand(shape)
 
     return {"slice": lambda node, args: args[0].narrow(node.axis, node.start, node.stop - node.start),
@@ -229,21 +219,28 @@ def _torch_index_ops() -> dict[str, NodeOp]:
 
 
 def _torch_layout_ops() -> dict[str, NodeOp]:
-    """cast (bools as 0.0 / 1.0, ints as int64, 16-bit types rounded to and computed on in float32),
-    transpose, reshape and expand on torch tensors."""
+    """cast (bools as 0.0 / 1.0, ints as int32 / int64 as the reference's ``cast_value``, 16-bit types
+    rounded to and computed on in float32), transpose, reshape and expand on torch tensors."""
     import torch
 
+    def float_to_int(x: Any, dt: Any) -> Any:  # graph/ops.float_to_int: truncate, NaN -> 0, saturate
+        info = torch.iinfo(dt)
+        t = torch.trunc(x)
+        lim = -float(info.min)   # 2**(bits - 1), exact in float32
+        v = torch.where(torch.isfinite(t) & (t >= -lim) & (t < lim), t, 0.0).to(dt)
+        return torch.where(t >= lim, info.max, torch.where(t < -lim, info.min, v))
+
     def cast(node: Node, args: list[Any]) -> Any:
-        to = node.to or node.dtype
+        to, x = node.to or node.dtype, args[0]
         if to == "bool":
-            return (args[0] != 0).to(torch.float32)
-        if to in ("int32", "int64"):
-            return args[0].to(torch.int64)
-        if not args[0].is_floating_point():   # an int value made float
-            return args[0].to(torch.float32)
-        if to in _SIXTEEN_BIT:  # round to the target type, keep computing in float32
-            return args[0].to(torch_dtype(to)).to(torch.float32)
-        return args[0]
+            return (x != 0).to(torch.float32)
+        if to in ("int32", "int64"):   # int -> int keeps the low bits; float -> int truncates
+            return float_to_int(x, torch_dtype(to)) if x.is_floating_point() else x.to(torch_dtype(to))
+        if not x.is_floating_point():   # an int value made float: the nearest float32 (then rounded)
+            x = x.to(torch.float32)
+        if to in SIXTEEN_BIT:  # round to the target type, keep computing in float32
+            return x.to(torch_dtype(to)).to(torch.float32)
+        return x
 
     return {"cast": cast,
             "transpose": lambda node, args: args[0].permute(*node.perm),
@@ -262,8 +259,11 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
     outputs = graph.outputs
     out_dtypes = [torch_dtype(graph.spec(o).dtype) for o in outputs]
 
+    def is_int(v: Any) -> bool:
+        return not v.is_floating_point()
+
     def run_node(node: Node, env: dict[str, Any]) -> Any:
-        args: list[Any] = [env[a] if isinstance(a, str) else float(a) for a in node.args]
+        args = node_args(node, env, is_int)
         op = node.op
         if op in unary:
             if isinstance(args[0], float):
@@ -284,8 +284,8 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
     def body(*tensors: Any) -> tuple:
         env: dict[str, Any] = {}
         for name, t in zip(names, tensors):
-            if t.dtype in (torch.int32, torch.int64):  # gather indices stay integers
-                env[name] = t.long()
+            if t.dtype in (torch.int32, torch.int64):  # ints keep their width (int32 arithmetic wraps)
+                env[name] = t
             else:
                 env[name] = t.to(torch.float32) if t.dtype != torch.float32 else t
         for node in nodes:
@@ -315,166 +315,6 @@ def torch_function(graph: Graph, compile_mode: str | None = None) -> Callable[..
 
     def call(**tensors: Any) -> tuple:
         return fn(*[tensors[n] for n in names])
-
-    return call
-
-
-# ----------------------------------------------------------------------------------------------
-# jax
-# ----------------------------------------------------------------------------------------------
-
-
-def _jax_dtype(name: str) -> Any:
-    import jax.numpy as jnp
-
-    return {"float32": jnp.float32, "float16": jnp.float16, "bfloat16": jnp.bfloat16}[name]
-
-
-def _jax_tables() -> tuple[dict, dict, dict]:
-    import jax
-    import jax.numpy as jnp
-    from jax.scipy.special import erf
-
-    unary = {
-        "neg": jnp.negative,
-        "abs": jnp.abs,
-        "exp": jnp.exp,
-        "log": jnp.log,
-        "sqrt": jnp.sqrt,
-        "rsqrt": jax.lax.rsqrt,
-        "reciprocal": jnp.reciprocal,
-        "square": jnp.square,
-        "tanh": jnp.tanh,
-        "sin": jnp.sin,
-        "cos": jnp.cos,
-        "sigmoid": jax.nn.sigmoid,
-        "relu": jax.nn.relu,
-        "erf": erf,
-        "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-        "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-        "silu": jax.nn.silu,
-    }
-    binary = {
-        "add": jnp.add,
-        "sub": jnp.subtract,
-        "mul": jnp.multiply,
-        "div": jnp.divide,
-        "pow": jnp.power,
-        "maximum": jnp.maximum,
-        "minimum": jnp.minimum,
-    }
-    reduce = {
-        "reduce_sum": jnp.sum,
-        "reduce_mean": jnp.mean,
-        "reduce_max": jnp.max,
-        "reduce_min": jnp.min,
-    }
-    return unary, binary, reduce
-
-
-def _jax_masks() -> dict[str, Callable[..., Any]]:
-    """Comparisons, logical ops, where and clamp on float32 arrays whose bools are 0.0 / 1.0."""
-    import jax.numpy as jnp
-
-    def f(x: Any) -> Any:
-        return x.astype(jnp.float32)
-
-    return _mask_ops(f, lambda c, a, b: jnp.where(c != 0, a, b),
-                     lambda x, lo, hi: jnp.minimum(jnp.maximum(x, lo), hi))
-
-
-def _jax_index_ops() -> dict[str, NodeOp]:
-    """slice, concat, gather, gather_elements and iota on JAX arrays, as the reference (no ``uniform``)."""
-    import jax
-    import jax.numpy as jnp
-
-    def gather(node: Node, args: list[Any]) -> Any:  # out-of-range index: a zero row, as the reference
-        table, idx = args
-        ok = (idx >= 0) & (idx < table.shape[0])
-        rows = table[jnp.clip(idx, 0, table.shape[0] - 1)]
-        return rows * ok.reshape(ok.shape + (1,) * (table.ndim - 1)).astype(jnp.float32)
-
-    def gather_elements(node: Node, args: list[Any]) -> Any:  # take_along_axis; out-of-range index: 0, as the reference
-        x, idx = args
-        ax = int(node.axis or 0)
-        part = x[tuple(slice(0, d) if k != ax else slice(None) for k, d in enumerate(idx.shape))]
-        ok = (idx >= 0) & (idx < x.shape[ax])
-        return jnp.take_along_axis(part, jnp.clip(idx, 0, x.shape[ax] - 1), axis=ax) * ok.astype(x.dtype)
-
-    def iota(node: Node, args: list[Any]) -> Any:
-        shape, ax = tuple(node.shape), int(node.axis or 0)
-        line = jnp.arange(shape[ax]).reshape([-1 if d == ax else 1 for d in range(len(shape))])
-        return jnp.broadcast_to(line, shape)
-
-    return {"slice": lambda node, args: jax.lax.slice_in_dim(args[0], node.start, node.stop, axis=node.axis),
-            "concat": lambda node, args: jnp.concatenate(args, axis=node.axis),
-            "gather": gather, "gather_elements": gather_elements, "iota": iota}
-
-
-def _jax_layout_ops() -> dict[str, NodeOp]:
-    """cast (bools as 0.0 / 1.0, ints as int32 / int64, 16-bit types rounded to and computed on in
-    float32), transpose, reshape and expand on JAX arrays."""
-    import jax.numpy as jnp
-
-    def cast(node: Node, args: list[Any]) -> Any:
-        to = node.to or node.dtype
-        if to == "bool":
-            return (args[0] != 0).astype(jnp.float32)
-        if to in ("int32", "int64"):
-            return args[0].astype(jnp.int32 if to == "int32" else jnp.int64)
-        if jnp.issubdtype(args[0].dtype, jnp.integer):   # an int value made float
-            return args[0].astype(jnp.float32)
-        return args[0].astype(_jax_dtype(to)).astype(jnp.float32) if to in _SIXTEEN_BIT else args[0]
-
-    return {"cast": cast,
-            "transpose": lambda node, args: jnp.transpose(args[0], node.perm),
-            "reshape": lambda node, args: jnp.reshape(args[0], node.shape),
-            "expand": lambda node, args: jnp.broadcast_to(args[0], node.shape)}
-
-
-def jax_function(graph: Graph) -> Callable[..., tuple]:
-    """``f(**arrays) -> tuple``: ``graph`` in JAX, ``jax.jit``-compiled. Raises ``ImportError`` without jax."""
-    import jax
-    import jax.numpy as jnp
-
-    unary, binary, reduce = _jax_tables()
-    masks = _jax_masks()
-    node_ops = {**_jax_index_ops(), **_jax_layout_ops()}
-    names = [n for n, _ in graph.inputs]
-    nodes = graph.nodes
-    outputs = graph.outputs
-    out_dtypes = [_jax_dtype(graph.spec(o).dtype) for o in outputs]
-    f32 = jnp.float32
-
-    def scalar(x: float) -> Any:
-        return jnp.asarray(x, dtype=f32)  # weakly typed python floats could promote differently
-
-    def run_node(node: Node, env: dict[str, Any]) -> Any:
-        args = [env[a] if isinstance(a, str) else scalar(float(a)) for a in node.args]
-        op = node.op
-        if op in unary:
-            return unary[op](args[0])
-        if op in binary:
-            return binary[op](args[0], args[1])
-        if op in reduce:
-            return reduce[op](args[0], axis=tuple(node.axes), keepdims=bool(node.keepdims))
-        if op in masks:
-            return masks[op](*args)
-        if op in node_ops:
-            return node_ops[op](node, args)
-        raise ValueError(f"peers: op {op!r} has no jax implementation")
-
-    def body(*arrays: Any) -> tuple:
-        env: dict[str, Any] = {n: a if jnp.issubdtype(a.dtype, jnp.integer) else a.astype(f32)
-                               for n, a in zip(names, arrays)}
-        for node in nodes:
-            env[node.id] = run_node(node, env)
-        return tuple(env[o].astype(dt) for o, dt in zip(outputs, out_dtypes))
-
-    jitted = jax.jit(body)
-
-    def call(**arrays: Any) -> tuple:
-        return jitted(*[arrays[n] for n in names])
 
     return call
 
