@@ -179,12 +179,17 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     return diff / denom
 
 
+#: graph dtypes whose outputs must equal the reference exactly
+EXACT_DTYPES = frozenset({"int32", "int64", "bool"})
+
+
 def check_outputs(
     outputs: Mapping[str, np.ndarray],
     expected: Mapping[str, np.ndarray],
     dtypes: Mapping[str, str],
 ) -> CheckResult:
-    """Compare every expected output; the tolerance is chosen by each output's graph dtype."""
+    """Compare every expected output: int and bool outputs (:data:`EXACT_DTYPES`) exactly, float ones
+    within the tolerance of their graph dtype."""
     worst = 0.0
     problems = []
     for name, ref in expected.items():
@@ -205,6 +210,12 @@ def check_outputs(
             problems.append(f"output {name!r}: the reference has no finite value, so the check cannot tell "
                             "a right result from a wrong one (inputs outside an op's domain?)")
             worst = float("inf")
+            continue
+        if dt in EXACT_DTYPES:   # int and bool values are right or wrong: no tolerance
+            n_diff = int(np.count_nonzero(out.reshape(np.shape(ref)).astype(np.int64) != np.asarray(ref).astype(np.int64)))
+            if n_diff:
+                problems.append(f"output {name!r} ({dt}): {n_diff} value(s) differ from the reference (exact)")
+                worst = float("inf")
             continue
         err = relative_error(out.reshape(np.shape(ref)), ref)
         worst = max(worst, err)

@@ -606,3 +606,16 @@ def test_emulate_runner_checks_that_clusters_are_resident() -> None:
     one_sm_gpcs = dataclasses.replace(dev, gpc_sms=(1,) * dev.sm_count, max_blocks_per_sm=1)
     (m,) = EmulateRunner(g, one_sm_gpcs, seed=1).run(item)
     assert m.status == "launch_error" and "cluster" in m.error, m.error
+
+
+def test_int_and_bool_outputs_are_checked_exactly() -> None:
+    """An int64 value one off at 1e9 is within any relative tolerance, and still wrong."""
+    import numpy as np
+
+    from stitchtune.gpu.runners import check_outputs
+
+    ref = {"i": np.array([10**9, 3], dtype=np.int64), "b": np.array([True, False])}
+    ok = check_outputs({"i": ref["i"].copy(), "b": ref["b"].copy()}, ref, {"i": "int64", "b": "bool"})
+    assert ok.ok, ok
+    bad = check_outputs({"i": np.array([10**9 + 1, 3]), "b": np.array([True, True])}, ref, {"i": "int64", "b": "bool"})
+    assert not bad.ok and "'i' (int64): 1 value(s) differ" in bad.error and "'b' (bool)" in bad.error
