@@ -34,3 +34,13 @@ class ToolchainError(StitchtuneError):
 
 class DatabaseError(StitchtuneError):
     """The tuning database or optuna storage cannot be used."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what was kept: ``str(exc)`` is ``"interrupted: <kept>"`` (e.g. ``"interrupted: 12 rows
+    written to tuning-db"``). A KeyboardInterrupt (not a StitchtuneError): code that stops on Ctrl-C stops
+    on it too, and the CLI prints it as its one line and exits with code 130."""
+
+    def __init__(self, kept: str) -> None:
+        self.kept = kept
+        super().__init__(f"interrupted: {kept}")

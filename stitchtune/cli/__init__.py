@@ -1,7 +1,8 @@
 """Command-line interface (``stitchtune``, ``python -m stitchtune``): the only package that prints for users.
 
 Contract: :func:`main(argv)` returns the exit code (0 ok, 2 user error or usage error, 130
-interrupted). Every :class:`~stitchtune.errors.StitchtuneError` becomes one
+interrupted: one line, ``stitchtune: interrupted: <what was kept>`` for an
+:class:`~stitchtune.errors.Interrupted`). Every :class:`~stitchtune.errors.StitchtuneError` becomes one
 ``stitchtune: error: <problem>`` line per problem on stderr, without a traceback. Before a command
 runs, every path argument is checked (:mod:`stitchtune.cli.checks`); an ``OSError`` on one of those
 paths that still happens later is an error line too. A closed stdout (``... | head``) ends the
@@ -55,7 +56,7 @@ from stitchtune.cli.tuning import (
     _add_tune,
     _add_show,
 )
-from stitchtune.errors import StitchtuneError
+from stitchtune.errors import Interrupted, StitchtuneError
 from stitchtune.graph.npz import save_npz
 from stitchtune.tune.dbpath import default_db
 
@@ -505,8 +506,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for problem in e.problems:
             _print_error(problem)
         return 2
-    except KeyboardInterrupt:
-        print("stitchtune: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # Interrupted says what was kept (cli.interrupts)
+        print(f"stitchtune: {e if isinstance(e, Interrupted) else 'interrupted'}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of stdout went away (`... | head`): stop quietly
         _quiet_stdout()

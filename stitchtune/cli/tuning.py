@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from stitchtune.cli import checks
+from stitchtune.cli.interrupts import interrupted_search, keeping_rows
 from stitchtune.cli.options import (
     MAX_JOBS,
     MAX_TRIALS,
@@ -155,11 +156,29 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from stitchtune.hardware.device import get_device
 
     device = get_device(args.device) if args.device else None
-    df = run_bench(args.graphs, db=args.db, trials=args.trials, peers=peers, device=device,
-                   out_dir=args.out or args.db, iters=args.iters, warmup=args.warmup,
-                   progress=lambda s: print(s, flush=True))
+    out_dir = args.out or args.db
+    with keeping_rows(args.db, also=_bench_tables_since(out_dir)):
+        df = run_bench(args.graphs, db=args.db, trials=args.trials, peers=peers, device=device,
+                       out_dir=out_dir, iters=args.iters, warmup=args.warmup,
+                       progress=lambda s: print(s, flush=True))
     print(format_table(df))
     return 0
+
+
+def _bench_tables_since(out_dir: str) -> Any:
+    """For :func:`keeping_rows`: names the bench tables in ``out_dir`` written after now (bench rewrites its
+    CSV after every graph, so a Ctrl-C keeps the graphs finished)."""
+    import glob
+    import time
+
+    t0 = time.time()
+
+    def written() -> str | None:
+        fresh = [p for p in sorted(glob.glob(os.path.join(glob.escape(out_dir), "bench_*.csv")))
+                 if os.path.getmtime(p) >= t0]
+        return f"the finished graphs' times in {', '.join(fresh)}" if fresh else None
+
+    return written
 
 
 # ---------------------------------------------------------------------------- search / show / export
@@ -211,10 +230,14 @@ def _cmd_search(args: argparse.Namespace) -> int:
                        prune_factor=args.prune_factor, build=not args.no_build, progress=not args.no_progress,
                        deterministic=args.deterministic)
     if dims:
-        return _search_dynamic(cfg, dims)
-    res = run_search(cfg)
+        with keeping_rows(args.db):
+            return _search_dynamic(cfg, dims)
+    with keeping_rows(args.db):
+        res = run_search(cfg)
     print(format_summary(res))
-    return 130 if res.stopped == "interrupted" else 0
+    if res.stopped == "interrupted":
+        raise interrupted_search(res)
+    return 0
 
 
 def _search_dynamic(cfg: Any, dims: list[Any]) -> int:
@@ -230,14 +253,16 @@ def _search_dynamic(cfg: Any, dims: list[Any]) -> int:
     print("buckets:")
     for o in outcomes:
         if o.result is None:
-            print(f"  {o.key.label()}: skipped: {o.refusal}")
+            print(f"  {o.key.label()}: skipped: {o.skipped}")
         else:
             best = o.result.best
             what = "no ok schedule" if best is None else (
                 f"best {float(best['measured_us']):.2f} us{' (estimated)' if best.get('estimated') else ''} "
                 f"schedule {best['schedule_key']}")
             print(f"  {o.key.label()}: {what}")
-    return 130 if any(o.result is not None and o.result.stopped == "interrupted" for o in outcomes) else 0
+    if any(o.result is not None and o.result.stopped == "interrupted" for o in outcomes):
+        raise KeyboardInterrupt  # the caller's keeping_rows counts the rows of every bucket
+    return 0
 
 
 def _add_show(sub: Any) -> None:
@@ -358,7 +383,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     inputs = _tune_inputs(fn, shapes, args.dtype)
     backend, why = resolve_backend(args.backend)
     print(why, file=sys.stderr, flush=True)
-    tune_model(fn, inputs, trials=args.trials, db=args.db, backend=backend, device=args.device,
-               build=not args.no_build, jobs=args.jobs, calls=calls, say=lambda s: print(s, flush=True))
+    with keeping_rows(args.db):
+        tune_model(fn, inputs, trials=args.trials, db=args.db, backend=backend, device=args.device,
+                   build=not args.no_build, jobs=args.jobs, calls=calls, say=lambda s: print(s, flush=True))
     print(f"database: {args.db} (torch.compile(model, backend='stitchtune', options={{'db': {args.db!r}}}) reads it)")
     return 0
