@@ -23,6 +23,7 @@ from stitchtune.cli.options import (
     add_device,
     add_graph,
     add_out,
+    float_above,
     int_at_most,
     seed,
 )
@@ -39,7 +40,7 @@ def _add_report(sub: Any) -> None:
     checks.checked(p, p.add_argument("--graphs", nargs="*", default=None, metavar="GRAPH",
                                      help="graph.json files for min bytes (default: examples/*.json when present)"),
                    checks.in_file)
-    p.add_argument("--bandwidth-gbs", type=float, default=None, metavar="GBS",
+    p.add_argument("--bandwidth-gbs", type=float_above(0), default=None, metavar="GBS",
                    help="copy bandwidth for the floor in GB/s (default: from the device preset)")
     p.set_defaults(func=_cmd_report)
 
@@ -90,8 +91,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def _add_model_check(sub: Any) -> None:
     p = sub.add_parser("model-check", help="rank correlation of predicted vs measured times, pruned winners")
     add_db(p, checks.db_read)
-    p.add_argument("--factor", type=float, default=3.0, metavar="F",
-                   help="pruning factor: predicted > FACTOR x best measured (default 3.0)")
+    p.add_argument("--factor", type=float_above(1), default=3.0, metavar="F",
+                   help="pruning factor, > 1: predicted > FACTOR x best measured (default 3.0)")
     p.add_argument("--repredict", action="store_true",
                    help="judge the current cost model: predict every row again (re-lowering the workloads "
                         "of --graphs) instead of using the predictions stored at search time")
@@ -187,7 +188,7 @@ def _add_search(sub: Any) -> None:
     add_graph(p)
     p.add_argument("--trials", type=int_at_most(MAX_TRIALS), default=64, metavar="N",
                    help="trials in this run (default 64)")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop after S seconds")
+    p.add_argument("--timeout", type=float_above(0), default=None, metavar="S", help="stop after S seconds")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),
                    help="auto: cuda when cuda-python finds a GPU, else emulate (estimated times)")
     add_device(p)
@@ -204,7 +205,7 @@ def _add_search(sub: Any) -> None:
                    help="trials per batch = parallel compiles (default: CPU count)")
     p.add_argument("--early-stop", type=int_at_most(MAX_TRIALS), default=None, metavar="K",
                    help="stop after K trials without improvement")
-    p.add_argument("--prune-factor", type=float, default=3.0, metavar="F",
+    p.add_argument("--prune-factor", type=float_above(1), default=3.0, metavar="F",
                    help="skip points predicted F x slower than the best measured (default 3)")
     p.add_argument("--no-build", action="store_true", help="emulate backend: do not compile with nvcc")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

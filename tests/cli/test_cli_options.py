@@ -177,6 +177,23 @@ def test_numbers_out_of_range_are_usage_errors() -> None:
         assert rc == 2 and out == "" and "Traceback" not in err and ": error: argument " in err, argv
 
 
+@pytest.mark.parametrize("flag,base,bad", [
+    ("--factor", ["model-check", "--db", str(COMMITTED_DB)], ["1", "0.5", "0", "-2", "nan", "inf", "x"]),
+    ("--bandwidth-gbs", ["report", "--db", str(COMMITTED_DB), "-o", "{t}/r", "--graphs"], ["0", "-1", "nan", "inf"]),
+    ("--timeout", ["search", G, "--trials", "1"], ["0", "-5", "nan"]),
+    ("--prune-factor", ["search", G, "--trials", "1"], ["1", "0.5", "inf"])])
+def test_bounded_numbers_are_usage_errors_before_any_work(flag: str, base: list[str], bad: list[str],
+                                                          tmp_path: Path) -> None:
+    """A factor <= 1, a bandwidth or timeout <= 0, NaN or infinity: one argparse error line naming the flag,
+    exit 2, nothing written (was: model-check --factor 0.5 or nan printed a verdict on a meaningless rule)."""
+    argv = [a.replace("{t}", str(tmp_path)) for a in base]
+    for value in bad:
+        rc, out, err = call([*argv, flag, value])
+        assert rc == 2 and out == "" and "Traceback" not in err, (flag, value, err)
+        assert f"error: argument {flag}: " in err.splitlines()[-1], (flag, value, err)
+    assert not (tmp_path / "r").exists()
+
+
 def test_show_names_its_time_column_for_what_it_holds() -> None:
     rows = pd.DataFrame([
         {"graph_name": "a", "workload_key": "k" * 20, "device_key": "d", "backend": "emulate", "measured_us": 1.5,

@@ -195,7 +195,7 @@ def hostile_argv(draw: st.DrawFn, command: tuple[str, ...]) -> list[str]:
         return [*command, *base, action.option_strings[-1]]
     if action.dest in checked:
         pool = PATHS
-    elif action.type in (int, float):
+    elif action.type in (int, float) or getattr(action.type, "numeric", False):
         pool = BAD_NUMBERS
     elif action.dest == "schedule":
         pool = BAD_JSON
