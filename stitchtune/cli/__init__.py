@@ -57,7 +57,7 @@ from stitchtune.cli.tuning import (
     _add_show,
 )
 from stitchtune.errors import Interrupted, StitchtuneError
-from stitchtune.graph.npz import save_npz
+from stitchtune.cli.outputs import save_outputs_npz
 from stitchtune.tune.dbpath import default_db
 
 log = logging.getLogger("stitchtune")
@@ -164,19 +164,6 @@ def load_inputs_npz(path: str, graph: Any) -> dict[str, np.ndarray]:
         if spec is not None and spec.dtype == "bfloat16" and a.dtype.kind == "V" and a.dtype.itemsize == 2:
             arrays[k] = a.view(numpy_dtype("bfloat16"))
     return arrays
-
-
-def save_outputs_npz(path: str, outputs: Mapping[str, np.ndarray]) -> None:
-    """Write arrays to ``path`` (.npz; bfloat16 is stored as 2-byte void, see load_inputs_npz)."""
-    tmp = f"{path}.tmp-{os.getpid()}.npz"
-    try:
-        save_npz(tmp, outputs)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise StitchtuneError(f"cannot write {ascii(path)}: {e.strerror or e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 # ---------------------------------------------------------------------------- run backends

@@ -94,8 +94,9 @@ def add_out(p: argparse.ArgumentParser, kind: checks.Kind, help: str, *, metavar
 
 def add_callable(p: argparse.ArgumentParser, shapes_example: str, dtype_help: str) -> None:
     """``MODULE:CALLABLE``, ``--shapes`` and ``--dtype`` (``import torch``, ``tune``)."""
-    p.add_argument("callable", metavar="MODULE:CALLABLE",
-                   help="path/to/file.py:NAME or dotted.module:NAME (a function, nn.Module, or nn.Module class)")
+    checks.checked(p, p.add_argument(
+        "callable", metavar="MODULE:CALLABLE",
+        help="path/to/file.py:NAME or dotted.module:NAME (a function, nn.Module, or nn.Module class)"), checks.in_module)
     p.add_argument("--shapes", required=True, metavar="NAME=DIMS,...",
                    help=f"example shapes per argument, e.g. {shapes_example}")
     p.add_argument("--dtype", default=None, metavar="DTYPE", help=dtype_help)

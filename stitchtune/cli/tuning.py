@@ -15,6 +15,7 @@ from typing import Any
 
 from stitchtune.cli import checks
 from stitchtune.cli.interrupts import interrupted_search, keeping_rows
+from stitchtune.cli.outputs import write_whole
 from stitchtune.cli.options import (
     MAX_JOBS,
     MAX_TRIALS,
@@ -294,15 +295,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from stitchtune.tune.database import read_db
 
     df = read_db(args.db)
-    tmp = f"{args.out}.tmp-{os.getpid()}"
-    try:
-        df.to_csv(tmp, index=False)
-        os.replace(tmp, args.out)
-    except OSError as e:
-        raise StitchtuneError(f"cannot write {ascii(args.out)}: {e.strerror or e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_whole(args.out, lambda tmp: df.to_csv(tmp, index=False))
     print(f"wrote {len(df)} rows to {args.out}")
     return 0
 

@@ -125,6 +125,63 @@ def test_outputs_are_checked_before_the_work(tmp_path: Path) -> None:
     assert rc == 2 and "is a directory, not a file" in err
 
 
+def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path: Path) -> None:
+    """Was: `run G --out G` replaced the graph with its outputs (exit 0). The same file by another spelling,
+    a symlink or a hard link is refused too; so is `import torch m.py:f -o m.py` (the user's model)."""
+    g = tmp_path / "g.json"
+    g.write_bytes(Path(G).read_bytes())
+    (tmp_path / "link.json").symlink_to(g)
+    (tmp_path / "hard.json").hardlink_to(g)
+    for out in (g, tmp_path / "." / "g.json", tmp_path / "link.json", tmp_path / "hard.json"):
+        rc, stdout, err = call(["run", str(g), "--random-inputs", "0", "--out", str(out)])
+        assert rc == 2 and stdout == "" and len(err.splitlines()) == 1, (out, err)
+        assert "is also the input GRAPH" in err
+    assert g.read_bytes() == Path(G).read_bytes()
+    np.savez(tmp_path / "in.npz", x=np.zeros((256, 1024), np.float32))
+    rc, _out, err = call(["run", G, "--inputs", str(tmp_path / "in.npz"), "--random-inputs", "0",
+                          "--out", str(tmp_path / "in.npz")])
+    assert rc == 2 and "is also the input --inputs" in err
+    model = tmp_path / "m.py"
+    model.write_text("def f(x):\n    return x * 2.0\n")
+    rc, _out, err = call(["import", "torch", f"{model}:f", "--shapes", "x=2x3", "-o", str(model)])
+    assert rc == 2 and "is also the input MODULE:CALLABLE" in err and len(err.splitlines()) == 1
+    assert model.read_text() == "def f(x):\n    return x * 2.0\n"
+
+
+def test_outputs_go_into_new_folders_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Missing parent folders are created (was: 'cannot write ...: No such file or directory', exit 2); a
+    write that fails leaves the old file and no temporary file."""
+    from stitchtune.cli.outputs import write_whole
+    from stitchtune.errors import StitchtuneError
+
+    rc, _out, err = call(["run", G, "--random-inputs", "0", "--out", str(tmp_path / "new" / "deep" / "o.npz")])
+    assert rc == 0, err
+    with np.load(tmp_path / "new" / "deep" / "o.npz") as z:
+        assert z["y"].shape == (256, 1024)
+    rc, _out, err = call(["export", "--db", str(COMMITTED_DB), "-o", str(tmp_path / "csv" / "x.csv")])
+    assert rc == 0 and len(pd.read_csv(tmp_path / "csv" / "x.csv")) > 0, err
+    old = tmp_path / "old.txt"
+    old.write_text("old")
+
+    def half(tmp: str) -> None:
+        Path(tmp).write_text("half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(StitchtuneError, match="cannot write .*No space left on device"):
+        write_whole(str(old), half)
+    assert old.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["csv", "new", "old.txt"]
+    write_whole(str(old), lambda tmp: Path(tmp).write_text("new"))
+    assert old.read_text() == "new" and (old.stat().st_mode & 0o777) == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def test_run_inputs_repeatable_and_filled_by_random_inputs(tmp_path: Path) -> None:
     from stitchtune.graph.parse import load_graph
     from stitchtune.graph.reference import random_inputs, run_reference
