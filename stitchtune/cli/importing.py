@@ -47,9 +47,14 @@ def _cmd_torch(args: argparse.Namespace) -> int:
     from stitchtune.importers.builder import parse_dtypes, parse_shapes
     from stitchtune.importers.torch_import import import_torch, load_callable
 
+    from stitchtune.deploy.tune_inputs import check_runs, example_inputs
+
     shapes = parse_shapes(args.shapes)
     dtypes = parse_dtypes(args.dtype, list(shapes))
     fn, label = load_callable(args.callable)
+    # the checks tune runs: sizes bounded before anything is allocated, then one eager call (a model that
+    # fails is one line, not torch.export's logged trace)
+    check_runs(fn, example_inputs(fn, shapes, args.dtype))
     res = import_torch(fn, {n: (s, dtypes[n]) for n, s in shapes.items()}, name=args.name or label)
     g = res.graph
     path = Path(args.out)

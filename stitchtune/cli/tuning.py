@@ -324,60 +324,25 @@ def _add_tune(sub: Any) -> None:
     p.set_defaults(func=_cmd_tune)
 
 
-def _tune_inputs(fn: Any, shapes: dict[str, tuple[int, ...]], dtype_text: str | None) -> list[Any]:
-    """Example tensors for ``fn``'s positional parameters named in ``shapes`` (seeded, on the CPU)."""
-    import torch
-
-    from stitchtune.importers.torch_import import all_positional
-
-    from stitchtune.graph.values import FLOAT_DTYPES
-    from stitchtune.importers.builder import parse_dtypes
-
-    names = list(shapes)
-    problems: list[str] = []
-    try:
-        dtypes = parse_dtypes(dtype_text, names, allowed=(*FLOAT_DTYPES, "int64"))
-    except StitchtuneError as exc:  # reported together with the --shapes problems below
-        problems, dtypes = list(exc.problems), {}
-    positional = all_positional(fn)
-    if positional is not None:
-        order = [n for n in positional if n in shapes]
-        problems += [f"--shapes: {n!a} is not a parameter of the callable ({', '.join(positional)})"
-                     for n in names if n not in positional]
-        if order != positional[: len(order)]:
-            problems.append(f"--shapes must cover a prefix of the positional arguments ({', '.join(positional)})")
-    else:
-        order = names
-    if problems:
-        raise StitchtuneError(problems=problems)
-    gen = torch.Generator().manual_seed(0)
-    out = []
-    for n in order:
-        dt = dtypes[n]
-        if dt == "int64":
-            out.append(torch.randint(0, 2, shapes[n], generator=gen))
-        else:
-            out.append(torch.randn(shapes[n], generator=gen).to(getattr(torch, dt)))
-    return out
-
-
 def _cmd_tune(args: argparse.Namespace) -> int:
     from stitchtune.deploy.model_tuning import parse_calls
     from stitchtune.importers.builder import parse_shapes
-    from stitchtune.importers.torch_import import load_callable
 
     if args.trials < 1:
         raise StitchtuneError(f"--trials must be >= 1 (got {args.trials})")
     calls = parse_calls(args.calls + (",train" if args.train else ""))
     shapes = parse_shapes(args.shapes)
-    fn, _label = load_callable(args.callable)
-    from stitchtune.deploy.model_tuning import tune_model
-    from stitchtune.tune.config import resolve_backend
-
-    inputs = _tune_inputs(fn, shapes, args.dtype)
-    backend, why = resolve_backend(args.backend)
-    print(why, file=sys.stderr, flush=True)
     with keeping_rows(args.db):
+        from stitchtune.deploy.model_tuning import tune_model
+        from stitchtune.deploy.tune_inputs import check_runs, example_inputs
+        from stitchtune.importers.torch_import import load_callable
+        from stitchtune.tune.config import resolve_backend
+
+        fn, _label = load_callable(args.callable)
+        inputs = example_inputs(fn, shapes, args.dtype)
+        check_runs(fn, inputs)  # the user's model fails eagerly: one line now, not a torch.compile trace later
+        backend, why = resolve_backend(args.backend)
+        print(why, file=sys.stderr, flush=True)
         tune_model(fn, inputs, trials=args.trials, db=args.db, backend=backend, device=args.device,
                    build=not args.no_build, jobs=args.jobs, calls=calls, say=lambda s: print(s, flush=True))
     print(f"database: {args.db} (torch.compile(model, backend='stitchtune', options={{'db': {args.db!r}}}) reads it)")
