@@ -27,7 +27,8 @@ Contract
 
 * An ``out_file`` argument that names the same file as an input (an ``in_file``, or the ``.py`` file of an
   ``in_module``; the same real path or inode) is refused too, before any work: ``run G --out G`` would
-  replace the graph with its outputs, ``import torch model.py:f -o model.py`` the user's model.
+  replace the graph with its outputs, ``import torch model.py:f -o model.py`` the user's model. Two
+  output files of one command naming the same file are refused alike.
 
 * :func:`user_paths` lists the checked values of a parsed command line; the CLI turns an ``OSError``
   on one of them that still happens later (a race, a file system that refuses what ``access`` allowed,
@@ -232,13 +233,14 @@ def _overwrites(values: list[tuple[str, str, Kind]]) -> Iterator[str]:
     """A problem for each output argument that names one of the inputs (it would be replaced before, or
     while, it is read)."""
     inputs = [(flag, path) for flag, value, kind in values if (path := _read_path(kind, value)) is not None]
-    for flag, value, kind in values:
-        if kind is out_file:
-            for in_flag, path in inputs:
-                if same_file(value, path):
-                    yield (f"{flag} {_show(value)}: is also the input {in_flag} (writing it would replace "
-                           "the input); name another output")
-                    break
+    outputs = [(flag, value) for flag, value, kind in values if kind is out_file]
+    for i, (flag, value) in enumerate(outputs):
+        clash = next((f"the input {in_flag} (writing it would replace the input)" for in_flag, path in inputs
+                      if same_file(value, path)), None)
+        clash = clash or next((f"the output {o_flag} (one would replace the other)" for o_flag, o_value in outputs[:i]
+                               if same_file(value, o_value)), None)
+        if clash:
+            yield f"{flag} {_show(value)}: is also {clash}; name another output"
 
 
 def preflight(args: argparse.Namespace) -> None:

@@ -146,6 +146,9 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path: Path) -
     rc, _out, err = call(["import", "torch", f"{model}:f", "--shapes", "x=2x3", "-o", str(model)])
     assert rc == 2 and "is also the input MODULE:CALLABLE" in err and len(err.splitlines()) == 1
     assert model.read_text() == "def f(x):\n    return x * 2.0\n"
+    rc, _out, err = call(["import", "torch", f"{model}:f", "--shapes", "x=2x3", "-o", str(tmp_path / "a"),
+                          "--params-out", str(tmp_path / "a")])
+    assert rc == 2 and "--params-out" in err and "is also the output -o/--out" in err and not (tmp_path / "a").exists()
 
 
 def test_outputs_go_into_new_folders_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
