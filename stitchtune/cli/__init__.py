@@ -56,7 +56,7 @@ from stitchtune.cli.tuning import (
     _add_tune,
     _add_show,
 )
-from stitchtune.errors import Interrupted, StitchtuneError
+from stitchtune.errors import Interrupted, StitchtuneError, from_ctrl_c
 from stitchtune.cli.outputs import save_outputs_npz
 from stitchtune.tune.dbpath import default_db
 
@@ -500,6 +500,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _quiet_stdout()
         return 0
     except OSError as e:  # a path the user named that the checks could not foresee (a race, /proc as root)
+        if from_ctrl_c(e):  # Ctrl-C inside a library's clean-up (module docstring of errors.from_ctrl_c)
+            print("stitchtune: interrupted", file=sys.stderr)
+            return 130
         if not checks.is_about(e, checks.user_paths(args)):
             raise
         _print_error(f"{ascii(e.filename)}: {e.strerror or e}")

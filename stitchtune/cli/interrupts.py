@@ -4,7 +4,8 @@ what was kept.
 Contract
 --------
 * :func:`keeping_rows(db)` is a context manager around a command's work: a ``KeyboardInterrupt`` inside it
-  (Ctrl-C anywhere: while importing torch, capturing a model, in the middle of a batch) leaves it as an
+  (Ctrl-C anywhere: while importing torch, capturing a model, in the middle of a batch; also an error raised
+  while one was handled, :func:`~stitchtune.errors.from_ctrl_c`) leaves it as an
   :class:`~stitchtune.errors.Interrupted` whose text counts the rows this process appended to ``db``
   since the block began (:meth:`~stitchtune.tune.database.TuningDB.rows_appended_since`), plus
   ``also`` (a callable giving more kept things, e.g. the bench CSV, or None). An
@@ -22,7 +23,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from stitchtune.errors import Interrupted
+from stitchtune.errors import Interrupted, from_ctrl_c
 
 #: said after the count: what running the command again does
 RESUMES = "the same command resumes (schedules already measured are not run again)"
@@ -46,7 +47,9 @@ def keeping_rows(db: str, also: Callable[[], str | None] | None = None) -> Itera
         yield
     except Interrupted:
         raise
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, OSError) as exc:
+        if not from_ctrl_c(exc):
+            raise
         more = also() if also is not None else None
         kept = rows_kept(tdb.rows_appended_since(before), db)
         raise Interrupted(f"{kept}{'; ' + more if more else ''}; {RESUMES}") from None

@@ -60,7 +60,7 @@ from stitchtune.tune.config import (
     resolve_backend,
 )
 from stitchtune.tune.database import TuningDB, read_parts
-from stitchtune.errors import ScheduleError
+from stitchtune.errors import ScheduleError, from_ctrl_c
 from stitchtune.tune.pipeline import context_row, evaluate, schedule_columns
 from stitchtune.tune.result import SearchResult
 from stitchtune.tune.trial_rows import RESULT_FIELDS, _plain, _row_from_trial
@@ -405,7 +405,9 @@ class _Loop:
                     post["vs trial 0"] = f"{sp:.2f}x"
                 bar.set_postfix(post, refresh=False)
                 bar.update(n)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, OSError) as exc:
+            if not from_ctrl_c(exc):  # an OSError of its own is not an interruption
+                raise
             stopped = "interrupted"
             self.abandon_in_flight()
             log.info("interrupted: %d rows written to %s", self.rows_written, self.db.path)

@@ -58,12 +58,15 @@ def test_interrupted_is_a_keyboard_interrupt_with_what_was_kept() -> None:
     assert isinstance(e, KeyboardInterrupt) and str(e) == "interrupted: 3 rows written to db"
 
 
-def test_ctrl_c_during_a_real_search_says_how_many_rows_were_kept(tmp_path: Path) -> None:
+@pytest.mark.parametrize("graph,extra", [(GRAPH, []), (EXAMPLES_DIR / "dynamic" / "layernorm_seq.json",
+                                                   ["--dynamic", "seq=1..64"])], ids=["static", "dynamic"])
+def test_ctrl_c_during_a_real_search_says_how_many_rows_were_kept(graph: Path, extra: list[str],
+                                                                  tmp_path: Path) -> None:
     db = tmp_path / "db"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stitchtune", "search", str(GRAPH), "--trials", "100000", "--jobs", "1",
-         "--backend", "emulate", "--no-build", "--no-progress", "--device", "h200", "--db", str(db)],
+        [sys.executable, "-m", "stitchtune", "search", str(graph), "--trials", "100000", "--jobs", "1",
+         "--backend", "emulate", "--no-build", "--no-progress", "--device", "h200", "--db", str(db), *extra],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
@@ -82,6 +85,8 @@ def test_ctrl_c_during_a_real_search_says_how_many_rows_were_kept(tmp_path: Path
     assert where == str(db)
     assert n >= 1 and len(read_db(db)) == n    # every row counted is there and readable
     assert "stopped: interrupted" in out.decode()
+    if extra:
+        assert "not searched: interrupted" in out.decode()   # the buckets after it, as outcomes
 
 
 def test_ctrl_c_between_dynamic_buckets_counts_every_buckets_rows(tmp_path: Path,
@@ -165,3 +170,27 @@ def test_tune_model_stops_at_the_first_interrupted_region(tmp_path: Path, monkey
     with pytest.raises(KeyboardInterrupt):
         model_tuning.tune_model(None, [], trials=8, db=str(tmp_path / "db"), backend="emulate", device="h200")
     assert len(searched) == 1
+
+
+def test_an_error_raised_while_ctrl_c_is_handled_ends_as_interrupted(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C that a library's clean-up turns into an OSError about the database (optuna's journal lock
+    release) is the interruption: 130 and the rows line, not 'error: ...: No such file or directory' and 2."""
+    import stitchtune.deploy.model_tuning as model_tuning
+    from stitchtune.errors import from_ctrl_c
+
+    db = tmp_path / "db"
+
+    def fake_tune_model(fn: Any, inputs: Any, *, db: str, **_kw: Any) -> Any:
+        TuningDB(db).append(_fake_rows(2))
+        try:
+            raise KeyboardInterrupt
+        except BaseException:
+            os.unlink(os.path.join(db, "optuna.journal.lock-x.rename"))
+
+    model = tmp_path / "m.py"
+    model.write_text("def f(x):\n    return x * 2.0\n")
+    monkeypatch.setattr(model_tuning, "tune_model", fake_tune_model)
+    rc, _out, err = _call(["tune", f"{model}:f", "--shapes", "x=2x3", "--db", str(db), "--backend", "emulate"])
+    assert rc == 130 and _rows_in_line(err) == (2, str(db)), err
+    assert not from_ctrl_c(FileNotFoundError(2, "x")) and from_ctrl_c(Interrupted("x"))
