@@ -34,3 +34,28 @@ class ToolchainError(StitchtuneError):
 
 class DatabaseError(StitchtuneError):
     """The tuning database or optuna storage cannot be used."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what was kept: ``str(exc)`` is ``"interrupted: <kept>"`` (e.g. ``"interrupted: 12 rows
+    written to tuning-db"``). A KeyboardInterrupt (not a StitchtuneError): code that stops on Ctrl-C stops
+    on it too, and the CLI prints it as its one line and exits with code 130."""
+
+    def __init__(self, kept: str) -> None:
+        self.kept = kept
+        super().__init__(f"interrupted: {kept}")
+
+
+def from_ctrl_c(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Ctrl-C, or an error raised while one was being handled: a KeyboardInterrupt
+    landing inside a library's clean-up can come out as another exception (optuna's journal lock, interrupted
+    in ``release()``, raises ``FileNotFoundError`` for its ``.rename`` file). Such an error is the interruption,
+    not a problem of its own."""
+    seen: BaseException | None = exc
+    for _ in range(16):
+        if seen is None:
+            return False
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__context__ or seen.__cause__
+    return False

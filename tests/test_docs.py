@@ -163,3 +163,64 @@ def test_graph_format_names_every_op_and_node_key() -> None:
     words = set(re.findall(r"[A-Za-z_]+", " ".join(re.findall(r"`([^`]+)`", text))))
     missing = [f"op {op}" for op in OPS if op not in words] + [f"key {k}" for k in _NODE_KEYS if k not in words]
     assert not missing, "docs/graph-format.md does not name: " + ", ".join(missing)
+
+
+def _ignore_patterns() -> list[str]:
+    lines = (ROOT / ".gitignore").read_text().splitlines()
+    return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    """Whether ``.gitignore``'s ``patterns`` ignore the repository path ``path`` (a file, or the folder it is
+    in): ``/name`` anchors at the root, ``name/`` matches folders only, globs as fnmatch. Enough for the
+    patterns this repository uses (no ``**``, no negation)."""
+    import fnmatch
+
+    parts = path.strip("/").split("/")
+    for pat in patterns:
+        body = pat.strip("/")
+        anchored = pat.startswith("/") or "/" in body   # git: a slash before the end anchors at the root
+        globs = body.split("/")   # a glob never matches across a "/"
+        for i in range(len(parts)):
+            if anchored:
+                hit = i == len(globs) - 1 and all(fnmatch.fnmatchcase(p, g) for p, g in zip(parts, globs))
+            else:
+                hit = fnmatch.fnmatchcase(parts[i], body)
+            if hit and (i < len(parts) - 1 or not pat.endswith("/")):
+                return True
+    return False
+
+
+def _readme_outputs(text: str) -> set[str]:
+    """What the README's commands and snippets write, as repository paths (run in the checkout): the values
+    of ``-o``/``--out``, the default database of the commands that write one, and the files the Python
+    snippets save (``np.savez``, ``torch.onnx.export``)."""
+    out = set()
+    for line in re.findall(r"^ {4}(stitchtune .+)$", text, flags=re.M):
+        argv = line.split()
+        out |= {argv[i + 1] + ("/" if argv[i] == "-o" and "." not in argv[i + 1] else "")
+                for i in range(len(argv) - 1) if argv[i] in ("-o", "--out")}
+        if argv[1] in ("search", "tune", "bench") and "--db" not in argv:
+            out.add("tuning-db/")
+        if argv[1] == "compile" and "-o" not in argv:
+            out.add("compiled/")
+    out |= set(re.findall(r'np\.savez\("([^"]+)"', text))
+    out |= set(re.findall(r'torch\.onnx\.export\([^"\n]*"([^"]+)"', text))
+    return out
+
+
+def test_what_the_readme_writes_into_a_checkout_is_ignored() -> None:
+    """Following the quick starts in a checkout leaves nothing for ``git status`` to show."""
+    outputs = _readme_outputs((ROOT / "README.md").read_text())
+    assert {"y.npz", "block.onnx", "block_graphs/", "block_inputs.npz", "tuning-db/", "out/layernorm_small/"} <= outputs
+    patterns = _ignore_patterns()
+    missing = sorted(p for p in outputs if not _ignored(p + ("x" if p.endswith("/") else ""), patterns))
+    assert not missing, f".gitignore does not cover what the README writes: {missing}"
+
+
+def test_ignore_matcher_can_fail() -> None:
+    pats = ["/out/", "tuning-db/", "/*.npz", "*.pyc"]
+    assert _ignored("out/a/b.cu", pats) and _ignored("x/tuning-db/part", pats) and _ignored("y.npz", pats)
+    assert _ignored("deep/a.pyc", pats)
+    assert not _ignored("out", pats) and not _ignored("examples/y.npz", pats) and not _ignored("src/out/x", pats)
+    assert not _ignored("block.onnx", pats)

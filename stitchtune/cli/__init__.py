@@ -1,7 +1,8 @@
 """Command-line interface (``stitchtune``, ``python -m stitchtune``): the only package that prints for users.
 
 Contract: :func:`main(argv)` returns the exit code (0 ok, 2 user error or usage error, 130
-interrupted). Every :class:`~stitchtune.errors.StitchtuneError` becomes one
+interrupted: one line, ``stitchtune: interrupted: <what was kept>`` for an
+:class:`~stitchtune.errors.Interrupted`). Every :class:`~stitchtune.errors.StitchtuneError` becomes one
 ``stitchtune: error: <problem>`` line per problem on stderr, without a traceback. Before a command
 runs, every path argument is checked (:mod:`stitchtune.cli.checks`); an ``OSError`` on one of those
 paths that still happens later is an error line too. A closed stdout (``... | head``) ends the
@@ -55,8 +56,8 @@ from stitchtune.cli.tuning import (
     _add_tune,
     _add_show,
 )
-from stitchtune.errors import StitchtuneError
-from stitchtune.graph.npz import save_npz
+from stitchtune.errors import Interrupted, StitchtuneError, from_ctrl_c
+from stitchtune.cli.outputs import save_outputs_npz
 from stitchtune.tune.dbpath import default_db
 
 log = logging.getLogger("stitchtune")
@@ -163,19 +164,6 @@ def load_inputs_npz(path: str, graph: Any) -> dict[str, np.ndarray]:
         if spec is not None and spec.dtype == "bfloat16" and a.dtype.kind == "V" and a.dtype.itemsize == 2:
             arrays[k] = a.view(numpy_dtype("bfloat16"))
     return arrays
-
-
-def save_outputs_npz(path: str, outputs: Mapping[str, np.ndarray]) -> None:
-    """Write arrays to ``path`` (.npz; bfloat16 is stored as 2-byte void, see load_inputs_npz)."""
-    tmp = f"{path}.tmp-{os.getpid()}.npz"
-    try:
-        save_npz(tmp, outputs)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise StitchtuneError(f"cannot write {ascii(path)}: {e.strerror or e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 # ---------------------------------------------------------------------------- run backends
@@ -505,13 +493,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         for problem in e.problems:
             _print_error(problem)
         return 2
-    except KeyboardInterrupt:
-        print("stitchtune: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # Interrupted says what was kept (cli.interrupts)
+        print(f"stitchtune: {e if isinstance(e, Interrupted) else 'interrupted'}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of stdout went away (`... | head`): stop quietly
         _quiet_stdout()
         return 0
     except OSError as e:  # a path the user named that the checks could not foresee (a race, /proc as root)
+        if from_ctrl_c(e):  # Ctrl-C inside a library's clean-up (module docstring of errors.from_ctrl_c)
+            print("stitchtune: interrupted", file=sys.stderr)
+            return 130
         if not checks.is_about(e, checks.user_paths(args)):
             raise
         _print_error(f"{ascii(e.filename)}: {e.strerror or e}")

@@ -21,7 +21,14 @@ Contract
                   when it exists, a readable directory;
   ``db_update``  a tuning database that must exist and that the command writes into (``calibrate``);
   ``db_write``    a tuning database the command appends to (``search``, ``tune``, ``bench``): an existing
-                  writable directory, or a creatable new one.
+                  writable directory, or a creatable new one;
+  ``in_module``   a ``MODULE:CALLABLE`` (``tune``, ``import torch``): not checked (the importer reports a
+                  missing module); its ``.py`` file is an input below.
+
+* An ``out_file`` argument that names the same file as an input (an ``in_file``, or the ``.py`` file of an
+  ``in_module``; the same real path or inode) is refused too, before any work: ``run G --out G`` would
+  replace the graph with its outputs, ``import torch model.py:f -o model.py`` the user's model. Two
+  output files of one command naming the same file are refused alike.
 
 * :func:`user_paths` lists the checked values of a parsed command line; the CLI turns an ``OSError``
   on one of them that still happens later (a race, a file system that refuses what ``access`` allowed,
@@ -195,16 +202,59 @@ def _values(args: argparse.Namespace) -> Iterator[tuple[str, str, Kind]]:
                 yield flag, v, kind
 
 
+def in_module(spec: str) -> str | None:
+    """Kind of a ``MODULE:CALLABLE`` argument: nothing is checked here (the importer names a missing or
+    broken module in its own words); its ``.py`` file counts as an input for :func:`preflight`."""
+    return None
+
+
+def _read_path(kind: Kind, value: str) -> str | None:
+    """The file an input argument reads (None: not an input, or a dotted module name)."""
+    if kind is in_file:
+        return value
+    if kind is in_module:
+        module = value.rpartition(":")[0]
+        return module if module.endswith(".py") or "/" in module else None
+    return None
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether the paths ``a`` and ``b`` name the same file: the same real path, or the same inode when both
+    exist (a hard link); never raises."""
+    try:
+        if os.path.realpath(a) == os.path.realpath(b):
+            return True
+        return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def _overwrites(values: list[tuple[str, str, Kind]]) -> Iterator[str]:
+    """A problem for each output argument that names one of the inputs (it would be replaced before, or
+    while, it is read)."""
+    inputs = [(flag, path) for flag, value, kind in values if (path := _read_path(kind, value)) is not None]
+    outputs = [(flag, value) for flag, value, kind in values if kind is out_file]
+    for i, (flag, value) in enumerate(outputs):
+        clash = next((f"the input {in_flag} (writing it would replace the input)" for in_flag, path in inputs
+                      if same_file(value, path)), None)
+        clash = clash or next((f"the output {o_flag} (one would replace the other)" for o_flag, o_value in outputs[:i]
+                               if same_file(value, o_value)), None)
+        if clash:
+            yield f"{flag} {_show(value)}: is also {clash}; name another output"
+
+
 def preflight(args: argparse.Namespace) -> None:
     """Check every declared path of ``args``; raise one StitchtuneError naming each problem."""
     problems = []
-    for flag, value, kind in _values(args):
+    values = list(_values(args))
+    for flag, value, kind in values:
         try:
             why = kind(value)
         except _Refused as e:
             why = str(e)
         if why:
             problems.append(f"{flag} {_show(value)}: {why}")
+    problems += _overwrites(values)
     if problems:
         raise StitchtuneError(problems=problems)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from stitchtune.cli import checks
 from stitchtune.cli.options import add_callable, add_out
+from stitchtune.cli.outputs import write_whole
 
 
 def _add_import(subparsers: Any) -> None:
@@ -46,21 +47,26 @@ def _cmd_torch(args: argparse.Namespace) -> int:
     from stitchtune.importers.builder import parse_dtypes, parse_shapes
     from stitchtune.importers.torch_import import import_torch, load_callable
 
+    from stitchtune.deploy.tune_inputs import check_runs, example_inputs
+
     shapes = parse_shapes(args.shapes)
     dtypes = parse_dtypes(args.dtype, list(shapes))
     fn, label = load_callable(args.callable)
+    # the checks tune runs: sizes bounded before anything is allocated, then one eager call (a model that
+    # fails is one line, not torch.export's logged trace)
+    check_runs(fn, example_inputs(fn, shapes, args.dtype))
     res = import_torch(fn, {n: (s, dtypes[n]) for n, s in shapes.items()}, name=args.name or label)
     g = res.graph
     path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(g.to_dict(), indent=1) + "\n")
+    text = json.dumps(g.to_dict(), indent=1) + "\n"
+    write_whole(args.out, lambda tmp: Path(tmp).write_text(text))
     ops = ", ".join(sorted({n.op for n in g.nodes}))
     print(f"wrote {path}: graph {g.name}, {len(g.nodes)} nodes ({ops}), captured with {res.method}")
     print("  inputs: " + ", ".join(f"{n}{list(s.shape)}:{s.dtype}" for n, s in g.inputs))
     print("  outputs: " + ", ".join(g.outputs))
     if res.params:
         if args.params_out:
-            save_npz(args.params_out, dict(res.params))
+            write_whole(args.params_out, lambda tmp: save_npz(tmp, dict(res.params)))
             print(f"  wrote {len(res.params)} parameter values to {args.params_out}")
         else:
             print(f"  {len(res.params)} inputs are module parameters ({', '.join(n for n, _ in res.params)}); "

@@ -12,7 +12,9 @@ Contract
 * :func:`seed` is the ``type=`` of every random seed (0 .. 2**32 - 1); :func:`int_at_most` is the
   ``type=`` of a count whose huge values can only be typos (a 40-digit
   ``--trials`` would run until interrupted): over the bound is a usage error, exit 2. Lower bounds stay
-  with the code that uses the value.
+  with the code that uses the value. :func:`float_above` is the ``type=`` of a number with a lower bound
+  below which it means nothing (``model-check --factor`` > 1, ``report --bandwidth-gbs`` > 0, ``search
+  --timeout`` > 0 and ``--prune-factor`` > 1): NaN, infinities and values at or below it are usage errors.
 * Imports nothing heavy (the parser is built on every call).
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -91,8 +94,9 @@ def add_out(p: argparse.ArgumentParser, kind: checks.Kind, help: str, *, metavar
 
 def add_callable(p: argparse.ArgumentParser, shapes_example: str, dtype_help: str) -> None:
     """``MODULE:CALLABLE``, ``--shapes`` and ``--dtype`` (``import torch``, ``tune``)."""
-    p.add_argument("callable", metavar="MODULE:CALLABLE",
-                   help="path/to/file.py:NAME or dotted.module:NAME (a function, nn.Module, or nn.Module class)")
+    checks.checked(p, p.add_argument(
+        "callable", metavar="MODULE:CALLABLE",
+        help="path/to/file.py:NAME or dotted.module:NAME (a function, nn.Module, or nn.Module class)"), checks.in_module)
     p.add_argument("--shapes", required=True, metavar="NAME=DIMS,...",
                    help=f"example shapes per argument, e.g. {shapes_example}")
     p.add_argument("--dtype", default=None, metavar="DTYPE", help=dtype_help)
@@ -122,6 +126,23 @@ def int_at_most(hi: int, lo: int | None = None) -> Callable[[str], int]:
         return value
 
     parse.__name__ = "integer"   # argparse names the type in its messages
+    return parse
+
+
+def float_above(lo: float) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number > ``lo`` (NaN, infinities and ``lo`` itself are usage errors,
+    exit 2, e.g. ``--factor 0.5`` where only a factor > 1 means anything)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text[:40]!a}") from None
+        if not (math.isfinite(value) and value > lo):
+            raise argparse.ArgumentTypeError(f"a finite number > {lo:g} (got {text[:40]})")
+        return value
+
+    parse.__name__ = "number"   # argparse names the type in its messages
+    parse.numeric = True  # type: ignore[attr-defined]  # tests/cli/test_hostile_argv.py: fuzz it with bad numbers
     return parse
 
 

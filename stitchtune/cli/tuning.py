@@ -14,6 +14,8 @@ import sys
 from typing import Any
 
 from stitchtune.cli import checks
+from stitchtune.cli.interrupts import interrupted_search, keeping_rows
+from stitchtune.cli.outputs import write_whole
 from stitchtune.cli.options import (
     MAX_JOBS,
     MAX_TRIALS,
@@ -22,6 +24,7 @@ from stitchtune.cli.options import (
     add_device,
     add_graph,
     add_out,
+    float_above,
     int_at_most,
     seed,
 )
@@ -38,7 +41,7 @@ def _add_report(sub: Any) -> None:
     checks.checked(p, p.add_argument("--graphs", nargs="*", default=None, metavar="GRAPH",
                                      help="graph.json files for min bytes (default: examples/*.json when present)"),
                    checks.in_file)
-    p.add_argument("--bandwidth-gbs", type=float, default=None, metavar="GBS",
+    p.add_argument("--bandwidth-gbs", type=float_above(0), default=None, metavar="GBS",
                    help="copy bandwidth for the floor in GB/s (default: from the device preset)")
     p.set_defaults(func=_cmd_report)
 
@@ -89,8 +92,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def _add_model_check(sub: Any) -> None:
     p = sub.add_parser("model-check", help="rank correlation of predicted vs measured times, pruned winners")
     add_db(p, checks.db_read)
-    p.add_argument("--factor", type=float, default=3.0, metavar="F",
-                   help="pruning factor: predicted > FACTOR x best measured (default 3.0)")
+    p.add_argument("--factor", type=float_above(1), default=3.0, metavar="F",
+                   help="pruning factor, > 1: predicted > FACTOR x best measured (default 3.0)")
     p.add_argument("--repredict", action="store_true",
                    help="judge the current cost model: predict every row again (re-lowering the workloads "
                         "of --graphs) instead of using the predictions stored at search time")
@@ -155,11 +158,29 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from stitchtune.hardware.device import get_device
 
     device = get_device(args.device) if args.device else None
-    df = run_bench(args.graphs, db=args.db, trials=args.trials, peers=peers, device=device,
-                   out_dir=args.out or args.db, iters=args.iters, warmup=args.warmup,
-                   progress=lambda s: print(s, flush=True))
+    out_dir = args.out or args.db
+    with keeping_rows(args.db, also=_bench_tables_since(out_dir)):
+        df = run_bench(args.graphs, db=args.db, trials=args.trials, peers=peers, device=device,
+                       out_dir=out_dir, iters=args.iters, warmup=args.warmup,
+                       progress=lambda s: print(s, flush=True))
     print(format_table(df))
     return 0
+
+
+def _bench_tables_since(out_dir: str) -> Any:
+    """For :func:`keeping_rows`: names the bench tables in ``out_dir`` written after now (bench rewrites its
+    CSV after every graph, so a Ctrl-C keeps the graphs finished)."""
+    import glob
+    import time
+
+    t0 = time.time()
+
+    def written() -> str | None:
+        fresh = [p for p in sorted(glob.glob(os.path.join(glob.escape(out_dir), "bench_*.csv")))
+                 if os.path.getmtime(p) >= t0]
+        return f"the finished graphs' times in {', '.join(fresh)}" if fresh else None
+
+    return written
 
 
 # ---------------------------------------------------------------------------- search / show / export
@@ -168,7 +189,7 @@ def _add_search(sub: Any) -> None:
     add_graph(p)
     p.add_argument("--trials", type=int_at_most(MAX_TRIALS), default=64, metavar="N",
                    help="trials in this run (default 64)")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop after S seconds")
+    p.add_argument("--timeout", type=float_above(0), default=None, metavar="S", help="stop after S seconds")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),
                    help="auto: cuda when cuda-python finds a GPU, else emulate (estimated times)")
     add_device(p)
@@ -185,7 +206,7 @@ def _add_search(sub: Any) -> None:
                    help="trials per batch = parallel compiles (default: CPU count)")
     p.add_argument("--early-stop", type=int_at_most(MAX_TRIALS), default=None, metavar="K",
                    help="stop after K trials without improvement")
-    p.add_argument("--prune-factor", type=float, default=3.0, metavar="F",
+    p.add_argument("--prune-factor", type=float_above(1), default=3.0, metavar="F",
                    help="skip points predicted F x slower than the best measured (default 3)")
     p.add_argument("--no-build", action="store_true", help="emulate backend: do not compile with nvcc")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -211,10 +232,14 @@ def _cmd_search(args: argparse.Namespace) -> int:
                        prune_factor=args.prune_factor, build=not args.no_build, progress=not args.no_progress,
                        deterministic=args.deterministic)
     if dims:
-        return _search_dynamic(cfg, dims)
-    res = run_search(cfg)
+        with keeping_rows(args.db):
+            return _search_dynamic(cfg, dims)
+    with keeping_rows(args.db):
+        res = run_search(cfg)
     print(format_summary(res))
-    return 130 if res.stopped == "interrupted" else 0
+    if res.stopped == "interrupted":
+        raise interrupted_search(res)
+    return 0
 
 
 def _search_dynamic(cfg: Any, dims: list[Any]) -> int:
@@ -230,14 +255,16 @@ def _search_dynamic(cfg: Any, dims: list[Any]) -> int:
     print("buckets:")
     for o in outcomes:
         if o.result is None:
-            print(f"  {o.key.label()}: skipped: {o.refusal}")
+            print(f"  {o.key.label()}: skipped: {o.skipped}")
         else:
             best = o.result.best
             what = "no ok schedule" if best is None else (
                 f"best {float(best['measured_us']):.2f} us{' (estimated)' if best.get('estimated') else ''} "
                 f"schedule {best['schedule_key']}")
             print(f"  {o.key.label()}: {what}")
-    return 130 if any(o.result is not None and o.result.stopped == "interrupted" for o in outcomes) else 0
+    if any(o.result is not None and o.result.stopped == "interrupted" for o in outcomes):
+        raise KeyboardInterrupt  # the caller's keeping_rows counts the rows of every bucket
+    return 0
 
 
 def _add_show(sub: Any) -> None:
@@ -268,15 +295,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from stitchtune.tune.database import read_db
 
     df = read_db(args.db)
-    tmp = f"{args.out}.tmp-{os.getpid()}"
-    try:
-        df.to_csv(tmp, index=False)
-        os.replace(tmp, args.out)
-    except OSError as e:
-        raise StitchtuneError(f"cannot write {ascii(args.out)}: {e.strerror or e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_whole(args.out, lambda tmp: df.to_csv(tmp, index=False))
     print(f"wrote {len(df)} rows to {args.out}")
     return 0
 
@@ -305,60 +324,26 @@ def _add_tune(sub: Any) -> None:
     p.set_defaults(func=_cmd_tune)
 
 
-def _tune_inputs(fn: Any, shapes: dict[str, tuple[int, ...]], dtype_text: str | None) -> list[Any]:
-    """Example tensors for ``fn``'s positional parameters named in ``shapes`` (seeded, on the CPU)."""
-    import torch
-
-    from stitchtune.importers.torch_import import all_positional
-
-    from stitchtune.graph.values import FLOAT_DTYPES
-    from stitchtune.importers.builder import parse_dtypes
-
-    names = list(shapes)
-    problems: list[str] = []
-    try:
-        dtypes = parse_dtypes(dtype_text, names, allowed=(*FLOAT_DTYPES, "int64"))
-    except StitchtuneError as exc:  # reported together with the --shapes problems below
-        problems, dtypes = list(exc.problems), {}
-    positional = all_positional(fn)
-    if positional is not None:
-        order = [n for n in positional if n in shapes]
-        problems += [f"--shapes: {n!a} is not a parameter of the callable ({', '.join(positional)})"
-                     for n in names if n not in positional]
-        if order != positional[: len(order)]:
-            problems.append(f"--shapes must cover a prefix of the positional arguments ({', '.join(positional)})")
-    else:
-        order = names
-    if problems:
-        raise StitchtuneError(problems=problems)
-    gen = torch.Generator().manual_seed(0)
-    out = []
-    for n in order:
-        dt = dtypes[n]
-        if dt == "int64":
-            out.append(torch.randint(0, 2, shapes[n], generator=gen))
-        else:
-            out.append(torch.randn(shapes[n], generator=gen).to(getattr(torch, dt)))
-    return out
-
-
 def _cmd_tune(args: argparse.Namespace) -> int:
     from stitchtune.deploy.model_tuning import parse_calls
     from stitchtune.importers.builder import parse_shapes
-    from stitchtune.importers.torch_import import load_callable
 
     if args.trials < 1:
         raise StitchtuneError(f"--trials must be >= 1 (got {args.trials})")
     calls = parse_calls(args.calls + (",train" if args.train else ""))
     shapes = parse_shapes(args.shapes)
-    fn, _label = load_callable(args.callable)
-    from stitchtune.deploy.model_tuning import tune_model
-    from stitchtune.tune.config import resolve_backend
+    with keeping_rows(args.db):
+        from stitchtune.deploy.model_tuning import tune_model
+        from stitchtune.deploy.tune_inputs import check_runs, example_inputs
+        from stitchtune.importers.torch_import import load_callable
+        from stitchtune.tune.config import resolve_backend
 
-    inputs = _tune_inputs(fn, shapes, args.dtype)
-    backend, why = resolve_backend(args.backend)
-    print(why, file=sys.stderr, flush=True)
-    tune_model(fn, inputs, trials=args.trials, db=args.db, backend=backend, device=args.device,
-               build=not args.no_build, jobs=args.jobs, calls=calls, say=lambda s: print(s, flush=True))
+        fn, _label = load_callable(args.callable)
+        inputs = example_inputs(fn, shapes, args.dtype)
+        check_runs(fn, inputs)  # the user's model fails eagerly: one line now, not a torch.compile trace later
+        backend, why = resolve_backend(args.backend)
+        print(why, file=sys.stderr, flush=True)
+        tune_model(fn, inputs, trials=args.trials, db=args.db, backend=backend, device=args.device,
+                   build=not args.no_build, jobs=args.jobs, calls=calls, say=lambda s: print(s, flush=True))
     print(f"database: {args.db} (torch.compile(model, backend='stitchtune', options={{'db': {args.db!r}}}) reads it)")
     return 0

@@ -24,13 +24,14 @@ Contract
   ``count x predicted_us`` (the stitched part of the model, as predicted). Workloads come largest
   share first.
 * :func:`split_budget(workloads, trials)` gives each workload ``round(share x trials)`` trials by the
-  largest-remainder rule, in that order, then, when ``trials`` covers every workload, moves one trial
+  largest-remainder rule (:func:`~stitchtune.tune.budget.split_by_share`), in that order, then, when ``trials`` covers every workload, moves one trial
   from the largest to each workload left with 0 (its heuristic schedule becomes a record, so every
   region compiles from a tuned record); when ``trials`` is below the number of workloads the
   smallest get 0 (they keep the heuristic). The sum is exactly ``trials``.
 * :func:`tune_model` runs :func:`stitchtune.tune.search.run_search` on each workload with its trials
   (largest first; graph files in a temporary folder), all into one database ``db``, which the backend
-  then reads (``options={"db": ...}``). ``say`` receives one progress line per region and the summary
+  then reads (``options={"db": ...}``). Ctrl-C stops it: a region's search keeps its finished rows, and
+  ``KeyboardInterrupt`` leaves :func:`tune_model` (no further region is searched). ``say`` receives one progress line per region and the summary
   lines, one per call pattern; the gain is ``sum(count x heuristic time) / sum(count x best time)``
   over that pattern's stitched regions, labelled *estimated* when the times are the emulate backend's
   cost-model times.
@@ -245,19 +246,9 @@ def model_workloads(model: Any, example_inputs: Sequence[Any], device: Any,
 
 def split_budget(workloads: Sequence[Workload], trials: int) -> list[int]:
     """Trials per workload (see module docstring); ``sum == trials``."""
-    if not workloads or trials <= 0:
-        return [0] * len(workloads)
-    exact = [w.share * trials for w in workloads]
-    got = [math.floor(x) for x in exact]
-    left = trials - sum(got)
-    order = sorted(range(len(workloads)), key=lambda i: (-(exact[i] - got[i]), i))
-    for i in order[:left]:
-        got[i] += 1
-    if trials >= len(workloads):
-        for i in [i for i, n in enumerate(got) if n == 0]:
-            got[max(range(len(got)), key=lambda j: (got[j], -j))] -= 1
-            got[i] = 1
-    return got
+    from stitchtune.tune.budget import split_by_share
+
+    return split_by_share([w.share for w in workloads], trials)
 
 
 def _write_graph(folder: str, w: Workload) -> str:
@@ -310,6 +301,8 @@ def tune_model(model: Any, example_inputs: Sequence[Any], *, trials: int, db: st
             cfg = SearchConfig(graph_path=_write_graph(folder, w), trials=n, backend=backend, device=device, db=db,
                                jobs=jobs, build=build, progress=False)
             res = run_search(cfg)
+            if res.stopped == "interrupted":  # Ctrl-C: the rows written so far stay; no further region
+                raise KeyboardInterrupt
             h, b = _time(res.heuristic), _time(res.best)
             done.append(TunedWorkload(w, n, h, b, bool(res.estimated), "search"))
             kind = "estimated" if res.estimated else "measured"

@@ -63,7 +63,8 @@ from stitchtune.importers.builder import GraphBuilder, ImportError_, sanitize_na
 from stitchtune.importers.torch_aten import _Captured, _Walker
 from stitchtune.importers.torch_fx_util import _TORCH_DTYPES, torch_dtype_name
 
-__all__ = ["TorchImport", "all_positional", "import_torch", "load_callable", "torch_dtype_name"]
+__all__ = ["TorchImport", "all_positional", "first_line", "import_torch", "input_order", "load_callable",
+           "torch_dtype_name"]
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def load_callable(spec: str) -> tuple[Any, str]:
                                "module)") from None
         raise ImportError_(f"importing {mod_part!a} failed: {e}") from e
     except Exception as e:  # the user's code failed to import: a user error, reported in one line
-        raise ImportError_(f"importing {mod_part!a} failed: {type(e).__name__}: {e}") from e
+        raise ImportError_(f"importing {mod_part!a} failed: {type(e).__name__}: {first_line(e)}") from e
     _require_torch()
     obj: Any = module
     for part in attr.split("."):
@@ -135,11 +136,19 @@ def load_callable(spec: str) -> tuple[Any, str]:
             obj = obj()
         except TypeError as e:
             raise ImportError_(f"{attr!a} is an nn.Module class that cannot be built without arguments: {e}") from e
+        except Exception as e:  # the user's constructor failed: their mistake, in one line
+            raise ImportError_(f"building {attr!a} failed: {type(e).__name__}: {first_line(e)}") from e
     if not callable(obj):
         raise ImportError_(f"{attr!a} in {mod_part!a} is not callable")
     if isinstance(obj, torch.nn.Module):
         obj.eval()   # import the inference graph (dropout off, batchnorm running stats)
     return obj, attr.rsplit(".", 1)[-1]
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of ``str(exc)``, at most ``limit`` characters (for a one-line error)."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def input_names(fn: Any) -> list[str]:
@@ -167,6 +176,26 @@ def all_positional(fn: Any) -> list[str] | None:
     if any(p.kind == p.VAR_POSITIONAL for p in sig.parameters.values()):
         return None
     return [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+def input_order(fn: Any, names: Sequence[str]) -> list[str]:
+    """The argument names ``names`` (from ``--shapes``) in the order ``fn`` takes them positionally: every
+    name a positional parameter of ``fn``, every parameter without a default named, and together a prefix
+    of the positional parameters (``names`` as given when ``fn`` takes ``*args``). One
+    :class:`ImportError_` lists every problem. ``import torch`` and ``tune`` both call ``fn`` in this order."""
+    positional = all_positional(fn)
+    if positional is None:
+        return list(names)
+    params = ", ".join(positional) or "none"
+    problems = [f"--shapes: {n!a} is not a parameter of the callable (parameters: {params})"
+                for n in names if n not in positional]
+    problems += [f"--shapes: missing shape for argument {n!a}" for n in input_names(fn) if n not in names]
+    if problems:
+        raise ImportError_(problems=problems)
+    order = [n for n in positional if n in names]
+    if order != positional[: len(order)]:
+        raise ImportError_(f"--shapes must cover a prefix of the positional arguments ({params})")
+    return order
+
 
 # ---------------------------------------------------------------------------- capture
 def _as_forward(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -264,20 +293,7 @@ def import_torch(fn: Any, inputs: Mapping[str, tuple[Sequence[int], str]], name:
     _require_torch()
     import torch
 
-    positional = all_positional(fn)
-    required = input_names(fn)
-    if positional is None:
-        order = list(inputs)
-    else:
-        problems = [f"--shapes: {n!a} is not a parameter of the callable (parameters: {', '.join(positional)})"
-                    for n in inputs if n not in positional]
-        problems += [f"--shapes: missing shape for argument {n!a}" for n in required if n not in inputs]
-        if problems:
-            raise ImportError_(problems=problems)
-        order = [n for n in positional if n in inputs]
-        if order != positional[: len(order)]:
-            raise ImportError_("--shapes must cover a prefix of the positional arguments "
-                               f"({', '.join(positional)})")
+    order = input_order(fn, list(inputs))
     gen = torch.Generator().manual_seed(seed)
     b = GraphBuilder(name or str(getattr(fn, "__name__", type(fn).__name__)))
     args, values = [], []

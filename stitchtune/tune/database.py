@@ -152,6 +152,23 @@ class TuningDB:
         """Paths of the visible part files, in name (= time) order."""
         return sorted(glob.glob(os.path.join(glob.escape(self.path), PART_GLOB)))
 
+    def rows_appended_since(self, before: Iterable[str]) -> int:
+        """Rows in the parts this process appended that are not among ``before`` (an earlier
+        :meth:`parts`): what a command interrupted now has kept. Parts of other processes (their pid in the
+        part name differs) are not counted; an unreadable part counts 0."""
+        import pyarrow.parquet as pq
+
+        seen, mine = set(before), f"-{os.getpid()}-"
+        rows = 0
+        for part in self.parts():
+            if part in seen or mine not in os.path.basename(part):
+                continue
+            try:
+                rows += pq.ParquetFile(part).metadata.num_rows
+            except Exception as exc:  # noqa: BLE001 - unreadable parts are skipped, by contract
+                log.warning("skipping unreadable database part %s: %s", part, exc)
+        return rows
+
     def read(self) -> pd.DataFrame:
         """All rows of all readable parts as one DataFrame, de-duplicated (see module docstring)."""
         frames = read_parts(self.parts())

@@ -9,7 +9,9 @@ bucket key (the product of the dims' buckets), runs one ordinary search (:func:`
 on the bucket's representative graph (every dim at its bucket's largest extent) with:
 
 * the trial budget ``config.trials`` split by each bucket's expected share of calls (extents uniform over
-  each dim's range; at least one trial per bucket: the heuristic, trial 0);
+  each dim's range) over the buckets the generic kernel takes, exactly ``config.trials`` in all
+  (:func:`~stitchtune.tune.budget.split_by_share`; at least one trial per bucket, the heuristic, trial 0,
+  while the budget covers every bucket);
 * lowering by :func:`~stitchtune.lower.dynamic.lower_dynamic` (a schedule the generic kernel refuses is a
   ``pruned`` row naming the refusal);
 * a runner that checks every schedule at the bucket's other probe extents (its smallest and an odd
@@ -19,8 +21,10 @@ on the bucket's representative graph (every dim at its bucket's largest extent) 
 * ``config.bucket`` set to the key's label: every row has the ``bucket`` column, and the study is the
   bucket's own.
 
-A bucket whose graph the generic kernel refuses (:class:`~stitchtune.graph.dynamic.DynamicRefusal`, e.g.
-a column reduction over dynamic rows) is reported and skipped. Trial 0 is
+A bucket that is not searched is an outcome too, ``skipped`` saying why: the generic kernel refuses its
+graph (:class:`~stitchtune.graph.dynamic.DynamicRefusal`, e.g. a column reduction over dynamic rows; also
+in ``refusal``), the budget left it no trial, or Ctrl-C stopped an earlier bucket's search (the search
+of that bucket keeps its finished rows; no later bucket is searched). Trial 0 is
 :func:`~stitchtune.cost.heuristic.generic_heuristic` (the heuristic, made generic where it is not). ``progress(line)`` is told one line per bucket.
 """
 
@@ -34,6 +38,7 @@ from typing import Any
 
 from stitchtune.errors import GraphError, ScheduleError
 from stitchtune.graph.dynamic import (BucketKey, DynamicDim, DynamicGraph, DynamicRefusal, key_share, load_dynamic)
+from stitchtune.tune.budget import split_by_share
 from stitchtune.tune.config import Components, SearchConfig, default_components
 from stitchtune.tune.result import SearchResult
 
@@ -42,12 +47,18 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class BucketOutcome:
-    """One bucket of a dynamic search: its trials and result, or why it was skipped."""
+    """One bucket of a dynamic search: its trials and result, or why it was not searched (``skipped``:
+    the generic kernel's ``refusal``, no trial left in the budget, or an interruption before it began)."""
 
     key: BucketKey
     trials: int
     result: SearchResult | None
     refusal: DynamicRefusal | None = None
+    skipped: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.result is None) == (self.skipped is None):
+            raise ValueError("a bucket outcome has a result or says why it was skipped, not both")
 
 
 def with_dims(dg: DynamicGraph, dims: Sequence[DynamicDim]) -> DynamicGraph:
@@ -61,9 +72,12 @@ def with_dims(dg: DynamicGraph, dims: Sequence[DynamicDim]) -> DynamicGraph:
     return dataclasses.replace(dg, dims=tuple(sorted(by.values(), key=lambda d: d.name)))
 
 
-def split_trials(dg: DynamicGraph, total: int) -> list[tuple[BucketKey, int]]:
-    """Each bucket key and its trials: ``total`` split by expected share, at least 1 each."""
-    return [(k, max(1, round(total * key_share(dg.dims, k)))) for k in dg.keys()]
+def split_trials(dg: DynamicGraph, total: int, keys: Sequence[BucketKey] | None = None) -> list[tuple[BucketKey, int]]:
+    """Each bucket key (of ``keys``, default every key of ``dg``) and its trials: ``total`` split by
+    expected share (:func:`~stitchtune.tune.budget.split_by_share`: exactly ``total`` in all, at least 1
+    each while ``total`` covers every key)."""
+    keys = list(dg.keys()) if keys is None else list(keys)
+    return list(zip(keys, split_by_share([key_share(dg.dims, k) for k in keys], total)))
 
 
 class ProbeRunner:
@@ -153,19 +167,28 @@ def run_dynamic_search(config: SearchConfig, dims: Sequence[DynamicDim] = (), co
                          "NAME=LO..HI, or declare \"dynamic\" in the file)")
     base = components or default_components()
     say = progress or (lambda line: None)
-    plan = split_trials(dg, config.trials)
-    say(f"{len(plan)} bucket(s), {sum(n for _, n in plan)} trials split by expected share")
-    outcomes = []
-    for i, (key, n) in enumerate(plan, 1):
-        fit = fit_rows(dg, key)
+    keys = list(dg.keys())
+    fits = {k: fit_rows(dg, k) for k in keys}
+    budget = dict(split_trials(dg, config.trials, [k for k in keys if not isinstance(fits[k], DynamicRefusal)]))
+    say(f"{len(keys)} bucket(s), {sum(budget.values())} trials split by expected share over the "
+        f"{len(budget)} the generic kernel takes")
+    outcomes: list[BucketOutcome] = []
+    interrupted = False
+    for i, key in enumerate(keys, 1):
+        fit, n = fits[key], budget.get(key, 0)
         if isinstance(fit, DynamicRefusal):
-            say(f"[{i}/{len(plan)}] {key.label()}: skipped (generic kernel refused: {fit})")
-            outcomes.append(BucketOutcome(key, 0, None, fit))
+            outcomes.append(BucketOutcome(key, 0, None, fit, skipped=f"generic kernel refused: {fit}"))
+        elif interrupted:
+            outcomes.append(BucketOutcome(key, 0, None, skipped="not searched: interrupted"))
+        elif n == 0:
+            outcomes.append(BucketOutcome(key, 0, None, skipped=f"no trial left (--trials {config.trials} is below "
+                                          f"the {len(budget)} buckets): the heuristic schedule"))
+        else:
+            say(f"[{i}/{len(keys)}] {key.label()}: {n} trial(s) at {dict(fit.extents)}")
+            cfg = dataclasses.replace(config, trials=n, bucket=key.label(), graph_path=config.graph_path)
+            res = run_search(cfg, _bucket_components(base, dg, key, fit))
+            outcomes.append(BucketOutcome(key, n, res))
+            interrupted = res.stopped == "interrupted"
             continue
-        say(f"[{i}/{len(plan)}] {key.label()}: {n} trial(s) at {dict(fit.extents)}")
-        cfg = dataclasses.replace(config, trials=n, bucket=key.label(), graph_path=config.graph_path)
-        res = run_search(cfg, _bucket_components(base, dg, key, fit))
-        outcomes.append(BucketOutcome(key, n, res))
-        if res.stopped == "interrupted":
-            break
+        say(f"[{i}/{len(keys)}] {key.label()}: skipped ({outcomes[-1].skipped})")
     return outcomes

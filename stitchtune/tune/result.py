@@ -12,7 +12,8 @@ __all__ = ["SearchResult"]
 
 @dataclass(frozen=True)
 class SearchResult:
-    """What a search did. ``best``/``heuristic`` are database rows (dicts) or None."""
+    """What a search did. ``best``/``heuristic`` are database rows (dicts) or None; ``rows_written`` is the
+    number of rows this run appended to the database (also when ``stopped == "interrupted"``)."""
 
     study_name: str
     storage: str
@@ -33,3 +34,4 @@ class SearchResult:
     floor_fraction: float | None
     stopped: str
     elapsed_s: float
+    rows_written: int = 0

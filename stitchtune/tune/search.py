@@ -26,7 +26,8 @@ Contract of :func:`run_search`
   ``ask()``) is not waited for either.
 * Stops after ``trials`` trials of this run, ``timeout_s`` seconds, ``early_stop`` trials in a row
   without improvement, an exhausted grid, or Ctrl-C (the trials in flight are told FAIL with user
-  attr ``interrupted``; everything finished before is already in the database).
+  attr ``interrupted``; everything finished before is already in the database: ``rows_written`` of the
+  result counts the rows this run appended, the line the CLI prints).
 
 :class:`SearchConfig`, :class:`Components` (:func:`default_components`, :class:`SkipBuilder`) and
 :func:`resolve_backend` live in :mod:`stitchtune.tune.config`; optuna storage, study, sampler, grid and
@@ -59,7 +60,7 @@ from stitchtune.tune.config import (
     resolve_backend,
 )
 from stitchtune.tune.database import TuningDB, read_parts
-from stitchtune.errors import ScheduleError
+from stitchtune.errors import ScheduleError, from_ctrl_c
 from stitchtune.tune.pipeline import context_row, evaluate, schedule_columns
 from stitchtune.tune.result import SearchResult
 from stitchtune.tune.trial_rows import RESULT_FIELDS, _plain, _row_from_trial
@@ -138,6 +139,7 @@ class _Loop:
         self.known: dict[str, dict[str, Any]] = {}
         self._seen_parts: set[str] = set()
         self.counts: Counter[str] = Counter()
+        self.rows_written = 0
         self.reused = 0
         self.trials_run = 0
         self.best_row: dict[str, Any] | None = None
@@ -320,6 +322,7 @@ class _Loop:
                 r["estimated"] = self.estimated
         if rows:
             self.db.append(rows)
+            self.rows_written += len(rows)
         for i in idx:
             self.tell(trials[i], done[i])
         told = {trials[i].number for i in idx}
@@ -402,10 +405,12 @@ class _Loop:
                     post["vs trial 0"] = f"{sp:.2f}x"
                 bar.set_postfix(post, refresh=False)
                 bar.update(n)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, OSError) as exc:
+            if not from_ctrl_c(exc):  # an OSError of its own is not an interruption
+                raise
             stopped = "interrupted"
             self.abandon_in_flight()
-            log.warning("interrupted: finished trials are saved in %s", self.db.path)
+            log.info("interrupted: %d rows written to %s", self.rows_written, self.db.path)
         finally:
             bar.close()
             self.runner.close()
@@ -466,7 +471,7 @@ class _Loop:
             status_counts=dict(self.counts), reused=self.reused, best=self.best_row, heuristic=self.heur_row,
             speedup=self.speedup(), floor_us=floor,
             floor_fraction=(floor / best) if floor is not None and best else None,
-            stopped=stopped, elapsed_s=time.monotonic() - self.t0)
+            stopped=stopped, elapsed_s=time.monotonic() - self.t0, rows_written=self.rows_written)
 
 
 def run_search(config: SearchConfig, components: Components | None = None) -> SearchResult:

@@ -142,8 +142,10 @@ def test_run_input_errors(tmp_path: Path) -> None:
     (tmp_path / "junk.npz").write_bytes(b"not an npz")
     assert_user_error(*call(["run", str(gpath), "--inputs", str(tmp_path / "junk.npz"),
                              "--out", str(tmp_path / "o.npz")]))
+    rc, _out, err = call(["run", str(gpath), "--random-inputs", "0", "--out", str(tmp_path / "nodir" / "o.npz")])
+    assert rc == 0 and (tmp_path / "nodir" / "o.npz").is_file(), err   # a missing folder is created
     assert_user_error(*call(["run", str(gpath), "--random-inputs", "0", "--out",
-                             str(tmp_path / "nodir" / "o.npz")]))
+                             str(tmp_path / "junk.npz" / "o.npz")]))   # under a file: no folder can be made
     assert_user_error(*call(["run", str(gpath), "--random-inputs", "0", "--out",
                              str(tmp_path / "o.npz"), "--schedule", "{not json"]))
     assert_user_error(*call(["run", str(gpath), "--random-inputs", "0", "--out",

@@ -125,6 +125,66 @@ def test_outputs_are_checked_before_the_work(tmp_path: Path) -> None:
     assert rc == 2 and "is a directory, not a file" in err
 
 
+def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path: Path) -> None:
+    """Was: `run G --out G` replaced the graph with its outputs (exit 0). The same file by another spelling,
+    a symlink or a hard link is refused too; so is `import torch m.py:f -o m.py` (the user's model)."""
+    g = tmp_path / "g.json"
+    g.write_bytes(Path(G).read_bytes())
+    (tmp_path / "link.json").symlink_to(g)
+    (tmp_path / "hard.json").hardlink_to(g)
+    for out in (g, tmp_path / "." / "g.json", tmp_path / "link.json", tmp_path / "hard.json"):
+        rc, stdout, err = call(["run", str(g), "--random-inputs", "0", "--out", str(out)])
+        assert rc == 2 and stdout == "" and len(err.splitlines()) == 1, (out, err)
+        assert "is also the input GRAPH" in err
+    assert g.read_bytes() == Path(G).read_bytes()
+    np.savez(tmp_path / "in.npz", x=np.zeros((256, 1024), np.float32))
+    rc, _out, err = call(["run", G, "--inputs", str(tmp_path / "in.npz"), "--random-inputs", "0",
+                          "--out", str(tmp_path / "in.npz")])
+    assert rc == 2 and "is also the input --inputs" in err
+    model = tmp_path / "m.py"
+    model.write_text("def f(x):\n    return x * 2.0\n")
+    rc, _out, err = call(["import", "torch", f"{model}:f", "--shapes", "x=2x3", "-o", str(model)])
+    assert rc == 2 and "is also the input MODULE:CALLABLE" in err and len(err.splitlines()) == 1
+    assert model.read_text() == "def f(x):\n    return x * 2.0\n"
+    rc, _out, err = call(["import", "torch", f"{model}:f", "--shapes", "x=2x3", "-o", str(tmp_path / "a"),
+                          "--params-out", str(tmp_path / "a")])
+    assert rc == 2 and "--params-out" in err and "is also the output -o/--out" in err and not (tmp_path / "a").exists()
+
+
+def test_outputs_go_into_new_folders_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Missing parent folders are created (was: 'cannot write ...: No such file or directory', exit 2); a
+    write that fails leaves the old file and no temporary file."""
+    from stitchtune.cli.outputs import write_whole
+    from stitchtune.errors import StitchtuneError
+
+    rc, _out, err = call(["run", G, "--random-inputs", "0", "--out", str(tmp_path / "new" / "deep" / "o.npz")])
+    assert rc == 0, err
+    with np.load(tmp_path / "new" / "deep" / "o.npz") as z:
+        assert z["y"].shape == (256, 1024)
+    rc, _out, err = call(["export", "--db", str(COMMITTED_DB), "-o", str(tmp_path / "csv" / "x.csv")])
+    assert rc == 0 and len(pd.read_csv(tmp_path / "csv" / "x.csv")) > 0, err
+    old = tmp_path / "old.txt"
+    old.write_text("old")
+
+    def half(tmp: str) -> None:
+        Path(tmp).write_text("half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(StitchtuneError, match="cannot write .*No space left on device"):
+        write_whole(str(old), half)
+    assert old.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["csv", "new", "old.txt"]
+    write_whole(str(old), lambda tmp: Path(tmp).write_text("new"))
+    assert old.read_text() == "new" and (old.stat().st_mode & 0o777) == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def test_run_inputs_repeatable_and_filled_by_random_inputs(tmp_path: Path) -> None:
     from stitchtune.graph.parse import load_graph
     from stitchtune.graph.reference import random_inputs, run_reference
@@ -175,6 +235,23 @@ def test_numbers_out_of_range_are_usage_errors() -> None:
                  ["search", G, "--seed", str(2**32)], ["search", G, "--jobs", "100000"]):
         rc, out, err = call(argv)
         assert rc == 2 and out == "" and "Traceback" not in err and ": error: argument " in err, argv
+
+
+@pytest.mark.parametrize("flag,base,bad", [
+    ("--factor", ["model-check", "--db", str(COMMITTED_DB)], ["1", "0.5", "0", "-2", "nan", "inf", "x"]),
+    ("--bandwidth-gbs", ["report", "--db", str(COMMITTED_DB), "-o", "{t}/r", "--graphs"], ["0", "-1", "nan", "inf"]),
+    ("--timeout", ["search", G, "--trials", "1"], ["0", "-5", "nan"]),
+    ("--prune-factor", ["search", G, "--trials", "1"], ["1", "0.5", "inf"])])
+def test_bounded_numbers_are_usage_errors_before_any_work(flag: str, base: list[str], bad: list[str],
+                                                          tmp_path: Path) -> None:
+    """A factor <= 1, a bandwidth or timeout <= 0, NaN or infinity: one argparse error line naming the flag,
+    exit 2, nothing written (was: model-check --factor 0.5 or nan printed a verdict on a meaningless rule)."""
+    argv = [a.replace("{t}", str(tmp_path)) for a in base]
+    for value in bad:
+        rc, out, err = call([*argv, flag, value])
+        assert rc == 2 and out == "" and "Traceback" not in err, (flag, value, err)
+        assert f"error: argument {flag}: " in err.splitlines()[-1], (flag, value, err)
+    assert not (tmp_path / "r").exists()
 
 
 def test_show_names_its_time_column_for_what_it_holds() -> None:

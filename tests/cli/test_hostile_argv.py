@@ -195,7 +195,7 @@ def hostile_argv(draw: st.DrawFn, command: tuple[str, ...]) -> list[str]:
         return [*command, *base, action.option_strings[-1]]
     if action.dest in checked:
         pool = PATHS
-    elif action.type in (int, float):
+    elif action.type in (int, float) or getattr(action.type, "numeric", False):
         pool = BAD_NUMBERS
     elif action.dest == "schedule":
         pool = BAD_JSON
@@ -282,3 +282,77 @@ def test_ctrl_c_exits_130_without_a_traceback(tmp_path: Path) -> None:
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (proc.returncode, err.decode()[-2000:])
     assert "Traceback" not in err.decode() and "stitchtune: interrupted" in err.decode()
+
+
+# ------------------------------------------------------------------------------------------ model mistakes
+MODELS = {
+    "models.py": '''import torch
+
+class Bad(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        raise RuntimeError("no weights file")
+
+class NeedsArgs(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+
+class Lin(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(256, 256)
+
+    def forward(self, x, y):
+        return self.fc(x) + y
+
+def two(x, y):
+    return x + y
+
+NOT_CALLABLE = 3
+''',
+    "broken.py": "def f(x:\n    return x\n",
+    "raising.py": "raise ValueError('boom at import')\n",
+}
+
+#: (MODULE:CALLABLE, --shapes, extra arguments, what the one error line says, the commands it applies to)
+MODEL_MISTAKES: list[tuple[str, str, list[str], str, tuple[str, ...]]] = [
+    ("{d}/missing.py:f", "x=2x3", [], "module file", ("tune", "import")),
+    ("{d}/models.py:NoSuch", "x=2x3", [], "has no attribute 'NoSuch'", ("tune", "import")),
+    ("{d}/models.py:Bad", "x=2x3", [], "building 'Bad' failed: RuntimeError: no weights file", ("tune", "import")),
+    ("{d}/models.py:NeedsArgs", "x=2x3", [], "cannot be built without arguments", ("tune", "import")),
+    ("{d}/models.py:NOT_CALLABLE", "x=2x3", [], "is not callable", ("tune", "import")),
+    ("{d}/broken.py:f", "x=2x3", [], "importing", ("tune", "import")),
+    ("{d}/raising.py:f", "x=2x3", [], "boom at import", ("tune", "import")),
+    ("no_such_package_xyz:f", "x=2x3", [], "no module named 'no_such_package_xyz'", ("tune", "import")),
+    ("{d}/models.py", "x=2x3", [], "is not MODULE:CALLABLE", ("tune", "import")),
+    ("{d}/models.py:two", "x=2,3", [], "is not NAME=DIM", ("tune", "import")),
+    ("{d}/models.py:two", "x=2x0,y=1", [], "dimensions must be positive", ("tune", "import")),
+    ("{d}/models.py:two", "x=2xa,y=1", [], "integers joined by 'x'", ("tune", "import")),
+    ("{d}/models.py:two", "x=2x3", [], "missing shape for argument 'y'", ("tune", "import")),
+    ("{d}/models.py:two", "x=2x3,y=2x3,z=1", [], "'z' is not a parameter", ("tune", "import")),
+    ("{d}/models.py:two", "x=2x3,y=2x3", ["--dtype", "float64"], "--dtype", ("tune", "import")),
+    ("{d}/models.py:two", "x=2x3,y=5x7", [], "the model fails when called on the example inputs", ("tune", "import")),
+    ("{d}/models.py:Lin", "x=4x3,y=4x256", [], "mat1 and mat2 shapes cannot be multiplied", ("tune", "import")),
+    ("{d}/models.py:two", "x=100000x100000,y=1", [], "the example inputs take 40000000004 bytes", ("tune", "import")),
+    ("{d}/models.py:two", "x=2x3,y=2x3", ["--calls", "inference,serve"], "--calls", ("tune",)),
+]
+
+
+@pytest.mark.parametrize("mistake", [(m, c) for m in MODEL_MISTAKES for c in m[4]],
+                         ids=lambda mc: f"{mc[1]}-{mc[0][0].rsplit('/', 1)[-1]}-{mc[0][3][:24]}")
+def test_model_mistakes_are_one_error_line(mistake: tuple[tuple[str, str, list[str], str, tuple[str, ...]], str],
+                                           tmp_path: Path) -> None:
+    """A mistake in the model or in --shapes: exit 2, one line on stderr saying what, no traceback, nothing
+    written, before anything is traced or tuned (the user's own exception is named by its type)."""
+    (spec, shapes, extra, says, _commands), command = mistake
+    for name, text in MODELS.items():
+        (tmp_path / name).write_text(text)
+    spec = spec.replace("{d}", str(tmp_path))
+    if command == "tune":
+        argv = ["tune", spec, "--shapes", shapes, "--db", str(tmp_path / "db"), "--backend", "emulate", *extra]
+    else:
+        argv = ["import", "torch", spec, "--shapes", shapes, "-o", str(tmp_path / "g.json"), *extra]
+    rc, out, err = call(argv, str(tmp_path))
+    assert rc == 2 and "Traceback" not in err + out, (argv, err[-3000:])
+    assert len(err.splitlines()) == 1 and err.startswith("stitchtune: error: ") and says in err, (argv, err)
+    assert not (tmp_path / "db").exists() and not (tmp_path / "g.json").exists()

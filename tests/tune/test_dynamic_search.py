@@ -36,7 +36,30 @@ def test_trials_split_by_expected_share() -> None:
     dg = with_dims(load_dynamic(EXAMPLES_DIR / "dynamic" / "layernorm_seq.json"), [parse_dynamic_arg("seq=1..2048")])
     split = split_trials(dg, 64)
     assert [k.label() for k, _ in split][-1] == "seq=1025..2048"
-    assert [n for _, n in split] == [1, 1, 1, 2, 4, 8, 16, 32]   # 16/2048 of 64 rounds to 0: at least 1
+    # 16/2048 of 64 rounds to 0: at least 1, taken from the largest; exactly 64 in all (was 65 with max(1, round))
+    assert [n for _, n in split] == [1, 1, 1, 2, 4, 8, 16, 31]
+    assert sum(n for _, n in split_trials(dg, 4)) == 4   # fewer trials than buckets: the small ones get none
+
+
+def test_buckets_without_a_trial_are_skipped_outcomes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--trials below the number of buckets: the buckets left with none are outcomes saying so, and the trials
+    run add up to --trials."""
+    import stitchtune.tune.search as search
+    from stitchtune.tune.result import SearchResult
+    from stitchtune.tune.search import SearchConfig
+
+    def fake(cfg: SearchConfig, comp: object = None) -> SearchResult:
+        return SearchResult("s", "j", cfg.db, "emulate", "", True, "g", "w", "d", cfg.trials, {}, 0, None, None,
+                            None, None, None, "trials", 0.0)
+
+    monkeypatch.setattr(search, "run_search", fake)
+    cfg = SearchConfig(graph_path=str(EXAMPLES_DIR / "dynamic" / "layernorm_seq.json"), trials=3,
+                       backend="emulate", device="h200", db=str(tmp_path / "db"), progress=False)
+    outcomes = run_dynamic_search(cfg, [parse_dynamic_arg("seq=1..64")])
+    assert len(outcomes) > 3 and sum(o.trials for o in outcomes) == 3
+    assert all((o.result is not None) == (o.trials > 0) for o in outcomes)
+    skipped = [o for o in outcomes if o.result is None]
+    assert all(o.skipped and o.skipped.startswith("no trial left") for o in skipped)
 
 
 def test_with_dims_refuses_an_unknown_name() -> None:

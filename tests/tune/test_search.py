@@ -142,6 +142,41 @@ def test_interrupt_stops_cleanly_after_flushing(tmp_path):
     assert any(t.user_attrs.get("interrupted") for t in trials)
 
 
+def _interrupted_inside_a_clean_up() -> OSError:
+    """What optuna's journal lock raises when Ctrl-C lands inside its release(): the KeyboardInterrupt,
+    handled, becomes a FileNotFoundError for the lock's .rename file."""
+    try:
+        try:
+            raise KeyboardInterrupt
+        except BaseException:
+            os.unlink("/nonexistent/optuna.journal.lock-x.rename")
+    except OSError as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
+def test_an_error_raised_while_ctrl_c_is_handled_is_the_interruption(tmp_path):
+    """Was: the FileNotFoundError left the loop (the CLI printed it as an error about the database, exit 2,
+    seen once in a SIGINT test); now the search stops as interrupted, its rows flushed and counted. An
+    OSError of its own still propagates."""
+    class Interrupting(FakeRunner):
+        def run(self, items):
+            if len(self.measured) >= 3:
+                raise _interrupted_inside_a_clean_up()
+            return super().run(items)
+
+    cfg = _cfg(tmp_path, trials=15, jobs=1, sampler="grid")
+    res = run_search(cfg, fake_components(Interrupting()))
+    assert res.stopped == "interrupted" and res.rows_written == len(TuningDB(cfg.db).read()) >= 3
+
+    class Failing(FakeRunner):
+        def run(self, items):
+            raise FileNotFoundError(2, "No such file or directory", "/nonexistent")
+
+    with pytest.raises(FileNotFoundError):
+        run_search(_cfg(tmp_path / "b", trials=3, jobs=1, sampler="grid"), fake_components(Failing()))
+
+
 def test_tpe_sampler_and_sqlite_storage(tmp_path):
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     res = run_search(_cfg(tmp_path, trials=12, sampler="tpe", storage=url), fake_components())
