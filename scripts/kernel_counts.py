@@ -1,6 +1,6 @@
 """Kernels per step: ``torch.compile(backend="stitchtune")`` against Inductor alone, and the ideal.
 
-    PYTHONPATH=$PWD python scripts/kernel_counts.py [--models bert,gpt2,llama,vit,convnext,resnet]
+    PYTHONPATH=$PWD python scripts/kernel_counts.py [--models bert,gpt2,llama,vit,convnext,resnet,phi3,swin]
                                                     [--modes inference,train] [--json OUT] [--markdown]
 
 ``--models gpt2-labels,llama-labels`` (not in the default list) counts the causal LMs with their head
@@ -64,7 +64,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-MODELS = ("bert", "gpt2", "llama", "vit", "convnext", "resnet")
+MODELS = ("bert", "gpt2", "llama", "vit", "convnext", "resnet", "phi3", "swin")
 #: the causal LMs with their head, called with ``labels=`` (the loss is the output; not in the default list)
 LABELS_MODELS = ("gpt2-labels", "llama-labels")
 MODES = ("inference", "train")
