@@ -177,6 +177,7 @@ class _Excluded:
         self.pulled: set[Any] = set()   # recomputed by every region that reads them (bool chains)
         self.constants: set[Any] = set()   # the pulled constants (_pull_constants), also in ``derived``
         self.unrolled: set[Any] = set()    # small sums mapped as adds of slices (torch_regions._unrollable)
+        self.cuts: set[tuple[Any, Any]] = set()   # (source, reader) edges no group joins (torch_cuts.chain_cut)
 
     def __contains__(self, node: Any) -> bool:
         return node in self.reasons or node in self.derived or node in self.free or node in self.pulled

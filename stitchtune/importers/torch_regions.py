@@ -77,7 +77,7 @@ import logging
 import math
 import operator
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,9 +102,11 @@ from stitchtune.importers.torch_candidates import (
     _initial_exclusions,
 )
 from stitchtune.importers.torch_consts import fold_constants
+from stitchtune.importers.torch_cuts import Accept, cut_for, plan_check, reason_of
 from stitchtune.importers.torch_fx_util import _fits, fx_args
 from stitchtune.importers.torch_grouping import _convex, _groups
-from stitchtune.importers.torch_subgraph import _dense_perm, _is_view, _Sub, _subgraph, _with_pulled, is_noop, viewed_inputs
+from stitchtune.importers.torch_subgraph import (_dense_perm, _is_view, _Sub, _subgraph, _with_pulled, is_noop, view_root,
+                                                viewed_inputs)
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
 
@@ -195,6 +197,7 @@ class _Culprit:
     reason: str
     free: bool = False   # a view or no-op left to the framework (not reported as declined)
     unroll: bool = False   # a small sum to map again as adds of slices (not excluded)
+    cut: tuple[Any, Any] | None = None   # an edge to leave out of every group instead (torch_cuts.chain_cut)
 
 
 def _inverse(perm: Sequence[int]) -> tuple[int, ...]:
@@ -202,17 +205,6 @@ def _inverse(perm: Sequence[int]) -> tuple[int, ...]:
     for i, p in enumerate(perm):
         inv[p] = i
     return tuple(inv)
-
-
-def plan_check(graph: Any) -> str | None:
-    """None when the planner accepts ``graph``, else its reason (the default ``accept``)."""
-    from stitchtune.plan.planner import make_plan
-
-    try:
-        make_plan(graph)
-    except StitchtuneError as exc:
-        return f"planner: {exc}"
-    return None
 
 
 # ---------------------------------------------------------------------------- mapping one group
@@ -365,6 +357,10 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
     for orig, s in zip(outputs, out_node.args[0]):
         if _is_view(orig) and not inner(orig):   # the region returns its base; PyTorch views it for free
             return _Culprit(orig, "a view at the region's boundary", free=True)
+        root = view_root(orig, group)
+        if root is not None and root in input_names.values():   # a view of an input read inside too:
+            perms.append(root)                                  # an alias (PyTorch views the input again)
+            continue
         v = walker.vals.get(s.name)
         src = walker._reshaped.get(str(getattr(v, "ref", "")))
         if _is_view(orig) and src is not None and str(src.ref) in input_names:   # (read inside too)
@@ -432,7 +428,7 @@ def _computes(graph: Any) -> bool:
 
 
 # ---------------------------------------------------------------------------- entry point
-def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_check,
+def find_regions(gm: Any, accept: Accept | None = plan_check,
                  prefix: str = "region", constants: Mapping[str, Any] | None = None) -> RegionSplit:
     """The memory-intensive regions of ``gm`` (an ATen-level fx GraphModule with ``meta["val"]``) and
     what was declined (see module docstring). ``constants``: placeholder name -> tensor for the
@@ -457,7 +453,7 @@ def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_chec
 
 
 def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
-            accept: Callable[[Any], str | None] | None,
+            accept: Accept | None,
             prefix: str) -> tuple[list[list[Any]], dict[frozenset[Any], _Mapped | Declined | None]]:
     """Group and map until every group maps (or is declined): (groups, group -> mapping result)."""
     mapped: dict[frozenset[Any], _Mapped | Declined | None] = {}
@@ -472,6 +468,9 @@ def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
             if isinstance(res, _Culprit) and res.unroll:
                 ex.unrolled.add(res.node)   # mapped again, the sum as adds of slices
                 changed = True
+            elif isinstance(res, _Culprit) and res.cut is not None:
+                ex.cuts.add(res.cut)   # grouped again, split at that edge
+                changed = True
             elif isinstance(res, _Culprit):
                 ex.add(res.node, res.reason, res.free)
                 changed = True
@@ -482,7 +481,7 @@ def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
 
 
 def _map_with_constants(group: list[Any], name: str, consts: Mapping[Any, Any], ex: _Excluded,
-                        accept: Callable[[Any], str | None] | None) -> _Mapped | _Culprit | Declined | None:
+                        accept: Accept | None) -> _Mapped | _Culprit | Declined | None:
     """``group`` mapped (and judged by ``accept`` where it computes) with the pulled nodes it reads;
     when that fails and it computes pulled constants (:func:`~stitchtune.importers.torch_candidates._pull_constants`:
     an iota the planner cannot lower next to a slice or concat), mapped again reading those constants
@@ -492,7 +491,7 @@ def _map_with_constants(group: list[Any], name: str, consts: Mapping[Any, Any], 
     then copies them), so reading in memory order never costs a region."""
     def mapped(pulled: set[Any], permuted: bool = True) -> _Mapped | _Culprit | Declined | None:
         res = _map_group(group, name, consts, pulled, ex.unrolled, permuted)
-        return _judge(res, group, accept, ex.unrolled) if isinstance(res, _Mapped) and _computes(res.graph) \
+        return _judge(res, group, accept, ex.unrolled, ex.cuts) if isinstance(res, _Mapped) and _computes(res.graph) \
             and accept is not None else res
 
     def judged(pulled: set[Any]) -> _Mapped | _Culprit | Declined | None:
@@ -522,7 +521,7 @@ def _reads_permuted(group: Sequence[Any]) -> bool:
 
 def _join_siblings(nodes: Sequence[Any], groups: list[list[Any]],
                    mapped: dict[frozenset[Any], _Mapped | Declined | None], ex: _Excluded,
-                   consts: Mapping[Any, Any], accept: Callable[[Any], str | None] | None,
+                   consts: Mapping[Any, Any], accept: Accept | None,
                    prefix: str) -> list[list[Any]]:
     """``groups`` with two mapped groups that read the same value, or one the other's output, joined
     (adds the union to ``mapped``) while their union is convex and maps and the planner accepts it:
@@ -580,16 +579,20 @@ def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], _Mapped | Dec
 _QUOTED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
 
 
-def _judge(res: _Mapped, group: list[Any], accept: Callable[[Any], str | None],
-           unrolled: Iterable[Any] = ()) -> _Mapped | _Culprit | Declined:
+def _judge(res: _Mapped, group: list[Any], accept: Accept,
+           unrolled: Iterable[Any] = (), ex_cuts: Collection[tuple[Any, Any]] = ()) -> _Mapped | _Culprit | Declined:
     """``res`` when ``accept`` takes its graph; else the group's node that the refusal names (a
     reduction over other axes, ...: the rest may still be a region; for a named graph input, the
     first node reading it), else the group declined. A refused group with a small sum over a split-off
     axis not yet ``unrolled`` (:func:`_unrollable`) first names that sum, to map again as adds of
     slices."""
-    why = accept(res.graph)
-    if not why:
+    refusal = accept(res.graph)
+    if not refusal:
         return res
+    why = reason_of(refusal)
+    cut = cut_for(refusal, group, ex_cuts)
+    if cut is not None:   # two parts that must be apart: split the group there
+        return _Culprit(cut[1], why, cut=cut)
     if "computes with int values" in why:   # a gather or a column reduction next to int arithmetic:
         drawn = next((n for n in group if _key(n.target) == RAND_KEY), None)   # give up a draw first
         if drawn is not None:
