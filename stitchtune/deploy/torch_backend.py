@@ -207,7 +207,8 @@ def _compile_region(region: Any, opts: BackendOptions, device: Any, kind: str = 
     if not region.dynamic:
         counter.add(builds=1)
         return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu, out_shapes=region.output_shapes,
-                            check_gather=opts.check_gather, in_perms=region.input_perms)
+                            check_gather=opts.check_gather, in_perms=region.input_perms,
+                            in_windows=region.input_windows)
 
     from stitchtune.deploy.torch_dynamic import dynamic_region_kernel
 

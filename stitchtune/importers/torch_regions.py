@@ -105,6 +105,7 @@ from stitchtune.importers.torch_consts import fold_constants
 from stitchtune.importers.torch_cuts import Accept, cut_for, plan_check, reason_of
 from stitchtune.importers.torch_fx_util import _fits, fx_args
 from stitchtune.importers.torch_grouping import _convex, _groups
+from stitchtune.importers.torch_windows import Window, declare_windowed, held_window, input_windows
 from stitchtune.importers.torch_subgraph import (_dense_perm, _is_view, _Sub, _subgraph, _with_pulled, is_noop, view_root,
                                                 viewed_inputs)
 
@@ -138,6 +139,10 @@ class TorchRegion:
     #: ``pytorch_value.permute(perm)`` (row-major: a free view, no copy) and the graph transposes it
     #: back to PyTorch's axes
     input_perms: tuple[tuple[int, ...] | None, ...] = field(default=(), compare=False)
+    #: per input: None, or the larger row-major tensor it is a part of (a split part: a
+    #: :class:`~stitchtune.importers.torch_windows.Window`); the graph declares that tensor and reads
+    #: the part through a slice, the region op passes ``window.view(t)`` (no copy)
+    input_windows: tuple[Window | None, ...] = field(default=(), compare=False)
 
     def restore_perm(self, i: int) -> tuple[int, ...]:
         """The permutation that turns the kernel's row-major output ``i`` into PyTorch's strided
@@ -220,6 +225,7 @@ class _Mapped:
     aliases: tuple[tuple[Any, Any], ...]        # see TorchRegion.aliases
     pulled: frozenset[Any] = frozenset()        # the pulled nodes it was mapped with (see _settle)
     in_perms: tuple[tuple[int, ...] | None, ...] = ()   # see TorchRegion.input_perms
+    in_windows: tuple[Window | None, ...] = ()          # see TorchRegion.input_windows
 
 
 def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
@@ -245,6 +251,9 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     viewed = viewed_inputs(sub, group)
     in_perms = _input_perms(inputs, outputs, consts, {ph.name for ph in placeholders if ph.name in rows or ph.name in viewed},
                             [ph.name for ph in placeholders]) if permuted else [None] * len(inputs)
+    wins = input_windows(inputs, outputs, in_perms, {i for i, (x, ph) in enumerate(zip(inputs, placeholders))
+                                                     if x in consts or ph.name in rows or ph.name in viewed}) \
+        if permuted else [None] * len(inputs)   # (a part of a larger tensor is declared as that tensor)
     raw = []
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
         val = x.meta["val"]
@@ -253,6 +262,12 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
             shape, rows_view = viewed[placeholders[i].name]
             shape += (1,) if rows_view in rows else ()
         p = in_perms[i]
+        w = wins[i]
+        if w is not None:   # (read through a slice of the window: the region op passes the window itself)
+            w_raw, w_val = declare_windowed(b, f"in{i}", w, shape, value_dtype_name(val.dtype) or "?")
+            raw.append(w_raw)
+            values.append(w_val)
+            continue
         raw.append(b.add_input(f"in{i}", shape if p is None else tuple(shape[a] for a in p),
                                value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))
         # (an input PyTorch holds permuted is declared in its memory order and read through a transpose)
@@ -289,7 +304,7 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
         return Declined(f"region {name} ({_ops_text(group)})", str(exc))
     return _Mapped(graph, tuple(inputs), tuple(outputs[i] for i in kept), sub,
                    tuple(None if perms[i] is _COPY else perms[i] for i in kept), aliases,
-                   frozenset(pulled or ()), tuple(in_perms))
+                   frozenset(pulled or ()), tuple(in_perms), tuple(wins))
 
 
 def _input_perms(inputs: Sequence[Any], outputs: Sequence[Any], consts: Mapping[Any, Any], reshaped: set[str],
@@ -510,11 +525,12 @@ def _map_with_constants(group: list[Any], name: str, consts: Mapping[Any, Any], 
 
 def _reads_permuted(group: Sequence[Any]) -> bool:
     """Whether a node of ``group`` reads a float tensor from outside it that PyTorch holds permuted
-    (a candidate for :func:`_input_perms`)."""
+    (a candidate for :func:`_input_perms`) or that is a part of a larger one (a window)."""
     own = set(group)
     for n in group:
         for a in fx_args(n):
-            if a not in own and hasattr(a, "meta") and _held_permuted(a.meta.get("val")) is not None:
+            if a not in own and hasattr(a, "meta") and (_held_permuted(a.meta.get("val")) is not None
+                                                        or held_window(a.meta.get("val")) is not None):
                 return True
     return False
 
@@ -570,7 +586,7 @@ def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], _Mapped | Dec
             own = set(group)
             pulled = tuple(n for n in _with_pulled(group, set(res.pulled)) if n not in own)
             regions.append(TorchRegion(res.graph.name, res.graph, tuple(group), res.inputs, res.outputs, res.sub.module,
-                                       pulled, res.perms, res.aliases, res.in_perms))
+                                       pulled, res.perms, res.aliases, res.in_perms, res.in_windows))
         else:
             dropped.append(tuple(group))
     return regions, declined, dropped
