@@ -105,9 +105,10 @@ from stitchtune.importers.torch_consts import fold_constants
 from stitchtune.importers.torch_cuts import Accept, cut_for, plan_check, reason_of
 from stitchtune.importers.torch_fx_util import _fits, fx_args
 from stitchtune.importers.torch_grouping import _convex, _groups
-from stitchtune.importers.torch_windows import Window, declare_windowed, held_window, input_windows
 from stitchtune.importers.torch_subgraph import (_dense_perm, _is_view, _Sub, _subgraph, _with_pulled, is_noop, view_root,
                                                 viewed_inputs)
+from stitchtune.importers.torch_windows import (Window, declare_windowed, input_perms, input_windows, reads_strided,
+                                               symbolic)
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
 
@@ -234,7 +235,7 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     """One group mapped, or the node to exclude, or the whole group declined, or None when nothing
     outside the group reads it (dead code: no region); the ``unrolled`` sums as adds of slices.
     ``permuted``: inputs that PyTorch holds permuted are declared in their memory order
-    (:func:`_input_perms`); False: in PyTorch's axes."""
+    (:func:`~stitchtune.importers.torch_windows.input_perms`); False: in PyTorch's axes."""
     part = _subgraph(group, consts, pulled)
     sub, inputs, outputs, back = part, part.inputs, part.outputs, part.back   # (``sub.graph``: the walk)
     full = _with_pulled(group, pulled or set())
@@ -249,8 +250,8 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     rows = row_vectors(sub)   # [B] inputs the region holds as [B, 1] (one value per row)
     viewed = viewed_inputs(sub, group)
-    in_perms = _input_perms(inputs, outputs, consts, {ph.name for ph in placeholders if ph.name in rows or ph.name in viewed},
-                            [ph.name for ph in placeholders]) if permuted else [None] * len(inputs)
+    in_perms = input_perms(inputs, outputs, consts, {ph.name for ph in placeholders if ph.name in rows or ph.name in viewed},
+                           [ph.name for ph in placeholders]) if permuted else [None] * len(inputs)
     wins = input_windows(inputs, outputs, in_perms, {i for i, (x, ph) in enumerate(zip(inputs, placeholders))
                                                      if x in consts or ph.name in rows or ph.name in viewed}) \
         if permuted else [None] * len(inputs)   # (a part of a larger tensor is declared as that tensor)
@@ -307,35 +308,6 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
                    frozenset(pulled or ()), tuple(in_perms), tuple(wins))
 
 
-def _input_perms(inputs: Sequence[Any], outputs: Sequence[Any], consts: Mapping[Any, Any], reshaped: set[str],
-                 names: Sequence[str]) -> list[tuple[int, ...] | None]:
-    """Per region input: the axis order PyTorch stores it in when that is a permutation of a dense
-    tensor other than row-major (a convolution's channels-last output read as NCHW: ``val.permute(p)``
-    is contiguous), else None. The region declares such an input as ``val.permute(p)`` (its memory)
-    and reads it through a transpose, so the region op passes the permuted view, not a copy (see
-    :attr:`TorchRegion.input_perms`). None for every input of a region with symbolic sizes (its
-    kernels are mapped again at contiguous shapes), for constants (held by the kernel as they are),
-    for the inputs declared at another shape (``reshaped``: read through one reshape, or a ``[B]``
-    value held per row), and for int and bool inputs (a gather's indices must be a graph input)."""
-    if any(_symbolic(n.meta.get("val")) for n in (*inputs, *outputs)):
-        return [None] * len(inputs)
-    out: list[tuple[int, ...] | None] = []
-    for x, name in zip(inputs, names):
-        p = None if x in consts or name in reshaped else _held_permuted(x.meta.get("val"))
-        out.append(None if p is None or p == tuple(range(len(p))) else p)
-    return out
-
-
-def _held_permuted(val: Any) -> tuple[int, ...] | None:
-    """The axis order PyTorch stores ``val`` (an fx node's value) in when it is a float tensor of rank 2
-    or more, of static sizes, not contiguous and a permutation of a dense tensor (:func:`_dense_perm`);
-    else None."""
-    if not hasattr(val, "is_contiguous") or val.dim() < 2 or not val.dtype.is_floating_point \
-            or _symbolic(val) or val.is_contiguous():
-        return None
-    return _dense_perm(val)
-
-
 #: an output that is PyTorch's copy (``clone``) of another output: the region stores the value twice
 _COPY = object()
 
@@ -387,7 +359,7 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         if t is None or _strip1(v.shape) != _strip1(t) and not _materialised(orig, v.shape, t) and not row:
             return _Culprit(orig, f"an output of PyTorch shape {list(t or ())} is graph shape {list(v.shape)}")
         perm = None if s.meta["val"].is_contiguous() else _dense_perm(orig.meta["val"])
-        if perm is None and _symbolic(orig.meta["val"]):   # the concrete trace may tie where PyTorch's symbolic
+        if perm is None and symbolic(orig.meta["val"]):   # the concrete trace may tie where PyTorch's symbolic
             perm = _dense_perm(orig.meta["val"])           # strides do not (a rotary output at seq = head dim)
             perm = None if perm == tuple(range(len(perm or ()))) else perm
         if perm is None and not s.meta["val"].is_contiguous() or _is_view(orig) and perm is not None \
@@ -419,11 +391,6 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         # a mask and nothing else: Inductor computes it inside the kernel that reads it (no launch)
         return _Culprit(outputs[-1], "a region of bool outputs only (a mask Inductor fuses into its reader)")
     return perms
-
-
-def _symbolic(val: Any) -> bool:
-    """``val`` (a fake tensor) has a symbolic size or stride."""
-    return val is not None and not all(isinstance(d, int) for d in (*val.shape, *val.stride()))
 
 
 def _materialised(orig: Any, shape: Sequence[int], t: Sequence[int]) -> bool:
@@ -502,7 +469,7 @@ def _map_with_constants(group: list[Any], name: str, consts: Mapping[Any, Any], 
     an iota the planner cannot lower next to a slice or concat), mapped again reading those constants
     as inputs (the framework computes them), as it did before they were pulled; the first result
     when neither maps. A group refused while it reads inputs that PyTorch holds permuted through
-    transposes (:func:`_input_perms`) is mapped again reading them in PyTorch's axes (the region op
+    transposes (:func:`~stitchtune.importers.torch_windows.input_perms`) is mapped again reading them in PyTorch's axes (the region op
     then copies them), so reading in memory order never costs a region."""
     def mapped(pulled: set[Any], permuted: bool = True) -> _Mapped | _Culprit | Declined | None:
         res = _map_group(group, name, consts, pulled, ex.unrolled, permuted)
@@ -511,7 +478,7 @@ def _map_with_constants(group: list[Any], name: str, consts: Mapping[Any, Any], 
 
     def judged(pulled: set[Any]) -> _Mapped | _Culprit | Declined | None:
         res = mapped(pulled)
-        if isinstance(res, _Mapped) or res is None or not _reads_permuted(group):
+        if isinstance(res, _Mapped) or res is None or not reads_strided(group):
             return res
         plain = mapped(pulled, permuted=False)   # its permuted inputs' transposes refused: copied, as before
         return plain if isinstance(plain, _Mapped) else res
@@ -521,18 +488,6 @@ def _map_with_constants(group: list[Any], name: str, consts: Mapping[Any, Any], 
         return res
     alt = judged(ex.pulled - ex.constants)
     return alt if isinstance(alt, _Mapped) else res
-
-
-def _reads_permuted(group: Sequence[Any]) -> bool:
-    """Whether a node of ``group`` reads a float tensor from outside it that PyTorch holds permuted
-    (a candidate for :func:`_input_perms`) or that is a part of a larger one (a window)."""
-    own = set(group)
-    for n in group:
-        for a in fx_args(n):
-            if a not in own and hasattr(a, "meta") and (_held_permuted(a.meta.get("val")) is not None
-                                                        or held_window(a.meta.get("val")) is not None):
-                return True
-    return False
 
 
 def _join_siblings(nodes: Sequence[Any], groups: list[list[Any]],

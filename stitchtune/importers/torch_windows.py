@@ -1,5 +1,10 @@
-"""Region inputs that are windows of a larger tensor (a split part: Phi-3's ``gate`` and ``up`` halves
-of one ``gate_up_proj`` output, saved for the backward as two strided views).
+"""Strided region inputs, read where they lie: permuted ones, and windows of a larger tensor.
+
+An input that PyTorch holds permuted (a convolution's channels-last output seen as NCHW) is declared
+in its memory order and read through a transpose (:func:`input_perms`).
+
+An input that is a part of a larger tensor (a split part: Phi-3's ``gate`` and ``up`` halves of one
+``gate_up_proj`` output, saved for the backward as two strided views) is declared as that tensor.
 
 Such an input (``[1, 8, 64]`` with strides ``(1024, 128, 1)``: the first or second half of the last dim
 of a row-major ``[1, 8, 128]``) is declared by the region's graph as that whole row-major tensor, its
@@ -14,11 +19,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stitchtune.importers.builder import GraphBuilder, Value
+from stitchtune.importers.torch_fx_util import fx_args
+from stitchtune.importers.torch_subgraph import _dense_perm
 
-__all__ = ["Window", "declare_windowed", "held_window"]
+__all__ = ["Window", "declare_windowed", "held_permuted", "held_window", "input_perms", "input_windows",
+           "reads_strided", "symbolic"]
 
 
 def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -72,7 +81,8 @@ def held_window(val: Any) -> Window | None:
     return None
 
 
-def declare_windowed(b: GraphBuilder, name: str, window: Window, shape: tuple[int, ...], dtype: str) -> tuple[Value, Value]:
+def declare_windowed(b: GraphBuilder, name: str, window: Window, shape: tuple[int, ...],
+                     dtype: str) -> tuple[Value, Value]:
     """(the graph input ``name``, declared as ``window.full``; its ``slice`` of ``shape``, the value the
     region reads)."""
     raw = b.add_input(name, window.full, dtype)
@@ -81,16 +91,59 @@ def declare_windowed(b: GraphBuilder, name: str, window: Window, shape: tuple[in
                          stop=window.start + n)
 
 
-def input_windows(inputs: list[Any], others: list[Any], perms: list[Any], skip: set[int]) -> list[Window | None]:
+def input_windows(inputs: Sequence[Any], others: Sequence[Any], perms: Sequence[Any],
+                  skip: set[int]) -> list[Window | None]:
     """Per region input (fx nodes): its :func:`held_window`, or None for those at ``skip`` positions
     (constants, inputs declared at another shape), those with a permutation in ``perms``, and every
     input of a region with symbolic sizes (``others``: its outputs; mapped again at contiguous shapes)."""
-    def symbolic(n: Any) -> bool:
-        val = n.meta.get("val")
-        return val is not None and hasattr(val, "stride") and not all(
-            isinstance(d, int) for d in (*val.shape, *val.stride()))
-
-    if any(symbolic(n) for n in (*inputs, *others)):
+    if any(symbolic(n.meta.get("val")) for n in (*inputs, *others)):
         return [None] * len(inputs)
     return [None if i in skip or p is not None else held_window(x.meta.get("val"))
             for i, (x, p) in enumerate(zip(inputs, perms))]
+
+
+def input_perms(inputs: Sequence[Any], outputs: Sequence[Any], consts: Mapping[Any, Any], reshaped: set[str],
+                names: Sequence[str]) -> list[tuple[int, ...] | None]:
+    """Per region input: the axis order PyTorch stores it in when that is a permutation of a dense
+    tensor other than row-major (a convolution's channels-last output read as NCHW: ``val.permute(p)``
+    is contiguous), else None. The region declares such an input as ``val.permute(p)`` (its memory)
+    and reads it through a transpose, so the region op passes the permuted view, not a copy (see
+    :attr:`~stitchtune.importers.torch_regions.TorchRegion.input_perms`). None for every input of a
+    region with symbolic sizes (its kernels are mapped again at contiguous shapes), for constants (held
+    by the kernel as they are),
+    for the inputs declared at another shape (``reshaped``: read through one reshape, or a ``[B]``
+    value held per row), and for int and bool inputs (a gather's indices must be a graph input)."""
+    if any(symbolic(n.meta.get("val")) for n in (*inputs, *outputs)):
+        return [None] * len(inputs)
+    out: list[tuple[int, ...] | None] = []
+    for x, name in zip(inputs, names):
+        p = None if x in consts or name in reshaped else held_permuted(x.meta.get("val"))
+        out.append(None if p is None or p == tuple(range(len(p))) else p)
+    return out
+
+
+def held_permuted(val: Any) -> tuple[int, ...] | None:
+    """The axis order PyTorch stores ``val`` (an fx node's value) in when it is a float tensor of rank 2
+    or more, of static sizes, not contiguous and a permutation of a dense tensor
+    (:func:`~stitchtune.importers.torch_subgraph._dense_perm`); else None."""
+    if not hasattr(val, "is_contiguous") or val.dim() < 2 or not val.dtype.is_floating_point \
+            or symbolic(val) or val.is_contiguous():
+        return None
+    return _dense_perm(val)
+
+
+def symbolic(val: Any) -> bool:
+    """``val`` (a fake tensor) has a symbolic size or stride."""
+    return val is not None and not all(isinstance(d, int) for d in (*val.shape, *val.stride()))
+
+
+def reads_strided(group: Sequence[Any]) -> bool:
+    """Whether a node of ``group`` reads a float tensor from outside it that PyTorch holds permuted
+    (a candidate for :func:`input_perms`) or that is a part of a larger one (a window)."""
+    own = set(group)
+    for n in group:
+        for a in fx_args(n):
+            if a not in own and hasattr(a, "meta") and (held_permuted(a.meta.get("val")) is not None
+                                                        or held_window(a.meta.get("val")) is not None):
+                return True
+    return False
