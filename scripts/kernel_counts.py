@@ -29,7 +29,8 @@ per model and mode, all on this machine's CPU:
   a cross reduction, one launch instead of two or the reverse). Where Inductor fails on the rest of a graph (the backend then runs it eagerly) every
   memory-intensive ATen op of it counts as one kernel and the row lists the graph and the
   reason in ``eager_rest``. Plus ``copies``: the region op makes a strided input that its graph
-  does not read in place (a split view; a permuted one is read in its memory order) contiguous
+  does not read in place (a slice with steps; a permuted one is read in its memory order, a split
+  part through its window) contiguous
   before its launch, one copy kernel each; counted from the strides of the graph's fake values
   (:func:`input_copies`).
 * ``ideal`` -- one kernel per maximal memory-intensive region between compute ops in the ATen graphs

@@ -4,7 +4,9 @@ captured with torch.export, imported, planned and checked in the emulator.
     PYTHONPATH=$PWD python scripts/model_coverage.py [--models bert,gpt2,llama,vit,convnext,resnet]
                                                      [--exporters legacy,dynamo,export] [--json OUT] [--seed 0]
 
-For each model (built from a transformers config with 2 layers and small hidden sizes, randomly
+``--models`` also takes ``phi3`` and ``swin`` (not in the default list; ``scripts/kernel_counts.py``
+counts them by default). For each model (built from a transformers config with 2 layers and small
+hidden sizes (Swin: one stage of two blocks), randomly
 initialised, eval mode, CPU; nothing is downloaded) and each exporter (``legacy`` =
 ``torch.onnx.export(dynamo=False)``, ``dynamo`` = ``dynamo=True``, which needs onnxscript,
 ``export`` = ``torch.export.export(strict=False)``):
