@@ -1,6 +1,6 @@
 """Kernels per step: ``torch.compile(backend="stitchtune")`` against Inductor alone, and the ideal.
 
-    PYTHONPATH=$PWD python scripts/kernel_counts.py [--models bert,gpt2,llama,vit,convnext,resnet]
+    PYTHONPATH=$PWD python scripts/kernel_counts.py [--models bert,gpt2,llama,vit,convnext,resnet,phi3,swin]
                                                     [--modes inference,train] [--json OUT] [--markdown]
 
 ``--models gpt2-labels,llama-labels`` (not in the default list) counts the causal LMs with their head
@@ -29,7 +29,8 @@ per model and mode, all on this machine's CPU:
   a cross reduction, one launch instead of two or the reverse). Where Inductor fails on the rest of a graph (the backend then runs it eagerly) every
   memory-intensive ATen op of it counts as one kernel and the row lists the graph and the
   reason in ``eager_rest``. Plus ``copies``: the region op makes a strided input that its graph
-  does not read in place (a split view; a permuted one is read in its memory order) contiguous
+  does not read in place (a slice with steps; a permuted one is read in its memory order, a split
+  part through its window) contiguous
   before its launch, one copy kernel each; counted from the strides of the graph's fake values
   (:func:`input_copies`).
 * ``ideal`` -- one kernel per maximal memory-intensive region between compute ops in the ATen graphs
@@ -64,7 +65,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-MODELS = ("bert", "gpt2", "llama", "vit", "convnext", "resnet")
+MODELS = ("bert", "gpt2", "llama", "vit", "convnext", "resnet", "phi3", "swin")
 #: the causal LMs with their head, called with ``labels=`` (the loss is the output; not in the default list)
 LABELS_MODELS = ("gpt2-labels", "llama-labels")
 MODES = ("inference", "train")

@@ -4,7 +4,9 @@ captured with torch.export, imported, planned and checked in the emulator.
     PYTHONPATH=$PWD python scripts/model_coverage.py [--models bert,gpt2,llama,vit,convnext,resnet]
                                                      [--exporters legacy,dynamo,export] [--json OUT] [--seed 0]
 
-For each model (built from a transformers config with 2 layers and small hidden sizes, randomly
+``--models`` also takes ``phi3`` and ``swin`` (not in the default list; ``scripts/kernel_counts.py``
+counts them by default). For each model (built from a transformers config with 2 layers and small
+hidden sizes (Swin: one stage of two blocks), randomly
 initialised, eval mode, CPU; nothing is downloaded) and each exporter (``legacy`` =
 ``torch.onnx.export(dynamo=False)``, ``dynamo`` = ``dynamo=True``, which needs onnxscript,
 ``export`` = ``torch.export.export(strict=False)``):
@@ -56,6 +58,10 @@ from typing import Any
 import numpy as np
 
 MODELS = ("bert", "gpt2", "llama", "vit", "convnext", "resnet")
+#: models :func:`build_model` also builds (``--models`` accepts them; not in the default list)
+MORE_MODELS = ("phi3", "swin")
+#: the models that take ``pixel_values`` (the others take ``input_ids`` and ``attention_mask``)
+IMAGE_MODELS = ("vit", "convnext", "resnet", "swin")
 EXPORTERS = ("legacy", "dynamo", "export")
 BATCH, SEQ, IMAGE = 1, 8, 32
 MAX_ELEMENTS = 1 << 20   # per subgraph (inputs + outputs); bigger ones are not emulated ("too big")
@@ -85,6 +91,12 @@ def build_model(name: str, labels: bool = False) -> tuple[Any, tuple[Any, ...], 
     elif name == "resnet":
         cfg = tf.ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
                               layer_type="basic")
+    elif name == "phi3":   # fused qkv_proj and gate_up_proj, split in the graph
+        cfg = tf.Phi3Config(vocab_size=100, max_position_embeddings=64, num_key_value_heads=2, pad_token_id=0,
+                            bos_token_id=0, eos_token_id=0, **text)
+    elif name == "swin":   # one stage of 8x8 patches, 4x4 windows; its second block shifts its windows
+        cfg = tf.SwinConfig(image_size=IMAGE, patch_size=4, num_channels=3, embed_dim=16, depths=[2], num_heads=[2],
+                            window_size=4)
     else:
         raise ValueError(name)
     cfg._attn_implementation = "eager"
@@ -105,7 +117,7 @@ def build_model(name: str, labels: bool = False) -> tuple[Any, tuple[Any, ...], 
             return self.m(**dict(zip(self.names, args)), return_dict=True).last_hidden_state
 
     g = torch.Generator().manual_seed(0)
-    if name in ("vit", "convnext", "resnet"):
+    if name in IMAGE_MODELS:
         return LastHidden(model, ["pixel_values"]).eval(), (torch.randn(BATCH, 3, IMAGE, IMAGE, generator=g),), ["pixel_values"]
     ids = torch.randint(0, 100, (BATCH, SEQ), generator=g)
     mask = torch.ones(BATCH, SEQ, dtype=torch.long)
@@ -485,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     try:
-        models = _parse_list(a.models, MODELS, "models")
+        models = _parse_list(a.models, MODELS + MORE_MODELS, "models")
         exporters = _parse_list(a.exporters, EXPORTERS, "exporters")
     except ValueError as e:
         print(f"model_coverage: {e}", file=sys.stderr)

@@ -28,6 +28,16 @@ class UnsupportedGraphError(StitchtuneError):
     """The graph is valid and runs on the reference, but no stitched kernel can be generated for it."""
 
 
+class SeparateRegionsError(UnsupportedGraphError):
+    """The graph is one region where its parts need two: ``apart`` names the nodes (graph ids) that
+    must be in separate regions, the first one to cut off from the others (a region finder may split
+    the region there instead of giving up a node)."""
+
+    def __init__(self, message: str, apart: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.apart = tuple(apart)
+
+
 class ToolchainError(StitchtuneError):
     """A required external tool (nvcc, cuda-python and the CUDA driver, a GPU) is missing or unusable."""
 

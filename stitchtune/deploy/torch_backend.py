@@ -207,7 +207,8 @@ def _compile_region(region: Any, opts: BackendOptions, device: Any, kind: str = 
     if not region.dynamic:
         counter.add(builds=1)
         return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu, out_shapes=region.output_shapes,
-                            check_gather=opts.check_gather, in_perms=region.input_perms)
+                            check_gather=opts.check_gather, in_perms=region.input_perms,
+                            in_windows=region.input_windows)
 
     from stitchtune.deploy.torch_dynamic import dynamic_region_kernel
 
@@ -225,12 +226,14 @@ def _info(kind: str, region: Any, kernel: Any) -> StitchedInfo:
 def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, kind: str) -> tuple[Any, GraphReport]:
     """``gm`` with every region it can stitch replaced by ``stitchtune::region`` calls, and the report."""
     from stitchtune.deploy import torch_ops, torch_stats
+    from stitchtune.importers.torch_fx_util import splits_as_slices
     from stitchtune.importers.torch_random import seed_rands, unseed_rands
     from stitchtune.importers.torch_regions import find_regions
 
     report = GraphReport(kind)
     seeded = seed_rands(gm)   # dropout's rand drawn by the regions that read it (one seed per call)
     work = gm if seeded is None else seeded
+    work = splits_as_slices(work) or work   # a split's parts as slices: their readers may share a region
     try:
         split = find_regions(work)
     except Exception as exc:  # noqa: BLE001 - never break a model

@@ -98,6 +98,10 @@ class RegionKernel:
     #: per input: None, or the permutation that makes PyTorch's strided input the graph's row-major
     #: one (the region's ``input_perms``: the kernel reads ``t.permute(p)``, a free view)
     in_perms: tuple[tuple[int, ...] | None, ...] = ()
+    #: per input: None, or the :class:`~stitchtune.importers.torch_windows.Window` the graph declares
+    #: for it (the region's ``input_windows``: the kernel reads ``window.view(t)``, the larger tensor
+    #: the part lies in, a free view)
+    in_windows: tuple[Any, ...] = ()
     _graphs: dict[Any, Any] = field(default_factory=dict, repr=False)   # extents -> Graph (generic)
 
     def __post_init__(self) -> None:
@@ -253,12 +257,16 @@ class RegionKernel:
         its memory order, or strides other than those the region was found with)."""
         if self.in_perms:
             inputs = [t if p is None else t.permute(p) for t, p in zip(inputs, self.in_perms)]
+        if self.in_windows:
+            inputs = [t if w is None else _windowed(w, t) for t, w in zip(inputs, self.in_windows)]
         return [t if t.is_contiguous() else t.contiguous() for t in inputs]
 
     def copies(self, inputs: Sequence[Any]) -> int:
         """How many of ``inputs`` (real or fake tensors) a call copies before its launch (:meth:`as_read`)."""
         perms = self.in_perms or (None,) * len(inputs)
-        return sum(not (t if p is None else t.permute(p)).is_contiguous() for t, p in zip(inputs, perms))
+        wins = self.in_windows or (None,) * len(inputs)
+        return sum(w.view(t) is None if w is not None else not (t if p is None else t.permute(p)).is_contiguous()
+                   for t, p, w in zip(inputs, perms, wins))
 
     def __call__(self, inputs: Sequence[Any], device: Any = None) -> list[Any]:
         """The region's outputs for ``inputs`` on ``device`` (default: the first input's, else the CPU):
@@ -276,6 +284,18 @@ class RegionKernel:
     def fake(self, inputs: Sequence[Any], device: Any = None) -> list[Any]:
         """The op's fake (meta) result: empty outputs on ``device`` (default: the first input's)."""
         return self.empty_outputs(_device_of(inputs, device), inputs)
+
+
+def _windowed(window: Any, t: Any) -> Any:
+    """``t`` (a part of a larger tensor) as the kernel reads it: ``window.view(t)``, the larger tensor
+    (a view), or where ``t`` does not lie in such a window, a new one holding ``t`` at its place (a
+    copy; the rest of it is never read)."""
+    view = window.view(t)
+    if view is not None:
+        return view
+    out = t.new_zeros(window.full)
+    out.narrow(window.dim, window.start, t.shape[window.dim]).copy_(t)
+    return out
 
 
 @dataclass(frozen=True)

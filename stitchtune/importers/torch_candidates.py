@@ -177,6 +177,7 @@ class _Excluded:
         self.pulled: set[Any] = set()   # recomputed by every region that reads them (bool chains)
         self.constants: set[Any] = set()   # the pulled constants (_pull_constants), also in ``derived``
         self.unrolled: set[Any] = set()    # small sums mapped as adds of slices (torch_regions._unrollable)
+        self.cuts: set[tuple[Any, Any]] = set()   # (source, reader) edges no group joins (torch_cuts.chain_cut)
 
     def __contains__(self, node: Any) -> bool:
         return node in self.reasons or node in self.derived or node in self.free or node in self.pulled
@@ -322,7 +323,10 @@ def _pull_broadcast_sources(nodes: Sequence[Any], ex: _Excluded, consts: Mapping
     region that reads them computes them again, so that q's and k's rotary, whose domains differ,
     are two regions rather than one refused group, and no angle tensor goes through memory. A
     training graph also returns the angles (saved for the backward): that output stays PyTorch's
-    (one small kernel of the rest), the regions still compute them again."""
+    (one small kernel of the rest), the regions still compute them again. A node is pulled only
+    together with every candidate it reads (a ``mul`` of a matmul's viewed output and a saved value,
+    concatenated into a larger gradient, is not: its ``view`` is a region's node, which no other region
+    could read)."""
     import torch
 
     def numel(n: Any) -> int:   # from the dims' hints: no guard on a symbolic size
@@ -347,6 +351,9 @@ def _pull_broadcast_sources(nodes: Sequence[Any], ex: _Excluded, consts: Mapping
     for n in reversed(cand):   # users first: a pulled node only broadcasts into larger readers
         users = [u for u in n.users if u.op != "output"]   # (saved for the backward: PyTorch's copy)
         if not users or any(u not in kept and (u in ex or numel(u) <= numel(n)) for u in users):
+            kept.discard(n)
+    for n in cand:   # (graph order) only with every candidate it reads: a chain of values from outside
+        if any(a in cand and a not in kept for a in fx_args(n)):   # every region, never a region's node
             kept.discard(n)
     ex.pulled.update(kept)
 

@@ -5,6 +5,7 @@ Re-exported by :mod:`stitchtune.importers.torch_aten` (whose walker uses them al
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -138,3 +139,66 @@ def zero_pad(node: Any) -> bool:
         return False
     pad = node.args[1] if len(node.args) > 1 else node.kwargs.get("pad")
     return isinstance(pad, (list, tuple)) and all(isinstance(p, int) and p == 0 for p in pad)
+
+
+#: ATen ops that return their input cut into parts along one dim (``chunk`` is ``split`` in ATen graphs)
+_SPLITS = ("aten.split", "aten.split_with_sizes")
+
+
+def _split_bounds(node: Any) -> list[tuple[int, int]] | None:
+    """``[(start, end)]`` of each part of a ``split`` / ``split_with_sizes`` node along its dim, or None
+    when a size is symbolic or the node is not such a split."""
+    if getattr(node, "op", None) != "call_function" or op_key(node.target) not in _SPLITS \
+            or not hasattr(node.target, "_schema"):
+        return None
+    a = _bind(node)
+    val, dim = a["self"].meta.get("val"), a.get("dim", 0)
+    if val is None or not isinstance(dim, int) or not all(isinstance(d, int) for d in val.shape):
+        return None
+    n = val.shape[dim % max(val.dim(), 1)]
+    sizes = a.get("split_size") if "split_size" in a else a.get("split_sizes")
+    if isinstance(sizes, int):
+        if sizes <= 0:
+            return None
+        sizes = [min(sizes, n - i) for i in range(0, n, sizes)] or [0]
+    if not isinstance(sizes, (list, tuple)) or not all(isinstance(s, int) and s >= 0 for s in sizes) \
+            or sum(sizes) != n:
+        return None
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [(s, s + k) for s, k in zip(starts, sizes)]
+
+
+def splits_as_slices(gm: Any) -> Any | None:
+    """A copy of ``gm`` in which each ``split`` / ``split_with_sizes`` of static sizes that only
+    ``getitem`` nodes read is one ``aten.slice`` per part read (the same view: same sizes, strides
+    and offset), so that the parts' readers may share one region (Phi-3's fused ``qkv_proj`` and
+    ``gate_up_proj`` outputs, cut in three and two); None when ``gm`` has no such split. ``gm``
+    itself is left as it was."""
+    import torch
+    import torch.fx
+
+    def wanted(n: Any) -> bool:
+        return _split_bounds(n) is not None and bool(n.users) and all(
+            u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int) for u in n.users)
+
+    if not any(wanted(n) for n in gm.graph.nodes):
+        return None
+    graph = torch.fx.Graph()
+    env: dict[Any, Any] = {}
+    copied: Any = graph.graph_copy(gm.graph, env, return_output_node=True)
+    out, old_output = copied
+    new_output = graph.output(out)
+    new_output.meta = dict(old_output.meta)
+    for split in [n for n in graph.nodes if wanted(n)]:
+        bounds = _split_bounds(split)
+        assert bounds is not None
+        src, dim = _bind(split)["self"], _bind(split).get("dim", 0)
+        for item in list(split.users):
+            lo, hi = bounds[item.args[1]]
+            with graph.inserting_before(item):
+                part = graph.call_function(torch.ops.aten.slice.Tensor, (src, dim, lo, hi))
+            part.meta = dict(item.meta)
+            item.replace_all_uses_with(part)
+            graph.erase_node(item)
+        graph.erase_node(split)
+    return torch.fx.GraphModule(gm, graph)

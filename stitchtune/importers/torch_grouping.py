@@ -7,7 +7,7 @@ re-enter it, then parts linked by an edge joined again while their union stays c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from stitchtune.importers.torch_candidates import _Excluded
@@ -51,7 +51,8 @@ def _convex(group: set[Any]) -> bool:
 
 
 def _groups(nodes: Sequence[Any], ex: _Excluded) -> list[list[Any]]:
-    """Maximal convex groups of candidates, each in graph order."""
+    """Maximal convex groups of candidates, each in graph order; no group joins the two ends of an
+    edge in ``ex.cuts`` (:func:`stitchtune.importers.torch_cuts.chain_cut`)."""
     order = {n: i for i, n in enumerate(nodes)}
     stage: dict[Any, int] = {}
     node_stage: dict[Any, int] = {}
@@ -61,24 +62,26 @@ def _groups(nodes: Sequence[Any], ex: _Excluded) -> list[list[Any]]:
         stage[n] = s + 1 if n in ex and n not in ex.pulled else s
     cands = [n for n in nodes if n not in ex]
     out: list[list[Any]] = []
-    for comp in _components(cands, lambda a, b: True):
+    cuts = ex.cuts
+    for comp in _components(cands, lambda a, b: (a, b) not in cuts):
         parts = [comp] if _convex(set(comp)) else _merge_convex(
-            _components(comp, lambda a, b: node_stage[a] == node_stage[b]))
+            _components(comp, lambda a, b: node_stage[a] == node_stage[b] and (a, b) not in cuts), cuts)
         out.extend(sorted(p, key=order.__getitem__) for p in parts)
     return sorted(out, key=lambda g: order[g[0]])
 
 
-def _merge_convex(parts: list[list[Any]]) -> list[list[Any]]:
-    """Join parts linked by an edge while their union stays convex (the split by stage is coarse: an
-    embedding whose ids come from integer ops has a later stage than the one it is added to)."""
+def _merge_convex(parts: list[list[Any]], cuts: Collection[tuple[Any, Any]] = ()) -> list[list[Any]]:
+    """Join parts linked by an edge (not one of ``cuts``) while their union stays convex (the split by
+    stage is coarse: an embedding whose ids come from integer ops has a later stage than the one it is
+    added to)."""
     sets = [set(p) for p in parts]
     merged = True
     while merged:
         merged = False
         for i in range(len(sets)):
             for j in range(i + 1, len(sets)):
-                linked = any(a in sets[j] for n in sets[i] for a in fx_args(n)) or \
-                    any(a in sets[i] for n in sets[j] for a in fx_args(n))
+                linked = any(a in sets[j] and (a, n) not in cuts for n in sets[i] for a in fx_args(n)) or \
+                    any(a in sets[i] and (a, n) not in cuts for n in sets[j] for a in fx_args(n))
                 if linked and _convex(sets[i] | sets[j]):
                     sets[i] |= sets.pop(j)
                     merged = True

@@ -48,6 +48,15 @@ class Padded:
     dtype: str
 
 
+@dataclass(frozen=True)
+class Empty:
+    """A slice with no elements (``shape`` has a 0: the gradient of Phi-3's ``q_pass`` where the rotary
+    covers the whole head). Not a graph value: a ``concat`` leaves it out and a ``slice_scatter``
+    scatters nothing (:meth:`LayoutOps._slice_scatter`); any other reader refuses it."""
+
+    shape: tuple[int, ...]
+
+
 class LayoutOps:
     """The layout and index ops of the ATen walker (mixin of ``torch_aten._Walker``)."""
 
@@ -121,7 +130,7 @@ class LayoutOps:
         src = self.exact(x, node) if x is not None else v
         return self._reshape(src, self._layout_shape(node, t_new), name)
 
-    def _layout(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value | Padded:
+    def _layout(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value | Padded | Empty:
         """``transpose``/``permute``/``t``, ``cat``, ``slice``/``select``, ``slice_scatter`` and ``embedding``
         (see :data:`_LAYOUT`)."""
         op = _LAYOUT[key]
@@ -246,7 +255,7 @@ class LayoutOps:
                                f"says {list(shape)}")
         return out
 
-    def _slice(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+    def _slice(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value | Empty:
         """``slice.Tensor`` (step 1; start/end clamped to the dim as PyTorch does) and ``select.int``
         (a slice of one, then its axis dropped). Slicing an axis that the value broadcasts along
         changes nothing; else the value's own axis is sliced (it may broadcast along others)."""
@@ -261,8 +270,8 @@ class LayoutOps:
                 raise ImportError_(f"{node.target} at {_where(node)}: index {i} out of range for size {n}")
         else:
             start, stop = _bounds(node, a, n)
-            if stop <= start:
-                raise ImportError_(f"{node.target} at {_where(node)}: an empty slice")
+            if stop <= start:   # (read by a concat, which leaves it out, or scattered: nothing)
+                return Empty(tuple(0 if i == dim else d for i, d in enumerate(t_in)))
         v = self.val(x, node)
         if len(v.shape) > r:   # a keepdims frame of a reduction: slice the exact value
             v = self.exact(x, node)
@@ -293,6 +302,8 @@ class LayoutOps:
         n = t[dim]
         start, stop = _bounds(node, a, n)
         _, dt = _meta(node)
+        if isinstance(self.vals.get(getattr(a["src"], "name", "")), Empty) or stop <= start:
+            return self._scatter_nothing(node, x, t, dim, str(dt))
         src = self.b.cast(self.exact(a["src"], node), str(dt), f"{node.name}_src")
         if stop <= start or tuple(src.shape) != tuple(stop - start if i == dim else d for i, d in enumerate(t)):
             raise ImportError_(f"{node.target} at {_where(node)}: src of shape {list(src.shape)} does not fill "
@@ -309,6 +320,20 @@ class LayoutOps:
         whole = self.b.cast(self.exact(x, node), str(dt), f"{node.name}_base")
         return self._concat_parts(node, t, dim, [(start, stop, src)], whole, str(dt), add=False)
 
+    def _scatter_nothing(self, node: Any, x: Any, t: tuple[int, ...], dim: int, dt: str) -> Value | Padded:
+        """``slice_scatter(self, src)`` of an empty ``src``: ``self`` unchanged; zeros (a folded constant,
+        or a fill of 0 the region computes) are a :class:`Padded` value without parts."""
+        import torch
+
+        base = self.vals.get(x.name) if hasattr(x, "name") else None
+        if isinstance(base, Value) and base.is_scalar:
+            base = torch.tensor(float(base.ref))
+        if isinstance(base, torch.Tensor):
+            if base.numel() == 0 or bool((base != 0).any()):
+                raise ImportError_(f"{node.target} at {_where(node)}: scatters into a constant that is not zeros")
+            return Padded(t, dim, (), dt)
+        return self.b.cast(self.exact(x, node), dt, f"{node.name}_base")
+
     def add_padded(self, node: Any, lhs: Any, rhs: Any) -> Value | Padded:
         """``lhs + rhs`` where one of them (graph values or :class:`Padded`) is a :class:`Padded`:
         two with disjoint parts along the same axis are one (a ``concat`` when the parts cover the
@@ -319,6 +344,10 @@ class LayoutOps:
         if p.shape != t:
             raise ImportError_(f"{node.target} at {_where(node)}: adds a scattered slice of shape {list(p.shape)} "
                                f"to a result of shape {list(t)}")
+        if isinstance(q, Padded) and not (p.parts and q.parts):   # zeros plus zeros scattered
+            if q.shape != t:
+                raise ImportError_(f"{node.target} at {_where(node)}: adds scattered slices of other shapes")
+            return p if p.parts else q
         if isinstance(q, Padded):
             parts = sorted(p.parts + q.parts, key=lambda s: s[0])
             if q.shape != t or q.dim != p.dim or any(a[1] > b[0] for a, b in zip(parts, parts[1:])):

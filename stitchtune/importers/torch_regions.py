@@ -77,7 +77,7 @@ import logging
 import math
 import operator
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,9 +102,13 @@ from stitchtune.importers.torch_candidates import (
     _initial_exclusions,
 )
 from stitchtune.importers.torch_consts import fold_constants
+from stitchtune.importers.torch_cuts import Accept, cut_for, plan_check, reason_of
 from stitchtune.importers.torch_fx_util import _fits, fx_args
 from stitchtune.importers.torch_grouping import _convex, _groups
-from stitchtune.importers.torch_subgraph import _dense_perm, _is_view, _Sub, _subgraph, _with_pulled, is_noop, viewed_inputs
+from stitchtune.importers.torch_subgraph import (_dense_perm, _is_view, _Sub, _subgraph, _with_pulled, is_noop, view_root,
+                                                viewed_inputs)
+from stitchtune.importers.torch_windows import (Window, declare_windowed, input_perms, input_windows, reads_strided,
+                                               symbolic)
 
 __all__ = ["COMPUTE_OPS", "Declined", "RegionSplit", "TorchRegion", "find_regions", "plan_check"]
 
@@ -136,6 +140,10 @@ class TorchRegion:
     #: ``pytorch_value.permute(perm)`` (row-major: a free view, no copy) and the graph transposes it
     #: back to PyTorch's axes
     input_perms: tuple[tuple[int, ...] | None, ...] = field(default=(), compare=False)
+    #: per input: None, or the larger row-major tensor it is a part of (a split part: a
+    #: :class:`~stitchtune.importers.torch_windows.Window`); the graph declares that tensor and reads
+    #: the part through a slice, the region op passes ``window.view(t)`` (no copy)
+    input_windows: tuple[Window | None, ...] = field(default=(), compare=False)
 
     def restore_perm(self, i: int) -> tuple[int, ...]:
         """The permutation that turns the kernel's row-major output ``i`` into PyTorch's strided
@@ -195,6 +203,7 @@ class _Culprit:
     reason: str
     free: bool = False   # a view or no-op left to the framework (not reported as declined)
     unroll: bool = False   # a small sum to map again as adds of slices (not excluded)
+    cut: tuple[Any, Any] | None = None   # an edge to leave out of every group instead (torch_cuts.chain_cut)
 
 
 def _inverse(perm: Sequence[int]) -> tuple[int, ...]:
@@ -202,17 +211,6 @@ def _inverse(perm: Sequence[int]) -> tuple[int, ...]:
     for i, p in enumerate(perm):
         inv[p] = i
     return tuple(inv)
-
-
-def plan_check(graph: Any) -> str | None:
-    """None when the planner accepts ``graph``, else its reason (the default ``accept``)."""
-    from stitchtune.plan.planner import make_plan
-
-    try:
-        make_plan(graph)
-    except StitchtuneError as exc:
-        return f"planner: {exc}"
-    return None
 
 
 # ---------------------------------------------------------------------------- mapping one group
@@ -228,6 +226,7 @@ class _Mapped:
     aliases: tuple[tuple[Any, Any], ...]        # see TorchRegion.aliases
     pulled: frozenset[Any] = frozenset()        # the pulled nodes it was mapped with (see _settle)
     in_perms: tuple[tuple[int, ...] | None, ...] = ()   # see TorchRegion.input_perms
+    in_windows: tuple[Window | None, ...] = ()          # see TorchRegion.input_windows
 
 
 def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
@@ -236,7 +235,7 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     """One group mapped, or the node to exclude, or the whole group declined, or None when nothing
     outside the group reads it (dead code: no region); the ``unrolled`` sums as adds of slices.
     ``permuted``: inputs that PyTorch holds permuted are declared in their memory order
-    (:func:`_input_perms`); False: in PyTorch's axes."""
+    (:func:`~stitchtune.importers.torch_windows.input_perms`); False: in PyTorch's axes."""
     part = _subgraph(group, consts, pulled)
     sub, inputs, outputs, back = part, part.inputs, part.outputs, part.back   # (``sub.graph``: the walk)
     full = _with_pulled(group, pulled or set())
@@ -251,8 +250,11 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     rows = row_vectors(sub)   # [B] inputs the region holds as [B, 1] (one value per row)
     viewed = viewed_inputs(sub, group)
-    in_perms = _input_perms(inputs, outputs, consts, {ph.name for ph in placeholders if ph.name in rows or ph.name in viewed},
-                            [ph.name for ph in placeholders]) if permuted else [None] * len(inputs)
+    in_perms = input_perms(inputs, outputs, consts, {ph.name for ph in placeholders if ph.name in rows or ph.name in viewed},
+                           [ph.name for ph in placeholders]) if permuted else [None] * len(inputs)
+    wins = input_windows(inputs, outputs, in_perms, {i for i, (x, ph) in enumerate(zip(inputs, placeholders))
+                                                     if x in consts or ph.name in rows or ph.name in viewed}) \
+        if permuted else [None] * len(inputs)   # (a part of a larger tensor is declared as that tensor)
     raw = []
     for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
         val = x.meta["val"]
@@ -261,6 +263,12 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
             shape, rows_view = viewed[placeholders[i].name]
             shape += (1,) if rows_view in rows else ()
         p = in_perms[i]
+        w = wins[i]
+        if w is not None:   # (read through a slice of the window: the region op passes the window itself)
+            w_raw, w_val = declare_windowed(b, f"in{i}", w, shape, value_dtype_name(val.dtype) or "?")
+            raw.append(w_raw)
+            values.append(w_val)
+            continue
         raw.append(b.add_input(f"in{i}", shape if p is None else tuple(shape[a] for a in p),
                                value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))
         # (an input PyTorch holds permuted is declared in its memory order and read through a transpose)
@@ -297,36 +305,7 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
         return Declined(f"region {name} ({_ops_text(group)})", str(exc))
     return _Mapped(graph, tuple(inputs), tuple(outputs[i] for i in kept), sub,
                    tuple(None if perms[i] is _COPY else perms[i] for i in kept), aliases,
-                   frozenset(pulled or ()), tuple(in_perms))
-
-
-def _input_perms(inputs: Sequence[Any], outputs: Sequence[Any], consts: Mapping[Any, Any], reshaped: set[str],
-                 names: Sequence[str]) -> list[tuple[int, ...] | None]:
-    """Per region input: the axis order PyTorch stores it in when that is a permutation of a dense
-    tensor other than row-major (a convolution's channels-last output read as NCHW: ``val.permute(p)``
-    is contiguous), else None. The region declares such an input as ``val.permute(p)`` (its memory)
-    and reads it through a transpose, so the region op passes the permuted view, not a copy (see
-    :attr:`TorchRegion.input_perms`). None for every input of a region with symbolic sizes (its
-    kernels are mapped again at contiguous shapes), for constants (held by the kernel as they are),
-    for the inputs declared at another shape (``reshaped``: read through one reshape, or a ``[B]``
-    value held per row), and for int and bool inputs (a gather's indices must be a graph input)."""
-    if any(_symbolic(n.meta.get("val")) for n in (*inputs, *outputs)):
-        return [None] * len(inputs)
-    out: list[tuple[int, ...] | None] = []
-    for x, name in zip(inputs, names):
-        p = None if x in consts or name in reshaped else _held_permuted(x.meta.get("val"))
-        out.append(None if p is None or p == tuple(range(len(p))) else p)
-    return out
-
-
-def _held_permuted(val: Any) -> tuple[int, ...] | None:
-    """The axis order PyTorch stores ``val`` (an fx node's value) in when it is a float tensor of rank 2
-    or more, of static sizes, not contiguous and a permutation of a dense tensor (:func:`_dense_perm`);
-    else None."""
-    if not hasattr(val, "is_contiguous") or val.dim() < 2 or not val.dtype.is_floating_point \
-            or _symbolic(val) or val.is_contiguous():
-        return None
-    return _dense_perm(val)
+                   frozenset(pulled or ()), tuple(in_perms), tuple(wins))
 
 
 #: an output that is PyTorch's copy (``clone``) of another output: the region stores the value twice
@@ -365,6 +344,10 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
     for orig, s in zip(outputs, out_node.args[0]):
         if _is_view(orig) and not inner(orig):   # the region returns its base; PyTorch views it for free
             return _Culprit(orig, "a view at the region's boundary", free=True)
+        root = view_root(orig, group)
+        if root is not None and root in input_names.values():   # a view of an input read inside too:
+            perms.append(root)                                  # an alias (PyTorch views the input again)
+            continue
         v = walker.vals.get(s.name)
         src = walker._reshaped.get(str(getattr(v, "ref", "")))
         if _is_view(orig) and src is not None and str(src.ref) in input_names:   # (read inside too)
@@ -376,7 +359,7 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         if t is None or _strip1(v.shape) != _strip1(t) and not _materialised(orig, v.shape, t) and not row:
             return _Culprit(orig, f"an output of PyTorch shape {list(t or ())} is graph shape {list(v.shape)}")
         perm = None if s.meta["val"].is_contiguous() else _dense_perm(orig.meta["val"])
-        if perm is None and _symbolic(orig.meta["val"]):   # the concrete trace may tie where PyTorch's symbolic
+        if perm is None and symbolic(orig.meta["val"]):   # the concrete trace may tie where PyTorch's symbolic
             perm = _dense_perm(orig.meta["val"])           # strides do not (a rotary output at seq = head dim)
             perm = None if perm == tuple(range(len(perm or ()))) else perm
         if perm is None and not s.meta["val"].is_contiguous() or _is_view(orig) and perm is not None \
@@ -410,11 +393,6 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
     return perms
 
 
-def _symbolic(val: Any) -> bool:
-    """``val`` (a fake tensor) has a symbolic size or stride."""
-    return val is not None and not all(isinstance(d, int) for d in (*val.shape, *val.stride()))
-
-
 def _materialised(orig: Any, shape: Sequence[int], t: Sequence[int]) -> bool:
     """Whether output ``orig`` is a copy (``clone`` / ``contiguous``) of a broadcast value of graph
     ``shape`` that PyTorch holds at ``t`` (Llama's ``repeat_kv``: ``expand`` then ``clone``): the region
@@ -432,7 +410,7 @@ def _computes(graph: Any) -> bool:
 
 
 # ---------------------------------------------------------------------------- entry point
-def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_check,
+def find_regions(gm: Any, accept: Accept | None = plan_check,
                  prefix: str = "region", constants: Mapping[str, Any] | None = None) -> RegionSplit:
     """The memory-intensive regions of ``gm`` (an ATen-level fx GraphModule with ``meta["val"]``) and
     what was declined (see module docstring). ``constants``: placeholder name -> tensor for the
@@ -457,7 +435,7 @@ def find_regions(gm: Any, accept: Callable[[Any], str | None] | None = plan_chec
 
 
 def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
-            accept: Callable[[Any], str | None] | None,
+            accept: Accept | None,
             prefix: str) -> tuple[list[list[Any]], dict[frozenset[Any], _Mapped | Declined | None]]:
     """Group and map until every group maps (or is declined): (groups, group -> mapping result)."""
     mapped: dict[frozenset[Any], _Mapped | Declined | None] = {}
@@ -472,6 +450,9 @@ def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
             if isinstance(res, _Culprit) and res.unroll:
                 ex.unrolled.add(res.node)   # mapped again, the sum as adds of slices
                 changed = True
+            elif isinstance(res, _Culprit) and res.cut is not None:
+                ex.cuts.add(res.cut)   # grouped again, split at that edge
+                changed = True
             elif isinstance(res, _Culprit):
                 ex.add(res.node, res.reason, res.free)
                 changed = True
@@ -482,22 +463,22 @@ def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
 
 
 def _map_with_constants(group: list[Any], name: str, consts: Mapping[Any, Any], ex: _Excluded,
-                        accept: Callable[[Any], str | None] | None) -> _Mapped | _Culprit | Declined | None:
+                        accept: Accept | None) -> _Mapped | _Culprit | Declined | None:
     """``group`` mapped (and judged by ``accept`` where it computes) with the pulled nodes it reads;
     when that fails and it computes pulled constants (:func:`~stitchtune.importers.torch_candidates._pull_constants`:
     an iota the planner cannot lower next to a slice or concat), mapped again reading those constants
     as inputs (the framework computes them), as it did before they were pulled; the first result
     when neither maps. A group refused while it reads inputs that PyTorch holds permuted through
-    transposes (:func:`_input_perms`) is mapped again reading them in PyTorch's axes (the region op
+    transposes (:func:`~stitchtune.importers.torch_windows.input_perms`) is mapped again reading them in PyTorch's axes (the region op
     then copies them), so reading in memory order never costs a region."""
     def mapped(pulled: set[Any], permuted: bool = True) -> _Mapped | _Culprit | Declined | None:
         res = _map_group(group, name, consts, pulled, ex.unrolled, permuted)
-        return _judge(res, group, accept, ex.unrolled) if isinstance(res, _Mapped) and _computes(res.graph) \
+        return _judge(res, group, accept, ex.unrolled, ex.cuts) if isinstance(res, _Mapped) and _computes(res.graph) \
             and accept is not None else res
 
     def judged(pulled: set[Any]) -> _Mapped | _Culprit | Declined | None:
         res = mapped(pulled)
-        if isinstance(res, _Mapped) or res is None or not _reads_permuted(group):
+        if isinstance(res, _Mapped) or res is None or not reads_strided(group):
             return res
         plain = mapped(pulled, permuted=False)   # its permuted inputs' transposes refused: copied, as before
         return plain if isinstance(plain, _Mapped) else res
@@ -509,20 +490,9 @@ def _map_with_constants(group: list[Any], name: str, consts: Mapping[Any, Any], 
     return alt if isinstance(alt, _Mapped) else res
 
 
-def _reads_permuted(group: Sequence[Any]) -> bool:
-    """Whether a node of ``group`` reads a float tensor from outside it that PyTorch holds permuted
-    (a candidate for :func:`_input_perms`)."""
-    own = set(group)
-    for n in group:
-        for a in fx_args(n):
-            if a not in own and hasattr(a, "meta") and _held_permuted(a.meta.get("val")) is not None:
-                return True
-    return False
-
-
 def _join_siblings(nodes: Sequence[Any], groups: list[list[Any]],
                    mapped: dict[frozenset[Any], _Mapped | Declined | None], ex: _Excluded,
-                   consts: Mapping[Any, Any], accept: Callable[[Any], str | None] | None,
+                   consts: Mapping[Any, Any], accept: Accept | None,
                    prefix: str) -> list[list[Any]]:
     """``groups`` with two mapped groups that read the same value, or one the other's output, joined
     (adds the union to ``mapped``) while their union is convex and maps and the planner accepts it:
@@ -571,7 +541,7 @@ def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], _Mapped | Dec
             own = set(group)
             pulled = tuple(n for n in _with_pulled(group, set(res.pulled)) if n not in own)
             regions.append(TorchRegion(res.graph.name, res.graph, tuple(group), res.inputs, res.outputs, res.sub.module,
-                                       pulled, res.perms, res.aliases, res.in_perms))
+                                       pulled, res.perms, res.aliases, res.in_perms, res.in_windows))
         else:
             dropped.append(tuple(group))
     return regions, declined, dropped
@@ -580,16 +550,20 @@ def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], _Mapped | Dec
 _QUOTED = re.compile(r"'([A-Za-z_][A-Za-z0-9_]*)'")
 
 
-def _judge(res: _Mapped, group: list[Any], accept: Callable[[Any], str | None],
-           unrolled: Iterable[Any] = ()) -> _Mapped | _Culprit | Declined:
+def _judge(res: _Mapped, group: list[Any], accept: Accept,
+           unrolled: Iterable[Any] = (), ex_cuts: Collection[tuple[Any, Any]] = ()) -> _Mapped | _Culprit | Declined:
     """``res`` when ``accept`` takes its graph; else the group's node that the refusal names (a
     reduction over other axes, ...: the rest may still be a region; for a named graph input, the
     first node reading it), else the group declined. A refused group with a small sum over a split-off
     axis not yet ``unrolled`` (:func:`_unrollable`) first names that sum, to map again as adds of
     slices."""
-    why = accept(res.graph)
-    if not why:
+    refusal = accept(res.graph)
+    if not refusal:
         return res
+    why = reason_of(refusal)
+    cut = cut_for(refusal, group, ex_cuts)
+    if cut is not None:   # two parts that must be apart: split the group there
+        return _Culprit(cut[1], why, cut=cut)
     if "computes with int values" in why:   # a gather or a column reduction next to int arithmetic:
         drawn = next((n for n in group if _key(n.target) == RAND_KEY), None)   # give up a draw first
         if drawn is not None:

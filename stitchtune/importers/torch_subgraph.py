@@ -229,3 +229,14 @@ def _dense_perm(val: Any) -> tuple[int, ...] | None:
             return None
         step *= shape[i]
     return perm
+
+
+def view_root(node: Any, group: Any) -> Any | None:
+    """The node outside ``group`` that ``node`` is a view of through a chain of views of ``group``
+    (``node`` itself one of them: a slice of a region's input, Phi-3's ``gate`` of its fused
+    ``gate_up`` output), or None. Such a node read outside the region is an alias: PyTorch's readers
+    view the input again (no kernel, no new tensor), the region need not store it."""
+    n = node
+    while n in group and n.op == "call_function" and _is_view(n) and n.args and hasattr(n.args[0], "op"):
+        n = n.args[0]
+    return n if n is not node and n not in group else None

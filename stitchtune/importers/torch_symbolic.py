@@ -6,18 +6,19 @@ dynamic graph whose dims are named ``d0, d1, ...``). The regions themselves are 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from stitchtune.errors import StitchtuneError
+from stitchtune.importers.torch_cuts import Accept, reason_of
 from stitchtune.importers.torch_regions import Declined, _Culprit, _map_group, plan_check
 
 __all__ = ["SymbolicRegion", "map_at_shapes", "symbolic_dims", "symbolic_region"]
 
 
 def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
-                  accept: Callable[[Any], str | None] | None = plan_check,
+                  accept: Accept | None = plan_check,
                   perms: Sequence[tuple[int, ...] | None] = ()) -> tuple[Any, list[int], tuple[Any, ...]]:
     """A region's ``module`` mapped again for the concrete ``inputs`` (tensors): (Graph, for each of
     the module's outputs its index in ``graph.outputs``, the output shapes as the kernel writes them:
@@ -56,7 +57,7 @@ def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
                               "not stored in the region's axis order")
     why = accept(graph) if accept is not None else None
     if why:
-        raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: {why}")
+        raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: {reason_of(why)}")
     if any(o not in outputs for o in wanted):
         raise StitchtuneError(f"region {name}: an output is not computed by the region at these shapes")
     index = [outputs.index(o) for o in wanted]
@@ -148,7 +149,7 @@ def _named(obj: Any, names: Mapping[int, str]) -> Any:
 
 
 def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dtypes: Sequence[Any], name: str,
-                    accept: Callable[[Any], str | None] | None = plan_check,
+                    accept: Accept | None = plan_check,
                     perms: Sequence[tuple[int, ...] | None] = ()) -> SymbolicRegion:
     """A region's ``module`` mapped once for every value of its symbolic dims: ``dims`` per input as
     :func:`symbolic_dims` gives them, ``dtypes`` the inputs' torch dtypes. The symbols are named

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from math import prod
 
-from stitchtune.errors import UnsupportedGraphError
+from stitchtune.errors import SeparateRegionsError, UnsupportedGraphError
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph
 from stitchtune.plan.pick import node_axis
@@ -75,7 +75,8 @@ def layout_tails(graph: Graph) -> set[str]:
 def _refuse_shared_slice(graph: Graph, head: str, reader: str) -> None:
     """The refusal of a layout tail read by ``reader`` that would be a :func:`sliced_chains` head but for
     what else reads the input it slices (a chain of another head shape, or an op outside the chains):
-    one line naming the head (a region finder that leaves it out keeps the rest), the input and why."""
+    one line naming the head (a region finder that leaves it out keeps the rest), the input and why; a
+    :class:`~stitchtune.errors.SeparateRegionsError` whose ``apart`` is the head, then the others."""
     chain = _sliced_candidates(graph).get(head)
     if chain is None:
         return
@@ -83,10 +84,10 @@ def _refuse_shared_slice(graph: Graph, head: str, reader: str) -> None:
     others = sorted({c.id for m in chain[1:] for c in graph.consumers(m)} - set(chain))
     if not others:   # (dropped for a per-head norm before a transpose: the general refusal)
         return
-    raise UnsupportedGraphError(
+    raise SeparateRegionsError(
         f"node '{head}' (transpose / reshape) rearranges a slice of input '{src}' and is read by '{reader}', but "
         f"'{', '.join(others)}' also read that input (or its slice) in another layout or head count; slices of one "
-        "input rearranged into tensors of different shapes belong in separate regions")
+        "input rearranged into tensors of different shapes belong in separate regions", (head, *others))
 
 
 def composed_chains(graph: Graph) -> dict[str, tuple[str, ...]]:

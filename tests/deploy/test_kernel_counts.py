@@ -138,3 +138,22 @@ def test_the_labels_variants_return_the_causal_lm_loss() -> None:
     with pytest.raises(ValueError, match="gpt2 and llama only"):
         build("bert", labels=True)
     assert kc.main(["--models", "bert-labels"]) == 2
+
+
+def test_phi3_and_swin_are_counted_by_default() -> None:
+    """Phi-3 (fused ``qkv_proj`` / ``gate_up_proj``, split in the graph) and Swin (4x4 windows, the second
+    block shifted) are in the default list; ``build_model`` makes them small, and they run."""
+    pytest.importorskip("transformers")
+    kc = _script()
+    assert {"phi3", "swin"} <= set(kc.MODELS)
+    build = kc._coverage().build_model
+    phi3, args, names = build("phi3")
+    assert names == ["input_ids", "attention_mask"] and hasattr(phi3.m.layers[0].self_attn, "qkv_proj")
+    swin, pixels, names = build("swin")
+    assert names == ["pixel_values"]
+    blocks = swin.m.encoder.layers[0].blocks
+    assert len(blocks) == 2 and blocks[0].shift_size == 0 and blocks[1].shift_size > 0
+    with torch.no_grad():
+        for model, a in ((phi3, args), (swin, pixels)):
+            out = model(*a)
+            assert out.shape[0] == 1 and bool(torch.isfinite(out).all())

@@ -160,4 +160,5 @@ def test_convnexts_regions_copy_no_inputs(mode: str) -> None:
                 vals = [a.meta["val"] for a in node.args[1]]
                 strided += sum(not v.is_contiguous() for v in vals)
                 copies += torch_ops.lookup(node.args[0]).copies(vals)
-    assert strided >= (4 if mode == "inference" else 12) and copies == 0
+    # (train: 11 since a slice of a region's input read outside it is an alias of that input, not an output)
+    assert strided >= (4 if mode == "inference" else 11) and copies == 0

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from helpers import check_emulates, compile_programs_sm90, DEV, float_graph as _graph, heuristic_programs, plan_or_refused
 from lower.test_layout_index_mixes import _rotate
 from stitchtune.cost.heuristic import heuristic_schedule
-from stitchtune.errors import UnsupportedGraphError
+from stitchtune.errors import SeparateRegionsError, UnsupportedGraphError
 from stitchtune.gpu.build import nvcc_found
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
@@ -168,8 +168,9 @@ def test_what_stays_refused_is_one_named_line() -> None:
     nodes = _heads(0, H, B, S, D, "q") + _rot("qh", D, "r") + _heads(H * D, 1, B, S, D, "k") + _rot("kh", D, "p")
     g = _graph({"qkv": [B, S, (H + 2) * D], "cos": [S, D], "sin": [S, D]}, nodes, ["rout", "pout"])
     assert sliced_chains(g) == {}
-    with pytest.raises(UnsupportedGraphError, match="^node 'qh' .* a slice of input 'qkv' .* 'ksl' also read"):
+    with pytest.raises(SeparateRegionsError, match="^node 'qh' .* a slice of input 'qkv' .* 'ksl' also read") as exc:
         make_plan(g)
+    assert exc.value.apart == ("qh", "ksl")   # (data for a region finder: cut q's chain off k's)
 
 
 @st.composite

@@ -1,0 +1,86 @@
+"""PyTorch regions, cuts: where a refused group is split in two rather than giving up a node.
+
+A planner refusal that names nodes which must be in separate regions
+(:class:`~stitchtune.errors.SeparateRegionsError`: Phi-3's q, k and v, slices of one fused ``qkv``
+output viewed with different head counts) reaches the region finder as a :class:`Refusal` (data, not
+a message to parse). :func:`chain_cut` finds the edge that splits the group there: the first node is
+the head of a chain of views (``permute(view(slice(x)))``); the chain is cut off at the tensor its
+slice reads when that tensor is a node of the group read by other nodes of it too. The grouping
+(:func:`stitchtune.importers.torch_grouping._groups`) then leaves that edge out, so the chain and
+what it feeds become a region of their own that reads the tensor as an input (a view of a region's
+input read outside it is an alias: PyTorch views the input again, no copy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+from stitchtune.errors import SeparateRegionsError, StitchtuneError
+from stitchtune.importers.torch_subgraph import _is_view
+
+__all__ = ["Accept", "Refusal", "chain_cut", "cut_for", "plan_check", "reason_of"]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why ``accept`` refused a region's graph (``reason``, one line), and the graph nodes that must be
+    in separate regions (``apart``, the first to cut off; empty when the refusal names none)."""
+
+    reason: str
+    apart: tuple[str, ...] = ()
+
+
+#: a region's judge: None when it takes the graph, else why not (a line, or a :class:`Refusal`)
+Accept = Callable[[Any], "str | Refusal | None"]
+
+
+def plan_check(graph: Any) -> str | Refusal | None:
+    """None when the planner accepts ``graph``, else its reason: a :class:`Refusal` naming the nodes
+    to keep apart for a :class:`~stitchtune.errors.SeparateRegionsError` (the default ``accept`` of
+    :func:`stitchtune.importers.torch_regions.find_regions`)."""
+    from stitchtune.plan.planner import make_plan
+
+    try:
+        make_plan(graph)
+    except SeparateRegionsError as exc:
+        return Refusal(f"planner: {exc}", exc.apart)
+    except StitchtuneError as exc:
+        return f"planner: {exc}"
+    return None
+
+
+def reason_of(why: str | Refusal) -> str:
+    """The one-line reason of an ``accept`` result."""
+    return why.reason if isinstance(why, Refusal) else why
+
+
+def chain_cut(head: Any, group: Collection[Any]) -> tuple[Any, Any] | None:
+    """The edge ``(source, reader)`` of ``group`` (fx nodes) that cuts the chain of views ending at
+    ``head`` off the rest: up from ``head`` through views of the group, the first node whose source is
+    a node of the group that other nodes of the group read too. None when the chain reaches a node
+    outside the group first (nothing of the group to cut it from) or ``head`` is no view."""
+    own = set(group)
+    n = head
+    while n in own and n.op == "call_function" and _is_view(n) and n.args and hasattr(n.args[0], "op"):
+        src = n.args[0]
+        if src not in own:
+            return None
+        if any(u is not n and u in own for u in src.users):
+            return src, n
+        n = src
+    return None
+
+
+def cut_for(why: str | Refusal, group: Collection[Any],
+            done: Collection[tuple[Any, Any]] = ()) -> tuple[Any, Any] | None:
+    """The edge of ``group`` to cut for refusal ``why`` (:func:`chain_cut` of the fx node its first
+    ``apart`` graph node names), or None: a plain refusal, no such node or chain, or an edge already
+    cut (``done``: the refusal stands with the cut, so the caller gives up a node as before)."""
+    if not isinstance(why, Refusal) or not why.apart:
+        return None
+    by_name = {n.name: n for n in group}
+    head = by_name.get(why.apart[0])
+    cut = chain_cut(head, group) if head is not None else None
+    return None if cut is None or cut in done else cut
