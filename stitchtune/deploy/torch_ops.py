@@ -300,7 +300,7 @@ def _windowed(window: Any, t: Any) -> Any:
 
 @dataclass(frozen=True)
 class Built:
-    """A kernel :class:`DynamicRegionKernel`'s ``build`` made: ``kernel(inputs) -> outputs`` (a
+    """A kernel :class:`DynamicRegionKernel`'s ``build`` made: ``kernel(inputs[, device]) -> outputs`` (a
     :class:`RegionKernel`), ``index[i]`` the position in its outputs of the module's output ``i``, and
     ``generic``: True when it runs every shape of the inputs' bucket (kept for the bucket), False
     when it is specialised to the inputs' shapes (kept for those shapes)."""
@@ -410,7 +410,7 @@ class DynamicRegionKernel:
                 entry.generic = built
             else:
                 entry.shapes[shapes] = built
-        outs = built.kernel(inputs, device)
+        outs = built.kernel(inputs) if device is None else built.kernel(inputs, device)
         return [outs[i] for i in built.index]
 
     def _count(self, **n: int) -> None:
