@@ -321,8 +321,9 @@ def _pull_broadcast_sources(nodes: Sequence[Any], ex: _Excluded, consts: Mapping
     inv_freq``, ``[1, S, D]``, read by q ``[B, H, S, D]`` and k ``[B, Hkv, S, D]`` of every layer): every
     region that reads them computes them again, so that q's and k's rotary, whose domains differ,
     are two regions rather than one refused group, and no angle tensor goes through memory. A
-    training graph also returns the angles (saved for the backward): that output stays PyTorch's
-    (one small kernel of the rest), the regions still compute them again."""
+    training graph also returns the angles (saved for the backward): the first region that computes
+    them stores them too (:func:`~stitchtune.importers.torch_regions._store_saved`), the others
+    compute them again."""
     import torch
 
     def numel(n: Any) -> int:   # from the dims' hints: no guard on a symbolic size

@@ -71,3 +71,37 @@ def test_rotary_regions_run_under_dynamic_shapes(caplog: pytest.LogCaptureFixtur
     assert sum({"aten.cat", "aten.neg", "aten.permute"} <= set(s.ops) for s in stitched) == 4   # q and k, 2 layers
     assert not [d for r in torch_backend.LAST_REPORTS for d in r.declined if "fake" in d.reason]
     assert not [m for m in caplog.messages if "no kernel" in m and "cat" in m], caplog.messages
+
+
+def test_the_saved_rotary_angles_are_stored_by_a_rotary_region() -> None:
+    """In a training step the forward returns the rotary angles (``cos`` / ``sin`` times the attention
+    scaling, saved for the backward). The first rotary region, which computes them anyway, stores them
+    as outputs: nothing of the angles is left to Inductor in the forward graph's rest (before, one
+    kernel computed them once more), and the step's loss and gradients equal eager's."""
+    from stitchtune.deploy.model_tuning import capture_graphs
+
+    model, ids = _llama()
+    model.train()
+    (fwd,) = [g for g in capture_graphs(model, (ids,), "train") if g.kind == "forward"]
+    model.zero_grad(set_to_none=True)   # (capturing ran the step)
+    opts = torch_backend.BackendOptions.from_options({"db": None, "cpu": "reference"})
+    gm, report = torch_backend.stitch_graph(fwd.module, list(fwd.example_inputs), opts, "forward")
+    rest = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert not {"aten.cos.default", "aten.sin.default", "prims.iota.default"} & rest, sorted(rest)
+    rotary = [s for s in report.stitched if "aten.cat" in s.ops and "aten.cos" in s.ops]
+    assert len(rotary) == 4, [s.ops for s in report.stitched]
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="stitchtune", options={"db": None, "fallback": "eager", "cpu": "emulate"})
+    try:
+        got = compiled(ids).last_hidden_state
+        (got ** 2).mean().backward()
+        g_got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        want = model(ids).last_hidden_state
+        (want ** 2).mean().backward()
+    finally:
+        torch._dynamo.reset()
+    assert (got - want).abs().max().item() < 1e-5
+    scale = max(p.grad.abs().max().item() for p in model.parameters() if p.grad is not None)
+    assert g_got and all((g_got[n] - p.grad).abs().max().item() <= 1e-4 * scale
+                         for n, p in model.named_parameters() if n in g_got)
