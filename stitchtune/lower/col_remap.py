@@ -55,7 +55,8 @@ class ColRemapValues:
         self.chains = composed_chains(low.g)
         D = len(self.domain)
         reduced: set[int] = set()
-        for nd in low.g.reductions():   # the view's rows: the axes the column reductions reduce
+        for red in low.p.reductions:   # the view's rows: the axes the column reductions reduce
+            nd = low.nodes[red]
             off = D - len(low.g.spec(str(nd.args[0])).shape)
             reduced |= {off + a for a in nd.axes}
         self.row_axes = tuple(a for a in range(D) if a in reduced)
