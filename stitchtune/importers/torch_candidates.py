@@ -322,11 +322,11 @@ def _pull_broadcast_sources(nodes: Sequence[Any], ex: _Excluded, consts: Mapping
     inv_freq``, ``[1, S, D]``, read by q ``[B, H, S, D]`` and k ``[B, Hkv, S, D]`` of every layer): every
     region that reads them computes them again, so that q's and k's rotary, whose domains differ,
     are two regions rather than one refused group, and no angle tensor goes through memory. A
-    training graph also returns the angles (saved for the backward): that output stays PyTorch's
-    (one small kernel of the rest), the regions still compute them again. A node is pulled only
-    together with every candidate it reads (a ``mul`` of a matmul's viewed output and a saved value,
-    concatenated into a larger gradient, is not: its ``view`` is a region's node, which no other region
-    could read)."""
+    training graph also returns the angles (saved for the backward): the first region that computes
+    them stores them too (:func:`~stitchtune.importers.torch_regions._store_saved`), the others
+    compute them again. A node is pulled only together with every candidate it reads (a ``mul`` of a
+    matmul's viewed output and a saved value, concatenated into a larger gradient, is not: its
+    ``view`` is a region's node, which no other region could read)."""
     import torch
 
     def numel(n: Any) -> int:   # from the dims' hints: no guard on a symbolic size

@@ -20,7 +20,8 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   (``TorchRegion.pulled``), so one padding mask feeds every layer's softmax region; so are float
   element-wise / view chains of values from outside every region that only broadcast into larger
   tensors (the rotary angles, ``cos`` / ``sin`` of ``positions * inv_freq``: q's and k's rotary of every
-  layer are one region each).
+  layer are one region each). Such a node that the graph also returns (a training forward saves the
+  angles for its backward) is stored by the first region that computes it (:func:`_store_saved`).
 * A ``clone`` of a broadcast (``repeat_kv``'s ``expand`` + ``clone``) read outside the region is stored
   expanded (an ``expand`` node): the region that makes k writes the grouped copy itself.
 * A view (``view``, ``transpose``, ``expand``, ...) or a no-op (eval dropout, a same-dtype cast)
@@ -105,8 +106,8 @@ from stitchtune.importers.torch_consts import fold_constants
 from stitchtune.importers.torch_cuts import Accept, cut_for, plan_check, reason_of
 from stitchtune.importers.torch_fx_util import _fits, fx_args
 from stitchtune.importers.torch_grouping import _convex, _groups
-from stitchtune.importers.torch_subgraph import (_dense_perm, _is_view, _Sub, _subgraph, _with_pulled, is_noop, view_root,
-                                                viewed_inputs)
+from stitchtune.importers.torch_subgraph import (_dense_perm, _is_view, _Sub, _subgraph, _with_pulled, is_noop,
+                                                saved_pulled, view_root, viewed_inputs)
 from stitchtune.importers.torch_windows import (Window, declare_windowed, input_perms, input_windows, reads_strided,
                                                symbolic)
 
@@ -422,8 +423,9 @@ def find_regions(gm: Any, accept: Accept | None = plan_check,
     while True:
         groups, mapped = _settle(nodes, ex, consts, accept, prefix)
         groups = _join_siblings(nodes, groups, mapped, ex, consts, accept, prefix)
+        groups = _store_saved(nodes, groups, mapped, ex, consts, accept)
         regions, declined, dropped = _collect(groups, mapped, ex)
-        claimed = {n for r in regions for n in r.pulled}
+        claimed = {n for r in regions for n in (*r.pulled, *r.nodes)}
         unclaimed = [n for n in nodes if n in ex.pulled and n not in claimed]
         if not unclaimed:
             break
@@ -525,6 +527,36 @@ def _join_siblings(nodes: Sequence[Any], groups: list[list[Any]],
                 del out[j]
                 break
     return sorted(out, key=lambda g: order[g[0]])
+
+
+def _store_saved(nodes: Sequence[Any], groups: list[list[Any]],
+                 mapped: dict[frozenset[Any], _Mapped | Declined | None], ex: _Excluded,
+                 consts: Mapping[Any, Any], accept: Callable[[Any], str | None] | None) -> list[list[Any]]:
+    """``groups`` where the first mapped group (graph order) that computes a pulled node the graph
+    returns (:func:`~stitchtune.importers.torch_subgraph.saved_pulled`: the rotary angles a training
+    forward saves for its backward) also stores it: the node joins that group, an output of its region
+    (adds the new group to ``mapped``), so that no kernel of the rest computes it once more. A group
+    whose union with the node does not map (or the planner refuses) stays as it was; the other
+    regions still compute the node again."""
+    saved = saved_pulled(nodes, ex.pulled)
+    if not saved:
+        return groups
+    order = {n: i for i, n in enumerate(nodes)}
+    out = list(groups)
+    for i, group in enumerate(out):
+        res = mapped.get(frozenset(group))
+        if not saved or not isinstance(res, _Mapped) or not _computes(res.graph):
+            continue
+        want = [s for s in saved if s in set(_with_pulled(group, ex.pulled))]
+        new = sorted(set(group) | set(want), key=order.__getitem__)
+        if not want or not _convex(set(new)):
+            continue
+        joined = _map_with_constants(new, res.graph.name, consts, ex, accept)
+        if isinstance(joined, _Mapped):
+            mapped[frozenset(new)] = joined
+            out[i] = new
+            saved = [s for s in saved if s not in want]
+    return out
 
 
 def _collect(groups: list[list[Any]], mapped: dict[frozenset[Any], _Mapped | Declined | None],

@@ -49,6 +49,12 @@ def _uniform_base(x: Any, t: Any) -> bool:
         return bool((t == t.reshape(-1)[0]).all())
 
 
+def saved_pulled(nodes: Sequence[Any], pulled: set[Any]) -> list[Any]:
+    """The ``pulled`` nodes (computed again by every region that reads them) that the graph also
+    returns, in graph order: a training forward's rotary angles, saved for the backward."""
+    return [n for n in nodes if n in pulled and any(u.op == "output" for u in n.users)]
+
+
 def _with_pulled(group: list[Any], pulled: set[Any]) -> list[Any]:
     """``group`` and the ``pulled`` nodes it reads through chains of them, in graph order."""
     seen: set[Any] = set(group)

@@ -27,9 +27,11 @@ from typing import Any
 from stitchtune.hardware.device import Device
 from stitchtune.ir import kir
 from stitchtune.ir.launches import LaunchShape
+from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select, Var
 from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul, SweepValues, estimate_registers
+from stitchtune.lower.col_remap import ColRemapValues
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable
 
@@ -45,7 +47,12 @@ def _store_f32(buf: str, idx: kir.Expr, vals: tuple[kir.Expr, ...], pred: kir.Ex
 
 
 class ColLowerer(Lowerer):
-    """Column reductions."""
+    """Column reductions (with slice / concat along the columns: :mod:`stitchtune.lower.col_remap`)."""
+
+    @property
+    def index_ops(self) -> bool:
+        """Whether the graph has index ops or layout chains of inputs (evaluated by a remap)."""
+        return bool(self.chain_heads) or any(OPS[nd.op].kind in INDEX_KINDS for nd in self.g.nodes)
 
     def lower(self) -> kir.Program:
         tasks, est, segs = self.size()
@@ -328,6 +335,9 @@ class _ColKernel:
         sw = _ColSweep(idx_it, r_, valid, lb)
         sv = SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw),
                           partial(self.cache_index, sw), partial(self.smem_index, sw), self.stats)
+        if low.index_ops:   # slice / concat along the columns (lower.col_remap)
+            sv.index_value = ColRemapValues(low, cx, lb, sv, r_, ix.cc0, valid, self.stats["reads"],
+                                            self.uses["in"]).node_value
         for r in reds:
             vals = sv.value(str(low.nodes[r].args[0]))
             for j in range(vec):

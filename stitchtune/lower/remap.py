@@ -50,11 +50,12 @@ input whose columns are not one contiguous run (its own strides) is loaded lane 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from math import prod
 
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.ops import OPS
-from stitchtune.graph.parse import Node
+from stitchtune.graph.parse import Graph, Node
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, Select
 from stitchtune.lower.base import I, Lowerer, SweepValues, add, and_, mul
@@ -65,7 +66,7 @@ from stitchtune.plan.remap import outer_sources, root_shift
 from stitchtune.plan.shift import Shift, column_shift, shift_offset
 from stitchtune.plan.pick import pick_leaves
 
-__all__ = ["Shift", "RemapValues", "gather_flag_buffers", "gather_index", "pick_value", "split_axes"]
+__all__ = ["Shift", "RemapValues", "chain_offset", "gather_flag_buffers", "gather_index", "pick_value", "split_axes"]
 
 
 def gather_flag_buffers(program: kir.Program) -> dict[str, str]:
@@ -346,33 +347,8 @@ class RemapValues:
         """The offset in the chain's input of lane ``lane``'s element of the head at ``p + delta``."""
         hshape = self.g.spec(chain[0]).shape
         off = len(self.domain) - len(hshape)
-        coords: list[kir.Expr] | None = [
-            I(0) if d == 1 else add(self.pos(off + k, lane), I(sh.d(off + k))) for k, d in enumerate(hshape)]
-        lin: kir.Expr | None = None
-        shape = hshape
-        for name in chain[:-1]:
-            nd = self.low.nodes[name]
-            src = self.g.spec(str(nd.args[0])).shape
-            if nd.op in ("transpose", "slice") and coords is None:
-                assert lin is not None  # one of the two forms is always set
-                coords = _unravel(lin, shape)
-            if nd.op == "transpose":
-                assert coords is not None
-                back: list[kir.Expr] = [I(0)] * len(src)
-                for i, p in enumerate(nd.perm):
-                    back[p] = coords[i]
-                coords, lin = back, None
-            elif nd.op == "slice":  # the same position in the source, moved by the start
-                assert coords is not None
-                a = _node_axis(nd)
-                coords = [add(c, I(nd.start)) if k == a and nd.start else c for k, c in enumerate(coords)]
-            else:  # reshape: the row-major linear index is the same in the source
-                lin, coords = (_linear(coords, shape) if coords is not None else lin), None
-            shape = src
-        if coords is not None:
-            return _linear(coords, shape)
-        assert lin is not None  # one of the two forms is always set
-        return lin
+        return chain_offset(self.low.nodes, self.g, chain, [
+            I(0) if d == 1 else add(self.pos(off + k, lane), I(sh.d(off + k))) for k, d in enumerate(hshape)])
 
     def _chain_contiguous(self, chain: tuple[str, ...], sh: Shift) -> bool:
         """The ``vec`` lanes of a vector load adjacent, aligned elements of the chain's input: the
@@ -522,6 +498,41 @@ def pick_value(k: RowKernelBuilder, nd: Node) -> kir.Expr | None:
     out = k.cx.var("pk", F32)
     k.rb.append(Assign(out, Select(ok, at(str(nd.args[0])), Const(0.0, F32))))
     return out
+
+
+def chain_offset(nodes: Mapping[str, Node], g: Graph, chain: tuple[str, ...], coords: Sequence[kir.Expr]) -> kir.Expr:
+    """The offset in the input of layout chain ``chain`` (``(head, ..., input)``,
+    :func:`~stitchtune.plan.chains.composed_chains`) of the head's element at coordinates ``coords``
+    (one per head dim, inside the head): carried back through the chain's transposes (permuted),
+    slices (the start added) and reshapes (the row-major linear index). ``nodes``: the graph's nodes
+    by id. Used by the row sweeps (:class:`RemapValues`) and the column ones
+    (:mod:`stitchtune.lower.col_remap`)."""
+    cur: list[kir.Expr] | None = list(coords)
+    lin: kir.Expr | None = None
+    shape = g.spec(chain[0]).shape
+    for name in chain[:-1]:
+        nd = nodes[name]
+        src = g.spec(str(nd.args[0])).shape
+        if nd.op in ("transpose", "slice") and cur is None:
+            assert lin is not None  # one of the two forms is always set
+            cur = _unravel(lin, shape)
+        if nd.op == "transpose":
+            assert cur is not None
+            back: list[kir.Expr] = [I(0)] * len(src)
+            for i, p in enumerate(nd.perm):
+                back[p] = cur[i]
+            cur, lin = back, None
+        elif nd.op == "slice":  # the same position in the source, moved by the start
+            assert cur is not None
+            a = _node_axis(nd)
+            cur = [add(c, I(nd.start)) if k == a and nd.start else c for k, c in enumerate(cur)]
+        else:  # reshape: the row-major linear index is the same in the source
+            lin, cur = (_linear(cur, shape) if cur is not None else lin), None
+        shape = src
+    if cur is not None:
+        return _linear(cur, shape)
+    assert lin is not None  # one of the two forms is always set
+    return lin
 
 
 def _linear(coords: list[kir.Expr], shape: tuple[int, ...]) -> kir.Expr:

@@ -24,6 +24,7 @@ along different axes against each other.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from math import prod
 
@@ -213,6 +214,29 @@ def _align_orphans(b: _Builder, graph: Graph, dom: str) -> None:
                     pass  # left orphan: refused below
 
 
+def _fuse_independent(b: _Builder, specs: list[tuple[str, tuple[int, ...]]], dom: str) -> _Builder:
+    """``b`` with the axes of the tensors of the domain tensor's size that span axes it lacks unified
+    with the domain tensor's (their row-major runs, split where one is finer), one tensor at a time
+    (in ``specs`` order), where that leaves no tensor spanning an axis twice: two parts of a region
+    that no op relates along those axes (Llama's q rotary ``[1, 4, S, D]`` and k's grouped copy ``[1,
+    2, 2, S, D]``, which meet only in the angles ``[1, 1, S, D]``) iterated by one kernel, each tensor
+    still at its own coordinates. A unification that fails is dropped (the builder is copied)."""
+    size = prod(dict(specs)[dom])
+    for name, shape in specs:
+        flat = tuple(a for g in b.groups[name] for a in (g or ()))
+        mine = tuple(a for g in b.groups[dom] for a in (g or ()))
+        if name == dom or prod(shape) != size or set(flat) <= set(mine):
+            continue
+        trial = copy.deepcopy(b)
+        try:
+            trial.unify(mine, flat)
+        except _AxisError:
+            continue
+        if not any(_repeated(gs) for gs in trial.groups.values()):
+            b = trial
+    return b
+
+
 def tensor_axes(graph: Graph, domain: str | None = None) -> TensorAxes:
     """The domain axes of every tensor of ``graph`` (see the module docstring); ``domain``: the name of
     the domain tensor instead of the default one (a tensor of the largest size and rank whose layout
@@ -244,6 +268,10 @@ def tensor_axes(graph: Graph, domain: str | None = None) -> TensorAxes:
     _align_orphans(b, graph, dom)
     order = tuple(a for g in b.groups[dom] for a in (g or ()))
     used = {a for gs in b.groups.values() for g in gs for a in (g or ())}
+    if used - set(order):   # independent parts (q's and k's rotary): one kernel iterates both
+        b = _fuse_independent(b, specs, dom)
+        order = tuple(a for g in b.groups[dom] for a in (g or ()))
+        used = {a for gs in b.groups.values() for g in gs for a in (g or ())}
     if used - set(order):
         raise UnsupportedGraphError(
             f"no tensor of the region spans all of its axes (the largest, '{dom}', does not); stitched "

@@ -11,6 +11,12 @@ through the chain to the input's offset. A region whose layout nodes are all suc
 A chain may also slice (:func:`sliced_chains`: Phi-3's fused ``qkv`` sliced to q's columns, viewed as
 heads and transposed, then rotated); its head may then align with the domain, and its slice moves the
 carried position by its start.
+
+A region whose roots (outputs, reduction arguments) do not all span the domain may consist of
+independent *parts* (:func:`part_domains`: Llama's q rotary of 4 heads and k's of 2 with its grouped
+copy, meeting only in the angles): each tensor is then seen against its part's domain (its
+surrogate shape, the alignment of chain heads and of the layout part), and the planner's axes put the
+parts' free axes together (:func:`~stitchtune.plan.axes.tensor_axes`), so one kernel iterates both.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from stitchtune.plan.index_ops import (after_index_ops, feeds_layout, gather_tab
                                        surrogate_shape)
 
 __all__ = ["composed_chains", "sliced_chains", "sliced_members", "chain_members", "wide_inputs", "mixed_layout",
-           "layout_part", "layout_tails", "domain_of"]
+           "layout_part", "layout_tails", "domain_of", "part_domains"]
 
 
 def domain_of(graph: Graph) -> tuple[int, ...]:
@@ -43,6 +49,53 @@ def domain_of(graph: Graph) -> tuple[int, ...]:
     shapes += [graph.spec(str(n.args[0])).shape for n in graph.reductions()]
     shapes += [graph.spec(str(n.args[0])).shape for n in graph.nodes if n.op == "gather_elements"]
     return max(shapes, key=lambda s: (prod(s), len(s)))
+
+
+def _roots(graph: Graph) -> list[str]:
+    """The outputs (through their :func:`layout_tails`) and reduction arguments: what sets a domain."""
+    tails = layout_tails(graph)
+    nodes = {n.id: n for n in graph.nodes}
+    out = []
+    for o in graph.outputs:
+        while o in tails:
+            o = nodes[o].tensor_args[0]
+        out.append(o)
+    return out + [str(n.args[0]) for n in graph.reductions()]
+
+
+def part_domains(graph: Graph) -> dict[str, tuple[int, ...]]:
+    """In a region with index ops whose roots (outputs, reduction arguments) do not all span the
+    iteration domain of :func:`domain_of`: tensor -> the domain of its *part*, the largest root it
+    feeds (elements, then rank), where every tensor that feeds roots of different shapes is the same
+    seen against each (broadcast along the axes they differ in: rotary's angles, read by q's rotary of
+    4 heads and k's of 2, Llama's grouped-query attention); the parts are independent computations
+    that one kernel iterates together (:func:`~stitchtune.plan.axes.tensor_axes` unifies their axes).
+    Empty (one domain for every tensor) for every other region, as before."""
+    if not has_index_ops(graph):
+        return {}
+    domain = domain_of(graph)
+    roots = _roots(graph)
+    if all(surrogate_shape(graph.spec(r).shape, domain, r) == tuple(graph.spec(r).shape) for r in roots):
+        return {}
+    feeds: dict[str, set[tuple[int, ...]]] = {n: set() for n in graph.input_names}
+    feeds.update({nd.id: set() for nd in graph.nodes})
+    for r in roots:
+        feeds[r].add(tuple(graph.spec(r).shape))
+    for nd in reversed(graph.nodes):
+        for a in nd.tensor_args:
+            feeds[a] |= feeds[nd.id]
+    own_shape = {nd.id for nd in graph.nodes if OPS[nd.op].kind == "layout"} | feeds_layout(graph, sliced_members(graph))
+    own_shape |= {a for nd in graph.nodes if nd.id in own_shape for a in nd.tensor_args}   # (keep their shapes)
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shapes in feeds.items():
+        if not shapes:
+            continue
+        own = tuple(graph.spec(name).shape)
+        if name not in own_shape and (any(len(own) > len(s) for s in shapes)
+                                      or len({surrogate_shape(own, s, name) for s in shapes}) > 1):
+            return {}
+        out[name] = max(shapes, key=lambda s: (prod(s), len(s)))
+    return out
 
 
 def layout_tails(graph: Graph) -> set[str]:
@@ -105,7 +158,7 @@ def composed_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
     cannot shift: refused before, so no region that planned changes). Empty without index ops."""
     if not has_index_ops(graph) or not has_layout_ops(graph):
         return {}
-    domain = domain_of(graph)
+    domain, parts = domain_of(graph), part_domains(graph)
     nodes = {n.id: n for n in graph.nodes}
     outputs, inputs = set(graph.outputs), set(graph.input_names)
     feeds = feeds_layout(graph, sliced_members(graph))
@@ -117,7 +170,7 @@ def composed_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
                 or any(c.id in feeds for c in cons)
                 or any(OPS[c.op].kind == "layout" for c in cons)):
             continue
-        aligned = surrogate_shape(nd.shape, domain, nd.id) == nd.shape
+        aligned = surrogate_shape(nd.shape, parts.get(nd.id, domain), nd.id) == nd.shape
         if aligned and nd.id not in rolled:
             continue
         chain, cur = [nd.id], nd
@@ -266,7 +319,7 @@ def layout_part(graph: Graph) -> set[str]:
     otherwise."""
     if not has_layout_ops(graph):
         return set()
-    domain = domain_of(graph)
+    domain, parts = domain_of(graph), part_domains(graph)
     tails = layout_tails(graph)
     chained = chain_members(graph)
     nodes = {n.id: n for n in graph.nodes}
@@ -288,7 +341,7 @@ def layout_part(graph: Graph) -> set[str]:
         if nd.id in keep:
             continue
         for a in nd.tensor_args:
-            if a in keep and surrogate_shape(graph.spec(a).shape, domain, a) != tuple(graph.spec(a).shape):
+            if a in keep and surrogate_shape(graph.spec(a).shape, parts.get(a, domain), a) != tuple(graph.spec(a).shape):
                 raise UnsupportedGraphError(
                     f"tensor '{a}' {list(graph.spec(a).shape)} is read by '{nd.id}' in a region with slice, concat "
                     f"or gather but does not align with the iteration domain {list(domain)}")

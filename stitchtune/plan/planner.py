@@ -55,6 +55,7 @@ from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.plan import chains, pick, remap
 from stitchtune.plan.family import Family
 from stitchtune.plan.axes import Groups, TensorAxes, domain_candidates, tensor_axes
+from stitchtune.plan.col_remap import check_col_index_ops
 from stitchtune.plan.cross import CrossReduction, check_cross, epilogue_nodes, split_cross
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.ints import int_registers
@@ -76,6 +77,12 @@ class TensorClass(Enum):
         """``FULL`` and ``PER_REDUCED``: produced element by element by a sweep along the reduced
         axis. ``PER_KEPT`` and ``SCALAR`` are one value per reduction (row/column), broadcast along it."""
         return self in (TensorClass.FULL, TensorClass.PER_REDUCED)
+
+    def varies_along_cols(self, family: Family) -> bool:
+        """Whether a tensor of this class varies along the view's columns in a plan of ``family``: the
+        reduced axis of the row family (and element-wise), the kept one of the column family."""
+        return self is TensorClass.FULL or self is (TensorClass.PER_KEPT if family == Family.COL
+                                                     else TensorClass.PER_REDUCED)
 
 
 @dataclass(frozen=True)
@@ -496,7 +503,10 @@ def _make_plan(graph: Graph, domain_tensor: str | None = None) -> StitchPlan:
         order = tuple(a for a in range(len(domain)) if domain[a] > 1)
         red_nodes, cross_nodes = split_cross(all_red, maps, domain)
         view = _view(order, dict(enumerate(domain)), bool(all_red), _reduced_axes(red_nodes, maps))
-        remap.check_gathers(real, domain, view.col_axes, view.family)
+        if view.family == Family.COL:   # slice / concat along the columns only (plan.col_remap)
+            check_col_index_ops(real, domain, view.row_axes, view.col_axes, maps)
+        else:
+            remap.check_gathers(real, domain, view.col_axes, view.family)
     else:
         axes = tensor_axes(graph, domain_tensor)
         maps = axes.of
@@ -511,7 +521,7 @@ def _make_plan(graph: Graph, domain_tensor: str | None = None) -> StitchPlan:
     _check_reduction_sources(red_nodes, view, maps)
     if real is not graph:
         rows = tuple(range(len(domain) - 1)) if mixed else view.row_axes
-        remap.check_remaps(real, domain, rows, {n: c.varies_along_reduced for n, c in classes.items()}, mixed)
+        remap.check_remaps(real, domain, rows, {n: c.varies_along_cols(view.family) for n, c in classes.items()}, mixed)
     imaps = _index_maps(graph, view, maps)
     if real is not graph and not mixed:  # mixed: a shifted load maps view element (r, c + d) (lower.remap)
         _check_index_op_maps(imaps, view.family)

@@ -62,7 +62,7 @@ from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph, Node, TensorSpec
 from stitchtune.plan.chains import (chain_members, composed_chains, domain_of, layout_part, layout_tails, mixed_layout,
-                                    sliced_members, wide_inputs)
+                                    part_domains, sliced_members, wide_inputs)
 from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.index_ops import after_index_ops, gather_tables, has_index_ops, surrogate_shape
@@ -150,17 +150,18 @@ def surrogate(graph: Graph) -> Graph:
     (the planner maps them with :func:`~stitchtune.plan.axes.tensor_axes`)."""
     if not has_index_ops(graph):
         return graph
-    domain = domain_of(graph)
+    domain, parts = domain_of(graph), part_domains(graph)   # (parts: independent q / k rotary)
     special = _gather_shapes(graph, domain)
     keep = layout_part(graph)
     for head, chain in composed_chains(graph).items():  # one input of the head's aligned shape
         special.update({n: surrogate_shape(graph.spec(head).shape, domain, head) for n in chain})
-    inputs = tuple((n, TensorSpec(tuple(s.shape) if n in keep else special.get(n) or surrogate_shape(s.shape, domain, n),
-                                  s.dtype)) for n, s in graph.inputs)
+    inputs = tuple((n, TensorSpec(tuple(s.shape) if n in keep else special.get(n) or
+                                  surrogate_shape(s.shape, parts.get(n, domain), n), s.dtype)) for n, s in graph.inputs)
     nodes = []
     for nd in graph.nodes:
         kind = OPS[nd.op].kind
-        shape = tuple(nd.shape) if nd.id in keep else special.get(nd.id) or surrogate_shape(nd.shape, domain, nd.id)
+        shape = tuple(nd.shape) if nd.id in keep else special.get(nd.id) or surrogate_shape(
+            nd.shape, parts.get(nd.id, domain), nd.id)
         op = {"slice": "neg", "concat": "add", "gather": "add", "gather_elements": "add", "layout": "neg"}.get(kind, nd.op)
         if nd.id in keep:  # a layout node of a mixed region, as it is (perm / target shape)
             nodes.append(nd)
@@ -172,11 +173,12 @@ def surrogate(graph: Graph) -> Graph:
                           shape=shape, dtype=nd.dtype))
     for name in [o for o in graph.outputs if o not in keep] + [str(n.args[0]) for n in graph.reductions()
                                                                if str(n.args[0]) not in keep]:
-        if tuple(graph.spec(name).shape) != surrogate_shape(graph.spec(name).shape, domain, name):
+        if tuple(graph.spec(name).shape) != surrogate_shape(graph.spec(name).shape, parts.get(name, domain), name):
             raise UnsupportedGraphError(
                 f"tensor '{name}' {list(graph.spec(name).shape)} is stored or reduced but does not span the "
                 f"iteration domain {list(domain)}; stitched kernels store and reduce whole tensors only (tensors "
-                "of unrelated shapes, e.g. rotary's q with 4 heads and k with 2, belong in separate regions)")
+                "of unrelated shapes, e.g. rotary's q with 4 heads and k with 2 without k's grouped copy, belong in "
+                "separate regions: plan.chains.part_domains)")
     return Graph(name=graph.name, inputs=inputs, nodes=tuple(nodes), outputs=graph.outputs)
 
 
