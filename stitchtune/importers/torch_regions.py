@@ -78,7 +78,7 @@ import logging
 import math
 import operator
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -531,7 +531,7 @@ def _join_siblings(nodes: Sequence[Any], groups: list[list[Any]],
 
 def _store_saved(nodes: Sequence[Any], groups: list[list[Any]],
                  mapped: dict[frozenset[Any], _Mapped | Declined | None], ex: _Excluded,
-                 consts: Mapping[Any, Any], accept: Callable[[Any], str | None] | None) -> list[list[Any]]:
+                 consts: Mapping[Any, Any], accept: Accept | None) -> list[list[Any]]:
     """``groups`` where the first mapped group (graph order) that computes a pulled node the graph
     returns (:func:`~stitchtune.importers.torch_subgraph.saved_pulled`: the rotary angles a training
     forward saves for its backward) also stores it: the node joins that group, an output of its region
