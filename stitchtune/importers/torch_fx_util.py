@@ -168,6 +168,18 @@ def _split_bounds(node: Any) -> list[tuple[int, int]] | None:
     return [(s, s + k) for s, k in zip(starts, sizes)]
 
 
+def graph_copy(gm: Any) -> Any:
+    """A new ``torch.fx.Graph`` with ``gm``'s nodes, its output node's meta included (to edit and
+    wrap as a new GraphModule while ``gm`` stays as it was)."""
+    import torch.fx
+
+    graph = torch.fx.Graph()
+    copied: Any = graph.graph_copy(gm.graph, {}, return_output_node=True)
+    out, old_output = copied
+    graph.output(out).meta = dict(old_output.meta)
+    return graph
+
+
 def splits_as_slices(gm: Any) -> Any | None:
     """A copy of ``gm`` in which each ``split`` / ``split_with_sizes`` of static sizes that only
     ``getitem`` nodes read is one ``aten.slice`` per part read (the same view: same sizes, strides
@@ -183,12 +195,7 @@ def splits_as_slices(gm: Any) -> Any | None:
 
     if not any(wanted(n) for n in gm.graph.nodes):
         return None
-    graph = torch.fx.Graph()
-    env: dict[Any, Any] = {}
-    copied: Any = graph.graph_copy(gm.graph, env, return_output_node=True)
-    out, old_output = copied
-    new_output = graph.output(out)
-    new_output.meta = dict(old_output.meta)
+    graph = graph_copy(gm)
     for split in [n for n in graph.nodes if wanted(n)]:
         bounds = _split_bounds(split)
         assert bounds is not None

@@ -33,6 +33,7 @@ import torch
 import torch._inductor.inductor_prims  # noqa: F401  (registers prims.inductor_seeds, the seed's op)
 
 from stitchtune.importers.torch_aten import RAND_STREAM_STEP as STREAM_STEP
+from stitchtune.importers.torch_fx_util import graph_copy
 
 __all__ = ["STREAM_STEP", "seed_rands", "uniform_torch", "unseed_rands"]
 
@@ -88,12 +89,7 @@ def seed_rands(gm: Any) -> Any | None:
     docstring), or None when it has none. ``gm`` itself is left as it was."""
     if not any(_drawable(n) for n in gm.graph.nodes):
         return None
-    graph = torch.fx.Graph()
-    env: dict[Any, Any] = {}
-    copied: Any = graph.graph_copy(gm.graph, env, return_output_node=True)
-    out, old_output = copied
-    new_output = graph.output(out)
-    new_output.meta = dict(old_output.meta)
+    graph = graph_copy(gm)
     rands: list[Any] = [n for n in graph.nodes if _drawable(n)]
     first = rands[0]
     n = _SEED_STRIDE * len(rands)

@@ -38,15 +38,7 @@ def domain_of(graph: Graph) -> tuple[int, ...]:
     """The iteration domain: the largest output or reduction argument (elements, then rank). In a
     mixed region an output made by a trailing transpose / reshape (:func:`layout_tails`) counts by
     the tensor it rearranges."""
-    tails = layout_tails(graph)
-    nodes = {n.id: n for n in graph.nodes}
-    names = []
-    for o in graph.outputs:
-        while o in tails:
-            o = nodes[o].tensor_args[0]
-        names.append(o)
-    shapes = [graph.spec(o).shape for o in names]
-    shapes += [graph.spec(str(n.args[0])).shape for n in graph.reductions()]
+    shapes = [graph.spec(o).shape for o in _roots(graph)]
     shapes += [graph.spec(str(n.args[0])).shape for n in graph.nodes if n.op == "gather_elements"]
     return max(shapes, key=lambda s: (prod(s), len(s)))
 
