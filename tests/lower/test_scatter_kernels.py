@@ -208,3 +208,31 @@ def test_a_generic_kernel_refuses_a_scatter_as_data() -> None:
                         "outputs": ["dw"]})
     r = fit_rows(dg, dg.key_of({"seq": 30}))
     assert isinstance(r, DynamicRefusal) and r.part == "scatter dw" and "static shapes only" in r.reason
+
+
+def test_the_heuristic_takes_the_grid_combine_one_launch_at_model_shapes() -> None:
+    """BERT-base's embedding layer norm backward (8 x 512 tokens, hidden 768, vocabulary 30522): the
+    heuristic combines dgamma by ``grid`` (rule 7), so the tables are zeroed behind its barrier and the
+    region is one launch, not three (zero fill, main, combine); emulated at a smaller shape of the same
+    heuristic."""
+    from stitchtune.lower.resources import legal_space
+
+    def at(b: int, s: int, h: int, v: int) -> Any:
+        obj = ln_backward_scatter().to_dict()
+        for spec in obj["inputs"].values():
+            r = len(spec["shape"])
+            spec["shape"] = {3: [b, s, h if spec["shape"][-1] > 1 else 1], 2: [b, s], 1: [h]}[r]
+        obj["nodes"][-2]["shape"], obj["nodes"][-1]["shape"] = [v, h], [s, h]
+        return parse_graph(obj)
+
+    for g, emulate in ((at(8, 512, 768, 30522), False), (at(2, 64, 128, 300), True)):
+        plan = make_plan(g)
+        space = legal_space(g, plan, DEV)
+        s = heuristic_schedule(plan, DEV, space)
+        prog = lower(g, plan, s, DEV, space)
+        assert s.option("cross_combine") == "grid" and len(prog.launches) == 1, (s.to_json(), prog.launches)
+        if emulate:
+            x = random_inputs(g, 3)
+            out = emulate_program(prog, x)
+            ref = run_reference(g, x)
+            assert all(rel_err(out[o], ref[o]) < 1e-5 for o in g.outputs)
