@@ -15,8 +15,8 @@ an id outside the table adds nothing (graph.json's semantics: nothing is written
 :func:`scatter_reason` is why such a node cannot be in a region (None when it can): the table must
 be a fresh tensor of zeros (``full`` / ``zeros`` / ``new_zeros`` / ``zeros_like`` of 0, read by nothing
 else), ``accumulate`` true, one index tensor of int32/int64 over the leading dims of ``values``, and a
-float32 table (the kernels' atomic add). :func:`is_zeros_base` says a ``full`` is such a base (then
-no constant of the graph). :func:`map_scatter` emits the nodes.
+float32, float16 or bfloat16 table (the kernels' atomic adds; a 16-bit one needs a device that has
+it). :func:`is_zeros_base` says a ``full`` is such a base (then no constant of the graph). :func:`map_scatter` emits the nodes.
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def scatter_reason(node: Any, base_checked: bool = False) -> str | None:
         return (f"an index put whose values {list(vals)} are not index {list(ids)} + table rows "
                 f"{list(table[1:])} (broadcast values are not mapped)")
     dt = str(getattr(node.meta.get("val"), "dtype", "")).removeprefix("torch.")
-    if dt != "float32":
-        return f"an index put into a {dt} table (stitched kernels add with float32 atomics only)"
+    if dt not in ("float32", "float16", "bfloat16"):
+        return f"an index put into a {dt} table (stitched kernels add into float32 / float16 / bfloat16 tables)"
     idt = str(getattr(indices[0].meta.get("val"), "dtype", "")).removeprefix("torch.")
     if idt not in ("int32", "int64"):
         return f"an index put with a {idt} index (int32 / int64 rows only)"

@@ -22,7 +22,9 @@ then rewrites that program:
   profile like any other).
 
 The adds are float atomics: the table's sums depend on the order the blocks add in (not bitwise
-reproducible); the kernels' profiles count them (``KernelProfile.atomics``), which is what the
+reproducible); a 16-bit table is added to at its own precision (each add rounded, as
+``atomicAdd(__nv_bfloat16*)`` does: sm_80 or later, ``__half``: sm_70; an older device is a
+:class:`~stitchtune.errors.ScheduleError` naming the scatter); the kernels' profiles count them (``KernelProfile.atomics``), which is what the
 deterministic modes refuse. Names are generated here (``sct0``, ``sidx0``, ``zfill``); nothing from the
 graph file reaches the generated code.
 """
@@ -33,6 +35,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
+from stitchtune.errors import ScheduleError
 from stitchtune.graph.parse import Graph
 from stitchtune.hardware.device import Device
 from stitchtune.ir import kir
@@ -49,6 +52,8 @@ ZERO_FILL_BLOCK = 256
 _ZERO_FILL_PER_THREAD = 4
 #: registers of the zero-fill kernel (a loop counter and an address)
 _ZERO_FILL_REGISTERS = 16
+#: the compute capability a 16-bit table's atomic add needs (``atomicAdd(__half*)``, ``(__nv_bfloat16*)``)
+_ATOMIC_ARCH = {"float16": (7, 0), "bfloat16": (8, 0)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +72,11 @@ def apply_scatters(program: kir.Program, graph: Graph, scatters: tuple[Scatter, 
         return program
     if program.dynamic is not None:   # the planner refuses generic plans of scatters; a caller's bug otherwise
         raise ValueError("scatters are lowered in static programs only")
+    for sc in scatters:
+        need = _ATOMIC_ARCH.get(sc.dtype)
+        if need is not None and device.compute_capability < need:
+            raise ScheduleError(f"scatter_add '{sc.node}' adds into a {sc.dtype} table: the {sc.dtype} atomic add "
+                                f"needs sm_{need[0]}{need[1]} or later, {device.name} is {device.arch}")
     buffers = list(program.buffers)
     by_tensor = {(b.role, b.tensor): b for b in buffers}
     targets: dict[str, list[_Target]] = {}

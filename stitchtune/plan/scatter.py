@@ -11,8 +11,9 @@ embedding table are one kernel.
 
 Contract: :func:`split_scatters` returns the core graph and one frozen :class:`Scatter` per scatter
 node (graph order), or raises :class:`~stitchtune.errors.UnsupportedGraphError` naming the node when
-the region cannot be lowered so: a scatter's table read by another node (kernels only store it), or
-a table of another dtype than float32 (the IR's atomic add is float32). A graph without scatters is
+the region cannot be lowered so: a scatter's table read by another node (kernels only store it).
+Every float table is planned (float32, float16, bfloat16: the IR's atomic add takes them; a 16-bit
+one needs a device with that atomic add, which the lowering checks). A graph without scatters is
 returned as it is, with no scatters. Several scatters may add the same ``v`` (BERT's word, position
 and token-type embeddings all take the embeddings' gradient); ``v`` may also be an output itself.
 """
@@ -26,10 +27,6 @@ from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph
 
 __all__ = ["Scatter", "core_graph", "split_scatters", "has_scatters", "nondeterministic"]
-
-#: table dtypes the kernels' atomic add takes
-ATOMIC_DTYPES = ("float32",)
-
 
 @dataclass(frozen=True)
 class Scatter:
@@ -72,10 +69,6 @@ def split_scatters(graph: Graph) -> tuple[Graph, tuple[Scatter, ...]]:
             raise UnsupportedGraphError(
                 f"scatter_add '{nd.id}' is read by node '{readers[0].id}' (graph '{graph.name}'); stitched kernels "
                 "produce a scatter's table as an output only")
-        if nd.dtype not in ATOMIC_DTYPES:
-            raise UnsupportedGraphError(
-                f"scatter_add '{nd.id}' adds into a {nd.dtype} table (graph '{graph.name}'); stitched kernels add "
-                f"with float32 atomics only ({', '.join(ATOMIC_DTYPES)} tables)")
         out.append(Scatter(nd.id, values, index, nd.shape[0], prod(nd.shape[1:]), nd.dtype))
     return core_graph(graph), tuple(out)
 

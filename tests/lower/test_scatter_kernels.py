@@ -236,3 +236,38 @@ def test_the_heuristic_takes_the_grid_combine_one_launch_at_model_shapes() -> No
             out = emulate_program(prog, x)
             ref = run_reference(g, x)
             assert all(rel_err(out[o], ref[o]) < 1e-5 for o in g.outputs)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_tables_add_at_their_precision(dtype: str, tmp_path: Any) -> None:
+    """A 16-bit gradient's table: each add rounded to the type (the emulator as ``atomicAdd`` of the
+    type), within the 16-bit tolerance of the float64 reference; the rendered adds convert the float32
+    value and build for sm_90 with nvcc; a device without the atomic add of the type is refused by name."""
+    from stitchtune.errors import ScheduleError
+    from stitchtune.gpu.render import render
+    from stitchtune.hardware.device import get_device
+
+    obj = padded_dropout_scatter().to_dict()
+    obj["inputs"]["dy"]["dtype"] = dtype
+    g = parse_graph(obj)
+    progs = _check_16(g, dtype)
+    assert f"__float2{'bfloat16' if dtype == 'bfloat16' else 'half'}_rn(" in render(progs[0])
+    compile_programs_sm90(progs, tmp_path)
+    if dtype == "bfloat16":   # (a T4 has the float16 one)
+        old = get_device("t4")
+        plan, space, scheds = _schedules(g, 0)
+        with pytest.raises(ScheduleError, match=r"scatter_add 'dw' adds into a bfloat16 table: the bfloat16 atomic "
+                                                r"add needs sm_80 or later, .* is sm_75"):
+            lower(g, plan, scheds[0], old, SearchSpace.for_plan(plan, old))
+
+
+def _check_16(g: Any, dtype: str) -> list[kir.Program]:
+    x = random_inputs(g, 4)
+    x["ids"][0, :4] = [3, 3, 3, 3]
+    ref = run_reference(g, x)
+    plan, space, scheds = _schedules(g, 3)
+    progs = [lower(g, plan, s, DEV, space) for s in scheds]
+    for prog in progs:
+        out = emulate_program(prog, x, coresident_limit=ALL)
+        assert str(out["dw"].dtype) == dtype and rel_err(out["dw"], ref["dw"]) < 1e-2
+    return progs
