@@ -77,31 +77,13 @@ def apply_scatters(program: kir.Program, graph: Graph, scatters: tuple[Scatter, 
         if need is not None and device.compute_capability < need:
             raise ScheduleError(f"scatter_add '{sc.node}' adds into a {sc.dtype} table: the {sc.dtype} atomic add "
                                 f"needs sm_{need[0]}{need[1]} or later, {device.name} is {device.arch}")
-    buffers = list(program.buffers)
-    by_tensor = {(b.role, b.tensor): b for b in buffers}
-    targets: dict[str, list[_Target]] = {}
-    index_bufs: dict[str, str] = {}
-    for i, sc in enumerate(scatters):
-        table = f"sct{i}"
-        buffers.append(kir.BufferSpec(table, sc.dtype, sc.size, BufferRole.OUTPUT, sc.node))
-        if sc.index not in index_bufs:
-            have = by_tensor.get((BufferRole.INPUT, sc.index))
-            if have is not None:
-                index_bufs[sc.index] = have.name
-            else:
-                index_bufs[sc.index] = f"sidx{len(index_bufs)}"
-                spec = graph.spec(sc.index)
-                buffers.append(kir.BufferSpec(index_bufs[sc.index], spec.dtype, math.prod(spec.shape),
-                                              BufferRole.INPUT, sc.index))
-        vbuf = by_tensor[(BufferRole.OUTPUT, sc.values)].name
-        targets.setdefault(vbuf, []).append(_Target(table, index_bufs[sc.index], sc))
-    specs = {b.name: b for b in buffers}
+    buffers, targets = _targets(program, graph, scatters)
     read_back = {s.buf for k in program.kernels for s in kir.walk(k.body) if isinstance(s, kir.LoadVec)} | {
         e.buf for k in program.kernels for e in kir.exprs(k.body) if isinstance(e, kir.Load)}
-    kept = {b for b in targets if b in read_back or specs[b].tensor in graph.outputs}
+    outputs = {b.name for b in buffers if b.role == BufferRole.OUTPUT and b.tensor in graph.outputs}
+    kept = {b for b in targets if b in read_back or b in outputs}   # stores stay (scratch unless an output)
     dropped = set(targets) - kept
-    buffers = [dataclasses.replace(b, role=BufferRole.SCRATCH, tensor="")
-               if b.name in kept and b.tensor not in graph.outputs else b
+    buffers = [dataclasses.replace(b, role=BufferRole.SCRATCH, tensor="") if b.name in kept - outputs else b
                for b in buffers if b.name not in dropped]
     specs = {b.name: b for b in buffers}
     kernels, added = [], {}
@@ -109,10 +91,10 @@ def apply_scatters(program: kir.Program, graph: Graph, scatters: tuple[Scatter, 
         nk, n = _rewrite_kernel(k, targets, kept, specs)
         kernels.append(nk)
         added[k.name] = n
-    launches = [dataclasses.replace(la, args=tuple(p.name for p in kernels_by(kernels)[la.kernel].params))
+    by_name = {k.name: k for k in kernels}
+    launches = [dataclasses.replace(la, args=tuple(p.name for p in by_name[la.kernel].params))
                 for la in program.launches]
-    profiles = [_with_adds(p, added.get(p.name, 0), specs, kernels_by(kernels)[p.name], dropped)
-                for p in program.profile.kernels]
+    profiles = [_with_adds(p, added.get(p.name, 0), specs, by_name[p.name], dropped) for p in program.profile.kernels]
     prog = dataclasses.replace(program, kernels=tuple(kernels), buffers=tuple(buffers), launches=tuple(launches),
                                profile=dataclasses.replace(program.profile, kernels=tuple(profiles)))
     for t in dict.fromkeys(t.table for ts in targets.values() for t in ts):
@@ -120,8 +102,23 @@ def apply_scatters(program: kir.Program, graph: Graph, scatters: tuple[Scatter, 
     return prog
 
 
-def kernels_by(kernels: list[kir.Kernel] | tuple[kir.Kernel, ...]) -> dict[str, kir.Kernel]:
-    return {k.name: k for k in kernels}
+def _targets(program: kir.Program, graph: Graph, scatters: tuple[Scatter, ...]
+             ) -> tuple[list[kir.BufferSpec], dict[str, list[_Target]]]:
+    """The program's buffers plus a table per scatter (``sct<i>``) and an index buffer per index input
+    the core does not read already (``sidx<j>``); each scattered value's buffer -> the tables it adds into."""
+    buffers = list(program.buffers)
+    by_tensor = {(b.role, b.tensor): b.name for b in buffers}
+    targets: dict[str, list[_Target]] = {}
+    for i, sc in enumerate(scatters):
+        buffers.append(kir.BufferSpec(f"sct{i}", sc.dtype, sc.size, BufferRole.OUTPUT, sc.node))
+        if (BufferRole.INPUT, sc.index) not in by_tensor:
+            name = f"sidx{sum(b.name.startswith('sidx') for b in buffers)}"
+            spec = graph.spec(sc.index)
+            buffers.append(kir.BufferSpec(name, spec.dtype, math.prod(spec.shape), BufferRole.INPUT, sc.index))
+            by_tensor[(BufferRole.INPUT, sc.index)] = name
+        vbuf = by_tensor[(BufferRole.OUTPUT, sc.values)]
+        targets.setdefault(vbuf, []).append(_Target(f"sct{i}", by_tensor[(BufferRole.INPUT, sc.index)], sc))
+    return buffers, targets
 
 
 # ---------------------------------------------------------------------------------------------- adds
@@ -134,14 +131,15 @@ def _rewrite_kernel(k: kir.Kernel, targets: dict[str, list[_Target]], kept: set[
     def store(s: kir.StoreVec) -> list[kir.Stmt]:
         out: list[kir.Stmt] = [s] if s.buf in kept else []
         for t in targets[s.buf]:
-            out += _adds(s, t, len(out))
+            out += _adds(s, t, tag=len(out))
             count[0] += len(s.values)
         return out
 
     body = _map_stores(k.body, lambda s: store(s) if s.buf in targets else [s])
     if not count[0]:
         return k, 0
-    params = [p for p in k.params if p.name not in targets or p.name in kept]
+    params = [dataclasses.replace(p, role=specs[p.name].role) if p.name in kept else p
+              for p in k.params if p.name not in targets or p.name in kept]
     have = {p.name for p in params}
     for t in (t for ts in targets.values() for t in ts):
         for name, role in ((t.table, BufferRole.OUTPUT), (t.index, BufferRole.INPUT)):
@@ -167,17 +165,18 @@ def _map_stores(stmts: tuple[kir.Stmt, ...], f: Callable[[kir.StoreVec], list[ki
     return tuple(out)
 
 
-def _adds(s: kir.StoreVec, t: _Target, serial: int) -> list[kir.Stmt]:
+def _adds(s: kir.StoreVec, t: _Target, tag: int) -> list[kir.Stmt]:
     """The adds of one store's values into ``t``'s table: one range-checked index load per table row
-    the vector touches (one when ``row_size`` is a multiple of the width), one atomic add per value."""
+    the vector touches (one when ``row_size`` is a multiple of the width), one atomic add per value
+    (``tag`` makes the row variables' names distinct from those of the store's other tables)."""
     sc, w = t.scatter, len(s.values)
     same_row = sc.row_size % w == 0
     out: list[kir.Stmt] = []
-    row = Var(f"scr{serial}_0", I32)
+    row = Var(f"scr{tag}_0", I32)
     for j, value in enumerate(s.values):
         e: kir.Expr = s.index if j == 0 else kir.Bin("+", s.index, I(j))
         if j == 0 or not same_row:
-            row = Var(f"scr{serial}_{j}", I32)
+            row = Var(f"scr{tag}_{j}", I32)
             out.append(kir.Assign(row, kir.IndexLoad(t.index, kir.Bin("/", e, I(sc.row_size)), sc.rows, s.pred)))
         ok: kir.Expr = kir.Bin(">=", row, I(0))
         addr = kir.Bin("+", kir.Bin("*", row, I(sc.row_size)), kir.Bin("%", e, I(sc.row_size)))
@@ -203,7 +202,7 @@ def _with_adds(p: kir.KernelProfile, adds: int, specs: dict[str, kir.BufferSpec]
 def _zero(prog: kir.Program, table: str, size: int, device: Device) -> kir.Program:
     """``prog`` with ``table`` zeroed before its first add (see the module docstring)."""
     order = [la.kernel for la in prog.launches]
-    kernels = kernels_by(prog.kernels)
+    kernels = {k.name: k for k in prog.kernels}
     first = next(i for i, name in enumerate(order) if _adds_to(kernels[name], table))
     if first > 0:
         return _zero_in(prog, order[0], table, size)

@@ -271,3 +271,27 @@ def _check_16(g: Any, dtype: str) -> list[kir.Program]:
         out = emulate_program(prog, x, coresident_limit=ALL)
         assert str(out["dw"].dtype) == dtype and rel_err(out["dw"], ref["dw"]) < 1e-2
     return progs
+
+
+@pytest.mark.parametrize("src", [[1, 8, 16], [2, 1, 16], [16]])
+def test_scattered_values_broadcast_from_a_smaller_tensor(src: list[int]) -> None:
+    """Values that an ``expand`` makes (a position embedding's gradient read per batch row): each row of
+    ``v`` is added once per index, whatever it broadcasts along."""
+    from helpers import check_emulates
+
+    check_emulates(parse_graph({
+        "name": "b", "inputs": {"p": {"shape": src, "dtype": "float32"}, "ids": {"shape": [2, 8], "dtype": "int32"}},
+        "nodes": [{"id": "e", "op": "expand", "args": ["p"], "shape": [2, 8, 16]},
+                  {"id": "v", "op": "mul", "args": ["e", 2.0]},
+                  {"id": "dw", "op": "scatter_add", "args": ["v", "ids"], "shape": [5, 16]}],
+        "outputs": ["dw"]}), 4)
+
+
+def test_a_scatter_of_an_input_alone() -> None:
+    """The region is the scatter only (its core stores nothing else): a zero fill and the adds."""
+    g = parse_graph({"name": "only", "inputs": {"v": {"shape": [3, 4, 8], "dtype": "float32"},
+                                                "ids": {"shape": [3, 4], "dtype": "int64"}},
+                     "nodes": [{"id": "dw", "op": "scatter_add", "args": ["v", "ids"], "shape": [6, 8]}],
+                     "outputs": ["dw"]})
+    progs = _check(g, random_inputs(g, 2), 3)
+    assert all({b.tensor for b in p.buffers if b.role == "output"} == {"dw"} for p in progs)
