@@ -124,29 +124,32 @@ def _targets(program: kir.Program, graph: Graph, scatters: tuple[Scatter, ...]
 # ---------------------------------------------------------------------------------------------- adds
 def _rewrite_kernel(k: kir.Kernel, targets: dict[str, list[_Target]], kept: set[str],
                     specs: dict[str, kir.BufferSpec]) -> tuple[kir.Kernel, int]:
-    """``k`` with its stores of scattered values turned into adds (and its parameters updated); the
+    """``k`` with its stores of scattered values turned into adds, its parameters updated (a dropped
+    value buffer removed, a kept one in its role, the tables it adds to and their indices added); the
     number of atomic adds one thread issues per store statement, summed (for the profile)."""
     count = [0]
+    used: list[_Target] = []
 
     def store(s: kir.StoreVec) -> list[kir.Stmt]:
         out: list[kir.Stmt] = [s] if s.buf in kept else []
         for t in targets[s.buf]:
             out += _adds(s, t, tag=len(out))
             count[0] += len(s.values)
+            used.append(t)
         return out
 
     body = _map_stores(k.body, lambda s: store(s) if s.buf in targets else [s])
-    if not count[0]:
-        return k, 0
     params = [dataclasses.replace(p, role=specs[p.name].role) if p.name in kept else p
               for p in k.params if p.name not in targets or p.name in kept]
     have = {p.name for p in params}
-    for t in (t for ts in targets.values() for t in ts):
+    for t in used:
         for name, role in ((t.table, BufferRole.OUTPUT), (t.index, BufferRole.INPUT)):
             if name not in have:
                 b = specs[name]
                 params.append(kir.Param(name, b.dtype, b.size, role))
                 have.add(name)
+    if not used and params == list(k.params):
+        return k, 0
     return dataclasses.replace(k, params=tuple(params), body=body), count[0]
 
 

@@ -295,3 +295,22 @@ def test_a_scatter_of_an_input_alone() -> None:
                      "outputs": ["dw"]})
     progs = _check(g, random_inputs(g, 2), 3)
     assert all({b.tensor for b in p.buffers if b.role == "output"} == {"dw"} for p in progs)
+
+
+def test_kernels_carry_only_the_buffers_they_use() -> None:
+    """In a program of several kernels (independent stages, a combine kernel) only the kernel that
+    stores the scattered value adds to the tables (and reads the indices); the dropped value buffer is
+    nobody's parameter; the zero fill goes to the first launch where that is an earlier kernel."""
+    g = ln_backward_scatter()
+    plan, space, scheds = _schedules(g, 12)
+    multi = [lower(g, plan, s, DEV, space) for s in scheds]
+    multi = [p for p in multi if len(p.kernels) > 1]
+    assert multi
+    for prog in multi:
+        names = {b.name for b in prog.buffers}
+        for k in prog.kernels:
+            params = {p.name for p in k.params}
+            assert params <= names
+            adds = any(isinstance(s, kir.AtomicAdd) and s.buf.startswith("sct") for s in kir.walk(k.body))
+            zeroes = any(isinstance(s, kir.StoreVec) and s.buf.startswith("sct") for s in kir.walk(k.body))
+            assert ("sidx0" in params) == adds and (adds or zeroes or not params & {"sct0", "sct1"})
