@@ -17,9 +17,10 @@ then rewrites that program:
   in an *earlier kernel* of the program (a grid-stride loop at its start: the kernel boundary orders
   it before the adds; no extra launch), at the start of the adding kernel when a grid barrier of it
   comes before its first add, or when it has grid barriers elsewhere (a ``grid`` cross combine: its
-  blocks are co-resident already, so one more grid barrier right after the fill is legal), else in a
-  small zero-fill kernel launched first (one more launch, counted in the program's launches and
-  profile like any other).
+  blocks are co-resident already, so one more grid barrier right after the fill is legal), or when
+  its grid has at most one block per SM (co-resident whatever its resources: it gets a grid barrier
+  after the fill), else in a small zero-fill kernel launched first (one more launch, counted in the
+  program's launches and profile like any other).
 
 The adds are float atomics: the table's sums depend on the order the blocks add in (not bitwise
 reproducible); a 16-bit table is added to at its own precision (each add rounded, as
@@ -214,7 +215,25 @@ def _zero(prog: kir.Program, table: str, size: int, device: Device) -> kir.Progr
         return _zero_in(prog, order[0], table, size)
     if k.uses_grid_sync:   # its blocks are co-resident already: one more grid barrier orders the fill
         return _zero_in(prog, order[0], table, size, sync=True)
+    launch = next(la for la in prog.launches if la.kernel == k.name)
+    if launch.grid <= device.sm_count and k.cluster == 1:   # a block per SM at most: co-resident
+        return _zero_in(_with_barrier(prog, k.name), k.name, table, size, sync=True)
     return _zero_kernel(prog, table, size, device)
+
+
+def _with_barrier(prog: kir.Program, name: str) -> kir.Program:
+    """``prog`` whose kernel ``name`` has the grid barrier's counters (``gbar``, shared with the
+    program's other grid-barrier kernels: the barrier resets itself)."""
+    buffers = prog.buffers
+    if not any(b.role == BufferRole.BARRIER for b in buffers):
+        buffers += (kir.BufferSpec("gbar", "float32", 2, BufferRole.BARRIER, "", zero_init=True),)
+    bar = next(b for b in buffers if b.role == BufferRole.BARRIER)
+    kernels = tuple(dataclasses.replace(k, barrier_param=bar.name,
+                                        params=k.params + (kir.Param(bar.name, "float32", 2, BufferRole.BARRIER),))
+                    if k.name == name else k for k in prog.kernels)
+    launches = tuple(dataclasses.replace(la, args=la.args + (bar.name,)) if la.kernel == name else la
+                     for la in prog.launches)
+    return dataclasses.replace(prog, kernels=kernels, buffers=buffers, launches=launches)
 
 
 def _adds_to(k: kir.Kernel, table: str) -> bool:

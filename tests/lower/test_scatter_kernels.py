@@ -30,15 +30,16 @@ from stitchtune.space import SearchSpace
 ALL = lambda k: 1 << 30  # noqa: E731  (every grid co-resident)
 
 
-def ln_backward_scatter(rows: int = 10, out_v: bool = False) -> Any:
+def ln_backward_scatter(rows: int = 10, out_v: bool = False, batch: int = 2) -> Any:
     """An embedding layer norm's backward as BERT's training step has it: ``dx`` (a row reduction) and
     ``dgamma`` (a column sum), ``dx`` scattered into the word table by ``ids`` and the position table
     by ``pos`` (``dx`` itself an output with ``out_v``)."""
     return parse_graph({
         "name": "ln_bwd_emb",
-        "inputs": {"dy": {"shape": [2, 8, 32], "dtype": "float32"}, "xn": {"shape": [2, 8, 32], "dtype": "float32"},
-                   "gamma": {"shape": [32], "dtype": "float32"}, "rstd": {"shape": [2, 8, 1], "dtype": "float32"},
-                   "ids": {"shape": [2, 8], "dtype": "int64"}, "pos": {"shape": [2, 8], "dtype": "int32"}},
+        "inputs": {"dy": {"shape": [batch, 8, 32], "dtype": "float32"},
+                   "xn": {"shape": [batch, 8, 32], "dtype": "float32"},
+                   "gamma": {"shape": [32], "dtype": "float32"}, "rstd": {"shape": [batch, 8, 1], "dtype": "float32"},
+                   "ids": {"shape": [batch, 8], "dtype": "int64"}, "pos": {"shape": [batch, 8], "dtype": "int32"}},
         "nodes": [
             {"id": "g", "op": "mul", "args": ["dy", "gamma"]},
             {"id": "m1", "op": "reduce_mean", "args": ["g"], "axes": [-1], "keepdims": True},
@@ -55,13 +56,14 @@ def ln_backward_scatter(rows: int = 10, out_v: bool = False) -> Any:
         "outputs": ["dw", "dp", "dgamma"] + (["dx"] if out_v else [])})
 
 
-def padded_dropout_scatter(width: int = 24) -> Any:
+def padded_dropout_scatter(width: int = 24, batch: int = 3) -> Any:
     """Dropout's backward then an embedding's gradient with ``padding_idx``: ``where(keep, dy * 2, 0)``
     masked by ``ids != pad`` (the torch importer's form of the masked index put), element-wise only."""
     return parse_graph({
         "name": "drop_emb",
-        "inputs": {"dy": {"shape": [3, 5, width], "dtype": "float32"}, "keep": {"shape": [3, 5, width], "dtype": "bool"},
-                   "ids": {"shape": [3, 5], "dtype": "int64"}, "ok": {"shape": [3, 5, 1], "dtype": "bool"}},
+        "inputs": {"dy": {"shape": [batch, 5, width], "dtype": "float32"},
+                   "keep": {"shape": [batch, 5, width], "dtype": "bool"},
+                   "ids": {"shape": [batch, 5], "dtype": "int64"}, "ok": {"shape": [batch, 5, 1], "dtype": "bool"}},
         "nodes": [
             {"id": "s", "op": "mul", "args": ["dy", 2.0]},
             {"id": "d", "op": "where", "args": ["keep", "s", 0.0]},
@@ -120,10 +122,26 @@ def test_element_wise_region_with_a_padding_mask() -> None:
     progs = _check(g, x, 6)
     plan = make_plan(g)
     assert plan.family.value == "elementwise" and [s.node for s in plan.scatters] == ["dw"]
-    # an element-wise region has no grid barrier and no earlier kernel: a zero-fill launch, counted
+    # no grid barrier, no earlier kernel, but at most a block per SM: the kernel gets a barrier of its own
     heur = progs[0]
+    [k] = heur.kernels
+    assert heur.launches[0].grid <= DEV.sm_count and k.barrier_param is not None
+    first = next(i for i, st in enumerate(k.body) if isinstance(st, kir.GridSync))
+    assert any(isinstance(st, kir.StoreVec) and st.buf == "sct0" for st in kir.walk(k.body[:first]))
+    assert heur.profile.kernels[0].grid_barriers == 1 and any(b.role == "barrier" for b in heur.buffers)
+
+
+def test_a_large_element_wise_region_counts_its_zero_fill_launch() -> None:
+    """More blocks than SMs and no grid barrier: the zero fill is a launch of its own, counted."""
+    g = padded_dropout_scatter(width=32, batch=600)
+    plan, space, scheds = _schedules(g, 0)
+    heur = lower(g, plan, scheds[0], DEV, space)
+    assert heur.launches[-1].grid > DEV.sm_count
     assert [la.kernel for la in heur.launches][0] == ZERO_FILL_KERNEL
     assert len(heur.launches) == len(heur.profile.kernels) == 2
+    x = random_inputs(g, 5)
+    out = emulate_program(heur, x)
+    assert rel_err(out["dw"], run_reference(g, x)["dw"]) < 1e-5
 
 
 def test_the_value_buffer_is_dropped_when_nothing_reads_it() -> None:
@@ -164,7 +182,9 @@ def test_an_atomic_combine_zeroes_in_its_zeroing_kernel() -> None:
 
 
 def test_a_kernel_combine_counts_its_zero_fill_launch() -> None:
-    prog = _zero_placement(ln_backward_scatter(), "kernel")
+    """(A grid of more blocks than SMs: a smaller one zeroes behind a barrier of its own, as above.)"""
+    prog = _zero_placement(ln_backward_scatter(batch=3000), "kernel")
+    assert prog.launches[1].grid > DEV.sm_count
     names = [la.kernel for la in prog.launches]
     assert names[0] == ZERO_FILL_KERNEL and len(names) == len(prog.profile.kernels) >= 3
 
