@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from stitchtune.bench.peer_ops import SIXTEEN_BIT, NodeOp, mask_ops, node_args
+from stitchtune.bench.peer_scatter import jax_scatter_ops
 
 if TYPE_CHECKING:
     from stitchtune.graph.parse import Graph, Node
@@ -226,7 +227,7 @@ def jax_function(graph: Graph) -> Callable[..., tuple]:
 
     unary, binary, reduce = _jax_tables()
     masks = _jax_masks()
-    node_ops = {**_jax_index_ops(), **_jax_layout_ops()}
+    node_ops = {**_jax_index_ops(), **_jax_layout_ops(), **jax_scatter_ops()}
     names = [n for n, _ in graph.inputs]
     nodes = graph.nodes
     outputs = graph.outputs

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from stitchtune.bench.jax_peer import jax_function
 from stitchtune.bench.peer_ops import SIXTEEN_BIT, NodeOp, mask_ops, node_args
+from stitchtune.bench.peer_scatter import torch_scatter_ops
 from stitchtune.deploy.torch_entry import torch_dtype
 from stitchtune.errors import StitchtuneError
 
@@ -253,7 +254,7 @@ def _torch_body(graph: Graph) -> Callable[..., tuple]:
     import torch
 
     unary, binary, reduce, masks = _torch_unary(), _torch_binary(), _torch_reduce(), _torch_masks()
-    node_ops = {**_torch_index_ops(), **_torch_layout_ops()}
+    node_ops = {**_torch_index_ops(), **_torch_layout_ops(), **torch_scatter_ops()}
     names = [n for n, _ in graph.inputs]
     nodes = graph.nodes
     outputs = graph.outputs

@@ -37,6 +37,11 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    stage ``cluster``; then the reuse levels of rule 4, demoted until a block of the estimated
    registers fits on an SM.
 
+7. **Scatters** (an embedding's gradient, :mod:`stitchtune.plan.scatter`) in a plan with cross
+   reductions: ``cross_combine`` grid where legal (the persistent grid is co-resident), so that the
+   table is zeroed behind that barrier in the one kernel, not by a zero-fill launch before a
+   ``kernel`` combine's two (its adds are float atomics anyway).
+
 Blocks per wave and co-residency come from :mod:`stitchtune.hardware.occupancy` and the device description.
 """
 
@@ -270,6 +275,12 @@ def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | No
         # every row in one block: its partials are the totals, summed after a (one-block) grid barrier
         # in the same kernel rather than by a second launch
         s = dataclasses.replace(s, cross_combine="grid")  # type: ignore[call-arg]  # an option (Schedule docs)
+    if plan.cross and plan.scatters and s.option("cross_combine") != "grid":
+        # rule 7: a scatter's table is zeroed behind the grid combine's barrier (lower/scatter.py): one
+        # launch where kernel makes three (zero fill, main, combine); float atomics either way
+        g = dataclasses.replace(s, cross_combine="grid")  # type: ignore[call-arg]
+        if not space.violations(g):
+            s = g
     return _checked(space, s)
 
 

@@ -377,12 +377,15 @@ def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = 
     else ``./tuning-db``; None: no database, the heuristic), or ``schedule`` (a Schedule or its dict) when
     given. ``build``: True builds the cubin (ToolchainError without nvcc), False does not, None builds when
     nvcc is found. ``deterministic``: only a bitwise-reproducible schedule (no float atomics): the
-    database's non-deterministic records are passed over, and a given one is refused."""
+    database's non-deterministic records are passed over, and a given one is refused; a graph with a
+    ``scatter_add`` (float atomics whatever the schedule) is refused (:class:`UnsupportedGraphError`)."""
     db = resolve_db(db)
     from stitchtune.hardware.device import get_device
     from stitchtune.graph.parse import Graph, load_graph, parse_graph
     from stitchtune.lower.entry import CODEGEN_VERSION, lower
     from stitchtune.plan.planner import make_plan
+    from stitchtune.plan.scatter import nondeterministic
+    from stitchtune.errors import UnsupportedGraphError
     from stitchtune.gpu.render import render
     from stitchtune.lower.resources import legal_space
     from stitchtune.space import Schedule
@@ -404,6 +407,8 @@ def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = 
 
     check_fits(graph, dev)  # a graph that cannot fit the device is refused with the numbers
     plan = make_plan(graph)
+    if deterministic and nondeterministic(plan.scatters):   # every schedule of it adds with float atomics
+        raise UnsupportedGraphError(nondeterministic(plan.scatters))
     space = legal_space(graph, plan, dev)  # a given schedule whose kernels do not fit is refused
     if schedule is not None:
         s = schedule if isinstance(schedule, Schedule) else Schedule.from_dict(dict(schedule))

@@ -359,6 +359,8 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
             raise st.fault(race, f"atomic add to {buf}{{at}} also plainly accessed by another block", bad,
                            _per_element(lanes, width), e)
     vals = values.ravel()
+    if arr.dtype != vals.dtype:   # a 16-bit buffer: each add rounds to its type, as atomicAdd does
+        vals = vals.astype(arr.dtype)
     if st.block_rank is not None:  # the blocks' adds in a seeded order (float addition is not associative)
         order = np.argsort(st.block_rank[st.bid[_per_element(lanes, width)]], kind="stable")
         g, vals = g[order], vals[order]

@@ -36,6 +36,7 @@ from stitchtune.emulate.memory import (
 )
 from stitchtune.emulate.translate_expr import ExprCompiler
 from stitchtune.ir.kir import (
+    ATOMIC_DTYPES,
     BOOL,
     F32,
     I32,
@@ -281,9 +282,9 @@ class _Compiled(ExprCompiler):
         return storevec
 
     def atomic(self, s: AtomicAdd, where: str) -> StmtFn:
-        if self.buf_kind(s.buf) or self.params[s.buf].dtype != "float32":
-            raise ValueError(f"kernel {self.kernel.name}: atomic add needs a float32 global buffer, "
-                             f"not {s.buf}")
+        if self.buf_kind(s.buf) or self.params[s.buf].dtype not in ATOMIC_DTYPES:
+            raise ValueError(f"kernel {self.kernel.name}: atomic add needs a float32 / float16 / bfloat16 global "
+                             f"buffer, not {s.buf}")
         idx = self.as_type(s.index, I32)
         pred = self.as_type(s.pred, BOOL) if s.pred is not None else None
         vf = self.as_type(s.value, F32)

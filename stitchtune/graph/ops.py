@@ -40,6 +40,9 @@ Contract
   ONNX ``GatherElements``, ``out[p] = x[p with p[axis] := idx[p]]``, result shape ``idx.shape``, and
   0 where ``idx`` is out of ``[0, x.shape[axis])`` (flagged by kernels as for ``gather``). Their
   ``np_fn`` take the node's attributes as keywords.
+* ``scatter_add(v, idx)`` (kind ``scatter``, the node's ``shape`` is the table's): an embedding's
+  gradient, ``out = zeros(shape); out[idx[i...], ...] += v[i..., ...]`` along axis 0 (an index out of
+  range adds nothing); ``np_fn`` is :func:`scatter_add`.
 
 * ``ints``: the op also takes int tensors, when *all* its ``f`` arguments are ints (add, sub, mul,
   neg, abs, maximum, minimum, the comparisons, where's branches). ``np_fn`` is then exact on int64
@@ -412,6 +415,25 @@ OPS.update({op.name: op for op in _INDEX_OPS})
 INDEX_KINDS: frozenset[str] = frozenset(("slice", "concat", "gather", "gather_elements"))
 #: the op kinds that read a runtime int index tensor (an error flag for an out-of-range index)
 GATHER_KINDS: frozenset[str] = frozenset(("gather", "gather_elements"))
+
+
+def scatter_add(v: np.ndarray, idx: np.ndarray, *, shape: tuple[int, ...]) -> np.ndarray:
+    """``out = zeros(shape); out[idx[i...], ...] += v[i..., ...]`` along axis 0 of the table (an embedding's
+    gradient): ``v.shape == idx.shape + shape[1:]``; an index out of ``[0, shape[0])`` adds nothing."""
+    idx = np.asarray(idx, dtype=np.int64)
+    v = np.asarray(v)
+    out = np.zeros(shape, dtype=v.dtype)
+    ok = (idx >= 0) & (idx < shape[0])
+    np.add.at(out, idx[ok], v[ok])
+    return out
+
+
+#: ``scatter_add(v, idx)`` (kind ``scatter``) with the node's ``shape`` (the table's): the rows of ``v``
+#: added into a table of zeros at the rows ``idx`` names (:func:`scatter_add`); ``idx`` an
+#: ``int32``/``int64`` graph input, ``v`` float. Kernels add with float atomics into the zeroed table.
+SCATTER_ADD = OpInfo(name="scatter_add", kind="scatter", arity=2, np_fn=scatter_add, cuda="{0}", flops=1, sfu=0,
+                     arg_types="fi")
+OPS[SCATTER_ADD.name] = SCATTER_ADD
 
 
 def _round_to(dtype_name: str) -> Callable[[np.ndarray], np.ndarray]:

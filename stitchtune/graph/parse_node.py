@@ -33,12 +33,13 @@ from stitchtune.graph.values import (
 )
 from stitchtune.graph.ops import INDEX_KINDS, OPS, OpInfo
 from stitchtune.graph.index_checks import index_attributes, index_spec
+from stitchtune.graph.scatter_checks import scatter_spec
 
 #: op kinds that take a tensor of any dtype (bool, float, int): they convert it (cast) or only move
 #: its elements (index maps); their result keeps the dtype (cast: gives ``to``)
 _ANY_DTYPE_KINDS = frozenset(("cast", "slice", "concat", "layout"))
 _INT_READERS = ("an int tensor is read by the int ops (add sub mul neg abs maximum minimum, the comparisons, "
-                "where's branches), cast, the layout and index ops, and as the index of gather and gather_elements")
+                "where's branches), cast, the layout and index ops, and as the index of gather, gather_elements and scatter_add")
 #: the largest integer constant an int op takes (constants are held as float64: exact up to here)
 MAX_INT_CONSTANT = 2**53
 _INT_RANGE = {"int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1)}
@@ -119,6 +120,10 @@ def _parse_node(rn: Any, i: int, path: str, scope: _Scope, listing: _NodeListing
         if res is not None:
             axis, start, stop = res.axis, res.start, res.stop
         axes: tuple[int, ...] = ()
+    elif info is not None and info.kind == "scatter":
+        names = tuple(a for a in args.values if isinstance(a, str))
+        shape, dtype = scatter_spec(rn, path, args.specs, names, p) if args.ok else (None, None)
+        axes = ()
     else:
         shape, dtype, axes = _node_spec(rn, path, info, args, keepdims, to, p)
     if (len(p.items) > before or shape is None or dtype is None or not id_ok or info is None
@@ -201,13 +206,15 @@ def _node_attributes(rn: dict[str, Any], path: str, info: OpInfo | None, p: _Pro
                     p.add(f"{path}.{k}", f"only reductions take {k!r}; {info.name} does not")
         if not is_cast and "to" in rn:
             p.add(f"{path}.to", f"only cast takes 'to'; {info.name} does not")
-        for k, ops in (("perm", ("transpose",)), ("shape", ("reshape", "expand", "iota"))):
+        for k, ops in (("perm", ("transpose",)), ("shape", ("reshape", "expand", "iota", "scatter_add"))):
             if k in rn and info.name not in ops:
                 p.add(f"{path}.{k}", f"only {' and '.join(ops) if len(ops) < 3 else ', '.join(ops[:-1]) + ' and ' + ops[-1]} "
                                      f"take{'s' if len(ops) == 1 else ''} {k!r}; "
                                      f"{info.name} does not")
             elif k not in rn and info.name in ops:
-                p.add(f"{path}.{k}", f"missing: {info.name} needs {'a permutation of the dims' if k == 'perm' else 'a target shape'}")
+                need = {"perm": "a permutation of the dims", "shape": "a target shape"}[k] if info.kind != "scatter" \
+                    else "the table's shape"
+                p.add(f"{path}.{k}", f"missing: {info.name} needs {need}")
     keepdims = False
     if is_reduce and "keepdims" in rn:
         if not isinstance(rn["keepdims"], bool):
@@ -269,7 +276,7 @@ def _node_args(rn: dict[str, Any], i: int, path: str, nid: Any, id_ok: bool, inf
         ok = False
     if ok and info is not None:
         ok = _check_arg_types(path, info, values, specs, p)
-    if ok and info is not None and info.kind == "gather" and isinstance(values[-1], str) \
+    if ok and info is not None and info.kind in ("gather", "scatter") and isinstance(values[-1], str) \
             and specs[-1].dtype in INT_DTYPES and not scope.defined_at.get(values[-1], "").startswith("inputs"):
         p.add(f"{path}.args[1]", f"{info.name} needs an int32/int64 graph input as its index; {_show(values[-1])} is "
                                  "computed (index with the input it is a view of)")

@@ -161,6 +161,8 @@ def run_reference(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, n
                 val = np.broadcast_to(args[0], node.shape)
             elif info.kind == "slice":
                 val = info.np_fn(args[0], axis=node.axis, start=node.start, stop=node.stop)
+            elif info.kind == "scatter":
+                val = info.np_fn(*args, shape=node.shape)
             elif info.kind in ("concat", "gather", "gather_elements"):
                 val = info.np_fn(*args, axis=node.axis)
             else:
@@ -210,12 +212,12 @@ def positive_inputs(graph: Graph) -> set[str]:
 
 def gather_bounds(graph: Graph) -> dict[str, int]:
     """For each int input: the number of rows of the smallest table it indexes (``gather_elements``: the
-    extent of its axis; valid indices are below)."""
+    extent of its axis; ``scatter_add``: the rows of its result table; valid indices are below)."""
     out: dict[str, int] = {}
     for node in graph.nodes:
-        if node.op in ("gather", "gather_elements"):
+        if node.op in ("gather", "gather_elements", "scatter_add"):
             table, idx = node.tensor_args  # both are tensors (checked by the parser)
-            rows = graph.spec(table).shape[node.axis or 0]
+            rows = node.shape[0] if node.op == "scatter_add" else graph.spec(table).shape[node.axis or 0]
             out[idx] = min(out.get(idx, rows), rows)
     return out
 

@@ -170,7 +170,7 @@ class GraphValue:
                 d["to"] = n.to
             if n.op == "transpose":
                 d["perm"] = list(n.perm)
-            if n.op in ("reshape", "expand", "iota"):
+            if n.op in ("reshape", "expand", "iota", "scatter_add"):
                 d["shape"] = list(n.shape)
             if n.op == "iota":
                 d["dtype"] = n.dtype

@@ -33,6 +33,7 @@ from stitchtune.importers.torch_fx_util import (  # noqa: F401  (re-exported: th
     value_dtype_name,
 )
 from stitchtune.importers.torch_layout import _LAYOUT, LayoutOps, Padded
+from stitchtune.importers.torch_scatter import SCATTER_OPS, map_scatter
 
 
 # ---------------------------------------------------------------------------- the walk
@@ -85,7 +86,7 @@ SUPPORTED_OPS: frozenset[str] = frozenset({
     "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.softmax", "aten._softmax",
     "aten.log_softmax", "aten._log_softmax", "aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm",
     "aten.dropout", "aten.native_dropout", "aten.feature_dropout", *_FILLS, "prims.fma", *_MASK_OPS, *_IOTA,
-    RAND_KEY})
+    RAND_KEY, *SCATTER_OPS})   # (SCATTER_OPS: an embedding's gradient, torch_scatter)
 SUPPORTED_OPS = SUPPORTED_OPS | CNN_OPS   # eval batch norm, 1x1 adaptive average pool (torch_cnn)
 _IGNORED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
             "aten._assert_async"}
@@ -346,6 +347,8 @@ class _Walker(LayoutOps):
             return self._iota(node, key, a)
         if key == RAND_KEY:
             return self._rand(node, a)
+        if key in SCATTER_OPS:   # an embedding's gradient: scatter_add of the masked values (torch_scatter)
+            return map_scatter(b, node, lambda v: self.val(v, node), self.tshape(node))
         if key == "aten.mul" and _meta(node)[1] not in (None, "bool") and any(map(_is_bool, (x, a.get("other")))):
             # training dropout's ``mask * x``: the mask cast to the product's dtype (exact: 0 or 1)
             prod_dt = str(_meta(node)[1])

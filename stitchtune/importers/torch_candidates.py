@@ -33,6 +33,7 @@ from stitchtune.importers.torch_aten import (_BINARY, _IGNORED, _IOTA, _UNARY, I
 from stitchtune.importers.torch_cnn import WINDOWED_OPS, dead, inplace_reason, is_inplace
 from stitchtune.importers.torch_consts import resolved_index
 from stitchtune.importers.torch_fx_util import data_args, fx_args, zero_pad
+from stitchtune.importers.torch_scatter import SCATTER_OPS, is_zeros_base, scatter_index, scatter_reason
 
 #: ATen ops that are compute-intensive (matmuls, convolutions, attention): Inductor's or a library's job
 COMPUTE_OPS: frozenset[str] = frozenset({
@@ -147,7 +148,15 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
         ids = node.args[GATHER_INDEX_ARG[key]]
     if key == "aten.scatter" and len(node.args) > 2:   # a one-hot's index (torch_layout._one_hot)
         ids = node.args[2]
-    if key == "aten.full" and not is_scatter_base(node):
+    if key in SCATTER_OPS:   # an embedding's gradient (torch_scatter): its index is read as ids
+        why = scatter_reason(node)
+        if why:
+            return why
+        ids = scatter_index(node)
+    if any(u.op == "call_function" and _key(u.target) in SCATTER_OPS and scatter_index(u) is node
+           for u in node.users) and key not in _VIEWS_OF_INTS:
+        return "computes indices (graph.json scatters by input indices only; the framework computes them)"
+    if key == "aten.full" and not is_scatter_base(node) and not is_zeros_base(node):
         return "a constant tensor (mapped only as the base of a scatter of a number)"
     if key in _INT_VIEWS and _gather_index_view(node):
         return "an index view read by a gather (left to PyTorch: the gather reads it as an input)"

@@ -31,7 +31,9 @@ Contract
   comparisons (eq/ne/lt/le/gt/ge), logical and bitwise and/or/not of bools, ``where`` and
   ``masked_fill`` with a number (bool values inside the graph; arithmetic on a bool is refused),
   ``scalar_tensor`` (a constant), ``scatter(base, dim, index, number)`` with an index of size 1 along
-  ``dim`` (a one-hot: ``where(iota == index, number, base)``; ``base`` may be a ``full``). Anything
+  ``dim`` (a one-hot: ``where(iota == index, number, base)``; ``base`` may be a ``full``),
+  ``_unsafe_masked_index_put_accumulate`` / ``index_put(accumulate=True)`` into a fresh tensor of
+  zeros (an embedding's gradient: ``scatter_add``, see :mod:`stitchtune.importers.torch_scatter`). Anything
   else raises
   :class:`~stitchtune.importers.builder.ImportError_` (a ``StitchtuneError``) naming the op and its
   source location.

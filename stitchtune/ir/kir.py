@@ -32,7 +32,7 @@ Semantics (shared by both consumers):
   ``Kernel.barrier_param``: all blocks must be co-resident on the device or it deadlocks.
 * :class:`Shfl` is ``__shfl_xor_sync(0xffffffff, value, lane_mask, width)``: all 32 lanes of the
   warp must be active.
-* :class:`AtomicAdd` adds to a float32 global buffer element.
+* :class:`AtomicAdd` adds to a float32 (or, rounded to the type, a float16 / bfloat16) global buffer element.
 * A *generic* kernel (``Kernel.extents`` non-empty) also takes ``int`` arguments after the pointers,
   the dynamic extents (:class:`Extent`); its ``Param.size`` is the largest size (the bucket's largest
   extents), the buffers of a launch may be smaller (``Program.dynamic`` gives their sizes and the grid
@@ -307,9 +307,14 @@ class StoreVec:
     pred: Expr | None = None
 
 
+#: element types of the global buffers :class:`AtomicAdd` adds to (16-bit: the float32 value rounded to
+#: the type, then added at that precision; ``atomicAdd(__half*)`` needs sm_70, ``__nv_bfloat16*`` sm_80)
+ATOMIC_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+
+
 @dataclass(frozen=True)
 class AtomicAdd:
-    """``atomicAdd(&buf[index], value)`` on a float32 global buffer, if ``pred``."""
+    """``atomicAdd(&buf[index], value)`` on a global buffer of an :data:`ATOMIC_DTYPES` type, if ``pred``."""
 
     buf: str
     index: Expr

@@ -31,7 +31,7 @@ So are slice / concat along the view's column axes (static offsets and condition
 region without transpose / reshape (:func:`_shift_refusal`).
 
 What a generic kernel cannot serve is a :class:`~stitchtune.graph.dynamic.DynamicRefusal` (data):
-the column family (it reduces over the rows), cross reductions, gather_elements, a gather from a
+the column family (it reduces over the rows), cross reductions, scatter_add, gather_elements, a gather from a
 table with named dims (:func:`_index_refusal`), a slice / concat along a row axis or in a region with
 transpose / reshape, any index op under a dynamic row length, outputs broadcast along rows (the
 graph); and of a schedule (:func:`check_schedule`): a vector width whose alignment does not hold for
@@ -184,6 +184,9 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
         p0 = make_plan(g0)
     except StitchtuneError as e:
         return DynamicRefusal("plan", f"the graph at {rep} has no plan: {e.problems[0]}")
+    if p0.scatters:
+        return DynamicRefusal(f"scatter {p0.scatters[0].node}", "a scatter_add's table is zeroed and added to for "
+                                                                 "static shapes only")
     if p0.moved_rows:
         return DynamicRefusal("row move", "a slice/concat moves the rows of a row-local computation (Swin's roll "
                                           "after a LayerNorm); pushed below it for static shapes only")

@@ -46,6 +46,7 @@ from stitchtune.lower.base import estimate_registers
 from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
 from stitchtune.lower.col import lower_col
 from stitchtune.lower.row import lower_row
+from stitchtune.lower.scatter import apply_scatters
 from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan
 from stitchtune.space import Schedule, SearchSpace
@@ -60,5 +61,7 @@ def lower(graph: Graph, plan: StitchPlan, schedule: Schedule, device: Device, sp
     space = space or SearchSpace.for_plan(plan, device)
     space.check(schedule)
     if plan.family == Family.COL:
-        return lower_col(graph, plan, schedule, device, space.schemes)
-    return lower_row(graph, plan, schedule, device, space.schemes)
+        program = lower_col(graph, plan, schedule, device, space.schemes)
+    else:
+        program = lower_row(graph, plan, schedule, device, space.schemes)
+    return apply_scatters(program, graph, plan.scatters, device)   # the stores of scattered values: adds

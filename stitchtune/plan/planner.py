@@ -61,6 +61,7 @@ from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.ints import int_registers
 from stitchtune.plan.row_moves import commute_row_moves
 from stitchtune.plan.row_views import commute_row_views
+from stitchtune.plan.scatter import Scatter, core_graph, split_scatters
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
 
 
@@ -113,6 +114,9 @@ class StitchPlan:
     #: row-local computations; the same inputs and outputs), which the lowering lowers in place of the
     #: given graph (:meth:`planned_graph`). None for every other plan.
     moved_graph: Graph | None = None
+    #: the region's ``scatter_add`` nodes (:mod:`stitchtune.plan.scatter`): the plan is its core graph's
+    #: (scatters removed, their values outputs), the lowering adds each value's stores into its table
+    scatters: tuple[Scatter, ...] = ()
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -137,7 +141,10 @@ class StitchPlan:
     def planned_graph(self, graph: Graph) -> Graph:
         """The graph this plan was made for, given the graph it was asked for: :attr:`moved_graph`
         where the planner rewrote ``graph``, else ``graph`` itself. :class:`ValueError` (a caller's
-        bug) where ``graph`` has other inputs or outputs than the rewritten one (not its graph)."""
+        bug) where ``graph`` has other inputs or outputs than the rewritten one (not its graph). With
+        :attr:`scatters`: the graph planned is ``graph``'s scatter core (:func:`~stitchtune.plan.scatter.core_graph`)."""
+        if self.scatters:
+            graph = core_graph(graph)
         moved = self.moved_graph
         if moved is None:
             return graph
@@ -440,7 +447,13 @@ def make_plan(graph: Graph) -> StitchPlan:
     :attr:`StitchPlan.moved_graph` (the graph the lowering lowers); so does one whose rows are
     rearranged before a slice / concat and viewed again after it (Swin's roll back after attention:
     :func:`~stitchtune.plan.row_views.commute_row_views`); when those are refused too, the refusal of
-    ``graph`` stands."""
+    ``graph`` stands.
+
+    A graph with ``scatter_add`` nodes is planned through its core graph, the plan listing the
+    scatters (:func:`~stitchtune.plan.scatter.split_scatters`, which also names what it refuses)."""
+    core, scatters = split_scatters(graph)
+    if scatters:
+        return replace(make_plan(core), scatters=scatters)
     try:
         return _plan_layouts(graph)
     except UnsupportedGraphError as refusal:

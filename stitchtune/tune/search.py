@@ -60,7 +60,8 @@ from stitchtune.tune.config import (
     resolve_backend,
 )
 from stitchtune.tune.database import TuningDB, read_parts
-from stitchtune.errors import ScheduleError, from_ctrl_c
+from stitchtune.errors import ScheduleError, UnsupportedGraphError, from_ctrl_c
+from stitchtune.plan.scatter import nondeterministic
 from stitchtune.tune.pipeline import context_row, evaluate, schedule_columns
 from stitchtune.tune.result import SearchResult
 from stitchtune.tune.trial_rows import RESULT_FIELDS, _plain, _row_from_trial
@@ -114,6 +115,9 @@ class _Loop:
         if comp.legal_space is not None:  # only schedules whose kernels fit the device
             self.space = comp.legal_space(self.graph, self.plan, self.device, self.space)
         if config.deterministic:
+            why = nondeterministic(getattr(self.plan, "scatters", ()))
+            if why is not None:   # every schedule adds with float atomics
+                raise UnsupportedGraphError(why)
             self.space = self.space.deterministic_only()  # no float atomics (--deterministic)
         if config.sampler in ("gp", "cmaes"):
             # these samplers model a fixed parameter set: plain names, repaired points (space/search_space.py)

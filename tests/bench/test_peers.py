@@ -130,6 +130,9 @@ def _every_op_graph() -> dict:
             nodes += [{"id": f"u{i}", "op": "reshape", "args": [last], "shape": [4, 1, 8]},
                       {"id": f"e{i}", "op": op, "args": [f"u{i}"], "shape": [3, 4, 2, 8]},
                       {"id": nid, "op": "reduce_mean", "args": [f"e{i}"], "axes": [0, 2], "keepdims": False}]
+        elif kind == "scatter":  # the running value's rows added at the index input's rows (repeats add up)
+            nodes += [{"id": f"g{i}", "op": op, "args": [last, "ids"], "shape": [4, 8]},
+                      {"id": nid, "op": "add", "args": [f"g{i}", last]}]
         else:
             nodes.append({"id": nid, "op": "cast", "args": [last], "to": "bfloat16"})
         if OPS[op].result == "bool":  # back to float (0 / 1) for the arithmetic that follows
@@ -227,3 +230,19 @@ def test_compiled_peers_of_many_graphs_do_not_share_a_dynamo_cache() -> None:
             _assert_matches(graph, _torch_outputs(graph, fn, inputs), inputs)
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == len(stems)
     torch._dynamo.reset()
+
+
+def test_scatter_add_peers_add_nothing_for_out_of_range_indices() -> None:
+    """torch's ``index_add`` and JAX's ``.at[].add`` forms of ``scatter_add``: repeated rows add up, an
+    index outside the table (-1, rows) adds nothing, as the reference."""
+    graph = parse_graph({"name": "s", "inputs": {"v": {"shape": [2, 3, 8], "dtype": "float32"},
+                                                  "ids": {"shape": [2, 3], "dtype": "int64"}},
+                         "nodes": [{"id": "dw", "op": "scatter_add", "args": ["v", "ids"], "shape": [5, 8]}],
+                         "outputs": ["dw"]})
+    inputs = random_inputs(graph, seed=1)
+    inputs["ids"] = np.array([[1, 1, -1], [5, 4, 0]], dtype=np.int64)
+    pytest.importorskip("torch")
+    _assert_matches(graph, _torch_outputs(graph, peers.torch_function(graph), inputs), inputs)
+    pytest.importorskip("jax")
+    outs = peers.jax_function(graph)(**inputs)
+    _assert_matches(graph, {n: np.asarray(a, dtype=np.float32) for n, a in zip(graph.outputs, outs)}, inputs)

@@ -50,7 +50,7 @@ def test_the_permutation_is_part_of_the_workload_key() -> None:
     ({"id": "t", "op": "reshape", "args": ["x"], "shape": [5, 5]}, "nodes[0].shape: reshape to [5, 5] (25 elements)"),
     ({"id": "t", "op": "reshape", "args": ["x"], "shape": [24, 0]}, "nodes[0].shape[1]: dimension must be positive"),
     ({"id": "t", "op": "exp", "args": ["x"], "perm": [0, 1, 2]}, "nodes[0].perm: only transpose takes 'perm'"),
-    ({"id": "t", "op": "exp", "args": ["x"], "shape": [24]}, "nodes[0].shape: only reshape, expand and iota take 'shape'"),
+    ({"id": "t", "op": "exp", "args": ["x"], "shape": [24]}, "nodes[0].shape: only reshape, expand, iota and scatter_add take 'shape'"),
 ])
 def test_bad_layout_nodes_are_one_clear_problem(node: dict, problem: str) -> None:
     with pytest.raises(GraphError) as e:

@@ -50,6 +50,9 @@ def test_np_fn_keeps_float32_and_float64(name: str) -> None:
         elif info.kind == "gather_elements":
             r = info.np_fn(x, np.array([[3], [-1], [0]]), axis=1)
             assert r.shape == (3, 1) and r[1, 0] == 0 and r[0, 0] == x[0, 3] and r[2, 0] == x[2, 0]
+        elif info.kind == "scatter":   # rows of x added at the indices (2 twice, -1 nowhere)
+            r = info.np_fn(x, np.array([2, -1, 2]), shape=(4, 4))
+            assert r.shape == (4, 4) and (r[2] == x[0] + x[2]).all() and not r[[0, 1, 3]].any()
         elif info.kind == "iota":  # no operand: an int64 coordinate grid
             r = info.np_fn((3, 4), 1)
             assert r.dtype == np.int64 and (r == np.arange(4)).all() and r.shape == (3, 4)
@@ -67,13 +70,13 @@ def test_op_table_fields() -> None:
                         "where", "clamp",
                         "reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "cast",
                         "slice", "concat", "gather", "gather_elements", "transpose", "reshape", "expand", "iota",
-                        "uniform"}
+                        "uniform", "scatter_add"}
     banned = re.compile(r"\b(exp|log|sqrt|tanh|sin|cos|erf|pow|fmax|fmin|fabs)\(")  # double-precision calls
     for info in OPS.values():
         assert info.kind in ("unary", "binary", "ternary", "reduce", "cast", "slice", "concat", "gather",
-                             "gather_elements", "layout", "iota")
+                             "gather_elements", "layout", "iota", "scatter")
         assert info.arity == {"binary": 2, "ternary": 3, "concat": 0, "gather": 2, "gather_elements": 2,
-                              "iota": 0}.get(info.kind, 1)
+                              "iota": 0, "scatter": 2}.get(info.kind, 1)
         assert info.result in ("float", "bool", "float32") and set(info.arg_types) <= {"f", "b", "i"}
         assert info.arg_types == "" or len(info.arg_types) == info.arity
         assert info.cuda.count("(") == info.cuda.count(")")
