@@ -53,6 +53,10 @@ ZERO_FILL_BLOCK = 256
 _ZERO_FILL_PER_THREAD = 4
 #: registers of the zero-fill kernel (a loop counter and an address)
 _ZERO_FILL_REGISTERS = 16
+#: the most elements a thread of an existing kernel zeroes before a zero-fill launch of its own is used
+_FILL_PER_THREAD_MAX = 16
+#: tables this small are zeroed by whatever kernel runs first (a few microseconds on one SM)
+_FILL_SMALL = 1 << 16
 #: the compute capability a 16-bit table's atomic add needs (``atomicAdd(__half*)``, ``(__nv_bfloat16*)``)
 _ATOMIC_ARCH = {"float16": (7, 0), "bfloat16": (8, 0)}
 
@@ -207,6 +211,11 @@ def _zero(prog: kir.Program, table: str, size: int, device: Device) -> kir.Progr
     """``prog`` with ``table`` zeroed before its first add (see the module docstring)."""
     order = [la.kernel for la in prog.launches]
     kernels = {k.name: k for k in prog.kernels}
+    if _is_fill(order[0]):   # a zero fill runs first already: it zeroes this table too, its grid grown to fit
+        return _grow_fill(prog, order[0], table, size, device)
+    launch = next(la for la in prog.launches if la.kernel == order[0])
+    if not _fills_well(launch, size, device):   # too few threads to zero it at the memory's speed
+        return _zero_kernel(prog, table, size, device)
     first = next(i for i, name in enumerate(order) if _adds_to(kernels[name], table))
     if first > 0:
         return _zero_in(prog, order[0], table, size)
@@ -215,10 +224,22 @@ def _zero(prog: kir.Program, table: str, size: int, device: Device) -> kir.Progr
         return _zero_in(prog, order[0], table, size)
     if k.uses_grid_sync:   # its blocks are co-resident already: one more grid barrier orders the fill
         return _zero_in(prog, order[0], table, size, sync=True)
-    launch = next(la for la in prog.launches if la.kernel == k.name)
     if launch.grid <= device.sm_count and k.cluster == 1:   # a block per SM at most: co-resident
         return _zero_in(_with_barrier(prog, k.name), k.name, table, size, sync=True)
     return _zero_kernel(prog, table, size, device)
+
+
+def _is_fill(name: str) -> bool:
+    return name == ZERO_FILL_KERNEL or name.startswith(ZERO_FILL_KERNEL + "_")
+
+
+def _fills_well(launch: kir.Launch, size: int, device: Device) -> bool:
+    """Whether a kernel of ``launch``'s shape zeroes ``size`` elements at about the memory's speed: a
+    block on every SM, or at most :data:`_FILL_PER_THREAD_MAX` elements per thread (a grid of two
+    blocks zeroing BERT's 32000 x 768 word table took 779 us on an H200), or a table of at most
+    :data:`_FILL_SMALL` elements (zeroed by one SM in about the time of a launch)."""
+    return (launch.grid >= device.sm_count or size <= launch.grid * launch.block * _FILL_PER_THREAD_MAX
+            or size <= _FILL_SMALL)
 
 
 def _with_barrier(prog: kir.Program, name: str) -> kir.Program:
@@ -289,18 +310,40 @@ def _zero_in(prog: kir.Program, name: str, table: str, size: int, sync: bool = F
                                profile=dataclasses.replace(prog.profile, kernels=profiles))
 
 
-def _zero_kernel(prog: kir.Program, table: str, size: int, device: Device) -> kir.Program:
-    """``prog`` with a zero-fill kernel of ``table`` launched first."""
-    spec = prog.buffer(table)
-    name = ZERO_FILL_KERNEL + ("" if not any(k.name == ZERO_FILL_KERNEL for k in prog.kernels) else f"_{table}")
-    threads_needed = -(-size // _ZERO_FILL_PER_THREAD)
+def _fill_kernel(prog: kir.Program, name: str, tables: list[tuple[str, int]],
+                 device: Device) -> tuple[kir.Kernel, kir.Launch, kir.KernelProfile]:
+    """A zero-fill kernel ``name`` of ``tables`` ((buffer, elements)), its launch and profile: a grid
+    for the largest table (:data:`_ZERO_FILL_PER_THREAD` elements a thread, at most 8 blocks an SM)."""
+    threads_needed = -(-max(n for _, n in tables) // _ZERO_FILL_PER_THREAD)
     grid = max(1, min(-(-threads_needed // ZERO_FILL_BLOCK), device.sm_count * 8))
-    param = kir.Param(table, spec.dtype, spec.size, BufferRole.OUTPUT)
-    kern = kir.Kernel(name, (param,), _fill_loop(table, size, grid * ZERO_FILL_BLOCK), ZERO_FILL_BLOCK)
-    launch = kir.Launch(name, grid, ZERO_FILL_BLOCK, 0, (table,))
+    specs = [prog.buffer(t) for t, _ in tables]
+    params = tuple(kir.Param(t, spec.dtype, spec.size, BufferRole.OUTPUT) for (t, _), spec in zip(tables, specs))
+    body = tuple(st for t, n in tables for st in _fill_loop(t, n, grid * ZERO_FILL_BLOCK))
+    kern = kir.Kernel(name, params, body, ZERO_FILL_BLOCK)
+    launch = kir.Launch(name, grid, ZERO_FILL_BLOCK, 0, tuple(t for t, _ in tables))
     prof = kir.KernelProfile(
         name=name, grid=grid, block=ZERO_FILL_BLOCK, smem_bytes=0, est_registers=_ZERO_FILL_REGISTERS,
-        dram_read_bytes=0, dram_write_bytes=spec.nbytes, reread_bytes=0, reread_working_set=0, flops=0, sfu_ops=0,
-        block_barriers=0, grid_barriers=0, atomics=0, bytes_in_flight_per_thread=4)
+        dram_read_bytes=0, dram_write_bytes=sum(sp.nbytes for sp in specs), reread_bytes=0, reread_working_set=0,
+        flops=0, sfu_ops=0, block_barriers=0, grid_barriers=0, atomics=0, bytes_in_flight_per_thread=4)
+    return kern, launch, prof
+
+
+def _zero_kernel(prog: kir.Program, table: str, size: int, device: Device) -> kir.Program:
+    """``prog`` with a zero-fill kernel of ``table`` launched first."""
+    name = ZERO_FILL_KERNEL + ("" if not any(k.name == ZERO_FILL_KERNEL for k in prog.kernels) else f"_{table}")
+    kern, launch, prof = _fill_kernel(prog, name, [(table, size)], device)
     return dataclasses.replace(prog, kernels=(kern,) + prog.kernels, launches=(launch,) + prog.launches,
                                profile=dataclasses.replace(prog.profile, kernels=(prof,) + prog.profile.kernels))
+
+
+def _grow_fill(prog: kir.Program, name: str, table: str, size: int, device: Device) -> kir.Program:
+    """``prog`` whose zero-fill kernel ``name`` zeroes ``table`` too, remade with a grid for its
+    largest table (a second table zeroed by the first one's grid was the slow case)."""
+    old = next(k for k in prog.kernels if k.name == name)
+    tables = [(p.name, prog.buffer(p.name).size) for p in old.params] + [(table, size)]
+    kern, launch, prof = _fill_kernel(prog, name, tables, device)
+    return dataclasses.replace(
+        prog, kernels=tuple(kern if k.name == name else k for k in prog.kernels),
+        launches=tuple(launch if la.kernel == name else la for la in prog.launches),
+        profile=dataclasses.replace(prog.profile, kernels=tuple(prof if p.name == name else p
+                                                                for p in prog.profile.kernels)))
