@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stitchtune.errors import StitchtuneError
-from stitchtune.importers.torch_cuts import Accept, reason_of
-from stitchtune.importers.torch_regions import Declined, _Culprit, _map_group, plan_check
+from stitchtune.importers.torch_cuts import Accept, plan_check, reason_of
+from stitchtune.importers.torch_mapping import Declined, _Culprit, _map_group
 
 __all__ = ["SymbolicRegion", "map_at_shapes", "symbolic_dims", "symbolic_region"]
 
