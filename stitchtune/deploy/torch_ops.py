@@ -449,7 +449,7 @@ class GuardedRegion:
     made contiguous in the kernel's axis order ``perms``, never aliasing an input). A gather's
     out-of-range index (:func:`is_index_error`) is raised, not hidden. ``held``: (position, tensor)
     for region inputs that are constants (a causal mask, position ids) which the op's caller does not
-    pass: they are put back at their positions (on the device of the first input) before every call,
+    pass: they are put back at their positions (on the region's device, below) before every call,
     so no kernel computes them. ``device``: the device of the graph the region runs in (None: the
     first input's); a region that reads no tensor (an ``iota`` and its arithmetic) runs there, and an
     input on another device (a CPU 0-d tensor beside CUDA ones) is moved there first."""
