@@ -19,10 +19,12 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    result in registers), ``regional`` when the row is within one block (block-locality check), and
    ``global`` when it is split across blocks and the grid can be co-resident; otherwise
    ``independent``.
-4. **Reuse**: multiply-read tensors go to registers while the register cache stays within 64 floats
-   per thread, then to shared memory while it fits the device's per-block limit (demoting one tensor
-   at a time), else they are re-read / recomputed; a level is taken only while one block still fits
-   an SM with the estimated registers (a 1024-thread row of 32000 floats cannot cache two tensors).
+4. **Reuse**: of the multiply-read tensors, those :func:`~stitchtune.cost.reuse.tensors_to_cache` picks
+   (none that a cached later tensor of its chain makes unread; cheap element-wise steps recomputed), the
+   latest first, go to registers while the register cache stays within 64 floats per thread, then to
+   shared memory while blocks of it keep a quarter of the SM's threads resident, else they are re-read /
+   recomputed; a level is taken only while one block still fits an SM with the estimated registers (a
+   1024-thread row of 32000 floats cannot cache two tensors).
 5. **Launch (assume-relax-apply)**: assume 32 registers and 1024-thread blocks to size a wave; then
    relax the register cap (``__launch_bounds__`` minimum blocks per SM) as far as the estimated
    register need allows without losing co-residency; apply.
@@ -53,6 +55,7 @@ import math
 import random
 from typing import Any
 
+from stitchtune.cost.reuse import tensors_to_cache
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks, occupancy
@@ -64,6 +67,8 @@ log = logging.getLogger(__name__)
 
 #: rule 6: the share of an SM's threads that should stay resident (sets the register budget per thread)
 TARGET_OCCUPANCY = 0.5
+#: rule 4: a shared-memory cache is taken only while blocks of it keep this share of an SM's threads resident
+SHARED_MIN_OCCUPANCY = 0.25
 
 
 def _pow2_floor(x: float) -> int:
@@ -82,11 +87,16 @@ def _vec(space: SearchSpace, length: int) -> int:
 
 
 def _reuse(space: SearchSpace, base: Schedule) -> Schedule:
-    """Registers first (<= 64 floats/thread), then shared memory, else re-read/recompute; never a level
-    that leaves a block without an SM to run on (estimated registers)."""
+    """Rule 4 over the tensors :func:`~stitchtune.cost.reuse.tensors_to_cache` picks, latest first:
+    registers (<= 64 floats/thread), then shared memory while a block of it keeps
+    :data:`SHARED_MIN_OCCUPANCY` of the SM's threads resident, else re-read / recompute; never a level that
+    leaves a block without an SM to run on (estimated registers)."""
     plan = space.plan
     levels = list(_uncached(plan))
-    for i in range(len(plan.reuse_candidates)):
+    worth = tensors_to_cache(plan)
+    for i in reversed(range(len(plan.reuse_candidates))):
+        if plan.reuse_candidates[i] not in worth:
+            continue
         for lvl in (ReuseLevel.REGISTER, ReuseLevel.SHARED):
             trial = levels.copy()
             trial[i] = lvl
@@ -94,7 +104,10 @@ def _reuse(space: SearchSpace, base: Schedule) -> Schedule:
             d = space.derived(s)
             if lvl == ReuseLevel.REGISTER and d["reg_cache_elems"] > 64:
                 continue
-            if space.violations(s) or _estimated_blocks_per_sm(space, s) == 0:  # a block must fit an SM
+            per_sm = _estimated_blocks_per_sm(space, s)
+            if space.violations(s) or per_sm == 0:  # a block must fit an SM
+                continue
+            if lvl == ReuseLevel.SHARED and per_sm * s.block < SHARED_MIN_OCCUPANCY * space.device.max_threads_per_sm:
                 continue
             levels = trial
             break

@@ -108,8 +108,10 @@ class SweepValues:
     def __init__(self, low: "Lowerer", cx: Ctx, body: list[kir.Stmt], vec: int, filled: set[str],
                  broadcast: Callable[[str], list[kir.Expr] | None], load_input: Callable[[str], list[kir.Expr]],
                  cache_index: Callable[[int], kir.Expr], smem_index: Callable[[int], kir.Expr],
-                 stats: dict[str, Any]) -> None:
+                 stats: dict[str, Any], levels: dict[str, str] | None = None) -> None:
         self.low, self.cx, self.body, self.vec, self.filled = low, cx, body, vec, filled
+        #: the reuse levels of this sweep's kernel (:attr:`Lowerer.kernel_reuse`); the program's by default
+        self.levels = low.reuse if levels is None else levels
         self.broadcast, self.load_input = broadcast, load_input
         self.cache_index, self.smem_index, self.stats = cache_index, smem_index, stats
         self.memo: dict[str, list[kir.Expr]] = {}
@@ -129,7 +131,7 @@ class SweepValues:
         if name in self.memo:
             return self.memo[name]
         tix = low.tid_of[name]
-        level = low.reuse.get(name)
+        level = self.levels.get(name)
         if name in self.filled:
             vals: list[kir.Expr] = ([LocalRef(f"rc{tix}", self.cache_index(j)) for j in range(vec)]
                                     if level == ReuseLevel.REGISTER else
@@ -191,6 +193,9 @@ class Lowerer:
             spec = graph.spec(name)
             self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), BufferRole.OUTPUT, name))
         self.reuse = dict(zip(plan.reuse_candidates, s.reuse))
+        #: per kernel, the reuse levels with the caches that kernel never reads back dropped
+        #: (:mod:`stitchtune.lower.liveness`; set by the family's sizing, one kernel of ``reuse`` before)
+        self.kernel_reuse: list[dict[str, str]] = [self.reuse]
         self.gather_tables = {nd.args[0] for nd in graph.nodes if nd.op == "gather"}
         #: the heads of layout chains of inputs (:func:`~stitchtune.plan.chains.composed_chains`): loaded by
         #: the chain's index arithmetic (:mod:`stitchtune.lower.remap`), also where a sweep reads them as they are

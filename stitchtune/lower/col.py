@@ -32,6 +32,7 @@ from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select, Var
 from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul, SweepValues, estimate_registers
 from stitchtune.lower.col_remap import ColRemapValues
+from stitchtune.lower.liveness import col_sweeps, kernel_levels, merged_levels, node_args
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable
 
@@ -81,9 +82,14 @@ class ColLowerer(Lowerer):
         self.rpb = 1
         tiles = math.ceil(N / self.TC)
         tasks = tiles * S
-        n_reg = sum(1 for r in s.reuse if r == ReuseLevel.REGISTER)
+        segs = self.kernel_segments()
+        # caches no later sweep reads (a later tensor of the chain is cached): never filled
+        args = node_args(self.nodes)
+        self.kernel_reuse = kernel_levels(p, args, self.reuse, col_sweeps(p, args, self.g.outputs, segs))
+        self.reuse = merged_levels(self.kernel_reuse, self.reuse)
+        n_reg = sum(1 for r in self.reuse.values() if r == ReuseLevel.REGISTER)
         est = estimate_registers(self.per_thread * n_reg, vec, 4)
-        return tasks, est, self.kernel_segments()
+        return tasks, est, segs
 
     def resources(self) -> tuple[LaunchShape, ...]:
         """The launch shape of every kernel :meth:`lower` would build, from the same layouts
@@ -91,7 +97,7 @@ class ColLowerer(Lowerer):
         tasks, est, segs = self.size()
         out = []
         for ki, seg in enumerate(segs):
-            lay = _col_layout(self, seg, tasks, est)
+            lay = _col_layout(self, ki, seg, tasks, est)
             out.append(LaunchShape(f"st_k{ki}", self.s.block, lay.smem_bytes, est, lay.grid, lay.needs_sync))
         return tuple(out)
 
@@ -122,17 +128,18 @@ class _ColLayout:
     needs_sync: bool                      # a global stage: a grid barrier
 
 
-def _col_layout(low: ColLowerer, seg: list[int], tasks: int, est_regs: int) -> _ColLayout:
+def _col_layout(low: ColLowerer, ki: int, seg: list[int], tasks: int, est_regs: int) -> _ColLayout:
     p, s = low.p, low.s
+    levels = low.kernel_reuse[ki]
     red_slots = max((len(p.stages[i]) for i in seg), default=0)
     shared: list[kir.SharedBuf] = []
     if red_slots and s.tpr > 1:
         shared.append(kir.SharedBuf("sred", red_slots * s.tpr * low.TC))
     for c in p.reuse_candidates:
-        if low.reuse[c] == ReuseLevel.SHARED:
+        if levels[c] == ReuseLevel.SHARED:
             shared.append(kir.SharedBuf(f"sc{low.tid_of[c]}", low.rpt * s.tpr * low.TC))
     locals_ = [kir.LocalArray(f"rc{low.tid_of[c]}", low.per_thread)
-               for c in p.reuse_candidates if low.reuse[c] == ReuseLevel.REGISTER]
+               for c in p.reuse_candidates if levels[c] == ReuseLevel.REGISTER]
     smem_bytes = 4 * sum(x.size for x in shared)
     needs_sync = any(low.schemes[s.schemes[i]].grid_barrier for i in seg)
     grid = low.grid_for(tasks, s.block, smem_bytes, est_regs, s.split if s.split > 1 else 1, needs_sync)
@@ -185,7 +192,7 @@ class _ColKernel:
         self.low, self.ki, self.est_regs = low, ki, est_regs
         s, p = low.s, low.p
         self.cx = cx = Ctx()
-        self.lay = _col_layout(low, seg, tasks, est_regs)
+        self.lay = _col_layout(low, ki, seg, tasks, est_regs)
         tid = kir.Special("tid")
         tc, tk = cx.var("tc", I32), cx.var("tk", I32)
         self.body: list[kir.Stmt] = [Assign(tc, Bin("%", tid, I(low.tpc))), Assign(tk, Bin("/", tid, I(low.tpc)))]
@@ -334,7 +341,8 @@ class _ColKernel:
                     Assign(valid, Bin("&&", ix.cvalid, Bin("<", r_, ix.kend)))]
         sw = _ColSweep(idx_it, r_, valid, lb)
         sv = SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw),
-                          partial(self.cache_index, sw), partial(self.smem_index, sw), self.stats)
+                          partial(self.cache_index, sw), partial(self.smem_index, sw), self.stats,
+                          low.kernel_reuse[self.ki])
         if low.index_ops:   # slice / concat along the columns (lower.col_remap)
             sv.index_value = ColRemapValues(low, cx, lb, sv, r_, ix.cc0, valid, self.stats["reads"],
                                             self.uses["in"]).node_value

@@ -19,6 +19,7 @@ from stitchtune.ir.launches import LaunchShape
 from stitchtune.graph.parse import Graph
 from stitchtune.lower import single_pass as sp
 from stitchtune.lower.base import Lowerer, estimate_registers
+from stitchtune.lower.liveness import kernel_levels, merged_levels, node_args, row_sweeps
 from stitchtune.lower.cross import SMALL_KERNEL_REGISTERS, combine_kernel, small_profile, zero_kernel
 from stitchtune.lower.row_kernel import RowKernel, row_layout
 from stitchtune.plan.planner import StitchPlan, TensorClass
@@ -54,12 +55,17 @@ class RowLowerer(Lowerer):
         if self.merged:  # tensors only the output sweep reads now: computed (or read) there, not cached
             for c in sp.single_sweep_candidates(self.g, p):
                 self.reuse[c] = uncached_level(c in self.in_buf)
+        segs = self.kernel_segments() if p.nstages else [[]]
+        # caches no later sweep reads (a later tensor of the chain is cached): never filled
+        args = node_args(self.nodes)
+        sweeps = row_sweeps(p, args, self.g.outputs, segs, self.merged)
+        self.kernel_reuse = kernel_levels(p, args, self.reuse, sweeps)
+        self.reuse = merged_levels(self.kernel_reuse, self.reuse)
         tpr, block, S, vec = s.tpr, s.block, s.split, s.vec
         self.rpb = rpb = block // tpr
         chunk = row_chunk(N, S, tpr, vec)
         self.chunk, self.per_thread, self.iters = chunk, chunk // tpr, chunk // (tpr * vec)
         tasks = math.ceil(M / rpb) if S == 1 else M * S
-        segs = self.kernel_segments() if p.nstages else [[]]
         n_reg = sum(1 for r in self.reuse.values() if r == ReuseLevel.REGISTER)
         n_pf = s.prefetch * sum(1 for n, c in p.classes if c is TensorClass.FULL and n in self.in_buf)
         n_pf += sum(1 for c in p.cross if c.kind == "per_reduced")  # the cross accumulators
@@ -73,7 +79,7 @@ class RowLowerer(Lowerer):
         tasks, est, segs = self.size()
         out = []
         for ki, seg in enumerate(segs):
-            lay = row_layout(self, seg, tasks, est, ki == len(segs) - 1)
+            lay = row_layout(self, ki, seg, tasks, est, ki == len(segs) - 1)
             out.append(LaunchShape(f"st_k{ki}", self.s.block, lay.smem_bytes, est, lay.grid, lay.needs_sync,
                                    lay.cluster))
         if self.p.cross and self.s.cross_combine != "grid":

@@ -30,9 +30,10 @@ from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import ReuseLevel, Schedule
 
 
-def row_layout(low: Lowerer, seg: list[int], tasks: int, est_regs: int, is_last: bool = False) -> RowLayout:
-    """The layout of a kernel of the stages ``seg``; the last kernel also holds the cross reductions' buffers."""
+def row_layout(low: Lowerer, ki: int, seg: list[int], tasks: int, est_regs: int, is_last: bool = False) -> RowLayout:
+    """The layout of kernel ``ki`` of the stages ``seg``; the last kernel also holds the cross reductions' buffers."""
     p, s = low.p, low.s
+    levels = low.kernel_reuse[ki]
     wpr = max(1, s.tpr // 32)
     red_slots = max((len(p.stages[i]) if i not in low.merged else (4 if low.merged[i].kind == "welford" else 2)
                      for i in seg), default=0)
@@ -43,10 +44,10 @@ def row_layout(low: Lowerer, seg: list[int], tasks: int, est_regs: int, is_last:
     if cluster > 1:
         shared.append(cluster_shared(max(red_slots, STATE_SLOTS if s.single_pass else 0)))
     for c in p.reuse_candidates:
-        if low.reuse[c] == ReuseLevel.SHARED:
+        if levels[c] == ReuseLevel.SHARED:
             shared.append(kir.SharedBuf(f"sc{low.tid_of[c]}", low.rpb * low.chunk))
     locals_ = [kir.LocalArray(f"rc{low.tid_of[c]}", low.per_thread)
-               for c in p.reuse_candidates if low.reuse[c] == ReuseLevel.REGISTER]
+               for c in p.reuse_candidates if levels[c] == ReuseLevel.REGISTER]
     cross_sync = False
     if is_last and p.cross:
         x_shared, x_locals, cross_sync = cross_layout(low)
@@ -76,7 +77,7 @@ class RowKernel:
         s, p = low.s, low.p
         self.cx = cx = Ctx()
         self.is_last = ki == low.n_kernels - 1
-        self.lay = row_layout(low, seg, tasks, est_regs, self.is_last)
+        self.lay = row_layout(low, ki, seg, tasks, est_regs, self.is_last)
         lane, rib = cx.var("lane", I32), cx.var("rib", I32)
         tid = kir.Special("tid")
         self.body: list[kir.Stmt] = [Assign(lane, Bin("%", tid, I(s.tpr))), Assign(rib, Bin("/", tid, I(s.tpr)))]
@@ -354,7 +355,8 @@ class RowKernel:
         lb.append(Assign(valid, Bin("&&", ix.rvalid, Bin("<", k0, ix.kend))))
         sw = RowSweep(idx_it, k0, valid, lb, from_prefetch)
         sv = SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw),
-                          partial(self.cache_index, sw), partial(self.smem_index, sw), self.stats)
+                          partial(self.cache_index, sw), partial(self.smem_index, sw), self.stats,
+                          low.kernel_reuse[self.ki])
         rv = RemapValues(self, sw, sv)
         sv.index_value = rv.node_value
         sv.iota_value = partial(self.iota_values, sw)

@@ -117,6 +117,12 @@ class StitchPlan:
     #: the region's ``scatter_add`` nodes (:mod:`stitchtune.plan.scatter`): the plan is its core graph's
     #: (scatters removed, their values outputs), the lowering adds each value's stores into its table
     scatters: tuple[Scatter, ...] = ()
+    #: every node of the planned graph as (id, op, tensor arguments), in graph order: the element-wise
+    #: chains the heuristic walks to choose reuse (which tensors a cache of a later one makes dead, which
+    #: are cheap to recompute; :mod:`stitchtune.cost.heuristic`)
+    dataflow: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+    #: the planned graph's outputs (the last sweep's tensors, with the cross reductions' sources)
+    output_names: tuple[str, ...] = ()
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -553,4 +559,6 @@ def _make_plan(graph: Graph, domain_tensor: str | None = None) -> StitchPlan:
         input_names=tuple(n for n, _ in graph.inputs), dtypes=tuple((n, graph.spec(n).dtype) for n in names),
         index_maps=tuple((n, imaps[n]) for n in names),
         single_pass=single_pass_candidates(graph, view.family, stages, view.N), cross=cross,
-        epilogue=epilogue_nodes(graph, [nd for nd in cross_nodes]) if cross else ())
+        epilogue=epilogue_nodes(graph, [nd for nd in cross_nodes]) if cross else (),
+        dataflow=tuple((nd.id, nd.op, tuple(a for a in nd.args if isinstance(a, str))) for nd in graph.nodes),
+        output_names=tuple(graph.outputs))

@@ -35,7 +35,6 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
   extern __shared__ float4 st_smem_raw[];
   float* sred = reinterpret_cast<float*>(st_smem_raw) + 0;
   float* sc0 = reinterpret_cast<float*>(st_smem_raw) + 8;
-  float rc3[2];
   int lane1 = 0;
   int rib2 = 0;
   int rd3 = 0;
@@ -104,8 +103,6 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
       t2_20 = (sc0[((rib2 * 256) + ((((i15 * 2) + 1) * 128) + lane1))] - acc10);
       t3_21 = expf(t2_19);
       t3_22 = expf(t2_20);
-      rc3[(i15 * 2)] = t3_21;
-      rc3[((i15 * 2) + 1)] = t3_22;
       acc16 = (v18 ? (acc16 + t3_21) : acc16);
       acc16 = (v18 ? (acc16 + t3_22) : acc16);
     }
@@ -127,9 +124,6 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
 }
 
 extern "C" __global__ void __launch_bounds__(256) st_k1(const float* __restrict__ in0, float* __restrict__ out0, float* __restrict__ part1, float* __restrict__ val0) {
-  extern __shared__ float4 st_smem_raw[];
-  float* sc0 = reinterpret_cast<float*>(st_smem_raw) + 0;
-  float rc3[2];
   int lane1 = 0;
   int rib2 = 0;
   int rd3 = 0;
@@ -171,14 +165,10 @@ extern "C" __global__ void __launch_bounds__(256) st_k1(const float* __restrict_
         t0_14 = _v0.x;
         t0_15 = _v0.y;
       }
-      sc0[((rib2 * 256) + (((i11 * 2) * 128) + lane1))] = t0_14;
-      sc0[((rib2 * 256) + ((((i11 * 2) + 1) * 128) + lane1))] = t0_15;
       t2_16 = (t0_14 - acc9);
       t2_17 = (t0_15 - acc9);
       t3_18 = expf(t2_16);
       t3_19 = expf(t2_17);
-      rc3[(i11 * 2)] = t3_18;
-      rc3[((i11 * 2) + 1)] = t3_19;
       t5_20 = (t3_18 / acc10);
       t5_21 = (t3_19 / acc10);
       if (v13) {
