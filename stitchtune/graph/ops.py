@@ -508,6 +508,12 @@ def int_np(op: str, dtype: str) -> Callable[..., np.ndarray]:
     return apply
 
 
+# the fast forms of exp / div / sigmoid / silu (stitchtune.graph.fast_ops, which imports OpInfo from here)
+from stitchtune.graph.fast_ops import FAST_OPS  # noqa: E402
+
+KERNEL_OPS.update(FAST_OPS)
+
+
 def kernel_op(name: str) -> OpInfo:
     """The :class:`OpInfo` of an operator that may appear in a kernel: a graph op or a kernel op."""
     return OPS[name] if name in OPS else KERNEL_OPS[name]

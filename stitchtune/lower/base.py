@@ -9,6 +9,8 @@ intermediates). The families are :mod:`stitchtune.lower.row` and :mod:`stitchtun
 from __future__ import annotations
 
 import math
+
+import numpy as np
 from dataclasses import dataclass, field
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
@@ -21,13 +23,14 @@ from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.ir.launches import grid_size
 from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
 from stitchtune.lower.symbols import RowSymbols
+from stitchtune.graph.fast_ops import FAST_FORM
 from stitchtune.graph.ops import INDEX_KINDS, OPS, OpInfo
 from stitchtune.plan.index_map import AxisMap
 from stitchtune.plan.ints import int_registers
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.plan.chains import composed_chains
 from stitchtune.plan.single_pass import SinglePassCandidate
-from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable
+from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable, exact_math
 
 #: the C comparison of each graph comparison op (int registers compare with kir.Bin)
 _CMP_OPS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
@@ -122,6 +125,24 @@ class SweepValues:
         #: the ``vec`` values of a full-size or per-reduced-index ``iota`` at the sweep's element, set by
         #: the family's sweep; None where the family has no iota
         self.iota_value: Callable[[str], list[kir.Expr]] | None = None
+        #: the reciprocal of a per-row (or scalar) value, computed once per row, set by the row family's
+        #: sweep; None where the family divides element by element (fast arithmetic: ``fast_div``)
+        self.reciprocal: Callable[[str], kir.Expr] | None = None
+
+    def row_reciprocal(self, nd: Node) -> kir.Expr | None:
+        """For a division by a constant or a per-row value (fast arithmetic, a family that sets
+        :attr:`reciprocal`): the divisor's reciprocal, computed once per row (a float32 constant, or
+        the kernel's per-row ``1 / s``), that each element is multiplied by; None otherwise."""
+        low = self.low
+        if nd.op != "div" or low.exact or self.reciprocal is None or low.int_regs:
+            return None
+        d = nd.args[1]
+        if not isinstance(d, str):
+            with np.errstate(divide="ignore", over="ignore"):
+                return Const(float(np.float32(1.0) / np.float32(d)), F32)
+        if low.cls[d].varies_along_reduced:
+            return None
+        return self.reciprocal(d)
 
     def value(self, name: str) -> list[kir.Expr]:
         low, vec = self.low, self.vec
@@ -149,13 +170,15 @@ class SweepValues:
         else:
             nd = low.nodes[name]
             argv = [self.value(a) if isinstance(a, str) else [Const(float(a), F32)] * vec for a in nd.args]
+            recip = self.row_reciprocal(nd)
             vals = []
             for j in range(vec):
                 v = self.cx.var(f"t{tix}_", low.vtype(name))
-                self.body.append(Assign(v, low.expr_of_node(nd, [a[j] for a in argv])))
+                expr = Bin("*", argv[0][j], recip) if recip is not None else low.expr_of_node(nd, [a[j] for a in argv])
+                self.body.append(Assign(v, expr))
                 vals.append(v)
-            self.stats["flops"] += OPS[nd.op].flops * vec
-            self.stats["sfu"] += OPS[nd.op].sfu * vec
+            self.stats["flops"] += (1 if recip is not None else OPS[nd.op].flops) * vec
+            self.stats["sfu"] += (0 if recip is not None else OPS[nd.op].sfu) * vec
         if low.cls[name] is TensorClass.FULL and level in (ReuseLevel.REGISTER, ReuseLevel.SHARED):
             for j in range(vec):
                 if level == ReuseLevel.REGISTER:
@@ -193,6 +216,8 @@ class Lowerer:
             spec = graph.spec(name)
             self.buffers.append(kir.BufferSpec(b, spec.dtype, math.prod(spec.shape), BufferRole.OUTPUT, name))
         self.reuse = dict(zip(plan.reuse_candidates, s.reuse))
+        #: exact arithmetic (schedule option ``exact_math``), else the fast forms of :mod:`stitchtune.graph.fast_ops`
+        self.exact = exact_math(s)
         #: per kernel, the reuse levels with the caches that kernel never reads back dropped
         #: (:mod:`stitchtune.lower.liveness`; set by the family's sizing, one kernel of ``reuse`` before)
         self.kernel_reuse: list[dict[str, str]] = [self.reuse]
@@ -469,7 +494,7 @@ class Lowerer:
             if to == "bool":  # bools are 0.0f / 1.0f in registers (a bool -> float cast is the identity)
                 return MathOp("to_bool", (args[0],))
             return MathOp(f"round_{to}", (args[0],)) if to in ("float16", "bfloat16") else args[0]
-        return MathOp(nd.op, tuple(args))
+        return MathOp(nd.op if self.exact else FAST_FORM.get(nd.op, nd.op), tuple(args))
 
     def combine(self, r: str, a: kir.Expr, b: kir.Expr) -> kir.Expr:
         """``a`` and ``b`` (partials of reduction ``r``) combined by the op table's ``combine_op``."""

@@ -90,6 +90,7 @@ class RowKernel:
         self.stats: dict[str, Any] = {"flops": 0, "sfu": 0, "reads": {}}
         self.filled: set[str] = set()
         self.prefetched: list[str] = []
+        self.recips: dict[str, Var] = {}  # per-row reciprocals (fast division), by divisor
         self.row_bases: dict[str, Var] = {}  # mapped inputs: their row base in this round
         self.gather_rows: dict[str, Var] = {}  # gather nodes: their table row in this round
         self.first_sweep = bool(s.prefetch)  # the next sweep is the kernel's first (with prefetch on)
@@ -285,6 +286,17 @@ class RowKernel:
         tpr, vec, chunk = self.low.s.tpr, self.low.s.vec, self.low.chunk
         return add(mul(self.ix.rib, I(chunk)), add(mul(add(mul(sw.idx, I(vec)), I(j)), I(tpr)), self.ix.lane))
 
+    def reciprocal(self, name: str) -> kir.Expr:
+        """``1 / name`` of a per-row or scalar value, computed once per round (``fast_rcp``, fast arithmetic
+        only), before the sweep that asks first."""
+        if name not in self.recips:
+            vals = self.broadcast(name)
+            assert vals is not None, f"{name} varies along the row"
+            v = self.cx.var("rcp", F32)
+            self.rb.append(Assign(v, kir.MathOp("fast_rcp", (vals[0],))))
+            self.recips[name] = v
+        return self.recips[name]
+
     def broadcast(self, name: str) -> list[kir.Expr] | None:
         """The ``vec`` values of a per-row or scalar tensor (None for the others)."""
         if self.low.cls[name].varies_along_reduced:
@@ -360,6 +372,7 @@ class RowKernel:
         rv = RemapValues(self, sw, sv)
         sv.index_value = rv.node_value
         sv.iota_value = partial(self.iota_values, sw)
+        sv.reciprocal = self.reciprocal
         for acc in accs:
             vals = sv.value(str(low.nodes[acc.reduction].args[0]))
             lb.extend(acc.fold(vals[j], valid) for j in range(vec))

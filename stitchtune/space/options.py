@@ -333,6 +333,24 @@ form one cluster and combine their partials through distributed shared memory af
 the size is the split (``split == cluster``; searched through ``split`` and the scheme, which the space
 offers only where the device has clusters and ``split <= max_cluster``); 1 = no cluster."""
 
+def _always(p: Point) -> bool:
+    return True
+
+
+EXACT_MATH: Option[int] = Option(
+    "exact_math", 0, int, _always, "always", _never, vary=False, drawn=False)
+"""1: the kernels compute ``exp``, divisions, ``sigmoid`` and ``silu`` as the graph says, with CUDA's accurate
+``expf`` and IEEE division; 0 (the default): fast forms (:mod:`stitchtune.graph.fast_ops`: ``__expf``,
+``__fdividef``, one IEEE reciprocal per row and a multiply for a division by a per-row value), within the
+tolerance ``docs/fast-math.md`` states. Never drawn, asked or varied by a search (it does not change the
+memory traffic a schedule is tuned for): a user's choice, set in a schedule's JSON (``"exact_math": 1``)."""
+
+def exact_math(schedule: Any) -> bool:
+    """Whether ``schedule`` asks for exact arithmetic (:data:`EXACT_MATH`; a table without the option: no)."""
+    table = getattr(schedule, "table", None)
+    return table is not None and "exact_math" in table and bool(schedule.option("exact_math"))
+
+
 RECORDED_OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, CROSS_COMBINE, replace(SINGLE_PASS, drawn=False)))
 """The options of the space the golden files of before the cluster scheme were recorded with, ``single_pass``
 undrawn as it was then
@@ -340,5 +358,5 @@ undrawn as it was then
 ones): a space built with this table asks and draws exactly what it did then (no ``cluster`` scheme, which
 comes with the ``cluster`` option: a new scheme on the H200 necessarily changes seeded draws)."""
 
-OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, CROSS_COMBINE, SINGLE_PASS, CLUSTER))
+OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, CROSS_COMBINE, SINGLE_PASS, CLUSTER, EXACT_MATH))
 """The stitch space's options, in decision order (append new ones at the end)."""

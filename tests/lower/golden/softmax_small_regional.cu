@@ -101,8 +101,8 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
       v18 = (rv6 && (k17 < ke8));
       t2_19 = (sc0[((rib2 * 256) + (((i15 * 2) * 128) + lane1))] - acc10);
       t2_20 = (sc0[((rib2 * 256) + ((((i15 * 2) + 1) * 128) + lane1))] - acc10);
-      t3_21 = expf(t2_19);
-      t3_22 = expf(t2_20);
+      t3_21 = __expf(t2_19);
+      t3_22 = __expf(t2_20);
       acc16 = (v18 ? (acc16 + t3_21) : acc16);
       acc16 = (v18 ? (acc16 + t3_22) : acc16);
     }
@@ -134,6 +134,7 @@ extern "C" __global__ void __launch_bounds__(256) st_k1(const float* __restrict_
   int ke8 = 0;
   float acc9 = 0.0f;
   float acc10 = 0.0f;
+  float rcp20 = 0.0f;
   int i11 = 0;
   int k12 = 0;
   bool v13 = false;
@@ -143,8 +144,8 @@ extern "C" __global__ void __launch_bounds__(256) st_k1(const float* __restrict_
   float t2_17 = 0.0f;
   float t3_18 = 0.0f;
   float t3_19 = 0.0f;
-  float t5_20 = 0.0f;
   float t5_21 = 0.0f;
+  float t5_22 = 0.0f;
   lane1 = ((int)threadIdx.x % 128);
   rib2 = ((int)threadIdx.x / 128);
   for (rd3 = 0; rd3 < 2; rd3 += 1) {
@@ -156,6 +157,7 @@ extern "C" __global__ void __launch_bounds__(256) st_k1(const float* __restrict_
     acc9 = (rv6 ? st_ldcg(val0 + min(row4, 511)) : 0.0f);
     acc10 = 0.0f;
     acc10 = (acc10 + (rv6 ? st_ldcg(part1 + min(row4, 511)) : 0.0f));
+    rcp20 = __fdividef(1.0f, acc10);
     #pragma unroll
     for (i11 = 0; i11 < 1; i11 += 1) {
       k12 = (kb7 + (((i11 * 128) + lane1) * 2));
@@ -167,14 +169,14 @@ extern "C" __global__ void __launch_bounds__(256) st_k1(const float* __restrict_
       }
       t2_16 = (t0_14 - acc9);
       t2_17 = (t0_15 - acc9);
-      t3_18 = expf(t2_16);
-      t3_19 = expf(t2_17);
-      t5_20 = (t3_18 / acc10);
-      t5_21 = (t3_19 / acc10);
+      t3_18 = __expf(t2_16);
+      t3_19 = __expf(t2_17);
+      t5_21 = (t3_18 * rcp20);
+      t5_22 = (t3_19 * rcp20);
       if (v13) {
         float2 _v1;
-        _v1.x = t5_20;
-        _v1.y = t5_21;
+        _v1.x = t5_21;
+        _v1.y = t5_22;
         *reinterpret_cast<float2*>(out0 + ((row4 * 128) + k12)) = _v1;
       }
     }

@@ -148,10 +148,10 @@ extern "C" __global__ void __launch_bounds__(256, 4) st_k0(const float* __restri
       acc16 = (acc16 + pp26);
       acc17 = (acc17 + pp27);
     }
-    p28 = (1.0f / (1.0f + expf((-acc14))));
-    p29 = (1.0f / (1.0f + expf((-acc15))));
-    p30 = (1.0f / (1.0f + expf((-acc16))));
-    p31 = (1.0f / (1.0f + expf((-acc17))));
+    p28 = __fdividef(1.0f, (1.0f + __expf((-acc14))));
+    p29 = __fdividef(1.0f, (1.0f + __expf((-acc15))));
+    p30 = __fdividef(1.0f, (1.0f + __expf((-acc16))));
+    p31 = __fdividef(1.0f, (1.0f + __expf((-acc17))));
     for (i32 = 0; i32 < 128; i32 += 1) {
       r33 = (kb8 + ((i32 * 8) + tk2));
       v34 = (cv7 && (r33 < ke9));

@@ -63,13 +63,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
   float t3_26 = 0.0f;
   float t3_27 = 0.0f;
   float t3_28 = 0.0f;
+  float rcp32 = 0.0f;
   int i29 = 0;
   int k30 = 0;
   bool v31 = false;
-  float t5_32 = 0.0f;
   float t5_33 = 0.0f;
   float t5_34 = 0.0f;
   float t5_35 = 0.0f;
+  float t5_36 = 0.0f;
   lane1 = ((int)threadIdx.x % 16);
   rib2 = ((int)threadIdx.x / 16);
   for (rd3 = 0; rd3 < 1; rd3 += 1) {
@@ -112,10 +113,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
       t2_22 = (rc0[((i17 * 4) + 1)] - acc10);
       t2_23 = (rc0[((i17 * 4) + 2)] - acc10);
       t2_24 = (rc0[((i17 * 4) + 3)] - acc10);
-      t3_25 = expf(t2_21);
-      t3_26 = expf(t2_22);
-      t3_27 = expf(t2_23);
-      t3_28 = expf(t2_24);
+      t3_25 = __expf(t2_21);
+      t3_26 = __expf(t2_22);
+      t3_27 = __expf(t2_23);
+      t3_28 = __expf(t2_24);
       rc3[(i17 * 4)] = t3_25;
       rc3[((i17 * 4) + 1)] = t3_26;
       rc3[((i17 * 4) + 2)] = t3_27;
@@ -129,20 +130,21 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
     acc18 = (acc18 + __shfl_xor_sync(0xffffffffu, acc18, 4, 32));
     acc18 = (acc18 + __shfl_xor_sync(0xffffffffu, acc18, 2, 32));
     acc18 = (acc18 + __shfl_xor_sync(0xffffffffu, acc18, 1, 32));
+    rcp32 = __fdividef(1.0f, acc18);
     #pragma unroll
     for (i29 = 0; i29 < 8; i29 += 1) {
       k30 = (kb7 + (((i29 * 16) + lane1) * 4));
       v31 = (rv6 && (k30 < ke8));
-      t5_32 = (rc3[(i29 * 4)] / acc18);
-      t5_33 = (rc3[((i29 * 4) + 1)] / acc18);
-      t5_34 = (rc3[((i29 * 4) + 2)] / acc18);
-      t5_35 = (rc3[((i29 * 4) + 3)] / acc18);
+      t5_33 = (rc3[(i29 * 4)] * rcp32);
+      t5_34 = (rc3[((i29 * 4) + 1)] * rcp32);
+      t5_35 = (rc3[((i29 * 4) + 2)] * rcp32);
+      t5_36 = (rc3[((i29 * 4) + 3)] * rcp32);
       if (v31) {
         float4 _v1;
-        _v1.x = t5_32;
-        _v1.y = t5_33;
-        _v1.z = t5_34;
-        _v1.w = t5_35;
+        _v1.x = t5_33;
+        _v1.y = t5_34;
+        _v1.z = t5_35;
+        _v1.w = t5_36;
         *reinterpret_cast<float4*>(out0 + ((row4 * 512) + k30)) = _v1;
       }
     }

@@ -1,0 +1,80 @@
+"""Fast arithmetic inside kernels: the kernel operators the lowering uses where ``exact_math`` is 0.
+
+What the GPU computes, and how the emulator models it (float32 throughout, so that the emulator's error
+against the float64 reference is the GPU's; ``tests/lower/test_fast_math.py`` measures it per example):
+
+* ``fast_exp`` (``exp``): ``__expf(x)``, i.e. ``ex2.approx.ftz.f32(x * log2(e))``: one FMUL and one
+  MUFU.EX2 (an accurate ``expf`` is a range reduction, two FMAs and a MUFU.EX2 with a scale fix-up).
+  Modelled as float32 ``exp2`` of the float32 product, results below the smallest normal flushed to 0.
+* ``fast_div`` (a per-element ``a / b``): ``__fdividef(a, b)`` = ``a * rcp.approx(b)``: one MUFU.RCP and
+  one FMUL, no FCHK and no slow-path call (0 for ``2^126 < |b| < 2^128``). Modelled as
+  ``float32(a * float32(1 / b))`` with that range giving 0.
+* ``fast_sigmoid``, ``fast_silu``: the same two in ``1 / (1 + exp(-x))`` and ``x / (1 + exp(-x))``.
+
+* ``fast_rcp``: ``__fdividef(1, x)``, the reciprocal of a per-row value (softmax's sum, a norm's scale),
+  taken once per row by the lowering, which multiplies each element by it
+  (:class:`~stitchtune.lower.base.SweepValues`); a division by a constant multiplies by its float32
+  reciprocal. The documented tolerance is in ``docs/fast-math.md``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stitchtune.graph.ops import OPS, OpInfo
+
+LOG2E = np.float32(1.4426950408889634)
+_TINY = np.float32(np.finfo(np.float32).tiny)
+_RCP_ZERO = np.float32(2.0 ** 126)
+
+
+def _f32(x: object) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32)
+
+
+def fast_exp(x: object) -> np.ndarray:
+    """``ex2.approx.ftz(x * log2 e)`` in float32 (see the module docstring)."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        r = np.exp2(_f32(x) * LOG2E).astype(np.float32)
+    return np.where(np.abs(r) < _TINY, np.float32(0.0), r).astype(np.float32)
+
+
+def fast_div(a: object, b: object) -> np.ndarray:
+    """``__fdividef(a, b)`` in float32 (see the module docstring)."""
+    a32, b32 = _f32(a), _f32(b)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        r = (a32 * (np.float32(1.0) / b32)).astype(np.float32)
+        big = (np.abs(b32) > _RCP_ZERO) & np.isfinite(b32) & np.isfinite(a32)
+    return np.where(big, np.float32(0.0) * a32, r).astype(np.float32)
+
+
+def fast_sigmoid(x: object) -> np.ndarray:
+    return fast_div(np.float32(1.0), (np.float32(1.0) + fast_exp(-_f32(x))).astype(np.float32))
+
+
+def fast_silu(x: object) -> np.ndarray:
+    return fast_div(x, (np.float32(1.0) + fast_exp(-_f32(x))).astype(np.float32))
+
+
+def fast_rcp(x: object) -> np.ndarray:
+    """``__fdividef(1, x)`` in float32: the per-row reciprocal of fast arithmetic."""
+    return fast_div(np.float32(1.0), x)
+
+
+def _fast(name: str, of: str, np_fn: object, cuda: str) -> OpInfo:
+    base = OPS[of]
+    return OpInfo(name=name, kind=base.kind, arity=base.arity, np_fn=np_fn, cuda=cuda,  # type: ignore[arg-type]
+                  flops=base.flops, sfu=base.sfu)
+
+
+#: kernel operator -> its declaration (merged into :data:`stitchtune.graph.ops.KERNEL_OPS`)
+FAST_OPS: dict[str, OpInfo] = {
+    "fast_exp": _fast("fast_exp", "exp", fast_exp, "__expf({0})"),
+    "fast_div": _fast("fast_div", "div", fast_div, "__fdividef({0}, {1})"),
+    "fast_rcp": _fast("fast_rcp", "reciprocal", fast_rcp, "__fdividef(1.0f, {0})"),
+    "fast_sigmoid": _fast("fast_sigmoid", "sigmoid", fast_sigmoid, "__fdividef(1.0f, (1.0f + __expf((-{0}))))"),
+    "fast_silu": _fast("fast_silu", "silu", fast_silu, "__fdividef({0}, (1.0f + __expf((-{0}))))"),
+}
+
+#: graph operator -> its fast kernel operator (per-element use; ``exact_math`` 1 keeps the graph's)
+FAST_FORM: dict[str, str] = {"exp": "fast_exp", "div": "fast_div", "sigmoid": "fast_sigmoid", "silu": "fast_silu"}
