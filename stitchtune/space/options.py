@@ -338,7 +338,7 @@ def _always(p: Point) -> bool:
 
 
 EXACT_MATH: Option[int] = Option(
-    "exact_math", 0, int, _always, "always", _never, vary=False, drawn=False)
+    "exact_math", 0, int, _always, "always", _always, vary=False, drawn=False)
 """1: the kernels compute ``exp``, divisions, ``sigmoid`` and ``silu`` as the graph says, with CUDA's accurate
 ``expf`` and IEEE division; 0 (the default): fast forms (:mod:`stitchtune.graph.fast_ops`: ``__expf``,
 ``__fdividef``, one IEEE reciprocal per row and a multiply for a division by a per-row value), within the

@@ -138,7 +138,7 @@ def test_keys_are_those_of_the_old_code(d: dict, key: str) -> None:
 def test_flat_columns_are_the_database_columns() -> None:
     s = Schedule.from_dict({**KEYS[2][0]})
     assert list(s.flat()) == ["tpr", "block", "split", "vec", "tasks_per_block", "min_blocks", "order", "prefetch",
-                              "combine", "cross_combine", "single_pass", "cluster", "scheme_0", "scheme_1",
+                              "combine", "cross_combine", "single_pass", "cluster", "exact_math", "scheme_0", "scheme_1",
                               "reuse_0", "reuse_1"]
     assert s.flat()["prefetch"] == 0 and s.flat()["combine"] == "warp"
 

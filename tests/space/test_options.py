@@ -278,8 +278,8 @@ def test_an_option_needs_a_domain_holding_its_default() -> None:
 
 
 def test_options_table_is_in_decision_order() -> None:
-    assert OPTIONS.names == ("order", "prefetch", "combine", "cross_combine", "single_pass", "cluster")
-    assert isinstance(OPTIONS, OptionTable) and len(OPTIONS) == 6 and "order" in OPTIONS and "tpr" not in OPTIONS
+    assert OPTIONS.names == ("order", "prefetch", "combine", "cross_combine", "single_pass", "cluster", "exact_math")
+    assert isinstance(OPTIONS, OptionTable) and len(OPTIONS) == 7 and "order" in OPTIONS and "tpr" not in OPTIONS
 
 
 def test_schedule_value_semantics_with_options() -> None:
