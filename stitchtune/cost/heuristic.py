@@ -8,7 +8,8 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    per wave and a row is longer than 1024 elements (``tpr = block = 1024``, ``split`` = blocks per
    wave / rows, rounded down to a power of two); otherwise *task packing*: ``tpr`` = the power of two
    that gives each thread about 8 vectors of a row, at least 4 and at most 1024, and rows are packed
-   into 256-thread blocks. Column family: a warp of threads across 32 x ``vec`` columns, 8 threads
+   into 256-thread blocks; element-wise regions alike (short rows packed, ``tpr`` doubled until the grid
+   has two waves). Column family: a warp of threads across 32 x ``vec`` columns, 8 threads
    down the rows, and the rows split so that tiles x split fills one wave.
    A plan with cross reductions (:mod:`stitchtune.plan.cross`) never splits rows (the space requires
    split 1) and takes a persistent grid, so that few per-block partials are combined, by the
@@ -135,8 +136,7 @@ def _row(space: SearchSpace, plan: StitchPlan, dev: Device) -> Schedule:
     vec = _vec(space, N)
     wave = max_resident_blocks(dev, 1024, 32, 0) or dev.sm_count  # assume 32 regs, 1024 threads
     if plan.family == Family.ELEMENTWISE:
-        tpr = min(1024, max(32, _pow2_ceil(N / (vec * 8))))
-        return Schedule(tpr, tpr, 1, vec, 1, 0, (), ())
+        return _elementwise(space, plan, dev, vec)
     if M < wave and N > 1024 and not plan.cross:  # task splitting
         tpr = block = 1024
         split = max(1, min(max(space.domains["split"]), _pow2_floor(wave / M)))
@@ -150,6 +150,20 @@ def _row(space: SearchSpace, plan: StitchPlan, dev: Device) -> Schedule:
     # cross reductions (column sums, losses): a persistent grid keeps the per-block partials few
     tasks = PERSISTENT if plan.cross else 1
     return Schedule(tpr, block, 1, vec, tasks, 0, (scheme,) * plan.nstages, ())
+
+
+def _elementwise(space: SearchSpace, plan: StitchPlan, dev: Device, vec: int) -> Schedule:
+    """Rule 2 for element-wise regions: about 8 vectors of a row per thread (``tpr`` the power of two, at
+    most 1024), short rows packed into 256-thread blocks (a 64-float row: 16 threads, 16 rows a block, no
+    idle lanes), then ``tpr`` doubled while the grid is under two waves of such blocks and a thread still
+    has a vector of its own."""
+    block = 256 if 256 in space.domains["block"] else max(space.domains["block"])
+    vectors = math.ceil(plan.N / vec)
+    tpr = min(1024, _pow2_ceil(vectors / 8))
+    wave = max_resident_blocks(dev, block, 32, 0) or dev.sm_count
+    while tpr < min(1024, _pow2_ceil(vectors)) and math.ceil(plan.M / max(1, block // tpr)) < 2 * wave:
+        tpr *= 2
+    return Schedule(tpr, max(block, tpr), 1, vec, 1, 0, (), ())
 
 
 def _register_budget(dev: Device) -> int:

@@ -134,8 +134,8 @@ class SearchSpace(SpaceRules):
         self.domains["vec"] = [v for v in self.domains["vec"] if v * self.elem_bytes <= 16]
         if plan.family == Family.ROW:
             self.domains["tpr"] = [t for t in self.domains["tpr"] if t >= 4]
-        elif plan.family == Family.ELEMENTWISE:  # whole blocks along the row
-            self.domains["tpr"] = [t for t in self.domains["tpr"] if t >= 32]
+        elif plan.family == Family.ELEMENTWISE:  # any threads per row; short rows are packed into a block
+            pass
         else:  # column tiles at least 8 threads wide
             self.domains["tpr"] = [t for t in self.domains["tpr"] if t * 8 <= max(self.domains["block"])]
 
@@ -192,7 +192,7 @@ class SearchSpace(SpaceRules):
             max_split = max(1, math.ceil(plan.K / (tpr * vec)))
             splits = [x for x in d["split"] if x <= max_split] or [1]
             split = choose(f"split_t{tpr}_v{vec}", splits) if tpr >= 32 else 1
-            if split > 1 or fam == Family.ELEMENTWISE or tpr >= max(d["block"]):
+            if split > 1 or tpr >= max(d["block"]):  # element-wise too: several short rows per block
                 block = tpr
             else:
                 block = choose(f"block_t{tpr}", [b for b in d["block"] if b >= max(tpr, 32)])
@@ -234,7 +234,7 @@ class SearchSpace(SpaceRules):
         else:
             if tpr < 32:
                 split = 1
-            block = tpr if (split > 1 or fam == Family.ELEMENTWISE or tpr >= max(d["block"])) else max(block, tpr, 32)
+            block = tpr if (split > 1 or tpr >= max(d["block"])) else max(block, tpr, 32)
         while min_blocks and min_blocks * block > self.device.max_threads_per_sm:
             min_blocks = max((m for m in d["min_blocks"] if m < min_blocks), default=0)
         names = {"family": fam, "tpr": tpr, "split": split, "block": block, "max_cluster": self.max_cluster}

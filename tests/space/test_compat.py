@@ -144,11 +144,12 @@ def test_flat_columns_are_the_database_columns() -> None:
 
 
 def test_space_version_is_unchanged() -> None:
-    """Version 2: searches offer only schedules whose kernels fit the device (the resource check); the
-    rules are those of version 1, whose records selection still reads (re-validated). The golden files
-    above were recorded with the space without the resource check (``SearchSpace.for_plan``), which
-    offers and draws what version 1 did: the check changes a seeded sample only where it was illegal."""
-    assert load_space_file()["version"] == "2"
+    """Version 3: element-wise regions pack rows (``tpr < block``) and the ``exact_math`` option, a superset
+    of version 2 (searches offer only schedules whose kernels fit the device: the resource check), whose
+    rules are those of version 1; selection still reads the records of both (re-validated). The golden
+    files above were recorded with the space without the resource check (``SearchSpace.for_plan``): the
+    check changes a seeded sample only where it was illegal."""
+    assert load_space_file()["version"] == "3"
     _, _, space = setup("layernorm_small.json")
-    assert space.version == "2" and space.compatible_versions == ("1",)
+    assert space.version == "3" and space.compatible_versions == ("1", "2")
     assert space.resources is None
