@@ -22,8 +22,10 @@ How the features are read from the IR
 * **Global accesses** (loads, vector loads and stores, atomics of kernel parameters): per warp, the
   32-byte sectors its active threads touch against the ideal ``ceil(active x bytes / 32)``;
   ``sector_factor`` is their ratio summed over warps, accesses and trips (1.0 = every byte of every
-  sector useful; a 4-byte store per 32-byte sector gives 8). ``requested_bytes`` are the bytes the
-  active threads of all blocks ask for (trip-weighted), ``sector_bytes`` the sectors' bytes.
+  sector useful; a 4-byte store per 32-byte sector gives 8; below 1: lanes share sectors, a broadcast).
+  ``requested_bytes`` are the bytes the active threads of all blocks ask for (trip-weighted),
+  ``sector_bytes`` the sectors' bytes, ``excess_sector_bytes`` the sectors' bytes beyond each
+  access's ideal (strided accesses only).
 * **Loads in flight**: the global loads one thread issues are cut into groups that the hardware can
   have in flight together: a group ends at a barrier, a shared-memory store, a branch (``If``), the
   start or end of a rolled (not unrolled) loop (of which :data:`ROLLED_UNROLL` iterations' loads
@@ -48,8 +50,8 @@ How the features are read from the IR
   at most at the bytes its accesses request (a gathered table: the rows read).
 * **Scratch and atomics**: ``scratch_loads`` counts a thread's loads of scratch parameters the same
   kernel also writes (partials exchanged between the blocks of one launch, the cost model's scratch
-  chain); ``atomics`` counts atomics per thread outside branches whose condition depends on data
-  (an error flag's atomics almost never run).
+  chain); ``atomics`` counts atomics per thread, except error flags (a constant added under a
+  branch or predicate that depends on data: they almost never run).
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ class KernelFeatures:
     requested_bytes: float
     sector_bytes: float
     sector_factor: float
+    excess_sector_bytes: float      # sectors beyond the ideal of their access (strided), all blocks
     global_requests: float          # warp-level global accesses of one block (trip-weighted)
     active_lanes: float             # active share of the lanes of those requests (0..1)
     bytes_in_flight_per_thread: float
@@ -191,6 +194,7 @@ class _Walker:
         self.requested = 0.0
         self.sector_bytes = 0.0
         self.ideal_bytes = 0.0
+        self.excess_bytes = 0.0
         self.requests = 0.0
         self.lanes = 0.0
         self.read: set[str] = set()
@@ -311,6 +315,7 @@ class _Walker:
         self.requested += trips * n_act * nbytes * blocks
         self.per_param[buf] = self.per_param.get(buf, 0.0) + trips * n_act * nbytes * blocks
         self.sector_bytes += trips * sectors * 32 * blocks
+        self.excess_bytes += trips * max(0, sectors - ideal) * 32 * blocks
         self.ideal_bytes += trips * ideal * 32 * blocks
         self.requests += trips * warps
         self.lanes += trips * n_act / 32.0
@@ -423,7 +428,9 @@ class _Walker:
                                        trips, True)
                     self.close_group()
             elif isinstance(s, kir.AtomicAdd):
-                self.atomics += 0.0 if self.guarded else trips * frac
+                # an error flag (a constant added under a data-dependent predicate or branch) almost never runs
+                flag = isinstance(s.value, kir.Const) and (self.guarded or (s.pred is not None and self.ev(s.pred) is None))
+                self.atomics += 0.0 if flag else trips * frac
                 if s.buf in self.params:
                     self.global_access(s.buf, s.index, 1, s.pred, mask, trips, "atomic")
             elif isinstance(s, kir.RemoteStore):
@@ -530,7 +537,7 @@ def kernel_features(kernel: kir.Kernel, grid: int, device: Device, registers: in
         name=kernel.name, grid=int(grid), block=kernel.block, registers=regs, smem_bytes=kernel.smem_bytes,
         blocks_per_sm=occ.blocks_per_sm, occupancy=occ.occupancy, waves=grid / (bps * device.sm_count),
         unique_bytes=int(unique), requested_bytes=w.requested, sector_bytes=w.sector_bytes,
-        sector_factor=w.sector_bytes / w.ideal_bytes if w.ideal_bytes else 1.0,
+        sector_factor=w.sector_bytes / w.ideal_bytes if w.ideal_bytes else 1.0, excess_sector_bytes=w.excess_bytes,
         global_requests=w.requests, active_lanes=w.lanes / w.requests if w.requests else 1.0,
         bytes_in_flight_per_thread=bif, loads_in_flight=lif, chained_loads=w.chained,
         smem_requests=w.smem_req, smem_wavefronts=w.smem_wave,

@@ -20,8 +20,9 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
   ``bw_efficiency`` x copy bandwidth and that over ``dram_latency_ns`` (Little's law). DRAM bytes are
   the unique bytes plus the sector bytes beyond them (re-reads, strided sectors) that miss the L2
   (all of them hit when the unique bytes fit ``l2_keep`` x L2). Every sector also passes the L2 at
-  ``l2_bw_factor`` x copy bandwidth (strided sectors cost there even when they hit). Memory time is
-  the larger of the two.
+  ``l2_bw_factor`` x copy bandwidth, and the sectors beyond each access's ideal (strided: a transposed
+  store's 4 useful bytes per 32-byte sector) at ``strided_bw_factor`` x copy bandwidth, even when they
+  hit. Memory time is the largest of the three.
 * **issue**: per thread (features are per-thread counts) float ops, divisions x ``div_cycles``,
   transcendentals x ``sfu_cycles``, over the FP32 lanes of the SMs; shared-memory wavefronts
   (conflicts counted) x ``smem_cycles`` per SM and clock.
@@ -68,6 +69,7 @@ class Coefficients:
     bw_efficiency: float = 0.92      # streaming / copy bandwidth at full bytes in flight
     dram_latency_ns: float = 700.0   # loaded DRAM latency (Little's law)
     l2_bw_factor: float = 2.5        # L2 sector bandwidth / copy bandwidth
+    strided_bw_factor: float = 0.5   # bandwidth of sectors beyond an access's ideal / copy bandwidth
     l2_keep: float = 0.6             # share of the L2 a kernel's data can stay in
     div_cycles: float = 8.0          # issue cycles of a float division per lane
     sfu_cycles: float = 4.0          # issue cycles of a transcendental per lane
@@ -103,6 +105,7 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "bw_efficiency": (0.3, 1.0),
     "dram_latency_ns": (200.0, 5000.0),
     "l2_bw_factor": (0.5, 10.0),
+    "strided_bw_factor": (0.05, 10.0),
     "div_cycles": (0.5, 200.0),
     "sfu_cycles": (0.5, 200.0),
     "smem_cycles": (0.1, 50.0),
@@ -152,7 +155,8 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
     cap = c.bw_efficiency * copy
     bw = (cap ** -_SMOOTH_P + np.maximum(little, 1e-12) ** -_SMOOTH_P) ** (-1.0 / _SMOOTH_P)   # smooth minimum
     dram = unique + np.maximum(0.0, f.sector_bytes - unique) * (1.0 - hit)
-    memory = np.maximum(dram / bw, f.sector_bytes / (c.l2_bw_factor * copy)) / 1000.0
+    memory = np.maximum(np.maximum(dram / bw, f.sector_bytes / (c.l2_bw_factor * copy)),
+                        f.excess_sector_bytes / (c.strided_bw_factor * copy)) / 1000.0
     threads = np.asarray(f.grid, dtype=float) * f.block
     lane_us = device.fp32_lanes_per_sm * device.clock_mhz * sms          # lane-cycles per µs
     issue = (threads * (f.float_ops * c.flop_cycles + f.divisions * c.div_cycles + f.transcendentals * c.sfu_cycles)

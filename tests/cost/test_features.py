@@ -54,6 +54,19 @@ def test_strided_store_has_sector_factor_eight() -> None:
     assert per[("out0", "store")] == pytest.approx(8.0)
     assert per[("in0", "load")] == pytest.approx(1.0)
     assert f.sector_factor == pytest.approx((1 + 8) / 2)
+    assert f.excess_sector_bytes == (32 - 4) * 32     # only the strided store's sectors beyond its ideal
+
+
+def test_an_error_flag_is_not_an_atomic_but_a_scatter_add_is() -> None:
+    from stitchtune.ir.kir import AtomicAdd
+
+    r = Var("r", I32)
+    flag = (Param("gerr0", "float32", 1, "scratch"),)
+    body = (Assign(r, IndexLoad("ids", TID, 8)),
+            AtomicAdd("gerr0", Const(0, I32), Const(1.0), Bin("<", r, Const(0, I32))),      # error flag
+            AtomicAdd("out0", r, Load("in0", TID), Bin(">=", r, Const(0, I32))))             # scatter add
+    f = feats(body, n=32, out_n=8, extra=flag + (Param("ids", "int32", 32, "input"),))
+    assert f.atomics == 1.0
 
 
 def test_vector_loads_in_an_unrolled_loop_are_in_flight_together() -> None:
