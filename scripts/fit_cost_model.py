@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     for r, t in zip(rows, predict_rows(rows, dev, full)):
         r["insample_us"] = float(t)
 
-    lines = [f"# Cost-model fit on {dev.key} (python scripts/fit_cost_model.py; {len(rows)} measured rows)", "",
+    cmd = " ".join(["python scripts/fit_cost_model.py", *(argv if argv is not None else sys.argv[1:])])
+    lines = [f"# Cost-model fit on {dev.key} ({len(rows)} measured rows)", "", f"    {cmd}  # at {_git('rev-parse', '--short', 'HEAD')}", "",
              "All times in us. measured = H200 (committed data); every other column is PREDICTED.",
              "before = old model (cost.model.predict, launch term included); default = feature model, default "
              "coefficients; held out = feature model fitted without the row's group (leave-one-model-out); "
