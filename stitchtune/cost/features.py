@@ -45,9 +45,9 @@ How the features are read from the IR
   ``scratch_loads``: loads of scratch parameters per thread; ``grid_barriers``: grid-wide barriers per
   thread; ``load_phases``: barrier-separated parts of a thread's program that issue global loads (at low
   occupancy they cannot overlap, each waits for DRAM).
-* **Bytes**: ``unique_bytes`` are the sizes of the parameters the kernel reads plus those it writes
-  (each counted once: the DRAM floor of the launch, scratch counted both ways), a parameter counted
-  at most at the bytes its accesses request (a gathered table: the rows read).
+* **Bytes**: ``unique_bytes`` are the sizes of the parameters the kernel reads or writes, each counted
+  once (the DRAM floor of the launch), a parameter counted at most at the bytes its accesses
+  request (a gathered table: the rows read).
 * **Scratch and atomics**: ``scratch_loads`` counts a thread's loads of scratch parameters the same
   kernel also writes (partials exchanged between the blocks of one launch, the cost model's scratch
   chain); ``atomics`` counts atomics per thread, except error flags (a constant added under a
@@ -531,7 +531,7 @@ def kernel_features(kernel: kir.Kernel, grid: int, device: Device, registers: in
 
     scratch_loads = sum(t for b, t in w.scratch_by_buf.items() if b in w.written)
 
-    unique = sum(nbytes(b) for b in w.read) + sum(nbytes(b) for b in w.written)
+    unique = sum(nbytes(b) for b in w.read | w.written)
     dead = 4 * sum(s.size for s in kernel.shared if s.name in w.smem_stored and s.name not in w.smem_loaded)
     return KernelFeatures(
         name=kernel.name, grid=int(grid), block=kernel.block, registers=regs, smem_bytes=kernel.smem_bytes,

@@ -221,3 +221,28 @@ def example_program() -> kir.Program:
     plan = make_plan(g)
     space = legal_space(g, plan, H200)
     return lower(g, plan, heuristic_schedule(plan, H200, space), H200, space)
+
+
+@pytest.mark.parametrize("name", ["layernorm_backward_small", "cross_entropy_small", "embed_gather_layernorm_small",
+                                  "colsum_sigmoid_scale_small", "llama_rotary_small"])
+def test_features_of_lowered_examples_are_sane(name: str) -> None:
+    from pathlib import Path
+
+    from stitchtune.deploy.selection import heuristic_schedule
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.lower.entry import lower
+    from stitchtune.lower.resources import legal_space
+    from stitchtune.plan.planner import make_plan
+
+    g = load_graph(Path(__file__).resolve().parents[2] / "examples" / f"{name}.json")
+    plan = make_plan(g)
+    space = legal_space(g, plan, H200)
+    prog = lower(g, plan, heuristic_schedule(plan, H200, space), H200, space)
+    fs = program_features(prog, H200)
+    total = sum(b.nbytes for b in prog.buffers)
+    for f in fs:
+        assert 0 < f.unique_bytes <= total
+        assert f.requested_bytes > 0 and f.sector_bytes > 0 and f.unknown_trips == 0
+        assert 0 < f.active_lanes <= 1 and f.bytes_in_flight_per_thread >= 1
+        assert f.bank_conflict >= 1 and f.blocks_per_sm >= 1
+    assert predict_program(prog, H200).time_us > 0
