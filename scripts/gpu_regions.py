@@ -91,12 +91,13 @@ def region_inputs(torch: Any, module: Any, device: str) -> list[Any]:
 def _profiled(torch: Any, fn: Callable[[], Any], iters: int) -> list[tuple[str, float]]:
     from torch.profiler import ProfilerActivity, profile
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
+    with torch.no_grad():   # the region's ops alone, as the backend's inference graphs run them
+        fn()   # compile and warm up
         torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                fn()
+            torch.cuda.synchronize()
     return [(e.name[:48], float(e.time_range.elapsed_us())) for e in prof.events()
             if str(getattr(e, "device_type", "")).endswith("CUDA")]
 
