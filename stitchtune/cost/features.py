@@ -48,9 +48,10 @@ How the features are read from the IR
 * **Bytes**: ``unique_bytes`` are the sizes of the parameters the kernel reads or writes, each counted
   once (the DRAM floor of the launch), a parameter counted at most at the bytes its accesses
   request (a gathered table: the rows read).
-* **Scratch and atomics**: ``scratch_loads`` counts a thread's loads of scratch parameters the same
-  kernel also writes (partials exchanged between the blocks of one launch, the cost model's scratch
-  chain); ``atomics`` counts atomics per thread, except error flags (a constant added under a
+* **Scratch and atomics**: ``scratch_loads`` counts a thread's loads of scratch parameters that the
+  same kernel also writes (partials exchanged between the blocks of one launch) or that every lane of
+  a warp reads at the same few words (a row's partials combined by all its threads, from an earlier
+  kernel): the cost model's scratch chain (a scratch array read once per thread, coalesced, is not); ``atomics`` counts atomics per thread, except error flags (a constant added under a
   branch or predicate that depends on data: they almost never run).
 """
 
@@ -211,6 +212,7 @@ class _Walker:
         self.atomics = 0.0
         self.scratch_loads = 0.0
         self.scratch_by_buf: dict[str, float] = {}
+        self.scratch_shared = 0.0
         self.per_param: dict[str, float] = {}
         self.grid_syncs = 0.0
         self.unknown_idx = 0
@@ -320,6 +322,8 @@ class _Walker:
         self.requests += trips * warps
         self.lanes += trips * n_act / 32.0
         self.per_access.append((buf, kind, trips, sectors / ideal if ideal else 1.0))
+        if kind == "load" and p.role == "scratch" and idx is not None and ideal and sectors * 4 <= ideal:
+            self.scratch_shared += trips    # a warp's lanes read the same few words: partials combined
 
     def shared_access(self, buf: str, index: kir.Expr, width: int, mask: np.ndarray, trips: float,
                       store: bool) -> None:
@@ -529,7 +533,7 @@ def kernel_features(kernel: kir.Kernel, grid: int, device: Device, registers: in
         size = p.size * (4 if p.role == "barrier" else kir.ELEM_BYTES[p.dtype])
         return int(min(size, w.per_param.get(name, size)))   # a gathered table: the rows read
 
-    scratch_loads = sum(t for b, t in w.scratch_by_buf.items() if b in w.written)
+    scratch_loads = max(w.scratch_shared, sum(t for b, t in w.scratch_by_buf.items() if b in w.written))
 
     unique = sum(nbytes(b) for b in w.read | w.written)
     dead = 4 * sum(s.size for s in kernel.shared if s.name in w.smem_stored and s.name not in w.smem_loaded)

@@ -117,6 +117,20 @@ def test_a_rolled_loop_keeps_one_iteration_in_flight() -> None:
     assert f.requested_bytes == (16 + 1) * 32 * 4
 
 
+def test_scratch_chain_counts_shared_partials_not_a_coalesced_read() -> None:
+    i, acc = Var("i", I32), Var("acc")
+    part = (Param("part0", "float32", 64, "scratch"),)
+
+    def combine(index: kir.Expr) -> KernelFeatures:
+        body = (Assign(acc, Const(0.0)),
+                For(i, Const(0, I32), Const(2, I32), 1, (Assign(acc, Bin("+", acc, Load("part0", index))),)),
+                StoreVec("out0", TID, (acc,)))
+        return feats(body, n=32, extra=part)
+
+    assert combine(i).scratch_loads == 2                                         # every lane: the same partial
+    assert combine(Bin("+", Bin("*", i, Const(32, I32)), TID)).scratch_loads == 0  # one partial per lane
+
+
 def test_divisions_and_transcendentals_are_counted_per_element() -> None:
     i, x, y = Var("i", I32), Var("x"), Var("y")
     body = (For(i, Const(0, I32), Const(8, I32), 1, (
