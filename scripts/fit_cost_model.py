@@ -18,7 +18,8 @@ Data (all measured on an NVIDIA H200; nothing here is measured anew):
 
 Each row is one measured time and its launches' :class:`~stitchtune.cost.features.KernelFeatures`;
 ``--dataset`` reuses a dataset file written by an earlier run (``<out>/dataset.json``: no torch or
-transformers needed). The fit: ``scipy.optimize.least_squares`` on log(predicted / measured), soft-L1
+transformers needed); without it the script also writes ``<out>/budget.md``: BERT inference's
+40-trial budget split by the old and the fitted model. The fit: ``scipy.optimize.least_squares`` on log(predicted / measured), soft-L1
 loss, with a weak pull of each coefficient towards its default. The groups ("models") are the five
 database graphs and the two BERT sets; every figure labelled "held out" comes from a fit that did
 not see that group (leave-one-model-out). "before" is the old model (stitchtune.cost.model.predict,
@@ -171,6 +172,27 @@ def bert_inference_rows(dev: Any) -> tuple[list[dict[str, Any]], list[str]]:
     return out, notes
 
 
+def budget_lines(dev: Any, trials: int = 40) -> list[str]:
+    """BERT inference's whole-model budget split (deploy.model_tuning's rule) by the old and the fitted model."""
+    from stitchtune.cost.fitted import predict_program
+    from stitchtune.cost.model import predict
+    from stitchtune.tune.budget import split_by_share
+
+    groups: dict[str, list[Any]] = {}
+    for reg in _capture("bert", "inference"):
+        groups.setdefault(reg.graph.workload_key(), []).append(reg)
+    rows = []
+    for regs in groups.values():
+        prog = _heuristic(regs[0].graph, dev)
+        rows.append((regs[0].name, len(regs), predict(prog.profile, dev).time_us, predict_program(prog, dev).time_us))
+    old = split_by_share([n * o for _, n, o, _ in rows], trials)
+    new = split_by_share([n * f for _, n, _, f in rows], trials)
+    out = [f"## BERT inference: {trials} trials split by predicted share (deploy.model_tuning), PREDICTED times", "",
+           "| region | x | old model us | trials | fitted model us | trials |", "|---|---|---|---|---|---|"]
+    out += [f"| {name} | {n} | {o:.1f} | {a} | {f:.1f} | {b} |" for (name, n, o, f), a, b in zip(rows, old, new)]
+    return out
+
+
 # ------------------------------------------------------------------------------------------ the fit
 def ordering(rows: list[dict[str, Any]], key: str) -> list[tuple[str, str, bool]]:
     """Per database workload: is the heuristic vs the best measured schedule ordered as measured?"""
@@ -207,10 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     out = REPO / a.out
     out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
+    budget: list[str] = []
     if a.dataset:
         data = json.loads(Path(a.dataset).read_text())
         rows, notes = data["rows"], data.get("notes", [])
     else:
+        budget = budget_lines(dev)
+        (out / "budget.md").write_text("\n".join(budget) + "\n")
         rows = db_rows(dev)
         r2, n2 = bert_train_rows(dev)
         r3, n3 = bert_inference_rows(dev)
