@@ -17,9 +17,8 @@ TRANSCENDENTAL_OPS = frozenset({"exp", "log", "tanh", "sin", "cos", "erf", "gelu
                                 "rsqrt", "sigmoid", "silu", "log1p", "expm1", "exp2", "log2"})
 _MAX_UNROLL = 256   # an unrolled loop longer than this is treated as rolled when grouping loads
 #: iterations of a rolled loop whose loads are taken to be in flight together. nvcc may unroll a small
-#: loop by 4, but when the fit was built 1 predicted the committed H200 data better
-#: (scripts/fit_cost_model.py, an earlier form of the model: 50% of the rows within +-25% held out,
-#: against 38% with 4), so no unrolling is assumed
+#: loop by 4, but 1 predicts the committed H200 data better (scripts/fit_cost_model.py, leave-one-
+#: model-out: 58% of the rows within +-25% with 1, 39% with 4), so no unrolling is assumed
 ROLLED_UNROLL = 1
 
 
