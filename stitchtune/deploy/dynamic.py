@@ -69,6 +69,10 @@ class CompiledBucket:
     sources: str
     cubin: bytes | None = field(default=None, repr=False, compare=False)
     _state: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: why this schedule (the selection's reason; "" when not known)
+    reason: str = field(default="", compare=False)
+    #: the search space version the schedule was checked in
+    space_version: str = field(default="", compare=False)
 
     def __repr__(self) -> str:
         return (f"<CompiledBucket {self.key.label() or 'static'}: schedule {self.schedule.key()} ({self.source}), "
@@ -116,16 +120,18 @@ class CompiledBucket:
 
 
 def compile_dynamic(dgraph: DynamicGraph, key: BucketKey, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB,
-                    device: Any = None, *, schedule: Any = None, build: bool | None = None
-                    ) -> CompiledBucket | DynamicRefusal:
+                    device: Any = None, *, schedule: Any = None, build: bool | None = None,
+                    deterministic: bool = False) -> CompiledBucket | DynamicRefusal:
     """Compile bucket ``key`` of ``dgraph`` (module docstring). ``device``: a Device, a preset name, or
     None (the local GPU, else the H200 preset); ``build`` as :func:`stitchtune.deploy.compiled.compile`.
     The schedule: ``schedule`` when given, else the database's best record of this bucket
     (:func:`stitchtune.deploy.selection.choose_schedule` on the representative graph, ``bucket=``), else
-    the heuristic; one the generic kernel refuses falls back to the heuristic (logged)."""
+    the heuristic; one the generic kernel refuses falls back to the heuristic (logged). ``deterministic``: only
+    bitwise-reproducible records (a given schedule that is not: ScheduleError)."""
     db = resolve_db(db)
     from stitchtune.deploy.compiled import _build
     from stitchtune.deploy.selection import choose_schedule
+    from stitchtune.errors import ScheduleError
     from stitchtune.gpu.build import nvcc_found
     from stitchtune.gpu.render import render
     from stitchtune.hardware.device import check_fits, get_device
@@ -146,18 +152,24 @@ def compile_dynamic(dgraph: DynamicGraph, key: BucketKey, db: str | os.PathLike[
     space = SearchSpace.for_plan(fit.plan, dev)
     if schedule is not None:
         s = schedule if isinstance(schedule, Schedule) else Schedule.from_dict(dict(schedule))
-        source = "given"
+        source, reason = "given", "schedule given by the caller"
+        if deterministic and not s.deterministic:
+            raise ScheduleError("schedule is not bitwise reproducible (cross_combine atomic uses float atomics); "
+                                "--deterministic refuses it")
     else:
-        choice = choose_schedule(fit.graph, db, dev, plan=fit.plan, space=space, bucket=key.label())
-        s, source = choice.schedule, choice.source
+        choice = choose_schedule(fit.graph, db, dev, plan=fit.plan, space=space, bucket=key.label(),
+                                 deterministic=deterministic)
+        s, source, reason = choice.schedule, choice.source, choice.reason
     program = lower_dynamic(fit, s, dev, space)
     if isinstance(program, DynamicRefusal) and source != "given":
         log.info("bucket %s: schedule %s refused by the generic kernel (%s); the generic heuristic instead",
                  key.label(), s.key(), program)
+        reason = f"the generic heuristic: {source} schedule {s.key()} refused by the generic kernel ({program})"
         s, source = generic_heuristic(fit, dev, space), "heuristic"
         program = lower_dynamic(fit, s, dev, space)
     if isinstance(program, DynamicRefusal):
         return program
     sources = render(program)
     cubin = _build(sources, dev.arch)[1] if build or (build is None and nvcc_found()) else None
-    return CompiledBucket(key, dgraph, dev, s, source, program, sources, cubin)
+    return CompiledBucket(key, dgraph, dev, s, source, program, sources, cubin, reason=reason,
+                          space_version=str(space.version))
