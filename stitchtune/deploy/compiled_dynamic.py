@@ -55,7 +55,7 @@ import numpy as np
 
 from stitchtune import __version__
 from stitchtune.deploy.dynamic import CompiledBucket, compile_dynamic
-from stitchtune.errors import GraphError, StitchtuneError
+from stitchtune.errors import GraphError, StitchtuneError, UnsupportedGraphError
 from stitchtune.graph.dynamic import BucketKey, DynamicGraph, DynamicRefusal
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
 
@@ -258,7 +258,13 @@ class DynamicCompiledGraph:
         if cg is None:
             if len(self._state) >= MAX_STATIC:
                 self._state.pop(next(iter(self._state)))
-            cg = self._state[k] = st_compile(self.dgraph.at(extents), db=self.db, device=self.device, build=build)
+            try:
+                cg = st_compile(self.dgraph.at(extents), db=self.db, device=self.device, build=build)
+            except StitchtuneError as e:   # e.g. no plan at these extents: say where
+                at = ", ".join(f"{d}={v}" for d, v in sorted(extents.items()))
+                kind = UnsupportedGraphError if isinstance(e, UnsupportedGraphError) else StitchtuneError
+                raise kind(problems=[f"{self.name} at {at}: {p}" for p in e.problems]) from None
+            self._state[k] = cg
         return cg
 
     def emulate(self, **arrays: np.ndarray) -> dict[str, np.ndarray]:
