@@ -2,7 +2,7 @@
 
 Interface (shared with the torch backend, ``deploy/torch_*``)
 -------------------------------------------------------------
-``compile_dynamic(dgraph, key, db=DEFAULT_DB, device=None, *, schedule=None, build=None)
+``compile_dynamic(dgraph, key, db=DEFAULT_DB, device=None, *, schedule=None, build=None, deterministic=False)
 -> DynamicCompiled | DynamicRefusal``
 
 * ``dgraph``: a :class:`~stitchtune.graph.dynamic.DynamicGraph`; ``key``: a
@@ -12,8 +12,9 @@ Interface (shared with the torch backend, ``deploy/torch_*``)
   launch from the extents) and index maps that need an extent read the argument. One compile (one
   nvcc build) serves every extent of the bucket.
 * The schedule is the database's best record for (structure, device, versions, bucket label), else
-  the heuristic at the largest extents (``schedule=`` overrides it).
-* A graph or schedule the generic kernel cannot serve gives a
+  the heuristic at the largest extents (``schedule=`` overrides it; one the generic kernel refuses is a
+  ScheduleError). ``CompiledBucket.source`` / ``.reason`` say where the schedule came from and why.
+* A graph the generic kernel cannot serve (or, with no schedule given, no schedule it accepts) gives a
   :class:`~stitchtune.graph.dynamic.DynamicRefusal` (data, never an exception): the caller compiles
   per extent with :func:`stitchtune.deploy.compiled.compile` instead.
 
@@ -126,8 +127,9 @@ def compile_dynamic(dgraph: DynamicGraph, key: BucketKey, db: str | os.PathLike[
     None (the local GPU, else the H200 preset); ``build`` as :func:`stitchtune.deploy.compiled.compile`.
     The schedule: ``schedule`` when given, else the database's best record of this bucket
     (:func:`stitchtune.deploy.selection.choose_schedule` on the representative graph, ``bucket=``), else
-    the heuristic; one the generic kernel refuses falls back to the heuristic (logged). ``deterministic``: only
-    bitwise-reproducible records (a given schedule that is not: ScheduleError)."""
+    the heuristic; one the generic kernel refuses falls back to the heuristic (logged), a given one is a
+    ScheduleError naming the refusal. ``deterministic``: only bitwise-reproducible records (a given schedule
+    that is not: ScheduleError)."""
     db = resolve_db(db)
     from stitchtune.deploy.compiled import _build
     from stitchtune.deploy.selection import choose_schedule
@@ -167,6 +169,8 @@ def compile_dynamic(dgraph: DynamicGraph, key: BucketKey, db: str | os.PathLike[
         reason = f"the generic heuristic: {source} schedule {s.key()} refused by the generic kernel ({program})"
         s, source = generic_heuristic(fit, dev, space), "heuristic"
         program = lower_dynamic(fit, s, dev, space)
+    if isinstance(program, DynamicRefusal) and source == "given":
+        raise ScheduleError(f"schedule {s.key()}: the generic kernel of bucket {key.label()} refuses it ({program})")
     if isinstance(program, DynamicRefusal):
         return program
     sources = render(program)
