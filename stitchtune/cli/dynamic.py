@@ -141,6 +141,7 @@ def cmd_compile(args: argparse.Namespace, dg: Any) -> int:
             print(f"  {entry['label']}: no generic kernel ({b.refusal}): compiled per extent when called")
             continue
         ks = "; ".join(f"{k['kernel']} grid {k['grid']['at_min']}..{k['grid']['at_max']} x block {k['block'][0]}"
+                       + (f", {k['registers']} registers" if k.get("registers") is not None else "")
                        for k in entry["kernels"])
         print(f"  {entry['label']}: schedule {entry['schedule_key']} ({b.source}): {ks}")
     generic = [b for b in cg.buckets if not isinstance(b, RefusedBucket)]

@@ -187,7 +187,6 @@ class CompiledGraph:
         where = ascii(str(d))
         try:
             raw = (d / "manifest.json").read_bytes()[: MAX_MANIFEST_BYTES + 1]
-            sources = (d / "kernels.cu").read_text()
         except OSError as exc:
             raise StitchtuneError(f"cannot read compiled graph {where}: {exc.strerror or exc}") from None
         if len(raw) > MAX_MANIFEST_BYTES:
@@ -196,6 +195,9 @@ class CompiledGraph:
             m = json.loads(raw)
             if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT:
                 raise ValueError(f"unknown manifest format {m.get('format') if isinstance(m, dict) else None!r}")
+            if m.get("kind") == "dynamic":   # DynamicCompiledGraph.write: one folder per bucket
+                raise StitchtuneError(f"{where} holds the buckets of a graph with dynamic dims: "
+                                      "stitchtune.deploy.compiled_dynamic.DynamicCompiledGraph.load reads it")
             graph = Graph.from_dict(m["graph"])
             device = Device.from_dict(m["device"])
             schedule = Schedule.from_dict(m["schedule"])
@@ -208,6 +210,10 @@ class CompiledGraph:
         if str(m.get("codegen_version")) != str(CODEGEN_VERSION):
             raise StitchtuneError(f"{where} was compiled by code generator version {m.get('codegen_version')!a}; "
                                   f"this stitchtune has {CODEGEN_VERSION}: recompile it")
+        try:
+            sources = (d / "kernels.cu").read_text()
+        except OSError as exc:
+            raise StitchtuneError(f"cannot read compiled graph {where}: {exc.strerror or exc}") from None
         plan = make_plan(graph)
         program = lower(graph, plan, schedule, device, SearchSpace.for_plan(plan, device))
         if render(program) != sources:

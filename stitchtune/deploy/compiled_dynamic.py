@@ -145,7 +145,7 @@ def _name(dg: DynamicGraph) -> str:
     return str(dg.template.get("name", "graph"))
 
 
-def _kernel_dict(program: Any, index: int, key: BucketKey) -> dict[str, Any]:
+def _kernel_dict(program: Any, index: int, key: BucketKey, registers: Mapping[str, int]) -> dict[str, Any]:
     ln = program.launches[index]
     k = program.kernel(ln.kernel)
     bufs = {b.name: b for b in program.buffers}
@@ -160,7 +160,7 @@ def _kernel_dict(program: Any, index: int, key: BucketKey) -> dict[str, Any]:
         "persistent": rule.persistent, "grid_barrier": rule.needs_sync}
     grid.update({"at_min": int(dyn.grid(index, lo)), "at_max": int(dyn.grid(index, key.largest()))})
     return {"kernel": ln.kernel, "grid": grid, "block": [int(ln.block), 1, 1],
-            "dynamic_smem_bytes": int(ln.smem_bytes), "args": args}
+            "dynamic_smem_bytes": int(ln.smem_bytes), "registers": registers.get(ln.kernel), "args": args}
 
 
 def _bucket_dict(b: CompiledBucket | RefusedBucket) -> dict[str, Any]:
@@ -173,7 +173,7 @@ def _bucket_dict(b: CompiledBucket | RefusedBucket) -> dict[str, Any]:
     sizes = dict(p.dynamic.sizes)
     return {**head, "dir": bucket_dir(b.key), "schedule": b.schedule.to_dict(), "schedule_key": b.schedule.key(),
             "choice": {"source": b.source, "reason": b.reason}, "planned_extents": dict(p.dynamic.planned),
-            "kernels": [_kernel_dict(p, i, b.key) for i in range(len(p.launches))],
+            "kernels": [_kernel_dict(p, i, b.key, dict(b.registers)) for i in range(len(p.launches))],
             "buffers": [{"name": x.name, "dtype": "uint32" if x.role == "barrier" else x.dtype,
                          "size": str(sizes[x.name]) if x.name in sizes else int(x.size), "role": x.role,
                          "tensor": x.tensor or None, "zero_init": bool(x.zero_init or x.role == "barrier")}

@@ -74,6 +74,8 @@ class CompiledBucket:
     reason: str = field(default="", compare=False)
     #: the search space version the schedule was checked in
     space_version: str = field(default="", compare=False)
+    #: ptxas registers per kernel when the cubin was built here (``()``: not built)
+    registers: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
     def __repr__(self) -> str:
         return (f"<CompiledBucket {self.key.label() or 'static'}: schedule {self.schedule.key()} ({self.source}), "
@@ -174,6 +176,9 @@ def compile_dynamic(dgraph: DynamicGraph, key: BucketKey, db: str | os.PathLike[
     if isinstance(program, DynamicRefusal):
         return program
     sources = render(program)
-    cubin = _build(sources, dev.arch)[1] if build or (build is None and nvcc_found()) else None
+    cubin, regs = None, ()
+    if build or (build is None and nvcc_found()):
+        res, cubin = _build(sources, dev.arch)
+        regs = tuple(sorted((str(k), int(v)) for k, v in (getattr(res, "registers", None) or {}).items()))
     return CompiledBucket(key, dgraph, dev, s, source, program, sources, cubin, reason=reason,
-                          space_version=str(space.version))
+                          space_version=str(space.version), registers=regs)

@@ -167,6 +167,26 @@ def test_stitchtune_compile_of_a_dynamic_file_runs_at_any_extent_and_round_trips
                       DynamicCompiledGraph)
 
 
+def test_a_built_bucket_lists_its_registers_and_the_static_loader_points_to_the_dynamic_one(tmp_path: Path) -> None:
+    from stitchtune.deploy.compiled import CompiledGraph
+    from stitchtune.gpu.build import nvcc_found
+
+    dg = parse_dynamic(json.loads(small("layernorm_seq", tmp_path).read_text()))
+    build = nvcc_found()
+    cg = compile_buckets(dg, db=None, device=DEV, keys=[dg.key_of({"seq": 20})], build=build)
+    [k] = cg.manifest["buckets"][0]["kernels"]
+    if build:
+        assert isinstance(k["registers"], int) and k["registers"] > 0
+        assert cg.manifest["buckets"][0]["cubin"] == "seq-17-32/kernels.cubin"
+    else:
+        assert k["registers"] is None
+    cg.write(tmp_path / "c")
+    with pytest.raises(StitchtuneError, match="DynamicCompiledGraph.load reads it"):
+        CompiledGraph.load(tmp_path / "c")
+    back = DynamicCompiledGraph.load(tmp_path / "c")
+    assert (back.buckets[0].cubin is not None) == build
+
+
 def test_a_bucket_the_generic_kernel_refuses_is_compiled_per_extent() -> None:
     obj: dict[str, Any] = {"name": "cs", "dynamic": {"seq": {"min": 1, "max": 64}},
                            "inputs": {"x": {"shape": ["seq", 64], "dtype": "float32"}},
