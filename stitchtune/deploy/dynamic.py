@@ -176,7 +176,8 @@ def compile_dynamic(dgraph: DynamicGraph, key: BucketKey, db: str | os.PathLike[
     if isinstance(program, DynamicRefusal):
         return program
     sources = render(program)
-    cubin, regs = None, ()
+    cubin: bytes | None = None
+    regs: tuple[tuple[str, int], ...] = ()
     if build or (build is None and nvcc_found()):
         res, cubin = _build(sources, dev.arch)
         regs = tuple(sorted((str(k), int(v)) for k, v in (getattr(res, "registers", None) or {}).items()))
