@@ -149,7 +149,8 @@ def cmd_compile(args: argparse.Namespace, dg: Any) -> int:
     tuned = sum(b.source == "tuned" for b in generic)
     line = f"  {tuned} of {len(cg.buckets)} bucket(s) tuned"
     if rest:
-        line += (f"; {len(rest)} without a record of their bucket use the heuristic or a nearest-shape schedule "
+        kinds = " or ".join(f"{k} schedule" for k in sorted({b.source for b in rest}))
+        line += (f"; {len(rest)} without a record of their bucket use the {kinds} "
                  f"(`stitchtune search {dynamic_hint(dg)}` tunes them)")
     print(line)
     if all(b.cubin is None for b in generic):

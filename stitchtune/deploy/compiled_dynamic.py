@@ -131,11 +131,14 @@ def compile_buckets(dgraph: DynamicGraph, db: str | os.PathLike[str] | None | De
             got = compile_dynamic(dgraph, key, db=db, device=dev, schedule=schedule, build=build,
                                   deterministic=deterministic)
             out.append(RefusedBucket(key, got) if isinstance(got, DynamicRefusal) else got)
-    fallback = [b.key.label() for b in out if isinstance(b, CompiledBucket) and b.source in ("heuristic", "nearest-shape")]
+    fallback = [b for b in out if isinstance(b, CompiledBucket) and b.source in ("heuristic", "nearest-shape")]
     if fallback:
-        where = "no database given" if db is None else f"no record of the bucket in {os.fspath(db)!a}"
-        log.warning("%s: %d of %d bucket(s) without a tuned record use the heuristic or a nearest-shape schedule (%s): "
-                    "%s", _name(dgraph), len(fallback), len(out), where, ", ".join(fallback))
+        where = ("no database given" if db is None else f"no database at {os.fspath(db)!a}"
+                 if not os.path.isdir(db) else f"no record of the bucket in {os.fspath(db)!a}")
+        kinds = sorted({b.source for b in fallback})
+        log.warning("%s: %d of %d bucket(s) without a tuned record of their own use the %s (%s): %s", _name(dgraph),
+                    len(fallback), len(out), " or ".join(f"{k} schedule" for k in kinds), where,
+                    ", ".join(b.key.label() + (f" ({b.source})" if len(kinds) > 1 else "") for b in fallback))
     versions = {b.space_version for b in out if isinstance(b, CompiledBucket)}
     manifest = build_dynamic_manifest(dgraph, dev, out, "/".join(sorted(versions)), str(CODEGEN_VERSION))
     return DynamicCompiledGraph(dgraph, dev, tuple(out), manifest, db=db)
