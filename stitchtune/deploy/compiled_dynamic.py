@@ -89,12 +89,13 @@ def dynamic_json(dg: DynamicGraph) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _one_summary_warning() -> Iterator[list[str]]:
-    """Drop the selection's per-bucket fallback warnings while the buckets compile (the caller logs one
-    summary instead); yields the messages dropped."""
+    """Drop the selection's per-bucket fallback warnings (heuristic / nearest-shape, from its ``_warn_once``)
+    while the buckets compile: the caller logs one summary instead; its other warnings (a record rejected)
+    pass. Yields the messages dropped."""
     dropped: list[str] = []
 
     def keep(record: logging.LogRecord) -> bool:
-        if record.levelno == logging.WARNING:
+        if record.levelno == logging.WARNING and record.funcName == "_warn_once":   # "heuristic / nearest-shape for ..."
             dropped.append(record.getMessage())
             return False
         return True
