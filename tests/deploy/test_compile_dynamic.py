@@ -15,6 +15,7 @@ import stitchtune
 from helpers import DEV, EXAMPLES_DIR
 from stitchtune import cli
 from stitchtune.deploy.compiled_dynamic import DynamicCompiledGraph, RefusedBucket, compile_buckets
+from stitchtune.deploy.dynamic import CompiledBucket
 from stitchtune.errors import GraphError, StitchtuneError
 from stitchtune.graph.dynamic import parse_dynamic
 from stitchtune.graph.reference import random_inputs, run_reference
@@ -185,6 +186,29 @@ def test_a_built_bucket_lists_its_registers_and_the_static_loader_points_to_the_
         CompiledGraph.load(tmp_path / "c")
     back = DynamicCompiledGraph.load(tmp_path / "c")
     assert (back.buckets[0].cubin is not None) == build
+
+
+def test_a_device_call_runs_its_buckets_kernel_with_the_extent_and_the_grid_of_its_rule(tmp_path: Path) -> None:
+    """cg(**arrays) over the in-package FakeDriver: the call's bucket is launched (no rebuild), its last kernel
+    argument is the extent, its grid the manifest's rule at that extent, and the outputs are shaped for it."""
+    from stitchtune.deploy.compiled import DeviceRun
+    from stitchtune.gpu.fake_driver import FakeDriver
+
+    dg = parse_dynamic(json.loads(small("layernorm_seq", tmp_path).read_text()))
+    cg = compile_buckets(dg, db=None, device=DEV, build=False)
+    drv = FakeDriver()
+    for b in cg.buckets:
+        assert not isinstance(b, RefusedBucket)
+        b._state["run"] = DeviceRun(b.program, b"FAKE", drv)
+    for e in (1, 29, HI):
+        n = len(drv.launches)
+        out = cg(**random_inputs(dg.at({"seq": e}), e))
+        assert out["y"].shape == (2, e, 256)
+        [ln] = drv.launches[n:]
+        b = cg.bucket_for({"seq": e})
+        assert isinstance(b, CompiledBucket)
+        assert ln.args[-1] == e and ln.grid[0] == b.program.dynamic.grid(0, {"seq": e})
+    assert len({ln.grid[0] for ln in drv.launches}) == 3        # 1, 2 and 3 blocks: the grid follows the extent
 
 
 def test_a_bucket_the_generic_kernel_refuses_is_compiled_per_extent() -> None:
