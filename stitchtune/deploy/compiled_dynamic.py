@@ -62,7 +62,8 @@ from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
 log = logging.getLogger(__name__)
 
 MANIFEST_FORMAT = 1
-MAX_STATIC = 16  # static compiles kept per refused bucket (one per extents seen)
+MAX_STATIC = 16  # static compiles kept for refused buckets (one per extents seen)
+MAX_NAMED = 8    # buckets named in the fallback warning (then "... (N more)")
 
 
 @dataclass(frozen=True)
@@ -137,9 +138,11 @@ def compile_buckets(dgraph: DynamicGraph, db: str | os.PathLike[str] | None | De
         where = ("no database given" if db is None else f"no database at {os.fspath(db)!a}"
                  if not os.path.isdir(db) else f"no record of the bucket in {os.fspath(db)!a}")
         kinds = sorted({b.source for b in fallback})
+        named = [b.key.label() + (f" ({b.source})" if len(kinds) > 1 else "") for b in fallback]
+        if len(named) > MAX_NAMED:
+            named = named[:MAX_NAMED - 1] + [f"... ({len(named) - MAX_NAMED + 1} more)"]
         log.warning("%s: %d of %d bucket(s) without a tuned record of their own use the %s (%s): %s", _name(dgraph),
-                    len(fallback), len(out), " or ".join(f"{k} schedule" for k in kinds), where,
-                    ", ".join(b.key.label() + (f" ({b.source})" if len(kinds) > 1 else "") for b in fallback))
+                    len(fallback), len(out), " or ".join(f"{k} schedule" for k in kinds), where, "; ".join(named))
     versions = {b.space_version for b in out if isinstance(b, CompiledBucket)}
     manifest = build_dynamic_manifest(dgraph, dev, out, "/".join(sorted(versions)), str(CODEGEN_VERSION))
     return DynamicCompiledGraph(dgraph, dev, tuple(out), manifest, db=db)
