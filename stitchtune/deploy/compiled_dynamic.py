@@ -297,6 +297,8 @@ class DynamicCompiledGraph:
         """``manifest.json`` and each generic bucket's ``<dir>/kernels.cu`` (+ ``kernels.cubin``); the paths."""
         out = Path(out_dir)
         paths: list[Path] = []
+        if out.exists() and not out.is_dir():   # mkdir would say "File exists"
+            raise StitchtuneError(f"cannot write to {str(out)!a}: is a file, not a directory")
         try:
             out.mkdir(parents=True, exist_ok=True)
             for b in self.buckets:

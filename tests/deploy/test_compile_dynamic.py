@@ -151,6 +151,9 @@ def test_stitchtune_compile_of_a_dynamic_file_runs_at_any_extent_and_round_trips
         _close(cg.emulate(**ins), run_reference(ge, ins))
     with pytest.raises(GraphError, match="outside 1..40"):
         cg.emulate(**random_inputs(dg.at_unchecked({"seq": 41}), 0))
+    (tmp_path / "f").write_text("mine")
+    with pytest.raises(StitchtuneError, match="is a file, not a directory"):
+        cg.write(tmp_path / "f")
     paths = cg.write(tmp_path / "c")
     assert (tmp_path / "c" / "seq-33-40" / "kernels.cu") in paths
     back = DynamicCompiledGraph.load(tmp_path / "c")
