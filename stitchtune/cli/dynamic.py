@@ -36,8 +36,15 @@ def bounds_text(dg: Any) -> str:
 
 
 def dynamic_hint(dg: Any) -> str:
-    """``--dynamic seq=1..2048`` (one per dim): the option that searches the graph's declared range."""
-    return " ".join(f"--dynamic {d.name}={d.lo}..{d.hi}" for d in dg.dims)
+    """``--dynamic seq=1..2048`` (one per dim): the option that searches the graph's range in its buckets
+    (``seq=1..2048:64,256,2048`` when they are not the power-of-two default)."""
+    from stitchtune.graph.dynamic import Buckets
+
+    def arg(d: Any) -> str:
+        own = "" if d.buckets == Buckets.power_of_two(d.name, d.lo, d.hi) else ":" + ",".join(map(str, d.buckets.uppers))
+        return f"--dynamic {d.name}={d.lo}..{d.hi}{own}"
+
+    return " ".join(arg(d) for d in dg.dims)
 
 
 def load_graph_arg(path: str) -> Any:

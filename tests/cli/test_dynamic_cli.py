@@ -3,6 +3,7 @@ internal name, and the line says what to type (`--dynamic seq=LO..HI` with the g
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +28,14 @@ def one_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 
 def test_search_without_dynamic_says_how(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     line = one_error(["search", DYN, "--db", str(tmp_path / "db"), "--trials", "1"], capsys)
-    assert "--dynamic seq=1..2048" in line and "has dynamic dims (seq=1..2048)" in line
+    assert "search it with --dynamic seq=1..2048 (" in line and "has dynamic dims (seq=1..2048)" in line
     assert not (tmp_path / "db").exists()   # refused before anything ran
+    # a graph that declares its own buckets: the hint tunes those (so that compile and run find the records)
+    obj = json.loads(Path(DYN).read_text())
+    obj["dynamic"]["seq"]["buckets"] = [64, 512, 2048]
+    (tmp_path / "g.json").write_text(json.dumps(obj))
+    line = one_error(["search", str(tmp_path / "g.json"), "--db", str(tmp_path / "db")], capsys)
+    assert "search it with --dynamic seq=1..2048:64,512,2048 (" in line
 
 
 @pytest.mark.parametrize("cmd", ["search", "compile"])
