@@ -24,7 +24,9 @@ Contract
   launch, a synchronisation, and raises on an out-of-range index; False: never, see
   :mod:`stitchtune.deploy.torch_ops`), ``max_extent`` (default 2048: symbolic sizes are bucketed
   over ``1..max_extent``, see :mod:`stitchtune.deploy.torch_dynamic`; larger ones get kernels per shape).
-  An unknown option or value raises :class:`~stitchtune.errors.StitchtuneError`.
+  Every name and value is checked when the backend is built, before any graph is compiled
+  (:mod:`stitchtune.deploy.backend_options`): an unknown option or a bad value (wrong type, out of
+  range, an unknown device name) raises :class:`~stitchtune.errors.StitchtuneError` naming the option.
 * Never breaks a model: an op or region that cannot be stitched stays in the graph; any error while
   compiling a region declines it with the reason. The rewritten graph's region calls are run on fake
   tensors (as AOTAutograd and Inductor will): a region whose fake result fails, or differs from
@@ -55,47 +57,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stitchtune.deploy.backend_options import OPTION_KEYS, BackendOptions  # noqa: F401 - re-exported
 from stitchtune.deploy.torch_rewrite import fake_check, replace_regions
 from stitchtune.errors import StitchtuneError
-from stitchtune.tune.dbpath import DEFAULT_DB
 
 log = logging.getLogger(__name__)
 
-_OPTION_KEYS = ("db", "device", "fallback", "deterministic", "cpu", "min_nodes", "check_gather", "max_extent")
+_OPTION_KEYS = OPTION_KEYS   # the option names (kept for callers of the old name)
 _keys = itertools.count()
-
-
-@dataclass(frozen=True)
-class BackendOptions:
-    db: Any = DEFAULT_DB
-    device: Any = None
-    fallback: str = "inductor"
-    deterministic: bool = False
-    cpu: str = "emulate"
-    min_nodes: int = 1
-    check_gather: bool = True
-    max_extent: int = 2048
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None) -> BackendOptions:
-        """Validate torch.compile's ``options`` dict (see module docstring)."""
-        opts = dict(options or {})
-        bad = [k for k in opts if k not in _OPTION_KEYS]
-        if bad:
-            raise StitchtuneError(f"unknown stitchtune backend option(s) {', '.join(map(repr, bad))} "
-                                  f"(options: {', '.join(_OPTION_KEYS)})")
-        o = cls(**opts)
-        if o.fallback not in ("inductor", "eager"):
-            raise StitchtuneError(f"option fallback={o.fallback!r}: 'inductor' or 'eager'")
-        if o.cpu not in ("emulate", "reference"):
-            raise StitchtuneError(f"option cpu={o.cpu!r}: 'emulate' or 'reference'")
-        if not isinstance(o.check_gather, bool):
-            raise StitchtuneError(f"option check_gather={o.check_gather!r}: True or False")
-        if not isinstance(o.min_nodes, int) or o.min_nodes < 1:
-            raise StitchtuneError(f"option min_nodes={o.min_nodes!r}: a positive integer")
-        if isinstance(o.max_extent, bool) or not isinstance(o.max_extent, int) or not 1 <= o.max_extent < 2**31:
-            raise StitchtuneError(f"option max_extent={o.max_extent!r}: a positive integer below 2**31")
-        return o
 
 
 @dataclass(frozen=True)
