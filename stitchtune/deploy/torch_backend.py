@@ -35,7 +35,9 @@ Contract
   backward, or returns other shapes than its fake result, is declined then (logged once as a warning,
   in the report and so in :func:`explain`) and runs its ATen ops from then on; a gather's
   out-of-range index is raised, not hidden. A failure of the whole stitching step leaves the graph
-  as it is (declined ``graph``). Each graph's declines are logged once (info level, one line each). With static shapes torch recompiles per new shape (dynamo's cache); a region with
+  as it is (declined ``graph``). Each graph's declines are logged once (info level, one line each);
+  its regions without a tuned schedule are one warning for the graph (regions warned about before in
+  the process left out; :func:`stitchtune.deploy.selection.collecting_fallbacks`), not one per region. With static shapes torch recompiles per new shape (dynamo's cache); a region with
   symbolic shapes is checked at the example shapes and gets a
   :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` whose kernels are cached by
   (structure, bucket of its symbols' values) (:mod:`stitchtune.deploy.torch_dynamic`), the
@@ -57,13 +59,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stitchtune.deploy.backend_options import OPTION_KEYS, BackendOptions  # noqa: F401 - re-exported
+from stitchtune.deploy.backend_options import BackendOptions
 from stitchtune.deploy.torch_rewrite import fake_check, replace_regions
 from stitchtune.errors import StitchtuneError
 
 log = logging.getLogger(__name__)
 
-_OPTION_KEYS = OPTION_KEYS   # the option names (kept for callers of the old name)
 _keys = itertools.count()
 
 
@@ -192,9 +193,27 @@ def _info(kind: str, region: Any, kernel: Any) -> StitchedInfo:
                         len(kernel.compiled.program.launches))
 
 
+def _make_region(r: Any, opts: BackendOptions, device: Any, kind: str, report: GraphReport, made: list[Any],
+                 counters: dict[str, Any]) -> None:
+    """Compile region ``r`` into ``made`` (with its counter in ``counters``), or decline it in ``report``."""
+    from stitchtune.deploy import torch_stats
+
+    if len(r.graph.nodes) < opts.min_nodes:
+        report.declined.append(DeclinedInfo(kind, f"region {r.name}", f"{len(r.graph.nodes)} node(s) < min_nodes"))
+        return
+    counters[r.name] = torch_stats.region_counter(kind, r.name, r.ops, r.dynamic)
+    try:
+        made.append((r, _compile_region(r, opts, device, kind, counters[r.name])))
+    except Exception as exc:  # noqa: BLE001 - any stitchtune error declines the region
+        report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})",
+                                            f"{type(exc).__name__}: {exc}"))
+        counters[r.name].decline(report.declined[-1].reason)
+
+
 def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, kind: str) -> tuple[Any, GraphReport]:
     """``gm`` with every region it can stitch replaced by ``stitchtune::region`` calls, and the report."""
-    from stitchtune.deploy import torch_ops, torch_stats
+    from stitchtune.deploy import torch_ops
+    from stitchtune.deploy.selection import collecting_fallbacks, fallback_summary
     from stitchtune.importers.torch_fx_util import splits_as_slices
     from stitchtune.importers.torch_random import seed_rands, unseed_rands
     from stitchtune.importers.torch_regions import find_regions
@@ -213,19 +232,14 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     on_cuda = bool(cuda_devices)
     graph_device = cuda_devices[0] if on_cuda else None   # where a region that reads no tensor runs
     device = _device_for(opts)
-    made = []
+    made: list[Any] = []
     counters: dict[str, Any] = {}
-    for r in split.regions:
-        if len(r.graph.nodes) < opts.min_nodes:
-            report.declined.append(DeclinedInfo(kind, f"region {r.name}", f"{len(r.graph.nodes)} node(s) < min_nodes"))
-            continue
-        counters[r.name] = torch_stats.region_counter(kind, r.name, r.ops, r.dynamic)
-        try:
-            made.append((r, _compile_region(r, opts, device, kind, counters[r.name])))
-        except Exception as exc:  # noqa: BLE001 - any stitchtune error declines the region
-            report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})",
-                                                f"{type(exc).__name__}: {exc}"))
-            counters[r.name].decline(report.declined[-1].reason)
+    with collecting_fallbacks() as fallbacks:   # one warning for the graph, not one per region
+        for r in split.regions:
+            _make_region(r, opts, device, kind, report, made, counters)
+    if fallbacks:
+        log.warning("stitchtune: %s graph: %s; `stitchtune tune` searches a model's regions",
+                    kind, fallback_summary(fallbacks))
     failed = _attach_cubins([k for _, k in made], device.arch) if on_cuda else {}
     folded = dict(split.folded)
     held: dict[str, frozenset[int]] = {}
