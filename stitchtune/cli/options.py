@@ -17,7 +17,8 @@ Contract
   below which it means nothing (``model-check --factor`` > 1, ``report --bandwidth-gbs`` > 0, ``search
   --timeout`` > 0 and ``--prune-factor`` > 1): NaN, infinities and values at or below it are usage errors.
 * An argument a subcommand does not know is that subcommand's usage error (its usage line, exit 2),
-  with ``(did you mean --trials?)`` when an option of it is close (:func:`did_you_mean`).
+  with ``(did you mean --trials?)`` when an option of it is close (:func:`did_you_mean`); a misspelt
+  command is a usage error with ``(did you mean 'search'?)``.
 * Imports nothing heavy (the parser is built on every call).
 """
 
@@ -82,6 +83,14 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         self.register("action", "parsers", _SubParsers)
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """A misspelt command (``stitchtune serch``) gets a "did you mean" too."""
+        if isinstance(action, _SubParsers) and isinstance(value, str) and value not in action.choices:
+            close = difflib.get_close_matches(value, list(action.choices), n=1, cutoff=0.7)
+            if close:
+                raise argparse.ArgumentError(action, f"invalid choice: {value!r} (did you mean {close[0]!r}?)")
+        super()._check_value(action, value)
 
 
 def hidden_alias(action: argparse.Action, *aliases: str) -> argparse.Action:

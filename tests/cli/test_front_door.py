@@ -88,3 +88,22 @@ def test_tune_lines_name_the_call_pattern_and_never_read_alike() -> None:
     assert heads[1].startswith("[2/3] region_add x1 (add, native_layer_norm) in eval-grad, train: predicted 2.00 us")
     assert heads[2].startswith("[3/3] region_add x1 (add, native_layer_norm) in inference [workload cccccccc]: ")
     assert len({h.split(":")[0].split("] ", 1)[1] for h in heads}) == 3
+
+
+def test_a_misspelt_command_gets_a_suggestion() -> None:
+    rc, out, err = call(["serch", G])
+    assert rc == 2 and out == ""
+    assert err.splitlines()[-1] == "stitchtune: error: argument COMMAND: invalid choice: 'serch' (did you mean 'search'?)"
+    rc, _out, err = call(["zzzz", G])
+    assert rc == 2 and "did you mean" not in err and "choose from" in err
+
+
+@pytest.mark.parametrize(("device", "words"), [(42, "device=42: None (the local GPU), a Device or a preset name (h200"),
+                                              ("h300", "unknown device 'h300'; presets: h200")])
+def test_the_torch_entry_point_names_the_presets_for_a_bad_device(device: object, words: str) -> None:
+    torch = pytest.importorskip("torch")
+    from stitchtune.deploy import torch_entry
+
+    with pytest.raises(StitchtuneError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        torch_entry.compile(lambda x: x * 2.0, db=None, example_inputs=(torch.randn(4, 8),), device=device,
+                            emulate=True)
