@@ -65,7 +65,8 @@ class _SubParsers(argparse._SubParsersAction):  # the documented hook: parser.re
 
 def did_you_mean(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     """`` (did you mean --trials?)`` for the first option in ``extras`` close to one of ``parser``'s
-    shown options (difflib; Python 3.12's ``suggest_on_error`` covers choices, not option names), else ""."""
+    shown options, else "" (difflib; argparse's own ``suggest_on_error``, Python 3.14, covers choices,
+    not option names)."""
     known = [s for a in parser._actions for s in a.option_strings
              if s.startswith("--") and s not in getattr(a, "hidden_aliases", ())]
     for word in extras:
