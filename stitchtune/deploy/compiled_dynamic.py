@@ -9,8 +9,9 @@ Contract
 -> DynamicCompiledGraph` compiles each bucket key of ``dgraph`` (``keys``: a subset, default every key)
 with :func:`stitchtune.deploy.dynamic.compile_dynamic`: one generic program per bucket, its schedule the
 database's best record of that bucket (the ``bucket`` column that ``search --dynamic`` writes), else the
-heuristic. The per-bucket "heuristic schedule" warnings of the selection are replaced by one summary
-warning naming the buckets without a record. A bucket whose graph the generic kernel refuses is kept as
+heuristic. The selection's per-bucket fallback warnings are collected
+(:func:`stitchtune.deploy.selection.collecting_fallbacks`) and replaced by one summary warning naming the
+buckets without a record. A bucket whose graph the generic kernel refuses is kept as
 a :class:`RefusedBucket` (its :class:`~stitchtune.graph.dynamic.DynamicRefusal`): a call in it compiles
 the static graph at the call's extents (:func:`stitchtune.deploy.compiled.compile`, cached per extents).
 
@@ -42,11 +43,10 @@ and ``cubin``; or ``refusal`` (why the generic kernel does not serve it).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,27 +88,6 @@ def dynamic_json(dg: DynamicGraph) -> dict[str, Any]:
     return {**dg.template, **out}
 
 
-@contextlib.contextmanager
-def _one_summary_warning() -> Iterator[list[str]]:
-    """Drop the selection's per-bucket fallback warnings (heuristic / nearest-shape, from its ``_warn_once``)
-    while the buckets compile: the caller logs one summary instead; its other warnings (a record rejected)
-    pass. Yields the messages dropped."""
-    dropped: list[str] = []
-
-    def keep(record: logging.LogRecord) -> bool:
-        if record.levelno == logging.WARNING and record.funcName == "_warn_once":   # "heuristic / nearest-shape for ..."
-            dropped.append(record.getMessage())
-            return False
-        return True
-
-    sel = logging.getLogger("stitchtune.deploy.selection")
-    sel.addFilter(keep)
-    try:
-        yield dropped
-    finally:
-        sel.removeFilter(keep)
-
-
 def compile_buckets(dgraph: DynamicGraph, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB,
                     device: Any = None, *, keys: Sequence[BucketKey] | None = None, schedule: Any = None,
                     build: bool | None = None, deterministic: bool = False) -> DynamicCompiledGraph:
@@ -116,6 +95,7 @@ def compile_buckets(dgraph: DynamicGraph, db: str | os.PathLike[str] | None | De
     name, or None (the local GPU, else the H200 preset); ``build`` as :func:`stitchtune.deploy.compiled.compile`;
     ``schedule`` (a Schedule or its dict) is used for every bucket; ``deterministic``: only bitwise-reproducible
     records (the generic heuristic combines in order)."""
+    from stitchtune.deploy.selection import collecting_fallbacks
     from stitchtune.hardware.device import get_device
     from stitchtune.lower.entry import CODEGEN_VERSION
 
@@ -128,7 +108,7 @@ def compile_buckets(dgraph: DynamicGraph, db: str | os.PathLike[str] | None | De
         dev = get_device(device) if isinstance(device, str) else device
     todo = list(dgraph.keys()) if keys is None else list(keys)
     out: list[CompiledBucket | RefusedBucket] = []
-    with _one_summary_warning():
+    with collecting_fallbacks():   # one summary below, not a warning per bucket
         for key in todo:
             got = compile_dynamic(dgraph, key, db=db, device=dev, schedule=schedule, build=build,
                                   deterministic=deterministic)
