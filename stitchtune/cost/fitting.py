@@ -13,7 +13,8 @@ Contract
 * :func:`leave_one_group_out(rows, device, base=None) -> dict[group, Coefficients]`: for each group,
   the fit on the other groups' rows (the held-out coefficients of that group's rows).
 * :func:`predict_rows(rows, device, c) -> numpy array` (µs, predicted device time of each row);
-  :func:`score(measured, predicted) -> dict`: ``n``, ``within25`` (share within ±25%), ``spearman``,
+  :func:`score(measured, predicted) -> dict`: ``n``, ``within25`` (share within ±25%), ``spearman``
+  (:func:`stitchtune.cost.rank.spearman_rho`),
   ``median_ratio`` (predicted / measured).
 """
 
@@ -97,12 +98,14 @@ def leave_one_group_out(rows: Sequence[Mapping[str, Any]], device: Device,
 
 def score(measured: Sequence[float], predicted: Sequence[float]) -> dict[str, float]:
     """``n``, ``within25`` (share of |predicted / measured - 1| <= :data:`TOLERANCE`), ``spearman``
-    (NaN under 3 rows), ``median_ratio``."""
-    from scipy.stats import spearmanr
+    (:func:`stitchtune.cost.rank.spearman_rho`, the one definition: NaN under 3 points), ``median_ratio``."""
+    import pandas as pd
+
+    from stitchtune.cost.rank import spearman_rho
 
     m, p = np.asarray(measured, dtype=float), np.asarray(predicted, dtype=float)
     if not len(m):
         return {"n": 0, "within25": math.nan, "spearman": math.nan, "median_ratio": math.nan}
-    return {"n": len(m), "within25": float(np.mean(np.abs(p / m - 1.0) <= TOLERANCE)),
-            "spearman": float(spearmanr(m, p).statistic) if len(m) > 2 else math.nan,
+    rho = spearman_rho(pd.DataFrame({"predicted_us": p, "measured_us": m}))
+    return {"n": len(m), "within25": float(np.mean(np.abs(p / m - 1.0) <= TOLERANCE)), "spearman": rho,
             "median_ratio": float(np.median(p / m))}
