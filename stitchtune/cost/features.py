@@ -42,8 +42,7 @@ How the features are read from the IR
   ``tanh``, ``erf``, ``gelu``, ``pow``, ``sin``, ``cos``, ``sqrt``, ``rsqrt``, ...), other float ops.
 * **Launch**: ``grid``, ``block``, ``blocks_per_sm`` and ``occupancy`` (:mod:`stitchtune.hardware.occupancy`
   with the device's limits), ``waves = grid / (blocks_per_sm x SMs)``; ``barriers`` per thread;
-  ``scratch_loads``: loads of scratch parameters per thread; ``grid_barriers``: grid-wide barriers per
-  thread; ``load_phases``: barrier-separated parts of a thread's program that issue global loads (at low
+  ``grid_barriers``: grid-wide barriers per thread; ``load_phases``: barrier-separated parts of a thread's program that issue global loads (at low
   occupancy they cannot overlap, each waits for DRAM).
 * **Bytes**: ``unique_bytes`` are the sizes of the parameters the kernel reads or writes, each counted
   once (the DRAM floor of the launch), a parameter counted at most at the bytes its accesses
@@ -51,8 +50,9 @@ How the features are read from the IR
 * **Scratch and atomics**: ``scratch_loads`` counts a thread's loads of scratch parameters that the
   same kernel also writes (partials exchanged between the blocks of one launch) or that every lane of
   a warp reads at the same few words (a row's partials combined by all its threads, from an earlier
-  kernel): the cost model's scratch chain (a scratch array read once per thread, coalesced, is not); ``atomics`` counts atomics per thread, except error flags (a constant added under a
-  branch or predicate that depends on data: they almost never run).
+  kernel): the cost model's scratch chain (a scratch array read once per thread, coalesced, is not).
+  ``atomics`` counts atomics per thread, except error flags (a constant added under a branch or
+  predicate that depends on data: they almost never run).
 """
 
 from __future__ import annotations

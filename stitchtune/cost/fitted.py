@@ -18,8 +18,8 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
 * **memory**: ``nb = min(grid, blocks_per_sm x SMs)`` blocks in flight keep ``nb x block x active_lanes
   x bytes_in_flight_per_thread`` bytes in flight; the bandwidth is a smooth minimum of
   ``bw_efficiency`` x copy bandwidth and that over ``dram_latency_ns`` (Little's law). DRAM bytes are
-  the unique bytes plus the sector bytes beyond them (re-reads, strided sectors) that miss the L2
-  (all of them hit when the unique bytes fit ``l2_keep`` x L2). Every sector also passes the L2 at
+  the unique bytes plus the sector bytes beyond them (re-reads, strided sectors) that miss the L2;
+  they hit in proportion ``min(1, l2_keep x L2 / unique bytes)``. Every sector also passes the L2 at
   ``l2_bw_factor`` x copy bandwidth, and the sectors beyond each access's ideal (strided: a transposed
   store's 4 useful bytes per 32-byte sector) at ``strided_bw_factor`` x copy bandwidth, even when they
   hit. Memory time is the largest of the three.
