@@ -14,7 +14,9 @@ from stitchtune.ir import kir
 DIVISION_OPS = frozenset({"div", "reciprocal", "sigmoid", "silu"})
 #: float math ops that go to the special function unit or a long polynomial
 TRANSCENDENTAL_OPS = frozenset({"exp", "log", "tanh", "sin", "cos", "erf", "gelu", "gelu_tanh", "pow", "sqrt",
-                                "rsqrt", "sigmoid", "silu", "log1p", "expm1", "exp2", "log2"})
+                                "rsqrt", "sigmoid", "silu", "log1p", "expm1", "exp2", "log2",
+                                # the fast forms (graph/fast_ops.py): MUFU.EX2 / MUFU.RCP, no division slow path
+                                "fast_exp", "fast_div", "fast_rcp", "fast_sigmoid", "fast_silu"})
 _MAX_UNROLL = 256   # an unrolled loop longer than this is treated as rolled when grouping loads
 #: iterations of a rolled loop whose loads are taken to be in flight together. nvcc may unroll a small
 #: loop by 4, but 1 predicts the committed H200 data better (scripts/fit_cost_model.py, leave-one-
