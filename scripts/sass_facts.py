@@ -10,7 +10,8 @@ clone of a head split). Each is lowered with its heuristic schedule, rendered, c
 ``nvidia-cuda-cuobjdump`` / ``nvidia-cuda-nvdisasm``). Per kernel: registers and shared bytes (ptxas),
 blocks, grid, and counts of SASS instructions: ``MUFU.EX2``, ``MUFU.RCP``, ``FCHK`` (the IEEE division's
 range check), ``CALL`` (its slow path), ``LDG.E.128`` / ``STG.E.128`` (128-bit global accesses), all
-``LDG`` / ``STG``, ``STS`` / ``LDS`` (shared memory). ``--exact``: schedules with ``exact_math`` 1 (where
+``LDG`` / ``STG``, ``STS`` / ``LDS`` (shared memory), and the ``LDG`` issued before the first float instruction (loads in
+flight before their first use). ``--exact``: schedules with ``exact_math`` 1 (where
 the code generator has the option). Uses whichever ``stitchtune`` is importable (so the same script reads
 another checkout's kernels with ``PYTHONPATH=<checkout>``).
 """
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+FP_OPS = ("FADD", "FMUL", "FFMA", "FMNMX", "FSETP", "MUFU")
 COUNTED = ("MUFU.EX2", "MUFU.RCP", "MUFU.RSQ", "FCHK", "CALL", "LDG.E.128", "STG.E.128", "LDG", "STG", "STS", "LDS")
 
 
@@ -103,6 +105,8 @@ def facts(name: str, g: Any, exact: bool) -> list[dict[str, Any]]:
         for c in COUNTED:
             row[c] = sum(1 for i in ins if i == c or (i.startswith(c + ".") and c not in ("LDG.E.128", "STG.E.128"))
                          or (c in ("LDG.E.128", "STG.E.128") and i.startswith(c)))
+        first_fp = next((i for i, op in enumerate(ins) if op.split(".")[0] in FP_OPS), len(ins))
+        row["LDG before first FP"] = sum(1 for op in ins[:first_fp] if op.startswith("LDG"))
         out.append(row)
     return out
 
@@ -113,7 +117,7 @@ def main() -> int:
     ap.add_argument("--name", nargs="+", help="only these kernels")
     a = ap.parse_args()
     gs = graphs()
-    cols = ["region", "kernel", "regs", "smem", "block", "grid", *COUNTED]
+    cols = ["region", "kernel", "regs", "smem", "block", "grid", *COUNTED, "LDG before first FP"]
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for name, g in gs.items():
         if a.name and name not in a.name:
