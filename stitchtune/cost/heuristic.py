@@ -156,13 +156,17 @@ def _elementwise(space: SearchSpace, plan: StitchPlan, dev: Device, vec: int) ->
     """Rule 2 for element-wise regions: about 8 vectors of a row per thread (``tpr`` the power of two, at
     most 1024), short rows packed into 256-thread blocks (a 64-float row: 16 threads, 16 rows a block, no
     idle lanes), then ``tpr`` doubled while the grid is under two waves of such blocks and a thread still
-    has a vector of its own."""
+    has a vector of its own; a region still too small for two blocks per SM gets smaller blocks (down to
+    one row or one warp)."""
     block = 256 if 256 in space.domains["block"] else max(space.domains["block"])
     vectors = math.ceil(plan.N / vec)
     tpr = min(1024, _pow2_ceil(vectors / 8))
     wave = max_resident_blocks(dev, block, 32, 0) or dev.sm_count
     while tpr < min(1024, _pow2_ceil(vectors)) and math.ceil(plan.M / max(1, block // tpr)) < 2 * wave:
         tpr *= 2
+    # a small region: smaller blocks until there are two per SM (or a block is one row / one warp)
+    while block > max(tpr, 32) and math.ceil(plan.M / max(1, block // tpr)) < 2 * dev.sm_count:
+        block //= 2
     return Schedule(tpr, max(block, tpr), 1, vec, 1, 0, (), ())
 
 
