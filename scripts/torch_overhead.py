@@ -70,7 +70,7 @@ def _null_driver() -> Any:
         launched = 0
 
         def launch(self, function: Any, grid: Any, block: Any, smem: int, stream: int, params: int,
-                   nparams: int) -> None:
+                   nparams: int, cooperative: bool = False) -> None:
             self.launched += 1
 
     return NullDriver()
