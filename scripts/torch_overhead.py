@@ -11,8 +11,10 @@ The model is a LayerNorm over the last axis of ``x`` (one stitched region, one k
   ``mode="reduce-overhead"``; plus the host time per call (wall clock of the queued loop).
 * Without a GPU (or with ``--cpu``): the host side of the same launch path on the CPU, per call, with
   a driver whose launch does nothing (``NullDriver``): packed-arguments lookup + launch loop alone,
-  the custom op ``torch.ops.stitchtune.region`` (dispatcher, ``torch.empty`` outputs, pointers,
-  launch), and the whole compiled model (dynamo guards + the op); labelled **CPU host time**, not
+  the custom op ``torch.ops.stitchtune.region`` (dispatcher, guard, ``torch.empty`` outputs, pointers,
+  launch: its thin path, :mod:`stitchtune.deploy.torch_fast`) next to a do-nothing ``torch.library``
+  custom op of the same schema in the same run (their ratio printed), and the whole compiled model
+  (dynamo guards + the op); labelled **CPU host time**, not
   GPU time. Eager ``F.layer_norm`` on the CPU is printed for scale (CPU compute, not comparable).
 """
 
@@ -61,6 +63,23 @@ def _host_us(call: Any, iters: int) -> float:
     return statistics.median(runs)
 
 
+def _paired_us(a: Any, b: Any, iters: int, rounds: int = 9) -> tuple[float, float]:
+    """(us per call of ``a``, of ``b``): the fastest of ``rounds`` runs of ``iters`` calls each, the two
+    interleaved run by run, so that a busy shared CPU slows both alike (the minimum is the least
+    disturbed run, as ``timeit`` advises)."""
+    for _ in range(min(iters, 50)):
+        a()
+        b()
+    best = [float("inf"), float("inf")]
+    for _ in range(rounds):
+        for j, call in enumerate((a, b)):
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                call()
+            best[j] = min(best[j], (time.perf_counter() - t0) / iters * 1e6)
+    return best[0], best[1]
+
+
 def _null_driver() -> Any:
     from stitchtune.gpu.fake_driver import FakeDriver
 
@@ -97,6 +116,10 @@ def cpu_mode(shape: tuple[int, ...], iters: int) -> None:
         inputs = [x, model.ln.weight.detach(), model.ln.bias.detach()]
         out = kernel.empty_outputs(x.device)
         ptrs = tuple(int(t.data_ptr()) for t in (*inputs, *out))
+        noop = _noop_op()
+        op = torch.ops.stitchtune.region
+        op(key, inputs)   # the first call takes the full path and keeps the thin one
+        ours, floor = _paired_us(lambda: op(key, inputs), lambda: noop(key, inputs), iters)
         rows = [
             ("packed-arguments lookup + launch loop (RegionKernel.launch_pointers)",
              _host_us(lambda: kernel.launch_pointers(-1, ptrs, 0), iters)),
@@ -104,8 +127,8 @@ def cpu_mode(shape: tuple[int, ...], iters: int) -> None:
              _host_us(lambda: kernel.empty_outputs(x.device), iters)),
             ("RegionKernel call without the dispatcher (torch.empty, pointers, launch)",
              _host_us(lambda: kernel(inputs), iters)),
-            ("custom op torch.ops.stitchtune.region (dispatch, torch.empty, pointers, launch)",
-             _host_us(lambda: torch.ops.stitchtune.region(key, inputs), iters)),
+            ("custom op torch.ops.stitchtune.region (dispatch, guard, torch.empty, pointers, launch)", ours),
+            ("a do-nothing torch.library custom op, same schema (dispatch alone)", floor),
             ("compiled model per call (dynamo guards + AOT wrapper + the op)", _host_us(lambda: compiled(x), iters)),
             ("for scale: eager F.layer_norm computing on the CPU (CPU compute, not comparable)",
              _host_us(lambda: model(x), iters)),
@@ -115,6 +138,24 @@ def cpu_mode(shape: tuple[int, ...], iters: int) -> None:
           f"{len(kernel.compiled.program.launches)} kernel launch(es) per call; {drv.launched} launches made")
     for label, us in rows:
         print(f"  {us:9.2f} us  {label}")
+    print(f"  region op / do-nothing op: {ours / floor:.2f}x (target: at most 1.5x; the two interleaved, "
+          f"fastest of 9 runs each)")
+
+
+def _noop_op() -> Any:
+    """``stitchtune_bench::noop(str key, Tensor[] inputs) -> Tensor[]``: a plain torch.library custom op,
+    defined and implemented as ``stitchtune::region`` is, that returns no tensor (the dispatcher's floor)."""
+    import torch
+
+    if not hasattr(torch.ops.stitchtune_bench, "noop"):
+        lib = torch.library.Library("stitchtune_bench", "DEF")
+        lib.define("noop(str key, Tensor[] inputs) -> Tensor[]")
+        lib.impl("noop", lambda key, inputs: [], "CompositeExplicitAutograd")
+        _LIBS.append(lib)
+    return torch.ops.stitchtune_bench.noop
+
+
+_LIBS: list[Any] = []   # the Library objects must outlive the call
 
 
 def _events_us(call: Any, iters: int) -> tuple[float, float]:

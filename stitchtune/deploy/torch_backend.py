@@ -20,9 +20,10 @@ Contract
   records that combine with float atomics, ``cross_combine="atomic"``, and a region whose program still
   uses them is declined; heuristic schedules use none), ``cpu`` (``"emulate"`` | ``"reference"``:
   how CPU tensors run), ``min_nodes`` (smallest region worth a kernel, in graph nodes; default 1),
-  ``check_gather`` (default True: a region with a gather reads its index error flag after each CUDA
-  launch, a synchronisation, and raises on an out-of-range index; False: never, see
-  :mod:`stitchtune.deploy.torch_ops`), ``max_extent`` (default 2048: symbolic sizes are bucketed
+  ``check_gather`` (default True: a region with a gather has its index error flag in mapped host
+  memory, read without a synchronisation at its next call and after each call of the compiled graph,
+  which raise naming the region and the input; ``"sync"``, a debug option: also wait for each launch
+  and read it at once; False: never, see :mod:`stitchtune.deploy.torch_flags`), ``max_extent`` (default 2048: symbolic sizes are bucketed
   over ``1..max_extent``, see :mod:`stitchtune.deploy.torch_dynamic`; larger ones get kernels per shape).
   An unknown option or value raises :class:`~stitchtune.errors.StitchtuneError`.
 * Never breaks a model: an op or region that cannot be stitched stays in the graph; any error while
@@ -73,7 +74,7 @@ class BackendOptions:
     deterministic: bool = False
     cpu: str = "emulate"
     min_nodes: int = 1
-    check_gather: bool = True
+    check_gather: bool | str = True
     max_extent: int = 2048
 
     @classmethod
@@ -89,8 +90,8 @@ class BackendOptions:
             raise StitchtuneError(f"option fallback={o.fallback!r}: 'inductor' or 'eager'")
         if o.cpu not in ("emulate", "reference"):
             raise StitchtuneError(f"option cpu={o.cpu!r}: 'emulate' or 'reference'")
-        if not isinstance(o.check_gather, bool):
-            raise StitchtuneError(f"option check_gather={o.check_gather!r}: True or False")
+        if not isinstance(o.check_gather, bool) and o.check_gather != "sync":
+            raise StitchtuneError(f"option check_gather={o.check_gather!r}: True, False or 'sync'")
         if not isinstance(o.min_nodes, int) or o.min_nodes < 1:
             raise StitchtuneError(f"option min_nodes={o.min_nodes!r}: a positive integer")
         if isinstance(o.max_extent, bool) or not isinstance(o.max_extent, int) or not 1 <= o.max_extent < 2**31:
@@ -125,6 +126,8 @@ class GraphReport:
     graph: str
     stitched: list[StitchedInfo] = field(default_factory=list)
     declined: list[DeclinedInfo] = field(default_factory=list)
+    #: the registered kernels (GuardedRegion) whose regions have gathers: their flags are checked after each call
+    gathers: list[Any] = field(default_factory=list, repr=False, compare=False)
 
     def log_once(self) -> None:
         log.info("stitchtune: %s graph: %d region(s) stitched, %d op kind(s)/region(s) declined",
@@ -290,6 +293,8 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
         chosen = [c for c in chosen if c[1] not in bad]
         new_gm = gm
     report.stitched += [_info(kind, r, kernel) for r, _, kernel in chosen]
+    report.gathers += [torch_ops.lookup(key) for r, key, _ in chosen
+                       if opts.check_gather and any(n.op in ("gather", "gather_elements") for n in r.graph.nodes)]
     if new_gm is not gm:
         new_gm = unseed_rands(new_gm)   # the draws no region took: Inductor's again
     return new_gm, report
@@ -437,6 +442,21 @@ def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, 
 
 
 # ---------------------------------------------------------------------------- the backend
+def _checking_gathers(run: Any, regions: tuple[Any, ...]) -> Any:
+    """``run`` (a boxed compiled graph) followed by a check of the gather error flags of ``regions``
+    (host reads of mapped memory, :mod:`~stitchtune.deploy.torch_flags`): an out-of-range index met by
+    this or an earlier call (also one replayed in a CUDA graph, where no region call runs) raises."""
+    def checked(args: Any) -> Any:
+        out = run(args)
+        for region in regions:
+            for flags in region.flag_sets:
+                flags.raise_if_set("after the compiled graph ran")
+        return out
+
+    checked._boxed_call = True  # type: ignore[attr-defined]
+    return checked
+
+
 def _graph_compiler(opts: BackendOptions, mode: str | None, kind: str) -> Any:
     def compiler(gm: Any, example_inputs: Sequence[Any]) -> Any:
         try:
@@ -446,7 +466,8 @@ def _graph_compiler(opts: BackendOptions, mode: str | None, kind: str) -> Any:
             report.declined.append(DeclinedInfo(kind, "graph", f"stitching failed: {type(exc).__name__}: {exc}"))
         LAST_REPORTS.append(report)
         report.log_once()
-        return _compile_rest(new_gm, example_inputs, opts, mode, kind, len(report.stitched))
+        rest = _compile_rest(new_gm, example_inputs, opts, mode, kind, len(report.stitched))
+        return _checking_gathers(rest, tuple(report.gathers)) if report.gathers else rest
 
     return compiler
 

@@ -38,9 +38,10 @@ The real ``torch`` is imported by this module (it is only imported by the torch 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,13 +87,16 @@ class RegionKernel:
     driver: Any = None
     #: PyTorch's output shapes when they differ from the graph's in leading 1s (same row-major bytes)
     out_shapes: tuple[tuple[int, ...], ...] | None = None
-    #: read the gathers' error flags after a CUDA launch (see module docstring)
-    check_gather: bool = True
+    #: the gathers' error flags: True (read from mapped host memory at later calls), "sync" (also wait
+    #: for each launch and read them at once: a debug option), False (never read; see module docstring)
+    check_gather: bool | str = True
     _launchers: dict[Any, Any] = field(default_factory=dict, repr=False)  # per (GPU index, stream)
     _out_specs: dict[Any, Any] = field(default_factory=dict, repr=False)  # per extents (None: static)
     #: whether the program has gathers (an error flag to read after a launch); set from ``compiled``
     _gathers: bool = field(init=False, repr=False, default=False)
     _capture_warned: bool = field(init=False, repr=False, default=False)
+    #: the GatherFlags of every launcher made (checked after each call of the compiled graph)
+    flag_sets: list[Any] = field(init=False, repr=False, default_factory=list)
     #: a generic kernel's SymbolicRegion (see above); None for a kernel of one shape
     sym: Any = None
     #: per input: None, or the permutation that makes PyTorch's strided input the graph's row-major
@@ -143,12 +147,8 @@ class RegionKernel:
         return f"stitched region {self.name} ({', '.join(o.removeprefix('aten.') for o in self.ops)})"
 
     # -- shapes ------------------------------------------------------------------------------
-    def empty_outputs(self, device: Any, inputs: Sequence[Any] = (),
-                      ext: tuple[tuple[str, int], ...] | None = None) -> list[Any]:
-        """New (uninitialised) output tensors on ``device``, one per graph output (a generic kernel's
-        shaped for the extents ``ext``, by default those of ``inputs``)."""
-        if self.sym is not None and ext is None:
-            ext = self.at(inputs)[1]
+    def empty_outputs_specs(self, ext: tuple[tuple[str, int], ...] | None = None) -> tuple[Any, ...]:
+        """(shape, torch dtype) per graph output (a generic kernel's at the extents ``ext``)."""
         specs = self._out_specs.get(ext)
         if specs is None:
             g = self._graph_at(ext)
@@ -156,7 +156,15 @@ class RegionKernel:
             if len(self._out_specs) >= MAX_BOUND:
                 self._out_specs.pop(next(iter(self._out_specs)))
             self._out_specs[ext] = specs
-        return [torch.empty(shape, dtype=dt, device=device) for shape, dt in specs]
+        return specs
+
+    def empty_outputs(self, device: Any, inputs: Sequence[Any] = (),
+                      ext: tuple[tuple[str, int], ...] | None = None) -> list[Any]:
+        """New (uninitialised) output tensors on ``device``, one per graph output (a generic kernel's
+        shaped for the extents ``ext``, by default those of ``inputs``)."""
+        if self.sym is not None and ext is None:
+            ext = self.at(inputs)[1]
+        return [torch.empty(shape, dtype=dt, device=device) for shape, dt in self.empty_outputs_specs(ext)]
 
     # -- CPU ---------------------------------------------------------------------------------
     def run_cpu(self, inputs: Sequence[Any]) -> list[Any]:
@@ -181,30 +189,50 @@ class RegionKernel:
     # -- CUDA --------------------------------------------------------------------------------
     def launcher(self, index: int, stream: int) -> tuple[Any, dict[Any, Any]]:
         """(Launcher, packed-arguments cache) for GPU ``index`` and ``stream``, made at the first call on
-        them (scratch is per stream). Raises :class:`~stitchtune.gpu.launch.CaptureError` when that first
-        call happens while ``stream`` captures a CUDA graph."""
+        them (scratch is per stream; the gathers' error flags in mapped host memory,
+        :mod:`~stitchtune.deploy.torch_flags`). Raises :class:`~stitchtune.gpu.launch.CaptureError`
+        when that first call happens while ``stream`` captures a CUDA graph."""
         hit = self._launchers.get((index, stream))
         if hit is not None:
-            return hit
+            return hit[0], hit[1]
+        return self._make_launcher(index, stream)[:2]
+
+    def _make_launcher(self, index: int, stream: int,
+                       extents: tuple[tuple[str, int], ...] | None = None) -> tuple[Any, dict[Any, Any], Any]:
         from stitchtune.deploy.compiled import _build
+        from stitchtune.deploy.torch_flags import GatherFlags
         from stitchtune.gpu.driver import open_driver
         from stitchtune.gpu.launch import Launcher, launch_plan
+        from stitchtune.lower.remap import gather_flag_buffers
 
+        stand_in = _STAND_IN[0]
         cubin = self.compiled.cubin
         if cubin is None:
-            cubin = _build(self.compiled.sources, self.compiled.device.arch)[1]
-        driver = self.driver if self.driver is not None else open_driver(index)
-        launcher = Launcher(driver, launch_plan(self.compiled.program), cubin, stream=stream)
-        self._launchers[(index, stream)] = (launcher, {})
-        return self._launchers[(index, stream)]
+            cubin = stand_in[1](self.compiled) if stand_in else _build(self.compiled.sources, self.compiled.device.arch)[1]
+        driver = self.driver if self.driver is not None else stand_in[0] if stand_in else open_driver(index)
+        buffers = gather_flag_buffers(self.compiled.program) if self.check_gather else {}
+        plan = launch_plan(self.compiled.program)
+        launcher = Launcher(driver, plan, cubin, stream=stream, mapped=buffers)
+        flags = None
+        if buffers:
+            if self.sym is not None and extents is None:
+                extents = tuple(sorted((str(k), int(v)) for k, v in plan.dynamic.planned.items()))
+            flags = GatherFlags.of(self.describe(), launcher, buffers, self._graph_at(extents))
+            self.flag_sets.append(flags)
+        self._launchers[(index, stream)] = made = (launcher, {}, flags)
+        return made
 
     def launch_pointers(self, index: int, pointers: tuple[int, ...], stream: int,
                         extents: tuple[tuple[str, int], ...] | None = None) -> None:
         """Enqueue the region's kernels for ``pointers`` (graph inputs then outputs, in graph order) on
         ``stream`` of GPU ``index``: the arguments are packed at the first call with these pointers
-        (and, for a generic kernel, these ``extents``). A region with a gather then reads its error
-        flag (``check_gather``; raises on a bad index)."""
-        launcher, cache = self.launcher(index, stream)
+        (and, for a generic kernel, these ``extents``). No synchronisation, no copy: a region with a
+        gather first raises for a flag an earlier launch set (read from host memory), and only with
+        ``check_gather="sync"`` waits for its launches and reads the flag at once."""
+        hit = self._launchers.get((index, stream))
+        launcher, cache, flags = hit if hit is not None else self._make_launcher(index, stream, extents)
+        if flags is not None:
+            flags.raise_if_set("at its next call (an earlier call's kernels met it)")
         key = pointers if extents is None else (pointers, extents)
         bound = cache.get(key)
         if bound is None:
@@ -215,8 +243,22 @@ class RegionKernel:
             args = dict(zip(names, pointers))
             bound = cache[key] = launcher.bind(args) if extents is None else launcher.bind(args, dict(extents))
         launcher.launch(bound, stream)
-        if self.check_gather and self._gathers:
-            self._check_gather_flags(launcher, stream)
+        if flags is not None and self.check_gather == "sync":
+            self._sync_check(launcher, flags, stream)
+
+    def _sync_check(self, launcher: Any, flags: Any, stream: int) -> None:
+        """``check_gather="sync"``: wait for the launches and raise for a set flag (not while ``stream``
+        captures a CUDA graph, where waiting is illegal: logged once, checked later as by default)."""
+        drv = launcher.driver
+        with drv.activate():
+            if drv.stream_capturing(stream):
+                if not self._capture_warned:
+                    self._capture_warned = True
+                    log.warning("%s: captured in a CUDA graph; its gather check runs after the graph, not "
+                                "after each launch", self.describe())
+                return
+            drv.synchronize()
+        flags.raise_if_set("right after its launch (check_gather='sync')")
 
     def run_launch(self, inputs: Sequence[Any], stream: int | None = None, device: Any = None) -> list[Any]:
         """Outputs through the launch path: new tensors on ``device`` (default: the first input's; a
@@ -237,19 +279,6 @@ class RegionKernel:
             index, stream = -1, int(stream or 0)
         self.launch_pointers(index, ptrs, stream, ext)
         return outs
-
-    def _check_gather_flags(self, launcher: Any, stream: int) -> None:
-        """After a launch on ``stream``: read the gathers' error flags (a synchronisation; a set flag is
-        reset on ``stream``) and raise if one is set; skipped while ``stream`` captures a CUDA graph
-        (module docstring)."""
-        from stitchtune.deploy.run_checks import check_launch_gathers
-
-        if launcher.driver.stream_capturing(stream):
-            if not self._capture_warned:
-                self._capture_warned = True
-                log.warning("%s: captured in a CUDA graph; its gather index check is off there", self.describe())
-            return
-        check_launch_gathers(launcher, self.compiled.program, stream)
 
     def as_read(self, inputs: Sequence[Any]) -> list[Any]:
         """``inputs`` as the kernels read them: each permuted by its ``in_perms`` entry (a view), and
@@ -274,12 +303,27 @@ class RegionKernel:
         inputs = self.as_read(inputs)
         dev = _device_of(inputs, device)
         try:
-            if self.driver is not None or dev.type == "cuda":
+            if self.launches_on(dev):
                 return self.run_launch(inputs, device=dev)
             return self.run_cpu(inputs)
         except Exception as exc:
             raise RegionError(f"{self.describe()} failed at run time: {type(exc).__name__}: {exc}") from exc
 
+
+    def launches_on(self, device: Any) -> bool:
+        """Whether calls on ``device`` go through the launch path (CUDA, a given driver or a stand-in)."""
+        return device.type == "cuda" or self.driver is not None or _STAND_IN[0] is not None
+
+    def fast_path(self, device: Any, held: Sequence[tuple[int, Any]] = ()) -> Any:
+        """A :class:`~stitchtune.deploy.torch_fast.FastCall` for later calls on ``device`` (with the
+        ``held`` constants inserted), or None where every call needs the full path (a generic kernel,
+        permuted or windowed inputs, the emulator)."""
+        if (self.sym is not None or any(p is not None for p in self.in_perms)
+                or any(w is not None for w in self.in_windows) or not self.launches_on(device)):
+            return None
+        from stitchtune.deploy.torch_fast import FastCall
+
+        return FastCall(self, device, held)
 
     def fake(self, inputs: Sequence[Any], device: Any = None) -> list[Any]:
         """The op's fake (meta) result: empty outputs on ``device`` (default: the first input's)."""
@@ -413,6 +457,11 @@ class DynamicRegionKernel:
         outs = built.kernel(inputs) if device is None else built.kernel(inputs, device)
         return [outs[i] for i in built.index]
 
+    @property
+    def flag_sets(self) -> list[Any]:
+        """The GatherFlags of every kernel built so far."""
+        return [f for _, _, b in self.entries() if b is not None for f in getattr(b.kernel, "flag_sets", ())]
+
     def _count(self, **n: int) -> None:
         if self.counter is not None:
             self.counter.add(**n)
@@ -465,10 +514,17 @@ class GuardedRegion:
     device: Any = None
     _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes checked -> specs
     _held_on: dict[Any, list[Any]] = field(default_factory=dict, repr=False)   # device -> held tensors there
+    #: the thin path (:mod:`~stitchtune.deploy.torch_fast`) once a call has run the full one; None: none
+    _fast: Any = field(default=None, repr=False)
 
     @property
     def compiled(self) -> Any:
         return self.kernel.compiled
+
+    @property
+    def flag_sets(self) -> list[Any]:
+        """The kernel's gathers' error flags (:mod:`~stitchtune.deploy.torch_flags`), one set per launcher."""
+        return list(getattr(self.kernel, "flag_sets", ()))
 
     def describe(self) -> str:
         return str(self.kernel.describe())
@@ -513,21 +569,44 @@ class GuardedRegion:
             raise RegionError(f"{self.describe()}: outputs {got}, its fake result says {want}")
         self._specs[key] = want
 
+    def _make_fast(self, raw: Sequence[Any], inputs: Sequence[Any]) -> Any:
+        """The thin path for later calls, when this call's inputs (``raw``: as passed) were all on the
+        region's device (else every call moves one: the full path stays)."""
+        device = _device_of(inputs, self.device)
+        if any(t.device != device for t in raw):
+            return None
+        consts = self._held_on.get(device, []) if self.held else []
+        return self.kernel.fast_path(device, tuple((i, t) for (i, _), t in zip(self.held, consts)))
+
     def eager(self, inputs: Sequence[Any]) -> list[Any]:
         """The region's outputs computed by its ATen ops, laid out as the kernel writes them."""
         return eager_outputs(self.module, inputs, self.perms, self.keep)
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+        fast = self._fast
+        if fast is not None:
+            try:
+                outs = fast(inputs)
+            except Exception as exc:  # noqa: BLE001 - the full path below reports or declines it
+                if is_index_error(exc):
+                    raise
+                outs = None
+            if outs is not None:
+                return outs
+        raw = inputs
         inputs = self._with_held(inputs)
         if self.failed is None:
             try:
                 outs = list(self.kernel(inputs, self.device))
                 self._check(inputs, outs)
+                if fast is None and isinstance(self.kernel, RegionKernel):
+                    self._fast = self._make_fast(raw, inputs)
                 return outs
             except Exception as exc:  # noqa: BLE001 - never break a model: the ATen ops run instead
                 if is_index_error(exc):
                     raise
                 self.failed = f"{type(exc).__name__}: {exc}"
+                self._fast = None
                 log.warning("%s failed at run time (%s); running its ATen ops from now on",
                             self.describe(), self.failed)
                 if self.on_fail is not None:
@@ -540,6 +619,24 @@ def _device_of(inputs: Sequence[Any], device: Any = None) -> Any:
     if device is not None:
         return device
     return inputs[0].device if inputs else torch.device("cpu")
+
+
+#: (driver, image of a CompiledGraph) that every RegionKernel without a driver of its own launches
+#: through, CPU tensors too (:func:`stand_in_driver`); [None]: the GPU's
+_STAND_IN: list[Any] = [None]
+
+
+@contextlib.contextmanager
+def stand_in_driver(driver: Any, image: Any) -> Iterator[None]:
+    """Within the block, kernels without a driver of their own launch through ``driver`` (a
+    :class:`~stitchtune.gpu.fake_driver.FakeDriver`: CPU tests of the launch path under the backend),
+    ``image(compiled)`` their module image where no cubin is built; launchers made then keep it."""
+    old = _STAND_IN[0]
+    _STAND_IN[0] = (driver, image)
+    try:
+        yield
+    finally:
+        _STAND_IN[0] = old
 
 
 def register(key: str, kernel: RegionKernel | DynamicRegionKernel | GuardedRegion) -> None:

@@ -356,6 +356,14 @@ CUresult cuMemHostAlloc(void **p, size_t size, unsigned flags) {
   RETURN("cuMemHostAlloc", OK, ", \"bytes\": %zu, \"flags\": %u", size, flags);
 }
 
+/* a mapped page-locked buffer's device pointer: the host address itself (unified addressing) */
+CUresult cuMemHostGetDevicePointer_v2(u64 *dptr, void *p, unsigned flags) {
+  ENTER("cuMemHostGetDevicePointer", ", \"ptr\": %llu", (unsigned long long)(uintptr_t)p);
+  if (flags) RETURN("cuMemHostGetDevicePointer", E_INVALID_VALUE, ", \"ptr\": %llu", (unsigned long long)(uintptr_t)p);
+  *dptr = (u64)(uintptr_t)p;
+  RETURN("cuMemHostGetDevicePointer", OK, ", \"ptr\": %llu", (unsigned long long)*dptr);
+}
+
 CUresult cuMemFreeHost(void *p) {
   unsigned long long addr = (unsigned long long)(uintptr_t)p;
   ENTER("cuMemFreeHost", ", \"ptr\": %llu", addr);
@@ -698,6 +706,7 @@ static const Sym SYMS[] = {
   S("cuCtxPopCurrent", cuCtxPopCurrent_v2), S("cuCtxGetDevice", cuCtxGetDevice),
   S("cuCtxSynchronize", cuCtxSynchronize), S("cuMemAlloc", cuMemAlloc_v2), S("cuMemFree", cuMemFree_v2),
   S("cuMemAllocHost", cuMemAllocHost_v2), S("cuMemHostAlloc", cuMemHostAlloc), S("cuMemFreeHost", cuMemFreeHost),
+  S("cuMemHostGetDevicePointer", cuMemHostGetDevicePointer_v2),
   S("cuMemsetD8Async", cuMemsetD8Async), S("cuMemsetD8", cuMemsetD8_v2), S("cuMemcpyHtoD", cuMemcpyHtoD_v2),
   S("cuMemcpyDtoH", cuMemcpyDtoH_v2), S("cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2),
   S("cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2), S("cuModuleLoadData", cuModuleLoadData),
