@@ -24,7 +24,10 @@ Contract
   memory, read without a synchronisation at its next call and after each call of the compiled graph,
   which raise naming the region and the input; ``"sync"``, a debug option: also wait for each launch
   and read it at once; False: never, see :mod:`stitchtune.deploy.torch_flags`), ``max_extent`` (default 2048: symbolic sizes are bucketed
-  over ``1..max_extent``, see :mod:`stitchtune.deploy.torch_dynamic`; larger ones get kernels per shape).
+  over ``1..max_extent``, see :mod:`stitchtune.deploy.torch_dynamic`; larger ones get kernels per shape),
+  ``cudagraphs`` (default: True under ``mode="reduce-overhead"``: each compiled graph, its stitched
+  regions included, is captured and replayed by Inductor's CUDA-graph trees, see
+  :mod:`stitchtune.deploy.torch_graphs`).
   An unknown option or value raises :class:`~stitchtune.errors.StitchtuneError`.
 * Never breaks a model: an op or region that cannot be stitched stays in the graph; any error while
   compiling a region declines it with the reason. The rewritten graph's region calls are run on fake
@@ -62,7 +65,8 @@ from stitchtune.tune.dbpath import DEFAULT_DB
 
 log = logging.getLogger(__name__)
 
-_OPTION_KEYS = ("db", "device", "fallback", "deterministic", "cpu", "min_nodes", "check_gather", "max_extent")
+_OPTION_KEYS = ("db", "device", "fallback", "deterministic", "cpu", "min_nodes", "check_gather", "max_extent",
+                "cudagraphs")
 _keys = itertools.count()
 
 
@@ -76,6 +80,8 @@ class BackendOptions:
     min_nodes: int = 1
     check_gather: bool | str = True
     max_extent: int = 2048
+    #: capture the compiled graphs in CUDA graphs (None: when ``mode="reduce-overhead"``)
+    cudagraphs: bool | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None) -> BackendOptions:
@@ -94,6 +100,8 @@ class BackendOptions:
             raise StitchtuneError(f"option check_gather={o.check_gather!r}: True, False or 'sync'")
         if not isinstance(o.min_nodes, int) or o.min_nodes < 1:
             raise StitchtuneError(f"option min_nodes={o.min_nodes!r}: a positive integer")
+        if o.cudagraphs is not None and not isinstance(o.cudagraphs, bool):
+            raise StitchtuneError(f"option cudagraphs={o.cudagraphs!r}: True or False")
         if isinstance(o.max_extent, bool) or not isinstance(o.max_extent, int) or not 1 <= o.max_extent < 2**31:
             raise StitchtuneError(f"option max_extent={o.max_extent!r}: a positive integer below 2**31")
         return o
@@ -408,23 +416,26 @@ def channels_last_conv_backward(gm: Any) -> bool:
                for n in gm.graph.nodes)
 
 
-def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, mode: str | None,
+def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, graphs: Any,
                   kind: str, n_stitched: int) -> Any:
-    """The callable (boxed) that runs ``gm``: Inductor, or eager (also when Inductor fails)."""
+    """The callable (boxed) that runs ``gm``: Inductor, or eager (also when Inductor fails); captured in
+    CUDA graphs as ``graphs`` (a :class:`~stitchtune.deploy.torch_graphs.GraphMode`; None: not) says."""
     from torch._functorch.aot_autograd import make_boxed_func
+
+    from stitchtune.deploy.torch_graphs import GraphMode
+
+    graphs = graphs if graphs is not None else GraphMode(False)
 
     if opts.fallback == "inductor":
         try:
             from torch._inductor.compile_fx import compile_fx_inner
-            from torch._inductor.utils import BoxedBool
 
             from torch._inductor import config as inductor_config
 
             rest = _redecompose(gm, example_inputs)
             kwargs: dict[str, Any] = {"is_backward": kind == "backward", "is_inference": kind == "inference"}
             layout = kind == "backward" and channels_last_conv_backward(rest)
-            if mode == "reduce-overhead":
-                kwargs["cudagraphs"] = BoxedBool(True)
+            kwargs.update(graphs.inductor_kwargs(rest, example_inputs, kind))
             # dropout's rand: Inductor replaces it by its own random op in its joint-graph passes,
             # which run before a backend's graph compilers; that pass runs here, so the random
             # numbers are made inside the kernel that reads them (the mask), as Inductor alone
@@ -438,7 +449,7 @@ def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, 
         except Exception as exc:  # noqa: BLE001 - never break a model: run the rest eagerly
             log.warning("stitchtune: Inductor failed on the %s graph (%s: %s); running it eagerly",
                         kind, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-    return make_boxed_func(gm.forward)
+    return graphs.wrap(make_boxed_func(gm.forward), gm, example_inputs, kind)
 
 
 # ---------------------------------------------------------------------------- the backend
@@ -457,7 +468,7 @@ def _checking_gathers(run: Any, regions: tuple[Any, ...]) -> Any:
     return checked
 
 
-def _graph_compiler(opts: BackendOptions, mode: str | None, kind: str) -> Any:
+def _graph_compiler(opts: BackendOptions, graphs: Any, kind: str) -> Any:
     def compiler(gm: Any, example_inputs: Sequence[Any]) -> Any:
         try:
             new_gm, report = stitch_graph(gm, example_inputs, opts, kind)
@@ -466,7 +477,7 @@ def _graph_compiler(opts: BackendOptions, mode: str | None, kind: str) -> Any:
             report.declined.append(DeclinedInfo(kind, "graph", f"stitching failed: {type(exc).__name__}: {exc}"))
         LAST_REPORTS.append(report)
         report.log_once()
-        rest = _compile_rest(new_gm, example_inputs, opts, mode, kind, len(report.stitched))
+        rest = _compile_rest(new_gm, example_inputs, opts, graphs, kind, len(report.stitched))
         return _checking_gathers(rest, tuple(report.gathers)) if report.gathers else rest
 
     return compiler
@@ -477,10 +488,14 @@ def stitchtune_backend(gm: Any, example_inputs: Sequence[Any], mode: str | None 
     """The ``"stitchtune"`` torch.compile backend (see module docstring)."""
     from torch._dynamo.backends.common import aot_autograd
 
+    from stitchtune.deploy.torch_graphs import GraphMode
+
     opts = BackendOptions.from_options(options)
-    backend = aot_autograd(fw_compiler=_graph_compiler(opts, mode, "forward"),
-                           bw_compiler=_graph_compiler(opts, mode, "backward"),
-                           inference_compiler=_graph_compiler(opts, mode, "inference"),
+    graphs = GraphMode(opts.cudagraphs if opts.cudagraphs is not None else mode == "reduce-overhead",
+                       len(example_inputs))
+    backend = aot_autograd(fw_compiler=_graph_compiler(opts, graphs, "forward"),
+                           bw_compiler=_graph_compiler(opts, graphs, "backward"),
+                           inference_compiler=_graph_compiler(opts, graphs, "inference"),
                            decompositions=_decompositions())
     return backend(gm, example_inputs)
 
