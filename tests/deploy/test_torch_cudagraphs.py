@@ -89,3 +89,24 @@ def test_cpu_graphs_are_not_captured_and_run(fresh_backend, caplog) -> None:
 def test_off_by_default() -> None:
     assert torch_graphs.GraphMode(False).wrap("run", None, [], "inference") == "run"
     assert torch_graphs.GraphMode(False).inductor_kwargs(None, [], "forward") == {}
+
+
+@pytest.mark.slow
+def test_gpu_models_graphs_phase_dry_run_on_the_cpu(tmp_path, capsys) -> None:
+    """scripts/gpu_models.py --phases graphs: its CPU dry run (nothing captured) compares the replayed
+    output with eager for both variants and writes a table row for each."""
+    import importlib.util
+    import json
+
+    pytest.importorskip("transformers")
+    from helpers import REPO
+
+    spec = importlib.util.spec_from_file_location("gpu_models", REPO / "scripts" / "gpu_models.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--cpu", "--phases", "graphs", "--time-models", "bert", "--modes", "inference",
+                     "--iters", "2", "--out", str(tmp_path)]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "gpu_models.jsonl").read_text().splitlines()]
+    assert [r["variant"] for r in rows] == ["stitchtune", "stitchtune+cudagraphs"]
+    assert all(r["ok"] and r["stitched"] > 0 and r["median_us"] > 0 for r in rows), rows
+    assert "| bert | inference | stitchtune+cudagraphs | pass |" in (tmp_path / "gpu_models.md").read_text()
