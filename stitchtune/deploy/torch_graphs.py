@@ -102,5 +102,5 @@ class GraphMode:
                                 is_backward=kind == "backward", is_inference=kind == "inference",
                                 stack_traces=get_stack_traces(gm), placeholders=get_placeholder_info(gm.graph),
                                 mutated_input_idxs=find_input_mutations(gm.graph))
-        out._boxed_call = True
+        out._boxed_call = True  # type: ignore[attr-defined]
         return out
