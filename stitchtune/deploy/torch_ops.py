@@ -16,7 +16,11 @@ Contract
   GPU and stream has run: a first call inside a capture raises a RegionError saying so). The GPU's
   primary context is pushed for the launch and popped after it (torch's current device never
   changes). An input that is not 16-byte aligned (a view with a storage offset, ``x[1:]``) is copied
-  first: the kernels' vector loads would fault on it.
+  first: the kernels' vector loads would fault on it. After a first call has run this full path, a
+  static region's :class:`GuardedRegion` calls it through the thin path of
+  :mod:`stitchtune.deploy.torch_fast` (same result, a few microseconds of Python).
+* :func:`stand_in_driver` makes every kernel without a driver of its own launch through a given
+  driver, CPU tensors too (CPU tests of the launch path under the backend).
 * An input that PyTorch holds permuted and the region's graph declares in its memory order
   (``RegionKernel.in_perms``, the region's ``input_perms``: ConvNeXt's channels-last convolution
   outputs) is passed as that permuted view, a free view of its storage; any other strided input (or
@@ -27,11 +31,13 @@ Contract
   registers each kernel inside a :class:`GuardedRegion`, which then declines the region and runs its
   ATen ops instead (a gather's out-of-range index is raised).
 * Gathers (embedding lookups) with an out-of-range index give zero rows and a :class:`RegionError`
-  naming the gather, on every path: the emulator and the CUDA kernels raise their error flag, the
-  float64 reference checks the indices on the host. On CUDA (``check_gather=True``, the default) a
-  region with a gather synchronises after its launch to read the flag (a 4-byte copy); while a CUDA
-  graph is being captured the flag is not read (logged once per region), and ``check_gather=False``
-  never reads it (no synchronisation; bad rows are silently zero).
+  naming the region, the gather and its index input, on every path: the emulator and the CUDA kernels
+  raise their error flag, the float64 reference checks the indices on the host. On the launch path
+  (``check_gather=True``, the default) the flags are mapped host memory, read without a
+  synchronisation or a copy: a flag set by a call is raised at the region's next call, after the
+  compiled graph's call (the backend) or at ``stitchtune.torch.check_errors()``
+  (:mod:`stitchtune.deploy.torch_flags`); ``check_gather="sync"`` (debug) also waits for each launch
+  and raises at once; ``check_gather=False`` never reads them (bad rows are silently zero).
 
 The real ``torch`` is imported by this module (it is only imported by the torch backend).
 """
