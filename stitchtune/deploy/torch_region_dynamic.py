@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from stitchtune.deploy.torch_ops import eager_outputs
+from stitchtune.deploy.torch_guard import eager_outputs
 
 __all__ = ["Built", "DynamicRegionKernel"]
 
