@@ -35,6 +35,7 @@ class HostDriver(FakeDriver):
     def __init__(self) -> None:
         super().__init__()
         self.programs: dict[int, object] = {}
+        self.generic = 0   # launches of generic kernels (extents bound as arguments)
         self._ids = itertools.count()
 
     def image(self, compiled: object) -> bytes:
@@ -64,11 +65,19 @@ class HostDriver(FakeDriver):
         for p, a in zip(kernel.params, ln.args):
             dt = elem_dtype(p.dtype, p.role)
             bufs[p.name] = self._bytes(a, p.size * np.dtype(dt).itemsize).view(dt)
-        emulate_kernel(kernel, ln.grid[0], bufs)
+        ints = ln.args[len(kernel.params):]   # a generic kernel's extents, in the low 4 bytes of their slots
+        extents = ({getattr(e, "name", e): int(v & 0xFFFFFFFF) for e, v in zip(kernel.extents, ints)}
+                   if kernel.extents else None)
+        self.generic += bool(extents)
+        emulate_kernel(kernel, ln.grid[0], bufs, extents=extents)
 
 
 def _stalls(drv: FakeDriver) -> list:
     return [c for c in drv.calls if c[0] in STALLS]
+
+
+def _failed_at_run() -> list:
+    return [d for r in torch_backend.LAST_REPORTS for d in r.declined if "failed at run time" in d.reason]
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
@@ -94,6 +103,7 @@ def test_inference_and_training_steps_never_stall_and_bad_ids_are_reported(name:
         launched = len(drv.launches)
         assert stitched and launched
         assert _stalls(drv) == []                                  # no synchronisation, no device-to-host copy
+        assert _failed_at_run() == []
         # the launch stream captures a CUDA graph: every call is capturable (no allocation, load, sync)
         drv.capturing.add(0)
         _first(compiled(ids)).square().sum().backward()
@@ -112,3 +122,29 @@ def test_inference_and_training_steps_never_stall_and_bad_ids_are_reported(name:
                 compiled(bad)
             compiled(ids)                                          # reported once: the flag was zeroed
     assert _stalls(drv) == []
+
+
+def test_a_dynamic_bert_never_stalls_and_is_capturable_at_every_length(fresh_backend) -> None:
+    """dynamic=True: the regions' generic kernels (one per bucket) at several lengths, then the same
+    lengths while the stream captures: launches only, outputs equal eager."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                  vocab_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0)
+    model = transformers.BertModel(cfg).eval()
+    drv = HostDriver()
+    with torch_ops.stand_in_driver(drv, drv.image), torch.no_grad():
+        c = torch.compile(model, backend="stitchtune", dynamic=True, options={"db": None, "fallback": "eager"})
+        for capturing in (False, True):
+            if capturing:
+                drv.capturing.add(0)
+            for n in (3, 9, 17):
+                ids = torch.randint(0, 64, (1, n))
+                got, want = c(ids).last_hidden_state, model(ids).last_hidden_state
+                assert (got - want).abs().max().item() < 1e-4, (n, capturing)
+        drv.capturing.clear()
+    assert drv.generic > 0 and _stalls(drv) == [] and _failed_at_run() == []
+    kinds = {type(g.kernel).__name__ for g in torch_ops._registry.values()}
+    assert "DynamicRegionKernel" in kinds
