@@ -394,7 +394,8 @@ def lookup(key: str) -> Any:
 
 def region_op(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run the stitched region ``key`` on ``inputs`` (see module docstring)."""
-    return lookup(key)(inputs)
+    k = _registry.get(key)
+    return (k if k is not None else lookup(key))(inputs)
 
 
 def _region_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -217,6 +217,7 @@ class CudaDriver(CudaDevice):
         super().__init__(ordinal)
         self._launch = self._cu.cuLaunchKernel
         self._launch_coop = getattr(self._cu, "cuLaunchCooperativeKernel", None)
+        self._get_current = self._cu.cuCtxGetCurrent
         self._pinned: list[int] = []
         self.context = self._call("cuDevicePrimaryCtxRetain", self.device)
         self._ctx_id = int(self.context)
@@ -233,7 +234,10 @@ class CudaDriver(CudaDevice):
         return self._activation
 
     def _push_if_needed(self) -> bool:
-        cur = self._call("cuCtxGetCurrent")
+        # every launch of the torch op passes here: the binding's function directly, not _call
+        err, cur = self._get_current()
+        if err != self._ok:
+            raise DriverError("cuCtxGetCurrent", self._error_name(err))
         if cur is not None and int(cur) == self._ctx_id:
             return False
         self._call("cuCtxPushCurrent", self.context)
