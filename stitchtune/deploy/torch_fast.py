@@ -27,34 +27,56 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["FastCall"]
+__all__ = ["FastCall", "Rebound"]
+
+
+class Rebound:
+    """One packed argument set of a launcher, kept and rewritten in place: :meth:`set` writes new
+    pointers (graph inputs then outputs, in graph order) into its pointer slots, only those that
+    changed; ``bound`` is what ``launcher.launch`` takes. A generic kernel's is packed for one set of
+    ``extents`` (its grids and ``int`` arguments). The driver copies the parameters at each launch,
+    so rewriting them after a launch returned is safe (also while a CUDA graph captures)."""
+
+    __slots__ = ("bound", "slots", "last")
+
+    def __init__(self, launcher: Any, names: list[str], pointers: tuple[int, ...] | list[int],
+                 extents: Any = None) -> None:
+        args = dict(zip(names, pointers))
+        self.bound = launcher.bind(args) if extents is None else launcher.bind(args, dict(extents))
+        pos = {n: i for i, n in enumerate(names)}
+        io = {b.name: pos[b.tensor] for b in launcher.plan.buffers if b.role in ("input", "output")}
+        self.slots: list[tuple[Any, int, int]] = []
+        values = self.bound._keep[0::2]   # per launch: its values array, then its slots array
+        for ln, vals in zip(launcher.plan.launches, values):
+            arr = (ctypes.c_uint64 * len(vals)).from_buffer(vals)
+            self.slots += [(arr, q, io[a]) for q, a in enumerate(ln.args) if a in io]
+        self.last = list(pointers)   # what the slots hold
+
+    def set(self, pointers: list[int] | tuple[int, ...]) -> None:
+        """Point the packed arguments at ``pointers`` (their alignment is the caller's to check)."""
+        if list(pointers) != self.last:
+            for arr, q, i in self.slots:
+                arr[q] = pointers[i]
+            self.last = list(pointers)
 
 
 class _Stream:
     """What one stream's calls launch: (function, grid, block, smem, params, n, cooperative) per
-    launch, the pointer slots to rewrite ((ctypes array, slot, io index) triples), the flags, the Bound."""
+    launch, the :class:`Rebound` arguments, the flags."""
 
-    __slots__ = ("launches", "slots", "flags", "bound", "launcher", "activation", "launch", "last")
+    __slots__ = ("launches", "args", "flags", "launcher", "activation", "launch")
 
     def __init__(self, kernel: Any, index: int, stream: int, pointers: tuple[int, ...]) -> None:
         launcher, _ = kernel.launcher(index, stream)
         self.flags = kernel._launchers[(index, stream)][2]
         g = kernel.graph
-        names = [n for n, _ in g.inputs] + list(g.outputs)
-        self.bound = launcher.bind(dict(zip(names, pointers)))
-        pos = {n: i for i, n in enumerate(names)}
-        io = {b.name: pos[b.tensor] for b in launcher.plan.buffers if b.role in ("input", "output")}
-        self.slots = []
-        values = self.bound._keep[0::2]   # per launch: its values array, then its slots array
-        for ln, vals in zip(launcher.plan.launches, values):
-            arr = (ctypes.c_uint64 * len(vals)).from_buffer(vals)
-            self.slots += [(arr, q, io[a]) for q, a in enumerate(ln.args) if a in io]
+        self.args = Rebound(launcher, [n for n, _ in g.inputs] + list(g.outputs), pointers)
+        bound = self.args.bound
         self.launches = tuple((func, grid, block, smem, params, n, coop)
-                              for (func, grid, block, smem, coop), (params, n) in zip(launcher._calls, self.bound.params))
+                              for (func, grid, block, smem, coop), (params, n) in zip(launcher._calls, bound.params))
         self.launcher = launcher
         self.activation = launcher.driver.activate()
         self.launch = launcher.driver.launch
-        self.last = list(pointers)   # what the slots hold
 
 
 class FastCall:
@@ -107,10 +129,7 @@ class FastCall:
                 st = self._streams[stream] = _Stream(self.kernel, self.index, stream, tuple(ptrs))
             if st.flags is not None:
                 st.flags.raise_if_set(self._when)
-            if ptrs != st.last:   # the caching allocator often hands out the same blocks again
-                for arr, q, i in st.slots:
-                    arr[q] = ptrs[i]
-                st.last = ptrs
+            st.args.set(ptrs)   # the caching allocator often hands out the same blocks again: then nothing
             launch = st.launch
             with st.activation:
                 for func, grid, block, smem, params, n, coop in st.launches:

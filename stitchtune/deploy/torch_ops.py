@@ -10,7 +10,7 @@ Contract
 * On CUDA tensors the kernel is launched through the one launch path
   (:class:`stitchtune.gpu.launch.Launcher`): the cubin is loaded and the scratch allocated once per
   GPU and stream (concurrent calls on different streams never share scratch), arguments are packed
-  once per set of tensor pointers (:meth:`RegionKernel.launch_pointers`, cached), and each call
+  once (:meth:`RegionKernel.launch_pointers`: later calls rewrite the pointers), and each call
   allocates only its outputs (``torch.empty``, torch's caching allocator) and enqueues the launches
   on torch's current stream: no host copy, no synchronisation (capturable once the first call on that
   GPU and stream has run: a first call inside a capture raises a RegionError saying so). The GPU's
@@ -68,7 +68,7 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
            "int32": torch.int32, "int64": torch.int64}
 _registry: dict[str, Any] = {}   # key -> RegionKernel | DynamicRegionKernel
 _lock = threading.Lock()
-#: packed argument sets kept per region and GPU (one per distinct set of pointers, oldest dropped)
+#: packed argument sets kept per region, GPU and stream (one per set of extents, oldest dropped)
 MAX_BOUND = 64
 
 
@@ -236,24 +236,32 @@ class RegionKernel:
     def launch_pointers(self, index: int, pointers: tuple[int, ...], stream: int,
                         extents: tuple[tuple[str, int], ...] | None = None) -> None:
         """Enqueue the region's kernels for ``pointers`` (graph inputs then outputs, in graph order) on
-        ``stream`` of GPU ``index``: the arguments are packed at the first call with these pointers
-        (and, for a generic kernel, these ``extents``). No synchronisation, no copy: a region with a
+        ``stream`` of GPU ``index``: the arguments are packed once per stream (and, for a generic
+        kernel, per ``extents``), later calls only rewrite the pointers that changed
+        (:class:`~stitchtune.deploy.torch_fast.Rebound`). No synchronisation, no copy: a region with a
         gather first raises for a flag an earlier launch set (read from host memory), and only with
         ``check_gather="sync"`` waits for its launches and reads the flag at once."""
         hit = self._launchers.get((index, stream))
         launcher, cache, flags = hit if hit is not None else self._make_launcher(index, stream, extents)
         if flags is not None:
             flags.raise_if_set("at its next call (an earlier call's kernels met it)")
-        key = pointers if extents is None else (pointers, extents)
-        bound = cache.get(key)
-        if bound is None:
+        rebound = cache.get(extents)
+        if rebound is None:
+            from stitchtune.deploy.torch_fast import Rebound
+
             g = self._graph_at(extents)
-            names = [n for n, _ in g.inputs] + list(g.outputs)
             if len(cache) >= MAX_BOUND:
                 cache.pop(next(iter(cache)))
-            args = dict(zip(names, pointers))
-            bound = cache[key] = launcher.bind(args) if extents is None else launcher.bind(args, dict(extents))
-        launcher.launch(bound, stream)
+            rebound = cache[extents] = Rebound(launcher, [n for n, _ in g.inputs] + list(g.outputs), pointers, extents)
+        else:
+            from stitchtune.gpu.launch import MisalignedPointer
+
+            if any(int(p) % 16 for p in pointers):   # what bind refuses (it checks a first call's)
+                g = self._graph_at(extents)
+                names = [n for n, _ in g.inputs] + list(g.outputs)
+                raise MisalignedPointer({n: int(p) for n, p in zip(names, pointers) if int(p) % 16})
+            rebound.set(pointers)
+        launcher.launch(rebound.bound, stream)
         if flags is not None and self.check_gather == "sync":
             self._sync_check(launcher, flags, stream)
 
