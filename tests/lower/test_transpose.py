@@ -147,3 +147,26 @@ def test_tiled_kernels_compile_for_sm90(tmp_path) -> None:
         progs += [lower(g, plan, s, DEV, space) for s in (scheds[0], scheds[-1])]
     regs = compile_programs_sm90(progs, tmp_path)
     assert all(0 < r <= 255 for d in regs for r in d.values())
+
+
+def test_a_generic_kernel_refuses_the_tile_and_the_generic_heuristic_goes_without() -> None:
+    """Dynamic shapes: the tiled transpose is static only; the generic heuristic takes the untiled
+    kernel (its refusal is data), which emulates right at an odd extent."""
+    from stitchtune.cost.heuristic import generic_heuristic
+    from stitchtune.graph.dynamic import DynamicRefusal, parse_dynamic
+    from stitchtune.lower.dynamic import fit_rows, lower_dynamic
+
+    dg = parse_dynamic({"name": "kt", "dynamic": {"seq": {"min": 1, "max": 64}},
+                        "inputs": {"x": {"shape": [2, "seq", 3, 16], "dtype": "float32"}},
+                        "nodes": [{"id": "t", "op": "transpose", "args": ["x"], "perm": [0, 2, 3, 1]}],
+                        "outputs": ["t"]})
+    fit = fit_rows(dg, dg.key_of({"seq": 40}))
+    assert not isinstance(fit, DynamicRefusal) and fit.plan.transpose is not None
+    space = SearchSpace.for_plan(fit.plan, DEV)
+    tiled = heuristic_schedule(fit.plan, DEV, space)
+    refused = lower_dynamic(fit, tiled, DEV, space)
+    assert tiled.option("transpose") > 0 and isinstance(refused, DynamicRefusal) and "transpose" in refused.part
+    g = generic_heuristic(fit, DEV, space)
+    assert g.option("transpose") == 0
+    prog = lower_dynamic(fit, g, DEV, space)
+    assert not isinstance(prog, DynamicRefusal)
