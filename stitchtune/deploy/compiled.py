@@ -164,8 +164,9 @@ class CompiledGraph:
                 paths[-1].write_bytes(self.cubin)
             paths.append(out / "manifest.json")
             paths[-1].write_text(json.dumps(self.manifest, indent=1) + "\n")
-        except OSError as exc:
-            raise StitchtuneError(f"cannot write to {str(out)!a}: {exc.strerror or exc}") from None
+        except OSError as exc:   # an existing file at out_dir: the CLI's words for it (cli.checks.out_dir)
+            why = "is a file, not a directory" if out.is_file() else exc.strerror or exc
+            raise StitchtuneError(f"cannot write to {str(out)!a}: {why}") from None
         return paths
 
     @classmethod
