@@ -39,7 +39,8 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
 
 8. **Transposes** (an element-wise region whose outputs' contiguous axis is a row axis of the view,
    ``plan.transpose``): the transposed outputs go through a shared-memory tile (``transpose`` 64 with
-   16-byte accesses where the row and the transposed axis reach 64, else 32; 256-thread blocks).
+   16-byte accesses where the row and the transposed axis reach 64 and its tiles make two waves, else
+   32; 256-thread blocks).
 
 7. **Scatters** (an embedding's gradient, :mod:`stitchtune.plan.scatter`) in a plan with cross
    reductions: ``cross_combine`` grid where legal (the persistent grid is co-resident), so that the
@@ -286,18 +287,21 @@ def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | No
         if not space.violations(g):
             s = g
     if plan.transpose is not None and "transpose" in space.table:
-        s = _tiled_transpose(space, plan, s)
+        s = _tiled_transpose(space, plan, s, device)
     return _checked(space, s)
 
 
-def _tiled_transpose(space: SearchSpace, plan: StitchPlan, s: Schedule) -> Schedule:
+def _tiled_transpose(space: SearchSpace, plan: StitchPlan, s: Schedule, device: Device) -> Schedule:
     """Rule 8: an element-wise region with transposed outputs (``plan.transpose``) stores them through
     a shared-memory tile of 256-thread blocks, one tile per block: 64 x 64 with 16-byte accesses where
-    the vector width is 4 or more and both the view's columns and the transposed axis reach 64, else
-    32 x 32; ``s`` itself where that point is not legal."""
-    assert plan.transpose is not None
+    the vector width is 4 or more, both the view's columns and the transposed axis reach 64 and the
+    64 x 64 tiles still make two waves of one block per SM, else 32 x 32; ``s`` itself where that
+    point is not legal."""
+    tile = plan.transpose
+    assert tile is not None
     block = 256 if 256 in space.domains["block"] else max(space.domains["block"])
-    edge = 64 if s.vec >= 4 and plan.N >= 64 and plan.transpose.dim >= 64 else 32
+    tiles64 = (plan.M // tile.dim) * math.ceil(tile.dim / 64) * math.ceil(plan.N / 64)
+    edge = 64 if s.vec >= 4 and plan.N >= 64 and tile.dim >= 64 and tiles64 >= 2 * device.sm_count else 32
     vec = s.vec
     while vec > 1 and edge * edge < block * vec:
         vec //= 2
