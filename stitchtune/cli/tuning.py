@@ -220,10 +220,10 @@ def _add_search(sub: Any) -> None:
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
-    from stitchtune.graph.dynamic import parse_dynamic_arg
+    from stitchtune.cli.dynamic import search_dims
     from stitchtune.tune.search import SearchConfig, format_summary, resolve_backend, run_search
 
-    dims = [parse_dynamic_arg(t) for t in args.dynamic or ()]  # bad text: one error line before anything runs
+    dims = search_dims(args.graph, args.dynamic)  # bad text, bounds, a dynamic graph without it: one line first
     backend, why = resolve_backend(args.backend)
     print(why, file=sys.stderr, flush=True)
     cfg = SearchConfig(graph_path=args.graph, trials=args.trials, timeout_s=args.timeout, backend=backend,
