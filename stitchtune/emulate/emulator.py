@@ -84,11 +84,11 @@ from collections.abc import Callable
 import numpy as np
 
 from stitchtune.emulate.translate import _compiled
+from stitchtune.emulate.trace import GlobalAccess
 from stitchtune.emulate.memory import (
     FAULT_KINDS,
     NP_ELEM,
     EmulatorFault,
-    GlobalAccess,
     _State,
     elem_dtype,
 )
@@ -121,7 +121,7 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
     random order of the blocks (see the module docstring). ``extents``: a generic kernel's ``int``
     arguments by name (exactly ``kernel.extents``); its buffers may then be smaller than ``Param.size``
     and every access is checked against the buffer given. ``trace``: a list that receives a
-    :class:`~stitchtune.emulate.memory.GlobalAccess` per global access statement executed (the address
+    :class:`~stitchtune.emulate.trace.GlobalAccess` per global access statement executed (the address
     trace :mod:`stitchtune.emulate.sectors` counts 32-byte sectors in).
     Raises :class:`EmulatorFault` on a kernel bug (buffers are then partly updated).
     """

@@ -28,12 +28,12 @@ Contract
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol, overload
 
 import numpy as np
 
 from stitchtune.emulate.races import _Tracker
+from stitchtune.emulate.trace import GlobalAccess
 from stitchtune.ir import kir
 from stitchtune.ir.kir import BOOL, F32, I32, I64
 
@@ -132,21 +132,6 @@ class _Written:
             self._stored = False
             self.check_written = not bool(self.written[: self._nflags].all())
         return self.check_written
-
-
-@dataclass(frozen=True)
-class GlobalAccess:
-    """One global access statement as executed by a launch (the emulator's address trace): kernel, buffer,
-    ``op`` (load / store / atomic), element size in bytes, the global thread index of each active
-    lane (``bid * block + tid``), its first element and the access's width in elements."""
-
-    kernel: str
-    buf: str
-    op: str
-    elem_bytes: int
-    threads: np.ndarray
-    first: np.ndarray
-    width: int
 
 
 class _GBuf(_Written):

@@ -1,7 +1,7 @@
 """32-byte sectors per warp request, counted from the emulator's address trace.
 
 :func:`~stitchtune.emulate.emulator.emulate_program` with ``trace=[]`` records every global access
-statement a launch executes (:class:`~stitchtune.emulate.memory.GlobalAccess`: the active lanes, each
+statement a launch executes (:class:`~stitchtune.emulate.trace.GlobalAccess`: the active lanes, each
 lane's first element and the access width). :func:`count_sectors` splits each access into the
 requests of its warps (32 consecutive threads of a block) and counts the distinct 32-byte sectors
 each request touches, against the ideal: the distinct bytes it moves over 32, rounded up. A
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stitchtune.emulate.memory import GlobalAccess
+from stitchtune.emulate.trace import GlobalAccess
 
 __all__ = ["SECTOR_BYTES", "SectorCount", "count_sectors"]
 
