@@ -10,9 +10,10 @@ task, two phases separated by a block barrier:
    adjacent columns; a warp covers 32 columns x ``vec`` rows of the tile (``32 / vec`` lanes per row:
    every global row segment a whole number of sectors). The transposed outputs go to their tile
    ``tp<j>[t][c]`` in shared memory, every other output is stored at once through its map.
-2. **store** (coalesced along ``t``): a warp covers 32 positions ``t`` x ``vec`` columns; each lane
-   reads ``vec`` consecutive ``t`` of one column from the tile and stores them with one vector
-   store where the output's map allows (the other strides multiples of ``vec``), else one by one.
+2. **store** (coalesced along ``t``): a warp covers 32 positions ``t`` x ``sv`` columns; each lane
+   reads ``sv`` consecutive ``t`` of one column from the tile and stores them with one vector store:
+   ``sv = vec`` where every tiled output's map allows it (``dim % vec == 0``, the other strides
+   multiples of ``vec``), else ``sv = 1`` (32 consecutive positions per warp, one element a lane).
 
 Tile rows are padded to ``E + 1`` floats: with ``E`` a multiple of 32 a row starts one bank later
 than the previous one, so the load phase's writes (``vec`` rows x 32 columns of a warp) and the store
@@ -118,6 +119,11 @@ class TransposeLowerer(Lowerer):
         others = [g.stride for g in m.rows.factors if g != f] + [g.stride for g in m.cols.factors]
         return vec if self.tile.dim % vec == 0 and all(st % vec == 0 for st in others) else 1
 
+    def store_width(self) -> int:
+        """The positions ``t`` a lane of the store phase stores (the same for every tiled output):
+        the smallest :meth:`store_vec` of the tiled outputs."""
+        return min(self.store_vec(o) for o in self.tile.outputs)
+
     def sector_factor(self, buf: kir.BufferSpec) -> float:
         """The sectors of the tiled accesses: a load-phase warp slot for inputs and directly stored
         outputs, a store-phase slot for the transposed outputs (each at the tile's first position)."""
@@ -125,12 +131,12 @@ class TransposeLowerer(Lowerer):
         if not name or not self.p.mapped(name):
             return 1.0
         m, eb, E, vec = self.p.imap(name), kir.ELEM_BYTES[buf.dtype], self.edge, self.s.vec
-        t_ext, dim, inner = min(E, self.tile.dim), self.tile.dim, self.tile.inner
+        t_ext, dim, inner, sv = min(E, self.tile.dim), self.tile.dim, self.tile.inner, self.store_width()
         offs: list[int] = []
         for lane in range(32):
             if name in self.tile.outputs:
-                t, c = _store_slot(0, lane, E, vec)
-                cells = [(t + k, c) for k in range(vec)]
+                t, c = _store_slot(0, lane, E, sv)
+                cells = [(t + k, c) for k in range(sv)]
             else:
                 t, c = _load_slot(0, lane, E, vec)
                 cells = [(t, c + k) for k in range(vec)]
@@ -184,9 +190,10 @@ class _TransposeKernel:
                 Assign(self.lo, Bin("%", rest, I(inner)) if inner > 1 else I(0)),
                 Assign(self.hi, Bin("/", rest, I(inner)) if inner > 1 else rest)]
 
-    def slot(self, p: Var, load: bool) -> tuple[Var, Var, list[kir.Stmt]]:
-        """Variables (t, c) of this lane's first cell in pass ``p`` (tile coordinates) and their assignments."""
-        E, vec = self.low.edge, self.low.s.vec
+    def slot(self, p: Var, load: bool, vec: int) -> tuple[Var, Var, list[kir.Stmt]]:
+        """Variables (t, c) of this lane's first cell in pass ``p`` (tile coordinates) of a phase whose
+        lanes take ``vec`` cells each, and their assignments (:func:`_load_slot`, :func:`_store_slot`)."""
+        E = self.low.edge
         per, wide = 32 // vec, E // 32
         q = add(mul(p, I(self.low.s.block // 32)), self.warp)
         t, c = self.cx.var("tl", I32), self.cx.var("cl", I32)
@@ -202,7 +209,7 @@ class _TransposeKernel:
         """Load, compute and write the tile (and store the untransposed outputs)."""
         low, cx, vec = self.low, self.cx, self.low.s.vec
         p = cx.var("pa", I32)
-        tl, cl, body = self.slot(p, load=True)
+        tl, cl, body = self.slot(p, load=True, vec=vec)
         t, c = add(self.t0, tl), add(self.c0, cl)
         pred = and_(self.tv, Bin("&&", Bin("<", t, I(low.tile.dim)), Bin("<", c, I(low.p.N))))
         row = self.row_of(Bin("min", t, I(low.tile.dim - 1)))
@@ -229,31 +236,29 @@ class _TransposeKernel:
         return kir.For(p, I(0), I(self.passes), 1, tuple(body), unroll=True)
 
     def store_phase(self) -> kir.For:
-        """Read the tile down its columns and store the transposed outputs along ``t``."""
-        low, cx, vec = self.low, self.cx, self.low.s.vec
+        """Read the tile down its columns and store the transposed outputs along ``t``, ``sv`` positions
+        per lane (:meth:`TransposeLowerer.store_width`): one vector store each, or ``sv`` = 1 with 32
+        consecutive positions per warp where a vector would not be one aligned run."""
+        low, cx = self.low, self.cx
+        sv = low.store_width()
         p = cx.var("pb", I32)
-        tl, cl, body = self.slot(p, load=False)
+        tl, cl, body = self.slot(p, load=False, vec=sv)
         t, c = add(self.t0, tl), add(self.c0, cl)
         live = and_(self.tv, Bin("<", c, I(low.p.N)))
         dim = low.tile.dim
+        ins = [and_(live, Bin("<", add(t, I(k)), I(dim))) for k in range(sv)]
         for j, name in enumerate(low.tile.outputs):
             buf = low.out_buf[name]
             self.uses["out"].add(buf)
-            ins = [and_(live, Bin("<", add(t, I(k)), I(dim))) for k in range(vec)]
-            vals = []
-            for k in range(vec):
+            vals: list[kir.Expr] = []
+            for k in range(sv):
                 v = cx.var(f"y{j}_", F32)
                 body.append(Assign(v, kir.Load(f"tp{j}", add(mul(add(tl, I(k)), I(low.pitch)), cl), ins[k])))
                 vals.append(v)
-            col = low.col_offset(name, c)
-            if low.store_vec(name) == vec:
-                at = add(low.row_base(name, self.row_of(Bin("min", t, I(dim - 1)))), col)
-                body.append(kir.StoreVec(buf, at, tuple(vals), ins[0]))
-                continue
-            for k in range(vec):
-                at = add(low.row_base(name, self.row_of(Bin("min", add(t, I(k)), I(dim - 1)))), col)
-                body.append(kir.StoreVec(buf, at, (vals[k],), ins[k]))
-        return kir.For(p, I(0), I(self.passes), 1, tuple(body), unroll=True)
+            at = add(low.row_base(name, self.row_of(Bin("min", t, I(dim - 1)))), low.col_offset(name, c))
+            body.append(kir.StoreVec(buf, at, tuple(vals), ins[0]))
+        passes = low.edge * low.edge // (sv * low.s.block)
+        return kir.For(p, I(0), I(passes), 1, tuple(body), unroll=True)
 
     def build(self) -> tuple[kir.Kernel, kir.KernelProfile]:
         low = self.low
