@@ -281,16 +281,21 @@ def _view(order: tuple[int, ...], sizes: dict[int, int], has_reductions: bool, r
     return _View(Family.COL, sizes, tuple(red), kept)
 
 
-def _classify(names: list[str], view: _View, maps: dict[str, Groups]) -> dict[str, TensorClass]:
+def _classify(names: list[str], view: _View, maps: dict[str, Groups], one_row: bool = False) -> dict[str, TensorClass]:
     """The class of each tensor: which axis groups (rows, columns) it varies along (all of a group's
-    axes or only some of them: a partial variation is expressed by the tensor's index map)."""
+    axes or only some of them: a partial variation is expressed by the tensor's index map).
+
+    ``one_row``: a row-family view whose rows are all of extent 1 (no row axis: a layer norm of
+    ``[1, 1024]``, a decode step's RMSNorm of ``[1, 1, H]``): every tensor varies along the one row,
+    so a tensor varying along the columns is ``FULL`` and one that does not (a reduction's result, a
+    0-d input) ``PER_KEPT``, exactly the classes of the same graph with more rows."""
     rows_live, cols_live = set(view.row_axes), set(view.col_axes)
     per_row = TensorClass.PER_KEPT if view.family != Family.COL else TensorClass.PER_REDUCED
     per_col = TensorClass.PER_KEPT if view.family == Family.COL else TensorClass.PER_REDUCED
     classes: dict[str, TensorClass] = {}
     for name in names:
         varies = {a for g in maps[name] for a in g}
-        in_rows, in_cols = varies & rows_live, varies & cols_live
+        in_rows, in_cols = one_row or bool(varies & rows_live), varies & cols_live
         if in_rows and in_cols:
             classes[name] = TensorClass.FULL
         elif in_rows:
@@ -529,7 +534,8 @@ def _make_plan(graph: Graph, domain_tensor: str | None = None) -> StitchPlan:
         raise UnsupportedGraphError(
             f"graph '{real.name}' computes with int values in a column-reduction region; stitched kernels lower "
             "int arithmetic in element-wise and row-reduction regions only")
-    classes = _classify(names, view, maps)
+    one_row = view.family == Family.ROW and not view.row_axes and not cross_nodes
+    classes = _classify(names, view, maps, one_row)
     _check_reductions(red_nodes, classes)
     _check_reduction_sources(red_nodes, view, maps)
     if real is not graph:
