@@ -59,7 +59,7 @@ def region_dynamic_graph(region: Any, max_extent: int) -> tuple[Any, Any]:
 def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, compiled: Any) -> Any:
     """The :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` of a region with symbolic sizes
     (see module docstring); ``compiled`` is its CompiledGraph at the example shapes (for explain)."""
-    from stitchtune.deploy.torch_backend import _compile_graph
+    from stitchtune.deploy.torch_backend import _compile_graph, _kept_outputs
     from stitchtune.deploy.torch_ops import Built, DynamicRegionKernel, RegionKernel
 
     def kernel(graph: Any, out_shapes: Sequence[Any]) -> Any:
@@ -79,7 +79,7 @@ def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, com
     except StitchtuneError as exc:
         log.info("%s: kernels per input shape (%s)", region.name, exc)
         return DynamicRegionKernel(region.name, region.ops, region.module, per_shape, compiled=compiled,
-                                   counter=counter, perms=region.output_perms)
+                                   counter=counter, perms=region.output_perms, keep=_kept_outputs(region))
 
     refused: dict[Any, str] = {}   # bucket key -> why no generic kernel serves it
 
@@ -121,7 +121,8 @@ def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, com
         return generic(ext) or Built(kernel(dg.at(ext), sym.graph_output_shapes(ext)), sym.index)
 
     return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=compiled,
-                               bucket_of=bucket_of, counter=counter, perms=region.output_perms)
+                               bucket_of=bucket_of, counter=counter, perms=region.output_perms,
+                               keep=_kept_outputs(region))
 
 
 def _in_graph_order(index: Sequence[int], shapes: Sequence[Any]) -> list[Any]:

@@ -22,8 +22,11 @@ def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
                   perms: Sequence[tuple[int, ...] | None] = ()) -> tuple[Any, list[int], tuple[Any, ...]]:
     """A region's ``module`` mapped again for the concrete ``inputs`` (tensors): (Graph, for each of
     the module's outputs its index in ``graph.outputs``, the output shapes as the kernel writes them:
-    PyTorch's, permuted by ``perms``). ``perms`` (the region's ``output_perms``, per module output;
-    empty: all None) is the axis order each output must be stored in: the mapping at these shapes
+    PyTorch's, permuted by ``perms``). The module's outputs that are no-op views of a value the region
+    reads (the region's ``aliases``: GPT-2's fused qkv viewed for q beside the cache concats) are
+    PyTorch's, not the kernel's: they are left out of both lists. ``perms`` (the region's
+    ``output_perms``, per kept module output; empty: all None) is the axis order each output must be
+    stored in: the mapping at these shapes
     must store it so (a region whose outputs PyTorch keeps permuted writes them row-major in that
     order). Raises :class:`~stitchtune.errors.StitchtuneError` when the region does not map or plan
     at these shapes, or would store an output in another order."""
@@ -50,9 +53,10 @@ def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
         raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: {res.reason}")
     graph, outputs = res.graph, res.outputs
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    wanted = list(out_node.args[0])
+    aliased = {a for a, _ in res.aliases}   # no-op views the module returns beside the kernel's outputs
+    wanted = [o for o in out_node.args[0] if o not in aliased]
     want = tuple(perms) or (None,) * len(wanted)
-    if res.aliases or any(o in outputs and res.perms[outputs.index(o)] != p for o, p in zip(wanted, want)):
+    if len(want) != len(wanted) or any(o in outputs and res.perms[outputs.index(o)] != p for o, p in zip(wanted, want)):
         raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: an output is "
                               "not stored in the region's axis order")
     why = accept(graph) if accept is not None else None
@@ -125,8 +129,8 @@ class SymbolicRegion:
         return {**self.template, "dynamic": {n: {"min": bounds[n][0], "max": bounds[n][1]} for n in self.names}}
 
     def shapes_at(self, extents: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:
-        """PyTorch's output shapes at ``extents``."""
-        return tuple(tuple(extents[d] if isinstance(d, str) else d for d in s) for s in self.output_shapes)
+        """PyTorch's output shapes at ``extents`` (a dim ``"d0+1"``: the extent of ``d0`` plus 1)."""
+        return tuple(tuple(_extent(d, extents) for d in s) for s in self.output_shapes)
 
     def graph_output_shapes(self, extents: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:
         """PyTorch's output shapes at ``extents`` in the graph's output order (output ``index[i]`` is
@@ -136,6 +140,35 @@ class SymbolicRegion:
         for j, i in enumerate(self.index):
             out[i] = shapes[j]
         return tuple(out)
+
+
+def _extent(dim: int | str, extents: Mapping[str, int]) -> int:
+    """The value of an output dim: an int, a dim name, or ``"name+k"`` / ``"name-k"`` (:func:`_offset_name`)."""
+    if isinstance(dim, int):
+        return dim
+    for sign in ("+", "-"):
+        name, op, k = dim.partition(sign)
+        if op:
+            return extents[name] + (int(k) if sign == "+" else -int(k))
+    return extents[dim]
+
+
+#: the largest offset of an output dim from a symbol (a KV cache's ``s + 1``), below half the probes' gap
+_MAX_OFFSET = 256
+
+
+def _offset_name(d: int, value: Mapping[str, int]) -> int | str:
+    """An output dim ``d`` mapped at the probe ``value`` of each symbol: its name where it equals one
+    (``"d0"``), ``"d0+1"`` where it is a symbol's value plus a small offset (the concat of a cache of
+    ``d0`` positions with one new one), else ``d`` itself. The symbol nearest ``d`` is taken; a wrong
+    guess differs between the two probe sets and is refused by :func:`symbolic_region`."""
+    near = min(value, key=lambda n: (abs(d - value[n]), n))
+    k = d - value[near]
+    if k == 0:
+        return near
+    if abs(k) <= _MAX_OFFSET and d > _MAX_OFFSET:
+        return f"{near}{'+' if k > 0 else '-'}{abs(k)}"
+    return d
 
 
 def _named(obj: Any, names: Mapping[int, str]) -> Any:
@@ -185,7 +218,7 @@ def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dty
         graph, index, shapes = map_at_shapes(module, metas, name, accept, perms)
         back = {v: k for k, v in value.items()}
         text = json.dumps(_named(graph.to_dict(), back), sort_keys=True)
-        out = tuple(tuple(back.get(d, d) for d in s) for s in shapes)
+        out = tuple(tuple(_offset_name(d, value) for d in s) for s in shapes)
         mapped.append((text, tuple(index), out))
     if mapped[0] != mapped[1]:
         raise StitchtuneError(f"region {name}: its graph depends on a symbolic dim other than through shapes")
