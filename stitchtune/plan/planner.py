@@ -63,6 +63,7 @@ from stitchtune.plan.row_moves import commute_row_moves
 from stitchtune.plan.row_views import commute_row_views
 from stitchtune.plan.scatter import Scatter, core_graph, split_scatters
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
+from stitchtune.plan.unit_reductions import unit_reductions
 
 
 class TensorClass(Enum):
@@ -117,6 +118,9 @@ class StitchPlan:
     #: the region's ``scatter_add`` nodes (:mod:`stitchtune.plan.scatter`): the plan is its core graph's
     #: (scatters removed, their values outputs), the lowering adds each value's stores into its table
     scatters: tuple[Scatter, ...] = ()
+    #: the reductions over extents of 1 only (:mod:`stitchtune.plan.unit_reductions`: a softmax over one
+    #: key) planned as the identities they are; :attr:`moved_graph` is then that rewrite of the graph
+    unit_reductions: tuple[str, ...] = ()
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -135,8 +139,9 @@ class StitchPlan:
 
     @property
     def moved_rows(self) -> bool:
-        """Whether the plan was made for the row-move rewrite of its graph (:attr:`moved_graph`)."""
-        return self.moved_graph is not None
+        """Whether the plan was made for the row-move rewrite of its graph (:attr:`moved_graph`; not
+        for its unit-reduction rewrite alone, :attr:`unit_reductions`)."""
+        return self.moved_graph is not None and not self.unit_reductions
 
     def planned_graph(self, graph: Graph) -> Graph:
         """The graph this plan was made for, given the graph it was asked for: :attr:`moved_graph`
@@ -454,11 +459,19 @@ def make_plan(graph: Graph) -> StitchPlan:
     :func:`~stitchtune.plan.row_views.commute_row_views`); when those are refused too, the refusal of
     ``graph`` stands.
 
+    A graph with reductions over extents of 1 only (a softmax over one key) is planned as the graph
+    with those reductions as identities (:func:`~stitchtune.plan.unit_reductions.unit_reductions`,
+    :attr:`StitchPlan.unit_reductions`, the lowering lowers that graph).
+
     A graph with ``scatter_add`` nodes is planned through its core graph, the plan listing the
     scatters (:func:`~stitchtune.plan.scatter.split_scatters`, which also names what it refuses)."""
     core, scatters = split_scatters(graph)
     if scatters:
         return replace(make_plan(core), scatters=scatters)
+    unit, units = unit_reductions(graph)
+    if units:   # reductions over extents of 1: identities (a row-move rewrite of that graph: moved_rows)
+        p = make_plan(unit)
+        return p if p.moved_graph is not None else replace(p, moved_graph=unit, unit_reductions=units)
     try:
         return _plan_layouts(graph)
     except UnsupportedGraphError as refusal:

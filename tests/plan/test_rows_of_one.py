@@ -83,3 +83,35 @@ def test_one_row_compiles_and_emulates_equal_to_the_reference(name: str, n: int)
         assert s.tpr == 1024, s
     if n == 16384:
         assert s.split > 1, s
+
+
+@pytest.mark.parametrize("shape", [[4, 1], [1, 1], [2, 4, 1, 1]])
+def test_a_softmax_over_one_key_is_the_identity_chain(shape: list[int]) -> None:
+    """Reductions over extents of 1 only (a softmax over one key) are planned as the identities they
+    are (they were refused: 'leaves a full-size result'); the kernels emulate equal to the reference."""
+    obj = json.loads((EXAMPLES / "softmax_small.json").read_text())
+    obj["inputs"]["x"]["shape"] = shape
+    g = parse_graph(obj)
+    p = make_plan(g)
+    assert p.unit_reductions == ("m", "s") and not p.moved_rows and p.reductions == ()
+    assert p.planned_graph(g) is p.moved_graph and {nd.op for nd in p.moved_graph.nodes} >= {"maximum"}
+    clear_cache()
+    ins = random_inputs(g, 0)
+    out = stitchtune.compile(g, db=None, device="h200", build=False).emulate(**ins)
+    assert np.array_equal(out["y"], run_reference(g, ins)["y"].astype(np.float32))
+
+
+def test_a_layernorm_backward_at_batch_one_plans() -> None:
+    """dgamma / dbeta of one row: sums over an extent of 1 (identities), beside the row's own sums."""
+    obj = json.loads((EXAMPLES / "layernorm_backward_small.json").read_text())
+    for spec in obj["inputs"].values():
+        if len(spec["shape"]) == 2:
+            spec["shape"][0] = 1
+    g = parse_graph(obj)
+    p = make_plan(g)
+    assert set(p.unit_reductions) == {"dgamma", "dbeta"} and p.M == 1 and not p.cross
+    clear_cache()
+    ins = random_inputs(g, 0)
+    out, ref = stitchtune.compile(g, db=None, device="h200", build=False).emulate(**ins), run_reference(g, ins)
+    for o in ref:
+        assert float(np.abs(out[o] - ref[o]).max()) < 1e-4 * max(1.0, float(np.abs(ref[o]).max())), o
