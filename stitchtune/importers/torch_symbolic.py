@@ -143,7 +143,7 @@ class SymbolicRegion:
 
 
 def _extent(dim: int | str, extents: Mapping[str, int]) -> int:
-    """The value of an output dim: an int, a dim name, or ``"name+k"`` / ``"name-k"`` (:func:`_offset_name`)."""
+    """The value of an output dim: an int, a dim name, or ``"name+k"`` / ``"name-k"`` (:func:`_offset_names`)."""
     if isinstance(dim, int):
         return dim
     for sign in ("+", "-"):
@@ -153,22 +153,30 @@ def _extent(dim: int | str, extents: Mapping[str, int]) -> int:
     return extents[dim]
 
 
-#: the largest offset of an output dim from a symbol (a KV cache's ``s + 1``), below half the probes' gap
-_MAX_OFFSET = 256
+#: the largest offset of an output dim from a symbol (a KV cache's ``s + 1``)
+_MAX_OFFSET = 8
 
 
-def _offset_name(d: int, value: Mapping[str, int]) -> int | str:
-    """An output dim ``d`` mapped at the probe ``value`` of each symbol: its name where it equals one
-    (``"d0"``), ``"d0+1"`` where it is a symbol's value plus a small offset (the concat of a cache of
-    ``d0`` positions with one new one), else ``d`` itself. The symbol nearest ``d`` is taken; a wrong
-    guess differs between the two probe sets and is refused by :func:`symbolic_region`."""
-    near = min(value, key=lambda n: (abs(d - value[n]), n))
-    k = d - value[near]
-    if k == 0:
-        return near
-    if abs(k) <= _MAX_OFFSET and d > _MAX_OFFSET:
-        return f"{near}{'+' if k > 0 else '-'}{abs(k)}"
-    return d
+def _offset_names(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...], va: Mapping[str, int],
+                  vb: Mapping[str, int]) -> tuple[tuple[int | str, ...], ...] | None:
+    """The output shapes mapped at the two probe sets ``va`` and ``vb`` (symbol -> probe) as one shape
+    each: a dim equal in both is static (an int); one that differs is a symbol's name (``"d0"``) or a
+    symbol plus or minus a small offset (``"d0+1"``: the concat of a cache of ``d0`` positions and one
+    new one) where one symbol and offset give both values; None when no symbol does."""
+    out: list[tuple[int | str, ...]] = []
+    for sa, sb in zip(a, b):
+        dims: list[int | str] = []
+        for x, y in zip(sa, sb):
+            if x == y:
+                dims.append(x)
+                continue
+            hit = next((n for n in sorted(va) if x - va[n] == y - vb[n] and abs(x - va[n]) <= _MAX_OFFSET), None)
+            if hit is None:
+                return None
+            k = x - va[hit]
+            dims.append(hit if k == 0 else f"{hit}{'+' if k > 0 else '-'}{abs(k)}")
+        out.append(tuple(dims))
+    return tuple(out)
 
 
 def _named(obj: Any, names: Mapping[int, str]) -> Any:
@@ -210,7 +218,8 @@ def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dty
     if len(where) > len(_PROBES[0]):
         raise StitchtuneError(f"region {name}: {len(where)} symbolic dims (at most {len(_PROBES[0])})")
     names = sorted(w[0] for w in where.values())
-    mapped: list[tuple[str, tuple[int, ...], tuple[tuple[int | str, ...], ...]]] = []
+    mapped: list[tuple[str, tuple[int, ...]]] = []
+    raw: list[tuple[tuple[tuple[int, ...], ...], dict[str, int]]] = []
     for probes in _PROBES:
         value = dict(zip(names, probes))
         metas = [torch.empty(tuple(value[where[d][0]] if isinstance(d, str) else int(d or 0) for d in ds), dtype=dt,
@@ -218,10 +227,11 @@ def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dty
         graph, index, shapes = map_at_shapes(module, metas, name, accept, perms)
         back = {v: k for k, v in value.items()}
         text = json.dumps(_named(graph.to_dict(), back), sort_keys=True)
-        out = tuple(tuple(_offset_name(d, value) for d in s) for s in shapes)
-        mapped.append((text, tuple(index), out))
-    if mapped[0] != mapped[1]:
+        mapped.append((text, tuple(index)))
+        raw.append((tuple(tuple(int(d) for d in sh) for sh in shapes), value))
+    out_shapes = _offset_names(raw[0][0], raw[1][0], raw[0][1], raw[1][1])
+    if mapped[0] != mapped[1] or out_shapes is None:
         raise StitchtuneError(f"region {name}: its graph depends on a symbolic dim other than through shapes")
-    text, order, out_shapes = mapped[0]
+    text, order = mapped[0]
     by_name = {w[0]: w for w in where.values()}
     return SymbolicRegion(text, tuple(names), tuple(by_name[n] for n in names), order, out_shapes)

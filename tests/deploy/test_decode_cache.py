@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 import stitchtune.torch as st_torch  # noqa: E402
 from stitchtune.deploy import torch_backend  # noqa: E402
-from stitchtune.importers.torch_symbolic import _extent, _offset_name  # noqa: E402
+from stitchtune.importers.torch_symbolic import _extent, _offset_names  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fresh_backend")
 
@@ -30,9 +30,11 @@ def _attention_inputs(x: Any, w: Any, b: Any, pk: Any, pv: Any) -> tuple[Any, An
 
 
 def test_offset_output_dims_are_named_and_evaluated() -> None:
-    probes = {"d0": 1009, "d1": 1013}
-    assert _offset_name(1010, probes) == "d0+1" and _offset_name(1009, probes) == "d0"
-    assert _offset_name(1012, probes) == "d1-1" and _offset_name(16, probes) == 16
+    va, vb = {"d0": 1009, "d1": 1013}, {"d0": 1051, "d1": 1061}
+    # a static 1024 (near the probes) stays static; s, s + 1 and t - 1 are named
+    assert _offset_names(((1024, 1009, 1010, 1012),), ((1024, 1051, 1052, 1060),), va, vb) == \
+        ((1024, "d0", "d0+1", "d1-1"),)
+    assert _offset_names(((2018,),), ((2102,),), va, vb) is None   # 2 * d0: no symbol plus an offset
     assert _extent("d0+1", {"d0": 7}) == 8 and _extent("d1-1", {"d1": 7}) == 6 and _extent("d0", {"d0": 7}) == 7
 
 
