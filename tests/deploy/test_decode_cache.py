@@ -54,3 +54,22 @@ def test_the_cache_concat_region_is_stitched_and_equal_to_eager() -> None:
     stitched = [s for r in torch_backend.LAST_REPORTS for s in r.stitched]
     assert any("aten.cat" in s.ops for s in stitched)
     assert st_torch.stats().eager == 0
+
+
+def test_kernels_per_extent_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache concat has no generic kernel yet (a concat along a row axis in a region with a
+    transpose / reshape): past lengths beyond MAX_SPECIALISED kernels run the region's ATen ops
+    instead of building a kernel per decode step; the values stay eager's."""
+    from stitchtune.deploy import torch_dynamic
+
+    monkeypatch.setattr(torch_dynamic, "MAX_SPECIALISED", 2)
+    torch.manual_seed(0)
+    x, w, b = torch.randn(1, 1, 64), torch.randn(64, 192), torch.randn(192)
+    c = torch.compile(_attention_inputs, backend="stitchtune", dynamic=True, options={"db": None, "fallback": "eager"})
+    with torch.no_grad():
+        for past in (5, 6, 9, 12):
+            pk, pv = torch.randn(1, 4, past, 16), torch.randn(1, 4, past, 16)
+            for g, e in zip(c(x, w, b, pk, pv), _attention_inputs(x, w, b, pk, pv)):
+                assert g.shape == e.shape and (g - e).abs().max().item() < 1e-5, past
+    [r] = [r for r in st_torch.stats().regions if r.dynamic]
+    assert r.builds == 2 and r.eager == 2, r
