@@ -195,7 +195,7 @@ def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dty
     """A region's ``module`` mapped once for every value of its symbolic dims: ``dims`` per input as
     :func:`symbolic_dims` gives them, ``dtypes`` the inputs' torch dtypes. The symbols are named
     ``d0, d1, ...`` in order of first appearance (input by input, axis by axis), not by dynamo's
-    symbol names, so equal regions get equal graphs and bucket labels (``d0=17..32``) in every run. The module is mapped
+    symbol names, so equal regions get equal graphs and bucket labels (``d0=33..64``) in every run. The module is mapped
     (:func:`map_at_shapes`) at two sets of probe values of the symbols; with each probe written as
     its symbol's name both graphs must be the same graph.json (so no static number of the graph
     depends on a symbol, and every extent that does is a dim of a shape). Raises
