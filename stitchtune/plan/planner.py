@@ -64,6 +64,7 @@ from stitchtune.plan.row_views import commute_row_views
 from stitchtune.plan.scatter import Scatter, core_graph, split_scatters
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
 from stitchtune.plan.unit_reductions import unit_reductions
+from stitchtune.plan.transpose import TransposeTile, transpose_tile
 
 
 class TensorClass(Enum):
@@ -121,6 +122,10 @@ class StitchPlan:
     #: the reductions over extents of 1 only (:mod:`stitchtune.plan.unit_reductions`: a softmax over one
     #: key) planned as the identities they are; :attr:`moved_graph` is then that rewrite of the graph
     unit_reductions: tuple[str, ...] = ()
+    #: the row axis of the outputs stored through a shared-memory tile (:mod:`stitchtune.plan.transpose`:
+    #: an element-wise region whose output's contiguous axis is a row axis of the view); None for
+    #: every other plan
+    transpose: TransposeTile | None = None
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -471,9 +476,10 @@ def make_plan(graph: Graph) -> StitchPlan:
     unit, units = unit_reductions(graph)
     if units:   # reductions over extents of 1: identities (a row-move rewrite of that graph: moved_rows)
         p = make_plan(unit)
-        return p if p.moved_graph is not None else replace(p, moved_graph=unit, unit_reductions=units)
+        # (no transpose tile: that lowering is for plans of the graph given, not of a rewrite)
+        return p if p.moved_graph is not None else replace(p, moved_graph=unit, unit_reductions=units, transpose=None)
     try:
-        return _plan_layouts(graph)
+        plan = _plan_layouts(graph)
     except UnsupportedGraphError as refusal:
         for rewrite in (commute_row_moves, commute_row_views):
             moved = rewrite(graph)
@@ -484,6 +490,8 @@ def make_plan(graph: Graph) -> StitchPlan:
             except UnsupportedGraphError:
                 continue
         raise refusal from None
+    tile = transpose_tile(graph, plan.family, dict(plan.index_maps), dict(plan.dtypes), not plan.cross)
+    return replace(plan, transpose=tile) if tile is not None else plan
 
 
 def _plan_layouts(graph: Graph) -> StitchPlan:
