@@ -87,6 +87,7 @@ from stitchtune.emulate.translate import _compiled
 from stitchtune.emulate.memory import (
     FAULT_KINDS,
     NP_ELEM,
+    AccessTrace,
     EmulatorFault,
     _State,
     elem_dtype,
@@ -95,7 +96,7 @@ from stitchtune.ir.kir import Kernel, Program
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FAULT_KINDS", "NP_ELEM", "EmulatorFault", "elem_dtype", "emulate_kernel", "emulate_program"]
+__all__ = ["FAULT_KINDS", "NP_ELEM", "AccessTrace", "EmulatorFault", "elem_dtype", "emulate_kernel", "emulate_program"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -106,7 +107,8 @@ __all__ = ["FAULT_KINDS", "NP_ELEM", "EmulatorFault", "elem_dtype", "emulate_ker
 def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
                    written: dict[str, np.ndarray] | None = None,
                    coresident_limit: int | None = None, cluster_limit: int | None = None,
-                   block_order_seed: int | None = None, extents: dict[str, int] | None = None) -> None:
+                   block_order_seed: int | None = None, extents: dict[str, int] | None = None,
+                   blocks: int | None = None, trace: AccessTrace | None = None) -> None:
     """Run one launch ``kernel<<<grid, kernel.block>>>`` in place on ``buffers``.
 
     ``buffers`` maps each parameter name to a 1-D numpy array of the parameter's element type
@@ -119,13 +121,21 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
     random order of the blocks (see the module docstring). ``extents``: a generic kernel's ``int``
     arguments by name (exactly ``kernel.extents``); its buffers may then be smaller than ``Param.size``
     and every access is checked against the buffer given.
+    ``blocks`` (optional, ``1 <= blocks <= grid``): emulate only blocks ``0 .. blocks - 1`` of the
+    ``grid``-block launch (``gridDim.x`` is still ``grid``): a slice whose per-warp accesses are the
+    full launch's, for audits of launches too large to emulate whole. Other blocks' writes never
+    happen, so a slice is for addresses, not results (pass no ``written`` to read anything).
+    ``trace``: an :class:`AccessTrace` called on every global access (default None: no cost).
     Raises :class:`EmulatorFault` on a kernel bug (buffers are then partly updated).
     """
     if grid < 1 or grid * kernel.block >= 2**31:
         raise ValueError(f"grid {grid} x block {kernel.block} is not an emulable launch")
+    if blocks is not None and not 1 <= blocks <= grid:
+        raise ValueError(f"blocks {blocks} is not a slice of a grid of {grid}")
     _check_cluster_launch(kernel, grid, cluster_limit)
     ck = _compiled(kernel)
-    st = _State(ck, grid, buffers, written or {}, coresident_limit, extents)
+    run = grid if blocks is None else blocks
+    st = _State(ck, run, buffers, written or {}, coresident_limit, extents, gdim=grid, trace=trace)
     if block_order_seed is not None:
         st.block_rank = np.random.default_rng(block_order_seed).permutation(grid).astype(np.int32)
     with np.errstate(all="ignore"):

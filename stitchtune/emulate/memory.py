@@ -172,10 +172,25 @@ class _CompiledKernel(Protocol):
     atomic_params: set[str]      # parameters the kernel adds to atomically
 
 
+class AccessTrace(Protocol):
+    """An observer of global memory accesses (``emulate_kernel(trace=...)``; off by default).
+
+    Called once per executed global load / store / atomic statement with the statement's ``where``
+    (its path in the kernel, stable across runs), the buffer, the op (``load`` | ``store`` |
+    ``atomic``), the launch-wide thread index of each active lane (``threads``, [n], sorted), the
+    element indices those lanes touch (``elements``, [n * width], lane-major) and the vector
+    ``width``. The arrays belong to the emulator: copy what you keep.
+    """
+
+    def __call__(self, where: str, buf: str, op: str, threads: np.ndarray, elements: np.ndarray,
+                 width: int) -> None: ...
+
+
 class _State:
     def __init__(self, ck: _CompiledKernel, grid: int, buffers: dict[str, np.ndarray],
                  written: dict[str, np.ndarray], coresident_limit: int | None,
-                 extents: dict[str, int] | None = None) -> None:
+                 extents: dict[str, int] | None = None, *, gdim: int | None = None,
+                 trace: AccessTrace | None = None) -> None:
         k = ck.kernel
         ext = dict(extents or {})
         if set(ext) != set(k.extents) or any(v < 1 or v >= 2**31 for v in ext.values()):
@@ -184,6 +199,10 @@ class _State:
         self.extents = {n: np.int32(v) for n, v in ext.items()}
         self.kernel = k
         self.grid = grid
+        #: gridDim.x the kernel sees: the launch's grid, larger than ``grid`` when only its first
+        #: ``grid`` blocks are emulated (a slice of the launch, :func:`emulate_kernel`'s ``blocks``)
+        self.gdim = grid if gdim is None else gdim
+        self.trace = trace
         self.block = k.block
         self.T = T = grid * k.block
         t = np.arange(T, dtype=np.int32)
@@ -308,6 +327,8 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
     if eu.size and eu.max() >= size:  # one reduction; the offending lanes only on the fault path
         raise st.fault("out_of_bounds", f"{op} of {buf}{{at}} (size {size})", eu >= size,
                        _per_element(lanes, width), e)
+    if st.trace is not None and not is_shared:
+        st.trace(st.where, buf, op, lanes, e, width)
     # flat element of each lane (intp: numpy converts any other index type on every gather)
     g = _per_element(b.lane_base.take(lanes), width) + e if isinstance(b, _SBuf) else e.astype(np.intp)
     tracker = b.tracker

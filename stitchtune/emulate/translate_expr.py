@@ -206,7 +206,7 @@ class ExprCompiler(ClusterOps):
                 return (lambda st, m: st.bid), I32
             if kind == "bdim":
                 return (lambda st, m: np.int32(st.block)), I32
-            return (lambda st, m: np.int32(st.grid)), I32
+            return (lambda st, m: np.int32(st.gdim)), I32
         if isinstance(e, Bin):
             return self.bin(e)
         if isinstance(e, MathOp):
