@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stitchtune.analysis.sass import SassMetrics, find_cuobjdump, read_cubin
@@ -122,6 +122,7 @@ class RegionAudit:
     kernels: tuple[KernelAudit, ...]
     peer: dict[str, Any] | None = None
     notes: tuple[str, ...] = field(default=())
+    uses: str = ""    # where a model's region occurs ("inference x2, train x2"; "" for a graph file)
 
     @property
     def floor_ready(self) -> bool:
@@ -285,3 +286,30 @@ def audit_graph(graph: Any, device: Device, schedule: Any = None, **options: Any
     s = schedule if schedule is not None else heuristic_schedule(plan, device, space)
     program = lower(graph, plan, s, device, space)
     return audit_program(graph, program, device, schedule=s.to_json(), plan=plan, **options)
+
+
+def audit_model(model: Any, example_inputs: Any, device: Device, calls: tuple[str, ...] = ("inference",),
+                **options: Any) -> tuple[list[RegionAudit], list[str]]:
+    """Audit every region the torch.compile backend would stitch in ``model`` called as each of ``calls``
+    (:data:`stitchtune.deploy.model_tuning.CALL_PATTERNS` names), one audit per workload (regions with the
+    same workload key counted in ``uses``), in first-seen order. Returns (audits, skipped): a region
+    whose planning, lowering or slice fails is one ``skipped`` line (name: error), not an exception."""
+    from stitchtune.deploy.model_tuning import capture_regions
+
+    found: dict[str, tuple[Any, dict[str, int]]] = {}
+    for call in calls:
+        for r in capture_regions(model, example_inputs, call):
+            key = r.graph.workload_key()
+            g, uses = found.setdefault(key, (r.graph, {}))
+            uses[call] = uses.get(call, 0) + 1
+    audits: list[RegionAudit] = []
+    skipped: list[str] = []
+    for g, uses in found.values():
+        try:
+            a = audit_graph(g, device, **options)
+        except Exception as exc:  # noqa: BLE001 - one region the audit cannot lower is a line of the report
+            log.warning("region %s not audited: %s", g.name, exc)
+            skipped.append(f"{g.name}: {type(exc).__name__}: {str(exc)[:300]}")
+            continue
+        audits.append(replace(a, uses=", ".join(f"{c} x{n}" for c, n in uses.items())))
+    return audits, skipped

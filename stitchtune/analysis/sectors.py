@@ -6,7 +6,8 @@ Contract
 :class:`~stitchtune.ir.kir.Program` in the emulator on a *slice* of its grid (the first
 ``max_blocks`` blocks, ``gridDim.x`` still the launch's grid; see
 :func:`stitchtune.emulate.emulator.emulate_kernel`'s ``blocks``) with an access trace, and returns
-one :class:`AccessSectors` per (launch, global memory statement, buffer). A warp request is one
+one :class:`AccessSectors` per (launch, global memory statement, buffer); :func:`kernel_sectors` does
+it for one kernel launch on given buffers. A warp request is one
 warp executing one memory statement (the active lanes of that warp); its sectors are the distinct
 32-byte sectors its lanes touch, its ideal the fewest sectors its distinct bytes could fill
 (``ceil(distinct bytes / 32)``). ``ratio = sectors / ideal`` summed over the requests: 1.0 is a
@@ -163,14 +164,22 @@ def program_sectors(program: kir.Program, inputs: Mapping[str, np.ndarray],
     out: list[SliceResult] = []
     for launch in program.launches:
         kernel = program.kernel(launch.kernel)
-        blocks = slice_blocks(kernel, launch.grid, max_blocks)
-        col = _Collector(kernel)
-        kb = {p.name: arrays[a] for p, a in zip(kernel.params, launch.args)}
-        error = ""
-        try:
-            emulate_kernel(kernel, launch.grid, kb, blocks=blocks, trace=col)
-        except EmulatorFault as exc:
-            log.warning("slice of %s could not run: %s", kernel.name, exc)
-            error = str(exc)
-        out.append(SliceResult(kernel.name, launch.grid, blocks, col.result(), error))
+        out.append(kernel_sectors(kernel, launch.grid, {p.name: arrays[a] for p, a in zip(kernel.params, launch.args)},
+                                  max_blocks))
     return out
+
+
+def kernel_sectors(kernel: kir.Kernel, grid: int, buffers: dict[str, np.ndarray],
+                   max_blocks: int = DEFAULT_SLICE_BLOCKS) -> SliceResult:
+    """The accesses of one launch ``kernel<<<grid>>>`` on ``buffers`` (one array per parameter, as
+    :func:`~stitchtune.emulate.emulator.emulate_kernel` takes them; updated in place) over a slice of
+    at most ``max_blocks`` blocks (see module docstring)."""
+    blocks = slice_blocks(kernel, grid, max_blocks)
+    col = _Collector(kernel)
+    error = ""
+    try:
+        emulate_kernel(kernel, grid, buffers, blocks=blocks, trace=col)
+    except EmulatorFault as exc:
+        log.warning("slice of %s could not run: %s", kernel.name, exc)
+        error = str(exc)
+    return SliceResult(kernel.name, grid, blocks, col.result(), error)
