@@ -123,6 +123,7 @@ class RegionAudit:
     peer: dict[str, Any] | None = None
     notes: tuple[str, ...] = field(default=())
     uses: str = ""    # where a model's region occurs ("inference x2, train x2"; "" for a graph file)
+    ops: str = ""     # the graph's ops, each once, in graph order (what the region computes)
 
     @property
     def floor_ready(self) -> bool:
@@ -166,11 +167,15 @@ def _unique_bytes(program: kir.Program, launch: kir.Launch) -> tuple[int, int]:
 
 def _problems(k: KernelAudit, c: Criteria) -> tuple[str, ...]:
     out = []
-    for a in k.accesses:
-        if a.ratio > c.max_sector_ratio:
-            out.append(f"{a.op} {a.buf} at {a.where}: {a.ratio:.2f}x its ideal sectors")
-        if a.wide and a.access_bits < 128:
-            out.append(f"{a.op} {a.buf} at {a.where}: {a.access_bits}-bit accesses")
+    strided = [a for a in k.accesses if a.ratio > c.max_sector_ratio]
+    if strided:
+        w = max(strided, key=lambda a: a.ratio)
+        out.append(f"{len(strided)} global access(es) over {c.max_sector_ratio}x their ideal sectors "
+                   f"(worst: {w.op} {w.buf} at {w.where}, {w.ratio:.2f}x)")
+    narrow = [a for a in k.accesses if a.wide and a.access_bits < 128]
+    if narrow:
+        kinds = sorted({f"{a.op} {a.buf} {a.access_bits}-bit" for a in narrow})
+        out.append(f"{len(narrow)} access(es) narrower than 128 bits ({', '.join(kinds)})")
     if k.slice_error:
         out.append("the emulated slice faulted")
     if k.dead_shared:
@@ -270,7 +275,7 @@ def audit_program(graph: Any, program: kir.Program, device: Device, *, schedule:
         rows=int(getattr(plan, "M", 0)), cols=int(getattr(plan, "N", 0)), schedule=schedule,
         unique_bytes=unique, floor_us=unique / (device.dram_bandwidth_gbs * 1e3),
         predicted_us=None if pred.prune_reason else float(pred.time_us), kernels=kernels, peer=peer_d,
-        notes=tuple(notes))
+        notes=tuple(notes), ops=" ".join(dict.fromkeys(n.op for n in graph.nodes)))
 
 
 def audit_graph(graph: Any, device: Device, schedule: Any = None, **options: Any) -> RegionAudit:

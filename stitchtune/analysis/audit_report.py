@@ -63,6 +63,7 @@ def _peer_row(p: dict[str, Any]) -> str:
 
 def _region(a: RegionAudit) -> list[str]:
     out = [f"### {a.graph} (`{a.workload_key[:12]}`)", "",
+           f"ops: {a.ops}", "",
            f"{a.family} {a.rows} x {a.cols}; unique bytes {a.unique_bytes / 1e6:.1f} MB, floor {a.floor_us:.1f} us, "
            f"predicted {_f(a.predicted_us)} us; floor-ready: {'yes' if a.floor_ready else 'no'}"
            + (f"; occurs: {a.uses}" if a.uses else ""), "",

@@ -199,7 +199,7 @@ def peer_kernel(graph: Any, plan: Any) -> PeerKernel | None:
             return PeerKernel(kind, "peer_gelu", sig, (("XBLOCK", POINTWISE_XBLOCK),), 4, grid, total, 8 * total,
                               f"pointwise XBLOCK={POINTWISE_XBLOCK}, 4 warps")
         shape = _copy_shape(graph)
-        if shape is None:
+        if shape is None:   # another permutation (K transposed): Inductor tiles it in 2-D, no peer here
             return None
         B, S, H, D = shape
         sig = (("in_ptr0", "*fp32"), ("out_ptr0", "*fp32"), ("xnumel", "i32"))
@@ -233,11 +233,11 @@ def peer_kernel(graph: Any, plan: Any) -> PeerKernel | None:
 
 
 def _copy_shape(graph: Any) -> tuple[int, int, int, int] | None:
-    """[B, S, H, D] of a head split / merge copy: a 4-D input or output whose middle axes are swapped."""
+    """[B, S, H, D] of a head split / merge copy: the 4-D argument of a transpose that swaps the middle axes."""
+    shapes = {**{n: tuple(t.shape) for n, t in graph.inputs}, **{n.id: tuple(n.shape) for n in graph.nodes}}
     for n in graph.nodes:
-        if n.op == "transpose" and tuple(getattr(n, "perm", ())) == (0, 2, 1, 3):
-            src = dict(graph.inputs).get(n.args[0]) if isinstance(n.args[0], str) else None
-            shape = tuple(src.shape) if src is not None else None
+        if n.op == "transpose" and tuple(n.perm) == (0, 2, 1, 3) and isinstance(n.args[0], str):
+            shape = shapes.get(n.args[0])
             if shape is not None and len(shape) == 4:
                 return int(shape[0]), int(shape[1]), int(shape[2]), int(shape[3])
     return None

@@ -6,6 +6,7 @@ peer tests triton (the ``audit`` extra), and skip without them."""
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 
@@ -125,3 +126,23 @@ def test_the_triton_softmax_peer_has_no_shared_memory_no_division_slow_path_and_
     s = p["sass"]
     assert p["kind"] == "softmax" and p["block"] == 32 and s["fchk"] == 0 and s["lds"] == s["sts"] == 0
     assert set(s["ldg"]) == {"128"} and s["mufu"].get("EX2", 0) > 0 and s["mufu"].get("RCP", 0) <= 2
+
+
+def test_a_head_split_copy_gets_a_pointwise_peer_and_a_k_transpose_none(tmp_path):
+    from stitchtune.analysis.triton_peer import peer_kernel
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.plan.planner import make_plan
+
+    def graph(perm):
+        p = tmp_path / f"g{''.join(map(str, perm))}.json"
+        p.write_text(json.dumps({"name": "hs", "inputs": {"x": {"shape": [2, 16, 4, 8], "dtype": "float32"}},
+                                 "nodes": [{"id": "r", "op": "reshape", "args": ["x"], "shape": [2, 16, 4, 8]},
+                                           {"id": "t", "op": "transpose", "args": ["r"], "perm": perm},
+                                           {"id": "y", "op": "mul", "args": ["t", 1.0]}], "outputs": ["y"]}))
+        g = load_graph(str(p))
+        return g, make_plan(g)
+
+    peer = peer_kernel(*graph([0, 2, 1, 3]))
+    assert peer is not None and peer.kind == "copy" and dict(peer.constants)["S"] == 16
+    assert dict(peer.constants)["H"] == 4 and peer.xnumel == 2 * 16 * 4 * 8 and peer.num_warps == 4
+    assert peer_kernel(*graph([0, 2, 3, 1])) is None
