@@ -30,7 +30,7 @@ def _f(x: float | None, nd: int = 1) -> str:
 
 
 _COLS = ("kernel", "grid x block", "regs", "smem KiB", "blocks/SM (limiter)", "waves", "lanes", "worst sectors",
-         "LDG", "STG", "LDS/STS", "in flight/SM KiB", "MUFU", "FCHK", "spills", "dead smem", "floor us", "pred us")
+         "LDG", "STG", "LDS/STS/BAR", "in flight/SM KiB", "MUFU", "FCHK", "spills", "dead smem", "floor us", "pred us")
 
 
 def _kernel_row(k: KernelAudit) -> str:
@@ -40,7 +40,7 @@ def _kernel_row(k: KernelAudit) -> str:
         _f(k.smem_bytes / 1024), f"{k.blocks_per_sm} ({k.limiter})", _f(k.waves, 2),
         "-" if k.active_lanes is None else f"{k.active_lanes:.0%}",
         "-" if k.worst_sector_ratio is None else f"{k.worst_sector_ratio:.2f}x",
-        _widths(s.ldg) if s else "-", _widths(s.stg) if s else "-", f"{s.lds}/{s.sts}" if s else "-",
+        _widths(s.ldg) if s else "-", _widths(s.stg) if s else "-", f"{s.lds}/{s.sts}/{s.barriers}" if s else "-",
         _f(k.in_flight_per_sm / 1024), _mufu(s.mufu) if s else "-", str(s.fchk) if s else "-",
         str(s.spills) if s else "-", ", ".join(k.dead_shared) or "-", _f(k.floor_us), _f(k.predicted_us),
     ]
@@ -54,7 +54,7 @@ def _peer_row(p: dict[str, Any]) -> str:
     cells = [
         f"Triton peer `{p['kernel']}`", f"{p['grid']} x {p['block']}", str(s["registers"]),
         _f(s["shared_bytes"] / 1024), f"{p['blocks_per_sm']}", _f(p["waves"], 2), "-", "-",
-        _widths(s["ldg"]), _widths(s["stg"]), f"{s['lds']}/{s['sts']}",
+        _widths(s["ldg"]), _widths(s["stg"]), f"{s['lds']}/{s['sts']}/{s['barriers']}",
         _f(per_thread * p["block"] * resident / 1024), _mufu(s["mufu"]), str(s["fchk"]),
         str(s["spill_loads"] + s["spill_stores"]), "-", _f(p["floor_us"]), "-",
     ]
