@@ -35,23 +35,28 @@ def _gpu_models() -> Any:
     return mod
 
 
-def _summary_rows(name: str, audits: list[Any]) -> list[str]:
+def _uses(a: Any) -> dict[str, int]:
+    """Regions of this workload per call pattern ("inference x2, train x4" -> {inference: 2, train: 4})."""
+    parts = [p.rsplit(" x", 1) for p in a.uses.split(", ")] if a.uses else []
+    return {c: int(n) for c, n in parts}
+
+
+def _summary_rows(name: str, audits: list[Any], calls: tuple[str, ...]) -> list[str]:
+    """One row per call pattern: its workloads, their kernels, and floor / predicted times summed over
+    every region occurrence (count x the region's figure)."""
     rows = []
-    floor = sum(a.floor_us * _count(a) for a in audits)
-    pred = sum((a.predicted_us or 0.0) * _count(a) for a in audits)
-    kernels = [k for a in audits for k in a.kernels]
-    ready = sum(k.floor_ready for k in kernels)
-    worst = max((k.worst_sector_ratio or 1.0 for k in kernels), default=1.0)
-    dead = sum(bool(k.dead_shared) for k in kernels)
-    slow = sum(bool(k.sass and k.sass.division_slow_path) for k in kernels)
-    rows.append(f"| {name} | {len(audits)} | {len(kernels)} | {ready}/{len(kernels)} | {floor:.0f} | {pred:.0f} | "
-                f"{worst:.2f}x | {dead} | {slow} |")
+    for call in calls:
+        mine = [(a, _uses(a)[call]) for a in audits if call in _uses(a)]
+        kernels = [k for a, _ in mine for k in a.kernels]
+        floor = sum(a.floor_us * n for a, n in mine)
+        pred = sum((a.predicted_us or 0.0) * n for a, n in mine)
+        ready = sum(k.floor_ready for k in kernels)
+        worst = max((k.worst_sector_ratio or 1.0 for k in kernels), default=1.0)
+        dead = sum(bool(k.dead_shared) for k in kernels)
+        slow = sum(bool(k.sass and k.sass.division_slow_path) for k in kernels)
+        rows.append(f"| {name} | {call} | {len(mine)} | {sum(n for _, n in mine)} | {ready}/{len(kernels)} | "
+                    f"{floor:.0f} | {pred:.0f} | {worst:.2f}x | {dead} | {slow} |")
     return rows
-
-
-def _count(a: Any) -> int:
-    """Regions of this workload over the audited call patterns ("inference x2, train x4" -> 6)."""
-    return sum(int(part.rsplit("x", 1)[1]) for part in a.uses.split(", ")) if a.uses else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slice-blocks", type=int, default=4)
     ap.add_argument("--no-sass", action="store_true")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--render-only", action="store_true",
+                    help="write the Markdown again from OUT/<model>.json (no capture, no audit)")
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     if not set(models) <= set(MODELS):
@@ -70,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from stitchtune.analysis.audit import audit_model
+    from stitchtune.analysis.audit import RegionAudit, audit_model
     from stitchtune.analysis.audit_report import audit_json, audit_markdown
     from stitchtune.deploy.model_tuning import parse_calls
     from stitchtune.hardware.device import get_device
@@ -86,20 +93,27 @@ def main(argv: list[str] | None = None) -> int:
                "Models of scripts/gpu_models.py's time phase (2 layers, batch 8 x 512, fp32, random weights), "
                f"call patterns {', '.join(calls)}, heuristic schedules. Produced by `nice python "
                f"scripts/audit_models.py --models {','.join(models)} --calls {','.join(calls)}`.", "",
-               "Floor and pred sum every region occurrence (count x per-region figure) of the call patterns.", "",
-               "| model | workloads | kernels | floor-ready | floor us | pred us | worst sectors | kernels with dead smem "
-               "| kernels with division slow path |", "|---|---|---|---|---|---|---|---|---|"]
+               "Per call pattern: its workloads (distinct regions), regions (occurrences), kernels of the "
+               "workloads that are floor-ready, and floor and pred summed over every occurrence (count x the "
+               "region's figure).", "",
+               "| model | call | workloads | regions | floor-ready kernels | floor us | pred us | worst sectors "
+               "| kernels with dead smem | kernels with division slow path |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name in models:
         t0 = time.perf_counter()
-        torch.manual_seed(0)
-        model, inputs = gm._medium(name)
-        audits, skipped = audit_model(model, inputs, device, calls, slice_blocks=args.slice_blocks,
-                                      sass=not args.no_sass, peer=not args.no_peer)
+        if args.render_only:
+            d = json.loads((out / f"{name}.json").read_text())
+            audits, skipped = [RegionAudit.from_dict(r) for r in d["regions"]], d["skipped"]
+        else:
+            torch.manual_seed(0)
+            model, inputs = gm._medium(name)
+            audits, skipped = audit_model(model, inputs, device, calls, slice_blocks=args.slice_blocks,
+                                          sass=not args.no_sass, peer=not args.no_peer)
         secs = time.perf_counter() - t0
         title = f"Kernel audit: {name} ({', '.join(calls)}; 2 layers, batch 8 x 512, fp32) - CPU static analysis"
         (out / f"{name}.md").write_text(audit_markdown(audits, title, skipped) + "\n")
-        (out / f"{name}.json").write_text(json.dumps(audit_json(audits, skipped), indent=1) + "\n")
-        summary += _summary_rows(name, audits)
+        if not args.render_only:
+            (out / f"{name}.json").write_text(json.dumps(audit_json(audits, skipped), indent=1) + "\n")
+        summary += _summary_rows(name, audits, calls)
         print(f"{name}: {len(audits)} workloads, {len(skipped)} not audited, {secs:.0f} s", flush=True)
     summary += ["", "Per model: " + ", ".join(f"[{m}]({m}.md)" for m in models) + "; criteria: docs/audit.md.", ""]
     (out / "README.md").write_text("\n".join(summary))

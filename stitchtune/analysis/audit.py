@@ -103,6 +103,14 @@ class KernelAudit:
         d["sass"] = self.sass.to_dict() if self.sass else None
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> KernelAudit:
+        kw = {k: v for k, v in d.items() if k != "floor_ready"}
+        kw.update(accesses=tuple(AccessSectors.from_dict(a) for a in d["accesses"]),
+                  sass=SassMetrics.from_dict(d["sass"]) if d["sass"] else None,
+                  dead_shared=tuple(d["dead_shared"]), problems=tuple(d["problems"]))
+        return cls(**kw)
+
 
 @dataclass(frozen=True)
 class RegionAudit:
@@ -135,6 +143,12 @@ class RegionAudit:
         d["floor_ready"] = self.floor_ready
         d["kernels"] = [k.to_dict() for k in self.kernels]
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RegionAudit:
+        kw = {k: v for k, v in d.items() if k != "floor_ready"}
+        kw.update(kernels=tuple(KernelAudit.from_dict(k) for k in d["kernels"]), notes=tuple(d["notes"]))
+        return cls(**kw)
 
 
 def dead_shared(kernel: kir.Kernel) -> tuple[str, ...]:

@@ -96,13 +96,15 @@ def audit_markdown(audits: Sequence[RegionAudit], title: str = "Kernel audit", s
            "`regs` with `~`: the lowering's estimate (no cubin read). `lanes`: active lanes per warp request in the "
            "emulated slice. `worst sectors`: the largest ratio of 32-byte sectors to the ideal over the kernel's "
            "global accesses. Floor-ready criteria: docs/audit.md.", "",
-           "| region | kernels | floor us | pred us | pred / floor | floor-ready | peer |", "|---|---|---|---|---|---|---|"]
+           "| region | ops | occurs | kernels | floor us | pred us | pred / floor | floor-ready | peer |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for a in audits:
         ratio = f"{a.predicted_us / a.floor_us:.2f}" if a.predicted_us and a.floor_us else "-"
         peer = a.peer["kind"] if a.peer else "-"
         ready = sum(k.floor_ready for k in a.kernels)
-        out.append(f"| {a.graph} | {len(a.kernels)} | {a.floor_us:.1f} | {_f(a.predicted_us)} | {ratio} | "
-                   f"{ready}/{len(a.kernels)} | {peer} |")
+        ops = a.ops if len(a.ops) <= 60 else a.ops[:57] + "..."
+        out.append(f"| {a.graph} | {ops} | {a.uses or '-'} | {len(a.kernels)} | {a.floor_us:.1f} | "
+                   f"{_f(a.predicted_us)} | {ratio} | {ready}/{len(a.kernels)} | {peer} |")
     out.append("")
     out += [f"- not audited: {s}" for s in skipped] + ([""] if skipped else [])
     for a in audits:

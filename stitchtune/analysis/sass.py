@@ -93,6 +93,11 @@ class SassMetrics:
                 "calls": self.calls, "max_loads_in_flight": self.max_loads_in_flight,
                 "max_bytes_in_flight": self.max_bytes_in_flight}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SassMetrics:
+        return cls(**{**d, "ldg": {int(k): v for k, v in d["ldg"].items()},
+                      "stg": {int(k): v for k, v in d["stg"].items()}})
+
 
 @dataclass(frozen=True)
 class _Instr:

@@ -82,6 +82,10 @@ class AccessSectors:
                 "elem_bytes": self.elem_bytes, "requests": self.requests, "sectors": self.sectors,
                 "ideal": self.ideal, "lanes": self.lanes, "ratio": round(self.ratio, 4)}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AccessSectors:
+        return cls(**{k: v for k, v in d.items() if k != "ratio"})
+
 
 @dataclass(frozen=True)
 class SliceResult:

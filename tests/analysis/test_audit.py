@@ -140,3 +140,14 @@ def test_problems_name_the_criteria_a_kernel_misses(tmp_path):
     worst = max(k.worst_sector_ratio or 1.0 for k in strict.kernels)
     assert all("ideal sectors" not in p for k in loose.kernels for p in k.problems)
     assert any("ideal sectors" in p for k in strict.kernels for p in k.problems) == (worst > 1.0)
+
+
+def test_an_audit_survives_its_json(tmp_path):
+    import json
+
+    from stitchtune.analysis.audit import RegionAudit
+    from stitchtune.analysis.audit_report import audit_markdown
+
+    a = audit_graph(load_graph(str(EXAMPLES_DIR / "softmax_small.json")), DEV, sass=False)
+    back = RegionAudit.from_dict(json.loads(json.dumps(a.to_dict())))
+    assert back == a and audit_markdown([back]) == audit_markdown([a])

@@ -146,3 +146,10 @@ def test_a_head_split_copy_gets_a_pointwise_peer_and_a_k_transpose_none(tmp_path
     assert peer is not None and peer.kind == "copy" and dict(peer.constants)["S"] == 16
     assert dict(peer.constants)["H"] == 4 and peer.xnumel == 2 * 16 * 4 * 8 and peer.num_warps == 4
     assert peer_kernel(*graph([0, 2, 3, 1])) is None
+
+
+def test_sass_metrics_survive_their_json():
+    from stitchtune.analysis.sass import SassMetrics
+
+    k = parse_sass(SASS)["st_k0"]
+    assert SassMetrics.from_dict(json.loads(json.dumps(k.to_dict()))) == k
