@@ -6,13 +6,14 @@ Contract
   exp and row sum; an additive mask when a smaller input broadcasts over rows), ``layernorm`` (a row
   mean subtracted, a variance, ``rsqrt``), ``rmsnorm`` (a mean of squares and ``rsqrt``, nothing
   subtracted), ``gelu`` (element-wise with ``erf`` / ``tanh`` / ``gelu``), ``copy`` (element-wise
-  layout ops only: the head split / merge) or None (no peer).
+  layout ops only: the head split / merge, a transpose (0, 2, 1, 3) of a 4-D tensor), ``transpose``
+  (the same with (0, 2, 3, 1): K transposed) or None (no peer).
 * :func:`peer_kernel(graph, plan)` -> :class:`PeerKernel`: the kind's Triton source and launch
   choices at the region's shape, made by Inductor's rules (read in torch's
   ``_inductor/runtime/triton_heuristics.py``: an inner persistent reduction of ``R = next_pow2(N) <=
   1024`` columns takes ``XBLOCK = min(1024 // R, 8)`` rows per program and ``num_warps = 1`` when
   ``R >= 256`` and ``M // 8 >= 128``, else one row and ``num_warps = clamp(R // 128, 2, 8)``; a
-  pointwise kernel ``XBLOCK = 1024`` elements and 4 warps). The peer is the kind at the region's row
+  pointwise kernel ``XBLOCK = 1024`` elements and 4 warps, a transposing one 32 x 32 tiles and 4 warps). The peer is the kind at the region's row
   length, not a translation of the graph: its operands are the kind's (x, mask, weight, bias), so its
   bytes can differ from the region's by a small per-row or per-column input.
 * :func:`compile_peer(peer, arch)` -> SASS metrics (:class:`~stitchtune.analysis.sass.SassMetrics`) of
@@ -35,7 +36,7 @@ from stitchtune.analysis.sass import SassMetrics, read_cubin
 
 log = logging.getLogger(__name__)
 
-KINDS = ("softmax", "layernorm", "rmsnorm", "gelu", "copy")
+KINDS = ("softmax", "layernorm", "rmsnorm", "gelu", "copy", "transpose")
 MAX_PERSISTENT_R = 1024
 POINTWISE_XBLOCK = 1024
 
@@ -116,7 +117,24 @@ def peer_copy(in_ptr0, out_ptr0, xnumel, D: tl.constexpr, S: tl.constexpr, H: tl
     v = tl.load(in_ptr0 + (x0 + D * x2 + D * H * x1 + D * H * S * x3), xmask)
     tl.store(out_ptr0 + xindex, v, xmask)
 """,
+    # K transposed [B, S, H, D] -> [B, H, D, S]: Inductor's 2-D tiled pointwise kernel (y: the output's
+    # rows, b h d; x: its contiguous s); Triton converts the tile's layout between the load and the store
+    "transpose": """
+@triton.jit
+def peer_transpose(in_ptr0, out_ptr0, ynumel, xnumel, D: tl.constexpr, H: tl.constexpr, S: tl.constexpr,
+                   YBLOCK: tl.constexpr, XBLOCK: tl.constexpr):
+    yindex = tl.program_id(1) * YBLOCK + tl.arange(0, YBLOCK)[None, :]
+    ymask = yindex < ynumel
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
+    xmask = xindex < xnumel
+    y0 = yindex % D
+    y1 = (yindex // D) % H
+    y3 = yindex // (D * H)
+    v = tl.load(in_ptr0 + (y0 + D * y1 + D * H * xindex + D * H * S * y3), xmask & ymask, eviction_policy="evict_last")
+    tl.store(out_ptr0 + (xindex + S * yindex), v, xmask & ymask)
+""",
 }
+TILE = 32   # Inductor's square tile of a transposing pointwise kernel (TileHint.SQUARE: 32 x 32, 4 warps)
 
 
 @dataclass(frozen=True)
@@ -135,6 +153,7 @@ class PeerKernel:
     bytes: int
     choices: str
     notes: tuple[str, ...] = field(default=())
+    ynumel: int = 0    # a 2-D tiled kernel's rows (0: a 1-D kernel)
 
 
 def next_pow2(n: int) -> int:
@@ -167,7 +186,9 @@ def region_kind(graph: Any, plan: Any) -> str | None:
         if ops & {"erf", "tanh", "gelu", "gelu_tanh"}:
             return "gelu"
         if ops <= {"transpose", "reshape", "expand", "mul", "cast"} and "transpose" in ops:
-            return "copy"
+            if _copy_shape(graph, (0, 2, 1, 3)) is not None:
+                return "copy"
+            return "transpose" if _copy_shape(graph, (0, 2, 3, 1)) is not None else None
     return None
 
 
@@ -191,6 +212,17 @@ def peer_kernel(graph: Any, plan: Any) -> PeerKernel | None:
     M, N = int(plan.M), int(plan.N)
     sig: tuple[tuple[str, str], ...]
     consts: tuple[tuple[str, Any], ...]
+    if kind == "transpose":
+        shape = _copy_shape(graph, (0, 2, 3, 1))
+        assert shape is not None  # region_kind found it
+        B, S, H, D = shape
+        ynumel, xnumel = B * H * D, S
+        sig = (("in_ptr0", "*fp32"), ("out_ptr0", "*fp32"), ("ynumel", "i32"), ("xnumel", "i32"))
+        consts = (("D", D), ("H", H), ("S", S), ("YBLOCK", TILE), ("XBLOCK", TILE))
+        grid = -(-ynumel // TILE) * -(-xnumel // TILE)
+        return PeerKernel(kind, "peer_transpose", sig, consts, 4, grid, xnumel, 8 * B * S * H * D,
+                          f"2-D tiled pointwise {TILE} x {TILE}, 4 warps; [B,S,H,D]=[{B},{S},{H},{D}] -> [B,H,D,S]",
+                          ynumel=ynumel)
     if kind in ("gelu", "copy"):
         total = M * N
         grid = -(-total // POINTWISE_XBLOCK)
@@ -198,8 +230,8 @@ def peer_kernel(graph: Any, plan: Any) -> PeerKernel | None:
             sig = (("in_ptr0", "*fp32"), ("out_ptr0", "*fp32"), ("xnumel", "i32"))
             return PeerKernel(kind, "peer_gelu", sig, (("XBLOCK", POINTWISE_XBLOCK),), 4, grid, total, 8 * total,
                               f"pointwise XBLOCK={POINTWISE_XBLOCK}, 4 warps")
-        shape = _copy_shape(graph)
-        if shape is None:   # another permutation (K transposed): Inductor tiles it in 2-D, no peer here
+        shape = _copy_shape(graph, (0, 2, 1, 3))
+        if shape is None:
             return None
         B, S, H, D = shape
         sig = (("in_ptr0", "*fp32"), ("out_ptr0", "*fp32"), ("xnumel", "i32"))
@@ -232,11 +264,12 @@ def peer_kernel(graph: Any, plan: Any) -> PeerKernel | None:
                       choices + ("; residual add" if residual else ""))
 
 
-def _copy_shape(graph: Any) -> tuple[int, int, int, int] | None:
-    """[B, S, H, D] of a head split / merge copy: the 4-D argument of a transpose that swaps the middle axes."""
+def _copy_shape(graph: Any, perm: tuple[int, ...]) -> tuple[int, int, int, int] | None:
+    """[B, S, H, D]: the 4-D argument of a transpose by ``perm`` ((0, 2, 1, 3): a head split / merge;
+    (0, 2, 3, 1): K transposed), or None."""
     shapes = {**{n: tuple(t.shape) for n, t in graph.inputs}, **{n.id: tuple(n.shape) for n in graph.nodes}}
     for n in graph.nodes:
-        if n.op == "transpose" and tuple(n.perm) == (0, 2, 1, 3) and isinstance(n.args[0], str):
+        if n.op == "transpose" and tuple(n.perm) == perm and isinstance(n.args[0], str):
             shape = shapes.get(n.args[0])
             if shape is not None and len(shape) == 4:
                 return int(shape[0]), int(shape[1]), int(shape[2]), int(shape[3])
@@ -266,7 +299,8 @@ def compile_peer(peer: PeerKernel, arch: str = "sm_90") -> SassMetrics:
         signature = {**dict(peer.signature), **{k: "constexpr" for k in consts}}
         # as Inductor's triton_meta: pointers (and the element count where it divides) 16-byte aligned
         attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k, t in peer.signature
-                 if t.startswith("*") or (k == "xnumel" and peer.xnumel % 16 == 0)}
+                 if t.startswith("*") or (k == "xnumel" and peer.xnumel % 16 == 0)
+                 or (k == "ynumel" and peer.ynumel % 16 == 0)}
         src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
         compiled = triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": peer.num_warps})
         cubin = os.path.join(tmp, f"{peer.name}.cubin")
@@ -276,7 +310,10 @@ def compile_peer(peer: PeerKernel, arch: str = "sm_90") -> SassMetrics:
     name = next((k for k in metrics if k.startswith(peer.name)), None)
     if name is None:
         raise ValueError(f"no function {peer.name} in the Triton cubin ({sorted(metrics)})")
-    return metrics[name]
+    m = metrics[name]
+    # Triton's shared memory is dynamic (its metadata), not the cubin's static figure
+    shared = max(m.shared_bytes, int(getattr(compiled.metadata, "shared", 0) or 0))
+    return SassMetrics(**{**m.__dict__, "shared_bytes": shared})
 
 
 def peer_audit(graph: Any, plan: Any, device: Any, notes: list[str]) -> dict[str, Any] | None:

@@ -145,7 +145,25 @@ def test_a_head_split_copy_gets_a_pointwise_peer_and_a_k_transpose_none(tmp_path
     peer = peer_kernel(*graph([0, 2, 1, 3]))
     assert peer is not None and peer.kind == "copy" and dict(peer.constants)["S"] == 16
     assert dict(peer.constants)["H"] == 4 and peer.xnumel == 2 * 16 * 4 * 8 and peer.num_warps == 4
-    assert peer_kernel(*graph([0, 2, 3, 1])) is None
+    k = peer_kernel(*graph([0, 2, 3, 1]))      # K transposed: Inductor's 32 x 32 tiles
+    assert k is not None and k.kind == "transpose" and (k.xnumel, k.ynumel) == (16, 2 * 4 * 8)
+    assert k.grid == 1 * 2 and peer_kernel(*graph([0, 3, 1, 2])) is None
+
+
+@needs_triton
+def test_the_transpose_peer_stages_its_tile_through_shared_memory_with_128_bit_accesses(tmp_path):
+    from stitchtune.analysis.triton_peer import compile_peer, peer_kernel
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.plan.planner import make_plan
+
+    p = tmp_path / "k.json"
+    p.write_text(json.dumps({"name": "k", "inputs": {"x": {"shape": [2, 512, 12, 64], "dtype": "float32"}},
+                             "nodes": [{"id": "t", "op": "transpose", "args": ["x"], "perm": [0, 2, 3, 1]},
+                                       {"id": "y", "op": "mul", "args": ["t", 1.0]}], "outputs": ["y"]}))
+    g = load_graph(str(p))
+    m = compile_peer(peer_kernel(g, make_plan(g)))
+    assert m.ldg == {128: 2} and m.stg == {128: 2} and m.sts > 0 and m.lds > 0 and m.barriers >= 1
+    assert m.shared_bytes > 0
 
 
 def test_sass_metrics_survive_their_json():
