@@ -4,7 +4,8 @@ Contract
 --------
 * :func:`find_cuobjdump` -> the path of ``cuobjdump`` (``$STITCHTUNE_CUOBJDUMP``, ``PATH``, the CUDA
   toolkit next to nvcc, the ``nvidia-cuda-cuobjdump`` wheel, Triton's bundled copy) or None. Every
-  caller treats None as "SASS metrics not available" (the tool is optional).
+  caller treats None as "SASS metrics not available" (the tool is optional). ``cuobjdump -sass`` runs
+  ``nvdisasm``, which it finds in its own folder (both wheels install into ``nvidia/cu13/bin``) or on ``PATH``.
 * :func:`read_cubin(path)` -> ``{kernel name: SassMetrics}`` from ``cuobjdump -sass`` and
   ``cuobjdump -res-usage`` (run with an argument list and a timeout; a failure raises
   :class:`~stitchtune.errors.ToolchainError`). :func:`parse_sass` / :func:`parse_res_usage` are the
