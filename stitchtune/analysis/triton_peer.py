@@ -5,7 +5,7 @@ Contract
 * :func:`region_kind(graph, plan)` names the kind of a region (:data:`KINDS`): ``softmax`` (a row max,
   exp and row sum; an additive mask when a smaller input broadcasts over rows), ``layernorm`` (a row
   mean subtracted, a variance, ``rsqrt``), ``rmsnorm`` (a mean of squares and ``rsqrt``, nothing
-  subtracted), ``gelu`` (element-wise with ``erf`` / ``tanh`` / ``gelu``), ``copy`` (element-wise
+  subtracted), ``gelu`` (element-wise with ``erf``, ``gelu`` / ``gelu_tanh``, or ``tanh`` of a cube), ``copy`` (element-wise
   layout ops only: the head split / merge, a transpose (0, 2, 1, 3) of a 4-D tensor), ``transpose``
   (the same with (0, 2, 3, 1): K transposed) or None (no peer).
 * :func:`peer_kernel(graph, plan)` -> :class:`PeerKernel`: the kind's Triton source and launch
@@ -183,7 +183,7 @@ def region_kind(graph: Any, plan: Any) -> str | None:
         if reds:
             return "rmsnorm"
     if not reds and family.endswith("elementwise"):
-        if ops & {"erf", "tanh", "gelu", "gelu_tanh"}:
+        if ops & {"erf", "gelu", "gelu_tanh"} or {"tanh", "pow"} <= ops:   # a tanh alone is not a GELU
             return "gelu"
         if ops <= {"transpose", "reshape", "expand", "mul", "cast"} and "transpose" in ops:
             if _copy_shape(graph, (0, 2, 1, 3)) is not None:

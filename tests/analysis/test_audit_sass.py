@@ -171,3 +171,15 @@ def test_sass_metrics_survive_their_json():
 
     k = parse_sass(SASS)["st_k0"]
     assert SassMetrics.from_dict(json.loads(json.dumps(k.to_dict()))) == k
+
+
+def test_a_tanh_alone_is_not_a_gelu(tmp_path):
+    from stitchtune.analysis.triton_peer import region_kind
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.plan.planner import make_plan
+
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"name": "t", "inputs": {"x": {"shape": [8, 768], "dtype": "float32"}},
+                             "nodes": [{"id": "y", "op": "tanh", "args": ["x"]}], "outputs": ["y"]}))
+    g = load_graph(str(p))
+    assert region_kind(g, make_plan(g)) is None
