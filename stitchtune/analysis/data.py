@@ -137,13 +137,12 @@ def _runs_by_size(d: pd.DataFrame) -> list[str]:
 
 # --------------------------------------------------------------------------------------- statistics
 def spearman(rows: pd.DataFrame) -> float:
-    """Spearman rank correlation of ``predicted_us`` and ``time_us`` (NaN with < 3 points or no spread)."""
-    from scipy.stats import spearmanr
+    """Spearman rank correlation of ``predicted_us`` and ``time_us`` (NaN for non-ok rows): the one
+    definition :func:`stitchtune.cost.rank.spearman_rho` (reused rows left out, average ranks for
+    ties, NaN with < 3 points or no spread), shared with ``model-check``."""
+    from stitchtune.cost.rank import spearman_rho
 
-    g = rows[rows["time_us"].notna() & rows["predicted_us"].notna() & ~rows["is_reused"]]
-    if len(g) < 3 or g["time_us"].nunique() < 2 or g["predicted_us"].nunique() < 2:
-        return float("nan")
-    return float(spearmanr(g["predicted_us"], g["time_us"]).statistic)
+    return spearman_rho(rows, "time_us")
 
 
 def param_importances(rows: pd.DataFrame) -> dict[str, float] | str:

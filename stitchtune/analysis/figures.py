@@ -113,10 +113,21 @@ def _time_label(rows: pd.DataFrame) -> str:
 
 # --------------------------------------------------------------------------------------- figures
 def figure_best_so_far(df: pd.DataFrame) -> Figure:
-    """Best-so-far time against trial number; one panel per workload, one line per study/sampler."""
+    """Best-so-far time against trial number; one panel per workload with at least two trials (a
+    single trial has no "so far" to draw: those workloads are counted in the title, not given an
+    empty panel), one line per study/sampler."""
     d = _prepared(df)
-    runs = _runs_by_size(d)[:MAX_PANELS]
-    fig, axes = _figure("Best time so far vs trial number" + _shown(runs, d), d[d["run"].isin(runs)], len(runs))
+    sizes = d.groupby("run").size()
+    single = int((sizes < 2).sum())
+    runs = [r for r in _runs_by_size(d) if sizes[r] >= 2][:MAX_PANELS]
+    left_out = f" ({single} single-trial workload(s) not shown)" if single else ""
+    title = "Best time so far vs trial number" + (_shown(runs, d[d["run"].isin(sizes[sizes >= 2].index)])
+                                                  if runs else "") + left_out
+    fig, axes = _figure(title, d[d["run"].isin(runs)] if runs else d, len(runs))
+    if not runs:
+        _empty(axes[0], "every workload has a single trial: no best-so-far curve to draw",
+               "trial number", _time_label(d))
+        return fig
     for ax, run in zip(axes, runs):
         r = d[d["run"] == run]
         ax.set_title(_panel_title(run, r), fontsize=10)

@@ -35,6 +35,7 @@ import numpy as np
 
 from stitchtune import __version__
 from stitchtune.cli import checks
+from stitchtune.cli import dynamic as dynamic_cli
 from stitchtune.cli.audit import _add_audit
 from stitchtune.cli.importing import _add_import
 from stitchtune.cli.options import (
@@ -75,29 +76,6 @@ def _load(path: str) -> Any:
     from stitchtune.graph.parse import load_graph
 
     return load_graph(path)
-
-
-def _load_dynamic_summary(path: str) -> Any:
-    """A static graph as :func:`_load`; a graph with dynamic dims: validated at every dim's bounds, its
-    dims and buckets printed, and the graph at the largest extents returned (summarised after)."""
-    from stitchtune.errors import GraphError
-
-    try:
-        return _load(path)
-    except GraphError as e:
-        if not e.problems[0].startswith("dynamic: a graph with dynamic dims"):
-            raise
-    from stitchtune.graph.dynamic import load_dynamic
-
-    dg = load_dynamic(path)
-    if not dg.dims:
-        raise GraphError("dynamic: declares no dim")
-    print(f"dynamic dims ({len(dg.dims)}), the graph valid at every dim's min and max:")
-    for d in dg.dims:
-        print(f"  {d.name}: {d.lo}..{d.hi}, {len(d.buckets.buckets)} bucket(s): "
-              + ", ".join(f"{b.lo}..{b.hi}" for b in d.buckets.buckets))
-    print("at the largest extents:")
-    return dg.at({d.name: d.hi for d in dg.dims})
 
 
 def _human_bytes(n: int) -> str:
@@ -222,7 +200,7 @@ def _add_validate(sub: Any) -> None:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from stitchtune.graph.ops import OPS
 
-    g = _load_dynamic_summary(args.graph)
+    g = dynamic_cli.validate_load(args.graph)
     ops = Counter(n.op for n in g.nodes)
     print(f"graph {g.name}: valid")
     print(f"  inputs ({len(g.inputs)}):")
@@ -258,6 +236,9 @@ def _add_run(sub: Any) -> None:
              "import wrote (a later file wins for a name in both)"), checks.in_file)
     p.add_argument("--random-inputs", metavar="SEED", type=seed,
                    help="draw standard-normal inputs with this seed (with --inputs: only those the files lack)")
+    p.add_argument("--dynamic", action="append", default=None, metavar="NAME=N",
+                   help="a graph with dynamic dims: the extent of dim NAME for --random-inputs (default: the "
+                        "extents of the --inputs arrays); the bucket holding it runs (repeatable)")
     add_out(p, checks.out_file, "where to write the outputs (.npz)", metavar="OUT.npz", required=True)
     p.add_argument("--backend", default="reference", choices=sorted(BACKENDS),
                    help="how to execute (default: reference)")
@@ -273,7 +254,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     if not args.inputs and args.random_inputs is None:
         raise StitchtuneError("the inputs are needed: --inputs IN.npz (repeatable) and/or --random-inputs SEED")
-    g = _load(args.graph)
+    g = dynamic_cli.load_for(args)
+    if dynamic_cli.is_dynamic(g):
+        return dynamic_cli.cmd_run(args, g)
     schedule = parse_schedule_arg(args.schedule)
     inputs: dict[str, np.ndarray] = {}
     for path in args.inputs or ():
@@ -307,13 +290,18 @@ def _add_compile(sub: Any) -> None:
     p.add_argument("--no-cubin", action="store_true", help="do not run nvcc (source and manifest only)")
     p.add_argument("--deterministic", action="store_true",
                    help="only a bitwise-reproducible schedule (no float atomics)")
+    p.add_argument("--dynamic", action="append", default=None, metavar="NAME=LO..HI[:B1,...]",
+                   help="a graph with dynamic dims: compile these buckets of dim NAME, within the graph's "
+                        "bounds (default: the buckets the graph declares; use the ones search --dynamic tuned)")
     p.set_defaults(func=_cmd_compile)
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
     from stitchtune.deploy.compiled import compile as st_compile
 
-    g = _load(args.graph)
+    g = dynamic_cli.load_for(args)
+    if dynamic_cli.is_dynamic(g):  # every bucket
+        return dynamic_cli.cmd_compile(args, g)
     out = args.out or os.path.join("compiled", g.name)
     why = checks.out_dir(out) if args.out is None else None
     if why:
@@ -401,7 +389,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
 
     if args.sample < 0:
         raise StitchtuneError(f"--sample must be >= 0 (got {args.sample})")
-    g = _load(args.graph)
+    g = dynamic_cli.static_only(args.graph)
     dev = get_device(args.device) if args.device else default_device()
     plan = make_plan(g)
     space = legal_space(g, plan, dev)

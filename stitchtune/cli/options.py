@@ -11,10 +11,14 @@ Contract
   every command, and declare their path checks (:mod:`stitchtune.cli.checks`).
 * :func:`seed` is the ``type=`` of every random seed (0 .. 2**32 - 1); :func:`int_at_most` is the
   ``type=`` of a count whose huge values can only be typos (a 40-digit
-  ``--trials`` would run until interrupted): over the bound is a usage error, exit 2. Lower bounds stay
-  with the code that uses the value. :func:`float_above` is the ``type=`` of a number with a lower bound
+  ``--trials`` would run until interrupted): over the bound is a usage error, exit 2; so is under its
+  lower bound when given (``search --trials 0``, ``--jobs 0``, ``--early-stop 0``: refused before
+  anything is printed). :func:`float_above` is the ``type=`` of a number with a lower bound
   below which it means nothing (``model-check --factor`` > 1, ``report --bandwidth-gbs`` > 0, ``search
   --timeout`` > 0 and ``--prune-factor`` > 1): NaN, infinities and values at or below it are usage errors.
+* An argument a subcommand does not know is that subcommand's usage error (its usage line, exit 2),
+  with ``(did you mean --trials?)`` when an option of it is close (:func:`did_you_mean`); a misspelt
+  command is a usage error with ``(did you mean 'search'?)``.
 * Imports nothing heavy (the parser is built on every call).
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import difflib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +52,30 @@ class _SubParsers(argparse._SubParsersAction):  # the documented hook: parser.re
             kwargs.setdefault("description", kwargs["help"][:1].upper() + kwargs["help"][1:] + ".")
         return super().add_parser(name, **kwargs)
 
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        """As argparse, but arguments the subcommand does not know are its usage error (its usage, a
+        "did you mean" for a misspelt option), not the top-level parser's."""
+        super().__call__(parser, namespace, values, option_string)
+        extras = vars(namespace).pop(argparse._UNRECOGNIZED_ARGS_ATTR, None)
+        if extras:
+            sub = self._name_parser_map[values[0]]
+            sub.error(f"unrecognized arguments: {' '.join(extras)}{did_you_mean(sub, extras)}")
+
+
+def did_you_mean(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """`` (did you mean --trials?)`` for the first option in ``extras`` close to one of ``parser``'s
+    shown options, else "" (difflib; argparse's own ``suggest_on_error``, Python 3.14, covers choices,
+    not option names)."""
+    known = [s for a in parser._actions for s in a.option_strings
+             if s.startswith("--") and s not in getattr(a, "hidden_aliases", ())]
+    for word in extras:
+        if word.startswith("--"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.7)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
+
 
 class Parser(argparse.ArgumentParser):
     """ArgumentParser with :class:`HelpFormatter`; its subcommands get their help as description."""
@@ -55,6 +84,14 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         self.register("action", "parsers", _SubParsers)
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """A misspelt command (``stitchtune serch``) gets a "did you mean" too."""
+        if isinstance(action, _SubParsers) and isinstance(value, str) and value not in action.choices:
+            close = difflib.get_close_matches(value, list(action.choices), n=1, cutoff=0.7)
+            if close:
+                raise argparse.ArgumentError(action, f"invalid choice: {value!r} (did you mean {close[0]!r}?)")
+        super()._check_value(action, value)
 
 
 def hidden_alias(action: argparse.Action, *aliases: str) -> argparse.Action:

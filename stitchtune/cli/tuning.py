@@ -187,7 +187,7 @@ def _bench_tables_since(out_dir: str) -> Any:
 def _add_search(sub: Any) -> None:
     p = sub.add_parser("search", help="tune a graph's stitch schedule (optuna; results in the tuning database)")
     add_graph(p)
-    p.add_argument("--trials", type=int_at_most(MAX_TRIALS), default=64, metavar="N",
+    p.add_argument("--trials", type=int_at_most(MAX_TRIALS, lo=1), default=64, metavar="N",
                    help="trials in this run (default 64)")
     p.add_argument("--timeout", type=float_above(0), default=None, metavar="S", help="stop after S seconds")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),
@@ -202,9 +202,9 @@ def _add_search(sub: Any) -> None:
                    help="optuna sampler: tpe, gp (Gaussian process), cmaes, random or grid (default: tpe)")
     p.add_argument("--seed", type=seed, default=None, metavar="S",
                    help="sampler seed, for a reproducible sequence of trials (default: random)")
-    p.add_argument("--jobs", type=int_at_most(MAX_JOBS), default=os.cpu_count() or 1, metavar="N",
+    p.add_argument("--jobs", type=int_at_most(MAX_JOBS, lo=1), default=os.cpu_count() or 1, metavar="N",
                    help="trials per batch = parallel compiles (default: CPU count)")
-    p.add_argument("--early-stop", type=int_at_most(MAX_TRIALS), default=None, metavar="K",
+    p.add_argument("--early-stop", type=int_at_most(MAX_TRIALS, lo=1), default=None, metavar="K",
                    help="stop after K trials without improvement")
     p.add_argument("--prune-factor", type=float_above(1), default=3.0, metavar="F",
                    help="skip points predicted F x slower than the best measured (default 3)")
@@ -220,10 +220,10 @@ def _add_search(sub: Any) -> None:
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
-    from stitchtune.graph.dynamic import parse_dynamic_arg
+    from stitchtune.cli.dynamic import search_dims
     from stitchtune.tune.search import SearchConfig, format_summary, resolve_backend, run_search
 
-    dims = [parse_dynamic_arg(t) for t in args.dynamic or ()]  # bad text: one error line before anything runs
+    dims = search_dims(args.graph, args.dynamic)  # bad text, bounds, a dynamic graph without it: one line first
     backend, why = resolve_backend(args.backend)
     print(why, file=sys.stderr, flush=True)
     cfg = SearchConfig(graph_path=args.graph, trials=args.trials, timeout_s=args.timeout, backend=backend,
@@ -306,13 +306,13 @@ def _add_tune(sub: Any) -> None:
     add_callable(p, "x=8x512x1024",
                  "float32|float16|bfloat16|int64 for all inputs, or per input: x=bfloat16,ids=int64 "
                  "(int64 inputs are zeros and ones, e.g. token ids)")
-    p.add_argument("--trials", type=int_at_most(MAX_TRIALS), default=64, metavar="N",
+    p.add_argument("--trials", type=int_at_most(MAX_TRIALS, lo=1), default=64, metavar="N",
                    help="total trials, split over the regions by predicted share (default 64)")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),
                    help="auto: cuda when cuda-python finds a GPU, else emulate (estimated times)")
     add_device(p)
     add_db(p, checks.db_write)
-    p.add_argument("--jobs", type=int_at_most(MAX_JOBS), default=os.cpu_count() or 1, metavar="N",
+    p.add_argument("--jobs", type=int_at_most(MAX_JOBS, lo=1), default=os.cpu_count() or 1, metavar="N",
                    help="trials per batch = parallel compiles (default: CPU count)")
     p.add_argument("--no-build", action="store_true", help="emulate backend: do not compile with nvcc")
     p.add_argument("--calls", default="inference,eval-grad", metavar="LIST",
@@ -328,8 +328,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from stitchtune.deploy.model_tuning import parse_calls
     from stitchtune.importers.builder import parse_shapes
 
-    if args.trials < 1:
-        raise StitchtuneError(f"--trials must be >= 1 (got {args.trials})")
     calls = parse_calls(args.calls + (",train" if args.train else ""))
     shapes = parse_shapes(args.shapes)
     with keeping_rows(args.db):

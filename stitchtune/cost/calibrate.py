@@ -141,8 +141,9 @@ def fit(df: pd.DataFrame, device: Device, base: CostParams | None = None,
 def model_check(df: pd.DataFrame, factor: float = DEFAULT_PRUNE_FACTOR) -> pd.DataFrame:
     """Quality of the cost model per (workload, device) over ``ok`` rows with both times.
 
-    Columns: graph_name, workload_key, device_key, n_ok, spearman (rank correlation of predicted_us
-    with measured_us; NaN with fewer than 3 rows or constant times), winner_measured_us,
+    Columns: graph_name, workload_key, device_key, n_ok, spearman (:func:`stitchtune.cost.rank.spearman_rho`
+    of predicted_us with measured_us: reused rows left out, average ranks for ties; NaN with fewer than
+    3 points or constant times), winner_measured_us,
     winner_predicted_us, best_predicted_us, winner_pruned_replay, winner_pruned_any_order,
     estimated (every row's "measured" time is an emulated prediction), note.
 
@@ -167,7 +168,7 @@ def model_check(df: pd.DataFrame, factor: float = DEFAULT_PRUNE_FACTOR) -> pd.Da
     missing = need - set(df.columns)
     if missing:
         raise CalibrationError(f"tuning database lacks columns {sorted(missing)}")
-    from scipy.stats import spearmanr
+    from stitchtune.cost.rank import spearman_rho
 
     d = df[df["status"].eq("ok")].copy()
     for col in ("measured_us", "predicted_us"):
@@ -185,10 +186,8 @@ def model_check(df: pd.DataFrame, factor: float = DEFAULT_PRUNE_FACTOR) -> pd.Da
         est = bool(_true(g["estimated"]).all()) if "estimated" in g.columns else False
         n = len(g)
         notes = []
-        rho = float("nan")
-        if n >= 3 and g["measured_us"].nunique() > 1 and g["predicted_us"].nunique() > 1:
-            rho = float(spearmanr(g["predicted_us"], g["measured_us"]).statistic)
-        else:
+        rho = spearman_rho(g)   # the one definition, shared with `report` (reused rows left out)
+        if math.isnan(rho):
             notes.append("too few distinct rows for a rank correlation")
         if order_col is not None:
             g = g.sort_values(order_col, kind="stable")

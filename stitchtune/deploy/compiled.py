@@ -40,7 +40,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -56,6 +56,10 @@ from stitchtune.deploy.run_checks import (  # noqa: F401  (check_gather_indices,
 )
 from stitchtune.errors import StitchtuneError, ToolchainError
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
+
+if TYPE_CHECKING:
+    from stitchtune.deploy.compiled_dynamic import DynamicCompiledGraph
+    from stitchtune.graph.parse import Graph
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +168,9 @@ class CompiledGraph:
                 paths[-1].write_bytes(self.cubin)
             paths.append(out / "manifest.json")
             paths[-1].write_text(json.dumps(self.manifest, indent=1) + "\n")
-        except OSError as exc:
-            raise StitchtuneError(f"cannot write to {str(out)!a}: {exc.strerror or exc}") from None
+        except OSError as exc:   # an existing file at out_dir: the CLI's words for it (cli.checks.out_dir)
+            why = "is a file, not a directory" if out.is_file() else exc.strerror or exc
+            raise StitchtuneError(f"cannot write to {str(out)!a}: {why}") from None
         return paths
 
     @classmethod
@@ -183,7 +188,6 @@ class CompiledGraph:
         where = ascii(str(d))
         try:
             raw = (d / "manifest.json").read_bytes()[: MAX_MANIFEST_BYTES + 1]
-            sources = (d / "kernels.cu").read_text()
         except OSError as exc:
             raise StitchtuneError(f"cannot read compiled graph {where}: {exc.strerror or exc}") from None
         if len(raw) > MAX_MANIFEST_BYTES:
@@ -192,6 +196,9 @@ class CompiledGraph:
             m = json.loads(raw)
             if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT:
                 raise ValueError(f"unknown manifest format {m.get('format') if isinstance(m, dict) else None!r}")
+            if m.get("kind") == "dynamic":   # DynamicCompiledGraph.write: one folder per bucket
+                raise StitchtuneError(f"{where} holds the buckets of a graph with dynamic dims: "
+                                      "stitchtune.deploy.compiled_dynamic.DynamicCompiledGraph.load reads it")
             graph = Graph.from_dict(m["graph"])
             device = Device.from_dict(m["device"])
             schedule = Schedule.from_dict(m["schedule"])
@@ -204,6 +211,10 @@ class CompiledGraph:
         if str(m.get("codegen_version")) != str(CODEGEN_VERSION):
             raise StitchtuneError(f"{where} was compiled by code generator version {m.get('codegen_version')!a}; "
                                   f"this stitchtune has {CODEGEN_VERSION}: recompile it")
+        try:
+            sources = (d / "kernels.cu").read_text()
+        except OSError as exc:
+            raise StitchtuneError(f"cannot read compiled graph {where}: {exc.strerror or exc}") from None
         plan = make_plan(graph)
         program = lower(graph, plan, schedule, device, SearchSpace.for_plan(plan, device))
         if render(program) != sources:
@@ -369,8 +380,16 @@ def _build(source: str, arch: str) -> tuple[Any, bytes]:
     return res, Path(res.cubin_path).read_bytes()
 
 
+@overload
+def compile(graph_or_path: Graph, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB, device: Any = None, *,
+            schedule: Any = None, build: bool | None = None, deterministic: bool = False) -> CompiledGraph: ...
+@overload
 def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB, device: Any = None, *,
-            schedule: Any = None, build: bool | None = None, deterministic: bool = False) -> CompiledGraph:
+            schedule: Any = None, build: bool | None = None,
+            deterministic: bool = False) -> CompiledGraph | DynamicCompiledGraph: ...
+def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB, device: Any = None, *,
+            schedule: Any = None, build: bool | None = None,
+            deterministic: bool = False) -> CompiledGraph | DynamicCompiledGraph:
     """Compile a graph (a :class:`~stitchtune.graph.parse.Graph`, a path to graph.json, or its dict) for
     ``device`` (a Device, a preset name, or None: the local GPU, else the H200 preset) with the schedule
     the tuning database ``db`` selects (see :mod:`stitchtune.deploy.selection`; default ``$STITCHTUNE_DB``,
@@ -378,10 +397,15 @@ def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = 
     given. ``build``: True builds the cubin (ToolchainError without nvcc), False does not, None builds when
     nvcc is found. ``deterministic``: only a bitwise-reproducible schedule (no float atomics): the
     database's non-deterministic records are passed over, and a given one is refused; a graph with a
-    ``scatter_add`` (float atomics whatever the schedule) is refused (:class:`UnsupportedGraphError`)."""
+    ``scatter_add`` (float atomics whatever the schedule) is refused (:class:`UnsupportedGraphError`).
+
+    Returns a :class:`CompiledGraph`; a graph with dynamic dims (a file or dict with a ``"dynamic"`` section,
+    or a :class:`~stitchtune.graph.dynamic.DynamicGraph`) gives a
+    :class:`~stitchtune.deploy.compiled_dynamic.DynamicCompiledGraph` instead: every bucket's generic
+    kernels, called the same way (``cg(**arrays)``, ``cg.emulate(**arrays)``, ``cg.write(dir)``) with inputs
+    of any extent in the declared range."""
     db = resolve_db(db)
     from stitchtune.hardware.device import get_device
-    from stitchtune.graph.parse import Graph, load_graph, parse_graph
     from stitchtune.lower.entry import CODEGEN_VERSION, lower
     from stitchtune.plan.planner import make_plan
     from stitchtune.plan.scatter import nondeterministic
@@ -391,12 +415,12 @@ def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = 
     from stitchtune.space import Schedule
     from stitchtune.deploy.selection import Choice, choose_schedule
 
-    if isinstance(graph_or_path, Graph):
-        graph = graph_or_path
-    elif isinstance(graph_or_path, Mapping):
-        graph = parse_graph(dict(graph_or_path))
-    else:
-        graph = load_graph(os.fspath(graph_or_path))
+    from stitchtune.deploy.compiled_dynamic import compile_buckets, load_any
+    from stitchtune.graph.dynamic import DynamicGraph
+
+    graph = load_any(graph_or_path)
+    if isinstance(graph, DynamicGraph):   # dynamic dims: every bucket (deploy.compiled_dynamic)
+        return compile_buckets(graph, db, device, schedule=schedule, build=build, deterministic=deterministic)
     if device is None:
         from stitchtune.gpu.device_query import default_device
 

@@ -2,7 +2,7 @@
 
 Interface (shared with the torch backend, ``deploy/torch_*``)
 -------------------------------------------------------------
-``compile_dynamic(dgraph, key, db=DEFAULT_DB, device=None, *, schedule=None, build=None)
+``compile_dynamic(dgraph, key, db=DEFAULT_DB, device=None, *, schedule=None, build=None, deterministic=False)
 -> DynamicCompiled | DynamicRefusal``
 
 * ``dgraph``: a :class:`~stitchtune.graph.dynamic.DynamicGraph`; ``key``: a
@@ -12,8 +12,9 @@ Interface (shared with the torch backend, ``deploy/torch_*``)
   launch from the extents) and index maps that need an extent read the argument. One compile (one
   nvcc build) serves every extent of the bucket.
 * The schedule is the database's best record for (structure, device, versions, bucket label), else
-  the heuristic at the largest extents (``schedule=`` overrides it).
-* A graph or schedule the generic kernel cannot serve gives a
+  the heuristic at the largest extents (``schedule=`` overrides it; one the generic kernel refuses is a
+  ScheduleError). ``CompiledBucket.source`` / ``.reason`` say where the schedule came from and why.
+* A graph the generic kernel cannot serve (or, with no schedule given, no schedule it accepts) gives a
   :class:`~stitchtune.graph.dynamic.DynamicRefusal` (data, never an exception): the caller compiles
   per extent with :func:`stitchtune.deploy.compiled.compile` instead.
 
@@ -69,6 +70,12 @@ class CompiledBucket:
     sources: str
     cubin: bytes | None = field(default=None, repr=False, compare=False)
     _state: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: why this schedule (the selection's reason; "" when not known)
+    reason: str = field(default="", compare=False)
+    #: the search space version the schedule was checked in
+    space_version: str = field(default="", compare=False)
+    #: ptxas registers per kernel when the cubin was built here (``()``: not built)
+    registers: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
     def __repr__(self) -> str:
         return (f"<CompiledBucket {self.key.label() or 'static'}: schedule {self.schedule.key()} ({self.source}), "
@@ -116,16 +123,19 @@ class CompiledBucket:
 
 
 def compile_dynamic(dgraph: DynamicGraph, key: BucketKey, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB,
-                    device: Any = None, *, schedule: Any = None, build: bool | None = None
-                    ) -> CompiledBucket | DynamicRefusal:
+                    device: Any = None, *, schedule: Any = None, build: bool | None = None,
+                    deterministic: bool = False) -> CompiledBucket | DynamicRefusal:
     """Compile bucket ``key`` of ``dgraph`` (module docstring). ``device``: a Device, a preset name, or
     None (the local GPU, else the H200 preset); ``build`` as :func:`stitchtune.deploy.compiled.compile`.
     The schedule: ``schedule`` when given, else the database's best record of this bucket
     (:func:`stitchtune.deploy.selection.choose_schedule` on the representative graph, ``bucket=``), else
-    the heuristic; one the generic kernel refuses falls back to the heuristic (logged)."""
+    the heuristic; one the generic kernel refuses falls back to the heuristic (logged), a given one is a
+    ScheduleError naming the refusal. ``deterministic``: only bitwise-reproducible records (a given schedule
+    that is not: ScheduleError)."""
     db = resolve_db(db)
     from stitchtune.deploy.compiled import _build
     from stitchtune.deploy.selection import choose_schedule
+    from stitchtune.errors import ScheduleError
     from stitchtune.gpu.build import nvcc_found
     from stitchtune.gpu.render import render
     from stitchtune.hardware.device import check_fits, get_device
@@ -146,18 +156,30 @@ def compile_dynamic(dgraph: DynamicGraph, key: BucketKey, db: str | os.PathLike[
     space = SearchSpace.for_plan(fit.plan, dev)
     if schedule is not None:
         s = schedule if isinstance(schedule, Schedule) else Schedule.from_dict(dict(schedule))
-        source = "given"
+        source, reason = "given", "schedule given by the caller"
+        if deterministic and not s.deterministic:
+            raise ScheduleError("schedule is not bitwise reproducible (cross_combine atomic uses float atomics); "
+                                "--deterministic refuses it")
     else:
-        choice = choose_schedule(fit.graph, db, dev, plan=fit.plan, space=space, bucket=key.label())
-        s, source = choice.schedule, choice.source
+        choice = choose_schedule(fit.graph, db, dev, plan=fit.plan, space=space, bucket=key.label(),
+                                 deterministic=deterministic)
+        s, source, reason = choice.schedule, choice.source, choice.reason
     program = lower_dynamic(fit, s, dev, space)
     if isinstance(program, DynamicRefusal) and source != "given":
         log.info("bucket %s: schedule %s refused by the generic kernel (%s); the generic heuristic instead",
                  key.label(), s.key(), program)
+        reason = f"the generic heuristic: {source} schedule {s.key()} refused by the generic kernel ({program})"
         s, source = generic_heuristic(fit, dev, space), "heuristic"
         program = lower_dynamic(fit, s, dev, space)
+    if isinstance(program, DynamicRefusal) and source == "given":
+        raise ScheduleError(f"schedule {s.key()}: the generic kernel of bucket {key.label()} refuses it ({program})")
     if isinstance(program, DynamicRefusal):
         return program
     sources = render(program)
-    cubin = _build(sources, dev.arch)[1] if build or (build is None and nvcc_found()) else None
-    return CompiledBucket(key, dgraph, dev, s, source, program, sources, cubin)
+    cubin: bytes | None = None
+    regs: tuple[tuple[str, int], ...] = ()
+    if build or (build is None and nvcc_found()):
+        res, cubin = _build(sources, dev.arch)
+        regs = tuple(sorted((str(k), int(v)) for k, v in (getattr(res, "registers", None) or {}).items()))
+    return CompiledBucket(key, dgraph, dev, s, source, program, sources, cubin, reason=reason,
+                          space_version=str(space.version), registers=regs)

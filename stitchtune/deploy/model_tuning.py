@@ -20,7 +20,8 @@ Contract
   ``calls`` by workload (same ``Graph.workload_key()``: e.g. the same layer norm in every layer, or
   in the inference and the training graphs). Each :class:`Workload` has its region count (over all
   patterns; ``calls`` per pattern) and the cost model's prediction of its heuristic schedule
-  (``predicted_us``, per call) on ``device``; ``share`` is its fraction of the summed
+  (``predicted_us``, per call) on ``device``: the device time of the IR-feature model fitted to GPU
+  data (:func:`stitchtune.cost.fitted.predict_program`, no launch term); ``share`` is its fraction of the summed
   ``count x predicted_us`` (the stitched part of the model, as predicted). Workloads come largest
   share first.
 * :func:`split_budget(workloads, trials)` gives each workload ``round(share x trials)`` trials by the
@@ -31,7 +32,8 @@ Contract
 * :func:`tune_model` runs :func:`stitchtune.tune.search.run_search` on each workload with its trials
   (largest first; graph files in a temporary folder), all into one database ``db``, which the backend
   then reads (``options={"db": ...}``). Ctrl-C stops it: a region's search keeps its finished rows, and
-  ``KeyboardInterrupt`` leaves :func:`tune_model` (no further region is searched). ``say`` receives one progress line per region and the summary
+  ``KeyboardInterrupt`` leaves :func:`tune_model` (no further region is searched). ``say`` receives one progress line per workload (:func:`region_heads`: which call patterns' graphs hold
+  it, so the inference and the training forward's version of one layer norm read apart) and the summary
   lines, one per call pattern; the gain is ``sum(count x heuristic time) / sum(count x best time)``
   over that pattern's stitched regions, labelled *estimated* when the times are the emulate backend's
   cost-model times.
@@ -107,8 +109,9 @@ class TunedWorkload:
 
 
 def predicted_us(graph: Any, device: Any) -> float:
-    """The cost model's time of the heuristic schedule of ``graph`` on ``device`` (microseconds)."""
-    from stitchtune.cost.model import predict
+    """The predicted device time of the heuristic schedule of ``graph`` on ``device`` (microseconds;
+    the fitted IR-feature model, :func:`stitchtune.cost.fitted.predict_program`)."""
+    from stitchtune.cost.fitted import predict_program
     from stitchtune.deploy.selection import heuristic_schedule
     from stitchtune.lower.entry import lower
     from stitchtune.lower.resources import legal_space
@@ -117,7 +120,7 @@ def predicted_us(graph: Any, device: Any) -> float:
     plan = make_plan(graph)
     space = legal_space(graph, plan, device)
     program = lower(graph, plan, heuristic_schedule(plan, device, space), device, space)
-    return float(predict(program.profile, device).time_us)
+    return float(predict_program(program, device).time_us)
 
 
 @contextlib.contextmanager
@@ -293,11 +296,7 @@ def tune_model(model: Any, example_inputs: Sequence[Any], *, trials: int, db: st
         f"workload(s) on {dev.key}; {trials} trials split by predicted share")
     done: list[TunedWorkload] = []
     with tempfile.TemporaryDirectory(prefix="stitchtune-tune-") as folder:
-        for i, (w, n) in enumerate(zip(workloads, budget), 1):
-            ops = [o.removeprefix("aten.") for o in w.ops]
-            ops_text = ", ".join(ops[:6]) + (f", ... ({len(ops)} ops)" if len(ops) > 6 else "")
-            head = (f"[{i}/{len(workloads)}] {w.graph.name} x{w.count} ({ops_text})"
-                    f": predicted {w.predicted_us:.2f} us, share {100 * w.share:.1f}%")
+        for w, n, head in zip(workloads, budget, region_heads(workloads)):
             if n == 0:
                 done.append(TunedWorkload(w, 0, w.predicted_us, w.predicted_us, True, "no budget"))
                 say(f"{head}: 0 trials (heuristic kept)")
@@ -314,6 +313,25 @@ def tune_model(model: Any, example_inputs: Sequence[Any], *, trials: int, db: st
     for line in summary_lines(done):
         say(line)
     return done
+
+
+def region_heads(workloads: Sequence[Workload]) -> list[str]:
+    """The start of each workload's progress line: ``[i/n] NAME xCOUNT (ops) in CALLS`` (the call
+    patterns whose graphs hold it, e.g. ``in inference`` or ``in eval-grad, train``), its
+    predicted time and share. Two lines that would still read alike (same name, ops and calls: e.g.
+    one layer norm at two shapes) also name their workload key's first 8 characters."""
+    texts = []
+    for w in workloads:
+        ops = [o.removeprefix("aten.") for o in w.ops]
+        ops_text = ", ".join(ops[:6]) + (f", ... ({len(ops)} ops)" if len(ops) > 6 else "")
+        calls = f" in {', '.join(c for c, _ in w.calls)}" if w.calls else ""
+        texts.append(f"{w.graph.name} x{w.count} ({ops_text}){calls}")
+    heads = []
+    for i, (w, text) in enumerate(zip(workloads, texts), 1):
+        if texts.count(text) > 1:
+            text += f" [workload {w.graph.workload_key()[:8]}]"
+        heads.append(f"[{i}/{len(workloads)}] {text}: predicted {w.predicted_us:.2f} us, share {100 * w.share:.1f}%")
+    return heads
 
 
 def _fmt(us: float | None) -> str:

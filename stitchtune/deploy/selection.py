@@ -28,7 +28,9 @@ the reason; the heuristic schedule is always deterministic.
 
 A record never matches another device or another version: rows are filtered on both before anything
 else. A fallback (2 or 3) is logged as a warning once per (workload, device, source) in a process,
-saying why; an exact hit is logged at info level.
+saying why; an exact hit is logged at info level. Inside :func:`collecting_fallbacks` (the torch
+backend, per compiled graph) those first-time warnings are collected instead, for one summary line
+(:func:`fallback_summary`).
 
 Lookup cost: only the needed columns of the ``ok`` rows of this device and these versions are read
 (pyarrow dataset with a filter), and the result is cached per database directory until a part file
@@ -37,13 +39,15 @@ is added or changed; 100,000 rows take well under a second (``scripts/bench_look
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
 import math
 import os
 import random
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +72,9 @@ MAX_TRIES = 24
 _cache_lock = threading.Lock()
 _cache: dict[tuple[str, str, tuple[str, ...], str], tuple[tuple[Any, ...], pd.DataFrame]] = {}
 _warned: set[tuple[str, str, str]] = set()
+#: inside :func:`collecting_fallbacks`: where first-time fallback notes go instead of one warning each
+_collector: contextvars.ContextVar[list[tuple[str, str, str]] | None] = contextvars.ContextVar(
+    "stitchtune_fallback_collector", default=None)
 
 
 @dataclass(frozen=True)
@@ -279,15 +286,45 @@ def _validate(graph: Any, plan: Any, device: Any, space: Any, schedule_json: str
     return s, program, None
 
 
-def _warn_once(graph: Any, device_key: str, source: str, msg: str) -> None:
+def _warn_once(graph: Any, device_key: str, source: str, msg: str, why: str = "") -> None:
     key = (graph.workload_key(), device_key, source)
     with _cache_lock:
         first = key not in _warned
         _warned.add(key)
-    if first:
+    notes = _collector.get()
+    if first and notes is not None:
+        notes.append((graph.name, source, why))
+        log.debug("%s", msg)
+    elif first:
         log.warning("%s", msg)
     else:
         log.debug("%s", msg)
+
+
+@contextlib.contextmanager
+def collecting_fallbacks() -> Iterator[list[tuple[str, str, str]]]:
+    """Within the block (this thread / context), a fallback that would be warned about for the first
+    time is logged at debug level and appended to the yielded list as ``(graph name, source, why)``
+    instead, so that the caller can say it once for many graphs (:func:`fallback_summary`)."""
+    notes: list[tuple[str, str, str]] = []
+    token = _collector.set(notes)
+    try:
+        yield notes
+    finally:
+        _collector.reset(token)
+
+
+def fallback_summary(notes: Sequence[tuple[str, str, str]]) -> str:
+    """One sentence for the notes of :func:`collecting_fallbacks`: per source, the graphs and the
+    distinct reasons, e.g. ``2 region(s) without a tuned schedule: heuristic for region_add,
+    region_gelu (no database at 'tuning-db')``."""
+    parts = []
+    for source in ("nearest-shape", "heuristic"):
+        names = [n for n, s, _ in notes if s == source]
+        if names:
+            whys = list(dict.fromkeys(w for _, s, w in notes if s == source and w))
+            parts.append(f"{source} for {', '.join(names)}" + (f" ({'; '.join(whys)})" if whys else ""))
+    return f"{len(notes)} region(s) without a tuned schedule: {'; '.join(parts)}"
 
 
 def _sorted_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -375,7 +412,7 @@ def _choose_nearest(q: _Lookup, near: pd.DataFrame, wk: str) -> Choice | None:
         reason = (f"no usable tuned record of workload {wk[:12]} on {q.where}; using {_kind(bool(row['_est']))} "
                   f"record {row['schedule_key']} of {row['graph_name']} at other shapes {row['shapes']} "
                   f"(shape distance {d:.2f}), re-validated for these shapes")
-        _warn_once(q.graph, q.dkey, "nearest-shape", f"{q.graph.name}: {reason}")
+        _warn_once(q.graph, q.dkey, "nearest-shape", f"{q.graph.name}: {reason}", "records at other shapes")
         return Choice(s, "nearest-shape", _record(row, distance=d, estimated=bool(row["_est"])), reason,
                       program)
     if n_checked:
@@ -401,7 +438,7 @@ def _choose_heuristic(q: _Lookup, db_path: str | os.PathLike[str] | None, wk: st
     else:
         why = f"no ok record of this workload or its structure in {os.fspath(db_path)!a}"
     reason = f"heuristic schedule for workload {wk[:12]} on {q.where} ({why})"
-    _warn_once(q.graph, q.dkey, "heuristic", f"{q.graph.name}: {reason}")
+    _warn_once(q.graph, q.dkey, "heuristic", f"{q.graph.name}: {reason}", why)
     return Choice(s, "heuristic", None, reason, program)
 
 

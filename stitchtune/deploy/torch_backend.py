@@ -24,7 +24,9 @@ Contract
   launch, a synchronisation, and raises on an out-of-range index; False: never, see
   :mod:`stitchtune.deploy.torch_ops`), ``max_extent`` (default 2048: symbolic sizes are bucketed
   over ``1..max_extent``, see :mod:`stitchtune.deploy.torch_dynamic`; larger ones get kernels per shape).
-  An unknown option or value raises :class:`~stitchtune.errors.StitchtuneError`.
+  Every name and value is checked when the backend is built, before any graph is compiled
+  (:mod:`stitchtune.deploy.backend_options`): an unknown option or a bad value (wrong type, out of
+  range, an unknown device name) raises :class:`~stitchtune.errors.StitchtuneError` naming the option.
 * Never breaks a model: an op or region that cannot be stitched stays in the graph; any error while
   compiling a region declines it with the reason. The rewritten graph's region calls are run on fake
   tensors (as AOTAutograd and Inductor will): a region whose fake result fails, or differs from
@@ -33,7 +35,9 @@ Contract
   backward, or returns other shapes than its fake result, is declined then (logged once as a warning,
   in the report and so in :func:`explain`) and runs its ATen ops from then on; a gather's
   out-of-range index is raised, not hidden. A failure of the whole stitching step leaves the graph
-  as it is (declined ``graph``). Each graph's declines are logged once (info level, one line each). With static shapes torch recompiles per new shape (dynamo's cache); a region with
+  as it is (declined ``graph``). Each graph's declines are logged once (info level, one line each);
+  its regions without a tuned schedule are one warning for the graph (regions warned about before in
+  the process left out; :func:`stitchtune.deploy.selection.collecting_fallbacks`), not one per region. With static shapes torch recompiles per new shape (dynamo's cache); a region with
   symbolic shapes is checked at the example shapes and gets a
   :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` whose kernels are cached by
   (structure, bucket of its symbols' values) (:mod:`stitchtune.deploy.torch_dynamic`), the
@@ -55,47 +59,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stitchtune.deploy.backend_options import BackendOptions
 from stitchtune.deploy.torch_rewrite import fake_check, replace_regions
 from stitchtune.errors import StitchtuneError
-from stitchtune.tune.dbpath import DEFAULT_DB
 
 log = logging.getLogger(__name__)
 
-_OPTION_KEYS = ("db", "device", "fallback", "deterministic", "cpu", "min_nodes", "check_gather", "max_extent")
 _keys = itertools.count()
-
-
-@dataclass(frozen=True)
-class BackendOptions:
-    db: Any = DEFAULT_DB
-    device: Any = None
-    fallback: str = "inductor"
-    deterministic: bool = False
-    cpu: str = "emulate"
-    min_nodes: int = 1
-    check_gather: bool = True
-    max_extent: int = 2048
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None) -> BackendOptions:
-        """Validate torch.compile's ``options`` dict (see module docstring)."""
-        opts = dict(options or {})
-        bad = [k for k in opts if k not in _OPTION_KEYS]
-        if bad:
-            raise StitchtuneError(f"unknown stitchtune backend option(s) {', '.join(map(repr, bad))} "
-                                  f"(options: {', '.join(_OPTION_KEYS)})")
-        o = cls(**opts)
-        if o.fallback not in ("inductor", "eager"):
-            raise StitchtuneError(f"option fallback={o.fallback!r}: 'inductor' or 'eager'")
-        if o.cpu not in ("emulate", "reference"):
-            raise StitchtuneError(f"option cpu={o.cpu!r}: 'emulate' or 'reference'")
-        if not isinstance(o.check_gather, bool):
-            raise StitchtuneError(f"option check_gather={o.check_gather!r}: True or False")
-        if not isinstance(o.min_nodes, int) or o.min_nodes < 1:
-            raise StitchtuneError(f"option min_nodes={o.min_nodes!r}: a positive integer")
-        if isinstance(o.max_extent, bool) or not isinstance(o.max_extent, int) or not 1 <= o.max_extent < 2**31:
-            raise StitchtuneError(f"option max_extent={o.max_extent!r}: a positive integer below 2**31")
-        return o
 
 
 @dataclass(frozen=True)
@@ -223,9 +193,27 @@ def _info(kind: str, region: Any, kernel: Any) -> StitchedInfo:
                         len(kernel.compiled.program.launches))
 
 
+def _make_region(r: Any, opts: BackendOptions, device: Any, kind: str, report: GraphReport, made: list[Any],
+                 counters: dict[str, Any]) -> None:
+    """Compile region ``r`` into ``made`` (with its counter in ``counters``), or decline it in ``report``."""
+    from stitchtune.deploy import torch_stats
+
+    if len(r.graph.nodes) < opts.min_nodes:
+        report.declined.append(DeclinedInfo(kind, f"region {r.name}", f"{len(r.graph.nodes)} node(s) < min_nodes"))
+        return
+    counters[r.name] = torch_stats.region_counter(kind, r.name, r.ops, r.dynamic)
+    try:
+        made.append((r, _compile_region(r, opts, device, kind, counters[r.name])))
+    except Exception as exc:  # noqa: BLE001 - any stitchtune error declines the region
+        report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})",
+                                            f"{type(exc).__name__}: {exc}"))
+        counters[r.name].decline(report.declined[-1].reason)
+
+
 def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, kind: str) -> tuple[Any, GraphReport]:
     """``gm`` with every region it can stitch replaced by ``stitchtune::region`` calls, and the report."""
-    from stitchtune.deploy import torch_ops, torch_stats
+    from stitchtune.deploy import torch_ops
+    from stitchtune.deploy.selection import collecting_fallbacks, fallback_summary
     from stitchtune.importers.torch_fx_util import splits_as_slices
     from stitchtune.importers.torch_random import seed_rands, unseed_rands
     from stitchtune.importers.torch_regions import find_regions
@@ -244,19 +232,14 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     on_cuda = bool(cuda_devices)
     graph_device = cuda_devices[0] if on_cuda else None   # where a region that reads no tensor runs
     device = _device_for(opts)
-    made = []
+    made: list[Any] = []
     counters: dict[str, Any] = {}
-    for r in split.regions:
-        if len(r.graph.nodes) < opts.min_nodes:
-            report.declined.append(DeclinedInfo(kind, f"region {r.name}", f"{len(r.graph.nodes)} node(s) < min_nodes"))
-            continue
-        counters[r.name] = torch_stats.region_counter(kind, r.name, r.ops, r.dynamic)
-        try:
-            made.append((r, _compile_region(r, opts, device, kind, counters[r.name])))
-        except Exception as exc:  # noqa: BLE001 - any stitchtune error declines the region
-            report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})",
-                                                f"{type(exc).__name__}: {exc}"))
-            counters[r.name].decline(report.declined[-1].reason)
+    with collecting_fallbacks() as fallbacks:   # one warning for the graph, not one per region
+        for r in split.regions:
+            _make_region(r, opts, device, kind, report, made, counters)
+    if fallbacks:
+        log.warning("stitchtune: %s graph: %s; `stitchtune tune` searches a model's regions",
+                    kind, fallback_summary(fallbacks))
     failed = _attach_cubins([k for _, k in made], device.arch) if on_cuda else {}
     folded = dict(split.folded)
     held: dict[str, frozenset[int]] = {}

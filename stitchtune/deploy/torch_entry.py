@@ -281,19 +281,27 @@ def compile(fn: Any, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB,
     imp = import_torch(fn, spec, name=name)
     graph = imp.graph
     arg_names = tuple(n for n, _ in graph.inputs[: len(examples)])
-    dev = device if device is not None and not isinstance(device, str) else _select_device(device, examples, emulate)
+    dev = _select_device(device, examples, emulate)
     cg = api_compile(graph, db=db, device=dev, schedule=schedule, build=False if emulate else None)
     log.info("%s: stitched %d kernel(s), schedule %s (%s)", graph.name, len(cg.program.launches),
              cg.schedule.key(), cg.source)
     return StitchedFunction(cg, arg_names, tuple(imp.params), emulate=emulate, method=imp.method)
 
 
-def _select_device(name: str | None, examples: Sequence[Any], emulate: bool) -> Any:
-    """The Device description schedules are selected and lowered for (see :func:`compile`)."""
+def _select_device(name: Any, examples: Sequence[Any], emulate: bool) -> Any:
+    """The Device description schedules are selected and lowered for (see :func:`compile`): ``name``
+    itself when a Device, the preset it names, else StitchtuneError naming the presets."""
     from stitchtune.hardware.device import get_device
     from stitchtune.gpu.device_query import default_device, query_device
 
     if name is not None:
+        from stitchtune.hardware.device import PRESETS, Device
+
+        if isinstance(name, Device):
+            return name
+        if not isinstance(name, str):   # get_device names the presets for an unknown string
+            raise StitchtuneError(f"device={name!r}: None (the local GPU), a Device or a preset name "
+                                  f"({', '.join(PRESETS)})")
         return get_device(name)
     import torch as _torch
 

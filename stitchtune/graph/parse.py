@@ -168,9 +168,9 @@ def parse_graph(obj: Any) -> Graph:
         p.add("(top level)", f"must be a JSON object, got {_type_name(obj)}")
         p.raise_if_any()
     if "dynamic" in obj:  # one line, not a problem per named shape dim
-        raise GraphError(problems=["dynamic: a graph with dynamic dims is read by stitchtune.graph.dynamic."
-                                   "load_dynamic (`stitchtune validate`, `stitchtune search --dynamic`), not as a "
-                                   "static graph"])
+        raise GraphError(problems=["dynamic: a graph with dynamic dims is not a static graph: stitchtune.compile "
+                                   "and `stitchtune validate|search --dynamic|compile|run` take it, "
+                                   "stitchtune.graph.dynamic.load_dynamic reads it"])
     name = _check_top(obj, p)
     scope = _Scope()
     inputs = _parse_inputs(obj, scope, p)

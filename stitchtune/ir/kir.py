@@ -515,18 +515,32 @@ def exprs(x: Expr | Stmt | tuple[Expr | Stmt, ...] | None) -> Iterator[Expr]:
     """Every expression in ``x``, depth first, each before the ones inside it: an expression and its
     operands, or the expressions a statement reads and writes (a ``For``'s var and bounds, an ``If``'s
     condition; the statements nested in them are :func:`walk`'s)."""
-    if x is None or isinstance(x, (str, int, float, bool)):
-        return
-    if isinstance(x, tuple):
-        for y in x:
-            yield from exprs(y)
-        return
-    if is_expr(x):
-        yield x
-    skip = _NESTED.get(type(x), ())
-    for f in fields(x):
-        if f.name not in skip:
-            yield from exprs(getattr(x, f.name))
+    stack: list[object] = [x]
+    while stack:
+        y = stack.pop()
+        if y is None or isinstance(y, (str, int, float, bool)):
+            continue
+        if isinstance(y, tuple):
+            stack.extend(reversed(y))
+            continue
+        if isinstance(y, _EXPR_TYPES):
+            yield y  # type: ignore[misc]
+        names = _child_fields(type(y))
+        for name in reversed(names):
+            stack.append(getattr(y, name))
+
+
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _child_fields(cls: type) -> tuple[str, ...]:
+    """The fields of node type ``cls`` that :func:`exprs` descends into (all but nested statements),
+    computed once per type."""
+    names = _CHILD_FIELDS.get(cls)
+    if names is None:
+        skip = _NESTED.get(cls, ())
+        names = _CHILD_FIELDS[cls] = tuple(f.name for f in fields(cls) if f.name not in skip)
+    return names
 
 
 def collect_vars(kernel: Kernel) -> list[Var]:

@@ -56,6 +56,7 @@ from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.ir import kir
 from stitchtune.ir.launches import DynamicInfo, GridRule
+from stitchtune.ir.verify import verify
 from stitchtune.lower.remap import split_axes
 from stitchtune.lower.row import RowLowerer
 from stitchtune.lower.symbols import RowSymbols, SymFactor
@@ -325,7 +326,8 @@ def generic_profile(fit: RowFit, schedule: Schedule, device: Device, program: ki
 def lower_dynamic(fit: RowFit, schedule: Schedule, device: Device,
                   space: SearchSpace | None = None) -> kir.Program | DynamicRefusal:
     """The generic program of ``schedule`` (checked against the representative plan's space) for every
-    extent of ``fit.key``; a refusal (data) where the schedule cannot run generically."""
+    extent of ``fit.key`` (checked by :func:`stitchtune.ir.verify.verify`); a refusal (data) where the schedule
+    cannot run generically."""
     space = space or SearchSpace.for_plan(fit.plan, device)
     space.check(schedule)
     why = check_schedule(fit, schedule)
@@ -348,4 +350,4 @@ def lower_dynamic(fit: RowFit, schedule: Schedule, device: Device,
     tensors = dict(fit.sizes)
     sizes = tuple((b.name, tensors[b.tensor]) for b in prog.buffers if b.tensor in tensors and b.role in ("input", "output"))
     info = DynamicInfo(tuple(d for d, _ in fit.sym.args), fit.sym.arg_names(), sizes, tuple(rules), fit.extents)
-    return dataclasses.replace(prog, dynamic=info)
+    return verify(dataclasses.replace(prog, dynamic=info))

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from stitchtune.hardware.device import Device
 from stitchtune.ir import kir
+from stitchtune.ir.verify import verify
 from stitchtune.graph.parse import Graph
 from stitchtune.lower.base import estimate_registers
 from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
@@ -57,11 +58,12 @@ __all__ = ["CODEGEN_VERSION", "estimate_registers", "kern_barriers", "lower", "s
 
 
 def lower(graph: Graph, plan: StitchPlan, schedule: Schedule, device: Device, space: SearchSpace | None = None) -> kir.Program:
-    """Lower ``schedule`` for ``graph``; raise :class:`ScheduleError` naming why a point is illegal."""
+    """Lower ``schedule`` for ``graph``; raise :class:`ScheduleError` naming why a point is illegal. The
+    program is checked by :func:`stitchtune.ir.verify.verify` (a defect is a bug: ``IRVerifyError``)."""
     space = space or SearchSpace.for_plan(plan, device)
     space.check(schedule)
     if plan.family == Family.COL:
         program = lower_col(graph, plan, schedule, device, space.schemes)
     else:
         program = lower_row(graph, plan, schedule, device, space.schemes)
-    return apply_scatters(program, graph, plan.scatters, device)   # the stores of scattered values: adds
+    return verify(apply_scatters(program, graph, plan.scatters, device))   # scattered values' stores: adds

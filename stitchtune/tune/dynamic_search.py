@@ -62,12 +62,18 @@ class BucketOutcome:
 
 
 def with_dims(dg: DynamicGraph, dims: Sequence[DynamicDim]) -> DynamicGraph:
-    """``dg`` with the bounds and buckets of ``dims`` (each must name a dim of the graph)."""
+    """``dg`` with the bounds and buckets of ``dims`` (each must name a dim of the graph and lie within the
+    bounds the graph declares for it: a range beyond them is a GraphError naming the dim and its bounds)."""
     by = {d.name: d for d in dg.dims}
     for d in dims:
         if d.name not in by:
             raise GraphError(f"--dynamic {d.name}: the graph has no dynamic dim {d.name!r} "
                              f"(its shapes name: {', '.join(sorted(by)) or 'none'})")
+        own = by[d.name]
+        if not own.lo <= d.lo <= d.hi <= own.hi:
+            raise GraphError(f"--dynamic {d.name}={d.lo}..{d.hi}: outside the bounds the graph declares for "
+                             f"{d.name}, {own.lo}..{own.hi} (give a range within them, e.g. "
+                             f"--dynamic {d.name}={own.lo}..{own.hi})")
         by[d.name] = d
     return dataclasses.replace(dg, dims=tuple(sorted(by.values(), key=lambda d: d.name)))
 

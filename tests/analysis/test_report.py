@@ -326,3 +326,15 @@ def test_min_bytes_from_db_shapes_matches_graph_min_bytes(full_examples, small_e
         row = context_row(g, dev)
         assert report.min_bytes_from_shapes(row["shapes"], row["dtypes"]) == g.min_bytes(), path.name
     assert report.min_bytes_from_shapes("not json", "{}") is None
+
+
+def test_best_so_far_gives_single_trial_runs_no_empty_panel():
+    """Issue 42: a 1-trial run drew an empty panel; now it is counted in the title instead."""
+    one = _rows([5.0]).assign(workload_key="one", graph_name="single", study="s1")
+    many = _rows([3.0, 2.0, 1.0])
+    fig = report.figure_best_so_far(pd.concat([one, many], ignore_index=True))
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(shown) == 1 and shown[0].get_lines() and "single" not in shown[0].get_title()
+    assert "1 single-trial workload(s) not shown" in fig.get_suptitle()
+    only = report.figure_best_so_far(one)
+    assert "single trial" in _texts(only) and "1 single-trial" in only.get_suptitle()

@@ -68,6 +68,26 @@ def test_with_dims_refuses_an_unknown_name() -> None:
         with_dims(dg, [parse_dynamic_arg("hid=1..8")])
 
 
+def test_with_dims_takes_a_narrower_range_and_refuses_a_wider_one() -> None:
+    dg = load_dynamic(EXAMPLES_DIR / "dynamic" / "layernorm_seq.json")   # seq declared 1..2048
+    assert with_dims(dg, [parse_dynamic_arg("seq=8..64")]).dims[0].buckets.lo == 8
+    for arg in ("seq=1..99999", "seq=1..2049"):
+        with pytest.raises(GraphError, match=r"outside the bounds the graph declares for seq, 1\.\.2048"):
+            with_dims(dg, [parse_dynamic_arg(arg)])
+
+
+def test_a_given_schedule_the_generic_kernel_refuses_is_an_error() -> None:
+    from stitchtune.errors import ScheduleError
+
+    dg = load_dynamic(EXAMPLES_DIR / "dynamic" / "attention_softmax_seq.json")   # the row length is seq
+    key = dg.key_of({"seq": 3})
+    cb = compile_dynamic(dg, key, db=None, device=DEV, build=False)
+    assert isinstance(cb, CompiledBucket)
+    bad = {**cb.schedule.to_dict(), "vec": 4}
+    with pytest.raises(ScheduleError, match="refuses it"):
+        compile_dynamic(dg, key, db=None, device=DEV, build=False, schedule=bad)
+
+
 def test_dynamic_search_tunes_every_bucket_and_selection_uses_it(small_graph: Path, tmp_path: Path) -> None:
     db = tmp_path / "db"
     cfg = SearchConfig(graph_path=str(small_graph), trials=4, backend="emulate", device="H200", db=str(db),
