@@ -50,12 +50,13 @@ def _summary_rows(name: str, audits: list[Any], calls: tuple[str, ...]) -> list[
         kernels = [k for a, _ in mine for k in a.kernels]
         floor = sum(a.floor_us * n for a, n in mine)
         pred = sum((a.predicted_us or 0.0) * n for a, n in mine)
+        fitted = sum((a.fitted_us or 0.0) * n for a, n in mine)
         ready = sum(k.floor_ready for k in kernels)
         worst = max((k.worst_sector_ratio or 1.0 for k in kernels), default=1.0)
         dead = sum(bool(k.dead_shared) for k in kernels)
         slow = sum(bool(k.sass and k.sass.division_slow_path) for k in kernels)
         rows.append(f"| {name} | {call} | {len(mine)} | {sum(n for _, n in mine)} | {ready}/{len(kernels)} | "
-                    f"{floor:.0f} | {pred:.0f} | {worst:.2f}x | {dead} | {slow} |")
+                    f"{floor:.0f} | {pred:.0f} | {fitted:.0f} | {worst:.2f}x | {dead} | {slow} |")
     return rows
 
 
@@ -89,15 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     gm = _gpu_models()
     summary = ["# Kernel audit of BERT, GPT-2 and Llama (CPU static analysis)", "",
                "CPU static analysis, no GPU: floors are unique bytes at the H200's datasheet bandwidth "
-               f"({device.dram_bandwidth_gbs:.0f} GB/s), `pred` the cost model's predictions; nothing is measured. "
+               f"({device.dram_bandwidth_gbs:.0f} GB/s), `pred` the cost model's predictions, `fitted` the IR-feature "
+               "model fitted to GPU data (device time, no launch term); nothing is measured. "
                "Models of scripts/gpu_models.py's time phase (2 layers, batch 8 x 512, fp32, random weights), "
                f"call patterns {', '.join(calls)}, heuristic schedules. Produced by `nice python "
                f"scripts/audit_models.py --models {','.join(models)} --calls {','.join(calls)}`.", "",
                "Per call pattern: its workloads (distinct regions), regions (occurrences), kernels of the "
                "workloads that are floor-ready, and floor and pred summed over every occurrence (count x the "
                "region's figure).", "",
-               "| model | call | workloads | regions | floor-ready kernels | floor us | pred us | worst sectors "
-               "| kernels with dead smem | kernels with division slow path |", "|---|---|---|---|---|---|---|---|---|---|"]
+               "| model | call | workloads | regions | floor-ready kernels | floor us | pred us | fitted us "
+               "| worst sectors | kernels with dead smem | kernels with division slow path |",
+               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in models:
         t0 = time.perf_counter()
         if args.render_only:

@@ -8,7 +8,8 @@ given), then for every launch builds a :class:`KernelAudit`:
 
 * unique bytes (the launch's input and output buffers, each once) and their floor at the device's
   datasheet bandwidth; the region's floor is ``graph.min_bytes()`` at that bandwidth;
-* the cost model's prediction (labelled predicted: never a measurement);
+* the cost model's prediction and the fitted IR-feature model's device time (:mod:`stitchtune.cost.fitted`,
+  no launch term), both labelled predicted: never a measurement;
 * occupancy (:func:`stitchtune.hardware.occupancy.occupancy`, with the SASS registers when the
   cubin was read, else the lowering's estimate), waves, bytes in flight per SM against Little's law;
 * from an emulated slice (:mod:`stitchtune.analysis.sectors`): sectors per request of every global
@@ -85,6 +86,7 @@ class KernelAudit:
     dead_shared: tuple[str, ...]
     sass: SassMetrics | None
     problems: tuple[str, ...] = ()
+    fitted_us: float | None = None   # the IR-feature model fitted to GPU data (cost/fitted.py): predicted
 
     @property
     def floor_ready(self) -> bool:
@@ -131,6 +133,7 @@ class RegionAudit:
     peer: dict[str, Any] | None = None
     notes: tuple[str, ...] = field(default=())
     uses: str = ""    # where a model's region occurs ("inference x2, train x2"; "" for a graph file)
+    fitted_us: float | None = None   # the fitted IR-feature model's device time (predicted, no launch term)
     ops: str = ""     # the graph's ops, each once, in graph order (what the region computes)
 
     @property
@@ -232,7 +235,7 @@ def _sass_of(program: kir.Program, arch: str, notes: list[str]) -> dict[str, Sas
 
 
 def _kernel_audit(program: kir.Program, i: int, device: Device, sl: SliceResult, sass: SassMetrics | None,
-                  predicted: float | None, criteria: Criteria) -> KernelAudit:
+                  predicted: float | None, fitted: float | None, criteria: Criteria) -> KernelAudit:
     launch = program.launches[i]
     kernel = program.kernel(launch.kernel)
     prof = program.profile.kernels[i] if i < len(program.profile.kernels) else None
@@ -253,7 +256,7 @@ def _kernel_audit(program: kir.Program, i: int, device: Device, sl: SliceResult,
         blocks_per_sm=occ.blocks_per_sm, occupancy=occ.occupancy, limiter=occ.limiter, waves=waves,
         in_flight_per_sm=per_thread * launch.block * resident, in_flight_needed=criteria.in_flight_needed(device),
         active_lanes=lanes / (32 * reqs) if reqs else None, accesses=sl.accesses, slice_blocks=sl.blocks,
-        slice_error=sl.error, dead_shared=dead_shared(kernel), sass=sass)
+        slice_error=sl.error, dead_shared=dead_shared(kernel), sass=sass, fitted_us=fitted)
     return KernelAudit(**{**k.__dict__, "problems": _problems(k, criteria)})
 
 
@@ -262,6 +265,7 @@ def audit_program(graph: Any, program: kir.Program, device: Device, *, schedule:
                   sass: bool = True, arch: str | None = None, criteria: Criteria | None = None,
                   peer: bool = False, plan: Any = None) -> RegionAudit:
     """Audit an already lowered static ``program`` of ``graph`` (see module docstring)."""
+    from stitchtune.cost.fitted import predict_program
     from stitchtune.cost.model import predict
     from stitchtune.graph.reference import random_inputs
 
@@ -274,9 +278,12 @@ def audit_program(graph: Any, program: kir.Program, device: Device, *, schedule:
     slices = program_sectors(program, inputs if inputs is not None else random_inputs(graph, 0), slice_blocks)
     regs = {n: m.registers for n, m in metrics.items() if m.registers}
     pred = predict(program.profile, device, regs)
-    per = list(pred.per_kernel_us) if len(pred.per_kernel_us) == len(program.launches) else []
+    fit = predict_program(program, device, regs)
+    n = len(program.launches)
+    per = list(pred.per_kernel_us) if len(pred.per_kernel_us) == n and not pred.prune_reason else [None] * n
+    fper = list(fit.per_kernel_us) if len(fit.per_kernel_us) == n and not fit.prune_reason else [None] * n
     kernels = tuple(_kernel_audit(program, i, device, slices[i], metrics.get(program.launches[i].kernel),
-                                  per[i] if per else None, c) for i in range(len(program.launches)))
+                                  per[i], fper[i], c) for i in range(n))
     peer_d = None
     if peer:
         from stitchtune.analysis.triton_peer import peer_audit
@@ -289,6 +296,7 @@ def audit_program(graph: Any, program: kir.Program, device: Device, *, schedule:
         rows=int(getattr(plan, "M", 0)), cols=int(getattr(plan, "N", 0)), schedule=schedule,
         unique_bytes=unique, floor_us=unique / (device.dram_bandwidth_gbs * 1e3),
         predicted_us=None if pred.prune_reason else float(pred.time_us), kernels=kernels, peer=peer_d,
+        fitted_us=None if fit.prune_reason else float(fit.time_us),
         notes=tuple(notes), ops=" ".join(dict.fromkeys(n.op for n in graph.nodes)))
 
 

@@ -14,7 +14,8 @@ from typing import Any
 from stitchtune.analysis.audit import KernelAudit, RegionAudit
 
 HEADER = ("CPU static analysis (no GPU): floors are unique bytes at the device's datasheet bandwidth, "
-          "`pred` times are the cost model's predictions; nothing here is a measured time.")
+          "`pred` times are the cost model's predictions and `fitted` times those of the IR-feature model fitted "
+          "to GPU data (device time, no launch term); nothing here is a measured time.")
 
 
 def _widths(d: dict[Any, int]) -> str:
@@ -30,7 +31,8 @@ def _f(x: float | None, nd: int = 1) -> str:
 
 
 _COLS = ("kernel", "grid x block", "regs", "smem KiB", "blocks/SM (limiter)", "waves", "lanes", "worst sectors",
-         "LDG", "STG", "LDS/STS/BAR", "in flight/SM KiB", "MUFU", "FCHK", "spills", "dead smem", "floor us", "pred us")
+         "LDG", "STG", "LDS/STS/BAR", "in flight/SM KiB", "MUFU", "FCHK", "spills", "dead smem", "floor us",
+         "pred us", "fitted us")
 
 
 def _kernel_row(k: KernelAudit) -> str:
@@ -43,6 +45,7 @@ def _kernel_row(k: KernelAudit) -> str:
         _widths(s.ldg) if s else "-", _widths(s.stg) if s else "-", f"{s.lds}/{s.sts}/{s.barriers}" if s else "-",
         _f(k.in_flight_per_sm / 1024), _mufu(s.mufu) if s else "-", str(s.fchk) if s else "-",
         str(s.spills) if s else "-", ", ".join(k.dead_shared) or "-", _f(k.floor_us), _f(k.predicted_us),
+        _f(k.fitted_us),
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -56,7 +59,7 @@ def _peer_row(p: dict[str, Any]) -> str:
         _f(s["shared_bytes"] / 1024), f"{p['blocks_per_sm']}", _f(p["waves"], 2), "-", "-",
         _widths(s["ldg"]), _widths(s["stg"]), f"{s['lds']}/{s['sts']}/{s['barriers']}",
         _f(per_thread * p["block"] * resident / 1024), _mufu(s["mufu"]), str(s["fchk"]),
-        str(s["spill_loads"] + s["spill_stores"]), "-", _f(p["floor_us"]), "-",
+        str(s["spill_loads"] + s["spill_stores"]), "-", _f(p["floor_us"]), "-", "-",
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -65,7 +68,7 @@ def _region(a: RegionAudit) -> list[str]:
     out = [f"### {a.graph} (`{a.workload_key[:12]}`)", "",
            f"ops: {a.ops}", "",
            f"{a.family} {a.rows} x {a.cols}; unique bytes {a.unique_bytes / 1e6:.1f} MB, floor {a.floor_us:.1f} us, "
-           f"predicted {_f(a.predicted_us)} us; floor-ready: {'yes' if a.floor_ready else 'no'}"
+           f"predicted {_f(a.predicted_us)} us, fitted {_f(a.fitted_us)} us; floor-ready: {'yes' if a.floor_ready else 'no'}"
            + (f"; occurs: {a.uses}" if a.uses else ""), "",
            f"schedule (heuristic unless given): `{a.schedule}`", "",
            "| " + " | ".join(_COLS) + " |", "|" + "---|" * len(_COLS)]
@@ -96,15 +99,15 @@ def audit_markdown(audits: Sequence[RegionAudit], title: str = "Kernel audit", s
            "`regs` with `~`: the lowering's estimate (no cubin read). `lanes`: active lanes per warp request in the "
            "emulated slice. `worst sectors`: the largest ratio of 32-byte sectors to the ideal over the kernel's "
            "global accesses. Floor-ready criteria: docs/audit.md.", "",
-           "| region | ops | occurs | kernels | floor us | pred us | pred / floor | floor-ready | peer |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| region | ops | occurs | kernels | floor us | pred us | fitted us | fitted / floor | floor-ready | peer |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for a in audits:
-        ratio = f"{a.predicted_us / a.floor_us:.2f}" if a.predicted_us and a.floor_us else "-"
+        ratio = f"{a.fitted_us / a.floor_us:.2f}" if a.fitted_us and a.floor_us else "-"
         peer = a.peer["kind"] if a.peer else "-"
         ready = sum(k.floor_ready for k in a.kernels)
         ops = a.ops if len(a.ops) <= 60 else a.ops[:57] + "..."
         out.append(f"| {a.graph} | {ops} | {a.uses or '-'} | {len(a.kernels)} | {a.floor_us:.1f} | "
-                   f"{_f(a.predicted_us)} | {ratio} | {ready}/{len(a.kernels)} | {peer} |")
+                   f"{_f(a.predicted_us)} | {_f(a.fitted_us)} | {ratio} | {ready}/{len(a.kernels)} | {peer} |")
     out.append("")
     out += [f"- not audited: {s}" for s in skipped] + ([""] if skipped else [])
     for a in audits:
