@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                f"call patterns {', '.join(calls)}, heuristic schedules. Produced by `nice python "
                f"scripts/audit_models.py --models {','.join(models)} --calls {','.join(calls)}`.", "",
                "Per call pattern: its workloads (distinct regions), regions (occurrences), kernels of the "
-               "workloads that are floor-ready, and floor and pred summed over every occurrence (count x the "
+               "workloads that are floor-ready, and floor, pred and fitted summed over every occurrence (count x the "
                "region's figure).", "",
                "| model | call | workloads | regions | floor-ready kernels | floor us | pred us | fitted us "
                "| worst sectors | kernels with dead smem | kernels with division slow path |",
