@@ -134,6 +134,7 @@ class RegionAudit:
     notes: tuple[str, ...] = field(default=())
     uses: str = ""    # where a model's region occurs ("inference x2, train x2"; "" for a graph file)
     fitted_us: float | None = None   # the fitted IR-feature model's device time (predicted, no launch term)
+    schedule_from: str = "given"     # "heuristic" (audit_graph without a schedule) | "given"
     ops: str = ""     # the graph's ops, each once, in graph order (what the region computes)
 
     @property
@@ -301,8 +302,9 @@ def audit_program(graph: Any, program: kir.Program, device: Device, *, schedule:
 
 
 def audit_graph(graph: Any, device: Device, schedule: Any = None, **options: Any) -> RegionAudit:
-    """Plan and lower ``graph`` with ``schedule`` (a :class:`~stitchtune.space.Schedule`; None: the
-    heuristic's) on ``device``, then :func:`audit_program` (``options`` are its keywords)."""
+    """Plan and lower ``graph`` with ``schedule`` (a :class:`~stitchtune.space.Schedule`, checked against the
+    region's legal space: :class:`~stitchtune.errors.ScheduleError` when refused; None: the heuristic's) on
+    ``device``, then :func:`audit_program` (``options`` are its keywords)."""
     from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.lower.entry import lower
     from stitchtune.lower.resources import legal_space
@@ -310,9 +312,12 @@ def audit_graph(graph: Any, device: Device, schedule: Any = None, **options: Any
 
     plan = make_plan(graph)
     space = legal_space(graph, plan, device)
+    if schedule is not None:
+        space.check(schedule)   # a schedule the space (or the device) refuses: ScheduleError, with the reason
     s = schedule if schedule is not None else heuristic_schedule(plan, device, space)
     program = lower(graph, plan, s, device, space)
-    return audit_program(graph, program, device, schedule=s.to_json(), plan=plan, **options)
+    a = audit_program(graph, program, device, schedule=s.to_json(), plan=plan, **options)
+    return replace(a, schedule_from="given" if schedule is not None else "heuristic")
 
 
 def audit_model(model: Any, example_inputs: Any, device: Device, calls: tuple[str, ...] = ("inference",),

@@ -70,7 +70,7 @@ def _region(a: RegionAudit) -> list[str]:
            f"{a.family} {a.rows} x {a.cols}; unique bytes {a.unique_bytes / 1e6:.1f} MB, floor {a.floor_us:.1f} us, "
            f"predicted {_f(a.predicted_us)} us, fitted {_f(a.fitted_us)} us; floor-ready: {'yes' if a.floor_ready else 'no'}"
            + (f"; occurs: {a.uses}" if a.uses else ""), "",
-           f"schedule (heuristic unless given): `{a.schedule}`", "",
+           f"schedule ({a.schedule_from}): `{a.schedule}`", "",
            "| " + " | ".join(_COLS) + " |", "|" + "---|" * len(_COLS)]
     out += [_kernel_row(k) for k in a.kernels]
     if a.peer:

@@ -33,6 +33,8 @@ def _add_audit(sub: Any) -> None:
     p.add_argument("--calls", default="inference", metavar="LIST",
                    help="--model: the call patterns whose regions are audited: inference, eval-grad, train "
                         "(default inference)")
+    p.add_argument("--schedule", metavar="JSON|@FILE", default=None,
+                   help="GRAPH: audit this schedule (inline JSON or @file) instead of the heuristic's")
     add_device(p, "device preset (default h200: the audit is for a device description, not the local GPU)")
     p.add_argument("--slice-blocks", type=int_at_most(MAX_SLICE_BLOCKS, 1), default=4, metavar="N",
                    help="blocks of each launch emulated for the sector counts (default 4)")
@@ -54,13 +56,19 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         raise StitchtuneError("give a GRAPH or --model MODULE:CALLABLE (one of them)")
     if args.model is not None and not args.shapes:
         raise StitchtuneError("--model needs --shapes (e.g. --shapes input_ids=8x512)")
+    if args.model is not None and args.schedule is not None:
+        raise StitchtuneError("--schedule is for a GRAPH (a model's regions use their heuristic schedules)")
     device = get_device(args.device or "h200")
     options = dict(slice_blocks=args.slice_blocks, sass=not args.no_sass, peer=not args.no_peer)
     skipped: list[str] = []
     if args.graph is not None:
+        from stitchtune.cli import parse_schedule_arg
         from stitchtune.graph.parse import load_graph
+        from stitchtune.space import Schedule
 
-        audits = [audit_graph(load_graph(args.graph), device, **options)]
+        given = parse_schedule_arg(args.schedule)
+        schedule = Schedule.from_dict(given) if given is not None else None
+        audits = [audit_graph(load_graph(args.graph), device, schedule, **options)]
         title = f"Kernel audit: {args.graph}"
     else:
         from stitchtune.deploy.model_tuning import parse_calls

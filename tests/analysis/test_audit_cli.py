@@ -67,3 +67,14 @@ def test_audit_of_a_models_regions(tmp_path: Path) -> None:
     d = json.loads((tmp_path / "m.json").read_text())
     assert d["regions"] and all(r["uses"].startswith("inference x") for r in d["regions"])
     assert "Kernel audit:" in out
+
+
+def test_a_given_schedule_is_audited_and_a_refused_one_is_an_error(tmp_path: Path) -> None:
+    good = '{"tpr": 32, "block": 128, "vec": 4, "schemes": ["local", "local"], "reuse": ["register", "register"]}'
+    rc, out, err = call(["audit", str(GRAPH), "--no-sass", "--no-peer", "--schedule", good])
+    assert rc == 0, err
+    assert 'schedule (given): `{"block":128,' in out
+    rc, out, err = call(["audit", str(GRAPH), "--no-sass", "--no-peer", "--schedule", '{"tpr": 7, "block": 128}'])
+    assert rc == 2 and "tpr=7" in err and "Traceback" not in err
+    rc, _, err = call(["audit", "--model", "m.py:f", "--shapes", "x=2", "--schedule", good])
+    assert rc == 2 and "--schedule is for a GRAPH" in err
