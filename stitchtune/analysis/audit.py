@@ -13,7 +13,8 @@ given), then for every launch builds a :class:`KernelAudit`:
 * occupancy (:func:`stitchtune.hardware.occupancy.occupancy`, with the SASS registers when the
   cubin was read, else the lowering's estimate), waves, bytes in flight per SM against Little's law;
 * from an emulated slice (:mod:`stitchtune.analysis.sectors`): sectors per request of every global
-  access and the active lanes per request;
+  access, the active lanes per request, and the bank wavefronts of every shared access (reported,
+  not a floor-ready criterion);
 * shared buffers the kernel stores and never loads (from the IR: every path, not just the slice);
 * from the sm_90 cubin (:mod:`stitchtune.analysis.sass`, optional: absent tools give a note, not an error).
 
@@ -31,7 +32,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stitchtune.analysis.sass import SassMetrics, find_cuobjdump, read_cubin
-from stitchtune.analysis.sectors import DEFAULT_SLICE_BLOCKS, AccessSectors, SliceResult, program_sectors
+from stitchtune.analysis.sectors import (
+    DEFAULT_SLICE_BLOCKS,
+    AccessSectors,
+    SharedAccess,
+    SliceResult,
+    program_sectors,
+)
 from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import occupancy
 from stitchtune.ir import kir
@@ -87,6 +94,7 @@ class KernelAudit:
     sass: SassMetrics | None
     problems: tuple[str, ...] = ()
     fitted_us: float | None = None   # the IR-feature model fitted to GPU data (cost/fitted.py): predicted
+    shared_accesses: tuple[SharedAccess, ...] = ()   # bank wavefronts per shared statement (the slice)
 
     @property
     def floor_ready(self) -> bool:
@@ -96,12 +104,18 @@ class KernelAudit:
     def worst_sector_ratio(self) -> float | None:
         return max((a.ratio for a in self.accesses), default=None)
 
+    @property
+    def worst_bank_ratio(self) -> float | None:
+        """The most bank wavefronts per request over the kernel's shared statements (None: no shared access)."""
+        return max((a.ratio for a in self.shared_accesses), default=None)
+
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("accesses", "sass")}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("accesses", "sass", "shared_accesses")}
         d["dead_shared"] = list(self.dead_shared)
         d["problems"] = list(self.problems)
         d["floor_ready"] = self.floor_ready
         d["accesses"] = [a.to_dict() for a in self.accesses]
+        d["shared_accesses"] = [a.to_dict() for a in self.shared_accesses]
         d["sass"] = self.sass.to_dict() if self.sass else None
         return d
 
@@ -110,7 +124,8 @@ class KernelAudit:
         kw = {k: v for k, v in d.items() if k != "floor_ready"}
         kw.update(accesses=tuple(AccessSectors.from_dict(a) for a in d["accesses"]),
                   sass=SassMetrics.from_dict(d["sass"]) if d["sass"] else None,
-                  dead_shared=tuple(d["dead_shared"]), problems=tuple(d["problems"]))
+                  dead_shared=tuple(d["dead_shared"]), problems=tuple(d["problems"]),
+                  shared_accesses=tuple(SharedAccess.from_dict(a) for a in d.get("shared_accesses", ())))
         return cls(**kw)
 
 
@@ -257,7 +272,8 @@ def _kernel_audit(program: kir.Program, i: int, device: Device, sl: SliceResult,
         blocks_per_sm=occ.blocks_per_sm, occupancy=occ.occupancy, limiter=occ.limiter, waves=waves,
         in_flight_per_sm=per_thread * launch.block * resident, in_flight_needed=criteria.in_flight_needed(device),
         active_lanes=lanes / (32 * reqs) if reqs else None, accesses=sl.accesses, slice_blocks=sl.blocks,
-        slice_error=sl.error, dead_shared=dead_shared(kernel), sass=sass, fitted_us=fitted)
+        slice_error=sl.error, dead_shared=dead_shared(kernel), sass=sass, fitted_us=fitted,
+        shared_accesses=sl.shared)
     return KernelAudit(**{**k.__dict__, "problems": _problems(k, criteria)})
 
 

@@ -31,6 +31,7 @@ def _f(x: float | None, nd: int = 1) -> str:
 
 
 _COLS = ("kernel", "grid x block", "regs", "smem KiB", "blocks/SM (limiter)", "waves", "lanes", "worst sectors",
+         "banks",
          "LDG", "STG", "LDS/STS/BAR", "in flight/SM KiB", "MUFU", "FCHK", "spills", "dead smem", "floor us",
          "pred us", "fitted us")
 
@@ -42,6 +43,7 @@ def _kernel_row(k: KernelAudit) -> str:
         _f(k.smem_bytes / 1024), f"{k.blocks_per_sm} ({k.limiter})", _f(k.waves, 2),
         "-" if k.active_lanes is None else f"{k.active_lanes:.0%}",
         "-" if k.worst_sector_ratio is None else f"{k.worst_sector_ratio:.2f}x",
+        "-" if k.worst_bank_ratio is None else f"{k.worst_bank_ratio:.2f}x",
         _widths(s.ldg) if s else "-", _widths(s.stg) if s else "-", f"{s.lds}/{s.sts}/{s.barriers}" if s else "-",
         _f(k.in_flight_per_sm / 1024), _mufu(s.mufu) if s else "-", str(s.fchk) if s else "-",
         str(s.spills) if s else "-", ", ".join(k.dead_shared) or "-", _f(k.floor_us), _f(k.predicted_us),
@@ -56,7 +58,7 @@ def _peer_row(p: dict[str, Any]) -> str:
     resident = min(p["blocks_per_sm"], p["grid"])
     cells = [
         f"Triton peer `{p['kernel']}`", f"{p['grid']} x {p['block']}", str(s["registers"]),
-        _f(s["shared_bytes"] / 1024), f"{p['blocks_per_sm']}", _f(p["waves"], 2), "-", "-",
+        _f(s["shared_bytes"] / 1024), f"{p['blocks_per_sm']}", _f(p["waves"], 2), "-", "-", "-",
         _widths(s["ldg"]), _widths(s["stg"]), f"{s['lds']}/{s['sts']}/{s['barriers']}",
         _f(per_thread * p["block"] * resident / 1024), _mufu(s["mufu"]), str(s["fchk"]),
         str(s["spill_loads"] + s["spill_stores"]), "-", _f(p["floor_us"]), "-", "-",
@@ -98,7 +100,8 @@ def audit_markdown(audits: Sequence[RegionAudit], title: str = "Kernel audit", s
     out = [f"# {title}", "", HEADER, "",
            "`regs` with `~`: the lowering's estimate (no cubin read). `lanes`: active lanes per warp request in the "
            "emulated slice. `worst sectors`: the largest ratio of 32-byte sectors to the ideal over the kernel's "
-           "global accesses. Floor-ready criteria: docs/audit.md.", "",
+           "global accesses; `banks`: the most shared-memory wavefronts per warp request (1.00x: no bank conflict). "
+           "Floor-ready criteria: docs/audit.md.", "",
            "| region | ops | occurs | kernels | floor us | pred us | fitted us | fitted / floor | floor-ready | peer |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for a in audits:

@@ -6,7 +6,8 @@ Contract
 :class:`~stitchtune.ir.kir.Program` in the emulator on a *slice* of its grid (the first
 ``max_blocks`` blocks, ``gridDim.x`` still the launch's grid; see
 :func:`stitchtune.emulate.emulator.emulate_kernel`'s ``blocks``) with an access trace, and returns
-one :class:`AccessSectors` per (launch, global memory statement, buffer); :func:`kernel_sectors` does
+one :class:`AccessSectors` per (launch, global memory statement, buffer) and one :class:`SharedAccess`
+(bank wavefronts per request) per shared-memory statement; :func:`kernel_sectors` does
 it for one kernel launch on given buffers. A warp request is one
 warp executing one memory statement (the active lanes of that warp); its sectors are the distinct
 32-byte sectors its lanes touch, its ideal the fewest sectors its distinct bytes could fill
@@ -88,6 +89,36 @@ class AccessSectors:
 
 
 @dataclass(frozen=True)
+class SharedAccess:
+    """One shared-memory statement of one launch over the emulated slice: ``requests`` scalar warp
+    requests (the renderer splits a vector shared access into scalar ones, so a ``width``-wide
+    statement makes ``width`` requests per warp) took ``wavefronts`` passes of the 32 banks: per
+    request, the most distinct 4-byte words that fall into one bank (a broadcast is free). 1.0 per
+    request: no bank conflict; 2.0: two-way conflicts."""
+
+    kernel: str
+    where: str
+    buf: str
+    op: str
+    width: int
+    requests: int
+    wavefronts: int
+
+    @property
+    def ratio(self) -> float:
+        """Wavefronts per request (>= 1.0; 1.0 = conflict-free)."""
+        return self.wavefronts / self.requests if self.requests else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kernel": self.kernel, "where": self.where, "buf": self.buf, "op": self.op, "width": self.width,
+                "requests": self.requests, "wavefronts": self.wavefronts, "ratio": round(self.ratio, 4)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SharedAccess:
+        return cls(**{k: v for k, v in d.items() if k != "ratio"})
+
+
+@dataclass(frozen=True)
 class SliceResult:
     """The accesses of one launch's slice: ``blocks`` of ``grid`` emulated; ``error`` is the
     emulator's fault text when the slice could not run ('' otherwise)."""
@@ -97,10 +128,11 @@ class SliceResult:
     blocks: int
     accesses: tuple[AccessSectors, ...] = field(default=())
     error: str = ""
+    shared: tuple[SharedAccess, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
         return {"kernel": self.kernel, "grid": self.grid, "blocks": self.blocks, "error": self.error,
-                "accesses": [a.to_dict() for a in self.accesses]}
+                "accesses": [a.to_dict() for a in self.accesses], "shared": [a.to_dict() for a in self.shared]}
 
 
 class _Collector:
@@ -112,14 +144,19 @@ class _Collector:
         self.elem = {p.name: ELEM_BYTES.get(p.dtype, 4) for p in kernel.params}
         # (where, buf, op, width) -> [requests, sectors, ideal, lanes]
         self.counts: dict[tuple[str, str, str, int], list[int]] = {}
+        # shared: (where, buf, op, width) -> [requests, wavefronts]
+        self.banks: dict[tuple[str, str, str, int], list[int]] = {}
 
     def __call__(self, where: str, buf: str, op: str, threads: np.ndarray, elements: np.ndarray,
-                 width: int) -> None:
+                 width: int, shared: bool = False) -> None:
         t = np.asarray(threads, np.int64)
         warp = (t // self.kernel.block) * self.warps_per_block + (t % self.kernel.block) // 32
-        eb = self.elem[buf]
         w = np.repeat(warp, width) if width > 1 else warp
         e = np.asarray(elements, np.int64)
+        if shared:
+            self._shared(where, buf, op, w, e, width)
+            return
+        eb = self.elem[buf]
         # distinct (warp, element) pairs: broadcast lanes count once
         pairs = np.unique((w << 34) | e)
         pw, pe = pairs >> 34, pairs & ((1 << 34) - 1)
@@ -131,6 +168,22 @@ class _Collector:
         c[1] += sectors
         c[2] += ideal
         c[3] += int(t.size)
+
+    def _shared(self, where: str, buf: str, op: str, w: np.ndarray, e: np.ndarray, width: int) -> None:
+        """Bank wavefronts of one shared statement: one scalar request per warp and vector element."""
+        k = np.tile(np.arange(width, dtype=np.int64), e.size // width) if width > 1 else np.zeros(e.size, np.int64)
+        req = w * width + k
+        pairs = np.unique((req << 34) | e)                        # distinct words per request
+        keys, counts = np.unique(((pairs >> 34) << 5) | ((pairs & ((1 << 34) - 1)) % 32), return_counts=True)
+        reqs = keys >> 5                                          # sorted: a request's banks are adjacent
+        starts = np.flatnonzero(np.r_[True, reqs[1:] != reqs[:-1]])
+        c = self.banks.setdefault((where, buf, op, width), [0, 0])
+        c[0] += starts.size
+        c[1] += int(np.maximum.reduceat(counts, starts).sum()) if starts.size else 0
+
+    def shared_result(self) -> tuple[SharedAccess, ...]:
+        return tuple(SharedAccess(self.kernel.name, where, buf, op, width, *c)
+                     for (where, buf, op, width), c in sorted(self.banks.items()))
 
     def result(self) -> tuple[AccessSectors, ...]:
         return tuple(AccessSectors(self.kernel.name, where, buf, op, width, self.elem[buf], *c)
@@ -186,4 +239,4 @@ def kernel_sectors(kernel: kir.Kernel, grid: int, buffers: dict[str, np.ndarray]
     except EmulatorFault as exc:
         log.warning("slice of %s could not run: %s", kernel.name, exc)
         error = str(exc)
-    return SliceResult(kernel.name, grid, blocks, col.result(), error)
+    return SliceResult(kernel.name, grid, blocks, col.result(), error, col.shared_result())

@@ -125,7 +125,7 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
     ``grid``-block launch (``gridDim.x`` is still ``grid``): a slice whose per-warp accesses are the
     full launch's, for audits of launches too large to emulate whole. Other blocks' writes never
     happen, so a slice is for addresses, not results (pass no ``written`` to read anything).
-    ``trace``: an :class:`AccessTrace` called on every global access (default None: no cost).
+    ``trace``: an :class:`AccessTrace` called on every global and shared access (default None: no cost).
     Raises :class:`EmulatorFault` on a kernel bug (buffers are then partly updated).
     """
     if grid < 1 or grid * kernel.block >= 2**31:

@@ -173,17 +173,19 @@ class _CompiledKernel(Protocol):
 
 
 class AccessTrace(Protocol):
-    """An observer of global memory accesses (``emulate_kernel(trace=...)``; off by default).
+    """An observer of memory accesses (``emulate_kernel(trace=...)``; off by default).
 
-    Called once per executed global load / store / atomic statement with the statement's ``where``
-    (its path in the kernel, stable across runs), the buffer, the op (``load`` | ``store`` |
-    ``atomic``), the launch-wide thread index of each active lane (``threads``, [n], sorted), the
-    element indices those lanes touch (``elements``, [n * width], lane-major) and the vector
-    ``width``. The arrays belong to the emulator: copy what you keep.
+    Called once per executed load / store / atomic statement of a global or shared buffer with the
+    statement's ``where`` (its path in the kernel, stable across runs), the buffer, the op (``load`` |
+    ``store`` | ``atomic``), the launch-wide thread index of each active lane (``threads``, [n],
+    sorted), the element indices those lanes touch (``elements``, [n * width], lane-major; a shared
+    buffer's are offsets in the block's own copy), the vector ``width`` and ``shared`` (a shared
+    buffer). Remote (cluster) accesses are not traced. The arrays belong to the emulator: copy what
+    you keep.
     """
 
     def __call__(self, where: str, buf: str, op: str, threads: np.ndarray, elements: np.ndarray,
-                 width: int) -> None: ...
+                 width: int, shared: bool) -> None: ...
 
 
 class _State:
@@ -327,8 +329,8 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
     if eu.size and eu.max() >= size:  # one reduction; the offending lanes only on the fault path
         raise st.fault("out_of_bounds", f"{op} of {buf}{{at}} (size {size})", eu >= size,
                        _per_element(lanes, width), e)
-    if st.trace is not None and not is_shared:
-        st.trace(st.where, buf, op, lanes, e, width)
+    if st.trace is not None:
+        st.trace(st.where, buf, op, lanes, e, width, is_shared)
     # flat element of each lane (intp: numpy converts any other index type on every gather)
     g = _per_element(b.lane_base.take(lanes), width) + e if isinstance(b, _SBuf) else e.astype(np.intp)
     tracker = b.tracker

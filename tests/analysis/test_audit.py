@@ -76,13 +76,13 @@ def test_the_slice_sees_the_full_launch_addresses_of_its_blocks():
                              (Load("x", _gidx()),)),), 32)
     seen: list[np.ndarray] = []
 
-    def trace(where, buf, op, threads, elements, width):
+    def trace(where, buf, op, threads, elements, width, shared):
         if op == "store":
             seen.append(elements.copy())
 
     full: list[np.ndarray] = []
     emulate_kernel(k, 128, _small(), blocks=2, trace=trace)
-    emulate_kernel(k, 128, _small(), trace=lambda w, b, o, t, e, n: full.append(e.copy()) if o == "store" else None)
+    emulate_kernel(k, 128, _small(), trace=lambda w, b, o, t, e, n, sh: full.append(e.copy()) if o == "store" else None)
     np.testing.assert_array_equal(seen[0], full[0][:64])
     assert seen[0].max() > 2 * 32            # addressed with gdim 128, not 2
     with pytest.raises(ValueError, match="slice"):
@@ -151,3 +151,23 @@ def test_an_audit_survives_its_json(tmp_path):
     a = audit_graph(load_graph(str(EXAMPLES_DIR / "softmax_small.json")), DEV, sass=False)
     back = RegionAudit.from_dict(json.loads(json.dumps(a.to_dict())))
     assert back == a and audit_markdown([back]) == audit_markdown([a])
+
+
+def test_bank_wavefronts_of_shared_accesses():
+    """A stride of one word is conflict-free, a stride of two words two-way, a broadcast free; a 4-wide
+    store counts as four scalar requests per warp (the renderer splits it)."""
+    tid, v = Special("tid"), Var("v")
+    body = (Assign(v, Load("x", _gidx())),
+            StoreVec("s", tid, (v,)),                                   # stride 1
+            StoreVec("s", Bin("+", Bin("*", tid, I(2)), I(512)), (v,)),  # stride 2
+            StoreVec("s", Bin("+", Bin("*", tid, I(4)), I(1024)), (v, v, v, v)),
+            kir.Barrier(),
+            StoreVec("y", _gidx(), (Bin("+", Load("s", I(0)), Load("s", tid)),)))
+    k = kir.Kernel("banks", copy_kernel().params, body, 128, shared=(kir.SharedBuf("s", 1536),))
+    r = kernel_sectors(k, ROWS * COLS // 128, _buffers(), max_blocks=2)
+    assert r.error == ""
+    by = {(a.op, a.width, a.ratio) for a in r.shared}
+    stores = sorted((a.width, a.ratio, a.requests) for a in r.shared if a.op == "store")
+    assert stores == [(1, 1.0, 8), (1, 2.0, 8), (4, 4.0, 32)], by
+    (load,) = [a for a in r.shared if a.op == "load"]      # s[0] (a broadcast) and s[tid], one statement
+    assert load.ratio == 1.0 and load.requests == 2 * 8
