@@ -235,7 +235,7 @@ def kernel_sectors(kernel: kir.Kernel, grid: int, buffers: dict[str, np.ndarray]
     col = _Collector(kernel)
     error = ""
     try:
-        emulate_kernel(kernel, grid, buffers, blocks=blocks, trace=col)
+        emulate_kernel(kernel, grid, buffers, blocks=blocks, observe=col)
     except EmulatorFault as exc:
         log.warning("slice of %s could not run: %s", kernel.name, exc)
         error = str(exc)

@@ -33,6 +33,7 @@ from typing import Any, Literal, Protocol, overload
 import numpy as np
 
 from stitchtune.emulate.races import _Tracker
+from stitchtune.emulate.trace import AccessTrace, GlobalAccess
 from stitchtune.ir import kir
 from stitchtune.ir.kir import BOOL, F32, I32, I64
 
@@ -172,27 +173,11 @@ class _CompiledKernel(Protocol):
     atomic_params: set[str]      # parameters the kernel adds to atomically
 
 
-class AccessTrace(Protocol):
-    """An observer of memory accesses (``emulate_kernel(trace=...)``; off by default).
-
-    Called once per executed load / store / atomic statement of a global or shared buffer with the
-    statement's ``where`` (its path in the kernel, stable across runs), the buffer, the op (``load`` |
-    ``store`` | ``atomic``), the launch-wide thread index of each active lane (``threads``, [n],
-    sorted), the element indices those lanes touch (``elements``, [n * width], lane-major; a shared
-    buffer's are offsets in the block's own copy), the vector ``width`` and ``shared`` (a shared
-    buffer). Remote (cluster) accesses are not traced. The arrays belong to the emulator: copy what
-    you keep.
-    """
-
-    def __call__(self, where: str, buf: str, op: str, threads: np.ndarray, elements: np.ndarray,
-                 width: int, shared: bool) -> None: ...
-
-
 class _State:
     def __init__(self, ck: _CompiledKernel, grid: int, buffers: dict[str, np.ndarray],
                  written: dict[str, np.ndarray], coresident_limit: int | None,
                  extents: dict[str, int] | None = None, *, gdim: int | None = None,
-                 trace: AccessTrace | None = None) -> None:
+                 observe: AccessTrace | None = None) -> None:
         k = ck.kernel
         ext = dict(extents or {})
         if set(ext) != set(k.extents) or any(v < 1 or v >= 2**31 for v in ext.values()):
@@ -204,7 +189,8 @@ class _State:
         #: gridDim.x the kernel sees: the launch's grid, larger than ``grid`` when only its first
         #: ``grid`` blocks are emulated (a slice of the launch, :func:`emulate_kernel`'s ``blocks``)
         self.gdim = grid if gdim is None else gdim
-        self.trace = trace
+        #: an :class:`AccessTrace` called on every global and shared access (None: off)
+        self.observe = observe
         self.block = k.block
         self.T = T = grid * k.block
         t = np.arange(T, dtype=np.int32)
@@ -243,6 +229,8 @@ class _State:
         self.cluster_synced = False   # a ClusterSync has run (every block of the cluster has started)
         self.remote_pending = False   # a remote access since the last ClusterSync
         self._shfl_src: dict[tuple[int, int], np.ndarray] = {}
+        #: when a list: one :class:`GlobalAccess` per global access statement executed (set by the caller)
+        self.trace: list[GlobalAccess] | None = None
 
     def shfl_src(self, lane_mask: int, width: int) -> np.ndarray:
         key = (lane_mask, width)
@@ -315,6 +303,9 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
     (``values`` float32 [n, width]).
     """
     base = np.ascontiguousarray(base, dtype=np.int32)  # IR indices are i32
+    if st.trace is not None and not is_shared:
+        st.trace.append(GlobalAccess(st.kernel.name, buf, op, st.glob[buf].arr.dtype.itemsize,
+                                     lanes.astype(np.int64), base.astype(np.int64), width))
     if width > 1:
         # widths are powers of two: every base is aligned iff their bitwise or is (one reduction)
         if base.size and np.bitwise_or.reduce(base) & np.int32(width - 1):
@@ -329,8 +320,8 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
     if eu.size and eu.max() >= size:  # one reduction; the offending lanes only on the fault path
         raise st.fault("out_of_bounds", f"{op} of {buf}{{at}} (size {size})", eu >= size,
                        _per_element(lanes, width), e)
-    if st.trace is not None:
-        st.trace(st.where, buf, op, lanes, e, width, is_shared)
+    if st.observe is not None:
+        st.observe(st.where, buf, op, lanes, e, width, is_shared)
     # flat element of each lane (intp: numpy converts any other index type on every gather)
     g = _per_element(b.lane_base.take(lanes), width) + e if isinstance(b, _SBuf) else e.astype(np.intp)
     tracker = b.tracker

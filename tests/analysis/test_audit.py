@@ -81,8 +81,8 @@ def test_the_slice_sees_the_full_launch_addresses_of_its_blocks():
             seen.append(elements.copy())
 
     full: list[np.ndarray] = []
-    emulate_kernel(k, 128, _small(), blocks=2, trace=trace)
-    emulate_kernel(k, 128, _small(), trace=lambda w, b, o, t, e, n, sh: full.append(e.copy()) if o == "store" else None)
+    emulate_kernel(k, 128, _small(), blocks=2, observe=trace)
+    emulate_kernel(k, 128, _small(), observe=lambda w, b, o, t, e, n, sh: full.append(e.copy()) if o == "store" else None)
     np.testing.assert_array_equal(seen[0], full[0][:64])
     assert seen[0].max() > 2 * 32            # addressed with gdim 128, not 2
     with pytest.raises(ValueError, match="slice"):
