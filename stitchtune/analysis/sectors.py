@@ -5,7 +5,7 @@ Contract
 :func:`program_sectors(program, inputs, max_blocks)` runs each launch of a static
 :class:`~stitchtune.ir.kir.Program` in the emulator on a *slice* of its grid (the first
 ``max_blocks`` blocks, ``gridDim.x`` still the launch's grid; see
-:func:`stitchtune.emulate.emulator.emulate_kernel`'s ``blocks``) with an access trace, and returns
+:func:`stitchtune.emulate.emulator.emulate_kernel`'s ``blocks``) with an access observer (``observe=``), and returns
 one :class:`AccessSectors` per (launch, global memory statement, buffer) and one :class:`SharedAccess`
 (bank wavefronts per request) per shared-memory statement; :func:`kernel_sectors` does
 it for one kernel launch on given buffers. A warp request is one
