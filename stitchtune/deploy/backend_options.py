@@ -40,8 +40,10 @@ class BackendOptions:
     deterministic: bool = False
     cpu: str = "emulate"
     min_nodes: int = 1
-    check_gather: bool = True
+    check_gather: bool | str = True
     max_extent: int = 2048
+    #: capture the compiled graphs in CUDA graphs (None: when ``mode="reduce-overhead"``)
+    cudagraphs: bool | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None) -> BackendOptions:
@@ -121,8 +123,10 @@ OPTION_CHECKS: dict[str, Check] = {
     "deterministic": Check(_is_bool, "True or False"),
     "cpu": _one_of("emulate", "reference"),
     "min_nodes": Check(_int_in(1, 2**31 - 1), "a positive integer"),
-    "check_gather": Check(_is_bool, "True or False"),
+    "check_gather": Check(lambda v: isinstance(v, bool) or v == "sync", "True, False or 'sync'"),
     "max_extent": Check(_int_in(1, 2**31 - 1), "a positive integer below 2**31"),
+    "cudagraphs": Check(lambda v: v is None or isinstance(v, bool),
+                        "None (on under mode='reduce-overhead'), True or False"),
 }
 #: the option names, in the table's order
 OPTION_KEYS: tuple[str, ...] = tuple(OPTION_CHECKS)
