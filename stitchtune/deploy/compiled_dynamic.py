@@ -78,7 +78,7 @@ class RefusedBucket:
 
 
 def bucket_dir(key: BucketKey) -> str:
-    """The folder of a bucket's kernels: ``seq-1-16`` (``batch-1-4_seq-17-32``; ``static`` without dims)."""
+    """The folder of a bucket's kernels: ``seq-2-32`` (``batch-1-4_seq-33-64``; ``static`` without dims)."""
     return "_".join(f"{b.dim}-{b.lo}-{b.hi}" for b in key.buckets) or "static"
 
 
