@@ -77,6 +77,7 @@ from stitchtune.tune.study import (
     _worker_id,
     default_study_name,
     describe_storage,
+    enqueue_grid,
     grid_points,
     make_sampler,
     make_storage,
@@ -444,20 +445,8 @@ class _Loop:
                                          skip_if_exists=True)
 
     def enqueue_grid(self) -> None:
-        """Enqueue every grid point the study has not tried or queued yet."""
-        seen = set()
-        for t in self.study.get_trials(deepcopy=False):
-            k = t.user_attrs.get("schedule_key")
-            if k is not None and (t.state != TrialState.FAIL or t.user_attrs.get("status")):
-                seen.add(k)
-            elif t.state == TrialState.WAITING:  # enqueued, not asked yet: its params are "fixed_params"
-                fixed = t.params or t.system_attrs.get("fixed_params") or {}
-                seen.add(("params", tuple(sorted((str(a), str(b)) for a, b in fixed.items()))))
-        for s in self.grid or ():
-            params = self.space.params_of(s)
-            if s.key() in seen or ("params", tuple(sorted((str(a), str(b)) for a, b in params.items()))) in seen:
-                continue
-            self.study.enqueue_trial(params, skip_if_exists=False)
+        """Enqueue every grid point the study has not tried or queued yet (:func:`enqueue_grid`)."""
+        enqueue_grid(self.study, self.space, self.grid or ())
 
     def speedup(self) -> float | None:
         if self.best_row is None or self.heur_row is None or not self.heur_row.ok or not self.best_row.ok:
