@@ -2,6 +2,7 @@
 
     python scripts/gpu_models.py [--out DIR] [--budget-s 400] [--phases check,time] [--iters 20]
     python scripts/gpu_models.py --cpu --phases check --models bert,gpt2     # CPU dry run (emulated)
+    python scripts/gpu_models.py --phases regions                # each region against Inductor's kernels
 
 Two phases, each row written to ``DIR/gpu_models.jsonl`` as soon as it is known (a run cut short keeps
 every finished row; runs into one DIR append), then a markdown table of every row in that file to
@@ -27,7 +28,14 @@ every finished row; runs into one DIR append), then a markdown table of every ro
     time and the same per maker (stitchtune ``st_*``, Inductor's Triton, matmul libraries, ATen, copies):
     a step much longer than its kernels' sum waits on the host.
 
-Every figure printed is measured in this run on this machine; nothing is predicted. ``--cpu`` runs the
+``regions``
+    every distinct stitched region of ``--time-models`` (the ``time`` phase's sizes) timed against
+    Inductor's kernels for the same ops (:mod:`gpu_regions`): per region our device time, Inductor's,
+    their ratio, the DRAM floor and the fitted cost model's prediction (both labelled predicted). With
+    ``--cpu``: the matrix's tiny models, predicted columns only.
+
+Every figure printed is measured in this run on this machine, except the ``regions`` table's floor
+and model columns (labelled predicted). ``--cpu`` runs the
 check phase on the CPU (regions emulated) to test this script without a GPU. Exit 0 when the script
 ran (failed rows are rows), 2 for bad options.
 """
@@ -46,6 +54,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 MATRIX = REPO / "tests" / "deploy" / "test_torch_matrix.py"
 TIME_MODELS = ("bert", "gpt2", "llama")
 
@@ -266,6 +275,16 @@ def tuned_case(mx: Any, torch: Any, name: str, mode: str, trials: int, cpu: bool
     return row
 
 
+def regions_job(mx: Any, torch: Any, name: str, mode: str, iters: int, cpu: bool) -> list[dict[str, Any]]:
+    """The ``regions`` phase for model ``name`` in ``mode`` (:func:`gpu_regions.regions_case`)."""
+    import gpu_regions
+
+    model, args = mx.MODELS[name]() if cpu else _medium(name)
+    dev = "cpu" if cpu else "cuda"
+    model, args = model.to(dev), _to(args, dev)
+    return gpu_regions.regions_case(torch, model, args, name, mode, iters, cpu)
+
+
 def _note(r: dict[str, Any]) -> str:
     if "error" in r:
         return str(r["error"])[:120]
@@ -295,6 +314,10 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             out.append(f"| {r['model']} | {r['mode']} | {r['variant']} | {r.get('median_us', '')} | "
                        f"{r.get('kernels', '')} | {r.get('memcpy_memset', '')} | {r.get('kernel_us', '')} | {makers} | "
                        f"{r.get('compile_s', '')} | {_note(r)} |")
+    if any(r["phase"] == "regions" for r in rows):
+        import gpu_regions
+
+        out += [""] + gpu_regions.region_table(rows)
     return out
 
 
@@ -317,9 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     phases = [p for p in a.phases.split(",") if p]
     models = [m for m in a.models.split(",") if m] or list(mx.MODELS)
     modes = [m for m in a.modes.split(",") if m]
-    bad = ([p for p in phases if p not in ("check", "time", "tuned")] + [m for m in models if m not in mx.MODELS]
+    bad = ([p for p in phases if p not in ("check", "time", "tuned", "regions")] + [m for m in models if m not in mx.MODELS]
            + [m for m in modes if m not in ("inference", "train")]
-           + [m for m in a.time_models.split(",") if m and m not in TIME_MODELS]
+           + [m for m in a.time_models.split(",") if m and m not in (mx.MODELS if a.cpu else TIME_MODELS)]
            + [m for m in a.tune_models.split(",") if m and m not in (mx.MODELS if a.cpu else TIME_MODELS)])
     if bad or (a.cpu and "time" in phases) or (not a.cpu and not torch.cuda.is_available()):
         print(f"gpu_models: bad options {bad or ''} (time needs a GPU; without one pass --cpu)", file=sys.stderr)
@@ -345,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         jobs += [("time", m, mode) for m in a.time_models.split(",") if m for mode in modes]
     if "tuned" in phases:
         jobs += [("tuned", m, mode) for m in a.tune_models.split(",") if m for mode in modes]
+    if "regions" in phases:
+        jobs += [("regions", m, mode) for m in a.time_models.split(",") if m for mode in modes]
     for phase, m, mode in jobs:
         if time.monotonic() - start > a.budget_s:
             emit({"phase": phase, "model": m, "mode": mode, "skipped": "budget spent"})
@@ -354,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
                 emit(check_case(mx, torch, m, mode, dev, a.cpu))
             elif phase == "tuned":
                 emit(tuned_case(mx, torch, m, mode, a.trials, a.cpu))
+            elif phase == "regions":
+                for r in regions_job(mx, torch, m, mode, a.iters, a.cpu):
+                    emit(r)
             else:
                 for r in time_case(mx, torch, m, mode, a.iters):
                     emit(r)

@@ -20,7 +20,8 @@ Contract
   ``calls`` by workload (same ``Graph.workload_key()``: e.g. the same layer norm in every layer, or
   in the inference and the training graphs). Each :class:`Workload` has its region count (over all
   patterns; ``calls`` per pattern) and the cost model's prediction of its heuristic schedule
-  (``predicted_us``, per call) on ``device``; ``share`` is its fraction of the summed
+  (``predicted_us``, per call) on ``device``: the device time of the IR-feature model fitted to GPU
+  data (:func:`stitchtune.cost.fitted.predict_program`, no launch term); ``share`` is its fraction of the summed
   ``count x predicted_us`` (the stitched part of the model, as predicted). Workloads come largest
   share first.
 * :func:`split_budget(workloads, trials)` gives each workload ``round(share x trials)`` trials by the
@@ -111,8 +112,9 @@ class TunedWorkload:
 
 
 def predicted_us(graph: Any, device: Any) -> float:
-    """The cost model's time of the heuristic schedule of ``graph`` on ``device`` (microseconds)."""
-    from stitchtune.cost.model import predict
+    """The predicted device time of the heuristic schedule of ``graph`` on ``device`` (microseconds;
+    the fitted IR-feature model, :func:`stitchtune.cost.fitted.predict_program`)."""
+    from stitchtune.cost.fitted import predict_program
     from stitchtune.deploy.selection import heuristic_schedule
     from stitchtune.lower.entry import lower
     from stitchtune.lower.resources import legal_space
@@ -121,7 +123,7 @@ def predicted_us(graph: Any, device: Any) -> float:
     plan = make_plan(graph)
     space = legal_space(graph, plan, device)
     program = lower(graph, plan, heuristic_schedule(plan, device, space), device, space)
-    return float(predict(program.profile, device).time_us)
+    return float(predict_program(program, device).time_us)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,226 @@
+"""Device time of a lowered program from its IR-derived features, with coefficients fitted to GPU data.
+
+Contract
+--------
+* :func:`device_time_us(features, device, coefficients=None) -> float`: predicted device time of the
+  launches (µs, the kernels' durations as a profiler reports them: **no launch term**);
+  :func:`launch_us(features, device)` is the host's launch cost, reported separately
+  (``device.launch_overhead_us`` per launch).
+* :func:`kernel_terms_us(f, device, c) -> dict[str, float]`: the terms of one launch (for explaining).
+* :func:`predict_program(program, device, registers=None, coefficients=None) -> Prediction`: legality as
+  :func:`stitchtune.cost.model.predict` (same ``prune_reason`` rules), time = device time (predicted).
+* :func:`coefficients_for(device) -> Coefficients`: the fitted coefficients shipped for the device
+  (package data ``stitchtune/cost/fitted_<device key>.json``, written by ``scripts/fit_cost_model.py``
+  with the fit's provenance), else :meth:`Coefficients.defaults` (assumed, labelled ``source="defaults"``).
+
+The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`):
+
+* **memory**: ``nb = min(grid, blocks_per_sm x SMs)`` blocks in flight keep ``nb x block x active_lanes
+  x bytes_in_flight_per_thread`` bytes in flight; the bandwidth is a smooth minimum of
+  ``bw_efficiency`` x copy bandwidth and that over ``dram_latency_ns`` (Little's law). DRAM bytes are
+  the unique bytes plus the sector bytes beyond them (re-reads, strided sectors) that miss the L2;
+  they hit in proportion ``min(1, l2_keep x L2 / unique bytes)``. Every sector also passes the L2 at
+  ``l2_bw_factor`` x copy bandwidth, and the sectors beyond each access's ideal (strided: a transposed
+  store's 4 useful bytes per 32-byte sector) at ``strided_bw_factor`` x copy bandwidth, even when they
+  hit. Memory time is the largest of the three.
+* **issue**: per thread (features are per-thread counts) float ops, divisions x ``div_cycles``,
+  transcendentals x ``sfu_cycles``, over the FP32 lanes of the SMs; shared-memory wavefronts
+  (conflicts counted) x ``smem_cycles`` per SM and clock.
+* **blocks**: ``grid / SMs x cta_ns``: an SM starts blocks at a limited rate (49,152 blocks of 32
+  threads copy 25 MB in 30.7 us on the H200, floor 5.2 us).
+* body = max(memory, issue, blocks): each is a throughput limit of the same launch.
+* **phases**: ``ceil(waves) x (load_phases - 1) x phase_us / blocks_per_sm`` (a barrier-separated load
+  phase waits for DRAM unless other resident blocks hide it);
+* **scratch**: ``ceil(waves) x scratch_loads x scratch_load_ns`` (the cost model's scratch chain);
+  grid barriers ``device.grid_barrier_us(grid)`` each; atomics ``atomics x grid x block x atomic_ns``.
+* device time = body + phases + scratch + grid barriers + atomics.
+
+All times are predictions, never measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from stitchtune.cost.features import KernelFeatures, program_features
+from stitchtune.cost.model import Prediction, kernel_legality
+from stitchtune.hardware.device import Device
+from stitchtune.ir import kir
+
+log = logging.getLogger(__name__)
+
+_SMOOTH_P = 4.0
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """The fitted constants of the feature model (defaults: assumptions, ``source="defaults"``)."""
+
+    device_key: str = ""
+    bw_efficiency: float = 0.92      # streaming / copy bandwidth at full bytes in flight
+    dram_latency_ns: float = 700.0   # loaded DRAM latency (Little's law)
+    l2_bw_factor: float = 2.5        # L2 sector bandwidth / copy bandwidth
+    strided_bw_factor: float = 0.5   # bandwidth of sectors beyond an access's ideal / copy bandwidth
+    l2_keep: float = 0.6             # share of the L2 a kernel's data can stay in
+    div_cycles: float = 8.0          # issue cycles of a float division per lane
+    sfu_cycles: float = 4.0          # issue cycles of a transcendental per lane
+    flop_cycles: float = 1.0         # issue cycles of another float op per lane
+    smem_cycles: float = 1.0         # cycles per shared-memory wavefront per SM
+    cta_ns: float = 50.0             # per block and SM
+    phase_us: float = 0.5            # per extra load phase, wave and resident block
+    scratch_load_ns: float = 300.0   # per scratch load per thread and wave
+    atomic_ns: float = 0.05          # per global atomic (device-wide)
+    source: str = "defaults"
+    provenance: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def defaults(cls, device: Device) -> "Coefficients":
+        return cls(device_key=device.key)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["provenance"] = dict(self.provenance)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Coefficients":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"cost coefficients have unknown fields: {sorted(unknown)}")
+        return cls(**dict(d))
+
+
+#: coefficients a fit may change, with bounds
+FIT_BOUNDS: dict[str, tuple[float, float]] = {
+    "bw_efficiency": (0.3, 1.0),
+    "dram_latency_ns": (200.0, 5000.0),
+    "l2_bw_factor": (0.5, 10.0),
+    "strided_bw_factor": (0.05, 10.0),
+    "div_cycles": (0.5, 200.0),
+    "sfu_cycles": (0.5, 200.0),
+    "smem_cycles": (0.1, 50.0),
+    "cta_ns": (1.0, 2000.0),
+    "phase_us": (0.001, 50.0),
+    "scratch_load_ns": (10.0, 5000.0),
+}
+
+
+def data_name(device: Device | str) -> str:
+    """``fitted_<device key, unsafe characters as _>.json``."""
+    key = device if isinstance(device, str) else device.key
+    return "fitted_" + re.sub(r"[^A-Za-z0-9_.-]", "_", key) + ".json"
+
+
+_CACHE: dict[str, Coefficients] = {}
+
+
+def coefficients_for(device: Device) -> Coefficients:
+    """The shipped fitted coefficients of ``device`` (package data), else the defaults."""
+    if device.key in _CACHE:
+        return _CACHE[device.key]
+    c = Coefficients.defaults(device)
+    try:
+        text = resources.files("stitchtune.cost").joinpath(data_name(device)).read_text(encoding="utf-8")
+        c = Coefficients.from_dict(json.loads(text))
+    except (FileNotFoundError, OSError):
+        pass
+    except (ValueError, TypeError) as exc:
+        log.warning("fitted cost coefficients for %s unreadable (%s); defaults used", device.key, exc)
+    _CACHE[device.key] = c
+    return c
+
+
+def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) -> dict[str, Any]:
+    """The predicted terms (µs) of one launch: memory, issue, blocks, body (= max of the three), phases,
+    scratch, grid_barriers, atomics; device time = body + the last four. ``f`` may also be any object with
+    the :class:`KernelFeatures` fields as numpy arrays (many launches at once: the fit)."""
+    sms = device.sm_count
+    bps = np.maximum(f.blocks_per_sm, 1)
+    copy = device.effective_copy_bandwidth_gbs()   # bytes per ns
+    nb = np.minimum(f.grid, bps * sms)
+    unique = np.maximum(np.asarray(f.unique_bytes, dtype=float), 1.0)
+    hit = np.minimum(1.0, c.l2_keep * device.l2_bytes / unique)
+    little = (nb * f.block * np.maximum(f.active_lanes, 1.0 / 32) * np.maximum(f.bytes_in_flight_per_thread, 4.0)
+              / c.dram_latency_ns)
+    cap = c.bw_efficiency * copy
+    bw = (cap ** -_SMOOTH_P + np.maximum(little, 1e-12) ** -_SMOOTH_P) ** (-1.0 / _SMOOTH_P)   # smooth minimum
+    dram = unique + np.maximum(0.0, f.sector_bytes - unique) * (1.0 - hit)
+    memory = np.maximum(np.maximum(dram / bw, f.sector_bytes / (c.l2_bw_factor * copy)),
+                        f.excess_sector_bytes / (c.strided_bw_factor * copy)) / 1000.0
+    threads = np.asarray(f.grid, dtype=float) * f.block
+    lane_us = device.fp32_lanes_per_sm * device.clock_mhz * sms          # lane-cycles per µs
+    issue = (threads * (f.float_ops * c.flop_cycles + f.divisions * c.div_cycles + f.transcendentals * c.sfu_cycles)
+             / lane_us + f.grid * f.smem_wavefronts * c.smem_cycles / (sms * device.clock_mhz))
+    waves = np.ceil(f.grid / (bps * sms))
+    blocks = f.grid / sms * c.cta_ns / 1000.0
+    return {
+        "memory": memory, "issue": issue, "blocks": blocks, "body": np.maximum(np.maximum(memory, issue), blocks),
+        "phases": waves * np.maximum(0.0, f.load_phases - 1.0) * c.phase_us / bps,
+        "scratch": waves * f.scratch_loads * c.scratch_load_ns / 1000.0,
+        "grid_barriers": f.grid_barriers * (device.grid_barrier_base_us
+                                            + device.grid_barrier_per_block_us * np.maximum(f.grid, 1)),
+        "atomics": threads * f.atomics * c.atomic_ns / 1000.0,
+    }
+
+
+def _device_us(t: Mapping[str, Any]) -> Any:
+    return t["body"] + t["phases"] + t["scratch"] + t["grid_barriers"] + t["atomics"]
+
+
+def kernel_device_us(f: KernelFeatures, device: Device, c: Coefficients) -> float:
+    """Predicted device time of one launch (µs, no launch term)."""
+    return float(_device_us(kernel_terms_us(f, device, c)))
+
+
+def columns(features: Sequence[KernelFeatures]) -> Any:
+    """The numeric fields of ``features`` as numpy arrays (attributes named as the fields), for
+    :func:`kernel_terms_us` / :func:`device_us_many` over many launches at once."""
+    from types import SimpleNamespace
+
+    names = [f.name for f in dataclasses.fields(KernelFeatures) if f.name not in ("name", "per_access")]
+    return SimpleNamespace(**{n: np.array([float(getattr(x, n)) for x in features]) for n in names})
+
+
+def device_us_many(cols: Any, device: Device, c: Coefficients) -> Any:
+    """:func:`kernel_device_us` of every launch in ``cols`` (:func:`columns`), a numpy array."""
+    return _device_us(kernel_terms_us(cols, device, c))
+
+
+def device_time_us(features: Sequence[KernelFeatures], device: Device, coefficients: Coefficients | None = None) -> float:
+    """Predicted device time of the launches (µs): the sum of :func:`kernel_device_us`."""
+    c = coefficients or coefficients_for(device)
+    return float(sum(kernel_device_us(f, device, c) for f in features))
+
+
+def launch_us(features: Sequence[KernelFeatures], device: Device) -> float:
+    """The host's launch cost of the launches (µs): ``device.launch_overhead_us`` each (not device time)."""
+    return len(features) * float(device.launch_overhead_us)
+
+
+def predict_program(program: kir.Program, device: Device, registers: Mapping[str, int] | None = None,
+                    coefficients: Coefficients | None = None) -> Prediction:
+    """Legality as :func:`stitchtune.cost.model.predict`, time = predicted device time (no launch term)."""
+    regs_of = dict(registers or {})
+    limiter: dict[str, str] = {}
+    for k in program.profile.kernels:
+        occ, reason = kernel_legality(k, device, int(regs_of.get(k.name, k.est_registers)))
+        if reason is not None:
+            return Prediction(math.inf, (math.inf,) * len(program.launches), occ.occupancy, occ.limiter, reason)
+        limiter[k.name] = occ.limiter
+    if not program.launches:
+        return Prediction(math.inf, (), 0.0, "none", "program has no kernels")
+    c = coefficients or coefficients_for(device)
+    feats = program_features(program, device, registers)
+    times = tuple(kernel_device_us(f, device, c) for f in feats)
+    slow = max(range(len(times)), key=times.__getitem__)
+    return Prediction(float(sum(times)), times, feats[slow].occupancy, limiter.get(feats[slow].name, "none"), None)

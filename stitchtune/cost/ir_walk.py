@@ -1,0 +1,412 @@
+"""The one pass over a kernel's IR behind :mod:`stitchtune.cost.features` (see its docstring for what
+is counted and how): :class:`Walker` evaluates index expressions for the threads of one block with
+numpy and accumulates the per-access, load-group, shared-memory and arithmetic counts."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from stitchtune.ir import kir
+
+#: float math ops that compile to a division (a reciprocal and a correction, or the slow path)
+DIVISION_OPS = frozenset({"div", "reciprocal", "sigmoid", "silu"})
+#: float math ops that go to the special function unit or a long polynomial
+TRANSCENDENTAL_OPS = frozenset({"exp", "log", "tanh", "sin", "cos", "erf", "gelu", "gelu_tanh", "pow", "sqrt",
+                                "rsqrt", "sigmoid", "silu", "log1p", "expm1", "exp2", "log2"})
+_MAX_UNROLL = 256   # an unrolled loop longer than this is treated as rolled when grouping loads
+#: iterations of a rolled loop whose loads are taken to be in flight together. nvcc may unroll a small
+#: loop by 4, but 1 predicts the committed H200 data better (scripts/fit_cost_model.py, leave-one-
+#: model-out: 58% of the rows within +-25% with 1, 39% with 4), so no unrolling is assumed
+ROLLED_UNROLL = 1
+
+
+def _as_int(x: np.ndarray) -> Any:
+    return x.astype(np.int64) if x.dtype.kind in "iub" else x
+
+
+def _bin(op: str, a: np.ndarray, b: np.ndarray) -> Any:
+    isint = a.dtype.kind in "iub" and b.dtype.kind in "iub"
+    with np.errstate(all="ignore"):
+        if op == "+":
+            return a + b
+        if op == "-":
+            return a - b
+        if op == "*":
+            return a * b
+        if op == "/":
+            if isint:
+                bb = np.where(b == 0, 1, b)
+                return np.trunc(a / bb).astype(np.int64)
+            return a / b
+        if op == "%":
+            if isint:
+                bb = np.where(b == 0, 1, b)
+                return np.fmod(a, bb).astype(np.int64)
+            return np.fmod(a, b)
+        if op == "min":
+            return np.minimum(a, b)
+        if op == "max":
+            return np.maximum(a, b)
+        if op == "<":
+            return a < b
+        if op == "<=":
+            return a <= b
+        if op == ">":
+            return a > b
+        if op == ">=":
+            return a >= b
+        if op == "==":
+            return a == b
+        if op == "!=":
+            return a != b
+        if op == "&&":
+            return (a != 0) & (b != 0)
+        if op == "||":
+            return (a != 0) | (b != 0)
+        if isint and op == "&":
+            return _as_int(a) & _as_int(b)
+        if isint and op == "^":
+            return _as_int(a) ^ _as_int(b)
+        if isint and op == ">>":
+            return _as_int(a) >> np.clip(_as_int(b), 0, 63)
+        if isint and op == "<<":
+            return _as_int(a) << np.clip(_as_int(b), 0, 63)
+    return None
+
+
+class Walker:
+    """One pass over a kernel's statements for the threads of block 0 (module docstring)."""
+
+    def __init__(self, kernel: kir.Kernel, grid: int, extents: Mapping[str, int] | None) -> None:
+        self.k = kernel
+        self.n = kernel.block
+        self.grid = grid
+        self.extents = dict(extents or {})
+        self.params = {p.name: p for p in kernel.params}
+        self.shared = {s.name for s in kernel.shared}
+        self.tid = np.arange(self.n, dtype=np.int64)
+        self.guarded = 0   # depth of branches whose condition depends on data (error checks)
+        self.env: dict[str, np.ndarray | None] = {}
+        # accumulators
+        self.requested = 0.0
+        self.sector_bytes = 0.0
+        self.ideal_bytes = 0.0
+        self.excess_bytes = 0.0
+        self.requests = 0.0
+        self.lanes = 0.0
+        self.read: set[str] = set()
+        self.written: set[str] = set()
+        self.smem_req = 0.0
+        self.smem_wave = 0.0
+        self.smem_ideal = 0.0
+        self.smem_loaded: set[str] = set()
+        self.smem_stored: set[str] = set()
+        self.div = 0.0
+        self.trans = 0.0
+        self.flops = 0.0
+        self.barriers = 0.0
+        self.atomics = 0.0
+        self.scratch_loads = 0.0
+        self.scratch_by_buf: dict[str, float] = {}
+        self.scratch_shared = 0.0
+        self.per_param: dict[str, float] = {}
+        self.grid_syncs = 0.0
+        self.unknown_idx = 0
+        self.unknown_trips = 0
+        self.per_access: list[tuple[str, str, float, float]] = []
+        # load grouping: groups as (bytes, loads, weight); the open group's vars and bytes
+        self.groups: list[tuple[float, int, float]] = []
+        self.open_bytes = 0.0
+        self.open_loads = 0
+        self.open_weight = 0.0
+        self.tainted: set[str] = set()
+        self.chained = 0.0
+        self.phase_has_load = False
+        self.load_phases = 0.0
+
+    # ---------------------------------------------------------------- expressions
+    def ev(self, e: kir.Expr | None) -> Any:
+        """The value of ``e`` in every thread of the block (a numpy array), or None when it depends on data."""
+        if e is None:
+            return None
+        if isinstance(e, kir.Const):
+            v = e.value
+            return np.full(self.n, v, dtype=np.float64 if e.dtype == kir.F32 else np.int64)
+        if isinstance(e, kir.Var):
+            return self.env.get(e.name)
+        if isinstance(e, kir.Special):
+            return {"tid": self.tid, "bid": np.zeros(self.n, np.int64), "bdim": np.full(self.n, self.n, np.int64),
+                    "gdim": np.full(self.n, self.grid, np.int64)}[e.kind]
+        if isinstance(e, kir.Bin):
+            a, b = self.ev(e.a), self.ev(e.b)
+            return None if a is None or b is None else _bin(e.op, a, b)
+        if isinstance(e, kir.Select):
+            c, a, b = self.ev(e.cond), self.ev(e.a), self.ev(e.b)
+            return None if c is None or a is None or b is None else np.where(c != 0, a, b)
+        if isinstance(e, kir.Cast):
+            v = self.ev(e.expr)
+            if v is None:
+                return None
+            return v.astype(np.float64) if e.dtype == kir.F32 else np.trunc(v).astype(np.int64)
+        if isinstance(e, kir.Extent):
+            return np.full(self.n, self.extents[e.name], np.int64) if e.name in self.extents else None
+        if isinstance(e, kir.ClusterRank):
+            return np.zeros(self.n, np.int64)
+        return None   # loads, shuffles, local arrays, math on data: unknown
+
+    def reads(self, x: Any) -> set[str]:
+        return {e.name for e in kir.exprs(x) if isinstance(e, kir.Var)}
+
+    # ---------------------------------------------------------------- load groups
+    def close_group(self) -> None:
+        if self.open_loads:
+            self.groups.append((self.open_bytes, self.open_loads, self.open_weight))
+        self.open_bytes, self.open_loads, self.open_weight = 0.0, 0, 0.0
+        self.tainted = set()
+
+    def add_load(self, nbytes: float, deps: set[str], dsts: set[str], weight: float) -> None:
+        if deps & self.tainted:
+            self.chained += weight
+            self.close_group()
+        self.open_bytes += nbytes
+        self.open_loads += 1
+        self.open_weight = max(self.open_weight, weight)
+        self.tainted |= dsts
+        self.phase_has_load = True
+
+    # ---------------------------------------------------------------- accesses
+    def global_access(self, buf: str, index: kir.Expr, width: int, pred: kir.Expr | None, mask: np.ndarray,
+                      trips: float, kind: str) -> None:
+        p = self.params[buf]
+        eb = 4 if p.role == "barrier" else kir.ELEM_BYTES[p.dtype]
+        nbytes = width * eb
+        pv = self.ev(pred) if pred is not None else None
+        act = mask & (pv != 0) if pv is not None else mask
+        if pred is not None and pv is None:
+            act = mask
+        idx = self.ev(index)
+        (self.written if kind in ("store", "atomic") else self.read).add(buf)
+        if kind == "load" and p.role == "scratch":
+            self.scratch_by_buf[buf] = self.scratch_by_buf.get(buf, 0.0) + trips
+        n_act = int(act.sum())
+        if n_act == 0:
+            return
+        sectors = ideal = 0
+        warps = 0
+        if idx is None:
+            self.unknown_idx += 1
+        for w0 in range(0, self.n, 32):
+            a = act[w0:w0 + 32]
+            k = int(a.sum())
+            if not k:
+                continue
+            warps += 1
+            need = -(-k * nbytes // 32)
+            ideal += need
+            if idx is None:
+                sectors += need
+                continue
+            addr = _as_int(idx[w0:w0 + 32][a]) * eb
+            first, last = addr // 32, (addr + nbytes - 1) // 32
+            sectors += int(np.unique(np.concatenate([first, last])).size)
+        blocks = self.grid
+        self.requested += trips * n_act * nbytes * blocks
+        self.per_param[buf] = self.per_param.get(buf, 0.0) + trips * n_act * nbytes * blocks
+        self.sector_bytes += trips * sectors * 32 * blocks
+        self.excess_bytes += trips * max(0, sectors - ideal) * 32 * blocks
+        self.ideal_bytes += trips * ideal * 32 * blocks
+        self.requests += trips * warps
+        self.lanes += trips * n_act / 32.0
+        self.per_access.append((buf, kind, trips, sectors / ideal if ideal else 1.0))
+        if kind == "load" and p.role == "scratch" and idx is not None and ideal and sectors * 4 <= ideal:
+            self.scratch_shared += trips    # a warp's lanes read the same few words: partials combined
+
+    def shared_access(self, buf: str, index: kir.Expr, width: int, mask: np.ndarray, trips: float,
+                      store: bool) -> None:
+        (self.smem_stored if store else self.smem_loaded).add(buf)
+        idx = self.ev(index)
+        phase = 32 // max(1, min(width, 4)) if width > 1 else 32
+        for w0 in range(0, self.n, 32):
+            a = mask[w0:w0 + 32]
+            if not a.any():
+                continue
+            self.smem_req += trips
+            if idx is None:
+                self.smem_wave += trips * (32 // phase)
+                self.smem_ideal += trips * (32 // phase)
+                continue
+            base = _as_int(idx[w0:w0 + 32])
+            waves = 0
+            for p0 in range(0, 32, phase):
+                sel = a[p0:p0 + phase]
+                if not sel.any():
+                    continue
+                words = (base[p0:p0 + phase][sel][:, None] + np.arange(width)[None, :]).ravel()
+                words = np.unique(words)
+                _, counts = np.unique(words % 32, return_counts=True)
+                waves += int(counts.max())
+            self.smem_wave += trips * waves
+            self.smem_ideal += trips * max(1, -(-int(a.sum()) * width // 32))
+
+    def expr_accesses(self, x: Any, mask: np.ndarray, trips: float, frac: float) -> None:
+        """Loads and math inside the expressions of one statement."""
+        for e in kir.exprs(x):
+            if isinstance(e, (kir.Load, kir.IndexLoad)):
+                if e.buf in self.params:
+                    self.global_access(e.buf, e.index, 1, e.pred, mask, trips, "load")
+                elif e.buf in self.shared:
+                    pv = self.ev(e.pred) if e.pred is not None else None
+                    self.shared_access(e.buf, e.index, 1, mask & (pv != 0) if pv is not None else mask, trips, False)
+            elif isinstance(e, kir.MathOp):
+                if e.op in DIVISION_OPS:
+                    self.div += trips * frac
+                if e.op in TRANSCENDENTAL_OPS:
+                    self.trans += trips * frac
+                self.flops += trips * frac
+            elif isinstance(e, kir.Bin) and e.op == "/" and self._is_float(e):
+                self.div += trips * frac
+
+    def _is_float(self, e: kir.Bin) -> bool:
+        for x in (e.a, e.b):
+            if isinstance(x, (kir.Const, kir.Var)) and x.dtype == kir.F32:
+                return True
+            if isinstance(x, (kir.MathOp, kir.Load, kir.LocalRef, kir.Shfl)):
+                return True
+        return False
+
+    def global_loads_in(self, x: Any) -> list[kir.Load | kir.IndexLoad]:
+        return [e for e in kir.exprs(x) if isinstance(e, (kir.Load, kir.IndexLoad)) and e.buf in self.params]
+
+    # ---------------------------------------------------------------- statements
+    def walk(self, stmts: tuple[kir.Stmt, ...], mask: np.ndarray, trips: float, grouping: bool = True) -> None:
+        frac = float(mask.mean()) if mask.size else 0.0
+        for s in stmts:
+            if isinstance(s, kir.For):
+                self.walk_for(s, mask, trips)
+                continue
+            if isinstance(s, kir.If):
+                self.walk_if(s, mask, trips)
+                continue
+            if isinstance(s, (kir.Barrier, kir.GridSync, kir.ClusterSync)):
+                self.barriers += trips
+                if isinstance(s, kir.GridSync):
+                    self.grid_syncs += trips
+                self.close_group()
+                if self.phase_has_load:
+                    self.load_phases += trips
+                self.phase_has_load = False
+                continue
+            if isinstance(s, kir.Comment):
+                continue
+            # loads inside the statement's expressions (and for a LoadVec, the vector load itself)
+            if grouping:
+                for ld in self.global_loads_in(s):
+                    p = self.params[ld.buf]
+                    self.add_load(kir.ELEM_BYTES[p.dtype], self.reads((ld.index, ld.pred)), set(), trips)
+            self.expr_accesses(s, mask, trips, frac)
+            if isinstance(s, kir.Assign):
+                if grouping and (self.reads(s.expr) & self.tainted or self.global_loads_in(s.expr)):
+                    self.tainted.add(s.var.name)
+                self.env[s.var.name] = self.ev(s.expr)
+            elif isinstance(s, kir.LoadVec):
+                for d in s.dsts:
+                    self.env[d.name] = None
+                if s.buf in self.params:
+                    p = self.params[s.buf]
+                    self.global_access(s.buf, s.index, len(s.dsts), s.pred, mask, trips, "load")
+                    if grouping:
+                        self.add_load(len(s.dsts) * kir.ELEM_BYTES[p.dtype], self.reads((s.index, s.pred)),
+                                      {d.name for d in s.dsts}, trips)
+                elif s.buf in self.shared:
+                    self.shared_access(s.buf, s.index, len(s.dsts), mask, trips, False)
+            elif isinstance(s, kir.StoreVec):
+                if s.buf in self.params:
+                    self.global_access(s.buf, s.index, len(s.values), s.pred, mask, trips, "store")
+                elif s.buf in self.shared:
+                    pv = self.ev(s.pred) if s.pred is not None else None
+                    self.shared_access(s.buf, s.index, len(s.values), mask & (pv != 0) if pv is not None else mask,
+                                       trips, True)
+                    self.close_group()
+            elif isinstance(s, kir.AtomicAdd):
+                # an error flag (a constant added under a data-dependent predicate or branch) almost never runs
+                flag = isinstance(s.value, kir.Const) and (self.guarded or (s.pred is not None and self.ev(s.pred) is None))
+                self.atomics += 0.0 if flag else trips * frac
+                if s.buf in self.params:
+                    self.global_access(s.buf, s.index, 1, s.pred, mask, trips, "atomic")
+            elif isinstance(s, kir.RemoteStore):
+                self.close_group()
+            elif isinstance(s, kir.SetLocal):
+                pass
+
+    def trip_count(self, f: kir.For, mask: np.ndarray) -> float:
+        a, b = self.ev(f.start), self.ev(f.stop)
+        if a is None or b is None or not mask.any():
+            self.unknown_trips += 1
+            return 1.0
+        n = np.maximum(0, np.ceil((b[mask] - a[mask]) / f.step))
+        return float(n.mean())
+
+    def walk_for(self, f: kir.For, mask: np.ndarray, trips: float) -> None:
+        n = self.trip_count(f, mask)
+        start = self.ev(f.start)
+        self.env[f.var.name] = start
+        unrolled = f.unroll and n <= _MAX_UNROLL
+        if not unrolled:
+            self.close_group()
+            before = len(self.groups)
+            self.walk(f.body, mask, trips * n)
+            u = min(float(ROLLED_UNROLL), n)
+            if len(self.groups) == before and self.open_loads and u > 1:
+                # one group per iteration, and the compiler's unrolling puts u iterations' loads together
+                self.groups.append((self.open_bytes * u, int(self.open_loads * u), self.open_weight / u))
+                self.open_bytes, self.open_loads, self.open_weight = 0.0, 0, 0.0
+                self.tainted = set()
+            self.close_group()
+            return
+        # an unrolled loop: its iterations' loads can join one group unless the body breaks it
+        before = len(self.groups)
+        open_before = self.open_loads
+        self.walk(f.body, mask, trips * n)
+        broke = len(self.groups) > before
+        if not broke and n > 1 and self.open_loads > open_before:
+            # the body's loads repeat n times in one group
+            added = self.open_loads - open_before
+            per_load = self.open_bytes / max(self.open_loads, 1)
+            self.open_loads += int(round(added * (n - 1)))
+            self.open_bytes += per_load * added * (n - 1)
+        elif broke and n > 1:
+            # each iteration formed its own groups: repeat the groups recorded for the body
+            body = self.groups[before:]
+            self.groups.extend(body * (int(round(n)) - 1))
+            self.groups[before:] = [(b, ld, w / n) for b, ld, w in self.groups[before:]]
+
+    def walk_if(self, s: kir.If, mask: np.ndarray, trips: float) -> None:
+        c = self.ev(s.cond)
+        self.close_group()
+        saved = dict(self.env)
+        m_then = mask & (c != 0) if c is not None else mask
+        m_else = mask & ~(c != 0) if c is not None else mask
+        self.guarded += c is None
+        self.walk(s.then, m_then, trips)
+        self.close_group()
+        env_then = self.env
+        self.env = dict(saved)
+        if s.orelse:
+            self.walk(s.orelse, m_else, trips)
+            self.close_group()
+        env_else = self.env
+        self.guarded -= c is None
+        merged: dict[str, np.ndarray | None] = {}
+        for name in set(env_then) | set(env_else):
+            t, e = env_then.get(name), env_else.get(name)
+            if t is e:
+                merged[name] = t
+            elif c is not None and t is not None and e is not None:
+                merged[name] = np.where(c != 0, t, e)
+            else:
+                merged[name] = t if t is not None else e
+        self.env = merged
+
+
