@@ -75,3 +75,29 @@ def test_committed_database_reads_as_records():
     assert len(ok) == int(((df["status"] == "ok") & df["measured_us"].notna()).sum())
     assert all(r.params for r in recs)  # the flattened schedule went to params
     assert all(math.isfinite(r.measured_us) for r in ok)
+
+
+def test_a_search_writes_the_same_columns_and_plain_status_strings(tmp_path):
+    """The on-disk form is unchanged by the record type: every part a search writes holds the fixed
+    columns, the schedule's p_ columns and the optional profile_json/bucket only, statuses as strings;
+    the search's result rows are the records those parts read back as."""
+    import pyarrow.parquet as pq
+
+    from helpers import FakeRunner, fake_components
+    from stitchtune.tune.search import SearchConfig, run_search
+
+    cfg = SearchConfig(graph_path="fake.json", trials=40, backend="emulate", db=str(tmp_path / "db"),
+                       sampler="grid", seed=1, jobs=4, progress=False, prune_factor=100.0)
+    res = run_search(cfg, fake_components(FakeRunner()))
+    db = TuningDB(cfg.db)
+    for part in db.parts():
+        schema = pq.read_schema(part)
+        names = set(schema.names)
+        assert set(COLUMNS) <= names, sorted(set(COLUMNS) - names)
+        assert {n for n in names - set(COLUMNS) if not n.startswith("p_")} <= {"profile_json", "bucket"}
+        assert str(schema.field("status").type) in ("string", "large_string")  # as the committed parts
+    df = db.read()
+    assert set(df["status"]) == set(STATUSES)
+    best = db.best(res.workload_key, res.device_key, backend="emulate")
+    assert res.best is not None and best is not None
+    assert best.replace(timestamp=None) == res.best.replace(timestamp=None)
