@@ -37,6 +37,11 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    stage ``cluster``; then the reuse levels of rule 4, demoted until a block of the estimated
    registers fits on an SM.
 
+8. **Transposes** (an element-wise region whose outputs' contiguous axis is a row axis of the view,
+   ``plan.transpose``): the transposed outputs go through a shared-memory tile (``transpose`` 64 with
+   16-byte accesses where the row and the transposed axis reach 64 and its tiles make two waves, else
+   32; 256-thread blocks).
+
 7. **Scatters** (an embedding's gradient, :mod:`stitchtune.plan.scatter`) in a plan with cross
    reductions: ``cross_combine`` grid where legal (the persistent grid is co-resident), so that the
    table is zeroed behind that barrier in the one kernel, not by a zero-fill launch before a
@@ -281,7 +286,28 @@ def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | No
         g = dataclasses.replace(s, cross_combine="grid")  # type: ignore[call-arg]
         if not space.violations(g):
             s = g
+    if plan.transpose is not None and "transpose" in space.table:
+        s = _tiled_transpose(space, plan, s, device)
     return _checked(space, s)
+
+
+def _tiled_transpose(space: SearchSpace, plan: StitchPlan, s: Schedule, device: Device) -> Schedule:
+    """Rule 8: an element-wise region with transposed outputs (``plan.transpose``) stores them through
+    a shared-memory tile of 256-thread blocks, one tile per block: 64 x 64 with 16-byte accesses where
+    the vector width is 4 or more, both the view's columns and the transposed axis reach 64 and the
+    64 x 64 tiles still make two waves of one block per SM, else 32 x 32; ``s`` itself where that
+    point is not legal."""
+    tile = plan.transpose
+    assert tile is not None
+    block = 256 if 256 in space.domains["block"] else max(space.domains["block"])
+    tiles64 = (plan.M // tile.dim) * math.ceil(tile.dim / 64) * math.ceil(plan.N / 64)
+    edge = 64 if s.vec >= 4 and plan.N >= 64 and tile.dim >= 64 and tiles64 >= 2 * device.sm_count else 32
+    vec = s.vec
+    while vec > 1 and edge * edge < block * vec:
+        vec //= 2
+    t = dataclasses.replace(s, tpr=block, block=block, vec=vec, split=1, tasks_per_block=1,
+                            transpose=edge)  # type: ignore[call-arg]  # an option (Schedule docs)
+    return s if space.violations(t) else t
 
 
 def _grid_barrier(space: SearchSpace, s: Schedule) -> bool:

@@ -221,6 +221,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     from stitchtune.deploy import torch_ops
     from stitchtune.deploy.selection import collecting_fallbacks, fallback_summary
     from stitchtune.importers.torch_fx_util import splits_as_slices
+    from stitchtune.importers.torch_mm_views import matmul_views
     from stitchtune.importers.torch_random import seed_rands, unseed_rands
     from stitchtune.importers.torch_regions import find_regions
 
@@ -228,6 +229,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     seeded = seed_rands(gm)   # dropout's rand drawn by the regions that read it (one seed per call)
     work = gm if seeded is None else seeded
     work = splits_as_slices(work) or work   # a split's parts as slices: their readers may share a region
+    work = matmul_views(work) or work   # a transposed matmul operand read as a view, not copied transposed
     try:
         split = find_regions(work)
     except Exception as exc:  # noqa: BLE001 - never break a model

@@ -84,6 +84,7 @@ from collections.abc import Callable
 import numpy as np
 
 from stitchtune.emulate.translate import _compiled
+from stitchtune.emulate.trace import GlobalAccess
 from stitchtune.emulate.memory import (
     FAULT_KINDS,
     NP_ELEM,
@@ -106,7 +107,8 @@ __all__ = ["FAULT_KINDS", "NP_ELEM", "EmulatorFault", "elem_dtype", "emulate_ker
 def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
                    written: dict[str, np.ndarray] | None = None,
                    coresident_limit: int | None = None, cluster_limit: int | None = None,
-                   block_order_seed: int | None = None, extents: dict[str, int] | None = None) -> None:
+                   block_order_seed: int | None = None, extents: dict[str, int] | None = None,
+                   trace: list[GlobalAccess] | None = None) -> None:
     """Run one launch ``kernel<<<grid, kernel.block>>>`` in place on ``buffers``.
 
     ``buffers`` maps each parameter name to a 1-D numpy array of the parameter's element type
@@ -118,7 +120,9 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
     ``cluster_not_resident`` (None: not checked). ``block_order_seed``: apply atomic adds in a seeded
     random order of the blocks (see the module docstring). ``extents``: a generic kernel's ``int``
     arguments by name (exactly ``kernel.extents``); its buffers may then be smaller than ``Param.size``
-    and every access is checked against the buffer given.
+    and every access is checked against the buffer given. ``trace``: a list that receives a
+    :class:`~stitchtune.emulate.trace.GlobalAccess` per global access statement executed (the address
+    trace :mod:`stitchtune.emulate.sectors` counts 32-byte sectors in).
     Raises :class:`EmulatorFault` on a kernel bug (buffers are then partly updated).
     """
     if grid < 1 or grid * kernel.block >= 2**31:
@@ -126,6 +130,7 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
     _check_cluster_launch(kernel, grid, cluster_limit)
     ck = _compiled(kernel)
     st = _State(ck, grid, buffers, written or {}, coresident_limit, extents)
+    st.trace = trace
     if block_order_seed is not None:
         st.block_rank = np.random.default_rng(block_order_seed).permutation(grid).astype(np.int32)
     with np.errstate(all="ignore"):
@@ -153,7 +158,8 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
                     cluster_limit: Callable[[Kernel], int] | None = None,
                     scratch_out: dict[str, np.ndarray] | None = None,
                     block_order_seed: int | None = None,
-                    extents: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+                    extents: dict[str, int] | None = None,
+                    trace: list[GlobalAccess] | None = None) -> dict[str, np.ndarray]:
     """Run every launch of ``program`` on fresh buffers; return ``{output tensor: flat array}``.
 
     Inputs are taken from ``inputs`` by ``BufferSpec.tensor`` (any shape, flattened in C order and
@@ -167,6 +173,7 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
     ``(block_order_seed, i)`` (see the module docstring).
     ``extents`` (a generic program, ``program.dynamic``; by graph dim name; default its planned extents):
     buffers sized and grids computed for them (:class:`~stitchtune.ir.launches.DynamicInfo`), the kernels given them as arguments.
+    ``trace``: receives the global accesses of every launch (see :func:`emulate_kernel`).
     """
     dyn = program.dynamic
     if dyn is None and extents is not None:
@@ -217,7 +224,7 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
         seed = None if block_order_seed is None else hash((int(block_order_seed), i)) & 0x7FFFFFFF
         grid = launch.grid if dyn is None or extents is None else dyn.grid(i, dict(extents))
         emulate_kernel(kernel, grid, kb, written=kw, coresident_limit=limit, cluster_limit=climit,
-                       block_order_seed=seed, extents={x: kargs[x] for x in kernel.extents} or None)
+                       block_order_seed=seed, extents={x: kargs[x] for x in kernel.extents} or None, trace=trace)
     if scratch_out is not None:
         scratch_out.update({b.name: arrays[b.name].copy() for b in program.buffers if b.role == "scratch"})
     return {b.tensor: arrays[b.name].copy() for b in program.buffers if b.role == "output"}

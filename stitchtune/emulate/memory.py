@@ -33,6 +33,7 @@ from typing import Any, Literal, Protocol, overload
 import numpy as np
 
 from stitchtune.emulate.races import _Tracker
+from stitchtune.emulate.trace import GlobalAccess
 from stitchtune.ir import kir
 from stitchtune.ir.kir import BOOL, F32, I32, I64
 
@@ -222,6 +223,8 @@ class _State:
         self.cluster_synced = False   # a ClusterSync has run (every block of the cluster has started)
         self.remote_pending = False   # a remote access since the last ClusterSync
         self._shfl_src: dict[tuple[int, int], np.ndarray] = {}
+        #: when a list: one :class:`GlobalAccess` per global access statement executed (set by the caller)
+        self.trace: list[GlobalAccess] | None = None
 
     def shfl_src(self, lane_mask: int, width: int) -> np.ndarray:
         key = (lane_mask, width)
@@ -294,6 +297,9 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
     (``values`` float32 [n, width]).
     """
     base = np.ascontiguousarray(base, dtype=np.int32)  # IR indices are i32
+    if st.trace is not None and not is_shared:
+        st.trace.append(GlobalAccess(st.kernel.name, buf, op, st.glob[buf].arr.dtype.itemsize,
+                                     lanes.astype(np.int64), base.astype(np.int64), width))
     if width > 1:
         # widths are powers of two: every base is aligned iff their bitwise or is (one reduction)
         if base.size and np.bitwise_or.reduce(base) & np.int32(width - 1):

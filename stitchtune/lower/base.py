@@ -20,8 +20,10 @@ from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.ir.launches import grid_size
 from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
+from stitchtune.lower.sectors import row_sector_factor
 from stitchtune.lower.symbols import RowSymbols
 from stitchtune.graph.ops import INDEX_KINDS, OPS, OpInfo
+from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import AxisMap
 from stitchtune.plan.ints import int_registers
 from stitchtune.plan.planner import StitchPlan, TensorClass
@@ -368,24 +370,23 @@ class Lowerer:
             return buf.nbytes
         return self.p.M * self.p.N * kir.ELEM_BYTES[buf.dtype]
 
-    def sector_factor(self, buf: kir.BufferSpec) -> int:
-        """DRAM bytes moved per useful byte of ``buf`` in a sweep. The lanes of a warp take adjacent
-        columns in both families, so a tensor whose innermost column factor is a stride-1 run (or
-        that broadcasts along the columns) is coalesced: 1. One whose innermost column factor has a
-        stride > 1 (a transposed tensor) puts each lane's element in its own 32-byte sector: ``min(32 /
-        element size, stride)``, while the tensor is larger than half the L2 (a smaller one keeps its
-        sectors in L2 until the neighbouring lanes of other warps use them: 1). A simple model: the
-        L2 share is an assumption, and partial reuse of sectors by later warps is not modelled."""
+    def sector_factor(self, buf: kir.BufferSpec) -> float:
+        """32-byte sectors moved per ideal sector of ``buf`` in a sweep: the sectors of one warp access
+        through the tensor's index map (:func:`~stitchtune.lower.sectors.row_sector_factor`: the lanes
+        of a warp take ``vec`` adjacent columns each, :meth:`lanes_per_row` of them per view row). 1
+        for a coalesced or broadcast tensor; up to 8 for a transposed float32 one (its innermost
+        column factor strided), at any size (module docstring of :mod:`stitchtune.lower.sectors`)."""
         name = buf.tensor if buf.role in (BufferRole.INPUT, BufferRole.OUTPUT) else ""
-        if not name or not self.p.mapped(name) or buf.nbytes <= self.dev.l2_bytes // 2:
-            return 1
-        cols = self.p.imap(name).cols
-        if cols.broadcast:
-            return 1
-        f = cols.factors[-1]
-        if f.inner != 1 or f.stride == 1:
-            return 1
-        return max(1, min(32 // kir.ELEM_BYTES[buf.dtype], f.stride))
+        if not name or not self.p.mapped(name) or name in self.gather_tables:
+            return 1.0
+        return row_sector_factor(self.p.imap(name), kir.ELEM_BYTES[buf.dtype], self.s.vec, self.lanes_per_row())
+
+    def lanes_per_row(self) -> int:
+        """The lanes of a warp on one view row (adjacent columns): ``tpr`` in the row family (the
+        whole warp for element-wise blocks), the block's threads across the columns in the column family."""
+        if self.p.family == Family.COL:
+            return min(32, max(1, self.s.block // max(1, self.s.tpr)))
+        return min(32, self.s.tpr)
 
     # -- helpers ------------------------------------------------------------------------------
     def param(self, bufname: str) -> kir.Param:
@@ -537,8 +538,8 @@ class Lowerer:
         p, s = self.p, self.s
         elems = p.M * p.N
         specs = {b.name: b for b in self.buffers}
-        dram_read = 0
-        reread = 0
+        dram_read = 0.0
+        reread = 0.0
         for buf, n in stats["reads"].items():
             b = specs[buf]
             size = self.read_bytes(b) * self.sector_factor(b)

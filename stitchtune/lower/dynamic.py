@@ -59,6 +59,7 @@ from stitchtune.ir.launches import DynamicInfo, GridRule
 from stitchtune.ir.verify import verify
 from stitchtune.lower.remap import split_axes
 from stitchtune.lower.row import RowLowerer
+from stitchtune.lower.transpose import tile_edge
 from stitchtune.lower.symbols import RowSymbols, SymFactor
 from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan, make_plan
@@ -98,7 +99,8 @@ def _numbers(g: Graph, p: StitchPlan) -> tuple[Any, list[tuple[str, int]]]:
         nums.append((f"size:{name}", spec.numel))
     for o in dict.fromkeys(g.outputs):
         nums.append((f"size:{o}", g.spec(o).numel))
-    skeleton = dataclasses.replace(p, M=0, N=0, index_maps=())
+    # (plan.transpose: a static lowering's choice, refused by check_schedule, so not part of the structure)
+    skeleton = dataclasses.replace(p, M=0, N=0, index_maps=(), transpose=None)
     return (skeleton, tuple(shape)), nums
 
 
@@ -243,8 +245,10 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
 def check_schedule(fit: RowFit, schedule: Schedule) -> DynamicRefusal | None:
     """Whether ``schedule`` can run generically: every vector access aligned for every extent (the row
     strides of vector-loaded operands a multiple of ``vec`` whatever the extents), no output that
-    broadcasts along part of the rows."""
+    broadcasts along part of the rows, no tiled transpose (``schedule.transpose``: static shapes only)."""
     p, vec, sym = fit.plan, schedule.vec, fit.sym
+    if tile_edge(schedule):
+        return DynamicRefusal(f"transpose {tile_edge(schedule)}", "the tiled transpose is lowered for static shapes only")
     if sym.dynamic_rows_length:
         if schedule.split > 1:
             return DynamicRefusal(f"split {schedule.split}", "a split row's pieces and partial counts need a static "

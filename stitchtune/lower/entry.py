@@ -48,6 +48,7 @@ from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
 from stitchtune.lower.col import lower_col
 from stitchtune.lower.row import lower_row
 from stitchtune.lower.scatter import apply_scatters
+from stitchtune.lower.transpose import TransposeLowerer, tile_edge
 from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan
 from stitchtune.space import Schedule, SearchSpace
@@ -64,6 +65,8 @@ def lower(graph: Graph, plan: StitchPlan, schedule: Schedule, device: Device, sp
     space.check(schedule)
     if plan.family == Family.COL:
         program = lower_col(graph, plan, schedule, device, space.schemes)
+    elif tile_edge(schedule):   # transposed outputs through a shared-memory tile (lower/transpose.py)
+        program = TransposeLowerer(graph, plan, schedule, device, space.schemes).lower()
     else:
         program = lower_row(graph, plan, schedule, device, space.schemes)
     return verify(apply_scatters(program, graph, plan.scatters, device))   # scattered values' stores: adds

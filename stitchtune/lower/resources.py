@@ -29,6 +29,7 @@ from stitchtune.hardware.occupancy import launch_refusal
 from stitchtune.ir.launches import LaunchShape
 from stitchtune.lower.col import ColLowerer
 from stitchtune.lower.row import RowLowerer
+from stitchtune.lower.transpose import TransposeLowerer, tile_edge
 from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan
 from stitchtune.space import SCHEMES, Schedule, SchemeTable, SearchSpace
@@ -40,6 +41,8 @@ def launch_shapes(graph: Graph, plan: StitchPlan, schedule: Schedule, device: De
                   schemes: SchemeTable = SCHEMES) -> tuple[LaunchShape, ...]:
     """The launch shape of every kernel of ``schedule``'s program, in launch order (the schedule must
     satisfy the space's rules: ``SearchSpace.violations`` without the resource check)."""
+    if plan.family != Family.COL and tile_edge(schedule):
+        return TransposeLowerer(graph, plan, schedule, device, schemes).resources()
     lowerer = ColLowerer if plan.family == Family.COL else RowLowerer
     return lowerer(graph, plan, schedule, device, schemes).resources()
 

@@ -63,6 +63,7 @@ from stitchtune.plan.row_moves import commute_row_moves
 from stitchtune.plan.row_views import commute_row_views
 from stitchtune.plan.scatter import Scatter, core_graph, split_scatters
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
+from stitchtune.plan.transpose import TransposeTile, transpose_tile
 
 
 class TensorClass(Enum):
@@ -117,6 +118,10 @@ class StitchPlan:
     #: the region's ``scatter_add`` nodes (:mod:`stitchtune.plan.scatter`): the plan is its core graph's
     #: (scatters removed, their values outputs), the lowering adds each value's stores into its table
     scatters: tuple[Scatter, ...] = ()
+    #: the row axis of the outputs stored through a shared-memory tile (:mod:`stitchtune.plan.transpose`:
+    #: an element-wise region whose output's contiguous axis is a row axis of the view); None for
+    #: every other plan
+    transpose: TransposeTile | None = None
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -455,7 +460,7 @@ def make_plan(graph: Graph) -> StitchPlan:
     if scatters:
         return replace(make_plan(core), scatters=scatters)
     try:
-        return _plan_layouts(graph)
+        plan = _plan_layouts(graph)
     except UnsupportedGraphError as refusal:
         for rewrite in (commute_row_moves, commute_row_views):
             moved = rewrite(graph)
@@ -466,6 +471,8 @@ def make_plan(graph: Graph) -> StitchPlan:
             except UnsupportedGraphError:
                 continue
         raise refusal from None
+    tile = transpose_tile(graph, plan.family, dict(plan.index_maps), dict(plan.dtypes), not plan.cross)
+    return replace(plan, transpose=tile) if tile is not None else plan
 
 
 def _plan_layouts(graph: Graph) -> StitchPlan:

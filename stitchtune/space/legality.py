@@ -147,7 +147,8 @@ class SpaceRules:
                 "single_pass_candidates": len(self.plan.single_pass), "tpr": tpr, "block": block,
                 "split": split, "vec": vec, "tasks_per_block": tasks, "min_blocks": min_blocks,
                 "schemes": tuple(schemes), "reuse": tuple(reuse), "max_cluster": self.max_cluster,
-                "scheme_table": self.schemes, **self._cross_point}
+                "scheme_table": self.schemes, "transposable": self.plan.transpose is not None,
+                **self._cross_point}
 
     def _point(self, s: Schedule) -> dict[str, Any]:
         """The whole point of ``s``: its core and every option of this space's table (an option ``s``
@@ -193,6 +194,7 @@ class SpaceRules:
             names[opt.name] = point[opt.name]
             names.update(opt.derive(point))
         names.update(self._cluster_names(s, names))
+        names.setdefault("transpose", 0)   # a space whose table lacks the option (RECORDED_OPTIONS)
         context = {**point, **names, "n_full_inputs": self.n_full_inputs}
         names["reg_cache_elems"] += sum(opt.registers(context) for opt in self.table)
         return names

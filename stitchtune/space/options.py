@@ -39,7 +39,7 @@ CORE_FIELDS: tuple[str, ...] = ("tpr", "block", "split", "vec", "tasks_per_block
 
 RESERVED: frozenset[str] = frozenset(CORE_FIELDS) | {
     "family", "nstages", "single_pass_candidates", "scheme_table", "max_cluster", "options", "table", "option", "to_dict", "from_dict", "to_json", "from_json", "key", "flat",
-    "persistent", "deterministic", "ncross", "ncross_k", "ncross_s", "cross_f32", "cross_atomic",
+    "persistent", "deterministic", "transposable", "ncross", "ncross_k", "ncross_s", "cross_f32", "cross_atomic",
 }
 """Names an option may not take: the core fields, the point's plan names and the Schedule's own attributes
 (``tests/space`` checks that this covers every public attribute of :class:`~stitchtune.space.Schedule`)."""
@@ -333,6 +333,23 @@ form one cluster and combine their partials through distributed shared memory af
 the size is the split (``split == cluster``; searched through ``split`` and the scheme, which the space
 offers only where the device has clusters and ``split <= max_cluster``); 1 = no cluster."""
 
+def _transposable(p: Point) -> bool:
+    return bool(p.get("transposable", False))
+
+
+def _transpose_names(p: Point) -> Mapping[str, Any]:
+    return {"transposable": bool(p.get("transposable", False))}
+
+
+TRANSPOSE: Option[int] = Option(
+    "transpose", 0, int, _transposable,
+    "the plan has transposed outputs (an element-wise region whose output's contiguous axis is a row axis)",
+    _transposable, derive=_transpose_names)
+"""The edge ``E`` of the shared-memory tile the transposed outputs of an element-wise region go through
+(:mod:`stitchtune.lower.transpose`: ``E`` x ``E`` elements loaded along the view's columns, stored along the
+outputs' contiguous row axis, rows padded to ``E + 1`` floats against bank conflicts), or 0: stored
+one strided element per lane, as every element-wise kernel stores (only where ``plan.transpose``)."""
+
 RECORDED_OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, CROSS_COMBINE, replace(SINGLE_PASS, drawn=False)))
 """The options of the space the golden files of before the cluster scheme were recorded with, ``single_pass``
 undrawn as it was then
@@ -340,5 +357,5 @@ undrawn as it was then
 ones): a space built with this table asks and draws exactly what it did then (no ``cluster`` scheme, which
 comes with the ``cluster`` option: a new scheme on the H200 necessarily changes seeded draws)."""
 
-OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, CROSS_COMBINE, SINGLE_PASS, CLUSTER))
+OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, CROSS_COMBINE, SINGLE_PASS, CLUSTER, TRANSPOSE))
 """The stitch space's options, in decision order (append new ones at the end)."""

@@ -30,7 +30,7 @@ GOLDEN_ADDED = (GOLDEN_DIR / "kernel_hashes_index_maps.json", GOLDEN_DIR / "kern
 # recorded with today's option table (scripts/kernel_hashes.py --table full --only NAME ...)
 GOLDEN_FULL = (GOLDEN_DIR / "kernel_hashes_cluster.json", GOLDEN_DIR / "kernel_hashes_index_ops.json",
                GOLDEN_DIR / "kernel_hashes_maps.json", GOLDEN_DIR / "kernel_hashes_rotary.json",
-               GOLDEN_DIR / "kernel_hashes_expand.json")
+               GOLDEN_DIR / "kernel_hashes_expand.json", GOLDEN_DIR / "kernel_hashes_transpose.json")
 
 
 def _script():

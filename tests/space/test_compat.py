@@ -42,12 +42,14 @@ KERNEL_HASHES_ADDED = (REPO / "tests" / "lower" / "golden" / "kernel_hashes_inde
 KERNEL_HASHES_FULL = (REPO / "tests" / "lower" / "golden" / "kernel_hashes_cluster.json",
                       REPO / "tests" / "lower" / "golden" / "kernel_hashes_index_ops.json",
                       REPO / "tests" / "lower" / "golden" / "kernel_hashes_maps.json",
-                      REPO / "tests" / "lower" / "golden" / "kernel_hashes_expand.json")
+                      REPO / "tests" / "lower" / "golden" / "kernel_hashes_expand.json",
+                      REPO / "tests" / "lower" / "golden" / "kernel_hashes_transpose.json")
 SUGGEST_FULL = (Path(__file__).resolve().parent / "golden" / "suggest_params_cluster.json",
                 Path(__file__).resolve().parent / "golden" / "suggest_params_index_ops.json",
                 Path(__file__).resolve().parent / "golden" / "suggest_params_maps.json",
                 Path(__file__).resolve().parent / "golden" / "suggest_params_rotary.json",
-                Path(__file__).resolve().parent / "golden" / "suggest_params_expand.json")
+                Path(__file__).resolve().parent / "golden" / "suggest_params_expand.json",
+                Path(__file__).resolve().parent / "golden" / "suggest_params_transpose.json")
 
 
 def _recorded(paths) -> dict:
@@ -138,7 +140,8 @@ def test_keys_are_those_of_the_old_code(d: dict, key: str) -> None:
 def test_flat_columns_are_the_database_columns() -> None:
     s = Schedule.from_dict({**KEYS[2][0]})
     assert list(s.flat()) == ["tpr", "block", "split", "vec", "tasks_per_block", "min_blocks", "order", "prefetch",
-                              "combine", "cross_combine", "single_pass", "cluster", "scheme_0", "scheme_1",
+                              "combine", "cross_combine", "single_pass", "cluster", "transpose", "scheme_0",
+                              "scheme_1",
                               "reuse_0", "reuse_1"]
     assert s.flat()["prefetch"] == 0 and s.flat()["combine"] == "warp"
 

@@ -19,7 +19,8 @@ from stitchtune.errors import StitchtuneError
 from stitchtune.space import OPTIONS, RESERVED, Option, OptionTable, Schedule, SearchSpace, load_space_file
 
 SPACES = ["layernorm_small.json", "layernorm_wide_small.json", "softmax_small.json",
-          "colsum_sigmoid_scale_small.json", "bias_gelu_small.json", "softmax_colsum_small.json"]
+          "colsum_sigmoid_scale_small.json", "bias_gelu_small.json", "softmax_colsum_small.json",
+          "k_transpose_small.json"]
 N = 60
 
 
@@ -278,8 +279,8 @@ def test_an_option_needs_a_domain_holding_its_default() -> None:
 
 
 def test_options_table_is_in_decision_order() -> None:
-    assert OPTIONS.names == ("order", "prefetch", "combine", "cross_combine", "single_pass", "cluster")
-    assert isinstance(OPTIONS, OptionTable) and len(OPTIONS) == 6 and "order" in OPTIONS and "tpr" not in OPTIONS
+    assert OPTIONS.names == ("order", "prefetch", "combine", "cross_combine", "single_pass", "cluster", "transpose")
+    assert isinstance(OPTIONS, OptionTable) and len(OPTIONS) == 7 and "order" in OPTIONS and "tpr" not in OPTIONS
 
 
 def test_schedule_value_semantics_with_options() -> None:

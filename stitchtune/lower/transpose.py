@@ -1,0 +1,271 @@
+"""The tiled shared-memory transpose: an element-wise region whose outputs' contiguous axis is a row
+axis of the view (``plan.transpose``, :mod:`stitchtune.plan.transpose`), with ``transpose = E`` > 0.
+
+One task is a tile of ``E`` positions ``t`` of the transposed row axis by ``E`` view columns ``c`` at
+fixed outer / inner row coordinates ``(hi, lo)`` (view row ``r = (hi * dim + t) * inner + lo``). Per
+task, two phases separated by a block barrier:
+
+1. **load** (coalesced along ``c``): the element-wise values at ``(r, c)`` computed as the
+   element-wise kernel computes them (:class:`~stitchtune.lower.base.SweepValues`), each lane ``vec``
+   adjacent columns; a warp covers 32 columns x ``vec`` rows of the tile (``32 / vec`` lanes per row:
+   every global row segment a whole number of sectors). The transposed outputs go to their tile
+   ``tp<j>[t][c]`` in shared memory, every other output is stored at once through its map.
+2. **store** (coalesced along ``t``): a warp covers 32 positions ``t`` x ``sv`` columns; each lane
+   reads ``sv`` consecutive ``t`` of one column from the tile and stores them with one vector store:
+   ``sv = vec`` where every tiled output's map allows it (``dim % vec == 0``, the other strides
+   multiples of ``vec``), else ``sv = 1`` (32 consecutive positions per warp, one element a lane).
+
+Tile rows are padded to ``E + 1`` floats: with ``E`` a multiple of 32 a row starts one bank later
+than the previous one, so the load phase's writes (``vec`` rows x 32 columns of a warp) and the store
+phase's reads (32 rows x ``vec`` columns) touch 32 distinct banks: no bank conflict
+(:func:`bank_conflicts` counts them; ``tests/lower/test_transpose.py`` checks it). Ragged edges
+(``dim`` or ``N`` not multiples of ``E``) are masked element by element (vector by vector: ``N % vec
+== 0`` by the space's rule, and a store vector is all in or all out when ``dim % vec == 0``, else
+the stores are scalar), so no access leaves a tensor whatever the shapes. A block barrier also ends
+every round, before the next task's tile is written. The grid, rounds and ``tasks_per_block`` follow
+:func:`~stitchtune.ir.launches.grid_size` as in the row family.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from stitchtune.ir import kir
+from stitchtune.ir.kir import F32, I32, Assign, Bin, Var
+from stitchtune.ir.launches import LaunchShape
+from stitchtune.lower.base import I, Ctx, Lowerer, SweepValues, add, and_, estimate_registers, mul
+from stitchtune.lower.sectors import sector_factor_of
+from stitchtune.plan.transpose import TransposeTile
+
+__all__ = ["TransposeLowerer", "tile_edge", "bank_conflicts", "tile_pitch"]
+
+
+def tile_edge(schedule: Any) -> int:
+    """The schedule's ``transpose`` tile edge (0 = untiled; also for a schedule whose option table
+    has no ``transpose``)."""
+    return int(dict(schedule.options).get("transpose", 0))
+
+
+def tile_pitch(edge: int) -> int:
+    """Floats per tile row: ``edge + 1`` (one bank of padding)."""
+    return edge + 1
+
+
+def _load_slot(q: int, lane: int, edge: int, vec: int) -> tuple[int, int]:
+    """(t, c) in the tile of lane ``lane`` of warp slot ``q`` in the load phase (first of its ``vec`` columns)."""
+    per = 32 // vec
+    return (q // (edge // 32)) * vec + lane // per, (q % (edge // 32)) * 32 + (lane % per) * vec
+
+
+def _store_slot(q: int, lane: int, edge: int, vec: int) -> tuple[int, int]:
+    """(t, c) in the tile of lane ``lane`` of warp slot ``q`` in the store phase (first of its ``vec`` rows)."""
+    per = 32 // vec
+    return (q % (edge // 32)) * 32 + (lane % per) * vec, (q // (edge // 32)) * vec + lane // per
+
+
+def bank_conflicts(edge: int, vec: int) -> tuple[int, int]:
+    """The worst bank conflict (accesses to the most used of the 32 banks by one warp's shared access,
+    1 = none) of the load phase's tile writes and of the store phase's tile reads, over every warp
+    slot of a tile and every element ``k < vec`` of a lane's vector."""
+    pitch, worst = tile_pitch(edge), [1, 1]
+    for q in range(edge * edge // (32 * vec)):
+        for k in range(vec):
+            wr = [_load_slot(q, ln, edge, vec) for ln in range(32)]
+            rd = [_store_slot(q, ln, edge, vec) for ln in range(32)]
+            for i, addrs in enumerate(([t * pitch + c + k for t, c in wr], [(t + k) * pitch + c for t, c in rd])):
+                banks = [a % 32 for a in addrs]
+                worst[i] = max(worst[i], max(banks.count(b) for b in set(banks)))
+    return worst[0], worst[1]
+
+
+class TransposeLowerer(Lowerer):
+    """The tiled transpose of an element-wise plan with ``plan.transpose`` (module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        tile = self.p.transpose
+        assert tile is not None and tile_edge(self.s) > 0, "a tiled transpose needs plan.transpose and an edge"
+        self.tile: TransposeTile = tile
+        self.edge = tile_edge(self.s)
+        self.pitch = tile_pitch(self.edge)
+
+    # -- sizes --------------------------------------------------------------------------------------
+    def size(self) -> tuple[int, int, int]:
+        """(tasks, passes of a block over one tile per phase, estimated registers)."""
+        E, vec = self.edge, self.s.vec
+        passes = E * E // (vec * self.s.block)
+        assert passes >= 1, "the space's rule: transpose * transpose >= block * vec"
+        tasks = (self.p.M // self.tile.dim) * math.ceil(self.tile.dim / E) * math.ceil(self.p.N / E)
+        self.iters = passes
+        return tasks, passes, estimate_registers(0, vec, 4)
+
+    def shared(self) -> list[kir.SharedBuf]:
+        return [kir.SharedBuf(f"tp{j}", self.edge * self.pitch) for j in range(len(self.tile.outputs))]
+
+    def resources(self) -> tuple[LaunchShape, ...]:
+        """The launch shape :meth:`lower` gives its one kernel, without building its body."""
+        tasks, _, est = self.size()
+        smem = 4 * sum(b.size for b in self.shared())
+        grid = self.grid_for(tasks, self.s.block, smem, est, 1, False)
+        return (LaunchShape("st_k0", self.s.block, smem, est, grid, False, 1),)
+
+    def store_vec(self, name: str) -> int:
+        """The width of the store phase's global stores to output ``name``: ``vec`` where ``vec``
+        consecutive ``t`` are one aligned run (``dim % vec == 0`` and every other stride of its map a
+        multiple of ``vec``), else 1."""
+        vec, m = self.s.vec, self.p.imap(name)
+        f = self.tile.factor()
+        others = [g.stride for g in m.rows.factors if g != f] + [g.stride for g in m.cols.factors]
+        return vec if self.tile.dim % vec == 0 and all(st % vec == 0 for st in others) else 1
+
+    def store_width(self) -> int:
+        """The positions ``t`` a lane of the store phase stores (the same for every tiled output):
+        the smallest :meth:`store_vec` of the tiled outputs."""
+        return min(self.store_vec(o) for o in self.tile.outputs)
+
+    def sector_factor(self, buf: kir.BufferSpec) -> float:
+        """The sectors of the tiled accesses: a load-phase warp slot for inputs and directly stored
+        outputs, a store-phase slot for the transposed outputs (each at the tile's first position)."""
+        name = buf.tensor
+        if not name or not self.p.mapped(name):
+            return 1.0
+        m, eb, E, vec = self.p.imap(name), kir.ELEM_BYTES[buf.dtype], self.edge, self.s.vec
+        t_ext, dim, inner, sv = min(E, self.tile.dim), self.tile.dim, self.tile.inner, self.store_width()
+        offs: list[int] = []
+        for lane in range(32):
+            if name in self.tile.outputs:
+                t, c = _store_slot(0, lane, E, sv)
+                cells = [(t + k, c) for k in range(sv)]
+            else:
+                t, c = _load_slot(0, lane, E, vec)
+                cells = [(t, c + k) for k in range(vec)]
+            offs += [m.offset(tt * inner, cc) for tt, cc in cells if tt < t_ext and cc < self.p.N and tt < dim]
+        return sector_factor_of(offs, eb)
+
+    # -- the program --------------------------------------------------------------------------------
+    def lower(self) -> kir.Program:
+        tasks, passes, est = self.size()
+        k, prof = _TransposeKernel(self, tasks, passes, est).build()
+        launches = (kir.Launch(k.name, prof.grid, k.block, k.smem_bytes, tuple(pp.name for pp in k.params)),)
+        notes = (f"tiled transpose: {self.edge}x{self.edge} tile (rows padded to {self.pitch} floats) along "
+                 f"view rows (r // {self.tile.inner}) % {self.tile.dim} for {', '.join(self.tile.outputs)}",)
+        return kir.Program((k,), tuple(self.buffers), launches, kir.ProgramProfile((prof,), self.g.min_bytes()), notes)
+
+
+class _TransposeKernel:
+    """One tiled-transpose kernel, built phase by phase: the task's tile (:meth:`task`), the load phase
+    (:meth:`load_phase`), the store phase (:meth:`store_phase`), the round loop (:meth:`build`)."""
+
+    def __init__(self, low: TransposeLowerer, tasks: int, passes: int, est: int) -> None:
+        self.low, self.tasks, self.passes, self.est = low, tasks, passes, est
+        self.cx = Ctx()
+        self.shared = low.shared()
+        self.smem = 4 * sum(b.size for b in self.shared)
+        self.grid = low.grid_for(tasks, low.s.block, self.smem, est, 1, False)
+        self.rounds = math.ceil(tasks / self.grid)
+        self.uses: dict[str, set[str]] = {"in": set(), "out": set()}
+        self.stats: dict[str, Any] = {"flops": 0, "sfu": 0, "reads": {}}
+        cx = self.cx
+        self.lane, self.warp = cx.var("lane", I32), cx.var("warp", I32)
+        self.rd, self.tv = cx.var("rd", I32), cx.var("tv", kir.BOOL)
+        self.hi, self.lo, self.t0, self.c0 = (cx.var(n, I32) for n in ("hi", "lo", "t0", "c0"))
+
+    def row_of(self, t: kir.Expr) -> kir.Expr:
+        """View row ``(hi * dim + t) * inner + lo`` of position ``t`` of the transposed axis."""
+        tile = self.low.tile
+        return add(mul(add(mul(self.hi, I(tile.dim)), t), I(tile.inner)), self.lo)
+
+    def task(self) -> list[kir.Stmt]:
+        """The round's task and its tile: columns fastest, then positions ``t``, then ``lo``, ``hi``."""
+        low, cx = self.low, self.cx
+        E, dim, inner = low.edge, low.tile.dim, low.tile.inner
+        n_c, n_t = math.ceil(low.p.N / E), math.ceil(dim / E)
+        task, rest = cx.var("task", I32), cx.var("rest", I32)
+        return [Assign(task, add(mul(self.rd, kir.Special("gdim")), kir.Special("bid"))),
+                Assign(self.tv, Bin("<", task, I(self.tasks))),
+                Assign(self.c0, mul(Bin("%", task, I(n_c)), I(E))),
+                Assign(self.t0, mul(Bin("%", Bin("/", task, I(n_c)), I(n_t)), I(E))),
+                Assign(rest, Bin("/", task, I(n_c * n_t))),
+                Assign(self.lo, Bin("%", rest, I(inner)) if inner > 1 else I(0)),
+                Assign(self.hi, Bin("/", rest, I(inner)) if inner > 1 else rest)]
+
+    def slot(self, p: Var, load: bool, vec: int) -> tuple[Var, Var, list[kir.Stmt]]:
+        """Variables (t, c) of this lane's first cell in pass ``p`` (tile coordinates) of a phase whose
+        lanes take ``vec`` cells each, and their assignments (:func:`_load_slot`, :func:`_store_slot`)."""
+        E = self.low.edge
+        per, wide = 32 // vec, E // 32
+        q = add(mul(p, I(self.low.s.block // 32)), self.warp)
+        t, c = self.cx.var("tl", I32), self.cx.var("cl", I32)
+        if load:
+            ts = add(mul(Bin("/", q, I(wide)), I(vec)), Bin("/", self.lane, I(per)))
+            cs = add(mul(Bin("%", q, I(wide)), I(32)), mul(Bin("%", self.lane, I(per)), I(vec)))
+        else:
+            ts = add(mul(Bin("%", q, I(wide)), I(32)), mul(Bin("%", self.lane, I(per)), I(vec)))
+            cs = add(mul(Bin("/", q, I(wide)), I(vec)), Bin("/", self.lane, I(per)))
+        return t, c, [Assign(t, ts), Assign(c, cs)]
+
+    def load_phase(self) -> kir.For:
+        """Load, compute and write the tile (and store the untransposed outputs)."""
+        low, cx, vec = self.low, self.cx, self.low.s.vec
+        p = cx.var("pa", I32)
+        tl, cl, body = self.slot(p, load=True, vec=vec)
+        t, c = add(self.t0, tl), add(self.c0, cl)
+        pred = and_(self.tv, Bin("&&", Bin("<", t, I(low.tile.dim)), Bin("<", c, I(low.p.N))))
+        row = self.row_of(Bin("min", t, I(low.tile.dim - 1)))
+
+        def load_input(name: str) -> list[kir.Expr]:
+            buf = low.in_buf[name]
+            self.uses["in"].add(buf)
+            self.stats["reads"][buf] = 1
+            return low.mapped_load(cx, body, name, low.row_base(name, row), c, pred, f"x{low.tid_of[name]}_")
+
+        def nothing(j: int) -> kir.Expr:
+            raise AssertionError("no reuse cache in a tiled transpose")
+
+        sv = SweepValues(low, cx, body, vec, set(), lambda n: None, load_input, nothing, nothing, self.stats)
+        for name in dict.fromkeys(low.g.outputs):
+            vals = sv.value(name)
+            if name in low.tile.outputs:
+                j = low.tile.outputs.index(name)
+                for k in range(vec):
+                    body.append(kir.StoreVec(f"tp{j}", add(add(mul(tl, I(low.pitch)), cl), I(k)), (vals[k],), pred))
+            else:
+                self.uses["out"].add(low.out_buf[name])
+                low.mapped_store(body, name, low.row_base(name, row), c, vals, low.once_pred(name, row, pred))
+        return kir.For(p, I(0), I(self.passes), 1, tuple(body), unroll=True)
+
+    def store_phase(self) -> kir.For:
+        """Read the tile down its columns and store the transposed outputs along ``t``, ``sv`` positions
+        per lane (:meth:`TransposeLowerer.store_width`): one vector store each, or ``sv`` = 1 with 32
+        consecutive positions per warp where a vector would not be one aligned run."""
+        low, cx = self.low, self.cx
+        sv = low.store_width()
+        p = cx.var("pb", I32)
+        tl, cl, body = self.slot(p, load=False, vec=sv)
+        t, c = add(self.t0, tl), add(self.c0, cl)
+        live = and_(self.tv, Bin("<", c, I(low.p.N)))
+        dim = low.tile.dim
+        ins = [and_(live, Bin("<", add(t, I(k)), I(dim))) for k in range(sv)]
+        for j, name in enumerate(low.tile.outputs):
+            buf = low.out_buf[name]
+            self.uses["out"].add(buf)
+            vals: list[kir.Expr] = []
+            for k in range(sv):
+                v = cx.var(f"y{j}_", F32)
+                body.append(Assign(v, kir.Load(f"tp{j}", add(mul(add(tl, I(k)), I(low.pitch)), cl), ins[k])))
+                vals.append(v)
+            at = add(low.row_base(name, self.row_of(Bin("min", t, I(dim - 1)))), low.col_offset(name, c))
+            body.append(kir.StoreVec(buf, at, tuple(vals), ins[0]))
+        passes = low.edge * low.edge // (sv * low.s.block)
+        return kir.For(p, I(0), I(passes), 1, tuple(body), unroll=True)
+
+    def build(self) -> tuple[kir.Kernel, kir.KernelProfile]:
+        low = self.low
+        tid = kir.Special("tid")
+        head: list[kir.Stmt] = [Assign(self.lane, Bin("%", tid, I(32))), Assign(self.warp, Bin("/", tid, I(32)))]
+        rb = self.task() + [self.load_phase(), kir.Barrier(), self.store_phase(), kir.Barrier()]
+        body = head + [kir.For(self.rd, I(0), I(self.rounds), 1, tuple(rb))]
+        kern = low.make_kernel(0, self.uses, self.cx, body, self.shared, [], False)
+        prof = low.profile(kern, self.grid, self.rounds, self.smem, self.est, self.stats, 0)
+        return kern, prof
