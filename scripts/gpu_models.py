@@ -1,6 +1,6 @@
 """Whole models under ``torch.compile(backend="stitchtune")`` on a CUDA GPU: correctness, then time.
 
-    python scripts/gpu_models.py [--out DIR] [--budget-s 400] [--phases check,time] [--iters 20]
+    python scripts/gpu_models.py [--out DIR] [--budget-s 400] [--phases check,time,graphs] [--iters 20]
     python scripts/gpu_models.py --cpu --phases check --models bert,gpt2     # CPU dry run (emulated)
     python scripts/gpu_models.py --phases regions                # each region against Inductor's kernels
 
@@ -8,6 +8,12 @@ Two phases, each row written to ``DIR/gpu_models.jsonl`` as soon as it is known 
 every finished row; runs into one DIR append), then a markdown table of every row in that file to
 ``DIR/gpu_models.md`` and stdout:
 
+``graphs`` (issue 40)
+    ``--time-models`` (medium size) under the backend without and with CUDA graphs
+    (``options={"cudagraphs": True}``: Inductor's CUDA-graph trees capture the whole graph, the
+    stitched regions included): a replay's output against eager, and the median step time of each
+    (CUDA events). With ``--cpu`` a dry run of this code on the matrix's tiny models (nothing is
+    captured on a CPU; wall-clock times of emulated regions, not comparable).
 ``tuned`` (after ``time``)
     ``--tune-models`` searched with ``stitchtune tune``'s whole-model tuning (``--trials`` in all,
     split among the regions by predicted share; the ``cuda`` backend: every trial built and measured)
@@ -236,6 +242,59 @@ def time_case(mx: Any, torch: Any, name: str, mode: str, iters: int) -> list[dic
     return rows
 
 
+def _host_median_us(run: Any, iters: int) -> float:
+    """Median wall-clock microseconds of ``run`` (the CPU dry run's stand-in for CUDA events)."""
+    run()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def graphs_case(mx: Any, torch: Any, name: str, mode: str, iters: int, cpu: bool) -> list[dict[str, Any]]:
+    """Phase ``graphs``: model ``name`` (medium size; the matrix's tiny one with ``--cpu``) under the
+    backend without and with CUDA graphs (``options={"cudagraphs": True}``, what ``mode="reduce-overhead"``
+    turns on): after compiling, warming up and recording, one more call (a replay) is compared with
+    eager (max |out - eager|), then each variant's step is timed (CUDA events; wall clock on the CPU,
+    where nothing is captured: a dry run of this code only)."""
+    from stitchtune.deploy import torch_backend
+
+    torch.manual_seed(0)
+    model, args = mx.MODELS[name]() if cpu else _medium(name)
+    dev = "cpu" if cpu else "cuda"
+    model, args = model.to(dev), _to(args, dev)
+    model.train(mode == "train")
+    with torch.no_grad():
+        want = mx._first(model(*args)).float().clone()
+    rows = []
+    for variant, extra in (("stitchtune", {}), ("stitchtune+cudagraphs", {"cudagraphs": True})):
+        row: dict[str, Any] = {"phase": "graphs", "model": name, "mode": mode, "variant": variant}
+        t0 = time.perf_counter()
+        try:
+            torch._dynamo.reset()
+            torch_backend.LAST_REPORTS.clear()
+            opts = {"db": None, **({"cpu": "emulate"} if cpu else {}), **extra}
+            fn = torch.compile(model, backend=torch_backend.stitchtune_backend, options=opts)
+            run = _step(mx, torch, fn, model, args, mode)
+            for _ in range(3):   # compile, warm up, record
+                run()
+            with torch.no_grad():
+                got = mx._first(fn(*args)).float().clone()   # a replay (its buffers are the graph's)
+            row["error"] = (got - want).abs().max().item()
+            row["ok"] = row["error"] <= (mx.TOL if cpu else 1e-3)
+            row["compile_s"] = round(time.perf_counter() - t0, 1)
+            row["median_us"] = round(_host_median_us(run, iters) if cpu else _median_us(torch, run, iters), 1)
+            row.update(_reports())
+        except Exception as e:  # a failure is a row
+            row["ok"] = False
+            row["exception"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            row["trace_tail"] = traceback.format_exc().splitlines()[-4:]
+        rows.append(row)
+    return rows
+
+
 def tuned_case(mx: Any, torch: Any, name: str, mode: str, trials: int, cpu: bool) -> dict[str, Any]:
     """``stitchtune tune``'s whole-model search (``tune_model``, ``trials`` in all, the call pattern of
     ``mode``) into a fresh database, then the backend reading it: the step timed as in ``time``
@@ -304,6 +363,15 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
                 out.append(f"| {r['model']} | {r['mode']} | {'pass' if r['ok'] else 'FAIL'} | {r['error']:.1e} | "
                            f"{r['stitched']} | {r['declined']} | {r['failed_at_run']} | {r['stitched_kernels']} | "
                            f"{r['seconds']} |")
+    graphed = [r for r in rows if r["phase"] == "graphs"]
+    if graphed:
+        out += ["", "| model | mode | variant | ok | replay vs eager | median us/step | stitched | compile s | note |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for r in graphed:
+            err = f"{r['error']:.1e}" if "error" in r else ""
+            out.append(f"| {r['model']} | {r['mode']} | {r['variant']} | {'pass' if r.get('ok') else 'FAIL'} | {err} | "
+                       f"{r.get('median_us', '')} | {r.get('stitched', '')} | {r.get('compile_s', '')} | "
+                       f"{r.get('exception', '')[:100]} |")
     timed = [r for r in rows if r["phase"] in ("time", "tuned")]
     if timed:
         out += ["", "| model | mode | variant | median us/step | CUDA kernels/step | memcpy+memset | "
@@ -340,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     phases = [p for p in a.phases.split(",") if p]
     models = [m for m in a.models.split(",") if m] or list(mx.MODELS)
     modes = [m for m in a.modes.split(",") if m]
-    bad = ([p for p in phases if p not in ("check", "time", "tuned", "regions")] + [m for m in models if m not in mx.MODELS]
+    bad = ([p for p in phases if p not in ("check", "time", "tuned", "regions", "graphs")]
+           + [m for m in models if m not in mx.MODELS]
            + [m for m in modes if m not in ("inference", "train")]
            + [m for m in a.time_models.split(",") if m and m not in (mx.MODELS if a.cpu else TIME_MODELS)]
            + [m for m in a.tune_models.split(",") if m and m not in (mx.MODELS if a.cpu else TIME_MODELS)])
@@ -370,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
         jobs += [("tuned", m, mode) for m in a.tune_models.split(",") if m for mode in modes]
     if "regions" in phases:
         jobs += [("regions", m, mode) for m in a.time_models.split(",") if m for mode in modes]
+    if "graphs" in phases:
+        jobs += [("graphs", m, mode) for m in a.time_models.split(",") if m for mode in modes]
     for phase, m, mode in jobs:
         if time.monotonic() - start > a.budget_s:
             emit({"phase": phase, "model": m, "mode": mode, "skipped": "budget spent"})
@@ -381,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
                 emit(tuned_case(mx, torch, m, mode, a.trials, a.cpu))
             elif phase == "regions":
                 for r in regions_job(mx, torch, m, mode, a.iters, a.cpu):
+                    emit(r)
+            elif phase == "graphs":
+                for r in graphs_case(mx, torch, m, mode, a.iters, a.cpu):
                     emit(r)
             else:
                 for r in time_case(mx, torch, m, mode, a.iters):

@@ -11,8 +11,10 @@ The model is a LayerNorm over the last axis of ``x`` (one stitched region, one k
   ``mode="reduce-overhead"``; plus the host time per call (wall clock of the queued loop).
 * Without a GPU (or with ``--cpu``): the host side of the same launch path on the CPU, per call, with
   a driver whose launch does nothing (``NullDriver``): packed-arguments lookup + launch loop alone,
-  the custom op ``torch.ops.stitchtune.region`` (dispatcher, ``torch.empty`` outputs, pointers,
-  launch), and the whole compiled model (dynamo guards + the op); labelled **CPU host time**, not
+  the custom op ``torch.ops.stitchtune.region`` (dispatcher, guard, ``torch.empty`` outputs, pointers,
+  launch: its thin path, :mod:`stitchtune.deploy.torch_fast`) next to a do-nothing ``torch.library``
+  custom op of the same schema in the same run (their ratio printed), and the whole compiled model
+  (dynamo guards + the op); labelled **CPU host time**, not
   GPU time. Eager ``F.layer_norm`` on the CPU is printed for scale (CPU compute, not comparable).
 """
 
@@ -61,6 +63,23 @@ def _host_us(call: Any, iters: int) -> float:
     return statistics.median(runs)
 
 
+def _paired_us(*calls: Any, iters: int, rounds: int = 9) -> list[float]:
+    """us per call of each of ``calls``: the fastest of ``rounds`` runs of ``iters`` calls each, the calls
+    interleaved run by run, so that a busy shared CPU slows them alike (the minimum is the least
+    disturbed run, as ``timeit`` advises)."""
+    for _ in range(min(iters, 50)):
+        for call in calls:
+            call()
+    best = [float("inf")] * len(calls)
+    for _ in range(rounds):
+        for j, call in enumerate(calls):
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                call()
+            best[j] = min(best[j], (time.perf_counter() - t0) / iters * 1e6)
+    return best
+
+
 def _null_driver() -> Any:
     from stitchtune.gpu.fake_driver import FakeDriver
 
@@ -70,7 +89,7 @@ def _null_driver() -> Any:
         launched = 0
 
         def launch(self, function: Any, grid: Any, block: Any, smem: int, stream: int, params: int,
-                   nparams: int) -> None:
+                   nparams: int, cooperative: bool = False) -> None:
             self.launched += 1
 
     return NullDriver()
@@ -97,15 +116,26 @@ def cpu_mode(shape: tuple[int, ...], iters: int) -> None:
         inputs = [x, model.ln.weight.detach(), model.ln.bias.detach()]
         out = kernel.empty_outputs(x.device)
         ptrs = tuple(int(t.data_ptr()) for t in (*inputs, *out))
+        noop = _noop_op()
+        op = torch.ops.stitchtune.region
+        op(key, inputs)   # the first call takes the full path and keeps the thin one
+        guarded = torch_ops.lookup(key)
+        empty_op = _noop_op("empty1")
+        shape = tuple(x.shape)
+        ours, floor, one_empty = _paired_us(lambda: op(key, inputs), lambda: noop(key, inputs),
+                                            lambda: empty_op(key, inputs, shape), iters=iters)
         rows = [
             ("packed-arguments lookup + launch loop (RegionKernel.launch_pointers)",
              _host_us(lambda: kernel.launch_pointers(-1, ptrs, 0), iters)),
-            ("torch.empty of the output alone (torch's caching allocator floor)",
+            ("torch.empty of the output alone (on a CPU: the CPU allocator, not CUDA's caching one)",
              _host_us(lambda: kernel.empty_outputs(x.device), iters)),
             ("RegionKernel call without the dispatcher (torch.empty, pointers, launch)",
              _host_us(lambda: kernel(inputs), iters)),
-            ("custom op torch.ops.stitchtune.region (dispatch, torch.empty, pointers, launch)",
-             _host_us(lambda: torch.ops.stitchtune.region(key, inputs), iters)),
+            ("custom op torch.ops.stitchtune.region (dispatch, guard, torch.empty, pointers, launch)", ours),
+            ("a do-nothing torch.library custom op, same schema (dispatch alone)", floor),
+            ("the region op's Python alone: guard + thin path, no dispatcher (torch.empty, pointers, launch)",
+             _host_us(lambda: guarded(inputs), iters)),
+            ("a torch.library custom op that only returns one torch.empty of the output's shape", one_empty),
             ("compiled model per call (dynamo guards + AOT wrapper + the op)", _host_us(lambda: compiled(x), iters)),
             ("for scale: eager F.layer_norm computing on the CPU (CPU compute, not comparable)",
              _host_us(lambda: model(x), iters)),
@@ -115,6 +145,29 @@ def cpu_mode(shape: tuple[int, ...], iters: int) -> None:
           f"{len(kernel.compiled.program.launches)} kernel launch(es) per call; {drv.launched} launches made")
     for label, us in rows:
         print(f"  {us:9.2f} us  {label}")
+    print(f"  region op / do-nothing op: {ours / floor:.2f}x (target: at most 1.5x); region op / op returning one "
+          f"torch.empty: {ours / one_empty:.2f}x (the three interleaved, fastest of 9 runs each)")
+
+
+def _noop_op(name: str = "noop") -> Any:
+    """``stitchtune_bench::noop(str key, Tensor[] inputs) -> Tensor[]``: a plain torch.library custom op,
+    defined and implemented as ``stitchtune::region`` is, that returns no tensor (the dispatcher's floor);
+    ``"empty1"``: one that takes the output's shape too and returns one ``torch.empty`` of it (the floor
+    of any op that returns a new tensor)."""
+    import torch
+
+    if not _LIBS:
+        lib = torch.library.Library("stitchtune_bench", "DEF")
+        lib.define("noop(str key, Tensor[] inputs) -> Tensor[]")
+        lib.impl("noop", lambda key, inputs: [], "CompositeExplicitAutograd")
+        lib.define("empty1(str key, Tensor[] inputs, int[] shape) -> Tensor[]")
+        lib.impl("empty1", lambda key, inputs, shape: [torch.empty(shape, dtype=inputs[0].dtype)],
+                 "CompositeExplicitAutograd")
+        _LIBS.append(lib)
+    return getattr(torch.ops.stitchtune_bench, name)
+
+
+_LIBS: list[Any] = []   # the Library objects must outlive the call
 
 
 def _events_us(call: Any, iters: int) -> tuple[float, float]:

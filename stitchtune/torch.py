@@ -11,6 +11,7 @@ from stitchtune.deploy.torch_entry import (
     StitchedFunction,
     TensorRefused,
     backend,
+    check_errors,
     compile,
     explain,
     register_backend,
@@ -18,5 +19,5 @@ from stitchtune.deploy.torch_entry import (
     stats,
 )
 
-__all__ = ["StitchedFunction", "TensorRefused", "backend", "compile", "explain", "register_backend", "reset_stats",
-           "stats"]
+__all__ = ["StitchedFunction", "TensorRefused", "backend", "check_errors", "compile", "explain", "register_backend",
+           "reset_stats", "stats"]

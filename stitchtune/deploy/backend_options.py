@@ -53,8 +53,10 @@ class BackendOptions:
     deterministic: bool = False
     cpu: str = "emulate"
     min_nodes: int = 1
-    check_gather: bool = True
+    check_gather: bool | str = True
     max_extent: int = 2048
+    #: capture the compiled graphs in CUDA graphs (None: when ``mode="reduce-overhead"``)
+    cudagraphs: bool | None = None
     strict: bool = field(default_factory=strict_default)
 
     @classmethod
@@ -142,8 +144,10 @@ OPTION_CHECKS: dict[str, Check] = {
     "deterministic": Check(_is_bool, "True or False"),
     "cpu": _one_of("emulate", "reference"),
     "min_nodes": Check(_int_in(1, 2**31 - 1), "a positive integer"),
-    "check_gather": Check(_is_bool, "True or False"),
+    "check_gather": Check(lambda v: isinstance(v, bool) or v == "sync", "True, False or 'sync'"),
     "max_extent": Check(_int_in(1, 2**31 - 1), "a positive integer below 2**31"),
+    "cudagraphs": Check(lambda v: v is None or isinstance(v, bool),
+                        "None (on under mode='reduce-overhead'), True or False"),
     "strict": Check(_is_bool, "True or False"),
 }
 #: the option names, in the table's order

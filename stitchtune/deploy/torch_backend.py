@@ -20,10 +20,14 @@ Contract
   records that combine with float atomics, ``cross_combine="atomic"``, and a region whose program still
   uses them is declined; heuristic schedules use none), ``cpu`` (``"emulate"`` | ``"reference"``:
   how CPU tensors run), ``min_nodes`` (smallest region worth a kernel, in graph nodes; default 1),
-  ``check_gather`` (default True: a region with a gather reads its index error flag after each CUDA
-  launch, a synchronisation, and raises on an out-of-range index; False: never, see
-  :mod:`stitchtune.deploy.torch_ops`), ``max_extent`` (default 2048: symbolic sizes are bucketed
-  over ``1..max_extent``, see :mod:`stitchtune.deploy.torch_dynamic`; larger ones get kernels per shape).
+  ``check_gather`` (default True: a region with a gather has its index error flag in mapped host
+  memory, read without a synchronisation at its next call and after each call of the compiled graph,
+  which raise naming the region and the input; ``"sync"``, a debug option: also wait for each launch
+  and read it at once; False: never, see :mod:`stitchtune.deploy.torch_flags`), ``max_extent``
+  (default 2048: symbolic sizes are bucketed over ``1..max_extent``, see
+  :mod:`stitchtune.deploy.torch_dynamic`; larger ones get kernels per shape), ``cudagraphs`` (default:
+  True under ``mode="reduce-overhead"``: each compiled graph, its stitched regions included, is
+  captured and replayed by Inductor's CUDA-graph trees, see :mod:`stitchtune.deploy.torch_graphs`).
   Every name and value is checked when the backend is built, before any graph is compiled
   (:mod:`stitchtune.deploy.backend_options`): an unknown option or a bad value (wrong type, out of
   range, an unknown device name) raises :class:`~stitchtune.errors.StitchtuneError` naming the option.
@@ -99,6 +103,8 @@ class GraphReport:
     graph: str
     stitched: list[StitchedInfo] = field(default_factory=list)
     declined: list[DeclinedInfo] = field(default_factory=list)
+    #: the registered kernels (GuardedRegion) whose regions have gathers: their flags are checked after each call
+    gathers: list[Any] = field(default_factory=list, repr=False, compare=False)
 
     def log_once(self) -> None:
         log.info("stitchtune: %s graph: %d region(s) stitched, %d op kind(s)/region(s) declined",
@@ -283,6 +289,8 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
         chosen = [c for c in chosen if c[1] not in bad]
         new_gm = gm
     report.stitched += [_info(kind, r, kernel) for r, _, kernel in chosen]
+    report.gathers += [torch_ops.lookup(key) for r, key, _ in chosen
+                       if opts.check_gather and any(n.op in ("gather", "gather_elements") for n in r.graph.nodes)]
     if new_gm is not gm:
         new_gm = unseed_rands(new_gm)   # the draws no region took: Inductor's again
     return new_gm, report
@@ -396,23 +404,26 @@ def channels_last_conv_backward(gm: Any) -> bool:
                for n in gm.graph.nodes)
 
 
-def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, mode: str | None,
+def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, graphs: Any,
                   kind: str, n_stitched: int) -> Any:
-    """The callable (boxed) that runs ``gm``: Inductor, or eager (also when Inductor fails)."""
+    """The callable (boxed) that runs ``gm``: Inductor, or eager (also when Inductor fails); captured in
+    CUDA graphs as ``graphs`` (a :class:`~stitchtune.deploy.torch_graphs.GraphMode`; None: not) says."""
     from torch._functorch.aot_autograd import make_boxed_func
+
+    from stitchtune.deploy.torch_graphs import GraphMode
+
+    graphs = graphs if graphs is not None else GraphMode(False)
 
     if opts.fallback == "inductor":
         try:
             from torch._inductor.compile_fx import compile_fx_inner
-            from torch._inductor.utils import BoxedBool
 
             from torch._inductor import config as inductor_config
 
             rest = _redecompose(gm, example_inputs)
             kwargs: dict[str, Any] = {"is_backward": kind == "backward", "is_inference": kind == "inference"}
             layout = kind == "backward" and channels_last_conv_backward(rest)
-            if mode == "reduce-overhead":
-                kwargs["cudagraphs"] = BoxedBool(True)
+            kwargs.update(graphs.inductor_kwargs(rest, example_inputs, kind))
             # dropout's rand: Inductor replaces it by its own random op in its joint-graph passes,
             # which run before a backend's graph compilers; that pass runs here, so the random
             # numbers are made inside the kernel that reads them (the mask), as Inductor alone
@@ -427,11 +438,26 @@ def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, 
             opts.reraise(exc)
             log.warning("stitchtune: Inductor failed on the %s graph (%s: %s); running it eagerly",
                         kind, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-    return make_boxed_func(gm.forward)
+    return graphs.wrap(make_boxed_func(gm.forward), gm, example_inputs, kind)
 
 
 # ---------------------------------------------------------------------------- the backend
-def _graph_compiler(opts: BackendOptions, mode: str | None, kind: str) -> Any:
+def _checking_gathers(run: Any, regions: tuple[Any, ...]) -> Any:
+    """``run`` (a boxed compiled graph) followed by a check of the gather error flags of ``regions``
+    (host reads of mapped memory, :mod:`~stitchtune.deploy.torch_flags`): an out-of-range index met by
+    this or an earlier call (also one replayed in a CUDA graph, where no region call runs) raises."""
+    def checked(args: Any) -> Any:
+        out = run(args)
+        for region in regions:
+            for flags in region.flag_sets:
+                flags.raise_if_set("after the compiled graph ran")
+        return out
+
+    checked._boxed_call = True  # type: ignore[attr-defined]
+    return checked
+
+
+def _graph_compiler(opts: BackendOptions, graphs: Any, kind: str) -> Any:
     def compiler(gm: Any, example_inputs: Sequence[Any]) -> Any:
         try:
             new_gm, report = stitch_graph(gm, example_inputs, opts, kind)
@@ -441,7 +467,8 @@ def _graph_compiler(opts: BackendOptions, mode: str | None, kind: str) -> Any:
             report.declined.append(DeclinedInfo(kind, "graph", f"stitching failed: {type(exc).__name__}: {exc}"))
         LAST_REPORTS.append(report)
         report.log_once()
-        return _compile_rest(new_gm, example_inputs, opts, mode, kind, len(report.stitched))
+        rest = _compile_rest(new_gm, example_inputs, opts, graphs, kind, len(report.stitched))
+        return _checking_gathers(rest, tuple(report.gathers)) if report.gathers else rest
 
     return compiler
 
@@ -451,10 +478,14 @@ def stitchtune_backend(gm: Any, example_inputs: Sequence[Any], mode: str | None 
     """The ``"stitchtune"`` torch.compile backend (see module docstring)."""
     from torch._dynamo.backends.common import aot_autograd
 
+    from stitchtune.deploy.torch_graphs import GraphMode
+
     opts = BackendOptions.from_options(options)
-    backend = aot_autograd(fw_compiler=_graph_compiler(opts, mode, "forward"),
-                           bw_compiler=_graph_compiler(opts, mode, "backward"),
-                           inference_compiler=_graph_compiler(opts, mode, "inference"),
+    graphs = GraphMode(opts.cudagraphs if opts.cudagraphs is not None else mode == "reduce-overhead",
+                       len(example_inputs))
+    backend = aot_autograd(fw_compiler=_graph_compiler(opts, graphs, "forward"),
+                           bw_compiler=_graph_compiler(opts, graphs, "backward"),
+                           inference_compiler=_graph_compiler(opts, graphs, "inference"),
                            decompositions=_decompositions())
     return backend(gm, example_inputs)
 

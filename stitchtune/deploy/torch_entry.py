@@ -332,6 +332,20 @@ def register_backend() -> None:
     register()
 
 
+def check_errors(sync: bool = True) -> None:
+    """Raise :class:`~stitchtune.errors.StitchtuneError` naming every stitched region whose gather met an
+    out-of-range index since the last check (the backend reports them at the region's next call and
+    after each call of the compiled graph; this covers the last one). ``sync``: first wait for the
+    current GPU's queued work (``torch.cuda.synchronize()``, where CUDA is initialised)."""
+    import torch as _torch
+
+    from stitchtune.deploy.torch_flags import check_all
+
+    if sync and _torch.cuda.is_available() and _torch.cuda.is_initialized():
+        _torch.cuda.synchronize()
+    check_all()
+
+
 def stats() -> Any:
     """What the ``"stitchtune"`` torch.compile backend built since the last :func:`reset_stats` (or
     :func:`explain`): a :class:`~stitchtune.deploy.torch_stats.TorchStats` (``.builds``,

@@ -10,13 +10,17 @@ Contract
 * On CUDA tensors the kernel is launched through the one launch path
   (:class:`stitchtune.gpu.launch.Launcher`): the cubin is loaded and the scratch allocated once per
   GPU and stream (concurrent calls on different streams never share scratch), arguments are packed
-  once per set of tensor pointers (:meth:`RegionKernel.launch_pointers`, cached), and each call
+  once (:meth:`RegionKernel.launch_pointers`: later calls rewrite the pointers), and each call
   allocates only its outputs (``torch.empty``, torch's caching allocator) and enqueues the launches
   on torch's current stream: no host copy, no synchronisation (capturable once the first call on that
   GPU and stream has run: a first call inside a capture raises a RegionError saying so). The GPU's
   primary context is pushed for the launch and popped after it (torch's current device never
   changes). An input that is not 16-byte aligned (a view with a storage offset, ``x[1:]``) is copied
-  first: the kernels' vector loads would fault on it.
+  first: the kernels' vector loads would fault on it. After a first call has run this full path, a
+  static region's :class:`GuardedRegion` calls it through the thin path of
+  :mod:`stitchtune.deploy.torch_fast` (same result, a few microseconds of Python).
+* :func:`stand_in_driver` makes every kernel without a driver of its own launch through a given
+  driver, CPU tensors too (CPU tests of the launch path under the backend).
 * An input that PyTorch holds permuted and the region's graph declares in its memory order
   (``RegionKernel.in_perms``, the region's ``input_perms``: ConvNeXt's channels-last convolution
   outputs) is passed as that permuted view, a free view of its storage; any other strided input (or
@@ -27,27 +31,34 @@ Contract
   registers each kernel inside a :class:`GuardedRegion`, which then declines the region and runs its
   ATen ops instead (a gather's out-of-range index is raised).
 * Gathers (embedding lookups) with an out-of-range index give zero rows and a :class:`RegionError`
-  naming the gather, on every path: the emulator and the CUDA kernels raise their error flag, the
-  float64 reference checks the indices on the host. On CUDA (``check_gather=True``, the default) a
-  region with a gather synchronises after its launch to read the flag (a 4-byte copy); while a CUDA
-  graph is being captured the flag is not read (logged once per region), and ``check_gather=False``
-  never reads it (no synchronisation; bad rows are silently zero).
+  naming the region, the gather and its index input, on every path: the emulator and the CUDA kernels
+  raise their error flag, the float64 reference checks the indices on the host. On the launch path
+  (``check_gather=True``, the default) the flags are mapped host memory, read without a
+  synchronisation or a copy: a flag set by a call is raised at the region's next call, after the
+  compiled graph's call (the backend) or at ``stitchtune.torch.check_errors()``
+  (:mod:`stitchtune.deploy.torch_flags`); ``check_gather="sync"`` (debug) also waits for each launch
+  and raises at once; ``check_gather=False`` never reads them (bad rows are silently zero).
 
 The real ``torch`` is imported by this module (it is only imported by the torch backend).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from stitchtune.errors import StitchtuneError
+
+if TYPE_CHECKING:
+    from stitchtune.deploy.torch_guard import GuardedRegion
+    from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel
 
 __all__ = ["Built", "DynamicRegionKernel", "GuardedRegion", "RegionError", "RegionKernel", "register", "region_op"]
 
@@ -57,7 +68,7 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
            "int32": torch.int32, "int64": torch.int64}
 _registry: dict[str, Any] = {}   # key -> RegionKernel | DynamicRegionKernel
 _lock = threading.Lock()
-#: packed argument sets kept per region and GPU (one per distinct set of pointers, oldest dropped)
+#: packed argument sets kept per region, GPU and stream (one per set of extents, oldest dropped)
 MAX_BOUND = 64
 
 
@@ -86,13 +97,16 @@ class RegionKernel:
     driver: Any = None
     #: PyTorch's output shapes when they differ from the graph's in leading 1s (same row-major bytes)
     out_shapes: tuple[tuple[int, ...], ...] | None = None
-    #: read the gathers' error flags after a CUDA launch (see module docstring)
-    check_gather: bool = True
+    #: the gathers' error flags: True (read from mapped host memory at later calls), "sync" (also wait
+    #: for each launch and read them at once: a debug option), False (never read; see module docstring)
+    check_gather: bool | str = True
     _launchers: dict[Any, Any] = field(default_factory=dict, repr=False)  # per (GPU index, stream)
     _out_specs: dict[Any, Any] = field(default_factory=dict, repr=False)  # per extents (None: static)
     #: whether the program has gathers (an error flag to read after a launch); set from ``compiled``
     _gathers: bool = field(init=False, repr=False, default=False)
     _capture_warned: bool = field(init=False, repr=False, default=False)
+    #: the GatherFlags of every launcher made (checked after each call of the compiled graph)
+    flag_sets: list[Any] = field(init=False, repr=False, default_factory=list)
     #: a generic kernel's SymbolicRegion (see above); None for a kernel of one shape
     sym: Any = None
     #: per input: None, or the permutation that makes PyTorch's strided input the graph's row-major
@@ -143,12 +157,8 @@ class RegionKernel:
         return f"stitched region {self.name} ({', '.join(o.removeprefix('aten.') for o in self.ops)})"
 
     # -- shapes ------------------------------------------------------------------------------
-    def empty_outputs(self, device: Any, inputs: Sequence[Any] = (),
-                      ext: tuple[tuple[str, int], ...] | None = None) -> list[Any]:
-        """New (uninitialised) output tensors on ``device``, one per graph output (a generic kernel's
-        shaped for the extents ``ext``, by default those of ``inputs``)."""
-        if self.sym is not None and ext is None:
-            ext = self.at(inputs)[1]
+    def empty_outputs_specs(self, ext: tuple[tuple[str, int], ...] | None = None) -> tuple[Any, ...]:
+        """(shape, torch dtype) per graph output (a generic kernel's at the extents ``ext``)."""
         specs = self._out_specs.get(ext)
         if specs is None:
             g = self._graph_at(ext)
@@ -156,7 +166,15 @@ class RegionKernel:
             if len(self._out_specs) >= MAX_BOUND:
                 self._out_specs.pop(next(iter(self._out_specs)))
             self._out_specs[ext] = specs
-        return [torch.empty(shape, dtype=dt, device=device) for shape, dt in specs]
+        return specs
+
+    def empty_outputs(self, device: Any, inputs: Sequence[Any] = (),
+                      ext: tuple[tuple[str, int], ...] | None = None) -> list[Any]:
+        """New (uninitialised) output tensors on ``device``, one per graph output (a generic kernel's
+        shaped for the extents ``ext``, by default those of ``inputs``)."""
+        if self.sym is not None and ext is None:
+            ext = self.at(inputs)[1]
+        return [torch.empty(shape, dtype=dt, device=device) for shape, dt in self.empty_outputs_specs(ext)]
 
     # -- CPU ---------------------------------------------------------------------------------
     def run_cpu(self, inputs: Sequence[Any]) -> list[Any]:
@@ -181,42 +199,85 @@ class RegionKernel:
     # -- CUDA --------------------------------------------------------------------------------
     def launcher(self, index: int, stream: int) -> tuple[Any, dict[Any, Any]]:
         """(Launcher, packed-arguments cache) for GPU ``index`` and ``stream``, made at the first call on
-        them (scratch is per stream). Raises :class:`~stitchtune.gpu.launch.CaptureError` when that first
-        call happens while ``stream`` captures a CUDA graph."""
+        them (scratch is per stream; the gathers' error flags in mapped host memory,
+        :mod:`~stitchtune.deploy.torch_flags`). Raises :class:`~stitchtune.gpu.launch.CaptureError`
+        when that first call happens while ``stream`` captures a CUDA graph."""
         hit = self._launchers.get((index, stream))
         if hit is not None:
-            return hit
+            return hit[0], hit[1]
+        return self._make_launcher(index, stream)[:2]
+
+    def _make_launcher(self, index: int, stream: int,
+                       extents: tuple[tuple[str, int], ...] | None = None) -> tuple[Any, dict[Any, Any], Any]:
         from stitchtune.deploy.compiled import _build
+        from stitchtune.deploy.torch_flags import GatherFlags
         from stitchtune.gpu.driver import open_driver
         from stitchtune.gpu.launch import Launcher, launch_plan
+        from stitchtune.lower.remap import gather_flag_buffers
 
+        stand_in = _STAND_IN[0]
         cubin = self.compiled.cubin
         if cubin is None:
-            cubin = _build(self.compiled.sources, self.compiled.device.arch)[1]
-        driver = self.driver if self.driver is not None else open_driver(index)
-        launcher = Launcher(driver, launch_plan(self.compiled.program), cubin, stream=stream)
-        self._launchers[(index, stream)] = (launcher, {})
-        return self._launchers[(index, stream)]
+            cubin = stand_in[1](self.compiled) if stand_in else _build(self.compiled.sources, self.compiled.device.arch)[1]
+        driver = self.driver if self.driver is not None else stand_in[0] if stand_in else open_driver(index)
+        buffers = gather_flag_buffers(self.compiled.program) if self.check_gather else {}
+        plan = launch_plan(self.compiled.program)
+        launcher = Launcher(driver, plan, cubin, stream=stream, mapped=buffers)
+        flags = None
+        if buffers:
+            if self.sym is not None and extents is None:
+                extents = tuple(sorted((str(k), int(v)) for k, v in plan.dynamic.planned.items()))
+            flags = GatherFlags.of(self.describe(), launcher, buffers, self._graph_at(extents))
+            self.flag_sets.append(flags)
+        made: tuple[Any, dict[Any, Any], Any] = (launcher, {}, flags)
+        self._launchers[(index, stream)] = made
+        return made
 
     def launch_pointers(self, index: int, pointers: tuple[int, ...], stream: int,
                         extents: tuple[tuple[str, int], ...] | None = None) -> None:
         """Enqueue the region's kernels for ``pointers`` (graph inputs then outputs, in graph order) on
-        ``stream`` of GPU ``index``: the arguments are packed at the first call with these pointers
-        (and, for a generic kernel, these ``extents``). A region with a gather then reads its error
-        flag (``check_gather``; raises on a bad index)."""
-        launcher, cache = self.launcher(index, stream)
-        key = pointers if extents is None else (pointers, extents)
-        bound = cache.get(key)
-        if bound is None:
+        ``stream`` of GPU ``index``: the arguments are packed once per stream (and, for a generic
+        kernel, per ``extents``), later calls only rewrite the pointers that changed
+        (:class:`~stitchtune.deploy.torch_fast.Rebound`). No synchronisation, no copy: a region with a
+        gather first raises for a flag an earlier launch set (read from host memory), and only with
+        ``check_gather="sync"`` waits for its launches and reads the flag at once."""
+        hit = self._launchers.get((index, stream))
+        launcher, cache, flags = hit if hit is not None else self._make_launcher(index, stream, extents)
+        if flags is not None:
+            flags.raise_if_set("at its next call (an earlier call's kernels met it)")
+        rebound = cache.get(extents)
+        if rebound is None:
+            from stitchtune.deploy.torch_fast import Rebound
+
             g = self._graph_at(extents)
-            names = [n for n, _ in g.inputs] + list(g.outputs)
             if len(cache) >= MAX_BOUND:
                 cache.pop(next(iter(cache)))
-            args = dict(zip(names, pointers))
-            bound = cache[key] = launcher.bind(args) if extents is None else launcher.bind(args, dict(extents))
-        launcher.launch(bound, stream)
-        if self.check_gather and self._gathers:
-            self._check_gather_flags(launcher, stream)
+            rebound = cache[extents] = Rebound(launcher, [n for n, _ in g.inputs] + list(g.outputs), pointers, extents)
+        else:
+            from stitchtune.gpu.launch import MisalignedPointer
+
+            if any(int(p) % 16 for p in pointers):   # what bind refuses (it checks a first call's)
+                g = self._graph_at(extents)
+                names = [n for n, _ in g.inputs] + list(g.outputs)
+                raise MisalignedPointer({n: int(p) for n, p in zip(names, pointers) if int(p) % 16})
+            rebound.set(pointers)
+        launcher.launch(rebound.bound, stream)
+        if flags is not None and self.check_gather == "sync":
+            self._sync_check(launcher, flags, stream)
+
+    def _sync_check(self, launcher: Any, flags: Any, stream: int) -> None:
+        """``check_gather="sync"``: wait for the launches and raise for a set flag (not while ``stream``
+        captures a CUDA graph, where waiting is illegal: logged once, checked later as by default)."""
+        drv = launcher.driver
+        with drv.activate():
+            if drv.stream_capturing(stream):
+                if not self._capture_warned:
+                    self._capture_warned = True
+                    log.warning("%s: captured in a CUDA graph; its gather check runs after the graph, not "
+                                "after each launch", self.describe())
+                return
+            drv.synchronize()
+        flags.raise_if_set("right after its launch (check_gather='sync')")
 
     def run_launch(self, inputs: Sequence[Any], stream: int | None = None, device: Any = None) -> list[Any]:
         """Outputs through the launch path: new tensors on ``device`` (default: the first input's; a
@@ -237,19 +298,6 @@ class RegionKernel:
             index, stream = -1, int(stream or 0)
         self.launch_pointers(index, ptrs, stream, ext)
         return outs
-
-    def _check_gather_flags(self, launcher: Any, stream: int) -> None:
-        """After a launch on ``stream``: read the gathers' error flags (a synchronisation; a set flag is
-        reset on ``stream``) and raise if one is set; skipped while ``stream`` captures a CUDA graph
-        (module docstring)."""
-        from stitchtune.deploy.run_checks import check_launch_gathers
-
-        if launcher.driver.stream_capturing(stream):
-            if not self._capture_warned:
-                self._capture_warned = True
-                log.warning("%s: captured in a CUDA graph; its gather index check is off there", self.describe())
-            return
-        check_launch_gathers(launcher, self.compiled.program, stream)
 
     def as_read(self, inputs: Sequence[Any]) -> list[Any]:
         """``inputs`` as the kernels read them: each permuted by its ``in_perms`` entry (a view), and
@@ -274,12 +322,27 @@ class RegionKernel:
         inputs = self.as_read(inputs)
         dev = _device_of(inputs, device)
         try:
-            if self.driver is not None or dev.type == "cuda":
+            if self.launches_on(dev):
                 return self.run_launch(inputs, device=dev)
             return self.run_cpu(inputs)
         except Exception as exc:
             raise RegionError(f"{self.describe()} failed at run time: {type(exc).__name__}: {exc}") from exc
 
+
+    def launches_on(self, device: Any) -> bool:
+        """Whether calls on ``device`` go through the launch path (CUDA, a given driver or a stand-in)."""
+        return device.type == "cuda" or self.driver is not None or _STAND_IN[0] is not None
+
+    def fast_path(self, device: Any, held: Sequence[tuple[int, Any]] = ()) -> Any:
+        """A :class:`~stitchtune.deploy.torch_fast.FastCall` for later calls on ``device`` (with the
+        ``held`` constants inserted), or None where every call needs the full path (a generic kernel,
+        permuted or windowed inputs, the emulator)."""
+        if (self.sym is not None or any(p is not None for p in self.in_perms)
+                or any(w is not None for w in self.in_windows) or not self.launches_on(device)):
+            return None
+        from stitchtune.deploy.torch_fast import FastCall
+
+        return FastCall(self, device, held)
 
     def fake(self, inputs: Sequence[Any], device: Any = None) -> list[Any]:
         """The op's fake (meta) result: empty outputs on ``device`` (default: the first input's)."""
@@ -298,248 +361,29 @@ def _windowed(window: Any, t: Any) -> Any:
     return out
 
 
-@dataclass(frozen=True)
-class Built:
-    """A kernel :class:`DynamicRegionKernel`'s ``build`` made: ``kernel(inputs[, device]) -> outputs`` (a
-    :class:`RegionKernel`), ``index[i]`` the position in its outputs of the module's output ``i``, and
-    ``generic``: True when it runs every shape of the inputs' bucket (kept for the bucket), False
-    when it is specialised to the inputs' shapes (kept for those shapes)."""
-
-    kernel: Any
-    index: tuple[int, ...]
-    generic: bool = False
-
-
-@dataclass
-class _Entry:
-    """One (structure, bucket) of a :class:`DynamicRegionKernel`'s cache: a generic kernel, or
-    kernels per shape (None: no kernel for that shape, its ATen ops run)."""
-
-    generic: Built | None = None
-    shapes: dict[Any, Built | None] = field(default_factory=dict)
-
-
-@dataclass
-class DynamicRegionKernel:
-    """A region with symbolic shapes. ``module`` (its ATen ops) gives the fake result and, where no
-    kernel can be made, the eager one. Kernels are cached by (structure, bucket): the structure is
-    the inputs' dtypes, device type and ranks; the bucket is ``bucket_of(inputs)`` (None, or when it
-    raises: the exact input shapes). A cache miss calls ``build(inputs)`` -> :class:`Built`; a generic
-    kernel then serves every shape of its bucket, a specialised one its shapes only. A failing build
-    is logged once per shape, and that shape runs the region's ATen ops. ``counter`` (a
-    :class:`~stitchtune.deploy.torch_stats.RegionCounter`) counts cache hits and eager calls; ``build``
-    counts its own selections and builds."""
-
-    name: str
-    ops: tuple[str, ...]
-    module: Any
-    build: Any   # (inputs) -> Built
-    compiled: Any = None   # the CompiledGraph at the example shapes (what explain reports)
-    bucket_of: Any = None  # (inputs) -> hashable bucket; None: the exact shapes
-    counter: Any = None
-    #: per output, the axis order the kernels write it row-major in (the region's ``output_perms``:
-    #: PyTorch keeps it permuted in memory); () or None: its own order
-    perms: tuple[tuple[int, ...] | None, ...] = ()
-    kernels: dict[Any, _Entry] = field(default_factory=dict, repr=False)
-
-    def describe(self) -> str:
-        return f"stitched region {self.name} ({', '.join(o.removeprefix('aten.') for o in self.ops)})"
-
-    def fake(self, inputs: Sequence[Any], device: Any = None) -> list[Any]:
-        """Empty outputs shaped as the kernels write them (permuted by ``perms``; on the device the
-        region's ATen ops put them, ``device`` unused)."""
-        outs = self.module(*inputs)
-        perms = self.perms or (None,) * len(outs)
-        return [torch.empty(o.shape if p is None else o.permute(p).shape, dtype=o.dtype, device=o.device)
-                for o, p in zip(outs, perms)]
-
-    def _eager(self, inputs: Sequence[Any]) -> list[Any]:
-        return eager_outputs(self.module, inputs, self.perms or None)
-
-    def copies(self, inputs: Sequence[Any]) -> int:
-        """How many of ``inputs`` a call copies before its launch: every strided one (the kernels of a
-        region with symbolic sizes are mapped at contiguous inputs)."""
-        return sum(not t.is_contiguous() for t in inputs)
-
-    def _bucket(self, inputs: Sequence[Any], shapes: Any) -> Any:
-        if self.bucket_of is None:
-            return ("shapes", shapes)
-        try:
-            return ("bucket", self.bucket_of(inputs))
-        except Exception as exc:  # noqa: BLE001 - outside every bucket: kernels per shape
-            log.debug("%s: no bucket for shapes %s (%s)", self.describe(), [list(s) for s in shapes], exc)
-            return ("shapes", shapes)
-
-    def entries(self) -> list[tuple[Any, Any, Built | None]]:
-        """The cache, flat: (bucket or None when keyed by the exact shapes, shapes or None for a
-        generic kernel, kernel or None)."""
-        out: list[tuple[Any, Any, Built | None]] = []
-        for (_, (tag, b)), e in self.kernels.items():
-            bucket = b if tag == "bucket" else None
-            if e.generic is not None:
-                out.append((bucket, None, e.generic))
-            out += [(bucket, sh, b) for sh, b in e.shapes.items()]
-        return out
-
-    def __call__(self, inputs: Sequence[Any], device: Any = None) -> list[Any]:
-        shapes = tuple(tuple(t.shape) for t in inputs)
-        key = (tuple((t.dtype, t.device.type, t.dim()) for t in inputs), self._bucket(inputs, shapes))
-        entry = self.kernels.get(key)
-        if entry is None:
-            entry = self.kernels[key] = _Entry()
-        built = entry.generic
-        if built is None and shapes in entry.shapes:
-            built = entry.shapes[shapes]
-            if built is None:
-                self._count(eager=1)
-                return self._eager(inputs)
-        if built is not None:
-            self._count(hits=1)
-        else:
-            try:
-                built = self.build(inputs)
-                log.info("%s: kernels made for shapes %s%s", self.describe(), [list(s) for s in shapes],
-                         f" (bucket {key[1][1]})" if built.generic else "")
-            except Exception as exc:  # noqa: BLE001 - this shape runs the region's ATen ops instead
-                log.warning("%s: no kernel for shapes %s (%s); running its ATen ops", self.describe(),
-                            [list(s) for s in shapes], exc)
-                entry.shapes[shapes] = None
-                self._count(eager=1)
-                return self._eager(inputs)
-            if built.generic:
-                entry.generic = built
-            else:
-                entry.shapes[shapes] = built
-        outs = built.kernel(inputs) if device is None else built.kernel(inputs, device)
-        return [outs[i] for i in built.index]
-
-    def _count(self, **n: int) -> None:
-        if self.counter is not None:
-            self.counter.add(**n)
-
-
-def eager_outputs(module: Any, inputs: Sequence[Any], perms: Sequence[Any] | None = None,
-                  keep: Sequence[int] | None = None) -> list[Any]:
-    """A region's ATen ops (``module``) run on ``inputs``: its outputs ``keep`` (default all), each
-    new and row-major in the axis order ``perms[i]`` (None: its own), as a kernel writes it; never a
-    view of an input."""
-    every = list(module(*inputs))
-    outs = []
-    for i, o in enumerate(every if keep is None else [every[k] for k in keep]):
-        p = perms[i] if perms else None
-        o = (o if p is None else o.permute(p)).contiguous()
-        if o._base is not None or any(o.data_ptr() == t.data_ptr() for t in inputs):
-            o = o.clone()
-        outs.append(o)
-    return outs
-
-
-def is_index_error(exc: BaseException) -> bool:
-    """True for a gather's out-of-range index (a flagged error of the model's input, raised as it is:
-    running the ATen ops instead would fail too, and on CUDA with a device-side assert)."""
-    return "index out of range" in str(exc)
-
-
-@dataclass
-class GuardedRegion:
-    """What the torch backend registers: ``kernel`` (a :class:`RegionKernel` or
-    :class:`DynamicRegionKernel`), and the region's ATen ops (``module``) to run instead when the
-    kernel fails at run time. The first failure calls ``on_fail(reason)`` (the backend reports the
-    region as declined) and is logged once; from then on every call runs ``module`` (its outputs
-    made contiguous in the kernel's axis order ``perms``, never aliasing an input). A gather's
-    out-of-range index (:func:`is_index_error`) is raised, not hidden. ``held``: (position, tensor)
-    for region inputs that are constants (a causal mask, position ids) which the op's caller does not
-    pass: they are put back at their positions (on the region's device, below) before every call,
-    so no kernel computes them. ``device``: the device of the graph the region runs in (None: the
-    first input's); a region that reads no tensor (an ``iota`` and its arithmetic) runs there, and an
-    input on another device (a CPU 0-d tensor beside CUDA ones) is moved there first."""
-
-    kernel: Any
-    module: Any
-    perms: tuple[tuple[int, ...] | None, ...]
-    on_fail: Any = None
-    #: which of ``module``'s outputs the kernel returns, in its order (None: all)
-    keep: tuple[int, ...] | None = None
-    failed: str | None = None
-    held: tuple[tuple[int, Any], ...] = ()
-    device: Any = None
-    _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes checked -> specs
-    _held_on: dict[Any, list[Any]] = field(default_factory=dict, repr=False)   # device -> held tensors there
-
-    @property
-    def compiled(self) -> Any:
-        return self.kernel.compiled
-
-    def describe(self) -> str:
-        return str(self.kernel.describe())
-
-    def _with_held(self, inputs: Sequence[Any], fake: bool = False) -> list[Any]:
-        """``inputs`` with the held constants inserted at their positions (``fake``: empty tensors of
-        their shapes and strides, made in the active fake mode)."""
-        device = _device_of(inputs, self.device)
-        inputs = [t if t.device == device else t.to(device) for t in inputs]
-        if not self.held:
-            return inputs
-        if fake:
-            consts = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device) for _, t in self.held]
-        else:
-            with _lock:
-                consts = self._held_on.get(device) or [t.to(device) for _, t in self.held]
-                self._held_on[device] = consts
-        out = list(inputs)
-        for (i, _), t in zip(self.held, consts):
-            out.insert(i, t)
-        return out
-
-    def fake(self, inputs: Sequence[Any]) -> list[Any]:
-        return list(self.kernel.fake(self._with_held(inputs, fake=True), self.device))
-
-    def copies(self, inputs: Sequence[Any]) -> int:
-        """How many copy kernels a call on ``inputs`` (the op's arguments, real or fake: their strides
-        count) launches before the region's kernels."""
-        return int(self.kernel.copies(self._with_held(inputs, fake=True)))
-
-    def _check(self, inputs: Sequence[Any], outs: Sequence[Any]) -> None:
-        """Raise when the kernel's outputs are not what its fake result promised (shape, dtype);
-        checked at the first call of a static kernel (its shapes never change), per input shapes of a
-        dynamic one."""
-        static = isinstance(self.kernel, RegionKernel)
-        key = () if static else tuple(tuple(t.shape) for t in inputs)
-        if key in self._specs:
-            return
-        want = [(tuple(f.shape), f.dtype) for f in self.kernel.fake(inputs)]
-        got = [(tuple(o.shape), o.dtype) for o in outs]
-        if got != want:
-            raise RegionError(f"{self.describe()}: outputs {got}, its fake result says {want}")
-        self._specs[key] = want
-
-    def eager(self, inputs: Sequence[Any]) -> list[Any]:
-        """The region's outputs computed by its ATen ops, laid out as the kernel writes them."""
-        return eager_outputs(self.module, inputs, self.perms, self.keep)
-
-    def __call__(self, inputs: Sequence[Any]) -> list[Any]:
-        inputs = self._with_held(inputs)
-        if self.failed is None:
-            try:
-                outs = list(self.kernel(inputs, self.device))
-                self._check(inputs, outs)
-                return outs
-            except Exception as exc:  # noqa: BLE001 - never break a model: the ATen ops run instead
-                if is_index_error(exc):
-                    raise
-                self.failed = f"{type(exc).__name__}: {exc}"
-                log.warning("%s failed at run time (%s); running its ATen ops from now on",
-                            self.describe(), self.failed)
-                if self.on_fail is not None:
-                    self.on_fail(self.failed)
-        return self.eager(inputs)
-
-
 def _device_of(inputs: Sequence[Any], device: Any = None) -> Any:
     """``device`` when given, else the first input's device, else the CPU's."""
     if device is not None:
         return device
     return inputs[0].device if inputs else torch.device("cpu")
+
+
+#: (driver, image of a CompiledGraph) that every RegionKernel without a driver of its own launches
+#: through, CPU tensors too (:func:`stand_in_driver`); [None]: the GPU's
+_STAND_IN: list[Any] = [None]
+
+
+@contextlib.contextmanager
+def stand_in_driver(driver: Any, image: Any) -> Iterator[None]:
+    """Within the block, kernels without a driver of their own launch through ``driver`` (a
+    :class:`~stitchtune.gpu.fake_driver.FakeDriver`: CPU tests of the launch path under the backend),
+    ``image(compiled)`` their module image where no cubin is built; launchers made then keep it."""
+    old = _STAND_IN[0]
+    _STAND_IN[0] = (driver, image)
+    try:
+        yield
+    finally:
+        _STAND_IN[0] = old
 
 
 def register(key: str, kernel: RegionKernel | DynamicRegionKernel | GuardedRegion) -> None:
@@ -558,7 +402,8 @@ def lookup(key: str) -> Any:
 
 def region_op(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run the stitched region ``key`` on ``inputs`` (see module docstring)."""
-    return lookup(key)(inputs)
+    k = _registry.get(key)
+    return (k if k is not None else lookup(key))(inputs)
 
 
 def _region_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -571,6 +416,21 @@ _lib = torch.library.Library("stitchtune", "DEF")
 _lib.define("region(str key, Tensor[] inputs) -> Tensor[]")
 _lib.impl("region", region_op, "CompositeExplicitAutograd")
 torch.library.register_fake("stitchtune::region", _region_fake, lib=_lib)
+
+
+_MOVED = {"GuardedRegion": "torch_guard", "eager_outputs": "torch_guard", "is_index_error": "torch_guard",
+          "Built": "torch_region_dynamic", "DynamicRegionKernel": "torch_region_dynamic"}
+
+
+def __getattr__(name: str) -> Any:
+    """The names re-exported from :mod:`~stitchtune.deploy.torch_guard` and
+    :mod:`~stitchtune.deploy.torch_region_dynamic` (imported at first use: they import this module)."""
+    where = _MOVED.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"stitchtune.deploy.{where}"), name)
 
 
 # ---------------------------------------------------------------------------- conversions

@@ -12,6 +12,10 @@ Contract
   it is current already). Pointers, streams and events are
   plain ints / opaque handles; a stream handle is any ``CUstream`` value (``0``: the legacy default
   stream; ``torch.cuda.current_stream().cuda_stream`` works as it is).
+* ``host_alloc_mapped(nbytes)`` returns ``(host array, device pointer)`` of one page-locked host buffer
+  mapped into the device's address space (``cuMemHostAlloc`` with ``DEVICEMAP``): kernels write it
+  through the device pointer and the host reads it as it is, with no copy and no synchronisation
+  (what the torch op's gather error flags use); ``host_free(host)`` frees it.
 * Every failed driver call raises :class:`DriverError` (a :class:`~stitchtune.errors.ToolchainError`)
   whose ``call`` is the driver function and ``name`` the driver's error name
   (``CUDA_ERROR_ILLEGAL_ADDRESS``...). Errors of kernels surface, as on a GPU, at the next
@@ -89,6 +93,8 @@ class Driver(DeviceFacts, Protocol):
     def memcpy_htod(self, ptr: int, host: np.ndarray) -> None: ...
     def memcpy_dtoh(self, host: np.ndarray, ptr: int) -> None: ...
     def host_empty(self, nbytes: int) -> np.ndarray: ...
+    def host_alloc_mapped(self, nbytes: int) -> tuple[np.ndarray, int]: ...
+    def host_free(self, host: np.ndarray) -> None: ...
     def load_module(self, image: bytes) -> Any: ...
     def unload_module(self, module: Any) -> None: ...
     def get_function(self, module: Any, name: str) -> Any: ...
@@ -212,6 +218,7 @@ class CudaDriver(CudaDevice):
         super().__init__(ordinal)
         self._launch = self._cu.cuLaunchKernel
         self._launch_coop = getattr(self._cu, "cuLaunchCooperativeKernel", None)
+        self._get_current = self._cu.cuCtxGetCurrent
         self._pinned: list[int] = []
         self.context = self._call("cuDevicePrimaryCtxRetain", self.device)
         self._ctx_id = int(self.context)
@@ -228,7 +235,10 @@ class CudaDriver(CudaDevice):
         return self._activation
 
     def _push_if_needed(self) -> bool:
-        cur = self._call("cuCtxGetCurrent")
+        # every launch of the torch op passes here: the binding's function directly, not _call
+        err, cur = self._get_current()
+        if err != self._ok:
+            raise DriverError("cuCtxGetCurrent", self._error_name(err))
         if cur is not None and int(cur) == self._ctx_id:
             return False
         self._call("cuCtxPushCurrent", self.context)
@@ -275,6 +285,22 @@ class CudaDriver(CudaDevice):
         ptr = int(self._call("cuMemAllocHost", n))
         self._pinned.append(ptr)
         return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(ptr))[: int(nbytes)]
+
+    def host_alloc_mapped(self, nbytes: int) -> tuple[np.ndarray, int]:
+        """A page-locked host buffer of ``nbytes`` (uint8) mapped into the device's address space, and its
+        device pointer (``cuMemHostAlloc(PORTABLE | DEVICEMAP)``, ``cuMemHostGetDevicePointer``)."""
+        n = max(int(nbytes), 1)
+        ptr = int(self._call("cuMemHostAlloc", n, 0x01 | 0x02))   # CU_MEMHOSTALLOC_PORTABLE | _DEVICEMAP
+        try:
+            dev = int(self._call("cuMemHostGetDevicePointer", ptr, 0))
+        except DriverError:
+            self._call("cuMemFreeHost", ptr)
+            raise
+        return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(ptr))[: int(nbytes)], dev
+
+    def host_free(self, host: np.ndarray) -> None:
+        """Free a buffer of :meth:`host_alloc_mapped`."""
+        self._call("cuMemFreeHost", int(host.ctypes.data))
 
     def load_module(self, image: bytes) -> Any:
         return self._call("cuModuleLoadData", bytes(image))

@@ -12,8 +12,9 @@ Contract
   (``CUDA_ERROR_INVALID_VALUE``); ``fail[call] = name`` makes the next such call fail; a kernel
   may set ``pending`` to an error name that the next synchronising call raises (sticky, as a real
   fault poisons the context); ``capturing`` is the set of stream handles that capture a graph (a
-  module load, allocation or synchronisation then fails with ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``,
-  as on a GPU); ``activate()`` blocks are counted in ``active`` and logged in ``context_calls``.
+  module load, allocation, synchronous copy or synchronisation then fails with ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``,
+  as on a GPU); ``host_alloc_mapped`` gives fake memory whose array the host reads as it is (a
+  mapped page-locked buffer); ``activate()`` blocks are counted in ``active`` and logged in ``context_calls``.
   Its device facts are ``attrs`` (``CU_DEVICE_ATTRIBUTE_*`` names without the prefix: the L2 size,
   SM count and compute capability from the constructor, plus any given; another name raises
   ``CUDA_ERROR_INVALID_VALUE`` as an unsupported attribute does) and ``memory_bytes``.
@@ -158,6 +159,7 @@ class FakeDriver:
 
     def memcpy_dtoh(self, host: np.ndarray, ptr: int) -> None:
         self._enter("memcpy_dtoh", ptr, host.nbytes)
+        self._no_capture("cuMemcpyDtoH")
         self._sync_point("cuMemcpyDtoH")
         if host.nbytes:
             host.reshape(-1).view(np.uint8)[:] = self.buffer(ptr)[: host.nbytes]
@@ -165,6 +167,24 @@ class FakeDriver:
     def host_empty(self, nbytes: int) -> np.ndarray:
         self._enter("host_empty", nbytes)
         return np.empty(int(nbytes), np.uint8)
+
+    def host_alloc_mapped(self, nbytes: int) -> tuple[np.ndarray, int]:
+        """A "mapped host" buffer: fake device memory whose array the host reads (kernels write it
+        through the pointer, the host sees it without a copy)."""
+        self._enter("host_alloc_mapped", int(nbytes))
+        self._no_capture("cuMemHostAlloc")
+        ptr = self._next
+        self._next += (max(int(nbytes), 1) + 511) // 256 * 256
+        self.memory[ptr] = np.zeros(int(nbytes), np.uint8)
+        return self.memory[ptr], ptr
+
+    def host_free(self, host: np.ndarray) -> None:
+        self._enter("host_free")
+        for base, mem in list(self.memory.items()):
+            if mem is host or (mem.size and mem.ctypes.data == host.ctypes.data):
+                del self.memory[base]
+                return
+        raise DriverError("cuMemFreeHost", "CUDA_ERROR_INVALID_VALUE")
 
     def load_module(self, image: bytes) -> Any:
         self._enter("load_module", len(image))

@@ -29,7 +29,10 @@ Contract
   buffer per scratch/barrier buffer and initialises them on ``stream``: ``zero_init`` scratch and
   barriers are zeroed, other scratch is poisoned with ``0xFF`` bytes (a program that reads scratch it
   did not write then computes NaN instead of passing by luck). :meth:`Launcher.init_scratch` does it
-  again.
+  again. The scratch buffers named in ``mapped`` (the torch op's gather error flags) are page-locked
+  host memory mapped into the device (``driver.host_alloc_mapped``), in :attr:`Launcher.host` as
+  host arrays: the kernels write them through the device pointer, the host reads them without a copy
+  or a synchronisation (initialised on the host).
 * :meth:`Launcher.bind` packs the arguments of every launch for one set of input/output pointers
   (``{graph tensor: device pointer}``; inputs and outputs are named by the graph tensors they are
   bound to) into a :class:`Bound` (the ``kernelParams`` arrays, kept alive by it). A pointer that is not
@@ -51,7 +54,7 @@ Contract
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,11 +187,15 @@ class Launcher:
     Use :meth:`close` (or a ``with`` block) to free the scratch buffers and unload the module.
     """
 
-    def __init__(self, driver: Driver, plan: LaunchPlan, cubin: bytes, stream: int = 0) -> None:
+    def __init__(self, driver: Driver, plan: LaunchPlan, cubin: bytes, stream: int = 0,
+                 mapped: Collection[str] = ()) -> None:
         self.driver = driver
         self.plan = plan
         self.module: Any = None
         self.scratch: dict[str, int] = {}
+        #: the scratch buffers named in ``mapped``, as host arrays (page-locked, mapped into the device)
+        self.host: dict[str, np.ndarray] = {}
+        self._mapped = frozenset(mapped)
         self._active = driver.activate()
         with self._active:
             if driver.stream_capturing(stream):
@@ -215,7 +222,9 @@ class Launcher:
             self._calls = tuple((funcs[ln.kernel], ln.grid, ln.block, ln.smem_bytes,
                                  ln.cooperative or any(a in barriers for a in ln.args)) for ln in plan.launches)
             for b in plan.buffers:
-                if b.role in ("scratch", "barrier"):
+                if b.role == "scratch" and b.name in self._mapped:
+                    self.host[b.name], self.scratch[b.name] = driver.host_alloc_mapped(b.nbytes)
+                elif b.role in ("scratch", "barrier"):
                     self.scratch[b.name] = driver.mem_alloc(b.nbytes)
             self.init_scratch(stream)
         except BaseException:
@@ -226,7 +235,9 @@ class Launcher:
         """Zero ``zero_init`` scratch and barriers, poison the other scratch (enqueued on ``stream``)."""
         with self._active:
             for b in self.plan.buffers:
-                if b.name in self.scratch and b.nbytes:
+                if b.name in self.host:
+                    self.host[b.name][:] = 0 if b.zero_init else POISON   # host memory: written as it is
+                elif b.name in self.scratch and b.nbytes:
                     self.driver.memset_d8(self.scratch[b.name], 0 if b.zero_init else POISON, b.nbytes, stream)
 
     def bind(self, tensors: Mapping[str, int], extents: Mapping[str, int] | None = None) -> Bound:
@@ -280,9 +291,13 @@ class Launcher:
 
     def _free(self) -> None:
         while self.scratch:
-            _, ptr = self.scratch.popitem()
+            name, ptr = self.scratch.popitem()
             try:
-                self.driver.mem_free(ptr)
+                host = self.host.pop(name, None)
+                if host is not None:
+                    self.driver.host_free(host)
+                else:
+                    self.driver.mem_free(ptr)
             except DriverError:
                 pass
         if self.module is not None:

@@ -150,6 +150,15 @@ class PycudaDriver:
         """A page-locked host buffer of ``nbytes`` (uint8), freed with the array."""
         return self._call(self._cu.pagelocked_empty, max(int(nbytes), 1), np.uint8)[: int(nbytes)]
 
+    def host_alloc_mapped(self, nbytes: int) -> tuple[np.ndarray, int]:
+        """A page-locked host buffer mapped into the device (pycuda's ``DEVICEMAP``) and its device pointer."""
+        flags = self._cu.host_alloc_flags.DEVICEMAP | self._cu.host_alloc_flags.PORTABLE
+        host = self._call(self._cu.pagelocked_empty, max(int(nbytes), 1), np.uint8, "C", flags)
+        return host[: int(nbytes)], int(host.base.get_device_pointer())
+
+    def host_free(self, host: np.ndarray) -> None:
+        """Nothing to do: pycuda frees the buffer with the array."""
+
     # -- modules and launches -------------------------------------------------------------------
     def load_module(self, image: bytes) -> Any:
         module = self._call(self._cu.module_from_buffer, bytes(image))

@@ -21,8 +21,9 @@ BAD: dict[str, list[Any]] = {
     "deterministic": ["yes", 1, 0, None, 1.0],
     "cpu": ["gpu", "", None, 0, True],
     "min_nodes": [0, -1, True, 2.5, "3", None, 2**31],
-    "check_gather": ["yes", 1, 0, None],
+    "check_gather": ["yes", 1, 0, None, "SYNC"],
     "max_extent": [0, -5, True, 2.5, 2**31, "2048", None],
+    "cudagraphs": ["yes", 1, 0, "reduce-overhead"],
     "strict": ["yes", 1, 0, None],
 }
 GOOD: dict[str, list[Any]] = {
@@ -32,8 +33,9 @@ GOOD: dict[str, list[Any]] = {
     "deterministic": [True, False],
     "cpu": ["emulate", "reference"],
     "min_nodes": [1, 4],
-    "check_gather": [True, False],
+    "check_gather": [True, False, "sync"],
     "max_extent": [1, 2048, 2**31 - 1],
+    "cudagraphs": [None, True, False],
     "strict": [True, False],
 }
 

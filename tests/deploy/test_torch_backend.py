@@ -325,8 +325,12 @@ def test_cuda_path_launches_on_the_given_stream_and_packs_once(monkeypatch: pyte
     assert later == ["launch"] * (3 * n)
     assert len(drv.launches) == 4 * n and {ln.stream for ln in drv.launches} == {0x77}
     assert len(k._launchers[(0, 0x77)][1]) == 1          # one packed argument set
-    k.launch_pointers(0, (ins[0], ins[1], drv.mem_alloc(8 * 16 * 4)), stream=0x77)
-    assert len(k._launchers[(0, 0x77)][1]) == 2
+    other = drv.mem_alloc(8 * 16 * 4)
+    k.launch_pointers(0, (ins[0], ins[1], other), stream=0x77)
+    assert len(k._launchers[(0, 0x77)][1]) == 1          # the same set, its output pointer rewritten
+    assert other in drv.launches[-1].args and outs[0] not in drv.launches[-1].args
+    k.launch_pointers(0, ptrs, stream=0x77)
+    assert outs[0] in drv.launches[-1].args and other not in drv.launches[-1].args
     assert sum(1 for c in drv.calls if c[0] == "load_module") == 1
 
 

@@ -80,28 +80,62 @@ def _launch(region, ids: np.ndarray, check: bool):
     return k, drv, (*ptrs, out), ptrs[order.index(0)]
 
 
-def test_launch_path_reads_the_flag_and_raises_then_recovers(region) -> None:
+def _stalls(drv) -> list:
+    """The calls that stall the host or copy device memory to it."""
+    return [c for c in drv.calls if c[0] in ("synchronize", "event_synchronize", "memcpy_dtoh")]
+
+
+def _set_ids(drv, ids_ptr, ids) -> None:
+    drv.buffer(ids_ptr)[:ids.nbytes] = ids.astype(np.int64).view(np.uint8)
+
+
+def test_launch_path_reports_a_bad_index_at_the_next_call_without_stalling(region) -> None:
     ids = np.arange(ROWS) % V
     k, drv, ptrs, ids_ptr = _launch(region, ids, check=True)
     k.launch_pointers(-1, ptrs, stream=0)                      # good indices: no error
-    assert ("synchronize",) in drv.calls                       # the flag was read after the launch
     bad = ids.copy()
     bad[1] = V + 3
-    drv.buffer(ids_ptr)[:bad.nbytes] = bad.astype(np.int64).view(np.uint8)
-    with pytest.raises(Exception, match=r"gather '[^']+': index out of range"):
-        k.launch_pointers(-1, ptrs, stream=0)
+    _set_ids(drv, ids_ptr, bad)
+    k.launch_pointers(-1, ptrs, stream=0)                      # the kernels set the flag; nothing waits for it
     out = drv.buffer(ptrs[-1])[:ROWS * H * 4].view(np.float32).reshape(ROWS, H)
     assert np.isfinite(out).all()                              # a defined result (LayerNorm of the zero row + pos)
-    drv.buffer(ids_ptr)[:ids.nbytes] = ids.astype(np.int64).view(np.uint8)
-    k.launch_pointers(-1, ptrs, stream=0)                      # the flag was zeroed again: no stale error
+    _set_ids(drv, ids_ptr, ids)
+    with pytest.raises(Exception, match=r"gather '[^']+' reading region input \d \('in\d', int64 \[6\]\): "
+                                        r"index out of range.*at its next call"):
+        k.launch_pointers(-1, ptrs, stream=0)                  # the next call raises, naming region and input
+    k.launch_pointers(-1, ptrs, stream=0)                      # the flag was zeroed: no stale error
+    assert _stalls(drv) == []                                  # no synchronisation, no device-to-host copy
+    assert ("host_alloc_mapped", 4) in drv.calls               # the flag lives in mapped host memory
 
 
-def test_check_gather_false_never_synchronises(region) -> None:
+def test_check_all_reports_the_last_calls_flag(region) -> None:
+    from stitchtune.deploy import torch_flags
+
+    bad = np.arange(ROWS) % V
+    bad[3] = -1
+    k, drv, ptrs, _ = _launch(region, bad, check=True)
+    k.launch_pointers(-1, ptrs, stream=0)
+    with pytest.raises(Exception, match=r"stitched region region_embedding .*index out of range.*check_errors"):
+        torch_flags.check_all()
+    torch_flags.check_all()                                    # zeroed
+
+
+def test_check_gather_sync_raises_at_the_call_itself(region) -> None:
+    bad = np.arange(ROWS) % V
+    bad[0] = V
+    k, drv, ptrs, _ = _launch(region, bad, check="sync")
+    with pytest.raises(Exception, match=r"index out of range.*right after its launch"):
+        k.launch_pointers(-1, ptrs, stream=0)
+    assert ("synchronize",) in drv.calls and not [c for c in drv.calls if c[0] == "memcpy_dtoh"]
+
+
+def test_check_gather_false_never_reads_the_flag(region) -> None:
     bad = np.arange(ROWS) % V
     bad[0] = -5
     k, drv, ptrs, _ = _launch(region, bad, check=False)
     k.launch_pointers(-1, ptrs, stream=0)
-    assert not [c for c in drv.calls if c[0] in ("synchronize", "memcpy_dtoh")]
+    k.launch_pointers(-1, ptrs, stream=0)
+    assert _stalls(drv) == [] and not [c for c in drv.calls if c[0] == "host_alloc_mapped"]
 
 
 def test_backend_option_is_validated() -> None:
@@ -109,6 +143,7 @@ def test_backend_option_is_validated() -> None:
     from stitchtune.errors import StitchtuneError
 
     assert BackendOptions.from_options({"check_gather": False}).check_gather is False
+    assert BackendOptions.from_options({"check_gather": "sync"}).check_gather == "sync"
     with pytest.raises(StitchtuneError, match="check_gather"):
         BackendOptions.from_options({"check_gather": "yes"})
 

@@ -10,7 +10,9 @@
  * contexts are the primary context of each device (a per-thread stack: set / push / pop); streams are
  * any handle value; a stream can capture (cuStreamBeginCapture) and the calls a capture forbids
  * (allocation, module load, synchronous copies, synchronisation) then fail with
- * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate it. A launch checks what a GPU checks: a
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate it; the launches a capture records (not run
+ * then) make the graph cuStreamEndCapture returns, cuGraphInstantiate copies it and cuGraphLaunch replays
+ * them in order on its stream (each logged as a "graph_node"). A launch checks what a GPU checks: a
  * current context, a function of a loaded module, dynamic shared memory above 48 KiB only after the
  * opt-in, a cooperative grid within the co-resident limit, and (as the real kernels' 16-byte vector
  * loads do) every pointer argument 16-byte aligned: a misaligned one is a sticky
@@ -356,6 +358,14 @@ CUresult cuMemHostAlloc(void **p, size_t size, unsigned flags) {
   RETURN("cuMemHostAlloc", OK, ", \"bytes\": %zu, \"flags\": %u", size, flags);
 }
 
+/* a mapped page-locked buffer's device pointer: the host address itself (unified addressing) */
+CUresult cuMemHostGetDevicePointer_v2(u64 *dptr, void *p, unsigned flags) {
+  ENTER("cuMemHostGetDevicePointer", ", \"ptr\": %llu", (unsigned long long)(uintptr_t)p);
+  if (flags) RETURN("cuMemHostGetDevicePointer", E_INVALID_VALUE, ", \"ptr\": %llu", (unsigned long long)(uintptr_t)p);
+  *dptr = (u64)(uintptr_t)p;
+  RETURN("cuMemHostGetDevicePointer", OK, ", \"ptr\": %llu", (unsigned long long)*dptr);
+}
+
 CUresult cuMemFreeHost(void *p) {
   unsigned long long addr = (unsigned long long)(uintptr_t)p;
   ENTER("cuMemFreeHost", ", \"ptr\": %llu", addr);
@@ -518,6 +528,13 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, void *fn, int block
 }
 
 /* ------------------------------------------------------------------------------ launches */
+/* a CUDA graph: the kernel launches captured on a stream, in order (their argument values as captured) */
+#define MAX_NODES 256
+typedef struct { Func *f; unsigned grid; int coop; int nvals; u64 vals[64]; } Node;
+typedef struct { int magic; int n; Node nodes[MAX_NODES]; } Graph;
+static Node captured[MAX_NODES];
+static int ncaptured = 0;
+
 static int fault_now(void) {
   const char *spec = getenv("STUB_CUDA_FAULT"), *mark = getenv("STUB_CUDA_FAULT_MARK");
   int code = 0, at = 1;
@@ -583,6 +600,14 @@ static CUresult launch_common(const char *name, int coop, void *fn, unsigned gx,
   if (coop && (unsigned long long)gx * gy * gz > (unsigned long long)sms * occupancy)
     RETURN(name, E_COOP_TOO_LARGE, LFMT, LARGS);
   if (capturing && stream == 0 && capturing != stream) { capture_invalid = 1; RETURN(name, E_CAPTURE_UNSUPPORTED, LFMT, LARGS); }
+  if (capturing && capturing == stream) {   /* captured: recorded into the graph, not run */
+    if (ncaptured < MAX_NODES) {
+      Node *nd = &captured[ncaptured++];
+      nd->f = f; nd->grid = gx; nd->coop = coop; nd->nvals = nvals;
+      memcpy(nd->vals, vals, sizeof(u64) * (size_t)nvals);
+    }
+    RETURN(name, OK, LFMT, LARGS);
+  }
   int fault = fault_now();
   if (fault && !pending) pending = fault;
   if (misaligned && !pending) pending = E_MISALIGNED;
@@ -623,6 +648,7 @@ CUresult cuStreamBeginCapture_v2(u64 stream, int mode) {
   if (!stream || capturing) RETURN("cuStreamBeginCapture", E_NOT_SUPPORTED, ", \"stream\": %llu", (unsigned long long)stream);
   capturing = stream;
   capture_invalid = 0;
+  ncaptured = 0;
   RETURN("cuStreamBeginCapture", OK, ", \"stream\": %llu, \"mode\": %d", (unsigned long long)stream, mode);
 }
 CUresult cuStreamBeginCapture_v2_ptsz(u64 stream, int mode) { return cuStreamBeginCapture_v2(stream, mode); }
@@ -634,7 +660,62 @@ CUresult cuStreamEndCapture(u64 stream, void **graph) {
   capturing = 0;
   capture_invalid = 0;
   if (graph) *graph = NULL;
-  RETURN("cuStreamEndCapture", bad ? E_CAPTURE_INVALIDATED : OK, ", \"stream\": %llu", (unsigned long long)stream);
+  if (!bad && graph) {
+    Graph *g = calloc(1, sizeof *g);
+    g->magic = 0x6752;
+    g->n = ncaptured;
+    memcpy(g->nodes, captured, sizeof(Node) * (size_t)ncaptured);
+    *graph = g;
+  }
+  RETURN("cuStreamEndCapture", bad ? E_CAPTURE_INVALIDATED : OK, ", \"stream\": %llu, \"nodes\": %d",
+         (unsigned long long)stream, bad ? 0 : ncaptured);
+}
+
+/* an executable graph is a copy of the graph (flags, and the legacy overload's error arguments, ignored) */
+CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) {
+  (void)flags;
+  ENTER("cuGraphInstantiate", "");
+  Graph *g = graph;
+  if (!g || g->magic != 0x6752) RETURN("cuGraphInstantiate", E_INVALID_VALUE, "");
+  Graph *e = malloc(sizeof *e);
+  memcpy(e, g, sizeof *e);
+  *exec = e;
+  RETURN("cuGraphInstantiate", OK, ", \"nodes\": %d", e->n);
+}
+
+/* a replay: every captured launch again, in order, on `stream` (each logged as a "graph_node") */
+CUresult cuGraphLaunch(void *exec, u64 stream) {
+  ENTER("cuGraphLaunch", ", \"stream\": %llu", (unsigned long long)stream);
+  Graph *e = exec;
+  if (!e || e->magic != 0x6752) RETURN("cuGraphLaunch", E_INVALID_VALUE, ", \"stream\": %llu", (unsigned long long)stream);
+  if (capturing && capturing == stream) {
+    capture_invalid = 1;
+    RETURN("cuGraphLaunch", E_CAPTURE_UNSUPPORTED, ", \"stream\": %llu", (unsigned long long)stream);
+  }
+  for (int i = 0; i < e->n; ++i) {
+    Node *nd = &e->nodes[i];
+    char args[2048] = "";
+    size_t off = 0;
+    for (int j = 0; j < nd->nvals && off < sizeof args; ++j)
+      off += (size_t)snprintf(args + off, sizeof args - off, "%s%llu", j ? ", " : "", (unsigned long long)nd->vals[j]);
+    LOG("graph_node", OK, ", \"kernel\": \"%s\", \"grid\": %u, \"stream\": %llu, \"args\": [%s], \"cooperative\": %d",
+        nd->f->name, nd->grid, (unsigned long long)stream, args, nd->coop);
+    if (!pending) run_kernel(nd->f, nd->vals, nd->nvals);
+  }
+  RETURN("cuGraphLaunch", OK, ", \"stream\": %llu, \"nodes\": %d", (unsigned long long)stream, e->n);
+}
+CUresult cuGraphLaunch_ptsz(void *exec, u64 stream) { return cuGraphLaunch(exec, stream); }
+
+CUresult cuGraphExecDestroy(void *exec) {
+  ENTER("cuGraphExecDestroy", "");
+  free(exec);
+  RETURN("cuGraphExecDestroy", OK, "");
+}
+
+CUresult cuGraphDestroy(void *graph) {
+  ENTER("cuGraphDestroy", "");
+  free(graph);
+  RETURN("cuGraphDestroy", OK, "");
 }
 CUresult cuStreamEndCapture_ptsz(u64 stream, void **graph) { return cuStreamEndCapture(stream, graph); }
 
@@ -698,6 +779,7 @@ static const Sym SYMS[] = {
   S("cuCtxPopCurrent", cuCtxPopCurrent_v2), S("cuCtxGetDevice", cuCtxGetDevice),
   S("cuCtxSynchronize", cuCtxSynchronize), S("cuMemAlloc", cuMemAlloc_v2), S("cuMemFree", cuMemFree_v2),
   S("cuMemAllocHost", cuMemAllocHost_v2), S("cuMemHostAlloc", cuMemHostAlloc), S("cuMemFreeHost", cuMemFreeHost),
+  S("cuMemHostGetDevicePointer", cuMemHostGetDevicePointer_v2),
   S("cuMemsetD8Async", cuMemsetD8Async), S("cuMemsetD8", cuMemsetD8_v2), S("cuMemcpyHtoD", cuMemcpyHtoD_v2),
   S("cuMemcpyDtoH", cuMemcpyDtoH_v2), S("cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2),
   S("cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2), S("cuModuleLoadData", cuModuleLoadData),
@@ -710,6 +792,8 @@ static const Sym SYMS[] = {
   S("cuStreamEndCapture", cuStreamEndCapture), S("cuStreamIsCapturing", cuStreamIsCapturing),
   S("cuEventCreate", cuEventCreate), S("cuEventDestroy", cuEventDestroy_v2), S("cuEventRecord", cuEventRecord),
   S("cuEventSynchronize", cuEventSynchronize), S("cuEventElapsedTime", cuEventElapsedTime_v2),
+  S("cuGraphInstantiate", cuGraphInstantiateWithFlags), S("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags),
+  S("cuGraphLaunch", cuGraphLaunch), S("cuGraphExecDestroy", cuGraphExecDestroy), S("cuGraphDestroy", cuGraphDestroy),
 };
 
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, u64 flags, int *status) {

@@ -103,6 +103,23 @@ def test_close_frees_scratch_and_unloads() -> None:
     assert len(drv.memory) == before and drv.calls[-1][0] == "unload_module"
 
 
+def test_mapped_scratch_is_host_memory_initialised_on_the_host_and_freed() -> None:
+    """Launcher(mapped=...): those scratch buffers come from host_alloc_mapped, are initialised by host
+    writes (no memset), the kernels get their device pointers, and close frees them."""
+    drv = FakeDriver()
+    before = len(drv.memory)
+    lau = Launcher(drv, _plan(), CUBIN, stream=5, mapped=("zero", "junk"))
+    assert [c for c in drv.calls if c[0] == "host_alloc_mapped"] == [("host_alloc_mapped", 32), ("host_alloc_mapped", 48)]
+    assert set(lau.host) == {"zero", "junk"} and (lau.host["zero"] == 0).all() and (lau.host["junk"] == 0xFF).all()
+    assert [c for c in drv.calls if c[0] == "memset_d8"] == [("memset_d8", lau.scratch["bar"], 0, 8, 5)]
+    lau.launch(lau.bind(_io(drv)), 5)
+    assert lau.scratch["junk"] in drv.launches[0].args and lau.scratch["zero"] in drv.launches[1].args
+    drv.buffer(lau.scratch["zero"])[:4] = 1               # "the kernel" writes through the device pointer
+    assert lau.host["zero"][:4].tolist() == [1, 1, 1, 1]  # the host sees it without a copy
+    lau.close()
+    assert len(drv.memory) == before + 2 and [c[0] for c in drv.calls].count("host_free") == 2   # x, y remain
+
+
 def test_driver_errors_are_clear_and_leave_nothing_allocated() -> None:
     drv = FakeDriver(kernels={"k1": lambda d, a, ln: None})
     with pytest.raises(DriverError, match="cuModuleLoadData failed: CUDA_ERROR_INVALID_IMAGE") as e:

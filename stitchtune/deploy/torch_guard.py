@@ -1,0 +1,166 @@
+"""What the torch backend registers for each region: :class:`GuardedRegion`, a kernel with its region's
+ATen ops to fall back on, and the helpers it shares with the kernels (:func:`eager_outputs`,
+:func:`is_index_error`). Re-exported by :mod:`stitchtune.deploy.torch_ops` (see its docstring).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from stitchtune.deploy.torch_ops import RegionError, RegionKernel, _device_of, _lock
+
+__all__ = ["GuardedRegion", "eager_outputs", "is_index_error"]
+
+log = logging.getLogger("stitchtune.deploy.torch_ops")   # its records keep the op's logger name
+
+
+def eager_outputs(module: Any, inputs: Sequence[Any], perms: Sequence[Any] | None = None,
+                  keep: Sequence[int] | None = None) -> list[Any]:
+    """A region's ATen ops (``module``) run on ``inputs``: its outputs ``keep`` (default all), each
+    new and row-major in the axis order ``perms[i]`` (None: its own), as a kernel writes it; never a
+    view of an input."""
+    every = list(module(*inputs))
+    outs = []
+    for i, o in enumerate(every if keep is None else [every[k] for k in keep]):
+        p = perms[i] if perms else None
+        o = (o if p is None else o.permute(p)).contiguous()
+        if o._base is not None or any(o.data_ptr() == t.data_ptr() for t in inputs):
+            o = o.clone()
+        outs.append(o)
+    return outs
+
+
+def is_index_error(exc: BaseException) -> bool:
+    """True for a gather's out-of-range index (a flagged error of the model's input, raised as it is:
+    running the ATen ops instead would fail too, and on CUDA with a device-side assert)."""
+    return "index out of range" in str(exc)
+
+
+@dataclass
+class GuardedRegion:
+    """What the torch backend registers: ``kernel`` (a :class:`RegionKernel` or
+    :class:`DynamicRegionKernel`), and the region's ATen ops (``module``) to run instead when the
+    kernel fails at run time. The first failure calls ``on_fail(reason)`` (the backend reports the
+    region as declined) and is logged once; from then on every call runs ``module`` (its outputs
+    made contiguous in the kernel's axis order ``perms``, never aliasing an input). A gather's
+    out-of-range index (:func:`is_index_error`) is raised, not hidden. ``held``: (position, tensor)
+    for region inputs that are constants (a causal mask, position ids) which the op's caller does not
+    pass: they are put back at their positions (on the region's device, below) before every call,
+    so no kernel computes them. ``device``: the device of the graph the region runs in (None: the
+    first input's); a region that reads no tensor (an ``iota`` and its arithmetic) runs there, and an
+    input on another device (a CPU 0-d tensor beside CUDA ones) is moved there first."""
+
+    kernel: Any
+    module: Any
+    perms: tuple[tuple[int, ...] | None, ...]
+    on_fail: Any = None
+    #: which of ``module``'s outputs the kernel returns, in its order (None: all)
+    keep: tuple[int, ...] | None = None
+    failed: str | None = None
+    held: tuple[tuple[int, Any], ...] = ()
+    device: Any = None
+    _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes checked -> specs
+    _held_on: dict[Any, list[Any]] = field(default_factory=dict, repr=False)   # device -> held tensors there
+    #: the thin path (:mod:`~stitchtune.deploy.torch_fast`) once a call has run the full one; None: none
+    _fast: Any = field(default=None, repr=False)
+
+    @property
+    def compiled(self) -> Any:
+        return self.kernel.compiled
+
+    @property
+    def flag_sets(self) -> list[Any]:
+        """The kernel's gathers' error flags (:mod:`~stitchtune.deploy.torch_flags`), one set per launcher."""
+        return list(getattr(self.kernel, "flag_sets", ()))
+
+    def describe(self) -> str:
+        return str(self.kernel.describe())
+
+    def _with_held(self, inputs: Sequence[Any], fake: bool = False) -> list[Any]:
+        """``inputs`` with the held constants inserted at their positions (``fake``: empty tensors of
+        their shapes and strides, made in the active fake mode)."""
+        device = _device_of(inputs, self.device)
+        inputs = [t if t.device == device else t.to(device) for t in inputs]
+        if not self.held:
+            return inputs
+        if fake:
+            consts = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device) for _, t in self.held]
+        else:
+            with _lock:
+                consts = self._held_on.get(device) or [t.to(device) for _, t in self.held]
+                self._held_on[device] = consts
+        out = list(inputs)
+        for (i, _), t in zip(self.held, consts):
+            out.insert(i, t)
+        return out
+
+    def fake(self, inputs: Sequence[Any]) -> list[Any]:
+        return list(self.kernel.fake(self._with_held(inputs, fake=True), self.device))
+
+    def copies(self, inputs: Sequence[Any]) -> int:
+        """How many copy kernels a call on ``inputs`` (the op's arguments, real or fake: their strides
+        count) launches before the region's kernels."""
+        return int(self.kernel.copies(self._with_held(inputs, fake=True)))
+
+    def _check(self, inputs: Sequence[Any], outs: Sequence[Any]) -> None:
+        """Raise when the kernel's outputs are not what its fake result promised (shape, dtype);
+        checked at the first call of a static kernel (its shapes never change), per input shapes of a
+        dynamic one."""
+        static = isinstance(self.kernel, RegionKernel)
+        key = () if static else tuple(tuple(t.shape) for t in inputs)
+        if key in self._specs:
+            return
+        want = [(tuple(f.shape), f.dtype) for f in self.kernel.fake(inputs)]
+        got = [(tuple(o.shape), o.dtype) for o in outs]
+        if got != want:
+            raise RegionError(f"{self.describe()}: outputs {got}, its fake result says {want}")
+        self._specs[key] = want
+
+    def _make_fast(self, raw: Sequence[Any], inputs: Sequence[Any]) -> Any:
+        """The thin path for later calls, when this call's inputs (``raw``: as passed) were all on the
+        region's device (else every call moves one: the full path stays)."""
+        device = _device_of(inputs, self.device)
+        if any(t.device != device for t in raw):
+            return None
+        consts = self._held_on.get(device, []) if self.held else []
+        return self.kernel.fast_path(device, tuple((i, t) for (i, _), t in zip(self.held, consts)))
+
+    def eager(self, inputs: Sequence[Any]) -> list[Any]:
+        """The region's outputs computed by its ATen ops, laid out as the kernel writes them."""
+        return eager_outputs(self.module, inputs, self.perms, self.keep)
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+        fast = self._fast
+        if fast is not None:
+            try:
+                outs = fast(inputs)
+            except Exception as exc:  # noqa: BLE001 - the full path below reports or declines it
+                if is_index_error(exc):
+                    raise
+                outs = None
+            if outs is not None:
+                return outs
+        raw = inputs
+        inputs = self._with_held(inputs)
+        if self.failed is None:
+            try:
+                outs = list(self.kernel(inputs, self.device))
+                self._check(inputs, outs)
+                if fast is None and isinstance(self.kernel, RegionKernel):
+                    self._fast = self._make_fast(raw, inputs)
+                return outs
+            except Exception as exc:  # noqa: BLE001 - never break a model: the ATen ops run instead
+                if is_index_error(exc):
+                    raise
+                self.failed = f"{type(exc).__name__}: {exc}"
+                self._fast = None
+                log.warning("%s failed at run time (%s); running its ATen ops from now on",
+                            self.describe(), self.failed)
+                if self.on_fail is not None:
+                    self.on_fail(self.failed)
+        return self.eager(inputs)
