@@ -36,6 +36,7 @@ import numpy as np
 from stitchtune._version import __version__
 from stitchtune.cli import checks
 from stitchtune.cli import dynamic as dynamic_cli
+from stitchtune.cli.audit import _add_audit
 from stitchtune.cli.importing import _add_import
 from stitchtune.cli.options import (
     MAX_SAMPLES,
@@ -357,6 +358,7 @@ _SUBCOMMANDS: list[Callable[[Any], None]] = [
     _add_export,
     _add_tune,
     _add_import,
+    _add_audit,
 ]
 
 

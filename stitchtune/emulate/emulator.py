@@ -84,7 +84,7 @@ from collections.abc import Callable
 import numpy as np
 
 from stitchtune.emulate.translate import _compiled
-from stitchtune.emulate.trace import GlobalAccess
+from stitchtune.emulate.trace import AccessTrace, GlobalAccess
 from stitchtune.emulate.memory import (
     FAULT_KINDS,
     NP_ELEM,
@@ -96,7 +96,7 @@ from stitchtune.ir.kir import Kernel, Program
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FAULT_KINDS", "NP_ELEM", "EmulatorFault", "elem_dtype", "emulate_kernel", "emulate_program"]
+__all__ = ["FAULT_KINDS", "NP_ELEM", "AccessTrace", "EmulatorFault", "elem_dtype", "emulate_kernel", "emulate_program"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -108,7 +108,8 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
                    written: dict[str, np.ndarray] | None = None,
                    coresident_limit: int | None = None, cluster_limit: int | None = None,
                    block_order_seed: int | None = None, extents: dict[str, int] | None = None,
-                   trace: list[GlobalAccess] | None = None) -> None:
+                   trace: list[GlobalAccess] | None = None, blocks: int | None = None,
+                   observe: AccessTrace | None = None) -> None:
     """Run one launch ``kernel<<<grid, kernel.block>>>`` in place on ``buffers``.
 
     ``buffers`` maps each parameter name to a 1-D numpy array of the parameter's element type
@@ -123,13 +124,22 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
     and every access is checked against the buffer given. ``trace``: a list that receives a
     :class:`~stitchtune.emulate.trace.GlobalAccess` per global access statement executed (the address
     trace :mod:`stitchtune.emulate.sectors` counts 32-byte sectors in).
+    ``blocks`` (optional, ``1 <= blocks <= grid``): emulate only blocks ``0 .. blocks - 1`` of the
+    ``grid``-block launch (``gridDim.x`` is still ``grid``): a slice whose per-warp accesses are the
+    full launch's, for audits of launches too large to emulate whole. Other blocks' writes never
+    happen, so a slice is for addresses, not results (pass no ``written`` to read anything).
+    ``observe``: an :class:`AccessTrace` called on every global and shared access with the statement's
+    path (default None: no cost; :mod:`stitchtune.analysis.sectors` counts sectors and bank wavefronts).
     Raises :class:`EmulatorFault` on a kernel bug (buffers are then partly updated).
     """
     if grid < 1 or grid * kernel.block >= 2**31:
         raise ValueError(f"grid {grid} x block {kernel.block} is not an emulable launch")
+    if blocks is not None and not 1 <= blocks <= grid:
+        raise ValueError(f"blocks {blocks} is not a slice of a grid of {grid}")
     _check_cluster_launch(kernel, grid, cluster_limit)
     ck = _compiled(kernel)
-    st = _State(ck, grid, buffers, written or {}, coresident_limit, extents)
+    run = grid if blocks is None else blocks
+    st = _State(ck, run, buffers, written or {}, coresident_limit, extents, gdim=grid, observe=observe)
     st.trace = trace
     if block_order_seed is not None:
         st.block_rank = np.random.default_rng(block_order_seed).permutation(grid).astype(np.int32)

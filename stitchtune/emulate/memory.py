@@ -33,7 +33,7 @@ from typing import Any, Literal, Protocol, overload
 import numpy as np
 
 from stitchtune.emulate.races import _Tracker
-from stitchtune.emulate.trace import GlobalAccess
+from stitchtune.emulate.trace import AccessTrace, GlobalAccess
 from stitchtune.ir import kir
 from stitchtune.ir.kir import BOOL, F32, I32, I64
 
@@ -176,7 +176,8 @@ class _CompiledKernel(Protocol):
 class _State:
     def __init__(self, ck: _CompiledKernel, grid: int, buffers: dict[str, np.ndarray],
                  written: dict[str, np.ndarray], coresident_limit: int | None,
-                 extents: dict[str, int] | None = None) -> None:
+                 extents: dict[str, int] | None = None, *, gdim: int | None = None,
+                 observe: AccessTrace | None = None) -> None:
         k = ck.kernel
         ext = dict(extents or {})
         if set(ext) != set(k.extents) or any(v < 1 or v >= 2**31 for v in ext.values()):
@@ -185,6 +186,11 @@ class _State:
         self.extents = {n: np.int32(v) for n, v in ext.items()}
         self.kernel = k
         self.grid = grid
+        #: gridDim.x the kernel sees: the launch's grid, larger than ``grid`` when only its first
+        #: ``grid`` blocks are emulated (a slice of the launch, :func:`emulate_kernel`'s ``blocks``)
+        self.gdim = grid if gdim is None else gdim
+        #: an :class:`AccessTrace` called on every global and shared access (None: off)
+        self.observe = observe
         self.block = k.block
         self.T = T = grid * k.block
         t = np.arange(T, dtype=np.int32)
@@ -314,6 +320,8 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
     if eu.size and eu.max() >= size:  # one reduction; the offending lanes only on the fault path
         raise st.fault("out_of_bounds", f"{op} of {buf}{{at}} (size {size})", eu >= size,
                        _per_element(lanes, width), e)
+    if st.observe is not None:
+        st.observe(st.where, buf, op, lanes, e, width, is_shared)
     # flat element of each lane (intp: numpy converts any other index type on every gather)
     g = _per_element(b.lane_base.take(lanes), width) + e if isinstance(b, _SBuf) else e.astype(np.intp)
     tracker = b.tracker

@@ -206,7 +206,7 @@ class ExprCompiler(ClusterOps):
                 return (lambda st, m: st.bid), I32
             if kind == "bdim":
                 return (lambda st, m: np.int32(st.block)), I32
-            return (lambda st, m: np.int32(st.grid)), I32
+            return (lambda st, m: np.int32(st.gdim)), I32
         if isinstance(e, Bin):
             return self.bin(e)
         if isinstance(e, MathOp):
@@ -333,7 +333,7 @@ class ExprCompiler(ClusterOps):
             act, lanes = _active(st, m, pred)
             if lanes.size == st.T:  # every thread loads: no compaction needed
                 iv = idx(st, act)
-                if is_shared:
+                if is_shared and st.observe is None:   # the fast path is not observed: take the general one
                     v = _shared_broadcast_load(st, buf, iv)
                     if v is not None:
                         return v

@@ -65,6 +65,7 @@ BASE: dict[tuple[str, ...], list[str]] = {
     ("tune",): ["{work}/no_such_model.py:f", "--shapes", "x=2x3", "--db", "{work}/tune-db", "--backend", "emulate"],
     ("import", "torch"): ["{work}/no_such_model.py:f", "--shapes", "x=2x3", "-o", "{work}/g.json"],
     ("import", "onnx"): ["{garbage}", "-o", "{work}/onnx-out"],
+    ("audit",): ["{graph}", "--no-sass", "--no-peer", "--slice-blocks", "1", "--json", "{work}/audit.json"],
 }
 
 BAD_NUMBERS = ["-1", "0", "-0", "nan", "inf", "-inf", "1e999", "abc", "", "9" * 40, "0x10", "3.5", " 3", "1_0"]

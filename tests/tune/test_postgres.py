@@ -13,6 +13,7 @@ The PostgreSQL test needs STITCHTUNE_TEST_PG_URL (``.ci/run`` starts a throwaway
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -43,7 +44,8 @@ def _run_workers(tmp_path: Path, n: int, trials: int, storage: str | None, study
     env[LOG_ENV] = str(log)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     procs = []
-    (tmp_path / "fake.json").write_text("{}")  # the CLI checks its GRAPH is a file; the fakes never read it
+    # the CLI reads its GRAPH first (a static graph or one with dynamic dims?): a valid one; the fakes never read it
+    shutil.copy(REPO / "examples" / "layernorm_small.json", tmp_path / "fake.json")
     for i in range(n):
         argv = ["search", "fake.json", "--db", str(db), "--study", study, "--trials", str(trials), "--jobs", "2",
                 "--sampler", "random", "--seed", str(i), "--backend", "emulate", "--no-progress"]

@@ -240,12 +240,16 @@ def test_json_rows_roundtrip(tmp_path):
 
 # ------------------------------------------------------------------------------------------ CLI
 def _use_fakes(monkeypatch, cwd, runner=None):
-    """Fake stages for the CLI's search, run in ``cwd`` where a ``fake.json`` exists (the CLI checks that
-    its GRAPH is a readable file before the search; the fakes never read it)."""
+    """Fake stages for the CLI's search, run in ``cwd`` where a ``fake.json`` exists (the CLI reads its GRAPH
+    before the search, to tell a static graph from one with dynamic dims: a valid small graph; the fakes
+    never read it)."""
+    import shutil
+
     import stitchtune.tune.search as search_mod
+    from helpers import EXAMPLES_DIR
 
     monkeypatch.chdir(cwd)
-    (cwd / "fake.json").write_text("{}")
+    shutil.copy(EXAMPLES_DIR / "layernorm_small.json", cwd / "fake.json")
     comp = fake_components(runner)
     monkeypatch.setattr(search_mod, "default_components", lambda: comp)
     return comp
@@ -284,8 +288,9 @@ def test_cli_user_errors_exit_2(tmp_path, monkeypatch, capsys):
     _use_fakes(monkeypatch, tmp_path)
     assert main(["search", "fake.json", "--db", str(tmp_path), "--trials", "0", "--jobs", "0",
                  "--backend", "emulate"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("stitchtune: error:") == 2 and "Traceback" not in err
+    err = capsys.readouterr().err   # argparse refuses the first bad number, before anything runs
+    assert err.count("error:") == 1 and "argument --trials: from 1 to" in err and "Traceback" not in err
+    assert err.startswith("usage: stitchtune search")  # nothing printed before the refusal
     assert main(["search", "fake.json", "--db", str(tmp_path), "--storage", "nonsense", "--backend",
                  "emulate", "--no-progress"]) == 2
     assert "--storage" in capsys.readouterr().err
