@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from stitchtune import __version__
+from stitchtune._version import __version__
 from stitchtune.deploy.dynamic import CompiledBucket, compile_dynamic
 from stitchtune.errors import GraphError, StitchtuneError, UnsupportedGraphError
 from stitchtune.graph.dynamic import BucketKey, DynamicGraph, DynamicRefusal
