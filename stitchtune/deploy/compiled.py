@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from stitchtune import __version__
+from stitchtune._version import __version__
 from stitchtune.deploy.run_checks import (  # noqa: F401  (check_gather_indices, check_launch_gathers, gather_error: re-exported)
     _check_arrays,
     check_emulated_gathers,

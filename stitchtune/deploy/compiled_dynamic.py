@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from stitchtune import __version__
+from stitchtune._version import __version__
 from stitchtune.deploy.dynamic import CompiledBucket, compile_dynamic
 from stitchtune.deploy.manifest_io import check_codegen_version, read_manifest, write_kernels
 from stitchtune.errors import GraphError, StitchtuneError, UnsupportedGraphError
@@ -79,7 +79,7 @@ class RefusedBucket:
 
 
 def bucket_dir(key: BucketKey) -> str:
-    """The folder of a bucket's kernels: ``seq-1-16`` (``batch-1-4_seq-17-32``; ``static`` without dims)."""
+    """The folder of a bucket's kernels: ``seq-2-32`` (``batch-1-4_seq-33-64``; ``static`` without dims)."""
     return "_".join(f"{b.dim}-{b.lo}-{b.hi}" for b in key.buckets) or "static"
 
 

@@ -20,8 +20,9 @@ Contract
   gets kernels specialised per extent: the graph at those extents (``DynamicGraph.at``), one
   selection and one build each. A region without a dynamic graph, or extents outside
   ``1..max_extent``, keys by the exact shapes and maps the region again per shape
-  (:func:`~stitchtune.importers.torch_symbolic.map_at_shapes`). Build failures are the
-  DynamicRegionKernel's: that shape runs the region's ATen ops.
+  (:func:`~stitchtune.importers.torch_symbolic.map_at_shapes`). A region makes at most
+  :data:`MAX_SPECIALISED` such specialised kernels; later shapes without a kernel run its ATen ops.
+  Build failures are the DynamicRegionKernel's: that shape runs the region's ATen ops.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ log = logging.getLogger(__name__)
 
 #: bucket keys remembered per region (by the symbols' values; forgotten all at once beyond)
 MAX_KEYS = 4096
+#: kernels specialised per extent (or per shape) one region makes; the shapes after them run the
+#: region's ATen ops: a decode step's new past length would otherwise build a kernel per token
+#: (nvcc on a GPU) where a bucket has no generic kernel (issue 41: at most 8 kernels per region)
+MAX_SPECIALISED = 8
 
 
 def region_dynamic_graph(region: Any, max_extent: int) -> tuple[Any, Any]:
@@ -59,10 +64,16 @@ def region_dynamic_graph(region: Any, max_extent: int) -> tuple[Any, Any]:
 def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, compiled: Any) -> Any:
     """The :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` of a region with symbolic sizes
     (see module docstring); ``compiled`` is its CompiledGraph at the example shapes (for explain)."""
-    from stitchtune.deploy.torch_backend import _compile_graph
+    from stitchtune.deploy.torch_backend import _compile_graph, _kept_outputs
     from stitchtune.deploy.torch_ops import Built, DynamicRegionKernel, RegionKernel
 
+    made = [0]   # kernels specialised per extent / shape so far
+
     def kernel(graph: Any, out_shapes: Sequence[Any]) -> Any:
+        if made[0] >= MAX_SPECIALISED:
+            raise StitchtuneError(f"region {region.name}: {MAX_SPECIALISED} kernels specialised per extent made "
+                                  "already (no generic kernel serves these extents); this shape runs its ATen ops")
+        made[0] += 1
         k = RegionKernel(region.name, region.ops, _compile_graph(graph, opts, device, counter), cpu=opts.cpu,
                          out_shapes=tuple(out_shapes), check_gather=opts.check_gather)
         counter.add(builds=1)
@@ -79,7 +90,7 @@ def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, com
     except StitchtuneError as exc:
         log.info("%s: kernels per input shape (%s)", region.name, exc)
         return DynamicRegionKernel(region.name, region.ops, region.module, per_shape, compiled=compiled,
-                                   counter=counter, perms=region.output_perms)
+                                   counter=counter, perms=region.output_perms, keep=_kept_outputs(region))
 
     refused: dict[Any, str] = {}   # bucket key -> why no generic kernel serves it
 
@@ -121,7 +132,8 @@ def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, com
         return generic(ext) or Built(kernel(dg.at(ext), sym.graph_output_shapes(ext)), sym.index)
 
     return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=compiled,
-                               bucket_of=bucket_of, counter=counter, perms=region.output_perms)
+                               bucket_of=bucket_of, counter=counter, perms=region.output_perms,
+                               keep=_kept_outputs(region))
 
 
 def _in_graph_order(index: Sequence[int], shapes: Sequence[Any]) -> list[Any]:

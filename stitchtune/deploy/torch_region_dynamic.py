@@ -61,6 +61,10 @@ class DynamicRegionKernel:
     #: per output, the axis order the kernels write it row-major in (the region's ``output_perms``:
     #: PyTorch keeps it permuted in memory); () or None: its own order
     perms: tuple[tuple[int, ...] | None, ...] = ()
+    #: which of ``module``'s outputs the kernels return, in their order (None: all); the module also
+    #: returns the no-op views a region's ``aliases`` stand for (GPT-2's fused qkv viewed for q beside
+    #: the cache concats of k and v), which neither the fake nor the eager result may include
+    keep: tuple[int, ...] | None = None
     kernels: dict[Any, _Entry] = field(default_factory=dict, repr=False)
 
     def describe(self) -> str:
@@ -70,12 +74,13 @@ class DynamicRegionKernel:
         """Empty outputs shaped as the kernels write them (permuted by ``perms``; on the device the
         region's ATen ops put them, ``device`` unused)."""
         outs = self.module(*inputs)
+        outs = outs if self.keep is None else [outs[k] for k in self.keep]
         perms = self.perms or (None,) * len(outs)
         return [torch.empty(o.shape if p is None else o.permute(p).shape, dtype=o.dtype, device=o.device)
                 for o, p in zip(outs, perms)]
 
     def _eager(self, inputs: Sequence[Any]) -> list[Any]:
-        return eager_outputs(self.module, inputs, self.perms or None)
+        return eager_outputs(self.module, inputs, self.perms or None, self.keep)
 
     def copies(self, inputs: Sequence[Any]) -> int:
         """How many of ``inputs`` a call copies before its launch: every strided one (the kernels of a

@@ -23,8 +23,8 @@ Buckets
 -------
 :class:`Buckets` cuts ``[min, max]`` of one dim into at most ``max_buckets`` (default 8) contiguous,
 inclusive ranges: by default power-of-two upper bounds (``1..2048`` with 8 buckets:
-``1-16, 17-32, 33-64, 65-128, 129-256, 257-512, 513-1024, 1025-2048``: the smallest ranges merged
-into the first one), or the user's bounds. ``bucket_of(extent)`` is the one mapping from an extent
+``1-1, 2-32, 33-64, 65-128, 129-256, 257-512, 513-1024, 1025-2048``: extent 1 a bucket of its own, the
+smallest other ranges merged into the next one), or the user's bounds. ``bucket_of(extent)`` is the one mapping from an extent
 to its :class:`Bucket` (an extent outside ``[min, max]`` is a :class:`~stitchtune.errors.GraphError`).
 A :class:`BucketKey` is one bucket per dynamic dim (sorted by name): the unit the tuning database
 records (its ``bucket`` column, :meth:`BucketKey.label`), selection looks up and the torch backend
@@ -145,11 +145,15 @@ class Buckets:
     @classmethod
     def power_of_two(cls, dim: str, lo: int, hi: int, max_buckets: int = MAX_BUCKETS) -> "Buckets":
         """Power-of-two upper bounds between ``lo`` and ``hi`` (``hi`` itself last); when that makes more
-        than ``max_buckets`` buckets, the smallest ones are merged into the first."""
+        than ``max_buckets`` buckets, the smallest ones are merged into the first, except extent 1: a
+        range from 1 keeps ``1..1`` as its own first bucket (a decode step's one position, a batch of
+        one: planned as one row, not as a tail of a bucket planned at 16 or 32)."""
         if not 1 <= lo <= hi <= MAX_EXTENT or max_buckets < 1:
             raise ValueError(f"bad range {dim}={lo}..{hi} / {max_buckets} buckets")
         ups = [1 << e for e in range(0, 32) if lo <= (1 << e) < hi]
         ups.append(hi)
+        if ups[0] == 1 and len(ups) > max_buckets >= 2:   # extent 1 keeps a bucket of its own
+            return cls(dim, lo, (1, *ups[-(max_buckets - 1):]))
         ups = ups[-max_buckets:]
         return cls(dim, lo, tuple(ups))
 

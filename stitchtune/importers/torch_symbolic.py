@@ -22,8 +22,11 @@ def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
                   perms: Sequence[tuple[int, ...] | None] = ()) -> tuple[Any, list[int], tuple[Any, ...]]:
     """A region's ``module`` mapped again for the concrete ``inputs`` (tensors): (Graph, for each of
     the module's outputs its index in ``graph.outputs``, the output shapes as the kernel writes them:
-    PyTorch's, permuted by ``perms``). ``perms`` (the region's ``output_perms``, per module output;
-    empty: all None) is the axis order each output must be stored in: the mapping at these shapes
+    PyTorch's, permuted by ``perms``). The module's outputs that are no-op views of a value the region
+    reads (the region's ``aliases``: GPT-2's fused qkv viewed for q beside the cache concats) are
+    PyTorch's, not the kernel's: they are left out of both lists. ``perms`` (the region's
+    ``output_perms``, per kept module output; empty: all None) is the axis order each output must be
+    stored in: the mapping at these shapes
     must store it so (a region whose outputs PyTorch keeps permuted writes them row-major in that
     order). Raises :class:`~stitchtune.errors.StitchtuneError` when the region does not map or plan
     at these shapes, or would store an output in another order."""
@@ -50,9 +53,10 @@ def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
         raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: {res.reason}")
     graph, outputs = res.graph, res.outputs
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    wanted = list(out_node.args[0])
+    aliased = {a for a, _ in res.aliases}   # no-op views the module returns beside the kernel's outputs
+    wanted = [o for o in out_node.args[0] if o not in aliased]
     want = tuple(perms) or (None,) * len(wanted)
-    if res.aliases or any(o in outputs and res.perms[outputs.index(o)] != p for o, p in zip(wanted, want)):
+    if len(want) != len(wanted) or any(o in outputs and res.perms[outputs.index(o)] != p for o, p in zip(wanted, want)):
         raise StitchtuneError(f"region {name} at shapes {[list(t.shape) for t in inputs]}: an output is "
                               "not stored in the region's axis order")
     why = accept(graph) if accept is not None else None
@@ -125,8 +129,8 @@ class SymbolicRegion:
         return {**self.template, "dynamic": {n: {"min": bounds[n][0], "max": bounds[n][1]} for n in self.names}}
 
     def shapes_at(self, extents: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:
-        """PyTorch's output shapes at ``extents``."""
-        return tuple(tuple(extents[d] if isinstance(d, str) else d for d in s) for s in self.output_shapes)
+        """PyTorch's output shapes at ``extents`` (a dim ``"d0+1"``: the extent of ``d0`` plus 1)."""
+        return tuple(tuple(_extent(d, extents) for d in s) for s in self.output_shapes)
 
     def graph_output_shapes(self, extents: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:
         """PyTorch's output shapes at ``extents`` in the graph's output order (output ``index[i]`` is
@@ -136,6 +140,43 @@ class SymbolicRegion:
         for j, i in enumerate(self.index):
             out[i] = shapes[j]
         return tuple(out)
+
+
+def _extent(dim: int | str, extents: Mapping[str, int]) -> int:
+    """The value of an output dim: an int, a dim name, or ``"name+k"`` / ``"name-k"`` (:func:`_offset_names`)."""
+    if isinstance(dim, int):
+        return dim
+    for sign in ("+", "-"):
+        name, op, k = dim.partition(sign)
+        if op:
+            return extents[name] + (int(k) if sign == "+" else -int(k))
+    return extents[dim]
+
+
+#: the largest offset of an output dim from a symbol (a KV cache's ``s + 1``)
+_MAX_OFFSET = 8
+
+
+def _offset_names(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...], va: Mapping[str, int],
+                  vb: Mapping[str, int]) -> tuple[tuple[int | str, ...], ...] | None:
+    """The output shapes mapped at the two probe sets ``va`` and ``vb`` (symbol -> probe) as one shape
+    each: a dim equal in both is static (an int); one that differs is a symbol's name (``"d0"``) or a
+    symbol plus or minus a small offset (``"d0+1"``: the concat of a cache of ``d0`` positions and one
+    new one) where one symbol and offset give both values; None when no symbol does."""
+    out: list[tuple[int | str, ...]] = []
+    for sa, sb in zip(a, b):
+        dims: list[int | str] = []
+        for x, y in zip(sa, sb):
+            if x == y:
+                dims.append(x)
+                continue
+            hit = next((n for n in sorted(va) if x - va[n] == y - vb[n] and abs(x - va[n]) <= _MAX_OFFSET), None)
+            if hit is None:
+                return None
+            k = x - va[hit]
+            dims.append(hit if k == 0 else f"{hit}{'+' if k > 0 else '-'}{abs(k)}")
+        out.append(tuple(dims))
+    return tuple(out)
 
 
 def _named(obj: Any, names: Mapping[int, str]) -> Any:
@@ -154,7 +195,7 @@ def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dty
     """A region's ``module`` mapped once for every value of its symbolic dims: ``dims`` per input as
     :func:`symbolic_dims` gives them, ``dtypes`` the inputs' torch dtypes. The symbols are named
     ``d0, d1, ...`` in order of first appearance (input by input, axis by axis), not by dynamo's
-    symbol names, so equal regions get equal graphs and bucket labels (``d0=17..32``) in every run. The module is mapped
+    symbol names, so equal regions get equal graphs and bucket labels (``d0=33..64``) in every run. The module is mapped
     (:func:`map_at_shapes`) at two sets of probe values of the symbols; with each probe written as
     its symbol's name both graphs must be the same graph.json (so no static number of the graph
     depends on a symbol, and every extent that does is a dim of a shape). Raises
@@ -177,7 +218,8 @@ def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dty
     if len(where) > len(_PROBES[0]):
         raise StitchtuneError(f"region {name}: {len(where)} symbolic dims (at most {len(_PROBES[0])})")
     names = sorted(w[0] for w in where.values())
-    mapped: list[tuple[str, tuple[int, ...], tuple[tuple[int | str, ...], ...]]] = []
+    mapped: list[tuple[str, tuple[int, ...]]] = []
+    raw: list[tuple[tuple[tuple[int, ...], ...], dict[str, int]]] = []
     for probes in _PROBES:
         value = dict(zip(names, probes))
         metas = [torch.empty(tuple(value[where[d][0]] if isinstance(d, str) else int(d or 0) for d in ds), dtype=dt,
@@ -185,10 +227,11 @@ def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dty
         graph, index, shapes = map_at_shapes(module, metas, name, accept, perms)
         back = {v: k for k, v in value.items()}
         text = json.dumps(_named(graph.to_dict(), back), sort_keys=True)
-        out = tuple(tuple(back.get(d, d) for d in s) for s in shapes)
-        mapped.append((text, tuple(index), out))
-    if mapped[0] != mapped[1]:
+        mapped.append((text, tuple(index)))
+        raw.append((tuple(tuple(int(d) for d in sh) for sh in shapes), value))
+    out_shapes = _offset_names(raw[0][0], raw[1][0], raw[0][1], raw[1][1])
+    if mapped[0] != mapped[1] or out_shapes is None:
         raise StitchtuneError(f"region {name}: its graph depends on a symbolic dim other than through shapes")
-    text, order, out_shapes = mapped[0]
+    text, order = mapped[0]
     by_name = {w[0]: w for w in where.values()}
     return SymbolicRegion(text, tuple(names), tuple(by_name[n] for n in names), order, out_shapes)

@@ -72,13 +72,24 @@ def _live_reduced(nd: Node, maps: Mapping[str, tuple[tuple[int, ...], ...]], liv
     return frozenset(a for i in nd.axes for a in src[i] if a in live)
 
 
+def _keeps_a_dim(nd: Node, maps: Mapping[str, tuple[tuple[int, ...], ...]]) -> bool:
+    """Whether reduction ``nd`` keeps a dim of its source: a row reduction, even where every dim it keeps
+    has extent 1 (a layer norm of ``x [1, 1024]`` over ``axes=[-1]``: one row), never a reduction of
+    everything (a loss), though both reduce every live axis there."""
+    rank = len(maps[str(nd.args[0])])
+    return bool(set(range(rank)) - {i % rank for i in nd.axes}) if rank else False
+
+
 def split_cross(red_nodes: list[Node], maps: Mapping[str, tuple[tuple[int, ...], ...]],
                 domain: tuple[int, ...]) -> tuple[list[Node], list[Node]]:
     """``(row_or_col_reductions, cross_reductions)`` of ``red_nodes``; ``maps[name]``: for each dim of
     tensor ``name``, the positions in ``domain`` of the axes it spans (``()`` for a size-1 dim; a dim
     merged from several axes, a ``[B*H*W, C]`` gradient viewed as ``[B, H, W, C]``, spans several).
 
-    A reduction over every live axis is a cross (scalar) reduction. Of the others, when they reduce
+    A reduction over every live axis is a cross (scalar) reduction, unless it keeps a dim of its source
+    (of extent 1, where it reduces every live axis: batch 1, one position) or the domain has one live
+    axis only (a loss of ``[1, N]``): that is a row reduction of one row (``M = 1``), planned as any
+    other extent and split over blocks where the row is long. Of the others, when they reduce
     two different axis sets, one the trailing live axes (row reductions) and the other exactly the
     live axes before them, the second set is cross (per-column or per-row-to-scalar). When they all
     reduce one set, nothing else changes: the planner's family rules apply as before (and a full
@@ -87,7 +98,8 @@ def split_cross(red_nodes: list[Node], maps: Mapping[str, tuple[tuple[int, ...],
     """
     live = {a for a in range(len(domain)) if domain[a] > 1}
     live_sorted = sorted(live)
-    full = [nd for nd in red_nodes if _live_reduced(nd, maps, live) == frozenset(live)]
+    full = [nd for nd in red_nodes if _live_reduced(nd, maps, live) == frozenset(live)
+            and len(live) > 1 and not _keeps_a_dim(nd, maps)]
     rest = [nd for nd in red_nodes if nd not in full]
     groups = list(dict.fromkeys(_live_reduced(nd, maps, live) for nd in rest))
     if not full and len(groups) <= 1:

@@ -63,6 +63,7 @@ from stitchtune.plan.row_moves import commute_row_moves
 from stitchtune.plan.row_views import commute_row_views
 from stitchtune.plan.scatter import Scatter, core_graph, split_scatters
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
+from stitchtune.plan.unit_reductions import unit_reductions
 from stitchtune.plan.transpose import TransposeTile, transpose_tile
 
 
@@ -118,6 +119,9 @@ class StitchPlan:
     #: the region's ``scatter_add`` nodes (:mod:`stitchtune.plan.scatter`): the plan is its core graph's
     #: (scatters removed, their values outputs), the lowering adds each value's stores into its table
     scatters: tuple[Scatter, ...] = ()
+    #: the reductions over extents of 1 only (:mod:`stitchtune.plan.unit_reductions`: a softmax over one
+    #: key) planned as the identities they are; :attr:`moved_graph` is then that rewrite of the graph
+    unit_reductions: tuple[str, ...] = ()
     #: the row axis of the outputs stored through a shared-memory tile (:mod:`stitchtune.plan.transpose`:
     #: an element-wise region whose output's contiguous axis is a row axis of the view); None for
     #: every other plan
@@ -140,8 +144,9 @@ class StitchPlan:
 
     @property
     def moved_rows(self) -> bool:
-        """Whether the plan was made for the row-move rewrite of its graph (:attr:`moved_graph`)."""
-        return self.moved_graph is not None
+        """Whether the plan was made for the row-move rewrite of its graph (:attr:`moved_graph`; not
+        for its unit-reduction rewrite alone, :attr:`unit_reductions`)."""
+        return self.moved_graph is not None and not self.unit_reductions
 
     def planned_graph(self, graph: Graph) -> Graph:
         """The graph this plan was made for, given the graph it was asked for: :attr:`moved_graph`
@@ -286,16 +291,21 @@ def _view(order: tuple[int, ...], sizes: dict[int, int], has_reductions: bool, r
     return _View(Family.COL, sizes, tuple(red), kept)
 
 
-def _classify(names: list[str], view: _View, maps: dict[str, Groups]) -> dict[str, TensorClass]:
+def _classify(names: list[str], view: _View, maps: dict[str, Groups], one_row: bool = False) -> dict[str, TensorClass]:
     """The class of each tensor: which axis groups (rows, columns) it varies along (all of a group's
-    axes or only some of them: a partial variation is expressed by the tensor's index map)."""
+    axes or only some of them: a partial variation is expressed by the tensor's index map).
+
+    ``one_row``: a row-family view whose rows are all of extent 1 (no row axis: a layer norm of
+    ``[1, 1024]``, a decode step's RMSNorm of ``[1, 1, H]``): every tensor varies along the one row,
+    so a tensor varying along the columns is ``FULL`` and one that does not (a reduction's result, a
+    0-d input) ``PER_KEPT``, exactly the classes of the same graph with more rows."""
     rows_live, cols_live = set(view.row_axes), set(view.col_axes)
     per_row = TensorClass.PER_KEPT if view.family != Family.COL else TensorClass.PER_REDUCED
     per_col = TensorClass.PER_KEPT if view.family == Family.COL else TensorClass.PER_REDUCED
     classes: dict[str, TensorClass] = {}
     for name in names:
         varies = {a for g in maps[name] for a in g}
-        in_rows, in_cols = varies & rows_live, varies & cols_live
+        in_rows, in_cols = one_row or bool(varies & rows_live), varies & cols_live
         if in_rows and in_cols:
             classes[name] = TensorClass.FULL
         elif in_rows:
@@ -454,11 +464,20 @@ def make_plan(graph: Graph) -> StitchPlan:
     :func:`~stitchtune.plan.row_views.commute_row_views`); when those are refused too, the refusal of
     ``graph`` stands.
 
+    A graph with reductions over extents of 1 only (a softmax over one key) is planned as the graph
+    with those reductions as identities (:func:`~stitchtune.plan.unit_reductions.unit_reductions`,
+    :attr:`StitchPlan.unit_reductions`, the lowering lowers that graph).
+
     A graph with ``scatter_add`` nodes is planned through its core graph, the plan listing the
     scatters (:func:`~stitchtune.plan.scatter.split_scatters`, which also names what it refuses)."""
     core, scatters = split_scatters(graph)
     if scatters:
         return replace(make_plan(core), scatters=scatters)
+    unit, units = unit_reductions(graph)
+    if units:   # reductions over extents of 1: identities (a row-move rewrite of that graph: moved_rows)
+        p = make_plan(unit)
+        # (no transpose tile: that lowering is for plans of the graph given, not of a rewrite)
+        return p if p.moved_graph is not None else replace(p, moved_graph=unit, unit_reductions=units, transpose=None)
     try:
         plan = _plan_layouts(graph)
     except UnsupportedGraphError as refusal:
@@ -536,7 +555,8 @@ def _make_plan(graph: Graph, domain_tensor: str | None = None) -> StitchPlan:
         raise UnsupportedGraphError(
             f"graph '{real.name}' computes with int values in a column-reduction region; stitched kernels lower "
             "int arithmetic in element-wise and row-reduction regions only")
-    classes = _classify(names, view, maps)
+    one_row = view.family == Family.ROW and not view.row_axes and not cross_nodes
+    classes = _classify(names, view, maps, one_row)
     _check_reductions(red_nodes, classes)
     _check_reduction_sources(red_nodes, view, maps)
     if real is not graph:

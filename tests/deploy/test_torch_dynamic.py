@@ -40,12 +40,12 @@ def _buckets(key: Any) -> list[tuple[int, int]]:
 
 
 def test_one_generic_kernel_per_bucket() -> None:
-    kernels = _run([3, 5, 20, 5, 31])
+    kernels = _run([3, 5, 40, 5, 63])
     assert len(kernels) == 2
     for k in kernels:
-        # both sizes of x are dynamo's symbols (4: bucket 1-16; 3 and 5 rows: 1-16, 20 and 31: 17-32)
-        assert [(_buckets(b), sh) for b, sh, _ in k.entries()] == [([(1, 16), (1, 16)], None),
-                                                                  ([(1, 16), (17, 32)], None)]
+        # both sizes of x are dynamo's symbols (4: bucket 2-32; 3 and 5 rows: 2-32, 40 and 63: 33-64)
+        assert [(_buckets(b), sh) for b, sh, _ in k.entries()] == [([(2, 32), (2, 32)], None),
+                                                                  ([(2, 32), (33, 64)], None)]
         assert all(e is not None and e.generic for _, _, e in k.entries())
     assert [(r.selections, r.builds, r.hits) for r in st_torch.stats().regions] == [(3, 2, 3)] * 2
 
@@ -79,7 +79,7 @@ def test_an_embedding_gather_gets_one_generic_kernel_per_bucket() -> None:
     c = torch.compile(m, backend="stitchtune", dynamic=True,
                       options={"db": None, "fallback": "eager", "cpu": "emulate"})
     with torch.no_grad():
-        for n in (5, 7, 5, 9, 20, 31):
+        for n in (5, 7, 5, 9, 40, 63):
             ids = torch.randint(0, 64, (3, n))
             assert torch.allclose(c(ids), m(ids), atol=1e-5)
         bad = torch.randint(0, 64, (3, 23))
@@ -87,7 +87,7 @@ def test_an_embedding_gather_gets_one_generic_kernel_per_bucket() -> None:
         with pytest.raises((RegionError, StitchtuneError), match="index out of range"):
             c(bad)
     [k] = _dynamic_kernels()[before:]
-    assert [(_buckets(b), sh) for b, sh, _ in k.entries()] == [([(1, 16), (1, 16)], None), ([(1, 16), (17, 32)], None)]
+    assert [(_buckets(b), sh) for b, sh, _ in k.entries()] == [([(2, 32), (2, 32)], None), ([(2, 32), (33, 64)], None)]
     assert all(e is not None and e.generic for _, _, e in k.entries())
     [r] = st_torch.stats().regions
     assert (r.selections, r.builds, r.hits) == (3, 2, 5)

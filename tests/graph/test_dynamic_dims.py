@@ -17,11 +17,13 @@ DYN = EXAMPLES_DIR / "dynamic"
 def test_power_of_two_default_has_eight_buckets_covering_the_range() -> None:
     b = Buckets.power_of_two("seq", 1, 2048)
     labels = [x.label for x in b.buckets]
-    assert labels == ["seq=1..16", "seq=17..32", "seq=33..64", "seq=65..128", "seq=129..256",
-                      "seq=257..512", "seq=513..1024", "seq=1025..2048"]
+    assert labels == ["seq=1..1", "seq=2..32", "seq=33..64", "seq=65..128", "seq=129..256",
+                      "seq=257..512", "seq=513..1024", "seq=1025..2048"]   # extent 1: a bucket of its own
     covered = [e for x in b.buckets for e in range(x.lo, x.hi + 1)]
     assert covered == list(range(1, 2049))
-    assert b.bucket_of(1).hi == 16 and b.bucket_of(17).lo == 17 and b.bucket_of(2048).lo == 1025
+    assert b.bucket_of(1).hi == 1 and b.bucket_of(2).hi == 32 and b.bucket_of(33).lo == 33
+    assert b.bucket_of(2048).lo == 1025
+    assert [x.label for x in Buckets.power_of_two("n", 1, 4096).buckets][:2] == ["n=1..1", "n=2..64"]
     assert sum(b.share(x) for x in b.buckets) == pytest.approx(1.0)
     assert Buckets.power_of_two("n", 5, 5).buckets == (Bucket("n", 5, 5),)
     assert Buckets.power_of_two("n", 3, 20).uppers == (4, 8, 16, 20)
@@ -74,7 +76,7 @@ def test_examples_load_and_specialise() -> None:
     with pytest.raises(GraphError, match="outside 1..2048"):
         dg.at({"seq": 0})
     assert dg.key_of({"seq": 100}).label() == "seq=65..128"
-    assert len(dg.keys()) == 8 and key_share(dg.dims, dg.keys()[0]) == pytest.approx(16 / 2048)
+    assert len(dg.keys()) == 8 and key_share(dg.dims, dg.keys()[0]) == pytest.approx(1 / 2048)
 
 
 def test_undeclared_and_unused_names_are_errors() -> None:
@@ -123,4 +125,4 @@ def test_validate_prints_the_buckets_of_a_dynamic_graph() -> None:
     with contextlib.redirect_stdout(out):
         assert cli.main(["validate", str(DYN / "attention_softmax_seq.json")]) == 0
     text = out.getvalue()
-    assert "seq: 1..2048, 8 bucket(s): 1..16, 17..32" in text and "s: float32[2, 4, 2048, 2048]" in text
+    assert "seq: 1..2048, 8 bucket(s): 1..1, 2..32" in text and "s: float32[2, 4, 2048, 2048]" in text

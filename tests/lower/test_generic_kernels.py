@@ -296,13 +296,14 @@ def test_two_dynamic_dims_batch_and_seq() -> None:
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_a_bucket_from_one(name: str) -> None:
-    """The default first bucket starts at 1 (1..16): extent 1 is a tail like any other, also for a
-    dynamic row length (a softmax over one key, which the planner alone has no plan for)."""
+    """The default first bucket is extent 1 alone (1..1), planned at 1 like any other extent, also for
+    a dynamic row length (a softmax over one key: its reductions are identities there,
+    stitchtune/plan/unit_reductions.py)."""
     obj = json.loads((DYN / f"{name}.json").read_text())
     obj["dynamic"]["seq"] = {"min": 1, "max": 2048}
     dg = parse_dynamic(obj)
     key = dg.key_of({"seq": 1})
-    assert key.label() == "seq=1..16"
+    assert key.label() == "seq=1..1"
     fit = fitted(dg, key)
     space = SearchSpace.for_plan(fit.plan, DEV)
     assert check_bucket(dg, key, [generic_heuristic(fit, DEV, space)], fit, space) == 0

@@ -1,0 +1,49 @@
+"""Greedy decoding with a KV cache through ``torch.compile(model, backend="stitchtune", dynamic=True)``
+(issue 41, item 6): GPT-2, Llama, Qwen2, Phi-3 and Mistral (tiny transformers configs, 2 layers, random
+weights, nothing downloaded; emulated kernels on the CPU), a 5-token prompt and 2 greedy steps with
+the dynamic cache (the static cache for Llama). scripts/decode_matrix.py runs the same with 32 steps.
+
+What holds today, asserted: the tokens equal eager's; dynamo compiles at most 3 graphs (the prompt,
+the first step, the steps after it with the past length symbolic); no stitched region is declined or
+runs its ATen ops; every norm of a decode step is stitched (no ``native_layer_norm``, RMSNorm ``mean``
+/ ``pow`` / ``rsqrt`` among the declined ops: those were left out at batch 1 and one position). What
+does not hold yet is listed by explain and not asserted (issue 41's items 2-4): the rotary / cache
+concat regions of the Llama family ("no tensor of the region spans all of its axes", "sliced beyond
+the iteration domain"), float64 scalar arithmetic (dynamo's symbolic floats), ops reading SymInts."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from helpers import REPO  # noqa: E402
+
+sys.path.insert(0, str(REPO / "scripts"))
+import decode_matrix  # noqa: E402
+
+pytestmark = [pytest.mark.usefixtures("fresh_backend"), pytest.mark.slow]
+
+NORM_OPS = ("aten.native_layer_norm", "aten.mean", "aten.pow", "aten.rsqrt", "aten.var_mean")
+
+
+def _declined_op(what: str) -> str:
+    return what.removeprefix("op ").split(" ")[0]
+
+
+@pytest.mark.parametrize("model,cache", [("gpt2", "dynamic"), ("llama", "dynamic"), ("qwen2", "dynamic"),
+                                         ("phi3", "dynamic"), ("mistral", "dynamic"), ("llama", "static")])
+def test_greedy_decoding_is_stitched_and_equal_to_eager(model: str, cache: str) -> None:
+    row: dict[str, Any] = decode_matrix.run_model(model, steps=2, prompt_len=5, cache_kind=cache, cpu="emulate",
+                                                  shown=1000)
+    assert row["tokens_equal"], row
+    assert row["graphs"] <= 3, row
+    assert row["stitched"] > 0 and row["eager"] == 0, row
+    regions = [r for r in row["reasons"] if r.startswith("region ")]
+    assert not regions, regions
+    norms = [r for r in row["reasons"] if _declined_op(r) in NORM_OPS]
+    assert not norms, norms
