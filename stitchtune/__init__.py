@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from stitchtune._version import __version__
 
 
 def __getattr__(name: str) -> Any:

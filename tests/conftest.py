@@ -12,6 +12,9 @@ developer's ``$STITCHTUNE_DB`` or a ``tuning-db/`` in the working directory.
 base temporary directory), where ``helpers.shared_ptxas_report`` keeps one nvcc build per source for
 every test and worker that asks for it.
 
+Every test runs with the torch backend's ``strict`` option on (autouse ``strict_backend``:
+``STITCHTUNE_STRICT=1``) unless it is marked ``not_strict("why")``.
+
 Tests marked ``waits`` (long wall-clock, mostly waiting on subprocesses) are moved to the front of the
 collection, so that pytest-xdist starts them first and the many short tests even out the end of the
 run (collected late, they kept one worker busy for a minute or two after the other had finished).
@@ -98,6 +101,22 @@ def default_db(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     path = tmp_path_factory.mktemp("default-db", numbered=True) / "tuning-db"
     monkeypatch.setenv("STITCHTUNE_DB", str(path))
     return path
+
+
+@pytest.fixture(autouse=True)
+def strict_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """The torch backend's ``strict`` option on by default in every test (``$STITCHTUNE_STRICT=1``): an
+    error that is not a StitchtuneError is raised, not declined, so a bug cannot hide behind a decline. A
+    test that needs the lenient default is marked ``@pytest.mark.not_strict("why")`` (the reason is
+    required), or passes ``strict=False`` in its options. Returns whether strict is on."""
+    marker = request.node.get_closest_marker("not_strict")
+    if marker is None:
+        monkeypatch.setenv("STITCHTUNE_STRICT", "1")
+        return True
+    if not (marker.args and str(marker.args[0]).strip()):
+        raise pytest.UsageError(f"{request.node.nodeid}: not_strict needs its reason")
+    monkeypatch.delenv("STITCHTUNE_STRICT", raising=False)
+    return False
 
 
 @pytest.fixture(scope="session")

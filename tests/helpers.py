@@ -18,6 +18,7 @@
   (strategies built once at import, not per draw); ``pick(draw, items)`` draws one of a sequence that
   changes per example without building a ``sampled_from`` for it; ``SMALL_GRAPHS`` (one of the small
   examples, as a dict: copy before changing it); ``LOWER`` (a-z).
+* ``call_cli(argv)``: ``stitchtune ARGV`` in this process -> (exit status, stdout, stderr).
 * ``time_limit(seconds)``: a context manager that raises ``Hang`` when its body runs longer (SIGALRM;
   the main thread only), for in-process CLI calls that must not hang.
 * ``forked_cli(argv, out, err)`` / ``run_forked_cli(argv, tmp)``: ``python -m stitchtune ARGV`` as a process
@@ -1108,3 +1109,15 @@ def embedding_dropout_graph(p: float = 0.1, S: int = 8, H: int = 32, V: int = 20
             {"id": "keep", "op": "gt", "args": ["u", p]}, {"id": "kf", "op": "cast", "args": ["keep"], "to": "float32"},
             {"id": "m", "op": "mul", "args": ["kf", "ln"]}, {"id": "y", "op": "mul", "args": ["m", 1.0 / (1.0 - p)]}],
         "outputs": ["x", "mu", "rs", "keep", "y"]})
+
+
+def call_cli(argv: list[str]) -> tuple[int, str, str]:
+    """``stitchtune ARGV`` in this process (``cli.main``): its exit status, stdout and stderr."""
+    import io
+
+    from stitchtune import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(argv)
+    return rc, out.getvalue(), err.getvalue()

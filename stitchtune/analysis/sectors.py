@@ -5,13 +5,13 @@ Contract
 :func:`program_sectors(program, inputs, max_blocks)` runs each launch of a static
 :class:`~stitchtune.ir.kir.Program` in the emulator on a *slice* of its grid (the first
 ``max_blocks`` blocks, ``gridDim.x`` still the launch's grid; see
-:func:`stitchtune.emulate.emulator.emulate_kernel`'s ``blocks``) with an access observer (``observe=``), and returns
+:func:`stitchtune.emulate.emulator.emulate_kernel`'s ``blocks``) with an access sink (``trace=``, counting as the records arrive), and returns
 one :class:`AccessSectors` per (launch, global memory statement, buffer) and one :class:`SharedAccess`
 (bank wavefronts per request) per shared-memory statement; :func:`kernel_sectors` does
 it for one kernel launch on given buffers. A warp request is one
 warp executing one memory statement (the active lanes of that warp); its sectors are the distinct
 32-byte sectors its lanes touch, its ideal the fewest sectors its distinct bytes could fill
-(``ceil(distinct bytes / 32)``). ``ratio = sectors / ideal`` summed over the requests: 1.0 is a
+(``ceil(distinct bytes / 32)``; the arithmetic is :func:`stitchtune.emulate.sectors.warp_sectors`). ``ratio = sectors / ideal`` summed over the requests: 1.0 is a
 perfectly coalesced access, 8.0 a 4-byte access per lane at a stride of a sector or more (each
 lane a sector of its own). Sectors per request are a per-warp property, so the first blocks of a
 launch show what every full block does (a partial last block may differ; it is not emulated).
@@ -31,12 +31,16 @@ from typing import Any
 import numpy as np
 
 from stitchtune.emulate.emulator import EmulatorFault, elem_dtype, emulate_kernel
+from stitchtune.emulate.sectors import warp_sectors
+from stitchtune.emulate.trace import MemoryAccess
 from stitchtune.ir import kir
 from stitchtune.ir.kir import ELEM_BYTES
 
 log = logging.getLogger(__name__)
 
-SECTOR_BYTES = 32
+__all__ = ["DEFAULT_SLICE_BLOCKS", "AccessSectors", "SharedAccess", "SliceResult",
+           "kernel_sectors", "program_sectors", "slice_blocks"]
+
 #: blocks of each launch emulated by default (every warp of them is counted)
 DEFAULT_SLICE_BLOCKS = 4
 
@@ -136,38 +140,28 @@ class SliceResult:
 
 
 class _Collector:
-    """An :class:`~stitchtune.emulate.emulator.AccessTrace` that counts sectors per warp request."""
+    """An access sink (``emulate_kernel(trace=...)``) that counts sectors per warp request
+    (:func:`~stitchtune.emulate.sectors.warp_sectors`) and bank wavefronts as the records arrive."""
 
     def __init__(self, kernel: kir.Kernel) -> None:
         self.kernel = kernel
-        self.warps_per_block = -(-kernel.block // 32)
         self.elem = {p.name: ELEM_BYTES.get(p.dtype, 4) for p in kernel.params}
         # (where, buf, op, width) -> [requests, sectors, ideal, lanes]
         self.counts: dict[tuple[str, str, str, int], list[int]] = {}
         # shared: (where, buf, op, width) -> [requests, wavefronts]
         self.banks: dict[tuple[str, str, str, int], list[int]] = {}
 
-    def __call__(self, where: str, buf: str, op: str, threads: np.ndarray, elements: np.ndarray,
-                 width: int, shared: bool = False) -> None:
-        t = np.asarray(threads, np.int64)
-        warp = (t // self.kernel.block) * self.warps_per_block + (t % self.kernel.block) // 32
-        w = np.repeat(warp, width) if width > 1 else warp
-        e = np.asarray(elements, np.int64)
-        if shared:
-            self._shared(where, buf, op, w, e, width)
+    def append(self, a: MemoryAccess) -> None:
+        w = np.repeat(a.warps, a.width) if a.width > 1 else a.warps
+        if a.shared:
+            self._shared(a.where, a.buf, a.op, w, a.elements, a.width)
             return
-        eb = self.elem[buf]
-        # distinct (warp, element) pairs: broadcast lanes count once
-        pairs = np.unique((w << 34) | e)
-        pw, pe = pairs >> 34, pairs & ((1 << 34) - 1)
-        sectors = np.unique((pw << 34) | ((pe * eb) // SECTOR_BYTES)).size
-        per_warp = np.unique(pw, return_counts=True)[1]
-        ideal = int((-(-(per_warp * eb) // SECTOR_BYTES)).sum())
-        c = self.counts.setdefault((where, buf, op, width), [0, 0, 0, 0])
-        c[0] += per_warp.size
-        c[1] += sectors
-        c[2] += ideal
-        c[3] += int(t.size)
+        n = warp_sectors(w, a.elements, self.elem[a.buf])
+        c = self.counts.setdefault((a.where, a.buf, a.op, a.width), [0, 0, 0, 0])
+        c[0] += n.requests
+        c[1] += n.sectors
+        c[2] += n.ideal
+        c[3] += int(a.threads.size)
 
     def _shared(self, where: str, buf: str, op: str, w: np.ndarray, e: np.ndarray, width: int) -> None:
         """Bank wavefronts of one shared statement: one scalar request per warp and vector element."""
@@ -235,7 +229,7 @@ def kernel_sectors(kernel: kir.Kernel, grid: int, buffers: dict[str, np.ndarray]
     col = _Collector(kernel)
     error = ""
     try:
-        emulate_kernel(kernel, grid, buffers, blocks=blocks, observe=col)
+        emulate_kernel(kernel, grid, buffers, blocks=blocks, trace=col)
     except EmulatorFault as exc:
         log.warning("slice of %s could not run: %s", kernel.name, exc)
         error = str(exc)

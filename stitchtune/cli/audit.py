@@ -62,7 +62,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     options = dict(slice_blocks=args.slice_blocks, sass=not args.no_sass, peer=not args.no_peer)
     skipped: list[str] = []
     if args.graph is not None:
-        from stitchtune.cli import parse_schedule_arg
+        from stitchtune.cli.inputs import parse_schedule_arg
         from stitchtune.graph.parse import load_graph
         from stitchtune.space import Schedule
 

@@ -125,7 +125,8 @@ def cmd_compile(args: argparse.Namespace, dg: Any) -> int:
     """``stitchtune compile`` of a graph with dynamic dims (module docstring)."""
     import os
 
-    from stitchtune.cli import checks, parse_schedule_arg
+    from stitchtune.cli import checks
+    from stitchtune.cli.inputs import parse_schedule_arg
     from stitchtune.deploy.compiled_dynamic import RefusedBucket, compile_buckets
     from stitchtune.graph.dynamic import parse_dynamic_arg
     from stitchtune.tune.dynamic_search import with_dims
@@ -214,7 +215,7 @@ def _extents(args: argparse.Namespace, dg: Any, arrays: dict[str, np.ndarray]) -
 
 def cmd_run(args: argparse.Namespace, dg: Any) -> int:
     """``stitchtune run`` of a graph with dynamic dims (module docstring)."""
-    from stitchtune.cli import load_inputs_npz, parse_schedule_arg
+    from stitchtune.cli.inputs import load_inputs_npz, parse_schedule_arg
     from stitchtune.cli.outputs import save_outputs_npz
     from stitchtune.graph.reference import check_inputs, random_inputs
 

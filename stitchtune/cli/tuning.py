@@ -259,8 +259,8 @@ def _search_dynamic(cfg: Any, dims: list[Any]) -> int:
         else:
             best = o.result.best
             what = "no ok schedule" if best is None else (
-                f"best {float(best['measured_us']):.2f} us{' (estimated)' if best.get('estimated') else ''} "
-                f"schedule {best['schedule_key']}")
+                f"best {float(best.measured_us or 0.0):.2f} us{' (estimated)' if best.estimated else ''} "
+                f"schedule {best.schedule_key}")
             print(f"  {o.key.label()}: {what}")
     if any(o.result is not None and o.result.stopped == "interrupted" for o in outcomes):
         raise KeyboardInterrupt  # the caller's keeping_rows counts the rows of every bucket

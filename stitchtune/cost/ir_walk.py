@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from stitchtune.emulate.sectors import warp_sectors
 from stitchtune.ir import kir
 
 #: float math ops that compile to a division (a reciprocal and a correction, or the slow path)
@@ -195,24 +196,22 @@ class Walker:
         n_act = int(act.sum())
         if n_act == 0:
             return
-        sectors = ideal = 0
-        warps = 0
         if idx is None:
             self.unknown_idx += 1
-        for w0 in range(0, self.n, 32):
-            a = act[w0:w0 + 32]
-            k = int(a.sum())
-            if not k:
-                continue
-            warps += 1
-            need = -(-k * nbytes // 32)
-            ideal += need
-            if idx is None:
-                sectors += need
-                continue
-            addr = _as_int(idx[w0:w0 + 32][a]) * eb
-            first, last = addr // 32, (addr + nbytes - 1) // 32
-            sectors += int(np.unique(np.concatenate([first, last])).size)
+        lanes = np.flatnonzero(act)
+        # per warp: its active lanes' bytes in whole sectors (the ideal here counts every lane's bytes,
+        # so lanes that share a sector, a broadcast, go below 1.0)
+        per_warp = np.unique(lanes // 32, return_counts=True)[1]
+        warps = int(per_warp.size)
+        ideal = int((-(-per_warp * nbytes // 32)).sum())
+        if idx is None:
+            sectors = ideal
+        else:
+            first = _as_int(idx[lanes])
+            if first.dtype.kind == "f":
+                first = np.floor(first).astype(np.int64)
+            e = (first[:, None] + np.arange(width)[None, :]).ravel() if width > 1 else first
+            sectors = warp_sectors(np.repeat(lanes // 32, width), e, eb).sectors
         blocks = self.grid
         self.requested += trips * n_act * nbytes * blocks
         self.per_param[buf] = self.per_param.get(buf, 0.0) + trips * n_act * nbytes * blocks

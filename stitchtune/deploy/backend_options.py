@@ -15,19 +15,32 @@ Contract
   :func:`stitchtune.hardware.device.get_device` (so every spelling it accepts is accepted), or
   must be a :class:`~stitchtune.hardware.device.Device`; None means the local GPU, else the H200
   preset.
+* ``strict`` (dynamo's ``suppress_errors=False`` analogue): where the backend would decline a region, a
+  graph or the Inductor fallback because of an error, an error that is not a
+  :class:`~stitchtune.errors.StitchtuneError` (a bug, not a refusal) is re-raised instead
+  (:meth:`BackendOptions.reraise`). Its default is False unless the environment sets
+  ``STITCHTUNE_STRICT`` (:data:`STRICT_ENV`) to ``1``/``true``/``yes``/``on`` (the test suite does).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from stitchtune.errors import StitchtuneError
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB
 
-__all__ = ["BackendOptions", "Check", "OPTION_CHECKS", "OPTION_KEYS"]
+__all__ = ["BackendOptions", "Check", "OPTION_CHECKS", "OPTION_KEYS", "STRICT_ENV", "strict_default"]
+
+#: the environment variable that turns ``strict`` on by default
+STRICT_ENV = "STITCHTUNE_STRICT"
+
+
+def strict_default() -> bool:
+    """The default of the ``strict`` option: True when :data:`STRICT_ENV` is ``1``/``true``/``yes``/``on``."""
+    return os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,7 @@ class BackendOptions:
     max_extent: int = 2048
     #: capture the compiled graphs in CUDA graphs (None: when ``mode="reduce-overhead"``)
     cudagraphs: bool | None = None
+    strict: bool = field(default_factory=strict_default)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None) -> BackendOptions:
@@ -59,6 +73,13 @@ class BackendOptions:
             if not check.ok(value):
                 raise StitchtuneError(f"option {name}={value!r}: {check.takes()}")
         return cls(**opts)
+
+    def reraise(self, exc: BaseException) -> None:
+        """Called where the backend catches ``exc`` to decline something: re-raises it when ``strict`` is
+        on and it is not a :class:`~stitchtune.errors.StitchtuneError` (a refusal with its reason, which
+        is declined in strict mode too); otherwise returns and the caller declines."""
+        if self.strict and not isinstance(exc, StitchtuneError):
+            raise exc
 
 
 @dataclass(frozen=True)
@@ -127,6 +148,7 @@ OPTION_CHECKS: dict[str, Check] = {
     "max_extent": Check(_int_in(1, 2**31 - 1), "a positive integer below 2**31"),
     "cudagraphs": Check(lambda v: v is None or isinstance(v, bool),
                         "None (on under mode='reduce-overhead'), True or False"),
+    "strict": Check(_is_bool, "True or False"),
 }
 #: the option names, in the table's order
 OPTION_KEYS: tuple[str, ...] = tuple(OPTION_CHECKS)

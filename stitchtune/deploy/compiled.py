@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from stitchtune import __version__
+from stitchtune._version import __version__
 from stitchtune.deploy.run_checks import (  # noqa: F401  (check_gather_indices, check_launch_gathers, gather_error: re-exported)
     _check_arrays,
     check_emulated_gathers,
@@ -54,6 +54,7 @@ from stitchtune.deploy.run_checks import (  # noqa: F401  (check_gather_indices,
     gather_error,
     read_gather_flags,
 )
+from stitchtune.deploy.manifest_io import check_codegen_version, read_manifest, write_kernels
 from stitchtune.errors import StitchtuneError, ToolchainError
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
 
@@ -64,7 +65,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MANIFEST_FORMAT = 1
-MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 
 
 # ---------------------------------------------------------------------------- the manifest
@@ -161,11 +161,7 @@ class CompiledGraph:
         out = Path(out_dir)
         try:
             out.mkdir(parents=True, exist_ok=True)
-            paths = [out / "kernels.cu"]
-            paths[0].write_text(self.sources)
-            if self.cubin is not None:
-                paths.append(out / "kernels.cubin")
-                paths[-1].write_bytes(self.cubin)
+            paths = write_kernels(out, self.sources, self.cubin)
             paths.append(out / "manifest.json")
             paths[-1].write_text(json.dumps(self.manifest, indent=1) + "\n")
         except OSError as exc:   # an existing file at out_dir: the CLI's words for it (cli.checks.out_dir)
@@ -178,7 +174,7 @@ class CompiledGraph:
         """Read a directory written by :meth:`write` (see module docstring)."""
         from stitchtune.hardware.device import Device
         from stitchtune.graph.parse import Graph
-        from stitchtune.lower.entry import CODEGEN_VERSION, lower
+        from stitchtune.lower.entry import lower
         from stitchtune.plan.planner import make_plan
         from stitchtune.gpu.render import render
         from stitchtune.space import Schedule, SearchSpace
@@ -186,12 +182,7 @@ class CompiledGraph:
 
         d = Path(directory)
         where = ascii(str(d))
-        try:
-            raw = (d / "manifest.json").read_bytes()[: MAX_MANIFEST_BYTES + 1]
-        except OSError as exc:
-            raise StitchtuneError(f"cannot read compiled graph {where}: {exc.strerror or exc}") from None
-        if len(raw) > MAX_MANIFEST_BYTES:
-            raise StitchtuneError(f"{where}: manifest.json is too large")
+        raw = read_manifest(d, where)
         try:
             m = json.loads(raw)
             if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT:
@@ -208,9 +199,7 @@ class CompiledGraph:
             raise
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise StitchtuneError(f"{where}: not a stitchtune manifest ({exc})") from None
-        if str(m.get("codegen_version")) != str(CODEGEN_VERSION):
-            raise StitchtuneError(f"{where} was compiled by code generator version {m.get('codegen_version')!a}; "
-                                  f"this stitchtune has {CODEGEN_VERSION}: recompile it")
+        check_codegen_version(m, where)
         try:
             sources = (d / "kernels.cu").read_text()
         except OSError as exc:

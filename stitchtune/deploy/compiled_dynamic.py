@@ -53,8 +53,9 @@ from typing import Any
 
 import numpy as np
 
-from stitchtune import __version__
+from stitchtune._version import __version__
 from stitchtune.deploy.dynamic import CompiledBucket, compile_dynamic
+from stitchtune.deploy.manifest_io import check_codegen_version, read_manifest, write_kernels
 from stitchtune.errors import GraphError, StitchtuneError, UnsupportedGraphError
 from stitchtune.graph.dynamic import BucketKey, DynamicGraph, DynamicRefusal
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
@@ -286,11 +287,7 @@ class DynamicCompiledGraph:
                     continue
                 d = out / bucket_dir(b.key)
                 d.mkdir(exist_ok=True)
-                paths.append(d / "kernels.cu")
-                paths[-1].write_text(b.sources)
-                if b.cubin is not None:
-                    paths.append(d / "kernels.cubin")
-                    paths[-1].write_bytes(b.cubin)
+                paths += write_kernels(d, b.sources, b.cubin)
             paths.append(out / "manifest.json")
             paths[-1].write_text(json.dumps(self.manifest, indent=1) + "\n")
         except OSError as exc:
@@ -300,20 +297,15 @@ class DynamicCompiledGraph:
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> DynamicCompiledGraph:
         """Read a directory written by :meth:`write` (module docstring)."""
-        from stitchtune.deploy.compiled import MAX_MANIFEST_BYTES
         from stitchtune.graph.dynamic import parse_dynamic
         from stitchtune.hardware.device import Device
         from stitchtune.lower.dynamic import fit_rows, lower_dynamic
-        from stitchtune.lower.entry import CODEGEN_VERSION
         from stitchtune.gpu.render import render
         from stitchtune.space import Schedule, SearchSpace
 
         d = Path(directory)
         where = ascii(str(d))
-        try:
-            raw = (d / "manifest.json").read_bytes()[: MAX_MANIFEST_BYTES + 1]
-        except OSError as exc:
-            raise StitchtuneError(f"cannot read compiled graph {where}: {exc.strerror or exc}") from None
+        raw = read_manifest(d, where)
         try:
             m = json.loads(raw)
             if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT or m.get("kind") != "dynamic":
@@ -325,9 +317,7 @@ class DynamicCompiledGraph:
             raise
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise StitchtuneError(f"{where}: not a stitchtune manifest ({exc})") from None
-        if str(m.get("codegen_version")) != str(CODEGEN_VERSION):
-            raise StitchtuneError(f"{where} was compiled by code generator version {m.get('codegen_version')!a}; "
-                                  f"this stitchtune has {CODEGEN_VERSION}: recompile it")
+        check_codegen_version(m, where)
         out: list[CompiledBucket | RefusedBucket] = []
         for key, b in entries:
             fit = fit_rows(dg, key)

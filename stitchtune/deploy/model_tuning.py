@@ -49,9 +49,12 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stitchtune.errors import StitchtuneError
+
+if TYPE_CHECKING:
+    from stitchtune.tune.records import TrialRecord
 
 log = logging.getLogger(__name__)
 
@@ -265,8 +268,8 @@ def _write_graph(folder: str, w: Workload) -> str:
     return path
 
 
-def _time(row: Any) -> float | None:
-    v = None if row is None else row.get("measured_us")
+def _time(row: TrialRecord | None) -> float | None:
+    v = None if row is None else row.measured_us
     try:
         return float(v) if v is not None and math.isfinite(float(v)) else None
     except (TypeError, ValueError):

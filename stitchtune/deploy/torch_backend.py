@@ -31,7 +31,11 @@ Contract
   Every name and value is checked when the backend is built, before any graph is compiled
   (:mod:`stitchtune.deploy.backend_options`): an unknown option or a bad value (wrong type, out of
   range, an unknown device name) raises :class:`~stitchtune.errors.StitchtuneError` naming the option.
-* Never breaks a model: an op or region that cannot be stitched stays in the graph; any error while
+  ``strict`` (default False, or ``$STITCHTUNE_STRICT``; on in the test suite): an error that is not a
+  :class:`~stitchtune.errors.StitchtuneError` where a region, a graph or the Inductor fallback would be
+  declined is re-raised instead (a bug surfaces; refusals are still declined). Failures inside a
+  registered kernel at run time are not covered (they are wrapped in a ``RegionError``).
+* Never breaks a model (unless ``strict``): an op or region that cannot be stitched stays in the graph; any error while
   compiling a region declines it with the reason. The rewritten graph's region calls are run on fake
   tensors (as AOTAutograd and Inductor will): a region whose fake result fails, or differs from
   PyTorch's value in shape, dtype or strides, is declined. Each registered kernel is guarded
@@ -124,7 +128,7 @@ def _device_for(opts: BackendOptions) -> Any:
     return get_device(opts.device) if isinstance(opts.device, str) else opts.device
 
 
-def _attach_cubins(kernels: Sequence[Any], arch: str) -> dict[int, str]:
+def _attach_cubins(kernels: Sequence[Any], arch: str, opts: BackendOptions) -> dict[int, str]:
     """Build the cubins of the static ``kernels`` in one parallel nvcc batch (the builder's cache)
     and attach them; {index: why} for those that failed (every one when nvcc is missing)."""
     from dataclasses import replace
@@ -139,6 +143,7 @@ def _attach_cubins(kernels: Sequence[Any], arch: str) -> dict[int, str]:
     try:
         results = NvccBuilder().build([kernels[i].compiled.sources for i in todo], arch)
     except Exception as exc:  # noqa: BLE001 - no toolchain: these regions stay with Inductor
+        opts.reraise(exc)
         return {i: f"cannot build kernels: {type(exc).__name__}: {exc}" for i in todo}
     failed = {}
     for i, res in zip(todo, results):
@@ -210,7 +215,8 @@ def _make_region(r: Any, opts: BackendOptions, device: Any, kind: str, report: G
     counters[r.name] = torch_stats.region_counter(kind, r.name, r.ops, r.dynamic)
     try:
         made.append((r, _compile_region(r, opts, device, kind, counters[r.name])))
-    except Exception as exc:  # noqa: BLE001 - any stitchtune error declines the region
+    except Exception as exc:  # noqa: BLE001 - any stitchtune error declines the region (strict: only those)
+        opts.reraise(exc)
         report.declined.append(DeclinedInfo(kind, f"region {r.name} ({', '.join(r.ops)})",
                                             f"{type(exc).__name__}: {exc}"))
         counters[r.name].decline(report.declined[-1].reason)
@@ -233,6 +239,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     try:
         split = find_regions(work)
     except Exception as exc:  # noqa: BLE001 - never break a model
+        opts.reraise(exc)
         report.declined.append(DeclinedInfo(kind, "graph", f"region finder failed: {type(exc).__name__}: {exc}"))
         return gm, report
     report.declined += [DeclinedInfo(kind, d.what, d.reason, d.count) for d in split.declined]
@@ -248,7 +255,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     if fallbacks:
         log.warning("stitchtune: %s graph: %s; `stitchtune tune` searches a model's regions",
                     kind, fallback_summary(fallbacks))
-    failed = _attach_cubins([k for _, k in made], device.arch) if on_cuda else {}
+    failed = _attach_cubins([k for _, k in made], device.arch, opts) if on_cuda else {}
     folded = dict(split.folded)
     held: dict[str, frozenset[int]] = {}
     chosen = []
@@ -270,6 +277,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
             new_gm, origin = replace_regions(work, [(r, key) for r, key, _ in chosen], held)
             bad = fake_check(new_gm, origin, example_inputs)
         except Exception as exc:  # noqa: BLE001 - never break a model: no region in this graph
+            opts.reraise(exc)
             bad = {key: f"the rewritten graph failed: {type(exc).__name__}: {exc}" for _, key, _ in chosen}
         if not bad:
             break
@@ -427,6 +435,7 @@ def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, 
                 _inductor_random(rest, example_inputs)
                 return compile_fx_inner(rest, example_inputs, **kwargs)
         except Exception as exc:  # noqa: BLE001 - never break a model: run the rest eagerly
+            opts.reraise(exc)
             log.warning("stitchtune: Inductor failed on the %s graph (%s: %s); running it eagerly",
                         kind, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
     return graphs.wrap(make_boxed_func(gm.forward), gm, example_inputs, kind)
@@ -453,6 +462,7 @@ def _graph_compiler(opts: BackendOptions, graphs: Any, kind: str) -> Any:
         try:
             new_gm, report = stitch_graph(gm, example_inputs, opts, kind)
         except Exception as exc:  # noqa: BLE001 - never break a model: this graph without regions
+            opts.reraise(exc)
             new_gm, report = gm, GraphReport(kind)
             report.declined.append(DeclinedInfo(kind, "graph", f"stitching failed: {type(exc).__name__}: {exc}"))
         LAST_REPORTS.append(report)

@@ -84,7 +84,7 @@ from collections.abc import Callable
 import numpy as np
 
 from stitchtune.emulate.translate import _compiled
-from stitchtune.emulate.trace import AccessTrace, GlobalAccess
+from stitchtune.emulate.trace import AccessSink, MemoryAccess
 from stitchtune.emulate.memory import (
     FAULT_KINDS,
     NP_ELEM,
@@ -96,7 +96,7 @@ from stitchtune.ir.kir import Kernel, Program
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FAULT_KINDS", "NP_ELEM", "AccessTrace", "EmulatorFault", "elem_dtype", "emulate_kernel", "emulate_program"]
+__all__ = ["FAULT_KINDS", "NP_ELEM", "AccessSink", "EmulatorFault", "MemoryAccess", "elem_dtype", "emulate_kernel", "emulate_program"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -108,8 +108,7 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
                    written: dict[str, np.ndarray] | None = None,
                    coresident_limit: int | None = None, cluster_limit: int | None = None,
                    block_order_seed: int | None = None, extents: dict[str, int] | None = None,
-                   trace: list[GlobalAccess] | None = None, blocks: int | None = None,
-                   observe: AccessTrace | None = None) -> None:
+                   trace: AccessSink | None = None, blocks: int | None = None) -> None:
     """Run one launch ``kernel<<<grid, kernel.block>>>`` in place on ``buffers``.
 
     ``buffers`` maps each parameter name to a 1-D numpy array of the parameter's element type
@@ -121,15 +120,15 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
     ``cluster_not_resident`` (None: not checked). ``block_order_seed``: apply atomic adds in a seeded
     random order of the blocks (see the module docstring). ``extents``: a generic kernel's ``int``
     arguments by name (exactly ``kernel.extents``); its buffers may then be smaller than ``Param.size``
-    and every access is checked against the buffer given. ``trace``: a list that receives a
-    :class:`~stitchtune.emulate.trace.GlobalAccess` per global access statement executed (the address
-    trace :mod:`stitchtune.emulate.sectors` counts 32-byte sectors in).
+    and every access is checked against the buffer given. ``trace`` (default None: off, no
+    cost): a sink (a list, or anything with ``append``) that receives a frozen
+    :class:`~stitchtune.emulate.trace.MemoryAccess` per global and shared access statement executed,
+    with the statement's path (:mod:`stitchtune.emulate.sectors` counts 32-byte sectors per warp
+    request in it; :mod:`stitchtune.analysis.sectors` also bank wavefronts).
     ``blocks`` (optional, ``1 <= blocks <= grid``): emulate only blocks ``0 .. blocks - 1`` of the
     ``grid``-block launch (``gridDim.x`` is still ``grid``): a slice whose per-warp accesses are the
     full launch's, for audits of launches too large to emulate whole. Other blocks' writes never
     happen, so a slice is for addresses, not results (pass no ``written`` to read anything).
-    ``observe``: an :class:`AccessTrace` called on every global and shared access with the statement's
-    path (default None: no cost; :mod:`stitchtune.analysis.sectors` counts sectors and bank wavefronts).
     Raises :class:`EmulatorFault` on a kernel bug (buffers are then partly updated).
     """
     if grid < 1 or grid * kernel.block >= 2**31:
@@ -139,8 +138,7 @@ def emulate_kernel(kernel: Kernel, grid: int, buffers: dict[str, np.ndarray], *,
     _check_cluster_launch(kernel, grid, cluster_limit)
     ck = _compiled(kernel)
     run = grid if blocks is None else blocks
-    st = _State(ck, run, buffers, written or {}, coresident_limit, extents, gdim=grid, observe=observe)
-    st.trace = trace
+    st = _State(ck, run, buffers, written or {}, coresident_limit, extents, gdim=grid, trace=trace)
     if block_order_seed is not None:
         st.block_rank = np.random.default_rng(block_order_seed).permutation(grid).astype(np.int32)
     with np.errstate(all="ignore"):
@@ -169,7 +167,7 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
                     scratch_out: dict[str, np.ndarray] | None = None,
                     block_order_seed: int | None = None,
                     extents: dict[str, int] | None = None,
-                    trace: list[GlobalAccess] | None = None) -> dict[str, np.ndarray]:
+                    trace: AccessSink | None = None) -> dict[str, np.ndarray]:
     """Run every launch of ``program`` on fresh buffers; return ``{output tensor: flat array}``.
 
     Inputs are taken from ``inputs`` by ``BufferSpec.tensor`` (any shape, flattened in C order and
@@ -183,7 +181,7 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
     ``(block_order_seed, i)`` (see the module docstring).
     ``extents`` (a generic program, ``program.dynamic``; by graph dim name; default its planned extents):
     buffers sized and grids computed for them (:class:`~stitchtune.ir.launches.DynamicInfo`), the kernels given them as arguments.
-    ``trace``: receives the global accesses of every launch (see :func:`emulate_kernel`).
+    ``trace``: receives the accesses of every launch (see :func:`emulate_kernel`).
     """
     dyn = program.dynamic
     if dyn is None and extents is not None:

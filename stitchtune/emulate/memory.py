@@ -33,7 +33,7 @@ from typing import Any, Literal, Protocol, overload
 import numpy as np
 
 from stitchtune.emulate.races import _Tracker
-from stitchtune.emulate.trace import AccessTrace, GlobalAccess
+from stitchtune.emulate.trace import AccessSink, MemoryAccess
 from stitchtune.ir import kir
 from stitchtune.ir.kir import BOOL, F32, I32, I64
 
@@ -177,7 +177,7 @@ class _State:
     def __init__(self, ck: _CompiledKernel, grid: int, buffers: dict[str, np.ndarray],
                  written: dict[str, np.ndarray], coresident_limit: int | None,
                  extents: dict[str, int] | None = None, *, gdim: int | None = None,
-                 observe: AccessTrace | None = None) -> None:
+                 trace: AccessSink | None = None) -> None:
         k = ck.kernel
         ext = dict(extents or {})
         if set(ext) != set(k.extents) or any(v < 1 or v >= 2**31 for v in ext.values()):
@@ -189,8 +189,8 @@ class _State:
         #: gridDim.x the kernel sees: the launch's grid, larger than ``grid`` when only its first
         #: ``grid`` blocks are emulated (a slice of the launch, :func:`emulate_kernel`'s ``blocks``)
         self.gdim = grid if gdim is None else gdim
-        #: an :class:`AccessTrace` called on every global and shared access (None: off)
-        self.observe = observe
+        #: the sink of a :class:`MemoryAccess` per executed global and shared access statement (None: off)
+        self.trace = trace
         self.block = k.block
         self.T = T = grid * k.block
         t = np.arange(T, dtype=np.int32)
@@ -229,8 +229,6 @@ class _State:
         self.cluster_synced = False   # a ClusterSync has run (every block of the cluster has started)
         self.remote_pending = False   # a remote access since the last ClusterSync
         self._shfl_src: dict[tuple[int, int], np.ndarray] = {}
-        #: when a list: one :class:`GlobalAccess` per global access statement executed (set by the caller)
-        self.trace: list[GlobalAccess] | None = None
 
     def shfl_src(self, lane_mask: int, width: int) -> np.ndarray:
         key = (lane_mask, width)
@@ -303,9 +301,6 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
     (``values`` float32 [n, width]).
     """
     base = np.ascontiguousarray(base, dtype=np.int32)  # IR indices are i32
-    if st.trace is not None and not is_shared:
-        st.trace.append(GlobalAccess(st.kernel.name, buf, op, st.glob[buf].arr.dtype.itemsize,
-                                     lanes.astype(np.int64), base.astype(np.int64), width))
     if width > 1:
         # widths are powers of two: every base is aligned iff their bitwise or is (one reduction)
         if base.size and np.bitwise_or.reduce(base) & np.int32(width - 1):
@@ -320,8 +315,9 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
     if eu.size and eu.max() >= size:  # one reduction; the offending lanes only on the fault path
         raise st.fault("out_of_bounds", f"{op} of {buf}{{at}} (size {size})", eu >= size,
                        _per_element(lanes, width), e)
-    if st.observe is not None:
-        st.observe(st.where, buf, op, lanes, e, width, is_shared)
+    if st.trace is not None:
+        st.trace.append(MemoryAccess(st.kernel.name, st.where, buf, op, 4 if is_shared else b.arr.dtype.itemsize,
+                                     st.block, lanes.astype(np.int64), base.astype(np.int64), width, is_shared))
     # flat element of each lane (intp: numpy converts any other index type on every gather)
     g = _per_element(b.lane_base.take(lanes), width) + e if isinstance(b, _SBuf) else e.astype(np.intp)
     tracker = b.tracker

@@ -1,12 +1,15 @@
-"""32-byte sectors per warp request, counted from the emulator's address trace.
+"""32-byte sectors per warp request: the one counter of the emulator's trace, the audit and the cost model.
 
-:func:`~stitchtune.emulate.emulator.emulate_program` with ``trace=[]`` records every global access
-statement a launch executes (:class:`~stitchtune.emulate.trace.GlobalAccess`: the active lanes, each
-lane's first element and the access width). :func:`count_sectors` splits each access into the
-requests of its warps (32 consecutive threads of a block) and counts the distinct 32-byte sectors
-each request touches, against the ideal: the distinct bytes it moves over 32, rounded up. A
-coalesced access is 1.0x of the ideal; a float32 store whose lanes are 64 elements apart (a
-transposed output stored element by element) touches one sector per lane: 8.0x.
+A *request* is one warp executing one global memory statement (its active lanes); its sectors are
+the distinct 32-byte sectors its lanes touch, its ideal the fewest sectors its distinct bytes could
+fill (``ceil(distinct bytes / 32)``; lanes that touch the same element count once). A coalesced
+access is 1.0x of the ideal; a float32 store whose lanes are 64 elements apart (a transposed output
+stored element by element) touches one sector per lane: 8.0x.
+
+:func:`warp_sectors` is the arithmetic (the audit's collector, :mod:`stitchtune.analysis.sectors`,
+and the cost model's static walk, :mod:`stitchtune.cost.ir_walk`, call it);
+:func:`count_sectors` applies it to the records of ``emulate_program(..., trace=[])``
+(:class:`~stitchtune.emulate.trace.MemoryAccess`; shared-memory records are skipped).
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stitchtune.emulate.trace import GlobalAccess
+from stitchtune.emulate.trace import MemoryAccess
 
-__all__ = ["SECTOR_BYTES", "SectorCount", "count_sectors"]
+__all__ = ["SECTOR_BYTES", "SectorCount", "count_sectors", "warp_sectors"]
 
+#: the unit of a global memory transaction between the SMs and L2 / DRAM
 SECTOR_BYTES = 32
+_SHIFT = 34   # (warp << _SHIFT) | element: elements below 2**34, warps below 2**29
 
 
 @dataclass(frozen=True)
@@ -36,30 +41,38 @@ class SectorCount:
         """Sectors over the ideal (1.0 for a coalesced access; 1.0 when nothing was accessed)."""
         return self.sectors / self.ideal if self.ideal else 1.0
 
+    def __add__(self, other: SectorCount) -> SectorCount:
+        return SectorCount(self.requests + other.requests, self.sectors + other.sectors, self.ideal + other.ideal)
 
-def _one(a: GlobalAccess) -> SectorCount:
-    """The requests of one access statement, one per warp with an active lane."""
-    if a.threads.size == 0:
+
+def warp_sectors(warps: np.ndarray, elements: np.ndarray, elem_bytes: int) -> SectorCount:
+    """The requests, sectors and ideal sectors of one memory statement: ``elements[i]`` (any int
+    array, may repeat) is touched by warp ``warps[i]`` (same length; one request per distinct warp)."""
+    if elements.size == 0:
         return SectorCount(0, 0, 0)
-    elems = (a.first[:, None] + np.arange(a.width, dtype=np.int64)[None, :]).ravel()
-    warp = np.repeat(a.threads // 32, a.width)
-    span = int(elems.max()) + 1
-    sectors = np.unique(warp * (span * a.elem_bytes // SECTOR_BYTES + 1) + elems * a.elem_bytes // SECTOR_BYTES)
-    per_warp_elems = np.unique(warp * span + elems) // span
-    _, counts = np.unique(per_warp_elems, return_counts=True)
-    ideal = int(np.sum(-(-counts * a.elem_bytes // SECTOR_BYTES)))
-    return SectorCount(int(counts.size), int(sectors.size), ideal)
+    e = np.asarray(elements, np.int64)
+    w = np.asarray(warps, np.int64)
+    e = e - (int(e.min()) // 32) * 32   # non-negative; a shift by whole 32-element runs keeps the sectors
+    if int(e.max()) < 1 << _SHIFT and int(w.max()) < 1 << (62 - _SHIFT):
+        pairs = np.unique((w << _SHIFT) | e)   # a broadcast lane counts once
+        pw, pe = pairs >> _SHIFT, pairs & ((1 << _SHIFT) - 1)
+        sectors = np.unique((pw << _SHIFT) | ((pe * elem_bytes) // SECTOR_BYTES)).size
+    else:   # addresses too far apart to pack: the same counts, by rows
+        pw, pe = np.unique(np.stack([w, e], 1), axis=0).T
+        sectors = np.unique(np.stack([pw, (pe * elem_bytes) // SECTOR_BYTES], 1), axis=0).shape[0]
+    per_warp = np.unique(pw, return_counts=True)[1]
+    ideal = int((-(-(per_warp * elem_bytes) // SECTOR_BYTES)).sum())
+    return SectorCount(int(per_warp.size), int(sectors), ideal)
 
 
-def count_sectors(trace: Iterable[GlobalAccess], buf: str | None = None, op: str | None = None,
+def count_sectors(trace: Iterable[MemoryAccess], buf: str | None = None, op: str | None = None,
                   kernel: str | None = None) -> SectorCount:
-    """The requests, sectors and ideal sectors of the accesses of ``trace`` (those of buffer ``buf``,
-    operation ``op`` and kernel ``kernel`` where given)."""
-    req = sec = ideal = 0
+    """The requests, sectors and ideal sectors of the global accesses of ``trace`` (those of buffer
+    ``buf``, operation ``op`` and kernel ``kernel`` where given)."""
+    total = SectorCount(0, 0, 0)
     for a in trace:
-        if (buf is not None and a.buf != buf) or (op is not None and a.op != op) or (kernel is not None
-                                                                                      and a.kernel != kernel):
+        if a.shared or (buf is not None and a.buf != buf) or (op is not None and a.op != op) or (
+                kernel is not None and a.kernel != kernel):
             continue
-        c = _one(a)
-        req, sec, ideal = req + c.requests, sec + c.sectors, ideal + c.ideal
-    return SectorCount(req, sec, ideal)
+        total += warp_sectors(np.repeat(a.warps, a.width), a.elements, a.elem_bytes)
+    return total

@@ -333,7 +333,7 @@ class ExprCompiler(ClusterOps):
             act, lanes = _active(st, m, pred)
             if lanes.size == st.T:  # every thread loads: no compaction needed
                 iv = idx(st, act)
-                if is_shared and st.observe is None:   # the fast path is not observed: take the general one
+                if is_shared and st.trace is None:   # the fast path is not observed: take the general one
                     v = _shared_broadcast_load(st, buf, iv)
                     if v is not None:
                         return v

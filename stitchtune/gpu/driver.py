@@ -31,7 +31,8 @@ Contract
   hold co-resident is refused with ``CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`` instead of hanging. No
   driver library, no GPU or no cuda-python: :class:`~stitchtune.errors.ToolchainError` with the reason.
 * :class:`PycudaDriver` (:mod:`stitchtune.gpu.pycuda_driver`) is the same interface over pycuda, for
-  the tuning worker only (its own process, the legacy default stream): :func:`worker_driver` picks it
+  the tuning worker only (its own process, the legacy default stream):
+  :func:`stitchtune.gpu.worker_driver.worker_driver` picks it
   when asked (``$STITCHTUNE_CUDA_DRIVER=pycuda``) or when cuda-python is missing and pycuda is present.
 * :class:`~stitchtune.gpu.fake_driver.FakeDriver` (:mod:`stitchtune.gpu.fake_driver`) is an in-package
   stand-in for CPU tests of everything above this module.
@@ -403,27 +404,3 @@ def open_driver(ordinal: int | None = None) -> CudaDriver:
     o = default_ordinal() if ordinal is None else int(ordinal)
     with _open_lock:
         return _open_cached(o)
-
-
-def worker_driver(ordinal: int | None = None, name: str | None = None) -> Driver:
-    """The driver of the tuning worker (a process of its own, the legacy default stream), current on
-    the calling thread: ``name`` (default ``$STITCHTUNE_CUDA_DRIVER``) ``cuda-python`` or ``pycuda``;
-    unset: cuda-python when it imports, else pycuda when that does. ToolchainError for an unknown
-    name or when neither binding is installed."""
-    import importlib.util
-
-    o = default_ordinal() if ordinal is None else int(ordinal)
-    want = name if name is not None else os.environ.get(DRIVER_ENV, "")
-    if want and want not in DRIVERS:
-        raise ToolchainError(f"unknown CUDA driver binding {want!r} (${DRIVER_ENV}: {' or '.join(DRIVERS)})")
-    if not want:
-        try:
-            _binding()
-            want = "cuda-python"
-        except ToolchainError:  # no cuda-python: pycuda when it is there, else cuda-python's error
-            want = "pycuda" if importlib.util.find_spec("pycuda") is not None else "cuda-python"
-    if want == "pycuda":
-        from stitchtune.gpu.pycuda_driver import PycudaDriver
-
-        return PycudaDriver(o)
-    return CudaDriver(o)

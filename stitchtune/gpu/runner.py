@@ -3,7 +3,7 @@
 Contract
 --------
 * :func:`cuda_available` is True when the worker's driver binding (cuda-python, else pycuda: see
-  :func:`~stitchtune.gpu.driver.worker_driver`) imports and finds GPU ``$STITCHTUNE_CUDA_DEVICE``
+  :func:`~stitchtune.gpu.worker_driver.worker_driver`) imports and finds GPU ``$STITCHTUNE_CUDA_DEVICE``
   (default 0; checked in a short subprocess that releases what it retained, cached); it never raises.
 * :class:`CudaRunner` implements ``Runner.run(items) -> list[Measurement]``. Per item it sends the
   cubin bytes and a plain-data :class:`~stitchtune.gpu.launch.LaunchPlan` to the worker
@@ -86,7 +86,7 @@ BACKEND_ENV = "STITCHTUNE_CUDA_BACKEND"
 
 _PROBE = (
     "import sys\n"
-    "from stitchtune.gpu.driver import worker_driver\n"
+    "from stitchtune.gpu.worker_driver import worker_driver\n"
     "worker_driver().close()\n"
     "sys.exit(0)\n"
 )

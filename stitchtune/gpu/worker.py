@@ -25,7 +25,7 @@ Contract
 * Programs are loaded, their scratch initialised, bound and launched by the one launch path,
   :class:`stitchtune.gpu.launch.Launcher` (dynamic shared memory above 48 KiB opted in there); memory,
   copies, memsets and events go through the same :class:`~stitchtune.gpu.driver.Driver`.
-  :class:`_DriverBackend` (backend ``cuda``) is that over :func:`~stitchtune.gpu.driver.worker_driver`
+  :class:`_DriverBackend` (backend ``cuda``) is that over :func:`~stitchtune.gpu.worker_driver.worker_driver`
   (cuda-python, or pycuda with ``$STITCHTUNE_CUDA_DRIVER=pycuda`` or when cuda-python is missing;
   imported only in the worker; the primary context of GPU ``STITCHTUNE_CUDA_DEVICE``, default 0,
   current on the worker's thread); a :class:`~stitchtune.gpu.driver.DriverError` is a launch error. Tests run it over the
@@ -299,11 +299,11 @@ def _measure(backend: Any, cubin: bytes, plan: LaunchPlan, problem: Problem, rep
 
 
 def _make_backend(name: str, problem: Problem) -> Any:
-    """``cuda``: :class:`_DriverBackend` over :func:`~stitchtune.gpu.driver.worker_driver` (cuda-python or
+    """``cuda``: :class:`_DriverBackend` over :func:`~stitchtune.gpu.worker_driver.worker_driver` (cuda-python or
     pycuda) on GPU ``$STITCHTUNE_CUDA_DEVICE``; ``fake``: :class:`_FakeBackend`."""
     if name == "fake":
         return _FakeBackend(problem)
-    from stitchtune.gpu.driver import worker_driver
+    from stitchtune.gpu.worker_driver import worker_driver
 
     return _DriverBackend(problem, worker_driver(int(os.environ.get(DEVICE_ENV, "0"))))
 

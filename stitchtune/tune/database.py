@@ -34,22 +34,12 @@ from typing import Any
 import pandas as pd
 
 from stitchtune.errors import DatabaseError
+from stitchtune.tune.records import COLUMNS, TrialRecord, TrialStatus
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("ok", "pruned", "compile_error", "launch_error", "timeout", "wrong_result")
-
-#: Fixed columns of a row, in display order (``p_<param>`` columns follow them).
-COLUMNS: tuple[str, ...] = (
-    "workload_key", "structure_key", "graph_name", "shapes", "dtypes",
-    "device_key", "device_name", "device_cc",
-    "backend", "estimated", "space_version", "codegen_version",
-    "schedule_json", "schedule_key", "heuristic", "deterministic",
-    "status", "prune_reason", "predicted_us", "measured_us", "samples_us", "max_rel_error",
-    "registers", "smem_bytes", "spill_bytes", "occupancy", "compile_s", "error",
-    "reused", "reused_from",
-    "study", "trial_number", "sampler", "worker", "timestamp",
-)
+#: The stored status strings (:class:`~stitchtune.tune.records.TrialStatus` values), in declaration order.
+STATUSES: tuple[str, ...] = tuple(s.value for s in TrialStatus)
 
 #: Columns that identify one trial record; duplicates on read are dropped (first kept).
 DEDUP_COLUMNS: tuple[str, ...] = (
@@ -104,13 +94,17 @@ class TuningDB:
             raise DatabaseError(f"database path {self.path!r} exists and is not a directory")
 
     # ------------------------------------------------------------------ writing
-    def append(self, rows: Iterable[Mapping[str, Any]]) -> str | None:
+    def append(self, rows: Iterable[TrialRecord | Mapping[str, Any]]) -> str | None:
         """Write ``rows`` as one new part file, atomically; return its path (None when no rows).
 
-        Values must be scalars (str, int, float, bool, None, Timestamp); lists/dicts should be JSON
-        strings already. A missing ``timestamp`` is filled with the current UTC time.
+        A :class:`~stitchtune.tune.records.TrialRecord` is written as :meth:`~TrialRecord.to_row` gives it; a
+        mapping as it is. Values must be scalars (str, int, float, bool, None, Timestamp); lists/dicts should
+        be JSON strings already. A missing ``timestamp`` is filled with the current UTC time.
         """
-        records = [dict(r) for r in rows]
+        records = [r.to_row() if isinstance(r, TrialRecord) else dict(r) for r in rows]
+        for r in records:
+            if r.get("timestamp") is None:
+                r.pop("timestamp", None)
         if not records:
             return None
         now = utc_now()
@@ -193,7 +187,7 @@ class TuningDB:
 
     def best(self, workload_key: str, device_key: str, space_version: str | None = None,
              codegen_version: str | None = None, backend: str | None = None,
-             df: pd.DataFrame | None = None) -> dict[str, Any] | None:
+             df: pd.DataFrame | None = None) -> TrialRecord | None:
         """The fastest ``ok`` row for this workload and device (and versions/backend when given).
 
         Time is ``measured_us`` (for the emulate backend that is the predicted time, marked
@@ -205,15 +199,15 @@ class TuningDB:
                         space_version=space_version, codegen_version=codegen_version, backend=backend)
         if m.empty:
             return None
-        m = m[(m["status"] == "ok") & m["measured_us"].notna()]
+        m = m[(m["status"] == TrialStatus.OK.value) & m["measured_us"].notna()]
         if m.empty:
             return None
         if backend is None and "estimated" in m.columns and (~m["estimated"].astype(bool)).any():
             m = m[~m["estimated"].astype(bool)]
-        return row_dict(m.loc[m["measured_us"].astype(float).idxmin()])
+        return TrialRecord.from_row(row_dict(m.loc[m["measured_us"].astype(float).idxmin()]))
 
     def measured(self, workload_key: str, device_key: str, space_version: str, codegen_version: str,
-                 backend: str, df: pd.DataFrame | None = None) -> dict[str, dict[str, Any]]:
+                 backend: str, df: pd.DataFrame | None = None) -> dict[str, TrialRecord]:
         """Schedule key -> the row that settles it, for resume and reuse.
 
         Only rows of exactly this workload, device, versions and backend count. Every status is
@@ -227,11 +221,11 @@ class TuningDB:
             return {}
         m = m.assign(
             _reused=m["reused"].fillna(False).astype(bool) if "reused" in m.columns else False,
-            _notok=m["status"] != "ok",
+            _notok=m["status"] != TrialStatus.OK.value,
         )
         sort_cols = ["_reused", "_notok"] + (["timestamp"] if "timestamp" in m.columns else [])
         m = m.sort_values(sort_cols, kind="stable").drop_duplicates("schedule_key", keep="first")
-        return {str(r["schedule_key"]): row_dict(r.drop(labels=["_reused", "_notok"]))
+        return {str(r["schedule_key"]): TrialRecord.from_row(row_dict(r.drop(labels=["_reused", "_notok"])))
                 for _, r in m.iterrows()}
 
     def best_per_workload(self, df: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -239,7 +233,7 @@ class TuningDB:
         df = self.read() if df is None else df
         if df.empty:
             return df
-        ok = df[(df["status"] == "ok") & df["measured_us"].notna()].copy()
+        ok = df[(df["status"] == TrialStatus.OK.value) & df["measured_us"].notna()].copy()
         if ok.empty:
             return ok
         ok["measured_us"] = ok["measured_us"].astype(float)

@@ -5,8 +5,9 @@
           -> run survivors one at a time in the runner -> rows
 
 Contract: :func:`evaluate` returns exactly one row (a plain dict, see ``docs/INTERFACES.md``) per input
-schedule, in input order, whatever happens to the candidate: its ``status`` is one of ``ok``,
-``pruned``, ``compile_error``, ``launch_error``, ``timeout``, ``wrong_result`` and ``error`` /
+schedule, in input order, whatever happens to the candidate: its ``status`` is a
+:class:`~stitchtune.tune.records.TrialStatus` (ok, pruned, compile_error, launch_error, timeout,
+wrong_result; the search turns each row into a :class:`~stitchtune.tune.records.TrialRecord`) and ``error`` /
 ``prune_reason`` say why. A failed candidate is data; a bug (any exception that is not a
 :class:`~stitchtune.errors.ScheduleError` from lowering) propagates. The rows carry the workload and
 device context columns and the candidate's results; the caller (search) adds study, trial,
@@ -24,6 +25,7 @@ from typing import Any
 
 from stitchtune.errors import ScheduleError
 from stitchtune.tune.protocols import DeviceLike
+from stitchtune.tune.records import TrialStatus
 
 log = logging.getLogger(__name__)
 
@@ -158,18 +160,18 @@ def _lower_and_predict(c: _Cand, graph: Any, plan: Any, device: Any, st: Stages,
     try:
         c.program = st.lower(graph, plan, c.schedule, device)
     except ScheduleError as exc:
-        c.row.update(status="pruned", prune_reason=_clip(f"illegal: {exc}"))
+        c.row.update(status=TrialStatus.PRUNED, prune_reason=_clip(f"illegal: {exc}"))
         return False
     c.prediction = st.predict(c.program.profile, device)
     c.row["predicted_us"] = _finite(c.prediction.time_us)
     c.row["occupancy"] = _finite(c.prediction.occupancy)
     c.row["profile_json"] = _profile_json(c.program.profile)
     if c.prediction.prune_reason:
-        c.row.update(status="pruned", prune_reason=_clip(c.prediction.prune_reason))
+        c.row.update(status=TrialStatus.PRUNED, prune_reason=_clip(c.prediction.prune_reason))
         return False
     reason = st.should_prune(c.prediction, best_so_far, prune_factor)
     if reason:
-        c.row.update(status="pruned", prune_reason=_clip(reason))
+        c.row.update(status=TrialStatus.PRUNED, prune_reason=_clip(reason))
         return False
     return True
 
@@ -200,7 +202,7 @@ def _record_build(c: _Cand, device: Any, st: Stages) -> None:
     c.row["smem_bytes"] = max(smem.values()) if smem else None
     c.row["spill_bytes"] = sum(spill.values()) if spill else None
     if b.status != "ok":
-        status = "timeout" if b.status == "timeout" else "compile_error"
+        status = TrialStatus.TIMEOUT if b.status == "timeout" else TrialStatus.COMPILE_ERROR
         c.row.update(status=status, error=_clip(b.error or b.status))
         return
     if regs:
@@ -209,7 +211,7 @@ def _record_build(c: _Cand, device: Any, st: Stages) -> None:
         c.row["occupancy"] = _finite(pred.occupancy)
         c.row["profile_json"] = _profile_json(c.program.profile, regs)
         if pred.prune_reason:
-            c.row.update(status="pruned", prune_reason=_clip(f"after build: {pred.prune_reason}"))
+            c.row.update(status=TrialStatus.PRUNED, prune_reason=_clip(f"after build: {pred.prune_reason}"))
 
 
 def _run_one(c: _Cand, runner: Any) -> None:
@@ -217,7 +219,7 @@ def _run_one(c: _Cand, runner: Any) -> None:
     (m,) = runner.run([(c.program, c.build)])
     samples = [float(s) for s in (m.samples_us or ())]
     c.row.update(
-        status=m.status,
+        status=TrialStatus(m.status),
         measured_us=_finite(m.median_us) if m.status == "ok" else None,
         samples_us=json.dumps(samples),
         max_rel_error=_finite(m.max_rel_error),
@@ -225,7 +227,7 @@ def _run_one(c: _Cand, runner: Any) -> None:
         error=_clip(m.error or ""),
     )
     if m.status == "ok" and c.row["measured_us"] is None:
-        c.row.update(status="launch_error", error="runner reported ok without a finite time")
+        c.row.update(status=TrialStatus.LAUNCH_ERROR, error="runner reported ok without a finite time")
 
 
 def evaluate(graph: Any, plan: Any, device: Any, schedules: Sequence[Any], builder: Any, runner: Any,

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from stitchtune.tune.records import TrialRecord
 
 __all__ = ["SearchResult"]
 
 
 @dataclass(frozen=True)
 class SearchResult:
-    """What a search did. ``best``/``heuristic`` are database rows (dicts) or None; ``rows_written`` is the
+    """What a search did. ``best``/``heuristic`` are database rows (:class:`TrialRecord`) or None; ``rows_written`` is the
     number of rows this run appended to the database (also when ``stopped == "interrupted"``)."""
 
     study_name: str
@@ -27,8 +28,8 @@ class SearchResult:
     trials_run: int
     status_counts: Mapping[str, int]
     reused: int
-    best: Mapping[str, Any] | None
-    heuristic: Mapping[str, Any] | None
+    best: TrialRecord | None
+    heuristic: TrialRecord | None
     speedup: float | None
     floor_us: float | None
     floor_fraction: float | None

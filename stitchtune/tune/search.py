@@ -64,6 +64,7 @@ from stitchtune.errors import ScheduleError, UnsupportedGraphError, from_ctrl_c
 from stitchtune.plan.scatter import nondeterministic
 from stitchtune.tune.pipeline import context_row, evaluate, schedule_columns
 from stitchtune.tune.result import SearchResult
+from stitchtune.tune.records import TrialRecord, TrialStatus
 from stitchtune.tune.trial_rows import RESULT_FIELDS, _plain, _row_from_trial
 from stitchtune.tune.summary import format_best_table, format_summary, json_safe  # noqa: F401 - re-exported
 from stitchtune.tune.study import (
@@ -76,6 +77,7 @@ from stitchtune.tune.study import (
     _worker_id,
     default_study_name,
     describe_storage,
+    enqueue_grid,
     grid_points,
     make_sampler,
     make_storage,
@@ -140,15 +142,15 @@ class _Loop:
                          "codegen_version": str(self.stages.codegen_version)}
         self.heuristic = comp.heuristic_schedule(self.plan, self.device)
         self.heuristic_key = self.heuristic.key()
-        self.known: dict[str, dict[str, Any]] = {}
+        self.known: dict[str, TrialRecord] = {}
         self._seen_parts: set[str] = set()
         self.counts: Counter[str] = Counter()
         self.rows_written = 0
         self.reused = 0
         self.trials_run = 0
-        self.best_row: dict[str, Any] | None = None
+        self.best_row: TrialRecord | None = None
         self._varied: set[str | None] = set()  # best points whose variants were enqueued
-        self.heur_row: dict[str, Any] | None = None
+        self.heur_row: TrialRecord | None = None
         self.since_improvement = 0
 
     # ------------------------------------------------------------------ database view
@@ -171,26 +173,24 @@ class _Loop:
                                  self.versions["codegen_version"], self.backend, df=df)
         for key, row in found.items():
             old = self.known.get(key)
-            if old is None or (old.get("reused") and not row.get("reused")):
+            if old is None or (old.reused and not row.reused):
                 self.known[key] = row
             self._consider(row)
 
-    def _consider(self, row: Mapping[str, Any]) -> bool:
+    def _consider(self, row: TrialRecord) -> bool:
         """Update best/heuristic from a row; True when it improved the best."""
         improved = False
-        if row.get("status") == "ok" and row.get("measured_us") is not None:
-            t = float(row["measured_us"])
-            if self.best_row is None or t < float(self.best_row["measured_us"]):
+        if row.measured_us is not None and row.status is TrialStatus.OK:
+            best = self.best_us()
+            if best is None or row.measured_us < best:
                 improved = True
-                self.best_row = dict(row)
-            if row.get("schedule_key") == self.heuristic_key and self.heur_row is None:
-                self.heur_row = dict(row)
-        elif row.get("schedule_key") == self.heuristic_key and self.heur_row is None:
-            self.heur_row = dict(row)
+                self.best_row = row
+        if row.schedule_key == self.heuristic_key and self.heur_row is None:
+            self.heur_row = row
         return improved
 
     def best_us(self) -> float | None:
-        return float(self.best_row["measured_us"]) if self.best_row else None
+        return self.best_row.measured_us if self.best_row is not None else None
 
     # ------------------------------------------------------------------ one batch
     def base_row(self, trial: optuna.Trial, schedule: Any) -> dict[str, Any]:
@@ -199,7 +199,9 @@ class _Loop:
                 "study": self.study_name, "trial_number": trial.number, "sampler": self.config.sampler,
                 "worker": self.worker}
 
-    def copy_result(self, row: dict[str, Any], src: Mapping[str, Any], source: str) -> dict[str, Any]:
+    def copy_result(self, row: dict[str, Any], src: TrialRecord | Mapping[str, Any], source: str) -> dict[str, Any]:
+        if isinstance(src, TrialRecord):
+            src = src.to_row()
         for k in RESULT_FIELDS:
             if k in src:
                 row[k] = src[k]
@@ -249,10 +251,11 @@ class _Loop:
         log.warning("gave up waiting for trial %d of another worker; measuring its schedule here", number)
         return None
 
-    def run_batch(self, n: int) -> list[tuple[optuna.Trial, dict[str, Any]]]:
+    def run_batch(self, n: int) -> list[tuple[optuna.Trial, TrialRecord]]:
         trials = [self.study.ask() for _ in range(n)]
         self._in_flight = list(trials)
-        done: dict[int, dict[str, Any]] = {}   # index -> row
+        done: dict[int, dict[str, Any]] = {}   # index -> row (being filled in)
+        records: dict[int, TrialRecord] = {}   # index -> the row as written (settled)
         scheds: dict[int, Any] = {}
         for i, tr in enumerate(trials):
             tr.set_user_attr("worker", self.worker)
@@ -262,7 +265,7 @@ class _Loop:
                 done[i] = {**self.ctx, **self.versions, "schedule_json": None, "schedule_key": None,
                            "backend": self.backend, "heuristic": False, "reused": False, "reused_from": None,
                            "study": self.study_name, "trial_number": tr.number, "sampler": self.config.sampler,
-                           "worker": self.worker, "status": "pruned", "prune_reason": f"illegal: {exc}",
+                           "worker": self.worker, "status": TrialStatus.PRUNED, "prune_reason": f"illegal: {exc}",
                            "error": ""}
                 continue
             scheds[i] = s
@@ -276,8 +279,7 @@ class _Loop:
             key = s.key()
             if key in self.known:
                 src = self.known[key]
-                done[i] = self.copy_result(self.base_row(trials[i], s), src,
-                                           f"{src.get('study')}:{src.get('trial_number')}")
+                done[i] = self.copy_result(self.base_row(trials[i], s), src, f"{src.study}:{src.trial_number}")
             elif key in first_in_batch:
                 in_batch_dups[i] = first_in_batch[key]
             else:
@@ -297,7 +299,7 @@ class _Loop:
             done[i] = self.copy_result(self.base_row(trials[i], scheds[i]), done[j],
                                        f"{self.study_name}:{trials[j].number}")
         if waits:  # settle our own trials first: another worker may be waiting for one of them
-            self._settle(trials, done, sorted(done))
+            self._settle(trials, done, sorted(done), records)
         for i, num in waits.items():
             t = self.wait_for(num)
             waited = _row_from_trial(t) if t is not None else None
@@ -307,44 +309,49 @@ class _Loop:
                 if key in self.known:
                     src_row = self.known[key]
                     done[i] = self.copy_result(self.base_row(trials[i], scheds[i]), src_row,
-                                               f"{src_row.get('study')}:{src_row.get('trial_number')}")
+                                               f"{src_row.study}:{src_row.trial_number}")
                     continue
                 r = evaluate(self.graph, self.plan, self.device, [scheds[i]], self.builder, self.runner,
                              self.best_us(), prune_factor=self.config.prune_factor, stages=self.stages)[0]
                 done[i] = {**self.base_row(trials[i], scheds[i]), **r}
             else:
                 done[i] = self.copy_result(self.base_row(trials[i], scheds[i]), waited, f"{self.study_name}:{num}")
-        self._settle(trials, done, sorted(waits) if waits else list(range(n)))
-        return [(trials[i], done[i]) for i in range(n)]
+        self._settle(trials, done, sorted(waits) if waits else list(range(n)), records)
+        return [(trials[i], records[i]) for i in range(n)]
 
-    def _settle(self, trials: list[optuna.Trial], done: dict[int, dict[str, Any]], idx: list[int]) -> None:
-        """Write the rows ``done[i]`` for ``i`` in ``idx`` to the database, then tell their trials (a
-        kill loses at most the rows not yet flushed)."""
-        rows = [done[i] for i in idx]
-        for r in rows:
-            if r.get("estimated") is None:
-                r["estimated"] = self.estimated
-        if rows:
-            self.db.append(rows)
-            self.rows_written += len(rows)
+    def _settle(self, trials: list[optuna.Trial], done: dict[int, dict[str, Any]], idx: list[int],
+                settled: dict[int, TrialRecord]) -> dict[int, TrialRecord]:
+        """Write the rows ``done[i]`` for ``i`` in ``idx`` to the database as records, then tell their trials
+        (a kill loses at most the rows not yet flushed). Returns ``settled`` (index -> record) with them added."""
         for i in idx:
-            self.tell(trials[i], done[i])
+            if done[i].get("estimated") is None:
+                done[i]["estimated"] = self.estimated
+            settled[i] = TrialRecord.from_row(done[i])
+        if idx:
+            self.db.append(settled[i] for i in idx)
+            self.rows_written += len(idx)
+        for i in idx:
+            self.tell(trials[i], settled[i])
         told = {trials[i].number for i in idx}
         self._in_flight = [t for t in self._in_flight if t.number not in told]
+        return settled
 
-    def tell(self, trial: optuna.Trial, row: Mapping[str, Any]) -> None:
-        status = row["status"]
-        for k in ("status", "prune_reason", "predicted_us", "occupancy", "registers", "estimated"):
-            v = _plain(row.get(k))
+    def tell(self, trial: optuna.Trial, row: TrialRecord) -> None:
+        status = row.status
+        for k in ("prune_reason", "predicted_us", "occupancy", "registers", "estimated"):
+            v = _plain(getattr(row, k))
             if v is not None:
                 trial.set_user_attr(k, v)
-        if row.get("error"):
-            trial.set_user_attr("error", str(row["error"])[:1000])
-        if row.get("reused"):
-            trial.set_user_attr("reused_from", row.get("reused_from"))
-        if status == "ok":
-            self.study.tell(trial, float(row["measured_us"]))
-        elif status == "pruned":
+        trial.set_user_attr("status", status.value)
+        if row.error:
+            trial.set_user_attr("error", row.error[:1000])
+        if row.reused:
+            trial.set_user_attr("reused_from", row.reused_from)
+        if status is TrialStatus.OK and row.measured_us is not None:
+            self.study.tell(trial, row.measured_us)
+        elif status is TrialStatus.OK:  # the pipeline turns such a row into a launch_error; never told ok
+            self.study.tell(trial, state=TrialState.FAIL)
+        elif status is TrialStatus.PRUNED:
             self.study.tell(trial, state=TrialState.PRUNED)
         else:
             self.study.tell(trial, state=TrialState.FAIL)
@@ -393,10 +400,10 @@ class _Loop:
                     n = min(n, left)
                 for _tr, row in self.run_batch(n):
                     self.trials_run += 1
-                    self.counts[row["status"]] += 1
-                    self.reused += bool(row.get("reused"))
-                    if row.get("schedule_key"):
-                        self.known.setdefault(row["schedule_key"], row)
+                    self.counts[row.status.value] += 1
+                    self.reused += bool(row.reused)
+                    if row.schedule_key:
+                        self.known.setdefault(row.schedule_key, row)
                     if self._consider(row):
                         self.since_improvement = 0
                     else:
@@ -425,39 +432,27 @@ class _Loop:
         measured yet): the options the cost model ranks least reliably are measured side by side with
         the best schedule in every search. No-op for the grid sampler."""
         row = self.best_row
-        if self.grid is not None or row is None or not row.get("schedule_json"):
+        if self.grid is not None or row is None or not row.schedule_json:
             return
-        key = row.get("schedule_key")
+        key = row.schedule_key
         if key in self._varied:
             return
         self._varied.add(key)
-        best = type(self.heuristic).from_dict(json.loads(row["schedule_json"]))
+        best = type(self.heuristic).from_dict(json.loads(row.schedule_json))
         for v in self.space.variants(best):
             if v.key() not in self.known:
                 self.study.enqueue_trial(self.space.params_of(v), user_attrs={"variant_of": key},
                                          skip_if_exists=True)
 
     def enqueue_grid(self) -> None:
-        """Enqueue every grid point the study has not tried or queued yet."""
-        seen = set()
-        for t in self.study.get_trials(deepcopy=False):
-            k = t.user_attrs.get("schedule_key")
-            if k is not None and (t.state != TrialState.FAIL or t.user_attrs.get("status")):
-                seen.add(k)
-            elif t.state == TrialState.WAITING:  # enqueued, not asked yet: its params are "fixed_params"
-                fixed = t.params or t.system_attrs.get("fixed_params") or {}
-                seen.add(("params", tuple(sorted((str(a), str(b)) for a, b in fixed.items()))))
-        for s in self.grid or ():
-            params = self.space.params_of(s)
-            if s.key() in seen or ("params", tuple(sorted((str(a), str(b)) for a, b in params.items()))) in seen:
-                continue
-            self.study.enqueue_trial(params, skip_if_exists=False)
+        """Enqueue every grid point the study has not tried or queued yet (:func:`enqueue_grid`)."""
+        enqueue_grid(self.study, self.space, self.grid or ())
 
     def speedup(self) -> float | None:
-        if self.best_row is None or self.heur_row is None or self.heur_row.get("status") != "ok":
+        if self.best_row is None or self.heur_row is None or not self.heur_row.ok or not self.best_row.ok:
             return None
-        b = float(self.best_row["measured_us"])
-        return float(self.heur_row["measured_us"]) / b if b > 0 else None
+        b, h = self.best_row.measured_us, self.heur_row.measured_us
+        return h / b if b is not None and h is not None and b > 0 else None
 
     def floor_us(self) -> float | None:
         bw = self.device.effective_copy_bandwidth_gbs()

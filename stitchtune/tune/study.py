@@ -33,6 +33,7 @@ import re
 import socket
 import time
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 import optuna
@@ -53,6 +54,7 @@ __all__ = [
     "MAX_GRID",
     "default_study_name",
     "describe_storage",
+    "enqueue_grid",
     "grid_points",
     "journal_lock",
     "journal_lock_grace_s",
@@ -218,6 +220,25 @@ def grid_points(space: Any, seed: int | None) -> list[Any]:
         raise ScheduleError(f"--sampler grid: {len(points)} points (limit {MAX_GRID}); use tpe or random")
     random.Random(seed).shuffle(points)
     return points
+
+
+def enqueue_grid(study: optuna.Study, space: Any, grid: Iterable[Any]) -> None:
+    """Enqueue every point of ``grid`` that ``study`` has not tried or queued yet: a point is tried when a
+    trial holds its schedule key (and did not fail without a status: a stale or interrupted trial), queued
+    when a waiting trial holds its parameters."""
+    seen: set[Any] = set()
+    for t in study.get_trials(deepcopy=False):
+        k = t.user_attrs.get("schedule_key")
+        if k is not None and (t.state != TrialState.FAIL or t.user_attrs.get("status")):
+            seen.add(k)
+        elif t.state == TrialState.WAITING:  # enqueued, not asked yet: its params are "fixed_params"
+            fixed = t.params or t.system_attrs.get("fixed_params") or {}
+            seen.add(("params", tuple(sorted((str(a), str(b)) for a, b in fixed.items()))))
+    for s in grid:
+        params = space.params_of(s)
+        if s.key() in seen or ("params", tuple(sorted((str(a), str(b)) for a, b in params.items()))) in seen:
+            continue
+        study.enqueue_trial(params, skip_if_exists=False)
 
 
 def make_sampler(name: str, seed: int | None, space: Any) -> optuna.samplers.BaseSampler:

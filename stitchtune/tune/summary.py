@@ -16,12 +16,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from stitchtune.tune.records import TrialRecord
 from stitchtune.tune.result import SearchResult
 
 __all__ = ["format_best_table", "format_summary", "json_safe"]
 
 
-def _fmt_us(x: Any, est: str) -> str:
+def _fmt_us(x: float | None, est: str) -> str:
     return "-" if x is None else f"{float(x):.3f} us{est}"
 
 
@@ -32,14 +33,13 @@ def format_summary(res: SearchResult) -> str:
              (f"database {res.db_path}; {res.trials_run} trial(s) this run ({res.reused} reused: schedules "
               f"already tried, told from their earlier result), stopped: {res.stopped}, {res.elapsed_s:.1f} s")]
     rows: list[tuple[str, str]] = []
-    if res.best is not None:
-        sched = res.best.get("schedule_json") or ""
-        rows.append(("best schedule", (f"{res.best.get('schedule_key')} (trial {res.best.get('trial_number')} "
-                                       f"of {res.best.get('study')})")))
-        rows.append(("best time", _fmt_us(res.best.get("measured_us"), est)))
-        rows.append(("heuristic (trial 0)", _fmt_us(res.heuristic.get("measured_us"), est)
-                     if res.heuristic is not None and res.heuristic.get("status") == "ok"
-                     else (f"not ok: {res.heuristic.get('status')}" if res.heuristic else "-")))
+    best, heur = res.best, res.heuristic
+    if best is not None:
+        sched = best.schedule_json or ""
+        rows.append(("best schedule", f"{best.schedule_key} (trial {best.trial_number} of {best.study})"))
+        rows.append(("best time", _fmt_us(best.measured_us, est)))
+        rows.append(("heuristic (trial 0)", _fmt_us(heur.measured_us, est) if heur is not None and heur.ok
+                     else (f"not ok: {heur.status.value}" if heur is not None else "-")))
         rows.append(("speedup over heuristic", f"{res.speedup:.2f}x{est}" if res.speedup is not None else "-"))
         if res.floor_fraction is not None:
             rows.append(("bandwidth floor", (f"{res.floor_us:.3f} us (min bytes / copy bandwidth); floor/best = "
@@ -73,11 +73,13 @@ def format_best_table(df: Any) -> str:
         for name, mask in (("estimated_us", est), ("measured_us", ~est)):
             if mask.any():
                 view.insert(at, name, times.where(mask, "-"))
-    return view.to_string(index=False)
+    return str(view.to_string(index=False))
 
 
-def json_safe(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def json_safe(row: TrialRecord | Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A row with only JSON-serialisable values (timestamps as ISO strings)."""
     if row is None:
         return None
-    return json.loads(json.dumps(dict(row), default=str))
+    plain = row.to_row() if isinstance(row, TrialRecord) else dict(row)
+    out: dict[str, Any] = json.loads(json.dumps(plain, default=str))
+    return out

@@ -12,7 +12,7 @@ import pytest
 from helpers import DEV, EXAMPLES_DIR
 from stitchtune.analysis.audit import Criteria, audit_graph, dead_shared
 from stitchtune.analysis.sectors import kernel_sectors, slice_blocks
-from stitchtune.emulate.emulator import emulate_kernel
+from stitchtune.emulate.emulator import MemoryAccess, emulate_kernel
 from stitchtune.graph.parse import load_graph
 from stitchtune.ir import kir
 from stitchtune.ir.kir import Assign, Bin, Const, Load, LoadVec, Param, Special, StoreVec, Var
@@ -74,15 +74,12 @@ def test_the_slice_sees_the_full_launch_addresses_of_its_blocks():
     k = kir.Kernel("stride", (Param("x", "float32", 4096, "input"), Param("y", "float32", 4096, "output")),
                    (StoreVec("y", Bin("+", Bin("*", Special("gdim"), Special("tid")), Special("bid")),
                              (Load("x", _gidx()),)),), 32)
-    seen: list[np.ndarray] = []
-
-    def trace(where, buf, op, threads, elements, width, shared):
-        if op == "store":
-            seen.append(elements.copy())
-
-    full: list[np.ndarray] = []
-    emulate_kernel(k, 128, _small(), blocks=2, observe=trace)
-    emulate_kernel(k, 128, _small(), observe=lambda w, b, o, t, e, n, sh: full.append(e.copy()) if o == "store" else None)
+    part: list[MemoryAccess] = []
+    whole: list[MemoryAccess] = []
+    emulate_kernel(k, 128, _small(), blocks=2, trace=part)
+    emulate_kernel(k, 128, _small(), trace=whole)
+    seen = [a.elements for a in part if a.op == "store"]
+    full = [a.elements for a in whole if a.op == "store"]
     np.testing.assert_array_equal(seen[0], full[0][:64])
     assert seen[0].max() > 2 * 32            # addressed with gdim 128, not 2
     with pytest.raises(ValueError, match="slice"):

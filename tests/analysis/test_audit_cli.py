@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES_DIR
-from stitchtune import cli
+from helpers import EXAMPLES_DIR, call_cli as call
 
 GRAPH = EXAMPLES_DIR / "layernorm_small.json"
-
-
-def call(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main(argv)
-    return rc, out.getvalue(), err.getvalue()
 
 
 def test_audit_of_a_graph_prints_markdown_and_writes_json(tmp_path: Path) -> None:

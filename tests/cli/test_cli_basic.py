@@ -3,8 +3,6 @@ hypothesis fuzz of > 1000 malformed graphs through ``cli.main(["validate", path]
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import subprocess
 import sys
@@ -20,18 +18,11 @@ from hypothesis import strategies as st
 from stitchtune import cli
 from stitchtune.graph.parse import load_graph
 from stitchtune.graph.reference import random_inputs, run_reference
-from helpers import json_values, malformed_graph
+from helpers import json_values, malformed_graph, call_cli as call
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SMALL = sorted(EXAMPLES.glob("*_small.json"))
 SMALL_DICTS = [json.loads(p.read_text()) for p in SMALL]
-
-
-def call(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main(argv)
-    return rc, out.getvalue(), err.getvalue()
 
 
 def assert_user_error(rc: int, out: str, err: str) -> None:

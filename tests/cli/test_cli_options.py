@@ -17,16 +17,9 @@ import pytest
 from stitchtune import cli
 from stitchtune.cli import checks
 from stitchtune.tune.summary import format_best_table
-from helpers import COMMITTED_DB, EXAMPLES_DIR
+from helpers import COMMITTED_DB, EXAMPLES_DIR, call_cli as call
 
 G = str(EXAMPLES_DIR / "layernorm_small.json")
-
-
-def call(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main(argv)
-    return rc, out.getvalue(), err.getvalue()
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):

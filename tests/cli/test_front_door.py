@@ -4,25 +4,15 @@ what the CLI says; ``stitchtune tune``'s progress lines name their call patterns
 
 from __future__ import annotations
 
-import contextlib
-import io
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from stitchtune import cli
 from stitchtune.errors import StitchtuneError
-from helpers import EXAMPLES_DIR
+from helpers import EXAMPLES_DIR, call_cli as call
 
 G = str(EXAMPLES_DIR / "layernorm_small.json")
-
-
-def call(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main(argv)
-    return rc, out.getvalue(), err.getvalue()
 
 
 @pytest.mark.parametrize(("argv", "suggestion"), [

@@ -4,27 +4,17 @@ but a gather index is refused by `validate` with one named line."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import EXAMPLES
-from stitchtune import cli
+from helpers import EXAMPLES, call_cli as _call
 from stitchtune.graph.parse import load_graph
 from stitchtune.graph.reference import random_inputs
 
 GRAPH = EXAMPLES / "embed_gather_layernorm_small.json"
-
-
-def _call(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main(argv)
-    return rc, out.getvalue(), err.getvalue()
 
 
 @pytest.mark.parametrize("bad", [-1, 50, 2**31 - 1])

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from stitchtune.deploy.backend_options import OPTION_CHECKS, OPTION_KEYS, BackendOptions
+from stitchtune.deploy.backend_options import OPTION_CHECKS, OPTION_KEYS, STRICT_ENV, BackendOptions
 from stitchtune.errors import StitchtuneError
 from stitchtune.hardware.device import PRESETS
 
@@ -24,6 +24,7 @@ BAD: dict[str, list[Any]] = {
     "check_gather": ["yes", 1, 0, None, "SYNC"],
     "max_extent": [0, -5, True, 2.5, 2**31, "2048", None],
     "cudagraphs": ["yes", 1, 0, "reduce-overhead"],
+    "strict": ["yes", 1, 0, None],
 }
 GOOD: dict[str, list[Any]] = {
     "db": [None, "tuning-db", Path("tuning-db")],
@@ -35,6 +36,7 @@ GOOD: dict[str, list[Any]] = {
     "check_gather": [True, False, "sync"],
     "max_extent": [1, 2048, 2**31 - 1],
     "cudagraphs": [None, True, False],
+    "strict": [True, False],
 }
 
 
@@ -72,6 +74,35 @@ def test_unknown_names_list_the_options() -> None:
 def test_defaults_pass_their_own_checks() -> None:
     d = BackendOptions()
     assert all(OPTION_CHECKS[f.name].ok(getattr(d, f.name)) for f in fields(d))
+
+
+def test_strict_is_on_in_the_tests_and_its_default_follows_the_environment(
+        strict_backend: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert strict_backend and BackendOptions().strict          # tests/conftest.py: strict_backend
+    for value, on in [("1", True), ("yes", True), ("TRUE", True), ("0", False), ("", False), ("no", False)]:
+        monkeypatch.setenv(STRICT_ENV, value)
+        assert BackendOptions().strict is on and BackendOptions.from_options({}).strict is on
+    monkeypatch.delenv(STRICT_ENV)
+    assert BackendOptions().strict is False
+    assert BackendOptions.from_options({"strict": True}).strict is True
+
+
+@pytest.mark.not_strict("checks the lenient default itself")
+def test_not_strict_marker_turns_it_off(strict_backend: bool) -> None:
+    assert not strict_backend and BackendOptions().strict is False
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_reraise_raises_only_non_stitchtune_errors_when_strict(strict: bool) -> None:
+    opts = BackendOptions(strict=strict)
+    opts.reraise(StitchtuneError("a refusal"))   # declined in either mode
+    bug = KeyError("bug")
+    if strict:
+        with pytest.raises(KeyError) as err:
+            opts.reraise(bug)
+        assert err.value is bug
+    else:
+        opts.reraise(bug)
 
 
 def test_torch_compile_refuses_a_bad_device_before_compiling_anything() -> None:

@@ -171,7 +171,8 @@ def test_stitchtune_compile_of_a_dynamic_file_runs_at_any_extent_and_round_trips
                       DynamicCompiledGraph)
 
 
-def test_a_built_bucket_lists_its_registers_and_the_static_loader_points_to_the_dynamic_one(tmp_path: Path) -> None:
+def test_a_built_bucket_lists_its_registers_and_the_static_loader_points_to_the_dynamic_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from stitchtune.deploy.compiled import CompiledGraph
     from stitchtune.gpu.build import nvcc_found
 
@@ -189,6 +190,11 @@ def test_a_built_bucket_lists_its_registers_and_the_static_loader_points_to_the_
         CompiledGraph.load(tmp_path / "c")
     back = DynamicCompiledGraph.load(tmp_path / "c")
     assert (back.buckets[0].cubin is not None) == build
+    # the static loader's limits hold here too (deploy/manifest_io.py): an oversized manifest is not parsed
+    from stitchtune.deploy import manifest_io
+    monkeypatch.setattr(manifest_io, "MAX_MANIFEST_BYTES", 100)
+    with pytest.raises(StitchtuneError, match="manifest.json is too large"):
+        DynamicCompiledGraph.load(tmp_path / "c")
 
 
 def test_a_device_call_runs_its_buckets_kernel_with_the_extent_and_the_grid_of_its_rule(tmp_path: Path) -> None:

@@ -123,6 +123,34 @@ def test_a_region_that_fails_to_compile_is_declined_and_the_model_still_runs(
     assert any("boom in planning" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("strict", [True, False])
+def test_strict_raises_a_bug_that_would_decline_a_region(strict: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """strict (on in the tests): a region whose compilation raises an error that is not a StitchtuneError
+    fails torch.compile; without it the region is declined with the error as its reason and the model
+    runs. A StitchtuneError (a refusal) is declined either way (the test above)."""
+    real = torch_backend._compile_region
+
+    def buggy(region: Any, *a: Any) -> Any:
+        if "aten.native_layer_norm" in region.ops:
+            raise KeyError("a bug in compiling")
+        return real(region, *a)
+
+    monkeypatch.setattr(torch_backend, "_compile_region", buggy)
+    torch.manual_seed(0)
+    m, x = Block().eval(), torch.randn(2, 4, 16)
+    torch_backend.LAST_REPORTS.clear()
+    with torch.no_grad():
+        if strict:
+            with pytest.raises(Exception, match="a bug in compiling"):
+                _compile(m, cpu="reference", fallback="eager", strict=True)(x)
+            return
+        got = _compile(m, cpu="reference", fallback="eager", strict=False)(x)
+        want = m(x)
+    assert torch.allclose(got, want, atol=1e-5)
+    reasons = [d.reason for r in torch_backend.LAST_REPORTS for d in r.declined]
+    assert any("KeyError" in r and "a bug in compiling" in r for r in reasons)
+
+
 def test_a_kernel_failure_at_run_time_declines_the_region_once_and_runs_its_aten_ops(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from stitchtune.deploy.torch_ops import RegionKernel
@@ -346,7 +374,7 @@ def test_when_inductor_fails_on_the_rest_it_runs_eagerly(monkeypatch: pytest.Mon
     torch.manual_seed(0)
     m, x = Block().eval(), torch.randn(2, 4, 16)
     with caplog.at_level(logging.WARNING, logger="stitchtune.deploy.torch_backend"), torch.no_grad():
-        got = _compile(m, cpu="reference")(x)
+        got = _compile(m, cpu="reference", strict=False)(x)   # strict would raise Inductor's RuntimeError
         want = m(x)
     assert torch.allclose(got, want, atol=1e-5)
     assert any("inductor is down" in r.getMessage() and "eagerly" in r.getMessage() for r in caplog.records)
@@ -440,8 +468,8 @@ def test_a_failure_of_the_whole_stitching_step_leaves_the_graph_to_the_fallback(
     _refuse(monkeypatch, torch_backend, "stitch_graph", "stitching is down")
     torch.manual_seed(0)
     m, x = Block().eval(), torch.randn(2, 4, 16)
-    with torch.no_grad():
-        e = torch_backend.explain(m, x, db=None, fallback="eager")
+    with torch.no_grad():  # strict=False: the lenient default declines even a bug (a RuntimeError here)
+        e = torch_backend.explain(m, x, db=None, fallback="eager", strict=False)
         want = m(x)
     assert torch.allclose(e.outputs, want, atol=1e-6) and not e.stitched
     assert [d.what for d in e.declined] == ["graph"] and "stitching is down" in e.declined[0].reason
@@ -506,7 +534,7 @@ def test_cubins_are_built_in_one_batch_and_a_failed_build_declines_its_region(mo
     regions = find_regions(gm).regions
     opts = torch_backend.BackendOptions(db=None)
     kernels = [torch_backend._compile_region(r, opts, torch_backend._device_for(opts)) for r in regions]
-    failed = torch_backend._attach_cubins(kernels, "sm_90")
+    failed = torch_backend._attach_cubins(kernels, "sm_90", opts)
     assert batches == [2] and list(failed) == [1] and "ptxas says no" in failed[1]
     assert isinstance(kernels[0], RegionKernel) and kernels[0].compiled.cubin == cubin.read_bytes()
 

@@ -238,7 +238,7 @@ def test_search_goes_on_through_nvcc_and_kernel_failures(tmp_path: Path) -> None
             assert row["error"]
         else:
             assert row["measured_us"] == pytest.approx(5.0) and not row["error"]
-    assert res.best is not None and res.best["status"] == "ok"
+    assert res.best is not None and res.best.status == "ok"
     assert runners and runners[0].restarts >= 3  # after the fault, the hang and the crash
 
 
@@ -270,4 +270,4 @@ def test_search_goes_on_through_real_kernel_faults_on_gpu(tmp_path: Path) -> Non
         if mode == "nvcc_fail":
             assert "injected compile error" in row["error"]
     assert {"fault", "hang", "nvcc_fail", "ok"} <= seen
-    assert res.best is not None and res.best["status"] == "ok"
+    assert res.best is not None and res.best.status == "ok"

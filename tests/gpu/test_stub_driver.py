@@ -47,7 +47,8 @@ def test_driver_calls_reach_the_driver_with_our_arguments(stub: StubCuda, tmp_pa
     res = _run(stub, tmp_path, f"""
         import json
         import numpy as np
-        from stitchtune.gpu.driver import DriverError, worker_driver
+        from stitchtune.gpu.driver import DriverError
+        from stitchtune.gpu.worker_driver import worker_driver
         from stubcuda import stub_image
 
         drv = worker_driver(0, {binding!r})

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from stitchtune.tune.database import TuningDB, read_db
+from stitchtune.tune.records import TrialStatus
 from stitchtune.errors import DatabaseError
 
 
@@ -53,14 +54,14 @@ def test_best_and_measured_filter_everything(tmp_path):
         _row(schedule_key="f", trial_number=5, measured_us=2.0, backend="cuda", estimated=False),
     ])
     best = db.best("w1", "h200-sm90", "sv1", "cg1", backend="emulate")
-    assert best["schedule_key"] == "b" and best["measured_us"] == 4.0
+    assert best.schedule_key == "b" and best.measured_us == 4.0
     # without a backend, a real measurement beats estimated ones
-    assert db.best("w1", "h200-sm90", "sv1", "cg1")["schedule_key"] == "f"
+    assert db.best("w1", "h200-sm90", "sv1", "cg1").schedule_key == "f"
     assert db.best("w2", "h200-sm90", "sv1", "cg1") is None
     m = db.measured("w1", "h200-sm90", "sv1", "cg1", "emulate")
     assert set(m) == {"a", "b", "e"}
-    assert m["e"]["status"] == "wrong_result"
-    assert m["a"]["prune_reason"] is None
+    assert m["e"].status is TrialStatus.WRONG_RESULT
+    assert m["a"].prune_reason is None
 
 
 def test_measured_prefers_original_over_reused(tmp_path):
@@ -68,8 +69,8 @@ def test_measured_prefers_original_over_reused(tmp_path):
     db.append([_row(schedule_key="a", trial_number=7, reused=True, reused_from="st:0")])
     db.append([_row(schedule_key="a", trial_number=0, measured_us=3.0)])
     m = db.measured("w1", "h200-sm90", "sv1", "cg1", "emulate")
-    assert m["a"]["trial_number"] == 0
-    assert not m["a"]["reused"]
+    assert m["a"].trial_number == 0
+    assert not m["a"].reused
 
 
 def test_dedup_on_read(tmp_path):

@@ -60,9 +60,9 @@ def test_every_status_and_heuristic_first(tmp_path):
     assert states["b256-v2"] == optuna.trial.TrialState.COMPLETE
     assert next(t for t in study.trials if t.user_attrs["schedule_key"] == "b32-v4").user_attrs["prune_reason"]
     # the best is the global optimum of the fake objective; speedup vs heuristic
-    assert res.best["schedule_key"] == "b256-v2"
+    assert res.best.schedule_key == "b256-v2"
     assert res.speedup == pytest.approx(fake_time(FakeSchedule(128, 4)) / fake_time(FakeSchedule(256, 2)))
-    assert res.floor_fraction == pytest.approx(res.floor_us / res.best["measured_us"])
+    assert res.floor_fraction == pytest.approx(res.floor_us / res.best.measured_us)
     assert sorted(runner.measured) == sorted(set(runner.measured))  # nothing measured twice
     text = format_summary(res)
     assert "(estimated)" in text and "b256-v2" in text and "trials by status" in text

@@ -54,7 +54,7 @@ def test_search_measures_the_variants_of_its_best_point(tmp_path: Path) -> None:
         a, b = Schedule.from_json(src.schedule_json), Schedule.from_json(mine.schedule_json)
         assert b in space.variants(a)
         assert mine.status == "ok"
-    best = Schedule.from_json(res.best["schedule_json"])
+    best = Schedule.from_json(res.best.schedule_json)
     assert best.order == "alternate"  # found through a variant or by the sampler; measured either way
 
 
