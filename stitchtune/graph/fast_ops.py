@@ -19,9 +19,10 @@ against the float64 reference is the GPU's; ``tests/lower/test_fast_math.py`` me
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
-from stitchtune.graph.ops import OPS, OpInfo
 
 LOG2E = np.float32(1.4426950408889634)
 _TINY = np.float32(np.finfo(np.float32).tiny)
@@ -61,19 +62,14 @@ def fast_rcp(x: object) -> np.ndarray:
     return fast_div(np.float32(1.0), x)
 
 
-def _fast(name: str, of: str, np_fn: object, cuda: str) -> OpInfo:
-    base = OPS[of]
-    return OpInfo(name=name, kind=base.kind, arity=base.arity, np_fn=np_fn, cuda=cuda,  # type: ignore[arg-type]
-                  flops=base.flops, sfu=base.sfu)
-
-
-#: kernel operator -> its declaration (merged into :data:`stitchtune.graph.ops.KERNEL_OPS`)
-FAST_OPS: dict[str, OpInfo] = {
-    "fast_exp": _fast("fast_exp", "exp", fast_exp, "__expf({0})"),
-    "fast_div": _fast("fast_div", "div", fast_div, "__fdividef({0}, {1})"),
-    "fast_rcp": _fast("fast_rcp", "reciprocal", fast_rcp, "__fdividef(1.0f, {0})"),
-    "fast_sigmoid": _fast("fast_sigmoid", "sigmoid", fast_sigmoid, "__fdividef(1.0f, (1.0f + __expf((-{0}))))"),
-    "fast_silu": _fast("fast_silu", "silu", fast_silu, "__fdividef({0}, (1.0f + __expf((-{0}))))"),
+#: kernel operator -> (the graph op it stands for, its CUDA template, its numpy model); :mod:`stitchtune.graph.ops`
+#: declares each in ``KERNEL_OPS`` with the graph op's arity and costs
+FAST_KERNEL_OPS: dict[str, tuple[str, str, Callable[..., np.ndarray]]] = {
+    "fast_exp": ("exp", "__expf({0})", fast_exp),
+    "fast_div": ("div", "__fdividef({0}, {1})", fast_div),
+    "fast_rcp": ("reciprocal", "__fdividef(1.0f, {0})", fast_rcp),
+    "fast_sigmoid": ("sigmoid", "__fdividef(1.0f, (1.0f + __expf((-{0}))))", fast_sigmoid),
+    "fast_silu": ("silu", "__fdividef({0}, (1.0f + __expf((-{0}))))", fast_silu),
 }
 
 #: graph operator -> its fast kernel operator (per-element use; ``exact_math`` 1 keeps the graph's)

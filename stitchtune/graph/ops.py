@@ -60,6 +60,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from stitchtune.graph.fast_ops import FAST_KERNEL_OPS
+
 __all__ = [
     "OpInfo",
     "OPS",
@@ -508,10 +510,10 @@ def int_np(op: str, dtype: str) -> Callable[..., np.ndarray]:
     return apply
 
 
-# the fast forms of exp / div / sigmoid / silu (stitchtune.graph.fast_ops, which imports OpInfo from here)
-from stitchtune.graph.fast_ops import FAST_OPS  # noqa: E402
-
-KERNEL_OPS.update(FAST_OPS)
+# the fast forms of exp / div / sigmoid / silu (stitchtune.graph.fast_ops): the graph op's arity and costs
+KERNEL_OPS.update({name: OpInfo(name=name, kind=OPS[of].kind, arity=OPS[of].arity, np_fn=fn, cuda=cuda,
+                                flops=OPS[of].flops, sfu=OPS[of].sfu)
+                   for name, (of, cuda, fn) in FAST_KERNEL_OPS.items()})
 
 
 def kernel_op(name: str) -> OpInfo:

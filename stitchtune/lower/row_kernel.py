@@ -287,14 +287,12 @@ class RowKernel:
         return add(mul(self.ix.rib, I(chunk)), add(mul(add(mul(sw.idx, I(vec)), I(j)), I(tpr)), self.ix.lane))
 
     def reciprocal(self, name: str) -> kir.Expr:
-        """``1 / name`` of a per-row or scalar value, computed once per round (``fast_rcp``, fast arithmetic
-        only), before the sweep that asks first."""
+        """``1 / name`` of a per-row or scalar value (``fast_rcp``), once per round before the first sweep asking."""
         if name not in self.recips:
             vals = self.broadcast(name)
             assert vals is not None, f"{name} varies along the row"
-            v = self.cx.var("rcp", F32)
+            self.recips[name] = v = self.cx.var("rcp", F32)
             self.rb.append(Assign(v, kir.MathOp("fast_rcp", (vals[0],))))
-            self.recips[name] = v
         return self.recips[name]
 
     def broadcast(self, name: str) -> list[kir.Expr] | None:
@@ -366,9 +364,8 @@ class RowKernel:
         valid = cx.var("v", kir.BOOL)
         lb.append(Assign(valid, Bin("&&", ix.rvalid, Bin("<", k0, ix.kend))))
         sw = RowSweep(idx_it, k0, valid, lb, from_prefetch)
-        sv = SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw),
-                          partial(self.cache_index, sw), partial(self.smem_index, sw), self.stats,
-                          low.kernel_reuse[self.ki])
+        sv = SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw), partial(
+            self.cache_index, sw), partial(self.smem_index, sw), self.stats, low.kernel_reuse[self.ki])
         rv = RemapValues(self, sw, sv)
         sv.index_value = rv.node_value
         sv.iota_value = partial(self.iota_values, sw)
