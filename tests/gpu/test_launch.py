@@ -246,23 +246,24 @@ def test_every_launcher_call_runs_in_an_activated_context_and_barrier_kernels_ar
 
 def test_the_worker_driver_is_chosen_by_name_or_by_what_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     import stitchtune.gpu.driver as gd
+    import stitchtune.gpu.worker_driver as wd
 
     with pytest.raises(ToolchainError, match=r"unknown CUDA driver binding 'cupy' \(\$STITCHTUNE_CUDA_DRIVER"):
-        gd.worker_driver(0, "cupy")
+        wd.worker_driver(0, "cupy")
     seen: list[str] = []
-    monkeypatch.setattr(gd, "CudaDriver", lambda o: seen.append(f"cuda-python {o}") or "cp")
+    monkeypatch.setattr(wd, "CudaDriver", lambda o: seen.append(f"cuda-python {o}") or "cp")
     import stitchtune.gpu.pycuda_driver as pd
 
     monkeypatch.setattr(pd, "PycudaDriver", lambda o: seen.append(f"pycuda {o}") or "pc")
     monkeypatch.setenv(gd.DRIVER_ENV, "pycuda")
-    assert gd.worker_driver(1) == "pc"
+    assert wd.worker_driver(1) == "pc"
     monkeypatch.delenv(gd.DRIVER_ENV)
-    assert gd.worker_driver(2) == "cp"           # cuda-python imports here
+    assert wd.worker_driver(2) == "cp"           # cuda-python imports here
 
     def no_binding() -> None:
         raise ToolchainError("no cuda-python")
 
-    monkeypatch.setattr(gd, "_binding", no_binding)
+    monkeypatch.setattr(wd, "_binding", no_binding)
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: object() if name == "pycuda" else None)
-    assert gd.worker_driver(3) == "pc"
+    assert wd.worker_driver(3) == "pc"
     assert seen == ["pycuda 1", "cuda-python 2", "pycuda 3"]

@@ -261,11 +261,12 @@ def test_torn_journal_tail_is_cut_and_a_damaged_journal_is_a_named_error(
     assert "4 trial(s) this run (" in out
     after = read_db(db)
     this_run = after.iloc[len(before):]
-    # every schedule of this run that the database held is reused, not measured again (a variant of the
-    # database's best point, enqueued by the search, may be new); the seed repeats the sampled ones
+    # every schedule of this run that the database held is reused, not measured again: at least the
+    # heuristic and a variant of it (which variants and samples a new study draws depends on the database's
+    # best point, enqueued first, so the seed need not repeat the first run's samples); the rest are new
     assert all(r.reused for r in this_run.itertuples() if r.schedule_key in known)
     reused = int(out.split("4 trial(s) this run (")[1].split(" reused")[0])
-    assert reused >= 3 and reused + sum(k not in known for k in this_run["schedule_key"]) == 4
+    assert reused >= 2 and reused + sum(k not in known for k in this_run["schedule_key"]) == 4
 
 
 def test_repair_journal_tail_edge_cases(tmp_path: Path) -> None:
