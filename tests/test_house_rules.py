@@ -27,7 +27,6 @@ KNOWN_LARGE: frozenset[str] = frozenset({
     "deploy/torch_backend.py",
     "graph/ops.py",
     "graph/parse_node.py",
-    "importers/torch_aten.py",
     "ir/kir.py",
     "lower/base.py",
     "lower/remap.py",

@@ -2,8 +2,8 @@
 
 :class:`_Walker` reads the :class:`_Captured` graph that :mod:`stitchtune.importers.torch_import`
 captured and emits graph.json nodes through a :class:`~stitchtune.importers.builder.GraphBuilder`;
-the op tables and the per-op translations are here, the supported-op contract is in
-:mod:`stitchtune.importers.torch_import`'s docstring. Every problem raises
+the op tables and the per-op handlers are :mod:`stitchtune.importers.torch_aten_ops`' registry
+(re-exported here), the supported-op contract is in :mod:`stitchtune.importers.torch_import`'s docstring. Every problem raises
 :class:`~stitchtune.importers.builder.ImportError_` naming the op and its source location.
 """
 
@@ -11,14 +11,33 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from stitchtune.importers.builder import GraphBuilder, ImportError_, Value, scalar
-from stitchtune.importers.torch_cnn import CNN_OPS, dead, inplace_problem, map_cnn_op
+from stitchtune.importers.torch_aten_ops import (  # noqa: F401  (re-exported: the op tables)
+    _BINARY,
+    _CASTS,
+    _COMPARE,
+    _FILLS,
+    _IGNORED,
+    _IOTA,
+    _LOGICAL,
+    _MASK_OPS,
+    _REDUCE,
+    _UNARY,
+    _VIEWS,
+    INT_OPS,
+    RAND_KEY,
+    RAND_STREAM_STEP,
+    SUPPORTED_OPS,
+    _is_bool,
+    map_op,
+)
+from stitchtune.importers.torch_cnn import dead, inplace_problem
 from stitchtune.importers.torch_fx_util import (  # noqa: F401  (re-exported: the importers' helpers)
     _bind,
     _fits,
@@ -32,8 +51,7 @@ from stitchtune.importers.torch_fx_util import (  # noqa: F401  (re-exported: th
     torch_dtype_name,
     value_dtype_name,
 )
-from stitchtune.importers.torch_layout import _LAYOUT, LayoutOps, Padded
-from stitchtune.importers.torch_scatter import SCATTER_OPS, map_scatter
+from stitchtune.importers.torch_layout import _LAYOUT, LayoutOps
 
 
 # ---------------------------------------------------------------------------- the walk
@@ -46,62 +64,11 @@ class _Captured:
     method: str
 
 
-_UNARY = {"aten.relu": "relu", "aten.sigmoid": "sigmoid", "aten.tanh": "tanh", "aten.exp": "exp",
-          "aten.log": "log", "aten.sqrt": "sqrt", "aten.rsqrt": "rsqrt", "aten.reciprocal": "reciprocal",
-          "aten.neg": "neg", "aten.abs": "abs", "aten.erf": "erf", "aten.square": "square",
-          "aten.silu": "silu", "aten.sin": "sin", "aten.cos": "cos"}
-_BINARY = {"aten.mul": "mul", "aten.div": "div", "aten.true_divide": "div", "aten.maximum": "maximum",
-           "aten.minimum": "minimum"}
-_REDUCE = {"aten.sum": "reduce_sum", "aten.mean": "reduce_mean", "aten.amax": "reduce_max",
-           "aten.amin": "reduce_min", "aten.max": "reduce_max", "aten.min": "reduce_min"}
-_VIEWS = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze",
-          "aten.flatten", "aten.expand", "aten.expand_as", "aten.alias", "aten.clone", "aten.contiguous",
-          "aten.detach", "aten.lift_fresh_copy", "aten.view_as"}
-#: casts to the node's dtype (``prims.convert_element_type``: what Inductor's decompositions make of
-#: ``to`` in backward graphs, e.g. dropout's bool mask made float)
-_CASTS = {"aten._to_copy", "aten.to", "aten.type_as", "aten._to_dtype", "prims.convert_element_type"}
-_COMPARE = {"aten.eq": "eq", "aten.ne": "ne", "aten.lt": "lt", "aten.le": "le", "aten.gt": "gt", "aten.ge": "ge"}
-_LOGICAL = {"aten.logical_and": "logical_and", "aten.logical_or": "logical_or", "aten.logical_not": "logical_not",
-            "aten.bitwise_and": "logical_and", "aten.bitwise_or": "logical_or", "aten.bitwise_not": "logical_not",
-            "aten.__and__": "logical_and", "aten.__or__": "logical_or"}
-_MASK_OPS = {*_COMPARE, *_LOGICAL, "aten.where", "aten.masked_fill"}
-#: ``arange`` and its decomposition ``prims.iota``: an ``iota`` (then ``* step + start``)
-_IOTA = {"aten.arange", "prims.iota"}
-#: constants of one value, mapped as a number: ``scalar_tensor`` (0-d) and ``full`` (only as a
-#: scatter's base: :func:`stitchtune.importers.torch_candidates.full_reason`)
-_FILLS = {"aten.scalar_tensor", "aten.full"}
-#: ops that take int tensors as ints (graph.json's int ops); any other op reads an int tensor as
-#: torch does, promoted to float32 first (``exp(ids)``, ``ids / 2``)
-INT_OPS: frozenset[str] = frozenset({
-    "aten.add", "aten.sub", "aten.rsub", "aten.mul", "aten.neg", "aten.abs", "aten.maximum", "aten.minimum",
-    "aten.clamp", "aten.clamp_min", "aten.clamp_max", *_COMPARE, "aten.where", "aten.masked_fill"})
-#: the key of ``stitchtune::rand(seed, stream, size)`` (:mod:`stitchtune.importers.torch_random`): dropout's
-#: numbers drawn in the region, ``uniform(seed + stream * RAND_STREAM_STEP, flat index)``
-RAND_KEY = "stitchtune.rand"
-#: what a stream adds to the seed (a graph.json int constant: exact, below 2**53 for streams < 2**16)
-RAND_STREAM_STEP = 0x9E3779B97
-#: every ATen op key (``_key(node.target)``) that :meth:`_Walker._op` maps (some only for some arguments)
-SUPPORTED_OPS: frozenset[str] = frozenset({
-    *_UNARY, *_BINARY, *_REDUCE, *_VIEWS, *_CASTS, *_LAYOUT, "aten.gelu", "aten.add", "aten.sub", "aten.rsub", "aten.pow",
-    "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.softmax", "aten._softmax",
-    "aten.log_softmax", "aten._log_softmax", "aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm",
-    "aten.dropout", "aten.native_dropout", "aten.feature_dropout", *_FILLS, "prims.fma", *_MASK_OPS, *_IOTA,
-    RAND_KEY, *SCATTER_OPS})   # (SCATTER_OPS: an embedding's gradient, torch_scatter)
-SUPPORTED_OPS = SUPPORTED_OPS | CNN_OPS   # eval batch norm, 1x1 adaptive average pool (torch_cnn)
-_IGNORED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
-            "aten._assert_async"}
-
-
 @dataclass(frozen=True)
 class _Alias:
     """An argument replaced by another value of the walk (an int tensor promoted to float32)."""
 
     name: str
-
-
-def _is_bool(x: Any) -> bool:
-    """True for an fx node whose value is a bool tensor."""
-    return hasattr(x, "meta") and _meta(x)[1] == "bool"
 
 
 def _is_view(n: Any) -> bool:
@@ -268,7 +235,7 @@ class _Walker(LayoutOps):
                     key = self._inplace(node, key)
                 if not hasattr(node.target, "_schema"):
                     raise ImportError_(f"unsupported op {node.target} at {_where(node)}")
-                res = self._op(node, key, _bind(node))
+                res = map_op(self, node, key, _bind(node))
                 if isinstance(res, Value) and not (res.is_scalar and key in _FILLS):
                     res = self._check(node, res)
                 self.vals[node.name] = res
@@ -332,124 +299,6 @@ class _Walker(LayoutOps):
                                f"PyTorch shape {list(t)}")
         return v
 
-    def _op(self, node: Any, key: str, a: dict[str, Any]) -> Any:
-        """The graph value(s) of one ATen node (a tuple for multi-output ops); unsupported ops raise."""
-        b, name = self.b, node.name
-        x = a.get("self", a.get("input", a.get("a")))   # ("a": prims.convert_element_type)
-        if key in _MASK_OPS:
-            return self._mask_op(node, key, a, x)
-        if key in _FILLS:   # a 0-d constant (e.g. masked_fill's value), or a scatter's base of one value
-            fill = a.get("s", a.get("fill_value"))
-            if isinstance(fill, bool) or not isinstance(fill, (int, float)):
-                raise ImportError_(f"{node.target} at {_where(node)}: a non-numeric {key.removeprefix('aten.')}")
-            return scalar(float(fill))
-        if key in _IOTA:
-            return self._iota(node, key, a)
-        if key == RAND_KEY:
-            return self._rand(node, a)
-        if key in SCATTER_OPS:   # an embedding's gradient: scatter_add of the masked values (torch_scatter)
-            return map_scatter(b, node, lambda v: self.val(v, node), self.tshape(node))
-        if key == "aten.mul" and _meta(node)[1] not in (None, "bool") and any(map(_is_bool, (x, a.get("other")))):
-            # training dropout's ``mask * x``: the mask cast to the product's dtype (exact: 0 or 1)
-            prod_dt = str(_meta(node)[1])
-            lhs, rhs = (b.cast(self.val(v, node), prod_dt, f"{name}_{i}") for i, v in enumerate((x, a["other"])))
-            return b.binary("mul", lhs, rhs, name)
-        self._no_bool(node, key, a)
-        if key in INT_OPS:
-            a = self._promote_ints(node, a)
-        elif key in _UNARY or key in _BINARY or key in ("aten.pow", "aten.gelu"):
-            a = self._ints_to_float(node, a)
-        x = a.get("self", a.get("input", a.get("a")))   # ("a": prims.convert_element_type)
-        if key in _UNARY:
-            return b.unary(_UNARY[key], self.val(x, node), name)
-        if key == "aten.gelu":
-            op = {"none": "gelu", "tanh": "gelu_tanh"}.get(a.get("approximate") or "none")
-            if op is None:
-                raise ImportError_(f"gelu approximate={a.get('approximate')!a} at {_where(node)} is not supported")
-            return b.unary(op, self.val(x, node), name)
-        if key in ("aten.add", "aten.sub", "aten.rsub"):
-            return self._add_sub(node, key, a, x)
-        if key in _BINARY:
-            if a.get("rounding_mode") is not None:
-                raise ImportError_(f"{node.target} rounding_mode={a['rounding_mode']!a} at {_where(node)} "
-                                   "is not supported")
-            return b.binary(_BINARY[key], self.val(x, node), self.val(a["other"], node), name)
-        if key == "prims.fma":   # a * b + c (Inductor's decomposition of softmax's backward)
-            prod = b.binary("mul", self.val(a["a"], node), self.val(a["b"], node), f"{name}_mul")
-            return b.binary("add", prod, self.val(a["c"], node), name)
-        if key == "aten.pow":
-            return b.binary("pow", self.val(x, node), self.val(a["exponent"], node), name)
-        if key in ("aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh"):
-            return self._clamp(node, a, x)
-        if key in _REDUCE:
-            return self._reduce(node, key, a)
-        if key in ("aten.softmax", "aten._softmax", "aten.log_softmax", "aten._log_softmax"):
-            return self._softmax(node, key, a, x)
-        if key in ("aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm"):
-            return self._norm(node, key, a)
-        if key in ("aten.dropout", "aten.native_dropout", "aten.feature_dropout"):
-            if a.get("train"):
-                raise ImportError_(f"{node.target} at {_where(node)}: dropout in training mode is not "
-                                   "supported (call .eval() first)")
-            v = self.val(a["input"], node)
-            return (v, None) if key == "aten.native_dropout" else v
-        if key in _CASTS:
-            _, dt = _meta(node)
-            if dt is None:
-                raise ImportError_(f"{node.target} at {_where(node)}: cast to a dtype graph.json does not have")
-            return b.cast(self.val(a["a"] if key == "prims.convert_element_type" else x, node), dt, name)
-        if key in _VIEWS or zero_pad(node):
-            return self._view(node, key, x)
-        if key in _LAYOUT:
-            return self._layout(node, key, a, x)
-        if key in CNN_OPS:
-            return map_cnn_op(self, node, key, a)
-        raise ImportError_(f"unsupported op {node.target} at {_where(node)}")
-
-    def _rand(self, node: Any, a: dict[str, Any]) -> Value:
-        """``stitchtune::rand(seed, stream, size)``: ``uniform(seed + stream * RAND_STREAM_STEP, i)`` with
-        ``i`` the element's row-major flat index in ``size``, a sum of int32 ``iota``s times strides."""
-        b, name = self.b, node.name
-        t = tuple(int(d) for d in a["size"])
-        stream = a["stream"]
-        if math.prod(t) >= 2**31 or isinstance(stream, bool) or not isinstance(stream, int) or not 0 <= stream < 2**16:
-            raise ImportError_(f"{node.target} at {_where(node)}: only fewer than 2**31 numbers and streams "
-                               "below 2**16 are supported")
-        seed = self.val(a["seed"], node)
-        if stream:
-            seed = b.binary("add", seed, scalar(float(stream * RAND_STREAM_STEP)), f"{name}_seed")
-        idx: Value | None = None
-        stride = 1
-        for ax in reversed(range(len(t))):
-            if t[ax] > 1:
-                term = b.iota(t, ax, "int32", f"{name}_i{ax}")
-                if stride > 1:
-                    term = b.binary("mul", term, scalar(float(stride)), f"{name}_s{ax}")
-                idx = term if idx is None else b.binary("add", idx, term, f"{name}_c{ax}")
-            stride *= t[ax]
-        if idx is None:   # a single number: counter 0
-            idx = b.iota(t or (1,), 0, "int32", f"{name}_i")
-        return b.elementwise("uniform", [seed, idx], name)
-
-    def _iota(self, node: Any, key: str, a: dict[str, Any]) -> Value:
-        """``arange(start, end, step)`` / ``prims.iota(length, start, step)``: an int ``iota`` of the
-        result's length, times ``step`` plus ``start`` (int arithmetic, exact), cast where the result
-        is a float (its values are then integers, exact below 2**24)."""
-        t, dt = _meta(node)
-        if dt is None and node.meta.get("val") is not None:
-            dt = index_dtype_name(node.meta["val"].dtype)
-        start, step = a.get("start", 0), a.get("step", 1)
-        if dt is None or len(t) != 1 or any(isinstance(c, bool) or not isinstance(c, int) for c in (start, step)):
-            raise ImportError_(f"{node.target} at {_where(node)}: only a 1-d arange with integer start and step "
-                               "is supported")
-        it = "int64" if dt not in ("int32", "int64") else dt
-        v = self.b.iota(t, 0, it, node.name if (start, step) == (0, 1) and it == dt else f"{node.name}_i")
-        if step != 1:
-            v = self.b.binary("mul", v, scalar(float(step)), f"{node.name}_step")
-        if start != 0:
-            v = self.b.binary("add", v, scalar(float(start)), f"{node.name}_start")
-        return v if it == dt else self.b.cast(v, dt, node.name)
-
     def _promote_ints(self, node: Any, a: dict[str, Any]) -> dict[str, Any]:
         """An int op's arguments as torch promotes them: ints stay ints where every tensor argument is
         an int and every number an integer; otherwise (a float tensor or a fractional number with an
@@ -490,102 +339,6 @@ class _Walker(LayoutOps):
             if _is_bool(v):
                 raise ImportError_(f"{node.target} at {_where(node)}: reads the bool tensor {v.name!a} "
                                    "(graph.json reads bools only in logical ops, where and cast)")
-
-    def _mask_op(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
-        """Comparisons, logical ops on bools, ``where`` and ``masked_fill`` (scalar value)."""
-        b, name = self.b, node.name
-        if key == "aten.where":
-            if a.get("condition") is None or "self" not in a:
-                raise ImportError_(f"{node.target} at {_where(node)}: only where(cond, a, b) is supported")
-            args = [self.val(a["condition"], node), self.val(a["self"], node), self.val(a["other"], node)]
-            if args[0].dtype != "bool" or any(v.dtype == "bool" for v in args[1:]):
-                raise ImportError_(f"{node.target} at {_where(node)}: where needs a bool condition and float values")
-            return b.elementwise("where", args, name)
-        if key == "aten.masked_fill":
-            mask, value = self.val(a["mask"], node), self.val(a["value"], node)
-            v = self.val(x, node)
-            if mask.dtype != "bool" or not value.is_scalar or v.dtype == "bool":
-                raise ImportError_(f"{node.target} at {_where(node)}: masked_fill needs a float tensor, a bool "
-                                   "mask and a number")
-            return b.elementwise("where", [mask, value, v], name)
-        if key in _COMPARE:
-            args = [self.val(x, node), self.val(a["other"], node)]
-            if any(v.dtype == "bool" for v in args):
-                raise ImportError_(f"{node.target} at {_where(node)}: comparing bool tensors is not supported")
-            return b.elementwise(_COMPARE[key], args, name)
-        args = [self.val(x, node)] + ([self.val(a["other"], node)] if "other" in a else [])
-        op = _LOGICAL[key]
-        if len(args) == 2 and op in ("logical_and", "logical_or") and sum(v.is_scalar for v in args) == 1:
-            # a 0-d bool constant (a mask started as ``full((), True)``): ``x & True`` and ``x | False`` are x
-            k = 0 if args[0].is_scalar else 1
-            tensor = args[1 - k]
-            if _is_bool(x if k == 0 else a["other"]) and bool(args[k].ref) == (op == "logical_and") \
-                    and tensor.dtype == "bool":
-                return tensor
-        if any(v.is_scalar or v.dtype != "bool" for v in args):
-            raise ImportError_(f"{node.target} at {_where(node)}: logical ops need bool tensors")
-        return b.logical_not(args[0], name) if op == "logical_not" else b.elementwise(op, args, name)
-
-    def _add_sub(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value | Padded:
-        """``add`` / ``sub`` / ``rsub`` (``rsub(x, y) = y - x``); ``alpha`` multiplies what is added or
-        subtracted; an ``add`` of a slice scattered into zeros is :meth:`LayoutOps.add_padded`'s."""
-        b, name = self.b, node.name
-        alpha = a.get("alpha")
-        padded = [self.vals.get(str(getattr(v, "name", ""))) for v in (x, a["other"])]
-        if key == "aten.add" and alpha in (None, 1) and any(isinstance(p, Padded) for p in padded):
-            lhs, rhs = (p if isinstance(p, Padded) else self.val(v, node) for p, v in zip(padded, (x, a["other"])))
-            return self.add_padded(node, lhs, rhs)
-        lhs, rhs = self.val(x, node), self.val(a["other"], node)
-        if alpha is not None and alpha != 1:
-            if key == "aten.rsub":
-                lhs = b.binary("mul", lhs, scalar(alpha), f"{name}_alpha")
-            else:
-                rhs = b.binary("mul", rhs, scalar(alpha), f"{name}_alpha")
-        if key == "aten.rsub":
-            return b.binary("sub", rhs, lhs, name)
-        return b.binary(key.removeprefix("aten."), lhs, rhs, name)
-
-    def _clamp(self, node: Any, a: dict[str, Any], x: Any) -> Value:
-        """``clamp`` / ``clamp_min`` / ``clamp_max`` / ``hardtanh`` as ``maximum`` then ``minimum``."""
-        b, name = self.b, node.name
-        v = self.val(x, node)
-        lo = a.get("min", a.get("min_val"))
-        hi = a.get("max", a.get("max_val"))
-        if lo is not None:
-            v = b.binary("maximum", v, self.val(lo, node), f"{name}_lo" if hi is not None else name)
-        if hi is not None:
-            v = b.binary("minimum", v, self.val(hi, node), name)
-        return v
-
-    def _softmax(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
-        """``softmax`` / ``log_softmax`` (and their ``_`` forms), with the optional input cast first."""
-        b, name = self.b, node.name
-        v = self.val(x, node)
-        if a.get("dtype") is not None:
-            v = b.cast(v, self._dtype(a["dtype"], node), f"{name}_in")
-        if a.get("half_to_float"):
-            v = b.cast(v, "float32", f"{name}_in")
-        return b.softmax(v, self.axes(x, a["dim"], node), name, log_="log_" in key)
-
-    def _norm(self, node: Any, key: str, a: dict[str, Any]) -> Any:
-        """``layer_norm`` / ``rms_norm`` (decomposed by the builder); ``native_layer_norm`` gives
-        ``(y, mean, rstd)``."""
-        b, name = self.b, node.name
-        v = self.val(a["input"], node)
-        k = len(a["normalized_shape"])
-        rt = len(self.tshape(a["input"]))
-        axes = self.axes(a["input"], list(range(rt - k, rt)), node)
-        w = self.val(a["weight"], node) if a.get("weight") is not None else None
-        if key == "aten.rms_norm":
-            eps = a.get("eps")
-            if eps is None:
-                import torch
-
-                eps = torch.finfo(node.meta["val"].dtype).eps
-            return b.rms_norm(v, axes, w, float(eps), name)[0]
-        bias = self.val(a["bias"], node) if a.get("bias") is not None else None
-        y, mean, rstd = b.layer_norm(v, axes, w, bias, float(a["eps"]), name)
-        return y if key == "aten.layer_norm" else (y, mean, rstd)
 
     def _dtype(self, dt: Any, node: Any) -> str:
         name = torch_dtype_name(dt)
