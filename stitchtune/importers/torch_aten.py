@@ -2,8 +2,9 @@
 
 :class:`_Walker` reads the :class:`_Captured` graph that :mod:`stitchtune.importers.torch_import`
 captured and emits graph.json nodes through a :class:`~stitchtune.importers.builder.GraphBuilder`;
-the op tables and the per-op handlers are :mod:`stitchtune.importers.torch_aten_ops`' registry
-(re-exported here), the supported-op contract is in :mod:`stitchtune.importers.torch_import`'s docstring. Every problem raises
+each node is mapped by its handler in :mod:`stitchtune.importers.torch_aten_ops`' registry (whose op
+tables are re-exported here); the supported-op contract is in
+:mod:`stitchtune.importers.torch_import`'s docstring. Every problem raises
 :class:`~stitchtune.importers.builder.ImportError_` naming the op and its source location.
 """
 

@@ -10,12 +10,14 @@ Contract
   then the module's parameters and buffers (named after their sanitised qualified names; their
   values are in ``TorchImport.params``). Outputs are the returned tensors, named after the ATen node
   that produced them. Every generated name matches ``[A-Za-z_][A-Za-z0-9_]{0,63}``.
-* Supported ATen ops: layer_norm / native_layer_norm (decomposed), rms_norm, softmax / _softmax,
-  log_softmax / _log_softmax, gelu (none / tanh), silu, sigmoid, tanh, relu, exp, log, sqrt, rsqrt,
-  reciprocal, neg, abs, erf, square, add / sub / rsub (tensor or scalar, ``alpha``), mul, div
-  (no rounding mode), pow, maximum, minimum, clamp / clamp_min / clamp_max, sum / mean / amax / amin
-  (dims, keepdim, dtype), max.dim / min.dim values, casts (``_to_copy``, ``to``, ``type_as``; to bool
-  is ``x != 0``), views (identity views, adding/removing leading size-1 dims, ``expand`` as implicit
+* Supported ATen ops (every op key: :data:`stitchtune.importers.torch_aten_ops.SUPPORTED_OPS`, the
+  registry of op handlers, listed in docs/torch.md): layer_norm / native_layer_norm (decomposed),
+  rms_norm, softmax / _softmax, log_softmax / _log_softmax, gelu (none / tanh), silu, sigmoid, tanh,
+  relu, exp, log, sqrt, rsqrt, reciprocal, neg, abs, erf, square, add / sub / rsub (tensor or
+  scalar, ``alpha``), mul, div (no rounding mode), pow, maximum, minimum, clamp / clamp_min /
+  clamp_max, sum / mean / amax / amin (dims, keepdim, dtype), max.dim / min.dim values, casts
+  (``_to_copy``, ``to``, ``type_as``; to bool is ``x != 0``), views (identity views,
+  adding/removing leading size-1 dims, ``expand`` as implicit
   broadcasting, ``unsqueeze`` of a reduction that becomes ``keepdims``; a view that moves elements,
   ``view``/``reshape``/``_unsafe_view``/``flatten``/``unsqueeze``/``squeeze``, is a ``reshape``, and
   one that only adds or removes unit axes of a broadcast value keeps it broadcast), ``clone`` /
