@@ -2,9 +2,11 @@
 
 Contract
 --------
-* The op tables (:data:`SUPPORTED_OPS` and the ONNX -> graph.json maps ``_UNARY`` ... ``_LOGICAL``,
-  ``_ELEMENTWISE``, ``_CHEAP``) and the ONNX element types graph.json takes (``_ONNX_ALL``: floats
-  and bool; ints through :data:`~stitchtune.importers.onnx_ops_layout.INT_DTYPES`).
+* The op tables: :data:`SUPPORTED_OPS` (the keys of :mod:`stitchtune.importers.onnx_ops`' registry of
+  op handlers) and the ONNX -> graph.json maps ``_UNARY`` ... ``_LOGICAL`` and the ONNX element types
+  graph.json takes (``_ONNX_ALL``: floats and bool; ints through
+  :data:`~stitchtune.importers.onnx_ops_layout.INT_DTYPES`), re-exported from there; ``_ELEMENTWISE``,
+  ``_CHEAP``.
 * :class:`_Ctx` holds one model's tensor types, constants, views and producers;
   :func:`_why_not(ctx, i, node, in_range)` is None when node ``i`` can be part of a subgraph, else
   the reason it is a boundary (the rules of :mod:`stitchtune.importers.onnx_import`'s docstring:
@@ -31,22 +33,23 @@ from stitchtune.graph.parse import broadcast_shapes
 from stitchtune.importers.builder import GraphBuilder, ImportError_, Value
 from stitchtune.importers.onnx_layout import VIEW_OPS, View
 from stitchtune.importers.onnx_load import MAX_TENSOR_ELEMENTS, ConstTable
+from stitchtune.importers.onnx_ops import (  # noqa: F401  (re-exported: the op tables)
+    _BINARY,
+    _BOOL,
+    _COMPARE,
+    _LOGICAL,
+    _ONNX_ALL,
+    _ONNX_DTYPES,
+    _REDUCE,
+    _UNARY,
+    _VARIADIC,
+    SUPPORTED_OPS,
+)
 from stitchtune.importers.onnx_ops_layout import INT_DTYPES, layout_op, split_sizes, why_not_layout
 from stitchtune.importers.onnx_partition import COMPUTE_OPS, label
 
 __all__ = ["SUPPORTED_OPS"]
 
-_UNARY = {"Sqrt": "sqrt", "Reciprocal": "reciprocal", "Exp": "exp", "Log": "log", "Tanh": "tanh",
-          "Sigmoid": "sigmoid", "Relu": "relu", "Erf": "erf", "Neg": "neg", "Abs": "abs"}
-_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow"}
-_VARIADIC = {"Max": "maximum", "Min": "minimum"}
-_REDUCE = {"ReduceMean": "reduce_mean", "ReduceSum": "reduce_sum", "ReduceMax": "reduce_max",
-           "ReduceMin": "reduce_min"}
-_COMPARE = {"Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt", "GreaterOrEqual": "ge"}
-_LOGICAL = {"And": "logical_and", "Or": "logical_or"}
-_OTHER = {"Identity", "Softmax", "LogSoftmax", "LayerNormalization", "RMSNormalization",
-          "SimplifiedLayerNormalization", "Cast", "Gelu", "FastGelu", "Clip", "Not", "Where"}
-SUPPORTED_OPS: frozenset[str] = frozenset([*_UNARY, *_BINARY, *_VARIADIC, *_REDUCE, *_COMPARE, *_LOGICAL, *_OTHER])
 #: element-wise ops: they take broadcast views as they are, and are recomputed by every group that
 #: reads them when they read only model inputs and constants (a mask chain)
 _ELEMENTWISE = frozenset([*_UNARY, *_BINARY, *_VARIADIC, *_COMPARE, *_LOGICAL, "Identity", "Cast", "Gelu",
@@ -58,9 +61,6 @@ _DOMAINS = {"", "ai.onnx", "com.microsoft"}
 _MS_ONLY = {"SimplifiedLayerNormalization", "FastGelu"}
 
 _NOOP_SHAPE_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Expand"}   # mappable when they change nothing
-_ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16"}   # TensorProto enum -> graph.json
-_BOOL = 9
-_ONNX_ALL = {**_ONNX_DTYPES, _BOOL: "bool"}
 
 
 class _Demote(Exception):

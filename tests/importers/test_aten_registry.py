@@ -89,3 +89,44 @@ def test_an_op_without_a_handler_is_refused_as_before():
     line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "torch.cumsum(x, dim=0)" in t)
     assert ei.value.problems == [
         f"unsupported op aten.cumsum.default at {path}:{line} (return torch.cumsum(x, dim=0) * 2.0)"]
+
+
+# ---------------------------------------------------------------------------- the ONNX registry
+#: the ONNX ops a subgraph mapped before the registry (onnx_rules' tables at 5003ac1)
+ONNX_BEFORE = frozenset("""
+Abs Add And Cast Clip Div Equal Erf Exp FastGelu Gelu Greater GreaterOrEqual Identity LayerNormalization Less
+LessOrEqual Log LogSoftmax Max Min Mul Neg Not Or Pow RMSNormalization Reciprocal ReduceMax ReduceMean ReduceMin
+ReduceSum Relu Sigmoid SimplifiedLayerNormalization Softmax Sqrt Sub Tanh Where
+""".split())
+
+
+def test_onnx_supported_ops_are_the_registry_and_unchanged():
+    from stitchtune.importers import onnx_import, onnx_ops, onnx_rules
+    from stitchtune.importers.onnx_ops_layout import layout_op
+
+    reg = onnx_ops.handlers()
+    assert all(callable(fn) for fn in reg.values())
+    assert onnx_ops.SUPPORTED_OPS == frozenset(reg) == ONNX_BEFORE
+    assert onnx_rules.SUPPORTED_OPS is onnx_ops.SUPPORTED_OPS is onnx_import.SUPPORTED_OPS
+    # _map_node maps layout and no-op shape ops itself, before no handler: none of them is registered
+    assert not [op for op in reg if layout_op(op) is not None or op in onnx_rules._NOOP_SHAPE_OPS
+                or op in ("Split", "Pad")]
+
+
+def test_onnx_documented_ops_are_the_registry():
+    """docs/onnx.md's "What maps": the element-wise and reduction bullets name exactly the registry's ops
+    (and ``Pad`` of zeros, which _map_node maps to nothing)."""
+    from stitchtune.importers.onnx_ops import SUPPORTED_OPS as ONNX_OPS
+
+    text = (REPO / "docs" / "onnx.md").read_text()
+    part = text[text.index("- Element-wise ops:"):text.index("- Layout ops onto")]
+    named = {w for span in re.findall(r"`([^`]+)`", part) for w in span.split() if re.fullmatch(r"[A-Z]\w+", w)}
+    assert named - {"Pad"} == ONNX_OPS
+
+
+def test_an_onnx_op_cannot_get_two_handlers():
+    from stitchtune.importers.onnx_ops import handlers, onnx_op
+
+    with pytest.raises(ValueError, match="Add has two handlers"):
+        onnx_op("Add")(lambda *args: [])
+    assert handlers()["Add"].__name__ == "_binary"
