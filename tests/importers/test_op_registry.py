@@ -1,6 +1,7 @@
-"""The ATen op registry (importers/torch_aten_ops.py): every key has a handler, the supported-op list
-is the registry's keys (and the list docs/torch.md shows), an op without a handler is refused with
-the importer's message, and a key cannot get two handlers."""
+"""The op registries (importers/torch_aten_ops.py, importers/onnx_ops.py): every key has a handler,
+the supported-op list is the registry's keys and the same ops as before (and what docs/torch.md and
+docs/onnx.md list), an ATen op without a handler is refused with the importer's message as before,
+and a key cannot get two handlers."""
 
 from __future__ import annotations
 
