@@ -58,7 +58,7 @@ def test_mypy_reports_a_consumer_that_misses_a_node_type(tmp_path: Path, union: 
 
 @pytest.mark.parametrize("module", ["gpu/render.py", "emulate/translate.py", "emulate/translate_expr.py",
                                     "lower/counts.py", "cost/ir_walk.py",
-                                    "ir/verify.py"])
+                                    "ir/verify.py", "lower/scatter.py", "lower/dynamic.py"])
 def test_ir_consumers_dispatch_with_assert_never(module: str) -> None:
     """The converted consumers keep their exhaustive dispatch (no isinstance chain over node types)."""
     src = (_REPO / "stitchtune" / module).read_text()
