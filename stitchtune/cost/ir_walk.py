@@ -4,7 +4,7 @@ numpy and accumulates the per-access, load-group, shared-memory and arithmetic c
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, assert_never
 
 import numpy as np
 
@@ -12,6 +12,9 @@ from stitchtune.emulate.sectors import warp_sectors
 from stitchtune.ir import kir
 
 #: float math ops that compile to a division (a reciprocal and a correction, or the slow path)
+#: the statements that move data (the walk's other statements are control flow, barriers and comments)
+_Access = kir.Assign | kir.LoadVec | kir.StoreVec | kir.AtomicAdd | kir.RemoteStore | kir.SetLocal
+
 DIVISION_OPS = frozenset({"div", "reciprocal", "sigmoid", "silu"})
 #: float math ops that go to the special function unit or a long polynomial
 TRANSCENDENTAL_OPS = frozenset({"exp", "log", "tanh", "sin", "cos", "erf", "gelu", "gelu_tanh", "pow", "sqrt",
@@ -134,30 +137,34 @@ class Walker:
         """The value of ``e`` in every thread of the block (a numpy array), or None when it depends on data."""
         if e is None:
             return None
-        if isinstance(e, kir.Const):
-            v = e.value
-            return np.full(self.n, v, dtype=np.float64 if e.dtype == kir.F32 else np.int64)
-        if isinstance(e, kir.Var):
-            return self.env.get(e.name)
-        if isinstance(e, kir.Special):
-            return {"tid": self.tid, "bid": np.zeros(self.n, np.int64), "bdim": np.full(self.n, self.n, np.int64),
-                    "gdim": np.full(self.n, self.grid, np.int64)}[e.kind]
-        if isinstance(e, kir.Bin):
-            a, b = self.ev(e.a), self.ev(e.b)
-            return None if a is None or b is None else _bin(e.op, a, b)
-        if isinstance(e, kir.Select):
-            c, a, b = self.ev(e.cond), self.ev(e.a), self.ev(e.b)
-            return None if c is None or a is None or b is None else np.where(c != 0, a, b)
-        if isinstance(e, kir.Cast):
-            v = self.ev(e.expr)
-            if v is None:
-                return None
-            return v.astype(np.float64) if e.dtype == kir.F32 else np.trunc(v).astype(np.int64)
-        if isinstance(e, kir.Extent):
-            return np.full(self.n, self.extents[e.name], np.int64) if e.name in self.extents else None
-        if isinstance(e, kir.ClusterRank):
-            return np.zeros(self.n, np.int64)
-        return None   # loads, shuffles, local arrays, math on data: unknown
+        match e:
+            case kir.Const():
+                return np.full(self.n, e.value, dtype=np.float64 if e.dtype == kir.F32 else np.int64)
+            case kir.Var():
+                return self.env.get(e.name)
+            case kir.Special():
+                return {"tid": self.tid, "bid": np.zeros(self.n, np.int64), "bdim": np.full(self.n, self.n, np.int64),
+                        "gdim": np.full(self.n, self.grid, np.int64)}[e.kind]
+            case kir.Bin():
+                a, b = self.ev(e.a), self.ev(e.b)
+                return None if a is None or b is None else _bin(e.op, a, b)
+            case kir.Select():
+                c, a, b = self.ev(e.cond), self.ev(e.a), self.ev(e.b)
+                return None if c is None or a is None or b is None else np.where(c != 0, a, b)
+            case kir.Cast():
+                v = self.ev(e.expr)
+                if v is None:
+                    return None
+                return v.astype(np.float64) if e.dtype == kir.F32 else np.trunc(v).astype(np.int64)
+            case kir.Extent():
+                return np.full(self.n, self.extents[e.name], np.int64) if e.name in self.extents else None
+            case kir.ClusterRank():
+                return np.zeros(self.n, np.int64)
+            case (kir.MathOp() | kir.IntOp() | kir.Load() | kir.IndexLoad() | kir.LocalRef() | kir.Shfl()
+                  | kir.RemoteLoad()):
+                return None   # loads, shuffles, local arrays, math on data: unknown
+            case _:
+                assert_never(e)
 
     def reads(self, x: Any) -> set[str]:
         return {e.name for e in kir.exprs(x) if isinstance(e, kir.Var)}
@@ -284,34 +291,45 @@ class Walker:
     def walk(self, stmts: tuple[kir.Stmt, ...], mask: np.ndarray, trips: float, grouping: bool = True) -> None:
         frac = float(mask.mean()) if mask.size else 0.0
         for s in stmts:
-            if isinstance(s, kir.For):
-                self.walk_for(s, mask, trips)
-                continue
-            if isinstance(s, kir.If):
-                self.walk_if(s, mask, trips)
-                continue
-            if isinstance(s, (kir.Barrier, kir.GridSync, kir.ClusterSync)):
-                self.barriers += trips
-                if isinstance(s, kir.GridSync):
-                    self.grid_syncs += trips
-                self.close_group()
-                if self.phase_has_load:
-                    self.load_phases += trips
-                self.phase_has_load = False
-                continue
-            if isinstance(s, kir.Comment):
-                continue
-            # loads inside the statement's expressions (and for a LoadVec, the vector load itself)
-            if grouping:
-                for ld in self.global_loads_in(s):
-                    p = self.params[ld.buf]
-                    self.add_load(kir.ELEM_BYTES[p.dtype], self.reads((ld.index, ld.pred)), set(), trips)
-            self.expr_accesses(s, mask, trips, frac)
-            if isinstance(s, kir.Assign):
+            match s:
+                case kir.For():
+                    self.walk_for(s, mask, trips)
+                case kir.If():
+                    self.walk_if(s, mask, trips)
+                case kir.Barrier() | kir.GridSync() | kir.ClusterSync():
+                    self.sync(s, trips)
+                case kir.Comment():
+                    pass
+                case (kir.Assign() | kir.LoadVec() | kir.StoreVec() | kir.AtomicAdd() | kir.RemoteStore()
+                      | kir.SetLocal()):
+                    self.access(s, mask, trips, frac, grouping)
+                case _:
+                    assert_never(s)
+
+    def sync(self, s: kir.Barrier | kir.GridSync | kir.ClusterSync, trips: float) -> None:
+        """A barrier: it closes the open load group and the load phase."""
+        self.barriers += trips
+        if isinstance(s, kir.GridSync):
+            self.grid_syncs += trips
+        self.close_group()
+        if self.phase_has_load:
+            self.load_phases += trips
+        self.phase_has_load = False
+
+    def access(self, s: _Access, mask: np.ndarray, trips: float, frac: float, grouping: bool) -> None:
+        """A statement that moves data: its expressions' loads and math, then its own access."""
+        # loads inside the statement's expressions (and for a LoadVec, the vector load itself)
+        if grouping:
+            for ld in self.global_loads_in(s):
+                p = self.params[ld.buf]
+                self.add_load(kir.ELEM_BYTES[p.dtype], self.reads((ld.index, ld.pred)), set(), trips)
+        self.expr_accesses(s, mask, trips, frac)
+        match s:
+            case kir.Assign():
                 if grouping and (self.reads(s.expr) & self.tainted or self.global_loads_in(s.expr)):
                     self.tainted.add(s.var.name)
                 self.env[s.var.name] = self.ev(s.expr)
-            elif isinstance(s, kir.LoadVec):
+            case kir.LoadVec():
                 for d in s.dsts:
                     self.env[d.name] = None
                 if s.buf in self.params:
@@ -322,7 +340,7 @@ class Walker:
                                       {d.name for d in s.dsts}, trips)
                 elif s.buf in self.shared:
                     self.shared_access(s.buf, s.index, len(s.dsts), mask, trips, False)
-            elif isinstance(s, kir.StoreVec):
+            case kir.StoreVec():
                 if s.buf in self.params:
                     self.global_access(s.buf, s.index, len(s.values), s.pred, mask, trips, "store")
                 elif s.buf in self.shared:
@@ -330,16 +348,18 @@ class Walker:
                     self.shared_access(s.buf, s.index, len(s.values), mask & (pv != 0) if pv is not None else mask,
                                        trips, True)
                     self.close_group()
-            elif isinstance(s, kir.AtomicAdd):
+            case kir.AtomicAdd():
                 # an error flag (a constant added under a data-dependent predicate or branch) almost never runs
                 flag = isinstance(s.value, kir.Const) and (self.guarded or (s.pred is not None and self.ev(s.pred) is None))
                 self.atomics += 0.0 if flag else trips * frac
                 if s.buf in self.params:
                     self.global_access(s.buf, s.index, 1, s.pred, mask, trips, "atomic")
-            elif isinstance(s, kir.RemoteStore):
+            case kir.RemoteStore():
                 self.close_group()
-            elif isinstance(s, kir.SetLocal):
+            case kir.SetLocal():
                 pass
+            case _:
+                assert_never(s)
 
     def trip_count(self, f: kir.For, mask: np.ndarray) -> float:
         a, b = self.ev(f.start), self.ev(f.stop)

@@ -21,6 +21,7 @@ Contract
 from __future__ import annotations
 
 import weakref
+from typing import assert_never
 
 import numpy as np
 
@@ -58,6 +59,10 @@ from stitchtune.ir.kir import (
 # ----------------------------------------------------------------------------------------------
 # Compilation of IR trees into closures
 # ----------------------------------------------------------------------------------------------
+
+
+def _nothing(st: _State, m: np.ndarray) -> None:
+    """A statement that does nothing (a comment)."""
 
 
 class _Compiled(ExprCompiler):
@@ -110,83 +115,99 @@ class _Compiled(ExprCompiler):
 
     def stmt(self, s: kir.Stmt, path: str) -> StmtFn:
         where = f"{path} ({type(s).__name__}{' ' + s.buf if hasattr(s, 'buf') else ''})"
-        if isinstance(s, Assign):
-            name = s.var.name
-            t = self.var_types[name]
-            f = self.as_type(s.expr, t)
-            npt = _NP_SCALAR[t]
+        match s:
+            case Assign():
+                return self.assign(s, where)
+            case SetLocal():
+                return self.setlocal(s, where)
+            case LoadVec():
+                return self.loadvec(s, where)
+            case StoreVec():
+                return self.storevec(s, where)
+            case AtomicAdd():
+                return self.atomic(s, where)
+            case kir.RemoteStore():
+                return self.remote_store(s, where)
+            case kir.ClusterSync():
+                return self.cluster_sync(where)
+            case For():
+                return self.for_(s, path, where)
+            case If():
+                return self.if_(s, path, where)
+            case Barrier():
+                return self.barrier(where)
+            case GridSync():
+                return self.gridsync(where)
+            case Comment():  # (block_fn leaves comments out: nothing to run)
+                return _nothing
+            case _:
+                assert_never(s)
 
-            def assign(st: _State, m: np.ndarray) -> None:
-                st.where = where
-                if m is st.full:  # vars are never written in place: sharing an array is safe
-                    v = f(st, m)
-                    st.vars[name] = np.full(st.T, v, npt) if np.ndim(v) == 0 else v.astype(npt, copy=False)
-                else:
-                    st.vars[name] = np.where(m, f(st, m), st.vars[name]).astype(npt, copy=False)
-            return assign
-        if isinstance(s, SetLocal):
-            return self.setlocal(s, where)
-        if isinstance(s, LoadVec):
-            return self.loadvec(s, where)
-        if isinstance(s, StoreVec):
-            return self.storevec(s, where)
-        if isinstance(s, AtomicAdd):
-            return self.atomic(s, where)
-        if isinstance(s, kir.RemoteStore):
-            return self.remote_store(s, where)
-        if isinstance(s, kir.ClusterSync):
-            return self.cluster_sync(where)
-        if isinstance(s, For):
-            return self.for_(s, path, where)
-        if isinstance(s, If):
-            cf = self.as_type(s.cond, BOOL)
-            then = self.block_fn(s.then, path + ".t")
-            orelse = self.block_fn(s.orelse, path + ".e") if s.orelse else None
+    def assign(self, s: Assign, where: str) -> StmtFn:
+        name = s.var.name
+        t = self.var_types[name]
+        f = self.as_type(s.expr, t)
+        npt = _NP_SCALAR[t]
 
-            def if_(st: _State, m: np.ndarray) -> None:
-                st.where = where
-                c = cf(st, m)
-                mt = st.mask(m & c)
-                if mt is st.full or mt.any():  # (full: every lane, no reduction needed)
-                    then(st, mt)
-                if orelse is not None:
-                    mf = st.mask(m & ~c)
-                    if mf is st.full or mf.any():
-                        orelse(st, mf)
-            return if_
-        if isinstance(s, Barrier):
-            def barrier(st: _State, m: np.ndarray) -> None:
-                st.where = where
-                if m is st.full:
-                    for sb in st.shared.values():
-                        sb.tracker.reset()
-                    return
-                b = m.reshape(st.grid, st.block)
-                some, every = b.any(axis=1), b.all(axis=1)
-                part = some & ~every
-                if part.any():
-                    raise st.fault("divergent_barrier", "__syncthreads() not reached by every thread "
-                                   "of the block", np.repeat(part, st.block) & ~m, st.ar)
-                for sb in st.shared.values():
-                    sb.tracker.reset(np.asarray(every), sb.size)
-            return barrier
-        if isinstance(s, GridSync):
-            def gridsync(st: _State, m: np.ndarray) -> None:
-                st.where = where
-                if not m.all():
-                    raise st.fault("divergent_barrier", "grid sync not reached by every thread",
-                                   ~m, st.ar)
-                if st.coresident_limit is not None and st.grid > st.coresident_limit:
-                    raise EmulatorFault("grid_not_coresident",
-                                        f"kernel {st.kernel.name}, {where}: grid sync over {st.grid} "
-                                        f"blocks, at most {st.coresident_limit} can be co-resident")
-                for gb in st.glob.values():
-                    if gb.tracker is not None:
-                        gb.tracker.reset()
+        def assign(st: _State, m: np.ndarray) -> None:
+            st.where = where
+            if m is st.full:  # vars are never written in place: sharing an array is safe
+                v = f(st, m)
+                st.vars[name] = np.full(st.T, v, npt) if np.ndim(v) == 0 else v.astype(npt, copy=False)
+            else:
+                st.vars[name] = np.where(m, f(st, m), st.vars[name]).astype(npt, copy=False)
+        return assign
+
+    def if_(self, s: If, path: str, where: str) -> StmtFn:
+        cf = self.as_type(s.cond, BOOL)
+        then = self.block_fn(s.then, path + ".t")
+        orelse = self.block_fn(s.orelse, path + ".e") if s.orelse else None
+
+        def if_(st: _State, m: np.ndarray) -> None:
+            st.where = where
+            c = cf(st, m)
+            mt = st.mask(m & c)
+            if mt is st.full or mt.any():  # (full: every lane, no reduction needed)
+                then(st, mt)
+            if orelse is not None:
+                mf = st.mask(m & ~c)
+                if mf is st.full or mf.any():
+                    orelse(st, mf)
+        return if_
+
+    def barrier(self, where: str) -> StmtFn:
+        def barrier(st: _State, m: np.ndarray) -> None:
+            st.where = where
+            if m is st.full:
                 for sb in st.shared.values():
                     sb.tracker.reset()
-            return gridsync
-        raise ValueError(f"unknown statement {s!r}")
+                return
+            b = m.reshape(st.grid, st.block)
+            some, every = b.any(axis=1), b.all(axis=1)
+            part = some & ~every
+            if part.any():
+                raise st.fault("divergent_barrier", "__syncthreads() not reached by every thread "
+                               "of the block", np.repeat(part, st.block) & ~m, st.ar)
+            for sb in st.shared.values():
+                sb.tracker.reset(np.asarray(every), sb.size)
+        return barrier
+
+    def gridsync(self, where: str) -> StmtFn:
+        def gridsync(st: _State, m: np.ndarray) -> None:
+            st.where = where
+            if not m.all():
+                raise st.fault("divergent_barrier", "grid sync not reached by every thread",
+                               ~m, st.ar)
+            if st.coresident_limit is not None and st.grid > st.coresident_limit:
+                raise EmulatorFault("grid_not_coresident",
+                                    f"kernel {st.kernel.name}, {where}: grid sync over {st.grid} "
+                                    f"blocks, at most {st.coresident_limit} can be co-resident")
+            for gb in st.glob.values():
+                if gb.tracker is not None:
+                    gb.tracker.reset()
+            for sb in st.shared.values():
+                sb.tracker.reset()
+        return gridsync
 
     def setlocal(self, s: SetLocal, where: str) -> StmtFn:
         arr_name = s.array

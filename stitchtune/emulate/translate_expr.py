@@ -11,7 +11,7 @@ Contract
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, assert_never
 
 import numpy as np
 
@@ -149,17 +149,21 @@ def _uses_mask(e: kir.Expr) -> bool:
     """Whether evaluating ``e`` depends on the active mask: a memory load, a local array read or a
     shuffle (their checks and faults are per active lane). Anything else is arithmetic on every lane,
     which never faults, so a lazy operand made only of it may be evaluated everywhere."""
-    if isinstance(e, (Const, Var, Special, kir.ClusterRank, kir.Extent)):
-        return False
-    if isinstance(e, Bin):
-        return _uses_mask(e.a) or _uses_mask(e.b)
-    if isinstance(e, (MathOp, IntOp)):
-        return any(_uses_mask(a) for a in e.args)
-    if isinstance(e, Select):
-        return _uses_mask(e.cond) or _uses_mask(e.a) or _uses_mask(e.b)
-    if isinstance(e, Cast):
-        return _uses_mask(e.expr)
-    return True  # loads, local arrays, shuffles, remote loads (and anything new: the safe answer)
+    match e:
+        case Const() | Var() | Special() | kir.ClusterRank() | kir.Extent():
+            return False
+        case Bin():
+            return _uses_mask(e.a) or _uses_mask(e.b)
+        case MathOp() | IntOp():
+            return any(_uses_mask(a) for a in e.args)
+        case Select():
+            return _uses_mask(e.cond) or _uses_mask(e.a) or _uses_mask(e.b)
+        case Cast():
+            return _uses_mask(e.expr)
+        case Load() | IndexLoad() | LocalRef() | Shfl() | kir.RemoteLoad():
+            return True  # memory loads, local arrays, shuffles, remote loads
+        case _:
+            assert_never(e)
 
 
 def _promote(a: str, b: str) -> str:
@@ -187,61 +191,71 @@ class ExprCompiler(ClusterOps):
 
     def expr(self, e: kir.Expr) -> tuple[ExprFn, str]:
         """Compile ``e`` into ``fn(state, mask) -> array | scalar`` and its static type."""
-        if isinstance(e, Const):
-            return _const_fn(_NP_SCALAR[e.dtype](e.value)), e.dtype
-        if isinstance(e, Var):
-            if e.name not in self.var_types:
-                raise ValueError(f"kernel {self.kernel.name}: variable {e.name} is never assigned")
-            return _var_fn(e.name), self.var_types[e.name]
-        if isinstance(e, kir.Extent):
-            if e.name not in self.kernel.extents:
-                raise ValueError(f"kernel {self.kernel.name}: extent {e.name} is not one of its arguments")
-            ext = e.name
-            return (lambda st, m: st.extents[ext]), I32
-        if isinstance(e, Special):
-            kind = e.kind
-            if kind == "tid":
-                return (lambda st, m: st.tid), I32
-            if kind == "bid":
-                return (lambda st, m: st.bid), I32
-            if kind == "bdim":
-                return (lambda st, m: np.int32(st.block)), I32
-            return (lambda st, m: np.int32(st.gdim)), I32
-        if isinstance(e, Bin):
-            return self.bin(e)
-        if isinstance(e, MathOp):
-            return self.mathop(e)
-        if isinstance(e, IntOp):
-            return self.intop(e)
-        if isinstance(e, Select):
-            cf = self.as_type(e.cond, BOOL)
-            (af, at), (bf, bt) = self.expr(e.a), self.expr(e.b)
-            rt = _promote(at, bt)
-            af, bf = _cast_fn(af, at, rt), _cast_fn(bf, bt, rt)
-            if not (_uses_mask(e.a) or _uses_mask(e.b)):  # no mask to narrow: both sides on every lane
-                return (lambda st, m: np.where(cf(st, m), af(st, m), bf(st, m))), rt
+        match e:
+            case Const():
+                return _const_fn(_NP_SCALAR[e.dtype](e.value)), e.dtype
+            case Var():
+                if e.name not in self.var_types:
+                    raise ValueError(f"kernel {self.kernel.name}: variable {e.name} is never assigned")
+                return _var_fn(e.name), self.var_types[e.name]
+            case kir.Extent():
+                if e.name not in self.kernel.extents:
+                    raise ValueError(f"kernel {self.kernel.name}: extent {e.name} is not one of its arguments")
+                ext = e.name
+                return (lambda st, m: st.extents[ext]), I32
+            case Special():
+                return self.special(e), I32
+            case Bin():
+                return self.bin(e)
+            case MathOp():
+                return self.mathop(e)
+            case IntOp():
+                return self.intop(e)
+            case Select():
+                return self.select(e)
+            case Cast():
+                f, t = self.expr(e.expr)
+                return _cast_fn(f, t, e.dtype), e.dtype
+            case Load():
+                return self.load(e), e.dtype
+            case IndexLoad():
+                return self.index_load(e), I32
+            case LocalRef():
+                return self.localref(e), F32
+            case Shfl():
+                return self.shfl(e), F32
+            case kir.ClusterRank():
+                self._need_cluster("ClusterRank")
+                return (lambda st, m: st.bid % np.int32(st.cluster)), I32
+            case kir.RemoteLoad():
+                return self.remote_load(e), F32
+            case _:
+                assert_never(e)
 
-            def select(st: _State, m: np.ndarray) -> Any:
-                c = cf(st, m)
-                return np.where(c, af(st, m & c), bf(st, m & ~c))
-            return select, rt
-        if isinstance(e, Cast):
-            f, t = self.expr(e.expr)
-            return _cast_fn(f, t, e.dtype), e.dtype
-        if isinstance(e, Load):
-            return self.load(e), e.dtype
-        if isinstance(e, IndexLoad):
-            return self.index_load(e), I32
-        if isinstance(e, LocalRef):
-            return self.localref(e), F32
-        if isinstance(e, Shfl):
-            return self.shfl(e), F32
-        if isinstance(e, kir.ClusterRank):
-            self._need_cluster("ClusterRank")
-            return (lambda st, m: st.bid % np.int32(st.cluster)), I32
-        if isinstance(e, kir.RemoteLoad):
-            return self.remote_load(e), F32
-        raise ValueError(f"unknown expression {e!r}")
+    def special(self, e: Special) -> ExprFn:
+        """The thread / block index or the block / grid size, as int32."""
+        kind = e.kind
+        if kind == "tid":
+            return lambda st, m: st.tid
+        if kind == "bid":
+            return lambda st, m: st.bid
+        if kind == "bdim":
+            return lambda st, m: np.int32(st.block)
+        return lambda st, m: np.int32(st.gdim)
+
+    def select(self, e: Select) -> tuple[ExprFn, str]:
+        """``cond ? a : b``, each side evaluated under the lanes that take it (when it can fault)."""
+        cf = self.as_type(e.cond, BOOL)
+        (af, at), (bf, bt) = self.expr(e.a), self.expr(e.b)
+        rt = _promote(at, bt)
+        af, bf = _cast_fn(af, at, rt), _cast_fn(bf, bt, rt)
+        if not (_uses_mask(e.a) or _uses_mask(e.b)):  # no mask to narrow: both sides on every lane
+            return (lambda st, m: np.where(cf(st, m), af(st, m), bf(st, m))), rt
+
+        def select(st: _State, m: np.ndarray) -> Any:
+            c = cf(st, m)
+            return np.where(c, af(st, m & c), bf(st, m & ~c))
+        return select, rt
 
     def as_type(self, e: kir.Expr, t: str) -> ExprFn:
         f, et = self.expr(e)

@@ -18,6 +18,7 @@ other program renders byte for byte as before.
 from __future__ import annotations
 
 import math
+from typing import assert_never
 
 from stitchtune.ir import kir
 from stitchtune.graph.ops import INT_CTYPES, INT_CUDA, kernel_op
@@ -104,56 +105,72 @@ class _Renderer:
 
     # -- expressions -------------------------------------------------------------------------
     def e(self, x: kir.Expr) -> str:
-        if isinstance(x, kir.Const):
-            if x.dtype == kir.F32:
-                return _flit(float(x.value))
-            if x.dtype == kir.BOOL:
-                return "true" if x.value else "false"
-            return _ilit(int(x.value), x.dtype)
-        if isinstance(x, kir.Var):
-            return x.name
-        if isinstance(x, kir.Extent):
-            if x.name not in self.k.extents:
-                raise ValueError(f"kernel {self.k.name}: extent {x.name} is not one of its arguments")
-            return x.name
-        if isinstance(x, kir.Special):
-            return {"tid": "(int)threadIdx.x", "bid": "(int)blockIdx.x", "bdim": "(int)blockDim.x",
-                    "gdim": "(int)gridDim.x"}[x.kind]
-        if isinstance(x, kir.Bin):
-            a, b = self.e(x.a), self.e(x.b)
-            if x.op in ("min", "max"):
-                return f"{x.op}({a}, {b})"
-            return f"({a} {x.op} {b})"
-        if isinstance(x, kir.MathOp):
-            return kernel_op(x.op).cuda.format(*[self.e(a) for a in x.args])
-        if isinstance(x, kir.IntOp):
-            ct = INT_CTYPES[_INT_OF[x.dtype]]
-            args = [self.e(a) if x.op == "from_float" else f"(({ct['s']})({self.e(a)}))" for a in x.args]
-            return INT_CUDA[x.op].format(*args, **ct)
-        if isinstance(x, kir.Select):
-            return f"({self.e(x.cond)} ? {self.e(x.a)} : {self.e(x.b)})"
-        if isinstance(x, kir.Cast):
-            return f"(({_VTYPE[x.dtype]})({self.e(x.expr)}))"
-        if isinstance(x, kir.Load):
-            if x.dtype != kir.F32:  # int registers: the element itself
-                ref = self._int_ref(x.buf, self.e(x.index), x.dtype)
-                return ref if x.pred is None else f"({self.e(x.pred)} ? {ref} : (({_VTYPE[x.dtype]})0))"
-            ref = self._scalar_ref(x.buf, self.e(x.index))
-            if x.pred is None:
-                return ref
-            return f"({self.e(x.pred)} ? {ref} : 0.0f)"
-        if isinstance(x, kir.IndexLoad):
-            return self._index_load(x)
-        if isinstance(x, kir.LocalRef):
-            return f"{x.array}[{self.e(x.index)}]"
-        if isinstance(x, kir.Shfl):
-            return f"__shfl_xor_sync(0xffffffffu, {self.e(x.value)}, {x.lane_mask}, {x.width})"
-        if isinstance(x, kir.ClusterRank):
-            return "(int)st_cluster.block_rank()"
-        if isinstance(x, kir.RemoteLoad):
-            ref = self._remote_ref(x.buf, x.rank, x.index)
-            return ref if x.pred is None else f"({self.e(x.pred)} ? {ref} : 0.0f)"
-        raise TypeError(f"unknown expression {x!r}")
+        """``x`` as a CUDA expression (one case per node type: mypy checks that none is missed)."""
+        match x:
+            case kir.Const():
+                return self._const(x)
+            case kir.Var():
+                return x.name
+            case kir.Extent():
+                if x.name not in self.k.extents:
+                    raise ValueError(f"kernel {self.k.name}: extent {x.name} is not one of its arguments")
+                return x.name
+            case kir.Special():
+                return {"tid": "(int)threadIdx.x", "bid": "(int)blockIdx.x", "bdim": "(int)blockDim.x",
+                        "gdim": "(int)gridDim.x"}[x.kind]
+            case kir.Bin():
+                a, b = self.e(x.a), self.e(x.b)
+                if x.op in ("min", "max"):
+                    return f"{x.op}({a}, {b})"
+                return f"({a} {x.op} {b})"
+            case kir.MathOp():
+                return kernel_op(x.op).cuda.format(*[self.e(a) for a in x.args])
+            case kir.IntOp():
+                return self._int_op(x)
+            case kir.Select():
+                return f"({self.e(x.cond)} ? {self.e(x.a)} : {self.e(x.b)})"
+            case kir.Cast():
+                return f"(({_VTYPE[x.dtype]})({self.e(x.expr)}))"
+            case kir.Load():
+                return self._load(x)
+            case kir.IndexLoad():
+                return self._index_load(x)
+            case kir.LocalRef():
+                return f"{x.array}[{self.e(x.index)}]"
+            case kir.Shfl():
+                return f"__shfl_xor_sync(0xffffffffu, {self.e(x.value)}, {x.lane_mask}, {x.width})"
+            case kir.ClusterRank():
+                return "(int)st_cluster.block_rank()"
+            case kir.RemoteLoad():
+                ref = self._remote_ref(x.buf, x.rank, x.index)
+                return ref if x.pred is None else f"({self.e(x.pred)} ? {ref} : 0.0f)"
+            case _:
+                assert_never(x)
+
+    def _const(self, x: kir.Const) -> str:
+        """A literal of the constant's type."""
+        if x.dtype == kir.F32:
+            return _flit(float(x.value))
+        if x.dtype == kir.BOOL:
+            return "true" if x.value else "false"
+        return _ilit(int(x.value), x.dtype)
+
+    def _int_op(self, x: kir.IntOp) -> str:
+        """An integer operation, its operands converted to the signed type of its width (but
+        ``from_float``'s, which stays float)."""
+        ct = INT_CTYPES[_INT_OF[x.dtype]]
+        args = [self.e(a) if x.op == "from_float" else f"(({ct['s']})({self.e(a)}))" for a in x.args]
+        return INT_CUDA[x.op].format(*args, **ct)
+
+    def _load(self, x: kir.Load) -> str:
+        """``buf[index]`` as a float (or, for int registers, the element itself); 0 when ``pred`` is false."""
+        if x.dtype != kir.F32:  # int registers: the element itself
+            ref = self._int_ref(x.buf, self.e(x.index), x.dtype)
+            return ref if x.pred is None else f"({self.e(x.pred)} ? {ref} : (({_VTYPE[x.dtype]})0))"
+        ref = self._scalar_ref(x.buf, self.e(x.index))
+        if x.pred is None:
+            return ref
+        return f"({self.e(x.pred)} ? {ref} : 0.0f)"
 
     def _index_load(self, x: kir.IndexLoad) -> str:
         """``buf[i]`` as int when ``0 <= buf[i] < bound`` (one unsigned compare at the element's
@@ -201,47 +218,58 @@ class _Renderer:
             self.stmt(s, ind)
 
     def stmt(self, s: kir.Stmt, ind: int) -> None:
-        if isinstance(s, kir.Assign):
-            self.emit(f"{s.var.name} = {self.e(s.expr)};", ind)
-        elif isinstance(s, kir.SetLocal):
-            self.emit(f"{s.array}[{self.e(s.index)}] = {self.e(s.value)};", ind)
-        elif isinstance(s, kir.LoadVec):
-            self._load_vec(s, ind)
-        elif isinstance(s, kir.StoreVec):
-            self._store_vec(s, ind)
-        elif isinstance(s, kir.AtomicAdd):
-            p = self.params.get(s.buf)
-            conv = _ATOMIC_CONVERT.get(p.dtype if p is not None else "float32", "{}")
-            body = f"atomicAdd({s.buf} + {self.e(s.index)}, {conv.format(self.e(s.value))});"
-            self.emit(body if s.pred is None else f"if ({self.e(s.pred)}) {body}", ind)
-        elif isinstance(s, kir.For):
-            if s.unroll:
-                self.emit("#pragma unroll", ind)
-            v = s.var.name
-            self.emit(f"for ({v} = {self.e(s.start)}; {v} < {self.e(s.stop)}; {v} += {s.step}) {{", ind)
-            self.stmts(s.body, ind + 1)
-            self.emit("}", ind)
-        elif isinstance(s, kir.If):
-            self.emit(f"if ({self.e(s.cond)}) {{", ind)
-            self.stmts(s.then, ind + 1)
-            if s.orelse:
-                self.emit("} else {", ind)
-                self.stmts(s.orelse, ind + 1)
-            self.emit("}", ind)
-        elif isinstance(s, kir.Barrier):
-            self.emit("__syncthreads();", ind)
-        elif isinstance(s, kir.GridSync):
-            self.emit(f"st_grid_sync({self.k.barrier_param});", ind)
-        elif isinstance(s, kir.ClusterSync):
-            self.emit("st_cluster.sync();", ind)
-        elif isinstance(s, kir.RemoteStore):
-            body = f"{self._remote_ref(s.buf, s.rank, s.index)} = {self.e(s.value)};"
-            self.emit(body if s.pred is None else f"if ({self.e(s.pred)}) {body}", ind)
-        elif isinstance(s, kir.Comment):
-            text = "".join(ch for ch in s.text if ch.isalnum() or ch in " _-.,:=()[]+*/<>")
-            self.emit(f"// {text}", ind)
-        else:
-            raise TypeError(f"unknown statement {s!r}")
+        """Emit ``s`` at indent ``ind`` (one case per node type: mypy checks that none is missed)."""
+        match s:
+            case kir.Assign():
+                self.emit(f"{s.var.name} = {self.e(s.expr)};", ind)
+            case kir.SetLocal():
+                self.emit(f"{s.array}[{self.e(s.index)}] = {self.e(s.value)};", ind)
+            case kir.LoadVec():
+                self._load_vec(s, ind)
+            case kir.StoreVec():
+                self._store_vec(s, ind)
+            case kir.AtomicAdd():
+                self._atomic_add(s, ind)
+            case kir.For():
+                self._for(s, ind)
+            case kir.If():
+                self._if(s, ind)
+            case kir.Barrier():
+                self.emit("__syncthreads();", ind)
+            case kir.GridSync():
+                self.emit(f"st_grid_sync({self.k.barrier_param});", ind)
+            case kir.ClusterSync():
+                self.emit("st_cluster.sync();", ind)
+            case kir.RemoteStore():
+                body = f"{self._remote_ref(s.buf, s.rank, s.index)} = {self.e(s.value)};"
+                self.emit(body if s.pred is None else f"if ({self.e(s.pred)}) {body}", ind)
+            case kir.Comment():
+                text = "".join(ch for ch in s.text if ch.isalnum() or ch in " _-.,:=()[]+*/<>")
+                self.emit(f"// {text}", ind)
+            case _:
+                assert_never(s)
+
+    def _atomic_add(self, s: kir.AtomicAdd, ind: int) -> None:
+        p = self.params.get(s.buf)
+        conv = _ATOMIC_CONVERT.get(p.dtype if p is not None else "float32", "{}")
+        body = f"atomicAdd({s.buf} + {self.e(s.index)}, {conv.format(self.e(s.value))});"
+        self.emit(body if s.pred is None else f"if ({self.e(s.pred)}) {body}", ind)
+
+    def _for(self, s: kir.For, ind: int) -> None:
+        if s.unroll:
+            self.emit("#pragma unroll", ind)
+        v = s.var.name
+        self.emit(f"for ({v} = {self.e(s.start)}; {v} < {self.e(s.stop)}; {v} += {s.step}) {{", ind)
+        self.stmts(s.body, ind + 1)
+        self.emit("}", ind)
+
+    def _if(self, s: kir.If, ind: int) -> None:
+        self.emit(f"if ({self.e(s.cond)}) {{", ind)
+        self.stmts(s.then, ind + 1)
+        if s.orelse:
+            self.emit("} else {", ind)
+            self.stmts(s.orelse, ind + 1)
+        self.emit("}", ind)
 
     def _vec_type(self, dtype: str, width: int) -> str:
         """The unsigned type that moves ``width > 1`` elements of ``dtype`` (2 to 16 bytes) in one access."""

@@ -30,7 +30,7 @@ it returns.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, assert_never
 
 from stitchtune.ir import kir
 
@@ -156,36 +156,51 @@ class _KernelCheck:
         return None, False
 
     def _stmt(self, s: kir.Stmt) -> None:
-        if isinstance(s, kir.LoadVec):
-            p, _ = self._buffer(s.buf, "vector load")
-            ints = {v.dtype for v in s.dsts} & {kir.I32, kir.I64}
-            self._width(len(s.dsts), p, "vector load")
-            if ints and (p is None or p.dtype not in _INT_BUFFERS):
-                self.msgs.append(f"int vector load from {s.buf}, which is not an int global buffer")
-        elif isinstance(s, kir.StoreVec):
-            p, _ = self._buffer(s.buf, "vector store")
-            self._width(len(s.values), p, "vector store")
-            if p is not None and p.role == kir.BufferRole.INPUT:
-                self.msgs.append(f"store to input {s.buf}")
-        elif isinstance(s, kir.AtomicAdd):
-            p = self._global(s.buf, "atomic add")
-            if p is not None and p.role == kir.BufferRole.INPUT:
-                self.msgs.append(f"atomic add to input {s.buf}")
-            if p is not None and p.dtype not in kir.ATOMIC_DTYPES:
-                self.msgs.append(f"atomic add to {s.buf} of type {p.dtype}")
-        elif isinstance(s, kir.SetLocal):
-            self._local(s.array, s.index)
-        elif isinstance(s, kir.RemoteStore):
-            if s.buf not in self.shared:
-                self.msgs.append(f"remote store to {s.buf}, which is not a shared buffer")
-        elif isinstance(s, kir.GridSync):
-            if self.k.barrier_param is None:
-                self.msgs.append("grid barrier in a kernel without a barrier parameter")
-        elif isinstance(s, kir.For):
-            if s.step <= 0:
-                self.msgs.append(f"loop over {s.var.name} with step {s.step}")
-            if s.unroll and not (isinstance(s.start, kir.Const) and isinstance(s.stop, kir.Const)):
-                self.msgs.append(f"unrolled loop over {s.var.name} with bounds that are not constants")
+        """The defects of ``s`` itself (its expressions are :meth:`_expr`'s; one case per node type)."""
+        match s:
+            case kir.LoadVec():
+                self._load_vec(s)
+            case kir.StoreVec():
+                p, _ = self._buffer(s.buf, "vector store")
+                self._width(len(s.values), p, "vector store")
+                if p is not None and p.role == kir.BufferRole.INPUT:
+                    self.msgs.append(f"store to input {s.buf}")
+            case kir.AtomicAdd():
+                self._atomic_add(s)
+            case kir.SetLocal():
+                self._local(s.array, s.index)
+            case kir.RemoteStore():
+                if s.buf not in self.shared:
+                    self.msgs.append(f"remote store to {s.buf}, which is not a shared buffer")
+            case kir.GridSync():
+                if self.k.barrier_param is None:
+                    self.msgs.append("grid barrier in a kernel without a barrier parameter")
+            case kir.For():
+                self._for(s)
+            case kir.Assign() | kir.If() | kir.Barrier() | kir.ClusterSync() | kir.Comment():
+                pass  # (barriers: _barriers; clusters: _cluster_rules)
+            case _:
+                assert_never(s)
+
+    def _load_vec(self, s: kir.LoadVec) -> None:
+        p, _ = self._buffer(s.buf, "vector load")
+        ints = {v.dtype for v in s.dsts} & {kir.I32, kir.I64}
+        self._width(len(s.dsts), p, "vector load")
+        if ints and (p is None or p.dtype not in _INT_BUFFERS):
+            self.msgs.append(f"int vector load from {s.buf}, which is not an int global buffer")
+
+    def _atomic_add(self, s: kir.AtomicAdd) -> None:
+        p = self._global(s.buf, "atomic add")
+        if p is not None and p.role == kir.BufferRole.INPUT:
+            self.msgs.append(f"atomic add to input {s.buf}")
+        if p is not None and p.dtype not in kir.ATOMIC_DTYPES:
+            self.msgs.append(f"atomic add to {s.buf} of type {p.dtype}")
+
+    def _for(self, s: kir.For) -> None:
+        if s.step <= 0:
+            self.msgs.append(f"loop over {s.var.name} with step {s.step}")
+        if s.unroll and not (isinstance(s.start, kir.Const) and isinstance(s.stop, kir.Const)):
+            self.msgs.append(f"unrolled loop over {s.var.name} with bounds that are not constants")
 
     def _width(self, n: int, p: kir.Param | None, what: str) -> None:
         """1, 2, 4 or 8 elements; at most 16 bytes, except on an int buffer (an int64 vector of 4 is two
@@ -205,33 +220,43 @@ class _KernelCheck:
             self.msgs.append(f"local array {name}[{index.value}] out of its {arr.size} elements")
 
     def _expr(self, e: kir.Expr, s: kir.Stmt) -> None:
-        if isinstance(e, kir.Var):
-            # a statement's own targets are definitions, every other Var is a read
-            if not ((isinstance(s, (kir.Assign, kir.For)) and e is s.var)
-                    or (isinstance(s, kir.LoadVec) and any(e is v for v in s.dsts))):
-                self.read.add(e.name)
-        elif isinstance(e, kir.Load):
-            p, ok = self._buffer(e.buf, "load")
-            if ok and e.dtype != kir.F32 and (p is None or p.dtype not in _INT_BUFFERS):
-                self.msgs.append(f"int load from {e.buf}, which is not an int global buffer")
-            size = p.size if p is not None else (self.shared[e.buf].size if e.buf in self.shared else 0)
-            if ok and isinstance(e.index, kir.Const) and not 0 <= int(e.index.value) < size:
-                self.msgs.append(f"load of {e.buf}[{e.index.value}] out of its {size} elements")
-        elif isinstance(e, kir.IndexLoad):
-            p = self._global(e.buf, "index load")
-            if p is not None and p.dtype not in _INT_BUFFERS:
-                self.msgs.append(f"index load from {e.buf} of type {p.dtype}")
-        elif isinstance(e, kir.RemoteLoad):
-            if e.buf not in self.shared:
-                self.msgs.append(f"remote load of {e.buf}, which is not a shared buffer")
-        elif isinstance(e, kir.LocalRef):
-            self._local(e.array, e.index)
-        elif isinstance(e, kir.Extent):
-            if e.name not in self.k.extents:
-                self.msgs.append(f"extent {e.name} is not an argument of the kernel")
-        elif isinstance(e, kir.Shfl):
-            if e.width not in (1, 2, 4, 8, 16, 32) or not 0 < e.lane_mask < e.width:
-                self.msgs.append(f"shuffle with lane mask {e.lane_mask} and width {e.width}")
+        """The defects of expression ``e`` of statement ``s`` (one case per node type)."""
+        match e:
+            case kir.Var():
+                # a statement's own targets are definitions, every other Var is a read
+                if not ((isinstance(s, (kir.Assign, kir.For)) and e is s.var)
+                        or (isinstance(s, kir.LoadVec) and any(e is v for v in s.dsts))):
+                    self.read.add(e.name)
+            case kir.Load():
+                self._load(e)
+            case kir.IndexLoad():
+                p = self._global(e.buf, "index load")
+                if p is not None and p.dtype not in _INT_BUFFERS:
+                    self.msgs.append(f"index load from {e.buf} of type {p.dtype}")
+            case kir.RemoteLoad():
+                if e.buf not in self.shared:
+                    self.msgs.append(f"remote load of {e.buf}, which is not a shared buffer")
+            case kir.LocalRef():
+                self._local(e.array, e.index)
+            case kir.Extent():
+                if e.name not in self.k.extents:
+                    self.msgs.append(f"extent {e.name} is not an argument of the kernel")
+            case kir.Shfl():
+                if e.width not in (1, 2, 4, 8, 16, 32) or not 0 < e.lane_mask < e.width:
+                    self.msgs.append(f"shuffle with lane mask {e.lane_mask} and width {e.width}")
+            case (kir.Const() | kir.Special() | kir.Bin() | kir.MathOp() | kir.IntOp() | kir.Select() | kir.Cast()
+                  | kir.ClusterRank()):
+                pass  # (clusters: _cluster_rules)
+            case _:
+                assert_never(e)
+
+    def _load(self, e: kir.Load) -> None:
+        p, ok = self._buffer(e.buf, "load")
+        if ok and e.dtype != kir.F32 and (p is None or p.dtype not in _INT_BUFFERS):
+            self.msgs.append(f"int load from {e.buf}, which is not an int global buffer")
+        size = p.size if p is not None else (self.shared[e.buf].size if e.buf in self.shared else 0)
+        if ok and isinstance(e.index, kir.Const) and not 0 <= int(e.index.value) < size:
+            self.msgs.append(f"load of {e.buf}[{e.index.value}] out of its {size} elements")
 
     # -- barriers -----------------------------------------------------------------------------------
     def _barriers(self, body: tuple[kir.Stmt, ...], uniform: frozenset[str], guarded: str | None) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, assert_never
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import BufferRole
@@ -55,16 +55,25 @@ def scratch_loads_per_thread(kern: kir.Kernel) -> int:
     def in_stmts(stmts: tuple[kir.Stmt, ...]) -> int:
         n = 0
         for st in stmts:
-            if isinstance(st, kir.For):
+            n += in_stmt(st)
+        return n
+
+    def in_stmt(st: kir.Stmt) -> int:
+        match st:
+            case kir.For():
                 trip = 1
                 if isinstance(st.start, kir.Const) and isinstance(st.stop, kir.Const) and st.step > 0:
                     trip = max(0, math.ceil((int(st.stop.value) - int(st.start.value)) / st.step))
-                n += trip * (in_stmts(st.body) + in_expr(st.start) + in_expr(st.stop))
-            elif isinstance(st, kir.If):
-                n += in_expr(st.cond) + max(in_stmts(st.then), in_stmts(st.orelse))
-            else:
-                n += int(isinstance(st, kir.LoadVec) and st.buf in scratch) + in_expr(st)
-        return n
+                return trip * (in_stmts(st.body) + in_expr(st.start) + in_expr(st.stop))
+            case kir.If():
+                return in_expr(st.cond) + max(in_stmts(st.then), in_stmts(st.orelse))
+            case kir.LoadVec():
+                return int(st.buf in scratch) + in_expr(st)
+            case (kir.Assign() | kir.SetLocal() | kir.StoreVec() | kir.AtomicAdd() | kir.RemoteStore()
+                  | kir.Barrier() | kir.GridSync() | kir.ClusterSync() | kir.Comment()):
+                return in_expr(st)  # the scratch loads among its expressions
+            case _:
+                assert_never(st)
 
     return in_stmts(kern.body)
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 from fractions import Fraction
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, assert_never
 
 from stitchtune.errors import StitchtuneError
 from stitchtune.graph.dynamic import BucketKey, DynamicGraph, DynamicRefusal, SymInt
@@ -289,13 +289,19 @@ def runtime_divs(kernel: kir.Kernel, rounds: int) -> int:
         n = 0
         for s in stmts:
             n += mult * sum(1 for e in kir.exprs(s) if isinstance(e, kir.Bin) and e.op in ("/", "%") and _runtime(e.b))
-            if isinstance(s, kir.For):
-                trips = rounds  # runtime bounds: the round loop
-                if isinstance(s.start, kir.Const) and isinstance(s.stop, kir.Const):
-                    trips = max(0, -(-(int(s.stop.value) - int(s.start.value)) // s.step))
-                n += count(s.body, mult * trips)
-            elif isinstance(s, kir.If):
-                n += count(s.then, mult) + count(s.orelse, mult)
+            match s:
+                case kir.For():
+                    trips = rounds  # runtime bounds: the round loop
+                    if isinstance(s.start, kir.Const) and isinstance(s.stop, kir.Const):
+                        trips = max(0, -(-(int(s.stop.value) - int(s.start.value)) // s.step))
+                    n += count(s.body, mult * trips)
+                case kir.If():
+                    n += count(s.then, mult) + count(s.orelse, mult)
+                case (kir.Assign() | kir.SetLocal() | kir.LoadVec() | kir.StoreVec() | kir.AtomicAdd() | kir.Barrier()
+                      | kir.GridSync() | kir.ClusterSync() | kir.RemoteStore() | kir.Comment()):
+                    pass  # no statements nested in it
+                case _:
+                    assert_never(s)
         return n
 
     return count(kernel.body, 1)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import assert_never
 
 from stitchtune.errors import ScheduleError
 from stitchtune.graph.parse import Graph
@@ -162,14 +163,18 @@ def _map_stores(stmts: tuple[kir.Stmt, ...], f: Callable[[kir.StoreVec], list[ki
     """``stmts`` with every :class:`StoreVec` replaced by ``f``'s statements (recursing into loops and ifs)."""
     out: list[kir.Stmt] = []
     for s in stmts:
-        if isinstance(s, kir.StoreVec):
-            out += f(s)
-        elif isinstance(s, kir.For):
-            out.append(dataclasses.replace(s, body=_map_stores(s.body, f)))
-        elif isinstance(s, kir.If):
-            out.append(dataclasses.replace(s, then=_map_stores(s.then, f), orelse=_map_stores(s.orelse, f)))
-        else:
-            out.append(s)
+        match s:
+            case kir.StoreVec():
+                out += f(s)
+            case kir.For():
+                out.append(dataclasses.replace(s, body=_map_stores(s.body, f)))
+            case kir.If():
+                out.append(dataclasses.replace(s, then=_map_stores(s.then, f), orelse=_map_stores(s.orelse, f)))
+            case (kir.Assign() | kir.SetLocal() | kir.LoadVec() | kir.AtomicAdd() | kir.Barrier() | kir.GridSync()
+                  | kir.ClusterSync() | kir.RemoteStore() | kir.Comment()):
+                out.append(s)  # no statements nested in it
+            case _:
+                assert_never(s)
     return tuple(out)
 
 
