@@ -17,13 +17,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from stitchtune.importers.builder import GraphBuilder, Value, scalar
 from stitchtune.importers.onnx_ops_layout import INT_DTYPES
 
-if TYPE_CHECKING:
-    from stitchtune.importers.onnx_rules import _Ctx
+
+class _Ctx(Protocol):
+    """What a handler may use of the import's context (:class:`stitchtune.importers.onnx_rules._Ctx` provides
+    it): the model's opset and a node's constant list input. A protocol, so that this module does not import
+    the rules that import it."""
+
+    opset: int
+
+    def const_list(self, node: Any, idx: int) -> list[int] | None: ...
 
 # ---------------------------------------------------------------------------- the op tables
 _UNARY = {"Sqrt": "sqrt", "Reciprocal": "reciprocal", "Exp": "exp", "Log": "log", "Tanh": "tanh",
@@ -42,7 +49,7 @@ _ONNX_ALL = {**_ONNX_DTYPES, _BOOL: "bool"}
 # ---------------------------------------------------------------------------- the registry
 ValueOf = Callable[[str], Value]
 #: a handler: ``fn(ctx, b, node, attrs, v, exact, name) -> [value or None per output]`` (module docstring)
-OnnxHandler = Callable[["_Ctx", GraphBuilder, Any, dict[str, Any], ValueOf, ValueOf, str], list[Value | None]]
+OnnxHandler = Callable[[_Ctx, GraphBuilder, Any, dict[str, Any], ValueOf, ValueOf, str], list[Value | None]]
 
 _HANDLERS: dict[str, OnnxHandler] = {}
 

@@ -19,16 +19,34 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from stitchtune.importers.builder import ImportError_, Value, scalar
+from stitchtune.importers.builder import GraphBuilder, ImportError_, Value, scalar
 from stitchtune.importers.torch_cnn import CNN_OPS, map_cnn_op
 from stitchtune.importers.torch_fx_util import _meta, _where, index_dtype_name, zero_pad
-from stitchtune.importers.torch_layout import _LAYOUT, Padded
+from stitchtune.importers.torch_layout import _LAYOUT, Empty, Padded
 from stitchtune.importers.torch_scatter import SCATTER_OPS, map_scatter
 
-if TYPE_CHECKING:
-    from stitchtune.importers.torch_aten import _Walker
+
+class _Walker(Protocol):
+    """What a handler may use of the fx walk (:class:`stitchtune.importers.torch_aten._Walker` provides it):
+    its builder, the graph values of the nodes walked so far, and the value helpers the handlers share.
+    A protocol, so that this module does not import the walker that imports it."""
+
+    b: GraphBuilder
+    vals: dict[str, Any]
+
+    def tshape(self, n: Any) -> tuple[int, ...]: ...
+    def val(self, x: Any, node: Any) -> Value: ...
+    def axes(self, x: Any, dims: Any, node: Any) -> list[int]: ...
+    def _promote_ints(self, node: Any, a: dict[str, Any]) -> dict[str, Any]: ...
+    def _ints_to_float(self, node: Any, a: dict[str, Any]) -> dict[str, Any]: ...
+    def _no_bool(self, node: Any, key: str, a: dict[str, Any]) -> None: ...
+    def _dtype(self, dt: Any, node: Any) -> str: ...
+    def _reduce(self, node: Any, key: str, a: dict[str, Any]) -> Any: ...
+    def _view(self, node: Any, key: str, x: Any) -> Value: ...
+    def _layout(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value | Padded | Empty: ...
+    def add_padded(self, node: Any, lhs: Any, rhs: Any) -> Value | Padded: ...
 
 # ---------------------------------------------------------------------------- the op tables
 _UNARY = {"aten.relu": "relu", "aten.sigmoid": "sigmoid", "aten.tanh": "tanh", "aten.exp": "exp",
@@ -77,7 +95,7 @@ def _is_bool(x: Any) -> bool:
 
 # ---------------------------------------------------------------------------- the registry
 #: a handler: ``fn(walker, node, key, bound args, first tensor arg) -> graph value(s)`` (module docstring)
-Handler = Callable[["_Walker", Any, str, dict[str, Any], Any], Any]
+Handler = Callable[[_Walker, Any, str, dict[str, Any], Any], Any]
 
 
 @dataclass(frozen=True)
