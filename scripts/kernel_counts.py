@@ -213,7 +213,7 @@ def _classify(n: Any) -> str:
 def input_copies(gm: Any) -> int:
     """Copy kernels the region op launches before its kernels: one per region input that its kernel
     cannot read where it lies (a strided input the region's graph does not declare in its memory
-    order: :meth:`GuardedRegion.copies <stitchtune.deploy.torch_ops.GuardedRegion.copies>`), by the
+    order: :meth:`GuardedRegion.copies <stitchtune.deploy.torch_guard.GuardedRegion.copies>`), by the
     strides of the fx graph's fake values."""
     import torch
 

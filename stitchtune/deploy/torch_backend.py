@@ -39,7 +39,7 @@ Contract
   compiling a region declines it with the reason. The rewritten graph's region calls are run on fake
   tensors (as AOTAutograd and Inductor will): a region whose fake result fails, or differs from
   PyTorch's value in shape, dtype or strides, is declined. Each registered kernel is guarded
-  (:class:`~stitchtune.deploy.torch_ops.GuardedRegion`): a region that fails at run time, forward or
+  (:class:`~stitchtune.deploy.torch_guard.GuardedRegion`): a region that fails at run time, forward or
   backward, or returns other shapes than its fake result, is declined then (logged once as a warning,
   in the report and so in :func:`explain`) and runs its ATen ops from then on; a gather's
   out-of-range index is raised, not hidden. A failure of the whole stitching step leaves the graph
@@ -47,7 +47,7 @@ Contract
   its regions without a tuned schedule are one warning for the graph (regions warned about before in
   the process left out; :func:`stitchtune.deploy.selection.collecting_fallbacks`), not one per region. With static shapes torch recompiles per new shape (dynamo's cache); a region with
   symbolic shapes is checked at the example shapes and gets a
-  :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` whose kernels are cached by
+  :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel` whose kernels are cached by
   (structure, bucket of its symbols' values) (:mod:`stitchtune.deploy.torch_dynamic`), the
   region's ATen ops where none can be made.
 * Every region's schedule selections, kernels built, cache hits and eager calls are counted
@@ -175,7 +175,7 @@ def _compile_graph(graph: Any, opts: BackendOptions, device: Any, counter: Any =
 def _compile_region(region: Any, opts: BackendOptions, device: Any, kind: str = "inference",
                     counter: Any = None) -> Any:
     """The :class:`~stitchtune.deploy.torch_ops.RegionKernel` of one region (errors propagate); for
-    symbolic shapes a :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` that makes kernels
+    symbolic shapes a :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel` that makes kernels
     per (structure, bucket) of the shapes it meets (the region was checked at the example shapes
     here). ``counter`` (:mod:`~stitchtune.deploy.torch_stats`; None: a new one) counts the
     selections and builds."""
@@ -225,6 +225,7 @@ def _make_region(r: Any, opts: BackendOptions, device: Any, kind: str, report: G
 def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, kind: str) -> tuple[Any, GraphReport]:
     """``gm`` with every region it can stitch replaced by ``stitchtune::region`` calls, and the report."""
     from stitchtune.deploy import torch_ops
+    from stitchtune.deploy.torch_guard import GuardedRegion
     from stitchtune.deploy.selection import collecting_fallbacks, fallback_summary
     from stitchtune.importers.torch_fx_util import splits_as_slices
     from stitchtune.importers.torch_mm_views import matmul_views
@@ -267,7 +268,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
         key = f"{r.name}#{next(_keys)}"
         consts = _held_constants(r, folded)
         held[key] = frozenset(i for i, _ in consts)
-        torch_ops.register(key, torch_ops.GuardedRegion(kernel, r.module, r.output_perms or (None,) * len(r.outputs),
+        torch_ops.register(key, GuardedRegion(kernel, r.module, r.output_perms or (None,) * len(r.outputs),
                                                         _runtime_decline(report, kind, r, counters[r.name]),
                                                         _kept_outputs(r), held=consts, device=graph_device))
         chosen.append((r, key, kernel))
@@ -317,7 +318,7 @@ def _kept_outputs(region: Any) -> tuple[int, ...] | None:
 
 
 def _runtime_decline(report: GraphReport, kind: str, region: Any, counter: Any = None) -> Any:
-    """The callback a :class:`~stitchtune.deploy.torch_ops.GuardedRegion` calls (once) when its
+    """The callback a :class:`~stitchtune.deploy.torch_guard.GuardedRegion` calls (once) when its
     kernel fails at run time: the region is reported as declined (its ATen ops run from then on;
     ``counter`` says so too)."""
     def decline(reason: str) -> None:

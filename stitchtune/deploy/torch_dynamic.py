@@ -10,7 +10,7 @@ Contract
   saying why a region has none (a size that is an expression of symbols, a number of the graph
   that depends on a symbol).
 * :func:`dynamic_region_kernel(region, opts, device, counter, compiled)` -> a
-  :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` whose cache is keyed by (structure,
+  :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel` whose cache is keyed by (structure,
   :class:`~stitchtune.graph.dynamic.BucketKey` of the sizes). A miss makes the bucket's *generic*
   kernel (:func:`stitchtune.deploy.dynamic.compile_dynamic`: one schedule selection and one
   program, built once by nvcc on a GPU, that runs every extent of the bucket; a
@@ -62,10 +62,11 @@ def region_dynamic_graph(region: Any, max_extent: int) -> tuple[Any, Any]:
 
 
 def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, compiled: Any) -> Any:
-    """The :class:`~stitchtune.deploy.torch_ops.DynamicRegionKernel` of a region with symbolic sizes
+    """The :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel` of a region with symbolic sizes
     (see module docstring); ``compiled`` is its CompiledGraph at the example shapes (for explain)."""
     from stitchtune.deploy.torch_backend import _compile_graph, _kept_outputs
-    from stitchtune.deploy.torch_ops import Built, DynamicRegionKernel, RegionKernel
+    from stitchtune.deploy.torch_ops import RegionKernel
+    from stitchtune.deploy.torch_region_dynamic import Built, DynamicRegionKernel
 
     made = [0]   # kernels specialised per extent / shape so far
 

@@ -1,7 +1,7 @@
 """The thin per-call path of the torch op: a static region's call in a few microseconds of Python.
 
 After the first call of a region has run (slow path: checks, launcher and scratch made, fake result
-compared), :class:`~stitchtune.deploy.torch_ops.GuardedRegion` keeps a :class:`FastCall` for it and
+compared), :class:`~stitchtune.deploy.torch_guard.GuardedRegion` keeps a :class:`FastCall` for it and
 every later call goes through it:
 
 Contract

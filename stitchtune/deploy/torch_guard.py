@@ -1,6 +1,6 @@
 """What the torch backend registers for each region: :class:`GuardedRegion`, a kernel with its region's
 ATen ops to fall back on, and the helpers it shares with the kernels (:func:`eager_outputs`,
-:func:`is_index_error`). Re-exported by :mod:`stitchtune.deploy.torch_ops` (see its docstring).
+:func:`is_index_error`). (:mod:`stitchtune.deploy.torch_ops` registers it; this module imports that one, never the reverse).
 """
 
 from __future__ import annotations

@@ -49,24 +49,20 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from stitchtune.errors import StitchtuneError
 
-if TYPE_CHECKING:
-    from stitchtune.deploy.torch_guard import GuardedRegion
-    from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel
-
-__all__ = ["Built", "DynamicRegionKernel", "GuardedRegion", "RegionError", "RegionKernel", "register", "region_op"]
+__all__ = ["RegionError", "RegionKernel", "RegisteredRegion", "register", "region_op"]
 
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "bool": torch.bool,
            "int32": torch.int32, "int64": torch.int64}
-_registry: dict[str, Any] = {}   # key -> RegionKernel | DynamicRegionKernel
+_registry: dict[str, "RegisteredRegion"] = {}
 _lock = threading.Lock()
 #: packed argument sets kept per region, GPU and stream (one per set of extents, oldest dropped)
 MAX_BOUND = 64
@@ -386,13 +382,22 @@ def stand_in_driver(driver: Any, image: Any) -> Iterator[None]:
         _STAND_IN[0] = old
 
 
-def register(key: str, kernel: RegionKernel | DynamicRegionKernel | GuardedRegion) -> None:
+class RegisteredRegion(Protocol):
+    """What ``torch.ops.stitchtune.region`` runs for a key: a :class:`RegionKernel`, a
+    :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel` or the
+    :class:`~stitchtune.deploy.torch_guard.GuardedRegion` around one (those modules import this one)."""
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any]: ...
+    def fake(self, inputs: Sequence[Any]) -> list[Any]: ...
+
+
+def register(key: str, kernel: RegisteredRegion) -> None:
     """Make ``kernel`` what ``torch.ops.stitchtune.region(key, ...)`` runs."""
     with _lock:
         _registry[key] = kernel
 
 
-def lookup(key: str) -> Any:
+def lookup(key: str) -> Any:   # Any: callers use the concrete kernel's own methods (``copies``, ``kernel``)
     k = _registry.get(key)
     if k is None:
         raise RegionError(f"no stitched region {key!r} in this process (compiled graphs are not portable "
@@ -416,21 +421,6 @@ _lib = torch.library.Library("stitchtune", "DEF")
 _lib.define("region(str key, Tensor[] inputs) -> Tensor[]")
 _lib.impl("region", region_op, "CompositeExplicitAutograd")
 torch.library.register_fake("stitchtune::region", _region_fake, lib=_lib)
-
-
-_MOVED = {"GuardedRegion": "torch_guard", "eager_outputs": "torch_guard", "is_index_error": "torch_guard",
-          "Built": "torch_region_dynamic", "DynamicRegionKernel": "torch_region_dynamic"}
-
-
-def __getattr__(name: str) -> Any:
-    """The names re-exported from :mod:`~stitchtune.deploy.torch_guard` and
-    :mod:`~stitchtune.deploy.torch_region_dynamic` (imported at first use: they import this module)."""
-    where = _MOVED.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"stitchtune.deploy.{where}"), name)
 
 
 # ---------------------------------------------------------------------------- conversions

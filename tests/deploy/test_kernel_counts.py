@@ -81,6 +81,7 @@ def test_strided_region_inputs_count_as_copies_unless_read_in_memory_order() -> 
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from stitchtune.deploy import torch_ops
+    from stitchtune.deploy.torch_guard import GuardedRegion
     from stitchtune.deploy.compiled import compile as compile_graph
     from stitchtune.importers.torch_regions import find_regions
 
@@ -91,8 +92,8 @@ def test_strided_region_inputs_count_as_copies_unless_read_in_memory_order() -> 
     assert region.input_perms == ((0, 2, 3, 1),)
     cg = compile_graph(region.graph, db=None, device="h200", build=False)
     reads = torch_ops.RegionKernel(region.name, region.ops, cg, in_perms=region.input_perms)
-    torch_ops.register("k-reads", torch_ops.GuardedRegion(reads, region.module, (None,)))
-    torch_ops.register("k-copies", torch_ops.GuardedRegion(dataclasses.replace(reads, in_perms=()), region.module,
+    torch_ops.register("k-reads", GuardedRegion(reads, region.module, (None,)))
+    torch_ops.register("k-copies", GuardedRegion(dataclasses.replace(reads, in_perms=()), region.module,
                                                            (None,)))
     g = torch.fx.Graph()
     a, b = g.placeholder("a"), g.placeholder("b")

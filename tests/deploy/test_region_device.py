@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from stitchtune.deploy import torch_ops  # noqa: E402
+from stitchtune.deploy.torch_guard import GuardedRegion  # noqa: E402
 
 
 class _Recording:
@@ -35,7 +36,7 @@ class _Recording:
 
 def test_a_region_that_reads_no_tensor_runs_on_its_graphs_device() -> None:
     kernel = _Recording()
-    region = torch_ops.GuardedRegion(kernel, module=None, perms=(None,), device=torch.device("meta"))
+    region = GuardedRegion(kernel, module=None, perms=(None,), device=torch.device("meta"))
     [out] = region([])
     assert out.device.type == "meta" and kernel.calls == [([], "meta")]
     assert region.fake([])[0].device.type == "meta"
@@ -43,21 +44,21 @@ def test_a_region_that_reads_no_tensor_runs_on_its_graphs_device() -> None:
 
 def test_without_a_graph_device_it_stays_where_its_inputs_are() -> None:
     kernel = _Recording()
-    region = torch_ops.GuardedRegion(kernel, module=None, perms=(None,))
+    region = GuardedRegion(kernel, module=None, perms=(None,))
     assert region([])[0].device.type == "cpu"
     assert region([torch.ones(2)])[0].device.type == "cpu"
 
 
 def test_a_cpu_scalar_beside_device_inputs_is_moved_to_the_graphs_device() -> None:
     kernel = _Recording()
-    region = torch_ops.GuardedRegion(kernel, module=None, perms=(None,), device=torch.device("meta"))
+    region = GuardedRegion(kernel, module=None, perms=(None,), device=torch.device("meta"))
     region([torch.empty(3, device="meta"), torch.tensor(2.0)])
     assert kernel.calls == [(["meta", "meta"], "meta")]
 
 
 def test_held_constants_follow_the_graphs_device_when_no_input_is_passed() -> None:
     kernel = _Recording()
-    region = torch_ops.GuardedRegion(kernel, module=None, perms=(None,), held=((0, torch.arange(3)),),
+    region = GuardedRegion(kernel, module=None, perms=(None,), held=((0, torch.arange(3)),),
                                      device=torch.device("meta"))
     region([torch.tensor(1.0)])
     assert kernel.calls == [(["meta", "meta"], "meta")]

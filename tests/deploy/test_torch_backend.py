@@ -233,6 +233,7 @@ def test_batch_norm_training_step_matches_eager() -> None:
 
 def test_static_shapes_recompile_and_symbolic_shapes_get_a_kernel_per_bucket() -> None:
     from stitchtune.deploy import torch_ops
+    from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel
 
     torch.manual_seed(0)
     m = Block().eval()
@@ -252,7 +253,7 @@ def test_static_shapes_recompile_and_symbolic_shapes_get_a_kernel_per_bucket() -
     [report] = torch_backend.LAST_REPORTS
     assert len(report.stitched) == 2 and all(s.source.endswith("per bucket") for s in report.stitched)
     dyn = [k.kernel for k in torch_ops._registry.values()
-           if isinstance(getattr(k, "kernel", None), torch_ops.DynamicRegionKernel)][-2:]
+           if isinstance(getattr(k, "kernel", None), DynamicRegionKernel)][-2:]
     assert [len(k.entries()) for k in dyn] == [1, 1]   # 5 and 6 rows: one generic kernel of one bucket
     assert all(b is not None and b.generic for k in dyn for _, _, b in k.entries())
 
@@ -271,9 +272,10 @@ def test_a_shape_the_region_cannot_take_runs_its_aten_ops(monkeypatch: pytest.Mo
         x = torch.randn(7, 4, 16)
         assert torch.allclose(c(x), m(x), atol=1e-5)
     from stitchtune.deploy import torch_ops
+    from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel
 
     dyn = [k.kernel for k in torch_ops._registry.values()
-           if isinstance(getattr(k, "kernel", None), torch_ops.DynamicRegionKernel)][-2:]
+           if isinstance(getattr(k, "kernel", None), DynamicRegionKernel)][-2:]
     assert len(dyn) == 2 and all([b for _, _, b in k.entries()] == [None] for k in dyn)
 
 
@@ -338,6 +340,7 @@ def test_the_custom_op_goes_through_the_launch_path_with_tensor_pointers() -> No
     """torch.ops.stitchtune.region with a driver given: outputs from torch.empty, the kernels launched
     with the tensors' own pointers (inputs, then outputs), no host copy."""
     from stitchtune.deploy import torch_ops
+    from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel
     from stitchtune.deploy.compiled import compile as compile_graph
     from stitchtune.gpu.fake_driver import FakeDriver
     from stitchtune.importers.torch_regions import find_regions

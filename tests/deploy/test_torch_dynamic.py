@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 import stitchtune.torch as st_torch  # noqa: E402
 from stitchtune.deploy import torch_backend, torch_ops  # noqa: E402
+from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel  # noqa: E402
 from stitchtune.errors import StitchtuneError  # noqa: E402
 from helpers import torch_block  # noqa: E402
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("fresh_backend")
 
 def _dynamic_kernels() -> list[Any]:
     return [k.kernel for k in torch_ops._registry.values()
-            if isinstance(getattr(k, "kernel", None), torch_ops.DynamicRegionKernel)]
+            if isinstance(getattr(k, "kernel", None), DynamicRegionKernel)]
 
 
 def _run(sizes: list[int], **options: Any) -> list[Any]:

@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 import stitchtune.torch as st_torch  # noqa: E402
 from stitchtune.deploy import torch_ops  # noqa: E402
+from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fresh_backend")
 
@@ -42,7 +43,7 @@ def test_a_dynamic_bert_builds_one_kernel_per_region_and_bucket_and_matches_eage
     dynamic = [r for r in s.regions if r.dynamic]
     assert len(dynamic) >= 4 and s.eager == 0
     kernels: dict[str, Any] = {key.split("#")[0]: g.kernel for key, g in torch_ops._registry.items()
-                               if key not in before and isinstance(g.kernel, torch_ops.DynamicRegionKernel)}
+                               if key not in before and isinstance(g.kernel, DynamicRegionKernel)}
     for r in dynamic:
         entries = kernels[r.region].entries()
         assert r.selections == r.builds + 1 and r.builds + r.hits == len(LENGTHS)
