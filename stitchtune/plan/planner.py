@@ -573,9 +573,9 @@ def _make_plan(graph: Graph, domain_tensor: str | None = None) -> StitchPlan:
         _check_index_op_maps(imaps, view.family)
     if real is not graph and not mixed:
         imaps.update(remap.real_index_maps(real, graph, old, domain, view.row_axes, view.col_axes))
-    if mixed:  # an input wider than the domain along its innermost axis: its own row strides
+    if mixed:  # an input wider than the domain along its innermost axis, a concat piece: its own strides
         imaps.update({n: index_map(real.spec(n).shape, maps[n], view.sizes, view.row_axes, view.col_axes)
-                      for n in chains.wide_inputs(real)})
+                      for n in chains.wide_inputs(real) | remap.concat_pieces(real, domain)})
     cross = check_cross(graph, cross_nodes, view.family, classes, {n: not m.plain for n, m in imaps.items()})
     stages = _stages(graph, red_nodes)
     return StitchPlan(

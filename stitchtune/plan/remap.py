@@ -58,10 +58,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from stitchtune.errors import UnsupportedGraphError
+from stitchtune.errors import SeparateRegionsError, UnsupportedGraphError
 from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph, Node, TensorSpec
 from stitchtune.plan.chains import (chain_members, composed_chains, domain_of, layout_part, layout_tails, mixed_layout,
+                                    outer_part_cuts,
                                     part_domains, sliced_members, wide_inputs)
 from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import IndexMap, index_map
@@ -70,7 +71,7 @@ from stitchtune.plan.pick import node_axis as _axis
 from stitchtune.plan.pick import check_picks, pick_leaves
 from stitchtune.plan.shift import Shift, check_size1_slice, column_shift, shift_offset, spans
 
-__all__ = ["OuterSources", "outer_sources", "root_shift", "int_index_op", "surrogate", "check_mixed",
+__all__ = ["OuterSources", "outer_sources", "concat_pieces", "layout_reader_shift", "index_free", "unit_pieces", "root_shift", "int_index_op", "surrogate", "check_mixed",
            "real_index_maps", "check_gathers", "check_remaps"]
 
 
@@ -144,6 +145,27 @@ def _gather_shapes(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int
     return out
 
 
+def unit_pieces(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """Surrogate shapes of the input pieces of a concat whose every piece has size 1 along its axis
+    (a decode step's one-position key cache ``[B, H, 1, D]`` and the new key ``[B, H, 1, D]``): such
+    an input spans the concat's axis of the domain (its own size 1 there is a position, not a
+    broadcast), so that the concat's result spans it; loaded through its own strides
+    (:func:`real_index_maps`, :func:`concat_pieces`)."""
+    out: dict[str, tuple[int, ...]] = {}
+    inputs = set(graph.input_names)
+    for nd in graph.nodes:
+        if nd.op != "concat" or tuple(nd.shape) != tuple(domain):
+            continue
+        a = _axis(nd)
+        if any(graph.spec(x).shape[a] != 1 for x in nd.tensor_args):
+            continue
+        for x in nd.tensor_args:
+            shape = tuple(graph.spec(x).shape)
+            if x in inputs and len(shape) == len(domain) and all(c.op == "concat" for c in graph.consumers(x)):
+                out[x] = surrogate_shape(shape[:a] + (domain[a],) + shape[a + 1:], domain, x)
+    return out
+
+
 def surrogate(graph: Graph) -> Graph:
     """The graph the planner analyses in place of ``graph`` (module docstring); ``graph`` itself
     when it has no index op. In a mixed region the tensors of :func:`~stitchtune.plan.chains.layout_part` keep their shapes
@@ -151,10 +173,17 @@ def surrogate(graph: Graph) -> Graph:
     if not has_index_ops(graph):
         return graph
     domain, parts = domain_of(graph), part_domains(graph)   # (parts: independent q / k rotary)
+    cuts = outer_part_cuts(graph, parts, domain) if parts else ()
+    if cuts:
+        raise SeparateRegionsError(
+            f"node '{cuts[0][0]}' concatenates or slices along an outer axis in a part of the region other than the "
+            f"iteration domain's {list(domain)} (tensors of unrelated shapes); it reads '{cuts[0][1]}', which the other "
+            "parts read too (a region each)", (cuts[0][0],), cuts)
     special = _gather_shapes(graph, domain)
     keep = layout_part(graph)
     for head, chain in composed_chains(graph).items():  # one input of the head's aligned shape
         special.update({n: surrogate_shape(graph.spec(head).shape, domain, head) for n in chain})
+    special.update(unit_pieces(graph, domain))
     inputs = tuple((n, TensorSpec(tuple(s.shape) if n in keep else special.get(n) or
                                   surrogate_shape(s.shape, parts.get(n, domain), n), s.dtype)) for n, s in graph.inputs)
     nodes = []
@@ -202,7 +231,7 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
         raise UnsupportedGraphError(
             f"the columns of the kernel are not the innermost axis of the iteration domain {list(domain)}; "
             "slice / concat with transpose / reshape need the innermost axis as the kernel's columns")
-    wide = wide_inputs(graph)
+    wide = wide_inputs(graph) | concat_pieces(graph, domain)
     for name, spec in graph.inputs:
         if tuple(spec.shape) != tuple(sur.spec(name).shape) and name not in chained and name not in wide:
             raise UnsupportedGraphError(
@@ -279,13 +308,17 @@ class _RemapWalk:
         self.keep = layout_part(graph) if mixed else set()
         self.outer = outer_sources(graph, domain) if mixed else OuterSources((), frozenset())
         self.wide = wide_inputs(graph) if mixed else frozenset()
+        self.unit = unit_pieces(graph, domain)   # (size 1 along a concat's axis: positions, not a broadcast)
+        self.free = index_free(graph)
 
     def visit(self, name: str, sh: Shift) -> None:
         """Prove tensor ``name`` evaluated at shift ``sh``, and what it reads at theirs."""
+        nd = self.nodes.get(name)
+        if self.mixed:
+            sh = layout_reader_shift(self.graph, self.keep, name, sh, self.domain, not self.varies[name], self.free)
         if (name, sh) in self.seen:
             return
         self.seen.add((name, sh))
-        nd = self.nodes.get(name)
         if nd is not None and not self._own_checks(nd, sh):
             return
         if not self.varies[name]:
@@ -351,7 +384,7 @@ class _RemapWalk:
         a wide input), else in bounds of its own shape."""
         if self.mixed:
             column_shift(name, sh, self.domain, self.graph.spec(name).shape[-1] if name in self.wide else None)
-        elif not (not sh.delta and spans(self.graph, name, self.domain)):
+        elif not (not sh.delta and spans(self.graph, name, self.domain) and name not in self.unit):
             shift_offset(name, self.graph.spec(name).shape, sh, self.domain)
 
     def _through(self, nd: Node, sh: Shift) -> None:
@@ -376,6 +409,38 @@ class _RemapWalk:
         else:
             for arg in nd.tensor_args:
                 self.visit(arg, sh)
+
+
+def index_free(graph: Graph) -> frozenset[str]:
+    """The nodes of ``graph`` with no slice / concat / gather among what they are computed from
+    (themselves included): their value at a position is their arguments' there, never a moved one."""
+    out: set[str] = set()
+    for nd in graph.nodes:
+        if OPS[nd.op].kind not in INDEX_KINDS and all(a in out or a in graph.input_names for a in nd.tensor_args):
+            out.add(nd.id)
+    return frozenset(out)
+
+
+def layout_reader_shift(graph: Graph, keep: set[str] | frozenset[str], name: str, sh: Shift,
+                        domain: tuple[int, ...], per_row: bool, free: frozenset[str]) -> Shift:
+    """The shift tensor ``name`` of a mixed region is evaluated at: ``sh`` without the outer axes along
+    which it broadcasts (its own dim 1, right-aligned, or absent) where it is a node outside
+    :func:`~stitchtune.plan.chains.layout_part` computed without index ops (``free``,
+    :func:`index_free`: a size-1 slice is a piece, not a broadcast), or an input that does not vary along the columns
+    (``per_row``: a scalar; refused under a row-axis shift otherwise); ``sh`` for every other tensor.
+    Its value is the same at every position along such an axis, so its evaluation there never moves:
+    rotary angles ``[1, 1, 1, D]`` computed in the region from a layout part, scaled by a scalar, and
+    applied to the new key that a concat along the sequence appends to the cache. Applied alike by
+    the planner's walk and the lowering (:class:`stitchtune.lower.remap.RemapValues`)."""
+    is_input = name in graph.input_names
+    if not sh.axes() or name in keep or not (name in free or is_input and per_row):
+        return sh
+    shape = graph.spec(name).shape
+    off = len(domain) - len(shape)
+    flat = {a for a in range(len(domain) - 1) if a < off or shape[a - off] == 1}
+    if not sh.axes() & flat:
+        return sh
+    return Shift(tuple((a, d) for a, d in sh.delta if a not in flat), tuple(c for c in sh.conds if c[0] not in flat))
 
 
 @dataclass(frozen=True)
@@ -403,8 +468,9 @@ def outer_sources(graph: Graph, domain: tuple[int, ...]) -> OuterSources:
         return OuterSources((), frozenset())
     keep = layout_part(graph)
     nodes = {n.id: n for n in graph.nodes}
+    pieces = concat_pieces(graph, domain)
     shapes: dict[str, tuple[int, ...]] = {
-        n: tuple(s.shape) for n, s in graph.inputs if n not in keep and spans(graph, n, domain)}
+        n: tuple(s.shape) for n, s in graph.inputs if n not in keep and (spans(graph, n, domain) or n in pieces)}
     through: set[str] = set()
     for r in graph.nodes:
         if r.op != "reshape" or r.id not in keep or len(r.shape) > len(domain) or not spans(graph, r.id, domain):
@@ -435,6 +501,25 @@ def outer_sources(graph: Graph, domain: tuple[int, ...]) -> OuterSources:
             shapes.update(found)
             through |= (seen - set(graph.input_names)) | {r.id}
     return OuterSources(tuple(sorted(shapes.items())), frozenset(through))
+
+
+def concat_pieces(graph: Graph, domain: tuple[int, ...]) -> frozenset[str]:
+    """The inputs of a region that only concatenations read, each a piece of the iteration domain:
+    of the domain's rank and shape but along the concat's axis (a decode step's key / value cache
+    ``[B, H, P, D]`` before the new position, concatenated to ``[B, H, P + 1, D]``). In a mixed region
+    (:func:`check_mixed`) such a piece is loaded at a position shifted along that (outer) axis in the
+    row-major strides of its own shape (:func:`outer_sources`; :func:`real_index_maps`), each load
+    proven in bounds by :func:`~stitchtune.plan.shift.shift_offset`."""
+    out = set()
+    for name, spec in graph.inputs:
+        shape, cons = tuple(spec.shape), graph.consumers(name)
+        if not cons or len(shape) != len(domain) or any(c.op != "concat" or tuple(c.shape) != tuple(domain)
+                                                       for c in cons):
+            continue
+        if all(all(shape[k] == domain[k] for k in range(len(domain)) if k != _axis(c) + len(domain) - len(c.shape))
+               for c in cons):
+            out.add(name)
+    return frozenset(out)
 
 
 def real_index_maps(graph: Graph, sur: Graph, axes: dict[str, tuple[int | None, ...]], domain: tuple[int, ...],
