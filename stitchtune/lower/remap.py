@@ -62,7 +62,8 @@ from stitchtune.lower.base import I, Lowerer, SweepValues, add, and_, mul
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.planner import TensorClass
 from stitchtune.plan.chains import composed_chains, domain_of, layout_part, mixed_layout, wide_inputs
-from stitchtune.plan.remap import index_free, layout_reader_shift, outer_sources, root_shift, unit_pieces
+from stitchtune.plan.pieces import index_free, layout_reader_shift, unit_pieces
+from stitchtune.plan.remap import outer_sources, root_shift
 from stitchtune.plan.shift import Shift, column_shift, shift_offset
 from stitchtune.plan.pick import pick_leaves
 

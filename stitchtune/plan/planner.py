@@ -52,7 +52,7 @@ from math import prod
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import INDEX_KINDS, OPS
-from stitchtune.plan import chains, pick, remap
+from stitchtune.plan import chains, pick, pieces, remap
 from stitchtune.plan.family import Family
 from stitchtune.plan.axes import Groups, TensorAxes, domain_candidates, tensor_axes
 from stitchtune.plan.col_remap import check_col_index_ops
@@ -575,7 +575,7 @@ def _make_plan(graph: Graph, domain_tensor: str | None = None) -> StitchPlan:
         imaps.update(remap.real_index_maps(real, graph, old, domain, view.row_axes, view.col_axes))
     if mixed:  # an input wider than the domain along its innermost axis, a concat piece: its own strides
         imaps.update({n: index_map(real.spec(n).shape, maps[n], view.sizes, view.row_axes, view.col_axes)
-                      for n in chains.wide_inputs(real) | remap.concat_pieces(real, domain)})
+                      for n in chains.wide_inputs(real) | pieces.concat_pieces(real, domain)})
     cross = check_cross(graph, cross_nodes, view.family, classes, {n: not m.plain for n, m in imaps.items()})
     stages = _stages(graph, red_nodes)
     return StitchPlan(

@@ -19,7 +19,7 @@ from helpers import check_emulates, float_graph
 from stitchtune.graph.parse import parse_graph
 from stitchtune.plan.chains import composed_chains
 from stitchtune.plan.planner import make_plan
-from stitchtune.plan.remap import concat_pieces, unit_pieces
+from stitchtune.plan.pieces import concat_pieces, unit_pieces
 
 
 def _key_split(x: str, B: int, H: int, D: int, torch_views: bool) -> list[dict[str, Any]]:
