@@ -255,8 +255,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fit_cost_model: error: {exc}", file=sys.stderr)
         return 2
     rows, notes = [dict(r) for r in stored.rows], list(stored.notes)
-    for r in rows:   # the database and BERT inference's tuning log: CUDA events; BERT training: CUPTI kernels
-        r.setdefault("timing", "cupti" if r["group"] == "bert-train" else "events")
     if a.rebuild:
         budget = budget_lines(dev)
         (out / "budget.md").write_text("\n".join(budget) + "\n")
@@ -268,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         rows, notes = [dict(r) for r in paired], n2 + n3 + n4
         save_dataset(out / "dataset.json", Dataset(dev.key, tuple(rows), tuple(notes),
                                                    {**stored.provenance, "rebuilt_at": head}))
+    for r in rows:   # the database and BERT inference's tuning log: CUDA events; BERT training: CUPTI kernels
+        r.setdefault("timing", "cupti" if r["group"] == "bert-train" else "events")
     groups = sorted({r["group"] for r in rows})
     base = Coefficients.defaults(dev)
     for r, t in zip(rows, predict_rows(rows, dev, base)):
