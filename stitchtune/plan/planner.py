@@ -229,7 +229,7 @@ def plan_graph(graph: Graph) -> StitchPlan | Refusal:
 def _plan(graph: Graph) -> StitchPlan | Refusal:
     """:func:`plan_graph`'s first stage, the rewrites: a scatter core, a unit-reduction rewrite, else
     the graph as given (with its transpose tile), then its row-move and row-view rewrites."""
-    split = ask(split_scatters, graph)
+    split = split_scatters(graph)
     if isinstance(split, Refusal):
         return split
     core, scatters = split
@@ -328,8 +328,8 @@ def _checked_plan(sur: Surrogate | None, viewed: Viewed, ints: frozenset[str]) -
         imaps = checks.surrogate_maps(sur, viewed, imaps)
     if isinstance(imaps, Refusal):
         return imaps
-    cross = ask(check_cross, viewed.graph, list(viewed.cross_nodes), view.family, classes,
-                {n: not m.plain for n, m in imaps.items()})
+    cross = check_cross(viewed.graph, list(viewed.cross_nodes), view.family, classes,
+                        {n: not m.plain for n, m in imaps.items()})
     if isinstance(cross, Refusal):
         return cross
     return _assemble(viewed, classes, imaps, cross, ints)
