@@ -67,7 +67,7 @@ from stitchtune.plan.cross import CrossReduction, check_cross, epilogue_nodes
 from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import IndexMap
 from stitchtune.plan.ints import int_registers
-from stitchtune.plan.refusal import Refusal, ask, rewritten
+from stitchtune.plan.refusal import Refusal, rewritten
 from stitchtune.plan.row_moves import commute_row_moves
 from stitchtune.plan.row_views import commute_row_views
 from stitchtune.plan.scatter import Scatter, core_graph, split_scatters
@@ -277,7 +277,7 @@ def _plan_layouts(graph: Graph) -> StitchPlan | Refusal:
     first = _plan_layout(graph, None)
     if isinstance(first, StitchPlan) or any(OPS[nd.op].kind in INDEX_KINDS for nd in graph.nodes):
         return first
-    axes = ask(tensor_axes, graph)
+    axes = tensor_axes(graph)
     if isinstance(axes, Refusal):
         return first   # no axes at all: no other layout either
     tried, spans = {axes.order}, axes.of

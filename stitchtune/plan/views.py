@@ -113,7 +113,7 @@ def _reductions(graph: Graph) -> list[Node]:
 
 def plain_view(graph: Graph, domain_tensor: str | None) -> Viewed | Refusal:
     """The view of a graph without index ops over :func:`tensor_axes` in ``domain_tensor``'s layout."""
-    axes = ask(tensor_axes, graph, domain_tensor)
+    axes = tensor_axes(graph, domain_tensor)
     if isinstance(axes, Refusal):
         return axes
     all_red = _reductions(graph)
@@ -166,7 +166,7 @@ def mixed_view(sur: Surrogate) -> Viewed | Refusal:
     domain = ask(chains.domain_of, real)
     if isinstance(domain, Refusal):
         return domain
-    axes = ask(tensor_axes, sur_graph)
+    axes = tensor_axes(sur_graph)
     if isinstance(axes, Refusal):
         return axes
     maps = axes.of
