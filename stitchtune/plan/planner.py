@@ -188,8 +188,9 @@ def make_plan(graph: Graph) -> StitchPlan:
 def plan_graph(graph: Graph) -> StitchPlan | Refusal:
     """The plan of ``graph``, or the :class:`Refusal` saying why it has no stitched lowering (a value:
     what a region finder asks). The answers for the last 256 graphs are remembered (the planner is a
-    function of the graph's value: equal graphs get the same answer, e.g. a region the finder judged
-    and the backend then compiles); a graph that cannot be hashed is planned each time.
+    function of the graph's value: equal graphs with the same constants get the same answer, e.g. a
+    region the finder judged and the backend then compiles); a graph that cannot be hashed is planned
+    each time.
 
     A graph with index ops (slice, concat, gather) is analysed through its surrogate
     (:class:`~stitchtune.plan.views.Surrogate`), over the right-aligned domain of its largest tensor;
@@ -219,11 +220,12 @@ def plan_graph(graph: Graph) -> StitchPlan | Refusal:
 
     A graph with ``scatter_add`` nodes is planned through its core graph, the plan listing the
     scatters (:func:`~stitchtune.plan.scatter.split_scatters`, which also names what it refuses)."""
+    key = (graph, tuple(repr(a) for nd in graph.nodes for a in nd.args if not isinstance(a, str)))
     try:
-        hash(graph)
+        hash(key)
     except TypeError:   # (a Node built by hand with a list field)
         return _plan(graph)
-    return _remembered(graph)
+    return _remembered(key)
 
 
 def _plan(graph: Graph) -> StitchPlan | Refusal:
@@ -253,7 +255,12 @@ def _plan(graph: Graph) -> StitchPlan | Refusal:
     return replace(plan, transpose=tile) if tile is not None else plan
 
 
-_remembered = functools.lru_cache(maxsize=256)(_plan)
+@functools.lru_cache(maxsize=256)
+def _remembered(key: tuple[Graph, tuple[str, ...]]) -> StitchPlan | Refusal:
+    """:func:`_plan` of ``key[0]``, remembered by the graph and the spelling of its constants
+    (``key[1]``: equal graphs may differ in them, ``0.0 == -0.0``, and a rewritten graph the plan
+    carries, :attr:`StitchPlan.moved_graph`, keeps its own)."""
+    return _plan(key[0])
 
 
 def _plan_rewritten(graph: Graph, refusal: Refusal) -> StitchPlan | Refusal:
