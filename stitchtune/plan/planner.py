@@ -42,7 +42,7 @@ different axes, a reshape that is not a split/merge of the domain axes, a diagon
 are refused with a reason naming the tensor or node; they still run on the reference executor.
 
 The planner is a pipeline of stages, each answering a value or a
-:class:`~stitchtune.plan.refusal.Refusal` (never raising: :func:`plan_graph`): **rewrites** (scatter
+:class:`~stitchtune.plan.refusal.Refusal` (no refusal is raised inside: :func:`plan_graph` returns it): **rewrites** (scatter
 cores, unit reductions, then the graph as given, its row-move and its row-view rewrites, the first
 that plans winning), **layouts** (the default domain tensor's, then the other largest tensors'),
 **views** (:mod:`stitchtune.plan.views`: plain, through the graph's
@@ -51,7 +51,6 @@ A refused graph keeps the first refusal (the graph's own, in its default layout)
 edge raises: :func:`make_plan` raises the refusal's :class:`~stitchtune.errors.UnsupportedGraphError`
 (a :class:`~stitchtune.errors.SeparateRegionsError` where it names nodes to keep apart).
 """
-
 
 from __future__ import annotations
 
