@@ -10,7 +10,7 @@ from enum import StrEnum
 
 import pytest
 
-from helpers import DEV, setup
+from helpers.lowering import DEV, setup
 from stitchtune.errors import ScheduleError, StitchtuneError
 from stitchtune.space import (COMBINE, CROSS_COMBINE, OPTIONS, ORDER, Combine, CrossCombine, Order, Schedule,
                               SearchSpace, load_space_file)

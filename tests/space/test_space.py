@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from helpers import DEV, EXAMPLES, setup, suggested
+from helpers.common import EXAMPLES
+from helpers.lowering import DEV, setup, suggested
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.errors import ScheduleError, StitchtuneError
 from stitchtune.graph.parse import load_graph, parse_graph
