@@ -205,7 +205,7 @@ class RegionKernel:
 
     def _make_launcher(self, index: int, stream: int,
                        extents: tuple[tuple[str, int], ...] | None = None) -> tuple[Any, dict[Any, Any], Any]:
-        from stitchtune.deploy.compiled import _build
+        from stitchtune.deploy.device_run import build_cubin as _build
         from stitchtune.deploy.torch_flags import GatherFlags
         from stitchtune.gpu.driver import open_driver
         from stitchtune.gpu.launch import Launcher, launch_plan
