@@ -13,7 +13,7 @@ import math
 import numpy as np
 from dataclasses import dataclass, field
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph, Node
@@ -21,7 +21,7 @@ from stitchtune.ir.kir import F32, I32, I64, INT_VTYPE, Assign, Bin, BufferRole,
 from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.ir.launches import grid_size
-from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
+from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread, sweep_counts
 from stitchtune.lower.sectors import row_sector_factor
 from stitchtune.lower.symbols import RowSymbols
 from stitchtune.graph.fast_ops import FAST_FORM
@@ -113,12 +113,12 @@ class SweepValues:
     def __init__(self, low: "Lowerer", cx: Ctx, body: list[kir.Stmt], vec: int, filled: set[str],
                  broadcast: Callable[[str], list[kir.Expr] | None], load_input: Callable[[str], list[kir.Expr]],
                  cache_index: Callable[[int], kir.Expr], smem_index: Callable[[int], kir.Expr],
-                 stats: dict[str, Any], levels: dict[str, str] | None = None) -> None:
+                 levels: dict[str, str] | None = None) -> None:
         self.low, self.cx, self.body, self.vec, self.filled = low, cx, body, vec, filled
         #: the reuse levels of this sweep's kernel (:attr:`Lowerer.kernel_reuse`); the program's by default
         self.levels = low.reuse if levels is None else levels
         self.broadcast, self.load_input = broadcast, load_input
-        self.cache_index, self.smem_index, self.stats = cache_index, smem_index, stats
+        self.cache_index, self.smem_index = cache_index, smem_index
         self.memo: dict[str, list[kir.Expr]] = {}
         self.newly: set[str] = set()
         #: the values of an index-op node (slice / concat / gather), set by the family's sweep
@@ -179,8 +179,6 @@ class SweepValues:
                 expr = Bin("*", argv[0][j], recip) if recip is not None else low.expr_of_node(nd, [a[j] for a in argv])
                 self.body.append(Assign(v, expr))
                 vals.append(v)
-            self.stats["flops"] += (1 if recip is not None else OPS[nd.op].flops) * vec
-            self.stats["sfu"] += (0 if recip is not None else OPS[nd.op].sfu) * vec
         if low.cls[name] is TensorClass.FULL and level in (ReuseLevel.REGISTER, ReuseLevel.SHARED):
             for j in range(vec):
                 if level == ReuseLevel.REGISTER:
@@ -224,6 +222,10 @@ class Lowerer:
         #: (:mod:`stitchtune.lower.liveness`; set by the family's sizing, one kernel of ``reuse`` before)
         self.kernel_reuse: list[dict[str, str]] = [self.reuse]
         self.gather_tables = {nd.args[0] for nd in graph.nodes if nd.op == "gather"}
+        #: the input buffers whose sweeps' reads a kernel profile counts (:func:`stitchtune.lower.counts.sweep_counts`):
+        #: the full-size inputs and the gather tables
+        self.swept_inputs = frozenset(b.name for b in self.buffers if b.role == BufferRole.INPUT and (
+            self.cls.get(b.tensor) is TensorClass.FULL or b.tensor in self.gather_tables))
         #: the heads of layout chains of inputs (:func:`~stitchtune.plan.chains.composed_chains`): loaded by
         #: the chain's index arithmetic (:mod:`stitchtune.lower.remap`), also where a sweep reads them as they are
         self.chain_heads = frozenset(composed_chains(graph))
@@ -564,13 +566,19 @@ class Lowerer:
 
     # -- analytic profile -------------------------------------------------------------------------
     def profile(self, kern: kir.Kernel, grid: int, rounds: int, smem_bytes: int, est_regs: int,
-                stats: dict[str, Any], ki: int) -> kir.KernelProfile:
+                ki: int) -> kir.KernelProfile:
+        """The profile of kernel ``ki`` (``kern``, launched on ``grid`` blocks for ``rounds`` rounds):
+        what its sweeps read, compute and synchronise counted in its IR
+        (:func:`~stitchtune.lower.counts.sweep_counts`, :func:`~stitchtune.lower.counts.kern_barriers`,
+        :func:`~stitchtune.lower.counts.scratch_loads_per_thread`), in bytes and operations through the
+        plan's sizes: a sweep's float operations per vector step stand for ``M * N / vec`` steps."""
         p, s = self.p, self.s
         elems = p.M * p.N
         specs = {b.name: b for b in self.buffers}
+        counts = sweep_counts(kern, self.swept_inputs)
         dram_read = 0.0
         reread = 0.0
-        for buf, n in stats["reads"].items():
+        for buf, n in counts.reads.items():
             b = specs[buf]
             size = self.read_bytes(b) * self.sector_factor(b)
             if ki == 0:
@@ -588,8 +596,8 @@ class Lowerer:
                      for pp in kern.params if pp.role == BufferRole.OUTPUT)
         scratch = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == BufferRole.SCRATCH)
         ws = self.tasks_in_flight_bytes(grid) if ki == 0 else max(
-            (specs[b].nbytes for b in stats["reads"]), default=0)
-        elem_bytes = min((kir.ELEM_BYTES[specs[b].dtype] for b in stats["reads"]), default=4)
+            (specs[b].nbytes for b in counts.reads), default=0)
+        elem_bytes = min((kir.ELEM_BYTES[specs[b].dtype] for b in counts.reads), default=4)
         # up to 4 vector loads of the sweep in flight per thread, register-cached or not (what the
         # measured H200 rows show, scripts/model_quality.py)
         in_flight = s.vec * elem_bytes * min(self.iters, 4)
@@ -600,7 +608,7 @@ class Lowerer:
             name=kern.name, grid=grid, block=s.block, smem_bytes=smem_bytes, est_registers=est_regs,
             dram_read_bytes=int(dram_read), dram_write_bytes=int(writes + scratch),
             reread_bytes=int(reread + scratch), reread_working_set=int(ws),
-            flops=int(stats["flops"] * elems / max(1, s.vec)), sfu_ops=int(stats["sfu"] * elems / max(1, s.vec)),
+            flops=int(counts.flops * elems / max(1, s.vec)), sfu_ops=int(counts.sfu * elems / max(1, s.vec)),
             block_barriers=int(rounds * kern_barriers(kern)), grid_barriers=int(rounds * sum(
                 1 for st in kir.walk(kern.body) if isinstance(st, kir.GridSync))),
             atomics=0, bytes_in_flight_per_thread=int(in_flight),

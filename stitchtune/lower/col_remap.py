@@ -42,14 +42,13 @@ class ColRemapValues:
     """The values of one column sweep's index-op nodes (module docstring). ``low``: the column
     lowerer; ``cx`` / ``body``: the kernel's names and the sweep's loop body; ``sv``: the sweep's
     values; ``r``: the sweep's row (may pass ``M - 1`` where ``valid`` is false), ``c0``: the thread's
-    first column (clamped to ``N - vec``), ``valid``: the element is the sweep's; ``reads``: the
-    kernel's read counts by buffer (one per sweep for each buffer a shifted load reads), ``uses``: the
-    buffers the kernel reads."""
+    first column (clamped to ``N - vec``), ``valid``: the element is the sweep's; ``uses``: the
+    buffers the kernel reads (the profile counts the sweep's reads in its IR: :mod:`stitchtune.lower.counts`)."""
 
     def __init__(self, low: Lowerer, cx: Ctx, body: list[kir.Stmt], sv: SweepValues, r: kir.Expr, c0: kir.Expr,
-                 valid: kir.Expr, reads: dict[str, int], uses: set[str]) -> None:
+                 valid: kir.Expr, uses: set[str]) -> None:
         self.low, self.cx, self.body, self.sv = low, cx, body, sv
-        self.r, self.c0, self.valid, self.reads, self.uses = r, c0, valid, reads, uses
+        self.r, self.c0, self.valid, self.uses = r, c0, valid, uses
         self.vec = low.s.vec
         self.domain = domain_of(low.g)
         self.chains = composed_chains(low.g)
@@ -62,7 +61,6 @@ class ColRemapValues:
         self.row_axes = tuple(a for a in range(D) if a in reduced)
         self.col_axes = tuple(a for a in range(D) if a not in reduced)
         self.memo: dict[tuple[str, Shift], list[kir.Expr]] = {}
-        self.counted: set[str] = set()
 
     def node_value(self, name: str) -> list[kir.Expr]:
         """The ``vec`` values of index-op node (or chain head) ``name`` at the sweep's element."""
@@ -143,9 +141,6 @@ class ColRemapValues:
 
     def _read(self, buf: str) -> None:
         self.uses.add(buf)
-        if buf not in self.counted:
-            self.counted.add(buf)
-            self.reads[buf] = self.reads.get(buf, 0) + 1
 
     def load(self, name: str, sh: Shift) -> list[kir.Expr]:
         """Input ``name`` (full-size) at ``p + delta``: its map's address of element ``(r, c)`` plus the

@@ -82,7 +82,7 @@ def _node_axis(nd: Node) -> int:
 
 class RemapValues:
     """The values of one sweep's index-op nodes (module docstring). ``kern`` is the row kernel
-    (``low``, ``ix``, ``cx``, ``rb``, ``uses``, ``stats``, ``f_index``), ``sw`` the sweep, ``sv`` its
+    (``low``, ``ix``, ``cx``, ``rb``, ``uses``, ``f_index``), ``sw`` the sweep, ``sv`` its
     :class:`~stitchtune.lower.base.SweepValues`."""
 
     def __init__(self, kern: RowKernelBuilder, sw: RowSweep, sv: SweepValues) -> None:
@@ -101,7 +101,6 @@ class RemapValues:
         self.row_axes, self.col_axes = ((tuple(range(D - 1)), (D - 1,)) if self.mixed else
                                         split_axes(self.domain, self.p.M))
         self.memo: dict[tuple[str, Shift], list[kir.Expr]] = {}
-        self.reads_before = dict(kern.stats["reads"])  # what earlier sweeps read
 
     # -- entry -----------------------------------------------------------------------------------
     def node_value(self, name: str) -> list[kir.Expr]:
@@ -255,20 +254,11 @@ class RemapValues:
             v = self.k.cx.var(f"t{low.tid_of[nd.id]}_", F32)
             self.sw.body.append(Assign(v, low.expr_of_node(nd, [x[j] for x in argv])))
             vals.append(v)
-        self.k.stats["flops"] += OPS[nd.op].flops * vec
-        self.k.stats["sfu"] += OPS[nd.op].sfu * vec
         return vals
 
     # -- loads -----------------------------------------------------------------------------------
     def _check_bounds(self, who: str, shape: tuple[int, ...], sh: Shift) -> int:
         return shift_offset(who, shape, sh, self.domain)
-
-    def _count(self, buf: str) -> None:
-        """One read of ``buf`` by this sweep, however many shifted loads it makes (they hit the
-        same row, in L1/L2); a load of the same buffer by the sweep itself may count it once more."""
-        reads = self.k.stats["reads"]
-        if reads.get(buf, 0) == self.reads_before.get(buf, 0):
-            reads[buf] = reads.get(buf, 0) + 1
 
     def _outer(self, sh: Shift) -> bool:
         """In a mixed region: ``sh`` shifts or limits an outer axis (loads in row-major strides)."""
@@ -296,7 +286,6 @@ class RemapValues:
         if low.cls[name] is TensorClass.FULL:
             base = self.k.f_index(self.k.ix.row, self.sw.k0, name)
             row_ok = all(f.stride % self.vec == 0 for f in im.rows.factors)
-            self._count(buf)
         else:  # per-column input: varies along the columns only
             base = self.sw.k0
             row_ok = True
@@ -309,8 +298,6 @@ class RemapValues:
         low = self.low
         full = low.cls[name] is TensorClass.FULL
         rowb = low.row_base(name, Bin("min", self.k.ix.row, low.m_last())) if full else I(0)
-        if full:
-            self._count(buf)
         out: list[kir.Expr] = []
         for j in range(self.vec):
             v = self.k.cx.var("g", F32)
@@ -332,7 +319,6 @@ class RemapValues:
         self._check_bounds(head, self.g.spec(head).shape, sh)
         buf = self.low.in_buf[chain[-1]]
         self.k.uses["in"].add(buf)
-        self._count(buf)
         if self._chain_contiguous(chain, sh):
             return self._emit(buf, self._chain_offset(chain, sh, 0), sh, True, None)
         out: list[kir.Expr] = []
@@ -393,7 +379,6 @@ class RemapValues:
         gi = self.k_gather_row(nd)
         buf = self.low.in_buf[table]
         self.k.uses["in"].add(buf)
-        self._count(buf)
         base = add(mul(Bin("max", gi, I(0)), I(self.p.N)), add(self.sw.k0, I(delta)))
         return self._emit(buf, base, sh, self.p.N % self.vec == 0 and delta % self.vec == 0,
                           Bin(">=", gi, I(0)))

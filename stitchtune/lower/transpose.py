@@ -165,7 +165,6 @@ class _TransposeKernel:
         self.grid = low.grid_for(tasks, low.s.block, self.smem, est, 1, False)
         self.rounds = math.ceil(tasks / self.grid)
         self.uses: dict[str, set[str]] = {"in": set(), "out": set()}
-        self.stats: dict[str, Any] = {"flops": 0, "sfu": 0, "reads": {}}
         cx = self.cx
         self.lane, self.warp = cx.var("lane", I32), cx.var("warp", I32)
         self.rd, self.tv = cx.var("rd", I32), cx.var("tv", kir.BOOL)
@@ -217,13 +216,12 @@ class _TransposeKernel:
         def load_input(name: str) -> list[kir.Expr]:
             buf = low.in_buf[name]
             self.uses["in"].add(buf)
-            self.stats["reads"][buf] = 1
             return low.mapped_load(cx, body, name, low.row_base(name, row), c, pred, f"x{low.tid_of[name]}_")
 
         def nothing(j: int) -> kir.Expr:
             raise AssertionError("no reuse cache in a tiled transpose")
 
-        sv = SweepValues(low, cx, body, vec, set(), lambda n: None, load_input, nothing, nothing, self.stats)
+        sv = SweepValues(low, cx, body, vec, set(), lambda n: None, load_input, nothing, nothing)
         for name in dict.fromkeys(low.g.outputs):
             vals = sv.value(name)
             if name in low.tile.outputs:
@@ -267,5 +265,5 @@ class _TransposeKernel:
         rb = self.task() + [self.load_phase(), kir.Barrier(), self.store_phase(), kir.Barrier()]
         body = head + [kir.For(self.rd, I(0), I(self.rounds), 1, tuple(rb))]
         kern = low.make_kernel(0, self.uses, self.cx, body, self.shared, [], False)
-        prof = low.profile(kern, self.grid, self.rounds, self.smem, self.est, self.stats, 0)
+        prof = low.profile(kern, self.grid, self.rounds, self.smem, self.est, 0)
         return kern, prof
