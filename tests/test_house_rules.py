@@ -28,8 +28,6 @@ KNOWN_LARGE: frozenset[str] = frozenset({
     "graph/ops.py",
     "graph/parse_node.py",
     "ir/kir.py",
-    "lower/base.py",
-    "lower/remap.py",
 })
 
 #: import circles today (the list may only shrink), both through deferred imports, left for the deploy

@@ -62,7 +62,7 @@ class Launch:
 class KernelProfile:
     """What the cost model needs to know about one launch: counted in the kernel's IR (its sweeps'
     reads and operations, barriers, scratch loads: :mod:`stitchtune.lower.counts`) and sized through
-    the plan by the lowering (:meth:`stitchtune.lower.base.Lowerer.profile`)."""
+    the plan by the lowering (:func:`stitchtune.lower.profile.kernel_profile`)."""
 
     name: str
     grid: int

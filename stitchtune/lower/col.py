@@ -29,7 +29,9 @@ from stitchtune.ir.launches import LaunchShape
 from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select, Var
-from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul, SweepValues, estimate_registers
+from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul, estimate_registers
+from stitchtune.lower.profile import kernel_profile
+from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.col_remap import ColRemapValues
 from stitchtune.lower.counts import loads_from, sweep_reads
 from stitchtune.lower.liveness import col_sweeps, kernel_levels, merged_levels, node_args
@@ -457,7 +459,7 @@ class _ColKernel:
         self.body.append(kir.For(self.ix.rd, I(0), I(lay.rounds), 1, tuple(self.rb)))
         kern = low.make_kernel(self.ki, self.uses, self.cx, self.body, list(lay.shared), list(lay.locals_),
                                lay.needs_sync)
-        return kern, low.profile(kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.ki)
+        return kern, kernel_profile(low, kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.ki)
 
 
 def lower_col(graph: Graph, plan: StitchPlan, schedule: Schedule, device: Device,

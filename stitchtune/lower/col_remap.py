@@ -15,7 +15,7 @@ element-wise node is computed from its arguments at the same shift, a value that
 the columns (one per row, a scalar) is the sweep's own, an input is loaded at its map's address of
 element ``(r, c)`` plus the delta in its own strides (:func:`~stitchtune.plan.shift.shift_offset`), a
 layout chain's head through the chain's index arithmetic
-(:func:`~stitchtune.lower.remap.chain_offset`). Every shifted load is one scalar load per lane,
+(:func:`~stitchtune.lower.index_chain.chain_offset`). Every shifted load is one scalar load per lane,
 predicated on the sweep's validity and the shift's conditions (a masked lane reads nothing and its
 value is never selected), so no access leaves a tensor. With no shift, the sweep's own values are used
 (caches included).
@@ -28,8 +28,9 @@ from math import prod
 from stitchtune.graph.ops import OPS, INDEX_KINDS
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, Assign, Bin, Load, Select
-from stitchtune.lower.base import I, Ctx, Lowerer, SweepValues, add
-from stitchtune.lower.remap import chain_offset
+from stitchtune.lower.base import I, Ctx, Lowerer, add
+from stitchtune.lower.sweep_values import SweepValues
+from stitchtune.lower.index_chain import chain_offset
 from stitchtune.plan.chains import composed_chains, domain_of
 from stitchtune.plan.family import Family
 from stitchtune.plan.pick import node_axis
@@ -160,7 +161,7 @@ class ColRemapValues:
 
     def composed(self, head: str, sh: Shift) -> list[kir.Expr]:
         """Chain head ``head`` at ``p + delta``: each lane's coordinates in the head carried back
-        through the chain to the input's offset (:func:`~stitchtune.lower.remap.chain_offset`)."""
+        through the chain to the input's offset (:func:`~stitchtune.lower.index_chain.chain_offset`)."""
         low = self.low
         chain = self.chains[head]
         hshape = low.g.spec(head).shape

@@ -18,14 +18,17 @@ from typing import Iterator
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Var
 from stitchtune.lower import single_pass as sp
-from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul, SweepValues
+from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul
+from stitchtune.lower.profile import kernel_profile
+from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.builder import RowIndex, RowLayout, RowSweep
 from stitchtune.lower.cluster import STATE_SLOTS, cluster_counts, cluster_shared, cluster_size
 from stitchtune.lower.counts import loads_from, sweep_reads
 from stitchtune.lower.cross import (atomic_counts, cross_accumulate, cross_accumulate_rows, cross_epilogue,
                                     cross_init, cross_layout)
 from stitchtune.lower.exchange import combine_partials, exchange
-from stitchtune.lower.remap import RemapValues, pick_value
+from stitchtune.lower.gather import pick_value
+from stitchtune.lower.remap import RemapValues
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import ReuseLevel, Schedule
@@ -192,7 +195,7 @@ class RowKernel:
 
     def compute_p_nodes(self) -> None:
         """Compute the per-row and scalar nodes whose reductions are all available, and the picks
-        (``gather_elements``, :func:`~stitchtune.lower.remap.pick_value`) whose per-row values are."""
+        (``gather_elements``, :func:`~stitchtune.lower.gather.pick_value`) whose per-row values are."""
         picks = [nd for nd in self.low.g.nodes if nd.op == "gather_elements"]
         while True:
             for nd in picks:
@@ -473,7 +476,7 @@ class RowKernel:
         if self.is_last and low.p.cross:
             self.body.extend(cross_epilogue(self))
         kern = low.make_kernel(self.ki, self.uses, self.cx, self.body, list(lay.shared), locals_, lay.needs_sync)
-        prof = low.profile(kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.ki)
+        prof = kernel_profile(low, kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.ki)
         if self.is_last and low.p.cross:
             prof = self.cross_profile(prof)
         if lay.cluster > 1:  # launched as thread-block clusters (stitchtune.lower.cluster)

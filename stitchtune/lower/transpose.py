@@ -6,7 +6,7 @@ fixed outer / inner row coordinates ``(hi, lo)`` (view row ``r = (hi * dim + t) 
 task, two phases separated by a block barrier:
 
 1. **load** (coalesced along ``c``): the element-wise values at ``(r, c)`` computed as the
-   element-wise kernel computes them (:class:`~stitchtune.lower.base.SweepValues`), each lane ``vec``
+   element-wise kernel computes them (:class:`~stitchtune.lower.sweep_values.SweepValues`), each lane ``vec``
    adjacent columns; a warp covers 32 columns x ``vec`` rows of the tile (``32 / vec`` lanes per row:
    every global row segment a whole number of sectors). The transposed outputs go to their tile
    ``tp<j>[t][c]`` in shared memory, every other output is stored at once through its map.
@@ -34,7 +34,9 @@ from typing import Any
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Var
 from stitchtune.ir.launches import LaunchShape
-from stitchtune.lower.base import I, Ctx, Lowerer, SweepValues, add, and_, estimate_registers, mul
+from stitchtune.lower.base import I, Ctx, Lowerer, add, and_, estimate_registers, mul
+from stitchtune.lower.profile import kernel_profile
+from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.sectors import sector_factor_of
 from stitchtune.plan.transpose import TransposeTile
 
@@ -265,5 +267,5 @@ class _TransposeKernel:
         rb = self.task() + [self.load_phase(), kir.Barrier(), self.store_phase(), kir.Barrier()]
         body = head + [kir.For(self.rd, I(0), I(self.rounds), 1, tuple(rb))]
         kern = low.make_kernel(0, self.uses, self.cx, body, self.shared, [], False)
-        prof = low.profile(kern, self.grid, self.rounds, self.smem, self.est, 0)
+        prof = kernel_profile(low, kern, self.grid, self.rounds, self.smem, self.est, 0)
         return kern, prof
