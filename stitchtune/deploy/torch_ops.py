@@ -115,7 +115,7 @@ class RegionKernel:
     _graphs: dict[Any, Any] = field(default_factory=dict, repr=False)   # extents -> Graph (generic)
 
     def __post_init__(self) -> None:
-        from stitchtune.lower.remap import gather_flag_buffers
+        from stitchtune.lower.gather import gather_flag_buffers
 
         self._gathers = bool(gather_flag_buffers(self.compiled.program))
 
@@ -209,7 +209,7 @@ class RegionKernel:
         from stitchtune.deploy.torch_flags import GatherFlags
         from stitchtune.gpu.driver import open_driver
         from stitchtune.gpu.launch import Launcher, launch_plan
-        from stitchtune.lower.remap import gather_flag_buffers
+        from stitchtune.lower.gather import gather_flag_buffers
 
         stand_in = _STAND_IN[0]
         cubin = self.compiled.cubin
