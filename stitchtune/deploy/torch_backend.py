@@ -439,7 +439,9 @@ def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, 
             opts.reraise(exc)
             log.warning("stitchtune: Inductor failed on the %s graph (%s: %s); running it eagerly",
                         kind, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-    return graphs.wrap(make_boxed_func(gm.forward), gm, example_inputs, kind)
+    from stitchtune.deploy.torch_fast import direct_calls
+
+    return graphs.wrap(make_boxed_func(direct_calls(gm).forward), gm, example_inputs, kind)
 
 
 # ---------------------------------------------------------------------------- the backend

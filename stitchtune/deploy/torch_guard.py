@@ -128,7 +128,7 @@ class GuardedRegion:
         if any(t.device != device for t in raw):
             return None
         consts = self._held_on.get(device, []) if self.held else []
-        return self.kernel.fast_path(device, tuple((i, t) for (i, _), t in zip(self.held, consts)))
+        return self.kernel.fast_path(device, tuple((i, t) for (i, _), t in zip(self.held, consts)), inputs)
 
     def eager(self, inputs: Sequence[Any]) -> list[Any]:
         """The region's outputs computed by its ATen ops, laid out as the kernel writes them."""

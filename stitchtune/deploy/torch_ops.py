@@ -284,7 +284,8 @@ class RegionKernel:
 
         inputs = [t if t.data_ptr() % ALIGN == 0 else t.clone() for t in inputs]
         dev = device if device is not None else inputs[0].device
-        ext = None if self.sym is None else self.at(inputs)[1]
+        g, ext = self.at(inputs)
+        _check_sizes(g, inputs)
         outs = self.empty_outputs(dev, inputs, ext)
         ptrs = tuple([t.data_ptr() for t in inputs] + [t.data_ptr() for t in outs])
         if dev.type == "cuda":
@@ -329,20 +330,34 @@ class RegionKernel:
         """Whether calls on ``device`` go through the launch path (CUDA, a given driver or a stand-in)."""
         return device.type == "cuda" or self.driver is not None or _STAND_IN[0] is not None
 
-    def fast_path(self, device: Any, held: Sequence[tuple[int, Any]] = ()) -> Any:
+    def fast_path(self, device: Any, held: Sequence[tuple[int, Any]] = (), first: Sequence[Any] = ()) -> Any:
         """A :class:`~stitchtune.deploy.torch_fast.FastCall` for later calls on ``device`` (with the
-        ``held`` constants inserted), or None where every call needs the full path (a generic kernel,
-        permuted or windowed inputs, the emulator)."""
+        ``held`` constants inserted) whose inputs are like ``first`` (the inputs, held ones included, of
+        a call that ran the full path: shapes, dtypes, device), or None where every call needs the full
+        path (a generic kernel, permuted or windowed inputs, the emulator)."""
         if (self.sym is not None or any(p is not None for p in self.in_perms)
                 or any(w is not None for w in self.in_windows) or not self.launches_on(device)):
             return None
         from stitchtune.deploy.torch_fast import FastCall
 
-        return FastCall(self, device, held)
+        return FastCall(self, device, held, first)
 
     def fake(self, inputs: Sequence[Any], device: Any = None) -> list[Any]:
         """The op's fake (meta) result: empty outputs on ``device`` (default: the first input's)."""
         return self.empty_outputs(_device_of(inputs, device), inputs)
+
+
+def _check_sizes(g: Any, inputs: Sequence[Any]) -> None:
+    """Raise when an input has not the elements and element size its graph input has (PyTorch may
+    hold it with other leading 1s): the kernels would read past its end."""
+    from stitchtune.graph.values import ITEMSIZE
+
+    if len(inputs) != len(g.inputs):
+        raise RegionError(f"{len(inputs)} input(s) given, the region reads {len(g.inputs)}")
+    for i, ((name, spec), t) in enumerate(zip(g.inputs, inputs)):
+        if t.numel() != spec.numel or t.element_size() != ITEMSIZE[spec.dtype]:
+            raise RegionError(f"input {i} ({name}): {list(t.shape)} {t.dtype}, the region reads "
+                              f"{list(spec.shape)} {spec.dtype}")
 
 
 def _windowed(window: Any, t: Any) -> Any:
