@@ -214,6 +214,36 @@ def cpu_mode(shape: tuple[int, ...], iters: int) -> None:
           f"(these four interleaved, fastest of 9 runs each)")
 
 
+def cpu_dynamic(shape: tuple[int, ...], iters: int) -> None:
+    """The same region compiled with ``dynamic=True`` (a generic kernel, its extents bound as
+    arguments): its call as the compiled graph makes it (the thin path kept for these shapes) next
+    to the do-nothing op, interleaved."""
+    import torch
+
+    from stitchtune.deploy import torch_ops
+    from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel
+
+    torch._dynamo.reset()
+    model = Residual.make(shape[-1]).eval()
+    x, res = torch.randn(*shape), torch.randn(*shape)
+    drv = _null_driver()
+    with torch_ops.stand_in_driver(drv, lambda compiled: b"FAKE cubin: host-path benchmark"), torch.no_grad():
+        compiled = torch.compile(model, backend="stitchtune", dynamic=True, options={"db": None, "fallback": "eager"})
+        compiled(x, res)
+        keys = [k for k, g in torch_ops._registry.items() if isinstance(getattr(g, "kernel", g), DynamicRegionKernel)]
+        if not keys:
+            print("  (dynamic=True: no region with symbolic shapes was stitched; not measured)")
+            return
+        key = keys[-1]
+        inputs = _region_inputs(compiled, (x, res), key)
+        direct, noop = torch_ops.region_op, _noop_op().default
+        direct(key, inputs)
+        ours, floor = _paired_us(lambda: direct(key, inputs), lambda: noop(key, inputs), iters=iters)
+    print(f"  {ours:9.2f} us  dynamic=True: the region call (generic kernel, thin path per input shapes)")
+    print(f"  {floor:9.2f} us  a do-nothing torch.library custom op (interleaved with the row above)")
+    print(f"  dynamic region call / do-nothing op: {ours / floor:.2f}x")
+
+
 def _noop_op(name: str = "noop") -> Any:
     """``stitchtune_bench::noop(str key, Tensor[] inputs) -> Tensor[]``: a plain torch.library custom op,
     defined and implemented as ``stitchtune::region`` is, that returns no tensor (the dispatcher's floor);
@@ -322,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
             gpu_mode(shape, args.iters, args.db)
         else:
             cpu_mode(shape, args.iters)
+    if not gpu:
+        cpu_dynamic(shapes[0], args.iters)
     return 0
 
 

@@ -421,6 +421,10 @@ def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, 
 
             from torch._inductor import config as inductor_config
 
+            from stitchtune.deploy.torch_fast import inductor_direct_calls
+
+            inductor_direct_calls()   # its wrapper calls the regions without the dispatcher
+
             rest = _redecompose(gm, example_inputs)
             kwargs: dict[str, Any] = {"is_backward": kind == "backward", "is_inference": kind == "inference"}
             layout = kind == "backward" and channels_last_conv_backward(rest)

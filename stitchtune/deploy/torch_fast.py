@@ -35,10 +35,10 @@ import threading
 from collections.abc import Sequence
 from functools import reduce
 from itertools import starmap
-from operator import or_
+from operator import attrgetter, or_
 from typing import Any
 
-__all__ = ["FastCall", "Rebound", "direct_calls"]
+__all__ = ["FastCall", "Rebound", "ShapeCalls", "direct_calls"]
 
 
 class Rebound:
@@ -83,11 +83,11 @@ class _Stream:
 
     __slots__ = ("launches", "args", "flags", "launcher", "activation", "launch")
 
-    def __init__(self, kernel: Any, index: int, stream: int, pointers: tuple[int, ...]) -> None:
+    def __init__(self, kernel: Any, index: int, stream: int, pointers: tuple[int, ...], ext: Any = None) -> None:
         launcher, _ = kernel.launcher(index, stream)
         self.flags = kernel._launchers[(index, stream)][2]
-        g = kernel.graph
-        self.args = Rebound(launcher, [n for n, _ in g.inputs] + list(g.outputs), pointers)
+        g = kernel._graph_at(ext)
+        self.args = Rebound(launcher, [n for n, _ in g.inputs] + list(g.outputs), pointers, ext)
         bound = self.args.bound
         self.launches = tuple((func, grid, block, smem, params, n, coop)
                               for (func, grid, block, smem, coop), (params, n) in zip(launcher._calls, bound.params))
@@ -104,7 +104,7 @@ class FastCall:
     contiguous and 16-byte aligned, or the call takes the slow path (returns None)."""
 
     def __init__(self, kernel: Any, device: Any, held: Sequence[tuple[int, Any]] = (),
-                 first: Sequence[Any] = ()) -> None:
+                 first: Sequence[Any] = (), ext: Any = None, order: Sequence[int] | None = None) -> None:
         import torch
 
         global _data_ptr
@@ -113,7 +113,10 @@ class FastCall:
         self.kernel = kernel
         self.device = device
         self.held = tuple(held)
-        self.specs = tuple(kernel.empty_outputs_specs())
+        self.ext = ext   # a generic kernel's extents (sorted (name, value) pairs): bound as arguments
+        self.specs = tuple(kernel.empty_outputs_specs(ext))
+        #: which of the kernel's outputs the call returns, in its order (None: all, as they are)
+        self.order = None if order is None or tuple(order) == tuple(range(len(self.specs))) else tuple(order)
         heldpos = {i for i, _ in self.held}
         given = [t for i, t in enumerate(first) if i not in heldpos]
         #: per input the op receives: (shape, dtype) it must have (a static region's never change)
@@ -140,6 +143,7 @@ class FastCall:
         self._streams: dict[int, _Stream] = {}
         self._lock = threading.Lock()
         self._when = "at its next call (an earlier call's kernels met it)"
+        self.calls = 0   # calls that launched (counted under the lock)
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any] | None:
         if len(inputs) != self.n or not self.guard(*inputs):
@@ -162,9 +166,10 @@ class FastCall:
         if reduce(or_, ptrs, 0) & 15:   # a pointer not 16-byte aligned (a view at an odd offset)
             return None
         with self._lock:
+            self.calls += 1
             st = self._streams.get(stream)
             if st is None:
-                st = self._streams[stream] = _Stream(self.kernel, index, stream, tuple(ptrs))
+                st = self._streams[stream] = _Stream(self.kernel, index, stream, tuple(ptrs), self.ext)
             flags = st.flags
             if flags is not None:
                 flags.raise_if_set(self._when)
@@ -177,7 +182,48 @@ class FastCall:
                     launch(func, grid, block, smem, stream, params, n, coop)
         if self._sync and flags is not None:
             self.kernel._sync_check(st.launcher, flags, stream)
+        if self.order is not None:
+            return [outs[i] for i in self.order]
         return outs
+
+
+class ShapeCalls:
+    """The thin paths of a region with symbolic shapes (a
+    :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel`): one :class:`FastCall` per
+    input shapes met, at most ``limit`` (the oldest dropped), None for shapes that need the full path
+    (no kernel, the emulator). A call returns None (the full path) for shapes without one; each thin
+    call is a cache hit of the region: :attr:`hits`, which ``counter`` (a
+    :class:`~stitchtune.deploy.torch_stats.RegionCounter`) adds to its own at a snapshot."""
+
+    def __init__(self, counter: Any = None, limit: int = 64) -> None:
+        self.calls: dict[Any, FastCall | None] = {}
+        self.limit = limit
+        self._dropped = 0   # the calls of thin paths dropped from the cache
+        if counter is not None:
+            counter.thin.append(self)
+
+    @property
+    def hits(self) -> int:
+        """Calls that took a thin path."""
+        return self._dropped + sum(c.calls for c in list(self.calls.values()) if c is not None)
+
+    @staticmethod
+    def key(inputs: Sequence[Any]) -> tuple[Any, ...]:
+        """The shapes of ``inputs`` (the op's arguments), as calls are kept by."""
+        return tuple(map(_shape, inputs))
+
+    def add(self, inputs: Sequence[Any], call: FastCall | None) -> None:
+        if len(self.calls) >= self.limit:
+            old = self.calls.pop(next(iter(self.calls)))
+            self._dropped += old.calls if old is not None else 0
+        self.calls[self.key(inputs)] = call
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any] | None:
+        call = self.calls.get(tuple(map(_shape, inputs)))
+        return None if call is None else call(inputs)
+
+
+_shape = attrgetter("shape")
 
 
 def _tensor_guard(first: Sequence[Any]) -> Any:
@@ -238,3 +284,36 @@ def direct_calls(gm: Any) -> Any:
         if n.op == "call_function" and n.target is op:
             n.target = region_op
     return torch.fx.GraphModule(gm, graph)
+
+
+#: the name the Inductor-generated wrapper calls :func:`~stitchtune.deploy.torch_ops.region_op` by
+DIRECT_NAME = "stitchtune_region_op"
+
+
+def inductor_direct_calls() -> bool:
+    """Make Inductor's Python wrapper call :func:`~stitchtune.deploy.torch_ops.region_op` directly for
+    each ``stitchtune::region`` call (``stitchtune_region_op(key, [inputs])``, imported once at the top
+    of the generated module) instead of ``torch.ops.stitchtune.region.default`` through the dispatcher,
+    through Inductor's registry of custom extern-kernel codegen. Idempotent; False (the dispatcher path
+    stays) where this torch has no such registry."""
+    try:
+        from torch._inductor.codegen import custom_extern_kernel_codegen as custom
+        from torch._inductor.codegen.wrapper import ExternKernelAllocLine
+        from torch._inductor.virtualized import V
+    except ImportError:
+        return False
+    registry = getattr(custom, "CUSTOM_EXTERN_KERNEL_CODEGEN", None)
+    if registry is None:
+        return False
+    name = "torch.ops.stitchtune.region.default"
+    if name in registry:
+        return True
+
+    def codegen(node: Any, writeline: Any) -> None:
+        wrapper = V.graph.wrapper_code
+        wrapper.add_import_once(f"from stitchtune.deploy.torch_ops import region_op as {DIRECT_NAME}")
+        node.python_kernel_name = DIRECT_NAME
+        writeline(ExternKernelAllocLine(wrapper, node))
+
+    registry[name] = custom.CustomCodegen(python=codegen)
+    return True

@@ -120,3 +120,56 @@ def test_the_compiled_graph_calls_its_regions_without_the_dispatcher(region) -> 
             torch.ops.stitchtune.region.default(key, _inputs(guarded))
         assert [e.name for e in prof.events() if "stitchtune::region" in e.name]
         assert drv.launched == before + 2
+
+
+def test_a_region_with_symbolic_shapes_gets_a_thin_path_per_shapes(fresh_backend, monkeypatch) -> None:
+    from stitchtune.deploy.torch_fast import ShapeCalls
+    from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel
+
+    drv = CountingDriver()
+    model = AddLN().eval()
+    with torch_ops.stand_in_driver(drv, lambda compiled: b"FAKE thin-path test"), torch.no_grad():
+        compiled = torch.compile(model, backend="stitchtune", dynamic=True,
+                                 options={"db": None, "fallback": "eager"})
+        rows = (3, 9, 17)
+        for n in rows:
+            compiled(torch.randn(n, H), torch.randn(n, H))   # the full path, then a thin one kept
+        guarded = [g for g in torch_ops._registry.values() if isinstance(g.kernel, DynamicRegionKernel)][-1]
+        calls = guarded._fast
+        assert isinstance(calls, ShapeCalls)
+        kept = [c for c in calls.calls.values() if c is not None]
+        assert len(kept) == len(rows) and all(c.ext for c in kept)   # generic kernels, extents bound
+
+        def no_full_path(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("the full path ran")
+
+        monkeypatch.setattr(DynamicRegionKernel, "__call__", no_full_path)
+        before = drv.launched
+        for n in rows:
+            out = compiled(torch.randn(n, H), torch.randn(n, H))
+            assert out.shape == (n, H)
+        assert drv.launched == before + len(rows)
+
+
+def test_inductors_wrapper_calls_the_regions_without_the_dispatcher(fresh_backend) -> None:
+    """fallback="inductor": the generated wrapper calls ``stitchtune_region_op`` (imported from
+    torch_ops), not ``torch.ops.stitchtune.region.default``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from stitchtune.deploy.torch_fast import inductor_direct_calls
+
+    if not inductor_direct_calls():
+        pytest.skip("this torch has no custom extern-kernel codegen registry")
+    drv = CountingDriver()
+    model = AddLN().eval()
+    args = (torch.randn(8, H), torch.randn(8, H))
+    with torch_ops.stand_in_driver(drv, lambda compiled: b"FAKE thin-path test"), torch.no_grad():
+        compiled = torch.compile(model, backend="stitchtune", options={"db": None, "fallback": "inductor"})
+        compiled(*args)
+        compiled(*args)
+        before = drv.launched
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = compiled(*args)
+    assert out.shape == (8, H)
+    assert drv.launched == before + 1
+    assert not [e.name for e in prof.events() if "stitchtune::region" in e.name]
