@@ -1,21 +1,26 @@
 """Per-call overhead of ``torch.compile(model, backend="stitchtune")``'s custom op.
 
-    python scripts/torch_overhead.py [--shape 16384x1024] [--iters 1000] [--db DIR] [--cpu]
+    python scripts/torch_overhead.py [--shape 16384x1024[,...]] [--iters 1000] [--db DIR] [--cpu]
 
-The model is a LayerNorm over the last axis of ``x`` (one stitched region, one kernel).
+On a GPU the model is a LayerNorm over the last axis of ``x`` (one stitched region, one kernel).
 
 * On a GPU (torch.cuda available, cuda-python, nvcc): with CUDA events over ``--iters`` queued calls,
   the region's kernel alone (launched through its Launcher with packed arguments, no Python op in
   between), the compiled model per call, and the same model captured in a CUDA graph (the op is
   capturable), next to PyTorch eager, ``torch.compile`` (Inductor default) and Inductor
   ``mode="reduce-overhead"``; plus the host time per call (wall clock of the queued loop).
-* Without a GPU (or with ``--cpu``): the host side of the same launch path on the CPU, per call, with
-  a driver whose launch does nothing (``NullDriver``): packed-arguments lookup + launch loop alone,
-  the custom op ``torch.ops.stitchtune.region`` (dispatcher, guard, ``torch.empty`` outputs, pointers,
-  launch: its thin path, :mod:`stitchtune.deploy.torch_fast`) next to a do-nothing ``torch.library``
-  custom op of the same schema in the same run (their ratio printed), and the whole compiled model
-  (dynamo guards + the op); labelled **CPU host time**, not
-  GPU time. Eager ``F.layer_norm`` on the CPU is printed for scale (CPU compute, not comparable).
+* Without a GPU (or with ``--cpu``): the host side of the launch path on the CPU, per call, with
+  a driver whose launch does nothing (``NullDriver``), for BERT's add + LayerNorm region
+  (``LayerNorm(x + res)``: 4 inputs, 1 output) at each ``--shape`` (default 64x256 and 4096x768, a
+  64 KiB and a 12 MiB output): the region call as the compiled graph makes it
+  (``torch_ops.region_op``: the thin path of :mod:`stitchtune.deploy.torch_fast`, no dispatcher),
+  a do-nothing ``torch.library`` custom op of the same schema, the region op through the dispatcher
+  and an op returning one ``torch.empty``, interleaved run by run (fastest of 9 runs each; the
+  ratios printed), then the steps apart (guard, allocation, packed launch), the full path, the whole
+  compiled model (dynamo guards + the region call), and the same region compiled with
+  ``dynamic=True`` next to the do-nothing op. Labelled **CPU host time**, not GPU time; outputs come
+  from the CPU allocator (malloc), not CUDA's caching allocator. Eager ``LayerNorm(x + res)`` on the
+  CPU is printed for scale (CPU compute, not comparable).
 """
 
 from __future__ import annotations
