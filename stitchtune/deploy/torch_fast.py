@@ -130,12 +130,16 @@ class FastCall:
             self.index = device.index if device.index is not None else torch.cuda.current_device()
             self._raw_stream = torch._C._cuda_getCurrentRawStream
             self._current = torch._C._cuda_getDevice
-            alloc = guards._empty_strided_cuda   # on the current device, torch's caching allocator
+            # on the current device (checked per call), torch's caching allocator
+            alloc = getattr(guards, "_empty_strided_cuda", None)
         else:   # CPU tensors with a given driver (tests, the host benchmark): stream 0
             self.index = -1
             self._raw_stream = None
             self._current = None
-            alloc = guards._empty_strided_cpu    # the CPU allocator (malloc; no caching)
+            alloc = getattr(guards, "_empty_strided_cpu", None) if device.type == "cpu" else None   # malloc
+        if alloc is None:   # another device, or a torch without them: torch's own
+            def alloc(shape: Any, stride: Any, dtype: Any) -> Any:
+                return torch.empty_strided(shape, stride, dtype=dtype, device=device)
         self.alloc = alloc
         self.guard = _tensor_guard(given)
         self.outs = tuple((shape, _row_major(shape), dt) for shape, dt in self.specs)

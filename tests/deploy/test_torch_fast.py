@@ -3,7 +3,8 @@ graph's direct region calls. A BERT-style ``LayerNorm(x + res)`` region (4 input
 compiled with ``fallback="eager"`` and launched through a stand-in FakeDriver that only counts
 launches (CPU tensors: the pointers are passed, nothing is run). Checked: the thin path takes only
 inputs like those of the call that ran the full path (shape, dtype, device, strides, 16-byte
-alignment, requires-grad), with dynamo's C++ tensor check and with its Python stand-in; a wrong
+alignment, requires-grad), with dynamo's C++ tensor check and allocator entry point and without
+them; a wrong
 shape never reaches a kernel; the compiled graph calls its regions without torch's dispatcher (no
 ``stitchtune::region`` op in the profiler), a direct op call goes through it."""
 
@@ -80,8 +81,9 @@ def _bad(inputs: list[Any]) -> dict[str, list[Any]]:
 def test_the_thin_path_takes_only_inputs_like_its_first_calls(region, check: str, monkeypatch) -> None:
     _, guarded, _, _, drv = region
     inputs = _inputs(guarded)
-    if check == "python":   # a torch without dynamo's TensorGuards: the same checks in Python
+    if check == "python":   # a torch without dynamo's TensorGuards and _empty_strided_cpu: its own
         monkeypatch.delattr(torch._C._dynamo.guards, "TensorGuards")
+        monkeypatch.delattr(torch._C._dynamo.guards, "_empty_strided_cpu")
     fast = guarded.kernel.fast_path(inputs[0].device, (), inputs)
     assert isinstance(fast, FastCall)
     before = drv.launched
