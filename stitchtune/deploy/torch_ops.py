@@ -21,7 +21,7 @@ Contract
   path, the region's :class:`GuardedRegion` calls it through the thin path of
   :mod:`stitchtune.deploy.torch_fast` (same result, a few microseconds of Python; one per input shapes
   for a region with symbolic shapes); a graph run as it is calls :func:`region_op` without the
-  dispatcher (:func:`~stitchtune.deploy.torch_fast.direct_calls`).
+  dispatcher (:func:`~stitchtune.deploy.torch_direct.direct_calls`).
 * :func:`stand_in_driver` makes every kernel without a driver of its own launch through a given
   driver, CPU tensors too (CPU tests of the launch path under the backend).
 * An input that PyTorch holds permuted and the region's graph declares in its memory order

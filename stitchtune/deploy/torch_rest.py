@@ -106,7 +106,7 @@ def compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, g
 
             from torch._inductor import config as inductor_config
 
-            from stitchtune.deploy.torch_fast import inductor_direct_calls
+            from stitchtune.deploy.torch_direct import inductor_direct_calls
 
             inductor_direct_calls()   # its wrapper calls the regions without the dispatcher
 
@@ -128,6 +128,6 @@ def compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, g
             opts.reraise(exc)
             log.warning("stitchtune: Inductor failed on the %s graph (%s: %s); running it eagerly",
                         kind, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-    from stitchtune.deploy.torch_fast import direct_calls
+    from stitchtune.deploy.torch_direct import direct_calls
 
     return graphs.wrap(make_boxed_func(direct_calls(gm).forward), gm, example_inputs, kind)
