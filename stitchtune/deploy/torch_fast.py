@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["FastCall", "Rebound"]
@@ -96,7 +96,7 @@ class FastCall:
             self.index = device.index if device.index is not None else torch.cuda.current_device()
             raw = torch._C._cuda_getCurrentRawStream
             index = self.index
-            self.stream = lambda: raw(index)
+            self.stream: Callable[[], int] = lambda: int(raw(index))
         else:   # CPU tensors with a given driver (tests): stream 0
             self.index = -1
             self.stream = lambda: 0
