@@ -218,7 +218,7 @@ class StitchedFunction:
         """Whether the program has gathers (error flags to read after a launch)."""
         hit = self._state.get("gathers")
         if hit is None:
-            from stitchtune.lower.remap import gather_flag_buffers
+            from stitchtune.lower.gather import gather_flag_buffers
 
             hit = self._state["gathers"] = bool(gather_flag_buffers(self.compiled.program))
         return bool(hit)

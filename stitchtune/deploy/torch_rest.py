@@ -106,6 +106,10 @@ def compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, g
 
             from torch._inductor import config as inductor_config
 
+            from stitchtune.deploy.torch_direct import inductor_direct_calls
+
+            inductor_direct_calls()   # its wrapper calls the regions without the dispatcher
+
             rest = _redecompose(gm, example_inputs)
             kwargs: dict[str, Any] = {"is_backward": kind == "backward", "is_inference": kind == "inference"}
             layout = kind == "backward" and channels_last_conv_backward(rest)
@@ -124,4 +128,6 @@ def compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, g
             opts.reraise(exc)
             log.warning("stitchtune: Inductor failed on the %s graph (%s: %s); running it eagerly",
                         kind, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-    return graphs.wrap(make_boxed_func(gm.forward), gm, example_inputs, kind)
+    from stitchtune.deploy.torch_direct import direct_calls
+
+    return graphs.wrap(make_boxed_func(direct_calls(gm).forward), gm, example_inputs, kind)

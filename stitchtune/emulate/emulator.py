@@ -176,7 +176,7 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
     uint32. ``cluster_limit(kernel)``: the clusters of a cluster kernel the device holds at once
     (None: not checked). Returned arrays are 1-D in the buffer dtype (the caller reshapes to the graph shape).
     ``scratch_out``, when given, receives a copy of every scratch buffer after the last launch (the
-    error flags of gathers among them, see :func:`stitchtune.lower.remap.gather_flag_buffers`).
+    error flags of gathers among them, see :func:`stitchtune.lower.gather.gather_flag_buffers`).
     ``block_order_seed``: launch ``i`` runs its atomic adds in the block order of seed
     ``(block_order_seed, i)`` (see the module docstring).
     ``extents`` (a generic program, ``program.dynamic``; by graph dim name; default its planned extents):

@@ -34,7 +34,8 @@ from collections.abc import Callable
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, LocalRef, Select, Var
-from stitchtune.lower.base import Ctx, I, Lowerer, SweepValues, add, mul
+from stitchtune.lower.base import Ctx, I, Lowerer, add, mul
+from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.cross import CrossReduction
 from stitchtune.space.option_values import CrossCombine

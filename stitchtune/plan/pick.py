@@ -2,7 +2,7 @@
 entropy's target logit), the subtree a pick evaluates at its row's index, and the rules on its index.
 
 Used by :mod:`stitchtune.plan.remap` (the surrogate graph and the remap checks), the planner
-(:func:`check_pick_indices`) and :mod:`stitchtune.lower.remap` (:func:`pick_leaves`)."""
+(:func:`check_pick_indices`) and :mod:`stitchtune.lower.gather` (:func:`pick_leaves`)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.render import render
 from stitchtune.ir import kir
 from stitchtune.lower.dynamic import RowFit, fit_rows, lower_dynamic
-from stitchtune.lower.remap import gather_flag_buffers
+from stitchtune.lower.gather import gather_flag_buffers
 from stitchtune.space import SearchSpace
 from test_layout_index_mixes import layernorm_rows
 

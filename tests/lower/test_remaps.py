@@ -21,7 +21,7 @@ from stitchtune.gpu.render import render
 from stitchtune.graph.parse import parse_graph
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.lower.entry import lower
-from stitchtune.lower.remap import gather_flag_buffers
+from stitchtune.lower.gather import gather_flag_buffers
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import SearchSpace
 
