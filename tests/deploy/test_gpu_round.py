@@ -1,0 +1,161 @@
+"""The GPU round of issue 44 without a GPU: scripts/gpu_step.py's, gpu_peers.py's and gpu_fit_rows.py's
+pure parts, the refit from per-kernel rows, and scripts/gpu_round.sh's CPU dry run (phases, SKIP and
+TIMEOUT rows, the summary and the packed results folder)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, name, mod)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def test_step_split_and_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    gs = load("gpu_step", monkeypatch)
+    k = {"kernel_us": 100.0, "by_maker": {"matmul": [4, 60.0], "copy": [1, 5.0], "stitchtune": [3, 35.0]}}
+    assert gs.split_kernels(k, 130.0) == {"matmul_us": 60.0, "membound_us": 35.0, "gap_us": 30.0}
+    assert "gap_us" not in gs.split_kernels({}, None)
+    rows = [{"phase": "steps", "model": "bert", "dtype": "bf16", "mode": "train", "variant": "stitchtune+cg",
+             "median_us": 130.0, "kernels": 8, "kernel_us": 100.0, "matmul_us": 60.0, "membound_us": 35.0,
+             "gap_us": 30.0, "stitched": 5, "compile_s": 9.0, "timing": "cuda events (measured)"},
+            {"phase": "regions", "model": "gpt2", "mode": "inference", "dtype": "bf16", "region": "r", "count": 2,
+             "ours_us": 4.0, "inductor_us": 2.0, "floor_us": 1.0, "predicted_us": 3.0},
+            {"phase": "decode", "model": "llama", "variant": "eager", "median_us": 900.0, "tokens_equal": True,
+             "compile_s": 0.1, "timing": "wall"},
+            {"phase": "steps", "model": "gpt2", "dtype": "fp32", "mode": "inference", "variant": "inductor-ro",
+             "error": "RuntimeError: boom"}]
+    text = "\n".join(gs.tables(rows))
+    assert "| bert | bf16 | train | stitchtune+cg | 130.0 | 8 | 100.0 | 60.0 | 35.0 | 30.0 | 5 | 9.0 |" in text
+    assert "| gpt2 | inference bf16 | r | 2 | 4.0 | 2.0 | 2.00 | 1.0 | 3.0 |" in text
+    assert "| llama | eager | 900.0 | True |" in text and "RuntimeError: boom" in text
+    assert text.index("## Per region") < text.index("## Per step") < text.index("## Decode")
+
+
+def test_step_options_are_checked(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    gs = load("gpu_step", monkeypatch)
+    assert gs.main(["--cpu", "--models", "resnet", "--out", "/nonexistent"]) == 2
+    assert gs.main(["--cpu", "--dtypes", "fp8", "--out", "/nonexistent"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(e.startswith("gpu_step: error: ") for e in err)
+
+
+def test_peer_bytes_and_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    gp = load("gpu_peers", monkeypatch)
+    assert gp.unique_bytes("softmax", 4, 8, 4) == 2 * 4 * 8 * 4
+    assert gp.unique_bytes("layer_norm", 4, 8, 2) == 2 * 4 * 8 * 2 + 2 * 8 * 2
+    assert gp.unique_bytes("cross_entropy", 4, 8, 4) == 4 * 8 * 4 + 4 * 8 + 4
+    lines = gp.table([{"phase": "peers", "op": "softmax", "shape": [98304, 512], "dtype": "fp32", "variant": "native",
+                       "median_us": 90.0, "min_us": 88.0, "floor_us": 48.0, "max_err": 0.0, "timing": "cuda events"},
+                      {"phase": "peers", "op": "softmax", "shape": [98304, 512], "dtype": "fp32", "variant": "quack",
+                       "skipped": "not importable"}])
+    assert "floor us (predicted)" in lines[0]
+    assert lines[2].startswith("| softmax | 98304x512 | fp32 | native | 90.0 | 88.0 | 48.0 | 0.0e+00 |")
+    assert "not importable" in lines[3]
+
+
+def test_peer_cases_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    gp = load("gpu_peers", monkeypatch)
+    for op in gp.OPS:
+        m, args = gp.make_case(torch, op, 8, 16, torch.float32, "cpu")
+        out = m(*args)
+        assert out.shape == (() if op == "cross_entropy" else (8, 16))
+        assert torch.isfinite(out).all()
+
+
+def _program() -> tuple[Any, Any]:
+    from stitchtune.deploy.selection import heuristic_schedule
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.hardware.device import get_device
+    from stitchtune.lower.entry import lower
+    from stitchtune.lower.resources import legal_space
+    from stitchtune.plan.planner import make_plan
+
+    dev = get_device("h200")
+    g = load_graph(ROOT / "examples" / "layernorm_small.json")
+    plan = make_plan(g)
+    space = legal_space(g, plan, dev)
+    return lower(g, plan, heuristic_schedule(plan, dev, space), dev, space), dev
+
+
+def test_per_launch_times_match_the_programs_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    fr = load("gpu_fit_rows", monkeypatch)
+    ev = [("st_k0", 10.0), ("triton_x", 3.0), ("st_k1", 4.0), ("st_k0", 12.0), ("zfill", 1.0), ("st_k1", 6.0)]
+    assert fr.per_launch_us(ev, ["st_k0", "st_k1"], 2) == [11.0, 5.0]
+    assert fr.per_launch_us(ev, ["st_k0", "st_k1"], 3) is None        # another count of calls
+    assert fr.per_launch_us(ev, ["st_k1", "st_k0"], 2) is None        # another order: another program
+    assert fr.per_launch_us(ev, [], 2) is None
+
+
+def test_fit_rows_feed_the_refit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    pytest.importorskip("scipy")
+    fr = load("gpu_fit_rows", monkeypatch)
+    prog, dev = _program()
+    rows = fr.fit_rows("round-test-inference-fp32", "region_ln", "abcdef0123456789", prog, dev,
+                       [7.5] * len(prog.launches), commit="c0ffee")
+    assert len(rows) == len(prog.launches) >= 1
+    r = rows[0]
+    assert r["measured_us"] == 7.5 and r["timing"] == "cupti" and r["workload"] == "abcdef012345"
+    assert r["label"] == f"region_ln/{prog.launches[0].kernel}" and len(r["source_sha256"]) == 64
+    assert r["before_us"] > 0 and "per_access" not in r["kernels"][0] and "unique_bytes" in r["kernels"][0]
+    (tmp_path / "fit_rows.jsonl").write_text("".join(json.dumps(dict(x, device=dev.key)) + "\n" for x in rows))
+    (tmp_path / "gpu_step.jsonl").write_text(json.dumps(
+        {"phase": "regions", "dtype": "fp32", "ours_us": 8.0, "predicted_us": 9.0}) + "\n")
+    assert fr.refit(tmp_path, "results/cost-fit-2026-12-07/dataset.json") == 0
+    stored = json.loads((ROOT / "results/cost-fit-2026-12-07/dataset.json").read_text())["rows"]
+    merged = json.loads((tmp_path / "dataset.json").read_text())
+    assert len(merged["rows"]) == len(stored) + len(rows)
+    assert "within ±25% 100%" in (tmp_path / "refit.md").read_text()
+    assert "round-test-inference-fp32" in (tmp_path / "fit" / "fit.md").read_text()
+
+
+def test_refit_without_rows_is_one_error_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    fr = load("gpu_fit_rows", monkeypatch)
+    assert fr.main(["refit", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpu_fit_rows: error: ")
+
+
+@pytest.mark.slow
+def test_round_dry_run_packs_what_finished(tmp_path: Path) -> None:
+    """The orchestration on the CPU: regions run, steps are cut by their share (TIMEOUT), peers get
+    no time (SKIP); the summary and the packed folder hold every phase that ran."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    out = tmp_path / "out"
+    env = {**os.environ, "DRY_RUN": "1", "OUT": str(out), "WORK": str(tmp_path / "work"), "BUDGET_S": "400",
+           "ITERS": "2", "PHASES": "setup,launch,regions,steps,peers,refit", "SHARE_STEPS": "30", "SHARE_PEERS": "5"}
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_round.sh")], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["round.log", "round.tar.gz", "summary.md"]
+    summary = (out / "summary.md").read_text()
+    assert "DRY RUN on the CPU" in summary
+    assert "| regions | ok | 0 |" in summary and "| steps | TIMEOUT | 124 |" in summary
+    assert "| peers | SKIP | - | 0 | 5 |" in summary and "| refit | ok | 0 |" in summary
+    assert "| bert | inference fp32 | region_" in summary and "nothing to refit" in summary
+    with tarfile.open(out / "round.tar.gz") as tar:
+        names = set(tar.getnames())
+    (folder,) = {n.split("/")[0] for n in names}
+    assert folder.startswith("cpu-dryrun-")
+    for f in ("summary.md", "gpu_step.jsonl", "gpu_step.md", "refit.md", "logs/regions.log", "logs/steps.log"):
+        assert f"{folder}/{f}" in names
