@@ -71,6 +71,11 @@ summary() {
     echo "|---|---|---|---|---|"
     local r
     for r in "${ROWS[@]}"; do echo "| ${r//|/ | } |"; done
+    local n; n=$(cat "$RES"/*.jsonl 2>/dev/null | grep -c '"skipped": "budget spent"')
+    [ "$n" -gt 0 ] && { echo; echo "Jobs not reached (their phase's share ran out): $n;" \
+      "rerun them with PHASES=... and MODELS/DTYPES/MODES:"; cat "$RES"/*.jsonl | grep '"skipped": "budget spent"' \
+      | sed -E 's/.*"phase": "([a-z]+)", "model": "([a-z0-9]+)"(, "dtype": "([a-z0-9]+)")?(, "mode": "([a-z]+)")?.*/- \1 \2 \4 \6/' \
+      | sort -u; }
     for f in gpu_info.txt; do [ -f "$RES/$f" ] && { echo; echo '```'; cat "$RES/$f"; echo '```'; }; done
     for f in gpu_models.md gpu_step.md gpu_peers.md refit.md fit/fit.md; do
       [ -s "$RES/$f" ] && { echo; echo "## $f"; echo; head -n 400 "$RES/$f"; }
