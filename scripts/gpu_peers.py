@@ -1,17 +1,19 @@
 """Native peers on the full-size examples (issue 44 item 4): PyTorch's own fused ops beside the backend.
 
     python scripts/gpu_peers.py --out DIR [--ops layer_norm,rms_norm,softmax,cross_entropy] [--dtypes fp32,bf16]
-                                [--iters 50] [--budget-s 90]
+                                [--sizes full,small] [--iters 50] [--budget-s 90]
     python scripts/gpu_peers.py --cpu --out DIR        # dry run: tiny shapes, CPU wall clock
 
 Each op runs on its full-size example's shapes (examples/layernorm.json 16384x1024, rmsnorm.json
 16384x4096, softmax.json 98304x512, cross_entropy.json 8192x32000 logits; ``F.cross_entropy`` takes
-int64 labels where the graph takes the target logit) as a one-op ``nn.Module``, per variant:
+int64 labels where the graph takes the target logit) as a one-op ``nn.Module``, and at ``small`` size
+(8 rows of the same width: a batch-1 decode step's shape, where launch overhead dominates), per variant:
 
 * ``native``: ``F.layer_norm`` / ``F.rms_norm`` / ``F.softmax`` / ``F.cross_entropy`` eager;
 * ``native+graph``: the same captured once in a CUDA graph and replayed (launch overhead removed);
 * ``inductor``: ``torch.compile(module)``; ``stitchtune`` / ``stitchtune+cg``: the backend (heuristic
-  schedules, no database) without and with ``options={"cudagraphs": True}``;
+  schedules, no database) without and with ``options={"cudagraphs": True}`` (``stitched``: the regions
+  it stitched; 0 means Inductor ran the op);
 * ``liger`` / ``quack``: Liger-Kernel's and QuACK's functions where they import (a row says when not).
 
 Times are medians of ``--iters`` calls, each between two CUDA events (MEASURED). Beside them: the
@@ -39,6 +41,9 @@ sys.path.insert(0, str(REPO))
 OPS = {"layer_norm": ("layernorm.json", (16384, 1024)), "rms_norm": ("rmsnorm.json", (16384, 4096)),
        "softmax": ("softmax.json", (98304, 512)), "cross_entropy": ("cross_entropy.json", (8192, 32000))}
 DTYPES = ("fp32", "bf16")
+SIZES = ("full", "small")
+#: rows of the ``small`` size: one decode step of a batch of 8 sequences
+SMALL_ROWS = 8
 VARIANTS = ("native", "native+graph", "inductor", "stitchtune", "stitchtune+cg", "liger", "quack")
 
 
@@ -150,6 +155,7 @@ def _callable(torch: Any, variant: str, op: str, m: Any, args: tuple[Any, ...], 
         f = torch.compile(m)
         return lambda: f(*args)
     if variant.startswith("stitchtune"):
+        torch_backend.LAST_REPORTS.clear()
         opts: dict[str, Any] = {"db": None, **({"cpu": "emulate"} if cpu else {})}
         if variant == "stitchtune+cg":
             opts["cudagraphs"] = True
@@ -159,11 +165,14 @@ def _callable(torch: Any, variant: str, op: str, m: Any, args: tuple[Any, ...], 
     return lambda: ext(*args)
 
 
-def case_rows(torch: Any, op: str, dtype: str, iters: int, cpu: bool, bw: float | None) -> list[dict[str, Any]]:
-    """Every variant of one op x dtype (module docstring)."""
+def case_rows(torch: Any, op: str, dtype: str, iters: int, cpu: bool, bw: float | None,
+              size: str = "full") -> list[dict[str, Any]]:
+    """Every variant of one op x dtype x size (module docstring)."""
     rows_, cols = OPS[op][1]
     if cpu:
         rows_, cols = 64, 256
+    if size == "small":
+        rows_ = SMALL_ROWS
     dev = "cpu" if cpu else "cuda"
     tdt = torch.bfloat16 if dtype == "bf16" else torch.float32
     m, args = make_case(torch, op, rows_, cols, tdt, dev)
@@ -173,7 +182,7 @@ def case_rows(torch: Any, op: str, dtype: str, iters: int, cpu: bool, bw: float 
         want = m(*args).float().clone()
     out = []
     for v in VARIANTS:
-        row: dict[str, Any] = {"phase": "peers", "op": op, "example": OPS[op][0], "shape": [rows_, cols],
+        row: dict[str, Any] = {"phase": "peers", "op": op, "example": OPS[op][0], "size": size, "shape": [rows_, cols],
                                "dtype": dtype, "variant": v, "floor_us": floor,
                                "timing": "cpu wall (dry run)" if cpu else "cuda events (measured)"}
         if cpu and v == "native+graph":
@@ -185,6 +194,10 @@ def case_rows(torch: Any, op: str, dtype: str, iters: int, cpu: bool, bw: float 
                 call = _callable(torch, v, op, m, args, cpu)
                 got = call()
                 row["max_err"] = float((got.float() - want).abs().max())
+                if v.startswith("stitchtune"):   # regions the backend stitched (0: Inductor ran the op)
+                    from stitchtune.deploy import torch_backend
+
+                    row["stitched"] = sum(len(r.stitched) for r in torch_backend.LAST_REPORTS)
                 t = _times(torch, call, iters, cpu)
             row["median_us"] = round(statistics.median(t), 1)
             row["min_us"] = round(min(t), 1)
@@ -199,16 +212,17 @@ def case_rows(torch: Any, op: str, dtype: str, iters: int, cpu: bool, bw: float 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """The markdown table of the rows (pure)."""
-    out = ["| op | shape | dtype | variant | median us | min us | floor us (predicted) | max err vs native | note |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| op | shape | dtype | variant | median us | min us | floor us (predicted) | max err vs native | stitched | note |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        if r.get("phase") != "peers":
+        if r.get("phase") != "peers" or "variant" not in r:
             continue
         note = r.get("error") or r.get("skipped") or r.get("timing", "")
         err = f"{r['max_err']:.1e}" if "max_err" in r else "-"
         shape = "x".join(str(s) for s in r.get("shape", []))
         out.append(f"| {r['op']} | {shape} | {r['dtype']} | {r['variant']} | {r.get('median_us', '-')} | "
-                   f"{r.get('min_us', '-')} | {r.get('floor_us') or '-'} | {err} | {str(note)[:90]} |")
+                   f"{r.get('min_us', '-')} | {r.get('floor_us') or '-'} | {err} | {r.get('stitched', '-')} | "
+                   f"{str(note)[:90]} |")
     return out
 
 
@@ -217,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="gpu_peers_out")
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--dtypes", default=",".join(DTYPES))
+    ap.add_argument("--sizes", default=",".join(SIZES))
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--budget-s", type=float, default=90.0)
     ap.add_argument("--cpu", action="store_true", help="dry run on the CPU (tiny shapes, wall clock)")
@@ -226,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     ops = [o for o in a.ops.split(",") if o]
     dtypes = [d for d in a.dtypes.split(",") if d]
-    bad = [o for o in ops if o not in OPS] + [d for d in dtypes if d not in DTYPES]
+    sizes = [z for z in a.sizes.split(",") if z]
+    bad = [o for o in ops if o not in OPS] + [d for d in dtypes if d not in DTYPES] + [z for z in sizes if z not in SIZES]
     import torch
 
     if bad or a.iters < 1 or (not a.cpu and not torch.cuda.is_available()):
@@ -242,18 +258,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s (measured)", flush=True)
     start, path = time.monotonic(), out / "gpu_peers.jsonl"
     with path.open("a") as log:
-        for d in dtypes:   # fp32 first: the examples as written
-            for op in ops:
-                if time.monotonic() - start > a.budget_s:
-                    got = [{"phase": "peers", "op": op, "dtype": d, "skipped": "budget spent"}]
-                else:
-                    got = case_rows(torch, op, d, a.iters, a.cpu, bw)
-                for r in got:
-                    log.write(json.dumps(r) + "\n")
-                    print(json.dumps(r), flush=True)
-                log.flush()
-                every = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-                (out / "gpu_peers.md").write_text("\n".join(table(every)) + "\n")
+        for d, z, op in [(d, z, op) for d in dtypes for z in sizes for op in ops]:   # fp32 full size first: as written
+            if time.monotonic() - start > a.budget_s:
+                got = [{"phase": "peers", "model": op, "op": op, "dtype": d, "size": z, "skipped": "budget spent"}]
+            else:
+                got = case_rows(torch, op, d, a.iters, a.cpu, bw, z)
+            for r in got:
+                log.write(json.dumps(r) + "\n")
+                print(json.dumps(r), flush=True)
+            log.flush()
+            every = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+            (out / "gpu_peers.md").write_text("\n".join(table(every)) + "\n")
     print((out / "gpu_peers.md").read_text())
     print(f"total {time.monotonic() - start:.0f} s", flush=True)
     return 0

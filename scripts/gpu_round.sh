@@ -19,7 +19,7 @@
 #   tuned    70  gpu_models.py --phases tuned: `stitchtune tune` on BERT inference (TUNE_TRIALS=24), timed
 #   decode   40  gpu_step.py --phases decode: batch-1 KV-cache decode, tiny GPT-2 and Llama
 #   peers    60  gpu_peers.py: F.layer_norm / rms_norm / softmax / cross_entropy (+ Liger/QuACK) on the
-#                full-size examples, CUDA events and CUDA-graph replay
+#                full-size examples and at 8 rows (launch-bound), CUDA events and CUDA-graph replay
 #   refit    30  gpu_fit_rows.py refit: the cost model fitted again with the round's per-kernel rows
 # Knobs: BUDGET_S, PHASES (comma list), OUT, PYTHON, MODELS (bert,gpt2,llama), DTYPES (bf16,fp32),
 # MODES (inference,train), ITERS (20), TUNE_TRIALS (24), SHARE_<PHASE> (seconds, e.g. SHARE_STEPS=200).
@@ -116,7 +116,7 @@ STEP="$PY scripts/gpu_step.py --out $RES $CPU --iters $ITERS"
 GM="$PY scripts/gpu_models.py --out $RES $CPU --iters $ITERS"
 if [ "$DRY_RUN" = 1 ]; then   # tiny and short: this tests the orchestration, nothing is measured
   CHECK_MODELS=bert; MODES=${DRY_MODES:-inference}; MODELS=${DRY_MODELS:-bert}; DTYPES=${DRY_DTYPES:-fp32}
-  PEER_ARGS="--dtypes fp32 --ops layer_norm --iters 2"; DECODE_ARGS="--decode-steps 2 --prompt 4 --decode-models gpt2"
+  PEER_ARGS="--dtypes fp32 --ops layer_norm --sizes full --iters 2"; DECODE_ARGS="--decode-steps 2 --prompt 4 --decode-models gpt2"
 else
   CHECK_MODELS=bert,gpt2,llama,vit,convnext,resnet
   PEER_ARGS="--dtypes fp32,bf16 --iters 50"; DECODE_ARGS="--decode-steps 32 --prompt 32"

@@ -67,7 +67,7 @@ def test_peer_bytes_and_table(monkeypatch: pytest.MonkeyPatch) -> None:
                       {"phase": "peers", "op": "softmax", "shape": [98304, 512], "dtype": "fp32", "variant": "quack",
                        "skipped": "not importable"}])
     assert "floor us (predicted)" in lines[0]
-    assert lines[2].startswith("| softmax | 98304x512 | fp32 | native | 90.0 | 88.0 | 48.0 | 0.0e+00 |")
+    assert lines[2].startswith("| softmax | 98304x512 | fp32 | native | 90.0 | 88.0 | 48.0 | 0.0e+00 | - |")
     assert "not importable" in lines[3]
 
 
@@ -79,6 +79,20 @@ def test_peer_cases_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
         out = m(*args)
         assert out.shape == (() if op == "cross_entropy" else (8, 16))
         assert torch.isfinite(out).all()
+
+
+def test_peers_out_of_budget_are_rows_not_a_crash(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    gp = load("gpu_peers", monkeypatch)
+    assert gp.main(["--cpu", "--budget-s", "0", "--ops", "softmax,rms_norm", "--out", str(tmp_path)]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "gpu_peers.jsonl").read_text().splitlines()]
+    assert [(r["dtype"], r["size"], r["op"]) for r in rows] == [
+        ("fp32", "full", "softmax"), ("fp32", "full", "rms_norm"), ("fp32", "small", "softmax"),
+        ("fp32", "small", "rms_norm"), ("bf16", "full", "softmax"), ("bf16", "full", "rms_norm"),
+        ("bf16", "small", "softmax"), ("bf16", "small", "rms_norm")]
+    assert all(r["skipped"] == "budget spent" for r in rows)
+    assert len((tmp_path / "gpu_peers.md").read_text().strip().splitlines()) == 2   # the header alone
+    assert gp.main(["--cpu", "--sizes", "huge", "--out", str(tmp_path)]) == 2
 
 
 def _program() -> tuple[Any, Any]:
