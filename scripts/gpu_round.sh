@@ -2,7 +2,7 @@
 # The GPU round of issue 44, one command on a lent H100/H200 (docs/gpu-round.md):
 #
 #   GPU machine:  bash scripts/gpu_round.sh                      # BUDGET_S=540: one 600 s call
-#   second call:  PHASES=steps,tuned,decode,peers,refit bash scripts/gpu_round.sh   # what the first left
+#   second call:  RESUME=.gpu/round.tar.gz PHASES=decode,peers,refit bash scripts/gpu_round.sh  # what the first left
 #   CPU dry run:  DRY_RUN=1 OUT=/tmp/round bash scripts/gpu_round.sh   # tiny models, emulated regions
 #
 # Phases, most valuable first; each runs under `timeout` with min(its share, budget left - 15 s) and its
@@ -21,6 +21,7 @@
 #   peers    60  gpu_peers.py: F.layer_norm / rms_norm / softmax / cross_entropy (+ Liger/QuACK) on the
 #                full-size examples and at 8 rows (launch-bound), CUDA events and CUDA-graph replay
 #   refit    30  gpu_fit_rows.py refit: the cost model fitted again with the round's per-kernel rows
+# RESUME=<a first call's round.tar.gz, carried>: unpack it first and append to its rows (one folder for both calls).
 # Knobs: BUDGET_S, PHASES (comma list), OUT, PYTHON, MODELS (bert,gpt2,llama), DTYPES (bf16,fp32),
 # MODES (inference,train), ITERS (20), TUNE_TRIALS (24), SHARE_<PHASE> (seconds, e.g. SHARE_STEPS=200).
 # $OUT gets 3 files: summary.md (phase times + every table), round.tar.gz (results/<device>-<date>/:
@@ -54,6 +55,13 @@ else
 fi
 NAME="$DEV-$(date -u +%Y-%m-%d)"
 WORK=${WORK:-$(mktemp -d /tmp/gpu_round_work.XXXXXX)}
+mkdir -p "$WORK"
+if [ -n "${RESUME:-}" ]; then   # a first call's round.tar.gz: its rows are kept and this call's appended
+  if [ ! -f "$RESUME" ]; then echo "gpu_round: error: RESUME=$RESUME is not a file" >&2; exit 2; fi
+  NAME=$(tar tzf "$RESUME" | head -n 1 | cut -d/ -f1)
+  tar xzf "$RESUME" -C "$WORK" || { echo "gpu_round: error: cannot unpack RESUME=$RESUME" >&2; exit 2; }
+  [ -f "$WORK/$NAME/summary.md" ] && mv "$WORK/$NAME/summary.md" "$WORK/$NAME/summary-$(date -u +%H%M%S)-before.md"
+fi
 RES="$WORK/$NAME"
 mkdir -p "$RES/logs"
 ROWS=()   # "phase|status|rc|seconds|share"

@@ -173,3 +173,20 @@ def test_round_dry_run_packs_what_finished(tmp_path: Path) -> None:
     assert folder.startswith("cpu-dryrun-")
     for f in ("summary.md", "gpu_step.jsonl", "gpu_step.md", "refit.md", "logs/regions.log", "logs/steps.log"):
         assert f"{folder}/{f}" in names
+    # a second call resumes the first's folder: its rows stay, the new phase's are added
+    first = tmp_path / "first.tar.gz"
+    (out / "round.tar.gz").rename(first)
+    env2 = {**env, "RESUME": str(first), "PHASES": "peers", "SHARE_PEERS": "60", "WORK": str(tmp_path / "work2")}
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_round.sh")], env=env2, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    with tarfile.open(out / "round.tar.gz") as tar:
+        names2 = set(tar.getnames())
+        step_rows = tar.extractfile(f"{folder}/gpu_step.jsonl").read().decode()  # type: ignore[union-attr]
+    assert names <= names2 and f"{folder}/gpu_peers.md" in names2
+    assert any(n.startswith(f"{folder}/summary-") and n.endswith("-before.md") for n in names2)
+    assert '"phase": "regions"' in step_rows
+    assert "| peers | ok | 0 |" in (out / "summary.md").read_text()
+    env3 = {**env, "RESUME": str(tmp_path / "missing.tar.gz")}
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_round.sh")], env=env3, capture_output=True, text=True)
+    assert res.returncode == 2 and "gpu_round: error: RESUME=" in res.stdout + res.stderr
