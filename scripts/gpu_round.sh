@@ -10,7 +10,7 @@
 # measured, and after every phase the results folder is packed again, so a run cut short keeps what
 # finished. Shares (s) for the default BUDGET_S=540; a phase with < 10 s left is SKIP:
 #   setup    15  the device wheels (pycuda, optuna: .gpu/setup.sh) unless they import already
-#   info     10  nvidia-smi, versions, git commit
+#   info     20  nvidia-smi, versions, git commit
 #   launch   45  scripts/gpu_launch_check.py; if it fails no stitched phase runs (they would measure nothing)
 #   check    70  gpu_models.py --phases check on bert,gpt2,llama,vit,convnext,resnet (inference + train)
 #   regions 140  gpu_step.py --phases regions: BERT/GPT-2/Llama, 2 layers, batch 8x512, bf16 then fp32,
@@ -132,12 +132,12 @@ fi
 
 if [ "$DRY_RUN" = 1 ]; then
   phase setup 15 'echo "dry run: no device wheels"'
-  phase info 10 "$PY -c 'import sys, torch; print(\"python\", sys.version.split()[0], \"torch\", torch.__version__)'"
+  phase info 20 "$PY -c 'import sys, torch; print(\"python\", sys.version.split()[0], \"torch\", torch.__version__)'"
   phase launch 45 'echo "dry run: the launch path needs a GPU"'
 else
   phase setup 15 "$PY -c 'from stitchtune.gpu.driver import _binding; _binding(); import optuna' 2>/dev/null && echo ready \
     || for s in .gpu/setup.sh shared/device/setup.sh /work/shared/device/setup.sh; do [ -f \$s ] && exec bash \$s; done"
-  phase info 10 "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv \
+  phase info 20 "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv \
     | tee $RES/gpu_info.txt; $PY -c 'import torch; print(\"torch\", torch.__version__)' | tee -a $RES/gpu_info.txt; nvcc --version | tail -n 2"
   phase launch 45 "$PY scripts/gpu_launch_check.py" || {
     case ",$PHASES," in *",launch,"*) LAUNCH_OK=0 ;; esac

@@ -116,7 +116,8 @@ def step_rows(gm: Any, mx: Any, torch: Any, name: str, dtype: str, mode: str, it
             row["median_us"] = round(gm._host_median_us(run, iters) if cpu else gm._median_us(torch, run, iters), 1)
             if not cpu:
                 k = gm._kernels(torch, run)
-                k.pop("trace", None)
+                if not variant.startswith("stitchtune"):   # the backend's kernel trace is kept (fit data)
+                    k.pop("trace", None)
                 row.update(k)
                 row.update(split_kernels(k, row["median_us"]))
             if variant.startswith("stitchtune"):
