@@ -24,8 +24,8 @@
 # RESUME=<a first call's round.tar.gz, carried>: unpack it first and append to its rows (one folder for both calls).
 # Knobs: BUDGET_S, PHASES (comma list), OUT, PYTHON, MODELS (bert,gpt2,llama), DTYPES (bf16,fp32),
 # MODES (inference,train), ITERS (20), TUNE_TRIALS (24), SHARE_<PHASE> (seconds, e.g. SHARE_STEPS=200).
-# $OUT gets 3 files: summary.md (phase times + every table), round.tar.gz (results/<device>-<date>/:
-# jsonl rows, tables, logs) and round.log (this script's output).
+# $OUT gets 3 files: summary.md (phase times, headline ratios by scripts/gpu_round_report.py, every table),
+# round.tar.gz (results/<device>-<date>/: jsonl rows, tables, logs) and round.log (this script's output).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -79,6 +79,9 @@ summary() {
     echo "|---|---|---|---|---|"
     local r
     for r in "${ROWS[@]}"; do echo "| ${r//|/ | } |"; done
+    if "$PY" scripts/gpu_round_report.py "$RES" > "$RES/headline.md" 2>/dev/null && [ -s "$RES/headline.md" ]; then
+      echo; echo "## Headline (scripts/gpu_round_report.py)"; echo; cat "$RES/headline.md"
+    fi
     local n; n=$(cat "$RES"/*.jsonl 2>/dev/null | grep -c '"skipped": "budget spent"')
     [ "$n" -gt 0 ] && { echo; echo "Jobs not reached (their phase's share ran out): $n;" \
       "rerun them with PHASES=... and MODELS/DTYPES/MODES:"; cat "$RES"/*.jsonl | grep '"skipped": "budget spent"' \

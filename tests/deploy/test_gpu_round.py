@@ -95,6 +95,33 @@ def test_peers_out_of_budget_are_rows_not_a_crash(monkeypatch: pytest.MonkeyPatc
     assert gp.main(["--cpu", "--sizes", "huge", "--out", str(tmp_path)]) == 2
 
 
+def test_headline_ratios(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                         capsys: pytest.CaptureFixture[str]) -> None:
+    rep = load("gpu_round_report", monkeypatch)
+    step = [{"phase": "steps", "model": "bert", "dtype": "bf16", "mode": "train", "variant": v, "median_us": us,
+             "membound_us": mb, "gap_us": 10.0}
+            for v, us, mb in (("inductor", 1000.0, 300.0), ("stitchtune", 1100.0, 380.0),
+                              ("inductor-ro", 900.0, 300.0), ("stitchtune+cg", 810.0, 380.0))]
+    step += [{"phase": "regions", "model": "bert", "dtype": "bf16", "mode": "train", "count": c, "ours_us": o,
+              "inductor_us": i} for c, o, i in ((2, 10.0, 5.0), (1, 4.0, 4.0), (1, 1.0, None))]
+    step += [{"phase": "decode", "model": "gpt2", "variant": "eager", "median_us": 800.0},
+             {"phase": "decode", "model": "gpt2", "variant": "stitchtune", "median_us": 400.0, "tokens_equal": True},
+             {"phase": "steps", "model": "llama", "dtype": "fp32", "mode": "train", "skipped": "budget spent"}]
+    peers = [{"phase": "peers", "op": "softmax", "size": "full", "dtype": "fp32", "variant": "native",
+              "median_us": 100.0, "floor_us": 50.0},
+             {"phase": "peers", "op": "softmax", "size": "full", "dtype": "fp32", "variant": "stitchtune",
+              "median_us": 80.0}]
+    (tmp_path / "gpu_step.jsonl").write_text("".join(json.dumps(r) + "\n" for r in step))
+    (tmp_path / "gpu_peers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in peers))
+    text = "\n".join(rep.report(tmp_path))
+    assert "| bert | bf16 | train | 1.10 | 0.90 | 380.0, 300.0 | 10.0, 10.0 |" in text
+    assert "| bert | bf16 | train | 2 | 1.71 | 1.41 | 1/2 |" in text    # (2*10+4)/(2*5+4); sqrt(2*1)
+    assert "| gpt2 | 800.0, -, 400.0 | 0.50 | - | True |" in text
+    assert "| softmax | full | fp32 | 0.80 | - | 2.00 |" in text and "llama" not in text
+    assert rep.main([str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err.startswith("gpu_round_report: error: ")
+
+
 def _program() -> tuple[Any, Any]:
     from stitchtune.deploy.selection import heuristic_schedule
     from stitchtune.graph.parse import load_graph
@@ -171,7 +198,8 @@ def test_round_dry_run_packs_what_finished(tmp_path: Path) -> None:
         names = set(tar.getnames())
     (folder,) = {n.split("/")[0] for n in names}
     assert folder.startswith("cpu-dryrun-")
-    for f in ("summary.md", "gpu_step.jsonl", "gpu_step.md", "refit.md", "logs/regions.log", "logs/steps.log"):
+    for f in ("summary.md", "headline.md", "gpu_step.jsonl", "gpu_step.md", "refit.md", "logs/regions.log",
+              "logs/steps.log"):
         assert f"{folder}/{f}" in names
     # a second call resumes the first's folder: its rows stay, the new phase's are added
     first = tmp_path / "first.tar.gz"
