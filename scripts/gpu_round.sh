@@ -17,7 +17,7 @@
 #                inference then train: per region ours vs Inductor (CUPTI), floor + fitted model (predicted)
 #   steps   150  gpu_step.py --phases steps: eager / inductor / inductor-ro / stitchtune / stitchtune+cg
 #   tuned    70  gpu_models.py --phases tuned: `stitchtune tune` on BERT inference (TUNE_TRIALS=24), timed
-#   decode   40  gpu_step.py --phases decode: batch-1 KV-cache decode, tiny GPT-2 and Llama
+#   decode   60  gpu_step.py --phases decode: batch-1 KV-cache decode, tiny GPT-2 and Llama
 #   peers    60  gpu_peers.py: F.layer_norm / rms_norm / softmax / cross_entropy (+ Liger/QuACK) on the
 #                full-size examples and at 8 rows (launch-bound), CUDA events and CUDA-graph replay
 #   refit    30  gpu_fit_rows.py refit: the cost model fitted again with the round's per-kernel rows
@@ -160,7 +160,7 @@ if [ "$DRY_RUN" = 1 ]; then
 else
   phase tuned 70 "$GM --phases tuned --tune-models bert --modes inference --trials $TUNE_TRIALS --budget-s \$((SHARE > 45 ? SHARE - 15 : SHARE / 2))"
 fi
-phase decode 40 "$STEP --phases decode $DECODE_ARGS --budget-s \$((SHARE > 45 ? SHARE - 15 : SHARE / 2))"
+phase decode 60 "$STEP --phases decode $DECODE_ARGS --budget-s \$((SHARE > 45 ? SHARE - 15 : SHARE / 2))"
 phase peers 60 "$PY scripts/gpu_peers.py --out $RES $CPU $PEER_ARGS --budget-s \$((SHARE > 45 ? SHARE - 15 : SHARE / 2))"
 phase refit 30 "$PY scripts/gpu_fit_rows.py refit $RES"
 summary

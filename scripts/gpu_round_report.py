@@ -111,6 +111,8 @@ def report(folder: Path) -> list[str]:
     """Every headline table of ``folder`` (pure but for reading the files)."""
     step, peers = _rows(folder / "gpu_step.jsonl"), _rows(folder / "gpu_peers.jsonl")
     out: list[str] = []
+    if any("dry run" in str(r.get("timing", "")) for r in step + peers):
+        out += ["**DRY RUN: CPU wall clock of tiny models; these ratios are no GPU figure.**", ""]
     for title, lines in (("Per step", step_lines(step)), ("Per region", region_lines(step)),
                          ("Decode", decode_lines(step)), ("Native peers", peer_lines(peers))):
         if lines:

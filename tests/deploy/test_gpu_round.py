@@ -117,7 +117,9 @@ def test_headline_ratios(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     assert "| bert | bf16 | train | 1.10 | 0.90 | 380.0, 300.0 | 10.0, 10.0 |" in text
     assert "| bert | bf16 | train | 2 | 1.71 | 1.41 | 1/2 |" in text    # (2*10+4)/(2*5+4); sqrt(2*1)
     assert "| gpt2 | 800.0, -, 400.0 | 0.50 | - | True |" in text
-    assert "| softmax | full | fp32 | 0.80 | - | 2.00 |" in text and "llama" not in text
+    assert "| softmax | full | fp32 | 0.80 | - | 2.00 |" in text and "llama" not in text and "DRY RUN" not in text
+    (tmp_path / "gpu_peers.jsonl").write_text(json.dumps(dict(peers[0], timing="cpu wall (dry run)")) + "\n")
+    assert rep.report(tmp_path)[0].startswith("**DRY RUN")
     assert rep.main([str(tmp_path / "nothing")]) == 2
     assert capsys.readouterr().err.startswith("gpu_round_report: error: ")
 
