@@ -48,6 +48,36 @@ def test_step_split_and_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     assert text.index("## Per region") < text.index("## Per step") < text.index("## Decode")
 
 
+def test_step_rows_gpu_branch_with_fakes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU branch of the steps phase, its timers and profiler faked: every variant a row, the
+    kernel split, the backend's trace kept (fit data) and the others' dropped, a failure a row."""
+    torch = pytest.importorskip("torch")
+    gs = load("gpu_step", monkeypatch)
+    gm = load("gpu_models", monkeypatch)
+    lin = torch.nn.Linear(4, 4)
+    monkeypatch.setattr(gs, "_model", lambda *a: (lin, (torch.ones(2, 4),)))
+
+    def fake_compile(torch: Any, model: Any, variant: str, cpu: bool, dynamic: Any = None) -> Any:
+        if variant == "inductor-ro":
+            raise RuntimeError("no graphs here")
+        return model
+    monkeypatch.setattr(gs, "_compile", fake_compile)
+    monkeypatch.setattr(gm, "_median_us", lambda torch, run, iters: 500.0)
+    monkeypatch.setattr(gm, "_kernels", lambda torch, run: {
+        "trace": [["st_k0", 1.0]], "kernels": 3, "memcpy_memset": 0, "kernel_us": 400.0,
+        "by_maker": {"matmul": [2, 250.0], "stitchtune": [1, 150.0]}})
+    monkeypatch.setattr(gm, "_reports", lambda: {"stitched": 1})
+    rows = list(gs.step_rows(gm, None, torch, "bert", "bf16", "inference", 3, cpu=False))
+    assert [r["variant"] for r in rows] == list(gs.STEP_VARIANTS)
+    ok = {r["variant"]: r for r in rows}
+    assert ok["inductor-ro"]["error"] == "RuntimeError: no graphs here"
+    assert ok["eager"]["median_us"] == 500.0 and ok["eager"]["gap_us"] == 100.0
+    assert ok["eager"]["matmul_us"] == 250.0 and ok["eager"]["membound_us"] == 150.0
+    assert "trace" not in ok["inductor"] and ok["stitchtune"]["trace"] == [["st_k0", 1.0]]
+    assert ok["stitchtune+cg"]["stitched"] == 1 and "stitched" not in ok["eager"]
+    assert all(r["timing"] == "cuda events (measured)" for r in rows)
+
+
 def test_step_options_are_checked(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch")
     gs = load("gpu_step", monkeypatch)
