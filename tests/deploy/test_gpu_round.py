@@ -250,3 +250,23 @@ def test_round_dry_run_packs_what_finished(tmp_path: Path) -> None:
     env3 = {**env, "RESUME": str(tmp_path / "missing.tar.gz")}
     res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_round.sh")], env=env3, capture_output=True, text=True)
     assert res.returncode == 2 and "gpu_round: error: RESUME=" in res.stdout + res.stderr
+
+
+def test_regions_gpu_branch_emits_fit_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The regions phase's GPU branch with its inputs and profiler faked (no device: the H200 preset):
+    each region's profiled st_* kernels become cost-fit rows when they are its program's launches."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    gr = load("gpu_regions", monkeypatch)
+    load("gpu_fit_rows", monkeypatch)
+    mx = load("gpu_models", monkeypatch)._matrix()
+    monkeypatch.setattr(gr, "region_inputs", lambda torch, module, device: [])
+    monkeypatch.setattr(gr, "_profiled", lambda torch, fn, iters: [("st_k0", 6.0)] * iters + [("triton_x", 2.0)])
+    model, args = mx.MODELS["gpt2"]()
+    rows = gr.regions_case(torch, model.eval(), args, "gpt2", "inference", 3, cpu=False)
+    assert rows and all("error" not in r for r in rows)
+    assert all(r["ours_us"] == pytest.approx((3 * 6.0 + 2.0) / 3, abs=0.01) for r in rows)
+    fits = [f for r in rows for f in r["fit_rows"]]
+    assert fits, "no single-launch region matched"
+    assert all(f["group"] == "round-gpt2-inference-fp32" and f["measured_us"] == 6.0 and f["timing"] == "cupti"
+               and f["device"] == "NVIDIA H200/sm_90" and f["label"].endswith("/st_k0") for f in fits)
