@@ -162,7 +162,7 @@ class StitchedFunction:
         hit = self._state.get(key)
         if hit is not None:
             return hit
-        from stitchtune.deploy.compiled import _build
+        from stitchtune.deploy.device_run import build_cubin as _build
         from stitchtune.gpu.driver import open_driver
         from stitchtune.gpu.launch import Launcher, launch_plan
 

@@ -59,7 +59,7 @@ truncating division and remainder, mixed int/float operands promote to float32 a
 operators (:class:`~stitchtune.ir.kir.MathOp`) use ``stitchtune.graph.ops.OPS[name].np_fn`` on float32
 arrays. Int registers (i32 / i64) hold int buffers' elements at their width (raw loads; stores to
 int32/int64 outputs), and :class:`~stitchtune.ir.kir.IntOp` computes with wrapping numpy ints at that
-width (``stitchtune.graph.ops.int_np``). float16 / bfloat16 buffers are widened to float32 on load and rounded to nearest even on
+width (``stitchtune.graph.int_ops.int_np``). float16 / bfloat16 buffers are widened to float32 on load and rounded to nearest even on
 store (``np.float16`` / ``ml_dtypes.bfloat16``), like ``__float2half_rn`` / ``__float2bfloat16_rn``.
 ``bool`` buffers (``numpy.bool_``, inputs only) load as 0.0 / 1.0.
 Variables start at zero (the renderer declares them ``= 0`` at the top of the kernel); local arrays

@@ -29,7 +29,7 @@ from stitchtune.plan.ints import int_registers
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.plan.chains import composed_chains
 from stitchtune.plan.single_pass import SinglePassCandidate
-from stitchtune.space import SCHEMES, Schedule, Scheme, SchemeTable, exact_math
+from stitchtune.space import ORDER, SCHEMES, Order, Schedule, Scheme, SchemeTable, exact_math
 
 #: the C comparison of each graph comparison op (int registers compare with kir.Bin)
 _CMP_OPS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
@@ -148,7 +148,7 @@ class Lowerer:
         #: single-pass pairs (``schedule.single_pass``): first stage of each merged pair -> its candidate
         self.merged: dict[int, SinglePassCandidate] = {}
         self.red_idx = {r: i for i, r in enumerate(plan.reductions)}
-        # sweep order (schedule.order == "alternate"), carried across kernels: the direction of the last
+        # sweep order (schedule.order == Order.ALTERNATE), carried across kernels: the direction of the last
         # sweep that read a full-size tensor from memory, and the task order of the last kernel that did
         # (True = backwards; None before the first)
         self.last_reversed: bool | None = None
@@ -201,7 +201,7 @@ class Lowerer:
         """The logical iteration index of a sweep over ``it``: ``it`` itself for forward schedules;
         for ``alternate`` ones a fresh variable whose assignment :meth:`order_sweep` emits once the
         sweep's body is known."""
-        if self.s.order != "alternate":
+        if self.s.option(ORDER) != Order.ALTERNATE:
             return it, None
         ii = cx.var("ii", I32)
         return ii, ii
@@ -224,7 +224,7 @@ class Lowerer:
         starts with the tasks whose data the previous kernel left in L2. ``rb[0]`` is the assignment of
         the task index; ``total`` = rounds x grid, so every round still takes an aligned group of
         ``grid`` consecutive tasks (whole rows for a split row, as a grid barrier needs)."""
-        if self.s.order != "alternate" or not reads_memory:
+        if self.s.option(ORDER) != Order.ALTERNATE or not reads_memory:
             return
         rev = self.last_tasks_reversed is False
         self.last_tasks_reversed = rev

@@ -14,6 +14,7 @@ from stitchtune.ir.kir import BufferRole
 from stitchtune.lower.base import Lowerer
 from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread, sweep_counts
 from stitchtune.plan.planner import TensorClass
+from stitchtune.space import ORDER, Order
 
 __all__ = ["kernel_profile", "read_bytes"]
 
@@ -66,7 +67,7 @@ def kernel_profile(low: Lowerer, kern: kir.Kernel, grid: int, rounds: int, smem_
             1 for st in kir.walk(kern.body) if isinstance(st, kir.GridSync))),
         atomics=0, bytes_in_flight_per_thread=int(in_flight),
         scratch_loads=int(scratch_loads_per_thread(kern)),
-        reversed_rereads=s.order == "alternate" and reread > 0)
+        reversed_rereads=s.option(ORDER) == Order.ALTERNATE and reread > 0)
 
 
 def read_bytes(low: Lowerer, buf: kir.BufferSpec) -> int:

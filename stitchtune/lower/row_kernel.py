@@ -31,7 +31,7 @@ from stitchtune.lower.gather import pick_value
 from stitchtune.lower.remap import RemapValues
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space import ReuseLevel, Schedule
+from stitchtune.space import CROSS_COMBINE, ORDER, CrossCombine, Order, ReuseLevel, Schedule
 
 
 def row_layout(low: Lowerer, ki: int, seg: list[int], tasks: int, est_regs: int, is_last: bool = False) -> RowLayout:
@@ -135,7 +135,7 @@ class RowKernel:
         S, M, N, chunk = s.split, self.low.p.M, self.low.p.N, self.low.chunk
         rb: list[kir.Stmt] = []
         task = add(mul(ix.rd, kir.Special("gdim")), kir.Special("bid"))
-        if s.order == "alternate":
+        if s.option(ORDER) == Order.ALTERNATE:
             tq = cx.var("tq", I32)
             rb.append(Assign(tq, task))  # reversed by order_tasks when this kernel runs its tasks backwards
             task = tq
@@ -490,5 +490,5 @@ class RowKernel:
         """The profile with the cross combine counted: its atomics, and its one grid barrier after the
         round loop (the generic count multiplies every grid barrier by the rounds)."""
         atomics, serial = atomic_counts(self.low, self.lay.grid)
-        gb = prof.grid_barriers - (self.lay.rounds - 1 if self.low.s.cross_combine == "grid" else 0)
+        gb = prof.grid_barriers - (self.lay.rounds - 1 if self.low.s.option(CROSS_COMBINE) == CrossCombine.GRID else 0)
         return dataclasses.replace(prof, atomics=atomics, atomic_serial=serial, grid_barriers=gb)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import stitchtune
-from helpers import EXAMPLES_DIR
+from helpers.common import EXAMPLES_DIR
 from stitchtune.deploy.compiled import build_manifest
 from stitchtune.errors import StitchtuneError
 from stitchtune.gpu.fake_driver import FakeDriver

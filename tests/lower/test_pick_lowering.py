@@ -11,7 +11,8 @@ import random
 import numpy as np
 import pytest
 
-from helpers import int_next_to_pick_graph, DEV, ce_graph, ce_ignore_graph, rel_err
+from helpers.graphs import ce_graph, ce_ignore_graph, int_next_to_pick_graph
+from helpers.lowering import DEV, rel_err
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.graph.parse import parse_graph

@@ -12,7 +12,7 @@ import random
 import numpy as np
 import pytest
 
-from helpers import DEV, emulated_errors, float_graph as _graph, rel_err, setup
+from helpers.lowering import DEV, emulated_errors, float_graph as _graph, rel_err, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.deploy.compiled import compile as st_compile
 from stitchtune.emulate.emulator import emulate_program
