@@ -114,7 +114,7 @@ def cross_accumulate(k: RowKernelBuilder, sw: RowSweep, sv: SweepValues, body: l
                 cur = LocalRef(f"xa{i}", idx)
                 body.append(kir.SetLocal(f"xa{i}", idx, Select(sw.valid, _comb(c, cur, vals[j]), cur)))
             else:
-                a = k.cross_acc[i]
+                a = k.cross_accumulator(i)
                 body.append(Assign(a, Select(sw.valid, _comb(c, a, vals[j]), a)))
 
 
@@ -126,9 +126,10 @@ def cross_accumulate_rows(k: RowKernelBuilder) -> None:
     for i, c in enumerate(low.p.cross):
         if c.source_full:
             continue
-        v = k.pvals[c.source] if c.source in k.pvals else k.load_p(c.source)
-        a = k.cross_acc[i]
-        k.rb.append(Assign(a, Select(lead, _comb(c, a, v), a)))
+        v = k.value_of(c.source)
+        v = k.load_p(c.source) if v is None else v
+        a = k.cross_accumulator(i)
+        k.emit(Assign(a, Select(lead, _comb(c, a, v), a)))
 
 
 def _column(k: RowKernelBuilder, e: int) -> kir.Expr:
@@ -160,7 +161,7 @@ def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, k
             _warp_sum(out, lambda: LocalRef(f"xa{i}", I(e)), lambda v: kir.SetLocal(f"xa{i}", I(e), v), subwarp,
                       c.combine)
     for i, c in _scalars(low):
-        a = k.cross_acc[i]
+        a = k.cross_accumulator(i)
         _warp_sum(out, lambda: a, lambda v: Assign(a, v), [16, 8, 4, 2, 1], c.combine)
     writer = Bin("<", Bin("%", _TID, I(32)), I(tpr)) if tpr < 32 else None
     if pcs and groups > 1:
@@ -173,7 +174,7 @@ def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, k
     scal = _scalars(low)
     if scal and block > 32:
         for n, (i, _) in enumerate(scal):
-            out.append(kir.StoreVec("sxs", add(I(n * nw), Bin("/", _TID, I(32))), (k.cross_acc[i],),
+            out.append(kir.StoreVec("sxs", add(I(n * nw), Bin("/", _TID, I(32))), (k.cross_accumulator(i),),
                                     Bin("==", Bin("%", _TID, I(32)), I(0))))
     if (pcs and groups > 1) or (scal and block > 32):
         out.append(kir.Barrier())
@@ -201,7 +202,7 @@ def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, k
             for w in range(nw):
                 out.append(Assign(v, _comb(c, v, Load("sxs", I(n * nw + w)))))
         else:
-            v = k.cross_acc[i]
+            v = k.cross_accumulator(i)
         res.append((i, I(0), v, Bin("==", _TID, I(0))))
     return res
 

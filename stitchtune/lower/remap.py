@@ -67,7 +67,7 @@ __all__ = ["Shift", "RemapValues"]
 
 class RemapValues:
     """The values of one sweep's index-op nodes (module docstring). ``kern`` is the row kernel
-    (``low``, ``ix``, ``cx``, ``rb``, ``uses``, ``f_index``), ``sw`` the sweep, ``sv`` its
+    (``low``, ``ix``, ``cx``, ``emit``, ``uses``, ``f_index``), ``sw`` the sweep, ``sv`` its
     :class:`~stitchtune.lower.sweep_values.SweepValues`."""
 
     def __init__(self, kern: RowKernelBuilder, sw: RowSweep, sv: SweepValues) -> None:

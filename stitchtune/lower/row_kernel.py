@@ -119,6 +119,15 @@ class RowKernel:
     def var(self, prefix: str, dtype: str = F32) -> Var:
         return self.cx.var(prefix, dtype)
 
+    def emit(self, *stmts: kir.Stmt) -> None:
+        self.rb.extend(stmts)
+
+    def value_of(self, name: str) -> kir.Expr | None:
+        return self.pvals.get(name)
+
+    def cross_accumulator(self, i: int) -> Var:
+        return self.cross_acc[i]
+
     def last_row(self) -> kir.Expr:
         return self.low.m_last()
 

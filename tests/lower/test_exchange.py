@@ -20,6 +20,16 @@ from stitchtune.lower.single_pass import new_state
 from stitchtune.lower.state import PlainState, ReductionState
 from stitchtune.plan.single_pass import SinglePassCandidate
 from stitchtune.space import SCHEMES
+from stitchtune.space.option_values import Combine
+from stitchtune.space.options import COMBINE
+
+
+class _FakeSchedule(SimpleNamespace):
+    """The schedule fields the exchange reads, and ``option(COMBINE)`` as a :class:`Combine` member."""
+
+    def option(self, opt: Any) -> Any:
+        assert opt is COMBINE, f"the exchange reads only the combine option, not {opt}"
+        return Combine(self.combine)
 
 
 class FakeKernel:
@@ -29,7 +39,7 @@ class FakeKernel:
         self.rb: list[kir.Stmt] = []
         self.ix = RowIndex(Var("lane", I32), Var("rib", I32), Var("rd", I32), Var("row", I32), Var("sidx", I32),
                            Var("rv", kir.BOOL), Var("kb", I32), Var("ke", I32))
-        self._s = SimpleNamespace(tpr=tpr, block=block, split=split, combine=combine)
+        self._s = _FakeSchedule(tpr=tpr, block=block, split=split, combine=combine)
         self._p = SimpleNamespace(M=64, N=4096)
         self.n = 0
         self.parts: list[str] = []
@@ -53,6 +63,9 @@ class FakeKernel:
     def var(self, prefix: str, dtype: str = F32) -> Var:
         self.n += 1
         return Var(f"{prefix}{self.n}", dtype)
+
+    def emit(self, *stmts: kir.Stmt) -> None:
+        self.rb.extend(stmts)
 
     def last_row(self) -> kir.Expr:
         return kir.Const(self._p.M - 1, I32)
