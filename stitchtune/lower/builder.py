@@ -114,8 +114,15 @@ class RowKernelBuilder(ExchangeBuilder, Protocol):
     cx: Ctx                           # the kernel's variables and scratch buffers
     body: list[kir.Stmt]                # statements before the round loop
     lay: RowLayout
-    uses: dict[str, set[str]]           # global buffers read ("in") and written ("out")
     gather_rows: dict[str, Var]         # gather nodes: their table row in this round
+
+    def use_input(self, buf: str) -> None:
+        """Record that the kernel reads global buffer ``buf`` (it becomes a kernel parameter)."""
+        ...
+
+    def use_output(self, buf: str) -> None:
+        """Record that the kernel writes global buffer ``buf`` (it becomes a kernel parameter)."""
+        ...
 
     def value_of(self, name: str) -> kir.Expr | None:
         """The per-row or scalar value of tensor ``name`` in this round, None while it is not computed."""

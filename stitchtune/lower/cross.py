@@ -213,8 +213,9 @@ def partial_buf(low: Lowerer, i: int, grid: int) -> str:
     return low.scratch(f"xp{i}", grid * width)
 
 
-def cross_epilogue(k: RowKernelBuilder) -> list[kir.Stmt]:
-    """The statements after the round loop: block reduce, then the cross-block combine of the schedule."""
+def cross_epilogue(k: RowKernelBuilder, uses: dict[str, set[str]]) -> list[kir.Stmt]:
+    """The statements after the round loop: block reduce, then the cross-block combine of the schedule
+    (``uses``: the kernel's global buffers read and written, which the final sums add to)."""
     low = k.low
     mode, grid = low.s.option(CROSS_COMBINE), k.lay.grid
     out: list[kir.Stmt] = [kir.Comment("cross reductions: block reduce, then combine across blocks")]
@@ -222,7 +223,7 @@ def cross_epilogue(k: RowKernelBuilder) -> list[kir.Stmt]:
         c = low.p.cross[i]
         if mode == CrossCombine.ATOMIC:
             buf = low.out_buf[c.node]
-            k.uses["out"].add(buf)
+            k.use_output(buf)
             val = Bin("*", v, _f(_scale(c))) if c.mean else v
             out.append(kir.AtomicAdd(buf, col, val, pred))
         else:
@@ -232,7 +233,7 @@ def cross_epilogue(k: RowKernelBuilder) -> list[kir.Stmt]:
             out.append(kir.StoreVec(part, add(mul(_BID, I(width)), col), (v,), pred))
     if mode == CrossCombine.GRID:
         out.append(kir.GridSync())
-        out += final_sums(low, k.cx, k.uses, grid, grid)
+        out += final_sums(low, k.cx, uses, grid, grid)
     return out
 
 

@@ -49,7 +49,7 @@ def gather_index(k: RowKernelBuilder, nd: Node, bound: int) -> kir.Var:
         k.emit(Assign(gi, Select(ok, v if st == I32 else kir.Cast(v, I32), I(-1))))
     else:
         ibuf = low.in_buf[idx]
-        k.uses["in"].add(ibuf)
+        k.use_input(ibuf)
         r = Bin("min", k.ix.row, low.m_last())
         at = low.row_base(idx, r) if low.p.mapped(idx) else r
         k.emit(Assign(gi, kir.IndexLoad(ibuf, at, bound, k.ix.rvalid)))
@@ -91,7 +91,7 @@ def pick_value(k: RowKernelBuilder, nd: Node) -> kir.Expr | None:
         vals[n] = v
     for name in loaded:
         buf = low.in_buf[name]
-        k.uses["in"].add(buf)
+        k.use_input(buf)
         addr = low.col_offset(name, col)
         if low.cls[name] is TensorClass.FULL:
             addr = add(low.row_base(name, r), addr)

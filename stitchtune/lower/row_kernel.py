@@ -125,6 +125,12 @@ class RowKernel:
     def value_of(self, name: str) -> kir.Expr | None:
         return self.pvals.get(name)
 
+    def use_input(self, buf: str) -> None:
+        self.uses["in"].add(buf)
+
+    def use_output(self, buf: str) -> None:
+        self.uses["out"].add(buf)
+
     def cross_accumulator(self, i: int) -> Var:
         return self.cross_acc[i]
 
@@ -483,7 +489,7 @@ class RowKernel:
             self.body.extend(self.prefetch_rows(kir.Special("bid"), None))
         self.body.append(kir.For(self.ix.rd, I(0), self.rounds(), 1, tuple(self.rb)))
         if self.is_last and low.p.cross:
-            self.body.extend(cross_epilogue(self))
+            self.body.extend(cross_epilogue(self, self.uses))
         kern = low.make_kernel(self.ki, self.uses, self.cx, self.body, list(lay.shared), locals_, lay.needs_sync)
         prof = kernel_profile(low, kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.ki)
         if self.is_last and low.p.cross:
