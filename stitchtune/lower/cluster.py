@@ -22,6 +22,7 @@ The row's elements stay where the reuse levels say (registers, shared memory) be
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from stitchtune.ir import kir
@@ -81,3 +82,13 @@ def cluster_counts(kern: kir.Kernel, rounds: int) -> dict[str, int]:
     loads = sum(isinstance(e, kir.RemoteLoad) for st in kir.walk(kern.body) if not isinstance(st, (kir.For, kir.If))
                 for e in kir.exprs(st))
     return {"cluster": kern.cluster, "cluster_barriers": rounds * syncs, "dsmem_loads": rounds * loads}
+
+
+def as_cluster(kern: kir.Kernel, prof: kir.KernelProfile, cluster: int,
+               rounds: int) -> tuple[kir.Kernel, kir.KernelProfile]:
+    """``kern`` launched as thread-block clusters of ``cluster`` blocks, and its profile with the
+    cluster's counts (:func:`cluster_counts` over ``rounds`` rounds)."""
+    kern = dataclasses.replace(kern, cluster=cluster)
+    counts = cluster_counts(kern, rounds)
+    return kern, dataclasses.replace(prof, cluster=counts["cluster"], cluster_barriers=counts["cluster_barriers"],
+                                     dsmem_loads=counts["dsmem_loads"])

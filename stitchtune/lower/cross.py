@@ -29,6 +29,7 @@ Phases (each a function below, called by :class:`stitchtune.lower.row.RowKernel`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -395,3 +396,12 @@ def atomic_counts(low: Lowerer, grid: int) -> tuple[int, int]:
         return 0, 0
     width = sum(low.p.N if c.kind == "per_reduced" else 1 for c in low.p.cross)
     return grid * width, grid
+
+
+def cross_profile(low: Lowerer, grid: int, rounds: int, prof: kir.KernelProfile) -> kir.KernelProfile:
+    """The profile of the kernel holding the cross reductions (``grid`` blocks, ``rounds`` rounds) with
+    the cross combine counted: its atomics, and its one grid barrier after the round loop (the
+    generic count multiplies every grid barrier by the rounds)."""
+    atomics, serial = atomic_counts(low, grid)
+    gb = prof.grid_barriers - (rounds - 1 if low.s.option(CROSS_COMBINE) == CrossCombine.GRID else 0)
+    return dataclasses.replace(prof, atomics=atomics, atomic_serial=serial, grid_barriers=gb)
