@@ -20,16 +20,13 @@ from stitchtune.lower.single_pass import new_state
 from stitchtune.lower.state import PlainState, ReductionState
 from stitchtune.plan.single_pass import SinglePassCandidate
 from stitchtune.space import SCHEMES
-from stitchtune.space.option_values import Combine
-from stitchtune.space.options import COMBINE
 
 
-class _FakeSchedule(SimpleNamespace):
-    """The schedule fields the exchange reads, and ``option(COMBINE)`` as a :class:`Combine` member."""
+class FakeSchedule(SimpleNamespace):
+    """The fields of a ``Schedule`` the exchange reads, and its typed option read (``option(COMBINE)``)."""
 
     def option(self, opt: Any) -> Any:
-        assert opt is COMBINE, f"the exchange reads only the combine option, not {opt}"
-        return Combine(self.combine)
+        return getattr(self, opt if isinstance(opt, str) else opt.name)
 
 
 class FakeKernel:
@@ -39,7 +36,7 @@ class FakeKernel:
         self.rb: list[kir.Stmt] = []
         self.ix = RowIndex(Var("lane", I32), Var("rib", I32), Var("rd", I32), Var("row", I32), Var("sidx", I32),
                            Var("rv", kir.BOOL), Var("kb", I32), Var("ke", I32))
-        self._s = _FakeSchedule(tpr=tpr, block=block, split=split, combine=combine)
+        self._s = FakeSchedule(tpr=tpr, block=block, split=split, combine=combine)
         self._p = SimpleNamespace(M=64, N=4096)
         self.n = 0
         self.parts: list[str] = []
