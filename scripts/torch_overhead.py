@@ -142,7 +142,23 @@ def _region_inputs(compiled: Any, args: tuple[Any, ...], key: str) -> list[Any]:
     return seen[-1]
 
 
-def cpu_mode(shape: tuple[int, ...], iters: int) -> None:
+def steady_malloc() -> bool:
+    """glibc's malloc without trimming and without mmap (``mallopt``), so that a freed output's block
+    is handed out again as CUDA's caching allocator does, without a system call per call; False
+    where there is no glibc (nothing changed)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4
+    return bool(mallopt(m_trim_threshold, 1 << 30)) and bool(mallopt(m_mmap_max, 0))
+
+
+def cpu_mode(shape: tuple[int, ...], iters: int, allocator: str = "the CPU allocator (malloc, no caching)") -> None:
     import torch
 
     from stitchtune.deploy import torch_backend, torch_ops
@@ -209,8 +225,7 @@ def cpu_mode(shape: tuple[int, ...], iters: int) -> None:
     mb = out[0].numel() * out[0].element_size() / 2**20
     print(f"CPU HOST TIME per call (no GPU here: kernels are not run, launches go to a null driver), "
           f"LayerNorm(x + res) x={'x'.join(map(str, shape))}: region of {n_in} inputs, {len(out)} output(s) "
-          f"({mb:.2f} MiB); outputs from the CPU allocator (malloc, no caching; on CUDA torch's caching "
-          f"allocator); {iters} calls per run; {len(kernel.compiled.program.launches)} kernel launch(es) per "
+          f"({mb:.2f} MiB); outputs from {allocator} (on CUDA: torch's caching allocator); {iters} calls per run; {len(kernel.compiled.program.launches)} kernel launch(es) per "
           f"call; {drv.launched} launches made")
     for label, us in rows:
         print(f"  {us:9.2f} us  {label}")
@@ -347,16 +362,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--db", default=None, help="tuning database (default: none, the heuristic schedule)")
     ap.add_argument("--cpu", action="store_true", help="time the CPU host path even where a GPU exists")
+    ap.add_argument("--malloc", choices=("steady", "default"), default="steady",
+                    help="CPU mode: 'steady' (default): glibc malloc without trimming or mmap, so that an "
+                         "output's block is reused as CUDA's caching allocator reuses it; 'default': as it is "
+                         "(a large output may be an mmap and munmap per call)")
     args = ap.parse_args(argv)
     import torch
 
     gpu = torch.cuda.is_available() and not args.cpu
     shapes = [tuple(int(d) for d in s.split("x")) for s in (args.shape or ("16384x1024" if gpu else "64x256,4096x768")).split(",")]
+    allocator = "the CPU allocator (glibc malloc as it is, no caching)"
+    if not gpu and args.malloc == "steady" and steady_malloc():
+        allocator = "the CPU allocator (glibc malloc, no trimming, no mmap: freed blocks reused)"
     for shape in shapes:
         if gpu:
             gpu_mode(shape, args.iters, args.db)
         else:
-            cpu_mode(shape, args.iters)
+            cpu_mode(shape, args.iters, allocator)
     if not gpu:
         cpu_dynamic(shapes[0], args.iters)
     return 0
