@@ -15,7 +15,7 @@ On a GPU the model is a LayerNorm over the last axis of ``x`` (one stitched regi
   64 KiB and a 12 MiB output): the region call as the compiled graph makes it
   (``torch_ops.region_op``: the thin path of :mod:`stitchtune.deploy.torch_fast`, no dispatcher),
   a do-nothing ``torch.library`` custom op of the same schema, the region op through the dispatcher
-  and an op returning one ``torch.empty``, interleaved run by run (fastest of 9 runs each; the
+  and an op returning one ``torch.empty``, interleaved run by run (fastest of 21 runs each; the
   ratios printed), then the steps apart (guard, allocation, packed launch), the full path, the whole
   compiled model (dynamo guards + the region call), and the same region compiled with
   ``dynamic=True`` next to the do-nothing op. Labelled **CPU host time**, not GPU time; outputs come
@@ -68,7 +68,10 @@ def _host_us(call: Any, iters: int) -> float:
     return statistics.median(runs)
 
 
-def _paired_us(*calls: Any, iters: int, rounds: int = 9) -> list[float]:
+ROUNDS = 21   # runs per interleaved row: the fastest is kept (a busy shared CPU slows most of them)
+
+
+def _paired_us(*calls: Any, iters: int, rounds: int = ROUNDS) -> list[float]:
     """us per call of each of ``calls``: the fastest of ``rounds`` runs of ``iters`` calls each, the calls
     interleaved run by run, so that a busy shared CPU slows them alike (the minimum is the least
     disturbed run, as ``timeit`` advises)."""
@@ -194,7 +197,7 @@ def cpu_mode(shape: tuple[int, ...], iters: int, allocator: str = "the CPU alloc
         alloc = fast.alloc
         first = inputs[0]
         n_in = len(inputs)
-        # the figures the ratio is made of: interleaved run by run, fastest of 9 runs each
+        # the figures the ratio is made of: interleaved run by run, fastest of ROUNDS runs each
         ours, via_op, floor, one_empty = _paired_us(
             lambda: direct(key, inputs), lambda: op(key, inputs), lambda: noop.default(key, inputs),
             lambda: empty_op.default(key, inputs, oshape), iters=iters)
@@ -231,7 +234,7 @@ def cpu_mode(shape: tuple[int, ...], iters: int, allocator: str = "the CPU alloc
         print(f"  {us:9.2f} us  {label}")
     print(f"  region call / do-nothing op: {ours / floor:.2f}x (target: at most 1.5x); through the dispatcher: "
           f"{via_op / floor:.2f}x; op returning one torch.empty / do-nothing op: {one_empty / floor:.2f}x "
-          f"(these four interleaved, fastest of 9 runs each)")
+          f"(these four interleaved, fastest of {ROUNDS} runs each)")
 
 
 def cpu_dynamic(shape: tuple[int, ...], iters: int) -> None:
