@@ -21,7 +21,7 @@ Contract
   path, the region's :class:`GuardedRegion` calls it through the thin path of
   :mod:`stitchtune.deploy.torch_fast` (same result, a few microseconds of Python; one per input shapes
   for a region with symbolic shapes); a graph run as it is calls :func:`region_op` without the
-  dispatcher (:func:`~stitchtune.deploy.torch_fast.direct_calls`).
+  dispatcher (:func:`~stitchtune.deploy.torch_direct.direct_calls`).
 * :func:`stand_in_driver` makes every kernel without a driver of its own launch through a given
   driver, CPU tensors too (CPU tests of the launch path under the backend).
 * An input that PyTorch holds permuted and the region's graph declares in its memory order
@@ -118,7 +118,7 @@ class RegionKernel:
     _graphs: dict[Any, Any] = field(default_factory=dict, repr=False)   # extents -> Graph (generic)
 
     def __post_init__(self) -> None:
-        from stitchtune.lower.remap import gather_flag_buffers
+        from stitchtune.lower.gather import gather_flag_buffers
 
         self._gathers = bool(gather_flag_buffers(self.compiled.program))
 
@@ -208,11 +208,11 @@ class RegionKernel:
 
     def _make_launcher(self, index: int, stream: int,
                        extents: tuple[tuple[str, int], ...] | None = None) -> tuple[Any, dict[Any, Any], Any]:
-        from stitchtune.deploy.compiled import _build
+        from stitchtune.deploy.device_run import build_cubin as _build
         from stitchtune.deploy.torch_flags import GatherFlags
         from stitchtune.gpu.driver import open_driver
         from stitchtune.gpu.launch import Launcher, launch_plan
-        from stitchtune.lower.remap import gather_flag_buffers
+        from stitchtune.lower.gather import gather_flag_buffers
 
         stand_in = _STAND_IN[0]
         cubin = self.compiled.cubin

@@ -159,7 +159,7 @@ def test_inductors_wrapper_calls_the_regions_without_the_dispatcher(fresh_backen
     torch_ops), not ``torch.ops.stitchtune.region.default``."""
     from torch.profiler import ProfilerActivity, profile
 
-    from stitchtune.deploy.torch_fast import inductor_direct_calls
+    from stitchtune.deploy.torch_direct import inductor_direct_calls
 
     if not inductor_direct_calls():
         pytest.skip("this torch has no custom extern-kernel codegen registry")

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from helpers import REPO
+from helpers.common import REPO
 
 pytest.importorskip("torch")
 
