@@ -24,9 +24,8 @@ Contract
 * A stream met for the first time gets its launcher and packed arguments from the kernel (a first
   call while that stream captures a CUDA graph raises as the slow path does).
 * Concurrent calls are serialised per :class:`FastCall` (the parameter slots are shared).
-* :func:`direct_calls(gm)`: a graph run as it is (``fallback="eager"``) calls its regions without
-  torch's dispatcher (:func:`~stitchtune.deploy.torch_ops.region_op` itself); Inductor's wrapper
-  still calls the op (``torch.ops.stitchtune.region.default``), through the dispatcher.
+* Compiled graphs call their regions without torch's dispatcher:
+  :mod:`stitchtune.deploy.torch_direct` (above this module and :mod:`~stitchtune.deploy.torch_ops`).
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from itertools import starmap
 from operator import attrgetter, or_
 from typing import Any
 
-__all__ = ["FastCall", "Rebound", "ShapeCalls", "direct_calls"]
+__all__ = ["FastCall", "Rebound", "ShapeCalls"]
 
 
 class Rebound:
