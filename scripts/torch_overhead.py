@@ -71,20 +71,25 @@ def _host_us(call: Any, iters: int) -> float:
 ROUNDS = 21   # runs per interleaved row: the fastest is kept (a busy shared CPU slows most of them)
 
 
+#: the clock of the interleaved rows: this thread's CPU time (``time.thread_time``: the time it was
+#: descheduled on a busy shared CPU is not counted; on an idle one it equals the wall clock)
+CLOCK = time.thread_time
+
+
 def _paired_us(*calls: Any, iters: int, rounds: int = ROUNDS) -> list[float]:
-    """us per call of each of ``calls``: the fastest of ``rounds`` runs of ``iters`` calls each, the calls
-    interleaved run by run, so that a busy shared CPU slows them alike (the minimum is the least
-    disturbed run, as ``timeit`` advises)."""
+    """us per call of each of ``calls`` (:data:`CLOCK`): the fastest of ``rounds`` runs of ``iters``
+    calls each, the calls interleaved run by run, so that a busy shared CPU slows them alike (the
+    minimum is the least disturbed run, as ``timeit`` advises)."""
     for _ in range(min(iters, 50)):
         for call in calls:
             call()
     best = [float("inf")] * len(calls)
     for _ in range(rounds):
         for j, call in enumerate(calls):
-            t0 = time.perf_counter()
+            t0 = CLOCK()
             for _ in range(iters):
                 call()
-            best[j] = min(best[j], (time.perf_counter() - t0) / iters * 1e6)
+            best[j] = min(best[j], (CLOCK() - t0) / iters * 1e6)
     return best
 
 
@@ -219,22 +224,22 @@ def cpu_mode(shape: tuple[int, ...], iters: int, allocator: str = "the CPU alloc
             ("  step: the output by _empty_strided_cpu (as the thin path allocates it)", steps[1]),
             ("  step: the output by torch.empty (Python argument parsing)", steps[2]),
             ("  step: packed-arguments lookup + pointers + launch (RegionKernel.launch_pointers)", steps[3]),
-            ("RegionKernel call, full path (as_read, torch.empty, pointers, launch)", _host_us(lambda: kernel(inputs), iters)),
-            ("compiled model per call (dynamo guards + AOT wrapper + the region call)",
+            ("RegionKernel call, full path (as_read, torch.empty, pointers, launch; wall clock, median of 5)", _host_us(lambda: kernel(inputs), iters)),
+            ("compiled model per call (dynamo guards + AOT wrapper + the region call; wall clock, median of 5)",
              _host_us(lambda: compiled(x, res), iters)),
-            ("for scale: eager LayerNorm(x + res) computing on the CPU (CPU compute, not comparable)",
+            ("for scale: eager LayerNorm(x + res) computing on the CPU (CPU compute, not comparable; wall clock)",
              _host_us(lambda: model(x, res), max(1, min(iters, 200)))),
         ]
     mb = out[0].numel() * out[0].element_size() / 2**20
     print(f"CPU HOST TIME per call (no GPU here: kernels are not run, launches go to a null driver), "
           f"LayerNorm(x + res) x={'x'.join(map(str, shape))}: region of {n_in} inputs, {len(out)} output(s) "
           f"({mb:.2f} MiB); outputs from {allocator} (on CUDA: torch's caching allocator); {iters} calls per run; {len(kernel.compiled.program.launches)} kernel launch(es) per "
-          f"call; {drv.launched} launches made")
+          f"call; {drv.launched} launches made; the first four rows and the steps: this thread's CPU time")
     for label, us in rows:
         print(f"  {us:9.2f} us  {label}")
     print(f"  region call / do-nothing op: {ours / floor:.2f}x (target: at most 1.5x); through the dispatcher: "
           f"{via_op / floor:.2f}x; op returning one torch.empty / do-nothing op: {one_empty / floor:.2f}x "
-          f"(these four interleaved, fastest of {ROUNDS} runs each)")
+          f"(these four interleaved, fastest of {ROUNDS} runs each, this thread's CPU time)")
 
 
 def cpu_dynamic(shape: tuple[int, ...], iters: int) -> None:
