@@ -66,9 +66,12 @@ class Rebound:
     def set(self, pointers: list[int] | tuple[int, ...]) -> None:
         """Point the packed arguments at ``pointers`` (their alignment is the caller's to check)."""
         pointers = list(pointers)
-        if pointers != self.last:
-            for arr, q, i in self.slots:
-                arr[q] = pointers[i]
+        last = self.last
+        if pointers != last:
+            for arr, q, i in self.slots:   # only the slots whose pointer changed (often one output)
+                p = pointers[i]
+                if p != last[i]:
+                    arr[q] = p
             self.last = pointers
 
 
