@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import reduce
 from itertools import starmap
 from operator import attrgetter, or_
@@ -152,7 +152,7 @@ class FastCall:
         self._when = "at its next call (an earlier call's kernels met it)"
         self._counts = [0]   # calls that launched (counted under the lock)
         #: the call itself, a closure over everything above (no attribute lookups per call)
-        self.run = self._closure()
+        self.run: Callable[[Sequence[Any]], list[Any] | None] = self._closure()
 
     @property
     def calls(self) -> int:
@@ -162,7 +162,7 @@ class FastCall:
     def __call__(self, inputs: Sequence[Any]) -> list[Any] | None:
         return self.run(inputs)
 
-    def _closure(self) -> Any:
+    def _closure(self) -> Callable[[Sequence[Any]], list[Any] | None]:
         n_in, guard, held_ptrs, index = self.n, self.guard, self._held_ptrs, self.index
         raw, current, alloc, out_specs = self._raw_stream, self._current, self.alloc, self.outs
         kernel, device, ext, order, sync = self.kernel, self.device, self.ext, self.order, self._sync
@@ -227,7 +227,7 @@ class ShapeCalls:
         if counter is not None:
             counter.thin.append(self)
         calls = self.calls
-        last: list[Any] = [None]   # the thin path that ran last: tried first (its guard checks the shapes)
+        last: list[FastCall | None] = [None]   # the thin path that ran last: tried first (its guard checks the shapes)
 
         def run(inputs: Sequence[Any]) -> list[Any] | None:
             call = last[0]
@@ -242,7 +242,7 @@ class ShapeCalls:
             return call.run(inputs)
 
         #: the call itself, a closure (what GuardedRegion calls)
-        self.run = run
+        self.run: Callable[[Sequence[Any]], list[Any] | None] = run
         self._last = last
 
     @property
