@@ -142,10 +142,25 @@ class RowKernel:
         else:
             tv = cx.var("task", I32)
             rb += [Assign(tv, task), Assign(ix.row, Bin("/", tv, I(S))), Assign(ix.sidx, Bin("%", tv, I(S)))]
-        rb += [Assign(ix.rvalid, Bin("<", ix.row, self.low.m_expr())),
+        rows_ok: kir.Expr = Const(True, kir.BOOL) if self.rows_exact(tasks) else Bin("<", ix.row, self.low.m_expr())
+        rb += [Assign(ix.rvalid, rows_ok),
                Assign(ix.kbase, mul(ix.sidx, I(chunk))),
                Assign(ix.kend, Bin("min", add(ix.kbase, I(chunk)), self.low.n_expr()))]
         return rb
+
+    def rows_exact(self, tasks: int) -> bool:
+        """Whether every task of every round is a real row (piece) of the view: a static kernel whose
+        grid x rounds is exactly ``tasks`` and whose row groups divide the rows. Then the row guard is
+        the constant ``true`` and the compiler issues a thread's loads without a branch between them."""
+        low = self.low
+        return (low.sym is None and self.lay.grid * self.lay.rounds == tasks
+                and (low.s.split > 1 or tasks * low.rpb == low.p.M))
+
+    def cols_exact(self) -> bool:
+        """Whether a sweep's elements never pass the end of the row (piece): static, and the pieces of the
+        split row, each whole sweeps of ``tpr`` x ``vec`` elements, add up to the row (no padding)."""
+        low = self.low
+        return (low.sym is None or low.sym.N.static) and low.chunk * low.s.split == low.p.N
 
     def rounds(self) -> kir.Expr:
         """The round loop's trip count (a constant; in a generic kernel computed from the extents)."""
@@ -362,7 +377,9 @@ class RowKernel:
         k0 = cx.var("k", I32)
         lb.append(Assign(k0, add(ix.kbase, mul(add(mul(idx_it, I(tpr)), ix.lane), I(vec)))))
         valid = cx.var("v", kir.BOOL)
-        lb.append(Assign(valid, Bin("&&", ix.rvalid, Bin("<", k0, ix.kend))))
+        # no bounds guard where the extent divides (cols_exact): the row guard alone, constant true
+        # where the grid covers the rows exactly (rows_exact)
+        lb.append(Assign(valid, ix.rvalid if self.cols_exact() else Bin("&&", ix.rvalid, Bin("<", k0, ix.kend))))
         sw = RowSweep(idx_it, k0, valid, lb, from_prefetch)
         sv = SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw), partial(
             self.cache_index, sw), partial(self.smem_index, sw), self.stats, low.kernel_reuse[self.ki])

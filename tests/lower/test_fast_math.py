@@ -56,6 +56,21 @@ def test_fast_div_model() -> None:
     assert np.allclose(got[:3], (a / b)[:3], rtol=2e-7) and got[3] == 0.0  # __fdividef's range gives 0
 
 
+def test_fast_gelu_tanh_model() -> None:
+    """GELU's tanh form through exp and a fast division: within 6e-7 of the float64 reference (the float32
+    tanhf form: 4.6e-7), the limits right (-0 far left, x far right), and rendered without tanhf."""
+    from stitchtune.graph.fast_ops import FAST_KERNEL_OPS, fast_gelu_tanh
+    from stitchtune.graph.ops import OPS
+
+    x = np.concatenate([np.linspace(-20.0, 20.0, 200001), np.random.default_rng(0).normal(0, 3, 100000)])
+    x = x.astype(np.float32)
+    want = OPS["gelu_tanh"].np_fn(x.astype(np.float64))
+    got = fast_gelu_tanh(x)
+    assert got.dtype == np.float32 and np.max(np.abs(got - want)) < 6e-7
+    assert fast_gelu_tanh(np.float32(-60.0)) == 0.0 and fast_gelu_tanh(np.float32(60.0)) == np.float32(60.0)
+    assert "tanhf" not in FAST_KERNEL_OPS["fast_gelu_tanh"][1]
+
+
 def test_softmax_renders_fast_forms_and_exact_ones_on_request() -> None:
     g, plan, space, s = _softmax(0)
     src = render(lower(g, plan, s, DEV, space))
