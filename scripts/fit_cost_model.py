@@ -266,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         rows, notes = [dict(r) for r in paired], n2 + n3 + n4
         save_dataset(out / "dataset.json", Dataset(dev.key, tuple(rows), tuple(notes),
                                                    {**stored.provenance, "rebuilt_at": head}))
+    for r in rows:   # the database and BERT inference's tuning log: CUDA events; BERT training: CUPTI kernels
+        r.setdefault("timing", "cupti" if r["group"] == "bert-train" else "events")
     groups = sorted({r["group"] for r in rows})
     base = Coefficients.defaults(dev)
     for r, t in zip(rows, predict_rows(rows, dev, base)):
@@ -284,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
              "All times in us. measured = H200 (committed data); every other column is PREDICTED.",
              "before = old model (cost.model.predict, launch term included); default = feature model, default "
              "coefficients; held out = feature model fitted without the row's group (leave-one-model-out); "
-             "in-sample = fitted on all rows (for comparison only).", "",
+             "in-sample = fitted on all rows (for comparison only). The feature model's columns are device time plus, "
+             "for rows timed with CUDA events (the database, BERT inference's log), the fitted event_us per launch "
+             "(the launch start such timing includes; never part of the predicted device time).", "",
              "| group | n | before ±25% | before ρ | default ±25% | default ρ | held out ±25% | held out ρ | held out median pred/meas |",
              "|---|---|---|---|---|---|---|---|---|"]
     summary: dict[str, Any] = {}

@@ -162,7 +162,7 @@ class StitchedFunction:
         hit = self._state.get(key)
         if hit is not None:
             return hit
-        from stitchtune.deploy.compiled import _build
+        from stitchtune.deploy.device_run import build_cubin as _build
         from stitchtune.gpu.driver import open_driver
         from stitchtune.gpu.launch import Launcher, launch_plan
 
@@ -216,7 +216,7 @@ class StitchedFunction:
         """Whether the program has gathers (error flags to read after a launch)."""
         hit = self._state.get("gathers")
         if hit is None:
-            from stitchtune.lower.remap import gather_flag_buffers
+            from stitchtune.lower.gather import gather_flag_buffers
 
             hit = self._state["gathers"] = bool(gather_flag_buffers(self.compiled.program))
         return bool(hit)

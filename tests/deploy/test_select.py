@@ -8,7 +8,7 @@ import random
 from typing import Any
 
 import pytest
-from helpers import EXAMPLES_DIR
+from helpers.common import EXAMPLES_DIR
 
 from stitchtune.cost.model import predict
 from stitchtune.tune.database import TuningDB
@@ -232,7 +232,7 @@ def test_earlier_codegen_records_rank_after_todays_and_say_so(ln: Graph, tmp_pat
 def test_committed_h200_records_are_still_chosen() -> None:
     """The committed H200 database (space version 1, code generator 1) still gives every workload it tuned
     its record, re-validated, and says that the record's time is the earlier kernel's."""
-    from helpers import COMMITTED_DB
+    from helpers.common import COMMITTED_DB
     from stitchtune.tune.database import read_db
 
     df = read_db(COMMITTED_DB)

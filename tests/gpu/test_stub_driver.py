@@ -331,7 +331,7 @@ from stitchtune.deploy.torch_ops import RegionError, RegionKernel
 from stitchtune.gpu.driver import CudaDriver
 from stitchtune.gpu.launch import CaptureError
 from stitchtune.importers.torch_regions import find_regions
-from stitchtune.lower.remap import gather_flag_buffers
+from stitchtune.lower.gather import gather_flag_buffers
 from stubcuda import stub_image
 
 ROWS, V, H = 6, 10, 16

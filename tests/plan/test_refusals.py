@@ -85,6 +85,21 @@ def test_equal_graphs_get_one_answer() -> None:
     assert plan_graph(Graph.from_dict(r.to_dict())) == plan_graph(r)
 
 
+def test_graphs_equal_but_for_a_zero_sign_get_their_own_plans() -> None:
+    """``0.0 == -0.0`` makes the graphs equal, but a plan carries a rewritten graph with its constants."""
+    def graph(zero: float) -> Any:
+        return _graph({"x": [4, 1]}, [{"id": "d", "op": "div", "args": ["x", zero]},
+                                      {"id": "m", "op": "reduce_max", "args": ["d"], "axes": [-1], "keepdims": True},
+                                      {"id": "o", "op": "sub", "args": ["d", "m"]}], ["o"])
+
+    pos, neg = graph(0.0), graph(-0.0)
+    assert pos == neg
+    p, n = plan_graph(pos), plan_graph(neg)
+    assert isinstance(p, StitchPlan) and isinstance(n, StitchPlan) and p is not n
+    assert p.moved_graph is not None and n.moved_graph is not None   # (the unit reduction's rewrite)
+    assert repr(n.planned_graph(neg).nodes[0].args[1]) == "-0.0"
+
+
 def test_the_surrogate_is_named() -> None:
     plain = _broadcast_output()
     assert Surrogate.of(plain) is None                    # no index ops: analysed as it is
