@@ -180,3 +180,20 @@ def test_no_module_is_over_the_size_limit() -> None:
     assert not over, f"modules over {MAX_LINES} lines: split them (add a module) rather than grow them: {over}"
     fixed = sorted(m for m in KNOWN_LARGE if sizes.get(m, 0) <= MAX_LINES)
     assert not fixed, f"these modules are within {MAX_LINES} lines (or gone): take them off KNOWN_LARGE: {fixed}"
+
+
+# ------------------------------------------------------------------------------------ strict typing
+#: the rooms mypy checks strictly (issue 43: every room below the importers, the tuner, the GPU layer and
+#: deployment); the list may only grow
+STRICT_ROOMS = frozenset({"graph", "hardware", "ir", "space", "plan", "cost", "lower", "tune", "gpu", "deploy"})
+
+
+def test_the_strict_rooms_are_strict_in_pyproject() -> None:
+    import tomllib
+
+    overrides = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]["overrides"]
+    strict = [o for o in overrides if o.get("disallow_untyped_defs") and o.get("disallow_untyped_calls")
+              and o.get("warn_return_any")]
+    assert len(strict) == 1, "one override holds the strict settings"
+    rooms = {m.removeprefix("stitchtune.").removesuffix(".*") for m in strict[0]["module"]}
+    assert STRICT_ROOMS <= rooms, f"rooms no longer strict: {sorted(STRICT_ROOMS - rooms)}"

@@ -127,10 +127,10 @@ class DeviceRun:
 
 def build_cubin(source: str, arch: str) -> tuple[Any, bytes]:
     """nvcc (cached) -> (BuildResult, cubin bytes); ToolchainError when it fails."""
-    from stitchtune.gpu.build import NvccBuilder
+    from stitchtune.gpu.build import BuildStatus, NvccBuilder
 
     [res] = NvccBuilder().build([source], arch)
-    if res.status != "ok" or not res.cubin_path:
+    if res.status != BuildStatus.OK or not res.cubin_path:
         raise ToolchainError(f"nvcc failed ({res.status}): {res.error[:2000]}")
     return res, Path(res.cubin_path).read_bytes()
 

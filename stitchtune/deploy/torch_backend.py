@@ -379,7 +379,7 @@ def explain(model: Any, *example_inputs: Any, backward: bool = False, **options:
     torch_stats.reset()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=stitchtune_backend, options=options or None)
-    outputs = compiled(*example_inputs)
+    outputs = compiled(*example_inputs)  # type: ignore[no-untyped-call]  # torch.compile's result is untyped
     if backward:
         differentiate(outputs)
     reports = list(LAST_REPORTS)

@@ -433,14 +433,15 @@ def region_op(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _region_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    return lookup(key).fake(inputs)
+    out: list[torch.Tensor] = lookup(key).fake(inputs)
+    return out
 
 
 # A plain torch.library definition, not ``torch.library.custom_op``: the latter's Python wrappers cost
 # ~30 us per call on the host (scripts/torch_overhead.py), this one a few.
-_lib = torch.library.Library("stitchtune", "DEF")
-_lib.define("region(str key, Tensor[] inputs) -> Tensor[]")
-_lib.impl("region", region_op, "CompositeExplicitAutograd")
+_lib = torch.library.Library("stitchtune", "DEF")  # type: ignore[no-untyped-call]  # torch.library is untyped
+_lib.define("region(str key, Tensor[] inputs) -> Tensor[]")  # type: ignore[no-untyped-call]
+_lib.impl("region", region_op, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
 torch.library.register_fake("stitchtune::region", _region_fake, lib=_lib)
 
 
@@ -449,11 +450,14 @@ def _to_numpy(t: Any, dtype: str) -> np.ndarray:
     from stitchtune.graph.reference import numpy_dtype
 
     t = t.detach()
+    out: np.ndarray
     if dtype == "bfloat16":
-        return t.contiguous().view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
-    if dtype == "bool":
-        return t.numpy().astype(bool)
-    return t.numpy()
+        out = t.contiguous().view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
+    elif dtype == "bool":
+        out = t.numpy().astype(bool)
+    else:
+        out = t.numpy()
+    return out
 
 
 def _from_numpy(a: np.ndarray, dtype: str) -> Any:

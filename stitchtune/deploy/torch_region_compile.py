@@ -34,7 +34,7 @@ def attach_cubins(kernels: Sequence[Any], arch: str, opts: BackendOptions) -> di
     from pathlib import Path
 
     from stitchtune.deploy.torch_ops import RegionKernel
-    from stitchtune.gpu.build import NvccBuilder
+    from stitchtune.gpu.build import BuildStatus, NvccBuilder
 
     todo = [i for i, k in enumerate(kernels) if isinstance(k, RegionKernel) and k.compiled.cubin is None]
     if not todo:
@@ -46,7 +46,7 @@ def attach_cubins(kernels: Sequence[Any], arch: str, opts: BackendOptions) -> di
         return {i: f"cannot build kernels: {type(exc).__name__}: {exc}" for i in todo}
     failed = {}
     for i, res in zip(todo, results):
-        if res.status == "ok" and res.cubin_path:
+        if res.status == BuildStatus.OK and res.cubin_path:
             kernels[i].compiled = replace(kernels[i].compiled, cubin=Path(res.cubin_path).read_bytes())
         else:
             failed[i] = f"nvcc failed ({res.status}): {(res.error or '')[:300]}"

@@ -104,12 +104,12 @@ def test_torch_backend_deterministic_selects_past_atomic_records(db) -> None:
     atomic record is passed over for the deterministic one instead of declining the region."""
     pytest.importorskip("torch")
     from stitchtune.deploy.backend_options import BackendOptions
-    from stitchtune.deploy.torch_region_compile import compile_region_graph as _compile_graph, program_atomics
+    from stitchtune.deploy.torch_region_compile import compile_region_graph, program_atomics
 
     path, fast, slow = db
     g, _, _ = setup(NAME)
     clear_cache()
-    plain = _compile_graph(g, BackendOptions.from_options({"db": str(path)}), DEV)
+    plain = compile_region_graph(g, BackendOptions.from_options({"db": str(path)}), DEV)
     assert plain.schedule == fast and program_atomics(plain.program) > 0
-    det = _compile_graph(g, BackendOptions.from_options({"db": str(path), "deterministic": True}), DEV)
+    det = compile_region_graph(g, BackendOptions.from_options({"db": str(path), "deterministic": True}), DEV)
     assert det.schedule == slow and det.source == "tuned" and program_atomics(det.program) == 0

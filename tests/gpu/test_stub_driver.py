@@ -272,7 +272,7 @@ from stitchtune.deploy.compiled import compile as compile_graph
 from stitchtune.errors import StitchtuneError
 from stitchtune.gpu.driver import CudaDriver
 from stubcuda import stub_image
-from helpers import float_graph
+from helpers.lowering import float_graph
 
 g = float_graph({"x": [8, 64]}, [{"id": "y", "op": "exp", "args": ["x"]}], ["y"])
 cg = compile_graph(g, db=None, device="h200", build=False)

@@ -11,7 +11,7 @@ from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Math
 from stitchtune.lower.counts import loads_from, sweep_counts, sweep_reads
 from stitchtune.lower.entry import lower
 from stitchtune.space import Schedule
-from helpers import DEV, setup
+from helpers.lowering import DEV, setup
 
 
 def _i(v: int) -> Const:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from helpers import float_graph as _graph
+from helpers.lowering import float_graph as _graph
 from lower.test_fused_qkv_rotary import _heads, _rot, fused_q, fused_q_and_k
 from stitchtune.errors import GraphError, SeparateRegionsError, UnsupportedGraphError
 from stitchtune.graph.parse import Graph, load_graph
