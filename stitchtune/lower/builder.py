@@ -143,3 +143,18 @@ class RowKernelBuilder(ExchangeBuilder, Protocol):
     def f_index(self, r: kir.Expr, k: kir.Expr, name: str | None = None) -> kir.Expr:
         """Element ``k`` of row ``r`` of a full-size tensor (through input ``name``'s index map)."""
         ...
+
+
+def rows_exact(low: Lowerer, lay: RowLayout, tasks: int) -> bool:
+    """Whether every task of every round of a row kernel of layout ``lay`` is a real row (piece) of the
+    view: a static kernel whose grid x rounds is exactly ``tasks`` and whose row groups divide the rows.
+    Then the row guard is the constant ``true`` and ptxas issues a thread's loads without a branch
+    between them."""
+    return (low.sym is None and lay.grid * lay.rounds == tasks
+            and (low.s.split > 1 or tasks * low.rpb == low.p.M))
+
+
+def cols_exact(low: Lowerer) -> bool:
+    """Whether a row kernel's sweeps never pass the end of the row (piece): static, and the pieces of the
+    split row, each whole sweeps of ``tpr`` x ``vec`` elements, add up to the row (no padding)."""
+    return (low.sym is None or low.sym.N.static) and low.chunk * low.s.split == low.p.N

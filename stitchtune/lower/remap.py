@@ -298,7 +298,8 @@ class RemapValues:
         """Chain head ``head`` at ``p + delta`` under the conditions: each lane's coordinates in the
         head (its positions, right-aligned), carried back through the chain's transposes (permuted)
         and reshapes (the row-major linear index) to the input's offset; one vector load where the
-        head's innermost dim is the input's innermost and the shift keeps vectors aligned
+        head's innermost dim (the domain's, or wider: a slice of its columns) is the input's innermost and the
+        shift keeps vectors aligned
         (:meth:`_chain_contiguous`), else one predicated scalar load per lane."""
         chain = self.chains[head]
         self._check_bounds(head, self.g.spec(head).shape, sh)
@@ -323,14 +324,17 @@ class RemapValues:
 
     def _chain_contiguous(self, chain: tuple[str, ...], sh: Shift) -> bool:
         """The ``vec`` lanes of a vector load adjacent, aligned elements of the chain's input: the
-        domain's innermost axis is the head's innermost dim, a multiple of ``vec`` (as the delta along
-        it), the conditions are uniform over the lanes, and the head's innermost dim stays innermost
+        domain's innermost axis is the head's innermost dim (of the domain's extent or wider), both
+        multiples of ``vec`` (as the delta along it), the conditions are uniform over the lanes, and the
+        head's innermost dim stays innermost
         through every transpose and reshape (whose innermost dims are multiples of ``vec``)."""
         v, D = self.vec, self.domain
         shape = self.g.spec(chain[0]).shape
         if v == 1:
             return False
-        if shape[-1] != D[-1] or D[-1] % v or sh.d(len(D) - 1) % v or not self.uniform(sh):
+        # the head's innermost dim is the domain's, or wider (a fused projection read through a slice of its
+        # columns: c + d stays inside it, _check_bounds) with rows a whole number of vectors
+        if shape[-1] < D[-1] or shape[-1] % v or D[-1] % v or sh.d(len(D) - 1) % v or not self.uniform(sh):
             return False
         if self.col_axes[-1:] != (len(D) - 1,):
             return False

@@ -21,7 +21,8 @@ from stitchtune.lower import single_pass as sp
 from stitchtune.lower.base import Lowerer, estimate_registers
 from stitchtune.lower.liveness import kernel_levels, merged_levels, node_args, row_sweeps
 from stitchtune.lower.cross import SMALL_KERNEL_REGISTERS, combine_kernel, small_profile, zero_kernel
-from stitchtune.lower.row_kernel import RowKernel, row_layout
+from stitchtune.lower.row_kernel import RowKernel
+from stitchtune.lower.row_layout import row_layout
 from stitchtune.lower.symbols import RowSymbols
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import (CROSS_COMBINE, SCHEMES, CrossCombine, ReuseLevel, Schedule, SchemeTable, row_chunk,
@@ -84,7 +85,7 @@ class RowLowerer(Lowerer):
 
     def resources(self) -> tuple[LaunchShape, ...]:
         """The launch shape of every kernel :meth:`lower` would build, in launch order, from the same
-        layouts (:func:`~stitchtune.lower.row_kernel.row_layout`) without building kernel bodies."""
+        layouts (:func:`~stitchtune.lower.row_layout.row_layout`) without building kernel bodies."""
         tasks, est, segs = self.n_tasks, self.est_regs, self.segs
         out = []
         for ki, seg in enumerate(segs):
