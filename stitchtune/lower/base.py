@@ -99,7 +99,12 @@ class Ctx:
 class Lowerer:
     """Shared machinery of both families."""
 
-    def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device, schemes: SchemeTable = SCHEMES) -> None:
+    def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device, schemes: SchemeTable = SCHEMES,
+                 sym: RowSymbols | None = None) -> None:
+        """The shared state of a program's lowering; a family's constructor completes it with its sizes
+        (nothing is set later: :meth:`lower` and :meth:`resources` only read them). ``sym``: the view's
+        rows as expressions over the kernels' extent arguments for a generic lowering
+        (:mod:`stitchtune.lower.dynamic`); None for a static one."""
         graph = plan.planned_graph(graph)   # the row-move rewrite make_plan planned, if any
         self.g, self.p, self.s, self.dev = graph, plan, s, device
         self.schemes = schemes
@@ -136,7 +141,7 @@ class Lowerer:
         #: the chain's index arithmetic (:mod:`stitchtune.lower.remap`), also where a sweep reads them as they are
         self.chain_heads = frozenset(composed_chains(graph))
         self.rpb = 1
-        # the family's sizes, set by its lower(): elements of a reduction row (row family) or rows of a
+        # the family's sizes, set by its constructor: elements of a reduction row (row family) or rows of a
         # column chunk (col family) a block covers per task, of them a thread's, and its sweep iterations
         self.chunk = self.per_thread = self.iters = 0
         self.n_kernels = 1
@@ -150,7 +155,7 @@ class Lowerer:
         self.last_tasks_reversed: bool | None = None
         #: a generic lowering (:mod:`stitchtune.lower.dynamic`): the view's rows as expressions over the
         #: kernels' extent arguments; None for the static lowering (constants, the kernels of before)
-        self.sym: RowSymbols | None = None
+        self.sym = sym
 
     # -- the view's row count: a constant, or an expression of a generic kernel ----------------------
     def m_expr(self) -> kir.Expr:

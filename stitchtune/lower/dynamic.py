@@ -60,8 +60,9 @@ from stitchtune.ir.verify import verify
 from stitchtune.lower.index_chain import split_axes
 from stitchtune.lower.row import RowLowerer
 from stitchtune.lower.transpose import tile_edge
-from stitchtune.lower.symbols import RowSymbols, SymFactor
+from stitchtune.lower.symbols import RowSymbols
 from stitchtune.plan.family import Family
+from stitchtune.plan.index_map import Factor
 from stitchtune.plan.planner import StitchPlan, plan_graph
 from stitchtune.plan.refusal import Refusal
 from stitchtune.plan.chains import composed_chains, domain_of, mixed_layout
@@ -236,11 +237,11 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
     full = {**rep, **check}
     if sc != s0 or any(fitted[label].value(full) != v for label, v in nc):
         return DynamicRefusal("plan", f"the plan at {check} does not follow the fitted extents")
-    rows: list[tuple[str, tuple[SymFactor, ...]]] = []
-    cols: list[tuple[str, tuple[SymFactor, ...]]] = []
+    rows: list[tuple[str, tuple[Factor[SymInt], ...]]] = []
+    cols: list[tuple[str, tuple[Factor[SymInt], ...]]] = []
     for name, im in p0.index_maps:
         for axis, out, n in (("rows", rows, len(im.rows.factors)), ("cols", cols, len(im.cols.factors))):
-            out.append((name, tuple(SymFactor(fitted[f"{axis}:{name}:{i}:dim"], fitted[f"{axis}:{name}:{i}:inner"],
+            out.append((name, tuple(Factor(fitted[f"{axis}:{name}:{i}:dim"], fitted[f"{axis}:{name}:{i}:inner"],
                                               fitted[f"{axis}:{name}:{i}:stride"]) for i in range(n))))
     args = tuple((d, f"ext{i}") for i, d in enumerate(dg.dim_names))
     sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols))
@@ -354,8 +355,7 @@ def lower_dynamic(fit: RowFit, schedule: Schedule, device: Device,
     why = check_schedule(fit, schedule)
     if why is not None:
         return why
-    low = RowLowerer(fit.graph, fit.plan, schedule, device, space.schemes)
-    low.sym = fit.sym
+    low = RowLowerer(fit.graph, fit.plan, schedule, device, space.schemes, sym=fit.sym)
     prog = low.lower()
     rules, profiles = [], []
     for ln, prof in zip(prog.launches, prog.profile.kernels):

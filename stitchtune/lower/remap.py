@@ -67,7 +67,7 @@ __all__ = ["Shift", "RemapValues"]
 
 class RemapValues:
     """The values of one sweep's index-op nodes (module docstring). ``kern`` is the row kernel
-    (``low``, ``ix``, ``cx``, ``rb``, ``uses``, ``f_index``), ``sw`` the sweep, ``sv`` its
+    (``low``, ``ix``, ``cx``, ``emit``, ``use_input``, ``f_index``), ``sw`` the sweep, ``sv`` its
     :class:`~stitchtune.lower.sweep_values.SweepValues`."""
 
     def __init__(self, kern: RowKernelBuilder, sw: RowSweep, sv: SweepValues) -> None:
@@ -261,7 +261,7 @@ class RemapValues:
         else:
             delta = self._check_bounds(name, self.g.spec(name).shape, sh)
         buf = low.in_buf[name]
-        self.k.uses["in"].add(buf)
+        self.k.use_input(buf)
         im = self.p.imap(name)
         if not (im.cols.broadcast or im.cols.contiguous()):  # strided columns: each lane's own address
             if self._outer(sh):
@@ -303,7 +303,7 @@ class RemapValues:
         chain = self.chains[head]
         self._check_bounds(head, self.g.spec(head).shape, sh)
         buf = self.low.in_buf[chain[-1]]
-        self.k.uses["in"].add(buf)
+        self.k.use_input(buf)
         if self._chain_contiguous(chain, sh):
             return self._emit(buf, self._chain_offset(chain, sh, 0), sh, True, None)
         out: list[kir.Expr] = []
@@ -363,7 +363,7 @@ class RemapValues:
         delta = self._check_bounds(nd.id, tuple(tshape[1:]), sh)
         gi = self.k_gather_row(nd)
         buf = self.low.in_buf[table]
-        self.k.uses["in"].add(buf)
+        self.k.use_input(buf)
         base = add(mul(Bin("max", gi, I(0)), I(self.p.N)), add(self.sw.k0, I(delta)))
         return self._emit(buf, base, sh, self.p.N % self.vec == 0 and delta % self.vec == 0,
                           Bin(">=", gi, I(0)))

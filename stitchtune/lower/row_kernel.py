@@ -10,7 +10,6 @@ remap modules use.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from functools import partial
 from typing import Iterator
@@ -22,16 +21,16 @@ from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul
 from stitchtune.lower.profile import kernel_profile
 from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.builder import RowIndex, RowLayout, RowSweep
-from stitchtune.lower.cluster import STATE_SLOTS, cluster_counts, cluster_shared, cluster_size
+from stitchtune.lower.cluster import STATE_SLOTS, as_cluster, cluster_shared, cluster_size
 from stitchtune.lower.counts import loads_from, sweep_reads
-from stitchtune.lower.cross import (atomic_counts, cross_accumulate, cross_accumulate_rows, cross_epilogue,
-                                    cross_init, cross_layout)
+from stitchtune.lower.cross import (cross_accumulate, cross_accumulate_rows, cross_epilogue, cross_init,
+                                    cross_layout, cross_profile)
 from stitchtune.lower.exchange import combine_partials, exchange
 from stitchtune.lower.gather import pick_value
 from stitchtune.lower.remap import RemapValues
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space import CROSS_COMBINE, ORDER, CrossCombine, Order, ReuseLevel, Schedule
+from stitchtune.space import ORDER, Order, ReuseLevel, Schedule
 
 
 def row_layout(low: Lowerer, ki: int, seg: list[int], tasks: int, est_regs: int, is_last: bool = False) -> RowLayout:
@@ -118,6 +117,21 @@ class RowKernel:
 
     def var(self, prefix: str, dtype: str = F32) -> Var:
         return self.cx.var(prefix, dtype)
+
+    def emit(self, *stmts: kir.Stmt) -> None:
+        self.rb.extend(stmts)
+
+    def value_of(self, name: str) -> kir.Expr | None:
+        return self.pvals.get(name)
+
+    def use_input(self, buf: str) -> None:
+        self.uses["in"].add(buf)
+
+    def use_output(self, buf: str) -> None:
+        self.uses["out"].add(buf)
+
+    def cross_accumulator(self, i: int) -> Var:
+        return self.cross_acc[i]
 
     def last_row(self) -> kir.Expr:
         return self.low.m_last()
@@ -474,21 +488,11 @@ class RowKernel:
             self.body.extend(self.prefetch_rows(kir.Special("bid"), None))
         self.body.append(kir.For(self.ix.rd, I(0), self.rounds(), 1, tuple(self.rb)))
         if self.is_last and low.p.cross:
-            self.body.extend(cross_epilogue(self))
+            self.body.extend(cross_epilogue(self, self.uses))
         kern = low.make_kernel(self.ki, self.uses, self.cx, self.body, list(lay.shared), locals_, lay.needs_sync)
         prof = kernel_profile(low, kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.ki)
         if self.is_last and low.p.cross:
-            prof = self.cross_profile(prof)
+            prof = cross_profile(low, lay.grid, lay.rounds, prof)
         if lay.cluster > 1:  # launched as thread-block clusters (stitchtune.lower.cluster)
-            kern = dataclasses.replace(kern, cluster=lay.cluster)
-            counts = cluster_counts(kern, lay.rounds)
-            prof = dataclasses.replace(prof, cluster=counts["cluster"], cluster_barriers=counts["cluster_barriers"],
-                                       dsmem_loads=counts["dsmem_loads"])
+            kern, prof = as_cluster(kern, prof, lay.cluster, lay.rounds)
         return kern, prof
-
-    def cross_profile(self, prof: kir.KernelProfile) -> kir.KernelProfile:
-        """The profile with the cross combine counted: its atomics, and its one grid barrier after the
-        round loop (the generic count multiplies every grid barrier by the rounds)."""
-        atomics, serial = atomic_counts(self.low, self.lay.grid)
-        gb = prof.grid_barriers - (self.lay.rounds - 1 if self.low.s.option(CROSS_COMBINE) == CrossCombine.GRID else 0)
-        return dataclasses.replace(prof, atomics=atomics, atomic_serial=serial, grid_barriers=gb)

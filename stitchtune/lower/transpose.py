@@ -91,10 +91,13 @@ class TransposeLowerer(Lowerer):
         self.tile: TransposeTile = tile
         self.edge = tile_edge(self.s)
         self.pitch = tile_pitch(self.edge)
+        #: the kernel's tasks, passes of a block over one tile per phase, estimated registers (:meth:`_size`)
+        self.n_tasks, self.passes, self.est_regs = self._size()
 
     # -- sizes --------------------------------------------------------------------------------------
-    def size(self) -> tuple[int, int, int]:
-        """(tasks, passes of a block over one tile per phase, estimated registers)."""
+    def _size(self) -> tuple[int, int, int]:
+        """(tasks, passes of a block over one tile per phase, estimated registers), once, by the
+        constructor (sets ``iters``)."""
         E, vec = self.edge, self.s.vec
         passes = E * E // (vec * self.s.block)
         assert passes >= 1, "the space's rule: transpose * transpose >= block * vec"
@@ -107,7 +110,7 @@ class TransposeLowerer(Lowerer):
 
     def resources(self) -> tuple[LaunchShape, ...]:
         """The launch shape :meth:`lower` gives its one kernel, without building its body."""
-        tasks, _, est = self.size()
+        tasks, est = self.n_tasks, self.est_regs
         smem = 4 * sum(b.size for b in self.shared())
         grid = self.grid_for(tasks, self.s.block, smem, est, 1, False)
         return (LaunchShape("st_k0", self.s.block, smem, est, grid, False, 1),)
@@ -147,7 +150,7 @@ class TransposeLowerer(Lowerer):
 
     # -- the program --------------------------------------------------------------------------------
     def lower(self) -> kir.Program:
-        tasks, passes, est = self.size()
+        tasks, passes, est = self.n_tasks, self.passes, self.est_regs
         k, prof = _TransposeKernel(self, tasks, passes, est).build()
         launches = (kir.Launch(k.name, prof.grid, k.block, k.smem_bytes, tuple(pp.name for pp in k.params)),)
         notes = (f"tiled transpose: {self.edge}x{self.edge} tile (rows padded to {self.pitch} floats) along "

@@ -50,18 +50,18 @@ class TransposeTile:
     inner: int
     outputs: tuple[str, ...]
 
-    def factor(self) -> Factor:
+    def factor(self) -> Factor[int]:
         """The outputs' stride-1 row factor."""
         return Factor(self.dim, self.inner, 1)
 
 
-def stride_one_factor(imap: IndexMap) -> Factor | None:
+def stride_one_factor(imap: IndexMap) -> Factor[int] | None:
     """The row factor of ``imap`` with stride 1 (the tensor's innermost axis runs along the view's
     rows), or None."""
     return next((f for f in imap.rows.factors if f.stride == 1), None)
 
 
-def _transposed(imap: IndexMap) -> Factor | None:
+def _transposed(imap: IndexMap) -> Factor[int] | None:
     """The stride-1 row factor of an output whose columns are strided (not a contiguous run), else None."""
     if imap.cols.broadcast or imap.cols.contiguous() or imap.row_repeats:
         return None
@@ -76,7 +76,7 @@ def transpose_tile(graph: Graph, family: Family, maps: dict[str, IndexMap], dtyp
         return None
     if any(OPS[nd.op].kind in INDEX_KINDS or nd.op == "iota" for nd in graph.nodes):
         return None
-    found: Factor | None = None
+    found: Factor[int] | None = None
     outs: list[str] = []
     for name in dict.fromkeys(graph.outputs):
         m = maps[name]
