@@ -25,6 +25,7 @@ from stitchtune.graph.checks import (
     _type_name,
 )
 from stitchtune.graph.values import (
+    INPUT_ONLY_DTYPES,
     INT_DTYPES,
     Node,
     TensorSpec,
@@ -227,6 +228,9 @@ def _node_attributes(rn: dict[str, Any], path: str, info: OpInfo | None, p: _Pro
             p.add(f"{path}.to", "missing: cast needs a target dtype")
         else:
             to = _check_dtype(rn["to"], f"{path}.to", p)
+            if to in INPUT_ONLY_DTYPES:
+                p.add(f"{path}.to", f"cast cannot make {to} (a graph input dtype only: kernels compute in float32)")
+                to = None
     return keepdims, to
 
 
@@ -308,6 +312,11 @@ def _check_arg_types(path: str, info: OpInfo, values: list[str | float], specs: 
         dtype = specs[k].dtype
         k += 1
         want = info.arg_type(j)
+        if dtype in INPUT_ONLY_DTYPES and info.kind != "cast":
+            p.add(f"{path}.args[{j}]", f"{info.name} cannot take {_show(v)} ({dtype}): a {dtype} input is read "
+                                       "only by cast (to float32, float16 or bfloat16)")
+            ok = False
+            continue
         if want == "i" and info.kind == "binary" and dtype not in INT_DTYPES:   # uniform's seed and counter
             p.add(f"{path}.args[{j}]", f"{info.name} needs an int tensor here; {_show(v)} is {dtype}")
             ok = False

@@ -32,7 +32,7 @@ from stitchtune.importers.torch_aten import (_BINARY, _IGNORED, _IOTA, _UNARY, I
                                              index_dtype_name, value_dtype_name)
 from stitchtune.importers.torch_cnn import WINDOWED_OPS, dead, inplace_reason, is_inplace
 from stitchtune.importers.torch_consts import resolved_index
-from stitchtune.importers.torch_fx_util import data_args, fx_args, zero_pad
+from stitchtune.importers.torch_fx_util import data_args, fx_args, is_scalar64, zero_pad
 from stitchtune.importers.torch_scatter import SCATTER_OPS, is_zeros_base, scatter_index, scatter_reason
 
 #: ATen ops that are compute-intensive (matmuls, convolutions, attention): Inductor's or a library's job
@@ -64,6 +64,8 @@ def _tensor_ok(val: Any, index: bool = False) -> str | None:
         return f"a {type(val).__name__} value, not a tensor"
     if any(_hint(d) is None for d in val.shape):
         return "dynamic shape without an example value (stitched kernels are specialised per shape)"
+    if is_scalar64(val):   # a float64 scalar: read as a float64 input, computed on in float32
+        return None
     if value_dtype_name(val.dtype) is None and not (index and index_dtype_name(val.dtype)):
         return f"dtype {str(val.dtype).removeprefix('torch.')}"
     return None
@@ -321,7 +323,8 @@ def _pull_constants(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, An
 _PULLED_SOURCES = frozenset({"aten.mul", "aten.add", "aten.sub", "aten.div", "aten.neg", "aten.cos", "aten.sin",
                              "aten.exp", "aten.reciprocal", "aten.rsqrt", "aten.sqrt", "aten.view",
                              "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "aten.expand",
-                             "aten.clone", "aten.contiguous", "aten.alias", "aten.to", "aten._to_copy"})
+                             "aten.clone", "aten.contiguous", "aten.alias", "aten.to", "aten._to_copy",
+                             "aten.true_divide", "aten.pow", "prims.convert_element_type"})
 
 
 def _pull_broadcast_sources(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any]) -> None:

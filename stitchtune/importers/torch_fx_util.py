@@ -45,6 +45,14 @@ def value_dtype_name(dt: Any) -> str | None:
     return "bool" if str(dt) == "torch.bool" else torch_dtype_name(dt)
 
 
+def is_scalar64(val: Any) -> bool:
+    """Whether ``val`` is a 0-d float64 tensor: a framework's float scalar (dynamo's unspecialised
+    Python float, ``eps``, ``math.pi``; rotary's ``attention_scaling``) or float64 arithmetic on such
+    scalars. A region reads one as a ``float64`` graph input that its kernels load rounded to float32,
+    and computes on it in float32 (:func:`_meta` maps its dtype to ``float32``)."""
+    return str(getattr(val, "dtype", "")) == "torch.float64" and len(getattr(val, "shape", (0,))) == 0
+
+
 def index_dtype_name(dt: Any) -> str | None:
     """``torch.int64`` -> ``"int64"`` (and int32): the dtypes of gather indices (``embedding``'s ids)."""
     name = str(dt).removeprefix("torch.")
@@ -87,6 +95,8 @@ def _meta(node: Any) -> tuple[tuple[int, ...], str | None]:
         if tm is None:
             return (), None
         return tuple(int(d) for d in tm.shape), value_dtype_name(tm.dtype)
+    if is_scalar64(val):   # float64 scalar arithmetic is computed in float32 in a region
+        return (), "float32"
     return tuple(int(d) for d in val.shape), value_dtype_name(val.dtype)
 
 
