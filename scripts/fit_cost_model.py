@@ -1,6 +1,14 @@
 """Fit the IR-feature cost model (stitchtune.cost.fitted) to the committed H200 data, leave-one-model-out.
 
-    python scripts/fit_cost_model.py [--out results/cost-fit-2026-12-07] [--dataset PATH] [--write-package]
+    python scripts/fit_cost_model.py [--dataset results/cost-fit-2026-12-07/dataset.json] [--out DIR] [--write-package]
+    python scripts/fit_cost_model.py --rebuild [...]   # features again from today's programs (torch, transformers)
+
+By default the fit reads the stored dataset (``--dataset``): the features of the kernels that were
+measured, each row keyed by its program's fingerprint (:mod:`stitchtune.cost.fit_dataset`). ``--rebuild``
+lowers every row's program again with today's code; a rebuilt program whose fingerprint differs from the
+stored one is a different kernel than the one measured, so its features are never paired with the old
+time (the stored row is kept, and the dataset's notes say so); the merged dataset is written to
+``<out>/dataset.json``.
 
 Data (all measured on an NVIDIA H200; nothing here is measured anew):
 
@@ -17,9 +25,8 @@ Data (all measured on an NVIDIA H200; nothing here is measured anew):
   logged prediction within 1% (the same program).
 
 Each row is one measured time and its launches' :class:`~stitchtune.cost.features.KernelFeatures`;
-``--dataset`` reuses a dataset file written by an earlier run (``<out>/dataset.json``: no torch or
-transformers needed); without it the script also writes ``<out>/budget.md``: BERT inference's
-40-trial budget split by the old and the fitted model. The fit: ``scipy.optimize.least_squares`` on log(predicted / measured), soft-L1
+with ``--rebuild`` the script also writes ``<out>/budget.md``: BERT inference's 40-trial budget split by
+the old and the fitted model (torch and transformers needed). The fit: ``scipy.optimize.least_squares`` on log(predicted / measured), soft-L1
 loss, with a weak pull of each coefficient towards its default. The groups ("models") are the five
 database graphs and the two BERT sets; every figure labelled "held out" comes from a fit that did
 not see that group (leave-one-model-out). "before" is the old model (stitchtune.cost.model.predict,
@@ -50,10 +57,12 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from stitchtune.cost.features import KernelFeatures, program_features  # noqa: E402
 from stitchtune.cost.fitted import Coefficients, data_name  # noqa: E402
+from stitchtune.cost.fit_dataset import Dataset, DatasetError, load_dataset, pair_rebuilt, save_dataset  # noqa: E402
 from stitchtune.cost.fitting import FITTED, fit_coefficients, leave_one_group_out, predict_rows, score  # noqa: E402
 from stitchtune.hardware.device import get_device  # noqa: E402
 
 DB = "results/h200-2026-11-29"
+DATASET = "results/cost-fit-2026-12-07/dataset.json"
 MODELS = "results/h200-2026-12-04-models"
 
 
@@ -76,6 +85,12 @@ def _heuristic(graph: Any, dev: Any) -> Any:
     plan = make_plan(graph)
     space = legal_space(graph, plan, dev)
     return lower(graph, plan, heuristic_schedule(plan, dev, space), dev, space)
+
+
+def _fp(prog: Any) -> str:
+    from stitchtune.gpu.render import program_fingerprint
+
+    return program_fingerprint(prog)
 
 
 def _fdict(f: KernelFeatures) -> dict[str, Any]:
@@ -106,7 +121,7 @@ def db_rows(dev: Any) -> list[dict[str, Any]]:
             out.append({"group": f"db:{name}", "label": f"{name} {r['schedule_key']}", "heuristic": bool(r["heuristic"]),
                         "workload": str(name), "measured_us": float(r["measured_us"]),
                         "before_us": float(predict(prog.profile, dev, regs).time_us),
-                        "kernels": [_fdict(f) for f in feats]})
+                        "source_sha256": _fp(prog), "kernels": [_fdict(f) for f in feats]})
     return out
 
 
@@ -131,19 +146,21 @@ def bert_train_rows(dev: Any) -> tuple[list[dict[str, Any]], list[str]]:
     for reg in _capture("bert", "train"):
         prog = _heuristic(reg.graph, dev)
         pred = predict(prog.profile, dev)
+        fp = _fp(prog)
         for i, (f, l) in enumerate(zip(program_features(prog, dev), prog.launches)):
-            launches.append((reg.name, reg.graph.workload_key()[:12], l.kernel, f, pred.per_kernel_us[i]))
+            launches.append((reg.name, reg.graph.workload_key()[:12], l.kernel, f, pred.per_kernel_us[i], fp))
     notes = []
     if [x[2] for x in launches] != [t[0] for t in trace]:
         notes.append(f"bert-train: rebuilt launches ({len(launches)}) do not match the trace ({len(trace)}); left out")
         return [], notes
     out = []
-    for (region, key, kname, f, before), (_, us) in zip(launches, trace):
+    for (region, key, kname, f, before, fp), (_, us) in zip(launches, trace):
         if key not in gpu_keys:
             notes.append(f"bert-train: {region} {kname} ({key}) not in the GPU log's workloads; left out")
             continue
         out.append({"group": "bert-train", "label": f"{region}/{kname}", "heuristic": True, "workload": key,
-                    "measured_us": float(us), "before_us": float(before), "kernels": [_fdict(f)]})
+                    "measured_us": float(us), "before_us": float(before), "source_sha256": fp,
+                    "kernels": [_fdict(f)]})
     return out, notes
 
 
@@ -168,7 +185,7 @@ def bert_inference_rows(dev: Any) -> tuple[list[dict[str, Any]], list[str]]:
             continue
         out.append({"group": "bert-inference", "label": reg.name, "heuristic": True,
                     "workload": reg.graph.workload_key()[:12], "measured_us": measured, "before_us": before,
-                    "kernels": [_fdict(f) for f in program_features(prog, dev)]})
+                    "source_sha256": _fp(prog), "kernels": [_fdict(f) for f in program_features(prog, dev)]})
     return out, notes
 
 
@@ -221,7 +238,9 @@ def _git(*args: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/cost-fit-2026-12-07")
-    ap.add_argument("--dataset", default="", help="reuse this dataset.json instead of rebuilding")
+    ap.add_argument("--dataset", default=DATASET, help="the stored dataset: measured rows keyed by kernel fingerprint")
+    ap.add_argument("--rebuild", action="store_true",
+                    help="features again from today's programs, paired with --dataset's rows by fingerprint")
     ap.add_argument("--device", default="h200")
     ap.add_argument("--write-package", action="store_true", help="write stitchtune/cost/fitted_<device>.json")
     a = ap.parse_args(argv)
@@ -230,17 +249,25 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     budget: list[str] = []
-    if a.dataset:
-        data = json.loads(Path(a.dataset).read_text())
-        rows, notes = data["rows"], data.get("notes", [])
-    else:
+    try:
+        stored = load_dataset(REPO / a.dataset, dev.key)
+    except DatasetError as exc:
+        print(f"fit_cost_model: error: {exc}", file=sys.stderr)
+        return 2
+    rows, notes = [dict(r) for r in stored.rows], list(stored.notes)
+    if a.rebuild:
         budget = budget_lines(dev)
         (out / "budget.md").write_text("\n".join(budget) + "\n")
-        rows = db_rows(dev)
+        head = _git("rev-parse", "--short", "HEAD")
         r2, n2 = bert_train_rows(dev)
         r3, n3 = bert_inference_rows(dev)
-        rows, notes = rows + r2 + r3, n2 + n3
-        (out / "dataset.json").write_text(json.dumps({"device": dev.key, "rows": rows, "notes": notes}, indent=0))
+        rebuilt = [{**r, "features_commit": head} for r in db_rows(dev) + r2 + r3]
+        paired, n4 = pair_rebuilt(stored.rows, rebuilt)
+        rows, notes = [dict(r) for r in paired], n2 + n3 + n4
+        save_dataset(out / "dataset.json", Dataset(dev.key, tuple(rows), tuple(notes),
+                                                   {**stored.provenance, "rebuilt_at": head}))
+    for r in rows:   # the database and BERT inference's tuning log: CUDA events; BERT training: CUPTI kernels
+        r.setdefault("timing", "cupti" if r["group"] == "bert-train" else "events")
     groups = sorted({r["group"] for r in rows})
     base = Coefficients.defaults(dev)
     for r, t in zip(rows, predict_rows(rows, dev, base)):
@@ -259,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
              "All times in us. measured = H200 (committed data); every other column is PREDICTED.",
              "before = old model (cost.model.predict, launch term included); default = feature model, default "
              "coefficients; held out = feature model fitted without the row's group (leave-one-model-out); "
-             "in-sample = fitted on all rows (for comparison only).", "",
+             "in-sample = fitted on all rows (for comparison only). The feature model's columns are device time plus, "
+             "for rows timed with CUDA events (the database, BERT inference's log), the fitted event_us per launch "
+             "(the launch start such timing includes; never part of the predicted device time).", "",
              "| group | n | before ±25% | before ρ | default ±25% | default ρ | held out ±25% | held out ρ | held out median pred/meas |",
              "|---|---|---|---|---|---|---|---|---|"]
     summary: dict[str, Any] = {}

@@ -591,8 +591,8 @@ def fake_lower(graph, plan, s: FakeSchedule, device) -> FakeProgram:
     return FakeProgram(s, FakeProfile(s))
 
 
-def fake_predict(profile: FakeProfile, device, registers=None) -> FakePrediction:
-    s = profile.schedule
+def fake_predict(program: FakeProgram, device, registers=None) -> FakePrediction:
+    s = program.schedule
     reason = "occupancy 0: shared memory over the limit" if FATES.get((s.block, s.vec)) == "prune_reason" else None
     return FakePrediction(fake_time(s), 0.5, reason)
 

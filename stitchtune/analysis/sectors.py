@@ -11,7 +11,7 @@ one :class:`AccessSectors` per (launch, global memory statement, buffer) and one
 it for one kernel launch on given buffers. A warp request is one
 warp executing one memory statement (the active lanes of that warp); its sectors are the distinct
 32-byte sectors its lanes touch, its ideal the fewest sectors its distinct bytes could fill
-(``ceil(distinct bytes / 32)``; the arithmetic is :func:`stitchtune.emulate.sectors.warp_sectors`). ``ratio = sectors / ideal`` summed over the requests: 1.0 is a
+(``ceil(distinct bytes / 32)``; the arithmetic is :func:`stitchtune.ir.sectors.warp_sectors`). ``ratio = sectors / ideal`` summed over the requests: 1.0 is a
 perfectly coalesced access, 8.0 a 4-byte access per lane at a stride of a sector or more (each
 lane a sector of its own). Sectors per request are a per-warp property, so the first blocks of a
 launch show what every full block does (a partial last block may differ; it is not emulated).
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from stitchtune.emulate.emulator import EmulatorFault, elem_dtype, emulate_kernel
-from stitchtune.emulate.sectors import warp_sectors
+from stitchtune.ir.sectors import warp_sectors
 from stitchtune.emulate.trace import MemoryAccess
 from stitchtune.ir import kir
 from stitchtune.ir.kir import ELEM_BYTES
@@ -141,7 +141,7 @@ class SliceResult:
 
 class _Collector:
     """An access sink (``emulate_kernel(trace=...)``) that counts sectors per warp request
-    (:func:`~stitchtune.emulate.sectors.warp_sectors`) and bank wavefronts as the records arrive."""
+    (:func:`~stitchtune.ir.sectors.warp_sectors`) and bank wavefronts as the records arrive."""
 
     def __init__(self, kernel: kir.Kernel) -> None:
         self.kernel = kernel

@@ -16,13 +16,16 @@ Contract
 The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`):
 
 * **memory**: ``nb = min(grid, blocks_per_sm x SMs)`` blocks in flight keep ``nb x block x active_lanes
-  x bytes_in_flight_per_thread`` bytes in flight; the bandwidth is a smooth minimum of
-  ``bw_efficiency`` x copy bandwidth and that over ``dram_latency_ns`` (Little's law). DRAM bytes are
-  the unique bytes plus the sector bytes beyond them (re-reads, strided sectors) that miss the L2;
-  they hit in proportion ``min(1, l2_keep x L2 / unique bytes)``. Every sector also passes the L2 at
-  ``l2_bw_factor`` x copy bandwidth, and the sectors beyond each access's ideal (strided: a transposed
-  store's 4 useful bytes per 32-byte sector) at ``strided_bw_factor`` x copy bandwidth, even when they
-  hit. Memory time is the largest of the three.
+  x bif`` bytes in flight, where ``bif`` is the walk's bytes in flight per thread, at most
+  ``inflight_reg_share`` of the thread's registers (4 bytes each: a load in flight needs its
+  destination registers); the bandwidth is a smooth minimum of ``bw_efficiency`` x copy bandwidth and
+  that over ``dram_latency_ns`` (Little's law). DRAM bytes are the unique bytes plus the sector bytes
+  beyond them (re-reads, strided sectors) that miss the L2; they hit in proportion ``min(1, l2_keep x L2
+  / window)``, ``window = unique bytes / max(1, waves) ** reuse_window`` (with ``reuse_window`` 1: the
+  bytes of one wave, the data between a block's read and its re-read; 0: the whole tensor). Every
+  sector also passes the L2 at ``l2_bw_factor`` x copy bandwidth, and the sectors beyond each access's
+  ideal (strided: a transposed store's 4 useful bytes per 32-byte sector) at ``strided_bw_factor`` x
+  copy bandwidth, even when they hit. Memory time is the largest of the three.
 * **issue**: per thread (features are per-thread counts) float ops, divisions x ``div_cycles``,
   transcendentals x ``sfu_cycles``, over the FP32 lanes of the SMs; shared-memory wavefronts
   (conflicts counted) x ``smem_cycles`` per SM and clock.
@@ -33,7 +36,11 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
   phase waits for DRAM unless other resident blocks hide it);
 * **scratch**: ``ceil(waves) x scratch_loads x scratch_load_ns`` (the cost model's scratch chain);
   grid barriers ``device.grid_barrier_us(grid)`` each; atomics ``atomics x grid x block x atomic_ns``.
-* device time = body + phases + scratch + grid barriers + atomics.
+* **ramp**: ``ramp_us`` per launch (the first loads' latency before data flows, the last wave's drain).
+* device time = body + phases + scratch + grid barriers + atomics + ramp.
+* ``event_us`` is not device time: it is the per-launch start that times taken with CUDA events around a
+  program include (:mod:`stitchtune.cost.fitting` adds it to such rows only, so that the fit of device
+  time is not biased by how a row was measured).
 
 All times are predictions, never measurements.
 """
@@ -79,6 +86,10 @@ class Coefficients:
     phase_us: float = 0.5            # per extra load phase, wave and resident block
     scratch_load_ns: float = 300.0   # per scratch load per thread and wave
     atomic_ns: float = 0.05          # per global atomic (device-wide)
+    inflight_reg_share: float = 1.0  # share of a thread's registers that can hold loads in flight
+    ramp_us: float = 1.0             # per launch: first loads' latency and the last wave's drain
+    event_us: float = 2.0            # per launch, in times taken with CUDA events only (not device time)
+    reuse_window: float = 1.0        # 1: re-read sectors hit the L2 by the footprint of one wave, 0: of the tensor
     source: str = "defaults"
     provenance: Mapping[str, Any] = field(default_factory=dict)
 
@@ -112,6 +123,9 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "cta_ns": (1.0, 2000.0),
     "phase_us": (0.001, 50.0),
     "scratch_load_ns": (10.0, 5000.0),
+    "inflight_reg_share": (0.05, 1.0),
+    "ramp_us": (0.01, 10.0),
+    "event_us": (0.01, 20.0),
 }
 
 
@@ -142,16 +156,19 @@ def coefficients_for(device: Device) -> Coefficients:
 
 def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) -> dict[str, Any]:
     """The predicted terms (µs) of one launch: memory, issue, blocks, body (= max of the three), phases,
-    scratch, grid_barriers, atomics; device time = body + the last four. ``f`` may also be any object with
+    scratch, grid_barriers, atomics, ramp; device time = body + the last five. ``f`` may also be any object with
     the :class:`KernelFeatures` fields as numpy arrays (many launches at once: the fit)."""
     sms = device.sm_count
     bps = np.maximum(f.blocks_per_sm, 1)
     copy = device.effective_copy_bandwidth_gbs()   # bytes per ns
     nb = np.minimum(f.grid, bps * sms)
     unique = np.maximum(np.asarray(f.unique_bytes, dtype=float), 1.0)
-    hit = np.minimum(1.0, c.l2_keep * device.l2_bytes / unique)
-    little = (nb * f.block * np.maximum(f.active_lanes, 1.0 / 32) * np.maximum(f.bytes_in_flight_per_thread, 4.0)
-              / c.dram_latency_ns)
+    waves_f = np.maximum(np.asarray(f.grid, dtype=float) / (bps * sms), 1e-9)
+    window = unique / np.maximum(1.0, waves_f) ** c.reuse_window   # bytes between a read and its re-read
+    hit = np.minimum(1.0, c.l2_keep * device.l2_bytes / window)
+    regs = np.maximum(np.asarray(f.registers, dtype=float), 16.0)
+    bif = np.minimum(np.maximum(f.bytes_in_flight_per_thread, 4.0), np.maximum(4.0, c.inflight_reg_share * 4.0 * regs))
+    little = nb * f.block * np.maximum(f.active_lanes, 1.0 / 32) * bif / c.dram_latency_ns
     cap = c.bw_efficiency * copy
     bw = (cap ** -_SMOOTH_P + np.maximum(little, 1e-12) ** -_SMOOTH_P) ** (-1.0 / _SMOOTH_P)   # smooth minimum
     dram = unique + np.maximum(0.0, f.sector_bytes - unique) * (1.0 - hit)
@@ -170,11 +187,12 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
         "grid_barriers": f.grid_barriers * (device.grid_barrier_base_us
                                             + device.grid_barrier_per_block_us * np.maximum(f.grid, 1)),
         "atomics": threads * f.atomics * c.atomic_ns / 1000.0,
+        "ramp": c.ramp_us + 0.0 * threads,
     }
 
 
 def _device_us(t: Mapping[str, Any]) -> Any:
-    return t["body"] + t["phases"] + t["scratch"] + t["grid_barriers"] + t["atomics"]
+    return t["body"] + t["phases"] + t["scratch"] + t["grid_barriers"] + t["atomics"] + t["ramp"]
 
 
 def kernel_device_us(f: KernelFeatures, device: Device, c: Coefficients) -> float:

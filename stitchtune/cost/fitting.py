@@ -50,14 +50,21 @@ class _Stack:
         self.cols = columns(feats)
         self.owner = np.repeat(np.arange(len(rows)), [len(r["kernels"]) for r in rows])
         self.n = len(rows)
+        self.event_launches = np.array([len(r["kernels"]) if r.get("timing") == "events" else 0 for r in rows],
+                                       dtype=float)
 
     def predict(self, device: Device, c: Coefficients) -> Any:
         return np.bincount(self.owner, weights=device_us_many(self.cols, device, c), minlength=self.n)
 
+    def measured_as(self, device: Device, c: Coefficients) -> Any:
+        """What each row's measurement should read: device time plus the event timing's launch term."""
+        return self.predict(device, c) + self.event_launches * c.event_us
+
 
 def predict_rows(rows: Sequence[Mapping[str, Any]], device: Device, c: Coefficients) -> Any:
-    """Predicted device time (µs) of each row: the sum over its launches."""
-    return _Stack(rows).predict(device, c)
+    """Predicted time (µs) of each row as it was measured: the sum of its launches' device times, plus
+    ``c.event_us`` per launch for a row timed with CUDA events (``timing == "events"``)."""
+    return _Stack(rows).measured_as(device, c)
 
 
 def fit_coefficients(rows: Sequence[Mapping[str, Any]], device: Device, base: Coefficients | None = None,
@@ -82,7 +89,7 @@ def fit_coefficients(rows: Sequence[Mapping[str, Any]], device: Device, base: Co
         return dataclasses.replace(b, **values)
 
     def resid(x: Any) -> Any:
-        pred = np.log(np.maximum(stack.predict(device, coeffs(x)), 1e-6))
+        pred = np.log(np.maximum(stack.measured_as(device, coeffs(x)), 1e-6))
         return np.concatenate([w * (pred - meas), PRIOR * (x - x0)])
 
     res = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.2, max_nfev=2000)

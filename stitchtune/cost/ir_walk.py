@@ -8,7 +8,7 @@ from typing import Any, Mapping, assert_never
 
 import numpy as np
 
-from stitchtune.emulate.sectors import warp_sectors
+from stitchtune.ir.sectors import warp_sectors
 from stitchtune.ir import kir
 
 #: float math ops that compile to a division (a reciprocal and a correction, or the slow path)

@@ -6,63 +6,22 @@ fill (``ceil(distinct bytes / 32)``; lanes that touch the same element count onc
 access is 1.0x of the ideal; a float32 store whose lanes are 64 elements apart (a transposed output
 stored element by element) touches one sector per lane: 8.0x.
 
-:func:`warp_sectors` is the arithmetic (the audit's collector, :mod:`stitchtune.analysis.sectors`,
-and the cost model's static walk, :mod:`stitchtune.cost.ir_walk`, call it);
-:func:`count_sectors` applies it to the records of ``emulate_program(..., trace=[])``
+:func:`warp_sectors` is the arithmetic, kept in :mod:`stitchtune.ir.sectors` (lowering uses it too,
+and may not import the emulator) and re-exported here; :func:`count_sectors` applies it to the
+records of ``emulate_program(..., trace=[])``
 (:class:`~stitchtune.emulate.trace.MemoryAccess`; shared-memory records are skipped).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import numpy as np
 
 from stitchtune.emulate.trace import MemoryAccess
+from stitchtune.ir.sectors import SECTOR_BYTES, SectorCount, warp_sectors
 
 __all__ = ["SECTOR_BYTES", "SectorCount", "count_sectors", "warp_sectors"]
-
-#: the unit of a global memory transaction between the SMs and L2 / DRAM
-SECTOR_BYTES = 32
-_SHIFT = 34   # (warp << _SHIFT) | element: elements below 2**34, warps below 2**29
-
-
-@dataclass(frozen=True)
-class SectorCount:
-    """Warp requests, the sectors they touched and the ideal sectors for their bytes."""
-
-    requests: int
-    sectors: int
-    ideal: int
-
-    @property
-    def ratio(self) -> float:
-        """Sectors over the ideal (1.0 for a coalesced access; 1.0 when nothing was accessed)."""
-        return self.sectors / self.ideal if self.ideal else 1.0
-
-    def __add__(self, other: SectorCount) -> SectorCount:
-        return SectorCount(self.requests + other.requests, self.sectors + other.sectors, self.ideal + other.ideal)
-
-
-def warp_sectors(warps: np.ndarray, elements: np.ndarray, elem_bytes: int) -> SectorCount:
-    """The requests, sectors and ideal sectors of one memory statement: ``elements[i]`` (any int
-    array, may repeat) is touched by warp ``warps[i]`` (same length; one request per distinct warp)."""
-    if elements.size == 0:
-        return SectorCount(0, 0, 0)
-    e = np.asarray(elements, np.int64)
-    w = np.asarray(warps, np.int64)
-    e = e - (int(e.min()) // 32) * 32   # non-negative; a shift by whole 32-element runs keeps the sectors
-    if int(e.max()) < 1 << _SHIFT and int(w.max()) < 1 << (62 - _SHIFT):
-        pairs = np.unique((w << _SHIFT) | e)   # a broadcast lane counts once
-        pw, pe = pairs >> _SHIFT, pairs & ((1 << _SHIFT) - 1)
-        sectors = np.unique((pw << _SHIFT) | ((pe * elem_bytes) // SECTOR_BYTES)).size
-    else:   # addresses too far apart to pack: the same counts, by rows
-        pw, pe = np.unique(np.stack([w, e], 1), axis=0).T
-        sectors = np.unique(np.stack([pw, (pe * elem_bytes) // SECTOR_BYTES], 1), axis=0).shape[0]
-    per_warp = np.unique(pw, return_counts=True)[1]
-    ideal = int((-(-(per_warp * elem_bytes) // SECTOR_BYTES)).sum())
-    return SectorCount(int(per_warp.size), int(sectors), ideal)
 
 
 def count_sectors(trace: Iterable[MemoryAccess], buf: str | None = None, op: str | None = None,

@@ -251,13 +251,15 @@ def output_dtypes(graph: Any) -> dict[str, str]:
 
 
 class EmulateRunner:
-    """Checks each program with the numpy SIMT emulator; the time is the cost model's prediction.
+    """Checks each program with the numpy SIMT emulator; the time is the fitted cost model's prediction
+    (:func:`stitchtune.cost.fitted.predict_program`, device time, the same model the search prunes with).
 
     Inputs are ``random_inputs(graph, seed)`` (``graph`` should be a small variant: the emulator
     runs every thread). An :class:`~stitchtune.emulate.emulator.EmulatorFault` (out of bounds, unwritten
     read, race, grid-barrier deadlock) becomes ``launch_error`` with the fault's text. Every
     measurement has ``estimated=True`` and empty ``samples_us``.
-    ``emulate``/``predict``/``inputs``/``expected`` can be injected (tests; ``fault_types`` then
+    ``emulate``/``predict`` (``predict(program, device, registers=None)``)/``inputs``/``expected`` can be
+    injected (tests; ``fault_types`` then
     lists the exceptions that mean "the kernel faulted"); by default the real modules are used.
     """
 
@@ -296,9 +298,9 @@ class EmulateRunner:
 
             emulate, faults = emulate_program, (*faults, EmulatorFault)
         if predict is None:
-            from stitchtune.cost.model import predict as model_predict
+            from stitchtune.cost.fitted import predict_program
 
-            predict = model_predict
+            predict = predict_program
         return emulate, predict, faults
 
     def coresident_limit(self, program: Any, build: Any) -> Callable[[Any], int]:
@@ -325,7 +327,7 @@ class EmulateRunner:
                                        error=clip_error(chk.error)))
                 continue
             regs = dict(getattr(build, "registers", None) or {}) if getattr(build, "status", "ok") == "ok" else {}
-            pred = predict(program.profile, self.device, registers=regs or None)
+            pred = predict(program, self.device, registers=regs or None)
             out.append(Measurement("ok", median_us=float(pred.time_us), samples_us=(),
                                    max_rel_error=chk.max_rel_error, estimated=True))
         return out

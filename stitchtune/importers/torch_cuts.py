@@ -1,8 +1,9 @@
 """PyTorch regions, cuts: where a refused group is split in two rather than giving up a node.
 
-A planner refusal that names nodes which must be in separate regions
-(:class:`~stitchtune.errors.SeparateRegionsError`: Phi-3's q, k and v, slices of one fused ``qkv``
-output viewed with different head counts) reaches the region finder as a :class:`Refusal` (data, not
+The region finder asks the planner (:func:`plan_check`: :func:`~stitchtune.plan.planner.plan_graph`,
+a plan or a :class:`~stitchtune.plan.refusal.Refusal` value; nothing is caught). A refusal that names
+nodes which must be in separate regions (its ``apart``: Phi-3's q, k and v, slices of one fused ``qkv``
+output viewed with different head counts) reaches the region finder as that :class:`Refusal` (data, not
 a message to parse). :func:`chain_cut` finds the edge that splits the group there: the first node is
 the head of a chain of views (``permute(view(slice(x)))``); the chain is cut off at the tensor its
 slice reads when that tensor is a node of the group read by other nodes of it too. The grouping
@@ -14,22 +15,12 @@ input read outside it is an alias: PyTorch views the input again, no copy).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from typing import Any
 
-from stitchtune.errors import SeparateRegionsError, StitchtuneError
 from stitchtune.importers.torch_subgraph import _is_view
+from stitchtune.plan.refusal import Refusal
 
 __all__ = ["Accept", "Refusal", "chain_cut", "cut_for", "plan_check", "reason_of"]
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why ``accept`` refused a region's graph (``reason``, one line), and the graph nodes that must be
-    in separate regions (``apart``, the first to cut off; empty when the refusal names none)."""
-
-    reason: str
-    apart: tuple[str, ...] = ()
 
 
 #: a region's judge: None when it takes the graph, else why not (a line, or a :class:`Refusal`)
@@ -37,18 +28,15 @@ Accept = Callable[[Any], "str | Refusal | None"]
 
 
 def plan_check(graph: Any) -> str | Refusal | None:
-    """None when the planner accepts ``graph``, else its reason: a :class:`Refusal` naming the nodes
-    to keep apart for a :class:`~stitchtune.errors.SeparateRegionsError` (the default ``accept`` of
-    :func:`stitchtune.importers.torch_regions.find_regions`)."""
-    from stitchtune.plan.planner import make_plan
+    """None when the planner accepts ``graph`` (:func:`~stitchtune.plan.planner.plan_graph`), else its
+    reason: a :class:`Refusal` naming the nodes to keep apart, or the line of one that names none (the
+    default ``accept`` of :func:`stitchtune.importers.torch_regions.find_regions`)."""
+    from stitchtune.plan.planner import plan_graph
 
-    try:
-        make_plan(graph)
-    except SeparateRegionsError as exc:
-        return Refusal(f"planner: {exc}", exc.apart)
-    except StitchtuneError as exc:
-        return f"planner: {exc}"
-    return None
+    got = plan_graph(graph)
+    if not isinstance(got, Refusal):
+        return None
+    return Refusal(f"planner: {got.reason}", got.apart) if got.apart else f"planner: {got.reason}"
 
 
 def reason_of(why: str | Refusal) -> str:

@@ -7,7 +7,8 @@ its index map alone: :func:`row_sector_factor` enumerates one such warp access a
 counts the distinct sectors its addresses touch. A transposed tensor (its innermost column factor
 strided) touches one sector per element: up to 8x the ideal for float32. The tiled transpose
 (:mod:`stitchtune.lower.transpose`) accesses both sides along a stride-1 run: :func:`sector_factor_of`
-of its own offsets.
+of its own offsets. The arithmetic (:func:`sector_factor_of`) is :mod:`stitchtune.ir.sectors`', the one
+the emulator and the cost model count with; re-exported here.
 
 Contract: the factor is ``>= 1.0``; 1.0 for a broadcast or coalesced access. Unlike the L2-based rule
 of before (factor 1 for any tensor under half the L2), the factor applies at every size: a strided
@@ -18,26 +19,10 @@ on the H200 BERT's K-transposed copy (12.6 MB each way, well inside the L2) took
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-
+from stitchtune.ir.sectors import SECTOR_BYTES, sector_factor_of
 from stitchtune.plan.index_map import IndexMap
 
 __all__ = ["SECTOR_BYTES", "sector_factor_of", "row_sector_factor"]
-
-#: the unit of a global memory transaction between the SMs and L2 / DRAM
-SECTOR_BYTES = 32
-
-
-def sector_factor_of(offsets: Iterable[int], elem_bytes: int) -> float:
-    """Sectors one warp access touches over the ideal (its distinct elements' bytes / 32, rounded
-    up), for the element ``offsets`` of the access (any order, repeats allowed)."""
-    elems = set(offsets)
-    if not elems:
-        return 1.0
-    sectors = len({(o * elem_bytes) // SECTOR_BYTES for o in elems})
-    ideal = math.ceil(len(elems) * elem_bytes / SECTOR_BYTES)
-    return max(1.0, sectors / ideal)
 
 
 def row_sector_factor(imap: IndexMap, elem_bytes: int, vec: int, lanes_per_row: int = 32) -> float:

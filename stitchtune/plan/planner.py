@@ -39,53 +39,44 @@ only the rows at coordinate 0 of those axes store it (one writer per element).
 
 Graphs that cannot be expressed in such a view (a partially broadcast output, reductions over
 different axes, a reshape that is not a split/merge of the domain axes, a diagonal ``x + x.T``, ...)
-raise :class:`UnsupportedGraphError` naming the tensor or node; they still run on the reference
-executor.
+are refused with a reason naming the tensor or node; they still run on the reference executor.
+
+The planner is a pipeline of stages, each answering a value or a
+:class:`~stitchtune.plan.refusal.Refusal` (never raising: :func:`plan_graph`): **rewrites** (scatter
+cores, unit reductions, then the graph as given, its row-move and its row-view rewrites, the first
+that plans winning), **layouts** (the default domain tensor's, then the other largest tensors'),
+**views** (:mod:`stitchtune.plan.views`: plain, through the graph's
+:class:`~stitchtune.plan.views.Surrogate`, or mixed) and **checks** (:mod:`stitchtune.plan.checks`).
+A refused graph keeps the first refusal (the graph's own, in its default layout). Only the public
+edge raises: :func:`make_plan` raises the refusal's :class:`~stitchtune.errors.UnsupportedGraphError`
+(a :class:`~stitchtune.errors.SeparateRegionsError` where it names nodes to keep apart).
 """
+
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
-from enum import Enum
-from math import prod
 
-from stitchtune.errors import UnsupportedGraphError
-from stitchtune.graph.parse import Graph, Node
 from stitchtune.graph.ops import INDEX_KINDS, OPS
-from stitchtune.plan import chains, pick, remap
+from stitchtune.graph.parse import Graph, Node
+from stitchtune.plan import checks
+from stitchtune.plan.axes import domain_candidates, tensor_axes
+from stitchtune.plan.classes import TensorClass
+from stitchtune.plan.cross import CrossReduction, check_cross, epilogue_nodes
 from stitchtune.plan.family import Family
-from stitchtune.plan.axes import Groups, TensorAxes, domain_candidates, tensor_axes
-from stitchtune.plan.col_remap import check_col_index_ops
-from stitchtune.plan.cross import CrossReduction, check_cross, epilogue_nodes, split_cross
-from stitchtune.plan.index_map import IndexMap, index_map
+from stitchtune.plan.index_map import IndexMap
 from stitchtune.plan.ints import int_registers
+from stitchtune.plan.refusal import Refusal, ask, rewritten
 from stitchtune.plan.row_moves import commute_row_moves
 from stitchtune.plan.row_views import commute_row_views
 from stitchtune.plan.scatter import Scatter, core_graph, split_scatters
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
-from stitchtune.plan.unit_reductions import unit_reductions
 from stitchtune.plan.transpose import TransposeTile, transpose_tile
+from stitchtune.plan.unit_reductions import unit_reductions
+from stitchtune.plan.views import Surrogate, Viewed, view_stage
 
-
-class TensorClass(Enum):
-    """How a tensor varies over the plan's ``[M, N]`` view (the value is the letter used in docs)."""
-
-    FULL = "F"         # full [M, N]
-    PER_KEPT = "P"     # one value per independent row (row family) / column (col family)
-    PER_REDUCED = "K"  # one value per position along the reduced axis (gamma of a layernorm)
-    SCALAR = "S"       # one value
-
-    @property
-    def varies_along_reduced(self) -> bool:
-        """``FULL`` and ``PER_REDUCED``: produced element by element by a sweep along the reduced
-        axis. ``PER_KEPT`` and ``SCALAR`` are one value per reduction (row/column), broadcast along it."""
-        return self in (TensorClass.FULL, TensorClass.PER_REDUCED)
-
-    def varies_along_cols(self, family: Family) -> bool:
-        """Whether a tensor of this class varies along the view's columns in a plan of ``family``: the
-        reduced axis of the row family (and element-wise), the kept one of the column family."""
-        return self is TensorClass.FULL or self is (TensorClass.PER_KEPT if family == Family.COL
-                                                     else TensorClass.PER_REDUCED)
+__all__ = ["StitchPlan", "TensorClass", "Refusal", "make_plan", "plan_graph"]
 
 
 @dataclass(frozen=True)
@@ -184,184 +175,185 @@ class StitchPlan:
         return len(self.stages)
 
 
-def _axes_maps(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int | None, ...]]:
-    """For each tensor of a *surrogate* graph (:mod:`stitchtune.plan.remap`): which axis of the
-    right-aligned ``domain`` each of its dims indexes (None for a size-1 dim). Graphs without index
-    ops use :func:`~stitchtune.plan.axes.tensor_axes` instead."""
-    D = len(domain)
+def make_plan(graph: Graph) -> StitchPlan:
+    """Analyse ``graph``; raise :class:`~stitchtune.errors.UnsupportedGraphError` when it has no
+    stitched lowering (:func:`plan_graph`'s refusal, :meth:`Refusal.error`: the message of the rule that
+    refused, a :class:`~stitchtune.errors.SeparateRegionsError` where it names nodes to keep apart)."""
+    got = plan_graph(graph)
+    if isinstance(got, Refusal):
+        raise got.error()
+    return got
 
-    def aligned(name: str, shape: tuple[int, ...], what: str) -> tuple[int | None, ...]:
-        if len(shape) > D:
-            raise UnsupportedGraphError(f"{what} '{name}' has a higher rank than the largest tensor")
-        m: list[int | None] = []
-        for k, s in enumerate(shape):
-            dax = D - len(shape) + k
-            if s == 1:
-                m.append(None)
-            elif s == domain[dax]:
-                m.append(dax)
-            else:
-                raise UnsupportedGraphError(
-                    f"{what} '{name}' shape {list(shape)} does not align with the iteration domain {list(domain)}")
-        return tuple(m)
 
-    maps: dict[str, tuple[int | None, ...]] = {name: aligned(name, spec.shape, "input") for name, spec in graph.inputs}
-    for node in graph.nodes:
-        info = OPS[node.op]
-        targs = [a for a in node.args if isinstance(a, str)]
-        if info.kind == "iota":   # no argument: its dims index the domain's axes as an input's do
-            maps[node.id] = aligned(node.id, tuple(node.shape), "iota")
+def plan_graph(graph: Graph) -> StitchPlan | Refusal:
+    """The plan of ``graph``, or the :class:`Refusal` saying why it has no stitched lowering (a value:
+    what a region finder asks). The answers for the last 256 graphs are remembered (the planner is a
+    function of the graph's value: equal graphs get the same answer, e.g. a region the finder judged
+    and the backend then compiles); a graph that cannot be hashed is planned each time.
+
+    A graph with index ops (slice, concat, gather) is analysed through its surrogate
+    (:class:`~stitchtune.plan.views.Surrogate`), over the right-aligned domain of its largest tensor;
+    every other graph through :func:`~stitchtune.plan.axes.tensor_axes` (transpose / reshape as index
+    maps). A *mixed* region (slice / concat and transpose / reshape, e.g. Llama's rotary: head split,
+    then rotate-half) is mapped by :func:`tensor_axes` on its surrogate, whose layout part keeps its own
+    shapes, and lowered with column shifts only (:func:`~stitchtune.plan.remap.check_mixed`).
+
+    When the default domain tensor's layout is refused, the layouts of the other largest tensors
+    (:func:`~stitchtune.plan.axes.domain_candidates`, outputs first) are tried in turn: a
+    channels-last layer norm's backward reads its gradient in NCHW order, whose innermost axis is
+    not the one its row reductions reduce, and plans over the layout of its NHWC output. A graph the
+    default layout plans gets exactly the plan it always had; a refused one gets the default
+    layout's refusal.
+
+    A graph refused so whose row moves (slice / concat along outer axes) of a row-local computation
+    with a reduction (Swin's LayerNorm right before its ``roll``) can be pushed below that computation
+    (:func:`~stitchtune.plan.row_moves.commute_row_moves`) gets the plan of the rewritten graph, marked
+    :attr:`StitchPlan.moved_graph` (the graph the lowering lowers); so does one whose rows are
+    rearranged before a slice / concat and viewed again after it (Swin's roll back after attention:
+    :func:`~stitchtune.plan.row_views.commute_row_views`); when those are refused too, the refusal of
+    ``graph`` stands.
+
+    A graph with reductions over extents of 1 only (a softmax over one key) is planned as the graph
+    with those reductions as identities (:func:`~stitchtune.plan.unit_reductions.unit_reductions`,
+    :attr:`StitchPlan.unit_reductions`, the lowering lowers that graph).
+
+    A graph with ``scatter_add`` nodes is planned through its core graph, the plan listing the
+    scatters (:func:`~stitchtune.plan.scatter.split_scatters`, which also names what it refuses)."""
+    try:
+        hash(graph)
+    except TypeError:   # (a Node built by hand with a list field)
+        return _plan(graph)
+    return _remembered(graph)
+
+
+def _plan(graph: Graph) -> StitchPlan | Refusal:
+    """:func:`plan_graph`'s first stage, the rewrites: a scatter core, a unit-reduction rewrite, else
+    the graph as given (with its transpose tile), then its row-move and row-view rewrites."""
+    split = ask(split_scatters, graph)
+    if isinstance(split, Refusal):
+        return split
+    core, scatters = split
+    if scatters:
+        got = plan_graph(core)
+        return got if isinstance(got, Refusal) else replace(got, scatters=scatters)
+    unit_split = rewritten(unit_reductions, graph)
+    if isinstance(unit_split, Refusal):
+        return unit_split
+    unit, units = unit_split
+    if units:   # reductions over extents of 1: identities (a row-move rewrite of that graph: moved_rows)
+        got = plan_graph(unit)
+        if isinstance(got, Refusal) or got.moved_graph is not None:
+            return got
+        # (no transpose tile: that lowering is for plans of the graph given, not of a rewrite)
+        return replace(got, moved_graph=unit, unit_reductions=units, transpose=None)
+    plan = _plan_layouts(graph)
+    if isinstance(plan, Refusal):
+        return _plan_rewritten(graph, plan)
+    tile = transpose_tile(graph, plan.family, dict(plan.index_maps), dict(plan.dtypes), not plan.cross)
+    return replace(plan, transpose=tile) if tile is not None else plan
+
+
+_remembered = functools.lru_cache(maxsize=256)(_plan)
+
+
+def _plan_rewritten(graph: Graph, refusal: Refusal) -> StitchPlan | Refusal:
+    """The plan of the first of ``graph``'s row-move and row-view rewrites that plans (marked
+    :attr:`StitchPlan.moved_graph`), else ``refusal`` (``graph``'s own)."""
+    for rewrite in (commute_row_moves, commute_row_views):
+        moved = rewritten(rewrite, graph)
+        if isinstance(moved, Refusal):
+            return moved   # (the rewrite's graph is over the format's limits)
+        if moved is graph:
             continue
-        if info.kind == "reduce":
-            src = maps[targs[0]]
-            if node.keepdims:
-                maps[node.id] = tuple(None if i in node.axes else a for i, a in enumerate(src))
-            else:
-                maps[node.id] = tuple(a for i, a in enumerate(src) if i not in node.axes)
+        got = _plan_layouts(moved)
+        if isinstance(got, StitchPlan):
+            return replace(got, moved_graph=moved)
+    return refusal
+
+
+def _plan_layouts(graph: Graph) -> StitchPlan | Refusal:
+    """The layouts stage: the plan in the default layout, else in the first other layout that plans
+    (graphs without index ops only), else the default layout's refusal."""
+    first = _plan_layout(graph, None)
+    if isinstance(first, StitchPlan) or any(OPS[nd.op].kind in INDEX_KINDS for nd in graph.nodes):
+        return first
+    axes = ask(tensor_axes, graph)
+    if isinstance(axes, Refusal):
+        return first   # no axes at all: no other layout either
+    tried, spans = {axes.order}, axes.of
+    for name in domain_candidates(graph):   # one try per distinct layout spanning every axis
+        order = tuple(a for g in spans[name] for a in g)
+        if order in tried or set(order) != set(axes.order):
             continue
-        rank = len(node.shape)
-        out: list[int | None] = [None] * rank
-        for a in targs:
-            am = maps[a]
-            off = rank - len(am)
-            for k, ax in enumerate(am):
-                pos = off + k
-                if ax is None or node.shape[pos] == 1:  # a size-1 result dim (a size-1 slice) broadcasts
-                    continue
-                if out[pos] is None:
-                    out[pos] = ax
-                elif out[pos] != ax:
-                    raise UnsupportedGraphError(
-                        f"node '{node.id}' broadcasts values of different axes against each other "
-                        "(a reduction without keepdims used along another axis?)")
-        maps[node.id] = tuple(out)
-    return maps
+        tried.add(order)
+        got = _plan_layout(graph, name)
+        if isinstance(got, StitchPlan):
+            return got
+    return first
 
 
-@dataclass(frozen=True)
-class _View:
-    """The 2-D view of the iteration domain: which domain axes are rows (``M``) and which columns
-    (``N``), each group in domain (row-major) order; ``sizes[a]`` is the extent of axis ``a``."""
-
-    family: Family
-    sizes: dict[int, int]
-    row_axes: tuple[int, ...]
-    col_axes: tuple[int, ...]
-
-    @property
-    def M(self) -> int:
-        return prod(self.sizes[a] for a in self.row_axes)
-
-    @property
-    def N(self) -> int:
-        return prod(self.sizes[a] for a in self.col_axes)
-
-    @property
-    def shape(self) -> list[int]:
-        """The domain's extents in order (for messages)."""
-        return list(self.sizes.values())
+def _plan_layout(graph: Graph, domain_tensor: str | None) -> StitchPlan | Refusal:
+    """The plan of ``graph`` in the layout of tensor ``domain_tensor`` (None: the default domain
+    tensor; only for graphs without index ops): the int rules, the surrogate, the view, the checks."""
+    ints = int_registers(graph)
+    refused = checks.int_refusal(graph, ints)
+    if refused is not None:
+        return refused
+    sur = Surrogate.of(graph)
+    if isinstance(sur, Refusal):
+        return sur
+    viewed = view_stage(graph, sur, domain_tensor)
+    if isinstance(viewed, Refusal):
+        return viewed
+    refused = checks.int_family_refusal(graph, ints, viewed.view)
+    if refused is not None:
+        return refused
+    return _checked_plan(sur, viewed, ints)
 
 
-def _reduced_axes(red_nodes: list[Node], maps: dict[str, Groups]) -> set[int]:
-    """The domain axes every reduction reduces (the same for all of them, never mixed with kept ones)."""
-    red_axes: set[int] | None = None
-    for nd in red_nodes:
-        src = maps[str(nd.args[0])]
-        axes = {a for i in nd.axes for a in src[i]}
-        kept = {a for i, g in enumerate(src) if i not in nd.axes for a in g}
-        if red_axes is None:
-            red_axes = axes
-        elif axes and axes != red_axes:
-            raise UnsupportedGraphError(
-                f"reduction '{nd.id}' reduces other axes than the first reduction; stitched kernels "
-                "need every reduction over the same axes")
-        if kept & (red_axes or set()):
-            raise UnsupportedGraphError(f"reduction '{nd.id}' mixes reduced and kept axes")
-    return red_axes or set()
+def _checked_plan(sur: Surrogate | None, viewed: Viewed, ints: frozenset[str]) -> StitchPlan | Refusal:
+    """The checks stage over a view (:mod:`stitchtune.plan.checks`, in order, the first refusal
+    standing), then the plan of the graph analysed (the surrogate's where there is one)."""
+    view = viewed.view
+    one_row = view.family == Family.ROW and not view.row_axes and not viewed.cross_nodes
+    classes = checks.check_reductions(viewed.red_nodes, checks.classify(viewed.names, view, viewed.maps, one_row))
+    if isinstance(classes, Refusal):
+        return classes
+    refused = (checks.check_reduction_sources(viewed.red_nodes, view, viewed.maps)
+               or checks.remap_refusal(sur, viewed, classes))
+    if refused is not None:
+        return refused
+    imaps = checks.index_maps(viewed)
+    if not isinstance(imaps, Refusal):
+        imaps = checks.surrogate_maps(sur, viewed, imaps)
+    if isinstance(imaps, Refusal):
+        return imaps
+    cross = ask(check_cross, viewed.graph, list(viewed.cross_nodes), view.family, classes,
+                {n: not m.plain for n, m in imaps.items()})
+    if isinstance(cross, Refusal):
+        return cross
+    return _assemble(viewed, classes, imaps, cross, ints)
 
 
-def _view(order: tuple[int, ...], sizes: dict[int, int], has_reductions: bool, red_axes: set[int]) -> _View:
-    """The family and the row / column axes of the domain axes ``order`` (row-major). Reducing the
-    innermost axis: family ``row``, the reduced axes are the columns (contiguous when they are the
-    trailing axes; strided otherwise), the kept ones the rows. Keeping it: family ``col``, the reduced
-    axes are the rows and the kept ones the columns, so that the lanes of a warp run along the
-    contiguous innermost axis (leading reductions; a middle-axis reduction of ``[B, T, C]`` over ``T``
-    has rows ``T`` and columns ``B*C``). Without a reduced axis: rows of the innermost axis."""
-    red = [a for a in order if a in red_axes]
-    if not has_reductions or not red or not order:
-        family = Family.ROW if has_reductions else Family.ELEMENTWISE
-        return _View(family, sizes, tuple(order[:-1]), tuple(order[-1:]))
-    kept = tuple(a for a in order if a not in red_axes)
-    if order[-1] in red_axes:
-        return _View(Family.ROW, sizes, kept, tuple(red))
-    return _View(Family.COL, sizes, tuple(red), kept)
+def _assemble(viewed: Viewed, classes: dict[str, TensorClass], imaps: dict[str, IndexMap],
+              cross: tuple[CrossReduction, ...], ints: frozenset[str]) -> StitchPlan:
+    """The :class:`StitchPlan` of a view that passed every check."""
+    graph, view, names = viewed.graph, viewed.view, viewed.names
+    stages = _stages(graph, viewed.red_nodes)
+    return StitchPlan(
+        family=view.family, M=view.M, N=view.N, classes=tuple(classes.items()),
+        reductions=tuple(nd.id for nd in viewed.red_nodes), stages=stages,
+        reuse_candidates=tuple(n for n in _reuse_candidates(graph, names, classes, stages, tuple(c.source for c in cross))
+                               if n not in ints),  # int registers are reloaded / recomputed, never cached
+        input_names=tuple(n for n, _ in graph.inputs), dtypes=tuple((n, graph.spec(n).dtype) for n in names),
+        index_maps=tuple((n, imaps[n]) for n in names),
+        single_pass=single_pass_candidates(graph, view.family, stages, view.N), cross=cross,
+        epilogue=epilogue_nodes(graph, list(viewed.cross_nodes)) if cross else (),
+        dataflow=tuple((nd.id, nd.op, tuple(a for a in nd.args if isinstance(a, str))) for nd in graph.nodes),
+        output_names=tuple(graph.outputs))
 
 
-def _classify(names: list[str], view: _View, maps: dict[str, Groups], one_row: bool = False) -> dict[str, TensorClass]:
-    """The class of each tensor: which axis groups (rows, columns) it varies along (all of a group's
-    axes or only some of them: a partial variation is expressed by the tensor's index map).
-
-    ``one_row``: a row-family view whose rows are all of extent 1 (no row axis: a layer norm of
-    ``[1, 1024]``, a decode step's RMSNorm of ``[1, 1, H]``): every tensor varies along the one row,
-    so a tensor varying along the columns is ``FULL`` and one that does not (a reduction's result, a
-    0-d input) ``PER_KEPT``, exactly the classes of the same graph with more rows."""
-    rows_live, cols_live = set(view.row_axes), set(view.col_axes)
-    per_row = TensorClass.PER_KEPT if view.family != Family.COL else TensorClass.PER_REDUCED
-    per_col = TensorClass.PER_KEPT if view.family == Family.COL else TensorClass.PER_REDUCED
-    classes: dict[str, TensorClass] = {}
-    for name in names:
-        varies = {a for g in maps[name] for a in g}
-        in_rows, in_cols = one_row or bool(varies & rows_live), varies & cols_live
-        if in_rows and in_cols:
-            classes[name] = TensorClass.FULL
-        elif in_rows:
-            classes[name] = per_row
-        elif in_cols:
-            classes[name] = per_col
-        else:
-            classes[name] = TensorClass.SCALAR
-    return classes
-
-
-def _index_maps(graph: Graph, view: _View, maps: dict[str, Groups]) -> dict[str, IndexMap]:
-    """Every tensor's :class:`IndexMap` over the view; an output must be stored through a bijective
-    map (one view element per element of it, or one row / column: a plain map, or a permuted one) or
-    be a full tensor broadcast along part of the row axes only (:attr:`IndexMap.store_once`: stored
-    by the rows at coordinate 0 of those axes); any other partially broadcast output is refused."""
-    out = {n: index_map(graph.spec(n).shape, maps[n], view.sizes, view.row_axes, view.col_axes) for n in maps}
-    for o in graph.outputs:
-        if not (out[o].bijective or out[o].store_once):
-            raise UnsupportedGraphError(
-                f"output '{o}' {list(graph.spec(o).shape)} broadcasts along part of the axes of the iteration "
-                f"domain {view.shape} (of the columns, or of the rows of a per-row value); stitched kernels store "
-                "full, per-row, per-column and scalar outputs, and full ones broadcast along row axes only")
-    return out
-
-
-def _check_reduction_sources(red_nodes: list[Node], view: _View, maps: dict[str, Groups]) -> None:
-    """A kernel reduces over every reduced axis of the view: a reduction's source must vary along
-    all of them (a source broadcast along one would be summed once per repeat)."""
-    red_side = set(view.col_axes if view.family == Family.ROW else view.row_axes)
-    for nd in red_nodes:
-        varies = {a for g in maps[str(nd.args[0])] for a in g}
-        if not red_side <= varies:
-            raise UnsupportedGraphError(
-                f"reduction '{nd.id}' reduces a tensor that broadcasts along part of the reduced axes")
-
-
-def _check_reductions(red_nodes: list[Node], classes: dict[str, TensorClass]) -> None:
-    """Every reduction reduces a full-size tensor to one value per row/column (a scalar result, the
-    full reduction of a single row/column, becomes ``PER_KEPT`` in ``classes``)."""
-    for nd in red_nodes:
-        if classes[str(nd.args[0])] is not TensorClass.FULL:
-            raise UnsupportedGraphError(f"reduction '{nd.id}' reduces a tensor that is not full-size")
-        if classes[nd.id] not in (TensorClass.PER_KEPT, TensorClass.SCALAR):
-            raise UnsupportedGraphError(f"reduction '{nd.id}' leaves a full-size result")
-        if classes[nd.id] is TensorClass.SCALAR:
-            classes[nd.id] = TensorClass.PER_KEPT
-
-
-def _stages(graph: Graph, red_nodes: list[Node]) -> tuple[tuple[str, ...], ...]:
+def _stages(graph: Graph, red_nodes: tuple[Node, ...]) -> tuple[tuple[str, ...], ...]:
     """Reductions grouped by depth (reductions on the longest path to them, counting themselves)."""
     depth: dict[str, int] = {n: 0 for n, _ in graph.inputs}
     for nd in graph.nodes:
@@ -371,7 +363,7 @@ def _stages(graph: Graph, red_nodes: list[Node]) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(nd.id for nd in red_nodes if depth[nd.id] == s) for s in range(1, nst + 1))
 
 
-def _reuse_candidates(graph: Graph, names: list[str], classes: dict[str, TensorClass],
+def _reuse_candidates(graph: Graph, names: tuple[str, ...], classes: dict[str, TensorClass],
                       stages: tuple[tuple[str, ...], ...], cross_sources: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The full-size tensors that two or more sweeps need when nothing is cached: sweep ``s``
     (1..nstages) feeds the stage-``s`` reductions, sweep nstages + 1 writes the outputs and
@@ -395,197 +387,3 @@ def _reuse_candidates(graph: Graph, names: list[str], classes: dict[str, TensorC
     for o in graph.outputs + cross_sources:
         mark(o, len(stages) + 1)
     return tuple(n for n in names if classes[n] is TensorClass.FULL and len(needs[n]) >= 2)
-
-
-def _check_index_op_maps(imaps: dict[str, IndexMap], family: str) -> None:
-    """The remapped lowering (slice, concat, gather) addresses operands that broadcast along part of
-    the row axes of row-family kernels only (as before general index maps)."""
-    for name, im in imaps.items():
-        if im.partial_cols or (family == Family.COL and not im.plain):
-            raise UnsupportedGraphError(
-                f"tensor '{name}' varies along only part of an axis group in a region with slice, concat "
-                "or gather; index maps there support broadcasting along the row axes of row kernels only")
-
-
-def _split_cross(all_red: list[Node], axes: TensorAxes) -> tuple[list[Node], list[Node]]:
-    """:func:`~stitchtune.plan.cross.split_cross` over the axes of :func:`tensor_axes` (each tensor
-    dim as the positions in the domain order of the axes it spans: several for a merged dim, the
-    ``[B*H*W, C]`` gradient of a channels-last layer norm's backward viewed as ``[B, H, W, C]``)."""
-    pos = {a: i for i, a in enumerate(axes.order)}
-    spans = {n: tuple(tuple(pos[a] for a in g) for g in gs) for n, gs in axes.groups}
-    sizes = axes.size_of
-    return split_cross(all_red, spans, tuple(sizes[a] for a in axes.order))
-
-
-def _mixed_view(real: Graph, sur: Graph, names: list[str], all_red: list[Node]
-                ) -> tuple[tuple[int, ...], dict[str, Groups], list[Node], list[Node], _View]:
-    """Domain, axis groups, (row-side, cross) reductions and view of a mixed region (slice / concat
-    with transpose / reshape): :func:`tensor_axes` of the surrogate ``sur``, checked by
-    :func:`~stitchtune.plan.remap.check_mixed` (the view's columns are the domain's innermost axis)."""
-    domain = chains.domain_of(real)
-    axes = tensor_axes(sur)
-    maps = axes.of
-    red_nodes, cross_nodes = _split_cross(all_red, axes)
-    view = _view(axes.order, axes.size_of, bool(all_red), _reduced_axes(red_nodes, maps))
-    keep = chains.layout_part(real)
-    dom_t = next((n for n in names if n not in keep and tuple(sur.spec(n).shape) == tuple(domain)), None)
-    if dom_t is None:   # the domain-sized tensors all keep their own layout (a reduction of a reshaped input)
-        culprit = next((f"reduction '{nd.id}' reads" for nd in all_red), "the region has")
-        raise UnsupportedGraphError(
-            f"{culprit} a tensor of the iteration domain {list(domain)} that a transpose / reshape makes, in a "
-            f"region with slice or concat (graph '{real.name}'); such regions iterate a domain-shaped tensor "
-            "computed after the layout ops")
-    out_cols = maps[dom_t][-1]
-    chained = chains.chain_members(real)
-    if (view.family == Family.ELEMENTWISE and set(view.col_axes) < set(out_cols)
-            and not all(n in chained for n in real.input_names)):
-        # the innermost domain dim spans several axes (rotary angles ``cat(freqs, freqs)`` made by an
-        # expand): all of them are the columns, so that a column shift moves along the whole dim
-        view = _View(view.family, view.sizes, tuple(a for a in axes.order if a not in out_cols), tuple(out_cols))
-    remap.check_mixed(real, sur, domain, out_cols, view.col_axes, view.family)
-    return domain, maps, red_nodes, cross_nodes, view
-
-
-def make_plan(graph: Graph) -> StitchPlan:
-    """Analyse ``graph``; raise :class:`UnsupportedGraphError` when it has no stitched lowering.
-    A graph with index ops (slice, concat, gather) is analysed through its surrogate
-    (:mod:`stitchtune.plan.remap`), over the right-aligned domain of its largest tensor; every other
-    graph through :func:`~stitchtune.plan.axes.tensor_axes` (transpose / reshape as index maps). A
-    *mixed* region (slice / concat and transpose / reshape, e.g. Llama's rotary: head split, then
-    rotate-half) is mapped by :func:`tensor_axes` on its surrogate, whose layout part keeps its own
-    shapes, and lowered with column shifts only (:func:`~stitchtune.plan.remap.check_mixed`).
-
-    When the default domain tensor's layout is refused, the layouts of the other largest tensors
-    (:func:`~stitchtune.plan.axes.domain_candidates`, outputs first) are tried in turn: a
-    channels-last layer norm's backward reads its gradient in NCHW order, whose innermost axis is
-    not the one its row reductions reduce, and plans over the layout of its NHWC output. A graph the
-    default layout plans gets exactly the plan it always had; a refused one raises the default
-    layout's refusal.
-
-    A graph refused so whose row moves (slice / concat along outer axes) of a row-local computation
-    with a reduction (Swin's LayerNorm right before its ``roll``) can be pushed below that computation
-    (:func:`~stitchtune.plan.row_moves.commute_row_moves`) gets the plan of the rewritten graph, marked
-    :attr:`StitchPlan.moved_graph` (the graph the lowering lowers); so does one whose rows are
-    rearranged before a slice / concat and viewed again after it (Swin's roll back after attention:
-    :func:`~stitchtune.plan.row_views.commute_row_views`); when those are refused too, the refusal of
-    ``graph`` stands.
-
-    A graph with reductions over extents of 1 only (a softmax over one key) is planned as the graph
-    with those reductions as identities (:func:`~stitchtune.plan.unit_reductions.unit_reductions`,
-    :attr:`StitchPlan.unit_reductions`, the lowering lowers that graph).
-
-    A graph with ``scatter_add`` nodes is planned through its core graph, the plan listing the
-    scatters (:func:`~stitchtune.plan.scatter.split_scatters`, which also names what it refuses)."""
-    core, scatters = split_scatters(graph)
-    if scatters:
-        return replace(make_plan(core), scatters=scatters)
-    unit, units = unit_reductions(graph)
-    if units:   # reductions over extents of 1: identities (a row-move rewrite of that graph: moved_rows)
-        p = make_plan(unit)
-        # (no transpose tile: that lowering is for plans of the graph given, not of a rewrite)
-        return p if p.moved_graph is not None else replace(p, moved_graph=unit, unit_reductions=units, transpose=None)
-    try:
-        plan = _plan_layouts(graph)
-    except UnsupportedGraphError as refusal:
-        for rewrite in (commute_row_moves, commute_row_views):
-            moved = rewrite(graph)
-            if moved is graph:
-                continue
-            try:
-                return replace(_plan_layouts(moved), moved_graph=moved)
-            except UnsupportedGraphError:
-                continue
-        raise refusal from None
-    tile = transpose_tile(graph, plan.family, dict(plan.index_maps), dict(plan.dtypes), not plan.cross)
-    return replace(plan, transpose=tile) if tile is not None else plan
-
-
-def _plan_layouts(graph: Graph) -> StitchPlan:
-    """:func:`make_plan` without the row-move rewrite: the default layout, then the other layouts."""
-    try:
-        return _make_plan(graph)
-    except UnsupportedGraphError as refusal:
-        if any(OPS[nd.op].kind in INDEX_KINDS for nd in graph.nodes):
-            raise
-        try:
-            axes = tensor_axes(graph)
-        except UnsupportedGraphError:
-            raise refusal from None   # no axes at all: no other layout either
-        tried, spans = {axes.order}, axes.of
-        for name in domain_candidates(graph):   # one try per distinct layout spanning every axis
-            order = tuple(a for g in spans[name] for a in g)
-            if order in tried or set(order) != set(axes.order):
-                continue
-            tried.add(order)
-            try:
-                return _make_plan(graph, name)
-            except UnsupportedGraphError:
-                continue
-        raise refusal
-
-
-def _make_plan(graph: Graph, domain_tensor: str | None = None) -> StitchPlan:
-    """:func:`make_plan` over the layout of tensor ``domain_tensor`` (None: the default domain tensor;
-    only for graphs without index ops)."""
-    ints = int_registers(graph)
-    index_op = remap.int_index_op(graph, ints)
-    if index_op is not None:  # (naming the index op: an importer can leave it out and keep the rest)
-        raise UnsupportedGraphError(
-            f"{index_op.op} '{index_op.id}' is in a region that computes with int values (graph '{graph.name}'); "
-            "stitched kernels evaluate slice, concat and gather in float registers: int values may sit beside "
-            "them, but not be read through them, be their result or be computed from it")
-    pick.check_pick_indices(graph, ints)
-    real, graph = graph, remap.surrogate(graph)
-    names = [n for n, _ in graph.inputs] + [nd.id for nd in graph.nodes]
-    all_red = [nd for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
-    mixed = real is not graph and chains.mixed_layout(real)
-    if mixed:  # slice / concat with transpose / reshape: general maps, column shifts
-        domain, maps, red_nodes, cross_nodes, view = _mixed_view(real, graph, names, all_red)
-    elif real is not graph:
-        domain = max((graph.spec(n).shape for n in names), key=lambda s: (prod(s), len(s)))
-        old = _axes_maps(graph, domain)
-        maps = {n: tuple((a,) if a is not None else () for a in m) for n, m in old.items()}
-        order = tuple(a for a in range(len(domain)) if domain[a] > 1)
-        red_nodes, cross_nodes = split_cross(all_red, maps, domain)
-        view = _view(order, dict(enumerate(domain)), bool(all_red), _reduced_axes(red_nodes, maps))
-        if view.family == Family.COL:   # slice / concat along the columns only (plan.col_remap)
-            check_col_index_ops(real, domain, view.row_axes, view.col_axes, maps)
-        else:
-            remap.check_gathers(real, domain, view.col_axes, view.family)
-    else:
-        axes = tensor_axes(graph, domain_tensor)
-        maps = axes.of
-        red_nodes, cross_nodes = _split_cross(all_red, axes)
-        view = _view(axes.order, axes.size_of, bool(all_red), _reduced_axes(red_nodes, maps))
-    if ints and view.family == Family.COL:
-        raise UnsupportedGraphError(
-            f"graph '{real.name}' computes with int values in a column-reduction region; stitched kernels lower "
-            "int arithmetic in element-wise and row-reduction regions only")
-    one_row = view.family == Family.ROW and not view.row_axes and not cross_nodes
-    classes = _classify(names, view, maps, one_row)
-    _check_reductions(red_nodes, classes)
-    _check_reduction_sources(red_nodes, view, maps)
-    if real is not graph:
-        rows = tuple(range(len(domain) - 1)) if mixed else view.row_axes
-        remap.check_remaps(real, domain, rows, {n: c.varies_along_cols(view.family) for n, c in classes.items()}, mixed)
-    imaps = _index_maps(graph, view, maps)
-    if real is not graph and not mixed:  # mixed: a shifted load maps view element (r, c + d) (lower.remap)
-        _check_index_op_maps(imaps, view.family)
-    if real is not graph and not mixed:
-        imaps.update(remap.real_index_maps(real, graph, old, domain, view.row_axes, view.col_axes))
-    if mixed:  # an input wider than the domain along its innermost axis: its own row strides
-        imaps.update({n: index_map(real.spec(n).shape, maps[n], view.sizes, view.row_axes, view.col_axes)
-                      for n in chains.wide_inputs(real)})
-    cross = check_cross(graph, cross_nodes, view.family, classes, {n: not m.plain for n, m in imaps.items()})
-    stages = _stages(graph, red_nodes)
-    return StitchPlan(
-        family=view.family, M=view.M, N=view.N, classes=tuple(classes.items()),
-        reductions=tuple(nd.id for nd in red_nodes), stages=stages,
-        reuse_candidates=tuple(n for n in _reuse_candidates(graph, names, classes, stages, tuple(c.source for c in cross))
-                               if n not in ints),  # int registers are reloaded / recomputed, never cached
-        input_names=tuple(n for n, _ in graph.inputs), dtypes=tuple((n, graph.spec(n).dtype) for n in names),
-        index_maps=tuple((n, imaps[n]) for n in names),
-        single_pass=single_pass_candidates(graph, view.family, stages, view.N), cross=cross,
-        epilogue=epilogue_nodes(graph, [nd for nd in cross_nodes]) if cross else (),
-        dataflow=tuple((nd.id, nd.op, tuple(a for a in nd.args if isinstance(a, str))) for nd in graph.nodes),
-        output_names=tuple(graph.outputs))

@@ -1,6 +1,7 @@
 """Evaluation pipeline: a batch of schedules -> one database row per schedule.
 
     lower -> predict -> prune (illegal, or predicted far slower than the best measured)
+    (the prediction: the fitted IR-feature model, :func:`stitchtune.cost.fitted.predict_program`)
           -> render -> build all survivors in one batch (the builder parallelises)
           -> run survivors one at a time in the runner -> rows
 
@@ -37,7 +38,9 @@ class Stages:
     """The stage functions :func:`evaluate` calls (injectable so tests can use fakes).
 
     ``lower(graph, plan, schedule, device) -> Program`` (raises ScheduleError for an illegal point);
-    ``render(program) -> str``; ``predict(profile, device, registers=None) -> Prediction``;
+    ``render(program) -> str``; ``predict(program, device, registers=None) -> Prediction`` (the real
+    stage: :func:`stitchtune.cost.fitted.predict_program`, the fitted model's device time and the
+    legality rules of :func:`stitchtune.cost.model.predict`);
     ``should_prune(prediction, best_measured_us, factor) -> str | None``.
     """
 
@@ -50,11 +53,12 @@ class Stages:
 
 def default_stages() -> Stages:
     """The real stages (imported lazily: they sit to the left of this module)."""
+    from stitchtune.cost import fitted
     from stitchtune.cost import model as cost
     from stitchtune.lower import entry as lower
     from stitchtune.gpu import render as render_cuda
 
-    return Stages(lower=lower.lower, render=render_cuda.render, predict=cost.predict,
+    return Stages(lower=lower.lower, render=render_cuda.render, predict=fitted.predict_program,
                   should_prune=cost.should_prune, codegen_version=str(lower.CODEGEN_VERSION))
 
 
@@ -162,7 +166,7 @@ def _lower_and_predict(c: _Cand, graph: Any, plan: Any, device: Any, st: Stages,
     except ScheduleError as exc:
         c.row.update(status=TrialStatus.PRUNED, prune_reason=_clip(f"illegal: {exc}"))
         return False
-    c.prediction = st.predict(c.program.profile, device)
+    c.prediction = st.predict(c.program, device)
     c.row["predicted_us"] = _finite(c.prediction.time_us)
     c.row["occupancy"] = _finite(c.prediction.occupancy)
     c.row["profile_json"] = _profile_json(c.program.profile)
@@ -206,7 +210,7 @@ def _record_build(c: _Cand, device: Any, st: Stages) -> None:
         c.row.update(status=status, error=_clip(b.error or b.status))
         return
     if regs:
-        pred = st.predict(c.program.profile, device, registers=regs)
+        pred = st.predict(c.program, device, registers=regs)
         c.row["predicted_us"] = _finite(pred.time_us)
         c.row["occupancy"] = _finite(pred.occupancy)
         c.row["profile_json"] = _profile_json(c.program.profile, regs)

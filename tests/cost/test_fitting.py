@@ -77,3 +77,18 @@ def test_the_script_reproduces_the_table_from_a_dataset(tmp_path: Path, monkeypa
     assert len(data["rows"]) == 20 and all(r["heldout_us"] > 0 for r in data["rows"])
     # the package data is written only when asked
     assert not list(out.glob("fitted_*.json"))
+
+
+def test_the_script_refuses_a_dataset_without_fingerprints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("fit_cost_model", ROOT / "scripts" / "fit_cost_model.py")
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, "fit_cost_model", mod)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    old = tmp_path / "old.json"
+    data = json.loads(FIXTURE.read_text())
+    old.write_text(json.dumps({"device": data["device"], "rows": data["rows"]}))   # format 1
+    assert mod.main(["--out", str(tmp_path / "fit"), "--dataset", str(old)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error:" in err[0] and "format 1" in err[0]
+    assert not (tmp_path / "fit" / "fit.md").exists()

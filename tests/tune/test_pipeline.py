@@ -121,6 +121,7 @@ def test_real_stages_on_small_layernorm():
     from stitchtune.plan.planner import make_plan
     from stitchtune.gpu.runners import EmulateRunner
     from stitchtune.space import SearchSpace
+    from stitchtune.gpu.runners import FakeRunner as TimesRunner
     from stitchtune.tune.search import SkipBuilder
 
     graph = load_graph("examples/layernorm_small.json")
@@ -136,3 +137,46 @@ def test_real_stages_on_small_layernorm():
         if r["status"] == "ok":
             assert r["estimated"] is True and r["measured_us"] == pytest.approx(r["predicted_us"])
     assert any(r["status"] == "ok" for r in rows)
+
+
+def test_the_search_prunes_by_the_fitted_model(monkeypatch):
+    """The real stages' prediction (and so the pruning before compiling) is the fitted IR-feature model's:
+    coefficients that make every kernel far slower prune a point the old profile model keeps, and the
+    row's predicted_us is cost.fitted.predict_program's time, not cost.model.predict's."""
+    import dataclasses
+
+    from stitchtune.cost import fitted
+    from stitchtune.cost.model import predict as old_predict
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.hardware.device import get_device
+    from stitchtune.lower.entry import lower
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space import SearchSpace
+    from stitchtune.tune.pipeline import default_stages
+    from stitchtune.gpu.runners import FakeRunner as TimesRunner
+    from stitchtune.tune.search import SkipBuilder
+
+    graph = load_graph("examples/layernorm_small.json")
+    plan = make_plan(graph)
+    device = get_device("h200")
+    space = SearchSpace.for_plan(plan, device)
+    sched = space.sample(random.Random(0))
+    prog = lower(graph, plan, sched, device, space)
+    old_us = old_predict(prog.profile, device).time_us
+    fit_us = fitted.predict_program(prog, device).time_us
+    assert fit_us != pytest.approx(old_us)
+    best = 2.0 * max(old_us, fit_us)      # factor 3: neither model prunes at these coefficients
+    shipped = fitted.coefficients_for(device)
+
+    def run(coeffs):
+        monkeypatch.setattr(fitted, "coefficients_for", lambda dev: coeffs)
+        return evaluate(graph, plan, device, [sched], SkipBuilder("test"), TimesRunner(), best,
+                        stages=default_stages())[0]
+
+    kept = run(shipped)
+    assert kept["status"] == "ok" and kept["predicted_us"] == pytest.approx(
+        fitted.predict_program(prog, device, coefficients=shipped).time_us)
+    slow = dataclasses.replace(shipped, cta_ns=1e6, flop_cycles=1e5)
+    assert fitted.predict_program(prog, device, coefficients=slow).time_us > 3 * best > 3 * old_us
+    pruned = run(slow)
+    assert pruned["status"] == "pruned" and "best" in pruned["prune_reason"]

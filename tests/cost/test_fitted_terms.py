@@ -1,0 +1,63 @@
+"""The fitted model's terms added for issue 39 (stitchtune/cost/fitted.py, stitchtune/cost/fitting.py):
+bytes in flight bounded by registers, L2 re-reads within one wave's footprint, the per-launch ramp, and
+the CUDA-event launch start that is fitted but never part of the predicted device time."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from stitchtune.cost.features import KernelFeatures
+from stitchtune.cost.fitted import Coefficients, kernel_device_us, kernel_terms_us
+from stitchtune.cost.fitting import predict_rows
+from stitchtune.hardware.device import get_device
+
+H200 = get_device("h200")
+FIXTURE = Path(__file__).parent / "data" / "fit_fixture.json"
+NAMES = {f.name for f in dataclasses.fields(KernelFeatures)}
+
+
+def _kernel(**over: float) -> KernelFeatures:
+    row = json.loads(FIXTURE.read_text())["rows"][0]
+    return dataclasses.replace(KernelFeatures(**{k: v for k, v in row["kernels"][0].items() if k in NAMES}), **over)
+
+
+def test_loads_in_flight_are_bounded_by_the_registers_that_receive_them() -> None:
+    # 8 blocks of 256 threads: latency-bound, so the bytes in flight set the time
+    f = _kernel(grid=8, block=256, blocks_per_sm=1, bytes_in_flight_per_thread=1024.0, active_lanes=1.0)
+    c = dataclasses.replace(Coefficients.defaults(H200), inflight_reg_share=0.5)
+    few, many = (kernel_terms_us(dataclasses.replace(f, registers=r), H200, c)["memory"] for r in (32, 255))
+    assert few > 3 * many          # 64 vs 510 bytes in flight per thread
+    unbounded = dataclasses.replace(c, inflight_reg_share=1.0)
+    assert kernel_device_us(dataclasses.replace(f, registers=255), H200, unbounded) == pytest.approx(
+        kernel_device_us(dataclasses.replace(f, registers=255, bytes_in_flight_per_thread=1020.0), H200, unbounded))
+
+
+def test_re_reads_hit_the_l2_when_one_wave_of_data_fits() -> None:
+    # 134 MB read twice (a two-pass row kernel): the re-read follows the first read within the block
+    f = _kernel(grid=2048, block=256, blocks_per_sm=4, unique_bytes=134_217_728, sector_bytes=268_435_456.0,
+                excess_sector_bytes=0.0, bytes_in_flight_per_thread=256.0, registers=128)
+    c = Coefficients.defaults(H200)
+    per_wave = kernel_terms_us(f, H200, c)["memory"]
+    whole = kernel_terms_us(f, H200, dataclasses.replace(c, reuse_window=0.0))["memory"]
+    assert per_wave < 0.75 * whole
+    # one wave of data larger than the L2 misses as before
+    one_wave = dataclasses.replace(f, grid=132 * 4)
+    assert kernel_terms_us(one_wave, H200, c)["memory"] == pytest.approx(
+        kernel_terms_us(one_wave, H200, dataclasses.replace(c, reuse_window=0.0))["memory"])
+
+
+def test_the_ramp_is_device_time_and_event_timing_is_not() -> None:
+    f = _kernel()
+    c = Coefficients.defaults(H200)
+    assert kernel_device_us(f, H200, dataclasses.replace(c, ramp_us=3.0)) == pytest.approx(
+        kernel_device_us(f, H200, dataclasses.replace(c, ramp_us=1.0)) + 2.0)
+    row = {"group": "g", "label": "x", "measured_us": 1.0, "kernels": [dataclasses.asdict(f)] * 2}
+    row["kernels"] = [{k: v for k, v in d.items() if k != "per_access"} for d in row["kernels"]]
+    events = {**row, "timing": "events"}
+    cupti, ev = predict_rows([row, events], H200, dataclasses.replace(c, event_us=5.0))
+    assert ev == pytest.approx(cupti + 2 * 5.0)          # two launches timed with events
+    assert cupti == pytest.approx(2 * kernel_device_us(f, H200, c))

@@ -1,0 +1,126 @@
+"""The planner as a pipeline (issue 43 item 3): its stages answer :class:`~stitchtune.plan.refusal.Refusal`
+values, :func:`~stitchtune.plan.planner.plan_graph` returns one, only :func:`make_plan` raises (the same
+exception and message), a graph with index ops is analysed through its named :class:`Surrogate`, and
+equal graphs get one answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from helpers import float_graph as _graph
+from lower.test_fused_qkv_rotary import _heads, _rot, fused_q, fused_q_and_k
+from stitchtune.errors import GraphError, SeparateRegionsError, UnsupportedGraphError
+from stitchtune.graph.parse import Graph, load_graph
+from stitchtune.plan.planner import StitchPlan, make_plan, plan_graph
+from stitchtune.plan.refusal import Refusal, ask, rewritten
+from stitchtune.plan.views import Surrogate
+
+B, S, H, D = 2, 4, 2, 8
+
+
+def _q_and_one_k() -> Any:
+    """q's 2 heads and k's 1 head sliced from one input in one region (they belong in two)."""
+    nodes = _heads(0, H, B, S, D, "q") + _rot("qh", D, "r") + _heads(H * D, 1, B, S, D, "k") + _rot("kh", D, "p")
+    return _graph({"qkv": [B, S, (H + 2) * D], "cos": [S, D], "sin": [S, D]}, nodes, ["rout", "pout"])
+
+
+def _broadcast_output() -> Any:
+    """A per-row value broadcast along part of the row axes as an output: refused by the check stage."""
+    return _graph({"x": [2, 3, 8], "p": [2, 1, 1]},
+                  [{"id": "y", "op": "mul", "args": ["x", "p"]},
+                   {"id": "q", "op": "mul", "args": ["p", 2.0]}],
+                  ["y", "q"])
+
+
+def test_a_refusal_naming_nodes_apart_is_a_value_and_make_plan_raises_it() -> None:
+    g = _q_and_one_k()
+    got = plan_graph(g)
+    assert isinstance(got, Refusal)
+    assert got.apart == ("qh", "ksl")
+    assert got.reason.startswith("node 'qh' ") and "'ksl' also read" in got.reason
+    with pytest.raises(SeparateRegionsError) as exc:
+        make_plan(g)
+    assert str(exc.value) == got.reason and exc.value.apart == got.apart
+
+
+def test_a_plain_refusal_has_nothing_apart_and_raises_unsupported() -> None:
+    nodes = [{"id": "sl", "op": "slice", "args": ["qkv"], "axis": -1, "start": 0, "stop": H * D},
+             {"id": "hv", "op": "reshape", "args": ["sl"], "shape": [B, S, H, D]},
+             {"id": "sq", "op": "mul", "args": ["hv", "hv"]},
+             {"id": "ms", "op": "reduce_mean", "args": ["sq"], "axes": [-1], "keepdims": True},
+             {"id": "nn", "op": "mul", "args": ["hv", "ms"]},
+             {"id": "qh", "op": "transpose", "args": ["nn"], "perm": [0, 2, 1, 3]}] + _rot("qh", D, "r")
+    g = _graph({"qkv": [B, S, 4 * D], "cos": [S, D], "sin": [S, D]}, nodes, ["rout"])
+    got = plan_graph(g)
+    assert isinstance(got, Refusal) and got.apart == ()
+    assert "node 'hv'" in got.reason and "is read by 'sq'" in got.reason
+    with pytest.raises(UnsupportedGraphError) as exc:
+        make_plan(g)
+    assert type(exc.value) is UnsupportedGraphError and str(exc.value) == got.reason
+
+
+def test_the_check_stage_refuses_a_partially_broadcast_output() -> None:
+    got = plan_graph(_broadcast_output())
+    assert got == Refusal("output 'q' [2, 1, 1] broadcasts along part of the axes of the iteration domain "
+                          "[2, 3, 8] (of the columns, or of the rows of a per-row value); stitched kernels store "
+                          "full, per-row, per-column and scalar outputs, and full ones broadcast along row axes only")
+
+
+def test_every_example_plans_through_the_value_path() -> None:
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.json")):
+        got = plan_graph(load_graph(path))
+        assert isinstance(got, StitchPlan), (path.name, got)
+
+
+def test_equal_graphs_get_one_answer() -> None:
+    g = fused_q()
+    again = Graph.from_dict(g.to_dict())
+    assert again == g and again is not g
+    assert plan_graph(again) is plan_graph(g)
+    r = _q_and_one_k()
+    assert plan_graph(Graph.from_dict(r.to_dict())) == plan_graph(r)
+
+
+def test_the_surrogate_is_named() -> None:
+    plain = _broadcast_output()
+    assert Surrogate.of(plain) is None                    # no index ops: analysed as it is
+    g = fused_q_and_k()
+    sur = Surrogate.of(g)
+    assert isinstance(sur, Surrogate)
+    assert sur.real is g and sur.graph is not g and sur.graph.outputs == g.outputs
+    assert {n.op for n in sur.graph.nodes} .isdisjoint({"slice", "concat", "gather"})
+    refused = Surrogate.of(_q_and_one_k())               # its chains refuse: the value, not an exception
+    assert isinstance(refused, Refusal) and refused.apart == ("qh", "ksl")
+
+
+def test_ask_turns_only_refusals_into_values() -> None:
+    def refuse(msg: str) -> None:
+        raise UnsupportedGraphError(msg)
+
+    def apart() -> None:
+        raise SeparateRegionsError("keep apart", ("a", "b"))
+
+    def bug() -> None:
+        raise KeyError("x")
+
+    assert ask(refuse, "no") == Refusal("no")
+    assert ask(apart) == Refusal("keep apart", ("a", "b"))
+    assert ask(len, "abc") == 3
+    with pytest.raises(KeyError):
+        ask(bug)
+    err = Refusal("keep apart", ("a", "b")).error()
+    assert isinstance(err, SeparateRegionsError) and err.apart == ("a", "b") and str(err) == "keep apart"
+    assert type(Refusal("no").error()) is UnsupportedGraphError
+
+
+def test_a_rewrite_over_the_format_limits_is_a_refusal() -> None:
+    def too_big(graph: Graph) -> Graph:
+        raise GraphError("nodes: too many nodes (limit 4096)")
+
+    g = fused_q()
+    assert rewritten(too_big, g) == Refusal("nodes: too many nodes (limit 4096)")
+    assert rewritten(lambda x: x, g) is g
