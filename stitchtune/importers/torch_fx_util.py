@@ -157,15 +157,16 @@ _SPLITS = ("aten.split", "aten.split_with_sizes")
 
 def _split_bounds(node: Any) -> list[tuple[int, int]] | None:
     """``[(start, end)]`` of each part of a ``split`` / ``split_with_sizes`` node along its dim, or None
-    when a size is symbolic or the node is not such a split."""
+    when the split dim or a size is symbolic or the node is not such a split (other dims may be
+    symbolic: GPT-2's ``c_attn`` output ``[1, s, 192]`` cut along its last dim in a prompt graph)."""
     if getattr(node, "op", None) != "call_function" or op_key(node.target) not in _SPLITS \
             or not hasattr(node.target, "_schema"):
         return None
     a = _bind(node)
     val, dim = a["self"].meta.get("val"), a.get("dim", 0)
-    if val is None or not isinstance(dim, int) or not all(isinstance(d, int) for d in val.shape):
+    if val is None or not isinstance(dim, int) or val.dim() == 0 or not isinstance(val.shape[dim % val.dim()], int):
         return None
-    n = val.shape[dim % max(val.dim(), 1)]
+    n = val.shape[dim % val.dim()]
     sizes = a.get("split_size") if "split_size" in a else a.get("split_sizes")
     if isinstance(sizes, int):
         if sizes <= 0:
