@@ -104,7 +104,11 @@ def _profiled(torch: Any, fn: Callable[[], Any], iters: int) -> list[tuple[str, 
 
 def regions_case(torch: Any, model: Any, args: Sequence[Any], name: str, mode: str, iters: int,
                  cpu: bool) -> list[dict[str, Any]]:
-    """One row per distinct workload of ``model``'s regions called as ``mode`` (module docstring)."""
+    """One row per distinct workload of ``model``'s regions called as ``mode`` (module docstring); on
+    a GPU each row also carries ``fit_rows`` (:func:`gpu_fit_rows.fit_rows`, group
+    ``round-<model>-<mode>-<dtype>``; empty when the profiled kernels are not the program's launches)."""
+    import gpu_fit_rows
+
     from stitchtune.cost.features import floor_us, program_features
     from stitchtune.cost.fitted import predict_program
     from stitchtune.deploy import torch_backend
@@ -116,6 +120,7 @@ def regions_case(torch: Any, model: Any, args: Sequence[Any], name: str, mode: s
     from stitchtune.plan.planner import make_plan
 
     dev = "cpu" if cpu else "cuda"
+    dtype = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(str(next(model.parameters()).dtype), "fp32")
     device = get_device("h200") if cpu else None
     if device is None:
         from stitchtune.gpu.device_query import default_device
@@ -137,11 +142,18 @@ def regions_case(torch: Any, model: Any, args: Sequence[Any], name: str, mode: s
                 inputs = region_inputs(torch, r.module, dev)
                 torch._dynamo.reset()
                 ours_fn = torch.compile(r.module, backend=torch_backend.stitchtune_backend)
-                ours = summarise(_profiled(torch, lambda: ours_fn(*inputs), iters), iters)
+                ours_ev = _profiled(torch, lambda: ours_fn(*inputs), iters)
+                ours = summarise(ours_ev, iters)
                 torch._dynamo.reset()
                 ind_fn = torch.compile(r.module)
                 ind = summarise(_profiled(torch, lambda: ind_fn(*inputs), iters), iters)
-            rows.append(region_row(name, mode, r.name, key, len(regs), ours, ind, floor, pred))
+            row = region_row(name, mode, r.name, key, len(regs), ours, ind, floor, pred)
+            if not cpu:   # the cost fit's per-kernel rows (gpu_fit_rows), when the kernels are the program's
+                per = gpu_fit_rows.per_launch_us(ours_ev, [lc.kernel for lc in prog.launches], iters)
+                row["fit_rows"] = [] if per is None else [
+                    dict(x, device=device.key) for x in gpu_fit_rows.fit_rows(
+                        f"round-{name}-{mode}-{dtype}", r.name, key, prog, device, per)]
+            rows.append(row)
         except Exception as e:  # a failure is a row
             rows.append({"phase": "regions", "model": name, "mode": mode, "region": r.name, "workload": key[:12],
                          "count": len(regs), "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"})

@@ -1,42 +1,167 @@
 #!/usr/bin/env bash
-# The GPU round of the whole-model backend (issue 26), one call on a lent H200:
+# The GPU round of issue 44, one command on a lent H100/H200 (docs/gpu-round.md):
 #
-#   GPU machine:  bash .gpu/setup.sh && export PYTHONPATH=$PWD:/tmp/site && bash scripts/gpu_round.sh
-#   CPU dry run:  DRY_RUN=1 OUT=/tmp/gpu_round bash scripts/gpu_round.sh
+#   GPU machine:  bash scripts/gpu_round.sh                      # BUDGET_S=540: one 600 s call
+#   second call:  RESUME=.gpu/round.tar.gz PHASES=decode,peers,refit bash scripts/gpu_round.sh  # what the first left
+#   CPU dry run:  DRY_RUN=1 OUT=/tmp/round bash scripts/gpu_round.sh   # tiny models, emulated regions
 #
-# Steps, in order of importance, sharing BUDGET_S seconds (default 470); every step's rows land in
-# $OUT as they are made, so a cut-short run keeps what finished:
-#   1. gpu_info      nvidia-smi
-#   2. launch_check  scripts/gpu_launch_check.py (the launch path itself), cap 60 s
-#   3. check_six     scripts/gpu_models.py --phases check on BERT, GPT-2, Llama, ViT, ConvNeXt, ResNet
-#                    (inference + a training step under the backend vs eager, real cubins)
-#   4. time          --phases time: BERT, Llama, GPT-2 at 2 layers x hidden 768/1024, batch 8 x 512:
-#                    eager / Inductor / backend, median us per step (CUDA events) + CUDA kernels per step
-#   5. check_rest    --phases check on the rest of the matrix (Qwen2, DistilBERT, T5, Whisper, Swin, Phi-3)
-# DRY_RUN=1: steps 3 and 5 on the CPU (emulated regions, two models), nothing else.
+# Phases, most valuable first; each runs under `timeout` with min(its share, budget left - 15 s) and its
+# Python side stops starting new jobs 15 s before its share ends (half-way for shares under 45 s). Every row is written as it is
+# measured, and after every phase the results folder is packed again, so a run cut short keeps what
+# finished. Shares (s) for the default BUDGET_S=540; a phase with < 10 s left is SKIP:
+#   setup    15  the device wheels (pycuda, optuna: .gpu/setup.sh) unless they import already
+#   info     20  nvidia-smi, versions, git commit
+#   launch   45  scripts/gpu_launch_check.py; if it fails no stitched phase runs (they would measure nothing)
+#   check    70  gpu_models.py --phases check on bert,gpt2,llama,vit,convnext,resnet (inference + train)
+#   regions 140  gpu_step.py --phases regions: BERT/GPT-2/Llama, 2 layers, batch 8x512, bf16 then fp32,
+#                inference then train: per region ours vs Inductor (CUPTI), floor + fitted model (predicted)
+#   steps   150  gpu_step.py --phases steps: eager / inductor / inductor-ro / stitchtune / stitchtune+cg
+#   tuned    70  gpu_models.py --phases tuned: `stitchtune tune` on BERT inference (TUNE_TRIALS=24), timed
+#   decode   60  gpu_step.py --phases decode: batch-1 KV-cache decode, tiny GPT-2 and Llama
+#   peers    60  gpu_peers.py: F.layer_norm / rms_norm / softmax / cross_entropy (+ Liger/QuACK) on the
+#                full-size examples and at 8 rows (launch-bound), CUDA events and CUDA-graph replay
+#   refit    30  gpu_fit_rows.py refit: the cost model fitted again with the round's per-kernel rows
+# RESUME=<a first call's round.tar.gz, carried>: unpack it first and append to its rows (one folder for both calls).
+# Knobs: BUDGET_S, PHASES (comma list), OUT, PYTHON, MODELS (bert,gpt2,llama), DTYPES (bf16,fp32),
+# MODES (inference,train), ITERS (20), TUNE_TRIALS (24), SHARE_<PHASE> (seconds, e.g. SHARE_STEPS=200).
+# $OUT gets 3 files: summary.md (phase times, headline ratios by scripts/gpu_round_report.py, every table),
+# round.tar.gz (results/<device>-<date>/: jsonl rows, tables, logs) and round.log (this script's output).
 set -u
 cd "$(dirname "$0")/.."
+ROOT=$PWD
+DRY_RUN=${DRY_RUN:-0}
 OUT=${OUT:-/tmp/gpu_round}
-BUDGET_S=${BUDGET_S:-470}
+BUDGET_S=${BUDGET_S:-540}
 PY=${PYTHON:-python3}
+PHASES=${PHASES:-setup,info,launch,check,regions,steps,tuned,decode,peers,refit}
+MODELS=${MODELS:-bert,gpt2,llama}
+DTYPES=${DTYPES:-bf16,fp32}
+MODES=${MODES:-inference,train}
+ITERS=${ITERS:-20}
+TUNE_TRIALS=${TUNE_TRIALS:-24}
 mkdir -p "$OUT"
+exec > >(tee -a "$OUT/round.log") 2>&1
 T0=$(date +%s)
 left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
 export STITCHTUNE_CACHE=${STITCHTUNE_CACHE:-/tmp/stitchtune-cubins} PYTHONUNBUFFERED=1
-MODELS="$PY scripts/gpu_models.py --out $OUT"
-if [ "${DRY_RUN:-0}" = 1 ]; then
-  $MODELS --cpu --phases check --models bert,resnet --budget-s "$(left)" > "$OUT/check.log" 2>&1; echo "check rc=$?"
-  tail -6 "$OUT/gpu_models.md"; exit 0
+export PYTHONPATH="$ROOT:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+
+if [ "$DRY_RUN" = 1 ]; then
+  DEV=cpu-dryrun
+else
+  DEV=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | grep -oiE 'h100|h200|b200|a100|l40s' \
+        | head -n 1 | tr 'A-Z' 'a-z')
+  DEV=${DEV:-gpu}
 fi
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$OUT/gpu_info.txt" 2>&1
-cat "$OUT/gpu_info.txt"
-timeout 60 $PY scripts/gpu_launch_check.py > "$OUT/launch_check.log" 2>&1; echo "launch_check rc=$?"
-grep -E "^check |launch path" "$OUT/launch_check.log"
-timeout $(( $(left) - 10 )) $MODELS --phases check --models bert,gpt2,llama,vit,convnext,resnet \
-  --budget-s 140 > "$OUT/check_six.log" 2>&1; echo "check_six rc=$? left=$(left)"
-timeout $(( $(left) - 10 )) $MODELS --phases time --time-models bert,llama,gpt2 \
-  --budget-s $(( $(left) - 120 )) > "$OUT/time.log" 2>&1; echo "time rc=$? left=$(left)"
-timeout $(( $(left) - 5 )) $MODELS --phases check --models qwen2,distilbert,t5,whisper,swin,phi3 \
-  --budget-s $(( $(left) - 45 )) > "$OUT/check_rest.log" 2>&1; echo "check_rest rc=$? left=$(left)"
-cat "$OUT/gpu_models.md"
-grep -h '"exception"\|"error": "' "$OUT"/*.log | cut -c1-400 | head -20
+NAME="$DEV-$(date -u +%Y-%m-%d)"
+WORK=${WORK:-$(mktemp -d /tmp/gpu_round_work.XXXXXX)}
+mkdir -p "$WORK"
+if [ -n "${RESUME:-}" ]; then   # a first call's round.tar.gz: its rows are kept and this call's appended
+  if [ ! -f "$RESUME" ]; then echo "gpu_round: error: RESUME=$RESUME is not a file" >&2; exit 2; fi
+  NAME=$(tar tzf "$RESUME" | head -n 1 | cut -d/ -f1)
+  tar xzf "$RESUME" -C "$WORK" || { echo "gpu_round: error: cannot unpack RESUME=$RESUME" >&2; exit 2; }
+  [ -f "$WORK/$NAME/summary.md" ] && mv "$WORK/$NAME/summary.md" "$WORK/$NAME/summary-$(date -u +%H%M%S)-before.md"
+fi
+RES="$WORK/$NAME"
+mkdir -p "$RES/logs"
+ROWS=()   # "phase|status|rc|seconds|share"
+LAUNCH_OK=1
+
+summary() {
+  {
+    echo "# GPU round (issue 44): $NAME"
+    echo
+    echo "commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'), budget ${BUDGET_S} s, phases $PHASES," \
+         "$( [ "$DRY_RUN" = 1 ] && echo 'DRY RUN on the CPU: every time is CPU wall clock of tiny models, no GPU figure' \
+             || echo 'times measured on this GPU unless a column says predicted')"
+    echo
+    echo "| phase | status | rc | seconds | share s |"
+    echo "|---|---|---|---|---|"
+    local r
+    for r in "${ROWS[@]}"; do echo "| ${r//|/ | } |"; done
+    if "$PY" scripts/gpu_round_report.py "$RES" > "$RES/headline.md" 2>/dev/null && [ -s "$RES/headline.md" ]; then
+      echo; echo "## Headline (scripts/gpu_round_report.py)"; echo; cat "$RES/headline.md"
+    fi
+    local n; n=$(cat "$RES"/*.jsonl 2>/dev/null | grep -c '"skipped": "budget spent"')
+    [ "$n" -gt 0 ] && { echo; echo "Jobs not reached (their phase's share ran out): $n;" \
+      "rerun them with PHASES=... and MODELS/DTYPES/MODES:"; cat "$RES"/*.jsonl | grep '"skipped": "budget spent"' \
+      | sed -E 's/.*"phase": "([a-z]+)", "model": "([a-z0-9]+)"(, "dtype": "([a-z0-9]+)")?(, "mode": "([a-z]+)")?.*/- \1 \2 \4 \6/' \
+      | sort -u; }
+    for f in gpu_info.txt; do [ -f "$RES/$f" ] && { echo; echo '```'; cat "$RES/$f"; echo '```'; }; done
+    for f in gpu_models.md gpu_step.md gpu_peers.md refit.md fit/fit.md; do
+      [ -s "$RES/$f" ] && { echo; echo "## $f"; echo; head -n 400 "$RES/$f"; }
+    done
+    echo
+    echo "Unpack here: mkdir -p results && tar xzf round.tar.gz -C results  # -> results/$NAME/"
+  } > "$RES/summary.md"
+  cp "$RES/summary.md" "$OUT/summary.md"
+  tar czf "$OUT/round.tar.gz.part" -C "$WORK" "$NAME" && mv "$OUT/round.tar.gz.part" "$OUT/round.tar.gz"
+}
+
+# phase NAME DEFAULT_SHARE CMD...: CMD (which may read $SHARE, the seconds it gets) under timeout
+phase() {
+  local name=$1 share=$2; shift 2
+  case ",$PHASES," in *",$name,"*) ;; *) return 0 ;; esac
+  local var; var="SHARE_$(echo "$name" | tr 'a-z' 'A-Z')"
+  share=${!var:-$share}
+  local l; l=$(( $(left) - 15 ))
+  export SHARE=$(( share < l ? share : l ))
+  if [ "$SHARE" -lt 10 ]; then
+    ROWS+=("$name|SKIP|-|0|$share"); echo "== $name: SKIP (no time left)"; summary; return 0
+  fi
+  echo "== $name: up to $SHARE s (budget left $(left) s)"
+  local t0; t0=$(date +%s)
+  timeout --kill-after=5 "$SHARE" bash -c "$*" > "$RES/logs/$name.log" 2>&1
+  local rc=$?
+  local dt=$(( $(date +%s) - t0 )) st=ok
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then st=TIMEOUT; elif [ "$rc" != 0 ]; then st=FAIL; fi
+  ROWS+=("$name|$st|$rc|$dt|$share")
+  echo "== $name: $st rc=$rc ${dt}s"
+  tail -n 3 "$RES/logs/$name.log"
+  summary
+  return "$rc"
+}
+
+CPU=""; [ "$DRY_RUN" = 1 ] && CPU="--cpu"
+STEP="$PY scripts/gpu_step.py --out $RES $CPU --iters $ITERS"
+GM="$PY scripts/gpu_models.py --out $RES $CPU --iters $ITERS"
+if [ "$DRY_RUN" = 1 ]; then   # tiny and short: this tests the orchestration, nothing is measured
+  CHECK_MODELS=bert; MODES=${DRY_MODES:-inference}; MODELS=${DRY_MODELS:-bert}; DTYPES=${DRY_DTYPES:-fp32}
+  PEER_ARGS="--dtypes fp32 --ops layer_norm --sizes full --iters 2"; DECODE_ARGS="--decode-steps 2 --prompt 4 --decode-models gpt2"
+else
+  CHECK_MODELS=bert,gpt2,llama,vit,convnext,resnet
+  PEER_ARGS="--dtypes fp32,bf16 --iters 50"; DECODE_ARGS="--decode-steps 32 --prompt 32"
+fi
+
+if [ "$DRY_RUN" = 1 ]; then
+  phase setup 15 'echo "dry run: no device wheels"'
+  phase info 20 "$PY -c 'import sys, torch; print(\"python\", sys.version.split()[0], \"torch\", torch.__version__)'"
+  phase launch 45 'echo "dry run: the launch path needs a GPU"'
+else
+  phase setup 15 "$PY -c 'from stitchtune.gpu.driver import _binding; _binding(); import optuna' 2>/dev/null && echo ready \
+    || for s in .gpu/setup.sh shared/device/setup.sh /work/shared/device/setup.sh; do [ -f \$s ] && exec bash \$s; done"
+  phase info 20 "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv \
+    | tee $RES/gpu_info.txt; $PY -c 'import torch; print(\"torch\", torch.__version__)' | tee -a $RES/gpu_info.txt; nvcc --version | tail -n 2"
+  phase launch 45 "$PY scripts/gpu_launch_check.py" || {
+    case ",$PHASES," in *",launch,"*) LAUNCH_OK=0 ;; esac
+  }
+fi
+if [ "$LAUNCH_OK" = 0 ]; then
+  echo "verdict: launch path FAILED; no stitched phase runs (logs/launch.log)"
+  ROWS+=("verdict: launch path FAILED|-|-|-|-")
+  summary
+  exit 1
+fi
+phase check 70 "$GM --phases check --models $CHECK_MODELS --modes $MODES --budget-s \$((SHARE > 45 ? SHARE - 15 : SHARE / 2))"
+phase regions 140 "$STEP --phases regions --models $MODELS --dtypes $DTYPES --modes $MODES --budget-s \$((SHARE > 45 ? SHARE - 15 : SHARE / 2))"
+phase steps 150 "$STEP --phases steps --models $MODELS --dtypes $DTYPES --modes $MODES --budget-s \$((SHARE > 45 ? SHARE - 15 : SHARE / 2))"
+if [ "$DRY_RUN" = 1 ]; then
+  phase tuned 70 'echo "dry run: tuning needs the cuda backend"'
+else
+  phase tuned 70 "$GM --phases tuned --tune-models bert --modes inference --trials $TUNE_TRIALS --budget-s \$((SHARE > 45 ? SHARE - 15 : SHARE / 2))"
+fi
+phase decode 60 "$STEP --phases decode $DECODE_ARGS --budget-s \$((SHARE > 45 ? SHARE - 15 : SHARE / 2))"
+phase peers 60 "$PY scripts/gpu_peers.py --out $RES $CPU $PEER_ARGS --budget-s \$((SHARE > 45 ? SHARE - 15 : SHARE / 2))"
+phase refit 30 "$PY scripts/gpu_fit_rows.py refit $RES"
+summary
+echo "== done in $(( $(date +%s) - T0 )) s; $OUT: $(ls "$OUT" | tr '\n' ' ')"

@@ -270,7 +270,7 @@ def count_step(model: Any, args: Sequence[Any], mode: str) -> dict[str, Any]:
     import torch
     from torch._inductor.utils import run_and_get_code
 
-    from stitchtune.deploy import torch_backend
+    from stitchtune.deploy import torch_backend, torch_rest
     from stitchtune.deploy.model_tuning import CALL_PATTERNS, capture_graphs, run_call
 
     call = CALL_PATTERNS[mode]
@@ -290,12 +290,12 @@ def count_step(model: Any, args: Sequence[Any], mode: str) -> dict[str, Any]:
     opts = torch_backend.BackendOptions.from_options({"db": None, "cpu": "reference"})
     _fresh_inductor()
     eager: list[str] = []
-    with _warnings_of(torch_backend.__name__) as heard:
+    with _warnings_of(torch_rest.__name__) as heard:   # where Inductor's failure on the rest is logged
         for g in graphs:   # what the backend's graph compiler does with each graph AOTAutograd hands it
             inputs = list(g.example_inputs)
             stitched_gm, report = torch_backend.stitch_graph(g.module, inputs, opts, g.kind)
             with scheduled_kernels() as counts:
-                _, codes = run_and_get_code(lambda: torch_backend._compile_rest(stitched_gm, inputs, opts, None, g.kind,
+                _, codes = run_and_get_code(lambda: torch_rest.compile_rest(stitched_gm, inputs, opts, None, g.kind,
                                                                                    len(report.stitched)))
             if counts:
                 rest += sum(counts)

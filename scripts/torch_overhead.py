@@ -1,21 +1,26 @@
 """Per-call overhead of ``torch.compile(model, backend="stitchtune")``'s custom op.
 
-    python scripts/torch_overhead.py [--shape 16384x1024] [--iters 1000] [--db DIR] [--cpu]
+    python scripts/torch_overhead.py [--shape 16384x1024[,...]] [--iters 1000] [--db DIR] [--cpu]
 
-The model is a LayerNorm over the last axis of ``x`` (one stitched region, one kernel).
+On a GPU the model is a LayerNorm over the last axis of ``x`` (one stitched region, one kernel).
 
 * On a GPU (torch.cuda available, cuda-python, nvcc): with CUDA events over ``--iters`` queued calls,
   the region's kernel alone (launched through its Launcher with packed arguments, no Python op in
   between), the compiled model per call, and the same model captured in a CUDA graph (the op is
   capturable), next to PyTorch eager, ``torch.compile`` (Inductor default) and Inductor
   ``mode="reduce-overhead"``; plus the host time per call (wall clock of the queued loop).
-* Without a GPU (or with ``--cpu``): the host side of the same launch path on the CPU, per call, with
-  a driver whose launch does nothing (``NullDriver``): packed-arguments lookup + launch loop alone,
-  the custom op ``torch.ops.stitchtune.region`` (dispatcher, guard, ``torch.empty`` outputs, pointers,
-  launch: its thin path, :mod:`stitchtune.deploy.torch_fast`) next to a do-nothing ``torch.library``
-  custom op of the same schema in the same run (their ratio printed), and the whole compiled model
-  (dynamo guards + the op); labelled **CPU host time**, not
-  GPU time. Eager ``F.layer_norm`` on the CPU is printed for scale (CPU compute, not comparable).
+* Without a GPU (or with ``--cpu``): the host side of the launch path on the CPU, per call, with
+  a driver whose launch does nothing (``NullDriver``), for BERT's add + LayerNorm region
+  (``LayerNorm(x + res)``: 4 inputs, 1 output) at each ``--shape`` (default 64x256 and 4096x768, a
+  64 KiB and a 12 MiB output): the region call as the compiled graph makes it
+  (``torch_ops.region_op``: the thin path of :mod:`stitchtune.deploy.torch_fast`, no dispatcher),
+  a do-nothing ``torch.library`` custom op of the same schema, the region op through the dispatcher
+  and an op returning one ``torch.empty``, interleaved run by run (fastest of 9 runs each; the
+  ratios printed), then the steps apart (guard, allocation, packed launch), the full path, the whole
+  compiled model (dynamo guards + the region call), and the same region compiled with
+  ``dynamic=True`` next to the do-nothing op. Labelled **CPU host time**, not GPU time; outputs come
+  from the CPU allocator (malloc), not CUDA's caching allocator. Eager ``LayerNorm(x + res)`` on the
+  CPU is printed for scale (CPU compute, not comparable).
 """
 
 from __future__ import annotations
@@ -95,17 +100,60 @@ def _null_driver() -> Any:
     return NullDriver()
 
 
+class Residual:
+    """BERT's output block without its matmul: ``LayerNorm(h + residual)`` (one stitched region: 4
+    inputs, 1 output in inference, as each layer of BERT has two of)."""
+
+    @staticmethod
+    def make(h: int) -> Any:
+        import torch
+
+        class AddLN(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.ln = torch.nn.LayerNorm(h)
+
+            def forward(self, x: Any, res: Any) -> Any:
+                return self.ln(x + res)
+
+        return AddLN()
+
+
+def _region_inputs(compiled: Any, args: tuple[Any, ...], key: str) -> list[Any]:
+    """The inputs the compiled graph passes to region ``key`` (recorded during one call)."""
+    from stitchtune.deploy import torch_ops
+
+    real = torch_ops._registry[key]
+    seen: list[Any] = []
+
+    class Recorder:
+        def __call__(self, inputs: Any) -> Any:
+            seen.append(list(inputs))
+            return real(inputs)
+
+        def fake(self, inputs: Any) -> Any:
+            return real.fake(inputs)
+
+    torch_ops._registry[key] = Recorder()
+    try:
+        compiled(*args)
+    finally:
+        torch_ops._registry[key] = real
+    return seen[-1]
+
+
 def cpu_mode(shape: tuple[int, ...], iters: int) -> None:
     import torch
 
     from stitchtune.deploy import torch_backend, torch_ops
 
     torch_backend.register()
-    model = LayerNorm.make(shape[-1]).eval()
-    x = torch.randn(*shape)
+    torch._dynamo.reset()   # a second shape: compiled for it, not recompiled with dynamic shapes
+    model = Residual.make(shape[-1]).eval()
+    x, res = torch.randn(*shape), torch.randn(*shape)
     compiled = torch.compile(model, backend="stitchtune", options={"db": None, "fallback": "eager"})
     with torch.no_grad():
-        compiled(x)  # compiles: one region, registered with the custom op
+        compiled(x, res)  # compiles: one region, registered with the custom op
         drv = _null_driver()
         kernels = [(key, getattr(k, "kernel", k)) for key, k in torch_ops._registry.items()]   # unguarded
         key, kernel = kernels[-1]
@@ -113,40 +161,92 @@ def cpu_mode(shape: tuple[int, ...], iters: int) -> None:
             k.driver = drv
             if k.compiled.cubin is None:
                 k.compiled = dataclasses.replace(k.compiled, cubin=b"FAKE cubin: host-path benchmark, never loaded by a GPU")
-        inputs = [x, model.ln.weight.detach(), model.ln.bias.detach()]
+        inputs = _region_inputs(compiled, (x, res), key)
         out = kernel.empty_outputs(x.device)
         ptrs = tuple(int(t.data_ptr()) for t in (*inputs, *out))
         noop = _noop_op()
-        op = torch.ops.stitchtune.region
+        op = torch.ops.stitchtune.region.default
         op(key, inputs)   # the first call takes the full path and keeps the thin one
         guarded = torch_ops.lookup(key)
+        fast = guarded._fast
+        if fast is None or fast(inputs) is None:
+            raise SystemExit("torch_overhead: the region's thin path is not taken: nothing to measure")
+        direct = torch_ops.region_op
         empty_op = _noop_op("empty1")
-        shape = tuple(x.shape)
-        ours, floor, one_empty = _paired_us(lambda: op(key, inputs), lambda: noop(key, inputs),
-                                            lambda: empty_op(key, inputs, shape), iters=iters)
+        oshape = tuple(out[0].shape)
+        spec = fast.outs[0]
+        alloc = fast.alloc
+        first = inputs[0]
+        n_in = len(inputs)
+        # the figures the ratio is made of: interleaved run by run, fastest of 9 runs each
+        ours, via_op, floor, one_empty = _paired_us(
+            lambda: direct(key, inputs), lambda: op(key, inputs), lambda: noop.default(key, inputs),
+            lambda: empty_op.default(key, inputs, oshape), iters=iters)
+        steps = _paired_us(
+            lambda: fast.guard(*inputs) and [t.data_ptr() & 15 for t in inputs],
+            lambda: alloc(*spec),
+            lambda: torch.empty(oshape, dtype=first.dtype, device=first.device),
+            lambda: kernel.launch_pointers(-1, ptrs, 0),
+            iters=iters)
         rows = [
-            ("packed-arguments lookup + launch loop (RegionKernel.launch_pointers)",
-             _host_us(lambda: kernel.launch_pointers(-1, ptrs, 0), iters)),
-            ("torch.empty of the output alone (on a CPU: the CPU allocator, not CUDA's caching one)",
-             _host_us(lambda: kernel.empty_outputs(x.device), iters)),
-            ("RegionKernel call without the dispatcher (torch.empty, pointers, launch)",
-             _host_us(lambda: kernel(inputs), iters)),
-            ("custom op torch.ops.stitchtune.region (dispatch, guard, torch.empty, pointers, launch)", ours),
+            ("region call as a compiled graph makes it (torch_ops.region_op: guard folded into the thin path, "
+             "outputs, pointers, launch; no dispatcher)", ours),
             ("a do-nothing torch.library custom op, same schema (dispatch alone)", floor),
-            ("the region op's Python alone: guard + thin path, no dispatcher (torch.empty, pointers, launch)",
-             _host_us(lambda: guarded(inputs), iters)),
+            ("custom op torch.ops.stitchtune.region.default (dispatcher + the same call): what Inductor's "
+             "wrapper pays", via_op),
             ("a torch.library custom op that only returns one torch.empty of the output's shape", one_empty),
-            ("compiled model per call (dynamo guards + AOT wrapper + the op)", _host_us(lambda: compiled(x), iters)),
-            ("for scale: eager F.layer_norm computing on the CPU (CPU compute, not comparable)",
-             _host_us(lambda: model(x), iters)),
+            (f"  step: the guard of {n_in} inputs (shape, dtype, device, strides: one C++ TensorGuards check; "
+             "pointers, alignment)", steps[0]),
+            ("  step: the output by _empty_strided_cpu (as the thin path allocates it)", steps[1]),
+            ("  step: the output by torch.empty (Python argument parsing)", steps[2]),
+            ("  step: packed-arguments lookup + pointers + launch (RegionKernel.launch_pointers)", steps[3]),
+            ("RegionKernel call, full path (as_read, torch.empty, pointers, launch)", _host_us(lambda: kernel(inputs), iters)),
+            ("compiled model per call (dynamo guards + AOT wrapper + the region call)",
+             _host_us(lambda: compiled(x, res), iters)),
+            ("for scale: eager LayerNorm(x + res) computing on the CPU (CPU compute, not comparable)",
+             _host_us(lambda: model(x, res), max(1, min(iters, 200)))),
         ]
+    mb = out[0].numel() * out[0].element_size() / 2**20
     print(f"CPU HOST TIME per call (no GPU here: kernels are not run, launches go to a null driver), "
-          f"LayerNorm x={'x'.join(map(str, shape))}, {iters} calls x 5, median; "
-          f"{len(kernel.compiled.program.launches)} kernel launch(es) per call; {drv.launched} launches made")
+          f"LayerNorm(x + res) x={'x'.join(map(str, shape))}: region of {n_in} inputs, {len(out)} output(s) "
+          f"({mb:.2f} MiB); outputs from the CPU allocator (malloc, no caching; on CUDA torch's caching "
+          f"allocator); {iters} calls per run; {len(kernel.compiled.program.launches)} kernel launch(es) per "
+          f"call; {drv.launched} launches made")
     for label, us in rows:
         print(f"  {us:9.2f} us  {label}")
-    print(f"  region op / do-nothing op: {ours / floor:.2f}x (target: at most 1.5x); region op / op returning one "
-          f"torch.empty: {ours / one_empty:.2f}x (the three interleaved, fastest of 9 runs each)")
+    print(f"  region call / do-nothing op: {ours / floor:.2f}x (target: at most 1.5x); through the dispatcher: "
+          f"{via_op / floor:.2f}x; op returning one torch.empty / do-nothing op: {one_empty / floor:.2f}x "
+          f"(these four interleaved, fastest of 9 runs each)")
+
+
+def cpu_dynamic(shape: tuple[int, ...], iters: int) -> None:
+    """The same region compiled with ``dynamic=True`` (a generic kernel, its extents bound as
+    arguments): its call as the compiled graph makes it (the thin path kept for these shapes) next
+    to the do-nothing op, interleaved."""
+    import torch
+
+    from stitchtune.deploy import torch_ops
+    from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel
+
+    torch._dynamo.reset()
+    model = Residual.make(shape[-1]).eval()
+    x, res = torch.randn(*shape), torch.randn(*shape)
+    drv = _null_driver()
+    with torch_ops.stand_in_driver(drv, lambda compiled: b"FAKE cubin: host-path benchmark"), torch.no_grad():
+        compiled = torch.compile(model, backend="stitchtune", dynamic=True, options={"db": None, "fallback": "eager"})
+        compiled(x, res)
+        keys = [k for k, g in torch_ops._registry.items() if isinstance(getattr(g, "kernel", g), DynamicRegionKernel)]
+        if not keys:
+            print("  (dynamic=True: no region with symbolic shapes was stitched; not measured)")
+            return
+        key = keys[-1]
+        inputs = _region_inputs(compiled, (x, res), key)
+        direct, noop = torch_ops.region_op, _noop_op().default
+        direct(key, inputs)
+        ours, floor = _paired_us(lambda: direct(key, inputs), lambda: noop(key, inputs), iters=iters)
+    print(f"  {ours:9.2f} us  dynamic=True: the region call (generic kernel, thin path per input shapes)")
+    print(f"  {floor:9.2f} us  a do-nothing torch.library custom op (interleaved with the row above)")
+    print(f"  dynamic region call / do-nothing op: {ours / floor:.2f}x")
 
 
 def _noop_op(name: str = "noop") -> Any:
@@ -243,7 +343,7 @@ def gpu_mode(shape: tuple[int, ...], iters: int, db: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default=None, help="x's shape, e.g. 16384x1024 (default: that on a GPU, 64x256 on the CPU)")
+    ap.add_argument("--shape", default=None, help="x's shape, e.g. 16384x1024, or several, comma-separated (default: that on a GPU; 64x256,4096x768 on the CPU: a small output and one of BERT-base's, batch 8 x 512 tokens)")
     ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--db", default=None, help="tuning database (default: none, the heuristic schedule)")
     ap.add_argument("--cpu", action="store_true", help="time the CPU host path even where a GPU exists")
@@ -251,11 +351,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     gpu = torch.cuda.is_available() and not args.cpu
-    shape = tuple(int(d) for d in (args.shape or ("16384x1024" if gpu else "64x256")).split("x"))
-    if gpu:
-        gpu_mode(shape, args.iters, args.db)
-    else:
-        cpu_mode(shape, args.iters)
+    shapes = [tuple(int(d) for d in s.split("x")) for s in (args.shape or ("16384x1024" if gpu else "64x256,4096x768")).split(",")]
+    for shape in shapes:
+        if gpu:
+            gpu_mode(shape, args.iters, args.db)
+        else:
+            cpu_mode(shape, args.iters)
+    if not gpu:
+        cpu_dynamic(shapes[0], args.iters)
     return 0
 
 

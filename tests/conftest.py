@@ -9,7 +9,7 @@ Every test runs with ``STITCHTUNE_DB`` pointing at a fresh empty directory of it
 developer's ``$STITCHTUNE_DB`` or a ``tuning-db/`` in the working directory.
 
 ``shared_build_dir``: one directory for the whole run, shared by the pytest-xdist workers (under the run's
-base temporary directory), where ``helpers.shared_ptxas_report`` keeps one nvcc build per source for
+base temporary directory), where ``helpers.nvcc.shared_ptxas_report`` keeps one nvcc build per source for
 every test and worker that asks for it.
 
 Every test runs with the torch backend's ``strict`` option on (autouse ``strict_backend``:
@@ -65,7 +65,7 @@ from typing import Callable
 
 import pytest  # noqa: E402
 
-from helpers import EXAMPLES_DIR, FULL_EXAMPLES, SMALL_EXAMPLES
+from helpers.common import EXAMPLES_DIR, FULL_EXAMPLES, SMALL_EXAMPLES
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

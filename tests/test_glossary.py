@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from helpers import REPO
+from helpers.common import REPO
 
 GLOSSARY = (REPO / "docs" / "glossary.md").read_text()
 

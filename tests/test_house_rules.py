@@ -1,6 +1,6 @@
 """The house's own rules, checked (issue 43, item 6): every module of the package is named in
-docs/architecture.md, no module is part of an import circle (deferred, function-level imports included),
-and no module is over :data:`MAX_LINES` lines.
+docs/architecture.md, no module is part of an import circle (deferred, function-level and TYPE_CHECKING imports
+included), and no module is over :data:`MAX_LINES` lines.
 
 Known exceptions are listed here; the lists may only shrink: a listed exception that no longer holds
 (the circle broken, the module under the limit) fails its test too, so the lists stay true.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers.common import REPO
 
 PACKAGE = REPO / "stitchtune"
 ARCHITECTURE = REPO / "docs" / "architecture.md"
@@ -24,25 +24,10 @@ MAX_LINES = 500
 
 #: modules over the limit today, to be split (the list may only shrink)
 KNOWN_LARGE: frozenset[str] = frozenset({
-    "deploy/torch_backend.py",
-    "graph/ops.py",
-    "graph/parse_node.py",
-    "ir/kir.py",
-    "lower/base.py",
-    "lower/remap.py",
 })
 
-#: import circles today (the list may only shrink), both through deferred imports, left for the deploy
-#: rework in flight (issue 43):
-#: * the torch backend compiles a region's dynamic kernels (torch_dynamic), which uses the backend's
-#:   region compiler, and `stitchtune tune` (model_tuning) and the backend use each other's helpers;
-#: * `stitchtune.compile` (deploy/compiled) hands a dynamic graph to compiled_dynamic, which compiles
-#:   static buckets with it, and deploy/dynamic builds with compiled's `_build`.
-KNOWN_CIRCLES: frozenset[frozenset[str]] = frozenset({
-    frozenset({"stitchtune.deploy.model_tuning", "stitchtune.deploy.torch_backend",
-               "stitchtune.deploy.torch_dynamic"}),
-    frozenset({"stitchtune.deploy.compiled", "stitchtune.deploy.compiled_dynamic", "stitchtune.deploy.dynamic"}),
-})
+#: import circles today (the list may only shrink; it is empty: keep it so)
+KNOWN_CIRCLES: frozenset[frozenset[str]] = frozenset()
 
 
 def _modules() -> list[Path]:
@@ -104,11 +89,12 @@ def test_the_architecture_doc_names_no_module_that_is_gone() -> None:
 
 
 # ------------------------------------------------------------------------------------ import circles
-def _import_graph() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports anywhere in its body (function-level imports
-    included; ``if TYPE_CHECKING:`` imports left out: they never run)."""
+def _import_graph(package: str = "stitchtune") -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports anywhere in its body: function-level imports and
+    ``if TYPE_CHECKING:`` imports included (a type-only circle is a circle of the design too, and mypy
+    and a later refactor that makes the import real both meet it)."""
     grimp = pytest.importorskip("grimp")
-    graph = grimp.build_graph("stitchtune", cache_dir=None, exclude_type_checking_imports=True)
+    graph = grimp.build_graph(package, cache_dir=None, exclude_type_checking_imports=False)
     mods = set(graph.modules)
     return {m: set(graph.find_modules_directly_imported_by(m)) & mods for m in mods}
 
@@ -162,6 +148,23 @@ def test_circles_finds_deferred_and_indirect_circles() -> None:
     assert circles({"a": {"b"}, "b": set()}) == set()
 
 
+def test_the_import_graph_holds_deferred_and_type_checking_imports(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planted package whose circles close only through a function-level import (a <-> b) and only
+    through an ``if TYPE_CHECKING:`` import (c <-> d): both are found."""
+    pkg = tmp_path / "planted_circles"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("import planted_circles.b\n")
+    (pkg / "b.py").write_text("def f():\n    import planted_circles.a\n")
+    (pkg / "c.py").write_text("from planted_circles import d\n")
+    (pkg / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from planted_circles.c import x\n")
+    (pkg / "e.py").write_text("import planted_circles.a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert circles(_import_graph("planted_circles")) == {
+        frozenset({"planted_circles.a", "planted_circles.b"}), frozenset({"planted_circles.c", "planted_circles.d"})}
+
+
 def test_no_module_is_in_an_import_circle() -> None:
     found = circles(_import_graph())
     new = sorted(sorted(c) for c in found - KNOWN_CIRCLES)
@@ -177,3 +180,20 @@ def test_no_module_is_over_the_size_limit() -> None:
     assert not over, f"modules over {MAX_LINES} lines: split them (add a module) rather than grow them: {over}"
     fixed = sorted(m for m in KNOWN_LARGE if sizes.get(m, 0) <= MAX_LINES)
     assert not fixed, f"these modules are within {MAX_LINES} lines (or gone): take them off KNOWN_LARGE: {fixed}"
+
+
+# ------------------------------------------------------------------------------------ strict typing
+#: the rooms mypy checks strictly (issue 43: every room below the importers, the tuner, the GPU layer and
+#: deployment); the list may only grow
+STRICT_ROOMS = frozenset({"graph", "hardware", "ir", "space", "plan", "cost", "lower", "tune", "gpu", "deploy"})
+
+
+def test_the_strict_rooms_are_strict_in_pyproject() -> None:
+    import tomllib
+
+    overrides = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]["overrides"]
+    strict = [o for o in overrides if o.get("disallow_untyped_defs") and o.get("disallow_untyped_calls")
+              and o.get("warn_return_any")]
+    assert len(strict) == 1, "one override holds the strict settings"
+    rooms = {m.removeprefix("stitchtune.").removesuffix(".*") for m in strict[0]["module"]}
+    assert STRICT_ROOMS <= rooms, f"rooms no longer strict: {sorted(STRICT_ROOMS - rooms)}"

@@ -10,7 +10,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from helpers import REPO
+from helpers.common import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from helpers import REPO
+from helpers.common import REPO
 
 
 def _room(module: str) -> str:
@@ -59,7 +59,7 @@ def test_no_module_uses_a_private_name_of_another_room() -> None:
 
 
 def test_the_check_finds_a_private_import_and_a_private_attribute(tmp_path: Path, monkeypatch) -> None:
-    import helpers
+    from helpers import common as helpers_common
 
     fake = tmp_path / "stitchtune" / "deploy"
     fake.mkdir(parents=True)
@@ -68,7 +68,7 @@ def test_the_check_finds_a_private_import_and_a_private_attribute(tmp_path: Path
     (fake / "x.py").write_text("from stitchtune.tune.database import _row_dict, read_parts\n"
                                "from stitchtune.tune import database\n"
                                "database._private(1)\ndatabase.public(2)\n")
-    monkeypatch.setattr(helpers, "REPO", tmp_path)
+    monkeypatch.setattr(helpers_common, "REPO", tmp_path)
     monkeypatch.setitem(globals(), "REPO", tmp_path)
     assert cross_room_private_uses(fake / "x.py") == [
         "stitchtune/deploy/x.py:1: stitchtune.tune.database._row_dict",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 import tomllib
 
-from helpers import REPO
+from helpers.common import REPO
 
 from stitchtune import cli
 

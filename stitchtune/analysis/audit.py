@@ -230,7 +230,7 @@ def _problems(k: KernelAudit, c: Criteria) -> tuple[str, ...]:
 def _sass_of(program: kir.Program, arch: str, notes: list[str]) -> dict[str, SassMetrics]:
     """Our kernels' SASS metrics (empty with a note when nvcc or cuobjdump is missing or fails)."""
     from stitchtune.errors import ToolchainError
-    from stitchtune.gpu.build import NvccBuilder, nvcc_found
+    from stitchtune.gpu.build import BuildStatus, NvccBuilder, nvcc_found
     from stitchtune.gpu.render import render
 
     if not nvcc_found():
@@ -241,7 +241,7 @@ def _sass_of(program: kir.Program, arch: str, notes: list[str]) -> dict[str, Sas
         return {}
     try:
         res = NvccBuilder(jobs=1).build([render(program)], arch)[0]
-        if res.status != "ok" or res.cubin_path is None:
+        if res.status != BuildStatus.OK or res.cubin_path is None:
             notes.append(f"SASS metrics skipped: the build failed ({res.status}: {res.error[:200]})")
             return {}
         return read_cubin(res.cubin_path)

@@ -196,7 +196,7 @@ def _jax_layout_ops() -> dict[str, NodeOp]:
     rounded to and computed on in float32), transpose, reshape and expand on JAX arrays."""
     import jax.numpy as jnp
 
-    def float_to_int(x: Any, dt: Any) -> Any:  # graph/ops.float_to_int: truncate, NaN -> 0, saturate
+    def float_to_int(x: Any, dt: Any) -> Any:  # graph/int_ops.float_to_int: truncate, NaN -> 0, saturate
         info = jnp.iinfo(dt)
         t = jnp.trunc(x)
         lim = -float(info.min)   # 2**(bits - 1), exact in float32

@@ -224,7 +224,7 @@ def _torch_layout_ops() -> dict[str, NodeOp]:
     rounded to and computed on in float32), transpose, reshape and expand on torch tensors."""
     import torch
 
-    def float_to_int(x: Any, dt: Any) -> Any:  # graph/ops.float_to_int: truncate, NaN -> 0, saturate
+    def float_to_int(x: Any, dt: Any) -> Any:  # graph/int_ops.float_to_int: truncate, NaN -> 0, saturate
         info = torch.iinfo(dt)
         t = torch.trunc(x)
         lim = -float(info.min)   # 2**(bits - 1), exact in float32

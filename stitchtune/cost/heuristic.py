@@ -67,7 +67,8 @@ from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks, occupancy
 from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan
-from stitchtune.space import PERSISTENT, ReuseLevel, Schedule, SchemeName, SearchSpace, uncached_level
+from stitchtune.space import (CROSS_COMBINE, PERSISTENT, CrossCombine, ReuseLevel, Schedule, SchemeName, SearchSpace,
+                              uncached_level)
 
 log = logging.getLogger(__name__)
 
@@ -310,11 +311,11 @@ def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | No
     if plan.cross and plan.family == Family.ROW and plan.M <= s.block // min(s.tpr, s.block) and s.split == 1:
         # every row in one block: its partials are the totals, summed after a (one-block) grid barrier
         # in the same kernel rather than by a second launch
-        s = dataclasses.replace(s, cross_combine="grid")  # type: ignore[call-arg]  # an option (Schedule docs)
-    if plan.cross and plan.scatters and s.option("cross_combine") != "grid":
+        s = dataclasses.replace(s, cross_combine=CrossCombine.GRID)  # type: ignore[call-arg]  # an option (Schedule docs)
+    if plan.cross and plan.scatters and s.option(CROSS_COMBINE) != CrossCombine.GRID:
         # rule 7: a scatter's table is zeroed behind the grid combine's barrier (lower/scatter.py): one
         # launch where kernel makes three (zero fill, main, combine); float atomics either way
-        g = dataclasses.replace(s, cross_combine="grid")  # type: ignore[call-arg]
+        g = dataclasses.replace(s, cross_combine=CrossCombine.GRID)  # type: ignore[call-arg]
         if not space.violations(g):
             s = g
     if plan.transpose is not None and "transpose" in space.table:

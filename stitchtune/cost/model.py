@@ -47,8 +47,8 @@ The model, per kernel (all quantities from the :class:`~stitchtune.ir.kir.Kernel
    when fitted leaving one workload out (scripts/model_quality.py).
 6. Single-pass statistics (``schedule.single_pass``) need no term of their own: the lowering's profile
    counts one sweep fewer of the row (``dram_read_bytes`` + ``reread_bytes``: a row that is not kept on
-   chip is read twice instead of three times) and the running update's extra flops / SFU ops (Welford's
-   division, online softmax's rescaling) in ``flops`` / ``sfu_ops``; the program's ``notes`` name the
+   chip is read twice instead of three times) and the running update's math ops as the IR has them
+   (Welford's division, online softmax's exps) in ``flops`` / ``sfu_ops``; the program's ``notes`` name the
    merged stages.
 7. Thread-block clusters (the ``cluster`` scheme, sm_90): a cluster kernel is illegal when its
    cluster exceeds the device's portable size or cannot be resident on one GPC

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from stitchtune._version import __version__
+from stitchtune.deploy.compiled_graph import compile_graph
 from stitchtune.deploy.dynamic import CompiledBucket, compile_dynamic
 from stitchtune.deploy.manifest_io import check_codegen_version, read_manifest, write_kernels
 from stitchtune.errors import GraphError, StitchtuneError, UnsupportedGraphError
@@ -239,15 +240,13 @@ class DynamicCompiledGraph:
     def static_at(self, extents: Mapping[str, int], *, build: bool | None = None) -> Any:
         """The static :class:`~stitchtune.deploy.compiled.CompiledGraph` at ``extents`` (a refused bucket's
         calls), compiled once per extents with the heuristic or the database's record of that shape."""
-        from stitchtune.deploy.compiled import compile as st_compile
-
         k = tuple(sorted(extents.items()))
         cg = self._state.get(k)
         if cg is None:
             if len(self._state) >= MAX_STATIC:
                 self._state.pop(next(iter(self._state)))
             try:
-                cg = st_compile(self.dgraph.at(extents), db=self.db, device=self.device, build=build)
+                cg = compile_graph(self.dgraph.at(extents), db=self.db, device=self.device, build=build)
             except StitchtuneError as e:   # e.g. no plan at these extents: say where
                 at = ", ".join(f"{d}={v}" for d, v in sorted(extents.items()))
                 kind = UnsupportedGraphError if isinstance(e, UnsupportedGraphError) else StitchtuneError

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from stitchtune.deploy.device_run import DeviceRun, build_cubin
 from stitchtune.errors import GraphError
 from stitchtune.graph.dynamic import BucketKey, DynamicGraph, DynamicRefusal
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
@@ -110,13 +111,12 @@ class CompiledBucket:
 
     def __call__(self, extents: Mapping[str, int], **arrays: Any) -> dict[str, np.ndarray]:
         """Run on the GPU at ``extents`` (the grid computed from them; no rebuild)."""
-        from stitchtune.deploy.compiled import DeviceRun, _build
         from stitchtune.gpu.driver import open_driver
 
         g = self._graph_at(extents)
         run = self._state.get("run")
         if run is None:
-            cubin = self.cubin if self.cubin is not None else _build(self.sources, self.device.arch)[1]
+            cubin = self.cubin if self.cubin is not None else build_cubin(self.sources, self.device.arch)[1]
             run = self._state["run"] = DeviceRun(self.program, cubin, open_driver())
         out: dict[str, np.ndarray] = run(g, arrays, dict(extents))
         return out
@@ -133,7 +133,6 @@ def compile_dynamic(dgraph: DynamicGraph, key: BucketKey, db: str | os.PathLike[
     ScheduleError naming the refusal. ``deterministic``: only bitwise-reproducible records (a given schedule
     that is not: ScheduleError)."""
     db = resolve_db(db)
-    from stitchtune.deploy.compiled import _build
     from stitchtune.deploy.selection import choose_schedule
     from stitchtune.errors import ScheduleError
     from stitchtune.gpu.build import nvcc_found
@@ -179,7 +178,7 @@ def compile_dynamic(dgraph: DynamicGraph, key: BucketKey, db: str | os.PathLike[
     cubin: bytes | None = None
     regs: tuple[tuple[str, int], ...] = ()
     if build or (build is None and nvcc_found()):
-        res, cubin = _build(sources, dev.arch)
+        res, cubin = build_cubin(sources, dev.arch)
         regs = tuple(sorted((str(k), int(v)) for k, v in (getattr(res, "registers", None) or {}).items()))
     return CompiledBucket(key, dgraph, dev, s, source, program, sources, cubin, reason=reason,
                           space_version=str(space.version), registers=regs)

@@ -178,7 +178,7 @@ def capture_graphs(model: Any, example_inputs: Sequence[Any], call: str = "infer
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
-    from stitchtune.deploy.torch_backend import _decompositions
+    from stitchtune.deploy.torch_rest import decompositions
 
     found: list[CapturedGraph] = []
 
@@ -194,7 +194,7 @@ def capture_graphs(model: Any, example_inputs: Sequence[Any], call: str = "infer
         compiled = torch.compile(model, backend=aot_autograd(fw_compiler=collector("forward"),
                                                              bw_compiler=collector("backward"),
                                                              inference_compiler=collector("inference"),
-                                                             decompositions=_decompositions()))
+                                                             decompositions=decompositions()))
         run_call(compiled, model, example_inputs, CALL_PATTERNS[call])
     finally:
         torch._dynamo.reset()

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from stitchtune.errors import StitchtuneError
-from stitchtune.lower.remap import gather_flag_buffers
+from stitchtune.lower.gather import gather_flag_buffers
 
 
 def read_gather_flags(driver: Any, scratch: Mapping[str, int], program: Any, stream: int = 0) -> dict[str, float]:

@@ -68,8 +68,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stitchtune.deploy.backend_options import BackendOptions
+from stitchtune.deploy.torch_region_compile import attach_cubins, compile_region_graph, device_for, kept_outputs
+from stitchtune.deploy.torch_rest import compile_rest, decompositions
 from stitchtune.deploy.torch_rewrite import fake_check, replace_regions
-from stitchtune.errors import StitchtuneError
 
 log = logging.getLogger(__name__)
 
@@ -118,60 +119,6 @@ LAST_REPORTS: list[GraphReport] = []
 
 
 # ---------------------------------------------------------------------------- compiling regions
-def _device_for(opts: BackendOptions) -> Any:
-    from stitchtune.hardware.device import get_device
-
-    if opts.device is None:
-        from stitchtune.gpu.device_query import default_device
-
-        return default_device()
-    return get_device(opts.device) if isinstance(opts.device, str) else opts.device
-
-
-def _attach_cubins(kernels: Sequence[Any], arch: str, opts: BackendOptions) -> dict[int, str]:
-    """Build the cubins of the static ``kernels`` in one parallel nvcc batch (the builder's cache)
-    and attach them; {index: why} for those that failed (every one when nvcc is missing)."""
-    from dataclasses import replace
-    from pathlib import Path
-
-    from stitchtune.deploy.torch_ops import RegionKernel
-    from stitchtune.gpu.build import NvccBuilder
-
-    todo = [i for i, k in enumerate(kernels) if isinstance(k, RegionKernel) and k.compiled.cubin is None]
-    if not todo:
-        return {}
-    try:
-        results = NvccBuilder().build([kernels[i].compiled.sources for i in todo], arch)
-    except Exception as exc:  # noqa: BLE001 - no toolchain: these regions stay with Inductor
-        opts.reraise(exc)
-        return {i: f"cannot build kernels: {type(exc).__name__}: {exc}" for i in todo}
-    failed = {}
-    for i, res in zip(todo, results):
-        if res.status == "ok" and res.cubin_path:
-            kernels[i].compiled = replace(kernels[i].compiled, cubin=Path(res.cubin_path).read_bytes())
-        else:
-            failed[i] = f"nvcc failed ({res.status}): {(res.error or '')[:300]}"
-    return failed
-
-
-def program_atomics(program: Any) -> int:
-    """Float atomic adds the kernels of ``program`` issue (from their profiles; 0: bitwise reproducible)."""
-    return sum(k.atomics for k in program.profile.kernels)
-
-
-def _compile_graph(graph: Any, opts: BackendOptions, device: Any, counter: Any = None) -> Any:
-    """The CompiledGraph of ``graph`` (no cubin: the backend builds them in one batch, a
-    per-shape kernel at its first launch); one schedule selection, counted by ``counter``."""
-    from stitchtune.deploy.compiled import compile as compile_graph
-
-    cg = compile_graph(graph, db=opts.db, device=device, build=False, deterministic=opts.deterministic)
-    if counter is not None:
-        counter.add(selections=1)
-    if opts.deterministic and program_atomics(cg.program):   # selection should prevent it
-        raise StitchtuneError("its program uses float atomics (deterministic=True)")
-    return cg
-
-
 def _compile_region(region: Any, opts: BackendOptions, device: Any, kind: str = "inference",
                     counter: Any = None) -> Any:
     """The :class:`~stitchtune.deploy.torch_ops.RegionKernel` of one region (errors propagate); for
@@ -184,7 +131,7 @@ def _compile_region(region: Any, opts: BackendOptions, device: Any, kind: str = 
 
     if counter is None:
         counter = torch_stats.region_counter(kind, region.name, region.ops, region.dynamic)
-    cg = _compile_graph(region.graph, opts, device, counter)
+    cg = compile_region_graph(region.graph, opts, device, counter)
     if not region.dynamic:
         counter.add(builds=1)
         return RegionKernel(region.name, region.ops, cg, cpu=opts.cpu, out_shapes=region.output_shapes,
@@ -247,7 +194,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     cuda_devices = [t.device for t in example_inputs if getattr(getattr(t, "device", None), "type", "") == "cuda"]
     on_cuda = bool(cuda_devices)
     graph_device = cuda_devices[0] if on_cuda else None   # where a region that reads no tensor runs
-    device = _device_for(opts)
+    device = device_for(opts)
     made: list[Any] = []
     counters: dict[str, Any] = {}
     with collecting_fallbacks() as fallbacks:   # one warning for the graph, not one per region
@@ -256,7 +203,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     if fallbacks:
         log.warning("stitchtune: %s graph: %s; `stitchtune tune` searches a model's regions",
                     kind, fallback_summary(fallbacks))
-    failed = _attach_cubins([k for _, k in made], device.arch, opts) if on_cuda else {}
+    failed = attach_cubins([k for _, k in made], device.arch, opts) if on_cuda else {}
     folded = dict(split.folded)
     held: dict[str, frozenset[int]] = {}
     chosen = []
@@ -270,7 +217,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
         held[key] = frozenset(i for i, _ in consts)
         torch_ops.register(key, GuardedRegion(kernel, r.module, r.output_perms or (None,) * len(r.outputs),
                                                         _runtime_decline(report, kind, r, counters[r.name]),
-                                                        _kept_outputs(r), held=consts, device=graph_device))
+                                                        kept_outputs(r), held=consts, device=graph_device))
         chosen.append((r, key, kernel))
     new_gm = gm
     while chosen:
@@ -306,17 +253,6 @@ def _held_constants(region: Any, folded: dict[Any, Any]) -> tuple[tuple[int, Any
     return consts if len(consts) < len(region.inputs) else ()
 
 
-def _kept_outputs(region: Any) -> tuple[int, ...] | None:
-    """Which outputs of ``region.module`` the kernel returns (None: all): the module also returns the
-    no-ops that the region's ``aliases`` stand for (its outputs are its nodes read outside it, in
-    graph order)."""
-    if not region.aliases:
-        return None
-    read = set(region.outputs) | {a for a, _ in region.aliases}
-    every = [n for n in region.nodes if n in read]
-    return tuple(every.index(o) for o in region.outputs)
-
-
 def _runtime_decline(report: GraphReport, kind: str, region: Any, counter: Any = None) -> Any:
     """The callback a :class:`~stitchtune.deploy.torch_guard.GuardedRegion` calls (once) when its
     kernel fails at run time: the region is reported as declined (its ATen ops run from then on;
@@ -329,117 +265,6 @@ def _runtime_decline(report: GraphReport, kind: str, region: Any, counter: Any =
                                             f"failed at run time, runs its ATen ops: {reason}"))
 
     return decline
-
-
-# ---------------------------------------------------------------------------- the rest of the graph
-def _decompositions(keep_whole: bool = True) -> dict[Any, Any]:
-    """Inductor's decompositions, without the composite ops the importer maps whole."""
-    import torch
-    from torch._inductor.decomposition import select_decomp_table
-
-    aten = torch.ops.aten
-    keep = {aten.native_layer_norm.default, aten._softmax.default, aten._log_softmax.default,
-            aten.gelu.default, aten.silu.default, aten.rms_norm.default, aten.softmax.int,
-            aten.log_softmax.int, aten.layer_norm.default, aten._native_batch_norm_legit_no_training.default,
-            # windowed ops stay whole (the framework's; Inductor's max-pool decomposition also
-            # needs torch._inductor.lowering imported, which only compile_fx does)
-            aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default}
-    table = select_decomp_table()
-    return {k: v for k, v in table.items() if not (keep_whole and k in keep)}
-
-
-def _redecompose(gm: Any, example_inputs: Sequence[Any]) -> Any:
-    """``gm`` traced again with all of Inductor's decompositions (what compile_fx_inner expects)."""
-    from torch._guards import detect_fake_mode
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    table = _decompositions(keep_whole=False)
-    if not any(getattr(n, "target", None) in table for n in gm.graph.nodes):
-        return gm
-    fake = detect_fake_mode(example_inputs)
-    import contextlib
-
-    with fake if fake is not None else contextlib.nullcontext():
-        return make_fx(gm, decomposition_table=table)(*example_inputs)
-
-
-def _inductor_random(gm: Any, example_inputs: Sequence[Any]) -> None:
-    """Replace ``gm``'s ATen random ops (dropout's ``rand``) by Inductor's seeded ones in place, as
-    Inductor's joint-graph passes do (none when ``fallback_random`` is set)."""
-    from torch._guards import detect_fake_mode
-    from torch._inductor.fx_passes.replace_random import replace_random_passes
-    from torch._inductor.virtualized import V
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    import torch
-
-    if not any(torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())
-               for n in gm.graph.nodes if n.op == "call_function"):
-        return
-    with V.set_fake_mode(detect_fake_mode(example_inputs) or FakeTensorMode()):
-        changed = replace_random_passes(gm)
-    if changed:
-        gm.graph.lint()
-        gm.recompile()
-
-
-def channels_last_conv_backward(gm: Any) -> bool:
-    """Whether ``gm`` has a 2-D ``convolution_backward`` whose gradient and input PyTorch both holds
-    channels-last (ConvNeXt's, whose layer norms run over NHWC; not ViT's patch embedding, whose
-    input is the NCHW image: there the layout optimisation would copy the image instead of the
-    gradient, and the weight gradient back). Inductor decides its layout
-    optimisation from forward convolutions only, so a backward graph never gets it; without it, its
-    lowering orders a convolution's input and gradient by the stride order of the weight gradient
-    (for a depthwise weight ``[C, 1, k, k]`` the size-1 dim ties and the order is none of the
-    tensors'): copies of the input and the gradient before the library call and of its result
-    after it, two to four kernels per convolution. With it, channels-last tensors are taken as
-    they are."""
-    import torch
-
-    def channels_last(v: Any) -> bool:
-        return (isinstance(v, torch.Tensor) and v.dim() == 4 and not v.is_contiguous()
-                and v.is_contiguous(memory_format=torch.channels_last))
-
-    return any(n.op == "call_function" and n.target is torch.ops.aten.convolution_backward.default
-               and all(channels_last(getattr(a, "meta", {}).get("val")) for a in n.args[:2])
-               for n in gm.graph.nodes)
-
-
-def _compile_rest(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, graphs: Any,
-                  kind: str, n_stitched: int) -> Any:
-    """The callable (boxed) that runs ``gm``: Inductor, or eager (also when Inductor fails); captured in
-    CUDA graphs as ``graphs`` (a :class:`~stitchtune.deploy.torch_graphs.GraphMode`; None: not) says."""
-    from torch._functorch.aot_autograd import make_boxed_func
-
-    from stitchtune.deploy.torch_graphs import GraphMode
-
-    graphs = graphs if graphs is not None else GraphMode(False)
-
-    if opts.fallback == "inductor":
-        try:
-            from torch._inductor.compile_fx import compile_fx_inner
-
-            from torch._inductor import config as inductor_config
-
-            rest = _redecompose(gm, example_inputs)
-            kwargs: dict[str, Any] = {"is_backward": kind == "backward", "is_inference": kind == "inference"}
-            layout = kind == "backward" and channels_last_conv_backward(rest)
-            kwargs.update(graphs.inductor_kwargs(rest, example_inputs, kind))
-            # dropout's rand: Inductor replaces it by its own random op in its joint-graph passes,
-            # which run before a backend's graph compilers; that pass runs here, so the random
-            # numbers are made inside the kernel that reads them (the mask), as Inductor alone
-            # does, not by an ATen launch per dropout. No layout optimisation: the backward graph
-            # was traced with the forward's strides (a channels-last activation saved by the
-            # forward breaks its views); but a backward graph that convolves channels-last
-            # tensors takes it (channels_last_conv_backward: its inputs' layouts are fixed)
-            with inductor_config.patch(layout_optimization=layout, force_layout_optimization=layout):
-                _inductor_random(rest, example_inputs)
-                return compile_fx_inner(rest, example_inputs, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - never break a model: run the rest eagerly
-            opts.reraise(exc)
-            log.warning("stitchtune: Inductor failed on the %s graph (%s: %s); running it eagerly",
-                        kind, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-    return graphs.wrap(make_boxed_func(gm.forward), gm, example_inputs, kind)
 
 
 # ---------------------------------------------------------------------------- the backend
@@ -468,7 +293,7 @@ def _graph_compiler(opts: BackendOptions, graphs: Any, kind: str) -> Any:
             report.declined.append(DeclinedInfo(kind, "graph", f"stitching failed: {type(exc).__name__}: {exc}"))
         LAST_REPORTS.append(report)
         report.log_once()
-        rest = _compile_rest(new_gm, example_inputs, opts, graphs, kind, len(report.stitched))
+        rest = compile_rest(new_gm, example_inputs, opts, graphs, kind, len(report.stitched))
         return _checking_gathers(rest, tuple(report.gathers)) if report.gathers else rest
 
     return compiler
@@ -487,7 +312,7 @@ def stitchtune_backend(gm: Any, example_inputs: Sequence[Any], mode: str | None 
     backend = aot_autograd(fw_compiler=_graph_compiler(opts, graphs, "forward"),
                            bw_compiler=_graph_compiler(opts, graphs, "backward"),
                            inference_compiler=_graph_compiler(opts, graphs, "inference"),
-                           decompositions=_decompositions())
+                           decompositions=decompositions())
     return backend(gm, example_inputs)
 
 
@@ -551,7 +376,7 @@ def explain(model: Any, *example_inputs: Any, backward: bool = False, **options:
     torch_stats.reset()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=stitchtune_backend, options=options or None)
-    outputs = compiled(*example_inputs)
+    outputs = compiled(*example_inputs)  # type: ignore[no-untyped-call]  # torch.compile's result is untyped
     if backward:
         differentiate(outputs)
     reports = list(LAST_REPORTS)

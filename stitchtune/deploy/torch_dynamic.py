@@ -64,7 +64,7 @@ def region_dynamic_graph(region: Any, max_extent: int) -> tuple[Any, Any]:
 def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, compiled: Any) -> Any:
     """The :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel` of a region with symbolic sizes
     (see module docstring); ``compiled`` is its CompiledGraph at the example shapes (for explain)."""
-    from stitchtune.deploy.torch_backend import _compile_graph, _kept_outputs
+    from stitchtune.deploy.torch_region_compile import compile_region_graph, kept_outputs
     from stitchtune.deploy.torch_ops import RegionKernel
     from stitchtune.deploy.torch_region_dynamic import Built, DynamicRegionKernel
 
@@ -75,7 +75,7 @@ def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, com
             raise StitchtuneError(f"region {region.name}: {MAX_SPECIALISED} kernels specialised per extent made "
                                   "already (no generic kernel serves these extents); this shape runs its ATen ops")
         made[0] += 1
-        k = RegionKernel(region.name, region.ops, _compile_graph(graph, opts, device, counter), cpu=opts.cpu,
+        k = RegionKernel(region.name, region.ops, compile_region_graph(graph, opts, device, counter), cpu=opts.cpu,
                          out_shapes=tuple(out_shapes), check_gather=opts.check_gather)
         counter.add(builds=1)
         return k
@@ -91,13 +91,13 @@ def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, com
     except StitchtuneError as exc:
         log.info("%s: kernels per input shape (%s)", region.name, exc)
         return DynamicRegionKernel(region.name, region.ops, region.module, per_shape, compiled=compiled,
-                                   counter=counter, perms=region.output_perms, keep=_kept_outputs(region))
+                                   counter=counter, perms=region.output_perms, keep=kept_outputs(region))
 
     refused: dict[Any, str] = {}   # bucket key -> why no generic kernel serves it
 
     def generic(ext: dict[str, int]) -> Built | None:
         from stitchtune.deploy.dynamic import compile_dynamic
-        from stitchtune.deploy.torch_backend import program_atomics
+        from stitchtune.deploy.torch_region_compile import program_atomics
 
         key = dg.key_of(ext)
         if key in refused:
@@ -134,7 +134,7 @@ def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, com
 
     return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=compiled,
                                bucket_of=bucket_of, counter=counter, perms=region.output_perms,
-                               keep=_kept_outputs(region))
+                               keep=kept_outputs(region))
 
 
 def _in_graph_order(index: Sequence[int], shapes: Sequence[Any]) -> list[Any]:

@@ -67,7 +67,8 @@ def _to_numpy(t: Any, dtype: str) -> np.ndarray:
     from stitchtune.graph.reference import numpy_dtype
 
     # every graph dtype is exactly representable in float32
-    return t.detach().to(_torch.float32).cpu().numpy().astype(numpy_dtype(dtype))
+    out: np.ndarray = t.detach().to(_torch.float32).cpu().numpy().astype(numpy_dtype(dtype))
+    return out
 
 
 def _from_numpy(a: np.ndarray, dtype: str, device: Any = "cpu") -> Any:
@@ -159,10 +160,10 @@ class StitchedFunction:
         at the first call on them (the cubin from :attr:`compiled`, else built once through the
         builder's cache; the parameters uploaded once per GPU)."""
         key = ("cuda", index, stream)
-        hit = self._state.get(key)
+        hit: tuple[Any, dict[str, Any], dict[Any, Any]] | None = self._state.get(key)
         if hit is not None:
             return hit
-        from stitchtune.deploy.compiled import _build
+        from stitchtune.deploy.device_run import build_cubin as _build
         from stitchtune.gpu.driver import open_driver
         from stitchtune.gpu.launch import Launcher, launch_plan
 
@@ -173,8 +174,9 @@ class StitchedFunction:
         params = self._state.get(("params", index))
         if params is None:
             params = self._state[("params", index)] = {n: to_torch(a, f"cuda:{index}") for n, a in self.params}
-        self._state[key] = (launcher, params, {})
-        return self._state[key]
+        made: tuple[Any, dict[str, Any], dict[Any, Any]] = (launcher, params, {})
+        self._state[key] = made
+        return made
 
     def _cuda(self, args: Sequence[Any]) -> list[Any]:
         import torch as _torch
@@ -216,7 +218,7 @@ class StitchedFunction:
         """Whether the program has gathers (error flags to read after a launch)."""
         hit = self._state.get("gathers")
         if hit is None:
-            from stitchtune.lower.remap import gather_flag_buffers
+            from stitchtune.lower.gather import gather_flag_buffers
 
             hit = self._state["gathers"] = bool(gather_flag_buffers(self.compiled.program))
         return bool(hit)
@@ -238,7 +240,8 @@ def to_torch(arr: np.ndarray, device: str = "cuda") -> Any:
 
 def to_host(t: Any) -> np.ndarray:
     """A tensor's values as a float32 numpy array on the host (every graph dtype fits exactly)."""
-    return t.float().cpu().numpy()
+    out: np.ndarray = t.float().cpu().numpy()
+    return out
 
 
 def compile(fn: Any, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB,
@@ -341,7 +344,7 @@ def check_errors(sync: bool = True) -> None:
 
     from stitchtune.deploy.torch_flags import check_all
 
-    if sync and _torch.cuda.is_available() and _torch.cuda.is_initialized():
+    if sync and _torch.cuda.is_available() and _torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         _torch.cuda.synchronize()
     check_all()
 

@@ -7,17 +7,25 @@ every later call goes through it:
 Contract
 --------
 * :meth:`FastCall.__call__(inputs)` returns the outputs, or None when this call needs the slow path
-  (an input that is not contiguous, or a pointer that is not 16-byte aligned); it never changes what a
-  call computes. Per call it does only: the held constants inserted, one ``torch.empty`` per output
-  (torch's caching allocator; shapes and dtypes precomputed), the pointers read, torch's current
-  stream read (``torch._C._cuda_getCurrentRawStream``, Inductor's own accessor), the gathers' error
-  flags read from host memory (:mod:`~stitchtune.deploy.torch_flags`), the pointers written into the
-  preallocated ``kernelParams`` of the stream (packed once: only the pointer slots are rewritten; the
-  driver copies the parameters at each launch, so rewriting after it returns is safe, also while a
-  CUDA graph captures) and the launches. No dictionary is built, nothing is logged, nothing waits.
+  (an input unlike those of the call that made it: another count, shape, dtype, device, requires-grad
+  flag or non-contiguous strides, checked by one call of dynamo's C++ ``TensorGuards`` where torch
+  has it; or a pointer that is not 16-byte aligned); it never changes what a call computes. Per call
+  it does only: that check, the pointers read, the held constants' pointers inserted, the outputs
+  allocated by Inductor's own entry points (``torch._C._dynamo.guards._empty_strided_cuda``: torch's
+  caching allocator on the current device, shapes, strides and dtypes precomputed; on the CPU
+  ``_empty_strided_cpu``, malloc), torch's current stream read (``torch._C._cuda_getCurrentRawStream``,
+  Inductor's own accessor), the gathers' error flags read from host memory
+  (:mod:`~stitchtune.deploy.torch_flags`), the pointers written into the preallocated
+  ``kernelParams`` of the stream (packed once: only the pointer slots are rewritten, only when they
+  changed; the driver copies the parameters at each launch, so rewriting after it returns is safe,
+  also while a CUDA graph captures) and the launches. No dictionary is built, nothing is logged,
+  nothing waits.
 * A stream met for the first time gets its launcher and packed arguments from the kernel (a first
   call while that stream captures a CUDA graph raises as the slow path does).
 * Concurrent calls are serialised per :class:`FastCall` (the parameter slots are shared).
+* :func:`direct_calls(gm)`: a graph run as it is (``fallback="eager"``) calls its regions without
+  torch's dispatcher (:func:`~stitchtune.deploy.torch_ops.region_op` itself); Inductor's wrapper
+  still calls the op (``torch.ops.stitchtune.region.default``), through the dispatcher.
 """
 
 from __future__ import annotations
@@ -25,9 +33,12 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Sequence
+from functools import reduce
+from itertools import starmap
+from operator import attrgetter, or_
 from typing import Any
 
-__all__ = ["FastCall", "Rebound"]
+__all__ = ["FastCall", "Rebound", "ShapeCalls", "direct_calls"]
 
 
 class Rebound:
@@ -54,10 +65,16 @@ class Rebound:
 
     def set(self, pointers: list[int] | tuple[int, ...]) -> None:
         """Point the packed arguments at ``pointers`` (their alignment is the caller's to check)."""
-        if list(pointers) != self.last:
+        pointers = list(pointers)
+        if pointers != self.last:
             for arr, q, i in self.slots:
                 arr[q] = pointers[i]
-            self.last = list(pointers)
+            self.last = pointers
+
+
+#: ``t.data_ptr()`` as a function: torch's own method descriptor once a FastCall is made (``map`` calls
+#: it without a Python frame per tensor)
+_data_ptr: Any = lambda t: int(t.data_ptr())  # noqa: E731
 
 
 class _Stream:
@@ -66,11 +83,11 @@ class _Stream:
 
     __slots__ = ("launches", "args", "flags", "launcher", "activation", "launch")
 
-    def __init__(self, kernel: Any, index: int, stream: int, pointers: tuple[int, ...]) -> None:
+    def __init__(self, kernel: Any, index: int, stream: int, pointers: tuple[int, ...], ext: Any = None) -> None:
         launcher, _ = kernel.launcher(index, stream)
         self.flags = kernel._launchers[(index, stream)][2]
-        g = kernel.graph
-        self.args = Rebound(launcher, [n for n, _ in g.inputs] + list(g.outputs), pointers)
+        g = kernel._graph_at(ext)
+        self.args = Rebound(launcher, [n for n, _ in g.inputs] + list(g.outputs), pointers, ext)
         bound = self.args.bound
         self.launches = tuple((func, grid, block, smem, params, n, coop)
                               for (func, grid, block, smem, coop), (params, n) in zip(launcher._calls, bound.params))
@@ -82,58 +99,167 @@ class _Stream:
 class FastCall:
     """The thin per-call path of one static :class:`~stitchtune.deploy.torch_ops.RegionKernel` on the
     launch path (see module docstring): ``device`` the outputs' device, ``held`` (position, tensor)
-    constants inserted before the inputs are read."""
+    constants inserted before the inputs are read, ``first`` the inputs (held ones included) of the
+    call that ran the full path: every later input must have its shape, dtype and device, be
+    contiguous and 16-byte aligned, or the call takes the slow path (returns None)."""
 
-    def __init__(self, kernel: Any, device: Any, held: Sequence[tuple[int, Any]] = ()) -> None:
+    def __init__(self, kernel: Any, device: Any, held: Sequence[tuple[int, Any]] = (),
+                 first: Sequence[Any] = (), ext: Any = None, order: Sequence[int] | None = None) -> None:
         import torch
+
+        global _data_ptr
+        _data_ptr = torch.Tensor.data_ptr   # a C method descriptor: map() calls it without a frame
 
         self.kernel = kernel
         self.device = device
         self.held = tuple(held)
-        self.specs = tuple(kernel.empty_outputs_specs())
-        self.empty = torch.empty
+        self.ext = ext   # a generic kernel's extents (sorted (name, value) pairs): bound as arguments
+        self.specs = tuple(kernel.empty_outputs_specs(ext))
+        #: which of the kernel's outputs the call returns, in its order (None: all, as they are)
+        self.order = None if order is None or tuple(order) == tuple(range(len(self.specs))) else tuple(order)
+        heldpos = {i for i, _ in self.held}
+        given = [t for i, t in enumerate(first) if i not in heldpos]
+        #: per input the op receives: (shape, dtype) it must have (a static region's never change)
+        self.checks = tuple((tuple(t.shape), t.dtype) for t in given)
+        self.n = len(self.checks) if first else -1
+        self._held_ptrs = tuple((i, int(t.data_ptr())) for i, t in self.held)
+        guards: Any = torch._C._dynamo.guards   # Inductor's own allocation entry points (no argument parsing)
+        self._raw_stream: Any
+        self._current: Any
         if device.type == "cuda":
             self.index = device.index if device.index is not None else torch.cuda.current_device()
-            raw = torch._C._cuda_getCurrentRawStream
-            index = self.index
-            self.stream = lambda: raw(index)
-        else:   # CPU tensors with a given driver (tests): stream 0
+            self._raw_stream = torch._C._cuda_getCurrentRawStream
+            self._current = torch._C._cuda_getDevice
+            # on the current device (checked per call), torch's caching allocator
+            alloc = getattr(guards, "_empty_strided_cuda", None)
+        else:   # CPU tensors with a given driver (tests, the host benchmark): stream 0
             self.index = -1
-            self.stream = lambda: 0
+            self._raw_stream = None
+            self._current = None
+            alloc = getattr(guards, "_empty_strided_cpu", None) if device.type == "cpu" else None   # malloc
+        if alloc is None:   # another device, or a torch without them: torch's own
+            def alloc(shape: Any, stride: Any, dtype: Any) -> Any:
+                return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+        self.alloc = alloc
+        self.guard = _tensor_guard(given)
+        self.outs = tuple((shape, _row_major(shape), dt) for shape, dt in self.specs)
+        self._sync = kernel.check_gather == "sync"
         self._streams: dict[int, _Stream] = {}
         self._lock = threading.Lock()
         self._when = "at its next call (an earlier call's kernels met it)"
+        self.calls = 0   # calls that launched (counted under the lock)
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any] | None:
-        if self.held:
-            inputs = list(inputs)
-            for i, t in self.held:
-                inputs.insert(i, t)
-        ptrs = []
-        for t in inputs:
-            p = t.data_ptr()
-            if p & 15 or not t.is_contiguous():
-                return None
-            ptrs.append(p)
-        empty, dev = self.empty, self.device
-        outs = [empty(shape, dtype=dt, device=dev) for shape, dt in self.specs]
-        for o in outs:
-            p = o.data_ptr()
-            if p & 15:
-                return None
-            ptrs.append(p)
-        stream = self.stream()
+        if len(inputs) != self.n or not self.guard(*inputs):
+            return None
+        ptrs = list(map(_data_ptr, inputs))   # map and starmap: no Python frame per item
+        for i, p in self._held_ptrs:
+            ptrs.insert(i, p)
+        index = self.index
+        raw = self._raw_stream
+        if raw is None:
+            stream = 0
+            outs = list(starmap(self.alloc, self.outs))
+        else:
+            stream = raw(index)
+            if self._current() == index:   # _empty_strided_cuda allocates on the current device
+                outs = list(starmap(self.alloc, self.outs))
+            else:
+                outs = self.kernel.empty_outputs(self.device)
+        ptrs += map(_data_ptr, outs)
+        if reduce(or_, ptrs, 0) & 15:   # a pointer not 16-byte aligned (a view at an odd offset)
+            return None
         with self._lock:
+            self.calls += 1
             st = self._streams.get(stream)
             if st is None:
-                st = self._streams[stream] = _Stream(self.kernel, self.index, stream, tuple(ptrs))
-            if st.flags is not None:
-                st.flags.raise_if_set(self._when)
-            st.args.set(ptrs)   # the caching allocator often hands out the same blocks again: then nothing
+                st = self._streams[stream] = _Stream(self.kernel, index, stream, tuple(ptrs), self.ext)
+            flags = st.flags
+            if flags is not None:
+                flags.raise_if_set(self._when)
+            args = st.args
+            if ptrs != args.last:   # the caching allocator often hands out the same blocks again
+                args.set(ptrs)
             launch = st.launch
             with st.activation:
                 for func, grid, block, smem, params, n, coop in st.launches:
                     launch(func, grid, block, smem, stream, params, n, coop)
-        if st.flags is not None and self.kernel.check_gather == "sync":
-            self.kernel._sync_check(st.launcher, st.flags, stream)
+        if self._sync and flags is not None:
+            self.kernel._sync_check(st.launcher, flags, stream)
+        if self.order is not None:
+            return [outs[i] for i in self.order]
         return outs
+
+
+class ShapeCalls:
+    """The thin paths of a region with symbolic shapes (a
+    :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel`): one :class:`FastCall` per
+    input shapes met, at most ``limit`` (the oldest dropped), None for shapes that need the full path
+    (no kernel, the emulator). A call returns None (the full path) for shapes without one; each thin
+    call is a cache hit of the region: :attr:`hits`, which ``counter`` (a
+    :class:`~stitchtune.deploy.torch_stats.RegionCounter`) adds to its own at a snapshot."""
+
+    def __init__(self, counter: Any = None, limit: int = 64) -> None:
+        self.calls: dict[Any, FastCall | None] = {}
+        self.limit = limit
+        self._dropped = 0   # the calls of thin paths dropped from the cache
+        if counter is not None:
+            counter.thin.append(self)
+
+    @property
+    def hits(self) -> int:
+        """Calls that took a thin path."""
+        return self._dropped + sum(c.calls for c in list(self.calls.values()) if c is not None)
+
+    @staticmethod
+    def key(inputs: Sequence[Any]) -> tuple[Any, ...]:
+        """The shapes of ``inputs`` (the op's arguments), as calls are kept by."""
+        return tuple(map(_shape, inputs))
+
+    def add(self, inputs: Sequence[Any], call: FastCall | None) -> None:
+        if len(self.calls) >= self.limit:
+            old = self.calls.pop(next(iter(self.calls)))
+            self._dropped += old.calls if old is not None else 0
+        self.calls[self.key(inputs)] = call
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any] | None:
+        call = self.calls.get(tuple(map(_shape, inputs)))
+        return None if call is None else call(inputs)
+
+
+_shape = attrgetter("shape")
+
+
+def _tensor_guard(first: Sequence[Any]) -> Any:
+    """A callable ``guard(*inputs) -> bool``: True when every input has the shape, dtype, device
+    and requires-grad flag of its ``first`` counterpart and is contiguous
+    (row-major strides; a dimension of size 1 may have any). Dynamo's own C++ tensor check
+    (``torch._C._dynamo.guards.TensorGuards``: one call for all inputs) where this torch has it,
+    else the same checks in Python."""
+    import torch
+
+    sizes = [list(t.shape) for t in first]
+    strides = [[None if d == 1 else s for d, s in zip(t.shape, _row_major(t.shape))] for t in first]
+    try:
+        guards: Any = torch._C._dynamo.guards
+        check = guards.TensorGuards(*first, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides).check
+    except (AttributeError, TypeError, RuntimeError):   # not in this torch: checked in Python
+        specs = tuple((tuple(t.shape), t.dtype, t.device, t.requires_grad) for t in first)
+
+        def check(*inputs: Any) -> bool:
+            for t, (shape, dtype, device, grad) in zip(inputs, specs):
+                if (t.dtype is not dtype or t.shape != shape or not t.is_contiguous()
+                        or t.device != device or t.requires_grad is not grad):
+                    return False
+            return True
+
+    return check
+
+
+def _row_major(shape: Sequence[int]) -> tuple[int, ...]:
+    """The contiguous strides of ``shape`` (in elements)."""
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(int(d), 1)
+    return tuple(reversed(strides))

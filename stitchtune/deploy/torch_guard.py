@@ -66,7 +66,8 @@ class GuardedRegion:
     device: Any = None
     _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes checked -> specs
     _held_on: dict[Any, list[Any]] = field(default_factory=dict, repr=False)   # device -> held tensors there
-    #: the thin path (:mod:`~stitchtune.deploy.torch_fast`) once a call has run the full one; None: none
+    #: the thin path (:mod:`~stitchtune.deploy.torch_fast`) once a call has run the full one: a
+    #: FastCall, or for a kernel with symbolic shapes a ShapeCalls (one per input shapes); None: none
     _fast: Any = field(default=None, repr=False)
 
     @property
@@ -127,8 +128,21 @@ class GuardedRegion:
         device = _device_of(inputs, self.device)
         if any(t.device != device for t in raw):
             return None
+        make = getattr(self.kernel, "fast_path", None)
+        if make is None:
+            return None
         consts = self._held_on.get(device, []) if self.held else []
-        return self.kernel.fast_path(device, tuple((i, t) for (i, _), t in zip(self.held, consts)))
+        return make(device, tuple((i, t) for (i, _), t in zip(self.held, consts)), inputs)
+
+    def _add_fast(self, raw: Sequence[Any], inputs: Sequence[Any]) -> None:
+        """Keep the thin path of a region with symbolic shapes for ``raw``'s shapes (once per shapes)."""
+        from stitchtune.deploy.torch_fast import ShapeCalls
+
+        calls = self._fast
+        if calls is None:
+            calls = self._fast = ShapeCalls(getattr(self.kernel, "counter", None))
+        if ShapeCalls.key(raw) not in calls.calls:
+            calls.add(raw, self._make_fast(raw, inputs))
 
     def eager(self, inputs: Sequence[Any]) -> list[Any]:
         """The region's outputs computed by its ATen ops, laid out as the kernel writes them."""
@@ -138,7 +152,7 @@ class GuardedRegion:
         fast = self._fast
         if fast is not None:
             try:
-                outs = fast(inputs)
+                outs: list[Any] | None = fast(inputs)
             except Exception as exc:  # noqa: BLE001 - the full path below reports or declines it
                 if is_index_error(exc):
                     raise
@@ -151,8 +165,11 @@ class GuardedRegion:
             try:
                 outs = list(self.kernel(inputs, self.device))
                 self._check(inputs, outs)
-                if fast is None and isinstance(self.kernel, RegionKernel):
-                    self._fast = self._make_fast(raw, inputs)
+                if isinstance(self.kernel, RegionKernel):
+                    if fast is None:
+                        self._fast = self._make_fast(raw, inputs)
+                else:   # symbolic shapes: a thin path per input shapes
+                    self._add_fast(raw, inputs)
                 return outs
             except Exception as exc:  # noqa: BLE001 - never break a model: the ATen ops run instead
                 if is_index_error(exc):

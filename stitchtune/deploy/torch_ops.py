@@ -16,9 +16,12 @@ Contract
   GPU and stream has run: a first call inside a capture raises a RegionError saying so). The GPU's
   primary context is pushed for the launch and popped after it (torch's current device never
   changes). An input that is not 16-byte aligned (a view with a storage offset, ``x[1:]``) is copied
-  first: the kernels' vector loads would fault on it. After a first call has run this full path, a
-  static region's :class:`GuardedRegion` calls it through the thin path of
-  :mod:`stitchtune.deploy.torch_fast` (same result, a few microseconds of Python).
+  first: the kernels' vector loads would fault on it; an input whose size differs from the region's
+  raises a :class:`RegionError` (no kernel reads past it). After a first call has run this full
+  path, the region's :class:`GuardedRegion` calls it through the thin path of
+  :mod:`stitchtune.deploy.torch_fast` (same result, a few microseconds of Python; one per input shapes
+  for a region with symbolic shapes); a graph run as it is calls :func:`region_op` without the
+  dispatcher (:func:`~stitchtune.deploy.torch_direct.direct_calls`).
 * :func:`stand_in_driver` makes every kernel without a driver of its own launch through a given
   driver, CPU tensors too (CPU tests of the launch path under the backend).
 * An input that PyTorch holds permuted and the region's graph declares in its memory order
@@ -115,7 +118,7 @@ class RegionKernel:
     _graphs: dict[Any, Any] = field(default_factory=dict, repr=False)   # extents -> Graph (generic)
 
     def __post_init__(self) -> None:
-        from stitchtune.lower.remap import gather_flag_buffers
+        from stitchtune.lower.gather import gather_flag_buffers
 
         self._gathers = bool(gather_flag_buffers(self.compiled.program))
 
@@ -205,11 +208,11 @@ class RegionKernel:
 
     def _make_launcher(self, index: int, stream: int,
                        extents: tuple[tuple[str, int], ...] | None = None) -> tuple[Any, dict[Any, Any], Any]:
-        from stitchtune.deploy.compiled import _build
+        from stitchtune.deploy.device_run import build_cubin as _build
         from stitchtune.deploy.torch_flags import GatherFlags
         from stitchtune.gpu.driver import open_driver
         from stitchtune.gpu.launch import Launcher, launch_plan
-        from stitchtune.lower.remap import gather_flag_buffers
+        from stitchtune.lower.gather import gather_flag_buffers
 
         stand_in = _STAND_IN[0]
         cubin = self.compiled.cubin
@@ -284,7 +287,8 @@ class RegionKernel:
 
         inputs = [t if t.data_ptr() % ALIGN == 0 else t.clone() for t in inputs]
         dev = device if device is not None else inputs[0].device
-        ext = None if self.sym is None else self.at(inputs)[1]
+        g, ext = self.at(inputs)
+        _check_sizes(g, inputs)
         outs = self.empty_outputs(dev, inputs, ext)
         ptrs = tuple([t.data_ptr() for t in inputs] + [t.data_ptr() for t in outs])
         if dev.type == "cuda":
@@ -329,20 +333,37 @@ class RegionKernel:
         """Whether calls on ``device`` go through the launch path (CUDA, a given driver or a stand-in)."""
         return device.type == "cuda" or self.driver is not None or _STAND_IN[0] is not None
 
-    def fast_path(self, device: Any, held: Sequence[tuple[int, Any]] = ()) -> Any:
+    def fast_path(self, device: Any, held: Sequence[tuple[int, Any]] = (), first: Sequence[Any] = (),
+                  order: Sequence[int] | None = None) -> Any:
         """A :class:`~stitchtune.deploy.torch_fast.FastCall` for later calls on ``device`` (with the
-        ``held`` constants inserted), or None where every call needs the full path (a generic kernel,
-        permuted or windowed inputs, the emulator)."""
-        if (self.sym is not None or any(p is not None for p in self.in_perms)
-                or any(w is not None for w in self.in_windows) or not self.launches_on(device)):
+        ``held`` constants inserted) whose inputs are like ``first`` (the inputs, held ones included, of
+        a call that ran the full path: shapes, dtypes, device; a generic kernel's is bound to their
+        extents), returning the outputs ``order`` (None: all), or None where every call needs the full
+        path (permuted or windowed inputs, the emulator)."""
+        if (any(p is not None for p in self.in_perms) or any(w is not None for w in self.in_windows)
+                or not self.launches_on(device) or (self.sym is not None and not first)):
             return None
         from stitchtune.deploy.torch_fast import FastCall
 
-        return FastCall(self, device, held)
+        ext = None if self.sym is None else self.at(first)[1]
+        return FastCall(self, device, held, first, ext, order)
 
     def fake(self, inputs: Sequence[Any], device: Any = None) -> list[Any]:
         """The op's fake (meta) result: empty outputs on ``device`` (default: the first input's)."""
         return self.empty_outputs(_device_of(inputs, device), inputs)
+
+
+def _check_sizes(g: Any, inputs: Sequence[Any]) -> None:
+    """Raise when an input has not the elements and element size its graph input has (PyTorch may
+    hold it with other leading 1s): the kernels would read past its end."""
+    from stitchtune.graph.values import ITEMSIZE
+
+    if len(inputs) != len(g.inputs):
+        raise RegionError(f"{len(inputs)} input(s) given, the region reads {len(g.inputs)}")
+    for i, ((name, spec), t) in enumerate(zip(g.inputs, inputs)):
+        if t.numel() != spec.numel or t.element_size() != ITEMSIZE[spec.dtype]:
+            raise RegionError(f"input {i} ({name}): {list(t.shape)} {t.dtype}, the region reads "
+                              f"{list(spec.shape)} {spec.dtype}")
 
 
 def _windowed(window: Any, t: Any) -> Any:
@@ -412,14 +433,15 @@ def region_op(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _region_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    return lookup(key).fake(inputs)
+    out: list[torch.Tensor] = lookup(key).fake(inputs)
+    return out
 
 
 # A plain torch.library definition, not ``torch.library.custom_op``: the latter's Python wrappers cost
 # ~30 us per call on the host (scripts/torch_overhead.py), this one a few.
-_lib = torch.library.Library("stitchtune", "DEF")
-_lib.define("region(str key, Tensor[] inputs) -> Tensor[]")
-_lib.impl("region", region_op, "CompositeExplicitAutograd")
+_lib = torch.library.Library("stitchtune", "DEF")  # type: ignore[no-untyped-call]  # torch.library is untyped
+_lib.define("region(str key, Tensor[] inputs) -> Tensor[]")  # type: ignore[no-untyped-call]
+_lib.impl("region", region_op, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
 torch.library.register_fake("stitchtune::region", _region_fake, lib=_lib)
 
 
@@ -428,11 +450,14 @@ def _to_numpy(t: Any, dtype: str) -> np.ndarray:
     from stitchtune.graph.reference import numpy_dtype
 
     t = t.detach()
+    out: np.ndarray
     if dtype == "bfloat16":
-        return t.contiguous().view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
-    if dtype == "bool":
-        return t.numpy().astype(bool)
-    return t.numpy()
+        out = t.contiguous().view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
+    elif dtype == "bool":
+        out = t.numpy().astype(bool)
+    else:
+        out = t.numpy()
+    return out
 
 
 def _from_numpy(a: np.ndarray, dtype: str) -> Any:

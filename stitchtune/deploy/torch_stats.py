@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["RegionCounter", "RegionStats", "TorchStats", "region_counter", "reset", "stats"]
 
@@ -53,6 +54,9 @@ class RegionCounter:
     eager: int = 0
     declined: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    #: thin paths (:class:`~stitchtune.deploy.torch_fast.ShapeCalls`) that count their own hits (their
+    #: ``hits``, read at a snapshot: no lock taken per call)
+    thin: list[Any] = field(default_factory=list, repr=False, compare=False)
 
     def decline(self, reason: str) -> None:
         """Mark the region declined (the first reason is kept)."""
@@ -69,8 +73,9 @@ class RegionCounter:
 
     def snapshot(self) -> RegionStats:
         with self._lock:
+            hits = self.hits + sum(t.hits for t in self.thin)
             return RegionStats(self.graph, self.region, self.ops, self.dynamic, self.selections, self.builds,
-                               self.hits, self.eager, self.declined)
+                               hits, self.eager, self.declined)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ truncating division and remainder, mixed int/float operands promote to float32 a
 operators (:class:`~stitchtune.ir.kir.MathOp`) use ``stitchtune.graph.ops.OPS[name].np_fn`` on float32
 arrays. Int registers (i32 / i64) hold int buffers' elements at their width (raw loads; stores to
 int32/int64 outputs), and :class:`~stitchtune.ir.kir.IntOp` computes with wrapping numpy ints at that
-width (``stitchtune.graph.ops.int_np``). float16 / bfloat16 buffers are widened to float32 on load and rounded to nearest even on
+width (``stitchtune.graph.int_ops.int_np``). float16 / bfloat16 buffers are widened to float32 on load and rounded to nearest even on
 store (``np.float16`` / ``ml_dtypes.bfloat16``), like ``__float2half_rn`` / ``__float2bfloat16_rn``.
 ``bool`` buffers (``numpy.bool_``, inputs only) load as 0.0 / 1.0.
 Variables start at zero (the renderer declares them ``= 0`` at the top of the kernel); local arrays
@@ -176,7 +176,7 @@ def emulate_program(program: Program, inputs: dict[str, np.ndarray], *,
     uint32. ``cluster_limit(kernel)``: the clusters of a cluster kernel the device holds at once
     (None: not checked). Returned arrays are 1-D in the buffer dtype (the caller reshapes to the graph shape).
     ``scratch_out``, when given, receives a copy of every scratch buffer after the last launch (the
-    error flags of gathers among them, see :func:`stitchtune.lower.remap.gather_flag_buffers`).
+    error flags of gathers among them, see :func:`stitchtune.lower.gather.gather_flag_buffers`).
     ``block_order_seed``: launch ``i`` runs its atomic adds in the block order of seed
     ``(block_order_seed, i)`` (see the module docstring).
     ``extents`` (a generic program, ``program.dynamic``; by graph dim name; default its planned extents):

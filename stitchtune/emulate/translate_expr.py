@@ -325,7 +325,7 @@ class ExprCompiler(ClusterOps):
 
     def intop(self, e: IntOp) -> tuple[ExprFn, str]:
         """An int operator at its width (wrapping), see :class:`~stitchtune.ir.kir.IntOp`."""
-        from stitchtune.graph.ops import INT_CUDA, int_np
+        from stitchtune.graph.int_ops import INT_CUDA, int_np
 
         if e.op not in INT_CUDA:
             raise ValueError(f"unknown int operator {e.op}")

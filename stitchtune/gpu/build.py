@@ -41,6 +41,7 @@ import sysconfig
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from enum import StrEnum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -49,7 +50,17 @@ from stitchtune.errors import ToolchainError
 
 log = logging.getLogger(__name__)
 
-BUILD_STATUSES = ("ok", "compile_error", "timeout")
+
+
+class BuildStatus(StrEnum):
+    """How a build ended (``BuildResult.status``; a member equals its string, as JSON and the database hold it)."""
+
+    OK = "ok"
+    COMPILE_ERROR = "compile_error"
+    TIMEOUT = "timeout"
+
+
+BUILD_STATUSES: tuple[BuildStatus, ...] = tuple(BuildStatus)
 DEFAULT_ARCH = "sm_90"
 MAX_ERROR_CHARS = 4000
 _ARCH_RE = re.compile(r"^sm_(\d{2,3})[af]?$")
@@ -65,7 +76,7 @@ class BuildResult:
     (dynamic shared memory is a launch parameter). ``compile_s`` is 0.0 for a cache hit.
     """
 
-    status: str
+    status: BuildStatus   # a string naming one is turned into its member
     source_hash: str
     cubin_path: str | None
     arch: str
@@ -80,6 +91,7 @@ class BuildResult:
     def __post_init__(self) -> None:
         if self.status not in BUILD_STATUSES:
             raise ValueError(f"unknown build status {self.status!r}")
+        object.__setattr__(self, "status", BuildStatus(self.status))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -371,15 +383,15 @@ class NvccBuilder:
             return hit
         cubin_path, meta_path = self._paths(key)
         status, cubin, text, secs = _compile_one(self.nvcc, self.flags, source, arch, self.timeout_s)
-        if status != "ok" or cubin is None:
+        if status != BuildStatus.OK or cubin is None:
             log.info("build %s: %s", source_hash[:12], status)
-            return BuildResult(status, source_hash, None, arch, compile_s=secs, error=_truncate(text))
+            return BuildResult(BuildStatus(status), source_hash, None, arch, compile_s=secs, error=_truncate(text))
         res = parse_ptxas(text)
         warnings = [ln.strip() for ln in text.splitlines() if "warning" in ln.lower()]
         if warnings:
             log.info("build %s: %s", source_hash[:12], "; ".join(warnings[:3]))
         result = BuildResult(
-            "ok",
+            BuildStatus.OK,
             source_hash,
             str(cubin_path),
             arch,
@@ -453,11 +465,11 @@ class FakeBuilder:
         for src in sources:
             h = hashlib.sha256(src.encode("utf-8")).hexdigest()
             status = self._next_status(src)
-            if status == "ok":
+            if status == BuildStatus.OK:
                 names = self._KERNEL_RE.findall(src) or ["kernel"]
                 out.append(
                     BuildResult(
-                        "ok", h, None, arch,
+                        BuildStatus.OK, h, None, arch,
                         registers={n: self.registers for n in names},
                         smem_bytes={n: 0 for n in names},
                         spill_bytes={n: 0 for n in names},
@@ -466,6 +478,6 @@ class FakeBuilder:
                     )
                 )
             else:
-                out.append(BuildResult(status, h, None, arch, compile_s=self.compile_s,
+                out.append(BuildResult(BuildStatus(status), h, None, arch, compile_s=self.compile_s,
                                        error=f"fake {status}"))
         return out

@@ -235,7 +235,7 @@ class FakeDriver:
         self._sync_point("cuEventSynchronize")
 
     def event_elapsed_ms(self, start: Any, end: Any) -> float:
-        return (end[0] - start[0]) * 1e3
+        return float(end[0] - start[0]) * 1e3
 
     def synchronize(self) -> None:
         self._enter("synchronize")

@@ -148,7 +148,8 @@ class PycudaDriver:
 
     def host_empty(self, nbytes: int) -> np.ndarray:
         """A page-locked host buffer of ``nbytes`` (uint8), freed with the array."""
-        return self._call(self._cu.pagelocked_empty, max(int(nbytes), 1), np.uint8)[: int(nbytes)]
+        buf: np.ndarray = self._call(self._cu.pagelocked_empty, max(int(nbytes), 1), np.uint8)
+        return buf[: int(nbytes)]
 
     def host_alloc_mapped(self, nbytes: int) -> tuple[np.ndarray, int]:
         """A page-locked host buffer mapped into the device (pycuda's ``DEVICEMAP``) and its device pointer."""

@@ -21,7 +21,8 @@ import math
 from typing import assert_never
 
 from stitchtune.ir import kir
-from stitchtune.graph.ops import INT_CTYPES, INT_CUDA, kernel_op
+from stitchtune.graph.int_ops import INT_CTYPES, INT_CUDA
+from stitchtune.graph.ops import kernel_op
 
 RENDER_VERSION = "1"
 

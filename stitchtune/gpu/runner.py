@@ -68,6 +68,7 @@ from stitchtune.gpu.problem import Problem, _check_plan, _travel, close_fds, wri
 from stitchtune.gpu.worker import worker_entry
 from stitchtune.gpu.runners import (
     Measurement,
+    MeasureStatus,
     clip_error,
     output_dtypes,
     reference_outputs,
@@ -351,19 +352,19 @@ class CudaRunner:
             conn.send(("run", cubin, plan))
         except (OSError, ValueError) as exc:
             self._kill()
-            return Measurement("launch_error", error=f"CUDA worker unreachable: {exc}")
+            return Measurement(MeasureStatus.LAUNCH_ERROR, error=f"CUDA worker unreachable: {exc}")
         deadline = time.monotonic() + self.timeout_s
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 self._kill()
-                return Measurement("timeout", error=(f"no progress within {self.timeout_s:g} s (kernel hung, "
+                return Measurement(MeasureStatus.TIMEOUT, error=(f"no progress within {self.timeout_s:g} s (kernel hung, "
                                                      "e.g. a grid barrier deadlock); worker killed and restarted"))
             if not conn.poll(left):
                 continue
             msg = self._recv(proc, conn)
             if isinstance(msg, _Exited):
-                return Measurement("launch_error", error=f"CUDA worker died (exit code {msg.code})")
+                return Measurement(MeasureStatus.LAUNCH_ERROR, error=f"CUDA worker died (exit code {msg.code})")
             kind = msg[0]
             if kind == "beat":
                 deadline = time.monotonic() + self.timeout_s

@@ -25,13 +25,25 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 
-MEASURE_STATUSES = ("ok", "launch_error", "timeout", "wrong_result")
+
+
+class MeasureStatus(StrEnum):
+    """How a run ended (``Measurement.status``; a member equals its string, as JSON and the database hold it)."""
+
+    OK = "ok"
+    LAUNCH_ERROR = "launch_error"
+    TIMEOUT = "timeout"
+    WRONG_RESULT = "wrong_result"
+
+
+MEASURE_STATUSES: tuple[MeasureStatus, ...] = tuple(MeasureStatus)
 TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
 MAX_ERROR_CHARS = 4000
 
@@ -45,7 +57,7 @@ class Measurement:
     outputs (None when no output was produced); ``estimated``: the time is a prediction.
     """
 
-    status: str
+    status: MeasureStatus   # a string naming one is turned into its member
     median_us: float | None = None
     samples_us: tuple[float, ...] = ()
     max_rel_error: float | None = None
@@ -55,6 +67,7 @@ class Measurement:
     def __post_init__(self) -> None:
         if self.status not in MEASURE_STATUSES:
             raise ValueError(f"unknown measurement status {self.status!r}")
+        object.__setattr__(self, "status", MeasureStatus(self.status))
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -319,16 +332,16 @@ class EmulateRunner:
                 limit, climit = emulator_limits(self.device, program, _build_registers(build))
                 outputs = emulate(program, self.inputs, coresident_limit=limit, cluster_limit=climit)
             except faults as exc:
-                out.append(Measurement("launch_error", estimated=True, error=clip_error(f"emulator fault: {exc}")))
+                out.append(Measurement(MeasureStatus.LAUNCH_ERROR, estimated=True, error=clip_error(f"emulator fault: {exc}")))
                 continue
             chk = check_outputs(outputs, self.expected, self.dtypes)
             if not chk.ok:
-                out.append(Measurement("wrong_result", max_rel_error=chk.max_rel_error, estimated=True,
+                out.append(Measurement(MeasureStatus.WRONG_RESULT, max_rel_error=chk.max_rel_error, estimated=True,
                                        error=clip_error(chk.error)))
                 continue
             regs = dict(getattr(build, "registers", None) or {}) if getattr(build, "status", "ok") == "ok" else {}
             pred = predict(program, self.device, registers=regs or None)
-            out.append(Measurement("ok", median_us=float(pred.time_us), samples_us=(),
+            out.append(Measurement(MeasureStatus.OK, median_us=float(pred.time_us), samples_us=(),
                                    max_rel_error=chk.max_rel_error, estimated=True))
         return out
 
@@ -372,11 +385,11 @@ class FakeRunner:
             status = self.statuses[self._i % len(self.statuses)]
             t = self.time_fn(program) if self.time_fn else self.times_us[self._i % len(self.times_us)]
             self._i += 1
-            if status == "ok":
-                out.append(Measurement("ok", median_us=float(t), samples_us=(float(t),), max_rel_error=0.0,
+            if status == MeasureStatus.OK:
+                out.append(Measurement(MeasureStatus.OK, median_us=float(t), samples_us=(float(t),), max_rel_error=0.0,
                                        estimated=self.estimated))
             else:
-                out.append(Measurement(status, estimated=self.estimated, error=f"fake {status}"))
+                out.append(Measurement(MeasureStatus(status), estimated=self.estimated, error=f"fake {status}"))
         return out
 
 

@@ -13,7 +13,7 @@ against the float64 reference is the GPU's; ``tests/lower/test_fast_math.py`` me
 
 * ``fast_rcp``: ``__fdividef(1, x)``, the reciprocal of a per-row value (softmax's sum, a norm's scale),
   taken once per row by the lowering, which multiplies each element by it
-  (:class:`~stitchtune.lower.base.SweepValues`); a division by a constant multiplies by its float32
+  (:class:`~stitchtune.lower.sweep_values.SweepValues`); a division by a constant multiplies by its float32
   reciprocal. The documented tolerance is in ``docs/fast-math.md``.
 """
 

@@ -41,7 +41,8 @@ import numpy as np
 
 from stitchtune.errors import GraphError, StitchtuneError
 from stitchtune.graph.parse import DTYPES, INT_DTYPES, Graph
-from stitchtune.graph.ops import OPS, float_to_int
+from stitchtune.graph.int_ops import float_to_int
+from stitchtune.graph.ops import OPS
 
 __all__ = ["numpy_dtype", "bfloat16_dtype", "run_reference", "cast_value", "random_inputs", "check_inputs", "check_host_memory",
            "reference_bytes", "host_memory_bytes", "HOST_MEMORY_FRACTION"]

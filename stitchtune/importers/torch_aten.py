@@ -300,7 +300,7 @@ class _Walker(LayoutOps):
                                f"PyTorch shape {list(t)}")
         return v
 
-    def _promote_ints(self, node: Any, a: dict[str, Any]) -> dict[str, Any]:
+    def promote_ints(self, node: Any, a: dict[str, Any]) -> dict[str, Any]:
         """An int op's arguments as torch promotes them: ints stay ints where every tensor argument is
         an int and every number an integer; otherwise (a float tensor or a fractional number with an
         int tensor) the int tensors are cast to the result's float dtype first."""
@@ -314,9 +314,9 @@ class _Walker(LayoutOps):
         nums = [v for k, v in a.items() if k not in ("alpha",) and isinstance(v, float) and v != int(v)]
         if not floats and not nums and not any(isinstance(v, float) and not math.isfinite(v) for v in a.values()):
             return a
-        return self._ints_to_float(node, a)
+        return self.ints_to_float(node, a)
 
-    def _ints_to_float(self, node: Any, a: dict[str, Any]) -> dict[str, Any]:
+    def ints_to_float(self, node: Any, a: dict[str, Any]) -> dict[str, Any]:
         """``a`` with every int tensor argument cast to float32 (torch's promotion of an int tensor
         read by a float op)."""
         import torch.fx
@@ -331,7 +331,7 @@ class _Walker(LayoutOps):
                 out[k] = _Alias(name)
         return out
 
-    def _no_bool(self, node: Any, key: str, a: dict[str, Any]) -> None:
+    def no_bool(self, node: Any, key: str, a: dict[str, Any]) -> None:
         """Refuse a bool tensor argument of an arithmetic op (graph.json reads bools only in logical
         ops, ``where``'s condition and casts)."""
         if key in _CASTS or key in _VIEWS or key in _LAYOUT or (key == "aten.sum" and a.get("dtype") is None):
@@ -341,20 +341,20 @@ class _Walker(LayoutOps):
                 raise ImportError_(f"{node.target} at {_where(node)}: reads the bool tensor {v.name!a} "
                                    "(graph.json reads bools only in logical ops, where and cast)")
 
-    def _dtype(self, dt: Any, node: Any) -> str:
+    def graph_dtype(self, dt: Any, node: Any) -> str:
         name = torch_dtype_name(dt)
         if name is None:
             raise ImportError_(f"{node.target} at {_where(node)}: dtype {dt} is not supported")
         return name
 
-    def _reduce(self, node: Any, key: str, a: dict[str, Any]) -> Any:
+    def reduce_node(self, node: Any, key: str, a: dict[str, Any]) -> Any:
         x = a["self"]
         v = self.val(x, node)
         if v.dtype in ("int32", "int64") or (v.dtype == "bool" and key != "aten.sum"):
             raise ImportError_(f"{node.target} at {_where(node)}: reducing a {v.dtype} tensor is not supported "
                                "(a sum of a bool tensor is: a count)")
         if a.get("dtype") is not None:
-            v = self.b.cast(v, self._dtype(a["dtype"], node), f"{node.name}_in")
+            v = self.b.cast(v, self.graph_dtype(a["dtype"], node), f"{node.name}_in")
         keep = bool(a.get("keepdim")) or node.name in self.forced_keepdim
         dims = a.get("dim")
         axes = self.axes(x, dims, node)
@@ -387,7 +387,7 @@ class _Walker(LayoutOps):
             acc = self.b.binary("add", acc, part, f"{node.name}_add{i}" if keep or i < len(parts) - 2 else node.name)
         return self._reshape(acc, kept, node.name) if keep else acc
 
-    def _view(self, node: Any, key: str, x: Any) -> Value:
+    def view_node(self, node: Any, key: str, x: Any) -> Value:
         """A view, ``clone``/``contiguous``/``alias``/``detach`` or ``expand``: the value itself where it
         broadcasts to the result (no node), else a ``reshape`` (``expand`` is implicit broadcasting)."""
         v = self.val(x, node)

@@ -29,10 +29,12 @@ from stitchtune.importers.torch_index_copy import index_copy_axis, map_index_cop
 from stitchtune.importers.torch_scatter import SCATTER_OPS, map_scatter
 
 
-class _Walker(Protocol):
-    """What a handler may use of the fx walk (:class:`stitchtune.importers.torch_aten._Walker` provides it):
-    its builder, the graph values of the nodes walked so far, and the value helpers the handlers share.
-    A protocol, so that this module does not import the walker that imports it."""
+class AtenWalker(Protocol):
+    """What a handler may use of the fx walk, the walker's public interface
+    (:class:`stitchtune.importers.torch_aten._Walker` provides it): its builder, the graph values of the
+    nodes walked so far, and the value helpers the handlers share (``promote_ints``, ``ints_to_float``,
+    ``no_bool``, ``graph_dtype``, ``reduce_node``, ``view_node``, ``layout_node``, ...). A protocol, so that
+    this module does not import the walker that imports it."""
 
     b: GraphBuilder
     vals: dict[str, Any]
@@ -40,13 +42,13 @@ class _Walker(Protocol):
     def tshape(self, n: Any) -> tuple[int, ...]: ...
     def val(self, x: Any, node: Any) -> Value: ...
     def axes(self, x: Any, dims: Any, node: Any) -> list[int]: ...
-    def _promote_ints(self, node: Any, a: dict[str, Any]) -> dict[str, Any]: ...
-    def _ints_to_float(self, node: Any, a: dict[str, Any]) -> dict[str, Any]: ...
-    def _no_bool(self, node: Any, key: str, a: dict[str, Any]) -> None: ...
-    def _dtype(self, dt: Any, node: Any) -> str: ...
-    def _reduce(self, node: Any, key: str, a: dict[str, Any]) -> Any: ...
-    def _view(self, node: Any, key: str, x: Any) -> Value: ...
-    def _layout(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value | Padded | Empty: ...
+    def promote_ints(self, node: Any, a: dict[str, Any]) -> dict[str, Any]: ...
+    def ints_to_float(self, node: Any, a: dict[str, Any]) -> dict[str, Any]: ...
+    def no_bool(self, node: Any, key: str, a: dict[str, Any]) -> None: ...
+    def graph_dtype(self, dt: Any, node: Any) -> str: ...
+    def reduce_node(self, node: Any, key: str, a: dict[str, Any]) -> Any: ...
+    def view_node(self, node: Any, key: str, x: Any) -> Value: ...
+    def layout_node(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value | Padded | Empty: ...
     def add_padded(self, node: Any, lhs: Any, rhs: Any) -> Value | Padded: ...
 
 # ---------------------------------------------------------------------------- the op tables
@@ -96,7 +98,7 @@ def _is_bool(x: Any) -> bool:
 
 # ---------------------------------------------------------------------------- the registry
 #: a handler: ``fn(walker, node, key, bound args, first tensor arg) -> graph value(s)`` (module docstring)
-Handler = Callable[[_Walker, Any, str, dict[str, Any], Any], Any]
+Handler = Callable[[AtenWalker, Any, str, dict[str, Any], Any], Any]
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ def _first(a: dict[str, Any]) -> Any:
     return a.get("self", a.get("input", a.get("a")))   # ("a": prims.convert_element_type)
 
 
-def map_op(w: _Walker, node: Any, key: str, a: dict[str, Any]) -> Any:
+def map_op(w: AtenWalker, node: Any, key: str, a: dict[str, Any]) -> Any:
     """The graph value(s) of one ATen node (a tuple for multi-output ops) through its handler; an op
     without one raises ``unsupported op TARGET at LOCATION``."""
     b, name = w.b, node.name
@@ -143,14 +145,14 @@ def map_op(w: _Walker, node: Any, key: str, a: dict[str, Any]) -> Any:
         prod_dt = str(_meta(node)[1])
         lhs, rhs = (b.cast(w.val(v, node), prod_dt, f"{name}_{i}") for i, v in enumerate((x, a["other"])))
         return b.binary("mul", lhs, rhs, name)
-    w._no_bool(node, key, a)
+    w.no_bool(node, key, a)
     if key in INT_OPS:
-        a = w._promote_ints(node, a)
+        a = w.promote_ints(node, a)
     elif key in _UNARY or key in _BINARY or key in ("aten.pow", "aten.gelu"):
-        a = w._ints_to_float(node, a)
+        a = w.ints_to_float(node, a)
     x = _first(a)
     if zero_pad(node) and (h is None or key in _LAYOUT or key in CNN_OPS):   # a pad of zeros: its input
-        return w._view(node, key, x)
+        return w.view_node(node, key, x)
     if h is None:
         raise ImportError_(f"unsupported op {node.target} at {_where(node)}")
     return h.fn(w, node, key, a, x)
@@ -158,7 +160,7 @@ def map_op(w: _Walker, node: Any, key: str, a: dict[str, Any]) -> Any:
 
 # ---------------------------------------------------------------------------- the handlers
 @aten_op(*_FILLS, raw=True)
-def _fill(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+def _fill(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
     """A 0-d constant (e.g. masked_fill's value), or a scatter's base of one value."""
     fill = a.get("s", a.get("fill_value"))
     if isinstance(fill, bool) or not isinstance(fill, (int, float)):
@@ -167,7 +169,7 @@ def _fill(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
 
 
 @aten_op(*SCATTER_OPS, raw=True)
-def _scatter(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Any:
+def _scatter(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Any:
     """An embedding's gradient: scatter_add of the masked values (torch_scatter); a static cache's
     one-position index copy: a where over the cache (torch_index_copy)."""
     if index_copy_axis(node) is not None:
@@ -176,12 +178,12 @@ def _scatter(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Any:
 
 
 @aten_op(*_UNARY)
-def _unary(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+def _unary(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
     return w.b.unary(_UNARY[key], w.val(x, node), node.name)
 
 
 @aten_op("aten.gelu")
-def _gelu(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+def _gelu(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
     op = {"none": "gelu", "tanh": "gelu_tanh"}.get(a.get("approximate") or "none")
     if op is None:
         raise ImportError_(f"gelu approximate={a.get('approximate')!a} at {_where(node)} is not supported")
@@ -189,7 +191,7 @@ def _gelu(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
 
 
 @aten_op(*_BINARY)
-def _binary(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+def _binary(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
     if a.get("rounding_mode") is not None:
         raise ImportError_(f"{node.target} rounding_mode={a['rounding_mode']!a} at {_where(node)} "
                            "is not supported")
@@ -197,24 +199,24 @@ def _binary(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value
 
 
 @aten_op("prims.fma")
-def _fma(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+def _fma(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
     """``a * b + c`` (Inductor's decomposition of softmax's backward)."""
     prod = w.b.binary("mul", w.val(a["a"], node), w.val(a["b"], node), f"{node.name}_mul")
     return w.b.binary("add", prod, w.val(a["c"], node), node.name)
 
 
 @aten_op("aten.pow")
-def _pow(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+def _pow(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
     return w.b.binary("pow", w.val(x, node), w.val(a["exponent"], node), node.name)
 
 
 @aten_op(*_REDUCE)
-def _reduce(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Any:
-    return w._reduce(node, key, a)
+def _reduce(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Any:
+    return w.reduce_node(node, key, a)
 
 
 @aten_op("aten.dropout", "aten.native_dropout", "aten.feature_dropout")
-def _dropout(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Any:
+def _dropout(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Any:
     """Dropout in eval mode: its input (``native_dropout``: with no mask)."""
     if a.get("train"):
         raise ImportError_(f"{node.target} at {_where(node)}: dropout in training mode is not "
@@ -224,7 +226,7 @@ def _dropout(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Any:
 
 
 @aten_op(*_CASTS)
-def _cast(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+def _cast(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
     _, dt = _meta(node)
     if dt is None:
         raise ImportError_(f"{node.target} at {_where(node)}: cast to a dtype graph.json does not have")
@@ -232,23 +234,23 @@ def _cast(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
 
 
 @aten_op(*_VIEWS)
-def _view(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
-    return w._view(node, key, x)
+def _view(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+    return w.view_node(node, key, x)
 
 
 @aten_op(*_LAYOUT)
-def _layout(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Any:
-    return w._layout(node, key, a, x)
+def _layout(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Any:
+    return w.layout_node(node, key, a, x)
 
 
 @aten_op(*CNN_OPS)
-def _cnn(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Any:
+def _cnn(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Any:
     """Eval batch norm, 1x1 adaptive average pool (torch_cnn)."""
     return map_cnn_op(w, node, key, a)
 
 
 @aten_op("aten.add", "aten.sub", "aten.rsub")
-def _add_sub(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value | Padded:
+def _add_sub(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value | Padded:
     """``add`` / ``sub`` / ``rsub`` (``rsub(x, y) = y - x``); ``alpha`` multiplies what is added or
     subtracted; an ``add`` of a slice scattered into zeros is :meth:`LayoutOps.add_padded`'s."""
     b, name = w.b, node.name
@@ -269,7 +271,7 @@ def _add_sub(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Valu
 
 
 @aten_op("aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh")
-def _clamp(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+def _clamp(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
     """``clamp`` / ``clamp_min`` / ``clamp_max`` / ``hardtanh`` as ``maximum`` then ``minimum``."""
     b, name = w.b, node.name
     v = w.val(x, node)
@@ -283,19 +285,19 @@ def _clamp(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
 
 
 @aten_op("aten.softmax", "aten._softmax", "aten.log_softmax", "aten._log_softmax")
-def _softmax(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+def _softmax(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
     """``softmax`` / ``log_softmax`` (and their ``_`` forms), with the optional input cast first."""
     b, name = w.b, node.name
     v = w.val(x, node)
     if a.get("dtype") is not None:
-        v = b.cast(v, w._dtype(a["dtype"], node), f"{name}_in")
+        v = b.cast(v, w.graph_dtype(a["dtype"], node), f"{name}_in")
     if a.get("half_to_float"):
         v = b.cast(v, "float32", f"{name}_in")
     return b.softmax(v, w.axes(x, a["dim"], node), name, log_="log_" in key)
 
 
 @aten_op("aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm")
-def _norm(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Any:
+def _norm(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Any:
     """``layer_norm`` / ``rms_norm`` (decomposed by the builder); ``native_layer_norm`` gives
     ``(y, mean, rstd)``."""
     b, name = w.b, node.name
@@ -317,7 +319,7 @@ def _norm(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Any:
 
 
 @aten_op(*_MASK_OPS, raw=True)
-def _mask_op(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+def _mask_op(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
     """Comparisons, logical ops on bools, ``where`` and ``masked_fill`` (scalar value)."""
     b, name = w.b, node.name
     if key == "aten.where":
@@ -354,7 +356,7 @@ def _mask_op(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Valu
 
 
 @aten_op(*_IOTA, raw=True)
-def _iota(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+def _iota(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
     """``arange(start, end, step)`` / ``prims.iota(length, start, step)``: an int ``iota`` of the
     result's length, times ``step`` plus ``start`` (int arithmetic, exact), cast where the result
     is a float (its values are then integers, exact below 2**24)."""
@@ -375,7 +377,7 @@ def _iota(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
 
 
 @aten_op(RAND_KEY, raw=True)
-def _rand(w: _Walker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
+def _rand(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Value:
     """``stitchtune::rand(seed, stream, size)``: ``uniform(seed + stream * RAND_STREAM_STEP, i)`` with
     ``i`` the element's row-major flat index in ``size``, a sum of int32 ``iota``s times strides."""
     b, name = w.b, node.name

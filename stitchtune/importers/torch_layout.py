@@ -130,7 +130,7 @@ class LayoutOps:
         src = self.exact(x, node) if x is not None else v
         return self._reshape(src, self._layout_shape(node, t_new), name)
 
-    def _layout(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value | Padded | Empty:
+    def layout_node(self, node: Any, key: str, a: dict[str, Any], x: Any) -> Value | Padded | Empty:
         """``transpose``/``permute``/``t``, ``cat``, ``slice``/``select``, ``slice_scatter`` and ``embedding``
         (see :data:`_LAYOUT`)."""
         op = _LAYOUT[key]

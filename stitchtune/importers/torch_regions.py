@@ -45,7 +45,7 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
 * Two settled regions that read the same value, or one the other's output, are joined when their
   union is convex and maps and ``accept`` takes it (one kernel reads the value once: a bias
   gradient's column sum beside the layer norm backward reading the same gradient); else they stay.
-* ``accept(graph)`` (default: the planner, :func:`stitchtune.plan.planner.make_plan`) returns None or
+* ``accept(graph)`` (default: the planner, :func:`stitchtune.importers.torch_cuts.plan_check`) returns None or
   why not. When the reason names a node of the region (``'sum_4'``: e.g. a column sum next to row
   sums in a layer norm's backward; a column sum next to a concat, which the planner names first),
   that node is declined with the reason and the rest is grouped again; otherwise the region is

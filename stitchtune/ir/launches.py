@@ -60,7 +60,9 @@ class Launch:
 
 @dataclass(frozen=True)
 class KernelProfile:
-    """What the cost model needs to know about one launch (computed by lowering, analytically)."""
+    """What the cost model needs to know about one launch: counted in the kernel's IR (its sweeps'
+    reads and operations, barriers, scratch loads: :mod:`stitchtune.lower.counts`) and sized through
+    the plan by the lowering (:func:`stitchtune.lower.profile.kernel_profile`)."""
 
     name: str
     grid: int

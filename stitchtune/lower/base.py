@@ -1,38 +1,35 @@
 """Lowering machinery shared by both families (see :mod:`stitchtune.lower.entry` for the contract).
 
 :class:`Lowerer` holds the buffers, reuse levels and helpers every family uses (kernel constructor,
-grid sizing, the analytic profile, the sweep order and task order of ``Schedule.order``);
-:class:`SweepValues` produces the per-element values of one sweep (inputs, caches, recomputed
-intermediates). The families are :mod:`stitchtune.lower.row` and :mod:`stitchtune.lower.col`.
+grid sizing, the sweep order and task order of ``Schedule.order``); the per-element values of one
+sweep are :class:`stitchtune.lower.sweep_values.SweepValues`, a kernel's profile
+:func:`stitchtune.lower.profile.kernel_profile`. The families are :mod:`stitchtune.lower.row` and :mod:`stitchtune.lower.col`.
 """
 
 from __future__ import annotations
 
 import math
-
-import numpy as np
 from dataclasses import dataclass, field
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from stitchtune.ir import kir
 from stitchtune.graph.parse import Graph, Node
-from stitchtune.ir.kir import F32, I32, I64, INT_VTYPE, Assign, Bin, BufferRole, Const, Load, LocalRef, MathOp, Var
+from stitchtune.ir.kir import F32, I32, I64, INT_VTYPE, Assign, Bin, BufferRole, Const, Load, MathOp, Var
 from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.ir.launches import grid_size
-from stitchtune.lower.counts import kern_barriers, scratch_loads_per_thread
 from stitchtune.lower.sectors import row_sector_factor
 from stitchtune.lower.symbols import RowSymbols
 from stitchtune.graph.fast_ops import FAST_FORM
-from stitchtune.graph.ops import INDEX_KINDS, OPS, OpInfo
+from stitchtune.graph.ops import OPS, OpInfo
 from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import AxisMap
 from stitchtune.plan.ints import int_registers
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.plan.chains import composed_chains
 from stitchtune.plan.single_pass import SinglePassCandidate
-from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable, exact_math
+from stitchtune.space import ORDER, SCHEMES, Order, Schedule, Scheme, SchemeTable, exact_math
 
 #: the C comparison of each graph comparison op (int registers compare with kir.Bin)
 _CMP_OPS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
@@ -99,99 +96,6 @@ class Ctx:
         return Var(f"{prefix}{self.counter}", dtype)
 
 
-class SweepValues:
-    """Per-element values of the tensors one sweep needs (shared by both families).
-
-    ``broadcast(name)`` returns the values of a per-row/per-column/scalar tensor (or None for a
-    full-size or per-reduced-index one); ``load_input(name)`` appends the loads of an input to the
-    loop body and returns its ``vec`` values; ``cache_index(j)`` / ``smem_index(j)`` address the
-    register / shared-memory cache of element ``j`` of the current vector. A full-size tensor with a
-    register or shared reuse level is written to its cache the first time a sweep computes it
-    (``newly``) and read from there by later sweeps (``filled``).
-    """
-
-    def __init__(self, low: "Lowerer", cx: Ctx, body: list[kir.Stmt], vec: int, filled: set[str],
-                 broadcast: Callable[[str], list[kir.Expr] | None], load_input: Callable[[str], list[kir.Expr]],
-                 cache_index: Callable[[int], kir.Expr], smem_index: Callable[[int], kir.Expr],
-                 stats: dict[str, Any], levels: dict[str, str] | None = None) -> None:
-        self.low, self.cx, self.body, self.vec, self.filled = low, cx, body, vec, filled
-        #: the reuse levels of this sweep's kernel (:attr:`Lowerer.kernel_reuse`); the program's by default
-        self.levels = low.reuse if levels is None else levels
-        self.broadcast, self.load_input = broadcast, load_input
-        self.cache_index, self.smem_index, self.stats = cache_index, smem_index, stats
-        self.memo: dict[str, list[kir.Expr]] = {}
-        self.newly: set[str] = set()
-        #: the values of an index-op node (slice / concat / gather), set by the family's sweep
-        #: (:class:`stitchtune.lower.remap.RemapValues`); None where the family has no index ops
-        self.index_value: Callable[[str], list[kir.Expr]] | None = None
-        #: the ``vec`` values of a full-size or per-reduced-index ``iota`` at the sweep's element, set by
-        #: the family's sweep; None where the family has no iota
-        self.iota_value: Callable[[str], list[kir.Expr]] | None = None
-        #: the reciprocal of a per-row (or scalar) value, computed once per row, set by the row family's
-        #: sweep; None where the family divides element by element (fast arithmetic: ``fast_div``)
-        self.reciprocal: Callable[[str], kir.Expr] | None = None
-
-    def row_reciprocal(self, nd: Node) -> kir.Expr | None:
-        """For a division by a constant or a per-row value (fast arithmetic, a family that sets
-        :attr:`reciprocal`): the divisor's reciprocal, computed once per row (a float32 constant, or
-        the kernel's per-row ``1 / s``), that each element is multiplied by; None otherwise."""
-        low = self.low
-        if nd.op != "div" or low.exact or self.reciprocal is None or low.int_regs:
-            return None
-        d = nd.args[1]
-        if not isinstance(d, str):
-            with np.errstate(divide="ignore", over="ignore"):
-                return Const(float(np.float32(1.0) / np.float32(d)), F32)
-        if low.cls[d].varies_along_reduced:
-            return None
-        return self.reciprocal(d)
-
-    def value(self, name: str) -> list[kir.Expr]:
-        low, vec = self.low, self.vec
-        b = self.broadcast(name)
-        if b is not None:
-            return b
-        if name in self.memo:
-            return self.memo[name]
-        tix = low.tid_of[name]
-        level = self.levels.get(name)
-        if name in self.filled:
-            vals: list[kir.Expr] = ([LocalRef(f"rc{tix}", self.cache_index(j)) for j in range(vec)]
-                                    if level == ReuseLevel.REGISTER else
-                                    [Load(f"sc{tix}", self.smem_index(j)) for j in range(vec)])
-            self.memo[name] = vals
-            return vals
-        if name in low.in_buf:
-            vals = self.load_input(name)
-        elif OPS[low.nodes[name].op].kind in INDEX_KINDS or name in low.chain_heads:
-            assert self.index_value is not None, f"index op {name} in a family without index ops"
-            vals = self.index_value(name)
-        elif low.nodes[name].op == "iota":
-            assert self.iota_value is not None, f"iota {name} in a family without iota"
-            vals = self.iota_value(name)
-        else:
-            nd = low.nodes[name]
-            argv = [self.value(a) if isinstance(a, str) else [Const(float(a), F32)] * vec for a in nd.args]
-            recip = self.row_reciprocal(nd)
-            vals = []
-            for j in range(vec):
-                v = self.cx.var(f"t{tix}_", low.vtype(name))
-                expr = Bin("*", argv[0][j], recip) if recip is not None else low.expr_of_node(nd, [a[j] for a in argv])
-                self.body.append(Assign(v, expr))
-                vals.append(v)
-            self.stats["flops"] += (1 if recip is not None else OPS[nd.op].flops) * vec
-            self.stats["sfu"] += (0 if recip is not None else OPS[nd.op].sfu) * vec
-        if low.cls[name] is TensorClass.FULL and level in (ReuseLevel.REGISTER, ReuseLevel.SHARED):
-            for j in range(vec):
-                if level == ReuseLevel.REGISTER:
-                    self.body.append(kir.SetLocal(f"rc{tix}", self.cache_index(j), vals[j]))
-                else:
-                    self.body.append(kir.StoreVec(f"sc{tix}", self.smem_index(j), (vals[j],)))
-            self.newly.add(name)
-        self.memo[name] = vals
-        return vals
-
-
 class Lowerer:
     """Shared machinery of both families."""
 
@@ -224,6 +128,10 @@ class Lowerer:
         #: (:mod:`stitchtune.lower.liveness`; set by the family's sizing, one kernel of ``reuse`` before)
         self.kernel_reuse: list[dict[str, str]] = [self.reuse]
         self.gather_tables = {nd.args[0] for nd in graph.nodes if nd.op == "gather"}
+        #: the input buffers whose sweeps' reads a kernel profile counts (:func:`stitchtune.lower.counts.sweep_counts`):
+        #: the full-size inputs and the gather tables
+        self.swept_inputs = frozenset(b.name for b in self.buffers if b.role == BufferRole.INPUT and (
+            self.cls.get(b.tensor) is TensorClass.FULL or b.tensor in self.gather_tables))
         #: the heads of layout chains of inputs (:func:`~stitchtune.plan.chains.composed_chains`): loaded by
         #: the chain's index arithmetic (:mod:`stitchtune.lower.remap`), also where a sweep reads them as they are
         self.chain_heads = frozenset(composed_chains(graph))
@@ -235,7 +143,7 @@ class Lowerer:
         #: single-pass pairs (``schedule.single_pass``): first stage of each merged pair -> its candidate
         self.merged: dict[int, SinglePassCandidate] = {}
         self.red_idx = {r: i for i, r in enumerate(plan.reductions)}
-        # sweep order (schedule.order == "alternate"), carried across kernels: the direction of the last
+        # sweep order (schedule.order == Order.ALTERNATE), carried across kernels: the direction of the last
         # sweep that read a full-size tensor from memory, and the task order of the last kernel that did
         # (True = backwards; None before the first)
         self.last_reversed: bool | None = None
@@ -288,7 +196,7 @@ class Lowerer:
         """The logical iteration index of a sweep over ``it``: ``it`` itself for forward schedules;
         for ``alternate`` ones a fresh variable whose assignment :meth:`order_sweep` emits once the
         sweep's body is known."""
-        if self.s.order != "alternate":
+        if self.s.option(ORDER) != Order.ALTERNATE:
             return it, None
         ii = cx.var("ii", I32)
         return ii, ii
@@ -311,7 +219,7 @@ class Lowerer:
         starts with the tasks whose data the previous kernel left in L2. ``rb[0]`` is the assignment of
         the task index; ``total`` = rounds x grid, so every round still takes an aligned group of
         ``grid`` consecutive tasks (whole rows for a split row, as a grid barrier needs)."""
-        if self.s.order != "alternate" or not reads_memory:
+        if self.s.option(ORDER) != Order.ALTERNATE or not reads_memory:
             return
         rev = self.last_tasks_reversed is False
         self.last_tasks_reversed = rev
@@ -387,18 +295,6 @@ class Lowerer:
             return
         for j, v in enumerate(vals):
             body.append(kir.StoreVec(buf, add(base, self.col_offset(name, add(c, I(j)))), (v,), pred))
-
-    def read_bytes(self, buf: kir.BufferSpec) -> int:
-        """Bytes one sweep over the view reads from ``buf``: its size; for an input broadcast along
-        part of the rows (each of its rows is read by several view rows) its own size while it fits
-        in half the L2 (the repeats hit there), else the view's ``M * N`` elements (each repeat
-        misses). A simple model: the L2 share and the all-or-nothing switch are assumptions."""
-        name = buf.tensor if buf.role == BufferRole.INPUT else ""
-        if name in self.gather_tables:  # the gathered rows, at most the whole table
-            return min(buf.nbytes, self.p.M * self.p.N * kir.ELEM_BYTES[buf.dtype])
-        if not name or not self.p.mapped(name) or buf.nbytes <= self.dev.l2_bytes // 2:
-            return buf.nbytes
-        return self.p.M * self.p.N * kir.ELEM_BYTES[buf.dtype]
 
     def sector_factor(self, buf: kir.BufferSpec) -> float:
         """32-byte sectors moved per ideal sector of ``buf`` in a sweep: the sectors of one warp access
@@ -561,51 +457,6 @@ class Lowerer:
         cores = max_resident_blocks(self.dev, block, est_regs, smem)
         return grid_size(tasks, s.tasks_per_block, s.persistent, needs_sync, multiple, cores)
 
-
-    # -- analytic profile -------------------------------------------------------------------------
-    def profile(self, kern: kir.Kernel, grid: int, rounds: int, smem_bytes: int, est_regs: int,
-                stats: dict[str, Any], ki: int) -> kir.KernelProfile:
-        p, s = self.p, self.s
-        elems = p.M * p.N
-        specs = {b.name: b for b in self.buffers}
-        dram_read = 0.0
-        reread = 0.0
-        for buf, n in stats["reads"].items():
-            b = specs[buf]
-            size = self.read_bytes(b) * self.sector_factor(b)
-            if ki == 0:
-                dram_read += size
-                reread += size * (n - 1)
-            else:
-                reread += size * n
-        # small operands (per-reduced-index, per-row/column and scalar inputs): read once
-        for name, spec in self.g.inputs:
-            if name in self.gather_tables:  # counted by the sweeps that load it (read_bytes)
-                continue
-            if self.cls.get(name) is not TensorClass.FULL and self.in_buf[name] in {pp.name for pp in kern.params}:
-                dram_read += math.prod(spec.shape) * kir.ELEM_BYTES[spec.dtype]
-        writes = sum(specs[pp.name].nbytes * self.sector_factor(specs[pp.name])
-                     for pp in kern.params if pp.role == BufferRole.OUTPUT)
-        scratch = sum(specs[pp.name].nbytes for pp in kern.params if pp.role == BufferRole.SCRATCH)
-        ws = self.tasks_in_flight_bytes(grid) if ki == 0 else max(
-            (specs[b].nbytes for b in stats["reads"]), default=0)
-        elem_bytes = min((kir.ELEM_BYTES[specs[b].dtype] for b in stats["reads"]), default=4)
-        # up to 4 vector loads of the sweep in flight per thread, register-cached or not (what the
-        # measured H200 rows show, scripts/model_quality.py)
-        in_flight = s.vec * elem_bytes * min(self.iters, 4)
-        if any(a.name.startswith("pf") for a in kern.locals):
-            # prefetch: the next task's loads are in flight while this task reduces (model assumption)
-            in_flight += s.vec * elem_bytes * min(self.iters, 4)
-        return kir.KernelProfile(
-            name=kern.name, grid=grid, block=s.block, smem_bytes=smem_bytes, est_registers=est_regs,
-            dram_read_bytes=int(dram_read), dram_write_bytes=int(writes + scratch),
-            reread_bytes=int(reread + scratch), reread_working_set=int(ws),
-            flops=int(stats["flops"] * elems / max(1, s.vec)), sfu_ops=int(stats["sfu"] * elems / max(1, s.vec)),
-            block_barriers=int(rounds * kern_barriers(kern)), grid_barriers=int(rounds * sum(
-                1 for st in kir.walk(kern.body) if isinstance(st, kir.GridSync))),
-            atomics=0, bytes_in_flight_per_thread=int(in_flight),
-            scratch_loads=int(scratch_loads_per_thread(kern)),
-            reversed_rereads=s.order == "alternate" and reread > 0)
 
     def finalize(self, rb: list[kir.Stmt], r: str, accs: list[Var]) -> None:
         """Turn a combined sum (the accumulators ``accs`` of reduction ``r``) into a mean where the

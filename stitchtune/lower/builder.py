@@ -9,7 +9,7 @@ kernel is built from (:class:`RowIndex`, :class:`RowLayout`, :class:`RowSweep`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import Var
@@ -114,7 +114,6 @@ class RowKernelBuilder(ExchangeBuilder, Protocol):
     lay: RowLayout
     pvals: dict[str, kir.Expr]          # per-row and scalar values available, by tensor name
     uses: dict[str, set[str]]           # global buffers read ("in") and written ("out")
-    stats: dict[str, Any]               # what the profile counts (flops, sfu, reads per buffer)
     cross_acc: dict[int, Var]           # the scalar cross accumulators
     gather_rows: dict[str, Var]         # gather nodes: their table row in this round
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 from stitchtune.hardware.device import Device
 from stitchtune.ir import kir
@@ -30,8 +29,11 @@ from stitchtune.ir.launches import LaunchShape
 from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select, Var
-from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul, SweepValues, estimate_registers
+from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul, estimate_registers
+from stitchtune.lower.profile import kernel_profile
+from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.col_remap import ColRemapValues
+from stitchtune.lower.counts import loads_from, sweep_reads
 from stitchtune.lower.liveness import col_sweeps, kernel_levels, merged_levels, node_args
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable
@@ -183,8 +185,7 @@ class _ColKernel:
     (:meth:`finish`).
 
     State while building: ``body`` (statements before the round loop), ``rb`` (the round body),
-    ``pvals`` (the ``vec`` per-column values available, by tensor name), ``stats`` (what the profile
-    counts), ``uses`` (global buffers read and written), ``filled`` (cached tensors written to their
+    ``pvals`` (the ``vec`` per-column values available, by tensor name), ``uses`` (global buffers read and written), ``filled`` (cached tensors written to their
     cache by an earlier sweep).
     """
 
@@ -212,7 +213,6 @@ class _ColKernel:
             Assign(kend, Bin("min", add(kbase, I(low.chunk)), I(p.M)))]
         self.uses: dict[str, set[str]] = {"in": set(), "out": set()}
         self.pvals: dict[str, list[kir.Expr]] = {}
-        self.stats: dict[str, Any] = {"flops": 0, "sfu": 0, "reads": {}}
         self.filled: set[str] = set()
         self.prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
 
@@ -309,7 +309,6 @@ class _ColKernel:
         if low.p.mapped(name):  # through its index map
             rbase = low.row_base(name, Bin("min", sw.r, I(M - 1)))
             if low.cls[name] is TensorClass.FULL:
-                self.stats["reads"][buf] = self.stats["reads"].get(buf, 0) + 1
                 return low.mapped_load(self.cx, sw.body, name, rbase, self.ix.cc0, sw.valid, f"t{low.tid_of[name]}_")
             v = self.cx.var(f"t{low.tid_of[name]}_", F32)
             sw.body.append(Assign(v, Load(buf, rbase, sw.valid)))
@@ -318,7 +317,6 @@ class _ColKernel:
             dsts = tuple(self.cx.var(f"t{low.tid_of[name]}_", F32) for _ in range(vec))
             idx = add(mul(Bin("min", sw.r, I(M - 1)), I(N)), self.ix.cc0)
             sw.body.append(kir.LoadVec(dsts, buf, idx, sw.valid))
-            self.stats["reads"][buf] = self.stats["reads"].get(buf, 0) + 1
             return list(dsts)
         v = self.cx.var(f"t{low.tid_of[name]}_", F32)  # PER_REDUCED: one value per row
         sw.body.append(Assign(v, Load(buf, Bin("min", sw.r, I(M - 1)), sw.valid)))
@@ -330,7 +328,6 @@ class _ColKernel:
         tk, vec, N = low.s.tpr, low.s.vec, low.p.N
         it, r_ = cx.var("i", I32), cx.var("r", I32)
         idx_it, ii = low.sweep_index(cx, it)
-        reads_before = sum(self.stats["reads"].values())  # full-size input loads of earlier sweeps
         valid = cx.var("v", kir.BOOL)
         accs = {}
         for r in reds:
@@ -341,11 +338,10 @@ class _ColKernel:
                     Assign(valid, Bin("&&", ix.cvalid, Bin("<", r_, ix.kend)))]
         sw = _ColSweep(idx_it, r_, valid, lb)
         sv = SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw),
-                          partial(self.cache_index, sw), partial(self.smem_index, sw), self.stats,
+                          partial(self.cache_index, sw), partial(self.smem_index, sw),
                           low.kernel_reuse[self.ki])
         if low.index_ops:   # slice / concat along the columns (lower.col_remap)
-            sv.index_value = ColRemapValues(low, cx, lb, sv, r_, ix.cc0, valid, self.stats["reads"],
-                                            self.uses["in"]).node_value
+            sv.index_value = ColRemapValues(low, cx, lb, sv, r_, ix.cc0, valid, self.uses["in"]).node_value
         for r in reds:
             vals = sv.value(str(low.nodes[r].args[0]))
             for j in range(vec):
@@ -365,7 +361,7 @@ class _ColKernel:
                 lb.append(kir.StoreVec(buf, add(mul(r_, I(N)), ix.c0), tuple(vals), valid))
             else:  # PER_REDUCED output: one value per row, written by the first column's threads
                 lb.append(kir.StoreVec(buf, r_, (vals[0],), and_(valid, Bin("==", ix.c0, I(0)))))
-        head = low.order_sweep(ii, it, low.rpt, sum(self.stats["reads"].values()) > reads_before)
+        head = low.order_sweep(ii, it, low.rpt, loads_from(lb, low.swept_inputs))
         self.rb.append(kir.For(it, I(0), I(low.rpt), 1, tuple(head + lb),
                                unroll=bool(self.lay.locals_) or low.rpt <= 8))
         self.filled.update(sv.newly)
@@ -459,11 +455,11 @@ class _ColKernel:
     def finish(self) -> tuple[kir.Kernel, kir.KernelProfile]:
         """The round loop, the kernel and its profile."""
         low, lay = self.low, self.lay
-        low.order_tasks(self.rb, bool(self.stats["reads"]), lay.rounds * lay.grid)
+        low.order_tasks(self.rb, bool(sweep_reads(tuple(self.rb), low.swept_inputs)), lay.rounds * lay.grid)
         self.body.append(kir.For(self.ix.rd, I(0), I(lay.rounds), 1, tuple(self.rb)))
         kern = low.make_kernel(self.ki, self.uses, self.cx, self.body, list(lay.shared), list(lay.locals_),
                                lay.needs_sync)
-        return kern, low.profile(kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.stats, self.ki)
+        return kern, kernel_profile(low, kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.ki)
 
 
 def lower_col(graph: Graph, plan: StitchPlan, schedule: Schedule, device: Device,

@@ -15,7 +15,7 @@ element-wise node is computed from its arguments at the same shift, a value that
 the columns (one per row, a scalar) is the sweep's own, an input is loaded at its map's address of
 element ``(r, c)`` plus the delta in its own strides (:func:`~stitchtune.plan.shift.shift_offset`), a
 layout chain's head through the chain's index arithmetic
-(:func:`~stitchtune.lower.remap.chain_offset`). Every shifted load is one scalar load per lane,
+(:func:`~stitchtune.lower.index_chain.chain_offset`). Every shifted load is one scalar load per lane,
 predicated on the sweep's validity and the shift's conditions (a masked lane reads nothing and its
 value is never selected), so no access leaves a tensor. With no shift, the sweep's own values are used
 (caches included).
@@ -28,8 +28,9 @@ from math import prod
 from stitchtune.graph.ops import OPS, INDEX_KINDS
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, Assign, Bin, Load, Select
-from stitchtune.lower.base import I, Ctx, Lowerer, SweepValues, add
-from stitchtune.lower.remap import chain_offset
+from stitchtune.lower.base import I, Ctx, Lowerer, add
+from stitchtune.lower.sweep_values import SweepValues
+from stitchtune.lower.index_chain import chain_offset
 from stitchtune.plan.chains import composed_chains, domain_of
 from stitchtune.plan.family import Family
 from stitchtune.plan.pick import node_axis
@@ -42,14 +43,13 @@ class ColRemapValues:
     """The values of one column sweep's index-op nodes (module docstring). ``low``: the column
     lowerer; ``cx`` / ``body``: the kernel's names and the sweep's loop body; ``sv``: the sweep's
     values; ``r``: the sweep's row (may pass ``M - 1`` where ``valid`` is false), ``c0``: the thread's
-    first column (clamped to ``N - vec``), ``valid``: the element is the sweep's; ``reads``: the
-    kernel's read counts by buffer (one per sweep for each buffer a shifted load reads), ``uses``: the
-    buffers the kernel reads."""
+    first column (clamped to ``N - vec``), ``valid``: the element is the sweep's; ``uses``: the
+    buffers the kernel reads (the profile counts the sweep's reads in its IR: :mod:`stitchtune.lower.counts`)."""
 
     def __init__(self, low: Lowerer, cx: Ctx, body: list[kir.Stmt], sv: SweepValues, r: kir.Expr, c0: kir.Expr,
-                 valid: kir.Expr, reads: dict[str, int], uses: set[str]) -> None:
+                 valid: kir.Expr, uses: set[str]) -> None:
         self.low, self.cx, self.body, self.sv = low, cx, body, sv
-        self.r, self.c0, self.valid, self.reads, self.uses = r, c0, valid, reads, uses
+        self.r, self.c0, self.valid, self.uses = r, c0, valid, uses
         self.vec = low.s.vec
         self.domain = domain_of(low.g)
         self.chains = composed_chains(low.g)
@@ -62,7 +62,6 @@ class ColRemapValues:
         self.row_axes = tuple(a for a in range(D) if a in reduced)
         self.col_axes = tuple(a for a in range(D) if a not in reduced)
         self.memo: dict[tuple[str, Shift], list[kir.Expr]] = {}
-        self.counted: set[str] = set()
 
     def node_value(self, name: str) -> list[kir.Expr]:
         """The ``vec`` values of index-op node (or chain head) ``name`` at the sweep's element."""
@@ -143,9 +142,6 @@ class ColRemapValues:
 
     def _read(self, buf: str) -> None:
         self.uses.add(buf)
-        if buf not in self.counted:
-            self.counted.add(buf)
-            self.reads[buf] = self.reads.get(buf, 0) + 1
 
     def load(self, name: str, sh: Shift) -> list[kir.Expr]:
         """Input ``name`` (full-size) at ``p + delta``: its map's address of element ``(r, c)`` plus the
@@ -165,7 +161,7 @@ class ColRemapValues:
 
     def composed(self, head: str, sh: Shift) -> list[kir.Expr]:
         """Chain head ``head`` at ``p + delta``: each lane's coordinates in the head carried back
-        through the chain to the input's offset (:func:`~stitchtune.lower.remap.chain_offset`)."""
+        through the chain to the input's offset (:func:`~stitchtune.lower.index_chain.chain_offset`)."""
         low = self.low
         chain = self.chains[head]
         hshape = low.g.spec(head).shape

@@ -34,10 +34,12 @@ from collections.abc import Callable
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, LocalRef, Select, Var
-from stitchtune.lower.base import Ctx, I, Lowerer, SweepValues, add, mul
+from stitchtune.lower.base import Ctx, I, Lowerer, add, mul
+from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.plan.cross import CrossReduction
-from stitchtune.space.options import cross_smem_floats
+from stitchtune.space.option_values import CrossCombine
+from stitchtune.space.options import CROSS_COMBINE, cross_smem_floats
 
 _TID, _BID = kir.Special("tid"), kir.Special("bid")
 
@@ -82,7 +84,7 @@ def cross_layout(low: Lowerer) -> tuple[list[kir.SharedBuf], list[kir.LocalArray
         shared.append(kir.SharedBuf("sxs", ns * (s.block // 32)))
     assert 4 * sum(b.size for b in shared) == 4 * cross_smem_floats(s.tpr, s.block, low.chunk, nk, ns)
     locals_ = [kir.LocalArray(f"xa{i}", low.per_thread) for i, _ in _per_col(low)]
-    return shared, locals_, s.cross_combine == "grid"
+    return shared, locals_, s.option(CROSS_COMBINE) == CrossCombine.GRID
 
 
 def cross_init(k: RowKernelBuilder) -> dict[int, Var]:
@@ -213,11 +215,11 @@ def partial_buf(low: Lowerer, i: int, grid: int) -> str:
 def cross_epilogue(k: RowKernelBuilder) -> list[kir.Stmt]:
     """The statements after the round loop: block reduce, then the cross-block combine of the schedule."""
     low = k.low
-    mode, grid = low.s.cross_combine, k.lay.grid
+    mode, grid = low.s.option(CROSS_COMBINE), k.lay.grid
     out: list[kir.Stmt] = [kir.Comment("cross reductions: block reduce, then combine across blocks")]
     for i, col, v, pred in _block_values(k, out):
         c = low.p.cross[i]
-        if mode == "atomic":
+        if mode == CrossCombine.ATOMIC:
             buf = low.out_buf[c.node]
             k.uses["out"].add(buf)
             val = Bin("*", v, _f(_scale(c))) if c.mean else v
@@ -227,7 +229,7 @@ def cross_epilogue(k: RowKernelBuilder) -> list[kir.Stmt]:
             k.cx.scratch.add(part)
             width = low.p.N if c.kind == "per_reduced" else 1
             out.append(kir.StoreVec(part, add(mul(_BID, I(width)), col), (v,), pred))
-    if mode == "grid":
+    if mode == CrossCombine.GRID:
         out.append(kir.GridSync())
         out += final_sums(low, k.cx, k.uses, grid, grid)
     return out
@@ -387,7 +389,7 @@ def _combine_loads(low: Lowerer, parts: int) -> int:
 
 def atomic_counts(low: Lowerer, grid: int) -> tuple[int, int]:
     """(atomic adds of the main kernel, the most of them to one address) under ``cross_combine`` atomic."""
-    if low.s.cross_combine != "atomic":
+    if low.s.option(CROSS_COMBINE) != CrossCombine.ATOMIC:
         return 0, 0
     width = sum(low.p.N if c.kind == "per_reduced" else 1 for c in low.p.cross)
     return grid * width, grid

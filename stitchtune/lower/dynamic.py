@@ -26,7 +26,7 @@ largest row; a mean divides by ``N`` at run time; column maps use the symbolic c
 
 An embedding ``gather`` of rows of a static table (an input without named dims) is served: the row's
 id is read through the ids' symbolic row map at the row clamped to ``M - 1`` and range-checked against
-the table's static row count, with the static kernel's error flag (:mod:`stitchtune.lower.remap`).
+the table's static row count, with the static kernel's error flag (:mod:`stitchtune.lower.gather`).
 So are slice / concat along the view's column axes (static offsets and conditions within a row) of a
 region without transpose / reshape (:func:`_shift_refusal`).
 
@@ -57,7 +57,7 @@ from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.ir import kir
 from stitchtune.ir.launches import DynamicInfo, GridRule
 from stitchtune.ir.verify import verify
-from stitchtune.lower.remap import split_axes
+from stitchtune.lower.index_chain import split_axes
 from stitchtune.lower.row import RowLowerer
 from stitchtune.lower.transpose import tile_edge
 from stitchtune.lower.symbols import RowSymbols, SymFactor

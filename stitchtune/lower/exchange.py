@@ -24,6 +24,8 @@ from stitchtune.lower.builder import ExchangeBuilder
 from stitchtune.lower.cluster import cluster_exchange
 from stitchtune.lower.single_pass import split_count, split_count_expr
 from stitchtune.lower.state import ReductionState, reset
+from stitchtune.space.option_values import Combine
+from stitchtune.space.options import COMBINE
 from stitchtune.space.schemes import Scheme
 
 
@@ -109,7 +111,7 @@ def combine_partials(k: ExchangeBuilder, st: ReductionState) -> None:
     parts = k.state_parts(st)
     base = mul(Bin("min", k.ix.row, k.last_row()), I(S))
     rb.extend(reset(st))
-    if s.combine == "warp" and S > 1:
+    if s.option(COMBINE) == Combine.WARP and S > 1:
         wl = Bin("%", kir.Special("tid"), I(32))
         for c in range(math.ceil(S / 32)):
             lane_q = add(wl, I(32 * c))

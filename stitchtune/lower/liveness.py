@@ -6,7 +6,7 @@ cached, the sweeps after its fill read that one and stop there: in a softmax wit
 cached, the output sweep reads ``e`` and never ``d = x - max``, so a cache of ``d`` would be written by the
 second sweep and read by none (the H200 audit, issue 39: half of the attention softmax's 128 KB of shared
 memory per block was such dead caches). :func:`kernel_levels` walks the sweeps of each kernel as
-:class:`~stitchtune.lower.base.SweepValues` evaluates them (a tensor is taken from its cache once filled by
+:class:`~stitchtune.lower.sweep_values.SweepValues` evaluates them (a tensor is taken from its cache once filled by
 an earlier sweep of the same kernel, else loaded or computed from its arguments, and a cached one is filled
 the first time a sweep computes it) and demotes, per kernel, the caches that no sweep of it reads back to
 a re-read / recomputation (in fact never needed again); the lowering does so before sizing registers and

@@ -20,14 +20,9 @@ Every load is proven in bounds (:func:`stitchtune.plan.shift.shift_offset`): for
 positions the conditions allow, shifted, lie inside the tensor's own dims; the planner already walked
 the same remaps (:func:`stitchtune.plan.remap.check_remaps`), so a refusal is a planning error. ``gather(table, idx)``: once per round the row's index is read by :class:`~stitchtune.ir.kir.IndexLoad`
 (``-1`` when out of ``[0, V)``), a table element is ``table[i * N + c]`` loaded only where ``i >= 0``
-(else 0.0), and the row's first lane adds 1 to the node's error flag (buffer ``gerr<k>``, a
-zero-initialised float32 scratch whose ``tensor`` is the gather node's id) for an out-of-range index.
+(else 0.0), and the row's first lane raises the node's error flag for an out-of-range index
+(:func:`stitchtune.lower.gather.gather_index`).
 Refused: a row-axis shift of a per-row value or of a gather.
-
-A pick (``gather_elements`` along the view's column axis, :func:`pick_value`) is a per-row value: the
-row kernel computes it with the per-row nodes once the per-row values its source reads are known,
-from one predicated scalar load per input at column ``idx[row]`` (read once per round by
-:func:`gather_index`, with the node's error flag as for ``gather``), 0.0 for an out-of-range index.
 
 In a *mixed* region (transpose / reshape of the inputs, then slice / concat along the innermost
 axis: Llama's rotary after the head split) a shift that reaches an input through a layout node is a
@@ -50,46 +45,36 @@ input whose columns are not one contiguous run (its own strides) is loaded lane 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from math import prod
 
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.ops import OPS
-from stitchtune.graph.parse import Graph, Node
+from stitchtune.graph.parse import Node
 from stitchtune.ir import kir
-from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, Select
-from stitchtune.lower.base import I, Lowerer, SweepValues, add, and_, mul
+from stitchtune.ir.kir import F32, Assign, Bin, Const, Load, Select
+from stitchtune.lower.base import I, add, and_, mul
+from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
+from stitchtune.lower.gather import gather_index
+from stitchtune.lower.index_chain import chain_offset, node_axis, split_axes
 from stitchtune.plan.planner import TensorClass
 from stitchtune.plan.chains import composed_chains, domain_of, mixed_layout, wide_inputs
 from stitchtune.plan.remap import outer_sources, root_shift
 from stitchtune.plan.shift import Shift, column_shift, shift_offset
-from stitchtune.plan.pick import pick_leaves
 
-__all__ = ["Shift", "RemapValues", "chain_offset", "gather_flag_buffers", "gather_index", "pick_value", "split_axes"]
-
-
-def gather_flag_buffers(program: kir.Program) -> dict[str, str]:
-    """Error-flag buffer name -> gather node id of a lowered program (empty without gathers)."""
-    return {b.name: b.tensor for b in program.buffers if b.role == BufferRole.SCRATCH and b.name.startswith("gerr")}
-
-
-def _node_axis(nd: Node) -> int:
-    """The axis of a slice / concat / gather node (set, normalised, by the graph's validation)."""
-    assert nd.axis is not None, f"{nd.op} '{nd.id}' has no axis"
-    return nd.axis
+__all__ = ["Shift", "RemapValues"]
 
 
 class RemapValues:
     """The values of one sweep's index-op nodes (module docstring). ``kern`` is the row kernel
-    (``low``, ``ix``, ``cx``, ``rb``, ``uses``, ``stats``, ``f_index``), ``sw`` the sweep, ``sv`` its
-    :class:`~stitchtune.lower.base.SweepValues`."""
+    (``low``, ``ix``, ``cx``, ``rb``, ``uses``, ``f_index``), ``sw`` the sweep, ``sv`` its
+    :class:`~stitchtune.lower.sweep_values.SweepValues`."""
 
     def __init__(self, kern: RowKernelBuilder, sw: RowSweep, sv: SweepValues) -> None:
         self.k, self.sw, self.sv = kern, sw, sv
         low = kern.low
         self.low, self.p, self.g, self.vec = low, low.p, low.g, low.s.vec
-        self.domain = _domain(low)
+        self.domain = domain_of(low.g)
         self.mixed = mixed_layout(low.g)
         self.chains = composed_chains(low.g)
         self.outer = outer_sources(low.g, self.domain)
@@ -101,7 +86,6 @@ class RemapValues:
         self.row_axes, self.col_axes = ((tuple(range(D - 1)), (D - 1,)) if self.mixed else
                                         split_axes(self.domain, self.p.M))
         self.memo: dict[tuple[str, Shift], list[kir.Expr]] = {}
-        self.reads_before = dict(kern.stats["reads"])  # what earlier sweeps read
 
     # -- entry -----------------------------------------------------------------------------------
     def node_value(self, name: str) -> list[kir.Expr]:
@@ -147,7 +131,7 @@ class RemapValues:
 
     # -- positions -------------------------------------------------------------------------------
     def _axis(self, nd: Node) -> int:
-        return len(self.domain) - len(nd.shape) + _node_axis(nd)
+        return len(self.domain) - len(nd.shape) + node_axis(nd)
 
     def _spans(self, name: str) -> bool:
         spec = self.g.spec(name)
@@ -230,7 +214,7 @@ class RemapValues:
         pieces: list[tuple[Shift, list[kir.Expr]]] = []
         o = 0
         for arg in nd.tensor_args:
-            ln = self.g.spec(arg).shape[_node_axis(nd)]
+            ln = self.g.spec(arg).shape[node_axis(nd)]
             d = sh.d(a)
             psh = sh.limited(a, o - d, o + ln - d, self.domain[a])
             if psh is not None:
@@ -255,20 +239,11 @@ class RemapValues:
             v = self.k.cx.var(f"t{low.tid_of[nd.id]}_", F32)
             self.sw.body.append(Assign(v, low.expr_of_node(nd, [x[j] for x in argv])))
             vals.append(v)
-        self.k.stats["flops"] += OPS[nd.op].flops * vec
-        self.k.stats["sfu"] += OPS[nd.op].sfu * vec
         return vals
 
     # -- loads -----------------------------------------------------------------------------------
     def _check_bounds(self, who: str, shape: tuple[int, ...], sh: Shift) -> int:
         return shift_offset(who, shape, sh, self.domain)
-
-    def _count(self, buf: str) -> None:
-        """One read of ``buf`` by this sweep, however many shifted loads it makes (they hit the
-        same row, in L1/L2); a load of the same buffer by the sweep itself may count it once more."""
-        reads = self.k.stats["reads"]
-        if reads.get(buf, 0) == self.reads_before.get(buf, 0):
-            reads[buf] = reads.get(buf, 0) + 1
 
     def _outer(self, sh: Shift) -> bool:
         """In a mixed region: ``sh`` shifts or limits an outer axis (loads in row-major strides)."""
@@ -296,7 +271,6 @@ class RemapValues:
         if low.cls[name] is TensorClass.FULL:
             base = self.k.f_index(self.k.ix.row, self.sw.k0, name)
             row_ok = all(f.stride % self.vec == 0 for f in im.rows.factors)
-            self._count(buf)
         else:  # per-column input: varies along the columns only
             base = self.sw.k0
             row_ok = True
@@ -309,8 +283,6 @@ class RemapValues:
         low = self.low
         full = low.cls[name] is TensorClass.FULL
         rowb = low.row_base(name, Bin("min", self.k.ix.row, low.m_last())) if full else I(0)
-        if full:
-            self._count(buf)
         out: list[kir.Expr] = []
         for j in range(self.vec):
             v = self.k.cx.var("g", F32)
@@ -332,7 +304,6 @@ class RemapValues:
         self._check_bounds(head, self.g.spec(head).shape, sh)
         buf = self.low.in_buf[chain[-1]]
         self.k.uses["in"].add(buf)
-        self._count(buf)
         if self._chain_contiguous(chain, sh):
             return self._emit(buf, self._chain_offset(chain, sh, 0), sh, True, None)
         out: list[kir.Expr] = []
@@ -372,7 +343,7 @@ class RemapValues:
             if nd.op == "transpose":
                 k = nd.perm[k]
             elif nd.op == "slice":  # along the innermost dim: aligned where the start and the source's dim are
-                if _node_axis(nd) == k and nd.start % v or src[-1] % v:
+                if node_axis(nd) == k and nd.start % v or src[-1] % v:
                     return False
             elif k != len(shape) - 1 or shape[-1] % v or src[-1] % v:
                 return False
@@ -393,7 +364,6 @@ class RemapValues:
         gi = self.k_gather_row(nd)
         buf = self.low.in_buf[table]
         self.k.uses["in"].add(buf)
-        self._count(buf)
         base = add(mul(Bin("max", gi, I(0)), I(self.p.N)), add(self.sw.k0, I(delta)))
         return self._emit(buf, base, sh, self.p.N % self.vec == 0 and delta % self.vec == 0,
                           Bin(">=", gi, I(0)))
@@ -421,162 +391,3 @@ class RemapValues:
             self.sw.body.append(Assign(v, Load(buf, add(base, I(j)), pj)))
             out.append(v)
         return out
-
-
-def gather_index(k: RowKernelBuilder, nd: Node, bound: int) -> kir.Var:
-    """The round's index of gather / pick ``nd`` for the task's row (once per kernel round): its index
-    input read by :class:`~stitchtune.ir.kir.IndexLoad` (``-1`` outside ``[0, bound)``), and the
-    node's error flag raised by the row's first lane for an out-of-range index."""
-    low = k.low
-    rows = k.gather_rows
-    if nd.id in rows:
-        return rows[nd.id]
-    idx = str(nd.args[1])
-    gi = k.cx.var("gi", I32)
-    if idx in low.nodes:  # a per-row int register the region computed (plan.pick.check_pick_indices)
-        v, st = k.pvals[idx], low.vtype(idx)
-        ok = Bin("&&", k.ix.rvalid, Bin("&&", Bin(">=", v, Const(0, st)), Bin("<", v, Const(bound, st))))
-        k.rb.append(Assign(gi, Select(ok, v if st == I32 else kir.Cast(v, I32), I(-1))))
-    else:
-        ibuf = low.in_buf[idx]
-        k.uses["in"].add(ibuf)
-        r = Bin("min", k.ix.row, low.m_last())
-        at = low.row_base(idx, r) if low.p.mapped(idx) else r
-        k.rb.append(Assign(gi, kir.IndexLoad(ibuf, at, bound, k.ix.rvalid)))
-    flag = _flag_buffer(low, nd.id)
-    k.cx.scratch.add(flag)
-    first = Bin("&&", Bin("==", k.ix.lane, I(0)), Bin("==", k.ix.sidx, I(0)))
-    k.rb.append(kir.AtomicAdd(flag, I(0), Const(1.0, F32),
-                              Bin("&&", Bin("&&", k.ix.rvalid, first), Bin("<", gi, I(0)))))
-    rows[nd.id] = gi
-    return gi
-
-
-def pick_value(k: RowKernelBuilder, nd: Node) -> kir.Expr | None:
-    """The value of pick ``nd`` (``gather_elements`` along the view's column axis,
-    :func:`stitchtune.plan.pick.check_picks`) for the round's row: its source expression evaluated at
-    column ``idx[row]``, the per-row values it reads taken as they are (None while one of them is not
-    computed yet: call again after the next stage), each input varying along the columns loaded at
-    its own address of element ``(row, idx[row])``: one scalar load, predicated on an in-range index
-    (never outside the tensor: the column is ``max(idx, 0) < N``); 0.0 for an out-of-range index, as
-    the reference gives, with the node's error flag raised."""
-    low = k.low
-    const, loaded = pick_leaves(low.g, nd, domain_of(low.g))
-    if str(nd.args[1]) in low.nodes and str(nd.args[1]) not in k.pvals:  # a computed index, not yet known
-        return None
-    for name in const:
-        if name not in k.pvals and name not in low.in_buf:
-            return None
-    for name in const:
-        if name not in k.pvals:
-            k.load_p(name)
-    gi = gather_index(k, nd, low.g.spec(str(nd.args[0])).shape[_node_axis(nd)])
-    ok = Bin(">=", gi, I(0))
-    col = Bin("max", gi, I(0))
-    r = Bin("min", k.ix.row, I(low.p.M - 1))
-    vals: dict[str, kir.Expr] = {n: k.pvals[n] for n in const}
-    for name in loaded:
-        buf = low.in_buf[name]
-        k.uses["in"].add(buf)
-        addr = low.col_offset(name, col)
-        if low.cls[name] is TensorClass.FULL:
-            addr = add(low.row_base(name, r), addr)
-        v = k.cx.var("pk", F32)
-        k.rb.append(Assign(v, Load(buf, addr, Bin("&&", k.ix.rvalid, ok))))
-        vals[name] = v
-
-    def at(name: str) -> kir.Expr:
-        if name in vals:
-            return vals[name]
-        m = low.nodes[name]
-        args: list[kir.Expr] = [at(a) if isinstance(a, str) else Const(float(a), F32) for a in m.args]
-        v = k.cx.var("pk", F32)
-        k.rb.append(Assign(v, low.expr_of_node(m, args)))
-        vals[name] = v
-        return v
-
-    out = k.cx.var("pk", F32)
-    k.rb.append(Assign(out, Select(ok, at(str(nd.args[0])), Const(0.0, F32))))
-    return out
-
-
-def chain_offset(nodes: Mapping[str, Node], g: Graph, chain: tuple[str, ...], coords: Sequence[kir.Expr]) -> kir.Expr:
-    """The offset in the input of layout chain ``chain`` (``(head, ..., input)``,
-    :func:`~stitchtune.plan.chains.composed_chains`) of the head's element at coordinates ``coords``
-    (one per head dim, inside the head): carried back through the chain's transposes (permuted),
-    slices (the start added) and reshapes (the row-major linear index). ``nodes``: the graph's nodes
-    by id. Used by the row sweeps (:class:`RemapValues`) and the column ones
-    (:mod:`stitchtune.lower.col_remap`)."""
-    cur: list[kir.Expr] | None = list(coords)
-    lin: kir.Expr | None = None
-    shape = g.spec(chain[0]).shape
-    for name in chain[:-1]:
-        nd = nodes[name]
-        src = g.spec(str(nd.args[0])).shape
-        if nd.op in ("transpose", "slice") and cur is None:
-            assert lin is not None  # one of the two forms is always set
-            cur = _unravel(lin, shape)
-        if nd.op == "transpose":
-            assert cur is not None
-            back: list[kir.Expr] = [I(0)] * len(src)
-            for i, p in enumerate(nd.perm):
-                back[p] = cur[i]
-            cur, lin = back, None
-        elif nd.op == "slice":  # the same position in the source, moved by the start
-            assert cur is not None
-            a = _node_axis(nd)
-            cur = [add(c, I(nd.start)) if k == a and nd.start else c for k, c in enumerate(cur)]
-        else:  # reshape: the row-major linear index is the same in the source
-            lin, cur = (_linear(cur, shape) if cur is not None else lin), None
-        shape = src
-    if cur is not None:
-        return _linear(cur, shape)
-    assert lin is not None  # one of the two forms is always set
-    return lin
-
-
-def _linear(coords: list[kir.Expr], shape: tuple[int, ...]) -> kir.Expr:
-    """The row-major offset of ``coords`` in a tensor of ``shape`` (size-1 dims contribute nothing)."""
-    out: kir.Expr = I(0)
-    for k, c in enumerate(coords):
-        if shape[k] == 1 or (isinstance(c, Const) and c.value == 0):
-            continue
-        out = add(out, mul(c, I(prod(shape[k + 1:]))))
-    return out
-
-
-def _unravel(lin: kir.Expr, shape: tuple[int, ...]) -> list[kir.Expr]:
-    """The coordinates of row-major offset ``lin`` (``0 <= lin < prod(shape)``) in ``shape``."""
-    out: list[kir.Expr] = []
-    for k, d in enumerate(shape):
-        inner = prod(shape[k + 1:])
-        if d == 1:
-            out.append(I(0))
-            continue
-        t = Bin("/", lin, I(inner)) if inner > 1 else lin
-        out.append(Bin("%", t, I(d)) if k > 0 else t)
-    return out
-
-
-def _flag_buffer(low: Lowerer, node_id: str) -> str:
-    """The error-flag scratch of gather ``node_id`` (one float32, zeroed before the launch)."""
-    for b in low.buffers:
-        if b.role == BufferRole.SCRATCH and b.name.startswith("gerr") and b.tensor == node_id:
-            return b.name
-    name = f"gerr{sum(1 for b in low.buffers if b.name.startswith('gerr'))}"
-    low.buffers.append(kir.BufferSpec(name, "float32", 1, BufferRole.SCRATCH, node_id, zero_init=True))
-    return name
-
-
-def _domain(low: Lowerer) -> tuple[int, ...]:
-    return domain_of(low.g)
-
-
-def split_axes(domain: tuple[int, ...], M: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Row axes (the leading axes whose product is ``M``) and column axes of the view."""
-    k = 0
-    while k < len(domain) and prod(domain[:k]) < M:
-        k += 1
-    while k < len(domain) and domain[k] == 1 and prod(domain[:k + 1]) == M:
-        k += 1
-    return tuple(range(k)), tuple(range(k, len(domain)))

@@ -23,7 +23,8 @@ from stitchtune.lower.liveness import kernel_levels, merged_levels, node_args, r
 from stitchtune.lower.cross import SMALL_KERNEL_REGISTERS, combine_kernel, small_profile, zero_kernel
 from stitchtune.lower.row_kernel import RowKernel, row_layout
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space import SCHEMES, ReuseLevel, Schedule, SchemeTable, row_chunk, uncached_level
+from stitchtune.space import (CROSS_COMBINE, SCHEMES, CrossCombine, ReuseLevel, Schedule, SchemeTable, row_chunk,
+                              uncached_level)
 
 
 class RowLowerer(Lowerer):
@@ -82,8 +83,8 @@ class RowLowerer(Lowerer):
             lay = row_layout(self, ki, seg, tasks, est, ki == len(segs) - 1)
             out.append(LaunchShape(f"st_k{ki}", self.s.block, lay.smem_bytes, est, lay.grid, lay.needs_sync,
                                    lay.cluster))
-        if self.p.cross and self.s.cross_combine != "grid":
-            atomic = self.s.cross_combine == "atomic"
+        if self.p.cross and self.s.option(CROSS_COMBINE) != CrossCombine.GRID:
+            atomic = self.s.option(CROSS_COMBINE) == CrossCombine.ATOMIC
             k, grid = zero_kernel(self) if atomic else combine_kernel(self, out[-1].grid)
             small = LaunchShape(k.name, k.block, k.smem_bytes, SMALL_KERNEL_REGISTERS, grid, False, 1)
             out.insert(0, small) if atomic else out.append(small)
@@ -121,11 +122,11 @@ class RowLowerer(Lowerer):
                       profiles: list[kir.KernelProfile]) -> None:
         """The small kernels of the cross-block combine: the zeroing kernel before the others
         (``cross_combine`` atomic) or the kernel that sums the partials after them (``kernel``)."""
-        mode, parts = self.s.cross_combine, profiles[-1].grid
-        if mode == "grid":
+        mode, parts = self.s.option(CROSS_COMBINE), profiles[-1].grid
+        if mode == CrossCombine.GRID:
             return
-        k, grid = zero_kernel(self) if mode == "atomic" else combine_kernel(self, parts)
-        at = 0 if mode == "atomic" else len(kernels)
+        k, grid = zero_kernel(self) if mode == CrossCombine.ATOMIC else combine_kernel(self, parts)
+        at = 0 if mode == CrossCombine.ATOMIC else len(kernels)
         kernels.insert(at, k)
         launches.insert(at, kir.Launch(k.name, grid, k.block, k.smem_bytes, tuple(pp.name for pp in k.params)))
         profiles.insert(at, small_profile(self, k, grid, parts))

@@ -13,21 +13,25 @@ from __future__ import annotations
 import dataclasses
 import math
 from functools import partial
-from typing import Any, Iterator
+from typing import Iterator
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Var
 from stitchtune.lower import single_pass as sp
-from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul, SweepValues
+from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul
+from stitchtune.lower.profile import kernel_profile
+from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.builder import RowIndex, RowLayout, RowSweep
 from stitchtune.lower.cluster import STATE_SLOTS, cluster_counts, cluster_shared, cluster_size
+from stitchtune.lower.counts import loads_from, sweep_reads
 from stitchtune.lower.cross import (atomic_counts, cross_accumulate, cross_accumulate_rows, cross_epilogue,
                                     cross_init, cross_layout)
 from stitchtune.lower.exchange import combine_partials, exchange
-from stitchtune.lower.remap import RemapValues, pick_value
+from stitchtune.lower.gather import pick_value
+from stitchtune.lower.remap import RemapValues
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space import ReuseLevel, Schedule
+from stitchtune.space import CROSS_COMBINE, ORDER, CrossCombine, Order, ReuseLevel, Schedule
 
 
 def row_layout(low: Lowerer, ki: int, seg: list[int], tasks: int, est_regs: int, is_last: bool = False) -> RowLayout:
@@ -67,8 +71,7 @@ class RowKernel:
     (:meth:`finish`).
 
     State while building: ``body`` (statements before the round loop), ``rb`` (the round body),
-    ``pvals`` (per-row and scalar values available, by tensor name), ``stats`` (what the profile
-    counts), ``uses`` (global buffers read and written), ``filled`` (cached tensors written to their
+    ``pvals`` (per-row and scalar values available, by tensor name), ``uses`` (global buffers read and written), ``filled`` (cached tensors written to their
     cache by an earlier sweep), ``prefetched`` (inputs the first sweep takes from prefetch registers).
     """
 
@@ -87,7 +90,6 @@ class RowKernel:
         self.rb: list[kir.Stmt] = self.round_head(tasks)
         self.uses: dict[str, set[str]] = {"in": set(), "out": set()}
         self.pvals: dict[str, kir.Expr] = {}
-        self.stats: dict[str, Any] = {"flops": 0, "sfu": 0, "reads": {}}
         self.filled: set[str] = set()
         self.prefetched: list[str] = []
         self.recips: dict[str, Var] = {}  # per-row reciprocals (fast division), by divisor
@@ -133,7 +135,7 @@ class RowKernel:
         S, M, N, chunk = s.split, self.low.p.M, self.low.p.N, self.low.chunk
         rb: list[kir.Stmt] = []
         task = add(mul(ix.rd, kir.Special("gdim")), kir.Special("bid"))
-        if s.order == "alternate":
+        if s.option(ORDER) == Order.ALTERNATE:
             tq = cx.var("tq", I32)
             rb.append(Assign(tq, task))  # reversed by order_tasks when this kernel runs its tasks backwards
             task = tq
@@ -193,7 +195,7 @@ class RowKernel:
 
     def compute_p_nodes(self) -> None:
         """Compute the per-row and scalar nodes whose reductions are all available, and the picks
-        (``gather_elements``, :func:`~stitchtune.lower.remap.pick_value`) whose per-row values are."""
+        (``gather_elements``, :func:`~stitchtune.lower.gather.pick_value`) whose per-row values are."""
         picks = [nd for nd in self.low.g.nodes if nd.op == "gather_elements"]
         while True:
             for nd in picks:
@@ -308,24 +310,18 @@ class RowKernel:
         low, vec = self.low, self.low.s.vec
         buf = low.in_buf[name]
         self.uses["in"].add(buf)
-        reads = self.stats["reads"]
         if sw.from_prefetch and low.cls[name] is TensorClass.FULL and name not in low.int_regs:
-            reads[buf] = reads.get(buf, 0) + 1
             self.prefetched.append(name)
             return [LocalRef(f"pf{low.tid_of[name]}", self.cache_index(sw, j)) for j in range(vec)]
         # varies along part of the columns, or a row stride off the vector grid: through the map
         if low.p.imap(name).partial_cols or low.p.imap(name).vector_mode(vec) == "scalar":
-            if low.cls[name] is TensorClass.FULL:
-                reads[buf] = reads.get(buf, 0) + 1
             base = self.round_row_base(name) if low.cls[name] is TensorClass.FULL else I(0)
             return low.mapped_load(self.cx, sw.body, name, base, sw.k0, sw.valid, f"t{low.tid_of[name]}_")
         dsts = tuple(self.cx.var(f"t{low.tid_of[name]}_", low.vtype(name)) for _ in range(vec))
         if low.cls[name] is TensorClass.FULL and low.p.mapped(name):  # broadcast along part of the rows
             idx = add(self.round_row_base(name), sw.k0)
-            reads[buf] = reads.get(buf, 0) + 1
         elif low.cls[name] is TensorClass.FULL:
             idx = self.f_index(self.ix.row, sw.k0)
-            reads[buf] = reads.get(buf, 0) + 1
         else:  # PER_REDUCED: varies along the row only
             idx = sw.k0
         sw.body.append(kir.LoadVec(dsts, buf, idx, sw.valid))
@@ -353,7 +349,6 @@ class RowKernel:
         tpr, vec, N = s.tpr, s.vec, low.p.N
         it = cx.var("i", I32)
         idx_it, ii = low.sweep_index(cx, it)
-        reads_before = sum(self.stats["reads"].values())  # full-size input loads of earlier sweeps
         from_prefetch, self.first_sweep = self.first_sweep, False
         lb: list[kir.Stmt] = []
         accs = [PlainState(r, cx.var("acc", F32), low.red_info(r)) for r in reds]
@@ -365,7 +360,7 @@ class RowKernel:
         lb.append(Assign(valid, Bin("&&", ix.rvalid, Bin("<", k0, ix.kend))))
         sw = RowSweep(idx_it, k0, valid, lb, from_prefetch)
         sv = SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw), partial(
-            self.cache_index, sw), partial(self.smem_index, sw), self.stats, low.kernel_reuse[self.ki])
+            self.cache_index, sw), partial(self.smem_index, sw), low.kernel_reuse[self.ki])
         rv = RemapValues(self, sw, sv)
         sv.index_value = rv.node_value
         sv.iota_value = partial(self.iota_values, sw)
@@ -376,9 +371,6 @@ class RowKernel:
         if online is not None:
             self.rb.extend(sp.reset(online))
             lb.extend(sp.update_vector(online, list(sv.value(online.cand.source)), valid, cx.var))
-            flops, sfu = sp.update_cost(online.cand.kind, vec)
-            self.stats["flops"] += flops
-            self.stats["sfu"] += sfu
         for o in outputs:
             vals = rv.output_value(o) or sv.value(o)
             buf = low.out_buf[o]
@@ -396,7 +388,9 @@ class RowKernel:
         if cross:
             cross_accumulate(self, sw, sv, lb)
         unroll = bool(self.lay.locals_) or low.iters <= 8 or from_prefetch
-        head = low.order_sweep(ii, it, low.iters, sum(self.stats["reads"].values()) > reads_before)
+        # the sweep reads memory: it loads a full-size input, or takes the prefetched ones
+        reads = loads_from(lb, low.swept_inputs) or (from_prefetch and bool(self.prefetched))
+        head = low.order_sweep(ii, it, low.iters, reads)
         self.rb.append(kir.For(it, I(0), I(low.iters), 1, tuple(head + lb), unroll=unroll))
         if self.prefetched and from_prefetch:  # the next task's inputs, in flight while this one reduces
             nxt = add(ix.rd, I(1))
@@ -473,7 +467,7 @@ class RowKernel:
         """The round loop (after the first task's prefetch), the kernel and its profile."""
         low, lay = self.low, self.lay
         total = lay.rounds * lay.grid if low.sym is None else Bin("*", self.rounds(), kir.Special("gdim"))
-        low.order_tasks(self.rb, bool(self.stats["reads"]), total)
+        low.order_tasks(self.rb, bool(sweep_reads(tuple(self.rb), low.swept_inputs)), total)
         locals_ = list(lay.locals_)
         if self.prefetched:  # the first task's inputs, before the round loop
             locals_ += [kir.LocalArray(f"pf{low.tid_of[n]}", low.per_thread) for n in self.prefetched]
@@ -482,7 +476,7 @@ class RowKernel:
         if self.is_last and low.p.cross:
             self.body.extend(cross_epilogue(self))
         kern = low.make_kernel(self.ki, self.uses, self.cx, self.body, list(lay.shared), locals_, lay.needs_sync)
-        prof = low.profile(kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.stats, self.ki)
+        prof = kernel_profile(low, kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.ki)
         if self.is_last and low.p.cross:
             prof = self.cross_profile(prof)
         if lay.cluster > 1:  # launched as thread-block clusters (stitchtune.lower.cluster)
@@ -496,5 +490,5 @@ class RowKernel:
         """The profile with the cross combine counted: its atomics, and its one grid barrier after the
         round loop (the generic count multiplies every grid barrier by the rounds)."""
         atomics, serial = atomic_counts(self.low, self.lay.grid)
-        gb = prof.grid_barriers - (self.lay.rounds - 1 if self.low.s.cross_combine == "grid" else 0)
+        gb = prof.grid_barriers - (self.lay.rounds - 1 if self.low.s.option(CROSS_COMBINE) == CrossCombine.GRID else 0)
         return dataclasses.replace(prof, atomics=atomics, atomic_serial=serial, grid_barriers=gb)

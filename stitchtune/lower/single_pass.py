@@ -40,12 +40,6 @@ NEG_INF = Const(float("-inf"), F32)
 ZERO = Const(0.0, F32)
 ONE = Const(1.0, F32)
 
-def update_cost(kind: str, vec: int) -> tuple[int, int]:
-    """(float ops, special-function ops) of folding in one vector, for the profile: Welford 3 per
-    element and 10 per vector with its division (a reciprocal on the SFU and its Newton steps, counted
-    as 4 float ops); online softmax one exp and 5 float ops / selects per element (estimates)."""
-    return (3 * vec + 10, 1) if kind == WELFORD else (5 * vec, vec)
-
 
 @dataclass(frozen=True)
 class OnlineState:

@@ -6,7 +6,7 @@ fixed outer / inner row coordinates ``(hi, lo)`` (view row ``r = (hi * dim + t) 
 task, two phases separated by a block barrier:
 
 1. **load** (coalesced along ``c``): the element-wise values at ``(r, c)`` computed as the
-   element-wise kernel computes them (:class:`~stitchtune.lower.base.SweepValues`), each lane ``vec``
+   element-wise kernel computes them (:class:`~stitchtune.lower.sweep_values.SweepValues`), each lane ``vec``
    adjacent columns; a warp covers 32 columns x ``vec`` rows of the tile (``32 / vec`` lanes per row:
    every global row segment a whole number of sectors). The transposed outputs go to their tile
    ``tp<j>[t][c]`` in shared memory, every other output is stored at once through its map.
@@ -34,7 +34,9 @@ from typing import Any
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Var
 from stitchtune.ir.launches import LaunchShape
-from stitchtune.lower.base import I, Ctx, Lowerer, SweepValues, add, and_, estimate_registers, mul
+from stitchtune.lower.base import I, Ctx, Lowerer, add, and_, estimate_registers, mul
+from stitchtune.lower.profile import kernel_profile
+from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.sectors import sector_factor_of
 from stitchtune.plan.transpose import TransposeTile
 
@@ -165,7 +167,6 @@ class _TransposeKernel:
         self.grid = low.grid_for(tasks, low.s.block, self.smem, est, 1, False)
         self.rounds = math.ceil(tasks / self.grid)
         self.uses: dict[str, set[str]] = {"in": set(), "out": set()}
-        self.stats: dict[str, Any] = {"flops": 0, "sfu": 0, "reads": {}}
         cx = self.cx
         self.lane, self.warp = cx.var("lane", I32), cx.var("warp", I32)
         self.rd, self.tv = cx.var("rd", I32), cx.var("tv", kir.BOOL)
@@ -217,13 +218,12 @@ class _TransposeKernel:
         def load_input(name: str) -> list[kir.Expr]:
             buf = low.in_buf[name]
             self.uses["in"].add(buf)
-            self.stats["reads"][buf] = 1
             return low.mapped_load(cx, body, name, low.row_base(name, row), c, pred, f"x{low.tid_of[name]}_")
 
         def nothing(j: int) -> kir.Expr:
             raise AssertionError("no reuse cache in a tiled transpose")
 
-        sv = SweepValues(low, cx, body, vec, set(), lambda n: None, load_input, nothing, nothing, self.stats)
+        sv = SweepValues(low, cx, body, vec, set(), lambda n: None, load_input, nothing, nothing)
         for name in dict.fromkeys(low.g.outputs):
             vals = sv.value(name)
             if name in low.tile.outputs:
@@ -267,5 +267,5 @@ class _TransposeKernel:
         rb = self.task() + [self.load_phase(), kir.Barrier(), self.store_phase(), kir.Barrier()]
         body = head + [kir.For(self.rd, I(0), I(self.rounds), 1, tuple(rb))]
         kern = low.make_kernel(0, self.uses, self.cx, body, self.shared, [], False)
-        prof = low.profile(kern, self.grid, self.rounds, self.smem, self.est, self.stats, 0)
+        prof = kernel_profile(low, kern, self.grid, self.rounds, self.smem, self.est, 0)
         return kern, prof

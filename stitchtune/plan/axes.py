@@ -16,8 +16,8 @@ Contract (:func:`tensor_axes`): the result's ``order`` is the layout of the *dom
 largest tensor, the one with the higher rank on a tie, the first in graph order after that; or the
 one named by ``domain``, see :func:`domain_candidates`): the domain axes in row-major order, every axis of size > 1 and every axis some tensor spans (an input
 whose axes never meet the domain tensor's, e.g. an unused one, is aligned to it by broadcasting). Each tensor
-spans each axis at most once (``x + transpose(x)``, a diagonal, is refused). An
-:class:`~stitchtune.errors.UnsupportedGraphError` naming the node is raised where no such axes
+spans each axis at most once (``x + transpose(x)``, a diagonal, is refused). A
+:class:`~stitchtune.plan.refusal.Refusal` naming the node is returned where no such axes
 exist: a reshape that does not only split and merge axes consistently, or a broadcast of values
 along different axes against each other.
 """
@@ -28,9 +28,9 @@ import copy
 from dataclasses import dataclass
 from math import prod
 
-from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph, Node
+from stitchtune.plan.refusal import Refusal
 
 Groups = tuple[tuple[int, ...], ...]
 
@@ -237,7 +237,7 @@ def _fuse_independent(b: _Builder, specs: list[tuple[str, tuple[int, ...]]], dom
     return b
 
 
-def tensor_axes(graph: Graph, domain: str | None = None) -> TensorAxes:
+def tensor_axes(graph: Graph, domain: str | None = None) -> TensorAxes | Refusal:
     """The domain axes of every tensor of ``graph`` (see the module docstring); ``domain``: the name of
     the domain tensor instead of the default one (a tensor of the largest size and rank whose layout
     the planner tries when the default one's refuses: a channels-last layer norm's backward whose
@@ -253,14 +253,14 @@ def tensor_axes(graph: Graph, domain: str | None = None) -> TensorAxes:
                     "that does not only split and merge the axes of the region" if node.op == "reshape" else
                     "broadcasts values of different axes against each other (a reduction without keepdims "
                     "used along another axis?)")
-            raise UnsupportedGraphError(f"node '{node.id}' {what}") from None
+            return Refusal(f"node '{node.id}' {what}")
         if _repeated(b.groups[node.id]):
-            raise UnsupportedGraphError(
+            return Refusal(
                 f"node '{node.id}' uses one axis of the region in two of its dims (a diagonal, e.g. x + "
                 "transpose(x)); stitched kernels need every tensor to span each axis at most once")
     for name, gs in b.groups.items():
         if _repeated(gs):
-            raise UnsupportedGraphError(
+            return Refusal(
                 f"tensor '{name}' uses one axis of the region in two of its dims (a diagonal, e.g. x + "
                 "transpose(x)); stitched kernels need every tensor to span each axis at most once")
     specs = [(n, s.shape) for n, s in graph.inputs] + [(nd.id, nd.shape) for nd in graph.nodes]
@@ -273,7 +273,7 @@ def tensor_axes(graph: Graph, domain: str | None = None) -> TensorAxes:
         order = tuple(a for g in b.groups[dom] for a in (g or ()))
         used = {a for gs in b.groups.values() for g in gs for a in (g or ())}
     if used - set(order):
-        raise UnsupportedGraphError(
+        return Refusal(
             f"no tensor of the region spans all of its axes (the largest, '{dom}', does not); stitched "
             "kernels iterate the axes of one tensor")
     groups = tuple((n, tuple(tuple(g or ()) for g in b.groups[n])) for n, _ in specs)

@@ -35,7 +35,7 @@ def int_refusal(graph: Graph, ints: frozenset[str]) -> Refusal | None:
             f"{index_op.op} '{index_op.id}' is in a region that computes with int values (graph '{graph.name}'); "
             "stitched kernels evaluate slice, concat and gather in float registers: int values may sit beside "
             "them, but not be read through them, be their result or be computed from it")
-    return ask(pick.check_pick_indices, graph, ints)
+    return pick.check_pick_indices(graph, ints)
 
 
 def int_family_refusal(graph: Graph, ints: frozenset[str], view: View) -> Refusal | None:

@@ -15,17 +15,17 @@ inputs, if any): every index op is a slice or concat along the domain's innermos
 view's innermost column axis (no gather: a gather's table rows are a row kernel's columns); and no
 value that varies along the columns only (a column reduction's result, what is computed from it, a
 per-column input) is evaluated at a moved column, because a thread holds those values for its own
-columns only. Refused with :class:`~stitchtune.errors.UnsupportedGraphError` naming the column
+columns only. Refused with a :class:`~stitchtune.plan.refusal.Refusal` naming the column
 reductions first (a region finder then leaves the reduction out and keeps the index ops, as before).
 """
 
 from __future__ import annotations
 
-from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph
 from stitchtune.plan.chains import composed_chains
 from stitchtune.plan.pick import node_axis
+from stitchtune.plan.refusal import Refusal
 from stitchtune.plan.shift import Shift
 
 __all__ = ["check_col_index_ops"]
@@ -40,7 +40,7 @@ def _reductions_first(graph: Graph) -> str:
 
 
 def check_col_index_ops(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...],
-                        col_axes: tuple[int, ...], maps: dict[str, Groups]) -> None:
+                        col_axes: tuple[int, ...], maps: dict[str, Groups]) -> Refusal | None:
     """Whether a column-family kernel can evaluate the index ops of ``graph`` (module docstring).
     ``domain``: the iteration domain (right-aligned); ``row_axes`` / ``col_axes``: the view's axes
     (the reduced and the kept domain axes); ``maps``: tensor -> the domain axes of each of its dims."""
@@ -49,12 +49,12 @@ def check_col_index_ops(graph: Graph, domain: tuple[int, ...], row_axes: tuple[i
     for nd in graph.nodes:
         kind = OPS[nd.op].kind
         if nd.op in ("gather", "gather_elements"):
-            raise UnsupportedGraphError(f"{head}{nd.op} '{nd.id}': index ops are supported in row-reduction and "
+            return Refusal(f"{head}{nd.op} '{nd.id}': index ops are supported in row-reduction and "
                                         "element-wise kernels only, not in column reductions (but slice and concat "
                                         "along the columns)")
         if kind in ("slice", "concat") and (len(domain) - len(nd.shape) + node_axis(nd) != last
                                              or col_axes[-1:] != (last,)):
-            raise UnsupportedGraphError(
+            return Refusal(
                 f"{head}{nd.op} '{nd.id}' along axis {nd.axis}: in a column reduction, slice and concat may act "
                 "along the innermost axis (the kernel's columns) only")
     rows = set(row_axes)
@@ -69,7 +69,7 @@ def check_col_index_ops(graph: Graph, domain: tuple[int, ...], row_axes: tuple[i
         seen.add((name, sh))
         varies = {a for g in maps[name] for a in g}
         if not sh.identity and varies and not varies & rows:
-            raise UnsupportedGraphError(
+            return Refusal(
                 f"{head}{'node' if name in nodes else 'input'} '{name}' varies along the columns only (one value "
                 "per column) and is read at a moved column through a slice / concat; a column-reduction kernel "
                 "holds such values for its own columns only")
@@ -91,3 +91,4 @@ def check_col_index_ops(graph: Graph, domain: tuple[int, ...], row_axes: tuple[i
                 o += ln
         else:
             stack.extend((a, sh) for a in node.tensor_args)
+    return None

@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any, Mapping
 
-from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.plan.family import Family
+from stitchtune.plan.refusal import Refusal
 
 #: ops a cross reduction may be (ordered combines exist for these; float atomics for the sums only)
 CROSS_OPS = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min")
@@ -81,7 +81,7 @@ def _keeps_a_dim(nd: Node, maps: Mapping[str, tuple[tuple[int, ...], ...]]) -> b
 
 
 def split_cross(red_nodes: list[Node], maps: Mapping[str, tuple[tuple[int, ...], ...]],
-                domain: tuple[int, ...]) -> tuple[list[Node], list[Node]]:
+                domain: tuple[int, ...]) -> tuple[list[Node], list[Node]] | Refusal:
     """``(row_or_col_reductions, cross_reductions)`` of ``red_nodes``; ``maps[name]``: for each dim of
     tensor ``name``, the positions in ``domain`` of the axes it spans (``()`` for a size-1 dim; a dim
     merged from several axes, a ``[B*H*W, C]`` gradient viewed as ``[B, H, W, C]``, spans several).
@@ -117,7 +117,7 @@ def split_cross(red_nodes: list[Node], maps: Mapping[str, tuple[tuple[int, ...],
         return red_nodes, []
     if groups and not sorted(groups[0]) == live_sorted[len(live_sorted) - len(groups[0]):]:
         nd = full[0]
-        raise UnsupportedGraphError(
+        return Refusal(
             f"reduction '{nd.id}' reduces every axis in a column-reduction graph; cross reductions "
             "are supported in row-reduction graphs only")
     return rest, full
@@ -156,10 +156,10 @@ def scalar_inputs(graph: Graph) -> tuple[str, ...]:
 
 
 def check_cross(graph: Graph, cross_nodes: list[Node], family: str, classes: Mapping[str, Any],
-                mapped: Mapping[str, bool]) -> tuple[CrossReduction, ...]:
+                mapped: Mapping[str, bool]) -> tuple[CrossReduction, ...] | Refusal:
     """The :class:`CrossReduction` of each node of ``cross_nodes`` (graph order), after the view's
     ``classes`` (tensor -> TensorClass) are known; ``mapped[name]``: the tensor broadcasts along part
-    of the row axes. Raises :class:`UnsupportedGraphError` naming the node and why."""
+    of the row axes. A :class:`~stitchtune.plan.refusal.Refusal` naming the node and why where one has no lowering."""
     if not cross_nodes:
         return ()
     epi = set(epilogue_nodes(graph, cross_nodes))
@@ -175,7 +175,7 @@ def check_cross(graph: Graph, cross_nodes: list[Node], family: str, classes: Map
         if not why and nd.id not in graph.outputs and nd.id not in epi_readers:
             why = "is not a graph output"
         if why:
-            raise UnsupportedGraphError(f"reduction '{nd.id}' over the rows {why}")
+            return Refusal(f"reduction '{nd.id}' over the rows {why}")
         count = prod(graph.spec(src).shape[i] for i in nd.axes)
         comb = OPS[nd.op].combine_op
         assert comb is not None, f"{nd.op} is a reduction"

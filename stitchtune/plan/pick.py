@@ -2,13 +2,14 @@
 entropy's target logit), the subtree a pick evaluates at its row's index, and the rules on its index.
 
 Used by :mod:`stitchtune.plan.remap` (the surrogate graph and the remap checks), the planner
-(:func:`check_pick_indices`) and :mod:`stitchtune.lower.remap` (:func:`pick_leaves`)."""
+(:func:`check_pick_indices`) and :mod:`stitchtune.lower.gather` (:func:`pick_leaves`)."""
 
 from __future__ import annotations
 
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph, Node
+from stitchtune.plan.refusal import Refusal
 
 __all__ = ["node_axis", "pick_leaves", "check_picks", "check_pick_indices"]
 
@@ -77,15 +78,16 @@ def check_picks(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ...]
             raise UnsupportedGraphError(_PICK_ONLY.format(n.id, node_axis(n)))
 
 
-def check_pick_indices(graph: Graph, ints: frozenset[str]) -> None:
+def check_pick_indices(graph: Graph, ints: frozenset[str]) -> Refusal | None:
     """A pick's index is a graph input or a per-row value the region computes in int registers (``ints``,
     :func:`~stitchtune.plan.ints.int_registers`: cross entropy's ``where(t != ignore, t, 0)``), which the
     kernel range-checks as it checks a loaded index; a computed index that is not an int register (a
-    reshape of an int input only) is refused naming the node."""
+    reshape of an int input only) is refused naming the node (the :class:`~stitchtune.plan.refusal.Refusal`)."""
     inputs = set(graph.input_names)
     for n in graph.nodes:
         idx = str(n.args[1]) if n.op == "gather_elements" else ""
         if idx and idx not in inputs and idx not in ints:
-            raise UnsupportedGraphError(
+            return Refusal(
                 f"gather_elements '{n.id}' reads index '{idx}', which the region computes without int arithmetic "
                 "(a view of an int input); index with the input itself")
+    return None

@@ -42,7 +42,7 @@ different axes, a reshape that is not a split/merge of the domain axes, a diagon
 are refused with a reason naming the tensor or node; they still run on the reference executor.
 
 The planner is a pipeline of stages, each answering a value or a
-:class:`~stitchtune.plan.refusal.Refusal` (never raising: :func:`plan_graph`): **rewrites** (scatter
+:class:`~stitchtune.plan.refusal.Refusal` (no refusal is raised inside: :func:`plan_graph` returns it): **rewrites** (scatter
 cores, unit reductions, then the graph as given, its row-move and its row-view rewrites, the first
 that plans winning), **layouts** (the default domain tensor's, then the other largest tensors'),
 **views** (:mod:`stitchtune.plan.views`: plain, through the graph's
@@ -51,7 +51,6 @@ A refused graph keeps the first refusal (the graph's own, in its default layout)
 edge raises: :func:`make_plan` raises the refusal's :class:`~stitchtune.errors.UnsupportedGraphError`
 (a :class:`~stitchtune.errors.SeparateRegionsError` where it names nodes to keep apart).
 """
-
 
 from __future__ import annotations
 
@@ -67,7 +66,7 @@ from stitchtune.plan.cross import CrossReduction, check_cross, epilogue_nodes
 from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import IndexMap
 from stitchtune.plan.ints import int_registers
-from stitchtune.plan.refusal import Refusal, ask, rewritten
+from stitchtune.plan.refusal import Refusal, rewritten
 from stitchtune.plan.row_moves import commute_row_moves
 from stitchtune.plan.row_views import commute_row_views
 from stitchtune.plan.scatter import Scatter, core_graph, split_scatters
@@ -188,8 +187,9 @@ def make_plan(graph: Graph) -> StitchPlan:
 def plan_graph(graph: Graph) -> StitchPlan | Refusal:
     """The plan of ``graph``, or the :class:`Refusal` saying why it has no stitched lowering (a value:
     what a region finder asks). The answers for the last 256 graphs are remembered (the planner is a
-    function of the graph's value: equal graphs get the same answer, e.g. a region the finder judged
-    and the backend then compiles); a graph that cannot be hashed is planned each time.
+    function of the graph's value: equal graphs with the same constants get the same answer, e.g. a
+    region the finder judged and the backend then compiles); a graph that cannot be hashed is planned
+    each time.
 
     A graph with index ops (slice, concat, gather) is analysed through its surrogate
     (:class:`~stitchtune.plan.views.Surrogate`), over the right-aligned domain of its largest tensor;
@@ -219,17 +219,18 @@ def plan_graph(graph: Graph) -> StitchPlan | Refusal:
 
     A graph with ``scatter_add`` nodes is planned through its core graph, the plan listing the
     scatters (:func:`~stitchtune.plan.scatter.split_scatters`, which also names what it refuses)."""
+    key = (graph, tuple(repr(a) for nd in graph.nodes for a in nd.args if not isinstance(a, str)))
     try:
-        hash(graph)
+        hash(key)
     except TypeError:   # (a Node built by hand with a list field)
         return _plan(graph)
-    return _remembered(graph)
+    return _remembered(key)
 
 
 def _plan(graph: Graph) -> StitchPlan | Refusal:
     """:func:`plan_graph`'s first stage, the rewrites: a scatter core, a unit-reduction rewrite, else
     the graph as given (with its transpose tile), then its row-move and row-view rewrites."""
-    split = ask(split_scatters, graph)
+    split = split_scatters(graph)
     if isinstance(split, Refusal):
         return split
     core, scatters = split
@@ -253,7 +254,12 @@ def _plan(graph: Graph) -> StitchPlan | Refusal:
     return replace(plan, transpose=tile) if tile is not None else plan
 
 
-_remembered = functools.lru_cache(maxsize=256)(_plan)
+@functools.lru_cache(maxsize=256)
+def _remembered(key: tuple[Graph, tuple[str, ...]]) -> StitchPlan | Refusal:
+    """:func:`_plan` of ``key[0]``, remembered by the graph and the spelling of its constants
+    (``key[1]``: equal graphs may differ in them, ``0.0 == -0.0``, and a rewritten graph the plan
+    carries, :attr:`StitchPlan.moved_graph`, keeps its own)."""
+    return _plan(key[0])
 
 
 def _plan_rewritten(graph: Graph, refusal: Refusal) -> StitchPlan | Refusal:
@@ -277,7 +283,7 @@ def _plan_layouts(graph: Graph) -> StitchPlan | Refusal:
     first = _plan_layout(graph, None)
     if isinstance(first, StitchPlan) or any(OPS[nd.op].kind in INDEX_KINDS for nd in graph.nodes):
         return first
-    axes = ask(tensor_axes, graph)
+    axes = tensor_axes(graph)
     if isinstance(axes, Refusal):
         return first   # no axes at all: no other layout either
     tried, spans = {axes.order}, axes.of
@@ -328,8 +334,8 @@ def _checked_plan(sur: Surrogate | None, viewed: Viewed, ints: frozenset[str]) -
         imaps = checks.surrogate_maps(sur, viewed, imaps)
     if isinstance(imaps, Refusal):
         return imaps
-    cross = ask(check_cross, viewed.graph, list(viewed.cross_nodes), view.family, classes,
-                {n: not m.plain for n, m in imaps.items()})
+    cross = check_cross(viewed.graph, list(viewed.cross_nodes), view.family, classes,
+                        {n: not m.plain for n, m in imaps.items()})
     if isinstance(cross, Refusal):
         return cross
     return _assemble(viewed, classes, imaps, cross, ints)

@@ -8,9 +8,12 @@ raises, with :meth:`Refusal.error`: the same :class:`~stitchtune.errors.Unsuppor
 same message as the rule that refused. A region finder asks
 :func:`~stitchtune.plan.planner.plan_graph` and reads the value, catching nothing.
 
-The planner's rule modules (:mod:`~stitchtune.plan.remap`, :mod:`~stitchtune.plan.chains`,
-:mod:`~stitchtune.plan.axes`, :mod:`~stitchtune.plan.cross`, ...) still raise their refusals deep
-in their walks; :func:`ask` is where the pipeline calls them and turns such an exception into a value
+The checks of :mod:`~stitchtune.plan.checks`, :mod:`~stitchtune.plan.views`, :func:`~stitchtune.plan.axes.tensor_axes`, :mod:`~stitchtune.plan.cross`
+(``split_cross``, ``check_cross``), :mod:`~stitchtune.plan.scatter` (``split_scatters``),
+:mod:`~stitchtune.plan.col_remap` and :func:`~stitchtune.plan.pick.check_pick_indices` return refusals.
+The rule modules that walk index ops and layouts (:mod:`~stitchtune.plan.remap`,
+:mod:`~stitchtune.plan.chains`, :mod:`~stitchtune.plan.shift`,
+:mod:`~stitchtune.plan.index_ops`, ``pick.check_picks``) still raise theirs deep in their walks; :func:`ask` is where the pipeline calls them and turns such an exception into a value
 (only :class:`~stitchtune.errors.UnsupportedGraphError`: any other exception is a bug and passes);
 :func:`rewritten` is where a rewrite whose graph the format refuses (over its limits) becomes one.
 """

@@ -10,7 +10,7 @@ So the layer norm / dropout backward that produces an embedding's gradient and t
 embedding table are one kernel.
 
 Contract: :func:`split_scatters` returns the core graph and one frozen :class:`Scatter` per scatter
-node (graph order), or raises :class:`~stitchtune.errors.UnsupportedGraphError` naming the node when
+node (graph order), or a :class:`~stitchtune.plan.refusal.Refusal` naming the node when
 the region cannot be lowered so: a scatter's table read by another node (kernels only store it).
 Every float table is planned (float32, float16, bfloat16: the IR's atomic add takes them; a 16-bit
 one needs a device with that atomic add, which the lowering checks). A graph without scatters is
@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph
+from stitchtune.plan.refusal import Refusal
 
 __all__ = ["Scatter", "core_graph", "split_scatters", "has_scatters", "nondeterministic"]
 
@@ -56,7 +56,7 @@ def has_scatters(graph: Graph) -> bool:
     return any(nd.op == "scatter_add" for nd in graph.nodes)
 
 
-def split_scatters(graph: Graph) -> tuple[Graph, tuple[Scatter, ...]]:
+def split_scatters(graph: Graph) -> tuple[Graph, tuple[Scatter, ...]] | Refusal:
     """``(core graph, scatters)`` of ``graph`` (see the module docstring); ``(graph, ())`` without scatters."""
     nodes = [nd for nd in graph.nodes if nd.op == "scatter_add"]
     if not nodes:
@@ -66,7 +66,7 @@ def split_scatters(graph: Graph) -> tuple[Graph, tuple[Scatter, ...]]:
         values, index = nd.tensor_args
         readers = graph.consumers(nd.id)
         if readers:
-            raise UnsupportedGraphError(
+            return Refusal(
                 f"scatter_add '{nd.id}' is read by node '{readers[0].id}' (graph '{graph.name}'); stitched kernels "
                 "produce a scatter's table as an output only")
         out.append(Scatter(nd.id, values, index, nd.shape[0], prod(nd.shape[1:]), nd.dtype))

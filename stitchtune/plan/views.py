@@ -113,7 +113,7 @@ def _reductions(graph: Graph) -> list[Node]:
 
 def plain_view(graph: Graph, domain_tensor: str | None) -> Viewed | Refusal:
     """The view of a graph without index ops over :func:`tensor_axes` in ``domain_tensor``'s layout."""
-    axes = ask(tensor_axes, graph, domain_tensor)
+    axes = tensor_axes(graph, domain_tensor)
     if isinstance(axes, Refusal):
         return axes
     all_red = _reductions(graph)
@@ -140,7 +140,7 @@ def surrogate_view(sur: Surrogate) -> Viewed | Refusal:
         return aligned
     maps: dict[str, Groups] = {n: tuple((a,) if a is not None else () for a in m) for n, m in aligned.items()}
     order = tuple(a for a in range(len(domain)) if domain[a] > 1)
-    split = ask(split_cross, all_red, maps, domain)
+    split = split_cross(all_red, maps, domain)
     if isinstance(split, Refusal):
         return split
     red_axes = reduced_axes(split[0], maps)
@@ -166,7 +166,7 @@ def mixed_view(sur: Surrogate) -> Viewed | Refusal:
     domain = ask(chains.domain_of, real)
     if isinstance(domain, Refusal):
         return domain
-    axes = ask(tensor_axes, sur_graph)
+    axes = tensor_axes(sur_graph)
     if isinstance(axes, Refusal):
         return axes
     maps = axes.of
@@ -210,7 +210,7 @@ def _split_cross(all_red: list[Node], axes: TensorAxes) -> tuple[list[Node], lis
     pos = {a: i for i, a in enumerate(axes.order)}
     spans = {n: tuple(tuple(pos[a] for a in g) for g in gs) for n, gs in axes.groups}
     sizes = axes.size_of
-    return ask(split_cross, all_red, spans, tuple(sizes[a] for a in axes.order))
+    return split_cross(all_red, spans, tuple(sizes[a] for a in axes.order))
 
 
 def reduced_axes(red_nodes: list[Node], maps: dict[str, Groups]) -> set[int] | Refusal:

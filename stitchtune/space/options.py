@@ -23,9 +23,11 @@ Rules read a :data:`Point`: a mapping with the plan's ``family``, ``nstages`` an
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, TypeVar
 
 from stitchtune.space.levels import ReuseLevel
+from stitchtune.space.option_values import Combine, CrossCombine, Order
 from stitchtune.space.schemes import SCHEMES, SchemeTable
 from stitchtune.plan.family import Family
 
@@ -67,7 +69,9 @@ class Option(Generic[T]):
       option existed, so the JSON leaves the option out at its default (old schedules keep their JSON
       and ``key()``). It must be in the domain.
     * ``decode``: the JSON form: the value itself (an int or a string), turned back by ``decode`` (e.g.
-      ``int``, ``str``); it raises ``TypeError``/``ValueError`` on a malformed one.
+      ``int``, or a :class:`~enum.StrEnum` of :mod:`stitchtune.space.option_values`); it raises
+      ``TypeError``/``ValueError`` on a malformed one. An option whose default is a ``StrEnum`` member
+      stores members: :meth:`OptionTable.normalized` turns a string into one.
     * ``applies(point)``: where the option can matter, over the point decided so far. Only there is it a
       parameter (suggest asks it, sample draws it, the repair keeps it); elsewhere it takes its default,
       and a non-default value there is a violation.
@@ -157,12 +161,15 @@ class OptionTable:
     def normalized(self, values: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
         """The canonical stored form of option ``values``: the (name, value) pairs that differ from their
         default, sorted by name (so equal schedules compare and hash equal whichever table built them).
-        An undeclared name is a ``TypeError``, like an unknown keyword argument."""
+        An undeclared name is a ``TypeError``, like an unknown keyword argument; the value of an option
+        with a ``StrEnum`` default becomes its member (``ValueError`` for a string that is none)."""
         out = []
         for n, v in values.items():
             opt = self._by_name.get(n)
             if opt is None:
                 raise TypeError(f"unknown schedule option {n!r} (declared: {', '.join(self._by_name)})")
+            if isinstance(opt.default, StrEnum) and not isinstance(v, type(opt.default)):
+                v = opt.decode(v)
             if v != opt.default:
                 out.append((n, v))
         return tuple(sorted(out))
@@ -207,7 +214,7 @@ def _has_stages(p: Point) -> bool:
 
 
 def _prefetch_applies(p: Point) -> bool:
-    return prefetchable(p["family"], p["split"], p["tasks_per_block"]) and p["order"] == "forward"
+    return prefetchable(p["family"], p["split"], p["tasks_per_block"]) and p["order"] == Order.FORWARD
 
 
 def _prefetch_names(p: Point) -> Mapping[str, Any]:
@@ -230,8 +237,8 @@ def _combine_applies(p: Point) -> bool:
     return p["family"] == Family.ROW and p["split"] > 1 and _schemes_of(p).any(p["schemes"], lambda sc: not sc.cluster)
 
 
-ORDER: Option[str] = Option(
-    "order", "forward", str, _order_applies, "something is re-read (rereads)", _has_stages,
+ORDER: Option[Order] = Option(
+    "order", Order.FORWARD, Order, _order_applies, "something is re-read (rereads)", _has_stages,
     vary_resets=("prefetch",), derive=_order_names)
 """Sweep order of the re-reads of full-size tensors: ``forward``, or ``alternate`` (every other sweep
 that reads them from memory runs backwards, so that a re-read starts with what the last read left in L2)."""
@@ -242,8 +249,8 @@ PREFETCH: Option[int] = Option(
 """1: a block loads the full-size inputs of its next task into registers right after the current task's
 first sweep (row reductions with split 1 and several tasks per block, forward order)."""
 
-COMBINE: Option[str] = Option(
-    "combine", "thread", str, _combine_applies, "family == 'row' and split > 1 (a stage not of a cluster scheme)",
+COMBINE: Option[Combine] = Option(
+    "combine", Combine.THREAD, Combine, _combine_applies, "family == 'row' and split > 1 (a stage not of a cluster scheme)",
     _is_row)
 """How a row split over several blocks combines its partials: ``thread`` (every thread loads all of them)
 or ``warp`` (each warp loads them together and reduces by shuffles)."""
@@ -272,8 +279,8 @@ def cross_smem_floats(tpr: int, block: int, chunk: int, ncross_k: int, ncross_s:
     return per_col + scal
 
 
-CROSS_COMBINE: Option[str] = Option(
-    "cross_combine", "kernel", str, _has_cross, "the plan has cross reductions (ncross > 0)", _has_cross,
+CROSS_COMBINE: Option[CrossCombine] = Option(
+    "cross_combine", CrossCombine.KERNEL, CrossCombine, _has_cross, "the plan has cross reductions (ncross > 0)", _has_cross,
     derive=_cross_names, registers=_cross_registers)
 """How the blocks' partials of the cross reductions (column sums, losses: :mod:`stitchtune.plan.cross`)
 are combined: ``atomic`` (float atomic adds into the output, zeroed by a small kernel first: not
@@ -290,7 +297,7 @@ def deterministic(schedule: Any) -> bool:
     table = getattr(schedule, "table", None)
     if table is None or "cross_combine" not in table:
         return True
-    return bool(schedule.option("cross_combine") != "atomic")
+    return bool(schedule.option("cross_combine") != CrossCombine.ATOMIC)
 
 
 

@@ -8,10 +8,11 @@ level per reuse candidate. Its *options* (``order``, ``prefetch``, ``combine``, 
 
 Options are stored as the sorted (name, value) pairs that differ from their default (``options``) and
 read by attribute, ``s.order``, resolved through the schedule's :class:`OptionTable` (``table``, not
-compared). Attribute access keeps the lowering's reads as they always were (``if s.order ==
-"alternate"``); its static type is ``Any``, so code that wants a typed read writes
-``s.option(ORDER)`` (``ORDER: Option[str]`` gives ``str``). An undeclared name is an ``AttributeError``
-either way, so a misspelt option fails loudly instead of reading a default.
+compared). Attribute access is typed ``Any``; a typed read writes ``s.option(ORDER)`` (``ORDER:
+Option[Order]`` gives an :class:`~stitchtune.space.option_values.Order`). The options that are names
+are stored as the members of their :class:`~enum.StrEnum` (``Order.ALTERNATE``; a string passed in is
+turned into its member), and the JSON form writes their plain strings. An undeclared name is an
+``AttributeError`` either way, so a misspelt option fails loudly instead of reading a default.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ def _plain(names: Iterable[Any]) -> tuple[Any, ...]:
     return tuple(str(x) if isinstance(x, str) else x for x in names)
 
 
+def _plain_value(value: Any) -> Any:
+    """An option value as JSON and the database hold it: a ``StrEnum`` member as its plain string."""
+    return str(value) if isinstance(value, str) else value
+
+
 def row_chunk(K: int, split: int, tpr: int, vec: int) -> int:
     """Elements of a reduction row of length ``K`` that one block covers per task (row family): its
     piece ``ceil(K / split)`` rounded up to whole sweeps of ``tpr`` threads x ``vec`` elements."""
@@ -51,7 +57,7 @@ class Schedule:
     ``Schedule(tpr, block, split, vec, tasks_per_block, min_blocks, schemes, reuse, options=(), *,
     table=OPTIONS, **named)``: ``options`` (a mapping or (name, value) pairs) and keyword ``named``
     options (these win) must be declared in ``table``; values equal to the default are dropped, so
-    ``Schedule(..., order="forward") == Schedule(...)``. ``dataclasses.replace(s, order="alternate")``
+    ``Schedule(..., order="forward") == Schedule(...)``. ``dataclasses.replace(s, order=Order.ALTERNATE)``
     works and keeps ``s.table``. Schemes and reuse levels are stored as plain strings (a
     :class:`~stitchtune.space.schemes.SchemeName` or ``ReuseLevel`` member turns into its value).
     """
@@ -125,7 +131,7 @@ class Schedule:
         stored = dict(self.options)
         for opt in self.table:
             if opt.name in stored:
-                d[opt.name] = stored[opt.name]
+                d[opt.name] = _plain_value(stored[opt.name])
         return d
 
     @classmethod
@@ -169,7 +175,7 @@ class Schedule:
         d: dict[str, Any] = {k: v for k, v in self.to_dict().items()
                              if k not in ("schemes", "reuse") and k not in self.table}
         for opt in self.table:
-            d[opt.name] = self.option(opt.name)
+            d[opt.name] = _plain_value(self.option(opt.name))
         for i, s in enumerate(self.schemes):
             d[f"scheme_{i}"] = s
         for i, r in enumerate(self.reuse):

@@ -21,6 +21,7 @@ import dataclasses
 import itertools
 import math
 import random
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,7 +30,8 @@ from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space.constraints import names_used, safe_eval
 from stitchtune.space.legality import CORE_SCALARS, MappingRules, ResourceCheck, SpaceRules
-from stitchtune.space.options import OPTIONS, Option, OptionTable
+from stitchtune.space.option_values import CrossCombine
+from stitchtune.space.options import CROSS_COMBINE, OPTIONS, Option, OptionTable
 from stitchtune.space.levels import ReuseLevel, uncached_level
 from stitchtune.space.schedule import PERSISTENT, Schedule
 from stitchtune.space.schemes import SCHEMES, SchemeTable
@@ -100,6 +102,11 @@ class SearchSpace(SpaceRules):
             if opt.name not in self.domains or opt.default not in self.domains[opt.name]:
                 raise StitchtuneError(f"search space option {opt.name!r} needs a domain params.{opt.name}.choices "
                                       f"that holds its default {opt.default!r}")
+            if isinstance(opt.default, StrEnum):
+                unknown = [v for v in self.domains[opt.name] if v not in set(type(opt.default))]
+                if unknown:
+                    raise StitchtuneError(f"search space option {opt.name!r} offers unknown value(s) {unknown} "
+                                          f"(known: {', '.join(type(opt.default))})")
         # the options each constraint reads: an option's own rule is not reported again when one fails
         self._constraint_options = [frozenset(names_used(c["expr"])) & frozenset(table.names)
                                     for c in self.constraints]
@@ -250,7 +257,7 @@ class SearchSpace(SpaceRules):
         it suggests, samples, repairs to or varies to is bitwise reproducible (``Schedule.deterministic``);
         :meth:`violations` also refuses a non-deterministic point. The same space where nothing is atomic."""
         other = copy.copy(self)
-        other.domains = {**self.domains, "cross_combine": [v for v in self.domains["cross_combine"] if v != "atomic"]}
+        other.domains = {**self.domains, "cross_combine": [v for v in self.domains["cross_combine"] if v != CrossCombine.ATOMIC]}
         other.deterministic = True
         return other
 
@@ -304,10 +311,10 @@ class SearchSpace(SpaceRules):
         steps: list[Callable[[Schedule], Schedule]] = []
         if PERSISTENT in self.domains["tasks_per_block"]:
             steps.append(lambda x: self._rebuilt(x, tasks_per_block=PERSISTENT))
-        if "cross_combine" in self.table and "kernel" in self.domains["cross_combine"]:
-            by_kernel: dict[str, Any] = {"cross_combine": "kernel"}
+        if "cross_combine" in self.table and CrossCombine.KERNEL in self.domains["cross_combine"]:
+            by_kernel: dict[str, Any] = {"cross_combine": CrossCombine.KERNEL}
             steps.append(lambda x: dataclasses.replace(x, table=self.table, **by_kernel)
-                         if x.option("cross_combine") == "grid" else x)
+                         if x.option(CROSS_COMBINE) == CrossCombine.GRID else x)
         boundary = sorted((sc.repair_rank if sc.repair_rank is not None else 99, sc.name)
                           for sc in self.schemes if sc.kernel_boundary and sc.name in self.domains["scheme"])
         if boundary:

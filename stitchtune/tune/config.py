@@ -114,10 +114,10 @@ class SkipBuilder:
     def build(self, sources: list[str], arch: str | None = None) -> list[Any]:
         import hashlib
 
-        from stitchtune.gpu.build import DEFAULT_ARCH, BuildResult
+        from stitchtune.gpu.build import DEFAULT_ARCH, BuildResult, BuildStatus
 
         arch = arch or DEFAULT_ARCH
-        return [BuildResult(status="ok", source_hash=hashlib.sha256(s.encode()).hexdigest(), cubin_path=None,
+        return [BuildResult(status=BuildStatus.OK, source_hash=hashlib.sha256(s.encode()).hexdigest(), cubin_path=None,
                             arch=arch, registers={}, smem_bytes={}, spill_bytes={}, stack_bytes={},
                             compile_s=0.0, error="") for s in sources]
 

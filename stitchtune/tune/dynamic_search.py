@@ -112,7 +112,7 @@ class ProbeRunner:
 
     def run(self, items: list[tuple[Any, Any]]) -> list[Any]:
         from stitchtune.emulate.emulator import EmulatorFault, emulate_program
-        from stitchtune.gpu.runners import Measurement, check_outputs, clip_error, emulator_limits
+        from stitchtune.gpu.runners import Measurement, MeasureStatus, check_outputs, clip_error, emulator_limits
 
         out: list[Any] = [None] * len(items)
         passed = []
@@ -122,12 +122,12 @@ class ProbeRunner:
                 try:
                     got = emulate_program(program, ins, coresident_limit=limit, cluster_limit=climit, extents=ext)
                 except EmulatorFault as exc:
-                    out[i] = Measurement("launch_error", estimated=True,
+                    out[i] = Measurement(MeasureStatus.LAUNCH_ERROR, estimated=True,
                                          error=clip_error(f"emulator fault at {ext}: {exc}"))
                     break
                 chk = check_outputs(got, ref, dtypes)
                 if not chk.ok:
-                    out[i] = Measurement("wrong_result", max_rel_error=chk.max_rel_error, estimated=True,
+                    out[i] = Measurement(MeasureStatus.WRONG_RESULT, max_rel_error=chk.max_rel_error, estimated=True,
                                          error=clip_error(f"at {ext}: {chk.error}"))
                     break
             else:

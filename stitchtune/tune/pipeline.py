@@ -199,14 +199,16 @@ def _build_batch(live: list[_Cand], device: Any, builder: Any, st: Stages) -> No
 def _record_build(c: _Cand, device: Any, st: Stages) -> None:
     """Build columns of one candidate; a failed build, or a re-prediction with the real registers
     that prunes, sets its status."""
+    from stitchtune.gpu.build import BuildStatus
+
     b = c.build
     c.row["compile_s"] = _finite(b.compile_s)
     regs, smem, spill = dict(b.registers), dict(b.smem_bytes), dict(b.spill_bytes)
     c.row["registers"] = max(regs.values()) if regs else None
     c.row["smem_bytes"] = max(smem.values()) if smem else None
     c.row["spill_bytes"] = sum(spill.values()) if spill else None
-    if b.status != "ok":
-        status = TrialStatus.TIMEOUT if b.status == "timeout" else TrialStatus.COMPILE_ERROR
+    if b.status != BuildStatus.OK:
+        status = TrialStatus.TIMEOUT if b.status == BuildStatus.TIMEOUT else TrialStatus.COMPILE_ERROR
         c.row.update(status=status, error=_clip(b.error or b.status))
         return
     if regs:
@@ -220,17 +222,19 @@ def _record_build(c: _Cand, device: Any, st: Stages) -> None:
 
 def _run_one(c: _Cand, runner: Any) -> None:
     """Phase 3 for one built candidate: run it alone and record the measurement columns."""
+    from stitchtune.gpu.runners import MeasureStatus
+
     (m,) = runner.run([(c.program, c.build)])
     samples = [float(s) for s in (m.samples_us or ())]
     c.row.update(
         status=TrialStatus(m.status),
-        measured_us=_finite(m.median_us) if m.status == "ok" else None,
+        measured_us=_finite(m.median_us) if m.status == MeasureStatus.OK else None,
         samples_us=json.dumps(samples),
         max_rel_error=_finite(m.max_rel_error),
         estimated=bool(m.estimated),
         error=_clip(m.error or ""),
     )
-    if m.status == "ok" and c.row["measured_us"] is None:
+    if m.status == MeasureStatus.OK and c.row["measured_us"] is None:
         c.row.update(status=TrialStatus.LAUNCH_ERROR, error="runner reported ok without a finite time")
 
 

@@ -1,7 +1,7 @@
 """What the search loop needs of the stages it is given (:class:`~stitchtune.tune.config.Components`).
 
 The real classes (``space.SearchSpace``, ``hardware.Device``, ``graph.Graph``, ``plan.StitchPlan``)
-and the fakes of ``tests/helpers.py`` implement these Protocols, as runners and builders implement
+and the fakes of ``tests/helpers/search_fakes.py`` implement these Protocols, as runners and builders implement
 ``gpu.runners.Runner`` and ``gpu.build.Builder``; ``tests/tune/test_protocols.py`` checks both, so
 the loop and the pipeline call every member directly (no ``hasattr`` for a member a fake might lack).
 """

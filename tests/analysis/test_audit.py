@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers import DEV, EXAMPLES_DIR
+from helpers.common import EXAMPLES_DIR
+from helpers.lowering import DEV
 from stitchtune.analysis.audit import Criteria, audit_graph, dead_shared
 from stitchtune.analysis.sectors import kernel_sectors, slice_blocks
 from stitchtune.emulate.emulator import MemoryAccess, emulate_kernel

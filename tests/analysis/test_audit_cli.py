@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES_DIR, call_cli as call
+from helpers.cli import call_cli as call
+from helpers.common import EXAMPLES_DIR
 
 GRAPH = EXAMPLES_DIR / "layernorm_small.json"
 

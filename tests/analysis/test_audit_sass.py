@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from helpers import DEV, EXAMPLES_DIR
+from helpers.common import EXAMPLES_DIR
+from helpers.lowering import DEV
 from stitchtune.analysis.sass import find_cuobjdump, parse_res_usage, parse_sass, read_cubin
 from stitchtune.gpu.build import NvccBuilder, nvcc_found
 from stitchtune.gpu.render import preamble, render_kernel

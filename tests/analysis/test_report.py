@@ -21,7 +21,7 @@ from stitchtune.analysis import report
 from stitchtune.cli import main
 from stitchtune.tune.database import TuningDB, read_db
 from stitchtune.errors import DatabaseError
-from helpers import COMMITTED_DB
+from helpers.common import COMMITTED_DB
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from stitchtune import cli
 from stitchtune.graph.parse import load_graph
 from stitchtune.graph.reference import random_inputs, run_reference
-from helpers import json_values, malformed_graph, call_cli as call
+from helpers.cli import call_cli as call
+from helpers.hostile import json_values, malformed_graph
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SMALL = sorted(EXAMPLES.glob("*_small.json"))

@@ -17,7 +17,8 @@ import pytest
 from stitchtune import cli
 from stitchtune.cli import checks
 from stitchtune.tune.summary import format_best_table
-from helpers import COMMITTED_DB, EXAMPLES_DIR, call_cli as call
+from helpers.cli import call_cli as call
+from helpers.common import COMMITTED_DB, EXAMPLES_DIR
 
 G = str(EXAMPLES_DIR / "layernorm_small.json")
 

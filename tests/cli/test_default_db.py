@@ -15,7 +15,7 @@ import stitchtune
 from stitchtune.cli import build_parser
 from stitchtune.tune.dbpath import DEFAULT_DB_DIR, default_db
 from stitchtune.tune.search import SearchConfig
-from helpers import COMMITTED_DB, EXAMPLES_DIR, REPO
+from helpers.common import COMMITTED_DB, EXAMPLES_DIR, REPO
 
 G = str(EXAMPLES_DIR / "layernorm_small.json")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import EXAMPLES_DIR
+from helpers.common import EXAMPLES_DIR
 from stitchtune import cli
 
 DYN = str(EXAMPLES_DIR / "dynamic" / "layernorm_seq.json")       # seq declared 1..2048

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from stitchtune.errors import StitchtuneError
-from helpers import EXAMPLES_DIR, call_cli as call
+from helpers.cli import call_cli as call
+from helpers.common import EXAMPLES_DIR
 
 G = str(EXAMPLES_DIR / "layernorm_small.json")
 

@@ -48,7 +48,8 @@ from stitchtune.graph.parse import (
 )
 from stitchtune.graph.ops import OPS
 
-from helpers import LOWER, SMALL_GRAPHS, hostile_names, json_values, malformed_graph, pick, time_limit
+from helpers.common import time_limit
+from helpers.hostile import hostile_names, json_values, LOWER, malformed_graph, pick, SMALL_GRAPHS
 
 pytestmark = pytest.mark.slow
 

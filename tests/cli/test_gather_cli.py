@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import EXAMPLES, call_cli as _call
+from helpers.cli import call_cli as _call
+from helpers.common import EXAMPLES
 from stitchtune.graph.parse import load_graph
 from stitchtune.graph.reference import random_inputs
 

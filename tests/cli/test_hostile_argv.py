@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 
 import stitchtune.errors
 from stitchtune import cli
-from helpers import COMMITTED_DB, EXAMPLES_DIR, REPO, time_limit
+from helpers.common import COMMITTED_DB, EXAMPLES_DIR, REPO, time_limit
 
 GRAPH = EXAMPLES_DIR / "layernorm_small.json"
 EXAMPLES = 14          # per command (hypothesis max_examples)

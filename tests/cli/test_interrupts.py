@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from helpers import EXAMPLES_DIR, REPO
+from helpers.common import EXAMPLES_DIR, REPO
 from stitchtune import cli
 from stitchtune.errors import Interrupted
 from stitchtune.tune.database import TuningDB, read_db

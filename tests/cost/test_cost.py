@@ -473,7 +473,7 @@ def test_heuristic_of_a_32000_wide_row_has_an_sm_to_run_on() -> None:
     """logsoftmax 8192x32000: a 1024-thread row would cache two tensors of 32 floats per thread in
     registers (120 estimated, zero occupancy); the heuristic keeps it on chip in shared memory instead.
     With single_pass on, the predicted time drops (one sweep fewer; predicted, not measured)."""
-    from helpers import DEV, setup
+    from helpers.lowering import DEV, setup
     from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.lower.entry import lower
     from stitchtune.cost.model import predict

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers.common import REPO
 from stitchtune.cost.features import program_features
 from stitchtune.cost.fit_dataset import Dataset, DatasetError, load_dataset, pair_rebuilt, save_dataset
 from stitchtune.gpu.render import program_fingerprint

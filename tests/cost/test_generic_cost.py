@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from helpers import DEV, EXAMPLES_DIR, REPO
+from helpers.common import EXAMPLES_DIR, REPO
+from helpers.lowering import DEV
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.cost.model import explain, predict
 from stitchtune.gpu.fake_driver import FakeDriver

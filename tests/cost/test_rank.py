@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from stitchtune.cost.rank import rho_points, spearman_rho
-from helpers import COMMITTED_DB
+from helpers.common import COMMITTED_DB
 
 
 def test_report_and_model_check_agree_on_the_committed_database() -> None:

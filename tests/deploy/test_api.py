@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import EXAMPLES_DIR, emulator_kernels
+from helpers.common import EXAMPLES_DIR
+from helpers.lowering import emulator_kernels
 
 import stitchtune
 from stitchtune import cli

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import stitchtune
-from helpers import DEV, EXAMPLES_DIR
+from helpers.common import EXAMPLES_DIR
+from helpers.lowering import DEV
 from stitchtune import cli
 from stitchtune.deploy.compiled_dynamic import DynamicCompiledGraph, RefusedBucket, compile_buckets
 from stitchtune.deploy.dynamic import CompiledBucket

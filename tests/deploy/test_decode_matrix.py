@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from helpers import REPO  # noqa: E402
+from helpers.common import REPO  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
 import decode_matrix  # noqa: E402

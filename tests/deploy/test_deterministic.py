@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from helpers import DEV, EXAMPLES, setup
+from helpers.common import EXAMPLES
+from helpers.lowering import DEV, setup
 from stitchtune import cli
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.deploy.selection import choose_schedule, clear_cache
@@ -102,12 +103,13 @@ def test_torch_backend_deterministic_selects_past_atomic_records(db) -> None:
     """The torch.compile backend's ``deterministic`` option reaches schedule selection: the tuned
     atomic record is passed over for the deterministic one instead of declining the region."""
     pytest.importorskip("torch")
-    from stitchtune.deploy.torch_backend import BackendOptions, _compile_graph, program_atomics
+    from stitchtune.deploy.backend_options import BackendOptions
+    from stitchtune.deploy.torch_region_compile import compile_region_graph, program_atomics
 
     path, fast, slow = db
     g, _, _ = setup(NAME)
     clear_cache()
-    plain = _compile_graph(g, BackendOptions.from_options({"db": str(path)}), DEV)
+    plain = compile_region_graph(g, BackendOptions.from_options({"db": str(path)}), DEV)
     assert plain.schedule == fast and program_atomics(plain.program) > 0
-    det = _compile_graph(g, BackendOptions.from_options({"db": str(path), "deterministic": True}), DEV)
+    det = compile_region_graph(g, BackendOptions.from_options({"db": str(path), "deterministic": True}), DEV)
     assert det.schedule == slow and det.source == "tuned" and program_atomics(det.program) == 0

@@ -9,7 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from helpers import DEV, EXAMPLES_DIR
+from helpers.common import EXAMPLES_DIR
+from helpers.lowering import DEV
 from stitchtune.deploy.dynamic import CompiledBucket, compile_dynamic
 from stitchtune.errors import StitchtuneError
 from stitchtune.graph.dynamic import parse_dynamic

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from stitchtune.deploy import selection
-from helpers import EXAMPLES_DIR
+from helpers.common import EXAMPLES_DIR
 
 
 def test_fallbacks_inside_the_block_are_collected_not_warned(caplog: pytest.LogCaptureFixture) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from helpers import REPO
+from helpers.common import REPO
 
 torch = pytest.importorskip("torch")
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import stitchtune
-from helpers import EXAMPLES_DIR
+from helpers.common import EXAMPLES_DIR
 from stitchtune.deploy.compiled import build_manifest
 from stitchtune.errors import StitchtuneError
 from stitchtune.gpu.fake_driver import FakeDriver
@@ -65,7 +65,7 @@ def test_torch_entry_reads_the_gather_flag_and_resets_it_on_the_launch_stream() 
     torch = pytest.importorskip("torch")
     from stitchtune.deploy.torch_entry import StitchedFunction
     from stitchtune.gpu.launch import Launcher, launch_plan
-    from stitchtune.lower.remap import gather_flag_buffers
+    from stitchtune.lower.gather import gather_flag_buffers
 
     cg = stitchtune.compile(EXAMPLES_DIR / "embed_gather_layernorm_small.json", db=None, device="h200", build=False)
     [flag] = gather_flag_buffers(cg.program)

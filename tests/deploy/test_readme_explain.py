@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers.common import REPO
 
 
 def _quick_start_1() -> tuple[str, str, str]:

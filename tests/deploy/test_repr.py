@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import stitchtune
-from helpers import EXAMPLES_DIR, REPO
+from helpers.common import EXAMPLES_DIR, REPO
 
 
 def test_import_stitchtune_torch_is_the_attribute() -> None:

@@ -8,7 +8,7 @@ import random
 from typing import Any
 
 import pytest
-from helpers import EXAMPLES_DIR
+from helpers.common import EXAMPLES_DIR
 
 from stitchtune.cost.model import predict
 from stitchtune.tune.database import TuningDB
@@ -214,7 +214,7 @@ def test_records_of_the_compatible_earlier_space_version_are_read_where_they_sti
 
 def test_committed_h200_records_are_still_chosen() -> None:
     """The committed H200 database (space version 1) still gives every workload it tuned its record."""
-    from helpers import COMMITTED_DB
+    from helpers.common import COMMITTED_DB
     from stitchtune.tune.database import read_db
 
     df = read_db(COMMITTED_DB)

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stitchtune.deploy import torch_backend  # noqa: E402
+from stitchtune.deploy import torch_backend, torch_region_compile, torch_rest  # noqa: E402
 from stitchtune.errors import StitchtuneError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -376,7 +376,7 @@ def test_when_inductor_fails_on_the_rest_it_runs_eagerly(monkeypatch: pytest.Mon
     _refuse(monkeypatch, cfx, "compile_fx_inner", "inductor is down")
     torch.manual_seed(0)
     m, x = Block().eval(), torch.randn(2, 4, 16)
-    with caplog.at_level(logging.WARNING, logger="stitchtune.deploy.torch_backend"), torch.no_grad():
+    with caplog.at_level(logging.WARNING, logger="stitchtune.deploy.torch_rest"), torch.no_grad():
         got = _compile(m, cpu="reference", strict=False)(x)   # strict would raise Inductor's RuntimeError
         want = m(x)
     assert torch.allclose(got, want, atol=1e-5)
@@ -393,7 +393,7 @@ def test_dropout_in_training_goes_to_inductor_with_the_regions(caplog: pytest.Lo
     torch_backend.LAST_REPORTS.clear()
     from torch._inductor.utils import run_and_get_code
 
-    with caplog.at_level(logging.WARNING, logger="stitchtune.deploy.torch_backend"):
+    with caplog.at_level(logging.WARNING, logger="stitchtune.deploy.torch_rest"):
         y, codes = run_and_get_code(lambda: _compile(m, cpu="reference")(x))
         y.sum().backward()
     assert not [r for r in caplog.records if "Inductor failed" in r.getMessage()], caplog.text
@@ -426,7 +426,7 @@ def test_dropouts_mask_product_is_stitched_and_a_training_step_matches_the_same_
         return y.detach(), x.grad
 
     eager = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func((seed_rands(gm) or gm).forward),
-                         decompositions=torch_backend._decompositions())
+                         decompositions=torch_rest.decompositions())
     want_y, want_g = step(eager)
     torch_backend.LAST_REPORTS.clear()
     got_y, got_g = step(lambda gm, inputs: torch_backend.stitchtune_backend(gm, inputs, options={
@@ -536,8 +536,8 @@ def test_cubins_are_built_in_one_batch_and_a_failed_build_declines_its_region(mo
     gm = make_fx(lambda x: Block().eval()(x), tracing_mode="fake")(torch.randn(2, 4, 16))
     regions = find_regions(gm).regions
     opts = torch_backend.BackendOptions(db=None)
-    kernels = [torch_backend._compile_region(r, opts, torch_backend._device_for(opts)) for r in regions]
-    failed = torch_backend._attach_cubins(kernels, "sm_90", opts)
+    kernels = [torch_backend._compile_region(r, opts, torch_region_compile.device_for(opts)) for r in regions]
+    failed = torch_region_compile.attach_cubins(kernels, "sm_90", opts)
     assert batches == [2] and list(failed) == [1] and "ptxas says no" in failed[1]
     assert isinstance(kernels[0], RegionKernel) and kernels[0].compiled.cubin == cubin.read_bytes()
 
@@ -718,7 +718,7 @@ def test_backward_graphs_convolving_channels_last_tensors_are_recognised(layout:
     fmts = {"channels_last": (cl, cl), "contiguous": (plain, plain), "mixed": (cl, plain)}[layout]
     g, x = (torch.randn(1, 4, 8, 8).to(memory_format=f) for f in fmts)
     gm = make_fx(f, tracing_mode="fake")(g, x, torch.randn(4, 1, 7, 7))
-    assert torch_backend.channels_last_conv_backward(gm) == (layout == "channels_last")
+    assert torch_rest.channels_last_conv_backward(gm) == (layout == "channels_last")
 
 
 def test_a_permuted_view_read_inside_and_outside_a_region_is_stored_in_its_memory_order() -> None:

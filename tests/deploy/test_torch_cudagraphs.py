@@ -99,7 +99,7 @@ def test_gpu_models_graphs_phase_dry_run_on_the_cpu(tmp_path, capsys) -> None:
     import json
 
     pytest.importorskip("transformers")
-    from helpers import REPO
+    from helpers.common import REPO
 
     spec = importlib.util.spec_from_file_location("gpu_models", REPO / "scripts" / "gpu_models.py")
     mod = importlib.util.module_from_spec(spec)

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from stitchtune.deploy import torch_backend  # noqa: E402
+from stitchtune.deploy import torch_backend, torch_rest  # noqa: E402
 from stitchtune.importers.torch_random import seed_rands, unseed_rands  # noqa: E402
 from stitchtune.importers.torch_regions import find_regions  # noqa: E402
 
@@ -68,7 +68,7 @@ def test_a_training_step_with_dropout_drawn_in_regions_matches_the_same_draws_ea
     from torch._functorch.aot_autograd import make_boxed_func
 
     eager = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(_same_draws(gm).forward),
-                         decompositions=torch_backend._decompositions())
+                         decompositions=torch_rest.decompositions())
     want_y, want_g = _step(name, eager)
     torch_backend.LAST_REPORTS.clear()
     got_y, got_g = _step(name, lambda gm, inputs: torch_backend.stitchtune_backend(

@@ -13,7 +13,7 @@ import stitchtune.torch as st_torch  # noqa: E402
 from stitchtune.deploy import torch_backend, torch_ops  # noqa: E402
 from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel  # noqa: E402
 from stitchtune.errors import StitchtuneError  # noqa: E402
-from helpers import torch_block  # noqa: E402
+from helpers.torch_models import torch_block  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fresh_backend")
 

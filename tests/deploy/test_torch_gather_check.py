@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import emulator_kernels  # noqa: E402
+from helpers.lowering import emulator_kernels  # noqa: E402
 
 from stitchtune.deploy.compiled import compile as compile_graph  # noqa: E402
 from stitchtune.deploy.torch_ops import RegionError, RegionKernel  # noqa: E402

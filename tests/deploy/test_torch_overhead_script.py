@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from helpers import REPO
+from helpers.common import REPO
 
 pytest.importorskip("torch")
 
@@ -28,8 +28,10 @@ def test_cpu_mode_runs_and_prints_every_row(fresh_backend, capsys) -> None:
     assert "CPU HOST TIME per call" in out
     made = int(re.search(r"(\d+) launches made", out).group(1))
     assert made > 0
-    assert re.search(r"region op / do-nothing op: [\d.]+x", out)
+    assert re.search(r"region call / do-nothing op: [\d.]+x .*through the dispatcher: [\d.]+x", out)
+    assert "CPU allocator" in out   # which allocator the outputs come from is said
     rows = [ln for ln in out.splitlines() if re.match(r"\s+[\d.]+ us  ", ln)]
-    for what in ("launch_pointers", "custom op torch.ops.stitchtune.region", "a do-nothing torch.library custom op",
-                 "guard + thin path", "compiled model per call"):
+    for what in ("region call as a compiled graph makes it", "a do-nothing torch.library custom op",
+                 "torch.ops.stitchtune.region.default", "step: the guard", "launch_pointers",
+                 "compiled model per call"):
         assert any(what in r for r in rows), (what, out)

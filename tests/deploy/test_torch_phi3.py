@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from helpers import explain_with_eager  # noqa: E402
+from helpers.torch_models import explain_with_eager  # noqa: E402
 
 from stitchtune.deploy import torch_backend  # noqa: E402
 

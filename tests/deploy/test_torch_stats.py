@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 import stitchtune.torch as st_torch  # noqa: E402
 from stitchtune.deploy import torch_backend, torch_stats  # noqa: E402
 from stitchtune.deploy.torch_region_dynamic import Built, DynamicRegionKernel  # noqa: E402
-from helpers import torch_block  # noqa: E402
+from helpers.torch_models import torch_block  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fresh_backend")
 

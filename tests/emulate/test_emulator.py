@@ -767,7 +767,7 @@ def test_device_cases_emulate_cleanly(name: str) -> None:
 @pytest.mark.slow
 def test_device_cases_compile_with_nvcc(tmp_path: Path) -> None:
     """Every hand-built program compiles for sm_90 (one nvcc call for all of them) with sane registers."""
-    from helpers import compile_programs_sm90
+    from helpers.nvcc import compile_programs_sm90
 
     cases = device_cases()
     registers = compile_programs_sm90([p for p, _ in cases.values()], tmp_path)

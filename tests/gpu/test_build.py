@@ -329,9 +329,9 @@ def test_fake_builder_programmable_statuses() -> None:
 
 
 def test_the_tests_batched_builds_use_the_builders_flags() -> None:
-    """helpers.BUILDER_FLAGS (tests that build in one translation unit what the builder would build one by
+    """helpers.nvcc.BUILDER_FLAGS (tests that build in one translation unit what the builder would build one by
     one) are the NvccBuilder's default flags beyond ``-O3 -Xptxas -v``."""
-    from helpers import BUILDER_FLAGS
+    from helpers.nvcc import BUILDER_FLAGS
 
     assert NvccBuilder(nvcc="/bin/false").flags == ("-O3", "-Xptxas", "-v", *BUILDER_FLAGS)
 
@@ -371,13 +371,13 @@ def _check_resources(dev, where: str, kernels, b, names: dict[str, str]) -> None
 
 def _compile_sampled(per_example: int, tmp_path: Path) -> int:
     """Build ``per_example`` seeded legal schedules of every small example through one NvccBuilder, the
-    programs in :data:`SAMPLED_SOURCES` translation units (``helpers.batch_source``: the preamble once,
+    programs in :data:`SAMPLED_SOURCES` translation units (``helpers.nvcc.batch_source``: the preamble once,
     kernels renamed ``p<i>_<name>``); check each program's kernels' resources. A source that fails to
     build has each of its programs built alone (``render``, as a search builds it), so that the failure
     names the schedule(s) at fault. The number of programs."""
     import random
 
-    from helpers import batch_source
+    from helpers.nvcc import batch_source
     from stitchtune.hardware.device import get_device
     from stitchtune.errors import ScheduleError
     from stitchtune.graph.parse import load_graph

@@ -10,7 +10,9 @@ import random
 
 import pytest
 
-from helpers import DEV, ce_graph, ce_ignore_graph, compile_programs_sm90, float_graph, setup
+from helpers.graphs import ce_graph, ce_ignore_graph
+from helpers.lowering import DEV, float_graph, setup
+from helpers.nvcc import compile_programs_sm90
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.gpu.build import nvcc_found
 from stitchtune.lower.entry import lower

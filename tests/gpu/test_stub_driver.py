@@ -272,7 +272,7 @@ from stitchtune.deploy.compiled import compile as compile_graph
 from stitchtune.errors import StitchtuneError
 from stitchtune.gpu.driver import CudaDriver
 from stubcuda import stub_image
-from helpers import float_graph
+from helpers.lowering import float_graph
 
 g = float_graph({"x": [8, 64]}, [{"id": "y", "op": "exp", "args": ["x"]}], ["y"])
 cg = compile_graph(g, db=None, device="h200", build=False)
@@ -331,7 +331,7 @@ from stitchtune.deploy.torch_ops import RegionError, RegionKernel
 from stitchtune.gpu.driver import CudaDriver
 from stitchtune.gpu.launch import CaptureError
 from stitchtune.importers.torch_regions import find_regions
-from stitchtune.lower.remap import gather_flag_buffers
+from stitchtune.lower.gather import gather_flag_buffers
 from stubcuda import stub_image
 
 ROWS, V, H = 6, 10, 16

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from helpers import EXAMPLES_DIR
+from helpers.common import EXAMPLES_DIR
 from stitchtune.errors import GraphError
 from stitchtune.graph.dynamic import (Bucket, BucketKey, Buckets, key_share, load_dynamic, parse_dynamic,
                                       parse_dynamic_arg)

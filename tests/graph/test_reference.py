@@ -15,7 +15,8 @@ import scipy.special
 
 from stitchtune.errors import StitchtuneError
 from stitchtune.graph.parse import load_graph, parse_graph
-from stitchtune.graph.ops import INDEX_KINDS, INT_CTYPES, INT_CUDA, OPS, format_float_literal
+from stitchtune.graph.int_ops import INT_CTYPES, INT_CUDA
+from stitchtune.graph.ops import INDEX_KINDS, OPS, format_float_literal
 from stitchtune.graph.reference import numpy_dtype, random_inputs, run_reference
 
 

@@ -13,7 +13,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from helpers import check_onnx_numerics, onnx_vi
+from helpers.onnx_models import check_onnx_numerics, onnx_vi
 
 from stitchtune.cli import main
 from stitchtune.errors import StitchtuneError
@@ -259,7 +259,8 @@ def test_an_output_behind_a_free_view_has_the_onnx_tensors_shape(tmp_path):
     Reshape [B,S,H*D] -> MatMul. The region's output is written in the shape of the ONNX tensor its
     manifest names ([B,S,H*D], stored through the view), not the transposed [B,S,H,D] before it;
     the graph plans and emulates, and matches onnxruntime tensor for tensor."""
-    from helpers import check_emulates, onnx_model
+    from helpers.lowering import check_emulates
+    from helpers.onnx_models import onnx_model
 
     B, H, S, Dh = 2, 4, 8, 16
     inits = [_init("shape", np.array([B, S, H * Dh], np.int64)),

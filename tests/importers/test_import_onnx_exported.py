@@ -17,7 +17,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from helpers import check_onnx_numerics, onnx_vi
+from helpers.onnx_models import check_onnx_numerics, onnx_vi
 
 from stitchtune.cli import main
 from stitchtune.graph.parse import load_graph

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import DEV, emulated_errors  # noqa: E402
+from helpers.lowering import DEV, emulated_errors  # noqa: E402
 
 from stitchtune.cost.heuristic import heuristic_schedule  # noqa: E402
 from stitchtune.errors import StitchtuneError  # noqa: E402
@@ -189,7 +189,7 @@ def test_training_batch_norm_statistics_join_the_normalisation_in_one_region() -
     axes are not contiguous), emulated like eager; the unbiased variance form scales by n / (n - 1)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from stitchtune.deploy.torch_backend import _decompositions
+    from stitchtune.deploy.torch_rest import decompositions as _decompositions
 
     def f(x: Any, w: Any, b: Any) -> Any:
         y = torch.nn.functional.batch_norm(x, None, None, w, b, training=True, eps=1e-5)

@@ -17,7 +17,7 @@ def _assert_emulates(graph: Any) -> None:
     """The heuristic schedule and a sampled one of ``graph`` emulate like its reference (1e-5)."""
     import random
 
-    from helpers import DEV, emulated_errors
+    from helpers.lowering import DEV, emulated_errors
 
     from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.graph.reference import random_inputs
@@ -529,7 +529,8 @@ def test_a_gqa_sum_before_rotarys_backward_is_unrolled_into_one_region(keepdim: 
 def test_the_unrolled_gqa_rotary_backward_region_compiles_for_sm90(tmp_path: Any) -> None:
     """The region of the unrolled head sum and rotary's backward (at a Llama-like head dim of 64,
     4 query heads per key, 16 positions) emulates over sampled schedules and builds with nvcc."""
-    from helpers import check_compiles_sm90, check_emulates
+    from helpers.lowering import check_emulates
+    from helpers.nvcc import check_compiles_sm90
 
     from stitchtune.gpu.build import nvcc_found
 
@@ -759,7 +760,7 @@ def test_a_layernorm_a_pad_of_nothing_and_the_roll_are_one_region() -> None:
     args = (torch.randn(1, 64, 8), torch.randn(8), torch.randn(8))
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from stitchtune.deploy.torch_backend import _decompositions
+    from stitchtune.deploy.torch_rest import decompositions as _decompositions
 
     split = find_regions(make_fx(_swin_shift, decomposition_table=_decompositions(), tracing_mode="fake")(*args))
     (region,) = split.regions   # (the roll: two ``index`` of rotated constant indices)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from helpers import REPO
+from helpers.common import REPO
 
 pytest.importorskip("torch")
 pytest.importorskip("onnx")

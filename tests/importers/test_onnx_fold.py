@@ -29,7 +29,7 @@ def test_empty_concat_pieces_are_dropped(pieces: int) -> None:
     pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
-    from helpers import check_onnx_numerics, onnx_model, onnx_vi
+    from helpers.onnx_models import check_onnx_numerics, onnx_model, onnx_vi
     from stitchtune.importers.onnx_import import import_onnx
     from stitchtune.plan.planner import make_plan
 

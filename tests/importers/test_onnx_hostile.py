@@ -214,7 +214,7 @@ def test_shape_computation_bomb_stays_small(tmp_path):
     import subprocess
     import sys
 
-    from helpers import REPO
+    from helpers.common import REPO
 
     nodes = [h.make_node("Constant", [], ["n"], value=nh.from_array(np.array([2**46], np.int64))),
              h.make_node("ConstantOfShape", ["n"], ["ones"], value=nh.from_array(np.array([1], np.int64))),

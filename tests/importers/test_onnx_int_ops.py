@@ -12,7 +12,8 @@ from onnx import TensorProto as TP  # noqa: E402
 from onnx import helper as h  # noqa: E402
 from onnx import numpy_helper as nh  # noqa: E402
 
-from helpers import DEV, emulated_errors, onnx_model, onnx_values, onnx_vi  # noqa: E402
+from helpers.lowering import DEV, emulated_errors  # noqa: E402
+from helpers.onnx_models import onnx_model, onnx_values, onnx_vi  # noqa: E402
 from stitchtune.cost.heuristic import heuristic_schedule  # noqa: E402
 from stitchtune.graph.reference import run_reference  # noqa: E402
 from stitchtune.importers.onnx_import import import_onnx  # noqa: E402

@@ -20,7 +20,8 @@ import pytest
 onnx = pytest.importorskip("onnx")
 torch = pytest.importorskip("torch")
 
-from helpers import check_emulates, check_onnx_numerics  # noqa: E402
+from helpers.lowering import check_emulates  # noqa: E402
+from helpers.onnx_models import check_onnx_numerics  # noqa: E402
 from stitchtune.importers.onnx_import import import_onnx  # noqa: E402
 from stitchtune.plan.planner import make_plan  # noqa: E402
 

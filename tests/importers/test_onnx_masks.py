@@ -12,7 +12,8 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from helpers import DEV, check_onnx_numerics, emulated_errors, onnx_model, onnx_vi
+from helpers.lowering import DEV, emulated_errors
+from helpers.onnx_models import check_onnx_numerics, onnx_model, onnx_vi
 
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.graph.reference import run_reference

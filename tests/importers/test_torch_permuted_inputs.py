@@ -13,7 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import DEV, compile_programs_sm90, emulated_errors  # noqa: E402
+from helpers.lowering import DEV, emulated_errors  # noqa: E402
+from helpers.nvcc import compile_programs_sm90  # noqa: E402
 from stitchtune.cost.heuristic import heuristic_schedule  # noqa: E402
 from stitchtune.graph.reference import random_inputs, run_reference  # noqa: E402
 from stitchtune.importers.builder import GraphBuilder, ImportError_  # noqa: E402

@@ -150,7 +150,7 @@ def test_grid_barrier_parameter_roles() -> None:
 def test_every_small_example_lowers_to_verified_programs(small_examples: list) -> None:
     """lower() verifies what it returns: the heuristic and two seeded samples of every small example lower
     without an IRVerifyError (and check() finds nothing on them)."""
-    from helpers import DEV
+    from helpers.lowering import DEV
     from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.errors import StitchtuneError
     from stitchtune.graph.parse import load_graph

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers import DEV, rel_err
+from helpers.lowering import DEV, rel_err
 from test_int_ops_kernels import schedules
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.graph.parse import parse_graph

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import check_compiles_sm90, check_emulates, DEV, float_graph as _graph, plan_or_refused
+from helpers.lowering import check_emulates, DEV, float_graph as _graph, plan_or_refused
+from helpers.nvcc import check_compiles_sm90
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.gpu.build import nvcc_found
 from stitchtune.lower.entry import lower

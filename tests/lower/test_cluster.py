@@ -12,7 +12,8 @@ import random
 import optuna
 import pytest
 
-from helpers import DEV, EXAMPLES, rel_err, setup
+from helpers.common import EXAMPLES
+from helpers.lowering import DEV, rel_err, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.cost.model import predict
 from stitchtune.emulate.emulator import EmulatorFault, emulate_program

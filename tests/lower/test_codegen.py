@@ -37,7 +37,8 @@ from stitchtune.gpu.build import KernelResources, parse_ptxas
 from stitchtune.gpu.render import render, render_kernel
 from stitchtune.space import Schedule, SearchSpace
 
-from helpers import assert_matches_golden, batch_source, ptxas_report, rel_err, setup, shared_ptxas_report
+from helpers.lowering import assert_matches_golden, rel_err, setup
+from helpers.nvcc import batch_source, ptxas_report, shared_ptxas_report
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

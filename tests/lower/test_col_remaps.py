@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import check_compiles_sm90, check_emulates, float_graph as _graph, plan_or_refused
+from helpers.lowering import check_emulates, float_graph as _graph, plan_or_refused
+from helpers.nvcc import check_compiles_sm90
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.gpu.build import nvcc_found
 from stitchtune.plan.planner import TensorClass, make_plan

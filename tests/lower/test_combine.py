@@ -12,7 +12,7 @@ import pytest
 from stitchtune.lower.entry import lower, scratch_loads_per_thread
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.render import render
-from helpers import DEV, emulated_errors, setup
+from helpers.lowering import DEV, emulated_errors, setup
 from stitchtune.space import Schedule
 
 WIDE = {"block": 256, "min_blocks": 0, "reuse": ["global", "recompute"], "schemes": ["global", "independent"],

@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from helpers import DEV, float_graph, rel_err
+from helpers.lowering import DEV, float_graph, rel_err
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.graph.reference import random_inputs, run_reference

@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from helpers import DEV, channels_last_ln_backward, rel_err, setup
+from helpers.lowering import channels_last_ln_backward, DEV, rel_err, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.cost.model import predict
 from stitchtune.emulate.emulator import emulate_program
@@ -168,7 +168,7 @@ def test_a_cross_plan_whose_rows_fit_one_block_combines_in_its_kernel() -> None:
     sums the block's partials after a grid barrier of that one block (``grid``), one launch instead of
     the partials kernel and the ``kernel`` combine's second launch, emulated like the reference; a
     plan of more blocks keeps the ``kernel`` combine."""
-    from helpers import float_graph
+    from helpers.lowering import float_graph
     from stitchtune.plan.planner import make_plan
     from stitchtune.space import SearchSpace
 

@@ -17,7 +17,8 @@ from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import Schedule, SearchSpace
 
-from helpers import REPO, check_emulates
+from helpers.common import REPO
+from helpers.lowering import check_emulates
 
 DEV = get_device("H200")
 

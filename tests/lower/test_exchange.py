@@ -22,6 +22,13 @@ from stitchtune.plan.single_pass import SinglePassCandidate
 from stitchtune.space import SCHEMES
 
 
+class FakeSchedule(SimpleNamespace):
+    """The fields of a ``Schedule`` the exchange reads, and its typed option read (``option(COMBINE)``)."""
+
+    def option(self, opt: Any) -> Any:
+        return getattr(self, opt if isinstance(opt, str) else opt.name)
+
+
 class FakeKernel:
     """A kernel builder reduced to what the exchange uses (an ``ExchangeBuilder``)."""
 
@@ -29,7 +36,7 @@ class FakeKernel:
         self.rb: list[kir.Stmt] = []
         self.ix = RowIndex(Var("lane", I32), Var("rib", I32), Var("rd", I32), Var("row", I32), Var("sidx", I32),
                            Var("rv", kir.BOOL), Var("kb", I32), Var("ke", I32))
-        self._s = SimpleNamespace(tpr=tpr, block=block, split=split, combine=combine)
+        self._s = FakeSchedule(tpr=tpr, block=block, split=split, combine=combine)
         self._p = SimpleNamespace(M=64, N=4096)
         self.n = 0
         self.parts: list[str] = []

@@ -28,7 +28,8 @@ from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import SearchSpace
 
-from helpers import REPO, rel_err
+from helpers.common import REPO
+from helpers.lowering import rel_err
 
 DEV = get_device("H200")
 

@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import check_emulates, compile_programs_sm90, DEV, float_graph as _graph, heuristic_programs, plan_or_refused
+from helpers.lowering import check_emulates, DEV, float_graph as _graph, plan_or_refused
+from helpers.nvcc import compile_programs_sm90, heuristic_programs
 from lower.test_layout_index_mixes import _rotate
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.errors import SeparateRegionsError, UnsupportedGraphError

@@ -13,7 +13,8 @@ import pytest
 
 from pathlib import Path
 
-from helpers import DEV, compile_programs_sm90, float_graph as _graph, rel_err, setup
+from helpers.lowering import DEV, float_graph as _graph, rel_err, setup
+from helpers.nvcc import compile_programs_sm90
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.graph.reference import random_inputs, run_reference
@@ -136,7 +137,7 @@ def test_new_examples_match_the_reference(name: str) -> None:
 def test_rendered_programs_compile_for_sm90(tmp_path: Path) -> None:
     """Every new kernel shape (each case and example: the heuristic and two samples, vector widths
     and load kinds mixed) renders to CUDA that nvcc compiles for sm_90: all of them in one translation
-    unit, one nvcc call (``helpers.compile_programs_sm90``: each nvcc process costs ~0.8 s of CPU before
+    unit, one nvcc call (``helpers.nvcc.compile_programs_sm90``: each nvcc process costs ~0.8 s of CPU before
     it compiles anything), where ptxas must report every kernel."""
     graphs = [(c, CASES[c], make_plan(CASES[c])) for c in sorted(CASES)]
     graphs += [(n, *setup(n)[:2]) for n in EXAMPLES]

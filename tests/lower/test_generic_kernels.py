@@ -12,7 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import DEV, EXAMPLES_DIR, compile_programs_sm90, rel_err
+from helpers.common import EXAMPLES_DIR
+from helpers.lowering import DEV, rel_err
+from helpers.nvcc import compile_programs_sm90
 from stitchtune.cost.heuristic import generic_heuristic, heuristic_schedule
 from stitchtune.emulate.emulator import EmulatorFault, emulate_kernel, emulate_program
 from stitchtune.emulate.memory import elem_dtype
@@ -21,7 +23,7 @@ from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.render import render
 from stitchtune.ir import kir
 from stitchtune.lower.dynamic import RowFit, fit_rows, lower_dynamic
-from stitchtune.lower.remap import gather_flag_buffers
+from stitchtune.lower.gather import gather_flag_buffers
 from stitchtune.space import SearchSpace
 from test_layout_index_mixes import layernorm_rows
 

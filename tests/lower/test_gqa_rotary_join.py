@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from helpers import check_compiles_sm90, check_emulates, float_graph as _graph
+from helpers.lowering import check_emulates, float_graph as _graph
+from helpers.nvcc import check_compiles_sm90
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.gpu.build import nvcc_found
 from stitchtune.plan.chains import part_domains

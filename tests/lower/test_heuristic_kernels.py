@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import DEV, assert_matches_golden, setup
+from helpers.lowering import assert_matches_golden, DEV, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.gpu.render import render
 from stitchtune.lower.entry import lower

@@ -10,7 +10,8 @@ import random
 import numpy as np
 import pytest
 
-from helpers import DEV, compile_programs_sm90, emulated_errors
+from helpers.lowering import DEV, emulated_errors
+from helpers.nvcc import compile_programs_sm90
 from test_bool_output_kernels import bool_output_programs
 from test_int_ops_kernels import int_op_programs
 from test_one_hot_kernels import one_hot_programs

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import DEV, rel_err
+from helpers.lowering import DEV, rel_err
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.errors import UnsupportedGraphError

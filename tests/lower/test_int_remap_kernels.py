@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import check_emulates, rotary_positions_graph
+from helpers.graphs import rotary_positions_graph
+from helpers.lowering import check_emulates
 
 
 @pytest.mark.parametrize("batch,seq,dim,start", [(2, 8, 16, 3), (1, 5, 8, 0), (3, 12, 32, 7)])

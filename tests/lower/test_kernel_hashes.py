@@ -19,7 +19,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from helpers import REPO
+from helpers.common import REPO
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 GOLDEN = GOLDEN_DIR / "kernel_hashes.json"

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from helpers import BUILDER_FLAGS, check_emulates, compile_programs_sm90, DEV, emulated_errors, float_graph as _graph, heuristic_programs
+from helpers.lowering import check_emulates, DEV, emulated_errors, float_graph as _graph
+from helpers.nvcc import BUILDER_FLAGS, compile_programs_sm90, heuristic_programs
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.gpu.build import nvcc_found

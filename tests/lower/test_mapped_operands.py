@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from helpers import DEV, float_graph as _graph, rel_err, setup
+from helpers.lowering import DEV, float_graph as _graph, rel_err, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.cost.model import predict
 from stitchtune.emulate.emulator import emulate_program

@@ -25,7 +25,7 @@ from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import SearchSpace
 
-from helpers import batch_source, ptxas_report
+from helpers.nvcc import batch_source, ptxas_report
 
 DEV = get_device("H200")
 INF = float("inf")

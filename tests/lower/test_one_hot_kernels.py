@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import DEV, ce_backward_graph, ce_items_graph, rel_err
+from helpers.graphs import ce_backward_graph, ce_items_graph
+from helpers.lowering import DEV, rel_err
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.graph.reference import run_reference

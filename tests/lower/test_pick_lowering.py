@@ -1,4 +1,4 @@
-"""``gather_elements`` picks in row kernels (``stitchtune.lower.remap.pick_value``): cross entropy with
+"""``gather_elements`` picks in row kernels (``stitchtune.lower.gather.pick_value``): cross entropy with
 integer targets emulates against the float64 reference for the heuristic and sampled schedules (odd
 shapes, bf16 logits, a per-column bias inside the picked expression), an out-of-range target gives
 0.0 and raises the node's error flag (never an out-of-bounds load: the emulator checks every address),
@@ -11,13 +11,14 @@ import random
 import numpy as np
 import pytest
 
-from helpers import int_next_to_pick_graph, DEV, ce_graph, ce_ignore_graph, rel_err
+from helpers.graphs import ce_graph, ce_ignore_graph, int_next_to_pick_graph
+from helpers.lowering import DEV, rel_err
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.graph.parse import parse_graph
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.lower.entry import lower
-from stitchtune.lower.remap import gather_flag_buffers
+from stitchtune.lower.gather import gather_flag_buffers
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import SearchSpace
 

@@ -17,7 +17,7 @@ from stitchtune.ir import kir
 from stitchtune.cost.model import CostParams, predict
 from stitchtune.lower.entry import lower
 from stitchtune.graph.reference import random_inputs, run_reference
-from helpers import DEV, emulated_errors, setup
+from helpers.lowering import DEV, emulated_errors, setup
 from stitchtune.space import Schedule, SearchSpace
 
 ROW_SMALL = ["layernorm_small.json", "layernorm_odd_small.json", "layernorm_bf16_small.json", "softmax_small.json",

@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import DEV, embedding_dropout_graph, heuristic_programs, rel_err
+from helpers.graphs import embedding_dropout_graph
+from helpers.lowering import DEV, rel_err
+from helpers.nvcc import heuristic_programs
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.errors import StitchtuneError

@@ -12,7 +12,7 @@ import random
 import numpy as np
 import pytest
 
-from helpers import DEV, emulated_errors, float_graph as _graph, rel_err, setup
+from helpers.lowering import DEV, emulated_errors, float_graph as _graph, rel_err, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.deploy.compiled import compile as st_compile
 from stitchtune.emulate.emulator import emulate_program
@@ -21,7 +21,7 @@ from stitchtune.gpu.render import render
 from stitchtune.graph.parse import parse_graph
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.lower.entry import lower
-from stitchtune.lower.remap import gather_flag_buffers
+from stitchtune.lower.gather import gather_flag_buffers
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import SearchSpace
 

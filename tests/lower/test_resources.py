@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXAMPLES_DIR
+from helpers.common import EXAMPLES_DIR
 from stitchtune.cost.model import predict
 from stitchtune.graph.parse import load_graph
 from stitchtune.hardware.device import get_device

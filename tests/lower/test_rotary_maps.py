@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import pytest
 
-from helpers import check_emulates, DEV, EXAMPLES, float_graph as _graph, setup
+from helpers.common import EXAMPLES
+from helpers.lowering import check_emulates, DEV, float_graph as _graph, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.gpu.build import NvccBuilder, nvcc_found

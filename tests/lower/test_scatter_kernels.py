@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import DEV, compile_programs_sm90, rel_err
+from helpers.lowering import DEV, rel_err
+from helpers.nvcc import compile_programs_sm90
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.graph.parse import parse_graph
@@ -297,7 +298,7 @@ def _check_16(g: Any, dtype: str) -> list[kir.Program]:
 def test_scattered_values_broadcast_from_a_smaller_tensor(src: list[int]) -> None:
     """Values that an ``expand`` makes (a position embedding's gradient read per batch row): each row of
     ``v`` is added once per index, whatever it broadcasts along."""
-    from helpers import check_emulates
+    from helpers.lowering import check_emulates
 
     check_emulates(parse_graph({
         "name": "b", "inputs": {"p": {"shape": src, "dtype": "float32"}, "ids": {"shape": [2, 8], "dtype": "int32"}},

@@ -1,4 +1,4 @@
-"""One contract over every stitching scheme (the built-in table and ``helpers.GLOBAL_ROWS``, a scheme
+"""One contract over every stitching scheme (the built-in table and ``helpers.lowering.GLOBAL_ROWS``, a scheme
 declared only in the tests): its legal points lower, emulate to the float64 reference, render, compile with
 nvcc for sm_90, and the cost model reports the term the scheme declares. Small shapes (``*_small``
 examples), seeded samples that use the scheme in at least one stage. About two minutes on one core:
@@ -11,7 +11,9 @@ import random
 
 import pytest
 
-from helpers import BUILDER_FLAGS, DEV, EXAMPLES, GLOBAL_ROWS, compile_programs_sm90, local_scheme_space, rel_err, setup
+from helpers.common import EXAMPLES
+from helpers.lowering import DEV, GLOBAL_ROWS, local_scheme_space, rel_err, setup
+from helpers.nvcc import BUILDER_FLAGS, compile_programs_sm90
 from stitchtune.cost.model import explain
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.gpu.build import NvccBuilder, nvcc_found

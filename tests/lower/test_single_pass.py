@@ -12,7 +12,8 @@ import random
 import numpy as np
 import pytest
 
-from helpers import DEV, compile_programs_sm90, emulated_errors, rel_err, setup
+from helpers.lowering import DEV, emulated_errors, rel_err, setup
+from helpers.nvcc import compile_programs_sm90
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.cost.model import predict
 from stitchtune.emulate.emulator import emulate_program

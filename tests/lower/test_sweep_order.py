@@ -17,7 +17,7 @@ from stitchtune.cost.model import CostParams, predict
 from stitchtune.lower.entry import lower
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.render import render
-from helpers import DEV, emulated_errors, setup
+from helpers.lowering import DEV, emulated_errors, setup
 from stitchtune.space import Schedule
 
 

@@ -12,7 +12,8 @@ import random
 
 import pytest
 
-from helpers import DEV, compile_programs_sm90, float_graph, rel_err, setup
+from helpers.lowering import DEV, float_graph, rel_err, setup
+from helpers.nvcc import compile_programs_sm90
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.cost.model import predict
 from stitchtune.emulate.emulator import emulate_program

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import EXAMPLES, FULL_EXAMPLES, SMALL_EXAMPLES, channels_last_ln_backward
+from helpers.common import EXAMPLES, FULL_EXAMPLES, SMALL_EXAMPLES
+from helpers.lowering import channels_last_ln_backward
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import load_graph, parse_graph
 from stitchtune.plan.planner import TensorClass, make_plan

@@ -16,7 +16,8 @@ import random
 import numpy as np
 import pytest
 
-from helpers import BUILDER_FLAGS, check_emulates, compile_programs_sm90, DEV, float_graph as _graph, setup
+from helpers.lowering import check_emulates, DEV, float_graph as _graph, setup
+from helpers.nvcc import BUILDER_FLAGS, compile_programs_sm90
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.memory import EmulatorFault
 from stitchtune.errors import GraphError, UnsupportedGraphError

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import DEV, embedding_dropout_graph
+from helpers.graphs import embedding_dropout_graph
+from helpers.lowering import DEV
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.errors import UnsupportedGraphError

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import rotary_positions_graph
+from helpers.graphs import rotary_positions_graph
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.plan.planner import TensorClass, make_plan
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers import float_graph as _graph
+from helpers.lowering import float_graph as _graph
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.plan.index_map import Factor
 from stitchtune.plan.planner import TensorClass, make_plan

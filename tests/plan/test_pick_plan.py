@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import check_emulates, int_next_to_pick_graph, ce_graph, ce_ignore_graph
+from helpers.graphs import ce_graph, ce_ignore_graph, int_next_to_pick_graph
+from helpers.lowering import check_emulates
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import parse_graph
 from stitchtune.plan.planner import TensorClass, make_plan

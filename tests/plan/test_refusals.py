@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from helpers import float_graph as _graph
+from helpers.lowering import float_graph as _graph
 from lower.test_fused_qkv_rotary import _heads, _rot, fused_q, fused_q_and_k
 from stitchtune.errors import GraphError, SeparateRegionsError, UnsupportedGraphError
 from stitchtune.graph.parse import Graph, load_graph
@@ -83,6 +83,21 @@ def test_equal_graphs_get_one_answer() -> None:
     assert plan_graph(again) is plan_graph(g)
     r = _q_and_one_k()
     assert plan_graph(Graph.from_dict(r.to_dict())) == plan_graph(r)
+
+
+def test_graphs_equal_but_for_a_zero_sign_get_their_own_plans() -> None:
+    """``0.0 == -0.0`` makes the graphs equal, but a plan carries a rewritten graph with its constants."""
+    def graph(zero: float) -> Any:
+        return _graph({"x": [4, 1]}, [{"id": "d", "op": "div", "args": ["x", zero]},
+                                      {"id": "m", "op": "reduce_max", "args": ["d"], "axes": [-1], "keepdims": True},
+                                      {"id": "o", "op": "sub", "args": ["d", "m"]}], ["o"])
+
+    pos, neg = graph(0.0), graph(-0.0)
+    assert pos == neg
+    p, n = plan_graph(pos), plan_graph(neg)
+    assert isinstance(p, StitchPlan) and isinstance(n, StitchPlan) and p is not n
+    assert p.moved_graph is not None and n.moved_graph is not None   # (the unit reduction's rewrite)
+    assert repr(n.planned_graph(neg).nodes[0].args[1]) == "-0.0"
 
 
 def test_the_surrogate_is_named() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from helpers import float_graph as _graph
+from helpers.lowering import float_graph as _graph
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.plan.row_moves import commute_row_moves, row_moves
 
@@ -91,7 +91,7 @@ def test_slices_of_rows_are_taken_before_the_rows_are_computed() -> None:
     """``(x - max(x))[2:4]`` and the rotation of ``x - max(x)`` along the rows: once refused (the output
     does not span the domain the reduction sets; a per-row value under a row-axis shift), now the rows
     computed from the moved rows of ``x``, row plans that emulate like the reference."""
-    from helpers import check_emulates
+    from helpers.lowering import check_emulates
     from stitchtune.plan.planner import make_plan
 
     head = [{"id": "m", "op": "reduce_max", "args": ["x"], "axes": [-1], "keepdims": True},
@@ -153,7 +153,7 @@ def test_random_row_moves_plan_and_emulate_like_the_reference() -> None:
     """Each rewritten graph computes what its graph computes; each that plans emulates like the reference;
     a refusal (size-1 pieces of a roll of two batches, a slice leaving one row: planner limits of the
     rewritten graph too) is one line, the given graph's."""
-    from helpers import check_emulates
+    from helpers.lowering import check_emulates
     from stitchtune.errors import UnsupportedGraphError
     from stitchtune.plan.planner import make_plan
 

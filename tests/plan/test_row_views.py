@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import check_emulates, float_graph as _graph
+from helpers.lowering import check_emulates, float_graph as _graph
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.plan.planner import make_plan

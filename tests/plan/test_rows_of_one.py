@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import EXAMPLES
+from helpers.common import EXAMPLES
 import stitchtune
 from stitchtune.deploy.selection import clear_cache
 from stitchtune.graph.parse import Graph, parse_graph

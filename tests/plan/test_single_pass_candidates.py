@@ -10,7 +10,7 @@ from stitchtune.graph.parse import parse_graph
 from stitchtune.plan.planner import make_plan
 from stitchtune.plan.single_pass import ONLINE_SOFTMAX, WELFORD
 
-from helpers import setup
+from helpers.lowering import setup
 
 
 def _plan(nodes: list[dict], outputs: list[str], shape: list[int] = [8, 64]):  # noqa: B006

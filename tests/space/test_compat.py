@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import DEV, REPO, setup
+from helpers.common import REPO
+from helpers.lowering import DEV, setup
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.space import Schedule, SearchSpace, load_space_file
 from stitchtune.space.options import RECORDED_OPTIONS

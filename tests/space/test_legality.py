@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from helpers import EXAMPLES_DIR
+from helpers.common import EXAMPLES_DIR
 from stitchtune.cost.model import predict
 from stitchtune.graph.parse import load_graph
 from stitchtune.hardware.device import PRESETS, check_fits

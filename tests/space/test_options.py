@@ -14,7 +14,7 @@ from typing import Any
 import optuna
 import pytest
 
-from helpers import DEV, setup
+from helpers.lowering import DEV, setup
 from stitchtune.errors import StitchtuneError
 from stitchtune.space import OPTIONS, RESERVED, Option, OptionTable, Schedule, SearchSpace, load_space_file
 

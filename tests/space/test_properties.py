@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import setup
+from helpers.lowering import setup
 from stitchtune.space import OPTIONS, Schedule, SearchSpace
 
 NAMES = ["layernorm_small.json", "layernorm_wide_small.json", "softmax_tiny_rows_small.json",

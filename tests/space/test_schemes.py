@@ -12,7 +12,7 @@ import random
 import optuna
 import pytest
 
-from helpers import DEV, GLOBAL_ROWS, local_scheme_space, setup
+from helpers.lowering import DEV, GLOBAL_ROWS, local_scheme_space, setup
 from stitchtune.errors import StitchtuneError
 from stitchtune.space import SCHEMES, Scheme, SchemeName, SchemeTable, SearchSpace, load_space_file, names_used
 from stitchtune.space.options import rereads

@@ -13,7 +13,7 @@ what it does not cover:
   dead worker's trials ``stale``.
 
 The workers are processes of their own forked from a server that imported the CLI once
-(``helpers.forked_cli``), each running the CLI's ``main``: they start within milliseconds of each
+(``helpers.cli.forked_cli``), each running the CLI's ``main``: they start within milliseconds of each
 other (more contention than subprocesses that each import for seconds), without paying the
 interpreter's start-up and imports four times.
 
@@ -36,7 +36,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from helpers import forked_cli, run_forked_cli, start_fork_server, stop_fork_server
+from helpers.cli import forked_cli, run_forked_cli, start_fork_server, stop_fork_server
 
 REPO = Path(__file__).resolve().parents[2]
 GRAPH = REPO / "examples" / "layernorm_small.json"

@@ -3,7 +3,7 @@
 :data:`KILLS` times (seeded delays, so the run is repeatable in intent; the exact moment depends
 on the machine's load) a ``stitchtune search --backend emulate`` process is started on one
 database and killed with SIGKILL. The killed processes are forked from a server that imported the
-CLI once (``helpers.forked_cli``): each runs the CLI's ``main`` on its own, and its kill lands in the
+CLI once (``helpers.cli.forked_cli``): each runs the CLI's ``main`` on its own, and its kill lands in the
 search (planning, trials, writes), not in the interpreter's start-up and imports, which touch no
 database. After every kill:
 
@@ -37,7 +37,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import forked_cli, run_forked_cli, start_fork_server, stop_fork_server
+from helpers.cli import forked_cli, run_forked_cli, start_fork_server, stop_fork_server
 from stitchtune.tune.database import DEDUP_COLUMNS, STATUSES, TuningDB
 
 REPO = Path(__file__).resolve().parents[2]

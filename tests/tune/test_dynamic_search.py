@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import DEV, EXAMPLES_DIR
+from helpers.common import EXAMPLES_DIR
+from helpers.lowering import DEV
 from stitchtune import cli
 from stitchtune.deploy.dynamic import CompiledBucket, compile_dynamic
 from stitchtune.deploy.selection import clear_cache

@@ -6,18 +6,8 @@ import json
 import random
 
 import pytest
-from helpers import (
-    BLOCKS,
-    FATES,
-    VECS,
-    FakeBuilder,
-    FakeDevice,
-    FakeGraph,
-    FakeRunner,
-    FakeSchedule,
-    fake_stages,
-    fake_time,
-)
+from helpers.search_fakes import (BLOCKS, fake_stages, fake_time, FakeBuilder, FakeDevice, FakeGraph, FakeRunner,
+                                  FakeSchedule, FATES, VECS)
 
 from stitchtune.tune.pipeline import Stages, context_row, evaluate
 

@@ -27,7 +27,7 @@ LOG_ENV = "STITCHTUNE_TEST_MEASURE_LOG"
 
 
 def _worker(argv: list[str]) -> int:
-    from helpers import FakeRunner, fake_components
+    from helpers.search_fakes import fake_components, FakeRunner
 
     import stitchtune.tune.search as search_mod
     from stitchtune.cli import main

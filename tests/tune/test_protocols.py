@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-import helpers
-from helpers import EXAMPLES
+from helpers import search_fakes
+from helpers.common import EXAMPLES
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.gpu import runners
 from stitchtune.gpu.build import Builder, NvccBuilder
@@ -32,7 +32,7 @@ def real() -> dict[str, object]:
 
 
 def test_spaces(real: dict[str, object]) -> None:
-    for space in (real["space"], helpers.FakeSpace()):
+    for space in (real["space"], search_fakes.FakeSpace()):
         assert isinstance(space, SpaceLike), type(space)
         for other in (space.deterministic_only(), space.flat_mode()):
             assert isinstance(other, SpaceLike)
@@ -44,27 +44,27 @@ def test_spaces(real: dict[str, object]) -> None:
 
 
 def test_graphs_plans_devices_schedules(real: dict[str, object]) -> None:
-    for graph in (real["graph"], helpers.FakeGraph()):
+    for graph in (real["graph"], search_fakes.FakeGraph()):
         assert isinstance(graph, GraphLike) and graph.min_bytes() > 0
-    for plan in (real["plan"], helpers.FakePlan()):
+    for plan in (real["plan"], search_fakes.FakePlan()):
         assert isinstance(plan, PlanLike)
-    for dev in (real["device"], helpers.FakeDevice()):
+    for dev in (real["device"], search_fakes.FakeDevice()):
         assert isinstance(dev, DeviceLike) and dev.effective_copy_bandwidth_gbs() > 0
-    for s in (real["schedule"], helpers.FakeSchedule(128, 4)):
+    for s in (real["schedule"], search_fakes.FakeSchedule(128, 4)):
         assert isinstance(s, ScheduleLike)
 
 
 def test_runners_and_builders() -> None:
-    for cls in (CudaRunner, runners.EmulateRunner, runners.FakeRunner, helpers.FakeRunner):
+    for cls in (CudaRunner, runners.EmulateRunner, runners.FakeRunner, search_fakes.FakeRunner):
         assert issubclass(cls, runners.Runner), cls
-    for cls in (NvccBuilder, SkipBuilder, helpers.FakeBuilder):
+    for cls in (NvccBuilder, SkipBuilder, search_fakes.FakeBuilder):
         assert issubclass(cls, Builder), cls
 
 
 def test_the_fake_components_give_what_the_real_ones_give(real: dict[str, object]) -> None:
-    comp, fake = default_components(), helpers.fake_components()
+    comp, fake = default_components(), search_fakes.fake_components()
     assert isinstance(comp.make_plan(real["graph"]), PlanLike)
-    for c, graph in ((comp, real["graph"]), (fake, helpers.FakeGraph())):
+    for c, graph in ((comp, real["graph"]), (fake, search_fakes.FakeGraph())):
         plan = c.make_plan(graph)
         dev = c.get_device("h200")
         assert isinstance(c.space_for_plan(plan, dev), SpaceLike)

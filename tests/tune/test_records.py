@@ -11,7 +11,7 @@ import pytest
 from stitchtune.errors import DatabaseError
 from stitchtune.tune.database import COLUMNS, STATUSES, TuningDB, read_db, row_dict
 from stitchtune.tune.records import TrialRecord, TrialStatus
-from helpers import COMMITTED_DB
+from helpers.common import COMMITTED_DB
 
 
 def test_status_members_are_the_stored_strings():
@@ -83,7 +83,7 @@ def test_a_search_writes_the_same_columns_and_plain_status_strings(tmp_path):
     the search's result rows are the records those parts read back as."""
     import pyarrow.parquet as pq
 
-    from helpers import FakeRunner, fake_components
+    from helpers.search_fakes import fake_components, FakeRunner
     from stitchtune.tune.search import SearchConfig, run_search
 
     cfg = SearchConfig(graph_path="fake.json", trials=40, backend="emulate", db=str(tmp_path / "db"),

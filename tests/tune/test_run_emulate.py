@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import SMALL_EXAMPLES
+from helpers.common import SMALL_EXAMPLES
 
 from stitchtune import cli
 from stitchtune.cost.model import predict

@@ -17,7 +17,7 @@ import pytest
 
 from stitchtune.tune.database import TuningDB
 from stitchtune.errors import StitchtuneError
-from helpers import FakeRunner, FakeSchedule, FakeSpace, fake_components, fake_time
+from helpers.search_fakes import fake_components, fake_time, FakeRunner, FakeSchedule, FakeSpace
 from stitchtune.tune.search import Components, SearchConfig, format_summary, run_search
 
 def _cfg(tmp_path, **kw) -> SearchConfig:
@@ -246,7 +246,7 @@ def _use_fakes(monkeypatch, cwd, runner=None):
     import shutil
 
     import stitchtune.tune.search as search_mod
-    from helpers import EXAMPLES_DIR
+    from helpers.common import EXAMPLES_DIR
 
     monkeypatch.chdir(cwd)
     shutil.copy(EXAMPLES_DIR / "layernorm_small.json", cwd / "fake.json")

@@ -1,0 +1,178 @@
+"""Issue 40: the thin per-call path of a static region (``deploy/torch_fast.py``) and the compiled
+graph's direct region calls. A BERT-style ``LayerNorm(x + res)`` region (4 inputs, 1 output) is
+compiled with ``fallback="eager"`` and launched through a stand-in FakeDriver that only counts
+launches (CPU tensors: the pointers are passed, nothing is run). Checked: the thin path takes only
+inputs like those of the call that ran the full path (shape, dtype, device, strides, 16-byte
+alignment, requires-grad), with dynamo's C++ tensor check and allocator entry point and without
+them; a wrong
+shape never reaches a kernel; the compiled graph calls its regions without torch's dispatcher (no
+``stitchtune::region`` op in the profiler), a direct op call goes through it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from stitchtune.deploy import torch_ops  # noqa: E402
+from stitchtune.deploy.torch_fast import FastCall  # noqa: E402
+from stitchtune.gpu.fake_driver import FakeDriver  # noqa: E402
+
+H = 64
+
+
+class CountingDriver(FakeDriver):
+    """A FakeDriver whose launch only counts (kernels are never run: outputs stay uninitialised)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.launched = 0
+
+    def launch(self, function: Any, grid: Any, block: Any, smem: int, stream: int, params: int,
+               nparams: int, cooperative: bool = False) -> None:
+        self.launched += 1
+
+
+class AddLN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(H)
+
+    def forward(self, x: Any, res: Any) -> Any:
+        return self.ln(x + res)
+
+
+@pytest.fixture
+def region(fresh_backend) -> Iterator[tuple[Any, Any, tuple[Any, ...], str, CountingDriver]]:
+    """(compiled model, its GuardedRegion, the model's inputs, the region's key, the driver)."""
+    drv = CountingDriver()
+    model = AddLN().eval()
+    args = (torch.randn(8, H), torch.randn(8, H))
+    with torch_ops.stand_in_driver(drv, lambda compiled: b"FAKE thin-path test"), torch.no_grad():
+        compiled = torch.compile(model, backend="stitchtune", options={"db": None, "fallback": "eager"})
+        compiled(*args)
+        key = list(torch_ops._registry)[-1]
+        yield compiled, torch_ops.lookup(key), args, key, drv
+
+
+def _inputs(guarded: Any) -> list[Any]:
+    return [torch.randn(spec.shape) for _, spec in guarded.kernel.graph.inputs]
+
+
+def _bad(inputs: list[Any]) -> dict[str, list[Any]]:
+    """Inputs the thin path must refuse, each differing from ``inputs`` in one way (input 0 is (8, H))."""
+    x = inputs[0]
+    misaligned = torch.randn(x.numel() + 1)[1:].view(x.shape)   # 4 bytes past an aligned block
+    return {
+        "shape": [x[:4], *inputs[1:]],
+        "strides": [torch.randn(H, 8).t(), *inputs[1:]],
+        "dtype": [x.double(), *inputs[1:]],
+        "device": [torch.empty(x.shape, device="meta"), *inputs[1:]],
+        "alignment": [misaligned, *inputs[1:]],
+        "requires_grad": [x.clone().requires_grad_(True), *inputs[1:]],
+        "count": inputs[:-1],
+    }
+
+
+@pytest.mark.parametrize("check", ["c++", "python"])
+def test_the_thin_path_takes_only_inputs_like_its_first_calls(region, check: str, monkeypatch) -> None:
+    _, guarded, _, _, drv = region
+    inputs = _inputs(guarded)
+    if check == "python":   # a torch without dynamo's TensorGuards and _empty_strided_cpu: its own
+        monkeypatch.delattr(torch._C._dynamo.guards, "TensorGuards")
+        monkeypatch.delattr(torch._C._dynamo.guards, "_empty_strided_cpu")
+    fast = guarded.kernel.fast_path(inputs[0].device, (), inputs)
+    assert isinstance(fast, FastCall)
+    before = drv.launched
+    outs = fast(inputs)
+    assert outs is not None and drv.launched == before + 1
+    assert [(o.shape, o.dtype) for o in outs] == [(f.shape, f.dtype) for f in guarded.fake(inputs)]
+    for what, bad in _bad(inputs).items():
+        assert fast(bad) is None, what
+    assert drv.launched == before + 1   # none of them launched
+    assert fast([t.clone() for t in inputs]) is not None   # other tensors like the first: thin path
+
+
+def test_a_wrong_shape_never_reaches_a_kernel(region) -> None:
+    _, guarded, _, _, drv = region
+    inputs = _inputs(guarded)
+    before = drv.launched
+    with torch_ops.stand_in_driver(drv, lambda compiled: b"FAKE thin-path test"):
+        with pytest.raises(torch_ops.RegionError, match=r"input 0 .*\[4, 64\].* the region reads \[8, 64\]"):
+            guarded.kernel([inputs[0][:4], *inputs[1:]])
+    assert drv.launched == before
+
+
+def test_the_compiled_graph_calls_its_regions_without_the_dispatcher(region) -> None:
+    compiled, guarded, args, key, drv = region
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        compiled(*args)   # the thin path is made
+        assert guarded._fast is not None
+        before = drv.launched
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            compiled(*args)
+        assert drv.launched == before + 1
+        assert not [e.name for e in prof.events() if "stitchtune::region" in e.name]
+        with profile(activities=[ProfilerActivity.CPU]) as prof:   # the op itself goes through it
+            torch.ops.stitchtune.region.default(key, _inputs(guarded))
+        assert [e.name for e in prof.events() if "stitchtune::region" in e.name]
+        assert drv.launched == before + 2
+
+
+def test_a_region_with_symbolic_shapes_gets_a_thin_path_per_shapes(fresh_backend, monkeypatch) -> None:
+    from stitchtune.deploy.torch_fast import ShapeCalls
+    from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel
+
+    drv = CountingDriver()
+    model = AddLN().eval()
+    with torch_ops.stand_in_driver(drv, lambda compiled: b"FAKE thin-path test"), torch.no_grad():
+        compiled = torch.compile(model, backend="stitchtune", dynamic=True,
+                                 options={"db": None, "fallback": "eager"})
+        rows = (3, 9, 17)
+        for n in rows:
+            compiled(torch.randn(n, H), torch.randn(n, H))   # the full path, then a thin one kept
+        guarded = [g for g in torch_ops._registry.values()
+                   if isinstance(getattr(g, "kernel", None), DynamicRegionKernel)][-1]
+        calls = guarded._fast
+        assert isinstance(calls, ShapeCalls)
+        kept = [c for c in calls.calls.values() if c is not None]
+        assert len(kept) == len(rows) and all(c.ext for c in kept)   # generic kernels, extents bound
+
+        def no_full_path(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("the full path ran")
+
+        monkeypatch.setattr(DynamicRegionKernel, "__call__", no_full_path)
+        before = drv.launched
+        for n in rows:
+            out = compiled(torch.randn(n, H), torch.randn(n, H))
+            assert out.shape == (n, H)
+        assert drv.launched == before + len(rows)
+
+
+def test_inductors_wrapper_calls_the_regions_without_the_dispatcher(fresh_backend) -> None:
+    """fallback="inductor": the generated wrapper calls ``stitchtune_region_op`` (imported from
+    torch_ops), not ``torch.ops.stitchtune.region.default``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from stitchtune.deploy.torch_direct import inductor_direct_calls
+
+    if not inductor_direct_calls():
+        pytest.skip("this torch has no custom extern-kernel codegen registry")
+    drv = CountingDriver()
+    model = AddLN().eval()
+    args = (torch.randn(8, H), torch.randn(8, H))
+    with torch_ops.stand_in_driver(drv, lambda compiled: b"FAKE thin-path test"), torch.no_grad():
+        compiled = torch.compile(model, backend="stitchtune", options={"db": None, "fallback": "inductor"})
+        compiled(*args)
+        compiled(*args)
+        before = drv.launched
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = compiled(*args)
+    assert out.shape == (8, H)
+    assert drv.launched == before + 1
+    assert not [e.name for e in prof.events() if "stitchtune::region" in e.name]
