@@ -15,7 +15,7 @@ On a GPU the model is a LayerNorm over the last axis of ``x`` (one stitched regi
   64 KiB and a 12 MiB output): the region call as the compiled graph makes it
   (``torch_ops.region_op``: the thin path of :mod:`stitchtune.deploy.torch_fast`, no dispatcher),
   a do-nothing ``torch.library`` custom op of the same schema, the region op through the dispatcher
-  and an op returning one ``torch.empty``, interleaved run by run (fastest of 9 runs each; the
+  and an op returning one ``torch.empty``, interleaved run by run (fastest of 21 runs each; the
   ratios printed), then the steps apart (guard, allocation, packed launch), the full path, the whole
   compiled model (dynamo guards + the region call), and the same region compiled with
   ``dynamic=True`` next to the do-nothing op. Labelled **CPU host time**, not GPU time; outputs come
@@ -68,20 +68,28 @@ def _host_us(call: Any, iters: int) -> float:
     return statistics.median(runs)
 
 
-def _paired_us(*calls: Any, iters: int, rounds: int = 9) -> list[float]:
-    """us per call of each of ``calls``: the fastest of ``rounds`` runs of ``iters`` calls each, the calls
-    interleaved run by run, so that a busy shared CPU slows them alike (the minimum is the least
-    disturbed run, as ``timeit`` advises)."""
+ROUNDS = 21   # runs per interleaved row: the fastest is kept (a busy shared CPU slows most of them)
+
+
+#: the clock of the interleaved rows: this thread's CPU time (``time.thread_time``: the time it was
+#: descheduled on a busy shared CPU is not counted; on an idle one it equals the wall clock)
+CLOCK = time.thread_time
+
+
+def _paired_us(*calls: Any, iters: int, rounds: int = ROUNDS) -> list[float]:
+    """us per call of each of ``calls`` (:data:`CLOCK`): the fastest of ``rounds`` runs of ``iters``
+    calls each, the calls interleaved run by run, so that a busy shared CPU slows them alike (the
+    minimum is the least disturbed run, as ``timeit`` advises)."""
     for _ in range(min(iters, 50)):
         for call in calls:
             call()
     best = [float("inf")] * len(calls)
     for _ in range(rounds):
         for j, call in enumerate(calls):
-            t0 = time.perf_counter()
+            t0 = CLOCK()
             for _ in range(iters):
                 call()
-            best[j] = min(best[j], (time.perf_counter() - t0) / iters * 1e6)
+            best[j] = min(best[j], (CLOCK() - t0) / iters * 1e6)
     return best
 
 
@@ -142,7 +150,23 @@ def _region_inputs(compiled: Any, args: tuple[Any, ...], key: str) -> list[Any]:
     return seen[-1]
 
 
-def cpu_mode(shape: tuple[int, ...], iters: int) -> None:
+def steady_malloc() -> bool:
+    """glibc's malloc without trimming and without mmap (``mallopt``), so that a freed output's block
+    is handed out again as CUDA's caching allocator does, without a system call per call; False
+    where there is no glibc (nothing changed)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4
+    return bool(mallopt(m_trim_threshold, 1 << 30)) and bool(mallopt(m_mmap_max, 0))
+
+
+def cpu_mode(shape: tuple[int, ...], iters: int, allocator: str = "the CPU allocator (malloc, no caching)") -> None:
     import torch
 
     from stitchtune.deploy import torch_backend, torch_ops
@@ -178,7 +202,7 @@ def cpu_mode(shape: tuple[int, ...], iters: int) -> None:
         alloc = fast.alloc
         first = inputs[0]
         n_in = len(inputs)
-        # the figures the ratio is made of: interleaved run by run, fastest of 9 runs each
+        # the figures the ratio is made of: interleaved run by run, fastest of ROUNDS runs each
         ours, via_op, floor, one_empty = _paired_us(
             lambda: direct(key, inputs), lambda: op(key, inputs), lambda: noop.default(key, inputs),
             lambda: empty_op.default(key, inputs, oshape), iters=iters)
@@ -200,23 +224,22 @@ def cpu_mode(shape: tuple[int, ...], iters: int) -> None:
             ("  step: the output by _empty_strided_cpu (as the thin path allocates it)", steps[1]),
             ("  step: the output by torch.empty (Python argument parsing)", steps[2]),
             ("  step: packed-arguments lookup + pointers + launch (RegionKernel.launch_pointers)", steps[3]),
-            ("RegionKernel call, full path (as_read, torch.empty, pointers, launch)", _host_us(lambda: kernel(inputs), iters)),
-            ("compiled model per call (dynamo guards + AOT wrapper + the region call)",
+            ("RegionKernel call, full path (as_read, torch.empty, pointers, launch; wall clock, median of 5)", _host_us(lambda: kernel(inputs), iters)),
+            ("compiled model per call (dynamo guards + AOT wrapper + the region call; wall clock, median of 5)",
              _host_us(lambda: compiled(x, res), iters)),
-            ("for scale: eager LayerNorm(x + res) computing on the CPU (CPU compute, not comparable)",
+            ("for scale: eager LayerNorm(x + res) computing on the CPU (CPU compute, not comparable; wall clock)",
              _host_us(lambda: model(x, res), max(1, min(iters, 200)))),
         ]
     mb = out[0].numel() * out[0].element_size() / 2**20
     print(f"CPU HOST TIME per call (no GPU here: kernels are not run, launches go to a null driver), "
           f"LayerNorm(x + res) x={'x'.join(map(str, shape))}: region of {n_in} inputs, {len(out)} output(s) "
-          f"({mb:.2f} MiB); outputs from the CPU allocator (malloc, no caching; on CUDA torch's caching "
-          f"allocator); {iters} calls per run; {len(kernel.compiled.program.launches)} kernel launch(es) per "
-          f"call; {drv.launched} launches made")
+          f"({mb:.2f} MiB); outputs from {allocator} (on CUDA: torch's caching allocator); {iters} calls per run; {len(kernel.compiled.program.launches)} kernel launch(es) per "
+          f"call; {drv.launched} launches made; the first four rows and the steps: this thread's CPU time")
     for label, us in rows:
         print(f"  {us:9.2f} us  {label}")
     print(f"  region call / do-nothing op: {ours / floor:.2f}x (target: at most 1.5x); through the dispatcher: "
           f"{via_op / floor:.2f}x; op returning one torch.empty / do-nothing op: {one_empty / floor:.2f}x "
-          f"(these four interleaved, fastest of 9 runs each)")
+          f"(these four interleaved, fastest of {ROUNDS} runs each, this thread's CPU time)")
 
 
 def cpu_dynamic(shape: tuple[int, ...], iters: int) -> None:
@@ -347,16 +370,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--db", default=None, help="tuning database (default: none, the heuristic schedule)")
     ap.add_argument("--cpu", action="store_true", help="time the CPU host path even where a GPU exists")
+    ap.add_argument("--malloc", choices=("steady", "default"), default="steady",
+                    help="CPU mode: 'steady' (default): glibc malloc without trimming or mmap, so that an "
+                         "output's block is reused as CUDA's caching allocator reuses it; 'default': as it is "
+                         "(a large output may be an mmap and munmap per call)")
     args = ap.parse_args(argv)
     import torch
 
     gpu = torch.cuda.is_available() and not args.cpu
     shapes = [tuple(int(d) for d in s.split("x")) for s in (args.shape or ("16384x1024" if gpu else "64x256,4096x768")).split(",")]
+    allocator = "the CPU allocator (glibc malloc as it is, no caching)"
+    if not gpu and args.malloc == "steady" and steady_malloc():
+        allocator = "the CPU allocator (glibc malloc, no trimming, no mmap: freed blocks reused)"
     for shape in shapes:
         if gpu:
             gpu_mode(shape, args.iters, args.db)
         else:
-            cpu_mode(shape, args.iters)
+            cpu_mode(shape, args.iters, allocator)
     if not gpu:
         cpu_dynamic(shapes[0], args.iters)
     return 0

@@ -179,11 +179,14 @@ def capture_graphs(model: Any, example_inputs: Sequence[Any], call: str = "infer
     from torch._functorch.aot_autograd import make_boxed_func
 
     from stitchtune.deploy.torch_rest import decompositions
+    from stitchtune.importers.torch_saved import mark_saved_outputs
 
     found: list[CapturedGraph] = []
 
     def collector(kind: str) -> Callable[[Any, Any], Any]:
         def collect(gm: Any, inputs: Any) -> Any:
+            if kind == "forward":   # as the backend marks it: which outputs only the backward reads
+                mark_saved_outputs(gm)
             found.append(CapturedGraph(kind, gm, tuple(inputs)))
             return make_boxed_func(gm.forward)
 

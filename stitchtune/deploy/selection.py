@@ -10,9 +10,11 @@ Contract of :func:`choose_schedule(graph, db_path, device)` -> :class:`Choice`:
 1. ``tuned``: the fastest ``ok`` record of the tuning database with the same workload key, device key
    (``Device.key``), search-space version (``search_spaces/stitch.json``'s ``version``, or one of its
    ``compatible_versions``: earlier versions whose schedules are re-validated in today's space) and code
-   generator version (``lower.entry.CODEGEN_VERSION``). Measured GPU records (``estimated`` false) are
-   preferred; estimated (emulated, cost-model time) records are used only when no measured one
-   exists, and the reason says so.
+   generator version (``lower.entry.CODEGEN_VERSION``, or one of ``COMPATIBLE_CODEGEN_VERSIONS``:
+   earlier kernels for the same schedule, re-validated, ranked after every record of today's version,
+   and the reason says that the record's time is the earlier kernel's). Measured GPU records
+   (``estimated`` false) are preferred; estimated (emulated, cost-model time) records are used only
+   when no measured one exists, and the reason says so.
 2. ``nearest-shape``: otherwise a record of the same structure key (same ops and dtypes, other
    shapes) on the same device and versions. The shape distance between two workloads is
    ``sum over the tensors both name, over their dims, of |log2(a / b)|`` (0 = same shapes; doubling
@@ -70,7 +72,7 @@ LOOKUP_COLUMNS: tuple[str, ...] = (
 MAX_TRIES = 24
 
 _cache_lock = threading.Lock()
-_cache: dict[tuple[str, str, tuple[str, ...], str], tuple[tuple[Any, ...], pd.DataFrame]] = {}
+_cache: dict[tuple[str, str, tuple[str, ...], tuple[str, ...]], tuple[tuple[Any, ...], pd.DataFrame]] = {}
 _warned: set[tuple[str, str, str]] = set()
 #: inside :func:`collecting_fallbacks`: where first-time fallback notes go instead of one warning each
 _collector: contextvars.ContextVar[list[tuple[str, str, str]] | None] = contextvars.ContextVar(
@@ -139,14 +141,14 @@ def _arrow_schema() -> Any:
 
 
 def _read_filtered(parts: list[str], device_key: str, space_versions: tuple[str, ...],
-                   codegen_version: str) -> pd.DataFrame:
-    """The ``ok`` rows with a time of this device, one of ``space_versions`` and this codegen version,
-    :data:`LOOKUP_COLUMNS` only."""
+                   codegen_versions: tuple[str, ...]) -> pd.DataFrame:
+    """The ``ok`` rows with a time of this device, one of ``space_versions`` and one of
+    ``codegen_versions``, :data:`LOOKUP_COLUMNS` only."""
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
     flt = ((pc.field("status") == "ok") & (pc.field("device_key") == device_key)
-           & pc.field("space_version").isin(list(space_versions)) & (pc.field("codegen_version") == codegen_version)
+           & pc.field("space_version").isin(list(space_versions)) & pc.field("codegen_version").isin(list(codegen_versions))
            & pc.field("measured_us").is_valid())
     try:
         table = ds.dataset(parts, schema=_arrow_schema(), format="parquet").to_table(filter=flt)
@@ -160,7 +162,7 @@ def _read_filtered(parts: list[str], device_key: str, space_versions: tuple[str,
         df = df.reindex(columns=list(LOOKUP_COLUMNS))
         m = ((df["status"] == "ok") & (df["device_key"] == device_key)
              & df["space_version"].astype("string").isin(list(space_versions))
-             & (df["codegen_version"].astype("string") == codegen_version) & df["measured_us"].notna())
+             & df["codegen_version"].astype("string").isin(list(codegen_versions)) & df["measured_us"].notna())
         frames.append(df[m.fillna(False).astype(bool)])
     frames = [f for f in frames if not f.empty]
     if not frames:
@@ -169,9 +171,9 @@ def _read_filtered(parts: list[str], device_key: str, space_versions: tuple[str,
 
 
 def load_candidates(db_path: str | os.PathLike[str], device_key: str, space_version: str | Sequence[str],
-                    codegen_version: str) -> pd.DataFrame:
+                    codegen_version: str | Sequence[str]) -> pd.DataFrame:
     """Usable rows of database ``db_path`` for one device and versions (cached until the parts change).
-    ``space_version``: one version, or several (today's and the compatible earlier ones).
+    ``space_version`` / ``codegen_version``: one version, or several (today's and the compatible earlier ones).
 
     A missing directory is an empty database. The returned frame must not be modified.
     """
@@ -183,14 +185,15 @@ def load_candidates(db_path: str | os.PathLike[str], device_key: str, space_vers
     parts = TuningDB(path).parts()
     sig = _part_signature(parts)
     versions = (str(space_version),) if isinstance(space_version, str) else tuple(str(v) for v in space_version)
-    key = (path, device_key, versions, str(codegen_version))
+    cgs = (str(codegen_version),) if isinstance(codegen_version, str) else tuple(str(v) for v in codegen_version)
+    key = (path, device_key, versions, cgs)
     with _cache_lock:
         hit = _cache.get(key)
     if hit is not None and hit[0] == sig:
         return hit[1]
     if not parts:
         return _empty()
-    df = _read_filtered(parts, device_key, versions, str(codegen_version))
+    df = _read_filtered(parts, device_key, versions, cgs)
     df = df.assign(measured_us=pd.to_numeric(df["measured_us"], errors="coerce"),
                    _est=_estimated(df)).reset_index(drop=True)
     with _cache_lock:
@@ -328,8 +331,20 @@ def fallback_summary(notes: Sequence[tuple[str, str, str]]) -> str:
 
 
 def _sorted_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Measured before estimated, then fastest first; one row per schedule."""
-    return df.sort_values(["_est", "measured_us"], kind="stable").drop_duplicates("schedule_key")
+    """Today's code generator before earlier ones (``_old``), measured before estimated, then fastest
+    first; one row per schedule."""
+    return df.sort_values(["_old", "_est", "measured_us"], kind="stable").drop_duplicates("schedule_key")
+
+
+def _old_kernel(row: Mapping[str, Any]) -> str:
+    """The reason's note for a record of an earlier code generator version ('' for today's)."""
+    from stitchtune.lower.entry import CODEGEN_VERSION
+
+    cv = str(row.get("codegen_version"))
+    if cv == str(CODEGEN_VERSION):
+        return ""
+    return (f" (recorded with code generator version {cv}, today's is {CODEGEN_VERSION}: that time is the "
+            "earlier kernel's, the schedule re-validated for today's)")
 
 
 @dataclass
@@ -373,7 +388,7 @@ def _choose_tuned(q: _Lookup, exact: pd.DataFrame) -> Choice | None:
         if why is None:
             est = bool(row["_est"])
             reason = (f"tuned record {row['schedule_key']} of this workload on {q.where}: "
-                      f"{_kind(est)} {float(row['measured_us']):.2f} us")
+                      f"{_kind(est)} {float(row['measured_us']):.2f} us{_old_kernel(row)}")
             log.info("%s: %s", q.graph.name, reason)
             return Choice(s, "tuned", _record(row, estimated=est), reason, program)
         q.rejected.append(f"tuned record {row['schedule_key']} no longer legal: {why}")
@@ -391,7 +406,7 @@ def _by_distance(graph: Any, near: pd.DataFrame) -> pd.DataFrame:
         dist[str(w)] = shape_distance(mine, theirs) if theirs is not None else math.inf
     near = near.assign(_dist=near["workload_key"].map(dist).astype(float))
     near = near[near["_dist"] < math.inf]
-    return near.sort_values(["_dist", "_est", "measured_us"], kind="stable").drop_duplicates("schedule_key")
+    return near.sort_values(["_dist", "_old", "_est", "measured_us"], kind="stable").drop_duplicates("schedule_key")
 
 
 def _choose_nearest(q: _Lookup, near: pd.DataFrame, wk: str) -> Choice | None:
@@ -411,7 +426,7 @@ def _choose_nearest(q: _Lookup, near: pd.DataFrame, wk: str) -> Choice | None:
         d = float(row["_dist"])
         reason = (f"no usable tuned record of workload {wk[:12]} on {q.where}; using {_kind(bool(row['_est']))} "
                   f"record {row['schedule_key']} of {row['graph_name']} at other shapes {row['shapes']} "
-                  f"(shape distance {d:.2f}), re-validated for these shapes")
+                  f"(shape distance {d:.2f}), re-validated for these shapes{_old_kernel(row)}")
         _warn_once(q.graph, q.dkey, "nearest-shape", f"{q.graph.name}: {reason}", "records at other shapes")
         return Choice(s, "nearest-shape", _record(row, distance=d, estimated=bool(row["_est"])), reason,
                       program)
@@ -450,7 +465,7 @@ def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: 
     bitwise-reproducible schedules (see the module docstring). ``bucket`` (a dynamic graph's bucket label,
     ``graph`` its representative): the bucket's own records of this workload (generic kernels, the
     ``bucket`` column) come first, then the rules above."""
-    from stitchtune.lower.entry import CODEGEN_VERSION
+    from stitchtune.lower.entry import CODEGEN_VERSION, COMPATIBLE_CODEGEN_VERSIONS
     from stitchtune.lower.resources import legal_space
     from stitchtune.plan.planner import make_plan
 
@@ -461,8 +476,10 @@ def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: 
     # records of the compatible earlier space versions too: each is re-validated in today's space
     svs = (sv, *(str(v) for v in getattr(space, "compatible_versions", ())))
     wk, sk = graph.workload_key(), graph.structure_key()
-    where = f"device {dkey}, space version {'/'.join(svs)}, codegen version {cv}"
-    df = load_candidates(db_path, dkey, svs, cv) if db_path is not None else _empty()
+    cvs = (cv, *(str(v) for v in COMPATIBLE_CODEGEN_VERSIONS))
+    where = f"device {dkey}, space version {'/'.join(svs)}, codegen version {'/'.join(cvs)}"
+    df = load_candidates(db_path, dkey, svs, cvs) if db_path is not None else _empty()
+    df = df.assign(_old=df["codegen_version"].astype("object") != cv)  # earlier kernels rank after today's
     q = _Lookup(graph, plan, device, space, dkey, where, deterministic)
 
     # 0. a bucket's generic kernels

@@ -178,8 +178,11 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     from stitchtune.importers.torch_mm_views import matmul_views
     from stitchtune.importers.torch_random import seed_rands, unseed_rands
     from stitchtune.importers.torch_regions import find_regions
+    from stitchtune.importers.torch_saved import mark_saved_outputs
 
     report = GraphReport(kind)
+    if kind == "forward":   # a training step's forward: which outputs only the backward reads
+        mark_saved_outputs(gm)
     seeded = seed_rands(gm)   # dropout's rand drawn by the regions that read it (one seed per call)
     work = gm if seeded is None else seeded
     work = splits_as_slices(work) or work   # a split's parts as slices: their readers may share a region

@@ -6,7 +6,8 @@ every later call goes through it:
 
 Contract
 --------
-* :meth:`FastCall.__call__(inputs)` returns the outputs, or None when this call needs the slow path
+* ``FastCall.run(inputs)`` (a closure over everything precomputed: no attribute lookups per call;
+  also the object's ``__call__``) returns the outputs, or None when this call needs the slow path
   (an input unlike those of the call that made it: another count, shape, dtype, device, requires-grad
   flag or non-contiguous strides, checked by one call of dynamo's C++ ``TensorGuards`` where torch
   has it; or a pointer that is not 16-byte aligned); it never changes what a call computes. Per call
@@ -23,22 +24,21 @@ Contract
 * A stream met for the first time gets its launcher and packed arguments from the kernel (a first
   call while that stream captures a CUDA graph raises as the slow path does).
 * Concurrent calls are serialised per :class:`FastCall` (the parameter slots are shared).
-* :func:`direct_calls(gm)`: a graph run as it is (``fallback="eager"``) calls its regions without
-  torch's dispatcher (:func:`~stitchtune.deploy.torch_ops.region_op` itself); Inductor's wrapper
-  still calls the op (``torch.ops.stitchtune.region.default``), through the dispatcher.
+* Compiled graphs call their regions without torch's dispatcher:
+  :mod:`stitchtune.deploy.torch_direct` (above this module and :mod:`~stitchtune.deploy.torch_ops`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import reduce
 from itertools import starmap
 from operator import attrgetter, or_
 from typing import Any
 
-__all__ = ["FastCall", "Rebound", "ShapeCalls", "direct_calls"]
+__all__ = ["FastCall", "Rebound", "ShapeCalls"]
 
 
 class Rebound:
@@ -66,9 +66,12 @@ class Rebound:
     def set(self, pointers: list[int] | tuple[int, ...]) -> None:
         """Point the packed arguments at ``pointers`` (their alignment is the caller's to check)."""
         pointers = list(pointers)
-        if pointers != self.last:
-            for arr, q, i in self.slots:
-                arr[q] = pointers[i]
+        last = self.last
+        if pointers != last:
+            for arr, q, i in self.slots:   # only the slots whose pointer changed (often one output)
+                p = pointers[i]
+                if p != last[i]:
+                    arr[q] = p
             self.last = pointers
 
 
@@ -147,55 +150,73 @@ class FastCall:
         self._streams: dict[int, _Stream] = {}
         self._lock = threading.Lock()
         self._when = "at its next call (an earlier call's kernels met it)"
-        self.calls = 0   # calls that launched (counted under the lock)
+        self._counts = [0]   # calls that launched (counted under the lock)
+        #: the call itself, a closure over everything above (no attribute lookups per call)
+        self.run: Callable[[Sequence[Any]], list[Any] | None] = self._closure()
+
+    @property
+    def calls(self) -> int:
+        """Calls that launched."""
+        return self._counts[0]
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any] | None:
-        if len(inputs) != self.n or not self.guard(*inputs):
-            return None
-        ptrs = list(map(_data_ptr, inputs))   # map and starmap: no Python frame per item
-        for i, p in self._held_ptrs:
-            ptrs.insert(i, p)
-        index = self.index
-        raw = self._raw_stream
-        if raw is None:
-            stream = 0
-            outs = list(starmap(self.alloc, self.outs))
-        else:
-            stream = raw(index)
-            if self._current() == index:   # _empty_strided_cuda allocates on the current device
-                outs = list(starmap(self.alloc, self.outs))
+        return self.run(inputs)
+
+    def _closure(self) -> Callable[[Sequence[Any]], list[Any] | None]:
+        n_in, guard, held_ptrs, index = self.n, self.guard, self._held_ptrs, self.index
+        raw, current, alloc, out_specs = self._raw_stream, self._current, self.alloc, self.outs
+        kernel, device, ext, order, sync = self.kernel, self.device, self.ext, self.order, self._sync
+        lock, streams, when, counts = self._lock, self._streams, self._when, self._counts
+        data_ptr = _data_ptr
+
+        def run(inputs: Sequence[Any]) -> list[Any] | None:
+            if len(inputs) != n_in or not guard(*inputs):
+                return None
+            ptrs = list(map(data_ptr, inputs))   # map and starmap: no Python frame per item
+            for i, p in held_ptrs:
+                ptrs.insert(i, p)
+            if raw is None:
+                stream = 0
+                outs = list(starmap(alloc, out_specs))
             else:
-                outs = self.kernel.empty_outputs(self.device)
-        ptrs += map(_data_ptr, outs)
-        if reduce(or_, ptrs, 0) & 15:   # a pointer not 16-byte aligned (a view at an odd offset)
-            return None
-        with self._lock:
-            self.calls += 1
-            st = self._streams.get(stream)
-            if st is None:
-                st = self._streams[stream] = _Stream(self.kernel, index, stream, tuple(ptrs), self.ext)
-            flags = st.flags
-            if flags is not None:
-                flags.raise_if_set(self._when)
-            args = st.args
-            if ptrs != args.last:   # the caching allocator often hands out the same blocks again
-                args.set(ptrs)
-            launch = st.launch
-            with st.activation:
-                for func, grid, block, smem, params, n, coop in st.launches:
-                    launch(func, grid, block, smem, stream, params, n, coop)
-        if self._sync and flags is not None:
-            self.kernel._sync_check(st.launcher, flags, stream)
-        if self.order is not None:
-            return [outs[i] for i in self.order]
-        return outs
+                stream = raw(index)
+                if current() == index:   # _empty_strided_cuda allocates on the current device
+                    outs = list(starmap(alloc, out_specs))
+                else:
+                    outs = kernel.empty_outputs(device)
+            ptrs += map(data_ptr, outs)
+            if reduce(or_, ptrs, 0) & 15:   # a pointer not 16-byte aligned (a view at an odd offset)
+                return None
+            with lock:
+                counts[0] += 1
+                st = streams.get(stream)
+                if st is None:
+                    st = streams[stream] = _Stream(kernel, index, stream, tuple(ptrs), ext)
+                flags = st.flags
+                if flags is not None:
+                    flags.raise_if_set(when)
+                args = st.args
+                if ptrs != args.last:   # the caching allocator often hands out the same blocks again
+                    args.set(ptrs)
+                launch = st.launch
+                with st.activation:
+                    for func, grid, block, smem, params, n, coop in st.launches:
+                        launch(func, grid, block, smem, stream, params, n, coop)
+            if sync and flags is not None:
+                kernel._sync_check(st.launcher, flags, stream)
+            if order is not None:
+                return [outs[i] for i in order]
+            return outs
+
+        return run
 
 
 class ShapeCalls:
     """The thin paths of a region with symbolic shapes (a
     :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel`): one :class:`FastCall` per
     input shapes met, at most ``limit`` (the oldest dropped), None for shapes that need the full path
-    (no kernel, the emulator). A call returns None (the full path) for shapes without one; each thin
+    (no kernel, the emulator). A call tries the thin path that ran last (its guard checks the shapes),
+    then the one kept for its shapes; it returns None (the full path) for shapes without one; each thin
     call is a cache hit of the region: :attr:`hits`, which ``counter`` (a
     :class:`~stitchtune.deploy.torch_stats.RegionCounter`) adds to its own at a snapshot."""
 
@@ -205,6 +226,24 @@ class ShapeCalls:
         self._dropped = 0   # the calls of thin paths dropped from the cache
         if counter is not None:
             counter.thin.append(self)
+        calls = self.calls
+        last: list[FastCall | None] = [None]   # the thin path that ran last: tried first (its guard checks the shapes)
+
+        def run(inputs: Sequence[Any]) -> list[Any] | None:
+            call = last[0]
+            if call is not None:
+                outs = call.run(inputs)
+                if outs is not None:
+                    return outs
+            call = calls.get(tuple(map(_shape, inputs)))
+            if call is None:
+                return None
+            last[0] = call
+            return call.run(inputs)
+
+        #: the call itself, a closure (what GuardedRegion calls)
+        self.run: Callable[[Sequence[Any]], list[Any] | None] = run
+        self._last = last
 
     @property
     def hits(self) -> int:
@@ -220,11 +259,12 @@ class ShapeCalls:
         if len(self.calls) >= self.limit:
             old = self.calls.pop(next(iter(self.calls)))
             self._dropped += old.calls if old is not None else 0
+            if self._last[0] is old:
+                self._last[0] = None
         self.calls[self.key(inputs)] = call
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any] | None:
-        call = self.calls.get(tuple(map(_shape, inputs)))
-        return None if call is None else call(inputs)
+        return self.run(inputs)
 
 
 _shape = attrgetter("shape")

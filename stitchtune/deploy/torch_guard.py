@@ -152,7 +152,7 @@ class GuardedRegion:
         fast = self._fast
         if fast is not None:
             try:
-                outs: list[Any] | None = fast(inputs)
+                outs: list[Any] | None = fast.run(inputs)
             except Exception as exc:  # noqa: BLE001 - the full path below reports or declines it
                 if is_index_error(exc):
                     raise

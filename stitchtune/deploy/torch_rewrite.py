@@ -139,13 +139,15 @@ def replace_regions(gm: Any, chosen: Sequence[tuple[Any, str]], held: Mapping[st
 
 def _redundant_copy(n: Any, env: Mapping[Any, Any], origin: Mapping[Any, tuple[Any, str]]) -> bool:
     """Whether ``n`` is a ``clone`` / ``contiguous`` of a region's output (a new node of ``env`` made for a
-    region, ``origin``) with its dtype, shape and strides, that no graph output and no mutating op reads
-    (a dropout of probability 0 after a softmax): its readers may read the kernel's output itself, a
-    fresh tensor, where Inductor would copy it in a kernel of its own (Inductor alone writes the copy
-    from the softmax's kernel)."""
+    region, ``origin``) with its dtype, shape and strides, that no mutating op reads and that may share
+    the output's tensor (:func:`~stitchtune.importers.torch_saved.may_share`: not both outliving the graph
+    where a user may write to one; a dropout of probability 0 after a softmax, both saved for the
+    backward): its readers may read the kernel's output itself, where Inductor would copy it in a
+    kernel of its own (Inductor alone writes the copy from the softmax's kernel)."""
     import torch
 
     from stitchtune.importers.torch_fx_util import op_key
+    from stitchtune.importers.torch_saved import may_share
 
     if n.op != "call_function" or op_key(n.target) not in ("aten.clone", "aten.contiguous") or not n.args:
         return False
@@ -155,9 +157,11 @@ def _redundant_copy(n: Any, env: Mapping[Any, Any], origin: Mapping[Any, tuple[A
     got, want = src.meta.get("val"), n.meta.get("val")
     if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)) or _same_layout(got, want):
         return False
+    if not may_share(n, src):   # both outlive the graph where a user may write to one of them
+        return False
     for u in n.users:
         schema = getattr(u.target, "_schema", None)
-        if u.op == "output" or (schema is not None and schema.is_mutable):
+        if schema is not None and schema.is_mutable:
             return False
     return True
 

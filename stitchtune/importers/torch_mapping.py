@@ -26,6 +26,7 @@ from stitchtune.importers.torch_aten import (
 )
 from stitchtune.importers.torch_candidates import _hint
 from stitchtune.importers.torch_fx_util import _fits, fx_args, is_scalar64
+from stitchtune.importers.torch_saved import may_share
 from stitchtune.importers.torch_subgraph import (_dense_perm, _is_view, _Sub, _subgraph, _with_pulled, is_noop,
                                                 view_root, viewed_inputs)
 from stitchtune.importers.torch_windows import Window, declare_windowed, input_perms, input_windows, symbolic
@@ -224,8 +225,12 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         same, same_perm = seen.get(str(v.ref), (input_names.get(str(v.ref)), None))
         if same is not None and str(v.ref) in seen and perm is None and same_perm is None \
                 and _key(orig.target) in ("aten.clone", "aten.contiguous"):
-            perms[-1] = _COPY   # PyTorch's copy of another output (attention dropout at p = 0 in training):
-            continue            # stored again by the region, not copied by a kernel of its own
+            if orig.args and orig.args[0] is same and may_share(orig, same):
+                # a copy of that very output, which may share its tensor (importers.torch_saved: e.g. both
+                # only saved for the backward): left out, the backend's rewrite makes its readers read it
+                return _Culprit(orig, "a copy of another output that may share its tensor", free=True)
+            perms[-1] = _COPY   # PyTorch's copy of another output (attention dropout at p = 0 in training)
+            continue            # that a user may write to: stored again by the region, not by a copy kernel
         if same is not None:   # a no-op (eval dropout, same-dtype cast) of an input or another output
             if is_noop(orig) and not inner(orig):
                 return _Culprit(orig, "a no-op output", free=True)

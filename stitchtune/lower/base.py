@@ -99,7 +99,12 @@ class Ctx:
 class Lowerer:
     """Shared machinery of both families."""
 
-    def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device, schemes: SchemeTable = SCHEMES) -> None:
+    def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device, schemes: SchemeTable = SCHEMES,
+                 sym: RowSymbols | None = None) -> None:
+        """The shared state of a program's lowering; a family's constructor completes it with its sizes
+        (nothing is set later: :meth:`lower` and :meth:`resources` only read them). ``sym``: the view's
+        rows as expressions over the kernels' extent arguments for a generic lowering
+        (:mod:`stitchtune.lower.dynamic`); None for a static one."""
         graph = plan.planned_graph(graph)   # the row-move rewrite make_plan planned, if any
         self.g, self.p, self.s, self.dev = graph, plan, s, device
         self.schemes = schemes
@@ -136,7 +141,7 @@ class Lowerer:
         #: the chain's index arithmetic (:mod:`stitchtune.lower.remap`), also where a sweep reads them as they are
         self.chain_heads = frozenset(composed_chains(graph))
         self.rpb = 1
-        # the family's sizes, set by its lower(): elements of a reduction row (row family) or rows of a
+        # the family's sizes, set by its constructor: elements of a reduction row (row family) or rows of a
         # column chunk (col family) a block covers per task, of them a thread's, and its sweep iterations
         self.chunk = self.per_thread = self.iters = 0
         self.n_kernels = 1
@@ -150,7 +155,7 @@ class Lowerer:
         self.last_tasks_reversed: bool | None = None
         #: a generic lowering (:mod:`stitchtune.lower.dynamic`): the view's rows as expressions over the
         #: kernels' extent arguments; None for the static lowering (constants, the kernels of before)
-        self.sym: RowSymbols | None = None
+        self.sym = sym
 
     # -- the view's row count: a constant, or an expression of a generic kernel ----------------------
     def m_expr(self) -> kir.Expr:
@@ -391,6 +396,11 @@ class Lowerer:
             if to == "bool":  # bools are 0.0f / 1.0f in registers (a bool -> float cast is the identity)
                 return MathOp("to_bool", (args[0],))
             return MathOp(f"round_{to}", (args[0],)) if to in ("float16", "bfloat16") else args[0]
+        if nd.op == "pow" and not self.exact and isinstance(args[1], Const) and args[1].value in (2, 3, 4):
+            # x ** 2..4 (GPT-2's GELU: x ** 3) as products, not powf's log / exp and branches
+            x, k = args[0], int(args[1].value)
+            return Bin("*", Bin("*", x, x), Bin("*", x, x)) if k == 4 else (
+                Bin("*", Bin("*", x, x), x) if k == 3 else Bin("*", x, x))
         return MathOp(nd.op if self.exact else FAST_FORM.get(nd.op, nd.op), tuple(args))
 
     def combine(self, r: str, a: kir.Expr, b: kir.Expr) -> kir.Expr:

@@ -65,10 +65,12 @@ class RowSweep:
 class ExchangeBuilder(Protocol):
     """What a reduction-state exchange needs of the kernel it is built into."""
 
-    #: the statements of the current round (the exchange appends to it)
-    rb: list[kir.Stmt]
     #: the kernel's index variables
     ix: RowIndex
+
+    def emit(self, *stmts: kir.Stmt) -> None:
+        """Append ``stmts`` to the current round's statements."""
+        ...
 
     @property
     def schedule(self) -> Schedule:
@@ -112,10 +114,23 @@ class RowKernelBuilder(ExchangeBuilder, Protocol):
     cx: Ctx                           # the kernel's variables and scratch buffers
     body: list[kir.Stmt]                # statements before the round loop
     lay: RowLayout
-    pvals: dict[str, kir.Expr]          # per-row and scalar values available, by tensor name
-    uses: dict[str, set[str]]           # global buffers read ("in") and written ("out")
-    cross_acc: dict[int, Var]           # the scalar cross accumulators
     gather_rows: dict[str, Var]         # gather nodes: their table row in this round
+
+    def use_input(self, buf: str) -> None:
+        """Record that the kernel reads global buffer ``buf`` (it becomes a kernel parameter)."""
+        ...
+
+    def use_output(self, buf: str) -> None:
+        """Record that the kernel writes global buffer ``buf`` (it becomes a kernel parameter)."""
+        ...
+
+    def value_of(self, name: str) -> kir.Expr | None:
+        """The per-row or scalar value of tensor ``name`` in this round, None while it is not computed."""
+        ...
+
+    def cross_accumulator(self, i: int) -> Var:
+        """The scalar accumulator of the ``i``-th cross reduction (:mod:`stitchtune.lower.cross`)."""
+        ...
 
     def load_p(self, name: str) -> kir.Expr:
         """A per-row or scalar input value (loaded once per round)."""
@@ -128,3 +143,18 @@ class RowKernelBuilder(ExchangeBuilder, Protocol):
     def f_index(self, r: kir.Expr, k: kir.Expr, name: str | None = None) -> kir.Expr:
         """Element ``k`` of row ``r`` of a full-size tensor (through input ``name``'s index map)."""
         ...
+
+
+def rows_exact(low: Lowerer, lay: RowLayout, tasks: int) -> bool:
+    """Whether every task of every round of a row kernel of layout ``lay`` is a real row (piece) of the
+    view: a static kernel whose grid x rounds is exactly ``tasks`` and whose row groups divide the rows.
+    Then the row guard is the constant ``true`` and ptxas issues a thread's loads without a branch
+    between them."""
+    return (low.sym is None and lay.grid * lay.rounds == tasks
+            and (low.s.split > 1 or tasks * low.rpb == low.p.M))
+
+
+def cols_exact(low: Lowerer) -> bool:
+    """Whether a row kernel's sweeps never pass the end of the row (piece): static, and the pieces of the
+    split row, each whole sweeps of ``tpr`` x ``vec`` elements, add up to the row (no padding)."""
+    return (low.sym is None or low.sym.N.static) and low.chunk * low.s.split == low.p.N

@@ -22,6 +22,7 @@ The row's elements stay where the reuse levels say (registers, shared memory) be
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from stitchtune.ir import kir
@@ -52,21 +53,21 @@ def cluster_exchange(k: "ExchangeBuilder", states: list["ReductionState"]) -> No
     """Merge the block states ``states`` across the row's cluster (module docstring, steps 1-4), every
     state variable in its own slot; every thread merges the states of ranks 0..split-1 in order, so
     every block holds bitwise the same row result."""
-    rb, size = k.rb, k.schedule.split
+    size = k.schedule.split
     writer = kir.Bin("==", kir.Special("tid"), I(0))
     firsts, n = [], 0
     for st in states:
         firsts.append(n)
         for i, v in enumerate(st.vars):
-            rb.append(kir.StoreVec(CLUSTER_BUF, I(n + i), (v,), writer))
+            k.emit(kir.StoreVec(CLUSTER_BUF, I(n + i), (v,), writer))
         n += len(st.vars)
-    rb.append(kir.ClusterSync())
+    k.emit(kir.ClusterSync())
     for st, first in zip(states, firsts):
-        rb.extend(reset(st))
+        k.emit(*reset(st))
         for q in range(size):
             other = tuple(kir.RemoteLoad(CLUSTER_BUF, I(q), I(first + i)) for i in range(len(st.vars)))
-            rb.extend(st.merge(other, k.var))
-    rb.append(kir.ClusterSync())
+            k.emit(*st.merge(other, k.var))
+    k.emit(kir.ClusterSync())
 
 
 #: slots of the exchange buffer a single-pass state can need (Welford: n, mean, M2, shift)
@@ -81,3 +82,13 @@ def cluster_counts(kern: kir.Kernel, rounds: int) -> dict[str, int]:
     loads = sum(isinstance(e, kir.RemoteLoad) for st in kir.walk(kern.body) if not isinstance(st, (kir.For, kir.If))
                 for e in kir.exprs(st))
     return {"cluster": kern.cluster, "cluster_barriers": rounds * syncs, "dsmem_loads": rounds * loads}
+
+
+def as_cluster(kern: kir.Kernel, prof: kir.KernelProfile, cluster: int,
+               rounds: int) -> tuple[kir.Kernel, kir.KernelProfile]:
+    """``kern`` launched as thread-block clusters of ``cluster`` blocks, and its profile with the
+    cluster's counts (:func:`cluster_counts` over ``rounds`` rounds)."""
+    kern = dataclasses.replace(kern, cluster=cluster)
+    counts = cluster_counts(kern, rounds)
+    return kern, dataclasses.replace(prof, cluster=counts["cluster"], cluster_barriers=counts["cluster_barriers"],
+                                     dsmem_loads=counts["dsmem_loads"])

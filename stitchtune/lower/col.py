@@ -57,8 +57,14 @@ class ColLowerer(Lowerer):
         """Whether the graph has index ops or layout chains of inputs (evaluated by a remap)."""
         return bool(self.chain_heads) or any(OPS[nd.op].kind in INDEX_KINDS for nd in self.g.nodes)
 
+    def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device,
+                 schemes: SchemeTable = SCHEMES) -> None:
+        super().__init__(graph, plan, s, device, schemes)
+        #: the program's tasks, estimated registers per thread and stages per kernel (:meth:`_size`)
+        self.n_tasks, self.est_regs, self.segs = self._size()
+
     def lower(self) -> kir.Program:
-        tasks, est, segs = self.size()
+        tasks, est, segs = self.n_tasks, self.est_regs, self.segs
         block = self.s.block
         kernels, launches, profiles = [], [], []
         for ki, seg in enumerate(segs):
@@ -69,9 +75,9 @@ class ColLowerer(Lowerer):
         return kir.Program(tuple(kernels), tuple(self.buffers), tuple(launches),
                            kir.ProgramProfile(tuple(profiles), self.g.min_bytes()))
 
-    def size(self) -> tuple[int, int, list[list[int]]]:
-        """Size the program before any kernel is built: (tasks, estimated registers per thread, the
-        stages of each kernel); sets the tile sizes. :meth:`lower` and :meth:`resources` start here."""
+    def _size(self) -> tuple[int, int, list[list[int]]]:
+        """Size the program before any kernel is built (once, by the constructor): (tasks, estimated
+        registers per thread, the stages of each kernel); sets the tile sizes and the kernels' reuse levels."""
         p, s = self.p, self.s
         M, N = p.M, p.N
         tk, block, S, vec = s.tpr, s.block, s.split, s.vec
@@ -96,7 +102,7 @@ class ColLowerer(Lowerer):
     def resources(self) -> tuple[LaunchShape, ...]:
         """The launch shape of every kernel :meth:`lower` would build, from the same layouts
         (:func:`_col_layout`) without building kernel bodies."""
-        tasks, est, segs = self.size()
+        tasks, est, segs = self.n_tasks, self.est_regs, self.segs
         out = []
         for ki, seg in enumerate(segs):
             lay = _col_layout(self, ki, seg, tasks, est)

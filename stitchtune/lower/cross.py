@@ -29,6 +29,7 @@ Phases (each a function below, called by :class:`stitchtune.lower.row.RowKernel`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -114,7 +115,7 @@ def cross_accumulate(k: RowKernelBuilder, sw: RowSweep, sv: SweepValues, body: l
                 cur = LocalRef(f"xa{i}", idx)
                 body.append(kir.SetLocal(f"xa{i}", idx, Select(sw.valid, _comb(c, cur, vals[j]), cur)))
             else:
-                a = k.cross_acc[i]
+                a = k.cross_accumulator(i)
                 body.append(Assign(a, Select(sw.valid, _comb(c, a, vals[j]), a)))
 
 
@@ -126,9 +127,10 @@ def cross_accumulate_rows(k: RowKernelBuilder) -> None:
     for i, c in enumerate(low.p.cross):
         if c.source_full:
             continue
-        v = k.pvals[c.source] if c.source in k.pvals else k.load_p(c.source)
-        a = k.cross_acc[i]
-        k.rb.append(Assign(a, Select(lead, _comb(c, a, v), a)))
+        v = k.value_of(c.source)
+        v = k.load_p(c.source) if v is None else v
+        a = k.cross_accumulator(i)
+        k.emit(Assign(a, Select(lead, _comb(c, a, v), a)))
 
 
 def _column(k: RowKernelBuilder, e: int) -> kir.Expr:
@@ -160,7 +162,7 @@ def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, k
             _warp_sum(out, lambda: LocalRef(f"xa{i}", I(e)), lambda v: kir.SetLocal(f"xa{i}", I(e), v), subwarp,
                       c.combine)
     for i, c in _scalars(low):
-        a = k.cross_acc[i]
+        a = k.cross_accumulator(i)
         _warp_sum(out, lambda: a, lambda v: Assign(a, v), [16, 8, 4, 2, 1], c.combine)
     writer = Bin("<", Bin("%", _TID, I(32)), I(tpr)) if tpr < 32 else None
     if pcs and groups > 1:
@@ -173,7 +175,7 @@ def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, k
     scal = _scalars(low)
     if scal and block > 32:
         for n, (i, _) in enumerate(scal):
-            out.append(kir.StoreVec("sxs", add(I(n * nw), Bin("/", _TID, I(32))), (k.cross_acc[i],),
+            out.append(kir.StoreVec("sxs", add(I(n * nw), Bin("/", _TID, I(32))), (k.cross_accumulator(i),),
                                     Bin("==", Bin("%", _TID, I(32)), I(0))))
     if (pcs and groups > 1) or (scal and block > 32):
         out.append(kir.Barrier())
@@ -201,7 +203,7 @@ def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, k
             for w in range(nw):
                 out.append(Assign(v, _comb(c, v, Load("sxs", I(n * nw + w)))))
         else:
-            v = k.cross_acc[i]
+            v = k.cross_accumulator(i)
         res.append((i, I(0), v, Bin("==", _TID, I(0))))
     return res
 
@@ -212,8 +214,9 @@ def partial_buf(low: Lowerer, i: int, grid: int) -> str:
     return low.scratch(f"xp{i}", grid * width)
 
 
-def cross_epilogue(k: RowKernelBuilder) -> list[kir.Stmt]:
-    """The statements after the round loop: block reduce, then the cross-block combine of the schedule."""
+def cross_epilogue(k: RowKernelBuilder, uses: dict[str, set[str]]) -> list[kir.Stmt]:
+    """The statements after the round loop: block reduce, then the cross-block combine of the schedule
+    (``uses``: the kernel's global buffers read and written, which the final sums add to)."""
     low = k.low
     mode, grid = low.s.option(CROSS_COMBINE), k.lay.grid
     out: list[kir.Stmt] = [kir.Comment("cross reductions: block reduce, then combine across blocks")]
@@ -221,7 +224,7 @@ def cross_epilogue(k: RowKernelBuilder) -> list[kir.Stmt]:
         c = low.p.cross[i]
         if mode == CrossCombine.ATOMIC:
             buf = low.out_buf[c.node]
-            k.uses["out"].add(buf)
+            k.use_output(buf)
             val = Bin("*", v, _f(_scale(c))) if c.mean else v
             out.append(kir.AtomicAdd(buf, col, val, pred))
         else:
@@ -231,7 +234,7 @@ def cross_epilogue(k: RowKernelBuilder) -> list[kir.Stmt]:
             out.append(kir.StoreVec(part, add(mul(_BID, I(width)), col), (v,), pred))
     if mode == CrossCombine.GRID:
         out.append(kir.GridSync())
-        out += final_sums(low, k.cx, k.uses, grid, grid)
+        out += final_sums(low, k.cx, uses, grid, grid)
     return out
 
 
@@ -393,3 +396,12 @@ def atomic_counts(low: Lowerer, grid: int) -> tuple[int, int]:
         return 0, 0
     width = sum(low.p.N if c.kind == "per_reduced" else 1 for c in low.p.cross)
     return grid * width, grid
+
+
+def cross_profile(low: Lowerer, grid: int, rounds: int, prof: kir.KernelProfile) -> kir.KernelProfile:
+    """The profile of the kernel holding the cross reductions (``grid`` blocks, ``rounds`` rounds) with
+    the cross combine counted: its atomics, and its one grid barrier after the round loop (the
+    generic count multiplies every grid barrier by the rounds)."""
+    atomics, serial = atomic_counts(low, grid)
+    gb = prof.grid_barriers - (rounds - 1 if low.s.option(CROSS_COMBINE) == CrossCombine.GRID else 0)
+    return dataclasses.replace(prof, atomics=atomics, atomic_serial=serial, grid_barriers=gb)

@@ -53,9 +53,20 @@ from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan
 from stitchtune.space import Schedule, SearchSpace
 
-CODEGEN_VERSION = "1"
+#: The code generator's version, recorded with every tuning record and compiled manifest. Bumped when
+#: the kernels built for the same schedule change: "2" (2026-12-07): fast arithmetic, packed element-wise
+#: rows, tiled transposes, no dead reuse caches, no row / bounds guards where the grid and the row
+#: divide (issue 39).
+CODEGEN_VERSION = "2"
 
-__all__ = ["CODEGEN_VERSION", "estimate_registers", "kern_barriers", "lower", "scratch_loads_per_thread"]
+#: Earlier code generator versions whose tuning records stay usable (``deploy.selection``): their schedule
+#: is still a point of the space, so it is re-validated (legality, lowering, the cost model's hard limits)
+#: like any record, ranked after every record of today's version, and the choice's reason says that its
+#: time was recorded for the earlier kernel. A compiled manifest of another version is refused
+#: (``deploy.manifest_io``: recompile it). Empty it to ignore old records instead.
+COMPATIBLE_CODEGEN_VERSIONS: tuple[str, ...] = ("1",)
+
+__all__ = ["CODEGEN_VERSION", "COMPATIBLE_CODEGEN_VERSIONS", "estimate_registers", "kern_barriers", "lower", "scratch_loads_per_thread"]
 
 
 def lower(graph: Graph, plan: StitchPlan, schedule: Schedule, device: Device, space: SearchSpace | None = None) -> kir.Program:

@@ -35,7 +35,7 @@ def shuffle_tree(k: ExchangeBuilder, states: list[ReductionState], width: int) -
     for st in states:
         m = width // 2
         while m >= 1:
-            k.rb.extend(st.merge(tuple(kir.Shfl(v, m, 32) for v in st.vars), k.var))
+            k.emit(*st.merge(tuple(kir.Shfl(v, m, 32) for v in st.vars), k.var))
             m //= 2
 
 
@@ -54,7 +54,7 @@ def exchange(k: ExchangeBuilder, states: list[ReductionState], scheme: Scheme) -
     if scheme.partials:
         store_partials(k, states)
         if scheme.grid_barrier:
-            k.rb.append(kir.GridSync())
+            k.emit(kir.GridSync())
             for st in states:
                 combine_partials(k, st)
 
@@ -62,7 +62,7 @@ def exchange(k: ExchangeBuilder, states: list[ReductionState], scheme: Scheme) -
 def exchange_in_block(k: ExchangeBuilder, states: list[ReductionState]) -> None:
     """The warps of a row merge their states through ``sred`` (a slot per state variable and warp of
     each row of the block); one writer per warp (tpr > 32) or per sub-warp row group (tpr <= 32)."""
-    rb, rib = k.rb, k.ix.rib
+    rib = k.ix.rib
     tpr, rpb = k.schedule.tpr, k.rows_per_block
     wpr = max(1, tpr // 32)
     tid = kir.Special("tid")
@@ -71,15 +71,15 @@ def exchange_in_block(k: ExchangeBuilder, states: list[ReductionState]) -> None:
     slots = _slots(states)
     for st, first in zip(states, slots):
         for i, v in enumerate(st.vars):
-            rb.append(kir.StoreVec("sred", add(I((first + i) * rpb * wpr), add(mul(rib, I(wpr)), wir)), (v,), writer))
-    rb.append(kir.Barrier())
+            k.emit(kir.StoreVec("sred", add(I((first + i) * rpb * wpr), add(mul(rib, I(wpr)), wir)), (v,), writer))
+    k.emit(kir.Barrier())
     for st, first in zip(states, slots):
-        rb.extend(reset(st))
+        k.emit(*reset(st))
         for w in range(wpr):
             other = tuple(Load("sred", add(I((first + i) * rpb * wpr), add(mul(rib, I(wpr)), I(w))))
                           for i in range(len(st.vars)))
-            rb.extend(st.merge(other, k.var))
-    rb.append(kir.Barrier())
+            k.emit(*st.merge(other, k.var))
+    k.emit(kir.Barrier())
 
 
 def _slots(states: list[ReductionState]) -> list[int]:
@@ -98,7 +98,7 @@ def store_partials(k: ExchangeBuilder, states: list[ReductionState]) -> None:
     for st in states:
         leader = Bin("&&", ix.rvalid, Bin("==", Bin("%", kir.Special("tid"), I(k.schedule.tpr)), I(0)))
         for buf, v in zip(k.state_parts(st), st.stored):
-            k.rb.append(kir.StoreVec(buf, add(mul(Bin("min", ix.row, k.last_row()), I(S)), ix.sidx), (v,), leader))
+            k.emit(kir.StoreVec(buf, add(mul(Bin("min", ix.row, k.last_row()), I(S)), ix.sidx), (v,), leader))
 
 
 def combine_partials(k: ExchangeBuilder, st: ReductionState) -> None:
@@ -106,11 +106,11 @@ def combine_partials(k: ExchangeBuilder, st: ReductionState) -> None:
     thread loads all of them in order (``combine`` thread), or the lanes of each warp load them together
     (lane l: partials l, l + 32, ...) and merge them by shuffles (``combine`` warp; every warp of a split
     row lies within one row, tpr == block)."""
-    rb, rvalid, s = k.rb, k.ix.rvalid, k.schedule
+    rvalid, s = k.ix.rvalid, k.schedule
     S, N, chunk = s.split, k.plan.N, k.chunk
     parts = k.state_parts(st)
     base = mul(Bin("min", k.ix.row, k.last_row()), I(S))
-    rb.extend(reset(st))
+    k.emit(*reset(st))
     if s.option(COMBINE) == Combine.WARP and S > 1:
         wl = Bin("%", kir.Special("tid"), I(32))
         for c in range(math.ceil(S / 32)):
@@ -118,9 +118,9 @@ def combine_partials(k: ExchangeBuilder, st: ReductionState) -> None:
             inside = Bin("<", lane_q, I(S))
             loads = tuple(Load(b, add(base, Bin("min", lane_q, I(S - 1))), Bin("&&", rvalid, inside)) for b in parts)
             got = st.partial(split_count_expr(N, chunk, lane_q), loads)
-            rb.extend(st.merge(tuple(Select(inside, g, e) for g, e in zip(got, st.identity())), k.var))
+            k.emit(*st.merge(tuple(Select(inside, g, e) for g, e in zip(got, st.identity())), k.var))
         shuffle_tree(k, [st], 32)
     else:
         for q in range(S):
             loads = tuple(Load(b, add(base, I(q)), rvalid) for b in parts)
-            rb.extend(st.merge(st.partial(Const(float(split_count(N, chunk, q)), F32), loads), k.var))
+            k.emit(*st.merge(st.partial(Const(float(split_count(N, chunk, q)), F32), loads), k.var))

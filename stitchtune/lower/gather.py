@@ -43,19 +43,20 @@ def gather_index(k: RowKernelBuilder, nd: Node, bound: int) -> kir.Var:
     idx = str(nd.args[1])
     gi = k.cx.var("gi", I32)
     if idx in low.nodes:  # a per-row int register the region computed (plan.pick.check_pick_indices)
-        v, st = k.pvals[idx], low.vtype(idx)
+        v, st = k.value_of(idx), low.vtype(idx)
+        assert v is not None, f"index '{idx}' of '{nd.id}' not computed yet"
         ok = Bin("&&", k.ix.rvalid, Bin("&&", Bin(">=", v, Const(0, st)), Bin("<", v, Const(bound, st))))
-        k.rb.append(Assign(gi, Select(ok, v if st == I32 else kir.Cast(v, I32), I(-1))))
+        k.emit(Assign(gi, Select(ok, v if st == I32 else kir.Cast(v, I32), I(-1))))
     else:
         ibuf = low.in_buf[idx]
-        k.uses["in"].add(ibuf)
+        k.use_input(ibuf)
         r = Bin("min", k.ix.row, low.m_last())
         at = low.row_base(idx, r) if low.p.mapped(idx) else r
-        k.rb.append(Assign(gi, kir.IndexLoad(ibuf, at, bound, k.ix.rvalid)))
+        k.emit(Assign(gi, kir.IndexLoad(ibuf, at, bound, k.ix.rvalid)))
     flag = _flag_buffer(low, nd.id)
     k.cx.scratch.add(flag)
     first = Bin("&&", Bin("==", k.ix.lane, I(0)), Bin("==", k.ix.sidx, I(0)))
-    k.rb.append(kir.AtomicAdd(flag, I(0), Const(1.0, F32),
+    k.emit(kir.AtomicAdd(flag, I(0), Const(1.0, F32),
                               Bin("&&", Bin("&&", k.ix.rvalid, first), Bin("<", gi, I(0)))))
     rows[nd.id] = gi
     return gi
@@ -71,27 +72,31 @@ def pick_value(k: RowKernelBuilder, nd: Node) -> kir.Expr | None:
     the reference gives, with the node's error flag raised."""
     low = k.low
     const, loaded = pick_leaves(low.g, nd, domain_of(low.g))
-    if str(nd.args[1]) in low.nodes and str(nd.args[1]) not in k.pvals:  # a computed index, not yet known
+    if str(nd.args[1]) in low.nodes and k.value_of(str(nd.args[1])) is None:  # a computed index, not yet known
         return None
     for name in const:
-        if name not in k.pvals and name not in low.in_buf:
+        if k.value_of(name) is None and name not in low.in_buf:
             return None
     for name in const:
-        if name not in k.pvals:
+        if k.value_of(name) is None:
             k.load_p(name)
     gi = gather_index(k, nd, low.g.spec(str(nd.args[0])).shape[node_axis(nd)])
     ok = Bin(">=", gi, I(0))
     col = Bin("max", gi, I(0))
     r = Bin("min", k.ix.row, I(low.p.M - 1))
-    vals: dict[str, kir.Expr] = {n: k.pvals[n] for n in const}
+    vals: dict[str, kir.Expr] = {}
+    for n in const:
+        v = k.value_of(n)
+        assert v is not None, f"'{n}' loaded above"
+        vals[n] = v
     for name in loaded:
         buf = low.in_buf[name]
-        k.uses["in"].add(buf)
+        k.use_input(buf)
         addr = low.col_offset(name, col)
         if low.cls[name] is TensorClass.FULL:
             addr = add(low.row_base(name, r), addr)
         v = k.cx.var("pk", F32)
-        k.rb.append(Assign(v, Load(buf, addr, Bin("&&", k.ix.rvalid, ok))))
+        k.emit(Assign(v, Load(buf, addr, Bin("&&", k.ix.rvalid, ok))))
         vals[name] = v
 
     def at(name: str) -> kir.Expr:
@@ -100,12 +105,12 @@ def pick_value(k: RowKernelBuilder, nd: Node) -> kir.Expr | None:
         m = low.nodes[name]
         args: list[kir.Expr] = [at(a) if isinstance(a, str) else Const(float(a), F32) for a in m.args]
         v = k.cx.var("pk", F32)
-        k.rb.append(Assign(v, low.expr_of_node(m, args)))
+        k.emit(Assign(v, low.expr_of_node(m, args)))
         vals[name] = v
         return v
 
     out = k.cx.var("pk", F32)
-    k.rb.append(Assign(out, Select(ok, at(str(nd.args[0])), Const(0.0, F32))))
+    k.emit(Assign(out, Select(ok, at(str(nd.args[0])), Const(0.0, F32))))
     return out
 
 

@@ -67,7 +67,7 @@ __all__ = ["Shift", "RemapValues"]
 
 class RemapValues:
     """The values of one sweep's index-op nodes (module docstring). ``kern`` is the row kernel
-    (``low``, ``ix``, ``cx``, ``rb``, ``uses``, ``f_index``), ``sw`` the sweep, ``sv`` its
+    (``low``, ``ix``, ``cx``, ``emit``, ``use_input``, ``f_index``), ``sw`` the sweep, ``sv`` its
     :class:`~stitchtune.lower.sweep_values.SweepValues`."""
 
     def __init__(self, kern: RowKernelBuilder, sw: RowSweep, sv: SweepValues) -> None:
@@ -261,7 +261,7 @@ class RemapValues:
         else:
             delta = self._check_bounds(name, self.g.spec(name).shape, sh)
         buf = low.in_buf[name]
-        self.k.uses["in"].add(buf)
+        self.k.use_input(buf)
         im = self.p.imap(name)
         if not (im.cols.broadcast or im.cols.contiguous()):  # strided columns: each lane's own address
             if self._outer(sh):
@@ -298,12 +298,13 @@ class RemapValues:
         """Chain head ``head`` at ``p + delta`` under the conditions: each lane's coordinates in the
         head (its positions, right-aligned), carried back through the chain's transposes (permuted)
         and reshapes (the row-major linear index) to the input's offset; one vector load where the
-        head's innermost dim is the input's innermost and the shift keeps vectors aligned
+        head's innermost dim (the domain's, or wider: a slice of its columns) is the input's innermost and the
+        shift keeps vectors aligned
         (:meth:`_chain_contiguous`), else one predicated scalar load per lane."""
         chain = self.chains[head]
         self._check_bounds(head, self.g.spec(head).shape, sh)
         buf = self.low.in_buf[chain[-1]]
-        self.k.uses["in"].add(buf)
+        self.k.use_input(buf)
         if self._chain_contiguous(chain, sh):
             return self._emit(buf, self._chain_offset(chain, sh, 0), sh, True, None)
         out: list[kir.Expr] = []
@@ -323,14 +324,17 @@ class RemapValues:
 
     def _chain_contiguous(self, chain: tuple[str, ...], sh: Shift) -> bool:
         """The ``vec`` lanes of a vector load adjacent, aligned elements of the chain's input: the
-        domain's innermost axis is the head's innermost dim, a multiple of ``vec`` (as the delta along
-        it), the conditions are uniform over the lanes, and the head's innermost dim stays innermost
+        domain's innermost axis is the head's innermost dim (of the domain's extent or wider), both
+        multiples of ``vec`` (as the delta along it), the conditions are uniform over the lanes, and the
+        head's innermost dim stays innermost
         through every transpose and reshape (whose innermost dims are multiples of ``vec``)."""
         v, D = self.vec, self.domain
         shape = self.g.spec(chain[0]).shape
         if v == 1:
             return False
-        if shape[-1] != D[-1] or D[-1] % v or sh.d(len(D) - 1) % v or not self.uniform(sh):
+        # the head's innermost dim is the domain's, or wider (a fused projection read through a slice of its
+        # columns: c + d stays inside it, _check_bounds) with rows a whole number of vectors
+        if shape[-1] < D[-1] or shape[-1] % v or D[-1] % v or sh.d(len(D) - 1) % v or not self.uniform(sh):
             return False
         if self.col_axes[-1:] != (len(D) - 1,):
             return False
@@ -363,7 +367,7 @@ class RemapValues:
         delta = self._check_bounds(nd.id, tuple(tshape[1:]), sh)
         gi = self.k_gather_row(nd)
         buf = self.low.in_buf[table]
-        self.k.uses["in"].add(buf)
+        self.k.use_input(buf)
         base = add(mul(Bin("max", gi, I(0)), I(self.p.N)), add(self.sw.k0, I(delta)))
         return self._emit(buf, base, sh, self.p.N % self.vec == 0 and delta % self.vec == 0,
                           Bin(">=", gi, I(0)))

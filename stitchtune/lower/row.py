@@ -21,7 +21,9 @@ from stitchtune.lower import single_pass as sp
 from stitchtune.lower.base import Lowerer, estimate_registers
 from stitchtune.lower.liveness import kernel_levels, merged_levels, node_args, row_sweeps
 from stitchtune.lower.cross import SMALL_KERNEL_REGISTERS, combine_kernel, small_profile, zero_kernel
-from stitchtune.lower.row_kernel import RowKernel, row_layout
+from stitchtune.lower.row_kernel import RowKernel
+from stitchtune.lower.row_layout import row_layout
+from stitchtune.lower.symbols import RowSymbols
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import (CROSS_COMBINE, SCHEMES, CrossCombine, ReuseLevel, Schedule, SchemeTable, row_chunk,
                               uncached_level)
@@ -30,8 +32,14 @@ from stitchtune.space import (CROSS_COMBINE, SCHEMES, CrossCombine, ReuseLevel, 
 class RowLowerer(Lowerer):
     """Row reductions (and pure element-wise graphs)."""
 
+    def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device, schemes: SchemeTable = SCHEMES,
+                 sym: RowSymbols | None = None) -> None:
+        super().__init__(graph, plan, s, device, schemes, sym)
+        #: the program's tasks, estimated registers per thread and stages per kernel (:meth:`_size`)
+        self.n_tasks, self.est_regs, self.segs = self._size()
+
     def lower(self) -> kir.Program:
-        tasks, est, segs = self.size()
+        tasks, est, segs = self.n_tasks, self.est_regs, self.segs
         block = self.s.block
         kernels, launches, profiles = [], [], []
         for ki, seg in enumerate(segs):
@@ -45,10 +53,11 @@ class RowLowerer(Lowerer):
         profile = kir.ProgramProfile(tuple(profiles), self.g.min_bytes())
         return kir.Program(tuple(kernels), tuple(self.buffers), tuple(launches), profile, self.single_pass_notes())
 
-    def size(self) -> tuple[int, int, list[list[int]]]:
-        """Size the program before any kernel is built: (tasks, estimated registers per thread, the
-        stages of each kernel); sets the row sizes (``rpb``, ``chunk``, ``per_thread``, ``iters``), the
-        merged single-pass stages and ``n_kernels``. :meth:`lower` and :meth:`resources` start here."""
+    def _size(self) -> tuple[int, int, list[list[int]]]:
+        """Size the program before any kernel is built (once, by the constructor): (tasks, estimated
+        registers per thread, the stages of each kernel); sets the row sizes (``rpb``, ``chunk``,
+        ``per_thread``, ``iters``), the merged single-pass stages, the kernels' reuse levels and
+        ``n_kernels``."""
         p, s = self.p, self.s
         M, N = p.M, p.N
         # single-pass statistics: first stage of each merged pair -> its candidate
@@ -76,8 +85,8 @@ class RowLowerer(Lowerer):
 
     def resources(self) -> tuple[LaunchShape, ...]:
         """The launch shape of every kernel :meth:`lower` would build, in launch order, from the same
-        layouts (:func:`~stitchtune.lower.row_kernel.row_layout`) without building kernel bodies."""
-        tasks, est, segs = self.size()
+        layouts (:func:`~stitchtune.lower.row_layout.row_layout`) without building kernel bodies."""
+        tasks, est, segs = self.n_tasks, self.est_regs, self.segs
         out = []
         for ki, seg in enumerate(segs):
             lay = row_layout(self, ki, seg, tasks, est, ki == len(segs) - 1)

@@ -2,7 +2,7 @@
 
 :class:`RowKernel` reads like the kernel: index set-up, the results of earlier kernels, per stage a
 sweep (loads and reduce) and the exchange of its reduction states (:mod:`stitchtune.lower.exchange`),
-the output sweep and stores, the round loop. Its fixed parts are frozen values (:class:`RowLayout`,
+the output sweep and stores, the round loop. Its fixed parts are frozen values (:class:`~stitchtune.lower.builder.RowLayout`,
 :class:`~stitchtune.lower.builder.RowIndex`, :class:`RowSweep`). It implements
 :class:`~stitchtune.lower.builder.RowKernelBuilder`, the interface the exchange, cluster, cross and
 remap modules use.
@@ -10,8 +10,6 @@ remap modules use.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from functools import partial
 from typing import Iterator
 
@@ -20,48 +18,19 @@ from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Var
 from stitchtune.lower import single_pass as sp
 from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul
 from stitchtune.lower.profile import kernel_profile
+from stitchtune.lower.row_layout import row_layout
 from stitchtune.lower.sweep_values import SweepValues
-from stitchtune.lower.builder import RowIndex, RowLayout, RowSweep
-from stitchtune.lower.cluster import STATE_SLOTS, cluster_counts, cluster_shared, cluster_size
+from stitchtune.lower.builder import RowIndex, RowSweep, cols_exact, rows_exact
+from stitchtune.lower.cluster import as_cluster
 from stitchtune.lower.counts import loads_from, sweep_reads
-from stitchtune.lower.cross import (atomic_counts, cross_accumulate, cross_accumulate_rows, cross_epilogue,
-                                    cross_init, cross_layout)
+from stitchtune.lower.cross import (cross_accumulate, cross_accumulate_rows, cross_epilogue, cross_init,
+                                    cross_profile)
 from stitchtune.lower.exchange import combine_partials, exchange
 from stitchtune.lower.gather import pick_value
 from stitchtune.lower.remap import RemapValues
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space import CROSS_COMBINE, ORDER, CrossCombine, Order, ReuseLevel, Schedule
-
-
-def row_layout(low: Lowerer, ki: int, seg: list[int], tasks: int, est_regs: int, is_last: bool = False) -> RowLayout:
-    """The layout of kernel ``ki`` of the stages ``seg``; the last kernel also holds the cross reductions' buffers."""
-    p, s = low.p, low.s
-    levels = low.kernel_reuse[ki]
-    wpr = max(1, s.tpr // 32)
-    red_slots = max((len(p.stages[i]) if i not in low.merged else (4 if low.merged[i].kind == "welford" else 2)
-                     for i in seg), default=0)
-    shared: list[kir.SharedBuf] = []
-    if red_slots and any(low.stage_scheme(i).exchanges_in_block(s.tpr) for i in seg):
-        shared.append(kir.SharedBuf("sred", red_slots * low.rpb * wpr))
-    cluster = cluster_size(s.schemes, seg, s.split, low.schemes)
-    if cluster > 1:
-        shared.append(cluster_shared(max(red_slots, STATE_SLOTS if s.single_pass else 0)))
-    for c in p.reuse_candidates:
-        if levels[c] == ReuseLevel.SHARED:
-            shared.append(kir.SharedBuf(f"sc{low.tid_of[c]}", low.rpb * low.chunk))
-    locals_ = [kir.LocalArray(f"rc{low.tid_of[c]}", low.per_thread)
-               for c in p.reuse_candidates if levels[c] == ReuseLevel.REGISTER]
-    cross_sync = False
-    if is_last and p.cross:
-        x_shared, x_locals, cross_sync = cross_layout(low)
-        shared += x_shared
-        locals_ += x_locals
-    smem_bytes = 4 * sum(x.size for x in shared)
-    needs_sync = any(low.stage_scheme(i).grid_barrier for i in seg) or cross_sync
-    grid = low.grid_for(tasks, s.block, smem_bytes, est_regs, s.split if s.split > 1 else 1, needs_sync)
-    return RowLayout(tuple(shared), tuple(locals_), smem_bytes, grid, math.ceil(tasks / grid), needs_sync,
-                      cluster)
+from stitchtune.space import ORDER, Order, Schedule
 
 
 class RowKernel:
@@ -119,6 +88,21 @@ class RowKernel:
     def var(self, prefix: str, dtype: str = F32) -> Var:
         return self.cx.var(prefix, dtype)
 
+    def emit(self, *stmts: kir.Stmt) -> None:
+        self.rb.extend(stmts)
+
+    def value_of(self, name: str) -> kir.Expr | None:
+        return self.pvals.get(name)
+
+    def use_input(self, buf: str) -> None:
+        self.uses["in"].add(buf)
+
+    def use_output(self, buf: str) -> None:
+        self.uses["out"].add(buf)
+
+    def cross_accumulator(self, i: int) -> Var:
+        return self.cross_acc[i]
+
     def last_row(self) -> kir.Expr:
         return self.low.m_last()
 
@@ -144,7 +128,9 @@ class RowKernel:
         else:
             tv = cx.var("task", I32)
             rb += [Assign(tv, task), Assign(ix.row, Bin("/", tv, I(S))), Assign(ix.sidx, Bin("%", tv, I(S)))]
-        rb += [Assign(ix.rvalid, Bin("<", ix.row, self.low.m_expr())),
+        rows_ok: kir.Expr = (Const(True, kir.BOOL) if rows_exact(self.low, self.lay, tasks)
+                             else Bin("<", ix.row, self.low.m_expr()))
+        rb += [Assign(ix.rvalid, rows_ok),
                Assign(ix.kbase, mul(ix.sidx, I(chunk))),
                Assign(ix.kend, Bin("min", add(ix.kbase, I(chunk)), self.low.n_expr()))]
         return rb
@@ -357,7 +343,9 @@ class RowKernel:
         k0 = cx.var("k", I32)
         lb.append(Assign(k0, add(ix.kbase, mul(add(mul(idx_it, I(tpr)), ix.lane), I(vec)))))
         valid = cx.var("v", kir.BOOL)
-        lb.append(Assign(valid, Bin("&&", ix.rvalid, Bin("<", k0, ix.kend))))
+        # no bounds guard where the extent divides (cols_exact): the row guard alone, constant true
+        # where the grid covers the rows exactly (rows_exact)
+        lb.append(Assign(valid, ix.rvalid if cols_exact(self.low) else Bin("&&", ix.rvalid, Bin("<", k0, ix.kend))))
         sw = RowSweep(idx_it, k0, valid, lb, from_prefetch)
         sv = SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw), partial(
             self.cache_index, sw), partial(self.smem_index, sw), low.kernel_reuse[self.ki])
@@ -474,21 +462,11 @@ class RowKernel:
             self.body.extend(self.prefetch_rows(kir.Special("bid"), None))
         self.body.append(kir.For(self.ix.rd, I(0), self.rounds(), 1, tuple(self.rb)))
         if self.is_last and low.p.cross:
-            self.body.extend(cross_epilogue(self))
+            self.body.extend(cross_epilogue(self, self.uses))
         kern = low.make_kernel(self.ki, self.uses, self.cx, self.body, list(lay.shared), locals_, lay.needs_sync)
         prof = kernel_profile(low, kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.ki)
         if self.is_last and low.p.cross:
-            prof = self.cross_profile(prof)
+            prof = cross_profile(low, lay.grid, lay.rounds, prof)
         if lay.cluster > 1:  # launched as thread-block clusters (stitchtune.lower.cluster)
-            kern = dataclasses.replace(kern, cluster=lay.cluster)
-            counts = cluster_counts(kern, lay.rounds)
-            prof = dataclasses.replace(prof, cluster=counts["cluster"], cluster_barriers=counts["cluster_barriers"],
-                                       dsmem_loads=counts["dsmem_loads"])
+            kern, prof = as_cluster(kern, prof, lay.cluster, lay.rounds)
         return kern, prof
-
-    def cross_profile(self, prof: kir.KernelProfile) -> kir.KernelProfile:
-        """The profile with the cross combine counted: its atomics, and its one grid barrier after the
-        round loop (the generic count multiplies every grid barrier by the rounds)."""
-        atomics, serial = atomic_counts(self.low, self.lay.grid)
-        gb = prof.grid_barriers - (self.lay.rounds - 1 if self.low.s.option(CROSS_COMBINE) == CrossCombine.GRID else 0)
-        return dataclasses.replace(prof, atomics=atomics, atomic_serial=serial, grid_barriers=gb)

@@ -15,15 +15,7 @@ from dataclasses import dataclass
 from stitchtune.graph.dynamic import SymInt
 from stitchtune.ir import kir
 from stitchtune.ir.kir import I32, Bin, Const
-
-
-@dataclass(frozen=True)
-class SymFactor:
-    """One row factor ``((r // inner) % dim) * stride`` with symbolic fields."""
-
-    dim: SymInt
-    inner: SymInt
-    stride: SymInt
+from stitchtune.plan.index_map import Factor
 
 
 @dataclass(frozen=True)
@@ -31,11 +23,11 @@ class RowSymbols:
     """``M`` (view rows) as a monomial, each tensor's row factors, and the kernel argument of each dim."""
 
     M: SymInt
-    rows: tuple[tuple[str, tuple[SymFactor, ...]], ...]
+    rows: tuple[tuple[str, tuple[Factor[SymInt], ...]], ...]
     args: tuple[tuple[str, str], ...]   # graph dim -> generated argument name (ext0, ext1, ...)
     #: the row length and each tensor's column factors (a dynamic reduced axis; N static otherwise)
     N: SymInt = SymInt(0)
-    cols: tuple[tuple[str, tuple[SymFactor, ...]], ...] = ()
+    cols: tuple[tuple[str, tuple[Factor[SymInt], ...]], ...] = ()
 
     @property
     def dynamic_rows_length(self) -> bool:
@@ -55,7 +47,7 @@ class RowSymbols:
         assert out is not None
         return out
 
-    def factors(self, name: str) -> tuple[SymFactor, ...]:
+    def factors(self, name: str) -> tuple[Factor[SymInt], ...]:
         return dict(self.rows)[name]
 
     def row_offset(self, name: str, r: kir.Expr) -> kir.Expr:
@@ -67,7 +59,7 @@ class RowSymbols:
         """The same over the column factors (a dynamic row length)."""
         return self._offset(dict(self.cols)[name], self.N, c)
 
-    def _offset(self, factors: tuple[SymFactor, ...], extent: SymInt, r: kir.Expr) -> kir.Expr:
+    def _offset(self, factors: tuple[Factor[SymInt], ...], extent: SymInt, r: kir.Expr) -> kir.Expr:
         out: kir.Expr = Const(0, I32)
         for f in factors:
             t = r if f.inner == SymInt(1) else Bin("/", r, self.expr(f.inner))

@@ -29,13 +29,17 @@ every round, before the next task's tile is written. The grid, rounds and ``task
 from __future__ import annotations
 
 import math
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Var
 from stitchtune.ir.launches import LaunchShape
+from stitchtune.graph.ops import OPS
 from stitchtune.lower.base import I, Ctx, Lowerer, add, and_, estimate_registers, mul
+from stitchtune.lower.builder import RowSweep
 from stitchtune.lower.profile import kernel_profile
+from stitchtune.lower.remap import RemapValues
 from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.sectors import sector_factor_of
 from stitchtune.plan.transpose import TransposeTile
@@ -91,10 +95,13 @@ class TransposeLowerer(Lowerer):
         self.tile: TransposeTile = tile
         self.edge = tile_edge(self.s)
         self.pitch = tile_pitch(self.edge)
+        #: the kernel's tasks, passes of a block over one tile per phase, estimated registers (:meth:`_size`)
+        self.n_tasks, self.passes, self.est_regs = self._size()
 
     # -- sizes --------------------------------------------------------------------------------------
-    def size(self) -> tuple[int, int, int]:
-        """(tasks, passes of a block over one tile per phase, estimated registers)."""
+    def _size(self) -> tuple[int, int, int]:
+        """(tasks, passes of a block over one tile per phase, estimated registers), once, by the
+        constructor (sets ``iters``)."""
         E, vec = self.edge, self.s.vec
         passes = E * E // (vec * self.s.block)
         assert passes >= 1, "the space's rule: transpose * transpose >= block * vec"
@@ -107,7 +114,7 @@ class TransposeLowerer(Lowerer):
 
     def resources(self) -> tuple[LaunchShape, ...]:
         """The launch shape :meth:`lower` gives its one kernel, without building its body."""
-        tasks, _, est = self.size()
+        tasks, est = self.n_tasks, self.est_regs
         smem = 4 * sum(b.size for b in self.shared())
         grid = self.grid_for(tasks, self.s.block, smem, est, 1, False)
         return (LaunchShape("st_k0", self.s.block, smem, est, grid, False, 1),)
@@ -147,7 +154,7 @@ class TransposeLowerer(Lowerer):
 
     # -- the program --------------------------------------------------------------------------------
     def lower(self) -> kir.Program:
-        tasks, passes, est = self.size()
+        tasks, passes, est = self.n_tasks, self.passes, self.est_regs
         k, prof = _TransposeKernel(self, tasks, passes, est).build()
         launches = (kir.Launch(k.name, prof.grid, k.block, k.smem_bytes, tuple(pp.name for pp in k.params)),)
         notes = (f"tiled transpose: {self.edge}x{self.edge} tile (rows padded to {self.pitch} floats) along "
@@ -224,6 +231,8 @@ class _TransposeKernel:
             raise AssertionError("no reuse cache in a tiled transpose")
 
         sv = SweepValues(low, cx, body, vec, set(), lambda n: None, load_input, nothing, nothing)
+        if any(OPS[nd.op].kind == "slice" for nd in low.g.nodes):   # (plan.transpose admits slices only)
+            sv.index_value = self.remap_values(body, row, c, pred, sv).node_value
         for name in dict.fromkeys(low.g.outputs):
             vals = sv.value(name)
             if name in low.tile.outputs:
@@ -234,6 +243,24 @@ class _TransposeKernel:
                 self.uses["out"].add(low.out_buf[name])
                 low.mapped_store(body, name, low.row_base(name, row), c, vals, low.once_pred(name, row, pred))
         return kir.For(p, I(0), I(self.passes), 1, tuple(body), unroll=True)
+
+    def remap_values(self, body: list[kir.Stmt], row: kir.Expr, c: kir.Expr, pred: kir.Expr | None,
+                     sv: SweepValues) -> RemapValues:
+        """The values of the graph's ``slice`` nodes at the load phase's element ``(row, c)``, as the row
+        kernel computes them (:class:`~stitchtune.lower.remap.RemapValues`: a fused projection's columns
+        read through the chain's index arithmetic, one vector load where it keeps vectors aligned)."""
+        low, cx = self.low, self.cx
+        k0, valid = cx.var("k", I32), cx.var("v", kir.BOOL)
+        body += [Assign(k0, c), Assign(valid, pred if pred is not None else kir.Const(True, kir.BOOL))]
+
+        def f_index(r: kir.Expr, k: kir.Expr, name: str | None = None) -> kir.Expr:
+            if name is not None and low.p.mapped(name):
+                return add(low.row_base(name, Bin("min", r, low.m_last())), k)
+            return add(mul(Bin("min", r, low.m_last()), low.n_expr()), k)
+
+        kern = SimpleNamespace(low=low, cx=cx, ix=SimpleNamespace(row=row), uses=self.uses,
+                               f_index=f_index)
+        return RemapValues(cast(Any, kern), RowSweep(I(0), k0, valid, body, False), sv)
 
     def store_phase(self) -> kir.For:
         """Read the tile down its columns and store the transposed outputs along ``t``, ``sv`` positions

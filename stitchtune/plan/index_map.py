@@ -34,16 +34,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
-from typing import Mapping
+from typing import Generic, Mapping, TypeVar
+
+from stitchtune.graph.dynamic import SymInt
+
+#: a factor's field type: ``int`` in a plan's index maps, :class:`~stitchtune.graph.dynamic.SymInt` (a monomial
+#: of the dynamic extents) in a generic lowering's row symbols (:class:`stitchtune.lower.symbols.RowSymbols`)
+Ext = TypeVar("Ext", int, SymInt)
 
 
 @dataclass(frozen=True)
-class Factor:
-    """One term of an axis map: ``((i // inner) % dim) * stride`` (``dim >= 2``, ``stride >= 1``)."""
+class Factor(Generic[Ext]):
+    """One term of an axis map: ``((i // inner) % dim) * stride`` (``dim >= 2``, ``stride >= 1``):
+    ``Factor[int]`` in a plan's index maps, ``Factor[SymInt]`` (fields that follow the dynamic extents)
+    in a generic lowering's row symbols."""
 
-    dim: int
-    inner: int
-    stride: int
+    dim: Ext
+    inner: Ext
+    stride: Ext
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,7 @@ class AxisMap:
     """The map of one kernel axis (``r`` over ``extent = M`` or ``c`` over ``extent = N``)."""
 
     extent: int
-    factors: tuple[Factor, ...]
+    factors: tuple[Factor[int], ...]
 
     def offset(self, i: int) -> int:
         """The element offset this axis contributes at index ``i`` (``0 <= i < extent``)."""
@@ -66,7 +74,7 @@ class AxisMap:
         """The whole axis is one run ``i * stride`` (true for an axis of extent 1)."""
         return self.extent == 1 or self.factors == (Factor(self.extent, 1, stride),)
 
-    def needs_mod(self, f: Factor) -> bool:
+    def needs_mod(self, f: Factor[int]) -> bool:
         """Whether ``f`` needs its ``% dim``: not when ``i // inner < dim`` for every ``i < extent``."""
         return f.inner * f.dim < self.extent
 
@@ -163,7 +171,7 @@ class IndexMap:
 def _axis_map(axes: tuple[int, ...], sizes: Mapping[int, int], stride_of: dict[int, int]) -> AxisMap:
     """The map of the kernel axis spanning the domain axes ``axes`` (row-major, last fastest)."""
     extent = prod(sizes[a] for a in axes) if axes else 1
-    factors: list[Factor] = []  # innermost first while building
+    factors: list[Factor[int]] = []  # innermost first while building
     inner = 1
     for a in reversed(axes):
         st = stride_of.get(a, 0)

@@ -14,7 +14,8 @@ factor (:class:`~stitchtune.plan.index_map.Factor` ``(dim, inner, stride=1)``); 
 of ``t`` by ``E`` columns at fixed ``(hi, lo)``.
 
 Contract: :func:`transpose_tile` returns a :class:`TransposeTile` only for a static element-wise plan
-(no reductions, cross reductions, scatters or row-move rewrite) of a graph without index ops, ``iota``
+(no reductions, cross reductions, scatters or row-move rewrite) of a graph without index ops other than
+``slice`` (GPT-2's fused q / k / v columns, k transposed), ``iota``
 or int registers, whose outputs are all full-size with one writer per element, and at least one
 of whose outputs (floating point) has
 columns that are not contiguous and a stride-1 row factor of ``dim >= MIN_DIM``; every such output
@@ -50,18 +51,18 @@ class TransposeTile:
     inner: int
     outputs: tuple[str, ...]
 
-    def factor(self) -> Factor:
+    def factor(self) -> Factor[int]:
         """The outputs' stride-1 row factor."""
         return Factor(self.dim, self.inner, 1)
 
 
-def stride_one_factor(imap: IndexMap) -> Factor | None:
+def stride_one_factor(imap: IndexMap) -> Factor[int] | None:
     """The row factor of ``imap`` with stride 1 (the tensor's innermost axis runs along the view's
     rows), or None."""
     return next((f for f in imap.rows.factors if f.stride == 1), None)
 
 
-def _transposed(imap: IndexMap) -> Factor | None:
+def _transposed(imap: IndexMap) -> Factor[int] | None:
     """The stride-1 row factor of an output whose columns are strided (not a contiguous run), else None."""
     if imap.cols.broadcast or imap.cols.contiguous() or imap.row_repeats:
         return None
@@ -74,9 +75,11 @@ def transpose_tile(graph: Graph, family: Family, maps: dict[str, IndexMap], dtyp
     ``plain_elementwise``: the plan has no cross reductions, scatters or row-move rewrite."""
     if family != Family.ELEMENTWISE or not plain_elementwise or int_registers(graph):
         return None
-    if any(OPS[nd.op].kind in INDEX_KINDS or nd.op == "iota" for nd in graph.nodes):
+    # slices (a fused projection's q / k / v columns) are read as the row kernel reads them; concat,
+    # gathers and iota are not tiled
+    if any(OPS[nd.op].kind in INDEX_KINDS - {"slice"} or nd.op == "iota" for nd in graph.nodes):
         return None
-    found: Factor | None = None
+    found: Factor[int] | None = None
     outs: list[str] = []
     for name in dict.fromkeys(graph.outputs):
         m = maps[name]

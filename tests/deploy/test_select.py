@@ -15,7 +15,7 @@ from stitchtune.tune.database import TuningDB
 from stitchtune.hardware.device import get_device
 from stitchtune.graph.parse import Graph, load_graph
 from stitchtune.cost.heuristic import heuristic_schedule
-from stitchtune.lower.entry import CODEGEN_VERSION, lower
+from stitchtune.lower.entry import CODEGEN_VERSION, COMPATIBLE_CODEGEN_VERSIONS, lower
 from stitchtune.tune.pipeline import context_row, schedule_columns
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import Schedule, SearchSpace
@@ -212,8 +212,26 @@ def test_records_of_the_compatible_earlier_space_version_are_read_where_they_sti
     assert "space version 3/1" in c.reason
 
 
+def test_earlier_codegen_records_rank_after_todays_and_say_so(ln: Graph, tmp_path: Any) -> None:
+    """A record of an earlier code generator version (its time measured on the earlier kernel) is chosen
+    only after re-validation, after every record of today's version, with a reason that says so."""
+    old = COMPATIBLE_CODEGEN_VERSIONS[0]
+    assert old != CODEGEN_VERSION
+    fast_old, slow_new = schedules(ln, 2)
+    TuningDB(tmp_path).append([row(ln, fast_old, 1.0, codegen_version=old)])
+    c = choose_schedule(ln, tmp_path, H200)
+    assert c.source == "tuned" and c.schedule == fast_old
+    assert f"recorded with code generator version {old}" in c.reason and "earlier kernel" in c.reason
+    TuningDB(tmp_path).append([row(ln, slow_new, 9.0)])
+    clear_cache()
+    c = choose_schedule(ln, tmp_path, H200)
+    assert c.source == "tuned" and c.schedule == slow_new and c.record is not None
+    assert c.record["codegen_version"] == CODEGEN_VERSION and "earlier kernel" not in c.reason
+
+
 def test_committed_h200_records_are_still_chosen() -> None:
-    """The committed H200 database (space version 1) still gives every workload it tuned its record."""
+    """The committed H200 database (space version 1, code generator 1) still gives every workload it tuned
+    its record, re-validated, and says that the record's time is the earlier kernel's."""
     from helpers.common import COMMITTED_DB
     from stitchtune.tune.database import read_db
 
@@ -225,5 +243,6 @@ def test_committed_h200_records_are_still_chosen() -> None:
         if g.workload_key() in tuned:
             c = choose_schedule(g, COMMITTED_DB, H200)
             assert c.source == "tuned" and c.record is not None and c.record["space_version"] == "1", path.name
+            assert c.record["codegen_version"] == "1" and "earlier kernel" in c.reason, c.reason
             found += 1
     assert found == len(tuned) == 5

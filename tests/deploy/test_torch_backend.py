@@ -833,3 +833,27 @@ def test_a_language_model_training_step_with_labels(family: str) -> None:
     assert max(float((grads[k] - p.grad).abs().max()) for k, p in m.named_parameters()) <= 1e-4 * scale
     fwd, bwd = _loss_head_regions()
     assert 1 <= fwd.kernels <= 2 and bwd.kernels == 1
+
+
+def test_a_dropout_zero_clone_saved_for_the_backward_shares_the_softmax_tensor() -> None:
+    """Training attention with dropout at p = 0: the softmax and its ``clone`` are both only saved for the
+    backward (importers.torch_saved), so the clone shares the kernel's tensor (no second store, no copy
+    kernel); the loss and gradients equal eager."""
+    def f(s: Any, v: Any) -> Any:
+        p = (s * 0.5).softmax(-1)
+        return (torch.nn.functional.dropout(p, 0.0, training=True) @ v).sum()
+
+    torch.manual_seed(0)
+    s, v = torch.randn(2, 8, 8, requires_grad=True), torch.randn(2, 8, 4, requires_grad=True)
+    torch_backend.LAST_REPORTS.clear()
+    got = _compile(f, fallback="eager", cpu="emulate")(s, v)
+    got.backward()
+    gs, gv = s.grad.clone(), v.grad.clone()
+    s.grad = v.grad = None
+    want = f(s, v)
+    want.backward()
+    assert abs(got.item() - want.item()) < 1e-5 and torch.allclose(gs, s.grad, atol=1e-6)
+    assert torch.allclose(gv, v.grad, atol=1e-6)
+    fwd = [x for r in torch_backend.LAST_REPORTS for x in r.stitched if x.graph == "forward"]
+    assert fwd and all("aten.clone" not in x.ops for x in fwd), fwd
+    assert any("aten._softmax" in x.ops for x in fwd), fwd

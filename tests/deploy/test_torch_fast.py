@@ -176,3 +176,30 @@ def test_inductors_wrapper_calls_the_regions_without_the_dispatcher(fresh_backen
     assert out.shape == (8, H)
     assert drv.launched == before + 1
     assert not [e.name for e in prof.events() if "stitchtune::region" in e.name]
+
+
+def test_shape_calls_try_the_last_thin_path_then_the_one_of_the_shapes() -> None:
+    from stitchtune.deploy.torch_fast import ShapeCalls
+
+    class Stub:
+        """A thin path for one shape of input 0 (None for any other), counting its calls."""
+
+        def __init__(self, n: int) -> None:
+            self.n, self.calls = n, 0
+
+        def run(self, inputs: list[Any]) -> list[Any] | None:
+            if inputs[0].shape[0] != self.n:
+                return None
+            self.calls += 1
+            return [self.n]
+
+    calls = ShapeCalls(limit=2)
+    two, three = Stub(2), Stub(3)
+    calls.add([torch.empty(2)], two)
+    calls.add([torch.empty(3)], three)
+    assert [calls([torch.empty(n)]) for n in (2, 2, 3, 2)] == [[2], [2], [3], [2]]
+    assert calls([torch.empty(4)]) is None          # no thin path for these shapes: the full path
+    assert calls.hits == 4
+    calls.add([torch.empty(4)], None)               # the oldest (2, the last one run) is dropped
+    assert calls([torch.empty(2)]) is None and calls([torch.empty(3)]) == [3]
+    assert calls.hits == 5 and two.calls == 3

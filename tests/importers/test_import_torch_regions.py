@@ -588,13 +588,14 @@ def test_rotary_angles_also_returned_are_still_computed_again_in_each_region() -
     assert not [d for d in split.declined if d.reason.startswith("planner")], split.declined
 
 
-def test_a_clone_of_a_region_output_is_stored_by_the_region_as_a_second_output() -> None:
-    """Attention dropout at p = 0 in training is a ``clone`` of the softmax, saved and multiplied: the
-    region stores the clone too (a second tensor), rather than leaving a copy kernel to Inductor."""
+def test_a_clone_both_returned_is_stored_by_the_region_as_a_second_output() -> None:
+    """A ``clone`` of a region's output when the graph returns both (the user may write to either: PyTorch's
+    copy semantics): the region stores the clone too (a second tensor), rather than leaving a copy kernel
+    to Inductor."""
     def f(s: Any, v: Any) -> Any:
         p = (s * 0.5).softmax(-1)
         c = p.clone()
-        return p, c @ v
+        return p, c, c @ v
 
     s, v = torch.randn(2, 8, 8), torch.randn(2, 8, 4)
     split = find_regions(_aten(f, s, v))
@@ -603,6 +604,57 @@ def test_a_clone_of_a_region_output_is_stored_by_the_region_as_a_second_output()
     out = run_reference(r.graph, {r.graph.inputs[0][0]: s.numpy()})
     want = (s * 0.5).softmax(-1).numpy()
     assert all(np.abs(out[o] - want).max() < 1e-6 for o in r.graph.outputs)
+
+
+def test_a_clone_that_may_share_its_tensor_is_left_out_of_the_region() -> None:
+    """A ``clone`` read only inside the graph (attention dropout at p = 0 before a matmul) may share the
+    region output's tensor (importers.torch_saved.may_share): the region stores one output, the clone is
+    left to the backend's rewrite (its readers read the kernel's tensor)."""
+    def f(s: Any, v: Any) -> Any:
+        p = (s * 0.5).softmax(-1)
+        c = p.clone()
+        return p, c @ v
+
+    split = find_regions(_aten(f, torch.randn(2, 8, 8), torch.randn(2, 8, 4)))
+    [r] = split.regions
+    assert "aten.clone" not in r.ops and len(r.outputs) == 1, r.ops
+
+
+def test_saved_outputs_are_marked_and_may_share() -> None:
+    """In a training step's forward graph the outputs from ``num_forward`` on are saved for the backward:
+    marked (importers.torch_saved.mark_saved_outputs); the softmax and its dropout-0 clone, both only saved,
+    may share one tensor; with the user's output position they may not."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    from stitchtune.importers.torch_saved import SAVED_FROM, mark_saved_outputs, may_share, returned, user_visible
+
+    seen: list[Any] = []
+
+    def fw(gm: Any, inputs: Any) -> Any:
+        seen.append((gm, mark_saved_outputs(gm)))
+        return make_boxed_func(gm.forward)
+
+    def f(s: Any, v: Any) -> Any:
+        p = (s * 0.5).softmax(-1)
+        return torch.nn.functional.dropout(p, 0.0, training=True) @ v
+
+    s, v = torch.randn(2, 8, 8, requires_grad=True), torch.randn(2, 8, 4, requires_grad=True)
+    torch._dynamo.reset()
+    try:
+        g = torch.compile(f, backend=aot_autograd(fw_compiler=fw, bw_compiler=lambda gm, i: make_boxed_func(gm.forward)))
+        g(s, v).sum().backward()
+    finally:
+        torch._dynamo.reset()
+    [(gm, frm)] = seen
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    assert frm == 1 and out.meta[SAVED_FROM] == 1
+    soft = next(n for n in gm.graph.nodes if "softmax" in str(n.target))
+    clone = next(n for n in gm.graph.nodes if "clone" in str(n.target))
+    assert returned(soft) and returned(clone) and not user_visible(soft) and not user_visible(clone)
+    assert may_share(soft, clone)
+    del out.meta[SAVED_FROM]   # unmarked: every output is the user's
+    assert user_visible(clone) and not may_share(soft, clone)
 
 
 def test_a_slice_scattered_into_zeros_read_by_anything_but_add_is_declined() -> None:

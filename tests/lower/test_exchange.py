@@ -61,6 +61,9 @@ class FakeKernel:
         self.n += 1
         return Var(f"{prefix}{self.n}", dtype)
 
+    def emit(self, *stmts: kir.Stmt) -> None:
+        self.rb.extend(stmts)
+
     def last_row(self) -> kir.Expr:
         return kir.Const(self._p.M - 1, I32)
 

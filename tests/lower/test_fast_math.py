@@ -29,7 +29,7 @@ from stitchtune.plan.planner import make_plan
 from stitchtune.space import SearchSpace
 
 from helpers.common import REPO
-from helpers.lowering import rel_err
+from helpers.lowering import check_emulates, float_graph, rel_err
 
 DEV = get_device("H200")
 
@@ -55,6 +55,43 @@ def test_fast_div_model() -> None:
     b = np.array([3.0, 7.0, 1e-3, 2.0 ** 127], np.float32)
     got = fast_div(a, b)
     assert np.allclose(got[:3], (a / b)[:3], rtol=2e-7) and got[3] == 0.0  # __fdividef's range gives 0
+
+
+def test_fast_gelu_tanh_model() -> None:
+    """GELU's tanh form through exp and a fast division: within 6e-7 of the float64 reference (the float32
+    tanhf form: 4.6e-7), the limits right (-0 far left, x far right), and rendered without tanhf."""
+    from stitchtune.graph.fast_ops import FAST_KERNEL_OPS, fast_gelu_tanh
+    from stitchtune.graph.ops import OPS
+
+    x = np.concatenate([np.linspace(-20.0, 20.0, 200001), np.random.default_rng(0).normal(0, 3, 100000)])
+    x = x.astype(np.float32)
+    want = OPS["gelu_tanh"].np_fn(x.astype(np.float64))
+    got = fast_gelu_tanh(x)
+    assert got.dtype == np.float32 and np.max(np.abs(got - want)) < 6e-7
+    assert fast_gelu_tanh(np.float32(-60.0)) == 0.0 and fast_gelu_tanh(np.float32(60.0)) == np.float32(60.0)
+    assert "tanhf" not in FAST_KERNEL_OPS["fast_gelu_tanh"][1]
+
+
+def test_fast_tanh_model_and_integer_powers() -> None:
+    """tanh without branches: within 1e-6 relative of the float64 reference (float32 tanhf: 1.1e-7), exact
+    signs and limits; x ** 3 lowered as products (GPT-2's GELU), powf kept with exact_math 1."""
+    from stitchtune.graph.fast_ops import fast_tanh
+
+    x = np.concatenate([np.linspace(-20.0, 20.0, 400001), np.geomspace(1e-30, 1.0, 1000),
+                        -np.geomspace(1e-30, 1.0, 1000)]).astype(np.float32)
+    want = np.tanh(x.astype(np.float64))
+    got = fast_tanh(x).astype(np.float64)
+    assert np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-38)) < 1e-6
+    assert fast_tanh(np.float32(100.0)) == 1.0 and fast_tanh(np.float32(-100.0)) == -1.0 and fast_tanh(np.float32(0.0)) == 0.0
+    g = float_graph({"x": [4, 64]}, [{"id": "p", "op": "pow", "args": ["x", 3.0]},
+                                     {"id": "y", "op": "tanh", "args": ["p"]}], ["y"])
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    s = heuristic_schedule(plan, DEV, space)
+    fast, exact = (render(lower(g, plan, dataclasses.replace(s, exact_math=e), DEV, space)) for e in (0, 1))
+    assert "powf" not in fast and "tanhf" not in fast and "__expf" in fast
+    assert "powf" in exact and "tanhf" in exact
+    check_emulates(g, 2, 3)
 
 
 def test_softmax_renders_fast_forms_and_exact_ones_on_request() -> None:

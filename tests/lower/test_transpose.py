@@ -50,6 +50,41 @@ CASES = {
                          ["t"]),
 }
 
+def _qkv_split(B: int, S: int, nh: int, D: int) -> dict:
+    """GPT-2's fused projection ``[B * S, 3 H]`` split into q, k, v columns (slices), each into heads; k
+    transposed (``[B, nh, D, S]``, the output ``t``) for the scores."""
+    H = nh * D
+    nodes = [{"id": "v3", "op": "reshape", "args": ["qkv"], "shape": [B, S, 3 * H]}]
+    for i, (out, perm) in enumerate((("q", [0, 2, 1, 3]), ("t", [0, 2, 3, 1]), ("v", [0, 2, 1, 3]))):
+        nodes += [{"id": f"s{i}", "op": "slice", "args": ["v3"], "axis": 2, "start": i * H, "stop": (i + 1) * H},
+                  {"id": f"h{i}", "op": "reshape", "args": [f"s{i}"], "shape": [B, S, nh, D]},
+                  {"id": out, "op": "transpose", "args": [f"h{i}"], "perm": perm}]
+    return float_graph({"qkv": [B * S, 3 * H]}, nodes, ["q", "t", "v"])
+
+
+CASES["qkv_split"] = _qkv_split(2, 40, 2, 32)   # S = 40: ragged against both tile edges
+
+
+def test_the_fused_qkv_split_is_tiled_with_vector_loads_through_the_slices() -> None:
+    """GPT-2's q / k / v split (slices of the fused projection, k transposed) at the GPU script's head
+    size: tiled, every load and store of the heuristic kernel 128-bit and at its ideal sectors (the slices
+    read through the chain's index arithmetic, a vector where the head's columns keep vectors aligned)."""
+    from stitchtune.gpu.render import render
+
+    g = _qkv_split(2, 128, 2, 64)
+    plan = make_plan(g)
+    assert plan.transpose is not None and plan.transpose.outputs == ("t",)
+    space = SearchSpace.for_plan(plan, DEV)
+    s = heuristic_schedule(plan, DEV, space)
+    assert s.option("transpose") in (32, 64) and s.vec == 4
+    prog = lower(g, plan, s, DEV, space)
+    src = render(prog)
+    assert "reinterpret_cast<const float4*>(in0" in src and "const float* __restrict__ in0" in src
+    trace: list = []
+    emulate_program(prog, random_inputs(g, 1), trace=trace)
+    assert count_sectors(trace, op="load").ratio == 1.0 and count_sectors(trace, op="store").ratio == 1.0
+
+
 HALF = parse_graph({"name": "half", "inputs": {"x": {"shape": [2, 50, 3, 40], "dtype": "float16"}},
                     "nodes": [{"id": "t", "op": "transpose", "args": ["x"], "perm": [0, 2, 3, 1]}], "outputs": ["t"]})
 

@@ -93,14 +93,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
   for (rd3 = 0; rd3 < 1; rd3 += 1) {
     row4 = ((((rd3 * (int)gridDim.x) + (int)blockIdx.x) * 8) + rib2);
     sidx5 = 0;
-    rv6 = (row4 < 256);
+    rv6 = true;
     kb7 = (sidx5 * 1024);
     ke8 = min((kb7 + 1024), 1024);
     acc10 = 0.0f;
     #pragma unroll
     for (i9 = 0; i9 < 8; i9 += 1) {
       k11 = (kb7 + (((i9 * 32) + lane1) * 4));
-      v12 = (rv6 && (k11 < ke8));
+      v12 = rv6;
       if (v12) {
         float4 _v0 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 255) * 1024) + k11));
         t0_13 = _v0.x;
@@ -127,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
     #pragma unroll
     for (i17 = 0; i17 < 8; i17 += 1) {
       k19 = (kb7 + (((i17 * 32) + lane1) * 4));
-      v20 = (rv6 && (k19 < ke8));
+      v20 = rv6;
       t4_21 = (rc0[(i17 * 4)] - acc10);
       t4_22 = (rc0[((i17 * 4) + 1)] - acc10);
       t4_23 = (rc0[((i17 * 4) + 2)] - acc10);
@@ -156,7 +156,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
     #pragma unroll
     for (i31 = 0; i31 < 8; i31 += 1) {
       k32 = (kb7 + (((i31 * 32) + lane1) * 4));
-      v33 = (rv6 && (k32 < ke8));
+      v33 = rv6;
       t9_34 = (rc4[(i31 * 4)] * p30);
       t9_35 = (rc4[((i31 * 4) + 1)] * p30);
       t9_36 = (rc4[((i31 * 4) + 2)] * p30);

@@ -100,14 +100,14 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
     task9 = ((rd3 * (int)gridDim.x) + (int)blockIdx.x);
     row4 = (task9 / 4);
     sidx5 = (task9 % 4);
-    rv6 = (row4 < 4);
+    rv6 = true;
     kb7 = (sidx5 * 4096);
     ke8 = min((kb7 + 4096), 16384);
     acc11 = 0.0f;
     #pragma unroll
     for (i10 = 0; i10 < 4; i10 += 1) {
       k12 = (kb7 + (((i10 * 256) + lane1) * 4));
-      v13 = (rv6 && (k12 < ke8));
+      v13 = rv6;
       if (v13) {
         float4 _v0 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 3) * 16384) + k12));
         t0_14 = _v0.x;
@@ -153,7 +153,7 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
     #pragma unroll
     for (i18 = 0; i18 < 4; i18 += 1) {
       k20 = (kb7 + (((i18 * 256) + lane1) * 4));
-      v21 = (rv6 && (k20 < ke8));
+      v21 = rv6;
       t4_22 = (rc0[(i18 * 4)] - acc11);
       t4_23 = (rc0[((i18 * 4) + 1)] - acc11);
       t4_24 = (rc0[((i18 * 4) + 2)] - acc11);
@@ -197,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
     #pragma unroll
     for (i32 = 0; i32 < 4; i32 += 1) {
       k33 = (kb7 + (((i32 * 256) + lane1) * 4));
-      v34 = (rv6 && (k33 < ke8));
+      v34 = rv6;
       t4_35 = (rc0[(i32 * 4)] - acc11);
       t4_36 = (rc0[((i32 * 4) + 1)] - acc11);
       t4_37 = (rc0[((i32 * 4) + 2)] - acc11);

@@ -63,7 +63,7 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
   for (rd3 = 0; rd3 < 2; rd3 += 1) {
     row4 = ((((rd3 * (int)gridDim.x) + (int)blockIdx.x) * 2) + rib2);
     sidx5 = 0;
-    rv6 = (row4 < 512);
+    rv6 = true;
     kb7 = (sidx5 * 256);
     ke8 = min((kb7 + 256), 128);
     acc10 = __int_as_float(0xff800000);
@@ -152,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(256) st_k1(const float* __restrict_
   for (rd3 = 0; rd3 < 2; rd3 += 1) {
     row4 = ((((rd3 * (int)gridDim.x) + (int)blockIdx.x) * 2) + rib2);
     sidx5 = 0;
-    rv6 = (row4 < 512);
+    rv6 = true;
     kb7 = (sidx5 * 256);
     ke8 = min((kb7 + 256), 128);
     acc9 = (rv6 ? st_ldcg(val0 + min(row4, 511)) : 0.0f);

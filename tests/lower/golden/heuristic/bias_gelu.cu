@@ -65,13 +65,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) st_k0(const float* __restri
   for (rd3 = 0; rd3 < 1; rd3 += 1) {
     row4 = ((((rd3 * (int)gridDim.x) + (int)blockIdx.x) * 2) + rib2);
     sidx5 = 0;
-    rv6 = (row4 < 16384);
+    rv6 = true;
     kb7 = (sidx5 * 4096);
     ke8 = min((kb7 + 4096), 4096);
     #pragma unroll
     for (i9 = 0; i9 < 8; i9 += 1) {
       k10 = (kb7 + (((i9 * 128) + lane1) * 4));
-      v11 = (rv6 && (k10 < ke8));
+      v11 = rv6;
       if (v11) {
         float4 _v0 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 16383) * 4096) + k10));
         t0_12 = _v0.x;
@@ -90,10 +90,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) st_k0(const float* __restri
       t2_21 = (t0_13 + t1_17);
       t2_22 = (t0_14 + t1_18);
       t2_23 = (t0_15 + t1_19);
-      t3_24 = (0.5f * t2_20 * (1.0f + tanhf((0.7978846f * (t2_20 + (0.044715f * t2_20 * t2_20 * t2_20))))));
-      t3_25 = (0.5f * t2_21 * (1.0f + tanhf((0.7978846f * (t2_21 + (0.044715f * t2_21 * t2_21 * t2_21))))));
-      t3_26 = (0.5f * t2_22 * (1.0f + tanhf((0.7978846f * (t2_22 + (0.044715f * t2_22 * t2_22 * t2_22))))));
-      t3_27 = (0.5f * t2_23 * (1.0f + tanhf((0.7978846f * (t2_23 + (0.044715f * t2_23 * t2_23 * t2_23))))));
+      t3_24 = __fdividef(t2_20, (1.0f + __expf((-1.5957692f * (t2_20 + (0.044715f * t2_20 * t2_20 * t2_20))))));
+      t3_25 = __fdividef(t2_21, (1.0f + __expf((-1.5957692f * (t2_21 + (0.044715f * t2_21 * t2_21 * t2_21))))));
+      t3_26 = __fdividef(t2_22, (1.0f + __expf((-1.5957692f * (t2_22 + (0.044715f * t2_22 * t2_22 * t2_22))))));
+      t3_27 = __fdividef(t2_23, (1.0f + __expf((-1.5957692f * (t2_23 + (0.044715f * t2_23 * t2_23 * t2_23))))));
       if (v11) {
         float4 _v2;
         _v2.x = t3_24;

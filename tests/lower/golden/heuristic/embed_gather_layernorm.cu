@@ -106,7 +106,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) st_k0(const int* __restrict
   for (rd3 = 0; rd3 < 1; rd3 += 1) {
     row4 = ((((rd3 * (int)gridDim.x) + (int)blockIdx.x) * 8) + rib2);
     sidx5 = 0;
-    rv6 = (row4 < 16384);
+    rv6 = true;
     kb7 = (sidx5 * 768);
     ke8 = min((kb7 + 768), 768);
     acc10 = 0.0f;
@@ -116,7 +116,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) st_k0(const int* __restrict
     #pragma unroll
     for (i9 = 0; i9 < 6; i9 += 1) {
       k11 = (kb7 + (((i9 * 32) + lane1) * 4));
-      v12 = (rv6 && (k11 < ke8));
+      v12 = rv6;
       g14 = 0.0f;
       g15 = 0.0f;
       g16 = 0.0f;
@@ -158,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) st_k0(const int* __restrict
     #pragma unroll
     for (i27 = 0; i27 < 6; i27 += 1) {
       k29 = (kb7 + (((i27 * 32) + lane1) * 4));
-      v30 = (rv6 && (k29 < ke8));
+      v30 = rv6;
       t8_31 = (rc6[(i27 * 4)] - acc10);
       t8_32 = (rc6[((i27 * 4) + 1)] - acc10);
       t8_33 = (rc6[((i27 * 4) + 2)] - acc10);
@@ -183,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) st_k0(const int* __restrict
     #pragma unroll
     for (i41 = 0; i41 < 6; i41 += 1) {
       k42 = (kb7 + (((i41 * 32) + lane1) * 4));
-      v43 = (rv6 && (k42 < ke8));
+      v43 = rv6;
       t8_44 = (rc6[(i41 * 4)] - acc10);
       t8_45 = (rc6[((i41 * 4) + 1)] - acc10);
       t8_46 = (rc6[((i41 * 4) + 2)] - acc10);

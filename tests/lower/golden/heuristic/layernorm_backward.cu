@@ -145,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
     #pragma unroll
     for (i10 = 0; i10 < 8; i10 += 1) {
       k13 = (kb7 + (((i10 * 32) + lane1) * 4));
-      v14 = (rv6 && (k13 < ke8));
+      v14 = rv6;
       if (v14) {
         float4 _v0 = *reinterpret_cast<const float4*>(in1 + ((min(row4, 16383) * 1024) + k13));
         t1_15 = _v0.x;
@@ -215,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
     #pragma unroll
     for (i45 = 0; i45 < 8; i45 += 1) {
       k46 = (kb7 + (((i45 * 32) + lane1) * 4));
-      v47 = (rv6 && (k46 < ke8));
+      v47 = rv6;
       if (v47) {
         float4 _v3 = *reinterpret_cast<const float4*>(in2 + k46);
         t2_48 = _v3.x;

@@ -106,14 +106,14 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(512) st_k
     task9 = ((rd3 * (int)gridDim.x) + (int)blockIdx.x);
     row4 = (task9 / 8);
     sidx5 = (task9 % 8);
-    rv6 = (row4 < 64);
+    rv6 = true;
     kb7 = (sidx5 * 32768);
     ke8 = min((kb7 + 32768), 262144);
     acc11 = 0.0f;
     #pragma unroll
     for (i10 = 0; i10 < 16; i10 += 1) {
       k12 = (kb7 + (((i10 * 512) + lane1) * 4));
-      v13 = (rv6 && (k12 < ke8));
+      v13 = rv6;
       if (v13) {
         float4 _v0 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 63) * 262144) + k12));
         t0_14 = _v0.x;
@@ -172,7 +172,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(512) st_k
     #pragma unroll
     for (i18 = 0; i18 < 16; i18 += 1) {
       k20 = (kb7 + (((i18 * 512) + lane1) * 4));
-      v21 = (rv6 && (k20 < ke8));
+      v21 = rv6;
       t4_22 = (rc0[(i18 * 4)] - acc11);
       t4_23 = (rc0[((i18 * 4) + 1)] - acc11);
       t4_24 = (rc0[((i18 * 4) + 2)] - acc11);
@@ -229,7 +229,7 @@ extern "C" __global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(512) st_k
     #pragma unroll
     for (i32 = 0; i32 < 16; i32 += 1) {
       k33 = (kb7 + (((i32 * 512) + lane1) * 4));
-      v34 = (rv6 && (k33 < ke8));
+      v34 = rv6;
       t4_35 = (rc0[(i32 * 4)] - acc11);
       t4_36 = (rc0[((i32 * 4) + 1)] - acc11);
       t4_37 = (rc0[((i32 * 4) + 2)] - acc11);

@@ -78,14 +78,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
   for (rd3 = 0; rd3 < 1; rd3 += 1) {
     row4 = ((((rd3 * (int)gridDim.x) + (int)blockIdx.x) * 2) + rib2);
     sidx5 = 0;
-    rv6 = (row4 < 16384);
+    rv6 = true;
     kb7 = (sidx5 * 4096);
     ke8 = min((kb7 + 4096), 4096);
     acc10 = 0.0f;
     #pragma unroll
     for (i9 = 0; i9 < 8; i9 += 1) {
       k11 = (kb7 + (((i9 * 128) + lane1) * 4));
-      v12 = (rv6 && (k11 < ke8));
+      v12 = rv6;
       if (v12) {
         float4 _v0 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 16383) * 4096) + k11));
         t0_13 = _v0.x;
@@ -125,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
     #pragma unroll
     for (i23 = 0; i23 < 8; i23 += 1) {
       k24 = (kb7 + (((i23 * 128) + lane1) * 4));
-      v25 = (rv6 && (k24 < ke8));
+      v25 = rv6;
       t6_26 = (rc0[(i23 * 4)] * p22);
       t6_27 = (rc0[((i23 * 4) + 1)] * p22);
       t6_28 = (rc0[((i23 * 4) + 2)] * p22);

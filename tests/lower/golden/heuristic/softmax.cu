@@ -76,14 +76,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
   for (rd3 = 0; rd3 < 1; rd3 += 1) {
     row4 = ((((rd3 * (int)gridDim.x) + (int)blockIdx.x) * 16) + rib2);
     sidx5 = 0;
-    rv6 = (row4 < 98304);
+    rv6 = true;
     kb7 = (sidx5 * 512);
     ke8 = min((kb7 + 512), 512);
     acc10 = __int_as_float(0xff800000);
     #pragma unroll
     for (i9 = 0; i9 < 8; i9 += 1) {
       k11 = (kb7 + (((i9 * 16) + lane1) * 4));
-      v12 = (rv6 && (k11 < ke8));
+      v12 = rv6;
       if (v12) {
         float4 _v0 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 98303) * 512) + k11));
         t0_13 = _v0.x;
@@ -108,7 +108,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
     #pragma unroll
     for (i17 = 0; i17 < 8; i17 += 1) {
       k19 = (kb7 + (((i17 * 16) + lane1) * 4));
-      v20 = (rv6 && (k19 < ke8));
+      v20 = rv6;
       t2_21 = (rc0[(i17 * 4)] - acc10);
       t2_22 = (rc0[((i17 * 4) + 1)] - acc10);
       t2_23 = (rc0[((i17 * 4) + 2)] - acc10);
@@ -134,7 +134,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
     #pragma unroll
     for (i29 = 0; i29 < 8; i29 += 1) {
       k30 = (kb7 + (((i29 * 16) + lane1) * 4));
-      v31 = (rv6 && (k30 < ke8));
+      v31 = rv6;
       t5_33 = (rc3[(i29 * 4)] * rcp32);
       t5_34 = (rc3[((i29 * 4) + 1)] * rcp32);
       t5_35 = (rc3[((i29 * 4) + 2)] * rcp32);
