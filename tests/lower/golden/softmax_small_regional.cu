@@ -5,7 +5,6 @@
 __device__ __forceinline__ float st_ld(const float* p) { return *p; }
 __device__ __forceinline__ float st_ld(const __half* p) { return __half2float(*p); }
 __device__ __forceinline__ float st_ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ float st_ld(const double* p) { return __double2float_rn(*p); }
 __device__ __forceinline__ float st_ldcg(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ void st_st(float* p, float v) { *p = v; }
 __device__ __forceinline__ void st_st(__half* p, float v) { *p = __float2half_rn(v); }
