@@ -50,6 +50,7 @@ class _Culprit:
     free: bool = False   # a view or no-op left to the framework (not reported as declined)
     unroll: bool = False   # a small sum to map again as adds of slices (not excluded)
     cut: tuple[Any, Any] | None = None   # an edge to leave out of every group instead (torch_cuts.chain_cut)
+    more_cuts: tuple[tuple[Any, Any], ...] = ()   # edges cut together with ``cut`` (torch_cuts.edge_cuts)
 
 
 def _inverse(perm: Sequence[int]) -> tuple[int, ...]:
