@@ -62,11 +62,10 @@ class RowSweep:
     from_prefetch: bool
 
 
-class ExchangeBuilder(Protocol):
-    """What a reduction-state exchange needs of the kernel it is built into."""
-
-    #: the kernel's index variables
-    ix: RowIndex
+class StateBuilder(Protocol):
+    """What merging reduction states needs of the kernel it is built into, in either family: the row
+    exchange's :class:`ExchangeBuilder` and the column exchange's
+    :class:`stitchtune.lower.col_exchange.ColExchangeBuilder` extend it with their index variables."""
 
     def emit(self, *stmts: kir.Stmt) -> None:
         """Append ``stmts`` to the current round's statements."""
@@ -83,26 +82,34 @@ class ExchangeBuilder(Protocol):
         ...
 
     @property
-    def rows_per_block(self) -> int:
-        """Rows a block holds at once (``block // tpr``)."""
-        ...
-
-    @property
     def chunk(self) -> int:
-        """Elements of a row one block covers per task (a split row's piece)."""
+        """Elements of the reduced axis one block covers per task (a split row's piece; in the column
+        family the rows of a split chunk)."""
         ...
 
     def var(self, prefix: str, dtype: str = kir.F32) -> Var:
         """A fresh kernel variable."""
         ...
 
-    def last_row(self) -> kir.Expr:
-        """The view's last row ``M - 1`` (a constant; in a generic kernel an expression of its extents)."""
-        ...
-
     def state_parts(self, st: "ReductionState") -> tuple[str, ...]:
         """The scratch buffers of ``st``'s per-block partials (one per stored slot), registered as used
         by this kernel."""
+        ...
+
+
+class ExchangeBuilder(StateBuilder, Protocol):
+    """What a row-family reduction-state exchange needs of the kernel it is built into."""
+
+    #: the kernel's index variables
+    ix: RowIndex
+
+    @property
+    def rows_per_block(self) -> int:
+        """Rows a block holds at once (``block // tpr``)."""
+        ...
+
+    def last_row(self) -> kir.Expr:
+        """The view's last row ``M - 1`` (a constant; in a generic kernel an expression of its extents)."""
         ...
 
 

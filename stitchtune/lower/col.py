@@ -14,7 +14,8 @@ scratch + grid barrier), ``independent`` (partials in scratch, kernel boundary).
 :class:`ColLowerer` sizes the program and builds each kernel through a :class:`_ColKernel`, which
 reads like the kernel: index set-up, the results of earlier kernels, per stage a sweep (loads and
 reduce) and the combine of the partials, the output sweep and stores, the round loop. Its fixed
-parts are frozen values (:class:`_ColLayout`, :class:`_ColIndex`, :class:`_ColSweep`).
+parts are frozen values (:class:`_ColLayout`, :class:`~stitchtune.lower.col_exchange.ColIndex`, :class:`_ColSweep`);
+its reductions are states (:mod:`stitchtune.lower.state`) combined by :mod:`stitchtune.lower.col_exchange`.
 """
 
 from __future__ import annotations
@@ -28,25 +29,18 @@ from stitchtune.ir import kir
 from stitchtune.ir.launches import LaunchShape
 from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph
-from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Select, Var
+from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Var
 from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul, estimate_registers
 from stitchtune.lower.profile import kernel_profile
 from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.col_remap import ColRemapValues
+from stitchtune.lower import col_exchange
+from stitchtune.lower.col_exchange import ColIndex, ColState, load_f32, store_f32
+from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.lower.counts import loads_from, sweep_reads
 from stitchtune.lower.liveness import col_sweeps, kernel_levels, merged_levels, node_args
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space import SCHEMES, ReuseLevel, Schedule, Scheme, SchemeTable
-
-
-def _load_f32(dsts: tuple[Var, ...], buf: str, idx: kir.Expr, pred: kir.Expr | None) -> list[kir.Stmt]:
-    """Loads of a float32 scratch buffer in accesses of at most 16 bytes (4 floats)."""
-    return [kir.LoadVec(dsts[k:k + 4], buf, add(idx, I(k)), pred) for k in range(0, len(dsts), 4)]
-
-
-def _store_f32(buf: str, idx: kir.Expr, vals: tuple[kir.Expr, ...], pred: kir.Expr | None) -> list[kir.Stmt]:
-    """Stores to a float32 scratch buffer in accesses of at most 16 bytes (4 floats)."""
-    return [kir.StoreVec(buf, add(idx, I(k)), vals[k:k + 4], pred) for k in range(0, len(vals), 4)]
+from stitchtune.space import SCHEMES, ReuseLevel, Schedule, SchemeTable
 
 
 class ColLowerer(Lowerer):
@@ -155,25 +149,6 @@ def _col_layout(low: ColLowerer, ki: int, seg: list[int], tasks: int, est_regs: 
 
 
 @dataclass(frozen=True)
-class _ColIndex:
-    """The index variables of a kernel: the thread's column group ``tc`` and row thread ``tk`` (set
-    once), the round, and the task, tile, split index, first column, column validity and row range
-    of the round's task."""
-
-    tc: Var
-    tk: Var
-    rd: Var
-    tile: Var
-    sidx: Var
-    c0: Var
-    cvalid: Var
-    kbase: Var
-    kend: Var
-    task: Var
-    cc0: kir.Expr  # the first column clamped for address arithmetic
-
-
-@dataclass(frozen=True)
 class _ColSweep:
     """One sweep's loop: the logical iteration index, the thread's row ``r`` of the iteration and
     its validity, and the loop body being built."""
@@ -190,9 +165,11 @@ class _ColKernel:
     (:meth:`reduce_stage`), the output sweep and stores (:meth:`write_outputs`), the round loop
     (:meth:`finish`).
 
-    State while building: ``body`` (statements before the round loop), ``rb`` (the round body),
-    ``pvals`` (the ``vec`` per-column values available, by tensor name), ``uses`` (global buffers read and written), ``filled`` (cached tensors written to their
-    cache by an earlier sweep).
+    Its building state is private: ``_body`` (statements before the round loop), ``_rb`` (the round
+    body, appended to through :meth:`emit`), ``_pvals`` (the ``vec`` per-column values available, by
+    tensor name), ``_states`` (each reduction's :data:`~stitchtune.lower.col_exchange.ColState`),
+    ``_uses`` (global buffers read and written), ``_filled`` (cached tensors written to their cache
+    by an earlier sweep). It implements :class:`~stitchtune.lower.col_exchange.ColExchangeBuilder`.
     """
 
     def __init__(self, low: ColLowerer, ki: int, seg: list[int], tasks: int, est_regs: int) -> None:
@@ -202,79 +179,72 @@ class _ColKernel:
         self.lay = _col_layout(low, ki, seg, tasks, est_regs)
         tid = kir.Special("tid")
         tc, tk = cx.var("tc", I32), cx.var("tk", I32)
-        self.body: list[kir.Stmt] = [Assign(tc, Bin("%", tid, I(low.tpc))), Assign(tk, Bin("/", tid, I(low.tpc)))]
+        self._body: list[kir.Stmt] = [Assign(tc, Bin("%", tid, I(low.tpc))), Assign(tk, Bin("/", tid, I(low.tpc)))]
         rd, tile, sidx = cx.var("rd", I32), cx.var("tile", I32), cx.var("sidx", I32)
         c0, cvalid = cx.var("c", I32), cx.var("cv", kir.BOOL)
         kbase, kend = cx.var("kb", I32), cx.var("ke", I32)
         task = cx.var("task", I32)
         cc0 = Bin("min", c0, I(p.N - s.vec))
-        self.ix = _ColIndex(tc, tk, rd, tile, sidx, c0, cvalid, kbase, kend, task, cc0)
+        self.ix = ColIndex(tc, tk, rd, tile, sidx, c0, cvalid, kbase, kend, task, cc0)
         S, vec = s.split, s.vec
-        self.rb: list[kir.Stmt] = [
+        self._rb: list[kir.Stmt] = [
             Assign(task, add(mul(rd, kir.Special("gdim")), kir.Special("bid"))),
             Assign(tile, Bin("/", task, I(S))), Assign(sidx, Bin("%", task, I(S))),
             Assign(c0, add(mul(tile, I(low.TC)), mul(tc, I(vec)))),
             Assign(cvalid, Bin("&&", Bin("<", c0, I(p.N)), Bin("<", task, I(tasks)))),
             Assign(kbase, mul(sidx, I(low.chunk))),
             Assign(kend, Bin("min", add(kbase, I(low.chunk)), I(p.M)))]
-        self.uses: dict[str, set[str]] = {"in": set(), "out": set()}
-        self.pvals: dict[str, list[kir.Expr]] = {}
-        self.filled: set[str] = set()
+        self._uses: dict[str, set[str]] = {"in": set(), "out": set()}
+        self._pvals: dict[str, list[kir.Expr]] = {}
+        self._filled: set[str] = set()
+        self._states: dict[str, ColState] = {}
         self.prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
 
     # -- per-column values ------------------------------------------------------------------------
     def load_p(self, name: str) -> list[kir.Expr]:
         """The ``vec`` values of a per-column (PER_KEPT) or scalar input."""
         low, ix, vec = self.low, self.ix, self.low.s.vec
-        if name in self.pvals:
-            return self.pvals[name]
+        if name in self._pvals:
+            return self._pvals[name]
         buf = low.in_buf[name]
-        self.uses["in"].add(buf)
+        self._uses["in"].add(buf)
         if low.cls[name] is TensorClass.PER_KEPT and low.p.mapped(name):  # through its column factors
-            self.pvals[name] = low.mapped_load(self.cx, self.rb, name, I(0), ix.cc0, ix.cvalid, "p")
+            self._pvals[name] = low.mapped_load(self.cx, self._rb, name, I(0), ix.cc0, ix.cvalid, "p")
         elif low.cls[name] is TensorClass.PER_KEPT:
             dsts = tuple(self.cx.var("p", F32) for _ in range(vec))
-            self.rb.append(kir.LoadVec(dsts, buf, ix.cc0, ix.cvalid))
-            self.pvals[name] = list(dsts)
+            self._rb.append(kir.LoadVec(dsts, buf, ix.cc0, ix.cvalid))
+            self._pvals[name] = list(dsts)
         else:
             v = self.cx.var("p", F32)
-            self.rb.append(Assign(v, Load(buf, I(0))))
-            self.pvals[name] = [v] * vec
-        return self.pvals[name]
+            self._rb.append(Assign(v, Load(buf, I(0))))
+            self._pvals[name] = [v] * vec
+        return self._pvals[name]
 
     def compute_p_nodes(self) -> None:
         """Compute the per-column and scalar nodes whose reductions are all available."""
         low, vec = self.low, self.low.s.vec
-        for nd, args in low.ready_p_nodes(self.pvals, self.load_p, lambda c: [Const(c, F32)] * vec):
+        for nd, args in low.ready_p_nodes(self._pvals, self.load_p, lambda c: [Const(c, F32)] * vec):
             vs: list[kir.Expr] = []
             for j in range(vec):
                 v = self.cx.var("p", F32)
-                self.rb.append(Assign(v, low.expr_of_node(nd, [a[j] for a in args])))
+                self._rb.append(Assign(v, low.expr_of_node(nd, [a[j] for a in args])))
                 vs.append(v)
-            self.pvals[nd.id] = vs
+            self._pvals[nd.id] = vs
 
-    def acc_vars(self, r: str) -> list[kir.Var]:
-        """The accumulators of reduction ``r`` (its ``pvals``: variables, combined in place)."""
-        accs = [v for v in self.pvals[r] if isinstance(v, kir.Var)]
-        assert len(accs) == len(self.pvals[r]), f"reduction '{r}' has values that are not variables"
-        return accs
+    def new_state(self, r: str) -> ColState:
+        """Fresh states of reduction ``r`` for the thread's ``vec`` columns (not yet reset)."""
+        info = self.low.red_info(r)
+        return tuple(PlainState(r, self.cx.var("acc", F32), info) for _ in range(self.low.s.vec))
 
-    def read_partials(self, r: str, target: list[kir.Var] | None = None) -> None:
-        """Combine the ``split`` partials of reduction ``r`` for this thread's columns from scratch
-        into ``target`` (fresh variables when None)."""
-        low, ix, cx = self.low, self.ix, self.cx
-        S, N, vec = low.s.split, low.p.N, low.s.vec
-        part = low.scratch(f"part{low.red_idx[r]}", S * N)
-        cx.scratch.add(part)
-        accs = target or [cx.var("acc", F32) for _ in range(vec)]
-        for a in accs:
-            self.rb.append(Assign(a, low.identity(r)))
-        q = cx.var("q", I32)
-        tmp = tuple(cx.var("pp", F32) for _ in range(vec))
-        loop = _load_f32(tmp, part, add(mul(q, I(N)), ix.cc0), ix.cvalid)
-        loop += [Assign(accs[j], low.combine(r, accs[j], tmp[j])) for j in range(vec)]
-        self.rb.append(kir.For(q, I(0), I(S), 1, tuple(loop)))
-        self.pvals[r] = list(accs)
+    def keep_state(self, r: str, g: ColState) -> None:
+        """Record ``g`` as reduction ``r``'s state; its slots become ``r``'s per-column values."""
+        self._states[r] = g
+        self._pvals[r] = [st.vars[0] for st in g]
+
+    def finish_state(self, r: str) -> None:
+        """The final values of reduction ``r`` from its complete state (a mean's divided in place)."""
+        for st in self._states[r]:
+            self.emit(*st.finish(self.low.p.K, self.var)[0])
 
     def read_earlier_stages(self) -> None:
         """The results of the stages of earlier kernels: combined from their partials (an
@@ -283,14 +253,16 @@ class _ColKernel:
         for st in self.prev_stages:
             for r in low.p.stages[st]:
                 if low.schemes[low.s.schemes[st]].kernel_boundary:
-                    self.read_partials(r)
-                    low.finalize(self.rb, r, self.acc_vars(r))
+                    g = self.new_state(r)
+                    col_exchange.combine_partials(self, g)
+                    self.keep_state(r, g)
+                    self.finish_state(r)
                 else:
                     vb = low.scratch(f"val{low.red_idx[r]}", low.p.N)
                     cx.scratch.add(vb)
                     dsts = tuple(cx.var("acc", F32) for _ in range(low.s.vec))
-                    self.rb.extend(_load_f32(dsts, vb, ix.cc0, ix.cvalid))
-                    self.pvals[r] = list(dsts)
+                    self._rb.extend(load_f32(dsts, vb, ix.cc0, ix.cvalid))
+                    self._pvals[r] = list(dsts)
         self.compute_p_nodes()
 
     # -- sweeps -----------------------------------------------------------------------------------
@@ -305,13 +277,13 @@ class _ColKernel:
         """The ``vec`` values of a per-column or scalar tensor (None for the others)."""
         if self.low.cls[name].varies_along_reduced:
             return None
-        return self.load_p(name) if name in self.low.in_buf else self.pvals[name]
+        return self.load_p(name) if name in self.low.in_buf else self._pvals[name]
 
     def load_input(self, sw: _ColSweep, name: str) -> list[kir.Expr]:
         """The ``vec`` values of a full-size or per-reduced-index (per-row) input at the sweep's row."""
         low, vec, M, N = self.low, self.low.s.vec, self.low.p.M, self.low.p.N
         buf = low.in_buf[name]
-        self.uses["in"].add(buf)
+        self._uses["in"].add(buf)
         if low.p.mapped(name):  # through its index map
             rbase = low.row_base(name, Bin("min", sw.r, I(M - 1)))
             if low.cls[name] is TensorClass.FULL:
@@ -335,28 +307,28 @@ class _ColKernel:
         it, r_ = cx.var("i", I32), cx.var("r", I32)
         idx_it, ii = low.sweep_index(cx, it)
         valid = cx.var("v", kir.BOOL)
-        accs = {}
+        accs: dict[str, ColState] = {}
         for r in reds:
-            accs[r] = [cx.var("acc", F32) for _ in range(vec)]
-            for a in accs[r]:
-                self.rb.append(Assign(a, low.identity(r)))
+            accs[r] = self.new_state(r)
+            for st in accs[r]:
+                self._rb.extend(reset(st))
         lb: list[kir.Stmt] = [Assign(r_, add(ix.kbase, add(mul(idx_it, I(tk)), ix.tk))),
                     Assign(valid, Bin("&&", ix.cvalid, Bin("<", r_, ix.kend)))]
         sw = _ColSweep(idx_it, r_, valid, lb)
-        sv = SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw),
+        sv = SweepValues(low, cx, lb, vec, self._filled, self.broadcast, partial(self.load_input, sw),
                           partial(self.cache_index, sw), partial(self.smem_index, sw),
                           low.kernel_reuse[self.ki])
         if low.index_ops:   # slice / concat along the columns (lower.col_remap)
-            sv.index_value = ColRemapValues(low, cx, lb, sv, r_, ix.cc0, valid, self.uses["in"]).node_value
+            sv.index_value = ColRemapValues(low, cx, lb, sv, r_, ix.cc0, valid, self._uses["in"]).node_value
         for r in reds:
             vals = sv.value(str(low.nodes[r].args[0]))
-            for j in range(vec):
-                a = accs[r][j]
-                lb.append(Assign(a, Select(valid, low.combine(r, a, vals[j]), a)))
+            for j, st in enumerate(accs[r]):
+                assert isinstance(st, PlainState)
+                lb.append(st.fold(vals[j], valid))
         for o in outputs:
             vals = sv.value(o)
             buf = low.out_buf[o]
-            self.uses["out"].add(buf)
+            self._uses["out"].add(buf)
             if low.p.mapped(o):  # a permuted (bijective) map: stored through it
                 rbase = low.row_base(o, Bin("min", r_, I(low.p.M - 1)))
                 if low.cls[o] is TensorClass.FULL:
@@ -368,51 +340,47 @@ class _ColKernel:
             else:  # PER_REDUCED output: one value per row, written by the first column's threads
                 lb.append(kir.StoreVec(buf, r_, (vals[0],), and_(valid, Bin("==", ix.c0, I(0)))))
         head = low.order_sweep(ii, it, low.rpt, loads_from(lb, low.swept_inputs))
-        self.rb.append(kir.For(it, I(0), I(low.rpt), 1, tuple(head + lb),
+        self._rb.append(kir.For(it, I(0), I(low.rpt), 1, tuple(head + lb),
                                unroll=bool(self.lay.locals_) or low.rpt <= 8))
-        self.filled.update(sv.newly)
+        self._filled.update(sv.newly)
         for r in reds:
-            self.pvals[r] = list(accs[r])
+            self.keep_state(r, accs[r])
 
-    # -- combining the partials of a stage ----------------------------------------------------------
-    def exchange_in_block(self, reds: list[str]) -> None:
-        """The partials of the ``tpr`` row threads of each column meet in shared memory (scalar
-        stores: any vec width, no 16-byte limit)."""
-        low, ix, rb = self.low, self.ix, self.rb
-        tk, vec, TC = low.s.tpr, low.s.vec, low.TC
-        for si_, r in enumerate(reds):
-            base = si_ * tk * TC
-            for j in range(vec):
-                rb.append(kir.StoreVec("sred", add(I(base), add(mul(ix.tk, I(TC)), add(
-                    mul(ix.tc, I(vec)), I(j)))), (self.pvals[r][j],)))
-        rb.append(kir.Barrier())
-        for si_, r in enumerate(reds):
-            base = si_ * tk * TC
-            accs = self.acc_vars(r)
-            for a in accs:
-                rb.append(Assign(a, low.identity(r)))
-            q = self.cx.var("q", I32)
-            loop = [Assign(accs[j], low.combine(r, accs[j], Load("sred", add(
-                I(base), add(mul(q, I(TC)), add(mul(ix.tc, I(vec)), I(j))))))) for j in range(vec)]
-            rb.append(kir.For(q, I(0), I(tk), 1, tuple(loop)))
-        rb.append(kir.Barrier())
+    # -- what the column exchange uses (col_exchange.ColExchangeBuilder) ---------------------------
+    def emit(self, *stmts: kir.Stmt) -> None:
+        """Append ``stmts`` to the current round's statements."""
+        self._rb.extend(stmts)
 
-    def exchange(self, reds: list[str], scheme: Scheme) -> None:
-        """Combine the partials of ``reds``: across the row threads of a block (tpr > 1), then, where the
-        scheme has partials (global scratch), across the split row chunks of a column tile."""
-        low, ix = self.low, self.ix
-        if low.s.tpr > 1:
-            self.exchange_in_block(reds)
-        if scheme.partials:
-            for r in reds:
-                part = low.scratch(f"part{low.red_idx[r]}", low.s.split * low.p.N)
-                self.cx.scratch.add(part)
-                self.rb.extend(_store_f32(part, add(mul(ix.sidx, I(low.p.N)), ix.cc0), tuple(self.pvals[r]),
-                                          Bin("&&", ix.cvalid, Bin("==", ix.tk, I(0)))))
-            if scheme.grid_barrier:
-                self.rb.append(kir.GridSync())
-                for r in reds:
-                    self.read_partials(r, target=self.acc_vars(r))
+    def var(self, prefix: str, dtype: str = F32) -> Var:
+        """A fresh kernel variable."""
+        return self.cx.var(prefix, dtype)
+
+    @property
+    def schedule(self) -> Schedule:
+        """The schedule being lowered."""
+        return self.low.s
+
+    @property
+    def plan(self) -> StitchPlan:
+        """The plan being lowered."""
+        return self.low.p
+
+    @property
+    def chunk(self) -> int:
+        """Rows of a column one split chunk covers."""
+        return self.low.chunk
+
+    @property
+    def tile_cols(self) -> int:
+        """Columns of one task's tile."""
+        return self.low.TC
+
+    def state_parts(self, st: ReductionState) -> tuple[str, ...]:
+        """The scratch buffers of ``st``'s per-chunk partials (``split x N`` floats each), registered as
+        used by this kernel."""
+        names = tuple(self.low.scratch(n, self.low.s.split * self.low.p.N) for n in st.part_names(self.low.red_idx))
+        self.cx.scratch.update(names)
+        return names
 
     # -- stages and outputs -----------------------------------------------------------------------
     def reduce_stage(self, st: int, keep_results: bool) -> None:
@@ -422,15 +390,15 @@ class _ColKernel:
         reds = list(low.p.stages[st])
         scheme = low.schemes[low.s.schemes[st]]
         self.sweep(reds, [])
-        self.exchange(reds, scheme)
+        col_exchange.exchange(self, [self._states[r] for r in reds], scheme)
         if not scheme.result_in_kernel:
             return
         for r in reds:
-            low.finalize(self.rb, r, self.acc_vars(r))
+            self.finish_state(r)
             if keep_results:
                 vb = low.scratch(f"val{low.red_idx[r]}", low.p.N)
                 self.cx.scratch.add(vb)
-                self.rb.extend(_store_f32(vb, ix.cc0, tuple(self.pvals[r]), Bin("&&", ix.cvalid, Bin(
+                self._rb.extend(store_f32(vb, ix.cc0, tuple(self._pvals[r]), Bin("&&", ix.cvalid, Bin(
                     "&&", Bin("==", ix.tk, I(0)), Bin("==", ix.sidx, I(0))))))
         self.compute_p_nodes()
 
@@ -446,24 +414,24 @@ class _ColKernel:
             c = low.cls[o]
             if c.varies_along_reduced:
                 continue
-            vals = self.load_p(o) if o in low.in_buf else self.pvals[o]
+            vals = self.load_p(o) if o in low.in_buf else self._pvals[o]
             buf = low.out_buf[o]
-            self.uses["out"].add(buf)
+            self._uses["out"].add(buf)
             lead = Bin("&&", Bin("==", ix.tk, I(0)), Bin("==", ix.sidx, I(0)))
             if c is TensorClass.PER_KEPT and low.p.mapped(o):
-                low.mapped_store(self.rb, o, I(0), ix.cc0, list(vals), Bin("&&", ix.cvalid, lead))
+                low.mapped_store(self._rb, o, I(0), ix.cc0, list(vals), Bin("&&", ix.cvalid, lead))
             elif c is TensorClass.PER_KEPT:
-                self.rb.append(kir.StoreVec(buf, ix.c0, tuple(vals), Bin("&&", ix.cvalid, lead)))
+                self._rb.append(kir.StoreVec(buf, ix.c0, tuple(vals), Bin("&&", ix.cvalid, lead)))
             else:
-                self.rb.append(kir.StoreVec(buf, I(0), (vals[0],), Bin("&&", Bin("==", ix.c0, I(0)),
+                self._rb.append(kir.StoreVec(buf, I(0), (vals[0],), Bin("&&", Bin("==", ix.c0, I(0)),
                                                                          Bin("&&", ix.cvalid, lead))))
 
     def finish(self) -> tuple[kir.Kernel, kir.KernelProfile]:
         """The round loop, the kernel and its profile."""
         low, lay = self.low, self.lay
-        low.order_tasks(self.rb, bool(sweep_reads(tuple(self.rb), low.swept_inputs)), lay.rounds * lay.grid)
-        self.body.append(kir.For(self.ix.rd, I(0), I(lay.rounds), 1, tuple(self.rb)))
-        kern = low.make_kernel(self.ki, self.uses, self.cx, self.body, list(lay.shared), list(lay.locals_),
+        low.order_tasks(self._rb, bool(sweep_reads(tuple(self._rb), low.swept_inputs)), lay.rounds * lay.grid)
+        self._body.append(kir.For(self.ix.rd, I(0), I(lay.rounds), 1, tuple(self._rb)))
+        kern = low.make_kernel(self.ki, self._uses, self.cx, self._body, list(lay.shared), list(lay.locals_),
                                lay.needs_sync)
         return kern, kernel_profile(low, kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.ki)
 
