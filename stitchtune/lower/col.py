@@ -55,10 +55,10 @@ class ColLowerer(Lowerer):
                  schemes: SchemeTable = SCHEMES) -> None:
         super().__init__(graph, plan, s, device, schemes)
         #: the program's tasks, estimated registers per thread and stages per kernel (:meth:`_size`)
-        self.n_tasks, self.est_regs, self.segs = self._size()
+        self.n_tasks, self._est_regs, self.segs = self._size()
 
     def lower(self) -> kir.Program:
-        tasks, est, segs = self.n_tasks, self.est_regs, self.segs
+        tasks, est, segs = self.n_tasks, self._est_regs, self.segs
         block = self.s.block
         kernels, launches, profiles = [], [], []
         for ki, seg in enumerate(segs):
@@ -96,7 +96,7 @@ class ColLowerer(Lowerer):
     def resources(self) -> tuple[LaunchShape, ...]:
         """The launch shape of every kernel :meth:`lower` would build, from the same layouts
         (:func:`_col_layout`) without building kernel bodies."""
-        tasks, est, segs = self.n_tasks, self.est_regs, self.segs
+        tasks, est, segs = self.n_tasks, self._est_regs, self.segs
         out = []
         for ki, seg in enumerate(segs):
             lay = _col_layout(self, ki, seg, tasks, est)
@@ -168,15 +168,17 @@ class _ColKernel:
     Its building state is private: ``_body`` (statements before the round loop), ``_rb`` (the round
     body, appended to through :meth:`emit`), ``_pvals`` (the ``vec`` per-column values available, by
     tensor name), ``_states`` (each reduction's :data:`~stitchtune.lower.col_exchange.ColState`),
-    ``_uses`` (global buffers read and written), ``_filled`` (cached tensors written to their cache
-    by an earlier sweep). It implements :class:`~stitchtune.lower.col_exchange.ColExchangeBuilder`.
+    ``_uses`` (global buffers read and written: :meth:`use_input`, :meth:`use_output`), ``_filled``
+    (cached tensors written to their cache by an earlier sweep), and the lowerer, variables and layout
+    it builds with. It implements :class:`~stitchtune.lower.col_exchange.ColExchangeBuilder`; its only
+    public field is ``ix`` (frozen).
     """
 
     def __init__(self, low: ColLowerer, ki: int, seg: list[int], tasks: int, est_regs: int) -> None:
-        self.low, self.ki, self.est_regs = low, ki, est_regs
+        self._low, self._ki, self._est_regs = low, ki, est_regs
         s, p = low.s, low.p
-        self.cx = cx = Ctx()
-        self.lay = _col_layout(low, ki, seg, tasks, est_regs)
+        self._cx = cx = Ctx()
+        self._lay = _col_layout(low, ki, seg, tasks, est_regs)
         tid = kir.Special("tid")
         tc, tk = cx.var("tc", I32), cx.var("tk", I32)
         self._body: list[kir.Stmt] = [Assign(tc, Bin("%", tid, I(low.tpc))), Assign(tk, Bin("/", tid, I(low.tpc)))]
@@ -198,43 +200,43 @@ class _ColKernel:
         self._pvals: dict[str, list[kir.Expr]] = {}
         self._filled: set[str] = set()
         self._states: dict[str, ColState] = {}
-        self.prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
+        self._prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
 
     # -- per-column values ------------------------------------------------------------------------
     def load_p(self, name: str) -> list[kir.Expr]:
         """The ``vec`` values of a per-column (PER_KEPT) or scalar input."""
-        low, ix, vec = self.low, self.ix, self.low.s.vec
+        low, ix, vec = self._low, self.ix, self._low.s.vec
         if name in self._pvals:
             return self._pvals[name]
         buf = low.in_buf[name]
-        self._uses["in"].add(buf)
+        self.use_input(buf)
         if low.cls[name] is TensorClass.PER_KEPT and low.p.mapped(name):  # through its column factors
-            self._pvals[name] = low.mapped_load(self.cx, self._rb, name, I(0), ix.cc0, ix.cvalid, "p")
+            self._pvals[name] = low.mapped_load(self._cx, self._rb, name, I(0), ix.cc0, ix.cvalid, "p")
         elif low.cls[name] is TensorClass.PER_KEPT:
-            dsts = tuple(self.cx.var("p", F32) for _ in range(vec))
+            dsts = tuple(self._cx.var("p", F32) for _ in range(vec))
             self._rb.append(kir.LoadVec(dsts, buf, ix.cc0, ix.cvalid))
             self._pvals[name] = list(dsts)
         else:
-            v = self.cx.var("p", F32)
+            v = self._cx.var("p", F32)
             self._rb.append(Assign(v, Load(buf, I(0))))
             self._pvals[name] = [v] * vec
         return self._pvals[name]
 
     def compute_p_nodes(self) -> None:
         """Compute the per-column and scalar nodes whose reductions are all available."""
-        low, vec = self.low, self.low.s.vec
+        low, vec = self._low, self._low.s.vec
         for nd, args in low.ready_p_nodes(self._pvals, self.load_p, lambda c: [Const(c, F32)] * vec):
             vs: list[kir.Expr] = []
             for j in range(vec):
-                v = self.cx.var("p", F32)
+                v = self._cx.var("p", F32)
                 self._rb.append(Assign(v, low.expr_of_node(nd, [a[j] for a in args])))
                 vs.append(v)
             self._pvals[nd.id] = vs
 
     def new_state(self, r: str) -> ColState:
         """Fresh states of reduction ``r`` for the thread's ``vec`` columns (not yet reset)."""
-        info = self.low.red_info(r)
-        return tuple(PlainState(r, self.cx.var("acc", F32), info) for _ in range(self.low.s.vec))
+        info = self._low.red_info(r)
+        return tuple(PlainState(r, self._cx.var("acc", F32), info) for _ in range(self._low.s.vec))
 
     def keep_state(self, r: str, g: ColState) -> None:
         """Record ``g`` as reduction ``r``'s state; its slots become ``r``'s per-column values."""
@@ -244,13 +246,13 @@ class _ColKernel:
     def finish_state(self, r: str) -> None:
         """The final values of reduction ``r`` from its complete state (a mean's divided in place)."""
         for st in self._states[r]:
-            self.emit(*st.finish(self.low.p.K, self.var)[0])
+            self.emit(*st.finish(self._low.p.K, self.var)[0])
 
     def read_earlier_stages(self) -> None:
         """The results of the stages of earlier kernels: combined from their partials (an
         independent stage) or the final per-column values an earlier kernel stored."""
-        low, ix, cx = self.low, self.ix, self.cx
-        for st in self.prev_stages:
+        low, ix, cx = self._low, self.ix, self._cx
+        for st in self._prev_stages:
             for r in low.p.stages[st]:
                 if low.schemes[low.s.schemes[st]].kernel_boundary:
                     g = self.new_state(r)
@@ -267,42 +269,42 @@ class _ColKernel:
 
     # -- sweeps -----------------------------------------------------------------------------------
     def cache_index(self, sw: _ColSweep, j: int) -> kir.Expr:
-        return add(mul(sw.idx, I(self.low.s.vec)), I(j))
+        return add(mul(sw.idx, I(self._low.s.vec)), I(j))
 
     def smem_index(self, sw: _ColSweep, j: int) -> kir.Expr:
-        tk, vec, TC, ix = self.low.s.tpr, self.low.s.vec, self.low.TC, self.ix
+        tk, vec, TC, ix = self._low.s.tpr, self._low.s.vec, self._low.TC, self.ix
         return add(mul(add(mul(sw.idx, I(tk)), ix.tk), I(TC)), add(mul(ix.tc, I(vec)), I(j)))
 
     def broadcast(self, name: str) -> list[kir.Expr] | None:
         """The ``vec`` values of a per-column or scalar tensor (None for the others)."""
-        if self.low.cls[name].varies_along_reduced:
+        if self._low.cls[name].varies_along_reduced:
             return None
-        return self.load_p(name) if name in self.low.in_buf else self._pvals[name]
+        return self.load_p(name) if name in self._low.in_buf else self._pvals[name]
 
     def load_input(self, sw: _ColSweep, name: str) -> list[kir.Expr]:
         """The ``vec`` values of a full-size or per-reduced-index (per-row) input at the sweep's row."""
-        low, vec, M, N = self.low, self.low.s.vec, self.low.p.M, self.low.p.N
+        low, vec, M, N = self._low, self._low.s.vec, self._low.p.M, self._low.p.N
         buf = low.in_buf[name]
-        self._uses["in"].add(buf)
+        self.use_input(buf)
         if low.p.mapped(name):  # through its index map
             rbase = low.row_base(name, Bin("min", sw.r, I(M - 1)))
             if low.cls[name] is TensorClass.FULL:
-                return low.mapped_load(self.cx, sw.body, name, rbase, self.ix.cc0, sw.valid, f"t{low.tid_of[name]}_")
-            v = self.cx.var(f"t{low.tid_of[name]}_", F32)
+                return low.mapped_load(self._cx, sw.body, name, rbase, self.ix.cc0, sw.valid, f"t{low.tid_of[name]}_")
+            v = self._cx.var(f"t{low.tid_of[name]}_", F32)
             sw.body.append(Assign(v, Load(buf, rbase, sw.valid)))
             return [v] * vec
         if low.cls[name] is TensorClass.FULL:
-            dsts = tuple(self.cx.var(f"t{low.tid_of[name]}_", F32) for _ in range(vec))
+            dsts = tuple(self._cx.var(f"t{low.tid_of[name]}_", F32) for _ in range(vec))
             idx = add(mul(Bin("min", sw.r, I(M - 1)), I(N)), self.ix.cc0)
             sw.body.append(kir.LoadVec(dsts, buf, idx, sw.valid))
             return list(dsts)
-        v = self.cx.var(f"t{low.tid_of[name]}_", F32)  # PER_REDUCED: one value per row
+        v = self._cx.var(f"t{low.tid_of[name]}_", F32)  # PER_REDUCED: one value per row
         sw.body.append(Assign(v, Load(buf, Bin("min", sw.r, I(M - 1)), sw.valid)))
         return [v] * vec
 
     def sweep(self, reds: list[str], outputs: list[str]) -> None:
         """One pass over the thread's rows of its chunk: accumulate ``reds`` and/or store ``outputs``."""
-        low, cx, ix = self.low, self.cx, self.ix
+        low, cx, ix = self._low, self._cx, self.ix
         tk, vec, N = low.s.tpr, low.s.vec, low.p.N
         it, r_ = cx.var("i", I32), cx.var("r", I32)
         idx_it, ii = low.sweep_index(cx, it)
@@ -317,9 +319,9 @@ class _ColKernel:
         sw = _ColSweep(idx_it, r_, valid, lb)
         sv = SweepValues(low, cx, lb, vec, self._filled, self.broadcast, partial(self.load_input, sw),
                           partial(self.cache_index, sw), partial(self.smem_index, sw),
-                          low.kernel_reuse[self.ki])
+                          low.kernel_reuse[self._ki])
         if low.index_ops:   # slice / concat along the columns (lower.col_remap)
-            sv.index_value = ColRemapValues(low, cx, lb, sv, r_, ix.cc0, valid, self._uses["in"]).node_value
+            sv.index_value = ColRemapValues(low, cx, lb, sv, r_, ix.cc0, valid, self.use_input).node_value
         for r in reds:
             vals = sv.value(str(low.nodes[r].args[0]))
             for j, st in enumerate(accs[r]):
@@ -328,7 +330,7 @@ class _ColKernel:
         for o in outputs:
             vals = sv.value(o)
             buf = low.out_buf[o]
-            self._uses["out"].add(buf)
+            self.use_output(buf)
             if low.p.mapped(o):  # a permuted (bijective) map: stored through it
                 rbase = low.row_base(o, Bin("min", r_, I(low.p.M - 1)))
                 if low.cls[o] is TensorClass.FULL:
@@ -341,10 +343,18 @@ class _ColKernel:
                 lb.append(kir.StoreVec(buf, r_, (vals[0],), and_(valid, Bin("==", ix.c0, I(0)))))
         head = low.order_sweep(ii, it, low.rpt, loads_from(lb, low.swept_inputs))
         self._rb.append(kir.For(it, I(0), I(low.rpt), 1, tuple(head + lb),
-                               unroll=bool(self.lay.locals_) or low.rpt <= 8))
+                               unroll=bool(self._lay.locals_) or low.rpt <= 8))
         self._filled.update(sv.newly)
         for r in reds:
             self.keep_state(r, accs[r])
+
+    def use_input(self, buf: str) -> None:
+        """Record that the kernel reads global buffer ``buf`` (it becomes a kernel parameter)."""
+        self._uses["in"].add(buf)
+
+    def use_output(self, buf: str) -> None:
+        """Record that the kernel writes global buffer ``buf`` (it becomes a kernel parameter)."""
+        self._uses["out"].add(buf)
 
     # -- what the column exchange uses (col_exchange.ColExchangeBuilder) ---------------------------
     def emit(self, *stmts: kir.Stmt) -> None:
@@ -353,40 +363,40 @@ class _ColKernel:
 
     def var(self, prefix: str, dtype: str = F32) -> Var:
         """A fresh kernel variable."""
-        return self.cx.var(prefix, dtype)
+        return self._cx.var(prefix, dtype)
 
     @property
     def schedule(self) -> Schedule:
         """The schedule being lowered."""
-        return self.low.s
+        return self._low.s
 
     @property
     def plan(self) -> StitchPlan:
         """The plan being lowered."""
-        return self.low.p
+        return self._low.p
 
     @property
     def chunk(self) -> int:
         """Rows of a column one split chunk covers."""
-        return self.low.chunk
+        return self._low.chunk
 
     @property
     def tile_cols(self) -> int:
         """Columns of one task's tile."""
-        return self.low.TC
+        return self._low.TC
 
     def state_parts(self, st: ReductionState) -> tuple[str, ...]:
         """The scratch buffers of ``st``'s per-chunk partials (``split x N`` floats each), registered as
         used by this kernel."""
-        names = tuple(self.low.scratch(n, self.low.s.split * self.low.p.N) for n in st.part_names(self.low.red_idx))
-        self.cx.scratch.update(names)
+        names = tuple(self._low.scratch(n, self._low.s.split * self._low.p.N) for n in st.part_names(self._low.red_idx))
+        self._cx.scratch.update(names)
         return names
 
     # -- stages and outputs -----------------------------------------------------------------------
     def reduce_stage(self, st: int, keep_results: bool) -> None:
         """Stage ``st``: its sweep, the combine of the partials, and (unless the stage is independent)
         the final values; ``keep_results``: stored per column for a later kernel."""
-        low, ix = self.low, self.ix
+        low, ix = self._low, self.ix
         reds = list(low.p.stages[st])
         scheme = low.schemes[low.s.schemes[st]]
         self.sweep(reds, [])
@@ -397,7 +407,7 @@ class _ColKernel:
             self.finish_state(r)
             if keep_results:
                 vb = low.scratch(f"val{low.red_idx[r]}", low.p.N)
-                self.cx.scratch.add(vb)
+                self._cx.scratch.add(vb)
                 self._rb.extend(store_f32(vb, ix.cc0, tuple(self._pvals[r]), Bin("&&", ix.cvalid, Bin(
                     "&&", Bin("==", ix.tk, I(0)), Bin("==", ix.sidx, I(0))))))
         self.compute_p_nodes()
@@ -405,7 +415,7 @@ class _ColKernel:
     def write_outputs(self) -> None:
         """The output sweep (full-size and per-reduced-index outputs), then the per-column and scalar
         outputs, written by the first row thread of the first row chunk."""
-        low, ix = self.low, self.ix
+        low, ix = self._low, self.ix
         outs = list(dict.fromkeys(low.g.outputs))
         f_outs = [o for o in outs if low.cls[o].varies_along_reduced]
         if f_outs:
@@ -416,7 +426,7 @@ class _ColKernel:
                 continue
             vals = self.load_p(o) if o in low.in_buf else self._pvals[o]
             buf = low.out_buf[o]
-            self._uses["out"].add(buf)
+            self.use_output(buf)
             lead = Bin("&&", Bin("==", ix.tk, I(0)), Bin("==", ix.sidx, I(0)))
             if c is TensorClass.PER_KEPT and low.p.mapped(o):
                 low.mapped_store(self._rb, o, I(0), ix.cc0, list(vals), Bin("&&", ix.cvalid, lead))
@@ -428,12 +438,12 @@ class _ColKernel:
 
     def finish(self) -> tuple[kir.Kernel, kir.KernelProfile]:
         """The round loop, the kernel and its profile."""
-        low, lay = self.low, self.lay
+        low, lay = self._low, self._lay
         low.order_tasks(self._rb, bool(sweep_reads(tuple(self._rb), low.swept_inputs)), lay.rounds * lay.grid)
         self._body.append(kir.For(self.ix.rd, I(0), I(lay.rounds), 1, tuple(self._rb)))
-        kern = low.make_kernel(self.ki, self._uses, self.cx, self._body, list(lay.shared), list(lay.locals_),
+        kern = low.make_kernel(self._ki, self._uses, self._cx, self._body, list(lay.shared), list(lay.locals_),
                                lay.needs_sync)
-        return kern, kernel_profile(low, kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.ki)
+        return kern, kernel_profile(low, kern, lay.grid, lay.rounds, lay.smem_bytes, self._est_regs, self._ki)
 
 
 def lower_col(graph: Graph, plan: StitchPlan, schedule: Schedule, device: Device,

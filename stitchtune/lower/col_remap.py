@@ -24,6 +24,7 @@ value is never selected), so no access leaves a tensor. With no shift, the sweep
 from __future__ import annotations
 
 from math import prod
+from typing import Callable
 
 from stitchtune.graph.ops import OPS, INDEX_KINDS
 from stitchtune.ir import kir
@@ -43,13 +44,13 @@ class ColRemapValues:
     """The values of one column sweep's index-op nodes (module docstring). ``low``: the column
     lowerer; ``cx`` / ``body``: the kernel's names and the sweep's loop body; ``sv``: the sweep's
     values; ``r``: the sweep's row (may pass ``M - 1`` where ``valid`` is false), ``c0``: the thread's
-    first column (clamped to ``N - vec``), ``valid``: the element is the sweep's; ``uses``: the
-    buffers the kernel reads (the profile counts the sweep's reads in its IR: :mod:`stitchtune.lower.counts`)."""
+    first column (clamped to ``N - vec``), ``valid``: the element is the sweep's; ``use_input``:
+    records a buffer the kernel reads (the profile counts the sweep's reads in its IR: :mod:`stitchtune.lower.counts`)."""
 
     def __init__(self, low: Lowerer, cx: Ctx, body: list[kir.Stmt], sv: SweepValues, r: kir.Expr, c0: kir.Expr,
-                 valid: kir.Expr, uses: set[str]) -> None:
+                 valid: kir.Expr, use_input: Callable[[str], None]) -> None:
         self.low, self.cx, self.body, self.sv = low, cx, body, sv
-        self.r, self.c0, self.valid, self.uses = r, c0, valid, uses
+        self.r, self.c0, self.valid, self.use_input = r, c0, valid, use_input
         self.vec = low.s.vec
         self.domain = domain_of(low.g)
         self.chains = composed_chains(low.g)
@@ -141,7 +142,7 @@ class ColRemapValues:
         return out
 
     def _read(self, buf: str) -> None:
-        self.uses.add(buf)
+        self.use_input(buf)
 
     def load(self, name: str, sh: Shift) -> list[kir.Expr]:
         """Input ``name`` (full-size) at ``p + delta``: its map's address of element ``(r, c)`` plus the
