@@ -35,6 +35,7 @@ from stitchtune.lower.profile import kernel_profile
 from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.col_remap import ColRemapValues
 from stitchtune.lower import col_exchange
+from stitchtune.lower.col_exchange import COMBINE_UNROLL as COMBINE_UNROLL  # (re-exported: its old home)
 from stitchtune.lower.col_exchange import ColIndex, ColState, load_f32, store_f32
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.lower.counts import loads_from, sweep_reads
