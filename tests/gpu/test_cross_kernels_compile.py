@@ -24,7 +24,7 @@ def _one_of_each(space, n: int = 3):
     got = {}
     for seed in range(400):
         s = space.sample(random.Random(seed))
-        got.setdefault(s.cross_combine, s)
+        got.setdefault(s.option("cross_combine"), s)
         if len(got) == n:
             return list(got.values())
     raise AssertionError("not every combine sampled")

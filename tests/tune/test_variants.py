@@ -55,7 +55,7 @@ def test_search_measures_the_variants_of_its_best_point(tmp_path: Path) -> None:
         assert b in space.variants(a)
         assert mine.status == "ok"
     best = Schedule.from_json(res.best.schedule_json)
-    assert best.order == "alternate"  # found through a variant or by the sampler; measured either way
+    assert best.option("order") == "alternate"  # found through a variant or by the sampler; measured either way
 
 
 def _script(name: str):
