@@ -7,12 +7,14 @@ level per reuse candidate. Its *options* (``order``, ``prefetch``, ``combine``, 
 :mod:`stitchtune.space.options`, not as fields here, so that adding one touches only the table.
 
 Options are stored as the sorted (name, value) pairs that differ from their default (``options``) and
-read by attribute, ``s.order``, resolved through the schedule's :class:`OptionTable` (``table``, not
-compared). Attribute access is typed ``Any``; a typed read writes ``s.option(ORDER)`` (``ORDER:
-Option[Order]`` gives an :class:`~stitchtune.space.option_values.Order`). The options that are names
-are stored as the members of their :class:`~enum.StrEnum` (``Order.ALTERNATE``; a string passed in is
-turned into its member), and the JSON form writes their plain strings. An undeclared name is an
-``AttributeError`` either way, so a misspelt option fails loudly instead of reading a default.
+read with :meth:`Schedule.option`, resolved through the schedule's :class:`OptionTable` (``table``, not
+compared): ``s.option(ORDER)`` is typed by the declaration (``ORDER: Option[Order]`` gives an
+:class:`~stitchtune.space.option_values.Order`), ``s.option("order")`` is ``Any``. There is no
+attribute read: ``s.order`` is a mypy error and, at run time, an ``AttributeError`` that points at
+:meth:`~Schedule.option`. The options that are names are stored as the members of their
+:class:`~enum.StrEnum` (``Order.ALTERNATE``; a string passed in is turned into its member), and the JSON
+form writes their plain strings. An undeclared name is a ``KeyError``, so a misspelt option fails
+loudly instead of reading a default.
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def test_heuristic_picks_a_cluster_for_rows_too_wide_for_one_block() -> None:
     for name in ("layernorm_wide.json", "softmax_wide.json"):  # rows of 1 MiB and 256 KiB
         g, plan, space = setup(name)
         h = heuristic_schedule(plan, DEV, space)
-        assert set(h.schemes) == {"cluster"} and h.cluster == h.split > 1, (name, h)
+        assert set(h.schemes) == {"cluster"} and h.option("cluster") == h.split > 1, (name, h)
         assert predict(lower(g, plan, h, DEV, space).profile, DEV).prune_reason is None
     # 1024 elements: one block's registers hold the row; 32000 (125 KiB): its shared memory does
     for name in ("layernorm.json", "logsoftmax.json"):

@@ -159,7 +159,7 @@ def test_a_row_off_chip_is_read_twice_instead_of_three_times(name: str) -> None:
 def test_default_schedules_are_unchanged() -> None:
     g, plan, space = setup("layernorm_small.json")
     h = heuristic_schedule(plan, DEV, space)
-    assert h.single_pass == 0 and not space.violations(h)
+    assert h.option("single_pass") == 0 and not space.violations(h)
     assert not space.violations(dataclasses.replace(h, single_pass=1))
 
 

@@ -108,4 +108,5 @@ def test_search_asks_single_pass_and_tries_it_next_to_its_best_point(tmp_path: P
     variants = [t for t in study.trials if "variant_of" in t.user_attrs and "single_pass" in t.params]
     assert variants, "a variant of the best point switches single_pass"
     rows = TuningDB(db).read()
-    assert any(Schedule.from_json(j).single_pass == 1 for j, st in zip(rows.schedule_json, rows.status) if st == "ok")
+    assert any(Schedule.from_json(j).option("single_pass") == 1
+               for j, st in zip(rows.schedule_json, rows.status) if st == "ok")
