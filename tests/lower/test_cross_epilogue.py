@@ -90,4 +90,4 @@ def test_atomic_combine_is_refused_for_max_min_and_the_epilogue() -> None:
         assert any("atomic combine adds floats" in v for v in space.violations(bad)), space.violations(bad)
     # sums and means stored as they are keep the atomic choice
     plan = make_plan(float_graph({"x": [8, 64]}, [_red("s", "reduce_sum", "x", [0, 1])], ["s"]))
-    assert _first_of(SearchSpace.for_plan(plan, DEV), "atomic").cross_combine == "atomic"
+    assert _first_of(SearchSpace.for_plan(plan, DEV), "atomic").option("cross_combine") == "atomic"
