@@ -17,6 +17,9 @@ row, measured on this machine's CPU (the regions run in the emulator by default)
   first ``--declined`` declines (``what: reason``);
 * ``builds``, ``eager``: kernels made and region calls that ran the ATen ops
   (``stitchtune.torch.stats()``); ``max_builds``: the most kernels one region built;
+* ``left_out``: the memory-intensive ops left out of every region, ``{"op (reason)": count}`` over every
+  compiled graph (views and compute-intensive ops are not listed: they stay outside by design; a
+  declined region counts each of its ops; :func:`left_out`), and ``left_out_ops``: their total;
 * ``seconds``: wall time of the compiled calls (compiling included).
 
 Exit 0 when it ran (a model that fails is a row with its reason), 2 (one line on stderr) for bad options.
@@ -84,6 +87,37 @@ def greedy(model: Any, prompt: Any, steps: int, cache_kind: str, max_len: int) -
     return out
 
 
+#: declines that are not memory-intensive work left out: views (PyTorch applies them for free) and
+#: compute-intensive ops (Inductor's); everything else is an op that should be in a region
+_EXPECTED = ("compute-intensive op",)
+
+
+def left_out(declined: Sequence[Any]) -> dict[str, int]:
+    """``{"op (reason)": count}`` of the memory-intensive ops in ``declined`` (``DeclinedInfo`` rows):
+    an ``op X`` row unless X is a view (:data:`stitchtune.importers.torch_subgraph.VIEW_OPS`) or a
+    compute-intensive op; a ``region R (op, op, ...)`` row counts each of its ops but the views; the
+    reason is cut after its first clause (and at 90 characters)."""
+    from stitchtune.importers.torch_subgraph import VIEW_OPS
+
+    out: dict[str, int] = {}
+    for d in declined:
+        if d.reason.startswith(_EXPECTED):
+            continue
+        why = d.reason.split(";")[0]
+        why = why if len(why) <= 90 else why[:87] + "..."
+        if d.what.startswith("op "):
+            ops = [d.what[3:]]
+        elif d.what.startswith("region ") and "(" in d.what:
+            ops = [o.strip() for o in d.what[d.what.index("(") + 1:-1].split(",")]
+        else:
+            ops = [d.what]
+        for op in ops:
+            if op not in VIEW_OPS:
+                key = f"{op} ({why})"
+                out[key] = out.get(key, 0) + d.count
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def run_model(name: str, steps: int, prompt_len: int, cache_kind: str, cpu: str, shown: int) -> dict[str, Any]:
     import torch
 
@@ -108,11 +142,12 @@ def run_model(name: str, steps: int, prompt_len: int, cache_kind: str, cpu: str,
     reports = list(torch_backend.LAST_REPORTS)
     declined = [d for r in reports for d in r.declined]
     s = st_torch.stats()
+    lo = left_out(declined)
     return {"model": name, "cache": cache_kind, "steps": steps, "tokens_equal": got == want,
             "graphs": int(torch._dynamo.utils.counters["stats"]["unique_graphs"]),
             "stitched": sum(len(r.stitched) for r in reports), "declined": sum(d.count for d in declined),
             "builds": s.builds, "eager": s.eager, "max_builds": max((r.builds for r in s.regions), default=0),
-            "seconds": round(secs, 1),
+            "left_out_ops": sum(lo.values()), "left_out": lo, "seconds": round(secs, 1),
             "reasons": [f"{d.what}{f' x{d.count}' if d.count > 1 else ''}: {d.reason}"[:240] for d in declined[:shown]]}
 
 

@@ -33,9 +33,12 @@ class SeparateRegionsError(UnsupportedGraphError):
     must be in separate regions, the first one to cut off from the others (a region finder may split
     the region there instead of giving up a node)."""
 
-    def __init__(self, message: str, apart: tuple[str, ...]) -> None:
+    def __init__(self, message: str, apart: tuple[str, ...], edges: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(message)
         self.apart = tuple(apart)
+        #: ``(reader, source)`` node pairs whose reads a region finder cuts all together (the edges
+        #: between two independent parts and the tensors they share; empty: cut by ``apart`` alone)
+        self.edges = tuple(edges)
 
 
 class ToolchainError(StitchtuneError):

@@ -40,12 +40,13 @@ def _jax_dtype(name: str) -> Any:
     import jax.numpy as jnp
 
     return {"float32": jnp.float32, "float16": jnp.float16, "bfloat16": jnp.bfloat16, "bool": jnp.bool_,
-            "int32": jnp.int32, "int64": jnp.int64}[name]
+            "int32": jnp.int32, "int64": jnp.int64, "float64": jnp.float64}[name]
 
 
 def uses_int64(graph: Graph) -> bool:
-    """True when an input or a node of ``graph`` is int64 (its JAX peer needs ``jax_enable_x64``)."""
-    return any(s.dtype == "int64" for _, s in graph.inputs) or any(n.dtype == "int64" for n in graph.nodes)
+    """True when an input or a node of ``graph`` is int64, or an input float64 (its JAX peer needs
+    ``jax_enable_x64``)."""
+    return any(s.dtype in ("int64", "float64") for _, s in graph.inputs) or any(n.dtype == "int64" for n in graph.nodes)
 
 
 @contextlib.contextmanager

@@ -58,7 +58,7 @@ def torch_dtype(name: str) -> Any:
     import torch as _torch
 
     return {"float32": _torch.float32, "float16": _torch.float16, "bfloat16": _torch.bfloat16,
-            "bool": _torch.bool, "int32": _torch.int32, "int64": _torch.int64}[name]
+            "bool": _torch.bool, "int32": _torch.int32, "int64": _torch.int64, "float64": _torch.float64}[name]
 
 
 def _to_numpy(t: Any, dtype: str) -> np.ndarray:

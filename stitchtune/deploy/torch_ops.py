@@ -64,7 +64,7 @@ __all__ = ["RegionError", "RegionKernel", "RegisteredRegion", "register", "regio
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "bool": torch.bool,
-           "int32": torch.int32, "int64": torch.int64}
+           "int32": torch.int32, "int64": torch.int64, "float64": torch.float64}
 _registry: dict[str, "RegisteredRegion"] = {}
 _lock = threading.Lock()
 #: packed argument sets kept per region, GPU and stream (one per set of extents, oldest dropped)

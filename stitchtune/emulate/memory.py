@@ -54,12 +54,13 @@ FAULT_KINDS = (
 class _ElemTypes(Mapping[str, np.dtype]):
     """Buffer dtype -> numpy element type; ``bfloat16`` imports ml_dtypes on its first lookup only."""
 
-    _KEYS = ("float32", "float16", "bfloat16", "bool", "uint32", "int32", "int64")
+    _KEYS = ("float32", "float16", "bfloat16", "bool", "uint32", "int32", "int64", "float64")
 
     def __init__(self) -> None:
         self._known: dict[str, np.dtype] = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
                                             "bool": np.dtype(np.bool_), "uint32": np.dtype(np.uint32),
-                                            "int32": np.dtype(np.int32), "int64": np.dtype(np.int64)}
+                                            "int32": np.dtype(np.int32), "int64": np.dtype(np.int64),
+                                            "float64": np.dtype(np.float64)}   # (read only: a float64 input)
 
     def __getitem__(self, key: str) -> np.dtype:
         try:

@@ -27,7 +27,7 @@ from stitchtune.graph.ops import kernel_op
 RENDER_VERSION = "1"
 
 _CTYPE = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "bool": "unsigned char",
-          "int32": "int", "int64": "long long"}
+          "int32": "int", "int64": "long long", "float64": "double"}
 _UTYPE = {"int32": "unsigned int", "int64": "unsigned long long"}
 _VTYPE = {"f32": "float", "i32": "int", "i64": "long long", "bool": "bool"}
 _INT_OF = {"i32": "int32", "i64": "int64"}  # an int register type -> its graph dtype
@@ -69,6 +69,10 @@ __device__ __forceinline__ void st_grid_sync(unsigned int* bar) {
 }
 """
 
+
+#: a float64 input (a framework's float64 scalar) loaded rounded to float32; only where a kernel has one
+#: (every other program's source, and so its pinned hash, is unchanged)
+_F64_PREAMBLE = "__device__ __forceinline__ float st_ld(const double* p) { return __double2float_rn(*p); }\n"
 
 _CLUSTER_PREAMBLE = r"""
 // thread-block clusters (sm_90): cluster rank, cluster barrier, distributed shared memory
@@ -423,9 +427,11 @@ def render_kernel(kernel: kir.Kernel) -> str:
 
 
 def preamble(kernels: tuple[kir.Kernel, ...] | list[kir.Kernel]) -> str:
-    """The source ahead of ``kernels``: the helpers, and the cooperative-groups include when one of them
-    is a cluster kernel."""
-    return _PREAMBLE + (_CLUSTER_PREAMBLE if any(k.cluster > 1 for k in kernels) else "")
+    """The source ahead of ``kernels``: the helpers, the float64 load when one of them reads a float64
+    input, and the cooperative-groups include when one of them is a cluster kernel."""
+    f64 = any(p.dtype == "float64" for k in kernels for p in k.params)
+    cluster = any(k.cluster > 1 for k in kernels)
+    return _PREAMBLE + (_F64_PREAMBLE if f64 else "") + (_CLUSTER_PREAMBLE if cluster else "")
 
 
 def render(program: kir.Program) -> str:

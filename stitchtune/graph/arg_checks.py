@@ -9,7 +9,7 @@ import math
 
 from stitchtune.graph.checks import _Problems, _show
 from stitchtune.graph.ops import OpInfo
-from stitchtune.graph.values import INT_DTYPES, TensorSpec
+from stitchtune.graph.values import INPUT_ONLY_DTYPES, INT_DTYPES, TensorSpec
 
 #: op kinds that take a tensor of any dtype (bool, float, int): they convert it (cast) or only move
 #: its elements (index maps); their result keeps the dtype (cast: gives ``to``)
@@ -45,6 +45,11 @@ def check_arg_types(path: str, info: OpInfo, values: list[str | float], specs: l
         dtype = specs[k].dtype
         k += 1
         want = info.arg_type(j)
+        if dtype in INPUT_ONLY_DTYPES and info.kind != "cast":
+            p.add(f"{path}.args[{j}]", f"{info.name} cannot take {_show(v)} ({dtype}): a {dtype} input is read "
+                                       "only by cast (to float32, float16 or bfloat16)")
+            ok = False
+            continue
         if want == "i" and info.kind == "binary" and dtype not in INT_DTYPES:   # uniform's seed and counter
             p.add(f"{path}.args[{j}]", f"{info.name} needs an int tensor here; {_show(v)} is {dtype}")
             ok = False

@@ -25,6 +25,7 @@ from stitchtune.graph.checks import (
     _type_name,
 )
 from stitchtune.graph.values import (
+    INPUT_ONLY_DTYPES,
     INT_DTYPES,
     Node,
     TensorSpec,
@@ -219,6 +220,9 @@ def _node_attributes(rn: dict[str, Any], path: str, info: OpInfo | None, p: _Pro
             p.add(f"{path}.to", "missing: cast needs a target dtype")
         else:
             to = _check_dtype(rn["to"], f"{path}.to", p)
+            if to in INPUT_ONLY_DTYPES:
+                p.add(f"{path}.to", f"cast cannot make {to} (a graph input dtype only: kernels compute in float32)")
+                to = None
     return keepdims, to
 
 

@@ -56,6 +56,7 @@ _NP_DTYPES: dict[str, np.dtype] = {
     "bool": np.dtype(np.bool_),
     "int32": np.dtype(np.int32),
     "int64": np.dtype(np.int64),
+    "float64": np.dtype(np.float64),
 }
 
 

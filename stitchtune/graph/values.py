@@ -33,6 +33,7 @@ __all__ = [
     "DTYPES",
     "FLOAT_DTYPES",
     "INT_DTYPES",
+    "INPUT_ONLY_DTYPES",
     "ITEMSIZE",
     "TensorSpec",
     "Node",
@@ -42,11 +43,16 @@ __all__ = [
 ]
 
 #: graph dtypes; ``bool`` is stored one byte per element (0 or 1) and holds comparison results and masks;
-#: ``int32``/``int64`` are graph inputs (gather indices, masks; read by cast and index maps, see graph/parse.py)
-DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "bool", "int32", "int64")
+#: ``int32``/``int64`` are graph inputs (gather indices, masks; read by cast and index maps, see graph/parse.py);
+#: ``float64`` is a graph input read only by ``cast`` (a framework's float64 scalar: kernels load it rounded to
+#: float32, never compute or store float64, :data:`INPUT_ONLY_DTYPES`)
+DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "bool", "int32", "int64", "float64")
 FLOAT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 INT_DTYPES: tuple[str, ...] = ("int32", "int64")
-ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int32": 4, "int64": 8}
+ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int32": 4, "int64": 8,
+                            "float64": 8}
+#: dtypes a graph input may have but no node produces, read only by ``cast`` (to a dtype of the graph)
+INPUT_ONLY_DTYPES: tuple[str, ...] = ("float64",)
 _KEY_VERSION = "stitchtune-workload-v1"
 
 

@@ -25,6 +25,7 @@ from stitchtune.importers.builder import GraphBuilder, ImportError_, Value, scal
 from stitchtune.importers.torch_cnn import CNN_OPS, map_cnn_op
 from stitchtune.importers.torch_fx_util import _meta, _where, index_dtype_name, zero_pad
 from stitchtune.importers.torch_layout import _LAYOUT, Empty, Padded
+from stitchtune.importers.torch_index_copy import index_copy_axis, map_index_copy
 from stitchtune.importers.torch_scatter import SCATTER_OPS, map_scatter
 
 
@@ -169,7 +170,10 @@ def _fill(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Valu
 
 @aten_op(*SCATTER_OPS, raw=True)
 def _scatter(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Any:
-    """An embedding's gradient: scatter_add of the masked values (torch_scatter)."""
+    """An embedding's gradient: scatter_add of the masked values (torch_scatter); a static cache's
+    one-position index copy: a where over the cache (torch_index_copy)."""
+    if index_copy_axis(node) is not None:
+        return map_index_copy(w.b, node, lambda v: w.val(v, node), w.tshape(node))
     return map_scatter(w.b, node, lambda v: w.val(v, node), w.tshape(node))
 
 

@@ -32,7 +32,8 @@ from stitchtune.importers.torch_aten import (_BINARY, _IGNORED, _IOTA, _UNARY, I
                                              index_dtype_name, value_dtype_name)
 from stitchtune.importers.torch_cnn import WINDOWED_OPS, dead, inplace_reason, is_inplace
 from stitchtune.importers.torch_consts import resolved_index
-from stitchtune.importers.torch_fx_util import data_args, fx_args, zero_pad
+from stitchtune.importers.torch_fx_util import data_args, fx_args, is_scalar64, zero_pad
+from stitchtune.importers.torch_index_copy import index_copy_axis, index_copy_index, index_copy_reason, is_overwrite
 from stitchtune.importers.torch_scatter import SCATTER_OPS, is_zeros_base, scatter_index, scatter_reason
 
 #: ATen ops that are compute-intensive (matmuls, convolutions, attention): Inductor's or a library's job
@@ -64,6 +65,8 @@ def _tensor_ok(val: Any, index: bool = False) -> str | None:
         return f"a {type(val).__name__} value, not a tensor"
     if any(_hint(d) is None for d in val.shape):
         return "dynamic shape without an example value (stitched kernels are specialised per shape)"
+    if is_scalar64(val):   # a float64 scalar: read as a float64 input, computed on in float32
+        return None
     if value_dtype_name(val.dtype) is None and not (index and index_dtype_name(val.dtype)):
         return f"dtype {str(val.dtype).removeprefix('torch.')}"
     return None
@@ -148,13 +151,15 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
         ids = node.args[GATHER_INDEX_ARG[key]]
     if key == "aten.scatter" and len(node.args) > 2:   # a one-hot's index (torch_layout._one_hot)
         ids = node.args[2]
-    if key in SCATTER_OPS:   # an embedding's gradient (torch_scatter): its index is read as ids
-        why = scatter_reason(node)
+    if key in SCATTER_OPS and index_copy_axis(node) is not None:   # a static cache's index copy: its
+        ids = index_copy_index(node)                                # position is compared (torch_index_copy)
+    elif key in SCATTER_OPS:   # an embedding's gradient (torch_scatter): its index is read as ids
+        why = index_copy_reason(node) if is_overwrite(node) else scatter_reason(node)
         if why:
             return why
         ids = scatter_index(node)
     if any(u.op == "call_function" and _key(u.target) in SCATTER_OPS and scatter_index(u) is node
-           for u in node.users) and key not in _VIEWS_OF_INTS:
+           and index_copy_axis(u) is None for u in node.users) and key not in _VIEWS_OF_INTS:
         return "computes indices (graph.json scatters by input indices only; the framework computes them)"
     if key == "aten.full" and not is_scatter_base(node) and not is_zeros_base(node):
         return "a constant tensor (mapped only as the base of a scatter of a number)"
@@ -321,7 +326,8 @@ def _pull_constants(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, An
 _PULLED_SOURCES = frozenset({"aten.mul", "aten.add", "aten.sub", "aten.div", "aten.neg", "aten.cos", "aten.sin",
                              "aten.exp", "aten.reciprocal", "aten.rsqrt", "aten.sqrt", "aten.view",
                              "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "aten.expand",
-                             "aten.clone", "aten.contiguous", "aten.alias", "aten.to", "aten._to_copy"})
+                             "aten.clone", "aten.contiguous", "aten.alias", "aten.to", "aten._to_copy",
+                             "aten.true_divide", "aten.pow", "prims.convert_element_type"})
 
 
 def _pull_broadcast_sources(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any]) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from stitchtune.importers.torch_subgraph import _is_view
 from stitchtune.plan.refusal import Refusal
 
-__all__ = ["Accept", "Refusal", "chain_cut", "cut_for", "plan_check", "reason_of"]
+__all__ = ["Accept", "Refusal", "chain_cut", "cut_for", "edge_cuts", "plan_check", "reason_of"]
 
 
 #: a region's judge: None when it takes the graph, else why not (a line, or a :class:`Refusal`)
@@ -36,7 +36,7 @@ def plan_check(graph: Any) -> str | Refusal | None:
     got = plan_graph(graph)
     if not isinstance(got, Refusal):
         return None
-    return Refusal(f"planner: {got.reason}", got.apart) if got.apart else f"planner: {got.reason}"
+    return Refusal(f"planner: {got.reason}", got.apart, got.edges) if got.apart else f"planner: {got.reason}"
 
 
 def reason_of(why: str | Refusal) -> str:
@@ -69,6 +69,47 @@ def cut_for(why: str | Refusal, group: Collection[Any],
     if not isinstance(why, Refusal) or not why.apart:
         return None
     by_name = {n.name: n for n in group}
-    head = by_name.get(why.apart[0])
+    head = _fx_node(why.apart[0], group, by_name)
     cut = chain_cut(head, group) if head is not None else None
     return None if cut is None or cut in done else cut
+
+
+def edge_cuts(why: str | Refusal, group: Collection[Any],
+              done: Collection[tuple[Any, Any]] = ()) -> tuple[tuple[Any, Any], ...]:
+    """The fx edges ``(arg, reader)`` of ``group`` to cut all together for refusal ``why``: one per
+    ``(reader, source)`` pair of its ``edges`` (the reads between two independent parts of a region and
+    the tensors they share, :func:`stitchtune.plan.axes.tensor_axes`), directly or through views of the
+    group; empty for a plain refusal, a pair not found, or when every edge is cut already."""
+    if not isinstance(why, Refusal) or not why.edges:
+        return ()
+    by_name = {n.name: n for n in group}
+    out: list[tuple[Any, Any]] = []
+    for reader, source in why.edges:
+        head, src = _fx_node(reader, group, by_name), _fx_node(source, group, by_name)
+        edge = _edge_from(src, head, group) if head is not None and src is not None and src is not head else None
+        if edge is not None and edge not in out:
+            out.append(edge)
+    return () if all(e in done for e in out) else tuple(out)
+
+
+def _edge_from(src: Any, head: Any, group: Collection[Any]) -> tuple[Any, Any] | None:
+    """The edge ``(arg, head)`` by which ``head`` reads ``src``: directly, or through views of
+    ``group`` (an ``unsqueeze`` the region graph folded); None when it reads it otherwise."""
+    own = set(group)
+    for arg in getattr(head, "all_input_nodes", ()):
+        n = arg
+        while n is not src and n in own and n.op == "call_function" and _is_view(n) and n.all_input_nodes:
+            n = n.all_input_nodes[0]
+        if n is src:
+            return arg, head
+    return None
+
+
+def _fx_node(name: str, group: Collection[Any], by_name: dict[str, Any]) -> Any:
+    """The fx node of ``group`` that region graph node ``name`` comes from: its own name, or the
+    longest fx name that ``name`` extends with ``_<part>`` (a node of a decomposed op); None if none."""
+    if name in by_name:
+        return by_name[name]
+    cands = [n for n in group if name.startswith(n.name + "_")]
+    return max(cands, key=lambda n: len(n.name)) if cands else None
+

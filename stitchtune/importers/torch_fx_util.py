@@ -45,6 +45,14 @@ def value_dtype_name(dt: Any) -> str | None:
     return "bool" if str(dt) == "torch.bool" else torch_dtype_name(dt)
 
 
+def is_scalar64(val: Any) -> bool:
+    """Whether ``val`` is a 0-d float64 tensor: a framework's float scalar (dynamo's unspecialised
+    Python float, ``eps``, ``math.pi``; rotary's ``attention_scaling``) or float64 arithmetic on such
+    scalars. A region reads one as a ``float64`` graph input that its kernels load rounded to float32,
+    and computes on it in float32 (:func:`_meta` maps its dtype to ``float32``)."""
+    return str(getattr(val, "dtype", "")) == "torch.float64" and len(getattr(val, "shape", (0,))) == 0
+
+
 def index_dtype_name(dt: Any) -> str | None:
     """``torch.int64`` -> ``"int64"`` (and int32): the dtypes of gather indices (``embedding``'s ids)."""
     name = str(dt).removeprefix("torch.")
@@ -87,6 +95,8 @@ def _meta(node: Any) -> tuple[tuple[int, ...], str | None]:
         if tm is None:
             return (), None
         return tuple(int(d) for d in tm.shape), value_dtype_name(tm.dtype)
+    if is_scalar64(val):   # float64 scalar arithmetic is computed in float32 in a region
+        return (), "float32"
     return tuple(int(d) for d in val.shape), value_dtype_name(val.dtype)
 
 
@@ -147,15 +157,16 @@ _SPLITS = ("aten.split", "aten.split_with_sizes")
 
 def _split_bounds(node: Any) -> list[tuple[int, int]] | None:
     """``[(start, end)]`` of each part of a ``split`` / ``split_with_sizes`` node along its dim, or None
-    when a size is symbolic or the node is not such a split."""
+    when the split dim or a size is symbolic or the node is not such a split (other dims may be
+    symbolic: GPT-2's ``c_attn`` output ``[1, s, 192]`` cut along its last dim in a prompt graph)."""
     if getattr(node, "op", None) != "call_function" or op_key(node.target) not in _SPLITS \
             or not hasattr(node.target, "_schema"):
         return None
     a = _bind(node)
     val, dim = a["self"].meta.get("val"), a.get("dim", 0)
-    if val is None or not isinstance(dim, int) or not all(isinstance(d, int) for d in val.shape):
+    if val is None or not isinstance(dim, int) or val.dim() == 0 or not isinstance(val.shape[dim % val.dim()], int):
         return None
-    n = val.shape[dim % max(val.dim(), 1)]
+    n = val.shape[dim % val.dim()]
     sizes = a.get("split_size") if "split_size" in a else a.get("split_sizes")
     if isinstance(sizes, int):
         if sizes <= 0:

@@ -25,7 +25,7 @@ from stitchtune.importers.torch_aten import (
     value_dtype_name,
 )
 from stitchtune.importers.torch_candidates import _hint
-from stitchtune.importers.torch_fx_util import _fits, fx_args
+from stitchtune.importers.torch_fx_util import _fits, fx_args, is_scalar64
 from stitchtune.importers.torch_saved import may_share
 from stitchtune.importers.torch_subgraph import (_dense_perm, _is_view, _Sub, _subgraph, _with_pulled, is_noop,
                                                 view_root, viewed_inputs)
@@ -50,6 +50,7 @@ class _Culprit:
     free: bool = False   # a view or no-op left to the framework (not reported as declined)
     unroll: bool = False   # a small sum to map again as adds of slices (not excluded)
     cut: tuple[Any, Any] | None = None   # an edge to leave out of every group instead (torch_cuts.chain_cut)
+    more_cuts: tuple[tuple[Any, Any], ...] = ()   # edges cut together with ``cut`` (torch_cuts.edge_cuts)
 
 
 def _inverse(perm: Sequence[int]) -> tuple[int, ...]:
@@ -89,7 +90,8 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
         return None
     for x in inputs:   # a 0-d input (a loss's incoming gradient, a count) is a [1] tensor of the graph
         val = x.meta["val"]   # that broadcasts like PyTorch's 0-d one (graph.json tensors have rank >= 1)
-        if len(val.shape) == 0 and not (value_dtype_name(val.dtype) or index_dtype_name(val.dtype)):
+        if len(val.shape) == 0 and not (value_dtype_name(val.dtype) or index_dtype_name(val.dtype)
+                                        or is_scalar64(val)):
             return _Culprit(next(n for n in full if x in fx_args(n)), f"reads the 0-d tensor {x.name!a}")
     b = GraphBuilder(name)
     values = []
@@ -114,6 +116,10 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
             w_raw, w_val = declare_windowed(b, f"in{i}", w, shape, value_dtype_name(val.dtype) or "?")
             raw.append(w_raw)
             values.append(w_val)
+            continue
+        if is_scalar64(val):   # a framework's float64 scalar: loaded rounded to float32 (torch_fx_util._meta)
+            raw.append(b.add_input(f"in{i}", shape, "float64"))
+            values.append(b.cast(raw[-1], "float32", f"in{i}_f32"))
             continue
         raw.append(b.add_input(f"in{i}", shape if p is None else tuple(shape[a] for a in p),
                                value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))

@@ -90,7 +90,7 @@ from stitchtune.importers.torch_candidates import (
     _initial_exclusions,
 )
 from stitchtune.importers.torch_consts import fold_constants
-from stitchtune.importers.torch_cuts import Accept, cut_for, plan_check, reason_of
+from stitchtune.importers.torch_cuts import Accept, cut_for, edge_cuts, plan_check, reason_of
 from stitchtune.importers.torch_fx_util import fx_args
 from stitchtune.importers.torch_grouping import _convex, _groups
 from stitchtune.importers.torch_mapping import Declined, _computes, _Culprit, _inverse, _map_group, _Mapped, _ops_text
@@ -217,7 +217,8 @@ def _settle(nodes: Sequence[Any], ex: _Excluded, consts: Mapping[Any, Any],
                 ex.unrolled.add(res.node)   # mapped again, the sum as adds of slices
                 changed = True
             elif isinstance(res, _Culprit) and res.cut is not None:
-                ex.cuts.add(res.cut)   # grouped again, split at that edge
+                ex.cuts.add(res.cut)   # grouped again, split at that edge (and at the edges cut with it)
+                ex.cuts.update(res.more_cuts)
                 changed = True
             elif isinstance(res, _Culprit):
                 ex.add(res.node, res.reason, res.free)
@@ -360,6 +361,9 @@ def _judge(res: _Mapped, group: list[Any], accept: Accept,
     cut = cut_for(refusal, group, ex_cuts)
     if cut is not None:   # two parts that must be apart: split the group there
         return _Culprit(cut[1], why, cut=cut)
+    edges = edge_cuts(refusal, group, ex_cuts)
+    if edges:   # independent parts sharing tensors: cut every read between them at once
+        return _Culprit(edges[0][1], why, cut=edges[0], more_cuts=edges[1:])
     if "computes with int values" in why:   # a gather or a column reduction next to int arithmetic:
         drawn = next((n for n in group if _key(n.target) == RAND_KEY), None)   # give up a draw first
         if drawn is not None:

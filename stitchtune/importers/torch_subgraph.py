@@ -189,6 +189,8 @@ def _concrete(val: Any) -> Any:
 _VIEW_OPS = frozenset({"aten.view", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze", "aten.expand",
                        "aten.expand_as", "aten.alias", "aten.view_as", "aten.transpose", "aten.permute",
                        "aten.t", "aten.slice", "aten.select", "aten.detach", "aten.flatten", "aten.reshape"})
+#: the same set, public: ATen ops that make views (``scripts/decode_matrix.py`` does not count them left out)
+VIEW_OPS = _VIEW_OPS
 
 
 def _is_view(node: Any) -> bool:

@@ -42,6 +42,11 @@ def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
             n.meta["val"] = out
             return out
 
+        def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+            if "device" in kwargs:   # a factory (iota, full) made where the graph ran: here beside the meta inputs
+                kwargs = {**kwargs, "device": torch.device("meta")}
+            return super().call_function(target, args, kwargs)
+
     _Meta(gm).run(*[torch.empty(tuple(t.shape), dtype=t.dtype, device="meta") for t in inputs])
     group = [n for n in gm.graph.nodes if n.op == "call_function"]
     held = {n: n.meta["folded"] for n in gm.graph.nodes if "folded" in n.meta}

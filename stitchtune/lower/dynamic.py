@@ -48,7 +48,7 @@ from fractions import Fraction
 from collections.abc import Mapping
 from typing import Any, assert_never
 
-from stitchtune.errors import StitchtuneError
+from stitchtune.errors import GraphError, StitchtuneError
 from stitchtune.graph.dynamic import BucketKey, DynamicGraph, DynamicRefusal, SymInt
 from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph, Node
@@ -63,7 +63,8 @@ from stitchtune.lower.transpose import tile_edge
 from stitchtune.lower.symbols import RowSymbols
 from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import Factor
-from stitchtune.plan.planner import StitchPlan, make_plan
+from stitchtune.plan.planner import StitchPlan, plan_graph
+from stitchtune.plan.refusal import Refusal
 from stitchtune.plan.chains import composed_chains, domain_of, mixed_layout
 from stitchtune.space import SINGLE_PASS, Schedule, SearchSpace
 
@@ -185,9 +186,11 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
     symbolic = [b.dim for b in key.buckets if b.lo < b.hi]
     try:
         g0 = _at(dg, rep)
-        p0 = make_plan(g0)
-    except StitchtuneError as e:
+    except GraphError as e:   # the graph at these extents is over the format's limits
         return DynamicRefusal("plan", f"the graph at {rep} has no plan: {e.problems[0]}")
+    p0 = plan_graph(g0)
+    if isinstance(p0, Refusal):
+        return DynamicRefusal("plan", f"the graph at {rep} has no plan: {p0.reason}")
     if p0.scatters:
         return DynamicRefusal(f"scatter {p0.scatters[0].node}", "a scatter_add's table is zeroed and added to for "
                                                                  "static shapes only")
@@ -208,9 +211,12 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
         b = a // 2 if a >= 4 else a + 2
         try:
             gd = _at(dg, {**rep, d: b})
-            sd, nd_ = _numbers(gd, make_plan(gd))
-        except StitchtuneError as e:
+        except GraphError as e:
             return DynamicRefusal("plan", f"the graph at {d}={b} has no plan: {e.problems[0]}")
+        pd = plan_graph(gd)
+        if isinstance(pd, Refusal):
+            return DynamicRefusal("plan", f"the graph at {d}={b} has no plan: {pd.reason}")
+        sd, nd_ = _numbers(gd, pd)
         if sd != s0 or [x for x, _ in nd_] != [x for x, _ in n0]:
             return DynamicRefusal("plan", f"the plan at {d}={b} differs in structure from the one at {d}={a}")
         for (label, _), (_, v) in zip(n0, nd_):
@@ -224,7 +230,10 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
     # the check: every dim at an odd extent other than the fitted ones
     check = {d: (rep[d] + 1 if rep[d] % 2 == 0 else rep[d] + 2) for d in symbolic}
     gc = _at(dg, {**rep, **check})
-    sc, nc = _numbers(gc, make_plan(gc))
+    pc = plan_graph(gc)
+    if isinstance(pc, Refusal):
+        return DynamicRefusal("plan", f"the graph at {check} has no plan: {pc.reason}")
+    sc, nc = _numbers(gc, pc)
     full = {**rep, **check}
     if sc != s0 or any(fitted[label].value(full) != v for label, v in nc):
         return DynamicRefusal("plan", f"the plan at {check} does not follow the fitted extents")
@@ -317,8 +326,10 @@ def generic_profile(fit: RowFit, schedule: Schedule, device: Device, program: ki
     from stitchtune.lower.entry import lower
 
     g = fit.dgraph.at_unchecked(extents)
-    try:  # no plan at this extent (a softmax over one key), or the schedule is no point of it
-        plan = make_plan(g)
+    plan = plan_graph(g)
+    if isinstance(plan, Refusal):   # no plan at this extent (a softmax over one key)
+        return None
+    try:  # the schedule is no point of the plan at this extent
         static = lower(g, plan, schedule, device, SearchSpace.for_plan(plan, device))
     except StitchtuneError:
         return None

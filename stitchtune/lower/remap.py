@@ -58,7 +58,8 @@ from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.lower.gather import gather_index
 from stitchtune.lower.index_chain import chain_offset, node_axis, split_axes
 from stitchtune.plan.planner import TensorClass
-from stitchtune.plan.chains import composed_chains, domain_of, mixed_layout, wide_inputs
+from stitchtune.plan.chains import composed_chains, domain_of, layout_part, mixed_layout, wide_inputs
+from stitchtune.plan.pieces import index_free, layout_reader_shift, unit_pieces
 from stitchtune.plan.remap import outer_sources, root_shift
 from stitchtune.plan.shift import Shift, column_shift, shift_offset
 
@@ -78,6 +79,9 @@ class RemapValues:
         self.mixed = mixed_layout(low.g)
         self.chains = composed_chains(low.g)
         self.outer = outer_sources(low.g, self.domain)
+        self.keep = layout_part(low.g) if self.mixed else set()
+        self.unit = unit_pieces(low.g, self.domain)
+        self.free = index_free(low.g)
         self.wide = wide_inputs(low.g)   # wider than the domain along its innermost axis (own row strides)
         self.dom_t = self._domain_tensor()
         # mixed: the columns are the innermost domain axis (check_mixed); the view's rows may hold
@@ -99,10 +103,13 @@ class RemapValues:
         return None if sh.identity else self.value(name, sh)
 
     def value(self, name: str, sh: Shift) -> list[kir.Expr]:
+        nd = self.low.nodes.get(name)
+        if self.mixed:   # (a broadcast tensor does not move along the axes it broadcasts along)
+            sh = layout_reader_shift(self.g, self.keep, name, sh, self.domain,
+                                     not self.low.cls[name].varies_along_reduced, self.free)
         key = (name, sh)
         if key in self.memo:
             return self.memo[key]
-        nd = self.low.nodes.get(name)
         kind = OPS[nd.op].kind if nd is not None else "input"
         if not self.low.cls[name].varies_along_reduced:
             if {a for a, _ in sh.delta} & set(self.row_axes):  # conditions alone keep the own element
@@ -134,6 +141,8 @@ class RemapValues:
         return len(self.domain) - len(nd.shape) + node_axis(nd)
 
     def _spans(self, name: str) -> bool:
+        if name in self.unit:   # a one-position concat piece: its size 1 is a position (plan.remap.unit_pieces)
+            return False
         spec = self.g.spec(name)
         off = len(self.domain) - len(spec.shape)
         return all(s == 1 or s == self.domain[off + k] for k, s in enumerate(spec.shape))

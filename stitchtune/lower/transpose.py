@@ -162,6 +162,17 @@ class TransposeLowerer(Lowerer):
         return kir.Program((k,), tuple(self.buffers), launches, kir.ProgramProfile((prof,), self.g.min_bytes()), notes)
 
 
+class _RemapHost:
+    """The part of a row kernel builder :class:`~stitchtune.lower.remap.RemapValues` reads (``low``,
+    ``cx``, ``ix.row``, ``f_index``, :meth:`use_input`), for the tile's load phase."""
+
+    def __init__(self, low: Lowerer, cx: Ctx, ix: Any, uses: dict[str, set[str]], f_index: Any) -> None:
+        self.low, self.cx, self.ix, self._uses, self.f_index = low, cx, ix, uses, f_index
+
+    def use_input(self, buf: str) -> None:
+        self._uses["in"].add(buf)
+
+
 class _TransposeKernel:
     """One tiled-transpose kernel, built phase by phase: the task's tile (:meth:`task`), the load phase
     (:meth:`load_phase`), the store phase (:meth:`store_phase`), the round loop (:meth:`build`)."""
@@ -258,8 +269,7 @@ class _TransposeKernel:
                 return add(low.row_base(name, Bin("min", r, low.m_last())), k)
             return add(mul(Bin("min", r, low.m_last()), low.n_expr()), k)
 
-        kern = SimpleNamespace(low=low, cx=cx, ix=SimpleNamespace(row=row), uses=self.uses,
-                               f_index=f_index)
+        kern = _RemapHost(low, cx, SimpleNamespace(row=row), self.uses, f_index)
         return RemapValues(cast(Any, kern), RowSweep(I(0), k0, valid, body, False), sv)
 
     def store_phase(self) -> kir.For:

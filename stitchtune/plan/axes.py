@@ -237,6 +237,22 @@ def _fuse_independent(b: _Builder, specs: list[tuple[str, tuple[int, ...]]], dom
     return b
 
 
+def _part_cuts(b: _Builder, graph: Graph, inner: frozenset[int]) -> tuple[tuple[str, str], ...]:
+    """Where a region of independent parts that :func:`_fuse_independent` cannot iterate together
+    (sizes differ: a decode step's q rotary ``[1, 4, 1, D]`` and k's rotary concatenated to the cache
+    ``[1, 2, P + 1, D]``, which share only the angles) splits: every ``(reader, source)`` where a node
+    spanning an axis outside the domain tensor's (``inner``) reads a computed tensor inside them that a
+    node inside them reads too (the shared angles); empty where there is none. A region finder cuts
+    those reads all together (:func:`stitchtune.importers.torch_cuts.edge_cuts`): the outside part
+    becomes a region of its own that reads the shared tensors as inputs."""
+    def outside(name: str) -> bool:
+        return any(a not in inner for g in b.groups[name] for a in (g or ()))
+
+    computed = {nd.id for nd in graph.nodes}
+    return tuple((nd.id, a) for nd in graph.nodes if outside(nd.id) for a in dict.fromkeys(nd.tensor_args)
+                 if a in computed and not outside(a) and any(not outside(c.id) for c in graph.consumers(a)))
+
+
 def tensor_axes(graph: Graph, domain: str | None = None) -> TensorAxes | Refusal:
     """The domain axes of every tensor of ``graph`` (see the module docstring); ``domain``: the name of
     the domain tensor instead of the default one (a tensor of the largest size and rank whose layout
@@ -273,8 +289,12 @@ def tensor_axes(graph: Graph, domain: str | None = None) -> TensorAxes | Refusal
         order = tuple(a for g in b.groups[dom] for a in (g or ()))
         used = {a for gs in b.groups.values() for g in gs for a in (g or ())}
     if used - set(order):
-        return Refusal(
-            f"no tensor of the region spans all of its axes (the largest, '{dom}', does not); stitched "
-            "kernels iterate the axes of one tensor")
+        msg = (f"no tensor of the region spans all of its axes (the largest, '{dom}', does not); stitched "
+               "kernels iterate the axes of one tensor")
+        cuts = _part_cuts(b, graph, frozenset(order))
+        if cuts:
+            return Refusal(f"{msg}; node '{cuts[0][0]}' belongs to another part than its argument "
+                           f"'{cuts[0][1]}', which both parts read (a region each)", (cuts[0][0],), cuts)
+        return Refusal(msg)
     groups = tuple((n, tuple(tuple(g or ()) for g in b.groups[n])) for n, _ in specs)
     return TensorAxes(tuple((a, b.sizes[a]) for a in order), order, groups)

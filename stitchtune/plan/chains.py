@@ -69,13 +69,7 @@ def part_domains(graph: Graph) -> dict[str, tuple[int, ...]]:
     roots = _roots(graph)
     if all(surrogate_shape(graph.spec(r).shape, domain, r) == tuple(graph.spec(r).shape) for r in roots):
         return {}
-    feeds: dict[str, set[tuple[int, ...]]] = {n: set() for n in graph.input_names}
-    feeds.update({nd.id: set() for nd in graph.nodes})
-    for r in roots:
-        feeds[r].add(tuple(graph.spec(r).shape))
-    for nd in reversed(graph.nodes):
-        for a in nd.tensor_args:
-            feeds[a] |= feeds[nd.id]
+    feeds = root_feeds(graph)
     own_shape = {nd.id for nd in graph.nodes if OPS[nd.op].kind == "layout"} | feeds_layout(graph, sliced_members(graph))
     own_shape |= {a for nd in graph.nodes if nd.id in own_shape for a in nd.tensor_args}   # (keep their shapes)
     out: dict[str, tuple[int, ...]] = {}
@@ -88,6 +82,36 @@ def part_domains(graph: Graph) -> dict[str, tuple[int, ...]]:
             return {}
         out[name] = max(shapes, key=lambda s: (prod(s), len(s)))
     return out
+
+
+def root_feeds(graph: Graph) -> dict[str, set[tuple[int, ...]]]:
+    """Tensor -> the shapes of the roots (outputs, reduction arguments) it feeds."""
+    feeds: dict[str, set[tuple[int, ...]]] = {n: set() for n in graph.input_names}
+    feeds.update({nd.id: set() for nd in graph.nodes})
+    for r in _roots(graph):
+        feeds[r].add(tuple(graph.spec(r).shape))
+    for nd in reversed(graph.nodes):
+        for a in nd.tensor_args:
+            feeds[a] |= feeds[nd.id]
+    return feeds
+
+
+def outer_part_cuts(graph: Graph, parts: dict[str, tuple[int, ...]], domain: tuple[int, ...]) -> tuple[tuple[str, str], ...]:
+    """In a region of independent parts (:func:`part_domains`): where a slice / concat along an outer
+    axis lies in a part other than the domain's (a decode step's key concatenated to the cache ``[1,
+    2, P + 1, D]`` next to q's rotary ``[1, 4, 1, D]`` of the same size), the reads ``(reader,
+    source)`` by which that part's nodes read tensors that other parts read too (the shared angles),
+    for a region finder to cut (:class:`~stitchtune.errors.SeparateRegionsError` ``edges``): shifts
+    along an outer axis are proven against one domain. Empty otherwise."""
+    moved = [nd for nd in graph.nodes if nd.op in ("slice", "concat") and node_axis(nd) < len(nd.shape) - 1
+             and parts.get(nd.id, domain) != tuple(domain)]
+    if not moved:
+        return ()
+    feeds = root_feeds(graph)
+    mine = feeds[moved[0].id]
+    computed = {nd.id for nd in graph.nodes}
+    return tuple((nd.id, a) for nd in graph.nodes if feeds[nd.id] and feeds[nd.id] <= mine
+                 for a in dict.fromkeys(nd.tensor_args) if a in computed and not feeds[a] <= mine)
 
 
 def layout_tails(graph: Graph) -> set[str]:
@@ -172,7 +196,8 @@ def composed_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
                 break
             chain.append(arg)
             if arg in inputs:
-                if not aligned or any(nodes[m].op == "transpose" for m in chain[:-1]):
+                if not aligned or any(nodes[m].op == "transpose" for m in chain[:-1]) \
+                        or _unshiftable_reshapes(graph, chain, domain):
                     out[nd.id] = tuple(chain)
                 break
             cur = nodes[arg]
@@ -180,6 +205,24 @@ def composed_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
                 break
     out.update(sliced_chains(graph))
     return out
+
+
+def _unshiftable_reshapes(graph: Graph, chain: list[str], domain: tuple[int, ...]) -> bool:
+    """Whether an aligned run of reshapes ``chain`` (head, ..., input) under an outer shift is a chain
+    because :func:`~stitchtune.plan.remap.outer_sources` cannot load it: more than one reshape (a
+    decode step's head split ``[1, H*D] -> [1, 1, H*D] -> [1, 1, H, D] -> [1, H, 1, D]``, the last a
+    transpose that moves only a size-1 axis, as PyTorch writes it), or one whose input's innermost dim
+    is not the domain's. A single reshape of an input with the domain's columns (Swin's tokens
+    ``[B, H*W, C]`` viewed as ``[B, H, W, C]``) stays with outer_sources, as before. Only a head of one
+    position along the axis of such a slice / concat (the new key appended to the cache) is taken, so
+    that no region that planned before changes (Swin's window reverse keeps its path)."""
+    head = graph.spec(chain[0]).shape
+    off = len(domain) - len(head)
+    outer = {len(domain) - len(nd.shape) + node_axis(nd) for nd in graph.nodes
+             if nd.op in ("slice", "concat") and node_axis(nd) < len(nd.shape) - 1}
+    if not any(a >= off and head[a - off] == 1 for a in outer):
+        return False
+    return len(chain) > 2 or tuple(graph.spec(chain[-1]).shape[-1:]) != tuple(domain[-1:])
 
 
 def _outer_moved(graph: Graph) -> set[str]:

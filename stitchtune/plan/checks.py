@@ -11,7 +11,7 @@ a surrogate's own maps (:func:`surrogate_maps`).
 from __future__ import annotations
 
 from stitchtune.graph.parse import Graph, Node
-from stitchtune.plan import chains, pick, remap
+from stitchtune.plan import chains, pick, pieces, remap
 from stitchtune.plan.axes import Groups
 from stitchtune.plan.classes import TensorClass
 from stitchtune.plan.family import Family
@@ -130,7 +130,8 @@ def surrogate_maps(sur: Surrogate | None, viewed: Viewed, imaps: dict[str, Index
     """``imaps`` with a surrogate's own maps: outside a mixed region (checked by :func:`_index_op_map_refusal`)
     the inputs addressed with their own strides (:func:`~stitchtune.plan.remap.real_index_maps`); in a
     mixed one the inputs wider than the domain along its innermost axis (their own row strides; a
-    shifted load maps view element ``(r, c + d)``, :mod:`stitchtune.lower.remap`)."""
+    shifted load maps view element ``(r, c + d)``, :mod:`stitchtune.lower.remap`) and the concat pieces
+    (:func:`~stitchtune.plan.pieces.concat_pieces`: a decode step's cache, its own strides)."""
     if sur is None:
         return imaps
     view, out = viewed.view, dict(imaps)
@@ -138,8 +139,9 @@ def surrogate_maps(sur: Surrogate | None, viewed: Viewed, imaps: dict[str, Index
         wide = ask(chains.wide_inputs, sur.real)
         if isinstance(wide, Refusal):
             return wide
+        own = wide | pieces.concat_pieces(sur.real, tuple(viewed.domain))   # (a cache piece: its own strides)
         out.update({n: index_map(sur.real.spec(n).shape, viewed.maps[n], view.sizes, view.row_axes, view.col_axes)
-                    for n in wide})
+                    for n in own})
         return out
     refused = _index_op_map_refusal(imaps, view.family)
     if refused is not None:

@@ -41,20 +41,23 @@ class Refusal:
 
     reason: str
     apart: tuple[str, ...] = ()
+    edges: tuple[tuple[str, str], ...] = ()   # (reader, source) reads to cut all together (SeparateRegionsError)
 
     def error(self) -> UnsupportedGraphError:
         """The exception the public edge raises for this refusal: a
         :class:`~stitchtune.errors.SeparateRegionsError` when ``apart`` names nodes, else an
         :class:`~stitchtune.errors.UnsupportedGraphError`; its message is ``reason``."""
         if self.apart:
-            return SeparateRegionsError(self.reason, self.apart)
+            return SeparateRegionsError(self.reason, self.apart, self.edges)
         return UnsupportedGraphError(self.reason)
 
     @staticmethod
     def of(exc: UnsupportedGraphError) -> Refusal:
         """The refusal an :class:`~stitchtune.errors.UnsupportedGraphError` states (its message, and
         the nodes of a :class:`~stitchtune.errors.SeparateRegionsError`)."""
-        return Refusal(str(exc), exc.apart if isinstance(exc, SeparateRegionsError) else ())
+        if isinstance(exc, SeparateRegionsError):
+            return Refusal(str(exc), exc.apart, exc.edges)
+        return Refusal(str(exc))
 
 
 def ask(rule: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T | Refusal:

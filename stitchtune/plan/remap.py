@@ -58,16 +58,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from stitchtune.errors import UnsupportedGraphError
+from stitchtune.errors import SeparateRegionsError, UnsupportedGraphError
 from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph, Node, TensorSpec
 from stitchtune.plan.chains import (chain_members, composed_chains, domain_of, layout_part, layout_tails, mixed_layout,
+                                    outer_part_cuts,
                                     part_domains, sliced_members, wide_inputs)
 from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.index_ops import after_index_ops, gather_tables, has_index_ops, surrogate_shape
 from stitchtune.plan.pick import node_axis as _axis
 from stitchtune.plan.pick import check_picks, pick_leaves
+from stitchtune.plan.pieces import concat_pieces, index_free, layout_reader_shift, unit_pieces
 from stitchtune.plan.shift import Shift, check_size1_slice, column_shift, shift_offset, spans
 
 __all__ = ["OuterSources", "outer_sources", "root_shift", "int_index_op", "surrogate", "check_mixed",
@@ -151,10 +153,17 @@ def surrogate(graph: Graph) -> Graph:
     if not has_index_ops(graph):
         return graph
     domain, parts = domain_of(graph), part_domains(graph)   # (parts: independent q / k rotary)
+    cuts = outer_part_cuts(graph, parts, domain) if parts else ()
+    if cuts:
+        raise SeparateRegionsError(
+            f"node '{cuts[0][0]}' concatenates or slices along an outer axis in a part of the region other than the "
+            f"iteration domain's {list(domain)} (tensors of unrelated shapes); it reads '{cuts[0][1]}', which the other "
+            "parts read too (a region each)", (cuts[0][0],), cuts)
     special = _gather_shapes(graph, domain)
     keep = layout_part(graph)
     for head, chain in composed_chains(graph).items():  # one input of the head's aligned shape
         special.update({n: surrogate_shape(graph.spec(head).shape, domain, head) for n in chain})
+    special.update(unit_pieces(graph, domain))
     inputs = tuple((n, TensorSpec(tuple(s.shape) if n in keep else special.get(n) or
                                   surrogate_shape(s.shape, parts.get(n, domain), n), s.dtype)) for n, s in graph.inputs)
     nodes = []
@@ -202,7 +211,7 @@ def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tup
         raise UnsupportedGraphError(
             f"the columns of the kernel are not the innermost axis of the iteration domain {list(domain)}; "
             "slice / concat with transpose / reshape need the innermost axis as the kernel's columns")
-    wide = wide_inputs(graph)
+    wide = wide_inputs(graph) | concat_pieces(graph, domain)
     for name, spec in graph.inputs:
         if tuple(spec.shape) != tuple(sur.spec(name).shape) and name not in chained and name not in wide:
             raise UnsupportedGraphError(
@@ -279,13 +288,17 @@ class _RemapWalk:
         self.keep = layout_part(graph) if mixed else set()
         self.outer = outer_sources(graph, domain) if mixed else OuterSources((), frozenset())
         self.wide = wide_inputs(graph) if mixed else frozenset()
+        self.unit = unit_pieces(graph, domain)   # (size 1 along a concat's axis: positions, not a broadcast)
+        self.free = index_free(graph)
 
     def visit(self, name: str, sh: Shift) -> None:
         """Prove tensor ``name`` evaluated at shift ``sh``, and what it reads at theirs."""
+        nd = self.nodes.get(name)
+        if self.mixed:
+            sh = layout_reader_shift(self.graph, self.keep, name, sh, self.domain, not self.varies[name], self.free)
         if (name, sh) in self.seen:
             return
         self.seen.add((name, sh))
-        nd = self.nodes.get(name)
         if nd is not None and not self._own_checks(nd, sh):
             return
         if not self.varies[name]:
@@ -351,7 +364,7 @@ class _RemapWalk:
         a wide input), else in bounds of its own shape."""
         if self.mixed:
             column_shift(name, sh, self.domain, self.graph.spec(name).shape[-1] if name in self.wide else None)
-        elif not (not sh.delta and spans(self.graph, name, self.domain)):
+        elif not (not sh.delta and spans(self.graph, name, self.domain) and name not in self.unit):
             shift_offset(name, self.graph.spec(name).shape, sh, self.domain)
 
     def _through(self, nd: Node, sh: Shift) -> None:
@@ -403,8 +416,9 @@ def outer_sources(graph: Graph, domain: tuple[int, ...]) -> OuterSources:
         return OuterSources((), frozenset())
     keep = layout_part(graph)
     nodes = {n.id: n for n in graph.nodes}
+    pieces = concat_pieces(graph, domain)
     shapes: dict[str, tuple[int, ...]] = {
-        n: tuple(s.shape) for n, s in graph.inputs if n not in keep and spans(graph, n, domain)}
+        n: tuple(s.shape) for n, s in graph.inputs if n not in keep and (spans(graph, n, domain) or n in pieces)}
     through: set[str] = set()
     for r in graph.nodes:
         if r.op != "reshape" or r.id not in keep or len(r.shape) > len(domain) or not spans(graph, r.id, domain):

@@ -58,7 +58,7 @@ def test_index_put_accumulate_into_zeros_maps_without_a_mask() -> None:
 
 
 @pytest.mark.parametrize("case,why", [
-    ("overwrite", "without accumulate"),
+    ("overwrite", "an index copy of several positions"),
     ("base", "not a fresh tensor of zeros"),
     ("two indices", "several index tensors"),
 ])

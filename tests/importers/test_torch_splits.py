@@ -68,3 +68,19 @@ def test_a_slice_of_an_input_read_outside_the_region_is_an_alias() -> None:
     assert not split.declined
     assert [(a.name, b.name) for a, b in r.aliases] == [("slice_1", "x_1")]
     assert [o.name for o in r.outputs] == ["sin"]
+
+
+def test_a_split_along_a_static_dim_of_a_symbolic_tensor_becomes_slices() -> None:
+    """GPT-2's prompt graph under dynamic=True: ``c_attn``'s ``[1, s, 192]`` cut in three along its last
+    dim (static) with ``s`` symbolic; a split along the symbolic dim stays a split."""
+    x = torch.randn(1, 5, 12)   # (a weight's dim is static: the product's last dim, its others symbolic)
+    w = torch.eye(12)
+    gm = make_fx(lambda t: [p * 2.0 for p in (t @ w).split(4, dim=2)], tracing_mode="symbolic",
+                 _allow_non_fake_inputs=True)(x)
+    assert "aten.split.Tensor" in _ops(gm)
+    sliced = splits_as_slices(gm)
+    assert sliced is not None and _ops(sliced).count("aten.slice.Tensor") == 3
+    for got, want in zip(sliced(torch.full((1, 7, 12), 1.5)), [torch.full((1, 7, 4), 3.0)] * 3):
+        assert torch.equal(got, want)
+    along = make_fx(lambda t: [p * 2.0 for p in t.split(2, dim=1)], tracing_mode="symbolic")(torch.randn(1, 4, 12))
+    assert splits_as_slices(along) is None
