@@ -67,9 +67,9 @@ from stitchtune.plan.chains import (chain_members, composed_chains, domain_of, l
 from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.index_ops import after_index_ops, gather_tables, has_index_ops, surrogate_shape
-from stitchtune.plan.pick import node_axis as _axis
-from stitchtune.plan.pick import check_picks, pick_leaves
+from stitchtune.plan.pick import check_picks, pick_leaves, node_axis as _axis
 from stitchtune.plan.pieces import concat_pieces, index_free, layout_reader_shift, unit_pieces
+from stitchtune.plan.refusal import Refusal
 from stitchtune.plan.shift import Shift, check_size1_slice, column_shift, shift_offset, spans
 
 __all__ = ["OuterSources", "outer_sources", "root_shift", "int_index_op", "surrogate", "check_mixed",
@@ -473,17 +473,20 @@ def _column_reductions(graph: Graph) -> str:
     return f"column reduction {', '.join(repr(r) for r in reds)} next to " if reds else ""
 
 
-def check_gathers(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ...], family: str) -> None:
+def check_gathers(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ...], family: str) -> Refusal | None:
     """A gather's table rows must be the view's columns: ``table.shape[1:]`` spans exactly the column
-    axes (so element ``(r, c)`` is ``table[idx[r], c]``), in a row-family view."""
+    axes (so element ``(r, c)`` is ``table[idx[r], c]``), in a row-family view, every ``gather_elements`` a
+    pick (:func:`~stitchtune.plan.pick.check_picks`); else the :class:`Refusal` naming the first index op that does not."""
     for n in graph.nodes:
         if n.op not in ("gather", "gather_elements", "slice", "concat"):
             continue
         if family == Family.COL:
-            raise UnsupportedGraphError(f"{_column_reductions(graph)}{n.op} '{n.id}': index ops are supported in "
-                                        "row-reduction and element-wise kernels only, not in column reductions")
+            return Refusal(f"{_column_reductions(graph)}{n.op} '{n.id}': index ops are supported in "
+                           "row-reduction and element-wise kernels only, not in column reductions")
         if n.op == "gather_elements":
-            check_picks(graph, domain, col_axes)
+            refused = check_picks(graph, domain, col_axes)
+            if refused is not None:
+                return refused
         if n.op != "gather":
             continue
         trail = graph.spec(str(n.args[0])).shape[1:]
@@ -491,6 +494,7 @@ def check_gathers(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ..
         live = tuple(d for d in cols if d > 1)
         if prod(trail) != prod(cols) or tuple(d for d in trail if d > 1) != live or (
                 col_axes and col_axes[0] < len(domain) - len(trail)):
-            raise UnsupportedGraphError(
+            return Refusal(
                 f"gather '{n.id}': the table's rows {list(trail)} are not the contiguous axes {list(cols)} "
                 "of the kernel (gather whole rows of a table whose rows are the innermost axes)")
+    return None

@@ -148,9 +148,9 @@ def surrogate_view(sur: Surrogate) -> Viewed | Refusal:
         return red_axes
     view = make_view(order, dict(enumerate(domain)), bool(all_red), red_axes)
     if view.family == Family.COL:   # slice / concat along the columns only (plan.col_remap)
-        refused = ask(check_col_index_ops, real, domain, view.row_axes, view.col_axes, maps)
+        refused = check_col_index_ops(real, domain, view.row_axes, view.col_axes, maps)
     else:
-        refused = ask(remap.check_gathers, real, domain, view.col_axes, view.family)
+        refused = remap.check_gathers(real, domain, view.col_axes, view.family)
     if refused is not None:
         return refused
     return Viewed(graph, names, maps, tuple(split[0]), tuple(split[1]), view, tuple(domain), aligned)
