@@ -106,7 +106,7 @@ def remap_refusal(sur: Surrogate | None, viewed: Viewed, classes: dict[str, Tens
     view = viewed.view
     rows = tuple(range(len(viewed.domain) - 1)) if sur.mixed else view.row_axes
     cols = {n: c.varies_along_cols(view.family) for n, c in classes.items()}
-    return ask(remap.check_remaps, sur.real, viewed.domain, rows, cols, sur.mixed)
+    return remap.check_remaps(sur.real, viewed.domain, rows, cols, sur.mixed)
 
 
 def index_maps(viewed: Viewed) -> dict[str, IndexMap] | Refusal:

@@ -10,7 +10,7 @@ A graph is viewed one of three ways (:func:`view_stage`), each answering a :clas
   domain of its largest tensor (:func:`surrogate_view`);
 * a *mixed* region (index ops and transpose / reshape, Llama's rotary): :func:`tensor_axes` of its
   surrogate, whose layout part keeps its own shapes, checked by
-  :func:`~stitchtune.plan.remap.check_mixed` (:func:`mixed_view`).
+  :func:`~stitchtune.plan.view_checks.check_mixed` (:func:`mixed_view`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from stitchtune.plan.col_remap import check_col_index_ops
 from stitchtune.plan.cross import split_cross
 from stitchtune.plan.family import Family
 from stitchtune.plan.refusal import Refusal, ask
+from stitchtune.plan.view_checks import check_gathers, check_mixed
 
 __all__ = ["View", "Surrogate", "Viewed", "view_stage", "plain_view", "surrogate_view", "mixed_view", "make_view"]
 
@@ -130,7 +131,7 @@ def plain_view(graph: Graph, domain_tensor: str | None) -> Viewed | Refusal:
 def surrogate_view(sur: Surrogate) -> Viewed | Refusal:
     """The view of a surrogate (not mixed) over the right-aligned domain of its largest tensor, with
     the checks of its index ops (:func:`~stitchtune.plan.col_remap.check_col_index_ops` in a column
-    family, else :func:`~stitchtune.plan.remap.check_gathers`)."""
+    family, else :func:`~stitchtune.plan.view_checks.check_gathers`)."""
     graph, real = sur.graph, sur.real
     names = _names(graph)
     all_red = _reductions(graph)
@@ -150,7 +151,7 @@ def surrogate_view(sur: Surrogate) -> Viewed | Refusal:
     if view.family == Family.COL:   # slice / concat along the columns only (plan.col_remap)
         refused = check_col_index_ops(real, domain, view.row_axes, view.col_axes, maps)
     else:
-        refused = remap.check_gathers(real, domain, view.col_axes, view.family)
+        refused = check_gathers(real, domain, view.col_axes, view.family)
     if refused is not None:
         return refused
     return Viewed(graph, names, maps, tuple(split[0]), tuple(split[1]), view, tuple(domain), aligned)
@@ -158,7 +159,7 @@ def surrogate_view(sur: Surrogate) -> Viewed | Refusal:
 
 def mixed_view(sur: Surrogate) -> Viewed | Refusal:
     """The view of a mixed region (slice / concat with transpose / reshape): :func:`tensor_axes` of
-    the surrogate, checked by :func:`~stitchtune.plan.remap.check_mixed` (the view's columns are the
+    the surrogate, checked by :func:`~stitchtune.plan.view_checks.check_mixed` (the view's columns are the
     domain's innermost axis)."""
     real, sur_graph = sur.real, sur.graph
     names = _names(sur_graph)
@@ -197,7 +198,7 @@ def mixed_view(sur: Surrogate) -> Viewed | Refusal:
         # the innermost domain dim spans several axes (rotary angles ``cat(freqs, freqs)`` made by an
         # expand): all of them are the columns, so that a column shift moves along the whole dim
         view = View(view.family, view.sizes, tuple(a for a in axes.order if a not in out_cols), tuple(out_cols))
-    refused = ask(remap.check_mixed, real, sur_graph, domain, out_cols, view.col_axes, view.family)
+    refused = check_mixed(real, sur_graph, domain, out_cols, view.col_axes, view.family)
     if refused is not None:
         return refused
     return Viewed(sur_graph, names, maps, tuple(red_nodes), tuple(cross_nodes), view, tuple(domain))

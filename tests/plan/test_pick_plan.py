@@ -93,7 +93,7 @@ def test_the_pick_checks_return_refusals_and_the_lowering_form_raises() -> None:
     make_plan raises); ``pick_leaves`` (the lowering's form, after planning) raises that message."""
     from stitchtune.plan.pick import check_picks, pick_leaves, pick_refusal
     from stitchtune.plan.refusal import Refusal
-    from stitchtune.plan.remap import check_gathers
+    from stitchtune.plan.view_checks import check_gathers
 
     bad = ce_graph(idx_shape=[16, 2])
     with pytest.raises(UnsupportedGraphError) as e:
