@@ -14,10 +14,10 @@ The checks of :mod:`~stitchtune.plan.checks`, :mod:`~stitchtune.plan.views`, :fu
 ``check_pick_indices``) and :mod:`~stitchtune.plan.view_checks` (``check_gathers``, ``check_mixed``),
 :func:`~stitchtune.plan.remap.check_remaps` and the bounds proofs of :mod:`~stitchtune.plan.shift`
 (``offset_of``, ``column_offset``, ``size1_slice_refusal``) return refusals. Still raising, deep in their
-walks: :func:`~stitchtune.plan.remap.surrogate`, :func:`~stitchtune.plan.remap.int_index_op` and
-:func:`~stitchtune.plan.remap.real_index_maps`, the layout rules of :mod:`~stitchtune.plan.chains`
-(``domain_of``, ``layout_part``, ``chain_members``, ``wide_inputs``), ``index_ops.surrogate_shape`` and
-``pick.pick_leaves`` (the last two, like ``shift.shift_offset`` / ``column_shift``, also serve the lowering); :func:`ask` is where the pipeline calls them and turns such an exception into a value
+walks: :func:`~stitchtune.plan.remap.surrogate` (with ``index_ops.surrogate_shape`` and ``pick.pick_leaves``,
+which also serve the lowering), the layout rules of :mod:`~stitchtune.plan.chains` and
+:func:`~stitchtune.plan.remap.int_index_op`: :func:`ask` is where the pipeline calls them (``Surrogate.of``
+asks the surrogate and the chain facts once; the later stages read those facts) and turns such an exception into a value
 (only :class:`~stitchtune.errors.UnsupportedGraphError`: any other exception is a bug and passes);
 :func:`rewritten` is where a rewrite whose graph the format refuses (over its limits) becomes one.
 """

@@ -60,11 +60,18 @@ class Surrogate:
     """A graph with index ops (``real``: slice, concat, gather) and the graph the planner analyses in
     its place (``graph``: :func:`~stitchtune.plan.remap.surrogate`: index ops as element-wise nodes
     over domain-shaped tensors); ``mixed``: ``real`` also has transpose / reshape outside its chains
-    of views (:func:`~stitchtune.plan.chains.mixed_layout`)."""
+    of views (:func:`~stitchtune.plan.chains.mixed_layout`). The region facts of ``real`` that
+    :func:`~stitchtune.plan.remap.surrogate` decided (so they refuse nothing once it has made the
+    surrogate): its iteration ``domain`` (:func:`~stitchtune.plan.chains.domain_of`), the tensors
+    that keep their own shapes (``keep``, :func:`~stitchtune.plan.chains.layout_part`) and those of
+    its chains (``chained``, :func:`~stitchtune.plan.chains.chain_members`)."""
 
     real: Graph
     graph: Graph
     mixed: bool
+    domain: tuple[int, ...] = ()
+    keep: frozenset[str] = frozenset()
+    chained: frozenset[str] = frozenset()
 
     @staticmethod
     def of(graph: Graph) -> Surrogate | Refusal | None:
@@ -74,8 +81,13 @@ class Surrogate:
             return sur
         if sur is graph:
             return None
-        mixed = ask(chains.mixed_layout, graph)
-        return mixed if isinstance(mixed, Refusal) else Surrogate(graph, sur, mixed)
+        return ask(Surrogate._made, graph, sur)
+
+    @staticmethod
+    def _made(real: Graph, graph: Graph) -> Surrogate:
+        """The record of ``real`` and its surrogate ``graph``, with the region facts."""
+        return Surrogate(real, graph, chains.mixed_layout(real), chains.domain_of(real),
+                         frozenset(chains.layout_part(real)), frozenset(chains.chain_members(real)))
 
 
 @dataclass(frozen=True)
@@ -164,9 +176,7 @@ def mixed_view(sur: Surrogate) -> Viewed | Refusal:
     real, sur_graph = sur.real, sur.graph
     names = _names(sur_graph)
     all_red = _reductions(sur_graph)
-    domain = ask(chains.domain_of, real)
-    if isinstance(domain, Refusal):
-        return domain
+    domain = sur.domain
     axes = tensor_axes(sur_graph)
     if isinstance(axes, Refusal):
         return axes
@@ -179,9 +189,7 @@ def mixed_view(sur: Surrogate) -> Viewed | Refusal:
     if isinstance(red_axes, Refusal):
         return red_axes
     view = make_view(axes.order, axes.size_of, bool(all_red), red_axes)
-    keep = ask(chains.layout_part, real)
-    if isinstance(keep, Refusal):
-        return keep
+    keep = sur.keep
     dom_t = next((n for n in names if n not in keep and tuple(sur_graph.spec(n).shape) == tuple(domain)), None)
     if dom_t is None:   # the domain-sized tensors all keep their own layout (a reduction of a reshaped input)
         culprit = next((f"reduction '{nd.id}' reads" for nd in all_red), "the region has")
@@ -190,9 +198,7 @@ def mixed_view(sur: Surrogate) -> Viewed | Refusal:
             f"region with slice or concat (graph '{real.name}'); such regions iterate a domain-shaped tensor "
             "computed after the layout ops")
     out_cols = maps[dom_t][-1]
-    chained = ask(chains.chain_members, real)
-    if isinstance(chained, Refusal):
-        return chained
+    chained = sur.chained
     if (view.family == Family.ELEMENTWISE and set(view.col_axes) < set(out_cols)
             and not all(n in chained for n in real.input_names)):
         # the innermost domain dim spans several axes (rotary angles ``cat(freqs, freqs)`` made by an

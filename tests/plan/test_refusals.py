@@ -108,6 +108,10 @@ def test_the_surrogate_is_named() -> None:
     assert isinstance(sur, Surrogate)
     assert sur.real is g and sur.graph is not g and sur.graph.outputs == g.outputs
     assert {n.op for n in sur.graph.nodes} .isdisjoint({"slice", "concat", "gather"})
+    from stitchtune.plan import chains   # the region facts, decided once with the surrogate
+    assert (sur.mixed, sur.domain, sur.keep, sur.chained) == (
+        chains.mixed_layout(g), chains.domain_of(g), frozenset(chains.layout_part(g)), frozenset(chains.chain_members(g)))
+    assert sur.domain == (2, 2, 4, 8) and "qkv" in sur.chained
     refused = Surrogate.of(_q_and_one_k())               # its chains refuse: the value, not an exception
     assert isinstance(refused, Refusal) and refused.apart == ("qh", "ksl")
 
