@@ -32,6 +32,9 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    5b. **One wave**: a row grid (one task per block) that one wave of at most 4 blocks per SM could hold
    gets that many as ``min_blocks`` (a register cap), where the budget covers the estimate: one full
    wave, not 1.x waves and a tail.
+   5c. **No spills under the pin**: a grid-barrier schedule is pinned to its estimated blocks per SM (a
+   register cap, :func:`_pin_coresidency`); register caches are demoted while that cap is below the
+   estimate with the cache counted twice, so that the cap does not turn the cache into spills.
 
 6. **Clusters** (devices with thread-block clusters, sm_90, where the space offers the ``cluster``
    scheme): a row reduction whose row, held by one 1024-thread block, needs more registers per thread
@@ -302,6 +305,38 @@ def _coresident(space: SearchSpace, s: Schedule) -> bool:
     return _estimated_blocks_per_sm(space, s) * int(space.device.sm_count) >= s.split
 
 
+def _pinned_need(space: SearchSpace, s: Schedule) -> int:
+    """Registers per thread that a grid-barrier kernel with a register cache needs to stay clear of
+    spills: the estimate with the cache counted twice (ptxas holds the cached values and the loads that
+    fill them live together: GPT-2's training column sum ``view_41``, 4096 x 3072 with five inputs,
+    caching 64 floats per thread, is estimated at 120 registers, takes 234 without a cap and spills 2
+    instructions under the 128 of two blocks per SM; sm_90 cubin, CPU static analysis)."""
+    d = space.derived(s)
+    cache = int(d["reg_cache_elems"])
+    return estimate_registers(cache, s.vec, 4) + cache
+
+
+def _without_pinned_spills(space: SearchSpace, s: Schedule) -> Schedule:
+    """Rule 5c: a grid-barrier schedule is pinned to its estimated blocks per SM (:func:`_pin_coresidency`),
+    which caps ptxas at ``regs_per_sm / (block * blocks)`` registers; register caches are demoted (last
+    first, registers -> shared -> re-read / recompute) while that cap is below :func:`_pinned_need`, so that
+    the cap does not turn the cache into local-memory spills. A point that is then illegal or no longer
+    co-resident keeps ``s``."""
+    dev = space.device
+    t = s
+    while int(space.derived(t)["reg_cache_elems"]) > 0:
+        per_sm = max(1, _estimated_blocks_per_sm(space, t))
+        if min(dev.max_regs_per_thread, dev.regs_per_sm // (t.block * per_sm)) >= _pinned_need(space, t):
+            break
+        demoted = _demoted(space.plan, t)
+        if demoted is None:
+            break
+        t = demoted
+    if t is s or space.violations(t) or not _coresident(space, t):
+        return s
+    return t
+
+
 def _pin_coresidency(space: SearchSpace, s: Schedule) -> Schedule:
     """A grid-barrier grid is sized for the blocks per SM that the *estimated* registers allow; if the
     compiler then uses more registers, fewer blocks fit and the point is pruned after its build (the
@@ -335,6 +370,8 @@ def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | No
                                                  for x in s.schemes)})
                 break
             s = demoted
+    if _grid_barrier(space, s):
+        s = _without_pinned_spills(space, s)
     s = _relax_registers(space, s)
     s = _one_wave(space, plan, s)
     if _grid_barrier(space, s):

@@ -21,9 +21,15 @@ Contract
   changed; the driver copies the parameters at each launch, so rewriting after it returns is safe,
   also while a CUDA graph captures) and the launches. No dictionary is built, nothing is logged,
   nothing waits.
-* A stream met for the first time gets its launcher and packed arguments from the kernel (a first
-  call while that stream captures a CUDA graph raises as the slow path does).
-* Concurrent calls are serialised per :class:`FastCall` (the parameter slots are shared).
+* A stream met for the first time on a thread gets its launcher and packed arguments from the
+  kernel (a first call while that stream captures a CUDA graph raises as the slow path does).
+* No lock per call: the packed arguments (the parameter slots rewritten per call) and the call
+  count are **per thread** (a ``threading.local`` dict of stream -> :class:`_Stream`), so two
+  threads calling one region never share a slot between its rewrite and its launch; only making
+  a thread's first :class:`_Stream` of a stream takes the lock. (The GIL alone would not do: a
+  thread may be switched out between the rewrite and the launch.)
+* The driver's context is made current per call only where it is not (``Activation.push``: the
+  real drivers' one ``cuCtxGetCurrent`` check), popped after the launches only where pushed.
 * Compiled graphs call their regions without torch's dispatcher:
   :mod:`stitchtune.deploy.torch_direct` (above this module and :mod:`~stitchtune.deploy.torch_ops`).
 """
@@ -43,12 +49,15 @@ __all__ = ["FastCall", "Rebound", "ShapeCalls"]
 
 class Rebound:
     """One packed argument set of a launcher, kept and rewritten in place: :meth:`set` writes new
-    pointers (graph inputs then outputs, in graph order) into its pointer slots, only those that
-    changed; ``bound`` is what ``launcher.launch`` takes. A generic kernel's is packed for one set of
-    ``extents`` (its grids and ``int`` arguments). The driver copies the parameters at each launch,
-    so rewriting them after a launch returned is safe (also while a CUDA graph captures)."""
+    pointers (graph inputs then outputs, in graph order) into ``buf``, one contiguous array of them
+    that every launch's pointer parameters point into (each launch's ``kernelParams`` slot of an
+    input or output holds the address of its entry in ``buf``, not of a copy: one slice assignment
+    rewrites them all); ``bound`` is what ``launcher.launch`` takes. A generic kernel's is packed for
+    one set of ``extents`` (its grids and ``int`` arguments). The driver copies the parameters at
+    each launch, so rewriting them after a launch returned is safe (also while a CUDA graph
+    captures)."""
 
-    __slots__ = ("bound", "slots", "last")
+    __slots__ = ("bound", "buf", "last")
 
     def __init__(self, launcher: Any, names: list[str], pointers: tuple[int, ...] | list[int],
                  extents: Any = None) -> None:
@@ -56,22 +65,20 @@ class Rebound:
         self.bound = launcher.bind(args) if extents is None else launcher.bind(args, dict(extents))
         pos = {n: i for i, n in enumerate(names)}
         io = {b.name: pos[b.tensor] for b in launcher.plan.buffers if b.role in ("input", "output")}
-        self.slots: list[tuple[Any, int, int]] = []
-        values = self.bound._keep[0::2]   # per launch: its values array, then its slots array
-        for ln, vals in zip(launcher.plan.launches, values):
-            arr = (ctypes.c_uint64 * len(vals)).from_buffer(vals)
-            self.slots += [(arr, q, io[a]) for q, a in enumerate(ln.args) if a in io]
-        self.last = list(pointers)   # what the slots hold
+        self.buf: Any = (ctypes.c_uint64 * max(len(pointers), 1))(*pointers)
+        base = ctypes.addressof(self.buf)
+        slots = self.bound._keep[1::2]   # per launch: its values array, then its slots array
+        for ln, params in zip(launcher.plan.launches, slots):
+            for q, a in enumerate(ln.args):
+                if a in io:   # the kernel's parameter q reads the pointer from buf's entry
+                    params[q] = base + 8 * io[a]
+        self.last = list(pointers)   # what buf holds
 
     def set(self, pointers: list[int] | tuple[int, ...]) -> None:
         """Point the packed arguments at ``pointers`` (their alignment is the caller's to check)."""
         pointers = list(pointers)
-        last = self.last
-        if pointers != last:
-            for arr, q, i in self.slots:   # only the slots whose pointer changed (often one output)
-                p = pointers[i]
-                if p != last[i]:
-                    arr[q] = p
+        if pointers != self.last:
+            self.buf[:] = pointers   # one C loop, every launch's parameters at once
             self.last = pointers
 
 
@@ -81,10 +88,12 @@ _data_ptr: Any = lambda t: int(t.data_ptr())  # noqa: E731
 
 
 class _Stream:
-    """What one stream's calls launch: (function, grid, block, smem, params, n, cooperative) per
-    launch, the :class:`Rebound` arguments, the flags."""
+    """What one stream's calls on one thread launch: (function, grid, block, smem, params, n,
+    cooperative) per launch, the :class:`Rebound` arguments, the flags, the driver's ``push`` (makes
+    its context current where it is not: True when it pushed) and ``pop``, ``calls`` (the calls
+    that launched through it)."""
 
-    __slots__ = ("launches", "args", "flags", "launcher", "activation", "launch")
+    __slots__ = ("launches", "args", "flags", "launcher", "push", "pop", "launch", "calls")
 
     def __init__(self, kernel: Any, index: int, stream: int, pointers: tuple[int, ...], ext: Any = None) -> None:
         launcher, _ = kernel.launcher(index, stream)
@@ -92,11 +101,24 @@ class _Stream:
         g = kernel._graph_at(ext)
         self.args = Rebound(launcher, [n for n, _ in g.inputs] + list(g.outputs), pointers, ext)
         bound = self.args.bound
+        grids = bound.grids or [grid for _, grid, _, _, _ in launcher._calls]   # as Launcher.launch
         self.launches = tuple((func, grid, block, smem, params, n, coop)
-                              for (func, grid, block, smem, coop), (params, n) in zip(launcher._calls, bound.params))
+                              for (func, _, block, smem, coop), grid, (params, n)
+                              in zip(launcher._calls, grids, bound.params))
         self.launcher = launcher
-        self.activation = launcher.driver.activate()
+        activation = launcher.driver.activate()
+        push = getattr(activation, "push", None)
+        if push is None:   # a driver's own activation without push/pop: its with block
+            def push() -> bool:
+                activation.__enter__()
+                return True
+
+            self.pop: Callable[[], Any] = lambda: activation.__exit__(None, None, None)
+        else:
+            self.pop = activation.pop
+        self.push: Callable[[], bool] = push
         self.launch = launcher.driver.launch
+        self.calls = 0
 
 
 class FastCall:
@@ -147,17 +169,33 @@ class FastCall:
         self.guard = _tensor_guard(given)
         self.outs = tuple((shape, _row_major(shape), dt) for shape, dt in self.specs)
         self._sync = kernel.check_gather == "sync"
-        self._streams: dict[int, _Stream] = {}
-        self._lock = threading.Lock()
+        self._local = threading.local()   # per thread: .streams, its dict stream -> _Stream
+        self._all: list[_Stream] = []   # every thread's (appended under the lock): for calls
+        self._lock = threading.Lock()   # only while a thread makes a _Stream
         self._when = "at its next call (an earlier call's kernels met it)"
-        self._counts = [0]   # calls that launched (counted under the lock)
         #: the call itself, a closure over everything above (no attribute lookups per call)
         self.run: Callable[[Sequence[Any]], list[Any] | None] = self._closure()
 
     @property
     def calls(self) -> int:
-        """Calls that launched."""
-        return self._counts[0]
+        """Calls that launched (all threads)."""
+        return sum(st.calls for st in list(self._all))
+
+    def _stream(self, stream: int, ptrs: list[int]) -> _Stream:
+        """This thread's :class:`_Stream` of ``stream``, made now (its first call there)."""
+        local = self._local
+        streams: dict[int, _Stream]
+        try:
+            streams = local.streams
+        except AttributeError:
+            streams = local.streams = {}
+        st = streams.get(stream)
+        if st is None:
+            with self._lock:
+                st = _Stream(self.kernel, self.index, stream, tuple(ptrs), self.ext)
+                self._all.append(st)
+            streams[stream] = st
+        return st
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any] | None:
         return self.run(inputs)
@@ -165,8 +203,8 @@ class FastCall:
     def _closure(self) -> Callable[[Sequence[Any]], list[Any] | None]:
         n_in, guard, held_ptrs, index = self.n, self.guard, self._held_ptrs, self.index
         raw, current, alloc, out_specs = self._raw_stream, self._current, self.alloc, self.outs
-        kernel, device, ext, order, sync = self.kernel, self.device, self.ext, self.order, self._sync
-        lock, streams, when, counts = self._lock, self._streams, self._when, self._counts
+        kernel, device, order, sync = self.kernel, self.device, self.order, self._sync
+        local, make, when = self._local, self._stream, self._when
         data_ptr = _data_ptr
 
         def run(inputs: Sequence[Any]) -> list[Any] | None:
@@ -187,21 +225,25 @@ class FastCall:
             ptrs += map(data_ptr, outs)
             if reduce(or_, ptrs, 0) & 15:   # a pointer not 16-byte aligned (a view at an odd offset)
                 return None
-            with lock:
-                counts[0] += 1
-                st = streams.get(stream)
-                if st is None:
-                    st = streams[stream] = _Stream(kernel, index, stream, tuple(ptrs), ext)
-                flags = st.flags
-                if flags is not None:
-                    flags.raise_if_set(when)
-                args = st.args
-                if ptrs != args.last:   # the caching allocator often hands out the same blocks again
-                    args.set(ptrs)
-                launch = st.launch
-                with st.activation:
-                    for func, grid, block, smem, params, n, coop in st.launches:
-                        launch(func, grid, block, smem, stream, params, n, coop)
+            try:   # this thread's (no lock: nothing here is shared with another thread)
+                st = local.streams[stream]
+            except (AttributeError, KeyError):   # the thread's first call on this stream
+                st = make(stream, ptrs)
+            st.calls += 1
+            flags = st.flags
+            if flags is not None:
+                flags.raise_if_set(when)
+            args = st.args
+            if ptrs != args.last:   # the caching allocator often hands out the same blocks again
+                args.set(ptrs)
+            launch = st.launch
+            pushed = st.push()   # only where the context is not current
+            try:
+                for func, grid, block, smem, params, n, coop in st.launches:
+                    launch(func, grid, block, smem, stream, params, n, coop)
+            finally:
+                if pushed:
+                    st.pop()
             if sync and flags is not None:
                 kernel._sync_check(st.launcher, flags, stream)
             if order is not None:

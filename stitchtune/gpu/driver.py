@@ -47,6 +47,7 @@ import ctypes
 import functools
 import os
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -187,14 +188,19 @@ class CudaDevice:
 class Activation:
     """``with driver.activate():`` its context current for the block, the caller's restored after it.
 
-    ``push()`` answers whether it pushed (False: the context was current already); ``pop()`` undoes
-    a push. A plain class, not a generator context manager: a launch pays two attribute calls."""
+    ``push()`` (the driver's ``_push_if_needed``) answers whether it pushed (False: the context was
+    current already: one cheap check, nothing pushed); ``pop()`` undoes a push: a caller that pairs
+    them itself (``pushed = a.push()`` ... ``if pushed: a.pop()`` in a ``finally``) skips the
+    ``with`` block's per-thread stack (the torch op's thin path does). A plain class, not a generator
+    context manager: a launch pays two attribute calls."""
 
-    __slots__ = ("_driver", "_local")
+    __slots__ = ("_driver", "_local", "push", "pop")
 
     def __init__(self, driver: Any) -> None:
         self._driver = driver
         self._local = threading.local()  # per thread: a stack of "pushed?" for nested blocks
+        self.push: Callable[[], bool] = driver._push_if_needed
+        self.pop: Callable[[], None] = driver._pop
 
     def __enter__(self) -> None:
         pushed = self._driver._push_if_needed()

@@ -263,6 +263,8 @@ class _Renderer:
     def _for(self, s: kir.For, ind: int) -> None:
         if s.unroll:
             self.emit("#pragma unroll", ind)
+        elif s.unroll_by > 1:
+            self.emit(f"#pragma unroll {s.unroll_by}", ind)
         v = s.var.name
         self.emit(f"for ({v} = {self.e(s.start)}; {v} < {self.e(s.stop)}; {v} += {s.step}) {{", ind)
         self.stmts(s.body, ind + 1)

@@ -160,7 +160,9 @@ class AtomicAdd:
 class For:
     """``for (var = start; var < stop; var += step) body`` with an i32 ``var``.
 
-    ``unroll`` asks for full unrolling (bounds must then be constants).
+    ``unroll`` asks for full unrolling (bounds must then be constants); ``unroll_by`` > 1 (without
+    ``unroll``) for unrolling by that factor (``#pragma unroll n``), which bounds the iterations whose loads
+    the compiler hoists together; 0 leaves the choice to the compiler.
     """
 
     var: Var
@@ -169,6 +171,7 @@ class For:
     step: int
     body: tuple["Stmt", ...]
     unroll: bool = False
+    unroll_by: int = 0
 
 
 @dataclass(frozen=True)

@@ -201,6 +201,8 @@ class _KernelCheck:
             self.msgs.append(f"loop over {s.var.name} with step {s.step}")
         if s.unroll and not (isinstance(s.start, kir.Const) and isinstance(s.stop, kir.Const)):
             self.msgs.append(f"unrolled loop over {s.var.name} with bounds that are not constants")
+        if s.unroll_by < 0 or (s.unroll and s.unroll_by):
+            self.msgs.append(f"loop over {s.var.name} with unroll_by {s.unroll_by} (full unroll: {s.unroll})")
 
     def _width(self, n: int, p: kir.Param | None, what: str) -> None:
         """1, 2, 4 or 8 elements; at most 16 bytes, except on an int buffer (an int64 vector of 4 is two

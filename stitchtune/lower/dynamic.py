@@ -66,7 +66,7 @@ from stitchtune.plan.index_map import Factor
 from stitchtune.plan.planner import StitchPlan, plan_graph
 from stitchtune.plan.refusal import Refusal
 from stitchtune.plan.chains import composed_chains, domain_of, mixed_layout
-from stitchtune.space import Schedule, SearchSpace
+from stitchtune.space import SINGLE_PASS, Schedule, SearchSpace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,7 +263,7 @@ def check_schedule(fit: RowFit, schedule: Schedule) -> DynamicRefusal | None:
         if schedule.split > 1:
             return DynamicRefusal(f"split {schedule.split}", "a split row's pieces and partial counts need a static "
                                   "row length")
-        if schedule.single_pass:
+        if schedule.option(SINGLE_PASS):
             return DynamicRefusal("single_pass", "Welford / online-softmax results need a static row length")
     if vec > 1 and sym.dynamic_rows_length and sym.N.coef % vec:  # a vector must not straddle a row's end
         return DynamicRefusal(f"vec {vec}", f"the row length ({sym.N}) is not a multiple of {vec} for every extent")

@@ -25,8 +25,8 @@ from stitchtune.lower.row_kernel import RowKernel
 from stitchtune.lower.row_layout import row_layout
 from stitchtune.lower.symbols import RowSymbols
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space import (CROSS_COMBINE, SCHEMES, CrossCombine, ReuseLevel, Schedule, SchemeTable, row_chunk,
-                              uncached_level)
+from stitchtune.space import (CROSS_COMBINE, PREFETCH, SCHEMES, SINGLE_PASS, CrossCombine, ReuseLevel, Schedule,
+                              SchemeTable, row_chunk, uncached_level)
 
 
 class RowLowerer(Lowerer):
@@ -61,7 +61,7 @@ class RowLowerer(Lowerer):
         p, s = self.p, self.s
         M, N = p.M, p.N
         # single-pass statistics: first stage of each merged pair -> its candidate
-        self.merged = {c.stage: c for c in p.single_pass} if s.single_pass else {}
+        self.merged = {c.stage: c for c in p.single_pass} if s.option(SINGLE_PASS) else {}
         if self.merged:  # tensors only the output sweep reads now: computed (or read) there, not cached
             for c in sp.single_sweep_candidates(self.g, p):
                 self.reuse[c] = uncached_level(c in self.in_buf)
@@ -77,7 +77,7 @@ class RowLowerer(Lowerer):
         self.chunk, self.per_thread, self.iters = chunk, chunk // tpr, chunk // (tpr * vec)
         tasks = math.ceil(M / rpb) if S == 1 else M * S
         n_reg = sum(1 for r in self.reuse.values() if r == ReuseLevel.REGISTER)
-        n_pf = s.prefetch * sum(1 for n, c in p.classes if c is TensorClass.FULL and n in self.in_buf)
+        n_pf = s.option(PREFETCH) * sum(1 for n, c in p.classes if c is TensorClass.FULL and n in self.in_buf)
         n_pf += sum(1 for c in p.cross if c.kind == "per_reduced")  # the cross accumulators
         est = estimate_registers(self.per_thread * (n_reg + n_pf), vec, 4)
         self.n_kernels = len(segs)

@@ -30,7 +30,7 @@ from stitchtune.lower.gather import pick_value
 from stitchtune.lower.remap import RemapValues
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space import ORDER, Order, Schedule
+from stitchtune.space import ORDER, PREFETCH, Order, Schedule
 
 
 class RowKernel:
@@ -64,7 +64,7 @@ class RowKernel:
         self.recips: dict[str, Var] = {}  # per-row reciprocals (fast division), by divisor
         self.row_bases: dict[str, Var] = {}  # mapped inputs: their row base in this round
         self.gather_rows: dict[str, Var] = {}  # gather nodes: their table row in this round
-        self.first_sweep = bool(s.prefetch)  # the next sweep is the kernel's first (with prefetch on)
+        self.first_sweep = bool(s.option(PREFETCH))  # the next sweep is the kernel's first (with prefetch on)
         self.prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
         self.cross_acc = cross_init(self) if self.is_last and p.cross else {}  # scalar cross accumulators
 

@@ -12,7 +12,7 @@ from stitchtune.lower.base import Lowerer
 from stitchtune.lower.builder import RowLayout
 from stitchtune.lower.cluster import STATE_SLOTS, cluster_shared, cluster_size
 from stitchtune.lower.cross import cross_layout
-from stitchtune.space import ReuseLevel
+from stitchtune.space import SINGLE_PASS, ReuseLevel
 
 
 def row_layout(low: Lowerer, ki: int, seg: list[int], tasks: int, est_regs: int, is_last: bool = False) -> RowLayout:
@@ -27,7 +27,7 @@ def row_layout(low: Lowerer, ki: int, seg: list[int], tasks: int, est_regs: int,
         shared.append(kir.SharedBuf("sred", red_slots * low.rpb * wpr))
     cluster = cluster_size(s.schemes, seg, s.split, low.schemes)
     if cluster > 1:
-        shared.append(cluster_shared(max(red_slots, STATE_SLOTS if s.single_pass else 0)))
+        shared.append(cluster_shared(max(red_slots, STATE_SLOTS if s.option(SINGLE_PASS) else 0)))
     for c in p.reuse_candidates:
         if levels[c] == ReuseLevel.SHARED:
             shared.append(kir.SharedBuf(f"sc{low.tid_of[c]}", low.rpb * low.chunk))

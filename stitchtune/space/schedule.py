@@ -7,12 +7,14 @@ level per reuse candidate. Its *options* (``order``, ``prefetch``, ``combine``, 
 :mod:`stitchtune.space.options`, not as fields here, so that adding one touches only the table.
 
 Options are stored as the sorted (name, value) pairs that differ from their default (``options``) and
-read by attribute, ``s.order``, resolved through the schedule's :class:`OptionTable` (``table``, not
-compared). Attribute access is typed ``Any``; a typed read writes ``s.option(ORDER)`` (``ORDER:
-Option[Order]`` gives an :class:`~stitchtune.space.option_values.Order`). The options that are names
-are stored as the members of their :class:`~enum.StrEnum` (``Order.ALTERNATE``; a string passed in is
-turned into its member), and the JSON form writes their plain strings. An undeclared name is an
-``AttributeError`` either way, so a misspelt option fails loudly instead of reading a default.
+read with :meth:`Schedule.option`, resolved through the schedule's :class:`OptionTable` (``table``, not
+compared): ``s.option(ORDER)`` is typed by the declaration (``ORDER: Option[Order]`` gives an
+:class:`~stitchtune.space.option_values.Order`), ``s.option("order")`` is ``Any``. There is no
+attribute read: ``s.order`` is a mypy error and, at run time, an ``AttributeError`` that points at
+:meth:`~Schedule.option`. The options that are names are stored as the members of their
+:class:`~enum.StrEnum` (``Order.ALTERNATE``; a string passed in is turned into its member), and the JSON
+form writes their plain strings. An undeclared name is a ``KeyError``, so a misspelt option fails
+loudly instead of reading a default.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, TypeVar, overload
 
 from stitchtune.errors import ScheduleError
 from stitchtune.space.options import OPTIONS, Option, OptionTable, deterministic
@@ -88,13 +90,17 @@ class Schedule:
                             ("options", table.normalized(values)), ("table", table)):
             object.__setattr__(self, name, value)
 
-    def __getattr__(self, name: str) -> Any:
-        """``s.<option>``: the option's value (its default when not stored). Only called for names that
-        are not ordinary attributes."""
-        table = self.__dict__.get("table")
-        if name.startswith("_") or table is None or name not in table:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute or option {name!r}")
-        return dict(self.options).get(name, table[name].default)
+    if not TYPE_CHECKING:  # hidden from mypy, so that ``s.prefetch`` is a type error, not ``Any``
+        def __getattr__(self, name: str) -> Any:
+            """Not an option read: options are read with :meth:`option` (``s.option(PREFETCH)``, typed by
+            the declaration). Only called for names that are not ordinary attributes; always raises
+            ``AttributeError``, naming :meth:`option` when ``name`` is a declared option."""
+            table = self.__dict__.get("table")
+            if not name.startswith("_") and table is not None and name in table:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}: options are read "
+                                     f"with s.option(...), e.g. s.option({name.upper()}) "
+                                     f"(stitchtune.space.options.{name.upper()})")
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @overload
     def option(self, opt: Option[T]) -> T: ...

@@ -3,23 +3,18 @@ fake profiler rows, the inputs of a region module, and the CPU dry run (predicte
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers.common import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load(name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    monkeypatch.setitem(sys.modules, name, mod)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+    return load_script(name, monkeypatch)
 
 
 def test_summarise_and_table_from_fake_profiler_rows(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,27 +4,22 @@ TIMEOUT rows, the summary and the packed results folder)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers.common import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load(name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    monkeypatch.setitem(sys.modules, name, mod)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+    return load_script(name, monkeypatch)
 
 
 def test_step_split_and_tables(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,8 @@ shape never reaches a kernel; the compiled graph calls its regions without torch
 
 from __future__ import annotations
 
+import ctypes
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,10 +32,13 @@ class CountingDriver(FakeDriver):
     def __init__(self) -> None:
         super().__init__()
         self.launched = 0
+        self.grids: list[Any] = []
+
 
     def launch(self, function: Any, grid: Any, block: Any, smem: int, stream: int, params: int,
                nparams: int, cooperative: bool = False) -> None:
         self.launched += 1
+        self.grids.append(tuple(grid))
 
 
 class AddLN(torch.nn.Module):
@@ -96,6 +101,48 @@ def test_the_thin_path_takes_only_inputs_like_its_first_calls(region, check: str
     assert fast([t.clone() for t in inputs]) is not None   # other tensors like the first: thin path
 
 
+def test_threads_never_share_the_packed_arguments(region, monkeypatch) -> None:
+    """No lock per call: each thread rewrites its own packed arguments. Thread B's whole call runs
+    inside thread A's launch (between A's pointer rewrite and the driver reading A's parameters):
+    A's launch must still read A's pointers (shared slots would hold B's; a lock held across the
+    launch would block B). The driver's context is pushed and popped around each call's launches."""
+    _, guarded, _, _, drv = region
+    a, b = _inputs(guarded), _inputs(guarded)
+    fast = guarded.kernel.fast_path(a[0].device, (), a)
+    seen: dict[str, list[int]] = {}   # thread name -> the pointer arguments its launch read
+    done: dict[str, Any] = {}
+
+    def launch(function: Any, grid: Any, block: Any, smem: int, stream: int, params: int, nparams: int,
+               cooperative: bool = False) -> None:
+        name = threading.current_thread().name
+        if name == "A":
+            other = threading.Thread(target=lambda: done.update(B=fast(b)), name="B")
+            other.start()
+            other.join(timeout=10)
+            assert not other.is_alive(), "thread B waited for thread A's call"
+        slots = (ctypes.c_uint64 * nparams).from_address(params)
+        seen[name] = [ctypes.c_uint64.from_address(int(q)).value for q in slots]
+
+    def body() -> None:
+        try:
+            done["A"] = fast(a)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            done["error"] = exc
+
+    monkeypatch.setattr(drv, "launch", launch, raising=False)
+    pushes = drv.context_calls.count("push")
+    thread = threading.Thread(target=body, name="A")
+    thread.start()
+    thread.join(timeout=30)
+    assert "error" not in done, done.get("error")
+    assert done["A"] is not None and done["B"] is not None
+    for name, ins in (("A", a), ("B", b)):
+        ptrs = [t.data_ptr() for t in (*ins, *done[name])]
+        assert set(ptrs) <= set(seen[name]), name
+    assert fast.calls == 2
+    assert drv.context_calls.count("push") == pushes + 2 and drv.active == 0
+
+
 def test_a_wrong_shape_never_reaches_a_kernel(region) -> None:
     _, guarded, _, _, drv = region
     inputs = _inputs(guarded)
@@ -133,9 +180,12 @@ def test_a_region_with_symbolic_shapes_gets_a_thin_path_per_shapes(fresh_backend
     with torch_ops.stand_in_driver(drv, lambda compiled: b"FAKE thin-path test"), torch.no_grad():
         compiled = torch.compile(model, backend="stitchtune", dynamic=True,
                                  options={"db": None, "fallback": "eager"})
-        rows = (3, 9, 17)
+        rows = (3, 60, 250)
+        grids = []   # per rows: the grid the full path launched (the generic kernel's for its extents)
         for n in rows:
             compiled(torch.randn(n, H), torch.randn(n, H))   # the full path, then a thin one kept
+            grids.append(drv.grids[-1])
+        assert len(set(grids)) > 1, grids   # the extents choose the grid
         guarded = [g for g in torch_ops._registry.values()
                    if isinstance(getattr(g, "kernel", None), DynamicRegionKernel)][-1]
         calls = guarded._fast
@@ -148,9 +198,10 @@ def test_a_region_with_symbolic_shapes_gets_a_thin_path_per_shapes(fresh_backend
 
         monkeypatch.setattr(DynamicRegionKernel, "__call__", no_full_path)
         before = drv.launched
-        for n in rows:
+        for n, grid in zip(rows, grids):
             out = compiled(torch.randn(n, H), torch.randn(n, H))
             assert out.shape == (n, H)
+            assert drv.grids[-1] == grid, n   # the thin path launches the extents' grid too
         assert drv.launched == before + len(rows)
 
 

@@ -24,7 +24,7 @@ def _one_of_each(space, n: int = 3):
     got = {}
     for seed in range(400):
         s = space.sample(random.Random(seed))
-        got.setdefault(s.cross_combine, s)
+        got.setdefault(s.option("cross_combine"), s)
         if len(got) == n:
             return list(got.values())
     raise AssertionError("not every combine sampled")
@@ -41,7 +41,8 @@ def test_cross_kernels_compile_for_sm90(tmp_path) -> None:
     g = ce_graph(16, 1000, outputs=("loss", "picked"))   # the loss head: pick + epilogue (grid / kernel)
     plan = make_plan(g)
     space = SearchSpace.for_plan(plan, DEV)
-    for s in [heuristic_schedule(plan, DEV, space)] + [x for x in _one_of_each(space, 2) if x.cross_combine != "atomic"]:
+    drawn = [x for x in _one_of_each(space, 2) if x.option("cross_combine") != "atomic"]
+    for s in [heuristic_schedule(plan, DEV, space)] + drawn:
         programs.append(lower(g, plan, s, DEV, space))
     g = ce_ignore_graph(16, 1000, outputs=("loss", "picked"))   # the pick's index computed in i64 registers
     plan = make_plan(g)

@@ -170,8 +170,9 @@ def test_numpy_dtype() -> None:
     assert numpy_dtype("float32") == np.float32
     assert numpy_dtype("float16") == np.float16
     assert numpy_dtype("bfloat16") == ml_dtypes.bfloat16
+    assert numpy_dtype("float64") == np.float64   # a 0-d scalar input (dynamo's Python floats)
     with pytest.raises(StitchtuneError):
-        numpy_dtype("float64")
+        numpy_dtype("complex64")
 
 
 def test_examples_run_through_reference(small_examples: list[Path]) -> None:

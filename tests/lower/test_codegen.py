@@ -106,7 +106,7 @@ def test_coverage_of_schemes_and_mappings() -> None:
             kind = mapping_kind(plan, s)
             kinds.add(kind)
             schemes.update(s.schemes)
-            options.update({("order", s.order), ("prefetch", s.prefetch), ("combine", s.combine)})
+            options.update((opt, s.option(opt)) for opt in ("order", "prefetch", "combine"))
             coverage[(plan.family, kind, s.schemes, s.reuse)] += 1
     print(f"\ncovered {len(coverage)} distinct (family, mapping, schemes, reuse) combinations; "
           f"mapping kinds: {sorted(kinds)}; schemes: {sorted(schemes)}")

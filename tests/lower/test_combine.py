@@ -31,7 +31,7 @@ def test_warp_combine_gives_the_reference_results(name: str) -> None:
     seen_splits = []
     for _ in range(3000):
         s = space.sample(rng)
-        if s.combine != "warp":
+        if s.option("combine") != "warp":
             continue
         seen_splits.append(s.split)
         errs = emulated_errors(g, plan, space, s, inputs, ref)

@@ -256,7 +256,7 @@ def test_dynamic_row_length_refuses_what_its_extents_do_not_allow() -> None:
     r = lower_dynamic(fit, h, DEV, space)
     assert isinstance(r, DynamicRefusal) and r.part.startswith(REFUSED_PARTS)
     g = generic_heuristic(fit, DEV, space)
-    assert g.vec == 1 and not g.single_pass and g.split == 1
+    assert g.vec == 1 and not g.option("single_pass") and g.split == 1
     prog = lower_dynamic(fit, g, DEV, space)
     assert isinstance(prog, kir.Program)
     assert re.search(r"= min\(\(kb\d+ \+ 64\), ext0\);", render(prog))  # the row ends at the extent argument

@@ -57,7 +57,7 @@ def test_mapped_operands_match_the_reference(case: str) -> None:
     ref = run_reference(g, inputs)
     scheds = _schedules(space, plan, 12)
     if plan.nstages:
-        assert any(s.prefetch for s in scheds), "no prefetch schedule exercised"
+        assert any(s.option("prefetch") for s in scheds), "no prefetch schedule exercised"
     for s in scheds:
         out = emulate_program(lower(g, plan, s, DEV, space), inputs, coresident_limit=lambda k: 1 << 30)
         for o in ref:

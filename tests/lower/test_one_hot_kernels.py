@@ -102,9 +102,9 @@ def test_the_scalar_epilogue_reads_a_one_element_input(dtype: str) -> None:
     ref = run_reference(g, x)["loss"]
     combines = set()
     for s in (space.sample(random.Random(i)) for i in range(40)):
-        if s.cross_combine in combines:
+        if s.option("cross_combine") in combines:
             continue
-        combines.add(s.cross_combine)
+        combines.add(s.option("cross_combine"))
         prog = lower(g, plan, s, DEV, space)
         out = emulate_program(prog, x, coresident_limit=ALL, cluster_limit=ALL)
         assert rel_err(out["loss"], ref) < 1e-5, s.to_json()
@@ -121,6 +121,7 @@ def one_hot_programs() -> list[Any]:
     g = ce_items_graph(16, 100)
     plan, space, _ = _schedules(g, 0)
     for combine in ("grid", "kernel"):
-        s = next(s for s in (space.sample(random.Random(i)) for i in range(100)) if s.cross_combine == combine)
+        s = next(s for s in (space.sample(random.Random(i)) for i in range(100))
+                 if s.option("cross_combine") == combine)
         programs.append(lower(g, plan, s, DEV, space))
     return programs

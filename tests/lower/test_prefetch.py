@@ -33,7 +33,7 @@ def _prefetch_schedules(space: SearchSpace, n: int, seed: int = 0) -> list[Sched
     out: list[Schedule] = []
     for _ in range(20000):
         s = space.sample(rng)
-        if s.prefetch:
+        if s.option("prefetch"):
             out.append(s)
             if len(out) == n:
                 break
@@ -84,7 +84,7 @@ def test_prefetch_program_shape() -> None:
 def test_without_prefetch_the_program_is_unchanged() -> None:
     g, plan, space = setup("layernorm.json")
     s = Schedule.from_dict(LAYERNORM)
-    assert s.prefetch == 0 and "prefetch" not in s.to_dict()
+    assert s.option("prefetch") == 0 and "prefetch" not in s.to_dict()
     prog = lower(g, plan, s, DEV, space)
     assert not any(a.name.startswith("pf") for k in prog.kernels for a in k.locals)
     on = Schedule.from_dict({**LAYERNORM, "prefetch": 1})

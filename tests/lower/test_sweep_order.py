@@ -93,7 +93,7 @@ def test_forward_schedules_are_unchanged(name: str, sched: dict) -> None:
     """A forward schedule's JSON, key and kernels are exactly those of the schedule without an order."""
     g, plan, space = setup(name)
     s = Schedule.from_dict(sched)
-    assert s.order == "forward"
+    assert s.option("order") == "forward"
     assert "order" not in s.to_dict() and json.loads(s.to_json()) == sched
     prog = lower(g, plan, s, DEV, space)
     src = render(prog)

@@ -195,22 +195,22 @@ def test_an_extra_option_flows_through_suggest_and_params_of() -> None:
         assert space.params_of(s) == t.params
         without = Schedule.from_dict(s.to_dict())  # the default table ignores the key 'unroll'
         assert [n for n in names if n != "unroll"] == list(base.params_of(without))  # the others as before
-        values.add(s.unroll)
+        values.add(s.option("unroll"))
         study.tell(t, 1.0)
     assert values == {1, 2, 4}
     flat = space.flat_mode()
     t = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=6)).ask()
     s = flat.suggest(t)
     assert "unroll" in t.params and flat.suggest(FakeTrial(flat.params_of(s))) == s
-    assert s.unroll == (t.params["unroll"] if s.split == 1 else 1)  # kept only where it applies
+    assert s.option("unroll") == (t.params["unroll"] if s.split == 1 else 1)  # kept only where it applies
 
 
 def test_an_extra_option_flows_through_sample_validation_and_variants() -> None:
     space = _extra_space("layernorm_small.json")
     samples = [space.sample(random.Random(i)) for i in range(60)]
-    assert {s.unroll for s in samples} == {1, 2, 4}
-    assert all(s.unroll == 1 for s in samples if s.split > 1)
-    s = next(s for s in samples if s.split == 1 and s.unroll == 1 and s.vec == 4
+    assert {s.option("unroll") for s in samples} == {1, 2, 4}
+    assert all(s.option("unroll") == 1 for s in samples if s.split > 1)
+    s = next(s for s in samples if s.split == 1 and s.option("unroll") == 1 and s.vec == 4
              and not space.violations(_with(s, unroll=2)))
     assert any("unroll=3 not in [1, 2, 4]" in v for v in space.violations(_with(s, unroll=3)))
     assert any("unrolled accesses too wide" in v for v in space.violations(_with(s, unroll=4)))
@@ -228,14 +228,14 @@ def test_an_extra_option_flows_through_sample_validation_and_variants() -> None:
 
 def test_an_extra_option_flows_through_json_and_the_grid() -> None:
     s = Schedule(64, 128, 1, 2, 0, 0, ("regional", "regional"), ("global", "register"), table=TABLE, unroll=2)
-    assert s.unroll == 2 and s.option(UNROLL) == 2 and s.order == "forward"
+    assert s.option("unroll") == 2 and s.option(UNROLL) == 2 and s.option("order") == "forward"
     assert json.loads(s.to_json())["unroll"] == 2 and s.flat()["unroll"] == 2
     assert Schedule.from_json(s.to_json(), TABLE) == s
     at_default = _with(s, unroll=1)
     plain = Schedule(64, 128, 1, 2, 0, 0, ("regional", "regional"), ("global", "register"))
     assert "unroll" not in at_default.to_dict() and at_default == plain and at_default.key() == plain.key()
-    with pytest.raises(AttributeError):
-        _ = plain.unroll  # the default table does not declare it
+    with pytest.raises(KeyError):
+        plain.option("unroll")  # the default table does not declare it
     with pytest.raises(TypeError, match="unknown schedule option 'unroll'"):
         Schedule(64, 128, 1, 2, 0, 0, ("regional",), ("global",), unroll=2)
     space = _extra_space("layernorm_small.json")
@@ -243,7 +243,8 @@ def test_an_extra_option_flows_through_json_and_the_grid() -> None:
                  "min_blocks": [0], "single_pass": [0]}.items():  # (single_pass pinned: half the grid)
         space.domains[k] = v
     grid = space.grid()
-    assert {g.unroll for g in grid if g.split == 1} == {1, 2, 4} and {g.unroll for g in grid if g.split > 1} <= {1}
+    assert {g.option("unroll") for g in grid if g.split == 1} == {1, 2, 4}
+    assert {g.option("unroll") for g in grid if g.split > 1} <= {1}
     assert all(not space.violations(g) for g in grid) and len(set(grid)) == len(grid)
 
 
@@ -290,12 +291,18 @@ def test_schedule_value_semantics_with_options() -> None:
     assert s == Schedule(*core, {"order": "alternate"}) == Schedule(*core, [("order", "alternate")])
     assert s == Schedule(*core, {"order": "forward"}, order="alternate")  # named options win
     assert s.options == (("order", "alternate"),) and Schedule(*core, order="forward").options == ()
-    assert pickle.loads(pickle.dumps(s)) == s and copy.copy(s) == s and pickle.loads(pickle.dumps(s)).order == "alternate"
-    assert dataclasses.replace(s, tpr=32).order == "alternate" and dataclasses.replace(s, order="forward") == \
+    assert pickle.loads(pickle.dumps(s)) == s and copy.copy(s) == s
+    assert pickle.loads(pickle.dumps(s)).option("order") == "alternate"
+    assert dataclasses.replace(s, tpr=32).option("order") == "alternate" and dataclasses.replace(s, order="forward") == \
         Schedule(*core)
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.tpr = 1  # type: ignore[misc]
     with pytest.raises(TypeError, match="pass an option by name"):
         Schedule(*core, "alternate")  # type: ignore[arg-type]
-    with pytest.raises(AttributeError, match="no attribute or option 'ordr'"):
+    with pytest.raises(AttributeError, match="no attribute 'ordr'$"):
         _ = s.ordr
+    with pytest.raises(KeyError):
+        s.option("ordr")
+    # options are read with option() only (typed by the declaration): an attribute read names it
+    with pytest.raises(AttributeError, match=r"no attribute 'order': options are read with s\.option.*ORDER"):
+        _ = s.order

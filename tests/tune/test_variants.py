@@ -55,7 +55,7 @@ def test_search_measures_the_variants_of_its_best_point(tmp_path: Path) -> None:
         assert b in space.variants(a)
         assert mine.status == "ok"
     best = Schedule.from_json(res.best.schedule_json)
-    assert best.order == "alternate"  # found through a variant or by the sampler; measured either way
+    assert best.option("order") == "alternate"  # found through a variant or by the sampler; measured either way
 
 
 def _script(name: str):
@@ -108,4 +108,5 @@ def test_search_asks_single_pass_and_tries_it_next_to_its_best_point(tmp_path: P
     variants = [t for t in study.trials if "variant_of" in t.user_attrs and "single_pass" in t.params]
     assert variants, "a variant of the best point switches single_pass"
     rows = TuningDB(db).read()
-    assert any(Schedule.from_json(j).single_pass == 1 for j, st in zip(rows.schedule_json, rows.status) if st == "ok")
+    assert any(Schedule.from_json(j).option("single_pass") == 1
+               for j, st in zip(rows.schedule_json, rows.status) if st == "ok")

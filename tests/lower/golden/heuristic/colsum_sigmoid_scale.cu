@@ -135,6 +135,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) st_k0(const float* __restri
     acc15 = 0.0f;
     acc16 = 0.0f;
     acc17 = 0.0f;
+    #pragma unroll 8
     for (q23 = 0; q23 < 64; q23 += 1) {
       if (cv7) {
         float4 _v2 = __ldcg(reinterpret_cast<const float4*>(part0 + ((q23 * 1024) + min(c6, 1020))));
