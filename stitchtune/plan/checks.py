@@ -106,7 +106,7 @@ def remap_refusal(sur: Surrogate | None, viewed: Viewed, classes: dict[str, Tens
     view = viewed.view
     rows = tuple(range(len(viewed.domain) - 1)) if sur.mixed else view.row_axes
     cols = {n: c.varies_along_cols(view.family) for n, c in classes.items()}
-    return ask(remap.check_remaps, sur.real, viewed.domain, rows, cols, sur.mixed)
+    return remap.check_remaps(sur.real, viewed.domain, rows, cols, sur.mixed)
 
 
 def index_maps(viewed: Viewed) -> dict[str, IndexMap] | Refusal:
@@ -136,20 +136,16 @@ def surrogate_maps(sur: Surrogate | None, viewed: Viewed, imaps: dict[str, Index
         return imaps
     view, out = viewed.view, dict(imaps)
     if sur.mixed:
-        wide = ask(chains.wide_inputs, sur.real)
-        if isinstance(wide, Refusal):
-            return wide
-        own = wide | pieces.concat_pieces(sur.real, tuple(viewed.domain))   # (a cache piece: its own strides)
+        # (wide_inputs reads the region facts Surrogate.of computed: it refuses nothing here)
+        own = chains.wide_inputs(sur.real) | pieces.concat_pieces(sur.real, tuple(viewed.domain))   # (a cache piece: its own strides)
         out.update({n: index_map(sur.real.spec(n).shape, viewed.maps[n], view.sizes, view.row_axes, view.col_axes)
                     for n in own})
         return out
     refused = _index_op_map_refusal(imaps, view.family)
     if refused is not None:
         return refused
-    real = ask(remap.real_index_maps, sur.real, sur.graph, viewed.aligned, viewed.domain, view.row_axes, view.col_axes)
-    if isinstance(real, Refusal):
-        return real
-    out.update(real)
+    # (real_index_maps reads the gather tables and chains the surrogate was made with: it refuses nothing)
+    out.update(remap.real_index_maps(sur.real, sur.graph, viewed.aligned, viewed.domain, view.row_axes, view.col_axes))
     return out
 
 

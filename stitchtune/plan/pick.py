@@ -11,7 +11,7 @@ from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.plan.refusal import Refusal
 
-__all__ = ["node_axis", "pick_leaves", "check_picks", "check_pick_indices"]
+__all__ = ["node_axis", "pick_leaves", "pick_refusal", "check_picks", "check_pick_indices"]
 
 
 def node_axis(nd: Node) -> int:
@@ -30,15 +30,32 @@ def pick_leaves(graph: Graph, nd: Node, domain: tuple[int, ...]) -> tuple[tuple[
     """``(constant, loaded)`` tensors of the subtree a pick ``gather_elements`` node ``nd`` evaluates at
     its row's index: ``constant`` are those constant along the gather axis (size 1 there: per-row
     values such as a row max or log-sum-exp, where the walk stops), ``loaded`` the inputs that vary
-    along it (loaded at the picked position). :class:`UnsupportedGraphError` naming the node for a
-    subtree node that is not element-wise."""
+    along it (loaded at the picked position). For callers after planning (the surrogate graph,
+    :mod:`stitchtune.lower.gather`), where :func:`check_picks` has accepted the node:
+    :class:`UnsupportedGraphError` naming the node for a subtree :func:`pick_refusal` refuses."""
+    leaves = _pick_leaves(graph, nd, domain)
+    if isinstance(leaves, Refusal):
+        raise leaves.error()
+    return leaves
+
+
+def pick_refusal(graph: Graph, nd: Node, domain: tuple[int, ...]) -> Refusal | None:
+    """The :class:`~stitchtune.plan.refusal.Refusal` naming pick ``nd`` where :func:`pick_leaves`
+    cannot walk its subtree (an index not of a pick's shape, a gather axis that is not the innermost
+    live axis of ``domain``, a subtree node that is not element-wise); None where it can."""
+    leaves = _pick_leaves(graph, nd, domain)
+    return leaves if isinstance(leaves, Refusal) else None
+
+
+def _pick_leaves(graph: Graph, nd: Node, domain: tuple[int, ...]) -> tuple[tuple[str, ...], tuple[str, ...]] | Refusal:
+    """:func:`pick_leaves`, or the :class:`~stitchtune.plan.refusal.Refusal` of :func:`pick_refusal`."""
     x, idx = (graph.spec(str(t)) for t in nd.args)
     if idx.shape[node_axis(nd)] != 1 or any(i != d for k, (i, d) in enumerate(zip(idx.shape, x.shape)) if k != node_axis(nd)):
-        raise UnsupportedGraphError(_PICK_ONLY.format(nd.id, node_axis(nd)))
+        return Refusal(_PICK_ONLY.format(nd.id, node_axis(nd)))
     nodes = {n.id: n for n in graph.nodes}
     a = len(domain) - len(nd.shape) + node_axis(nd)
     if a != max((k for k, d in enumerate(domain) if d > 1), default=a):  # not the innermost live axis
-        raise UnsupportedGraphError(_PICK_ONLY.format(nd.id, node_axis(nd)))
+        return Refusal(_PICK_ONLY.format(nd.id, node_axis(nd)))
     const: list[str] = []
     loaded: list[str] = []
     stack, seen = [str(nd.args[0])], set()
@@ -57,25 +74,29 @@ def pick_leaves(graph: Graph, nd: Node, domain: tuple[int, ...]) -> tuple[tuple[
             loaded.append(cur)
             continue
         if OPS[m.op].kind not in ("unary", "binary", "ternary", "cast"):
-            raise UnsupportedGraphError(
+            return Refusal(
                 f"gather_elements '{nd.id}' picks from '{cur}' ({m.op}); stitched kernels pick from element-wise "
                 "expressions of inputs and per-row values only")
         stack.extend(m.tensor_args)
     return tuple(sorted(const)), tuple(sorted(loaded))
 
 
-def check_picks(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ...]) -> None:
+def check_picks(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ...]) -> Refusal | None:
     """Every ``gather_elements`` is a *pick*: one element per row along the kernel's column axis
     (``idx`` of size 1 along the gather axis and of the source's dims elsewhere, the gather axis the
     view's only column axis: cross entropy's target logit), whose source is an element-wise expression
-    (:func:`pick_leaves`); :class:`UnsupportedGraphError` naming the node otherwise."""
+    (:func:`pick_refusal`); else the :class:`~stitchtune.plan.refusal.Refusal` naming the first node
+    that is not; None when every one is."""
     for n in graph.nodes:
         if n.op != "gather_elements":
             continue
-        pick_leaves(graph, n, domain)
+        refused = pick_refusal(graph, n, domain)
+        if refused is not None:
+            return refused
         live = tuple(c for c in col_axes if domain[c] > 1)
         if live != (len(domain) - len(n.shape) + node_axis(n),):
-            raise UnsupportedGraphError(_PICK_ONLY.format(n.id, node_axis(n)))
+            return Refusal(_PICK_ONLY.format(n.id, node_axis(n)))
+    return None
 
 
 def check_pick_indices(graph: Graph, ints: frozenset[str]) -> Refusal | None:

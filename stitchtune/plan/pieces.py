@@ -24,7 +24,7 @@ def concat_pieces(graph: Graph, domain: tuple[int, ...]) -> frozenset[str]:
     """The inputs of a region that only concatenations read, each a piece of the iteration domain:
     of the domain's rank and shape but along the concat's axis (a decode step's key / value cache
     ``[B, H, P, D]`` before the new position, concatenated to ``[B, H, P + 1, D]``). In a mixed region
-    (:func:`check_mixed`) such a piece is loaded at a position shifted along that (outer) axis in the
+    (:func:`~stitchtune.plan.view_checks.check_mixed`) such a piece is loaded at a position shifted along that (outer) axis in the
     row-major strides of its own shape (:func:`outer_sources`; :func:`real_index_maps`), each load
     proven in bounds by :func:`~stitchtune.plan.shift.shift_offset`."""
     out = set()

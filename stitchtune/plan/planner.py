@@ -196,7 +196,7 @@ def plan_graph(graph: Graph) -> StitchPlan | Refusal:
     every other graph through :func:`~stitchtune.plan.axes.tensor_axes` (transpose / reshape as index
     maps). A *mixed* region (slice / concat and transpose / reshape, e.g. Llama's rotary: head split,
     then rotate-half) is mapped by :func:`tensor_axes` on its surrogate, whose layout part keeps its own
-    shapes, and lowered with column shifts only (:func:`~stitchtune.plan.remap.check_mixed`).
+    shapes, and lowered with column shifts only (:func:`~stitchtune.plan.view_checks.check_mixed`).
 
     When the default domain tensor's layout is refused, the layouts of the other largest tensors
     (:func:`~stitchtune.plan.axes.domain_candidates`, outputs first) are tried in turn: a

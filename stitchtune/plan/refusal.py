@@ -10,10 +10,14 @@ same message as the rule that refused. A region finder asks
 
 The checks of :mod:`~stitchtune.plan.checks`, :mod:`~stitchtune.plan.views`, :func:`~stitchtune.plan.axes.tensor_axes`, :mod:`~stitchtune.plan.cross`
 (``split_cross``, ``check_cross``), :mod:`~stitchtune.plan.scatter` (``split_scatters``),
-:mod:`~stitchtune.plan.col_remap` and :func:`~stitchtune.plan.pick.check_pick_indices` return refusals.
-The rule modules that walk index ops and layouts (:mod:`~stitchtune.plan.remap`,
-:mod:`~stitchtune.plan.chains`, :mod:`~stitchtune.plan.shift`,
-:mod:`~stitchtune.plan.index_ops`, ``pick.check_picks``) still raise theirs deep in their walks; :func:`ask` is where the pipeline calls them and turns such an exception into a value
+:mod:`~stitchtune.plan.col_remap`, :mod:`~stitchtune.plan.pick` (``check_picks``, ``pick_refusal``,
+``check_pick_indices``) and :mod:`~stitchtune.plan.view_checks` (``check_gathers``, ``check_mixed``),
+:func:`~stitchtune.plan.remap.check_remaps` and the bounds proofs of :mod:`~stitchtune.plan.shift`
+(``offset_of``, ``column_offset``, ``size1_slice_refusal``) return refusals. Still raising, deep in their
+walks: :func:`~stitchtune.plan.remap.surrogate` (with ``index_ops.surrogate_shape`` and ``pick.pick_leaves``,
+which also serve the lowering), the layout rules of :mod:`~stitchtune.plan.chains` and
+:func:`~stitchtune.plan.remap.int_index_op`: :func:`ask` is where the pipeline calls them (``Surrogate.of``
+asks the surrogate and the chain facts once; the later stages read those facts) and turns such an exception into a value
 (only :class:`~stitchtune.errors.UnsupportedGraphError`: any other exception is a bug and passes);
 :func:`rewritten` is where a rewrite whose graph the format refuses (over its limits) becomes one.
 """

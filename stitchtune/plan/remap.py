@@ -25,7 +25,7 @@ evaluation the kernel will make (a :class:`Shift` per tensor reached), proving e
 (:func:`~stitchtune.plan.shift.shift_offset`). Refused with :class:`UnsupportedGraphError` naming the tensor or node: an
 output or a reduction argument that does not span the domain, a tensor of higher rank than the
 domain, a gather table read by anything but gather, a table whose trailing dims are not the view's
-columns or an index op in a column reduction (:func:`check_gathers`), an index tensor used with two
+columns or an index op in a column reduction (:func:`~stitchtune.plan.view_checks.check_gathers`), an index tensor used with two
 table ranks, a per-row value or a gather under a row-axis slice/concat, a size-1 slice broadcast
 over several positions inside a computation (a size-1 concat piece is fine, and so is a size-1 slice
 that is only stored, e.g. ``x[:, 0:1, :]`` as an output: :func:`root_shift`).
@@ -35,7 +35,7 @@ split ``x [B, S, H*D] -> [B, S, H, D] -> [B, H, S, D]``): the layout nodes and t
 (:func:`~stitchtune.plan.chains.layout_part`) keep their own shapes in the surrogate, which the planner maps with
 :func:`~stitchtune.plan.axes.tensor_axes` (general index maps); every shift must then be a column
 shift (:func:`~stitchtune.plan.shift.column_shift`: slice / concat along the innermost domain axis, which must be the view's
-columns, :func:`check_mixed`), so a shifted load is the general map's address of view element
+columns, :func:`~stitchtune.plan.view_checks.check_mixed`), so a shifted load is the general map's address of view element
 ``(r, c + d)``; an input of the domain's own layout read by slice / concat directly, or tokens
 viewed as the domain by a reshape (:func:`outer_sources`), may be shifted along any axis (Swin's
 ``roll`` as slice + concat along H and W, then the window partition as trailing maps): its load is
@@ -56,7 +56,6 @@ are decided in :mod:`stitchtune.plan.chains`; the primitives both read in :mod:`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import prod
 
 from stitchtune.errors import SeparateRegionsError, UnsupportedGraphError
 from stitchtune.graph.ops import INDEX_KINDS, OPS
@@ -64,16 +63,16 @@ from stitchtune.graph.parse import Graph, Node, TensorSpec
 from stitchtune.plan.chains import (chain_members, composed_chains, domain_of, layout_part, layout_tails, mixed_layout,
                                     outer_part_cuts,
                                     part_domains, sliced_members, wide_inputs)
-from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import IndexMap, index_map
 from stitchtune.plan.index_ops import after_index_ops, gather_tables, has_index_ops, surrogate_shape
 from stitchtune.plan.pick import node_axis as _axis
-from stitchtune.plan.pick import check_picks, pick_leaves
+from stitchtune.plan.pick import pick_leaves
 from stitchtune.plan.pieces import concat_pieces, index_free, layout_reader_shift, unit_pieces
-from stitchtune.plan.shift import Shift, check_size1_slice, column_shift, shift_offset, spans
+from stitchtune.plan.refusal import Refusal
+from stitchtune.plan.shift import Shift, column_offset, offset_of, size1_slice_refusal, spans
 
-__all__ = ["OuterSources", "outer_sources", "root_shift", "int_index_op", "surrogate", "check_mixed",
-           "real_index_maps", "check_gathers", "check_remaps"]
+__all__ = ["OuterSources", "outer_sources", "root_shift", "int_index_op", "surrogate", "real_index_maps",
+           "check_remaps"]
 
 
 def int_index_op(graph: Graph, ints: frozenset[str]) -> Node | None:
@@ -191,35 +190,6 @@ def surrogate(graph: Graph) -> Graph:
     return Graph(name=graph.name, inputs=inputs, nodes=tuple(nodes), outputs=graph.outputs)
 
 
-def check_mixed(graph: Graph, sur: Graph, domain: tuple[int, ...], out_cols: tuple[int, ...],
-                col_axes: tuple[int, ...], family: str) -> None:
-    """A mixed region (slice / concat with transpose / reshape) is lowered with column shifts only
-    (:func:`~stitchtune.plan.shift.column_shift`): no gather, a row-family (or element-wise) view whose columns are exactly
-    the innermost dim of the domain (``out_cols``: the axes of an output's last dim; any view when
-    every input is loaded through a :func:`~stitchtune.plan.chains.composed_chains` chain: GPT-2's q/k/v split), and every input
-    outside :func:`~stitchtune.plan.chains.layout_part` of its surrogate shape (no sliced input larger than the domain)."""
-    for n in graph.nodes:
-        if n.op in ("gather", "gather_elements"):
-            raise UnsupportedGraphError(f"{n.op} '{n.id}' is in a region with transpose / reshape; stitched "
-                                        "kernels do not combine the two yet")
-    if family == Family.COL:
-        raise UnsupportedGraphError(f"{_column_reductions(graph)}slice / concat with transpose / reshape are supported "
-                                    "in row-reduction and element-wise kernels only, not in column reductions")
-    chained = chain_members(graph)
-    every_chained = all(n in chained for n in graph.input_names)  # loads by chain arithmetic only
-    if (tuple(out_cols) != tuple(col_axes) and not every_chained) or domain[-1] < 2:
-        raise UnsupportedGraphError(
-            f"the columns of the kernel are not the innermost axis of the iteration domain {list(domain)}; "
-            "slice / concat with transpose / reshape need the innermost axis as the kernel's columns")
-    wide = wide_inputs(graph) | concat_pieces(graph, domain)
-    for name, spec in graph.inputs:
-        if tuple(spec.shape) != tuple(sur.spec(name).shape) and name not in chained and name not in wide:
-            raise UnsupportedGraphError(
-                f"input '{name}' {list(spec.shape)} is sliced beyond the iteration domain {list(domain)} in a "
-                "region with transpose / reshape, along an outer axis or read through a transpose / reshape; "
-                "there an input may be wider than the domain along its innermost axis only")
-
-
 def root_shift(graph: Graph, name: str, domain: tuple[int, ...], row_axes: tuple[int, ...]) -> Shift:
     """The shift output ``name`` is evaluated at: ``Shift()``, except where it broadcasts along a row
     axis ``a`` of the domain (its own dim 1 there) and has a size-1 slice along ``a`` in its subtree
@@ -259,25 +229,39 @@ def root_shift(graph: Graph, name: str, domain: tuple[int, ...], row_axes: tuple
 
 
 def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...],
-                 varies: dict[str, bool], mixed: bool = False) -> None:
+                 varies: dict[str, bool], mixed: bool = False) -> Refusal | None:
     """Walk the remapped evaluations a kernel will make (the rules of :mod:`stitchtune.lower.remap`),
-    from the outputs and the reduction arguments, so that every refusal is a planning error:
-    a per-row value (``varies[name]`` false: it does not vary along the columns) or a gather under a
-    row-axis shift, a remapped load outside a tensor. ``varies``: tensor -> varies along the columns.
+    from the outputs and the reduction arguments, so that every refusal is a planning error: the
+    :class:`Refusal` of the first evaluation the walk meets that breaks a rule (a per-row value
+    (``varies[name]`` false: it does not vary along the columns) or a gather under a row-axis shift, a
+    remapped load outside a tensor), None when every one is proven. ``varies``: tensor -> varies along the columns.
     ``mixed``: a region with transpose / reshape, where a shift that reaches an input through a layout
-    node (or one of another layout than the domain's) is a column shift (:func:`~stitchtune.plan.shift.column_shift`); an input
+    node (or one of another layout than the domain's) is a column shift (:func:`~stitchtune.plan.shift.column_offset`); an input
     of the domain's layout read by slice / concat directly may be shifted along any axis (Swin's roll
-    before the window partition), its load proven by :func:`~stitchtune.plan.shift.shift_offset`."""
+    before the window partition), its load proven by :func:`~stitchtune.plan.shift.offset_of`. Called on a
+    graph whose :func:`surrogate` the planner has made (the chain and layout rules it reads refused there)."""
     walk = _RemapWalk(graph, domain, frozenset(row_axes), varies, mixed)
     for name in graph.outputs:
-        walk.visit(name, root_shift(graph, name, domain, row_axes))
+        refused = walk.visit(name, root_shift(graph, name, domain, row_axes))
+        if refused is not None:
+            return refused
     for name in [str(n.args[0]) for n in graph.reductions()]:
-        walk.visit(name, Shift())
+        refused = walk.visit(name, Shift())
+        if refused is not None:
+            return refused
+    return None
+
+
+def _refused(value: int | Refusal) -> Refusal | None:
+    """The refusal of a bounds proof (:func:`~stitchtune.plan.shift.offset_of`,
+    :func:`~stitchtune.plan.shift.column_offset`), None for its offset."""
+    return value if isinstance(value, Refusal) else None
 
 
 class _RemapWalk:
     """One walk of :func:`check_remaps`: the evaluations proven so far (``seen``), and what the
-    region decides once (its chains, layout part, outer sources and wide inputs)."""
+    region decides once (its chains, layout part, outer sources and wide inputs). Each step answers
+    the first :class:`Refusal` it meets, or None."""
 
     def __init__(self, graph: Graph, domain: tuple[int, ...], rows: frozenset[int], varies: dict[str, bool],
                  mixed: bool) -> None:
@@ -291,104 +275,114 @@ class _RemapWalk:
         self.unit = unit_pieces(graph, domain)   # (size 1 along a concat's axis: positions, not a broadcast)
         self.free = index_free(graph)
 
-    def visit(self, name: str, sh: Shift) -> None:
+    def visit(self, name: str, sh: Shift) -> Refusal | None:
         """Prove tensor ``name`` evaluated at shift ``sh``, and what it reads at theirs."""
         nd = self.nodes.get(name)
         if self.mixed:
             sh = layout_reader_shift(self.graph, self.keep, name, sh, self.domain, not self.varies[name], self.free)
         if (name, sh) in self.seen:
-            return
+            return None
         self.seen.add((name, sh))
-        if nd is not None and not self._own_checks(nd, sh):
-            return
+        own = self._own_checks(nd, sh) if nd is not None else True
+        if isinstance(own, Refusal) or not own:
+            return own or None
         if not self.varies[name]:
-            sh = self._per_row(name, nd, sh)
+            per_row = self._per_row(name, nd, sh)
+            if isinstance(per_row, Refusal):
+                return per_row
+            sh = per_row
         if name in self.chains:  # loaded through the chain: in bounds where the head's positions are
-            shift_offset(name, self.graph.spec(name).shape, sh, self.domain)
-        elif self._outer_load(name, nd, sh):
-            return
-        elif nd is None:
-            self._input_load(name, sh)
-        else:
-            self._through(nd, sh)
+            return _refused(offset_of(name, self.graph.spec(name).shape, sh, self.domain))
+        outer = self._outer_load(name, nd, sh)
+        if isinstance(outer, Refusal) or outer:
+            return outer if isinstance(outer, Refusal) else None
+        if nd is None:
+            return self._input_load(name, sh)
+        return self._through(nd, sh)
 
-    def _own_checks(self, nd: Node, sh: Shift) -> bool:
+    def _own_checks(self, nd: Node, sh: Shift) -> bool | Refusal:
         """The checks of ``nd`` itself: a size-1 slice broadcast over several positions; a pick under a
-        row-axis shift. False where the walk stops (a pick is loaded at its own row)."""
+        row-axis shift (the refusal). False where the walk stops (a pick is loaded at its own row),
+        True where it goes on."""
         kind = OPS[nd.op].kind
         if kind == "slice":
-            check_size1_slice(nd, sh, self.domain)
+            refused = size1_slice_refusal(nd, sh, self.domain)
+            if refused is not None:
+                return refused
         if kind == "gather_elements":
             if {a for a, _ in sh.delta} & self.rows:
-                raise UnsupportedGraphError(f"gather_elements '{nd.id}' under a slice/concat along a row axis is "
-                                            "not supported")
+                return Refusal(f"gather_elements '{nd.id}' under a slice/concat along a row axis is not supported")
             return False
         return True
 
-    def _per_row(self, name: str, nd: Node | None, sh: Shift) -> Shift:
+    def _per_row(self, name: str, nd: Node | None, sh: Shift) -> Shift | Refusal:
         """The shift a value that does not vary along the columns is evaluated at: the sweep's own
         element; refused for an index op's result and under a row-axis shift."""
         if nd is not None and OPS[nd.op].kind in INDEX_KINDS:
-            raise UnsupportedGraphError(
+            return Refusal(
                 f"{nd.op} '{name}' gives a value that does not vary along the kernel's columns (one per row, "
                 "or a scalar); stitched kernels remap full and per-column values only")
         if {a for a, _ in sh.delta} & self.rows:  # conditions alone keep the own element
-            raise UnsupportedGraphError(f"tensor '{name}': a per-row value under a slice/concat along a "
-                                        "row axis is not supported")
+            return Refusal(f"tensor '{name}': a per-row value under a slice/concat along a row axis is not supported")
         return Shift()
 
-    def _outer_load(self, name: str, nd: Node | None, sh: Shift) -> bool:
+    def _outer_load(self, name: str, nd: Node | None, sh: Shift) -> bool | Refusal:
         """In a mixed region, a shift along an outer axis reaching an input or the layout part: True
         where it is an input of :func:`outer_sources` (its load ``p + delta`` in row-major strides,
-        Swin's roll, proven here); refused where the shift may not reach it; False otherwise (the
-        walk goes on)."""
+        Swin's roll, proven here); the refusal where the shift may not reach it or the load is out of
+        bounds; False otherwise (the walk goes on)."""
         if not (self.mixed and sh.axes() - {len(self.domain) - 1} and (nd is None or name in self.keep)):
             return False
         src = self.outer.shape(name)
         if nd is not None and name not in self.outer.nodes or nd is None and src is None:
-            raise UnsupportedGraphError(
+            return Refusal(
                 f"node '{name}': a slice/concat along an outer axis reads it through a transpose / reshape "
                 "(or it does not have the iteration domain's layout); there slice and concat may act along "
                 "the innermost axis only")
         if not any(OPS[n.op].kind != "layout" and tuple(n.shape) == tuple(self.domain) for n in self.graph.nodes):
-            raise UnsupportedGraphError(
+            return Refusal(
                 f"tensor '{name}': a slice/concat along an outer axis in a region with transpose / reshape "
                 "needs a computed tensor of the iteration domain's shape (the kernel's positions)")
         if src is None:
             return False
-        shift_offset(name, src, sh, self.domain)
-        return True
+        return _refused(offset_of(name, src, sh, self.domain)) or True
 
-    def _input_load(self, name: str, sh: Shift) -> None:
+    def _input_load(self, name: str, sh: Shift) -> Refusal | None:
         """A graph input loaded at shift ``sh``: a column shift in a mixed region (up to its width for
         a wide input), else in bounds of its own shape."""
         if self.mixed:
-            column_shift(name, sh, self.domain, self.graph.spec(name).shape[-1] if name in self.wide else None)
-        elif not (not sh.delta and spans(self.graph, name, self.domain) and name not in self.unit):
-            shift_offset(name, self.graph.spec(name).shape, sh, self.domain)
+            return _refused(column_offset(name, sh, self.domain,
+                                          self.graph.spec(name).shape[-1] if name in self.wide else None))
+        if not (not sh.delta and spans(self.graph, name, self.domain) and name not in self.unit):
+            return _refused(offset_of(name, self.graph.spec(name).shape, sh, self.domain))
+        return None
 
-    def _through(self, nd: Node, sh: Shift) -> None:
+    def _through(self, nd: Node, sh: Shift) -> Refusal | None:
         """Walk on from node ``nd`` at shift ``sh``: a slice moves the shift by its start, a concat
         limits it to each piece, a gather's table row is loaded at it, any other op passes it on."""
         kind = OPS[nd.op].kind
         off = len(self.domain) - len(nd.shape)
         if kind == "slice":
-            self.visit(str(nd.args[0]), sh.moved(off + _axis(nd), nd.start))
-        elif kind == "concat":
+            return self.visit(str(nd.args[0]), sh.moved(off + _axis(nd), nd.start))
+        if kind == "concat":
             a, o = off + _axis(nd), 0
             for arg in nd.tensor_args:
                 ln = self.graph.spec(arg).shape[_axis(nd)]
                 psh = sh.limited(a, o - sh.d(a), o + ln - sh.d(a), self.domain[a])
-                if psh is not None:
-                    self.visit(arg, psh.moved(a, -o))
+                refused = self.visit(arg, psh.moved(a, -o)) if psh is not None else None
+                if refused is not None:
+                    return refused
                 o += ln
-        elif kind == "gather":
+            return None
+        if kind == "gather":
             if sh.axes() & self.rows:
-                raise UnsupportedGraphError(f"gather '{nd.id}' under a slice/concat along a row axis is not supported")
-            shift_offset(nd.id, tuple(self.graph.spec(str(nd.args[0])).shape[1:]), sh, self.domain)
-        else:
-            for arg in nd.tensor_args:
-                self.visit(arg, sh)
+                return Refusal(f"gather '{nd.id}' under a slice/concat along a row axis is not supported")
+            return _refused(offset_of(nd.id, tuple(self.graph.spec(str(nd.args[0])).shape[1:]), sh, self.domain))
+        for arg in nd.tensor_args:
+            refused = self.visit(arg, sh)
+            if refused is not None:
+                return refused
+        return None
 
 
 @dataclass(frozen=True)
@@ -463,34 +457,3 @@ def real_index_maps(graph: Graph, sur: Graph, axes: dict[str, tuple[int | None, 
             continue
         out[name] = index_map(spec.shape, axes[name], dict(enumerate(domain)), row_axes, col_axes)
     return out
-
-
-def _column_reductions(graph: Graph) -> str:
-    """The refusal's head naming a column-family graph's reductions first (``"column reduction
-    'sum_13' next to "``): a region finder that declines the node a refusal names first then keeps
-    the index ops (a concat of the q/k/v gradients) and leaves the column sum out, not the reverse."""
-    reds = [nd.id for nd in graph.nodes if OPS[nd.op].kind == "reduce"]
-    return f"column reduction {', '.join(repr(r) for r in reds)} next to " if reds else ""
-
-
-def check_gathers(graph: Graph, domain: tuple[int, ...], col_axes: tuple[int, ...], family: str) -> None:
-    """A gather's table rows must be the view's columns: ``table.shape[1:]`` spans exactly the column
-    axes (so element ``(r, c)`` is ``table[idx[r], c]``), in a row-family view."""
-    for n in graph.nodes:
-        if n.op not in ("gather", "gather_elements", "slice", "concat"):
-            continue
-        if family == Family.COL:
-            raise UnsupportedGraphError(f"{_column_reductions(graph)}{n.op} '{n.id}': index ops are supported in "
-                                        "row-reduction and element-wise kernels only, not in column reductions")
-        if n.op == "gather_elements":
-            check_picks(graph, domain, col_axes)
-        if n.op != "gather":
-            continue
-        trail = graph.spec(str(n.args[0])).shape[1:]
-        cols = tuple(domain[a] for a in col_axes)
-        live = tuple(d for d in cols if d > 1)
-        if prod(trail) != prod(cols) or tuple(d for d in trail if d > 1) != live or (
-                col_axes and col_axes[0] < len(domain) - len(trail)):
-            raise UnsupportedGraphError(
-                f"gather '{n.id}': the table's rows {list(trail)} are not the contiguous axes {list(cols)} "
-                "of the kernel (gather whole rows of a table whose rows are the innermost axes)")

@@ -3,13 +3,17 @@ at domain position ``p + delta`` under conditions on ``p``) and the bounds proof
 
 Contract
 --------
-* :func:`shift_offset`: the element offset of a shift in a tensor of a given shape, or
-  :class:`~stitchtune.errors.UnsupportedGraphError` naming the node unless every position the
-  conditions allow, shifted, lies inside the tensor.
-* :func:`column_shift`: in a mixed region, the column offset of a shift that may move the innermost
+* :func:`offset_of`: the element offset of a shift in a tensor of a given shape, or the
+  :class:`~stitchtune.plan.refusal.Refusal` naming the node unless every position the conditions
+  allow, shifted, lies inside the tensor.
+* :func:`column_offset`: in a mixed region, the column offset of a shift that may move the innermost
   domain axis only (refused otherwise, or when a shifted column falls outside the domain).
 * :func:`spans`: whether a tensor spans the domain (each dim 1 or the domain's);
-  :func:`check_size1_slice`: a size-1 slice broadcast over several positions is refused.
+  :func:`size1_slice_refusal`: a size-1 slice broadcast over several positions is refused.
+* :func:`shift_offset`, :func:`column_shift`, :func:`check_size1_slice`: the same, raising
+  :class:`~stitchtune.errors.UnsupportedGraphError` with the refusal's message: for the lowering
+  (:mod:`stitchtune.lower.remap`, :mod:`stitchtune.lower.col_remap`), which loads what the planner's
+  walk (:func:`stitchtune.plan.remap.check_remaps`) proved, so that a refusal there is a bug.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import prod
 
-from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.plan.pick import node_axis as _axis
+from stitchtune.plan.refusal import Refusal
 
-__all__ = ["Shift", "check_size1_slice", "column_shift", "shift_offset", "spans"]
+__all__ = ["Shift", "check_size1_slice", "column_offset", "column_shift", "offset_of", "shift_offset", "size1_slice_refusal",
+           "spans"]
 
 
 @dataclass(frozen=True)
@@ -62,8 +67,18 @@ class Shift:
 
 def shift_offset(who: str, shape: tuple[int, ...], sh: Shift, domain: tuple[int, ...]) -> int:
     """The element offset of ``sh``'s delta in a tensor of ``shape`` (right-aligned to ``domain``,
-    its own strides); :class:`UnsupportedGraphError` naming ``who`` unless every position the
-    conditions allow, shifted, lies inside the tensor (an axis of size 1 broadcasts: no offset)."""
+    its own strides), for the lowering, where the planner has proven the load (:func:`offset_of`):
+    :class:`UnsupportedGraphError` naming ``who`` where it is not."""
+    off = offset_of(who, shape, sh, domain)
+    if isinstance(off, Refusal):
+        raise off.error()
+    return off
+
+
+def offset_of(who: str, shape: tuple[int, ...], sh: Shift, domain: tuple[int, ...]) -> int | Refusal:
+    """The element offset of :func:`shift_offset`, or the :class:`~stitchtune.plan.refusal.Refusal`
+    naming ``who`` unless every position the conditions allow, shifted, lies inside the tensor (an
+    axis of size 1 broadcasts: no offset)."""
     off = len(domain) - len(shape)
     conds = {a: (lo, hi) for a, lo, hi in sh.conds}
     delta = 0
@@ -74,7 +89,7 @@ def shift_offset(who: str, shape: tuple[int, ...], sh: Shift, domain: tuple[int,
         lo, hi = conds.get(a, (0, domain[a]))
         d = sh.d(a)
         if lo + d < 0 or hi - 1 + d > dim - 1:
-            raise UnsupportedGraphError(
+            return Refusal(
                 f"node '{who}': positions [{lo + d}, {hi + d}) along axis {a} fall outside its size {dim}; "
                 "a slice/concat that reads outside a tensor is not supported")
         delta += d * prod(shape[k + 1:])
@@ -88,15 +103,24 @@ def spans(graph: Graph, name: str, domain: tuple[int, ...]) -> bool:
 
 
 def column_shift(who: str, sh: Shift, domain: tuple[int, ...], width: int | None = None) -> int:
-    """In a mixed region (:func:`check_mixed`): the column offset of ``sh``, which may shift and
-    limit the innermost domain axis (the view's columns) only; :class:`UnsupportedGraphError` naming
+    """The column offset of :func:`column_offset`, for the lowering, where the planner has proven the
+    load: :class:`UnsupportedGraphError` naming ``who`` where it is not."""
+    d = column_offset(who, sh, domain, width)
+    if isinstance(d, Refusal):
+        raise d.error()
+    return d
+
+
+def column_offset(who: str, sh: Shift, domain: tuple[int, ...], width: int | None = None) -> int | Refusal:
+    """In a mixed region (:func:`~stitchtune.plan.view_checks.check_mixed`): the column offset of ``sh``, which may shift and
+    limit the innermost domain axis (the view's columns) only; the :class:`~stitchtune.plan.refusal.Refusal` naming
     ``who`` unless every column the conditions allow, shifted, lies in ``[0, domain[-1])``. The load
     of view element ``(r, c + d)`` is then in bounds by the index map's contract. ``width``: an input
     wider than the domain along that axis (:func:`~stitchtune.plan.chains.wide_inputs`, its own row
     strides), whose columns ``[0, width)`` are in bounds."""
     last = len(domain) - 1
     if sh.axes() - {last}:
-        raise UnsupportedGraphError(
+        return Refusal(
             f"node '{who}': a slice/concat along an outer axis reads it through a transpose / reshape (or "
             "it does not have the iteration domain's layout); there slice and concat may act along the innermost "
             "axis only")
@@ -104,17 +128,26 @@ def column_shift(who: str, sh: Shift, domain: tuple[int, ...], width: int | None
     d = sh.d(last)
     size = domain[last] if width is None else width
     if lo + d < 0 or hi - 1 + d > size - 1:
-        raise UnsupportedGraphError(
+        return Refusal(
             f"node '{who}': positions [{lo + d}, {hi + d}) along the innermost axis fall outside its size "
             f"{size}; a slice/concat that reads outside a tensor is not supported")
     return d
 
 
 def check_size1_slice(nd: Node, sh: Shift, domain: tuple[int, ...]) -> None:
-    """A size-1 slice evaluated over several positions of its axis (broadcast) is refused."""
+    """:class:`UnsupportedGraphError` where :func:`size1_slice_refusal` refuses."""
+    refused = size1_slice_refusal(nd, sh, domain)
+    if refused is not None:
+        raise refused.error()
+
+
+def size1_slice_refusal(nd: Node, sh: Shift, domain: tuple[int, ...]) -> Refusal | None:
+    """A size-1 slice evaluated over several positions of its axis (broadcast) is refused (the
+    :class:`~stitchtune.plan.refusal.Refusal` naming it); None otherwise."""
     a = len(domain) - len(nd.shape) + _axis(nd)
     lo, hi = {x: (l, h) for x, l, h in sh.conds}.get(a, (0, domain[a]))
     if nd.shape[_axis(nd)] == 1 and hi - lo > 1:
-        raise UnsupportedGraphError(
+        return Refusal(
             f"slice '{nd.id}' has size 1 along axis {nd.axis} and is broadcast against the iteration "
             f"domain {list(domain)} there; not supported (a size-1 slice may be a concat piece, or be stored)")
+    return None

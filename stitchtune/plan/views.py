@@ -10,7 +10,7 @@ A graph is viewed one of three ways (:func:`view_stage`), each answering a :clas
   domain of its largest tensor (:func:`surrogate_view`);
 * a *mixed* region (index ops and transpose / reshape, Llama's rotary): :func:`tensor_axes` of its
   surrogate, whose layout part keeps its own shapes, checked by
-  :func:`~stitchtune.plan.remap.check_mixed` (:func:`mixed_view`).
+  :func:`~stitchtune.plan.view_checks.check_mixed` (:func:`mixed_view`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from stitchtune.plan.col_remap import check_col_index_ops
 from stitchtune.plan.cross import split_cross
 from stitchtune.plan.family import Family
 from stitchtune.plan.refusal import Refusal, ask
+from stitchtune.plan.view_checks import check_gathers, check_mixed
 
 __all__ = ["View", "Surrogate", "Viewed", "view_stage", "plain_view", "surrogate_view", "mixed_view", "make_view"]
 
@@ -59,11 +60,18 @@ class Surrogate:
     """A graph with index ops (``real``: slice, concat, gather) and the graph the planner analyses in
     its place (``graph``: :func:`~stitchtune.plan.remap.surrogate`: index ops as element-wise nodes
     over domain-shaped tensors); ``mixed``: ``real`` also has transpose / reshape outside its chains
-    of views (:func:`~stitchtune.plan.chains.mixed_layout`)."""
+    of views (:func:`~stitchtune.plan.chains.mixed_layout`). The region facts of ``real`` that
+    :func:`~stitchtune.plan.remap.surrogate` decided (so they refuse nothing once it has made the
+    surrogate): its iteration ``domain`` (:func:`~stitchtune.plan.chains.domain_of`), the tensors
+    that keep their own shapes (``keep``, :func:`~stitchtune.plan.chains.layout_part`) and those of
+    its chains (``chained``, :func:`~stitchtune.plan.chains.chain_members`)."""
 
     real: Graph
     graph: Graph
     mixed: bool
+    domain: tuple[int, ...] = ()
+    keep: frozenset[str] = frozenset()
+    chained: frozenset[str] = frozenset()
 
     @staticmethod
     def of(graph: Graph) -> Surrogate | Refusal | None:
@@ -73,8 +81,13 @@ class Surrogate:
             return sur
         if sur is graph:
             return None
-        mixed = ask(chains.mixed_layout, graph)
-        return mixed if isinstance(mixed, Refusal) else Surrogate(graph, sur, mixed)
+        return ask(Surrogate._made, graph, sur)
+
+    @staticmethod
+    def _made(real: Graph, graph: Graph) -> Surrogate:
+        """The record of ``real`` and its surrogate ``graph``, with the region facts."""
+        return Surrogate(real, graph, chains.mixed_layout(real), chains.domain_of(real),
+                         frozenset(chains.layout_part(real)), frozenset(chains.chain_members(real)))
 
 
 @dataclass(frozen=True)
@@ -130,7 +143,7 @@ def plain_view(graph: Graph, domain_tensor: str | None) -> Viewed | Refusal:
 def surrogate_view(sur: Surrogate) -> Viewed | Refusal:
     """The view of a surrogate (not mixed) over the right-aligned domain of its largest tensor, with
     the checks of its index ops (:func:`~stitchtune.plan.col_remap.check_col_index_ops` in a column
-    family, else :func:`~stitchtune.plan.remap.check_gathers`)."""
+    family, else :func:`~stitchtune.plan.view_checks.check_gathers`)."""
     graph, real = sur.graph, sur.real
     names = _names(graph)
     all_red = _reductions(graph)
@@ -148,9 +161,9 @@ def surrogate_view(sur: Surrogate) -> Viewed | Refusal:
         return red_axes
     view = make_view(order, dict(enumerate(domain)), bool(all_red), red_axes)
     if view.family == Family.COL:   # slice / concat along the columns only (plan.col_remap)
-        refused = ask(check_col_index_ops, real, domain, view.row_axes, view.col_axes, maps)
+        refused = check_col_index_ops(real, domain, view.row_axes, view.col_axes, maps)
     else:
-        refused = ask(remap.check_gathers, real, domain, view.col_axes, view.family)
+        refused = check_gathers(real, domain, view.col_axes, view.family)
     if refused is not None:
         return refused
     return Viewed(graph, names, maps, tuple(split[0]), tuple(split[1]), view, tuple(domain), aligned)
@@ -158,14 +171,12 @@ def surrogate_view(sur: Surrogate) -> Viewed | Refusal:
 
 def mixed_view(sur: Surrogate) -> Viewed | Refusal:
     """The view of a mixed region (slice / concat with transpose / reshape): :func:`tensor_axes` of
-    the surrogate, checked by :func:`~stitchtune.plan.remap.check_mixed` (the view's columns are the
+    the surrogate, checked by :func:`~stitchtune.plan.view_checks.check_mixed` (the view's columns are the
     domain's innermost axis)."""
     real, sur_graph = sur.real, sur.graph
     names = _names(sur_graph)
     all_red = _reductions(sur_graph)
-    domain = ask(chains.domain_of, real)
-    if isinstance(domain, Refusal):
-        return domain
+    domain = sur.domain
     axes = tensor_axes(sur_graph)
     if isinstance(axes, Refusal):
         return axes
@@ -178,9 +189,7 @@ def mixed_view(sur: Surrogate) -> Viewed | Refusal:
     if isinstance(red_axes, Refusal):
         return red_axes
     view = make_view(axes.order, axes.size_of, bool(all_red), red_axes)
-    keep = ask(chains.layout_part, real)
-    if isinstance(keep, Refusal):
-        return keep
+    keep = sur.keep
     dom_t = next((n for n in names if n not in keep and tuple(sur_graph.spec(n).shape) == tuple(domain)), None)
     if dom_t is None:   # the domain-sized tensors all keep their own layout (a reduction of a reshaped input)
         culprit = next((f"reduction '{nd.id}' reads" for nd in all_red), "the region has")
@@ -189,15 +198,13 @@ def mixed_view(sur: Surrogate) -> Viewed | Refusal:
             f"region with slice or concat (graph '{real.name}'); such regions iterate a domain-shaped tensor "
             "computed after the layout ops")
     out_cols = maps[dom_t][-1]
-    chained = ask(chains.chain_members, real)
-    if isinstance(chained, Refusal):
-        return chained
+    chained = sur.chained
     if (view.family == Family.ELEMENTWISE and set(view.col_axes) < set(out_cols)
             and not all(n in chained for n in real.input_names)):
         # the innermost domain dim spans several axes (rotary angles ``cat(freqs, freqs)`` made by an
         # expand): all of them are the columns, so that a column shift moves along the whole dim
         view = View(view.family, view.sizes, tuple(a for a in axes.order if a not in out_cols), tuple(out_cols))
-    refused = ask(remap.check_mixed, real, sur_graph, domain, out_cols, view.col_axes, view.family)
+    refused = check_mixed(real, sur_graph, domain, out_cols, view.col_axes, view.family)
     if refused is not None:
         return refused
     return Viewed(sur_graph, names, maps, tuple(red_nodes), tuple(cross_nodes), view, tuple(domain))

@@ -1,4 +1,4 @@
-"""Mixed index maps (stitchtune/plan/remap.py ``check_mixed`` / ``column_shift``): a region that
+"""Mixed index maps (stitchtune/plan/view_checks.py ``check_mixed``, plan/shift.py ``column_shift``): a region that
 splits heads with reshape / transpose and then rotates half of the innermost axis with slice /
 concat (Llama's rotary as imported from ONNX) plans, lowers, emulates like the float64 reference
 (the emulator faults on any out-of-bounds, unwritten or racy access) and compiles; the mixed

@@ -86,3 +86,27 @@ def test_a_pick_index_viewed_without_int_arithmetic_is_refused() -> None:
     with pytest.raises(UnsupportedGraphError) as e:
         make_plan(g)
     assert "gather_elements 'p'" in str(e.value) and "'t2'" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_pick_checks_return_refusals_and_the_lowering_form_raises() -> None:
+    """``check_picks`` / ``check_gathers`` / ``pick_refusal`` state a refusal as a value (the message
+    make_plan raises); ``pick_leaves`` (the lowering's form, after planning) raises that message."""
+    from stitchtune.plan.pick import check_picks, pick_leaves, pick_refusal
+    from stitchtune.plan.refusal import Refusal
+    from stitchtune.plan.view_checks import check_gathers
+
+    bad = ce_graph(idx_shape=[16, 2])
+    with pytest.raises(UnsupportedGraphError) as e:
+        make_plan(bad)
+    domain, cols = (16, 1000), (1,)
+    node = next(n for n in bad.nodes if n.op == "gather_elements")
+    for refused in (check_picks(bad, domain, cols), check_gathers(bad, domain, cols, "row"),
+                    pick_refusal(bad, node, domain)):
+        assert refused == Refusal(str(e.value))
+    with pytest.raises(UnsupportedGraphError, match="pick one element per row"):
+        pick_leaves(bad, node, domain)
+    good = ce_graph(outputs=("loss", "picked"))
+    pick = next(n for n in good.nodes if n.op == "gather_elements")
+    assert check_picks(good, domain, cols) is None and check_gathers(good, domain, cols, "row") is None
+    assert pick_refusal(good, pick, domain) is None and pick_leaves(good, pick, domain)[1]
+    assert check_picks(good, domain, (0,)) == Refusal(str(e.value).replace("'picked'", f"'{pick.id}'"))

@@ -108,6 +108,10 @@ def test_the_surrogate_is_named() -> None:
     assert isinstance(sur, Surrogate)
     assert sur.real is g and sur.graph is not g and sur.graph.outputs == g.outputs
     assert {n.op for n in sur.graph.nodes} .isdisjoint({"slice", "concat", "gather"})
+    from stitchtune.plan import chains   # the region facts, decided once with the surrogate
+    assert (sur.mixed, sur.domain, sur.keep, sur.chained) == (
+        chains.mixed_layout(g), chains.domain_of(g), frozenset(chains.layout_part(g)), frozenset(chains.chain_members(g)))
+    assert sur.domain == (2, 2, 4, 8) and "qkv" in sur.chained
     refused = Surrogate.of(_q_and_one_k())               # its chains refuse: the value, not an exception
     assert isinstance(refused, Refusal) and refused.apart == ("qh", "ksl")
 
@@ -139,3 +143,66 @@ def test_a_rewrite_over_the_format_limits_is_a_refusal() -> None:
     g = fused_q()
     assert rewritten(too_big, g) == Refusal("nodes: too many nodes (limit 4096)")
     assert rewritten(lambda x: x, g) is g
+
+
+def test_a_mixed_regions_view_check_is_a_value() -> None:
+    """``check_mixed`` (plan/view_checks.py) answers a :class:`Refusal`, not an exception: a gather
+    beside a transpose, the message ``make_plan`` raises."""
+    from stitchtune.graph.parse import parse_graph
+    from stitchtune.plan.chains import domain_of
+    from stitchtune.plan.remap import surrogate
+    from stitchtune.plan.view_checks import check_mixed
+
+    g = parse_graph({"name": "g", "inputs": {"t": {"shape": [10, 16], "dtype": "float32"},
+                                             "i": {"shape": [4], "dtype": "int32"},
+                                             "y": {"shape": [16, 4], "dtype": "float32"}},
+                     "nodes": [{"id": "e", "op": "gather", "args": ["t", "i"], "axis": 0},
+                               {"id": "yt", "op": "transpose", "args": ["y"], "perm": [1, 0]},
+                               {"id": "o", "op": "add", "args": ["e", "yt"]}],
+                     "outputs": ["o"]})
+    with pytest.raises(UnsupportedGraphError) as e:
+        make_plan(g)
+    assert "gather 'e' is in a region with transpose / reshape" in str(e.value)
+    assert check_mixed(g, surrogate(g), domain_of(g), (1,), (1,), "elementwise") == Refusal(str(e.value))
+    assert plan_graph(g) == Refusal(str(e.value))
+
+
+def test_the_remap_walk_and_its_bounds_proofs_are_values() -> None:
+    """``check_remaps`` answers the walk's first :class:`Refusal` (a size-1 slice broadcast along the
+    columns), the message ``make_plan`` raises; the bounds proofs of plan/shift.py answer values and
+    their raising forms for the lowering (``shift_offset``, ``column_shift``, ``check_size1_slice``)
+    raise the same message."""
+    from stitchtune.graph.parse import parse_graph
+    from stitchtune.plan.remap import check_remaps
+    from stitchtune.plan.shift import (Shift, check_size1_slice, column_offset, column_shift, offset_of,
+                                       shift_offset, size1_slice_refusal)
+
+    g = parse_graph({"name": "g", "inputs": {"x": {"shape": [4, 8], "dtype": "float32"}},
+                     "nodes": [{"id": "s", "op": "slice", "args": ["x"], "axis": 1, "start": 0, "stop": 1},
+                               {"id": "o", "op": "add", "args": ["x", "s"]}],
+                     "outputs": ["o"]})
+    with pytest.raises(UnsupportedGraphError) as e:
+        make_plan(g)
+    assert "slice 's' has size 1" in str(e.value)
+    assert check_remaps(g, (4, 8), (0,), {"x": True, "s": False, "o": True}) == Refusal(str(e.value))
+    one = Shift().limited(1, 0, 1, 8)   # evaluated at one column only: not a broadcast
+    assert one is not None and size1_slice_refusal(g.nodes[0], one, (4, 8)) is None
+    check_size1_slice(g.nodes[0], one, (4, 8))
+    with pytest.raises(UnsupportedGraphError, match="slice 's' has size 1"):
+        check_size1_slice(g.nodes[0], Shift(), (4, 8))
+    assert size1_slice_refusal(g.nodes[0], Shift(), (4, 8)) == Refusal(str(e.value))
+
+    out = Shift().moved(1, 3)   # columns [3, 11) of an 8-wide tensor
+    refused = offset_of("x", (4, 8), out, (4, 8))
+    assert isinstance(refused, Refusal) and "positions [3, 11) along axis 1" in refused.reason
+    with pytest.raises(UnsupportedGraphError) as raised:
+        shift_offset("x", (4, 8), out, (4, 8))
+    assert str(raised.value) == refused.reason
+    inside = out.limited(1, 0, 5, 8)
+    assert inside is not None and offset_of("x", (4, 8), inside, (4, 8)) == shift_offset("x", (4, 8), inside, (4, 8)) == 3
+    col = column_offset("x", out, (4, 8))
+    assert isinstance(col, Refusal) and "along the innermost axis" in col.reason
+    with pytest.raises(UnsupportedGraphError, match="along the innermost axis"):
+        column_shift("x", out, (4, 8))
+    assert column_offset("x", out, (4, 8), width=11) == column_shift("x", out, (4, 8), width=11) == 3
+    assert isinstance(column_offset("x", Shift().moved(0, 1), (4, 8)), Refusal)
