@@ -59,6 +59,7 @@ from stitchtune.lower.gather import gather_index
 from stitchtune.lower.index_chain import chain_offset, node_axis, split_axes
 from stitchtune.plan.planner import TensorClass
 from stitchtune.plan.chains import composed_chains, domain_of, layout_part, mixed_layout, wide_inputs
+from stitchtune.plan.index_ops import has_index_ops
 from stitchtune.plan.pieces import index_free, layout_reader_shift, unit_pieces
 from stitchtune.plan.remap import outer_sources, root_shift
 from stitchtune.plan.shift import Shift, column_shift, shift_offset
@@ -79,7 +80,8 @@ class RemapValues:
         self.mixed = mixed_layout(low.g)
         self.chains = composed_chains(low.g)
         self.outer = outer_sources(low.g, self.domain)
-        self.keep = layout_part(low.g) if self.mixed else set()
+        # (layout_part: the tensors of a region with index ops that keep their shapes; none without them)
+        self.keep = layout_part(low.g) if self.mixed and has_index_ops(low.g) else set()
         self.unit = unit_pieces(low.g, self.domain)
         self.free = index_free(low.g)
         self.wide = wide_inputs(low.g)   # wider than the domain along its innermost axis (own row strides)

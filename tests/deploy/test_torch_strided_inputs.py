@@ -133,11 +133,7 @@ def test_a_compiled_channels_last_block_copies_no_region_input(fresh_backend: An
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["inference", pytest.param("train", marks=pytest.mark.xfail(
-    strict=True, reason="regression of e4ad889 (issue 41's decode rotary / cache-concat planning): ConvNeXt's "
-    "training backward region_permute_22 (the layer norm backward, its small sums unrolled as adds of slices) is "
-    "declined, 'tensor view_16 [64, 16] ... does not align with the iteration domain [1, 8, 8, 16]', and runs "
-    "eagerly (values still equal eager's); to fix first in the next session"))])
+@pytest.mark.parametrize("mode", ["inference", "train"])
 def test_convnexts_regions_copy_no_inputs(mode: str) -> None:
     """The small ConvNeXt of the kernel counts: every region of its inference graph, and of its training
     step's forward and backward, reads its channels-last inputs in place (``GuardedRegion.copies`` is 0
