@@ -277,7 +277,8 @@ def check_schedule(fit: RowFit, schedule: Schedule) -> DynamicRefusal | None:
         # vector load) or every column factor's step (a uniform load) multiples of vec whatever the extents
         cf = dict(sym.cols).get(name, ())
         need = [f.stride for f in sym.factors(name)]
-        need += [cf[-1].dim] if mode == "vector" and cf else [f.inner for f in cf]
+        # (and in a vector access the outer column steps: a transpose's column stride that follows the extents)
+        need += [cf[-1].dim, *(f.stride for f in cf[:-1])] if mode == "vector" and cf else [f.inner for f in cf]
         for v in need:
             if not v.static and v.coef % vec:
                 return DynamicRefusal(f"vec {vec}", f"{ascii(name)[1:-1]}: a stride or run ({v}) is not a multiple "

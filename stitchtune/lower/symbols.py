@@ -50,6 +50,11 @@ class RowSymbols:
     def factors(self, name: str) -> tuple[Factor[SymInt], ...]:
         return dict(self.rows)[name]
 
+    def cols_follow(self, name: str) -> bool:
+        """Whether tensor ``name``'s column map follows the extents (a field of a column factor is
+        symbolic: a transposed output ``[B, H, D, S]`` whose columns ``D`` step by ``S``)."""
+        return any(not (f.dim.static and f.inner.static and f.stride.static) for f in dict(self.cols).get(name, ()))
+
     def row_offset(self, name: str, r: kir.Expr) -> kir.Expr:
         """``sum(((r // inner) % dim) * stride)`` over tensor ``name``'s symbolic row factors (the ``%``
         kept whenever a field is symbolic: ``r // inner < dim`` need not hold for every extent)."""
