@@ -27,13 +27,18 @@ largest row; a mean divides by ``N`` at run time; column maps use the symbolic c
 An embedding ``gather`` of rows of a static table (an input without named dims) is served: the row's
 id is read through the ids' symbolic row map at the row clamped to ``M - 1`` and range-checked against
 the table's static row count, with the static kernel's error flag (:mod:`stitchtune.lower.gather`).
-So are slice / concat along the view's column axes (static offsets and conditions within a row) of a
-region without transpose / reshape (:func:`_shift_refusal`).
+So are slice / concat along an axis of the iteration domain whose extent, and every extent inside it,
+is the same for every extent of the bucket (:func:`_shift_refusal`): along the view's columns (static
+offsets and conditions within a row), also beside transpose / reshape (Llama's rotary after the head
+split: the columns are the innermost axis, the rows follow the extents through the symbolic row maps),
+and along a row axis of static extent with static axes inside it (a concat of heads under a dynamic
+batch; its positions ``(row // inner) % dim`` have static numbers).
 
 What a generic kernel cannot serve is a :class:`~stitchtune.graph.dynamic.DynamicRefusal` (data):
 the column family (it reduces over the rows), cross reductions, scatter_add, gather_elements, a gather from a
-table with named dims (:func:`_index_refusal`), a slice / concat along a row axis or in a region with
-transpose / reshape, any index op under a dynamic row length, outputs broadcast along rows (the
+table with named dims (:func:`_index_refusal`), a slice / concat along an axis that moves or has a moving
+axis inside it (its offsets would be symbolic; a decode step's cache concat ``P + 1`` is no monomial) or
+beside a layout chain of an input where any axis moves, any index op under a dynamic row length, outputs broadcast along rows (the
 graph); and of a schedule (:func:`check_schedule`): a vector width whose alignment does not hold for
 every extent (with a dynamic row length: unless the row length is a multiple of it), and,
 with a dynamic row length, split rows (their pieces and partial counts) and the single pass (Welford /
@@ -57,7 +62,6 @@ from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.ir import kir
 from stitchtune.ir.launches import DynamicInfo, GridRule
 from stitchtune.ir.verify import verify
-from stitchtune.lower.index_chain import split_axes
 from stitchtune.lower.row import RowLowerer
 from stitchtune.lower.transpose import tile_edge
 from stitchtune.lower.symbols import RowSymbols
@@ -65,7 +69,7 @@ from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import Factor
 from stitchtune.plan.planner import StitchPlan, plan_graph
 from stitchtune.plan.refusal import Refusal
-from stitchtune.plan.chains import composed_chains, domain_of, mixed_layout
+from stitchtune.plan.chains import composed_chains, domain_of
 from stitchtune.space import SINGLE_PASS, Schedule, SearchSpace
 
 
@@ -156,24 +160,51 @@ def _index_refusal(dg: DynamicGraph, nd: Node) -> DynamicRefusal | None:
     return None
 
 
-def _shift_refusal(g: Graph, p: StitchPlan) -> DynamicRefusal | None:
+def _shift_refusal(g: Graph, p: StitchPlan, moving: frozenset[int]) -> DynamicRefusal | None:
     """Why the slices / concats of representative graph ``g`` (plan ``p``) keep it from a generic
-    kernel, or None: served along the view's column axes only (static offsets within a row; the rows'
-    positions follow the extents), and not in a region with transpose / reshape."""
+    kernel, or None. ``moving``: the axes of the iteration domain whose extent follows the bucket's
+    extents (:func:`_moving_axes`).
+
+    A remap's numbers (:mod:`stitchtune.lower.remap`: a slice's start, a concat piece's offset and
+    range, the position along the shifted axis ``(row // inner) % dim`` and the shifted load's offset
+    ``d * stride`` in the input's own strides) are static in the lowering; they hold for every extent
+    where the shifted axis and every axis inside it keep their extent: slice / concat along the view's
+    columns (static offsets within a row; the rows' positions follow the extents through the symbolic
+    row maps), also beside transpose / reshape (a mixed region: Llama's rotate_half after the head split,
+    the columns its innermost axis), and along a row axis of static extent with only static axes inside
+    it (a concat of heads under a dynamic batch). Refused: a shift along an axis whose extent, or an
+    inner axis's, follows the extents (its offsets would be symbolic: a decode step's cache of ``P``
+    positions concatenated with the new one has ``P + 1``, no monomial of the extents); a layout chain of
+    an input (:func:`~stitchtune.plan.chains.composed_chains`: carried back through its static shapes) where
+    any axis moves."""
     shifts = [nd for nd in g.nodes if OPS[nd.op].kind in ("slice", "concat")]
     if not shifts:
         return None
-    if mixed_layout(g) or composed_chains(g):
-        return DynamicRefusal(f"index op {shifts[0].id}", "a slice / concat in a region with transpose / reshape "
-                              "is lowered for static shapes only")
     dom = domain_of(g)
-    _, cols = split_axes(dom, p.M)
     for nd in shifts:
         assert nd.axis is not None  # set, normalised, by the graph's validation
-        if len(dom) - len(nd.shape) + nd.axis not in cols:
-            return DynamicRefusal(f"index op {nd.id}", "a slice / concat along a row axis (its positions follow "
-                                  "the extents)")
+        a = len(dom) - len(nd.shape) + nd.axis
+        inside = sorted(moving & set(range(a, len(dom))))
+        if inside:
+            return DynamicRefusal(f"index op {nd.id}", f"a slice / concat along domain axis {a}, where axis "
+                                  f"{inside[0]} follows the extents: its offsets, conditions and positions would be "
+                                  "symbolic (a cache of P positions and the new one: P + 1, no monomial)")
+    chains = composed_chains(g)
+    if chains and moving:
+        head, chain = next(iter(chains.items()))
+        return DynamicRefusal(f"index op {shifts[0].id}", f"a slice / concat beside the layout chain of input "
+                              f"{ascii(chain[-1])} (head {ascii(head)}): the chain's transposes / reshapes carry "
+                              "positions back through static shapes")
     return None
+
+
+def _moving_axes(graphs: list[Graph]) -> frozenset[int]:
+    """The axes of the iteration domain whose extent differs between ``graphs`` (one dynamic graph at
+    several extents); every axis where the domains' ranks differ."""
+    doms = [domain_of(g) for g in graphs]
+    if len({len(d) for d in doms}) > 1:
+        return frozenset(range(max(len(d) for d in doms)))
+    return frozenset(a for a in range(len(doms[0])) if len({d[a] for d in doms}) > 1)
 
 
 def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
@@ -201,10 +232,8 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
         return DynamicRefusal("family col", "a column reduction reduces over the dynamic rows")
     if p0.cross:
         return DynamicRefusal("cross reduction", "a reduction over the rows combines across blocks by a static count")
-    why = _shift_refusal(g0, p0)
-    if why is not None:
-        return why
     s0, n0 = _numbers(g0, p0)
+    others: list[Graph] = []
     moved: dict[str, dict[str, tuple[int, int, int]]] = {label: {} for label, _ in n0}
     for d in symbolic:
         a = rep[d]
@@ -213,6 +242,7 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
             gd = _at(dg, {**rep, d: b})
         except GraphError as e:
             return DynamicRefusal("plan", f"the graph at {d}={b} has no plan: {e.problems[0]}")
+        others.append(gd)
         pd = plan_graph(gd)
         if isinstance(pd, Refusal):
             return DynamicRefusal("plan", f"the graph at {d}={b} has no plan: {pd.reason}")
@@ -221,6 +251,9 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
             return DynamicRefusal("plan", f"the plan at {d}={b} differs in structure from the one at {d}={a}")
         for (label, _), (_, v) in zip(n0, nd_):
             moved[label][d] = (a, b, v)
+    why = _shift_refusal(g0, p0, _moving_axes([g0, *others]))
+    if why is not None:
+        return why
     fitted: dict[str, SymInt] = {}
     for label, v in n0:
         f = _fit(v, moved[label], label)

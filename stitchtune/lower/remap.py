@@ -165,7 +165,7 @@ class RemapValues:
         if self.dom_t is None and self.mixed and axis not in self.col_axes:
             return self._row_pos(axis)
         if self.dom_t is not None:
-            lin = add(self.low.row_base(self.dom_t, Bin("min", self.k.ix.row, I(self.p.M - 1))),
+            lin = add(self.low.row_base(self.dom_t, Bin("min", self.k.ix.row, self.low.m_last())),
                        self.low.col_offset(self.dom_t, add(self.sw.k0, I(lane))))
             inner = prod(D[axis + 1:])
             t = Bin("/", lin, I(inner)) if inner > 1 else lin
@@ -176,8 +176,10 @@ class RemapValues:
             total = self.p.N
         else:
             inner = prod(D[b] for b in self.row_axes if b > axis)
-            i = Bin("min", self.k.ix.row, I(self.p.M - 1))
+            i = Bin("min", self.k.ix.row, self.low.m_last())
             total = self.p.M
+        # (a generic kernel: the axis and those inside it have static extents, lower.dynamic._shift_refusal;
+        # the rows at run time are at most the representative's M, so a dropped % stays dropped)
         t = Bin("/", i, I(inner)) if inner > 1 else i
         return Bin("%", t, I(D[axis])) if inner * D[axis] < total else t
 
@@ -191,7 +193,7 @@ class RemapValues:
         if dom_t is None:
             raise UnsupportedGraphError("a slice/concat along an outer axis in a region with transpose / reshape "
                                         "needs a computed tensor of the iteration domain's shape")
-        lin = self.low.row_base(dom_t, Bin("min", self.k.ix.row, I(self.p.M - 1)))
+        lin = self.low.row_base(dom_t, Bin("min", self.k.ix.row, self.low.m_last()))
         inner = prod(D[axis + 1:])
         t = Bin("/", lin, I(inner)) if inner > 1 else lin
         return Bin("%", t, I(D[axis])) if axis > 0 else t
