@@ -28,7 +28,7 @@ An embedding ``gather`` of rows of a static table (an input without named dims) 
 id is read through the ids' symbolic row map at the row clamped to ``M - 1`` and range-checked against
 the table's static row count, with the static kernel's error flag (:mod:`stitchtune.lower.gather`).
 So are slice / concat along an axis of the iteration domain whose extent, and every extent inside it,
-is the same for every extent of the bucket (:func:`_shift_refusal`): along the view's columns (static
+is the same for every extent of the bucket (:func:`~stitchtune.lower.dynamic_shifts.shift_refusal`): along the view's columns (static
 offsets and conditions within a row), also beside transpose / reshape (Llama's rotary after the head
 split: the columns are the innermost axis, the rows follow the extents through the symbolic row maps),
 and along a row axis of static extent with static axes inside it (a concat of heads under a dynamic
@@ -62,6 +62,7 @@ from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.ir import kir
 from stitchtune.ir.launches import DynamicInfo, GridRule
 from stitchtune.ir.verify import verify
+from stitchtune.lower.dynamic_shifts import shift_refusal
 from stitchtune.lower.row import RowLowerer
 from stitchtune.lower.transpose import tile_edge
 from stitchtune.lower.symbols import RowSymbols
@@ -69,7 +70,7 @@ from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import Factor
 from stitchtune.plan.planner import StitchPlan, plan_graph
 from stitchtune.plan.refusal import Refusal
-from stitchtune.plan.chains import composed_chains, domain_of
+from stitchtune.plan.chains import domain_of
 from stitchtune.space import SINGLE_PASS, Schedule, SearchSpace
 
 
@@ -101,6 +102,8 @@ def _numbers(g: Graph, p: StitchPlan) -> tuple[Any, list[tuple[str, int]]]:
                      (f"cols:{name}:{i}:stride", f.stride)]
         for i, (d, inner) in enumerate(im.row_repeats):
             nums += [(f"repeat:{name}:{i}:dim", d), (f"repeat:{name}:{i}:inner", inner)]
+    if any(OPS[nd.op].kind in ("slice", "concat") for nd in g.nodes):   # (remap positions: RowSymbols.domain)
+        nums += [(f"dom:{k}", d) for k, d in enumerate(domain_of(g))]
     for name, spec in g.inputs:
         nums.append((f"size:{name}", spec.numel))
     for o in dict.fromkeys(g.outputs):
@@ -134,6 +137,21 @@ def _fit(base: int, moved: Mapping[str, tuple[int, int, int]], label: str) -> Sy
     return SymInt(int(coef), tuple(sorted(dims)))
 
 
+def _affine(base: int, moved: Mapping[str, tuple[int, int, int]]) -> SymInt | None:
+    """The polynomial ``beta * d + alpha`` (integers) through ``base`` and the value with the one dim ``d``
+    that changes it moved (``moved`` as :func:`_fit`): a decode step's cache concatenated with the new
+    position, ``P + 1`` along the dynamic axis; None where several dims change it, or for no integers."""
+    changed = [(d, a, b, v) for d, (a, b, v) in moved.items() if v != base]
+    if len(changed) != 1:
+        return None
+    d, a, b, v = changed[0]
+    beta = Fraction(v - base, b - a)
+    alpha = base - beta * a
+    if beta.denominator != 1 or alpha.denominator != 1:
+        return None
+    return SymInt.poly([(int(beta), (d,)), (int(alpha), ())])
+
+
 def _at(dg: DynamicGraph, ext: Mapping[str, int]) -> Graph:
     g: Graph = dg.at_unchecked(ext)
     return g
@@ -143,7 +161,7 @@ def _index_refusal(dg: DynamicGraph, nd: Node) -> DynamicRefusal | None:
     """Why index node ``nd`` keeps ``dg`` from a generic kernel, or None: a ``gather`` of rows of a
     static table (an input none of whose dims is named) along its axis 0 is served (its index read per
     row through the symbolic row map, its checks against the table's static row count);
-    ``gather_elements`` is not; slice and concat are checked on the plan (:func:`_shift_refusal`)."""
+    ``gather_elements`` is not; slice and concat are checked on the plan (:func:`~stitchtune.lower.dynamic_shifts.shift_refusal`)."""
     kind = OPS[nd.op].kind
     if kind not in INDEX_KINDS or kind in ("slice", "concat"):  # slice / concat: checked on the plan
         return None
@@ -158,53 +176,6 @@ def _index_refusal(dg: DynamicGraph, nd: Node) -> DynamicRefusal | None:
     if nd.axis != 0:  # normalised by the graph's validation
         return DynamicRefusal(f"index op {nd.id}", "a gather along an axis other than the table's rows")
     return None
-
-
-def _shift_refusal(g: Graph, p: StitchPlan, moving: frozenset[int]) -> DynamicRefusal | None:
-    """Why the slices / concats of representative graph ``g`` (plan ``p``) keep it from a generic
-    kernel, or None. ``moving``: the axes of the iteration domain whose extent follows the bucket's
-    extents (:func:`_moving_axes`).
-
-    A remap's numbers (:mod:`stitchtune.lower.remap`: a slice's start, a concat piece's offset and
-    range, the position along the shifted axis ``(row // inner) % dim`` and the shifted load's offset
-    ``d * stride`` in the input's own strides) are static in the lowering; they hold for every extent
-    where the shifted axis and every axis inside it keep their extent: slice / concat along the view's
-    columns (static offsets within a row; the rows' positions follow the extents through the symbolic
-    row maps), also beside transpose / reshape (a mixed region: Llama's rotate_half after the head split,
-    the columns its innermost axis), and along a row axis of static extent with only static axes inside
-    it (a concat of heads under a dynamic batch). Refused: a shift along an axis whose extent, or an
-    inner axis's, follows the extents (its offsets would be symbolic: a decode step's cache of ``P``
-    positions concatenated with the new one has ``P + 1``, no monomial of the extents); a layout chain of
-    an input (:func:`~stitchtune.plan.chains.composed_chains`: carried back through its static shapes) where
-    any axis moves."""
-    shifts = [nd for nd in g.nodes if OPS[nd.op].kind in ("slice", "concat")]
-    if not shifts:
-        return None
-    dom = domain_of(g)
-    for nd in shifts:
-        assert nd.axis is not None  # set, normalised, by the graph's validation
-        a = len(dom) - len(nd.shape) + nd.axis
-        inside = sorted(moving & set(range(a, len(dom))))
-        if inside:
-            return DynamicRefusal(f"index op {nd.id}", f"a slice / concat along domain axis {a}, where axis "
-                                  f"{inside[0]} follows the extents: its offsets, conditions and positions would be "
-                                  "symbolic (a cache of P positions and the new one: P + 1, no monomial)")
-    chains = composed_chains(g)
-    if chains and moving:
-        head, chain = next(iter(chains.items()))
-        return DynamicRefusal(f"index op {shifts[0].id}", f"a slice / concat beside the layout chain of input "
-                              f"{ascii(chain[-1])} (head {ascii(head)}): the chain's transposes / reshapes carry "
-                              "positions back through static shapes")
-    return None
-
-
-def _moving_axes(graphs: list[Graph]) -> frozenset[int]:
-    """The axes of the iteration domain whose extent differs between ``graphs`` (one dynamic graph at
-    several extents); every axis where the domains' ranks differ."""
-    doms = [domain_of(g) for g in graphs]
-    if len({len(d) for d in doms}) > 1:
-        return frozenset(range(max(len(d) for d in doms)))
-    return frozenset(a for a in range(len(doms[0])) if len({d[a] for d in doms}) > 1)
 
 
 def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
@@ -251,12 +222,13 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
             return DynamicRefusal("plan", f"the plan at {d}={b} differs in structure from the one at {d}={a}")
         for (label, _), (_, v) in zip(n0, nd_):
             moved[label][d] = (a, b, v)
-    why = _shift_refusal(g0, p0, _moving_axes([g0, *others]))
+    why = shift_refusal(g0, others)
     if why is not None:
         return why
     fitted: dict[str, SymInt] = {}
     for label, v in n0:
         f = _fit(v, moved[label], label)
+        f = _affine(v, moved[label]) if f is None else f
         if f is None:
             return DynamicRefusal("index map", f"{label.split(':')[0]} of the plan is no monomial of the extents")
         fitted[label] = f
@@ -277,7 +249,8 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
             out.append((name, tuple(Factor(fitted[f"{axis}:{name}:{i}:dim"], fitted[f"{axis}:{name}:{i}:inner"],
                                               fitted[f"{axis}:{name}:{i}:stride"]) for i in range(n))))
     args = tuple((d, f"ext{i}") for i, d in enumerate(dg.dim_names))
-    sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols))
+    domain = tuple(f for label, f in fitted.items() if label.startswith("dom:"))
+    sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols), domain)
     index = [nd.id for nd in g0.nodes if OPS[nd.op].kind in INDEX_KINDS]
     if index and sym.dynamic_rows_length:  # their offsets and conditions are columns of a static row
         return DynamicRefusal(f"index op {index[0]}", "an index op under a dynamic row length")
@@ -298,7 +271,7 @@ def check_schedule(fit: RowFit, schedule: Schedule) -> DynamicRefusal | None:
                                   "row length")
         if schedule.option(SINGLE_PASS):
             return DynamicRefusal("single_pass", "Welford / online-softmax results need a static row length")
-    if vec > 1 and sym.dynamic_rows_length and sym.N.coef % vec:  # a vector must not straddle a row's end
+    if vec > 1 and sym.dynamic_rows_length and not sym.N.multiple_of(vec):  # a vector must not straddle a row's end
         return DynamicRefusal(f"vec {vec}", f"the row length ({sym.N}) is not a multiple of {vec} for every extent")
     for name, im in p.index_maps:
         if im.store_once and name in fit.graph.outputs:
@@ -313,7 +286,7 @@ def check_schedule(fit: RowFit, schedule: Schedule) -> DynamicRefusal | None:
         # (and in a vector access the outer column steps: a transpose's column stride that follows the extents)
         need += [cf[-1].dim, *(f.stride for f in cf[:-1])] if mode == "vector" and cf else [f.inner for f in cf]
         for v in need:
-            if not v.static and v.coef % vec:
+            if not v.static and not v.multiple_of(vec):
                 return DynamicRefusal(f"vec {vec}", f"{ascii(name)[1:-1]}: a stride or run ({v}) is not a multiple "
                                       f"of {vec} for every extent")
     return None

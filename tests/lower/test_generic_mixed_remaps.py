@@ -75,21 +75,64 @@ def test_a_concat_along_a_static_row_axis_under_a_dynamic_batch_is_generic(b: in
     check_bucket(dg, dg.key_of({"b": b}))
 
 
-def test_a_concat_along_a_dynamic_axis_is_refused_saying_why() -> None:
-    """A decode step's cache ``[1, 2, P, 16]`` and the new position ``[1, 2, 1, 16]``: the concat's
-    offsets are positions along the dynamic axis (``P + 1`` in all: no monomial of the extents)."""
-    dg = parse_dynamic({
-        "name": "cache", "dynamic": {"p": {"min": 1, "max": 64}},
-        "inputs": {"past": {"shape": [1, 2, "p", 16], "dtype": "float32"},
-                   "new": {"shape": [1, 1, 32], "dtype": "float32"}},
-        "nodes": [{"id": "v", "op": "reshape", "args": ["new"], "shape": [1, 2, 1, 16]},
-                  {"id": "c", "op": "concat", "args": ["past", "v"], "axis": 2}],
-        "outputs": ["c"]})
-    r = fit_rows(dg, dg.key_of({"p": 20}))
-    assert isinstance(r, DynamicRefusal) and r.part == "index op c", r
-    assert "axis 2 follows the extents" in r.reason and "P + 1" in r.reason
-    # a bucket of one extent has nothing symbolic: its kernel is generic (and static)
-    assert isinstance(fit_rows(dg, dg.key_of({"p": 1})), RowFit)
+def _cache(rotary: bool = False) -> Any:
+    """A decode step's key cache: the past ``[1, 2, p, 16]`` and the new position, a chain of views of
+    the projection's row ``[1, 32]`` -> ``[1, 2, 1, 16]`` (rotated by angles ``[1, 1, 16]`` when
+    ``rotary``: rotate_half along the head dim), concatenated along the dynamic axis: ``p + 1``."""
+    nodes: list[dict[str, Any]] = [{"id": "v0", "op": "reshape", "args": ["new"], "shape": [1, 1, 2, 16]},
+                                   {"id": "v", "op": "reshape", "args": ["v0"], "shape": [1, 2, 1, 16]}]
+    inputs: dict[str, Any] = {"past": {"shape": [1, 2, "p", 16], "dtype": "float32"},
+                              "new": {"shape": [1, 32], "dtype": "float32"}}
+    last = "v"
+    if rotary:
+        inputs["ang"] = {"shape": [1, 1, 16], "dtype": "float32"}
+        nodes += [{"id": "c0", "op": "cos", "args": ["ang"]}, {"id": "s0", "op": "sin", "args": ["ang"]},
+                  {"id": "xc", "op": "mul", "args": ["v", "c0"]},
+                  {"id": "lo", "op": "slice", "args": ["v"], "axis": 3, "start": 0, "stop": 8},
+                  {"id": "hi", "op": "slice", "args": ["v"], "axis": 3, "start": 8, "stop": 16},
+                  {"id": "n", "op": "neg", "args": ["hi"]},
+                  {"id": "r", "op": "concat", "args": ["n", "lo"], "axis": 3},
+                  {"id": "rs", "op": "mul", "args": ["r", "s0"]}, {"id": "k", "op": "add", "args": ["xc", "rs"]}]
+        last = "k"
+    nodes.append({"id": "c", "op": "concat", "args": ["past", last], "axis": 2})
+    return parse_dynamic({"name": "cache", "dynamic": {"p": {"min": 1, "max": 64}}, "inputs": inputs,
+                          "nodes": nodes, "outputs": ["c"]})
+
+
+@pytest.mark.parametrize("rotary", [False, True])
+@pytest.mark.parametrize("p", [1, 2, 3, 7, 20, 64])
+def test_a_cache_concat_along_the_dynamic_axis_is_one_generic_kernel_per_bucket(p: int, rotary: bool) -> None:
+    """The pieces' conditions are the fitted extent ``p + 1`` minus constants; the rows ``2 * (p + 1)``."""
+    dg = _cache(rotary)
+    key = dg.key_of({"p": p})
+    fit = fit_rows(dg, key)
+    assert isinstance(fit, RowFit)
+    if p > 2:
+        assert str(fit.sym.M) == "2*p + 2" and str(fit.sym.domain[2]) == "p + 1"
+    check_bucket(dg, key)
+
+
+def _concat_refusal(nodes: list[dict[str, Any]], inputs: dict[str, Any]) -> DynamicRefusal:
+    dg = parse_dynamic({"name": "r", "dynamic": {"s": {"min": 2, "max": 64}}, "inputs": inputs, "nodes": nodes,
+                        "outputs": [nodes[-1]["id"]]})
+    r = fit_rows(dg, dg.key_of({"s": 30}))
+    assert isinstance(r, DynamicRefusal), r
+    return r
+
+
+def test_what_a_dynamic_axis_cannot_serve_is_refused_saying_why() -> None:
+    """Two dynamic pieces (the second's offset ``s`` would move its positions), a slice of the sequence
+    (a symbolic stop), two concats along the dynamic axis: refused as data, naming the node."""
+    x = {"x": {"shape": [2, "s", 16], "dtype": "float32"}, "y": {"shape": [2, "s", 16], "dtype": "float32"}}
+    r = _concat_refusal([{"id": "c", "op": "concat", "args": ["x", "y"], "axis": 1}], x)
+    assert r.part == "index op c" and "not one position each" in r.reason, r
+    r = _concat_refusal([{"id": "h", "op": "slice", "args": ["x"], "axis": 1, "start": 0, "stop": -1},
+                         {"id": "e", "op": "exp", "args": ["h"]}], {"x": x["x"]})
+    assert r.part == "index op h" and "start and stop would be symbolic" in r.reason, r
+    one = {"shape": [2, 1, 16], "dtype": "float32"}
+    r = _concat_refusal([{"id": "c", "op": "concat", "args": ["x", "a"], "axis": 1},
+                         {"id": "d", "op": "concat", "args": ["c", "b"], "axis": 1}], {"x": x["x"], "a": one, "b": one})
+    assert r.part in ("index op c", "index op d") and "second slice / concat" in r.reason, r
 
 
 def test_a_slice_beside_a_chain_whose_shapes_follow_the_extents_is_refused() -> None:
