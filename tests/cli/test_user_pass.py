@@ -1,0 +1,54 @@
+"""Defects a user's pass over the README and docs/cli.md found (session 11): each is one error line and
+exit 2, or works as the docs say. ``--dynamic`` naming a dim twice; ``show`` of an older database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from helpers.cli import call_cli as call
+from helpers.common import EXAMPLES_DIR
+
+DYN = str(EXAMPLES_DIR / "dynamic" / "layernorm_seq.json")
+
+
+@pytest.mark.parametrize("command", ["search", "compile"])
+def test_a_dynamic_dim_given_twice_is_one_error_line(tmp_path: Path, command: str) -> None:
+    extra = ["--db", str(tmp_path / "db")] + (["-o", str(tmp_path / "out"), "--no-cubin"] if command == "compile" else [])
+    rc, out, err = call([command, DYN, "--dynamic", "seq=1..2048", "--dynamic", "seq=1..64", *extra])
+    assert rc == 2 and out == "" and "Traceback" not in err
+    assert err.strip() == ("stitchtune: error: --dynamic seq: given twice ('seq=1..2048' and 'seq=1..64'); "
+                           "give each dynamic dim once")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "db").exists()
+
+
+def _old_db(tmp_path: Path, drop: list[str]) -> Path:
+    """A database whose rows lack ``drop`` (as an older version wrote them): two ok rows of one workload."""
+    db = tmp_path / "old-db"
+    db.mkdir()
+    rows = pd.DataFrame({"status": ["ok", "ok", "error"], "graph_name": ["ln", "ln", "ln"],
+                         "workload_key": ["abc123abc123"] * 3, "device_key": ["NVIDIA H200/sm_90"] * 3,
+                         "backend": ["cuda"] * 3, "measured_us": [5.0, 3.5, None],
+                         "schedule_key": ["s1", "s2", "s3"]})
+    rows.drop(columns=drop).to_parquet(db / "part-20200101T000000000000Z-1-aaaa.parquet")
+    return db
+
+
+@pytest.mark.parametrize("drop", [["device_key"], ["device_key", "backend", "graph_name"], ["measured_us"]])
+def test_show_reads_a_database_whose_rows_lack_columns(tmp_path: Path, drop: list[str]) -> None:
+    rc, out, err = call(["show", "--db", str(_old_db(tmp_path, drop))])
+    assert rc == 0 and "Traceback" not in err, err
+    if "measured_us" in drop:
+        assert out.splitlines()[-1] == "no successful trials in this database"
+    else:   # the best of the two ok rows, one line
+        (line,) = [ln for ln in out.splitlines() if "abc123abc123" in ln]
+        assert " s2 " in f"{line} " and "3.500" in line
+
+
+def test_show_of_rows_without_a_status_is_one_error_line(tmp_path: Path) -> None:
+    rc, _out, err = call(["show", "--db", str(_old_db(tmp_path, ["status"]))])
+    assert rc == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("stitchtune: error: tuning database ")
+    assert "no 'status' column" in err
