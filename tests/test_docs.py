@@ -74,6 +74,20 @@ def test_cli_md_names_every_subcommand_and_option() -> None:
     assert not problems, "\n".join(problems)
 
 
+def _table_commands(text: str) -> set[str]:
+    """The commands the first table of docs/cli.md lists (``| [`search`](#...) | ... |`` rows)."""
+    return set(re.findall(r"^\| \[`([a-z -]+)`\]\(#stitchtune-", text, flags=re.M))
+
+
+def test_cli_md_table_lists_every_command() -> None:
+    listed = _table_commands(CLI_MD.read_text())
+    commands = {" ".join(path) for path, parser in _commands(build_parser())
+                if path and not (parser._subparsers is not None and not
+                                 [o for o in _option_strings(parser) if o not in ("-h", "--help")])}
+    assert commands - listed == set(), f"docs/cli.md's command table lacks {sorted(commands - listed)}"
+    assert _table_commands("| [`search`](#stitchtune-search) | x |\n| `show` | y |") == {"search"}
+
+
 def test_cli_md_test_can_fail() -> None:
     """The option check distinguishes a named option from a longer one that merely starts like it."""
     assert _names("--db", "| `--db DIR` | x |")
