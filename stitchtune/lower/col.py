@@ -15,7 +15,8 @@ scratch + grid barrier), ``independent`` (partials in scratch, kernel boundary).
 reads like the kernel: index set-up, the results of earlier kernels, per stage a sweep (loads and
 reduce) and the combine of the partials, the output sweep and stores, the round loop. Its fixed
 parts are frozen values (:class:`_ColLayout`, :class:`~stitchtune.lower.col_exchange.ColIndex`, :class:`_ColSweep`);
-its reductions are states (:mod:`stitchtune.lower.state`) combined by :mod:`stitchtune.lower.col_exchange`.
+its reductions are states (:mod:`stitchtune.lower.state`) combined by the one exchange
+(:mod:`stitchtune.lower.exchange`) over the column layout (:class:`~stitchtune.lower.col_exchange.ColExchange`).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul, estimate_regi
 from stitchtune.lower.profile import kernel_profile
 from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.col_remap import ColRemapValues
-from stitchtune.lower import col_exchange
 from stitchtune.lower.col_exchange import COMBINE_UNROLL as COMBINE_UNROLL  # (re-exported: its old home)
-from stitchtune.lower.col_exchange import ColIndex, ColState, load_f32, store_f32
+from stitchtune.lower.col_exchange import ColExchange, ColIndex, ColState
+from stitchtune.lower.exchange import combine_partials, exchange, load_f32, store_f32
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.lower.counts import loads_from, sweep_reads
 from stitchtune.lower.liveness import col_sweeps, kernel_levels, merged_levels, node_args
@@ -257,7 +258,7 @@ class _ColKernel:
             for r in low.p.stages[st]:
                 if low.schemes[low.s.schemes[st]].kernel_boundary:
                     g = self.new_state(r)
-                    col_exchange.combine_partials(self, g)
+                    combine_partials(self, ColExchange(self), g)
                     self.keep_state(r, g)
                     self.finish_state(r)
                 else:
@@ -401,7 +402,7 @@ class _ColKernel:
         reds = list(low.p.stages[st])
         scheme = low.schemes[low.s.schemes[st]]
         self.sweep(reds, [])
-        col_exchange.exchange(self, [self._states[r] for r in reds], scheme)
+        exchange(self, ColExchange(self), [self._states[r] for r in reds], scheme)
         if not scheme.result_in_kernel:
             return
         for r in reds:

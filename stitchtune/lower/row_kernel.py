@@ -28,6 +28,7 @@ from stitchtune.lower.cross import (cross_accumulate, cross_accumulate_rows, cro
 from stitchtune.lower.exchange import combine_partials, exchange
 from stitchtune.lower.gather import pick_value
 from stitchtune.lower.remap import RemapValues
+from stitchtune.lower.row_exchange import RowExchange
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import ORDER, PREFETCH, Order, Schedule
@@ -209,7 +210,7 @@ class RowKernel:
                 self.load_stage_values(st)
             elif not low.merged_second(st):  # (a pair's second stage is combined with its first)
                 for state in self.new_states(st):
-                    combine_partials(self, state)
+                    combine_partials(self, RowExchange(self), (state,))
                     self.take_results(state)
         self.compute_p_nodes()
 
@@ -402,7 +403,7 @@ class RowKernel:
         else:
             states = self.sweep(list(low.p.stages[st]), [])
         scheme = low.stage_scheme(st)
-        exchange(self, states, scheme)
+        exchange(self, RowExchange(self), [(st,) for st in states], scheme)
         if not scheme.result_in_kernel:
             return
         for state in states:
