@@ -9,11 +9,12 @@ kernel is built from (:class:`RowIndex`, :class:`RowLayout`, :class:`RowSweep`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import Var
-from stitchtune.lower.base import Ctx, Lowerer
+from stitchtune.lower.base import Lowerer
 from stitchtune.plan.planner import StitchPlan
 from stitchtune.space import Schedule
 
@@ -114,14 +115,32 @@ class ExchangeBuilder(StateBuilder, Protocol):
 
 
 class RowKernelBuilder(ExchangeBuilder, Protocol):
-    """What the cross reductions (:mod:`stitchtune.lower.cross`) and the index ops
-    (:mod:`stitchtune.lower.remap`) use of a row kernel being built, besides the exchange's part."""
+    """What the cross reductions (:mod:`stitchtune.lower.cross`), the gathers (:mod:`stitchtune.lower.gather`)
+    and the index ops (:mod:`stitchtune.lower.remap`) use of a row kernel being built, besides the
+    exchange's part: read-only values and narrow methods (the kernel's building state stays private)."""
 
-    low: Lowerer                      # the program's shared machinery (buffers, maps, schedule)
-    cx: Ctx                           # the kernel's variables and scratch buffers
-    body: list[kir.Stmt]                # statements before the round loop
-    lay: RowLayout
-    gather_rows: dict[str, Var]         # gather nodes: their table row in this round
+    @property
+    def low(self) -> Lowerer:
+        """The program's shared machinery (buffers, maps, schedule)."""
+        ...
+
+    @property
+    def layout(self) -> RowLayout:
+        """The kernel's layout (shared buffers, grid, rounds)."""
+        ...
+
+    def emit_before_rounds(self, *stmts: kir.Stmt) -> None:
+        """Append ``stmts`` to the statements before the round loop."""
+        ...
+
+    def use_scratch(self, buf: str) -> None:
+        """Record that the kernel uses scratch buffer ``buf`` (it becomes a kernel parameter)."""
+        ...
+
+    def gather_row(self, node: str, make: Callable[[], Var]) -> Var:
+        """The table row of gather node ``node`` in this round: ``make()``'s variable, made (and its
+        statements emitted) the first time it is asked for."""
+        ...
 
     def use_input(self, buf: str) -> None:
         """Record that the kernel reads global buffer ``buf`` (it becomes a kernel parameter)."""
