@@ -1,9 +1,11 @@
-"""The public interface of a row-family kernel builder: what the exchange
-(:mod:`stitchtune.lower.exchange`), the cluster scheme (:mod:`stitchtune.lower.cluster`), the cross
-reductions (:mod:`stitchtune.lower.cross`) and the index ops (:mod:`stitchtune.lower.remap`) may use of
-the kernel being built (:class:`ExchangeBuilder`, :class:`RowKernelBuilder`), and the frozen values a row
-kernel is built from (:class:`RowIndex`, :class:`RowLayout`, :class:`RowSweep`).
-:class:`stitchtune.lower.row_kernel.RowKernel` implements both Protocols; a test may pass any object that does.
+"""The public interface of a kernel builder: what merging reduction states needs in either family
+(:class:`StateBuilder`, used by the one exchange, :mod:`stitchtune.lower.exchange`), what the row family's
+layout of the exchange (:mod:`stitchtune.lower.row_exchange`) adds (:class:`ExchangeBuilder`), what the
+cross reductions (:mod:`stitchtune.lower.cross`), the gathers (:mod:`stitchtune.lower.gather`) and the
+index ops (:mod:`stitchtune.lower.remap`) use besides (:class:`RowKernelBuilder`: read-only values and
+narrow methods, no mutable field), and the frozen values a row kernel is built from (:class:`RowIndex`,
+:class:`RowLayout`, :class:`RowSweep`). :class:`stitchtune.lower.row_kernel.RowKernel` implements the row
+Protocols; a test may pass any object that does (``tests/helpers/lowering.FakeStateBuilder``).
 """
 
 from __future__ import annotations
