@@ -4,14 +4,15 @@
 sweep (loads and reduce) and the exchange of its reduction states (:mod:`stitchtune.lower.exchange`),
 the output sweep and stores, the round loop. Its fixed parts are frozen values (:class:`~stitchtune.lower.builder.RowLayout`,
 :class:`~stitchtune.lower.builder.RowIndex`, :class:`RowSweep`). It implements
-:class:`~stitchtune.lower.builder.RowKernelBuilder`, the interface the exchange, cluster, cross and
-remap modules use.
+:class:`~stitchtune.lower.builder.RowKernelBuilder`, the interface the exchange's row layout, the cross
+reductions, the gathers and the remaps use (its state and the narrow methods over it:
+:class:`~stitchtune.lower.row_state.RowKernelState`).
 """
 
 from __future__ import annotations
 
 from functools import partial
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Var
@@ -20,7 +21,7 @@ from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul
 from stitchtune.lower.profile import kernel_profile
 from stitchtune.lower.row_layout import row_layout
 from stitchtune.lower.sweep_values import SweepValues
-from stitchtune.lower.builder import RowIndex, RowLayout, RowSweep, cols_exact, rows_exact
+from stitchtune.lower.builder import RowIndex, RowSweep, cols_exact, rows_exact
 from stitchtune.lower.cluster import as_cluster
 from stitchtune.lower.counts import loads_from, sweep_reads
 from stitchtune.lower.cross import (cross_accumulate, cross_accumulate_rows, cross_epilogue, cross_init,
@@ -29,25 +30,20 @@ from stitchtune.lower.exchange import combine_partials, exchange
 from stitchtune.lower.gather import pick_value
 from stitchtune.lower.remap import RemapValues
 from stitchtune.lower.row_exchange import RowExchange
+from stitchtune.lower.row_state import RowKernelState
 from stitchtune.lower.state import PlainState, ReductionState, reset
-from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space import ORDER, PREFETCH, Order, Schedule
+from stitchtune.plan.planner import TensorClass
+from stitchtune.space import ORDER, PREFETCH, Order
 
 
-class RowKernel:
+class RowKernel(RowKernelState):
     """One kernel of a row-family program, built phase by phase: the index set-up (constructor),
     the results of earlier kernels (:meth:`read_earlier_stages`), one sweep + combine per stage
     (:meth:`reduce_stage`), the output sweep and stores (:meth:`write_outputs`), the round loop
-    (:meth:`finish`).
-
-    Its building state is private: ``_body`` (statements before the round loop, appended to through
-    :meth:`emit_before_rounds`), ``_rb`` (the round body, through :meth:`emit`), ``_pvals`` (per-row and
-    scalar values available, by tensor name: :meth:`value_of`), ``_uses`` (global buffers read and written:
-    :meth:`use_input`, :meth:`use_output`), ``_cx`` (variables and scratch buffers: :meth:`var`,
-    :meth:`use_scratch`), ``_filled`` (cached tensors written to their cache by an earlier sweep),
-    ``_prefetched`` (inputs the first sweep takes from prefetch registers), the per-round caches of row
-    bases, reciprocals and gather rows (:meth:`gather_row`), and the lowerer and layout it builds with (read
-    only: :attr:`low`, :attr:`layout`). Its only public field is ``ix`` (frozen).
+    (:meth:`finish`). Its building state is private (:class:`~stitchtune.lower.row_state.RowKernelState`:
+    the state and the narrow interface over it); its only public field is ``ix`` (frozen). Besides:
+    ``_filled`` (cached tensors written to their cache by an earlier sweep), ``_prefetched`` (inputs the
+    first sweep takes from prefetch registers), the per-round row bases and reciprocals.
     """
 
     def __init__(self, low: Lowerer, ki: int, seg: list[int], tasks: int, est_regs: int, is_last: bool) -> None:
@@ -75,69 +71,6 @@ class RowKernel:
         self._first_sweep = bool(s.option(PREFETCH))  # the next sweep is the kernel's first (with prefetch on)
         self._prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
         self._cross_acc = cross_init(self) if self._is_last and p.cross else {}  # scalar cross accumulators
-
-    # -- the ExchangeBuilder interface (stitchtune.lower.builder) -------------------------------------
-    @property
-    def low(self) -> Lowerer:
-        return self._low
-
-    @property
-    def layout(self) -> RowLayout:
-        return self._lay
-
-    @property
-    def schedule(self) -> Schedule:
-        return self._low.s
-
-    @property
-    def plan(self) -> StitchPlan:
-        return self._low.p
-
-    @property
-    def rows_per_block(self) -> int:
-        return self._low.rpb
-
-    @property
-    def chunk(self) -> int:
-        return self._low.chunk
-
-    def var(self, prefix: str, dtype: str = F32) -> Var:
-        return self._cx.var(prefix, dtype)
-
-    def emit(self, *stmts: kir.Stmt) -> None:
-        self._rb.extend(stmts)
-
-    def value_of(self, name: str) -> kir.Expr | None:
-        return self._pvals.get(name)
-
-    def use_input(self, buf: str) -> None:
-        self._uses["in"].add(buf)
-
-    def use_output(self, buf: str) -> None:
-        self._uses["out"].add(buf)
-
-    def use_scratch(self, buf: str) -> None:
-        self._cx.scratch.add(buf)
-
-    def emit_before_rounds(self, *stmts: kir.Stmt) -> None:
-        self._body.extend(stmts)
-
-    def gather_row(self, node: str, make: Callable[[], Var]) -> Var:
-        if node not in self._gather_rows:
-            self._gather_rows[node] = make()
-        return self._gather_rows[node]
-
-    def cross_accumulator(self, i: int) -> Var:
-        return self._cross_acc[i]
-
-    def last_row(self) -> kir.Expr:
-        return self._low.m_last()
-
-    def state_parts(self, st: ReductionState) -> tuple[str, ...]:
-        low = self._low
-        parts = tuple(low.scratch(n, low.p.M * low.s.split) for n in st.part_names(low.red_idx))
-        self._cx.scratch.update(parts)
-        return parts
 
     # -- indices ----------------------------------------------------------------------------------
     def round_head(self, tasks: int) -> list[kir.Stmt]:
