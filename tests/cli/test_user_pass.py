@@ -52,3 +52,19 @@ def test_show_of_rows_without_a_status_is_one_error_line(tmp_path: Path) -> None
     assert rc == 2 and "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("stitchtune: error: tuning database ")
     assert "no 'status' column" in err
+
+
+def test_a_stitchtune_spaces_that_names_a_file_is_one_line_naming_the_variable(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``$STITCHTUNE_SPACES`` names the folder that holds stitch.json (docs/cli.md said a file)."""
+    from stitchtune.space import space_file
+
+    spaces = tmp_path / "stitch.json"
+    spaces.write_text("{}")
+    monkeypatch.setenv("STITCHTUNE_SPACES", str(spaces))
+    assert space_file.default_space_file() == spaces / "stitch.json"
+    rc, out, err = call(["space", str(EXAMPLES_DIR / "layernorm_small.json"), "--sample", "1"])
+    assert rc == 2 and out == "" and "Traceback" not in err
+    assert err.strip() == (f"stitchtune: error: cannot read search space {spaces}/stitch.json "
+                           f"($STITCHTUNE_SPACES={str(spaces)!a} names the folder that holds stitch.json): "
+                           "Not a directory")
