@@ -145,6 +145,7 @@ def cmd_compile(args: argparse.Namespace, dg: Any) -> int:
 
     from stitchtune.cli import checks
     from stitchtune.cli.inputs import parse_schedule_arg
+    from stitchtune.cli.outputs import no_cubin_line
     from stitchtune.deploy.compiled_dynamic import RefusedBucket, compile_buckets
     from stitchtune.tune.dynamic_search import with_dims
 
@@ -179,7 +180,7 @@ def cmd_compile(args: argparse.Namespace, dg: Any) -> int:
                  f"(`stitchtune search {dynamic_hint(dg)}` tunes them)")
     print(line)
     if all(b.cubin is None for b in generic):
-        print("  no cubin (nvcc not found or --no-cubin)")
+        print(no_cubin_line(args.no_cubin))
     dirs = list(dict.fromkeys(p.parent.name for p in paths if p.name != "manifest.json"))  # bucket order
     print(f"wrote {os.path.join(out, 'manifest.json')} and {len(dirs)} bucket folder(s) of kernels "
           f"({', '.join(os.path.join(out, d) for d in dirs[:2])}{', ...' if len(dirs) > 2 else ''})")

@@ -402,9 +402,14 @@ class NvccBuilder:
             compile_s=secs,
         )
         # cubin first, metadata last: a metadata file always has its cubin beside it
-        _atomic_write(cubin_path, cubin)
-        meta = dict(result.to_dict(), cubin_path=None, key=key)
-        _atomic_write(meta_path, json.dumps(meta, sort_keys=True).encode("utf-8"))
+        try:
+            _atomic_write(cubin_path, cubin)
+            meta = dict(result.to_dict(), cubin_path=None, key=key)
+            _atomic_write(meta_path, json.dumps(meta, sort_keys=True).encode("utf-8"))
+        except OSError as e:
+            via = " ($STITCHTUNE_CACHE)" if os.environ.get("STITCHTUNE_CACHE") else ""
+            raise ToolchainError(f"cannot write the cubin cache {ascii(str(self.cache_dir))}{via}: "
+                                 f"{e.strerror or e}") from None
         return result
 
     def build(self, sources: list[str], arch: str = DEFAULT_ARCH) -> list[BuildResult]:

@@ -68,3 +68,28 @@ def test_a_stitchtune_spaces_that_names_a_file_is_one_line_naming_the_variable(t
     assert err.strip() == (f"stitchtune: error: cannot read search space {spaces}/stitch.json "
                            f"($STITCHTUNE_SPACES={str(spaces)!a} names the folder that holds stitch.json): "
                            "Not a directory")
+
+
+@pytest.mark.parametrize("graph", [str(EXAMPLES_DIR / "layernorm_small.json"), DYN])
+def test_compile_says_why_it_wrote_no_cubin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, graph: str) -> None:
+    """--no-cubin says so; a $STITCHTUNE_NVCC that is no executable is named (it read 'nvcc not found or
+    --no-cubin' while nvcc was on PATH)."""
+    rc, out, err = call(["compile", graph, "--no-cubin", "-o", str(tmp_path / "a")])
+    assert rc == 0 and "  no cubin (--no-cubin)" in out.splitlines(), out + err
+    monkeypatch.setenv("STITCHTUNE_NVCC", str(tmp_path / "no-nvcc"))
+    rc, out, err = call(["compile", graph, "-o", str(tmp_path / "b")])
+    assert rc == 0, err
+    assert f"  no cubin (STITCHTUNE_NVCC={str(tmp_path / 'no-nvcc')!r} is not an executable file)" in out.splitlines()
+
+
+def test_a_cubin_cache_that_cannot_be_written_is_one_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stitchtune.gpu.build import nvcc_found
+
+    if not nvcc_found():
+        pytest.skip("nvcc not installed")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("STITCHTUNE_CACHE", str(blocker))
+    rc, out, err = call(["compile", str(EXAMPLES_DIR / "layernorm_small.json"), "-o", str(tmp_path / "out")])
+    assert rc == 2 and "Traceback" not in err
+    assert err.strip() == f"stitchtune: error: cannot write the cubin cache {str(blocker)!a} ($STITCHTUNE_CACHE): Not a directory"
