@@ -93,3 +93,16 @@ def test_a_cubin_cache_that_cannot_be_written_is_one_error_line(tmp_path: Path, 
     rc, out, err = call(["compile", str(EXAMPLES_DIR / "layernorm_small.json"), "-o", str(tmp_path / "out")])
     assert rc == 2 and "Traceback" not in err
     assert err.strip() == f"stitchtune: error: cannot write the cubin cache {str(blocker)!a} ($STITCHTUNE_CACHE): Not a directory"
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "1.5"])
+def test_a_cuda_device_that_is_no_ordinal_is_a_named_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """$STITCHTUNE_CUDA_DEVICE was read with a bare int(): a ValueError traceback on a GPU machine."""
+    from stitchtune.errors import StitchtuneError
+    from stitchtune.gpu.driver import default_ordinal
+
+    monkeypatch.setenv("STITCHTUNE_CUDA_DEVICE", value)
+    with pytest.raises(StitchtuneError, match=r"^\$STITCHTUNE_CUDA_DEVICE must be a GPU ordinal, a whole number >= 0 "):
+        default_ordinal()
+    monkeypatch.setenv("STITCHTUNE_CUDA_DEVICE", "2")
+    assert default_ordinal() == 2
