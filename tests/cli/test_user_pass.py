@@ -106,3 +106,25 @@ def test_a_cuda_device_that_is_no_ordinal_is_a_named_error(monkeypatch: pytest.M
         default_ordinal()
     monkeypatch.setenv("STITCHTUNE_CUDA_DEVICE", "2")
     assert default_ordinal() == 2
+
+
+def test_many_illegal_tuned_records_are_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An older database whose records all fail re-validation: one warning for all of them (it was one
+    per record: 24 lines for the committed layernorm workload)."""
+    import logging
+
+    from stitchtune.tune.database import read_db
+
+    df = read_db(str(EXAMPLES_DIR.parent / "results" / "h200-2026-11-29"))
+    df = df[df["graph_name"] == "layernorm"].assign(schedule_json='{"tpr": "x"}')
+    assert len(df[df["status"] == "ok"]) > 2
+    db = tmp_path / "db"
+    db.mkdir()
+    df.to_parquet(db / "part-20200101T000000000000Z-1-aaaa.parquet")
+    with caplog.at_level(logging.WARNING, logger="stitchtune.deploy.selection"):
+        rc, out, err = call(["compile", str(EXAMPLES_DIR / "layernorm.json"), "--db", str(db), "--no-cubin",
+                             "-o", str(tmp_path / "out")])
+    assert rc == 0 and "(heuristic)" in out, err
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("layernorm: tuned record ")]
+    assert len(lines) == 1, lines
+    assert lines[0].endswith("more tuned record(s) no longer legal)") and "malformed schedule" in lines[0]
