@@ -41,7 +41,7 @@ def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
     x = np.asarray(out, dtype=np.float64).reshape(r.shape)
     if not np.all(np.isfinite(x)):
         return float("inf")
-    return float(np.linalg.norm(x - r) / max(np.linalg.norm(r), 1e-30))
+    return float(np.linalg.norm(x - r)) / max(float(np.linalg.norm(r)), 1e-30)
 
 
 def emulated_errors(g: Any, plan: Any, space: SearchSpace, s: Schedule, inputs: dict[str, np.ndarray],
@@ -96,9 +96,10 @@ def channels_last_ln_backward(h: int = 4, w: int = 4, c: int = 32, grad: str = "
     def red(i: str, a: str, axes: list[int], keep: bool) -> dict[str, Any]:
         return {"id": i, "op": "reduce_sum", "args": [a], "axes": axes, "keepdims": keep}
 
-    first = ({"id": "v", "op": "reshape", "args": ["dy"], "shape": [1, h, w, c]} if grad == "merged" else
+    first: dict[str, Any] = ({"id": "v", "op": "reshape", "args": ["dy"], "shape": [1, h, w, c]} if grad == "merged" else
              {"id": "v", "op": "transpose", "args": ["dy"], "perm": [0, 2, 3, 1]})
-    nodes = [first, {"id": "xc", "op": "sub", "args": ["x", "mu"]}, {"id": "xh", "op": "mul", "args": ["xc", "rs"]},
+    nodes: list[dict[str, Any]] = [
+             first, {"id": "xc", "op": "sub", "args": ["x", "mu"]}, {"id": "xh", "op": "mul", "args": ["xc", "rs"]},
              {"id": "g", "op": "mul", "args": ["v", "gamma"]}, {"id": "gn", "op": "mul", "args": ["g", float(c)]},
              red("s1", "g", [3], True), {"id": "gx", "op": "mul", "args": ["g", "xh"]}, red("s2", "gx", [3], True),
              {"id": "t", "op": "mul", "args": ["xh", "s2"]}, {"id": "a", "op": "sub", "args": ["gn", "s1"]},
