@@ -18,9 +18,10 @@ Every rule of the pipeline returns a refusal (or None, or the value it builds); 
 ``layout_part``, ``domain_of`` themselves refuse nothing), ``index_ops.aligned_shape`` and the bounds proofs of
 :mod:`~stitchtune.plan.shift`. Their raising forms (``pick.pick_leaves``, ``index_ops.surrogate_shape``,
 ``shift.shift_offset`` ...) serve the lowering, which lowers what the planner accepted: a refusal there is a
-bug. ``tests/plan/conftest.py`` and ``tests/importers/conftest.py`` fail a test in which planning constructs an
-:class:`~stitchtune.errors.UnsupportedGraphError`. :func:`rewritten` is where a rewrite whose graph the format
-refuses (over its limits, a :class:`~stitchtune.errors.GraphError` of the graph's validation) becomes one.
+bug. Every test runs under ``tests/helpers/planning.refusals_stay_values`` (autouse in ``tests/conftest.py``),
+which fails a test in which planning constructs an :class:`~stitchtune.errors.UnsupportedGraphError`.
+:func:`rewritten` is where a rewrite whose graph the format refuses (over its limits, a
+:class:`~stitchtune.errors.GraphError` of the graph's validation) becomes one.
 """
 
 from __future__ import annotations
