@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ import optuna
 
 from helpers.common import EXAMPLES
 from stitchtune.emulate.emulator import emulate_program
-from stitchtune.graph.parse import load_graph, parse_graph
+from stitchtune.graph.parse import Graph, load_graph, parse_graph
 from stitchtune.hardware.device import get_device
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
@@ -51,12 +52,10 @@ def emulated_errors(g: Any, plan: Any, space: SearchSpace, s: Schedule, inputs: 
     return {o: rel_err(out[o], ref[o]) for o in ref}
 
 
-def float_graph(inputs: dict[str, list[int]], nodes: list[dict[str, Any]], outputs: list[str]) -> Any:
+def float_graph(inputs: Mapping[str, Sequence[int]], nodes: Sequence[object], outputs: Sequence[str]) -> Graph:
     """The validated graph ``t`` with float32 ``inputs`` (name -> shape), ``nodes`` and ``outputs``."""
-    from stitchtune.graph.parse import parse_graph
-
-    return parse_graph({"name": "t", "inputs": {k: {"shape": v, "dtype": "float32"} for k, v in inputs.items()},
-                        "nodes": nodes, "outputs": outputs})
+    return parse_graph({"name": "t", "inputs": {k: {"shape": list(v), "dtype": "float32"} for k, v in inputs.items()},
+                        "nodes": list(nodes), "outputs": list(outputs)})
 
 
 def plan_or_refused(obj: dict[str, Any]) -> tuple[Any, Any]:
