@@ -29,10 +29,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stitchtune.errors import StitchtuneError
 from stitchtune.graph.dynamic import DynamicRefusal
+
+if TYPE_CHECKING:
+    from stitchtune.deploy.backend_options import BackendOptions
+    from stitchtune.deploy.compiled_graph import CompiledGraph
+    from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel
+    from stitchtune.deploy.torch_stats import RegionCounter
 
 __all__ = ["dynamic_region_kernel", "region_dynamic_graph"]
 
@@ -61,7 +67,8 @@ def region_dynamic_graph(region: Any, max_extent: int) -> tuple[Any, Any]:
     return sym, dg
 
 
-def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, compiled: Any) -> Any:
+def dynamic_region_kernel(region: Any, opts: BackendOptions, device: Any, counter: RegionCounter,
+                          compiled: CompiledGraph | None) -> DynamicRegionKernel:
     """The :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel` of a region with symbolic sizes
     (see module docstring); ``compiled`` is its CompiledGraph at the example shapes (for explain)."""
     from stitchtune.deploy.torch_region_compile import compile_region_graph, kept_outputs
