@@ -12,6 +12,7 @@ fixture ``refusals_are_values`` (tests/conftest.py) puts every test under it.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,18 +28,18 @@ __all__ = ["refusals_stay_values"]
 @contextlib.contextmanager
 def refusals_stay_values() -> Iterator[None]:
     """Fail the test (``pytest.fail``) where planning constructs an ``UnsupportedGraphError``."""
-    depth = [0]
+    depth = threading.local()   # planning depth of each thread (a thread's error is its own)
     plan, init = planner._plan, StitchtuneError.__init__
 
     def planning(graph: Graph) -> Any:
-        depth[0] += 1
+        depth.n = getattr(depth, "n", 0) + 1
         try:
             return plan(graph)
         finally:
-            depth[0] -= 1
+            depth.n -= 1
 
     def constructed(self: StitchtuneError, *args: Any, **kwargs: Any) -> None:
-        if depth[0] and isinstance(self, UnsupportedGraphError):
+        if getattr(depth, "n", 0) and isinstance(self, UnsupportedGraphError):
             pytest.fail(f"a planner rule raised {type(self).__name__}({args[0] if args else ''!r}) inside the "
                         "pipeline: rules answer a Refusal value (stitchtune/plan/refusal.py)")
         init(self, *args, **kwargs)
