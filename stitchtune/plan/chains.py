@@ -379,7 +379,6 @@ def layout_part(graph: Graph) -> set[str]:
     concat / gather see a domain-shaped tensor: the rule of :func:`layout_part_refusal`."""
     if not has_layout_ops(graph):
         return set()
-    domain, parts = domain_of(graph), part_domains(graph)
     tails = layout_tails(graph)
     chained = chain_members(graph)
     nodes = {n.id: n for n in graph.nodes}
