@@ -113,9 +113,10 @@ def dynamic_region_kernel(region: Any, opts: BackendOptions, device: Any, counte
         why = str(res) if isinstance(res, DynamicRefusal) else (
             "its program uses float atomics (deterministic=True)"
             if opts.deterministic and program_atomics(res.program) else None)
-        if why is not None:
-            refused[key] = why
-            log.info("%s: no generic kernel for bucket %s (%s); kernels per extent", region.name, key.label(), why)
+        if why is not None or isinstance(res, DynamicRefusal):
+            refused[key] = why or str(res)
+            log.info("%s: no generic kernel for bucket %s (%s); kernels per extent", region.name, key.label(),
+                     refused[key])
             return None
         counter.add(selections=1, builds=1)
         k = RegionKernel(region.name, region.ops, res, cpu=opts.cpu, check_gather=opts.check_gather, sym=sym)
