@@ -260,3 +260,37 @@ def test_features_of_lowered_examples_are_sane(name: str) -> None:
         assert 0 < f.active_lanes <= 1 and f.bytes_in_flight_per_thread >= 1
         assert f.bank_conflict >= 1 and f.blocks_per_sm >= 1
     assert predict_program(prog, H200).time_us > 0
+
+
+def test_a_program_is_walked_once_whatever_its_registers(example_program: kir.Program,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search predicts a candidate before its build, after it (ptxas registers) and in the emulate
+    runner: the IR walk runs once, and the memoised features equal a fresh walk's."""
+    import stitchtune.cost.features as features
+
+    fresh = [kernel_features(example_program.kernel(l.kernel), l.grid, H200, 96) for l in example_program.launches]
+    walks = []
+    real = features.kernel_walk
+    monkeypatch.setattr(features, "kernel_walk", lambda *a, **k: walks.append(a) or real(*a, **k))
+    monkeypatch.setattr(features, "_WALKS", features.OrderedDict())
+    regs = {k.name: 96 for k in example_program.kernels}
+    first = predict_program(example_program, H200)
+    after = predict_program(example_program, H200, registers=regs)
+    runner = predict_program(example_program, H200, registers=dict(regs))
+    assert len(walks) == len(example_program.launches)
+    assert program_features(example_program, H200, regs) == tuple(fresh)
+    assert after == runner and after.time_us != first.time_us   # 96 registers change the occupancy
+    copy = dataclasses.replace(example_program)   # an equal program, another object: walked again
+    program_features(copy, H200)
+    assert len(walks) == 2 * len(example_program.launches)
+
+
+def test_the_walk_memo_is_bounded(example_program: kir.Program, monkeypatch: pytest.MonkeyPatch) -> None:
+    import stitchtune.cost.features as features
+
+    monkeypatch.setattr(features, "_WALKS", features.OrderedDict())
+    monkeypatch.setattr(features, "WALK_MEMO_SIZE", 3)
+    progs = [dataclasses.replace(example_program) for _ in range(5)]
+    for p in progs:
+        features.program_walk(p)
+    assert len(features._WALKS) == 3 and all(features._WALKS[id(p)][0] is p for p in progs[2:])
