@@ -56,7 +56,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from stitchtune.cost.features import KernelFeatures, program_features  # noqa: E402
-from stitchtune.cost.fitted import Coefficients, data_name  # noqa: E402
+from stitchtune.cost.fitted import Coefficients  # noqa: E402
+from stitchtune.cost.fitted_store import data_name  # noqa: E402
 from stitchtune.cost.fit_dataset import Dataset, DatasetError, load_dataset, pair_rebuilt, save_dataset  # noqa: E402
 from stitchtune.cost.fitting import FITTED, fit_coefficients, leave_one_group_out, predict_rows, score  # noqa: E402
 from stitchtune.hardware.device import get_device  # noqa: E402

@@ -9,9 +9,11 @@ Contract
 * :func:`kernel_terms_us(f, device, c) -> dict[str, float]`: the terms of one launch (for explaining).
 * :func:`predict_program(program, device, registers=None, coefficients=None) -> Prediction`: legality as
   :func:`stitchtune.cost.model.predict` (same ``prune_reason`` rules), time = device time (predicted).
-* :func:`coefficients_for(device) -> Coefficients`: the fitted coefficients shipped for the device
-  (package data ``stitchtune/cost/fitted_<device key>.json``, written by ``scripts/fit_cost_model.py``
-  with the fit's provenance), else :meth:`Coefficients.defaults` (assumed, labelled ``source="defaults"``).
+* :func:`coefficients_for(device) -> Coefficients`: the user's coefficients of the device when ``stitchtune
+  calibrate`` wrote some (:func:`stitchtune.cost.fitted_store.user_path`, ``source="calibrated"``), else the
+  fitted coefficients shipped for it (package data ``stitchtune/cost/fitted_<device key>.json``, written by
+  ``scripts/fit_cost_model.py`` with the fit's provenance; :func:`package_coefficients` reads only those),
+  else :meth:`Coefficients.defaults` (assumed, labelled ``source="defaults"``).
 
 The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`):
 
@@ -51,7 +53,6 @@ import dataclasses
 import json
 import logging
 import math
-import re
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Mapping, Sequence
@@ -59,6 +60,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from stitchtune.cost.features import KernelFeatures, program_features
+from stitchtune.cost.fitted_store import data_name, user_path
 from stitchtune.cost.model import Prediction, kernel_legality
 from stitchtune.hardware.device import Device
 from stitchtune.ir import kir
@@ -129,29 +131,57 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
 }
 
 
-def data_name(device: Device | str) -> str:
-    """``fitted_<device key, unsafe characters as _>.json``."""
-    key = device if isinstance(device, str) else device.key
-    return "fitted_" + re.sub(r"[^A-Za-z0-9_.-]", "_", key) + ".json"
+_CACHE: dict[tuple[str, str, int | None], Coefficients] = {}
 
 
-_CACHE: dict[str, Coefficients] = {}
+def _read(text: str, device: Device, where: str) -> Coefficients | None:
+    try:
+        c = Coefficients.from_dict(json.loads(text))
+    except (ValueError, TypeError) as exc:
+        log.warning("fitted cost coefficients for %s in %s unreadable (%s); not used", device.key, where, exc)
+        return None
+    if c.device_key and c.device_key != device.key:
+        log.warning("%s holds coefficients of %s, not %s; not used", where, c.device_key, device.key)
+        return None
+    return c
 
 
 def coefficients_for(device: Device) -> Coefficients:
-    """The shipped fitted coefficients of ``device`` (package data), else the defaults."""
-    if device.key in _CACHE:
-        return _CACHE[device.key]
-    c = Coefficients.defaults(device)
+    """The coefficients of ``device``: the user's (:func:`stitchtune.cost.fitted_store.user_path`, written by
+    ``stitchtune calibrate``) when that file exists and is readable, else the package's (written by
+    ``scripts/fit_cost_model.py``), else the defaults. Cached per device and user file (path and
+    modification time: a new calibration is read at the next call)."""
+    user = user_path(device)
+    try:
+        mtime: int | None = user.stat().st_mtime_ns
+    except OSError:
+        mtime = None
+    key = (device.key, str(user), mtime)
+    if key in _CACHE:
+        return _CACHE[key]
+    c: Coefficients | None = None
+    if mtime is not None:
+        try:
+            c = _read(user.read_text(encoding="utf-8"), device, str(user))
+        except OSError as exc:
+            log.warning("cannot read %s (%s); the package's coefficients used", user, exc)
+    if c is None:
+        try:
+            text = resources.files("stitchtune.cost").joinpath(data_name(device)).read_text(encoding="utf-8")
+            c = _read(text, device, "the package")
+        except (FileNotFoundError, OSError):
+            pass
+    _CACHE[key] = c if c is not None else Coefficients.defaults(device)
+    return _CACHE[key]
+
+
+def package_coefficients(device: Device) -> Coefficients:
+    """The package's coefficients of ``device`` (never the user's), else the defaults."""
     try:
         text = resources.files("stitchtune.cost").joinpath(data_name(device)).read_text(encoding="utf-8")
-        c = Coefficients.from_dict(json.loads(text))
     except (FileNotFoundError, OSError):
-        pass
-    except (ValueError, TypeError) as exc:
-        log.warning("fitted cost coefficients for %s unreadable (%s); defaults used", device.key, exc)
-    _CACHE[device.key] = c
-    return c
+        return Coefficients.defaults(device)
+    return _read(text, device, "the package") or Coefficients.defaults(device)
 
 
 def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) -> dict[str, Any]:
