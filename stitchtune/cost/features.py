@@ -37,7 +37,11 @@ How the features are read from the IR
   are taken to be issued together when its body has no other break), and before a load
   whose index or predicate depends on a load of the current group (a chain). Unrolled loops are
   expanded. ``bytes_in_flight_per_thread`` is the bytes-weighted mean group size; ``loads_in_flight``
-  the same in loads; ``chained_loads`` counts the loads that waited on a load.
+  the same in loads; ``chained_loads`` counts the loads that waited on a load. ``load_rounds`` is the
+  number of groups a thread issues one after another (each weighted by its trips): the DRAM round
+  trips of a thread (a rolled row loop of one load per iteration: its trip count); ``serial_rounds``
+  leaves out the rounds of rolled loops whose body has no barrier and no shuffle (nvcc unrolls such a
+  loop and its iterations' loads overlap): the rounds on a block's serial chain.
 * **Shared memory**: ``smem_requests`` (warp-level shared accesses, trip-weighted, per thread block)
   and ``smem_wavefronts`` (the same counted in conflict-free passes: per 8/16/32-lane phase of a
   128/64/32-bit access, the most distinct 4-byte words one bank serves); ``bank_conflict`` is their
@@ -47,7 +51,7 @@ How the features are read from the IR
   ``tanh``, ``erf``, ``gelu``, ``pow``, ``sin``, ``cos``, ``sqrt``, ``rsqrt``, ...), other float ops.
 * **Launch**: ``grid``, ``block``, ``blocks_per_sm`` and ``occupancy`` (:mod:`stitchtune.hardware.occupancy`
   with the device's limits), ``waves = grid / (blocks_per_sm x SMs)``; ``barriers`` per thread;
-  ``grid_barriers``: grid-wide barriers per thread; ``load_phases``: barrier-separated parts of a thread's program that issue global loads (at low
+  ``grid_barriers``: grid-wide barriers per thread; ``shuffles``: warp shuffles per thread; ``load_phases``: barrier-separated parts of a thread's program that issue global loads (at low
   occupancy they cannot overlap, each waits for DRAM).
 * **Bytes**: ``unique_bytes`` are the sizes of the parameters the kernel reads or writes, each counted
   once (the DRAM floor of the launch), a parameter counted at most at the bytes its accesses
@@ -115,6 +119,9 @@ class KernelFeatures:
     grid_barriers: float            # per thread: grid-wide barriers passed
     unknown_indexes: int
     unknown_trips: int
+    load_rounds: float = 0.0        # per thread: load groups one after another (trip-weighted): DRAM round trips
+    serial_rounds: float = 0.0      # per thread: the load rounds outside rolled loops free of barriers and shuffles
+    shuffles: float = 0.0           # per thread: warp shuffles (trip-weighted)
     per_access: tuple[tuple[str, str, float, float], ...] = field(default=())  # (buffer, kind, trips, sector factor)
 
     def to_dict(self) -> dict[str, Any]:
@@ -176,7 +183,9 @@ def kernel_walk(kernel: kir.Kernel, grid: int, extents: Mapping[str, int] | None
         divisions=w.div, transcendentals=w.trans, float_ops=w.flops, barriers=w.barriers,
         load_phases=w.load_phases, atomics=w.atomics, scratch_loads=scratch_loads,
         grid_barriers=w.grid_syncs, unknown_indexes=w.unknown_idx,
-        unknown_trips=w.unknown_trips, per_access=tuple(w.per_access))
+        unknown_trips=w.unknown_trips, load_rounds=sum(wt for _, _, wt in w.groups),
+        serial_rounds=sum(wt for (_, _, wt), p in zip(w.groups, w.pipelined) if not p), shuffles=w.shuffles,
+        per_access=tuple(w.per_access))
     return KernelWalk(base, bool(kernel.uses_grid_sync), int(kernel.cluster))
 
 

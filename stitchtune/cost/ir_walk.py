@@ -112,6 +112,7 @@ class Walker:
         self.div = 0.0
         self.trans = 0.0
         self.flops = 0.0
+        self.shuffles = 0.0
         self.barriers = 0.0
         self.atomics = 0.0
         self.scratch_loads = 0.0
@@ -124,6 +125,9 @@ class Walker:
         self.per_access: list[tuple[str, str, float, float]] = []
         # load grouping: groups as (bytes, loads, weight); the open group's vars and bytes
         self.groups: list[tuple[float, int, float]] = []
+        #: per group: formed in a rolled loop whose body has no barrier or shuffle (its iterations' loads can
+        #: overlap: nvcc unrolls such a loop); the other groups are the rounds of a block's serial chain
+        self.pipelined: list[bool] = []
         self.open_bytes = 0.0
         self.open_loads = 0
         self.open_weight = 0.0
@@ -173,6 +177,7 @@ class Walker:
     def close_group(self) -> None:
         if self.open_loads:
             self.groups.append((self.open_bytes, self.open_loads, self.open_weight))
+            self.pipelined.append(False)
         self.open_bytes, self.open_loads, self.open_weight = 0.0, 0, 0.0
         self.tainted = set()
 
@@ -275,6 +280,8 @@ class Walker:
                 self.flops += trips * frac
             elif isinstance(e, kir.Bin) and e.op == "/" and self._is_float(e):
                 self.div += trips * frac
+            elif isinstance(e, kir.Shfl):
+                self.shuffles += trips
 
     def _is_float(self, e: kir.Bin) -> bool:
         for x in (e.a, e.b):
@@ -377,14 +384,18 @@ class Walker:
         if not unrolled:
             self.close_group()
             before = len(self.groups)
+            syncs = self.barriers + self.shuffles
             self.walk(f.body, mask, trips * n)
             u = min(float(ROLLED_UNROLL), n)
             if len(self.groups) == before and self.open_loads and u > 1:
                 # one group per iteration, and the compiler's unrolling puts u iterations' loads together
                 self.groups.append((self.open_bytes * u, int(self.open_loads * u), self.open_weight / u))
+                self.pipelined.append(False)
                 self.open_bytes, self.open_loads, self.open_weight = 0.0, 0, 0.0
                 self.tainted = set()
             self.close_group()
+            if self.barriers + self.shuffles == syncs:
+                self.pipelined[before:] = [True] * (len(self.groups) - before)
             return
         # an unrolled loop: its iterations' loads can join one group unless the body breaks it
         before = len(self.groups)
@@ -399,8 +410,9 @@ class Walker:
             self.open_bytes += per_load * added * (n - 1)
         elif broke and n > 1:
             # each iteration formed its own groups: repeat the groups recorded for the body
-            body = self.groups[before:]
+            body, flags = self.groups[before:], self.pipelined[before:]
             self.groups.extend(body * (int(round(n)) - 1))
+            self.pipelined.extend(flags * (int(round(n)) - 1))
             self.groups[before:] = [(b, ld, w / n) for b, ld, w in self.groups[before:]]
 
     def walk_if(self, s: kir.If, mask: np.ndarray, trips: float) -> None:
