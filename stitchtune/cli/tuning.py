@@ -61,7 +61,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- calibrate / model-check
 def _add_calibrate(sub: Any) -> None:
     p = sub.add_parser("calibrate", help="re-fit the fitted cost model to the measured rows of a tuning database")
-    add_db(p, checks.db_update)
+    add_db(p, checks.db_update, "tuning database to read (--profile-model also saves its fit there)")
     add_device(p, "device preset or name (default: every device with measured rows)")
     add_out(p, checks.out_file, "where the coefficients go (default: the user's file of the device, which the "
             "cost model reads before the package's; one device only)", metavar="FILE")
