@@ -263,9 +263,9 @@ class Walker:
             self.smem_wave += trips * waves
             self.smem_ideal += trips * max(1, -(-int(a.sum()) * width // 32))
 
-    def expr_accesses(self, x: Any, mask: np.ndarray, trips: float, frac: float) -> None:
-        """Loads and math inside the expressions of one statement."""
-        for e in kir.exprs(x):
+    def expr_accesses(self, es: list[Any], mask: np.ndarray, trips: float, frac: float) -> None:
+        """Loads and math inside the expressions ``es`` (``kir.exprs`` of one statement)."""
+        for e in es:
             if isinstance(e, (kir.Load, kir.IndexLoad)):
                 if e.buf in self.params:
                     self.global_access(e.buf, e.index, 1, e.pred, mask, trips, "load")
@@ -291,8 +291,9 @@ class Walker:
                 return True
         return False
 
-    def global_loads_in(self, x: Any) -> list[kir.Load | kir.IndexLoad]:
-        return [e for e in kir.exprs(x) if isinstance(e, (kir.Load, kir.IndexLoad)) and e.buf in self.params]
+    def global_loads_in(self, es: list[Any]) -> list[kir.Load | kir.IndexLoad]:
+        """The loads of kernel parameters among the expressions ``es``."""
+        return [e for e in es if isinstance(e, (kir.Load, kir.IndexLoad)) and e.buf in self.params]
 
     # ---------------------------------------------------------------- statements
     def walk(self, stmts: tuple[kir.Stmt, ...], mask: np.ndarray, trips: float, grouping: bool = True) -> None:
@@ -326,14 +327,16 @@ class Walker:
     def access(self, s: _Access, mask: np.ndarray, trips: float, frac: float, grouping: bool) -> None:
         """A statement that moves data: its expressions' loads and math, then its own access."""
         # loads inside the statement's expressions (and for a LoadVec, the vector load itself)
+        es = list(kir.exprs(s))   # once per statement: the walk's hot path
+        loads = self.global_loads_in(es)
         if grouping:
-            for ld in self.global_loads_in(s):
+            for ld in loads:
                 p = self.params[ld.buf]
                 self.add_load(kir.ELEM_BYTES[p.dtype], self.reads((ld.index, ld.pred)), set(), trips)
-        self.expr_accesses(s, mask, trips, frac)
+        self.expr_accesses(es, mask, trips, frac)
         match s:
             case kir.Assign():
-                if grouping and (self.reads(s.expr) & self.tainted or self.global_loads_in(s.expr)):
+                if grouping and (self.reads(s.expr) & self.tainted or loads):
                     self.tainted.add(s.var.name)
                 self.env[s.var.name] = self.ev(s.expr)
             case kir.LoadVec():
