@@ -145,9 +145,14 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
 _CACHE: dict[tuple[str, str, int | None], Coefficients] = {}
 
 
-def _read(text: str, device: Device, where: str) -> Coefficients | None:
+def _read(text: str, device: Device, where: str, fill: Coefficients | None = None) -> Coefficients | None:
+    """The coefficients in ``text`` (None, logged, when unreadable or of another device); fields the file
+    lacks (written by an older version) are ``fill``'s, else the defaults."""
     try:
-        c = Coefficients.from_dict(json.loads(text))
+        d = json.loads(text)
+        if fill is not None and isinstance(d, dict):
+            d = {**fill.to_dict(), **d}
+        c = Coefficients.from_dict(d)
     except (ValueError, TypeError) as exc:
         log.warning("fitted cost coefficients for %s in %s unreadable (%s); not used", device.key, where, exc)
         return None
@@ -159,7 +164,8 @@ def _read(text: str, device: Device, where: str) -> Coefficients | None:
 
 def coefficients_for(device: Device) -> Coefficients:
     """The coefficients of ``device``: the user's (:func:`stitchtune.cost.fitted_store.user_path`, written by
-    ``stitchtune calibrate``) when that file exists and is readable, else the package's (written by
+    ``stitchtune calibrate``; a field it lacks is the package's) when that file exists and is readable, else
+    the package's (written by
     ``scripts/fit_cost_model.py``), else the defaults. Cached per device and user file (path and
     modification time: a new calibration is read at the next call)."""
     user = user_path(device)
@@ -173,7 +179,7 @@ def coefficients_for(device: Device) -> Coefficients:
     c: Coefficients | None = None
     if mtime is not None:
         try:
-            c = _read(user.read_text(encoding="utf-8"), device, str(user))
+            c = _read(user.read_text(encoding="utf-8"), device, str(user), fill=package_coefficients(device))
         except OSError as exc:
             log.warning("cannot read %s (%s); the package's coefficients used", user, exc)
     if c is None:

@@ -145,6 +145,14 @@ def test_a_users_file_of_another_device_or_unreadable_is_ignored(tmp_path) -> No
     assert fitted.coefficients_for(H200) == shipped
 
 
+def test_a_users_file_from_an_older_version_takes_the_missing_fields_from_the_package() -> None:
+    shipped = fitted.package_coefficients(H200)
+    old = {k: v for k, v in shipped.to_dict().items() if k not in ("round_ns", "provenance")}
+    write_json_atomic(user_path(H200), {**old, "bw_efficiency": 0.5, "source": "calibrated"})
+    c = fitted.coefficients_for(H200)
+    assert c.source == "calibrated" and c.bw_efficiency == 0.5 and c.round_ns == shipped.round_ns != 600.0
+
+
 def test_rows_without_features_are_left_out_and_counted() -> None:
     import pandas as pd
 
