@@ -65,6 +65,9 @@ def _add_calibrate(sub: Any) -> None:
     add_device(p, "device preset or name (default: every device with measured rows)")
     add_out(p, checks.out_file, "where the coefficients go (default: the user's file of the device, which the "
             "cost model reads before the package's; one device only)", metavar="FILE")
+    p.add_argument("--held-out", action="store_true",
+                   help="also judge the fit on workloads it did not see (one fit per workload: slower) against the "
+                        "package's coefficients")
     p.add_argument("--profile-model", action="store_true",
                    help="re-fit the older profile-based model's constants instead (cost_params_<device>.json in "
                         "the --db folder)")
@@ -119,6 +122,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
               f"{_pct(p['insample_within25_before'])} -> {_pct(p['insample_within25_after'])}, Spearman "
               f"{p['insample_spearman_before']} -> {p['insample_spearman_after']} (before: the {p['base']} "
               "coefficients)")
+        if args.held_out:
+            with tqdm(desc=f"held out {dev.key}", unit=" evaluations", file=sys.stderr, leave=False) as bar:
+                h = calibrate_fitted.held_out(rows, dev, progress=lambda n: bar.update(1))
+            print(f"  held out (each of {h['workloads']} workloads predicted by a fit without it): within +-25% "
+                  f"{_pct(h['held_out']['within25'])}, Spearman {h['held_out']['spearman']:.2f}; the package's "
+                  f"coefficients on the same rows: {_pct(h['base']['within25'])}, {h['base']['spearman']:.2f}")
     return 0
 
 

@@ -17,6 +17,10 @@ Contract
   the provenance (rows, workloads, date, the base's source, in-sample scores before and after).
   Raises :class:`~stitchtune.cost.calibrate.CalibrationError` with fewer than :data:`MIN_ROWS` usable
   rows (the message says how many and why rows were left out).
+* :func:`held_out(rows, device, base=None) -> dict`: the calibration judged on workloads it did not see:
+  ``{"workloads": n, "base": score, "held_out": score}`` (:func:`stitchtune.cost.fitting.score` of every row's
+  prediction by ``base``, and by the coefficients fitted without the row's workload); needs two workloads or
+  more (else :class:`~stitchtune.cost.calibrate.CalibrationError`). One fit per workload: slower.
 * :func:`save(calibration, path=None) -> Path`: the coefficients written to ``path`` (default: the
   user's file of the device, :func:`stitchtune.cost.fitted_store.user_path`) through a temporary file
   and a rename: a crash leaves the previous file intact.
@@ -46,7 +50,7 @@ from stitchtune.cost.fitted_store import user_path, write_json_atomic
 from stitchtune.cost.fitting import fit_coefficients, predict_rows, score
 from stitchtune.hardware.device import Device
 
-__all__ = ["MIN_ROWS", "Calibration", "calibrate", "check_rows", "features_json", "fit_rows", "save"]
+__all__ = ["MIN_ROWS", "Calibration", "calibrate", "check_rows", "features_json", "fit_rows", "held_out", "save"]
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +157,25 @@ def calibrate(df: pd.DataFrame, device: Device, base: Coefficients | None = None
     log.info("calibrate %s: %d rows of %d workloads, in-sample within 25%% %.0f%% -> %.0f%%", device.key,
              len(rows), len(groups), 100 * before["within25"], 100 * after["within25"])
     return Calibration(device, out, len(rows), len(groups), tuple(notes))
+
+
+def held_out(rows: Sequence[Mapping[str, Any]], device: Device, base: Coefficients | None = None,
+             progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Leave-one-workload-out scores of a calibration on ``rows`` against ``base`` (module docstring)."""
+    from stitchtune.cost.fitting import leave_one_group_out
+
+    groups = sorted({str(r["group"]) for r in rows})
+    if len(groups) < 2:
+        raise CalibrationError(f"a held-out check needs measured rows of two workloads or more, not {len(groups)}")
+    start = base or package_coefficients(device)
+    folds = leave_one_group_out(rows, device, start, progress=progress)
+    meas, base_p, held_p = [], [], []
+    for g, c in folds.items():
+        mine = [r for r in rows if r["group"] == g]
+        meas += [r["measured_us"] for r in mine]
+        base_p += list(predict_rows(mine, device, start))
+        held_p += list(predict_rows(mine, device, c))
+    return {"workloads": len(groups), "base": score(meas, base_p), "held_out": score(meas, held_p)}
 
 
 def save(calibration: Calibration, path: str | Path | None = None) -> Path:

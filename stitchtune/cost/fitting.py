@@ -10,7 +10,7 @@ Contract
   weighing the same in total, the coefficients fitted in log space within
   :data:`~stitchtune.cost.fitted.FIT_BOUNDS` with a weak pull (:data:`PRIOR`) towards ``base``
   (default: the defaults). Deterministic for given rows. Raises ``ValueError`` without rows.
-* :func:`leave_one_group_out(rows, device, base=None) -> dict[group, Coefficients]`: for each group,
+* :func:`leave_one_group_out(rows, device, base=None, progress=None) -> dict[group, Coefficients]`: for each group,
   the fit on the other groups' rows (the held-out coefficients of that group's rows).
 * :func:`predict_rows(rows, device, c) -> numpy array` (µs, predicted device time of each row);
   :func:`score(measured, predicted) -> dict`: ``n``, ``within25`` (share within ±25%), ``spearman``
@@ -105,11 +105,19 @@ def fit_coefficients(rows: Sequence[Mapping[str, Any]], device: Device, base: Co
     return coeffs(res.x)
 
 
-def leave_one_group_out(rows: Sequence[Mapping[str, Any]], device: Device,
-                        base: Coefficients | None = None) -> dict[str, Coefficients]:
-    """Per group: the coefficients fitted on the rows of every other group."""
+def leave_one_group_out(rows: Sequence[Mapping[str, Any]], device: Device, base: Coefficients | None = None,
+                        progress: Callable[[int], None] | None = None) -> dict[str, Coefficients]:
+    """Per group: the coefficients fitted on the rows of every other group (``progress`` as
+    :func:`fit_coefficients`', counting over all the fits)."""
     groups = sorted({str(r["group"]) for r in rows})
-    return {g: fit_coefficients([r for r in rows if r["group"] != g], device, base) for g in groups}
+    done = [0]
+
+    def step(_: int) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0])
+
+    return {g: fit_coefficients([r for r in rows if r["group"] != g], device, base, progress=step) for g in groups}
 
 
 def score(measured: Sequence[float], predicted: Sequence[float]) -> dict[str, float]:

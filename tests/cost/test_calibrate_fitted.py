@@ -109,6 +109,19 @@ def test_cli_calibrate_too_few_rows_is_one_error_line(base_features, tmp_path, c
     assert not user_path(H200).exists()
 
 
+def test_held_out_judges_the_calibration_on_unseen_workloads(base_features, tmp_path, capsys) -> None:
+    rows, _ = calibrate_fitted.fit_rows(__import__("pandas").DataFrame(db_rows(base_features, 24)), H200.key)
+    h = calibrate_fitted.held_out(rows, H200)
+    assert h["workloads"] == 4 and h["held_out"]["n"] == h["base"]["n"] == 24
+    assert h["held_out"]["within25"] > h["base"]["within25"]    # the truth is not the package's coefficients
+    with pytest.raises(CalibrationError, match="two workloads"):
+        calibrate_fitted.held_out([r for r in rows if r["group"] == rows[0]["group"]], H200)
+    db = str(tmp_path / "db")
+    TuningDB(db).append(db_rows(base_features, 24))
+    assert main(["calibrate", "--db", db, "--held-out"]) == 0
+    assert "held out (each of 4 workloads predicted by a fit without it)" in capsys.readouterr().out
+
+
 def test_cli_calibrate_out_names_the_file(base_features, tmp_path, capsys) -> None:
     db = str(tmp_path / "db")
     TuningDB(db).append(db_rows(base_features, 24))
