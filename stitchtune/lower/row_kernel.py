@@ -27,6 +27,7 @@ from stitchtune.lower.cross import (cross_accumulate, cross_accumulate_rows, cro
                                     cross_profile)
 from stitchtune.lower.exchange import combine_partials, exchange
 from stitchtune.lower.gather import pick_value
+from stitchtune.lower.lane_order import piece_lanes, thread_coords
 from stitchtune.lower.remap import RemapValues
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.plan.planner import StitchPlan, TensorClass
@@ -51,8 +52,10 @@ class RowKernel:
         self.is_last = ki == low.n_kernels - 1
         self.lay = row_layout(low, ki, seg, tasks, est_regs, self.is_last)
         lane, rib = cx.var("lane", I32), cx.var("rib", I32)
-        tid = kir.Special("tid")
-        self.body: list[kir.Stmt] = [Assign(lane, Bin("%", tid, I(s.tpr))), Assign(rib, Bin("/", tid, I(s.tpr)))]
+        # row-major lanes, or piece-major where a concat's pieces are narrower than a warp's columns
+        self.pieces = piece_lanes(low.g, p, s, low.dev.warp_size, low.sym is not None)
+        lane_e, rib_e = thread_coords(kir.Special("tid"), s.tpr, low.dev.warp_size, self.pieces)
+        self.body: list[kir.Stmt] = [Assign(lane, lane_e), Assign(rib, rib_e)]
         rd, row, sidx = cx.var("rd", I32), cx.var("row", I32), cx.var("sidx", I32)
         rvalid, kbase, kend = cx.var("rv", kir.BOOL), cx.var("kb", I32), cx.var("ke", I32)
         self.ix = RowIndex(lane, rib, rd, row, sidx, rvalid, kbase, kend)
