@@ -196,7 +196,8 @@ def _elementwise(space: SearchSpace, plan: StitchPlan, dev: Device, vec: int) ->
     most 1024), short rows packed into 256-thread blocks (a 64-float row: 16 threads, 16 rows a block, no
     idle lanes), then ``tpr`` doubled while the grid is under two waves of such blocks and a thread still
     has a vector of its own; a region still too small for two blocks per SM gets smaller blocks (down to
-    one row or one warp)."""
+    one row or one warp). A region reading an input along its rows (``plan.adjacent_rows = G``) gets at
+    least ``G`` rows a block (``tpr`` at most ``block / G``), so that its warps can span ``G`` rows."""
     block = 256 if 256 in space.domains["block"] else max(space.domains["block"])
     vectors = math.ceil(plan.N / vec)
     tpr = min(1024, _pow2_ceil(vectors / 8))
@@ -206,6 +207,9 @@ def _elementwise(space: SearchSpace, plan: StitchPlan, dev: Device, vec: int) ->
     # a small region: smaller blocks until there are two per SM (or a block is one row / one warp)
     while block > max(tpr, 32) and math.ceil(plan.M / max(1, block // tpr)) < 2 * dev.sm_count:
         block //= 2
+    G = plan.adjacent_rows   # an input read along the rows: G rows a warp (plan.adjacent), so G rows a block
+    if G > 1 and block // max(tpr, 1) < G and block % G == 0 and block // G >= dev.warp_size // G:
+        tpr = block // G
     return Schedule(tpr, max(block, tpr), 1, vec, 1, 0, (), ())
 
 

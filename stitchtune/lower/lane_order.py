@@ -15,7 +15,13 @@ values and addresses are the same; only which thread holds which (row, lane) cha
 within the block. Each piece of a row is a whole number of 32-byte sectors (:func:`piece_lanes`
 requires it), so every request stays at its ideal sectors.
 
-Contract: :func:`piece_lanes` returns ``P`` only for a static element-wise plan (no reductions, no
+The same order serves a region that reads an input along the view's rows (``plan.adjacent_rows = G``,
+:mod:`stitchtune.plan.adjacent`: GPT-2's k gradient in its training concat): ``P = warp / G`` lanes a
+row, so a warp's scalar loads of that input cover ``G`` consecutive rows, one sector, per lane column
+(was: one sector per element, 8x), and its accesses along the columns ``P * vec`` elements a row.
+
+Contract: :func:`piece_lanes` returns ``warp / G`` for a plan with ``adjacent_rows = G`` under the
+same conditions below (pieces of ``P * vec`` columns), else ``P`` only for a static element-wise plan (no reductions, no
 cross reductions, no scatters' row reductions: nothing exchanges values between the lanes of a row)
 of split 1 whose concat piece boundaries along the view's columns (and the slice starts that move
 them) are all multiples of ``P * vec`` columns, with ``P`` a divisor of the device's warp size
@@ -77,23 +83,32 @@ def column_period(graph: Graph, plan: StitchPlan) -> int | None:
 
 
 def piece_lanes(graph: Graph, plan: StitchPlan, s: Schedule, warp: int, dynamic: bool = False) -> int | None:
-    """Lanes per concat piece for the piece-major order (module docstring), or None for the row-major one."""
+    """Lanes per piece for the piece-major order (module docstring), or None for the row-major one: the
+    lanes of ``plan.adjacent_rows`` rows in a warp where the plan has an input read along its rows
+    (:mod:`stitchtune.plan.adjacent`), else the lanes of a concat piece."""
     if (dynamic or plan.family != Family.ELEMENTWISE or plan.reductions or plan.cross or s.split != 1
             or s.tpr <= 0 or s.vec <= 0):
         return None
+    G = plan.adjacent_rows
+    if G > 1 and warp % G == 0 and _fits(graph, s, warp, warp // G, (warp // G) * s.vec):
+        return warp // G
     w = column_period(graph, plan)
     if w is None or w % s.vec:
         return None
     P = w // s.vec
+    return P if _fits(graph, s, warp, P, w) else None
+
+
+def _fits(graph: Graph, s: Schedule, warp: int, P: int, w: int) -> bool:
+    """``P`` lanes per piece of ``w`` columns: a divisor of the warp below it, of ``tpr`` below it, the
+    block's rows a whole number of ``warp / P`` row groups, ``w`` columns whole sectors of every tensor."""
     if not (0 < P < warp and warp % P == 0 and s.tpr % P == 0 and s.tpr > P):
-        return None
+        return False
     rows = s.block // s.tpr
     if rows <= 0 or rows % (warp // P):
-        return None
+        return False
     dtypes = [sp.dtype for _, sp in graph.inputs] + [graph.spec(o).dtype for o in graph.outputs]
-    if any((w * _ELEM_BYTES.get(d, 4)) % SECTOR_BYTES for d in dtypes):
-        return None
-    return P
+    return not any((w * _ELEM_BYTES.get(d, 4)) % SECTOR_BYTES for d in dtypes)
 
 
 def thread_coords(tid: kir.Expr, tpr: int, warp: int, P: int | None) -> tuple[kir.Expr, kir.Expr]:
