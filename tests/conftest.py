@@ -6,7 +6,9 @@
 
 Every test runs with ``STITCHTUNE_DB`` pointing at a fresh empty directory of its own (autouse
 ``default_db``): a command or API call that falls back on the default database never reads or writes the
-developer's ``$STITCHTUNE_DB`` or a ``tuning-db/`` in the working directory.
+developer's ``$STITCHTUNE_DB`` or a ``tuning-db/`` in the working directory. Likewise
+``STITCHTUNE_DATA_DIR`` (autouse ``user_data_dir``): the user's fitted cost coefficients that ``stitchtune
+calibrate`` writes are never read from or written to the developer's own folder.
 
 ``shared_build_dir``: one directory for the whole run, shared by the pytest-xdist workers (under the run's
 base temporary directory), where ``helpers.nvcc.shared_ptxas_report`` keeps one nvcc build per source for
@@ -100,6 +102,14 @@ def default_db(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     """The test's own default tuning database (``$STITCHTUNE_DB``; the directory is not created)."""
     path = tmp_path_factory.mktemp("default-db", numbered=True) / "tuning-db"
     monkeypatch.setenv("STITCHTUNE_DB", str(path))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def user_data_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's own user data folder (``$STITCHTUNE_DATA_DIR``; not created): calibrated coefficients."""
+    path = tmp_path_factory.mktemp("user-data", numbered=True) / "stitchtune"
+    monkeypatch.setenv("STITCHTUNE_DATA_DIR", str(path))
     return path
 
 
