@@ -49,10 +49,6 @@ from stitchtune.space import Schedule
 
 __all__ = ["column_period", "piece_lanes", "thread_coords"]
 
-_ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
-               "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
-
-
 def column_period(graph: Graph, plan: StitchPlan) -> int | None:
     """The largest column count that divides every concat piece boundary along the view's columns and
     every slice start along them (in view columns); None without a concat along the columns."""
@@ -108,7 +104,7 @@ def _fits(graph: Graph, s: Schedule, warp: int, P: int, w: int) -> bool:
     if rows <= 0 or rows % (warp // P):
         return False
     dtypes = [sp.dtype for _, sp in graph.inputs] + [graph.spec(o).dtype for o in graph.outputs]
-    return not any((w * _ELEM_BYTES.get(d, 4)) % SECTOR_BYTES for d in dtypes)
+    return not any((w * kir.ELEM_BYTES.get(d, 4)) % SECTOR_BYTES for d in dtypes)
 
 
 def thread_coords(tid: kir.Expr, tpr: int, warp: int, P: int | None) -> tuple[kir.Expr, kir.Expr]:
