@@ -9,8 +9,9 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    wave / rows, rounded down to a power of two); otherwise *task packing*: ``tpr`` = the power of two
    that gives each thread about 8 vectors of a row, at least 4 and at most 1024, and rows are packed
    into 256-thread blocks; element-wise regions alike (short rows packed, ``tpr`` doubled until the grid
-   has two waves). Column family: a warp of threads across 32 x ``vec`` columns, 8 threads
-   down the rows, and the rows split so that tiles x split fills one wave.
+   has two waves; a region reading an input along its rows, ``plan.adjacent_rows = G``, at least ``G``
+   rows a block, :mod:`stitchtune.plan.adjacent`). Column family: a warp of threads across 32 x ``vec``
+   columns, 8 threads down the rows, and the rows split so that tiles x split fills one wave.
    A plan with cross reductions (:mod:`stitchtune.plan.cross`) never splits rows (the space requires
    split 1) and takes a persistent grid, so that few per-block partials are combined, by the
    deterministic ``cross_combine`` kernel (its default); when every row fits one block (a training
