@@ -14,6 +14,10 @@ calibrate`` writes are never read from or written to the developer's own folder.
 base temporary directory), where ``helpers.nvcc.shared_ptxas_report`` keeps one nvcc build per source for
 every test and worker that asks for it.
 
+Every test runs under ``helpers.planning.refusals_stay_values`` (autouse ``refusals_are_values``): a planner
+rule that raises an ``UnsupportedGraphError`` inside the planning pipeline, instead of answering its
+``Refusal``, fails the test.
+
 Every test runs with the torch backend's ``strict`` option on (autouse ``strict_backend``:
 ``STITCHTUNE_STRICT=1``) unless it is marked ``not_strict("why")``.
 
@@ -63,7 +67,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault(_var, "1")
 
 from pathlib import Path  # noqa: E402
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest  # noqa: E402
 
@@ -103,6 +107,15 @@ def default_db(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     path = tmp_path_factory.mktemp("default-db", numbered=True) / "tuning-db"
     monkeypatch.setenv("STITCHTUNE_DB", str(path))
     return path
+
+
+@pytest.fixture(autouse=True)
+def refusals_are_values() -> Iterator[None]:
+    """Planning in the test constructs no ``UnsupportedGraphError`` (``helpers.planning``)."""
+    from helpers.planning import refusals_stay_values
+
+    with refusals_stay_values():
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,7 @@
 """The house's own rules, checked (issue 43, item 6): every module of the package is named in
 docs/architecture.md, no module is part of an import circle (deferred, function-level and TYPE_CHECKING imports
-included), no module is over :data:`MAX_LINES` lines and no function over :data:`MAX_FUNCTION_LINES`.
+included), no module is over :data:`MAX_LINES` lines and no function over :data:`MAX_FUNCTION_LINES`, the strict
+mypy rooms stay strict and the typed test code (:data:`TYPED_TESTS`) stays clean under mypy.
 
 Known exceptions are listed here; the lists may only shrink: a listed exception that no longer holds
 (the circle broken, the module under the limit) fails its test too, so the lists stay true.
@@ -222,3 +223,23 @@ def test_the_strict_rooms_are_strict_in_pyproject() -> None:
     assert len(strict) == 1, "one override holds the strict settings"
     rooms = {m.removeprefix("stitchtune.").removesuffix(".*") for m in strict[0]["module"]}
     assert STRICT_ROOMS <= rooms, f"rooms no longer strict: {sorted(STRICT_ROOMS - rooms)}"
+
+
+#: the test code mypy checks (issue 43: the tests' shared helpers; the list may only grow)
+TYPED_TESTS = ("tests/helpers",)
+
+
+@pytest.mark.slow
+def test_the_typed_test_code_is_clean() -> None:
+    """``mypy tests/helpers`` (the package's settings, ``stitchtune`` and ``helpers`` of this checkout) reports
+    nothing: a helper whose types drift from the package's (a fake that no longer fits its Protocol, a
+    graph builder typed ``object``) fails here."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("mypy")
+    env = {**os.environ, "MYPYPATH": os.pathsep.join((str(REPO), str(REPO / "tests")))}
+    run = subprocess.run([sys.executable, "-m", "mypy", *TYPED_TESTS], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, f"mypy {' '.join(TYPED_TESTS)}:\n{run.stdout[-6000:]}{run.stderr[-2000:]}"

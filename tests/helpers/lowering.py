@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Generic, TypeVar
@@ -18,7 +19,7 @@ import optuna
 
 from helpers.common import EXAMPLES
 from stitchtune.emulate.emulator import emulate_program
-from stitchtune.graph.parse import load_graph, parse_graph
+from stitchtune.graph.parse import Graph, load_graph, parse_graph
 from stitchtune.hardware.device import get_device
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Var
@@ -49,7 +50,7 @@ def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
     x = np.asarray(out, dtype=np.float64).reshape(r.shape)
     if not np.all(np.isfinite(x)):
         return float("inf")
-    return float(np.linalg.norm(x - r) / max(np.linalg.norm(r), 1e-30))
+    return float(np.linalg.norm(x - r)) / max(float(np.linalg.norm(r)), 1e-30)
 
 
 def emulated_errors(g: Any, plan: Any, space: SearchSpace, s: Schedule, inputs: dict[str, np.ndarray],
@@ -59,12 +60,10 @@ def emulated_errors(g: Any, plan: Any, space: SearchSpace, s: Schedule, inputs: 
     return {o: rel_err(out[o], ref[o]) for o in ref}
 
 
-def float_graph(inputs: dict[str, list[int]], nodes: list[dict[str, Any]], outputs: list[str]) -> Any:
+def float_graph(inputs: Mapping[str, Sequence[int]], nodes: Sequence[object], outputs: Sequence[str]) -> Graph:
     """The validated graph ``t`` with float32 ``inputs`` (name -> shape), ``nodes`` and ``outputs``."""
-    from stitchtune.graph.parse import parse_graph
-
-    return parse_graph({"name": "t", "inputs": {k: {"shape": v, "dtype": "float32"} for k, v in inputs.items()},
-                        "nodes": nodes, "outputs": outputs})
+    return parse_graph({"name": "t", "inputs": {k: {"shape": list(v), "dtype": "float32"} for k, v in inputs.items()},
+                        "nodes": list(nodes), "outputs": list(outputs)})
 
 
 def plan_or_refused(obj: dict[str, Any]) -> tuple[Any, Any]:
@@ -104,9 +103,10 @@ def channels_last_ln_backward(h: int = 4, w: int = 4, c: int = 32, grad: str = "
     def red(i: str, a: str, axes: list[int], keep: bool) -> dict[str, Any]:
         return {"id": i, "op": "reduce_sum", "args": [a], "axes": axes, "keepdims": keep}
 
-    first = ({"id": "v", "op": "reshape", "args": ["dy"], "shape": [1, h, w, c]} if grad == "merged" else
+    first: dict[str, Any] = ({"id": "v", "op": "reshape", "args": ["dy"], "shape": [1, h, w, c]} if grad == "merged" else
              {"id": "v", "op": "transpose", "args": ["dy"], "perm": [0, 2, 3, 1]})
-    nodes = [first, {"id": "xc", "op": "sub", "args": ["x", "mu"]}, {"id": "xh", "op": "mul", "args": ["xc", "rs"]},
+    nodes: list[dict[str, Any]] = [
+             first, {"id": "xc", "op": "sub", "args": ["x", "mu"]}, {"id": "xh", "op": "mul", "args": ["xc", "rs"]},
              {"id": "g", "op": "mul", "args": ["v", "gamma"]}, {"id": "gn", "op": "mul", "args": ["g", float(c)]},
              red("s1", "g", [3], True), {"id": "gx", "op": "mul", "args": ["g", "xh"]}, red("s2", "gx", [3], True),
              {"id": "t", "op": "mul", "args": ["xh", "s2"]}, {"id": "a", "op": "sub", "args": ["gn", "s1"]},
