@@ -257,7 +257,12 @@ class _Renderer:
     def _atomic_add(self, s: kir.AtomicAdd, ind: int) -> None:
         p = self.params.get(s.buf)
         conv = _ATOMIC_CONVERT.get(p.dtype if p is not None else "float32", "{}")
-        body = f"atomicAdd({s.buf} + {self.e(s.index)}, {conv.format(self.e(s.value))});"
+        if s.width > 1:  # float2 / float4 atomicAdd (global memory, cc 9.x: Device.atomic_vector_width)
+            vals = ", ".join(self.e(v) for v in s.values)
+            body = (f"atomicAdd(reinterpret_cast<float{s.width}*>({s.buf} + {self.e(s.index)}), "
+                    f"make_float{s.width}({vals}));")
+        else:
+            body = f"atomicAdd({s.buf} + {self.e(s.index)}, {conv.format(self.e(s.value))});"
         self.emit(body if s.pred is None else f"if ({self.e(s.pred)}) {body}", ind)
 
     def _for(self, s: kir.For, ind: int) -> None:
@@ -442,12 +447,13 @@ def render(program: kir.Program) -> str:
     return pre + "\n" + "\n\n".join(render_kernel(k) for k in program.kernels) + "\n"
 
 
-def program_fingerprint(program: kir.Program) -> str:
+def program_fingerprint(program: kir.Program, source: str | None = None) -> str:
     """sha256 (hex) of the program's rendered source, a newline and its launch list (kernel, grid, block,
     dynamic shared memory, arguments): the identity of a generated program, as ``scripts/kernel_hashes.py``
-    pins kernels and the cost fit's dataset keys its measured rows (:mod:`stitchtune.cost.fit_dataset`)."""
+    pins kernels and the cost fit's dataset keys its measured rows (:mod:`stitchtune.cost.fit_dataset`).
+    ``source``: the program's :func:`render` when the caller has it (not rendered again)."""
     import hashlib
     import json
 
     launches = json.dumps([[ln.kernel, ln.grid, ln.block, ln.smem_bytes, list(ln.args)] for ln in program.launches])
-    return hashlib.sha256((render(program) + "\n" + launches).encode()).hexdigest()
+    return hashlib.sha256(((render(program) if source is None else source) + "\n" + launches).encode()).hexdigest()

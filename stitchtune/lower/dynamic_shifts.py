@@ -76,9 +76,10 @@ def _cache_concat_refusal(g: Graph, nd: Node, shifts: list[Node], dom: tuple[int
     return None
 
 
-def shift_refusal(g: Graph, others: list[Graph]) -> DynamicRefusal | None:
-    """Why the slices / concats of representative graph ``g`` keep it from a generic kernel, or None
+def shift_refusal(graph: Graph, others: list[Graph]) -> DynamicRefusal | None:
+    """Why the slices / concats of representative graph ``graph`` keep it from a generic kernel, or None
     (module docstring); ``others``: the dynamic graph at the fit's other extents."""
+    g = graph
     shifts = [nd for nd in g.nodes if OPS[nd.op].kind in ("slice", "concat")]
     if not shifts:
         return None

@@ -70,7 +70,7 @@ __all__ = ["Shift", "RemapValues"]
 
 class RemapValues:
     """The values of one sweep's index-op nodes (module docstring). ``kern`` is the row kernel
-    (``low``, ``ix``, ``cx``, ``emit``, ``use_input``, ``f_index``), ``sw`` the sweep, ``sv`` its
+    (``low``, ``ix``, ``var``, ``emit``, ``use_input``, ``f_index``), ``sw`` the sweep, ``sv`` its
     :class:`~stitchtune.lower.sweep_values.SweepValues`."""
 
     def __init__(self, kern: RowKernelBuilder, sw: RowSweep, sv: SweepValues) -> None:
@@ -253,7 +253,7 @@ class RemapValues:
         argv = [self.value(a, sh) if isinstance(a, str) else [Const(float(a), F32)] * vec for a in nd.args]
         vals: list[kir.Expr] = []
         for j in range(vec):
-            v = self.k.cx.var(f"t{low.tid_of[nd.id]}_", F32)
+            v = self.k.var(f"t{low.tid_of[nd.id]}_", F32)
             self.sw.body.append(Assign(v, low.expr_of_node(nd, [x[j] for x in argv])))
             vals.append(v)
         return vals
@@ -302,7 +302,7 @@ class RemapValues:
         rowb = low.row_base(name, Bin("min", self.k.ix.row, low.m_last())) if full else I(0)
         out: list[kir.Expr] = []
         for j in range(self.vec):
-            v = self.k.cx.var("g", F32)
+            v = self.k.var("g", F32)
             if self.mixed:  # delta is a column shift (column_shift): the map of column c + delta
                 at = add(rowb, low.col_offset(name, add(self.sw.k0, I(j + delta))))
             else:  # delta is in the input's own strides (shift_offset)
@@ -326,7 +326,7 @@ class RemapValues:
             return self._emit(buf, self._chain_offset(chain, sh, 0), sh, True, None)
         out: list[kir.Expr] = []
         for j in range(self.vec):
-            v = self.k.cx.var("g", F32)
+            v = self.k.var("g", F32)
             pj = and_(self.sw.valid, self.cond(sh, j))
             self.sw.body.append(Assign(v, Load(buf, self._chain_offset(chain, sh, j), pj)))
             out.append(v)
@@ -341,17 +341,18 @@ class RemapValues:
 
     def _chain_contiguous(self, chain: tuple[str, ...], sh: Shift) -> bool:
         """The ``vec`` lanes of a vector load adjacent, aligned elements of the chain's input: the
-        domain's innermost axis is the head's innermost dim (of the domain's extent or wider), both
-        multiples of ``vec`` (as the delta along it), the conditions are uniform over the lanes, and the
+        domain's innermost axis is the head's innermost dim (of the domain's extent, wider, or narrower: a
+        concat piece), both multiples of ``vec`` (as the delta along it), the conditions are uniform over the lanes, and the
         head's innermost dim stays innermost
         through every transpose and reshape (whose innermost dims are multiples of ``vec``)."""
         v, D = self.vec, self.domain
         shape = self.g.spec(chain[0]).shape
         if v == 1:
             return False
-        # the head's innermost dim is the domain's, or wider (a fused projection read through a slice of its
-        # columns: c + d stays inside it, _check_bounds) with rows a whole number of vectors
-        if shape[-1] < D[-1] or shape[-1] % v or D[-1] % v or sh.d(len(D) - 1) % v or not self.uniform(sh):
+        # the head's innermost dim is the domain's, wider (a fused projection read through a slice of its
+        # columns) or narrower (a concat piece, reached under the piece's uniform conditions): c + d stays
+        # inside it (_check_bounds), with rows a whole number of vectors
+        if shape[-1] % v or D[-1] % v or sh.d(len(D) - 1) % v or not self.uniform(sh):
             return False
         if self.col_axes[-1:] != (len(D) - 1,):
             return False
@@ -399,7 +400,7 @@ class RemapValues:
         vec, low = self.vec, self.low
         pred0 = and_(and_(self.sw.valid, extra), self.cond(sh, 0))
         if aligned and self.uniform(sh):
-            dsts = tuple(self.k.cx.var("g", F32) for _ in range(vec))
+            dsts = tuple(self.k.var("g", F32) for _ in range(vec))
             # a masked vector keeps its destinations: zero them first so that masked lanes read 0.0
             for v in dsts:
                 self.sw.body.append(Assign(v, Const(0.0, F32)))
@@ -408,7 +409,7 @@ class RemapValues:
         out: list[kir.Expr] = []
         for j in range(vec):
             pj = and_(and_(self.sw.valid, extra), self.cond(sh, j))
-            v = self.k.cx.var("g", F32)
+            v = self.k.var("g", F32)
             self.sw.body.append(Assign(v, Load(buf, add(base, I(j)), pj)))
             out.append(v)
         return out
