@@ -11,7 +11,8 @@ planner refuses no op (the rotary and the key / value cache concat of the Llama 
 item 2); none of float64 scalar arithmetic (dynamo's symbolic floats), GPT-2's ``split`` or a decode
 step's static-cache ``index_put`` is left out (items 2-3). What does not hold yet is listed by explain
 (the row's ``left_out``) and not asserted: ops reading SymInts (positions, a mask's ``full``), the
-prompt's several-position static-cache copy, a kernel per length where a region mixes layout and index ops."""
+prompt's several-position static-cache copy, a kernel per past length for GPT-2's and Phi-3's cache region (its key and
+value concats' past lengths are two dynamo symbols: no graph with named sizes)."""
 
 from __future__ import annotations
 
