@@ -1,0 +1,212 @@
+"""SymInt *values* read by a graph's ops, as int tensors that a region's call makes (issue 41).
+
+Under ``torch.compile(..., dynamic=True)`` a decode step's positions are ``arange(1) + past`` with
+``past`` a SymInt (a graph input that is a Python int at run time); regions take tensors only, so such
+an op used to stay with PyTorch ("reads a SymInt value, not a tensor").
+
+Contract
+--------
+* :func:`sym_values(gm)` returns a copy of ``gm`` (``gm`` untouched) in which every read of a SymInt
+  *as a value* that the importer maps is a read of a *bound tensor*: an ``aten.full(shape, s,
+  dtype=int64)`` of a static shape whose fill is the SymInt ``s`` (:func:`is_bound`), or None when
+  ``gm`` has none. Rewritten: an element-wise int op / comparison with one SymInt operand
+  (``add(arange, s)`` reads ``full([], s)``); ``arange(1) + s`` (of one element, the value 0) is the
+  bound tensor ``full([1], s)`` itself, and a view of a bound tensor with a static shape is a bound
+  tensor of that shape (a decode step's position ids ``unsqueeze(arange(1) + s)``: the embedding then
+  gathers by a region input, as graph.json's ``gather`` wants); ``prims.iota`` / ``arange`` with a SymInt
+  ``start`` and a static length is ``iota(length) + full([], start)``. Every rewritten value equals
+  the original (same dtype, shape and values; int arithmetic is exact). SymInts read as *sizes*
+  (views, ``arange``'s length) are not touched.
+* A bound tensor is never in a region: the region reads it as an input, and its call passes the
+  SymInt itself (``stitchtune::region(key, tensors, scalars)``, :mod:`stitchtune.deploy.torch_rewrite`),
+  which the registered region turns into the tensor (:func:`bound_inputs` says which inputs, at which
+  shape and dtype; :meth:`stitchtune.deploy.torch_guard.GuardedRegion.__call__` makes them). So the
+  value reaches the kernel as data: a new value never builds a new kernel, and the generated CUDA
+  never holds it. A bound tensor that another op outside the regions reads stays as PyTorch's
+  ``full`` (the value it was).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from stitchtune.importers.torch_fx_util import _key, graph_copy
+
+__all__ = ["bound_inputs", "is_bound", "sym_values"]
+
+#: the meta key marking a bound tensor made by :func:`sym_values`
+BOUND_KEY = "stitchtune_bound"
+
+#: element-wise ops whose SymInt operand becomes a 0-d bound tensor (``.Tensor`` overloads only:
+#: the same op reads the tensor as it read the number; a 0-d int tensor promotes like a Python int)
+_ELEMENTWISE = frozenset({"aten.add", "aten.sub", "aten.rsub", "aten.mul", "aten.maximum", "aten.minimum",
+                          "aten.eq", "aten.ne", "aten.lt", "aten.le", "aten.gt", "aten.ge"})
+#: views whose result, of a bound tensor, is the bound tensor of the view's shape
+_VIEWS = frozenset({"aten.view", "aten.reshape", "aten._unsafe_view", "aten.unsqueeze", "aten.squeeze",
+                    "aten.flatten", "aten.alias", "aten.clone", "aten.contiguous"})
+
+
+def _is_symint(x: Any) -> bool:
+    """Whether ``x`` is an fx node whose value is a SymInt with an example value (a hint)."""
+    import torch
+
+    val = getattr(x, "meta", {}).get("val") if hasattr(x, "op") else None
+    if not isinstance(val, torch.SymInt):
+        return False
+    return val.node.hint is not None
+
+
+def is_bound(node: Any) -> bool:
+    """Whether ``node`` is a bound tensor made by :func:`sym_values` (``full(static shape, SymInt)``)."""
+    return getattr(node, "op", None) == "call_function" and bool(node.meta.get(BOUND_KEY))
+
+
+def bound_inputs(inputs: Sequence[Any]) -> tuple[tuple[int, tuple[int, ...], Any], ...]:
+    """(position, shape, torch dtype) of each bound tensor among a region's ``inputs`` (fx nodes)."""
+    out = []
+    for i, x in enumerate(inputs):
+        if is_bound(x):
+            val = x.meta["val"]
+            out.append((i, tuple(int(d) for d in val.shape), val.dtype))
+    return tuple(out)
+
+
+def _static_shape(node: Any) -> tuple[int, ...] | None:
+    import torch
+
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not all(isinstance(d, int) for d in val.shape):
+        return None
+    return tuple(int(d) for d in val.shape)
+
+
+def _is_zero_iota(node: Any) -> bool:
+    """Whether ``node`` is an int ``arange`` / ``iota`` of one element starting at 0 (its value ``[0]``)."""
+    if getattr(node, "op", None) != "call_function" or _static_shape(node) != (1,):
+        return False
+    key, a = _key(node.target), node.args
+    if key == "aten.arange":
+        start = a[0] if len(a) > 1 else node.kwargs.get("start", 0)
+        return bool(start == 0 and not isinstance(start, bool)) and not node.meta["val"].dtype.is_floating_point
+    if key == "prims.iota":
+        start = node.kwargs.get("start", a[1] if len(a) > 1 else 0)
+        return bool(start == 0) and not node.meta["val"].dtype.is_floating_point
+    return False
+
+
+class _Rewriter:
+    """Edits one graph copy; ``fake_mode``: the graph's fake mode (meta values of the new nodes)."""
+
+    def __init__(self, graph: Any, fake_mode: Any) -> None:
+        self.graph = graph
+        self.mode = fake_mode
+        self.changed = False
+
+    def bound(self, before: Any, sym: Any, shape: tuple[int, ...], dtype: Any, device: Any) -> Any:
+        """A new bound tensor ``full(shape, sym)`` inserted before ``before``."""
+        import torch
+
+        with self.graph.inserting_before(before):
+            n = self.graph.call_function(torch.ops.aten.full.default, (list(shape), sym),
+                                         {"dtype": dtype, "device": device, "pin_memory": False})
+        with self.mode:
+            n.meta["val"] = torch.full(shape, sym.meta["val"], dtype=dtype, device=device)
+        n.meta[BOUND_KEY] = True
+        self.changed = True
+        return n
+
+    def replace(self, old: Any, new: Any) -> None:
+        old.replace_all_uses_with(new)
+        if not old.users:
+            self.graph.erase_node(old)
+
+    def elementwise(self, n: Any) -> None:
+        import torch
+
+        tensors = [a for a in n.args if hasattr(a, "op") and isinstance(a.meta.get("val"), torch.Tensor)]
+        syms = [i for i, a in enumerate(n.args) if _is_symint(a)]
+        if len(syms) != 1 or len(tensors) != 1 or n.kwargs.get("alpha", 1) != 1 or str(n.target).split(".")[-1] != "Tensor":
+            return
+        t, s = tensors[0], n.args[syms[0]]
+        device = t.meta["val"].device
+        shape = _static_shape(n)
+        if _key(n.target) == "aten.add" and _is_zero_iota(t) and shape is not None \
+                and n.meta["val"].dtype == torch.int64:   # arange(1) + s: the bound tensor [s]
+            self.replace(n, self.bound(n, s, shape, torch.int64, device))
+            if not t.users:   # the arange(1) nobody reads any more
+                self.graph.erase_node(t)
+            return
+        b = self.bound(n, s, (), torch.int64, device)
+        n.args = tuple(b if i == syms[0] else a for i, a in enumerate(n.args))
+
+    def iota_start(self, n: Any) -> None:
+        """``iota(length, start=s)`` / ``arange(s, e)`` with a SymInt ``s``, a static length: ``iota + full([], s)``."""
+        import torch
+
+        key = _key(n.target)
+        shape = _static_shape(n)
+        val = n.meta.get("val")
+        if shape is None or len(shape) != 1 or not isinstance(val, torch.Tensor) or val.dtype not in (torch.int32, torch.int64):
+            return
+        if key == "prims.iota":
+            start = n.kwargs.get("start")
+            step = n.kwargs.get("step", 1)
+        elif key == "aten.arange" and str(n.target).endswith(".start"):
+            start, step = n.args[0], 1
+        else:
+            return
+        if not _is_symint(start) or step != 1:
+            return
+        with self.graph.inserting_before(n):
+            base = self.graph.call_function(torch.ops.aten.arange.default, (shape[0],),
+                                            {"dtype": val.dtype, "device": val.device, "pin_memory": False})
+        with self.mode:
+            base.meta["val"] = torch.arange(shape[0], dtype=val.dtype, device=val.device)
+        with self.graph.inserting_before(n):
+            add = self.graph.call_function(torch.ops.aten.add.Tensor, (base, start))
+        add.meta = dict(n.meta)
+        self.replace(n, add)
+        self.elementwise(add)
+
+    def view(self, n: Any) -> None:
+        src = n.args[0] if n.args else None
+        shape = _static_shape(n)
+        if src is None or not is_bound(src) or shape is None:
+            return
+        val = n.meta["val"]
+        self.replace(n, self.bound(n, src.args[1], shape, val.dtype, val.device))
+
+
+def sym_values(gm: Any) -> Any | None:
+    """``gm`` with its SymInt values read through bound tensors, or None (see module docstring)."""
+    import torch
+    import torch.fx
+    from torch._guards import detect_fake_mode
+
+    def reads_sym(n: Any) -> bool:
+        return n.op == "call_function" and any(_is_symint(a) for a in n.all_input_nodes)
+
+    if not any(reads_sym(n) and (_key(n.target) in _ELEMENTWISE or _key(n.target) in ("prims.iota", "aten.arange"))
+               for n in gm.graph.nodes):
+        return None
+    mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes
+                             if isinstance(n.meta.get("val"), torch.Tensor)])
+    if mode is None:
+        return None
+    graph = graph_copy(gm)
+    rw = _Rewriter(graph, mode)
+    for n in list(graph.nodes):
+        if n.op != "call_function" or getattr(n, "_erased", False):
+            continue
+        key = _key(n.target)
+        if key in ("prims.iota", "aten.arange") and reads_sym(n):
+            rw.iota_start(n)
+        elif key in _ELEMENTWISE and reads_sym(n):
+            rw.elementwise(n)
+        elif key in _VIEWS:
+            rw.view(n)
+    if not rw.changed:
+        return None
+    graph.lint()
+    return torch.fx.GraphModule(gm, graph)
