@@ -178,6 +178,69 @@ class _Rewriter:
         self.replace(n, self.bound(n, src.args[1], shape, val.dtype, val.device))
 
 
+def _range_source(ids: Any) -> tuple[Any, list[Any]] | None:
+    """(the SymInt ``S``, the chain's nodes) when ``ids`` is ``iota(S)`` / ``arange(S)`` (start 0, step
+    1, an int dtype), through ``+ 0`` and views, with one dim ``S`` and every other 1; else None."""
+    import torch
+
+    chain = []
+    n = ids
+    while getattr(n, "op", None) == "call_function":
+        chain.append(n)
+        key = _key(n.target)
+        if key in ("aten.unsqueeze", "aten.view", "aten.reshape", "aten._unsafe_view") and n.args:
+            n = n.args[0]
+        elif key == "aten.add" and len(n.args) == 2 and n.args[1] == 0 and not isinstance(n.args[1], bool) \
+                and n.kwargs.get("alpha", 1) == 1:
+            n = n.args[0]
+        elif (key == "prims.iota" and n.kwargs.get("start") == 0 and n.kwargs.get("step") == 1
+              or key == "aten.arange" and str(n.target).endswith(".default") and len(n.args) == 1) \
+                and _is_symint(n.args[0]) and n.meta["val"].dtype in (torch.int32, torch.int64):
+            size = n.args[0]
+            shape = ids.meta["val"].shape
+            if sum(not (isinstance(d, int) and d == 1) for d in shape) != 1 \
+                    or not any(str(d) == str(size.meta["val"]) for d in shape):   # (no guard on the symbols)
+                return None
+            return size, chain
+        else:
+            return None
+    return None
+
+
+def _position_rows(rw: _Rewriter, n: Any) -> None:
+    """``embedding(table, iota(S))`` (GPT-2's prompt position embedding: ids ``arange(S)`` viewed) is
+    ``table[0:S]`` viewed at the ids' shape: a view of the table that a region reads as an input (rows
+    read in place, no gather and no iota). Only where every reader of the embedding is an op that
+    does not mutate it and none is the graph's output (a view must not escape where a fresh tensor did)."""
+    import torch
+
+    if len(n.args) < 2 or any(u.op != "call_function" or getattr(u.target, "_schema", None) is None
+                              or u.target._schema.is_mutable for u in n.users):
+        return
+    src = _range_source(n.args[1])
+    if src is None:
+        return
+    size, chain = src
+    table, ids = n.args[0], n.args[1]
+    shape = list(ids.meta["val"].shape)
+    with rw.graph.inserting_before(n):
+        v = rw.graph.call_function(torch.ops.aten.slice.Tensor, (table, 0, 0, size))
+    with rw.mode:
+        v.meta["val"] = torch.ops.aten.slice.Tensor(table.meta["val"], 0, 0, size.meta["val"])
+    for k, d in enumerate(shape):
+        if isinstance(d, int) and d == 1:
+            with rw.graph.inserting_before(n):
+                u = rw.graph.call_function(torch.ops.aten.unsqueeze.default, (v, k))
+            with rw.mode:
+                u.meta["val"] = torch.ops.aten.unsqueeze.default(v.meta["val"], k)
+            v = u
+    rw.replace(n, v)
+    rw.changed = True
+    for c in chain:   # the ids nobody reads any more
+        if not c.users and not getattr(c, "_erased", False):
+            rw.graph.erase_node(c)
+
+
 def sym_values(gm: Any) -> Any | None:
     """``gm`` with its SymInt values read through bound tensors, or None (see module docstring)."""
     import torch
@@ -188,7 +251,7 @@ def sym_values(gm: Any) -> Any | None:
         return n.op == "call_function" and any(_is_symint(a) for a in n.all_input_nodes)
 
     if not any(reads_sym(n) and (_key(n.target) in _ELEMENTWISE or _key(n.target) in ("prims.iota", "aten.arange"))
-               for n in gm.graph.nodes):
+               or n.op == "call_function" and _key(n.target) == "aten.embedding" for n in gm.graph.nodes):
         return None
     mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes
                              if isinstance(n.meta.get("val"), torch.Tensor)])
@@ -200,7 +263,9 @@ def sym_values(gm: Any) -> Any | None:
         if n.op != "call_function" or getattr(n, "_erased", False):
             continue
         key = _key(n.target)
-        if key in ("prims.iota", "aten.arange") and reads_sym(n):
+        if key == "aten.embedding":
+            _position_rows(rw, n)
+        elif key in ("prims.iota", "aten.arange") and reads_sym(n):
             rw.iota_start(n)
         elif key in _ELEMENTWISE and reads_sym(n):
             rw.elementwise(n)
