@@ -96,3 +96,50 @@ def test_the_region_call_passes_the_symint() -> None:
     assert seen
     assert all(isinstance(a.meta.get("val"), torch.SymInt) for n in seen for a in n.args[2]), \
         [n.args for n in seen]
+
+
+class _ReadingDriver:
+    """Made lazily (the fake driver imports the GPU room): a FakeDriver whose launches record the
+    int64 that their first argument points at (CPU tensors stand in for device memory)."""
+
+    @staticmethod
+    def make() -> Any:
+        import ctypes
+
+        from stitchtune.gpu.fake_driver import FakeDriver
+
+        class Reading(FakeDriver):
+            def __init__(self) -> None:
+                super().__init__()
+                self.first: list[int] = []
+
+            def launch(self, function: Any, grid: Any, block: Any, smem: int, stream: int, params: int,
+                       nparams: int, cooperative: bool = False) -> None:
+                slot = (ctypes.c_uint64 * nparams).from_address(params)[0]
+                self.first.append(ctypes.c_int64.from_address(ctypes.c_uint64.from_address(int(slot)).value).value)
+
+        return Reading()
+
+
+class _Positions(torch.nn.Module):
+    def forward(self, cache: Any) -> Any:
+        return (torch.arange(4) + cache.shape[1]).float() * 0.5
+
+
+def test_the_launch_path_passes_each_calls_value() -> None:
+    """Through the launch path (a stand-in driver, CPU tensors): the full path, then the thin one,
+    each launch's bound input holds that call's past length (a fresh tensor per call, no rebuild)."""
+    from stitchtune.deploy import torch_ops
+
+    drv = _ReadingDriver.make()
+    with torch_ops.stand_in_driver(drv, lambda compiled: b"FAKE symint test"), torch.no_grad():
+        c = _compiled(_Positions())
+        st_torch.reset_stats()
+        pasts = (5, 6, 9, 9, 31)
+        for p in pasts:
+            c(torch.zeros(1, p, 2))
+    assert drv.first[-len(pasts):] == list(pasts)
+    guarded = [g for g in torch_ops._registry.values() if getattr(g, "bound", ())][-1]
+    assert guarded._fast is not None   # the later calls took the thin path
+    s = st_torch.stats()
+    assert s.eager == 0 and s.builds <= 1, s
