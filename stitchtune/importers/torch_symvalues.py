@@ -14,7 +14,9 @@ Contract
   bound tensor ``full([1], s)`` itself, and a view of a bound tensor with a static shape is a bound
   tensor of that shape (a decode step's position ids ``unsqueeze(arange(1) + s)``: the embedding then
   gathers by a region input, as graph.json's ``gather`` wants); ``prims.iota`` / ``arange`` with a SymInt
-  ``start`` and a static length is ``iota(length) + full([], start)``. Every rewritten value equals
+  ``start`` and a static length is ``iota(length) + full([], start)``; a ``full`` of a static shape
+  filled with a SymInt is a bound tensor (an int dtype) or a bound tensor cast (a float one). GPT-2's
+  prompt position rows ``embedding(table, arange(S))`` are the view ``table[0:S]`` (below). Every rewritten value equals
   the original (same dtype, shape and values; int arithmetic is exact). SymInts read as *sizes*
   (views, ``arange``'s length) are not touched.
 * A bound tensor is never in a region: the region reads it as an input, and its call passes the
@@ -169,6 +171,27 @@ class _Rewriter:
         self.replace(n, add)
         self.elementwise(add)
 
+    def fill(self, n: Any) -> None:
+        """``full(static shape, s)``: the bound tensor itself (an int dtype), or its cast (a float one:
+        the value is exact below 2**24 in float32, as PyTorch's own fill)."""
+        import torch
+
+        shape = _static_shape(n)
+        if shape is None or len(n.args) < 2 or not _is_symint(n.args[1]):
+            return
+        val = n.meta["val"]
+        if val.dtype in (torch.int32, torch.int64):
+            n.meta[BOUND_KEY] = True
+            self.changed = True
+            return
+        if not val.dtype.is_floating_point:
+            return
+        b = self.bound(n, n.args[1], shape, torch.int64, val.device)
+        with self.graph.inserting_before(n):
+            cast = self.graph.call_function(torch.ops.prims.convert_element_type.default, (b, val.dtype))
+        cast.meta = dict(n.meta)
+        self.replace(n, cast)
+
     def view(self, n: Any) -> None:
         src = n.args[0] if n.args else None
         shape = _static_shape(n)
@@ -250,7 +273,7 @@ def sym_values(gm: Any) -> Any | None:
     def reads_sym(n: Any) -> bool:
         return n.op == "call_function" and any(_is_symint(a) for a in n.all_input_nodes)
 
-    if not any(reads_sym(n) and (_key(n.target) in _ELEMENTWISE or _key(n.target) in ("prims.iota", "aten.arange"))
+    if not any(reads_sym(n) and _key(n.target) in (*_ELEMENTWISE, "prims.iota", "aten.arange", "aten.full")
                or n.op == "call_function" and _key(n.target) == "aten.embedding" for n in gm.graph.nodes):
         return None
     mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes
@@ -269,6 +292,8 @@ def sym_values(gm: Any) -> Any | None:
             rw.iota_start(n)
         elif key in _ELEMENTWISE and reads_sym(n):
             rw.elementwise(n)
+        elif key == "aten.full" and reads_sym(n):
+            rw.fill(n)
         elif key in _VIEWS:
             rw.view(n)
     if not rw.changed:

@@ -95,3 +95,20 @@ def test_position_rows_returned_by_the_graph_stay_a_gather() -> None:
 
     gm = make_fx(f, tracing_mode="symbolic")(torch.zeros(1, 5, dtype=torch.int64), torch.randn(40, 8))
     assert sym_values(gm) is None
+
+
+def test_a_fill_with_a_symint_is_bound() -> None:
+    """``full(shape, s)`` (a mask's fill, a count): int -> the bound tensor, float -> its cast."""
+    def f(x: Any) -> tuple[Any, Any]:
+        s = x.shape[0]
+        return torch.full((2, 3), s, dtype=torch.int32) * 2, x + torch.full((1,), s, dtype=torch.float32)
+
+    gm = make_fx(f, tracing_mode="symbolic")(torch.ones(5))
+    new = sym_values(gm)
+    assert new is not None and sum(is_bound(n) for n in new.graph.nodes) == 2
+    for n in (1, 7):
+        for got, want in zip(new(torch.ones(n)), f(torch.ones(n))):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+            assert got.dtype == want.dtype
+    split = find_regions(new)
+    assert not [d for d in split.declined if "SymInt" in d.reason], split.declined
