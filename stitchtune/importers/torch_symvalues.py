@@ -13,7 +13,9 @@ Contract
   (``add(arange, s)`` reads ``full([], s)``); ``arange(1) + s`` (of one element, the value 0) is the
   bound tensor ``full([1], s)`` itself, and a view of a bound tensor with a static shape is a bound
   tensor of that shape (a decode step's position ids ``unsqueeze(arange(1) + s)``: the embedding then
-  gathers by a region input, as graph.json's ``gather`` wants); ``prims.iota`` / ``arange`` with a SymInt
+  gathers by a region input, as graph.json's ``gather`` wants); likewise ``arange(1) + t`` with ``t`` a
+  0-d int tensor (a static cache's past length) is the view ``t.view([1])`` and views of it one view of
+  ``t`` (the gather's index then is a view of a graph input); ``prims.iota`` / ``arange`` with a SymInt
   ``start`` and a static length is ``iota(length) + full([], start)``; a ``full`` of a static shape
   filled with a SymInt is a bound tensor (an int dtype) or a bound tensor cast (a float one). GPT-2's
   prompt position rows ``embedding(table, arange(S))`` are the view ``table[0:S]`` (below). Every rewritten value equals
@@ -39,6 +41,8 @@ __all__ = ["bound_inputs", "is_bound", "sym_values"]
 
 #: the meta key marking a bound tensor made by :func:`sym_values`
 BOUND_KEY = "stitchtune_bound"
+#: the meta key marking a view of a 0-d int tensor made for ``arange(1) + t`` (:meth:`_Rewriter.scalar_view`)
+SCALAR_VIEW_KEY = "stitchtune_scalar_view"
 
 #: element-wise ops whose SymInt operand becomes a 0-d bound tensor (``.Tensor`` overloads only:
 #: the same op reads the tensor as it read the number; a 0-d int tensor promotes like a Python int)
@@ -123,8 +127,32 @@ class _Rewriter:
         if not old.users:
             self.graph.erase_node(old)
 
+    def scalar_view(self, n: Any, t: Any, shape: tuple[int, ...]) -> None:
+        """Replace ``n`` by ``view(t, shape)``, ``t`` a 0-d int tensor (its one value at every element)."""
+        import torch
+
+        with self.graph.inserting_before(n):
+            v = self.graph.call_function(torch.ops.aten.view.default, (t, list(shape)))
+        with self.mode:
+            v.meta["val"] = torch.ops.aten.view.default(t.meta["val"], list(shape))
+        v.meta[SCALAR_VIEW_KEY] = True
+        self.replace(n, v)
+        self.changed = True
+
     def elementwise(self, n: Any) -> None:
         import torch
+
+        if _key(n.target) == "aten.add" and len(n.args) == 2 and n.kwargs.get("alpha", 1) == 1 \
+                and _static_shape(n) == (1,):   # arange(1) + t, t a 0-d int tensor (a static cache's
+            a, b = n.args                       # past length): the view [1] of t
+            t = b if _is_zero_iota(a) else a if _is_zero_iota(b) else None
+            val = getattr(t, "meta", {}).get("val")
+            if isinstance(val, torch.Tensor) and val.dim() == 0 and val.dtype == n.meta["val"].dtype:
+                iota = a if t is b else b
+                self.scalar_view(n, t, (1,))
+                if not iota.users:
+                    self.graph.erase_node(iota)
+                return
 
         tensors = [a for a in n.args if hasattr(a, "op") and isinstance(a.meta.get("val"), torch.Tensor)]
         syms = [i for i, a in enumerate(n.args) if _is_symint(a)]
@@ -195,6 +223,12 @@ class _Rewriter:
     def view(self, n: Any) -> None:
         src = n.args[0] if n.args else None
         shape = _static_shape(n)
+        if src is not None and getattr(src, "op", None) == "call_function" and src.meta.get(SCALAR_VIEW_KEY) \
+                and shape is not None and _key(n.target) != "aten.clone":   # a view of that view: one view of t
+            self.scalar_view(n, src.args[0], shape)
+            if not src.users:
+                self.graph.erase_node(src)
+            return
         if src is None or not is_bound(src) or shape is None:
             return
         val = n.meta["val"]
@@ -274,7 +308,7 @@ def sym_values(gm: Any) -> Any | None:
         return n.op == "call_function" and any(_is_symint(a) for a in n.all_input_nodes)
 
     if not any(reads_sym(n) and _key(n.target) in (*_ELEMENTWISE, "prims.iota", "aten.arange", "aten.full")
-               or n.op == "call_function" and _key(n.target) == "aten.embedding" for n in gm.graph.nodes):
+               or n.op == "call_function" and _key(n.target) in ("aten.embedding", "aten.add") for n in gm.graph.nodes):
         return None
     mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes
                              if isinstance(n.meta.get("val"), torch.Tensor)])
@@ -290,7 +324,7 @@ def sym_values(gm: Any) -> Any | None:
             _position_rows(rw, n)
         elif key in ("prims.iota", "aten.arange") and reads_sym(n):
             rw.iota_start(n)
-        elif key in _ELEMENTWISE and reads_sym(n):
+        elif key in _ELEMENTWISE and (reads_sym(n) or key == "aten.add"):
             rw.elementwise(n)
         elif key == "aten.full" and reads_sym(n):
             rw.fill(n)

@@ -112,3 +112,22 @@ def test_a_fill_with_a_symint_is_bound() -> None:
             assert got.dtype == want.dtype
     split = find_regions(new)
     assert not [d for d in split.declined if "SymInt" in d.reason], split.declined
+
+
+def test_arange_one_plus_a_0d_tensor_is_a_view_of_it() -> None:
+    """A static cache's decode position ``arange(1) + past`` with ``past`` a 0-d int tensor input: the
+    ids are one view of that input, so the position embedding gathers by a graph input's view."""
+    def f(past: Any, wpe: Any) -> Any:
+        return torch.nn.functional.embedding((torch.arange(1) + past).unsqueeze(0), wpe) * 2.0
+
+    args = (torch.tensor(5), torch.randn(40, 8))
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    new = sym_values(gm)
+    assert new is not None
+    assert not any("arange" in str(n.target) or "add" in str(n.target) for n in new.graph.nodes)
+    for p in (0, 7, 39):
+        torch.testing.assert_close(new(torch.tensor(p), args[1]), f(torch.tensor(p), args[1]), rtol=0, atol=0)
+    assert any("embedding" in d.what for d in find_regions(gm).declined)
+    split = find_regions(new)
+    assert not [d for d in split.declined if "embedding" in d.what], split.declined
+    assert any("aten.embedding" in r.ops for r in split.regions)
