@@ -1,19 +1,22 @@
-"""The public interface of a row-family kernel builder: what the exchange
-(:mod:`stitchtune.lower.exchange`), the cluster scheme (:mod:`stitchtune.lower.cluster`), the cross
-reductions (:mod:`stitchtune.lower.cross`) and the index ops (:mod:`stitchtune.lower.remap`) may use of
-the kernel being built (:class:`ExchangeBuilder`, :class:`RowKernelBuilder`), and the frozen values a row
-kernel is built from (:class:`RowIndex`, :class:`RowLayout`, :class:`RowSweep`).
-:class:`stitchtune.lower.row_kernel.RowKernel` implements both Protocols; a test may pass any object that does.
+"""The public interface of a kernel builder: what merging reduction states needs in either family
+(:class:`StateBuilder`, used by the one exchange, :mod:`stitchtune.lower.exchange`), what the row family's
+layout of the exchange (:mod:`stitchtune.lower.row_exchange`) adds (:class:`ExchangeBuilder`), what the
+cross reductions (:mod:`stitchtune.lower.cross`), the gathers (:mod:`stitchtune.lower.gather`) and the
+index ops (:mod:`stitchtune.lower.remap`) use besides (:class:`RowKernelBuilder`: read-only values and
+narrow methods, no mutable field), and the frozen values a row kernel is built from (:class:`RowIndex`,
+:class:`RowLayout`, :class:`RowSweep`). :class:`stitchtune.lower.row_kernel.RowKernel` implements the row
+Protocols; a test may pass any object that does (``tests/helpers/lowering.FakeStateBuilder``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import Var
-from stitchtune.lower.base import Ctx, Lowerer
+from stitchtune.lower.base import Lowerer
 from stitchtune.plan.planner import StitchPlan
 from stitchtune.space import Schedule
 
@@ -114,14 +117,32 @@ class ExchangeBuilder(StateBuilder, Protocol):
 
 
 class RowKernelBuilder(ExchangeBuilder, Protocol):
-    """What the cross reductions (:mod:`stitchtune.lower.cross`) and the index ops
-    (:mod:`stitchtune.lower.remap`) use of a row kernel being built, besides the exchange's part."""
+    """What the cross reductions (:mod:`stitchtune.lower.cross`), the gathers (:mod:`stitchtune.lower.gather`)
+    and the index ops (:mod:`stitchtune.lower.remap`) use of a row kernel being built, besides the
+    exchange's part: read-only values and narrow methods (the kernel's building state stays private)."""
 
-    low: Lowerer                      # the program's shared machinery (buffers, maps, schedule)
-    cx: Ctx                           # the kernel's variables and scratch buffers
-    body: list[kir.Stmt]                # statements before the round loop
-    lay: RowLayout
-    gather_rows: dict[str, Var]         # gather nodes: their table row in this round
+    @property
+    def low(self) -> Lowerer:
+        """The program's shared machinery (buffers, maps, schedule)."""
+        ...
+
+    @property
+    def layout(self) -> RowLayout:
+        """The kernel's layout (shared buffers, grid, rounds)."""
+        ...
+
+    def emit_before_rounds(self, *stmts: kir.Stmt) -> None:
+        """Append ``stmts`` to the statements before the round loop."""
+        ...
+
+    def use_scratch(self, buf: str) -> None:
+        """Record that the kernel uses scratch buffer ``buf`` (it becomes a kernel parameter)."""
+        ...
+
+    def gather_row(self, node: str, make: Callable[[], Var]) -> Var:
+        """The table row of gather node ``node`` in this round: ``make()``'s variable, made (and its
+        statements emitted) the first time it is asked for."""
+        ...
 
     def use_input(self, buf: str) -> None:
         """Record that the kernel reads global buffer ``buf`` (it becomes a kernel parameter)."""

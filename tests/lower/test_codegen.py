@@ -35,7 +35,7 @@ from stitchtune.plan.planner import TensorClass, make_plan
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.build import KernelResources, parse_ptxas
 from stitchtune.gpu.render import render, render_kernel
-from stitchtune.space import Schedule, SearchSpace
+from stitchtune.space import COMBINE, ORDER, PREFETCH, Schedule, SearchSpace
 
 from helpers.lowering import assert_matches_golden, rel_err, setup
 from helpers.nvcc import batch_source, ptxas_report, shared_ptxas_report
@@ -106,7 +106,7 @@ def test_coverage_of_schemes_and_mappings() -> None:
             kind = mapping_kind(plan, s)
             kinds.add(kind)
             schemes.update(s.schemes)
-            options.update((opt, s.option(opt)) for opt in ("order", "prefetch", "combine"))
+            options.update((opt.name, s.option(opt)) for opt in (ORDER, PREFETCH, COMBINE))
             coverage[(plan.family, kind, s.schemes, s.reuse)] += 1
     print(f"\ncovered {len(coverage)} distinct (family, mapping, schemes, reuse) combinations; "
           f"mapping kinds: {sorted(kinds)}; schemes: {sorted(schemes)}")
