@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from stitchtune.graph.files import write_atomic
 from stitchtune.hardware.device import Device
 
 __all__ = ["DATA_DIR_ENV", "data_name", "user_dir", "user_path", "write_json_atomic"]
@@ -54,20 +54,4 @@ def user_path(device: Device | str) -> Path:
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
     """Write ``data`` as JSON to ``path`` through a temporary file and a rename (module docstring)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return target
+    return write_atomic(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode("utf-8"))

@@ -352,21 +352,29 @@ def _kind(est: bool) -> str:
 
 
 def _choose_tuned(q: _Lookup, exact: pd.DataFrame) -> Choice | None:
-    """Rule 1: the best re-validated record of this very workload (rejections go to ``q.rejected``)."""
-    for _, row in _sorted_rows(exact).iterrows():
-        checked = q.validate(row)
-        if checked is None:
-            break
-        s, program, why = checked
-        if why is None and s is not None:   # (a schedule whenever there is no reason against it)
-            est = bool(row["_est"])
-            reason = (f"tuned record {row['schedule_key']} of this workload on {q.where}: "
-                      f"{_kind(est)} {float(row['measured_us']):.2f} us{_old_kernel(row)}")
-            log.info("%s: %s", q.graph.name, reason)
-            return Choice(s, "tuned", _record(row, estimated=est), reason, program)
-        q.rejected.append(f"tuned record {row['schedule_key']} no longer legal: {why}")
-        log.warning("%s: %s", q.graph.name, q.rejected[-1])
-    return None
+    """Rule 1: the best re-validated record of this very workload (rejections go to ``q.rejected``, and are
+    one warning however many records they are: an older database may hold dozens)."""
+    illegal: list[str] = []
+    try:
+        for _, row in _sorted_rows(exact).iterrows():
+            checked = q.validate(row)
+            if checked is None:
+                break
+            s, program, why = checked
+            if why is None and s is not None:   # (a schedule whenever there is no reason against it)
+                est = bool(row["_est"])
+                reason = (f"tuned record {row['schedule_key']} of this workload on {q.where}: "
+                          f"{_kind(est)} {float(row['measured_us']):.2f} us{_old_kernel(row)}")
+                log.info("%s: %s", q.graph.name, reason)
+                return Choice(s, "tuned", _record(row, estimated=est), reason, program)
+            illegal.append(f"{row['schedule_key']} no longer legal: {why}")
+            log.debug("%s: tuned record %s", q.graph.name, illegal[-1])
+        return None
+    finally:
+        if illegal:
+            more = f" (and {len(illegal) - 1} more tuned record(s) no longer legal)" if len(illegal) > 1 else ""
+            q.rejected.append(f"tuned record {illegal[0]}{more}")
+            log.warning("%s: %s", q.graph.name, q.rejected[-1])
 
 
 def _by_distance(graph: Graph, near: pd.DataFrame) -> pd.DataFrame:

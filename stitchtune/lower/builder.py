@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import Var
-from stitchtune.lower.base import Lowerer
+from stitchtune.ir.kir import F32
+from stitchtune.lower.base import Ctx, Lowerer
 from stitchtune.plan.planner import StitchPlan
 from stitchtune.space import Schedule
 
@@ -186,3 +187,47 @@ def cols_exact(low: Lowerer) -> bool:
     """Whether a row kernel's sweeps never pass the end of the row (piece): static, and the pieces of the
     split row, each whole sweeps of ``tpr`` x ``vec`` elements, add up to the row (no padding)."""
     return (low.sym is None or low.sym.N.static) and low.chunk * low.s.split == low.p.N
+
+
+class KernelState:
+    """The building state both families' kernels share, private, set by the kernel's constructor:
+    ``_low`` (the lowerer, read only), ``_cx`` (variables and scratch buffers), ``_rb`` (the current
+    round's statements) and ``_uses`` (global buffers read and written); the accessors over it that
+    :class:`StateBuilder` and the families' builders name alike. Base of
+    :class:`stitchtune.lower.row_state.RowKernelState` and the column family's ``_ColKernel``."""
+
+    _low: Lowerer
+    _cx: Ctx
+    _rb: list[kir.Stmt]
+    _uses: dict[str, set[str]]
+
+    @property
+    def schedule(self) -> Schedule:
+        """The schedule being lowered."""
+        return self._low.s
+
+    @property
+    def plan(self) -> StitchPlan:
+        """The plan being lowered."""
+        return self._low.p
+
+    @property
+    def chunk(self) -> int:
+        """Elements of a reduction row (row family) or rows of a column chunk (column family) one task covers."""
+        return self._low.chunk
+
+    def var(self, prefix: str, dtype: str = F32) -> Var:
+        """A fresh kernel variable."""
+        return self._cx.var(prefix, dtype)
+
+    def emit(self, *stmts: kir.Stmt) -> None:
+        """Append ``stmts`` to the current round's statements."""
+        self._rb.extend(stmts)
+
+    def use_input(self, buf: str) -> None:
+        """Record that the kernel reads global buffer ``buf`` (it becomes a kernel parameter)."""
+        self._uses["in"].add(buf)
+
+    def use_output(self, buf: str) -> None:
+        """Record that the kernel writes global buffer ``buf`` (it becomes a kernel parameter)."""
+        self._uses["out"].add(buf)

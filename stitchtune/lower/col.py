@@ -32,6 +32,7 @@ from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Var
 from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, Sizes, mul, estimate_registers
+from stitchtune.lower.builder import KernelState
 from stitchtune.lower.profile import kernel_profile
 from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.col_remap import ColRemapValues
@@ -159,7 +160,7 @@ class _ColSweep:
     body: list[kir.Stmt]
 
 
-class _ColKernel:
+class _ColKernel(KernelState):
     """One kernel of a column-family program, built phase by phase: the index set-up (constructor),
     the results of earlier kernels (:meth:`read_earlier_stages`), one sweep + combine per stage
     (:meth:`reduce_stage`), the output sweep and stores (:meth:`write_outputs`), the round loop
@@ -173,6 +174,8 @@ class _ColKernel:
     it builds with. It implements :class:`~stitchtune.lower.col_exchange.ColExchangeBuilder`; its only
     public field is ``ix`` (frozen).
     """
+
+    _low: ColLowerer
 
     def __init__(self, low: ColLowerer, ki: int, seg: list[int], tasks: int, est_regs: int) -> None:
         self._low, self._ki, self._est_regs = low, ki, est_regs
@@ -348,38 +351,7 @@ class _ColKernel:
         for r in reds:
             self.keep_state(r, accs[r])
 
-    def use_input(self, buf: str) -> None:
-        """Record that the kernel reads global buffer ``buf`` (it becomes a kernel parameter)."""
-        self._uses["in"].add(buf)
-
-    def use_output(self, buf: str) -> None:
-        """Record that the kernel writes global buffer ``buf`` (it becomes a kernel parameter)."""
-        self._uses["out"].add(buf)
-
     # -- what the column exchange uses (col_exchange.ColExchangeBuilder) ---------------------------
-    def emit(self, *stmts: kir.Stmt) -> None:
-        """Append ``stmts`` to the current round's statements."""
-        self._rb.extend(stmts)
-
-    def var(self, prefix: str, dtype: str = F32) -> Var:
-        """A fresh kernel variable."""
-        return self._cx.var(prefix, dtype)
-
-    @property
-    def schedule(self) -> Schedule:
-        """The schedule being lowered."""
-        return self._low.s
-
-    @property
-    def plan(self) -> StitchPlan:
-        """The plan being lowered."""
-        return self._low.p
-
-    @property
-    def chunk(self) -> int:
-        """Rows of a column one split chunk covers."""
-        return self._low.chunk
-
     @property
     def tile_cols(self) -> int:
         """Columns of one task's tile."""

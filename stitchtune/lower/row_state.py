@@ -8,15 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from stitchtune.ir import kir
-from stitchtune.ir.kir import F32, Var
+from stitchtune.ir.kir import Var
 from stitchtune.lower.base import Ctx, Lowerer
-from stitchtune.lower.builder import RowIndex, RowLayout
+from stitchtune.lower.builder import KernelState, RowIndex, RowLayout
 from stitchtune.lower.state import ReductionState
-from stitchtune.plan.planner import StitchPlan
-from stitchtune.space import Schedule
 
 
-class RowKernelState:
+class RowKernelState(KernelState):
     """A row kernel's building state, private, set by the kernel's constructor: ``_low`` and ``_lay``
     (the lowerer and layout it builds with, read only: :attr:`low`, :attr:`layout`), ``_cx`` (variables and
     scratch buffers: :meth:`var`, :meth:`use_scratch`), ``_body`` (statements before the round loop:
@@ -46,35 +44,11 @@ class RowKernelState:
         return self._lay
 
     @property
-    def schedule(self) -> Schedule:
-        return self._low.s
-
-    @property
-    def plan(self) -> StitchPlan:
-        return self._low.p
-
-    @property
     def rows_per_block(self) -> int:
         return self._low.rpb
 
-    @property
-    def chunk(self) -> int:
-        return self._low.chunk
-
-    def var(self, prefix: str, dtype: str = F32) -> Var:
-        return self._cx.var(prefix, dtype)
-
-    def emit(self, *stmts: kir.Stmt) -> None:
-        self._rb.extend(stmts)
-
     def value_of(self, name: str) -> kir.Expr | None:
         return self._pvals.get(name)
-
-    def use_input(self, buf: str) -> None:
-        self._uses["in"].add(buf)
-
-    def use_output(self, buf: str) -> None:
-        self._uses["out"].add(buf)
 
     def use_scratch(self, buf: str) -> None:
         self._cx.scratch.add(buf)

@@ -87,7 +87,9 @@ def test_masked_rows_with_minus_infinity() -> None:
     g, plan, space = setup("masked_fill_softmax_small.json")
     inputs = random_inputs(g, 5)
     ref = run_reference(g, inputs)
-    for s in _covering(space, ("subwarp", "block", "split-global-thread")).values():
+    picked = _covering(space, ("subwarp", "block", "split-global-thread"))
+    assert len(picked) == 3, sorted(picked)   # every kind found: the loop below is not vacuous
+    for s in picked.values():
         err = emulated_errors(g, plan, space, s, inputs, ref)
         assert max(err.values()) < TOL, (s.to_json(), err)
 
@@ -127,7 +129,9 @@ def test_welford_keeps_the_variance_of_offset_rows() -> None:
     plan = make_plan(g)
     space = SearchSpace.for_plan(plan, DEV)
     ref = run_reference(g, {"x": x})
-    for kind, s in _covering(space, ("subwarp", "block", "split-global-thread", "split-independent-warp")).items():
+    picked = _covering(space, ("subwarp", "block", "split-global-thread", "split-independent-warp"))
+    assert len(picked) == 4, sorted(picked)   # every kind found: the loop below is not vacuous
+    for kind, s in picked.items():
         out = emulate_program(lower(g, plan, s, DEV, space), {"x": x}, coresident_limit=lambda k: 1 << 30)
         # the variance at the float32 level; y = (x - mean) * rstd is limited by the float32 mean itself
         # (ulp(1e4) / 2 = 4.9e-4 against a spread of 1), for any algorithm that keeps the mean in float32
