@@ -14,7 +14,8 @@ but the per-thread overhead (addresses, indices, the accumulators) is paid by ha
 the grid halves, so one wave needs half the blocks per SM and each has twice the registers. Llama's
 4096 x 1024 RMS norms: 32 threads per row, 80-90 registers, 2-3 blocks per SM, 1.29-1.94 waves; 16
 threads per row under the cap of 2 blocks (128 registers): 0.97 waves, no spill (ptxas, sm_90). Only
-where that grid is one full wave (:data:`FULL_WAVE` of the resident capacity, the audit's criterion).
+where that grid is one full wave (:data:`FULL_WAVE` of the resident capacity, the audit's criterion) and
+the last sweep's live floats fit (:data:`LIVE_SHARE`).
 Else the cap is taken at 3/4 of the estimate as before (the estimate counts every hoisted load live
 at once; ptxas staggers them), and the audit checks the outcome (spills, waves) from the cubin.
 """
@@ -25,6 +26,7 @@ import dataclasses
 import math
 
 from stitchtune.lower.entry import estimate_registers
+from stitchtune.plan.classes import TensorClass
 from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan
 from stitchtune.space import SchemeName, Schedule, SearchSpace
@@ -35,6 +37,12 @@ FULL_WAVE = 0.95
 MAX_REG_CACHE = 64
 #: the most blocks per SM rule 5b asks for
 MAX_WAVE_BLOCKS = 4
+#: a halved row is capped only while the floats live in its last sweep (the cached row piece and one piece
+#: per per-column input, gamma / beta; an embedding table is read by the first) stay within this share of the cap's budget: ptxas staggers the
+#: parameters' loads, but not without limit (sm_90, 128-register cap: Llama's RMS norm, 64 cached + 64 of
+#: one weight, and GPT-2's layer norms, 48 + 2 x 48, compile without a spill; examples/embed_add_layernorm,
+#: 64 + 2 x 64, spills 4 bytes)
+LIVE_SHARE = 1.25
 
 
 def _grid(plan: StitchPlan, s: Schedule) -> int:
@@ -70,7 +78,8 @@ def _capped(space: SearchSpace, plan: StitchPlan, s: Schedule, share: float) -> 
 def _halved(space: SearchSpace, plan: StitchPlan, s: Schedule) -> Schedule | None:
     """``s`` with half the threads per row, capped to one full wave (the cap covering the whole estimate),
     or None where the row would leave a warp's shuffle scheme, cache over :data:`MAX_REG_CACHE` floats per
-    thread, give a thread no vector of its own, or not fill one wave."""
+    thread, give a thread no vector of its own, not fill one wave, or hold more floats in its last sweep
+    than :data:`LIVE_SHARE` of the budget."""
     tpr = s.tpr // 2
     if s.tpr > 32 or tpr < 4 or tpr not in space.domains["tpr"] or plan.N < tpr * s.vec:
         return None
@@ -82,7 +91,22 @@ def _halved(space: SearchSpace, plan: StitchPlan, s: Schedule) -> Schedule | Non
     c = _capped(space, plan, t, 1.0)
     if c is None or _grid(plan, c) < FULL_WAVE * c.min_blocks * space.device.sm_count:
         return None
+    piece = math.ceil(plan.N / (tpr * s.vec)) * s.vec   # floats of a row one thread holds
+    floats = {n for n, d in plan.dtypes if d.startswith(("float", "bfloat"))}
+    params = sum(plan.cls(n) is TensorClass.PER_REDUCED and n in floats and n not in embedding_tables(plan)
+                 for n in plan.input_names)
+    budget = min(space.device.max_regs_per_thread, space.device.regs_per_sm // (c.block * c.min_blocks))
+    if int(space.derived(c)["reg_cache_elems"]) + params * piece > LIVE_SHARE * budget:
+        return None
     return c
+
+
+def embedding_tables(plan: StitchPlan) -> set[str]:
+    """The embedding tables of ``plan``: inputs read with an integer per-row index (a gather, planned as its
+    surrogate, a node of the table and the index); the first sweep reads them, not the last."""
+    dtypes = dict(plan.dtypes)
+    idx = {n for n in plan.input_names if plan.cls(n) is TensorClass.PER_KEPT and dtypes.get(n, "").startswith("int")}
+    return {a for _, _, args in plan.dataflow if set(args) & idx for a in args if a not in idx}
 
 
 def one_wave(space: SearchSpace, plan: StitchPlan, s: Schedule, grid_barrier: bool) -> Schedule:

@@ -11,14 +11,17 @@ wave (0.97) without a spill (sm_90 ptxas, the slow test).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
 import pytest
 
+from helpers.common import EXAMPLES
 from helpers.lowering import DEV, emulated_errors, float_graph
 from stitchtune.cost.heuristic import heuristic_schedule
-from stitchtune.cost.waves import FULL_WAVE, one_wave
+from stitchtune.cost.waves import FULL_WAVE, embedding_tables, one_wave
+from stitchtune.graph.parse import parse_graph
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.hardware.occupancy import occupancy
 from stitchtune.lower.entry import estimate_registers, lower
@@ -86,6 +89,24 @@ def test_a_row_without_a_cache_keeps_a_warp_per_row_under_the_cap() -> None:
     t = one_wave(space, plan, uncached, grid_barrier=False)
     assert t.tpr == 32 and t.min_blocks == 4, t.to_json()
     _one_full_wave(plan, space, t)
+
+
+def test_a_halved_row_whose_last_sweep_holds_too_much_keeps_its_threads() -> None:
+    """Hidden 1024 with gamma and beta: 16 threads per row would hold 64 cached floats and 2 x 64 of the
+    parameters in the last sweep, 192 > 1.25 x 128 (examples/embed_add_layernorm spilled 4 bytes so)."""
+    _, space, s = _schedule(_add_layernorm(4096, 1024))
+    assert s.tpr == 32, s.to_json()
+
+
+def test_embedding_tables_are_not_last_sweep_parameters() -> None:
+    """examples/embed_gather_layernorm at BERT's 8 x 512 tokens: the word table is gathered in the first
+    sweep (int32 ids are its index), gamma and beta are the last sweep's parameters: 48 + 2 x 48 floats
+    <= 1.25 x 128, so the row is halved."""
+    d = json.loads((EXAMPLES / "embed_gather_layernorm.json").read_text())
+    d["inputs"]["ids"]["shape"] = [8, 512]
+    plan, _, s = _schedule(parse_graph(d))
+    assert embedding_tables(plan) == {"word"}
+    assert s.tpr == 16 and s.min_blocks == 2, s.to_json()
 
 
 def test_a_grid_that_halving_would_not_fill_keeps_its_threads() -> None:
