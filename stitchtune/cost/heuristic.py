@@ -10,7 +10,8 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    that gives each thread about 8 vectors of a row, at least 4 and at most 1024, and rows are packed
    into 256-thread blocks; element-wise regions alike (short rows packed, ``tpr`` doubled until the grid
    has two waves). Column family: a warp of threads across 32 x ``vec`` columns, 8 threads
-   down the rows, and the rows split so that tiles x split fills one wave.
+   down the rows (fewer where there are fewer rows: Llama's 4-row sum over 4 x 1048576 left half the
+   threads without a row), and the rows split so that tiles x split fills one wave.
    A plan with cross reductions (:mod:`stitchtune.plan.cross`) never splits rows (the space requires
    split 1) and takes a persistent grid, so that few per-block partials are combined, by the
    deterministic ``cross_combine`` kernel (its default); when every row fits one block (a training
@@ -258,7 +259,7 @@ def _col(space: SearchSpace, plan: StitchPlan, dev: Device) -> Schedule:
     vec = _vec(space, N)
     while vec > 1 and 8 * vec > N:  # a tile of at least 8 column threads must fit the columns
         vec //= 2
-    tk = 8
+    tk = min(8, _pow2_floor(M))  # threads down the rows: no more than there are rows
     tpc = max(8, min(32, _pow2_floor(N / vec)))
     block = tk * tpc
     tiles = math.ceil(N / (tpc * vec))

@@ -86,6 +86,28 @@ def test_a_row_load_starts_from_zeros_only_where_its_guard_can_be_false() -> Non
     assert exact and not any(exact)
 
 
+def test_a_column_sum_over_few_rows_puts_no_more_threads_down_them() -> None:
+    """Llama's training ``view_65`` sums 4 rows of 1048576: with 8 threads down the rows, half the warps of
+    every block had no row (24 KiB in flight per SM, under the 24.9 needed); 4 threads, 32 KiB (sm_90)."""
+    g = _colsum(4, 1 << 20)
+    plan = make_plan(g)
+    s = heuristic_schedule(plan, DEV, legal_space(g, plan, DEV))
+    assert s.tpr == 4 and s.split == 1, s.to_json()
+    g8 = _colsum(4096, 2304)
+    plan8 = make_plan(g8)
+    assert heuristic_schedule(plan8, DEV, legal_space(g8, plan8, DEV)).tpr == 8
+
+
+@pytest.mark.parametrize("shape", [(3, 4100), (5, 300)])
+def test_few_row_column_sums_equal_the_reference(shape: tuple[int, int]) -> None:
+    g = _colsum(*shape)
+    plan = make_plan(g)
+    space = legal_space(g, plan, DEV)
+    inputs = random_inputs(g, 5)
+    errs = emulated_errors(g, plan, space, heuristic_schedule(plan, DEV, space), inputs, run_reference(g, inputs))
+    assert max(errs.values()) < 1e-5, errs
+
+
 @pytest.mark.parametrize("shape", [(37, 20), (300, 44)])
 def test_a_persistent_layer_norm_backward_still_equals_the_reference(shape: tuple[int, int]) -> None:
     g = _ln_backward(*shape)
@@ -114,7 +136,8 @@ def test_ragged_column_sums_still_equal_the_reference(shape: tuple[int, int]) ->
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("make,shape,loads", [(_colsum, (4096, 2304), 4), (_ln_backward, (4096, 768), 4)])
+@pytest.mark.parametrize("make,shape,loads", [(_colsum, (4096, 2304), 4), (_ln_backward, (4096, 768), 4),
+                                              (_colsum, (4, 1 << 20), 1)])
 def test_the_sweep_issues_its_loads_before_the_first_use(make, shape, loads) -> None:  # type: ignore[no-untyped-def]
     from stitchtune.analysis.audit import audit_graph
     from stitchtune.analysis.sass import find_cuobjdump
