@@ -1,6 +1,6 @@
 """Fit the IR-feature cost model (stitchtune.cost.fitted) to the committed H200 data, leave-one-model-out.
 
-    python scripts/fit_cost_model.py [--dataset results/cost-fit-2026-12-07/dataset.json] [--out DIR] [--write-package]
+    python scripts/fit_cost_model.py [--dataset results/cost-fit-2026-12-07-s11/dataset.json] [--out DIR] [--write-package]
     python scripts/fit_cost_model.py --rebuild [...]   # features again from today's programs (torch, transformers)
 
 By default the fit reads the stored dataset (``--dataset``): the features of the kernels that were
@@ -56,13 +56,14 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from stitchtune.cost.features import KernelFeatures, program_features  # noqa: E402
-from stitchtune.cost.fitted import Coefficients, data_name  # noqa: E402
+from stitchtune.cost.fitted import Coefficients  # noqa: E402
+from stitchtune.cost.fitted_store import data_name  # noqa: E402
 from stitchtune.cost.fit_dataset import Dataset, DatasetError, load_dataset, pair_rebuilt, save_dataset  # noqa: E402
 from stitchtune.cost.fitting import FITTED, fit_coefficients, leave_one_group_out, predict_rows, score  # noqa: E402
 from stitchtune.hardware.device import get_device  # noqa: E402
 
 DB = "results/h200-2026-11-29"
-DATASET = "results/cost-fit-2026-12-07/dataset.json"
+DATASET = "results/cost-fit-2026-12-07-s11/dataset.json"
 MODELS = "results/h200-2026-12-04-models"
 
 
@@ -228,6 +229,24 @@ def ordering(rows: list[dict[str, Any]], key: str) -> list[tuple[str, str, bool]
     return out
 
 
+def pair_order(rows: list[dict[str, Any]], key: str, gap: float = 0.10) -> list[tuple[str, int, int]]:
+    """Per database workload: (workload, pairs of schedules whose measured times differ by more than ``gap``,
+    of them ordered as measured by ``key``)."""
+    out = []
+    for wl in sorted({r["workload"] for r in rows if r["group"].startswith("db:")}):
+        rs = [r for r in rows if r["workload"] == wl and r["group"].startswith("db:")]
+        n = ok = 0
+        for i, a in enumerate(rs):
+            for b in rs[i + 1:]:
+                lo, hi = sorted((a["measured_us"], b["measured_us"]))
+                if hi <= (1 + gap) * lo:
+                    continue
+                n += 1
+                ok += (a[key] < b[key]) == (a["measured_us"] < b["measured_us"])
+        out.append((wl, n, ok))
+    return out
+
+
 def _git(*args: str) -> str:
     try:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
@@ -237,7 +256,7 @@ def _git(*args: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results/cost-fit-2026-12-07")
+    ap.add_argument("--out", default="results/cost-fit-2026-12-07-s11")
     ap.add_argument("--dataset", default=DATASET, help="the stored dataset: measured rows keyed by kernel fingerprint")
     ap.add_argument("--rebuild", action="store_true",
                     help="features again from today's programs, paired with --dataset's rows by fingerprint")
@@ -305,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     for key, name in (("before_us", "before"), ("heldout_us", "held out")):
         for wl, text, ok in ordering(rows, key):
             lines.append(f"- {name}: {wl}: {'ok' if ok else 'WRONG'} ({text})")
+    lines += ["", "## Pairs of schedules of one database workload measured more than 10% apart: ordered as measured", "",
+              "| workload | pairs | before | held out |", "|---|---|---|---|"]
+    for (wl, n, b), (_, _, h) in zip(pair_order(rows, "before_us"), pair_order(rows, "heldout_us")):
+        lines.append(f"| {wl} | {n} | {b} ({b / max(n, 1):.0%}) | {h} ({h / max(n, 1):.0%}) |")
     lines += ["", "## Per row (BERT)", "", "| group | row | measured | before | held out |", "|---|---|---|---|---|"]
     for r in rows:
         if r["group"].startswith("bert"):

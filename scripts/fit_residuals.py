@@ -1,6 +1,6 @@
 """Where the fitted cost model misses, held out: per group and per regime, from a fit's output.
 
-    python scripts/fit_residuals.py [--fit results/cost-fit-2026-12-07]
+    python scripts/fit_residuals.py [--fit results/cost-fit-2026-12-07-s11]
 
 Reads ``<fit>/fit.json`` (written by ``scripts/fit_cost_model.py``: measured and held-out PREDICTED times
 per row) and ``<fit>/dataset.json`` (the rows' features) and prints markdown: per group the rows
@@ -39,7 +39,7 @@ def regimes(kernels: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fit", default="results/cost-fit-2026-12-07")
+    ap.add_argument("--fit", default="results/cost-fit-2026-12-07-s11")
     a = ap.parse_args(argv)
     fit = json.loads((REPO / a.fit / "fit.json").read_text())["rows"]
     data = json.loads((REPO / a.fit / "dataset.json").read_text())["rows"]
@@ -66,12 +66,14 @@ def main(argv: list[str] | None = None) -> int:
                          f"{qs[len(qs) // 2]:.2f} |")
         lines.append("")
     lines += ["## Worst rows", "", "| group | row | measured | held out | q | grid x block | waves | bytes in flight | "
-              "loads in flight | load phases | scratch loads | regimes |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "loads in flight | load phases | serial rounds | scratch loads | regimes |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, q, r, d in sorted(worst, key=lambda t: -t[0])[:20]:
         k = max(d["kernels"], key=lambda k: k["unique_bytes"])
         lines.append(f"| {r['group']} | {r['label']} | {r['measured_us']:.1f} | {r['heldout_us']:.1f} | {q:.2f} | "
                      f"{k['grid']} x {k['block']} | {k['waves']:.2f} | {k['bytes_in_flight_per_thread']:.0f} | "
-                     f"{k['loads_in_flight']:.1f} | {k['load_phases']:.0f} | {k['scratch_loads']:.0f} | "
+                     f"{k['loads_in_flight']:.1f} | {k['load_phases']:.0f} | {k.get('serial_rounds', float('nan')):.0f} | "
+                     f"{k['scratch_loads']:.0f} | "
                      f"{', '.join(regimes(d['kernels']))} |")
     print("\n".join(lines))
     return 0

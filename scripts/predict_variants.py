@@ -42,6 +42,7 @@ def predictions(graph_path: str, schedule: dict, device_name: str) -> list[tuple
     from stitchtune.lower.entry import lower
     from stitchtune.plan.planner import make_plan
     from stitchtune.space import Schedule, SearchSpace
+    from stitchtune.space.options import COMBINE, ORDER, PREFETCH
 
     dev = get_device(device_name)
     g = load_graph(graph_path)
@@ -50,7 +51,7 @@ def predictions(graph_path: str, schedule: dict, device_name: str) -> list[tuple
     base = space.check(Schedule.from_dict(schedule))
     out = [("as given", predict(lower(g, plan, base, dev, space).profile, dev).time_us)]
     for v in space.variants(base):
-        label = f"order={v.option('order')} prefetch={v.option('prefetch')} combine={v.option('combine')}"
+        label = f"order={v.option(ORDER)} prefetch={v.option(PREFETCH)} combine={v.option(COMBINE)}"
         out.append((label, predict(lower(g, plan, v, dev, space).profile, dev).time_us))
     return out
 

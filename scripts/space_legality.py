@@ -41,6 +41,7 @@ def probe(graphs: list[Path], devices: list[str], seeds: int) -> dict[str, colle
     from stitchtune.lower.resources import legal_space
     from stitchtune.plan.planner import make_plan
     from stitchtune.space import SearchSpace
+    from stitchtune.space.options import CROSS_COMBINE
 
     out: dict[str, collections.Counter[str]] = {"bare": collections.Counter(), "legal": collections.Counter()}
     for name in devices:
@@ -58,7 +59,7 @@ def probe(graphs: list[Path], devices: list[str], seeds: int) -> dict[str, colle
                     if reason:
                         c["unrunnable"] += 1
                         c[kind(reason)] += 1
-                        if kind(reason) == "not_coresident" and s.option("cross_combine") == "grid":
+                        if kind(reason) == "not_coresident" and s.option(CROSS_COMBINE) == "grid":
                             c["not_coresident_cross_grid"] += 1
     return out
 

@@ -58,6 +58,7 @@ def main(paths: list[str]) -> None:
     from stitchtune.hardware.device import get_device
     from stitchtune.lower.entry import lower
     from stitchtune.lower.resources import legal_space
+    from stitchtune.space.options import TRANSPOSE
     from stitchtune.plan.planner import make_plan
 
     dev = get_device("h200")
@@ -75,7 +76,7 @@ def main(paths: list[str]) -> None:
                 gs = load_graph(small)
                 ps = make_plan(gs)
                 sps = legal_space(gs, ps, dev)
-                xs = dataclasses.replace(heuristic_schedule(ps, dev, sps), transpose=x.option("transpose"))
+                xs = dataclasses.replace(heuristic_schedule(ps, dev, sps), transpose=x.option(TRANSPOSE))
                 if not sps.violations(xs):
                     trace: list = []
                     emulate_program(lower(gs, ps, xs, dev, sps), random_inputs(gs, 0), trace=trace)

@@ -6,11 +6,17 @@
 
 Every test runs with ``STITCHTUNE_DB`` pointing at a fresh empty directory of its own (autouse
 ``default_db``): a command or API call that falls back on the default database never reads or writes the
-developer's ``$STITCHTUNE_DB`` or a ``tuning-db/`` in the working directory.
+developer's ``$STITCHTUNE_DB`` or a ``tuning-db/`` in the working directory. Likewise
+``STITCHTUNE_DATA_DIR`` (autouse ``user_data_dir``): the user's fitted cost coefficients that ``stitchtune
+calibrate`` writes are never read from or written to the developer's own folder.
 
 ``shared_build_dir``: one directory for the whole run, shared by the pytest-xdist workers (under the run's
 base temporary directory), where ``helpers.nvcc.shared_ptxas_report`` keeps one nvcc build per source for
 every test and worker that asks for it.
+
+Every test runs under ``helpers.planning.refusals_stay_values`` (autouse ``refusals_are_values``): a planner
+rule that raises an ``UnsupportedGraphError`` inside the planning pipeline, instead of answering its
+``Refusal``, fails the test.
 
 Every test runs with the torch backend's ``strict`` option on (autouse ``strict_backend``:
 ``STITCHTUNE_STRICT=1``) unless it is marked ``not_strict("why")``.
@@ -61,7 +67,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault(_var, "1")
 
 from pathlib import Path  # noqa: E402
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest  # noqa: E402
 
@@ -100,6 +106,23 @@ def default_db(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     """The test's own default tuning database (``$STITCHTUNE_DB``; the directory is not created)."""
     path = tmp_path_factory.mktemp("default-db", numbered=True) / "tuning-db"
     monkeypatch.setenv("STITCHTUNE_DB", str(path))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def refusals_are_values() -> Iterator[None]:
+    """Planning in the test constructs no ``UnsupportedGraphError`` (``helpers.planning``)."""
+    from helpers.planning import refusals_stay_values
+
+    with refusals_stay_values():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def user_data_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's own user data folder (``$STITCHTUNE_DATA_DIR``; not created): calibrated coefficients."""
+    path = tmp_path_factory.mktemp("user-data", numbered=True) / "stitchtune"
+    monkeypatch.setenv("STITCHTUNE_DATA_DIR", str(path))
     return path
 
 

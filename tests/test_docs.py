@@ -74,6 +74,36 @@ def test_cli_md_names_every_subcommand_and_option() -> None:
     assert not problems, "\n".join(problems)
 
 
+def _table_commands(text: str) -> set[str]:
+    """The commands the first table of docs/cli.md lists (``| [`search`](#...) | ... |`` rows)."""
+    return set(re.findall(r"^\| \[`([a-z -]+)`\]\(#stitchtune-", text, flags=re.M))
+
+
+def test_cli_md_table_lists_every_command() -> None:
+    listed = _table_commands(CLI_MD.read_text())
+    commands = {" ".join(path) for path, parser in _commands(build_parser())
+                if path and not (parser._subparsers is not None and not
+                                 [o for o in _option_strings(parser) if o not in ("-h", "--help")])}
+    assert commands - listed == set(), f"docs/cli.md's command table lacks {sorted(commands - listed)}"
+    assert _table_commands("| [`search`](#stitchtune-search) | x |\n| `show` | y |") == {"search"}
+
+
+README_EXAMPLES = re.compile(r"`examples/` has (\d+) at full size, each with a `\*_small` twin for CPUs, (\d+) more small ones "
+                             r"at odd shapes, and (\d+) with a dynamic dimension")
+
+
+def test_readme_counts_the_examples() -> None:
+    """Quick start 2's count of examples is the folder's."""
+    m = README_EXAMPLES.search(" ".join((ROOT / "README.md").read_text().split()))
+    assert m, "README.md no longer counts the examples in the words this test reads"
+    ex = ROOT / "examples"
+    full = {p.name for p in ex.glob("*.json") if not p.name.endswith("_small.json")}
+    small = {p.name for p in ex.glob("*_small.json")}
+    twins = {n for n in full if n.replace(".json", "_small.json") in small}
+    assert (int(m[1]), int(m[2]), int(m[3])) == (len(full), len(small) - len(twins), len(list((ex / "dynamic").glob("*.json"))))
+    assert twins == full, f"full-size examples without a *_small twin: {sorted(full - twins)}"
+
+
 def test_cli_md_test_can_fail() -> None:
     """The option check distinguishes a named option from a longer one that merely starts like it."""
     assert _names("--db", "| `--db DIR` | x |")

@@ -1,6 +1,7 @@
 """The house's own rules, checked (issue 43, item 6): every module of the package is named in
 docs/architecture.md, no module is part of an import circle (deferred, function-level and TYPE_CHECKING imports
-included), and no module is over :data:`MAX_LINES` lines.
+included), no module is over :data:`MAX_LINES` lines and no function over :data:`MAX_FUNCTION_LINES`, the strict
+mypy rooms stay strict and the typed test code (:data:`TYPED_TESTS`) stays clean under mypy.
 
 Known exceptions are listed here; the lists may only shrink: a listed exception that no longer holds
 (the circle broken, the module under the limit) fails its test too, so the lists stay true.
@@ -25,6 +26,9 @@ MAX_LINES = 500
 #: modules over the limit today, to be split (the list may only shrink)
 KNOWN_LARGE: frozenset[str] = frozenset({
 })
+
+#: the length limit of a function or method, in lines (issue 43: long functions split into named steps)
+MAX_FUNCTION_LINES = 80
 
 #: import circles today (the list may only shrink; it is empty: keep it so)
 KNOWN_CIRCLES: frozenset[frozenset[str]] = frozenset()
@@ -182,6 +186,28 @@ def test_no_module_is_over_the_size_limit() -> None:
     assert not fixed, f"these modules are within {MAX_LINES} lines (or gone): take them off KNOWN_LARGE: {fixed}"
 
 
+# ------------------------------------------------------------------------------------ function length
+def _long_functions(source: str, limit: int) -> list[tuple[str, int]]:
+    """(name, lines) of every function or method of ``source`` longer than ``limit`` lines (its
+    decorators left out, its docstring counted)."""
+    return [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(ast.parse(source))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno is not None
+            and n.end_lineno - n.lineno + 1 > limit]
+
+
+def test_long_functions_finds_a_planted_long_method() -> None:
+    body = "".join(f"        x{i} = {i}\n" for i in range(5))
+    src = f"class C:\n    def short(self):\n        pass\n\n    def long(self):\n{body}"
+    assert _long_functions(src, 5) == [("long", 6)]
+    assert _long_functions(src, 6) == []
+
+
+def test_no_function_is_over_the_length_limit() -> None:
+    long = sorted(f"{p.relative_to(PACKAGE)}:{name} ({n} lines)" for p in _modules()
+                  for name, n in _long_functions(p.read_text(), MAX_FUNCTION_LINES))
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: extract named steps: {long}"
+
+
 # ------------------------------------------------------------------------------------ strict typing
 #: the rooms mypy checks strictly (issue 43: every room below the importers, the tuner, the GPU layer and
 #: deployment); the list may only grow
@@ -197,3 +223,23 @@ def test_the_strict_rooms_are_strict_in_pyproject() -> None:
     assert len(strict) == 1, "one override holds the strict settings"
     rooms = {m.removeprefix("stitchtune.").removesuffix(".*") for m in strict[0]["module"]}
     assert STRICT_ROOMS <= rooms, f"rooms no longer strict: {sorted(STRICT_ROOMS - rooms)}"
+
+
+#: the test code mypy checks (issue 43: the tests' shared helpers; the list may only grow)
+TYPED_TESTS = ("tests/helpers",)
+
+
+@pytest.mark.slow
+def test_the_typed_test_code_is_clean() -> None:
+    """``mypy tests/helpers`` (the package's settings, ``stitchtune`` and ``helpers`` of this checkout) reports
+    nothing: a helper whose types drift from the package's (a fake that no longer fits its Protocol, a
+    graph builder typed ``object``) fails here."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("mypy")
+    env = {**os.environ, "MYPYPATH": os.pathsep.join((str(REPO), str(REPO / "tests")))}
+    run = subprocess.run([sys.executable, "-m", "mypy", *TYPED_TESTS], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, f"mypy {' '.join(TYPED_TESTS)}:\n{run.stdout[-6000:]}{run.stderr[-2000:]}"

@@ -60,7 +60,7 @@ from stitchtune.cli.tuning import (
 )
 from stitchtune.errors import Interrupted, StitchtuneError, from_ctrl_c
 from stitchtune.cli.inputs import load_inputs_npz, parse_schedule_arg  # noqa: F401 - re-exported
-from stitchtune.cli.outputs import save_outputs_npz
+from stitchtune.cli.outputs import no_cubin_line, save_outputs_npz
 from stitchtune.tune.dbpath import default_db
 
 log = logging.getLogger("stitchtune")
@@ -260,7 +260,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         print(f"  {k['kernel']}<<<{k['grid'][0]}, {k['block'][0]}, {k['dynamic_smem_bytes']}>>>"
               f"({', '.join(a['buffer'] for a in k['args'])}){regs}")
     if cg.cubin is None:
-        print("  no cubin (nvcc not found or --no-cubin)")
+        print(no_cubin_line(args.no_cubin))
     print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0
 

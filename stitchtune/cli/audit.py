@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from stitchtune.cli import checks
 from stitchtune.cli.options import add_device, int_at_most
+from stitchtune.cli.outputs import write_whole
 from stitchtune.errors import StitchtuneError
 
 MAX_SLICE_BLOCKS = 4096
@@ -30,7 +32,7 @@ def _add_audit(sub: Any) -> None:
                                           "dotted.module:NAME), with --shapes"), checks.in_module)
     p.add_argument("--shapes", metavar="NAME=DIMS,...", default=None, help="--model's example shapes, e.g. x=8x512")
     p.add_argument("--dtype", default=None, metavar="DTYPE", help="--model's input dtypes (as for `tune`)")
-    p.add_argument("--calls", default="inference", metavar="LIST",
+    p.add_argument("--calls", default=None, metavar="LIST",
                    help="--model: the call patterns whose regions are audited: inference, eval-grad, train "
                         "(default inference)")
     p.add_argument("--schedule", metavar="JSON|@FILE", default=None,
@@ -58,17 +60,20 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         raise StitchtuneError("--model needs --shapes (e.g. --shapes input_ids=8x512)")
     if args.model is not None and args.schedule is not None:
         raise StitchtuneError("--schedule is for a GRAPH (a model's regions use their heuristic schedules)")
+    model_only = [f"--{k}" for k in ("shapes", "dtype", "calls") if getattr(args, k) is not None]
+    if args.graph is not None and model_only:
+        raise StitchtuneError(f"{', '.join(model_only)}: for --model (a GRAPH has its shapes and dtypes)")
     device = get_device(args.device or "h200")
     options = dict(slice_blocks=args.slice_blocks, sass=not args.no_sass, peer=not args.no_peer)
     skipped: list[str] = []
     if args.graph is not None:
+        from stitchtune.cli.dynamic import static_only
         from stitchtune.cli.inputs import parse_schedule_arg
-        from stitchtune.graph.parse import load_graph
         from stitchtune.space import Schedule
 
         given = parse_schedule_arg(args.schedule)
         schedule = Schedule.from_dict(given) if given is not None else None
-        audits = [audit_graph(load_graph(args.graph), device, schedule, **options)]
+        audits = [audit_graph(static_only(args.graph), device, schedule, **options)]
         title = f"Kernel audit: {args.graph}"
     else:
         from stitchtune.deploy.model_tuning import parse_calls
@@ -76,7 +81,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         from stitchtune.importers.builder import parse_shapes
         from stitchtune.importers.torch_import import load_callable
 
-        calls = parse_calls(args.calls)
+        calls = parse_calls(args.calls or "inference")
         fn, label = load_callable(args.model)
         inputs = example_inputs(fn, parse_shapes(args.shapes), args.dtype)
         check_runs(fn, inputs)
@@ -84,11 +89,10 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         title = f"Kernel audit: {label} ({', '.join(calls)})"
     text = audit_markdown(audits, title, skipped)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(audit_json(audits, skipped), f, indent=1)
+        doc = json.dumps(audit_json(audits, skipped), indent=1)
+        write_whole(args.json, lambda tmp: Path(tmp).write_text(doc))
     if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text + "\n")
+        write_whole(args.markdown, lambda tmp: Path(tmp).write_text(text + "\n"))
     else:
         sys.stdout.write(text + "\n")
     return 0

@@ -4,6 +4,8 @@ Contract
 --------
 * :func:`static_only(path)`: the static graph of ``path``; a graph with dynamic dims is one error line naming
   its dims and bounds and the commands that take it (for the commands that need one shape, e.g. ``space``).
+* :func:`parse_dims(texts)`: the ``--dynamic NAME=LO..HI[:B1,...]`` values of ``search`` and ``compile``; a
+  malformed one or a dim named twice is one error line.
 * :func:`search_dims(path, texts)`: ``search``'s ``--dynamic`` values, checked before anything runs: a graph
   with dynamic dims searched without ``--dynamic`` is one error line saying how (``--dynamic seq=1..2048``
   with the graph's own bounds); a range beyond the bounds the graph declares is one line naming the dim and
@@ -101,12 +103,28 @@ def static_only(path: str) -> Any:
                      f"`stitchtune search {dynamic_hint(dg)}`, `compile` and `run` take the graph as it is")
 
 
+def parse_dims(texts: list[str] | None) -> list[Any]:
+    """``search``'s and ``compile``'s ``--dynamic NAME=LO..HI[:B1,...]`` values as DynamicDims, in order; a
+    malformed one, or a dim named twice, is one error line (before anything runs)."""
+    from stitchtune.graph.dynamic import parse_dynamic_arg
+
+    dims: list[Any] = []
+    for text in texts or ():
+        d = parse_dynamic_arg(text)
+        twice = next((t for t, e in zip(texts or (), dims) if e.name == d.name), None)
+        if twice is not None:
+            raise GraphError(f"--dynamic {d.name}: given twice ({ascii(twice)} and {ascii(text)}); "
+                             "give each dynamic dim once")
+        dims.append(d)
+    return dims
+
+
 def search_dims(path: str, texts: list[str] | None) -> list[Any]:
     """``search``'s ``--dynamic`` values as DynamicDims, checked against the graph (module docstring)."""
-    from stitchtune.graph.dynamic import DynamicGraph, parse_dynamic_arg
+    from stitchtune.graph.dynamic import DynamicGraph
     from stitchtune.tune.dynamic_search import with_dims
 
-    dims = [parse_dynamic_arg(t) for t in texts or ()]  # bad text: one error line before anything runs
+    dims = parse_dims(texts)  # bad text: one error line before anything runs
     g = load_graph_arg(path)
     if not isinstance(g, DynamicGraph):
         if dims:
@@ -127,11 +145,11 @@ def cmd_compile(args: argparse.Namespace, dg: Any) -> int:
 
     from stitchtune.cli import checks
     from stitchtune.cli.inputs import parse_schedule_arg
+    from stitchtune.cli.outputs import no_cubin_line
     from stitchtune.deploy.compiled_dynamic import RefusedBucket, compile_buckets
-    from stitchtune.graph.dynamic import parse_dynamic_arg
     from stitchtune.tune.dynamic_search import with_dims
 
-    dg = with_dims(dg, [parse_dynamic_arg(t) for t in args.dynamic or ()])
+    dg = with_dims(dg, parse_dims(args.dynamic))
     name = str(dg.template.get("name", "graph"))
     out = args.out or os.path.join("compiled", name)
     why = checks.out_dir(out) if args.out is None else None
@@ -162,7 +180,7 @@ def cmd_compile(args: argparse.Namespace, dg: Any) -> int:
                  f"(`stitchtune search {dynamic_hint(dg)}` tunes them)")
     print(line)
     if all(b.cubin is None for b in generic):
-        print("  no cubin (nvcc not found or --no-cubin)")
+        print(no_cubin_line(args.no_cubin))
     dirs = list(dict.fromkeys(p.parent.name for p in paths if p.name != "manifest.json"))  # bucket order
     print(f"wrote {os.path.join(out, 'manifest.json')} and {len(dirs)} bucket folder(s) of kernels "
           f"({', '.join(os.path.join(out, d) for d in dirs[:2])}{', ...' if len(dirs) > 2 else ''})")

@@ -10,6 +10,8 @@ Contract
   ``OSError`` is one :class:`~stitchtune.errors.StitchtuneError` line naming the path.
 * An output that is also one of the command's inputs is refused before any work, by
   :func:`stitchtune.cli.checks.preflight` (``checks.same_file``).
+* :func:`no_cubin_line(no_cubin)`: ``compile``'s line when it wrote no cubin, saying why (``--no-cubin``, or
+  why no nvcc was found: a ``$STITCHTUNE_NVCC`` that is not an executable file is named).
 * :func:`save_outputs_npz` writes a ``run`` command's output arrays (through :func:`write_whole`).
 """
 
@@ -24,7 +26,7 @@ import numpy as np
 from stitchtune.errors import StitchtuneError
 from stitchtune.graph.npz import save_npz
 
-__all__ = ["save_outputs_npz", "write_whole"]
+__all__ = ["no_cubin_line", "save_outputs_npz", "write_whole"]
 
 
 def write_whole(path: str, write: Callable[[str], object]) -> None:
@@ -45,3 +47,17 @@ def write_whole(path: str, write: Callable[[str], object]) -> None:
 def save_outputs_npz(path: str, outputs: Mapping[str, np.ndarray]) -> None:
     """Write arrays to ``path`` (.npz; bfloat16 is stored as 2-byte void, see ``load_inputs_npz``)."""
     write_whole(path, lambda tmp: save_npz(tmp, outputs))
+
+
+def no_cubin_line(no_cubin: bool) -> str:
+    """``compile``'s line for a program written without a cubin (module docstring)."""
+    if no_cubin:
+        return "  no cubin (--no-cubin)"
+    from stitchtune.errors import ToolchainError
+    from stitchtune.gpu.build import find_nvcc
+
+    try:
+        find_nvcc()
+    except ToolchainError as e:
+        return f"  no cubin ({e})"
+    return "  no cubin (nvcc not found or --no-cubin)"

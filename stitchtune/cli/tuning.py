@@ -60,33 +60,79 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- calibrate / model-check
 def _add_calibrate(sub: Any) -> None:
-    p = sub.add_parser("calibrate", help="re-fit the cost model's per-device constants from measured rows")
-    add_db(p, checks.db_update)
+    p = sub.add_parser("calibrate", help="re-fit the fitted cost model to the measured rows of a tuning database")
+    add_db(p, checks.db_update, "tuning database to read (--profile-model also saves its fit there)")
     add_device(p, "device preset or name (default: every device with measured rows)")
+    add_out(p, checks.out_file, "where the coefficients go (default: the user's file of the device, which the "
+            "cost model reads before the package's; one device only)", metavar="FILE")
+    p.add_argument("--held-out", action="store_true",
+                   help="also judge the fit on workloads it did not see (one fit per workload: slower) against the "
+                        "package's coefficients")
+    p.add_argument("--profile-model", action="store_true",
+                   help="re-fit the older profile-based model's constants instead (cost_params_<device>.json in "
+                        "the --db folder)")
     p.set_defaults(func=_cmd_calibrate)
 
 
-def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from stitchtune.cost.calibrate import CalibrationError, calibrate_db, devices_in, resolve_devices
-    from stitchtune.tune.database import read_db
+def _calibration_devices(args: argparse.Namespace, df: Any) -> list[Any]:
+    from stitchtune.cost.calibrate import CalibrationError, devices_in, resolve_devices
     from stitchtune.hardware.device import get_device
 
-    df = read_db(args.db)
     if args.device:
-        devices = [get_device(args.device)]
-    else:
-        from stitchtune.gpu.device_query import query_device
+        return [get_device(args.device)]
+    from stitchtune.gpu.device_query import query_device
 
-        devices, unknown = resolve_devices(devices_in(df), local=query_device)
-        for key in unknown:
-            print(f"skipping {key}: not a preset and not the local GPU (use --device NAME)")
-        if not devices:
-            raise CalibrationError(f"no measured ok rows of a known device in {ascii(args.db)} "
-                                   "(emulated rows do not count; --device NAME names an unknown one)")
-    for dev, params, path in calibrate_db(args.db, df, devices):
-        fitted = ", ".join(f"{k}={v:.4g}" for k, v in params.to_dict().items() if isinstance(v, float))
-        print(f"{dev.key}: fitted on {params.fitted_rows} measured rows -> {path}\n  {fitted}")
+    devices, unknown = resolve_devices(devices_in(df), local=query_device)
+    for key in unknown:
+        print(f"skipping {key}: not a preset and not the local GPU (use --device NAME)")
+    if not devices:
+        raise CalibrationError(f"no measured ok rows of a known device in {ascii(args.db)} "
+                               "(emulated rows do not count; --device NAME names an unknown one)")
+    return devices
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from stitchtune.cost.calibrate import CalibrationError, calibrate_db
+    from stitchtune.tune.database import read_db
+
+    df = read_db(args.db)
+    devices = _calibration_devices(args, df)
+    if args.profile_model:
+        for dev, params, path in calibrate_db(args.db, df, devices):
+            fitted = ", ".join(f"{k}={v:.4g}" for k, v in params.to_dict().items() if isinstance(v, float))
+            print(f"{dev.key}: fitted on {params.fitted_rows} measured rows -> {path}\n  {fitted}")
+        return 0
+    if args.out and len(devices) > 1:
+        raise CalibrationError(f"--out names one file, but {len(devices)} devices have measured rows: "
+                               "name one with --device")
+    from tqdm import tqdm
+
+    from stitchtune.cost import calibrate_fitted
+
+    for dev in devices:
+        rows, notes = calibrate_fitted.fit_rows(df, dev.key)
+        calibrate_fitted.check_rows(rows, notes, dev)
+        print(f"{dev.key}: {len(rows)} measured rows with IR features" + "".join(f"; {n}" for n in notes))
+        with tqdm(desc=f"fitting {dev.key}", unit=" evaluations", file=sys.stderr, leave=False) as bar:
+            cal = calibrate_fitted.calibrate(df, dev, progress=lambda n: bar.update(1), db=str(args.db))
+        written = calibrate_fitted.save(cal, args.out)
+        p = cal.coefficients.provenance
+        print(f"{dev.key}: fitted on {cal.rows} measured rows of {cal.workloads} workloads -> {written}\n"
+              f"  in-sample (the rows fitted, not a held-out figure): within +-25% "
+              f"{_pct(p['insample_within25_before'])} -> {_pct(p['insample_within25_after'])}, Spearman "
+              f"{p['insample_spearman_before']} -> {p['insample_spearman_after']} (before: the {p['base']} "
+              "coefficients)")
+        if args.held_out:
+            with tqdm(desc=f"held out {dev.key}", unit=" evaluations", file=sys.stderr, leave=False) as bar:
+                h = calibrate_fitted.held_out(rows, dev, progress=lambda n: bar.update(1))
+            print(f"  held out (each of {h['workloads']} workloads predicted by a fit without it): within +-25% "
+                  f"{_pct(h['held_out']['within25'])}, Spearman {h['held_out']['spearman']:.2f}; the package's "
+                  f"coefficients on the same rows: {_pct(h['base']['within25'])}, {h['base']['spearman']:.2f}")
     return 0
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
 
 
 def _add_model_check(sub: Any) -> None:

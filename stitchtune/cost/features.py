@@ -7,6 +7,11 @@ Contract
   registers=None) -> tuple[KernelFeatures, ...]` does it for every launch of a program, in launch order.
   Both are pure, never raise for a well-formed program, and cost milliseconds (the IR is walked once,
   each loop body once, the index expressions evaluated for the threads of one block with numpy).
+* The walk does not depend on registers or the device: :func:`kernel_walk` / :func:`program_walk`
+  return it (:class:`KernelWalk`, :class:`ProgramWalk`), whose ``features(device, registers)`` adds
+  the register-dependent part (occupancy, blocks per SM, waves). :func:`program_walk` is memoised by
+  program identity (the last :data:`WALK_MEMO_SIZE` programs), so a search candidate predicted before
+  its build, after it and by the emulate runner is walked once.
 * ``registers`` maps kernel name -> ptxas registers; without it, the program profile's
   ``est_registers`` (program_features) or 32 (kernel_features) decide the occupancy.
 
@@ -32,7 +37,11 @@ How the features are read from the IR
   are taken to be issued together when its body has no other break), and before a load
   whose index or predicate depends on a load of the current group (a chain). Unrolled loops are
   expanded. ``bytes_in_flight_per_thread`` is the bytes-weighted mean group size; ``loads_in_flight``
-  the same in loads; ``chained_loads`` counts the loads that waited on a load.
+  the same in loads; ``chained_loads`` counts the loads that waited on a load. ``load_rounds`` is the
+  number of groups a thread issues one after another (each weighted by its trips): the DRAM round
+  trips of a thread (a rolled row loop of one load per iteration: its trip count); ``serial_rounds``
+  leaves out the rounds of rolled loops whose body has no barrier and no shuffle (nvcc unrolls such a
+  loop and its iterations' loads overlap): the rounds on a block's serial chain.
 * **Shared memory**: ``smem_requests`` (warp-level shared accesses, trip-weighted, per thread block)
   and ``smem_wavefronts`` (the same counted in conflict-free passes: per 8/16/32-lane phase of a
   128/64/32-bit access, the most distinct 4-byte words one bank serves); ``bank_conflict`` is their
@@ -42,7 +51,7 @@ How the features are read from the IR
   ``tanh``, ``erf``, ``gelu``, ``pow``, ``sin``, ``cos``, ``sqrt``, ``rsqrt``, ...), other float ops.
 * **Launch**: ``grid``, ``block``, ``blocks_per_sm`` and ``occupancy`` (:mod:`stitchtune.hardware.occupancy`
   with the device's limits), ``waves = grid / (blocks_per_sm x SMs)``; ``barriers`` per thread;
-  ``grid_barriers``: grid-wide barriers per thread; ``load_phases``: barrier-separated parts of a thread's program that issue global loads (at low
+  ``grid_barriers``: grid-wide barriers per thread; ``shuffles``: warp shuffles per thread; ``load_phases``: barrier-separated parts of a thread's program that issue global loads (at low
   occupancy they cannot overlap, each waits for DRAM).
 * **Bytes**: ``unique_bytes`` are the sizes of the parameters the kernel reads or writes, each counted
   once (the DRAM floor of the launch), a parameter counted at most at the bytes its accesses
@@ -57,7 +66,9 @@ How the features are read from the IR
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -67,7 +78,8 @@ from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import launch_refusal
 from stitchtune.ir import kir
 
-__all__ = ["KernelFeatures", "kernel_features", "program_features", "floor_us", "DIVISION_OPS", "ROLLED_UNROLL",
+__all__ = ["KernelFeatures", "KernelWalk", "ProgramWalk", "kernel_features", "kernel_walk", "program_features",
+           "program_walk", "floor_us", "DIVISION_OPS", "ROLLED_UNROLL",
            "TRANSCENDENTAL_OPS"]
 
 
@@ -107,6 +119,9 @@ class KernelFeatures:
     grid_barriers: float            # per thread: grid-wide barriers passed
     unknown_indexes: int
     unknown_trips: int
+    load_rounds: float = 0.0        # per thread: load groups one after another (trip-weighted): DRAM round trips
+    serial_rounds: float = 0.0      # per thread: the load rounds outside rolled loops free of barriers and shuffles
+    shuffles: float = 0.0           # per thread: warp shuffles (trip-weighted)
     per_access: tuple[tuple[str, str, float, float], ...] = field(default=())  # (buffer, kind, trips, sector factor)
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,18 +130,34 @@ class KernelFeatures:
 
 
 # ------------------------------------------------------------------------------------------ evaluation
-def kernel_features(kernel: kir.Kernel, grid: int, device: Device, registers: int | None = None,
-                    extents: Mapping[str, int] | None = None) -> KernelFeatures:
-    """IR-derived features of one launch of ``kernel`` with ``grid`` blocks (module docstring)."""
+@dataclass(frozen=True)
+class KernelWalk:
+    """The register-independent features of one launch: everything the IR walk counts. ``base`` is a
+    :class:`KernelFeatures` whose ``registers``, ``blocks_per_sm``, ``occupancy`` and ``waves`` are 0;
+    :meth:`features` fills them in for a register count (cheap: one occupancy calculation)."""
+
+    base: KernelFeatures
+    uses_grid_sync: bool = False
+    cluster: int = 1
+
+    def features(self, device: Device, registers: int | None = None) -> KernelFeatures:
+        """The launch's features with ``registers`` per thread (default 32) on ``device``."""
+        b = self.base
+        regs = int(registers if registers is not None else 32)
+        occ, _ = launch_refusal(device, b.block, regs, b.smem_bytes, b.grid, self.uses_grid_sync, self.cluster)
+        bps = max(occ.blocks_per_sm, 1)
+        return replace(b, registers=regs, blocks_per_sm=occ.blocks_per_sm, occupancy=occ.occupancy,
+                       waves=b.grid / (bps * device.sm_count))
+
+
+def kernel_walk(kernel: kir.Kernel, grid: int, extents: Mapping[str, int] | None = None) -> KernelWalk:
+    """The IR walk of one launch of ``kernel`` with ``grid`` blocks (module docstring); no device or
+    register count needed."""
     w = Walker(kernel, grid, extents)
     w.walk(kernel.body, np.ones(kernel.block, bool), 1.0)
     w.close_group()
     if w.phase_has_load:
         w.load_phases += 1.0
-    regs = int(registers if registers is not None else 32)
-    occ, _ = launch_refusal(device, kernel.block, regs, kernel.smem_bytes, grid, kernel.uses_grid_sync,
-                            kernel.cluster)
-    bps = max(occ.blocks_per_sm, 1)
     gbytes = sum(b * wt for b, _, wt in w.groups)
     bif = sum(b * b * wt for b, _, wt in w.groups) / gbytes if gbytes else 0.0
     lif = sum(b * ld * wt for b, ld, wt in w.groups) / gbytes if gbytes else 0.0
@@ -140,9 +171,9 @@ def kernel_features(kernel: kir.Kernel, grid: int, device: Device, registers: in
 
     unique = sum(nbytes(b) for b in w.read | w.written)
     dead = 4 * sum(s.size for s in kernel.shared if s.name in w.smem_stored and s.name not in w.smem_loaded)
-    return KernelFeatures(
-        name=kernel.name, grid=int(grid), block=kernel.block, registers=regs, smem_bytes=kernel.smem_bytes,
-        blocks_per_sm=occ.blocks_per_sm, occupancy=occ.occupancy, waves=grid / (bps * device.sm_count),
+    base = KernelFeatures(
+        name=kernel.name, grid=int(grid), block=kernel.block, registers=0, smem_bytes=kernel.smem_bytes,
+        blocks_per_sm=0, occupancy=0.0, waves=0.0,
         unique_bytes=int(unique), requested_bytes=w.requested, sector_bytes=w.sector_bytes,
         sector_factor=w.sector_bytes / w.ideal_bytes if w.ideal_bytes else 1.0, excess_sector_bytes=w.excess_bytes,
         global_requests=w.requests, active_lanes=w.lanes / w.requests if w.requests else 1.0,
@@ -152,20 +183,64 @@ def kernel_features(kernel: kir.Kernel, grid: int, device: Device, registers: in
         divisions=w.div, transcendentals=w.trans, float_ops=w.flops, barriers=w.barriers,
         load_phases=w.load_phases, atomics=w.atomics, scratch_loads=scratch_loads,
         grid_barriers=w.grid_syncs, unknown_indexes=w.unknown_idx,
-        unknown_trips=w.unknown_trips, per_access=tuple(w.per_access))
+        unknown_trips=w.unknown_trips, load_rounds=sum(wt for _, _, wt in w.groups),
+        serial_rounds=sum(wt for (_, _, wt), p in zip(w.groups, w.pipelined) if not p), shuffles=w.shuffles,
+        per_access=tuple(w.per_access))
+    return KernelWalk(base, bool(kernel.uses_grid_sync), int(kernel.cluster))
+
+
+def kernel_features(kernel: kir.Kernel, grid: int, device: Device, registers: int | None = None,
+                    extents: Mapping[str, int] | None = None) -> KernelFeatures:
+    """IR-derived features of one launch of ``kernel`` with ``grid`` blocks (module docstring)."""
+    return kernel_walk(kernel, grid, extents).features(device, registers)
+
+
+@dataclass(frozen=True)
+class ProgramWalk:
+    """The register-independent features of every launch of a program, in launch order, and the
+    program profile's register estimates (the count used for a kernel ``registers`` does not name)."""
+
+    launches: tuple[KernelWalk, ...]
+    est_registers: Mapping[str, int] = field(default_factory=dict)
+
+    def features(self, device: Device, registers: Mapping[str, int] | None = None) -> tuple[KernelFeatures, ...]:
+        """:class:`KernelFeatures` of every launch with ``registers`` (kernel name -> ptxas registers)."""
+        regs = registers or {}
+        return tuple(kw.features(device, regs.get(kw.base.name, self.est_registers.get(kw.base.name)))
+                     for kw in self.launches)
+
+
+_WALKS: OrderedDict[int, tuple[kir.Program, ProgramWalk]] = OrderedDict()
+_WALKS_LOCK = threading.Lock()
+#: programs whose walk is kept (by identity): a search candidate is predicted up to three times
+#: (the pipeline before and after its build, the emulate runner), a batch holds a few dozen
+WALK_MEMO_SIZE = 64
+
+
+def program_walk(program: kir.Program) -> ProgramWalk:
+    """The walk of every launch of ``program`` (a generic program at its planned extents). Memoised by
+    the program object's identity (a :class:`~stitchtune.ir.kir.Program` is frozen), for the last
+    :data:`WALK_MEMO_SIZE` programs: predicting one program again with other registers re-walks nothing."""
+    with _WALKS_LOCK:
+        hit = _WALKS.get(id(program))
+        if hit is not None and hit[0] is program:
+            _WALKS.move_to_end(id(program))
+            return hit[1]
+    extents = dict(program.dynamic.planned) if program.dynamic is not None else None
+    walk = ProgramWalk(tuple(kernel_walk(program.kernel(l.kernel), l.grid, extents) for l in program.launches),
+                       {k.name: k.est_registers for k in program.profile.kernels})
+    with _WALKS_LOCK:
+        _WALKS[id(program)] = (program, walk)   # the program is held: its id cannot be reused meanwhile
+        while len(_WALKS) > WALK_MEMO_SIZE:
+            _WALKS.popitem(last=False)
+    return walk
 
 
 def program_features(program: kir.Program, device: Device,
                      registers: Mapping[str, int] | None = None) -> tuple[KernelFeatures, ...]:
     """:func:`kernel_features` of every launch of ``program``, in launch order (a generic program at
-    its planned extents)."""
-    est = {k.name: k.est_registers for k in program.profile.kernels}
-    extents = dict(program.dynamic.planned) if program.dynamic is not None else None
-    out = []
-    for launch in program.launches:
-        regs = (registers or {}).get(launch.kernel, est.get(launch.kernel))
-        out.append(kernel_features(program.kernel(launch.kernel), launch.grid, device, regs, extents))
-    return tuple(out)
+    its planned extents); the IR walk is :func:`program_walk`'s (memoised)."""
+    return program_walk(program).features(device, registers)
 
 
 def floor_us(features: tuple[KernelFeatures, ...], device: Device) -> float:

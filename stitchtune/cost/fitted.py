@@ -9,9 +9,11 @@ Contract
 * :func:`kernel_terms_us(f, device, c) -> dict[str, float]`: the terms of one launch (for explaining).
 * :func:`predict_program(program, device, registers=None, coefficients=None) -> Prediction`: legality as
   :func:`stitchtune.cost.model.predict` (same ``prune_reason`` rules), time = device time (predicted).
-* :func:`coefficients_for(device) -> Coefficients`: the fitted coefficients shipped for the device
-  (package data ``stitchtune/cost/fitted_<device key>.json``, written by ``scripts/fit_cost_model.py``
-  with the fit's provenance), else :meth:`Coefficients.defaults` (assumed, labelled ``source="defaults"``).
+* :func:`coefficients_for(device) -> Coefficients`: the user's coefficients of the device when ``stitchtune
+  calibrate`` wrote some (:func:`stitchtune.cost.fitted_store.user_path`, ``source="calibrated"``), else the
+  fitted coefficients shipped for it (package data ``stitchtune/cost/fitted_<device key>.json``, written by
+  ``scripts/fit_cost_model.py`` with the fit's provenance; :func:`package_coefficients` reads only those),
+  else :meth:`Coefficients.defaults` (assumed, labelled ``source="defaults"``).
 
 The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`):
 
@@ -31,7 +33,11 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
   (conflicts counted) x ``smem_cycles`` per SM and clock.
 * **blocks**: ``grid / SMs x cta_ns``: an SM starts blocks at a limited rate (49,152 blocks of 32
   threads copy 25 MB in 30.7 us on the H200, floor 5.2 us).
-* body = max(memory, issue, blocks): each is a throughput limit of the same launch.
+* **chain**: ``ceil(waves) x (serial_rounds x round_ns + barriers x barrier_ns + shuffles x shfl_ns)``: a
+  block's serial chain (its load rounds that cannot overlap, barriers and warp shuffles one after another),
+  run ``ceil(waves)`` times by each block slot of an SM: the time of a kernel with few blocks and long
+  per-thread loops, which Little's law over the average bytes in flight misses.
+* body = max(memory, issue, blocks, chain): each is a limit on the same launch.
 * **phases**: ``ceil(waves) x (load_phases - 1) x phase_us / blocks_per_sm`` (a barrier-separated load
   phase waits for DRAM unless other resident blocks hide it);
 * **scratch**: ``ceil(waves) x scratch_loads x scratch_load_ns`` (the cost model's scratch chain);
@@ -51,7 +57,6 @@ import dataclasses
 import json
 import logging
 import math
-import re
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Mapping, Sequence
@@ -59,6 +64,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from stitchtune.cost.features import KernelFeatures, program_features
+from stitchtune.cost.fitted_store import data_name, user_path
 from stitchtune.cost.model import Prediction, kernel_legality
 from stitchtune.hardware.device import Device
 from stitchtune.ir import kir
@@ -79,7 +85,7 @@ class Coefficients:
     strided_bw_factor: float = 0.5   # bandwidth of sectors beyond an access's ideal / copy bandwidth
     l2_keep: float = 0.6             # share of the L2 a kernel's data can stay in
     div_cycles: float = 8.0          # issue cycles of a float division per lane
-    sfu_cycles: float = 4.0          # issue cycles of a transcendental per lane
+    sfu_cycles: float = 16.0         # issue cycles of a transcendental per lane (not fitted: see FIT_BOUNDS)
     flop_cycles: float = 1.0         # issue cycles of another float op per lane
     smem_cycles: float = 1.0         # cycles per shared-memory wavefront per SM
     cta_ns: float = 50.0             # per block and SM
@@ -90,6 +96,9 @@ class Coefficients:
     ramp_us: float = 1.0             # per launch: first loads' latency and the last wave's drain
     event_us: float = 2.0            # per launch, in times taken with CUDA events only (not device time)
     reuse_window: float = 1.0        # 1: re-read sectors hit the L2 by the footprint of one wave, 0: of the tensor
+    round_ns: float = 600.0          # per load round on a block's serial chain (a loaded DRAM round trip)
+    barrier_ns: float = 20.0         # per block barrier on a block's serial chain (~40 cycles; not fitted)
+    shfl_ns: float = 12.0            # per warp shuffle on a block's serial chain (~24 cycles; not fitted)
     source: str = "defaults"
     provenance: Mapping[str, Any] = field(default_factory=dict)
 
@@ -111,14 +120,17 @@ class Coefficients:
         return cls(**dict(d))
 
 
-#: coefficients a fit may change, with bounds
+#: coefficients a fit may change, with bounds. Not fitted (2026-12-07, s11; chosen comparing leave-one-model-out
+#: scores, so those scores are slightly optimistic: results/cost-fit-2026-12-07-s11/fit.md): ``sfu_cycles`` (16: a
+#: MUFU op issues at 16 per SM and clock against 128 FP32 lanes, 8 lane-cycles, plus its range reduction; only
+#: softmax_tiny_rows pins it, and fitted without that group it ran to 69 and mispredicted it), ``barrier_ns`` and
+#: ``shfl_ns`` (latencies; fitted, they absorbed other terms the same way)
 FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "bw_efficiency": (0.3, 1.0),
     "dram_latency_ns": (200.0, 5000.0),
     "l2_bw_factor": (0.5, 10.0),
     "strided_bw_factor": (0.05, 10.0),
     "div_cycles": (0.5, 200.0),
-    "sfu_cycles": (0.5, 200.0),
     "smem_cycles": (0.1, 50.0),
     "cta_ns": (1.0, 2000.0),
     "phase_us": (0.001, 50.0),
@@ -126,36 +138,71 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "inflight_reg_share": (0.05, 1.0),
     "ramp_us": (0.01, 10.0),
     "event_us": (0.01, 20.0),
+    "round_ns": (10.0, 5000.0),
 }
 
 
-def data_name(device: Device | str) -> str:
-    """``fitted_<device key, unsafe characters as _>.json``."""
-    key = device if isinstance(device, str) else device.key
-    return "fitted_" + re.sub(r"[^A-Za-z0-9_.-]", "_", key) + ".json"
+_CACHE: dict[tuple[str, str, int | None], Coefficients] = {}
 
 
-_CACHE: dict[str, Coefficients] = {}
-
-
-def coefficients_for(device: Device) -> Coefficients:
-    """The shipped fitted coefficients of ``device`` (package data), else the defaults."""
-    if device.key in _CACHE:
-        return _CACHE[device.key]
-    c = Coefficients.defaults(device)
+def _read(text: str, device: Device, where: str, fill: Coefficients | None = None) -> Coefficients | None:
+    """The coefficients in ``text`` (None, logged, when unreadable or of another device); fields the file
+    lacks (written by an older version) are ``fill``'s, else the defaults."""
     try:
-        text = resources.files("stitchtune.cost").joinpath(data_name(device)).read_text(encoding="utf-8")
-        c = Coefficients.from_dict(json.loads(text))
-    except (FileNotFoundError, OSError):
-        pass
+        d = json.loads(text)
+        if fill is not None and isinstance(d, dict):
+            d = {**fill.to_dict(), **d}
+        c = Coefficients.from_dict(d)
     except (ValueError, TypeError) as exc:
-        log.warning("fitted cost coefficients for %s unreadable (%s); defaults used", device.key, exc)
-    _CACHE[device.key] = c
+        log.warning("fitted cost coefficients for %s in %s unreadable (%s); not used", device.key, where, exc)
+        return None
+    if c.device_key and c.device_key != device.key:
+        log.warning("%s holds coefficients of %s, not %s; not used", where, c.device_key, device.key)
+        return None
     return c
 
 
+def coefficients_for(device: Device) -> Coefficients:
+    """The coefficients of ``device``: the user's (:func:`stitchtune.cost.fitted_store.user_path`, written by
+    ``stitchtune calibrate``; a field it lacks is the package's) when that file exists and is readable, else
+    the package's (written by
+    ``scripts/fit_cost_model.py``), else the defaults. Cached per device and user file (path and
+    modification time: a new calibration is read at the next call)."""
+    user = user_path(device)
+    try:
+        mtime: int | None = user.stat().st_mtime_ns
+    except OSError:
+        mtime = None
+    key = (device.key, str(user), mtime)
+    if key in _CACHE:
+        return _CACHE[key]
+    c: Coefficients | None = None
+    if mtime is not None:
+        try:
+            c = _read(user.read_text(encoding="utf-8"), device, str(user), fill=package_coefficients(device))
+        except OSError as exc:
+            log.warning("cannot read %s (%s); the package's coefficients used", user, exc)
+    if c is None:
+        try:
+            text = resources.files("stitchtune.cost").joinpath(data_name(device)).read_text(encoding="utf-8")
+            c = _read(text, device, "the package")
+        except (FileNotFoundError, OSError):
+            pass
+    _CACHE[key] = c if c is not None else Coefficients.defaults(device)
+    return _CACHE[key]
+
+
+def package_coefficients(device: Device) -> Coefficients:
+    """The package's coefficients of ``device`` (never the user's), else the defaults."""
+    try:
+        text = resources.files("stitchtune.cost").joinpath(data_name(device)).read_text(encoding="utf-8")
+    except (FileNotFoundError, OSError):
+        return Coefficients.defaults(device)
+    return _read(text, device, "the package") or Coefficients.defaults(device)
+
+
 def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) -> dict[str, Any]:
-    """The predicted terms (µs) of one launch: memory, issue, blocks, body (= max of the three), phases,
+    """The predicted terms (µs) of one launch: memory, issue, blocks, chain, body (= max of the four), phases,
     scratch, grid_barriers, atomics, ramp; device time = body + the last five. ``f`` may also be any object with
     the :class:`KernelFeatures` fields as numpy arrays (many launches at once: the fit)."""
     sms = device.sm_count
@@ -180,8 +227,10 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
              / lane_us + f.grid * f.smem_wavefronts * c.smem_cycles / (sms * device.clock_mhz))
     waves = np.ceil(f.grid / (bps * sms))
     blocks = f.grid / sms * c.cta_ns / 1000.0
+    chain = waves * (f.serial_rounds * c.round_ns + f.barriers * c.barrier_ns + f.shuffles * c.shfl_ns) / 1000.0
     return {
-        "memory": memory, "issue": issue, "blocks": blocks, "body": np.maximum(np.maximum(memory, issue), blocks),
+        "memory": memory, "issue": issue, "blocks": blocks, "chain": chain,
+        "body": np.maximum(np.maximum(np.maximum(memory, issue), blocks), chain),
         "phases": waves * np.maximum(0.0, f.load_phases - 1.0) * c.phase_us / bps,
         "scratch": waves * f.scratch_loads * c.scratch_load_ns / 1000.0,
         "grid_barriers": f.grid_barriers * (device.grid_barrier_base_us

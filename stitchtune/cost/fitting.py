@@ -10,7 +10,7 @@ Contract
   weighing the same in total, the coefficients fitted in log space within
   :data:`~stitchtune.cost.fitted.FIT_BOUNDS` with a weak pull (:data:`PRIOR`) towards ``base``
   (default: the defaults). Deterministic for given rows. Raises ``ValueError`` without rows.
-* :func:`leave_one_group_out(rows, device, base=None) -> dict[group, Coefficients]`: for each group,
+* :func:`leave_one_group_out(rows, device, base=None, progress=None) -> dict[group, Coefficients]`: for each group,
   the fit on the other groups' rows (the held-out coefficients of that group's rows).
 * :func:`predict_rows(rows, device, c) -> numpy array` (µs, predicted device time of each row);
   :func:`score(measured, predicted) -> dict`: ``n``, ``within25`` (share within ±25%), ``spearman``
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -30,10 +30,12 @@ from stitchtune.cost.features import KernelFeatures
 from stitchtune.cost.fitted import FIT_BOUNDS, Coefficients, columns, device_us_many
 from stitchtune.hardware.device import Device
 
-__all__ = ["FITTED", "PRIOR", "TOLERANCE", "fit_coefficients", "leave_one_group_out", "predict_rows", "score"]
+__all__ = ["FITTED", "MAX_EVALUATIONS", "PRIOR", "TOLERANCE", "fit_coefficients", "leave_one_group_out", "predict_rows", "score"]
 
 #: the coefficients a fit changes (all of :data:`~stitchtune.cost.fitted.FIT_BOUNDS`)
 FITTED: tuple[str, ...] = tuple(FIT_BOUNDS)
+#: the fit's budget of function evaluations (``least_squares``' ``max_nfev``)
+MAX_EVALUATIONS = 2000
 #: weight of the pull towards the base coefficients, per log-unit of each
 PRIOR = 0.02
 #: a prediction within this relative error of the measurement counts as right (``within25``)
@@ -68,8 +70,10 @@ def predict_rows(rows: Sequence[Mapping[str, Any]], device: Device, c: Coefficie
 
 
 def fit_coefficients(rows: Sequence[Mapping[str, Any]], device: Device, base: Coefficients | None = None,
-                     names: Sequence[str] = FITTED) -> Coefficients:
-    """The coefficients ``names`` fitted to ``rows`` (module docstring)."""
+                     names: Sequence[str] = FITTED, progress: Callable[[int], None] | None = None) -> Coefficients:
+    """The coefficients ``names`` fitted to ``rows`` (module docstring). ``progress(n)`` is called after each
+    of the model's evaluations over all rows (``n`` so far; at most :data:`MAX_EVALUATIONS` plus the
+    finite-difference steps)."""
     from scipy.optimize import least_squares
 
     if not rows:
@@ -88,19 +92,32 @@ def fit_coefficients(rows: Sequence[Mapping[str, Any]], device: Device, base: Co
         values: dict[str, Any] = {n: float(math.exp(v)) for n, v in zip(names, x)}
         return dataclasses.replace(b, **values)
 
+    calls = [0]
+
     def resid(x: Any) -> Any:
+        calls[0] += 1
+        if progress is not None:
+            progress(calls[0])
         pred = np.log(np.maximum(stack.measured_as(device, coeffs(x)), 1e-6))
         return np.concatenate([w * (pred - meas), PRIOR * (x - x0)])
 
-    res = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.2, max_nfev=2000)
+    res = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.2, max_nfev=MAX_EVALUATIONS)
     return coeffs(res.x)
 
 
-def leave_one_group_out(rows: Sequence[Mapping[str, Any]], device: Device,
-                        base: Coefficients | None = None) -> dict[str, Coefficients]:
-    """Per group: the coefficients fitted on the rows of every other group."""
+def leave_one_group_out(rows: Sequence[Mapping[str, Any]], device: Device, base: Coefficients | None = None,
+                        progress: Callable[[int], None] | None = None) -> dict[str, Coefficients]:
+    """Per group: the coefficients fitted on the rows of every other group (``progress`` as
+    :func:`fit_coefficients`', counting over all the fits)."""
     groups = sorted({str(r["group"]) for r in rows})
-    return {g: fit_coefficients([r for r in rows if r["group"] != g], device, base) for g in groups}
+    done = [0]
+
+    def step(_: int) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0])
+
+    return {g: fit_coefficients([r for r in rows if r["group"] != g], device, base, progress=step) for g in groups}
 
 
 def score(measured: Sequence[float], predicted: Sequence[float]) -> dict[str, float]:

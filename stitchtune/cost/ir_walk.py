@@ -112,6 +112,7 @@ class Walker:
         self.div = 0.0
         self.trans = 0.0
         self.flops = 0.0
+        self.shuffles = 0.0
         self.barriers = 0.0
         self.atomics = 0.0
         self.scratch_loads = 0.0
@@ -124,6 +125,9 @@ class Walker:
         self.per_access: list[tuple[str, str, float, float]] = []
         # load grouping: groups as (bytes, loads, weight); the open group's vars and bytes
         self.groups: list[tuple[float, int, float]] = []
+        #: per group: formed in a rolled loop whose body has no barrier or shuffle (its iterations' loads can
+        #: overlap: nvcc unrolls such a loop); the other groups are the rounds of a block's serial chain
+        self.pipelined: list[bool] = []
         self.open_bytes = 0.0
         self.open_loads = 0
         self.open_weight = 0.0
@@ -173,6 +177,7 @@ class Walker:
     def close_group(self) -> None:
         if self.open_loads:
             self.groups.append((self.open_bytes, self.open_loads, self.open_weight))
+            self.pipelined.append(False)
         self.open_bytes, self.open_loads, self.open_weight = 0.0, 0, 0.0
         self.tainted = set()
 
@@ -258,9 +263,9 @@ class Walker:
             self.smem_wave += trips * waves
             self.smem_ideal += trips * max(1, -(-int(a.sum()) * width // 32))
 
-    def expr_accesses(self, x: Any, mask: np.ndarray, trips: float, frac: float) -> None:
-        """Loads and math inside the expressions of one statement."""
-        for e in kir.exprs(x):
+    def expr_accesses(self, es: list[Any], mask: np.ndarray, trips: float, frac: float) -> None:
+        """Loads and math inside the expressions ``es`` (``kir.exprs`` of one statement)."""
+        for e in es:
             if isinstance(e, (kir.Load, kir.IndexLoad)):
                 if e.buf in self.params:
                     self.global_access(e.buf, e.index, 1, e.pred, mask, trips, "load")
@@ -275,6 +280,8 @@ class Walker:
                 self.flops += trips * frac
             elif isinstance(e, kir.Bin) and e.op == "/" and self._is_float(e):
                 self.div += trips * frac
+            elif isinstance(e, kir.Shfl):
+                self.shuffles += trips
 
     def _is_float(self, e: kir.Bin) -> bool:
         for x in (e.a, e.b):
@@ -284,8 +291,9 @@ class Walker:
                 return True
         return False
 
-    def global_loads_in(self, x: Any) -> list[kir.Load | kir.IndexLoad]:
-        return [e for e in kir.exprs(x) if isinstance(e, (kir.Load, kir.IndexLoad)) and e.buf in self.params]
+    def global_loads_in(self, es: list[Any]) -> list[kir.Load | kir.IndexLoad]:
+        """The loads of kernel parameters among the expressions ``es``."""
+        return [e for e in es if isinstance(e, (kir.Load, kir.IndexLoad)) and e.buf in self.params]
 
     # ---------------------------------------------------------------- statements
     def walk(self, stmts: tuple[kir.Stmt, ...], mask: np.ndarray, trips: float, grouping: bool = True) -> None:
@@ -319,14 +327,16 @@ class Walker:
     def access(self, s: _Access, mask: np.ndarray, trips: float, frac: float, grouping: bool) -> None:
         """A statement that moves data: its expressions' loads and math, then its own access."""
         # loads inside the statement's expressions (and for a LoadVec, the vector load itself)
+        es = list(kir.exprs(s))   # once per statement: the walk's hot path
+        loads = self.global_loads_in(es)
         if grouping:
-            for ld in self.global_loads_in(s):
+            for ld in loads:
                 p = self.params[ld.buf]
                 self.add_load(kir.ELEM_BYTES[p.dtype], self.reads((ld.index, ld.pred)), set(), trips)
-        self.expr_accesses(s, mask, trips, frac)
+        self.expr_accesses(es, mask, trips, frac)
         match s:
             case kir.Assign():
-                if grouping and (self.reads(s.expr) & self.tainted or self.global_loads_in(s.expr)):
+                if grouping and (self.reads(s.expr) & self.tainted or loads):
                     self.tainted.add(s.var.name)
                 self.env[s.var.name] = self.ev(s.expr)
             case kir.LoadVec():
@@ -377,14 +387,18 @@ class Walker:
         if not unrolled:
             self.close_group()
             before = len(self.groups)
+            syncs = self.barriers + self.shuffles
             self.walk(f.body, mask, trips * n)
             u = min(float(ROLLED_UNROLL), n)
             if len(self.groups) == before and self.open_loads and u > 1:
                 # one group per iteration, and the compiler's unrolling puts u iterations' loads together
                 self.groups.append((self.open_bytes * u, int(self.open_loads * u), self.open_weight / u))
+                self.pipelined.append(False)
                 self.open_bytes, self.open_loads, self.open_weight = 0.0, 0, 0.0
                 self.tainted = set()
             self.close_group()
+            if self.barriers + self.shuffles == syncs:
+                self.pipelined[before:] = [True] * (len(self.groups) - before)
             return
         # an unrolled loop: its iterations' loads can join one group unless the body breaks it
         before = len(self.groups)
@@ -399,8 +413,9 @@ class Walker:
             self.open_bytes += per_load * added * (n - 1)
         elif broke and n > 1:
             # each iteration formed its own groups: repeat the groups recorded for the body
-            body = self.groups[before:]
+            body, flags = self.groups[before:], self.pipelined[before:]
             self.groups.extend(body * (int(round(n)) - 1))
+            self.pipelined.extend(flags * (int(round(n)) - 1))
             self.groups[before:] = [(b, ld, w / n) for b, ld, w in self.groups[before:]]
 
     def walk_if(self, s: kir.If, mask: np.ndarray, trips: float) -> None:

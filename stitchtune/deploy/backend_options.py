@@ -27,10 +27,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stitchtune.errors import StitchtuneError
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB
+
+if TYPE_CHECKING:
+    from stitchtune.hardware.device import Device
 
 __all__ = ["BackendOptions", "Check", "OPTION_CHECKS", "OPTION_KEYS", "STRICT_ENV", "strict_default"]
 
@@ -47,8 +50,8 @@ def strict_default() -> bool:
 class BackendOptions:
     """The backend's options (see :mod:`stitchtune.deploy.torch_backend` for what each does)."""
 
-    db: Any = DEFAULT_DB
-    device: Any = None
+    db: str | os.PathLike[str] | DefaultDB | None = DEFAULT_DB
+    device: str | Device | None = None
     fallback: str = "inductor"
     deterministic: bool = False
     cpu: str = "emulate"

@@ -43,21 +43,26 @@ from stitchtune.graph.dynamic import DynamicGraph
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from stitchtune.deploy.compiled_dynamic import DynamicCompiledGraph
     from stitchtune.graph.parse import Graph
+    from stitchtune.hardware.device import Device
+    from stitchtune.space import Schedule
 
 __all__ = ["MANIFEST_FORMAT", "CompiledGraph", "DeviceRun", "build_cubin", "build_manifest", "compile"]
 
 
 @overload
-def compile(graph_or_path: Graph, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB, device: Any = None, *,
-            schedule: Any = None, build: bool | None = None, deterministic: bool = False) -> CompiledGraph: ...
+def compile(graph_or_path: Graph, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB, device: str | Device | None = None,
+            *, schedule: Schedule | Mapping[str, Any] | None = None, build: bool | None = None,
+            deterministic: bool = False) -> CompiledGraph: ...
 @overload
-def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB, device: Any = None, *,
-            schedule: Any = None, build: bool | None = None,
+def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB, device: str | Device | None = None,
+            *, schedule: Schedule | Mapping[str, Any] | None = None, build: bool | None = None,
             deterministic: bool = False) -> CompiledGraph | DynamicCompiledGraph: ...
-def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB, device: Any = None, *,
-            schedule: Any = None, build: bool | None = None,
+def compile(graph_or_path: Any, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB, device: str | Device | None = None,
+            *, schedule: Schedule | Mapping[str, Any] | None = None, build: bool | None = None,
             deterministic: bool = False) -> CompiledGraph | DynamicCompiledGraph:
     """Compile a graph (a :class:`~stitchtune.graph.parse.Graph`, a path to graph.json, or its dict) for
     ``device`` (a Device, a preset name, or None: the local GPU, else the H200 preset) with the schedule

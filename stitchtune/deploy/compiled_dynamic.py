@@ -49,7 +49,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -60,6 +60,13 @@ from stitchtune.deploy.manifest_io import check_codegen_version, read_manifest, 
 from stitchtune.errors import GraphError, StitchtuneError, UnsupportedGraphError
 from stitchtune.graph.dynamic import BucketKey, DynamicGraph, DynamicRefusal
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
+
+if TYPE_CHECKING:
+    from stitchtune.deploy.compiled_graph import CompiledGraph
+    from stitchtune.hardware.device import Device
+    from stitchtune.ir.kir import Program
+    from stitchtune.ir.launches import DynamicInfo
+    from stitchtune.space import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +98,8 @@ def dynamic_json(dg: DynamicGraph) -> dict[str, Any]:
 
 
 def compile_buckets(dgraph: DynamicGraph, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB,
-                    device: Any = None, *, keys: Sequence[BucketKey] | None = None, schedule: Any = None,
+                    device: str | Device | None = None, *, keys: Sequence[BucketKey] | None = None,
+                    schedule: Schedule | Mapping[str, Any] | None = None,
                     build: bool | None = None, deterministic: bool = False) -> DynamicCompiledGraph:
     """Compile every bucket (or ``keys``) of ``dgraph`` (module docstring). ``device``: a Device, a preset
     name, or None (the local GPU, else the H200 preset); ``build`` as :func:`stitchtune.deploy.compiled.compile`;
@@ -134,13 +142,20 @@ def _name(dg: DynamicGraph) -> str:
     return str(dg.template.get("name", "graph"))
 
 
-def _kernel_dict(program: Any, index: int, key: BucketKey, registers: Mapping[str, int]) -> dict[str, Any]:
+def _generic(program: Program) -> DynamicInfo:
+    """The dynamic facts of a bucket's program (a generic one: :func:`~stitchtune.lower.dynamic.lower_dynamic` sets them)."""
+    if program.dynamic is None:
+        raise ValueError("a compiled bucket's program is not generic (no dynamic facts)")
+    return program.dynamic
+
+
+def _kernel_dict(program: Program, index: int, key: BucketKey, registers: Mapping[str, int]) -> dict[str, Any]:
     ln = program.launches[index]
     k = program.kernel(ln.kernel)
     bufs = {b.name: b for b in program.buffers}
     args = [{"param": p.name, "buffer": a, "dtype": "uint32" if bufs[a].role == "barrier" else bufs[a].dtype,
              "role": bufs[a].role, "tensor": bufs[a].tensor or None} for p, a in zip(k.params, ln.args)]
-    dyn = program.dynamic
+    dyn = _generic(program)
     args += [{"param": x, "dim": d, "dtype": "int32", "role": "extent"} for d, x in zip(dyn.dims, dyn.args)]
     rule = dyn.grids[index]
     lo = {b.dim: b.lo for b in key.buckets}
@@ -159,9 +174,9 @@ def _bucket_dict(b: CompiledBucket | RefusedBucket) -> dict[str, Any]:
         return {**head, "refusal": str(b.refusal),
                 "note": "the generic kernel does not serve this bucket: a call in it is compiled for its extents"}
     p = b.program
-    sizes = dict(p.dynamic.sizes)
+    sizes = dict(_generic(p).sizes)
     return {**head, "dir": bucket_dir(b.key), "schedule": b.schedule.to_dict(), "schedule_key": b.schedule.key(),
-            "choice": {"source": b.source, "reason": b.reason}, "planned_extents": dict(p.dynamic.planned),
+            "choice": {"source": b.source, "reason": b.reason}, "planned_extents": dict(_generic(p).planned),
             "kernels": [_kernel_dict(p, i, b.key, dict(b.registers)) for i in range(len(p.launches))],
             "buffers": [{"name": x.name, "dtype": "uint32" if x.role == "barrier" else x.dtype,
                          "size": str(sizes[x.name]) if x.name in sizes else int(x.size), "role": x.role,
@@ -170,12 +185,12 @@ def _bucket_dict(b: CompiledBucket | RefusedBucket) -> dict[str, Any]:
             "cubin": f"{bucket_dir(b.key)}/kernels.cubin" if b.cubin is not None else None}
 
 
-def build_dynamic_manifest(dg: DynamicGraph, device: Any, buckets: Sequence[CompiledBucket | RefusedBucket],
+def build_dynamic_manifest(dg: DynamicGraph, device: Device, buckets: Sequence[CompiledBucket | RefusedBucket],
                            space_version: str, codegen_version: str) -> dict[str, Any]:
     """The manifest of a compiled dynamic graph (module docstring)."""
     tpl = dg.template
     generic = [b for b in buckets if isinstance(b, CompiledBucket)]
-    params = list(generic[0].program.dynamic.args) if generic else [f"ext{i}" for i in range(len(dg.dims))]
+    params = list(_generic(generic[0].program).args) if generic else [f"ext{i}" for i in range(len(dg.dims))]
     g = dg.at({d.name: d.hi for d in dg.dims})
     return {
         "format": MANIFEST_FORMAT,
@@ -204,7 +219,7 @@ class DynamicCompiledGraph:
     """The buckets of a dynamic graph compiled for one device (module docstring)."""
 
     dgraph: DynamicGraph
-    device: Any
+    device: Device
     buckets: tuple[CompiledBucket | RefusedBucket, ...]
     manifest: dict[str, Any] = field(compare=False)
     #: the tuning database a refused bucket's static compiles choose from (None: the heuristic)
@@ -237,7 +252,7 @@ class DynamicCompiledGraph:
         raise GraphError(f"{self.name}: bucket {key.label()} was not compiled (compiled: "
                          f"{', '.join(b.key.label() for b in self.buckets)})")
 
-    def static_at(self, extents: Mapping[str, int], *, build: bool | None = None) -> Any:
+    def static_at(self, extents: Mapping[str, int], *, build: bool | None = None) -> CompiledGraph:
         """The static :class:`~stitchtune.deploy.compiled.CompiledGraph` at ``extents`` (a refused bucket's
         calls), compiled once per extents with the heuristic or the database's record of that shape."""
         k = tuple(sorted(extents.items()))

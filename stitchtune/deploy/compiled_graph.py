@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,12 +24,22 @@ from stitchtune.errors import StitchtuneError
 from stitchtune.graph.parse import Graph
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from stitchtune.deploy.selection import Choice
+    from stitchtune.gpu.build import BuildResult
+    from stitchtune.gpu.driver import Driver
+    from stitchtune.hardware.device import Device
+    from stitchtune.ir.kir import Program
+    from stitchtune.space import Schedule
+
 
 MANIFEST_FORMAT = 1
 
 
 # ---------------------------------------------------------------------------- the manifest
-def _choice_dict(choice: Any) -> dict[str, Any]:
+def _choice_dict(choice: Choice) -> dict[str, Any]:
     rec = None
     if choice.record is not None:
         rec = {k: (v if isinstance(v, (str, int, float, bool)) or v is None else str(v))
@@ -37,8 +47,8 @@ def _choice_dict(choice: Any) -> dict[str, Any]:
     return {"source": choice.source, "reason": choice.reason, "record": rec}
 
 
-def build_manifest(graph: Any, device: Any, choice: Any, program: Any, space_version: str,
-                   codegen_version: str, build: Any = None) -> dict[str, Any]:
+def build_manifest(graph: Graph, device: Device, choice: Choice, program: Program, space_version: str,
+                   codegen_version: str, build: BuildResult | None = None) -> dict[str, Any]:
     """The manifest (see module docstring) of a lowered program; ``build`` is the BuildResult or None."""
     regs = dict(getattr(build, "registers", {}) or {}) if build is not None else {}
     spills = dict(getattr(build, "spill_bytes", {}) or {}) if build is not None else {}
@@ -91,10 +101,10 @@ class CompiledGraph:
     """Kernels for one graph on one device (see module docstring). ``cubin`` holds the built cubin's
     bytes, None when not built."""
 
-    graph: Any
-    device: Any
-    choice: Any  # select.Choice (program not kept there)
-    program: Any
+    graph: Graph
+    device: Device
+    choice: Choice  # (its program not kept there)
+    program: Program
     sources: str
     manifest: dict[str, Any] = field(compare=False)
     cubin: bytes | None = field(default=None, repr=False, compare=False)
@@ -109,7 +119,7 @@ class CompiledGraph:
                 f"cubin {'built' if self.cubin is not None else 'not built'}>")
 
     @property
-    def schedule(self) -> Any:
+    def schedule(self) -> Schedule:
         return self.choice.schedule
 
     @property
@@ -199,7 +209,7 @@ class CompiledGraph:
         """Run on the GPU through :mod:`stitchtune.gpu.launch` (see module docstring)."""
         return self.device_runner()(self.graph, arrays)
 
-    def device_runner(self, driver: Any = None) -> DeviceRun:
+    def device_runner(self, driver: Driver | None = None) -> DeviceRun:
         """The :class:`DeviceRun` that ``cg(**arrays)`` uses: made at the first call over ``driver`` (a
         :class:`~stitchtune.gpu.driver.Driver`; default :func:`~stitchtune.gpu.driver.open_driver`, the
         primary context of ``$STITCHTUNE_CUDA_DEVICE`` or GPU 0), or anew when ``driver`` is given.
@@ -217,8 +227,9 @@ class CompiledGraph:
 
 
 
-def compile_graph(graph: Graph, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB, device: Any = None, *,
-                  schedule: Any = None, build: bool | None = None, deterministic: bool = False) -> CompiledGraph:
+def compile_graph(graph: Graph, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB, device: str | Device | None = None,
+                  *, schedule: Schedule | Mapping[str, Any] | None = None, build: bool | None = None,
+                  deterministic: bool = False) -> CompiledGraph:
     """Compile the static ``graph`` (arguments and result as :func:`stitchtune.deploy.compiled.compile`'s)."""
     db = resolve_db(db)
     from stitchtune.hardware.device import get_device

@@ -12,12 +12,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from stitchtune.deploy.run_checks import _check_arrays, check_gather_flags, read_gather_flags
 from stitchtune.errors import StitchtuneError, ToolchainError
+
+if TYPE_CHECKING:
+    from stitchtune.gpu.build import BuildResult
+    from stitchtune.gpu.driver import Driver
+    from stitchtune.graph.parse import Graph
+    from stitchtune.ir.kir import Program
 
 
 class DeviceRun:
@@ -27,7 +33,7 @@ class DeviceRun:
 
     MAX_BOUND = 16
 
-    def __init__(self, program: Any, cubin: bytes, driver: Any) -> None:
+    def __init__(self, program: Program, cubin: bytes, driver: Driver) -> None:
         from stitchtune.gpu.launch import Launcher, launch_plan
 
         self.program = program
@@ -64,7 +70,7 @@ class DeviceRun:
             self._staged_bytes[(kind, name)] = nbytes
         return ptr
 
-    def __call__(self, graph: Any, arrays: Mapping[str, Any],
+    def __call__(self, graph: Graph, arrays: Mapping[str, Any],
                  extents: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
         """Outputs of ``graph`` for ``arrays`` (numpy arrays, or device arrays exposing
         ``__cuda_array_interface__``, used in place), as numpy arrays shaped like the graph's outputs.
@@ -88,7 +94,7 @@ class DeviceRun:
         with self._lock, drv.activate():
             return self._run(graph, arrays, ptrs, extents)
 
-    def _run(self, graph: Any, arrays: Mapping[str, Any], ptrs: dict[str, int],
+    def _run(self, graph: Graph, arrays: Mapping[str, Any], ptrs: dict[str, int],
              extents: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
         from stitchtune.gpu.driver import DriverError
         from stitchtune.graph.reference import numpy_dtype
@@ -125,7 +131,7 @@ class DeviceRun:
 
 
 
-def build_cubin(source: str, arch: str) -> tuple[Any, bytes]:
+def build_cubin(source: str, arch: str) -> tuple[BuildResult, bytes]:
     """nvcc (cached) -> (BuildResult, cubin bytes); ToolchainError when it fails."""
     from stitchtune.gpu.build import BuildStatus, NvccBuilder
 

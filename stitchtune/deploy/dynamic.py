@@ -32,7 +32,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -40,6 +40,12 @@ from stitchtune.deploy.device_run import DeviceRun, build_cubin
 from stitchtune.errors import GraphError
 from stitchtune.graph.dynamic import BucketKey, DynamicGraph, DynamicRefusal
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
+
+if TYPE_CHECKING:
+    from stitchtune.graph.parse import Graph
+    from stitchtune.hardware.device import Device
+    from stitchtune.ir.kir import Program
+    from stitchtune.space import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +55,8 @@ class DynamicCompiled(Protocol):
 
     key: BucketKey
     dgraph: DynamicGraph
-    schedule: Any
-    program: Any
+    schedule: Schedule
+    program: Program
 
     def covers(self, extents: Mapping[str, int]) -> bool: ...
     def emulate(self, extents: Mapping[str, int], **arrays: np.ndarray) -> dict[str, np.ndarray]: ...
@@ -64,10 +70,10 @@ class CompiledBucket:
 
     key: BucketKey
     dgraph: DynamicGraph
-    device: Any
-    schedule: Any
+    device: Device
+    schedule: Schedule
     source: str
-    program: Any
+    program: Program
     sources: str
     cubin: bytes | None = field(default=None, repr=False, compare=False)
     _state: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -85,7 +91,7 @@ class CompiledBucket:
     def covers(self, extents: Mapping[str, int]) -> bool:
         return self.key.contains(extents)
 
-    def _graph_at(self, extents: Mapping[str, int]) -> Any:
+    def _graph_at(self, extents: Mapping[str, int]) -> Graph:
         if set(extents) != set(self.dgraph.dim_names) or not self.covers(extents):
             raise GraphError(f"extents {dict(sorted(extents.items()))} are not in bucket {self.key.label()}")
         return self.dgraph.at(extents)
@@ -123,7 +129,7 @@ class CompiledBucket:
 
 
 def compile_dynamic(dgraph: DynamicGraph, key: BucketKey, db: str | os.PathLike[str] | None | DefaultDB = DEFAULT_DB,
-                    device: Any = None, *, schedule: Any = None, build: bool | None = None,
+                    device: str | Device | None = None, *, schedule: Schedule | Mapping[str, Any] | None = None, build: bool | None = None,
                     deterministic: bool = False) -> CompiledBucket | DynamicRefusal:
     """Compile bucket ``key`` of ``dgraph`` (module docstring). ``device``: a Device, a preset name, or
     None (the local GPU, else the H200 preset); ``build`` as :func:`stitchtune.deploy.compiled.compile`.

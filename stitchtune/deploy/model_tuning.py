@@ -54,6 +54,8 @@ from typing import TYPE_CHECKING, Any
 from stitchtune.errors import StitchtuneError
 
 if TYPE_CHECKING:
+    from stitchtune.graph.parse import Graph
+    from stitchtune.hardware.device import Device
     from stitchtune.tune.records import TrialRecord
 
 log = logging.getLogger(__name__)
@@ -92,7 +94,7 @@ def parse_calls(text: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Workload:
-    graph: Any            # graph.parse.Graph
+    graph: Graph
     regions: tuple[str, ...]
     ops: tuple[str, ...]
     count: int
@@ -111,7 +113,7 @@ class TunedWorkload:
     source: str          # "search" | "no budget"
 
 
-def predicted_us(graph: Any, device: Any) -> float:
+def predicted_us(graph: Graph, device: Device) -> float:
     """The predicted device time of the heuristic schedule of ``graph`` on ``device`` (microseconds;
     the fitted IR-feature model, :func:`stitchtune.cost.fitted.predict_program`)."""
     from stitchtune.cost.fitted import predict_program

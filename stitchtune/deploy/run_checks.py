@@ -14,15 +14,21 @@ Contract
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from stitchtune.errors import StitchtuneError
 from stitchtune.lower.gather import gather_flag_buffers
 
+if TYPE_CHECKING:
+    from stitchtune.gpu.driver import Driver
+    from stitchtune.gpu.launch import Launcher
+    from stitchtune.graph.parse import Graph, TensorSpec
+    from stitchtune.ir.kir import Program
 
-def read_gather_flags(driver: Any, scratch: Mapping[str, int], program: Any, stream: int = 0) -> dict[str, float]:
+
+def read_gather_flags(driver: Driver, scratch: Mapping[str, int], program: Program, stream: int = 0) -> dict[str, float]:
     """Flag buffer name -> value of each gather error flag of ``program`` in device memory (``scratch``:
     buffer name -> device pointer, as a :class:`~stitchtune.gpu.launch.Launcher` holds them), read
     through ``driver`` after the launches completed; a set flag is zeroed again for the next launch,
@@ -37,7 +43,7 @@ def read_gather_flags(driver: Any, scratch: Mapping[str, int], program: Any, str
     return out
 
 
-def check_launch_gathers(launcher: Any, program: Any, stream: int = 0) -> None:
+def check_launch_gathers(launcher: Launcher, program: Program, stream: int = 0) -> None:
     """After ``program``'s launches through ``launcher`` (a :class:`~stitchtune.gpu.launch.Launcher`) on
     ``stream``: wait for them (``driver.synchronize()``), read the gathers' error flags (a set one is
     reset on ``stream``) and raise :class:`StitchtuneError` naming each gather that met an
@@ -56,7 +62,7 @@ def gather_error(nodes: Sequence[str]) -> StitchtuneError:
                                      "index is negative); those output rows are zeros" for n in nodes])
 
 
-def check_gather_flags(program: Any, flags: Mapping[str, float]) -> None:
+def check_gather_flags(program: Program, flags: Mapping[str, float]) -> None:
     """Raise :class:`StitchtuneError` naming every gather whose error flag (``flags``: flag buffer
     name -> value after the run) is set: some index was out of range (its output rows are zeros)."""
     nodes = gather_flag_buffers(program)
@@ -65,21 +71,21 @@ def check_gather_flags(program: Any, flags: Mapping[str, float]) -> None:
         raise gather_error(bad)
 
 
-def check_emulated_gathers(program: Any, scratch: Mapping[str, Any]) -> None:
+def check_emulated_gathers(program: Program, scratch: Mapping[str, Any]) -> None:
     """:func:`check_gather_flags` over the scratch buffers an emulated run of ``program`` left
     (``emulate_program(..., scratch_out=scratch)``)."""
     flags = gather_flag_buffers(program)
     check_gather_flags(program, {b: float(a[0]) for b, a in scratch.items() if b in flags})
 
 
-def check_gather_indices(graph: Any, arrays: Mapping[str, Any]) -> None:
+def check_gather_indices(graph: Graph, arrays: Mapping[str, Any]) -> None:
     """What the kernels' error flags report, checked on the host for the float64 reference: raise
     :class:`StitchtuneError` naming every gather of ``graph`` whose index input in ``arrays`` holds a
     value outside ``[0, rows of its table)``."""
     bad = []
     for node in graph.nodes:
         if node.op in ("gather", "gather_elements"):
-            table, idx = node.args
+            table, idx = (str(a) for a in node.args)
             rows = graph.spec(table).shape[node.axis or 0]
             if idx in arrays:
                 a = np.asarray(arrays[idx])
@@ -89,7 +95,7 @@ def check_gather_indices(graph: Any, arrays: Mapping[str, Any]) -> None:
         raise gather_error(bad)
 
 
-def _device_array_problem(name: str, a: Any, spec: Any) -> list[str]:
+def _device_array_problem(name: str, a: Any, spec: TensorSpec) -> list[str]:
     """What is wrong with device array ``a`` (``__cuda_array_interface__``) as input ``name``."""
     try:
         cai = a.__cuda_array_interface__

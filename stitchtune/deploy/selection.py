@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import logging
 import math
 import os
@@ -51,11 +50,19 @@ import random
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from stitchtune.deploy.shape_distance import graph_shapes, parse_shapes, shape_distance
 from stitchtune.errors import ScheduleError
+
+if TYPE_CHECKING:
+    from stitchtune.graph.parse import Graph
+    from stitchtune.hardware.device import Device
+    from stitchtune.ir.kir import Program
+    from stitchtune.plan.planner import StitchPlan
+    from stitchtune.space import Schedule, SearchSpace
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +97,11 @@ class Choice:
     happened during validation; callers may reuse it).
     """
 
-    schedule: Any  # schedule.Schedule
+    schedule: Schedule
     source: str
     record: dict[str, Any] | None
     reason: str
-    program: Any = field(default=None, compare=False, repr=False)
+    program: Program | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -108,7 +115,7 @@ class Choice:
 
 
 # ---------------------------------------------------------------------------- the heuristic
-def heuristic_schedule(plan: Any, device: Any, space: Any) -> Any:
+def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace) -> Schedule:
     """:func:`stitchtune.cost.heuristic.heuristic_schedule` (the AStitch default); should it ever be
     illegal for ``space``, the first legal point drawn with ``random.Random(0)`` (logged)."""
     from stitchtune.cost.heuristic import heuristic_schedule as astitch_default
@@ -221,41 +228,6 @@ def _estimated(df: pd.DataFrame) -> pd.Series:
     return est.where(est.notna(), by_backend).astype(bool)
 
 
-# ---------------------------------------------------------------------------- shape distance
-def graph_shapes(graph: Any) -> dict[str, list[int]]:
-    """{tensor: shape} of the graph's inputs and outputs (the database's ``shapes`` column)."""
-    shapes = {name: list(spec.shape) for name, spec in graph.inputs}
-    for out in graph.outputs:
-        shapes[out] = list(graph.spec(out).shape)
-    return shapes
-
-
-def shape_distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
-    """``sum over tensors named in both, over dims, of |log2(a_d / b_d)|``; ``inf`` when no tensor is
-    shared or a shared tensor differs in rank (or has a non-positive dim)."""
-    common = [k for k in a if k in b]
-    if not common:
-        return math.inf
-    total = 0.0
-    for k in common:
-        sa, sb = list(a[k]), list(b[k])
-        if len(sa) != len(sb):
-            return math.inf
-        for x, y in zip(sa, sb):
-            if int(x) <= 0 or int(y) <= 0:
-                return math.inf
-            total += abs(math.log2(int(x) / int(y)))
-    return total
-
-
-def _parse_shapes(text: Any) -> dict[str, Any] | None:
-    try:
-        d = json.loads(str(text))
-    except (json.JSONDecodeError, TypeError, RecursionError):
-        return None
-    return d if isinstance(d, dict) else None
-
-
 # ---------------------------------------------------------------------------- choosing
 def _record(row: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
     from stitchtune.tune.database import row_dict
@@ -265,7 +237,8 @@ def _record(row: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
     return out
 
 
-def _validate(graph: Any, plan: Any, device: Any, space: Any, schedule_json: str) -> tuple[Any, Any, str | None]:
+def _validate(graph: Graph, plan: StitchPlan, device: Device, space: SearchSpace,
+              schedule_json: str) -> tuple[Schedule | None, Program | None, str | None]:
     """(schedule, program, None) when the record's schedule is legal for ``graph`` on ``device``,
     else (schedule|None, None, why not)."""
     from stitchtune.cost.model import predict
@@ -289,7 +262,7 @@ def _validate(graph: Any, plan: Any, device: Any, space: Any, schedule_json: str
     return s, program, None
 
 
-def _warn_once(graph: Any, device_key: str, source: str, msg: str, why: str = "") -> None:
+def _warn_once(graph: Graph, device_key: str, source: str, msg: str, why: str = "") -> None:
     key = (graph.workload_key(), device_key, source)
     with _cache_lock:
         first = key not in _warned
@@ -352,23 +325,23 @@ class _Lookup:
     """One :func:`choose_schedule` call: what it matches on, and the budget and rejections it shares
     between the rules."""
 
-    graph: Any
-    plan: Any
-    device: Any
-    space: Any
+    graph: Graph
+    plan: StitchPlan
+    device: Device
+    space: SearchSpace
     dkey: str
     where: str
     deterministic: bool = False
     tries: int = 0
     rejected: list[str] = field(default_factory=list)
 
-    def validate(self, row: Mapping[str, Any]) -> tuple[Any, Any, str | None] | None:
+    def validate(self, row: Mapping[str, Any]) -> tuple[Schedule | None, Program | None, str | None] | None:
         """:func:`_validate` of the row's schedule, or None once :data:`MAX_TRIES` were spent."""
         if self.tries >= MAX_TRIES:
             return None
         self.tries += 1
         s, program, why = _validate(self.graph, self.plan, self.device, self.space, str(row["schedule_json"]))
-        if why is None and self.deterministic and not s.deterministic:
+        if why is None and s is not None and self.deterministic and not s.deterministic:
             return s, None, "not bitwise reproducible (float atomics) and a deterministic schedule was asked for"
         return s, program, why
 
@@ -379,30 +352,38 @@ def _kind(est: bool) -> str:
 
 
 def _choose_tuned(q: _Lookup, exact: pd.DataFrame) -> Choice | None:
-    """Rule 1: the best re-validated record of this very workload (rejections go to ``q.rejected``)."""
-    for _, row in _sorted_rows(exact).iterrows():
-        checked = q.validate(row)
-        if checked is None:
-            break
-        s, program, why = checked
-        if why is None:
-            est = bool(row["_est"])
-            reason = (f"tuned record {row['schedule_key']} of this workload on {q.where}: "
-                      f"{_kind(est)} {float(row['measured_us']):.2f} us{_old_kernel(row)}")
-            log.info("%s: %s", q.graph.name, reason)
-            return Choice(s, "tuned", _record(row, estimated=est), reason, program)
-        q.rejected.append(f"tuned record {row['schedule_key']} no longer legal: {why}")
-        log.warning("%s: %s", q.graph.name, q.rejected[-1])
-    return None
+    """Rule 1: the best re-validated record of this very workload (rejections go to ``q.rejected``, and are
+    one warning however many records they are: an older database may hold dozens)."""
+    illegal: list[str] = []
+    try:
+        for _, row in _sorted_rows(exact).iterrows():
+            checked = q.validate(row)
+            if checked is None:
+                break
+            s, program, why = checked
+            if why is None and s is not None:   # (a schedule whenever there is no reason against it)
+                est = bool(row["_est"])
+                reason = (f"tuned record {row['schedule_key']} of this workload on {q.where}: "
+                          f"{_kind(est)} {float(row['measured_us']):.2f} us{_old_kernel(row)}")
+                log.info("%s: %s", q.graph.name, reason)
+                return Choice(s, "tuned", _record(row, estimated=est), reason, program)
+            illegal.append(f"{row['schedule_key']} no longer legal: {why}")
+            log.debug("%s: tuned record %s", q.graph.name, illegal[-1])
+        return None
+    finally:
+        if illegal:
+            more = f" (and {len(illegal) - 1} more tuned record(s) no longer legal)" if len(illegal) > 1 else ""
+            q.rejected.append(f"tuned record {illegal[0]}{more}")
+            log.warning("%s: %s", q.graph.name, q.rejected[-1])
 
 
-def _by_distance(graph: Any, near: pd.DataFrame) -> pd.DataFrame:
+def _by_distance(graph: Graph, near: pd.DataFrame) -> pd.DataFrame:
     """``near`` with a ``_dist`` column, unusable shapes dropped, nearest (then measured, fastest) first,
     one row per schedule."""
     mine = graph_shapes(graph)
     dist: dict[str, float] = {}
     for w, text in near.drop_duplicates("workload_key")[["workload_key", "shapes"]].itertuples(index=False):
-        theirs = _parse_shapes(text)
+        theirs = parse_shapes(text)
         dist[str(w)] = shape_distance(mine, theirs) if theirs is not None else math.inf
     near = near.assign(_dist=near["workload_key"].map(dist).astype(float))
     near = near[near["_dist"] < math.inf]
@@ -420,7 +401,7 @@ def _choose_nearest(q: _Lookup, near: pd.DataFrame, wk: str) -> Choice | None:
             break
         n_checked += 1
         s, program, why = checked
-        if why is not None:
+        if why is not None or s is None:
             log.debug("%s: nearest-shape candidate %s rejected: %s", q.graph.name, row["schedule_key"], why)
             continue
         d = float(row["_dist"])
@@ -457,8 +438,8 @@ def _choose_heuristic(q: _Lookup, db_path: str | os.PathLike[str] | None, wk: st
     return Choice(s, "heuristic", None, reason, program)
 
 
-def choose_schedule(graph: Any, db_path: str | os.PathLike[str] | None, device: Any, *, plan: Any = None,
-                    space: Any = None, deterministic: bool = False, bucket: str | None = None) -> Choice:
+def choose_schedule(graph: Graph, db_path: str | os.PathLike[str] | None, device: Device, *,
+                    plan: StitchPlan | None = None, space: SearchSpace | None = None, deterministic: bool = False, bucket: str | None = None) -> Choice:
     """The schedule to build for ``graph`` on ``device`` from the database ``db_path`` (see module
     docstring). ``db_path=None`` or a missing directory: no records (heuristic). ``plan``/``space``:
     the graph's plan and search space when the caller has them already. ``deterministic``: only

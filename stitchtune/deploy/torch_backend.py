@@ -65,12 +65,15 @@ import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stitchtune.deploy.backend_options import BackendOptions
 from stitchtune.deploy.torch_region_compile import attach_cubins, compile_region_graph, device_for, kept_outputs
 from stitchtune.deploy.torch_rest import compile_rest, decompositions
 from stitchtune.deploy.torch_rewrite import fake_check, replace_regions
+
+if TYPE_CHECKING:
+    from stitchtune.deploy.torch_stats import TorchStats
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +341,7 @@ class Explanation:
     graphs: int
     outputs: Any = field(default=None, compare=False, repr=False)
     #: kernels built, selections and cache hits of this call (:func:`stitchtune.torch.stats`)
-    stats: Any = field(default=None, compare=False, repr=False)
+    stats: TorchStats | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         rows = [f"stitchtune: {len(self.stitched)} region(s) stitched, {len(self.declined)} declined "

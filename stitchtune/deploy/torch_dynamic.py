@@ -29,10 +29,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stitchtune.errors import StitchtuneError
 from stitchtune.graph.dynamic import DynamicRefusal
+
+if TYPE_CHECKING:
+    from stitchtune.deploy.backend_options import BackendOptions
+    from stitchtune.deploy.compiled_graph import CompiledGraph
+    from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel
+    from stitchtune.deploy.torch_stats import RegionCounter
 
 __all__ = ["dynamic_region_kernel", "region_dynamic_graph"]
 
@@ -61,7 +67,8 @@ def region_dynamic_graph(region: Any, max_extent: int) -> tuple[Any, Any]:
     return sym, dg
 
 
-def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, compiled: Any) -> Any:
+def dynamic_region_kernel(region: Any, opts: BackendOptions, device: Any, counter: RegionCounter,
+                          compiled: CompiledGraph | None) -> DynamicRegionKernel:
     """The :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel` of a region with symbolic sizes
     (see module docstring); ``compiled`` is its CompiledGraph at the example shapes (for explain)."""
     from stitchtune.deploy.torch_region_compile import compile_region_graph, kept_outputs
@@ -106,9 +113,10 @@ def dynamic_region_kernel(region: Any, opts: Any, device: Any, counter: Any, com
         why = str(res) if isinstance(res, DynamicRefusal) else (
             "its program uses float atomics (deterministic=True)"
             if opts.deterministic and program_atomics(res.program) else None)
-        if why is not None:
-            refused[key] = why
-            log.info("%s: no generic kernel for bucket %s (%s); kernels per extent", region.name, key.label(), why)
+        if why is not None or isinstance(res, DynamicRefusal):
+            refused[key] = why or str(res)
+            log.info("%s: no generic kernel for bucket %s (%s); kernels per extent", region.name, key.label(),
+                     refused[key])
             return None
         counter.add(selections=1, builds=1)
         k = RegionKernel(region.name, region.ops, res, cpu=opts.cpu, check_gather=opts.check_gather, sym=sym)

@@ -39,12 +39,15 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from stitchtune.errors import StitchtuneError, ToolchainError
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB
+
+if TYPE_CHECKING:
+    from stitchtune.deploy.compiled_graph import CompiledGraph
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +86,7 @@ class StitchedFunction:
     ``arg_names`` the graph inputs fed by positional arguments; ``params`` the captured values of the
     remaining graph inputs (module parameters and buffers)."""
 
-    compiled: Any  # api.CompiledGraph
+    compiled: CompiledGraph
     arg_names: tuple[str, ...]
     params: tuple[tuple[str, np.ndarray], ...] = field(repr=False)
     emulate: bool = False

@@ -52,12 +52,19 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
 from stitchtune.errors import StitchtuneError
+
+if TYPE_CHECKING:
+    from stitchtune.deploy.compiled_graph import CompiledGraph
+    from stitchtune.deploy.dynamic import CompiledBucket
+    from stitchtune.gpu.driver import Driver
+    from stitchtune.graph.parse import Graph
+    from stitchtune.importers.torch_symbolic import SymbolicRegion
 
 __all__ = ["RegionError", "RegionKernel", "RegisteredRegion", "register", "region_op"]
 
@@ -91,9 +98,9 @@ class RegionKernel:
 
     name: str
     ops: tuple[str, ...]
-    compiled: Any  # deploy.compiled.CompiledGraph
+    compiled: CompiledGraph | CompiledBucket   # a CompiledBucket exactly where ``sym`` is set
     cpu: str = "emulate"
-    driver: Any = None
+    driver: Driver | None = None
     #: PyTorch's output shapes when they differ from the graph's in leading 1s (same row-major bytes)
     out_shapes: tuple[tuple[int, ...], ...] | None = None
     #: the gathers' error flags: True (read from mapped host memory at later calls), "sync" (also wait
@@ -107,7 +114,7 @@ class RegionKernel:
     #: the GatherFlags of every launcher made (checked after each call of the compiled graph)
     flag_sets: list[Any] = field(init=False, repr=False, default_factory=list)
     #: a generic kernel's SymbolicRegion (see above); None for a kernel of one shape
-    sym: Any = None
+    sym: SymbolicRegion | None = None
     #: per input: None, or the permutation that makes PyTorch's strided input the graph's row-major
     #: one (the region's ``input_perms``: the kernel reads ``t.permute(p)``, a free view)
     in_perms: tuple[tuple[int, ...] | None, ...] = ()
@@ -123,33 +130,49 @@ class RegionKernel:
         self._gathers = bool(gather_flag_buffers(self.compiled.program))
 
     @property
-    def graph(self) -> Any:
+    def graph(self) -> Graph:
         """The graph of a kernel of one shape (a generic kernel's depends on the extents: :meth:`at`)."""
-        return self.compiled.graph
+        return self._one_shape().graph
+
+    def _one_shape(self) -> CompiledGraph:
+        """``compiled`` of a kernel of one shape (``ValueError`` for a generic one)."""
+        from stitchtune.deploy.compiled_graph import CompiledGraph
+
+        if not isinstance(self.compiled, CompiledGraph):
+            raise ValueError(f"{self.describe()} is a generic kernel: its graph depends on the extents")
+        return self.compiled
+
+    def _generic(self) -> tuple[CompiledBucket, SymbolicRegion]:
+        """``compiled`` and ``sym`` of a generic kernel (``ValueError`` for a kernel of one shape)."""
+        from stitchtune.deploy.dynamic import CompiledBucket
+
+        if self.sym is None or not isinstance(self.compiled, CompiledBucket):
+            raise ValueError(f"{self.describe()} is a kernel of one shape, not a generic one")
+        return self.compiled, self.sym
 
     def at(self, inputs: Sequence[Any]) -> tuple[Any, tuple[tuple[str, int], ...] | None]:
         """(graph, extents) of a call on ``inputs``: :attr:`graph` and None, or for a generic kernel the
         graph at the inputs' extents and those extents (sorted (name, extent) pairs)."""
         if self.sym is None:
-            return self.compiled.graph, None
+            return self._one_shape().graph, None
         ext = tuple((name, int(inputs[i].shape[axis])) for name, i, axis in self.sym.where)   # sorted by name
         return self._graph_at(ext), ext
 
     def _graph_at(self, ext: tuple[tuple[str, int], ...] | None) -> Any:
         """The graph at extents ``ext`` (:attr:`graph` for None), kept in a bounded cache."""
         if ext is None:
-            return self.compiled.graph
+            return self._one_shape().graph
         g = self._graphs.get(ext)
         if g is None:
             if len(self._graphs) >= MAX_BOUND:
                 self._graphs.pop(next(iter(self._graphs)))
-            g = self._graphs[ext] = self.compiled.dgraph.at(dict(ext))
+            g = self._graphs[ext] = self._generic()[0].dgraph.at(dict(ext))
         return g
 
     def _out_shapes(self, g: Any, ext: tuple[tuple[str, int], ...] | None) -> tuple[tuple[int, ...], ...]:
         """PyTorch's output shapes, in the graph's output order."""
         if ext is not None:
-            return tuple(self.sym.graph_output_shapes(dict(ext)))
+            return tuple(self._generic()[1].graph_output_shapes(dict(ext)))
         return self.out_shapes or tuple(tuple(g.spec(o).shape) for o in g.outputs)
 
     def describe(self) -> str:
@@ -189,9 +212,9 @@ class RegionKernel:
             check_gather_indices(g, arrays)
             out = run_reference(g, arrays)
         elif ext is not None:
-            out = self.compiled.emulate(dict(ext), **arrays)
+            out = self._generic()[0].emulate(dict(ext), **arrays)
         else:
-            out = self.compiled.emulate(**arrays)
+            out = self._one_shape().emulate(**arrays)
         shapes = self._out_shapes(g, ext)
         return [_from_numpy(np.asarray(out[o]).reshape(sh), g.spec(o).dtype) for sh, o in zip(shapes, g.outputs)]
 

@@ -6,13 +6,18 @@ meets, each a :class:`Built`; a shape without a kernel runs the region's ATen op
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from stitchtune.deploy.torch_guard import eager_outputs
+
+if TYPE_CHECKING:
+    from stitchtune.deploy.compiled_graph import CompiledGraph
+    from stitchtune.deploy.torch_ops import RegionKernel
+    from stitchtune.deploy.torch_stats import RegionCounter
 
 __all__ = ["Built", "DynamicRegionKernel"]
 
@@ -26,7 +31,7 @@ class Built:
     ``generic``: True when it runs every shape of the inputs' bucket (kept for the bucket), False
     when it is specialised to the inputs' shapes (kept for those shapes)."""
 
-    kernel: Any
+    kernel: RegionKernel
     index: tuple[int, ...]
     generic: bool = False
 
@@ -54,10 +59,10 @@ class DynamicRegionKernel:
     name: str
     ops: tuple[str, ...]
     module: Any
-    build: Any   # (inputs) -> Built
-    compiled: Any = None   # the CompiledGraph at the example shapes (what explain reports)
-    bucket_of: Any = None  # (inputs) -> hashable bucket; None: the exact shapes
-    counter: Any = None
+    build: Callable[[Sequence[Any]], Built]
+    compiled: CompiledGraph | None = None   # at the example shapes (what explain reports)
+    bucket_of: Callable[[Sequence[Any]], Hashable] | None = None  # None: the exact shapes
+    counter: RegionCounter | None = None
     #: per output, the axis order the kernels write it row-major in (the region's ``output_perms``:
     #: PyTorch keeps it permuted in memory); () or None: its own order
     perms: tuple[tuple[int, ...] | None, ...] = ()

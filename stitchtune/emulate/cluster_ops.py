@@ -3,7 +3,7 @@ into numpy closures: the part of :class:`stitchtune.emulate.translate._Compiled`
 clusters, kept here as a mixin. Semantics (distributed shared memory, the cluster barrier, the faults
 ``cluster_out_of_range`` / ``cluster_race`` / ``divergent_barrier``) are in
 :mod:`stitchtune.emulate.emulator`'s docstring; accesses go through
-:func:`stitchtune.emulate.memory._remote_access`.
+:func:`_remote_access` (here; local accesses: :func:`stitchtune.emulate.memory._access`).
 
 A user of the mixin provides ``kernel`` (the kir Kernel), ``shared`` (its shared buffers) and
 ``as_type(expr, type) -> ExprFn``.
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from stitchtune.emulate.memory import _active, _lanes_of, _remote_access, _State
+from stitchtune.emulate.memory import _active, _cluster_track, _lanes_of, _State
 from stitchtune.ir import kir
 from stitchtune.ir.kir import BOOL, F32, I32
 
@@ -96,3 +96,37 @@ class ClusterOps:
                 st.cluster_synced = True
                 st.remote_pending = False
         return cluster_sync
+
+
+def _remote_access(st: _State, buf: str, lanes: np.ndarray, rank: np.ndarray, idx: np.ndarray, op: str,
+                   values: np.ndarray | None = None) -> np.ndarray | None:
+    """A load (returns float32 ``[n]``) or store of element ``idx`` of shared buffer ``buf`` of the
+    cluster's block ``rank``, by each thread in ``lanes`` (distributed shared memory)."""
+    rank = np.ascontiguousarray(rank, dtype=np.int32)
+    idx = np.ascontiguousarray(idx, dtype=np.int32)
+    outside = rank.view(np.uint32) >= st.cluster
+    if outside.any():
+        raise st.fault("cluster_out_of_range", f"remote {op} of {buf} in the block of cluster rank "
+                       f"{int(rank[np.flatnonzero(outside)[0]])} (cluster of {st.cluster})", outside, lanes)
+    if not st.cluster_synced:
+        raise st.fault("cluster_race", f"remote {op} of {buf} before the cluster's first barrier (the "
+                       "target block may not have started)", np.ones(lanes.size, bool), lanes)
+    sb = st.shared[buf]
+    oob = idx.view(np.uint32) >= sb.size
+    if oob.any():
+        raise st.fault("out_of_bounds", f"remote {op} of {buf}{{at}} (size {sb.size})", oob, lanes, idx)
+    target = (st.bid[lanes] // np.int32(st.cluster)) * np.int32(st.cluster) + rank
+    g = target.astype(np.int64) * sb.size + idx
+    st.remote_pending = True
+    if op == "load":
+        un = ~sb.written[g]
+        if un.any():
+            raise st.fault("uninitialized_read", f"remote load of unwritten {buf}{{at}}", un, lanes, idx)
+    _cluster_track(st, sb, buf, op, g, lanes, idx)
+    if op == "load":
+        return sb.arr[g]
+    assert values is not None
+    sb.arr[g] = values.astype(np.float32, copy=False)
+    sb.written[g] = True
+    sb.stored()
+    return None

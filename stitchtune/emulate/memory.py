@@ -14,11 +14,13 @@ Contract
   naming the kernel, statement, element, block and thread of the first offending lane.
 * ``_access`` is every (vector) load / store / atomic add of a global or shared buffer, with the
   checks of the emulator's module docstring (alignment, bounds, uninitialised reads, shared and global
-  races through :class:`~stitchtune.emulate.races._Tracker`); ``_remote_access`` is a load / store of another block's shared memory
+  races through :class:`~stitchtune.emulate.races._Tracker`; the cluster's race record of a shared
+  access, ``_cluster_track``), in named steps (``_checked_elements``: alignment and bounds;
+  ``_atomic_add``); ``_shared_broadcast_load`` is its fast path for a shared load whose index repeats
+  along the threads of a block, with the same checks. A load / store of another block's shared memory
   in the cluster (distributed shared memory, with the cluster checks: rank inside the cluster, after
   the cluster's first barrier, no access by two blocks of a cluster between cluster barriers unless
-  both read); ``_shared_broadcast_load`` is its fast path for a shared load whose
-  index repeats along the threads of a block, with the same checks.
+  both read) is :func:`stitchtune.emulate.cluster_ops._remote_access`.
 * This module knows nothing of the IR's expressions and statements: they are compiled into closures
   over ``_State`` by :mod:`stitchtune.emulate.translate`; what a launch needs of such a compiled
   kernel is the protocol ``_CompiledKernel``. Imports go memory <- translate <- emulator (this
@@ -302,20 +304,8 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
     (``values`` float32 [n, width]).
     """
     base = np.ascontiguousarray(base, dtype=np.int32)  # IR indices are i32
-    if width > 1:
-        # widths are powers of two: every base is aligned iff their bitwise or is (one reduction)
-        if base.size and np.bitwise_or.reduce(base) & np.int32(width - 1):
-            mis = (base & np.int32(width - 1)) != 0
-            raise st.fault("bad_alignment", f"{width}-wide access to {buf}{{at}}", mis, lanes, base)
-        e = _elements(base, width)
-    else:
-        e = base
     b: _GBuf | _SBuf = st.shared[buf] if is_shared else st.glob[buf]
-    size = b.size
-    eu = e.view(np.uint32)  # negative indices wrap to huge unsigned values
-    if eu.size and eu.max() >= size:  # one reduction; the offending lanes only on the fault path
-        raise st.fault("out_of_bounds", f"{op} of {buf}{{at}} (size {size})", eu >= size,
-                       _per_element(lanes, width), e)
+    e = _checked_elements(st, buf, op, b.size, lanes, base, width)
     if st.trace is not None:
         st.trace.append(MemoryAccess(st.kernel.name, st.where, buf, op, 4 if is_shared else b.arr.dtype.itemsize,
                                      st.block, lanes.astype(np.int64), base.astype(np.int64), width, is_shared))
@@ -369,14 +359,42 @@ def _access(st: _State, buf: str, is_shared: bool, lanes: np.ndarray, base: np.n
         if bad.any():
             raise st.fault(race, f"atomic add to {buf}{{at}} also plainly accessed by another block", bad,
                            _per_element(lanes, width), e)
+    _atomic_add(st, arr, g, values, lanes, width)
+    return None
+
+
+def _checked_elements(st: _State, buf: str, op: str, size: int, lanes: np.ndarray, base: np.ndarray,
+                      width: int) -> np.ndarray:
+    """The elements an access of ``width`` from each lane's ``base`` (i32) touches, ``width`` per lane in
+    lane order, after its checks: every base aligned to the width (``bad_alignment``), every element
+    inside the buffer's ``size`` (``out_of_bounds``)."""
+    if width > 1:
+        # widths are powers of two: every base is aligned iff their bitwise or is (one reduction)
+        if base.size and np.bitwise_or.reduce(base) & np.int32(width - 1):
+            mis = (base & np.int32(width - 1)) != 0
+            raise st.fault("bad_alignment", f"{width}-wide access to {buf}{{at}}", mis, lanes, base)
+        e = _elements(base, width)
+    else:
+        e = base
+    eu = e.view(np.uint32)  # negative indices wrap to huge unsigned values
+    if eu.size and eu.max() >= size:  # one reduction; the offending lanes only on the fault path
+        raise st.fault("out_of_bounds", f"{op} of {buf}{{at}} (size {size})", eu >= size,
+                       _per_element(lanes, width), e)
+    return e
+
+
+def _atomic_add(st: _State, arr: np.ndarray, g: np.ndarray, values: np.ndarray, lanes: np.ndarray,
+                width: int) -> None:
+    """``arr[g] += values`` for every element (repeated elements add up), each add at the buffer's own
+    precision (a 16-bit buffer rounds each add, as ``atomicAdd`` does), the blocks' adds in the launch's
+    seeded block order where it has one (float addition is not associative)."""
     vals = values.ravel()
-    if arr.dtype != vals.dtype:   # a 16-bit buffer: each add rounds to its type, as atomicAdd does
+    if arr.dtype != vals.dtype:
         vals = vals.astype(arr.dtype)
-    if st.block_rank is not None:  # the blocks' adds in a seeded order (float addition is not associative)
+    if st.block_rank is not None:
         order = np.argsort(st.block_rank[st.bid[_per_element(lanes, width)]], kind="stable")
         g, vals = g[order], vals[order]
     np.add.at(arr, g, vals)
-    return None
 
 
 def _check_same_statement_writes(st: _State, b: _GBuf, g: np.ndarray, lanes: np.ndarray, width: int,
@@ -415,40 +433,6 @@ def _cluster_track(st: _State, sb: _SBuf, buf: str, op: str, g: np.ndarray, lane
         verb = "read" if op == "load" else "write"
         raise st.fault("cluster_race", f"{verb} of {buf}{{at}} accessed by another block of the cluster "
                        "without a cluster barrier in between", bad, lanes, e)
-
-
-def _remote_access(st: _State, buf: str, lanes: np.ndarray, rank: np.ndarray, idx: np.ndarray, op: str,
-                   values: np.ndarray | None = None) -> np.ndarray | None:
-    """A load (returns float32 ``[n]``) or store of element ``idx`` of shared buffer ``buf`` of the
-    cluster's block ``rank``, by each thread in ``lanes`` (distributed shared memory)."""
-    rank = np.ascontiguousarray(rank, dtype=np.int32)
-    idx = np.ascontiguousarray(idx, dtype=np.int32)
-    outside = rank.view(np.uint32) >= st.cluster
-    if outside.any():
-        raise st.fault("cluster_out_of_range", f"remote {op} of {buf} in the block of cluster rank "
-                       f"{int(rank[np.flatnonzero(outside)[0]])} (cluster of {st.cluster})", outside, lanes)
-    if not st.cluster_synced:
-        raise st.fault("cluster_race", f"remote {op} of {buf} before the cluster's first barrier (the "
-                       "target block may not have started)", np.ones(lanes.size, bool), lanes)
-    sb = st.shared[buf]
-    oob = idx.view(np.uint32) >= sb.size
-    if oob.any():
-        raise st.fault("out_of_bounds", f"remote {op} of {buf}{{at}} (size {sb.size})", oob, lanes, idx)
-    target = (st.bid[lanes] // np.int32(st.cluster)) * np.int32(st.cluster) + rank
-    g = target.astype(np.int64) * sb.size + idx
-    st.remote_pending = True
-    if op == "load":
-        un = ~sb.written[g]
-        if un.any():
-            raise st.fault("uninitialized_read", f"remote load of unwritten {buf}{{at}}", un, lanes, idx)
-    _cluster_track(st, sb, buf, op, g, lanes, idx)
-    if op == "load":
-        return sb.arr[g]
-    assert values is not None
-    sb.arr[g] = values.astype(np.float32, copy=False)
-    sb.written[g] = True
-    sb.stored()
-    return None
 
 
 def _shared_broadcast_load(st: _State, buf: str, iv: Any) -> np.ndarray | None:

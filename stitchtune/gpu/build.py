@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from stitchtune.errors import ToolchainError
+from stitchtune.graph.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -256,23 +257,6 @@ def _default_cache_dir() -> Path:
     return Path.home() / ".cache" / "stitchtune" / "cubin"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """Kill nvcc and everything it started (cicc, ptxas) - they share its new session."""
     try:
@@ -402,9 +386,14 @@ class NvccBuilder:
             compile_s=secs,
         )
         # cubin first, metadata last: a metadata file always has its cubin beside it
-        _atomic_write(cubin_path, cubin)
-        meta = dict(result.to_dict(), cubin_path=None, key=key)
-        _atomic_write(meta_path, json.dumps(meta, sort_keys=True).encode("utf-8"))
+        try:
+            write_atomic(cubin_path, cubin)
+            meta = dict(result.to_dict(), cubin_path=None, key=key)
+            write_atomic(meta_path, json.dumps(meta, sort_keys=True).encode("utf-8"))
+        except OSError as e:
+            via = " ($STITCHTUNE_CACHE)" if os.environ.get("STITCHTUNE_CACHE") else ""
+            raise ToolchainError(f"cannot write the cubin cache {ascii(str(self.cache_dir))}{via}: "
+                                 f"{e.strerror or e}") from None
         return result
 
     def build(self, sources: list[str], arch: str = DEFAULT_ARCH) -> list[BuildResult]:

@@ -376,8 +376,12 @@ def _open_cached(ordinal: int) -> CudaDriver:
 
 
 def default_ordinal() -> int:
-    """The GPU stitchtune uses unless told: ``$STITCHTUNE_CUDA_DEVICE``, else 0."""
-    return int(os.environ.get(DEVICE_ENV, "0"))
+    """The GPU stitchtune uses unless told: ``$STITCHTUNE_CUDA_DEVICE``, else 0. A value that is not a whole
+    number >= 0 is a :class:`ToolchainError` naming the variable."""
+    text = os.environ.get(DEVICE_ENV, "0").strip() or "0"
+    if not text.isdigit():
+        raise ToolchainError(f"${DEVICE_ENV} must be a GPU ordinal, a whole number >= 0 (got {text[:40]!a})")
+    return int(text)
 
 
 def _driver_library_loads() -> bool:

@@ -442,12 +442,13 @@ def render(program: kir.Program) -> str:
     return pre + "\n" + "\n\n".join(render_kernel(k) for k in program.kernels) + "\n"
 
 
-def program_fingerprint(program: kir.Program) -> str:
+def program_fingerprint(program: kir.Program, source: str | None = None) -> str:
     """sha256 (hex) of the program's rendered source, a newline and its launch list (kernel, grid, block,
     dynamic shared memory, arguments): the identity of a generated program, as ``scripts/kernel_hashes.py``
-    pins kernels and the cost fit's dataset keys its measured rows (:mod:`stitchtune.cost.fit_dataset`)."""
+    pins kernels and the cost fit's dataset keys its measured rows (:mod:`stitchtune.cost.fit_dataset`).
+    ``source``: the program's :func:`render` when the caller has it (not rendered again)."""
     import hashlib
     import json
 
     launches = json.dumps([[ln.kernel, ln.grid, ln.block, ln.smem_bytes, list(ln.args)] for ln in program.launches])
-    return hashlib.sha256((render(program) + "\n" + launches).encode()).hexdigest()
+    return hashlib.sha256(((render(program) if source is None else source) + "\n" + launches).encode()).hexdigest()

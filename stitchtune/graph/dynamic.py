@@ -50,9 +50,12 @@ import math
 import os
 from dataclasses import dataclass
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from stitchtune.errors import GraphError
+
+if TYPE_CHECKING:
+    from stitchtune.graph.parse import Graph
 
 #: default number of buckets per dynamic dim
 MAX_BUCKETS = 8
@@ -245,7 +248,7 @@ class DynamicGraphLike(Protocol):
 
     dims: tuple[DynamicDim, ...]
 
-    def at(self, extents: Mapping[str, int]) -> Any: ...
+    def at(self, extents: Mapping[str, int]) -> Graph: ...
 
     def key_of(self, extents: Mapping[str, int]) -> BucketKey: ...
 
@@ -274,7 +277,7 @@ class DynamicGraph:
                 return d
         raise KeyError(name)
 
-    def at(self, extents: Mapping[str, int]) -> Any:
+    def at(self, extents: Mapping[str, int]) -> Graph:
         """The static, validated :class:`~stitchtune.graph.parse.Graph` with every dim at ``extents``
         (each within its bounds, else :class:`GraphError`)."""
         from stitchtune.graph.parse import parse_graph
@@ -282,7 +285,7 @@ class DynamicGraph:
         ext = self._check_extents(extents)
         return parse_graph(_substitute(self.template, ext))
 
-    def at_unchecked(self, extents: Mapping[str, int]) -> Any:
+    def at_unchecked(self, extents: Mapping[str, int]) -> Graph:
         """:meth:`at` without the bounds check (the lowering plans at extents beyond a bucket to fit its
         symbols); the graph itself is still validated."""
         from stitchtune.graph.parse import parse_graph

@@ -88,43 +88,12 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     full = _with_pulled(group, pulled or set())
     if not outputs:
         return None
-    for x in inputs:   # a 0-d input (a loss's incoming gradient, a count) is a [1] tensor of the graph
-        val = x.meta["val"]   # that broadcasts like PyTorch's 0-d one (graph.json tensors have rank >= 1)
-        if len(val.shape) == 0 and not (value_dtype_name(val.dtype) or index_dtype_name(val.dtype)
-                                        or is_scalar64(val)):
-            return _Culprit(next(n for n in full if x in fx_args(n)), f"reads the 0-d tensor {x.name!a}")
+    zero_d = _zero_d_culprit(inputs, full)
+    if zero_d is not None:
+        return zero_d
     b = GraphBuilder(name)
-    values = []
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
-    rows = row_vectors(sub)   # [B] inputs the region holds as [B, 1] (one value per row)
-    viewed = viewed_inputs(sub, group)
-    in_perms = input_perms(inputs, outputs, consts, {ph.name for ph in placeholders if ph.name in rows or ph.name in viewed},
-                           [ph.name for ph in placeholders]) if permuted else [None] * len(inputs)
-    wins = input_windows(inputs, outputs, in_perms, {i for i, (x, ph) in enumerate(zip(inputs, placeholders))
-                                                     if x in consts or ph.name in rows or ph.name in viewed}) \
-        if permuted else [None] * len(inputs)   # (a part of a larger tensor is declared as that tensor)
-    raw = []
-    for i, x in enumerate(inputs):   # named by position: equal regions get equal workload keys
-        val = x.meta["val"]
-        shape = tuple(_hint(d) or 1 for d in val.shape) + ((1,) if placeholders[i].name in rows or not val.shape else ())
-        if placeholders[i].name in viewed:
-            shape, rows_view = viewed[placeholders[i].name]
-            shape += (1,) if rows_view in rows else ()
-        p = in_perms[i]
-        w = wins[i]
-        if w is not None:   # (read through a slice of the window: the region op passes the window itself)
-            w_raw, w_val = declare_windowed(b, f"in{i}", w, shape, value_dtype_name(val.dtype) or "?")
-            raw.append(w_raw)
-            values.append(w_val)
-            continue
-        if is_scalar64(val):   # a framework's float64 scalar: loaded rounded to float32 (torch_fx_util._meta)
-            raw.append(b.add_input(f"in{i}", shape, "float64"))
-            values.append(b.cast(raw[-1], "float32", f"in{i}_f32"))
-            continue
-        raw.append(b.add_input(f"in{i}", shape if p is None else tuple(shape[a] for a in p),
-                               value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))
-        # (an input PyTorch holds permuted is declared in its memory order and read through a transpose)
-        values.append(raw[-1] if p is None else b.transpose(raw[-1], _inverse(p), f"in{i}_read"))
+    values, raw, in_perms, wins, viewed = _declare_inputs(b, sub, group, placeholders, consts, permuted)
     bindings = {ph.name: ("user", i) for i, ph in enumerate(placeholders)}
     bindings.update({n.name: ("folded", n.meta["folded"]) for n in sub.graph.nodes if n.op == "get_attr"})
     walker = _Walker(_Captured(sub, bindings, "fx"), b, values, lambda fqn, t: "float32")
@@ -158,6 +127,61 @@ def _map_group(group: list[Any], name: str, consts: Mapping[Any, Any],
     return _Mapped(graph, tuple(inputs), tuple(outputs[i] for i in kept), sub,
                    tuple(None if perms[i] is _COPY else perms[i] for i in kept), aliases,
                    frozenset(pulled or ()), tuple(in_perms), tuple(wins))
+
+
+def _zero_d_culprit(inputs: list[Any], full: list[Any]) -> _Culprit | None:
+    """The node to exclude where the region reads a 0-d tensor it cannot hold: a 0-d input (a loss's
+    incoming gradient, a count) is a ``[1]`` tensor of the graph that broadcasts like PyTorch's 0-d one
+    (graph.json tensors have rank >= 1), for the value, index and float64 scalar types only."""
+    for x in inputs:
+        val = x.meta["val"]
+        if len(val.shape) == 0 and not (value_dtype_name(val.dtype) or index_dtype_name(val.dtype)
+                                        or is_scalar64(val)):
+            return _Culprit(next(n for n in full if x in fx_args(n)), f"reads the 0-d tensor {x.name!a}")
+    return None
+
+
+def _declare_inputs(b: GraphBuilder, sub: Any, group: list[Any], placeholders: list[Any],
+                    consts: Mapping[Any, Any], permuted: bool) -> tuple[list[Any], list[Any], list[Any], list[Any],
+                                                                          dict[str, Any]]:
+    """Declare the region's inputs in ``b``, named by position (equal regions get equal workload keys):
+    (the values the walk reads, the graph's inputs, each input's memory-order permutation or None, each
+    input's window or None, the inputs read through views). A ``[B]`` input the region holds per row is
+    declared ``[B, 1]``; a part of a larger tensor as that tensor (its window, read through a slice); a
+    float64 scalar loaded rounded to float32; an input PyTorch holds permuted in its memory order, read
+    through a transpose (``permuted``; False: in PyTorch's axes)."""
+    inputs, outputs = sub.inputs, sub.outputs
+    values: list[Any] = []
+    rows = row_vectors(sub)   # [B] inputs the region holds as [B, 1] (one value per row)
+    viewed = viewed_inputs(sub, group)
+    in_perms = input_perms(inputs, outputs, consts, {ph.name for ph in placeholders if ph.name in rows or ph.name in viewed},
+                           [ph.name for ph in placeholders]) if permuted else [None] * len(inputs)
+    wins = input_windows(inputs, outputs, in_perms, {i for i, (x, ph) in enumerate(zip(inputs, placeholders))
+                                                     if x in consts or ph.name in rows or ph.name in viewed}) \
+        if permuted else [None] * len(inputs)   # (a part of a larger tensor is declared as that tensor)
+    raw: list[Any] = []
+    for i, x in enumerate(inputs):
+        val = x.meta["val"]
+        shape = tuple(_hint(d) or 1 for d in val.shape) + ((1,) if placeholders[i].name in rows or not val.shape else ())
+        if placeholders[i].name in viewed:
+            shape, rows_view = viewed[placeholders[i].name]
+            shape += (1,) if rows_view in rows else ()
+        p = in_perms[i]
+        w = wins[i]
+        if w is not None:   # (read through a slice of the window: the region op passes the window itself)
+            w_raw, w_val = declare_windowed(b, f"in{i}", w, shape, value_dtype_name(val.dtype) or "?")
+            raw.append(w_raw)
+            values.append(w_val)
+            continue
+        if is_scalar64(val):   # a framework's float64 scalar: loaded rounded to float32 (torch_fx_util._meta)
+            raw.append(b.add_input(f"in{i}", shape, "float64"))
+            values.append(b.cast(raw[-1], "float32", f"in{i}_f32"))
+            continue
+        raw.append(b.add_input(f"in{i}", shape if p is None else tuple(shape[a] for a in p),
+                               value_dtype_name(val.dtype) or index_dtype_name(val.dtype) or "?"))
+        # (an input PyTorch holds permuted is declared in its memory order and read through a transpose)
+        values.append(raw[-1] if p is None else b.transpose(raw[-1], _inverse(p), f"in{i}_read"))
+    return values, raw, in_perms, wins, viewed
 
 
 #: an output that is PyTorch's copy (``clone``) of another output: the region stores the value twice

@@ -84,6 +84,18 @@ def estimate_registers(per_thread_cache: int, vec: int, n_live: int) -> int:
     return int(min(255, 24 + per_thread_cache + 2 * vec * max(1, n_live)))
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """How a family cuts a program's work, fixed by its schedule and plan before the shared state
+    (:class:`Lowerer`) is built; the family passes it in (``row_sizes`` of :mod:`stitchtune.lower.row`,
+    :func:`stitchtune.lower.col.col_sizes`, the transpose's passes)."""
+
+    rpb: int          # rows a block holds at once (row family: block // tpr; 1 in the others)
+    chunk: int        # elements of a reduction row (row family) or rows of a column chunk (column family) a block covers per task
+    per_thread: int   # of them a thread's (the length of its register caches)
+    iters: int        # a sweep's iterations (the transpose: its passes over a tile)
+
+
 @dataclass
 class Ctx:
     """Mutable state while building one kernel: the scratch buffers it uses and the counter that
@@ -98,13 +110,21 @@ class Ctx:
 
 
 class Lowerer:
-    """Shared machinery of both families."""
+    """Shared machinery of both families.
 
-    def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device, schemes: SchemeTable = SCHEMES,
-                 sym: RowSymbols | None = None) -> None:
-        """The shared state of a program's lowering; a family's constructor completes it with its sizes
-        (nothing is set later: :meth:`lower` and :meth:`resources` only read them). ``sym``: the view's
-        rows as expressions over the kernels' extent arguments for a generic lowering
+    ``kernel_reuse`` (per kernel, the reuse levels with the caches that kernel never reads back dropped,
+    :mod:`stitchtune.lower.liveness`) is derived by the family's constructor from this state."""
+
+    kernel_reuse: list[dict[str, str]]
+
+    def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device, sizes: Sizes,
+                 schemes: SchemeTable = SCHEMES, sym: RowSymbols | None = None,
+                 merged: Mapping[int, SinglePassCandidate] | None = None) -> None:
+        """The shared state of a program's lowering, with the family's ``sizes`` and single-pass pairs
+        ``merged`` (first stage of each merged pair -> its candidate; none by default); a family's
+        constructor completes it with what it derives from this state (its kernels' reuse levels: nothing
+        is set later, :meth:`lower` and :meth:`resources` only read). ``sym``: the view's rows as
+        expressions over the kernels' extent arguments for a generic lowering
         (:mod:`stitchtune.lower.dynamic`); None for a static one."""
         graph = plan.planned_graph(graph)   # the row-move rewrite make_plan planned, if any
         self.g, self.p, self.s, self.dev = graph, plan, s, device
@@ -130,9 +150,6 @@ class Lowerer:
         self.reuse = dict(zip(plan.reuse_candidates, s.reuse))
         #: exact arithmetic (schedule option ``exact_math``), else the fast forms of :mod:`stitchtune.graph.fast_ops`
         self.exact = exact_math(s)
-        #: per kernel, the reuse levels with the caches that kernel never reads back dropped
-        #: (:mod:`stitchtune.lower.liveness`; set by the family's sizing, one kernel of ``reuse`` before)
-        self.kernel_reuse: list[dict[str, str]] = [self.reuse]
         self.gather_tables = {nd.args[0] for nd in graph.nodes if nd.op == "gather"}
         #: the input buffers whose sweeps' reads a kernel profile counts (:func:`stitchtune.lower.counts.sweep_counts`):
         #: the full-size inputs and the gather tables
@@ -141,13 +158,10 @@ class Lowerer:
         #: the heads of layout chains of inputs (:func:`~stitchtune.plan.chains.composed_chains`): loaded by
         #: the chain's index arithmetic (:mod:`stitchtune.lower.remap`), also where a sweep reads them as they are
         self.chain_heads = frozenset(composed_chains(graph))
-        self.rpb = 1
-        # the family's sizes, set by its constructor: elements of a reduction row (row family) or rows of a
-        # column chunk (col family) a block covers per task, of them a thread's, and its sweep iterations
-        self.chunk = self.per_thread = self.iters = 0
-        self.n_kernels = 1
+        #: the family's sizes (:class:`Sizes`)
+        self.rpb, self.chunk, self.per_thread, self.iters = sizes.rpb, sizes.chunk, sizes.per_thread, sizes.iters
         #: single-pass pairs (``schedule.single_pass``): first stage of each merged pair -> its candidate
-        self.merged: dict[int, SinglePassCandidate] = {}
+        self.merged: dict[int, SinglePassCandidate] = dict(merged or {})
         self.red_idx = {r: i for i, r in enumerate(plan.reductions)}
         # sweep order (schedule.order == Order.ALTERNATE), carried across kernels: the direction of the last
         # sweep that read a full-size tensor from memory, and the task order of the last kernel that did

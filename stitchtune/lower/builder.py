@@ -1,18 +1,22 @@
-"""The public interface of a row-family kernel builder: what the exchange
-(:mod:`stitchtune.lower.exchange`), the cluster scheme (:mod:`stitchtune.lower.cluster`), the cross
-reductions (:mod:`stitchtune.lower.cross`) and the index ops (:mod:`stitchtune.lower.remap`) may use of
-the kernel being built (:class:`ExchangeBuilder`, :class:`RowKernelBuilder`), and the frozen values a row
-kernel is built from (:class:`RowIndex`, :class:`RowLayout`, :class:`RowSweep`).
-:class:`stitchtune.lower.row_kernel.RowKernel` implements both Protocols; a test may pass any object that does.
+"""The public interface of a kernel builder: what merging reduction states needs in either family
+(:class:`StateBuilder`, used by the one exchange, :mod:`stitchtune.lower.exchange`), what the row family's
+layout of the exchange (:mod:`stitchtune.lower.row_exchange`) adds (:class:`ExchangeBuilder`), what the
+cross reductions (:mod:`stitchtune.lower.cross`), the gathers (:mod:`stitchtune.lower.gather`) and the
+index ops (:mod:`stitchtune.lower.remap`) use besides (:class:`RowKernelBuilder`: read-only values and
+narrow methods, no mutable field), and the frozen values a row kernel is built from (:class:`RowIndex`,
+:class:`RowLayout`, :class:`RowSweep`). :class:`stitchtune.lower.row_kernel.RowKernel` implements the row
+Protocols; a test may pass any object that does (``tests/helpers/lowering.FakeStateBuilder``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import Var
+from stitchtune.ir.kir import F32
 from stitchtune.lower.base import Ctx, Lowerer
 from stitchtune.plan.planner import StitchPlan
 from stitchtune.space import Schedule
@@ -114,14 +118,32 @@ class ExchangeBuilder(StateBuilder, Protocol):
 
 
 class RowKernelBuilder(ExchangeBuilder, Protocol):
-    """What the cross reductions (:mod:`stitchtune.lower.cross`) and the index ops
-    (:mod:`stitchtune.lower.remap`) use of a row kernel being built, besides the exchange's part."""
+    """What the cross reductions (:mod:`stitchtune.lower.cross`), the gathers (:mod:`stitchtune.lower.gather`)
+    and the index ops (:mod:`stitchtune.lower.remap`) use of a row kernel being built, besides the
+    exchange's part: read-only values and narrow methods (the kernel's building state stays private)."""
 
-    low: Lowerer                      # the program's shared machinery (buffers, maps, schedule)
-    cx: Ctx                           # the kernel's variables and scratch buffers
-    body: list[kir.Stmt]                # statements before the round loop
-    lay: RowLayout
-    gather_rows: dict[str, Var]         # gather nodes: their table row in this round
+    @property
+    def low(self) -> Lowerer:
+        """The program's shared machinery (buffers, maps, schedule)."""
+        ...
+
+    @property
+    def layout(self) -> RowLayout:
+        """The kernel's layout (shared buffers, grid, rounds)."""
+        ...
+
+    def emit_before_rounds(self, *stmts: kir.Stmt) -> None:
+        """Append ``stmts`` to the statements before the round loop."""
+        ...
+
+    def use_scratch(self, buf: str) -> None:
+        """Record that the kernel uses scratch buffer ``buf`` (it becomes a kernel parameter)."""
+        ...
+
+    def gather_row(self, node: str, make: Callable[[], Var]) -> Var:
+        """The table row of gather node ``node`` in this round: ``make()``'s variable, made (and its
+        statements emitted) the first time it is asked for."""
+        ...
 
     def use_input(self, buf: str) -> None:
         """Record that the kernel reads global buffer ``buf`` (it becomes a kernel parameter)."""
@@ -165,3 +187,47 @@ def cols_exact(low: Lowerer) -> bool:
     """Whether a row kernel's sweeps never pass the end of the row (piece): static, and the pieces of the
     split row, each whole sweeps of ``tpr`` x ``vec`` elements, add up to the row (no padding)."""
     return (low.sym is None or low.sym.N.static) and low.chunk * low.s.split == low.p.N
+
+
+class KernelState:
+    """The building state both families' kernels share, private, set by the kernel's constructor:
+    ``_low`` (the lowerer, read only), ``_cx`` (variables and scratch buffers), ``_rb`` (the current
+    round's statements) and ``_uses`` (global buffers read and written); the accessors over it that
+    :class:`StateBuilder` and the families' builders name alike. Base of
+    :class:`stitchtune.lower.row_state.RowKernelState` and the column family's ``_ColKernel``."""
+
+    _low: Lowerer
+    _cx: Ctx
+    _rb: list[kir.Stmt]
+    _uses: dict[str, set[str]]
+
+    @property
+    def schedule(self) -> Schedule:
+        """The schedule being lowered."""
+        return self._low.s
+
+    @property
+    def plan(self) -> StitchPlan:
+        """The plan being lowered."""
+        return self._low.p
+
+    @property
+    def chunk(self) -> int:
+        """Elements of a reduction row (row family) or rows of a column chunk (column family) one task covers."""
+        return self._low.chunk
+
+    def var(self, prefix: str, dtype: str = F32) -> Var:
+        """A fresh kernel variable."""
+        return self._cx.var(prefix, dtype)
+
+    def emit(self, *stmts: kir.Stmt) -> None:
+        """Append ``stmts`` to the current round's statements."""
+        self._rb.extend(stmts)
+
+    def use_input(self, buf: str) -> None:
+        """Record that the kernel reads global buffer ``buf`` (it becomes a kernel parameter)."""
+        self._uses["in"].add(buf)
+
+    def use_output(self, buf: str) -> None:
+        """Record that the kernel writes global buffer ``buf`` (it becomes a kernel parameter)."""
+        self._uses["out"].add(buf)

@@ -23,15 +23,14 @@ The row's elements stay where the reuse levels say (registers, shared memory) be
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from stitchtune.ir import kir
 from stitchtune.lower.base import I
-from stitchtune.lower.state import reset
 
 if TYPE_CHECKING:
-    from stitchtune.lower.builder import ExchangeBuilder
-    from stitchtune.lower.state import ReductionState
     from stitchtune.space.schemes import SchemeTable
 
 #: the shared buffer of the cluster exchange (one float per slot of a stage's reduction states)
@@ -49,25 +48,26 @@ def cluster_shared(slots: int) -> kir.SharedBuf:
     return kir.SharedBuf(CLUSTER_BUF, max(1, slots))
 
 
-def cluster_exchange(k: "ExchangeBuilder", states: list["ReductionState"]) -> None:
-    """Merge the block states ``states`` across the row's cluster (module docstring, steps 1-4), every
-    state variable in its own slot; every thread merges the states of ranks 0..split-1 in order, so
-    every block holds bitwise the same row result."""
-    size = k.schedule.split
-    writer = kir.Bin("==", kir.Special("tid"), I(0))
-    firsts, n = [], 0
-    for st in states:
-        firsts.append(n)
-        for i, v in enumerate(st.vars):
-            k.emit(kir.StoreVec(CLUSTER_BUF, I(n + i), (v,), writer))
-        n += len(st.vars)
-    k.emit(kir.ClusterSync())
-    for st, first in zip(states, firsts):
-        k.emit(*reset(st))
-        for q in range(size):
-            other = tuple(kir.RemoteLoad(CLUSTER_BUF, I(q), I(first + i)) for i in range(len(st.vars)))
-            k.emit(*st.merge(other, k.var))
-    k.emit(kir.ClusterSync())
+@dataclass(frozen=True)
+class ClusterMeeting:
+    """The blocks of a row's cluster meeting in their ``scl`` (module docstring, steps 1-4): a
+    :class:`~stitchtune.lower.exchange.Meeting` of ``size`` blocks, every state variable in its own slot,
+    written by thread 0; every thread merges the states of ranks 0..size-1 in order, so every block holds
+    bitwise the same row result."""
+
+    size: int
+
+    def store(self, slot: int, j: int, value: kir.Expr) -> kir.Stmt:
+        return kir.StoreVec(CLUSTER_BUF, I(slot), (value,), kir.Bin("==", kir.Special("tid"), I(0)))
+
+    def load(self, slot: int, peer: kir.Expr, j: int) -> kir.Expr:
+        return kir.RemoteLoad(CLUSTER_BUF, peer, I(slot))
+
+    def sync(self) -> kir.Stmt:
+        return kir.ClusterSync()
+
+    def peers(self, body: Callable[[kir.Expr], list[kir.Stmt]]) -> list[kir.Stmt]:
+        return [st for q in range(self.size) for st in body(I(q))]
 
 
 #: slots of the exchange buffer a single-pass state can need (Welford: n, mean, M2, shift)

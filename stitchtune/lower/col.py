@@ -15,7 +15,8 @@ scratch + grid barrier), ``independent`` (partials in scratch, kernel boundary).
 reads like the kernel: index set-up, the results of earlier kernels, per stage a sweep (loads and
 reduce) and the combine of the partials, the output sweep and stores, the round loop. Its fixed
 parts are frozen values (:class:`_ColLayout`, :class:`~stitchtune.lower.col_exchange.ColIndex`, :class:`_ColSweep`);
-its reductions are states (:mod:`stitchtune.lower.state`) combined by :mod:`stitchtune.lower.col_exchange`.
+its reductions are states (:mod:`stitchtune.lower.state`) combined by the one exchange
+(:mod:`stitchtune.lower.exchange`) over the column layout (:class:`~stitchtune.lower.col_exchange.ColExchange`).
 """
 
 from __future__ import annotations
@@ -30,14 +31,15 @@ from stitchtune.ir.launches import LaunchShape
 from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Var
-from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul, estimate_registers
+from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, Sizes, mul, estimate_registers
+from stitchtune.lower.builder import KernelState
 from stitchtune.lower.profile import kernel_profile
 from stitchtune.lower.guarded_loads import load_vec
 from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.col_remap import ColRemapValues
-from stitchtune.lower import col_exchange
 from stitchtune.lower.col_exchange import COMBINE_UNROLL as COMBINE_UNROLL  # (re-exported: its old home)
-from stitchtune.lower.col_exchange import ColIndex, ColState, load_f32, store_f32
+from stitchtune.lower.col_exchange import ColExchange, ColIndex, ColState
+from stitchtune.lower.exchange import combine_partials, exchange, load_f32, store_f32
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.lower.counts import loads_from, sweep_reads
 from stitchtune.lower.liveness import col_sweeps, kernel_levels, merged_levels, node_args
@@ -55,7 +57,12 @@ class ColLowerer(Lowerer):
 
     def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device,
                  schemes: SchemeTable = SCHEMES) -> None:
-        super().__init__(graph, plan, s, device, schemes)
+        super().__init__(graph, plan, s, device, col_sizes(plan, s), schemes)
+        #: threads along the columns (``block // tpr``) and columns of a task's tile (``tpc * vec``)
+        self.tpc = s.block // s.tpr
+        self.TC = self.tpc * s.vec
+        #: rows of the chunk a thread sweeps (``ceil(chunk / tpr)``, the sweeps' iterations)
+        self.rpt = self.iters
         #: the program's tasks, estimated registers per thread and stages per kernel (:meth:`_size`)
         self.n_tasks, self._est_regs, self.segs = self._size()
 
@@ -73,18 +80,11 @@ class ColLowerer(Lowerer):
 
     def _size(self) -> tuple[int, int, list[list[int]]]:
         """Size the program before any kernel is built (once, by the constructor): (tasks, estimated
-        registers per thread, the stages of each kernel); sets the tile sizes and the kernels' reuse levels."""
+        registers per thread, the stages of each kernel); sets the kernels' reuse levels (the sizes,
+        :func:`col_sizes`, came with the constructor)."""
         p, s = self.p, self.s
-        M, N = p.M, p.N
-        tk, block, S, vec = s.tpr, s.block, s.split, s.vec
-        self.tpc = block // tk
-        self.TC = self.tpc * vec
-        self.chunk = math.ceil(M / S)
-        self.rpt = math.ceil(self.chunk / tk)
-        self.per_thread = self.rpt * vec
-        self.iters = self.rpt
-        self.rpb = 1
-        tiles = math.ceil(N / self.TC)
+        S, vec = s.split, s.vec
+        tiles = math.ceil(p.N / self.TC)
         tasks = tiles * S
         segs = self.kernel_segments()
         # caches no later sweep reads (a later tensor of the chain is cached): never filled
@@ -161,7 +161,7 @@ class _ColSweep:
     body: list[kir.Stmt]
 
 
-class _ColKernel:
+class _ColKernel(KernelState):
     """One kernel of a column-family program, built phase by phase: the index set-up (constructor),
     the results of earlier kernels (:meth:`read_earlier_stages`), one sweep + combine per stage
     (:meth:`reduce_stage`), the output sweep and stores (:meth:`write_outputs`), the round loop
@@ -175,6 +175,8 @@ class _ColKernel:
     it builds with. It implements :class:`~stitchtune.lower.col_exchange.ColExchangeBuilder`; its only
     public field is ``ix`` (frozen).
     """
+
+    _low: ColLowerer
 
     def __init__(self, low: ColLowerer, ki: int, seg: list[int], tasks: int, est_regs: int) -> None:
         self._low, self._ki, self._est_regs = low, ki, est_regs
@@ -258,7 +260,7 @@ class _ColKernel:
             for r in low.p.stages[st]:
                 if low.schemes[low.s.schemes[st]].kernel_boundary:
                     g = self.new_state(r)
-                    col_exchange.combine_partials(self, g)
+                    combine_partials(self, ColExchange(self), g)
                     self.keep_state(r, g)
                     self.finish_state(r)
                 else:
@@ -351,38 +353,7 @@ class _ColKernel:
         for r in reds:
             self.keep_state(r, accs[r])
 
-    def use_input(self, buf: str) -> None:
-        """Record that the kernel reads global buffer ``buf`` (it becomes a kernel parameter)."""
-        self._uses["in"].add(buf)
-
-    def use_output(self, buf: str) -> None:
-        """Record that the kernel writes global buffer ``buf`` (it becomes a kernel parameter)."""
-        self._uses["out"].add(buf)
-
     # -- what the column exchange uses (col_exchange.ColExchangeBuilder) ---------------------------
-    def emit(self, *stmts: kir.Stmt) -> None:
-        """Append ``stmts`` to the current round's statements."""
-        self._rb.extend(stmts)
-
-    def var(self, prefix: str, dtype: str = F32) -> Var:
-        """A fresh kernel variable."""
-        return self._cx.var(prefix, dtype)
-
-    @property
-    def schedule(self) -> Schedule:
-        """The schedule being lowered."""
-        return self._low.s
-
-    @property
-    def plan(self) -> StitchPlan:
-        """The plan being lowered."""
-        return self._low.p
-
-    @property
-    def chunk(self) -> int:
-        """Rows of a column one split chunk covers."""
-        return self._low.chunk
-
     @property
     def tile_cols(self) -> int:
         """Columns of one task's tile."""
@@ -403,7 +374,7 @@ class _ColKernel:
         reds = list(low.p.stages[st])
         scheme = low.schemes[low.s.schemes[st]]
         self.sweep(reds, [])
-        col_exchange.exchange(self, [self._states[r] for r in reds], scheme)
+        exchange(self, ColExchange(self), [self._states[r] for r in reds], scheme)
         if not scheme.result_in_kernel:
             return
         for r in reds:
@@ -447,6 +418,14 @@ class _ColKernel:
         kern = low.make_kernel(self._ki, self._uses, self._cx, self._body, list(lay.shared), list(lay.locals_),
                                lay.needs_sync)
         return kern, kernel_profile(low, kern, lay.grid, lay.rounds, lay.smem_bytes, self._est_regs, self._ki)
+
+
+def col_sizes(plan: StitchPlan, s: Schedule) -> Sizes:
+    """A column program's sizes: one of ``split`` row chunks of ``ceil(M / split)`` rows per task, of
+    which a thread sweeps ``ceil(chunk / tpr)`` rows (its iterations) of ``vec`` columns."""
+    chunk = math.ceil(plan.M / s.split)
+    rpt = math.ceil(chunk / s.tpr)
+    return Sizes(1, chunk, rpt * s.vec, rpt)
 
 
 def lower_col(graph: Graph, plan: StitchPlan, schedule: Schedule, device: Device,

@@ -1,24 +1,23 @@
-"""The column family's exchange: reduction states (:mod:`stitchtune.lower.state`) combined across the
-row threads of a column and the split row chunks of a column tile, as the stage's
-:class:`~stitchtune.space.schemes.Scheme` declares.
+"""The column family's thread layout for the one exchange (:func:`stitchtune.lower.exchange.exchange`).
 
-The row family's exchange (:mod:`stitchtune.lower.exchange`) merges one state per reduction held by
-the lanes of a row; a column thread holds ``vec`` adjacent columns, so here a reduction is a
-:data:`ColState`: one state per column of the thread (``vec`` of them). The moves differ with the
-layout (no shuffles: the threads of a column lie in different warps), the merges are the states' own
-(:meth:`~stitchtune.lower.state.ReductionState.merge`, :func:`~stitchtune.lower.state.reset`):
+A column thread holds ``vec`` adjacent columns, so a reduction's states in a thread are a :data:`ColState`
+(one state per column, a :data:`~stitchtune.lower.exchange.StateGroup` of ``vec``); the ``tpr`` row threads
+of a column are ``block // tpr`` threads apart (``tk = tid / tpc``), so they lie in different warps (or
+in one warp at different lanes of several columns) and never shuffle. So (:class:`ColExchange`):
 
-1. :func:`exchange_in_block`: the ``tpr`` row threads of each column through ``sred`` (scalar stores,
-   a loop over the row threads);
-2. :func:`store_partials` / :func:`combine_partials`: the split row chunks of a column tile through
-   global scratch (after a grid barrier, or in the next kernel).
-
-The slots of all the states of a stage are numbered in order, reduction by reduction (a one-slot
-state: one ``sred`` slot of ``tpr x tile_cols`` floats per reduction, as the layout sizes it).
+1. no shuffles;
+2. :class:`ColThreads`: the ``tpr`` row threads of each column meet in ``sred`` (one slot of
+   ``tpr x tile_cols`` floats per state variable, scalar stores: any vec width), merged in a loop over
+   the row threads; whenever ``tpr > 1`` (a warp-only ``local`` scheme has ``tpr == 1``);
+3. no clusters (the ``cluster`` scheme is the row family's);
+4. the split partials: one per split index and column (``sidx * N + column``), written by the first row
+   thread, the ``vec`` columns side by side; combined in a loop over the split index (unrolled by
+   :data:`COMBINE_UNROLL` where longer), each step loading the ``vec`` columns' partials at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,8 +25,9 @@ from stitchtune.ir import kir
 from stitchtune.ir.kir import I32, Bin, Load, Var
 from stitchtune.lower.base import I, add, mul
 from stitchtune.lower.builder import StateBuilder
+from stitchtune.lower.exchange import Body, Meeting, PartialLoads, StateGroup, load_f32
 from stitchtune.lower.single_pass import split_count_expr
-from stitchtune.lower.state import ReductionState, reset
+from stitchtune.lower.state import ReductionState
 from stitchtune.space.schemes import Scheme
 
 #: iterations of the loop over a column stage's ``split`` partials unrolled together (their loads in flight
@@ -72,92 +72,66 @@ class ColExchangeBuilder(StateBuilder, Protocol):
         ...
 
 
-def load_f32(dsts: tuple[Var, ...], buf: str, idx: kir.Expr, pred: kir.Expr | None) -> list[kir.Stmt]:
-    """Loads of a float32 scratch buffer in accesses of at most 16 bytes (4 floats)."""
-    return [kir.LoadVec(dsts[k:k + 4], buf, add(idx, I(k)), pred) for k in range(0, len(dsts), 4)]
+@dataclass(frozen=True)
+class ColThreads:
+    """The ``tpr`` row threads of each column meeting in ``sred`` (:mod:`stitchtune.lower.col_exchange`,
+    step 2): slot ``slot`` of row thread ``tk``, column ``tc * vec + j`` of the tile at
+    ``slot * tpr * tile_cols + tk * tile_cols + tc * vec + j``; every thread stores (scalar stores), every
+    thread merges all ``tpr`` row threads in a loop."""
+
+    k: ColExchangeBuilder
+
+    def _at(self, slot: int, row: kir.Expr, j: int) -> kir.Expr:
+        k, TC = self.k, self.k.tile_cols
+        return add(I(slot * k.schedule.tpr * TC), add(mul(row, I(TC)), add(mul(k.ix.tc, I(k.schedule.vec)), I(j))))
+
+    def store(self, slot: int, j: int, value: kir.Expr) -> kir.Stmt:
+        return kir.StoreVec("sred", self._at(slot, self.k.ix.tk, j), (value,))
+
+    def load(self, slot: int, peer: kir.Expr, j: int) -> kir.Expr:
+        return Load("sred", self._at(slot, peer, j))
+
+    def sync(self) -> kir.Stmt:
+        return kir.Barrier()
+
+    def peers(self, body: Body) -> list[kir.Stmt]:
+        q = self.k.var("q", I32)
+        return [kir.For(q, I(0), I(self.k.schedule.tpr), 1, tuple(body(q)))]
 
 
-def store_f32(buf: str, idx: kir.Expr, vals: tuple[kir.Expr, ...], pred: kir.Expr | None) -> list[kir.Stmt]:
-    """Stores to a float32 scratch buffer in accesses of at most 16 bytes (4 floats)."""
-    return [kir.StoreVec(buf, add(idx, I(k)), vals[k:k + 4], pred) for k in range(0, len(vals), 4)]
+@dataclass(frozen=True)
+class ColExchange:
+    """The column family's :class:`~stitchtune.lower.exchange.ExchangeLayout` (module docstring)."""
 
+    k: ColExchangeBuilder
 
-def _slots(states: list[ColState]) -> list[int]:
-    """The first ``sred`` slot of each reduction (the slots of all reductions, numbered in order)."""
-    out, n = [], 0
-    for g in states:
-        out.append(n)
-        n += len(g[0].vars)
-    return out
+    def shuffles(self, groups: Sequence[StateGroup]) -> list[kir.Stmt]:
+        return []
 
+    def block_meeting(self, scheme: Scheme) -> Meeting | None:
+        return ColThreads(self.k) if self.k.schedule.tpr > 1 else None
 
-def exchange(k: ColExchangeBuilder, states: list[ColState], scheme: Scheme) -> None:
-    """Combine each thread's ``states`` (one :data:`ColState` per reduction of a stage) per ``scheme``:
-    across the row threads of the block (tpr > 1), then, where the scheme has partials, across the
-    split row chunks (a grid barrier: every thread then holds its columns' state; a kernel boundary:
-    the partials are stored, the next kernel combines them with :func:`combine_partials`)."""
-    if k.schedule.tpr > 1:
-        exchange_in_block(k, states)
-    if scheme.partials:
-        store_partials(k, states)
-        if scheme.grid_barrier:
-            k.emit(kir.GridSync())
-            for g in states:
-                combine_partials(k, g)
+    def cluster_meeting(self) -> Meeting:
+        raise AssertionError("the cluster scheme is the row family's (its rule)")
 
+    def partial_at(self) -> tuple[kir.Expr, kir.Expr]:
+        ix = self.k.ix
+        return add(mul(ix.sidx, I(self.k.plan.N)), ix.cc0), Bin("&&", ix.cvalid, Bin("==", ix.tk, I(0)))
 
-def exchange_in_block(k: ColExchangeBuilder, states: list[ColState]) -> None:
-    """The states of the ``tpr`` row threads of each column meet in ``sred`` (scalar stores: any vec
-    width, no 16-byte limit); every row thread then merges all of them in order."""
-    ix, s, TC = k.ix, k.schedule, k.tile_cols
-    tk, vec = s.tpr, s.vec
+    def over_splits(self, group: StateGroup, body: Body) -> list[kir.Stmt]:
+        # the partials' loads are independent: fully unrolled, ptxas hoists all S of them (S x vec
+        # registers) and spills under a grid barrier's register cap; unrolled by COMBINE_UNROLL it keeps
+        # that many in flight
+        S = self.k.schedule.split
+        q = self.k.var("q", I32)
+        return [kir.For(q, I(0), I(S), 1, tuple(body(q)), unroll_by=COMBINE_UNROLL if S > COMBINE_UNROLL else 0)]
 
-    def at(slot: int, row: kir.Expr, j: int) -> kir.Expr:
-        return add(I(slot * tk * TC), add(mul(row, I(TC)), add(mul(ix.tc, I(vec)), I(j))))
+    def load_partials(self, parts: tuple[str, ...], q: kir.Expr, n: int) -> PartialLoads:
+        ix = self.k.ix
+        tmp = [tuple(self.k.var("pp") for _ in range(n)) for _ in parts]
+        stmts = [st for buf, dsts in zip(parts, tmp)
+                 for st in load_f32(dsts, buf, add(mul(q, I(self.k.plan.N)), ix.cc0), ix.cvalid)]
+        return PartialLoads(stmts, [tuple(t[j] for t in tmp) for j in range(n)])
 
-    firsts = _slots(states)
-    for g, first in zip(states, firsts):
-        for i in range(len(g[0].vars)):
-            for j, st in enumerate(g):
-                k.emit(kir.StoreVec("sred", at(first + i, ix.tk, j), (st.vars[i],)))
-    k.emit(kir.Barrier())
-    for g, first in zip(states, firsts):
-        for st in g:
-            k.emit(*reset(st))
-        q = k.var("q", I32)
-        loop: list[kir.Stmt] = []
-        for j, st in enumerate(g):
-            loop += st.merge(tuple(Load("sred", at(first + i, q, j)) for i in range(len(st.vars))), k.var)
-        k.emit(kir.For(q, I(0), I(tk), 1, tuple(loop)))
-    k.emit(kir.Barrier())
-
-
-def store_partials(k: ColExchangeBuilder, states: list[ColState]) -> None:
-    """Each chunk's state of its columns to its partials (one per split index and column), written by
-    the first row thread."""
-    ix, N = k.ix, k.plan.N
-    for g in states:
-        for i, buf in enumerate(k.state_parts(g[0])):
-            k.emit(*store_f32(buf, add(mul(ix.sidx, I(N)), ix.cc0), tuple(st.stored[i] for st in g),
-                              Bin("&&", ix.cvalid, Bin("==", ix.tk, I(0)))))
-
-
-def combine_partials(k: ColExchangeBuilder, g: ColState) -> None:
-    """Merge the ``split`` partials of the thread's columns into ``g`` (reset first), in order, in a
-    loop over the split index (unrolled by :data:`COMBINE_UNROLL` where longer)."""
-    ix, S, N = k.ix, k.schedule.split, k.plan.N
-    parts = k.state_parts(g[0])
-    for st in g:
-        k.emit(*reset(st))
-    q = k.var("q", I32)
-    tmp = [tuple(k.var("pp") for _ in g) for _ in parts]
-    loop: list[kir.Stmt] = []
-    for buf, dsts in zip(parts, tmp):
-        loop += load_f32(dsts, buf, add(mul(q, I(N)), ix.cc0), ix.cvalid)
-    count = split_count_expr(k.plan.M, k.chunk, q)
-    for j, st in enumerate(g):
-        loop += st.merge(st.partial(count, tuple(t[j] for t in tmp)), k.var)
-    # the partials' loads are independent: fully unrolled, ptxas hoists all S of them (S x vec
-    # registers) and spills under a grid barrier's register cap; unrolled by COMBINE_UNROLL it keeps
-    # that many in flight
-    k.emit(kir.For(q, I(0), I(S), 1, tuple(loop), unroll_by=COMBINE_UNROLL if S > COMBINE_UNROLL else 0))
+    def split_count(self, q: kir.Expr) -> kir.Expr:
+        return split_count_expr(self.k.plan.M, self.k.chunk, q)

@@ -89,16 +89,16 @@ def cross_layout(low: Lowerer) -> tuple[list[kir.SharedBuf], list[kir.LocalArray
 
 
 def cross_init(k: RowKernelBuilder) -> dict[int, Var]:
-    """Zero the accumulators before the round loop (appended to ``k.body``); returns the scalar
+    """Zero the accumulators before the round loop (:meth:`~stitchtune.lower.builder.RowKernelBuilder.emit_before_rounds`); returns the scalar
     accumulator variable of each scalar cross reduction (by index in ``plan.cross``)."""
     low = k.low
-    e = k.cx.var("xe", I32)
+    e = k.var("xe", I32)
     for i, c in _per_col(low):
-        k.body.append(kir.For(e, I(0), I(low.per_thread), 1, (kir.SetLocal(f"xa{i}", e, _ident(c)),), unroll=True))
+        k.emit_before_rounds(kir.For(e, I(0), I(low.per_thread), 1, (kir.SetLocal(f"xa{i}", e, _ident(c)),), unroll=True))
     accs = {}
     for i, c in _scalars(low):
-        accs[i] = k.cx.var("xs", F32)
-        k.body.append(Assign(accs[i], _ident(c)))
+        accs[i] = k.var("xs", F32)
+        k.emit_before_rounds(Assign(accs[i], _ident(c)))
     return accs
 
 
@@ -183,7 +183,7 @@ def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, k
         for n, (i, c) in enumerate(pcs):
             for q in range(math.ceil(chunk / block)):
                 col = add(_TID, I(q * block))
-                v = k.cx.var("xv", F32)
+                v = k.var("xv", F32)
                 inside = Bin("<", col, I(chunk))
                 out.append(Assign(v, _ident(c)))
                 for g in range(groups):
@@ -198,7 +198,7 @@ def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, k
                 res.append((i, col, LocalRef(f"xa{i}", I(e)), ok if writer is None else Bin("&&", writer, ok)))
     for n, (i, c) in enumerate(scal):
         if block > 32:
-            v = k.cx.var("xv", F32)
+            v = k.var("xv", F32)
             out.append(Assign(v, _ident(c)))
             for w in range(nw):
                 out.append(Assign(v, _comb(c, v, Load("sxs", I(n * nw + w)))))
@@ -214,11 +214,12 @@ def partial_buf(low: Lowerer, i: int, grid: int) -> str:
     return low.scratch(f"xp{i}", grid * width)
 
 
-def cross_epilogue(k: RowKernelBuilder, uses: dict[str, set[str]]) -> list[kir.Stmt]:
+def cross_epilogue(k: RowKernelBuilder, cx: Ctx, uses: dict[str, set[str]]) -> list[kir.Stmt]:
     """The statements after the round loop: block reduce, then the cross-block combine of the schedule
-    (``uses``: the kernel's global buffers read and written, which the final sums add to)."""
+    (``cx``, ``uses``: the kernel's variables and scratch buffers, and its global buffers read and
+    written, which the partials and final sums add to; the kernel hands them over as it finishes)."""
     low = k.low
-    mode, grid = low.s.option(CROSS_COMBINE), k.lay.grid
+    mode, grid = low.s.option(CROSS_COMBINE), k.layout.grid
     out: list[kir.Stmt] = [kir.Comment("cross reductions: block reduce, then combine across blocks")]
     for i, col, v, pred in _block_values(k, out):
         c = low.p.cross[i]
@@ -229,12 +230,12 @@ def cross_epilogue(k: RowKernelBuilder, uses: dict[str, set[str]]) -> list[kir.S
             out.append(kir.AtomicAdd(buf, col, val, pred))
         else:
             part = partial_buf(low, i, grid)
-            k.cx.scratch.add(part)
+            cx.scratch.add(part)
             width = low.p.N if c.kind == "per_reduced" else 1
             out.append(kir.StoreVec(part, add(mul(_BID, I(width)), col), (v,), pred))
     if mode == CrossCombine.GRID:
         out.append(kir.GridSync())
-        out += final_sums(low, k.cx, uses, grid, grid)
+        out += final_sums(low, cx, uses, grid, grid)
     return out
 
 

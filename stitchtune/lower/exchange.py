@@ -1,126 +1,202 @@
-"""The one exchange path of the row family: reduction states (:mod:`stitchtune.lower.state`) combined
-into the row's result, as the stage's :class:`~stitchtune.space.schemes.Scheme` declares.
+"""The one exchange path of both families: reduction states (:mod:`stitchtune.lower.state`) combined into
+the result of their row (row family) or column (column family), as the stage's
+:class:`~stitchtune.space.schemes.Scheme` declares.
 
-Every function takes the kernel being built as an :class:`~stitchtune.lower.builder.ExchangeBuilder`
-and a list of states (the one-slot states of a stage's reductions, or the state of a single-pass pair),
-and appends to its round body. The slots of all the states are numbered in order (the shared-memory
-and DSMEM exchanges keep one slot each); each state is merged in turn.
+A thread holds one :data:`StateGroup` per reduction of a stage (one state in a row thread, one per owned
+column in a column thread). :func:`exchange` runs the scheme's steps in order; what differs between the
+families is the thread layout, which the family passes in as an :class:`ExchangeLayout` (the row family's
+:class:`stitchtune.lower.row_exchange.RowExchange`, the column family's
+:class:`stitchtune.lower.col_exchange.ColExchange`):
 
-1. :func:`shuffle_tree`: the lanes of a warp (or of a sub-warp row group) by butterfly shuffles;
-2. :func:`exchange_in_block`: the warps of a row through ``sred``, one writer per warp;
-3. :func:`stitchtune.lower.cluster.cluster_exchange`: the split blocks of a row through DSMEM;
-4. :func:`store_partials` / :func:`combine_partials`: the split blocks of a row through global scratch
-   (after a grid barrier, or in the next kernel), with ``combine`` thread or warp loads.
+1. within a warp: the layout's shuffles (a row's lanes: butterfly shuffles; a column's threads lie in
+   different warps: none);
+2. ``beyond_warp`` False: done;
+3. within a block, where the layout says so for the scheme: a :class:`Meeting` in ``sred`` (:func:`meet`:
+   the warps of a row, one writer per warp; the row threads of a column, each writing its ``vec`` columns);
+4. ``cluster``: the split blocks of a row meet in distributed shared memory (the layout's cluster
+   :class:`Meeting`, :class:`stitchtune.lower.cluster.ClusterMeeting`);
+5. ``partials``: each block (row piece / column chunk) stores its state to global scratch
+   (:func:`store_partials`), then with ``grid_barrier`` a grid barrier and every thread merges the
+   ``split`` partials (:func:`combine_partials`; with ``kernel_boundary`` the next kernel does).
+
+Every merge is the state's own (:meth:`~stitchtune.lower.state.ReductionState.merge` after
+:func:`~stitchtune.lower.state.reset`); the slots of all the states of a stage are numbered in order
+(:func:`slots`), one exchange slot per state variable.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from stitchtune.ir import kir
-from stitchtune.ir.kir import F32, Bin, Const, Load, Select
-from stitchtune.lower.base import I, add, mul
-from stitchtune.lower.builder import ExchangeBuilder
-from stitchtune.lower.cluster import cluster_exchange
-from stitchtune.lower.single_pass import split_count, split_count_expr
+from stitchtune.ir.kir import Select
+from stitchtune.lower.base import I, add
+from stitchtune.lower.builder import StateBuilder
 from stitchtune.lower.state import ReductionState, reset
-from stitchtune.space.option_values import Combine
-from stitchtune.space.options import COMBINE
 from stitchtune.space.schemes import Scheme
 
+StateGroup = tuple[ReductionState, ...]
+"""One reduction's states in one thread: one state (row family) or one per column the thread owns
+(column family: ``vec``); the states of a group share their exchange slots."""
 
-def shuffle_tree(k: ExchangeBuilder, states: list[ReductionState], width: int) -> None:
-    """Merge each state across ``width`` lanes (a power of two, at most 32) by shuffles: after it, every
-    lane of the group holds the group's state."""
-    for st in states:
-        m = width // 2
-        while m >= 1:
-            k.emit(*st.merge(tuple(kir.Shfl(v, m, 32) for v in st.vars), k.var))
-            m //= 2
+Body = Callable[[kir.Expr], list[kir.Stmt]]
+"""The statements of one step of a loop, given the loop's index (a constant or a loop variable)."""
 
 
-def exchange(k: ExchangeBuilder, states: list[ReductionState], scheme: Scheme) -> None:
-    """Combine each thread's ``states`` into the row's, per ``scheme`` (the module docstring's steps).
-    Afterwards every thread of the row holds the row's state, except with a kernel boundary (the
-    partials are stored; the next kernel combines them with :func:`combine_partials`)."""
-    s = k.schedule
-    shuffle_tree(k, states, min(s.tpr, 32))
+class Meeting(Protocol):
+    """A place where the holders of a reduction's partial states meet (:func:`meet`): each holder writes its
+    states' slots, a barrier, every holder merges the states of all of them in order, a barrier."""
+
+    def store(self, slot: int, j: int, value: kir.Expr) -> kir.Stmt:
+        """The store of this holder's ``value`` of exchange slot ``slot``, state ``j`` of its group."""
+        ...
+
+    def load(self, slot: int, peer: kir.Expr, j: int) -> kir.Expr:
+        """The value holder ``peer`` stored for slot ``slot``, state ``j`` of its group."""
+        ...
+
+    def sync(self) -> kir.Stmt:
+        """The barrier between the stores and the loads (and after the loads)."""
+        ...
+
+    def peers(self, body: Body) -> list[kir.Stmt]:
+        """``body`` for every holder in order (the loop's shape: unrolled over constants, or a loop)."""
+        ...
+
+
+@dataclass(frozen=True)
+class PartialLoads:
+    """What one step of the loop over the split partials loaded: statements to place first, the stored
+    slots of each state of the group (as expressions), and where not None the condition under which the
+    step's partial exists (else the state merges its identity)."""
+
+    stmts: list[kir.Stmt]
+    loaded: list[tuple[kir.Expr, ...]]
+    exists: kir.Expr | None = None
+
+
+class ExchangeLayout(Protocol):
+    """What :func:`exchange` needs to know of a family's thread layout (module docstring)."""
+
+    def shuffles(self, groups: Sequence[StateGroup]) -> list[kir.Stmt]:
+        """The merges within a warp, by shuffles (none where a reduction's threads lie in different warps)."""
+        ...
+
+    def block_meeting(self, scheme: Scheme) -> Meeting | None:
+        """Where the threads of a block that share a reduction meet under ``scheme`` (None: they do not)."""
+        ...
+
+    def cluster_meeting(self) -> Meeting:
+        """Where the blocks of a cluster meet (a ``cluster`` scheme)."""
+        ...
+
+    def partial_at(self) -> tuple[kir.Expr, kir.Expr]:
+        """The scratch index of this block's partial (of the thread's first state), and the predicate of
+        its one writer."""
+        ...
+
+    def over_splits(self, group: StateGroup, body: Body) -> list[kir.Stmt]:
+        """``body`` for every split index in order (unrolled over constants, a loop, or the lanes of a warp
+        taking 32 at a time: then the shuffles that merge the lanes' states)."""
+        ...
+
+    def load_partials(self, parts: tuple[str, ...], q: kir.Expr, n: int) -> PartialLoads:
+        """The stored slots (buffers ``parts``) of split index ``q`` for the ``n`` states of a group."""
+        ...
+
+    def split_count(self, q: kir.Expr) -> kir.Expr:
+        """The element count of split index ``q``'s piece (float32)."""
+        ...
+
+
+def exchange(k: StateBuilder, layout: ExchangeLayout, groups: Sequence[StateGroup], scheme: Scheme) -> None:
+    """Combine each thread's ``groups`` (one per reduction of a stage) per ``scheme`` (the module
+    docstring's steps). Afterwards every thread holds its reductions' complete states, except with a
+    kernel boundary (the partials are stored; the next kernel combines them with :func:`combine_partials`)."""
+    k.emit(*layout.shuffles(groups))
     if not scheme.beyond_warp:
         return
-    if scheme.exchanges_in_block(s.tpr):
-        exchange_in_block(k, states)
+    block = layout.block_meeting(scheme)
+    if block is not None:
+        meet(k, block, groups)
     if scheme.cluster:
-        cluster_exchange(k, states)
+        meet(k, layout.cluster_meeting(), groups)
     if scheme.partials:
-        store_partials(k, states)
+        store_partials(k, layout, groups)
         if scheme.grid_barrier:
             k.emit(kir.GridSync())
-            for st in states:
-                combine_partials(k, st)
+            for g in groups:
+                combine_partials(k, layout, g)
 
 
-def exchange_in_block(k: ExchangeBuilder, states: list[ReductionState]) -> None:
-    """The warps of a row merge their states through ``sred`` (a slot per state variable and warp of
-    each row of the block); one writer per warp (tpr > 32) or per sub-warp row group (tpr <= 32)."""
-    rib = k.ix.rib
-    tpr, rpb = k.schedule.tpr, k.rows_per_block
-    wpr = max(1, tpr // 32)
-    tid = kir.Special("tid")
-    writer = Bin("==", Bin("%", tid, I(min(tpr, 32))), I(0))
-    wir = Bin("/", Bin("%", tid, I(tpr)), I(32)) if tpr > 32 else I(0)
-    slots = _slots(states)
-    for st, first in zip(states, slots):
-        for i, v in enumerate(st.vars):
-            k.emit(kir.StoreVec("sred", add(I((first + i) * rpb * wpr), add(mul(rib, I(wpr)), wir)), (v,), writer))
-    k.emit(kir.Barrier())
-    for st, first in zip(states, slots):
-        k.emit(*reset(st))
-        for w in range(wpr):
-            other = tuple(Load("sred", add(I((first + i) * rpb * wpr), add(mul(rib, I(wpr)), I(w))))
-                          for i in range(len(st.vars)))
-            k.emit(*st.merge(other, k.var))
-    k.emit(kir.Barrier())
-
-
-def _slots(states: list[ReductionState]) -> list[int]:
-    """The first exchange slot of each state (the slots of all states, numbered in order)."""
+def slots(groups: Sequence[StateGroup]) -> list[int]:
+    """The first exchange slot of each group (the slots of all groups, numbered in order)."""
     out, n = [], 0
-    for st in states:
+    for g in groups:
         out.append(n)
-        n += len(st.vars)
+        n += len(g[0].vars)
     return out
 
 
-def store_partials(k: ExchangeBuilder, states: list[ReductionState]) -> None:
-    """Each block's state of its row piece to its partials (one per row and split index), written by
-    the row's first lane."""
-    ix, S = k.ix, k.schedule.split
-    for st in states:
-        leader = Bin("&&", ix.rvalid, Bin("==", Bin("%", kir.Special("tid"), I(k.schedule.tpr)), I(0)))
-        for buf, v in zip(k.state_parts(st), st.stored):
-            k.emit(kir.StoreVec(buf, add(mul(Bin("min", ix.row, k.last_row()), I(S)), ix.sidx), (v,), leader))
+def meet(k: StateBuilder, place: Meeting, groups: Sequence[StateGroup]) -> None:
+    """Merge ``groups`` across the holders that meet at ``place``: every slot of every state stored, a
+    barrier, every holder resets its states and merges those of all holders in order (so every holder
+    ends with bitwise the same states), a barrier."""
+    firsts = slots(groups)
+    for g, first in zip(groups, firsts):
+        for i in range(len(g[0].vars)):
+            for j, st in enumerate(g):
+                k.emit(place.store(first + i, j, st.vars[i]))
+    k.emit(place.sync())
+    for g, first in zip(groups, firsts):
+        for st in g:
+            k.emit(*reset(st))
+
+        def merged(peer: kir.Expr, g: StateGroup = g, first: int = first) -> list[kir.Stmt]:
+            out: list[kir.Stmt] = []
+            for j, st in enumerate(g):
+                out += st.merge(tuple(place.load(first + i, peer, j) for i in range(len(st.vars))), k.var)
+            return out
+        k.emit(*place.peers(merged))
+    k.emit(place.sync())
 
 
-def combine_partials(k: ExchangeBuilder, st: ReductionState) -> None:
-    """Merge the ``split`` partials of ``st`` for this thread's row into ``st`` (reset first): every
-    thread loads all of them in order (``combine`` thread), or the lanes of each warp load them together
-    (lane l: partials l, l + 32, ...) and merge them by shuffles (``combine`` warp; every warp of a split
-    row lies within one row, tpr == block)."""
-    rvalid, s = k.ix.rvalid, k.schedule
-    S, N, chunk = s.split, k.plan.N, k.chunk
-    parts = k.state_parts(st)
-    base = mul(Bin("min", k.ix.row, k.last_row()), I(S))
-    k.emit(*reset(st))
-    if s.option(COMBINE) == Combine.WARP and S > 1:
-        wl = Bin("%", kir.Special("tid"), I(32))
-        for c in range(math.ceil(S / 32)):
-            lane_q = add(wl, I(32 * c))
-            inside = Bin("<", lane_q, I(S))
-            loads = tuple(Load(b, add(base, Bin("min", lane_q, I(S - 1))), Bin("&&", rvalid, inside)) for b in parts)
-            got = st.partial(split_count_expr(N, chunk, lane_q), loads)
-            k.emit(*st.merge(tuple(Select(inside, g, e) for g, e in zip(got, st.identity())), k.var))
-        shuffle_tree(k, [st], 32)
-    else:
-        for q in range(S):
-            loads = tuple(Load(b, add(base, I(q)), rvalid) for b in parts)
-            k.emit(*st.merge(st.partial(Const(float(split_count(N, chunk, q)), F32), loads), k.var))
+def store_partials(k: StateBuilder, layout: ExchangeLayout, groups: Sequence[StateGroup]) -> None:
+    """Each block's state of its piece to its partials (one scratch buffer per stored slot), written by
+    the layout's one writer, the states of a group side by side."""
+    for g in groups:
+        at, writer = layout.partial_at()
+        for i, buf in enumerate(k.state_parts(g[0])):
+            k.emit(*store_f32(buf, at, tuple(st.stored[i] for st in g), writer))
+
+
+def combine_partials(k: StateBuilder, layout: ExchangeLayout, group: StateGroup) -> None:
+    """Merge the ``split`` partials of ``group``'s reduction into its states (reset first), in the order
+    of the split index, over the layout's loop (:meth:`ExchangeLayout.over_splits`)."""
+    parts = k.state_parts(group[0])
+    for st in group:
+        k.emit(*reset(st))
+
+    def merged(q: kir.Expr) -> list[kir.Stmt]:
+        got = layout.load_partials(parts, q, len(group))
+        count = layout.split_count(q)
+        out = list(got.stmts)
+        for st, loaded in zip(group, got.loaded):
+            other = st.partial(count, loaded)
+            if got.exists is not None:
+                other = tuple(Select(got.exists, x, e) for x, e in zip(other, st.identity()))
+            out += st.merge(other, k.var)
+        return out
+    k.emit(*layout.over_splits(group, merged))
+
+
+def load_f32(dsts: tuple[kir.Var, ...], buf: str, idx: kir.Expr, pred: kir.Expr | None) -> list[kir.Stmt]:
+    """Loads of a float32 scratch buffer in accesses of at most 16 bytes (4 floats)."""
+    return [kir.LoadVec(dsts[k:k + 4], buf, add(idx, I(k)), pred) for k in range(0, len(dsts), 4)]
+
+
+def store_f32(buf: str, idx: kir.Expr, vals: tuple[kir.Expr, ...], pred: kir.Expr | None) -> list[kir.Stmt]:
+    """Stores to a float32 scratch buffer in accesses of at most 16 bytes (4 floats)."""
+    return [kir.StoreVec(buf, add(idx, I(k)), vals[k:k + 4], pred) for k in range(0, len(vals), 4)]

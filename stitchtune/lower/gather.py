@@ -36,12 +36,14 @@ def gather_index(k: RowKernelBuilder, nd: Node, bound: int) -> kir.Var:
     """The round's index of gather / pick ``nd`` for the task's row (once per kernel round): its index
     input read by :class:`~stitchtune.ir.kir.IndexLoad` (``-1`` outside ``[0, bound)``), and the
     node's error flag raised by the row's first lane for an out-of-range index."""
+    return k.gather_row(nd.id, lambda: _read_index(k, nd, bound))
+
+
+def _read_index(k: RowKernelBuilder, nd: Node, bound: int) -> kir.Var:
+    """:func:`gather_index`'s variable, its statements emitted (the first time a round asks for it)."""
     low = k.low
-    rows = k.gather_rows
-    if nd.id in rows:
-        return rows[nd.id]
     idx = str(nd.args[1])
-    gi = k.cx.var("gi", I32)
+    gi = k.var("gi", I32)
     if idx in low.nodes:  # a per-row int register the region computed (plan.pick.check_pick_indices)
         v, st = k.value_of(idx), low.vtype(idx)
         assert v is not None, f"index '{idx}' of '{nd.id}' not computed yet"
@@ -54,11 +56,10 @@ def gather_index(k: RowKernelBuilder, nd: Node, bound: int) -> kir.Var:
         at = low.row_base(idx, r) if low.p.mapped(idx) else r
         k.emit(Assign(gi, kir.IndexLoad(ibuf, at, bound, k.ix.rvalid)))
     flag = _flag_buffer(low, nd.id)
-    k.cx.scratch.add(flag)
+    k.use_scratch(flag)
     first = Bin("&&", Bin("==", k.ix.lane, I(0)), Bin("==", k.ix.sidx, I(0)))
     k.emit(kir.AtomicAdd(flag, I(0), Const(1.0, F32),
                               Bin("&&", Bin("&&", k.ix.rvalid, first), Bin("<", gi, I(0)))))
-    rows[nd.id] = gi
     return gi
 
 
@@ -95,7 +96,7 @@ def pick_value(k: RowKernelBuilder, nd: Node) -> kir.Expr | None:
         addr = low.col_offset(name, col)
         if low.cls[name] is TensorClass.FULL:
             addr = add(low.row_base(name, r), addr)
-        v = k.cx.var("pk", F32)
+        v = k.var("pk", F32)
         k.emit(Assign(v, Load(buf, addr, Bin("&&", k.ix.rvalid, ok))))
         vals[name] = v
 
@@ -104,12 +105,12 @@ def pick_value(k: RowKernelBuilder, nd: Node) -> kir.Expr | None:
             return vals[name]
         m = low.nodes[name]
         args: list[kir.Expr] = [at(a) if isinstance(a, str) else Const(float(a), F32) for a in m.args]
-        v = k.cx.var("pk", F32)
+        v = k.var("pk", F32)
         k.emit(Assign(v, low.expr_of_node(m, args)))
         vals[name] = v
         return v
 
-    out = k.cx.var("pk", F32)
+    out = k.var("pk", F32)
     k.emit(Assign(out, Select(ok, at(str(nd.args[0])), Const(0.0, F32))))
     return out
 

@@ -69,7 +69,7 @@ __all__ = ["Shift", "RemapValues"]
 
 class RemapValues:
     """The values of one sweep's index-op nodes (module docstring). ``kern`` is the row kernel
-    (``low``, ``ix``, ``cx``, ``emit``, ``use_input``, ``f_index``), ``sw`` the sweep, ``sv`` its
+    (``low``, ``ix``, ``var``, ``emit``, ``use_input``, ``f_index``), ``sw`` the sweep, ``sv`` its
     :class:`~stitchtune.lower.sweep_values.SweepValues`."""
 
     def __init__(self, kern: RowKernelBuilder, sw: RowSweep, sv: SweepValues) -> None:
@@ -247,7 +247,7 @@ class RemapValues:
         argv = [self.value(a, sh) if isinstance(a, str) else [Const(float(a), F32)] * vec for a in nd.args]
         vals: list[kir.Expr] = []
         for j in range(vec):
-            v = self.k.cx.var(f"t{low.tid_of[nd.id]}_", F32)
+            v = self.k.var(f"t{low.tid_of[nd.id]}_", F32)
             self.sw.body.append(Assign(v, low.expr_of_node(nd, [x[j] for x in argv])))
             vals.append(v)
         return vals
@@ -296,7 +296,7 @@ class RemapValues:
         rowb = low.row_base(name, Bin("min", self.k.ix.row, low.m_last())) if full else I(0)
         out: list[kir.Expr] = []
         for j in range(self.vec):
-            v = self.k.cx.var("g", F32)
+            v = self.k.var("g", F32)
             if self.mixed:  # delta is a column shift (column_shift): the map of column c + delta
                 at = add(rowb, low.col_offset(name, add(self.sw.k0, I(j + delta))))
             else:  # delta is in the input's own strides (shift_offset)
@@ -320,7 +320,7 @@ class RemapValues:
             return self._emit(buf, self._chain_offset(chain, sh, 0), sh, True, None)
         out: list[kir.Expr] = []
         for j in range(self.vec):
-            v = self.k.cx.var("g", F32)
+            v = self.k.var("g", F32)
             pj = and_(self.sw.valid, self.cond(sh, j))
             self.sw.body.append(Assign(v, Load(buf, self._chain_offset(chain, sh, j), pj)))
             out.append(v)
@@ -393,7 +393,7 @@ class RemapValues:
         vec, low = self.vec, self.low
         pred0 = and_(and_(self.sw.valid, extra), self.cond(sh, 0))
         if aligned and self.uniform(sh):
-            dsts = tuple(self.k.cx.var("g", F32) for _ in range(vec))
+            dsts = tuple(self.k.var("g", F32) for _ in range(vec))
             # a masked vector keeps its destinations: zero them first so that masked lanes read 0.0
             for v in dsts:
                 self.sw.body.append(Assign(v, Const(0.0, F32)))
@@ -402,7 +402,7 @@ class RemapValues:
         out: list[kir.Expr] = []
         for j in range(vec):
             pj = and_(and_(self.sw.valid, extra), self.cond(sh, j))
-            v = self.k.cx.var("g", F32)
+            v = self.k.var("g", F32)
             self.sw.body.append(Assign(v, Load(buf, add(base, I(j)), pj)))
             out.append(v)
         return out

@@ -18,7 +18,7 @@ from stitchtune.ir import kir
 from stitchtune.ir.launches import LaunchShape
 from stitchtune.graph.parse import Graph
 from stitchtune.lower import single_pass as sp
-from stitchtune.lower.base import Lowerer, estimate_registers
+from stitchtune.lower.base import Lowerer, Sizes, estimate_registers
 from stitchtune.lower.liveness import kernel_levels, merged_levels, node_args, row_sweeps
 from stitchtune.lower.cross import SMALL_KERNEL_REGISTERS, combine_kernel, small_profile, zero_kernel
 from stitchtune.lower.row_kernel import RowKernel
@@ -34,7 +34,8 @@ class RowLowerer(Lowerer):
 
     def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device, schemes: SchemeTable = SCHEMES,
                  sym: RowSymbols | None = None) -> None:
-        super().__init__(graph, plan, s, device, schemes, sym)
+        merged = {c.stage: c for c in plan.single_pass} if s.option(SINGLE_PASS) else {}
+        super().__init__(graph, plan, s, device, row_sizes(plan, s), schemes, sym, merged)
         #: the program's tasks, estimated registers per thread and stages per kernel (:meth:`_size`)
         self.n_tasks, self.est_regs, self.segs = self._size()
 
@@ -55,13 +56,10 @@ class RowLowerer(Lowerer):
 
     def _size(self) -> tuple[int, int, list[list[int]]]:
         """Size the program before any kernel is built (once, by the constructor): (tasks, estimated
-        registers per thread, the stages of each kernel); sets the row sizes (``rpb``, ``chunk``,
-        ``per_thread``, ``iters``), the merged single-pass stages, the kernels' reuse levels and
-        ``n_kernels``."""
+        registers per thread, the stages of each kernel); sets the kernels' reuse levels (the sizes,
+        :func:`row_sizes`, and the merged single-pass stages came with the constructor)."""
         p, s = self.p, self.s
-        M, N = p.M, p.N
-        # single-pass statistics: first stage of each merged pair -> its candidate
-        self.merged = {c.stage: c for c in p.single_pass} if s.option(SINGLE_PASS) else {}
+        M = p.M
         if self.merged:  # tensors only the output sweep reads now: computed (or read) there, not cached
             for c in sp.single_sweep_candidates(self.g, p):
                 self.reuse[c] = uncached_level(c in self.in_buf)
@@ -71,16 +69,12 @@ class RowLowerer(Lowerer):
         sweeps = row_sweeps(p, args, self.g.outputs, segs, self.merged)
         self.kernel_reuse = kernel_levels(p, args, self.reuse, sweeps)
         self.reuse = merged_levels(self.kernel_reuse, self.reuse)
-        tpr, block, S, vec = s.tpr, s.block, s.split, s.vec
-        self.rpb = rpb = block // tpr
-        chunk = row_chunk(N, S, tpr, vec)
-        self.chunk, self.per_thread, self.iters = chunk, chunk // tpr, chunk // (tpr * vec)
+        S, vec, rpb = s.split, s.vec, self.rpb
         tasks = math.ceil(M / rpb) if S == 1 else M * S
         n_reg = sum(1 for r in self.reuse.values() if r == ReuseLevel.REGISTER)
         n_pf = s.option(PREFETCH) * sum(1 for n, c in p.classes if c is TensorClass.FULL and n in self.in_buf)
         n_pf += sum(1 for c in p.cross if c.kind == "per_reduced")  # the cross accumulators
         est = estimate_registers(self.per_thread * (n_reg + n_pf), vec, 4)
-        self.n_kernels = len(segs)
         return tasks, est, segs
 
     def resources(self) -> tuple[LaunchShape, ...]:
@@ -118,7 +112,7 @@ class RowLowerer(Lowerer):
     def build_kernel(self, ki: int, seg: list[int], is_last: bool, tasks: int,
                      est_regs: int) -> tuple[kir.Kernel, kir.KernelProfile]:
         """Kernel ``ki``: the stages ``seg`` (0-based), then the outputs when it is the last one."""
-        k = RowKernel(self, ki, seg, tasks, est_regs)
+        k = RowKernel(self, ki, seg, tasks, est_regs, is_last)
         k.read_earlier_stages()
         for st in seg:
             if not self.merged_second(st):
@@ -139,6 +133,15 @@ class RowLowerer(Lowerer):
         kernels.insert(at, k)
         launches.insert(at, kir.Launch(k.name, grid, k.block, k.smem_bytes, tuple(pp.name for pp in k.params)))
         profiles.insert(at, small_profile(self, k, grid, parts))
+
+
+def row_sizes(plan: StitchPlan, s: Schedule) -> Sizes:
+    """A row program's sizes: ``block // tpr`` rows per block; a block's piece of a row (the row, or one
+    of ``split`` pieces, rounded to whole sweeps: :func:`~stitchtune.space.row_chunk`), ``chunk // tpr``
+    elements per thread in ``chunk // (tpr * vec)`` iterations."""
+    tpr, vec = s.tpr, s.vec
+    chunk = row_chunk(plan.N, s.split, tpr, vec)
+    return Sizes(s.block // tpr, chunk, chunk // tpr, chunk // (tpr * vec))
 
 
 def lower_row(graph: Graph, plan: StitchPlan, schedule: Schedule, device: Device,

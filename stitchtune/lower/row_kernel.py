@@ -4,14 +4,15 @@
 sweep (loads and reduce) and the exchange of its reduction states (:mod:`stitchtune.lower.exchange`),
 the output sweep and stores, the round loop. Its fixed parts are frozen values (:class:`~stitchtune.lower.builder.RowLayout`,
 :class:`~stitchtune.lower.builder.RowIndex`, :class:`RowSweep`). It implements
-:class:`~stitchtune.lower.builder.RowKernelBuilder`, the interface the exchange, cluster, cross and
-remap modules use.
+:class:`~stitchtune.lower.builder.RowKernelBuilder`, the interface the exchange's row layout, the cross
+reductions, the gathers and the remaps use (its state and the narrow methods over it:
+:class:`~stitchtune.lower.row_state.RowKernelState`).
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Iterator
+from collections.abc import Iterator
 
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Var
@@ -29,98 +30,57 @@ from stitchtune.lower.cross import (cross_accumulate, cross_accumulate_rows, cro
 from stitchtune.lower.exchange import combine_partials, exchange
 from stitchtune.lower.gather import pick_value
 from stitchtune.lower.remap import RemapValues
+from stitchtune.lower.row_exchange import RowExchange
+from stitchtune.lower.row_state import RowKernelState
 from stitchtune.lower.state import PlainState, ReductionState, reset
-from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space import ORDER, PREFETCH, Order, Schedule
+from stitchtune.plan.planner import TensorClass
+from stitchtune.space import ORDER, PREFETCH, Order
 
 
-class RowKernel:
+class RowKernel(RowKernelState):
     """One kernel of a row-family program, built phase by phase: the index set-up (constructor),
     the results of earlier kernels (:meth:`read_earlier_stages`), one sweep + combine per stage
     (:meth:`reduce_stage`), the output sweep and stores (:meth:`write_outputs`), the round loop
-    (:meth:`finish`).
-
-    State while building: ``body`` (statements before the round loop), ``rb`` (the round body),
-    ``pvals`` (per-row and scalar values available, by tensor name), ``uses`` (global buffers read and written), ``filled`` (cached tensors written to their
-    cache by an earlier sweep), ``prefetched`` (inputs the first sweep takes from prefetch registers).
+    (:meth:`finish`). Its building state is private (:class:`~stitchtune.lower.row_state.RowKernelState`:
+    the state and the narrow interface over it); its only public field is ``ix`` (frozen). Besides:
+    ``_filled`` (cached tensors written to their cache by an earlier sweep), ``_prefetched`` (inputs the
+    first sweep takes from prefetch registers), the per-round row bases and reciprocals.
     """
 
-    def __init__(self, low: Lowerer, ki: int, seg: list[int], tasks: int, est_regs: int) -> None:
-        self.low, self.ki, self.est_regs = low, ki, est_regs
+    def __init__(self, low: Lowerer, ki: int, seg: list[int], tasks: int, est_regs: int, is_last: bool) -> None:
+        """Kernel ``ki`` of ``low``'s program, running stages ``seg`` (``is_last``: the program's last
+        kernel, which writes the outputs), over ``tasks`` tasks."""
+        self._low, self._ki, self._est_regs = low, ki, est_regs
         s, p = low.s, low.p
-        self.cx = cx = Ctx()
-        self.is_last = ki == low.n_kernels - 1
-        self.lay = row_layout(low, ki, seg, tasks, est_regs, self.is_last)
+        self._cx = cx = Ctx()
+        self._is_last = is_last
+        self._lay = row_layout(low, ki, seg, tasks, est_regs, self._is_last)
         lane, rib = cx.var("lane", I32), cx.var("rib", I32)
         tid = kir.Special("tid")
-        self.body: list[kir.Stmt] = [Assign(lane, Bin("%", tid, I(s.tpr))), Assign(rib, Bin("/", tid, I(s.tpr)))]
+        self._body: list[kir.Stmt] = [Assign(lane, Bin("%", tid, I(s.tpr))), Assign(rib, Bin("/", tid, I(s.tpr)))]
         rd, row, sidx = cx.var("rd", I32), cx.var("row", I32), cx.var("sidx", I32)
         rvalid, kbase, kend = cx.var("rv", kir.BOOL), cx.var("kb", I32), cx.var("ke", I32)
         self.ix = RowIndex(lane, rib, rd, row, sidx, rvalid, kbase, kend)
-        self.rb: list[kir.Stmt] = self.round_head(tasks)
+        self._rb: list[kir.Stmt] = self.round_head(tasks)
         # a guard that is not the constant true (a persistent grid, ragged rows or pieces): its loads start
         # from zeros, so that each is independent of the one before (lower.guarded_loads)
-        self.zero_guarded = not (rows_exact(low, self.lay, tasks) and cols_exact(low))
-        self.uses: dict[str, set[str]] = {"in": set(), "out": set()}
-        self.pvals: dict[str, kir.Expr] = {}
-        self.filled: set[str] = set()
-        self.prefetched: list[str] = []
-        self.recips: dict[str, Var] = {}  # per-row reciprocals (fast division), by divisor
-        self.row_bases: dict[str, Var] = {}  # mapped inputs: their row base in this round
-        self.gather_rows: dict[str, Var] = {}  # gather nodes: their table row in this round
-        self.first_sweep = bool(s.option(PREFETCH))  # the next sweep is the kernel's first (with prefetch on)
-        self.prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
-        self.cross_acc = cross_init(self) if self.is_last and p.cross else {}  # scalar cross accumulators
-
-    # -- the ExchangeBuilder interface (stitchtune.lower.builder) -------------------------------------
-    @property
-    def schedule(self) -> Schedule:
-        return self.low.s
-
-    @property
-    def plan(self) -> StitchPlan:
-        return self.low.p
-
-    @property
-    def rows_per_block(self) -> int:
-        return self.low.rpb
-
-    @property
-    def chunk(self) -> int:
-        return self.low.chunk
-
-    def var(self, prefix: str, dtype: str = F32) -> Var:
-        return self.cx.var(prefix, dtype)
-
-    def emit(self, *stmts: kir.Stmt) -> None:
-        self.rb.extend(stmts)
-
-    def value_of(self, name: str) -> kir.Expr | None:
-        return self.pvals.get(name)
-
-    def use_input(self, buf: str) -> None:
-        self.uses["in"].add(buf)
-
-    def use_output(self, buf: str) -> None:
-        self.uses["out"].add(buf)
-
-    def cross_accumulator(self, i: int) -> Var:
-        return self.cross_acc[i]
-
-    def last_row(self) -> kir.Expr:
-        return self.low.m_last()
-
-    def state_parts(self, st: ReductionState) -> tuple[str, ...]:
-        low = self.low
-        parts = tuple(low.scratch(n, low.p.M * low.s.split) for n in st.part_names(low.red_idx))
-        self.cx.scratch.update(parts)
-        return parts
+        self._zero_guarded = not (rows_exact(low, self._lay, tasks) and cols_exact(low))
+        self._uses: dict[str, set[str]] = {"in": set(), "out": set()}
+        self._pvals: dict[str, kir.Expr] = {}
+        self._filled: set[str] = set()
+        self._prefetched: list[str] = []
+        self._recips: dict[str, Var] = {}  # per-row reciprocals (fast division), by divisor
+        self._row_bases: dict[str, Var] = {}  # mapped inputs: their row base in this round
+        self._gather_rows: dict[str, Var] = {}  # gather nodes: their table row in this round
+        self._first_sweep = bool(s.option(PREFETCH))  # the next sweep is the kernel's first (with prefetch on)
+        self._prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
+        self._cross_acc = cross_init(self) if self._is_last and p.cross else {}  # scalar cross accumulators
 
     # -- indices ----------------------------------------------------------------------------------
     def round_head(self, tasks: int) -> list[kir.Stmt]:
         """The statements that start a round: its task, and the task's row, split index and range."""
-        s, ix, cx = self.low.s, self.ix, self.cx
-        S, M, N, chunk = s.split, self.low.p.M, self.low.p.N, self.low.chunk
+        s, ix, cx = self._low.s, self.ix, self._cx
+        S, M, N, chunk = s.split, self._low.p.M, self._low.p.N, self._low.chunk
         rb: list[kir.Stmt] = []
         task = add(mul(ix.rd, kir.Special("gdim")), kir.Special("bid"))
         if s.option(ORDER) == Order.ALTERNATE:
@@ -132,25 +92,25 @@ class RowKernel:
         else:
             tv = cx.var("task", I32)
             rb += [Assign(tv, task), Assign(ix.row, Bin("/", tv, I(S))), Assign(ix.sidx, Bin("%", tv, I(S)))]
-        rows_ok: kir.Expr = (Const(True, kir.BOOL) if rows_exact(self.low, self.lay, tasks)
-                             else Bin("<", ix.row, self.low.m_expr()))
+        rows_ok: kir.Expr = (Const(True, kir.BOOL) if rows_exact(self._low, self._lay, tasks)
+                             else Bin("<", ix.row, self._low.m_expr()))
         rb += [Assign(ix.rvalid, rows_ok),
                Assign(ix.kbase, mul(ix.sidx, I(chunk))),
-               Assign(ix.kend, Bin("min", add(ix.kbase, I(chunk)), self.low.n_expr()))]
+               Assign(ix.kend, Bin("min", add(ix.kbase, I(chunk)), self._low.n_expr()))]
         return rb
 
     def rounds(self) -> kir.Expr:
         """The round loop's trip count (a constant; in a generic kernel computed from the extents)."""
-        return self.low.rounds_expr(self.lay.rounds, self.low.rpb, self.low.s.split)
+        return self._low.rounds_expr(self._lay.rounds, self._low.rpb, self._low.s.split)
 
     def row_of(self, t: kir.Expr) -> kir.Expr:
         """This thread's row of row group ``t`` (split 1)."""
-        return add(mul(t, I(self.low.rpb)), self.ix.rib)
+        return add(mul(t, I(self._low.rpb)), self.ix.rib)
 
     def f_index(self, r: kir.Expr, k: kir.Expr, name: str | None = None) -> kir.Expr:
         """Element ``k`` of row ``r`` of a full-size tensor (of input ``name``, through its index map
         when it broadcasts along part of the rows)."""
-        low = self.low
+        low = self._low
         if name is not None and low.p.mapped(name):
             return add(low.row_base(name, Bin("min", r, low.m_last())), k)
         return add(mul(Bin("min", r, low.m_last()), low.n_expr()), k)
@@ -158,97 +118,97 @@ class RowKernel:
     def round_row_base(self, name: str) -> kir.Expr:
         """The row base of mapped input ``name`` at this round's row, computed once per round (the
         first use appends its assignment to the round body, ahead of the sweep that needs it)."""
-        if name not in self.row_bases:
-            v = self.cx.var("rb", I32)
-            self.rb.append(Assign(v, self.low.row_base(name, Bin("min", self.ix.row, self.low.m_last()))))
-            self.row_bases[name] = v
-        return self.row_bases[name]
+        if name not in self._row_bases:
+            v = self._cx.var("rb", I32)
+            self._rb.append(Assign(v, self._low.row_base(name, Bin("min", self.ix.row, self._low.m_last()))))
+            self._row_bases[name] = v
+        return self._row_bases[name]
 
     # -- per-row values ---------------------------------------------------------------------------
     def load_p(self, name: str) -> kir.Expr:
         """A per-row (PER_KEPT) or scalar input value."""
-        low, ix = self.low, self.ix
-        if name in self.pvals:
-            return self.pvals[name]
-        v = self.cx.var("p", low.vtype(name))
+        low, ix = self._low, self.ix
+        if name in self._pvals:
+            return self._pvals[name]
+        v = self._cx.var("p", low.vtype(name))
         buf = low.in_buf[name]
-        self.uses["in"].add(buf)
+        self._uses["in"].add(buf)
         per_row = low.cls[name] is TensorClass.PER_KEPT
         idx = ix.row if per_row else I(0)
         pred = ix.rvalid if per_row else None
         if low.p.mapped(name):  # per-row along part of the row axes: its own row index
-            self.rb.append(Assign(v, low.load(name, self.round_row_base(name), pred)))
+            self._rb.append(Assign(v, low.load(name, self.round_row_base(name), pred)))
         else:
-            self.rb.append(Assign(v, low.load(name, Bin("min", idx, low.m_last()) if per_row else idx, pred)))
-        self.pvals[name] = v
+            self._rb.append(Assign(v, low.load(name, Bin("min", idx, low.m_last()) if per_row else idx, pred)))
+        self._pvals[name] = v
         return v
 
     def compute_p_nodes(self) -> None:
         """Compute the per-row and scalar nodes whose reductions are all available, and the picks
         (``gather_elements``, :func:`~stitchtune.lower.gather.pick_value`) whose per-row values are."""
-        picks = [nd for nd in self.low.g.nodes if nd.op == "gather_elements"]
+        picks = [nd for nd in self._low.g.nodes if nd.op == "gather_elements"]
         while True:
             for nd in picks:
-                if nd.id not in self.pvals:
+                if nd.id not in self._pvals:
                     pv = pick_value(self, nd)
                     if pv is not None:
-                        self.pvals[nd.id] = pv
-            before = len(self.pvals)
-            for nd, args in self.low.ready_p_nodes(self.pvals, self.load_p, lambda c: Const(c, F32)):
-                v = self.cx.var("p", self.low.vtype(nd.id))
+                        self._pvals[nd.id] = pv
+            before = len(self._pvals)
+            for nd, args in self._low.ready_p_nodes(self._pvals, self.load_p, lambda c: Const(c, F32)):
+                v = self._cx.var("p", self._low.vtype(nd.id))
                 if nd.op == "iota":  # per-row (or scalar): its coordinate from the row's offset in it
-                    self.rb.append(Assign(v, self.low.iota_at(nd.id, self.round_row_base(nd.id))))
+                    self._rb.append(Assign(v, self._low.iota_at(nd.id, self.round_row_base(nd.id))))
                 else:
-                    self.rb.append(Assign(v, self.low.expr_of_node(nd, args)))
-                self.pvals[nd.id] = v
-            if len(self.pvals) == before or all(nd.id in self.pvals for nd in picks):
+                    self._rb.append(Assign(v, self._low.expr_of_node(nd, args)))
+                self._pvals[nd.id] = v
+            if len(self._pvals) == before or all(nd.id in self._pvals for nd in picks):
                 return
 
     def read_earlier_stages(self) -> None:
         """The results of the stages of earlier kernels: combined from their partials (an
         independent stage) or the final per-row value an earlier kernel stored."""
-        low, ix, p = self.low, self.ix, self.low.p
-        for st in self.prev_stages:
+        low, ix, p = self._low, self.ix, self._low.p
+        for st in self._prev_stages:
             if low.stage_scheme(st).result_in_kernel:
                 self.load_stage_values(st)
             elif not low.merged_second(st):  # (a pair's second stage is combined with its first)
                 for state in self.new_states(st):
-                    combine_partials(self, state)
+                    combine_partials(self, RowExchange(self), (state,))
                     self.take_results(state)
         self.compute_p_nodes()
 
     def new_states(self, st: int) -> Iterator[ReductionState]:
         """Fresh reduction states of stage ``st``, one at a time: the running state of its single-pass
         pair, or a one-slot state per reduction."""
-        low = self.low
+        low = self._low
         if st in low.merged:
-            yield sp.new_state(low.merged[st], self.cx.var)
+            yield sp.new_state(low.merged[st], self._cx.var)
             return
         for r in low.p.stages[st]:
-            yield PlainState(r, self.cx.var("acc", F32), low.red_info(r))
+            yield PlainState(r, self._cx.var("acc", F32), low.red_info(r))
 
     def take_results(self, state: ReductionState) -> list[str]:
         """The final values of a complete state's reductions (``pvals``); returns their names."""
-        stmts, values = state.finish(self.low.k_value(), self.cx.var)
-        self.rb.extend(stmts)
+        stmts, values = state.finish(self._low.k_value(), self._cx.var)
+        self._rb.extend(stmts)
         for r, v in values:
-            self.pvals[r] = v
+            self._pvals[r] = v
         return [r for r, _ in values]
 
     def load_stage_values(self, st: int) -> None:
         """The final per-row values of stage ``st``, which an earlier kernel stored."""
-        low, ix, p = self.low, self.ix, self.low.p
+        low, ix, p = self._low, self.ix, self._low.p
         for r in p.stages[st]:
             vb = low.scratch(f"val{low.red_idx[r]}", p.P)
-            self.cx.scratch.add(vb)
-            v = self.cx.var("acc", F32)
-            self.rb.append(Assign(v, Load(vb, Bin("min", ix.row, low.m_last()), ix.rvalid)))
-            self.pvals[r] = v
+            self._cx.scratch.add(vb)
+            v = self._cx.var("acc", F32)
+            self._rb.append(Assign(v, Load(vb, Bin("min", ix.row, low.m_last()), ix.rvalid)))
+            self._pvals[r] = v
 
     # -- sweeps -----------------------------------------------------------------------------------
     def prefetch_rows(self, task_expr: kir.Expr, valid_task: kir.Expr | None) -> list[kir.Stmt]:
         """Statements loading the prefetched inputs of the row group ``task_expr`` into pf<t>."""
-        low, cx, s = self.low, self.cx, self.low.s
+        low, cx, s = self._low, self._cx, self._low.s
         tpr, vec, M, N = s.tpr, s.vec, low.p.M, low.p.N
         tn, rown, vn = cx.var("tn", I32), cx.var("rown", I32), cx.var("vn", kir.BOOL)
         ip, kp, vp = cx.var("ip", I32), cx.var("kp", I32), cx.var("vp", kir.BOOL)
@@ -257,7 +217,7 @@ class RowKernel:
                                Assign(vn, row_ok if valid_task is None else Bin("&&", valid_task, row_ok))]
         lp: list[kir.Stmt] = [Assign(kp, mul(add(mul(ip, I(tpr)), self.ix.lane), I(vec))),
                     Assign(vp, Bin("&&", vn, Bin("<", kp, low.n_expr())))]
-        for name in self.prefetched:
+        for name in self._prefetched:
             tix = low.tid_of[name]
             dsts: list[kir.Expr]
             if low.p.imap(name).partial_cols or low.p.imap(name).vector_mode(vec) == "scalar":  # through the map
@@ -272,60 +232,60 @@ class RowKernel:
         return out
 
     def cache_index(self, sw: RowSweep, j: int) -> kir.Expr:
-        return add(mul(sw.idx, I(self.low.s.vec)), I(j))
+        return add(mul(sw.idx, I(self._low.s.vec)), I(j))
 
     def smem_index(self, sw: RowSweep, j: int) -> kir.Expr:
-        tpr, vec, chunk = self.low.s.tpr, self.low.s.vec, self.low.chunk
+        tpr, vec, chunk = self._low.s.tpr, self._low.s.vec, self._low.chunk
         return add(mul(self.ix.rib, I(chunk)), add(mul(add(mul(sw.idx, I(vec)), I(j)), I(tpr)), self.ix.lane))
 
     def reciprocal(self, name: str) -> kir.Expr:
         """``1 / name`` of a per-row or scalar value (``fast_rcp``), once per round before the first sweep asking."""
-        if name not in self.recips:
+        if name not in self._recips:
             vals = self.broadcast(name)
             assert vals is not None, f"{name} varies along the row"
-            self.recips[name] = v = self.cx.var("rcp", F32)
-            self.rb.append(Assign(v, kir.MathOp("fast_rcp", (vals[0],))))
-        return self.recips[name]
+            self._recips[name] = v = self._cx.var("rcp", F32)
+            self._rb.append(Assign(v, kir.MathOp("fast_rcp", (vals[0],))))
+        return self._recips[name]
 
     def broadcast(self, name: str) -> list[kir.Expr] | None:
         """The ``vec`` values of a per-row or scalar tensor (None for the others)."""
-        if self.low.cls[name].varies_along_reduced:
+        if self._low.cls[name].varies_along_reduced:
             return None
-        if name in self.low.in_buf and name not in self.pvals:
+        if name in self._low.in_buf and name not in self._pvals:
             self.load_p(name)
-        return [self.pvals[name]] * self.low.s.vec
+        return [self._pvals[name]] * self._low.s.vec
 
     def load_input(self, sw: RowSweep, name: str) -> list[kir.Expr]:
         """The ``vec`` values of a full-size or per-reduced-index input at the sweep's element."""
-        low, vec = self.low, self.low.s.vec
+        low, vec = self._low, self._low.s.vec
         buf = low.in_buf[name]
-        self.uses["in"].add(buf)
+        self._uses["in"].add(buf)
         if sw.from_prefetch and low.cls[name] is TensorClass.FULL and name not in low.int_regs:
-            self.prefetched.append(name)
+            self._prefetched.append(name)
             return [LocalRef(f"pf{low.tid_of[name]}", self.cache_index(sw, j)) for j in range(vec)]
         # varies along part of the columns, or a row stride off the vector grid: through the map
         if low.p.imap(name).partial_cols or low.p.imap(name).vector_mode(vec) == "scalar":
             base = self.round_row_base(name) if low.cls[name] is TensorClass.FULL else I(0)
-            return low.mapped_load(self.cx, sw.body, name, base, sw.k0, sw.valid, f"t{low.tid_of[name]}_",
-                                   zeroed=self.zero_guarded)
-        dsts = tuple(self.cx.var(f"t{low.tid_of[name]}_", low.vtype(name)) for _ in range(vec))
+            return low.mapped_load(self._cx, sw.body, name, base, sw.k0, sw.valid, f"t{low.tid_of[name]}_",
+                                   zeroed=self._zero_guarded)
+        dsts = tuple(self._cx.var(f"t{low.tid_of[name]}_", low.vtype(name)) for _ in range(vec))
         if low.cls[name] is TensorClass.FULL and low.p.mapped(name):  # broadcast along part of the rows
             idx = add(self.round_row_base(name), sw.k0)
         elif low.cls[name] is TensorClass.FULL:
             idx = self.f_index(self.ix.row, sw.k0)
         else:  # PER_REDUCED: varies along the row only
             idx = sw.k0
-        sw.body.extend(load_vec(dsts, buf, idx, sw.valid, zeroed=self.zero_guarded))
+        sw.body.extend(load_vec(dsts, buf, idx, sw.valid, zeroed=self._zero_guarded))
         return list(dsts)
 
     def iota_values(self, sw: RowSweep, name: str) -> list[kir.Expr]:
         """The ``vec`` values of a full-size or per-reduced-index ``iota`` at the sweep's element (index
         arithmetic on its map's offset, no memory access)."""
-        low = self.low
+        low = self._low
         base = self.round_row_base(name) if low.cls[name] is TensorClass.FULL else I(0)
         out: list[kir.Expr] = []
         for j in range(low.s.vec):
-            v = self.cx.var(f"t{low.tid_of[name]}_", low.vtype(name))
+            v = self._cx.var(f"t{low.tid_of[name]}_", low.vtype(name))
             sw.body.append(Assign(v, low.iota_at(name, add(base, low.col_offset(name, add(sw.k0, I(j)))))))
             out.append(v)
         return out
@@ -336,24 +296,24 @@ class RowKernel:
         the source of a single-pass candidate into its running state ``online`` (and, with ``cross``,
         the full-size sources of the cross reductions into their accumulators). Returns the states of
         ``reds`` (one slot each), or ``[online]``."""
-        low, cx, ix, s = self.low, self.cx, self.ix, self.low.s
+        low, cx, ix, s = self._low, self._cx, self.ix, self._low.s
         tpr, vec, N = s.tpr, s.vec, low.p.N
         it = cx.var("i", I32)
         idx_it, ii = low.sweep_index(cx, it)
-        from_prefetch, self.first_sweep = self.first_sweep, False
+        from_prefetch, self._first_sweep = self._first_sweep, False
         lb: list[kir.Stmt] = []
         accs = [PlainState(r, cx.var("acc", F32), low.red_info(r)) for r in reds]
         for acc in accs:
-            self.rb.extend(reset(acc))
+            self._rb.extend(reset(acc))
         k0 = cx.var("k", I32)
         lb.append(Assign(k0, add(ix.kbase, mul(add(mul(idx_it, I(tpr)), ix.lane), I(vec)))))
         valid = cx.var("v", kir.BOOL)
         # no bounds guard where the extent divides (cols_exact): the row guard alone, constant true
         # where the grid covers the rows exactly (rows_exact)
-        lb.append(Assign(valid, ix.rvalid if cols_exact(self.low) else Bin("&&", ix.rvalid, Bin("<", k0, ix.kend))))
+        lb.append(Assign(valid, ix.rvalid if cols_exact(self._low) else Bin("&&", ix.rvalid, Bin("<", k0, ix.kend))))
         sw = RowSweep(idx_it, k0, valid, lb, from_prefetch)
-        sv = SweepValues(low, cx, lb, vec, self.filled, self.broadcast, partial(self.load_input, sw), partial(
-            self.cache_index, sw), partial(self.smem_index, sw), low.kernel_reuse[self.ki])
+        sv = SweepValues(low, cx, lb, vec, self._filled, self.broadcast, partial(self.load_input, sw), partial(
+            self.cache_index, sw), partial(self.smem_index, sw), low.kernel_reuse[self._ki])
         rv = RemapValues(self, sw, sv)
         sv.index_value = rv.node_value
         sv.iota_value = partial(self.iota_values, sw)
@@ -362,12 +322,12 @@ class RowKernel:
             vals = sv.value(str(low.nodes[acc.reduction].args[0]))
             lb.extend(acc.fold(vals[j], valid) for j in range(vec))
         if online is not None:
-            self.rb.extend(sp.reset(online))
+            self._rb.extend(sp.reset(online))
             lb.extend(sp.update_vector(online, list(sv.value(online.cand.source)), valid, cx.var))
         for o in outputs:
             vals = rv.output_value(o) or sv.value(o)
             buf = low.out_buf[o]
-            self.uses["out"].add(buf)
+            self._uses["out"].add(buf)
             c = low.cls[o]
             if low.p.mapped(o):  # a permuted (bijective) map: stored through it
                 base = low.row_base(o, Bin("min", ix.row, low.m_last())) if c is TensorClass.FULL else I(0)
@@ -380,18 +340,18 @@ class RowKernel:
                 lb.append(kir.StoreVec(buf, k0, tuple(vals), and_(valid, Bin("==", ix.row, I(0)))))
         if cross:
             cross_accumulate(self, sw, sv, lb)
-        unroll = bool(self.lay.locals_) or low.iters <= 8 or from_prefetch
+        unroll = bool(self._lay.locals_) or low.iters <= 8 or from_prefetch
         # the sweep reads memory: it loads a full-size input, or takes the prefetched ones
-        reads = loads_from(lb, low.swept_inputs) or (from_prefetch and bool(self.prefetched))
+        reads = loads_from(lb, low.swept_inputs) or (from_prefetch and bool(self._prefetched))
         head = low.order_sweep(ii, it, low.iters, reads)
-        self.rb.append(kir.For(it, I(0), I(low.iters), 1, tuple(head + lb), unroll=unroll))
-        if self.prefetched and from_prefetch:  # the next task's inputs, in flight while this one reduces
+        self._rb.append(kir.For(it, I(0), I(low.iters), 1, tuple(head + lb), unroll=unroll))
+        if self._prefetched and from_prefetch:  # the next task's inputs, in flight while this one reduces
             nxt = add(ix.rd, I(1))
-            self.rb.extend(self.prefetch_rows(add(mul(nxt, kir.Special("gdim")), kir.Special("bid")),
+            self._rb.extend(self.prefetch_rows(add(mul(nxt, kir.Special("gdim")), kir.Special("bid")),
                                               Bin("<", nxt, self.rounds())))
-        self.filled.update(sv.newly)
+        self._filled.update(sv.newly)
         for acc in accs:
-            self.pvals[acc.reduction] = acc.acc
+            self._pvals[acc.reduction] = acc.acc
         return [online] if online is not None else list(accs)
 
     # -- stages and outputs -----------------------------------------------------------------------
@@ -400,14 +360,14 @@ class RowKernel:
         exchange of its reduction states per the stage's scheme (:func:`stitchtune.lower.exchange.exchange`)
         and, where the scheme leaves the values in this kernel, the final values; ``keep_results``:
         stored per row for a later kernel."""
-        low = self.low
+        low = self._low
         cand = low.merged.get(st)
         if cand is not None:
-            states = self.sweep([], [], online=sp.new_state(cand, self.cx.var))
+            states = self.sweep([], [], online=sp.new_state(cand, self._cx.var))
         else:
             states = self.sweep(list(low.p.stages[st]), [])
         scheme = low.stage_scheme(st)
-        exchange(self, states, scheme)
+        exchange(self, RowExchange(self), [(st,) for st in states], scheme)
         if not scheme.result_in_kernel:
             return
         for state in states:
@@ -419,17 +379,17 @@ class RowKernel:
     def store_value(self, r: str) -> None:
         """The final value of reduction ``r`` per row to ``val<r>``, written by the row's first lane of
         its first split block."""
-        low, ix, p = self.low, self.ix, self.low.p
+        low, ix, p = self._low, self.ix, self._low.p
         vb = low.scratch(f"val{low.red_idx[r]}", p.P)
-        self.cx.scratch.add(vb)
+        self._cx.scratch.add(vb)
         leader = Bin("&&", Bin("==", Bin("%", kir.Special("tid"), I(low.s.tpr)), I(0)), Bin("==", ix.sidx, I(0)))
-        self.rb.append(kir.StoreVec(vb, Bin("min", ix.row, low.m_last()), (self.pvals[r],),
+        self._rb.append(kir.StoreVec(vb, Bin("min", ix.row, low.m_last()), (self._pvals[r],),
                                     Bin("&&", ix.rvalid, leader)))
 
     def write_outputs(self) -> None:
         """The output sweep (full-size and per-reduced-index outputs), then the per-row and scalar
         outputs, written by the row's first lane of its first split block."""
-        low, ix = self.low, self.ix
+        low, ix = self._low, self.ix
         crossed = {c.node for c in low.p.cross} | set(low.p.epilogue)  # stored after the cross combine
         outs = [o for o in dict.fromkeys(low.g.outputs) if o not in crossed]
         f_outs = [o for o in outs if low.cls[o].varies_along_reduced]
@@ -442,35 +402,35 @@ class RowKernel:
             c = low.cls[o]
             if c.varies_along_reduced:
                 continue
-            if o not in self.pvals and o in low.in_buf:
+            if o not in self._pvals and o in low.in_buf:
                 self.load_p(o)
             buf = low.out_buf[o]
-            self.uses["out"].add(buf)
+            self._uses["out"].add(buf)
             leader = Bin("&&", Bin("==", ix.lane, I(0)), Bin("==", ix.sidx, I(0)))
             if c is TensorClass.PER_KEPT and low.p.mapped(o):  # a permuted (bijective) map of the rows
-                self.rb.append(kir.StoreVec(buf, low.row_base(o, Bin("min", ix.row, low.m_last())),
-                                            (self.pvals[o],), Bin("&&", ix.rvalid, leader)))
+                self._rb.append(kir.StoreVec(buf, low.row_base(o, Bin("min", ix.row, low.m_last())),
+                                            (self._pvals[o],), Bin("&&", ix.rvalid, leader)))
             elif c is TensorClass.PER_KEPT:
-                self.rb.append(kir.StoreVec(buf, ix.row, (self.pvals[o],), Bin("&&", ix.rvalid, leader)))
+                self._rb.append(kir.StoreVec(buf, ix.row, (self._pvals[o],), Bin("&&", ix.rvalid, leader)))
             else:
-                self.rb.append(kir.StoreVec(buf, I(0), (self.pvals[o],),
+                self._rb.append(kir.StoreVec(buf, I(0), (self._pvals[o],),
                                             Bin("&&", Bin("==", ix.row, I(0)), leader)))
 
     def finish(self) -> tuple[kir.Kernel, kir.KernelProfile]:
         """The round loop (after the first task's prefetch), the kernel and its profile."""
-        low, lay = self.low, self.lay
+        low, lay = self._low, self._lay
         total = lay.rounds * lay.grid if low.sym is None else Bin("*", self.rounds(), kir.Special("gdim"))
-        low.order_tasks(self.rb, bool(sweep_reads(tuple(self.rb), low.swept_inputs)), total)
+        low.order_tasks(self._rb, bool(sweep_reads(tuple(self._rb), low.swept_inputs)), total)
         locals_ = list(lay.locals_)
-        if self.prefetched:  # the first task's inputs, before the round loop
-            locals_ += [kir.LocalArray(f"pf{low.tid_of[n]}", low.per_thread) for n in self.prefetched]
-            self.body.extend(self.prefetch_rows(kir.Special("bid"), None))
-        self.body.append(kir.For(self.ix.rd, I(0), self.rounds(), 1, tuple(self.rb)))
-        if self.is_last and low.p.cross:
-            self.body.extend(cross_epilogue(self, self.uses))
-        kern = low.make_kernel(self.ki, self.uses, self.cx, self.body, list(lay.shared), locals_, lay.needs_sync)
-        prof = kernel_profile(low, kern, lay.grid, lay.rounds, lay.smem_bytes, self.est_regs, self.ki)
-        if self.is_last and low.p.cross:
+        if self._prefetched:  # the first task's inputs, before the round loop
+            locals_ += [kir.LocalArray(f"pf{low.tid_of[n]}", low.per_thread) for n in self._prefetched]
+            self._body.extend(self.prefetch_rows(kir.Special("bid"), None))
+        self._body.append(kir.For(self.ix.rd, I(0), self.rounds(), 1, tuple(self._rb)))
+        if self._is_last and low.p.cross:
+            self._body.extend(cross_epilogue(self, self._cx, self._uses))
+        kern = low.make_kernel(self._ki, self._uses, self._cx, self._body, list(lay.shared), locals_, lay.needs_sync)
+        prof = kernel_profile(low, kern, lay.grid, lay.rounds, lay.smem_bytes, self._est_regs, self._ki)
+        if self._is_last and low.p.cross:
             prof = cross_profile(low, lay.grid, lay.rounds, prof)
         if lay.cluster > 1:  # launched as thread-block clusters (stitchtune.lower.cluster)
             kern, prof = as_cluster(kern, prof, lay.cluster, lay.rounds)

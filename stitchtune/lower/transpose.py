@@ -36,13 +36,17 @@ from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Var
 from stitchtune.ir.launches import LaunchShape
 from stitchtune.graph.ops import OPS
-from stitchtune.lower.base import I, Ctx, Lowerer, add, and_, estimate_registers, mul
+from stitchtune.hardware.device import Device
+from stitchtune.graph.parse import Graph
+from stitchtune.lower.base import I, Ctx, Lowerer, Sizes, add, and_, estimate_registers, mul
 from stitchtune.lower.builder import RowSweep
 from stitchtune.lower.profile import kernel_profile
 from stitchtune.lower.remap import RemapValues
 from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.sectors import sector_factor_of
+from stitchtune.plan.planner import StitchPlan
 from stitchtune.plan.transpose import TransposeTile
+from stitchtune.space import SCHEMES, Schedule, SchemeTable
 
 __all__ = ["TransposeLowerer", "tile_edge", "bank_conflicts", "tile_pitch"]
 
@@ -88,26 +92,28 @@ def bank_conflicts(edge: int, vec: int) -> tuple[int, int]:
 class TransposeLowerer(Lowerer):
     """The tiled transpose of an element-wise plan with ``plan.transpose`` (module docstring)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        tile = self.p.transpose
-        assert tile is not None and tile_edge(self.s) > 0, "a tiled transpose needs plan.transpose and an edge"
+    def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device,
+                 schemes: SchemeTable = SCHEMES) -> None:
+        tile = plan.transpose
+        assert tile is not None and tile_edge(s) > 0, "a tiled transpose needs plan.transpose and an edge"
+        #: passes of a block over one tile per phase (the sweeps' iterations)
+        passes = tile_edge(s) ** 2 // (s.vec * s.block)
+        assert passes >= 1, "the space's rule: transpose * transpose >= block * vec"
+        super().__init__(graph, plan, s, device, Sizes(1, 0, 0, passes), schemes)
+        self.kernel_reuse = [self.reuse]   # one kernel, no reuse cache
         self.tile: TransposeTile = tile
         self.edge = tile_edge(self.s)
         self.pitch = tile_pitch(self.edge)
-        #: the kernel's tasks, passes of a block over one tile per phase, estimated registers (:meth:`_size`)
-        self.n_tasks, self.passes, self.est_regs = self._size()
+        self.passes = passes
+        #: the kernel's tasks and estimated registers (:meth:`_size`)
+        self.n_tasks, self.est_regs = self._size()
 
     # -- sizes --------------------------------------------------------------------------------------
-    def _size(self) -> tuple[int, int, int]:
-        """(tasks, passes of a block over one tile per phase, estimated registers), once, by the
-        constructor (sets ``iters``)."""
-        E, vec = self.edge, self.s.vec
-        passes = E * E // (vec * self.s.block)
-        assert passes >= 1, "the space's rule: transpose * transpose >= block * vec"
+    def _size(self) -> tuple[int, int]:
+        """(tasks, estimated registers), once, by the constructor."""
+        E = self.edge
         tasks = (self.p.M // self.tile.dim) * math.ceil(self.tile.dim / E) * math.ceil(self.p.N / E)
-        self.iters = passes
-        return tasks, passes, estimate_registers(0, vec, 4)
+        return tasks, estimate_registers(0, self.s.vec, 4)
 
     def shared(self) -> list[kir.SharedBuf]:
         return [kir.SharedBuf(f"tp{j}", self.edge * self.pitch) for j in range(len(self.tile.outputs))]
@@ -164,10 +170,14 @@ class TransposeLowerer(Lowerer):
 
 class _RemapHost:
     """The part of a row kernel builder :class:`~stitchtune.lower.remap.RemapValues` reads (``low``,
-    ``cx``, ``ix.row``, ``f_index``, :meth:`use_input`), for the tile's load phase."""
+    ``ix.row``, ``f_index``, :meth:`var`, :meth:`use_input`), for the tile's load phase."""
 
     def __init__(self, low: Lowerer, cx: Ctx, ix: Any, uses: dict[str, set[str]], f_index: Any) -> None:
-        self.low, self.cx, self.ix, self._uses, self.f_index = low, cx, ix, uses, f_index
+        self.low, self.ix, self.f_index = low, ix, f_index
+        self._cx, self._uses = cx, uses
+
+    def var(self, prefix: str, dtype: str = F32) -> Var:
+        return self._cx.var(prefix, dtype)
 
     def use_input(self, buf: str) -> None:
         self._uses["in"].add(buf)

@@ -23,15 +23,16 @@ from __future__ import annotations
 
 from math import prod
 
-from stitchtune.errors import SeparateRegionsError, UnsupportedGraphError
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph
 from stitchtune.plan.pick import node_axis
-from stitchtune.plan.index_ops import (after_index_ops, feeds_layout, gather_tables, has_index_ops, has_layout_ops,
-                                       surrogate_shape)
+from stitchtune.plan.index_ops import (after_index_ops, aligned_shape, feeds_layout, gather_tables, has_index_ops,
+                                       has_layout_ops, spans_shape, surrogate_shape)
+from stitchtune.plan.refusal import Refusal
 
 __all__ = ["composed_chains", "sliced_chains", "sliced_members", "chain_members", "wide_inputs", "mixed_layout",
-           "layout_part", "layout_tails", "domain_of", "part_domains"]
+           "layout_part", "layout_part_refusal", "layout_tails", "tails_refusal", "domain_of", "domain_refusal",
+           "part_domains"]
 
 
 def domain_of(graph: Graph) -> tuple[int, ...]:
@@ -55,6 +56,25 @@ def _roots(graph: Graph) -> list[str]:
     return out + [str(n.args[0]) for n in graph.reductions()]
 
 
+def domain_refusal(graph: Graph) -> Refusal | None:
+    """The refusal met in deciding the iteration domain (:func:`domain_of`) and the parts
+    (:func:`part_domains`) of a region with index ops: its tails' (:func:`tails_refusal`), else the
+    first root (outputs, reduction arguments) of a higher rank than the domain, unless a root before
+    it does not span the domain (then the parts decide); None without one."""
+    refused = tails_refusal(graph)
+    if refused is not None or not has_index_ops(graph):
+        return refused
+    domain = domain_of(graph)
+    for r in _roots(graph):
+        shape = tuple(graph.spec(r).shape)
+        sur = aligned_shape(shape, domain, r)
+        if isinstance(sur, Refusal):
+            return sur
+        if sur != shape:
+            return None
+    return None
+
+
 def part_domains(graph: Graph) -> dict[str, tuple[int, ...]]:
     """In a region with index ops whose roots (outputs, reduction arguments) do not all span the
     iteration domain of :func:`domain_of`: tensor -> the domain of its *part*, the largest root it
@@ -67,7 +87,7 @@ def part_domains(graph: Graph) -> dict[str, tuple[int, ...]]:
         return {}
     domain = domain_of(graph)
     roots = _roots(graph)
-    if all(surrogate_shape(graph.spec(r).shape, domain, r) == tuple(graph.spec(r).shape) for r in roots):
+    if all(spans_shape(tuple(graph.spec(r).shape), domain) for r in roots):
         return {}
     feeds = root_feeds(graph)
     own_shape = {nd.id for nd in graph.nodes if OPS[nd.op].kind == "layout"} | feeds_layout(graph, sliced_members(graph))
@@ -118,42 +138,46 @@ def layout_tails(graph: Graph) -> set[str]:
     """The transpose / reshape / expand nodes of a region with index ops that rearrange a tensor
     computed from an index op's result (``k^T`` after Llama's rotary). Each may be read only by
     other such nodes and be an output (it is stored through its map, never evaluated at a shifted
-    position); :class:`UnsupportedGraphError` naming the node otherwise. A layout node of a tensor
+    position): the rule of :func:`tails_refusal`. A layout node of a tensor
     computed *before* any index op (a per-head RMSNorm's result transposed to ``[B, H, S, D]`` and
     rotated, the rotary angles ``cat(freqs, freqs)`` made by expand + reshape) is not a tail: it is
     part of :func:`layout_part`."""
     if not has_index_ops(graph):
         return set()
     after = after_index_ops(graph, sliced_members(graph))
-    tails: set[str] = set()
+    return {nd.id for nd in graph.nodes if OPS[nd.op].kind == "layout" and nd.id in after}
+
+
+def tails_refusal(graph: Graph) -> Refusal | None:
+    """The :class:`~stitchtune.plan.refusal.Refusal` naming the first :func:`layout_tails` node read by
+    an op that is not a layout node (in graph order; :func:`_shared_slice_refusal` where it would be a
+    sliced chain's head), None when every tail only makes outputs."""
+    tails = layout_tails(graph)
     for nd in graph.nodes:
         if OPS[nd.op].kind == "layout":
-            if nd.id in after:
-                tails.add(nd.id)
             continue
         for a in nd.tensor_args:
             if a in tails:
-                _refuse_shared_slice(graph, a, nd.id)
-                raise UnsupportedGraphError(
+                return _shared_slice_refusal(graph, a, nd.id) or Refusal(
                     f"node '{a}' (transpose / reshape) rearranges a "
                     f"tensor computed in a region with slice, concat or gather and is read by '{nd.id}'; there a "
                     "transpose / reshape of a computed tensor may only make an output")
-    return tails
+    return None
 
 
-def _refuse_shared_slice(graph: Graph, head: str, reader: str) -> None:
+def _shared_slice_refusal(graph: Graph, head: str, reader: str) -> Refusal | None:
     """The refusal of a layout tail read by ``reader`` that would be a :func:`sliced_chains` head but for
     what else reads the input it slices (a chain of another head shape, or an op outside the chains):
-    one line naming the head (a region finder that leaves it out keeps the rest), the input and why; a
-    :class:`~stitchtune.errors.SeparateRegionsError` whose ``apart`` is the head, then the others."""
+    one line naming the head (a region finder that leaves it out keeps the rest), the input and why,
+    whose ``apart`` is the head, then the others; None for any other tail (the general refusal)."""
     chain = _sliced_candidates(graph).get(head)
     if chain is None:
-        return
+        return None
     src = chain[-1]
     others = sorted({c.id for m in chain[1:] for c in graph.consumers(m)} - set(chain))
     if not others:   # (dropped for a per-head norm before a transpose: the general refusal)
-        return
-    raise SeparateRegionsError(
+        return None
+    return Refusal(
         f"node '{head}' (transpose / reshape) rearranges a slice of input '{src}' and is read by '{reader}', but "
         f"'{', '.join(others)}' also read that input (or its slice) in another layout or head count; slices of one "
         "input rearranged into tensors of different shapes belong in separate regions", (head, *others))
@@ -186,7 +210,9 @@ def composed_chains(graph: Graph) -> dict[str, tuple[str, ...]]:
                 or any(c.id in feeds for c in cons)
                 or any(OPS[c.op].kind == "layout" for c in cons)):
             continue
-        aligned = surrogate_shape(nd.shape, parts.get(nd.id, domain), nd.id) == nd.shape
+        if len(nd.shape) > len(parts.get(nd.id, domain)):
+            continue   # (of a higher rank than its part: refused by layout_part_refusal, never a chain)
+        aligned = spans_shape(tuple(nd.shape), parts.get(nd.id, domain))
         if aligned and nd.id not in rolled:
             continue
         chain, cur = [nd.id], nd
@@ -350,11 +376,9 @@ def layout_part(graph: Graph) -> set[str]:
     computed from (its inputs, and the nodes before it: a per-head RMSNorm of ``[B, S, H, D]``
     transposed to ``[B, H, S, D]`` and rotated). A tensor of this part read by a node outside it
     must span the iteration domain (right-aligned: every dim 1 or the domain's), so that slice /
-    concat / gather see a domain-shaped tensor; :class:`UnsupportedGraphError` naming the tensor
-    otherwise."""
+    concat / gather see a domain-shaped tensor: the rule of :func:`layout_part_refusal`."""
     if not has_layout_ops(graph):
         return set()
-    domain, parts = domain_of(graph), part_domains(graph)
     tails = layout_tails(graph)
     chained = chain_members(graph)
     nodes = {n.id: n for n in graph.nodes}
@@ -372,15 +396,32 @@ def layout_part(graph: Graph) -> set[str]:
         keep.add(a)
         if a in nodes:
             stack.extend(nodes[a].tensor_args)
+    return keep
+
+
+def layout_part_refusal(graph: Graph) -> Refusal | None:
+    """The :class:`~stitchtune.plan.refusal.Refusal` naming the first tensor of :func:`layout_part` read
+    by a node outside it (in graph order) that does not span the iteration domain (of its part:
+    :func:`part_domains`; of a higher rank, or not right-aligned with it); None when every one does."""
+    keep = layout_part(graph)
+    if not keep:
+        return None
+    domain, parts = domain_of(graph), part_domains(graph)
     for nd in graph.nodes:
         if nd.id in keep:
             continue
         for a in nd.tensor_args:
-            if a in keep and surrogate_shape(graph.spec(a).shape, parts.get(a, domain), a) != tuple(graph.spec(a).shape):
-                raise UnsupportedGraphError(
-                    f"tensor '{a}' {list(graph.spec(a).shape)} is read by '{nd.id}' in a region with slice, concat "
+            if a not in keep:
+                continue
+            shape = tuple(graph.spec(a).shape)
+            sur = aligned_shape(shape, parts.get(a, domain), a)
+            if isinstance(sur, Refusal):
+                return sur
+            if sur != shape:
+                return Refusal(
+                    f"tensor '{a}' {list(shape)} is read by '{nd.id}' in a region with slice, concat "
                     f"or gather but does not align with the iteration domain {list(domain)}")
-    return keep
+    return None
 
 
 def wide_inputs(graph: Graph) -> frozenset[str]:

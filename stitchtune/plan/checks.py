@@ -16,7 +16,7 @@ from stitchtune.plan.axes import Groups
 from stitchtune.plan.classes import TensorClass
 from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import IndexMap, index_map
-from stitchtune.plan.refusal import Refusal, ask
+from stitchtune.plan.refusal import Refusal
 from stitchtune.plan.views import Surrogate, View, Viewed
 
 __all__ = ["int_refusal", "int_family_refusal", "classify", "check_reductions", "check_reduction_sources",
@@ -27,7 +27,7 @@ def int_refusal(graph: Graph, ints: frozenset[str]) -> Refusal | None:
     """An index op that reads, makes or is made from int values (:func:`~stitchtune.plan.remap.int_index_op`,
     named so that an importer can leave it out and keep the rest), or a pick index the rules of
     :func:`~stitchtune.plan.pick.check_pick_indices` refuse; None when neither."""
-    index_op = ask(remap.int_index_op, graph, ints)
+    index_op = remap.int_index_op(graph, ints)
     if isinstance(index_op, Refusal):
         return index_op
     if index_op is not None:

@@ -1,16 +1,17 @@
 """The primitives of planning a region with index ops (``slice``, ``concat``, ``gather``,
 ``gather_elements``) that both the layout chains (:mod:`stitchtune.plan.chains`) and the remaps
 (:mod:`stitchtune.plan.remap`) read: whether a graph has index or layout ops, its gather tables, a
-tensor's surrogate shape, and which nodes come after the index ops (and which feed a layout node
-before them) given the nodes loaded by index arithmetic like an input."""
+tensor's surrogate shape (and the gather tables' and indices'), and which nodes come after the index
+ops (and which feed a layout node before them) given the nodes loaded by index arithmetic like an input."""
 
 from __future__ import annotations
 
-from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph
+from stitchtune.plan.refusal import Refusal
 
-__all__ = ["has_index_ops", "has_layout_ops", "gather_tables", "surrogate_shape", "after_index_ops", "feeds_layout"]
+__all__ = ["has_index_ops", "has_layout_ops", "gather_tables", "gather_shapes", "aligned_shape", "surrogate_shape",
+           "spans_shape", "after_index_ops", "feeds_layout"]
 
 
 def has_index_ops(graph: Graph) -> bool:
@@ -27,14 +28,59 @@ def gather_tables(graph: Graph) -> dict[str, str]:
     return {n.id: str(n.args[0]) for n in graph.nodes if n.op == "gather"}
 
 
-def surrogate_shape(shape: tuple[int, ...], domain: tuple[int, ...], name: str) -> tuple[int, ...]:
+def aligned_shape(shape: tuple[int, ...], domain: tuple[int, ...], name: str) -> tuple[int, ...] | Refusal:
     """The surrogate shape of tensor ``name``: ``shape`` with each dimension other than 1 replaced by
-    the iteration domain's (right-aligned); :class:`UnsupportedGraphError` when its rank is higher."""
+    the iteration domain's (right-aligned); the :class:`~stitchtune.plan.refusal.Refusal` naming it
+    when its rank is higher."""
     off = len(domain) - len(shape)
     if off < 0:
-        raise UnsupportedGraphError(f"tensor '{name}' {list(shape)} has a higher rank than the iteration "
-                                    f"domain {list(domain)}")
+        return Refusal(f"tensor '{name}' {list(shape)} has a higher rank than the iteration domain {list(domain)}")
     return tuple(1 if s == 1 else domain[off + k] for k, s in enumerate(shape))
+
+
+def gather_shapes(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int, ...]] | Refusal:
+    """Surrogate shapes of the gather tables (one row) and their indices (per row), or the refusal of
+    a table read by another op or stored, an index used with tables of two ranks, or a rank higher
+    than the domain's."""
+    out: dict[str, tuple[int, ...]] = {}
+    tables = set(gather_tables(graph).values())
+    for n in graph.nodes:
+        if n.op != "gather":
+            if any(a in tables for a in n.tensor_args):
+                return Refusal(f"node '{n.id}' reads gather table '{next(a for a in n.tensor_args if a in tables)}'; "
+                               "a gather table may only be read by gather")
+            continue
+        table, idx = n.args
+        tspec, ispec = graph.spec(str(table)), graph.spec(str(idx))
+        isur = aligned_shape(tuple(ispec.shape) + (1,) * (tspec.rank - 1), domain, str(idx))
+        if isinstance(isur, Refusal):
+            return isur
+        if out.setdefault(str(idx), isur) != isur:
+            return Refusal(f"gather '{n.id}': index '{idx}' is used with tables of different ranks")
+        tsur = aligned_shape(tuple(tspec.shape[1:]), domain, str(table))
+        if isinstance(tsur, Refusal):
+            return tsur
+        out[str(table)] = tsur
+    for o in graph.outputs:
+        if o in tables:
+            return Refusal(f"output '{o}' is a gather table; a table may only be read by gather")
+    return out
+
+
+def surrogate_shape(shape: tuple[int, ...], domain: tuple[int, ...], name: str) -> tuple[int, ...]:
+    """:func:`aligned_shape` for callers where the rank fits (checked by the caller, or decided by the
+    planner before: a refusal there is a bug); raises its :class:`~stitchtune.errors.UnsupportedGraphError`
+    otherwise (the planner's stages call :func:`aligned_shape`)."""
+    got = aligned_shape(shape, domain, name)
+    if isinstance(got, Refusal):
+        raise got.error()
+    return got
+
+
+def spans_shape(shape: tuple[int, ...], domain: tuple[int, ...]) -> bool:
+    """Whether ``shape`` is its own surrogate shape against ``domain`` (right-aligned, every dim 1 or
+    the domain's); False for a higher rank."""
+    return len(shape) <= len(domain) and surrogate_shape(shape, domain, "") == tuple(shape)
 
 
 def after_index_ops(graph: Graph, loaded: frozenset[str]) -> set[str]:

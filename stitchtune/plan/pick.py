@@ -11,7 +11,7 @@ from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph, Node
 from stitchtune.plan.refusal import Refusal
 
-__all__ = ["node_axis", "pick_leaves", "pick_refusal", "check_picks", "check_pick_indices"]
+__all__ = ["node_axis", "pick_leaves", "pick_walk", "pick_refusal", "check_picks", "check_pick_indices"]
 
 
 def node_axis(nd: Node) -> int:
@@ -33,7 +33,7 @@ def pick_leaves(graph: Graph, nd: Node, domain: tuple[int, ...]) -> tuple[tuple[
     along it (loaded at the picked position). For callers after planning (the surrogate graph,
     :mod:`stitchtune.lower.gather`), where :func:`check_picks` has accepted the node:
     :class:`UnsupportedGraphError` naming the node for a subtree :func:`pick_refusal` refuses."""
-    leaves = _pick_leaves(graph, nd, domain)
+    leaves = pick_walk(graph, nd, domain)
     if isinstance(leaves, Refusal):
         raise leaves.error()
     return leaves
@@ -43,12 +43,13 @@ def pick_refusal(graph: Graph, nd: Node, domain: tuple[int, ...]) -> Refusal | N
     """The :class:`~stitchtune.plan.refusal.Refusal` naming pick ``nd`` where :func:`pick_leaves`
     cannot walk its subtree (an index not of a pick's shape, a gather axis that is not the innermost
     live axis of ``domain``, a subtree node that is not element-wise); None where it can."""
-    leaves = _pick_leaves(graph, nd, domain)
+    leaves = pick_walk(graph, nd, domain)
     return leaves if isinstance(leaves, Refusal) else None
 
 
-def _pick_leaves(graph: Graph, nd: Node, domain: tuple[int, ...]) -> tuple[tuple[str, ...], tuple[str, ...]] | Refusal:
-    """:func:`pick_leaves`, or the :class:`~stitchtune.plan.refusal.Refusal` of :func:`pick_refusal`."""
+def pick_walk(graph: Graph, nd: Node, domain: tuple[int, ...]) -> tuple[tuple[str, ...], tuple[str, ...]] | Refusal:
+    """:func:`pick_leaves` as a value for the planner (:func:`~stitchtune.plan.remap.surrogate`), or the
+    :class:`~stitchtune.plan.refusal.Refusal` of :func:`pick_refusal`."""
     x, idx = (graph.spec(str(t)) for t in nd.args)
     if idx.shape[node_axis(nd)] != 1 or any(i != d for k, (i, d) in enumerate(zip(idx.shape, x.shape)) if k != node_axis(nd)):
         return Refusal(_PICK_ONLY.format(nd.id, node_axis(nd)))

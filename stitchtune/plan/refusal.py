@@ -1,4 +1,4 @@
-"""The planner's answer "no": a :class:`Refusal` value, and the one seam where a raising rule becomes one.
+"""The planner's answer "no": a :class:`Refusal` value, and the one seam where an exception becomes one.
 
 The planner's stages (:mod:`stitchtune.plan.planner`: rewrites -> layouts -> views -> checks) pass
 refusals along as values: a stage returns its result or a :class:`Refusal`, the pipeline tries the next
@@ -8,32 +8,33 @@ raises, with :meth:`Refusal.error`: the same :class:`~stitchtune.errors.Unsuppor
 same message as the rule that refused. A region finder asks
 :func:`~stitchtune.plan.planner.plan_graph` and reads the value, catching nothing.
 
-The checks of :mod:`~stitchtune.plan.checks`, :mod:`~stitchtune.plan.views`, :func:`~stitchtune.plan.axes.tensor_axes`, :mod:`~stitchtune.plan.cross`
-(``split_cross``, ``check_cross``), :mod:`~stitchtune.plan.scatter` (``split_scatters``),
-:mod:`~stitchtune.plan.col_remap`, :mod:`~stitchtune.plan.pick` (``check_picks``, ``pick_refusal``,
-``check_pick_indices``) and :mod:`~stitchtune.plan.view_checks` (``check_gathers``, ``check_mixed``),
-:func:`~stitchtune.plan.remap.check_remaps` and the bounds proofs of :mod:`~stitchtune.plan.shift`
-(``offset_of``, ``column_offset``, ``size1_slice_refusal``) return refusals. Still raising, deep in their
-walks: :func:`~stitchtune.plan.remap.surrogate` (with ``index_ops.surrogate_shape`` and ``pick.pick_leaves``,
-which also serve the lowering), the layout rules of :mod:`~stitchtune.plan.chains` and
-:func:`~stitchtune.plan.remap.int_index_op`: :func:`ask` is where the pipeline calls them (``Surrogate.of``
-asks the surrogate and the chain facts once; the later stages read those facts) and turns such an exception into a value
-(only :class:`~stitchtune.errors.UnsupportedGraphError`: any other exception is a bug and passes);
-:func:`rewritten` is where a rewrite whose graph the format refuses (over its limits) becomes one.
+Every rule of the pipeline returns a refusal (or None, or the value it builds); none raises: the checks of
+:mod:`~stitchtune.plan.checks` and :mod:`~stitchtune.plan.views`, :func:`~stitchtune.plan.axes.tensor_axes`,
+:mod:`~stitchtune.plan.cross`, :mod:`~stitchtune.plan.scatter`, :mod:`~stitchtune.plan.col_remap`,
+:mod:`~stitchtune.plan.pick`, :mod:`~stitchtune.plan.view_checks`, the surrogate
+(:func:`~stitchtune.plan.remap.surrogate`, :func:`~stitchtune.plan.remap.int_index_op`,
+:func:`~stitchtune.plan.remap.check_remaps`), the layout rules of :mod:`~stitchtune.plan.chains`
+(``tails_refusal``, ``layout_part_refusal``, ``domain_refusal``: the region facts ``layout_tails``,
+``layout_part``, ``domain_of`` themselves refuse nothing), ``index_ops.aligned_shape`` and the bounds proofs of
+:mod:`~stitchtune.plan.shift`. Their raising forms (``pick.pick_leaves``, ``index_ops.surrogate_shape``,
+``shift.shift_offset`` ...) serve the lowering, which lowers what the planner accepted: a refusal there is a
+bug. Every test runs under ``tests/helpers/planning.refusals_stay_values`` (autouse in ``tests/conftest.py``),
+which fails a test in which planning constructs an :class:`~stitchtune.errors.UnsupportedGraphError`.
+:func:`rewritten` is where a rewrite whose graph the format refuses (over its limits, a
+:class:`~stitchtune.errors.GraphError` of the graph's validation) becomes one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ParamSpec, TypeVar
+from typing import TypeVar
 
 from stitchtune.errors import GraphError, SeparateRegionsError, UnsupportedGraphError
 from stitchtune.graph.parse import Graph
 
-__all__ = ["Refusal", "ask", "rewritten"]
+__all__ = ["Refusal", "rewritten"]
 
-_P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
@@ -62,15 +63,6 @@ class Refusal:
         if isinstance(exc, SeparateRegionsError):
             return Refusal(str(exc), exc.apart, exc.edges)
         return Refusal(str(exc))
-
-
-def ask(rule: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T | Refusal:
-    """``rule(*args, **kwargs)``, or the :class:`Refusal` it raised (an
-    :class:`~stitchtune.errors.UnsupportedGraphError`); any other exception passes."""
-    try:
-        return rule(*args, **kwargs)
-    except UnsupportedGraphError as exc:
-        return Refusal.of(exc)
 
 
 def rewritten(rewrite: Callable[[Graph], _T], graph: Graph) -> _T | Refusal:

@@ -22,7 +22,7 @@ cost model and the heuristic need nothing new); :func:`real_index_maps` gives th
 shape differs from their surrogate shape (a sliced input larger than the domain, a concat piece
 smaller than it) their maps with their own strides, and :func:`check_remaps` walks every remapped
 evaluation the kernel will make (a :class:`Shift` per tensor reached), proving each load in bounds
-(:func:`~stitchtune.plan.shift.shift_offset`). Refused with :class:`UnsupportedGraphError` naming the tensor or node: an
+(:func:`~stitchtune.plan.shift.shift_offset`). Refused (a :class:`~stitchtune.plan.refusal.Refusal`) naming the tensor or node: an
 output or a reduction argument that does not span the domain, a tensor of higher rank than the
 domain, a gather table read by anything but gather, a table whose trailing dims are not the view's
 columns or an index op in a column reduction (:func:`~stitchtune.plan.view_checks.check_gathers`), an index tensor used with two
@@ -57,16 +57,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stitchtune.errors import SeparateRegionsError, UnsupportedGraphError
 from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph, Node, TensorSpec
-from stitchtune.plan.chains import (chain_members, composed_chains, domain_of, layout_part, layout_tails, mixed_layout,
-                                    outer_part_cuts,
+from stitchtune.plan.chains import (chain_members, composed_chains, domain_of, domain_refusal, layout_part,
+                                    layout_part_refusal, layout_tails, mixed_layout, outer_part_cuts,
                                     part_domains, sliced_members, wide_inputs)
 from stitchtune.plan.index_map import IndexMap, index_map
-from stitchtune.plan.index_ops import after_index_ops, gather_tables, has_index_ops, surrogate_shape
+from stitchtune.plan.index_ops import after_index_ops, aligned_shape, gather_shapes, gather_tables, has_index_ops
 from stitchtune.plan.pick import node_axis as _axis
-from stitchtune.plan.pick import pick_leaves
+from stitchtune.plan.pick import pick_walk
 from stitchtune.plan.pieces import concat_pieces, index_free, layout_reader_shift, unit_pieces
 from stitchtune.plan.refusal import Refusal
 from stitchtune.plan.shift import Shift, column_offset, offset_of, size1_slice_refusal, spans
@@ -75,7 +74,7 @@ __all__ = ["OuterSources", "outer_sources", "root_shift", "int_index_op", "surro
            "check_remaps"]
 
 
-def int_index_op(graph: Graph, ints: frozenset[str]) -> Node | None:
+def int_index_op(graph: Graph, ints: frozenset[str]) -> Node | Refusal | None:
     """The first slice / concat / gather of ``graph`` whose remapped evaluation meets int registers
     (``ints``, :func:`~stitchtune.plan.ints.int_registers`), or None. A remapped evaluation
     (:mod:`stitchtune.lower.remap`) loads and computes in float registers only, so an index op is named
@@ -85,7 +84,9 @@ def int_index_op(graph: Graph, ints: frozenset[str]) -> Node | None:
     Int values computed beside the index ops (dropout's counter ``iota`` arithmetic and its
     ``uniform`` draw next to BERT's embedding gathers, rotary's positions next to rotate_half), and
     int inputs read there or as gather indices, are evaluated by the sweep itself in int registers:
-    not named. ``gather_elements`` picks are never named (:mod:`stitchtune.plan.pick`)."""
+    not named. ``gather_elements`` picks are never named (:mod:`stitchtune.plan.pick`). The
+    :class:`Refusal` of :func:`~stitchtune.plan.chains.domain_refusal` where the chains it asks for
+    cannot be decided."""
     index_ops = [nd for nd in graph.nodes if OPS[nd.op].kind in INDEX_KINDS and nd.op != "gather_elements"]
     if not ints or not index_ops:
         return None
@@ -95,8 +96,12 @@ def int_index_op(graph: Graph, ints: frozenset[str]) -> Node | None:
         return named
     if ints & after_index_ops(graph, sliced_members(graph)):
         return index_ops[0]
-    if any(OPS[nd.op].kind == "layout" and nd.id in ints for nd in graph.nodes) and ints & chain_members(graph):
-        return index_ops[0]   # (a chain of an input is loaded by index arithmetic, as floats)
+    if any(OPS[nd.op].kind == "layout" and nd.id in ints for nd in graph.nodes):
+        refused = domain_refusal(graph)   # (the chains are decided over the domain)
+        if refused is not None:
+            return refused
+        if ints & chain_members(graph):
+            return index_ops[0]   # (a chain of an input is loaded by index arithmetic, as floats)
     return None
 
 
@@ -123,71 +128,81 @@ def _under_index_ops(graph: Graph, index_ops: list[Node]) -> dict[str, frozenset
     return out
 
 
-def _gather_shapes(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
-    """Surrogate shapes of the gather tables (one row) and their indices (per row)."""
-    out: dict[str, tuple[int, ...]] = {}
-    tables = set(gather_tables(graph).values())
-    for n in graph.nodes:
-        if n.op != "gather":
-            if any(a in tables for a in n.tensor_args):
-                raise UnsupportedGraphError(f"node '{n.id}' reads gather table '{next(a for a in n.tensor_args if a in tables)}'; "
-                                            "a gather table may only be read by gather")
-            continue
-        table, idx = n.args
-        tspec, ispec = graph.spec(str(table)), graph.spec(str(idx))
-        isur = surrogate_shape(tuple(ispec.shape) + (1,) * (tspec.rank - 1), domain, str(idx))
-        if out.setdefault(str(idx), isur) != isur:
-            raise UnsupportedGraphError(f"gather '{n.id}': index '{idx}' is used with tables of different ranks")
-        out[str(table)] = surrogate_shape(tuple(tspec.shape[1:]), domain, str(table))
-    for o in graph.outputs:
-        if o in tables:
-            raise UnsupportedGraphError(f"output '{o}' is a gather table; a table may only be read by gather")
-    return out
-
-
-def surrogate(graph: Graph) -> Graph:
+def surrogate(graph: Graph) -> Graph | Refusal:
     """The graph the planner analyses in place of ``graph`` (module docstring); ``graph`` itself
     when it has no index op. In a mixed region the tensors of :func:`~stitchtune.plan.chains.layout_part` keep their shapes
-    (the planner maps them with :func:`~stitchtune.plan.axes.tensor_axes`)."""
+    (the planner maps them with :func:`~stitchtune.plan.axes.tensor_axes`). The :class:`Refusal` of the
+    first rule it meets (in this order: :func:`~stitchtune.plan.chains.domain_refusal`, an outer move in
+    another part than the domain's (``apart``/``edges``: the reads to cut), the gather tables,
+    :func:`~stitchtune.plan.chains.layout_part_refusal`, a tensor of a higher rank than its domain, a
+    pick's subtree (:func:`~stitchtune.plan.pick.pick_walk`), an output or reduction argument that does
+    not span the domain) where it cannot be made."""
     if not has_index_ops(graph):
         return graph
+    refused = domain_refusal(graph)
+    if refused is not None:
+        return refused
     domain, parts = domain_of(graph), part_domains(graph)   # (parts: independent q / k rotary)
     cuts = outer_part_cuts(graph, parts, domain) if parts else ()
     if cuts:
-        raise SeparateRegionsError(
+        return Refusal(
             f"node '{cuts[0][0]}' concatenates or slices along an outer axis in a part of the region other than the "
             f"iteration domain's {list(domain)} (tensors of unrelated shapes); it reads '{cuts[0][1]}', which the other "
             "parts read too (a region each)", (cuts[0][0],), cuts)
-    special = _gather_shapes(graph, domain)
+    special = gather_shapes(graph, domain)
+    if isinstance(special, Refusal):
+        return special
+    refused = layout_part_refusal(graph)
+    if refused is not None:
+        return refused
     keep = layout_part(graph)
     for head, chain in composed_chains(graph).items():  # one input of the head's aligned shape
-        special.update({n: surrogate_shape(graph.spec(head).shape, domain, head) for n in chain})
+        head_shape = aligned_shape(graph.spec(head).shape, domain, head)
+        if isinstance(head_shape, Refusal):
+            return head_shape
+        special.update({n: head_shape for n in chain})
     special.update(unit_pieces(graph, domain))
-    inputs = tuple((n, TensorSpec(tuple(s.shape) if n in keep else special.get(n) or
-                                  surrogate_shape(s.shape, parts.get(n, domain), n), s.dtype)) for n, s in graph.inputs)
+
+    def shape_of(name: str, shape: tuple[int, ...]) -> tuple[int, ...] | Refusal:
+        return tuple(shape) if name in keep else special.get(name) or aligned_shape(shape, parts.get(name, domain), name)
+
+    inputs = []
+    for n, s in graph.inputs:
+        shape = shape_of(n, s.shape)
+        if isinstance(shape, Refusal):
+            return shape
+        inputs.append((n, TensorSpec(shape, s.dtype)))
     nodes = []
     for nd in graph.nodes:
         kind = OPS[nd.op].kind
-        shape = tuple(nd.shape) if nd.id in keep else special.get(nd.id) or surrogate_shape(
-            nd.shape, parts.get(nd.id, domain), nd.id)
+        shape = shape_of(nd.id, nd.shape)
+        if isinstance(shape, Refusal):
+            return shape
         op = {"slice": "neg", "concat": "add", "gather": "add", "gather_elements": "add", "layout": "neg"}.get(kind, nd.op)
         if nd.id in keep:  # a layout node of a mixed region, as it is (perm / target shape)
             nodes.append(nd)
             continue
         args = nd.args
         if kind == "gather_elements":  # one value per row: of its index and the per-row values it reads
-            args = (str(nd.args[1]), *pick_leaves(graph, nd, domain)[0])
+            leaves = pick_walk(graph, nd, domain)
+            if isinstance(leaves, Refusal):
+                return leaves
+            args = (str(nd.args[1]), *leaves[0])
         nodes.append(Node(id=nd.id, op=op, args=args, axes=nd.axes, keepdims=nd.keepdims, to=nd.to,
                           shape=shape, dtype=nd.dtype))
     for name in [o for o in graph.outputs if o not in keep] + [str(n.args[0]) for n in graph.reductions()
                                                                if str(n.args[0]) not in keep]:
-        if tuple(graph.spec(name).shape) != surrogate_shape(graph.spec(name).shape, parts.get(name, domain), name):
-            raise UnsupportedGraphError(
-                f"tensor '{name}' {list(graph.spec(name).shape)} is stored or reduced but does not span the "
+        own = tuple(graph.spec(name).shape)
+        sur = aligned_shape(own, parts.get(name, domain), name)
+        if isinstance(sur, Refusal):
+            return sur
+        if own != sur:
+            return Refusal(
+                f"tensor '{name}' {list(own)} is stored or reduced but does not span the "
                 f"iteration domain {list(domain)}; stitched kernels store and reduce whole tensors only (tensors "
                 "of unrelated shapes, e.g. rotary's q with 4 heads and k with 2 without k's grouped copy, belong in "
                 "separate regions: plan.chains.part_domains)")
-    return Graph(name=graph.name, inputs=inputs, nodes=tuple(nodes), outputs=graph.outputs)
+    return Graph(name=graph.name, inputs=tuple(inputs), nodes=tuple(nodes), outputs=graph.outputs)
 
 
 def root_shift(graph: Graph, name: str, domain: tuple[int, ...], row_axes: tuple[int, ...]) -> Shift:

@@ -25,7 +25,7 @@ from stitchtune.plan.axes import Groups, TensorAxes, tensor_axes
 from stitchtune.plan.col_remap import check_col_index_ops
 from stitchtune.plan.cross import split_cross
 from stitchtune.plan.family import Family
-from stitchtune.plan.refusal import Refusal, ask
+from stitchtune.plan.refusal import Refusal
 from stitchtune.plan.view_checks import check_gathers, check_mixed
 
 __all__ = ["View", "Surrogate", "Viewed", "view_stage", "plain_view", "surrogate_view", "mixed_view", "make_view"]
@@ -76,16 +76,17 @@ class Surrogate:
     @staticmethod
     def of(graph: Graph) -> Surrogate | Refusal | None:
         """The surrogate of ``graph``; None for a graph without index ops (analysed as it is)."""
-        sur = ask(remap.surrogate, graph)
+        sur = remap.surrogate(graph)
         if isinstance(sur, Refusal):
             return sur
         if sur is graph:
             return None
-        return ask(Surrogate._made, graph, sur)
+        return Surrogate._made(graph, sur)
 
     @staticmethod
     def _made(real: Graph, graph: Graph) -> Surrogate:
-        """The record of ``real`` and its surrogate ``graph``, with the region facts."""
+        """The record of ``real`` and its surrogate ``graph``, with the region facts (decided, with their
+        rules, by :func:`~stitchtune.plan.remap.surrogate`)."""
         return Surrogate(real, graph, chains.mixed_layout(real), chains.domain_of(real),
                          frozenset(chains.layout_part(real)), frozenset(chains.chain_members(real)))
 

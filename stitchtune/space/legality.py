@@ -28,7 +28,7 @@ from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan
 from stitchtune.space.constraints import names_used, safe_eval, safe_eval_all
 from stitchtune.space.levels import ReuseLevel
-from stitchtune.space.options import OptionTable, cross_smem_floats
+from stitchtune.space.options import SINGLE_PASS, OptionTable, cross_smem_floats
 from stitchtune.space.schedule import Schedule, row_chunk
 from stitchtune.space.schemes import SchemeTable
 
@@ -179,7 +179,7 @@ class SpaceRules:
             rpb = max(1, s.block // s.tpr)
             smem_cache = 4 * rpb * chunk * len(cached_smem)
             slots = max(1, plan.nstages)
-            if "single_pass" in self.table and s.option("single_pass"):
+            if "single_pass" in self.table and s.option(SINGLE_PASS):
                 # a merged pair exchanges its whole running state: (n, mean, M2, shift) or (max, sum)
                 slots = max([slots] + [4 if c.kind == "welford" else 2 for c in plan.single_pass])
             smem_red = 4 * max(1, rpb) * max(1, s.tpr // 32) * slots if plan.nstages else 0

@@ -12,7 +12,7 @@ and flat), ``sample``, the flat repair, ``violations``/``derived``, ``params_of`
 and ``Schedule.to_dict``/``from_dict``/``flat``. Adding an option is one :class:`Option` appended to
 :data:`OPTIONS` (never inserted before an existing one: the table's order is the order in which
 ``suggest`` asks and ``sample`` draws, so resumed studies and seeded samples depend on it), its domain
-in the space file, and the lowering that implements it (reading ``schedule.<name>``).
+in the space file, and the lowering that implements it (reading ``schedule.option(<NAME>)``).
 
 Rules read a :data:`Point`: a mapping with the plan's ``family``, ``nstages`` and
 ``single_pass_candidates`` (the number of its single-pass stage pairs), the mapping
@@ -63,7 +63,7 @@ def _not_fixed(point: Point) -> None:
 class Option(Generic[T]):
     """One schedule option, declared once.
 
-    * ``name``: the schedule attribute (``s.<name>``), the JSON key, the ``p_<name>`` database column,
+    * ``name``: the JSON key, the ``p_<name>`` database column,
       the optuna parameter name, and the key of its domain in the space file's ``params``.
     * ``default``: the value wherever the option does not apply; also what every schedule did before the
       option existed, so the JSON leaves the option out at its default (old schedules keep their JSON
@@ -297,7 +297,7 @@ def deterministic(schedule: Any) -> bool:
     table = getattr(schedule, "table", None)
     if table is None or "cross_combine" not in table:
         return True
-    return bool(schedule.option("cross_combine") != CrossCombine.ATOMIC)
+    return bool(schedule.option(CROSS_COMBINE) != CrossCombine.ATOMIC)
 
 
 
@@ -373,7 +373,7 @@ memory traffic a schedule is tuned for): a user's choice, set in a schedule's JS
 def exact_math(schedule: Any) -> bool:
     """Whether ``schedule`` asks for exact arithmetic (:data:`EXACT_MATH`; a table without the option: no)."""
     table = getattr(schedule, "table", None)
-    return table is not None and "exact_math" in table and bool(schedule.option("exact_math"))
+    return table is not None and "exact_math" in table and bool(schedule.option(EXACT_MATH))
 
 
 RECORDED_OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, CROSS_COMBINE, replace(SINGLE_PASS, drawn=False)))

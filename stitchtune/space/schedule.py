@@ -9,9 +9,9 @@ level per reuse candidate. Its *options* (``order``, ``prefetch``, ``combine``, 
 Options are stored as the sorted (name, value) pairs that differ from their default (``options``) and
 read with :meth:`Schedule.option`, resolved through the schedule's :class:`OptionTable` (``table``, not
 compared): ``s.option(ORDER)`` is typed by the declaration (``ORDER: Option[Order]`` gives an
-:class:`~stitchtune.space.option_values.Order`), ``s.option("order")`` is ``Any``. There is no
-attribute read: ``s.order`` is a mypy error and, at run time, an ``AttributeError`` that points at
-:meth:`~Schedule.option`. The options that are names are stored as the members of their
+:class:`~stitchtune.space.option_values.Order`, ``PREFETCH: Option[int]`` an ``int``). That is the only
+read: a name (``s.option("order")``) is a ``TypeError`` (and a mypy error), and ``s.order`` is a mypy
+error and, at run time, an ``AttributeError``; both point at :meth:`~Schedule.option`. The options that are names are stored as the members of their
 :class:`~enum.StrEnum` (``Order.ALTERNATE``; a string passed in is turned into its member), and the JSON
 form writes their plain strings. An undeclared name is a ``KeyError``, so a misspelt option fails
 loudly instead of reading a default.
@@ -23,7 +23,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, TypeVar
 
 from stitchtune.errors import ScheduleError
 from stitchtune.space.options import OPTIONS, Option, OptionTable, deterministic
@@ -102,18 +102,15 @@ class Schedule:
                                      f"(stitchtune.space.options.{name.upper()})")
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    @overload
-    def option(self, opt: Option[T]) -> T: ...
-
-    @overload
-    def option(self, opt: str) -> Any: ...
-
-    def option(self, opt: Option[Any] | str) -> Any:
-        """The value of option ``opt`` (a declaration, for a typed read, or its name); ``KeyError`` if
-        this schedule's table does not declare it."""
-        name = opt if isinstance(opt, str) else opt.name
-        default = self.table[name].default
-        return dict(self.options).get(name, default)
+    def option(self, opt: Option[T]) -> T:
+        """The value of option ``opt`` (its declaration: the value has the declared type); ``KeyError`` if
+        this schedule's table does not declare an option of its name, ``TypeError`` for anything but a
+        declaration (a name: ``s.option(ORDER)``, not ``s.option("order")``)."""
+        if not isinstance(opt, Option):
+            raise TypeError(f"options are read with their declaration, not {opt!r}: s.option(ORDER) "
+                            "(stitchtune.space.options.ORDER)")
+        value: T = dict(self.options).get(opt.name, self.table[opt.name].default)
+        return value
 
     @property
     def persistent(self) -> bool:
@@ -181,7 +178,7 @@ class Schedule:
         d: dict[str, Any] = {k: v for k, v in self.to_dict().items()
                              if k not in ("schemes", "reuse") and k not in self.table}
         for opt in self.table:
-            d[opt.name] = _plain_value(self.option(opt.name))
+            d[opt.name] = _plain_value(self.option(opt))
         for i, s in enumerate(self.schemes):
             d[f"scheme_{i}"] = s
         for i, r in enumerate(self.reuse):

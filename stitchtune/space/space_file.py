@@ -37,5 +37,9 @@ def load_space_file(path: Path | None = None) -> dict[str, Any]:
     try:
         data: dict[str, Any] = json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise StitchtuneError(f"cannot read search space {p}: {exc}") from None
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        env = os.environ.get("STITCHTUNE_SPACES")
+        via = (f" ($STITCHTUNE_SPACES={env!a} names the folder that holds {SPACE_FILE})"
+               if not path and env else "")
+        raise StitchtuneError(f"cannot read search space {p}{via}: {why}") from None
     return data

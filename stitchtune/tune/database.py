@@ -229,15 +229,31 @@ class TuningDB:
                 for _, r in m.iterrows()}
 
     def best_per_workload(self, df: pd.DataFrame | None = None) -> pd.DataFrame:
-        """The best ``ok`` row per (workload, device, backend): one line per tuned workload."""
+        """The best ``ok`` row per (workload, device, backend): one line per tuned workload.
+
+        Rows of an older database may lack any column but ``status`` (:class:`TrialRecord`'s contract): a
+        missing key column groups as one unknown value, a missing time leaves nothing to rank. Without
+        ``status``, :class:`DatabaseError` (one line: the folder is not a tuning database this code reads)."""
         df = self.read() if df is None else df
         if df.empty:
             return df
+        if "status" not in df.columns:
+            raise DatabaseError(f"tuning database {ascii(self.path)}: its rows have no 'status' column "
+                                "(not a stitchtune tuning database, or one this version cannot read)")
+        if "measured_us" not in df.columns:
+            return df.iloc[0:0]
+        keys = ["workload_key", "device_key", "backend"]
         ok = df[(df["status"] == TrialStatus.OK.value) & df["measured_us"].notna()].copy()
         if ok.empty:
             return ok
-        ok["measured_us"] = ok["measured_us"].astype(float)
-        idx = ok.groupby(["workload_key", "device_key", "backend"], dropna=False)["measured_us"].idxmin()
+        for col in (*keys, "graph_name"):
+            if col not in ok.columns:
+                ok[col] = None
+        ok["measured_us"] = pd.to_numeric(ok["measured_us"], errors="coerce")
+        ok = ok[ok["measured_us"].notna()]
+        if ok.empty:
+            return ok
+        idx = ok.groupby(keys, dropna=False)["measured_us"].idxmin()
         return ok.loc[idx.values].sort_values(["graph_name", "device_key", "backend"]).reset_index(drop=True)
 
 

@@ -128,6 +128,21 @@ def _profile_json(profile: Any, registers: dict[str, int] | None = None) -> str 
         return None
 
 
+def _features_json(program: Any, source: str | None, device: Any, registers: dict[str, int]) -> str | None:
+    """The IR features of the built program with ptxas' registers and its fingerprint, so that ``stitchtune
+    calibrate`` can refit the fitted cost model on the rows measured (:mod:`stitchtune.cost.calibrate_fitted`);
+    None for what is not a kernel-IR program (test fakes)."""
+    from stitchtune.ir import kir
+
+    if not isinstance(program, kir.Program) or source is None:
+        return None
+    from stitchtune.cost.calibrate_fitted import features_json
+    from stitchtune.cost.features import program_features
+    from stitchtune.gpu.render import program_fingerprint
+
+    return features_json(program_fingerprint(program, source), program_features(program, device, registers or None))
+
+
 def _finite(x: Any) -> float | None:
     if x is None:
         return None
@@ -218,6 +233,8 @@ def _record_build(c: _Cand, device: Any, st: Stages) -> None:
         c.row["profile_json"] = _profile_json(c.program.profile, regs)
         if pred.prune_reason:
             c.row.update(status=TrialStatus.PRUNED, prune_reason=_clip(f"after build: {pred.prune_reason}"))
+            return
+    c.row["features_json"] = _features_json(c.program, c.source, device, regs)
 
 
 def _run_one(c: _Cand, runner: Any) -> None:

@@ -37,6 +37,9 @@ def test_audit_writes_markdown_to_a_file(tmp_path: Path) -> None:
     (["audit", "--model", "m.py:f"], "--model needs --shapes"),
     (["audit", str(GRAPH), "--device", "no-such-gpu"], "unknown device"),
     (["audit", str(GRAPH), "--slice-blocks", "0"], "--slice-blocks"),
+    (["audit", str(GRAPH), "--shapes", "x=3"], "--shapes: for --model"),
+    (["audit", str(GRAPH), "--calls", "train", "--dtype", "bfloat16"], "--dtype, --calls: for --model"),
+    (["audit", str(EXAMPLES_DIR / "dynamic" / "layernorm_seq.json")], "has dynamic dims (seq=1..2048): this command"),
 ])
 def test_bad_input_is_one_error_line_and_exit_2(tmp_path: Path, argv: list[str], says: str) -> None:
     (tmp_path / "garbage.json").write_text("not json")
@@ -69,3 +72,12 @@ def test_a_given_schedule_is_audited_and_a_refused_one_is_an_error(tmp_path: Pat
     assert rc == 2 and "tpr=7" in err and "Traceback" not in err
     rc, _, err = call(["audit", "--model", "m.py:f", "--shapes", "x=2", "--schedule", good])
     assert rc == 2 and "--schedule is for a GRAPH" in err
+
+
+def test_audit_outputs_are_written_whole_into_new_folders(tmp_path: Path) -> None:
+    """--json and --markdown are output files like every command's: missing parent folders are created."""
+    js, md = tmp_path / "new" / "deeper" / "a.json", tmp_path / "other" / "a.md"
+    rc, out, err = call(["audit", str(GRAPH), "--no-sass", "--no-peer", "--json", str(js), "--markdown", str(md)])
+    assert rc == 0, err
+    assert out == "" and json.loads(js.read_text())["regions"] and md.read_text().startswith("# Kernel audit")
+    assert sorted(p.name for p in js.parent.iterdir()) == ["a.json"]   # no temporary file left beside it

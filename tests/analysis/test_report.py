@@ -67,7 +67,10 @@ def assert_nonblank(pngs) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- CLI
+@pytest.mark.slow
 def test_report_on_the_committed_database(tmp_path):
+    """The committed H200 database renders (slow: ~9 CPU-s of matplotlib; the quick suite renders every
+    figure from the synthetic database in ``cli_report``)."""
     assert (COMMITTED_DB / "optuna.journal").is_file() and list(COMMITTED_DB.glob("part-*.parquet"))
     assert main(["report", "--db", str(COMMITTED_DB), "-o", str(tmp_path)]) == 0
     assert_nonblank(sorted(tmp_path.glob("*.png")))

@@ -384,7 +384,7 @@ def test_cli_model_check_and_calibrate(tmp_path, capsys) -> None:
     assert main(["model-check", "--db", db]) == 0
     out = capsys.readouterr().out
     assert "ln-w1" in out and "Spearman >= 0.7 in 1/1" in out
-    assert main(["calibrate", "--db", db]) == 0
+    assert main(["calibrate", "--db", db, "--profile-model"]) == 0
     out = capsys.readouterr().out
     assert "fitted on 6 measured rows" in out
     assert load_params(db, H200).time_scale == pytest.approx(1.5, rel=1e-3)
@@ -434,7 +434,7 @@ def test_cli_calibrate_skips_unknown_devices(tmp_path, monkeypatch, capsys) -> N
     df = _rows(_candidates(4), default_params(H200), with_profiles=False)
     other = df.assign(device_key="NVIDIA GeForce RTX 3090/sm_86", device_name="NVIDIA GeForce RTX 3090")
     TuningDB(db).append(pd.concat([df, other]).to_dict("records"))
-    assert main(["calibrate", "--db", db]) == 0
+    assert main(["calibrate", "--db", db, "--profile-model"]) == 0
     out = capsys.readouterr().out
     assert "skipping NVIDIA GeForce RTX 3090/sm_86" in out and "NVIDIA H200/sm_90: fitted on 4" in out
     TuningDB(str(tmp_path / "db2")).append(other.to_dict("records"))

@@ -9,8 +9,8 @@ import math
 import pytest
 
 from stitchtune.cost.features import KernelFeatures, kernel_features, program_features
-from stitchtune.cost.fitted import (Coefficients, coefficients_for, device_time_us, kernel_device_us, launch_us,
-                                    predict_program)
+from stitchtune.cost.fitted import (Coefficients, coefficients_for, device_time_us, kernel_device_us, kernel_terms_us,
+                                    launch_us, predict_program)
 from stitchtune.hardware.device import get_device
 from stitchtune.ir import kir
 from stitchtune.ir.kir import (Assign, Barrier, Bin, Const, For, If, IndexLoad, Kernel, Load, LoadVec, MathOp, Param,
@@ -115,6 +115,27 @@ def test_a_rolled_loop_keeps_one_iteration_in_flight() -> None:
     f = feats(body, n=16 * 32, out_n=32)
     assert f.loads_in_flight == pytest.approx(1.0)
     assert f.requested_bytes == (16 + 1) * 32 * 4
+
+
+def test_serial_rounds_leave_out_a_rolled_loop_free_of_barriers_and_shuffles() -> None:
+    """A rolled loop of plain loads (nvcc unrolls it, its loads overlap) has 16 load rounds and no serial one;
+    with a warp shuffle in its body (a row loop's reduction) every round is on the block's serial chain."""
+    from stitchtune.ir.kir import Shfl
+
+    i, acc = Var("i", I32), Var("acc")
+
+    def body(reduce: bool) -> tuple[kir.Stmt, ...]:
+        x = Load("in0", Bin("+", Bin("*", i, Const(32, I32)), TID))
+        step = Assign(acc, Bin("+", acc, Shfl(x, 1) if reduce else x))
+        return (Assign(acc, Const(0.0)), For(i, Const(0, I32), Const(16, I32), 1, (step,)), StoreVec("out0", TID, (acc,)))
+
+    plain, chained = feats(body(False), n=16 * 32, out_n=32), feats(body(True), n=16 * 32, out_n=32)
+    assert plain.load_rounds == chained.load_rounds == 16.0
+    assert plain.serial_rounds == 0.0 and plain.shuffles == 0.0
+    assert chained.serial_rounds == 16.0 and chained.shuffles == 16.0
+    c = coefficients_for(H200)
+    terms = [kernel_terms_us(f, H200, c)["chain"] for f in (plain, chained)]
+    assert terms[0] < terms[1] and terms[1] >= 16 * c.round_ns / 1000.0
 
 
 def test_scratch_chain_counts_shared_partials_not_a_coalesced_read() -> None:
@@ -260,3 +281,37 @@ def test_features_of_lowered_examples_are_sane(name: str) -> None:
         assert 0 < f.active_lanes <= 1 and f.bytes_in_flight_per_thread >= 1
         assert f.bank_conflict >= 1 and f.blocks_per_sm >= 1
     assert predict_program(prog, H200).time_us > 0
+
+
+def test_a_program_is_walked_once_whatever_its_registers(example_program: kir.Program,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search predicts a candidate before its build, after it (ptxas registers) and in the emulate
+    runner: the IR walk runs once, and the memoised features equal a fresh walk's."""
+    import stitchtune.cost.features as features
+
+    fresh = [kernel_features(example_program.kernel(l.kernel), l.grid, H200, 96) for l in example_program.launches]
+    walks = []
+    real = features.kernel_walk
+    monkeypatch.setattr(features, "kernel_walk", lambda *a, **k: walks.append(a) or real(*a, **k))
+    monkeypatch.setattr(features, "_WALKS", features.OrderedDict())
+    regs = {k.name: 96 for k in example_program.kernels}
+    first = predict_program(example_program, H200)
+    after = predict_program(example_program, H200, registers=regs)
+    runner = predict_program(example_program, H200, registers=dict(regs))
+    assert len(walks) == len(example_program.launches)
+    assert program_features(example_program, H200, regs) == tuple(fresh)
+    assert after == runner and after.occupancy != first.occupancy   # 96 registers change the occupancy
+    copy = dataclasses.replace(example_program)   # an equal program, another object: walked again
+    program_features(copy, H200)
+    assert len(walks) == 2 * len(example_program.launches)
+
+
+def test_the_walk_memo_is_bounded(example_program: kir.Program, monkeypatch: pytest.MonkeyPatch) -> None:
+    import stitchtune.cost.features as features
+
+    monkeypatch.setattr(features, "_WALKS", features.OrderedDict())
+    monkeypatch.setattr(features, "WALK_MEMO_SIZE", 3)
+    progs = [dataclasses.replace(example_program) for _ in range(5)]
+    for p in progs:
+        features.program_walk(p)
+    assert len(features._WALKS) == 3 and all(features._WALKS[id(p)][0] is p for p in progs[2:])

@@ -92,3 +92,22 @@ def test_the_script_refuses_a_dataset_without_fingerprints(tmp_path: Path, monke
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "error:" in err[0] and "format 1" in err[0]
     assert not (tmp_path / "fit" / "fit.md").exists()
+
+
+def test_refeature_adds_new_fields_only_when_the_stored_features_come_out_identical() -> None:
+    """scripts/refeature_dataset.py: rebuilt rows (the measured programs walked again) add the fields the stored
+    features lack; a rebuilt kernel whose stored features differ (another kernel) is refused."""
+    spec = importlib.util.spec_from_file_location("refeature_dataset", ROOT / "scripts" / "refeature_dataset.py")
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    stored = json.loads(FIXTURE.read_text())
+    rebuilt = [{**r, "kernels": [{**k, "serial_rounds": 7.0} for k in r["kernels"]]} for r in stored["rows"]]
+    merged, problems = mod.merge(stored, rebuilt, "test")
+    assert problems == [] and len(merged["rows"]) == len(stored["rows"])
+    assert all(k["serial_rounds"] == 7.0 for r in merged["rows"] for k in r["kernels"])
+    assert [r["measured_us"] for r in merged["rows"]] == [r["measured_us"] for r in stored["rows"]]
+    assert "serial_rounds" in merged["provenance"]["refeatured"]
+    changed = [dict(r) for r in rebuilt]
+    changed[3] = {**changed[3], "kernels": [{**k, "grid": k["grid"] + 1} for k in changed[3]["kernels"]]}
+    _, problems = mod.merge(stored, changed, "test")
+    assert len(problems) == len(changed[3]["kernels"]) and "grid" in problems[0]

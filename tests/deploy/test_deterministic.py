@@ -20,6 +20,7 @@ from stitchtune.errors import ScheduleError
 from stitchtune.lower.entry import CODEGEN_VERSION
 from stitchtune.tune.database import TuningDB
 from stitchtune.tune.pipeline import context_row, schedule_columns
+from stitchtune.space.options import CROSS_COMBINE
 
 NAME = "softmax_colsum_small.json"
 
@@ -79,7 +80,7 @@ def test_deterministic_space_never_offers_atomics() -> None:
 
     _, plan, space = setup(NAME)
     det = space.deterministic_only()
-    draws = {det.sample(random.Random(i)).option("cross_combine") for i in range(40)}
+    draws = {det.sample(random.Random(i)).option(CROSS_COMBINE) for i in range(40)}
     assert "atomic" not in draws and draws
     assert any("cross_combine=atomic" in v for v in det.violations(dataclasses.replace(
         heuristic_schedule(plan, DEV, space), cross_combine="atomic")))

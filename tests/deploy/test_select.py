@@ -23,8 +23,8 @@ from stitchtune.deploy.selection import (
     choose_schedule,
     clear_cache,
     load_candidates,
-    shape_distance,
 )
+from stitchtune.deploy.shape_distance import shape_distance
 
 H200 = get_device("h200")
 H100 = get_device("h100")

@@ -18,13 +18,14 @@ from stitchtune.gpu.build import nvcc_found
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import SearchSpace
+from stitchtune.space.options import CROSS_COMBINE
 
 
 def _one_of_each(space, n: int = 3):
     got = {}
     for seed in range(400):
         s = space.sample(random.Random(seed))
-        got.setdefault(s.option("cross_combine"), s)
+        got.setdefault(s.option(CROSS_COMBINE), s)
         if len(got) == n:
             return list(got.values())
     raise AssertionError("not every combine sampled")
@@ -41,7 +42,7 @@ def test_cross_kernels_compile_for_sm90(tmp_path) -> None:
     g = ce_graph(16, 1000, outputs=("loss", "picked"))   # the loss head: pick + epilogue (grid / kernel)
     plan = make_plan(g)
     space = SearchSpace.for_plan(plan, DEV)
-    drawn = [x for x in _one_of_each(space, 2) if x.option("cross_combine") != "atomic"]
+    drawn = [x for x in _one_of_each(space, 2) if x.option(CROSS_COMBINE) != "atomic"]
     for s in [heuristic_schedule(plan, DEV, space)] + drawn:
         programs.append(lower(g, plan, s, DEV, space))
     g = ce_ignore_graph(16, 1000, outputs=("loss", "picked"))   # the pick's index computed in i64 registers

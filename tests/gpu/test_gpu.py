@@ -115,6 +115,7 @@ def test_dynamic_shared_memory_above_48k(runner: CudaRunner, built: Any) -> None
 
 def test_sampled_schedules_of_full_examples_match_the_reference(tmp_path: Path) -> None:
     from stitchtune.gpu.build import NvccBuilder
+    from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.cost.model import predict
     from stitchtune.gpu.device_query import query_device
     from stitchtune.errors import ScheduleError
@@ -137,13 +138,7 @@ def test_sampled_schedules_of_full_examples_match_the_reference(tmp_path: Path) 
         g = load_graph(path)
         plan = make_plan(g)
         space = SearchSpace.for_plan(plan, dev)
-        first: list[Any] = []  # the heuristic schedule, once heuristic.py exists
-        try:
-            from stitchtune.cost.heuristic import heuristic_schedule
-
-            first.append(heuristic_schedule(plan, dev, space))
-        except (ImportError, TypeError, ScheduleError):
-            pass
+        first: list[Any] = [heuristic_schedule(plan, dev, space)]  # a failing heuristic fails the test
         want = n_samples + len(first)
         rng = random.Random(1234)
         programs: list[tuple[Any, Any]] = []

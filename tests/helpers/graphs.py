@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from helpers.hostile import pick
-from stitchtune.graph.parse import parse_graph
+from stitchtune.graph.parse import Graph, parse_graph
 
 
 # ---------------------------------------------------------------------------- loss heads
@@ -16,7 +16,7 @@ def _keep_red(i: str, op: str, a: str, axes: list[int]) -> dict:
     return {"id": i, "op": op, "args": [a], "axes": axes, "keepdims": True}
 
 
-def int_next_to_pick_graph(rows: int, cols: int) -> object:
+def int_next_to_pick_graph(rows: int, cols: int) -> Graph:
     """Int registers (``t + 1`` cast to float) beside a pick whose index is the input ``t`` itself,
     plus a row sum: ``y = x[r, t[r]] + (t[r] + 1) + sum(x[r])``."""
     return parse_graph({
@@ -32,7 +32,7 @@ def int_next_to_pick_graph(rows: int, cols: int) -> object:
 
 
 def ce_graph(rows: int = 16, cols: int = 1000, dtype: str = "float32", idx_shape: list[int] | None = None,
-             axis: int = 1, outputs: tuple[str, ...] = ("loss",)) -> object:
+             axis: int = 1, outputs: tuple[str, ...] = ("loss",)) -> Graph:
     """Cross entropy: log-softmax, the target's log-probability picked, the mean over rows as a sum
     times ``1 / rows`` (the scalar epilogue)."""
     return parse_graph({
@@ -47,7 +47,7 @@ def ce_graph(rows: int = 16, cols: int = 1000, dtype: str = "float32", idx_shape
         "outputs": list(outputs)})
 
 
-def ce_ignore_graph(rows: int = 16, cols: int = 100, ignore: int = -100, outputs: tuple[str, ...] = ("loss",)) -> object:
+def ce_ignore_graph(rows: int = 16, cols: int = 100, ignore: int = -100, outputs: tuple[str, ...] = ("loss",)) -> Graph:
     """Cross entropy with ``ignore_index`` (``F.cross_entropy(x, t, ignore_index=ignore)``): the pick's index
     is computed in the region (``where(t != ignore, t, 0)``) and the loss is the mean over the rows kept,
     ``sum(where(valid, -picked, 0)) / sum(valid)`` (the scalar epilogue of two cross reductions)."""
@@ -67,7 +67,7 @@ def ce_ignore_graph(rows: int = 16, cols: int = 100, ignore: int = -100, outputs
         "outputs": list(outputs)})
 
 
-def ce_items_graph(rows: int = 16, cols: int = 100, dtype: str = "int64") -> object:
+def ce_items_graph(rows: int = 16, cols: int = 100, dtype: str = "int64") -> Graph:
     """:func:`ce_ignore_graph` as transformers' causal-LM loss with ``num_items_in_batch``: the masked sum
     over a ``[1]`` input (PyTorch's 0-d count, cast to float when it is an int) in the scalar epilogue."""
     d = ce_ignore_graph(rows, cols).to_dict()
@@ -81,7 +81,7 @@ def ce_items_graph(rows: int = 16, cols: int = 100, dtype: str = "int64") -> obj
     return parse_graph(d)
 
 
-def ce_backward_graph(rows: int = 16, cols: int = 100, ignore: int = -100) -> object:
+def ce_backward_graph(rows: int = 16, cols: int = 100, ignore: int = -100) -> Graph:
     """Cross entropy's backward as the torch backend imports it (mean reduction, ``ignore_index``):
     ``g / count`` of two ``[1]`` inputs (PyTorch's 0-d incoming gradient and count), the target's
     one-hot ``where(iota == where(t != ignore, t, 0), -1, 0)`` (``scatter`` of a number into zeros),
@@ -106,7 +106,7 @@ def ce_backward_graph(rows: int = 16, cols: int = 100, ignore: int = -100) -> ob
 
 
 def rotary_positions_graph(batch: int = 2, seq: int = 8, dim: int = 16, start: int = 3,
-                           from_slice: bool = False) -> object:
+                           from_slice: bool = False) -> Graph:
     """Rotary beside positions computed in the region: ``x * cos(a) + rotate_half(x) * sin(a)`` with
     ``a = float(iota(seq) + start) * f`` (int registers apart from rotate_half's slice / neg / concat).
     ``from_slice``: the positions are cast to int from a slice of ``x`` instead (int values computed

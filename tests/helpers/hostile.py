@@ -145,7 +145,7 @@ def malformed_graph(draw: st.DrawFn) -> dict[str, Any]:
         if all(a in d["inputs"] or not isinstance(a, str) for a in nodes[0]["args"]):
             nodes[0]["args"][0] = nodes[-1]["id"]
     elif kind == "top_type":
-        d = draw(not_a_dict)  # type: ignore[assignment]
+        d = draw(not_a_dict)
     elif kind == "nodes_type":
         d["nodes"] = draw(_NOT_A_LIST_OR_EMPTY)
     elif kind == "inputs_type":

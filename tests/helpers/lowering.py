@@ -1,23 +1,32 @@
 """Planning, lowering and emulating from a test: ``DEV`` (H200 preset), ``setup(name)`` -> (graph, plan,
 space), ``rel_err``, ``emulated_errors``, ``check_emulates``, ``plan_or_refused``, ``float_graph``,
 ``channels_last_ln_backward``, ``GLOBAL_ROWS`` / ``local_scheme_space`` (a test-local scheme),
-``assert_matches_golden``, ``suggested`` (schedules drawn the way optuna would) and ``emulator_kernels``."""
+``assert_matches_golden``, ``suggested`` (schedules drawn the way optuna would), ``emulator_kernels`` and
+``FakeStateBuilder`` (a kernel builder reduced to what the exchange uses: ``fake_row_builder``,
+``fake_col_builder``)."""
 
 from __future__ import annotations
 
 import os
 import random
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import optuna
 
 from helpers.common import EXAMPLES
 from stitchtune.emulate.emulator import emulate_program
-from stitchtune.graph.parse import load_graph, parse_graph
+from stitchtune.graph.parse import Graph, load_graph, parse_graph
 from stitchtune.hardware.device import get_device
+from stitchtune.ir import kir
+from stitchtune.ir.kir import F32, I32, Var
+from stitchtune.lower.builder import RowIndex
+from stitchtune.lower.col_exchange import ColIndex
 from stitchtune.lower.entry import lower
+from stitchtune.lower.state import ReductionState
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import Schedule, Scheme, SearchSpace
 
@@ -41,7 +50,7 @@ def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
     x = np.asarray(out, dtype=np.float64).reshape(r.shape)
     if not np.all(np.isfinite(x)):
         return float("inf")
-    return float(np.linalg.norm(x - r) / max(np.linalg.norm(r), 1e-30))
+    return float(np.linalg.norm(x - r)) / max(float(np.linalg.norm(r)), 1e-30)
 
 
 def emulated_errors(g: Any, plan: Any, space: SearchSpace, s: Schedule, inputs: dict[str, np.ndarray],
@@ -51,12 +60,10 @@ def emulated_errors(g: Any, plan: Any, space: SearchSpace, s: Schedule, inputs: 
     return {o: rel_err(out[o], ref[o]) for o in ref}
 
 
-def float_graph(inputs: dict[str, list[int]], nodes: list[dict[str, Any]], outputs: list[str]) -> Any:
+def float_graph(inputs: Mapping[str, Sequence[int]], nodes: Sequence[object], outputs: Sequence[str]) -> Graph:
     """The validated graph ``t`` with float32 ``inputs`` (name -> shape), ``nodes`` and ``outputs``."""
-    from stitchtune.graph.parse import parse_graph
-
-    return parse_graph({"name": "t", "inputs": {k: {"shape": v, "dtype": "float32"} for k, v in inputs.items()},
-                        "nodes": nodes, "outputs": outputs})
+    return parse_graph({"name": "t", "inputs": {k: {"shape": list(v), "dtype": "float32"} for k, v in inputs.items()},
+                        "nodes": list(nodes), "outputs": list(outputs)})
 
 
 def plan_or_refused(obj: dict[str, Any]) -> tuple[Any, Any]:
@@ -96,9 +103,10 @@ def channels_last_ln_backward(h: int = 4, w: int = 4, c: int = 32, grad: str = "
     def red(i: str, a: str, axes: list[int], keep: bool) -> dict[str, Any]:
         return {"id": i, "op": "reduce_sum", "args": [a], "axes": axes, "keepdims": keep}
 
-    first = ({"id": "v", "op": "reshape", "args": ["dy"], "shape": [1, h, w, c]} if grad == "merged" else
+    first: dict[str, Any] = ({"id": "v", "op": "reshape", "args": ["dy"], "shape": [1, h, w, c]} if grad == "merged" else
              {"id": "v", "op": "transpose", "args": ["dy"], "perm": [0, 2, 3, 1]})
-    nodes = [first, {"id": "xc", "op": "sub", "args": ["x", "mu"]}, {"id": "xh", "op": "mul", "args": ["xc", "rs"]},
+    nodes: list[dict[str, Any]] = [
+             first, {"id": "xc", "op": "sub", "args": ["x", "mu"]}, {"id": "xh", "op": "mul", "args": ["xc", "rs"]},
              {"id": "g", "op": "mul", "args": ["v", "gamma"]}, {"id": "gn", "op": "mul", "args": ["g", float(c)]},
              red("s1", "g", [3], True), {"id": "gx", "op": "mul", "args": ["g", "xh"]}, red("s2", "gx", [3], True),
              {"id": "t", "op": "mul", "args": ["xh", "s2"]}, {"id": "a", "op": "sub", "args": ["gn", "s1"]},
@@ -184,3 +192,82 @@ def emulator_kernels(program: Any) -> dict[str, Any]:
         return run
 
     return {ln.kernel: make(program.kernel(ln.kernel)) for ln in program.launches}
+
+
+# ---------------------------------------------------------------------------- a fake kernel builder
+
+IX = TypeVar("IX", RowIndex, ColIndex)
+
+
+class FakeSchedule(SimpleNamespace):
+    """The fields of a ``Schedule`` the exchange reads, and its typed option read (``option(COMBINE)``)."""
+
+    def option(self, opt: Any) -> Any:
+        return getattr(self, opt if isinstance(opt, str) else opt.name)
+
+
+class FakeStateBuilder(Generic[IX]):
+    """A kernel builder reduced to what the exchange (``stitchtune.lower.exchange``) uses: a
+    ``StateBuilder`` that records what it is given (``rb``: the emitted statements; ``parts``: the scratch
+    buffers asked for, in order, each time), with a row kernel's index variables and sizes (an ``ExchangeBuilder``:
+    :func:`fake_row_builder`) or a column kernel's (a ``ColExchangeBuilder``: :func:`fake_col_builder`).
+    Reductions ``r`` and ``m`` have index 0, ``v`` index 1."""
+
+    def __init__(self, ix: IX, schedule: FakeSchedule, M: int, N: int, chunk: int) -> None:
+        self.ix: IX = ix
+        self.rb: list[kir.Stmt] = []
+        self.parts: list[str] = []
+        self._s, self._p, self._chunk = schedule, SimpleNamespace(M=M, N=N), chunk
+        self._n = 0
+
+    @property
+    def schedule(self) -> Any:
+        return self._s
+
+    @property
+    def plan(self) -> Any:
+        return self._p
+
+    @property
+    def chunk(self) -> int:
+        return self._chunk
+
+    @property
+    def rows_per_block(self) -> int:
+        return int(self._s.block // self._s.tpr)
+
+    @property
+    def tile_cols(self) -> int:
+        return int(self._s.block // self._s.tpr * self._s.vec)
+
+    def var(self, prefix: str, dtype: str = F32) -> Var:
+        self._n += 1
+        return Var(f"{prefix}{self._n}", dtype)
+
+    def emit(self, *stmts: kir.Stmt) -> None:
+        self.rb.extend(stmts)
+
+    def last_row(self) -> kir.Expr:
+        return kir.Const(self._p.M - 1, I32)
+
+    def state_parts(self, st: ReductionState) -> tuple[str, ...]:
+        names = st.part_names({"r": 0, "m": 0, "v": 1})
+        self.parts += names
+        return names
+
+
+def fake_row_builder(tpr: int, block: int, split: int = 1, combine: str = "thread") -> FakeStateBuilder[RowIndex]:
+    """A row kernel's builder (64 rows of 4096, ``vec`` 1)."""
+    ix = RowIndex(Var("lane", I32), Var("rib", I32), Var("rd", I32), Var("row", I32), Var("sidx", I32),
+                  Var("rv", kir.BOOL), Var("kb", I32), Var("ke", I32))
+    s = FakeSchedule(tpr=tpr, block=block, split=split, vec=1, combine=combine)
+    return FakeStateBuilder(ix, s, 64, 4096, 4096 // split)
+
+
+def fake_col_builder(tpr: int, block: int, vec: int, split: int = 1) -> FakeStateBuilder[ColIndex]:
+    """A column kernel's builder (1000 rows of 512 columns)."""
+    c = Var("c", I32)
+    ix = ColIndex(Var("tc", I32), Var("tk", I32), Var("rd", I32), Var("tile", I32), Var("sidx", I32), c,
+                  Var("cv", kir.BOOL), Var("kb", I32), Var("ke", I32), Var("task", I32), c)
+    s = FakeSchedule(tpr=tpr, block=block, vec=vec, split=split, combine="thread")
+    return FakeStateBuilder(ix, s, 1000, 512, -(-1000 // split))

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import optuna
 
 from stitchtune.errors import ScheduleError
+from stitchtune.gpu.build import Builder
+from stitchtune.gpu.runners import Runner
 from stitchtune.graph.parse import load_graph
 from stitchtune.hardware.device import get_device
 from stitchtune.lower.entry import lower
@@ -215,9 +217,9 @@ class FakeBuilder:
             for (b, v), f in FATES.items():
                 if f"block={b} vec={v}\n" in src:
                     fate = f
-            status = {"compile_error": "compile_error", "build_timeout": "timeout"}.get(fate, "ok")
+            status = {"compile_error": "compile_error", "build_timeout": "timeout"}.get(fate or "", "ok")
             error = {"compile_error": "fake.cu(3): error: identifier undefined",
-                     "build_timeout": "nvcc timed out after 1 s"}.get(fate, "")
+                     "build_timeout": "nvcc timed out after 1 s"}.get(fate or "", "")
             out.append(FakeBuild(status, str(hash(src)), None, arch, {"k0": 40}, {"k0": 0}, {"k0": 0}, {"k0": 0},
                                  0.01, error))
         return out
@@ -263,5 +265,7 @@ def fake_components(runner: FakeRunner | None = None, builder: FakeBuilder | Non
     return Components(
         load_graph=lambda path: graph, make_plan=lambda g: FakePlan(), space_for_plan=lambda p, d: FakeSpace(),
         heuristic_schedule=lambda p, d: FakeSchedule(128, 4), get_device=lambda name: FakeDevice(),
-        make_builder=lambda cfg, dev, backend: builder, make_runner=lambda backend, g, d: runner,
+        # (the fakes' results duck-type BuildResult / Measurement: the search reads their fields only)
+        make_builder=lambda cfg, dev, backend: cast(Builder, builder),
+        make_runner=lambda backend, g, d: cast(Runner, runner),
         stages=fake_stages, cuda_available=lambda: False)

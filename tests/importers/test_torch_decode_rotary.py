@@ -71,12 +71,15 @@ def test_the_refusal_names_every_read_between_the_parts() -> None:
 
 def test_parts_of_one_size_still_share_a_kernel() -> None:
     """No refusal where the parts can be iterated together (the prompt's q and k's grouped copy)."""
-    from stitchtune.plan.axes import tensor_axes
+    from stitchtune.plan.axes import TensorAxes, tensor_axes
     from helpers import float_graph
 
     g = float_graph({"a": [1, 4, 8], "b": [1, 2, 16]},
                     [{"id": "x", "op": "neg", "args": ["a"]}, {"id": "y", "op": "neg", "args": ["b"]}], ["x", "y"])
-    tensor_axes(g)   # no SeparateRegionsError
+    got = tensor_axes(g)
+    assert isinstance(got, TensorAxes), got   # not a Refusal: one iteration domain for both parts
+    assert got.size_of == {5: 2, 6: 2, 2: 8} and got.order == (5, 6, 2)
+    assert got.of["a"] == ((), (5, 6), (2,)) and got.of["b"] == ((), (5,), (6, 2))   # 4 x 8 and 2 x 16 of one 2x2x8
 
 
 @pytest.mark.parametrize("p", [1, 7, 30])

@@ -35,25 +35,39 @@ def _consumer(union: str, names: list[str]) -> str:
         """) + cases + "        case _:\n            assert_never(x)\n"
 
 
-def _mypy(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
-    mod = tmp_path / "consumer.py"
-    mod.write_text(source)
-    return subprocess.run(
+_CASES = [("Stmt", _STMTS, "Comment"), ("Expr", _EXPRS, "Extent")]
+
+
+@pytest.fixture(scope="module")
+def mypy_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One mypy run over four consumers: per union, one with every case (the control) and one that leaves a
+    node type out (one run: each run type-checks the IR and its imports again, ~20 CPU-s)."""
+    d = tmp_path_factory.mktemp("consumers")
+    for union, names, left_out in _CASES:
+        (d / f"{union.lower()}_complete.py").write_text(_consumer(union, names))
+        (d / f"{union.lower()}_missing.py").write_text(_consumer(union, [n for n in names if n != left_out]))
+    run = subprocess.run(
         [sys.executable, "-m", "mypy", "--no-error-summary", "--follow-imports=silent",
-         "--cache-dir", str(tmp_path / ".mypy_cache"), "--config-file", "", str(mod)],
+         "--cache-dir", str(d / ".mypy_cache"), "--config-file", "", *sorted(map(str, d.glob("*.py")))],
         capture_output=True, text=True, cwd=_REPO, timeout=300,
     )
+    return d, run
 
 
-@pytest.mark.parametrize(("union", "names", "left_out"), [("Stmt", _STMTS, "Comment"), ("Expr", _EXPRS, "Extent")])
-def test_mypy_reports_a_consumer_that_misses_a_node_type(tmp_path: Path, union: str, names: list[str],
-                                                          left_out: str) -> None:
+def _lines_of(report: str, path: Path) -> list[str]:
+    return [ln for ln in report.splitlines() if ln.startswith(f"{path}:")]
+
+
+@pytest.mark.parametrize(("union", "names", "left_out"), _CASES)
+def test_mypy_reports_a_consumer_that_misses_a_node_type(mypy_report: tuple[Path, subprocess.CompletedProcess[str]],
+                                                          union: str, names: list[str], left_out: str) -> None:
+    d, run = mypy_report
     assert left_out in names
-    complete = _mypy(tmp_path, _consumer(union, names))
-    assert complete.returncode == 0, complete.stdout + complete.stderr  # the control: every case, no error
-    missing = _mypy(tmp_path, _consumer(union, [n for n in names if n != left_out]))
-    assert missing.returncode == 1, missing.stdout + missing.stderr
-    assert "assert_never" in missing.stdout and left_out in missing.stdout, missing.stdout
+    assert run.returncode == 1 and not run.stderr, run.stdout + run.stderr  # errors found, mypy itself fine
+    complete = _lines_of(run.stdout, d / f"{union.lower()}_complete.py")
+    assert complete == [], complete  # the control: every case, no error
+    missing = _lines_of(run.stdout, d / f"{union.lower()}_missing.py")
+    assert any("assert_never" in ln and left_out in ln for ln in missing), run.stdout
 
 
 @pytest.mark.parametrize("module", ["gpu/render.py", "emulate/translate.py", "emulate/translate_expr.py",

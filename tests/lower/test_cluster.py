@@ -27,6 +27,7 @@ from stitchtune.ir import kir
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import Schedule, SearchSpace
+from stitchtune.space.options import CLUSTER
 
 WIDE_SMALL = ("layernorm_wide_small.json", "logsoftmax_small.json", "softmax_wide_small.json")
 A100 = get_device("A100")
@@ -55,7 +56,7 @@ def test_sampled_cluster_schedules_emulate_correctly(name: str) -> None:
     samples = _cluster_samples(space, 3)
     assert len(samples) == 3, "the space offers the cluster scheme on the H200"
     for s in samples:
-        assert s.option("cluster") == s.split > 1
+        assert s.option(CLUSTER) == s.split > 1
         prog = lower(g, plan, s, DEV, space)
         assert any(k.cluster == s.split for k in prog.kernels)
         out = emulate_program(prog, inputs, coresident_limit=lambda k: 1 << 30, cluster_limit=_cluster_limit)
@@ -67,7 +68,7 @@ def test_cluster_kernel_renders_and_compiles_for_sm_90(tmp_path) -> None:
     g, plan, space = setup("logsoftmax_small.json")
     s = _cluster_samples(space, 1, seed=3)[0]
     src = render(lower(g, plan, s, DEV, space))
-    assert f"__cluster_dims__({s.option('cluster')}, 1, 1)" in src and "cg::this_cluster()" in src
+    assert f"__cluster_dims__({s.option(CLUSTER)}, 1, 1)" in src and "cg::this_cluster()" in src
     assert "st_cluster.sync();" in src and "st_cluster.map_shared_rank(scl" in src
     if not nvcc_found():
         pytest.skip("nvcc not installed")
@@ -163,7 +164,7 @@ def test_heuristic_picks_a_cluster_for_rows_too_wide_for_one_block() -> None:
     for name in ("layernorm_wide.json", "softmax_wide.json"):  # rows of 1 MiB and 256 KiB
         g, plan, space = setup(name)
         h = heuristic_schedule(plan, DEV, space)
-        assert set(h.schemes) == {"cluster"} and h.option("cluster") == h.split > 1, (name, h)
+        assert set(h.schemes) == {"cluster"} and h.option(CLUSTER) == h.split > 1, (name, h)
         assert predict(lower(g, plan, h, DEV, space).profile, DEV).prune_reason is None
     # 1024 elements: one block's registers hold the row; 32000 (125 KiB): its shared memory does
     for name in ("layernorm.json", "logsoftmax.json"):

@@ -1,9 +1,11 @@
 """Planning, schedule space, lowering, rendering: every sampled schedule is proven right on the CPU.
 
 * For every small example and 50 seeded schedules of its space, the emulator's output matches the
-  numpy reference (float32 rel. error < 1e-5, 16-bit < 1e-2) with no emulator fault; the run
-  reports how many distinct (scheme, mapping, reuse) combinations it covered and asserts that every
-  scheme, every thread-mapping kind and every value of the options order/prefetch/combine appears.
+  numpy reference (float32 rel. error < 1e-5, 16-bit < 1e-2) with no emulator fault: the heuristic and
+  the first ``QUICK_SCHEDULES`` samples in the quick suite, the other samples in the ``slow`` half (a
+  third of the CPU time, the same check); the run reports how many distinct (scheme, mapping, reuse)
+  combinations the quick set covers and asserts that every scheme, every thread-mapping kind and every
+  value of the options order/prefetch/combine appears in it.
 * The heuristic and the first ``COMPILE_SCHEDULES`` of those samples (default 20, env
   ``STITCHTUNE_COMPILE_SAMPLES``; 50 = all) compile with nvcc for sm_90 and ptxas reports their
   resources (nvcc costs ~0.1 s per kernel here and ~1 s per translation unit, the emulator a fraction
@@ -35,7 +37,7 @@ from stitchtune.plan.planner import TensorClass, make_plan
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.build import KernelResources, parse_ptxas
 from stitchtune.gpu.render import render, render_kernel
-from stitchtune.space import Schedule, SearchSpace
+from stitchtune.space import COMBINE, ORDER, PREFETCH, Schedule, SearchSpace
 
 from helpers.lowering import assert_matches_golden, rel_err, setup
 from helpers.nvcc import batch_source, ptxas_report, shared_ptxas_report
@@ -46,6 +48,8 @@ SMALL = sorted(p.name for p in EXAMPLES.glob("*_small.json"))
 FULL = sorted(p.name for p in EXAMPLES.glob("*.json") if not p.name.endswith("_small.json"))
 GOLDEN = Path(__file__).resolve().parent / "golden"
 N_SCHEDULES = 50
+#: the samples the quick suite emulates per example (the rest are the slow test's)
+QUICK_SCHEDULES = 16
 COMPILE_SCHEDULES = min(N_SCHEDULES, int(os.environ.get("STITCHTUNE_COMPILE_SAMPLES", "20")))
 DEV = get_device("H200")
 
@@ -76,9 +80,9 @@ def emulated_schedules(name: str) -> tuple[object, object, SearchSpace, tuple[Sc
     return g, plan, space, (heuristic_schedule(plan, DEV, space), *sampled(space, N_SCHEDULES))
 
 
-@pytest.mark.parametrize("name", SMALL)
-def test_sampled_schedules_match_reference_in_emulator(name: str) -> None:
-    g, plan, space, scheds = emulated_schedules(name)
+def _emulate_against_reference(name: str, scheds: tuple[Schedule, ...]) -> None:
+    assert scheds, "no schedule to emulate"
+    g, plan, space, _ = emulated_schedules(name)
     inputs = random_inputs(g, 7)
     ref = run_reference(g, inputs)
     tol = 1e-5 if all(g.spec(o).dtype == "float32" for o in g.outputs) else 1e-2
@@ -92,8 +96,21 @@ def test_sampled_schedules_match_reference_in_emulator(name: str) -> None:
     assert not failures, failures[:3]
 
 
+@pytest.mark.parametrize("name", SMALL)
+def test_sampled_schedules_match_reference_in_emulator(name: str) -> None:
+    """The heuristic and the first QUICK_SCHEDULES samples."""
+    _emulate_against_reference(name, emulated_schedules(name)[3][:QUICK_SCHEDULES + 1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SMALL)
+def test_more_sampled_schedules_match_reference_in_emulator(name: str) -> None:
+    """The samples after the quick test's, up to N_SCHEDULES."""
+    _emulate_against_reference(name, emulated_schedules(name)[3][QUICK_SCHEDULES + 1:])
+
+
 def test_coverage_of_schemes_and_mappings() -> None:
-    """The schedules the emulator test above checks (the same seeds, recomputed here without
+    """The schedules the quick emulator test above checks (the same seeds, recomputed here without
     emulating, so this test stands alone) exercise every scheme, every mapping kind and every value
     of the options order/prefetch/combine."""
     coverage: Counter = Counter()
@@ -102,11 +119,11 @@ def test_coverage_of_schemes_and_mappings() -> None:
     options: set[tuple[str, object]] = set()
     for name in SMALL:
         _, plan, _, scheds = emulated_schedules(name)
-        for s in scheds:
+        for s in scheds[:QUICK_SCHEDULES + 1]:
             kind = mapping_kind(plan, s)
             kinds.add(kind)
             schemes.update(s.schemes)
-            options.update((opt, s.option(opt)) for opt in ("order", "prefetch", "combine"))
+            options.update((opt.name, s.option(opt)) for opt in (ORDER, PREFETCH, COMBINE))
             coverage[(plan.family, kind, s.schemes, s.reuse)] += 1
     print(f"\ncovered {len(coverage)} distinct (family, mapping, schemes, reuse) combinations; "
           f"mapping kinds: {sorted(kinds)}; schemes: {sorted(schemes)}")

@@ -1,71 +1,36 @@
-"""The column family's exchange (``stitchtune.lower.col_exchange``) driven through a fake kernel builder
-that implements the ``ColExchangeBuilder`` Protocol: what each scheme emits for the ``vec`` one-slot
-states of a reduction and for multi-slot (Welford) states. That the column kernels it builds are the
-ones recorded is pinned by ``tests/lower/test_kernel_hashes.py``; end to end, every scheme is emulated
-by the column tests of ``tests/lower`` and ``tests/emulate``."""
+"""The one exchange path (``stitchtune.lower.exchange``) over the column family's layout
+(``stitchtune.lower.col_exchange.ColExchange``), driven through the fake kernel builder of
+``helpers.lowering`` (a ``ColExchangeBuilder``): what each scheme emits for the ``vec`` one-slot states of
+a reduction and for multi-slot (Welford) states. That the column kernels it builds are the ones recorded
+is pinned by ``tests/lower/test_kernel_hashes.py``; end to end, every scheme is emulated by the column
+tests of ``tests/lower`` and ``tests/emulate``."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
+import pytest
 
+from helpers.lowering import FakeStateBuilder, fake_col_builder
 from stitchtune.graph.ops import OPS
 from stitchtune.ir import kir
-from stitchtune.ir.kir import F32, I32, Var
-from stitchtune.lower.col_exchange import ColExchangeBuilder, ColIndex, ColState, exchange
+from stitchtune.ir.kir import I32
+from stitchtune.lower.col_exchange import ColExchange, ColExchangeBuilder, ColIndex, ColState
+from stitchtune.lower.exchange import exchange
 from stitchtune.lower.single_pass import new_state
-from stitchtune.lower.state import PlainState, ReductionState
+from stitchtune.lower.state import PlainState
 from stitchtune.plan.single_pass import SinglePassCandidate
 from stitchtune.space import SCHEMES
 
 
-class FakeColKernel:
-    """A column kernel builder reduced to what the column exchange uses."""
-
-    def __init__(self, tpr: int, block: int, vec: int, split: int = 1) -> None:
-        self.rb: list[kir.Stmt] = []
-        v = [Var(n, I32) for n in ("tc", "tk", "rd", "tile", "sidx", "c")]
-        self.ix = ColIndex(*v, Var("cv", kir.BOOL), Var("kb", I32), Var("ke", I32), Var("task", I32), v[5])
-        self._s = SimpleNamespace(tpr=tpr, block=block, vec=vec, split=split)
-        self._p = SimpleNamespace(M=1000, N=512)
-        self.n = 0
-        self.parts: list[str] = []
-
-    @property
-    def schedule(self) -> Any:
-        return self._s
-
-    @property
-    def plan(self) -> Any:
-        return self._p
-
-    @property
-    def chunk(self) -> int:
-        return -(-self._p.M // self._s.split)
-
-    @property
-    def tile_cols(self) -> int:
-        return self._s.block // self._s.tpr * self._s.vec
-
-    def var(self, prefix: str, dtype: str = F32) -> Var:
-        self.n += 1
-        return Var(f"{prefix}{self.n}", dtype)
-
-    def emit(self, *stmts: kir.Stmt) -> None:
-        self.rb.extend(stmts)
-
-    def state_parts(self, st: ReductionState) -> tuple[str, ...]:
-        names = st.part_names({"r": 0, "m": 0, "v": 1})
-        self.parts += [n for n in names if n not in self.parts]
-        return names
-
-
-def _plain(k: FakeColKernel) -> ColState:
+def _plain(k: FakeStateBuilder[ColIndex]) -> ColState:
     return tuple(PlainState("r", k.var("acc"), OPS["reduce_sum"]) for _ in range(k.schedule.vec))
 
 
-def _welford(k: FakeColKernel) -> ColState:
+def _welford(k: FakeStateBuilder[ColIndex]) -> ColState:
     return tuple(new_state(SinglePassCandidate("welford", 0, "m", "v", "x"), k.var) for _ in range(k.schedule.vec))
+
+
+def _col_exchange(k: FakeStateBuilder[ColIndex], groups: list[ColState], scheme: str) -> None:
+    exchange(k, ColExchange(k), groups, SCHEMES[scheme])
 
 
 def _slot_base(st: kir.StoreVec) -> int:
@@ -75,21 +40,22 @@ def _slot_base(st: kir.StoreVec) -> int:
 
 
 def test_the_fake_is_a_col_exchange_builder() -> None:
-    k: ColExchangeBuilder = FakeColKernel(4, 256, 2)  # (checked by mypy: the fake implements the Protocol)
+    k: ColExchangeBuilder = fake_col_builder(4, 256, 2)  # (checked by mypy: the fake implements the Protocol)
     assert k.tile_cols == 128
 
 
 def test_local_exchanges_nothing() -> None:
-    k = FakeColKernel(1, 256, 4)
-    exchange(k, [_plain(k)], SCHEMES["local"])
+    k = fake_col_builder(1, 256, 4)
+    _col_exchange(k, [_plain(k)], "local")
     assert k.rb == [] and not k.parts
 
 
 def test_regional_meets_in_shared_memory_per_reduction_and_column() -> None:
-    k = FakeColKernel(4, 256, 2)
-    exchange(k, [_plain(k), _plain(k)], SCHEMES["regional"])
+    k = fake_col_builder(4, 256, 2)
+    _col_exchange(k, [_plain(k), _plain(k)], "regional")
     stores = [st for st in k.rb if isinstance(st, kir.StoreVec)]
     assert len(stores) == 4 and all(st.buf == "sred" for st in stores)
+    assert all(st.pred is None for st in stores)                         # every row thread writes
     assert sorted({_slot_base(st) for st in stores}) == [0, 4 * 128]   # one slot per reduction
     loops = [st for st in k.rb if isinstance(st, kir.For)]
     assert [lp.stop for lp in loops] == [kir.Const(4, I32)] * 2         # a loop over the row threads
@@ -97,10 +63,16 @@ def test_regional_meets_in_shared_memory_per_reduction_and_column() -> None:
     assert sum(isinstance(st, kir.Barrier) for st in k.rb) == 2 and not k.parts
 
 
+def test_regional_with_one_row_thread_exchanges_nothing() -> None:
+    k = fake_col_builder(1, 256, 4)
+    _col_exchange(k, [_plain(k)], "regional")
+    assert k.rb == []
+
+
 def test_multi_slot_states_keep_a_slot_each() -> None:
-    k = FakeColKernel(4, 256, 2)
+    k = fake_col_builder(4, 256, 2)
     g, h = _welford(k), _welford(k)
-    exchange(k, [g, h], SCHEMES["regional"])
+    _col_exchange(k, [g, h], "regional")
     stores = [st for st in k.rb if isinstance(st, kir.StoreVec)]
     n = len(g[0].vars)
     assert n > 1 and len(stores) == 2 * n * 2                   # (2 states x n slots x 2 columns)
@@ -108,16 +80,23 @@ def test_multi_slot_states_keep_a_slot_each() -> None:
 
 
 def test_global_stores_partials_then_combines_them_after_the_grid_barrier() -> None:
-    k = FakeColKernel(4, 256, 4, split=8)
-    exchange(k, [_plain(k)], SCHEMES["global"])
+    k = fake_col_builder(4, 256, 4, split=8)
+    _col_exchange(k, [_plain(k)], "global")
     sync = next(i for i, st in enumerate(k.rb) if isinstance(st, kir.GridSync))
     before, after = k.rb[:sync], k.rb[sync + 1:]
-    assert [st.buf for st in before if isinstance(st, kir.StoreVec) and st.buf != "sred"] == ["part0"]
+    stored = [st for st in before if isinstance(st, kir.StoreVec) and st.buf != "sred"]
+    assert [st.buf for st in stored] == ["part0"] and len(stored[0].values) == 4   # the vec columns at once
     loop = next(st for st in after if isinstance(st, kir.For))
-    assert loop.stop == kir.Const(8, I32) and k.parts == ["part0"]
+    assert loop.stop == kir.Const(8, I32) and k.parts == ["part0", "part0"]
+    assert [len(st.dsts) for st in loop.body if isinstance(st, kir.LoadVec)] == [4]  # one load of the vec partials
 
 
 def test_independent_stores_partials_only() -> None:
-    k = FakeColKernel(1, 256, 4, split=8)
-    exchange(k, [_plain(k)], SCHEMES["independent"])
+    k = fake_col_builder(1, 256, 4, split=8)
+    _col_exchange(k, [_plain(k)], "independent")
     assert [type(st) for st in k.rb] == [kir.StoreVec] and k.parts == ["part0"]
+
+
+def test_columns_have_no_cluster() -> None:
+    with pytest.raises(AssertionError, match="row family"):
+        ColExchange(fake_col_builder(4, 256, 2)).cluster_meeting()

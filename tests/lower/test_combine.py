@@ -14,6 +14,7 @@ from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.render import render
 from helpers.lowering import DEV, emulated_errors, setup
 from stitchtune.space import Schedule
+from stitchtune.space.options import COMBINE
 
 WIDE = {"block": 256, "min_blocks": 0, "reuse": ["global", "recompute"], "schemes": ["global", "independent"],
         "split": 8, "tasks_per_block": 0, "tpr": 256, "vec": 4}
@@ -31,7 +32,7 @@ def test_warp_combine_gives_the_reference_results(name: str) -> None:
     seen_splits = []
     for _ in range(3000):
         s = space.sample(rng)
-        if s.option("combine") != "warp":
+        if s.option(COMBINE) != "warp":
             continue
         seen_splits.append(s.split)
         errs = emulated_errors(g, plan, space, s, inputs, ref)

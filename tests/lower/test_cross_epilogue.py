@@ -17,6 +17,7 @@ from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import Schedule, SearchSpace
+from stitchtune.space.options import CROSS_COMBINE
 
 ALL = lambda k: 1 << 30  # noqa: E731  (every grid co-resident)
 
@@ -41,7 +42,7 @@ def _loss_graph(rows: int = 37, cols: int = 300):
 def _first_of(space: SearchSpace, mode: str, start: int = 0):
     for seed in range(start, start + 400):
         s = space.sample(random.Random(seed))
-        if s.option("cross_combine") == mode:
+        if s.option(CROSS_COMBINE) == mode:
             return s
     raise AssertionError(f"no sampled schedule with cross_combine {mode}")
 
@@ -60,7 +61,7 @@ def test_epilogue_and_max_min_emulate_in_each_deterministic_combine(rows: int, c
     inputs["x"] = inputs["x"] - inputs["x"].max() - 0.5  # negative logits, positive exps: max / min combined from 0.0 would be wrong
     ref = run_reference(g, inputs)
     scheds = [heuristic_schedule(plan, DEV, space), _first_of(space, "grid"), _first_of(space, "kernel")]
-    assert [s.option("cross_combine") for s in scheds[1:]] == ["grid", "kernel"]
+    assert [s.option(CROSS_COMBINE) for s in scheds[1:]] == ["grid", "kernel"]
     for s in scheds:
         assert not space.violations(s), s.to_json()
         out = _run(g, plan, space, s, inputs)
@@ -90,4 +91,4 @@ def test_atomic_combine_is_refused_for_max_min_and_the_epilogue() -> None:
         assert any("atomic combine adds floats" in v for v in space.violations(bad)), space.violations(bad)
     # sums and means stored as they are keep the atomic choice
     plan = make_plan(float_graph({"x": [8, 64]}, [_red("s", "reduce_sum", "x", [0, 1])], ["s"]))
-    assert _first_of(SearchSpace.for_plan(plan, DEV), "atomic").option("cross_combine") == "atomic"
+    assert _first_of(SearchSpace.for_plan(plan, DEV), "atomic").option(CROSS_COMBINE) == "atomic"

@@ -16,6 +16,7 @@ from stitchtune.cost.model import predict
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.lower.entry import lower
+from stitchtune.space.options import CROSS_COMBINE
 
 CROSS_SMALL = ["layernorm_backward_small.json", "layernorm_backward_bf16_small.json", "rmsnorm_backward_small.json",
                "cross_entropy_small.json", "softmax_colsum_small.json", "mse_loss_small.json"]
@@ -26,7 +27,7 @@ ALL = lambda k: 1 << 30  # noqa: E731  (every grid co-resident)
 def _first_of(space, mode: str, start: int = 0):
     for seed in range(start, start + 400):
         s = space.sample(random.Random(seed))
-        if s.option("cross_combine") == mode:
+        if s.option(CROSS_COMBINE) == mode:
             return s
     raise AssertionError(f"no sampled schedule with cross_combine {mode}")
 
@@ -185,10 +186,10 @@ def test_a_cross_plan_whose_rows_fit_one_block_combines_in_its_kernel() -> None:
     plan = make_plan(g)
     space = SearchSpace.for_plan(plan, DEV)
     s = heuristic_schedule(plan, DEV, space)
-    assert plan.cross and s.option("cross_combine") == "grid" and not space.violations(s) and s.deterministic
+    assert plan.cross and s.option(CROSS_COMBINE) == "grid" and not space.violations(s) and s.deterministic
     prog = lower(g, plan, s, DEV, space)
     assert len(prog.launches) == 1 and prog.launches[0].grid == 1
     errs, _ = _errors(g, plan, space, s)
     assert max(errs.values()) < 1
     big = make_plan(graph(4096))
-    assert heuristic_schedule(big, DEV, SearchSpace.for_plan(big, DEV)).option("cross_combine") == "kernel"
+    assert heuristic_schedule(big, DEV, SearchSpace.for_plan(big, DEV)).option(CROSS_COMBINE) == "kernel"

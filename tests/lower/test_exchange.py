@@ -1,76 +1,28 @@
-"""The one exchange path (``stitchtune.lower.exchange``) driven through a fake kernel builder that implements
-the ``ExchangeBuilder`` Protocol: what each scheme emits for a one-slot state and for a Welford state (the
-statement kinds and counts the scheme's declaration implies). End to end, every scheme is emulated by
-``tests/lower/test_scheme_contract.py``."""
+"""The one exchange path (``stitchtune.lower.exchange``) over the row family's layout
+(``stitchtune.lower.row_exchange.RowExchange``), driven through the fake kernel builder of
+``helpers.lowering`` (an ``ExchangeBuilder``): what each scheme emits for a one-slot state and for a Welford
+state (the statement kinds and counts the scheme's declaration implies), and the shared steps (``meet``,
+``combine_partials``) with a planted layout. End to end, every scheme is emulated by
+``tests/lower/test_scheme_contract.py``; that the kernels are the ones recorded is pinned by
+``tests/lower/test_kernel_hashes.py``."""
 
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
+from helpers.lowering import FakeStateBuilder, fake_row_builder
 from stitchtune.graph.ops import OPS
 from stitchtune.ir import kir
-from stitchtune.ir.kir import F32, I32, Var
+from stitchtune.ir.kir import I32
 from stitchtune.lower.builder import ExchangeBuilder, RowIndex
-from stitchtune.lower.exchange import combine_partials, exchange
+from stitchtune.lower.exchange import Body, StateGroup, combine_partials, exchange, meet
+from stitchtune.lower.row_exchange import RowExchange
 from stitchtune.lower.single_pass import new_state
 from stitchtune.lower.state import PlainState, ReductionState
 from stitchtune.plan.single_pass import SinglePassCandidate
 from stitchtune.space import SCHEMES
-
-
-class FakeSchedule(SimpleNamespace):
-    """The fields of a ``Schedule`` the exchange reads, and its typed option read (``option(COMBINE)``)."""
-
-    def option(self, opt: Any) -> Any:
-        return getattr(self, opt if isinstance(opt, str) else opt.name)
-
-
-class FakeKernel:
-    """A kernel builder reduced to what the exchange uses (an ``ExchangeBuilder``)."""
-
-    def __init__(self, tpr: int, block: int, split: int = 1, combine: str = "thread") -> None:
-        self.rb: list[kir.Stmt] = []
-        self.ix = RowIndex(Var("lane", I32), Var("rib", I32), Var("rd", I32), Var("row", I32), Var("sidx", I32),
-                           Var("rv", kir.BOOL), Var("kb", I32), Var("ke", I32))
-        self._s = FakeSchedule(tpr=tpr, block=block, split=split, combine=combine)
-        self._p = SimpleNamespace(M=64, N=4096)
-        self.n = 0
-        self.parts: list[str] = []
-
-    @property
-    def schedule(self) -> Any:
-        return self._s
-
-    @property
-    def plan(self) -> Any:
-        return self._p
-
-    @property
-    def rows_per_block(self) -> int:
-        return self._s.block // self._s.tpr
-
-    @property
-    def chunk(self) -> int:
-        return self._p.N // self._s.split
-
-    def var(self, prefix: str, dtype: str = F32) -> Var:
-        self.n += 1
-        return Var(f"{prefix}{self.n}", dtype)
-
-    def emit(self, *stmts: kir.Stmt) -> None:
-        self.rb.extend(stmts)
-
-    def last_row(self) -> kir.Expr:
-        return kir.Const(self._p.M - 1, I32)
-
-    def state_parts(self, st: ReductionState) -> tuple[str, ...]:
-        names = st.part_names({"r": 0, "m": 0, "v": 1})
-        self.parts += names
-        return names
 
 
 def _count(stmts: list[kir.Stmt], kind: type) -> int:
@@ -91,42 +43,48 @@ def _exprs(stmts: list[kir.Stmt], kind: type) -> int:
     return sum(count(st) for st in kir.walk(tuple(stmts)))
 
 
-def _plain(k: FakeKernel) -> PlainState:
+def _plain(k: FakeStateBuilder[RowIndex]) -> PlainState:
     return PlainState("r", k.var("acc"), OPS["reduce_sum"])
 
 
-def _welford(k: FakeKernel) -> ReductionState:
+def _welford(k: FakeStateBuilder[RowIndex]) -> ReductionState:
     return new_state(SinglePassCandidate("welford", 0, "m", "v", "x"), k.var)
 
 
+def _row_exchange(k: FakeStateBuilder[RowIndex], states: list[ReductionState], scheme: str) -> None:
+    exchange(k, RowExchange(k), [(st,) for st in states], SCHEMES[scheme])
+
+
 def test_the_fake_is_an_exchange_builder() -> None:
-    k: ExchangeBuilder = FakeKernel(32, 256)  # (checked by mypy: the fake implements the Protocol)
+    k: ExchangeBuilder = fake_row_builder(32, 256)  # (checked by mypy: the fake implements the Protocol)
     assert k.rows_per_block == 8
 
 
 @pytest.mark.parametrize("tpr", [4, 16, 32])
 def test_local_is_the_shuffle_tree_only(tpr: int) -> None:
-    k = FakeKernel(tpr, 256)
-    exchange(k, [_plain(k)], SCHEMES["local"])
+    k = fake_row_builder(tpr, 256)
+    _row_exchange(k, [_plain(k)], "local")
     assert _exprs(k.rb, kir.Shfl) == tpr.bit_length() - 1
     assert _count(k.rb, kir.Barrier) == 0 and not k.parts
 
 
 def test_regional_meets_in_shared_memory_once_per_state_slot() -> None:
-    k = FakeKernel(128, 256)  # 4 warps per row, 2 rows per block
-    exchange(k, [_plain(k), _plain(k)], SCHEMES["regional"])
+    k = fake_row_builder(128, 256)  # 4 warps per row, 2 rows per block
+    _row_exchange(k, [_plain(k), _plain(k)], "regional")
     stores = [st for st in k.rb if isinstance(st, kir.StoreVec)]
     assert len(stores) == 2 and all(st.buf == "sred" for st in stores)
     assert _count(k.rb, kir.Barrier) == 2
-    k2 = FakeKernel(128, 256)
-    exchange(k2, [_welford(k2)], SCHEMES["regional"])
+    loads = _exprs(k.rb, kir.Load)
+    assert loads == 2 * 4  # every warp's slot, unrolled, for both states
+    k2 = fake_row_builder(128, 256)
+    _row_exchange(k2, [_welford(k2)], "regional")
     assert len([st for st in k2.rb if isinstance(st, kir.StoreVec)]) == 4  # n, mean, M2, shift
 
 
 @pytest.mark.parametrize("name", ["global", "independent"])
 def test_split_partials(name: str) -> None:
-    k = FakeKernel(1024, 1024, split=4)
-    exchange(k, [_welford(k)], SCHEMES[name])
+    k = fake_row_builder(1024, 1024, split=4)
+    _row_exchange(k, [_welford(k)], name)
     assert k.parts[:3] == ["part0", "part1", "pshift0"]  # the stored slots (the count follows from the split)
     scheme = SCHEMES[name]
     assert _count(k.rb, kir.GridSync) == int(scheme.grid_barrier)
@@ -134,8 +92,8 @@ def test_split_partials(name: str) -> None:
 
 
 def test_cluster_exchanges_through_dsmem() -> None:
-    k = FakeKernel(512, 512, split=4)
-    exchange(k, [_plain(k), _welford(k)], SCHEMES["cluster"])
+    k = fake_row_builder(512, 512, split=4)
+    _row_exchange(k, [_plain(k), _welford(k)], "cluster")
     assert _count(k.rb, kir.ClusterSync) == 2
     assert _exprs(k.rb, kir.RemoteLoad) == 4 * (1 + 4)  # every rank's slots, for both states
     assert not k.parts
@@ -143,9 +101,43 @@ def test_cluster_exchanges_through_dsmem() -> None:
 
 @pytest.mark.parametrize("combine", ["thread", "warp"])
 def test_combine_partials_loads_every_split(combine: str) -> None:
-    k = FakeKernel(256, 256, split=8, combine=combine)
-    st = _plain(k)
-    combine_partials(k, st)
+    k = fake_row_builder(256, 256, split=8, combine=combine)
+    combine_partials(k, RowExchange(k), (_plain(k),))
     loads = _exprs(k.rb, kir.Load)
     assert loads == (8 if combine == "thread" else 1)  # the lanes of a warp load them together
     assert _exprs(k.rb, kir.Shfl) == (0 if combine == "thread" else 5)
+    assert _exprs(k.rb, kir.Select) == (0 if combine == "thread" else 1)  # lanes past the split merge nothing
+
+
+@dataclasses.dataclass
+class _Place:
+    """A planted meeting of ``n`` holders that records what it was asked."""
+
+    n: int
+    asked: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
+
+    def store(self, slot: int, j: int, value: kir.Expr) -> kir.Stmt:
+        self.asked.append(("store", slot, j))
+        return kir.StoreVec("place", kir.Const(slot, I32), (value,))
+
+    def load(self, slot: int, peer: kir.Expr, j: int) -> kir.Expr:
+        self.asked.append(("load", slot, j))
+        return kir.Load("place", kir.Const(slot, I32))
+
+    def sync(self) -> kir.Stmt:
+        return kir.Barrier()
+
+    def peers(self, body: Body) -> list[kir.Stmt]:
+        return [st for p in range(self.n) for st in body(kir.Const(p, I32))]
+
+
+def test_meet_numbers_the_slots_of_all_groups_in_order() -> None:
+    k = fake_row_builder(32, 256)
+    g: StateGroup = (_welford(k), _welford(k))   # two states of one reduction (a column thread's vec 2)
+    h: StateGroup = (_plain(k), _plain(k))
+    place = _Place(3)
+    meet(k, place, [g, h])
+    stores = [a for a in place.asked if a[0] == "store"]
+    assert stores == [("store", i, j) for i in range(4) for j in range(2)] + [("store", 4, 0), ("store", 4, 1)]
+    assert len([a for a in place.asked if a[0] == "load"]) == 3 * (2 * 4 + 2)   # every peer's slots
+    assert [type(st) for st in k.rb].count(kir.Barrier) == 2

@@ -30,6 +30,7 @@ from stitchtune.space import SearchSpace
 
 from helpers.common import REPO
 from helpers.lowering import check_emulates, float_graph, rel_err
+from stitchtune.space.options import EXACT_MATH
 
 DEV = get_device("H200")
 
@@ -117,7 +118,7 @@ def test_softmax_of_wide_range_scores_within_tolerance(exact: int) -> None:
 def test_exact_math_is_never_drawn() -> None:
     g = load_graph(REPO / "examples" / "softmax_small.json")
     space = SearchSpace.for_plan(make_plan(g), DEV)
-    assert all(space.sample(random.Random(i)).option("exact_math") == 0 for i in range(20))
+    assert all(space.sample(random.Random(i)).option(EXACT_MATH) == 0 for i in range(20))
     _, _, _, s = _softmax(1)
     assert '"exact_math":1' in s.to_json() and not space.violations(s)
 

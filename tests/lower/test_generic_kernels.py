@@ -26,6 +26,7 @@ from stitchtune.lower.dynamic import RowFit, fit_rows, lower_dynamic
 from stitchtune.lower.gather import gather_flag_buffers
 from stitchtune.space import SearchSpace
 from test_layout_index_mixes import layernorm_rows
+from stitchtune.space.options import SINGLE_PASS
 
 DYN = EXAMPLES_DIR / "dynamic"
 EXAMPLES = ("layernorm_seq", "softmax_seq", "bias_gelu_seq", "embed_add_layernorm_seq", "attention_softmax_seq",
@@ -256,7 +257,7 @@ def test_dynamic_row_length_refuses_what_its_extents_do_not_allow() -> None:
     r = lower_dynamic(fit, h, DEV, space)
     assert isinstance(r, DynamicRefusal) and r.part.startswith(REFUSED_PARTS)
     g = generic_heuristic(fit, DEV, space)
-    assert g.vec == 1 and not g.option("single_pass") and g.split == 1
+    assert g.vec == 1 and not g.option(SINGLE_PASS) and g.split == 1
     prog = lower_dynamic(fit, g, DEV, space)
     assert isinstance(prog, kir.Program)
     assert re.search(r"= min\(\(kb\d+ \+ 64\), ext0\);", render(prog))  # the row ends at the extent argument

@@ -19,6 +19,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from helpers.common import REPO
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
@@ -50,19 +52,44 @@ def _golden(paths=(GOLDEN, *GOLDEN_ADDED, *GOLDEN_FULL)) -> dict[str, list[dict]
     return want
 
 
-def test_kernels_render_as_recorded() -> None:
-    want = _golden()
-    samples = max(r["seed"] for rows in want.values() for r in rows) + 1
+#: the seeded samples every run of the quick suite renders per example (besides the heuristic, seed -1);
+#: the slow test renders all the recorded ones
+QUICK_SEEDS = 6
+
+
+def _diffs(want: dict[str, list[dict]], seeds: int | None) -> list[str]:
+    """Where today's rendering of ``want``'s examples (the heuristic and seeds below ``seeds``, all when
+    None) differs from the recorded fingerprints."""
     full = set(_golden(GOLDEN_FULL))
+    samples = max(r["seed"] for rows in want.values() for r in rows) + 1 if seeds is None else seeds
     got = _script().fingerprints(samples, table="recorded", only=set(want) - full)
-    got.update(_script().fingerprints(samples, table="full", only=full))
-    every = {p.name for p in (REPO / "examples").glob("*.json")}
-    assert every == set(want), "the set of examples changed: record the new ones in a golden file"
+    got.update(_script().fingerprints(samples, table="full", only=set(want) & full))
     assert sorted(got) == sorted(want), "the set of examples changed: record the new ones in a golden file"
     diffs = []
     for name, rows in want.items():
-        for w, g in zip(rows, got[name], strict=True):
+        kept = [r for r in rows if r["seed"] < samples]
+        for w, g in zip(kept, got[name], strict=True):
             for field in ("schedule", "source_sha256", "launches_sha256"):
                 if w[field] != g[field]:
                     diffs.append(f"{name} seed {w['seed']}: {field} differs")
+    return diffs
+
+
+def test_every_example_is_recorded() -> None:
+    every = {p.name for p in (REPO / "examples").glob("*.json")}
+    assert every == set(_golden()), "the set of examples changed: record the new ones in a golden file"
+
+
+@pytest.mark.parametrize("name", sorted(_golden()))
+def test_kernels_render_as_recorded(name: str) -> None:
+    """The heuristic and the first QUICK_SEEDS samples of one example (the slow test below: all 24)."""
+    want = {name: _golden()[name]}
+    assert len([r for r in want[name] if r["seed"] < QUICK_SEEDS]) == QUICK_SEEDS + 1
+    diffs = _diffs(want, QUICK_SEEDS)
+    assert not diffs, f"{len(diffs)} differences, e.g. {diffs[:5]}"
+
+
+@pytest.mark.slow
+def test_every_recorded_sample_renders_as_recorded() -> None:
+    diffs = _diffs(_golden(), None)
     assert not diffs, f"{len(diffs)} differences, e.g. {diffs[:5]}"

@@ -20,6 +20,7 @@ from stitchtune.hardware.device import get_device
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import SearchSpace
+from stitchtune.space.options import PREFETCH
 
 
 def _norm_of(a: str, b: str, op: str) -> list[dict]:
@@ -57,7 +58,7 @@ def test_mapped_operands_match_the_reference(case: str) -> None:
     ref = run_reference(g, inputs)
     scheds = _schedules(space, plan, 12)
     if plan.nstages:
-        assert any(s.option("prefetch") for s in scheds), "no prefetch schedule exercised"
+        assert any(s.option(PREFETCH) for s in scheds), "no prefetch schedule exercised"
     for s in scheds:
         out = emulate_program(lower(g, plan, s, DEV, space), inputs, coresident_limit=lambda k: 1 << 30)
         for o in ref:

@@ -22,6 +22,7 @@ from stitchtune.graph.reference import run_reference
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import SearchSpace
+from stitchtune.space.options import CROSS_COMBINE
 
 ALL = lambda k: 1 << 30  # noqa: E731  (every grid and cluster co-resident)
 
@@ -102,9 +103,9 @@ def test_the_scalar_epilogue_reads_a_one_element_input(dtype: str) -> None:
     ref = run_reference(g, x)["loss"]
     combines = set()
     for s in (space.sample(random.Random(i)) for i in range(40)):
-        if s.option("cross_combine") in combines:
+        if s.option(CROSS_COMBINE) in combines:
             continue
-        combines.add(s.option("cross_combine"))
+        combines.add(s.option(CROSS_COMBINE))
         prog = lower(g, plan, s, DEV, space)
         out = emulate_program(prog, x, coresident_limit=ALL, cluster_limit=ALL)
         assert rel_err(out["loss"], ref) < 1e-5, s.to_json()
@@ -122,6 +123,6 @@ def one_hot_programs() -> list[Any]:
     plan, space, _ = _schedules(g, 0)
     for combine in ("grid", "kernel"):
         s = next(s for s in (space.sample(random.Random(i)) for i in range(100))
-                 if s.option("cross_combine") == combine)
+                 if s.option(CROSS_COMBINE) == combine)
         programs.append(lower(g, plan, s, DEV, space))
     return programs

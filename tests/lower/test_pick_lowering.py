@@ -21,6 +21,7 @@ from stitchtune.lower.entry import lower
 from stitchtune.lower.gather import gather_flag_buffers
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import SearchSpace
+from stitchtune.space.options import CROSS_COMBINE
 
 ALL = lambda k: 1 << 30  # noqa: E731  (every grid co-resident)
 
@@ -90,7 +91,7 @@ def test_cross_entropy_is_one_launch_under_the_grid_combine(make) -> None:
     g = make(64, 1000)
     plan, space, _ = _schedules(g, 0)
     s = next(s for s in (space.sample(random.Random(i)) for i in range(400))
-             if s.option("cross_combine") == "grid" and set(s.schemes) <= {"local", "regional", "global"})
+             if s.option(CROSS_COMBINE) == "grid" and set(s.schemes) <= {"local", "regional", "global"})
     prog = lower(g, plan, s, DEV, space)
     assert len(prog.launches) == 1, [ln.kernel for ln in prog.launches]
     x = random_inputs(g, 4)

@@ -19,6 +19,7 @@ from stitchtune.lower.entry import lower
 from stitchtune.graph.reference import random_inputs, run_reference
 from helpers.lowering import DEV, emulated_errors, setup
 from stitchtune.space import Schedule, SearchSpace
+from stitchtune.space.options import PREFETCH
 
 ROW_SMALL = ["layernorm_small.json", "layernorm_odd_small.json", "layernorm_bf16_small.json", "softmax_small.json",
              "softmax_odd_small.json", "rmsnorm_small.json", "softmax_tiny_rows_small.json"]
@@ -33,7 +34,7 @@ def _prefetch_schedules(space: SearchSpace, n: int, seed: int = 0) -> list[Sched
     out: list[Schedule] = []
     for _ in range(20000):
         s = space.sample(rng)
-        if s.option("prefetch"):
+        if s.option(PREFETCH):
             out.append(s)
             if len(out) == n:
                 break
@@ -84,7 +85,7 @@ def test_prefetch_program_shape() -> None:
 def test_without_prefetch_the_program_is_unchanged() -> None:
     g, plan, space = setup("layernorm.json")
     s = Schedule.from_dict(LAYERNORM)
-    assert s.option("prefetch") == 0 and "prefetch" not in s.to_dict()
+    assert s.option(PREFETCH) == 0 and "prefetch" not in s.to_dict()
     prog = lower(g, plan, s, DEV, space)
     assert not any(a.name.startswith("pf") for k in prog.kernels for a in k.locals)
     on = Schedule.from_dict({**LAYERNORM, "prefetch": 1})

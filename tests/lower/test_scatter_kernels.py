@@ -27,6 +27,7 @@ from stitchtune.lower.entry import lower
 from stitchtune.lower.scatter import ZERO_FILL_KERNEL
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import SearchSpace
+from stitchtune.space.options import CROSS_COMBINE
 
 ALL = lambda k: 1 << 30  # noqa: E731  (every grid co-resident)
 
@@ -251,7 +252,7 @@ def test_the_heuristic_takes_the_grid_combine_one_launch_at_model_shapes() -> No
         space = legal_space(g, plan, DEV)
         s = heuristic_schedule(plan, DEV, space)
         prog = lower(g, plan, s, DEV, space)
-        assert s.option("cross_combine") == "grid" and len(prog.launches) == 1, (s.to_json(), prog.launches)
+        assert s.option(CROSS_COMBINE) == "grid" and len(prog.launches) == 1, (s.to_json(), prog.launches)
         if emulate:
             x = random_inputs(g, 3)
             out = emulate_program(prog, x)

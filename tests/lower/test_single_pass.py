@@ -23,6 +23,7 @@ from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import Schedule, SearchSpace
+from stitchtune.space.options import COMBINE, ORDER, PREFETCH, SINGLE_PASS
 
 TOL = 1e-5
 
@@ -30,7 +31,7 @@ TOL = 1e-5
 def _kind(s: Schedule) -> str:
     """The mapping class a schedule exercises."""
     if s.split > 1:
-        return f"split-{s.schemes[0]}-{s.option('combine')}"
+        return f"split-{s.schemes[0]}-{s.option(COMBINE)}"
     return "subwarp" if s.tpr < 32 else ("warp" if s.tpr == 32 else "block")
 
 
@@ -86,7 +87,9 @@ def test_masked_rows_with_minus_infinity() -> None:
     g, plan, space = setup("masked_fill_softmax_small.json")
     inputs = random_inputs(g, 5)
     ref = run_reference(g, inputs)
-    for s in _covering(space, ("subwarp", "block", "split-global-thread")).values():
+    picked = _covering(space, ("subwarp", "block", "split-global-thread"))
+    assert len(picked) == 3, sorted(picked)   # every kind found: the loop below is not vacuous
+    for s in picked.values():
         err = emulated_errors(g, plan, space, s, inputs, ref)
         assert max(err.values()) < TOL, (s.to_json(), err)
 
@@ -126,7 +129,9 @@ def test_welford_keeps_the_variance_of_offset_rows() -> None:
     plan = make_plan(g)
     space = SearchSpace.for_plan(plan, DEV)
     ref = run_reference(g, {"x": x})
-    for kind, s in _covering(space, ("subwarp", "block", "split-global-thread", "split-independent-warp")).items():
+    picked = _covering(space, ("subwarp", "block", "split-global-thread", "split-independent-warp"))
+    assert len(picked) == 4, sorted(picked)   # every kind found: the loop below is not vacuous
+    for kind, s in picked.items():
         out = emulate_program(lower(g, plan, s, DEV, space), {"x": x}, coresident_limit=lambda k: 1 << 30)
         # the variance at the float32 level; y = (x - mean) * rstd is limited by the float32 mean itself
         # (ulp(1e4) / 2 = 4.9e-4 against a spread of 1), for any algorithm that keeps the mean in float32
@@ -159,7 +164,7 @@ def test_a_row_off_chip_is_read_twice_instead_of_three_times(name: str) -> None:
 def test_default_schedules_are_unchanged() -> None:
     g, plan, space = setup("layernorm_small.json")
     h = heuristic_schedule(plan, DEV, space)
-    assert h.option("single_pass") == 0 and not space.violations(h)
+    assert h.option(SINGLE_PASS) == 0 and not space.violations(h)
     assert not space.violations(dataclasses.replace(h, single_pass=1))
 
 
@@ -255,9 +260,9 @@ def test_with_prefetch_alternate_order_16_bit_and_odd_rows(name: str, tol: float
     want = {"prefetch", "alternate"}
     for seed in range(200):
         s = dataclasses.replace(space.sample(random.Random(seed)), single_pass=1)
-        if "prefetch" in want and s.split == 1 and s.tasks_per_block != 1 and s.option("order") == "forward":
+        if "prefetch" in want and s.split == 1 and s.tasks_per_block != 1 and s.option(ORDER) == "forward":
             s = dataclasses.replace(s, prefetch=1)
-        kind = "prefetch" if s.option("prefetch") else ("alternate" if s.option("order") == "alternate" else "")
+        kind = "prefetch" if s.option(PREFETCH) else ("alternate" if s.option(ORDER) == "alternate" else "")
         if kind not in want or space.violations(s):
             continue
         want.discard(kind)

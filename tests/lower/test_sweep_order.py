@@ -19,6 +19,7 @@ from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.gpu.render import render
 from helpers.lowering import DEV, emulated_errors, setup
 from stitchtune.space import Schedule
+from stitchtune.space.options import ORDER
 
 
 # (example, schedule JSON): split rows over an independent + grid-barrier pair of kernels (the best
@@ -93,7 +94,7 @@ def test_forward_schedules_are_unchanged(name: str, sched: dict) -> None:
     """A forward schedule's JSON, key and kernels are exactly those of the schedule without an order."""
     g, plan, space = setup(name)
     s = Schedule.from_dict(sched)
-    assert s.option("order") == "forward"
+    assert s.option(ORDER) == "forward"
     assert "order" not in s.to_dict() and json.loads(s.to_json()) == sched
     prog = lower(g, plan, s, DEV, space)
     src = render(prog)

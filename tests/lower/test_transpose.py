@@ -26,6 +26,7 @@ from stitchtune.lower.sectors import row_sector_factor
 from stitchtune.lower.transpose import bank_conflicts
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import SearchSpace
+from stitchtune.space.options import TRANSPOSE
 
 
 def _heads(x: str, shape: list[int], perm: list[int], tail: list[dict] | None = None) -> list[dict]:
@@ -76,7 +77,7 @@ def test_the_fused_qkv_split_is_tiled_with_vector_loads_through_the_slices() -> 
     assert plan.transpose is not None and plan.transpose.outputs == ("t",)
     space = SearchSpace.for_plan(plan, DEV)
     s = heuristic_schedule(plan, DEV, space)
-    assert s.option("transpose") in (32, 64) and s.vec == 4
+    assert s.option(TRANSPOSE) in (32, 64) and s.vec == 4
     prog = lower(g, plan, s, DEV, space)
     src = render(prog)
     assert "reinterpret_cast<const float4*>(in0" in src and "const float* __restrict__ in0" in src
@@ -110,7 +111,7 @@ def test_tiled_transpose_matches_the_reference(case: str) -> None:
     assert plan.transpose is not None and "t" in plan.transpose.outputs
     space = SearchSpace.for_plan(plan, DEV)
     scheds = _tiled(space, heuristic_schedule(plan, DEV, space))
-    assert {s.option("transpose") for s in scheds} == {32, 64}
+    assert {s.option(TRANSPOSE) for s in scheds} == {32, 64}
     assert len({s.vec for s in scheds}) > 1 or case == "matrix_odd"   # (33 columns: vec 1 only)
     inputs = random_inputs(g, 3)
     ref = run_reference(g, inputs)
@@ -124,11 +125,11 @@ def test_tiled_transpose_matches_the_reference(case: str) -> None:
 def test_heuristic_tiles_the_transposed_output_and_samples_draw_both() -> None:
     g, plan, space = setup("k_transpose.json")
     s = heuristic_schedule(plan, DEV, space)
-    assert s.option("transpose") == 64 and s.vec == 4
-    drawn = {space.sample(random.Random(i)).option("transpose") for i in range(40)}
+    assert s.option(TRANSPOSE) == 64 and s.vec == 4
+    drawn = {space.sample(random.Random(i)).option(TRANSPOSE) for i in range(40)}
     assert drawn == {0, 32, 64}
     _, plan_q, space_q = setup("bias_gelu.json")  # nothing transposed: the option never applies
-    assert plan_q.transpose is None and heuristic_schedule(plan_q, DEV, space_q).option("transpose") == 0
+    assert plan_q.transpose is None and heuristic_schedule(plan_q, DEV, space_q).option(TRANSPOSE) == 0
 
 
 def test_stores_touch_the_ideal_sectors_only_when_tiled() -> None:
@@ -140,7 +141,7 @@ def test_stores_touch_the_ideal_sectors_only_when_tiled() -> None:
     for s in (tiled, dataclasses.replace(tiled, transpose=0), dataclasses.replace(tiled, transpose=64, vec=2)):
         trace: list = []
         emulate_program(lower(g, plan, s, DEV, space), random_inputs(g, 1), trace=trace)
-        ratios[s.option("transpose"), s.vec] = (count_sectors(trace, op="store").ratio,
+        ratios[s.option(TRANSPOSE), s.vec] = (count_sectors(trace, op="store").ratio,
                                                 count_sectors(trace, op="load").ratio)
     assert ratios[(0, 4)][0] == pytest.approx(8.0)
     assert ratios[(32, 4)] == (1.0, 1.0) and ratios[(64, 2)] == (1.0, 1.0)
@@ -161,10 +162,10 @@ def test_every_case_stores_near_the_ideal_sectors(case: str) -> None:
         prog = lower(g, plan, s, DEV, space)
         emulate_program(prog, random_inputs(g, 1), trace=trace)
         out = next(b.name for b in prog.buffers if b.tensor == "t")
-        ratio[s.option("transpose")] = count_sectors(trace, buf=out, op="store").ratio
-    assert ratio[tiled.option("transpose")] <= 1.3 and ratio[0] >= 4.0, ratio
+        ratio[s.option(TRANSPOSE)] = count_sectors(trace, buf=out, op="store").ratio
+    assert ratio[tiled.option(TRANSPOSE)] <= 1.3 and ratio[0] >= 4.0, ratio
     if plan.transpose.dim % 8 == 0:
-        assert ratio[tiled.option("transpose")] == 1.0, ratio
+        assert ratio[tiled.option(TRANSPOSE)] == 1.0, ratio
 
 
 def test_tile_padding_leaves_no_bank_conflict() -> None:
@@ -222,8 +223,8 @@ def test_a_generic_kernel_refuses_the_tile_and_the_generic_heuristic_goes_withou
     space = SearchSpace.for_plan(fit.plan, DEV)
     tiled = heuristic_schedule(fit.plan, DEV, space)
     refused = lower_dynamic(fit, tiled, DEV, space)
-    assert tiled.option("transpose") > 0 and isinstance(refused, DynamicRefusal) and "transpose" in refused.part
+    assert tiled.option(TRANSPOSE) > 0 and isinstance(refused, DynamicRefusal) and "transpose" in refused.part
     g = generic_heuristic(fit, DEV, space)
-    assert g.option("transpose") == 0
+    assert g.option(TRANSPOSE) == 0
     prog = lower_dynamic(fit, g, DEV, space)
     assert not isinstance(prog, DynamicRefusal)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import json
 import pickle
 import random
@@ -17,6 +18,7 @@ import pytest
 from helpers.lowering import DEV, setup
 from stitchtune.errors import StitchtuneError
 from stitchtune.space import OPTIONS, RESERVED, Option, OptionTable, Schedule, SearchSpace, load_space_file
+from stitchtune.space.options import ORDER
 
 SPACES = ["layernorm_small.json", "layernorm_wide_small.json", "softmax_small.json",
           "colsum_sigmoid_scale_small.json", "bias_gelu_small.json", "softmax_colsum_small.json",
@@ -140,7 +142,7 @@ def test_variants_flip_the_option(opt: Option) -> None:
         for s in samples:
             vs = space.variants(s)
             for v in vs:  # each variant changes one option (and the options it resets) only
-                changed = {n for n in OPTIONS.names if v.option(n) != s.option(n)}
+                changed = {o.name for o in OPTIONS if v.option(o) != s.option(o)}
                 assert len(changed) >= 1 and (v.to_dict() | {n: 0 for n in changed}) == (
                     s.to_dict() | {n: 0 for n in changed}) and not space.violations(v)
             if not opt.vary:  # never varied (cluster: its value is tied to the split)
@@ -195,22 +197,22 @@ def test_an_extra_option_flows_through_suggest_and_params_of() -> None:
         assert space.params_of(s) == t.params
         without = Schedule.from_dict(s.to_dict())  # the default table ignores the key 'unroll'
         assert [n for n in names if n != "unroll"] == list(base.params_of(without))  # the others as before
-        values.add(s.option("unroll"))
+        values.add(s.option(UNROLL))
         study.tell(t, 1.0)
     assert values == {1, 2, 4}
     flat = space.flat_mode()
     t = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=6)).ask()
     s = flat.suggest(t)
     assert "unroll" in t.params and flat.suggest(FakeTrial(flat.params_of(s))) == s
-    assert s.option("unroll") == (t.params["unroll"] if s.split == 1 else 1)  # kept only where it applies
+    assert s.option(UNROLL) == (t.params["unroll"] if s.split == 1 else 1)  # kept only where it applies
 
 
 def test_an_extra_option_flows_through_sample_validation_and_variants() -> None:
     space = _extra_space("layernorm_small.json")
     samples = [space.sample(random.Random(i)) for i in range(60)]
-    assert {s.option("unroll") for s in samples} == {1, 2, 4}
-    assert all(s.option("unroll") == 1 for s in samples if s.split > 1)
-    s = next(s for s in samples if s.split == 1 and s.option("unroll") == 1 and s.vec == 4
+    assert {s.option(UNROLL) for s in samples} == {1, 2, 4}
+    assert all(s.option(UNROLL) == 1 for s in samples if s.split > 1)
+    s = next(s for s in samples if s.split == 1 and s.option(UNROLL) == 1 and s.vec == 4
              and not space.violations(_with(s, unroll=2)))
     assert any("unroll=3 not in [1, 2, 4]" in v for v in space.violations(_with(s, unroll=3)))
     assert any("unrolled accesses too wide" in v for v in space.violations(_with(s, unroll=4)))
@@ -228,14 +230,14 @@ def test_an_extra_option_flows_through_sample_validation_and_variants() -> None:
 
 def test_an_extra_option_flows_through_json_and_the_grid() -> None:
     s = Schedule(64, 128, 1, 2, 0, 0, ("regional", "regional"), ("global", "register"), table=TABLE, unroll=2)
-    assert s.option("unroll") == 2 and s.option(UNROLL) == 2 and s.option("order") == "forward"
+    assert s.option(UNROLL) == 2 and s.option(UNROLL) == 2 and s.option(ORDER) == "forward"
     assert json.loads(s.to_json())["unroll"] == 2 and s.flat()["unroll"] == 2
     assert Schedule.from_json(s.to_json(), TABLE) == s
     at_default = _with(s, unroll=1)
     plain = Schedule(64, 128, 1, 2, 0, 0, ("regional", "regional"), ("global", "register"))
     assert "unroll" not in at_default.to_dict() and at_default == plain and at_default.key() == plain.key()
     with pytest.raises(KeyError):
-        plain.option("unroll")  # the default table does not declare it
+        plain.option(UNROLL)  # the default table does not declare it
     with pytest.raises(TypeError, match="unknown schedule option 'unroll'"):
         Schedule(64, 128, 1, 2, 0, 0, ("regional",), ("global",), unroll=2)
     space = _extra_space("layernorm_small.json")
@@ -243,8 +245,8 @@ def test_an_extra_option_flows_through_json_and_the_grid() -> None:
                  "min_blocks": [0], "single_pass": [0]}.items():  # (single_pass pinned: half the grid)
         space.domains[k] = v
     grid = space.grid()
-    assert {g.option("unroll") for g in grid if g.split == 1} == {1, 2, 4}
-    assert {g.option("unroll") for g in grid if g.split > 1} <= {1}
+    assert {g.option(UNROLL) for g in grid if g.split == 1} == {1, 2, 4}
+    assert {g.option(UNROLL) for g in grid if g.split > 1} <= {1}
     assert all(not space.violations(g) for g in grid) and len(set(grid)) == len(grid)
 
 
@@ -279,6 +281,20 @@ def test_an_option_needs_a_domain_holding_its_default() -> None:
         SearchSpace(plan, DEV, data, TABLE)
 
 
+def test_every_option_reads_as_its_declared_type() -> None:
+    """``s.option(OPT)`` gives a value of the declaration's type (``Option[int]``: an int, never a bool or
+    a string; ``Option[Order]``: the enum member), at the default and decoded from JSON."""
+    core = (64, 128, 2, 2, 0, 0, ("regional", "regional"), ("global", "register"))
+    for opt in OPTIONS:
+        kind = type(opt.default)
+        assert kind is int or issubclass(kind, enum.StrEnum), opt.name
+        assert kind is int and opt.decode is int or opt.decode is kind, opt.name
+        assert type(Schedule(*core).option(opt)) is kind
+        other = next(v for v in (list(kind) if kind is not int else [1, 2]) if v != opt.default)
+        s = Schedule.from_json(Schedule(*core, **{opt.name: other}).to_json())
+        assert type(s.option(opt)) is kind and s.option(opt) == other, opt.name
+
+
 def test_options_table_is_in_decision_order() -> None:
     assert OPTIONS.names == ("order", "prefetch", "combine", "cross_combine", "single_pass", "cluster", "transpose",
                              "exact_math")
@@ -292,8 +308,8 @@ def test_schedule_value_semantics_with_options() -> None:
     assert s == Schedule(*core, {"order": "forward"}, order="alternate")  # named options win
     assert s.options == (("order", "alternate"),) and Schedule(*core, order="forward").options == ()
     assert pickle.loads(pickle.dumps(s)) == s and copy.copy(s) == s
-    assert pickle.loads(pickle.dumps(s)).option("order") == "alternate"
-    assert dataclasses.replace(s, tpr=32).option("order") == "alternate" and dataclasses.replace(s, order="forward") == \
+    assert pickle.loads(pickle.dumps(s)).option(ORDER) == "alternate"
+    assert dataclasses.replace(s, tpr=32).option(ORDER) == "alternate" and dataclasses.replace(s, order="forward") == \
         Schedule(*core)
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.tpr = 1  # type: ignore[misc]
@@ -301,8 +317,10 @@ def test_schedule_value_semantics_with_options() -> None:
         Schedule(*core, "alternate")  # type: ignore[arg-type]
     with pytest.raises(AttributeError, match="no attribute 'ordr'$"):
         _ = s.ordr
+    with pytest.raises(TypeError, match=r"read with their declaration, not 'order': s\.option\(ORDER\)"):
+        s.option("order")  # type: ignore[call-overload, arg-type]
     with pytest.raises(KeyError):
-        s.option("ordr")
+        s.option(dataclasses.replace(UNROLL, name="ordr"))
     # options are read with option() only (typed by the declaration): an attribute read names it
     with pytest.raises(AttributeError, match=r"no attribute 'order': options are read with s\.option.*ORDER"):
         _ = s.order

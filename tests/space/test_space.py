@@ -17,6 +17,7 @@ from stitchtune.errors import ScheduleError, StitchtuneError
 from stitchtune.graph.parse import load_graph, parse_graph
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import PERSISTENT, Schedule, SearchSpace, names_used, prefetchable, rereads, safe_eval
+from stitchtune.space.options import COMBINE, ORDER, PREFETCH, SINGLE_PASS
 
 # a persistent row schedule with prefetch on (from tests/lower/test_prefetch.py)
 LAYERNORM = {"block": 512, "min_blocks": 0, "reuse": ["register", "recompute"], "schemes": ["regional", "regional"],
@@ -106,10 +107,10 @@ def test_order_is_a_parameter_only_where_something_is_reread() -> None:
     seen = set()
     for params, s in suggested(space, 60, seed=3):
         assert ("order" in params) == rereads(s.schemes, s.reuse)
-        seen.add(s.option("order"))
+        seen.add(s.option(ORDER))
     assert seen == {"forward", "alternate"}
     # uniform sampling and the exhaustive grid reach both orders
-    assert {space.sample(random.Random(i)).option("order") for i in range(40)} == {"forward", "alternate"}
+    assert {space.sample(random.Random(i)).option(ORDER) for i in range(40)} == {"forward", "alternate"}
 
 
 def test_prefetch_rules_of_the_space() -> None:
@@ -132,11 +133,11 @@ def test_prefetch_rules_of_the_space() -> None:
     seen = set()
     for params, s in suggested(space, 80, seed=4):
         assert ("prefetch" in params) == (prefetchable(plan.family, s.split, s.tasks_per_block)
-                                          and s.option("order") == "forward")
-        seen.add(s.option("prefetch"))
+                                          and s.option(ORDER) == "forward")
+        seen.add(s.option(PREFETCH))
     assert seen == {0, 1}
     _, col_plan, col_space = setup("colsum_sigmoid_scale.json")
-    assert {col_space.sample(random.Random(i)).option("prefetch") for i in range(30)} == {0}
+    assert {col_space.sample(random.Random(i)).option(PREFETCH) for i in range(30)} == {0}
 
 
 def test_combine_rules_of_the_space() -> None:
@@ -147,9 +148,9 @@ def test_combine_rules_of_the_space() -> None:
     assert any("combine warp needs a row split" in v for v in space.violations(whole))
     assert "combine" not in Schedule.from_dict(WIDE).to_dict()
     assert Schedule.from_json(s.to_json()) == s
-    assert ("warp" in {v.option("combine") for v in space.variants(Schedule.from_dict(WIDE))})
+    assert ("warp" in {v.option(COMBINE) for v in space.variants(Schedule.from_dict(WIDE))})
     _, _, col = setup("colsum_sigmoid_scale.json")
-    assert {col.sample(random.Random(i)).option("combine") for i in range(30)} == {"thread"}
+    assert {col.sample(random.Random(i)).option(COMBINE) for i in range(30)} == {"thread"}
 
 
 def test_variants_switch_one_option_and_stay_legal() -> None:
@@ -158,7 +159,7 @@ def test_variants_switch_one_option_and_stay_legal() -> None:
                             "schemes": ["regional", "regional"], "split": 1, "tasks_per_block": 4, "tpr": 256,
                             "vec": 2})
     vs = space.variants(s)
-    assert {(v.option("order"), v.option("prefetch"), v.option("single_pass")) for v in vs} == {
+    assert {(v.option(ORDER), v.option(PREFETCH), v.option(SINGLE_PASS)) for v in vs} == {
         ("alternate", 0, 0), ("forward", 1, 0), ("forward", 0, 1)}
     for v in vs:
         assert not space.violations(v)
@@ -166,7 +167,7 @@ def test_variants_switch_one_option_and_stay_legal() -> None:
             **s.to_dict(), "order": "forward", "prefetch": 0, "single_pass": 0}
     # from the prefetching point: prefetch off, or alternate order (which needs prefetch off), or single pass
     on = Schedule.from_dict({**s.to_dict(), "prefetch": 1})
-    assert {(v.option("order"), v.option("prefetch"), v.option("single_pass")) for v in space.variants(on)} == {
+    assert {(v.option(ORDER), v.option(PREFETCH), v.option(SINGLE_PASS)) for v in space.variants(on)} == {
         ("forward", 0, 0), ("alternate", 0, 0), ("forward", 1, 1)}
     # nothing re-read, one task per block: single pass only (layernorm has a mean then a variance)
     cached = Schedule.from_dict({**s.to_dict(), "reuse": ["register", "register"], "tasks_per_block": 1})
@@ -175,7 +176,7 @@ def test_variants_switch_one_option_and_stay_legal() -> None:
     col = _space("colsum_sigmoid_scale.json")
     c = Schedule.from_dict({"block": 256, "min_blocks": 0, "reuse": ["global"], "schemes": ["independent"],
                             "split": 16, "tasks_per_block": 0, "tpr": 32, "vec": 4})
-    assert [(v.option("order"), v.option("prefetch")) for v in col.variants(c)] == [("alternate", 0)]
+    assert [(v.option(ORDER), v.option(PREFETCH)) for v in col.variants(c)] == [("alternate", 0)]
 
 
 def test_constraint_evaluator_refuses_anything_but_arithmetic_and_logic() -> None:
@@ -211,10 +212,10 @@ def test_single_pass_is_legal_only_with_a_candidate() -> None:
 
     ln = _space("layernorm_small.json")
     samples = [ln.sample(random.Random(i)) for i in range(40)]
-    assert {s.option("single_pass") for s in samples} == {0, 1}
+    assert {s.option(SINGLE_PASS) for s in samples} == {0, 1}
     assert all(not ln.violations(dataclasses.replace(s, single_pass=1)) for s in samples)
     recorded = SearchSpace.for_plan(ln.plan, ln.device, table=RECORDED_OPTIONS)
-    assert all(recorded.sample(random.Random(i)).option("single_pass") == 0 for i in range(40))
+    assert all(recorded.sample(random.Random(i)).option(SINGLE_PASS) == 0 for i in range(40))
     rms = _space("rmsnorm_small.json")
     s = rms.sample(random.Random(0))
     bad = rms.violations(dataclasses.replace(s, single_pass=1))

@@ -129,6 +129,39 @@ def test_real_stages_on_small_layernorm():
     assert any(r["status"] == "ok" for r in rows)
 
 
+def test_a_built_candidate_row_carries_its_features_and_fingerprint():
+    """Every built candidate's row has ``features_json``: the fitted model's IR features of the program it
+    measured (ptxas registers) keyed by the program's fingerprint, what ``stitchtune calibrate`` fits."""
+    from stitchtune.cost.features import program_features
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.gpu.render import program_fingerprint
+    from stitchtune.gpu.runners import FakeRunner as TimesRunner
+    from stitchtune.hardware.device import get_device
+    from stitchtune.lower.entry import lower
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space import SearchSpace
+    from stitchtune.tune.pipeline import default_stages
+    from stitchtune.tune.search import SkipBuilder
+
+    graph = load_graph("examples/layernorm_small.json")
+    plan = make_plan(graph)
+    device = get_device("h200")
+    space = SearchSpace.for_plan(plan, device)
+    scheds = [space.sample(random.Random(s)) for s in range(2)]
+    rows = evaluate(graph, plan, device, scheds, SkipBuilder("test"), TimesRunner(), None, stages=default_stages())
+    for sched, row in zip(scheds, rows):
+        assert row["status"] == "ok"
+        fj = json.loads(row["features_json"])
+        prog = lower(graph, plan, sched, device, space)
+        assert fj["program_sha256"] == program_fingerprint(prog) and fj["timing"] == "events"
+        want = [{k: v for k, v in f.to_dict().items() if k != "per_access"} for f in program_features(prog, device)]
+        assert fj["kernels"] == json.loads(json.dumps(want))
+    assert rows[0]["features_json"] != rows[1]["features_json"]
+    fake = evaluate(FakeGraph(), "plan", FakeDevice(), [FakeSchedule(128, 2)], FakeBuilder(), FakeRunner(), None,
+                    stages=fake_stages())
+    assert fake[0].get("features_json") is None       # not a kernel-IR program: no features
+
+
 def test_the_search_prunes_by_the_fitted_model(monkeypatch):
     """The real stages' prediction (and so the pruning before compiling) is the fitted IR-feature model's:
     coefficients that make every kernel far slower prune a point the old profile model keeps, and the

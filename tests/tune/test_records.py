@@ -23,7 +23,7 @@ def test_status_members_are_the_stored_strings():
 def test_every_fixed_column_is_a_typed_field():
     names = {f.name for f in dataclasses.fields(TrialRecord)}
     assert set(COLUMNS) <= names
-    assert names - set(COLUMNS) == {"profile_json", "bucket", "params", "extra"}
+    assert names - set(COLUMNS) == {"profile_json", "features_json", "bucket", "params", "extra"}
 
 
 def test_from_row_types_values_and_keeps_unknown_columns():

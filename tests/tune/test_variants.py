@@ -16,6 +16,7 @@ from stitchtune.space import Schedule, SearchSpace
 from stitchtune.gpu.runners import FakeRunner
 from stitchtune.tune.search import SearchConfig, default_components, run_search
 from stitchtune.tune.study import make_storage
+from stitchtune.space.options import ORDER, SINGLE_PASS
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DEV = get_device("H200")
@@ -55,7 +56,7 @@ def test_search_measures_the_variants_of_its_best_point(tmp_path: Path) -> None:
         assert b in space.variants(a)
         assert mine.status == "ok"
     best = Schedule.from_json(res.best.schedule_json)
-    assert best.option("order") == "alternate"  # found through a variant or by the sampler; measured either way
+    assert best.option(ORDER) == "alternate"  # found through a variant or by the sampler; measured either way
 
 
 def _script(name: str):
@@ -108,5 +109,5 @@ def test_search_asks_single_pass_and_tries_it_next_to_its_best_point(tmp_path: P
     variants = [t for t in study.trials if "variant_of" in t.user_attrs and "single_pass" in t.params]
     assert variants, "a variant of the best point switches single_pass"
     rows = TuningDB(db).read()
-    assert any(Schedule.from_json(j).option("single_pass") == 1
+    assert any(Schedule.from_json(j).option(SINGLE_PASS) == 1
                for j, st in zip(rows.schedule_json, rows.status) if st == "ok")
