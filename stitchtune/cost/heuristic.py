@@ -361,7 +361,8 @@ def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | No
         # launch where kernel makes three (zero fill, main, combine); float atomics either way
         g = dataclasses.replace(s, cross_combine=CrossCombine.GRID)  # type: ignore[call-arg]
         if not space.violations(g):
-            s = g
+            # its persistent grid (sized by the estimated registers) must stay co-resident: rules 5c and the pin
+            s = _pin_coresidency(space, _without_pinned_spills(space, g))
     if plan.transpose is not None and "transpose" in space.table:
         s = _tiled_transpose(space, plan, s, device)
     return _checked(space, s)
