@@ -9,9 +9,10 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    wave / rows, rounded down to a power of two); otherwise *task packing*: ``tpr`` = the power of two
    that gives each thread about 8 vectors of a row, at least 4 and at most 1024, and rows are packed
    into 256-thread blocks; element-wise regions alike (short rows packed, ``tpr`` doubled until the grid
-   has two waves). Column family: a warp of threads across 32 x ``vec`` columns, 8 threads
-   down the rows (fewer where there are fewer rows: Llama's 4-row sum over 4 x 1048576 left half the
-   threads without a row), and the rows split so that tiles x split fills one wave.
+   has two waves; a region reading an input along its rows, ``plan.adjacent_rows = G``, at least ``G``
+   rows a block, :mod:`stitchtune.plan.adjacent`). Column family: a warp of threads across 32 x ``vec``
+   columns, 8 threads down the rows (fewer where there are fewer rows: Llama's 4-row sum over 4 x 1048576
+   left half the threads without a row), and the rows split so that tiles x split fills one wave.
    A plan with cross reductions (:mod:`stitchtune.plan.cross`) never splits rows (the space requires
    split 1) and takes a persistent grid, so that few per-block partials are combined, by the
    deterministic ``cross_combine`` kernel (its default); when every row fits one block (a training
@@ -172,7 +173,8 @@ def _elementwise(space: SearchSpace, plan: StitchPlan, dev: Device, vec: int) ->
     most 1024), short rows packed into 256-thread blocks (a 64-float row: 16 threads, 16 rows a block, no
     idle lanes), then ``tpr`` doubled while the grid is under two waves of such blocks and a thread still
     has a vector of its own; a region still too small for two blocks per SM gets smaller blocks (down to
-    one row or one warp)."""
+    one row or one warp). A region reading an input along its rows (``plan.adjacent_rows = G``) gets at
+    least ``G`` rows a block (``tpr`` at most ``block / G``), so that its warps can span ``G`` rows."""
     block = 256 if 256 in space.domains["block"] else max(space.domains["block"])
     vectors = math.ceil(plan.N / vec)
     tpr = min(1024, _pow2_ceil(vectors / 8))
@@ -182,6 +184,9 @@ def _elementwise(space: SearchSpace, plan: StitchPlan, dev: Device, vec: int) ->
     # a small region: smaller blocks until there are two per SM (or a block is one row / one warp)
     while block > max(tpr, 32) and math.ceil(plan.M / max(1, block // tpr)) < 2 * dev.sm_count:
         block //= 2
+    G = plan.adjacent_rows   # an input read along the rows: G rows a warp (plan.adjacent), so G rows a block
+    if G > 1 and block // max(tpr, 1) < G and block % G == 0 and block // G >= dev.warp_size // G:
+        tpr = block // G
     return Schedule(tpr, max(block, tpr), 1, vec, 1, 0, (), ())
 
 

@@ -363,7 +363,7 @@ class Walker:
                 flag = isinstance(s.value, kir.Const) and (self.guarded or (s.pred is not None and self.ev(s.pred) is None))
                 self.atomics += 0.0 if flag else trips * frac
                 if s.buf in self.params:
-                    self.global_access(s.buf, s.index, 1, s.pred, mask, trips, "atomic")
+                    self.global_access(s.buf, s.index, s.width, s.pred, mask, trips, "atomic")
             case kir.RemoteStore():
                 self.close_group()
             case kir.SetLocal():

@@ -182,6 +182,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     from stitchtune.importers.torch_random import seed_rands, unseed_rands
     from stitchtune.importers.torch_regions import find_regions
     from stitchtune.importers.torch_saved import mark_saved_outputs
+    from stitchtune.importers.torch_symvalues import bound_inputs, sym_values
 
     report = GraphReport(kind)
     if kind == "forward":   # a training step's forward: which outputs only the backward reads
@@ -190,6 +191,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     work = gm if seeded is None else seeded
     work = splits_as_slices(work) or work   # a split's parts as slices: their readers may share a region
     work = matmul_views(work) or work   # a transposed matmul operand read as a view, not copied transposed
+    work = sym_values(work) or work   # SymInt values (positions ``arange + past``) as tensors a region call makes
     try:
         split = find_regions(work)
     except Exception as exc:  # noqa: BLE001 - never break a model
@@ -223,7 +225,8 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
         held[key] = frozenset(i for i, _ in consts)
         torch_ops.register(key, GuardedRegion(kernel, r.module, r.output_perms or (None,) * len(r.outputs),
                                                         _runtime_decline(report, kind, r, counters[r.name]),
-                                                        kept_outputs(r), held=consts, device=graph_device))
+                                                        kept_outputs(r), held=consts, device=graph_device,
+                                                        bound=bound_inputs(r.inputs)))
         chosen.append((r, key, kernel))
     new_gm = gm
     while chosen:

@@ -51,7 +51,8 @@ class GuardedRegion:
     out-of-range index (:func:`is_index_error`) is raised, not hidden. ``held``: (position, tensor)
     for region inputs that are constants (a causal mask, position ids) which the op's caller does not
     pass: they are put back at their positions (on the region's device, below) before every call,
-    so no kernel computes them. ``device``: the device of the graph the region runs in (None: the
+    so no kernel computes them. ``bound``: region inputs made from the call's SymInt ``scalars``
+    (``full(shape, value)``, int64, on the region's device; :mod:`stitchtune.importers.torch_symvalues`). ``device``: the device of the graph the region runs in (None: the
     first input's); a region that reads no tensor (an ``iota`` and its arithmetic) runs there, and an
     input on another device (a CPU 0-d tensor beside CUDA ones) is moved there first."""
 
@@ -64,6 +65,10 @@ class GuardedRegion:
     failed: str | None = None
     held: tuple[tuple[int, Any], ...] = ()
     device: Any = None
+    #: (position, shape, dtype) of the inputs made from the call's SymInt ``scalars``, in input order
+    #: (:func:`~stitchtune.importers.torch_symvalues.bound_inputs`): ``full(shape, value)`` on the
+    #: region's device at each call, so a new value is data, never a new kernel
+    bound: tuple[tuple[int, tuple[int, ...], Any], ...] = ()
     _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes checked -> specs
     _held_on: dict[Any, list[Any]] = field(default_factory=dict, repr=False)   # device -> held tensors there
     #: the thin path (:mod:`~stitchtune.deploy.torch_fast`) once a call has run the full one: a
@@ -100,13 +105,31 @@ class GuardedRegion:
             out.insert(i, t)
         return out
 
-    def fake(self, inputs: Sequence[Any]) -> list[Any]:
+    def _with_bound(self, inputs: Sequence[Any], scalars: Sequence[Any], fake: bool = False) -> list[Any]:
+        """``inputs`` (the op's tensors) with the tensors bound from ``scalars`` inserted at their
+        positions among the passed inputs (the held constants are inserted after: :meth:`_with_held`);
+        ``fake``: empty tensors (in the active fake mode; ``scalars`` may be fewer)."""
+        if not self.bound:
+            return list(inputs)
+        if not fake and len(scalars) != len(self.bound):
+            raise RegionError(f"{self.describe()}: {len(scalars)} SymInt value(s) for {len(self.bound)} bound input(s)")
+        device = _device_of(inputs, self.device)
+        held = [i for i, _ in self.held]
+        out = list(inputs)
+        for k, (i, shape, dtype) in enumerate(self.bound):
+            t = torch.empty(shape, dtype=dtype, device=device) if fake else \
+                torch.full(shape, int(scalars[k]), dtype=dtype, device=device)
+            out.insert(i - sum(h < i for h in held), t)
+        return out
+
+    def fake(self, inputs: Sequence[Any], scalars: Sequence[Any] = ()) -> list[Any]:
+        inputs = self._with_bound(inputs, scalars, fake=True)
         return list(self.kernel.fake(self._with_held(inputs, fake=True), self.device))
 
     def copies(self, inputs: Sequence[Any]) -> int:
-        """How many copy kernels a call on ``inputs`` (the op's arguments, real or fake: their strides
-        count) launches before the region's kernels."""
-        return int(self.kernel.copies(self._with_held(inputs, fake=True)))
+        """How many copy kernels a call on ``inputs`` (the op's tensor arguments, real or fake: their
+        strides count) launches before the region's kernels."""
+        return int(self.kernel.copies(self._with_held(self._with_bound(inputs, (), fake=True), fake=True)))
 
     def _check(self, inputs: Sequence[Any], outs: Sequence[Any]) -> None:
         """Raise when the kernel's outputs are not what its fake result promised (shape, dtype);
@@ -148,7 +171,9 @@ class GuardedRegion:
         """The region's outputs computed by its ATen ops, laid out as the kernel writes them."""
         return eager_outputs(self.module, inputs, self.perms, self.keep)
 
-    def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+    def __call__(self, inputs: Sequence[Any], scalars: Sequence[Any] = ()) -> list[Any]:
+        if self.bound:   # the SymInt values as the region's int inputs (made on its device, as data)
+            inputs = self._with_bound(inputs, scalars)
         fast = self._fast
         if fast is not None:
             try:

@@ -2,9 +2,11 @@
 
 Contract
 --------
-* ``torch.ops.stitchtune.region(key, inputs) -> list[Tensor]`` runs the :class:`RegionKernel`
+* ``torch.ops.stitchtune.region(key, inputs, scalars=[]) -> list[Tensor]`` runs the :class:`RegionKernel`
   registered under ``key`` (:func:`register`) on ``inputs`` (the region's graph inputs, in order) and
-  returns new tensors, one per graph output, shaped and typed as the graph says. Its fake (meta)
+  returns new tensors, one per graph output, shaped and typed as the graph says. ``scalars``: SymInt
+  values (a decode step's past length) that the registered :class:`~stitchtune.deploy.torch_guard.GuardedRegion`
+  makes the int64 inputs it binds (``bound``, :mod:`stitchtune.importers.torch_symvalues`) on each call. Its fake (meta)
   implementation returns empty tensors of those shapes on the inputs' device, so Inductor, AOTAutograd
   and CUDA-graph capture treat it as an opaque kernel.
 * On CUDA tensors the kernel is launched through the one launch path
@@ -449,21 +451,23 @@ def lookup(key: str) -> Any:   # Any: callers use the concrete kernel's own meth
     return k
 
 
-def region_op(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Run the stitched region ``key`` on ``inputs`` (see module docstring)."""
-    k = _registry.get(key)
-    return (k if k is not None else lookup(key))(inputs)
+def region_op(key: str, inputs: list[torch.Tensor], scalars: Sequence[int] = ()) -> list[torch.Tensor]:
+    """Run the stitched region ``key`` on ``inputs`` and the SymInt values ``scalars`` (see module docstring)."""
+    k: Any = _registry.get(key)   # Any: with ``scalars``, a GuardedRegion with bound inputs
+    k = k if k is not None else lookup(key)
+    return k(inputs, scalars) if scalars else k(inputs)  # type: ignore[no-any-return]
 
 
-def _region_fake(key: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = lookup(key).fake(inputs)
+def _region_fake(key: str, inputs: list[torch.Tensor], scalars: Sequence[Any] = ()) -> list[torch.Tensor]:
+    k = lookup(key)
+    out: list[torch.Tensor] = k.fake(inputs, scalars) if scalars else k.fake(inputs)
     return out
 
 
 # A plain torch.library definition, not ``torch.library.custom_op``: the latter's Python wrappers cost
 # ~30 us per call on the host (scripts/torch_overhead.py), this one a few.
 _lib = torch.library.Library("stitchtune", "DEF")  # type: ignore[no-untyped-call]  # torch.library is untyped
-_lib.define("region(str key, Tensor[] inputs) -> Tensor[]")  # type: ignore[no-untyped-call]
+_lib.define("region(str key, Tensor[] inputs, SymInt[] scalars=[]) -> Tensor[]")  # type: ignore[no-untyped-call]
 _lib.impl("region", region_op, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
 torch.library.register_fake("stitchtune::region", _region_fake, lib=_lib)
 

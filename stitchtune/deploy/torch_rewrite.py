@@ -4,6 +4,8 @@ Contract
 --------
 * :func:`replace_regions(gm, chosen, held)` returns a new GraphModule with ``gm``'s nodes in a
   topological order, each chosen region one ``stitchtune::region`` call plus one ``getitem`` per output
+  (a region input that is a SymInt's bound tensor, :func:`~stitchtune.importers.torch_symvalues.is_bound`,
+  is passed as the SymInt in the call's ``scalars``, in input order)
   (no-ops of a region read outside it copied over; a ``clone`` of a region's output that only other ops
   read, with its layout, is that output), and for each node made for a region, (the original node whose
   value it is, or None; the region's key). ``held[key]``: positions of the region's inputs that the call
@@ -83,6 +85,7 @@ def replace_regions(gm: Any, chosen: Sequence[tuple[Any, str]], held: Mapping[st
     import torch.fx
 
     from stitchtune.importers.torch_fx_util import fx_args
+    from stitchtune.importers.torch_symvalues import is_bound
 
     owner = {n: item for item in chosen for n in item[0].nodes}
     nodes = list(gm.graph.nodes)
@@ -109,8 +112,11 @@ def replace_regions(gm: Any, chosen: Sequence[tuple[Any, str]], held: Mapping[st
         if isinstance(u, tuple):
             r, key = u
             skip = (held or {}).get(key, frozenset())
-            call = g.call_function(torch.ops.stitchtune.region.default,
-                                   (key, [env[x] for i, x in enumerate(r.inputs) if i not in skip]))
+            bound = {i for i, x in enumerate(r.inputs) if is_bound(x) and i not in skip}
+            args: tuple[Any, ...] = (key, [env[x] for i, x in enumerate(r.inputs) if i not in skip | bound])
+            if bound:   # SymInt values: passed as they are, made tensors by the registered region
+                args += ([env[x.args[1]] for i, x in enumerate(r.inputs) if i in bound],)
+            call = g.call_function(torch.ops.stitchtune.region.default, args)
             perms = r.output_perms or (None,) * len(r.outputs)
             call.meta["val"] = [o.meta.get("val") if p is None else o.meta["val"].permute(p)
                                 for o, p in zip(r.outputs, perms)]

@@ -308,8 +308,10 @@ class _Compiled(ExprCompiler):
                              f"buffer, not {s.buf}")
         idx = self.as_type(s.index, I32)
         pred = self.as_type(s.pred, BOOL) if s.pred is not None else None
-        vf = self.as_type(s.value, F32)
-        buf = s.buf
+        vfs = [self.as_type(v, F32) for v in s.values]
+        buf, width = s.buf, s.width
+        if width > 1 and self.params[buf].dtype != "float32":
+            raise ValueError(f"kernel {self.kernel.name}: a vector atomic add needs a float32 buffer, not {buf}")
 
         def atomic(st: _State, m: np.ndarray) -> None:
             st.where = where
@@ -317,8 +319,9 @@ class _Compiled(ExprCompiler):
             if not lanes.size:
                 return
             base = _lanes_of(idx(st, act), lanes)
-            v = _lanes_of(vf(st, act), lanes).astype(np.float32, copy=False)[:, None]
-            _access(st, buf, False, lanes, base, 1, "atomic", v)
+            # a vector add: one aligned access of ``width`` elements, each added on its own
+            v = np.stack([_lanes_of(f(st, act), lanes).astype(np.float32, copy=False) for f in vfs], axis=1)
+            _access(st, buf, False, lanes, base, width, "atomic", v)
         return atomic
 
     def for_(self, s: For, path: str, where: str) -> StmtFn:

@@ -257,7 +257,12 @@ class _Renderer:
     def _atomic_add(self, s: kir.AtomicAdd, ind: int) -> None:
         p = self.params.get(s.buf)
         conv = _ATOMIC_CONVERT.get(p.dtype if p is not None else "float32", "{}")
-        body = f"atomicAdd({s.buf} + {self.e(s.index)}, {conv.format(self.e(s.value))});"
+        if s.width > 1:  # float2 / float4 atomicAdd (global memory, cc 9.x: Device.atomic_vector_width)
+            vals = ", ".join(self.e(v) for v in s.values)
+            body = (f"atomicAdd(reinterpret_cast<float{s.width}*>({s.buf} + {self.e(s.index)}), "
+                    f"make_float{s.width}({vals}));")
+        else:
+            body = f"atomicAdd({s.buf} + {self.e(s.index)}, {conv.format(self.e(s.value))});"
         self.emit(body if s.pred is None else f"if ({self.e(s.pred)}) {body}", ind)
 
     def _for(self, s: kir.For, ind: int) -> None:

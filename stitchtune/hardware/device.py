@@ -37,6 +37,8 @@ Sources of the preset numbers (cited again next to each value):
          144 SMs). How the 132 SMs of an H100/H200 SXM part are spread over its GPCs is not published:
          ``gpc_sms`` is a GUESS (8 GPCs, the SMs spread evenly: 4 x 17 + 4 x 16; measured
          cudaOccupancyMaxActiveClusters values on the first GPU run should replace it).
+  [ATOM] CUDA C++ Programming Guide, "Atomic Functions" -> atomicAdd(): the float2 and float4 overloads
+         (global memory only) are supported on devices of compute capability 9.x and higher.
   [BASE] /work/shared/baselines/README.md: measured on an H200 (2026-11-29): device-to-device copy
          4.12 TB/s; empty kernel launch timed with CUDA events 6.6 us; software grid barrier
          1.0 us (132x1024 blocks), 1.3 (264x512), 2.0 (528x256), 3.5 (1056x128).
@@ -116,6 +118,10 @@ class Device:
     max_cluster_size: int = 1
     max_cluster_size_nonportable: int = 1
     gpc_sms: tuple[int, ...] = ()
+    #: the widest float32 vector ``atomicAdd`` on global memory, in elements ([ATOM]: float2 / float4 on
+    #: cc 9.x and higher, each element added atomically on its own); 1: scalar adds only (the default:
+    #: old descriptions load as such)
+    atomic_vector_width: int = 1
 
     # ---- derived -------------------------------------------------------------------------------
     @property
@@ -216,6 +222,11 @@ def _cluster_limits(major: int, sm_count: int) -> dict[str, Any]:
                 gpc_sms=tuple(base + (1 if i < extra else 0) for i in range(gpcs)))
 
 
+def _atomic_vector_width(major: int) -> int:
+    """[ATOM]: float4 ``atomicAdd`` on global memory from cc 9.0, scalar before."""
+    return 4 if major >= 9 else 1
+
+
 SFU_LANES_PER_SM = 16  # [CC throughput table]: 16 results/clock/SM for __expf/rsqrt etc. on 7.x-9.0
 
 
@@ -238,6 +249,7 @@ def _preset(name: str, cc: tuple[int, int], **kw: Any) -> Device:
         launch_overhead_us=LAUNCH_OVERHEAD_US_H200,           # measured on H200 [BASE]; assumed here
         grid_barrier_base_us=GRID_BARRIER_BASE_US_H200,       # fitted on H200 [BASE]; assumed here
         grid_barrier_per_block_us=GRID_BARRIER_PER_BLOCK_US_H200,
+        atomic_vector_width=_atomic_vector_width(major),      # [ATOM]
     )
     base.update(kw)
     base.update(_cluster_limits(major, base["sm_count"]))
@@ -432,6 +444,7 @@ def device_from_attributes(name: str, attrs: Mapping[str, int], *, memory_bytes:
         sfu_lanes_per_sm=SFU_LANES_PER_SM,
         source=source,
         memory_bytes=None if memory_bytes is None else int(memory_bytes),
+        atomic_vector_width=_atomic_vector_width(major),
         **_cluster_limits(major, attr("MULTIPROCESSOR_COUNT") or 1),
     )
 

@@ -35,6 +35,7 @@ from stitchtune.importers.torch_consts import resolved_index
 from stitchtune.importers.torch_fx_util import data_args, fx_args, is_scalar64, zero_pad
 from stitchtune.importers.torch_index_copy import index_copy_axis, index_copy_index, index_copy_reason, is_overwrite
 from stitchtune.importers.torch_scatter import SCATTER_OPS, is_zeros_base, scatter_index, scatter_reason
+from stitchtune.importers.torch_symvalues import is_bound
 
 #: ATen ops that are compute-intensive (matmuls, convolutions, attention): Inductor's or a library's job
 COMPUTE_OPS: frozenset[str] = frozenset({
@@ -269,8 +270,9 @@ def _initial_exclusions(nodes: Sequence[Any], consts: Mapping[Any, Any]) -> _Exc
     ex = _Excluded()
     order = {n: i for i, n in enumerate(nodes)}
     for n in nodes:
-        if n.op != "call_function" or n in consts or _key(n.target) in _IGNORED:
-            ex.derived.add(n)   # constants are inputs (or scalars) of regions; assertions check nothing here
+        if n.op != "call_function" or n in consts or _key(n.target) in _IGNORED or is_bound(n):
+            ex.derived.add(n)   # constants are inputs (or scalars) of regions; assertions check nothing here;
+            # a SymInt's bound tensor is an input its call makes (torch_symvalues)
         elif n.target is operator.getitem:
             if n.args[0] in ex:
                 ex.derived.add(n)

@@ -32,7 +32,10 @@ Semantics (shared by both consumers):
   ``Kernel.barrier_param``: all blocks must be co-resident on the device or it deadlocks.
 * :class:`Shfl` is ``__shfl_xor_sync(0xffffffff, value, lane_mask, width)``: all 32 lanes of the
   warp must be active.
-* :class:`AtomicAdd` adds to a float32 (or, rounded to the type, a float16 / bfloat16) global buffer element.
+* :class:`AtomicAdd` adds to a float32 (or, rounded to the type, a float16 / bfloat16) global buffer element;
+  with ``more`` values it is one vector add (``float2`` / ``float4``, float32 buffers only) of
+  ``1 + len(more)`` consecutive elements from ``index`` (a multiple of the width), each element added
+  atomically on its own (as ``width`` scalar adds would), on a device whose ``atomic_vector_width`` allows it.
 * A *generic* kernel (``Kernel.extents`` non-empty) also takes ``int`` arguments after the pointers,
   the dynamic extents (:class:`Extent`); its ``Param.size`` is the largest size (the bucket's largest
   extents), the buffers of a launch may be smaller (``Program.dynamic`` gives their sizes and the grid
@@ -148,12 +151,23 @@ ATOMIC_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 
 @dataclass(frozen=True)
 class AtomicAdd:
-    """``atomicAdd(&buf[index], value)`` on a global buffer of an :data:`ATOMIC_DTYPES` type, if ``pred``."""
+    """``atomicAdd(&buf[index], value)`` on a global buffer of an :data:`ATOMIC_DTYPES` type, if ``pred``;
+    with ``more``: one vector add of ``(value, *more)`` to ``buf[index ...]`` (module docstring)."""
 
     buf: str
     index: Expr
     value: Expr
     pred: Expr | None = None
+    more: tuple[Expr, ...] = ()
+
+    @property
+    def width(self) -> int:
+        """The elements this add writes (1: scalar; 2 or 4: ``float2`` / ``float4``)."""
+        return 1 + len(self.more)
+
+    @property
+    def values(self) -> tuple[Expr, ...]:
+        return (self.value, *self.more)
 
 
 @dataclass(frozen=True)

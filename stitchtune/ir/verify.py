@@ -195,6 +195,8 @@ class _KernelCheck:
             self.msgs.append(f"atomic add to input {s.buf}")
         if p is not None and p.dtype not in kir.ATOMIC_DTYPES:
             self.msgs.append(f"atomic add to {s.buf} of type {p.dtype}")
+        if s.width > 1 and (s.width not in (2, 4) or (p is not None and p.dtype != "float32")):
+            self.msgs.append(f"vector atomic add of {s.width} elements to {s.buf} (float2 / float4 of float32 only)")
 
     def _for(self, s: kir.For) -> None:
         if s.step <= 0:

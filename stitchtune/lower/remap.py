@@ -335,17 +335,18 @@ class RemapValues:
 
     def _chain_contiguous(self, chain: tuple[str, ...], sh: Shift) -> bool:
         """The ``vec`` lanes of a vector load adjacent, aligned elements of the chain's input: the
-        domain's innermost axis is the head's innermost dim (of the domain's extent or wider), both
-        multiples of ``vec`` (as the delta along it), the conditions are uniform over the lanes, and the
+        domain's innermost axis is the head's innermost dim (of the domain's extent, wider, or narrower: a
+        concat piece), both multiples of ``vec`` (as the delta along it), the conditions are uniform over the lanes, and the
         head's innermost dim stays innermost
         through every transpose and reshape (whose innermost dims are multiples of ``vec``)."""
         v, D = self.vec, self.domain
         shape = self.g.spec(chain[0]).shape
         if v == 1:
             return False
-        # the head's innermost dim is the domain's, or wider (a fused projection read through a slice of its
-        # columns: c + d stays inside it, _check_bounds) with rows a whole number of vectors
-        if shape[-1] < D[-1] or shape[-1] % v or D[-1] % v or sh.d(len(D) - 1) % v or not self.uniform(sh):
+        # the head's innermost dim is the domain's, wider (a fused projection read through a slice of its
+        # columns) or narrower (a concat piece, reached under the piece's uniform conditions): c + d stays
+        # inside it (_check_bounds), with rows a whole number of vectors
+        if shape[-1] % v or D[-1] % v or sh.d(len(D) - 1) % v or not self.uniform(sh):
             return False
         if self.col_axes[-1:] != (len(D) - 1,):
             return False

@@ -29,6 +29,7 @@ from stitchtune.lower.cross import (cross_accumulate, cross_accumulate_rows, cro
                                     cross_profile)
 from stitchtune.lower.exchange import combine_partials, exchange
 from stitchtune.lower.gather import pick_value
+from stitchtune.lower.lane_order import piece_lanes, thread_coords
 from stitchtune.lower.remap import RemapValues
 from stitchtune.lower.row_exchange import RowExchange
 from stitchtune.lower.row_state import RowKernelState
@@ -56,8 +57,10 @@ class RowKernel(RowKernelState):
         self._is_last = is_last
         self._lay = row_layout(low, ki, seg, tasks, est_regs, self._is_last)
         lane, rib = cx.var("lane", I32), cx.var("rib", I32)
-        tid = kir.Special("tid")
-        self._body: list[kir.Stmt] = [Assign(lane, Bin("%", tid, I(s.tpr))), Assign(rib, Bin("/", tid, I(s.tpr)))]
+        # row-major lanes, or piece-major (concat pieces narrower than a warp, inputs read along the rows)
+        pieces = piece_lanes(low.g, p, s, low.dev.warp_size, low.sym is not None)
+        lane_e, rib_e = thread_coords(kir.Special("tid"), s.tpr, low.dev.warp_size, pieces)
+        self._body: list[kir.Stmt] = [Assign(lane, lane_e), Assign(rib, rib_e)]
         rd, row, sidx = cx.var("rd", I32), cx.var("row", I32), cx.var("sidx", I32)
         rvalid, kbase, kend = cx.var("rv", kir.BOOL), cx.var("kb", I32), cx.var("ke", I32)
         self.ix = RowIndex(lane, rib, rd, row, sidx, rvalid, kbase, kend)

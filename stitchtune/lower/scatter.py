@@ -10,7 +10,10 @@ then rewrites that program:
   ``r = idx[e / row_size]`` range-checked by :class:`~stitchtune.ir.kir.IndexLoad` (``-1`` outside
   ``[0, rows)``) and ``atomicAdd(&table[r * row_size + e % row_size], value)`` where ``r >= 0``: an
   index out of range adds nothing, and nothing is accessed outside the table or the index. One index
-  load serves a vector whose elements lie in one table row (``row_size`` a multiple of the width);
+  load serves a vector whose elements lie in one table row (``row_size`` a multiple of the width),
+  and on a device with vector float atomics (``Device.atomic_vector_width``: ``float4`` on cc 9.x) one
+  ``float2`` / ``float4`` add of a float32 table serves it too (a 128-bit access at the ideal sectors,
+  instead of ``width`` 32-bit adds each lane ``width`` elements from the next: 4x the sectors);
 * ``v``'s buffer goes away when ``v`` is not an output of the graph and no kernel reads it back (else
   the stores stay: an output, or a scratch buffer the kernels read);
 * the table must be zeros before the first add. The zero fill is placed, in this order of preference:
@@ -94,7 +97,7 @@ def apply_scatters(program: kir.Program, graph: Graph, scatters: tuple[Scatter, 
     specs = {b.name: b for b in buffers}
     kernels, added = [], {}
     for k in program.kernels:
-        nk, n = _rewrite_kernel(k, targets, kept, specs)
+        nk, n = _rewrite_kernel(k, targets, kept, specs, device.atomic_vector_width)
         kernels.append(nk)
         added[k.name] = n
     by_name = {k.name: k for k in kernels}
@@ -129,18 +132,20 @@ def _targets(program: kir.Program, graph: Graph, scatters: tuple[Scatter, ...]
 
 # ---------------------------------------------------------------------------------------------- adds
 def _rewrite_kernel(k: kir.Kernel, targets: dict[str, list[_Target]], kept: set[str],
-                    specs: dict[str, kir.BufferSpec]) -> tuple[kir.Kernel, int]:
-    """``k`` with its stores of scattered values turned into adds, its parameters updated (a dropped
-    value buffer removed, a kept one in its role, the tables it adds to and their indices added); the
-    number of atomic adds one thread issues per store statement, summed (for the profile)."""
+                    specs: dict[str, kir.BufferSpec], vector: int = 1) -> tuple[kir.Kernel, int]:
+    """``k`` with its stores of scattered values turned into adds (vector adds of up to ``vector``
+    elements: the device's ``atomic_vector_width``), its parameters updated (a dropped value buffer
+    removed, a kept one in its role, the tables it adds to and their indices added); the number of
+    atomic add instructions one thread issues per store statement, summed (for the profile)."""
     count = [0]
     used: list[_Target] = []
 
     def store(s: kir.StoreVec) -> list[kir.Stmt]:
         out: list[kir.Stmt] = [s] if s.buf in kept else []
         for t in targets[s.buf]:
-            out += _adds(s, t, tag=len(out))
-            count[0] += len(s.values)
+            adds = _adds(s, t, len(out), vector)
+            out += adds
+            count[0] += sum(isinstance(a, kir.AtomicAdd) for a in adds)
             used.append(t)
         return out
 
@@ -178,12 +183,20 @@ def _map_stores(stmts: tuple[kir.Stmt, ...], f: Callable[[kir.StoreVec], list[ki
     return tuple(out)
 
 
-def _adds(s: kir.StoreVec, t: _Target, tag: int) -> list[kir.Stmt]:
+def _adds(s: kir.StoreVec, t: _Target, tag: int, vector: int = 1) -> list[kir.Stmt]:
     """The adds of one store's values into ``t``'s table: one range-checked index load per table row
-    the vector touches (one when ``row_size`` is a multiple of the width), one atomic add per value
-    (``tag`` makes the row variables' names distinct from those of the store's other tables)."""
+    the vector touches (one when ``row_size`` is a multiple of the width), one atomic add per value, or
+    one vector add of them all (``float2`` / ``float4``) where the device adds ``vector >= width``
+    float32 elements at once and they lie in one table row (aligned: the store's index and ``row_size``
+    are multiples of the width) (``tag`` makes the row variables' names distinct from those of the
+    store's other tables)."""
     sc, w = t.scatter, len(s.values)
     same_row = sc.row_size % w == 0
+    if 1 < w <= vector and same_row and sc.dtype == "float32":
+        row = Var(f"scr{tag}_0", I32)
+        addr = kir.Bin("+", kir.Bin("*", row, I(sc.row_size)), kir.Bin("%", s.index, I(sc.row_size)))
+        return [kir.Assign(row, kir.IndexLoad(t.index, kir.Bin("/", s.index, I(sc.row_size)), sc.rows, s.pred)),
+                kir.AtomicAdd(t.table, addr, s.values[0], kir.Bin(">=", row, I(0)), more=tuple(s.values[1:]))]
     out: list[kir.Stmt] = []
     row = Var(f"scr{tag}_0", I32)
     for j, value in enumerate(s.values):
@@ -286,12 +299,17 @@ def _barrier_before_adds(body: tuple[kir.Stmt, ...], table: str) -> bool:
     return first(body) == "sync"
 
 
-def _fill_loop(table: str, size: int, threads: int) -> tuple[kir.Stmt, ...]:
-    """A grid-stride loop of ``threads`` threads storing 0.0 to every element of ``table``."""
+def _fill_loop(table: str, size: int, threads: int, dtype: str = "float32") -> tuple[kir.Stmt, ...]:
+    """A grid-stride loop of ``threads`` threads storing 0.0 to every element of ``table``: 16 bytes a
+    store where ``size`` is a whole number of them (aligned: the loop steps by the width), else one
+    element a store."""
+    w = 16 // kir.ELEM_BYTES.get(dtype, 4)
+    w = w if size % w == 0 and w <= 8 else 1
     i = Var("zi", I32)
     gtid = kir.Bin("+", kir.Bin("*", kir.Special("bid"), kir.Special("bdim")), kir.Special("tid"))
+    start = gtid if w == 1 else kir.Bin("*", gtid, I(w))
     return (kir.Comment(f"zero {table} (scatter-add target)"),
-            kir.For(i, gtid, I(size), threads, (kir.StoreVec(table, i, (Const(0.0),)),)))
+            kir.For(i, start, I(size), threads * w, (kir.StoreVec(table, i, (Const(0.0),) * w),)))
 
 
 def _zero_in(prog: kir.Program, name: str, table: str, size: int, sync: bool = False) -> kir.Program:
@@ -304,7 +322,7 @@ def _zero_in(prog: kir.Program, name: str, table: str, size: int, sync: bool = F
         if k.name == name:
             params = k.params if any(p.name == table for p in k.params) else \
                 k.params + (kir.Param(table, spec.dtype, spec.size, BufferRole.OUTPUT),)
-            fill = _fill_loop(table, size, launch.grid * launch.block) + ((kir.GridSync(),) if sync else ())
+            fill = _fill_loop(table, size, launch.grid * launch.block, spec.dtype) + ((kir.GridSync(),) if sync else ())
             k = dataclasses.replace(k, params=params, body=fill + k.body)
             launches = [dataclasses.replace(la, args=tuple(p.name for p in params)) if la.kernel == name else la
                         for la in launches]
@@ -323,7 +341,7 @@ def _fill_kernel(prog: kir.Program, name: str, tables: list[tuple[str, int]],
     grid = max(1, min(-(-threads_needed // ZERO_FILL_BLOCK), device.sm_count * 8))
     specs = [prog.buffer(t) for t, _ in tables]
     params = tuple(kir.Param(t, spec.dtype, spec.size, BufferRole.OUTPUT) for (t, _), spec in zip(tables, specs))
-    body = tuple(st for t, n in tables for st in _fill_loop(t, n, grid * ZERO_FILL_BLOCK))
+    body = tuple(st for (t, n), sp in zip(tables, specs) for st in _fill_loop(t, n, grid * ZERO_FILL_BLOCK, sp.dtype))
     kern = kir.Kernel(name, params, body, ZERO_FILL_BLOCK)
     launch = kir.Launch(name, grid, ZERO_FILL_BLOCK, 0, tuple(t for t, _ in tables))
     prof = kir.KernelProfile(

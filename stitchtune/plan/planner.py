@@ -71,6 +71,7 @@ from stitchtune.plan.row_moves import commute_row_moves
 from stitchtune.plan.row_views import commute_row_views
 from stitchtune.plan.scatter import Scatter, core_graph, split_scatters
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
+from stitchtune.plan.adjacent import adjacent_rows
 from stitchtune.plan.transpose import TransposeTile, transpose_tile
 from stitchtune.plan.unit_reductions import unit_reductions
 from stitchtune.plan.views import Surrogate, Viewed, view_stage
@@ -122,6 +123,10 @@ class StitchPlan:
     #: an element-wise region whose output's contiguous axis is a row axis of the view); None for
     #: every other plan
     transpose: TransposeTile | None = None
+    #: the view rows a warp should span so that an input read along the view's rows (its stride-1 axis
+    #: the view's innermost row axis) is loaded a whole sector at a time (:mod:`stitchtune.plan.adjacent`);
+    #: 0 for every other plan
+    adjacent_rows: int = 0
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -251,7 +256,8 @@ def _plan(graph: Graph) -> StitchPlan | Refusal:
     if isinstance(plan, Refusal):
         return _plan_rewritten(graph, plan)
     tile = transpose_tile(graph, plan.family, dict(plan.index_maps), dict(plan.dtypes), not plan.cross)
-    return replace(plan, transpose=tile) if tile is not None else plan
+    rows = adjacent_rows(graph, plan.family, dict(plan.index_maps), plan.M, not plan.cross and not plan.scatters)
+    return replace(plan, transpose=tile, adjacent_rows=rows) if tile is not None or rows else plan
 
 
 @functools.lru_cache(maxsize=256)

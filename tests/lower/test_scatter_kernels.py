@@ -355,7 +355,7 @@ def two_tables(batch: int, small: int, large: int, width: int = 32) -> Any:
 def test_one_zero_fill_of_several_tables_has_a_grid_for_the_largest() -> None:
     """The zero fill made for the small table zeroes the large one too, with the grid the large one
     needs (on an H200 a fill of BERT's word table by the token-type table's 2 blocks took 779 us), and
-    every table's loop strides over that whole grid."""
+    every table's loop strides over that whole grid (16 bytes a store: the float32 tables' rows are whole float4s)."""
     g = two_tables(batch=600, small=2, large=200_000)
     plan, space, scheds = _schedules(g, 0)
     prog = lower(g, plan, scheds[0], DEV, space)
@@ -364,7 +364,8 @@ def test_one_zero_fill_of_several_tables_has_a_grid_for_the_largest() -> None:
     assert fill.grid == min(-(-200_000 * 32 // 4 // 256), DEV.sm_count * 8) > DEV.sm_count
     [kern] = [k for k in prog.kernels if k.name == ZERO_FILL_KERNEL]
     loops = [s for s in kern.body if isinstance(s, kir.For)]
-    assert len(loops) == 2 and {lp.step for lp in loops} == {fill.grid * fill.block}
+    assert len(loops) == 2 and {lp.step for lp in loops} == {fill.grid * fill.block * 4}
+    assert all(len(st.values) == 4 for lp in loops for st in lp.body if isinstance(st, kir.StoreVec))
     [prof] = [p for p in prog.profile.kernels if p.name == ZERO_FILL_KERNEL]
     assert prof.grid == fill.grid and prof.dram_write_bytes == (2 + 200_000) * 32 * 4
 
