@@ -11,7 +11,8 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    into 256-thread blocks; element-wise regions alike (short rows packed, ``tpr`` doubled until the grid
    has two waves; a region reading an input along its rows, ``plan.adjacent_rows = G``, at least ``G``
    rows a block, :mod:`stitchtune.plan.adjacent`). Column family: a warp of threads across 32 x ``vec``
-   columns, 8 threads down the rows, and the rows split so that tiles x split fills one wave.
+   columns, 8 threads down the rows (fewer where there are fewer rows: Llama's 4-row sum over 4 x 1048576
+   left half the threads without a row), and the rows split so that tiles x split fills one wave.
    A plan with cross reductions (:mod:`stitchtune.plan.cross`) never splits rows (the space requires
    split 1) and takes a persistent grid, so that few per-block partials are combined, by the
    deterministic ``cross_combine`` kernel (its default); when every row fits one block (a training
@@ -30,9 +31,10 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
 5. **Launch (assume-relax-apply)**: assume 32 registers and 1024-thread blocks to size a wave; then
    relax the register cap (``__launch_bounds__`` minimum blocks per SM) as far as the estimated
    register need allows without losing co-residency; apply.
-   5b. **One wave**: a row grid (one task per block) that one wave of at most 4 blocks per SM could hold
-   gets that many as ``min_blocks`` (a register cap), where the budget covers the estimate: one full
-   wave, not 1.x waves and a tail.
+   5b. **One wave** (:mod:`stitchtune.cost.waves`): a row grid (one task per block) that one wave of at
+   most 4 blocks per SM could hold gets that many as ``min_blocks`` (a register cap) where the budget
+   covers the estimate; else half the threads per row where that grid is one full wave under such a
+   cap; else the cap at 3/4 of the estimate.
    5c. **No spills under the pin**: a grid-barrier schedule is pinned to its estimated blocks per SM (a
    register cap, :func:`_pin_coresidency`); register caches are demoted while that cap is below the
    estimate with the cache counted twice, so that the cap does not turn the cache into spills.
@@ -69,6 +71,7 @@ import random
 from typing import Any
 
 from stitchtune.cost.reuse import tensors_to_cache
+from stitchtune.cost.waves import one_wave
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks, occupancy
@@ -142,33 +145,6 @@ def _relax_registers(space: SearchSpace, s: Schedule) -> Schedule:
         if budget >= max(64, 1.5 * need) and m * s.block <= dev.max_threads_per_sm:
             best = m
     return Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": s.reuse, "min_blocks": best})
-
-
-def _one_wave(space: SearchSpace, plan: StitchPlan, s: Schedule) -> Schedule:
-    """Rule 5b: a row-family grid of one task per block that needs ``m`` = ceil(grid / SMs) <= 4 blocks
-    per SM for a single wave gets ``min_blocks`` ``m`` (the smallest such choice of the space), so
-    that ptxas keeps each thread within the registers of ``m`` co-resident blocks: one full wave
-    instead of 1.x waves and a tail (a layer norm of 4096 rows in 512 blocks of 256 threads: 80 registers
-    give 3 blocks per SM, 1.29 waves; 64 give 4, 0.97). Taken only where that budget is at least 48
-    registers and 3/4 of the estimate (which counts every load of a sweep live at once) and the point
-    stays legal; ``s`` otherwise. The audit checks the outcome (spills, waves) from the cubin."""
-    dev = space.device
-    if plan.family != Family.ROW or plan.cross or s.split != 1 or s.tasks_per_block != 1 or _grid_barrier(space, s):
-        return s
-    grid = math.ceil(plan.M / max(1, s.block // s.tpr))
-    need = math.ceil(grid / dev.sm_count)
-    if grid <= dev.sm_count or (s.min_blocks and s.min_blocks >= need):
-        return s
-    fits = [m for m in space.domains["min_blocks"] if m >= need and m * s.block <= dev.max_threads_per_sm]
-    if not fits:
-        return s
-    m = min(fits)
-    budget = min(dev.max_regs_per_thread, dev.regs_per_sm // (s.block * m))
-    est = estimate_registers(space.derived(s)["reg_cache_elems"], s.vec, 4)
-    if budget < max(48, 0.75 * est):  # the estimate counts every hoisted load live at once: ptxas staggers them
-        return s
-    t = Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": s.reuse, "min_blocks": m})
-    return s if space.violations(t) else t
 
 
 def _row(space: SearchSpace, plan: StitchPlan, dev: Device) -> Schedule:
@@ -288,7 +264,7 @@ def _col(space: SearchSpace, plan: StitchPlan, dev: Device) -> Schedule:
     vec = _vec(space, N)
     while vec > 1 and 8 * vec > N:  # a tile of at least 8 column threads must fit the columns
         vec //= 2
-    tk = 8
+    tk = min(8, _pow2_floor(M))  # threads down the rows: no more than there are rows
     tpc = max(8, min(32, _pow2_floor(N / vec)))
     block = tk * tpc
     tiles = math.ceil(N / (tpc * vec))
@@ -378,7 +354,7 @@ def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | No
     if _grid_barrier(space, s):
         s = _without_pinned_spills(space, s)
     s = _relax_registers(space, s)
-    s = _one_wave(space, plan, s)
+    s = one_wave(space, plan, s, _grid_barrier(space, s))
     if _grid_barrier(space, s):
         s = _pin_coresidency(space, s)
     if plan.cross and plan.family == Family.ROW and plan.M <= s.block // min(s.tpr, s.block) and s.split == 1:
@@ -390,7 +366,8 @@ def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | No
         # launch where kernel makes three (zero fill, main, combine); float atomics either way
         g = dataclasses.replace(s, cross_combine=CrossCombine.GRID)  # type: ignore[call-arg]
         if not space.violations(g):
-            s = g
+            # its persistent grid (sized by the estimated registers) must stay co-resident: rules 5c and the pin
+            s = _pin_coresidency(space, _without_pinned_spills(space, g))
     if plan.transpose is not None and "transpose" in space.table:
         s = _tiled_transpose(space, plan, s, device)
     return _checked(space, s)

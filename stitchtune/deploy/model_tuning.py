@@ -54,6 +54,8 @@ from typing import TYPE_CHECKING, Any
 from stitchtune.errors import StitchtuneError
 
 if TYPE_CHECKING:
+    from torch.fx import GraphModule
+
     from stitchtune.graph.parse import Graph
     from stitchtune.hardware.device import Device
     from stitchtune.tune.records import TrialRecord
@@ -168,7 +170,7 @@ class CapturedGraph:
     ``"backward"``; ``example_inputs`` are the (fake) tensors it was compiled for."""
 
     kind: str
-    module: Any              # torch.fx.GraphModule
+    module: GraphModule
     example_inputs: tuple[Any, ...]
 
 

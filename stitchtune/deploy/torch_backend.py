@@ -73,6 +73,7 @@ from stitchtune.deploy.torch_rest import compile_rest, decompositions
 from stitchtune.deploy.torch_rewrite import fake_check, replace_regions
 
 if TYPE_CHECKING:
+    from stitchtune.deploy.torch_region_protocols import GuardedKernel
     from stitchtune.deploy.torch_stats import TorchStats
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ LAST_REPORTS: list[GraphReport] = []
 
 # ---------------------------------------------------------------------------- compiling regions
 def _compile_region(region: Any, opts: BackendOptions, device: Any, kind: str = "inference",
-                    counter: Any = None) -> Any:
+                    counter: Any = None) -> GuardedKernel:
     """The :class:`~stitchtune.deploy.torch_ops.RegionKernel` of one region (errors propagate); for
     symbolic shapes a :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel` that makes kernels
     per (structure, bucket) of the shapes it meets (the region was checked at the example shapes
@@ -154,7 +155,8 @@ def _info(kind: str, region: Any, kernel: Any) -> StitchedInfo:
                         len(kernel.compiled.program.launches))
 
 
-def _make_region(r: Any, opts: BackendOptions, device: Any, kind: str, report: GraphReport, made: list[Any],
+def _make_region(r: Any, opts: BackendOptions, device: Any, kind: str, report: GraphReport,
+                 made: list[tuple[Any, GuardedKernel]],
                  counters: dict[str, Any]) -> None:
     """Compile region ``r`` into ``made`` (with its counter in ``counters``), or decline it in ``report``."""
     from stitchtune.deploy import torch_stats
@@ -203,7 +205,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     on_cuda = bool(cuda_devices)
     graph_device = cuda_devices[0] if on_cuda else None   # where a region that reads no tensor runs
     device = device_for(opts)
-    made: list[Any] = []
+    made: list[tuple[Any, GuardedKernel]] = []
     counters: dict[str, Any] = {}
     with collecting_fallbacks() as fallbacks:   # one warning for the graph, not one per region
         for r in split.regions:
@@ -342,7 +344,8 @@ class Explanation:
     stitched: tuple[StitchedInfo, ...]
     declined: tuple[DeclinedInfo, ...]
     graphs: int
-    outputs: Any = field(default=None, compare=False, repr=False)
+    #: what the compiled model returned (a tensor, or whatever structure the model returns)
+    outputs: object = field(default=None, compare=False, repr=False)
     #: kernels built, selections and cache hits of this call (:func:`stitchtune.torch.stats`)
     stats: TorchStats | None = field(default=None, compare=False, repr=False)
 

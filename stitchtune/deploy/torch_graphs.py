@@ -29,9 +29,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["GraphMode"]
+
+if TYPE_CHECKING:
+    from torch._inductor.cudagraph_utils import BoxedDeviceIndex
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ class GraphMode:
 
     on: bool
     dynamo_inputs: int = 0
-    _device: Any = field(default=None, repr=False)
+    _device: BoxedDeviceIndex | None = field(default=None, repr=False)
 
     def _fixed(self, gm: Any, inputs: Sequence[Any], kind: str) -> int:
         """How many leading inputs keep their addresses (parameters, buffers; the backward's tangents count)."""
@@ -60,7 +63,7 @@ class GraphMode:
         fixed = self._fixed(gm, inputs, kind)
         return list(range(fixed)) if kind == "backward" else list(get_static_input_idxs(fixed))
 
-    def device_index(self) -> Any:
+    def device_index(self) -> BoxedDeviceIndex:
         """The BoxedDeviceIndex shared by the forward and backward compilers."""
         if self._device is None:
             from torch._inductor.cudagraph_utils import BoxedDeviceIndex

@@ -8,13 +8,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from stitchtune.deploy.torch_ops import RegionError, RegionKernel, _device_of, _lock
+from stitchtune.deploy.torch_region_protocols import GuardedKernel
 
 __all__ = ["GuardedRegion", "eager_outputs", "is_index_error"]
+
+if TYPE_CHECKING:
+    from stitchtune.deploy.compiled_graph import CompiledGraph
+    from stitchtune.deploy.dynamic import CompiledBucket
 
 log = logging.getLogger("stitchtune.deploy.torch_ops")   # its records keep the op's logger name
 
@@ -56,7 +61,7 @@ class GuardedRegion:
     first input's); a region that reads no tensor (an ``iota`` and its arithmetic) runs there, and an
     input on another device (a CPU 0-d tensor beside CUDA ones) is moved there first."""
 
-    kernel: Any
+    kernel: GuardedKernel
     module: Any
     perms: tuple[tuple[int, ...] | None, ...]
     on_fail: Any = None
@@ -76,7 +81,7 @@ class GuardedRegion:
     _fast: Any = field(default=None, repr=False)
 
     @property
-    def compiled(self) -> Any:
+    def compiled(self) -> CompiledGraph | CompiledBucket | None:
         return self.kernel.compiled
 
     @property
@@ -85,7 +90,7 @@ class GuardedRegion:
         return list(getattr(self.kernel, "flag_sets", ()))
 
     def describe(self) -> str:
-        return str(self.kernel.describe())
+        return self.kernel.describe()
 
     def _with_held(self, inputs: Sequence[Any], fake: bool = False) -> list[Any]:
         """``inputs`` with the held constants inserted at their positions (``fake``: empty tensors of
@@ -129,7 +134,7 @@ class GuardedRegion:
     def copies(self, inputs: Sequence[Any]) -> int:
         """How many copy kernels a call on ``inputs`` (the op's tensor arguments, real or fake: their
         strides count) launches before the region's kernels."""
-        return int(self.kernel.copies(self._with_held(self._with_bound(inputs, (), fake=True), fake=True)))
+        return self.kernel.copies(self._with_held(self._with_bound(inputs, (), fake=True), fake=True))
 
     def _check(self, inputs: Sequence[Any], outs: Sequence[Any]) -> None:
         """Raise when the kernel's outputs are not what its fake result promised (shape, dtype);

@@ -54,11 +54,12 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from stitchtune.deploy.torch_region_protocols import RegisteredRegion
 from stitchtune.errors import StitchtuneError
 
 if TYPE_CHECKING:
@@ -426,15 +427,6 @@ def stand_in_driver(driver: Any, image: Any) -> Iterator[None]:
         yield
     finally:
         _STAND_IN[0] = old
-
-
-class RegisteredRegion(Protocol):
-    """What ``torch.ops.stitchtune.region`` runs for a key: a :class:`RegionKernel`, a
-    :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel` or the
-    :class:`~stitchtune.deploy.torch_guard.GuardedRegion` around one (those modules import this one)."""
-
-    def __call__(self, inputs: Sequence[Any]) -> list[Any]: ...
-    def fake(self, inputs: Sequence[Any]) -> list[Any]: ...
 
 
 def register(key: str, kernel: RegisteredRegion) -> None:

@@ -57,6 +57,13 @@ def _hint(d: Any) -> int | None:
     return int(h) if h is not None else None
 
 
+def _is_symint(node: Any) -> bool:
+    """Whether the fx node ``node`` is a SymInt (a size read from a symbolic shape)."""
+    import torch
+
+    return isinstance(node.meta.get("val"), torch.SymInt)
+
+
 def _tensor_ok(val: Any, index: bool = False) -> str | None:
     """None for a float tensor with static dims or symbolic dims with hints, else why not
     (``index``: an int32/int64 tensor is fine too, the indices of ``embedding``)."""
@@ -95,6 +102,15 @@ _INT_VIEWS = frozenset({"aten.view", "aten.reshape", "aten._unsafe_view", "aten.
 RANDOM_OPS = frozenset({"aten.rand", "aten.rand_like", "aten.randn", "aten.randn_like", "aten.bernoulli",
                         "aten.native_dropout", "aten.randint", "aten.randint_like"})
 _COMPARISONS = frozenset({"aten.gt", "aten.ge", "aten.lt", "aten.le", "aten.eq", "aten.ne"})
+
+
+#: views whose arguments after the tensor are sizes or bounds: a SymInt there is a size, never a value
+_SIZED_VIEWS = frozenset({"aten.slice", "aten.narrow", "aten.select", "aten.view", "aten.reshape",
+                          "aten._unsafe_view", "aten.expand", "aten.as_strided"})
+#: why such a view with a SymInt size or bound is left to PyTorch (GPT-2's prompt rows ``wpe[0:S]``,
+#: :func:`~stitchtune.importers.torch_symvalues.sym_values`): not left out of the computation, it is an input
+SYMBOLIC_VIEW = ("a view with a symbolic size or bound (PyTorch makes the view, no kernel; a region that "
+                 "reads it takes it as an input)")
 
 
 #: ATen gathers along an axis (graph.json's ``gather_elements``) -> the position of their index argument
@@ -166,6 +182,8 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
         return "a constant tensor (mapped only as the base of a scatter of a number)"
     if key in _INT_VIEWS and _gather_index_view(node):
         return "an index view read by a gather (left to PyTorch: the gather reads it as an input)"
+    if key in _SIZED_VIEWS and any(_is_symint(a) for a in fx_args(node)[1:]):
+        return SYMBOLIC_VIEW
     folded = set(fx_args(node)) - {node.args[0]} if key == "aten.index" else set()
     for a in fx_args(node):
         if a in folded and a in consts:

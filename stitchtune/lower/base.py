@@ -19,6 +19,7 @@ from stitchtune.ir.kir import F32, I32, I64, INT_VTYPE, Assign, Bin, BufferRole,
 from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.ir.launches import grid_size
+from stitchtune.lower.guarded_loads import load_vec
 from stitchtune.lower.sectors import row_sector_factor
 from stitchtune.lower.symbols import RowSymbols
 from stitchtune.graph.fast_ops import FAST_FORM
@@ -278,16 +279,17 @@ class Lowerer:
         return pred
 
     def mapped_load(self, cx: Ctx, body: list[kir.Stmt], name: str, base: kir.Expr, c: kir.Expr,
-                    pred: kir.Expr | None, prefix: str) -> list[kir.Expr]:
+                    pred: kir.Expr | None, prefix: str, zeroed: bool = False) -> list[kir.Expr]:
         """Append the loads of the ``vec`` elements ``c .. c + vec - 1`` (``c`` a multiple of ``vec``) of
         input ``name`` at row offset ``base`` to ``body`` and return their values, by the map's
         :meth:`~stitchtune.plan.index_map.IndexMap.vector_mode`: one vector load, one scalar load
-        broadcast to the ``vec`` values, or one scalar load per element."""
+        broadcast to the ``vec`` values, or one scalar load per element. ``zeroed``: a guarded vector load
+        is preceded by its destinations set to 0 (:func:`load_vec`)."""
         vec, buf, vt = self.s.vec, self.in_buf[name], self.vtype(name)
         mode = self.p.imap(name).vector_mode(vec)
         if mode == "vector":
             dsts = tuple(cx.var(prefix, vt) for _ in range(vec))
-            body.append(kir.LoadVec(dsts, buf, add(base, self.col_offset(name, c)), pred))
+            body.extend(load_vec(dsts, buf, add(base, self.col_offset(name, c)), pred, zeroed))
             return list(dsts)
         if mode == "uniform":
             v = cx.var(prefix, vt)

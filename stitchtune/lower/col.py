@@ -34,6 +34,7 @@ from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Var
 from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, Sizes, mul, estimate_registers
 from stitchtune.lower.builder import KernelState
 from stitchtune.lower.profile import kernel_profile
+from stitchtune.lower.guarded_loads import load_vec
 from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.col_remap import ColRemapValues
 from stitchtune.lower.col_exchange import COMBINE_UNROLL as COMBINE_UNROLL  # (re-exported: its old home)
@@ -292,14 +293,15 @@ class _ColKernel(KernelState):
         if low.p.mapped(name):  # through its index map
             rbase = low.row_base(name, Bin("min", sw.r, I(M - 1)))
             if low.cls[name] is TensorClass.FULL:
-                return low.mapped_load(self._cx, sw.body, name, rbase, self.ix.cc0, sw.valid, f"t{low.tid_of[name]}_")
+                return low.mapped_load(self._cx, sw.body, name, rbase, self.ix.cc0, sw.valid, f"t{low.tid_of[name]}_",
+                                       zeroed=True)
             v = self._cx.var(f"t{low.tid_of[name]}_", F32)
             sw.body.append(Assign(v, Load(buf, rbase, sw.valid)))
             return [v] * vec
         if low.cls[name] is TensorClass.FULL:
             dsts = tuple(self._cx.var(f"t{low.tid_of[name]}_", F32) for _ in range(vec))
             idx = add(mul(Bin("min", sw.r, I(M - 1)), I(N)), self.ix.cc0)
-            sw.body.append(kir.LoadVec(dsts, buf, idx, sw.valid))
+            sw.body.extend(load_vec(dsts, buf, idx, sw.valid, zeroed=True))  # independent loads (rows unrolled)
             return list(dsts)
         v = self._cx.var(f"t{low.tid_of[name]}_", F32)  # PER_REDUCED: one value per row
         sw.body.append(Assign(v, Load(buf, Bin("min", sw.r, I(M - 1)), sw.valid)))

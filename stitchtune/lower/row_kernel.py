@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, LocalRef, Var
 from stitchtune.lower import single_pass as sp
+from stitchtune.lower.guarded_loads import load_vec
 from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, mul
 from stitchtune.lower.profile import kernel_profile
 from stitchtune.lower.row_layout import row_layout
@@ -64,6 +65,9 @@ class RowKernel(RowKernelState):
         rvalid, kbase, kend = cx.var("rv", kir.BOOL), cx.var("kb", I32), cx.var("ke", I32)
         self.ix = RowIndex(lane, rib, rd, row, sidx, rvalid, kbase, kend)
         self._rb: list[kir.Stmt] = self.round_head(tasks)
+        # a guard that is not the constant true (a persistent grid, ragged rows or pieces): its loads start
+        # from zeros, so that each is independent of the one before (lower.guarded_loads)
+        self._zero_guarded = not (rows_exact(low, self._lay, tasks) and cols_exact(low))
         self._uses: dict[str, set[str]] = {"in": set(), "out": set()}
         self._pvals: dict[str, kir.Expr] = {}
         self._filled: set[str] = set()
@@ -265,7 +269,8 @@ class RowKernel(RowKernelState):
         # varies along part of the columns, or a row stride off the vector grid: through the map
         if low.p.imap(name).partial_cols or low.p.imap(name).vector_mode(vec) == "scalar":
             base = self.round_row_base(name) if low.cls[name] is TensorClass.FULL else I(0)
-            return low.mapped_load(self._cx, sw.body, name, base, sw.k0, sw.valid, f"t{low.tid_of[name]}_")
+            return low.mapped_load(self._cx, sw.body, name, base, sw.k0, sw.valid, f"t{low.tid_of[name]}_",
+                                   zeroed=self._zero_guarded)
         dsts = tuple(self._cx.var(f"t{low.tid_of[name]}_", low.vtype(name)) for _ in range(vec))
         if low.cls[name] is TensorClass.FULL and low.p.mapped(name):  # broadcast along part of the rows
             idx = add(self.round_row_base(name), sw.k0)
@@ -273,7 +278,7 @@ class RowKernel(RowKernelState):
             idx = self.f_index(self.ix.row, sw.k0)
         else:  # PER_REDUCED: varies along the row only
             idx = sw.k0
-        sw.body.append(kir.LoadVec(dsts, buf, idx, sw.valid))
+        sw.body.extend(load_vec(dsts, buf, idx, sw.valid, zeroed=self._zero_guarded))
         return list(dsts)
 
     def iota_values(self, sw: RowSweep, name: str) -> list[kir.Expr]:

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 import stitchtune.torch as st_torch  # noqa: E402
 from stitchtune.deploy import torch_backend  # noqa: E402
+from stitchtune.importers import torch_candidates  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fresh_backend")
 
@@ -143,3 +144,34 @@ def test_the_launch_path_passes_each_calls_value() -> None:
     assert guarded._fast is not None   # the later calls took the thin path
     s = st_torch.stats()
     assert s.eager == 0 and s.builds <= 1, s
+
+
+class _Prompt(torch.nn.Module):
+    """GPT-2's prompt input: token embedding + the position embedding of ``arange(S)`` (S symbolic),
+    which :func:`~stitchtune.importers.torch_symvalues.sym_values` reads as the view ``wpe[0:S]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.wte = torch.nn.Embedding(32, D)
+        self.wpe = torch.nn.Embedding(64, D)
+        self.ln = torch.nn.LayerNorm(D)
+
+    def forward(self, ids: Any) -> Any:
+        return self.ln(self.wte(ids) + self.wpe(torch.arange(ids.shape[1]).unsqueeze(0)))
+
+
+def test_the_prompt_position_view_is_explained_as_a_view_a_region_reads() -> None:
+    """The slice ``wpe[0:S]`` stays with PyTorch (a view, no kernel) and the region reads it as an
+    input: explain says so, not that the slice "reads a SymInt value" (its SymInt is a bound)."""
+    m = _Prompt().eval()
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    torch._dynamo.mark_dynamic(ids, 1)
+    with torch.no_grad():
+        e = torch_backend.explain(m, ids, db=None, fallback="eager", cpu="emulate")
+        torch.testing.assert_close(e.outputs, m(ids), rtol=1e-5, atol=1e-5)
+    slices = [d for d in e.declined if d.what == "op aten.slice"]
+    assert slices and all(d.reason == torch_candidates.SYMBOLIC_VIEW for d in slices), e.declined
+    assert not _sym_declines(), _sym_declines()
+    reads = [s for s in e.stitched if "aten.embedding" in s.ops and "aten.native_layer_norm" in s.ops]
+    assert reads and any(shape == (5, D) for s in reads for shape in s.shapes), e.stitched   # wpe[0:5] read

@@ -384,3 +384,29 @@ def test_a_large_table_is_not_zeroed_by_a_few_blocks_of_another_kernel() -> None
                 assert la.grid * la.block * 4 >= 3000 * 24 or la.grid == DEV.sm_count * 8
         out = emulate_program(prog, x)
         assert all(rel_err(out[o], ref[o]) < 1e-5 for o in g.outputs), s.to_json()
+
+
+@pytest.mark.slow
+def test_the_grid_combine_stays_co_resident_with_the_compilers_registers(tmp_path: Any) -> None:
+    """Rule 7's grid combine makes the persistent grid a grid barrier's: sized by the estimated registers
+    (2 blocks per SM), it must stay co-resident with ptxas's. Llama's training RMS-norm backward with the
+    embedding gradient (view_102) took 156-228 registers uncapped, one block per SM for 264 blocks, and the
+    cost model pruned it (the launch would be refused); rules 5c and the pin now apply to it: a register
+    cache the pinned budget cannot hold is demoted, the cap keeps ptxas within it (BERT-base's shape here)."""
+    from stitchtune.cost.model import predict
+    from stitchtune.lower.resources import legal_space
+
+    obj = ln_backward_scatter().to_dict()
+    b, s, h, v = 8, 512, 768, 30522
+    for spec in obj["inputs"].values():
+        r = len(spec["shape"])
+        spec["shape"] = {3: [b, s, h if spec["shape"][-1] > 1 else 1], 2: [b, s], 1: [h]}[r]
+    obj["nodes"][-2]["shape"], obj["nodes"][-1]["shape"] = [v, h], [s, h]
+    g = parse_graph(obj)
+    plan = make_plan(g)
+    space = legal_space(g, plan, DEV)
+    sch = heuristic_schedule(plan, DEV, space)
+    prog = lower(g, plan, sch, DEV, space)
+    assert sch.option(CROSS_COMBINE) == "grid" and prog.launches[0].grid > DEV.sm_count
+    regs = compile_programs_sm90([prog], tmp_path)[0]
+    assert predict(prog.profile, DEV, registers=regs).prune_reason is None, (sch.to_json(), regs)

@@ -93,6 +93,10 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
     for (i11 = 0; i11 < 16; i11 += 1) {
       r12 = (kb8 + ((i11 * 8) + tk2));
       v13 = (cv7 && (r12 < ke9));
+      t0_18 = 0.0f;
+      t0_19 = 0.0f;
+      t0_20 = 0.0f;
+      t0_21 = 0.0f;
       if (v13) {
         float4 _v0 = *reinterpret_cast<const float4*>(in0 + ((min(r12, 1023) * 256) + min(c6, 252)));
         t0_18 = _v0.x;
@@ -154,6 +158,10 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
     for (i32 = 0; i32 < 16; i32 += 1) {
       r33 = (kb8 + ((i32 * 8) + tk2));
       v34 = (cv7 && (r33 < ke9));
+      t0_35 = 0.0f;
+      t0_36 = 0.0f;
+      t0_37 = 0.0f;
+      t0_38 = 0.0f;
       if (v34) {
         float4 _v3 = *reinterpret_cast<const float4*>(in0 + ((min(r33, 1023) * 256) + min(c6, 252)));
         t0_35 = _v3.x;

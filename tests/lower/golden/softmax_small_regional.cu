@@ -70,6 +70,8 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
     for (i9 = 0; i9 < 1; i9 += 1) {
       k11 = (kb7 + (((i9 * 128) + lane1) * 2));
       v12 = (rv6 && (k11 < ke8));
+      t0_13 = 0.0f;
+      t0_14 = 0.0f;
       if (v12) {
         float2 _v0 = *reinterpret_cast<const float2*>(in0 + ((min(row4, 511) * 128) + k11));
         t0_13 = _v0.x;
@@ -162,6 +164,8 @@ extern "C" __global__ void __launch_bounds__(256) st_k1(const float* __restrict_
     for (i11 = 0; i11 < 1; i11 += 1) {
       k12 = (kb7 + (((i11 * 128) + lane1) * 2));
       v13 = (rv6 && (k12 < ke8));
+      t0_14 = 0.0f;
+      t0_15 = 0.0f;
       if (v13) {
         float2 _v0 = *reinterpret_cast<const float2*>(in0 + ((min(row4, 511) * 128) + k12));
         t0_14 = _v0.x;

@@ -146,6 +146,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
     for (i10 = 0; i10 < 8; i10 += 1) {
       k13 = (kb7 + (((i10 * 32) + lane1) * 4));
       v14 = rv6;
+      t1_15 = 0.0f;
+      t1_16 = 0.0f;
+      t1_17 = 0.0f;
+      t1_18 = 0.0f;
       if (v14) {
         float4 _v0 = *reinterpret_cast<const float4*>(in1 + ((min(row4, 16383) * 1024) + k13));
         t1_15 = _v0.x;
@@ -157,6 +161,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
       sc1[((rib2 * 1024) + ((((i10 * 4) + 1) * 32) + lane1))] = t1_16;
       sc1[((rib2 * 1024) + ((((i10 * 4) + 2) * 32) + lane1))] = t1_17;
       sc1[((rib2 * 1024) + ((((i10 * 4) + 3) * 32) + lane1))] = t1_18;
+      t2_19 = 0.0f;
+      t2_20 = 0.0f;
+      t2_21 = 0.0f;
+      t2_22 = 0.0f;
       if (v14) {
         float4 _v1 = *reinterpret_cast<const float4*>(in2 + k13);
         t2_19 = _v1.x;
@@ -172,6 +180,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
       acc11 = (v14 ? (acc11 + t7_24) : acc11);
       acc11 = (v14 ? (acc11 + t7_25) : acc11);
       acc11 = (v14 ? (acc11 + t7_26) : acc11);
+      t0_27 = 0.0f;
+      t0_28 = 0.0f;
+      t0_29 = 0.0f;
+      t0_30 = 0.0f;
       if (v14) {
         float4 _v2 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 16383) * 1024) + k13));
         t0_27 = _v2.x;
@@ -216,6 +228,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
     for (i45 = 0; i45 < 8; i45 += 1) {
       k46 = (kb7 + (((i45 * 32) + lane1) * 4));
       v47 = rv6;
+      t2_48 = 0.0f;
+      t2_49 = 0.0f;
+      t2_50 = 0.0f;
+      t2_51 = 0.0f;
       if (v47) {
         float4 _v3 = *reinterpret_cast<const float4*>(in2 + k46);
         t2_48 = _v3.x;

@@ -1,0 +1,117 @@
+"""Rule 5b of the AStitch heuristic (:mod:`stitchtune.cost.heuristic`): one full wave of a row grid.
+
+A row grid of one task per block that one wave of at most 4 blocks per SM could hold gets that many
+blocks per SM as ``min_blocks`` (a register cap): one full wave, not 1.x waves and a tail. The cap is
+taken only where its budget covers the whole register estimate (:func:`~stitchtune.lower.entry.estimate_registers`).
+Below that ptxas fills the budget with hoisted loads and spills: at the GPU script's shapes (sm_90
+cubins, CPU static analysis) a cap of 64 registers spilled 2 instructions in GPT-2's two-output layer
+norms (estimate 80) and 2-4 in Llama's RMS norms (estimate 88), while the estimate does not tell those
+from the layer norms that fit.
+
+Where the cap does not cover the estimate, the row's threads are halved (``tpr`` / 2, the row still
+within one warp, each thread's register cache at most 64 floats): a thread then holds twice the row
+but the per-thread overhead (addresses, indices, the accumulators) is paid by half as many threads, and
+the grid halves, so one wave needs half the blocks per SM and each has twice the registers. Llama's
+4096 x 1024 RMS norms: 32 threads per row, 80-90 registers, 2-3 blocks per SM, 1.29-1.94 waves; 16
+threads per row under the cap of 2 blocks (128 registers): 0.97 waves, no spill (ptxas, sm_90). Only
+where that grid is one full wave (:data:`FULL_WAVE` of the resident capacity, the audit's criterion) and
+the last sweep's live floats fit (:data:`LIVE_SHARE`).
+Else the cap is taken at 3/4 of the estimate as before (the estimate counts every hoisted load live
+at once; ptxas staggers them), and the audit checks the outcome (spills, waves) from the cubin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from stitchtune.lower.entry import estimate_registers
+from stitchtune.plan.classes import TensorClass
+from stitchtune.plan.family import Family
+from stitchtune.plan.planner import StitchPlan
+from stitchtune.space import SchemeName, Schedule, SearchSpace
+
+#: a single wave counts as full from this share of the resident capacity (docs/audit.md, criterion 6)
+FULL_WAVE = 0.95
+#: rule 4's register-cache budget: floats per thread a halved row may cache
+MAX_REG_CACHE = 64
+#: the most blocks per SM rule 5b asks for
+MAX_WAVE_BLOCKS = 4
+#: a halved row is capped only while the floats live in its last sweep (the cached row piece and one piece
+#: per per-column input, gamma / beta; an embedding table is read by the first) stay within this share of the cap's budget: ptxas staggers the
+#: parameters' loads, but not without limit (sm_90, 128-register cap: Llama's RMS norm, 64 cached + 64 of
+#: one weight, and GPT-2's layer norms, 48 + 2 x 48, compile without a spill; examples/embed_add_layernorm,
+#: 64 + 2 x 64, spills 4 bytes)
+LIVE_SHARE = 1.25
+
+
+def _grid(plan: StitchPlan, s: Schedule) -> int:
+    return math.ceil(plan.M / max(1, s.block // s.tpr))
+
+
+def _estimate(space: SearchSpace, s: Schedule) -> int:
+    return estimate_registers(int(space.derived(s)["reg_cache_elems"]), s.vec, 4)
+
+
+def _capped(space: SearchSpace, plan: StitchPlan, s: Schedule, share: float) -> Schedule | None:
+    """``s`` with ``min_blocks`` = the fewest blocks per SM (<= :data:`MAX_WAVE_BLOCKS`, a choice of the
+    space) that hold its grid in one wave, where that cap's register budget is at least 48 and
+    ``share`` x the estimate and the point is legal; None otherwise."""
+    dev = space.device
+    grid = _grid(plan, s)
+    need = math.ceil(grid / dev.sm_count)
+    if grid <= dev.sm_count or need > MAX_WAVE_BLOCKS:
+        return None
+    if s.min_blocks and s.min_blocks >= need:
+        return s
+    fits = [m for m in space.domains["min_blocks"] if m >= need and m * s.block <= dev.max_threads_per_sm]
+    if not fits:
+        return None
+    m = min(fits)
+    budget = min(dev.max_regs_per_thread, dev.regs_per_sm // (s.block * m))
+    if budget < max(48, share * _estimate(space, s)):
+        return None
+    t = dataclasses.replace(s, min_blocks=m)
+    return None if space.violations(t) else t
+
+
+def _halved(space: SearchSpace, plan: StitchPlan, s: Schedule) -> Schedule | None:
+    """``s`` with half the threads per row, capped to one full wave (the cap covering the whole estimate),
+    or None where the row would leave a warp's shuffle scheme, cache over :data:`MAX_REG_CACHE` floats per
+    thread, give a thread no vector of its own, not fill one wave, or hold more floats in its last sweep
+    than :data:`LIVE_SHARE` of the budget."""
+    tpr = s.tpr // 2
+    if s.tpr > 32 or tpr < 4 or tpr not in space.domains["tpr"] or plan.N < tpr * s.vec:
+        return None
+    if any(x != SchemeName.LOCAL for x in s.schemes):
+        return None
+    t = dataclasses.replace(s, tpr=tpr, min_blocks=0)
+    if space.violations(t) or int(space.derived(t)["reg_cache_elems"]) > MAX_REG_CACHE:
+        return None
+    c = _capped(space, plan, t, 1.0)
+    if c is None or _grid(plan, c) < FULL_WAVE * c.min_blocks * space.device.sm_count:
+        return None
+    piece = math.ceil(plan.N / (tpr * s.vec)) * s.vec   # floats of a row one thread holds
+    floats = {n for n, d in plan.dtypes if d.startswith(("float", "bfloat"))}
+    params = sum(plan.cls(n) is TensorClass.PER_REDUCED and n in floats and n not in embedding_tables(plan)
+                 for n in plan.input_names)
+    budget = min(space.device.max_regs_per_thread, space.device.regs_per_sm // (c.block * c.min_blocks))
+    if int(space.derived(c)["reg_cache_elems"]) + params * piece > LIVE_SHARE * budget:
+        return None
+    return c
+
+
+def embedding_tables(plan: StitchPlan) -> set[str]:
+    """The embedding tables of ``plan``: inputs read with an integer per-row index (a gather, planned as its
+    surrogate, a node of the table and the index); the first sweep reads them, not the last."""
+    dtypes = dict(plan.dtypes)
+    idx = {n for n in plan.input_names if plan.cls(n) is TensorClass.PER_KEPT and dtypes.get(n, "").startswith("int")}
+    return {a for _, _, args in plan.dataflow if set(args) & idx for a in args if a not in idx}
+
+
+def one_wave(space: SearchSpace, plan: StitchPlan, s: Schedule, grid_barrier: bool) -> Schedule:
+    """Rule 5b (module docstring) for a row-family grid of one task per block without a grid barrier
+    (``grid_barrier``: whether ``s`` has one); ``s`` itself where it does not apply."""
+    if plan.family != Family.ROW or plan.cross or s.split != 1 or s.tasks_per_block != 1 or grid_barrier:
+        return s
+    return _capped(space, plan, s, 1.0) or _halved(space, plan, s) or _capped(space, plan, s, 0.75) or s
