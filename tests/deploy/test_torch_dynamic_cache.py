@@ -40,7 +40,7 @@ def test_the_cache_concat_builds_one_generic_kernel_per_bucket(rotary: bool) -> 
     m = CacheStep(rotary).eval()
     c = torch.compile(m, backend="stitchtune", dynamic=True,
                       options={"db": None, "fallback": "eager", "cpu": "emulate"})
-    lengths = (3, 4, 5, 6, 7, 8, 9, 12, 16, 11)   # buckets 3..4, 5..8, 9..16: ten past lengths
+    lengths = (3, 5, 9, 16, 31, 33, 40, 64, 50, 47)   # the backend's buckets 2..32 and 33..64: ten past lengths
     with torch.no_grad():
         for p in lengths:
             args = (torch.randn(1, KV * D), torch.randn(1, KV, p, D), torch.randn(1, 1, 1, D))
@@ -51,4 +51,4 @@ def test_the_cache_concat_builds_one_generic_kernel_per_bucket(rotary: bool) -> 
     entries = [e for k in kernels for _, _, e in k.entries()]
     assert entries and all(e is not None and e.generic for e in entries)
     s = st_torch.stats()
-    assert s.eager == 0 and max(r.builds for r in s.regions) <= 3, [(r.region, r.builds) for r in s.regions]
+    assert s.eager == 0 and max(r.builds for r in s.regions) <= 2, [(r.region, r.builds) for r in s.regions]

@@ -43,7 +43,7 @@ def test_the_rotary_region_builds_one_generic_kernel_per_bucket() -> None:
     m = Rotary().eval()
     c = torch.compile(m, backend="stitchtune", dynamic=True,
                       options={"db": None, "fallback": "eager", "cpu": "emulate"})
-    # (dynamo specialises sizes of 1 and 2 are buckets of their own: batch 3 and 4 share bucket 3..4)
+    # (the backend's buckets: 1, 2..32, 33..64, ...; batch 3 and 4 share 2..32)
     calls = [(3, 5), (4, 9), (3, 17), (4, 32), (3, 33), (4, 47), (3, 64)]
     with torch.no_grad():
         for b, s in calls:
