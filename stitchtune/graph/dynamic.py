@@ -214,20 +214,46 @@ def key_share(dims: tuple[DynamicDim, ...], key: BucketKey) -> float:
 class SymInt:
     """A monomial of dynamic extents: ``coef * prod(extents[d] for d in dims)`` (``dims`` sorted, a dim
     repeated for a power; ``()``: the constant ``coef``). The sizes, strides and row counts of a graph
-    whose dynamic dims are outer dims are such monomials (products of dims)."""
+    whose dynamic dims are outer dims are such monomials (products of dims). ``more``: further terms
+    ``(coef, dims)`` of a polynomial (a decode step's cache concatenated with the new position along a
+    dynamic axis: ``P + 1``), made by :meth:`poly` (the term of highest degree leading, then by dims,
+    the constant last; no zero term); ``()`` for a monomial."""
 
     coef: int
     dims: tuple[str, ...] = ()
+    more: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+    @staticmethod
+    def poly(terms: "list[tuple[int, tuple[str, ...]]]") -> "SymInt":
+        """The polynomial sum of ``terms`` ``(coef, dims)``, normalised (equal dims merged, zeros dropped)."""
+        acc: dict[tuple[str, ...], int] = {}
+        for c, d in terms:
+            key = tuple(sorted(d))
+            acc[key] = acc.get(key, 0) + c
+        items = sorted(((d, c) for d, c in acc.items() if c), key=lambda t: (-len(t[0]), t[0]))
+        if not items:
+            return SymInt(0)
+        (d0, c0), rest = items[0], items[1:]
+        return SymInt(c0, d0, tuple((c, d) for d, c in rest))
+
+    @property
+    def terms(self) -> tuple[tuple[int, tuple[str, ...]], ...]:
+        """Every term ``(coef, dims)``, the leading one first."""
+        return ((self.coef, self.dims), *self.more)
 
     def value(self, extents: Mapping[str, int]) -> int:
-        return self.coef * math.prod(int(extents[d]) for d in self.dims)
+        return sum(c * math.prod(int(extents[d]) for d in ds) for c, ds in self.terms)
 
     @property
     def static(self) -> bool:
-        return not self.dims
+        return not self.dims and not self.more
+
+    def multiple_of(self, k: int) -> bool:
+        """Whether the value is a multiple of ``k`` for every extent (every coefficient is)."""
+        return all(c % k == 0 for c, _ in self.terms)
 
     def __str__(self) -> str:
-        return "*".join([str(self.coef)] * (self.coef != 1 or not self.dims) + list(self.dims))
+        return " + ".join("*".join([str(c)] * (c != 1 or not ds) + list(ds)) for c, ds in self.terms)
 
 
 @dataclass(frozen=True)

@@ -260,8 +260,10 @@ class Lowerer:
 
     def col_offset(self, name: str, c: kir.Expr) -> kir.Expr:
         """The offset column ``c`` (``0 <= c < N``) adds in tensor ``name`` through its index map (the
-        column factors, as :meth:`row_base`; ``c`` itself for a contiguous map)."""
-        if self.sym is not None and not self.sym.N.static:
+        column factors, as :meth:`row_base`; ``c`` itself for a contiguous map). In a generic kernel the
+        symbolic factors where the row length or the map follows the extents (a transposed output whose
+        column stride is a dynamic dim)."""
+        if self.sym is not None and (not self.sym.N.static or self.sym.cols_follow(name)):
             return self.sym.col_offset(name, c)
         return _axis_offset(self.p.imap(name).cols, c)
 

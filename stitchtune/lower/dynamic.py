@@ -27,13 +27,18 @@ largest row; a mean divides by ``N`` at run time; column maps use the symbolic c
 An embedding ``gather`` of rows of a static table (an input without named dims) is served: the row's
 id is read through the ids' symbolic row map at the row clamped to ``M - 1`` and range-checked against
 the table's static row count, with the static kernel's error flag (:mod:`stitchtune.lower.gather`).
-So are slice / concat along the view's column axes (static offsets and conditions within a row) of a
-region without transpose / reshape (:func:`_shift_refusal`).
+So are slice / concat along an axis of the iteration domain whose extent, and every extent inside it,
+is the same for every extent of the bucket (:func:`~stitchtune.lower.dynamic_shifts.shift_refusal`): along the view's columns (static
+offsets and conditions within a row), also beside transpose / reshape (Llama's rotary after the head
+split: the columns are the innermost axis, the rows follow the extents through the symbolic row maps),
+and along a row axis of static extent with static axes inside it (a concat of heads under a dynamic
+batch; its positions ``(row // inner) % dim`` have static numbers).
 
 What a generic kernel cannot serve is a :class:`~stitchtune.graph.dynamic.DynamicRefusal` (data):
 the column family (it reduces over the rows), cross reductions, scatter_add, gather_elements, a gather from a
-table with named dims (:func:`_index_refusal`), a slice / concat along a row axis or in a region with
-transpose / reshape, any index op under a dynamic row length, outputs broadcast along rows (the
+table with named dims (:func:`_index_refusal`), a slice / concat along an axis that moves or has a moving
+axis inside it (its offsets would be symbolic; a decode step's cache concat ``P + 1`` is no monomial) or
+beside a layout chain of an input where any axis moves, any index op under a dynamic row length, outputs broadcast along rows (the
 graph); and of a schedule (:func:`check_schedule`): a vector width whose alignment does not hold for
 every extent (with a dynamic row length: unless the row length is a multiple of it), and,
 with a dynamic row length, split rows (their pieces and partial counts) and the single pass (Welford /
@@ -57,7 +62,7 @@ from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.ir import kir
 from stitchtune.ir.launches import DynamicInfo, GridRule
 from stitchtune.ir.verify import verify
-from stitchtune.lower.index_chain import split_axes
+from stitchtune.lower.dynamic_shifts import shift_refusal
 from stitchtune.lower.row import RowLowerer
 from stitchtune.lower.transpose import tile_edge
 from stitchtune.lower.symbols import RowSymbols
@@ -65,7 +70,7 @@ from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import Factor
 from stitchtune.plan.planner import StitchPlan, plan_graph
 from stitchtune.plan.refusal import Refusal
-from stitchtune.plan.chains import composed_chains, domain_of, mixed_layout
+from stitchtune.plan.chains import domain_of
 from stitchtune.space import SINGLE_PASS, Schedule, SearchSpace
 
 
@@ -97,6 +102,8 @@ def _numbers(g: Graph, p: StitchPlan) -> tuple[Any, list[tuple[str, int]]]:
                      (f"cols:{name}:{i}:stride", f.stride)]
         for i, (d, inner) in enumerate(im.row_repeats):
             nums += [(f"repeat:{name}:{i}:dim", d), (f"repeat:{name}:{i}:inner", inner)]
+    if any(OPS[nd.op].kind in ("slice", "concat") for nd in g.nodes):   # (remap positions: RowSymbols.domain)
+        nums += [(f"dom:{k}", d) for k, d in enumerate(domain_of(g))]
     for name, spec in g.inputs:
         nums.append((f"size:{name}", spec.numel))
     for o in dict.fromkeys(g.outputs):
@@ -130,6 +137,21 @@ def _fit(base: int, moved: Mapping[str, tuple[int, int, int]], label: str) -> Sy
     return SymInt(int(coef), tuple(sorted(dims)))
 
 
+def _affine(base: int, moved: Mapping[str, tuple[int, int, int]]) -> SymInt | None:
+    """The polynomial ``beta * d + alpha`` (integers) through ``base`` and the value with the one dim ``d``
+    that changes it moved (``moved`` as :func:`_fit`): a decode step's cache concatenated with the new
+    position, ``P + 1`` along the dynamic axis; None where several dims change it, or for no integers."""
+    changed = [(d, a, b, v) for d, (a, b, v) in moved.items() if v != base]
+    if len(changed) != 1:
+        return None
+    d, a, b, v = changed[0]
+    beta = Fraction(v - base, b - a)
+    alpha = base - beta * a
+    if beta.denominator != 1 or alpha.denominator != 1:
+        return None
+    return SymInt.poly([(int(beta), (d,)), (int(alpha), ())])
+
+
 def _at(dg: DynamicGraph, ext: Mapping[str, int]) -> Graph:
     g: Graph = dg.at_unchecked(ext)
     return g
@@ -139,7 +161,7 @@ def _index_refusal(dg: DynamicGraph, nd: Node) -> DynamicRefusal | None:
     """Why index node ``nd`` keeps ``dg`` from a generic kernel, or None: a ``gather`` of rows of a
     static table (an input none of whose dims is named) along its axis 0 is served (its index read per
     row through the symbolic row map, its checks against the table's static row count);
-    ``gather_elements`` is not; slice and concat are checked on the plan (:func:`_shift_refusal`)."""
+    ``gather_elements`` is not; slice and concat are checked on the plan (:func:`~stitchtune.lower.dynamic_shifts.shift_refusal`)."""
     kind = OPS[nd.op].kind
     if kind not in INDEX_KINDS or kind in ("slice", "concat"):  # slice / concat: checked on the plan
         return None
@@ -153,26 +175,6 @@ def _index_refusal(dg: DynamicGraph, nd: Node) -> DynamicRefusal | None:
         return DynamicRefusal(f"index op {nd.id}", "the gathered table's shape follows the extents")
     if nd.axis != 0:  # normalised by the graph's validation
         return DynamicRefusal(f"index op {nd.id}", "a gather along an axis other than the table's rows")
-    return None
-
-
-def _shift_refusal(g: Graph, p: StitchPlan) -> DynamicRefusal | None:
-    """Why the slices / concats of representative graph ``g`` (plan ``p``) keep it from a generic
-    kernel, or None: served along the view's column axes only (static offsets within a row; the rows'
-    positions follow the extents), and not in a region with transpose / reshape."""
-    shifts = [nd for nd in g.nodes if OPS[nd.op].kind in ("slice", "concat")]
-    if not shifts:
-        return None
-    if mixed_layout(g) or composed_chains(g):
-        return DynamicRefusal(f"index op {shifts[0].id}", "a slice / concat in a region with transpose / reshape "
-                              "is lowered for static shapes only")
-    dom = domain_of(g)
-    _, cols = split_axes(dom, p.M)
-    for nd in shifts:
-        assert nd.axis is not None  # set, normalised, by the graph's validation
-        if len(dom) - len(nd.shape) + nd.axis not in cols:
-            return DynamicRefusal(f"index op {nd.id}", "a slice / concat along a row axis (its positions follow "
-                                  "the extents)")
     return None
 
 
@@ -201,10 +203,8 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
         return DynamicRefusal("family col", "a column reduction reduces over the dynamic rows")
     if p0.cross:
         return DynamicRefusal("cross reduction", "a reduction over the rows combines across blocks by a static count")
-    why = _shift_refusal(g0, p0)
-    if why is not None:
-        return why
     s0, n0 = _numbers(g0, p0)
+    others: list[Graph] = []
     moved: dict[str, dict[str, tuple[int, int, int]]] = {label: {} for label, _ in n0}
     for d in symbolic:
         a = rep[d]
@@ -213,6 +213,7 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
             gd = _at(dg, {**rep, d: b})
         except GraphError as e:
             return DynamicRefusal("plan", f"the graph at {d}={b} has no plan: {e.problems[0]}")
+        others.append(gd)
         pd = plan_graph(gd)
         if isinstance(pd, Refusal):
             return DynamicRefusal("plan", f"the graph at {d}={b} has no plan: {pd.reason}")
@@ -221,9 +222,13 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
             return DynamicRefusal("plan", f"the plan at {d}={b} differs in structure from the one at {d}={a}")
         for (label, _), (_, v) in zip(n0, nd_):
             moved[label][d] = (a, b, v)
+    why = shift_refusal(g0, others)
+    if why is not None:
+        return why
     fitted: dict[str, SymInt] = {}
     for label, v in n0:
         f = _fit(v, moved[label], label)
+        f = _affine(v, moved[label]) if f is None else f
         if f is None:
             return DynamicRefusal("index map", f"{label.split(':')[0]} of the plan is no monomial of the extents")
         fitted[label] = f
@@ -244,7 +249,8 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
             out.append((name, tuple(Factor(fitted[f"{axis}:{name}:{i}:dim"], fitted[f"{axis}:{name}:{i}:inner"],
                                               fitted[f"{axis}:{name}:{i}:stride"]) for i in range(n))))
     args = tuple((d, f"ext{i}") for i, d in enumerate(dg.dim_names))
-    sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols))
+    domain = tuple(f for label, f in fitted.items() if label.startswith("dom:"))
+    sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols), domain)
     index = [nd.id for nd in g0.nodes if OPS[nd.op].kind in INDEX_KINDS]
     if index and sym.dynamic_rows_length:  # their offsets and conditions are columns of a static row
         return DynamicRefusal(f"index op {index[0]}", "an index op under a dynamic row length")
@@ -265,7 +271,7 @@ def check_schedule(fit: RowFit, schedule: Schedule) -> DynamicRefusal | None:
                                   "row length")
         if schedule.option(SINGLE_PASS):
             return DynamicRefusal("single_pass", "Welford / online-softmax results need a static row length")
-    if vec > 1 and sym.dynamic_rows_length and sym.N.coef % vec:  # a vector must not straddle a row's end
+    if vec > 1 and sym.dynamic_rows_length and not sym.N.multiple_of(vec):  # a vector must not straddle a row's end
         return DynamicRefusal(f"vec {vec}", f"the row length ({sym.N}) is not a multiple of {vec} for every extent")
     for name, im in p.index_maps:
         if im.store_once and name in fit.graph.outputs:
@@ -277,9 +283,10 @@ def check_schedule(fit: RowFit, schedule: Schedule) -> DynamicRefusal | None:
         # vector load) or every column factor's step (a uniform load) multiples of vec whatever the extents
         cf = dict(sym.cols).get(name, ())
         need = [f.stride for f in sym.factors(name)]
-        need += [cf[-1].dim] if mode == "vector" and cf else [f.inner for f in cf]
+        # (and in a vector access the outer column steps: a transpose's column stride that follows the extents)
+        need += [cf[-1].dim, *(f.stride for f in cf[:-1])] if mode == "vector" and cf else [f.inner for f in cf]
         for v in need:
-            if not v.static and v.coef % vec:
+            if not v.static and not v.multiple_of(vec):
                 return DynamicRefusal(f"vec {vec}", f"{ascii(name)[1:-1]}: a stride or run ({v}) is not a multiple "
                                       f"of {vec} for every extent")
     return None

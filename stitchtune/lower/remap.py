@@ -57,6 +57,7 @@ from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.lower.gather import gather_index
 from stitchtune.lower.index_chain import chain_offset, node_axis, split_axes
+from stitchtune.lower.remap_positions import coord, moving_bounds
 from stitchtune.plan.planner import TensorClass
 from stitchtune.plan.chains import composed_chains, domain_of, layout_part, mixed_layout, wide_inputs
 from stitchtune.plan.index_ops import has_index_ops
@@ -92,6 +93,7 @@ class RemapValues:
         self.row_axes, self.col_axes = ((tuple(range(D - 1)), (D - 1,)) if self.mixed else
                                         split_axes(self.domain, self.p.M))
         self.memo: dict[tuple[str, Shift], list[kir.Expr]] = {}
+        self.moving = moving_bounds(low.g, self.domain, low.sym)   # (generic: a concat along a dynamic axis)
 
     # -- entry -----------------------------------------------------------------------------------
     def node_value(self, name: str) -> list[kir.Expr]:
@@ -165,21 +167,20 @@ class RemapValues:
         if self.dom_t is None and self.mixed and axis not in self.col_axes:
             return self._row_pos(axis)
         if self.dom_t is not None:
-            lin = add(self.low.row_base(self.dom_t, Bin("min", self.k.ix.row, I(self.p.M - 1))),
+            lin = add(self.low.row_base(self.dom_t, Bin("min", self.k.ix.row, self.low.m_last())),
                        self.low.col_offset(self.dom_t, add(self.sw.k0, I(lane))))
-            inner = prod(D[axis + 1:])
-            t = Bin("/", lin, I(inner)) if inner > 1 else lin
-            return Bin("%", t, I(D[axis])) if axis > 0 else t
+            return coord(self.low.sym, D, lin, range(axis + 1, len(D)), axis, axis > 0)
         if axis in self.col_axes:
-            inner = prod(D[b] for b in self.col_axes if b > axis)
+            inner = [b for b in self.col_axes if b > axis]
             i: kir.Expr = add(self.sw.k0, I(lane))
             total = self.p.N
         else:
-            inner = prod(D[b] for b in self.row_axes if b > axis)
-            i = Bin("min", self.k.ix.row, I(self.p.M - 1))
+            inner = [b for b in self.row_axes if b > axis]
+            i = Bin("min", self.k.ix.row, self.low.m_last())
             total = self.p.M
-        t = Bin("/", i, I(inner)) if inner > 1 else i
-        return Bin("%", t, I(D[axis])) if inner * D[axis] < total else t
+        # (a generic kernel: the extents are its symbolic ones, remap_positions.coord; where the
+        # representative needs no %, the axis is the outermost non-1 one at every extent of the bucket)
+        return coord(self.low.sym, D, i, inner, axis, prod(D[b] for b in inner) * D[axis] < total)
 
     def _row_pos(self, axis: int) -> kir.Expr:
         """In a mixed region: the domain position along row axis ``axis`` of the round's row, from the
@@ -191,15 +192,20 @@ class RemapValues:
         if dom_t is None:
             raise UnsupportedGraphError("a slice/concat along an outer axis in a region with transpose / reshape "
                                         "needs a computed tensor of the iteration domain's shape")
-        lin = self.low.row_base(dom_t, Bin("min", self.k.ix.row, I(self.p.M - 1)))
-        inner = prod(D[axis + 1:])
-        t = Bin("/", lin, I(inner)) if inner > 1 else lin
-        return Bin("%", t, I(D[axis])) if axis > 0 else t
+        lin = self.low.row_base(dom_t, Bin("min", self.k.ix.row, self.low.m_last()))
+        return coord(self.low.sym, D, lin, range(axis + 1, len(D)), axis, axis > 0)
 
     def cond(self, sh: Shift, lane: int) -> kir.Expr | None:
         out = None
         for a, lo, hi in sh.conds:
             p = self.pos(a, lane)
+            if (a, lo, hi) in self.moving:   # a generic kernel's concat along a dynamic axis: symbolic bounds
+                slo, shi = self.moving[(a, lo, hi)]
+                out = out if slo is None else and_(out, Bin(">=", p, slo))
+                out = out if shi is None else and_(out, Bin("<", p, shi))
+                continue
+            assert self.low.sym is None or not self.low.sym.domain or self.low.sym.domain[a].static, \
+                f"a condition along dynamic axis {a} not of a concat's piece (lower.dynamic refuses it)"
             if lo > 0:
                 out = and_(out, Bin(">=", p, I(lo)))
             if hi < self.domain[a]:

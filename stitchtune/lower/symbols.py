@@ -28,6 +28,9 @@ class RowSymbols:
     #: the row length and each tensor's column factors (a dynamic reduced axis; N static otherwise)
     N: SymInt = SymInt(0)
     cols: tuple[tuple[str, tuple[Factor[SymInt], ...]], ...] = ()
+    #: the iteration domain's extents (a region with slice / concat; ``()`` otherwise): the positions of a
+    #: remap (:mod:`stitchtune.lower.remap`) along axes whose extent follows the extents
+    domain: tuple[SymInt, ...] = ()
 
     @property
     def dynamic_rows_length(self) -> bool:
@@ -38,17 +41,49 @@ class RowSymbols:
         return tuple(a for _, a in self.args)
 
     def expr(self, s: SymInt) -> kir.Expr:
-        """``s`` as an i32 expression over the kernel's extent arguments."""
+        """``s`` as an i32 expression over the kernel's extent arguments (a polynomial: its terms summed,
+        a negative coefficient subtracted)."""
+        out: kir.Expr | None = None
+        for c, ds in s.terms:
+            t = self._term(abs(c) if out is not None else c, ds)
+            out = t if out is None else Bin("-" if c < 0 else "+", out, t)
+        assert out is not None
+        return out
+
+    def _term(self, coef: int, dims: tuple[str, ...]) -> kir.Expr:
         names = dict(self.args)
-        out: kir.Expr | None = None if s.coef == 1 and s.dims else Const(s.coef, I32)
-        for d in s.dims:
+        out: kir.Expr | None = None if coef == 1 and dims else Const(coef, I32)
+        for d in dims:
             e: kir.Expr = kir.Extent(names[d])
             out = e if out is None else Bin("*", out, e)
         assert out is not None
         return out
 
+    def dim(self, axis: int) -> kir.Expr:
+        """The extent of iteration-domain axis ``axis`` (a fit with :attr:`domain`)."""
+        return self.expr(self.domain[axis])
+
+    def dims_product(self, axes: "list[int] | range") -> kir.Expr | None:
+        """The product of the domain's extents along ``axes`` (None for an empty or all-1 product)."""
+        static = 1
+        out: kir.Expr | None = None
+        for a in axes:
+            d = self.domain[a]
+            if d.static:
+                static *= d.coef
+                continue
+            out = self.expr(d) if out is None else Bin("*", out, self.expr(d))
+        if static != 1:
+            out = Const(static, I32) if out is None else Bin("*", out, Const(static, I32))
+        return out
+
     def factors(self, name: str) -> tuple[Factor[SymInt], ...]:
         return dict(self.rows)[name]
+
+    def cols_follow(self, name: str) -> bool:
+        """Whether tensor ``name``'s column map follows the extents (a field of a column factor is
+        symbolic: a transposed output ``[B, H, D, S]`` whose columns ``D`` step by ``S``)."""
+        return any(not (f.dim.static and f.inner.static and f.stride.static) for f in dict(self.cols).get(name, ()))
 
     def row_offset(self, name: str, r: kir.Expr) -> kir.Expr:
         """``sum(((r // inner) % dim) * stride)`` over tensor ``name``'s symbolic row factors (the ``%``

@@ -13,7 +13,9 @@ step's static-cache ``index_put`` is left out (items 2-3); no ``add`` reading a 
 positions, read through a bound input: :mod:`stitchtune.importers.torch_symvalues`), and for GPT-2 nothing
 memory-intensive at all (its position embedding, prompt and decode). What does not hold yet is listed by
 explain (the row's ``left_out``) and not asserted: ops reading SymInts as sizes (the prompt's ``iota(S)``, the
-static cache's ``full`` of a symbolic shape), the prompt's several-position static-cache copy."""
+static cache's ``full`` of a symbolic shape), the prompt's several-position static-cache copy, a kernel per
+past length for GPT-2's and Phi-3's cache region (its key and value concats' past lengths are two dynamo
+symbols: no graph with named sizes)."""
 
 from __future__ import annotations
 

@@ -126,3 +126,14 @@ def test_validate_prints_the_buckets_of_a_dynamic_graph() -> None:
         assert cli.main(["validate", str(DYN / "attention_softmax_seq.json")]) == 0
     text = out.getvalue()
     assert "seq: 1..2048, 8 bucket(s): 1..1, 2..32" in text and "s: float32[2, 4, 2048, 2048]" in text
+
+
+def test_a_polynomial_symint_is_normalised_and_evaluates() -> None:
+    from stitchtune.graph.dynamic import SymInt
+
+    p = SymInt.poly([(1, ("p",)), (2, ()), (1, ("p",)), (-2, ())])   # 2p: the constants cancel
+    assert p == SymInt(2, ("p",)) and p.multiple_of(2) and not p.multiple_of(4)
+    q = SymInt.poly([(16, ()), (16, ("p",))])
+    assert q == SymInt(16, ("p",), ((16, ()),)) and str(q) == "16*p + 16" and not q.static
+    assert q.value({"p": 7}) == 128 and q.multiple_of(8) and not SymInt.poly([(2, ("p",)), (1, ())]).multiple_of(2)
+    assert SymInt.poly([(3, ()), (-3, ())]) == SymInt(0) and SymInt.poly([(5, ())]).static
