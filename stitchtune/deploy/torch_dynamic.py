@@ -31,7 +31,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from stitchtune.errors import StitchtuneError
+from stitchtune.errors import ScheduleError, StitchtuneError
 from stitchtune.graph.dynamic import DynamicRefusal
 
 if TYPE_CHECKING:
@@ -55,9 +55,9 @@ MAX_SPECIALISED = 8
 def region_dynamic_graph(region: Any, max_extent: int) -> tuple[Any, Any]:
     """(SymbolicRegion, DynamicGraph) of ``region`` (see module docstring)."""
     from stitchtune.graph.dynamic import parse_dynamic
-    from stitchtune.importers.torch_symbolic import symbolic_dims, symbolic_region
+    from stitchtune.importers.torch_symbolic import symbolic_dims, symbolic_region, unify_symbols
 
-    dims = symbolic_dims(region.inputs)
+    dims = unify_symbols(region.inputs, symbolic_dims(region.inputs))
     sym = symbolic_region(region.module, dims, [n.meta["val"].dtype for n in region.inputs], region.name,
                           perms=region.output_perms)
     try:
@@ -109,7 +109,10 @@ def dynamic_region_kernel(region: Any, opts: BackendOptions, device: Any, counte
         key = dg.key_of(ext)
         if key in refused:
             return None
-        res = compile_dynamic(dg, key, db=opts.db, device=device, build=False)
+        try:
+            res = compile_dynamic(dg, key, db=opts.db, device=device, build=False)
+        except ScheduleError as exc:   # no schedule the generic kernel takes: kernels per extent, as for a refusal
+            res = DynamicRefusal("schedule", str(exc))
         why = str(res) if isinstance(res, DynamicRefusal) else (
             "its program uses float atomics (deterministic=True)"
             if opts.deterministic and program_atomics(res.program) else None)
@@ -125,6 +128,8 @@ def dynamic_region_kernel(region: Any, opts: BackendOptions, device: Any, counte
     keys: dict[tuple[int, ...], Any] = {}   # the symbols' values -> their BucketKey (a call's hot path)
 
     def bucket_of(inputs: Sequence[Any]) -> Any:
+        if sym.ties and not sym.tied([t.shape for t in inputs]):
+            raise StitchtuneError(f"region {region.name}: inputs whose extents the region's kernels take as one differ")
         values = tuple(int(inputs[i].shape[axis]) for _, i, axis in sym.where)
         key = keys.get(values)
         if key is None:
@@ -136,7 +141,7 @@ def dynamic_region_kernel(region: Any, opts: BackendOptions, device: Any, counte
 
     def build(inputs: Sequence[Any]) -> Built:
         ext = sym.extents([t.shape for t in inputs])
-        if not all(1 <= v <= opts.max_extent for v in ext.values()):
+        if not sym.tied([t.shape for t in inputs]) or not all(1 <= v <= opts.max_extent for v in ext.values()):
             return per_shape(inputs)
         return generic(ext) or Built(kernel(dg.at(ext), sym.graph_output_shapes(ext)), sym.index)
 

@@ -14,7 +14,7 @@ from stitchtune.errors import StitchtuneError
 from stitchtune.importers.torch_cuts import Accept, plan_check, reason_of
 from stitchtune.importers.torch_mapping import Declined, _Culprit, _map_group
 
-__all__ = ["SymbolicRegion", "map_at_shapes", "symbolic_dims", "symbolic_region"]
+__all__ = ["SymbolicRegion", "map_at_shapes", "symbolic_dims", "symbolic_region", "unify_symbols"]
 
 
 def map_at_shapes(module: Any, inputs: Sequence[Any], name: str,
@@ -97,6 +97,44 @@ def symbolic_dims(nodes: Sequence[Any]) -> tuple[tuple[int | str | None, ...], .
     return tuple(out)
 
 
+def unify_symbols(nodes: Sequence[Any], dims: Sequence[Sequence[int | str | None]]
+                  ) -> tuple[tuple[int | str | None, ...], ...]:
+    """``dims`` (:func:`symbolic_dims` of ``nodes``) with symbols that play the same part written as
+    one: two symbols are one when dynamo's shape env proves them equal, or when they are the same axis
+    of inputs of one shape pattern (the same rank and static dims: a decode step's past keys and past
+    values, ``[1, H, s0, D]`` and ``[1, H, s1, D]``, which dynamo gives separate symbols since nothing
+    in the graph compares them) and equal at the example shapes. The second kind is not proven: the
+    :class:`SymbolicRegion` of the result lists every repeated position in ``ties`` and its caller
+    must check them at run time (:meth:`SymbolicRegion.tied`), running unequal extents otherwise."""
+    import sympy  # type: ignore[import-untyped]  # dynamo's shape expressions (torch depends on it)
+
+    first: dict[tuple[object, ...], str] = {}   # (pattern, axis, hint) -> the symbol kept
+    exprs: dict[str, Any] = {}                  # a kept symbol -> its expression in dynamo's shape env
+    rename: dict[str, str] = {}
+    for n, ds in zip(nodes, dims):
+        shape = n.meta["val"].shape
+        pattern = tuple(x if isinstance(x, int) else "?" for x in ds)
+        for axis, d in enumerate(ds):
+            if not isinstance(d, str) or d in rename or d in exprs:
+                continue
+            node = shape[axis].node
+            kept = first.setdefault((pattern, axis, node.hint), d)
+            if kept != d:
+                rename[d] = kept
+                continue
+            for other, expr in exprs.items():
+                try:
+                    proven = node.shape_env._maybe_evaluate_static(sympy.Eq(expr, node.expr))
+                except Exception:  # noqa: BLE001 - a shape env without the method: no proof
+                    proven = None
+                if proven is not None and bool(proven):
+                    rename[d] = first[(pattern, axis, node.hint)] = other
+                    break
+            else:
+                exprs[d] = node.expr
+    return tuple(tuple(rename.get(d, d) if isinstance(d, str) else d for d in ds) for ds in dims)
+
+
 #: the values symbolic dims are mapped at, two sets (see :func:`symbolic_region`): primes far from
 #: the sizes of models, so that no static dim or product of them equals one by chance
 _PROBES = ((1009, 1013, 1019, 1021, 1031, 1033, 1039, 1049), (1051, 1061, 1063, 1069, 1087, 1091, 1093, 1097))
@@ -110,13 +148,15 @@ class SymbolicRegion:
     in the shapes of inputs and of ``reshape``/``expand`` nodes; ``names`` the dim names, sorted;
     ``where[name]`` the (region input, axis) its extent is read from at run time; ``index[i]`` the
     position in the graph's outputs of the module's output ``i`` and ``output_shapes[i]`` its PyTorch
-    shape (ints and names)."""
+    shape (ints and names); ``ties`` every further (name, input, axis) a dim appears at (one name on
+    two inputs: :func:`unify_symbols`), whose extents :meth:`tied` checks."""
 
     template_json: str
     names: tuple[str, ...]
     where: tuple[tuple[str, int, int], ...]
     index: tuple[int, ...]
     output_shapes: tuple[tuple[int | str, ...], ...]
+    ties: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def template(self) -> dict[str, Any]:
@@ -128,6 +168,14 @@ class SymbolicRegion:
     def extents(self, shapes: Sequence[Sequence[int]]) -> dict[str, int]:
         """Each dim's extent in the region inputs' ``shapes`` (PyTorch's, in input order)."""
         return {name: int(shapes[i][axis]) for name, i, axis in self.where}
+
+    def tied(self, shapes: Sequence[Sequence[int]]) -> bool:
+        """Whether every position of each dim in ``ties`` has the extent of its first position in ``shapes``
+        (the region's kernels serve these shapes only when it does)."""
+        if not self.ties:
+            return True
+        ext = self.extents(shapes)
+        return all(int(shapes[i][axis]) == ext[name] for name, i, axis in self.ties)
 
     def graph_json(self, bounds: Mapping[str, tuple[int, int]]) -> dict[str, Any]:
         """graph.json with its ``"dynamic"`` section: each dim's (min, max) from ``bounds``."""
@@ -214,10 +262,13 @@ def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dty
     if any(d is None for ds in dims for d in ds):
         raise StitchtuneError(f"region {name}: a symbolic input dim is an expression of symbols")
     where: dict[str, tuple[str, int, int]] = {}   # symbol -> (its name d<k>, input, axis) at first appearance
+    repeated: list[tuple[str, int, int]] = []     # (symbol, input, axis) of every later appearance
     for i, ds in enumerate(dims):
         for axis, d in enumerate(ds):
             if isinstance(d, str) and d not in where:
                 where[d] = (f"d{len(where)}", i, axis)
+            elif isinstance(d, str):
+                repeated.append((d, i, axis))
     if not where:
         raise StitchtuneError(f"region {name}: no symbolic input dim")
     if len(where) > len(_PROBES[0]):
@@ -239,4 +290,5 @@ def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dty
         raise StitchtuneError(f"region {name}: its graph depends on a symbolic dim other than through shapes")
     text, order = mapped[0]
     by_name = {w[0]: w for w in where.values()}
-    return SymbolicRegion(text, tuple(names), tuple(by_name[n] for n in names), order, out_shapes)
+    ties = tuple((where[d][0], i, axis) for d, i, axis in repeated)
+    return SymbolicRegion(text, tuple(names), tuple(by_name[n] for n in names), order, out_shapes, ties)

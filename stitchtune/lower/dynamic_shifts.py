@@ -16,16 +16,19 @@ positions ``(row // inner) % dim`` follow the fitted domain extents
   rows follow the extents through the symbolic row maps), also beside transpose / reshape (Llama's
   rotate_half after the head split, the columns the innermost axis), and along a row axis of static
   extent with static axes inside it (heads concatenated under a dynamic batch);
-* one concat along an axis whose extent follows the extents, with static axes inside it, whose pieces
-  after the first are one position each (a decode step's key / value cache ``[B, H, P, D]`` and the new
-  position ``[B, H, 1, D]``: ``P + 1`` in all): the pieces' conditions are the fitted extent minus
-  constants (:func:`~stitchtune.lower.remap_positions.moving_bounds`), the later pieces' offsets never
-  reach an address (their size 1 there), the first piece's is 0;
+* concats along an axis whose extent follows the extents, with static axes inside it, each spanning
+  the axis with pieces after the first of one position each (a decode step's key / value cache
+  ``[B, H, P, D]`` and the new position ``[B, H, 1, D]``: ``P + 1`` in all; GPT-2's key and value
+  concats in one region): the pieces' conditions are the fitted extent minus constants
+  (:func:`~stitchtune.lower.remap_positions.moving_bounds`: piece ``k`` of ``n`` ends ``n - 1 - k``
+  positions before the extent, the same condition for every such concat, so several share them),
+  the later pieces' offsets never reach an address (their size 1 there), the first piece's is 0;
 * a layout chain of an input (:func:`~stitchtune.plan.chains.composed_chains`, carried back through its
   shapes) whose members keep their shapes at every extent.
 
 Refused: any other slice / concat along an axis that follows the extents or outside one (a slice
-of the sequence ``x[:, 1:]``, a concat of two dynamic pieces: offsets that would be symbolic), and a
+of the sequence ``x[:, 1:]``, a concat of two dynamic pieces or one that does not span the axis:
+offsets that would be symbolic), and a
 chain whose shapes follow the extents.
 """
 
@@ -59,20 +62,17 @@ def _axis(nd: Node, dom: tuple[int, ...]) -> int:
     return len(dom) - len(nd.shape) + nd.axis
 
 
-def _cache_concat_refusal(g: Graph, nd: Node, shifts: list[Node], dom: tuple[int, ...]) -> DynamicRefusal | None:
+def _cache_concat_refusal(g: Graph, nd: Node, dom: tuple[int, ...]) -> DynamicRefusal | None:
     """Why ``nd``, a slice / concat along a domain axis whose extent follows the extents (nothing moving
-    inside it), is not the one concat a generic kernel serves there (module docstring), or None."""
+    inside it), is not a cache concat a generic kernel serves there (module docstring), or None."""
     a = _axis(nd, dom)
     if nd.op != "concat":
         return DynamicRefusal(f"index op {nd.id}", f"a slice along domain axis {a}, which follows the extents: its "
                               "start and stop would be symbolic")
-    if any(m is not nd and _axis(m, dom) == a for m in shifts):
-        other = next(m for m in shifts if m is not nd and _axis(m, dom) == a)
-        return DynamicRefusal(f"index op {other.id}", f"a second slice / concat along domain axis {a}, which follows "
-                              "the extents: only one concat's pieces are conditioned there")
     if nd.shape[nd.axis or 0] != dom[a] or any(g.spec(x).shape[nd.axis or 0] != 1 for x in nd.tensor_args[1:]):
-        return DynamicRefusal(f"index op {nd.id}", f"a concat along domain axis {a}, which follows the extents, whose "
-                              "pieces after the first are not one position each: their offsets would be symbolic")
+        return DynamicRefusal(f"index op {nd.id}", f"a concat along domain axis {a}, which follows the extents, that "
+                              "does not span the axis or whose pieces after the first are not one position each: "
+                              "their offsets would be symbolic")
     return None
 
 
@@ -93,7 +93,7 @@ def shift_refusal(graph: Graph, others: list[Graph]) -> DynamicRefusal | None:
                                   f"{inside[0]} inside it follows the extents: its offsets and conditions would be "
                                   "symbolic")
         if a in moving:
-            why = _cache_concat_refusal(g, nd, shifts, dom)
+            why = _cache_concat_refusal(g, nd, dom)
             if why is not None:
                 return why
     moved = _moved_tensors(g, others)

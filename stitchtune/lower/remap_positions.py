@@ -10,12 +10,14 @@ expressions of before; in a generic kernel (:class:`~stitchtune.lower.symbols.Ro
 axis whose extent follows the extents (a decode step's cache axis, ``P + 1``) is right at every extent
 of the bucket.
 
-:func:`moving_bounds` gives the conditions of the one concat along such an axis
-(:func:`stitchtune.lower.dynamic._shift_refusal` admits a concat whose pieces after the first are one
-position each, nothing else along that axis): piece ``k`` of ``n`` covers
+:func:`moving_bounds` gives the conditions of the concats along such an axis
+(:func:`stitchtune.lower.dynamic_shifts.shift_refusal` admits concats spanning the axis whose pieces after the
+first are one position each): piece ``k`` of ``n`` covers
 ``[D - (n - k), D - (n - k) + 1)`` for ``k >= 1`` and the first ``[0, D - (n - 1))``, ``D`` the axis's
 extent; keyed by the representative's ``(axis, lo, hi)`` (what the :class:`~stitchtune.plan.shift.Shift`
-of that piece carries), each bound an expression or None where the condition is always true.
+of that piece carries), each bound an expression or None where the condition is always true. Two such
+concats (GPT-2's key and value caches) give equal keys equal bounds: a key fixes ``n - k`` by its
+distance from the extent.
 """
 
 from __future__ import annotations

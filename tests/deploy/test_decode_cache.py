@@ -57,12 +57,14 @@ def test_the_cache_concat_region_is_stitched_and_equal_to_eager() -> None:
 
 
 def test_kernels_per_extent_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cache concat has no generic kernel yet (a concat along a row axis in a region with a
-    transpose / reshape): past lengths beyond MAX_SPECIALISED kernels run the region's ATen ops
-    instead of building a kernel per decode step; the values stay eager's."""
-    from stitchtune.deploy import torch_dynamic
+    """Where a bucket has no generic kernel (refused here: the key and value concats now get one,
+    tests/deploy/test_torch_dynamic_kv_pair.py), past lengths beyond MAX_SPECIALISED kernels run the
+    region's ATen ops instead of building a kernel per decode step; the values stay eager's."""
+    from stitchtune.deploy import dynamic, torch_dynamic
+    from stitchtune.graph.dynamic import DynamicRefusal
 
     monkeypatch.setattr(torch_dynamic, "MAX_SPECIALISED", 2)
+    monkeypatch.setattr(dynamic, "compile_dynamic", lambda *a, **k: DynamicRefusal("test", "no generic kernel"))
     torch.manual_seed(0)
     x, w, b = torch.randn(1, 1, 64), torch.randn(64, 192), torch.randn(192)
     c = torch.compile(_attention_inputs, backend="stitchtune", dynamic=True, options={"db": None, "fallback": "eager"})
