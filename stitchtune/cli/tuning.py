@@ -320,6 +320,7 @@ def _add_show(sub: Any) -> None:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
+    from stitchtune.deploy.stale_records import database_note
     from stitchtune.tune.database import TuningDB
     from stitchtune.tune.summary import format_best_table
 
@@ -327,6 +328,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
     df = db.read()
     print(f"{ascii(args.db)}: {len(df)} trial rows in {len(db.parts())} parts")
     print(format_best_table(db.best_per_workload(df)))
+    note = database_note(df)
+    if note:
+        print(f"stitchtune: warning: {note}", file=sys.stderr)
     return 0
 
 

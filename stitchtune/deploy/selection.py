@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from stitchtune.deploy.shape_distance import graph_shapes, parse_shapes, shape_distance
+from stitchtune.deploy.stale_records import stale_note
 from stitchtune.errors import ScheduleError
 
 if TYPE_CHECKING:
@@ -417,8 +418,10 @@ def _choose_nearest(q: _Lookup, near: pd.DataFrame, wk: str) -> Choice | None:
     return None
 
 
-def _choose_heuristic(q: _Lookup, db_path: str | os.PathLike[str] | None, wk: str) -> Choice:
-    """Rule 3: the heuristic schedule, lowered; the reason says why no record was used."""
+def _choose_heuristic(q: _Lookup, db_path: str | os.PathLike[str] | None, wk: str,
+                      versions: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())) -> Choice:
+    """Rule 3: the heuristic schedule, lowered; the reason says why no record was used (records of this
+    workload of other ``versions`` (space, codegen: today's first) than these: that the database is out of date)."""
     from stitchtune.lower.entry import lower
 
     s = heuristic_schedule(q.plan, q.device, q.space)
@@ -432,7 +435,8 @@ def _choose_heuristic(q: _Lookup, db_path: str | os.PathLike[str] | None, wk: st
     elif not os.path.isdir(db_path):
         why = f"no database at {os.fspath(db_path)!a}"
     else:
-        why = f"no ok record of this workload or its structure in {os.fspath(db_path)!a}"
+        why = ((stale_note(db_path, wk, q.dkey, *versions) if versions[0] else "")
+               or f"no ok record of this workload or its structure in {os.fspath(db_path)!a}")
     reason = f"heuristic schedule for workload {wk[:12]} on {q.where} ({why})"
     _warn_once(q.graph, q.dkey, "heuristic", f"{q.graph.name}: {reason}", why)
     return Choice(s, "heuristic", None, reason, program)
@@ -474,4 +478,4 @@ def choose_schedule(graph: Graph, db_path: str | os.PathLike[str] | None, device
     if choice is None:
         choice = _choose_nearest(q, df[(df["structure_key"] == sk) & (df["workload_key"] != wk)], wk)
     # 3. heuristic
-    return choice if choice is not None else _choose_heuristic(q, db_path, wk)
+    return choice if choice is not None else _choose_heuristic(q, db_path, wk, (svs, cvs))

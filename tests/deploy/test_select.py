@@ -246,3 +246,21 @@ def test_committed_h200_records_are_still_chosen() -> None:
             assert c.record["codegen_version"] == "1" and "earlier kernel" in c.reason, c.reason
             found += 1
     assert found == len(tuned) == 5
+
+
+def test_records_of_an_older_space_version_say_the_database_is_out_of_date(ln: Graph, tmp_path: Any,
+                                                                           caplog: Any) -> None:
+    """Records of this workload written by another space (or codegen) version are never used; the
+    heuristic's one warning names their versions and today's, and says to re-tune."""
+    (s,) = schedules(ln, 1)
+    TuningDB(tmp_path).append([row(ln, s, 1.0, space_version="0.old"),
+                               row(ln, s, 2.0, codegen_version="0.old")])
+    with caplog.at_level(logging.WARNING, logger="stitchtune.deploy.selection"):
+        c = choose_schedule(ln, tmp_path, H200)
+    assert c.source == "heuristic"
+    (w,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    sv = space_of(ln).version
+    assert "out of date" in w and "re-tune" in w and "no ok record" not in w
+    assert f"space version 0.old / codegen version {CODEGEN_VERSION}" in w
+    assert f"space version {sv} / codegen version 0.old" in w
+    assert f"today's is space version {sv} / codegen version {CODEGEN_VERSION}" in w

@@ -209,7 +209,8 @@ def test_tiled_kernels_compile_for_sm90(tmp_path) -> None:
 
 def test_a_generic_kernel_refuses_the_tile_and_the_generic_heuristic_goes_without() -> None:
     """Dynamic shapes: the tiled transpose is static only; the generic heuristic takes the untiled
-    kernel (its refusal is data), which emulates right at an odd extent."""
+    kernel (its refusal is data), which emulates equal to the float64 reference (the emulator faults
+    on out-of-bounds accesses) at the smallest, an odd and the largest extent of every bucket."""
     from stitchtune.cost.heuristic import generic_heuristic
     from stitchtune.graph.dynamic import DynamicRefusal, parse_dynamic
     from stitchtune.lower.dynamic import fit_rows, lower_dynamic
@@ -228,3 +229,20 @@ def test_a_generic_kernel_refuses_the_tile_and_the_generic_heuristic_goes_withou
     assert g.option(TRANSPOSE) == 0
     prog = lower_dynamic(fit, g, DEV, space)
     assert not isinstance(prog, DynamicRefusal)
+    keys = {dg.key_of({"seq": s}) for s in range(1, 65)}
+    checked = 0
+    for key in sorted(keys, key=lambda k: k.label()):
+        kfit = fit_rows(dg, key)
+        assert not isinstance(kfit, DynamicRefusal), (key.label(), kfit)
+        kspace = SearchSpace.for_plan(kfit.plan, DEV)
+        kprog = lower_dynamic(kfit, generic_heuristic(kfit, DEV, kspace), DEV, kspace)
+        assert not isinstance(kprog, DynamicRefusal) and kprog.dynamic is not None, (key.label(), kprog)
+        (bucket,) = key.buckets
+        for seq in bucket.probes():
+            gs = dg.at({"seq": seq})
+            inputs = random_inputs(gs, seq)
+            ref = run_reference(gs, inputs)
+            out = emulate_program(kprog, inputs, extents={"seq": seq}, coresident_limit=lambda k: 1 << 30)
+            assert rel_err(out["t"], ref["t"]) < 1e-5, (key.label(), seq)
+            checked += 1
+    assert len(keys) > 1 and checked >= 2 * len(keys)
