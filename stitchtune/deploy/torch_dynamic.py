@@ -104,7 +104,6 @@ def dynamic_region_kernel(region: Any, opts: BackendOptions, device: Any, counte
 
     def generic(ext: dict[str, int]) -> Built | None:
         from stitchtune.deploy.dynamic import compile_dynamic
-        from stitchtune.deploy.torch_region_compile import program_atomics
 
         key = dg.key_of(ext)
         if key in refused:
@@ -113,9 +112,7 @@ def dynamic_region_kernel(region: Any, opts: BackendOptions, device: Any, counte
             res = compile_dynamic(dg, key, db=opts.db, device=device, build=False)
         except ScheduleError as exc:   # no schedule the generic kernel takes: kernels per extent, as for a refusal
             res = DynamicRefusal("schedule", str(exc))
-        why = str(res) if isinstance(res, DynamicRefusal) else (
-            "its program uses float atomics (deterministic=True)"
-            if opts.deterministic and program_atomics(res.program) else None)
+        why = _why_not_generic(res, opts)
         if why is not None or isinstance(res, DynamicRefusal):
             refused[key] = why or str(res)
             log.info("%s: no generic kernel for bucket %s (%s); kernels per extent", region.name, key.label(),
@@ -148,6 +145,18 @@ def dynamic_region_kernel(region: Any, opts: BackendOptions, device: Any, counte
     return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=compiled,
                                bucket_of=bucket_of, counter=counter, perms=region.output_perms,
                                keep=kept_outputs(region))
+
+
+def _why_not_generic(res: Any, opts: BackendOptions) -> str | None:
+    """Why a bucket's :func:`~stitchtune.deploy.dynamic.compile_dynamic` answer serves no generic kernel: its
+    refusal, or float atomics under ``deterministic=True``; None when the generic kernel serves the bucket."""
+    from stitchtune.deploy.torch_region_compile import program_atomics
+
+    if isinstance(res, DynamicRefusal):
+        return str(res)
+    if opts.deterministic and program_atomics(res.program):
+        return "its program uses float atomics (deterministic=True)"
+    return None
 
 
 def _in_graph_order(index: Sequence[int], shapes: Sequence[Any]) -> list[Any]:
