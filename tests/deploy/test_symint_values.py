@@ -22,9 +22,8 @@ pytestmark = pytest.mark.usefixtures("fresh_backend")
 D = 16
 
 
-class _Step(torch.nn.Module):
-    """A decode step's input: token embedding + the position embedding of ``past`` (the cache's
-    length), layer-normed; and the positions ``iota + past`` of the new tokens as floats."""
+class _Embeds(torch.nn.Module):
+    """Token and position embeddings and a layer norm, seeded: the modules both test models read."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -32,6 +31,11 @@ class _Step(torch.nn.Module):
         self.wte = torch.nn.Embedding(32, D)
         self.wpe = torch.nn.Embedding(64, D)
         self.ln = torch.nn.LayerNorm(D)
+
+
+class _Step(_Embeds):
+    """A decode step's input: token embedding + the position embedding of ``past`` (the cache's
+    length), layer-normed; and the positions ``iota + past`` of the new tokens as floats."""
 
     def forward(self, ids: Any, cache: Any) -> tuple[Any, Any]:
         past = cache.shape[1]
@@ -146,16 +150,9 @@ def test_the_launch_path_passes_each_calls_value() -> None:
     assert s.eager == 0 and s.builds <= 1, s
 
 
-class _Prompt(torch.nn.Module):
+class _Prompt(_Embeds):
     """GPT-2's prompt input: token embedding + the position embedding of ``arange(S)`` (S symbolic),
     which :func:`~stitchtune.importers.torch_symvalues.sym_values` reads as the view ``wpe[0:S]``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.wte = torch.nn.Embedding(32, D)
-        self.wpe = torch.nn.Embedding(64, D)
-        self.ln = torch.nn.LayerNorm(D)
 
     def forward(self, ids: Any) -> Any:
         return self.ln(self.wte(ids) + self.wpe(torch.arange(ids.shape[1]).unsqueeze(0)))

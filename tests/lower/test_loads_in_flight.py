@@ -20,7 +20,7 @@ import pytest
 
 from helpers.common import EXAMPLES
 from helpers.lowering import DEV, emulated_errors, float_graph
-from stitchtune.graph.parse import parse_graph
+from stitchtune.graph.parse import Graph, parse_graph
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.ir import kir
@@ -100,22 +100,13 @@ def test_a_column_sum_over_few_rows_puts_no_more_threads_down_them() -> None:
 
 @pytest.mark.parametrize("shape", [(3, 4100), (5, 300)])
 def test_few_row_column_sums_equal_the_reference(shape: tuple[int, int]) -> None:
-    g = _colsum(*shape)
-    plan = make_plan(g)
-    space = legal_space(g, plan, DEV)
-    inputs = random_inputs(g, 5)
-    errs = emulated_errors(g, plan, space, heuristic_schedule(plan, DEV, space), inputs, run_reference(g, inputs))
+    errs = _heuristic_errors(_colsum(*shape), seed=5)
     assert max(errs.values()) < 1e-5, errs
 
 
 @pytest.mark.parametrize("shape", [(37, 20), (300, 44)])
 def test_a_persistent_layer_norm_backward_still_equals_the_reference(shape: tuple[int, int]) -> None:
-    g = _ln_backward(*shape)
-    plan = make_plan(g)
-    space = legal_space(g, plan, DEV)
-    inputs = random_inputs(g, 2)
-    ref = run_reference(g, inputs)
-    errs = emulated_errors(g, plan, space, heuristic_schedule(plan, DEV, space), inputs, ref)
+    errs = _heuristic_errors(_ln_backward(*shape), seed=2)
     assert max(errs.values()) < 1e-5, errs
 
 
@@ -149,3 +140,11 @@ def test_the_sweep_issues_its_loads_before_the_first_use(make, shape, loads) -> 
     (k,) = [k for k in a.kernels if k.name == "st_k0"]
     assert k.sass is not None and k.sass.max_loads_in_flight >= loads, k.sass
     assert k.in_flight_per_sm >= k.in_flight_needed, (k.in_flight_per_sm, k.in_flight_needed)
+
+
+def _heuristic_errors(g: Graph, seed: int) -> dict[str, float]:
+    """The emulated heuristic kernel's errors against the float64 reference on random inputs (``seed``)."""
+    plan = make_plan(g)
+    space = legal_space(g, plan, DEV)
+    inputs = random_inputs(g, seed)
+    return emulated_errors(g, plan, space, heuristic_schedule(plan, DEV, space), inputs, run_reference(g, inputs))
