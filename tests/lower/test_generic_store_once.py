@@ -6,12 +6,19 @@ checks every access against buffers of that extent) and equal to the float64 ref
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers.lowering import DEV
+from helpers.nvcc import compile_programs_sm90
+from stitchtune.gpu.render import render
+from stitchtune.cost.heuristic import generic_heuristic
 from stitchtune.graph.dynamic import parse_dynamic
-from stitchtune.lower.dynamic import RowFit, fit_rows
+from stitchtune.ir import kir
+from stitchtune.lower.dynamic import RowFit, fit_rows, lower_dynamic
+from stitchtune.space import SearchSpace
 from test_generic_col_strides import check_bucket
 
 
@@ -69,3 +76,18 @@ def test_the_query_beside_the_cache_concat_is_stored_once_generically(p: int) ->
     if key.buckets[0].hi > 1:
         assert dict(fit.sym.repeats).get("qr"), fit.sym.repeats
     check_bucket(dg, key)
+
+
+def test_the_store_once_generic_kernels_compile_with_nvcc(tmp_path: Path) -> None:
+    """The three regions' generic kernels (the store guard over extent arguments) pass nvcc."""
+    programs = []
+    for dg, ext in ((_once([1, 6, 8], ["b", 6, 8], {"b": 16}), {"b": 11}),
+                    (_once([2, 1, "s", 16], [2, 3, "s", 16], {"s": 64}), {"s": 40}), (_decode_rotary(), {"p": 40})):
+        fit = fit_rows(dg, dg.key_of(ext))
+        assert isinstance(fit, RowFit), fit
+        space = SearchSpace.for_plan(fit.plan, DEV)
+        prog = lower_dynamic(fit, generic_heuristic(fit, DEV, space), DEV, space)
+        assert isinstance(prog, kir.Program) and prog.dynamic is not None, prog
+        assert "ext0" in render(prog)
+        programs.append(prog)
+    compile_programs_sm90(programs, tmp_path)  # one nvcc call; fails the test on any error
