@@ -270,7 +270,12 @@ class Lowerer:
     def once_pred(self, name: str, r: kir.Expr, pred: kir.Expr | None) -> kir.Expr | None:
         """``pred`` and, for an output broadcast along part of the rows
         (:attr:`~stitchtune.plan.index_map.IndexMap.store_once`), row ``r`` at coordinate 0 along each
-        of its row repeats: the one writer of each element."""
+        of its row repeats: the one writer of each element (in a generic kernel over the symbolic repeats,
+        :meth:`~stitchtune.lower.symbols.RowSymbols.first_repeat`)."""
+        if self.sym is not None and self.p.imap(name).store_once:
+            for cond in self.sym.first_repeat(name, r):
+                pred = and_(pred, cond)
+            return pred
         for dim, inner in self.p.imap(name).row_repeats if self.p.imap(name).store_once else ():
             t = Bin("/", r, I(inner)) if inner > 1 else r
             if inner * dim < self.p.M:

@@ -250,7 +250,10 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
                                               fitted[f"{axis}:{name}:{i}:stride"]) for i in range(n))))
     args = tuple((d, f"ext{i}") for i, d in enumerate(dg.dim_names))
     domain = tuple(f for label, f in fitted.items() if label.startswith("dom:"))
-    sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols), domain)
+    repeats = tuple((name, tuple((fitted[f"repeat:{name}:{i}:dim"], fitted[f"repeat:{name}:{i}:inner"])
+                                 for i in range(len(im.row_repeats))))
+                    for name, im in p0.index_maps if im.store_once)
+    sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols), domain, repeats)
     index = [nd.id for nd in g0.nodes if OPS[nd.op].kind in INDEX_KINDS]
     if index and sym.dynamic_rows_length:  # their offsets and conditions are columns of a static row
         return DynamicRefusal(f"index op {index[0]}", "an index op under a dynamic row length")
@@ -260,8 +263,7 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
 
 def check_schedule(fit: RowFit, schedule: Schedule) -> DynamicRefusal | None:
     """Whether ``schedule`` can run generically: every vector access aligned for every extent (the row
-    strides of vector-loaded operands a multiple of ``vec`` whatever the extents), no output that
-    broadcasts along part of the rows, no tiled transpose (``schedule.transpose``: static shapes only)."""
+    strides of vector-loaded operands a multiple of ``vec`` whatever the extents), no tiled transpose (``schedule.transpose``: static shapes only)."""
     p, vec, sym = fit.plan, schedule.vec, fit.sym
     if tile_edge(schedule):
         return DynamicRefusal(f"transpose {tile_edge(schedule)}", "the tiled transpose is lowered for static shapes only")
@@ -274,8 +276,6 @@ def check_schedule(fit: RowFit, schedule: Schedule) -> DynamicRefusal | None:
     if vec > 1 and sym.dynamic_rows_length and not sym.N.multiple_of(vec):  # a vector must not straddle a row's end
         return DynamicRefusal(f"vec {vec}", f"the row length ({sym.N}) is not a multiple of {vec} for every extent")
     for name, im in p.index_maps:
-        if im.store_once and name in fit.graph.outputs:
-            return DynamicRefusal(f"output {ascii(name)[1:-1]}", "stored once per row repeat (static rows only)")
         mode = im.vector_mode(vec) if vec > 1 else "scalar"
         if mode == "scalar":
             continue

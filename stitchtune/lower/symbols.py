@@ -31,6 +31,9 @@ class RowSymbols:
     #: the iteration domain's extents (a region with slice / concat; ``()`` otherwise): the positions of a
     #: remap (:mod:`stitchtune.lower.remap`) along axes whose extent follows the extents
     domain: tuple[SymInt, ...] = ()
+    #: each store-once output's row repeats ``(dim, inner)`` (:attr:`IndexMap.row_repeats
+    #: <stitchtune.plan.index_map.IndexMap.row_repeats>`) as monomials of the extents
+    repeats: tuple[tuple[str, tuple[tuple[SymInt, SymInt], ...]], ...] = ()
 
     @property
     def dynamic_rows_length(self) -> bool:
@@ -79,6 +82,16 @@ class RowSymbols:
 
     def factors(self, name: str) -> tuple[Factor[SymInt], ...]:
         return dict(self.rows)[name]
+
+    def first_repeat(self, name: str, r: kir.Expr) -> list[kir.Expr]:
+        """The conditions that view row ``r`` is at coordinate 0 along each of output ``name``'s row
+        repeats, ``(r // inner) % dim == 0`` over the symbolic fields (the ``%`` always kept: ``r // inner
+        < dim`` need not hold for every extent); ``[]`` for a tensor without repeats."""
+        out: list[kir.Expr] = []
+        for dim, inner in dict(self.repeats).get(name, ()):
+            t = r if inner == SymInt(1) else Bin("/", r, self.expr(inner))
+            out.append(Bin("==", Bin("%", t, self.expr(dim)), Const(0, I32)))
+        return out
 
     def cols_follow(self, name: str) -> bool:
         """Whether tensor ``name``'s column map follows the extents (a field of a column factor is

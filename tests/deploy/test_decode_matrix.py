@@ -13,9 +13,7 @@ step's static-cache ``index_put`` is left out (items 2-3); no ``add`` reading a 
 positions, read through a bound input: :mod:`stitchtune.importers.torch_symvalues`), and for GPT-2 nothing
 memory-intensive at all (its position embedding, prompt and decode). What does not hold yet is listed by
 explain (the row's ``left_out``) and not asserted: ops reading SymInts as sizes (the prompt's ``iota(S)``, the
-static cache's ``full`` of a symbolic shape), the prompt's several-position static-cache copy, a kernel per
-past length for GPT-2's and Phi-3's cache region (its key and value concats' past lengths are two dynamo
-symbols: no graph with named sizes)."""
+static cache's ``full`` of a symbolic shape) and the prompt's several-position static-cache copy."""
 
 from __future__ import annotations
 
@@ -64,3 +62,13 @@ def test_greedy_decoding_is_stitched_and_equal_to_eager(model: str, cache: str) 
     assert not sym, row["left_out"]
     if model == "gpt2":   # its position embedding too, decode and prompt: nothing memory-intensive left out
         assert not row["left_out"], row["left_out"]
+
+
+def test_phi3_decode_builds_one_generic_kernel_per_bucket() -> None:
+    """Phi-3's rotary + cache region outputs the rotated query beside the key cache concat (an output
+    stored once per row repeat): it runs generically, not a kernel per past length (5 builds of that
+    region over 6 steps, eager after 8, when the generic kernel refused such outputs)."""
+    row: dict[str, Any] = decode_matrix.run_model("phi3", steps=6, prompt_len=5, cache_kind="dynamic",
+                                                  cpu="emulate", shown=0)
+    assert row["tokens_equal"], row
+    assert row["eager"] == 0 and row["max_builds"] <= 2, row
