@@ -27,7 +27,7 @@ from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph
 from stitchtune.plan.pick import node_axis
 from stitchtune.plan.index_ops import (after_index_ops, aligned_shape, feeds_layout, gather_tables, has_index_ops,
-                                       has_layout_ops, spans_shape, surrogate_shape)
+                                       has_layout_ops, spans_shape, surrogate_shape, unit_reshapes)
 from stitchtune.plan.refusal import Refusal
 
 __all__ = ["composed_chains", "sliced_chains", "sliced_members", "chain_members", "wide_inputs", "mixed_layout",
@@ -145,7 +145,8 @@ def layout_tails(graph: Graph) -> set[str]:
     if not has_index_ops(graph):
         return set()
     after = after_index_ops(graph, sliced_members(graph))
-    return {nd.id for nd in graph.nodes if OPS[nd.op].kind == "layout" and nd.id in after}
+    units = _only_units(graph)
+    return {nd.id for nd in graph.nodes if OPS[nd.op].kind == "layout" and nd.id in after and nd.id not in units}
 
 
 def tails_refusal(graph: Graph) -> Refusal | None:
@@ -366,8 +367,18 @@ def chain_members(graph: Graph) -> set[str]:
 def mixed_layout(graph: Graph) -> bool:
     """Whether ``graph`` has a transpose / reshape / expand outside :func:`composed_chains` (a
     *mixed* region: general maps from :func:`~stitchtune.plan.axes.tensor_axes`, column shifts only)."""
-    chained = chain_members(graph)
+    chained = chain_members(graph) | _only_units(graph)
     return any(OPS[n.op].kind == "layout" and n.id not in chained for n in graph.nodes)
+
+
+def _only_units(graph: Graph) -> frozenset[str]:
+    """The :func:`~stitchtune.plan.index_ops.unit_reshapes` of a region whose layout nodes are all
+    such reshapes (GPT-2's ONNX embedding: a gather, a layer norm and
+    ``[1, S, C]`` viewed as ``[S, C]``): no layout change, so neither tails nor layout part, and the
+    region is not mixed; empty otherwise (a mixed region maps its unit reshapes as it always did)."""
+    units = unit_reshapes(graph)
+    rest = [n for n in graph.nodes if OPS[n.op].kind == "layout" and n.id not in units]
+    return frozenset() if rest else units
 
 
 def layout_part(graph: Graph) -> set[str]:
@@ -380,7 +391,7 @@ def layout_part(graph: Graph) -> set[str]:
     if not has_layout_ops(graph):
         return set()
     tails = layout_tails(graph)
-    chained = chain_members(graph)
+    chained = chain_members(graph) | _only_units(graph)
     nodes = {n.id: n for n in graph.nodes}
     keep: set[str] = set(tails)
     stack: list[str] = []

@@ -11,7 +11,7 @@ from stitchtune.graph.parse import Graph
 from stitchtune.plan.refusal import Refusal
 
 __all__ = ["has_index_ops", "has_layout_ops", "gather_tables", "gather_shapes", "aligned_shape", "surrogate_shape",
-           "spans_shape", "after_index_ops", "feeds_layout"]
+           "spans_shape", "after_index_ops", "feeds_layout", "unit_reshapes"]
 
 
 def has_index_ops(graph: Graph) -> bool:
@@ -21,6 +21,21 @@ def has_index_ops(graph: Graph) -> bool:
 def has_layout_ops(graph: Graph) -> bool:
     """Whether ``graph`` has a transpose or reshape (a general index map)."""
     return any(OPS[n.op].kind == "layout" for n in graph.nodes)
+
+
+def unit_reshapes(graph: Graph) -> frozenset[str]:
+    """The reshape nodes that only add or drop leading extents of 1 (GPT-2's ONNX ``[1, S, C]`` viewed
+    as ``[S, C]``): the same tensor right-aligned, so no layout change for the planner's right-aligned
+    surrogate; they are neither chains, tails nor part of a mixed region's layout part, and a region
+    whose only layout nodes they are is not mixed. A reshape that moves a 1 between other extents
+    (``[S, 1, C]`` -> ``[S, C]``) is not one: it does not keep the right alignment."""
+    def core(shape: tuple[int, ...]) -> tuple[int, ...]:
+        k = 0
+        while k < len(shape) and shape[k] == 1:
+            k += 1
+        return tuple(shape[k:])
+    return frozenset(n.id for n in graph.nodes if n.op == "reshape"
+                     and core(tuple(n.shape)) == core(tuple(graph.spec(n.tensor_args[0]).shape)))
 
 
 def gather_tables(graph: Graph) -> dict[str, str]:
