@@ -21,6 +21,7 @@ from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.ir.launches import grid_size
 from stitchtune.lower.guarded_loads import load_vec
 from stitchtune.lower.sectors import row_sector_factor
+from stitchtune.lower.store_once import first_writer
 from stitchtune.lower.symbols import RowSymbols
 from stitchtune.graph.fast_ops import FAST_FORM
 from stitchtune.graph.ops import OPS, OpInfo
@@ -268,19 +269,10 @@ class Lowerer:
         return _axis_offset(self.p.imap(name).cols, c)
 
     def once_pred(self, name: str, r: kir.Expr, pred: kir.Expr | None) -> kir.Expr | None:
-        """``pred`` and, for an output broadcast along part of the rows
-        (:attr:`~stitchtune.plan.index_map.IndexMap.store_once`), row ``r`` at coordinate 0 along each
-        of its row repeats: the one writer of each element (in a generic kernel over the symbolic repeats,
-        :meth:`~stitchtune.lower.symbols.RowSymbols.first_repeat`)."""
-        if self.sym is not None and self.p.imap(name).store_once:
-            for cond in self.sym.first_repeat(name, r):
-                pred = and_(pred, cond)
-            return pred
-        for dim, inner in self.p.imap(name).row_repeats if self.p.imap(name).store_once else ():
-            t = Bin("/", r, I(inner)) if inner > 1 else r
-            if inner * dim < self.p.M:
-                t = Bin("%", t, I(dim))
-            pred = and_(pred, Bin("==", t, I(0)))
+        """``pred`` and, for an output broadcast along part of the rows, row ``r`` its one writer
+        (:func:`~stitchtune.lower.store_once.first_writer`)."""
+        for cond in first_writer(self.p.imap(name), self.p.M, self.sym, name, r):
+            pred = and_(pred, cond)
         return pred
 
     def mapped_load(self, cx: Ctx, body: list[kir.Stmt], name: str, base: kir.Expr, c: kir.Expr,

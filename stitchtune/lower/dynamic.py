@@ -250,15 +250,20 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
                                               fitted[f"{axis}:{name}:{i}:stride"]) for i in range(n))))
     args = tuple((d, f"ext{i}") for i, d in enumerate(dg.dim_names))
     domain = tuple(f for label, f in fitted.items() if label.startswith("dom:"))
-    repeats = tuple((name, tuple((fitted[f"repeat:{name}:{i}:dim"], fitted[f"repeat:{name}:{i}:inner"])
-                                 for i in range(len(im.row_repeats))))
-                    for name, im in p0.index_maps if im.store_once)
-    sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols), domain, repeats)
+    sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols), domain, _repeats(fitted, p0))
     index = [nd.id for nd in g0.nodes if OPS[nd.op].kind in INDEX_KINDS]
     if index and sym.dynamic_rows_length:  # their offsets and conditions are columns of a static row
         return DynamicRefusal(f"index op {index[0]}", "an index op under a dynamic row length")
     sizes = tuple((label[5:], f) for label, f in fitted.items() if label.startswith("size:"))
     return RowFit(key, dg, tuple(sorted(rep.items())), g0, p0, sym, sizes)
+
+
+def _repeats(fitted: Mapping[str, SymInt],
+             p0: StitchPlan) -> tuple[tuple[str, tuple[tuple[SymInt, SymInt], ...]], ...]:
+    """Each store-once output's row repeats ``(dim, inner)`` as fitted over the bucket's extents."""
+    return tuple((name, tuple((fitted[f"repeat:{name}:{i}:dim"], fitted[f"repeat:{name}:{i}:inner"])
+                              for i in range(len(im.row_repeats))))
+                 for name, im in p0.index_maps if im.store_once)
 
 
 def check_schedule(fit: RowFit, schedule: Schedule) -> DynamicRefusal | None:
