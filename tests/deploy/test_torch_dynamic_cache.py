@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import stitchtune.torch as st_torch  # noqa: E402
 from stitchtune.deploy import torch_ops  # noqa: E402
-from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel  # noqa: E402
+from helpers.torch_models import dynamic_kernels_since  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fresh_backend")
 
@@ -47,9 +47,7 @@ def test_the_cache_concat_builds_one_generic_kernel_per_bucket(rotary: bool) -> 
             args = (torch.randn(1, KV * D), torch.randn(1, KV, p, D), torch.randn(1, 1, 1, D))
             got, want = c(*args), m(*args)
             assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5), p
-    kernels = [k.kernel for key, k in torch_ops._registry.items()
-               if key not in before and isinstance(getattr(k, "kernel", None),
-                                   DynamicRegionKernel)]
+    kernels = dynamic_kernels_since(before)
     entries = [e for k in kernels for _, _, e in k.entries()]
     assert entries and all(e is not None and e.generic for e in entries)
     s = st_torch.stats()

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 import stitchtune.torch as st_torch  # noqa: E402
 from stitchtune.deploy import torch_ops  # noqa: E402
-from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel  # noqa: E402
+from helpers.torch_models import dynamic_kernels_since  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fresh_backend")
 
@@ -48,12 +48,6 @@ class Cat2(torch.nn.Module):
         return torch.cat((a, n), 2), torch.cat((b, n), 2)
 
 
-def _generic_kernels(before: set[Any]) -> list[Any]:
-    """The DynamicRegionKernels registered since ``before`` (the registry's keys then: earlier tests' kernels stay)."""
-    return [k.kernel for key, k in torch_ops._registry.items() if key not in before
-            and isinstance(getattr(k, "kernel", None), DynamicRegionKernel)]
-
-
 def _compiled(m: Any) -> Any:
     return torch.compile(m, backend="stitchtune", dynamic=True,
                          options={"db": None, "fallback": "eager", "cpu": "emulate"})
@@ -70,7 +64,7 @@ def test_key_and_value_concats_build_one_generic_kernel_per_bucket() -> None:
             args = (torch.randn(1, 3 * H * D), torch.randn(1, H, p, D), torch.randn(1, H, p, D))
             got, want = c(*args), m(*args)
             assert all(g.shape == w.shape and torch.allclose(g, w, atol=1e-5) for g, w in zip(got, want)), p
-    entries = [e for k in _generic_kernels(before) for _, _, e in k.entries()]
+    entries = [e for k in dynamic_kernels_since(before) for _, _, e in k.entries()]
     assert entries and all(e is not None and e.generic for e in entries)
     s = st_torch.stats()
     assert s.eager == 0 and max(r.builds for r in s.regions) <= 2, [(r.region, r.builds) for r in s.regions]

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 import stitchtune.torch as st_torch  # noqa: E402
 from stitchtune.deploy import torch_ops  # noqa: E402
-from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel  # noqa: E402
+from helpers.torch_models import dynamic_kernels_since  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("fresh_backend")
 
@@ -51,9 +51,7 @@ def test_the_rotary_region_builds_one_generic_kernel_per_bucket() -> None:
             x, ang = torch.randn(b, s, H * D), torch.randn(s, D)
             for got, want in zip(c(x, ang), m(x, ang)):
                 assert torch.allclose(got, want, atol=1e-5), (b, s)
-    kernels = [k.kernel for key, k in torch_ops._registry.items()
-               if key not in before and isinstance(getattr(k, "kernel", None),
-                                   DynamicRegionKernel)]
+    kernels = dynamic_kernels_since(before)
     rotary = [k for k in kernels if any(e is not None for _, _, e in k.entries())]
     assert rotary
     for k in rotary:

@@ -1,4 +1,5 @@
-"""PyTorch from a test: ``torch_block`` (a small transformer block) and ``explain_with_eager``."""
+"""PyTorch from a test: ``torch_block`` (a small transformer block), ``explain_with_eager`` and
+``dynamic_kernels_since`` (the dynamic region kernels a test registered)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,13 @@ def explain_with_eager(model: Any, *args: Any) -> tuple[Any, Any]:
             return torch_backend.explain(model, *args, db=None, fallback="eager", cpu="emulate"), want
         finally:
             torch._dynamo.reset()
+
+
+def dynamic_kernels_since(before: set[Any]) -> list[Any]:
+    """The :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel`\ s registered since ``before``
+    (the region registry's keys then: earlier tests' regions stay registered in the process)."""
+    from stitchtune.deploy import torch_ops
+    from stitchtune.deploy.torch_region_dynamic import DynamicRegionKernel
+
+    kernels = [getattr(k, "kernel", None) for key, k in torch_ops._registry.items() if key not in before]
+    return [k for k in kernels if isinstance(k, DynamicRegionKernel)]
