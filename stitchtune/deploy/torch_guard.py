@@ -6,6 +6,7 @@ ATen ops to fall back on, and the helpers it shares with the kernels (:func:`eag
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -70,12 +71,14 @@ class GuardedRegion:
     failed: str | None = None
     held: tuple[tuple[int, Any], ...] = ()
     device: Any = None
-    #: (position, shape, dtype) of the inputs made from the call's SymInt ``scalars``, in input order
-    #: (:func:`~stitchtune.importers.torch_symvalues.bound_inputs`): ``full(shape, value)`` on the
-    #: region's device at each call, so a new value is data, never a new kernel
+    #: (position, shape, dtype) of the inputs that hold the call's SymInt ``scalars``, in input order
+    #: (:func:`~stitchtune.importers.torch_symvalues.bound_inputs`): buffers on the region's device
+    #: filled with the values at each call, so a new value is data, never a new kernel
     bound: tuple[tuple[int, tuple[int, ...], Any], ...] = ()
     _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes checked -> specs
     _held_on: dict[Any, list[Any]] = field(default_factory=dict, repr=False)   # device -> held tensors there
+    #: per thread (``.buffers``): (device, stream) -> the bound inputs' buffers there (:meth:`_bound_buffers`)
+    _bound_at: threading.local = field(default_factory=threading.local, repr=False)
     #: the thin path (:mod:`~stitchtune.deploy.torch_fast`) once a call has run the full one: a
     #: FastCall, or for a kernel with symbolic shapes a ShapeCalls (one per input shapes); None: none
     _fast: Any = field(default=None, repr=False)
@@ -111,7 +114,7 @@ class GuardedRegion:
         return out
 
     def _with_bound(self, inputs: Sequence[Any], scalars: Sequence[Any], fake: bool = False) -> list[Any]:
-        """``inputs`` (the op's tensors) with the tensors bound from ``scalars`` inserted at their
+        """``inputs`` (the op's tensors) with the bound inputs, holding ``scalars``, inserted at their
         positions among the passed inputs (the held constants are inserted after: :meth:`_with_held`);
         ``fake``: empty tensors (in the active fake mode; ``scalars`` may be fewer)."""
         if not self.bound:
@@ -119,13 +122,33 @@ class GuardedRegion:
         if not fake and len(scalars) != len(self.bound):
             raise RegionError(f"{self.describe()}: {len(scalars)} SymInt value(s) for {len(self.bound)} bound input(s)")
         device = _device_of(inputs, self.device)
+        if fake:
+            made = [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in self.bound]
+        else:
+            made = self._bound_buffers(device)
+            for t, v in zip(made, scalars):
+                t.fill_(int(v))
         held = [i for i, _ in self.held]
         out = list(inputs)
-        for k, (i, shape, dtype) in enumerate(self.bound):
-            t = torch.empty(shape, dtype=dtype, device=device) if fake else \
-                torch.full(shape, int(scalars[k]), dtype=dtype, device=device)
+        for (i, _, _), t in zip(self.bound, made):
             out.insert(i - sum(h < i for h in held), t)
         return out
+
+    def _bound_buffers(self, device: Any) -> list[Any]:
+        """This thread's buffers of the bound inputs on ``device`` at its current stream (made at the
+        first call there; the caller fills them). A launch enqueued by an earlier call on the same
+        thread and stream runs before the next fill, so a value is never overwritten under it."""
+        stream = torch._C._cuda_getCurrentRawStream(device.index if device.index is not None
+                                                     else torch.cuda.current_device()) \
+            if device.type == "cuda" else 0
+        buffers: dict[Any, list[Any]] | None = getattr(self._bound_at, "buffers", None)
+        if buffers is None:
+            buffers = self._bound_at.buffers = {}
+        made = buffers.get((device, stream))
+        if made is None:
+            made = buffers[(device, stream)] = [torch.empty(shape, dtype=dtype, device=device)
+                                                for _, shape, dtype in self.bound]
+        return made
 
     def fake(self, inputs: Sequence[Any], scalars: Sequence[Any] = ()) -> list[Any]:
         inputs = self._with_bound(inputs, scalars, fake=True)
@@ -177,7 +200,7 @@ class GuardedRegion:
         return eager_outputs(self.module, inputs, self.perms, self.keep)
 
     def __call__(self, inputs: Sequence[Any], scalars: Sequence[Any] = ()) -> list[Any]:
-        if self.bound:   # the SymInt values as the region's int inputs (made on its device, as data)
+        if self.bound:   # the SymInt values in the region's int inputs (filled on its device, as data)
             inputs = self._with_bound(inputs, scalars)
         fast = self._fast
         if fast is not None:

@@ -6,7 +6,7 @@ Contract
   registered under ``key`` (:func:`register`) on ``inputs`` (the region's graph inputs, in order) and
   returns new tensors, one per graph output, shaped and typed as the graph says. ``scalars``: SymInt
   values (a decode step's past length) that the registered :class:`~stitchtune.deploy.torch_guard.GuardedRegion`
-  makes the int64 inputs it binds (``bound``, :mod:`stitchtune.importers.torch_symvalues`) on each call. Its fake (meta)
+  fills into the int64 inputs it binds (``bound``, :mod:`stitchtune.importers.torch_symvalues`) on each call. Its fake (meta)
   implementation returns empty tensors of those shapes on the inputs' device, so Inductor, AOTAutograd
   and CUDA-graph capture treat it as an opaque kernel.
 * On CUDA tensors the kernel is launched through the one launch path
