@@ -90,7 +90,7 @@ class GuardedRegion:
     @property
     def flag_sets(self) -> list[Any]:
         """The kernel's gathers' error flags (:mod:`~stitchtune.deploy.torch_flags`), one set per launcher."""
-        return list(getattr(self.kernel, "flag_sets", ()))
+        return list(self.kernel.flag_sets)
 
     def describe(self) -> str:
         return self.kernel.describe()
@@ -179,11 +179,8 @@ class GuardedRegion:
         device = _device_of(inputs, self.device)
         if any(t.device != device for t in raw):
             return None
-        make = getattr(self.kernel, "fast_path", None)
-        if make is None:
-            return None
         consts = self._held_on.get(device, []) if self.held else []
-        return make(device, tuple((i, t) for (i, _), t in zip(self.held, consts)), inputs)
+        return self.kernel.fast_path(device, tuple((i, t) for (i, _), t in zip(self.held, consts)), inputs)
 
     def _add_fast(self, raw: Sequence[Any], inputs: Sequence[Any]) -> None:
         """Keep the thin path of a region with symbolic shapes for ``raw``'s shapes (once per shapes)."""
@@ -191,7 +188,7 @@ class GuardedRegion:
 
         calls = self._fast
         if calls is None:
-            calls = self._fast = ShapeCalls(getattr(self.kernel, "counter", None))
+            calls = self._fast = ShapeCalls(self.kernel.counter)
         if ShapeCalls.key(raw) not in calls.calls:
             calls.add(raw, self._make_fast(raw, inputs))
 

@@ -359,6 +359,12 @@ class RegionKernel:
         """Whether calls on ``device`` go through the launch path (CUDA, a given driver or a stand-in)."""
         return device.type == "cuda" or self.driver is not None or _STAND_IN[0] is not None
 
+    @property
+    def counter(self) -> None:
+        """None: a kernel of one region's shape counts nothing itself (the backend counts its builds,
+        a :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel` its buckets' calls)."""
+        return None
+
     def fast_path(self, device: Any, held: Sequence[tuple[int, Any]] = (), first: Sequence[Any] = (),
                   order: Sequence[int] | None = None) -> Any:
         """A :class:`~stitchtune.deploy.torch_fast.FastCall` for later calls on ``device`` (with the

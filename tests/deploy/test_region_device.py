@@ -17,10 +17,21 @@ from stitchtune.deploy.torch_guard import GuardedRegion  # noqa: E402
 
 
 class _Recording:
-    """A kernel stub: records the devices it is called with, returns one empty output there."""
+    """A kernel stub (all of :class:`~stitchtune.deploy.torch_region_protocols.GuardedKernel`): records
+    the devices it is called with, returns one empty output there; no thin path, no flags, no counter."""
+
+    compiled = None
+    counter = None
 
     def __init__(self) -> None:
         self.calls: list[tuple[list[str], str]] = []
+        self.flag_sets: list[Any] = []
+
+    def copies(self, inputs: list[Any]) -> int:
+        return 0
+
+    def fast_path(self, device: Any, held: Any, first: Any) -> Any:
+        return None
 
     def __call__(self, inputs: list[Any], device: Any = None) -> list[Any]:
         dev = torch_ops._device_of(inputs, device)
