@@ -73,3 +73,38 @@ def test_held_constants_follow_the_graphs_device_when_no_input_is_passed() -> No
                                      device=torch.device("meta"))
     region([torch.tensor(1.0)])
     assert kernel.calls == [(["meta", "meta"], "meta")]
+
+
+class _Echo(_Recording):
+    """Returns a copy of its first input and keeps the tensor it was given (the bound input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.given: list[Any] = []
+
+    def __call__(self, inputs: list[Any], device: Any = None) -> list[Any]:
+        super().__call__(inputs, device)
+        self.given.append(inputs[0])
+        return [inputs[0].clone()]
+
+    def fake(self, inputs: list[Any], device: Any = None) -> list[Any]:
+        return [torch.empty(1, dtype=torch.int64)]
+
+
+def test_bound_symint_inputs_are_one_buffer_per_thread_filled_in_place() -> None:
+    """A region's bound SymInt input (:mod:`stitchtune.importers.torch_symvalues`) is one int64 buffer per
+    thread (and device, stream) that each call fills with its value: the same tensor on a thread's later
+    calls, another on another thread, so a call elsewhere never overwrites a value a launch still reads."""
+    import threading
+
+    kernel = _Echo()
+    region = GuardedRegion(kernel, module=None, perms=(None,), bound=((0, (1,), torch.int64),))
+    assert [int(region([], [v])[0]) for v in (5, 6)] == [5, 6]
+    other: list[int] = []
+    t = threading.Thread(target=lambda: other.append(int(region([], [7])[0])))
+    t.start()
+    t.join()
+    assert other == [7] and int(region([], [8])[0]) == 8
+    mine, theirs = kernel.given[0], kernel.given[2]
+    assert kernel.given[1] is mine and kernel.given[3] is mine and theirs is not mine
+    assert int(mine) == 8 and int(theirs) == 7 and mine.dtype == torch.int64
