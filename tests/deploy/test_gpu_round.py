@@ -173,6 +173,7 @@ def test_per_launch_times_match_the_programs_launches(monkeypatch: pytest.Monkey
     assert fr.per_launch_us(ev, [], 2) is None
 
 
+@pytest.mark.slow   # a GPU script's CPU path (about 10 s beside other work): only scripts/ changes touch it
 def test_fit_rows_feed_the_refit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     pytest.importorskip("scipy")
     fr = load("gpu_fit_rows", monkeypatch)
@@ -250,6 +251,7 @@ def test_round_dry_run_packs_what_finished(tmp_path: Path) -> None:
     assert res.returncode == 2 and "gpu_round: error: RESUME=" in res.stdout + res.stderr
 
 
+@pytest.mark.slow   # a GPU script's CPU path (about 10 s beside other work): only scripts/ changes touch it
 def test_regions_gpu_branch_emits_fit_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     """The regions phase's GPU branch with its inputs and profiler faked (no device: the H200 preset):
     each region's profiled st_* kernels become cost-fit rows when they are its program's launches."""
