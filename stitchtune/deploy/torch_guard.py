@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +16,7 @@ import torch
 from stitchtune.deploy.torch_ops import RegionError, RegionKernel, _device_of, _lock
 from stitchtune.deploy.torch_region_protocols import GuardedKernel
 
-__all__ = ["GuardedRegion", "eager_outputs", "is_index_error"]
+__all__ = ["GuardedRegion", "eager_outputs", "is_index_error", "kept_tensors"]
 
 if TYPE_CHECKING:
     from stitchtune.deploy.compiled_graph import CompiledGraph
@@ -39,6 +39,31 @@ def eager_outputs(module: Any, inputs: Sequence[Any], perms: Sequence[Any] | Non
             o = o.clone()
         outs.append(o)
     return outs
+
+
+def kept_tensors(device: Any, make: Callable[[], list[Any]], cuda: Any = None) -> list[Any]:
+    """``make()``: tensors on ``device`` that a region keeps across its calls (held constants, the
+    buffers of bound SymInt inputs), made where no CUDA-graph pool takes their memory. Inductor's
+    CUDA-graph trees route every allocation on their stream, their warm-up run included (a region's
+    first call), to the graph's private pool and recycle its blocks at their checkpoints, knowing only
+    the tensors they track: a tensor kept from there could be handed out again under us. So on a CUDA
+    device ``make`` runs on a side stream (after the current stream's work; the trees' pool takes
+    only their own stream's allocations), the current stream waits for it (a copy ``make`` enqueued is
+    complete before the region's launches), and each tensor is recorded on the current stream
+    (freeing it waits for that stream's work). Elsewhere ``make()`` as it is. ``cuda``: the
+    ``torch.cuda``-like module (tests pass a fake)."""
+    if device.type != "cuda":
+        return make()
+    cuda = torch.cuda if cuda is None else cuda
+    current = cuda.current_stream(device)
+    side = cuda.Stream(device)
+    side.wait_stream(current)
+    with cuda.stream(side):
+        made = make()
+    current.wait_stream(side)
+    for t in made:
+        t.record_stream(current)
+    return made
 
 
 def is_index_error(exc: BaseException) -> bool:
@@ -106,7 +131,7 @@ class GuardedRegion:
             consts = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device) for _, t in self.held]
         else:
             with _lock:
-                consts = self._held_on.get(device) or [t.to(device) for _, t in self.held]
+                consts = self._held_on.get(device) or kept_tensors(device, lambda: [t.to(device) for _, t in self.held])
                 self._held_on[device] = consts
         out = list(inputs)
         for (i, _), t in zip(self.held, consts):
@@ -146,8 +171,8 @@ class GuardedRegion:
             buffers = self._bound_at.buffers = {}
         made = buffers.get((device, stream))
         if made is None:
-            made = buffers[(device, stream)] = [torch.empty(shape, dtype=dtype, device=device)
-                                                for _, shape, dtype in self.bound]
+            made = buffers[(device, stream)] = kept_tensors(
+                device, lambda: [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in self.bound])
         return made
 
     def fake(self, inputs: Sequence[Any], scalars: Sequence[Any] = ()) -> list[Any]:

@@ -108,3 +108,49 @@ def test_bound_symint_inputs_are_one_buffer_per_thread_filled_in_place() -> None
     mine, theirs = kernel.given[0], kernel.given[2]
     assert kernel.given[1] is mine and kernel.given[3] is mine and theirs is not mine
     assert int(mine) == 8 and int(theirs) == 7 and mine.dtype == torch.int64
+
+
+def test_kept_tensors_are_made_outside_the_cuda_graph_pool() -> None:
+    """:func:`~stitchtune.deploy.torch_guard.kept_tensors` with a fake ``torch.cuda``: on a CUDA device
+    the tensors a region keeps are made on a side stream that first waits for the current one, the
+    current stream then waits for the side one, and each tensor is recorded on the current stream;
+    on the CPU ``make`` runs as it is."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from stitchtune.deploy.torch_guard import kept_tensors
+
+    log: list[str] = []
+
+    class Stream:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def wait_stream(self, other: Any) -> None:
+            log.append(f"{self.name} waits {other.name}")
+
+    current, side = Stream("current"), Stream("side")
+    on = ["current"]
+
+    @contextlib.contextmanager
+    def stream(s: Any) -> Any:
+        on.append(s.name)
+        yield
+        on.pop()
+
+    cuda = SimpleNamespace(current_stream=lambda device: current, Stream=lambda device: side, stream=stream)
+
+    class Kept:
+        def record_stream(self, s: Any) -> None:
+            log.append(f"recorded on {s.name}")
+
+    def make() -> list[Any]:
+        log.append(f"made on {on[-1]}")
+        return [Kept(), Kept()]
+
+    got = kept_tensors(SimpleNamespace(type="cuda"), make, cuda)
+    assert len(got) == 2
+    assert log == ["side waits current", "made on side", "current waits side", "recorded on current",
+                   "recorded on current"]
+    log.clear()
+    assert len(kept_tensors(torch.device("cpu"), make, cuda)) == 2 and log == ["made on current"]
