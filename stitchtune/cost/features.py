@@ -62,6 +62,9 @@ How the features are read from the IR
   kernel): the cost model's scratch chain (a scratch array read once per thread, coalesced, is not).
   ``atomics`` counts atomics per thread, except error flags (a constant added under a branch or
   predicate that depends on data: they almost never run).
+* **Compiled facts** (not from the IR): ``compiled_bytes_in_flight`` and ``spill_instructions`` are 0
+  here; :func:`stitchtune.cost.compiled.with_compiled` sets them from a kernel's SASS when it was built
+  (:class:`~stitchtune.cost.compiled.CompiledFacts`).
 """
 
 from __future__ import annotations
@@ -122,6 +125,8 @@ class KernelFeatures:
     load_rounds: float = 0.0        # per thread: load groups one after another (trip-weighted): DRAM round trips
     serial_rounds: float = 0.0      # per thread: the load rounds outside rolled loops free of barriers and shuffles
     shuffles: float = 0.0           # per thread: warp shuffles (trip-weighted)
+    compiled_bytes_in_flight: float = 0.0   # per thread, read from the compiled code (0: not compiled; cost.compiled)
+    spill_instructions: float = 0.0         # LDL + STL in the compiled code (0 also when not compiled)
     per_access: tuple[tuple[str, str, float, float], ...] = field(default=())  # (buffer, kind, trips, sector factor)
 
     def to_dict(self) -> dict[str, Any]:
