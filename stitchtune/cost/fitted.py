@@ -39,7 +39,10 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
   block's serial chain (its load rounds that cannot overlap, barriers and warp shuffles one after another),
   run ``ceil(waves)`` times by each block slot of an SM: the time of a kernel with few blocks and long
   per-thread loops, which Little's law over the average bytes in flight misses.
-* body = max(memory, issue, blocks, chain): each is a limit on the same launch.
+* **l2 requests**: ``grid x l2_requests / SMs x l2_request_ns``: every warp-level request of a scratch
+  load (``__ldcg``, L1 bypassed) is served by the L2 at a limited rate per SM; a broadcast read of one
+  word is one request however few bytes it moves (layernorm_wide's partials: ~13 ns per request and SM).
+* body = max(memory, issue, blocks, chain, l2 requests): each is a limit on the same launch.
 * **phases**: ``ceil(waves) x (load_phases - 1) x phase_us / blocks_per_sm`` (a barrier-separated load
   phase waits for DRAM unless other resident blocks hide it);
 * **scratch**: ``ceil(waves) x scratch_loads x scratch_load_ns`` (the cost model's scratch chain);
@@ -104,7 +107,8 @@ class Coefficients:
     round_ns: float = 600.0          # per load round on a block's serial chain (a loaded DRAM round trip)
     barrier_ns: float = 20.0         # per block barrier on a block's serial chain (~40 cycles; not fitted)
     shfl_ns: float = 12.0            # per warp shuffle on a block's serial chain (~24 cycles; not fitted)
-    spill_ns: float = 100.0          # per spill instruction (LDL / STL) of a compiled kernel, per wave
+    spill_ns: float = 0.0            # per spill instruction (LDL / STL) of a compiled kernel, per wave (0: off)
+    l2_request_ns: float = 4.0       # per warp-level scratch-load request and SM (the L2's request rate)
     source: str = "defaults"
     provenance: Mapping[str, Any] = field(default_factory=dict)
 
@@ -145,8 +149,11 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "ramp_us": (0.01, 10.0),
     "event_us": (0.01, 20.0),
     "round_ns": (10.0, 5000.0),
-    "spill_ns": (1.0, 5000.0),
+    "l2_request_ns": (0.1, 200.0),
 }
+#: coefficients fitted only when a caller names them (``fit_coefficients(names=...)``): ``spill_ns`` needs rows
+#: with compiled facts (scripts/fit_compiled_variants.py); the shipped model is fitted without them, spill term 0
+OPTIONAL_BOUNDS: dict[str, tuple[float, float]] = {"spill_ns": (1.0, 5000.0)}
 
 
 _CACHE: dict[tuple[str, str, int | None], Coefficients] = {}
@@ -209,7 +216,8 @@ def package_coefficients(device: Device) -> Coefficients:
 
 
 def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) -> dict[str, Any]:
-    """The predicted terms (µs) of one launch: memory, issue, blocks, chain, body (= max of the four), phases,
+    """The predicted terms (µs) of one launch: memory, issue, blocks, chain, l2_requests, body (= max of
+    those five), phases,
     scratch, spills, grid_barriers, atomics, ramp; device time = body + the last six. ``f`` may also be any object with
     the :class:`KernelFeatures` fields as numpy arrays (many launches at once: the fit)."""
     sms = device.sm_count
@@ -236,10 +244,11 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
              / lane_us + f.grid * f.smem_wavefronts * c.smem_cycles / (sms * device.clock_mhz))
     waves = np.ceil(f.grid / (bps * sms))
     blocks = f.grid / sms * c.cta_ns / 1000.0
+    l2req = f.grid * np.asarray(getattr(f, "l2_requests", 0.0), dtype=float) / sms * c.l2_request_ns / 1000.0
     chain = waves * (f.serial_rounds * c.round_ns + f.barriers * c.barrier_ns + f.shuffles * c.shfl_ns) / 1000.0
     return {
-        "memory": memory, "issue": issue, "blocks": blocks, "chain": chain,
-        "body": np.maximum(np.maximum(np.maximum(memory, issue), blocks), chain),
+        "memory": memory, "issue": issue, "blocks": blocks, "chain": chain, "l2_requests": l2req,
+        "body": np.maximum(np.maximum(np.maximum(np.maximum(memory, issue), blocks), chain), l2req),
         "phases": waves * np.maximum(0.0, f.load_phases - 1.0) * c.phase_us / bps,
         "scratch": waves * f.scratch_loads * c.scratch_load_ns / 1000.0,
         "spills": waves * np.asarray(getattr(f, "spill_instructions", 0.0), dtype=float) * c.spill_ns / 1000.0,
