@@ -82,7 +82,8 @@ def fit_coefficients(rows: Sequence[Mapping[str, Any]], device: Device, base: Co
     bounds = {**FIT_BOUNDS, **OPTIONAL_BOUNDS}
     lo = np.log([bounds[n][0] for n in names])
     hi = np.log([bounds[n][1] for n in names])
-    x0 = np.clip(np.log([getattr(b, n) for n in names]), lo + 1e-9, hi - 1e-9)
+    start = np.maximum([float(getattr(b, n)) for n in names], [bounds[n][0] for n in names])   # 0 (a term off): its bound
+    x0 = np.clip(np.log(start), lo + 1e-9, hi - 1e-9)
     meas = np.log([float(r["measured_us"]) for r in rows])
     stack = _Stack(rows)
     groups = [str(r["group"]) for r in rows]
