@@ -117,3 +117,40 @@ SASS = """
 def test_compiled_facts_of_sass_text() -> None:
     f = compiled_facts(parse_sass(SASS)["st_k0"])
     assert f.bytes_in_flight == 32.0 and f.loads_in_flight == 2.0 and f.spill_instructions == 2
+
+
+def _script(name: str):  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[2] / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_dataset_scripts_fingerprint_programs_as_the_dataset_keys_them() -> None:
+    # scripts/measured_sources.py records, scripts/sass_dataset.py checks: both must equal
+    # gpu.render.program_fingerprint, else the check "source hashes to source_sha256" means nothing
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.gpu.render import program_fingerprint, render
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.lower.entry import lower
+    from stitchtune.lower.resources import legal_space
+    from stitchtune.plan.planner import make_plan
+
+    g = load_graph(Path(__file__).parents[2] / "examples" / "layernorm.json")
+    plan = make_plan(g)
+    space = legal_space(g, plan, H200)
+    prog = lower(g, plan, heuristic_schedule(plan, H200, space), H200, space)
+    src = render(prog)
+    launches = [[ln.kernel, ln.grid, ln.block, ln.smem_bytes, list(ln.args)] for ln in prog.launches]
+    assert _script("measured_sources").fingerprint(prog, src) == program_fingerprint(prog)
+    sd = _script("sass_dataset")
+    assert sd.fingerprint(src, launches) == program_fingerprint(prog)
+    assert sd.fingerprint(src + " ", launches) != program_fingerprint(prog)
+    rows = [{"group": "db:x", "label": "x", "source_sha256": program_fingerprint(prog), "kernels": []}]
+    bad = {program_fingerprint(prog): {"source": src + "// edited\n", "launches": launches}}
+    _, problems = sd.facts_of_rows(rows, {}, 1)
+    assert problems and "not in the sources" in problems[0]
+    assert any("do not hash" in p for p in sd.facts_of_rows([], bad, 1)[1])
