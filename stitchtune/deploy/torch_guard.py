@@ -103,7 +103,7 @@ class GuardedRegion:
     _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes checked -> specs
     _held_on: dict[Any, list[Any]] = field(default_factory=dict, repr=False)   # device -> held tensors there
     #: per thread (``.buffers``): (device, stream) -> the bound inputs' buffers there (:meth:`_bound_buffers`)
-    _bound_at: threading.local = field(default_factory=threading.local, repr=False)
+    _bound_at: threading.local = field(default_factory=threading.local, repr=False, compare=False)
     #: the thin path (:mod:`~stitchtune.deploy.torch_fast`) once a call has run the full one: a
     #: FastCall, or for a kernel with symbolic shapes a ShapeCalls (one per input shapes); None: none
     _fast: Any = field(default=None, repr=False)
