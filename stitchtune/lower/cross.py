@@ -17,8 +17,10 @@ Phases (each a function below, called by :class:`stitchtune.lower.row.RowKernel`
    the output, zeroed by the small kernel of :func:`zero_kernel` launched first; ``grid`` stores it to
    the per-block partials ``xp<i>`` (scratch, ``grid x width`` floats, every element written before it
    is read), passes a grid barrier and sums the partials in block order (:func:`final_sums`); ``kernel``
-   stores the partials and :func:`combine_kernel` (a second launch) sums them in block order. ``grid``
-   and ``kernel`` are bitwise reproducible whatever order the blocks run in; ``atomic`` is not.
+   stores the partials and :func:`combine_kernel` (a second launch) sums them: the per-column ones by
+   column bands (:mod:`stitchtune.lower.cross_bands`: 128-bit loads, all issued before the first add,
+   summed in a fixed order), the scalar ones in block order. ``grid`` and ``kernel`` are bitwise
+   reproducible whatever order the blocks run in; ``atomic`` is not.
    ``max`` / ``min`` cross reductions combine with their own op from its neutral element (-inf / +inf)
    at every step (the space allows ``atomic`` for sums and means only: ``cross_atomic``).
 4. :func:`epilogue` (``grid`` and ``kernel``, after the final combine): the scalar epilogue nodes
@@ -38,6 +40,7 @@ from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, Lo
 from stitchtune.lower.base import Ctx, I, Lowerer, add, mul
 from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
+from stitchtune.lower.cross_bands import BandLayout, band_layout, band_sums
 from stitchtune.plan.cross import CrossReduction
 from stitchtune.space.option_values import CrossCombine
 from stitchtune.space.options import CROSS_COMBINE, cross_smem_floats
@@ -239,11 +242,13 @@ def cross_epilogue(k: RowKernelBuilder, cx: Ctx, uses: dict[str, set[str]]) -> l
     return out
 
 
-def final_sums(low: Lowerer, cx: Ctx, uses: dict[str, set[str]], parts: int, nblocks: int) -> list[kir.Stmt]:
+def final_sums(low: Lowerer, cx: Ctx, uses: dict[str, set[str]], parts: int, nblocks: int,
+               per_column: bool = True) -> list[kir.Stmt]:
     """Combine the ``parts`` per-block partials of every cross reduction in block order into its output,
-    with ``nblocks`` blocks running this code: per column one thread; a scalar by block 0 (every thread
-    a strided share, then shuffles and ``sxs`` across the warps, so that every thread of block 0 holds
-    it), then the scalar epilogue (:func:`epilogue`)."""
+    with ``nblocks`` blocks running this code: per column one thread (skipped with ``per_column``
+    false: the combine kernel sums those by bands, :mod:`stitchtune.lower.cross_bands`); a scalar by
+    block 0 (every thread a strided share, then shuffles and ``sxs`` across the warps, so that every
+    thread of block 0 holds it), then the scalar epilogue (:func:`epilogue`)."""
     s = low.s
     block = s.block
     out: list[kir.Stmt] = []
@@ -253,6 +258,8 @@ def final_sums(low: Lowerer, cx: Ctx, uses: dict[str, set[str]], parts: int, nbl
     finals: dict[str, kir.Expr] = {}
     mine = Bin("==", _BID, I(0))
     for i, c in enumerate(low.p.cross):
+        if c.kind == "per_reduced" and not per_column:
+            continue
         part = partial_buf(low, i, parts)
         cx.scratch.add(part)
         acc: Var = cx.var("xt", F32)
@@ -358,15 +365,34 @@ def zero_kernel(low: Lowerer) -> tuple[kir.Kernel, int]:
 
 
 def combine_kernel(low: Lowerer, parts: int) -> tuple[kir.Kernel, int]:
-    """(the second kernel of ``cross_combine`` kernel: sums the ``parts`` partials in block order, its grid)."""
+    """(the second kernel of ``cross_combine`` kernel, its grid): the per-column reductions' ``parts``
+    partial rows summed by column bands (:mod:`stitchtune.lower.cross_bands`: one band per block), the
+    scalar ones in block order by block 0 (:func:`final_sums`)."""
 
     cx, uses = Ctx(), _no_uses()
     block = low.s.block
-    width = max(low.p.N if c.kind == "per_reduced" else 1 for c in low.p.cross)
-    grid = math.ceil(width / block)
-    body = final_sums(low, cx, uses, parts, grid)
-    shared = [kir.SharedBuf("sxs", block // 32)] if block > 32 and _scalars(low) else []
+    body: list[kir.Stmt] = []
+    shared: list[kir.SharedBuf] = []
+    grid = 1
+    pcs = _per_col(low)
+    if pcs:
+        lay = combine_layout(low, parts)
+        parts_of = [partial_buf(low, i, parts) for i, _ in pcs]
+        outs = [low.out_buf[c.node] for _, c in pcs]  # (per-column results are outputs: see final_sums)
+        cx.scratch.update(parts_of)
+        uses["out"].update(outs)
+        body, shared = band_sums(lay, pcs, parts_of, outs, cx)
+        grid = lay.bands
+    if _scalars(low) or low.p.epilogue:
+        body += final_sums(low, cx, uses, parts, grid, per_column=False)
+        if block > 32 and _scalars(low):
+            shared.append(kir.SharedBuf("sxs", block // 32))
     return _small_kernel(low, "st_xsum", cx, uses, body, shared), grid
+
+
+def combine_layout(low: Lowerer, parts: int) -> BandLayout:
+    """The band layout of the combine kernel's per-column sums over ``parts`` partial rows."""
+    return band_layout(low.p.N, parts, len(_per_col(low)), low.s.block, low.dev)
 
 
 def small_profile(low: Lowerer, kern: kir.Kernel, grid: int, parts: int) -> kir.KernelProfile:
@@ -374,21 +400,24 @@ def small_profile(low: Lowerer, kern: kir.Kernel, grid: int, parts: int) -> kir.
     specs = {b.name: b for b in low.buffers}
     reads = sum(specs[p.name].nbytes for p in kern.params if p.role == BufferRole.SCRATCH)
     writes = sum(specs[p.name].nbytes for p in kern.params if p.role == BufferRole.OUTPUT)
+    in_flight, rounds = _combine_loads(low, parts) if reads else (4, 0)
     return kir.KernelProfile(
         name=kern.name, grid=grid, block=kern.block, smem_bytes=kern.smem_bytes, est_registers=SMALL_KERNEL_REGISTERS,
         dram_read_bytes=int(reads), dram_write_bytes=int(writes), reread_bytes=0, reread_working_set=0,
         flops=int(reads // 4), sfu_ops=0, block_barriers=sum(isinstance(x, kir.Barrier) for x in kir.walk(kern.body)),
-        grid_barriers=0, atomics=0, bytes_in_flight_per_thread=4 * min(parts, 4),
-        scratch_loads=int(math.ceil(_combine_loads(low, parts) / 8)) if reads else 0)
+        grid_barriers=0, atomics=0, bytes_in_flight_per_thread=in_flight, scratch_loads=rounds)
 
 
-def _combine_loads(low: Lowerer, parts: int) -> int:
-    """Partials one thread of the combine loads: all ``parts`` of its column, or its strided share of
-    a scalar's. They are independent loads of distinct, coalesced lines (unlike a split row's partials,
-    which every thread of a row loads), so the chain counts them 8 in flight per thread (an assumption)."""
-    if any(c.kind == "per_reduced" for c in low.p.cross):
-        return parts
-    return math.ceil(parts / low.s.block) if parts else 0
+def _combine_loads(low: Lowerer, parts: int) -> tuple[int, int]:
+    """(bytes of partials one thread of the combine has in flight, the rounds of loads it issues one
+    after another). Per-column reductions: a band's batch of vector loads, issued before the first add
+    (:class:`~stitchtune.lower.cross_bands.BandLayout`); a scalar alone: its strided share of the
+    partials, counted 8 in flight (an assumption: the loop is rolled)."""
+    if _per_col(low):
+        lay = combine_layout(low, parts)
+        return 4 * lay.vec * lay.nk * min(lay.batch, lay.passes), lay.rounds
+    n = math.ceil(parts / low.s.block) if parts else 0
+    return 4 * min(n, 4), math.ceil(n / 8)
 
 
 def atomic_counts(low: Lowerer, grid: int) -> tuple[int, int]:

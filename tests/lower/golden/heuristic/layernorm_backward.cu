@@ -430,27 +430,260 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
 }
 
 extern "C" __global__ void __launch_bounds__(256) st_xsum(float* __restrict__ out1, float* __restrict__ out2, float* __restrict__ xp0, float* __restrict__ xp1) {
-  int xg1 = 0;
-  int xc4 = 0;
-  bool xok5 = false;
-  float xt3 = 0.0f;
-  int xq2 = 0;
-  int xc7 = 0;
-  bool xok8 = false;
-  float xt6 = 0.0f;
-  xg1 = (((int)blockIdx.x * 256) + (int)threadIdx.x);
-  xc4 = xg1;
-  xok5 = (xc4 < 1024);
-  xt3 = 0.0f;
-  for (xq2 = 0; xq2 < 132; xq2 += 1) {
-    xt3 = (xt3 + (xok5 ? st_ldcg(xp0 + ((xq2 * 1024) + min(xc4, 1023))) : 0.0f));
+  extern __shared__ float4 st_smem_raw[];
+  float* sxb = reinterpret_cast<float*>(st_smem_raw) + 0;
+  int xbx1 = 0;
+  int xby2 = 0;
+  int xbc3 = 0;
+  float xba4 = 0.0f;
+  float xba5 = 0.0f;
+  float xba6 = 0.0f;
+  float xba7 = 0.0f;
+  float xba8 = 0.0f;
+  float xba9 = 0.0f;
+  float xba10 = 0.0f;
+  float xba11 = 0.0f;
+  float xbl12 = 0.0f;
+  float xbl13 = 0.0f;
+  float xbl14 = 0.0f;
+  float xbl15 = 0.0f;
+  float xbl16 = 0.0f;
+  float xbl17 = 0.0f;
+  float xbl18 = 0.0f;
+  float xbl19 = 0.0f;
+  float xbl20 = 0.0f;
+  float xbl21 = 0.0f;
+  float xbl22 = 0.0f;
+  float xbl23 = 0.0f;
+  float xbl24 = 0.0f;
+  float xbl25 = 0.0f;
+  float xbl26 = 0.0f;
+  float xbl27 = 0.0f;
+  float xbl28 = 0.0f;
+  float xbl29 = 0.0f;
+  float xbl30 = 0.0f;
+  float xbl31 = 0.0f;
+  float xbl32 = 0.0f;
+  float xbl33 = 0.0f;
+  float xbl34 = 0.0f;
+  float xbl35 = 0.0f;
+  float xbs36 = 0.0f;
+  float xbs37 = 0.0f;
+  float xbs38 = 0.0f;
+  float xbs39 = 0.0f;
+  float xbs40 = 0.0f;
+  float xbs41 = 0.0f;
+  float xbs42 = 0.0f;
+  float xbs43 = 0.0f;
+  // cross partials by column bands: 4 lanes x 4 columns, 64 partial rows per pass, 3 passes
+  xbx1 = ((int)threadIdx.x % 4);
+  xby2 = ((int)threadIdx.x / 4);
+  xbc3 = (((int)blockIdx.x * 16) + (xbx1 * 4));
+  xba4 = 0.0f;
+  xba5 = 0.0f;
+  xba6 = 0.0f;
+  xba7 = 0.0f;
+  xba8 = 0.0f;
+  xba9 = 0.0f;
+  xba10 = 0.0f;
+  xba11 = 0.0f;
+  {
+    float4 _v0 = __ldcg(reinterpret_cast<const float4*>(xp0 + ((min(xby2, 131) * 1024) + min(xbc3, 1020))));
+    xbl12 = _v0.x;
+    xbl13 = _v0.y;
+    xbl14 = _v0.z;
+    xbl15 = _v0.w;
   }
-  if (xok5) st_st(out1 + xc4, xt3);
-  xc7 = xg1;
-  xok8 = (xc7 < 1024);
-  xt6 = 0.0f;
-  for (xq2 = 0; xq2 < 132; xq2 += 1) {
-    xt6 = (xt6 + (xok8 ? st_ldcg(xp1 + ((xq2 * 1024) + min(xc7, 1023))) : 0.0f));
+  {
+    float4 _v1 = __ldcg(reinterpret_cast<const float4*>(xp1 + ((min(xby2, 131) * 1024) + min(xbc3, 1020))));
+    xbl16 = _v1.x;
+    xbl17 = _v1.y;
+    xbl18 = _v1.z;
+    xbl19 = _v1.w;
   }
-  if (xok8) st_st(out2 + xc7, xt6);
+  {
+    float4 _v2 = __ldcg(reinterpret_cast<const float4*>(xp0 + ((min((64 + xby2), 131) * 1024) + min(xbc3, 1020))));
+    xbl20 = _v2.x;
+    xbl21 = _v2.y;
+    xbl22 = _v2.z;
+    xbl23 = _v2.w;
+  }
+  {
+    float4 _v3 = __ldcg(reinterpret_cast<const float4*>(xp1 + ((min((64 + xby2), 131) * 1024) + min(xbc3, 1020))));
+    xbl24 = _v3.x;
+    xbl25 = _v3.y;
+    xbl26 = _v3.z;
+    xbl27 = _v3.w;
+  }
+  xbl28 = 0.0f;
+  xbl29 = 0.0f;
+  xbl30 = 0.0f;
+  xbl31 = 0.0f;
+  if ((((128 + xby2) < 132) && (xbc3 < 1024))) {
+    float4 _v4 = __ldcg(reinterpret_cast<const float4*>(xp0 + ((min((128 + xby2), 131) * 1024) + min(xbc3, 1020))));
+    xbl28 = _v4.x;
+    xbl29 = _v4.y;
+    xbl30 = _v4.z;
+    xbl31 = _v4.w;
+  }
+  xbl32 = 0.0f;
+  xbl33 = 0.0f;
+  xbl34 = 0.0f;
+  xbl35 = 0.0f;
+  if ((((128 + xby2) < 132) && (xbc3 < 1024))) {
+    float4 _v5 = __ldcg(reinterpret_cast<const float4*>(xp1 + ((min((128 + xby2), 131) * 1024) + min(xbc3, 1020))));
+    xbl32 = _v5.x;
+    xbl33 = _v5.y;
+    xbl34 = _v5.z;
+    xbl35 = _v5.w;
+  }
+  xba4 = (xba4 + xbl12);
+  xba5 = (xba5 + xbl13);
+  xba6 = (xba6 + xbl14);
+  xba7 = (xba7 + xbl15);
+  xba8 = (xba8 + xbl16);
+  xba9 = (xba9 + xbl17);
+  xba10 = (xba10 + xbl18);
+  xba11 = (xba11 + xbl19);
+  xba4 = (xba4 + xbl20);
+  xba5 = (xba5 + xbl21);
+  xba6 = (xba6 + xbl22);
+  xba7 = (xba7 + xbl23);
+  xba8 = (xba8 + xbl24);
+  xba9 = (xba9 + xbl25);
+  xba10 = (xba10 + xbl26);
+  xba11 = (xba11 + xbl27);
+  xba4 = (xba4 + xbl28);
+  xba5 = (xba5 + xbl29);
+  xba6 = (xba6 + xbl30);
+  xba7 = (xba7 + xbl31);
+  xba8 = (xba8 + xbl32);
+  xba9 = (xba9 + xbl33);
+  xba10 = (xba10 + xbl34);
+  xba11 = (xba11 + xbl35);
+  xba4 = (xba4 + __shfl_xor_sync(0xffffffffu, xba4, 4, 32));
+  xba4 = (xba4 + __shfl_xor_sync(0xffffffffu, xba4, 8, 32));
+  xba4 = (xba4 + __shfl_xor_sync(0xffffffffu, xba4, 16, 32));
+  xba5 = (xba5 + __shfl_xor_sync(0xffffffffu, xba5, 4, 32));
+  xba5 = (xba5 + __shfl_xor_sync(0xffffffffu, xba5, 8, 32));
+  xba5 = (xba5 + __shfl_xor_sync(0xffffffffu, xba5, 16, 32));
+  xba6 = (xba6 + __shfl_xor_sync(0xffffffffu, xba6, 4, 32));
+  xba6 = (xba6 + __shfl_xor_sync(0xffffffffu, xba6, 8, 32));
+  xba6 = (xba6 + __shfl_xor_sync(0xffffffffu, xba6, 16, 32));
+  xba7 = (xba7 + __shfl_xor_sync(0xffffffffu, xba7, 4, 32));
+  xba7 = (xba7 + __shfl_xor_sync(0xffffffffu, xba7, 8, 32));
+  xba7 = (xba7 + __shfl_xor_sync(0xffffffffu, xba7, 16, 32));
+  xba8 = (xba8 + __shfl_xor_sync(0xffffffffu, xba8, 4, 32));
+  xba8 = (xba8 + __shfl_xor_sync(0xffffffffu, xba8, 8, 32));
+  xba8 = (xba8 + __shfl_xor_sync(0xffffffffu, xba8, 16, 32));
+  xba9 = (xba9 + __shfl_xor_sync(0xffffffffu, xba9, 4, 32));
+  xba9 = (xba9 + __shfl_xor_sync(0xffffffffu, xba9, 8, 32));
+  xba9 = (xba9 + __shfl_xor_sync(0xffffffffu, xba9, 16, 32));
+  xba10 = (xba10 + __shfl_xor_sync(0xffffffffu, xba10, 4, 32));
+  xba10 = (xba10 + __shfl_xor_sync(0xffffffffu, xba10, 8, 32));
+  xba10 = (xba10 + __shfl_xor_sync(0xffffffffu, xba10, 16, 32));
+  xba11 = (xba11 + __shfl_xor_sync(0xffffffffu, xba11, 4, 32));
+  xba11 = (xba11 + __shfl_xor_sync(0xffffffffu, xba11, 8, 32));
+  xba11 = (xba11 + __shfl_xor_sync(0xffffffffu, xba11, 16, 32));
+  if ((((int)threadIdx.x % 32) < 4)) sxb[min((((((int)threadIdx.x / 32) * 4) * 8) + ((int)threadIdx.x % 32)), 255)] = xba4;
+  if ((((int)threadIdx.x % 32) < 4)) sxb[min(((((((int)threadIdx.x / 32) * 4) + 1) * 8) + ((int)threadIdx.x % 32)), 255)] = xba5;
+  if ((((int)threadIdx.x % 32) < 4)) sxb[min(((((((int)threadIdx.x / 32) * 4) + 2) * 8) + ((int)threadIdx.x % 32)), 255)] = xba6;
+  if ((((int)threadIdx.x % 32) < 4)) sxb[min(((((((int)threadIdx.x / 32) * 4) + 3) * 8) + ((int)threadIdx.x % 32)), 255)] = xba7;
+  if ((((int)threadIdx.x % 32) < 4)) sxb[min(((((((int)threadIdx.x / 32) * 4) * 8) + 4) + ((int)threadIdx.x % 32)), 255)] = xba8;
+  if ((((int)threadIdx.x % 32) < 4)) sxb[min((((((((int)threadIdx.x / 32) * 4) + 1) * 8) + 4) + ((int)threadIdx.x % 32)), 255)] = xba9;
+  if ((((int)threadIdx.x % 32) < 4)) sxb[min((((((((int)threadIdx.x / 32) * 4) + 2) * 8) + 4) + ((int)threadIdx.x % 32)), 255)] = xba10;
+  if ((((int)threadIdx.x % 32) < 4)) sxb[min((((((((int)threadIdx.x / 32) * 4) + 3) * 8) + 4) + ((int)threadIdx.x % 32)), 255)] = xba11;
+  __syncthreads();
+  if ((((int)threadIdx.x / 4) == 0)) {
+    xbs36 = 0.0f;
+    xbs36 = (xbs36 + sxb[(int)threadIdx.x]);
+    xbs36 = (xbs36 + sxb[(32 + (int)threadIdx.x)]);
+    xbs36 = (xbs36 + sxb[(64 + (int)threadIdx.x)]);
+    xbs36 = (xbs36 + sxb[(96 + (int)threadIdx.x)]);
+    xbs36 = (xbs36 + sxb[(128 + (int)threadIdx.x)]);
+    xbs36 = (xbs36 + sxb[(160 + (int)threadIdx.x)]);
+    xbs36 = (xbs36 + sxb[(192 + (int)threadIdx.x)]);
+    xbs36 = (xbs36 + sxb[(224 + (int)threadIdx.x)]);
+    xbs37 = 0.0f;
+    xbs37 = (xbs37 + sxb[(8 + (int)threadIdx.x)]);
+    xbs37 = (xbs37 + sxb[(40 + (int)threadIdx.x)]);
+    xbs37 = (xbs37 + sxb[(72 + (int)threadIdx.x)]);
+    xbs37 = (xbs37 + sxb[(104 + (int)threadIdx.x)]);
+    xbs37 = (xbs37 + sxb[(136 + (int)threadIdx.x)]);
+    xbs37 = (xbs37 + sxb[(168 + (int)threadIdx.x)]);
+    xbs37 = (xbs37 + sxb[(200 + (int)threadIdx.x)]);
+    xbs37 = (xbs37 + sxb[(232 + (int)threadIdx.x)]);
+    xbs38 = 0.0f;
+    xbs38 = (xbs38 + sxb[(16 + (int)threadIdx.x)]);
+    xbs38 = (xbs38 + sxb[(48 + (int)threadIdx.x)]);
+    xbs38 = (xbs38 + sxb[(80 + (int)threadIdx.x)]);
+    xbs38 = (xbs38 + sxb[(112 + (int)threadIdx.x)]);
+    xbs38 = (xbs38 + sxb[(144 + (int)threadIdx.x)]);
+    xbs38 = (xbs38 + sxb[(176 + (int)threadIdx.x)]);
+    xbs38 = (xbs38 + sxb[(208 + (int)threadIdx.x)]);
+    xbs38 = (xbs38 + sxb[(240 + (int)threadIdx.x)]);
+    xbs39 = 0.0f;
+    xbs39 = (xbs39 + sxb[(24 + (int)threadIdx.x)]);
+    xbs39 = (xbs39 + sxb[(56 + (int)threadIdx.x)]);
+    xbs39 = (xbs39 + sxb[(88 + (int)threadIdx.x)]);
+    xbs39 = (xbs39 + sxb[(120 + (int)threadIdx.x)]);
+    xbs39 = (xbs39 + sxb[(152 + (int)threadIdx.x)]);
+    xbs39 = (xbs39 + sxb[(184 + (int)threadIdx.x)]);
+    xbs39 = (xbs39 + sxb[(216 + (int)threadIdx.x)]);
+    xbs39 = (xbs39 + sxb[(248 + (int)threadIdx.x)]);
+    if (((((int)blockIdx.x * 16) + (((int)threadIdx.x % 4) * 4)) < 1024)) {
+      float4 _v6;
+      _v6.x = xbs36;
+      _v6.y = xbs37;
+      _v6.z = xbs38;
+      _v6.w = xbs39;
+      *reinterpret_cast<float4*>(out1 + (((int)blockIdx.x * 16) + (((int)threadIdx.x % 4) * 4))) = _v6;
+    }
+  }
+  if ((((int)threadIdx.x / 4) == 1)) {
+    xbs40 = 0.0f;
+    xbs40 = (xbs40 + sxb[(int)threadIdx.x]);
+    xbs40 = (xbs40 + sxb[(32 + (int)threadIdx.x)]);
+    xbs40 = (xbs40 + sxb[(64 + (int)threadIdx.x)]);
+    xbs40 = (xbs40 + sxb[(96 + (int)threadIdx.x)]);
+    xbs40 = (xbs40 + sxb[(128 + (int)threadIdx.x)]);
+    xbs40 = (xbs40 + sxb[(160 + (int)threadIdx.x)]);
+    xbs40 = (xbs40 + sxb[(192 + (int)threadIdx.x)]);
+    xbs40 = (xbs40 + sxb[(224 + (int)threadIdx.x)]);
+    xbs41 = 0.0f;
+    xbs41 = (xbs41 + sxb[(8 + (int)threadIdx.x)]);
+    xbs41 = (xbs41 + sxb[(40 + (int)threadIdx.x)]);
+    xbs41 = (xbs41 + sxb[(72 + (int)threadIdx.x)]);
+    xbs41 = (xbs41 + sxb[(104 + (int)threadIdx.x)]);
+    xbs41 = (xbs41 + sxb[(136 + (int)threadIdx.x)]);
+    xbs41 = (xbs41 + sxb[(168 + (int)threadIdx.x)]);
+    xbs41 = (xbs41 + sxb[(200 + (int)threadIdx.x)]);
+    xbs41 = (xbs41 + sxb[(232 + (int)threadIdx.x)]);
+    xbs42 = 0.0f;
+    xbs42 = (xbs42 + sxb[(16 + (int)threadIdx.x)]);
+    xbs42 = (xbs42 + sxb[(48 + (int)threadIdx.x)]);
+    xbs42 = (xbs42 + sxb[(80 + (int)threadIdx.x)]);
+    xbs42 = (xbs42 + sxb[(112 + (int)threadIdx.x)]);
+    xbs42 = (xbs42 + sxb[(144 + (int)threadIdx.x)]);
+    xbs42 = (xbs42 + sxb[(176 + (int)threadIdx.x)]);
+    xbs42 = (xbs42 + sxb[(208 + (int)threadIdx.x)]);
+    xbs42 = (xbs42 + sxb[(240 + (int)threadIdx.x)]);
+    xbs43 = 0.0f;
+    xbs43 = (xbs43 + sxb[(24 + (int)threadIdx.x)]);
+    xbs43 = (xbs43 + sxb[(56 + (int)threadIdx.x)]);
+    xbs43 = (xbs43 + sxb[(88 + (int)threadIdx.x)]);
+    xbs43 = (xbs43 + sxb[(120 + (int)threadIdx.x)]);
+    xbs43 = (xbs43 + sxb[(152 + (int)threadIdx.x)]);
+    xbs43 = (xbs43 + sxb[(184 + (int)threadIdx.x)]);
+    xbs43 = (xbs43 + sxb[(216 + (int)threadIdx.x)]);
+    xbs43 = (xbs43 + sxb[(248 + (int)threadIdx.x)]);
+    if (((((int)blockIdx.x * 16) + (((int)threadIdx.x % 4) * 4)) < 1024)) {
+      float4 _v7;
+      _v7.x = xbs40;
+      _v7.y = xbs41;
+      _v7.z = xbs42;
+      _v7.w = xbs43;
+      *reinterpret_cast<float4*>(out2 + (((int)blockIdx.x * 16) + (((int)threadIdx.x % 4) * 4))) = _v7;
+    }
+  }
 }
