@@ -4,7 +4,8 @@ Phases (each a function below, called by :class:`stitchtune.lower.row.RowKernel`
 
 1. :func:`cross_layout`: the per-thread accumulators (``xa<i>``: one row piece of ``per_thread`` floats
    per per-column reduction, in registers; a scalar variable per scalar reduction) and the shared
-   exchange buffers (``sxk``: one row piece per warp row group; ``sxs``: one float per warp), sized by
+   exchange buffers (``sxk``: one row piece per warp row group, used by the per-column reductions one
+   after another; ``sxs``: one float per warp), sized by
    :func:`stitchtune.space.options.cross_smem_floats` (the space checks the same figure).
 2. :func:`cross_init` (before the round loop) zeroes the accumulators; :func:`cross_accumulate`
    (in the output sweep) adds each element of a full-size source to the thread's accumulator of its
@@ -12,7 +13,9 @@ Phases (each a function below, called by :class:`stitchtune.lower.row.RowKernel`
    value, on the row's first lane.
 3. :func:`cross_epilogue` (after the round loop, reached by every thread): the block reduces its
    accumulators (shuffles across the sub-warp rows of a warp, then shared memory across the warp row
-   groups; shuffles + shared memory across the warps for a scalar), then combines across blocks per
+   groups: ``sxk`` holds one reduction at a time, element-major so that stores and loads are
+   conflict-free, and each thread sums the groups of ``vec`` consecutive columns, stored with one
+   vector access; shuffles + shared memory across the warps for a scalar), then combines across blocks per
    ``Schedule.cross_combine``: ``atomic`` adds the block's value (a mean: scaled by ``1 / count``) to
    the output, zeroed by the small kernel of :func:`zero_kernel` launched first; ``grid`` stores it to
    the per-block partials ``xp<i>`` (scratch, ``grid x width`` floats, every element written before it
@@ -83,7 +86,7 @@ def cross_layout(low: Lowerer) -> tuple[list[kir.SharedBuf], list[kir.LocalArray
     shared: list[kir.SharedBuf] = []
     groups = s.block // max(s.tpr, 32)
     if nk and groups > 1:
-        shared.append(kir.SharedBuf("sxk", nk * groups * low.chunk))
+        shared.append(kir.SharedBuf("sxk", groups * low.chunk))   # one row piece per group, each reduction in turn
     if ns and s.block > 32:
         shared.append(kir.SharedBuf("sxs", ns * (s.block // 32)))
     assert 4 * sum(b.size for b in shared) == 4 * cross_smem_floats(s.tpr, s.block, low.chunk, nk, ns)
@@ -150,14 +153,15 @@ def _warp_sum(out: list[kir.Stmt], get: Callable[[], kir.Expr], put: Callable[[k
         out.append(put(Bin(op, get(), kir.Shfl(get(), m, 32))))
 
 
-def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, kir.Expr, kir.Expr, kir.Expr]]:
+def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, kir.Expr, tuple[kir.Expr, ...], kir.Expr]]:
     """The block reduce (statements into ``out``); returns, per block value to combine, ``(cross
-    index, column, value, predicate)`` (columns may repeat over loop iterations: statements follow)."""
+    index, first column, values of consecutive columns, predicate)``: per-column results ``vec``
+    columns at a time (one 128-bit store at ``vec`` 4), a scalar as one value."""
     low, s = k.low, k.low.s
-    tpr, block, chunk, N = s.tpr, s.block, low.chunk, low.p.N
+    tpr, block = s.tpr, s.block
     groups = block // max(tpr, 32)
     subwarp = [m for m in (1, 2, 4, 8, 16) if m >= tpr]
-    res: list[tuple[int, kir.Expr, kir.Expr, kir.Expr]] = []
+    res: list[tuple[int, kir.Expr, tuple[kir.Expr, ...], kir.Expr]] = []
     pcs = _per_col(low)
     for i, c in pcs:  # merge the sub-warp rows of each warp (lanes with the same columns)
         for e in range(low.per_thread):
@@ -168,37 +172,23 @@ def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, k
         a = k.cross_accumulator(i)
         _warp_sum(out, lambda: a, lambda v: Assign(a, v), [16, 8, 4, 2, 1], c.combine)
     writer = Bin("<", Bin("%", _TID, I(32)), I(tpr)) if tpr < 32 else None
-    if pcs and groups > 1:
-        slot = Bin("/", _TID, I(max(tpr, 32)))
-        for n, (i, _) in enumerate(pcs):
-            base = mul(add(I(n * groups), slot), I(chunk))
-            for e in range(low.per_thread):
-                out.append(kir.StoreVec("sxk", add(base, _column(k, e)), (LocalRef(f"xa{i}", I(e)),), writer))
     nw = block // 32
     scal = _scalars(low)
     if scal and block > 32:
         for n, (i, _) in enumerate(scal):
             out.append(kir.StoreVec("sxs", add(I(n * nw), Bin("/", _TID, I(32))), (k.cross_accumulator(i),),
                                     Bin("==", Bin("%", _TID, I(32)), I(0))))
-    if (pcs and groups > 1) or (scal and block > 32):
-        out.append(kir.Barrier())
     if pcs and groups > 1:
-        for n, (i, c) in enumerate(pcs):
-            for q in range(math.ceil(chunk / block)):
-                col = add(_TID, I(q * block))
-                v = k.var("xv", F32)
-                inside = Bin("<", col, I(chunk))
-                out.append(Assign(v, _ident(c)))
-                for g in range(groups):
-                    out.append(Assign(v, _comb(c, v, Load("sxk", add(I((n * groups + g) * chunk),
-                                                                      Bin("min", col, I(chunk - 1))), inside))))
-                res.append((i, col, v, Bin("<", col, I(N))))
-    elif pcs:
+        res += _groups_exchange(k, out, pcs, groups, writer)
+    elif scal and block > 32:
+        out.append(kir.Barrier())
+    if pcs and groups == 1:
         for i, _ in pcs:
-            for e in range(low.per_thread):
-                col = _column(k, e)
-                ok = Bin("<", col, I(N))
-                res.append((i, col, LocalRef(f"xa{i}", I(e)), ok if writer is None else Bin("&&", writer, ok)))
+            for u in range(low.per_thread // s.vec):   # the thread's vec-wide pieces: columns (u tpr + lane) vec ...
+                col = _column(k, u * s.vec)
+                vals = tuple(LocalRef(f"xa{i}", I(u * s.vec + j)) for j in range(s.vec))
+                ok = Bin("<", add(col, I(s.vec - 1)), I(low.p.N))
+                res.append((i, col, vals, ok if writer is None else Bin("&&", writer, ok)))
     for n, (i, c) in enumerate(scal):
         if block > 32:
             v = k.var("xv", F32)
@@ -207,8 +197,50 @@ def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, k
                 out.append(Assign(v, _comb(c, v, Load("sxs", I(n * nw + w)))))
         else:
             v = k.cross_accumulator(i)
-        res.append((i, I(0), v, Bin("==", _TID, I(0))))
+        res.append((i, I(0), (v,), Bin("==", _TID, I(0))))
     return res
+
+
+def _groups_exchange(k: RowKernelBuilder, out: list[kir.Stmt], pcs: list[tuple[int, CrossReduction]], groups: int,
+                     writer: kir.Expr | None) -> list[tuple[int, kir.Expr, tuple[kir.Expr, ...], kir.Expr]]:
+    """The warp row groups' per-column sums through ``sxk`` (one row piece per group, reused by each
+    reduction in turn), laid out by element: column ``(u tpr + lane) vec + j`` of group ``g`` at ``g
+    chunk + j (chunk / vec) + u tpr + lane``, so that a warp's stores and the readers' loads touch
+    consecutive words (no bank conflict); thread ``t`` then sums the groups of the ``vec`` columns
+    from ``(t + q block) vec`` on, in group order (the first barrier also publishes ``sxs``)."""
+    low, s = k.low, k.low.s
+    chunk, block, vec = low.chunk, s.block, s.vec
+    units = chunk // vec
+    slot = Bin("/", _TID, I(max(s.tpr, 32)))
+    res: list[tuple[int, kir.Expr, tuple[kir.Expr, ...], kir.Expr]] = []
+    for n, (i, c) in enumerate(pcs):
+        if n:
+            out.append(kir.Barrier())   # the previous reduction's readers are done with sxk
+        for e in range(low.per_thread):
+            u, j = divmod(e, vec)
+            at = add(mul(slot, I(chunk)), add(I(j * units + u * s.tpr), k.ix.lane))
+            out.append(kir.StoreVec("sxk", at, (LocalRef(f"xa{i}", I(e)),), writer))
+        out.append(kir.Barrier())
+        for q in range(math.ceil(units / block)):
+            unit = add(_TID, I(q * block))
+            inside = Bin("<", unit, I(units))
+            vals = []
+            for j in range(vec):
+                v = k.var("xv", F32)
+                out.append(Assign(v, _ident(c)))
+                for g in range(groups):
+                    out.append(Assign(v, _comb(c, v, Load("sxk", add(I(g * chunk + j * units),
+                                                                      Bin("min", unit, I(units - 1))), inside))))
+                vals.append(v)
+            col = mul(unit, I(vec))
+            res.append((i, col, tuple(vals), Bin("<", add(col, I(vec - 1)), I(low.p.N))))
+    return res
+
+
+def _atomic_width(n: int, device_width: int) -> int:
+    """Elements per atomic add of ``n`` consecutive values: a float4 / float2 add where the device has
+    them (``device_width``, 1 for a 16-bit output) and it divides ``n``, else scalar adds."""
+    return next(w for w in (4, 2, 1) if w <= device_width and n % w == 0)
 
 
 def partial_buf(low: Lowerer, i: int, grid: int) -> str:
@@ -224,18 +256,21 @@ def cross_epilogue(k: RowKernelBuilder, cx: Ctx, uses: dict[str, set[str]]) -> l
     low = k.low
     mode, grid = low.s.option(CROSS_COMBINE), k.layout.grid
     out: list[kir.Stmt] = [kir.Comment("cross reductions: block reduce, then combine across blocks")]
-    for i, col, v, pred in _block_values(k, out):
+    vw = low.dev.atomic_vector_width
+    for i, col, vals, pred in _block_values(k, out):
         c = low.p.cross[i]
         if mode == CrossCombine.ATOMIC:
             buf = low.out_buf[c.node]
             k.use_output(buf)
-            val = Bin("*", v, _f(_scale(c))) if c.mean else v
-            out.append(kir.AtomicAdd(buf, col, val, pred))
+            vals = tuple(Bin("*", v, _f(_scale(c))) if c.mean else v for v in vals)
+            w = _atomic_width(len(vals), vw if low.g.spec(c.node).dtype == "float32" else 1)
+            out += [kir.AtomicAdd(buf, add(col, I(j)), vals[j], pred, more=vals[j + 1:j + w])
+                    for j in range(0, len(vals), w)]
         else:
             part = partial_buf(low, i, grid)
             cx.scratch.add(part)
             width = low.p.N if c.kind == "per_reduced" else 1
-            out.append(kir.StoreVec(part, add(mul(_BID, I(width)), col), (v,), pred))
+            out.append(kir.StoreVec(part, add(mul(_BID, I(width)), col), vals, pred))
     if mode == CrossCombine.GRID:
         out.append(kir.GridSync())
         out += final_sums(low, cx, uses, grid, grid)

@@ -1,5 +1,6 @@
-"""The per-column cross partials (``stitchtune.lower.cross`` and ``cross_bands``): the combine kernel
-(``st_xsum``) sums the partial rows by column bands, 128-bit where the width allows, every load issued
+"""The per-column cross partials (``stitchtune.lower.cross`` and ``cross_bands``): the row kernel stores
+each block's column sums ``vec`` columns per access (128-bit) through a bank-conflict-free exchange sized
+for one reduction at a time; the combine kernel (``st_xsum``) sums the partial rows by column bands, 128-bit where the width allows, every load issued
 before the first add; it emulates equal to the float64 reference (sums, means, max and min per column,
 widths a band does not divide, more partial rows than one batch) and is bitwise equal across block
 orders."""
@@ -11,7 +12,8 @@ import random
 import numpy as np
 import pytest
 
-from helpers.lowering import DEV, channels_last_ln_backward, float_graph, rel_err
+from helpers.lowering import DEV, channels_last_ln_backward, float_graph, rel_err, setup
+from stitchtune.analysis.audit import audit_program
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.graph.reference import random_inputs, run_reference
@@ -20,7 +22,7 @@ from stitchtune.lower.cross_bands import UNROLL, band_layout
 from stitchtune.lower.entry import lower
 from stitchtune.plan.planner import make_plan
 from stitchtune.space import Schedule, SearchSpace
-from stitchtune.space.options import CROSS_COMBINE
+from stitchtune.space.options import CROSS_COMBINE, cross_smem_floats
 
 ALL = lambda k: 1 << 30  # noqa: E731  (every grid co-resident)
 
@@ -116,3 +118,21 @@ def test_sum_mean_max_min_per_column_in_each_deterministic_combine(rows: int, co
         (e1, o1), (e2, o2) = _errors(g, prog, seed=1), _errors(g, prog, seed=2)
         assert e1 < 1e-5, (s.to_json(), e1)
         assert all(o1[k].tobytes() == o2[k].tobytes() for k in o1), s.to_json()
+
+
+def test_row_kernel_partials_are_vector_stores_through_one_conflict_free_exchange() -> None:
+    g, plan, space = setup("layernorm_backward_small.json")
+    s = _with(heuristic_schedule(plan, DEV, space), cross_combine="kernel", tpr=32, block=256, vec=4)
+    assert not space.violations(s)
+    prog = lower(g, plan, s, DEV, space)
+    main = prog.kernels[0]
+    partials = [x for x in kir.walk(main.body) if isinstance(x, kir.StoreVec) and x.buf.startswith("xp")]
+    assert partials and all(len(x.values) == 4 for x in partials)
+    sxk = next(b for b in main.shared if b.name == "sxk")
+    nk = sum(c.kind == "per_reduced" for c in plan.cross)
+    assert nk == 2 and sxk.size == (256 // 32) * 256   # one row piece per warp row group, not one per reduction
+    assert 4 * sxk.size == 4 * cross_smem_floats(32, 256, 256, nk, 0)
+    audit = audit_program(g, prog, DEV, sass=False, peer=False)
+    for k in audit.kernels:
+        assert k.worst_bank_ratio in (None, 1.0), (k.name, [a for a in k.shared_accesses if a.ratio > 1])
+        assert not [a for a in k.accesses if a.wide and a.access_bits < 128], k.name
