@@ -19,7 +19,9 @@ Phases (each a function below, called by :class:`stitchtune.lower.row.RowKernel`
    ``Schedule.cross_combine``: ``atomic`` adds the block's value (a mean: scaled by ``1 / count``) to
    the output, zeroed by the small kernel of :func:`zero_kernel` launched first; ``grid`` stores it to
    the per-block partials ``xp<i>`` (scratch, ``grid x width`` floats, every element written before it
-   is read), passes a grid barrier and sums the partials in block order (:func:`final_sums`); ``kernel``
+   is read), passes a grid barrier and sums the partials: the per-column ones by column bands, one per
+   block, through ``sxk`` (:func:`grid_bands`; else one thread per column), the scalar ones in block
+   order (:func:`final_sums`); ``kernel``
    stores the partials and :func:`combine_kernel` (a second launch) sums them: the per-column ones by
    column bands (:mod:`stitchtune.lower.cross_bands`: 128-bit loads, all issued before the first add,
    summed in a fixed order), the scalar ones in block order. ``grid`` and ``kernel`` are bitwise
@@ -273,8 +275,29 @@ def cross_epilogue(k: RowKernelBuilder, cx: Ctx, uses: dict[str, set[str]]) -> l
             out.append(kir.StoreVec(part, add(mul(_BID, I(width)), col), vals, pred))
     if mode == CrossCombine.GRID:
         out.append(kir.GridSync())
-        out += final_sums(low, cx, uses, grid, grid)
+        lay = grid_bands(low, grid)
+        if lay is not None:   # every block of the grid a band (sxk is free after the grid barrier)
+            pcs = _per_col(low)
+            parts_of = [partial_buf(low, i, grid) for i, _ in pcs]
+            outs = [low.out_buf[c.node] for _, c in pcs]
+            cx.scratch.update(parts_of)
+            uses["out"].update(outs)
+            out += band_sums(lay, pcs, parts_of, outs, cx, buf="sxk", spare=True)[0]
+        out += final_sums(low, cx, uses, grid, grid, per_column=lay is None)
     return out
+
+
+def grid_bands(low: Lowerer, grid: int) -> BandLayout | None:
+    """The band layout of the grid combine's per-column sums in the row kernel's ``grid`` blocks (one
+    band per block, the warps' sums through ``sxk``), or None: no per-column reduction, no ``sxk``
+    (one warp row group per block) or too small for the layout, or fewer blocks than bands (then one
+    thread per column sums in block order, :func:`final_sums`)."""
+    pcs, s = _per_col(low), low.s
+    groups = s.block // max(s.tpr, 32)
+    if not pcs or groups < 2:
+        return None
+    lay = band_layout(low.p.N, grid, len(pcs), s.block, low.dev, max_bands=grid)
+    return lay if lay is not None and lay.smem_floats <= groups * low.chunk else None
 
 
 def final_sums(low: Lowerer, cx: Ctx, uses: dict[str, set[str]], parts: int, nblocks: int,
@@ -427,7 +450,9 @@ def combine_kernel(low: Lowerer, parts: int) -> tuple[kir.Kernel, int]:
 
 def combine_layout(low: Lowerer, parts: int) -> BandLayout:
     """The band layout of the combine kernel's per-column sums over ``parts`` partial rows."""
-    return band_layout(low.p.N, parts, len(_per_col(low)), low.s.block, low.dev)
+    lay = band_layout(low.p.N, parts, len(_per_col(low)), low.s.block, low.dev)
+    assert lay is not None   # (no band limit)
+    return lay
 
 
 def small_profile(low: Lowerer, kern: kir.Kernel, grid: int, parts: int) -> kir.KernelProfile:

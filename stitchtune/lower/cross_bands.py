@@ -106,22 +106,33 @@ class BandLayout:
         return self.warps * self.nk * self.band if self.warps > 1 else 0
 
 
-def band_layout(width: int, parts: int, nk: int, block: int, device: Device) -> BandLayout:
+def band_layout(width: int, parts: int, nk: int, block: int, device: Device,
+                max_bands: int | None = None) -> BandLayout | None:
     """The combine's layout for ``nk`` per-column reductions of ``width`` columns over ``parts``
-    partial rows with ``block`` threads per block on ``device`` (module docstring)."""
+    partial rows with ``block`` threads per block on ``device`` (module docstring), with at most
+    ``max_bands`` bands (the blocks there are: None, as many as needed); None when that many blocks
+    cannot cover the columns."""
     warp = device.warp_size
     vec = 4 if width % 4 == 0 else 2 if width % 2 == 0 else 1
-    lanes = min(warp, block)
+    top = min(warp, block)
+    lanes = top
     floor = max(1, MIN_BAND_BYTES // (4 * vec))
     while lanes > floor and math.ceil(width / (lanes * vec)) < device.sm_count:
         lanes //= 2
+    while max_bands is not None and lanes < top and math.ceil(width / (lanes * vec)) > max_bands:
+        lanes *= 2
+    if max_bands is not None and math.ceil(width / (lanes * vec)) > max_bands:
+        return None
     return BandLayout(width, parts, nk, block, warp, vec, lanes)
 
 
 def band_sums(lay: BandLayout, cross: list[tuple[int, CrossReduction]], parts_of: list[str], outs: list[str],
-              cx: Ctx) -> tuple[list[kir.Stmt], list[kir.SharedBuf]]:
+              cx: Ctx, buf: str = "sxb", spare: bool = False) -> tuple[list[kir.Stmt], list[kir.SharedBuf]]:
     """(statements, shared buffers) of the band combine: the per-column reductions ``cross`` (index in
-    the plan, reduction), their partial buffers ``parts_of`` and outputs ``outs`` (same order)."""
+    the plan, reduction), their partial buffers ``parts_of`` and outputs ``outs`` (same order); block
+    ``b`` sums band ``b``. ``buf``: the shared buffer of the warps' sums (at least
+    ``lay.smem_floats``); ``spare``: the grid may have blocks beyond the bands (they load and store
+    nothing: the grid combine runs this in every block of the row kernel)."""
     out: list[kir.Stmt] = [kir.Comment(f"cross partials by column bands: {lay.lanes} lanes x {lay.vec} columns, "
                                        f"{lay.rows} partial rows per pass, {lay.passes} passes")]
     tx, ty = cx.var("xbx", I32), cx.var("xby", I32)
@@ -133,10 +144,11 @@ def band_sums(lay: BandLayout, cross: list[tuple[int, CrossReduction]], parts_of
     for (_, c), acc in zip(cross, accs):
         out += [Assign(a, _ident(c)) for a in acc]
     if lay.rounds == 1:
-        out += _batch(lay, cross, parts_of, accs, cx, None, ty, col, inside)
+        out += _batch(lay, cross, parts_of, accs, cx, None, ty, col, inside, spare)
     else:
         o = cx.var("xbo", I32)
-        out.append(kir.For(o, I(0), I(lay.rounds), 1, tuple(_batch(lay, cross, parts_of, accs, cx, o, ty, col, inside))))
+        out.append(kir.For(o, I(0), I(lay.rounds), 1,
+                           tuple(_batch(lay, cross, parts_of, accs, cx, o, ty, col, inside, spare))))
     for (_, c), acc in zip(cross, accs):   # the rows of a warp: lanes with the same columns are `lanes` apart
         for a in acc:
             m = lay.lanes
@@ -148,11 +160,11 @@ def band_sums(lay: BandLayout, cross: list[tuple[int, CrossReduction]], parts_of
             vals = tuple(_scaled(c, a) for a in acc)
             out.append(kir.StoreVec(outs[n], col, vals, Bin("&&", Bin("<", _TID, I(lay.lanes)), inside)))
         return out, []
-    return out + _across_warps(lay, cross, outs, accs, cx), [kir.SharedBuf("sxb", lay.smem_floats)]
+    return out + _across_warps(lay, cross, outs, accs, cx, buf), [kir.SharedBuf(buf, lay.smem_floats)]
 
 
 def _batch(lay: BandLayout, cross: list[tuple[int, CrossReduction]], parts_of: list[str], accs: list[list[Var]],
-           cx: Ctx, o: Var | None, ty: Var, col: Var, inside: kir.Expr) -> list[kir.Stmt]:
+           cx: Ctx, o: Var | None, ty: Var, col: Var, inside: kir.Expr, spare: bool) -> list[kir.Stmt]:
     """One batch of passes (``o``: the batch's loop variable; None: the only batch): every load first,
     then the adds in pass order."""
     loads: list[kir.Stmt] = []
@@ -161,7 +173,7 @@ def _batch(lay: BandLayout, cross: list[tuple[int, CrossReduction]], parts_of: l
         if o is None:
             first = q * lay.rows    # the pass's first partial row
             row: kir.Expr = add(I(first), ty)
-            full = first + lay.rows <= lay.parts and lay.width % lay.band == 0
+            full = first + lay.rows <= lay.parts and lay.width % lay.band == 0 and not spare
         else:
             row, full = add(mul(add(mul(o, I(lay.batch)), I(q)), I(lay.rows)), ty), False
         ok = None if full else Bin("&&", Bin("<", row, I(lay.parts)), inside)
@@ -176,7 +188,7 @@ def _batch(lay: BandLayout, cross: list[tuple[int, CrossReduction]], parts_of: l
 
 
 def _across_warps(lay: BandLayout, cross: list[tuple[int, CrossReduction]], outs: list[str],
-                  accs: list[list[Var]], cx: Ctx) -> list[kir.Stmt]:
+                  accs: list[list[Var]], cx: Ctx, buf: str) -> list[kir.Stmt]:
     """The warps' sums through ``sxb`` (``[warp][j][reduction][lane]``), then one vector store per
     (reduction, lane) by thread ``reduction x lanes + lane``."""
     out: list[kir.Stmt] = []
@@ -186,7 +198,7 @@ def _across_warps(lay: BandLayout, cross: list[tuple[int, CrossReduction]], outs
     for n, acc in enumerate(accs):
         for j, a in enumerate(acc):
             at = add(add(mul(add(mul(warp, I(lay.vec)), I(j)), I(nkl)), I(n * lay.lanes)), lane)
-            out.append(kir.StoreVec("sxb", Bin("min", at, I(lay.smem_floats - 1)), (a,), writer))
+            out.append(kir.StoreVec(buf, Bin("min", at, I(lay.smem_floats - 1)), (a,), writer))
     out.append(kir.Barrier())
     me = _TID   # (inside the If below: tid < nk x lanes)
     col = add(mul(_BID, I(lay.band)), mul(Bin("%", _TID, I(lay.lanes)), I(lay.vec)))
@@ -197,7 +209,7 @@ def _across_warps(lay: BandLayout, cross: list[tuple[int, CrossReduction]], outs
             v = cx.var("xbs", F32)
             body.append(Assign(v, _ident(c)))
             for w in range(lay.warps):
-                body.append(Assign(v, Bin(c.combine, v, Load("sxb", add(I((w * lay.vec + j) * nkl), me)))))
+                body.append(Assign(v, Bin(c.combine, v, Load(buf, add(I((w * lay.vec + j) * nkl), me)))))
             vals.append(_scaled(c, v))
         body.append(kir.StoreVec(outs[n], col, tuple(vals), Bin("<", col, I(lay.width))))
         out.append(kir.If(Bin("==", Bin("/", _TID, I(lay.lanes)), I(n)), tuple(body)))

@@ -136,3 +136,20 @@ def test_row_kernel_partials_are_vector_stores_through_one_conflict_free_exchang
     for k in audit.kernels:
         assert k.worst_bank_ratio in (None, 1.0), (k.name, [a for a in k.shared_accesses if a.ratio > 1])
         assert not [a for a in k.accesses if a.wide and a.access_bits < 128], k.name
+
+
+def test_grid_combine_sums_by_bands_in_the_row_kernel() -> None:
+    g = channels_last_ln_backward(8, 32, 256)
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    s = _with(heuristic_schedule(plan, DEV, space), cross_combine="grid", tpr=32, block=256, vec=4)
+    assert not space.violations(s), space.violations(s)
+    prog = lower(g, plan, s, DEV, space)
+    assert [ln.kernel for ln in prog.launches] == ["st_k0"]
+    body = prog.kernels[0].body
+    after = body[next(i for i, x in enumerate(body) if isinstance(x, kir.GridSync)):]
+    vector = [x for x in kir.walk(tuple(after)) if isinstance(x, kir.LoadVec) and x.buf.startswith("xp")]
+    scalar = [x for x in kir.exprs(tuple(after)) if isinstance(x, kir.Load) and x.buf.startswith("xp")]
+    assert vector and all(len(x.dsts) == 4 for x in vector) and not scalar
+    (e1, o1), (e2, o2) = _errors(g, prog, seed=1), _errors(g, prog, seed=2)
+    assert e1 < 1e-5 and all(o1[k].tobytes() == o2[k].tobytes() for k in o1)
