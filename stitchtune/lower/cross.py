@@ -19,13 +19,13 @@ Phases (each a function below, called by :class:`stitchtune.lower.row.RowKernel`
    ``Schedule.cross_combine``: ``atomic`` adds the block's value (a mean: scaled by ``1 / count``) to
    the output, zeroed by the small kernel of :func:`zero_kernel` launched first; ``grid`` stores it to
    the per-block partials ``xp<i>`` (scratch, ``grid x width`` floats, every element written before it
-   is read), passes a grid barrier and sums the partials: the per-column ones by column bands, one per
-   block, through ``sxk`` (:func:`grid_bands`; else one thread per column), the scalar ones in block
-   order (:func:`final_sums`); ``kernel``
-   stores the partials and :func:`combine_kernel` (a second launch) sums them: the per-column ones by
-   column bands (:mod:`stitchtune.lower.cross_bands`: 128-bit loads, all issued before the first add,
-   summed in a fixed order), the scalar ones in block order. ``grid`` and ``kernel`` are bitwise
-   reproducible whatever order the blocks run in; ``atomic`` is not.
+   is read), passes a grid barrier and sums the partials: the per-column ones by column bands, one
+   per block, through ``sxk`` (:func:`~stitchtune.lower.cross_bands.grid_bands`; else one thread per
+   column), the scalar ones in block order (:func:`final_sums`); ``kernel`` stores the partials and
+   :func:`combine_kernel` (a second launch) sums them: the per-column ones by column bands
+   (:mod:`stitchtune.lower.cross_bands`: 128-bit loads, all issued before the first add, summed in a
+   fixed order), the scalar ones in block order. ``grid`` and ``kernel`` are bitwise reproducible
+   whatever order the blocks run in; ``atomic`` is not.
    ``max`` / ``min`` cross reductions combine with their own op from its neutral element (-inf / +inf)
    at every step (the space allows ``atomic`` for sums and means only: ``cross_atomic``).
 4. :func:`epilogue` (``grid`` and ``kernel``, after the final combine): the scalar epilogue nodes
@@ -45,7 +45,7 @@ from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, Lo
 from stitchtune.lower.base import Ctx, I, Lowerer, add, mul
 from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
-from stitchtune.lower.cross_bands import BandLayout, band_layout, band_sums
+from stitchtune.lower.cross_bands import band_sums, combine_layout, grid_bands
 from stitchtune.plan.cross import CrossReduction
 from stitchtune.space.option_values import CrossCombine
 from stitchtune.space.options import CROSS_COMBINE, cross_smem_floats
@@ -287,19 +287,6 @@ def cross_epilogue(k: RowKernelBuilder, cx: Ctx, uses: dict[str, set[str]]) -> l
     return out
 
 
-def grid_bands(low: Lowerer, grid: int) -> BandLayout | None:
-    """The band layout of the grid combine's per-column sums in the row kernel's ``grid`` blocks (one
-    band per block, the warps' sums through ``sxk``), or None: no per-column reduction, no ``sxk``
-    (one warp row group per block) or too small for the layout, or fewer blocks than bands (then one
-    thread per column sums in block order, :func:`final_sums`)."""
-    pcs, s = _per_col(low), low.s
-    groups = s.block // max(s.tpr, 32)
-    if not pcs or groups < 2:
-        return None
-    lay = band_layout(low.p.N, grid, len(pcs), s.block, low.dev, max_bands=grid)
-    return lay if lay is not None and lay.smem_floats <= groups * low.chunk else None
-
-
 def final_sums(low: Lowerer, cx: Ctx, uses: dict[str, set[str]], parts: int, nblocks: int,
                per_column: bool = True) -> list[kir.Stmt]:
     """Combine the ``parts`` per-block partials of every cross reduction in block order into its output,
@@ -446,13 +433,6 @@ def combine_kernel(low: Lowerer, parts: int) -> tuple[kir.Kernel, int]:
         if block > 32 and _scalars(low):
             shared.append(kir.SharedBuf("sxs", block // 32))
     return _small_kernel(low, "st_xsum", cx, uses, body, shared), grid
-
-
-def combine_layout(low: Lowerer, parts: int) -> BandLayout:
-    """The band layout of the combine kernel's per-column sums over ``parts`` partial rows."""
-    lay = band_layout(low.p.N, parts, len(_per_col(low)), low.s.block, low.dev)
-    assert lay is not None   # (no band limit)
-    return lay
 
 
 def small_profile(low: Lowerer, kern: kir.Kernel, grid: int, parts: int) -> kir.KernelProfile:

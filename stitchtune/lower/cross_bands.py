@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from stitchtune.hardware.device import Device
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Var
-from stitchtune.lower.base import Ctx, I, add, mul
+from stitchtune.lower.base import Ctx, I, Lowerer, add, mul
 from stitchtune.plan.cross import CrossReduction
 
 _TID, _BID = kir.Special("tid"), kir.Special("bid")
@@ -124,6 +124,31 @@ def band_layout(width: int, parts: int, nk: int, block: int, device: Device,
     if max_bands is not None and math.ceil(width / (lanes * vec)) > max_bands:
         return None
     return BandLayout(width, parts, nk, block, warp, vec, lanes)
+
+
+def per_column(low: Lowerer) -> list[tuple[int, CrossReduction]]:
+    """The per-column cross reductions of ``low``'s plan (index in ``plan.cross``, reduction)."""
+    return [(i, c) for i, c in enumerate(low.p.cross) if c.kind == "per_reduced"]
+
+
+def combine_layout(low: Lowerer, parts: int) -> BandLayout:
+    """The band layout of the combine kernel's per-column sums over ``parts`` partial rows."""
+    lay = band_layout(low.p.N, parts, len(per_column(low)), low.s.block, low.dev)
+    assert lay is not None   # (no band limit)
+    return lay
+
+
+def grid_bands(low: Lowerer, grid: int) -> BandLayout | None:
+    """The band layout of the grid combine's per-column sums in the row kernel's ``grid`` blocks (one
+    band per block, the warps' sums through ``sxk``), or None: no per-column reduction, no ``sxk``
+    (one warp row group per block) or too small for the layout, or fewer blocks than bands (then one
+    thread per column sums in block order, :func:`stitchtune.lower.cross.final_sums`)."""
+    pcs, s = per_column(low), low.s
+    groups = s.block // max(s.tpr, 32)
+    if not pcs or groups < 2:
+        return None
+    lay = band_layout(low.p.N, grid, len(pcs), s.block, low.dev, max_bands=grid)
+    return lay if lay is not None and lay.smem_floats <= groups * low.chunk else None
 
 
 def band_sums(lay: BandLayout, cross: list[tuple[int, CrossReduction]], parts_of: list[str], outs: list[str],
