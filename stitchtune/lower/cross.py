@@ -452,12 +452,13 @@ def _combine_loads(low: Lowerer, parts: int) -> tuple[int, int]:
     """(bytes of partials one thread of the combine has in flight, the rounds of loads it issues one
     after another). Per-column reductions: a band's batch of vector loads, issued before the first add
     (:class:`~stitchtune.lower.cross_bands.BandLayout`); a scalar alone: its strided share of the
-    partials, counted 8 in flight (an assumption: the loop is rolled)."""
+    partials, counted 8 in flight (an assumption: the loop is rolled; the in-flight figure as before
+    the bands, ``4 x min(parts, 4)``)."""
     if _per_col(low):
         lay = combine_layout(low, parts)
         return 4 * lay.vec * lay.nk * min(lay.batch, lay.passes), lay.rounds
     n = math.ceil(parts / low.s.block) if parts else 0
-    return 4 * min(n, 4), math.ceil(n / 8)
+    return 4 * min(parts, 4), math.ceil(n / 8)
 
 
 def atomic_counts(low: Lowerer, grid: int) -> tuple[int, int]:
