@@ -184,6 +184,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     from stitchtune.importers.torch_random import seed_rands, unseed_rands
     from stitchtune.importers.torch_regions import find_regions
     from stitchtune.importers.torch_saved import mark_saved_outputs
+    from stitchtune.importers.torch_symsizes import sym_sizes
     from stitchtune.importers.torch_symvalues import bound_inputs, sym_values
 
     report = GraphReport(kind)
@@ -194,6 +195,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     work = splits_as_slices(work) or work   # a split's parts as slices: their readers may share a region
     work = matmul_views(work) or work   # a transposed matmul operand read as a view, not copied transposed
     work = sym_values(work) or work   # SymInt values (positions ``arange + past``) as tensors a region call makes
+    work = sym_sizes(work) or work    # SymInt sizes (``iota(S)``, a cache's ``full``) read from carriers a region call makes
     try:
         split = find_regions(work)
     except Exception as exc:  # noqa: BLE001 - never break a model

@@ -72,8 +72,9 @@ class GuardedRegion:
     device: Any = None
     #: (position, shape, dtype) of the inputs made from the call's SymInt ``scalars``, in input order
     #: (:func:`~stitchtune.importers.torch_symvalues.bound_inputs`): ``full(shape, value)`` on the
-    #: region's device at each call, so a new value is data, never a new kernel
-    bound: tuple[tuple[int, tuple[int, ...], Any], ...] = ()
+    #: region's device at each call, so a new value is data, never a new kernel; shape None: a size's
+    #: carrier ``empty((value,))`` (:mod:`~stitchtune.importers.torch_symsizes`), its extent the size
+    bound: tuple[tuple[int, tuple[int, ...] | None, Any], ...] = ()
     _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes checked -> specs
     _held_on: dict[Any, list[Any]] = field(default_factory=dict, repr=False)   # device -> held tensors there
     #: the thin path (:mod:`~stitchtune.deploy.torch_fast`) once a call has run the full one: a
@@ -122,8 +123,12 @@ class GuardedRegion:
         held = [i for i, _ in self.held]
         out = list(inputs)
         for k, (i, shape, dtype) in enumerate(self.bound):
-            t = torch.empty(shape, dtype=dtype, device=device) if fake else \
-                torch.full(shape, int(scalars[k]), dtype=dtype, device=device)
+            if shape is None:   # a carrier: its extent is the size (no data, never read)
+                t = torch.empty((scalars[k] if k < len(scalars) else 1,), dtype=dtype, device=device)
+            elif fake:
+                t = torch.empty(shape, dtype=dtype, device=device)
+            else:
+                t = torch.full(shape, int(scalars[k]), dtype=dtype, device=device)
             out.insert(i - sum(h < i for h in held), t)
         return out
 

@@ -24,6 +24,7 @@ from stitchtune.importers.torch_candidates import GATHER_INDEX_ARG, _hint, is_sc
 from stitchtune.importers.torch_fx_util import _key, data_args, fx_args, zero_pad
 from stitchtune.importers.torch_cnn import functional_of, is_inplace
 from stitchtune.importers.torch_consts import resolved_index as _resolved
+from stitchtune.importers.torch_symsizes import carrier_of, is_size_arg
 
 
 def _embedded(x: Any, members: set[Any], consts: Mapping[Any, Any]) -> bool:
@@ -101,9 +102,16 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any], pulled: set[Any] | No
     members = set(group)
     inputs: list[Any] = []
     held: list[Any] = []
+    sizes: dict[Any, Any] = {}   # a SymInt read as a size -> its carrier, the region's input (torch_symsizes)
     for n in group:
         for a in fx_args(n):
-            if a not in members and a not in inputs and a not in held:
+            if a in sizes or a in members or a in inputs or a in held:
+                continue
+            if is_size_arg(n, a):
+                sizes[a] = carrier_of(a)
+                if sizes[a] not in inputs:
+                    inputs.append(sizes[a])
+            else:
                 (held if _embedded(a, members, consts) else inputs).append(a)
     # indices that the region also computes (a pulled constant read as data too) are still resolved
     # at import time where they are indices: a buffer of the module beside the computed node
@@ -118,6 +126,10 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any], pulled: set[Any] | No
         ph.meta = dict(x.meta)
         env[x] = ph
         back[ph] = x
+    for a, c in sizes.items():   # the size as the carrier's extent: data of no kernel, a dim of an input
+        env[a] = g.call_function(torch.ops.aten.sym_size.int, (env[c], 0))
+        env[a].meta = {"val": _hint(a.meta["val"])}
+        back[env[a]] = a
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     fixed: dict[Any, Any] = {}   # a held constant -> its node in the module
