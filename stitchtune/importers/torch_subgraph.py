@@ -3,7 +3,9 @@
 * :func:`_subgraph(group, consts, pulled)`: a graph (a GraphModule on demand) of the group and the pulled nodes it reads;
   its placeholders are the external inputs (symbolic dims at their hints), 0-d constants are
   ``scalar_tensor`` nodes and constant ``index`` indices are buffers of the module (resolved at
-  import time, never graph inputs); its outputs are the group's nodes read outside it.
+  import time, never graph inputs); a SymInt read as a size (``iota(S)``) is ``sym_size(carrier, 0)``
+  of its carrier, an input (:mod:`~stitchtune.importers.torch_symsizes`); its outputs are the group's
+  nodes read outside it.
 * :func:`viewed_inputs`: in a region with a pick, the inputs read only through one reshape (declared
   at the reshaped shape by the region).
 * :func:`_is_view` / :func:`is_noop`: nodes whose result PyTorch gives for free from their input
