@@ -92,3 +92,42 @@ def test_sized_ops_are_stitched_and_equal_eager(name: str) -> None:
     # dynamo compiles the first length with its sizes specialised, then one graph with them symbolic:
     # the lengths 17..32 are one bucket, one generic kernel per region (never a kernel per length)
     assert all(r.builds <= 2 for r in s.regions), s
+
+
+class _Positions(torch.nn.Module):
+    def forward(self, cache: Any) -> Any:
+        return torch.arange(cache.shape[1]).float() * 0.5
+
+
+def test_the_launch_path_passes_each_calls_length_as_the_extent() -> None:
+    """Through the launch path (a stand-in driver, CPU tensors): the generic kernel's last argument (its
+    extent ``ext0``) is each call's length, read from the carrier the call made; one build for the bucket,
+    no eager call (the carrier itself is no kernel argument: nothing reads it)."""
+    import ctypes
+
+    from stitchtune.deploy import torch_ops
+    from stitchtune.gpu.fake_driver import FakeDriver
+
+    class Reading(FakeDriver):
+        def __init__(self) -> None:
+            super().__init__()
+            self.extents: list[int] = []
+
+        def launch(self, function: Any, grid: Any, block: Any, smem: int, stream: int, params: int,
+                   nparams: int, cooperative: bool = False) -> None:
+            slot = (ctypes.c_uint64 * nparams).from_address(params)[nparams - 1]
+            self.extents.append(ctypes.c_int32.from_address(int(slot)).value)
+
+    drv = Reading()
+    lengths = (17, 19, 30, 30, 32)
+    torch_backend.LAST_REPORTS.clear()
+    with torch_ops.stand_in_driver(drv, lambda compiled: b"FAKE symsize test"), torch.no_grad():
+        c = _compiled(_Positions())
+        c(torch.zeros(1, 5, 2))   # the first call: dynamo's specialised graph
+        st_torch.reset_stats()
+        for n in lengths:
+            assert tuple(c(torch.zeros(1, n, 2)).shape) == (n,)
+    assert drv.extents[-len(lengths):] == list(lengths)
+    assert any("prims.iota" in s.ops for r in torch_backend.LAST_REPORTS for s in r.stitched)   # in the kernel
+    s = st_torch.stats()
+    assert s.eager == 0 and s.builds <= 1, s
