@@ -98,8 +98,10 @@ class GuardedRegion:
     device: Any = None
     #: (position, shape, dtype) of the inputs that hold the call's SymInt ``scalars``, in input order
     #: (:func:`~stitchtune.importers.torch_symvalues.bound_inputs`): buffers on the region's device
-    #: filled with the values at each call, so a new value is data, never a new kernel
-    bound: tuple[tuple[int, tuple[int, ...], Any], ...] = ()
+    #: filled with the values at each call, so a new value is data, never a new kernel; shape None: a
+    #: size's carrier (:mod:`~stitchtune.importers.torch_symsizes`), a one-element buffer expanded to
+    #: ``(value,)`` (stride 0: its extent is the size; no data, never read, nothing allocated per call)
+    bound: tuple[tuple[int, tuple[int, ...] | None, Any], ...] = ()
     _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes checked -> specs
     _held_on: dict[Any, list[Any]] = field(default_factory=dict, repr=False)   # device -> held tensors there
     #: per thread (``.buffers``): (device, stream) -> the bound inputs' buffers there (:meth:`_bound_buffers`)
@@ -148,11 +150,16 @@ class GuardedRegion:
             raise RegionError(f"{self.describe()}: {len(scalars)} SymInt value(s) for {len(self.bound)} bound input(s)")
         device = _device_of(inputs, self.device)
         if fake:
-            made = [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in self.bound]
+            made = [torch.empty(shape if shape is not None else (scalars[k] if k < len(scalars) else 1,),
+                                dtype=dtype, device=device) for k, (_, shape, dtype) in enumerate(self.bound)]
         else:
-            made = self._bound_buffers(device)
-            for t, v in zip(made, scalars):
-                t.fill_(int(v))
+            made = []
+            for (_, shape, _), t, v in zip(self.bound, self._bound_buffers(device), scalars):
+                if shape is None:   # a carrier: its extent is the size
+                    made.append(t.expand(int(v)))
+                else:
+                    t.fill_(int(v))
+                    made.append(t)
         held = [i for i, _ in self.held]
         out = list(inputs)
         for (i, _, _), t in zip(self.bound, made):
@@ -172,7 +179,8 @@ class GuardedRegion:
         made = buffers.get((device, stream))
         if made is None:
             made = buffers[(device, stream)] = kept_tensors(
-                device, lambda: [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in self.bound])
+                device, lambda: [torch.empty(shape if shape is not None else (1,), dtype=dtype, device=device)
+                                 for _, shape, dtype in self.bound])
         return made
 
     def fake(self, inputs: Sequence[Any], scalars: Sequence[Any] = ()) -> list[Any]:

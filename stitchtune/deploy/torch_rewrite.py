@@ -85,6 +85,7 @@ def replace_regions(gm: Any, chosen: Sequence[tuple[Any, str]], held: Mapping[st
     import torch.fx
 
     from stitchtune.importers.torch_fx_util import fx_args
+    from stitchtune.importers.torch_symsizes import is_carrier
     from stitchtune.importers.torch_symvalues import is_bound
 
     owner = {n: item for item in chosen for n in item[0].nodes}
@@ -112,10 +113,11 @@ def replace_regions(gm: Any, chosen: Sequence[tuple[Any, str]], held: Mapping[st
         if isinstance(u, tuple):
             r, key = u
             skip = (held or {}).get(key, frozenset())
-            bound = {i for i, x in enumerate(r.inputs) if is_bound(x) and i not in skip}
+            bound = {i for i, x in enumerate(r.inputs) if (is_bound(x) or is_carrier(x)) and i not in skip}
             args: tuple[Any, ...] = (key, [env[x] for i, x in enumerate(r.inputs) if i not in skip | bound])
-            if bound:   # SymInt values: passed as they are, made tensors by the registered region
-                args += ([env[x.args[1]] for i, x in enumerate(r.inputs) if i in bound],)
+            if bound:   # SymInt values and sizes: passed as they are, made tensors by the registered region
+                args += ([env[x.args[0][0] if is_carrier(x) else x.args[1]] for i, x in enumerate(r.inputs)
+                          if i in bound],)
             call = g.call_function(torch.ops.stitchtune.region.default, args)
             perms = r.output_perms or (None,) * len(r.outputs)
             call.meta["val"] = [o.meta.get("val") if p is None else o.meta["val"].permute(p)

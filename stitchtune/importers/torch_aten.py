@@ -230,7 +230,7 @@ class _Walker(LayoutOps):
                     self.vals[node.name] = item
                     continue
                 key = _key(node.target)
-                if key in _IGNORED or dead(node):
+                if key in _IGNORED or key == "aten.sym_size" or dead(node):   # (a size: read from the meta shapes)
                     continue
                 if key.endswith("_") and not key.endswith("__"):
                     key = self._inplace(node, key)

@@ -165,6 +165,14 @@ def _fill(w: AtenWalker, node: Any, key: str, a: dict[str, Any], x: Any) -> Valu
     fill = a.get("s", a.get("fill_value"))
     if isinstance(fill, bool) or not isinstance(fill, (int, float)):
         raise ImportError_(f"{node.target} at {_where(node)}: a non-numeric {key.removeprefix('aten.')}")
+    t, dt = _meta(node)
+    if key == "aten.full" and t and dt is not None and any(u.op == "output" for u in node.users):
+        # a region's output (a cache's lazy zeros of a symbolic length): the value at every element,
+        # ``iota * 0 + fill`` (exact; no load, a store per element)
+        it = "int64" if dt == "int64" else "int32"
+        zero = w.b.binary("mul", w.b.iota(t, 0, it, f"{node.name}_i"), scalar(0.0), f"{node.name}_z")
+        return w.b.binary("add", zero if dt == it else w.b.cast(zero, dt, f"{node.name}_c"), scalar(float(fill)),
+                          node.name)
     return scalar(float(fill))
 
 

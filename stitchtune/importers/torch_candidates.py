@@ -35,6 +35,7 @@ from stitchtune.importers.torch_consts import resolved_index
 from stitchtune.importers.torch_fx_util import data_args, fx_args, is_scalar64, zero_pad
 from stitchtune.importers.torch_index_copy import index_copy_axis, index_copy_index, index_copy_reason, is_overwrite
 from stitchtune.importers.torch_scatter import SCATTER_OPS, is_zeros_base, scatter_index, scatter_reason
+from stitchtune.importers.torch_symsizes import is_carrier, is_size_arg
 from stitchtune.importers.torch_symvalues import is_bound
 
 #: ATen ops that are compute-intensive (matmuls, convolutions, attention): Inductor's or a library's job
@@ -178,7 +179,8 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
     if any(u.op == "call_function" and _key(u.target) in SCATTER_OPS and scatter_index(u) is node
            and index_copy_axis(u) is None for u in node.users) and key not in _VIEWS_OF_INTS:
         return "computes indices (graph.json scatters by input indices only; the framework computes them)"
-    if key == "aten.full" and not is_scatter_base(node) and not is_zeros_base(node):
+    if key == "aten.full" and not is_scatter_base(node) and not is_zeros_base(node) \
+            and not any(is_size_arg(node, a) for a in fx_args(node)):   # (a symbolic shape: no constant)
         return "a constant tensor (mapped only as the base of a scatter of a number)"
     if key in _INT_VIEWS and _gather_index_view(node):
         return "an index view read by a gather (left to PyTorch: the gather reads it as an input)"
@@ -186,7 +188,7 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
         return SYMBOLIC_VIEW
     folded = set(fx_args(node)) - {node.args[0]} if key == "aten.index" else set()
     for a in fx_args(node):
-        if a in folded and a in consts:
+        if a in folded and a in consts or is_size_arg(node, a):   # (a size: the region reads its carrier)
             continue
         why = _tensor_ok(a.meta.get("val"), index=a is ids or key in _INT_OK)
         if why:
@@ -288,9 +290,9 @@ def _initial_exclusions(nodes: Sequence[Any], consts: Mapping[Any, Any]) -> _Exc
     ex = _Excluded()
     order = {n: i for i, n in enumerate(nodes)}
     for n in nodes:
-        if n.op != "call_function" or n in consts or _key(n.target) in _IGNORED or is_bound(n):
+        if n.op != "call_function" or n in consts or _key(n.target) in _IGNORED or is_bound(n) or is_carrier(n):
             ex.derived.add(n)   # constants are inputs (or scalars) of regions; assertions check nothing here;
-            # a SymInt's bound tensor is an input its call makes (torch_symvalues)
+            # a SymInt's bound tensor or carrier is an input its call makes (torch_symvalues, torch_symsizes)
         elif n.target is operator.getitem:
             if n.args[0] in ex:
                 ex.derived.add(n)

@@ -3,7 +3,9 @@
 * :func:`_subgraph(group, consts, pulled)`: a graph (a GraphModule on demand) of the group and the pulled nodes it reads;
   its placeholders are the external inputs (symbolic dims at their hints), 0-d constants are
   ``scalar_tensor`` nodes and constant ``index`` indices are buffers of the module (resolved at
-  import time, never graph inputs); its outputs are the group's nodes read outside it.
+  import time, never graph inputs); a SymInt read as a size (``iota(S)``) is ``sym_size(carrier, 0)``
+  of its carrier, an input (:mod:`~stitchtune.importers.torch_symsizes`); its outputs are the group's
+  nodes read outside it.
 * :func:`viewed_inputs`: in a region with a pick, the inputs read only through one reshape (declared
   at the reshaped shape by the region).
 * :func:`_is_view` / :func:`is_noop`: nodes whose result PyTorch gives for free from their input
@@ -24,6 +26,7 @@ from stitchtune.importers.torch_candidates import GATHER_INDEX_ARG, _hint, is_sc
 from stitchtune.importers.torch_fx_util import _key, data_args, fx_args, zero_pad
 from stitchtune.importers.torch_cnn import functional_of, is_inplace
 from stitchtune.importers.torch_consts import resolved_index as _resolved
+from stitchtune.importers.torch_symsizes import carrier_of, is_size_arg
 
 
 def _embedded(x: Any, members: set[Any], consts: Mapping[Any, Any]) -> bool:
@@ -101,9 +104,16 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any], pulled: set[Any] | No
     members = set(group)
     inputs: list[Any] = []
     held: list[Any] = []
+    sizes: dict[Any, Any] = {}   # a SymInt read as a size -> its carrier, the region's input (torch_symsizes)
     for n in group:
         for a in fx_args(n):
-            if a not in members and a not in inputs and a not in held:
+            if a in sizes or a in members or a in inputs or a in held:
+                continue
+            if is_size_arg(n, a):
+                sizes[a] = carrier_of(a)
+                if sizes[a] not in inputs:
+                    inputs.append(sizes[a])
+            else:
                 (held if _embedded(a, members, consts) else inputs).append(a)
     # indices that the region also computes (a pulled constant read as data too) are still resolved
     # at import time where they are indices: a buffer of the module beside the computed node
@@ -118,6 +128,10 @@ def _subgraph(group: list[Any], consts: Mapping[Any, Any], pulled: set[Any] | No
         ph.meta = dict(x.meta)
         env[x] = ph
         back[ph] = x
+    for a, c in sizes.items():   # the size as the carrier's extent: data of no kernel, a dim of an input
+        env[a] = g.call_function(torch.ops.aten.sym_size.int, (env[c], 0))
+        env[a].meta = {"val": _hint(a.meta["val"])}
+        back[env[a]] = a
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     fixed: dict[Any, Any] = {}   # a held constant -> its node in the module

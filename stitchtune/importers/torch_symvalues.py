@@ -69,11 +69,17 @@ def is_bound(node: Any) -> bool:
     return getattr(node, "op", None) == "call_function" and bool(node.meta.get(BOUND_KEY))
 
 
-def bound_inputs(inputs: Sequence[Any]) -> tuple[tuple[int, tuple[int, ...], Any], ...]:
-    """(position, shape, torch dtype) of each bound tensor among a region's ``inputs`` (fx nodes)."""
-    out = []
+def bound_inputs(inputs: Sequence[Any]) -> tuple[tuple[int, tuple[int, ...] | None, Any], ...]:
+    """(position, shape, torch dtype) of each bound tensor among a region's ``inputs`` (fx nodes), and
+    (position, None, torch.bool) of each carrier (:mod:`~stitchtune.importers.torch_symsizes`: the
+    tensor ``empty((value,))`` whose extent is the SymInt passed for it)."""
+    from stitchtune.importers.torch_symsizes import is_carrier
+
+    out: list[tuple[int, tuple[int, ...] | None, Any]] = []
     for i, x in enumerate(inputs):
-        if is_bound(x):
+        if is_carrier(x):
+            out.append((i, None, x.meta["val"].dtype))
+        elif is_bound(x):
             val = x.meta["val"]
             out.append((i, tuple(int(d) for d in val.shape), val.dtype))
     return tuple(out)

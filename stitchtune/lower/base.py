@@ -361,10 +361,12 @@ class Lowerer:
         layout: ``(offset // inner) % dim`` along its axis, at its int type."""
         nd = self.nodes[name]
         assert nd.axis is not None
-        inner = math.prod(nd.shape[nd.axis + 1:])
-        t = Bin("/", offset, I(inner)) if inner > 1 else offset
-        if nd.axis > 0:
-            t = Bin("%", t, I(nd.shape[nd.axis]))
+        t = self.sym.iota_at(name, offset) if self.sym is not None else None   # a generic kernel's: symbolic
+        if t is None:
+            inner = math.prod(nd.shape[nd.axis + 1:])
+            t = Bin("/", offset, I(inner)) if inner > 1 else offset
+            if nd.axis > 0:
+                t = Bin("%", t, I(nd.shape[nd.axis]))
         return t if self.vtype(name) == I32 else kir.Cast(t, self.vtype(name))
 
     def int_expr(self, nd: Node, args: list[kir.Expr]) -> kir.Expr:

@@ -49,6 +49,7 @@ a schedule every bucket accepts.
 from __future__ import annotations
 
 import dataclasses
+import math
 from fractions import Fraction
 from collections.abc import Mapping
 from typing import Any, assert_never
@@ -104,6 +105,9 @@ def _numbers(g: Graph, p: StitchPlan) -> tuple[Any, list[tuple[str, int]]]:
             nums += [(f"repeat:{name}:{i}:dim", d), (f"repeat:{name}:{i}:inner", inner)]
     if any(OPS[nd.op].kind in ("slice", "concat") for nd in g.nodes):   # (remap positions: RowSymbols.domain)
         nums += [(f"dom:{k}", d) for k, d in enumerate(domain_of(g))]
+    for nd in g.nodes:   # an iota's coordinate along its axis (RowSymbols.iotas): its dim and inner size
+        if OPS[nd.op].kind == "iota" and nd.axis is not None:
+            nums += [(f"iota:{nd.id}:dim", nd.shape[nd.axis]), (f"iota:{nd.id}:inner", math.prod(nd.shape[nd.axis + 1:]))]
     for name, spec in g.inputs:
         nums.append((f"size:{name}", spec.numel))
     for o in dict.fromkeys(g.outputs):
@@ -250,7 +254,9 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
                                               fitted[f"{axis}:{name}:{i}:stride"]) for i in range(n))))
     args = tuple((d, f"ext{i}") for i, d in enumerate(dg.dim_names))
     domain = tuple(f for label, f in fitted.items() if label.startswith("dom:"))
-    sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols), domain, _repeats(fitted, p0))
+    iotas = tuple((nd.id, (fitted[f"iota:{nd.id}:dim"], fitted[f"iota:{nd.id}:inner"])) for nd in g0.nodes
+                  if f"iota:{nd.id}:dim" in fitted)
+    sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols), domain, _repeats(fitted, p0), iotas)
     index = [nd.id for nd in g0.nodes if OPS[nd.op].kind in INDEX_KINDS]
     if index and sym.dynamic_rows_length:  # their offsets and conditions are columns of a static row
         return DynamicRefusal(f"index op {index[0]}", "an index op under a dynamic row length")

@@ -34,6 +34,9 @@ class RowSymbols:
     #: each store-once output's row repeats ``(dim, inner)`` (:attr:`IndexMap.row_repeats
     #: <stitchtune.plan.index_map.IndexMap.row_repeats>`) as monomials of the extents
     repeats: tuple[tuple[str, tuple[tuple[SymInt, SymInt], ...]], ...] = ()
+    #: each ``iota`` node's ``(dim, inner)``: the extent of its axis and the product of the extents after
+    #: it, as monomials of the extents (an ``iota`` of a symbolic shape: a prompt's positions)
+    iotas: tuple[tuple[str, tuple[SymInt, SymInt]], ...] = ()
 
     @property
     def dynamic_rows_length(self) -> bool:
@@ -92,6 +95,16 @@ class RowSymbols:
             t = r if inner == SymInt(1) else Bin("/", r, self.expr(inner))
             out.append(Bin("==", Bin("%", t, self.expr(dim)), Const(0, I32)))
         return out
+
+    def iota_at(self, name: str, offset: kir.Expr) -> kir.Expr | None:
+        """``(offset // inner) % dim`` of ``iota`` node ``name`` over its fitted fields (the ``%`` always
+        kept); None for an iota of a static shape or without fitted fields (the static expression serves)."""
+        fields = dict(self.iotas).get(name)
+        if fields is None or fields[0].static and fields[1].static:   # a static shape: the static lowering's
+            return None
+        dim, inner = fields
+        t = offset if inner == SymInt(1) else Bin("/", offset, self.expr(inner))
+        return t if dim == SymInt(1) else Bin("%", t, self.expr(dim))
 
     def cols_follow(self, name: str) -> bool:
         """Whether tensor ``name``'s column map follows the extents (a field of a column factor is

@@ -15,7 +15,8 @@ the end every tensor is a sub-product of one set of axes.
 Contract (:func:`tensor_axes`): the result's ``order`` is the layout of the *domain tensor* (the
 largest tensor, the one with the higher rank on a tie, the first in graph order after that; or the
 one named by ``domain``, see :func:`domain_candidates`): the domain axes in row-major order, every axis of size > 1 and every axis some tensor spans (an input
-whose axes never meet the domain tensor's, e.g. an unused one, is aligned to it by broadcasting). Each tensor
+whose axes never meet the domain tensor's is aligned to it by broadcasting; an input nothing reads,
+:func:`unread_inputs`, spans no axis and is never the domain tensor). Each tensor
 spans each axis at most once (``x + transpose(x)``, a diagonal, is refused). A
 :class:`~stitchtune.plan.refusal.Refusal` naming the node is returned where no such axes
 exist: a reshape that does not only split and merge axes consistently, or a broadcast of values
@@ -178,10 +179,20 @@ def _node_axes(b: _Builder, node: Node) -> None:
         _broadcast(b, node)
 
 
+def unread_inputs(graph: Graph) -> frozenset[str]:
+    """The inputs that no node reads and no output names: they span no axis of the region and are never
+    the domain tensor (a *shape carrier*: the torch backend passes one whose extent is a size the region
+    computes with, an ``iota``'s length, and reads it only as the bound of a symbolic dim)."""
+    read = {a for nd in graph.nodes for a in nd.tensor_args} | set(graph.outputs)
+    return frozenset(n for n, _ in graph.inputs if n not in read)
+
+
 def domain_candidates(graph: Graph) -> tuple[str, ...]:
     """The tensors that may be the domain tensor (the largest size, then the highest rank), graph
-    outputs first, then the others in graph order; the default domain tensor is among them."""
-    specs = [(n, s.shape) for n, s in graph.inputs] + [(nd.id, nd.shape) for nd in graph.nodes]
+    outputs first, then the others in graph order; the default domain tensor is among them. An input
+    that nothing reads (:func:`unread_inputs`) is never one."""
+    unread = unread_inputs(graph)
+    specs = [(n, s.shape) for n, s in graph.inputs if n not in unread] + [(nd.id, nd.shape) for nd in graph.nodes]
     top = max((prod(s), len(s)) for _, s in specs)
     names = [n for n, s in specs if (prod(s), len(s)) == top]
     return tuple(sorted(names, key=lambda n: n not in graph.outputs))
@@ -259,8 +270,9 @@ def tensor_axes(graph: Graph, domain: str | None = None) -> TensorAxes | Refusal
     the planner tries when the default one's refuses: a channels-last layer norm's backward whose
     first input is the gradient in NCHW order)."""
     b = _Builder()
-    for name, spec in graph.inputs:
-        b.groups[name] = [(b.fresh(s),) if s > 1 else () for s in spec.shape]
+    unread = unread_inputs(graph)
+    for name, spec in graph.inputs:   # an input nothing reads (a shape carrier) spans no axis
+        b.groups[name] = [(b.fresh(s),) if s > 1 and name not in unread else () for s in spec.shape]
     for node in graph.nodes:
         try:
             _node_axes(b, node)
@@ -280,7 +292,8 @@ def tensor_axes(graph: Graph, domain: str | None = None) -> TensorAxes | Refusal
                 f"tensor '{name}' uses one axis of the region in two of its dims (a diagonal, e.g. x + "
                 "transpose(x)); stitched kernels need every tensor to span each axis at most once")
     specs = [(n, s.shape) for n, s in graph.inputs] + [(nd.id, nd.shape) for nd in graph.nodes]
-    dom = domain if domain is not None else max(specs, key=lambda t: (prod(t[1]), len(t[1])))[0]
+    dom = domain if domain is not None else max((t for t in specs if t[0] not in unread),
+                                                key=lambda t: (prod(t[1]), len(t[1])))[0]
     _align_orphans(b, graph, dom)
     order = tuple(a for g in b.groups[dom] for a in (g or ()))
     used = {a for gs in b.groups.values() for g in gs for a in (g or ())}
