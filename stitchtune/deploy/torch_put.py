@@ -24,7 +24,8 @@ Contract
   ``index_put``. Anything else keeps its functional form (the one-position ``where`` of
   :mod:`stitchtune.importers.torch_index_copy`, or PyTorch's op).
 * :class:`PutKernel` runs the call: on CUDA the kernel of :func:`stitchtune.lower.put.put_program`
-  (built per shape, counted as builds in :mod:`stitchtune.deploy.torch_stats`); on CPU the same
+  (built per shape, counted as builds in :mod:`stitchtune.deploy.torch_stats`; under
+  :func:`~stitchtune.deploy.torch_ops.stand_in_driver` CPU tensors too, through its driver); on CPU the same
   program in the emulator, in place on the tensor's memory (``cpu="emulate"``) or PyTorch's
   ``narrow().copy_()`` (``cpu="reference"``). Positions outside ``[0, rows)``, a table that is not
   contiguous or not 16-byte aligned, or values of another shape or dtype run PyTorch's own
@@ -310,9 +311,9 @@ class PutKernel:
         if not self._fits(table, values):
             self.eager(table, values, start_t, start_i)
             return
-        if table.device.type == "cuda":   # no host read of the start: the kernel writes nothing outside
-            self._cuda(table, values.contiguous(), self._start_tensor(start_t, start_i, table.device))
-            return
+        if table.device.type == "cuda" or _stand_in() is not None:   # no host read of the start: the kernel
+            self._launch(table, values.contiguous(), self._start_tensor(start_t, start_i, table.device))
+            return                                                   # writes nothing outside the cache
         start = start_i + (int(start_t.reshape(())) if start_t is not None else 0)
         if not 0 <= start <= table.shape[self.axis] - values.shape[self.axis]:
             self.eager(table, values, start_t, start_i)   # outside the cache: PyTorch's error (or wrap)
@@ -348,8 +349,10 @@ class PutKernel:
         if not np.shares_memory(flat, tab):   # pragma: no cover - a contiguous tensor's view shares it
             table.copy_(torch.from_numpy(flat.reshape(tab.shape)))
 
-    def _cuda(self, table: torch.Tensor, values: torch.Tensor, start: torch.Tensor) -> None:
-        """The kernel on torch's current stream (cubin built and loaded once per shape, GPU and stream)."""
+    def _launch(self, table: torch.Tensor, values: torch.Tensor, start: torch.Tensor) -> None:
+        """The kernel on torch's current stream (cubin built and loaded once per shape, GPU and stream);
+        CPU tensors under :func:`~stitchtune.deploy.torch_ops.stand_in_driver` (CPU tests of the launch
+        path) through its driver, their pointers as they are."""
         from stitchtune.deploy.device_run import build_cubin
         from stitchtune.gpu.driver import open_driver
         from stitchtune.gpu.launch import Launcher, launch_plan
@@ -357,18 +360,28 @@ class PutKernel:
 
         if values.data_ptr() % 16:
             values = values.clone()
-        dev = table.device
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        stream = torch.cuda.current_stream(dev).cuda_stream
+        dev, stand_in = table.device, _stand_in()
+        if dev.type == "cuda":
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            stream = torch.cuda.current_stream(dev).cuda_stream
+        else:
+            index, stream = -1, 0
         prog = self.program(table, values)
         sh = self.shape(table, values)
         launcher = self._launchers.get((sh, index, stream))
         if launcher is None:
-            cubin = build_cubin(render(prog), self.device.arch)[1]
-            launcher = self._launchers[(sh, index, stream)] = Launcher(open_driver(index), launch_plan(prog), cubin,
-                                                                       stream=stream)
+            cubin = stand_in[1](prog) if stand_in else build_cubin(render(prog), self.device.arch)[1]
+            driver = stand_in[0] if stand_in else open_driver(index)
+            launcher = self._launchers[(sh, index, stream)] = Launcher(driver, launch_plan(prog), cubin, stream=stream)
         bound = launcher.bind({"table": table.data_ptr(), "values": values.data_ptr(), "start": start.data_ptr()})
         launcher.launch(bound, stream)
+
+
+def _stand_in() -> Any:
+    """The (driver, image) of :func:`~stitchtune.deploy.torch_ops.stand_in_driver`, or None."""
+    from stitchtune.deploy import torch_ops
+
+    return torch_ops._STAND_IN[0]
 
 
 def _bf16() -> Any:

@@ -136,6 +136,34 @@ def test_the_graph_calls_the_put_op_and_returns_the_buffer_itself() -> None:
     assert out[0] is puts[0].args[1]   # the mutated input's new value: the buffer itself (a copy onto itself)
 
 
+def test_the_launch_path_binds_the_buffer_itself_and_each_calls_start() -> None:
+    """Through the launch path (a stand-in FakeDriver, CPU tensors' pointers as device memory): each
+    launch of ``put`` gets the cache buffer's own pointer as its table (in place) and a start tensor
+    holding that call's start, without a host read or a rebuild for a new start."""
+    import ctypes
+
+    from stitchtune.deploy import torch_ops
+    from stitchtune.gpu.fake_driver import FakeDriver
+
+    seen: list[tuple[int, int]] = []
+
+    def put(driver: Any, args: tuple[int, ...], launch: Any) -> None:
+        seen.append((args[0], ctypes.c_int64.from_address(args[2]).value))
+
+    images: list[Any] = []
+    drv = FakeDriver({"put": put})
+    m = _SymStart()
+    with torch_ops.stand_in_driver(drv, lambda prog: images.append(prog) or b"FAKE put"), torch.no_grad():
+        c = torch.compile(m, backend="stitchtune", dynamic=True, options=OPTS)
+        starts = (0, 4, 5, 9, 15)
+        for start in starts:
+            c(torch.ones(1, 2, 4 if start == 0 else 1, 8), start)
+    assert [p for p, _ in seen] == [m.k.data_ptr()] * len(starts)
+    assert [s for _, s in seen] == list(starts)
+    puts = [p for p in images if getattr(p, "kernels", ()) and p.kernels[0].name == "put"]
+    assert len(puts) == 2   # one program per values' extent (4 positions, then 1); the regions' images too
+
+
 @pytest.mark.slow
 def test_tiny_llama_static_cache_decodes_as_eager_with_its_cache_writes_in_place() -> None:
     pytest.importorskip("transformers")
