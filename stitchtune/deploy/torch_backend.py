@@ -278,14 +278,13 @@ def _cache_writes(gm: Any, opts: BackendOptions, report: GraphReport, kind: str)
         return PutKernel(name, axis, device, cpu=opts.cpu, counter=counter)
 
     try:
-        new_gm, keys = inplace_puts(gm, make)
+        new_gm, sites = inplace_puts(gm, make)
     except Exception as exc:  # noqa: BLE001 - never break a model: the writes stay functional
         opts.reraise(exc)
         log.info("stitchtune: cache writes left functional: %s: %s", type(exc).__name__, exc)
         return gm
-    for key in keys:
-        report.stitched.append(StitchedInfo("inference", key.split("#")[0], ("aten.index_put",), (), "",
-                                            "cache write in place", 1))
+    report.stitched += [StitchedInfo("inference", f"put_{p.name}", ("aten.index_put",), p.shapes, p.dtype,
+                                     "cache write in place", 1) for p in sites]
     return new_gm
 
 

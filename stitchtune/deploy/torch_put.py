@@ -15,7 +15,8 @@ Contract
   ``start .. start + S - 1`` of ``table`` along the index's axis and returns ``table`` itself), the
   readers of the ``index_put`` reading that result; the ``iota`` / ``add`` that made the positions go
   when nothing else reads them. ``make_kernel(name, axis)`` makes the :class:`PutKernel` registered
-  under the call's key. Returns ``(gm, ())`` without such nodes.
+  under the call's key; a :class:`PutSite` per write says what was made. Returns ``(gm, ())`` without
+  such nodes.
 * In place only where no one can tell: the base is a graph input that AOTAutograd marks as mutated
   (``TracingContext.fw_metadata``: a data mutation, no metadata mutation, no grad) whose mutation's
   result is this ``index_put`` (so the graph's output for it becomes the input itself and
@@ -39,7 +40,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +50,7 @@ import stitchtune.deploy.torch_ops  # noqa: F401  (defines the ``stitchtune`` li
 from stitchtune.hardware.device import Device
 from stitchtune.importers.torch_fx_util import op_key
 
-__all__ = ["PutKernel", "final_puts", "inplace_puts", "put_reason", "PUT_OP", "PUT_INPLACE_OP"]
+__all__ = ["PutKernel", "PutSite", "final_puts", "inplace_puts", "put_reason", "PUT_OP", "PUT_INPLACE_OP"]
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +188,24 @@ def put_reason(node: Any, gm: Any) -> str | None:
     return "a cache that is neither a graph input written in place nor a fresh tensor of the graph"
 
 
-def inplace_puts(gm: Any, make_kernel: Callable[[str, int], "PutKernel"]) -> tuple[Any, tuple[str, ...]]:
-    """``(copy of gm with its in-place cache writes, their keys)``; ``(gm, ())`` when it has none
+@dataclass(frozen=True)
+class PutSite:
+    """One cache write made a ``stitchtune::put`` call: its op key, the ``index_put`` node's name, the
+    cache's and the values' shapes (at the example inputs) and the dtype (for ``explain``)."""
+
+    key: str
+    name: str
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str
+
+
+def _hint(d: Any) -> int:
+    """A size's value at the example inputs, without a guard (a SymInt's hint)."""
+    return d if isinstance(d, int) else int(d.node.hint)
+
+
+def inplace_puts(gm: Any, make_kernel: Callable[[str, int], "PutKernel"]) -> tuple[Any, tuple[PutSite, ...]]:
+    """``(copy of gm with its in-place cache writes, one PutSite each)``; ``(gm, ())`` when it has none
     (see the module docstring)."""
     import torch.fx
 
@@ -200,7 +217,7 @@ def inplace_puts(gm: Any, make_kernel: Callable[[str, int], "PutKernel"]) -> tup
     env: dict[Any, Any] = {}
     out = graph.graph_copy(gm.graph, env)
     graph.output(out)
-    keys = []
+    keys: list[PutSite] = []
     for old in hits:
         n = env[old]
         base, indices, values = n.args[:3]
@@ -218,7 +235,9 @@ def inplace_puts(gm: Any, make_kernel: Callable[[str, int], "PutKernel"]) -> tup
         for dead in (idx, *[a for a in getattr(idx, "args", ()) if hasattr(a, "users")]):
             if hasattr(dead, "users") and not dead.users and dead.op == "call_function":
                 graph.erase_node(dead)
-        keys.append(key)
+        vals = (base.meta["val"], values.meta["val"])
+        keys.append(PutSite(key, old.name, tuple(tuple(_hint(d) for d in v.shape) for v in vals),
+                            str(vals[0].dtype).removeprefix("torch.")))
     return torch.fx.GraphModule(gm, graph), tuple(keys)
 
 
@@ -390,6 +409,3 @@ def _bf16() -> Any:
     return numpy_dtype("bfloat16")
 
 
-def describe(keys: Sequence[str]) -> str:
-    """One line naming the cache writes ``keys`` (for logs)."""
-    return ", ".join(k.split("#")[0] for k in keys)

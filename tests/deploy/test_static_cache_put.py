@@ -76,6 +76,7 @@ def test_the_cache_is_written_in_place_and_equal_to_eager(module: Any, dynamic: 
     assert m.k is buffer and m.k.data_ptr() == ptr   # the buffer itself, not a new tensor
     puts = _puts()
     assert puts, [s.region for r in torch_backend.LAST_REPORTS for s in r.stitched]
+    assert all(p.shapes[0] == (1, 2, 16, 8) and p.dtype == "float32" for p in puts), puts   # what explain shows
     declined = [d for r in torch_backend.LAST_REPORTS for d in r.declined
                 if "index_put" in d.what or d.what == "graph" or "Inductor" in d.reason]
     assert not declined, declined
