@@ -273,9 +273,9 @@ def _cache_writes(gm: Any, opts: BackendOptions, report: GraphReport, kind: str)
         return gm
     device = device_for(opts)
 
-    def make(name: str, axis: int) -> PutKernel:
+    def make(name: str, axis: int, positions: bool) -> PutKernel:
         counter = torch_stats.region_counter("inference", f"put_{name}", ("aten.index_put",), False)
-        return PutKernel(name, axis, device, cpu=opts.cpu, counter=counter)
+        return PutKernel(name, axis, device, cpu=opts.cpu, counter=counter, positions=positions)
 
     try:
         new_gm, sites = inplace_puts(gm, make)

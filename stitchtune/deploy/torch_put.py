@@ -2,9 +2,10 @@
 
 transformers' ``StaticCache.update`` writes a step's new keys / values at ``cache_position``; after
 functionalization the backend receives ``index_put(cache, [None, None, iota(S) + start], new)``
-(``S`` positions from a SymInt or int ``start``: one in a decode step, the prompt's length in a
-prompt), whose result is returned for AOTAutograd to copy back into the cache (a graph input mutated
-in place) or is the cache itself (a prompt graph makes it: ``full(.., 0)``). Functionally that reads
+(``S`` positions from a SymInt, int or one-element int tensor ``start``: one in a decode step, the
+prompt's length in a prompt; or ``index_copy_(axis, positions, new)`` with a 1-D position tensor),
+whose result is returned for AOTAutograd to copy back into the cache (a graph input mutated in
+place) or is the cache itself (a prompt graph makes it: ``full(.., 0)``). Functionally that reads
 and writes the whole cache, and the copy back does again.
 
 Contract
@@ -28,7 +29,7 @@ Contract
   (built per shape, counted as builds in :mod:`stitchtune.deploy.torch_stats`; under
   :func:`~stitchtune.deploy.torch_ops.stand_in_driver` CPU tensors too, through its driver); on CPU the same
   program in the emulator, in place on the tensor's memory (``cpu="emulate"``) or PyTorch's
-  ``narrow().copy_()`` (``cpu="reference"``). Positions outside ``[0, rows)``, a table that is not
+  ``index_copy_`` (``cpu="reference"``). Positions outside ``[0, rows)`` or repeated (CPU), a table that is not
   contiguous or not 16-byte aligned, or values of another shape or dtype run PyTorch's own
   ``index_put_`` (counted as an eager call): so a position outside the cache raises PyTorch's own
   ``IndexError`` (on CPU; a device assert on CUDA), as eager does, and a negative position in range
@@ -135,6 +136,14 @@ def _positions(idx: Any) -> tuple[Any, Any] | None:
     return None
 
 
+def _position_tensor(idx: Any, values: Any, axis: int) -> bool:
+    """Whether ``idx`` is a 1-D int32 / int64 tensor node with one position per row of ``values``
+    along ``axis`` (``index_copy_(axis, positions, new)``)."""
+    v = getattr(idx, "meta", {}).get("val")
+    return (isinstance(v, torch.Tensor) and v.dim() == 1 and v.dtype in (torch.int32, torch.int64)
+            and str(v.shape[0]) == str(values.shape[axis]))
+
+
 def _symint(x: Any) -> bool:
     """Whether ``x`` is an fx node of a SymInt."""
     return isinstance(getattr(x, "meta", {}).get("val"), torch.SymInt)
@@ -170,11 +179,11 @@ def put_reason(node: Any, gm: Any) -> str | None:
     if len(real) != 1:
         return "an index_put with several index tensors"
     axis = real[0]
-    if _positions(indices[axis]) is None:
-        return "positions that are not iota(S) + start"
     bval, vval = base.meta.get("val"), getattr(values, "meta", {}).get("val")
     if not isinstance(bval, torch.Tensor) or not isinstance(vval, torch.Tensor):
         return "an index_put without tensor values"
+    if _positions(indices[axis]) is None and not _position_tensor(indices[axis], vval, axis):
+        return "positions that are neither iota(S) + start nor a 1-D int tensor of one per values' row"
     if bval.dtype not in _FLOATS or vval.dtype != bval.dtype or vval.dim() != bval.dim():
         return "values of another dtype or rank than the cache (or a cache that is not float32/16, bfloat16)"
     if any(str(a) != str(b) for i, (a, b) in enumerate(zip(vval.shape, bval.shape)) if i != axis):
@@ -204,7 +213,8 @@ def _hint(d: Any) -> int:
     return d if isinstance(d, int) else int(d.node.hint)
 
 
-def inplace_puts(gm: Any, make_kernel: Callable[[str, int], "PutKernel"]) -> tuple[Any, tuple[PutSite, ...]]:
+def inplace_puts(gm: Any, make_kernel: Callable[[str, int, bool], "PutKernel"]
+                 ) -> tuple[Any, tuple[PutSite, ...]]:
     """``(copy of gm with its in-place cache writes, one PutSite each)``; ``(gm, ())`` when it has none
     (see the module docstring)."""
     import torch.fx
@@ -223,9 +233,10 @@ def inplace_puts(gm: Any, make_kernel: Callable[[str, int], "PutKernel"]) -> tup
         base, indices, values = n.args[:3]
         axis = next(i for i, x in enumerate(indices) if x is not None)
         idx = indices[axis]
-        _, start = _positions(idx)  # type: ignore[misc]
+        got = _positions(idx)
+        start = idx if got is None else got[1]   # a position tensor, or iota(S) + start's start
         key = f"put_{old.name}#{_next_key()}"
-        register(key, make_kernel(old.name, axis))
+        register(key, make_kernel(old.name, axis, got is None))
         with graph.inserting_before(n):
             tensor = isinstance(getattr(start, "meta", {}).get("val"), torch.Tensor)
             call = graph.call_function(PUT_OP, (key, base, values, start if tensor else None, 0 if tensor else start))
@@ -233,7 +244,7 @@ def inplace_puts(gm: Any, make_kernel: Callable[[str, int], "PutKernel"]) -> tup
         n.replace_all_uses_with(call)
         graph.erase_node(n)
         for dead in (idx, *[a for a in getattr(idx, "args", ()) if hasattr(a, "users")]):
-            if hasattr(dead, "users") and not dead.users and dead.op == "call_function":
+            if hasattr(dead, "users") and not dead.users and dead.op == "call_function" and got is not None:
                 graph.erase_node(dead)
         vals = (base.meta["val"], values.meta["val"])
         keys.append(PutSite(key, old.name, tuple(tuple(_hint(d) for d in v.shape) for v in vals),
@@ -277,28 +288,32 @@ def register(key: str, kernel: "PutKernel") -> None:
 @dataclass
 class PutKernel:
     """One cache write: ``values`` into ``table`` along ``axis`` from ``start`` (module docstring).
-    ``counter``: a :class:`~stitchtune.deploy.torch_stats.RegionCounter` (builds per shape, eager calls)."""
+    ``counter``: a :class:`~stitchtune.deploy.torch_stats.RegionCounter` (builds per shape, eager calls).
+    ``positions``: the rows are a tensor of positions (``start_t``, one per values' row), not a start."""
 
     name: str
     axis: int
     device: Device
     cpu: str = "emulate"
     counter: Any = None
+    positions: bool = False
     _programs: dict[Any, Any] = field(default_factory=dict, repr=False)
     _launchers: dict[Any, Any] = field(default_factory=dict, repr=False)
 
-    def shape(self, table: torch.Tensor, values: torch.Tensor) -> Any:
+    def shape(self, table: torch.Tensor, values: torch.Tensor, start: torch.Tensor | None = None) -> Any:
         from stitchtune.lower.put import PutShape
 
         a = self.axis
+        index = str(start.dtype).removeprefix("torch.") if self.positions and start is not None else "int64"
         return PutShape(math.prod(table.shape[:a]), table.shape[a], values.shape[a],
-                        math.prod(table.shape[a + 1:]), str(table.dtype).removeprefix("torch."))
+                        math.prod(table.shape[a + 1:]), str(table.dtype).removeprefix("torch."),
+                        positions=self.positions, index_dtype=index)
 
-    def program(self, table: torch.Tensor, values: torch.Tensor) -> Any:
+    def program(self, table: torch.Tensor, values: torch.Tensor, start: torch.Tensor | None = None) -> Any:
         """The program for these shapes (built and counted once per shape)."""
         from stitchtune.lower.put import put_program
 
-        sh = self.shape(table, values)
+        sh = self.shape(table, values, start)
         prog = self._programs.get(sh)
         if prog is None:
             prog = self._programs[sh] = put_program(sh, self.device)
@@ -308,9 +323,12 @@ class PutKernel:
             self.counter.add(hits=1)
         return prog
 
-    def _fits(self, table: torch.Tensor, values: torch.Tensor) -> bool:
+    def _fits(self, table: torch.Tensor, values: torch.Tensor, start_t: torch.Tensor | None) -> bool:
         """Whether the kernel takes these tensors (else PyTorch's ``index_put_`` runs)."""
         a = self.axis
+        if self.positions and (start_t is None or start_t.dim() != 1 or start_t.numel() != values.shape[a]
+                               or start_t.dtype not in (torch.int32, torch.int64)):
+            return False
         same = (values.dtype == table.dtype and values.dim() == table.dim()
                 and all(v == t for i, (v, t) in enumerate(zip(values.shape, table.shape)) if i != a))
         return (same and table.dtype in _FLOATS and table.is_contiguous() and table.data_ptr() % 16 == 0
@@ -320,52 +338,64 @@ class PutKernel:
         """PyTorch's own in-place ``index_put_`` (its errors, its wrapping of negative positions)."""
         if self.counter is not None:
             self.counter.add(eager=1)
-        pos = torch.arange(values.shape[self.axis], device=table.device) + start_i
-        if start_t is not None:
-            pos = pos + start_t.reshape(())
+        if self.positions and start_t is not None:
+            pos = start_t
+        else:
+            pos = torch.arange(values.shape[self.axis], device=table.device) + start_i
+            pos = pos if start_t is None else pos + start_t.reshape(())
         torch.ops.aten.index_put_(table, [None] * self.axis + [pos], values)
 
     def __call__(self, table: torch.Tensor, values: torch.Tensor, start_t: torch.Tensor | None, start_i: int) -> None:
-        """Write ``values`` at rows ``start_t + start_i ..`` (``start_t``: a one-element int tensor or None)."""
-        if not self._fits(table, values):
+        """Write ``values`` at rows ``start_t + start_i ..`` (``start_t``: a one-element int tensor or None),
+        or with ``positions`` at rows ``start_t[j]``."""
+        if not self._fits(table, values, start_t):
             self.eager(table, values, start_t, start_i)
             return
         if table.device.type == "cuda" or _stand_in() is not None:   # no host read of the start: the kernel
             self._launch(table, values.contiguous(), self._start_tensor(start_t, start_i, table.device))
             return                                                   # writes nothing outside the cache
-        start = start_i + (int(start_t.reshape(())) if start_t is not None else 0)
-        if not 0 <= start <= table.shape[self.axis] - values.shape[self.axis]:
-            self.eager(table, values, start_t, start_i)   # outside the cache: PyTorch's error (or wrap)
-        elif self.cpu == "reference":
-            table.narrow(self.axis, start, values.shape[self.axis]).copy_(values)
+        rows, n = table.shape[self.axis], values.shape[self.axis]
+        if self.positions:
+            assert start_t is not None   # _fits
+            pos = start_t.detach().to(torch.int64)
+            ok = bool((pos >= 0).all() and (pos < rows).all()) and int(torch.unique(pos).numel()) == n
         else:
-            self._emulate(table, values.contiguous(), start)
+            first = start_i + (int(start_t.reshape(())) if start_t is not None else 0)
+            pos, ok = torch.arange(first, first + n), 0 <= first <= rows - n
+        if not ok:   # outside the cache (PyTorch's error, or its wrap), or a position twice (its order)
+            self.eager(table, values, start_t, start_i)
+        elif self.cpu == "reference":
+            table.index_copy_(self.axis, pos, values)
+        else:
+            self._emulate(table, values.contiguous(), pos if self.positions else pos[:1])
 
-    @staticmethod
-    def _start_tensor(start_t: torch.Tensor | None, start_i: int, device: Any) -> torch.Tensor:
-        """The start as an aligned one-element int64 tensor on ``device`` (the kernel's ``start``)."""
+    def _start_tensor(self, start_t: torch.Tensor | None, start_i: int, device: Any) -> torch.Tensor:
+        """The start as an aligned one-element int64 tensor on ``device`` (the kernel's ``start``), or
+        with ``positions`` the positions, contiguous and aligned."""
         if start_t is None:
             return torch.full((1,), start_i, dtype=torch.int64, device=device)
+        if self.positions:
+            t = start_t.to(device=device).contiguous()
+            return t if t.data_ptr() % 16 == 0 else t.clone()
         t = start_t.reshape(1)
         if start_i or t.dtype != torch.int64 or t.data_ptr() % 16 or t.device != device:
             t = (t.to(device=device, dtype=torch.int64) + start_i).clone()
         return t
 
-    def _emulate(self, table: torch.Tensor, values: torch.Tensor, start: int) -> None:
-        """The kernel in the emulator, writing the table's own memory (a copy back where not shared)."""
-        import numpy as np
-
+    def _emulate(self, table: torch.Tensor, values: torch.Tensor, start: torch.Tensor) -> None:
+        """The kernel in the emulator on ``start`` (int64: the start, or the positions), writing the
+        table's own memory (a copy back where not shared)."""
         from stitchtune.emulate.emulator import emulate_kernel
 
-        prog = self.program(table, values)
+        prog = self.program(table, values, start)
         bf16 = table.dtype == torch.bfloat16
         table, values = table.detach(), values.detach()   # the same memory
         tab = table.view(torch.int16).numpy().view(_bf16()) if bf16 else table.numpy()
         vals = values.view(torch.int16).numpy().view(_bf16()) if bf16 else values.numpy()
         flat = tab.reshape(-1)
         emulate_kernel(prog.kernels[0], prog.launches[0].grid,
-                       {"table": flat, "vals": vals.reshape(-1), "start": np.array([start], np.int64)})
-        if not np.shares_memory(flat, tab):   # pragma: no cover - a contiguous tensor's view shares it
+                       {"table": flat, "vals": vals.reshape(-1), "start": start.numpy().astype("int64")})
+        if not _np_shares(flat, tab):   # pragma: no cover - a contiguous tensor's view shares it
             table.copy_(torch.from_numpy(flat.reshape(tab.shape)))
 
     def _launch(self, table: torch.Tensor, values: torch.Tensor, start: torch.Tensor) -> None:
@@ -385,8 +415,8 @@ class PutKernel:
             stream = torch.cuda.current_stream(dev).cuda_stream
         else:
             index, stream = -1, 0
-        prog = self.program(table, values)
-        sh = self.shape(table, values)
+        prog = self.program(table, values, start)
+        sh = self.shape(table, values, start)
         launcher = self._launchers.get((sh, index, stream))
         if launcher is None:
             cubin = stand_in[1](prog) if stand_in else build_cubin(render(prog), self.device.arch)[1]
@@ -394,6 +424,12 @@ class PutKernel:
             launcher = self._launchers[(sh, index, stream)] = Launcher(driver, launch_plan(prog), cubin, stream=stream)
         bound = launcher.bind({"table": table.data_ptr(), "values": values.data_ptr(), "start": start.data_ptr()})
         launcher.launch(bound, stream)
+
+
+def _np_shares(a: Any, b: Any) -> bool:
+    import numpy as np
+
+    return bool(np.shares_memory(a, b))
 
 
 def _stand_in() -> Any:

@@ -14,16 +14,20 @@ row_size]`` row-major, ``values`` as ``[outer, count, row_size]``) and returns a
 * ``table`` (role output, graph tensor ``"table"``): written in place; the caller binds the cache
   itself (nothing in it is read, and elements outside the new rows keep what they hold);
 * ``vals`` (input ``"values"``): the new rows, row-major;
-* ``start`` (input ``"start"``, int64, one element): the first row written.
+* ``start`` (input ``"start"``, int64, one element): the first row written; with
+  ``PutShape.positions``, ``count`` positions (int32 / int64), one per values' row
+  (``index_copy_(axis, positions, new)`` with a position tensor).
 
-Element ``e`` of ``values`` (``o, j, c``) goes to ``table[(o * rows + start + j) * row_size + c]``.
-The start is read by :class:`~stitchtune.ir.kir.IndexLoad` bounded by ``rows - count + 1``: a start
-outside ``[0, rows - count]`` (a position outside the cache) writes nothing at all, so no address
-outside ``table`` or ``vals`` is ever formed (PyTorch raises there; the caller checks the start on
-the host first and raises as PyTorch does). Accesses are ``width`` elements (16 bytes where
-``row_size`` allows); a grid-stride loop over a grid sized from the device's SMs. Names are
-generated here; nothing from a graph reaches the source. Sizes must fit int32 indexing
-(:class:`ValueError` otherwise).
+Element ``e`` of ``values`` (``o, j, c``) goes to ``table[(o * rows + start + j) * row_size + c]``
+(``positions[j]`` in place of ``start + j``). The start is read by
+:class:`~stitchtune.ir.kir.IndexLoad` bounded by ``rows - count + 1``: a start outside ``[0, rows -
+count]`` (a position outside the cache) writes nothing at all; a position outside ``[0, rows)``
+writes nothing for its row. So no address outside ``table`` or ``vals`` is ever formed (PyTorch
+raises there; the caller checks on the host first where it can and runs PyTorch's op). Two equal
+positions race (which row lands is unspecified, as on PyTorch's CUDA path). Accesses are
+``width`` elements (16 bytes where ``row_size`` allows); a grid-stride loop over a grid sized
+from the device's SMs. Names are generated here; nothing from a graph reaches the source. Sizes
+must fit int32 indexing (:class:`ValueError` otherwise).
 """
 
 from __future__ import annotations
@@ -57,12 +61,17 @@ class PutShape:
     count: int
     row_size: int
     dtype: str
+    #: the rows come from a tensor of ``count`` positions (``index_dtype``), not from one start
+    positions: bool = False
+    index_dtype: str = "int64"
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"a cache write into a {self.dtype} table (float32 / float16 / bfloat16 only)")
         if min(self.outer, self.rows, self.count, self.row_size) < 1 or self.count > self.rows:
             raise ValueError(f"bad cache write shape {self}")
+        if self.index_dtype not in ("int32", "int64"):
+            raise ValueError(f"cache positions of {self.index_dtype} (int32 / int64 only)")
         if self.table_size >= 2**31:
             raise ValueError(f"a cache of {self.table_size} elements (int32 indexing: < 2**31)")
 
@@ -93,16 +102,25 @@ def _body(shape: PutShape, threads: int, w: int) -> tuple[kir.Stmt, ...]:
     per_outer = shape.count * shape.row_size
     gtid = kir.Bin("+", kir.Bin("*", kir.Special("bid"), kir.Special("bdim")), kir.Special("tid"))
     ok = kir.Bin(">=", start, I(0))
-    dst = kir.Bin("+", kir.Bin("*", kir.Bin("+", kir.Bin("+", kir.Bin("*", o, I(shape.rows)), start), j),
-                               I(shape.row_size)), c)
-    loop = (kir.Assign(o, kir.Bin("/", e, I(per_outer))),
-            kir.Assign(j, kir.Bin("/", kir.Bin("%", e, I(per_outer)), I(shape.row_size))),
-            kir.Assign(c, kir.Bin("%", e, I(shape.row_size))),
-            kir.LoadVec(vals, "vals", e, ok),
-            kir.StoreVec("table", dst, vals, ok))
+    row = start if shape.positions else kir.Bin("+", start, j)
+    dst = kir.Bin("+", kir.Bin("*", kir.Bin("+", kir.Bin("*", o, I(shape.rows)), row), I(shape.row_size)), c)
+    where: tuple[kir.Stmt, ...] = (kir.Assign(o, kir.Bin("/", e, I(per_outer))),
+                                    kir.Assign(j, kir.Bin("/", kir.Bin("%", e, I(per_outer)), I(shape.row_size))),
+                                    kir.Assign(c, kir.Bin("%", e, I(shape.row_size))))
+    if shape.positions:   # row j's position, checked against the table (-1 outside: not written)
+        where += (kir.Assign(start, kir.IndexLoad("start", j, shape.rows)),)
+    loop = where + (kir.LoadVec(vals, "vals", e, ok), kir.StoreVec("table", dst, vals, ok))
+    if shape.positions:
+        return (kir.Comment("cache write: values' row j at positions[j], in place (one outside: not written)"),
+                kir.For(t, gtid, I(shape.values_size // w), threads, loop))
     return (kir.Comment("cache write: values' rows at start + j, in place (a start outside the cache writes nothing)"),
             kir.Assign(start, kir.IndexLoad("start", I(0), shape.rows - shape.count + 1)),
             kir.For(t, gtid, I(shape.values_size // w), threads, loop))
+
+
+def _starts(shape: PutShape) -> int:
+    """Elements of the ``start`` buffer: one start, or a position per values' row."""
+    return shape.count if shape.positions else 1
 
 
 def put_program(shape: PutShape, device: Device) -> kir.Program:
@@ -112,17 +130,19 @@ def put_program(shape: PutShape, device: Device) -> kir.Program:
     grid = max(1, min(math.ceil(vectors / PUT_BLOCK), device.sm_count * _BLOCKS_PER_SM))
     params = (kir.Param("table", shape.dtype, shape.table_size, BufferRole.OUTPUT),
               kir.Param("vals", shape.dtype, shape.values_size, BufferRole.INPUT),
-              kir.Param("start", "int64", 1, BufferRole.INPUT))
+              kir.Param("start", shape.index_dtype, _starts(shape), BufferRole.INPUT))
     kernel = kir.Kernel(PUT_KERNEL, params, _body(shape, grid * PUT_BLOCK, w), PUT_BLOCK)
     buffers = (kir.BufferSpec("table", shape.dtype, shape.table_size, BufferRole.OUTPUT, "table"),
                kir.BufferSpec("vals", shape.dtype, shape.values_size, BufferRole.INPUT, "values"),
-               kir.BufferSpec("start", "int64", 1, BufferRole.INPUT, "start"))
+               kir.BufferSpec("start", shape.index_dtype, _starts(shape), BufferRole.INPUT, "start"))
     nbytes = shape.values_size * kir.ELEM_BYTES[shape.dtype]
     prof = kir.KernelProfile(
         name=PUT_KERNEL, grid=grid, block=PUT_BLOCK, smem_bytes=0, est_registers=16 + 2 * w,
-        dram_read_bytes=nbytes + 8, dram_write_bytes=nbytes, reread_bytes=0, reread_working_set=0,
+        dram_read_bytes=nbytes + _starts(shape) * kir.ELEM_BYTES[shape.index_dtype], dram_write_bytes=nbytes,
+        reread_bytes=0, reread_working_set=0,
         flops=0, sfu_ops=0, block_barriers=0, grid_barriers=0, atomics=0,
         bytes_in_flight_per_thread=w * kir.ELEM_BYTES[shape.dtype])
     launch = kir.Launch(PUT_KERNEL, grid, PUT_BLOCK, 0, ("table", "vals", "start"))
-    return kir.Program((kernel,), buffers, (launch,), kir.ProgramProfile((prof,), min_bytes=2 * nbytes + 8),
+    return kir.Program((kernel,), buffers, (launch,),
+                       kir.ProgramProfile((prof,), min_bytes=prof.dram_read_bytes + nbytes),
                        notes=(f"cache write in place: {shape.count} of {shape.rows} rows, {w}-wide accesses",))

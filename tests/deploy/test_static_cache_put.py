@@ -99,6 +99,33 @@ def test_a_position_outside_the_cache_raises_as_eager_does() -> None:
     assert _puts()
 
 
+class _Positions(torch.nn.Module):
+    """``index_copy_(2, positions, new)`` with a position tensor (older StaticCache, user code)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("k", torch.zeros(1, 2, 8, 8))
+
+    def forward(self, x: Any, pos: Any) -> Any:
+        self.k.index_copy_(2, pos, x)
+        return self.k * 2.0
+
+
+def test_a_position_tensor_is_written_in_place_and_outside_or_repeated_positions_are_eagers() -> None:
+    m, e = _Positions(), _Positions()
+    c = torch.compile(m, backend="stitchtune", dynamic=False, options=OPTS)
+    with torch.no_grad():
+        for pos in ([6, 1, 3], [2, 7, 0], [5, 5, 4]):   # the last: a position twice, PyTorch's index_put_
+            x = torch.randn(1, 2, 3, 8)
+            c(x, torch.tensor(pos)), e(x, torch.tensor(pos))
+            torch.testing.assert_close(m.k, e.k, rtol=0, atol=0)
+        with pytest.raises(IndexError):
+            c(torch.ones(1, 2, 3, 8), torch.tensor([1, 8, 2]))
+    counts = [r for r in torch_stats.stats().regions if r.region.startswith("put_")]
+    assert [(r.builds, r.eager) for r in counts] == [(1, 2)], counts   # one kernel; the repeat and the raise eager
+    assert _puts()
+
+
 def test_a_functional_index_put_on_an_input_is_not_done_in_place() -> None:
     def f(cache: Any, x: Any, start: Any) -> Any:
         return torch.ops.aten.index_put(cache, [None, None, torch.arange(x.shape[2]) + start], x) * 2.0

@@ -52,6 +52,23 @@ def test_a_start_outside_the_table_writes_nothing(start: int) -> None:
     assert np.array_equal(before, after)
 
 
+@pytest.mark.parametrize("index_dtype", ["int64", "int32"])
+def test_rows_from_a_position_tensor_are_written_and_positions_outside_write_nothing(index_dtype: str) -> None:
+    sh = PutShape(2, 20, 6, 16, "float32", positions=True, index_dtype=index_dtype)
+    prog = put_program(sh, DEV)
+    pos = np.array([7, 0, 19, -1, 20, 3], index_dtype)   # -1 and 20: outside the table, written nowhere
+    table = np.arange(sh.table_size).astype(np.float32)
+    before = table.copy()
+    vals = -1.0 - np.arange(sh.values_size).astype(np.float32)
+    emulate_kernel(prog.kernels[0], prog.launches[0].grid, {"table": table, "vals": vals, "start": pos})
+    want = before.reshape(2, 20, 16).copy()
+    v = vals.reshape(2, 6, 16)
+    for j, p in enumerate(pos):
+        if 0 <= p < 20:
+            want[:, p] = v[:, j]
+    assert np.array_equal(table, want.ravel())
+
+
 def test_accesses_are_as_wide_as_the_row_allows() -> None:
     assert put_width(PutShape(2, 20, 7, 16, "float32")) == 4
     assert put_width(PutShape(2, 20, 7, 16, "bfloat16")) == 8
@@ -77,4 +94,5 @@ def test_bad_shapes_are_refused() -> None:
 
 
 def test_the_kernels_compile_with_nvcc(tmp_path: Path) -> None:
-    compile_programs_sm90([put_program(sh, DEV) for sh in SHAPES], tmp_path)
+    shapes = SHAPES + [PutShape(2, 20, 6, 16, "bfloat16", positions=True, index_dtype="int32")]
+    compile_programs_sm90([put_program(sh, DEV) for sh in shapes], tmp_path)
