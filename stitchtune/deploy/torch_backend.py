@@ -271,11 +271,9 @@ def _cache_writes(gm: Any, opts: BackendOptions, report: GraphReport, kind: str)
 
     if kind != "inference":
         return gm
-    device = device_for(opts)
-
     def make(name: str, axis: int, positions: bool) -> PutKernel:
         counter = torch_stats.region_counter("inference", f"put_{name}", ("aten.index_put",), False)
-        return PutKernel(name, axis, device, cpu=opts.cpu, counter=counter, positions=positions)
+        return PutKernel(name, axis, device_for(opts), cpu=opts.cpu, counter=counter, positions=positions)
 
     try:
         new_gm, sites = inplace_puts(gm, make)
