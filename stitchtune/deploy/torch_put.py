@@ -182,8 +182,11 @@ def put_reason(node: Any, gm: Any) -> str | None:
     bval, vval = base.meta.get("val"), getattr(values, "meta", {}).get("val")
     if not isinstance(bval, torch.Tensor) or not isinstance(vval, torch.Tensor):
         return "an index_put without tensor values"
-    if _positions(indices[axis]) is None and not _position_tensor(indices[axis], vval, axis):
+    got = _positions(indices[axis])
+    if got is None and not _position_tensor(indices[axis], vval, axis):
         return "positions that are neither iota(S) + start nor a 1-D int tensor of one per values' row"
+    if got is not None and str(got[0]) != str(vval.shape[axis]):
+        return "values broadcast along the positions (not one row per position)"
     if bval.dtype not in _FLOATS or vval.dtype != bval.dtype or vval.dim() != bval.dim():
         return "values of another dtype or rank than the cache (or a cache that is not float32/16, bfloat16)"
     if any(str(a) != str(b) for i, (a, b) in enumerate(zip(vval.shape, bval.shape)) if i != axis):

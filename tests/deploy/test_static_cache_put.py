@@ -126,6 +126,25 @@ def test_a_position_tensor_is_written_in_place_and_outside_or_repeated_positions
     assert _puts()
 
 
+class _Broadcast(_SymStart):
+    """One new row written at 3 positions (values broadcast along the positions): not a cache write."""
+
+    def forward(self, x: Any, start: int) -> Any:
+        torch.ops.aten.index_put_(self.k, [None, None, torch.arange(start, start + 3)], x * 2.0)
+        return self.k * 1.0
+
+
+def test_values_broadcast_along_the_positions_are_not_written_in_place() -> None:
+    m, e = _Broadcast(), _Broadcast()
+    c = torch.compile(m, backend="stitchtune", dynamic=False, options=OPTS)
+    with torch.no_grad():
+        for start in (0, 4):
+            x = torch.randn(1, 2, 1, 8)
+            c(x, start), e(x, start)
+            torch.testing.assert_close(m.k, e.k, rtol=0, atol=0)
+    assert not _puts()
+
+
 def test_a_functional_index_put_on_an_input_is_not_done_in_place() -> None:
     def f(cache: Any, x: Any, start: Any) -> Any:
         return torch.ops.aten.index_put(cache, [None, None, torch.arange(x.shape[2]) + start], x) * 2.0
