@@ -144,6 +144,11 @@ def _position_tensor(idx: Any, values: Any, axis: int) -> bool:
             and str(v.shape[0]) == str(values.shape[axis]))
 
 
+def _size(x: Any) -> Any:
+    """An iota's length: an int, or the SymInt of its fx node."""
+    return getattr(x, "meta", {}).get("val", x) if hasattr(x, "meta") else x
+
+
 def _symint(x: Any) -> bool:
     """Whether ``x`` is an fx node of a SymInt."""
     return isinstance(getattr(x, "meta", {}).get("val"), torch.SymInt)
@@ -185,7 +190,7 @@ def put_reason(node: Any, gm: Any) -> str | None:
     got = _positions(indices[axis])
     if got is None and not _position_tensor(indices[axis], vval, axis):
         return "positions that are neither iota(S) + start nor a 1-D int tensor of one per values' row"
-    if got is not None and str(got[0]) != str(vval.shape[axis]):
+    if got is not None and str(_size(got[0])) != str(vval.shape[axis]):
         return "values broadcast along the positions (not one row per position)"
     if bval.dtype not in _FLOATS or vval.dtype != bval.dtype or vval.dim() != bval.dim():
         return "values of another dtype or rank than the cache (or a cache that is not float32/16, bfloat16)"
