@@ -50,6 +50,12 @@ Contract
   :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel` whose kernels are cached by
   (structure, bucket of its symbols' values) (:mod:`stitchtune.deploy.torch_dynamic`), the
   region's ATen ops where none can be made.
+* In an inference graph, a static cache's write ``index_put(cache, [.., iota(S) + start], new)`` whose
+  cache is a graph input AOTAutograd marks as mutated (or a fresh tensor of the graph), read by nothing
+  else, is first made one in-place ``stitchtune::put`` call (:mod:`stitchtune.deploy.torch_put`: only the
+  ``S`` new rows written, the graph returning the cache itself, so AOTAutograd's copy back is a copy onto
+  itself), reported stitched with the source ``"cache write in place"``; the graph handed on calls
+  ``stitchtune::put_`` (no result), which Inductor lowers.
 * Every region's schedule selections, kernels built, cache hits and eager calls are counted
   (:mod:`stitchtune.deploy.torch_stats`; ``stitchtune.torch.stats()``).
 * :func:`explain(model, *example_inputs, backward=False, **options)` compiles and runs ``model`` once
@@ -203,6 +209,7 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
     from stitchtune.importers.torch_symvalues import bound_inputs
 
     report = GraphReport(kind)
+    gm = _cache_writes(gm, opts, report, kind)   # a static cache's writes in place (inference graphs)
     work = _prepared(gm, kind)
     try:
         split = find_regions(work)
@@ -262,7 +269,41 @@ def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, k
                        if opts.check_gather and any(n.op in ("gather", "gather_elements") for n in r.graph.nodes)]
     if new_gm is not gm:
         new_gm = unseed_rands(new_gm)   # the draws no region took: Inductor's again
-    return new_gm, report
+    return _final_puts(new_gm, kind), report
+
+
+def _cache_writes(gm: Any, opts: BackendOptions, report: GraphReport, kind: str) -> Any:
+    """``gm`` with its static cache writes as in-place ``stitchtune::put`` calls
+    (:mod:`stitchtune.deploy.torch_put`), each reported stitched; ``gm`` itself when it has none, is
+    not an inference graph, or finding them fails (logged; strict: raised)."""
+    from stitchtune.deploy import torch_stats
+    from stitchtune.deploy.torch_put import PutKernel, inplace_puts
+
+    if kind != "inference":
+        return gm
+    def make(name: str, axis: int, positions: bool) -> PutKernel:
+        counter = torch_stats.region_counter("inference", f"put_{name}", ("aten.index_put",), False)
+        return PutKernel(name, axis, device_for(opts), cpu=opts.cpu, counter=counter, positions=positions)
+
+    try:
+        new_gm, sites = inplace_puts(gm, make)
+    except Exception as exc:  # noqa: BLE001 - never break a model: the writes stay functional
+        opts.reraise(exc)
+        log.info("stitchtune: cache writes left functional: %s: %s", type(exc).__name__, exc)
+        return gm
+    report.stitched += [StitchedInfo("inference", f"put_{p.name}", ("aten.index_put",), p.shapes, p.dtype,
+                                     "cache write in place", 1) for p in sites]
+    return new_gm
+
+
+def _final_puts(gm: Any, kind: str) -> Any:
+    """``gm`` with its cache writes as ``stitchtune::put_`` calls (no result: Inductor lowers them),
+    once nothing reorders its nodes any more (:func:`stitchtune.deploy.torch_put.final_puts`)."""
+    if kind != "inference":
+        return gm
+    from stitchtune.deploy.torch_put import final_puts
+
+    return final_puts(gm)
 
 
 def _held_constants(region: Any, folded: dict[Any, Any]) -> tuple[tuple[int, Any], ...]:

@@ -88,7 +88,8 @@ RAND_KEY = "stitchtune.rand"
 RAND_STREAM_STEP = 0x9E3779B97
 #: ops the walk skips (run-time assertions of shapes and values)
 _IGNORED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
-            "aten._assert_async"}
+            "aten._assert_async",
+            "stitchtune.put"}   # a cache write the backend made a kernel call already (deploy.torch_put)
 
 
 def _is_bool(x: Any) -> bool:

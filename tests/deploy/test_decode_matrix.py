@@ -9,12 +9,11 @@ runs its ATen ops; every norm of a decode step is stitched (no ``native_layer_no
 / ``pow`` / ``rsqrt`` among the declined ops: those were left out at batch 1 and one position); the
 planner refuses no op (the rotary and the key / value cache concat of the Llama family plan: issue 41,
 item 2); none of float64 scalar arithmetic (dynamo's symbolic floats), GPT-2's ``split`` or a decode
-step's static-cache ``index_put`` is left out (items 2-3); no ``add`` reading a SymInt value (a decode step's
-positions, read through a bound input: :mod:`stitchtune.importers.torch_symvalues`); with the dynamic cache
-nothing memory-intensive left out at all (ops reading SymInts as sizes, the prompt's ``iota(S)``, read
-them from a carrier: :mod:`stitchtune.importers.torch_symsizes`), and with the static cache nothing but the
-prompt's several-position static-cache copy (its ``iota`` of the cache's length, ``full`` of a symbolic
-shape and mask ``le`` are stitched). That copy is listed by explain (the row's ``left_out``)."""
+step's or a prompt's static-cache ``index_put`` is left out (items 2-3: written in place,
+``deploy/torch_put``); no ``add`` reading a SymInt value (a decode step's positions, read through a bound
+input: :mod:`stitchtune.importers.torch_symvalues`); and nothing memory-intensive is left out at all, with
+either cache (ops reading SymInts as sizes, the prompt's ``iota(S)``, a static cache's ``full`` of a symbolic
+shape, a mask's ``iota`` over the cache, read them from a carrier: :mod:`stitchtune.importers.torch_symsizes`)."""
 
 from __future__ import annotations
 
@@ -56,16 +55,14 @@ def test_greedy_decoding_is_stitched_and_equal_to_eager(model: str, cache: str) 
     planner = [r for r in row["reasons"] if "planner:" in r]
     assert not planner, planner
     left = [k for k in row["left_out"] if k.split(" ")[0] in SCALAR_OPS or "float64" in k
-            or k.startswith("aten.index_put") and "several positions" not in k]
+            or k.startswith("aten.index_put")]   # the static cache's writes, prompt and decode: in place
     assert not left, row["left_out"]
     # SymInt values (a decode step's positions arange(1) + past) are bound region inputs (torch_symvalues)
     sym = [k for k in row["left_out"] if k.startswith("aten.add ")]
     assert not sym, row["left_out"]
-    if cache == "dynamic":   # GPT-2's position embedding, the Llama family's iota(S): nothing left out
-        assert not row["left_out"], row["left_out"]
-    else:   # SymInt sizes (iota of the cache's length, its lazy zeros, the mask) are stitched
-        rest = [k for k in row["left_out"] if not (k.startswith("aten.index_put") and "several positions" in k)]
-        assert not rest, row["left_out"]
+    # GPT-2's position embedding, the Llama family's iota(S), the static cache's lazy zeros, its mask and
+    # its writes (in place): nothing memory-intensive left out, with either cache
+    assert not row["left_out"], row["left_out"]
 
 
 def test_phi3_decode_builds_one_generic_kernel_per_bucket() -> None:

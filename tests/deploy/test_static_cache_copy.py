@@ -1,8 +1,9 @@
 """A static KV cache's index copy in a region (issue 41 item 2): ``cache.index_copy_(2, pos, new)`` (what
 transformers' ``StaticCache.update`` does) reaches the backend as a functional ``index_put`` whose result
 PyTorch copies back into the buffer. One position at a time it is stitched as ``where(iota == pos, new,
-cache)``: the region's values, the buffer after the call and its strides equal eager's, at every position,
-with static and symbolic shapes. Several positions at once (a prompt) stay with PyTorch, with a reason."""
+cache)`` or, the cache being the buffer the model overwrites, written in place (``deploy/torch_put``): the
+region's values, the buffer after the call and its strides equal eager's, at every position, with static and
+symbolic shapes. Several positions at once (a prompt) are written in place too."""
 
 from __future__ import annotations
 
@@ -50,9 +51,31 @@ def test_one_position_index_copy_is_stitched_and_equal_to_eager(dynamic: bool) -
     stitched, declined = _run(dynamic)
     assert not declined, declined
     assert any("aten.index_put" in s.ops for s in stitched), [s.ops for s in stitched]
+    assert any(s.source == "cache write in place" for s in stitched), stitched   # the buffer: written in place
 
 
-def test_several_positions_stay_with_pytorch_with_a_reason() -> None:
-    stitched, declined = _run(False, n=3)
-    assert not any("aten.index_put" in s.ops for s in stitched)
-    assert any("several positions" in d.reason for d in declined), declined
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_several_positions_are_written_in_place(dynamic: bool) -> None:
+    """A position tensor of several positions (a prompt) is written in place too (deploy/torch_put): the
+    buffer equals eager's after every call (``_run``), nothing declined."""
+    stitched, declined = _run(dynamic, n=3)
+    assert not declined, declined
+    assert any(s.source == "cache write in place" for s in stitched), stitched
+
+
+def test_a_functional_one_position_copy_is_the_where_region() -> None:
+    """An out-of-place ``index_copy`` of one position into an input the model does not overwrite cannot be
+    written in place (the caller's tensor must not change): it is the ``where`` over the cache in a region."""
+    def f(cache: Any, x: Any, pos: Any) -> Any:
+        return torch.index_copy(cache, 2, pos, x * 2.0) + 1.0
+
+    c = torch.compile(f, backend="stitchtune", dynamic=False,
+                      options={"db": None, "fallback": "eager", "cpu": "emulate"})
+    torch_backend.LAST_REPORTS.clear()
+    cache, x = torch.randn(1, 2, 16, 8), torch.randn(1, 2, 1, 8)
+    keep = cache.clone()
+    with torch.no_grad():
+        torch.testing.assert_close(c(cache, x, torch.tensor([5])), f(cache, x, torch.tensor([5])))
+    torch.testing.assert_close(cache, keep, rtol=0, atol=0)
+    stitched = [s for r in torch_backend.LAST_REPORTS for s in r.stitched]
+    assert any("aten.index_put" in s.ops and s.source != "cache write in place" for s in stitched), stitched
