@@ -42,7 +42,7 @@ from stitchtune.lower.col_exchange import ColExchange, ColIndex, ColState
 from stitchtune.lower.exchange import combine_partials, exchange, load_f32, store_f32
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.lower.counts import loads_from, sweep_reads
-from stitchtune.lower.liveness import col_sweeps, kernel_levels, merged_levels, node_args
+from stitchtune.lower.liveness import col_sweeps, early_outputs, kernel_levels, merged_levels, node_args
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import SCHEMES, ReuseLevel, Schedule, SchemeTable
 
@@ -89,6 +89,8 @@ class ColLowerer(Lowerer):
         segs = self.kernel_segments()
         # caches no later sweep reads (a later tensor of the chain is cached): never filled
         args = node_args(self.nodes)
+        #: full-size outputs that follow no reduction: stored by the first sweep of kernel 0
+        self.early = early_outputs(p, args, self.g.outputs)
         self.kernel_reuse = kernel_levels(p, args, self.reuse, col_sweeps(p, args, self.g.outputs, segs))
         self.reuse = merged_levels(self.kernel_reuse, self.reuse)
         n_reg = sum(1 for r in self.reuse.values() if r == ReuseLevel.REGISTER)
@@ -368,12 +370,14 @@ class _ColKernel(KernelState):
 
     # -- stages and outputs -----------------------------------------------------------------------
     def reduce_stage(self, st: int, keep_results: bool) -> None:
-        """Stage ``st``: its sweep, the combine of the partials, and (unless the stage is independent)
-        the final values; ``keep_results``: stored per column for a later kernel."""
+        """Stage ``st``: its sweep (the first stage's also stores the outputs no reduction precedes,
+        ``low.early``), the combine of the partials, and (unless the stage is independent) the final
+        values; ``keep_results``: stored per column for a later kernel."""
         low, ix = self._low, self.ix
         reds = list(low.p.stages[st])
         scheme = low.schemes[low.s.schemes[st]]
-        self.sweep(reds, [])
+        first = self._ki == 0 and st == 0
+        self.sweep(reds, list(low.early) if first else [])
         exchange(self, ColExchange(self), [self._states[r] for r in reds], scheme)
         if not scheme.result_in_kernel:
             return
@@ -387,11 +391,12 @@ class _ColKernel(KernelState):
         self.compute_p_nodes()
 
     def write_outputs(self) -> None:
-        """The output sweep (full-size and per-reduced-index outputs), then the per-column and scalar
+        """The output sweep (full-size and per-reduced-index outputs that follow a reduction; the others
+        were stored by the first sweep), then the per-column and scalar
         outputs, written by the first row thread of the first row chunk."""
         low, ix = self._low, self.ix
         outs = list(dict.fromkeys(low.g.outputs))
-        f_outs = [o for o in outs if low.cls[o].varies_along_reduced]
+        f_outs = [o for o in outs if low.cls[o].varies_along_reduced and o not in low.early]
         if f_outs:
             self.sweep([], f_outs)
         for o in outs:
