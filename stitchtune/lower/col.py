@@ -138,6 +138,8 @@ def _col_layout(low: ColLowerer, ki: int, seg: list[int], tasks: int, est_regs: 
     p, s = low.p, low.s
     levels = low.kernel_reuse[ki]
     red_slots = max((len(p.stages[i]) for i in seg), default=0)
+    if ki > 0 and s.split > 1:   # the row threads meet after sharing an earlier stage's partials (col_exchange)
+        red_slots = max(red_slots, 1)
     shared: list[kir.SharedBuf] = []
     if red_slots and s.tpr > 1:
         shared.append(kir.SharedBuf("sred", red_slots * s.tpr * low.TC))

@@ -98,7 +98,8 @@ def test_independent_scheme_reads_the_input_once() -> None:
 
 
 @pytest.mark.parametrize("make", [head_merge_bias_grad, batchnorm_like])
-@pytest.mark.parametrize("scheme,split", [("global", 4), ("independent", 4), ("regional", 1)])
+@pytest.mark.parametrize("scheme,split", [("global", 4), ("independent", 4), ("global", 2), ("independent", 2),
+                                          ("regional", 1)])
 def test_emulates_the_reference(make: Any, scheme: str, split: int) -> None:
     g = make()
     plan, space, s = _schedule(g, scheme, split)
