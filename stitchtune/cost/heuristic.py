@@ -38,6 +38,10 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    5c. **No spills under the pin**: a grid-barrier schedule is pinned to its estimated blocks per SM (a
    register cap, :func:`_pin_coresidency`); register caches are demoted while that cap is below the
    estimate with the cache counted twice, so that the cap does not turn the cache into spills.
+   5d. **One round** (column family, grid barrier): while the tiles x ``split`` tasks are more than the
+   co-resident grid holds (estimated registers), the split is halved (down to 2) where that reaches one
+   round: each round of tasks ends in a grid barrier, and the last round may be nearly empty (GPT-2's
+   training column sum 4096 x 2304: 18 tiles x 32 = 576 tasks on 512 blocks, two rounds; split 16: one).
 
 6. **Clusters** (devices with thread-block clusters, sm_90, where the space offers the ``cluster``
    scheme): a row reduction whose row, held by one 1024-thread block, needs more registers per thread
@@ -318,6 +322,25 @@ def _without_pinned_spills(space: SearchSpace, s: Schedule) -> Schedule:
     return t
 
 
+def _one_round(space: SearchSpace, plan: StitchPlan, s: Schedule) -> Schedule:
+    """Rule 5d: a column grid-barrier schedule whose tasks (tiles x ``split``) exceed the co-resident grid
+    (the estimated blocks per SM, rounded down to whole splits as the lowering sizes it) has its split
+    halved, down to 2, until one round holds them; ``s`` where no split does or the result is illegal."""
+    if plan.family != Family.COL or not _grid_barrier(space, s):
+        return s
+    tiles = math.ceil(plan.N / (s.block // s.tpr * s.vec))
+
+    def one_round(t: Schedule) -> bool:
+        cap = _estimated_blocks_per_sm(space, t) * int(space.device.sm_count)
+        return tiles * t.split <= (cap // t.split) * t.split
+
+    t = s
+    while t.split > 2 and not one_round(t):
+        t = dataclasses.replace(t, split=t.split // 2)
+    # kept only where it reaches one round (a register cache grows with the rows of a smaller split)
+    return t if t is not s and one_round(t) and not space.violations(t) else s
+
+
 def _pin_coresidency(space: SearchSpace, s: Schedule) -> Schedule:
     """A grid-barrier grid is sized for the blocks per SM that the *estimated* registers allow; if the
     compiler then uses more registers, fewer blocks fit and the point is pruned after its build (the
@@ -355,6 +378,7 @@ def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | No
         s = _without_pinned_spills(space, s)
     s = _relax_registers(space, s)
     s = one_wave(space, plan, s, _grid_barrier(space, s))
+    s = _one_round(space, plan, s)
     if _grid_barrier(space, s):
         s = _pin_coresidency(space, s)
     if plan.cross and plan.family == Family.ROW and plan.M <= s.block // min(s.tpr, s.block) and s.split == 1:

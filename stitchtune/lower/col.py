@@ -47,6 +47,15 @@ from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import SCHEMES, ReuseLevel, Schedule, SchemeTable
 
 
+#: rows of a sweep too long to unroll whole (more than 8 per thread, no register cache) unrolled together,
+#: so that their loads are in flight at once (their guarded loads start from zeros:
+#: :mod:`stitchtune.lower.guarded_loads`): BERT's training ``view_47`` (GELU backward + column sum, 4096 x 3072,
+#: split 16: 32 rows per thread) had one row's two 16-byte loads in flight per thread left to nvcc (23.3 KiB
+#: per SM of the 24.9 the H200 needs), 2 rows by 4 (46.5), 4 rows by 8 (58.2 KiB, 64 registers, no spill);
+#: GPT-2's ``sum_13`` 52.4 KiB either way (sm_90 SASS, CPU static analysis)
+SWEEP_UNROLL = 8
+
+
 class ColLowerer(Lowerer):
     """Column reductions (with slice / concat along the columns: :mod:`stitchtune.lower.col_remap`)."""
 
@@ -351,8 +360,9 @@ class _ColKernel(KernelState):
             else:  # PER_REDUCED output: one value per row, written by the first column's threads
                 lb.append(kir.StoreVec(buf, r_, (vals[0],), and_(valid, Bin("==", ix.c0, I(0)))))
         head = low.order_sweep(ii, it, low.rpt, loads_from(lb, low.swept_inputs))
-        self._rb.append(kir.For(it, I(0), I(low.rpt), 1, tuple(head + lb),
-                               unroll=bool(self._lay.locals_) or low.rpt <= 8))
+        whole = bool(self._lay.locals_) or low.rpt <= 8
+        self._rb.append(kir.For(it, I(0), I(low.rpt), 1, tuple(head + lb), unroll=whole,
+                                unroll_by=0 if whole else SWEEP_UNROLL))
         self._filled.update(sv.newly)
         for r in reds:
             self.keep_state(r, accs[r])

@@ -91,6 +91,7 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
     acc15 = 0.0f;
     acc16 = 0.0f;
     acc17 = 0.0f;
+    #pragma unroll 8
     for (i11 = 0; i11 < 16; i11 += 1) {
       r12 = (kb8 + ((i11 * 8) + tk2));
       v13 = (cv7 && (r12 < ke9));
@@ -173,6 +174,7 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
     p30 = __fdividef(1.0f, (1.0f + __expf((-acc15))));
     p31 = __fdividef(1.0f, (1.0f + __expf((-acc16))));
     p32 = __fdividef(1.0f, (1.0f + __expf((-acc17))));
+    #pragma unroll 8
     for (i33 = 0; i33 < 16; i33 += 1) {
       r34 = (kb8 + ((i33 * 8) + tk2));
       v35 = (cv7 && (r34 < ke9));
