@@ -60,8 +60,9 @@ How the features are read from the IR
   same kernel also writes (partials exchanged between the blocks of one launch) or that every lane of
   a warp reads at the same few words (a row's partials combined by all its threads, from an earlier
   kernel): the cost model's scratch chain (a scratch array read once per thread, coalesced, is not).
-  ``atomics`` counts atomics per thread, except error flags (a constant added under a branch or
-  predicate that depends on data: they almost never run).
+  ``atomics`` counts atomic instructions per thread (a ``float4`` add once, as ``KernelProfile.atomics``),
+  except error flags (a constant added under a branch or predicate that depends on data: they almost
+  never run).
 """
 
 from __future__ import annotations
