@@ -22,6 +22,7 @@ its reductions are states (:mod:`stitchtune.lower.state`) combined by the one ex
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import partial
 
@@ -49,11 +50,23 @@ from stitchtune.space import SCHEMES, ReuseLevel, Schedule, SchemeTable
 
 #: rows of a sweep too long to unroll whole (more than 8 per thread, no register cache) unrolled together,
 #: so that their loads are in flight at once (their guarded loads start from zeros:
-#: :mod:`stitchtune.lower.guarded_loads`): BERT's training ``view_47`` (GELU backward + column sum, 4096 x 3072,
-#: split 16: 32 rows per thread) had one row's two 16-byte loads in flight per thread left to nvcc (23.3 KiB
-#: per SM of the 24.9 the H200 needs), 2 rows by 4 (46.5), 4 rows by 8 (58.2 KiB, 64 registers, no spill);
-#: GPT-2's ``sum_13`` 52.4 KiB either way (sm_90 SASS, CPU static analysis)
+#: :mod:`stitchtune.lower.guarded_loads`): at most ``SWEEP_UNROLL`` rows, and at most
+#: ``SWEEP_UNROLL_FLOATS`` loaded floats of them (:func:`sweep_unroll`). BERT's training ``view_47`` (GELU
+#: backward + column sum, 4096 x 3072, split 16: 32 rows per thread, 8 floats a row) had one row's two
+#: 16-byte loads in flight per thread left to nvcc (23.3 KiB per SM of the 24.9 the H200 needs), unrolled
+#: by 4 46.5, by 8 58.2 KiB (64 registers, no spill); GPT-2's ``view_41`` (5 inputs, 20 floats a row) spills
+#: 10 instructions unrolled by 8 under the 64-register cap, none by 2 (sm_90 SASS, CPU static analysis)
 SWEEP_UNROLL = 8
+SWEEP_UNROLL_FLOATS = 64
+
+
+def sweep_unroll(floats_per_row: int) -> int:
+    """Rows of a long sweep unrolled together: the largest power of two up to :data:`SWEEP_UNROLL` whose
+    rows load at most :data:`SWEEP_UNROLL_FLOATS` floats (at least 1)."""
+    n = 1
+    while n * 2 <= SWEEP_UNROLL and n * 2 * max(floats_per_row, 1) <= SWEEP_UNROLL_FLOATS:
+        n *= 2
+    return n
 
 
 class ColLowerer(Lowerer):
@@ -361,8 +374,9 @@ class _ColKernel(KernelState):
                 lb.append(kir.StoreVec(buf, r_, (vals[0],), and_(valid, Bin("==", ix.c0, I(0)))))
         head = low.order_sweep(ii, it, low.rpt, loads_from(lb, low.swept_inputs))
         whole = bool(self._lay.locals_) or low.rpt <= 8
+        by = 0 if whole else sweep_unroll(_loaded_floats(lb, low.in_buf.values()))
         self._rb.append(kir.For(it, I(0), I(low.rpt), 1, tuple(head + lb), unroll=whole,
-                                unroll_by=0 if whole else SWEEP_UNROLL))
+                                unroll_by=by if by > 1 else 0))
         self._filled.update(sv.newly)
         for r in reds:
             self.keep_state(r, accs[r])
@@ -435,6 +449,17 @@ class _ColKernel(KernelState):
         kern = low.make_kernel(self._ki, self._uses, self._cx, self._body, list(lay.shared), list(lay.locals_),
                                lay.needs_sync)
         return kern, kernel_profile(low, kern, lay.grid, lay.rounds, lay.smem_bytes, self._est_regs, self._ki)
+
+
+def _loaded_floats(stmts: list[kir.Stmt], inputs: Collection[str]) -> int:
+    """Elements one pass of ``stmts`` loads from the buffers ``inputs`` (vector loads and scalar loads)."""
+    bufs = set(inputs)
+    n = 0
+    for st in kir.walk(tuple(stmts)):
+        if isinstance(st, kir.LoadVec) and st.buf in bufs:
+            n += len(st.dsts)
+        n += sum(1 for e in kir.exprs(st) if isinstance(e, kir.Load) and e.buf in bufs)
+    return n
 
 
 def col_sizes(plan: StitchPlan, s: Schedule) -> Sizes:

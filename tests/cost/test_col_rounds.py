@@ -102,3 +102,45 @@ def test_view_47_keeps_enough_loads_in_flight() -> None:
     # more than one row's two 16-byte loads under the 64-register cap of four blocks per SM (was one row's: 2)
     assert k.sass is not None and k.sass.max_loads_in_flight >= 4 and k.sass.spills == 0, k.sass
     assert k.in_flight_per_sm >= k.in_flight_needed and k.floor_ready, k.problems
+
+
+def test_sweep_unroll_bounds_the_loaded_floats() -> None:
+    from stitchtune.lower.col import SWEEP_UNROLL_FLOATS, sweep_unroll
+
+    assert sweep_unroll(4) == SWEEP_UNROLL            # one float4 input a row (GPT-2's sum_13)
+    assert sweep_unroll(8) == 8                       # two (BERT's view_47)
+    assert sweep_unroll(20) == 2                      # five (GPT-2's view_41)
+    assert sweep_unroll(SWEEP_UNROLL_FLOATS) == 1 and sweep_unroll(0) == SWEEP_UNROLL
+
+
+def _five_input_colsum(m: int, n: int) -> Any:
+    """GPT-2's training ``view_41`` (the tanh GELU's backward, five full-size inputs) and its column sum."""
+    nodes = [
+        {"id": "a", "op": "mul", "args": ["g", "x1"]}, {"id": "b", "op": "mul", "args": ["g", "x2"]},
+        {"id": "t2", "op": "mul", "args": ["x3", "x3"]}, {"id": "u", "op": "sub", "args": [1.0, "t2"]},
+        {"id": "c", "op": "mul", "args": ["a", "u"]}, {"id": "d", "op": "mul", "args": ["c", 0.7978845608028654]},
+        {"id": "e", "op": "mul", "args": ["d", 0.044715]}, {"id": "p", "op": "square", "args": ["x4"]},
+        {"id": "q", "op": "mul", "args": ["p", 3.0]}, {"id": "f", "op": "mul", "args": ["e", "q"]},
+        {"id": "h", "op": "add", "args": ["d", "f"]}, {"id": "k", "op": "mul", "args": ["b", 0.5]},
+        {"id": "y", "op": "add", "args": ["h", "k"]},
+        {"id": "s", "op": "reduce_sum", "args": ["y"], "axes": [0], "keepdims": True}]
+    return float_graph({n_: [m, n] for n_ in ("g", "x1", "x2", "x3", "x4")}, nodes, ["y", "s"])
+
+
+def test_five_inputs_unroll_two_rows() -> None:
+    s, prog = _lowered(_five_input_colsum(4096, 3072))
+    sweeps = [f for f in kir.walk(prog.kernels[0].body) if isinstance(f, kir.For)
+              and any(isinstance(st, kir.LoadVec) and st.buf.startswith("in") for st in f.body)]
+    assert sweeps and all(f.unroll_by == 2 for f in sweeps), [f.unroll_by for f in sweeps]
+
+
+@pytest.mark.slow
+def test_five_inputs_compile_without_spills() -> None:
+    from stitchtune.analysis.audit import audit_graph
+    from stitchtune.analysis.sass import find_cuobjdump
+    from stitchtune.gpu.build import nvcc_found
+
+    if not nvcc_found() or find_cuobjdump() is None:
+        pytest.skip("needs nvcc and cuobjdump (pip install nvidia-cuda-cuobjdump)")
+    (k,) = audit_graph(_five_input_colsum(4096, 3072), DEV, slice_blocks=1).kernels
+    assert k.sass is not None and k.sass.spills == 0 and k.floor_ready, (k.sass, k.problems)   # by 8: 10 spills
