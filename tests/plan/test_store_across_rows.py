@@ -19,7 +19,7 @@ from helpers.lowering import DEV, check_emulates, float_graph
 from stitchtune.analysis.audit import audit_graph
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.plan.family import Family
-from stitchtune.plan.planner import _plan_layout, make_plan, stored_across_rows
+from stitchtune.plan.planner import StitchPlan, _plan_layout, make_plan, stored_across_rows
 from stitchtune.space import SearchSpace
 
 
@@ -35,6 +35,7 @@ def k_grad_bias(b: int = 8, h: int = 12, d: int = 64, s: int = 512) -> Any:
 
 def test_the_default_layout_would_store_the_copy_across_rows() -> None:
     default = _plan_layout(k_grad_bias(), None)
+    assert isinstance(default, StitchPlan)
     assert default.family == Family.ROW and stored_across_rows(default) == ("y",)
 
 
