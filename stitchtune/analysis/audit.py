@@ -52,18 +52,25 @@ class Criteria:
     """What *floor-ready* means (docs/audit.md): every global access within ``max_sector_ratio`` of its
     ideal sectors and 128-bit wherever a warp request spans more than one sector; no dead shared
     memory; no division slow path (``FCHK``) and no spills; at least ``min_active_lanes`` of the lanes
-    active per request; at least ``min_waves`` waves or one full persistent wave; bytes in flight per SM
-    at least the device bandwidth x ``dram_latency_ns`` / SMs (Little's law)."""
+    active per request; at least ``min_waves`` waves, or one wave (every block resident at once: no
+    tail) over every SM; bytes in flight per SM at least the device bandwidth x ``dram_latency_ns`` /
+    SMs (Little's law), for a kernel that loads. A *latency-bound* launch (its input and output bytes at
+    most what the whole device keeps in flight, bandwidth x ``dram_latency_ns``: its floor is under one
+    DRAM latency) is judged instead by whether all its loads are in flight at once."""
 
     max_sector_ratio: float = 1.1
     min_active_lanes: float = 0.9
     min_waves: float = 2.0
-    full_wave: float = 0.95   # a grid of >= this fraction of one wave, and at most one, is a persistent grid
     dram_latency_ns: float = 700.0
 
     def in_flight_needed(self, device: Device) -> float:
         """Bytes one SM must have in flight to stream at the datasheet bandwidth."""
         return device.dram_bandwidth_gbs * self.dram_latency_ns / device.sm_count
+
+    def latency_bound(self, device: Device, io_bytes: int) -> bool:
+        """Whether a launch of ``io_bytes`` input and output bytes is latency-bound: no more bytes than the
+        device keeps in flight at its bandwidth (H200: 4.8 TB/s x 700 ns = 3.4 MB)."""
+        return io_bytes <= self.in_flight_needed(device) * device.sm_count
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,10 @@ class KernelAudit:
     problems: tuple[str, ...] = ()
     fitted_us: float | None = None   # the IR-feature model fitted to GPU data (cost/fitted.py): predicted
     shared_accesses: tuple[SharedAccess, ...] = ()   # bank wavefronts per shared statement (the slice)
+    sm_count: int = 0                # the device's SMs (0: an audit written before this field)
+    read_bytes: int = 0              # the launch's input buffers, each once
+    in_flight_grid: int = 0          # bytes in flight over the resident grid (per thread x threads)
+    latency_bound: bool = False      # Criteria.latency_bound of the launch's input and output bytes
 
     @property
     def floor_ready(self) -> bool:
@@ -221,11 +232,26 @@ def _problems(k: KernelAudit, c: Criteria) -> tuple[str, ...]:
             out.append(f"{k.sass.spills} spill instructions")
     if k.active_lanes is not None and k.active_lanes < c.min_active_lanes:
         out.append(f"{k.active_lanes:.0%} of lanes active")
-    if k.waves < c.min_waves and not c.full_wave <= k.waves <= 1.0:
-        out.append(f"{k.waves:.2f} waves")
-    if k.in_flight_per_sm < k.in_flight_needed:
-        out.append(f"{k.in_flight_per_sm / 1024:.1f} KiB in flight per SM, {k.in_flight_needed / 1024:.1f} needed")
+    out += _grid_problems(k, c)
     return tuple(out)
+
+
+def _grid_problems(k: KernelAudit, c: Criteria) -> list[str]:
+    """Criteria 6 and 7 (docs/audit.md): waves and bytes in flight, or for a latency-bound launch all of
+    its loads in flight at once."""
+    loads = any(a.op == "load" for a in k.accesses) or k.read_bytes > 0
+    if k.latency_bound:
+        if loads and k.in_flight_grid < k.read_bytes:
+            return [f"latency-bound, {k.in_flight_grid / 1024:.1f} of its {k.read_bytes / 1024:.1f} KiB of loads "
+                    "in flight at once"]
+        return []
+    out = []
+    one_wave = k.waves <= 1.0 and k.grid >= k.sm_count   # every block resident at once, on every SM
+    if k.waves < c.min_waves and not one_wave:
+        out.append(f"{k.waves:.2f} waves" + (f" on {k.grid} of {k.sm_count} SMs" if k.grid < k.sm_count else ""))
+    if loads and k.in_flight_per_sm < k.in_flight_needed:   # a kernel that only stores waits for nothing
+        out.append(f"{k.in_flight_per_sm / 1024:.1f} KiB in flight per SM, {k.in_flight_needed / 1024:.1f} needed")
+    return out
 
 
 def _sass_of(program: kir.Program, arch: str, notes: list[str]) -> dict[str, SassMetrics]:
@@ -262,8 +288,10 @@ def _kernel_audit(program: kir.Program, i: int, device: Device, sl: SliceResult,
     capacity = occ.blocks_per_sm * device.sm_count
     waves = launch.grid / capacity if capacity else math.inf
     per_thread = sass.max_bytes_in_flight if sass is not None else (prof.bytes_in_flight_per_thread if prof else 0)
-    resident = min(occ.blocks_per_sm, -(-launch.grid // device.sm_count))
+    # blocks per SM at once: the resident blocks of a grid of more than one wave, else the grid's average
+    resident = min(float(occ.blocks_per_sm), launch.grid / device.sm_count)
     io, scratch = _unique_bytes(program, launch)
+    read = sum(program.buffer(n).nbytes for n in dict.fromkeys(launch.args) if program.buffer(n).role == "input")
     lanes = sum(a.lanes for a in sl.accesses)
     reqs = sum(a.requests for a in sl.accesses)
     k = KernelAudit(
@@ -271,10 +299,12 @@ def _kernel_audit(program: kir.Program, i: int, device: Device, sl: SliceResult,
         registers_from="sass" if sass is not None and sass.registers else "estimate", unique_bytes=io,
         scratch_bytes=scratch, floor_us=io / (device.dram_bandwidth_gbs * 1e3), predicted_us=predicted,
         blocks_per_sm=occ.blocks_per_sm, occupancy=occ.occupancy, limiter=occ.limiter, waves=waves,
-        in_flight_per_sm=per_thread * launch.block * resident, in_flight_needed=criteria.in_flight_needed(device),
+        in_flight_per_sm=int(per_thread * launch.block * resident), in_flight_needed=criteria.in_flight_needed(device),
         active_lanes=lanes / (32 * reqs) if reqs else None, accesses=sl.accesses, slice_blocks=sl.blocks,
         slice_error=sl.error, dead_shared=dead_shared(kernel), sass=sass, fitted_us=fitted,
-        shared_accesses=sl.shared)
+        shared_accesses=sl.shared, sm_count=device.sm_count, read_bytes=read,
+        in_flight_grid=per_thread * launch.block * min(launch.grid, capacity) if capacity else 0,
+        latency_bound=criteria.latency_bound(device, io))
     return KernelAudit(**{**k.__dict__, "problems": _problems(k, criteria)})
 
 

@@ -63,8 +63,9 @@ How the features are read from the IR
   ``l2_requests`` counts the warp-level requests of every scratch load per block (trip-weighted): scratch
   loads bypass L1 (``__ldcg``), so each request is served by the L2, whose request rate per SM limits
   a kernel whose threads combine many partials (a warp reading one broadcast word is one request).
-  ``atomics`` counts atomics per thread, except error flags (a constant added under a branch or
-  predicate that depends on data: they almost never run).
+  ``atomics`` counts atomic instructions per thread (a ``float4`` add once, as ``KernelProfile.atomics``),
+  except error flags (a constant added under a branch or predicate that depends on data: they almost
+  never run).
 * **Compiled facts** (not from the IR): ``compiled_bytes_in_flight`` and ``spill_instructions`` are 0
   here; :func:`stitchtune.cost.compiled.with_compiled` sets them from a kernel's SASS when it was built
   (:class:`~stitchtune.cost.compiled.CompiledFacts`).

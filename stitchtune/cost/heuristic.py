@@ -12,7 +12,11 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    has two waves; a region reading an input along its rows, ``plan.adjacent_rows = G``, at least ``G``
    rows a block, :mod:`stitchtune.plan.adjacent`). Column family: a warp of threads across 32 x ``vec``
    columns, 8 threads down the rows (fewer where there are fewer rows: Llama's 4-row sum over 4 x 1048576
-   left half the threads without a row), and the rows split so that tiles x split fills one wave.
+   left half the threads without a row), and the rows split so that tiles x split fills one wave; a
+   region reading a full-size input across its rows (a column stride of a sector or more: BERT's
+   ``view_59``, planned so by :func:`~stitchtune.plan.planner.stored_across_rows`) 8 threads across the
+   columns and 32 down the rows, so that a warp's lanes cover 4 adjacent rows of each column (2x the ideal
+   sectors where 32 threads across are 8x).
    A plan with cross reductions (:mod:`stitchtune.plan.cross`) never splits rows (the space requires
    split 1) and takes a persistent grid, so that few per-block partials are combined, by the
    deterministic ``cross_combine`` kernel (its default); when every row fits one block (a training
@@ -38,6 +42,10 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    5c. **No spills under the pin**: a grid-barrier schedule is pinned to its estimated blocks per SM (a
    register cap, :func:`_pin_coresidency`); register caches are demoted while that cap is below the
    estimate with the cache counted twice, so that the cap does not turn the cache into spills.
+   5d. **One round** (column family, grid barrier): while the tiles x ``split`` tasks are more than the
+   co-resident grid holds (estimated registers), the split is halved (down to 2) where that reaches one
+   round: each round of tasks ends in a grid barrier, and the last round may be nearly empty (GPT-2's
+   training column sum 4096 x 2304: 18 tiles x 32 = 576 tasks on 512 blocks, two rounds; split 16: one).
 
 6. **Clusters** (devices with thread-block clusters, sm_90, where the space offers the ``cluster``
    scheme): a row reduction whose row, held by one 1024-thread block, needs more registers per thread
@@ -76,7 +84,7 @@ from stitchtune.lower.entry import estimate_registers
 from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks, occupancy
 from stitchtune.plan.family import Family
-from stitchtune.plan.planner import StitchPlan
+from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import (CROSS_COMBINE, PERSISTENT, CrossCombine, ReuseLevel, Schedule, SchemeName, SearchSpace,
                               uncached_level)
 
@@ -266,12 +274,22 @@ def _col(space: SearchSpace, plan: StitchPlan, dev: Device) -> Schedule:
         vec //= 2
     tk = min(8, _pow2_floor(M))  # threads down the rows: no more than there are rows
     tpc = max(8, min(32, _pow2_floor(N / vec)))
+    if _read_across_rows(plan):   # a warp over 4 adjacent rows of 8 column threads (rule 2)
+        tk, tpc = min(32, _pow2_floor(M)), 8
     block = tk * tpc
     tiles = math.ceil(N / (tpc * vec))
     wave = max_resident_blocks(dev, block, 32, 0) or dev.sm_count
     split = max(1, min(max(space.domains["split"]), _pow2_floor(wave / tiles), _pow2_floor(M / tk)))
     schemes = (SchemeName.GLOBAL if split > 1 else SchemeName.REGIONAL,) * plan.nstages
     return Schedule(tk, block, split, vec, PERSISTENT if split > 1 else 1, 0, schemes, ())
+
+
+def _read_across_rows(plan: StitchPlan) -> bool:
+    """Whether a full-size input of a column plan is read at a column stride of 8 elements or more (one
+    32-byte sector per float32 element of a warp's lanes along the columns)."""
+    maps, cls = dict(plan.index_maps), dict(plan.classes)
+    return any(cls.get(n) is TensorClass.FULL and (m := maps.get(n)) is not None and m.cols.factors
+               and m.cols.factors[-1].stride >= 8 for n in plan.input_names)
 
 
 def _estimated_blocks_per_sm(space: SearchSpace, s: Schedule) -> int:
@@ -318,6 +336,25 @@ def _without_pinned_spills(space: SearchSpace, s: Schedule) -> Schedule:
     return t
 
 
+def _one_round(space: SearchSpace, plan: StitchPlan, s: Schedule) -> Schedule:
+    """Rule 5d: a column grid-barrier schedule whose tasks (tiles x ``split``) exceed the co-resident grid
+    (the estimated blocks per SM, rounded down to whole splits as the lowering sizes it) has its split
+    halved, down to 2, until one round holds them; ``s`` where no split does or the result is illegal."""
+    if plan.family != Family.COL or not _grid_barrier(space, s):
+        return s
+    tiles = math.ceil(plan.N / (s.block // s.tpr * s.vec))
+
+    def one_round(t: Schedule) -> bool:
+        cap = _estimated_blocks_per_sm(space, t) * int(space.device.sm_count)
+        return tiles * t.split <= (cap // t.split) * t.split
+
+    t = s
+    while t.split > 2 and not one_round(t):
+        t = dataclasses.replace(t, split=t.split // 2)
+    # kept only where it reaches one round (a register cache grows with the rows of a smaller split)
+    return t if t is not s and one_round(t) and not space.violations(t) else s
+
+
 def _pin_coresidency(space: SearchSpace, s: Schedule) -> Schedule:
     """A grid-barrier grid is sized for the blocks per SM that the *estimated* registers allow; if the
     compiler then uses more registers, fewer blocks fit and the point is pruned after its build (the
@@ -355,6 +392,7 @@ def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | No
         s = _without_pinned_spills(space, s)
     s = _relax_registers(space, s)
     s = one_wave(space, plan, s, _grid_barrier(space, s))
+    s = _one_round(space, plan, s)
     if _grid_barrier(space, s):
         s = _pin_coresidency(space, s)
     if plan.cross and plan.family == Family.ROW and plan.M <= s.block // min(s.tpr, s.block) and s.split == 1:

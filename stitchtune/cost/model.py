@@ -36,7 +36,9 @@ The model, per kernel (all quantities from the :class:`~stitchtune.ir.kir.Kernel
 5. Plus: launch overhead (device.launch_overhead_us x launch_scale); block barriers
    (``waves x barriers x block_barrier_us / blocks_per_sm``: each barrier stalls its block, hidden in
    part by the other resident blocks); grid barriers (device.grid_barrier_us(grid) x scale each);
-   atomics (``atomics x atomic_ns``, device-wide throughput, or, when larger, the adds one address
+   atomics (``atomics x atomic_ns``, device-wide throughput per atomic instruction: a float4 add is one
+   L2 request and counts once, an assumption the committed GPU data cannot check, as it has scalar adds
+   only; or, when larger, the adds one address
    receives in sequence: ``atomic_serial x atomic_serial_ns``, assumed 1 ns each); the scratch chain
    (``ceil(waves) x scratch_loads x scratch_load_ns``): every thread combines the partials of its
    row from scratch, and on the H200 that cost grows with the loads per thread and per wave of

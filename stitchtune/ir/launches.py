@@ -77,6 +77,10 @@ class KernelProfile:
     sfu_ops: int
     block_barriers: int
     grid_barriers: int
+    #: atomic instructions per launch (one per thread per ``AtomicAdd`` executed): a ``float2`` / ``float4``
+    #: add counts once, as one L2 request of up to 16 bytes, as the IR walk's ``atomics`` feature counts them
+    #: (:mod:`stitchtune.cost.features`); the committed GPU data has scalar adds only, so what a vector add
+    #: costs beside a scalar one is an assumption (cost model item 5)
     atomics: int
     bytes_in_flight_per_thread: int
     #: loads of scratch (partials / per-row values written earlier in the launch or by an earlier

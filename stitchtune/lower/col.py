@@ -22,6 +22,7 @@ its reductions are states (:mod:`stitchtune.lower.state`) combined by the one ex
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import partial
 
@@ -42,9 +43,30 @@ from stitchtune.lower.col_exchange import ColExchange, ColIndex, ColState
 from stitchtune.lower.exchange import combine_partials, exchange, load_f32, store_f32
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.lower.counts import loads_from, sweep_reads
-from stitchtune.lower.liveness import col_sweeps, kernel_levels, merged_levels, node_args
+from stitchtune.lower.liveness import col_sweeps, early_outputs, kernel_levels, merged_levels, node_args
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import SCHEMES, ReuseLevel, Schedule, SchemeTable
+
+
+#: rows of a sweep too long to unroll whole (more than 8 per thread, no register cache) unrolled together,
+#: so that their loads are in flight at once (their guarded loads start from zeros:
+#: :mod:`stitchtune.lower.guarded_loads`): at most ``SWEEP_UNROLL`` rows, and at most
+#: ``SWEEP_UNROLL_FLOATS`` loaded floats of them (:func:`sweep_unroll`). BERT's training ``view_47`` (GELU
+#: backward + column sum, 4096 x 3072, split 16: 32 rows per thread, 8 floats a row) had one row's two
+#: 16-byte loads in flight per thread left to nvcc (23.3 KiB per SM of the 24.9 the H200 needs), unrolled
+#: by 4 46.5, by 8 58.2 KiB (64 registers, no spill); GPT-2's ``view_41`` (5 inputs, 20 floats a row) spills
+#: 10 instructions unrolled by 8 under the 64-register cap, none by 2 (sm_90 SASS, CPU static analysis)
+SWEEP_UNROLL = 8
+SWEEP_UNROLL_FLOATS = 64
+
+
+def sweep_unroll(floats_per_row: int) -> int:
+    """Rows of a long sweep unrolled together: the largest power of two up to :data:`SWEEP_UNROLL` whose
+    rows load at most :data:`SWEEP_UNROLL_FLOATS` floats (at least 1)."""
+    n = 1
+    while n * 2 <= SWEEP_UNROLL and n * 2 * max(floats_per_row, 1) <= SWEEP_UNROLL_FLOATS:
+        n *= 2
+    return n
 
 
 class ColLowerer(Lowerer):
@@ -89,6 +111,8 @@ class ColLowerer(Lowerer):
         segs = self.kernel_segments()
         # caches no later sweep reads (a later tensor of the chain is cached): never filled
         args = node_args(self.nodes)
+        #: full-size outputs that follow no reduction: stored by the first sweep of kernel 0
+        self.early = early_outputs(p, args, self.g.outputs)
         self.kernel_reuse = kernel_levels(p, args, self.reuse, col_sweeps(p, args, self.g.outputs, segs))
         self.reuse = merged_levels(self.kernel_reuse, self.reuse)
         n_reg = sum(1 for r in self.reuse.values() if r == ReuseLevel.REGISTER)
@@ -136,6 +160,8 @@ def _col_layout(low: ColLowerer, ki: int, seg: list[int], tasks: int, est_regs: 
     p, s = low.p, low.s
     levels = low.kernel_reuse[ki]
     red_slots = max((len(p.stages[i]) for i in seg), default=0)
+    if ki > 0 and s.split > 1:   # the row threads meet after sharing an earlier stage's partials (col_exchange)
+        red_slots = max(red_slots, 1)
     shared: list[kir.SharedBuf] = []
     if red_slots and s.tpr > 1:
         shared.append(kir.SharedBuf("sred", red_slots * s.tpr * low.TC))
@@ -347,8 +373,10 @@ class _ColKernel(KernelState):
             else:  # PER_REDUCED output: one value per row, written by the first column's threads
                 lb.append(kir.StoreVec(buf, r_, (vals[0],), and_(valid, Bin("==", ix.c0, I(0)))))
         head = low.order_sweep(ii, it, low.rpt, loads_from(lb, low.swept_inputs))
-        self._rb.append(kir.For(it, I(0), I(low.rpt), 1, tuple(head + lb),
-                               unroll=bool(self._lay.locals_) or low.rpt <= 8))
+        whole = bool(self._lay.locals_) or low.rpt <= 8
+        by = 0 if whole else sweep_unroll(_loaded_floats(lb, low.in_buf.values()))
+        self._rb.append(kir.For(it, I(0), I(low.rpt), 1, tuple(head + lb), unroll=whole,
+                                unroll_by=by if by > 1 else 0))
         self._filled.update(sv.newly)
         for r in reds:
             self.keep_state(r, accs[r])
@@ -368,12 +396,14 @@ class _ColKernel(KernelState):
 
     # -- stages and outputs -----------------------------------------------------------------------
     def reduce_stage(self, st: int, keep_results: bool) -> None:
-        """Stage ``st``: its sweep, the combine of the partials, and (unless the stage is independent)
-        the final values; ``keep_results``: stored per column for a later kernel."""
+        """Stage ``st``: its sweep (the first stage's also stores the outputs no reduction precedes,
+        ``low.early``), the combine of the partials, and (unless the stage is independent) the final
+        values; ``keep_results``: stored per column for a later kernel."""
         low, ix = self._low, self.ix
         reds = list(low.p.stages[st])
         scheme = low.schemes[low.s.schemes[st]]
-        self.sweep(reds, [])
+        first = self._ki == 0 and st == 0
+        self.sweep(reds, list(low.early) if first else [])
         exchange(self, ColExchange(self), [self._states[r] for r in reds], scheme)
         if not scheme.result_in_kernel:
             return
@@ -387,11 +417,12 @@ class _ColKernel(KernelState):
         self.compute_p_nodes()
 
     def write_outputs(self) -> None:
-        """The output sweep (full-size and per-reduced-index outputs), then the per-column and scalar
+        """The output sweep (full-size and per-reduced-index outputs that follow a reduction; the others
+        were stored by the first sweep), then the per-column and scalar
         outputs, written by the first row thread of the first row chunk."""
         low, ix = self._low, self.ix
         outs = list(dict.fromkeys(low.g.outputs))
-        f_outs = [o for o in outs if low.cls[o].varies_along_reduced]
+        f_outs = [o for o in outs if low.cls[o].varies_along_reduced and o not in low.early]
         if f_outs:
             self.sweep([], f_outs)
         for o in outs:
@@ -418,6 +449,17 @@ class _ColKernel(KernelState):
         kern = low.make_kernel(self._ki, self._uses, self._cx, self._body, list(lay.shared), list(lay.locals_),
                                lay.needs_sync)
         return kern, kernel_profile(low, kern, lay.grid, lay.rounds, lay.smem_bytes, self._est_regs, self._ki)
+
+
+def _loaded_floats(stmts: list[kir.Stmt], inputs: Collection[str]) -> int:
+    """Elements one pass of ``stmts`` loads from the buffers ``inputs`` (vector loads and scalar loads)."""
+    bufs = set(inputs)
+    n = 0
+    for st in kir.walk(tuple(stmts)):
+        if isinstance(st, kir.LoadVec) and st.buf in bufs:
+            n += len(st.dsts)
+        n += sum(1 for e in kir.exprs(st) if isinstance(e, kir.Load) and e.buf in bufs)
+    return n
 
 
 def col_sizes(plan: StitchPlan, s: Schedule) -> Sizes:

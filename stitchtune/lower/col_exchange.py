@@ -11,8 +11,13 @@ in one warp at different lanes of several columns) and never shuffle. So (:class
    the row threads; whenever ``tpr > 1`` (a warp-only ``local`` scheme has ``tpr == 1``);
 3. no clusters (the ``cluster`` scheme is the row family's);
 4. the split partials: one per split index and column (``sidx * N + column``), written by the first row
-   thread, the ``vec`` columns side by side; combined in a loop over the split index (unrolled by
-   :data:`COMBINE_UNROLL` where longer), each step loading the ``vec`` columns' partials at once.
+   thread, the ``vec`` columns side by side; combined by the ``tpr`` row threads of the column together:
+   row thread ``tk`` merges split indices ``tk, tk + tpr, ...`` in a loop (unrolled by
+   :data:`COMBINE_UNROLL` where longer), each step loading the ``vec`` columns' partials at once, and the
+   row threads then meet in ``sred`` as in step 2 (so every thread holds the complete state). Before
+   issue 39 every row thread merged all ``split`` partials itself: BERT's training bias gradient
+   (4096 x 768, split 64, tpr 8) loaded 64 partials per thread in sequence, every warp of every block
+   reading the same lines; now 8 per thread.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from stitchtune.ir import kir
 from stitchtune.ir.kir import I32, Bin, Load, Var
 from stitchtune.lower.base import I, add, mul
 from stitchtune.lower.builder import StateBuilder
-from stitchtune.lower.exchange import Body, Meeting, PartialLoads, StateGroup, load_f32
+from stitchtune.lower.exchange import Body, Meeting, PartialLoads, StateGroup, load_f32, meeting
 from stitchtune.lower.single_pass import split_count_expr
 from stitchtune.lower.state import ReductionState
 from stitchtune.space.schemes import Scheme
@@ -118,20 +123,34 @@ class ColExchange:
         ix = self.k.ix
         return add(mul(ix.sidx, I(self.k.plan.N)), ix.cc0), Bin("&&", ix.cvalid, Bin("==", ix.tk, I(0)))
 
+    def _spread(self) -> bool:
+        """Whether the row threads share the split partials (step 4): more than one of each."""
+        return self.k.schedule.tpr > 1 and self.k.schedule.split > 1
+
     def over_splits(self, group: StateGroup, body: Body) -> list[kir.Stmt]:
-        # the partials' loads are independent: fully unrolled, ptxas hoists all S of them (S x vec
-        # registers) and spills under a grid barrier's register cap; unrolled by COMBINE_UNROLL it keeps
-        # that many in flight
-        S = self.k.schedule.split
+        # the partials' loads are independent: fully unrolled, ptxas hoists all of them (x vec registers)
+        # and spills under a grid barrier's register cap; unrolled by COMBINE_UNROLL it keeps that many
+        # in flight
+        S, tpr = self.k.schedule.split, self.k.schedule.tpr
         q = self.k.var("q", I32)
-        return [kir.For(q, I(0), I(S), 1, tuple(body(q)), unroll_by=COMBINE_UNROLL if S > COMBINE_UNROLL else 0)]
+        if not self._spread():
+            return [kir.For(q, I(0), I(S), 1, tuple(body(q)), unroll_by=COMBINE_UNROLL if S > COMBINE_UNROLL else 0)]
+        steps = -(-S // tpr)
+        at = add(mul(q, I(tpr)), self.k.ix.tk)   # this row thread's split indices: tk, tk + tpr, ...
+        loop = kir.For(q, I(0), I(steps), 1, tuple(body(at)), unroll=steps <= COMBINE_UNROLL,
+                       unroll_by=COMBINE_UNROLL if steps > COMBINE_UNROLL else 0)
+        return [loop] + meeting(self.k, ColThreads(self.k), [group])
 
     def load_partials(self, parts: tuple[str, ...], q: kir.Expr, n: int) -> PartialLoads:
-        ix = self.k.ix
+        ix, S = self.k.ix, self.k.schedule.split
         tmp = [tuple(self.k.var("pp") for _ in range(n)) for _ in parts]
+        ragged = self._spread() and S % self.k.schedule.tpr != 0
+        inside = Bin("<", q, I(S)) if ragged else None   # the last step's row threads past the split
+        pred = ix.cvalid if inside is None else Bin("&&", ix.cvalid, inside)
+        qq = Bin("min", q, I(S - 1)) if ragged else q
         stmts = [st for buf, dsts in zip(parts, tmp)
-                 for st in load_f32(dsts, buf, add(mul(q, I(self.k.plan.N)), ix.cc0), ix.cvalid)]
-        return PartialLoads(stmts, [tuple(t[j] for t in tmp) for j in range(n)])
+                 for st in load_f32(dsts, buf, add(mul(qq, I(self.k.plan.N)), ix.cc0), pred)]
+        return PartialLoads(stmts, [tuple(t[j] for t in tmp) for j in range(n)], inside)
 
     def split_count(self, q: kir.Expr) -> kir.Expr:
         return split_count_expr(self.k.plan.M, self.k.chunk, q)

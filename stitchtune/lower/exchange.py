@@ -141,26 +141,33 @@ def slots(groups: Sequence[StateGroup]) -> list[int]:
 
 
 def meet(k: StateBuilder, place: Meeting, groups: Sequence[StateGroup]) -> None:
-    """Merge ``groups`` across the holders that meet at ``place``: every slot of every state stored, a
-    barrier, every holder resets its states and merges those of all holders in order (so every holder
-    ends with bitwise the same states), a barrier."""
+    """Merge ``groups`` across the holders that meet at ``place`` (:func:`meeting`'s statements)."""
+    k.emit(*meeting(k, place, groups))
+
+
+def meeting(k: StateBuilder, place: Meeting, groups: Sequence[StateGroup]) -> list[kir.Stmt]:
+    """The statements that merge ``groups`` across the holders that meet at ``place``: every slot of every
+    state stored, a barrier, every holder resets its states and merges those of all holders in order (so
+    every holder ends with bitwise the same states), a barrier."""
+    out: list[kir.Stmt] = []
     firsts = slots(groups)
     for g, first in zip(groups, firsts):
         for i in range(len(g[0].vars)):
             for j, st in enumerate(g):
-                k.emit(place.store(first + i, j, st.vars[i]))
-    k.emit(place.sync())
+                out.append(place.store(first + i, j, st.vars[i]))
+    out.append(place.sync())
     for g, first in zip(groups, firsts):
         for st in g:
-            k.emit(*reset(st))
+            out += reset(st)
 
         def merged(peer: kir.Expr, g: StateGroup = g, first: int = first) -> list[kir.Stmt]:
-            out: list[kir.Stmt] = []
+            got: list[kir.Stmt] = []
             for j, st in enumerate(g):
-                out += st.merge(tuple(place.load(first + i, peer, j) for i in range(len(st.vars))), k.var)
-            return out
-        k.emit(*place.peers(merged))
-    k.emit(place.sync())
+                got += st.merge(tuple(place.load(first + i, peer, j) for i in range(len(st.vars))), k.var)
+            return got
+        out += place.peers(merged)
+    out.append(place.sync())
+    return out
 
 
 def store_partials(k: StateBuilder, layout: ExchangeLayout, groups: Sequence[StateGroup]) -> None:

@@ -88,15 +88,35 @@ def row_sweeps(plan: StitchPlan, args: dict[str, tuple[str, ...]], outputs: Sequ
     return out
 
 
+def early_outputs(plan: StitchPlan, args: dict[str, tuple[str, ...]], outputs: Sequence[str]) -> tuple[str, ...]:
+    """The outputs of ``outputs`` that vary along the reduced axis and that no reduction precedes (a
+    column program stores them in its first sweep, :func:`col_sweeps`): a bias gradient's copy of its
+    input (``y = x.T; db = y.sum(0)``) needs no reduction result, so it is written as it is read, not held
+    in a cache until the combine is done."""
+    cls, reds = dict(plan.classes), set(plan.reductions)
+    after: dict[str, bool] = {}
+
+    def follows(name: str) -> bool:   # whether a reduction is among name's ancestors (or is name)
+        if name not in after:
+            after[name] = name in reds or any(follows(a) for a in args.get(name, ()))
+        return after[name]
+
+    return tuple(o for o in dict.fromkeys(outputs) if cls[o].varies_along_reduced and not follows(o))
+
+
 def col_sweeps(plan: StitchPlan, args: dict[str, tuple[str, ...]], outputs: Sequence[str],
                segs: Sequence[Sequence[int]]) -> list[list[tuple[str, ...]]]:
-    """The sweeps of each kernel of a column-family program: one per stage, then the output sweep."""
+    """The sweeps of each kernel of a column-family program: one per stage, then the output sweep. The
+    :func:`early_outputs` are evaluated by the first kernel's first sweep, the other outputs that vary along
+    the reduced axis by the last kernel's output sweep."""
     cls = dict(plan.classes)
+    early = early_outputs(plan, args, outputs)
     out: list[list[tuple[str, ...]]] = []
     for ki, seg in enumerate(segs):
-        sweeps = [tuple(args[r][0] for r in plan.stages[st]) for st in seg]
+        sweeps = [tuple(args[r][0] for r in plan.stages[st]) + (early if ki == 0 and i == 0 else ())
+                  for i, st in enumerate(seg)]
         if ki == len(segs) - 1:
-            sweeps.append(tuple(o for o in dict.fromkeys(outputs) if cls[o].varies_along_reduced))
+            sweeps.append(tuple(o for o in dict.fromkeys(outputs) if cls[o].varies_along_reduced and o not in early))
         out.append(sweeps)
     return out
 

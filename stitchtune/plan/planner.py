@@ -283,11 +283,44 @@ def _plan_rewritten(graph: Graph, refusal: Refusal) -> StitchPlan | Refusal:
     return refusal
 
 
+#: a column stride (elements) from which a warp's elements along the view's columns each take a 32-byte sector
+_SECTOR_STRIDE = 8
+
+
+def stored_across_rows(plan: StitchPlan) -> tuple[str, ...]:
+    """The full-size outputs of a row-family ``plan`` with reductions whose elements along the view's
+    columns (a warp's lanes) lie ``_SECTOR_STRIDE`` or more elements apart: each 4-byte store of a lane
+    takes a sector of its own (8x the ideal for float32)."""
+    if plan.family != Family.ROW or not plan.nstages:
+        return ()
+    maps, cls = dict(plan.index_maps), dict(plan.classes)
+    out = []
+    for o in plan.output_names:
+        m = maps.get(o)
+        if cls.get(o) is TensorClass.FULL and m is not None and m.cols.factors and \
+                m.cols.factors[-1].inner == 1 and m.cols.factors[-1].stride >= _SECTOR_STRIDE:
+            out.append(o)
+    return tuple(out)
+
+
 def _plan_layouts(graph: Graph) -> StitchPlan | Refusal:
     """The layouts stage: the plan in the default layout, else in the first other layout that plans
-    (graphs without index ops only), else the default layout's refusal."""
+    (graphs without index ops only), else the default layout's refusal. A row plan that would store an
+    output across its rows (:func:`stored_across_rows`: BERT's training ``view_59``, K's gradient
+    ``[B*H, D, S]`` merged to ``[B*S, H*D]`` beside its bias gradient, 8x the ideal sectors per store)
+    is planned in that output's layout instead where that is a column plan storing no output so: the
+    input is then read across the rows, which a column tile of several rows per warp reads at a
+    fraction of the sectors (``cost.heuristic`` rule 3), while every store moves whole sectors."""
     first = _plan_layout(graph, None)
-    if isinstance(first, StitchPlan) or any(OPS[nd.op].kind in INDEX_KINDS for nd in graph.nodes):
+    if isinstance(first, StitchPlan):
+        across = stored_across_rows(first)
+        if across and not any(OPS[nd.op].kind in INDEX_KINDS for nd in graph.nodes):
+            for name in across:
+                got = _plan_layout(graph, name)
+                if isinstance(got, StitchPlan) and got.family == Family.COL and not _col_stored_across(got):
+                    return got
+        return first
+    if any(OPS[nd.op].kind in INDEX_KINDS for nd in graph.nodes):
         return first
     axes = tensor_axes(graph)
     if isinstance(axes, Refusal):
@@ -302,6 +335,13 @@ def _plan_layouts(graph: Graph) -> StitchPlan | Refusal:
         if isinstance(got, StitchPlan):
             return got
     return first
+
+
+def _col_stored_across(plan: StitchPlan) -> bool:
+    """Whether a column plan stores a full-size output at a column stride of ``_SECTOR_STRIDE`` or more."""
+    maps, cls = dict(plan.index_maps), dict(plan.classes)
+    return any(cls.get(o) is TensorClass.FULL and (m := maps.get(o)) is not None and m.cols.factors
+               and m.cols.factors[-1].stride >= _SECTOR_STRIDE for o in plan.output_names)
 
 
 def _plan_layout(graph: Graph, domain_tensor: str | None) -> StitchPlan | Refusal:

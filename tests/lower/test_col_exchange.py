@@ -87,8 +87,32 @@ def test_global_stores_partials_then_combines_them_after_the_grid_barrier() -> N
     stored = [st for st in before if isinstance(st, kir.StoreVec) and st.buf != "sred"]
     assert [st.buf for st in stored] == ["part0"] and len(stored[0].values) == 4   # the vec columns at once
     loop = next(st for st in after if isinstance(st, kir.For))
-    assert loop.stop == kir.Const(8, I32) and k.parts == ["part0", "part0"]
+    # the 4 row threads share the 8 partials: two each (split indices tk and tk + 4), then meet in sred
+    assert loop.stop == kir.Const(2, I32) and k.parts == ["part0", "part0"]
     assert [len(st.dsts) for st in loop.body if isinstance(st, kir.LoadVec)] == [4]  # one load of the vec partials
+    assert k.ix.tk in set(kir.exprs(next(st for st in loop.body if isinstance(st, kir.LoadVec))))
+    met = after[after.index(loop) + 1:]
+    assert sum(isinstance(st, kir.Barrier) for st in met) == 2
+    assert [st.buf for st in met if isinstance(st, kir.StoreVec)] == ["sred"] * 4   # the vec columns' states
+
+
+def test_one_row_thread_combines_every_partial_itself() -> None:
+    k = fake_col_builder(1, 256, 4, split=8)
+    _col_exchange(k, [_plain(k)], "global")
+    loop = next(st for st in k.rb if isinstance(st, kir.For))
+    assert loop.stop == kir.Const(8, I32) and not any(isinstance(st, kir.Barrier) for st in k.rb)
+
+
+def test_row_threads_past_a_short_split_merge_the_identity() -> None:
+    k = fake_col_builder(8, 256, 4, split=4)   # 8 row threads, 4 partials: threads 4..7 have none
+    _col_exchange(k, [_plain(k)], "global")
+    sync = next(i for i, st in enumerate(k.rb) if isinstance(st, kir.GridSync))
+    loop = next(st for st in k.rb[sync + 1:] if isinstance(st, kir.For))
+    assert loop.stop == kir.Const(1, I32)
+    (ld,) = [st for st in loop.body if isinstance(st, kir.LoadVec)]
+    assert ld.pred is not None and any(isinstance(e, kir.Bin) and e.op == "<" and e.b == kir.Const(4, I32)
+                                       for e in kir.exprs(ld))
+    assert any(isinstance(e, kir.Select) for st in loop.body for e in kir.exprs(st))   # else the identity
 
 
 def test_independent_stores_partials_only() -> None:

@@ -76,14 +76,24 @@ def _loops(stmts: tuple[kir.Stmt, ...]) -> list[kir.For]:
     return out
 
 
+def _partials_loops(prog: object) -> list[kir.For]:
+    return [f for k in prog.kernels for f in _loops(tuple(k.body))
+            if any(isinstance(st, kir.LoadVec) and st.buf.startswith("part") for st in f.body)]
+
+
 def test_partials_loop_is_unrolled_by_a_bounded_factor() -> None:
     g = _colsum(4096, 2304)
     plan, space, s = _heuristic(g)
-    assert s.split > COMBINE_UNROLL  # the partials' loop is long enough to matter
-    prog = lower(g, plan, s, DEV, space)
+    assert s.split > COMBINE_UNROLL  # the partials' loop would be long enough to matter
+    # the row threads share the partials (lower/col_exchange step 4): split / tpr each, fully unrolled
+    (loop,) = _partials_loops(lower(g, plan, s, DEV, space))
+    assert loop.stop == kir.Const(-(-s.split // s.tpr), kir.I32) and loop.unroll
+    # one row thread per column: the whole split in one thread, unrolled by the bounded factor
+    one = s.__class__.from_dict({**s.to_dict(), "tpr": 1, "block": 32})
+    prog = lower(g, plan, one, DEV, space)
     assert check(prog) == ()
-    bounded = [f for k in prog.kernels for f in _loops(tuple(k.body)) if f.unroll_by]
-    assert bounded and all(f.unroll_by == COMBINE_UNROLL and not f.unroll for f in bounded)
+    (loop,) = _partials_loops(prog)
+    assert loop.stop == kir.Const(s.split, kir.I32) and loop.unroll_by == COMBINE_UNROLL and not loop.unroll
     assert f"#pragma unroll {COMBINE_UNROLL}\n" in render(prog)
 
 

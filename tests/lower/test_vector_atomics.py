@@ -109,3 +109,19 @@ def test_float4_atomics_build_for_sm90(tmp_path: Path) -> None:
     from helpers.nvcc import check_compiles_sm90
 
     check_compiles_sm90(embedding_grad(tokens=512, width=64), 0, tmp_path)
+
+
+def test_atomics_are_counted_per_instruction_in_the_profile_and_the_ir_walk() -> None:
+    """``KernelProfile.atomics`` and the IR walk's ``atomics`` feature count atomic instructions: a float4
+    add once, so the scalar program counts four times the vector one's, in both."""
+    from stitchtune.cost.features import program_features
+
+    g = embedding_grad(tokens=512, width=64)
+    scalar_dev = dataclasses.replace(H200, atomic_vector_width=1)
+    vec, scalar = _program(g, H200), _program(g, scalar_dev)
+    (kv,) = [k for k in vec.profile.kernels if k.atomics]
+    (ks,) = [k for k in scalar.profile.kernels if k.atomics]
+    assert kv.atomics == kv.grid * kv.block and ks.atomics == 4 * kv.atomics
+    fv = [f.atomics for f in program_features(vec, H200) if f.atomics]
+    fs = [f.atomics for f in program_features(scalar, scalar_dev) if f.atomics]
+    assert fv == [1.0] and fs == [4.0]   # per thread: one float4 add, four scalar adds

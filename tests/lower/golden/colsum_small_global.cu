@@ -61,21 +61,22 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
   float pp25 = 0.0f;
   float pp26 = 0.0f;
   float pp27 = 0.0f;
-  float p28 = 0.0f;
+  int q28 = 0;
   float p29 = 0.0f;
   float p30 = 0.0f;
   float p31 = 0.0f;
-  int i32 = 0;
-  int r33 = 0;
-  bool v34 = false;
-  float t0_35 = 0.0f;
+  float p32 = 0.0f;
+  int i33 = 0;
+  int r34 = 0;
+  bool v35 = false;
   float t0_36 = 0.0f;
   float t0_37 = 0.0f;
   float t0_38 = 0.0f;
-  float t3_39 = 0.0f;
+  float t0_39 = 0.0f;
   float t3_40 = 0.0f;
   float t3_41 = 0.0f;
   float t3_42 = 0.0f;
+  float t3_43 = 0.0f;
   tc1 = ((int)threadIdx.x % 32);
   tk2 = ((int)threadIdx.x / 32);
   for (rd3 = 0; rd3 < 1; rd3 += 1) {
@@ -90,6 +91,7 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
     acc15 = 0.0f;
     acc16 = 0.0f;
     acc17 = 0.0f;
+    #pragma unroll 8
     for (i11 = 0; i11 < 16; i11 += 1) {
       r12 = (kb8 + ((i11 * 8) + tk2));
       v13 = (cv7 && (r12 < ke9));
@@ -138,9 +140,10 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
     acc15 = 0.0f;
     acc16 = 0.0f;
     acc17 = 0.0f;
-    for (q23 = 0; q23 < 8; q23 += 1) {
+    #pragma unroll
+    for (q23 = 0; q23 < 1; q23 += 1) {
       if (cv7) {
-        float4 _v2 = __ldcg(reinterpret_cast<const float4*>(part0 + ((q23 * 256) + min(c6, 252))));
+        float4 _v2 = __ldcg(reinterpret_cast<const float4*>(part0 + ((((q23 * 8) + tk2) * 256) + min(c6, 252))));
         pp24 = _v2.x;
         pp25 = _v2.y;
         pp26 = _v2.z;
@@ -151,35 +154,52 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
       acc16 = (acc16 + pp26);
       acc17 = (acc17 + pp27);
     }
-    p28 = __fdividef(1.0f, (1.0f + __expf((-acc14))));
-    p29 = __fdividef(1.0f, (1.0f + __expf((-acc15))));
-    p30 = __fdividef(1.0f, (1.0f + __expf((-acc16))));
-    p31 = __fdividef(1.0f, (1.0f + __expf((-acc17))));
-    for (i32 = 0; i32 < 16; i32 += 1) {
-      r33 = (kb8 + ((i32 * 8) + tk2));
-      v34 = (cv7 && (r33 < ke9));
-      t0_35 = 0.0f;
+    sred[((tk2 * 128) + (tc1 * 4))] = acc14;
+    sred[((tk2 * 128) + ((tc1 * 4) + 1))] = acc15;
+    sred[((tk2 * 128) + ((tc1 * 4) + 2))] = acc16;
+    sred[((tk2 * 128) + ((tc1 * 4) + 3))] = acc17;
+    __syncthreads();
+    acc14 = 0.0f;
+    acc15 = 0.0f;
+    acc16 = 0.0f;
+    acc17 = 0.0f;
+    for (q28 = 0; q28 < 8; q28 += 1) {
+      acc14 = (acc14 + sred[((q28 * 128) + (tc1 * 4))]);
+      acc15 = (acc15 + sred[((q28 * 128) + ((tc1 * 4) + 1))]);
+      acc16 = (acc16 + sred[((q28 * 128) + ((tc1 * 4) + 2))]);
+      acc17 = (acc17 + sred[((q28 * 128) + ((tc1 * 4) + 3))]);
+    }
+    __syncthreads();
+    p29 = __fdividef(1.0f, (1.0f + __expf((-acc14))));
+    p30 = __fdividef(1.0f, (1.0f + __expf((-acc15))));
+    p31 = __fdividef(1.0f, (1.0f + __expf((-acc16))));
+    p32 = __fdividef(1.0f, (1.0f + __expf((-acc17))));
+    #pragma unroll 8
+    for (i33 = 0; i33 < 16; i33 += 1) {
+      r34 = (kb8 + ((i33 * 8) + tk2));
+      v35 = (cv7 && (r34 < ke9));
       t0_36 = 0.0f;
       t0_37 = 0.0f;
       t0_38 = 0.0f;
-      if (v34) {
-        float4 _v3 = *reinterpret_cast<const float4*>(in0 + ((min(r33, 1023) * 256) + min(c6, 252)));
-        t0_35 = _v3.x;
-        t0_36 = _v3.y;
-        t0_37 = _v3.z;
-        t0_38 = _v3.w;
+      t0_39 = 0.0f;
+      if (v35) {
+        float4 _v3 = *reinterpret_cast<const float4*>(in0 + ((min(r34, 1023) * 256) + min(c6, 252)));
+        t0_36 = _v3.x;
+        t0_37 = _v3.y;
+        t0_38 = _v3.z;
+        t0_39 = _v3.w;
       }
-      t3_39 = (t0_35 * p28);
       t3_40 = (t0_36 * p29);
       t3_41 = (t0_37 * p30);
       t3_42 = (t0_38 * p31);
-      if (v34) {
+      t3_43 = (t0_39 * p32);
+      if (v35) {
         float4 _v4;
-        _v4.x = t3_39;
-        _v4.y = t3_40;
-        _v4.z = t3_41;
-        _v4.w = t3_42;
-        *reinterpret_cast<float4*>(out0 + ((r33 * 256) + c6)) = _v4;
+        _v4.x = t3_40;
+        _v4.y = t3_41;
+        _v4.z = t3_42;
+        _v4.w = t3_43;
+        *reinterpret_cast<float4*>(out0 + ((r34 * 256) + c6)) = _v4;
       }
     }
   }
