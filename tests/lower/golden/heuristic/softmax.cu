@@ -32,6 +32,17 @@ __device__ __forceinline__ void st_grid_sync(unsigned int* bar) {
   __syncthreads();
 }
 
+// fast arithmetic (exact_math 0; stitchtune/graph/fast_ops.py models each in float32): flush-to-zero forms
+__device__ __forceinline__ float st_ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+__device__ __forceinline__ float st_exp(float x) { return st_ex2(x * 1.4426950408889634f); }
+__device__ __forceinline__ float st_fdiv(float a, float b) { float y; asm("div.approx.ftz.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b)); return y; }
+__device__ __forceinline__ float st_tanh(float x) {
+  float a = fabsf(x), x2 = x * x;
+  float poly = x * (1.0f + x2 * (-0.33333334f + x2 * (0.13333334f + x2 * -0.053968254f)));
+  float big = copysignf(1.0f - st_fdiv(2.0f, 1.0f + st_exp(2.0f * a)), x);
+  return a < 0.125f ? poly : big;
+}
+
 extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restrict__ in0, float* __restrict__ out0) {
   float rc0[32];
   float rc3[32];
@@ -113,10 +124,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
       t2_22 = (rc0[((i17 * 4) + 1)] - acc10);
       t2_23 = (rc0[((i17 * 4) + 2)] - acc10);
       t2_24 = (rc0[((i17 * 4) + 3)] - acc10);
-      t3_25 = __expf(t2_21);
-      t3_26 = __expf(t2_22);
-      t3_27 = __expf(t2_23);
-      t3_28 = __expf(t2_24);
+      t3_25 = st_exp(t2_21);
+      t3_26 = st_exp(t2_22);
+      t3_27 = st_exp(t2_23);
+      t3_28 = st_exp(t2_24);
       rc3[(i17 * 4)] = t3_25;
       rc3[((i17 * 4) + 1)] = t3_26;
       rc3[((i17 * 4) + 2)] = t3_27;
@@ -130,7 +141,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
     acc18 = (acc18 + __shfl_xor_sync(0xffffffffu, acc18, 4, 32));
     acc18 = (acc18 + __shfl_xor_sync(0xffffffffu, acc18, 2, 32));
     acc18 = (acc18 + __shfl_xor_sync(0xffffffffu, acc18, 1, 32));
-    rcp32 = __fdividef(1.0f, acc18);
+    rcp32 = st_fdiv(1.0f, acc18);
     #pragma unroll
     for (i29 = 0; i29 < 8; i29 += 1) {
       k30 = (kb7 + (((i29 * 16) + lane1) * 4));
