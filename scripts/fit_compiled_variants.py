@@ -35,36 +35,34 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from stitchtune.cost import fitting  # noqa: E402
+from stitchtune.cost.fit_dataset import with_timing  # noqa: E402
 from stitchtune.cost.fitted import FIT_BOUNDS, OPTIONAL_BOUNDS, Coefficients  # noqa: E402
 from stitchtune.hardware.device import get_device  # noqa: E402
 
 COMPILED = ("compiled_bytes_in_flight", "spill_instructions")
 
 
-def ir_only(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``rows`` with the compiled fields set to 0 (what a prediction before the build sees)."""
+def _zeroed(rows: list[dict[str, Any]], names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """``rows`` (a deep copy) with each kernel's fields ``names`` set to 0."""
     out = copy.deepcopy(rows)
     for r in out:
         for k in r["kernels"]:
-            for f in COMPILED:
+            for f in names:
                 k[f] = 0.0
     return out
 
 
+def ir_only(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with the compiled fields set to 0 (what a prediction before the build sees)."""
+    return _zeroed(rows, COMPILED)
+
+
 def no_spills(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = copy.deepcopy(rows)
-    for r in out:
-        for k in r["kernels"]:
-            k["spill_instructions"] = 0.0
-    return out
+    return _zeroed(rows, ("spill_instructions",))
 
 
 def no_l2(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = copy.deepcopy(rows)
-    for r in out:
-        for k in r["kernels"]:
-            k["l2_requests"] = 0.0
-    return out
+    return _zeroed(rows, ("l2_requests",))
 
 
 #: (label, rows transform for the fit, rows transform for the prediction, coefficients fixed (not fitted))
@@ -143,9 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="also write the tables here (markdown)")
     a = ap.parse_args(argv)
     dev = get_device(a.device)
-    rows = json.loads((REPO / a.dataset).read_text())["rows"]
-    for r in rows:
-        r.setdefault("timing", "cupti" if r["group"] == "bert-train" else "events")
+    rows = with_timing(json.loads((REPO / a.dataset).read_text())["rows"])
     groups = sorted({r["group"] for r in rows})
     head = "| variant | all ±25% | ρ | " + " | ".join(g.replace("db:", "") for g in groups) + " |"
     rule = "|---|---|---|" + "---|" * len(groups)

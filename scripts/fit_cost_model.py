@@ -58,7 +58,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 from stitchtune.cost.features import KernelFeatures, program_features  # noqa: E402
 from stitchtune.cost.fitted import Coefficients  # noqa: E402
 from stitchtune.cost.fitted_store import data_name  # noqa: E402
-from stitchtune.cost.fit_dataset import Dataset, DatasetError, load_dataset, pair_rebuilt, save_dataset  # noqa: E402
+from stitchtune.cost.fit_dataset import (Dataset, DatasetError, load_dataset, pair_rebuilt, save_dataset,  # noqa: E402
+                                         with_timing)
 from stitchtune.cost.fitting import FITTED, fit_coefficients, leave_one_group_out, predict_rows, score  # noqa: E402
 from stitchtune.hardware.device import get_device  # noqa: E402
 
@@ -291,8 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, notes = [dict(r) for r in paired], n2 + n3 + n4
         save_dataset(out / "dataset.json", Dataset(dev.key, tuple(rows), tuple(notes),
                                                    {**stored.provenance, "rebuilt_at": head}))
-    for r in rows:   # the database and BERT inference's tuning log: CUDA events; BERT training: CUPTI kernels
-        r.setdefault("timing", "cupti" if r["group"] == "bert-train" else "events")
+    rows = with_timing(rows)   # the database and BERT inference's tuning log: CUDA events; BERT training: CUPTI
     groups = sorted({r["group"] for r in rows})
     base = Coefficients.defaults(dev)
     for r, t in zip(rows, predict_rows(rows, dev, base)):

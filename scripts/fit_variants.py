@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from stitchtune.cost import fitting  # noqa: E402
+from stitchtune.cost.fit_dataset import with_timing  # noqa: E402
 from stitchtune.cost.fitted import FIT_BOUNDS, Coefficients  # noqa: E402
 from stitchtune.hardware.device import get_device  # noqa: E402
 
@@ -74,9 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="h200")
     a = ap.parse_args(argv)
     dev = get_device(a.device)
-    rows = json.loads((REPO / a.dataset).read_text())["rows"]
-    for r in rows:
-        r.setdefault("timing", "cupti" if r["group"] == "bert-train" else "events")
+    rows = with_timing(json.loads((REPO / a.dataset).read_text())["rows"])
     groups = sorted({r["group"] for r in rows})
     lines = [f"# Fitted-model variants, leave-one-model-out ({len(rows)} H200 rows)", "",
              f"    python scripts/fit_variants.py --dataset {a.dataset}", "",

@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import statistics
 import sys
 import time
 import traceback
@@ -61,6 +60,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
+import gpu_timing  # noqa: E402  (scripts/, on the path above)
+
 MATRIX = REPO / "tests" / "deploy" / "test_torch_matrix.py"
 TIME_MODELS = ("bert", "gpt2", "llama")
 
@@ -166,16 +167,8 @@ def _step(mx: Any, torch: Any, fn: Any, model: Any, args: tuple[Any, ...], mode:
 
 
 def _median_us(torch: Any, run: Any, iters: int) -> float:
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for s, e in pairs:
-        s.record()
-        run()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in pairs)
+    """Median device microseconds of ``run`` from CUDA events (:func:`gpu_timing.event_times_us`)."""
+    return gpu_timing.median(gpu_timing.event_times_us(run, iters, cuda=torch.cuda))
 
 
 def _kind(name: str) -> str:
@@ -244,13 +237,7 @@ def time_case(mx: Any, torch: Any, name: str, mode: str, iters: int) -> list[dic
 
 def _host_median_us(run: Any, iters: int) -> float:
     """Median wall-clock microseconds of ``run`` (the CPU dry run's stand-in for CUDA events)."""
-    run()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
+    return gpu_timing.median(gpu_timing.host_times_us(run, iters))
 
 
 def graphs_case(mx: Any, torch: Any, name: str, mode: str, iters: int, cpu: bool) -> list[dict[str, Any]]:

@@ -36,6 +36,8 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+import gpu_timing  # noqa: E402  (scripts/, on the path above)
 
 #: op -> (example file, its input shape (rows, cols))
 OPS = {"layer_norm": ("layernorm.json", (16384, 1024)), "rms_norm": ("rmsnorm.json", (16384, 4096)),
@@ -109,23 +111,8 @@ def _external(name: str, op: str, m: Any) -> Callable[..., Any]:
 
 
 def _times(torch: Any, call: Callable[[], Any], iters: int, cpu: bool) -> list[float]:
-    for _ in range(3):
-        call()
-    if cpu:
-        out = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            call()
-            out.append((time.perf_counter() - t0) * 1e6)
-        return out
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for s, e in ev:
-        s.record()
-        call()
-        e.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) * 1000.0 for s, e in ev]
+    """Microseconds per call: CUDA events, or the wall clock on the CPU (:func:`gpu_timing.times_us`)."""
+    return gpu_timing.times_us(call, iters, cpu, warmup=3, cuda=None if cpu else torch.cuda)
 
 
 def _callable(torch: Any, variant: str, op: str, m: Any, args: tuple[Any, ...], cpu: bool) -> Callable[[], Any]:

@@ -19,29 +19,19 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import statistics
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+import gpu_timing  # noqa: E402  (scripts/, on the path above)
 
 
 def _events(call, iters: int, warmup: int = 10) -> float:
-    import torch
-
-    for _ in range(warmup):
-        call()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for s, e in zip(starts, ends):
-        s.record()
-        call()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
+    """Median device microseconds per call from CUDA events (:func:`gpu_timing.event_times_us`)."""
+    return gpu_timing.median(gpu_timing.event_times_us(call, iters, warmup))
 
 
 def check_numpy_api(db: str) -> bool:

@@ -51,7 +51,7 @@ def predictions(graph_path: str, schedule: dict, device_name: str) -> list[tuple
     base = space.check(Schedule.from_dict(schedule))
     out = [("as given", predict(lower(g, plan, base, dev, space).profile, dev).time_us)]
     for v in space.variants(base):
-        label = f"order={v.option(ORDER)} prefetch={v.option(PREFETCH)} combine={v.option(COMBINE)}"
+        label = f"order={v.option(ORDER)} prefetch={int(v.option(PREFETCH))} combine={v.option(COMBINE)}"
         out.append((label, predict(lower(g, plan, v, dev, space).profile, dev).time_us))
     return out
 

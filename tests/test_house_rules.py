@@ -225,21 +225,22 @@ def test_the_strict_rooms_are_strict_in_pyproject() -> None:
     assert STRICT_ROOMS <= rooms, f"rooms no longer strict: {sorted(STRICT_ROOMS - rooms)}"
 
 
-#: the test code mypy checks (issue 43: the tests' shared helpers; the list may only grow)
-TYPED_TESTS = ("tests/helpers",)
+#: the test code mypy checks (issue 43: the tests' shared helpers, the planner's tests; the list may only grow)
+TYPED_TESTS = ("tests/helpers", "tests/plan")
 
 
 @pytest.mark.slow
 def test_the_typed_test_code_is_clean() -> None:
-    """``mypy tests/helpers`` (the package's settings, ``stitchtune`` and ``helpers`` of this checkout) reports
-    nothing: a helper whose types drift from the package's (a fake that no longer fits its Protocol, a
-    graph builder typed ``object``) fails here."""
+    """``mypy`` of :data:`TYPED_TESTS` (the package's settings, ``stitchtune`` and ``helpers`` of this checkout;
+    module names relative to ``tests/``, as pytest's ``pythonpath`` imports them: ``plan.test_refusals``)
+    reports nothing: a helper whose types drift from the package's (a fake that no longer fits its Protocol,
+    a graph builder typed ``object``) fails here."""
     import os
     import subprocess
     import sys
 
     pytest.importorskip("mypy")
     env = {**os.environ, "MYPYPATH": os.pathsep.join((str(REPO), str(REPO / "tests")))}
-    run = subprocess.run([sys.executable, "-m", "mypy", *TYPED_TESTS], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=900)
+    run = subprocess.run([sys.executable, "-m", "mypy", "--explicit-package-bases", *TYPED_TESTS], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, f"mypy {' '.join(TYPED_TESTS)}:\n{run.stdout[-6000:]}{run.stderr[-2000:]}"

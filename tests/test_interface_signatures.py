@@ -73,46 +73,64 @@ def _calls(text: str, line: int, modules: tuple[str, ...]) -> list[DocCall]:
     return out
 
 
-def documented_calls(text: str | None = None) -> list[DocCall]:
-    """The call forms of INTERFACES.md (or of ``text``), each with the modules to resolve it in."""
-    lines = (text if text is not None else INTERFACES.read_text()).splitlines()
-    out: list[DocCall] = []
+@dataclass(frozen=True)
+class DocLine:
+    """One line of the document: its number, its text, whether it lies inside a code block (a fence
+    line does not), and the modules a name on it resolves in: inside a code block the module the
+    block's latest ``# room/module.py`` comment names (this line's included), then the section's room;
+    outside, the section's room (``## room/``)."""
+
+    number: int
+    text: str
+    code: bool
+    modules: tuple[str, ...]
+
+
+def doc_lines(text: str | None = None) -> list[DocLine]:
+    """INTERFACES.md (or ``text``) line by line, with the room and code-block module tracking that
+    both checks (signatures, dataclass fields) read."""
+    out: list[DocLine] = []
     room: tuple[str, ...] = ()
     in_code, code_module = False, None
-    i = 0
-    while i < len(lines):
-        line = lines[i]
+    for i, line in enumerate((text if text is not None else INTERFACES.read_text()).splitlines()):
         if line.startswith("```"):
             in_code, code_module = not in_code, None
-            i += 1
+            out.append(DocLine(i + 1, line, False, room))
             continue
         if in_code:
-            comment = line.split("#", 1)[1] if "#" in line else ""
-            code_module = _module_of(comment) or code_module
-            mods = ((code_module,) if code_module else ()) + room
-            out += _calls(line.split("#", 1)[0] if "#" in line else line, i + 1, mods)
-            i += 1
+            code_module = _module_of(line.split("#", 1)[1] if "#" in line else "") or code_module
+        else:
+            head = re.match(r"^## ([a-z_]+)/", line)
+            room = _room_modules(head.group(1)) if head else room
+        out.append(DocLine(i + 1, line, in_code, ((code_module,) if in_code and code_module else ()) + room))
+    return out
+
+
+def documented_calls(text: str | None = None) -> list[DocCall]:
+    """The call forms of INTERFACES.md (or of ``text``), each with the modules to resolve it in."""
+    lines = doc_lines(text)
+    out: list[DocCall] = []
+    i = 0
+    while i < len(lines):
+        d = lines[i]
+        i += 1
+        if d.code:
+            out += _calls(d.text.split("#", 1)[0], d.number, d.modules)
             continue
-        head = re.match(r"^## ([a-z_]+)/", line)
-        if head:
-            room = _room_modules(head.group(1))
-        row = re.match(r"^\| [a-z_]* *\| `(stitchtune/[a-z_/]+\.py)` \| (.*) \|$", line)
-        entry = re.match(r"^- `([a-z_]+/[a-z_]+\.py)`[:,]", line)
+        row = re.match(r"^\| [a-z_]* *\| `(stitchtune/[a-z_/]+\.py)` \| (.*) \|$", d.text)
+        entry = re.match(r"^- `([a-z_]+/[a-z_]+\.py)`[:,]", d.text)
         if row:
             mod = _module_of(row.group(1))
             if mod:
-                out += _calls(" ".join(re.findall(r"`([^`]*)`", row.group(2))), i + 1, (mod,))
+                out += _calls(" ".join(re.findall(r"`([^`]*)`", row.group(2))), d.number, (mod,))
         elif entry:
-            body, j = [line], i + 1
-            while j < len(lines) and lines[j].startswith("  ") and lines[j].strip():
-                body.append(lines[j].strip())
-                j += 1
+            body = [d.text]
+            while i < len(lines) and not lines[i].code and lines[i].text.startswith("  ") and lines[i].text.strip():
+                body.append(lines[i].text.strip())
+                i += 1
             mod = _module_of(entry.group(1))
             spans = re.findall(r"`([^`]*)`", " ".join(body))
-            out += _calls(" ".join(spans), i + 1, ((mod,) if mod else ()) + room)
-            i = j
-            continue
-        i += 1
+            out += _calls(" ".join(spans), d.number, ((mod,) if mod else ()) + d.modules)
     return out
 
 
@@ -262,34 +280,18 @@ _CLASS = re.compile(r"^(?:@dataclass\S*\s+)?class (\w+)(\([^)]*\))?:")
 def documented_classes(text: str | None = None) -> list[DocClass]:
     """The class blocks of INTERFACES.md's code blocks (or of ``text``): the class line and the indented
     lines under it."""
-    lines = (text if text is not None else INTERFACES.read_text()).splitlines()
+    lines = doc_lines(text)
     out: list[DocClass] = []
-    room: tuple[str, ...] = ()
-    in_code, code_module = False, None
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("```"):
-            in_code, code_module = not in_code, None
-        elif not in_code:
-            head = re.match(r"^## ([a-z_]+)/", line)
-            if head:
-                room = _room_modules(head.group(1))
-        else:
-            code_module = _module_of(line.split("#", 1)[1] if "#" in line else "") or code_module
-            m = _CLASS.match(line)
-            if m and not m.group(2):   # a class with a base inherits fields documented elsewhere
-                block, j = [line[m.end():]], i + 1
-                while j < len(lines) and lines[j].startswith("    "):
-                    block.append(lines[j])
-                    j += 1
-                declared = tuple(fm.group(1) for b in block for piece in b.split("#", 1)[0].split(";")
-                                 for fm in [re.match(r"^\s*([A-Za-z_]\w*)\s*:\s*\S", piece)] if fm)
-                mods = ((code_module,) if code_module else ()) + room
-                out.append(DocClass(i + 1, mods, m.group(1), declared, "\n".join(block)))
-                i = j
-                continue
-        i += 1
+    for k, d in enumerate(lines):
+        m = _CLASS.match(d.text) if d.code else None
+        if m and not m.group(2):   # a class with a base inherits fields documented elsewhere
+            block, j = [d.text[m.end():]], k + 1
+            while j < len(lines) and lines[j].code and lines[j].text.startswith("    "):
+                block.append(lines[j].text)
+                j += 1
+            declared = tuple(fm.group(1) for b in block for piece in b.split("#", 1)[0].split(";")
+                             for fm in [re.match(r"^\s*([A-Za-z_]\w*)\s*:\s*\S", piece)] if fm)
+            out.append(DocClass(d.number, d.modules, m.group(1), declared, "\n".join(block)))
     return out
 
 

@@ -18,6 +18,9 @@ Contract
   is **never** paired with the stored time: the stored row is kept as stored (the features of the
   kernel that was measured) and a note names it; a rebuilt row with no stored row is left out (no
   record of which kernel was measured). Stored rows not rebuilt are kept. Output in stored order.
+* :func:`with_timing(rows)`: the rows (copies) with ``timing`` where a row has none: ``cupti`` (summed
+  kernel times) for BERT training's rows (group ``bert-train``), ``events`` (CUDA events) for the rest
+  (the database's, BERT inference's tuning log).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["FORMAT", "Dataset", "DatasetError", "load_dataset", "pair_rebuilt", "row_key", "save_dataset"]
+__all__ = ["FORMAT", "Dataset", "DatasetError", "load_dataset", "pair_rebuilt", "row_key", "save_dataset", "with_timing"]
 
 #: the dataset file format this module reads and writes (1: no fingerprints)
 FORMAT = 2
@@ -120,3 +123,8 @@ def pair_rebuilt(stored: Sequence[Mapping[str, Any]],
     if changed:
         notes.insert(0, f"{changed} of {len(stored)} rows: kernel changed since the measurement, stored features kept")
     return out, notes
+
+
+def with_timing(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` copied, each with its ``timing`` (as it is, else by its group: module docstring)."""
+    return [{**r, "timing": r.get("timing", "cupti" if r["group"] == "bert-train" else "events")} for r in rows]

@@ -6,7 +6,8 @@ ATen ops to fall back on, and the helpers it shares with the kernels (:func:`eag
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,7 @@ import torch
 from stitchtune.deploy.torch_ops import RegionError, RegionKernel, _device_of, _lock
 from stitchtune.deploy.torch_region_protocols import GuardedKernel
 
-__all__ = ["GuardedRegion", "eager_outputs", "is_index_error"]
+__all__ = ["GuardedRegion", "eager_outputs", "is_index_error", "kept_tensors"]
 
 if TYPE_CHECKING:
     from stitchtune.deploy.compiled_graph import CompiledGraph
@@ -38,6 +39,31 @@ def eager_outputs(module: Any, inputs: Sequence[Any], perms: Sequence[Any] | Non
             o = o.clone()
         outs.append(o)
     return outs
+
+
+def kept_tensors(device: Any, make: Callable[[], list[Any]], cuda: Any = None) -> list[Any]:
+    """``make()``: tensors on ``device`` that a region keeps across its calls (held constants, the
+    buffers of bound SymInt inputs), made where no CUDA-graph pool takes their memory. Inductor's
+    CUDA-graph trees route every allocation on their stream, their warm-up run included (a region's
+    first call), to the graph's private pool and recycle its blocks at their checkpoints, knowing only
+    the tensors they track: a tensor kept from there could be handed out again under us. So on a CUDA
+    device ``make`` runs on a side stream (after the current stream's work; the trees' pool takes
+    only their own stream's allocations), the current stream waits for it (a copy ``make`` enqueued is
+    complete before the region's launches), and each tensor is recorded on the current stream
+    (freeing it waits for that stream's work). Elsewhere ``make()`` as it is. ``cuda``: the
+    ``torch.cuda``-like module (tests pass a fake)."""
+    if device.type != "cuda":
+        return make()
+    cuda = torch.cuda if cuda is None else cuda
+    current = cuda.current_stream(device)
+    side = cuda.Stream(device)
+    side.wait_stream(current)
+    with cuda.stream(side):
+        made = make()
+    current.wait_stream(side)
+    for t in made:
+        t.record_stream(current)
+    return made
 
 
 def is_index_error(exc: BaseException) -> bool:
@@ -70,12 +96,14 @@ class GuardedRegion:
     failed: str | None = None
     held: tuple[tuple[int, Any], ...] = ()
     device: Any = None
-    #: (position, shape, dtype) of the inputs made from the call's SymInt ``scalars``, in input order
-    #: (:func:`~stitchtune.importers.torch_symvalues.bound_inputs`): ``full(shape, value)`` on the
-    #: region's device at each call, so a new value is data, never a new kernel
+    #: (position, shape, dtype) of the inputs that hold the call's SymInt ``scalars``, in input order
+    #: (:func:`~stitchtune.importers.torch_symvalues.bound_inputs`): buffers on the region's device
+    #: filled with the values at each call, so a new value is data, never a new kernel
     bound: tuple[tuple[int, tuple[int, ...], Any], ...] = ()
     _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes checked -> specs
     _held_on: dict[Any, list[Any]] = field(default_factory=dict, repr=False)   # device -> held tensors there
+    #: per thread (``.buffers``): (device, stream) -> the bound inputs' buffers there (:meth:`_bound_buffers`)
+    _bound_at: threading.local = field(default_factory=threading.local, repr=False, compare=False)
     #: the thin path (:mod:`~stitchtune.deploy.torch_fast`) once a call has run the full one: a
     #: FastCall, or for a kernel with symbolic shapes a ShapeCalls (one per input shapes); None: none
     _fast: Any = field(default=None, repr=False)
@@ -87,7 +115,7 @@ class GuardedRegion:
     @property
     def flag_sets(self) -> list[Any]:
         """The kernel's gathers' error flags (:mod:`~stitchtune.deploy.torch_flags`), one set per launcher."""
-        return list(getattr(self.kernel, "flag_sets", ()))
+        return list(self.kernel.flag_sets)
 
     def describe(self) -> str:
         return self.kernel.describe()
@@ -103,7 +131,7 @@ class GuardedRegion:
             consts = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device) for _, t in self.held]
         else:
             with _lock:
-                consts = self._held_on.get(device) or [t.to(device) for _, t in self.held]
+                consts = self._held_on.get(device) or kept_tensors(device, lambda: [t.to(device) for _, t in self.held])
                 self._held_on[device] = consts
         out = list(inputs)
         for (i, _), t in zip(self.held, consts):
@@ -111,7 +139,7 @@ class GuardedRegion:
         return out
 
     def _with_bound(self, inputs: Sequence[Any], scalars: Sequence[Any], fake: bool = False) -> list[Any]:
-        """``inputs`` (the op's tensors) with the tensors bound from ``scalars`` inserted at their
+        """``inputs`` (the op's tensors) with the bound inputs, holding ``scalars``, inserted at their
         positions among the passed inputs (the held constants are inserted after: :meth:`_with_held`);
         ``fake``: empty tensors (in the active fake mode; ``scalars`` may be fewer)."""
         if not self.bound:
@@ -119,13 +147,33 @@ class GuardedRegion:
         if not fake and len(scalars) != len(self.bound):
             raise RegionError(f"{self.describe()}: {len(scalars)} SymInt value(s) for {len(self.bound)} bound input(s)")
         device = _device_of(inputs, self.device)
+        if fake:
+            made = [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in self.bound]
+        else:
+            made = self._bound_buffers(device)
+            for t, v in zip(made, scalars):
+                t.fill_(int(v))
         held = [i for i, _ in self.held]
         out = list(inputs)
-        for k, (i, shape, dtype) in enumerate(self.bound):
-            t = torch.empty(shape, dtype=dtype, device=device) if fake else \
-                torch.full(shape, int(scalars[k]), dtype=dtype, device=device)
+        for (i, _, _), t in zip(self.bound, made):
             out.insert(i - sum(h < i for h in held), t)
         return out
+
+    def _bound_buffers(self, device: Any) -> list[Any]:
+        """This thread's buffers of the bound inputs on ``device`` at its current stream (made at the
+        first call there; the caller fills them). A launch enqueued by an earlier call on the same
+        thread and stream runs before the next fill, so a value is never overwritten under it."""
+        stream = torch._C._cuda_getCurrentRawStream(device.index if device.index is not None
+                                                     else torch.cuda.current_device()) \
+            if device.type == "cuda" else 0
+        buffers: dict[Any, list[Any]] | None = getattr(self._bound_at, "buffers", None)
+        if buffers is None:
+            buffers = self._bound_at.buffers = {}
+        made = buffers.get((device, stream))
+        if made is None:
+            made = buffers[(device, stream)] = kept_tensors(
+                device, lambda: [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in self.bound])
+        return made
 
     def fake(self, inputs: Sequence[Any], scalars: Sequence[Any] = ()) -> list[Any]:
         inputs = self._with_bound(inputs, scalars, fake=True)
@@ -156,11 +204,8 @@ class GuardedRegion:
         device = _device_of(inputs, self.device)
         if any(t.device != device for t in raw):
             return None
-        make = getattr(self.kernel, "fast_path", None)
-        if make is None:
-            return None
         consts = self._held_on.get(device, []) if self.held else []
-        return make(device, tuple((i, t) for (i, _), t in zip(self.held, consts)), inputs)
+        return self.kernel.fast_path(device, tuple((i, t) for (i, _), t in zip(self.held, consts)), inputs)
 
     def _add_fast(self, raw: Sequence[Any], inputs: Sequence[Any]) -> None:
         """Keep the thin path of a region with symbolic shapes for ``raw``'s shapes (once per shapes)."""
@@ -168,7 +213,7 @@ class GuardedRegion:
 
         calls = self._fast
         if calls is None:
-            calls = self._fast = ShapeCalls(getattr(self.kernel, "counter", None))
+            calls = self._fast = ShapeCalls(self.kernel.counter)
         if ShapeCalls.key(raw) not in calls.calls:
             calls.add(raw, self._make_fast(raw, inputs))
 
@@ -177,7 +222,7 @@ class GuardedRegion:
         return eager_outputs(self.module, inputs, self.perms, self.keep)
 
     def __call__(self, inputs: Sequence[Any], scalars: Sequence[Any] = ()) -> list[Any]:
-        if self.bound:   # the SymInt values as the region's int inputs (made on its device, as data)
+        if self.bound:   # the SymInt values in the region's int inputs (filled on its device, as data)
             inputs = self._with_bound(inputs, scalars)
         fast = self._fast
         if fast is not None:

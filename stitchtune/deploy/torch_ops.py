@@ -6,7 +6,7 @@ Contract
   registered under ``key`` (:func:`register`) on ``inputs`` (the region's graph inputs, in order) and
   returns new tensors, one per graph output, shaped and typed as the graph says. ``scalars``: SymInt
   values (a decode step's past length) that the registered :class:`~stitchtune.deploy.torch_guard.GuardedRegion`
-  makes the int64 inputs it binds (``bound``, :mod:`stitchtune.importers.torch_symvalues`) on each call. Its fake (meta)
+  fills into the int64 inputs it binds (``bound``, :mod:`stitchtune.importers.torch_symvalues`) on each call. Its fake (meta)
   implementation returns empty tensors of those shapes on the inputs' device, so Inductor, AOTAutograd
   and CUDA-graph capture treat it as an opaque kernel.
 * On CUDA tensors the kernel is launched through the one launch path
@@ -358,6 +358,12 @@ class RegionKernel:
     def launches_on(self, device: Any) -> bool:
         """Whether calls on ``device`` go through the launch path (CUDA, a given driver or a stand-in)."""
         return device.type == "cuda" or self.driver is not None or _STAND_IN[0] is not None
+
+    @property
+    def counter(self) -> None:
+        """None: a kernel of one region's shape counts nothing itself (the backend counts its builds,
+        a :class:`~stitchtune.deploy.torch_region_dynamic.DynamicRegionKernel` its buckets' calls)."""
+        return None
 
     def fast_path(self, device: Any, held: Sequence[tuple[int, Any]] = (), first: Sequence[Any] = (),
                   order: Sequence[int] | None = None) -> Any:

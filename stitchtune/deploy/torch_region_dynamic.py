@@ -147,19 +147,19 @@ class DynamicRegionKernel:
     def fast_path(self, device: Any, held: Sequence[tuple[int, Any]], first: Sequence[Any]) -> Any:
         """The thin path (:class:`~stitchtune.deploy.torch_fast.FastCall`) of the kernel that ran
         ``first`` (a call's inputs, held ones included), for later calls of the same shapes; None when
-        the full path must run them (no kernel, the ATen ops, or one without a thin path)."""
+        the full path must run them (no kernel, the ATen ops, or a kernel whose thin path is None)."""
         shapes = tuple(tuple(t.shape) for t in first)
         key = (tuple((t.dtype, t.device.type, t.dim()) for t in first), self._bucket(first, shapes))
         entry = self.kernels.get(key)
         built = None if entry is None else entry.generic or entry.shapes.get(shapes)
-        if built is None or not hasattr(built.kernel, "fast_path"):
+        if built is None:
             return None
         return built.kernel.fast_path(device, held, first, built.index)
 
     @property
     def flag_sets(self) -> list[Any]:
         """The GatherFlags of every kernel built so far."""
-        return [f for _, _, b in self.entries() if b is not None for f in getattr(b.kernel, "flag_sets", ())]
+        return [f for _, _, b in self.entries() if b is not None for f in b.kernel.flag_sets]
 
     def _count(self, **n: int) -> None:
         if self.counter is not None:

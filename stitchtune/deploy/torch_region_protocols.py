@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from stitchtune.deploy.compiled_graph import CompiledGraph
     from stitchtune.deploy.dynamic import CompiledBucket
+    from stitchtune.deploy.torch_stats import RegionCounter
 
 __all__ = ["GuardedKernel", "RegisteredRegion"]
 
@@ -39,9 +40,11 @@ class GuardedKernel(Protocol):
     ``fake`` and ``__call__`` take the region's inputs (held constants and bound SymInt values
     included) and the device the region runs on (None: the first input's); ``copies``: how many
     inputs a call copies before its launch; ``fast_path``: the thin path for later calls whose inputs
-    are like ``first``, or None. ``GuardedRegion`` reads ``fast_path`` and the kernels' optional
-    ``counter`` and ``flag_sets`` with ``getattr``, so a stub with ``__call__``, ``fake`` and
-    ``describe`` runs (tests); mypy checks the real kernels against all of it."""
+    are like ``first``, or None (then every call takes the full path); ``flag_sets``: the gathers'
+    error flags, one set per launcher (:mod:`~stitchtune.deploy.torch_flags`); ``counter``: the
+    region's :class:`~stitchtune.deploy.torch_stats.RegionCounter` where the kernel counts its own
+    calls (a dynamic kernel's), else None. mypy checks the real kernels against all of it; a test stub
+    implements all of it too."""
 
     @property
     def compiled(self) -> CompiledGraph | CompiledBucket | None: ...
@@ -50,3 +53,7 @@ class GuardedKernel(Protocol):
     def copies(self, inputs: Sequence[Any]) -> int: ...
     def __call__(self, inputs: Sequence[Any], device: Any = None) -> list[Any]: ...
     def fast_path(self, device: Any, held: Sequence[tuple[int, Any]], first: Sequence[Any]) -> Any: ...
+    @property
+    def flag_sets(self) -> list[Any]: ...
+    @property
+    def counter(self) -> RegionCounter | None: ...

@@ -1,4 +1,4 @@
-"""SymInt *values* read by a graph's ops, as int tensors that a region's call makes (issue 41).
+"""SymInt *values* read by a graph's ops, as int tensors that a region's call fills (issue 41).
 
 Under ``torch.compile(..., dynamic=True)`` a decode step's positions are ``arange(1) + past`` with
 ``past`` a SymInt (a graph input that is a Python int at run time); regions take tensors only, so such
@@ -23,8 +23,9 @@ Contract
   (views, ``arange``'s length) are not touched.
 * A bound tensor is never in a region: the region reads it as an input, and its call passes the
   SymInt itself (``stitchtune::region(key, tensors, scalars)``, :mod:`stitchtune.deploy.torch_rewrite`),
-  which the registered region turns into the tensor (:func:`bound_inputs` says which inputs, at which
-  shape and dtype; :meth:`stitchtune.deploy.torch_guard.GuardedRegion.__call__` makes them). So the
+  which the registered region writes into the tensor (:func:`bound_inputs` says which inputs, at which
+  shape and dtype; :meth:`stitchtune.deploy.torch_guard.GuardedRegion.__call__` fills its buffers in
+  place: no tensor is made per call). So the
   value reaches the kernel as data: a new value never builds a new kernel, and the generated CUDA
   never holds it. A bound tensor that another op outside the regions reads stays as PyTorch's
   ``full`` (the value it was).

@@ -72,7 +72,7 @@ class RowLowerer(Lowerer):
         S, vec, rpb = s.split, s.vec, self.rpb
         tasks = math.ceil(M / rpb) if S == 1 else M * S
         n_reg = sum(1 for r in self.reuse.values() if r == ReuseLevel.REGISTER)
-        n_pf = s.option(PREFETCH) * sum(1 for n, c in p.classes if c is TensorClass.FULL and n in self.in_buf)
+        n_pf = sum(1 for n, c in p.classes if c is TensorClass.FULL and n in self.in_buf) if s.option(PREFETCH) else 0
         n_pf += sum(1 for c in p.cross if c.kind == "per_reduced")  # the cross accumulators
         est = estimate_registers(self.per_thread * (n_reg + n_pf), vec, 4)
         return tasks, est, segs

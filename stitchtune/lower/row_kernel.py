@@ -75,7 +75,7 @@ class RowKernel(RowKernelState):
         self._recips: dict[str, Var] = {}  # per-row reciprocals (fast division), by divisor
         self._row_bases: dict[str, Var] = {}  # mapped inputs: their row base in this round
         self._gather_rows: dict[str, Var] = {}  # gather nodes: their table row in this round
-        self._first_sweep = bool(s.option(PREFETCH))  # the next sweep is the kernel's first (with prefetch on)
+        self._first_sweep = s.option(PREFETCH)  # the next sweep is the kernel's first (with prefetch on)
         self._prev_stages = [i for i in range(p.nstages) if i < (seg[0] if seg else p.nstages)]
         self._cross_acc = cross_init(self) if self._is_last and p.cross else {}  # scalar cross accumulators
 

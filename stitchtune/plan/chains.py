@@ -26,7 +26,7 @@ from math import prod
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph
 from stitchtune.plan.pick import node_axis
-from stitchtune.plan.index_ops import (after_index_ops, aligned_shape, feeds_layout, gather_tables, has_index_ops,
+from stitchtune.plan.index_ops import (after_index_ops, align_refusal, aligned_shape, feeds_layout, gather_tables, has_index_ops,
                                        has_layout_ops, spans_shape, surrogate_shape, unit_reshapes)
 from stitchtune.plan.refusal import Refusal
 
@@ -424,14 +424,11 @@ def layout_part_refusal(graph: Graph) -> Refusal | None:
         for a in nd.tensor_args:
             if a not in keep:
                 continue
-            shape = tuple(graph.spec(a).shape)
-            sur = aligned_shape(shape, parts.get(a, domain), a)
-            if isinstance(sur, Refusal):
-                return sur
-            if sur != shape:
-                return Refusal(
-                    f"tensor '{a}' {list(shape)} is read by '{nd.id}' in a region with slice, concat "
-                    f"or gather but does not align with the iteration domain {list(domain)}")
+            refused = align_refusal(tuple(graph.spec(a).shape), parts.get(a, domain), a,
+                                    f"is read by '{nd.id}' in a region with slice, concat or gather but "
+                                    f"does not align with the iteration domain {list(domain)}")
+            if refused is not None:
+                return refused
     return None
 
 

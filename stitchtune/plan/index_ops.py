@@ -10,7 +10,8 @@ from stitchtune.graph.ops import INDEX_KINDS, OPS
 from stitchtune.graph.parse import Graph
 from stitchtune.plan.refusal import Refusal
 
-__all__ = ["has_index_ops", "has_layout_ops", "gather_tables", "gather_shapes", "aligned_shape", "surrogate_shape",
+__all__ = ["has_index_ops", "has_layout_ops", "gather_tables", "gather_shapes", "aligned_shape", "align_refusal",
+           "surrogate_shape",
            "spans_shape", "after_index_ops", "feeds_layout", "unit_reshapes"]
 
 
@@ -51,6 +52,17 @@ def aligned_shape(shape: tuple[int, ...], domain: tuple[int, ...], name: str) ->
     if off < 0:
         return Refusal(f"tensor '{name}' {list(shape)} has a higher rank than the iteration domain {list(domain)}")
     return tuple(1 if s == 1 else domain[off + k] for k, s in enumerate(shape))
+
+
+def align_refusal(shape: tuple[int, ...], domain: tuple[int, ...], name: str, why: str) -> Refusal | None:
+    """None when ``shape`` (tensor ``name``'s) is its own surrogate shape against ``domain``
+    (:func:`aligned_shape`: right-aligned, every dim 1 or the domain's); else the refusal of a higher
+    rank, or ``Refusal("tensor '<name>' [<shape>] <why>")`` (``why``: what reads it and why that needs it
+    aligned)."""
+    sur = aligned_shape(shape, domain, name)
+    if isinstance(sur, Refusal):
+        return sur
+    return None if sur == shape else Refusal(f"tensor '{name}' {list(shape)} {why}")
 
 
 def gather_shapes(graph: Graph, domain: tuple[int, ...]) -> dict[str, tuple[int, ...]] | Refusal:

@@ -63,7 +63,7 @@ from stitchtune.plan.chains import (chain_members, composed_chains, domain_of, d
                                     layout_part_refusal, layout_tails, mixed_layout, outer_part_cuts,
                                     part_domains, sliced_members, wide_inputs)
 from stitchtune.plan.index_map import IndexMap, index_map
-from stitchtune.plan.index_ops import after_index_ops, aligned_shape, gather_shapes, gather_tables, has_index_ops
+from stitchtune.plan.index_ops import after_index_ops, align_refusal, aligned_shape, gather_shapes, gather_tables, has_index_ops
 from stitchtune.plan.pick import node_axis as _axis
 from stitchtune.plan.pick import pick_walk
 from stitchtune.plan.pieces import concat_pieces, index_free, layout_reader_shift, unit_pieces
@@ -192,16 +192,13 @@ def surrogate(graph: Graph) -> Graph | Refusal:
                           shape=shape, dtype=nd.dtype))
     for name in [o for o in graph.outputs if o not in keep] + [str(n.args[0]) for n in graph.reductions()
                                                                if str(n.args[0]) not in keep]:
-        own = tuple(graph.spec(name).shape)
-        sur = aligned_shape(own, parts.get(name, domain), name)
-        if isinstance(sur, Refusal):
-            return sur
-        if own != sur:
-            return Refusal(
-                f"tensor '{name}' {list(own)} is stored or reduced but does not span the "
-                f"iteration domain {list(domain)}; stitched kernels store and reduce whole tensors only (tensors "
-                "of unrelated shapes, e.g. rotary's q with 4 heads and k with 2 without k's grouped copy, belong in "
-                "separate regions: plan.chains.part_domains)")
+        refused = align_refusal(
+            tuple(graph.spec(name).shape), parts.get(name, domain), name,
+            f"is stored or reduced but does not span the iteration domain {list(domain)}; stitched kernels store "
+            "and reduce whole tensors only (tensors of unrelated shapes, e.g. rotary's q with 4 heads and k with 2 "
+            "without k's grouped copy, belong in separate regions: plan.chains.part_domains)")
+        if refused is not None:
+            return refused
     return Graph(name=graph.name, inputs=tuple(inputs), nodes=tuple(nodes), outputs=graph.outputs)
 
 

@@ -59,6 +59,25 @@ def _not_fixed(point: Point) -> None:
     return None
 
 
+def flag(value: Any) -> bool:
+    """A 0/1 flag option's value (``prefetch``, ``single_pass``, ``exact_math``) from its JSON, database
+    or optuna form (0 / 1, or a bool): a ``bool``; ``ValueError`` / ``TypeError`` for anything else."""
+    if isinstance(value, bool):
+        return value
+    v = int(value)
+    if v not in (0, 1):
+        raise ValueError(f"a 0/1 flag, not {value!r}")
+    return bool(v)
+
+
+def plain_value(value: Any) -> Any:
+    """An option value as JSON, the database and optuna hold it: a ``StrEnum`` member as its plain
+    string, a flag (``bool``) as 0 / 1 (so a schedule's JSON and :meth:`key` stay as they were)."""
+    if isinstance(value, bool):
+        return int(value)
+    return str(value) if isinstance(value, str) else value
+
+
 @dataclass(frozen=True)
 class Option(Generic[T]):
     """One schedule option, declared once.
@@ -162,13 +181,14 @@ class OptionTable:
         """The canonical stored form of option ``values``: the (name, value) pairs that differ from their
         default, sorted by name (so equal schedules compare and hash equal whichever table built them).
         An undeclared name is a ``TypeError``, like an unknown keyword argument; the value of an option
-        with a ``StrEnum`` default becomes its member (``ValueError`` for a string that is none)."""
+        with a ``StrEnum`` default becomes its member (``ValueError`` for a string that is none), the value of
+        a 0/1 flag (a ``bool`` default) a ``bool`` (:func:`flag`)."""
         out = []
         for n, v in values.items():
             opt = self._by_name.get(n)
             if opt is None:
                 raise TypeError(f"unknown schedule option {n!r} (declared: {', '.join(self._by_name)})")
-            if isinstance(opt.default, StrEnum) and not isinstance(v, type(opt.default)):
+            if isinstance(opt.default, (StrEnum, bool)) and not isinstance(v, type(opt.default)):
                 v = opt.decode(v)
             if v != opt.default:
                 out.append((n, v))
@@ -243,10 +263,10 @@ ORDER: Option[Order] = Option(
 """Sweep order of the re-reads of full-size tensors: ``forward``, or ``alternate`` (every other sweep
 that reads them from memory runs backwards, so that a re-read starts with what the last read left in L2)."""
 
-PREFETCH: Option[int] = Option(
-    "prefetch", 0, int, _prefetch_applies, "prefetchable and order == 'forward'", _is_row,
+PREFETCH: Option[bool] = Option(
+    "prefetch", False, flag, _prefetch_applies, "prefetchable and order == 'forward'", _is_row,
     derive=_prefetch_names, registers=_prefetch_registers)
-"""1: a block loads the full-size inputs of its next task into registers right after the current task's
+"""True (1 in JSON): a block loads the full-size inputs of its next task into registers right after the current task's
 first sweep (row reductions with split 1 and several tasks per block, forward order)."""
 
 COMBINE: Option[Combine] = Option(
@@ -310,10 +330,10 @@ def _single_pass_names(p: Point) -> Mapping[str, Any]:
     return {"single_pass_candidates": p.get("single_pass_candidates", 0)}
 
 
-SINGLE_PASS: Option[int] = Option(
-    "single_pass", 0, int, _single_pass_applies, "the plan has single-pass candidates (row family)", _is_row,
+SINGLE_PASS: Option[bool] = Option(
+    "single_pass", False, flag, _single_pass_applies, "the plan has single-pass candidates (row family)", _is_row,
     derive=_single_pass_names)
-"""1: every single-pass candidate of the plan (:mod:`stitchtune.plan.single_pass`: mean then variance,
+"""True (1 in JSON): every single-pass candidate of the plan (:mod:`stitchtune.plan.single_pass`: mean then variance,
 max then sum of exp(x - max)) is computed in one sweep (Welford / online softmax, merged across lanes,
 warps and split blocks); the merged stage takes the first stage's scheme. Drawn and asked like any option;
 :data:`RECORDED_OPTIONS` holds it undrawn (as it was when the golden files of before were recorded), and
@@ -363,9 +383,9 @@ def _always(p: Point) -> bool:
     return True
 
 
-EXACT_MATH: Option[int] = Option(
-    "exact_math", 0, int, _always, "always", _always, vary=False, drawn=False)
-"""1: the kernels compute ``exp``, divisions, ``sigmoid`` and ``silu`` as the graph says, with CUDA's accurate
+EXACT_MATH: Option[bool] = Option(
+    "exact_math", False, flag, _always, "always", _always, vary=False, drawn=False)
+"""True (1 in JSON): the kernels compute ``exp``, divisions, ``sigmoid`` and ``silu`` as the graph says, with CUDA's accurate
 ``expf`` and IEEE division; 0 (the default): fast forms (:mod:`stitchtune.graph.fast_ops`: ``__expf``,
 ``__fdividef``, one IEEE reciprocal per row and a multiply for a division by a per-row value), within the
 tolerance ``docs/fast-math.md`` states. Never drawn, asked or varied by a search (it does not change the
@@ -374,7 +394,7 @@ memory traffic a schedule is tuned for): a user's choice, set in a schedule's JS
 def exact_math(schedule: Any) -> bool:
     """Whether ``schedule`` asks for exact arithmetic (:data:`EXACT_MATH`; a table without the option: no)."""
     table = getattr(schedule, "table", None)
-    return table is not None and "exact_math" in table and bool(schedule.option(EXACT_MATH))
+    return table is not None and "exact_math" in table and schedule.option(EXACT_MATH)
 
 
 RECORDED_OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, CROSS_COMBINE, replace(SINGLE_PASS, drawn=False)))

@@ -9,7 +9,7 @@ level per reuse candidate. Its *options* (``order``, ``prefetch``, ``combine``, 
 Options are stored as the sorted (name, value) pairs that differ from their default (``options``) and
 read with :meth:`Schedule.option`, resolved through the schedule's :class:`OptionTable` (``table``, not
 compared): ``s.option(ORDER)`` is typed by the declaration (``ORDER: Option[Order]`` gives an
-:class:`~stitchtune.space.option_values.Order`, ``PREFETCH: Option[int]`` an ``int``). That is the only
+:class:`~stitchtune.space.option_values.Order`, ``PREFETCH: Option[bool]`` a ``bool``). That is the only
 read: a name (``s.option("order")``) is a ``TypeError`` (and a mypy error), and ``s.order`` is a mypy
 error and, at run time, an ``AttributeError``; both point at :meth:`~Schedule.option`. The options that are names are stored as the members of their
 :class:`~enum.StrEnum` (``Order.ALTERNATE``; a string passed in is turned into its member), and the JSON
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, TypeVar
 
 from stitchtune.errors import ScheduleError
-from stitchtune.space.options import OPTIONS, Option, OptionTable, deterministic
+from stitchtune.space.options import OPTIONS, Option, OptionTable, deterministic, plain_value
 
 T = TypeVar("T")
 
@@ -38,11 +38,6 @@ PERSISTENT = 0
 def _plain(names: Iterable[Any]) -> tuple[Any, ...]:
     """``names`` as a tuple, each string member of an enum (``SchemeName``, ``ReuseLevel``) as its plain value."""
     return tuple(str(x) if isinstance(x, str) else x for x in names)
-
-
-def _plain_value(value: Any) -> Any:
-    """An option value as JSON and the database hold it: a ``StrEnum`` member as its plain string."""
-    return str(value) if isinstance(value, str) else value
 
 
 def row_chunk(K: int, split: int, tpr: int, vec: int) -> int:
@@ -134,7 +129,7 @@ class Schedule:
         stored = dict(self.options)
         for opt in self.table:
             if opt.name in stored:
-                d[opt.name] = _plain_value(stored[opt.name])
+                d[opt.name] = plain_value(stored[opt.name])
         return d
 
     @classmethod
@@ -178,7 +173,7 @@ class Schedule:
         d: dict[str, Any] = {k: v for k, v in self.to_dict().items()
                              if k not in ("schemes", "reuse") and k not in self.table}
         for opt in self.table:
-            d[opt.name] = _plain_value(self.option(opt))
+            d[opt.name] = plain_value(self.option(opt))
         for i, s in enumerate(self.schemes):
             d[f"scheme_{i}"] = s
         for i, r in enumerate(self.reuse):

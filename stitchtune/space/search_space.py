@@ -31,7 +31,7 @@ from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space.constraints import names_used, safe_eval
 from stitchtune.space.legality import CORE_SCALARS, MappingRules, ResourceCheck, SpaceRules
 from stitchtune.space.option_values import CrossCombine
-from stitchtune.space.options import CROSS_COMBINE, OPTIONS, Option, OptionTable
+from stitchtune.space.options import CROSS_COMBINE, OPTIONS, Option, OptionTable, plain_value
 from stitchtune.space.levels import ReuseLevel, uncached_level
 from stitchtune.space.schedule import PERSISTENT, Schedule
 from stitchtune.space.schemes import SCHEMES, SchemeTable
@@ -364,7 +364,7 @@ class SearchSpace(SpaceRules):
                 v = s.reuse[int(name.split("_")[1])]
             else:
                 v = point[_core_name(name)]
-            out[name] = v
+            out[name] = plain_value(v)   # as suggest gets it from the domain (a flag: 0 / 1)
             return v
 
         (self._decide_flat if self.flat else self._decide)(

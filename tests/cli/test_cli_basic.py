@@ -172,9 +172,18 @@ FUZZ = settings(deadline=None, derandomize=True, suppress_health_check=[HealthCh
                                                                          HealthCheck.filter_too_much])
 
 
-@settings(FUZZ, max_examples=600)
+@settings(FUZZ, max_examples=150)
 @given(d=malformed_graph())
 def test_fuzz_mutated_examples(fuzz_dir: Path, d: Any) -> None:
+    """Mutated examples: one clear error line or a valid graph (the quick set's share; the slow set
+    runs 600 more, :func:`test_fuzz_mutated_examples_more`)."""
+    _validate_bytes(fuzz_dir, json.dumps(d).encode())
+
+
+@pytest.mark.slow
+@settings(FUZZ, max_examples=600)
+@given(d=malformed_graph())
+def test_fuzz_mutated_examples_more(fuzz_dir: Path, d: Any) -> None:
     _validate_bytes(fuzz_dir, json.dumps(d).encode())
 
 

@@ -74,3 +74,12 @@ def test_a_changed_kernel_is_never_paired_with_the_old_time(tmp_path: Path) -> N
     path = tmp_path / "d.json"
     save_dataset(path, Dataset(H200.key, tuple(rows), tuple(notes)))
     assert [r["label"] for r in load_dataset(path, H200.key).rows] == ["x", "same"]
+
+
+def test_with_timing_fills_only_what_a_row_lacks() -> None:
+    from stitchtune.cost.fit_dataset import with_timing
+
+    rows = [{"group": "bert-train"}, {"group": "db:h200"}, {"group": "bert-train", "timing": "events"}]
+    got = with_timing(rows)
+    assert [r["timing"] for r in got] == ["cupti", "events", "events"]
+    assert "timing" not in rows[0] and got[0] is not rows[0]   # copies; the given rows untouched

@@ -52,6 +52,7 @@ def test_region_inputs_follow_the_placeholders() -> None:
     assert tuple(gm(*xs).shape) == (2, 3)
 
 
+@pytest.mark.slow   # a GPU script's CPU path (about 10 s beside other work): only scripts/ changes touch it
 def test_cpu_dry_run_of_the_phase(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     gm = load("gpu_models", monkeypatch)

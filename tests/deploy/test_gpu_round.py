@@ -173,6 +173,7 @@ def test_per_launch_times_match_the_programs_launches(monkeypatch: pytest.Monkey
     assert fr.per_launch_us(ev, [], 2) is None
 
 
+@pytest.mark.slow   # a GPU script's CPU path (about 10 s beside other work): only scripts/ changes touch it
 def test_fit_rows_feed_the_refit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     pytest.importorskip("scipy")
     fr = load("gpu_fit_rows", monkeypatch)
@@ -250,6 +251,7 @@ def test_round_dry_run_packs_what_finished(tmp_path: Path) -> None:
     assert res.returncode == 2 and "gpu_round: error: RESUME=" in res.stdout + res.stderr
 
 
+@pytest.mark.slow   # a GPU script's CPU path (about 10 s beside other work): only scripts/ changes touch it
 def test_regions_gpu_branch_emits_fit_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     """The regions phase's GPU branch with its inputs and profiler faked (no device: the H200 preset):
     each region's profiled st_* kernels become cost-fit rows when they are its program's launches."""
@@ -268,3 +270,67 @@ def test_regions_gpu_branch_emits_fit_rows(monkeypatch: pytest.MonkeyPatch) -> N
     assert fits, "no single-launch region matched"
     assert all(f["group"] == "round-gpt2-inference-fp32" and f["measured_us"] == 6.0 and f["timing"] == "cupti"
                and f["device"] == "NVIDIA H200/sm_90" and f["label"].endswith("/st_k0") for f in fits)
+
+
+class _FakeCuda:
+    """``torch.cuda`` as the timing helper uses it: events read a fake device clock (ms) that each
+    call advances; an event's time is readable only after a synchronize that followed its record
+    (as a real event is complete only then)."""
+
+    def __init__(self) -> None:
+        self.clock = 0.0
+        self.syncs = 0
+        self.log: list[str] = []
+        cuda = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                assert enable_timing
+                self.at: float | None = None
+                self.synced = False
+
+            def record(self) -> None:
+                self.at, self.synced = cuda.clock, False
+                cuda.recorded.append(self)
+
+            def elapsed_time(self, end: Any) -> float:
+                assert self.synced and end.synced, "read before a synchronize"
+                assert self.at is not None and end.at is not None
+                return end.at - self.at
+
+        self.Event = Event
+        self.recorded: list[Any] = []
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+        self.log.append("sync")
+        for e in self.recorded:
+            e.synced = True
+
+
+def test_one_timing_helper_for_the_gpu_scripts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """scripts/gpu_timing.py with a fake ``torch.cuda``: warm-up calls untimed, one synchronize before and
+    one after the timed calls (none between them), each call's own device time in microseconds; and the
+    scripts' timers go through it."""
+    gt = load("gpu_timing", monkeypatch)
+    cuda = _FakeCuda()
+    n = [0]
+
+    def call() -> None:
+        n[0] += 1
+        cuda.log.append("call")
+        cuda.clock += 0.001 * n[0]   # call k takes k microseconds of (fake) device time
+    got = gt.event_times_us(call, 4, warmup=2, cuda=cuda)
+    assert got == pytest.approx([3.0, 4.0, 5.0, 6.0])
+    assert cuda.log == ["call"] * 2 + ["sync"] + ["call"] * 4 + ["sync"]
+    assert gt.median(got) == pytest.approx(4.5)
+    host = gt.host_times_us(call, 3, warmup=1)
+    assert len(host) == 3 and n[0] == 10 and cuda.syncs == 2   # the wall clock: no event, no synchronize
+    # the scripts' timers are the helper's: one fake, three scripts
+    torch_like = type("T", (), {"cuda": cuda})()
+    gm, gp = load("gpu_models", monkeypatch), load("gpu_peers", monkeypatch)
+    n[0] = 0
+    assert gm._median_us(torch_like, call, 3) == pytest.approx(5.0)   # calls 4..6 after 3 warm-ups
+    n[0] = 0
+    assert gp._times(torch_like, call, 2, cpu=False) == pytest.approx([4.0, 5.0])
+    assert len(gp._times(torch_like, call, 2, cpu=True)) == 2

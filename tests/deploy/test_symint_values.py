@@ -117,11 +117,14 @@ class _ReadingDriver:
             def __init__(self) -> None:
                 super().__init__()
                 self.first: list[int] = []
+                self.pointers: list[int] = []
 
             def launch(self, function: Any, grid: Any, block: Any, smem: int, stream: int, params: int,
                        nparams: int, cooperative: bool = False) -> None:
                 slot = (ctypes.c_uint64 * nparams).from_address(params)[0]
-                self.first.append(ctypes.c_int64.from_address(ctypes.c_uint64.from_address(int(slot)).value).value)
+                ptr = ctypes.c_uint64.from_address(int(slot)).value
+                self.pointers.append(int(ptr))
+                self.first.append(ctypes.c_int64.from_address(ptr).value)
 
         return Reading()
 
@@ -133,7 +136,7 @@ class _Positions(torch.nn.Module):
 
 def test_the_launch_path_passes_each_calls_value() -> None:
     """Through the launch path (a stand-in driver, CPU tensors): the full path, then the thin one,
-    each launch's bound input holds that call's past length (a fresh tensor per call, no rebuild)."""
+    each launch's bound input holds that call's past length (one buffer filled in place, no rebuild)."""
     from stitchtune.deploy import torch_ops
 
     drv = _ReadingDriver.make()
@@ -148,6 +151,40 @@ def test_the_launch_path_passes_each_calls_value() -> None:
     assert guarded._fast is not None   # the later calls took the thin path
     s = st_torch.stats()
     assert s.eager == 0 and s.builds <= 1, s
+
+
+def test_a_region_call_makes_no_tensor_for_its_symint_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """12 past lengths through the launch path: after the first call every launch reads the same
+    bound buffer (filled in place with the call's value; no ``torch.full`` / ``torch.empty`` per call,
+    which on a GPU is an allocation and a fill launch per region and call), its value that call's
+    past length, and no new kernel is built."""
+    from stitchtune.deploy import torch_ops
+
+    drv = _ReadingDriver.make()
+    made: list[str] = []
+    for name in ("full", "empty"):
+        real = getattr(torch, name)
+
+        def counting(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            made.append(_name)
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(torch, name, counting)
+    with torch_ops.stand_in_driver(drv, lambda compiled: b"FAKE symint test"), torch.no_grad():
+        c = _compiled(_Positions())
+        for p in (3, 4):   # dynamo's first lengths, then its graph with ``past`` symbolic
+            c(torch.zeros(1, p, 2))
+        guarded = [g for g in torch_ops._registry.values() if getattr(g, "bound", ())][-1]
+        st_torch.reset_stats()
+        made.clear()
+        pasts = list(range(5, 17))
+        calls = len(drv.first)
+        for p in pasts:
+            guarded([], [p])
+    assert made == [], made
+    assert drv.first[calls:] == pasts
+    assert len(set(drv.pointers[calls:])) == 1, drv.pointers[calls:]
+    s = st_torch.stats()
+    assert s.builds == 0, s
 
 
 class _Prompt(_Embeds):

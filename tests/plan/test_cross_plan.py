@@ -9,7 +9,7 @@ import pytest
 from helpers.common import EXAMPLES, FULL_EXAMPLES, SMALL_EXAMPLES
 from helpers.lowering import channels_last_ln_backward
 from stitchtune.errors import UnsupportedGraphError
-from stitchtune.graph.parse import load_graph, parse_graph
+from stitchtune.graph.parse import Graph, load_graph, parse_graph
 from stitchtune.plan.planner import TensorClass, make_plan
 
 CROSS_EXAMPLES = ("layernorm_backward", "layernorm_backward_bf16", "rmsnorm_backward", "cross_entropy",
@@ -45,7 +45,7 @@ def test_plans_without_cross_reductions_are_unchanged() -> None:
             assert make_plan(load_graph(path)).cross == ()
 
 
-def _graph(nodes: list[dict], outputs: list[str], inputs: dict | None = None) -> object:
+def _graph(nodes: list[dict], outputs: list[str], inputs: dict | None = None) -> Graph:
     return parse_graph({"name": "g", "inputs": inputs or {"x": {"shape": [8, 16], "dtype": "float32"}},
                         "nodes": nodes, "outputs": outputs})
 

@@ -43,7 +43,7 @@ def _emulate_all(g: Any, inputs: dict[str, np.ndarray], n_samples: int = 2) -> N
             if g.spec(o).dtype == "bool" or g.spec(o).dtype in INT_DTYPES:
                 np.testing.assert_array_equal(got.astype(want.dtype), want, err_msg=f"{o} {s.to_json()}")
             else:
-                err = np.linalg.norm(got.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-30)
+                err = float(np.linalg.norm(got.astype(np.float64) - want)) / max(float(np.linalg.norm(want)), 1e-30)
                 assert err < 1e-5, (o, s.to_json(), err)
 
 

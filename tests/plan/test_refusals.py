@@ -195,3 +195,19 @@ def test_the_remap_walk_and_its_bounds_proofs_are_values() -> None:
         column_shift("x", out, (4, 8))
     assert column_offset("x", out, (4, 8), width=11) == column_shift("x", out, (4, 8), width=11) == 3
     assert isinstance(column_offset("x", Shift().moved(0, 1), (4, 8)), Refusal)
+
+
+@pytest.mark.parametrize(("shape", "want"), [
+    ((4, 8), None),                      # the domain itself
+    ((1, 8), None),                      # broadcast along the rows, right-aligned
+    ((8,), None),                        # a lower rank, right-aligned
+    ((4, 1), None),
+    ((2, 8), "tensor 't' [2, 8] is read here"),   # a dim neither 1 nor the domain's
+    ((3, 4, 8), "tensor 't' [3, 4, 8] has a higher rank than the iteration domain [4, 8]"),
+])
+def test_align_refusal_names_the_tensor_and_why(shape: tuple[int, ...], want: str | None) -> None:
+    """The one helper both alignment refusals (chains' layout part, remap's stored / reduced roots) use."""
+    from stitchtune.plan.index_ops import align_refusal
+
+    got = align_refusal(shape, (4, 8), "t", "is read here")
+    assert (None if got is None else got.reason) == want

@@ -5,18 +5,16 @@ it is (so the kernels of every graph planned before are unchanged)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from helpers.lowering import float_graph as _graph
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.plan.row_moves import commute_row_moves, row_moves
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lower"))   # the Swin graphs of the lowering tests
-from test_layout_index_mixes import (layernorm_rows, rolled_biased_tokens, rolled_layernorm,  # noqa: E402
-                                     rolled_layernorm_output, rolled_layernorm_saved, shifted_windows)
+from lower.test_layout_index_mixes import (layernorm_rows, rolled_biased_tokens, rolled_layernorm,  # the Swin graphs
+                                           rolled_layernorm_output, rolled_layernorm_saved, shifted_windows)
 
 
 def _same_values(g, h) -> None:
@@ -119,7 +117,7 @@ def _random_case(seed: int):
     B, H, C = rnd.choice([1, 2, 3]), rnd.choice([4, 5, 6]), rnd.choice([4, 8])
     inputs = {"x": [B, H, C], "g": [C]}
     src = "x"
-    nodes = []
+    nodes: list[dict[str, Any]] = []
     if rnd.random() < 0.5:
         inputs["y"] = [B, H, C]
         nodes.append({"id": "s", "op": "add", "args": ["x", "y"]})

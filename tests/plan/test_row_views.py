@@ -6,8 +6,6 @@ reverses, rolls and row-local computations plan and emulate like the reference."
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,8 +17,7 @@ from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.plan.planner import make_plan
 from stitchtune.plan.row_views import commute_row_views
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lower"))   # the Swin graphs of the lowering tests
-from test_layout_index_mixes import layernorm_rows, rolled_back, rolled_layernorm, shifted_windows  # noqa: E402
+from lower.test_layout_index_mixes import layernorm_rows, rolled_back, rolled_layernorm, shifted_windows  # the Swin graphs
 
 
 def _same_values(g: Any, h: Any) -> None:

@@ -10,6 +10,7 @@ import pytest
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.parse import parse_graph
 from stitchtune.plan.planner import make_plan
+from stitchtune.plan.refusal import Refusal
 from stitchtune.plan.scatter import Scatter, core_graph, split_scatters
 
 
@@ -26,7 +27,9 @@ def _graph(dtype: str = "float32", read: bool = False) -> Any:
 
 def test_the_plan_is_the_core_graphs_and_lists_the_scatters() -> None:
     g = _graph()
-    core, scatters = split_scatters(g)
+    split = split_scatters(g)
+    assert not isinstance(split, Refusal), split
+    core, scatters = split
     assert scatters == (Scatter("dw", "v", "ids", 10, 16, "float32"),)
     assert core.outputs == ("v",) and [n for n, _ in core.inputs] == ["dy"]   # the index: only the scatter's
     plan = make_plan(g)

@@ -18,7 +18,8 @@ import pytest
 from helpers.lowering import DEV, setup
 from stitchtune.errors import StitchtuneError
 from stitchtune.space import OPTIONS, RESERVED, Option, OptionTable, Schedule, SearchSpace, load_space_file
-from stitchtune.space.options import ORDER
+from stitchtune.space.options import ORDER, flag
+from stitchtune.space.schedule import ScheduleError
 
 SPACES = ["layernorm_small.json", "layernorm_wide_small.json", "softmax_small.json",
           "colsum_sigmoid_scale_small.json", "bias_gelu_small.json", "softmax_colsum_small.json",
@@ -283,16 +284,32 @@ def test_an_option_needs_a_domain_holding_its_default() -> None:
 
 def test_every_option_reads_as_its_declared_type() -> None:
     """``s.option(OPT)`` gives a value of the declaration's type (``Option[int]``: an int, never a bool or
-    a string; ``Option[Order]``: the enum member), at the default and decoded from JSON."""
+    a string; ``Option[bool]``, a 0/1 flag: a bool, 0 / 1 in JSON; ``Option[Order]``: the enum member), at
+    the default, given as its JSON form, and decoded from JSON."""
     core = (64, 128, 2, 2, 0, 0, ("regional", "regional"), ("global", "register"))
+    flags = set()
     for opt in OPTIONS:
         kind = type(opt.default)
-        assert kind is int or issubclass(kind, enum.StrEnum), opt.name
-        assert kind is int and opt.decode is int or opt.decode is kind, opt.name
+        assert kind in (int, bool) or issubclass(kind, enum.StrEnum), opt.name
+        assert opt.decode is {int: int, bool: flag}.get(kind, kind), opt.name
         assert type(Schedule(*core).option(opt)) is kind
-        other = next(v for v in (list(kind) if kind is not int else [1, 2]) if v != opt.default)
-        s = Schedule.from_json(Schedule(*core, **{opt.name: other}).to_json())
-        assert type(s.option(opt)) is kind and s.option(opt) == other, opt.name
+        other = next(v for v in ([1, 2] if kind is int else [False, True] if kind is bool else list(kind)) if v != opt.default)
+        given = Schedule(*core, **{opt.name: int(other) if kind is bool else other})   # a flag given as 1
+        s = Schedule.from_json(given.to_json())
+        assert type(given.option(opt)) is kind and type(s.option(opt)) is kind and s.option(opt) == other, opt.name
+        if kind is bool:
+            flags.add(opt.name)
+            assert json.loads(s.to_json())[opt.name] == 1 and s.flat()[opt.name] == 1, opt.name
+            assert s == Schedule(*core, **{opt.name: True}) and s.key() == given.key()
+    assert flags == {"prefetch", "single_pass", "exact_math"}
+
+
+@pytest.mark.parametrize("bad", [2, -1, "yes", None])
+def test_a_flag_option_takes_only_0_or_1(bad: Any) -> None:
+    core = (64, 128, 2, 2, 0, 0, ("regional", "regional"), ("global", "register"))
+    text = Schedule(*core).to_json()[:-1] + f',"prefetch":{json.dumps(bad)}}}'
+    with pytest.raises(ScheduleError, match="malformed schedule"):
+        Schedule.from_json(text)
 
 
 def test_options_table_is_in_decision_order() -> None:

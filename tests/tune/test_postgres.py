@@ -8,6 +8,9 @@ Checks: every finished trial recorded exactly once in the database, no trial lef
 measured twice, best in the database == best in the study.
 
 The PostgreSQL test needs STITCHTUNE_TEST_PG_URL (``.ci/run`` starts a throwaway server and sets it).
+All of them are ``slow`` (CI's second half): each starts 3 or 4 worker processes that import the package,
+about 5 CPU-s and, on a loaded 2-core machine, half a minute of waiting (the journal-file test alone: 6.2
+CPU-s, 34 s wall beside other work), for a contract only tune/search's storage changes touch.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 PG_URL = os.environ.get("STITCHTUNE_TEST_PG_URL")
