@@ -10,7 +10,7 @@ one named line."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -117,7 +117,7 @@ def fused_v_repeated(B: int = 2, S: int = 8, H: int = 2, D: int = 16) -> Any:
     return _graph({"qkv": [B, S, (H + 2) * D]}, nodes, ["v"])
 
 
-CASES = {"fused_q": fused_q, "fused_k_unsqueezed": fused_k_unsqueezed, "fused_q_and_k": fused_q_and_k,
+CASES: dict[str, Callable[[], Any]] = {"fused_q": fused_q, "fused_k_unsqueezed": fused_k_unsqueezed, "fused_q_and_k": fused_q_and_k,
          "fused_partial": fused_partial, "fused_q_softmax": fused_q_softmax, "fused_q_odd_start": fused_q_odd_start,
          "fused_q_wide": lambda: fused_q(2, 8, 4, 2, 16), "fused_k_reshaped_per_reader": fused_k_reshaped_per_reader,
          "fused_v_repeated": fused_v_repeated}
@@ -155,12 +155,12 @@ def test_vector_loads_where_the_chain_keeps_the_grid(case: str, loads: int) -> N
 def test_what_stays_refused_is_one_named_line() -> None:
     B, S, H, D = 2, 4, 2, 8
     # a per-head norm between the head split and the transpose (Qwen3-style, on a fused projection)
-    nodes = [{"id": "sl", "op": "slice", "args": ["qkv"], "axis": -1, "start": 0, "stop": H * D},
+    nodes: list[dict[str, Any]] = [{"id": "sl", "op": "slice", "args": ["qkv"], "axis": -1, "start": 0, "stop": H * D},
              {"id": "hv", "op": "reshape", "args": ["sl"], "shape": [B, S, H, D]},
              {"id": "sq", "op": "mul", "args": ["hv", "hv"]},
              {"id": "ms", "op": "reduce_mean", "args": ["sq"], "axes": [-1], "keepdims": True},
              {"id": "nn", "op": "mul", "args": ["hv", "ms"]},
-             {"id": "qh", "op": "transpose", "args": ["nn"], "perm": [0, 2, 1, 3]}] + _rot("qh", D, "r")
+             {"id": "qh", "op": "transpose", "args": ["nn"], "perm": [0, 2, 1, 3]}, *_rot("qh", D, "r")]
     g = _graph({"qkv": [B, S, 4 * D], "cos": [S, D], "sin": [S, D]}, nodes, ["rout"])
     assert sliced_chains(g) == {}
     with pytest.raises(UnsupportedGraphError, match="node 'hv' .* is read by 'sq'"):

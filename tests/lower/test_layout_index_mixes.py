@@ -10,7 +10,7 @@ one named line."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -252,7 +252,7 @@ def test_outer_rolls_that_stay_refused_are_one_named_line() -> None:
         make_plan(g)
     # a statistic over the tokens (not row-local): the roll cannot move below it, and the mean over axis 1
     # makes it a column reduction
-    ln = [{"id": "m", "op": "reduce_mean", "args": ["x"], "axes": [1], "keepdims": True},
+    ln: list[dict[str, Any]] = [{"id": "m", "op": "reduce_mean", "args": ["x"], "axes": [1], "keepdims": True},
           {"id": "xc", "op": "sub", "args": ["x", "m"]},
           {"id": "xv", "op": "reshape", "args": ["xc"], "shape": [1, 8, 8, 4]}]
     with pytest.raises(UnsupportedGraphError, match="column reduction 'm' next to slice / concat"):
@@ -265,7 +265,7 @@ def test_outer_rolls_that_stay_refused_are_one_named_line() -> None:
         make_plan(g)
 
 
-CASES = {"qk_norm_rotary": qk_norm_rotary, "rotary_with_angles": rotary_with_angles, "shifted_windows": shifted_windows,
+CASES: dict[str, Callable[[], Any]] = {"qk_norm_rotary": qk_norm_rotary, "rotary_with_angles": rotary_with_angles, "shifted_windows": shifted_windows,
          "rolled_tokens": rolled_tokens, "rolled_biased_tokens": rolled_biased_tokens,
          "rolled_layernorm": rolled_layernorm, "rolled_layernorm_output": rolled_layernorm_output,
          "rolled_layernorm_saved": rolled_layernorm_saved, "rolled_back": rolled_back,
