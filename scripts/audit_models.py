@@ -51,12 +51,13 @@ def _summary_rows(name: str, audits: list[Any], calls: tuple[str, ...]) -> list[
         floor = sum(a.floor_us * n for a, n in mine)
         pred = sum((a.predicted_us or 0.0) * n for a, n in mine)
         fitted = sum((a.fitted_us or 0.0) * n for a, n in mine)
+        ideal = sum((a.fitted_ideal_us or 0.0) * n for a, n in mine)
         ready = sum(k.floor_ready for k in kernels)
         worst = max((k.worst_sector_ratio or 1.0 for k in kernels), default=1.0)
         dead = sum(bool(k.dead_shared) for k in kernels)
         slow = sum(bool(k.sass and k.sass.division_slow_path) for k in kernels)
         rows.append(f"| {name} | {call} | {len(mine)} | {sum(n for _, n in mine)} | {ready}/{len(kernels)} | "
-                    f"{floor:.0f} | {pred:.0f} | {fitted:.0f} | {worst:.2f}x | {dead} | {slow} |")
+                    f"{floor:.0f} | {pred:.0f} | {fitted:.0f} | {ideal:.0f} | {worst:.2f}x | {dead} | {slow} |")
     return rows
 
 
@@ -98,9 +99,12 @@ def main(argv: list[str] | None = None) -> int:
                "Per call pattern: its workloads (distinct regions), regions (occurrences), kernels of the "
                "workloads that are floor-ready, and floor, pred and fitted summed over every occurrence (count x the "
                "region's figure).", "",
+               "`fitted ideal us`: the fitted model's time of the same launches with every inefficiency its features "
+               "see taken away (stitchtune/analysis/fitted_ideal.py): the least any kernels moving these bytes in "
+               "these grids are predicted at.", "",
                "| model | call | workloads | regions | floor-ready kernels | floor us | pred us | fitted us "
-               "| worst sectors | kernels with dead smem | kernels with division slow path |",
-               "|---|---|---|---|---|---|---|---|---|---|---|"]
+               "| fitted ideal us | worst sectors | kernels with dead smem | kernels with division slow path |",
+               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in models:
         t0 = time.perf_counter()
         if args.render_only:

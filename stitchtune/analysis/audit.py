@@ -10,7 +10,9 @@ given), then for every launch builds a :class:`KernelAudit`:
   datasheet bandwidth; the region's floor is ``graph.min_bytes()`` at that bandwidth;
 * the cost model's prediction and the fitted IR-feature model's device time (:mod:`stitchtune.cost.fitted`,
   no launch term; when the cubin was read, predicted with its compiled facts: the SASS's bytes in flight,
-  :mod:`stitchtune.cost.compiled`), both labelled predicted: never a measurement;
+  :mod:`stitchtune.cost.compiled`), both labelled predicted: never a measurement; the region's
+  ``fitted_ideal_us``, the fitted model's time of the same launches made ideal
+  (:mod:`stitchtune.analysis.fitted_ideal`);
 * occupancy (:func:`stitchtune.hardware.occupancy.occupancy`, with the SASS registers when the
   cubin was read, else the lowering's estimate), waves, bytes in flight per SM against Little's law;
 * from an emulated slice (:mod:`stitchtune.analysis.sectors`): sectors per request of every global
@@ -163,6 +165,9 @@ class RegionAudit:
     fitted_us: float | None = None   # the fitted IR-feature model's device time (predicted, no launch term)
     schedule_from: str = "given"     # "heuristic" (audit_graph without a schedule) | "given"
     ops: str = ""     # the graph's ops, each once, in graph order (what the region computes)
+    #: the fitted model's time of the same launches made ideal (:mod:`stitchtune.analysis.fitted_ideal`): the
+    #: least a change of the kernels that keeps their bytes and grids can be predicted at (a prediction)
+    fitted_ideal_us: float | None = None
 
     @property
     def floor_ready(self) -> bool:
@@ -313,6 +318,7 @@ def audit_program(graph: Any, program: kir.Program, device: Device, *, schedule:
                   sass: bool = True, arch: str | None = None, criteria: Criteria | None = None,
                   peer: bool = False, plan: Any = None) -> RegionAudit:
     """Audit an already lowered static ``program`` of ``graph`` (see module docstring)."""
+    from stitchtune.analysis.fitted_ideal import ideal_us
     from stitchtune.cost.fitted import predict_program
     from stitchtune.cost.model import predict
     from stitchtune.graph.reference import random_inputs
@@ -329,6 +335,7 @@ def audit_program(graph: Any, program: kir.Program, device: Device, *, schedule:
     fit = predict_program(program, device, regs, compiled={n: compiled_facts(m) for n, m in metrics.items()})
     if metrics:
         notes.append("fitted time: predicted with the compiled code's bytes in flight (SASS), a post-build prediction")
+    ideal = None if fit.prune_reason else ideal_us(program, device, regs)
     n = len(program.launches)
     per = list(pred.per_kernel_us) if len(pred.per_kernel_us) == n and not pred.prune_reason else [None] * n
     fper = list(fit.per_kernel_us) if len(fit.per_kernel_us) == n and not fit.prune_reason else [None] * n
@@ -346,7 +353,7 @@ def audit_program(graph: Any, program: kir.Program, device: Device, *, schedule:
         rows=int(getattr(plan, "M", 0)), cols=int(getattr(plan, "N", 0)), schedule=schedule,
         unique_bytes=unique, floor_us=unique / (device.dram_bandwidth_gbs * 1e3),
         predicted_us=None if pred.prune_reason else float(pred.time_us), kernels=kernels, peer=peer_d,
-        fitted_us=None if fit.prune_reason else float(fit.time_us),
+        fitted_us=None if fit.prune_reason else float(fit.time_us), fitted_ideal_us=ideal,
         notes=tuple(notes), ops=" ".join(dict.fromkeys(n.op for n in graph.nodes)))
 
 

@@ -34,7 +34,8 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    1024-thread row of 32000 floats cannot cache two tensors).
 5. **Launch (assume-relax-apply)**: assume 32 registers and 1024-thread blocks to size a wave; then
    relax the register cap (``__launch_bounds__`` minimum blocks per SM) as far as the estimated
-   register need allows without losing co-residency; apply.
+   register need allows without losing co-residency (no cap where its budget is the device's per-thread
+   maximum anyway, outside plans with cross reductions: ptxas fills such a budget with hoisted loads); apply.
    5b. **One wave** (:mod:`stitchtune.cost.waves`): a row grid (one task per block) that one wave of at
    most 4 blocks per SM could hold gets that many as ``min_blocks`` (a register cap) where the budget
    covers the estimate; else half the threads per row where that grid is one full wave under such a
@@ -141,7 +142,11 @@ def _reuse(space: SearchSpace, base: Schedule) -> Schedule:
 
 def _relax_registers(space: SearchSpace, s: Schedule) -> Schedule:
     """Assume-relax-apply for the register cap: the largest ``min_blocks`` whose register budget
-    (regs per SM / (block * min_blocks)) still covers 1.5x the estimated need; 0 (no cap) otherwise."""
+    (regs per SM / (block * min_blocks)) still covers 1.5x the estimated need; 0 (no cap) otherwise, and 0
+    where that budget is the device's per-thread maximum anyway (``__launch_bounds__(256, 1)`` caps nothing
+    that ``__launch_bounds__(256)`` does not, but ptxas then fills the registers with hoisted loads: GPT-2's
+    and Llama's masked softmax, sm_90, 176 registers and one block per SM against 58 and four uncapped), except
+    in plans with cross reductions (persistent grids sized by the estimate; not re-examined)."""
     dev = space.device
     d = space.derived(s)
     need = estimate_registers(d["reg_cache_elems"], s.vec, 4)
@@ -152,6 +157,8 @@ def _relax_registers(space: SearchSpace, s: Schedule) -> Schedule:
         budget = min(dev.max_regs_per_thread, dev.regs_per_sm // (s.block * m))
         if budget >= max(64, 1.5 * need) and m * s.block <= dev.max_threads_per_sm:
             best = m
+    if best and dev.regs_per_sm // (s.block * best) >= dev.max_regs_per_thread and not space.plan.cross:
+        best = 0   # (plans with cross reductions keep it: their grids are sized by the estimate, issue 39 open)
     return Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": s.reuse, "min_blocks": best})
 
 

@@ -21,6 +21,7 @@ import math
 from typing import assert_never
 
 from stitchtune.ir import kir
+from stitchtune.graph.fast_ops import FAST_CUDA_HELPERS, FAST_KERNEL_OPS
 from stitchtune.graph.int_ops import INT_CTYPES, INT_CUDA
 from stitchtune.graph.ops import kernel_op
 
@@ -433,12 +434,21 @@ def render_kernel(kernel: kir.Kernel) -> str:
     return _Renderer(kernel).kernel()
 
 
+def _uses_fast_ops(kernel: kir.Kernel) -> bool:
+    """Whether ``kernel`` computes one of the fast operators (:data:`~stitchtune.graph.fast_ops.FAST_KERNEL_OPS`)."""
+    return any(isinstance(x, kir.MathOp) and x.op in FAST_KERNEL_OPS
+               for st in kir.walk(kernel.body) for x in kir.exprs(st))
+
+
 def preamble(kernels: tuple[kir.Kernel, ...] | list[kir.Kernel]) -> str:
     """The source ahead of ``kernels``: the helpers, the float64 load when one of them reads a float64
-    input, and the cooperative-groups include when one of them is a cluster kernel."""
+    input, the fast-arithmetic helpers (:data:`~stitchtune.graph.fast_ops.FAST_CUDA_HELPERS`) when one of them
+    uses a fast operator, and the cooperative-groups include when one of them is a cluster kernel."""
     f64 = any(p.dtype == "float64" for k in kernels for p in k.params)
+    fast = any(_uses_fast_ops(k) for k in kernels)
     cluster = any(k.cluster > 1 for k in kernels)
-    return _PREAMBLE + (_F64_PREAMBLE if f64 else "") + (_CLUSTER_PREAMBLE if cluster else "")
+    return (_PREAMBLE + (_F64_PREAMBLE if f64 else "") + (FAST_CUDA_HELPERS if fast else "")
+            + (_CLUSTER_PREAMBLE if cluster else ""))
 
 
 def render(program: kir.Program) -> str:

@@ -57,6 +57,33 @@ def _add_layernorm(m: int, n: int) -> object:
     return float_graph({"x": [m, n], "r": [m, n], "g": [n], "b": [n]}, nodes, ["h", "y"])
 
 
+def _bert_embeddings(batch: int, train: bool = False) -> object:
+    """BERT's ``region_expand_1`` (scripts/audit_models.py): word, token-type and position tables gathered,
+    summed and layer-normed, ``batch`` x 512 tokens, hidden 768; ``train``: the training step's twin, which
+    also outputs the sum, the mean and rstd."""
+    tokens = [{"id": "we", "op": "gather", "args": ["word", "ids"], "axis": 0},
+              {"id": "te", "op": "gather", "args": ["types", "tids"], "axis": 0},
+              {"id": "a", "op": "add", "args": ["we", "te"]},
+              {"id": "pe", "op": "gather", "args": ["pos", "pids"], "axis": 0},
+              {"id": "h", "op": "add", "args": ["a", "pe"]},
+              {"id": "mu", "op": "reduce_mean", "args": ["h"], "axes": [2], "keepdims": True},
+              {"id": "xc", "op": "sub", "args": ["h", "mu"]},
+              {"id": "sq", "op": "mul", "args": ["xc", "xc"]},
+              {"id": "var", "op": "reduce_mean", "args": ["sq"], "axes": [2], "keepdims": True},
+              {"id": "ve", "op": "add", "args": ["var", 1e-12]},
+              {"id": "rs", "op": "rsqrt", "args": ["ve"]},
+              {"id": "xn", "op": "mul", "args": ["xc", "rs"]},
+              {"id": "xg", "op": "mul", "args": ["xn", "g"]},
+              {"id": "y", "op": "add", "args": ["xg", "b"]}]
+    f32 = "float32"
+    inputs = {"tids": {"shape": [1, 512], "dtype": "int64"}, "word": {"shape": [32000, 768], "dtype": f32},
+              "ids": {"shape": [batch, 512], "dtype": "int64"}, "types": {"shape": [2, 768], "dtype": f32},
+              "pos": {"shape": [1024, 768], "dtype": f32}, "pids": {"shape": [1, 512], "dtype": "int64"},
+              "g": {"shape": [768], "dtype": f32}, "b": {"shape": [768], "dtype": f32}}
+    outputs = ["h", "mu", "rs", "y"] if train else ["y"]
+    return parse_graph({"name": "bert_embeddings", "inputs": inputs, "nodes": tokens, "outputs": outputs})
+
+
 def _schedule(g: object):  # type: ignore[no-untyped-def]
     plan = make_plan(g)
     space = legal_space(g, plan, DEV)
@@ -143,3 +170,51 @@ def test_ptxas_keeps_the_wave_without_spills(make, n, tmp_path: Path) -> None:  
     per_sm = occupancy(DEV, s.block, r.registers, 0).blocks_per_sm
     waves = math.ceil(plan.M / (s.block // s.tpr)) / (per_sm * DEV.sm_count)
     assert FULL_WAVE <= waves <= 1.0, (r, waves)   # ptxas's registers: one full wave
+
+
+def test_embedding_tables_that_overflow_the_cap_leave_it_off() -> None:
+    """BERT's region_expand_1: 16 threads per row hold 48 cached floats and, in the first sweep, 3 x 48 of the
+    tables, 192 > 1.25 x 128: under the cap of 2 blocks ptxas spilled 4 instructions (128 registers); the
+    estimate (104) alone gives 2 blocks per SM, so the halved row goes uncapped (ptxas: 103, one full wave)."""
+    plan, space, s = _schedule(_bert_embeddings(8))
+    assert embedding_tables(plan) == {"word", "types", "pos"}
+    assert s.tpr == 16 and s.min_blocks == 0, s.to_json()
+    grid = math.ceil(plan.M / (s.block // s.tpr))
+    per_sm = occupancy(DEV, s.block, estimate_registers(int(space.derived(s)["reg_cache_elems"]), s.vec, 4), 0)
+    assert FULL_WAVE * per_sm.blocks_per_sm * DEV.sm_count <= grid <= per_sm.blocks_per_sm * DEV.sm_count
+
+
+def test_a_training_steps_embeddings_keep_the_cap() -> None:
+    """The training step's twin (four outputs): the estimate under-counts it (ptxas: 149 registers uncapped,
+    1.94 waves), and under the cap it compiled without a spill, so it keeps the cap."""
+    _, _, s = _schedule(_bert_embeddings(8, train=True))
+    assert s.tpr == 16 and s.min_blocks == 2, s.to_json()
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_the_embedding_schedules_emulate_equal_to_the_reference(train: bool) -> None:
+    """The heuristic's point at the full shape, run on one sequence of the same region."""
+    _, _, s = _schedule(_bert_embeddings(8, train))
+    g = _bert_embeddings(1, train)
+    plan = make_plan(g)
+    space = legal_space(g, plan, DEV)
+    assert not space.violations(s)
+    inputs = random_inputs(g, 2)
+    errs = emulated_errors(g, plan, space, s, inputs, run_reference(g, inputs))
+    assert max(errs.values()) < 1e-5, errs
+
+
+@pytest.mark.slow
+def test_ptxas_builds_the_uncapped_embeddings_without_spills(tmp_path: Path) -> None:
+    from helpers.nvcc import ptxas_report
+    from stitchtune.gpu.build import parse_ptxas
+    from stitchtune.gpu.render import render
+
+    g = _bert_embeddings(8)
+    plan, space, s = _schedule(g)
+    res = parse_ptxas(ptxas_report(render(lower(g, plan, s, DEV, space)), tmp_path, timeout=600))
+    (r,) = res.values()
+    assert r.spill_store_bytes == 0 and r.spill_load_bytes == 0, r
+    per_sm = occupancy(DEV, s.block, r.registers, 0).blocks_per_sm
+    waves = math.ceil(plan.M / (s.block // s.tpr)) / (per_sm * DEV.sm_count)
+    assert FULL_WAVE <= waves <= 1.0, (r, waves)

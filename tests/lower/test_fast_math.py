@@ -90,7 +90,7 @@ def test_fast_tanh_model_and_integer_powers() -> None:
     space = SearchSpace.for_plan(plan, DEV)
     s = heuristic_schedule(plan, DEV, space)
     fast, exact = (render(lower(g, plan, dataclasses.replace(s, exact_math=e), DEV, space)) for e in (0, 1))
-    assert "powf" not in fast and "tanhf" not in fast and "__expf" in fast
+    assert "powf" not in fast and "tanhf" not in fast and "st_tanh(" in fast and "ex2.approx.ftz.f32" in fast
     assert "powf" in exact and "tanhf" in exact
     check_emulates(g, 2, 3)
 
@@ -98,12 +98,12 @@ def test_fast_tanh_model_and_integer_powers() -> None:
 def test_softmax_renders_fast_forms_and_exact_ones_on_request() -> None:
     g, plan, space, s = _softmax(0)
     src = render(lower(g, plan, s, DEV, space))
-    assert "__expf(" in src and "expf(" not in src.replace("__expf(", "")
-    assert len(re.findall(r"__fdividef\(1\.0f, acc\d+\)", src)) == 1   # one reciprocal per row
+    assert "st_exp(" in src and "expf(" not in src and "ex2.approx.ftz.f32" in src
+    assert len(re.findall(r"st_fdiv\(1\.0f, acc\d+\)", src)) == 1   # one reciprocal per row
     assert not re.search(r"/ acc\d+\)", src)                            # no per-element division
     g, plan, space, s = _softmax(1)
     src = render(lower(g, plan, s, DEV, space))
-    assert "__expf" not in src and "__fdividef" not in src and re.search(r"/ acc\d+\)", src)
+    assert "st_exp" not in src and "st_fdiv" not in src and "ex2.approx" not in src and re.search(r"/ acc\d+\)", src)
 
 
 @pytest.mark.parametrize("exact", [0, 1])
@@ -139,27 +139,50 @@ def _tool(name: str) -> str | None:
     return None
 
 
-def test_softmax_sass_has_no_division_slow_path(tmp_path) -> None:
-    """sm_90 SASS of the fast softmax: MUFU.EX2 per element, one MUFU.RCP, no FCHK and no CALL (the IEEE
-    division's check and slow path); the exact one has them."""
+def _sass(tmp_path, name: str, source: str) -> str:
+    """sm_90 SASS of ``source`` (skips the test without nvcc / cuobjdump / nvdisasm)."""
+    import os
+
     from stitchtune.gpu.build import find_nvcc
 
     cuobjdump, nvdisasm = _tool("cuobjdump"), _tool("nvdisasm")
     if cuobjdump is None or nvdisasm is None or shutil.which("nvcc") is None:
         pytest.skip("nvcc / cuobjdump / nvdisasm not available")
-    import os
+    src, cubin = tmp_path / f"{name}.cu", tmp_path / f"{name}.cubin"
+    src.write_text(source)
+    subprocess.run([find_nvcc(), "-cubin", "-arch=sm_90", "-O3", "-o", str(cubin), str(src)], check=True,
+                   capture_output=True, timeout=300)
+    env = dict(os.environ, PATH=os.path.dirname(nvdisasm) + os.pathsep + os.environ.get("PATH", ""))
+    return subprocess.run([cuobjdump, "-sass", str(cubin)], check=True, capture_output=True, text=True,
+                          timeout=300, env=env).stdout
 
+
+def test_softmax_sass_has_no_division_slow_path(tmp_path) -> None:
+    """sm_90 SASS of the fast softmax: MUFU.EX2 per element, one MUFU.RCP, no FCHK and no CALL (the IEEE
+    division's check and slow path), no FSETP (``__expf``'s subnormal fix-up, an FSETP and two predicated
+    FMULs per element, gone with ``ex2.approx.ftz``); the exact one has them."""
     counts = {}
     for exact in (0, 1):
         g, plan, space, s = _softmax(exact)
-        src, cubin = tmp_path / f"k{exact}.cu", tmp_path / f"k{exact}.cubin"
-        src.write_text(render(lower(g, plan, s, DEV, space)))
-        subprocess.run([find_nvcc(), "-cubin", "-arch=sm_90", "-O3", "-o", str(cubin), str(src)], check=True,
-                       capture_output=True, timeout=300)
-        env = dict(os.environ, PATH=os.path.dirname(nvdisasm) + os.pathsep + os.environ.get("PATH", ""))
-        sass = subprocess.run([cuobjdump, "-sass", str(cubin)], check=True, capture_output=True, text=True,
-                              timeout=300, env=env).stdout
-        counts[exact] = {op: len(re.findall(rf"\b{re.escape(op)}\b", sass)) for op in ("MUFU.EX2", "MUFU.RCP", "FCHK", "CALL")}
+        sass = _sass(tmp_path, f"k{exact}", render(lower(g, plan, s, DEV, space)))
+        counts[exact] = {op: len(re.findall(rf"\b{re.escape(op)}\b", sass))
+                         for op in ("MUFU.EX2", "MUFU.RCP", "FCHK", "CALL", "FSETP")}
     fast, exact_ = counts[0], counts[1]
     assert fast["FCHK"] == 0 and fast["CALL"] == 0 and fast["MUFU.RCP"] == 1 and fast["MUFU.EX2"] >= 8
+    assert fast["FSETP"] == 0
     assert exact_["FCHK"] > 0
+
+
+def test_fast_tanh_and_sigmoid_sass_have_no_branch_per_element(tmp_path) -> None:
+    """sm_90 SASS of fast ``tanh`` and ``sigmoid`` kernels: both arms of ``tanh`` computed and one selected
+    (the ternary of ``__expf`` / ``__fdividef`` arms compiled to a branch per element, BSSY/BSYNC), no
+    subnormal fix-up predicates on the MUFU results."""
+    for op in ("tanh", "sigmoid"):
+        g = float_graph({"x": [64, 1024]}, [{"id": "y", "op": op, "args": ["x"]}], ["y"])
+        plan = make_plan(g)
+        space = SearchSpace.for_plan(plan, DEV)
+        sass = _sass(tmp_path, op, render(lower(g, plan, heuristic_schedule(plan, DEV, space), DEV, space)))
+        ex2 = len(re.findall(r"\bMUFU\.EX2\b", sass))
+        assert ex2 >= 4, op
+        assert not re.search(r"\bBSSY\b", sass), op
+        assert not re.search(r"@!?P\d+ FMUL (R\d+), \1, \1 ;", sass), op   # ex2's r*r fix-up

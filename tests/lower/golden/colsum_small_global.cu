@@ -31,6 +31,17 @@ __device__ __forceinline__ void st_grid_sync(unsigned int* bar) {
   __syncthreads();
 }
 
+// fast arithmetic (exact_math 0; stitchtune/graph/fast_ops.py models each in float32): flush-to-zero forms
+__device__ __forceinline__ float st_ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+__device__ __forceinline__ float st_exp(float x) { return st_ex2(x * 1.4426950408889634f); }
+__device__ __forceinline__ float st_fdiv(float a, float b) { float y; asm("div.approx.ftz.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b)); return y; }
+__device__ __forceinline__ float st_tanh(float x) {
+  float a = fabsf(x), x2 = x * x;
+  float poly = x * (1.0f + x2 * (-0.33333334f + x2 * (0.13333334f + x2 * -0.053968254f)));
+  float big = copysignf(1.0f - st_fdiv(2.0f, 1.0f + st_exp(2.0f * a)), x);
+  return a < 0.125f ? poly : big;
+}
+
 extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict__ in0, float* __restrict__ out0, float* __restrict__ part0, unsigned int* __restrict__ gbar) {
   extern __shared__ float4 st_smem_raw[];
   float* sred = reinterpret_cast<float*>(st_smem_raw) + 0;
@@ -170,10 +181,10 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
       acc17 = (acc17 + sred[((q28 * 128) + ((tc1 * 4) + 3))]);
     }
     __syncthreads();
-    p29 = __fdividef(1.0f, (1.0f + __expf((-acc14))));
-    p30 = __fdividef(1.0f, (1.0f + __expf((-acc15))));
-    p31 = __fdividef(1.0f, (1.0f + __expf((-acc16))));
-    p32 = __fdividef(1.0f, (1.0f + __expf((-acc17))));
+    p29 = st_fdiv(1.0f, (1.0f + st_exp((-acc14))));
+    p30 = st_fdiv(1.0f, (1.0f + st_exp((-acc15))));
+    p31 = st_fdiv(1.0f, (1.0f + st_exp((-acc16))));
+    p32 = st_fdiv(1.0f, (1.0f + st_exp((-acc17))));
     #pragma unroll 8
     for (i33 = 0; i33 < 16; i33 += 1) {
       r34 = (kb8 + ((i33 * 8) + tk2));

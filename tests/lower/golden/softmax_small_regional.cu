@@ -31,6 +31,17 @@ __device__ __forceinline__ void st_grid_sync(unsigned int* bar) {
   __syncthreads();
 }
 
+// fast arithmetic (exact_math 0; stitchtune/graph/fast_ops.py models each in float32): flush-to-zero forms
+__device__ __forceinline__ float st_ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+__device__ __forceinline__ float st_exp(float x) { return st_ex2(x * 1.4426950408889634f); }
+__device__ __forceinline__ float st_fdiv(float a, float b) { float y; asm("div.approx.ftz.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b)); return y; }
+__device__ __forceinline__ float st_tanh(float x) {
+  float a = fabsf(x), x2 = x * x;
+  float poly = x * (1.0f + x2 * (-0.33333334f + x2 * (0.13333334f + x2 * -0.053968254f)));
+  float big = copysignf(1.0f - st_fdiv(2.0f, 1.0f + st_exp(2.0f * a)), x);
+  return a < 0.125f ? poly : big;
+}
+
 extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict__ in0, float* __restrict__ part1, float* __restrict__ val0) {
   extern __shared__ float4 st_smem_raw[];
   float* sred = reinterpret_cast<float*>(st_smem_raw) + 0;
@@ -103,8 +114,8 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
       v18 = (rv6 && (k17 < ke8));
       t2_19 = (sc0[((rib2 * 256) + (((i15 * 2) * 128) + lane1))] - acc10);
       t2_20 = (sc0[((rib2 * 256) + ((((i15 * 2) + 1) * 128) + lane1))] - acc10);
-      t3_21 = __expf(t2_19);
-      t3_22 = __expf(t2_20);
+      t3_21 = st_exp(t2_19);
+      t3_22 = st_exp(t2_20);
       acc16 = (v18 ? (acc16 + t3_21) : acc16);
       acc16 = (v18 ? (acc16 + t3_22) : acc16);
     }
@@ -159,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(256) st_k1(const float* __restrict_
     acc9 = (rv6 ? st_ldcg(val0 + min(row4, 511)) : 0.0f);
     acc10 = 0.0f;
     acc10 = (acc10 + (rv6 ? st_ldcg(part1 + min(row4, 511)) : 0.0f));
-    rcp20 = __fdividef(1.0f, acc10);
+    rcp20 = st_fdiv(1.0f, acc10);
     #pragma unroll
     for (i11 = 0; i11 < 1; i11 += 1) {
       k12 = (kb7 + (((i11 * 128) + lane1) * 2));
@@ -173,8 +184,8 @@ extern "C" __global__ void __launch_bounds__(256) st_k1(const float* __restrict_
       }
       t2_16 = (t0_14 - acc9);
       t2_17 = (t0_15 - acc9);
-      t3_18 = __expf(t2_16);
-      t3_19 = __expf(t2_17);
+      t3_18 = st_exp(t2_16);
+      t3_19 = st_exp(t2_17);
       t5_21 = (t3_18 * rcp20);
       t5_22 = (t3_19 * rcp20);
       if (v13) {

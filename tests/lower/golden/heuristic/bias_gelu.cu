@@ -32,6 +32,17 @@ __device__ __forceinline__ void st_grid_sync(unsigned int* bar) {
   __syncthreads();
 }
 
+// fast arithmetic (exact_math 0; stitchtune/graph/fast_ops.py models each in float32): flush-to-zero forms
+__device__ __forceinline__ float st_ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+__device__ __forceinline__ float st_exp(float x) { return st_ex2(x * 1.4426950408889634f); }
+__device__ __forceinline__ float st_fdiv(float a, float b) { float y; asm("div.approx.ftz.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b)); return y; }
+__device__ __forceinline__ float st_tanh(float x) {
+  float a = fabsf(x), x2 = x * x;
+  float poly = x * (1.0f + x2 * (-0.33333334f + x2 * (0.13333334f + x2 * -0.053968254f)));
+  float big = copysignf(1.0f - st_fdiv(2.0f, 1.0f + st_exp(2.0f * a)), x);
+  return a < 0.125f ? poly : big;
+}
+
 extern "C" __global__ void __launch_bounds__(256, 2) st_k0(const float* __restrict__ in0, const float* __restrict__ in1, float* __restrict__ out0) {
   int lane1 = 0;
   int rib2 = 0;
@@ -90,10 +101,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) st_k0(const float* __restri
       t2_21 = (t0_13 + t1_17);
       t2_22 = (t0_14 + t1_18);
       t2_23 = (t0_15 + t1_19);
-      t3_24 = __fdividef(t2_20, (1.0f + __expf((-1.5957692f * (t2_20 + (0.044715f * t2_20 * t2_20 * t2_20))))));
-      t3_25 = __fdividef(t2_21, (1.0f + __expf((-1.5957692f * (t2_21 + (0.044715f * t2_21 * t2_21 * t2_21))))));
-      t3_26 = __fdividef(t2_22, (1.0f + __expf((-1.5957692f * (t2_22 + (0.044715f * t2_22 * t2_22 * t2_22))))));
-      t3_27 = __fdividef(t2_23, (1.0f + __expf((-1.5957692f * (t2_23 + (0.044715f * t2_23 * t2_23 * t2_23))))));
+      t3_24 = st_fdiv(t2_20, (1.0f + st_exp((-1.5957692f * (t2_20 + (0.044715f * t2_20 * t2_20 * t2_20))))));
+      t3_25 = st_fdiv(t2_21, (1.0f + st_exp((-1.5957692f * (t2_21 + (0.044715f * t2_21 * t2_21 * t2_21))))));
+      t3_26 = st_fdiv(t2_22, (1.0f + st_exp((-1.5957692f * (t2_22 + (0.044715f * t2_22 * t2_22 * t2_22))))));
+      t3_27 = st_fdiv(t2_23, (1.0f + st_exp((-1.5957692f * (t2_23 + (0.044715f * t2_23 * t2_23 * t2_23))))));
       if (v11) {
         float4 _v2;
         _v2.x = t3_24;
