@@ -9,10 +9,16 @@ Contract
   build), no ``cuobjdump`` installed, or a cubin cuobjdump cannot read. None means "predict from the IR
   features" (:data:`~stitchtune.cost.compiled.PredictedFrom.IR`); it is never an error.
 * It reads the cubin a build already made; it never compiles anything.
-* One SASS read per distinct cubin: results are cached in memory by the sha256 of the cubin's bytes, in a
-  cache shared by every reader of the process (:func:`shared_reader`; the search's pipeline and the
-  emulate runner ask for the same build's facts), bounded to :data:`CACHE_ENTRIES` cubins (oldest
-  dropped first). An unreadable cubin is cached as None too (one warning per cubin).
+* One SASS read per distinct cubin: results are cached by the sha256 of the cubin's bytes, in memory
+  (bounded to :data:`CACHE_ENTRIES` cubins, oldest dropped first; the process's reader,
+  :func:`shared_reader`, serves both the search's pipeline and the emulate runner) and on disk beside the
+  build cache (``<cache_dir>/sass-facts-v<FACTS_VERSION>/<sha[:2]>/<sha>.json``, ``cache_dir`` default
+  the builder's ``$STITCHTUNE_CACHE`` or ``~/.cache/stitchtune/cubin``; written atomically; a file that
+  cannot be read or written is a cache miss, never an error), so a search run again on cached builds
+  reads no SASS. :data:`FACTS_VERSION` changes whenever what :func:`~stitchtune.gpu.sass.compiled_facts`
+  reads of the SASS changes. An unreadable cubin is cached as None in memory only (one warning per cubin).
+* cuobjdump costs about 0.4 s of CPU per cubin (nvdisasm's start-up, whatever the kernel:
+  ``scripts/predict_cost_per_candidate.py --sass``); the pipeline reads a batch's cubins concurrently.
 * Without ``cuobjdump`` the reader logs one note per process (at INFO) and returns None for every build.
 * Thread-safe (the builder and the runner may call from different threads); ``reads`` counts the
   cuobjdump runs (tests and ``scripts/predict_cost_per_candidate.py`` read it).
@@ -21,7 +27,9 @@ Contract
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -30,6 +38,7 @@ from typing import Any
 
 from stitchtune.cost.compiled import CompiledFacts
 from stitchtune.errors import ToolchainError
+from stitchtune.graph.files import write_atomic
 from stitchtune.gpu.sass import SassMetrics, compiled_facts, find_cuobjdump, read_cubin
 
 log = logging.getLogger(__name__)
@@ -38,6 +47,8 @@ __all__ = ["CACHE_ENTRIES", "SassFactsReader", "shared_reader"]
 
 #: Cubins whose facts the cache keeps (a few hundred bytes each).
 CACHE_ENTRIES = 4096
+#: Version of the stored facts (the disk cache's folder name): bump it when the SASS parsing changes.
+FACTS_VERSION = 1
 
 _noted_missing = False
 _note_lock = threading.Lock()
@@ -59,7 +70,11 @@ class SassFactsReader:
     reads a cubin (``read(path, tool) -> {kernel: SassMetrics}``, injectable for tests)."""
 
     def __init__(self, tool: str | None = None,
-                 read: Callable[[str, str], Mapping[str, SassMetrics]] | None = None) -> None:
+                 read: Callable[[str, str], Mapping[str, SassMetrics]] | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+        from stitchtune.gpu.build import default_cache_dir
+
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self._tool = tool
         self._tool_known = tool is not None
         self._read = read or (lambda path, t: read_cubin(path, t))
@@ -91,18 +106,39 @@ class SassFactsReader:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        facts: dict[str, CompiledFacts] | None
-        try:
-            facts = {name: compiled_facts(m) for name, m in self._read(str(path), tool).items()}
-        except ToolchainError as exc:
-            log.warning("SASS of %s not read (%s); predicting from the IR features", ascii(str(path)), exc)
-            facts = None
+        facts = self._load(key)
+        if facts is None:
+            try:
+                facts = {name: compiled_facts(m) for name, m in self._read(str(path), tool).items()}
+            except ToolchainError as exc:
+                log.warning("SASS of %s not read (%s); predicting from the IR features", ascii(str(path)), exc)
+            with self._lock:
+                self.reads += 1
+            if facts is not None:
+                self._store(key, facts)
         with self._lock:
-            self.reads += 1
             self._cache[key] = facts
             while len(self._cache) > CACHE_ENTRIES:
                 self._cache.popitem(last=False)
         return facts
+
+    def _file(self, key: str) -> Path:
+        return self.cache_dir / f"sass-facts-v{FACTS_VERSION}" / key[:2] / f"{key}.json"
+
+    def _load(self, key: str) -> dict[str, CompiledFacts] | None:
+        """The stored facts of the cubin ``key``, or None (absent or unreadable: a miss)."""
+        try:
+            d = json.loads(self._file(key).read_text(encoding="utf-8"))
+            return {str(k): CompiledFacts.from_dict(v) for k, v in d.items()}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+    def _store(self, key: str, facts: Mapping[str, CompiledFacts]) -> None:
+        data = json.dumps({k: f.to_dict() for k, f in facts.items()}, sort_keys=True).encode("utf-8")
+        try:
+            write_atomic(self._file(key), data)
+        except OSError as exc:
+            log.debug("compiled facts not stored under %s: %s", ascii(str(self.cache_dir)), exc)
 
 
 _shared: SassFactsReader | None = None

@@ -39,7 +39,7 @@ def test_facts_of_a_cubin_are_read_once_per_cubin_bytes(tmp_path: Path) -> None:
     a.write_bytes(b"cubin one")
     b.write_bytes(b"cubin one")      # the same bytes under another name (another cache key): one read
     c.write_bytes(b"cubin two")
-    reader = SassFactsReader(tool="/fake/cuobjdump", read=read)
+    reader = SassFactsReader(tool="/fake/cuobjdump", read=read, cache_dir=tmp_path / "cache")
     f = reader(_build(a))
     assert f is not None and f["st_k0"].registers == 40 and f["st_k0"].bytes_in_flight == 48.0
     assert f["st_k0"].loads_in_flight == 3.0 and f["st_k0"].spill_instructions == 3
@@ -47,8 +47,23 @@ def test_facts_of_a_cubin_are_read_once_per_cubin_bytes(tmp_path: Path) -> None:
     assert reader(_build(c)) == f and calls == [str(a), str(c)] and reader.reads == 2
 
 
+def test_facts_are_stored_on_disk_so_another_process_reads_no_sass(tmp_path: Path) -> None:
+    (tmp_path / "a.cubin").write_bytes(b"cubin one")
+    first = SassFactsReader(tool="/fake/cuobjdump", read=lambda p, t: _metrics(), cache_dir=tmp_path / "cache")
+    f = first(_build(tmp_path / "a.cubin"))
+    stored = list((tmp_path / "cache").rglob("*.json"))
+    assert len(stored) == 1 and stored[0].parent.parent.name == f"sass-facts-v{build_facts.FACTS_VERSION}"
+    again = SassFactsReader(tool="/fake/cuobjdump", read=lambda p, t: pytest.fail("read from disk"),
+                            cache_dir=tmp_path / "cache")
+    assert again(_build(tmp_path / "a.cubin")) == f and again.reads == 0
+    stored[0].write_text("{not json")                 # a torn or foreign file is a miss, not an error
+    third = SassFactsReader(tool="/fake/cuobjdump", read=lambda p, t: _metrics(), cache_dir=tmp_path / "cache")
+    assert third(_build(tmp_path / "a.cubin")) == f and third.reads == 1
+
+
 def test_no_facts_for_a_failed_build_or_a_build_without_a_cubin(tmp_path: Path) -> None:
-    reader = SassFactsReader(tool="/fake/cuobjdump", read=lambda p, t: pytest.fail("nothing to read"))
+    reader = SassFactsReader(tool="/fake/cuobjdump", read=lambda p, t: pytest.fail("nothing to read"),
+                             cache_dir=tmp_path / "cache")
     assert reader(_build(None)) is None
     assert reader(BuildResult("compile_error", "h", None, "sm_90", error="x")) is None
     assert reader(_build(tmp_path / "missing.cubin")) is None
@@ -59,21 +74,22 @@ def test_an_unreadable_cubin_is_none_once_with_a_warning(tmp_path: Path, caplog:
         raise ToolchainError("cuobjdump -sass failed: bad cubin")
 
     (tmp_path / "a.cubin").write_bytes(b"junk")
-    reader = SassFactsReader(tool="/fake/cuobjdump", read=read)
+    reader = SassFactsReader(tool="/fake/cuobjdump", read=read, cache_dir=tmp_path / "cache")
     with caplog.at_level(logging.WARNING, logger="stitchtune.gpu.build_facts"):
         assert reader(_build(tmp_path / "a.cubin")) is None
         assert reader(_build(tmp_path / "a.cubin")) is None
     assert reader.reads == 1 and len([r for r in caplog.records if "bad cubin" in r.getMessage()]) == 1
+    assert not list((tmp_path / "cache").rglob("*.json"))     # a failure is not stored
 
 
 def test_without_cuobjdump_none_and_one_note(tmp_path: Path, monkeypatch: Any, caplog: Any) -> None:
     monkeypatch.setattr(build_facts, "find_cuobjdump", lambda: None)
     monkeypatch.setattr(build_facts, "_noted_missing", False)
     (tmp_path / "a.cubin").write_bytes(b"cubin")
-    reader = SassFactsReader(read=lambda p, t: pytest.fail("no tool: nothing is run"))
+    reader = SassFactsReader(read=lambda p, t: pytest.fail("no tool: nothing is run"), cache_dir=tmp_path)
     with caplog.at_level(logging.INFO, logger="stitchtune.gpu.build_facts"):
         assert reader(_build(tmp_path / "a.cubin")) is None
-        assert SassFactsReader()(_build(tmp_path / "a.cubin")) is None
+        assert SassFactsReader(cache_dir=tmp_path)(_build(tmp_path / "a.cubin")) is None
     assert len([r for r in caplog.records if "cuobjdump not found" in r.getMessage()]) == 1
 
 
@@ -119,7 +135,7 @@ def test_a_real_build_reads_as_facts_with_ptxas_registers(tmp_path: Path) -> Non
     _, _, prog = _layernorm()
     (build,) = NvccBuilder(cache_dir=tmp_path).build([render(prog)], "sm_90")
     assert build.status == "ok", build.error
-    reader = SassFactsReader()
+    reader = SassFactsReader(cache_dir=tmp_path)
     facts = reader(build)
     assert facts is not None and set(facts) == set(build.registers)
     for name, f in facts.items():

@@ -287,7 +287,7 @@ def test_without_cuobjdump_the_after_build_prediction_falls_back_to_the_ir_with_
     monkeypatch.setattr(build_facts, "_noted_missing", False)
     graph, plan, device, sched, prog = _layernorm_candidate()
     (tmp_path / "k.cubin").write_bytes(b"not read")
-    stages = dataclasses.replace(default_stages(), compiled_facts=build_facts.SassFactsReader())
+    stages = dataclasses.replace(default_stages(), compiled_facts=build_facts.SassFactsReader(cache_dir=tmp_path))
     with caplog.at_level(logging.INFO, logger="stitchtune.gpu.build_facts"):
         rows = [evaluate(graph, plan, device, [sched], _CubinBuilder(tmp_path / "k.cubin"), TimesRunner(), None,
                          stages=stages)[0] for _ in range(2)]
@@ -297,3 +297,34 @@ def test_without_cuobjdump_the_after_build_prediction_falls_back_to_the_ir_with_
     for row in rows:
         assert row["status"] == "ok" and row["predicted_from"] == "ir"
         assert row["predicted_us"] == pytest.approx(ir_us)
+
+
+def test_a_batchs_facts_are_asked_once_per_distinct_build_and_matched_to_their_candidates():
+    """Every successful build of a batch is asked for its facts once (concurrently), none of a failed one, and
+    each candidate's after-build prediction reads its own build's facts."""
+    import threading
+
+    from helpers.search_fakes import FakePrediction
+
+    asked: list[str] = []
+    lock = threading.Lock()
+
+    def facts(build):
+        with lock:
+            asked.append(build.source_hash)
+        return {"k": build.source_hash}
+
+    def predict(program, device, registers=None, compiled=None):
+        us = 5.0 + (int(compiled["k"]) % 1000 if compiled else 0.0)
+        return FakePrediction(us, 0.5, None)
+
+    st = fake_stages()
+    stages = Stages(lower=st.lower, render=st.render, predict=predict, should_prune=st.should_prune,
+                    compiled_facts=facts)
+    pts = [FakeSchedule(256, 2), FakeSchedule(128, 2), FakeSchedule(256, 2), FakeSchedule(64, 4)]  # 64x4 fails
+    rows = evaluate(FakeGraph(), "plan", FakeDevice(), pts, FakeBuilder(), FakeRunner(), None, stages=stages)
+    hashes = [str(hash(st.render(st.lower(None, None, p, None)))) for p in pts]
+    assert sorted(asked) == sorted(set(hashes[:3])) and len(asked) == 2
+    for r, h in zip(rows[:3], hashes):
+        assert r["predicted_from"] == "compiled" and r["predicted_us"] == pytest.approx(5.0 + int(h) % 1000)
+    assert rows[3]["status"] == "compile_error" and rows[3]["predicted_from"] == "ir"
