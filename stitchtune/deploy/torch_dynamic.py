@@ -63,8 +63,36 @@ def region_dynamic_graph(region: Any, max_extent: int) -> tuple[Any, Any]:
     try:
         dg = parse_dynamic(sym.graph_json({n: (1, max_extent) for n in sym.names}))
     except StitchtuneError as exc:
-        raise StitchtuneError(f"region {region.name}: its graph with named sizes is refused: {exc}") from exc
+        try:   # a slice of a dynamic axis (x[:, 1:]) is empty at its smallest extents: start the dims above them
+            dg = parse_dynamic(sym.graph_json(_smallest_valid(sym, max_extent)))
+        except StitchtuneError:
+            raise StitchtuneError(f"region {region.name}: its graph with named sizes is refused: {exc}") from exc
     return sym, dg
+
+
+#: the largest smallest extent :func:`_smallest_valid` tries (a slice dropping up to this many positions)
+MAX_SMALLEST = 9
+
+
+def _smallest_valid(sym: Any, max_extent: int) -> dict[str, tuple[int, int]]:
+    """Each dim's bounds ``(lo, max_extent)``: ``lo`` the smallest extent up to :data:`MAX_SMALLEST` at which
+    the graph is valid with the other dims at ``max_extent`` (a slice ``x[:, 1:]`` of dim ``s`` needs
+    ``s >= 2``; a graph's validity only grows with an extent there), ``max_extent`` where none is; the
+    extents below run per shape (:func:`dynamic_region_kernel`)."""
+    from stitchtune.graph.dynamic import parse_dynamic
+
+    out: dict[str, tuple[int, int]] = {}
+    for n in sym.names:
+        out[n] = (max_extent, max_extent)
+        for lo in range(1, min(MAX_SMALLEST, max_extent) + 1):
+            try:
+                parse_dynamic(sym.graph_json({m: (lo, max_extent) if m == n else (max_extent, max_extent)
+                                              for m in sym.names}))
+            except StitchtuneError:
+                continue
+            out[n] = (lo, max_extent)
+            break
+    return out
 
 
 def dynamic_region_kernel(region: Any, opts: BackendOptions, device: Any, counter: RegionCounter,

@@ -36,6 +36,9 @@ def test_offset_output_dims_are_named_and_evaluated() -> None:
         ((1024, "d0", "d0+1", "d1-1"),)
     assert _offset_names(((2018,),), ((2102,),), va, vb) is None   # 2 * d0: no symbol plus an offset
     assert _extent("d0+1", {"d0": 7}) == 8 and _extent("d1-1", {"d1": 7}) == 6 and _extent("d0", {"d0": 7}) == 7
+    # a chunked prefill's cache: past and new positions, two symbols summed (plus an offset)
+    assert _offset_names(((2022, 2023),), ((2112, 2113),), va, vb) == (("d0+d1", "d0+d1+1"),)
+    assert _extent("d0+d1", {"d0": 7, "d1": 3}) == 10 and _extent("d0+d1-2", {"d0": 7, "d1": 3}) == 8
 
 
 def test_the_cache_concat_region_is_stitched_and_equal_to_eager() -> None:
