@@ -5,7 +5,8 @@ Contract
 * :func:`region_dynamic_graph(region, max_extent)` names the region's symbolic input sizes
   (:func:`~stitchtune.importers.torch_symbolic.symbolic_region`: ``d0, d1, ...`` by first
   appearance) and returns its :class:`~stitchtune.graph.dynamic.DynamicGraph`, each size bounded
-  ``1..max_extent`` with the default power-of-two buckets
+  ``1..max_extent`` (or from the smallest size at which the graph is valid: ``x[:, 1:]`` needs 2) with
+  the default power-of-two buckets
   (:class:`~stitchtune.graph.dynamic.Buckets`). Raises :class:`~stitchtune.errors.StitchtuneError`
   saying why a region has none (a size that is an expression of symbols, a number of the graph
   that depends on a symbol).
@@ -19,7 +20,7 @@ Contract
   across rows; with ``deterministic``, a program with float atomics) is remembered, logged once, and
   gets kernels specialised per extent: the graph at those extents (``DynamicGraph.at``), one
   selection and one build each. A region without a dynamic graph, or extents outside
-  ``1..max_extent``, keys by the exact shapes and maps the region again per shape
+  its dims' bounds, keys by the exact shapes and maps the region again per shape
   (:func:`~stitchtune.importers.torch_symbolic.map_at_shapes`). A region makes at most
   :data:`MAX_SPECIALISED` such specialised kernels; later shapes without a kernel run its ATen ops.
   Build failures are the DynamicRegionKernel's: that shape runs the region's ATen ops.
@@ -166,8 +167,8 @@ def dynamic_region_kernel(region: Any, opts: BackendOptions, device: Any, counte
 
     def build(inputs: Sequence[Any]) -> Built:
         ext = sym.extents([t.shape for t in inputs])
-        if not sym.tied([t.shape for t in inputs]) or not all(1 <= v <= opts.max_extent for v in ext.values()):
-            return per_shape(inputs)
+        if not sym.tied([t.shape for t in inputs]) or not all(d.lo <= ext[d.name] <= d.hi for d in dg.dims):
+            return per_shape(inputs)   # (below a dim's smallest extent: a slice of it would be empty there)
         return generic(ext) or Built(kernel(dg.at(ext), sym.graph_output_shapes(ext)), sym.index)
 
     return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=compiled,

@@ -198,16 +198,9 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
     p0 = plan_graph(g0)
     if isinstance(p0, Refusal):
         return DynamicRefusal("plan", f"the graph at {rep} has no plan: {p0.reason}")
-    if p0.scatters:
-        return DynamicRefusal(f"scatter {p0.scatters[0].node}", "a scatter_add's table is zeroed and added to for "
-                                                                 "static shapes only")
-    if p0.moved_rows:
-        return DynamicRefusal("row move", "a slice/concat moves the rows of a row-local computation (Swin's roll "
-                                          "after a LayerNorm); pushed below it for static shapes only")
-    if p0.family == Family.COL:
-        return DynamicRefusal("family col", "a column reduction reduces over the dynamic rows")
-    if p0.cross:
-        return DynamicRefusal("cross reduction", "a reduction over the rows combines across blocks by a static count")
+    why = _plan_refusal(p0)
+    if why is not None:
+        return why
     s0, n0 = _numbers(g0, p0)
     labels = [x for x, _ in n0]
     corners: dict[frozenset[str], dict[str, int]] = {frozenset(): dict(n0)}   # dims moved to b -> numbers
@@ -261,6 +254,31 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
             return DynamicRefusal("index map", f"{label.split(':')[0]} of the plan is no polynomial of the extents "
                                   "(a monomial, or of degree 1 in each)")
         fitted[label] = f
+    sym = _row_symbols(fitted, dg, g0, p0)
+    index = [nd.id for nd in g0.nodes if OPS[nd.op].kind in INDEX_KINDS]
+    if index and sym.dynamic_rows_length:  # their offsets and conditions are columns of a static row
+        return DynamicRefusal(f"index op {index[0]}", "an index op under a dynamic row length")
+    sizes = tuple((label[5:], f) for label, f in fitted.items() if label.startswith("size:"))
+    return RowFit(key, dg, tuple(sorted(rep.items())), g0, p0, sym, sizes)
+
+
+def _plan_refusal(p0: StitchPlan) -> DynamicRefusal | None:
+    """Why the representative plan ``p0`` has no generic kernel whatever its numbers, or None."""
+    if p0.scatters:
+        return DynamicRefusal(f"scatter {p0.scatters[0].node}", "a scatter_add's table is zeroed and added to for "
+                                                                 "static shapes only")
+    if p0.moved_rows:
+        return DynamicRefusal("row move", "a slice/concat moves the rows of a row-local computation (Swin's roll "
+                                          "after a LayerNorm); pushed below it for static shapes only")
+    if p0.family == Family.COL:
+        return DynamicRefusal("family col", "a column reduction reduces over the dynamic rows")
+    if p0.cross:
+        return DynamicRefusal("cross reduction", "a reduction over the rows combines across blocks by a static count")
+    return None
+
+
+def _row_symbols(fitted: Mapping[str, SymInt], dg: DynamicGraph, g0: Graph, p0: StitchPlan) -> RowSymbols:
+    """The :class:`RowSymbols` of the fitted plan numbers (labels of :func:`_numbers`)."""
     rows: list[tuple[str, tuple[Factor[SymInt], ...]]] = []
     cols: list[tuple[str, tuple[Factor[SymInt], ...]]] = []
     for name, im in p0.index_maps:
@@ -269,13 +287,8 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
                                               fitted[f"{axis}:{name}:{i}:stride"]) for i in range(n))))
     args = tuple((d, f"ext{i}") for i, d in enumerate(dg.dim_names))
     domain = tuple(f for label, f in fitted.items() if label.startswith("dom:"))
-    sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols), domain, _repeats(fitted, p0),
-                     _pieces(fitted, g0, domain), _shapes(fitted, g0))
-    index = [nd.id for nd in g0.nodes if OPS[nd.op].kind in INDEX_KINDS]
-    if index and sym.dynamic_rows_length:  # their offsets and conditions are columns of a static row
-        return DynamicRefusal(f"index op {index[0]}", "an index op under a dynamic row length")
-    sizes = tuple((label[5:], f) for label, f in fitted.items() if label.startswith("size:"))
-    return RowFit(key, dg, tuple(sorted(rep.items())), g0, p0, sym, sizes)
+    return RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols), domain, _repeats(fitted, p0),
+                      _pieces(fitted, g0, domain), _shapes(fitted, g0))
 
 
 def _pieces(fitted: Mapping[str, SymInt], g: Graph,

@@ -61,7 +61,7 @@ def _check(m: Any, calls: list[tuple[Any, ...]], before: set[Any], max_builds: i
 def test_a_slice_of_the_sequence_builds_one_generic_kernel_per_bucket() -> None:
     before = set(torch_ops._registry)
     torch.manual_seed(0)
-    lengths = (5, 9, 16, 33, 40, 64, 47, 20)   # buckets 2..32 (3..4 for 5? no: 5..8, 9..16, 17..32) and 33..64
+    lengths = (5, 9, 16, 33, 40, 64, 47, 20)   # 4 buckets of the sequence: 5..8, 9..16, 17..32, 33..64
     calls = [(torch.randn(2, s, 32),) for s in lengths]
     _check(ShiftedDiff().eval(), calls, before, max_builds=5)
 
@@ -71,7 +71,7 @@ def test_a_decode_step_with_dynamic_batch_and_past_is_generic() -> None:
     before = set(torch_ops._registry)
     torch.manual_seed(0)
     calls = [(torch.randn(b, 1, H * D), torch.randn(b, H, p, D)) for b, p in
-             ((2, 3), (3, 4), (4, 5), (2, 6), (3, 33), (4, 40), (3, 47), (2, 64))]
+             ((1, 3), (2, 3), (3, 4), (4, 5), (1, 6), (2, 6), (3, 33), (4, 40), (1, 41), (3, 47), (2, 64))]
     _check(CacheStep().eval(), calls, before, max_builds=4)
 
 
