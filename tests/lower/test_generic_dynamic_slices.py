@@ -9,12 +9,19 @@ why."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers.lowering import DEV
+from helpers.nvcc import compile_programs_sm90
+from stitchtune.cost.heuristic import generic_heuristic
+from stitchtune.gpu.render import render
 from stitchtune.graph.dynamic import DynamicRefusal, SymInt, parse_dynamic
-from stitchtune.lower.dynamic import RowFit, fit_rows
+from stitchtune.ir import kir
+from stitchtune.lower.dynamic import RowFit, fit_rows, lower_dynamic
+from stitchtune.space import SearchSpace
 from stitchtune.lower.poly_fit import fit_monomial, fit_multilinear
 from test_generic_col_strides import check_bucket
 
@@ -146,3 +153,19 @@ def test_the_polynomial_fits() -> None:
 
     assert fit_multilinear(["b", "s"], a, b, value) == SymInt.poly([(2, ("b", "s")), (-2, ("b",))])
     assert fit_multilinear(["s"], {"s": 4}, {"s": 6}, lambda m: 7 if m else 4) is None   # slope 3/2
+
+
+def test_the_generic_kernels_compile_with_nvcc(tmp_path: Path) -> None:
+    """A plain slice, a cache concat under a dynamic batch, and a dynamic chunk through its chain: the
+    generic kernels (offsets and conditions over extent arguments) pass nvcc for sm_90."""
+    programs = []
+    for dg, ext in ((_slices(), {"s": 40, "b": 3}), (_cache(1, "b", chain=True), {"p": 40, "b": 3}),
+                    (_cache("c", 1, chain=True), {"p": 40, "c": 5})):
+        fit = fit_rows(dg, dg.key_of(ext))
+        assert isinstance(fit, RowFit), fit
+        space = SearchSpace.for_plan(fit.plan, DEV)
+        prog = lower_dynamic(fit, generic_heuristic(fit, DEV, space), DEV, space)
+        assert isinstance(prog, kir.Program) and prog.dynamic is not None, prog
+        assert "ext0" in render(prog)
+        programs.append(prog)
+    compile_programs_sm90(programs, tmp_path)  # one nvcc call; fails the test on any error
