@@ -39,8 +39,11 @@ def regimes(kernels: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fit", default="results/cost-fit-2026-12-07-s11")
+    ap.add_argument("--fit", default="results/cost-fit-2026-12-07-s12")
+    ap.add_argument("--compiled", action="store_true",
+                    help="the post-build prediction (heldout_compiled_us: with the SASS's bytes in flight)")
     a = ap.parse_args(argv)
+    key = "heldout_compiled_us" if a.compiled else "heldout_us"
     fit = json.loads((REPO / a.fit / "fit.json").read_text())["rows"]
     data = json.loads((REPO / a.fit / "dataset.json").read_text())["rows"]
     if len(fit) != len(data):
@@ -49,14 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     by: dict[str, dict[str, list[float]]] = {"group": defaultdict(list), "regime": defaultdict(list)}
     worst = []
     for r, d in zip(fit, data):
-        q = r["heldout_us"] / r["measured_us"]
+        q = r[key] / r["measured_us"]
         by["group"][r["group"]].append(q)
         for g in regimes(d["kernels"]):
             by["regime"][g].append(q)
         worst.append((abs(q - 1.0) if q >= 1 else 1.0 / q - 1.0, q, r, d))
     lines = [f"# Held-out residuals of the fitted cost model ({len(fit)} H200 rows)", "",
-             f"    python scripts/fit_residuals.py --fit {a.fit}", "",
-             "q = held-out PREDICTED / measured (H200). too slow: q > 1.25; too fast: q < 0.8.", ""]
+             f"    python scripts/fit_residuals.py --fit {a.fit}" + (" --compiled" if a.compiled else ""), "",
+             "q = held-out PREDICTED / measured (H200)" + (", predicted with the compiled code's bytes in flight"
+                                                           if a.compiled else "")
+             + ". too slow: q > 1.25; too fast: q < 0.8.", ""]
     for name, groups in by.items():
         lines += [f"| {name} | n | within ±25% | too slow | too fast | median q |", "|---|---|---|---|---|---|"]
         for g, qs in sorted(groups.items()):
@@ -66,14 +71,15 @@ def main(argv: list[str] | None = None) -> int:
                          f"{qs[len(qs) // 2]:.2f} |")
         lines.append("")
     lines += ["## Worst rows", "", "| group | row | measured | held out | q | grid x block | waves | bytes in flight | "
-              "loads in flight | load phases | serial rounds | scratch loads | regimes |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "compiled bytes in flight | loads in flight | load phases | serial rounds | scratch loads | spills | regimes |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, q, r, d in sorted(worst, key=lambda t: -t[0])[:20]:
         k = max(d["kernels"], key=lambda k: k["unique_bytes"])
-        lines.append(f"| {r['group']} | {r['label']} | {r['measured_us']:.1f} | {r['heldout_us']:.1f} | {q:.2f} | "
+        lines.append(f"| {r['group']} | {r['label']} | {r['measured_us']:.1f} | {r[key]:.1f} | {q:.2f} | "
                      f"{k['grid']} x {k['block']} | {k['waves']:.2f} | {k['bytes_in_flight_per_thread']:.0f} | "
+                     f"{k.get('compiled_bytes_in_flight', 0):.0f} | "
                      f"{k['loads_in_flight']:.1f} | {k['load_phases']:.0f} | {k.get('serial_rounds', float('nan')):.0f} | "
-                     f"{k['scratch_loads']:.0f} | "
+                     f"{k['scratch_loads']:.0f} | {k.get('spill_instructions', 0):.0f} | "
                      f"{', '.join(regimes(d['kernels']))} |")
     print("\n".join(lines))
     return 0

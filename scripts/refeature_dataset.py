@@ -11,7 +11,8 @@ program's fingerprint, :mod:`stitchtune.cost.fit_dataset`); a feature added late
 today's programs (110 of 153 differ). So the measured programs are lowered again at the checkout that
 computed the stored features, with today's IR walk copied in; this script pairs the rebuilt rows with
 the stored ones in order (group, label, n-th occurrence), **checks that every stored feature came out
-identical** (the same kernels, walked the same way: else it refuses, exit 1) and writes the stored
+identical** (the same kernels, walked the same way: else it refuses, exit 1; the compiled-code fields of
+``scripts/sass_dataset.py`` are not the walk's and are kept as stored) and writes the stored
 rows with the fields the stored features lack added. Nothing is measured or predicted here.
 """
 
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+#: kernel fields read from the compiled code (scripts/sass_dataset.py), not from the walk: kept as stored
+COMPILED = ("compiled_bytes_in_flight", "spill_instructions", "sass")
 
 
 def _keyed(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[str, Any]]:
@@ -58,15 +61,16 @@ def merge(stored: dict[str, Any], rebuilt: list[dict[str, Any]], tag: str) -> tu
             continue
         kernels = []
         for ko, kn in zip(r["kernels"], n["kernels"]):
-            bad = [f for f, v in ko.items() if f in kn and not _same(v, kn[f])]
+            bad = [f for f, v in ko.items() if f in kn and f not in COMPILED and not _same(v, kn[f])]
             if bad:
                 problems.append(f"{k} {ko.get('name')}: {', '.join(bad)} differ from the stored features")
             extra = {f: v for f, v in kn.items() if f not in ko}
             added |= set(extra)
             kernels.append({**ko, **extra})
         rows.append({**r, "kernels": kernels, "features_commit": f"{r.get('features_commit', '?')} + {tag}"})
+    before = stored.get("provenance", {}).get("refeatured")
     prov = {**stored.get("provenance", {}),
-            "refeatured": f"fields {sorted(added)} added by scripts/refeature_dataset.py ({tag}): the measured programs "
+            "refeatured": (f"{before}; " if before else "") + f"fields {sorted(added)} added by scripts/refeature_dataset.py ({tag}): the measured programs "
                           "lowered again at features_commit with this walk copied in; every stored feature identical"}
     return {**stored, "provenance": prov, "rows": rows}, problems
 

@@ -9,7 +9,8 @@ given), then for every launch builds a :class:`KernelAudit`:
 * unique bytes (the launch's input and output buffers, each once) and their floor at the device's
   datasheet bandwidth; the region's floor is ``graph.min_bytes()`` at that bandwidth;
 * the cost model's prediction and the fitted IR-feature model's device time (:mod:`stitchtune.cost.fitted`,
-  no launch term), both labelled predicted: never a measurement;
+  no launch term; when the cubin was read, predicted with its compiled facts: the SASS's bytes in flight,
+  :mod:`stitchtune.cost.compiled`), both labelled predicted: never a measurement;
 * occupancy (:func:`stitchtune.hardware.occupancy.occupancy`, with the SASS registers when the
   cubin was read, else the lowering's estimate), waves, bytes in flight per SM against Little's law;
 * from an emulated slice (:mod:`stitchtune.analysis.sectors`): sectors per request of every global
@@ -31,7 +32,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from stitchtune.analysis.sass import SassMetrics, find_cuobjdump, read_cubin
+from stitchtune.analysis.sass import SassMetrics, compiled_facts, find_cuobjdump, read_cubin
 from stitchtune.analysis.sectors import (
     DEFAULT_SLICE_BLOCKS,
     AccessSectors,
@@ -295,7 +296,9 @@ def audit_program(graph: Any, program: kir.Program, device: Device, *, schedule:
     slices = program_sectors(program, inputs if inputs is not None else random_inputs(graph, 0), slice_blocks)
     regs = {n: m.registers for n, m in metrics.items() if m.registers}
     pred = predict(program.profile, device, regs)
-    fit = predict_program(program, device, regs)
+    fit = predict_program(program, device, regs, compiled={n: compiled_facts(m) for n, m in metrics.items()})
+    if metrics:
+        notes.append("fitted time: predicted with the compiled code's bytes in flight (SASS), a post-build prediction")
     n = len(program.launches)
     per = list(pred.per_kernel_us) if len(pred.per_kernel_us) == n and not pred.prune_reason else [None] * n
     fper = list(fit.per_kernel_us) if len(fit.per_kernel_us) == n and not fit.prune_reason else [None] * n

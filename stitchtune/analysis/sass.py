@@ -15,6 +15,8 @@ Contract
   ``max_loads_in_flight`` is the most loads pending at once and ``max_bytes_in_flight`` their bytes
   (per thread). Straight-line order only: a load consumed in the next loop iteration counts as
   consumed at its first use below it, or never (then it stays pending to the end).
+* :func:`compiled_facts(metrics) -> CompiledFacts`: what the fitted cost model reads of a kernel's SASS
+  (:mod:`stitchtune.cost.compiled`): registers, bytes and loads in flight (as above), spill instructions.
 * Widths are the access size of one lane in bits (``LDG.E.128`` -> 128, ``LDG.E`` -> 32,
   ``.U16`` -> 16); ``mufu`` counts ``MUFU.<fn>`` by function (``RCP``, ``EX2``, ``RSQ`` ...); ``fchk``
   counts ``FCHK`` (the IEEE division's range check, whose failure branches to the slow path) and
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stitchtune.cost.compiled import CompiledFacts
 from stitchtune.errors import ToolchainError
 
 log = logging.getLogger(__name__)
@@ -256,3 +259,9 @@ def read_cubin(path: str | os.PathLike[str], tool: str | None = None) -> dict[st
         out[name] = SassMetrics(**{**m.__dict__, "registers": r.get("REG", 0), "stack_bytes": r.get("STACK", 0),
                                    "local_bytes": r.get("LOCAL", 0), "shared_bytes": r.get("SHARED", 0)})
     return out
+
+
+def compiled_facts(m: SassMetrics) -> CompiledFacts:
+    """The facts of ``m`` the fitted cost model reads (:class:`~stitchtune.cost.compiled.CompiledFacts`)."""
+    return CompiledFacts(registers=m.registers, bytes_in_flight=float(m.max_bytes_in_flight),
+                         loads_in_flight=float(m.max_loads_in_flight), spill_instructions=m.spills)

@@ -60,8 +60,14 @@ How the features are read from the IR
   same kernel also writes (partials exchanged between the blocks of one launch) or that every lane of
   a warp reads at the same few words (a row's partials combined by all its threads, from an earlier
   kernel): the cost model's scratch chain (a scratch array read once per thread, coalesced, is not).
+  ``l2_requests`` counts the warp-level requests of every scratch load per block (trip-weighted): scratch
+  loads bypass L1 (``__ldcg``), so each request is served by the L2, whose request rate per SM limits
+  a kernel whose threads combine many partials (a warp reading one broadcast word is one request).
   ``atomics`` counts atomics per thread, except error flags (a constant added under a branch or
   predicate that depends on data: they almost never run).
+* **Compiled facts** (not from the IR): ``compiled_bytes_in_flight`` and ``spill_instructions`` are 0
+  here; :func:`stitchtune.cost.compiled.with_compiled` sets them from a kernel's SASS when it was built
+  (:class:`~stitchtune.cost.compiled.CompiledFacts`).
 """
 
 from __future__ import annotations
@@ -122,6 +128,9 @@ class KernelFeatures:
     load_rounds: float = 0.0        # per thread: load groups one after another (trip-weighted): DRAM round trips
     serial_rounds: float = 0.0      # per thread: the load rounds outside rolled loops free of barriers and shuffles
     shuffles: float = 0.0           # per thread: warp shuffles (trip-weighted)
+    l2_requests: float = 0.0        # per block: warp-level requests of scratch loads (trip-weighted)
+    compiled_bytes_in_flight: float = 0.0   # per thread, read from the compiled code (0: not compiled; cost.compiled)
+    spill_instructions: float = 0.0         # LDL + STL in the compiled code (0 also when not compiled)
     per_access: tuple[tuple[str, str, float, float], ...] = field(default=())  # (buffer, kind, trips, sector factor)
 
     def to_dict(self) -> dict[str, Any]:
@@ -185,6 +194,7 @@ def kernel_walk(kernel: kir.Kernel, grid: int, extents: Mapping[str, int] | None
         grid_barriers=w.grid_syncs, unknown_indexes=w.unknown_idx,
         unknown_trips=w.unknown_trips, load_rounds=sum(wt for _, _, wt in w.groups),
         serial_rounds=sum(wt for (_, _, wt), p in zip(w.groups, w.pipelined) if not p), shuffles=w.shuffles,
+        l2_requests=w.l2_requests,
         per_access=tuple(w.per_access))
     return KernelWalk(base, bool(kernel.uses_grid_sync), int(kernel.cluster))
 

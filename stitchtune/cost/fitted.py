@@ -18,7 +18,9 @@ Contract
 The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`):
 
 * **memory**: ``nb = min(grid, blocks_per_sm x SMs)`` blocks in flight keep ``nb x block x active_lanes
-  x bif`` bytes in flight, where ``bif`` is the walk's bytes in flight per thread, at most
+  x bif`` bytes in flight, where ``bif`` is the compiled code's bytes in flight per thread when the
+  kernel was compiled (``compiled_bytes_in_flight`` > 0, :mod:`stitchtune.cost.compiled`), else the IR
+  walk's, at most
   ``inflight_reg_share`` of the thread's registers (4 bytes each: a load in flight needs its
   destination registers); the bandwidth is a smooth minimum of ``bw_efficiency`` x copy bandwidth and
   that over ``dram_latency_ns`` (Little's law). DRAM bytes are the unique bytes plus the sector bytes
@@ -37,13 +39,18 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
   block's serial chain (its load rounds that cannot overlap, barriers and warp shuffles one after another),
   run ``ceil(waves)`` times by each block slot of an SM: the time of a kernel with few blocks and long
   per-thread loops, which Little's law over the average bytes in flight misses.
-* body = max(memory, issue, blocks, chain): each is a limit on the same launch.
+* **l2 requests**: ``grid x l2_requests / SMs x l2_request_ns``: every warp-level request of a scratch
+  load (``__ldcg``, L1 bypassed) is served by the L2 at a limited rate per SM; a broadcast read of one
+  word is one request however few bytes it moves (layernorm_wide's partials: ~13 ns per request and SM).
+* body = max(memory, issue, blocks, chain, l2 requests): each is a limit on the same launch.
 * **phases**: ``ceil(waves) x (load_phases - 1) x phase_us / blocks_per_sm`` (a barrier-separated load
   phase waits for DRAM unless other resident blocks hide it);
 * **scratch**: ``ceil(waves) x scratch_loads x scratch_load_ns`` (the cost model's scratch chain);
+* **spills**: ``ceil(waves) x spill_instructions x spill_ns`` (local-memory round trips of a compiled
+  kernel's spills; 0 without compiled facts);
   grid barriers ``device.grid_barrier_us(grid)`` each; atomics ``atomics x grid x block x atomic_ns``.
 * **ramp**: ``ramp_us`` per launch (the first loads' latency before data flows, the last wave's drain).
-* device time = body + phases + scratch + grid barriers + atomics + ramp.
+* device time = body + phases + scratch + spills + grid barriers + atomics + ramp.
 * ``event_us`` is not device time: it is the per-launch start that times taken with CUDA events around a
   program include (:mod:`stitchtune.cost.fitting` adds it to such rows only, so that the fit of device
   time is not biased by how a row was measured).
@@ -63,6 +70,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from stitchtune.cost.compiled import CompiledFacts, registers_of, with_compiled
 from stitchtune.cost.features import KernelFeatures, program_features
 from stitchtune.cost.fitted_store import data_name, user_path
 from stitchtune.cost.model import Prediction, kernel_legality
@@ -99,6 +107,8 @@ class Coefficients:
     round_ns: float = 600.0          # per load round on a block's serial chain (a loaded DRAM round trip)
     barrier_ns: float = 20.0         # per block barrier on a block's serial chain (~40 cycles; not fitted)
     shfl_ns: float = 12.0            # per warp shuffle on a block's serial chain (~24 cycles; not fitted)
+    spill_ns: float = 0.0            # per spill instruction (LDL / STL) of a compiled kernel, per wave (0: off)
+    l2_request_ns: float = 4.0       # per warp-level scratch-load request and SM (the L2's request rate)
     source: str = "defaults"
     provenance: Mapping[str, Any] = field(default_factory=dict)
 
@@ -139,7 +149,11 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "ramp_us": (0.01, 10.0),
     "event_us": (0.01, 20.0),
     "round_ns": (10.0, 5000.0),
+    "l2_request_ns": (0.1, 200.0),
 }
+#: coefficients fitted only when a caller names them (``fit_coefficients(names=...)``): ``spill_ns`` needs rows
+#: with compiled facts (scripts/fit_compiled_variants.py); the shipped model is fitted without them, spill term 0
+OPTIONAL_BOUNDS: dict[str, tuple[float, float]] = {"spill_ns": (1.0, 5000.0)}
 
 
 _CACHE: dict[tuple[str, str, int | None], Coefficients] = {}
@@ -202,8 +216,9 @@ def package_coefficients(device: Device) -> Coefficients:
 
 
 def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) -> dict[str, Any]:
-    """The predicted terms (µs) of one launch: memory, issue, blocks, chain, body (= max of the four), phases,
-    scratch, grid_barriers, atomics, ramp; device time = body + the last five. ``f`` may also be any object with
+    """The predicted terms (µs) of one launch: memory, issue, blocks, chain, l2_requests, body (= max of
+    those five), phases,
+    scratch, spills, grid_barriers, atomics, ramp; device time = body + the last six. ``f`` may also be any object with
     the :class:`KernelFeatures` fields as numpy arrays (many launches at once: the fit)."""
     sms = device.sm_count
     bps = np.maximum(f.blocks_per_sm, 1)
@@ -214,7 +229,9 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
     window = unique / np.maximum(1.0, waves_f) ** c.reuse_window   # bytes between a read and its re-read
     hit = np.minimum(1.0, c.l2_keep * device.l2_bytes / window)
     regs = np.maximum(np.asarray(f.registers, dtype=float), 16.0)
-    bif = np.minimum(np.maximum(f.bytes_in_flight_per_thread, 4.0), np.maximum(4.0, c.inflight_reg_share * 4.0 * regs))
+    compiled = np.asarray(getattr(f, "compiled_bytes_in_flight", 0.0), dtype=float)
+    walked = np.where(compiled > 0, compiled, f.bytes_in_flight_per_thread)
+    bif = np.minimum(np.maximum(walked, 4.0), np.maximum(4.0, c.inflight_reg_share * 4.0 * regs))
     little = nb * f.block * np.maximum(f.active_lanes, 1.0 / 32) * bif / c.dram_latency_ns
     cap = c.bw_efficiency * copy
     bw = (cap ** -_SMOOTH_P + np.maximum(little, 1e-12) ** -_SMOOTH_P) ** (-1.0 / _SMOOTH_P)   # smooth minimum
@@ -227,12 +244,14 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
              / lane_us + f.grid * f.smem_wavefronts * c.smem_cycles / (sms * device.clock_mhz))
     waves = np.ceil(f.grid / (bps * sms))
     blocks = f.grid / sms * c.cta_ns / 1000.0
+    l2req = f.grid * np.asarray(getattr(f, "l2_requests", 0.0), dtype=float) / sms * c.l2_request_ns / 1000.0
     chain = waves * (f.serial_rounds * c.round_ns + f.barriers * c.barrier_ns + f.shuffles * c.shfl_ns) / 1000.0
     return {
-        "memory": memory, "issue": issue, "blocks": blocks, "chain": chain,
-        "body": np.maximum(np.maximum(np.maximum(memory, issue), blocks), chain),
+        "memory": memory, "issue": issue, "blocks": blocks, "chain": chain, "l2_requests": l2req,
+        "body": np.maximum(np.maximum(np.maximum(np.maximum(memory, issue), blocks), chain), l2req),
         "phases": waves * np.maximum(0.0, f.load_phases - 1.0) * c.phase_us / bps,
         "scratch": waves * f.scratch_loads * c.scratch_load_ns / 1000.0,
+        "spills": waves * np.asarray(getattr(f, "spill_instructions", 0.0), dtype=float) * c.spill_ns / 1000.0,
         "grid_barriers": f.grid_barriers * (device.grid_barrier_base_us
                                             + device.grid_barrier_per_block_us * np.maximum(f.grid, 1)),
         "atomics": threads * f.atomics * c.atomic_ns / 1000.0,
@@ -241,7 +260,7 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
 
 
 def _device_us(t: Mapping[str, Any]) -> Any:
-    return t["body"] + t["phases"] + t["scratch"] + t["grid_barriers"] + t["atomics"] + t["ramp"]
+    return t["body"] + t["phases"] + t["scratch"] + t["spills"] + t["grid_barriers"] + t["atomics"] + t["ramp"]
 
 
 def kernel_device_us(f: KernelFeatures, device: Device, c: Coefficients) -> float:
@@ -275,9 +294,13 @@ def launch_us(features: Sequence[KernelFeatures], device: Device) -> float:
 
 
 def predict_program(program: kir.Program, device: Device, registers: Mapping[str, int] | None = None,
-                    coefficients: Coefficients | None = None) -> Prediction:
-    """Legality as :func:`stitchtune.cost.model.predict`, time = predicted device time (no launch term)."""
-    regs_of = dict(registers or {})
+                    coefficients: Coefficients | None = None,
+                    compiled: Mapping[str, CompiledFacts] | None = None) -> Prediction:
+    """Legality as :func:`stitchtune.cost.model.predict`, time = predicted device time (no launch term).
+    ``compiled`` (kernel name -> :class:`~stitchtune.cost.compiled.CompiledFacts`, after a build only): the
+    compiled code's bytes in flight and spills are used, and its registers where ``registers`` lacks them."""
+    regs_of = {**registers_of(compiled or {}), **dict(registers or {})}
+    registers = regs_of or None
     limiter: dict[str, str] = {}
     for k in program.profile.kernels:
         occ, reason = kernel_legality(k, device, int(regs_of.get(k.name, k.est_registers)))
@@ -287,7 +310,7 @@ def predict_program(program: kir.Program, device: Device, registers: Mapping[str
     if not program.launches:
         return Prediction(math.inf, (), 0.0, "none", "program has no kernels")
     c = coefficients or coefficients_for(device)
-    feats = program_features(program, device, registers)
+    feats = with_compiled(program_features(program, device, registers), compiled or {})
     times = tuple(kernel_device_us(f, device, c) for f in feats)
     slow = max(range(len(times)), key=times.__getitem__)
     return Prediction(float(sum(times)), times, feats[slow].occupancy, limiter.get(feats[slow].name, "none"), None)

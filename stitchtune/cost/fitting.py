@@ -8,7 +8,7 @@ Contract
 * :func:`fit_coefficients(rows, device, base=None, names=FITTED) -> Coefficients`: least squares on
   ``log(predicted / measured)`` (``scipy.optimize.least_squares``, soft-L1 loss, scale 0.2), each group
   weighing the same in total, the coefficients fitted in log space within
-  :data:`~stitchtune.cost.fitted.FIT_BOUNDS` with a weak pull (:data:`PRIOR`) towards ``base``
+  :data:`~stitchtune.cost.fitted.FIT_BOUNDS` (``OPTIONAL_BOUNDS`` for the names that ask for one) with a weak pull (:data:`PRIOR`) towards ``base``
   (default: the defaults). Deterministic for given rows. Raises ``ValueError`` without rows.
 * :func:`leave_one_group_out(rows, device, base=None, progress=None) -> dict[group, Coefficients]`: for each group,
   the fit on the other groups' rows (the held-out coefficients of that group's rows).
@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from stitchtune.cost.features import KernelFeatures
-from stitchtune.cost.fitted import FIT_BOUNDS, Coefficients, columns, device_us_many
+from stitchtune.cost.fitted import FIT_BOUNDS, OPTIONAL_BOUNDS, Coefficients, columns, device_us_many
 from stitchtune.hardware.device import Device
 
 __all__ = ["FITTED", "MAX_EVALUATIONS", "PRIOR", "TOLERANCE", "fit_coefficients", "leave_one_group_out", "predict_rows", "score"]
@@ -79,9 +79,11 @@ def fit_coefficients(rows: Sequence[Mapping[str, Any]], device: Device, base: Co
     if not rows:
         raise ValueError("no rows to fit")
     b = base or Coefficients.defaults(device)
-    lo = np.log([FIT_BOUNDS[n][0] for n in names])
-    hi = np.log([FIT_BOUNDS[n][1] for n in names])
-    x0 = np.clip(np.log([getattr(b, n) for n in names]), lo + 1e-9, hi - 1e-9)
+    bounds = {**FIT_BOUNDS, **OPTIONAL_BOUNDS}
+    lo = np.log([bounds[n][0] for n in names])
+    hi = np.log([bounds[n][1] for n in names])
+    start = np.maximum([float(getattr(b, n)) for n in names], [bounds[n][0] for n in names])   # 0 (a term off): its bound
+    x0 = np.clip(np.log(start), lo + 1e-9, hi - 1e-9)
     meas = np.log([float(r["measured_us"]) for r in rows])
     stack = _Stack(rows)
     groups = [str(r["group"]) for r in rows]

@@ -113,6 +113,7 @@ class Walker:
         self.trans = 0.0
         self.flops = 0.0
         self.shuffles = 0.0
+        self.l2_requests = 0.0      # warp-level requests of scratch loads (L1 bypassed: each goes to the L2)
         self.barriers = 0.0
         self.atomics = 0.0
         self.scratch_loads = 0.0
@@ -231,6 +232,8 @@ class Walker:
         self.excess_bytes += trips * max(0, sectors - ideal) * 32 * blocks
         self.ideal_bytes += trips * ideal * 32 * blocks
         self.requests += trips * warps
+        if kind == "load" and p.role == "scratch":
+            self.l2_requests += trips * warps
         self.lanes += trips * n_act / 32.0
         self.per_access.append((buf, kind, trips, sectors / ideal if ideal else 1.0))
         if kind == "load" and p.role == "scratch" and idx is not None and ideal and sectors * 4 <= ideal:

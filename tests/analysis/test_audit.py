@@ -169,3 +169,22 @@ def test_bank_wavefronts_of_shared_accesses():
     assert stores == [(1, 1.0, 8), (1, 2.0, 8), (4, 4.0, 32)], by
     (load,) = [a for a in r.shared if a.op == "load"]      # s[0] (a broadcast) and s[tid], one statement
     assert load.ratio == 1.0 and load.requests == 2 * 8
+
+
+def test_the_fitted_time_reads_the_compiled_facts_of_the_cubin(monkeypatch):
+    # a fake cubin whose every kernel keeps one 4-byte load in flight and spills: the post-build prediction is
+    # slower than the IR walk's (whose loads in flight the fake SASS contradicts)
+    import stitchtune.analysis.audit as audit
+    from stitchtune.analysis.sass import SassMetrics
+
+    g = load_graph(str(EXAMPLES_DIR / "layernorm_small.json"))
+    plain = audit_graph(g, DEV, sass=False)
+
+    def fake_sass(program, arch, notes):
+        return {k.name: SassMetrics(k.name, 100, registers=32, max_loads_in_flight=1, max_bytes_in_flight=4)
+                for k in program.kernels}
+
+    monkeypatch.setattr(audit, "_sass_of", fake_sass)
+    compiled = audit_graph(g, DEV, sass=True)
+    assert compiled.fitted_us > plain.fitted_us
+    assert any("compiled code's bytes in flight" in n for n in compiled.notes)
