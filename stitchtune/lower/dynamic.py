@@ -66,6 +66,7 @@ from stitchtune.ir.launches import DynamicInfo, GridRule
 from stitchtune.ir.verify import verify
 from stitchtune.lower.dynamic_shifts import shift_refusal
 from stitchtune.lower.poly_fit import fit_monomial, fit_multilinear
+from stitchtune.lower.remap_positions import piece_conflict
 from stitchtune.lower.row import RowLowerer
 from stitchtune.lower.transpose import tile_edge
 from stitchtune.lower.symbols import RowSymbols
@@ -255,6 +256,10 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
                                   "(a monomial, or of degree 1 in each)")
         fitted[label] = f
     sym = _row_symbols(fitted, dg, g0, p0)
+    clash = piece_conflict(g0, domain_of(g0), sym)
+    if clash is not None:
+        return DynamicRefusal(f"index op {clash}", "a concat along an axis that follows the extents whose pieces "
+                              "meet another concat's at the same bounds here but not at every extent")
     index = [nd.id for nd in g0.nodes if OPS[nd.op].kind in INDEX_KINDS]
     if index and sym.dynamic_rows_length:  # their offsets and conditions are columns of a static row
         return DynamicRefusal(f"index op {index[0]}", "an index op under a dynamic row length")

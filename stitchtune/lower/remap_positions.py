@@ -36,7 +36,7 @@ from stitchtune.lower.base import I
 from stitchtune.lower.index_chain import node_axis
 from stitchtune.lower.symbols import RowSymbols
 
-__all__ = ["coord", "moving_bounds", "moving_deltas"]
+__all__ = ["coord", "moving_bounds", "moving_deltas", "piece_conflict"]
 
 Bounds = dict[tuple[int, int, int], tuple[kir.Expr | None, kir.Expr | None]]
 Deltas = dict[tuple[int, int], SymInt]
@@ -72,6 +72,21 @@ def _offsets(g: Graph, domain: tuple[int, ...], sym: RowSymbols | None
             o_rep, o_sym = o_rep + n, SymInt.poly([*o_sym.terms, *ln.terms])
         out.append((a, rows))
     return out
+
+
+def piece_conflict(g: Graph, domain: tuple[int, ...], sym: RowSymbols | None) -> str | None:
+    """The second of two concats along an axis that follows the extents whose pieces have the same
+    representative bounds or shift but other symbolic ones (``cat(past [p], new [c])`` beside
+    ``cat(x [c], y [p])`` where the buckets' largest ``p`` and ``c`` are equal: the lowering keys both
+    by the representative's numbers), or None. :func:`stitchtune.lower.dynamic.fit_rows` refuses it."""
+    seen: dict[tuple[int, ...], tuple[SymInt, ...]] = {}
+    for (a, rows), (name, _) in zip(_offsets(g, domain, sym), sym.pieces if sym is not None else ()):
+        for k, (o, n, o_sym) in enumerate(rows):
+            end = rows[k + 1][2] if k + 1 < len(rows) else None
+            for key, val in (((a, o, o + n), (o_sym, end if end is not None else SymInt(-1))), ((a, -o), (o_sym,))):
+                if seen.setdefault(key, val) != val:
+                    return name
+    return None
 
 
 def moving_bounds(g: Graph, domain: tuple[int, ...], sym: RowSymbols | None) -> Bounds:

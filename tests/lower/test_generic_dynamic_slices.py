@@ -130,6 +130,27 @@ def test_a_dynamic_chunk_through_a_chain_of_its_shapes_is_generic(p: int, c: int
     check_bucket(dg, key)
 
 
+def _two_orders() -> Any:
+    """``cat(past [1, 2, p, 16], new [.., c, ..]) + cat(x [.., c, ..], y [.., p, ..])``: two concats spanning
+    ``p + c`` with their pieces in the other order."""
+    shape = {n: {"shape": [1, 2, d, 16], "dtype": "float32"} for n, d in (("past", "p"), ("new", "c"), ("x", "c"),
+                                                                        ("y", "p"))}
+    return parse_dynamic({"name": "two", "dynamic": {"p": {"min": 1, "max": 64}, "c": {"min": 2, "max": 8}},
+                          "inputs": shape,
+                          "nodes": [{"id": "c1", "op": "concat", "args": ["past", "new"], "axis": 2},
+                                    {"id": "c2", "op": "concat", "args": ["x", "y"], "axis": 2},
+                                    {"id": "s", "op": "add", "args": ["c1", "c2"]}], "outputs": ["s"]})
+
+
+def test_two_concats_whose_pieces_meet_only_at_the_largest_extents_are_refused() -> None:
+    """Where the buckets' largest ``p`` and ``c`` are equal (8), both concats' later pieces start at 8 in the
+    representative but at ``p`` and ``c`` elsewhere: refused as data; elsewhere one generic kernel."""
+    dg = _two_orders()
+    r = fit_rows(dg, dg.key_of({"p": 7, "c": 6}))
+    assert isinstance(r, DynamicRefusal) and r.part == "index op c2" and "same bounds" in r.reason, r
+    check_bucket(dg, dg.key_of({"p": 40, "c": 6}))
+
+
 def test_a_slice_that_does_not_span_the_dynamic_axis_is_refused() -> None:
     """``x[:, 1:]`` beside ``x`` itself as an output: the domain is x's ``[2, s, 16]`` and the slice's
     result ``s - 1`` does not span it (the planner stores whole tensors only: refused there already)."""
