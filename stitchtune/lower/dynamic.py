@@ -110,7 +110,9 @@ def _numbers(g: Graph, p: StitchPlan) -> tuple[Any, list[tuple[str, int]]]:
         nums += [(f"dom:{k}", d) for k, d in enumerate(domain_of(g))]
     if any(OPS[nd.op].kind in INDEX_KINDS for nd in g.nodes):   # layout chains' shapes (RowSymbols.shapes)
         nums += [(f"chain:{t}:{k}", d) for t in _chain_tensors(g) for k, d in enumerate(g.spec(t).shape)]
-    for nd in g.nodes:   # each concat piece's extent along the concat's axis (RowSymbols.pieces)
+    for nd in g.nodes:   # each concat piece's extent along the concat's axis (RowSymbols.pieces), slice starts
+        if OPS[nd.op].kind == "slice":
+            nums.append((f"start:{nd.id}", nd.start))
         if OPS[nd.op].kind == "concat":
             nums += [(f"piece:{nd.id}:{k}", g.spec(x).shape[nd.axis or 0]) for k, x in enumerate(nd.tensor_args)]
     for name, spec in g.inputs:
@@ -293,7 +295,8 @@ def _row_symbols(fitted: Mapping[str, SymInt], dg: DynamicGraph, g0: Graph, p0: 
     args = tuple((d, f"ext{i}") for i, d in enumerate(dg.dim_names))
     domain = tuple(f for label, f in fitted.items() if label.startswith("dom:"))
     return RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols), domain, _repeats(fitted, p0),
-                      _pieces(fitted, g0, domain), _shapes(fitted, g0))
+                      _pieces(fitted, g0, domain), _shapes(fitted, g0),
+                      tuple((label[6:], f) for label, f in fitted.items() if label.startswith("start:") and not f.static))
 
 
 def _pieces(fitted: Mapping[str, SymInt], g: Graph,

@@ -33,10 +33,15 @@ extents, a concat's pieces (their fitted extents: :attr:`RowSymbols.pieces
   follow the extents (:attr:`RowSymbols.shapes <stitchtune.lower.symbols.RowSymbols.shapes>`: positions
   carried back through the fitted dims).
 
-Refused: a slice whose start counts from the end of an axis that follows the extents (``x[:, -3:]``:
-a symbolic offset), a concat along a static axis whose pieces' extents follow the extents, a slice /
-concat along an axis that follows the extents that does not span it (a larger tensor sets the domain:
-conditions that would be symbolic), and one along an axis with a moving axis inside it.
+* a slice whose start counts from the end of an axis that follows the extents (``x[:, -3:]``: ``s - 3``,
+  fitted: :attr:`RowSymbols.starts <stitchtune.lower.symbols.RowSymbols.starts>`) whose result spans a
+  static domain axis, alone along it, in a region without transpose / reshape or gather
+  (:func:`_end_slice_refusal`).
+
+Refused: other slices counted from an axis's end, a concat along a static axis whose pieces' extents
+follow the extents, a slice / concat along an axis that follows the extents that does not span it (a
+larger tensor sets the domain: conditions that would be symbolic), and one along an axis with a moving
+axis inside it.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from __future__ import annotations
 from stitchtune.graph.dynamic import DynamicRefusal
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph, Node
-from stitchtune.plan.chains import domain_of
+from stitchtune.plan.chains import domain_of, mixed_layout
 
 __all__ = ["moving_axes", "shift_refusal"]
 
@@ -71,12 +76,34 @@ def _static_offsets_refusal(g: Graph, nd: Node, others: list[Graph], a: int) -> 
     for o in others:
         on = o.node(nd.id)
         if nd.op == "slice" and on.start != nd.start:
-            return DynamicRefusal(f"index op {nd.id}", f"a slice along domain axis {a} whose start counts from the "
-                                  "end of an axis that follows the extents: its offset would be symbolic")
+            why = _end_slice_refusal(g, nd, others, a)
+            if why is not None:
+                return why
         if nd.op == "concat" and a not in moving_axes([g, o]) and any(
                 o.spec(x).shape[nd.axis or 0] != g.spec(x).shape[nd.axis or 0] for x in nd.tensor_args):
             return DynamicRefusal(f"index op {nd.id}", f"a concat along domain axis {a} whose pieces' extents follow "
                                   "the extents: their offsets would be symbolic")
+    return None
+
+
+def _end_slice_refusal(g: Graph, nd: Node, others: list[Graph], a: int) -> DynamicRefusal | None:
+    """Why slice ``nd``, whose start counts from the end of an axis that follows the extents (``x[:, -3:]``:
+    ``s - 3``), is not one a generic kernel serves, or None: served where its result spans domain axis
+    ``a`` and that axis's extent stays (a constant number of the last positions), it is the region's only
+    slice / concat along ``a``, and the region has no transpose / reshape and no gather (its shift is
+    then the fitted start, :attr:`RowSymbols.starts <stitchtune.lower.symbols.RowSymbols.starts>`, added
+    alone along ``a`` to loads in their own strides or a layout chain's coordinates)."""
+    why = f"a slice along domain axis {a} whose start counts from the end of an axis that follows the extents"
+    dom = domain_of(g)
+    if a in moving_axes([g, *others]) or nd.shape[nd.axis or 0] != dom[a]:
+        return DynamicRefusal(f"index op {nd.id}", f"{why}, and whose result does not span a static domain axis: its "
+                              "offset and conditions would be symbolic")
+    if any(OPS[n.op].kind in ("slice", "concat") and n.id != nd.id and _axis(n, dom) == a for n in g.nodes):
+        return DynamicRefusal(f"index op {nd.id}", f"{why}, beside another slice / concat along that axis: their "
+                              "offsets would combine symbolically")
+    if mixed_layout(g) or any(OPS[n.op].kind in ("gather", "gather_elements") for n in g.nodes):
+        return DynamicRefusal(f"index op {nd.id}", f"{why}, in a region with transpose / reshape or a gather: its "
+                              "symbolic offset is added to loads in their own strides only")
     return None
 
 

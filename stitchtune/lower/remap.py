@@ -383,8 +383,9 @@ class RemapValues:
         through every transpose and reshape (whose innermost dims are multiples of ``vec``)."""
         v, D = self.vec, self.domain
         shape = self.g.spec(chain[0]).shape
-        if v == 1 or (self.low.sym is not None and any(self.low.sym.shape(t) is not None for t in chain)):
-            return False   # (a generic kernel: a chain whose shapes follow the extents is loaded lane by lane)
+        if v == 1 or (self.low.sym is not None and any(self.low.sym.shape(t) is not None for t in chain)) or \
+                any(k in self.deltas for k in sh.delta):
+            return False   # (a generic kernel: a chain whose shapes or shift follow the extents: lane by lane)
         # the head's innermost dim is the domain's, wider (a fused projection read through a slice of its
         # columns) or narrower (a concat piece, reached under the piece's uniform conditions): c + d stays
         # inside it (_check_bounds), with rows a whole number of vectors

@@ -107,8 +107,13 @@ def moving_bounds(g: Graph, domain: tuple[int, ...], sym: RowSymbols | None) -> 
 def moving_deltas(g: Graph, domain: tuple[int, ...], sym: RowSymbols | None) -> Deltas:
     """The symbolic shift of each later concat piece along a domain axis whose extent follows the
     extents, keyed by the representative's ``(axis, -offset)`` (the delta the remap's :class:`Shift`
-    carries): ``-offset`` over the fitted extents (module docstring)."""
+    carries): ``-offset`` over the fitted extents (module docstring); and of each slice whose start follows
+    the extents (``x[:, -3:]``), keyed by ``(axis, representative start)``: the fitted start (the only
+    shift along its axis: :func:`stitchtune.lower.dynamic_shifts.shift_refusal`)."""
     out: Deltas = {}
+    for name, start in sym.starts if sym is not None else ():   # a slice counted from a moving axis's end
+        nd = g.node(name)
+        out[(len(domain) - len(nd.shape) + node_axis(nd), nd.start)] = start
     for a, rows in _offsets(g, domain, sym):
         assert sym is not None
         for o, _, o_sym in rows[1:]:

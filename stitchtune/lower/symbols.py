@@ -41,6 +41,9 @@ class RowSymbols:
     #: each tensor of a layout chain of an input whose shape follows the extents: its fitted dims (a
     #: chunk of new keys ``[1, c, H, D]`` transposed to heads: positions carried back through them)
     shapes: tuple[tuple[str, tuple[SymInt, ...]], ...] = ()
+    #: each slice whose start follows the extents (``x[:, -3:]``: ``s - 3``), as fitted: its shift
+    #: (:func:`stitchtune.lower.remap_positions.moving_deltas`)
+    starts: tuple[tuple[str, SymInt], ...] = ()
 
     @property
     def dynamic_rows_length(self) -> bool:

@@ -35,6 +35,17 @@ class ShiftedDiff(torch.nn.Module):
         return (x[:, 1:] - x[:, :-1]).exp() * self.w
 
 
+class LastPositions(torch.nn.Module):
+    """``exp(x[:, -2:]) * w``: the last two positions of the sequence (a start counted from its end)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(32))
+
+    def forward(self, x: Any) -> Any:
+        return x[:, -2:].exp() * self.w
+
+
 class CacheStep(torch.nn.Module):
     """``cat(past, new)`` along the positions, the new positions' keys split into heads from the
     projection's rows ``[B, C, H*D]``: one position (decode) or several (chunked prefill)."""
@@ -64,6 +75,13 @@ def test_a_slice_of_the_sequence_builds_one_generic_kernel_per_bucket() -> None:
     lengths = (5, 9, 16, 33, 40, 64, 47, 20)   # 4 buckets of the sequence: 5..8, 9..16, 17..32, 33..64
     calls = [(torch.randn(2, s, 32),) for s in lengths]
     _check(ShiftedDiff().eval(), calls, before, max_builds=5)
+
+
+def test_the_last_positions_of_the_sequence_build_one_generic_kernel_per_bucket() -> None:
+    before = set(torch_ops._registry)
+    torch.manual_seed(0)
+    calls = [(torch.randn(2, s, 32),) for s in (5, 9, 16, 33, 40, 64, 47, 20)]
+    _check(LastPositions().eval(), calls, before, max_builds=4)
 
 
 def test_a_decode_step_with_dynamic_batch_and_past_is_generic() -> None:

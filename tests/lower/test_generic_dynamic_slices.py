@@ -49,6 +49,42 @@ def test_a_plain_slice_of_the_sequence_is_one_generic_kernel_per_bucket(s: int, 
     check_bucket(dg, key)
 
 
+def _last(start: int, stop: int | None) -> Any:
+    """``exp(x[:, start:stop]) + y`` of ``x [b, s, 16]`` with a start counted from the end (the last
+    positions of the sequence, e.g. the logits of the last token), ``y [b, 1, 16]`` broadcast."""
+    return parse_dynamic({
+        "name": "last", "dynamic": {"b": {"min": 1, "max": 4}, "s": {"min": 4, "max": 64}},
+        "inputs": {"x": {"shape": ["b", "s", 16], "dtype": "float32"}, "y": {"shape": ["b", 1, 16], "dtype": "float32"}},
+        "nodes": [{"id": "h", "op": "slice", "args": ["x"], "axis": 1, "start": start, "stop": stop},
+                  {"id": "e", "op": "exp", "args": ["h"]}, {"id": "z", "op": "add", "args": ["e", "y"]}],
+        "outputs": ["z"]})
+
+
+@pytest.mark.parametrize("start,stop", [(-1, None), (-3, None), (-3, -1)])
+@pytest.mark.parametrize("s,b", [(64, 4), (9, 3), (5, 1)])
+def test_a_slice_counted_from_the_end_of_the_sequence_is_generic(start: int, stop: int | None, s: int, b: int) -> None:
+    """The shift is the fitted start ``s - 3`` (a static domain axis of 3 or 2 positions)."""
+    dg = _last(start, stop)
+    key = dg.key_of({"s": s, "b": b})
+    fit = fit_rows(dg, key)
+    assert isinstance(fit, RowFit), fit
+    if s > 8:
+        assert dict(fit.sym.starts)["h"] == SymInt.poly([(1, ("s",)), (start, ())])
+    check_bucket(dg, key)
+
+
+def test_a_slice_from_the_end_beside_another_along_its_axis_is_refused() -> None:
+    """``x[:, -3:] + x[:, :3]``: the two shifts along one axis, one symbolic (refused, saying why)."""
+    dg = parse_dynamic({
+        "name": "two", "dynamic": {"s": {"min": 4, "max": 64}},
+        "inputs": {"x": {"shape": [2, "s", 16], "dtype": "float32"}},
+        "nodes": [{"id": "h", "op": "slice", "args": ["x"], "axis": 1, "start": -3, "stop": None},
+                  {"id": "f", "op": "slice", "args": ["x"], "axis": 1, "start": 0, "stop": 3},
+                  {"id": "z", "op": "add", "args": ["h", "f"]}], "outputs": ["z"]})
+    r = fit_rows(dg, dg.key_of({"s": 40}))
+    assert isinstance(r, DynamicRefusal) and r.part == "index op h" and "combine" in r.reason, r
+
+
 def _cache(C: int | str = 1, B: int | str = "b", chain: bool = False) -> Any:
     """``cat(past [B, 2, p, 16], k [B, 2, C, 16], 2)``; ``k`` is ``exp`` of an input of that shape, or
     (``chain``) the new keys split into heads from the projection's rows ``[B, C, 32]`` (a reshape and

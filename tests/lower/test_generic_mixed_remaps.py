@@ -121,14 +121,17 @@ def _concat_refusal(nodes: list[dict[str, Any]], inputs: dict[str, Any]) -> Dyna
 
 
 def test_what_a_dynamic_axis_cannot_serve_is_refused_saying_why() -> None:
-    """A slice whose start counts from the end of the sequence (``x[:, -2:]``: a symbolic offset), a
-    concat of a concat along the dynamic axis (the inner one does not span it): refused as data, naming
-    the node. (Two dynamic pieces and a plain slice of the sequence are served:
+    """A slice whose start counts from the end of the sequence beside a concat of it along that axis
+    (``cat(x[:, -2:], x[:, :1])``: the slice does not span the concat's domain axis), a concat of a concat along
+    the dynamic axis (the inner one does not span it): refused as data, naming the node. (Two dynamic
+    pieces, a plain slice of the sequence and one counted from its end alone are served:
     tests/lower/test_generic_dynamic_slices.py.)"""
     x = {"x": {"shape": [2, "s", 16], "dtype": "float32"}}
     r = _concat_refusal([{"id": "h", "op": "slice", "args": ["x"], "axis": 1, "start": -2, "stop": None},
-                         {"id": "e", "op": "exp", "args": ["h"]}], x)
-    assert r.part == "index op h" and "start counts from the end" in r.reason, r
+                         {"id": "f", "op": "slice", "args": ["x"], "axis": 1, "start": 0, "stop": 1},
+                         {"id": "c", "op": "concat", "args": ["h", "f"], "axis": 1},
+                         {"id": "e", "op": "exp", "args": ["c"]}], x)
+    assert r.part == "index op h" and "start counts from the end" in r.reason and "does not span" in r.reason, r
     one = {"shape": [2, 1, 16], "dtype": "float32"}
     r = _concat_refusal([{"id": "c", "op": "concat", "args": ["x", "a"], "axis": 1},
                          {"id": "d", "op": "concat", "args": ["c", "b"], "axis": 1}], {"x": x["x"], "a": one, "b": one})
