@@ -1,4 +1,4 @@
-"""The three modules of tests/deploy/test_torch_dynamic_slices.py through torch.compile(dynamic=True):
+"""The four modules of tests/deploy/test_torch_dynamic_slices.py through torch.compile(dynamic=True):
 builds, eager calls and graphs per scenario (CPU, emulated kernels; nothing timed).
 
     PYTHONPATH=$PWD python results/dynamic-sweep-2026-12-07-s12-dynslice/scenarios.py
@@ -19,7 +19,7 @@ warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)
 
 import stitchtune.torch as st_torch  # noqa: E402
-from test_torch_dynamic_slices import OPTS, CacheStep, D, H, ShiftedDiff  # noqa: E402
+from test_torch_dynamic_slices import OPTS, CacheStep, D, H, LastPositions, ShiftedDiff  # noqa: E402
 
 
 def run(name: str, m: torch.nn.Module, calls: list[tuple[torch.Tensor, ...]]) -> None:
@@ -39,6 +39,8 @@ def run(name: str, m: torch.nn.Module, calls: list[tuple[torch.Tensor, ...]]) ->
 
 torch.manual_seed(0)
 run("slice x[:, 1:] - x[:, :-1], batch 2, 8 lengths 5..64", ShiftedDiff().eval(),
+    [(torch.randn(2, s, 32),) for s in (5, 9, 16, 33, 40, 64, 47, 20)])
+run("last positions x[:, -2:], batch 2, 8 lengths 5..64", LastPositions().eval(),
     [(torch.randn(2, s, 32),) for s in (5, 9, 16, 33, 40, 64, 47, 20)])
 run("decode step, batch 1-4, past 3..64", CacheStep().eval(),
     [(torch.randn(b, 1, H * D), torch.randn(b, H, p, D)) for b, p in
