@@ -35,6 +35,13 @@ may be shifted along any axis (Swin's roll): loaded at its own address plus the 
 strides, the row positions of the conditions taken from the map of a computed tensor of the
 domain's shape (the view's rows follow the largest tensor's layout, not the domain's).
 
+In a generic kernel (:mod:`stitchtune.lower.dynamic`) the shift of a later concat piece along an axis
+whose extent follows the extents, and of a slice counted from such an axis's end, is symbolic
+(:func:`~stitchtune.lower.remap_positions.moving_deltas`, keyed by the representative's number): a load
+in its own strides adds ``(symbolic - representative) * stride`` (vector loads only where that stride
+is a multiple of ``vec``), a layout chain takes the symbolic coordinate, and the pieces' conditions are
+:func:`~stitchtune.lower.remap_positions.moving_bounds`.
+
 A layout chain of an input (:func:`stitchtune.plan.chains.composed_chains`) is loaded at the head's
 position ``p + delta`` along any axis (also where a sweep reads the head as it is): the head's
 coordinates are carried back through the chain's transposes (permuted), reshapes (row-major linear
@@ -95,7 +102,7 @@ class RemapValues:
                                         split_axes(self.domain, self.p.M))
         self.memo: dict[tuple[str, Shift], list[kir.Expr]] = {}
         self.moving = moving_bounds(low.g, self.domain, low.sym)   # (generic: a concat along a dynamic axis)
-        self.deltas = moving_deltas(low.g, self.domain, low.sym)   # (its later pieces' symbolic shifts)
+        self.deltas = moving_deltas(low.g, self.domain, low.sym)   # (its pieces' / end slices' symbolic shifts)
 
     # -- entry -----------------------------------------------------------------------------------
     def node_value(self, name: str) -> list[kir.Expr]:
@@ -216,7 +223,8 @@ class RemapValues:
 
     def delta(self, axis: int, d: int) -> kir.Expr:
         """The shift ``d`` along domain ``axis`` as an expression: a later concat piece's offset along an
-        axis whose extent follows the extents is symbolic (:func:`~stitchtune.lower.remap_positions.moving_deltas`)."""
+        axis whose extent follows the extents, and a slice's start counted from such an axis's end, are
+        symbolic (:func:`~stitchtune.lower.remap_positions.moving_deltas`)."""
         sd = self.deltas.get((axis, d))
         return I(d) if sd is None or self.low.sym is None else self.low.sym.expr(sd)
 
