@@ -257,6 +257,14 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
             return DynamicRefusal("index map", f"{label.split(':')[0]} of the plan is no polynomial of the extents "
                                   "(a monomial, or of degree 1 in each)")
         fitted[label] = f
+    return _row_fit(fitted, dg, key, g0, p0)
+
+
+def _row_fit(fitted: Mapping[str, SymInt], dg: DynamicGraph, key: BucketKey, g0: Graph,
+             p0: StitchPlan) -> RowFit | DynamicRefusal:
+    """The :class:`RowFit` of the fitted numbers, or what its symbols cannot serve (concat pieces that
+    meet another concat's only here, an index op under a dynamic row length)."""
+    rep = key.largest()
     sym = _row_symbols(fitted, dg, g0, p0)
     clash = piece_conflict(g0, domain_of(g0), sym)
     if clash is not None:
