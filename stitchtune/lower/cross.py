@@ -4,7 +4,8 @@ Phases (each a function below, called by :class:`stitchtune.lower.row.RowKernel`
 
 1. :func:`cross_layout`: the per-thread accumulators (``xa<i>``: one row piece of ``per_thread`` floats
    per per-column reduction, in registers; a scalar variable per scalar reduction) and the shared
-   exchange buffers (``sxk``: one row piece per warp row group; ``sxs``: one float per warp), sized by
+   exchange buffers (``sxk``: one row piece per warp row group, used by the per-column reductions one
+   after another; ``sxs``: one float per warp), sized by
    :func:`stitchtune.space.options.cross_smem_floats` (the space checks the same figure).
 2. :func:`cross_init` (before the round loop) zeroes the accumulators; :func:`cross_accumulate`
    (in the output sweep) adds each element of a full-size source to the thread's accumulator of its
@@ -12,13 +13,19 @@ Phases (each a function below, called by :class:`stitchtune.lower.row.RowKernel`
    value, on the row's first lane.
 3. :func:`cross_epilogue` (after the round loop, reached by every thread): the block reduces its
    accumulators (shuffles across the sub-warp rows of a warp, then shared memory across the warp row
-   groups; shuffles + shared memory across the warps for a scalar), then combines across blocks per
+   groups: ``sxk`` holds one reduction at a time, element-major so that stores and loads are
+   conflict-free, and each thread sums the groups of ``vec`` consecutive columns, stored with one
+   vector access; shuffles + shared memory across the warps for a scalar), then combines across blocks per
    ``Schedule.cross_combine``: ``atomic`` adds the block's value (a mean: scaled by ``1 / count``) to
    the output, zeroed by the small kernel of :func:`zero_kernel` launched first; ``grid`` stores it to
    the per-block partials ``xp<i>`` (scratch, ``grid x width`` floats, every element written before it
-   is read), passes a grid barrier and sums the partials in block order (:func:`final_sums`); ``kernel``
-   stores the partials and :func:`combine_kernel` (a second launch) sums them in block order. ``grid``
-   and ``kernel`` are bitwise reproducible whatever order the blocks run in; ``atomic`` is not.
+   is read), passes a grid barrier and sums the partials: the per-column ones by column bands, one
+   per block, through ``sxk`` (:func:`~stitchtune.lower.cross_bands.grid_bands`; else one thread per
+   column), the scalar ones in block order (:func:`final_sums`); ``kernel`` stores the partials and
+   :func:`combine_kernel` (a second launch) sums them: the per-column ones by column bands
+   (:mod:`stitchtune.lower.cross_bands`: 128-bit loads, all issued before the first add, summed in a
+   fixed order), the scalar ones in block order. ``grid`` and ``kernel`` are bitwise reproducible
+   whatever order the blocks run in; ``atomic`` is not.
    ``max`` / ``min`` cross reductions combine with their own op from its neutral element (-inf / +inf)
    at every step (the space allows ``atomic`` for sums and means only: ``cross_atomic``).
 4. :func:`epilogue` (``grid`` and ``kernel``, after the final combine): the scalar epilogue nodes
@@ -38,6 +45,7 @@ from stitchtune.ir.kir import F32, I32, Assign, Bin, BufferRole, Const, Load, Lo
 from stitchtune.lower.base import Ctx, I, Lowerer, add, mul
 from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
+from stitchtune.lower.cross_bands import band_sums, combine_layout, grid_bands
 from stitchtune.plan.cross import CrossReduction
 from stitchtune.space.option_values import CrossCombine
 from stitchtune.space.options import CROSS_COMBINE, cross_smem_floats
@@ -80,7 +88,7 @@ def cross_layout(low: Lowerer) -> tuple[list[kir.SharedBuf], list[kir.LocalArray
     shared: list[kir.SharedBuf] = []
     groups = s.block // max(s.tpr, 32)
     if nk and groups > 1:
-        shared.append(kir.SharedBuf("sxk", nk * groups * low.chunk))
+        shared.append(kir.SharedBuf("sxk", groups * low.chunk))   # one row piece per group, each reduction in turn
     if ns and s.block > 32:
         shared.append(kir.SharedBuf("sxs", ns * (s.block // 32)))
     assert 4 * sum(b.size for b in shared) == 4 * cross_smem_floats(s.tpr, s.block, low.chunk, nk, ns)
@@ -147,14 +155,15 @@ def _warp_sum(out: list[kir.Stmt], get: Callable[[], kir.Expr], put: Callable[[k
         out.append(put(Bin(op, get(), kir.Shfl(get(), m, 32))))
 
 
-def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, kir.Expr, kir.Expr, kir.Expr]]:
+def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, kir.Expr, tuple[kir.Expr, ...], kir.Expr]]:
     """The block reduce (statements into ``out``); returns, per block value to combine, ``(cross
-    index, column, value, predicate)`` (columns may repeat over loop iterations: statements follow)."""
+    index, first column, values of consecutive columns, predicate)``: per-column results ``vec``
+    columns at a time (one 128-bit store at ``vec`` 4), a scalar as one value."""
     low, s = k.low, k.low.s
-    tpr, block, chunk, N = s.tpr, s.block, low.chunk, low.p.N
+    tpr, block = s.tpr, s.block
     groups = block // max(tpr, 32)
     subwarp = [m for m in (1, 2, 4, 8, 16) if m >= tpr]
-    res: list[tuple[int, kir.Expr, kir.Expr, kir.Expr]] = []
+    res: list[tuple[int, kir.Expr, tuple[kir.Expr, ...], kir.Expr]] = []
     pcs = _per_col(low)
     for i, c in pcs:  # merge the sub-warp rows of each warp (lanes with the same columns)
         for e in range(low.per_thread):
@@ -165,37 +174,23 @@ def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, k
         a = k.cross_accumulator(i)
         _warp_sum(out, lambda: a, lambda v: Assign(a, v), [16, 8, 4, 2, 1], c.combine)
     writer = Bin("<", Bin("%", _TID, I(32)), I(tpr)) if tpr < 32 else None
-    if pcs and groups > 1:
-        slot = Bin("/", _TID, I(max(tpr, 32)))
-        for n, (i, _) in enumerate(pcs):
-            base = mul(add(I(n * groups), slot), I(chunk))
-            for e in range(low.per_thread):
-                out.append(kir.StoreVec("sxk", add(base, _column(k, e)), (LocalRef(f"xa{i}", I(e)),), writer))
     nw = block // 32
     scal = _scalars(low)
     if scal and block > 32:
         for n, (i, _) in enumerate(scal):
             out.append(kir.StoreVec("sxs", add(I(n * nw), Bin("/", _TID, I(32))), (k.cross_accumulator(i),),
                                     Bin("==", Bin("%", _TID, I(32)), I(0))))
-    if (pcs and groups > 1) or (scal and block > 32):
-        out.append(kir.Barrier())
     if pcs and groups > 1:
-        for n, (i, c) in enumerate(pcs):
-            for q in range(math.ceil(chunk / block)):
-                col = add(_TID, I(q * block))
-                v = k.var("xv", F32)
-                inside = Bin("<", col, I(chunk))
-                out.append(Assign(v, _ident(c)))
-                for g in range(groups):
-                    out.append(Assign(v, _comb(c, v, Load("sxk", add(I((n * groups + g) * chunk),
-                                                                      Bin("min", col, I(chunk - 1))), inside))))
-                res.append((i, col, v, Bin("<", col, I(N))))
-    elif pcs:
+        res += _groups_exchange(k, out, pcs, groups, writer)
+    elif scal and block > 32:
+        out.append(kir.Barrier())
+    if pcs and groups == 1:
         for i, _ in pcs:
-            for e in range(low.per_thread):
-                col = _column(k, e)
-                ok = Bin("<", col, I(N))
-                res.append((i, col, LocalRef(f"xa{i}", I(e)), ok if writer is None else Bin("&&", writer, ok)))
+            for u in range(low.per_thread // s.vec):   # the thread's vec-wide pieces: columns (u tpr + lane) vec ...
+                col = _column(k, u * s.vec)
+                vals = tuple(LocalRef(f"xa{i}", I(u * s.vec + j)) for j in range(s.vec))
+                ok = Bin("<", add(col, I(s.vec - 1)), I(low.p.N))
+                res.append((i, col, vals, ok if writer is None else Bin("&&", writer, ok)))
     for n, (i, c) in enumerate(scal):
         if block > 32:
             v = k.var("xv", F32)
@@ -204,8 +199,50 @@ def _block_values(k: RowKernelBuilder, out: list[kir.Stmt]) -> list[tuple[int, k
                 out.append(Assign(v, _comb(c, v, Load("sxs", I(n * nw + w)))))
         else:
             v = k.cross_accumulator(i)
-        res.append((i, I(0), v, Bin("==", _TID, I(0))))
+        res.append((i, I(0), (v,), Bin("==", _TID, I(0))))
     return res
+
+
+def _groups_exchange(k: RowKernelBuilder, out: list[kir.Stmt], pcs: list[tuple[int, CrossReduction]], groups: int,
+                     writer: kir.Expr | None) -> list[tuple[int, kir.Expr, tuple[kir.Expr, ...], kir.Expr]]:
+    """The warp row groups' per-column sums through ``sxk`` (one row piece per group, reused by each
+    reduction in turn), laid out by element: column ``(u tpr + lane) vec + j`` of group ``g`` at ``g
+    chunk + j (chunk / vec) + u tpr + lane``, so that a warp's stores and the readers' loads touch
+    consecutive words (no bank conflict); thread ``t`` then sums the groups of the ``vec`` columns
+    from ``(t + q block) vec`` on, in group order (the first barrier also publishes ``sxs``)."""
+    low, s = k.low, k.low.s
+    chunk, block, vec = low.chunk, s.block, s.vec
+    units = chunk // vec
+    slot = Bin("/", _TID, I(max(s.tpr, 32)))
+    res: list[tuple[int, kir.Expr, tuple[kir.Expr, ...], kir.Expr]] = []
+    for n, (i, c) in enumerate(pcs):
+        if n:
+            out.append(kir.Barrier())   # the previous reduction's readers are done with sxk
+        for e in range(low.per_thread):
+            u, j = divmod(e, vec)
+            at = add(mul(slot, I(chunk)), add(I(j * units + u * s.tpr), k.ix.lane))
+            out.append(kir.StoreVec("sxk", at, (LocalRef(f"xa{i}", I(e)),), writer))
+        out.append(kir.Barrier())
+        for q in range(math.ceil(units / block)):
+            unit = add(_TID, I(q * block))
+            inside = Bin("<", unit, I(units))
+            vals = []
+            for j in range(vec):
+                v = k.var("xv", F32)
+                out.append(Assign(v, _ident(c)))
+                for g in range(groups):
+                    out.append(Assign(v, _comb(c, v, Load("sxk", add(I(g * chunk + j * units),
+                                                                      Bin("min", unit, I(units - 1))), inside))))
+                vals.append(v)
+            col = mul(unit, I(vec))
+            res.append((i, col, tuple(vals), Bin("<", add(col, I(vec - 1)), I(low.p.N))))
+    return res
+
+
+def _atomic_width(n: int, device_width: int) -> int:
+    """Elements per atomic add of ``n`` consecutive values: a float4 / float2 add where the device has
+    them (``device_width``, 1 for a 16-bit output) and it divides ``n``, else scalar adds."""
+    return next(w for w in (4, 2, 1) if w <= device_width and n % w == 0)
 
 
 def partial_buf(low: Lowerer, i: int, grid: int) -> str:
@@ -221,29 +258,42 @@ def cross_epilogue(k: RowKernelBuilder, cx: Ctx, uses: dict[str, set[str]]) -> l
     low = k.low
     mode, grid = low.s.option(CROSS_COMBINE), k.layout.grid
     out: list[kir.Stmt] = [kir.Comment("cross reductions: block reduce, then combine across blocks")]
-    for i, col, v, pred in _block_values(k, out):
+    vw = low.dev.atomic_vector_width
+    for i, col, vals, pred in _block_values(k, out):
         c = low.p.cross[i]
         if mode == CrossCombine.ATOMIC:
             buf = low.out_buf[c.node]
             k.use_output(buf)
-            val = Bin("*", v, _f(_scale(c))) if c.mean else v
-            out.append(kir.AtomicAdd(buf, col, val, pred))
+            vals = tuple(Bin("*", v, _f(_scale(c))) if c.mean else v for v in vals)
+            w = _atomic_width(len(vals), vw if low.g.spec(c.node).dtype == "float32" else 1)
+            out += [kir.AtomicAdd(buf, add(col, I(j)), vals[j], pred, more=vals[j + 1:j + w])
+                    for j in range(0, len(vals), w)]
         else:
             part = partial_buf(low, i, grid)
             cx.scratch.add(part)
             width = low.p.N if c.kind == "per_reduced" else 1
-            out.append(kir.StoreVec(part, add(mul(_BID, I(width)), col), (v,), pred))
+            out.append(kir.StoreVec(part, add(mul(_BID, I(width)), col), vals, pred))
     if mode == CrossCombine.GRID:
         out.append(kir.GridSync())
-        out += final_sums(low, cx, uses, grid, grid)
+        lay = grid_bands(low, grid)
+        if lay is not None:   # every block of the grid a band (sxk is free after the grid barrier)
+            pcs = _per_col(low)
+            parts_of = [partial_buf(low, i, grid) for i, _ in pcs]
+            outs = [low.out_buf[c.node] for _, c in pcs]
+            cx.scratch.update(parts_of)
+            uses["out"].update(outs)
+            out += band_sums(lay, pcs, parts_of, outs, cx, buf="sxk", spare=True)[0]
+        out += final_sums(low, cx, uses, grid, grid, per_column=lay is None)
     return out
 
 
-def final_sums(low: Lowerer, cx: Ctx, uses: dict[str, set[str]], parts: int, nblocks: int) -> list[kir.Stmt]:
+def final_sums(low: Lowerer, cx: Ctx, uses: dict[str, set[str]], parts: int, nblocks: int,
+               per_column: bool = True) -> list[kir.Stmt]:
     """Combine the ``parts`` per-block partials of every cross reduction in block order into its output,
-    with ``nblocks`` blocks running this code: per column one thread; a scalar by block 0 (every thread
-    a strided share, then shuffles and ``sxs`` across the warps, so that every thread of block 0 holds
-    it), then the scalar epilogue (:func:`epilogue`)."""
+    with ``nblocks`` blocks running this code: per column one thread (skipped with ``per_column``
+    false: the combine kernel sums those by bands, :mod:`stitchtune.lower.cross_bands`); a scalar by
+    block 0 (every thread a strided share, then shuffles and ``sxs`` across the warps, so that every
+    thread of block 0 holds it), then the scalar epilogue (:func:`epilogue`)."""
     s = low.s
     block = s.block
     out: list[kir.Stmt] = []
@@ -253,6 +303,8 @@ def final_sums(low: Lowerer, cx: Ctx, uses: dict[str, set[str]], parts: int, nbl
     finals: dict[str, kir.Expr] = {}
     mine = Bin("==", _BID, I(0))
     for i, c in enumerate(low.p.cross):
+        if c.kind == "per_reduced" and not per_column:
+            continue
         part = partial_buf(low, i, parts)
         cx.scratch.add(part)
         acc: Var = cx.var("xt", F32)
@@ -358,14 +410,28 @@ def zero_kernel(low: Lowerer) -> tuple[kir.Kernel, int]:
 
 
 def combine_kernel(low: Lowerer, parts: int) -> tuple[kir.Kernel, int]:
-    """(the second kernel of ``cross_combine`` kernel: sums the ``parts`` partials in block order, its grid)."""
+    """(the second kernel of ``cross_combine`` kernel, its grid): the per-column reductions' ``parts``
+    partial rows summed by column bands (:mod:`stitchtune.lower.cross_bands`: one band per block), the
+    scalar ones in block order by block 0 (:func:`final_sums`)."""
 
     cx, uses = Ctx(), _no_uses()
     block = low.s.block
-    width = max(low.p.N if c.kind == "per_reduced" else 1 for c in low.p.cross)
-    grid = math.ceil(width / block)
-    body = final_sums(low, cx, uses, parts, grid)
-    shared = [kir.SharedBuf("sxs", block // 32)] if block > 32 and _scalars(low) else []
+    body: list[kir.Stmt] = []
+    shared: list[kir.SharedBuf] = []
+    grid = 1
+    pcs = _per_col(low)
+    if pcs:
+        lay = combine_layout(low, parts)
+        parts_of = [partial_buf(low, i, parts) for i, _ in pcs]
+        outs = [low.out_buf[c.node] for _, c in pcs]  # (per-column results are outputs: see final_sums)
+        cx.scratch.update(parts_of)
+        uses["out"].update(outs)
+        body, shared = band_sums(lay, pcs, parts_of, outs, cx)
+        grid = lay.bands
+    if _scalars(low) or low.p.epilogue:
+        body += final_sums(low, cx, uses, parts, grid, per_column=False)
+        if block > 32 and _scalars(low):
+            shared.append(kir.SharedBuf("sxs", block // 32))
     return _small_kernel(low, "st_xsum", cx, uses, body, shared), grid
 
 
@@ -374,21 +440,25 @@ def small_profile(low: Lowerer, kern: kir.Kernel, grid: int, parts: int) -> kir.
     specs = {b.name: b for b in low.buffers}
     reads = sum(specs[p.name].nbytes for p in kern.params if p.role == BufferRole.SCRATCH)
     writes = sum(specs[p.name].nbytes for p in kern.params if p.role == BufferRole.OUTPUT)
+    in_flight, rounds = _combine_loads(low, parts) if reads else (4, 0)
     return kir.KernelProfile(
         name=kern.name, grid=grid, block=kern.block, smem_bytes=kern.smem_bytes, est_registers=SMALL_KERNEL_REGISTERS,
         dram_read_bytes=int(reads), dram_write_bytes=int(writes), reread_bytes=0, reread_working_set=0,
         flops=int(reads // 4), sfu_ops=0, block_barriers=sum(isinstance(x, kir.Barrier) for x in kir.walk(kern.body)),
-        grid_barriers=0, atomics=0, bytes_in_flight_per_thread=4 * min(parts, 4),
-        scratch_loads=int(math.ceil(_combine_loads(low, parts) / 8)) if reads else 0)
+        grid_barriers=0, atomics=0, bytes_in_flight_per_thread=in_flight, scratch_loads=rounds)
 
 
-def _combine_loads(low: Lowerer, parts: int) -> int:
-    """Partials one thread of the combine loads: all ``parts`` of its column, or its strided share of
-    a scalar's. They are independent loads of distinct, coalesced lines (unlike a split row's partials,
-    which every thread of a row loads), so the chain counts them 8 in flight per thread (an assumption)."""
-    if any(c.kind == "per_reduced" for c in low.p.cross):
-        return parts
-    return math.ceil(parts / low.s.block) if parts else 0
+def _combine_loads(low: Lowerer, parts: int) -> tuple[int, int]:
+    """(bytes of partials one thread of the combine has in flight, the rounds of loads it issues one
+    after another). Per-column reductions: a band's batch of vector loads, issued before the first add
+    (:class:`~stitchtune.lower.cross_bands.BandLayout`); a scalar alone: its strided share of the
+    partials, counted 8 in flight (an assumption: the loop is rolled; the in-flight figure as before
+    the bands, ``4 x min(parts, 4)``)."""
+    if _per_col(low):
+        lay = combine_layout(low, parts)
+        return 4 * lay.vec * lay.nk * min(lay.batch, lay.passes), lay.rounds
+    n = math.ceil(parts / low.s.block) if parts else 0
+    return 4 * min(parts, 4), math.ceil(n / 8)
 
 
 def atomic_counts(low: Lowerer, grid: int) -> tuple[int, int]:

@@ -270,11 +270,12 @@ def _cross_registers(n: Point) -> int:
 
 
 def cross_smem_floats(tpr: int, block: int, chunk: int, ncross_k: int, ncross_s: int) -> int:
-    """Shared floats per block of the cross-reduction exchange: for each per-column reduction, one
-    row piece (``chunk``) per warp row group ``block // max(tpr, 32)`` when there are several
-    (after shuffles merge the sub-warp rows of a warp); one float per warp per scalar reduction."""
+    """Shared floats per block of the cross-reduction exchange: one row piece (``chunk``) per warp row
+    group ``block // max(tpr, 32)`` when there are several (after shuffles merge the sub-warp rows of
+    a warp), which the per-column reductions use one after another; one float per warp per scalar
+    reduction."""
     groups = block // max(tpr, 32)
-    per_col = ncross_k * groups * chunk if groups > 1 else 0
+    per_col = groups * chunk if groups > 1 and ncross_k else 0
     scal = ncross_s * (block // 32) if block > 32 else 0
     return per_col + scal
 
