@@ -12,13 +12,13 @@ row this script
    ``source_sha256`` (the program that was measured, byte for byte);
 2. compiles it as the GPU run's builder did (``nvcc -cubin -arch=sm_90 -O3 -Xptxas -v -lineinfo``; the
    H200 runs used the same nvcc build, ``cuda_13.0.r13.0/compiler.36424714_0``, results/h200-2026-11-29's
-   versions.log) and reads the cubin with :func:`stitchtune.analysis.sass.read_cubin` (cuobjdump);
+   versions.log) and reads the cubin with :func:`stitchtune.gpu.sass.read_cubin` (cuobjdump);
 3. **checks**, for the database's rows, that the most registers of the program's kernels equal the
    registers its ptxas reported on the GPU machine (the database stores one count per program): the
    same compiler made the same code;
 4. adds to each kernel the fitted model's compiled fields (``compiled_bytes_in_flight``,
-   ``spill_instructions``: :func:`stitchtune.analysis.sass.compiled_facts`) and the SASS summary under
-   ``sass`` (:class:`~stitchtune.analysis.sass.SassMetrics`). The stored IR features are kept as they are.
+   ``spill_instructions``: :func:`stitchtune.gpu.sass.compiled_facts`) and the SASS summary under
+   ``sass`` (:class:`~stitchtune.gpu.sass.SassMetrics`). The stored IR features are kept as they are.
 
 ``--check DATASET``: compiles again and compares every kernel's compiled fields and ``sass`` with
 ``DATASET``'s (exit 1 on a difference): the facts are reproducible from the committed sources. Nothing is
@@ -41,7 +41,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from stitchtune.analysis.sass import compiled_facts, read_cubin  # noqa: E402
+from stitchtune.gpu.sass import compiled_facts, read_cubin  # noqa: E402
 from stitchtune.gpu.build import find_nvcc, nvcc_version  # noqa: E402
 
 FLAGS = ("-O3", "-Xptxas", "-v", "-lineinfo")   # stitchtune.gpu.build.NvccBuilder's flags at ca1a075

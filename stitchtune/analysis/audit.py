@@ -19,7 +19,7 @@ given), then for every launch builds a :class:`KernelAudit`:
   access, the active lanes per request, and the bank wavefronts of every shared access (reported,
   not a floor-ready criterion);
 * shared buffers the kernel stores and never loads (from the IR: every path, not just the slice);
-* from the sm_90 cubin (:mod:`stitchtune.analysis.sass`, optional: absent tools give a note, not an error).
+* from the sm_90 cubin (:mod:`stitchtune.gpu.sass`, optional: absent tools give a note, not an error).
 
 ``problems`` lists the floor-ready criteria (:class:`Criteria`) a kernel misses; a kernel with none is
 *floor-ready*. With ``peer=True`` a Triton kernel of the same region kind (:mod:`.triton_peer`,
@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from stitchtune.analysis.sass import SassMetrics, compiled_facts, find_cuobjdump, read_cubin
+from stitchtune.gpu.sass import SassMetrics, compiled_facts, find_cuobjdump, read_cubin
 from stitchtune.analysis.sectors import (
     DEFAULT_SLICE_BLOCKS,
     AccessSectors,

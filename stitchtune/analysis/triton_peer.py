@@ -16,7 +16,7 @@ Contract
   pointwise kernel ``XBLOCK = 1024`` elements and 4 warps, a transposing one 32 x 32 tiles and 4 warps). The peer is the kind at the region's row
   length, not a translation of the graph: its operands are the kind's (x, mask, weight, bias), so its
   bytes can differ from the region's by a small per-row or per-column input.
-* :func:`compile_peer(peer, arch)` -> SASS metrics (:class:`~stitchtune.analysis.sass.SassMetrics`) of
+* :func:`compile_peer(peer, arch)` -> SASS metrics (:class:`~stitchtune.gpu.sass.SassMetrics`) of
   ``triton.compile`` with ``GPUTarget("cuda", cc, 32)``: no GPU needed. Raises ImportError without
   ``triton`` (the ``audit`` extra) and :class:`~stitchtune.errors.ToolchainError` without cuobjdump.
 * :func:`peer_audit(graph, plan, device, notes)` -> a dict for :class:`~stitchtune.analysis.audit.RegionAudit`
@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from stitchtune.analysis.sass import SassMetrics, read_cubin
+from stitchtune.gpu.sass import SassMetrics, read_cubin
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ Contract
   the loads nvcc actually batches, e.g. 19 loads of a rolled loop it unrolled, or 1 where a spill or a
   reused destination register serialises them), ``loads_in_flight`` (the same in loads) and
   ``spill_instructions`` (``LDL`` + ``STL``). Read from a cubin by
-  :func:`stitchtune.analysis.sass.compiled_facts` (cuobjdump; optional tool); this module needs no tool.
+  :func:`stitchtune.gpu.sass.compiled_facts` (cuobjdump; optional tool); this module needs no tool.
 * :func:`with_compiled(features, facts) -> tuple[KernelFeatures, ...]`: ``features`` with
   ``compiled_bytes_in_flight`` and ``spill_instructions`` set from ``facts`` (kernel name -> facts);
   a kernel without facts keeps 0 (the model then uses the IR walk's bytes in flight, see
@@ -16,16 +16,28 @@ Contract
 * Compiled facts exist only after a build: the search's pre-build ranking predicts from the IR alone
   (never compiles a candidate to rank it); a post-build prediction, ``stitchtune audit`` and the cost fit's
   dataset (``scripts/sass_dataset.py``) may add them.
+* :class:`PredictedFrom` names what a recorded prediction read (the database's ``predicted_from``
+  column): ``ir`` (the IR features: before a build, or after one whose cubin could not be read in SASS)
+  or ``compiled`` (the IR features with the compiled facts of the built cubin).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from stitchtune.cost.features import KernelFeatures
+if TYPE_CHECKING:  # a type only: the search's pipeline imports PredictedFrom without the feature walk
+    from stitchtune.cost.features import KernelFeatures
 
-__all__ = ["CompiledFacts", "registers_of", "with_compiled"]
+__all__ = ["CompiledFacts", "PredictedFrom", "registers_of", "with_compiled"]
+
+
+class PredictedFrom(StrEnum):
+    """What a prediction read (module docstring); a member equals its stored string."""
+
+    IR = "ir"
+    COMPILED = "compiled"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ Contract
 * :func:`region_dynamic_graph(region, max_extent)` names the region's symbolic input sizes
   (:func:`~stitchtune.importers.torch_symbolic.symbolic_region`: ``d0, d1, ...`` by first
   appearance) and returns its :class:`~stitchtune.graph.dynamic.DynamicGraph`, each size bounded
-  ``1..max_extent`` with the default power-of-two buckets
+  ``1..max_extent`` (or from the smallest size at which the graph is valid: ``x[:, 1:]`` needs 2) with
+  the default power-of-two buckets
   (:class:`~stitchtune.graph.dynamic.Buckets`). Raises :class:`~stitchtune.errors.StitchtuneError`
   saying why a region has none (a size that is an expression of symbols, a number of the graph
   that depends on a symbol).
@@ -19,7 +20,7 @@ Contract
   across rows; with ``deterministic``, a program with float atomics) is remembered, logged once, and
   gets kernels specialised per extent: the graph at those extents (``DynamicGraph.at``), one
   selection and one build each. A region without a dynamic graph, or extents outside
-  ``1..max_extent``, keys by the exact shapes and maps the region again per shape
+  its dims' bounds, keys by the exact shapes and maps the region again per shape
   (:func:`~stitchtune.importers.torch_symbolic.map_at_shapes`). A region makes at most
   :data:`MAX_SPECIALISED` such specialised kernels; later shapes without a kernel run its ATen ops.
   Build failures are the DynamicRegionKernel's: that shape runs the region's ATen ops.
@@ -63,8 +64,36 @@ def region_dynamic_graph(region: Any, max_extent: int) -> tuple[Any, Any]:
     try:
         dg = parse_dynamic(sym.graph_json({n: (1, max_extent) for n in sym.names}))
     except StitchtuneError as exc:
-        raise StitchtuneError(f"region {region.name}: its graph with named sizes is refused: {exc}") from exc
+        try:   # a slice of a dynamic axis (x[:, 1:]) is empty at its smallest extents: start the dims above them
+            dg = parse_dynamic(sym.graph_json(_smallest_valid(sym, max_extent)))
+        except StitchtuneError:
+            raise StitchtuneError(f"region {region.name}: its graph with named sizes is refused: {exc}") from exc
     return sym, dg
+
+
+#: the largest smallest extent :func:`_smallest_valid` tries (a slice dropping up to this many positions)
+MAX_SMALLEST = 9
+
+
+def _smallest_valid(sym: Any, max_extent: int) -> dict[str, tuple[int, int]]:
+    """Each dim's bounds ``(lo, max_extent)``: ``lo`` the smallest extent up to :data:`MAX_SMALLEST` at which
+    the graph is valid with the other dims at ``max_extent`` (a slice ``x[:, 1:]`` of dim ``s`` needs
+    ``s >= 2``; a graph's validity only grows with an extent there), ``max_extent`` where none is; the
+    extents below run per shape (:func:`dynamic_region_kernel`)."""
+    from stitchtune.graph.dynamic import parse_dynamic
+
+    out: dict[str, tuple[int, int]] = {}
+    for n in sym.names:
+        out[n] = (max_extent, max_extent)
+        for lo in range(1, min(MAX_SMALLEST, max_extent) + 1):
+            try:
+                parse_dynamic(sym.graph_json({m: (lo, max_extent) if m == n else (max_extent, max_extent)
+                                              for m in sym.names}))
+            except StitchtuneError:
+                continue
+            out[n] = (lo, max_extent)
+            break
+    return out
 
 
 def dynamic_region_kernel(region: Any, opts: BackendOptions, device: Any, counter: RegionCounter,
@@ -138,8 +167,8 @@ def dynamic_region_kernel(region: Any, opts: BackendOptions, device: Any, counte
 
     def build(inputs: Sequence[Any]) -> Built:
         ext = sym.extents([t.shape for t in inputs])
-        if not sym.tied([t.shape for t in inputs]) or not all(1 <= v <= opts.max_extent for v in ext.values()):
-            return per_shape(inputs)
+        if not sym.tied([t.shape for t in inputs]) or not all(d.lo <= ext[d.name] <= d.hi for d in dg.dims):
+            return per_shape(inputs)   # (below a dim's smallest extent: a slice of it would be empty there)
         return generic(ext) or Built(kernel(dg.at(ext), sym.graph_output_shapes(ext)), sym.index)
 
     return DynamicRegionKernel(region.name, region.ops, region.module, build, compiled=compiled,

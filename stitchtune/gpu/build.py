@@ -250,7 +250,8 @@ def parse_ptxas(text: str) -> dict[str, KernelResources]:
 # the builder
 
 
-def _default_cache_dir() -> Path:
+def default_cache_dir() -> Path:
+    """The build cache's folder: ``$STITCHTUNE_CACHE``, else ``~/.cache/stitchtune/cubin``."""
     env = os.environ.get("STITCHTUNE_CACHE")
     if env:
         return Path(env)
@@ -324,7 +325,7 @@ class NvccBuilder:
     ) -> None:
         self.jobs = max(1, jobs or os.cpu_count() or 1)
         self.timeout_s = float(timeout_s)
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         lines = ("-lineinfo",) if lineinfo else ()
         self.flags: tuple[str, ...] = ("-O3", "-Xptxas", "-v", *lines, *extra_flags)
         self._nvcc = nvcc

@@ -265,13 +265,18 @@ def output_dtypes(graph: Any) -> dict[str, str]:
 
 class EmulateRunner:
     """Checks each program with the numpy SIMT emulator; the time is the fitted cost model's prediction
-    (:func:`stitchtune.cost.fitted.predict_program`, device time, the same model the search prunes with).
+    (:func:`stitchtune.cost.fitted.predict_program`, device time, the same model the search prunes with),
+    made with what the build says: ptxas' registers and, where the cubin can be read in SASS, its compiled
+    facts (``compiled_facts(build) -> {kernel: CompiledFacts} | None``, default the process's
+    :func:`stitchtune.gpu.build_facts.shared_reader`, which reads each cubin once and returns None without
+    cuobjdump: the time is then predicted from the IR features, as the pipeline's ``predicted_from`` says).
 
     Inputs are ``random_inputs(graph, seed)`` (``graph`` should be a small variant: the emulator
     runs every thread). An :class:`~stitchtune.emulate.emulator.EmulatorFault` (out of bounds, unwritten
     read, race, grid-barrier deadlock) becomes ``launch_error`` with the fault's text. Every
     measurement has ``estimated=True`` and empty ``samples_us``.
-    ``emulate``/``predict`` (``predict(program, device, registers=None)``)/``inputs``/``expected`` can be
+    ``emulate``/``predict`` (``predict(program, device, registers=None, compiled=None)``)/``compiled_facts``/
+    ``inputs``/``expected`` can be
     injected (tests; ``fault_types`` then
     lists the exceptions that mean "the kernel faulted"); by default the real modules are used.
     """
@@ -287,6 +292,7 @@ class EmulateRunner:
         inputs: Mapping[str, np.ndarray] | None = None,
         expected: Mapping[str, np.ndarray] | None = None,
         fault_types: tuple[type[BaseException], ...] = (),
+        compiled_facts: Callable[[Any], Mapping[str, Any] | None] | None = None,
     ) -> None:
         self.graph = graph
         self.fault_types = tuple(fault_types)
@@ -301,6 +307,7 @@ class EmulateRunner:
         self.dtypes = output_dtypes(graph)
         self._emulate = emulate
         self._predict = predict
+        self._compiled_facts = compiled_facts
 
     def _fns(self) -> tuple[Callable[..., Any], Callable[..., Any], tuple[type[BaseException], ...]]:
         emulate: Callable[..., Any] | None = self._emulate
@@ -315,6 +322,14 @@ class EmulateRunner:
 
             predict = predict_program
         return emulate, predict, faults
+
+    def _facts(self, build: Any) -> Mapping[str, Any] | None:
+        """The compiled facts of ``build`` (None: predict from the IR features)."""
+        if self._compiled_facts is None:
+            from stitchtune.gpu.build_facts import shared_reader
+
+            self._compiled_facts = shared_reader()
+        return self._compiled_facts(build) or None
 
     def coresident_limit(self, program: Any, build: Any) -> Callable[[Any], int]:
         """``kernel -> blocks that fit on the device at once`` (the emulator's grid-barrier check),
@@ -340,7 +355,7 @@ class EmulateRunner:
                                        error=clip_error(chk.error)))
                 continue
             regs = dict(getattr(build, "registers", None) or {}) if getattr(build, "status", "ok") == "ok" else {}
-            pred = predict(program, self.device, registers=regs or None)
+            pred = predict(program, self.device, registers=regs or None, compiled=self._facts(build))
             out.append(Measurement(MeasureStatus.OK, median_us=float(pred.time_us), samples_us=(),
                                    max_rel_error=chk.max_rel_error, estimated=True))
         return out

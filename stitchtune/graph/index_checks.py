@@ -4,7 +4,8 @@ Contract (graph.json forms)
 ---------------------------
 * ``{"op": "slice", "args": ["x"], "axis": A, "start": S, "stop": E}``: step 1; ``A`` in
   ``[-rank, rank)`` (normalised to non-negative); ``S`` and ``E`` integers, a negative one counts from
-  the end as in Python (``S + dim``), then ``0 <= S < E <= dim`` is required (an empty or out-of-range
+  the end as in Python (``S + dim``), ``E`` may be ``null``: the axis's end (Python's ``x[1:]``, in a
+  dynamic graph the end whatever the extent), then ``0 <= S < E <= dim`` is required (an empty or out-of-range
   slice is an error, never clipped). Result: ``x``'s shape with ``E - S`` along ``A``, ``x``'s dtype.
 * ``{"op": "concat", "args": ["a", "b", ...], "axis": A}``: two to eight tensors of the same rank,
   equal dims except along ``A`` (no broadcasting inside concat), all float (one promoted dtype),
@@ -35,6 +36,8 @@ from stitchtune.graph.values import INT_DTYPES, TensorSpec, promote_dtypes
 __all__ = ["IndexResult", "index_attributes", "index_spec", "INDEX_KEYS"]
 
 INDEX_KEYS = ("axis", "start", "stop")
+#: a slice's ``stop`` given as ``null``: the axis's end (resolved to the dim by the node's validation)
+STOP_END = 2**63 - 1
 
 
 def _int(v: Any, path: str, p: _Problems) -> int | None:
@@ -64,6 +67,8 @@ def index_attributes(rn: dict[str, Any], path: str, info: OpInfo | None,
         if k not in rn:
             p.add(f"{path}.{k}", f"missing: {info.name} needs {k!r}")  # type: ignore[union-attr]
             out.append(None)
+        elif k == "stop" and rn[k] is None:
+            out.append(STOP_END)
         else:
             out.append(_int(rn[k], f"{path}.{k}", p))
     out += [None] * (3 - len(out))
@@ -110,9 +115,9 @@ def _slice_spec(path: str, x: TensorSpec, axis: int | None, start: int | None, s
         return None
     dim = x.shape[a]
     s = start + dim if start < 0 else start
-    e = stop + dim if stop < 0 else stop
+    e = dim if stop == STOP_END else stop + dim if stop < 0 else stop
     if not 0 <= s < e <= dim:
-        p.add(path, f"slice [{start}:{stop}] of axis {a} (dim {dim}) is empty or out of range "
+        p.add(path, f"slice [{start}:{'' if stop == STOP_END else stop}] of axis {a} (dim {dim}) is empty or out of range "
                     f"(needs 0 <= start < stop <= dim after negative values count from the end)")
         return None
     shape = tuple(e - s if k == a else d for k, d in enumerate(x.shape))

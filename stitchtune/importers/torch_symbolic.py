@@ -196,26 +196,43 @@ class SymbolicRegion:
 
 
 def _extent(dim: int | str, extents: Mapping[str, int]) -> int:
-    """The value of an output dim: an int, a dim name, or ``"name+k"`` / ``"name-k"`` (:func:`_offset_names`)."""
+    """The value of an output dim: an int, a dim name, or a sum of names and a small offset
+    (``"d0+1"``, ``"d0-1"``, ``"d0+d1"``: :func:`_offset_names`)."""
     if isinstance(dim, int):
         return dim
-    for sign in ("+", "-"):
-        name, op, k = dim.partition(sign)
-        if op:
-            return extents[name] + (int(k) if sign == "+" else -int(k))
-    return extents[dim]
+    total, sign, tok = 0, 1, ""
+    for ch in dim + "+":
+        if ch in "+-":
+            if tok:
+                total += sign * (int(tok) if tok.isdigit() else extents[tok])
+            sign, tok = (1 if ch == "+" else -1), ""
+        else:
+            tok += ch
+    return total
 
 
 #: the largest offset of an output dim from a symbol (a KV cache's ``s + 1``)
 _MAX_OFFSET = 8
 
 
+def _dim_name(x: int, y: int, va: Mapping[str, int], vb: Mapping[str, int]) -> str | None:
+    """The dim that is ``x`` at probes ``va`` and ``y`` at ``vb``: one symbol or the sum of two (a chunked
+    prefill's cache ``d0 + d1``: past and new positions), plus or minus at most :data:`_MAX_OFFSET`;
+    None when none is."""
+    names = sorted(va)
+    for group in [(n,) for n in names] + [(m, n) for i, m in enumerate(names) for n in names[i + 1:]]:
+        k = x - sum(va[n] for n in group)
+        if k == y - sum(vb[n] for n in group) and abs(k) <= _MAX_OFFSET:
+            return "+".join(group) + (f"{'+' if k > 0 else '-'}{abs(k)}" if k else "")
+    return None
+
+
 def _offset_names(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...], va: Mapping[str, int],
                   vb: Mapping[str, int]) -> tuple[tuple[int | str, ...], ...] | None:
     """The output shapes mapped at the two probe sets ``va`` and ``vb`` (symbol -> probe) as one shape
-    each: a dim equal in both is static (an int); one that differs is a symbol's name (``"d0"``) or a
+    each: a dim equal in both is static (an int); one that differs is a symbol's name (``"d0"``), a
     symbol plus or minus a small offset (``"d0+1"``: the concat of a cache of ``d0`` positions and one
-    new one) where one symbol and offset give both values; None when no symbol does."""
+    new one) or the sum of two (``"d0+d1"``, :func:`_dim_name`); None when none gives both values."""
     out: list[tuple[int | str, ...]] = []
     for sa, sb in zip(a, b):
         dims: list[int | str] = []
@@ -223,11 +240,10 @@ def _offset_names(a: tuple[tuple[int, ...], ...], b: tuple[tuple[int, ...], ...]
             if x == y:
                 dims.append(x)
                 continue
-            hit = next((n for n in sorted(va) if x - va[n] == y - vb[n] and abs(x - va[n]) <= _MAX_OFFSET), None)
-            if hit is None:
+            name = _dim_name(x, y, va, vb)
+            if name is None:
                 return None
-            k = x - va[hit]
-            dims.append(hit if k == 0 else f"{hit}{'+' if k > 0 else '-'}{abs(k)}")
+            dims.append(name)
         out.append(tuple(dims))
     return tuple(out)
 
@@ -240,6 +256,27 @@ def _named(obj: Any, names: Mapping[int, str]) -> Any:
     if isinstance(obj, list):
         return [_named(x, names) for x in obj]
     return obj
+
+
+def _slices_from_end(graph: Any, probes: Mapping[int, str]) -> dict[str, Any]:
+    """``graph.to_dict()`` with each slice along an axis of a probe extent (a key of ``probes``) written
+    from the axis's end: a stop at the end as ``null``, a start or stop in the axis's upper half as a
+    negative count from the end (``x[:, 1:]`` is ``1:null``, ``x[:, :-1]`` ``0:-1``, ``x[:, -3:]``
+    ``-3:null`` at every probe), so that both probe sets give one template; a static bound stays."""
+    d = graph.to_dict()
+    for nd in d["nodes"]:
+        if nd["op"] != "slice":
+            continue
+        n = graph.spec(nd["args"][0]).shape[nd["axis"]]
+        if n not in probes:
+            continue
+        if nd["stop"] == n:
+            nd["stop"] = None
+        elif 2 * nd["stop"] > n:
+            nd["stop"] -= n
+        if 2 * nd["start"] > n:
+            nd["start"] -= n
+    return d
 
 
 def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dtypes: Sequence[Any], name: str,
@@ -282,7 +319,7 @@ def symbolic_region(module: Any, dims: Sequence[Sequence[int | str | None]], dty
                              device="meta") for ds, dt in zip(dims, dtypes)]
         graph, index, shapes = map_at_shapes(module, metas, name, accept, perms)
         back = {v: k for k, v in value.items()}
-        text = json.dumps(_named(graph.to_dict(), back), sort_keys=True)
+        text = json.dumps(_named(_slices_from_end(graph, back), back), sort_keys=True)
         mapped.append((text, tuple(index)))
         raw.append((tuple(tuple(int(d) for d in sh) for sh in shapes), value))
     out_shapes = _offset_names(raw[0][0], raw[1][0], raw[0][1], raw[1][1])

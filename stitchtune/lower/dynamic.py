@@ -4,11 +4,14 @@ Contract
 --------
 :func:`fit_rows` plans a :class:`~stitchtune.graph.dynamic.DynamicGraph` at the bucket's largest
 extents (the *representative* graph and plan that search, the cost model and the heuristic see) and
-expresses every number of the plan that follows the extents as a monomial of them
-(:class:`~stitchtune.graph.dynamic.SymInt`): the view's rows ``M``, each operand's row factors and each
-input's and output's size. It fits them from plans at other extents (one dim moved at a time) and
-checks the fit at a third, odd extent of every dim; a plan whose *structure* changes with the extents,
-or a number that is not a monomial, is refused.
+expresses every number of the plan that follows the extents as a monomial of them, else as a
+polynomial of degree 1 in each (:class:`~stitchtune.graph.dynamic.SymInt`, :mod:`stitchtune.lower.poly_fit`:
+``B*H*(P + 1)`` rows of a cache concat under a dynamic batch): the view's rows ``M``, each operand's row
+factors, each input's and output's size and, in a region with index ops, the domain's extents, each
+concat piece's extent and each layout chain tensor's dims. It fits them from plans at other extents
+(one dim moved at a time, inside its bucket where it has room; the corners of two or more moved where
+a number needs them) and checks the fit at a third, odd extent of every dim; a plan whose *structure*
+changes with the extents, or a number that is neither, is refused.
 
 :func:`lower_dynamic` lowers a schedule of that plan with the rows symbolic
 (:class:`~stitchtune.lower.symbols.RowSymbols`): every kernel takes the extents as ``int`` arguments
@@ -27,18 +30,18 @@ largest row; a mean divides by ``N`` at run time; column maps use the symbolic c
 An embedding ``gather`` of rows of a static table (an input without named dims) is served: the row's
 id is read through the ids' symbolic row map at the row clamped to ``M - 1`` and range-checked against
 the table's static row count, with the static kernel's error flag (:mod:`stitchtune.lower.gather`).
-So are slice / concat along an axis of the iteration domain whose extent, and every extent inside it,
-is the same for every extent of the bucket (:func:`~stitchtune.lower.dynamic_shifts.shift_refusal`): along the view's columns (static
-offsets and conditions within a row), also beside transpose / reshape (Llama's rotary after the head
-split: the columns are the innermost axis, the rows follow the extents through the symbolic row maps),
-and along a row axis of static extent with static axes inside it (a concat of heads under a dynamic
-batch; its positions ``(row // inner) % dim`` have static numbers).
+So are slice / concat as :func:`~stitchtune.lower.dynamic_shifts.shift_refusal` says: along an axis
+of the iteration domain whose extent, and every extent inside it, is the same for every extent of the
+bucket (along the view's columns, beside transpose / reshape: Llama's rotary after the head split; along a
+row axis of static extent: a concat of heads under a dynamic batch), and along an axis whose extent
+follows the extents (a plain slice of the sequence; a cache concat or chunked prefill, its pieces'
+offsets and conditions over their fitted extents).
 
 What a generic kernel cannot serve is a :class:`~stitchtune.graph.dynamic.DynamicRefusal` (data):
 the column family (it reduces over the rows), cross reductions, scatter_add, gather_elements, a gather from a
-table with named dims (:func:`_index_refusal`), a slice / concat along an axis that moves or has a moving
-axis inside it (its offsets would be symbolic; a decode step's cache concat ``P + 1`` is no monomial) or
-beside a layout chain of an input where any axis moves, any index op under a dynamic row length, outputs broadcast along rows (the
+table with named dims (:func:`_index_refusal`), the slices / concats
+:func:`~stitchtune.lower.dynamic_shifts.shift_refusal` refuses (a start counted from a moving axis's end, one that does not
+span a moving axis, one with a moving axis inside it), any index op under a dynamic row length, outputs broadcast along rows (the
 graph); and of a schedule (:func:`check_schedule`): a vector width whose alignment does not hold for
 every extent (with a dynamic row length: unless the row length is a multiple of it), and,
 with a dynamic row length, split rows (their pieces and partial counts) and the single pass (Welford /
@@ -50,8 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from fractions import Fraction
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, assert_never
 
 from stitchtune.errors import GraphError, StitchtuneError
@@ -64,6 +66,8 @@ from stitchtune.ir import kir
 from stitchtune.ir.launches import DynamicInfo, GridRule
 from stitchtune.ir.verify import verify
 from stitchtune.lower.dynamic_shifts import shift_refusal
+from stitchtune.lower.poly_fit import fit_monomial, fit_multilinear
+from stitchtune.lower.remap_positions import piece_conflict
 from stitchtune.lower.row import RowLowerer
 from stitchtune.lower.transpose import tile_edge
 from stitchtune.lower.symbols import RowSymbols
@@ -71,7 +75,7 @@ from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import Factor
 from stitchtune.plan.planner import StitchPlan, plan_graph
 from stitchtune.plan.refusal import Refusal
-from stitchtune.plan.chains import domain_of
+from stitchtune.plan.chains import composed_chains, domain_of
 from stitchtune.space import SINGLE_PASS, Schedule, SearchSpace
 
 
@@ -108,6 +112,13 @@ def _numbers(g: Graph, p: StitchPlan) -> tuple[Any, list[tuple[str, int]]]:
     for nd in g.nodes:   # an iota's coordinate along its axis (RowSymbols.iotas): its dim and inner size
         if OPS[nd.op].kind == "iota" and nd.axis is not None:
             nums += [(f"iota:{nd.id}:dim", nd.shape[nd.axis]), (f"iota:{nd.id}:inner", math.prod(nd.shape[nd.axis + 1:]))]
+    if any(OPS[nd.op].kind in INDEX_KINDS for nd in g.nodes):   # layout chains' shapes (RowSymbols.shapes)
+        nums += [(f"chain:{t}:{k}", d) for t in _chain_tensors(g) for k, d in enumerate(g.spec(t).shape)]
+    for nd in g.nodes:   # each concat piece's extent along the concat's axis (RowSymbols.pieces), slice starts
+        if OPS[nd.op].kind == "slice":
+            nums.append((f"start:{nd.id}", nd.start))
+        if OPS[nd.op].kind == "concat":
+            nums += [(f"piece:{nd.id}:{k}", g.spec(x).shape[nd.axis or 0]) for k, x in enumerate(nd.tensor_args)]
     for name, spec in g.inputs:
         nums.append((f"size:{name}", spec.numel))
     for o in dict.fromkeys(g.outputs):
@@ -117,43 +128,40 @@ def _numbers(g: Graph, p: StitchPlan) -> tuple[Any, list[tuple[str, int]]]:
     return (skeleton, tuple(shape)), nums
 
 
-def _fit(base: int, moved: Mapping[str, tuple[int, int, int]], label: str) -> SymInt | None:
-    """The monomial through ``base`` (all dims at a) and, per dim, its value with that dim at b:
-    ``moved[d] = (a, b, value)``; None when there is none with integer exponents >= 0."""
-    dims: list[str] = []
-    coef = Fraction(base)
-    for d, (a, b, v) in sorted(moved.items()):
-        if v == base:
-            continue
-        if base == 0 or v == 0:
-            return None
-        ratio, e, step = Fraction(v, base), 0, Fraction(b, a)
-        power = Fraction(1)
-        while power != ratio and e < 4:
-            e += 1
-            power *= step
-        if power != ratio:
-            return None
-        dims += [d] * e
-        coef /= Fraction(a) ** e
-    if coef.denominator != 1:
-        return None
-    return SymInt(int(coef), tuple(sorted(dims)))
+def _second(rep: int, lo: int) -> int:
+    """The second extent a dim's numbers are fitted at: inside its bucket ``lo..rep`` where it has one
+    other than 1 (half the largest, at least ``lo``: a slice ``x[:, 1:]`` of a bucket ``3..4`` has one
+    position at 2), else ``rep + 2``."""
+    b = max(rep // 2, lo, 2)
+    return b if b < rep else rep + 2
 
 
-def _affine(base: int, moved: Mapping[str, tuple[int, int, int]]) -> SymInt | None:
-    """The polynomial ``beta * d + alpha`` (integers) through ``base`` and the value with the one dim ``d``
-    that changes it moved (``moved`` as :func:`_fit`): a decode step's cache concatenated with the new
-    position, ``P + 1`` along the dynamic axis; None where several dims change it, or for no integers."""
-    changed = [(d, a, b, v) for d, (a, b, v) in moved.items() if v != base]
-    if len(changed) != 1:
-        return None
-    d, a, b, v = changed[0]
-    beta = Fraction(v - base, b - a)
-    alpha = base - beta * a
-    if beta.denominator != 1 or alpha.denominator != 1:
-        return None
-    return SymInt.poly([(int(beta), (d,)), (int(alpha), ())])
+def _fit_number(label: str, base: int, symbolic: list[str], rep: Mapping[str, int], b_of: Mapping[str, int],
+                numbers_at: Callable[[frozenset[str]], "dict[str, int] | DynamicRefusal"]
+                ) -> SymInt | DynamicRefusal | None:
+    """Plan number ``label`` (``base`` at ``rep``) as a monomial of the extents, else as a multilinear
+    polynomial (:mod:`stitchtune.lower.poly_fit`: the corners of the dims that change it planned on demand);
+    None where neither fits, a refusal where a corner has no plan like the representative's."""
+    moved: dict[str, tuple[int, int, int]] = {}
+    for d in symbolic:
+        at = numbers_at(frozenset({d}))
+        assert not isinstance(at, DynamicRefusal), "the one-dim corners are planned first"
+        moved[d] = (rep[d], b_of[d], at[label])
+    f = fit_monomial(base, moved)
+    if f is not None and all(f.value({**rep, d: b}) == v for d, (_, b, v) in moved.items()):
+        return f
+    changing = [d for d in symbolic if moved[d][2] != base]
+    failed: list[DynamicRefusal] = []
+
+    def value(dims: frozenset[str]) -> int:
+        got = numbers_at(dims)
+        if isinstance(got, DynamicRefusal):
+            failed.append(got)
+            return 0
+        return got[label]
+
+    f = fit_multilinear(changing, rep, b_of, value)
+    return failed[0] if failed else f
 
 
 def _at(dg: DynamicGraph, ext: Mapping[str, int]) -> Graph:
@@ -197,6 +205,84 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
     p0 = plan_graph(g0)
     if isinstance(p0, Refusal):
         return DynamicRefusal("plan", f"the graph at {rep} has no plan: {p0.reason}")
+    why = _plan_refusal(p0)
+    if why is not None:
+        return why
+    s0, n0 = _numbers(g0, p0)
+    labels = [x for x, _ in n0]
+    corners: dict[frozenset[str], dict[str, int]] = {frozenset(): dict(n0)}   # dims moved to b -> numbers
+    b_of = {d: _second(rep[d], b.lo) for d in symbolic for b in key.buckets if b.dim == d}
+
+    def numbers_at(moved_dims: frozenset[str]) -> dict[str, int] | DynamicRefusal:
+        """The plan's numbers with the dims of ``moved_dims`` at b (memoised: each corner is a plan)."""
+        if moved_dims not in corners:
+            ext = {**rep, **{d: b_of[d] for d in moved_dims}}
+            at = ", ".join(f"{d}={ext[d]}" for d in sorted(moved_dims))
+            try:
+                gd = _at(dg, ext)
+            except GraphError as e:
+                return DynamicRefusal("plan", f"the graph at {at} has no plan: {e.problems[0]}")
+            pd = plan_graph(gd)
+            if isinstance(pd, Refusal):
+                return DynamicRefusal("plan", f"the graph at {at} has no plan: {pd.reason}")
+            sd, nd_ = _numbers(gd, pd)
+            if sd != s0 or [x for x, _ in nd_] != labels:
+                return DynamicRefusal("plan", f"the plan at {at} differs in structure from the one at the bucket's "
+                                      "largest extents")
+            corners[moved_dims] = dict(nd_)
+            if len(moved_dims) == 1:
+                others.append(gd)
+        return corners[moved_dims]
+
+    others: list[Graph] = []
+    for d in symbolic:
+        got = numbers_at(frozenset({d}))
+        if isinstance(got, DynamicRefusal):
+            return got
+    why = shift_refusal(g0, others)
+    if why is not None:
+        return why
+    # the check: every dim at an odd extent other than the fitted ones
+    check = {d: (rep[d] + 1 if rep[d] % 2 == 0 else rep[d] + 2) for d in symbolic}
+    gc = _at(dg, {**rep, **check})
+    pc = plan_graph(gc)
+    if isinstance(pc, Refusal):
+        return DynamicRefusal("plan", f"the graph at {check} has no plan: {pc.reason}")
+    sc, nc = _numbers(gc, pc)
+    full = {**rep, **check}
+    if sc != s0 or [x for x, _ in nc] != labels:
+        return DynamicRefusal("plan", f"the plan at {check} does not follow the fitted extents")
+    fitted: dict[str, SymInt] = {}
+    for (label, v), (_, vc) in zip(n0, nc):
+        f = _fit_number(label, v, symbolic, rep, b_of, numbers_at)
+        if isinstance(f, DynamicRefusal):
+            return f
+        if f is None or f.value(full) != vc:
+            return DynamicRefusal("index map", f"{label.split(':')[0]} of the plan is no polynomial of the extents "
+                                  "(a monomial, or of degree 1 in each)")
+        fitted[label] = f
+    return _row_fit(fitted, dg, key, g0, p0)
+
+
+def _row_fit(fitted: Mapping[str, SymInt], dg: DynamicGraph, key: BucketKey, g0: Graph,
+             p0: StitchPlan) -> RowFit | DynamicRefusal:
+    """The :class:`RowFit` of the fitted numbers, or what its symbols cannot serve (concat pieces that
+    meet another concat's only here, an index op under a dynamic row length)."""
+    rep = key.largest()
+    sym = _row_symbols(fitted, dg, g0, p0)
+    clash = piece_conflict(g0, domain_of(g0), sym)
+    if clash is not None:
+        return DynamicRefusal(f"index op {clash}", "a concat along an axis that follows the extents whose pieces "
+                              "meet another concat's at the same bounds here but not at every extent")
+    index = [nd.id for nd in g0.nodes if OPS[nd.op].kind in INDEX_KINDS]
+    if index and sym.dynamic_rows_length:  # their offsets and conditions are columns of a static row
+        return DynamicRefusal(f"index op {index[0]}", "an index op under a dynamic row length")
+    sizes = tuple((label[5:], f) for label, f in fitted.items() if label.startswith("size:"))
+    return RowFit(key, dg, tuple(sorted(rep.items())), g0, p0, sym, sizes)
+
+
+def _plan_refusal(p0: StitchPlan) -> DynamicRefusal | None:
+    """Why the representative plan ``p0`` has no generic kernel whatever its numbers, or None."""
     if p0.scatters:
         return DynamicRefusal(f"scatter {p0.scatters[0].node}", "a scatter_add's table is zeroed and added to for "
                                                                  "static shapes only")
@@ -207,45 +293,11 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
         return DynamicRefusal("family col", "a column reduction reduces over the dynamic rows")
     if p0.cross:
         return DynamicRefusal("cross reduction", "a reduction over the rows combines across blocks by a static count")
-    s0, n0 = _numbers(g0, p0)
-    others: list[Graph] = []
-    moved: dict[str, dict[str, tuple[int, int, int]]] = {label: {} for label, _ in n0}
-    for d in symbolic:
-        a = rep[d]
-        b = a // 2 if a >= 4 else a + 2
-        try:
-            gd = _at(dg, {**rep, d: b})
-        except GraphError as e:
-            return DynamicRefusal("plan", f"the graph at {d}={b} has no plan: {e.problems[0]}")
-        others.append(gd)
-        pd = plan_graph(gd)
-        if isinstance(pd, Refusal):
-            return DynamicRefusal("plan", f"the graph at {d}={b} has no plan: {pd.reason}")
-        sd, nd_ = _numbers(gd, pd)
-        if sd != s0 or [x for x, _ in nd_] != [x for x, _ in n0]:
-            return DynamicRefusal("plan", f"the plan at {d}={b} differs in structure from the one at {d}={a}")
-        for (label, _), (_, v) in zip(n0, nd_):
-            moved[label][d] = (a, b, v)
-    why = shift_refusal(g0, others)
-    if why is not None:
-        return why
-    fitted: dict[str, SymInt] = {}
-    for label, v in n0:
-        f = _fit(v, moved[label], label)
-        f = _affine(v, moved[label]) if f is None else f
-        if f is None:
-            return DynamicRefusal("index map", f"{label.split(':')[0]} of the plan is no monomial of the extents")
-        fitted[label] = f
-    # the check: every dim at an odd extent other than the fitted ones
-    check = {d: (rep[d] + 1 if rep[d] % 2 == 0 else rep[d] + 2) for d in symbolic}
-    gc = _at(dg, {**rep, **check})
-    pc = plan_graph(gc)
-    if isinstance(pc, Refusal):
-        return DynamicRefusal("plan", f"the graph at {check} has no plan: {pc.reason}")
-    sc, nc = _numbers(gc, pc)
-    full = {**rep, **check}
-    if sc != s0 or any(fitted[label].value(full) != v for label, v in nc):
-        return DynamicRefusal("plan", f"the plan at {check} does not follow the fitted extents")
+    return None
+
+
+def _row_symbols(fitted: Mapping[str, SymInt], dg: DynamicGraph, g0: Graph, p0: StitchPlan) -> RowSymbols:
+    """The :class:`RowSymbols` of the fitted plan numbers (labels of :func:`_numbers`)."""
     rows: list[tuple[str, tuple[Factor[SymInt], ...]]] = []
     cols: list[tuple[str, tuple[Factor[SymInt], ...]]] = []
     for name, im in p0.index_maps:
@@ -256,12 +308,36 @@ def fit_rows(dg: DynamicGraph, key: BucketKey) -> RowFit | DynamicRefusal:
     domain = tuple(f for label, f in fitted.items() if label.startswith("dom:"))
     iotas = tuple((nd.id, (fitted[f"iota:{nd.id}:dim"], fitted[f"iota:{nd.id}:inner"])) for nd in g0.nodes
                   if f"iota:{nd.id}:dim" in fitted)
-    sym = RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols), domain, _repeats(fitted, p0), iotas)
-    index = [nd.id for nd in g0.nodes if OPS[nd.op].kind in INDEX_KINDS]
-    if index and sym.dynamic_rows_length:  # their offsets and conditions are columns of a static row
-        return DynamicRefusal(f"index op {index[0]}", "an index op under a dynamic row length")
-    sizes = tuple((label[5:], f) for label, f in fitted.items() if label.startswith("size:"))
-    return RowFit(key, dg, tuple(sorted(rep.items())), g0, p0, sym, sizes)
+    return RowSymbols(fitted["M"], tuple(rows), args, fitted["N"], tuple(cols), domain, _repeats(fitted, p0),
+                      _pieces(fitted, g0, domain), _shapes(fitted, g0),
+                      tuple((label[6:], f) for label, f in fitted.items() if label.startswith("start:") and not f.static),
+                      iotas)
+
+
+def _pieces(fitted: Mapping[str, SymInt], g: Graph,
+            domain: tuple[SymInt, ...]) -> tuple[tuple[str, tuple[SymInt, ...]], ...]:
+    """Each concat along a domain axis whose extent follows the extents: its pieces' fitted extents."""
+    out = []
+    for nd in g.nodes:
+        if OPS[nd.op].kind == "concat" and not domain[len(domain) - len(nd.shape) + (nd.axis or 0)].static:
+            out.append((nd.id, tuple(fitted[f"piece:{nd.id}:{k}"] for k in range(len(nd.tensor_args)))))
+    return tuple(out)
+
+
+def _chain_tensors(g: Graph) -> list[str]:
+    """The tensors of the region's layout chains of inputs (:func:`~stitchtune.plan.chains.composed_chains`),
+    each once, in chain order."""
+    return list(dict.fromkeys(t for chain in composed_chains(g).values() for t in chain))
+
+
+def _shapes(fitted: Mapping[str, SymInt], g: Graph) -> tuple[tuple[str, tuple[SymInt, ...]], ...]:
+    """Each layout chain tensor whose shape follows the extents: its fitted dims."""
+    out = []
+    for t in _chain_tensors(g):
+        dims = tuple(fitted[f"chain:{t}:{k}"] for k in range(len(g.spec(t).shape)))
+        if not all(d.static for d in dims):
+            out.append((t, dims))
+    return tuple(out)
 
 
 def _repeats(fitted: Mapping[str, SymInt],

@@ -7,29 +7,41 @@ at other extents (the fit's plans), None or the :class:`~stitchtune.graph.dynami
 first slice / concat a generic kernel cannot serve, saying why.
 
 A remap's numbers (:mod:`stitchtune.lower.remap`: a slice's start, a concat piece's offset and range,
-the shifted load's offset ``d * stride`` in the input's own strides) are static in the lowering; the
+the shifted load's offset ``d * stride`` in the input's own strides) are the representative's; the
 positions ``(row // inner) % dim`` follow the fitted domain extents
-(:func:`stitchtune.lower.remap_positions.coord`). So a generic kernel serves:
+(:func:`stitchtune.lower.remap_positions.coord`), and so do, along an axis whose extent follows the
+extents, a concat's pieces (their fitted extents: :attr:`RowSymbols.pieces
+<stitchtune.lower.symbols.RowSymbols.pieces>`). So a generic kernel serves:
 
 * a slice / concat along an axis of the iteration domain whose extent, and every extent inside it, is
-  the same at every extent of the bucket: along the view's columns (static offsets within a row; the
-  rows follow the extents through the symbolic row maps), also beside transpose / reshape (Llama's
-  rotate_half after the head split, the columns the innermost axis), and along a row axis of static
-  extent with static axes inside it (heads concatenated under a dynamic batch);
-* concats along an axis whose extent follows the extents, with static axes inside it, each spanning
-  the axis with pieces after the first of one position each (a decode step's key / value cache
-  ``[B, H, P, D]`` and the new position ``[B, H, 1, D]``: ``P + 1`` in all; GPT-2's key and value
-  concats in one region): the pieces' conditions are the fitted extent minus constants
-  (:func:`~stitchtune.lower.remap_positions.moving_bounds`: piece ``k`` of ``n`` ends ``n - 1 - k``
-  positions before the extent, the same condition for every such concat, so several share them),
-  the later pieces' offsets never reach an address (their size 1 there), the first piece's is 0;
-* a layout chain of an input (:func:`~stitchtune.plan.chains.composed_chains`, carried back through its
-  shapes) whose members keep their shapes at every extent.
+  the same at every extent of the bucket, with the same start / piece extents at every extent: along
+  the view's columns (static offsets within a row; the rows follow the extents through the symbolic
+  row maps), also beside transpose / reshape (Llama's rotate_half after the head split, the columns
+  the innermost axis), and along a row axis of static extent with static axes inside it (heads
+  concatenated under a dynamic batch);
+* a slice along an axis whose extent follows the extents, with static axes inside it, whose start is
+  the same at every extent and whose result spans the domain's axis (``x[:, 1:]``, ``x[:, :-1]`` of
+  the sequence: a constant shift, no condition);
+* a concat along such an axis spanning it, with any pieces (a decode step's key / value cache
+  ``[B, H, P, D]`` and the new position ``[B, H, 1, D]``, a chunked prefill's ``[B, H, C, D]`` with
+  ``C`` static or dynamic; GPT-2's key and value concats in one region): piece ``k``'s condition
+  ``[o_k, o_k + n_k)`` and its shift ``-o_k`` are sums of the fitted piece extents
+  (:func:`~stitchtune.lower.remap_positions.moving_bounds`, :func:`~stitchtune.lower.remap_positions.moving_deltas`);
+  the only negative shifts along such an axis are these (a slice's start is >= 0 and a slice inside a
+  piece does not span the axis), so the lowering knows each shift's symbolic form;
+* a layout chain of an input (:func:`~stitchtune.plan.chains.composed_chains`), also where its shapes
+  follow the extents (:attr:`RowSymbols.shapes <stitchtune.lower.symbols.RowSymbols.shapes>`: positions
+  carried back through the fitted dims).
 
-Refused: any other slice / concat along an axis that follows the extents or outside one (a slice
-of the sequence ``x[:, 1:]``, a concat of two dynamic pieces or one that does not span the axis:
-offsets that would be symbolic), and a
-chain whose shapes follow the extents.
+* a slice whose start counts from the end of an axis that follows the extents (``x[:, -3:]``: ``s - 3``,
+  fitted: :attr:`RowSymbols.starts <stitchtune.lower.symbols.RowSymbols.starts>`) whose result spans a
+  static domain axis, alone along it, in a region without transpose / reshape or gather
+  (:func:`_end_slice_refusal`).
+
+Refused: other slices counted from an axis's end, a concat along a static axis whose pieces' extents
+follow the extents, a slice / concat along an axis that follows the extents that does not span it (a
+larger tensor sets the domain: conditions that would be symbolic), and one along an axis with a moving
+axis inside it.
 """
 
 from __future__ import annotations
@@ -37,7 +49,7 @@ from __future__ import annotations
 from stitchtune.graph.dynamic import DynamicRefusal
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Graph, Node
-from stitchtune.plan.chains import composed_chains, domain_of
+from stitchtune.plan.chains import domain_of, mixed_layout
 
 __all__ = ["moving_axes", "shift_refusal"]
 
@@ -51,28 +63,71 @@ def moving_axes(graphs: list[Graph]) -> frozenset[int]:
     return frozenset(a for a in range(len(doms[0])) if len({d[a] for d in doms}) > 1)
 
 
-def _moved_tensors(g: Graph, others: list[Graph]) -> frozenset[str]:
-    """The tensors of ``g`` whose shape differs in some graph of ``others``."""
-    names = [n for n, _ in g.inputs] + [nd.id for nd in g.nodes]
-    return frozenset(n for n in names if any(tuple(o.spec(n).shape) != tuple(g.spec(n).shape) for o in others))
-
-
 def _axis(nd: Node, dom: tuple[int, ...]) -> int:
     assert nd.axis is not None  # set, normalised, by the graph's validation
     return len(dom) - len(nd.shape) + nd.axis
 
 
+def _static_offsets_refusal(g: Graph, nd: Node, others: list[Graph], a: int) -> DynamicRefusal | None:
+    """Why the offsets of slice / concat ``nd`` along domain axis ``a`` are not the same at every extent
+    of the bucket, or None: a slice's start (``x[:, -3:]`` of a dynamic axis: ``s - 3``) and, along
+    an axis whose extent stays, every piece's extent (along one that follows the extents the cache
+    concat's rule decides)."""
+    for o in others:
+        on = o.node(nd.id)
+        if nd.op == "slice" and on.start != nd.start:
+            why = _end_slice_refusal(g, nd, others, a)
+            if why is not None:
+                return why
+        if nd.op == "concat" and a not in moving_axes([g, o]) and any(
+                o.spec(x).shape[nd.axis or 0] != g.spec(x).shape[nd.axis or 0] for x in nd.tensor_args):
+            return DynamicRefusal(f"index op {nd.id}", f"a concat along domain axis {a} whose pieces' extents follow "
+                                  "the extents: their offsets would be symbolic")
+    return None
+
+
+def _end_slice_refusal(g: Graph, nd: Node, others: list[Graph], a: int) -> DynamicRefusal | None:
+    """Why slice ``nd``, whose start counts from the end of an axis that follows the extents (``x[:, -3:]``:
+    ``s - 3``), is not one a generic kernel serves, or None: served where its result spans domain axis
+    ``a`` and that axis's extent stays (a constant number of the last positions), it is the region's only
+    slice / concat along ``a``, and the region has no transpose / reshape and no gather (its shift is
+    then the fitted start, :attr:`RowSymbols.starts <stitchtune.lower.symbols.RowSymbols.starts>`, added
+    alone along ``a`` to loads in their own strides or a layout chain's coordinates)."""
+    why = f"a slice along domain axis {a} whose start counts from the end of an axis that follows the extents"
+    dom = domain_of(g)
+    if a in moving_axes([g, *others]) or nd.shape[nd.axis or 0] != dom[a]:
+        return DynamicRefusal(f"index op {nd.id}", f"{why}, and whose result does not span a static domain axis: its "
+                              "offset and conditions would be symbolic")
+    if any(OPS[n.op].kind in ("slice", "concat") and n.id != nd.id and _axis(n, dom) == a for n in g.nodes):
+        return DynamicRefusal(f"index op {nd.id}", f"{why}, beside another slice / concat along that axis: their "
+                              "offsets would combine symbolically")
+    if mixed_layout(g) or any(OPS[n.op].kind in ("gather", "gather_elements") for n in g.nodes):
+        return DynamicRefusal(f"index op {nd.id}", f"{why}, in a region with transpose / reshape or a gather: its "
+                              "symbolic offset is added to loads in their own strides only")
+    return None
+
+
+def _slice_refusal(g: Graph, nd: Node, others: list[Graph]) -> DynamicRefusal | None:
+    """Why ``nd``, a slice along a domain axis whose extent follows the extents (nothing moving inside
+    it), is not one a generic kernel serves (module docstring: the same start at every extent, its
+    result spanning the domain's axis), or None."""
+    a = _axis(nd, domain_of(g))
+    for o in (g, *others):
+        if o.node(nd.id).shape[nd.axis or 0] != domain_of(o)[a]:
+            return DynamicRefusal(f"index op {nd.id}", f"a slice along domain axis {a}, which follows the extents, "
+                                  "that does not span the axis (a larger tensor sets the domain): its conditions "
+                                  "would be symbolic")
+    return None
+
+
 def _cache_concat_refusal(g: Graph, nd: Node, dom: tuple[int, ...]) -> DynamicRefusal | None:
-    """Why ``nd``, a slice / concat along a domain axis whose extent follows the extents (nothing moving
+    """Why ``nd``, a concat along a domain axis whose extent follows the extents (nothing moving
     inside it), is not a cache concat a generic kernel serves there (module docstring), or None."""
     a = _axis(nd, dom)
-    if nd.op != "concat":
-        return DynamicRefusal(f"index op {nd.id}", f"a slice along domain axis {a}, which follows the extents: its "
-                              "start and stop would be symbolic")
-    if nd.shape[nd.axis or 0] != dom[a] or any(g.spec(x).shape[nd.axis or 0] != 1 for x in nd.tensor_args[1:]):
+    if nd.shape[nd.axis or 0] != dom[a]:
         return DynamicRefusal(f"index op {nd.id}", f"a concat along domain axis {a}, which follows the extents, that "
-                              "does not span the axis or whose pieces after the first are not one position each: "
-                              "their offsets would be symbolic")
+                              "does not span the axis (a larger tensor sets the domain): its pieces' conditions "
+                              "would not follow from their extents")
     return None
 
 
@@ -92,14 +147,11 @@ def shift_refusal(graph: Graph, others: list[Graph]) -> DynamicRefusal | None:
             return DynamicRefusal(f"index op {nd.id}", f"a slice / concat along domain axis {a}, where axis "
                                   f"{inside[0]} inside it follows the extents: its offsets and conditions would be "
                                   "symbolic")
+        why = _static_offsets_refusal(g, nd, others, a)
+        if why is not None:
+            return why
         if a in moving:
-            why = _cache_concat_refusal(g, nd, dom)
+            why = _slice_refusal(g, nd, others) if nd.op == "slice" else _cache_concat_refusal(g, nd, dom)
             if why is not None:
                 return why
-    moved = _moved_tensors(g, others)
-    for head, chain in composed_chains(g).items():
-        if moved & set(chain):
-            return DynamicRefusal(f"index op {shifts[0].id}", f"a slice / concat beside the layout chain of input "
-                                  f"{ascii(chain[-1])} (head {ascii(head)}), whose shapes follow the extents: the "
-                                  "chain's transposes / reshapes carry positions back through static shapes")
     return None

@@ -16,7 +16,7 @@ def load_vec(dsts: tuple[Var, ...], buf: str, index: kir.Expr, pred: kir.Expr | 
     column sweep) the compiler copies the previous load's registers into the next load's destinations
     before issuing it: each load waits for the one before it, one load in flight per thread. With the
     destinations zeroed the loads are independent and all of them are issued before the first is used
-    (``LDG`` in flight, :mod:`stitchtune.analysis.sass`); the emulator sees the same values (0 where
+    (``LDG`` in flight, :mod:`stitchtune.gpu.sass`); the emulator sees the same values (0 where
     the guard is false, as a guarded scalar :class:`~stitchtune.ir.kir.Load` gives)."""
     if not zeroed or pred is None or any(d.dtype != F32 for d in dsts):  # int registers load one by one
         return [kir.LoadVec(dsts, buf, index, pred)]

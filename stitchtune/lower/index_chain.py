@@ -9,7 +9,7 @@ the picks and gathers (:mod:`stitchtune.lower.gather`) and the generic lowering
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from math import prod
 
 from stitchtune.graph.parse import Graph, Node
@@ -26,25 +26,34 @@ def node_axis(nd: Node) -> int:
     return nd.axis
 
 
-def chain_offset(nodes: Mapping[str, Node], g: Graph, chain: tuple[str, ...], coords: Sequence[kir.Expr]) -> kir.Expr:
+def chain_offset(nodes: Mapping[str, Node], g: Graph, chain: tuple[str, ...], coords: Sequence[kir.Expr],
+                 dims: Callable[[str], tuple[kir.Expr, ...] | None] | None = None) -> kir.Expr:
     """The offset in the input of layout chain ``chain`` (``(head, ..., input)``,
     :func:`~stitchtune.plan.chains.composed_chains`) of the head's element at coordinates ``coords``
     (one per head dim, inside the head): carried back through the chain's transposes (permuted),
     slices (the start added) and reshapes (the row-major linear index). ``nodes``: the graph's nodes
-    by id. Used by the row sweeps (:class:`~stitchtune.lower.remap.RemapValues`) and the column ones
+    by id. ``dims(tensor)``: a generic kernel's symbolic dims of a chain tensor whose shape follows the
+    extents (:meth:`~stitchtune.lower.symbols.RowSymbols.shape`), None for a static one (its numbers are
+    the graph's; a dim 1 in the graph is 1 at every extent: the representative's extents are the
+    largest). Used by the row sweeps (:class:`~stitchtune.lower.remap.RemapValues`) and the column ones
     (:mod:`stitchtune.lower.col_remap`)."""
+    def of(t: str) -> _Shape:
+        shape = g.spec(t).shape
+        sym = dims(t) if dims is not None else None
+        return shape, (sym if sym is not None else tuple(I(d) for d in shape))
+
     cur: list[kir.Expr] | None = list(coords)
     lin: kir.Expr | None = None
-    shape = g.spec(chain[0]).shape
+    shape = of(chain[0])
     for name in chain[:-1]:
         nd = nodes[name]
-        src = g.spec(str(nd.args[0])).shape
+        src = of(str(nd.args[0]))
         if nd.op in ("transpose", "slice") and cur is None:
             assert lin is not None  # one of the two forms is always set
             cur = _unravel(lin, shape)
         if nd.op == "transpose":
             assert cur is not None
-            back: list[kir.Expr] = [I(0)] * len(src)
+            back: list[kir.Expr] = [I(0)] * len(src[0])
             for i, p in enumerate(nd.perm):
                 back[p] = cur[i]
             cur, lin = back, None
@@ -61,26 +70,43 @@ def chain_offset(nodes: Mapping[str, Node], g: Graph, chain: tuple[str, ...], co
     return lin
 
 
-def _linear(coords: list[kir.Expr], shape: tuple[int, ...]) -> kir.Expr:
+#: a tensor's dims: the representative graph's, and as expressions (symbolic where they follow the extents)
+_Shape = tuple[tuple[int, ...], tuple[kir.Expr, ...]]
+
+
+def _prod(xs: Sequence[kir.Expr]) -> kir.Expr:
+    """The product of ``xs``, its constants folded into one (last): a static shape's stride is one constant."""
+    static, out = 1, None
+    for x in xs:
+        if isinstance(x, Const):
+            static *= int(x.value)
+        else:
+            out = x if out is None else Bin("*", out, x)
+    return I(static) if out is None else mul(out, I(static))
+
+
+def _linear(coords: list[kir.Expr], shape: _Shape) -> kir.Expr:
     """The row-major offset of ``coords`` in a tensor of ``shape`` (size-1 dims contribute nothing)."""
+    rep, dims = shape
     out: kir.Expr = I(0)
     for k, c in enumerate(coords):
-        if shape[k] == 1 or (isinstance(c, Const) and c.value == 0):
+        if rep[k] == 1 or (isinstance(c, Const) and c.value == 0):
             continue
-        out = add(out, mul(c, I(prod(shape[k + 1:]))))
+        out = add(out, mul(c, _prod(dims[k + 1:])))
     return out
 
 
-def _unravel(lin: kir.Expr, shape: tuple[int, ...]) -> list[kir.Expr]:
+def _unravel(lin: kir.Expr, shape: _Shape) -> list[kir.Expr]:
     """The coordinates of row-major offset ``lin`` (``0 <= lin < prod(shape)``) in ``shape``."""
+    rep, dims = shape
     out: list[kir.Expr] = []
-    for k, d in enumerate(shape):
-        inner = prod(shape[k + 1:])
-        if d == 1:
+    for k, d in enumerate(dims):
+        inner = _prod(dims[k + 1:])
+        if rep[k] == 1:
             out.append(I(0))
             continue
-        t = Bin("/", lin, I(inner)) if inner > 1 else lin
-        out.append(Bin("%", t, I(d)) if k > 0 else t)
+        t = lin if isinstance(inner, Const) and inner.value == 1 else Bin("/", lin, inner)
+        out.append(Bin("%", t, d) if k > 0 else t)
     return out
 
 

@@ -35,6 +35,13 @@ may be shifted along any axis (Swin's roll): loaded at its own address plus the 
 strides, the row positions of the conditions taken from the map of a computed tensor of the
 domain's shape (the view's rows follow the largest tensor's layout, not the domain's).
 
+In a generic kernel (:mod:`stitchtune.lower.dynamic`) the shift of a later concat piece along an axis
+whose extent follows the extents, and of a slice counted from such an axis's end, is symbolic
+(:func:`~stitchtune.lower.remap_positions.moving_deltas`, keyed by the representative's number): a load
+in its own strides adds ``(symbolic - representative) * stride`` (vector loads only where that stride
+is a multiple of ``vec``), a layout chain takes the symbolic coordinate, and the pieces' conditions are
+:func:`~stitchtune.lower.remap_positions.moving_bounds`.
+
 A layout chain of an input (:func:`stitchtune.plan.chains.composed_chains`) is loaded at the head's
 position ``p + delta`` along any axis (also where a sweep reads the head as it is): the head's
 coordinates are carried back through the chain's transposes (permuted), reshapes (row-major linear
@@ -48,6 +55,7 @@ from __future__ import annotations
 from math import prod
 
 from stitchtune.errors import UnsupportedGraphError
+from stitchtune.graph.dynamic import SymInt
 from stitchtune.graph.ops import OPS
 from stitchtune.graph.parse import Node
 from stitchtune.ir import kir
@@ -57,7 +65,7 @@ from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.lower.gather import gather_index
 from stitchtune.lower.index_chain import chain_offset, node_axis, split_axes
-from stitchtune.lower.remap_positions import coord, moving_bounds
+from stitchtune.lower.remap_positions import coord, moving_bounds, moving_deltas
 from stitchtune.plan.planner import TensorClass
 from stitchtune.plan.chains import composed_chains, domain_of, layout_part, mixed_layout, wide_inputs
 from stitchtune.plan.index_ops import has_index_ops
@@ -94,6 +102,7 @@ class RemapValues:
                                         split_axes(self.domain, self.p.M))
         self.memo: dict[tuple[str, Shift], list[kir.Expr]] = {}
         self.moving = moving_bounds(low.g, self.domain, low.sym)   # (generic: a concat along a dynamic axis)
+        self.deltas = moving_deltas(low.g, self.domain, low.sym)   # (its pieces' / end slices' symbolic shifts)
 
     # -- entry -----------------------------------------------------------------------------------
     def node_value(self, name: str) -> list[kir.Expr]:
@@ -212,6 +221,32 @@ class RemapValues:
                 out = and_(out, Bin("<", p, I(hi)))
         return out
 
+    def delta(self, axis: int, d: int) -> kir.Expr:
+        """The shift ``d`` along domain ``axis`` as an expression: a later concat piece's offset along an
+        axis whose extent follows the extents, and a slice's start counted from such an axis's end, are
+        symbolic (:func:`~stitchtune.lower.remap_positions.moving_deltas`)."""
+        sd = self.deltas.get((axis, d))
+        return I(d) if sd is None or self.low.sym is None else self.low.sym.expr(sd)
+
+    def moving_extra(self, shape: tuple[int, ...], sh: Shift) -> tuple[kir.Expr | None, bool]:
+        """The part of the element offset of ``sh``'s delta in a tensor of ``shape`` (right-aligned to the
+        domain, its own strides) that follows the extents: ``(symbolic - representative delta) * stride``
+        along each axis with a symbolic shift where the tensor is not 1; None without one. And whether it
+        is a multiple of ``vec`` at every extent (every such stride is)."""
+        off = len(self.domain) - len(shape)
+        out: kir.Expr | None = None
+        aligned = True
+        for a, d in sh.delta:
+            sd = self.deltas.get((a, d))
+            k = a - off
+            if sd is None or self.low.sym is None or k < 0 or shape[k] == 1:
+                continue
+            stride = prod(shape[k + 1:])
+            term = mul(self.low.sym.expr(SymInt.poly([*sd.terms, (-d, ())])), I(stride))
+            out = term if out is None else add(out, term)
+            aligned = aligned and stride % self.vec == 0
+        return out, aligned
+
     def uniform(self, sh: Shift) -> bool:
         """Every condition has the same truth over the ``vec`` lanes of a vector."""
         v, D = self.vec, self.domain
@@ -269,14 +304,18 @@ class RemapValues:
     def load(self, name: str, sh: Shift) -> list[kir.Expr]:
         """Input ``name`` at ``p + delta`` under the conditions (a FULL or per-column input)."""
         low = self.low
+        extra: kir.Expr | None = None
+        extra_ok = True
         if self._outer(sh):  # p + delta in the row-major strides of plan.remap.outer_sources (checked there)
             shape = self.outer.shape(name)
             assert shape is not None, f"input '{name}' under an outer shift (the planner refuses it)"
             delta = self._check_bounds(name, shape, sh)
+            extra, extra_ok = self.moving_extra(shape, sh)
         elif self.mixed:  # view element (r, c + d): a contiguous column map adds d (the planner checked it)
             delta = column_shift(name, sh, self.domain, self.g.spec(name).shape[-1] if name in self.wide else None)
         else:
             delta = self._check_bounds(name, self.g.spec(name).shape, sh)
+            extra, extra_ok = self.moving_extra(self.g.spec(name).shape, sh)
         buf = low.in_buf[name]
         self.k.use_input(buf)
         im = self.p.imap(name)
@@ -284,17 +323,19 @@ class RemapValues:
             if self._outer(sh):
                 raise UnsupportedGraphError(f"input '{name}': a slice/concat along an outer axis of an input "
                                             "whose columns are not contiguous, in a region with transpose / reshape")
-            return self._strided_load(name, buf, delta, sh)
+            return self._strided_load(name, buf, delta, sh, extra)
         if low.cls[name] is TensorClass.FULL:
             base = self.k.f_index(self.k.ix.row, self.sw.k0, name)
             row_ok = all(f.stride % self.vec == 0 for f in im.rows.factors)
         else:  # per-column input: varies along the columns only
             base = self.sw.k0
             row_ok = True
-        return self._emit(buf, add(base, I(delta)), sh, row_ok and delta % self.vec == 0 and
+        at = add(base, I(delta)) if extra is None else add(add(base, I(delta)), extra)
+        return self._emit(buf, at, sh, row_ok and delta % self.vec == 0 and extra_ok and
                           (im.cols.broadcast or im.cols.contiguous()), None)
 
-    def _strided_load(self, name: str, buf: str, delta: int, sh: Shift) -> list[kir.Expr]:
+    def _strided_load(self, name: str, buf: str, delta: int, sh: Shift,
+                      extra: kir.Expr | None = None) -> list[kir.Expr]:
         """Input ``name`` (columns not one contiguous run: its own strides) at ``p + delta``, one
         predicated scalar load per lane at row offset + the map's column offset + ``delta``."""
         low = self.low
@@ -305,8 +346,9 @@ class RemapValues:
             v = self.k.var("g", F32)
             if self.mixed:  # delta is a column shift (column_shift): the map of column c + delta
                 at = add(rowb, low.col_offset(name, add(self.sw.k0, I(j + delta))))
-            else:  # delta is in the input's own strides (shift_offset)
+            else:  # delta is in the input's own strides (shift_offset; extra: its symbolic part)
                 at = add(add(rowb, low.col_offset(name, add(self.sw.k0, I(j)))), I(delta))
+                at = at if extra is None else add(at, extra)
             self.sw.body.append(Assign(v, Load(buf, at, and_(self.sw.valid, self.cond(sh, j)))))
             out.append(v)
         return out
@@ -336,8 +378,10 @@ class RemapValues:
         """The offset in the chain's input of lane ``lane``'s element of the head at ``p + delta``."""
         hshape = self.g.spec(chain[0]).shape
         off = len(self.domain) - len(hshape)
+        sym = self.low.sym
         return chain_offset(self.low.nodes, self.g, chain, [
-            I(0) if d == 1 else add(self.pos(off + k, lane), I(sh.d(off + k))) for k, d in enumerate(hshape)])
+            I(0) if d == 1 else add(self.pos(off + k, lane), self.delta(off + k, sh.d(off + k)))
+            for k, d in enumerate(hshape)], None if sym is None else sym.shape)
 
     def _chain_contiguous(self, chain: tuple[str, ...], sh: Shift) -> bool:
         """The ``vec`` lanes of a vector load adjacent, aligned elements of the chain's input: the
@@ -347,8 +391,9 @@ class RemapValues:
         through every transpose and reshape (whose innermost dims are multiples of ``vec``)."""
         v, D = self.vec, self.domain
         shape = self.g.spec(chain[0]).shape
-        if v == 1:
-            return False
+        if v == 1 or (self.low.sym is not None and any(self.low.sym.shape(t) is not None for t in chain)) or \
+                any(k in self.deltas for k in sh.delta):
+            return False   # (a generic kernel: a chain whose shapes or shift follow the extents: lane by lane)
         # the head's innermost dim is the domain's, wider (a fused projection read through a slice of its
         # columns) or narrower (a concat piece, reached under the piece's uniform conditions): c + d stays
         # inside it (_check_bounds), with rows a whole number of vectors

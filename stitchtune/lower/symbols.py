@@ -34,6 +34,16 @@ class RowSymbols:
     #: each store-once output's row repeats ``(dim, inner)`` (:attr:`IndexMap.row_repeats
     #: <stitchtune.plan.index_map.IndexMap.row_repeats>`) as monomials of the extents
     repeats: tuple[tuple[str, tuple[tuple[SymInt, SymInt], ...]], ...] = ()
+    #: each concat along a domain axis whose extent follows the extents: its pieces' extents along the
+    #: axis as fitted (a decode step's cache ``(p, 1)``, a chunked prefill's ``(p, c)``): the pieces'
+    #: offsets and conditions (:func:`stitchtune.lower.remap_positions.moving_bounds`)
+    pieces: tuple[tuple[str, tuple[SymInt, ...]], ...] = ()
+    #: each tensor of a layout chain of an input whose shape follows the extents: its fitted dims (a
+    #: chunk of new keys ``[1, c, H, D]`` transposed to heads: positions carried back through them)
+    shapes: tuple[tuple[str, tuple[SymInt, ...]], ...] = ()
+    #: each slice whose start follows the extents (``x[:, -3:]``: ``s - 3``), as fitted: its shift
+    #: (:func:`stitchtune.lower.remap_positions.moving_deltas`)
+    starts: tuple[tuple[str, SymInt], ...] = ()
     #: each ``iota`` node's ``(dim, inner)``: the extent of its axis and the product of the extents after
     #: it, as monomials of the extents (an ``iota`` of a symbolic shape: a prompt's positions)
     iotas: tuple[tuple[str, tuple[SymInt, SymInt]], ...] = ()
@@ -82,6 +92,11 @@ class RowSymbols:
         if static != 1:
             out = Const(static, I32) if out is None else Bin("*", out, Const(static, I32))
         return out
+
+    def shape(self, name: str) -> tuple[kir.Expr, ...] | None:
+        """Chain tensor ``name``'s dims as expressions where its shape follows the extents, else None."""
+        dims = dict(self.shapes).get(name)
+        return None if dims is None else tuple(self.expr(d) for d in dims)
 
     def factors(self, name: str) -> tuple[Factor[SymInt], ...]:
         return dict(self.rows)[name]

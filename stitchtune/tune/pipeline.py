@@ -3,7 +3,13 @@
     lower -> predict -> prune (illegal, or predicted far slower than the best measured)
     (the prediction: the fitted IR-feature model, :func:`stitchtune.cost.fitted.predict_program`)
           -> render -> build all survivors in one batch (the builder parallelises)
-          -> run survivors one at a time in the runner -> rows
+          -> predict again with what the build says (ptxas' registers; the compiled facts of the cubin,
+             read once per cubin by :class:`stitchtune.gpu.build_facts.SassFactsReader`, where cuobjdump is
+             installed) -> run survivors one at a time in the runner -> rows
+
+The row's ``predicted_us`` is the last prediction made and ``predicted_from`` what it read (``ir`` or
+``compiled``, :class:`~stitchtune.cost.compiled.PredictedFrom`): ``ir`` before a build, and after a build
+whose cubin has no compiled facts (no cuobjdump, a fake or skipped build, an unreadable cubin).
 
 Contract: :func:`evaluate` returns exactly one row (a plain dict, see ``docs/INTERFACES.md``) per input
 schedule, in input order, whatever happens to the candidate: its ``status`` is a
@@ -20,10 +26,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from stitchtune.cost.compiled import PredictedFrom
 from stitchtune.errors import ScheduleError
 from stitchtune.tune.protocols import DeviceLike
 from stitchtune.tune.records import TrialStatus
@@ -41,7 +50,10 @@ class Stages:
     ``render(program) -> str``; ``predict(program, device, registers=None) -> Prediction`` (the real
     stage: :func:`stitchtune.cost.fitted.predict_program`, the fitted model's device time and the
     legality rules of :func:`stitchtune.cost.model.predict`);
-    ``should_prune(prediction, best_measured_us, factor) -> str | None``.
+    ``should_prune(prediction, best_measured_us, factor) -> str | None``;
+    ``compiled_facts(build_result) -> {kernel: CompiledFacts} | None`` (the real stage: the process's
+    :func:`stitchtune.gpu.build_facts.shared_reader`; None: predict after the build from the IR features
+    and ptxas' registers; the default reads nothing). ``predict`` is called with ``compiled=`` after a build.
     """
 
     lower: Callable[..., Any]
@@ -49,6 +61,7 @@ class Stages:
     predict: Callable[..., Any]
     should_prune: Callable[[Any, float | None, float], str | None]
     codegen_version: str = "unknown"
+    compiled_facts: Callable[[Any], Mapping[str, Any] | None] = field(default=lambda build: None)
 
 
 def default_stages() -> Stages:
@@ -57,9 +70,11 @@ def default_stages() -> Stages:
     from stitchtune.cost import model as cost
     from stitchtune.lower import entry as lower
     from stitchtune.gpu import render as render_cuda
+    from stitchtune.gpu.build_facts import shared_reader
 
     return Stages(lower=lower.lower, render=render_cuda.render, predict=fitted.predict_program,
-                  should_prune=cost.should_prune, codegen_version=str(lower.CODEGEN_VERSION))
+                  should_prune=cost.should_prune, codegen_version=str(lower.CODEGEN_VERSION),
+                  compiled_facts=shared_reader())
 
 
 def device_key(device: DeviceLike) -> str:
@@ -112,7 +127,7 @@ def _clip(text: str) -> str:
 
 def _empty_result() -> dict[str, Any]:
     return {
-        "status": None, "prune_reason": None, "predicted_us": None, "measured_us": None,
+        "status": None, "prune_reason": None, "predicted_us": None, "predicted_from": None, "measured_us": None,
         "samples_us": None, "max_rel_error": None, "registers": None, "smem_bytes": None,
         "spill_bytes": None, "occupancy": None, "compile_s": None, "error": "", "estimated": None,
     }
@@ -183,6 +198,7 @@ def _lower_and_predict(c: _Cand, graph: Any, plan: Any, device: Any, st: Stages,
         return False
     c.prediction = st.predict(c.program, device)
     c.row["predicted_us"] = _finite(c.prediction.time_us)
+    c.row["predicted_from"] = PredictedFrom.IR
     c.row["occupancy"] = _finite(c.prediction.occupancy)
     c.row["profile_json"] = _profile_json(c.program.profile)
     if c.prediction.prune_reason:
@@ -206,14 +222,32 @@ def _build_batch(live: list[_Cand], device: Any, builder: Any, st: Stages) -> No
     results = builder.build(sources, device.arch)
     if len(results) != len(sources):
         raise RuntimeError(f"builder returned {len(results)} results for {len(sources)} sources")
+    facts = _facts_of(results, st)
     for c, src in zip(live, rendered):
         c.build = results[unique[src]]
-        _record_build(c, device, st)
+        _record_build(c, device, st, facts[unique[src]])
 
 
-def _record_build(c: _Cand, device: Any, st: Stages) -> None:
-    """Build columns of one candidate; a failed build, or a re-prediction with the real registers
-    that prunes, sets its status."""
+def _facts_of(results: Sequence[Any], st: Stages) -> list[Mapping[str, Any] | None]:
+    """``st.compiled_facts`` of every successful build (None for the others), asked concurrently: each
+    real read is a cuobjdump process (~0.4 s of CPU), so a batch's reads overlap like its builds."""
+    from stitchtune.gpu.build import BuildStatus
+
+    ok = [i for i, b in enumerate(results) if b.status == BuildStatus.OK]
+    out: list[Mapping[str, Any] | None] = [None] * len(results)
+    if len(ok) <= 1:
+        for i in ok:
+            out[i] = st.compiled_facts(results[i]) or None
+        return out
+    with ThreadPoolExecutor(max_workers=min(len(ok), os.cpu_count() or 1)) as pool:
+        for i, f in zip(ok, pool.map(lambda j: st.compiled_facts(results[j]), ok)):
+            out[i] = f or None
+    return out
+
+
+def _record_build(c: _Cand, device: Any, st: Stages, facts: Mapping[str, Any] | None) -> None:
+    """Build columns of one candidate; a failed build, or a re-prediction with the real registers (and the
+    cubin's compiled facts where they can be read) that prunes, sets its status."""
     from stitchtune.gpu.build import BuildStatus
 
     b = c.build
@@ -226,9 +260,10 @@ def _record_build(c: _Cand, device: Any, st: Stages) -> None:
         status = TrialStatus.TIMEOUT if b.status == BuildStatus.TIMEOUT else TrialStatus.COMPILE_ERROR
         c.row.update(status=status, error=_clip(b.error or b.status))
         return
-    if regs:
-        pred = st.predict(c.program, device, registers=regs)
+    if regs or facts:
+        pred = st.predict(c.program, device, registers=regs, compiled=facts)
         c.row["predicted_us"] = _finite(pred.time_us)
+        c.row["predicted_from"] = PredictedFrom.COMPILED if facts else PredictedFrom.IR
         c.row["occupancy"] = _finite(pred.occupancy)
         c.row["profile_json"] = _profile_json(c.program.profile, regs)
         if pred.prune_reason:

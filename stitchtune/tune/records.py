@@ -7,14 +7,14 @@ Contract
 * :class:`TrialRecord` is one finished trial, as :meth:`stitchtune.tune.database.TuningDB.best` /
   :meth:`~stitchtune.tune.database.TuningDB.measured` return it and :mod:`stitchtune.tune.search` writes it.
   The fixed columns (:data:`stitchtune.tune.database.COLUMNS`, plus the optional ``profile_json``,
-  ``features_json`` and ``bucket``)
+  ``features_json``, ``bucket`` and ``predicted_from``)
   are typed fields; the flattened schedule (``p_<param>`` columns) is ``params`` and any other column a
   newer or foreign writer added is ``extra``, so nothing read is lost.
 * :meth:`TrialRecord.from_row` takes a row as a mapping (a ``row_dict`` of a DataFrame row, or a row being
   written): missing values (None, NaN, NA, NaT) become None, numpy scalars plain Python values; a status
   that is not a :class:`TrialStatus` raises :class:`~stitchtune.errors.DatabaseError` naming it.
 * :meth:`TrialRecord.to_row` gives the on-disk row: every fixed column of ``COLUMNS`` (None where unset),
-  ``profile_json``/``features_json``/``bucket`` when set, then ``params`` and ``extra``; ``status`` as its plain string.
+  ``profile_json``/``features_json``/``bucket``/``predicted_from`` when set, then ``params`` and ``extra``; ``status`` as its plain string.
   ``from_row(r.to_row()) == r``.
 """
 
@@ -58,7 +58,7 @@ COLUMNS: tuple[str, ...] = (
 )
 
 #: Optional columns that are fields of :class:`TrialRecord` too (written only when set).
-_OPTIONAL_COLUMNS = ("profile_json", "features_json", "bucket")
+_OPTIONAL_COLUMNS = ("profile_json", "features_json", "bucket", "predicted_from")
 
 
 def _plain(v: Any) -> Any:
@@ -142,6 +142,7 @@ class TrialRecord:
     profile_json: str | None = None
     features_json: str | None = None
     bucket: str | None = None
+    predicted_from: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 

@@ -338,7 +338,7 @@ class _Loop:
 
     def tell(self, trial: optuna.Trial, row: TrialRecord) -> None:
         status = row.status
-        for k in ("prune_reason", "predicted_us", "occupancy", "registers", "estimated"):
+        for k in ("prune_reason", "predicted_us", "predicted_from", "occupancy", "registers", "estimated"):
             v = _plain(getattr(row, k))
             if v is not None:
                 trial.set_user_attr(k, v)

@@ -13,7 +13,8 @@ import optuna
 from optuna.trial import TrialState
 
 RESULT_FIELDS = ("status", "prune_reason", "predicted_us", "measured_us", "samples_us", "max_rel_error",
-                 "registers", "smem_bytes", "spill_bytes", "occupancy", "compile_s", "error", "estimated")
+                 "registers", "smem_bytes", "spill_bytes", "occupancy", "compile_s", "error", "estimated",
+                 "predicted_from")
 
 
 def _plain(v: Any) -> Any:

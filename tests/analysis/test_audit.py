@@ -175,7 +175,7 @@ def test_the_fitted_time_reads_the_compiled_facts_of_the_cubin(monkeypatch):
     # a fake cubin whose every kernel keeps one 4-byte load in flight and spills: the post-build prediction is
     # slower than the IR walk's (whose loads in flight the fake SASS contradicts)
     import stitchtune.analysis.audit as audit
-    from stitchtune.analysis.sass import SassMetrics
+    from stitchtune.gpu.sass import SassMetrics
 
     g = load_graph(str(EXAMPLES_DIR / "layernorm_small.json"))
     plain = audit_graph(g, DEV, sass=False)

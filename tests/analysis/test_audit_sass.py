@@ -1,4 +1,4 @@
-"""The audit's SASS reading (stitchtune/analysis/sass.py) and the Triton peer (triton_peer.py).
+"""The audit's SASS reading (stitchtune/gpu/sass.py) and the Triton peer (triton_peer.py).
 
 The parser tests need no tool; the cubin tests need nvcc and cuobjdump (pip nvidia-cuda-cuobjdump), the
 peer tests triton (the ``audit`` extra), and skip without them."""
@@ -12,7 +12,7 @@ import pytest
 
 from helpers.common import EXAMPLES_DIR
 from helpers.lowering import DEV
-from stitchtune.analysis.sass import find_cuobjdump, parse_res_usage, parse_sass, read_cubin
+from stitchtune.gpu.sass import find_cuobjdump, parse_res_usage, parse_sass, read_cubin
 from stitchtune.gpu.build import NvccBuilder, nvcc_found
 from stitchtune.gpu.render import preamble, render_kernel
 from stitchtune.ir import kir
@@ -168,7 +168,7 @@ def test_the_transpose_peer_stages_its_tile_through_shared_memory_with_128_bit_a
 
 
 def test_sass_metrics_survive_their_json():
-    from stitchtune.analysis.sass import SassMetrics
+    from stitchtune.gpu.sass import SassMetrics
 
     k = parse_sass(SASS)["st_k0"]
     assert SassMetrics.from_dict(json.loads(json.dumps(k.to_dict()))) == k

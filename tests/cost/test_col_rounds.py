@@ -97,7 +97,7 @@ def test_unrolled_sweeps_emulate_the_reference(shape: tuple[int, int]) -> None:
 @pytest.mark.slow
 def test_view_47_keeps_enough_loads_in_flight() -> None:
     from stitchtune.analysis.audit import audit_graph
-    from stitchtune.analysis.sass import find_cuobjdump
+    from stitchtune.gpu.sass import find_cuobjdump
     from stitchtune.gpu.build import nvcc_found
 
     if not nvcc_found() or find_cuobjdump() is None:
@@ -160,7 +160,7 @@ def test_five_inputs_unroll_two_rows() -> None:
 @pytest.mark.slow
 def test_five_inputs_compile_without_spills() -> None:
     from stitchtune.analysis.audit import audit_graph
-    from stitchtune.analysis.sass import find_cuobjdump
+    from stitchtune.gpu.sass import find_cuobjdump
     from stitchtune.gpu.build import nvcc_found
 
     if not nvcc_found() or find_cuobjdump() is None:

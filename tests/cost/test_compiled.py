@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stitchtune.analysis.sass import compiled_facts, parse_sass
+from stitchtune.gpu.sass import compiled_facts, parse_sass
 from stitchtune.cost.compiled import CompiledFacts, registers_of, with_compiled
 from stitchtune.cost.features import KernelFeatures, kernel_features
 from stitchtune.cost.fitted import Coefficients, kernel_device_us, kernel_terms_us, predict_program

@@ -36,6 +36,9 @@ def test_offset_output_dims_are_named_and_evaluated() -> None:
         ((1024, "d0", "d0+1", "d1-1"),)
     assert _offset_names(((2018,),), ((2102,),), va, vb) is None   # 2 * d0: no symbol plus an offset
     assert _extent("d0+1", {"d0": 7}) == 8 and _extent("d1-1", {"d1": 7}) == 6 and _extent("d0", {"d0": 7}) == 7
+    # a chunked prefill's cache: past and new positions, two symbols summed (plus an offset)
+    assert _offset_names(((2022, 2023),), ((2112, 2113),), va, vb) == (("d0+d1", "d0+d1+1"),)
+    assert _extent("d0+d1", {"d0": 7, "d1": 3}) == 10 and _extent("d0+d1-2", {"d0": 7, "d1": 3}) == 8
 
 
 def test_the_cache_concat_region_is_stitched_and_equal_to_eager() -> None:
@@ -75,3 +78,20 @@ def test_kernels_per_extent_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None
                 assert g.shape == e.shape and (g - e).abs().max().item() < 1e-5, past
     [r] = [r for r in st_torch.stats().regions if r.dynamic]
     assert r.builds == 2 and r.eager == 2, r
+
+
+def test_slices_of_a_symbolic_axis_are_written_from_its_end() -> None:
+    """At the probe extents (1009 positions) ``x[:, 1:]``, ``x[:, :-1]`` and ``x[:, -3:]`` become
+    ``1:null``, ``0:-1`` and ``-3:null`` (one template for both probe sets); a slice of a static axis
+    keeps its bounds."""
+    from stitchtune.graph.parse import parse_graph
+    from stitchtune.importers.torch_symbolic import _slices_from_end
+
+    def sl(i: str, axis: int, start: int, stop: int) -> dict[str, object]:
+        return {"id": i, "op": "slice", "args": ["x"], "axis": axis, "start": start, "stop": stop}
+
+    g = parse_graph({"name": "s", "inputs": {"x": {"shape": [2, 1009, 16], "dtype": "float32"}},
+                     "nodes": [sl("a", 1, 1, 1009), sl("b", 1, 0, 1008), sl("c", 1, 1006, 1009), sl("d", 2, 0, 8)],
+                     "outputs": ["a", "b", "c", "d"]})
+    got = {n["id"]: (n["start"], n["stop"]) for n in _slices_from_end(g, {1009: "d0"})["nodes"]}
+    assert got == {"a": (1, None), "b": (0, -1), "c": (-3, None), "d": (0, 8)}

@@ -101,3 +101,14 @@ def test_reference_values() -> None:
     np.testing.assert_array_equal(out["r"], np.roll(x["q"], 3, axis=1))
     assert (out["e"][0] == 0).all()
     np.testing.assert_array_equal(out["e"][1], x["t"][x["ids"][1]])
+
+
+def test_a_null_stop_is_the_axis_end() -> None:
+    """``"stop": null`` is Python's ``x[1:]`` (issue 41: a slice to the end of a dynamic axis at every
+    extent); resolved to the dim, so the node and its round trip are a plain slice."""
+    g = parse_graph(_g([{"id": "y", "op": "slice", "args": ["x"], "axis": 2, "start": 2, "stop": None}]))
+    nd = g.node("y")
+    assert (nd.start, nd.stop, nd.shape) == (2, 8, (2, 3, 6))
+    assert parse_graph(g.to_dict()) == g
+    probs = _problems(_g([{"id": "y", "op": "slice", "args": ["x"], "axis": 2, "start": 8, "stop": None}]))
+    assert len(probs) == 1 and "empty or out of range" in probs[0]

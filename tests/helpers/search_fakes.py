@@ -184,7 +184,7 @@ def fake_lower(graph, plan, s: FakeSchedule, device) -> FakeProgram:
     return FakeProgram(s, FakeProfile(s))
 
 
-def fake_predict(program: FakeProgram, device, registers=None) -> FakePrediction:
+def fake_predict(program: FakeProgram, device, registers=None, compiled=None) -> FakePrediction:
     s = program.schedule
     reason = "occupancy 0: shared memory over the limit" if FATES.get((s.block, s.vec)) == "prune_reason" else None
     return FakePrediction(fake_time(s), 0.5, reason)

@@ -37,7 +37,8 @@ def test_a_refusal_at_a_fitting_extent_names_that_extent(monkeypatch: pytest.Mon
     real = dynamic.plan_graph
     monkeypatch.setattr(dynamic, "plan_graph", lambda g: real(g) if g.spec("x").shape[1] == rep["seq"]
                         else Refusal("no (test)"))   # x: [2, seq, 256]
-    assert fit_rows(dg, key) == DynamicRefusal("plan", f"the graph at seq={rep['seq'] // 2} has no plan: no (test)")
+    b = max(rep["seq"] // 2, key.buckets[0].lo)   # the second extent fitted: inside the bucket
+    assert fit_rows(dg, key) == DynamicRefusal("plan", f"the graph at seq={b} has no plan: no (test)")
 
 
 def test_a_graph_over_the_format_limits_at_a_fitting_extent_is_a_plan_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -52,7 +53,7 @@ def test_a_graph_over_the_format_limits_at_a_fitting_extent_is_a_plan_refusal(mo
 
     monkeypatch.setattr(type(dg), "at_unchecked", over)
     assert fit_rows(dg, key) == DynamicRefusal(
-        "plan", f"the graph at seq={rep // 2} has no plan: a tensor over the format's limits (test)")
+        "plan", f"the graph at seq={max(rep // 2, key.buckets[0].lo)} has no plan: a tensor over the format's limits (test)")
 
 
 def test_generic_profile_is_none_where_the_planner_refuses(monkeypatch: pytest.MonkeyPatch) -> None:

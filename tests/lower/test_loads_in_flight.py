@@ -131,7 +131,7 @@ def test_ragged_column_sums_still_equal_the_reference(shape: tuple[int, int]) ->
                                               (_colsum, (4, 1 << 20), 1)])
 def test_the_sweep_issues_its_loads_before_the_first_use(make, shape, loads) -> None:  # type: ignore[no-untyped-def]
     from stitchtune.analysis.audit import audit_graph
-    from stitchtune.analysis.sass import find_cuobjdump
+    from stitchtune.gpu.sass import find_cuobjdump
     from stitchtune.gpu.build import nvcc_found
 
     if not nvcc_found() or find_cuobjdump() is None:

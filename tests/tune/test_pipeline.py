@@ -203,3 +203,128 @@ def test_the_search_prunes_by_the_fitted_model(monkeypatch):
     assert fitted.predict_program(prog, device, coefficients=slow).time_us > 3 * best > 3 * old_us
     pruned = run(slow)
     assert pruned["status"] == "pruned" and "best" in pruned["prune_reason"]
+
+
+def _layernorm_candidate():
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.hardware.device import get_device
+    from stitchtune.lower.entry import lower
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space import SearchSpace
+
+    graph = load_graph("examples/layernorm_small.json")
+    plan = make_plan(graph)
+    device = get_device("h200")
+    space = SearchSpace.for_plan(plan, device)
+    sched = heuristic_schedule(plan, device, space)
+    return graph, plan, device, sched, lower(graph, plan, sched, device, space)
+
+
+class _CubinBuilder:
+    """gpu.build.FakeBuilder's results (registers 32 per kernel), each with a cubin file of fixed bytes."""
+
+    def __init__(self, cubin) -> None:
+        from stitchtune.gpu.build import FakeBuilder as Real
+
+        self.real, self.cubin = Real(), str(cubin)
+
+    def build(self, sources, arch):
+        import dataclasses
+
+        return [dataclasses.replace(r, cubin_path=self.cubin) for r in self.real.build(sources, arch)]
+
+
+def test_the_after_build_prediction_reads_the_compiled_facts_and_says_so(tmp_path):
+    """After a build, predicted_us is the fitted model's prediction with the cubin's compiled facts
+    (predicted_from=compiled), which differs from the IR features' (one 4-byte load in flight, spills);
+    a build without facts keeps the IR prediction with ptxas' registers (predicted_from=ir)."""
+    import dataclasses
+
+    from stitchtune.cost import fitted
+    from stitchtune.cost.compiled import CompiledFacts
+    from stitchtune.gpu.runners import FakeRunner as TimesRunner
+    from stitchtune.tune.pipeline import default_stages
+
+    graph, plan, device, sched, prog = _layernorm_candidate()
+    facts = {k.name: CompiledFacts(registers=40, bytes_in_flight=4.0, loads_in_flight=1.0, spill_instructions=50)
+             for k in prog.kernels}
+    seen = []
+
+    def read(build):
+        seen.append(build.cubin_path)
+        return facts
+
+    builder = _CubinBuilder(tmp_path / "k.cubin")
+    real = default_stages()
+    with_facts = evaluate(graph, plan, device, [sched], builder, TimesRunner(), None,
+                          stages=dataclasses.replace(real, compiled_facts=read))[0]
+    without = evaluate(graph, plan, device, [sched], builder, TimesRunner(), None,
+                       stages=dataclasses.replace(real, compiled_facts=lambda build: None))[0]
+    regs = {k.name: 32 for k in prog.kernels}
+    ir_us = fitted.predict_program(prog, device, registers=regs).time_us
+    compiled_us = fitted.predict_program(prog, device, registers=regs, compiled=facts).time_us
+    assert seen == [str(tmp_path / "k.cubin")]
+    assert with_facts["status"] == "ok" and with_facts["predicted_from"] == "compiled"
+    assert with_facts["predicted_us"] == pytest.approx(compiled_us)
+    assert without["predicted_from"] == "ir" and without["predicted_us"] == pytest.approx(ir_us)
+    assert compiled_us > 1.05 * ir_us      # the facts changed the prediction (serialized loads, spills)
+
+
+def test_without_cuobjdump_the_after_build_prediction_falls_back_to_the_ir_with_one_note(tmp_path, monkeypatch,
+                                                                                         caplog):
+    """The real stage's reader, with no cuobjdump installed: every row predicts from the IR features
+    (predicted_from=ir, the same time as a build without facts) and the run logs one note, not one per build."""
+    import dataclasses
+    import logging
+
+    from stitchtune.cost import fitted
+    from stitchtune.gpu import build_facts
+    from stitchtune.gpu.runners import FakeRunner as TimesRunner
+    from stitchtune.tune.pipeline import default_stages
+
+    monkeypatch.setattr(build_facts, "find_cuobjdump", lambda: None)
+    monkeypatch.setattr(build_facts, "_noted_missing", False)
+    graph, plan, device, sched, prog = _layernorm_candidate()
+    (tmp_path / "k.cubin").write_bytes(b"not read")
+    stages = dataclasses.replace(default_stages(), compiled_facts=build_facts.SassFactsReader(cache_dir=tmp_path))
+    with caplog.at_level(logging.INFO, logger="stitchtune.gpu.build_facts"):
+        rows = [evaluate(graph, plan, device, [sched], _CubinBuilder(tmp_path / "k.cubin"), TimesRunner(), None,
+                         stages=stages)[0] for _ in range(2)]
+    notes = [r for r in caplog.records if "cuobjdump not found" in r.getMessage()]
+    assert len(notes) == 1
+    ir_us = fitted.predict_program(prog, device, registers={k.name: 32 for k in prog.kernels}).time_us
+    for row in rows:
+        assert row["status"] == "ok" and row["predicted_from"] == "ir"
+        assert row["predicted_us"] == pytest.approx(ir_us)
+
+
+def test_a_batchs_facts_are_asked_once_per_distinct_build_and_matched_to_their_candidates():
+    """Every successful build of a batch is asked for its facts once (concurrently), none of a failed one, and
+    each candidate's after-build prediction reads its own build's facts."""
+    import threading
+
+    from helpers.search_fakes import FakePrediction
+
+    asked: list[str] = []
+    lock = threading.Lock()
+
+    def facts(build):
+        with lock:
+            asked.append(build.source_hash)
+        return {"k": build.source_hash}
+
+    def predict(program, device, registers=None, compiled=None):
+        us = 5.0 + (int(compiled["k"]) % 1000 if compiled else 0.0)
+        return FakePrediction(us, 0.5, None)
+
+    st = fake_stages()
+    stages = Stages(lower=st.lower, render=st.render, predict=predict, should_prune=st.should_prune,
+                    compiled_facts=facts)
+    pts = [FakeSchedule(256, 2), FakeSchedule(128, 2), FakeSchedule(256, 2), FakeSchedule(64, 4)]  # 64x4 fails
+    rows = evaluate(FakeGraph(), "plan", FakeDevice(), pts, FakeBuilder(), FakeRunner(), None, stages=stages)
+    hashes = [str(hash(st.render(st.lower(None, None, p, None)))) for p in pts]
+    assert sorted(asked) == sorted(set(hashes[:3])) and len(asked) == 2
+    for r, h in zip(rows[:3], hashes):
+        assert r["predicted_from"] == "compiled" and r["predicted_us"] == pytest.approx(5.0 + int(h) % 1000)
+    assert rows[3]["status"] == "compile_error" and rows[3]["predicted_from"] == "ir"

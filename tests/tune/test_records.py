@@ -23,7 +23,7 @@ def test_status_members_are_the_stored_strings():
 def test_every_fixed_column_is_a_typed_field():
     names = {f.name for f in dataclasses.fields(TrialRecord)}
     assert set(COLUMNS) <= names
-    assert names - set(COLUMNS) == {"profile_json", "features_json", "bucket", "params", "extra"}
+    assert names - set(COLUMNS) == {"profile_json", "features_json", "bucket", "predicted_from", "params", "extra"}
 
 
 def test_from_row_types_values_and_keeps_unknown_columns():
@@ -79,7 +79,7 @@ def test_committed_database_reads_as_records():
 
 def test_a_search_writes_the_same_columns_and_plain_status_strings(tmp_path):
     """The on-disk form is unchanged by the record type: every part a search writes holds the fixed
-    columns, the schedule's p_ columns and the optional profile_json/bucket only, statuses as strings;
+    columns, the schedule's p_ columns and the optional profile_json/bucket/predicted_from only, statuses as strings;
     the search's result rows are the records those parts read back as."""
     import pyarrow.parquet as pq
 
@@ -94,10 +94,30 @@ def test_a_search_writes_the_same_columns_and_plain_status_strings(tmp_path):
         schema = pq.read_schema(part)
         names = set(schema.names)
         assert set(COLUMNS) <= names, sorted(set(COLUMNS) - names)
-        assert {n for n in names - set(COLUMNS) if not n.startswith("p_")} <= {"profile_json", "bucket"}
+        assert {n for n in names - set(COLUMNS) if not n.startswith("p_")} <= {"profile_json", "bucket",
+                                                                              "predicted_from"}
         assert str(schema.field("status").type) in ("string", "large_string")  # as the committed parts
     df = db.read()
     assert set(df["status"]) == set(STATUSES)
+    # every row with a prediction says what it read: the fakes have no compiled facts, so the IR features
+    predicted = df[df["predicted_us"].notna()]
+    assert len(predicted) and set(predicted["predicted_from"]) == {"ir"}
     best = db.best(res.workload_key, res.device_key, backend="emulate")
     assert res.best is not None and best is not None
     assert best.replace(timestamp=None) == res.best.replace(timestamp=None)
+
+
+def test_predicted_from_is_an_optional_column_that_round_trips(tmp_path):
+    """A row says what its prediction read (the pipeline's ``predicted_from``); a row written before the
+    column existed (the committed database) reads as None, and the column is written only when set."""
+    db = TuningDB(tmp_path)
+    base = {"status": "ok", "workload_key": "w", "device_key": "d", "backend": "emulate", "measured_us": 2.0}
+    db.append([TrialRecord.from_row({**base, "schedule_key": "a", "trial_number": 0, "predicted_from": "compiled"}),
+               TrialRecord.from_row({**base, "schedule_key": "b", "trial_number": 1, "predicted_from": "ir"})])
+    df = db.read()
+    assert dict(zip(df["schedule_key"], df["predicted_from"])) == {"a": "compiled", "b": "ir"}
+    recs = {r.schedule_key: r for r in (TrialRecord.from_row(row_dict(x)) for _, x in df.iterrows())}
+    assert recs["a"].predicted_from == "compiled" and "predicted_from" not in recs["a"].extra
+    assert "predicted_from" not in TrialRecord.from_row(base).to_row()
+    old = TrialRecord.from_row(row_dict(read_db(COMMITTED_DB).iloc[0]))
+    assert old.predicted_from is None
