@@ -116,7 +116,7 @@ def test_view_47_rolled_sweep_falls_short_of_the_loads_in_flight(monkeypatch: py
     flight, 23.3 of the 24.9 KiB per SM the H200 needs (sm_90 SASS)."""
     import stitchtune.lower.col as col
     from stitchtune.analysis.audit import audit_graph
-    from stitchtune.analysis.sass import find_cuobjdump
+    from stitchtune.gpu.sass import find_cuobjdump
     from stitchtune.gpu.build import nvcc_found
 
     if not nvcc_found() or find_cuobjdump() is None:
