@@ -54,8 +54,9 @@ from stitchtune.space import SCHEMES, ReuseLevel, Schedule, SchemeTable
 #: ``SWEEP_UNROLL_FLOATS`` loaded floats of them (:func:`sweep_unroll`). BERT's training ``view_47`` (GELU
 #: backward + column sum, 4096 x 3072, split 16: 32 rows per thread, 8 floats a row) had one row's two
 #: 16-byte loads in flight per thread left to nvcc (23.3 KiB per SM of the 24.9 the H200 needs), unrolled
-#: by 4 46.5, by 8 58.2 KiB (64 registers, no spill); GPT-2's ``view_41`` (5 inputs, 20 floats a row) spills
-#: 10 instructions unrolled by 8 under the 64-register cap, none by 2 (sm_90 SASS, CPU static analysis)
+#: by 4 46.5, by 8 58.2 KiB (64 registers, no spill, with ``__expf``; with the flush-to-zero exponential by 2
+#: 46.5, by 4 and by 8 34.9 KiB: ptxas's schedule of the cheaper body); GPT-2's ``view_41`` (5 inputs, 20 floats
+#: a row) spills 10 instructions unrolled by 8 under the 64-register cap, none by 2 (sm_90 SASS, CPU static analysis)
 SWEEP_UNROLL = 8
 SWEEP_UNROLL_FLOATS = 64
 

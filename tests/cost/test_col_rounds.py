@@ -7,7 +7,12 @@ rows unrolled together so that their loads are in flight at once.
 * ``lower.col.SWEEP_UNROLL``: BERT's training ``view_47`` (GELU backward + column sum, 4096 x 3072) sweeps
   more rows per thread than are unrolled whole; one row's two 16-byte loads were in flight per thread
   (23-24 of the 24.9 KiB per SM the H200 needs; sm_90 SASS). Its rows are now unrolled by eight: 5 loads in
-  flight per thread (ptxas's choice under the 64-register cap), 58 KiB per SM.
+  flight per thread with ``__expf`` (ptxas's choice under the 64-register cap), 58 KiB per SM; 3 since the
+  exponential is the flush-to-zero ``ex2.approx.ftz`` (s12-bertinf), 34.9 KiB per SM: ptxas schedules the
+  cheaper body differently (``__expf`` under ``-ftz=true`` gives the same 3; the same asm without ``.ftz``
+  gives 5; loading unguarded from the clamped addresses, or two rows' loads ahead of their arithmetic in the
+  source, leaves it at 3). The test holds the kernel to the audit's criterion (Little's law: bytes in flight
+  per SM against the device's need) and to more than one row's loads, not to one ptxas schedule.
 """
 
 from __future__ import annotations
@@ -99,9 +104,27 @@ def test_view_47_keeps_enough_loads_in_flight() -> None:
         pytest.skip("needs nvcc and cuobjdump (pip install nvidia-cuda-cuobjdump)")
     a = audit_graph(_gelu_grad_colsum(4096, 3072), DEV, slice_blocks=1)
     (k,) = a.kernels
-    # more than one row's two 16-byte loads under the 64-register cap of four blocks per SM (was one row's: 2)
-    assert k.sass is not None and k.sass.max_loads_in_flight >= 4 and k.sass.spills == 0, k.sass
+    # more than one row's two 16-byte loads under the 64-register cap of four blocks per SM (was one row's: 2;
+    # 3 with the flush-to-zero exp, 5 with __expf: ptxas's schedule, module docstring), enough of them per SM
+    assert k.sass is not None and k.sass.max_loads_in_flight > 2 and k.sass.spills == 0, k.sass
     assert k.in_flight_per_sm >= k.in_flight_needed and k.floor_ready, k.problems
+
+
+@pytest.mark.slow
+def test_view_47_rolled_sweep_falls_short_of_the_loads_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The regression the test above guards against: rows not unrolled together keep one row's two loads in
+    flight, 23.3 of the 24.9 KiB per SM the H200 needs (sm_90 SASS)."""
+    import stitchtune.lower.col as col
+    from stitchtune.analysis.audit import audit_graph
+    from stitchtune.gpu.sass import find_cuobjdump
+    from stitchtune.gpu.build import nvcc_found
+
+    if not nvcc_found() or find_cuobjdump() is None:
+        pytest.skip("needs nvcc and cuobjdump (pip install nvidia-cuda-cuobjdump)")
+    monkeypatch.setattr(col, "SWEEP_UNROLL", 1)
+    (k,) = audit_graph(_gelu_grad_colsum(4096, 3072), DEV, slice_blocks=1).kernels
+    assert k.sass is not None and k.sass.max_loads_in_flight == 2, k.sass
+    assert k.in_flight_per_sm < k.in_flight_needed, (k.in_flight_per_sm, k.in_flight_needed)
 
 
 def test_sweep_unroll_bounds_the_loaded_floats() -> None:
