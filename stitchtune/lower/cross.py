@@ -272,7 +272,9 @@ def cross_epilogue(k: RowKernelBuilder, cx: Ctx, uses: dict[str, set[str]]) -> l
             part = partial_buf(low, i, grid)
             cx.scratch.add(part)
             width = low.p.N if c.kind == "per_reduced" else 1
-            out.append(kir.StoreVec(part, add(mul(_BID, I(width)), col), vals, pred))
+            at = add(mul(_BID, I(width)), col)
+            # float32 partials: at most 4 a store (16 bytes; a 16-bit graph's vec of 8 is two stores)
+            out += [kir.StoreVec(part, add(at, I(j)) if j else at, vals[j:j + 4], pred) for j in range(0, len(vals), 4)]
     if mode == CrossCombine.GRID:
         out.append(kir.GridSync())
         lay = grid_bands(low, grid)

@@ -153,3 +153,26 @@ def test_grid_combine_sums_by_bands_in_the_row_kernel() -> None:
     assert vector and all(len(x.dsts) == 4 for x in vector) and not scalar
     (e1, o1), (e2, o2) = _errors(g, prog, seed=1), _errors(g, prog, seed=2)
     assert e1 < 1e-5 and all(o1[k].tobytes() == o2[k].tobytes() for k in o1)
+
+
+
+@pytest.mark.parametrize("combine", ["kernel", "grid"])
+def test_a_16_bit_graphs_vec_8_partials_are_16_byte_stores(combine: str) -> None:
+    """Regression (found by the CLI fuzz, seed 141417): a float16 graph's ``vec`` 8 made one 32-byte store
+    of eight float32 partials, which the IR verifier refuses: they are two 16-byte stores, and the per-column
+    sums stay exact."""
+    from stitchtune.graph.parse import parse_graph
+
+    g = parse_graph({"name": "g", "inputs": {"x": {"shape": [32, 256], "dtype": "float16"}}, "nodes": [
+        {"id": "n1", "op": "minimum", "args": ["x", "x"]},
+        {"id": "n2", "op": "reduce_sum", "args": ["n1"], "axes": [0], "keepdims": True},
+        {"id": "n3", "op": "reduce_min", "args": ["n1"], "axes": [-1], "keepdims": False}], "outputs": ["n2", "n3"]})
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    s = _with(heuristic_schedule(plan, DEV, space), cross_combine=combine, vec=8)
+    assert not space.violations(s), space.violations(s)
+    prog = lower(g, plan, s, DEV, space)   # verified on the way out
+    partials = [x for x in kir.walk(prog.kernels[0].body) if isinstance(x, kir.StoreVec) and x.buf.startswith("xp")]
+    assert partials and all(len(x.values) == 4 for x in partials)
+    err, _ = _errors(g, prog)
+    assert err < 1e-3, err
