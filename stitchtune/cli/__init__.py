@@ -439,3 +439,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         _print_error(f"{ascii(e.filename)}: {e.strerror or e}")
         return 2
+
+
+def entry() -> int:
+    """The process entry (the ``stitchtune`` script, ``python -m stitchtune``): :func:`main`, and after an
+    interrupt (130) the rest of the exit ignores Ctrl-C: a second SIGINT (a key pressed twice, or one still
+    pending from a library's C code when the first was reported) would otherwise kill the interpreter
+    during its shutdown, exiting by signal instead of 130 after the line saying what was kept."""
+    import signal
+    import threading
+
+    rc = main()
+    if rc == 130 and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return rc
+

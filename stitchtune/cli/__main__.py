@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from stitchtune.cli import main
+from stitchtune.cli import entry
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(entry())

@@ -194,3 +194,20 @@ def test_an_error_raised_while_ctrl_c_is_handled_ends_as_interrupted(tmp_path: P
     rc, _out, err = _call(["tune", f"{model}:f", "--shapes", "x=2x3", "--db", str(db), "--backend", "emulate"])
     assert rc == 130 and _rows_in_line(err) == (2, str(db)), err
     assert not from_ctrl_c(FileNotFoundError(2, "x")) and from_ctrl_c(Interrupted("x"))
+
+
+def test_a_second_sigint_after_the_interrupt_line_still_exits_130(tmp_path: Path) -> None:
+    """Regression (a CI run: exit -2 after the 'interrupted' line): once a command reported Ctrl-C (130),
+    a SIGINT that arrives while the process exits (a key pressed twice; one still pending in C code) does
+    not kill the interpreter by signal: the process entry ignores it and exits 130."""
+    script = ("import os, signal, sys\n"
+              "from stitchtune import cli\n"
+              "cli.main = lambda argv=None: 130   # a command that reported its interrupt\n"
+              "rc = cli.entry()\n"
+              "os.kill(os.getpid(), signal.SIGINT)   # the second Ctrl-C, during the exit\n"
+              "sys.exit(rc)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, timeout=120,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert run.returncode == 130, run.stderr.decode()[-2000:]
+    assert b"Traceback" not in run.stderr
