@@ -191,6 +191,15 @@ def graph_copy(gm: Any) -> Any:
     return graph
 
 
+def fake_mode_of(gm: Any) -> Any | None:
+    """The fake tensor mode of ``gm``'s node values (dynamo's, holding its shape env), or None where no
+    node carries a tensor value (a pass that makes new fake values needs it)."""
+    import torch
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)])
+
+
 def splits_as_slices(gm: Any) -> Any | None:
     """A copy of ``gm`` in which each ``split`` / ``split_with_sizes`` of static sizes that only
     ``getitem`` nodes read is one ``aten.slice`` per part read (the same view: same sizes, strides

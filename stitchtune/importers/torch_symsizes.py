@@ -30,16 +30,16 @@ Contract
     whose output it is stores its value, ``iota * 0 + fill``).
 
 * A region's call passes each carrier's ``S`` as a SymInt value (``stitchtune::region(key, tensors,
-  scalars)``, :mod:`stitchtune.deploy.torch_rewrite`); the registered region makes the carrier,
-  ``torch.empty((S,), dtype=torch.bool)`` on its device (an allocation, no kernel and no data:
-  :func:`~stitchtune.importers.torch_symvalues.bound_inputs` lists it with shape None).
+  scalars)``, :mod:`stitchtune.deploy.torch_rewrite`); the registered region makes the carrier, a
+  one-element bool buffer it keeps on its device expanded to ``(S,)`` (stride 0: no allocation, no
+  kernel, no data; :func:`~stitchtune.importers.torch_symvalues.bound_inputs` lists it with shape None).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from stitchtune.importers.torch_fx_util import _key, graph_copy
+from stitchtune.importers.torch_fx_util import _key, fake_mode_of, graph_copy
 
 __all__ = ["CARRIER_KEY", "SIZE_OPS", "carrier_of", "is_carrier", "is_size_arg", "sym_sizes"]
 
@@ -140,7 +140,6 @@ def sym_sizes(gm: Any) -> Any | None:
     (see module docstring)."""
     import torch
     import torch.fx
-    from torch._guards import detect_fake_mode
 
     def sized(n: Any) -> bool:
         return n.op == "call_function" and _key(n.target) in SIZE_OPS and any(
@@ -148,8 +147,7 @@ def sym_sizes(gm: Any) -> Any | None:
 
     if not any(sized(n) or _noop_view(n) or _noop_slice(n) for n in gm.graph.nodes):
         return None
-    mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes
-                             if isinstance(n.meta.get("val"), torch.Tensor)])
+    mode = fake_mode_of(gm)
     if mode is None:
         return None
     graph = graph_copy(gm)

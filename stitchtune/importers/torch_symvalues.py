@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from stitchtune.importers.torch_fx_util import _key, graph_copy
+from stitchtune.importers.torch_fx_util import _key, fake_mode_of, graph_copy
 
 __all__ = ["bound_inputs", "is_bound", "sym_values"]
 
@@ -307,9 +307,7 @@ def _position_rows(rw: _Rewriter, n: Any) -> None:
 
 def sym_values(gm: Any) -> Any | None:
     """``gm`` with its SymInt values read through bound tensors, or None (see module docstring)."""
-    import torch
     import torch.fx
-    from torch._guards import detect_fake_mode
 
     def reads_sym(n: Any) -> bool:
         return n.op == "call_function" and any(_is_symint(a) for a in n.all_input_nodes)
@@ -317,8 +315,7 @@ def sym_values(gm: Any) -> Any | None:
     if not any(reads_sym(n) and _key(n.target) in (*_ELEMENTWISE, "prims.iota", "aten.arange", "aten.full")
                or n.op == "call_function" and _key(n.target) in ("aten.embedding", "aten.add") for n in gm.graph.nodes):
         return None
-    mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes
-                             if isinstance(n.meta.get("val"), torch.Tensor)])
+    mode = fake_mode_of(gm)
     if mode is None:
         return None
     graph = graph_copy(gm)
