@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", default="inference,train")
     ap.add_argument("--out", default=str(REPO / "results" / f"audit-cpu-{time.strftime('%Y-%m-%d', time.gmtime())}"))
     ap.add_argument("--slice-blocks", type=int, default=4)
+    ap.add_argument("--regions", default="",
+                    help="comma-separated region names (e.g. region_view_92): audit only these workloads")
     ap.add_argument("--no-sass", action="store_true")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--render-only", action="store_true",
@@ -113,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             torch.manual_seed(0)
             model, inputs = gm._medium(name)
-            audits, skipped = audit_model(model, inputs, device, calls, slice_blocks=args.slice_blocks,
+            only = {r for r in args.regions.split(",") if r} or None
+            audits, skipped = audit_model(model, inputs, device, calls, regions=only, slice_blocks=args.slice_blocks,
                                           sass=not args.no_sass, peer=not args.no_peer)
         secs = time.perf_counter() - t0
         title = f"Kernel audit: {name} ({', '.join(calls)}; 2 layers, batch 8 x 512, fp32) - CPU static analysis"

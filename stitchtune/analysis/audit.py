@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Collection
 
 from stitchtune.gpu.sass import SassMetrics, compiled_facts, find_cuobjdump, read_cubin
 from stitchtune.analysis.sectors import (
@@ -377,11 +377,13 @@ def audit_graph(graph: Any, device: Device, schedule: Any = None, **options: Any
 
 
 def audit_model(model: Any, example_inputs: Any, device: Device, calls: tuple[str, ...] = ("inference",),
-                **options: Any) -> tuple[list[RegionAudit], list[str]]:
+                regions: Collection[str] | None = None, **options: Any) -> tuple[list[RegionAudit], list[str]]:
     """Audit every region the torch.compile backend would stitch in ``model`` called as each of ``calls``
     (:data:`stitchtune.deploy.model_tuning.CALL_PATTERNS` names), one audit per workload (regions with the
-    same workload key counted in ``uses``), in first-seen order. Returns (audits, skipped): a region
-    whose planning, lowering or slice fails is one ``skipped`` line (name: error), not an exception."""
+    same workload key counted in ``uses``), in first-seen order; with ``regions``, only the workloads whose
+    first region's graph name is in it (the others are neither audited nor listed as skipped). Returns
+    (audits, skipped): a region whose planning, lowering or slice fails is one ``skipped`` line (name:
+    error), not an exception."""
     from stitchtune.deploy.model_tuning import capture_regions
 
     found: dict[str, tuple[Any, dict[str, int]]] = {}
@@ -393,6 +395,8 @@ def audit_model(model: Any, example_inputs: Any, device: Device, calls: tuple[st
     audits: list[RegionAudit] = []
     skipped: list[str] = []
     for g, uses in found.values():
+        if regions is not None and g.name not in regions:
+            continue
         try:
             a = audit_graph(g, device, **options)
         except Exception as exc:  # noqa: BLE001 - one region the audit cannot lower is a line of the report

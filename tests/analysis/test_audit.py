@@ -188,3 +188,26 @@ def test_the_fitted_time_reads_the_compiled_facts_of_the_cubin(monkeypatch):
     compiled = audit_graph(g, DEV, sass=True)
     assert compiled.fitted_us > plain.fitted_us
     assert any("compiled code's bytes in flight" in n for n in compiled.notes)
+
+
+def test_audit_model_regions_filter_audits_only_the_named_workloads() -> None:
+    """``audit_model(regions=...)`` audits only the named workloads (a script's quick look at one region)."""
+    torch = pytest.importorskip("torch")
+    from stitchtune.analysis.audit import audit_model
+
+    class TwoRegions(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(64, 64))
+
+        def forward(self, x: "torch.Tensor") -> "torch.Tensor":
+            h = torch.nn.functional.layer_norm(x * 2.0, (64,)) @ self.w
+            return torch.softmax(h + 1.0, dim=-1)
+
+    model, inputs = TwoRegions(), (torch.randn(32, 64),)
+    every, _ = audit_model(model, inputs, DEV, sass=False, peer=False)
+    assert len(every) >= 2
+    first = every[0].graph
+    only, skipped = audit_model(model, inputs, DEV, regions={first}, sass=False, peer=False)
+    assert [a.graph for a in only] == [first] and skipped == []
+    assert audit_model(model, inputs, DEV, regions=set(), sass=False, peer=False) == ([], [])
