@@ -74,7 +74,10 @@ class RowLowerer(Lowerer):
         n_reg = sum(1 for r in self.reuse.values() if r == ReuseLevel.REGISTER)
         n_pf = sum(1 for n, c in p.classes if c is TensorClass.FULL and n in self.in_buf) if s.option(PREFETCH) else 0
         n_pf += sum(1 for c in p.cross if c.kind == "per_reduced")  # the cross accumulators
+        n_pf += hoisted_inputs(p, s, self.iters)
         est = estimate_registers(self.per_thread * (n_reg + n_pf), vec, 4)
+        if s.min_blocks:  # __launch_bounds__ caps what ptxas may use
+            est = min(est, self.dev.regs_per_sm // (s.block * s.min_blocks))
         return tasks, est, segs
 
     def resources(self) -> tuple[LaunchShape, ...]:
@@ -133,6 +136,19 @@ class RowLowerer(Lowerer):
         kernels.insert(at, k)
         launches.insert(at, kir.Launch(k.name, grid, k.block, k.smem_bytes, tuple(pp.name for pp in k.params)))
         profiles.insert(at, small_profile(self, k, grid, parts))
+
+
+def hoisted_inputs(plan: StitchPlan, s: Schedule, iters: int) -> int:
+    """Row pieces of loads a thread of a persistent row kernel with cross reductions holds at once: its
+    full-size inputs (one piece each) where a sweep is unrolled (``iters`` <= 8), since ptxas issues all of
+    an unrolled sweep's loads before their first use; 0 for other plans (their grids are not sized by the
+    estimate). The estimate sizes the persistent grid (:meth:`Lowerer.grid_for`): without these pieces
+    BERT's layer-norm backward (``region_view_50``, 32 threads per row, three full inputs of 24 floats a
+    thread, three column sums) was estimated at 128 registers, two blocks per SM, 264 blocks, and compiled
+    to 253: one block per SM, two waves and twice the partial rows (sm_90, CPU static analysis)."""
+    if not plan.cross or s.split != 1 or not s.persistent or iters > 8:
+        return 0
+    return sum(1 for n, c in plan.classes if c is TensorClass.FULL and n in set(plan.input_names))
 
 
 def row_sizes(plan: StitchPlan, s: Schedule) -> Sizes:
