@@ -16,7 +16,9 @@ Contract
   float inputs of class ``PER_REDUCED`` read through no index map of their own (``partial_cols`` or a
   scalar vector mode) in a static, unsplit row program whose kernel runs more than one round, with
   at most :data:`MAX_CACHED_FLOATS` floats per thread over all of them (first inputs first); empty
-  otherwise (a one-task kernel reads each value once per sweep anyway).
+  otherwise (a one-task kernel reads each value once per sweep anyway), and empty under a ``min_blocks``
+  register cap below the device's per-thread maximum (Llama's embedding-backward region ``view_102``,
+  pinned to two blocks per SM, 128 registers: 68 bytes spilled with the cache, none without; sm_90).
 * :func:`load_columns(low, lane, names)` -> the statements that fill ``cw<t>`` for ``names`` before the
   task loop: the same vectors, guard (``k < N``, zeros beyond) and lane as a sweep's.
 * :func:`column_array(low, name)` -> the array's name. Values are the same as the per-row loads give
@@ -45,6 +47,8 @@ def cached_columns(low: Lowerer, rounds: int) -> tuple[str, ...]:
     s, p = low.s, low.p
     if low.sym is not None or s.split != 1 or rounds <= 1 or low.iters > 8:
         return ()
+    if s.min_blocks and low.dev.regs_per_sm // (s.block * s.min_blocks) < low.dev.max_regs_per_thread:
+        return ()   # under a register cap the cache's registers come out of the loads in flight: spills
     out: list[str] = []
     floats = 0
     for name in p.input_names:

@@ -182,3 +182,14 @@ def test_pow_of_one_is_the_value_itself(exact: int) -> None:
     ref = run_reference(g, inputs)
     out = emulate_program(prog, inputs, coresident_limit=ALL)
     assert max(rel_err(out[o], ref[o]) for o in ref) < 1e-5
+
+
+def test_no_column_cache_under_a_register_cap() -> None:
+    """Under a ``min_blocks`` cap below the device's per-thread maximum (2 blocks of 256 threads: 128
+    registers) the cache's registers would come out of the loads in flight (Llama's ``view_102`` spilled
+    68 bytes with it): the per-row loads stay."""
+    g, _ = _small(bert_ln_backward)
+    _, _, _, prog = _lowered(g, tasks_per_block=4, min_blocks=2)
+    assert not any(a.name.startswith("cw") for a in prog.kernels[0].locals)
+    _, _, _, uncapped = _lowered(g, tasks_per_block=4, min_blocks=1)
+    assert any(a.name.startswith("cw") for a in uncapped.kernels[0].locals)
