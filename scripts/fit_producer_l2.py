@@ -1,0 +1,130 @@
+"""BERT training's measured kernels and the L2: would their producers' outputs, still in the L2, explain them?
+
+    python scripts/fit_producer_l2.py [--dataset results/cost-fit-2026-12-07-s12/dataset.json] [--out DIR]
+
+The fitted cost model counts every unique byte of a launch as a DRAM byte; the database rows were measured after an
+L2 flush, so that holds there. In a model, a region's input was often written by the launch just before it (a GEMM
+or bmm), and part of it may still be in the 60 MiB L2. This script captures BERT's training regions again on the
+CPU (``scripts/gpu_models._medium``, the GPU run's shapes; torch and transformers needed), and for each input of a
+region written by an FX node (not a parameter) estimates the bytes still resident when the region starts, as an LRU
+cache would keep them: ``max(0, min(S, C - D))``, S the input's bytes, D the bytes the FX nodes in between (views
+free) read or write other than that input, C the L2 (``l2_keep`` x L2 and the whole L2). It then predicts the
+dataset's ``bert-train`` rows (the CUPTI trace of the training step) with the coefficients fitted **without** that
+group (held out), once as stored and once with the resident bytes taken off the first kernel's unique and sector
+bytes. Nothing is fitted to these bytes: a check of a hypothesis, not a term. Every time but ``measured`` is
+PREDICTED. A region whose workload key differs from the row's (another graph than the one measured) is left as
+stored.
+
+Writes ``<out>/producer_l2.md`` (also printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from fit_cost_model import _capture, ir_only  # noqa: E402
+
+from stitchtune.cost.fit_dataset import load_dataset, with_timing  # noqa: E402
+from stitchtune.cost.fitted import Coefficients  # noqa: E402
+from stitchtune.cost.fitting import fit_coefficients, predict_rows, score  # noqa: E402
+from stitchtune.hardware.device import get_device  # noqa: E402
+
+DATASET = "results/cost-fit-2026-12-07-s12/dataset.json"
+#: FX ops that move no data (views): not counted between a producer and its reader
+VIEWS = frozenset({"view", "_unsafe_view", "permute", "expand", "t", "transpose", "alias", "select", "slice",
+                   "unsqueeze", "squeeze", "reshape", "as_strided", "getitem"})
+
+
+def _bytes(node: Any) -> float:
+    val = node.meta.get("val") if hasattr(node, "meta") else None
+    return float(val.numel() * val.element_size()) if hasattr(val, "numel") else 0.0
+
+
+def _op(node: Any) -> str:
+    parts = str(getattr(node.target, "__name__", node.target)).split(".")
+    return parts[0] if len(parts) < 3 else parts[-2]
+
+
+def producer_inputs(region: Any) -> list[tuple[str, float, float]]:
+    """(input, its bytes S, bytes D moved between its producer and the region) per input an FX op wrote."""
+    nodes = list(region.nodes[0].graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    first, own = order[region.nodes[0]], set(region.nodes)
+    out = []
+    for inp in region.inputs:
+        if inp.op != "call_function":
+            continue
+        moved = 0.0
+        for n in nodes[order[inp] + 1:first]:
+            if n.op != "call_function" or n in own or _op(n) in VIEWS:
+                continue
+            moved += _bytes(n) + sum(_bytes(a) for a in n.all_input_nodes if a is not inp)
+        out.append((inp.name, _bytes(inp), moved))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dataset", default=DATASET)
+    ap.add_argument("--out", default="results/cost-fit-2026-12-07-s13")
+    a = ap.parse_args(argv)
+    dev = get_device("h200")
+    found = {(r.name, r.graph.workload_key()[:12]): producer_inputs(r) for r in _capture("bert", "train")}
+    rows = [r for r in with_timing([dict(r) for r in load_dataset(REPO / a.dataset, dev.key).rows])]
+    pre = ir_only(rows)
+    held = fit_coefficients([r for r in pre if r["group"] != "bert-train"], dev, Coefficients.defaults(dev))
+    mine = [(r, p) for r, p in zip(rows, pre) if r["group"] == "bert-train"]
+    cmd = " ".join(["python scripts/fit_producer_l2.py", *(argv if argv is not None else sys.argv[1:])])
+    lines = ["# BERT training: producers' outputs in the L2 (a check, nothing fitted)", "", f"    {cmd}", "",
+             "measured = H200 CUPTI trace (results/h200-2026-12-04-models); q = PREDICTED (coefficients fitted without "
+             "bert-train) / measured.", ""]
+    table: list[str] = []
+    for keep in (held.l2_keep, 1.0):
+        cap = keep * dev.l2_bytes
+        for post in (False, True):
+            stored, credited, meas = [], [], []
+            for r, p in mine:
+                p = r if post else p        # post-build: the SASS's bytes in flight (the same coefficients)
+                det = found.get((r["label"].split("/")[0], r["workload"]))
+                first = r["label"].endswith("/st_k0")     # a row is one launch: the region's first reads the inputs
+                resident = sum(max(0.0, min(s, cap - d)) for _, s, d in det) if det and first else 0.0
+                k = dict(p["kernels"][0])
+                if resident:
+                    k["unique_bytes"] = max(1, int(k["unique_bytes"] - resident))
+                    k["sector_bytes"] = max(1.0, float(k["sector_bytes"]) - resident)
+                before = float(predict_rows([p], dev, held)[0])
+                after = float(predict_rows([{**p, "kernels": [k, *p["kernels"][1:]]}], dev, held)[0])
+                stored.append(before)
+                credited.append(after)
+                meas.append(r["measured_us"])
+                if keep == 1.0:
+                    if not post:
+                        table.append(f"| {r['label']} | {r['measured_us']:.1f} | {resident / 1e6:.1f} | "
+                                     f"{'' if det is not None else 'no match '}{before / r['measured_us']:.2f} | "
+                                     f"{after / r['measured_us']:.2f} |")
+                    else:
+                        table[len(stored) - 1] += f" {before / r['measured_us']:.2f} | {after / r['measured_us']:.2f} |"
+            s0, s1 = score(meas, stored), score(meas, credited)
+            lines.append(f"- {'post-build' if post else 'pre-build'}, L2 capacity {keep:.1f} x 60 MiB: bert-train held "
+                         f"out within ±25% {s0['within25']:.0%} -> {s1['within25']:.0%}, Spearman {s0['spearman']:.3f} -> "
+                         f"{s1['spearman']:.3f}")
+    lines += ["", "Per row (capacity = the whole L2):", "",
+              "| row | measured us | resident MB | pre-build q as stored | q producer bytes from the L2 | post-build q as "
+              "stored | q producer bytes from the L2 |", "|---|---|---|---|---|---|---|"]
+    text = "\n".join(lines + table) + "\n"
+    print(text)
+    out = REPO / a.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "producer_l2.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
