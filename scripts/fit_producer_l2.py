@@ -15,6 +15,12 @@ bytes. Nothing is fitted to these bytes: a check of a hypothesis, not a term. Ev
 PREDICTED. A region whose workload key differs from the row's (another graph than the one measured) is left as
 stored.
 
+With ``--audit`` (an audit's ``bert.json``, scripts/audit_models.py), it also sums that audit's BERT training
+regions (each occurrence as captured) as the audit does, and again with each occurrence's resident bytes at the
+fitted ceiling taken off its fitted and fitted-ideal times (``R / (bw_efficiency x copy)``, at most the time less the
+ramp): what the audit's model-level figures would read if the producers' outputs were read from the L2 (an upper
+bound of the saving: a kernel below the ceiling saves less). PREDICTED, beside Inductor's MEASURED training step.
+
 Writes ``<out>/producer_l2.md`` (also printed).
 """
 
@@ -32,7 +38,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from fit_cost_model import _capture, ir_only  # noqa: E402
 
 from stitchtune.cost.fit_dataset import load_dataset, with_timing  # noqa: E402
-from stitchtune.cost.fitted import Coefficients  # noqa: E402
+from stitchtune.cost.fitted import Coefficients, package_coefficients  # noqa: E402
 from stitchtune.cost.fitting import fit_coefficients, predict_rows, score  # noqa: E402
 from stitchtune.hardware.device import get_device  # noqa: E402
 
@@ -70,13 +76,48 @@ def producer_inputs(region: Any) -> list[tuple[str, float, float]]:
     return out
 
 
+def audit_lines(path: Path, captured: list[Any], c: Coefficients, dev: Any) -> list[str]:
+    """The audit's BERT training sums (fitted, fitted ideal; PREDICTED) as stored and with the producers' resident
+    bytes at the ceiling of ``c`` (the shipped coefficients, as the audit's) taken off (module docstring)."""
+    import json
+
+    audit = {r["workload_key"]: r for r in json.loads(path.read_text())["regions"] if "train" in str(r.get("uses"))}
+    cap_gbs = c.bw_efficiency * dev.effective_copy_bandwidth_gbs()
+    out = [f"## The audit's BERT training sums ({path.relative_to(REPO)}), PREDICTED", "",
+           "| L2 capacity | regions | resident MB | fitted us | fitted, producers from L2 | fitted ideal us | "
+           "fitted ideal, producers from L2 |", "|---|---|---|---|---|---|---|"]
+    for keep in (c.l2_keep, 1.0):
+        n = 0
+        res = fit = fit2 = ideal = ideal2 = 0.0
+        for r in captured:
+            row = audit.get(r.graph.workload_key())
+            if row is None or row.get("fitted_us") is None or row.get("fitted_ideal_us") is None:
+                continue
+            n += 1
+            resident = sum(max(0.0, min(s, keep * dev.l2_bytes - d)) for _, s, d in producer_inputs(r))
+            saved = resident / cap_gbs / 1000.0
+            res += resident
+            fit += row["fitted_us"]
+            ideal += row["fitted_ideal_us"]
+            fit2 += max(c.ramp_us, row["fitted_us"] - saved)
+            ideal2 += max(c.ramp_us, row["fitted_ideal_us"] - saved)
+        out.append(f"| {keep:.1f} x 60 MiB | {n} of {len(captured)} | {res / 1e6:.0f} | {fit:.0f} | {fit2:.0f} | "
+                   f"{ideal:.0f} | {ideal2:.0f} |")
+    out += ["", "Inductor's training step, MEASURED (CUPTI, the same shapes): its own (Triton) kernels 76 launches, 887 us "
+            "(results/h200-2026-12-04-models/gpu_models.md, per-maker breakdown)."]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default=DATASET)
     ap.add_argument("--out", default="results/cost-fit-2026-12-07-s13")
+    ap.add_argument("--audit", default="results/audit-cpu-2026-12-07-s12/bert.json",
+                    help="an audit's bert.json whose training sums to restate ('' to skip)")
     a = ap.parse_args(argv)
     dev = get_device("h200")
-    found = {(r.name, r.graph.workload_key()[:12]): producer_inputs(r) for r in _capture("bert", "train")}
+    captured = _capture("bert", "train")
+    found = {(r.name, r.graph.workload_key()[:12]): producer_inputs(r) for r in captured}
     rows = [r for r in with_timing([dict(r) for r in load_dataset(REPO / a.dataset, dev.key).rows])]
     pre = ir_only(rows)
     held = fit_coefficients([r for r in pre if r["group"] != "bert-train"], dev, Coefficients.defaults(dev))
@@ -118,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "Per row (capacity = the whole L2):", "",
               "| row | measured us | resident MB | pre-build q as stored | q producer bytes from the L2 | post-build q as "
               "stored | q producer bytes from the L2 |", "|---|---|---|---|---|---|---|"]
-    text = "\n".join(lines + table) + "\n"
+    tail = audit_lines(REPO / a.audit, captured, package_coefficients(dev), dev) if a.audit else []
+    text = "\n".join(lines + table + [""] + tail) + "\n"
     print(text)
     out = REPO / a.out
     out.mkdir(parents=True, exist_ok=True)
