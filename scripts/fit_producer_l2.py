@@ -7,8 +7,9 @@ L2 flush, so that holds there. In a model, a region's input was often written by
 or bmm), and part of it may still be in the 60 MiB L2. This script captures BERT's training regions again on the
 CPU (``scripts/gpu_models._medium``, the GPU run's shapes; torch and transformers needed), and for each input of a
 region written by an FX node (not a parameter) estimates the bytes still resident when the region starts, as an LRU
-cache would keep them: ``max(0, min(S, C - D))``, S the input's bytes, D the bytes the FX nodes in between (views
-free) read or write other than that input, C the L2 (``l2_keep`` x L2 and the whole L2). It then predicts the
+cache would keep them (:mod:`stitchtune.analysis.l2_residency`): ``max(0, min(S, C - D))``, S the input's bytes, D
+the bytes the FX nodes in between (views free) read or write other than that input, C the L2 (``l2_keep`` x L2 and
+the whole L2). It then predicts the
 dataset's ``bert-train`` rows (the CUPTI trace of the training step) with the coefficients fitted **without** that
 group (held out), once as stored and once with the resident bytes taken off the first kernel's unique and sector
 bytes. Nothing is fitted to these bytes: a check of a hypothesis, not a term. Every time but ``measured`` is
@@ -37,52 +38,19 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from fit_cost_model import _capture, ir_only  # noqa: E402
 
+from stitchtune.analysis.l2_residency import credited_us, producer_inputs  # noqa: E402
 from stitchtune.cost.fit_dataset import load_dataset, with_timing  # noqa: E402
 from stitchtune.cost.fitted import Coefficients, package_coefficients  # noqa: E402
 from stitchtune.cost.fitting import fit_coefficients, predict_rows, score  # noqa: E402
 from stitchtune.hardware.device import get_device  # noqa: E402
 
 DATASET = "results/cost-fit-2026-12-07-s12/dataset.json"
-#: FX ops that move no data (views): not counted between a producer and its reader
-VIEWS = frozenset({"view", "_unsafe_view", "permute", "expand", "t", "transpose", "alias", "select", "slice",
-                   "unsqueeze", "squeeze", "reshape", "as_strided", "getitem"})
-
-
-def _bytes(node: Any) -> float:
-    val = node.meta.get("val") if hasattr(node, "meta") else None
-    return float(val.numel() * val.element_size()) if hasattr(val, "numel") else 0.0
-
-
-def _op(node: Any) -> str:
-    parts = str(getattr(node.target, "__name__", node.target)).split(".")
-    return parts[0] if len(parts) < 3 else parts[-2]
-
-
-def producer_inputs(region: Any) -> list[tuple[str, float, float]]:
-    """(input, its bytes S, bytes D moved between its producer and the region) per input an FX op wrote."""
-    nodes = list(region.nodes[0].graph.nodes)
-    order = {n: i for i, n in enumerate(nodes)}
-    first, own = order[region.nodes[0]], set(region.nodes)
-    out = []
-    for inp in region.inputs:
-        if inp.op != "call_function":
-            continue
-        moved = 0.0
-        for n in nodes[order[inp] + 1:first]:
-            if n.op != "call_function" or n in own or _op(n) in VIEWS:
-                continue
-            moved += _bytes(n) + sum(_bytes(a) for a in n.all_input_nodes if a is not inp)
-        out.append((inp.name, _bytes(inp), moved))
-    return out
-
-
 def audit_lines(path: Path, captured: list[Any], c: Coefficients, dev: Any) -> list[str]:
     """The audit's BERT training sums (fitted, fitted ideal; PREDICTED) as stored and with the producers' resident
     bytes at the ceiling of ``c`` (the shipped coefficients, as the audit's) taken off (module docstring)."""
     import json
 
     audit = {r["workload_key"]: r for r in json.loads(path.read_text())["regions"] if "train" in str(r.get("uses"))}
-    cap_gbs = c.bw_efficiency * dev.effective_copy_bandwidth_gbs()
     out = [f"## The audit's BERT training sums ({path.relative_to(REPO)}), PREDICTED", "",
            "| L2 capacity | regions | resident MB | fitted us | fitted, producers from L2 | fitted ideal us | "
            "fitted ideal, producers from L2 |", "|---|---|---|---|---|---|---|"]
@@ -94,13 +62,12 @@ def audit_lines(path: Path, captured: list[Any], c: Coefficients, dev: Any) -> l
             if row is None or row.get("fitted_us") is None or row.get("fitted_ideal_us") is None:
                 continue
             n += 1
-            resident = sum(max(0.0, min(s, keep * dev.l2_bytes - d)) for _, s, d in producer_inputs(r))
-            saved = resident / cap_gbs / 1000.0
+            resident = sum(max(0.0, min(p.nbytes, keep * dev.l2_bytes - p.moved_since)) for p in producer_inputs(r))
             res += resident
             fit += row["fitted_us"]
             ideal += row["fitted_ideal_us"]
-            fit2 += max(c.ramp_us, row["fitted_us"] - saved)
-            ideal2 += max(c.ramp_us, row["fitted_ideal_us"] - saved)
+            fit2 += credited_us(row["fitted_us"], [resident], dev, c)
+            ideal2 += credited_us(row["fitted_ideal_us"], [resident], dev, c)
         out.append(f"| {keep:.1f} x 60 MiB | {n} of {len(captured)} | {res / 1e6:.0f} | {fit:.0f} | {fit2:.0f} | "
                    f"{ideal:.0f} | {ideal2:.0f} |")
     out += ["", "Inductor's training step, MEASURED (CUPTI, the same shapes): its own (Triton) kernels 76 launches, 887 us "
@@ -135,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 p = r if post else p        # post-build: the SASS's bytes in flight (the same coefficients)
                 det = found.get((r["label"].split("/")[0], r["workload"]))
                 first = r["label"].endswith("/st_k0")     # a row is one launch: the region's first reads the inputs
-                resident = sum(max(0.0, min(s, cap - d)) for _, s, d in det) if det and first else 0.0
+                resident = sum(max(0.0, min(p.nbytes, cap - p.moved_since)) for p in det) if det and first else 0.0
                 k = dict(p["kernels"][0])
                 if resident:
                     k["unique_bytes"] = max(1, int(k["unique_bytes"] - resident))
