@@ -9,7 +9,8 @@ Contract
   <CompiledFacts dict>, ...} | null}``: the IR features of the very program it measured, with ptxas'
   registers (their compiled fields 0), and the compiled facts of its cubin
   (:class:`~stitchtune.cost.compiled.CompiledFacts`, read by :mod:`stitchtune.gpu.build_facts`; null when the
-  cubin could not be read: no cuobjdump, a fake or skipped build). Version 1 (written before s13) has no
+  cubin could not be read: no cuobjdump, a fake or skipped build; facts that miss one of the kernels count as
+  none). Version 1 (written before s13) has no
   ``version`` and no ``compiled``: read as IR features without compiled facts. A version newer than
   :data:`FEATURES_VERSION`, or a kernel or fact that does not parse, makes the row unreadable (left out).
 * :class:`FitOn` says what a calibration fits: ``auto`` (the default: ``compiled`` when every usable row has
@@ -117,8 +118,10 @@ def _parse(text: Any) -> dict[str, Any] | None:
         for k in d["kernels"]:
             KernelFeatures(**{n: v for n, v in k.items() if n in names})
         compiled = d.get("compiled")
-        d["compiled"] = ({str(n): CompiledFacts.from_dict(v) for n, v in compiled.items()}
-                         if isinstance(compiled, dict) and compiled else None)
+        facts = ({str(n): CompiledFacts.from_dict(v) for n, v in compiled.items()}
+                 if isinstance(compiled, dict) and compiled else None)
+        # facts count only when they cover every kernel measured (a partial read predicts some kernels from the IR)
+        d["compiled"] = facts if facts and all(str(k.get("name")) in facts for k in d["kernels"]) else None
     except (TypeError, ValueError, KeyError, AttributeError):
         return None
     return d

@@ -218,13 +218,14 @@ def test_features_json_version_2_carries_the_compiled_facts_and_version_1_still_
     v1 = json.dumps({k: v for k, v in v2.items() if k not in ("version", "compiled")})   # written before s13
     newer = json.dumps({**v2, "version": 3})
     bad = json.dumps({**v2, "compiled": {"k": {"registers": 1}}})
+    partial = json.dumps({**v2, "compiled": {"other_kernel": v2["compiled"][base_features[0].name]}})
     rows = [{"status": "ok", "measured_us": 5.0, "predicted_us": 4.0, "device_key": H200.key, "estimated": False,
              "graph_name": "g", "workload_key": "w", "schedule_key": f"s{i}", "features_json": fj}
-            for i, fj in enumerate((json.dumps(v2), v1, newer, bad))]
+            for i, fj in enumerate((json.dumps(v2), v1, newer, bad, partial))]
     got, notes = calibrate_fitted.fit_rows(pd.DataFrame(rows), H200.key)
-    assert [r["label"] for r in got] == ["s0", "s1"] and {r["fit_on"] for r in got} == {"ir"}
+    assert [r["label"] for r in got] == ["s0", "s1", "s4"] and {r["fit_on"] for r in got} == {"ir"}
     assert "2 measured rows have an unreadable features_json (or one of a newer stitchtune)" in notes[0]
-    assert "1 of 2 rows have no compiled facts" in notes[1]
+    assert "2 of 3 rows have no compiled facts" in notes[1]     # v1, and facts that miss the measured kernel
 
 
 def test_auto_fits_on_compiled_facts_when_every_row_has_them(base_features) -> None:
