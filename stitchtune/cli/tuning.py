@@ -363,7 +363,7 @@ def _add_tune(sub: Any) -> None:
                  "float32|float16|bfloat16|int64 for all inputs, or per input: x=bfloat16,ids=int64 "
                  "(int64 inputs are zeros and ones, e.g. token ids)")
     p.add_argument("--trials", type=int_at_most(MAX_TRIALS, lo=1), default=64, metavar="N",
-                   help="total trials, split over the regions by predicted share (default 64)")
+                   help="total trials, split over the regions by the cost model's predicted gain (default 64)")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),
                    help="auto: cuda when cuda-python finds a GPU, else emulate (estimated times)")
     add_device(p)

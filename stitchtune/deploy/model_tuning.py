@@ -313,7 +313,7 @@ def tune_model(model: Any, example_inputs: Sequence[Any], *, trials: int, db: st
     budget = split_budget(workloads, trials)
     n_regions = sum(w.count for w in workloads)
     say(f"{n_regions} stitchable region(s) in the graphs of {', '.join(calls)} calls, {len(workloads)} distinct "
-        f"workload(s) on {dev.key}; {trials} trials split by predicted share")
+        f"workload(s) on {dev.key}; {trials} trials split by predicted gain")
     done: list[TunedWorkload] = []
     with tempfile.TemporaryDirectory(prefix="stitchtune-tune-") as folder:
         for w, n, head in zip(workloads, budget, region_heads(workloads)):

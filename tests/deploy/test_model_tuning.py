@@ -1,4 +1,4 @@
-"""Whole-model tuning: regions de-duplicated, the budget split by predicted share, one database the
+"""Whole-model tuning: regions de-duplicated, the budget split by predicted gain, one database the
 torch.compile backend then reads (`stitchtune tune`)."""
 
 from __future__ import annotations
