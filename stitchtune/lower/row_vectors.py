@@ -17,6 +17,13 @@ the columns per row). A warp's load of the transposed input then covers, per col
 128-byte run per row (1.00x). The values, the reduction's operands and the outputs are those of the
 same rows: only which thread computes which row changes (and so the order of a column's partial sums).
 
+The row family (element-wise regions) has the same need and not yet the tile: GPT-2's training concat
+(``view_50``, k's gradient ``[B*H, D, S]`` one of three pieces) and Llama's rotary gradient (``view_68``)
+already read such an input at the ideal sectors (:mod:`stitchtune.plan.adjacent`: 8 rows of 4 lanes a
+warp, 32 bytes per column), but one 32-bit load per element: 4x the load instructions of the same bytes.
+Their rows are one per thread throughout the row kernel (its row index, the remapped and chained loads
+of :mod:`stitchtune.lower.remap`, the stores), so row vectors there are an ``R``-row thread in that family.
+
 Contract: :func:`row_vector_rows` returns ``R > 1`` only for a static column plan without index ops or
 layout chains whose rows ``M`` split into whole groups (``M % (split * tpr * R) == 0``: every thread's
 groups are whole and in its chunk, no row group straddles a chunk or the view's end, so a group's

@@ -7,6 +7,7 @@ whole row groups keep the row-by-row sweep; every shape and schedule emulates li
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 from typing import Any
 
@@ -99,18 +100,30 @@ def test_the_profile_counts_the_row_vectors_sectors() -> None:
     assert row_sector_factor(imap, 4, 4, lanes_per_row=8, rows=4) == 1.0
 
 
+def _schedules(plan: Any, space: SearchSpace, seed: int) -> list[Any]:
+    """The heuristic schedule, a sampled one, and every legal one of small ``tpr`` / ``split`` / ``block``
+    (row groups whole for more shapes)."""
+    base = heuristic_schedule(plan, DEV, space)
+    out = [base, space.sample(random.Random(seed))]
+    for tpr, split, block in itertools.product((1, 2, 4, 8), (1, 2), (32, 64)):
+        s = dataclasses.replace(base, tpr=tpr, split=split, block=block)
+        if not space.violations(s):
+            out.append(s)
+    return out
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(B=st.sampled_from([1, 2, 3]), H=st.sampled_from([1, 2, 3]), D=st.sampled_from([4, 5, 8]),
        S=st.sampled_from([4, 6, 8, 12, 16, 20, 32]), scale=st.booleans(), seed=st.integers(0, 1000))
 def test_every_shape_and_schedule_emulates(B: int, H: int, D: int, S: int, scale: bool, seed: int) -> None:
-    """Odd shapes (rows or columns that do not divide) and sampled schedules: row vectors only where every
-    row group is whole, and every program emulates like the reference without a fault."""
+    """Odd shapes (rows or columns that do not divide) and several schedules: row vectors exactly where
+    every row group is whole, and every program emulates like the reference without a fault."""
     g = head_merge_colsum(B, H, D, S, scale)
     plan = make_plan(g)
     space = SearchSpace.for_plan(plan, DEV)
     inputs = random_inputs(g, seed)
     ref = run_reference(g, inputs)
-    for s in (heuristic_schedule(plan, DEV, space), space.sample(random.Random(seed))):
+    for s in _schedules(plan, space, seed) if plan.family == "col" else [heuristic_schedule(plan, DEV, space)]:
         if plan.family == "col":
             R = ColLowerer(g, plan, s, DEV).rows
             assert R in (1, 4)
