@@ -100,6 +100,33 @@ def test_the_profile_counts_the_row_vectors_sectors() -> None:
     assert row_sector_factor(imap, 4, 4, lanes_per_row=8, rows=4) == 1.0
 
 
+def test_two_sweeps_with_register_and_shared_caches_emulate() -> None:
+    """A column softmax of the head merge (``exp(m) / colsum(exp(m))``: a second sweep re-reads its rows,
+    from a register or shared cache or recomputed): every sampled reuse level with row vectors emulates."""
+    B, H, D, S = 2, 4, 16, 64
+    nodes: list[dict[str, Any]] = [
+        {"id": "v", "op": "reshape", "args": ["x"], "shape": [B, H, D, S]},
+        {"id": "p", "op": "transpose", "args": ["v"], "perm": [0, 3, 1, 2]},
+        {"id": "m", "op": "reshape", "args": ["p"], "shape": [B * S, H * D]},
+        {"id": "e", "op": "exp", "args": ["m"]},
+        {"id": "s", "op": "reduce_sum", "args": ["e"], "axes": [0], "keepdims": True},
+        {"id": "y", "op": "div", "args": ["e", "s"]}]
+    g = float_graph({"x": [B * H, D, S]}, nodes, ["y"])
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    inputs = random_inputs(g, 1)
+    ref = run_reference(g, inputs)
+    levels: set[str] = set()
+    for i in range(16):
+        s = dataclasses.replace(space.sample(random.Random(i)), tpr=8, split=2, block=64)
+        if space.violations(s):
+            continue
+        assert ColLowerer(g, plan, s, DEV).rows == 4
+        levels |= set(s.reuse)
+        assert max(emulated_errors(g, plan, space, s, inputs, ref).values()) < 1e-5, s.to_json()
+    assert {"register", "shared"} <= levels, levels
+
+
 def _schedules(plan: Any, space: SearchSpace, seed: int) -> list[Any]:
     """The heuristic schedule, a sampled one, and every legal one of small ``tpr`` / ``split`` / ``block``
     (row groups whole for more shapes)."""
