@@ -13,20 +13,21 @@ Contract
   none). Version 1 (written before s13) has no
   ``version`` and no ``compiled``: read as IR features without compiled facts. A version newer than
   :data:`FEATURES_VERSION`, or a kernel or fact that does not parse, makes the row unreadable (left out).
-* :class:`FitOn` says what a calibration fits: ``auto`` (the default: ``compiled`` when every usable row has
-  compiled facts, else ``ir`` with one INFO log line and a note saying how many rows lack them), ``ir`` (the IR
-  features, compiled fields 0: what the shipped fit sees and what the search's pre-build ranking predicts
-  from) or ``compiled`` (the IR features with each kernel's compiled bytes in flight and spills,
+* :class:`FitOn` says what a calibration fits: ``ir`` (the default: the IR features, compiled fields 0: what
+  the shipped fit sees and what the search's pre-build ranking predicts from; on the committed H200 data it
+  scores better held out than a fit on compiled facts, results/ordering-budget-2026-12-07-s13), ``auto``
+  (``compiled`` when every usable row has compiled facts, else ``ir`` with one INFO log line and a note saying
+  how many rows lack them) or ``compiled`` (the IR features with each kernel's compiled bytes in flight and spills,
   :func:`~stitchtune.cost.compiled.with_compiled`: what the search's after-build prediction reads; a
   :class:`~stitchtune.cost.calibrate.CalibrationError` when a usable row has none).
-* :func:`fit_rows(df, device_key, fit_on="auto") -> (rows, notes)`: the database's rows usable for a fit
+* :func:`fit_rows(df, device_key, fit_on="ir") -> (rows, notes)`: the database's rows usable for a fit
   (:func:`stitchtune.cost.calibrate.measured_rows`: ``ok``, measured, not emulated, of the device) that
   carry ``features_json``, as fit rows (:mod:`stitchtune.cost.fitting`): ``group`` = the workload (graph
   name and workload key), ``label`` = the schedule key, ``source_sha256`` = the fingerprint, the row's
   measured time, ``kernels`` as ``fit_on`` resolves, ``fit_on`` = ``"ir"`` or ``"compiled"`` (the same for
   every row). ``notes`` count the rows left out (no or unreadable ``features_json``) and say when ``auto``
   fell back to the IR features.
-* :func:`calibrate(df, device, base=None, progress=None, db="", fit_on="auto") -> Calibration`: the
+* :func:`calibrate(df, device, base=None, progress=None, db="", fit_on="ir") -> Calibration`: the
   coefficients of :data:`stitchtune.cost.fitting.FITTED` fitted to :func:`fit_rows` starting from (and
   weakly pulled towards) ``base`` (default: the package's coefficients of the device),
   ``source="calibrated"`` with the provenance (rows, workloads, date, the base's source, ``fitted_on``,
@@ -162,7 +163,7 @@ def _resolve(out: list[dict[str, Any]], fit_on: FitOn, device_key: str) -> tuple
 
 
 def fit_rows(df: pd.DataFrame, device_key: str,
-             fit_on: FitOn | str = FitOn.AUTO) -> tuple[list[dict[str, Any]], list[str]]:
+             fit_on: FitOn | str = FitOn.IR) -> tuple[list[dict[str, Any]], list[str]]:
     """The fit rows of ``device_key`` in a tuning database's DataFrame (module docstring)."""
     how = FitOn(fit_on)
     rows_df = measured_rows(df, device_key)
@@ -222,7 +223,7 @@ def check_rows(rows: Sequence[Mapping[str, Any]], notes: Sequence[str], device: 
 
 def calibrate(df: pd.DataFrame, device: Device, base: Coefficients | None = None,
               progress: Callable[[int], None] | None = None, db: str = "",
-              fit_on: FitOn | str = FitOn.AUTO) -> Calibration:
+              fit_on: FitOn | str = FitOn.IR) -> Calibration:
     """The fitted model's coefficients refitted to the measured rows of ``device`` (module docstring)."""
     rows, notes = fit_rows(df, device.key, fit_on)
     check_rows(rows, notes, device)

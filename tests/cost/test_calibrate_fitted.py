@@ -222,7 +222,7 @@ def test_features_json_version_2_carries_the_compiled_facts_and_version_1_still_
     rows = [{"status": "ok", "measured_us": 5.0, "predicted_us": 4.0, "device_key": H200.key, "estimated": False,
              "graph_name": "g", "workload_key": "w", "schedule_key": f"s{i}", "features_json": fj}
             for i, fj in enumerate((json.dumps(v2), v1, newer, bad, partial))]
-    got, notes = calibrate_fitted.fit_rows(pd.DataFrame(rows), H200.key)
+    got, notes = calibrate_fitted.fit_rows(pd.DataFrame(rows), H200.key, "auto")
     assert [r["label"] for r in got] == ["s0", "s1", "s4"] and {r["fit_on"] for r in got} == {"ir"}
     assert "2 measured rows have an unreadable features_json (or one of a newer stitchtune)" in notes[0]
     assert "2 of 3 rows have no compiled facts" in notes[1]     # v1, and facts that miss the measured kernel
@@ -232,13 +232,14 @@ def test_auto_fits_on_compiled_facts_when_every_row_has_them(base_features) -> N
     import pandas as pd
 
     df = pd.DataFrame(compiled_rows(base_features, 30))
-    rows, notes = calibrate_fitted.fit_rows(df, H200.key)
+    assert {r["fit_on"] for r in calibrate_fitted.fit_rows(df, H200.key)[0]} == {"ir"}   # the default
+    rows, notes = calibrate_fitted.fit_rows(df, H200.key, "auto")
     assert notes == [] and {r["fit_on"] for r in rows} == {"compiled"}
     assert all(k["compiled_bytes_in_flight"] == 4.0 for r in rows for k in r["kernels"])
     ir_rows, _ = calibrate_fitted.fit_rows(df, H200.key, "ir")
     assert all(k["compiled_bytes_in_flight"] == 0.0 for r in ir_rows for k in r["kernels"])
-    on_compiled = calibrate_fitted.calibrate(df, H200)
-    on_ir = calibrate_fitted.calibrate(df, H200, fit_on="ir")
+    on_compiled = calibrate_fitted.calibrate(df, H200, fit_on="auto")
+    on_ir = calibrate_fitted.calibrate(df, H200)
     assert on_compiled.fitted_on == "compiled" and on_compiled.coefficients.provenance["fitted_on"] == "compiled"
     assert on_ir.fitted_on == "ir" and on_ir.coefficients.provenance["fitted_on"] == "ir"
     meas = [r["measured_us"] for r in rows]
@@ -260,7 +261,7 @@ def test_auto_falls_back_to_ir_features_with_a_log_line_and_compiled_is_an_error
 
     df = pd.DataFrame(compiled_rows(base_features, 30, facts_every=3))
     with caplog.at_level(logging.INFO, logger="stitchtune.cost.calibrate_fitted"):
-        cal = calibrate_fitted.calibrate(df, H200)
+        cal = calibrate_fitted.calibrate(df, H200, fit_on="auto")
     assert cal.fitted_on == "ir" and "20 of 30 rows have no compiled facts" in cal.notes[-1]
     assert any("20 of 30 rows have no compiled facts" in r.getMessage() and "IR features" in r.getMessage()
                for r in caplog.records)
@@ -272,11 +273,11 @@ def test_auto_falls_back_to_ir_features_with_a_log_line_and_compiled_is_an_error
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("stitchtune: error: 20 of 30 measured rows")
     assert not user_path(H200).exists()
-    assert main(["calibrate", "--db", db]) == 0
+    assert main(["calibrate", "--db", db, "--fit-on", "auto"]) == 0
     assert "fitting on IR features; 20 of 30 rows have no compiled facts" in capsys.readouterr().out
     db2 = str(tmp_path / "db2")
     TuningDB(db2).append(compiled_rows(base_features, 30))
-    assert main(["calibrate", "--db", db2, "-o", str(tmp_path / "c.json")]) == 0
+    assert main(["calibrate", "--db", db2, "-o", str(tmp_path / "c.json"), "--fit-on", "auto"]) == 0
     assert "30 measured rows with IR features, fitting with compiled facts" in capsys.readouterr().out
     assert json.loads((tmp_path / "c.json").read_text())["provenance"]["fitted_on"] == "compiled"
 
@@ -299,5 +300,5 @@ def test_the_committed_database_without_features_still_loads_beside_new_rows(bas
     assert main(["calibrate", "--db", str(db)]) == 2
     assert "0 measured rows with IR features" in capsys.readouterr().err
     TuningDB(str(db)).append(compiled_rows(base_features, 24))
-    cal = calibrate_fitted.calibrate(read_db(str(db)), H200)
+    cal = calibrate_fitted.calibrate(read_db(str(db)), H200, fit_on="auto")
     assert cal.rows == 24 and cal.fitted_on == "compiled" and "109 measured rows have no features_json" in cal.notes[0]

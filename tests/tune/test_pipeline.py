@@ -381,7 +381,7 @@ def test_nvcc_build_and_emulate_runner_record_the_real_cubins_facts(tmp_path):
     want = reader(build)
     assert want and json.loads(row["features_json"])["compiled"] == {n: f.to_dict() for n, f in want.items()}
     measured = {**row, "estimated": False, "measured_us": 10.0}    # as if a GPU had measured it
-    rows, notes = calibrate_fitted.fit_rows(pd.DataFrame([measured]), device.key)
+    rows, notes = calibrate_fitted.fit_rows(pd.DataFrame([measured]), device.key, "auto")
     assert notes == [] and rows[0]["fit_on"] == "compiled"
     assert [k["compiled_bytes_in_flight"] for k in rows[0]["kernels"]] == [want[k.name].bytes_in_flight
                                                                           for k in prog.kernels]
