@@ -168,6 +168,9 @@ class RegionAudit:
     #: the fitted model's time of the same launches made ideal (:mod:`stitchtune.analysis.fitted_ideal`): the
     #: least a change of the kernels that keeps their bytes and grids can be predicted at (a prediction)
     fitted_ideal_us: float | None = None
+    #: per call pattern, each occurrence's input bytes still in the L2 when it starts (written by the ops just
+    #: before it: :func:`stitchtune.analysis.l2_residency.resident_bytes` at ``l2_keep`` x the L2; an estimate)
+    l2_resident: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def floor_ready(self) -> bool:
@@ -383,18 +386,22 @@ def audit_model(model: Any, example_inputs: Any, device: Device, calls: tuple[st
     same workload key counted in ``uses``), in first-seen order; with ``regions``, only the workloads whose
     first region's graph name is in it (the others are neither audited nor listed as skipped). Returns
     (audits, skipped): a region whose planning, lowering or slice fails is one ``skipped`` line (name:
-    error), not an exception."""
+    error), not an exception. Each audit's ``l2_resident`` holds its occurrences' resident input bytes per call."""
+    from stitchtune.analysis.l2_residency import resident_bytes
+    from stitchtune.cost.fitted import coefficients_for
     from stitchtune.deploy.model_tuning import capture_regions
 
-    found: dict[str, tuple[Any, dict[str, int]]] = {}
+    capacity = coefficients_for(device).l2_keep * device.l2_bytes
+    found: dict[str, tuple[Any, dict[str, int], dict[str, list[float]]]] = {}
     for call in calls:
         for r in capture_regions(model, example_inputs, call):
             key = r.graph.workload_key()
-            g, uses = found.setdefault(key, (r.graph, {}))
+            g, uses, resident = found.setdefault(key, (r.graph, {}, {}))
             uses[call] = uses.get(call, 0) + 1
+            resident.setdefault(call, []).append(resident_bytes(r, capacity))
     audits: list[RegionAudit] = []
     skipped: list[str] = []
-    for g, uses in found.values():
+    for g, uses, resident in found.values():
         if regions is not None and g.name not in regions:
             continue
         try:
@@ -403,5 +410,5 @@ def audit_model(model: Any, example_inputs: Any, device: Device, calls: tuple[st
             log.warning("region %s not audited: %s", g.name, exc)
             skipped.append(f"{g.name}: {type(exc).__name__}: {str(exc)[:300]}")
             continue
-        audits.append(replace(a, uses=", ".join(f"{c} x{n}" for c, n in uses.items())))
+        audits.append(replace(a, uses=", ".join(f"{c} x{n}" for c, n in uses.items()), l2_resident=resident))
     return audits, skipped

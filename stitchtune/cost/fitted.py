@@ -109,6 +109,7 @@ class Coefficients:
     shfl_ns: float = 12.0            # per warp shuffle on a block's serial chain (~24 cycles; not fitted)
     spill_ns: float = 0.0            # per spill instruction (LDL / STL) of a compiled kernel, per wave (0: off)
     l2_request_ns: float = 4.0       # per warp-level scratch-load request and SM (the L2's request rate)
+    flush_writeback: float = 0.0     # share of the L2 left dirty by the timing's L2 flush (fitting only; 0: off)
     source: str = "defaults"
     provenance: Mapping[str, Any] = field(default_factory=dict)
 
@@ -153,7 +154,7 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
 }
 #: coefficients fitted only when a caller names them (``fit_coefficients(names=...)``): ``spill_ns`` needs rows
 #: with compiled facts (scripts/fit_compiled_variants.py); the shipped model is fitted without them, spill term 0
-OPTIONAL_BOUNDS: dict[str, tuple[float, float]] = {"spill_ns": (1.0, 5000.0)}
+OPTIONAL_BOUNDS: dict[str, tuple[float, float]] = {"spill_ns": (1.0, 5000.0), "flush_writeback": (0.01, 1.0)}
 
 
 _CACHE: dict[tuple[str, str, int | None], Coefficients] = {}
@@ -261,6 +262,14 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
 
 def _device_us(t: Mapping[str, Any]) -> Any:
     return t["body"] + t["phases"] + t["scratch"] + t["spills"] + t["grid_barriers"] + t["atomics"] + t["ramp"]
+
+
+def flush_us(row_bytes: Any, device: Device, c: Coefficients) -> Any:
+    """The write-back (µs) of the dirty L2 lines the timing's flush leaves, during an event-timed run of
+    ``row_bytes`` unique bytes: ``min(row_bytes, c.flush_writeback x L2) / (c.bw_efficiency x copy
+    bandwidth)`` (each line the run brings in evicts one; 0 when ``flush_writeback`` is 0). Not device time."""
+    cap = c.bw_efficiency * device.effective_copy_bandwidth_gbs()   # bytes per ns
+    return np.minimum(np.asarray(row_bytes, dtype=float), c.flush_writeback * device.l2_bytes) / cap / 1000.0
 
 
 def kernel_device_us(f: KernelFeatures, device: Device, c: Coefficients) -> float:

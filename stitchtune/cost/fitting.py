@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from stitchtune.cost.features import KernelFeatures
-from stitchtune.cost.fitted import FIT_BOUNDS, OPTIONAL_BOUNDS, Coefficients, columns, device_us_many
+from stitchtune.cost.fitted import FIT_BOUNDS, OPTIONAL_BOUNDS, Coefficients, columns, device_us_many, flush_us
 from stitchtune.hardware.device import Device
 
 __all__ = ["FITTED", "MAX_EVALUATIONS", "PRIOR", "TOLERANCE", "fit_coefficients", "leave_one_group_out", "predict_rows", "score"]
@@ -54,18 +54,23 @@ class _Stack:
         self.n = len(rows)
         self.event_launches = np.array([len(r["kernels"]) if r.get("timing") == "events" else 0 for r in rows],
                                        dtype=float)
+        self.event_bytes = np.array([sum(float(k["unique_bytes"]) for k in r["kernels"])
+                                     if r.get("timing") == "events" else 0.0 for r in rows])
 
     def predict(self, device: Device, c: Coefficients) -> Any:
         return np.bincount(self.owner, weights=device_us_many(self.cols, device, c), minlength=self.n)
 
     def measured_as(self, device: Device, c: Coefficients) -> Any:
-        """What each row's measurement should read: device time plus the event timing's launch term."""
-        return self.predict(device, c) + self.event_launches * c.event_us
+        """What each row's measurement should read: device time plus the event timing's launch term and the
+        write-back of the L2 flush before it (:func:`~stitchtune.cost.fitted.flush_us`; 0 while off)."""
+        extra = flush_us(self.event_bytes, device, c) if c.flush_writeback > 0 else 0.0
+        return self.predict(device, c) + self.event_launches * c.event_us + extra
 
 
 def predict_rows(rows: Sequence[Mapping[str, Any]], device: Device, c: Coefficients) -> Any:
     """Predicted time (µs) of each row as it was measured: the sum of its launches' device times, plus
-    ``c.event_us`` per launch for a row timed with CUDA events (``timing == "events"``)."""
+    ``c.event_us`` per launch and :func:`~stitchtune.cost.fitted.flush_us` of its unique bytes for a row timed
+    with CUDA events (``timing == "events"``: the worker flushes the L2 before each timed run)."""
     return _Stack(rows).measured_as(device, c)
 
 

@@ -61,3 +61,22 @@ def test_the_ramp_is_device_time_and_event_timing_is_not() -> None:
     cupti, ev = predict_rows([row, events], H200, dataclasses.replace(c, event_us=5.0))
     assert ev == pytest.approx(cupti + 2 * 5.0)          # two launches timed with events
     assert cupti == pytest.approx(2 * kernel_device_us(f, H200, c))
+
+
+def test_the_flush_write_back_is_added_to_event_timed_rows_only_and_bounded_by_the_l2() -> None:
+    # the worker's L2 flush (a memset) leaves dirty lines that an event-timed run writes back: at most the
+    # row's own bytes (each line it brings in evicts one) and at most flush_writeback x L2; never device time
+    f = _kernel()
+    c = dataclasses.replace(Coefficients.defaults(H200), event_us=0.0)
+    kd = {k: v for k, v in dataclasses.asdict(f).items() if k != "per_access"}
+    small = {**kd, "unique_bytes": 1 << 20}
+    rows = [{"group": "g", "label": "x", "measured_us": 1.0, "kernels": [kd], "timing": t} for t in ("cupti", "events")]
+    rows.append({"group": "g", "label": "s", "measured_us": 1.0, "kernels": [small], "timing": "events"})
+    off = predict_rows(rows, H200, c)                            # the default: the term is off
+    on = predict_rows(rows, H200, dataclasses.replace(c, flush_writeback=0.5))
+    cap_gbs = c.bw_efficiency * H200.effective_copy_bandwidth_gbs()
+    assert on[0] == pytest.approx(off[0])                        # CUPTI: no flush before the run
+    assert on[1] - off[1] == pytest.approx(min(f.unique_bytes, 0.5 * H200.l2_bytes) / cap_gbs / 1000.0)
+    assert on[2] - off[2] == pytest.approx((1 << 20) / cap_gbs / 1000.0)   # fewer bytes than the dirty L2
+    assert kernel_device_us(f, H200, dataclasses.replace(c, flush_writeback=0.5)) == pytest.approx(
+        kernel_device_us(f, H200, c))
