@@ -415,8 +415,7 @@ class Lowerer:
                 return MathOp("to_bool", (args[0],))
             return MathOp(f"round_{to}", (args[0],)) if to in ("float16", "bfloat16") else args[0]
         if nd.op == "pow" and isinstance(args[1], Const) and (args[1].value == 1 or not self.exact and args[1].value in (2, 3, 4)):
-            # x ** 1 is x, also exactly (Llama's RMS-norm backward: a MUFU.RCP per element in powf); x ** 2..4
-            # (GPT-2's GELU: x ** 3) as products, not powf's log / exp and branches
+            # x ** 1 is x, also exact (Llama's RMS-norm backward); x ** 2..4 (GPT-2's GELU) products, not powf
             x, k = args[0], int(args[1].value)
             return x if k == 1 else Bin("*", Bin("*", x, x), Bin("*", x, x)) if k == 4 else (
                 Bin("*", Bin("*", x, x), x) if k == 3 else Bin("*", x, x))
