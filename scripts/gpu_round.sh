@@ -26,7 +26,7 @@
 # CHECK=1: every phase's command line as a GPU call runs it, checked on any machine without running it: the
 # shell syntax of each (bash -n); setup and info only so (they call the GPU machine's tools); the Python
 # scripts under GPU_ROUND_CHECK=1 parse and validate their options, print '<script>: options ok' and exit 0
-# (gpu_timing.options_only); a bad option is the phase's FAIL (rc 2). Nothing measured, nothing packed of use.
+# (gpu_timing.options_only); a bad option is the phase's FAIL (rc 2). Nothing is measured: the pack holds logs.
 # Knobs: BUDGET_S, PHASES (comma list), OUT, PYTHON, MODELS (bert,gpt2,llama), DTYPES (bf16,fp32),
 # MODES (inference,train), ITERS (20), TUNE_TRIALS (24), SHARE_<PHASE> (seconds, e.g. SHARE_STEPS=200).
 # $OUT gets 3 files: summary.md (phase times, headline ratios by scripts/gpu_round_report.py, every table),
