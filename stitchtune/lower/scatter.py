@@ -46,6 +46,7 @@ from stitchtune.hardware.device import Device
 from stitchtune.ir import kir
 from stitchtune.ir.kir import BufferRole, Const, I32, Var
 from stitchtune.lower.base import I
+from stitchtune.lower.scatter_private import SmallTable, privatize_small_tables
 from stitchtune.plan.scatter import Scatter, core_graph
 
 __all__ = ["apply_scatters", "ZERO_FILL_KERNEL", "ZERO_FILL_BLOCK"]
@@ -106,6 +107,9 @@ def apply_scatters(program: kir.Program, graph: Graph, scatters: tuple[Scatter, 
     profiles = [_with_adds(p, added.get(p.name, 0), specs, by_name[p.name], dropped) for p in program.profile.kernels]
     prog = dataclasses.replace(program, kernels=tuple(kernels), buffers=tuple(buffers), launches=tuple(launches),
                                profile=dataclasses.replace(program.profile, kernels=tuple(profiles)))
+    small = {t.table: SmallTable(t.table, t.scatter.size, t.scatter.rows, math.prod(graph.spec(t.scatter.index).shape))
+             for ts in targets.values() for t in ts}
+    prog = privatize_small_tables(prog, tuple(small.values()), device)   # few-row tables: a shared copy per block
     for t in dict.fromkeys(t.table for ts in targets.values() for t in ts):
         prog = _zero(prog, t, specs[t].size, device)
     return prog
