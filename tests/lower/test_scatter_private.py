@@ -142,3 +142,25 @@ def test_private_copy_kernels_build_for_sm90(tmp_path: Path) -> None:
     progs = _programs(g, 2)
     assert any(_private(k) for p in progs for k in p.kernels)
     compile_programs_sm90(progs, tmp_path)
+
+
+def test_adds_of_zeros_are_skipped_so_padding_rows_cost_no_atomics() -> None:
+    """An embedding's padding mask (``where(ids != pad, v, 0)``) zeroes the rows of padding tokens, which
+    all name the padding row: those adds are skipped (exact), so the emulated trace records no atomic
+    lane into the word table for a batch of padding only, and the table still equals the reference."""
+    g = parse_graph({
+        "name": "emb_pad",
+        "inputs": {"v": {"shape": [256, 64], "dtype": "float32"}, "ids": {"shape": [256], "dtype": "int64"}},
+        "nodes": [{"id": "ok", "op": "ne", "args": ["ids", 0.0]},
+                  {"id": "ok1", "op": "reshape", "args": ["ok"], "shape": [256, 1]},
+                  {"id": "m", "op": "where", "args": ["ok1", "v", 0.0]},
+                  {"id": "dw", "op": "scatter_add", "args": ["m", "ids"], "shape": [1000, 64]}],
+        "outputs": ["dw"]})
+    progs = _programs(g, 3)
+    for ids, lanes in ((np.zeros(256, np.int64), 0), (np.arange(256, dtype=np.int64) + 1, 256 * 64)):
+        x = {"v": random_inputs(g, 4)["v"], "ids": ids}
+        _check(g, x, progs)
+        for prog in progs:
+            added = sum(a.lanes * a.width for r in program_sectors(prog, x, max_blocks=1 << 20) for a in r.accesses
+                        if a.op == "atomic" and a.buf == "sct0")
+            assert added == lanes, (ids[:3], added)
