@@ -68,6 +68,11 @@ def _add_calibrate(sub: Any) -> None:
     p.add_argument("--held-out", action="store_true",
                    help="also judge the fit on workloads it did not see (one fit per workload: slower) against the "
                         "package's coefficients")
+    p.add_argument("--fit-on", choices=("auto", "ir", "compiled"), default="ir",
+                   help="what the fit reads: the IR features (default; scored better held out on the committed "
+                        "H200 data), or with each kernel's compiled facts (its cubin's bytes in flight and "
+                        "spills, recorded where cuobjdump was installed); auto: compiled when every measured row "
+                        "has them, else the IR features")
     p.add_argument("--profile-model", action="store_true",
                    help="re-fit the older profile-based model's constants instead (cost_params_<device>.json in "
                         "the --db folder)")
@@ -110,11 +115,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from stitchtune.cost import calibrate_fitted
 
     for dev in devices:
-        rows, notes = calibrate_fitted.fit_rows(df, dev.key)
+        rows, notes = calibrate_fitted.fit_rows(df, dev.key, args.fit_on)
         calibrate_fitted.check_rows(rows, notes, dev)
-        print(f"{dev.key}: {len(rows)} measured rows with IR features" + "".join(f"; {n}" for n in notes))
+        on = "with compiled facts" if rows[0]["fit_on"] == "compiled" else "on IR features"
+        print(f"{dev.key}: {len(rows)} measured rows with IR features, fitting {on}" + "".join(f"; {n}" for n in notes))
         with tqdm(desc=f"fitting {dev.key}", unit=" evaluations", file=sys.stderr, leave=False) as bar:
-            cal = calibrate_fitted.calibrate(df, dev, progress=lambda n: bar.update(1), db=str(args.db))
+            cal = calibrate_fitted.calibrate(df, dev, progress=lambda n: bar.update(1), db=str(args.db),
+                                             fit_on=args.fit_on)
         written = calibrate_fitted.save(cal, args.out)
         p = cal.coefficients.provenance
         print(f"{dev.key}: fitted on {cal.rows} measured rows of {cal.workloads} workloads -> {written}\n"
@@ -357,7 +364,7 @@ def _add_tune(sub: Any) -> None:
                  "float32|float16|bfloat16|int64 for all inputs, or per input: x=bfloat16,ids=int64 "
                  "(int64 inputs are zeros and ones, e.g. token ids)")
     p.add_argument("--trials", type=int_at_most(MAX_TRIALS, lo=1), default=64, metavar="N",
-                   help="total trials, split over the regions by predicted share (default 64)")
+                   help="total trials, split over the regions by the cost model's predicted gain (default 64)")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "emulate"),
                    help="auto: cuda when cuda-python finds a GPU, else emulate (estimated times)")
     add_device(p)

@@ -21,9 +21,12 @@ Contract
   in the inference and the training graphs). Each :class:`Workload` has its region count (over all
   patterns; ``calls`` per pattern) and the cost model's prediction of its heuristic schedule
   (``predicted_us``, per call) on ``device``: the device time of the IR-feature model fitted to GPU
-  data (:func:`stitchtune.cost.fitted.predict_program`, no launch term); ``share`` is its fraction of the summed
-  ``count x predicted_us`` (the stitched part of the model, as predicted). Workloads come largest
-  share first.
+  data (:func:`stitchtune.cost.fitted.predict_program`, no launch term), and the least predicted over the
+  heuristic, its variants and a few seeded samples of its space (``best_predicted_us``,
+  :func:`stitchtune.tune.budget.predicted_gain`); ``share`` is its fraction of the summed
+  :func:`stitchtune.tune.budget.gain_weight` (``count x (predicted gain + 0.1 x predicted_us)``: trials go where
+  the model predicts a gain; a region predicted at its best sampled schedule keeps a tenth of its time's weight,
+  for what the model cannot see). Workloads come largest share first.
 * :func:`split_budget(workloads, trials)` gives each workload ``round(share x trials)`` trials by the
   largest-remainder rule (:func:`~stitchtune.tune.budget.split_by_share`), in that order, then, when ``trials`` covers every workload, moves one trial
   from the largest to each workload left with 0 (its heuristic schedule becomes a record, so every
@@ -58,6 +61,7 @@ if TYPE_CHECKING:
 
     from stitchtune.graph.parse import Graph
     from stitchtune.hardware.device import Device
+    from stitchtune.tune.budget import PredictedGain
     from stitchtune.tune.records import TrialRecord
 
 log = logging.getLogger(__name__)
@@ -103,6 +107,15 @@ class Workload:
     predicted_us: float
     share: float = 0.0
     calls: tuple[tuple[str, int], ...] = ()   # (call pattern, regions of this workload in its graphs)
+    best_predicted_us: float | None = None    # the least predicted of the points tried (None: not tried)
+
+    @property
+    def gain(self) -> PredictedGain:
+        """The predicted gain of searching this workload (``best_predicted_us`` None: no gain seen)."""
+        from stitchtune.tune.budget import PredictedGain
+
+        best = self.predicted_us if self.best_predicted_us is None else self.best_predicted_us
+        return PredictedGain(self.predicted_us, best, 0)
 
 
 @dataclass(frozen=True)
@@ -115,19 +128,12 @@ class TunedWorkload:
     source: str          # "search" | "no budget"
 
 
-def predicted_us(graph: Graph, device: Device) -> float:
-    """The predicted device time of the heuristic schedule of ``graph`` on ``device`` (microseconds;
-    the fitted IR-feature model, :func:`stitchtune.cost.fitted.predict_program`)."""
-    from stitchtune.cost.fitted import predict_program
+def predicted_gain(graph: Graph, device: Device) -> PredictedGain:
+    """:func:`stitchtune.tune.budget.predicted_gain` with the backend's heuristic (:mod:`stitchtune.deploy.selection`)."""
     from stitchtune.deploy.selection import heuristic_schedule
-    from stitchtune.lower.entry import lower
-    from stitchtune.lower.resources import legal_space
-    from stitchtune.plan.planner import make_plan
+    from stitchtune.tune.budget import predicted_gain as gain
 
-    plan = make_plan(graph)
-    space = legal_space(graph, plan, device)
-    program = lower(graph, plan, heuristic_schedule(plan, device, space), device, space)
-    return float(predict_program(program, device).time_us)
+    return gain(graph, device, heuristic=heuristic_schedule)
 
 
 @contextlib.contextmanager
@@ -250,14 +256,18 @@ def model_workloads(model: Any, example_inputs: Sequence[Any], device: Any,
     for found in groups.values():
         g = found[0][1].graph
         try:
-            t = predicted_us(g, device)
+            gain = predicted_gain(g, device)
         except Exception as exc:  # noqa: BLE001 - the backend would decline it too
             log.warning("region %s cannot be lowered (%s); not tuned", g.name, exc)
             continue
         per_call = tuple((c, sum(1 for cc, _ in found if cc == c)) for c in calls if any(cc == c for cc, _ in found))
-        out.append(Workload(g, tuple(r.name for _, r in found), found[0][1].ops, len(found), t, calls=per_call))
-    total = sum(w.count * w.predicted_us for w in out) or 1.0
-    out = [replace(w, share=w.count * w.predicted_us / total) for w in out]
+        out.append(Workload(g, tuple(r.name for _, r in found), found[0][1].ops, len(found), gain.heuristic_us,
+                            calls=per_call, best_predicted_us=gain.best_us))
+    from stitchtune.tune.budget import gain_weight
+
+    weights = [gain_weight(w.gain, w.count) for w in out]
+    total = sum(weights) or 1.0
+    out = [replace(w, share=x / total) for w, x in zip(out, weights)]
     return sorted(out, key=lambda w: -w.share)
 
 
@@ -303,7 +313,7 @@ def tune_model(model: Any, example_inputs: Sequence[Any], *, trials: int, db: st
     budget = split_budget(workloads, trials)
     n_regions = sum(w.count for w in workloads)
     say(f"{n_regions} stitchable region(s) in the graphs of {', '.join(calls)} calls, {len(workloads)} distinct "
-        f"workload(s) on {dev.key}; {trials} trials split by predicted share")
+        f"workload(s) on {dev.key}; {trials} trials split by predicted gain")
     done: list[TunedWorkload] = []
     with tempfile.TemporaryDirectory(prefix="stitchtune-tune-") as folder:
         for w, n, head in zip(workloads, budget, region_heads(workloads)):
@@ -325,6 +335,10 @@ def tune_model(model: Any, example_inputs: Sequence[Any], *, trials: int, db: st
     return done
 
 
+def _best(w: Workload) -> str:
+    return "" if w.best_predicted_us is None else f" (best tried {w.best_predicted_us:.2f})"
+
+
 def region_heads(workloads: Sequence[Workload]) -> list[str]:
     """The start of each workload's progress line: ``[i/n] NAME xCOUNT (ops) in CALLS`` (the call
     patterns whose graphs hold it, e.g. ``in inference`` or ``in eval-grad, train``), its
@@ -340,7 +354,7 @@ def region_heads(workloads: Sequence[Workload]) -> list[str]:
     for i, (w, text) in enumerate(zip(workloads, texts), 1):
         if texts.count(text) > 1:
             text += f" [workload {w.graph.workload_key()[:8]}]"
-        heads.append(f"[{i}/{len(workloads)}] {text}: predicted {w.predicted_us:.2f} us, share {100 * w.share:.1f}%")
+        heads.append(f"[{i}/{len(workloads)}] {text}: predicted {w.predicted_us:.2f} us{_best(w)}, share {100 * w.share:.1f}%")
     return heads
 
 

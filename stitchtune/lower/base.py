@@ -117,6 +117,7 @@ class Lowerer:
     :mod:`stitchtune.lower.liveness`) is derived by the family's constructor from this state."""
 
     kernel_reuse: list[dict[str, str]]
+    rows, row_vectors = 1, frozenset[str]()  # view rows per access of inputs row_vectors (lower/row_vectors.py)
 
     def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device, sizes: Sizes,
                  schemes: SchemeTable = SCHEMES, sym: RowSymbols | None = None,
@@ -325,11 +326,11 @@ class Lowerer:
         name = buf.tensor if buf.role in (BufferRole.INPUT, BufferRole.OUTPUT) else ""
         if not name or not self.p.mapped(name) or name in self.gather_tables:
             return 1.0
-        return row_sector_factor(self.p.imap(name), kir.ELEM_BYTES[buf.dtype], self.s.vec, self.lanes_per_row())
+        return row_sector_factor(self.p.imap(name), kir.ELEM_BYTES[buf.dtype], self.s.vec, self.lanes_per_row(),
+                                 self.rows if name in self.row_vectors else 1)
 
     def lanes_per_row(self) -> int:
-        """The lanes of a warp on one view row (adjacent columns): ``tpr`` in the row family (the
-        whole warp for element-wise blocks), the block's threads across the columns in the column family."""
+        """The lanes of a warp on one view row (adjacent columns): ``tpr`` (row family), ``block // tpr`` (column)."""
         if self.p.family == Family.COL:
             return min(32, max(1, self.s.block // max(1, self.s.tpr)))
         return min(32, self.s.tpr)

@@ -4,7 +4,8 @@ Thread mapping: a block is ``tpr`` threads along the reduced rows times ``block 
 the columns; each thread owns ``vec`` adjacent columns (coalesced, 16 bytes at most). A task is a
 column tile (``block // tpr * vec`` columns) times one of ``split`` row chunks. Thread ``tc = tid %
 tpc`` handles columns ``c0 = tile * TC + tc * vec``; thread ``tk = tid / tpc`` handles rows
-``kbase + it * tpr + tk``.
+``kbase + it * tpr + tk`` (with row vectors the ``R`` rows from ``kbase + (it * tpr + tk) * R``:
+:mod:`stitchtune.lower.row_vectors`).
 
 Schemes: ``local`` (one thread owns a whole column: tpr == 1, split == 1), ``regional`` (the
 ``tpr`` partials of a column meet in shared memory), ``global`` (per-chunk partials in global
@@ -38,6 +39,7 @@ from stitchtune.lower.profile import kernel_profile
 from stitchtune.lower.guarded_loads import load_vec
 from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.col_remap import ColRemapValues
+from stitchtune.lower.row_vectors import RowVectorLoads, row_vector_inputs, row_vector_rows
 from stitchtune.lower.col_exchange import COMBINE_UNROLL as COMBINE_UNROLL  # (re-exported: its old home)
 from stitchtune.lower.col_exchange import ColExchange, ColIndex, ColState
 from stitchtune.lower.exchange import combine_partials, exchange, load_f32, store_f32
@@ -86,6 +88,9 @@ class ColLowerer(Lowerer):
         self.TC = self.tpc * s.vec
         #: rows of the chunk a thread sweeps (``ceil(chunk / tpr)``, the sweeps' iterations)
         self.rpt = self.iters
+        #: rows a thread takes per sweep iteration (``R > 1``: row vectors, :mod:`stitchtune.lower.row_vectors`)
+        self.rows = row_vector_rows(self, self.index_ops)
+        self.row_vectors = frozenset(row_vector_inputs(self, self.rows)) if self.rows > 1 else frozenset()
         #: the program's tasks, estimated registers per thread and stages per kernel (:meth:`_size`)
         self.n_tasks, self._est_regs, self.segs = self._size()
 
@@ -335,9 +340,9 @@ class _ColKernel(KernelState):
         return [v] * vec
 
     def sweep(self, reds: list[str], outputs: list[str]) -> None:
-        """One pass over the thread's rows of its chunk: accumulate ``reds`` and/or store ``outputs``."""
-        low, cx, ix = self._low, self._cx, self.ix
-        tk, vec, N = low.s.tpr, low.s.vec, low.p.N
+        """One pass over the thread's rows of its chunk: accumulate ``reds`` and/or store ``outputs``;
+        ``R = low.rows`` rows per iteration (row vectors, :mod:`stitchtune.lower.row_vectors`)."""
+        low, cx, ix, R = self._low, self._cx, self.ix, self._low.rows
         it, r_ = cx.var("i", I32), cx.var("r", I32)
         idx_it, ii = low.sweep_index(cx, it)
         valid = cx.var("v", kir.BOOL)
@@ -346,12 +351,31 @@ class _ColKernel(KernelState):
             accs[r] = self.new_state(r)
             for st in accs[r]:
                 self._rb.extend(reset(st))
-        lb: list[kir.Stmt] = [Assign(r_, add(ix.kbase, add(mul(idx_it, I(tk)), ix.tk))),
-                    Assign(valid, Bin("&&", ix.cvalid, Bin("<", r_, ix.kend)))]
-        sw = _ColSweep(idx_it, r_, valid, lb)
-        sv = SweepValues(low, cx, lb, vec, self._filled, self.broadcast, partial(self.load_input, sw),
-                          partial(self.cache_index, sw), partial(self.smem_index, sw),
-                          low.kernel_reuse[self._ki])
+        lb: list[kir.Stmt] = [Assign(r_, add(ix.kbase, mul(add(mul(idx_it, I(low.s.tpr)), ix.tk), I(R)))),
+                              Assign(valid, Bin("&&", ix.cvalid, Bin("<", r_, ix.kend)))]
+        rvl = RowVectorLoads(low, cx, lb, R, r_, ix.cc0, valid, self.use_input) if R > 1 else None
+        for q in range(R):
+            rq = r_ if q == 0 else cx.var("r", I32)
+            if q:
+                lb.append(Assign(rq, add(r_, I(q))))
+            self._sweep_row(_ColSweep(add(mul(idx_it, I(R)), I(q)), rq, valid, lb), reds, accs, outputs, rvl, q)
+        iters = low.rpt // R
+        head = low.order_sweep(ii, it, iters, loads_from(lb, low.swept_inputs))
+        whole = bool(self._lay.locals_) or iters <= 8
+        by = 0 if whole else sweep_unroll(_loaded_floats(lb, low.in_buf.values()))
+        self._rb.append(kir.For(it, I(0), I(iters), 1, tuple(head + lb), unroll=whole,
+                                unroll_by=by if by > 1 else 0))
+        for r in reds:
+            self.keep_state(r, accs[r])
+
+    def _sweep_row(self, sw: _ColSweep, reds: list[str], accs: dict[str, ColState], outputs: list[str],
+                   rvl: RowVectorLoads | None, q: int) -> None:
+        """The body of one row ``sw.r`` of a sweep iteration (row ``q`` of its row vector): its values,
+        folded into ``accs`` and stored to ``outputs``."""
+        low, cx, ix, lb, valid, r_ = self._low, self._cx, self.ix, sw.body, sw.valid, sw.r
+        load = partial(self.load_input, sw)
+        sv = SweepValues(low, cx, lb, low.s.vec, self._filled, self.broadcast, rvl.loader(q, load) if rvl else load,
+                         partial(self.cache_index, sw), partial(self.smem_index, sw), low.kernel_reuse[self._ki])
         if low.index_ops:   # slice / concat along the columns (lower.col_remap)
             sv.index_value = ColRemapValues(low, cx, lb, sv, r_, ix.cc0, valid, self.use_input).node_value
         for r in reds:
@@ -370,17 +394,11 @@ class _ColKernel(KernelState):
                 else:
                     lb.append(kir.StoreVec(buf, rbase, (vals[0],), and_(valid, Bin("==", ix.c0, I(0)))))
             elif low.cls[o] is TensorClass.FULL:
-                lb.append(kir.StoreVec(buf, add(mul(r_, I(N)), ix.c0), tuple(vals), valid))
+                lb.append(kir.StoreVec(buf, add(mul(r_, I(low.p.N)), ix.c0), tuple(vals), valid))
             else:  # PER_REDUCED output: one value per row, written by the first column's threads
                 lb.append(kir.StoreVec(buf, r_, (vals[0],), and_(valid, Bin("==", ix.c0, I(0)))))
-        head = low.order_sweep(ii, it, low.rpt, loads_from(lb, low.swept_inputs))
-        whole = bool(self._lay.locals_) or low.rpt <= 8
-        by = 0 if whole else sweep_unroll(_loaded_floats(lb, low.in_buf.values()))
-        self._rb.append(kir.For(it, I(0), I(low.rpt), 1, tuple(head + lb), unroll=whole,
-                                unroll_by=by if by > 1 else 0))
-        self._filled.update(sv.newly)
-        for r in reds:
-            self.keep_state(r, accs[r])
+        if q == low.rows - 1:   # the caches a row wrote are read by the next sweep, not by this one's other rows
+            self._filled.update(sv.newly)
 
     # -- what the column exchange uses (col_exchange.ColExchangeBuilder) ---------------------------
     @property

@@ -143,19 +143,25 @@ def _profile_json(profile: Any, registers: dict[str, int] | None = None) -> str 
         return None
 
 
-def _features_json(program: Any, source: str | None, device: Any, registers: dict[str, int]) -> str | None:
-    """The IR features of the built program with ptxas' registers and its fingerprint, so that ``stitchtune
-    calibrate`` can refit the fitted cost model on the rows measured (:mod:`stitchtune.cost.calibrate_fitted`);
-    None for what is not a kernel-IR program (test fakes)."""
+def _features_json(program: Any, source: str | None, device: Any, registers: dict[str, int],
+                   facts: Mapping[str, Any] | None = None) -> str | None:
+    """The IR features of the built program with ptxas' registers, the compiled facts of its cubin (``facts``,
+    kernel name -> :class:`~stitchtune.cost.compiled.CompiledFacts`; None: not read) and its fingerprint, so
+    that ``stitchtune calibrate`` can refit the fitted cost model on the rows measured, on the IR features or
+    on the compiled facts (:mod:`stitchtune.cost.calibrate_fitted`); None for what is not a kernel-IR program
+    (test fakes)."""
     from stitchtune.ir import kir
 
     if not isinstance(program, kir.Program) or source is None:
         return None
     from stitchtune.cost.calibrate_fitted import features_json
+    from stitchtune.cost.compiled import CompiledFacts
     from stitchtune.cost.features import program_features
     from stitchtune.gpu.render import program_fingerprint
 
-    return features_json(program_fingerprint(program, source), program_features(program, device, registers or None))
+    compiled = {str(k): v for k, v in (facts or {}).items() if isinstance(v, CompiledFacts)}
+    return features_json(program_fingerprint(program, source), program_features(program, device, registers or None),
+                         compiled=compiled or None)
 
 
 def _finite(x: Any) -> float | None:
@@ -269,7 +275,7 @@ def _record_build(c: _Cand, device: Any, st: Stages, facts: Mapping[str, Any] | 
         if pred.prune_reason:
             c.row.update(status=TrialStatus.PRUNED, prune_reason=_clip(f"after build: {pred.prune_reason}"))
             return
-    c.row["features_json"] = _features_json(c.program, c.source, device, regs)
+    c.row["features_json"] = _features_json(c.program, c.source, device, regs, facts)
 
 
 def _run_one(c: _Cand, runner: Any) -> None:

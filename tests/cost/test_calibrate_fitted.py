@@ -174,5 +174,131 @@ def test_rows_without_features_are_left_out_and_counted() -> None:
                        {"status": "ok", "measured_us": 5.0, "predicted_us": 4.0, "device_key": H200.key,
                         "estimated": True, "features_json": None}])
     rows, notes = calibrate_fitted.fit_rows(df, H200.key)
-    assert rows == [] and notes == ["1 measured rows have an unreadable features_json: left out"]
+    assert rows == [] and notes == ["1 measured rows have an unreadable features_json (or one of a newer stitchtune): left out"]
     assert read_db  # the CLI's reader is what the tests above go through
+
+
+# ------------------------------------------------------------------ compiled facts in features_json (version 2)
+def _facts(base, bytes_in_flight: float = 4.0, spills: int = 0) -> dict:
+    from stitchtune.cost.compiled import CompiledFacts
+
+    return {f.name: CompiledFacts(registers=int(f.registers), bytes_in_flight=bytes_in_flight, loads_in_flight=1.0,
+                                  spill_instructions=spills) for f in base}
+
+
+def compiled_rows(base, n: int, start: int = 0, facts_every: int = 1) -> list[dict]:
+    """Like :func:`db_rows`, but each program's cubin keeps one 4-byte load in flight per thread (its compiled
+    facts, recorded in ``features_json``; rows ``i % facts_every != 0`` have none) and the measured time is the
+    model's with :data:`TRUTH` on the compiled features: a fit that ignores the facts cannot match it."""
+    from stitchtune.cost.compiled import with_compiled
+
+    truth = dataclasses.replace(fitted.package_coefficients(H200), **TRUTH)
+    out = db_rows(base, n, start=start)
+    for row in out:
+        i = row["trial_number"]
+        kernels = json.loads(row["features_json"])["kernels"]
+        feats = [KernelFeatures(**k) for k in kernels]
+        facts = _facts(base)
+        (meas,) = predict_rows([{"kernels": [dict(f.to_dict(), per_access=None) for f in with_compiled(feats, facts)],
+                                 "timing": "events"}], H200, truth)
+        row["measured_us"] = float(meas)
+        row["features_json"] = calibrate_fitted.features_json(f"{i:064x}", feats,
+                                                              compiled=facts if i % facts_every == 0 else None)
+    return out
+
+
+def test_features_json_version_2_carries_the_compiled_facts_and_version_1_still_reads(base_features) -> None:
+    import pandas as pd
+
+    v2 = json.loads(calibrate_fitted.features_json("ab" * 32, base_features, compiled=_facts(base_features, 76.0, 3)))
+    assert v2["version"] == calibrate_fitted.FEATURES_VERSION == 2
+    assert v2["compiled"] == {f.name: {"registers": int(f.registers), "bytes_in_flight": 76.0, "loads_in_flight": 1.0,
+                                       "spill_instructions": 3} for f in base_features}
+    assert json.loads(calibrate_fitted.features_json("ab" * 32, base_features))["compiled"] is None
+    v1 = json.dumps({k: v for k, v in v2.items() if k not in ("version", "compiled")})   # written before s13
+    newer = json.dumps({**v2, "version": 3})
+    bad = json.dumps({**v2, "compiled": {"k": {"registers": 1}}})
+    partial = json.dumps({**v2, "compiled": {"other_kernel": v2["compiled"][base_features[0].name]}})
+    rows = [{"status": "ok", "measured_us": 5.0, "predicted_us": 4.0, "device_key": H200.key, "estimated": False,
+             "graph_name": "g", "workload_key": "w", "schedule_key": f"s{i}", "features_json": fj}
+            for i, fj in enumerate((json.dumps(v2), v1, newer, bad, partial))]
+    got, notes = calibrate_fitted.fit_rows(pd.DataFrame(rows), H200.key, "auto")
+    assert [r["label"] for r in got] == ["s0", "s1", "s4"] and {r["fit_on"] for r in got} == {"ir"}
+    assert "2 measured rows have an unreadable features_json (or one of a newer stitchtune)" in notes[0]
+    assert "2 of 3 rows have no compiled facts" in notes[1]     # v1, and facts that miss the measured kernel
+
+
+def test_auto_fits_on_compiled_facts_when_every_row_has_them(base_features) -> None:
+    import pandas as pd
+
+    df = pd.DataFrame(compiled_rows(base_features, 30))
+    assert {r["fit_on"] for r in calibrate_fitted.fit_rows(df, H200.key)[0]} == {"ir"}   # the default
+    rows, notes = calibrate_fitted.fit_rows(df, H200.key, "auto")
+    assert notes == [] and {r["fit_on"] for r in rows} == {"compiled"}
+    assert all(k["compiled_bytes_in_flight"] == 4.0 for r in rows for k in r["kernels"])
+    ir_rows, _ = calibrate_fitted.fit_rows(df, H200.key, "ir")
+    assert all(k["compiled_bytes_in_flight"] == 0.0 for r in ir_rows for k in r["kernels"])
+    on_compiled = calibrate_fitted.calibrate(df, H200, fit_on="auto")
+    on_ir = calibrate_fitted.calibrate(df, H200)
+    assert on_compiled.fitted_on == "compiled" and on_compiled.coefficients.provenance["fitted_on"] == "compiled"
+    assert on_ir.fitted_on == "ir" and on_ir.coefficients.provenance["fitted_on"] == "ir"
+    meas = [r["measured_us"] for r in rows]
+
+    def err(c, rs) -> float:
+        import numpy as np
+
+        return float(np.median(np.abs(np.log(predict_rows(rs, H200, c) / meas))))
+
+    # the times were made on the compiled features: the fit that reads them matches them better
+    assert err(on_compiled.coefficients, rows) < 0.5 * err(on_ir.coefficients, ir_rows)
+
+
+def test_auto_falls_back_to_ir_features_with_a_log_line_and_compiled_is_an_error(base_features, tmp_path, capsys,
+                                                                                 caplog) -> None:
+    import logging
+
+    import pandas as pd
+
+    df = pd.DataFrame(compiled_rows(base_features, 30, facts_every=3))
+    with caplog.at_level(logging.INFO, logger="stitchtune.cost.calibrate_fitted"):
+        cal = calibrate_fitted.calibrate(df, H200, fit_on="auto")
+    assert cal.fitted_on == "ir" and "20 of 30 rows have no compiled facts" in cal.notes[-1]
+    assert any("20 of 30 rows have no compiled facts" in r.getMessage() and "IR features" in r.getMessage()
+               for r in caplog.records)
+    with pytest.raises(CalibrationError, match="20 of 30 measured rows .* have no compiled facts"):
+        calibrate_fitted.calibrate(df, H200, fit_on="compiled")
+    db = str(tmp_path / "db")
+    TuningDB(db).append(compiled_rows(base_features, 30, facts_every=3))
+    assert main(["calibrate", "--db", db, "--fit-on", "compiled"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("stitchtune: error: 20 of 30 measured rows")
+    assert not user_path(H200).exists()
+    assert main(["calibrate", "--db", db, "--fit-on", "auto"]) == 0
+    assert "fitting on IR features; 20 of 30 rows have no compiled facts" in capsys.readouterr().out
+    db2 = str(tmp_path / "db2")
+    TuningDB(db2).append(compiled_rows(base_features, 30))
+    assert main(["calibrate", "--db", db2, "-o", str(tmp_path / "c.json"), "--fit-on", "auto"]) == 0
+    assert "30 measured rows with IR features, fitting with compiled facts" in capsys.readouterr().out
+    assert json.loads((tmp_path / "c.json").read_text())["provenance"]["fitted_on"] == "compiled"
+
+
+def test_the_committed_database_without_features_still_loads_beside_new_rows(base_features, tmp_path,
+                                                                            capsys) -> None:
+    """results/h200-2026-11-29 (written before features_json existed): it loads, its 109 measured rows are
+    counted as having no features; a database holding its parts and new parts fits on the new rows."""
+    import shutil
+
+    committed = Path(__file__).resolve().parents[2] / "results" / "h200-2026-11-29"
+    df = read_db(str(committed))
+    rows, notes = calibrate_fitted.fit_rows(df, H200.key)
+    assert rows == [] and notes == ["109 measured rows have no features_json (written before this version, or by an "
+                                    "older stitchtune): left out"]
+    db = tmp_path / "db"
+    db.mkdir()
+    for part in committed.glob("*.parquet"):
+        shutil.copy(part, db / part.name)
+    assert main(["calibrate", "--db", str(db)]) == 2
+    assert "0 measured rows with IR features" in capsys.readouterr().err
+    TuningDB(str(db)).append(compiled_rows(base_features, 24))
+    cal = calibrate_fitted.calibrate(read_db(str(db)), H200, fit_on="auto")
+    assert cal.rows == 24 and cal.fitted_on == "compiled" and "109 measured rows have no features_json" in cal.notes[0]

@@ -1,4 +1,4 @@
-"""Whole-model tuning: regions de-duplicated, the budget split by predicted share, one database the
+"""Whole-model tuning: regions de-duplicated, the budget split by predicted gain, one database the
 torch.compile backend then reads (`stitchtune tune`)."""
 
 from __future__ import annotations
@@ -63,6 +63,37 @@ def test_equal_workloads_are_counted_once_with_their_count(tmp_path: Path) -> No
                                                     (2, ("aten.native_layer_norm",))]
     assert abs(sum(w.share for w in ws) - 1.0) < 1e-9
     assert [w.share for w in ws] == sorted((w.share for w in ws), reverse=True)
+
+
+DEMO = '''
+import torch
+
+class Demo(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.b = torch.nn.Parameter(torch.randn(1024))
+
+    def forward(self, x, y):
+        return torch.log_softmax(x, -1), torch.nn.functional.gelu(y + self.b)
+'''
+
+
+def test_the_budget_follows_the_predicted_gain_and_a_region_at_its_floor_gets_one_trial(tmp_path: Path) -> None:
+    """A log-softmax over 32 x 1000 (its heuristic predicted ~2x the best point tried) and a bias + GELU over
+    256 x 1024 (predicted at the best point tried, half the log-softmax's time): by predicted time the GELU would
+    get 5 of 16 trials; by predicted gain it keeps its heuristic's one."""
+    from stitchtune.tune.budget import split_by_share
+
+    path = tmp_path / "demo.py"
+    path.write_text(DEMO)
+    ws = model_workloads(_load(path, "demo_mod").Demo(), [torch.randn(32, 1000), torch.randn(256, 1024)],
+                         get_device("h200"), calls=("inference",))
+    soft, gelu = sorted(ws, key=lambda w: "gelu" in str(w.ops))
+    assert "aten._log_softmax" in soft.ops and ws[0] is soft
+    assert soft.best_predicted_us is not None and soft.best_predicted_us < 0.7 * soft.predicted_us
+    assert gelu.best_predicted_us == gelu.predicted_us and gelu.predicted_us > 0.3 * soft.predicted_us
+    assert split_by_share([w.count * w.predicted_us for w in ws], 16) == [11, 5]      # the rule before s13
+    assert split_budget(ws, 16) == [15, 1]
 
 
 def test_tune_then_every_call_pattern_compiles_every_region_from_a_tuned_record(

@@ -37,3 +37,41 @@ def test_always_exactly_the_total(shares: list[float], total: int) -> None:
     assert sum(got) == total and min(got) >= 0
     if total >= len(shares):
         assert min(got) >= 1
+
+
+# ------------------------------------------------------------------ what the regions of `tune` are weighed by
+def test_predicted_gain_is_the_heuristic_against_the_best_point_tried() -> None:
+    """logsoftmax_small's heuristic (chosen for long rows) is predicted well above the best point tried; bias_gelu_small's
+    is the best tried (its floor, as the model sees it). Seeded: the same call gives the same figures."""
+    from stitchtune.cost.fitted import predict_program
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.graph.parse import load_graph
+    from stitchtune.hardware.device import get_device
+    from stitchtune.lower.entry import lower
+    from stitchtune.lower.resources import legal_space
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.tune.budget import predicted_gain
+
+    dev = get_device("h200")
+    g = load_graph("examples/logsoftmax_small.json")
+    gain = predicted_gain(g, dev)
+    plan = make_plan(g)
+    space = legal_space(g, plan, dev)
+    heur = predict_program(lower(g, plan, heuristic_schedule(plan, dev, space), dev, space), dev).time_us
+    assert gain.heuristic_us == pytest.approx(heur) and gain.points > 10
+    assert gain.best_us < 0.8 * gain.heuristic_us and gain.gain_us == pytest.approx(gain.heuristic_us - gain.best_us)
+    assert predicted_gain(g, dev) == gain
+    flat = predicted_gain(load_graph("examples/bias_gelu_small.json"), dev)
+    assert flat.gain_us == 0.0 and flat.best_us == flat.heuristic_us
+
+
+def test_a_region_at_its_floor_weighs_a_tenth_of_its_time() -> None:
+    from stitchtune.tune.budget import UNCERTAINTY, PredictedGain, gain_weight
+
+    at_floor = PredictedGain(heuristic_us=100.0, best_us=100.0, points=30)
+    half = PredictedGain(heuristic_us=50.0, best_us=25.0, points=30)
+    assert UNCERTAINTY == 0.1
+    assert gain_weight(at_floor, 1) == pytest.approx(10.0)            # twice the time, a third of the weight
+    assert gain_weight(half, 1) == pytest.approx(25.0 + 5.0) and gain_weight(half, 4) == pytest.approx(120.0)
+    assert split_by_share([gain_weight(at_floor, 1), gain_weight(half, 1)], 40) == [10, 30]
+    assert gain_weight(PredictedGain(float("inf"), float("inf"), 0), 1) == 0.0

@@ -328,3 +328,60 @@ def test_a_batchs_facts_are_asked_once_per_distinct_build_and_matched_to_their_c
     for r, h in zip(rows[:3], hashes):
         assert r["predicted_from"] == "compiled" and r["predicted_us"] == pytest.approx(5.0 + int(h) % 1000)
     assert rows[3]["status"] == "compile_error" and rows[3]["predicted_from"] == "ir"
+
+
+def test_a_built_candidate_row_records_its_cubins_compiled_facts(tmp_path):
+    """features_json (version 2) holds the compiled facts the after-build prediction read, per kernel, so that
+    ``stitchtune calibrate`` can fit on them; a build without facts records ``compiled: null``."""
+    import dataclasses
+
+    from stitchtune.cost.compiled import CompiledFacts
+    from stitchtune.gpu.runners import FakeRunner as TimesRunner
+    from stitchtune.tune.pipeline import default_stages
+
+    graph, plan, device, sched, prog = _layernorm_candidate()
+    facts = {k.name: CompiledFacts(registers=40, bytes_in_flight=48.0, loads_in_flight=3.0, spill_instructions=2)
+             for k in prog.kernels}
+    real = default_stages()
+    builder = _CubinBuilder(tmp_path / "k.cubin")
+    row = evaluate(graph, plan, device, [sched], builder, TimesRunner(), None,
+                   stages=dataclasses.replace(real, compiled_facts=lambda build: facts))[0]
+    fj = json.loads(row["features_json"])
+    assert fj["version"] == 2 and fj["compiled"] == {n: f.to_dict() for n, f in facts.items()}
+    assert all(k["compiled_bytes_in_flight"] == 0.0 for k in fj["kernels"])    # the IR features stay the IR's
+    none = evaluate(graph, plan, device, [sched], builder, TimesRunner(), None,
+                    stages=dataclasses.replace(real, compiled_facts=lambda build: None))[0]
+    assert json.loads(none["features_json"])["compiled"] is None
+
+
+def test_nvcc_build_and_emulate_runner_record_the_real_cubins_facts(tmp_path):
+    """The CPU pipeline end to end (nvcc for sm_90, cuobjdump, the emulate runner): the row's features_json holds
+    the facts the shared reader reads from the very cubin built, and calibrate_fitted reads them back."""
+    import pandas as pd
+
+    from stitchtune.cost import calibrate_fitted
+    from stitchtune.gpu.build import NvccBuilder, nvcc_found
+    from stitchtune.gpu.build_facts import SassFactsReader
+    from stitchtune.gpu.runners import EmulateRunner
+    from stitchtune.gpu.sass import find_cuobjdump
+    from stitchtune.tune.pipeline import default_stages
+
+    if not nvcc_found() or find_cuobjdump() is None:
+        pytest.skip("needs nvcc and cuobjdump")
+    import dataclasses
+
+    graph, plan, device, sched, prog = _layernorm_candidate()
+    reader = SassFactsReader(cache_dir=tmp_path / "facts")
+    builder = NvccBuilder(cache_dir=tmp_path / "cubin")
+    stages = dataclasses.replace(default_stages(), compiled_facts=reader)
+    row = evaluate(graph, plan, device, [sched], builder, EmulateRunner(graph, device, compiled_facts=reader), None,
+                   stages=stages)[0]
+    assert row["status"] == "ok" and row["predicted_from"] == "compiled", row.get("error")
+    (build,) = builder.build([default_stages().render(prog)], device.arch)
+    want = reader(build)
+    assert want and json.loads(row["features_json"])["compiled"] == {n: f.to_dict() for n, f in want.items()}
+    measured = {**row, "estimated": False, "measured_us": 10.0}    # as if a GPU had measured it
+    rows, notes = calibrate_fitted.fit_rows(pd.DataFrame([measured]), device.key, "auto")
+    assert notes == [] and rows[0]["fit_on"] == "compiled"
+    assert [k["compiled_bytes_in_flight"] for k in rows[0]["kernels"]] == [want[k.name].bytes_in_flight
+                                                                          for k in prog.kernels]

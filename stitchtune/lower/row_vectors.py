@@ -1,0 +1,126 @@
+"""Row vectors: a column-family thread that takes ``R`` consecutive view rows at once, so that an input
+read *along the rows* is loaded ``R`` rows per vector access.
+
+The column family gives a thread ``vec`` adjacent columns and one row per sweep iteration
+(:mod:`stitchtune.lower.col`): coalesced along the columns. An input whose own stride-1 axis is the
+view's innermost row axis (BERT's training ``view_59``: the gradient of a head split ``[B*H, D, S]``
+read as ``[B*S, H*D]`` and summed over its rows; consecutive rows ``s`` adjacent in memory, consecutive
+columns 512 floats apart) is then loaded one 4-byte element per column: with 8 column threads and 4 row
+threads in a warp, each column's 4 rows are 16 bytes of their own 32-byte sector (2.00x the ideal
+sectors, 32-bit loads).
+
+With row vectors a thread owns an ``R x vec`` tile: rows ``r0 .. r0 + R - 1`` (``r0 = kbase + (it *
+tpr + tk) * R``) of its ``vec`` columns. Such an input is read with one ``R``-element vector load per
+column (``R = 16 / 4``: 128-bit for float32), every other tensor row by row as before (a vector along
+the columns per row). A warp's load of the transposed input then covers, per column, 4 row threads x
+16 bytes = 64 contiguous bytes (two whole sectors: 1.00x); its stores along the columns stay one
+128-byte run per row (1.00x). The values, the reduction's operands and the outputs are those of the
+same rows: only which thread computes which row changes (and so the order of a column's partial sums).
+
+The row family (element-wise regions) has the same need and not yet the tile: GPT-2's training concat
+(``view_50``, k's gradient ``[B*H, D, S]`` one of three pieces) and Llama's rotary gradient (``view_68``)
+already read such an input at the ideal sectors (:mod:`stitchtune.plan.adjacent`: 8 rows of 4 lanes a
+warp, 32 bytes per column), but one 32-bit load per element: 4x the load instructions of the same bytes.
+Their rows are one per thread throughout the row kernel (its row index, the remapped and chained loads
+of :mod:`stitchtune.lower.remap`, the stores), so row vectors there are an ``R``-row thread in that family.
+
+Contract: :func:`row_vector_rows` returns ``R > 1`` only for a static column plan without index ops or
+layout chains whose rows ``M`` split into whole groups (``M % (split * tpr * R) == 0``: every thread's
+groups are whole and in its chunk, no row group straddles a chunk or the view's end, so a group's
+rows are valid together), and with at least one :func:`row_vector_inputs` input: a full-size float32
+input read through its index map with strided columns (not contiguous, not broadcast) whose innermost
+row factor has ``inner`` 1, stride 1 and a ``dim`` multiple of ``R``, and whose every other stride
+(row and column factors) is a multiple of ``R`` (so ``r0``'s ``R`` rows are ``R`` adjacent, aligned
+elements: ``offset(r0 + q, c) = offset(r0, c) + q`` for ``r0 % R == 0``). Else 1 (the row-by-row
+sweep).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from stitchtune.ir import kir
+from stitchtune.ir.kir import F32, Var
+from stitchtune.lower.base import Ctx, I, Lowerer, add
+from stitchtune.lower.guarded_loads import load_vec
+from stitchtune.plan.family import Family
+from stitchtune.plan.index_map import IndexMap
+from stitchtune.plan.planner import TensorClass
+
+__all__ = ["ROW_VECTOR_BYTES", "row_vector_rows", "row_vector_inputs", "RowVectorLoads"]
+
+#: bytes of one row-vector access (the widest global access, 128 bits)
+ROW_VECTOR_BYTES = 16
+
+
+def _loads_rows_as_vectors(imap: IndexMap, R: int) -> bool:
+    """Whether ``R`` consecutive rows ``r0 .. r0 + R - 1`` (``r0 % R == 0``) of any column are ``R``
+    adjacent, aligned elements of a tensor of map ``imap`` whose columns are strided."""
+    if imap.cols.broadcast or imap.cols.contiguous() or imap.row_repeats or not imap.rows.factors:
+        return False
+    unit = [f for f in imap.rows.factors if f.inner == 1]
+    if len(unit) != 1 or unit[0].stride != 1 or unit[0].dim % R:
+        return False
+    others = [f for f in imap.rows.factors if f is not unit[0]] + list(imap.cols.factors)
+    return all(f.stride % R == 0 for f in others)
+
+
+def row_vector_inputs(low: Lowerer, R: int) -> tuple[str, ...]:
+    """The inputs of ``low``'s plan loaded ``R`` rows per vector access (module docstring), in plan order."""
+    p = low.p
+    out = []
+    for name in p.input_names:
+        if name not in low.in_buf or low.cls[name] is not TensorClass.FULL or not p.mapped(name):
+            continue
+        if name in low.int_regs or p.dtype(name) != "float32":
+            continue
+        if _loads_rows_as_vectors(p.imap(name), R):
+            out.append(name)
+    return tuple(out)
+
+
+def row_vector_rows(low: Lowerer, index_ops: bool) -> int:
+    """Rows a column-family thread takes at once: ``R = 16 / 4`` where the plan allows row vectors
+    (module docstring), else 1. ``index_ops``: the graph has index ops or layout chains (not handled)."""
+    p, s = low.p, low.s
+    R = ROW_VECTOR_BYTES // 4
+    if p.family != Family.COL or low.sym is not None or index_ops or s.tpr <= 0 or s.split <= 0:
+        return 1
+    if p.M % (s.split * s.tpr * R):
+        return 1
+    return R if row_vector_inputs(low, R) else 1
+
+
+class RowVectorLoads:
+    """The row-vector loads of one sweep iteration: the first row to ask for an input's values emits
+    its ``vec`` loads of ``R`` rows each (one per column, into ``R`` registers per column); every row
+    of the group then takes its own ``vec`` values."""
+
+    def __init__(self, low: Lowerer, cx: Ctx, body: list[kir.Stmt], R: int, r0: kir.Expr, c0: kir.Expr,
+                 valid: kir.Expr, use_input: Callable[[str], None]) -> None:
+        """``r0``: the group's first row (a multiple of ``R``, below ``M``); ``c0``: the thread's first
+        column (clamped into the view); ``valid``: the group's validity (its rows are valid together);
+        ``use_input``: the kernel's record of the global buffers it reads."""
+        self._low, self._cx, self._body, self._R, self._use = low, cx, body, R, use_input
+        self._r0, self._c0, self._valid = r0, c0, valid
+        self.names = frozenset(row_vector_inputs(low, R))
+        self._vals: dict[str, list[list[Var]]] = {}
+
+    def values(self, name: str, q: int) -> list[kir.Expr]:
+        """The ``vec`` values of input ``name`` (one of :attr:`names`) at row ``r0 + q``."""
+        if name not in self._vals:
+            low, R = self._low, self._R
+            base = low.row_base(name, self._r0)
+            self._use(low.in_buf[name])
+            cols: list[list[Var]] = []
+            for j in range(low.s.vec):
+                dsts = tuple(self._cx.var(f"t{low.tid_of[name]}_", F32) for _ in range(R))
+                idx = add(base, low.col_offset(name, add(self._c0, I(j))))
+                self._body.extend(load_vec(dsts, low.in_buf[name], idx, self._valid, zeroed=True))
+                cols.append(list(dsts))
+            self._vals[name] = cols
+        return [col[q] for col in self._vals[name]]
+
+    def loader(self, q: int, load: Callable[[str], list[kir.Expr]]) -> Callable[[str], list[kir.Expr]]:
+        """Row ``q``'s input loads: by the row vectors for an input in :attr:`names`, else by ``load``."""
+        return lambda name: self.values(name, q) if name in self.names else load(name)
