@@ -131,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         a = ap.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
+    import gpu_timing
+
+    if gpu_timing.options_only():
+        print("gpu_fit_rows: options ok")
+        return 0
     return refit(Path(a.dir), a.dataset)
 
 

@@ -22,6 +22,7 @@ Each check prints one line ``check <name>: ok|FAIL|skipped (...)``; the last lin
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 import traceback
@@ -214,9 +215,19 @@ CHECKS: list[tuple[str, Callable[[], str]]] = [
 ]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])   # no options: --help, and a stray one refused
+    try:
+        ap.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    sys.path.insert(0, str(REPO / "scripts"))
+    import gpu_timing
     import torch
 
+    if gpu_timing.options_only():
+        print("gpu_launch_check: options ok")
+        return 0
     if not torch.cuda.is_available():
         print("launch path: FAILED (torch sees no CUDA GPU)")
         return 1

@@ -400,9 +400,13 @@ def main(argv: list[str] | None = None) -> int:
            + [m for m in modes if m not in ("inference", "train")]
            + [m for m in a.time_models.split(",") if m and m not in (mx.MODELS if a.cpu else TIME_MODELS)]
            + [m for m in a.tune_models.split(",") if m and m not in (mx.MODELS if a.cpu else TIME_MODELS)])
-    if bad or (a.cpu and "time" in phases) or (not a.cpu and not torch.cuda.is_available()):
+    check = gpu_timing.options_only()
+    if bad or (a.cpu and "time" in phases) or (not a.cpu and not check and not torch.cuda.is_available()):
         print(f"gpu_models: bad options {bad or ''} (time needs a GPU; without one pass --cpu)", file=sys.stderr)
         return 2
+    if check:
+        print("gpu_models: options ok")
+        return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "gpu_models.jsonl").open("a")

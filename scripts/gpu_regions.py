@@ -12,8 +12,10 @@ each called ``iters`` times under the profiler (CUPTI); a variant's time is the 
 its CUDA kernels per call (copies included), with the kernels' names. Beside them: ``floor_us`` (the
 unique bytes of the heuristic program's launches at the device's copy bandwidth,
 :func:`stitchtune.cost.features.floor_us`) and ``predicted_us`` (the fitted model's device time,
-:func:`stitchtune.cost.fitted.predict_program`), both PREDICTED. ``cpu=True`` (the dry run) fills
-only the predicted columns.
+:func:`stitchtune.cost.fitted.predict_program`, the kernel audit's ``fitted`` time without the SASS facts) and
+``cost_model_us`` (the analytic model the search prunes with, :func:`stitchtune.cost.model.predict` at the
+estimated registers: the audit's ``predicted`` time without ptxas's registers), all PREDICTED. ``cpu=True``
+(the dry run) fills only the predicted columns.
 
 Pure parts (tested without a GPU): :func:`summarise` (profiler rows -> time per call),
 :func:`region_row`, :func:`region_table`, :func:`region_inputs`.
@@ -38,11 +40,14 @@ def summarise(events: Iterable[tuple[str, float]], calls: int) -> dict[str, Any]
 
 
 def region_row(model: str, mode: str, region: str, workload: str, count: int, ours: dict[str, Any] | None,
-               inductor: dict[str, Any] | None, floor_us: float, predicted_us: float) -> dict[str, Any]:
-    """One row of the phase (``ours`` / ``inductor``: :func:`summarise` results, None when not run)."""
+               inductor: dict[str, Any] | None, floor_us: float, predicted_us: float,
+               cost_model_us: float | None = None) -> dict[str, Any]:
+    """One row of the phase (``ours`` / ``inductor``: :func:`summarise` results, None when not run;
+    ``cost_model_us`` None: the analytic model pruned the program)."""
     row: dict[str, Any] = {"phase": "regions", "model": model, "mode": mode, "region": region,
                            "workload": workload[:12], "count": int(count), "floor_us": round(floor_us, 2),
-                           "predicted_us": round(predicted_us, 2)}
+                           "predicted_us": round(predicted_us, 2),
+                           "cost_model_us": None if cost_model_us is None else round(cost_model_us, 2)}
     if ours is not None:
         row.update(ours_us=ours["us"], ours_kernels=ours["names"])
     if inductor is not None:
@@ -57,14 +62,16 @@ def _f(x: Any) -> str:
 def region_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The markdown table of the phase's rows (measured columns say so; floor and model are predicted)."""
     out = ["| model | mode | region | x | ours us (measured) | Inductor us (measured) | ours / Inductor | "
-           "floor us (predicted) | model us (predicted) | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "floor us (predicted) | model us (predicted) | cost model us (predicted) | note |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("phase") != "regions":
             continue
         o, i = r.get("ours_us"), r.get("inductor_us")
         ratio = f"{o / i:.2f}" if o and i else "-"
         out.append(f"| {r['model']} | {r['mode']} | {r.get('region', '')} | {r.get('count', '')} | {_f(o)} | {_f(i)} | "
-                   f"{ratio} | {_f(r.get('floor_us'))} | {_f(r.get('predicted_us'))} | {str(r.get('error', ''))[:80]} |")
+                   f"{ratio} | {_f(r.get('floor_us'))} | {_f(r.get('predicted_us'))} | {_f(r.get('cost_model_us'))} | "
+                   f"{str(r.get('error', ''))[:80]} |")
     return out
 
 
@@ -111,6 +118,7 @@ def regions_case(torch: Any, model: Any, args: Sequence[Any], name: str, mode: s
 
     from stitchtune.cost.features import floor_us, program_features
     from stitchtune.cost.fitted import predict_program
+    from stitchtune.cost.model import predict
     from stitchtune.deploy import torch_backend
     from stitchtune.deploy.model_tuning import capture_regions
     from stitchtune.deploy.selection import heuristic_schedule
@@ -137,6 +145,7 @@ def regions_case(torch: Any, model: Any, args: Sequence[Any], name: str, mode: s
             space = legal_space(r.graph, plan, device)
             prog = lower(r.graph, plan, heuristic_schedule(plan, device, space), device, space)
             floor, pred = floor_us(program_features(prog, device), device), predict_program(prog, device).time_us
+            analytic = predict(prog.profile, device)
             ours = ind = None
             if not cpu:
                 inputs = region_inputs(torch, r.module, dev)
@@ -147,7 +156,8 @@ def regions_case(torch: Any, model: Any, args: Sequence[Any], name: str, mode: s
                 torch._dynamo.reset()
                 ind_fn = torch.compile(r.module)
                 ind = summarise(_profiled(torch, lambda: ind_fn(*inputs), iters), iters)
-            row = region_row(name, mode, r.name, key, len(regs), ours, ind, floor, pred)
+            row = region_row(name, mode, r.name, key, len(regs), ours, ind, floor, pred,
+                             None if analytic.prune_reason else analytic.time_us)
             if not cpu:   # the cost fit's per-kernel rows (gpu_fit_rows), when the kernels are the program's
                 per = gpu_fit_rows.per_launch_us(ours_ev, [lc.kernel for lc in prog.launches], iters)
                 row["fit_rows"] = [] if per is None else [

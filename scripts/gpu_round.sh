@@ -4,6 +4,7 @@
 #   GPU machine:  bash scripts/gpu_round.sh                      # BUDGET_S=540: one 600 s call
 #   second call:  RESUME=.gpu/round.tar.gz PHASES=decode,peers,refit bash scripts/gpu_round.sh  # what the first left
 #   CPU dry run:  DRY_RUN=1 OUT=/tmp/round bash scripts/gpu_round.sh   # tiny models, emulated regions
+#   CPU check:    CHECK=1 OUT=/tmp/round bash scripts/gpu_round.sh     # every phase's GPU command line, not run
 #
 # Phases, most valuable first; each runs under `timeout` with min(its share, budget left - 15 s) and its
 # Python side stops starting new jobs 15 s before its share ends (half-way for shares under 45 s). Every row is written as it is
@@ -22,6 +23,10 @@
 #                full-size examples and at 8 rows (launch-bound), CUDA events and CUDA-graph replay
 #   refit    30  gpu_fit_rows.py refit: the cost model fitted again with the round's per-kernel rows
 # RESUME=<a first call's round.tar.gz, carried>: unpack it first and append to its rows (one folder for both calls).
+# CHECK=1: every phase's command line as a GPU call runs it, checked on any machine without running it: the
+# shell syntax of each (bash -n); setup and info only so (they call the GPU machine's tools); the Python
+# scripts under GPU_ROUND_CHECK=1 parse and validate their options, print '<script>: options ok' and exit 0
+# (gpu_timing.options_only); a bad option is the phase's FAIL (rc 2). Nothing is measured: the pack holds logs.
 # Knobs: BUDGET_S, PHASES (comma list), OUT, PYTHON, MODELS (bert,gpt2,llama), DTYPES (bf16,fp32),
 # MODES (inference,train), ITERS (20), TUNE_TRIALS (24), SHARE_<PHASE> (seconds, e.g. SHARE_STEPS=200).
 # $OUT gets 3 files: summary.md (phase times, headline ratios by scripts/gpu_round_report.py, every table),
@@ -30,6 +35,8 @@ set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 DRY_RUN=${DRY_RUN:-0}
+CHECK=${CHECK:-0}
+[ "$CHECK" = 1 ] && DRY_RUN=0   # the GPU command lines are the ones checked
 OUT=${OUT:-/tmp/gpu_round}
 BUDGET_S=${BUDGET_S:-540}
 PY=${PYTHON:-python3}
@@ -48,6 +55,8 @@ export PYTHONPATH="$ROOT:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ "$DRY_RUN" = 1 ]; then
   DEV=cpu-dryrun
+elif [ "$CHECK" = 1 ]; then
+  DEV=cpu-check
 else
   DEV=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 | grep -oiE 'h100|h200|b200|a100|l40s' \
         | head -n 1 | tr 'A-Z' 'a-z')
@@ -73,6 +82,7 @@ summary() {
     echo
     echo "commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'), budget ${BUDGET_S} s, phases $PHASES," \
          "$( [ "$DRY_RUN" = 1 ] && echo 'DRY RUN on the CPU: every time is CPU wall clock of tiny models, no GPU figure' \
+             || { [ "$CHECK" = 1 ] && echo 'CHECK: command lines checked, nothing run or measured'; } \
              || echo 'times measured on this GPU unless a column says predicted')"
     echo
     echo "| phase | status | rc | seconds | share s |"
@@ -110,8 +120,15 @@ phase() {
     ROWS+=("$name|SKIP|-|0|$share"); echo "== $name: SKIP (no time left)"; summary; return 0
   fi
   echo "== $name: up to $SHARE s (budget left $(left) s)"
-  local t0; t0=$(date +%s)
-  timeout --kill-after=5 "$SHARE" bash -c "$*" > "$RES/logs/$name.log" 2>&1
+  local t0; t0=$(date +%s) run=$*
+  if [ "$CHECK" = 1 ]; then   # the command line checked, not run (see CHECK above)
+    if ! bash -n -c "$*" 2> "$RES/logs/$name.syntax"; then
+      run="cat $RES/logs/$name.syntax; echo 'shell syntax error in: $name'; exit 2"
+    elif [ "$name" = setup ] || [ "$name" = info ]; then
+      run="echo 'shell syntax ok (not run: it needs the GPU machine)'"
+    fi
+  fi
+  GPU_ROUND_CHECK=$CHECK timeout --kill-after=5 "$SHARE" bash -c "$run" > "$RES/logs/$name.log" 2>&1
   local rc=$?
   local dt=$(( $(date +%s) - t0 )) st=ok
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then st=TIMEOUT; elif [ "$rc" != 0 ]; then st=FAIL; fi

@@ -18,6 +18,7 @@ A ratio below 1 means the backend is faster. Exit 0, or 2 with one error line wh
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -121,12 +122,17 @@ def report(folder: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not any((Path(args[0]) / f).is_file() for f in ("gpu_step.jsonl", "gpu_peers.jsonl")):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", help="a round's results folder (gpu_step.jsonl and / or gpu_peers.jsonl)")
+    try:
+        a = ap.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    if not any((Path(a.folder) / f).is_file() for f in ("gpu_step.jsonl", "gpu_peers.jsonl")):
         print("gpu_round_report: error: give one results folder holding gpu_step.jsonl or gpu_peers.jsonl",
               file=sys.stderr)
         return 2
-    print("\n".join(report(Path(args[0]))))
+    print("\n".join(report(Path(a.folder))))
     return 0
 
 

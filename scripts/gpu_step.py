@@ -252,11 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     bad = ([p for p in phases if p not in ("regions", "steps", "decode")] + [m for m in models if m not in MODELS]
            + [d for d in dtypes if d not in DTYPES] + [m for m in modes if m not in ("inference", "train")]
            + [m for m in split(a.decode_models) if m not in DECODE_MODELS])
+    import gpu_timing
     import torch
 
-    if bad or a.iters < 1 or a.decode_steps < 1 or (not a.cpu and not torch.cuda.is_available()):
+    check = gpu_timing.options_only()
+    if bad or a.iters < 1 or a.decode_steps < 1 or (not a.cpu and not check and not torch.cuda.is_available()):
         print(f"gpu_step: error: bad options {bad or ''} (without a GPU pass --cpu)", file=sys.stderr)
         return 2
+    if check:
+        print("gpu_step: options ok")
+        return 0
     import gpu_models as gm
 
     mx = gm._matrix()

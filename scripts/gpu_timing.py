@@ -8,6 +8,9 @@
 * :func:`host_times_us` - the wall-clock microseconds of each of ``iters`` calls after ``warmup``
   (a CPU dry run: not comparable with device times).
 * :func:`times_us` - the one or the other (``cpu``); :func:`median` - their median.
+* :func:`options_only` - the GPU round's check mode (``CHECK=1 bash scripts/gpu_round.sh`` sets
+  ``GPU_ROUND_CHECK=1``): a script parses and validates its options as on a GPU, says
+  ``<script>: options ok`` and returns 0 without running anything (no GPU needed).
 
 ``cuda`` is the ``torch.cuda``-like module the events come from (``Event(enable_timing=True)`` with
 ``record()`` / ``elapsed_time(end)`` in ms, and ``synchronize()``); default ``torch.cuda`` (tests pass
@@ -16,12 +19,19 @@ a fake).
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["event_times_us", "host_times_us", "median", "times_us"]
+__all__ = ["event_times_us", "host_times_us", "median", "options_only", "times_us"]
+
+
+def options_only() -> bool:
+    """Whether the GPU round runs in its check mode (``GPU_ROUND_CHECK=1``, module docstring): the caller
+    stops after its options are validated (the GPU's presence not required) and returns 0."""
+    return os.environ.get("GPU_ROUND_CHECK") == "1"
 
 
 def _cuda(cuda: Any) -> Any:

@@ -83,18 +83,7 @@ def _fmt_bytes(n: int) -> str:
 
 def _ancestors(graph: Graph, name: str) -> set[str]:
     """All tensors ``name`` depends on (inputs and nodes), ``name`` excluded."""
-    seen: set[str] = set()
-    todo = [name]
-    input_names = {n for n, _ in graph.inputs}
-    while todo:
-        t = todo.pop()
-        if t in input_names:
-            continue
-        for a in graph.node(t).args:
-            if isinstance(a, str) and a not in seen:
-                seen.add(a)
-                todo.append(a)
-    return seen
+    return set(graph.upstream([name])) - {name}
 
 
 def _reduction_group_elems(shape: tuple[int, ...], axes: tuple[int, ...]) -> int:

@@ -56,7 +56,7 @@ import numpy as np
 from stitchtune._version import __version__
 from stitchtune.deploy.compiled_graph import compile_graph
 from stitchtune.deploy.dynamic import CompiledBucket, compile_dynamic
-from stitchtune.deploy.manifest_io import check_codegen_version, read_manifest, write_kernels
+from stitchtune.deploy.manifest_io import check_codegen_version, read_manifest, write_compiled, write_kernels
 from stitchtune.errors import GraphError, StitchtuneError, UnsupportedGraphError
 from stitchtune.graph.dynamic import BucketKey, DynamicGraph, DynamicRefusal
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
@@ -290,23 +290,17 @@ class DynamicCompiledGraph:
     # -- persistence ------------------------------------------------------------------------------
     def write(self, out_dir: str | os.PathLike[str]) -> list[Path]:
         """``manifest.json`` and each generic bucket's ``<dir>/kernels.cu`` (+ ``kernels.cubin``); the paths."""
-        out = Path(out_dir)
-        paths: list[Path] = []
-        if out.exists() and not out.is_dir():   # mkdir would say "File exists"
-            raise StitchtuneError(f"cannot write to {str(out)!a}: is a file, not a directory")
-        try:
-            out.mkdir(parents=True, exist_ok=True)
+        def buckets(out: Path) -> list[Path]:
+            paths: list[Path] = []
             for b in self.buckets:
                 if isinstance(b, RefusedBucket):
                     continue
                 d = out / bucket_dir(b.key)
                 d.mkdir(exist_ok=True)
                 paths += write_kernels(d, b.sources, b.cubin)
-            paths.append(out / "manifest.json")
-            paths[-1].write_text(json.dumps(self.manifest, indent=1) + "\n")
-        except OSError as exc:
-            raise StitchtuneError(f"cannot write to {str(out)!a}: {exc.strerror or exc}") from None
-        return paths
+            return paths
+
+        return write_compiled(out_dir, self.manifest, buckets)
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> DynamicCompiledGraph:

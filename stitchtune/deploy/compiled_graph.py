@@ -18,7 +18,7 @@ import numpy as np
 
 from stitchtune._version import __version__
 from stitchtune.deploy.device_run import DeviceRun, build_cubin
-from stitchtune.deploy.manifest_io import check_codegen_version, read_manifest, write_kernels
+from stitchtune.deploy.manifest_io import check_codegen_version, read_manifest, write_compiled, write_kernels
 from stitchtune.deploy.run_checks import check_emulated_gathers
 from stitchtune.errors import StitchtuneError
 from stitchtune.graph.parse import Graph
@@ -130,16 +130,7 @@ class CompiledGraph:
     # -- persistence ------------------------------------------------------------------------------
     def write(self, out_dir: str | os.PathLike[str]) -> list[Path]:
         """Write ``kernels.cu``, ``kernels.cubin`` (when built) and ``manifest.json``; return the paths."""
-        out = Path(out_dir)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            paths = write_kernels(out, self.sources, self.cubin)
-            paths.append(out / "manifest.json")
-            paths[-1].write_text(json.dumps(self.manifest, indent=1) + "\n")
-        except OSError as exc:   # an existing file at out_dir: the CLI's words for it (cli.checks.out_dir)
-            why = "is a file, not a directory" if out.is_file() else exc.strerror or exc
-            raise StitchtuneError(f"cannot write to {str(out)!a}: {why}") from None
-        return paths
+        return write_compiled(out_dir, self.manifest, lambda out: write_kernels(out, self.sources, self.cubin))
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> CompiledGraph:

@@ -16,7 +16,7 @@ import torch
 from stitchtune.deploy.torch_ops import RegionError, RegionKernel, _device_of, _lock
 from stitchtune.deploy.torch_region_protocols import GuardedKernel
 
-__all__ = ["GuardedRegion", "eager_outputs", "is_index_error", "kept_tensors"]
+__all__ = ["GuardedRegion", "StreamBuffers", "eager_outputs", "is_index_error", "kept_tensors"]
 
 if TYPE_CHECKING:
     from stitchtune.deploy.compiled_graph import CompiledGraph
@@ -66,6 +66,35 @@ def kept_tensors(device: Any, make: Callable[[], list[Any]], cuda: Any = None) -
     return made
 
 
+class StreamBuffers:
+    """Small device buffers a kernel call refills in place instead of allocating per call (the buffers of
+    a region's bound SymInt inputs, a cache write's start): :meth:`get` returns, per thread and per
+    (device, current stream), the tensors ``make()`` made there at the first call (through
+    :func:`kept_tensors`: outside any CUDA-graph pool), the same tensors at every later call there. The
+    caller refills them with the stream's own ops (``fill_``, ``copy_``) before it enqueues the launch
+    that reads them: a launch an earlier call enqueued on the same thread and stream runs before the
+    next refill (stream order), so a value is never overwritten under it; another thread or stream has
+    buffers of its own. They are made as normal tensors even inside ``torch.inference_mode`` (an inference
+    tensor could not be refilled by a later call outside it). An owner dataclass declares it ``compare=False``."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def get(self, device: Any, make: Callable[[], list[Any]]) -> list[Any]:
+        """This thread's buffers on ``device`` at its current stream (``make()`` at the first call there)."""
+        stream = torch._C._cuda_getCurrentRawStream(device.index if device.index is not None
+                                                     else torch.cuda.current_device()) \
+            if device.type == "cuda" else 0
+        buffers: dict[Any, list[Any]] | None = getattr(self._local, "buffers", None)
+        if buffers is None:
+            buffers = self._local.buffers = {}
+        made = buffers.get((device, stream))
+        if made is None:
+            with torch.inference_mode(False):   # a normal tensor: refilled outside inference mode too
+                made = buffers[(device, stream)] = kept_tensors(device, make)
+        return made
+
+
 def is_index_error(exc: BaseException) -> bool:
     """True for a gather's out-of-range index (a flagged error of the model's input, raised as it is:
     running the ATen ops instead would fail too, and on CUDA with a device-side assert)."""
@@ -104,8 +133,8 @@ class GuardedRegion:
     bound: tuple[tuple[int, tuple[int, ...] | None, Any], ...] = ()
     _specs: dict[Any, Any] = field(default_factory=dict, repr=False)   # input shapes checked -> specs
     _held_on: dict[Any, list[Any]] = field(default_factory=dict, repr=False)   # device -> held tensors there
-    #: per thread (``.buffers``): (device, stream) -> the bound inputs' buffers there (:meth:`_bound_buffers`)
-    _bound_at: threading.local = field(default_factory=threading.local, repr=False, compare=False)
+    #: the bound inputs' buffers per thread and (device, stream), refilled at each call
+    _bound_at: StreamBuffers = field(default_factory=StreamBuffers, repr=False, compare=False)
     #: the thin path (:mod:`~stitchtune.deploy.torch_fast`) once a call has run the full one: a
     #: FastCall, or for a kernel with symbolic shapes a ShapeCalls (one per input shapes); None: none
     _fast: Any = field(default=None, repr=False)
@@ -167,21 +196,10 @@ class GuardedRegion:
         return out
 
     def _bound_buffers(self, device: Any) -> list[Any]:
-        """This thread's buffers of the bound inputs on ``device`` at its current stream (made at the
-        first call there; the caller fills them). A launch enqueued by an earlier call on the same
-        thread and stream runs before the next fill, so a value is never overwritten under it."""
-        stream = torch._C._cuda_getCurrentRawStream(device.index if device.index is not None
-                                                     else torch.cuda.current_device()) \
-            if device.type == "cuda" else 0
-        buffers: dict[Any, list[Any]] | None = getattr(self._bound_at, "buffers", None)
-        if buffers is None:
-            buffers = self._bound_at.buffers = {}
-        made = buffers.get((device, stream))
-        if made is None:
-            made = buffers[(device, stream)] = kept_tensors(
-                device, lambda: [torch.empty(shape if shape is not None else (1,), dtype=dtype, device=device)
-                                 for _, shape, dtype in self.bound])
-        return made
+        """The bound inputs' buffers on ``device`` for this thread and stream (:class:`StreamBuffers`; the
+        caller fills them)."""
+        return self._bound_at.get(device, lambda: [torch.empty(shape if shape is not None else (1,), dtype=dtype,
+                                                               device=device) for _, shape, dtype in self.bound])
 
     def fake(self, inputs: Sequence[Any], scalars: Sequence[Any] = ()) -> list[Any]:
         inputs = self._with_bound(inputs, scalars, fake=True)

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 import stitchtune.deploy.torch_ops  # noqa: F401  (defines the ``stitchtune`` library first)
+from stitchtune.deploy.torch_guard import StreamBuffers
 from stitchtune.hardware.device import Device
 from stitchtune.importers.torch_fx_util import op_key
 
@@ -307,6 +308,8 @@ class PutKernel:
     positions: bool = False
     _programs: dict[Any, Any] = field(default_factory=dict, repr=False)
     _launchers: dict[Any, Any] = field(default_factory=dict, repr=False)
+    #: the one-element int64 start buffer per thread and (device, stream), refilled at each call
+    _starts: StreamBuffers = field(default_factory=StreamBuffers, repr=False, compare=False)
 
     def shape(self, table: torch.Tensor, values: torch.Tensor, start: torch.Tensor | None = None) -> Any:
         from stitchtune.lower.put import PutShape
@@ -379,16 +382,22 @@ class PutKernel:
 
     def _start_tensor(self, start_t: torch.Tensor | None, start_i: int, device: Any) -> torch.Tensor:
         """The start as an aligned one-element int64 tensor on ``device`` (the kernel's ``start``), or
-        with ``positions`` the positions, contiguous and aligned."""
-        if start_t is None:
-            return torch.full((1,), start_i, dtype=torch.int64, device=device)
+        with ``positions`` the positions, contiguous and aligned. A start that is not already such a tensor
+        is written into this thread and stream's start buffer (:class:`~stitchtune.deploy.torch_guard.
+        StreamBuffers`: ``fill_`` with an int, ``copy_`` of a tensor, plus ``start_i``), not allocated per call."""
         if self.positions:
+            assert start_t is not None   # _fits
             t = start_t.to(device=device).contiguous()
             return t if t.data_ptr() % 16 == 0 else t.clone()
-        t = start_t.reshape(1)
-        if start_i or t.dtype != torch.int64 or t.data_ptr() % 16 or t.device != device:
-            t = (t.to(device=device, dtype=torch.int64) + start_i).clone()
-        return t
+        if start_t is not None:
+            t = start_t.reshape(1)
+            if not start_i and t.dtype == torch.int64 and t.data_ptr() % 16 == 0 and t.device == device:
+                return t
+        buf: torch.Tensor = self._starts.get(device, lambda: [torch.empty((1,), dtype=torch.int64, device=device)])[0]
+        if start_t is None:
+            return buf.fill_(start_i)
+        buf.copy_(start_t.reshape(1))
+        return buf.add_(start_i) if start_i else buf
 
     def _emulate(self, table: torch.Tensor, values: torch.Tensor, start: torch.Tensor) -> None:
         """The kernel in the emulator on ``start`` (int64: the start, or the positions), writing the

@@ -25,7 +25,7 @@ import json
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from stitchtune.graph.ops import OPS
 
@@ -162,6 +162,22 @@ class GraphValue:
     def consumers(self, name: str) -> tuple[Node, ...]:
         """Nodes that read tensor ``name`` (each once, in topological order)."""
         return self._consumers.get(name, ())
+
+    def upstream(self, starts: Iterable[str], through: Callable[[Node], bool] = lambda _: True) -> frozenset[str]:
+        """``starts`` and every tensor they are computed from, walking up from a node to its tensor
+        arguments only where ``through(node)`` holds (a node it refuses is in the result, what it reads
+        is not, unless reached another way); inputs end the walk."""
+        seen: set[str] = set()
+        stack = list(starts)
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            nd = self._nodes.get(name)
+            if nd is not None and through(nd):
+                stack.extend(nd.tensor_args)
+        return frozenset(seen)
 
     # -- persistence
     def to_dict(self) -> dict[str, Any]:

@@ -255,19 +255,10 @@ def _unshiftable_reshapes(graph: Graph, chain: list[str], domain: tuple[int, ...
 def _outer_moved(graph: Graph) -> set[str]:
     """The tensors a slice / concat along an outer axis reads, directly or through element-wise nodes
     and other slices / concats (they are evaluated at positions moved along an outer axis)."""
-    stack = [a for nd in graph.nodes if nd.op in ("slice", "concat") and node_axis(nd) < len(nd.shape) - 1
-             for a in nd.tensor_args]
-    out: set[str] = set()
-    nodes = {n.id: n for n in graph.nodes}
-    while stack:
-        a = stack.pop()
-        if a in out:
-            continue
-        out.add(a)
-        nd = nodes.get(a)
-        if nd is not None and OPS[nd.op].kind in ("unary", "binary", "ternary", "cast", "slice", "concat"):
-            stack.extend(nd.tensor_args)
-    return out
+    starts = [a for nd in graph.nodes if nd.op in ("slice", "concat") and node_axis(nd) < len(nd.shape) - 1
+              for a in nd.tensor_args]
+    kinds = ("unary", "binary", "ternary", "cast", "slice", "concat")
+    return set(graph.upstream(starts, lambda nd: OPS[nd.op].kind in kinds))
 
 
 _LINKS = ("transpose", "reshape", "slice")

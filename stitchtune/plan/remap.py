@@ -111,21 +111,8 @@ def _under_index_ops(graph: Graph, index_ops: list[Node]) -> dict[str, frozenset
     are computed from, through other slices / concats and element-wise nodes). A gather stops the
     walk: its table row is loaded directly and its index read once per row as an int
     (:func:`~stitchtune.lower.remap.gather_index`)."""
-    nodes = {n.id: n for n in graph.nodes}
-    out: dict[str, frozenset[str]] = {}
-    for op in index_ops:
-        seen: set[str] = set()
-        stack = [] if op.op == "gather" else list(op.tensor_args)
-        while stack:
-            a = stack.pop()
-            if a in seen:
-                continue
-            seen.add(a)
-            nd = nodes.get(a)
-            if nd is not None and nd.op != "gather":
-                stack.extend(nd.tensor_args)
-        out[op.id] = frozenset(seen)
-    return out
+    return {op.id: graph.upstream(() if op.op == "gather" else op.tensor_args, lambda nd: nd.op != "gather")
+            for op in index_ops}
 
 
 def surrogate(graph: Graph) -> Graph | Refusal:

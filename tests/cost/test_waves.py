@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers.common import EXAMPLES
+from helpers.graphs import layernorm_rows
 from helpers.lowering import DEV, emulated_errors, float_graph
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.cost.waves import FULL_WAVE, embedding_tables, one_wave
@@ -43,18 +44,9 @@ def _rmsnorm(m: int, n: int) -> object:
 
 
 def _add_layernorm(m: int, n: int) -> object:
-    """GPT-2's ``view_14``: ``h = x + r``; ``y = layer_norm(h) * g + b``; outputs h and y."""
-    nodes = [{"id": "h", "op": "add", "args": ["x", "r"]},
-             {"id": "mu", "op": "reduce_mean", "args": ["h"], "axes": [1], "keepdims": True},
-             {"id": "xc", "op": "sub", "args": ["h", "mu"]},
-             {"id": "sq", "op": "mul", "args": ["xc", "xc"]},
-             {"id": "var", "op": "reduce_mean", "args": ["sq"], "axes": [1], "keepdims": True},
-             {"id": "ve", "op": "add", "args": ["var", 1e-5]},
-             {"id": "rs", "op": "rsqrt", "args": ["ve"]},
-             {"id": "xn", "op": "mul", "args": ["xc", "rs"]},
-             {"id": "xg", "op": "mul", "args": ["xn", "g"]},
-             {"id": "y", "op": "add", "args": ["xg", "b"]}]
-    return float_graph({"x": [m, n], "r": [m, n], "g": [n], "b": [n]}, nodes, ["h", "y"])
+    """GPT-2's ``view_14``: ``h = x + r``; ``xb = layer_norm(h) * g + b``; outputs h and xb."""
+    nodes = [{"id": "h", "op": "add", "args": ["x", "r"]}] + layernorm_rows("h")
+    return float_graph({"x": [m, n], "r": [m, n], "g": [n], "b": [n]}, nodes, ["h", "xb"])
 
 
 def _bert_embeddings(batch: int, train: bool = False) -> object:
@@ -65,22 +57,13 @@ def _bert_embeddings(batch: int, train: bool = False) -> object:
               {"id": "te", "op": "gather", "args": ["types", "tids"], "axis": 0},
               {"id": "a", "op": "add", "args": ["we", "te"]},
               {"id": "pe", "op": "gather", "args": ["pos", "pids"], "axis": 0},
-              {"id": "h", "op": "add", "args": ["a", "pe"]},
-              {"id": "mu", "op": "reduce_mean", "args": ["h"], "axes": [2], "keepdims": True},
-              {"id": "xc", "op": "sub", "args": ["h", "mu"]},
-              {"id": "sq", "op": "mul", "args": ["xc", "xc"]},
-              {"id": "var", "op": "reduce_mean", "args": ["sq"], "axes": [2], "keepdims": True},
-              {"id": "ve", "op": "add", "args": ["var", 1e-12]},
-              {"id": "rs", "op": "rsqrt", "args": ["ve"]},
-              {"id": "xn", "op": "mul", "args": ["xc", "rs"]},
-              {"id": "xg", "op": "mul", "args": ["xn", "g"]},
-              {"id": "y", "op": "add", "args": ["xg", "b"]}]
+              {"id": "h", "op": "add", "args": ["a", "pe"]}] + layernorm_rows("h", eps=1e-12)
     f32 = "float32"
     inputs = {"tids": {"shape": [1, 512], "dtype": "int64"}, "word": {"shape": [32000, 768], "dtype": f32},
               "ids": {"shape": [batch, 512], "dtype": "int64"}, "types": {"shape": [2, 768], "dtype": f32},
               "pos": {"shape": [1024, 768], "dtype": f32}, "pids": {"shape": [1, 512], "dtype": "int64"},
               "g": {"shape": [768], "dtype": f32}, "b": {"shape": [768], "dtype": f32}}
-    outputs = ["h", "mu", "rs", "y"] if train else ["y"]
+    outputs = ["h", "m", "rs", "xb"] if train else ["xb"]
     return parse_graph({"name": "bert_embeddings", "inputs": inputs, "nodes": tokens, "outputs": outputs})
 
 

@@ -22,14 +22,14 @@ def test_summarise_and_table_from_fake_profiler_rows(monkeypatch: pytest.MonkeyP
     ours = gr.summarise([("st_k0", 30.0), ("st_k0", 32.0)], calls=2)
     ind = gr.summarise([("triton_poi_fused_clone_0", 8.0), ("triton_poi_fused_clone_0", 8.4)], calls=2)
     assert ours == {"us": 31.0, "kernels": 1.0, "names": ["st_k0"]}
-    row = gr.region_row("bert", "inference", "region_view_4", "8f425e5f0009abcdef", 2, ours, ind, 5.2, 40.0)
+    row = gr.region_row("bert", "inference", "region_view_4", "8f425e5f0009abcdef", 2, ours, ind, 5.2, 40.0, 12.5)
     assert row["ours_us"] == 31.0 and row["inductor_us"] == 8.2 and row["workload"] == "8f425e5f0009"
     lines = gr.region_table([row, {"phase": "time", "model": "bert"},
                              gr.region_row("gpt2", "train", "r", "k", 1, None, None, 1.0, 2.0)])
-    assert lines[0].count("predicted") == 2 and "Inductor us (measured)" in lines[0]
+    assert lines[0].count("predicted") == 3 and "Inductor us (measured)" in lines[0]
     assert len(lines) == 4          # header, rule, two region rows (the time row is not one)
-    assert "| bert | inference | region_view_4 | 2 | 31.0 | 8.2 | 3.78 | 5.2 | 40.0 |" in lines[2]
-    assert "| - | - | - |" in lines[3]
+    assert "| bert | inference | region_view_4 | 2 | 31.0 | 8.2 | 3.78 | 5.2 | 40.0 | 12.5 |" in lines[2]
+    assert "| - | - | - |" in lines[3] and "| 1.0 | 2.0 | - |" in lines[3]   # no analytic time: pruned
 
 
 def test_region_inputs_follow_the_placeholders() -> None:
@@ -63,3 +63,4 @@ def test_cpu_dry_run_of_the_phase(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     rows = [ln for ln in text.splitlines() if ln.startswith("| gpt2 | inference | region")]
     assert rows and all("| - | - | - |" in ln for ln in rows)   # nothing measured on the CPU
     assert all(float(ln.split("|")[9]) > 0 for ln in rows)       # the model's prediction
+    assert all(float(ln.split("|")[10]) > 0 for ln in rows)      # the analytic cost model's

@@ -225,6 +225,7 @@ def test_round_dry_run_packs_what_finished(tmp_path: Path) -> None:
     assert "| regions | ok | 0 |" in summary and "| steps | TIMEOUT | 124 |" in summary
     assert "| peers | SKIP | - | 0 | 5 |" in summary and "| refit | ok | 0 |" in summary
     assert "| bert | inference fp32 | region_" in summary and "nothing to refit" in summary
+    assert "| ours us (measured) | Inductor us (measured) | ours / Inductor |" in summary   # the per-region table
     with tarfile.open(out / "round.tar.gz") as tar:
         names = set(tar.getnames())
     (folder,) = {n.split("/")[0] for n in names}
@@ -334,3 +335,65 @@ def test_one_timing_helper_for_the_gpu_scripts(monkeypatch: pytest.MonkeyPatch) 
     n[0] = 0
     assert gp._times(torch_like, call, 2, cpu=False) == pytest.approx([4.0, 5.0])
     assert len(gp._times(torch_like, call, 2, cpu=True)) == 2
+
+
+# ------------------------------------------------------------------ CHECK=1: every command line, not run
+_ROUND_SCRIPTS = ("gpu_launch_check", "gpu_models", "gpu_step", "gpu_peers", "gpu_fit_rows", "gpu_round_report")
+
+
+def test_every_script_of_the_round_imports_and_answers_help(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Each Python script gpu_round.sh runs (the names read from the script) imports on a CPU machine and
+    prints its usage for ``--help``, exit 0; a stray option is exit 2."""
+    import re
+
+    named = set(re.findall(r"scripts/(gpu_\w+)\.py", (ROOT / "scripts" / "gpu_round.sh").read_text()))
+    assert named == set(_ROUND_SCRIPTS), named
+    for name in _ROUND_SCRIPTS:
+        mod = load(name, monkeypatch)
+        for argv, want in ((["--help"], 0), (["--no-such-option"], 2)):
+            try:
+                rc = mod.main(argv)
+            except SystemExit as exc:   # gpu_models lets argparse exit
+                rc = exc.code
+            assert rc == want, (name, argv, rc)
+        assert "usage:" in capsys.readouterr().out, name
+
+
+def test_options_only_validates_the_gpu_command_lines_without_a_gpu(monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Under ``GPU_ROUND_CHECK=1`` a GPU command line (no ``--cpu``) is validated as on a GPU and not run:
+    'options ok' and 0; a bad model, phase or dtype is still exit 2."""
+    pytest.importorskip("torch")
+    monkeypatch.setenv("GPU_ROUND_CHECK", "1")
+    step, peers, models = (load(n, monkeypatch) for n in ("gpu_step", "gpu_peers", "gpu_models"))
+    assert step.main(["--out", "/nonexistent/x", "--phases", "regions", "--models", "bert", "--dtypes", "bf16"]) == 0
+    assert peers.main(["--out", "/nonexistent/x", "--dtypes", "fp32,bf16"]) == 0
+    assert models.main(["--out", "/nonexistent/x", "--phases", "tuned", "--tune-models", "bert"]) == 0
+    assert capsys.readouterr().out.count("options ok") == 3
+    assert step.main(["--models", "nosuch"]) == 2 and step.main(["--phases", "region"]) == 2
+    assert peers.main(["--dtypes", "fp8"]) == 2 and models.main(["--phases", "tune"]) == 2
+    assert not Path("/nonexistent/x").exists()
+
+
+@pytest.mark.slow   # about 50 s: every phase imports torch once
+def test_round_check_mode_checks_every_phase(tmp_path: Path) -> None:
+    """``CHECK=1``: every phase ok, the Python ones each saying 'options ok', setup and info syntax-checked
+    only; a bad option (MODELS=nosuch) fails its phases with rc 2 and the scripts' own error line."""
+    pytest.importorskip("torch")
+    env = {**os.environ, "CHECK": "1", "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work")}
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_round.sh")], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "CHECK: command lines checked" in summary
+    for phase in ("setup", "info", "launch", "check", "regions", "steps", "tuned", "decode", "peers", "refit"):
+        assert f"| {phase} | ok | 0 |" in summary, phase
+        log = next((tmp_path / "work").glob(f"cpu-check-*/logs/{phase}.log")).read_text()
+        assert ("options ok" in log) != (phase in ("setup", "info")), (phase, log)
+    env2 = {**env, "MODELS": "nosuch", "PHASES": "regions,peers", "WORK": str(tmp_path / "work2")}
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_round.sh")], env=env2, capture_output=True, text=True,
+                         timeout=600)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| regions | FAIL | 2 |" in summary and "| peers | ok | 0 |" in summary, summary
+    assert "bad options ['nosuch']" in next((tmp_path / "work2").glob("cpu-check-*/logs/regions.log")).read_text()

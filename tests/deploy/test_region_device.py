@@ -110,6 +110,19 @@ def test_bound_symint_inputs_are_one_buffer_per_thread_filled_in_place() -> None
     assert int(mine) == 8 and int(theirs) == 7 and mine.dtype == torch.int64
 
 
+def test_bound_buffers_made_under_inference_mode_are_refilled_outside_it() -> None:
+    """A region first called under ``torch.inference_mode`` and then outside it (a server's warm-up, then
+    ``no_grad``): its bound buffer is a normal tensor, so the later call fills it in place (an inference
+    tensor would raise 'Inplace update to inference tensor outside InferenceMode')."""
+    kernel = _Echo()
+    region = GuardedRegion(kernel, module=None, perms=(None,), bound=((0, (1,), torch.int64),))
+    with torch.inference_mode():
+        assert int(region([], [5])[0]) == 5
+    with torch.no_grad():
+        assert int(region([], [6])[0]) == 6
+    assert kernel.given[0] is kernel.given[1] and not kernel.given[0].is_inference()
+
+
 def test_kept_tensors_are_made_outside_the_cuda_graph_pool() -> None:
     """:func:`~stitchtune.deploy.torch_guard.kept_tensors` with a fake ``torch.cuda``: on a CUDA device
     the tensors a region keeps are made on a side stream that first waits for the current one, the

@@ -8,6 +8,7 @@ is not done in place. A tiny Llama with a StaticCache decodes the tokens eager d
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -193,9 +194,11 @@ def test_the_launch_path_binds_the_buffer_itself_and_each_calls_start() -> None:
     from stitchtune.gpu.fake_driver import FakeDriver
 
     seen: list[tuple[int, int]] = []
+    start_ptrs: list[int] = []
 
     def put(driver: Any, args: tuple[int, ...], launch: Any) -> None:
         seen.append((args[0], ctypes.c_int64.from_address(args[2]).value))
+        start_ptrs.append(args[2])
 
     images: list[Any] = []
     drv = FakeDriver({"put": put})
@@ -207,8 +210,34 @@ def test_the_launch_path_binds_the_buffer_itself_and_each_calls_start() -> None:
             c(torch.ones(1, 2, 4 if start == 0 else 1, 8), start)
     assert [p for p, _ in seen] == [m.k.data_ptr()] * len(starts)
     assert [s for _, s in seen] == list(starts)
+    # the decode graph (one position, four calls): one start buffer refilled at each call, none made per call
+    assert len(set(start_ptrs[1:])) == 1, start_ptrs
     puts = [p for p in images if getattr(p, "kernels", ()) and p.kernels[0].name == "put"]
     assert len(puts) == 2   # one program per values' extent (4 positions, then 1); the regions' images too
+
+
+def test_the_start_is_written_into_one_buffer_per_stream_and_a_ready_start_is_passed_as_it_is() -> None:
+    """:meth:`PutKernel._start_tensor`: an int start, an int32 start tensor and a start tensor plus an int
+    all land in the one start buffer (int64, refilled: a call's value, never an earlier one's); an aligned
+    int64 start tensor on the device with nothing to add is passed as it is; a buffer first made under
+    ``torch.inference_mode`` is refilled outside it (no inference tensor)."""
+    from stitchtune.deploy.torch_put import PutKernel
+    from stitchtune.hardware.device import get_device
+
+    k = PutKernel("put_t", 2, get_device("H200"))
+    cpu = torch.device("cpu")
+    with torch.inference_mode():
+        first = k._start_tensor(None, 7, cpu)
+    assert first.tolist() == [7] and first.dtype == torch.int64 and not first.is_inference()
+    ptr = first.data_ptr()
+    got = [k._start_tensor(None, 3, cpu).tolist(), k._start_tensor(torch.tensor(5, dtype=torch.int32), 0, cpu).tolist(),
+           k._start_tensor(torch.tensor(5), 4, cpu).tolist()]
+    assert got == [[3], [5], [9]] and k._start_tensor(None, 0, cpu).data_ptr() == ptr
+    ready = torch.tensor([11])
+    assert ready.data_ptr() % 16 == 0 and k._start_tensor(ready, 0, cpu) is not None
+    assert k._start_tensor(ready, 0, cpu).data_ptr() == ready.data_ptr()
+    other = PutKernel("put_u", 2, get_device("H200"))
+    assert other._start_tensor(None, 1, cpu).data_ptr() != ptr and k == dataclasses.replace(k)
 
 
 @pytest.mark.slow

@@ -69,6 +69,14 @@ def test_base_parses_and_infers() -> None:
     assert g.min_bytes() == (8 * 16 + 16 + 8 * 16) * 4
 
 
+def test_upstream_walks_up_only_through_the_nodes_it_is_let() -> None:
+    g = parse_graph(base())
+    assert g.upstream(["y"]) == {"y", "c", "g", "m", "x"}
+    assert g.upstream(["c"], lambda nd: nd.op != "reduce_mean") == {"c", "x", "m"}   # m kept, not walked
+    assert g.upstream(["y"], lambda nd: False) == {"y"}
+    assert g.upstream(["g", "m"]) == {"g", "m", "x"} and g.upstream([]) == frozenset()
+
+
 def test_to_dict_round_trip(small_examples: list[Path]) -> None:
     for path in small_examples:
         g = load_graph(path)

@@ -1,6 +1,7 @@
 """Graph builders shared by several test rooms: the loss heads (``ce_graph``: cross entropy with integer
 targets: log-softmax, a ``gather_elements`` pick, a scalar epilogue; ``ce_ignore_graph``, ``ce_items_graph``,
-``ce_backward_graph``, ``int_next_to_pick_graph``), ``rotary_positions_graph`` and ``embedding_dropout_graph``."""
+``ce_backward_graph``, ``int_next_to_pick_graph``), ``rotary_positions_graph``, ``embedding_dropout_graph`` and
+the LayerNorm node list ``layernorm_rows``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,20 @@ from typing import Any
 
 from helpers.hostile import pick
 from stitchtune.graph.parse import Graph, parse_graph
+
+
+def layernorm_rows(x: str, eps: float = 1e-5) -> list[dict[str, Any]]:
+    """LayerNorm over the innermost axis of ``x`` (weight ``g``, bias ``b`` over that axis), result ``xb``;
+    the mean is ``m``, 1/std ``rs`` (what a training step's forward saves)."""
+    return [{"id": "m", "op": "reduce_mean", "args": [x], "axes": [-1], "keepdims": True},
+            {"id": "xc", "op": "sub", "args": [x, "m"]},
+            {"id": "sq", "op": "mul", "args": ["xc", "xc"]},
+            {"id": "var", "op": "reduce_mean", "args": ["sq"], "axes": [-1], "keepdims": True},
+            {"id": "ve", "op": "add", "args": ["var", eps]},
+            {"id": "rs", "op": "rsqrt", "args": ["ve"]},
+            {"id": "xn", "op": "mul", "args": ["xc", "rs"]},
+            {"id": "xg", "op": "mul", "args": ["xn", "g"]},
+            {"id": "xb", "op": "add", "args": ["xg", "b"]}]
 
 
 # ---------------------------------------------------------------------------- loss heads

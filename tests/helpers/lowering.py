@@ -60,6 +60,20 @@ def emulated_errors(g: Any, plan: Any, space: SearchSpace, s: Schedule, inputs: 
     return {o: rel_err(out[o], ref[o]) for o in ref}
 
 
+def generic_program(dg: Any, key: Any) -> kir.Program:
+    """The one generic program of bucket ``key`` of dynamic graph ``dg`` at the generic heuristic's schedule
+    (the row fit must succeed and the program be a dynamic one: the caller's test fails otherwise)."""
+    from stitchtune.cost.heuristic import generic_heuristic
+    from stitchtune.lower.dynamic import RowFit, fit_rows, lower_dynamic
+
+    fit = fit_rows(dg, key)
+    assert isinstance(fit, RowFit), (key.label(), fit)
+    space = SearchSpace.for_plan(fit.plan, DEV)
+    prog = lower_dynamic(fit, generic_heuristic(fit, DEV, space), DEV, space)
+    assert isinstance(prog, kir.Program) and prog.dynamic is not None, (key.label(), prog)
+    return prog
+
+
 def float_graph(inputs: Mapping[str, Sequence[int]], nodes: Sequence[object], outputs: Sequence[str]) -> Graph:
     """The validated graph ``t`` with float32 ``inputs`` (name -> shape), ``nodes`` and ``outputs``."""
     return parse_graph({"name": "t", "inputs": {k: {"shape": list(v), "dtype": "float32"} for k, v in inputs.items()},

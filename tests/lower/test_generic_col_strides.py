@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from helpers.lowering import DEV, rel_err
-from stitchtune.cost.heuristic import generic_heuristic
+from helpers.lowering import DEV, generic_program, rel_err
 from stitchtune.emulate.emulator import emulate_program
 from stitchtune.graph.dynamic import BucketKey, DynamicRefusal, parse_dynamic
 from stitchtune.graph.reference import random_inputs, run_reference
@@ -25,11 +24,7 @@ from stitchtune.space import SearchSpace
 def check_bucket(dg: Any, key: BucketKey) -> kir.Program:
     """The bucket's one generic program, emulated equal to the reference at every combination of its
     dims' probes (smallest, odd, largest); returned for the caller's checks."""
-    fit = fit_rows(dg, key)
-    assert isinstance(fit, RowFit), (key.label(), fit)
-    space = SearchSpace.for_plan(fit.plan, DEV)
-    prog = lower_dynamic(fit, generic_heuristic(fit, DEV, space), DEV, space)
-    assert isinstance(prog, kir.Program) and prog.dynamic is not None, (key.label(), prog)
+    prog = generic_program(dg, key)
     dims = [b.dim for b in key.buckets]
     for probe in itertools.product(*(b.probes() for b in key.buckets)):
         ext = dict(zip(dims, probe))

@@ -14,14 +14,11 @@ from typing import Any
 
 import pytest
 
-from helpers.lowering import DEV
+from helpers.lowering import generic_program
 from helpers.nvcc import compile_programs_sm90
-from stitchtune.cost.heuristic import generic_heuristic
 from stitchtune.gpu.render import render
 from stitchtune.graph.dynamic import DynamicRefusal, SymInt, parse_dynamic
-from stitchtune.ir import kir
-from stitchtune.lower.dynamic import RowFit, fit_rows, lower_dynamic
-from stitchtune.space import SearchSpace
+from stitchtune.lower.dynamic import RowFit, fit_rows
 from stitchtune.lower.poly_fit import fit_monomial, fit_multilinear
 from test_generic_col_strides import check_bucket
 
@@ -218,11 +215,7 @@ def test_the_generic_kernels_compile_with_nvcc(tmp_path: Path) -> None:
     programs = []
     for dg, ext in ((_slices(), {"s": 40, "b": 3}), (_cache(1, "b", chain=True), {"p": 40, "b": 3}),
                     (_cache("c", 1, chain=True), {"p": 40, "c": 5})):
-        fit = fit_rows(dg, dg.key_of(ext))
-        assert isinstance(fit, RowFit), fit
-        space = SearchSpace.for_plan(fit.plan, DEV)
-        prog = lower_dynamic(fit, generic_heuristic(fit, DEV, space), DEV, space)
-        assert isinstance(prog, kir.Program) and prog.dynamic is not None, prog
+        prog = generic_program(dg, dg.key_of(ext))
         assert "ext0" in render(prog)
         programs.append(prog)
     compile_programs_sm90(programs, tmp_path)  # one nvcc call; fails the test on any error

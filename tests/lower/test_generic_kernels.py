@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from helpers.common import EXAMPLES_DIR
+from helpers.graphs import layernorm_rows
 from helpers.lowering import DEV, rel_err
 from helpers.nvcc import compile_programs_sm90
 from stitchtune.cost.heuristic import generic_heuristic, heuristic_schedule
@@ -25,7 +26,6 @@ from stitchtune.ir import kir
 from stitchtune.lower.dynamic import RowFit, fit_rows, lower_dynamic
 from stitchtune.lower.gather import gather_flag_buffers
 from stitchtune.space import SearchSpace
-from test_layout_index_mixes import layernorm_rows
 from stitchtune.space.options import SINGLE_PASS
 
 DYN = EXAMPLES_DIR / "dynamic"
@@ -316,7 +316,7 @@ def test_a_bucket_from_one(name: str) -> None:
 def test_a_row_move_below_a_layernorm_is_refused_as_data() -> None:
     """A LayerNorm rolled along its rows plans only through the row-move rewrite (stitchtune/plan/row_moves.py),
     which the generic kernels do not take: every bucket is a ``row move`` refusal, not an error."""
-    nodes = layernorm_rows("x", 8) + [
+    nodes = layernorm_rows("x") + [
         {"id": "s1", "op": "slice", "args": ["xb"], "axis": 1, "start": 2, "stop": 8},
         {"id": "s2", "op": "slice", "args": ["xb"], "axis": 1, "start": 0, "stop": 2},
         {"id": "r", "op": "concat", "args": ["s1", "s2"], "axis": 1}]

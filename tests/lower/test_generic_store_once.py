@@ -11,14 +11,11 @@ from typing import Any
 
 import pytest
 
-from helpers.lowering import DEV
+from helpers.lowering import generic_program
 from helpers.nvcc import compile_programs_sm90
 from stitchtune.gpu.render import render
-from stitchtune.cost.heuristic import generic_heuristic
 from stitchtune.graph.dynamic import parse_dynamic
-from stitchtune.ir import kir
-from stitchtune.lower.dynamic import RowFit, fit_rows, lower_dynamic
-from stitchtune.space import SearchSpace
+from stitchtune.lower.dynamic import RowFit, fit_rows
 from test_generic_col_strides import check_bucket
 
 
@@ -83,11 +80,7 @@ def test_the_store_once_generic_kernels_compile_with_nvcc(tmp_path: Path) -> Non
     programs = []
     for dg, ext in ((_once([1, 6, 8], ["b", 6, 8], {"b": 16}), {"b": 11}),
                     (_once([2, 1, "s", 16], [2, 3, "s", 16], {"s": 64}), {"s": 40}), (_decode_rotary(), {"p": 40})):
-        fit = fit_rows(dg, dg.key_of(ext))
-        assert isinstance(fit, RowFit), fit
-        space = SearchSpace.for_plan(fit.plan, DEV)
-        prog = lower_dynamic(fit, generic_heuristic(fit, DEV, space), DEV, space)
-        assert isinstance(prog, kir.Program) and prog.dynamic is not None, prog
+        prog = generic_program(dg, dg.key_of(ext))
         assert "ext0" in render(prog)
         programs.append(prog)
     compile_programs_sm90(programs, tmp_path)  # one nvcc call; fails the test on any error

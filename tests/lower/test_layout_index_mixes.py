@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import pytest
 
+from helpers.graphs import layernorm_rows
 from helpers.lowering import check_emulates, DEV, emulated_errors, float_graph as _graph
 from helpers.nvcc import BUILDER_FLAGS, compile_programs_sm90, heuristic_programs
 from stitchtune.cost.heuristic import heuristic_schedule
@@ -125,19 +126,6 @@ def rolled_biased_tokens() -> Any:
                      {"id": "xv", "op": "reshape", "args": ["xb"], "shape": [1, 8, 8, 4]}], {"x": [1, 64, 4], "b": [4]})
 
 
-def layernorm_rows(x: str, C: int) -> list[dict[str, Any]]:
-    """LayerNorm over the innermost axis of ``x`` (weight ``g``, bias ``b`` of ``[C]``), result ``xb``."""
-    return [{"id": "m", "op": "reduce_mean", "args": [x], "axes": [-1], "keepdims": True},
-            {"id": "xc", "op": "sub", "args": [x, "m"]},
-            {"id": "sq", "op": "mul", "args": ["xc", "xc"]},
-            {"id": "var", "op": "reduce_mean", "args": ["sq"], "axes": [-1], "keepdims": True},
-            {"id": "ve", "op": "add", "args": ["var", 1e-5]},
-            {"id": "rs", "op": "rsqrt", "args": ["ve"]},
-            {"id": "xn", "op": "mul", "args": ["xc", "rs"]},
-            {"id": "xg", "op": "mul", "args": ["xn", "g"]},
-            {"id": "xb", "op": "add", "args": ["xg", "b"]}]
-
-
 def rolled_layernorm(C: int = 8) -> Any:
     """Swin's block start: ``layernorm_before`` of tokens ``[1, 64, C]``, viewed as ``[1, 8, 8, C]``, rolled
     by ``(-2, -2)`` along H and W (slice + concat) and partitioned into 4x4 windows. Planned with the roll
@@ -145,14 +133,14 @@ def rolled_layernorm(C: int = 8) -> Any:
     source row it reads."""
     nodes = [dict(n, args=["xv" if a == "x" else a for a in n["args"]]) for n in shifted_windows(C=C).to_dict()["nodes"]]
     return _graph({"x": [1, 64, C], "g": [C], "b": [C]},
-                  layernorm_rows("x", C) + [{"id": "xv", "op": "reshape", "args": ["xb"], "shape": [1, 8, 8, C]}] + nodes,
+                  layernorm_rows("x") + [{"id": "xv", "op": "reshape", "args": ["xb"], "shape": [1, 8, 8, C]}] + nodes,
                   ["o"])
 
 
 def rolled_layernorm_output(C: int = 8) -> Any:
     """A residual sum and its LayerNorm over ``[1, 8, 8, C]``, rolled along H and W and stored as it is: no
     layout op, both summands moved with the rows."""
-    nodes = [{"id": "xy", "op": "add", "args": ["x", "y"]}] + layernorm_rows("xy", C)
+    nodes = [{"id": "xy", "op": "add", "args": ["x", "y"]}] + layernorm_rows("xy")
     nodes += [dict(n, args=["xb" if a == "x" else a for a in n["args"]]) for n in shifted_windows(C=C).to_dict()["nodes"][:6]]
     return _graph({"x": [1, 8, 8, C], "y": [1, 8, 8, C], "g": [C], "b": [C]}, nodes, ["r2"])
 
@@ -162,7 +150,7 @@ def rolled_layernorm_saved(C: int = 8) -> Any:
     (viewed as tokens) and the shortcut is an output too (the next residual reads it), and so are the
     LayerNorm's mean and 1/std (saved for the backward): each computed once more in the tokens' own order."""
     nodes = [{"id": "pv", "op": "reshape", "args": ["p"], "shape": [1, 64, C]},
-             {"id": "xr", "op": "add", "args": ["pv", "y"]}] + layernorm_rows("xr", C)
+             {"id": "xr", "op": "add", "args": ["pv", "y"]}] + layernorm_rows("xr")
     nodes += [{"id": "xv", "op": "reshape", "args": ["xb"], "shape": [1, 8, 8, C]}]
     nodes += [dict(n, args=["xv" if a == "x" else a for a in n["args"]]) for n in shifted_windows(C=C).to_dict()["nodes"]]
     return _graph({"p": [64, C], "y": [1, 64, C], "g": [C], "b": [C]}, nodes, ["o", "xr", "m", "rs"])
@@ -193,7 +181,7 @@ def rolled_back(C: int = 8, bias: bool = True, shortcut: bool = True, s: int = 2
         nodes.append({"id": "res", "op": "add", "args": ["y", "tv"]})
         res = "res"
     inputs = {"p": [4, 16, C], "g": [C], "b": [C]} | ({"pb": [C]} if bias else {}) | ({"y": [1, 64, C]} if shortcut else {})
-    return _graph(inputs, nodes + layernorm_rows(res, C), [res, "xb"])
+    return _graph(inputs, nodes + layernorm_rows(res), [res, "xb"])
 
 
 def rolled_transposed(z: bool = False) -> Any:
@@ -258,7 +246,7 @@ def test_outer_rolls_that_stay_refused_are_one_named_line() -> None:
     with pytest.raises(UnsupportedGraphError, match="column reduction 'm' next to slice / concat"):
         make_plan(_roll_of(ln, {"x": [1, 64, 4]}))
     # a per-row input under the roll (given means): moved, it would be a per-row value under a row shift
-    nodes = [dict(n, args=["mu" if a == "m" else a for a in n["args"]]) for n in layernorm_rows("x", 4) if n["id"] != "m"]
+    nodes = [dict(n, args=["mu" if a == "m" else a for a in n["args"]]) for n in layernorm_rows("x") if n["id"] != "m"]
     g = _roll_of(nodes + [{"id": "xv", "op": "reshape", "args": ["xb"], "shape": [1, 8, 8, 4]}],
                  {"x": [1, 64, 4], "mu": [1, 64, 1], "g": [4], "b": [4]})
     with pytest.raises(UnsupportedGraphError, match="node 'xv': a slice/concat along an outer axis"):

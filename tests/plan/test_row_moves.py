@@ -9,11 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from helpers.graphs import layernorm_rows
 from helpers.lowering import float_graph as _graph
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.plan.row_moves import commute_row_moves, row_moves
 
-from lower.test_layout_index_mixes import (layernorm_rows, rolled_biased_tokens, rolled_layernorm,  # the Swin graphs
+from lower.test_layout_index_mixes import (rolled_biased_tokens, rolled_layernorm,  # the Swin graphs
                                            rolled_layernorm_output, rolled_layernorm_saved, shifted_windows)
 
 
@@ -66,9 +67,9 @@ def test_graphs_the_rewrite_does_not_apply_to_are_returned_as_they_are() -> None
     cases = {
         "no reduction under the roll (remapped loads already)": rolled_biased_tokens(),
         "the roll of an input": shifted_windows(),
-        "no index op": _graph({"x": [4, 8], "g": [8], "b": [8]}, layernorm_rows("x", 8), ["xb"]),
+        "no index op": _graph({"x": [4, 8], "g": [8], "b": [8]}, layernorm_rows("x"), ["xb"]),
     }
-    ln = layernorm_rows("x", 8)
+    ln = layernorm_rows("x")
     inner = [{"id": "s1", "op": "slice", "args": ["xb"], "axis": 1, "start": 2, "stop": 8},
              {"id": "s2", "op": "slice", "args": ["xb"], "axis": 1, "start": 0, "stop": 2},
              {"id": "r", "op": "concat", "args": ["s1", "s2"], "axis": 1}]

@@ -11,13 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from helpers.graphs import layernorm_rows
 from helpers.lowering import check_emulates, float_graph as _graph
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.plan.planner import make_plan
 from stitchtune.plan.row_views import commute_row_views
 
-from lower.test_layout_index_mixes import layernorm_rows, rolled_back, rolled_layernorm, shifted_windows  # the Swin graphs
+from lower.test_layout_index_mixes import rolled_back, rolled_layernorm, shifted_windows  # the Swin graphs
 
 
 def _same_values(g: Any, h: Any) -> None:
@@ -43,7 +44,7 @@ def test_the_bias_moves_after_the_reverse_and_the_layernorm_into_the_rows_layout
 
 
 def test_graphs_the_rewrite_does_not_apply_to_are_returned_as_they_are() -> None:
-    cases = {"no index op": _graph({"x": [4, 8], "g": [8], "b": [8]}, layernorm_rows("x", 8), ["xb"]),
+    cases = {"no index op": _graph({"x": [4, 8], "g": [8], "b": [8]}, layernorm_rows("x"), ["xb"]),
              "the roll of an input": shifted_windows(),
              "a LayerNorm before the roll (row_moves)": rolled_layernorm()}
     body = rolled_back(bias=False).to_dict()   # a statistic over the tokens after the view: not row-local

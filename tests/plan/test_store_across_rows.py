@@ -61,13 +61,15 @@ def test_the_heuristic_gives_a_warp_four_adjacent_rows() -> None:
     assert s.block // s.tpr == 8 and s.tpr == 32
 
 
-def test_sectors_8x_to_2x() -> None:
+def test_sectors_8x_to_1x() -> None:
     a = audit_graph(k_grad_bias(), DEV, sass=False, slice_blocks=2)
     (k,) = a.kernels
     stores = [x for x in k.accesses if x.op == "store" and x.buf == "out0"]
     loads = [x for x in k.accesses if x.op == "load" and x.buf == "in0"]
     assert stores and all(x.ratio == 1.0 and x.access_bits == 128 for x in stores)   # was 8.00x, 32-bit
-    assert loads and max(x.ratio for x in loads) == 2.0
+    # the loads, across the planned layout, were 2.00x 32-bit; the column family's row vectors (4 rows per lane)
+    # make them 128-bit at their ideal sectors where the rows divide (lower/row_vectors.py)
+    assert loads and max(x.ratio for x in loads) == 1.0 and any(x.access_bits == 128 for x in loads)
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 8, 16), (1, 2, 16, 40)])

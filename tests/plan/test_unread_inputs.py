@@ -69,23 +69,15 @@ def test_the_carried_generic_kernels_read_the_extent_as_an_argument_and_compile(
     """The generic kernels of the three carried regions take the extent as an argument (the iota's
     coordinate is taken modulo it, never modulo the bucket's largest extent, 64 here), load nothing from
     the carrier, and pass nvcc for sm_90."""
-    from helpers.lowering import DEV
+    from helpers.lowering import generic_program
     from helpers.nvcc import compile_programs_sm90
-    from stitchtune.cost.heuristic import generic_heuristic
     from stitchtune.gpu.render import render
-    from stitchtune.ir import kir
-    from stitchtune.lower.dynamic import RowFit, fit_rows, lower_dynamic
-    from stitchtune.space import SearchSpace
 
     programs = []
     for nodes, out, extra in ((_ZEROS, "f", None), (_MASK, "w", {"p": {"shape": [1], "dtype": "int64"}}),
                               (_POSITIONS, "f", None)):
         dg = parse_dynamic(_graph(nodes, out, extra))
-        fit = fit_rows(dg, dg.key_of({"L": 40}))
-        assert isinstance(fit, RowFit), fit
-        space = SearchSpace.for_plan(fit.plan, DEV)
-        prog = lower_dynamic(fit, generic_heuristic(fit, DEV, space), DEV, space)
-        assert isinstance(prog, kir.Program) and prog.dynamic is not None, prog
+        prog = generic_program(dg, dg.key_of({"L": 40}))
         src = render(prog)
         assert "ext0" in src and not re.search(r"[%/] *64\b", src), src   # (iota's coordinate: % ext0)
         assert "c[" not in src, src   # the carrier: an argument no kernel loads
