@@ -29,7 +29,7 @@ def _reset() -> Any:
 
 def _f(a: Any, b: Any, w: Any) -> Any:
     y = torch.tanh(a) * b          # the region's output, returned
-    v = y.view(16, 16)             # its view, read by the matmul (outside) and the row sum (inside)
+    v = y.view(-1, 16)             # its view, read by the matmul (outside) and the row sum (inside)
     return y, v @ w, v.sum(1), v   # (v returned too: an output that aliases another)
 
 
@@ -50,16 +50,17 @@ def test_a_view_of_an_output_is_an_alias_not_a_second_store() -> None:
     assert [(a.name, b.name) for a, b in region.aliases] == [("view", "mul")]
 
 
-@pytest.mark.parametrize("grad", [False, True])
-def test_the_view_has_eagers_shape_strides_and_storage(grad: bool) -> None:
+@pytest.mark.parametrize(("grad", "dynamic"), [(False, False), (True, False), (False, True)])
+def test_the_view_has_eagers_shape_strides_and_storage(grad: bool, dynamic: bool) -> None:
     args = _args(grad)
     want = _f(*args)
-    compiled = torch.compile(_f, backend=torch_backend.stitchtune_backend,
+    compiled = torch.compile(_f, backend=torch_backend.stitchtune_backend, dynamic=dynamic,
                              options={"db": None, "fallback": "eager", "cpu": "emulate"})
     torch_backend.LAST_REPORTS.clear()
     with torch.enable_grad() if grad else torch.no_grad():
         got = compiled(*args)
     assert any("aten.tanh" in s.ops for r in torch_backend.LAST_REPORTS for s in r.stitched)
+    assert not [d for r in torch_backend.LAST_REPORTS for d in r.declined if d.what.startswith("region")]
     for g, w in zip(got, want):
         assert g.shape == w.shape and g.stride() == w.stride()
         assert torch.allclose(g, w, atol=1e-5)
