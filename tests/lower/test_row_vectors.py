@@ -169,3 +169,31 @@ def test_row_vector_kernels_compile_for_sm90(tmp_path) -> None:
         assert ColLowerer(g, plan, s, DEV).rows == 4
         programs.append(lower(g, plan, s, DEV, space))
     compile_programs_sm90(programs, tmp_path, flags=BUILDER_FLAGS)
+
+
+def test_a_row_by_row_input_beside_row_vectors_claims_the_sectors_the_emulator_counts() -> None:
+    """A second input ``y [B, H, S, D]`` (strided columns, its rows ``D`` apart: not loaded as row vectors)
+    is read one row at a time, but the rows of a warp's access are ``R`` apart (``tk * R + q``), not adjacent:
+    the profile's factor (:meth:`Lowerer.sector_factor`) is the emulated trace's for every buffer
+    (it claimed y's adjacent-row 1.00x / 2.00x where the trace counts 2.00x / 4.00x)."""
+    for (B, H, D, S), (tpr, split, block, vec) in (((2, 2, 4, 32), (4, 2, 32, 1)), ((1, 8, 2, 16), (4, 1, 32, 2)),
+                                                    ((1, 8, 2, 16), (2, 1, 32, 1))):
+        nodes: list[dict[str, Any]] = [
+            {"id": "v", "op": "reshape", "args": ["x"], "shape": [B, H, D, S]},
+            {"id": "p", "op": "transpose", "args": ["v"], "perm": [0, 3, 1, 2]},
+            {"id": "m", "op": "reshape", "args": ["p"], "shape": [B * S, H * D]},
+            {"id": "yt", "op": "transpose", "args": ["y"], "perm": [0, 2, 1, 3]},
+            {"id": "ym", "op": "reshape", "args": ["yt"], "shape": [B * S, H * D]},
+            {"id": "z", "op": "mul", "args": ["m", "ym"]},
+            {"id": "s", "op": "reduce_sum", "args": ["z"], "axes": [0], "keepdims": True}]
+        g = float_graph({"x": [B * H, D, S], "y": [B, H, S, D]}, nodes, ["z", "s"])
+        plan, space, s = _schedule(g, tpr=tpr, split=split, block=block, vec=vec)
+        low = ColLowerer(g, plan, s, DEV)
+        assert low.rows == 4 and low.row_vectors == {"x"}
+        prog = lower(g, plan, s, DEV, space)
+        claims = {b.name: low.sector_factor(b) for b in prog.buffers}
+        a = audit_graph(g, DEV, s, sass=False, peer=False)
+        traced = {(x.buf, x.ratio) for k in a.kernels for x in k.accesses if x.buf in claims}
+        assert {b for b, _ in traced} >= {"in0", "in1"}
+        for buf, ratio in traced:
+            assert claims[buf] == pytest.approx(ratio, abs=0.05), (B, H, D, S, tpr, block, vec, buf, claims, ratio)
