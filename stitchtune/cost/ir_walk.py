@@ -364,9 +364,13 @@ class Walker:
             case kir.AtomicAdd():
                 # an error flag (a constant added under a data-dependent predicate or branch) almost never runs
                 flag = isinstance(s.value, kir.Const) and (self.guarded or (s.pred is not None and self.ev(s.pred) is None))
-                self.atomics += 0.0 if flag else trips * frac
                 if s.buf in self.params:
+                    self.atomics += 0.0 if flag else trips * frac
                     self.global_access(s.buf, s.index, s.width, s.pred, mask, trips, "atomic")
+                elif s.buf in self.shared:   # a block-private copy: a shared-memory access, not a global atomic
+                    pv = self.ev(s.pred) if s.pred is not None else None
+                    self.shared_access(s.buf, s.index, s.width, mask & (pv != 0) if pv is not None else mask,
+                                       trips, True)
             case kir.RemoteStore():
                 self.close_group()
             case kir.SetLocal():

@@ -156,11 +156,11 @@ class _SBuf(_Written):
     cluster kernel also ``ctracker``, the blocks that accessed each element since the last cluster
     barrier (local and remote accesses; None otherwise)."""
 
-    def __init__(self, size: int, grid: int, bid: np.ndarray, cluster: int = 1) -> None:
+    def __init__(self, size: int, grid: int, bid: np.ndarray, cluster: int = 1, atomics: bool = False) -> None:
         self.arr = np.zeros(grid * size, np.float32)
         self.size = size  # elements per block
         self._init_written(np.zeros(grid * size, bool), grid * size)
-        self.tracker = _Tracker(grid * size, atomics=False)
+        self.tracker = _Tracker(grid * size, atomics=atomics)   # atomics: the kernel adds to it atomically
         self.ctracker = _Tracker(grid * size, atomics=False) if cluster > 1 else None
         # element offset of each thread's block in the flat array
         self.lane_base = bid.astype(np.intp) * size
@@ -173,7 +173,7 @@ class _CompiledKernel(Protocol):
     def kernel(self) -> kir.Kernel: ...
     var_types: dict[str, str]    # every variable of the kernel -> its IR type
     written_params: set[str]     # parameters the kernel stores to (race-tracked)
-    atomic_params: set[str]      # parameters the kernel adds to atomically
+    atomic_params: set[str]      # parameters (and shared buffers) the kernel adds to atomically
 
 
 class _State:
@@ -228,7 +228,8 @@ class _State:
                                       atomics=p.name in ck.atomic_params,
                                       size=min(arr.size, p.size) if k.extents else p.size)
         self.cluster = k.cluster
-        self.shared = {s.name: _SBuf(s.size, grid, self.bid, k.cluster) for s in k.shared}
+        self.shared = {s.name: _SBuf(s.size, grid, self.bid, k.cluster, atomics=s.name in ck.atomic_params)
+                       for s in k.shared}
         self.cluster_synced = False   # a ClusterSync has run (every block of the cluster has started)
         self.remote_pending = False   # a remote access since the last ClusterSync
         self._shfl_src: dict[tuple[int, int], np.ndarray] = {}

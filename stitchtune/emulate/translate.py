@@ -303,14 +303,17 @@ class _Compiled(ExprCompiler):
         return storevec
 
     def atomic(self, s: AtomicAdd, where: str) -> StmtFn:
-        if self.buf_kind(s.buf) or self.params[s.buf].dtype not in ATOMIC_DTYPES:
+        shared = self.buf_kind(s.buf)   # a shared buffer (float32): scalar adds, threads of the block race-free
+        if shared and s.width > 1:
+            raise ValueError(f"kernel {self.kernel.name}: a vector atomic add to shared {s.buf} (scalar only)")
+        if not shared and self.params[s.buf].dtype not in ATOMIC_DTYPES:
             raise ValueError(f"kernel {self.kernel.name}: atomic add needs a float32 / float16 / bfloat16 global "
                              f"buffer, not {s.buf}")
         idx = self.as_type(s.index, I32)
         pred = self.as_type(s.pred, BOOL) if s.pred is not None else None
         vfs = [self.as_type(v, F32) for v in s.values]
         buf, width = s.buf, s.width
-        if width > 1 and self.params[buf].dtype != "float32":
+        if width > 1 and not shared and self.params[buf].dtype != "float32":
             raise ValueError(f"kernel {self.kernel.name}: a vector atomic add needs a float32 buffer, not {buf}")
 
         def atomic(st: _State, m: np.ndarray) -> None:
@@ -321,7 +324,7 @@ class _Compiled(ExprCompiler):
             base = _lanes_of(idx(st, act), lanes)
             # a vector add: one aligned access of ``width`` elements, each added on its own
             v = np.stack([_lanes_of(f(st, act), lanes).astype(np.float32, copy=False) for f in vfs], axis=1)
-            _access(st, buf, False, lanes, base, width, "atomic", v)
+            _access(st, buf, shared, lanes, base, width, "atomic", v)
         return atomic
 
     def for_(self, s: For, path: str, where: str) -> StmtFn:

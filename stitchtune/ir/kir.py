@@ -152,7 +152,9 @@ ATOMIC_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 @dataclass(frozen=True)
 class AtomicAdd:
     """``atomicAdd(&buf[index], value)`` on a global buffer of an :data:`ATOMIC_DTYPES` type, if ``pred``;
-    with ``more``: one vector add of ``(value, *more)`` to ``buf[index ...]`` (module docstring)."""
+    with ``more``: one vector add of ``(value, *more)`` to ``buf[index ...]`` (module docstring). On a
+    shared buffer (float32): scalar adds only (``more`` empty; a block-private copy of a small scatter
+    table, :mod:`stitchtune.lower.scatter_private`)."""
 
     buf: str
     index: Expr

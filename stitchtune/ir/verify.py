@@ -10,7 +10,7 @@ this module checks a program as a whole, the way tinygrad checks every program a
 * **types**: a variable has one type, every variable read is assigned somewhere in its kernel (an
   ``Assign``, a ``For`` counter, a ``LoadVec`` destination); a ``Load`` / ``LoadVec`` at an int width
   reads an int buffer; inputs are never stored to; atomics add to a buffer of an
-  :data:`~stitchtune.ir.kir.ATOMIC_DTYPES` type;
+  :data:`~stitchtune.ir.kir.ATOMIC_DTYPES` type, or one element at a time to a (float32) shared buffer;
 * **vector accesses**: 1, 2, 4 or 8 elements, at most 16 bytes (an int buffer's: several 16-byte accesses);
 * **uniform barriers**: a ``Barrier`` / ``GridSync`` / ``ClusterSync`` is never under a condition or a
   loop bound that can differ between the threads of a block (a value derived from ``tid``, from a load,
@@ -190,6 +190,10 @@ class _KernelCheck:
             self.msgs.append(f"int vector load from {s.buf}, which is not an int global buffer")
 
     def _atomic_add(self, s: kir.AtomicAdd) -> None:
+        if s.buf in self.shared:   # a block-private float32 copy: scalar adds only (no vector shared adds)
+            if s.width > 1:
+                self.msgs.append(f"vector atomic add of {s.width} elements to shared {s.buf} (scalar only)")
+            return
         p = self._global(s.buf, "atomic add")
         if p is not None and p.role == kir.BufferRole.INPUT:
             self.msgs.append(f"atomic add to input {s.buf}")

@@ -414,10 +414,10 @@ class Lowerer:
             if to == "bool":  # bools are 0.0f / 1.0f in registers (a bool -> float cast is the identity)
                 return MathOp("to_bool", (args[0],))
             return MathOp(f"round_{to}", (args[0],)) if to in ("float16", "bfloat16") else args[0]
-        if nd.op == "pow" and not self.exact and isinstance(args[1], Const) and args[1].value in (2, 3, 4):
-            # x ** 2..4 (GPT-2's GELU: x ** 3) as products, not powf's log / exp and branches
+        if nd.op == "pow" and isinstance(args[1], Const) and (args[1].value == 1 or not self.exact and args[1].value in (2, 3, 4)):
+            # x ** 1 is x, also exact (Llama's RMS-norm backward); x ** 2..4 (GPT-2's GELU) products, not powf
             x, k = args[0], int(args[1].value)
-            return Bin("*", Bin("*", x, x), Bin("*", x, x)) if k == 4 else (
+            return x if k == 1 else Bin("*", Bin("*", x, x), Bin("*", x, x)) if k == 4 else (
                 Bin("*", Bin("*", x, x), x) if k == 3 else Bin("*", x, x))
         return MathOp(nd.op if self.exact else FAST_FORM.get(nd.op, nd.op), tuple(args))
 

@@ -75,6 +75,12 @@ class RowLowerer(Lowerer):
         n_pf = sum(1 for n, c in p.classes if c is TensorClass.FULL and n in self.in_buf) if s.option(PREFETCH) else 0
         n_pf += sum(1 for c in p.cross if c.kind == "per_reduced")  # the cross accumulators
         est = estimate_registers(self.per_thread * (n_reg + n_pf), vec, 4)
+        # the loads of an unrolled sweep are live with the accumulators (the register caches they fill are not,
+        # yet): never estimated past one block per SM, since ptxas keeps a block within an SM
+        loads = estimate_registers(self.per_thread * (max(n_reg, hoisted_inputs(p, s, self.iters)) + n_pf), vec, 4)
+        est = max(est, min(loads, self.dev.max_regs_per_thread, self.dev.regs_per_sm // s.block))
+        if s.min_blocks:  # __launch_bounds__ caps what ptxas may use
+            est = min(est, self.dev.regs_per_sm // (s.block * s.min_blocks))
         return tasks, est, segs
 
     def resources(self) -> tuple[LaunchShape, ...]:
@@ -133,6 +139,20 @@ class RowLowerer(Lowerer):
         kernels.insert(at, k)
         launches.insert(at, kir.Launch(k.name, grid, k.block, k.smem_bytes, tuple(pp.name for pp in k.params)))
         profiles.insert(at, small_profile(self, k, grid, parts))
+
+
+def hoisted_inputs(plan: StitchPlan, s: Schedule, iters: int) -> int:
+    """Row pieces of loads a thread of a persistent row kernel with cross reductions holds at once: its
+    full-size inputs (one piece each) where a sweep is unrolled (``iters`` <= 8), since ptxas issues all of
+    an unrolled sweep's loads before their first use; 0 for other plans (their grids are not sized by the
+    estimate). They are live with the cross accumulators, not with the register caches (filled later):
+    the estimate counts the larger of the two (softmax_colsum, one input and one cache: 120, ptxas 91). The estimate sizes the persistent grid (:meth:`Lowerer.grid_for`): without these pieces
+    BERT's layer-norm backward (``region_view_50``, 32 threads per row, three full inputs of 24 floats a
+    thread, three column sums) was estimated at 128 registers, two blocks per SM, 264 blocks, and compiled
+    to 253: one block per SM, two waves and twice the partial rows (sm_90, CPU static analysis)."""
+    if not plan.cross or s.split != 1 or not s.persistent or iters > 8:
+        return 0
+    return sum(1 for n, c in plan.classes if c is TensorClass.FULL and n in set(plan.input_names))
 
 
 def row_sizes(plan: StitchPlan, s: Schedule) -> Sizes:

@@ -24,6 +24,7 @@ from stitchtune.lower.row_layout import row_layout
 from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.builder import RowIndex, RowSweep, cols_exact, rows_exact
 from stitchtune.lower.cluster import as_cluster
+from stitchtune.lower.column_cache import cached_columns, column_array, load_columns
 from stitchtune.lower.counts import loads_from, sweep_reads
 from stitchtune.lower.cross import (cross_accumulate, cross_accumulate_rows, cross_epilogue, cross_init,
                                     cross_profile)
@@ -72,6 +73,9 @@ class RowKernel(RowKernelState):
         self._pvals: dict[str, kir.Expr] = {}
         self._filled: set[str] = set()
         self._prefetched: list[str] = []
+        #: per-column inputs read from registers loaded once before the task loop (lower.column_cache)
+        self._columns = cached_columns(low, self._lay.rounds)
+        self._columns_read: set[str] = set()
         self._recips: dict[str, Var] = {}  # per-row reciprocals (fast division), by divisor
         self._row_bases: dict[str, Var] = {}  # mapped inputs: their row base in this round
         self._gather_rows: dict[str, Var] = {}  # gather nodes: their table row in this round
@@ -263,6 +267,9 @@ class RowKernel(RowKernelState):
         low, vec = self._low, self._low.s.vec
         buf = low.in_buf[name]
         self._uses["in"].add(buf)
+        if name in self._columns:
+            self._columns_read.add(name)
+            return [LocalRef(column_array(low, name), self.cache_index(sw, j)) for j in range(vec)]
         if sw.from_prefetch and low.cls[name] is TensorClass.FULL and name not in low.int_regs:
             self._prefetched.append(name)
             return [LocalRef(f"pf{low.tid_of[name]}", self.cache_index(sw, j)) for j in range(vec)]
@@ -343,7 +350,7 @@ class RowKernel(RowKernelState):
                 lb.append(kir.StoreVec(buf, k0, tuple(vals), and_(valid, Bin("==", ix.row, I(0)))))
         if cross:
             cross_accumulate(self, sw, sv, lb)
-        unroll = bool(self._lay.locals_) or low.iters <= 8 or from_prefetch
+        unroll = bool(self._lay.locals_) or low.iters <= 8 or from_prefetch or bool(self._columns_read)
         # the sweep reads memory: it loads a full-size input, or takes the prefetched ones
         reads = loads_from(lb, low.swept_inputs) or (from_prefetch and bool(self._prefetched))
         head = low.order_sweep(ii, it, low.iters, reads)
@@ -428,6 +435,9 @@ class RowKernel(RowKernelState):
         if self._prefetched:  # the first task's inputs, before the round loop
             locals_ += [kir.LocalArray(f"pf{low.tid_of[n]}", low.per_thread) for n in self._prefetched]
             self._body.extend(self.prefetch_rows(kir.Special("bid"), None))
+        cols = tuple(n for n in self._columns if n in self._columns_read)
+        locals_ += [kir.LocalArray(column_array(low, n), low.per_thread) for n in cols]
+        self._body.extend(load_columns(low, self._cx, self.ix.lane, cols))
         self._body.append(kir.For(self.ix.rd, I(0), self.rounds(), 1, tuple(self._rb)))
         if self._is_last and low.p.cross:
             self._body.extend(cross_epilogue(self, self._cx, self._uses))

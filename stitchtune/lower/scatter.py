@@ -8,8 +8,11 @@ then rewrites that program:
 * every :class:`~stitchtune.ir.kir.StoreVec` of ``v``'s buffer (element ``e`` of ``v`` in ``v``'s own
   row-major layout, whatever order the kernel computes it in) becomes, for each scatter of ``v``,
   ``r = idx[e / row_size]`` range-checked by :class:`~stitchtune.ir.kir.IndexLoad` (``-1`` outside
-  ``[0, rows)``) and ``atomicAdd(&table[r * row_size + e % row_size], value)`` where ``r >= 0``: an
-  index out of range adds nothing, and nothing is accessed outside the table or the index. One index
+  ``[0, rows)``) and ``atomicAdd(&table[r * row_size + e % row_size], value)`` where ``r >= 0`` and a
+  value is not zero: an index out of range adds nothing, nothing is accessed outside the table or the
+  index, and an add of zeros (a padding mask's rows, all naming the padding row) is skipped, which is
+  exact (a table that starts at +0.0 never holds -0.0). A table of few rows is added to through a
+  block-private shared copy (:mod:`stitchtune.lower.scatter_private`). One index
   load serves a vector whose elements lie in one table row (``row_size`` a multiple of the width),
   and on a device with vector float atomics (``Device.atomic_vector_width``: ``float4`` on cc 9.x) one
   ``float2`` / ``float4`` add of a float32 table serves it too (a 128-bit access at the ideal sectors,
@@ -44,8 +47,9 @@ from stitchtune.errors import ScheduleError
 from stitchtune.graph.parse import Graph
 from stitchtune.hardware.device import Device
 from stitchtune.ir import kir
-from stitchtune.ir.kir import BufferRole, Const, I32, Var
+from stitchtune.ir.kir import BufferRole, Const, F32, I32, Var
 from stitchtune.lower.base import I
+from stitchtune.lower.scatter_private import SmallTable, privatize_small_tables
 from stitchtune.plan.scatter import Scatter, core_graph
 
 __all__ = ["apply_scatters", "ZERO_FILL_KERNEL", "ZERO_FILL_BLOCK"]
@@ -106,6 +110,9 @@ def apply_scatters(program: kir.Program, graph: Graph, scatters: tuple[Scatter, 
     profiles = [_with_adds(p, added.get(p.name, 0), specs, by_name[p.name], dropped) for p in program.profile.kernels]
     prog = dataclasses.replace(program, kernels=tuple(kernels), buffers=tuple(buffers), launches=tuple(launches),
                                profile=dataclasses.replace(program.profile, kernels=tuple(profiles)))
+    small = {t.table: SmallTable(t.table, t.scatter.size, t.scatter.rows, math.prod(graph.spec(t.scatter.index).shape))
+             for ts in targets.values() for t in ts}
+    prog = privatize_small_tables(prog, tuple(small.values()), device)   # few-row tables: a shared copy per block
     for t in dict.fromkeys(t.table for ts in targets.values() for t in ts):
         prog = _zero(prog, t, specs[t].size, device)
     return prog
@@ -189,25 +196,50 @@ def _adds(s: kir.StoreVec, t: _Target, tag: int, vector: int = 1) -> list[kir.St
     one vector add of them all (``float2`` / ``float4``) where the device adds ``vector >= width``
     float32 elements at once and they lie in one table row (aligned: the store's index and ``row_size``
     are multiples of the width) (``tag`` makes the row variables' names distinct from those of the
-    store's other tables)."""
+    store's other tables). An add whose values are all zero is skipped (exact: a table that starts at
+    +0.0 never holds -0.0, so adding +-0.0 changes nothing): the rows an embedding's padding mask zeroes,
+    which all name the padding row, cost no atomics and no contention on that row."""
     sc, w = t.scatter, len(s.values)
     same_row = sc.row_size % w == 0
+    pre, values = _named_values(s.values, tag)
     if 1 < w <= vector and same_row and sc.dtype == "float32":
         row = Var(f"scr{tag}_0", I32)
         addr = kir.Bin("+", kir.Bin("*", row, I(sc.row_size)), kir.Bin("%", s.index, I(sc.row_size)))
-        return [kir.Assign(row, kir.IndexLoad(t.index, kir.Bin("/", s.index, I(sc.row_size)), sc.rows, s.pred)),
-                kir.AtomicAdd(t.table, addr, s.values[0], kir.Bin(">=", row, I(0)), more=tuple(s.values[1:]))]
-    out: list[kir.Stmt] = []
+        return pre + [kir.Assign(row, kir.IndexLoad(t.index, kir.Bin("/", s.index, I(sc.row_size)), sc.rows, s.pred)),
+                      kir.AtomicAdd(t.table, addr, values[0], _add_pred(row, values), more=tuple(values[1:]))]
+    out: list[kir.Stmt] = pre
     row = Var(f"scr{tag}_0", I32)
-    for j, value in enumerate(s.values):
+    for j, value in enumerate(values):
         e: kir.Expr = s.index if j == 0 else kir.Bin("+", s.index, I(j))
         if j == 0 or not same_row:
             row = Var(f"scr{tag}_{j}", I32)
             out.append(kir.Assign(row, kir.IndexLoad(t.index, kir.Bin("/", e, I(sc.row_size)), sc.rows, s.pred)))
-        ok: kir.Expr = kir.Bin(">=", row, I(0))
         addr = kir.Bin("+", kir.Bin("*", row, I(sc.row_size)), kir.Bin("%", e, I(sc.row_size)))
-        out.append(kir.AtomicAdd(t.table, addr, value, ok))
+        out.append(kir.AtomicAdd(t.table, addr, value, _add_pred(row, [value])))
     return out
+
+
+def _named_values(values: tuple[kir.Expr, ...], tag: int) -> tuple[list[kir.Stmt], list[kir.Expr]]:
+    """The values of a store as variables (``scv<tag>_<j>``; a variable or constant as it is), so that the
+    add and its zero test read each once."""
+    pre: list[kir.Stmt] = []
+    out: list[kir.Expr] = []
+    for j, v in enumerate(values):
+        if isinstance(v, (Var, Const)):
+            out.append(v)
+            continue
+        x = Var(f"scv{tag}_{j}", F32)
+        pre.append(kir.Assign(x, v))
+        out.append(x)
+    return pre, out
+
+
+def _add_pred(row: kir.Expr, values: list[kir.Expr]) -> kir.Expr:
+    """``row >= 0`` (the index in range) and some value not zero."""
+    nonzero: kir.Expr = kir.Bin("!=", values[0], Const(0.0, F32))
+    for v in values[1:]:
+        nonzero = kir.Bin("||", nonzero, kir.Bin("!=", v, Const(0.0, F32)))
+    return kir.Bin("&&", kir.Bin(">=", row, I(0)), nonzero)
 
 
 def _with_adds(p: kir.KernelProfile, adds: int, specs: dict[str, kir.BufferSpec], k: kir.Kernel,

@@ -480,6 +480,28 @@ def test_atomic_then_plain_read_by_another_block_races() -> None:
     assert ei.value.kind == "global_race"
 
 
+def _shared_histogram(barriers: bool) -> Kernel:
+    """Each block zeroes a shared histogram, its threads add x into bin tid % 3 atomically, thread b < 3
+    stores bin b (the block-private copy of :mod:`stitchtune.lower.scatter_private`, small)."""
+    bar = (Barrier(),) if barriers else ()
+    body = (If(lt(TID, i(3)), (StoreVec("h", TID, (f(0.0),)),)), *bar,
+            AtomicAdd("h", Bin("%", TID, i(3)), Load("x", GID)), *bar,
+            If(lt(TID, i(3)), (StoreVec("y", add(Bin("*", BID, i(3)), TID), (Load("h", TID),)),)))
+    return Kernel("shist", (Param("x", "float32", 128, "input"), Param("y", "float32", 6, "output")), body,
+                  block=64, shared=(SharedBuf("h", 3),))
+
+
+def test_shared_atomic_adds_of_a_block_meet_and_races_around_them_are_faults() -> None:
+    x = np.random.default_rng(5).standard_normal(128).astype(np.float32)
+    y = np.zeros(6, np.float32)
+    emulate_kernel(_shared_histogram(True), 2, {"x": x, "y": y})
+    expect = [x[b * 64:(b + 1) * 64][np.arange(64) % 3 == j].sum(dtype=np.float64) for b in range(2) for j in range(3)]
+    np.testing.assert_allclose(y, expect, rtol=1e-5, atol=1e-5)
+    with pytest.raises(EmulatorFault) as ei:   # the adds race with the zeroing (and the read with the adds)
+        emulate_kernel(_shared_histogram(False), 2, {"x": x, "y": y})
+    assert ei.value.kind == "shared_race"
+
+
 def test_integer_semantics_are_c() -> None:
     """Truncating division / remainder, int->float promotion, short-circuit &&, Select."""
     a, b, c, d = Var("a", I32), Var("b", I32), Var("c"), Var("d", BOOL)

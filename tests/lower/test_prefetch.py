@@ -64,9 +64,10 @@ def test_prefetch_program_shape() -> None:
     g, plan, space = setup("layernorm.json")
     prog = lower(g, plan, Schedule.from_dict({**LAYERNORM, "prefetch": 1}), DEV, space)
     (k,) = prog.kernels
-    assert [a.name for a in k.locals] == ["rc0", "pf0"]
+    # gamma and beta are held in registers across the tasks (lower.column_cache)
+    assert [a.name for a in k.locals] == ["rc0", "pf0", "cw1", "cw2"]
     loops = [st for st in k.body if isinstance(st, kir.For)]
-    prologue, rounds = loops  # the first task's loads, then the round loop
+    prologue, _columns, rounds = loops  # the first task's loads, gamma and beta, then the round loop
     assert any(isinstance(x, kir.LoadVec) and x.buf == "in0" for x in kir.walk(prologue.body))
     body_loops = [st for st in rounds.body if isinstance(st, kir.For)]
     first, nxt = body_loops[0], body_loops[1]
