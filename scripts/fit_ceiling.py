@@ -118,26 +118,10 @@ def _pct(x: float) -> str:
     return f"{x:.0%}" if x == x else "-"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dataset", default=DATASET)
-    ap.add_argument("--out", default="results/cost-fit-2026-12-07-s13")
-    ap.add_argument("--no-nested", action="store_true", help="skip the nested choice (42 fits per variant)")
-    a = ap.parse_args(argv)
-    dev = get_device("h200")
-    rows = with_timing([dict(r) for r in load_dataset(REPO / a.dataset, dev.key).rows])
-    pre = ir_only(rows)
-    groups = sorted({r["group"] for r in rows})
-    m = np.array([r["measured_us"] for r in rows])
-    fits = Fits(pre, dev)
-    cmd = " ".join(["python scripts/fit_ceiling.py", *(argv if argv is not None else sys.argv[1:])])
-    out: dict[str, Any] = {"variants": {}}
-    lines = [f"# The bandwidth ceiling of the fitted cost model ({len(rows)} measured H200 rows)", "", f"    {cmd}", "",
-             "Measured: the committed H200 times. Every other time is PREDICTED. LOMO = leave-one-model-out (held out).",
-             "", "## 1. Variants: LOMO within ±25% and Spearman ρ (choosing among these rows by them is optimistic)", "",
-             "| variant | pre-build ±25% | ρ | post-build ±25% | ρ | " + " | ".join(g.replace("db:", "") for g in groups)
-             + " | bw_efficiency | dram_latency_ns | inflight_reg_share | event_us | ramp_us | flush_writeback (MiB) |",
-             "|---|---|---|---|---|" + "---|" * len(groups) + "---|---|---|---|---|---|"]
+def _variants(fits: Fits, pre: list[dict[str, Any]], rows: list[dict[str, Any]], groups: list[str], m: Any, dev: Any,
+              lines: list[str], out: dict[str, Any]) -> dict[int, Any]:
+    """Section 1 (each variant's held-out scores and its coefficients fitted on all rows); returns the held-out
+    pre-build predictions per variant."""
     held: dict[int, Any] = {}
     for v, (name, _, _) in enumerate(VARIANTS):
         ho = lomo(fits, v, pre, groups)
@@ -153,7 +137,12 @@ def main(argv: list[str] | None = None) -> int:
                      + f" | {full.bw_efficiency:.3f} | {full.dram_latency_ns:.0f} | {full.inflight_reg_share:.3f} | "
                      f"{full.event_us:.2f} | {full.ramp_us:.2f} | {full.flush_writeback * dev.l2_bytes / MiB:.1f} |")
 
-    # 2. which rows pin the ceiling: in-sample at bw 1.0 against the free fit (both refitted), without / with flush
+    return held
+
+
+def _pin(fits: Fits, pre: list[dict[str, Any]], rows: list[dict[str, Any]], groups: list[str], m: Any, dev: Any,
+         lines: list[str], out: dict[str, Any]) -> None:
+    """Section 2: the rows that pin the ceiling, and each group's loss at each fixed ceiling."""
     lines += ["", "## 2. Rows that pin the ceiling: in-sample q = PREDICTED / measured, bw fitted vs fixed at 1.0", "",
               "GB/s = the row's unique bytes / its measured time (events rows include the event start and the flush "
               "write-back). KiB/SM = compiled bytes in flight per thread x threads resident per SM (SASS). "
@@ -186,33 +175,39 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {fits(v, frozenset()).bw_efficiency:.3f} | "
                      + " | ".join(f"{np.mean(loss[[r['group'] == g for r in rows]]):.4f}" for g in groups) + " |")
 
-    # 3. nested choice
-    if not a.no_nested:
-        nested = np.full(len(rows), np.nan)
-        chosen = {}
-        for g in groups:
-            others = [x for x in groups if x != g]
-            sub = [i for i, r in enumerate(rows) if r["group"] != g]
-            best = None
-            for v in range(len(VARIANTS)):
-                p = lomo(fits, v, [pre[i] for i in sub], others, skip=frozenset({g}))
-                s = score(m[sub], p)
-                key = (s["within25"], s["spearman"])
-                if best is None or key > best[0]:
-                    best = (key, v)
-            assert best is not None
-            chosen[g] = VARIANTS[best[1]][0]
-            idx = [i for i, r in enumerate(rows) if r["group"] == g]
-            nested[idx] = held[best[1]][idx]
-        s = score(m, nested)
-        out["nested"] = {"score": s, "chosen": chosen}
-        lines += ["", "## 3. Nested: the variant chosen per held-out group on the other groups only", "",
-                  f"nested pre-build within ±25% **{_pct(s['within25'])}**, ρ {s['spearman']:.3f} (shipped variant "
-                  f"alone: {_pct(out['variants'][VARIANTS[0][0]]['pre']['within25'])}, "
-                  f"{out['variants'][VARIANTS[0][0]]['pre']['spearman']:.3f})", "",
-                  "Chosen: " + "; ".join(f"{g}: {c}" for g, c in chosen.items())]
 
-    # 4. BERT training: Inductor vs ours, MEASURED times
+
+def _nested(fits: Fits, pre: list[dict[str, Any]], rows: list[dict[str, Any]], groups: list[str], m: Any,
+            held: dict[int, Any], lines: list[str], out: dict[str, Any]) -> None:
+    """Section 3: the variant chosen per held-out group on the other groups only (42 fits per variant)."""
+    nested = np.full(len(rows), np.nan)
+    chosen = {}
+    for g in groups:
+        others = [x for x in groups if x != g]
+        sub = [i for i, r in enumerate(rows) if r["group"] != g]
+        best = None
+        for v in range(len(VARIANTS)):
+            p = lomo(fits, v, [pre[i] for i in sub], others, skip=frozenset({g}))
+            s = score(m[sub], p)
+            key = (s["within25"], s["spearman"])
+            if best is None or key > best[0]:
+                best = (key, v)
+        assert best is not None
+        chosen[g] = VARIANTS[best[1]][0]
+        idx = [i for i, r in enumerate(rows) if r["group"] == g]
+        nested[idx] = held[best[1]][idx]
+    s = score(m, nested)
+    out["nested"] = {"score": s, "chosen": chosen}
+    lines += ["", "## 3. Nested: the variant chosen per held-out group on the other groups only", "",
+              f"nested pre-build within ±25% **{_pct(s['within25'])}**, ρ {s['spearman']:.3f} (shipped variant "
+              f"alone: {_pct(out['variants'][VARIANTS[0][0]]['pre']['within25'])}, "
+              f"{out['variants'][VARIANTS[0][0]]['pre']['spearman']:.3f})", "",
+              "Chosen: " + "; ".join(f"{g}: {c}" for g, c in chosen.items())]
+
+
+
+def _trace(rows: list[dict[str, Any]], dev: Any, lines: list[str], out: dict[str, Any]) -> None:
+    """Section 4: BERT training's Inductor kernels beside ours (MEASURED, CUPTI)."""
     trace_rows = [json.loads(x) for x in open(REPO / MODELS)]
 
     def trace(variant: str) -> list[tuple[str, float]]:
@@ -248,6 +243,33 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {label.split('/')[0]} | {ops} | {byts / 1e6:.1f} | {ous:.1f} | {byts / ous / 1e3:.0f} | "
                      f"{hits[occ][0][:40]} | {ius:.1f} | {byts / ius / 1e3:.0f} | {dram / ius / 1e3:.0f} |")
     out["trace"] = table
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dataset", default=DATASET)
+    ap.add_argument("--out", default="results/cost-fit-2026-12-07-s13")
+    ap.add_argument("--no-nested", action="store_true", help="skip the nested choice (42 fits per variant)")
+    a = ap.parse_args(argv)
+    dev = get_device("h200")
+    rows = with_timing([dict(r) for r in load_dataset(REPO / a.dataset, dev.key).rows])
+    pre = ir_only(rows)
+    groups = sorted({r["group"] for r in rows})
+    m = np.array([r["measured_us"] for r in rows])
+    fits = Fits(pre, dev)
+    cmd = " ".join(["python scripts/fit_ceiling.py", *(argv if argv is not None else sys.argv[1:])])
+    out: dict[str, Any] = {"variants": {}}
+    lines = [f"# The bandwidth ceiling of the fitted cost model ({len(rows)} measured H200 rows)", "", f"    {cmd}", "",
+             "Measured: the committed H200 times. Every other time is PREDICTED. LOMO = leave-one-model-out (held out).",
+             "", "## 1. Variants: LOMO within ±25% and Spearman ρ (choosing among these rows by them is optimistic)", "",
+             "| variant | pre-build ±25% | ρ | post-build ±25% | ρ | " + " | ".join(g.replace("db:", "") for g in groups)
+             + " | bw_efficiency | dram_latency_ns | inflight_reg_share | event_us | ramp_us | flush_writeback (MiB) |",
+             "|---|---|---|---|---|" + "---|" * len(groups) + "---|---|---|---|---|---|"]
+    held = _variants(fits, pre, rows, groups, m, dev, lines, out)
+    _pin(fits, pre, rows, groups, m, dev, lines, out)
+    if not a.no_nested:
+        _nested(fits, pre, rows, groups, m, held, lines, out)
+    _trace(rows, dev, lines, out)
     text = "\n".join(lines) + "\n"
     print(text)
     o = REPO / a.out

@@ -97,17 +97,8 @@ def held_out(rows: list[dict[str, Any]], dev: Any, on_compiled: bool = False) ->
     """Set ``pre`` / ``post`` (held-out predictions, IR / compiled) on every row, fitted leave-one-model-out on the IR
     features (as shipped) or, ``on_compiled``, on the compiled facts (``stitchtune calibrate --fit-on compiled``)."""
     fit_rows = ir_only(rows)
-    if on_compiled:
-        base = Coefficients.defaults(dev)
-        for g, c in fitting.leave_one_group_out(rows, dev, base).items():
-            idx = [i for i, r in enumerate(rows) if r["group"] == g]
-            pre = fitting.predict_rows([fit_rows[i] for i in idx], dev, c)
-            post = fitting.predict_rows([rows[i] for i in idx], dev, c)
-            for i, a, b in zip(idx, pre, post):
-                rows[i]["pre"], rows[i]["post"] = float(a), float(b)
-        return
     base = Coefficients.defaults(dev)
-    for g, c in fitting.leave_one_group_out(fit_rows, dev, base).items():
+    for g, c in fitting.leave_one_group_out(rows if on_compiled else fit_rows, dev, base).items():
         idx = [i for i, r in enumerate(rows) if r["group"] == g]
         pre = fitting.predict_rows([fit_rows[i] for i in idx], dev, c)
         post = fitting.predict_rows([rows[i] for i in idx], dev, c)

@@ -6,7 +6,9 @@ Contract
   :class:`~stitchtune.importers.torch_regions.TorchRegion` that an FX op computed (not a parameter or a model
   input), its bytes and the bytes moved between its producer and the region: what the FX ops in between read
   and write (their outputs and their inputs other than this one; views, ``getitem`` and the region's own
-  nodes move nothing). Bytes come from the nodes' ``meta["val"]`` (0 where a node has none).
+  nodes move nothing). Bytes come from the nodes' ``meta["val"]``: a tensor's, the sum over a tuple or list of
+  them (an op with several outputs, e.g. ``sort``), 0 where a node has none. An input the region reads twice
+  (one FX node behind two of its inputs) is one entry: the L2 holds it once.
 * :func:`resident_bytes(region, capacity) -> float`: the bytes of those inputs an LRU cache of ``capacity``
   bytes would still hold: ``sum(max(0, min(S, capacity - D)))`` over them (S an input's bytes, D the bytes
   moved since). A CPU estimate, never a measurement: the GPU's L2 is not strictly LRU, and the GEMM that
@@ -47,11 +49,17 @@ class ProducedInput:
     moved_since: float
 
 
-def _bytes(node: Any) -> float:
-    val: Any = getattr(node, "meta", {}).get("val")
+def _val_bytes(val: Any) -> float:
+    """The bytes of a node's ``meta["val"]``: a tensor, or a tuple / list of them (other values: 0)."""
+    if isinstance(val, (tuple, list)):
+        return sum(_val_bytes(v) for v in val)
     if not (hasattr(val, "numel") and hasattr(val, "element_size")):
         return 0.0
     return float(val.numel() * val.element_size())
+
+
+def _bytes(node: Any) -> float:
+    return _val_bytes(getattr(node, "meta", {}).get("val"))
 
 
 def _op(node: Any) -> str:
@@ -68,7 +76,7 @@ def producer_inputs(region: Any) -> tuple[ProducedInput, ...]:
     order = {n: i for i, n in enumerate(nodes)}
     first, own = order[region.nodes[0]], set(region.nodes)
     out = []
-    for inp in region.inputs:
+    for inp in dict.fromkeys(region.inputs):   # one node behind two inputs is one tensor in the L2
         if getattr(inp, "op", "") != "call_function" or inp not in order:
             continue
         moved = 0.0

@@ -68,8 +68,8 @@ def _add_calibrate(sub: Any) -> None:
     p.add_argument("--held-out", action="store_true",
                    help="also judge the fit on workloads it did not see (one fit per workload: slower) against the "
                         "package's coefficients")
-    p.add_argument("--fit-on", choices=("auto", "ir", "compiled"), default="ir",
-                   help="what the fit reads: the IR features (default; scored better held out on the committed "
+    p.add_argument("--fit-on", choices=("auto", "ir", "compiled"), default=None,
+                   help="what the fit reads: the IR features (ir, the default; scored better held out on the committed "
                         "H200 data), or with each kernel's compiled facts (its cubin's bytes in flight and "
                         "spills, recorded where cuobjdump was installed); auto: compiled when every measured row "
                         "has them, else the IR features")
@@ -100,6 +100,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from stitchtune.cost.calibrate import CalibrationError, calibrate_db
     from stitchtune.tune.database import read_db
 
+    if args.profile_model and args.fit_on is not None:
+        raise CalibrationError("--fit-on chooses what the fitted model is fitted on; --profile-model refits the "
+                               "profile-based model, which reads neither: drop one of them")
+    fit_on = args.fit_on or "ir"
     df = read_db(args.db)
     devices = _calibration_devices(args, df)
     if args.profile_model:
@@ -115,13 +119,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from stitchtune.cost import calibrate_fitted
 
     for dev in devices:
-        rows, notes = calibrate_fitted.fit_rows(df, dev.key, args.fit_on)
+        rows, notes = calibrate_fitted.fit_rows(df, dev.key, fit_on)
         calibrate_fitted.check_rows(rows, notes, dev)
         on = "with compiled facts" if rows[0]["fit_on"] == "compiled" else "on IR features"
         print(f"{dev.key}: {len(rows)} measured rows with IR features, fitting {on}" + "".join(f"; {n}" for n in notes))
         with tqdm(desc=f"fitting {dev.key}", unit=" evaluations", file=sys.stderr, leave=False) as bar:
             cal = calibrate_fitted.calibrate(df, dev, progress=lambda n: bar.update(1), db=str(args.db),
-                                             fit_on=args.fit_on)
+                                             fit_on=fit_on)
         written = calibrate_fitted.save(cal, args.out)
         p = cal.coefficients.provenance
         print(f"{dev.key}: fitted on {cal.rows} measured rows of {cal.workloads} workloads -> {written}\n"

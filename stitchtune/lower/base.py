@@ -327,7 +327,7 @@ class Lowerer:
         if not name or not self.p.mapped(name) or name in self.gather_tables:
             return 1.0
         return row_sector_factor(self.p.imap(name), kir.ELEM_BYTES[buf.dtype], self.s.vec, self.lanes_per_row(),
-                                 self.rows if name in self.row_vectors else 1)
+                                 self.rows if name in self.row_vectors else 1, row_step=self.rows)
 
     def lanes_per_row(self) -> int:
         """The lanes of a warp on one view row (adjacent columns): ``tpr`` (row family), ``block // tpr`` (column)."""

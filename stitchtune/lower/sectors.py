@@ -25,18 +25,22 @@ from stitchtune.plan.index_map import IndexMap
 __all__ = ["SECTOR_BYTES", "sector_factor_of", "row_sector_factor"]
 
 
-def row_sector_factor(imap: IndexMap, elem_bytes: int, vec: int, lanes_per_row: int = 32, rows: int = 1) -> float:
+def row_sector_factor(imap: IndexMap, elem_bytes: int, vec: int, lanes_per_row: int = 32, rows: int = 1,
+                      row_step: int | None = None) -> float:
     """The sector factor of one warp access of a row-family kernel to the tensor of map ``imap``:
     lane ``l`` takes the ``vec`` columns from ``(l % lanes_per_row) * vec`` of view row
     ``l // lanes_per_row`` (columns past the row's end idle, rows past the view's end ignored); with
     ``rows > 1`` (a column kernel's row vectors, :mod:`stitchtune.lower.row_vectors`) the ``rows``
-    view rows from ``(l // lanes_per_row) * rows``, all of them in the one access."""
+    view rows from ``(l // lanes_per_row) * row_step``, all of them in the one access. ``row_step``
+    (default ``rows``): the view rows between two lanes' first rows; a column kernel with row vectors reads
+    its other tensors one row per access at ``rows=1, row_step=R`` (its lanes' rows ``tk * R + q``)."""
     if imap.cols.broadcast and imap.rows.broadcast:
         return 1.0
     lanes_per_row = max(1, min(32, lanes_per_row))
+    step = rows if row_step is None else max(1, row_step)
     offs = []
     for lane in range(32):
-        r0, c0 = (lane // lanes_per_row) * rows, (lane % lanes_per_row) * vec
+        r0, c0 = (lane // lanes_per_row) * step, (lane % lanes_per_row) * vec
         if r0 >= imap.rows.extent:
             break
         offs += [imap.offset(r, c) for r in range(r0, min(r0 + rows, imap.rows.extent))

@@ -21,8 +21,10 @@ What a region's search may gain, as the fitted cost model sees it (all times PRE
   least predicted time over it, its :meth:`~stitchtune.space.SearchSpace.variants` and ``samples`` points drawn with
   ``random.Random(seed)`` (deterministic; the pre-build prediction a search ranks with,
   :func:`stitchtune.cost.fitted.predict_program`; points that do not lower or that the model finds illegal are
-  skipped). A :class:`~stitchtune.errors.ScheduleError` when the heuristic does not lower. About 5-10 ms of CPU
-  per point: ~0.2-0.4 s per region at the defaults.
+  skipped). A :class:`~stitchtune.errors.ScheduleError` when the heuristic does not lower (any other exception, a
+  lowering bug, propagates from any point, as in a search). Each point is one lowering and
+  prediction: 0.2-4.6 s per full-size example at the defaults (wall time on a shared 2-core machine,
+  results/ordering-budget-2026-12-07-s13/README.md).
 * :func:`gain_weight(gain, count, uncertainty=UNCERTAINTY) -> float`: ``count x (gain_us + uncertainty x
   heuristic_us)``: the region's predicted gain over all its instances, plus a share of its time for the gain the
   model cannot see (it orders schedules measured less than ~10% apart no better than a coin:

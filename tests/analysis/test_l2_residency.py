@@ -65,3 +65,39 @@ def test_audit_model_records_each_occurrences_resident_bytes_per_call() -> None:
     assert all(set(a.l2_resident) == {"inference"} and len(a.l2_resident["inference"]) == 1 for a in audits)
     assert sorted(a.l2_resident["inference"][0] > 0 for a in audits) == [False, True]
     assert RegionAudit.from_dict(audits[0].to_dict()) == audits[0]
+
+
+def test_a_tuple_valued_op_between_counts_the_bytes_it_writes() -> None:
+    """``torch.sort`` writes two tensors through one FX node whose ``meta["val"]`` is a tuple (values and
+    indices, 1.5 MiB here): they evict the region's input as any other op's outputs do (they counted 0 bytes
+    before, so the input was claimed resident in a cache that small)."""
+    from stitchtune.deploy.model_tuning import capture_regions
+
+    torch = pytest.importorskip("torch")
+
+    class SortBetween(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(64, 64))
+
+        def forward(self, x: "torch.Tensor", y: "torch.Tensor") -> "torch.Tensor":
+            h = x @ self.w                                   # written first (8 KiB)
+            s = torch.sort(y, dim=1)                         # then values (512 KiB) and int64 indices (1 MiB)
+            return torch.softmax(h + 1.0, dim=-1) * s.values[:, :1] + s.indices[:, :1]
+
+    regions = capture_regions(SortBetween(), (torch.randn(32, 64), torch.randn(32, 4096)), "inference")
+    (h,) = [p for r in regions for p in producer_inputs(r) if p.nbytes == 32 * 64 * 4]
+    assert h.moved_since >= 32 * 4096 * (4 + 8)              # the sort's two outputs (and its input)
+
+
+def test_an_input_listed_twice_is_counted_once() -> None:
+    """A region that reads one produced tensor through two of its inputs holds it once in the L2."""
+    from types import SimpleNamespace
+
+    from stitchtune.deploy.model_tuning import capture_regions
+
+    model, inputs = _model()
+    r = next(r for r in capture_regions(model, inputs, "inference") if producer_inputs(r))
+    twice = SimpleNamespace(nodes=r.nodes, inputs=(*r.inputs, *r.inputs))
+    assert producer_inputs(twice) == producer_inputs(r)
+    assert resident_bytes(twice, DEV.l2_bytes) == resident_bytes(r, DEV.l2_bytes)

@@ -280,6 +280,12 @@ def test_auto_falls_back_to_ir_features_with_a_log_line_and_compiled_is_an_error
     assert main(["calibrate", "--db", db2, "-o", str(tmp_path / "c.json"), "--fit-on", "auto"]) == 0
     assert "30 measured rows with IR features, fitting with compiled facts" in capsys.readouterr().out
     assert json.loads((tmp_path / "c.json").read_text())["provenance"]["fitted_on"] == "compiled"
+    # --fit-on is the fitted model's: with --profile-model (which never reads it) a user mistake, one line, exit 2
+    assert main(["calibrate", "--db", db2, "--profile-model", "--fit-on", "compiled"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["stitchtune: error: --fit-on chooses what the fitted model is fitted on; --profile-model refits the "
+                   "profile-based model, which reads neither: drop one of them"]
+    assert not (tmp_path / "db2" / "cost_params_h200.json").exists() and not any((tmp_path / "db2").glob("cost_params*"))
 
 
 def test_the_committed_database_without_features_still_loads_beside_new_rows(base_features, tmp_path,

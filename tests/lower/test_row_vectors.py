@@ -12,10 +12,11 @@ import random
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from helpers.lowering import DEV, emulated_errors, float_graph
+from helpers.layouts import layout_regions
+from helpers.lowering import DEV, emulated_errors, float_graph, plan_or_refused
 from helpers.nvcc import BUILDER_FLAGS, compile_programs_sm90
 from stitchtune.analysis.audit import audit_graph
 from stitchtune.cost.heuristic import heuristic_schedule
@@ -25,7 +26,7 @@ from stitchtune.ir import kir
 from stitchtune.lower.col import ColLowerer
 from stitchtune.lower.entry import lower
 from stitchtune.lower.sectors import row_sector_factor
-from stitchtune.plan.planner import make_plan
+from stitchtune.plan.planner import TensorClass, make_plan
 from stitchtune.space import SearchSpace
 
 
@@ -169,3 +170,63 @@ def test_row_vector_kernels_compile_for_sm90(tmp_path) -> None:
         assert ColLowerer(g, plan, s, DEV).rows == 4
         programs.append(lower(g, plan, s, DEV, space))
     compile_programs_sm90(programs, tmp_path, flags=BUILDER_FLAGS)
+
+
+def test_a_row_by_row_input_beside_row_vectors_claims_the_sectors_the_emulator_counts() -> None:
+    """A second input ``y [B, H, S, D]`` (strided columns, its rows ``D`` apart: not loaded as row vectors)
+    is read one row at a time, but the rows of a warp's access are ``R`` apart (``tk * R + q``), not adjacent:
+    the profile's factor (:meth:`Lowerer.sector_factor`) is the emulated trace's for every buffer
+    (it claimed y's adjacent-row 1.00x / 2.00x where the trace counts 2.00x / 4.00x)."""
+    for (B, H, D, S), (tpr, split, block, vec) in (((2, 2, 4, 32), (4, 2, 32, 1)), ((1, 8, 2, 16), (4, 1, 32, 2)),
+                                                    ((1, 8, 2, 16), (2, 1, 32, 1))):
+        nodes: list[dict[str, Any]] = [
+            {"id": "v", "op": "reshape", "args": ["x"], "shape": [B, H, D, S]},
+            {"id": "p", "op": "transpose", "args": ["v"], "perm": [0, 3, 1, 2]},
+            {"id": "m", "op": "reshape", "args": ["p"], "shape": [B * S, H * D]},
+            {"id": "yt", "op": "transpose", "args": ["y"], "perm": [0, 2, 1, 3]},
+            {"id": "ym", "op": "reshape", "args": ["yt"], "shape": [B * S, H * D]},
+            {"id": "z", "op": "mul", "args": ["m", "ym"]},
+            {"id": "s", "op": "reduce_sum", "args": ["z"], "axes": [0], "keepdims": True}]
+        g = float_graph({"x": [B * H, D, S], "y": [B, H, S, D]}, nodes, ["z", "s"])
+        plan, space, s = _schedule(g, tpr=tpr, split=split, block=block, vec=vec)
+        low = ColLowerer(g, plan, s, DEV)
+        assert low.rows == 4 and low.row_vectors == {"x"}
+        prog = lower(g, plan, s, DEV, space)
+        claims = {b.name: low.sector_factor(b) for b in prog.buffers}
+        a = audit_graph(g, DEV, s, sass=False, peer=False)
+        traced = {(x.buf, x.ratio) for k in a.kernels for x in k.accesses if x.buf in claims}
+        assert {b for b, _ in traced} >= {"in0", "in1"}
+        for buf, ratio in traced:
+            assert claims[buf] == pytest.approx(ratio, abs=0.05), (B, H, D, S, tpr, block, vec, buf, claims, ratio)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(layout_regions())
+def test_random_layout_regions_with_row_vectors_emulate_and_claim_the_traced_sectors(obj: dict[str, Any]) -> None:
+    """The layout fuzz's regions (transposes, reshapes, broadcasts, one reduction stage) in the column family,
+    under every small schedule that takes row vectors: the program emulates like the float64 reference, and
+    where the columns are whole tiles the profile's sector factor of every full-size mapped tensor
+    (:meth:`Lowerer.sector_factor`; a plain one's is 1 by the profile's rule) is the emulated trace's."""
+    g, plan = plan_or_refused(obj)
+    assume(plan is not None and plan.family == "col" and plan.P >= 8)
+    space = SearchSpace.for_plan(plan, DEV)
+    base = heuristic_schedule(plan, DEV, space)
+    taken = []
+    for tpr, split, block, vec in itertools.product((1, 2, 4, 8), (1, 2), (32, 64), (1, 4)):
+        s = dataclasses.replace(base, tpr=tpr, split=split, block=block, vec=vec)
+        if not space.violations(s) and (low := ColLowerer(g, plan, s, DEV)).rows > 1:
+            taken.append((s, low))
+    assume(taken)   # regions where no schedule takes row vectors are not examples
+    inputs = random_inputs(g, 1)
+    ref = run_reference(g, inputs)
+    for s, low in taken:
+        assert max(emulated_errors(g, plan, space, s, inputs, ref).values()) < 1e-5, (obj, s.to_json())
+        if plan.N % low.TC:   # the factor models a whole column tile (a partial last tile moves more per element)
+            continue
+        claims = {b.name: low.sector_factor(b) for b in lower(g, plan, s, DEV, space).buffers   # full-size, mapped:
+                  if b.tensor and plan.mapped(b.tensor) and low.cls[b.tensor] is TensorClass.FULL}   # read row by row
+        for k in audit_graph(g, DEV, s, sass=False, peer=False).kernels:
+            for x in k.accesses:
+                if x.buf in claims:
+                    assert claims[x.buf] == pytest.approx(x.ratio, abs=0.05), (obj, s.to_json(), x.buf)

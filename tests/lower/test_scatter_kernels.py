@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from helpers.graphs import layernorm_backward_rows
 from helpers.lowering import DEV, rel_err
 from helpers.nvcc import compile_programs_sm90
 from stitchtune.cost.heuristic import heuristic_schedule
@@ -42,15 +43,7 @@ def ln_backward_scatter(rows: int = 10, out_v: bool = False, batch: int = 2) -> 
                    "xn": {"shape": [batch, 8, 32], "dtype": "float32"},
                    "gamma": {"shape": [32], "dtype": "float32"}, "rstd": {"shape": [batch, 8, 1], "dtype": "float32"},
                    "ids": {"shape": [batch, 8], "dtype": "int64"}, "pos": {"shape": [batch, 8], "dtype": "int32"}},
-        "nodes": [
-            {"id": "g", "op": "mul", "args": ["dy", "gamma"]},
-            {"id": "m1", "op": "reduce_mean", "args": ["g"], "axes": [-1], "keepdims": True},
-            {"id": "gx", "op": "mul", "args": ["g", "xn"]},
-            {"id": "m2", "op": "reduce_mean", "args": ["gx"], "axes": [-1], "keepdims": True},
-            {"id": "a", "op": "sub", "args": ["g", "m1"]},
-            {"id": "b", "op": "mul", "args": ["xn", "m2"]},
-            {"id": "c", "op": "sub", "args": ["a", "b"]},
-            {"id": "dx", "op": "mul", "args": ["c", "rstd"]},
+        "nodes": layernorm_backward_rows() + [
             {"id": "dyx", "op": "mul", "args": ["dy", "xn"]},
             {"id": "dgamma", "op": "reduce_sum", "args": ["dyx"], "axes": [0, 1]},
             {"id": "dw", "op": "scatter_add", "args": ["dx", "ids"], "shape": [rows, 32]},

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from helpers.graphs import layernorm_backward_rows
 from helpers.lowering import DEV, rel_err
 from helpers.nvcc import compile_programs_sm90
 from stitchtune.analysis.sectors import program_sectors
@@ -44,15 +45,7 @@ def embedding_backward(tokens: int = 512, width: int = 64, vocab: int = 300, typ
                    "gamma": {"shape": [width], "dtype": "float32"},
                    "rstd": {"shape": [tokens, 1], "dtype": "float32"},
                    "ids": {"shape": [tokens], "dtype": "int64"}, "tt": {"shape": [tokens], "dtype": "int64"}},
-        "nodes": [
-            {"id": "g", "op": "mul", "args": ["dy", "gamma"]},
-            {"id": "m1", "op": "reduce_mean", "args": ["g"], "axes": [-1], "keepdims": True},
-            {"id": "gx", "op": "mul", "args": ["g", "xn"]},
-            {"id": "m2", "op": "reduce_mean", "args": ["gx"], "axes": [-1], "keepdims": True},
-            {"id": "a", "op": "sub", "args": ["g", "m1"]},
-            {"id": "b", "op": "mul", "args": ["xn", "m2"]},
-            {"id": "c", "op": "sub", "args": ["a", "b"]},
-            {"id": "dx", "op": "mul", "args": ["c", "rstd"]},
+        "nodes": layernorm_backward_rows() + [
             {"id": "dw", "op": "scatter_add", "args": ["dx", "ids"], "shape": [vocab, width]},
             {"id": "dt", "op": "scatter_add", "args": ["dx", "tt"], "shape": [types, width]}],
         "outputs": ["dw", "dt"]})
