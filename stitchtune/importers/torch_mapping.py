@@ -209,20 +209,26 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
                    input_names: Mapping[str, Any], group: set[Any]) -> _Culprit | list[Any]:
     """The first output the graph cannot return as PyTorch does (shape, a duplicate, an input), or
     for each output the axis order PyTorch stores it in when that is not row-major (else None), or
-    the fx node (an input or earlier output) that a no-op output equals. A view or no-op output that
-    no node of ``group`` reads is left to the framework (``free``)."""
+    the fx node (an input or earlier output) that a no-op output equals or that a view output is a
+    view of (:func:`_viewed_output`: never stored twice). A view or no-op output that no node of
+    ``group`` reads is left to the framework (``free``)."""
     def inner(n: Any) -> bool:
         return any(u in group for u in n.users)
 
     out_node = next(n for n in sub.graph.nodes if n.op == "output")
     seen: dict[str, Any] = {}
     perms: list[Any] = []
+    stored: set[Any] = set()   # the outputs stored as PyTorch's value (their views are aliases)
     for orig, s in zip(outputs, out_node.args[0]):
         if _is_view(orig) and not inner(orig):   # the region returns its base; PyTorch views it for free
             return _Culprit(orig, "a view at the region's boundary", free=True)
         root = view_root(orig, group)
         if root is not None and root in input_names.values():   # a view of an input read inside too:
             perms.append(root)                                  # an alias (PyTorch views the input again)
+            continue
+        base = _viewed_output(orig, group, stored)
+        if base is not None:   # a view of another stored output, read inside too: an alias (PyTorch views
+            perms.append(base)   # that output again, as eager does), not a second store of its values
             continue
         v = walker.vals.get(s.name)
         src = walker._reshaped.get(str(getattr(v, "ref", "")))
@@ -245,6 +251,7 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
             return _Culprit(orig, "a non-contiguous output (stitched kernels write row-major tensors)",
                             free=_is_view(orig) and not inner(orig))
         perms.append(perm)
+        stored.add(orig)
         if _strip1(v.shape) != _strip1(t):   # a materialised broadcast: a new tensor (its own expand node)
             continue
         same, same_perm = seen.get(str(v.ref), (input_names.get(str(v.ref)), None))
@@ -271,6 +278,18 @@ def _check_outputs(walker: Any, sub: Any, outputs: list[Any], outs: list[Any] | 
         # a mask and nothing else: Inductor computes it inside the kernel that reads it (no launch)
         return _Culprit(outputs[-1], "a region of bool outputs only (a mask Inductor fuses into its reader)")
     return perms
+
+
+def _viewed_output(node: Any, group: set[Any], stored: set[Any]) -> Any | None:
+    """The output in ``stored`` that ``node`` is a view of through a chain of views of ``group``
+    (``node`` itself one of them: BERT's and GPT-2's input gradient ``mul_23`` and its ``view_51`` that
+    the weight gradient's matmul reads), or None. The region returns that output only; the backend
+    applies the chain to it (:func:`stitchtune.deploy.torch_rewrite.replace_regions`), so the view has
+    eager's shape, strides and storage (issue 39: no region writes the same values twice)."""
+    n = node
+    while n in group and n.op == "call_function" and _is_view(n) and n.args and hasattr(n.args[0], "op"):
+        n = n.args[0]
+    return n if n is not node and n in stored else None
 
 
 def _materialised(orig: Any, shape: Sequence[int], t: Sequence[int]) -> bool:

@@ -28,7 +28,10 @@ Contract of :func:`find_regions(gm, accept)` -> :class:`RegionSplit`:
   whose result only leaves a region stays PyTorch's (``RegionSplit.free``: the region returns the
   contiguous base); a permuted view also read inside the region (not returned by the graph) is an output
   stored in its memory order (``output_perms``: ConvNeXt's NHWC gradient viewed as NCHW for a
-  convolution and permuted back by the layer scale's gradient). A group that nothing reads, or
+  convolution and permuted back by the layer scale's gradient). A view of another output of the region
+  that the region also reads is not stored again: it is an alias (``TorchRegion.aliases``; the backend
+  applies the view to that output: a layer norm backward's input gradient and its 2-D view for the
+  weight gradient's matmul). A group that nothing reads, or
   that only moves data as views, is dropped (``RegionSplit.dropped``). Neither is reported as declined.
   A ``clone`` of another output of the region (attention dropout at p = 0 in training: the softmax
   saved and its copy multiplied) is stored again by the region, a second output, rather than copied by
@@ -119,8 +122,9 @@ class TorchRegion:
     #: PyTorch's strided tensor (see :meth:`restore_perm`)
     output_perms: tuple[tuple[int, ...] | None, ...] = field(default=(), compare=False)
 
-    #: (fx node, the input or output node it equals): no-op nodes of the region (eval dropout, a
-    #: same-dtype cast) that are read outside it; PyTorch's readers read the node they equal
+    #: (fx node, the input or output node it equals or views): no-op nodes of the region (eval dropout,
+    #: a same-dtype cast, a view of another output) that are read outside it; PyTorch's readers read
+    #: the node they equal, or the backend's view of it
     aliases: tuple[tuple[Any, Any], ...] = field(default=(), compare=False)
     #: per input: None, or the axis order PyTorch stores it in (a permutation of a dense tensor that
     #: is not row-major: a convolution's channels-last output); the graph's input is then
