@@ -61,6 +61,9 @@ def test_a_transposed_input_is_loaded_four_rows_per_128_bit_access(scale: bool) 
     inputs = random_inputs(g, 3)
     ref = run_reference(g, inputs)
     assert max(emulated_errors(g, plan, space, s, inputs, ref).values()) < 1e-5
+    off = dataclasses.replace(s, row_vectors=False)   # the option turned off: the row-by-row sweep, as exact
+    assert ColLowerer(g, plan, off, DEV).rows == 1 and set(_loads_of(lower(g, plan, off, DEV, space), "in0")) == {1}
+    assert max(emulated_errors(g, plan, space, off, inputs, ref).values()) < 1e-5
 
 
 def test_row_vectors_reach_the_ideal_sectors() -> None:
