@@ -23,7 +23,9 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
   walk's, at most
   ``inflight_reg_share`` of the thread's registers (4 bytes each: a load in flight needs its
   destination registers); the bandwidth is a smooth minimum of ``bw_efficiency`` x copy bandwidth and
-  that over ``dram_latency_ns`` (Little's law). DRAM bytes are the unique bytes plus the sector bytes
+  that over ``dram_latency_ns`` (Little's law; a kernel without global loads, no bytes in flight walked or compiled
+  and no load round, is not latency-bound: its stores are issued without waiting, so it streams at the ceiling).
+  DRAM bytes are the unique bytes plus the sector bytes
   beyond them (re-reads, strided sectors) that miss the L2; they hit in proportion ``min(1, l2_keep x L2
   / window)``, ``window = unique bytes / max(1, waves) ** reuse_window`` (with ``reuse_window`` 1: the
   bytes of one wave, the data between a block's read and its re-read; 0: the whole tensor). Every
@@ -35,10 +37,14 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
   (conflicts counted) x ``smem_cycles`` per SM and clock.
 * **blocks**: ``grid / SMs x cta_ns``: an SM starts blocks at a limited rate (49,152 blocks of 32
   threads copy 25 MB in 30.7 us on the H200, floor 5.2 us).
-* **chain**: ``ceil(waves) x (serial_rounds x round_ns + barriers x barrier_ns + shuffles x shfl_ns)``: a
+* **chain**: ``ceil(waves) x (rounds x round_ns + barriers x barrier_ns + shuffles x shfl_ns)``: a
   block's serial chain (its load rounds that cannot overlap, barriers and warp shuffles one after another),
   run ``ceil(waves)`` times by each block slot of an SM: the time of a kernel with few blocks and long
-  per-thread loops, which Little's law over the average bytes in flight misses.
+  per-thread loops, which Little's law over the average bytes in flight misses. ``rounds`` is the IR walk's
+  ``serial_rounds``; when the kernel was compiled and its code keeps more bytes in flight than the walk's mean
+  group (``compiled_bytes_in_flight`` > ``bytes_in_flight_per_thread``: nvcc hoisted loads over the shared
+  stores or branches that end a walk group), the same bytes travel in fewer rounds: ``serial_rounds x
+  bytes_in_flight_per_thread / compiled_bytes_in_flight`` (never more than the walk's).
 * **l2 requests**: ``grid x l2_requests / SMs x l2_request_ns``: every warp-level request of a scratch
   load (``__ldcg``, L1 bypassed) is served by the L2 at a limited rate per SM; a broadcast read of one
   word is one request however few bytes it moves (layernorm_wide's partials: ~13 ns per request and SM).
@@ -234,6 +240,8 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
     walked = np.where(compiled > 0, compiled, f.bytes_in_flight_per_thread)
     bif = np.minimum(np.maximum(walked, 4.0), np.maximum(4.0, c.inflight_reg_share * 4.0 * regs))
     little = nb * f.block * np.maximum(f.active_lanes, 1.0 / 32) * bif / c.dram_latency_ns
+    # a kernel that loads nothing (a zero fill) waits on no round trip: its stores stream at the ceiling
+    little = np.where((walked <= 0) & (np.asarray(f.load_rounds, dtype=float) <= 0), np.inf, little)
     cap = c.bw_efficiency * copy
     bw = (cap ** -_SMOOTH_P + np.maximum(little, 1e-12) ** -_SMOOTH_P) ** (-1.0 / _SMOOTH_P)   # smooth minimum
     dram = unique + np.maximum(0.0, f.sector_bytes - unique) * (1.0 - hit)
@@ -246,7 +254,12 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
     waves = np.ceil(f.grid / (bps * sms))
     blocks = f.grid / sms * c.cta_ns / 1000.0
     l2req = f.grid * np.asarray(getattr(f, "l2_requests", 0.0), dtype=float) / sms * c.l2_request_ns / 1000.0
-    chain = waves * (f.serial_rounds * c.round_ns + f.barriers * c.barrier_ns + f.shuffles * c.shfl_ns) / 1000.0
+    # the compiled code batches its loads into fewer rounds than the IR walk's groups: the same bytes per thread in
+    # rounds of the compiled bytes in flight (only where the compiled code holds more than the walk's mean group)
+    ir_bif = np.maximum(np.asarray(f.bytes_in_flight_per_thread, dtype=float), 4.0)
+    batching = np.where(compiled > 0, np.minimum(1.0, ir_bif / np.maximum(compiled, 4.0)), 1.0)
+    rounds = f.serial_rounds * batching
+    chain = waves * (rounds * c.round_ns + f.barriers * c.barrier_ns + f.shuffles * c.shfl_ns) / 1000.0
     return {
         "memory": memory, "issue": issue, "blocks": blocks, "chain": chain, "l2_requests": l2req,
         "body": np.maximum(np.maximum(np.maximum(np.maximum(memory, issue), blocks), chain), l2req),

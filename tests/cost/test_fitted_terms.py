@@ -80,3 +80,33 @@ def test_the_flush_write_back_is_added_to_event_timed_rows_only_and_bounded_by_t
     assert on[2] - off[2] == pytest.approx((1 << 20) / cap_gbs / 1000.0)   # fewer bytes than the dirty L2
     assert kernel_device_us(f, H200, dataclasses.replace(c, flush_writeback=0.5)) == pytest.approx(
         kernel_device_us(f, H200, c))
+
+
+def test_a_kernel_without_loads_streams_its_stores_at_the_ceiling() -> None:
+    # the zero fill of an embedding's gradient table (GPT-2 train region_view_82: 1056 x 256, stores only): no load
+    # is in flight, so Little's law over the 4-byte floor of bytes in flight must not bound it (s13: 36.9 vs 30.8 us)
+    c = Coefficients.defaults(H200)
+    fill = _kernel(grid=1056, block=256, blocks_per_sm=8, registers=14, unique_bytes=98_304_000,
+                   sector_bytes=98_304_000.0, requested_bytes=98_304_000.0, excess_sector_bytes=0.0,
+                   bytes_in_flight_per_thread=0.0, loads_in_flight=0.0, load_rounds=0.0, serial_rounds=0.0,
+                   compiled_bytes_in_flight=0.0, active_lanes=1.0)
+    ceiling = 98_304_000 / (c.bw_efficiency * H200.effective_copy_bandwidth_gbs()) / 1000.0
+    assert kernel_terms_us(fill, H200, c)["memory"] == pytest.approx(ceiling, rel=1e-6)
+    # the same launch with one 4-byte load per thread is latency-bound as before (slower than the ceiling)
+    loads = dataclasses.replace(fill, bytes_in_flight_per_thread=4.0, loads_in_flight=1.0, load_rounds=1.0)
+    assert kernel_terms_us(loads, H200, c)["memory"] > 1.05 * ceiling
+
+
+def test_the_chain_counts_the_rounds_of_the_compiled_codes_batches() -> None:
+    # GPT-2 train region_view_44's st_k0 (s13): the IR walk ends a load group at each shared store (78 serial rounds
+    # of 77 B); nvcc hoists the loads over those stores and keeps 296 B in flight, so the chain has ~20 rounds
+    c = Coefficients.defaults(H200)
+    f = _kernel(grid=132, block=256, blocks_per_sm=1, serial_rounds=78.0, load_rounds=78.0, barriers=0.0,
+                shuffles=0.0, bytes_in_flight_per_thread=77.2)
+    walk = kernel_terms_us(f, H200, c)["chain"]
+    assert walk == pytest.approx(78 * c.round_ns / 1000.0)
+    compiled = kernel_terms_us(dataclasses.replace(f, compiled_bytes_in_flight=296.0), H200, c)["chain"]
+    assert compiled == pytest.approx(78 * 77.2 / 296.0 * c.round_ns / 1000.0)
+    # compiled code that keeps fewer bytes in flight than the walk's groups does not add rounds
+    fewer = kernel_terms_us(dataclasses.replace(f, compiled_bytes_in_flight=32.0), H200, c)["chain"]
+    assert fewer == pytest.approx(walk)
