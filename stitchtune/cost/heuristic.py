@@ -68,6 +68,9 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    table is zeroed behind that barrier in the one kernel, not by a zero-fill launch before a
    ``kernel`` combine's two (its adds are float atomics anyway).
 
+9. **Row vectors** (:mod:`stitchtune.cost.row_vector_rule`): option ``row_vectors`` on where rule 2's
+   mapping allows it and the bytes-weighted sector factors of all full-size tensors are lower with it.
+
 Blocks per wave and co-residency come from :mod:`stitchtune.hardware.occupancy` and the device description.
 """
 
@@ -82,11 +85,12 @@ from typing import Any
 from stitchtune.cost.reuse import tensors_to_cache
 from stitchtune.cost.waves import one_wave
 from stitchtune.lower.entry import estimate_registers
+from stitchtune.cost.row_vector_rule import with_row_vectors
 from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks, occupancy
 from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan, TensorClass
-from stitchtune.space import (CROSS_COMBINE, PERSISTENT, CrossCombine, ReuseLevel, Schedule, SchemeName, SearchSpace,
+from stitchtune.space import (CROSS_COMBINE, PERSISTENT, ROW_VECTORS, CrossCombine, ReuseLevel, Schedule, SchemeName, SearchSpace,
                               uncached_level)
 
 log = logging.getLogger(__name__)
@@ -383,7 +387,7 @@ def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | No
     if clustered is not None:
         return _checked(space, _relax_registers(space, clustered))
     base = _col(space, plan, device) if plan.family == Family.COL else _row(space, plan, device)
-    s = _reuse(space, _with_reuse(plan, base))
+    s = _reuse(space, with_row_vectors(space, plan, _with_reuse(plan, base)))
     # global stitching needs a co-resident grid: demote reuse levels (registers -> shared -> re-read)
     # one tensor at a time until it is, and fall back to independent kernels when nothing helps
     if _grid_barrier(space, s):
@@ -415,6 +419,8 @@ def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | No
             s = _pin_coresidency(space, _without_pinned_spills(space, g))
     if plan.transpose is not None and "transpose" in space.table:
         s = _tiled_transpose(space, plan, s, device)
+    if "row_vectors" in space.table and s.option(ROW_VECTORS) and space.violations(s):
+        s = dataclasses.replace(s, row_vectors=False)  # type: ignore[call-arg]  # (a later rule left no whole row groups)
     return _checked(space, s)
 
 

@@ -48,6 +48,7 @@ from stitchtune.lower.counts import loads_from, sweep_reads
 from stitchtune.lower.liveness import col_sweeps, early_outputs, kernel_levels, merged_levels, node_args
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import SCHEMES, ReuseLevel, Schedule, SchemeTable
+from stitchtune.space.options import row_vector_registers
 
 
 #: rows of a sweep too long to unroll whole (more than 8 per thread, no register cache) unrolled together,
@@ -122,7 +123,10 @@ class ColLowerer(Lowerer):
         self.kernel_reuse = kernel_levels(p, args, self.reuse, col_sweeps(p, args, self.g.outputs, segs))
         self.reuse = merged_levels(self.kernel_reuse, self.reuse)
         n_reg = sum(1 for r in self.reuse.values() if r == ReuseLevel.REGISTER)
-        est = estimate_registers(self.per_thread * n_reg, vec, 4)
+        # with row vectors, the floats of the unrolled iterations in flight (space.options.row_vector_registers)
+        n_full = sum(1 for n in p.input_names if self.cls.get(n) is TensorClass.FULL)
+        est = estimate_registers(self.per_thread * n_reg + row_vector_registers(self.rows, vec, self.per_thread, n_full),
+                                 vec, 4)
         return tasks, est, segs
 
     def resources(self) -> tuple[LaunchShape, ...]:

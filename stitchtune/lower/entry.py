@@ -58,15 +58,17 @@ from stitchtune.space import Schedule, SearchSpace
 #: rows, tiled transposes, no dead reuse caches, no row / bounds guards where the grid and the row
 #: divide (issue 39). "3" (2026-12-07, later): column kernels' 128-bit row vectors, norm-backward row kernels
 #: sized to their compiled registers with per-column inputs loaded once, small scatter tables through a block's
-#: shared-memory copy, column-band combines, fast-math PTX exp / division / tanh.
-CODEGEN_VERSION = "3"
+#: shared-memory copy, column-band combines, fast-math PTX exp / division / tanh. "4" (2026-12-07, later): row
+#: vectors only where the schedule asks for them (option ``row_vectors``, space version 4): a schedule without
+#: the option lowers to the row-by-row sweep of versions 1 and 2 where version 3 took row vectors.
+CODEGEN_VERSION = "4"
 
 #: Earlier code generator versions whose tuning records stay usable (``deploy.selection``): their schedule
 #: is still a point of the space, so it is re-validated (legality, lowering, the cost model's hard limits)
 #: like any record, ranked after every record of today's version, and the choice's reason says that its
 #: time was recorded for the earlier kernel. A compiled manifest of another version is refused
 #: (``deploy.manifest_io``: recompile it). Empty it to ignore old records instead.
-COMPATIBLE_CODEGEN_VERSIONS: tuple[str, ...] = ("2", "1")
+COMPATIBLE_CODEGEN_VERSIONS: tuple[str, ...] = ("3", "2", "1")
 
 __all__ = ["CODEGEN_VERSION", "COMPATIBLE_CODEGEN_VERSIONS", "estimate_registers", "kern_barriers", "lower", "scratch_loads_per_thread"]
 

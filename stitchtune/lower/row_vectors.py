@@ -24,15 +24,14 @@ warp, 32 bytes per column), but one 32-bit load per element: 4x the load instruc
 Their rows are one per thread throughout the row kernel (its row index, the remapped and chained loads
 of :mod:`stitchtune.lower.remap`, the stores), so row vectors there are an ``R``-row thread in that family.
 
-Contract: :func:`row_vector_rows` returns ``R > 1`` only for a static column plan without index ops or
-layout chains whose rows ``M`` split into whole groups (``M % (split * tpr * R) == 0``: every thread's
-groups are whole and in its chunk, no row group straddles a chunk or the view's end, so a group's
-rows are valid together), and with at least one :func:`row_vector_inputs` input: a full-size float32
-input read through its index map with strided columns (not contiguous, not broadcast) whose innermost
-row factor has ``inner`` 1, stride 1 and a ``dim`` multiple of ``R``, and whose every other stride
-(row and column factors) is a multiple of ``R`` (so ``r0``'s ``R`` rows are ``R`` adjacent, aligned
-elements: ``offset(r0 + q, c) = offset(r0, c) + q`` for ``r0 % R == 0``). Else 1 (the row-by-row
-sweep).
+Contract: :func:`row_vector_rows` returns ``R > 1`` only where the schedule asks for row vectors (option
+``row_vectors``, :data:`~stitchtune.space.options.ROW_VECTORS`) and the plan and the mapping allow them
+(:mod:`stitchtune.plan.row_vectors`: a static column plan without index ops with at least one
+:func:`row_vector_inputs` input, rows ``M`` that split into whole groups, ``M % (split * tpr * R) == 0``:
+every thread's groups are whole and in its chunk, no row group straddles a chunk or the view's end, so a
+group's rows are valid together). Else 1 (the row-by-row sweep). The space refuses the option where it does
+not apply, so a lowered schedule never asks in vain. :func:`row_vector_sectors` is what the option trades:
+the bytes-weighted sector factors of the plan's full-size tensors with and without row vectors.
 """
 
 from __future__ import annotations
@@ -43,52 +42,61 @@ from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, Var
 from stitchtune.lower.base import Ctx, I, Lowerer, add
 from stitchtune.lower.guarded_loads import load_vec
+from stitchtune.lower.sectors import row_sector_factor
 from stitchtune.plan.family import Family
-from stitchtune.plan.index_map import IndexMap
-from stitchtune.plan.planner import TensorClass
+from stitchtune.plan.planner import StitchPlan, TensorClass
+from stitchtune.plan.row_vectors import ROW_VECTOR_BYTES, ROW_VECTOR_ROWS, row_groups_fit
+from stitchtune.plan.row_vectors import row_vector_inputs as plan_row_vector_inputs
+from stitchtune.space import ROW_VECTORS, Schedule
 
-__all__ = ["ROW_VECTOR_BYTES", "row_vector_rows", "row_vector_inputs", "RowVectorLoads"]
-
-#: bytes of one row-vector access (the widest global access, 128 bits)
-ROW_VECTOR_BYTES = 16
-
-
-def _loads_rows_as_vectors(imap: IndexMap, R: int) -> bool:
-    """Whether ``R`` consecutive rows ``r0 .. r0 + R - 1`` (``r0 % R == 0``) of any column are ``R``
-    adjacent, aligned elements of a tensor of map ``imap`` whose columns are strided."""
-    if imap.cols.broadcast or imap.cols.contiguous() or imap.row_repeats or not imap.rows.factors:
-        return False
-    unit = [f for f in imap.rows.factors if f.inner == 1]
-    if len(unit) != 1 or unit[0].stride != 1 or unit[0].dim % R:
-        return False
-    others = [f for f in imap.rows.factors if f is not unit[0]] + list(imap.cols.factors)
-    return all(f.stride % R == 0 for f in others)
+__all__ = ["ROW_VECTOR_BYTES", "row_vector_rows", "row_vector_inputs", "row_vector_sectors", "RowVectorLoads"]
 
 
 def row_vector_inputs(low: Lowerer, R: int) -> tuple[str, ...]:
-    """The inputs of ``low``'s plan loaded ``R`` rows per vector access (module docstring), in plan order."""
-    p = low.p
-    out = []
-    for name in p.input_names:
-        if name not in low.in_buf or low.cls[name] is not TensorClass.FULL or not p.mapped(name):
-            continue
-        if name in low.int_regs or p.dtype(name) != "float32":
-            continue
-        if _loads_rows_as_vectors(p.imap(name), R):
-            out.append(name)
-    return tuple(out)
+    """The inputs of ``low``'s plan loaded ``R`` rows per vector access (:func:`stitchtune.plan.row_vectors.
+    row_vector_inputs`), in plan order; those the program reads from a global buffer."""
+    return tuple(n for n in plan_row_vector_inputs(low.p, R) if n in low.in_buf and n not in low.int_regs)
+
+
+def asks_row_vectors(s: Schedule) -> bool:
+    """Whether schedule ``s`` asks for row vectors (option ``row_vectors``; a table without it: no)."""
+    return "row_vectors" in s.table and bool(s.option(ROW_VECTORS))
 
 
 def row_vector_rows(low: Lowerer, index_ops: bool) -> int:
-    """Rows a column-family thread takes at once: ``R = 16 / 4`` where the plan allows row vectors
-    (module docstring), else 1. ``index_ops``: the graph has index ops or layout chains (not handled)."""
+    """Rows a column-family thread takes at once: ``R = 16 / 4`` where the schedule asks for row vectors and
+    the plan and mapping allow them (module docstring), else 1. ``index_ops``: the graph has index ops or
+    layout chains (not handled)."""
     p, s = low.p, low.s
-    R = ROW_VECTOR_BYTES // 4
-    if p.family != Family.COL or low.sym is not None or index_ops or s.tpr <= 0 or s.split <= 0:
-        return 1
-    if p.M % (s.split * s.tpr * R):
+    R = ROW_VECTOR_ROWS
+    if (p.family != Family.COL or low.sym is not None or index_ops or not asks_row_vectors(s)
+            or not row_groups_fit(p.M, R, s.tpr, s.split)):
         return 1
     return R if row_vector_inputs(low, R) else 1
+
+
+def row_vector_sectors(plan: StitchPlan, s: Schedule, R: int = ROW_VECTOR_ROWS) -> tuple[float, float]:
+    """What option ``row_vectors`` trades for column plan ``plan`` under ``s``'s mapping: the sector factors
+    (:func:`~stitchtune.lower.sectors.row_sector_factor`, the profile's) of its full-size mapped inputs
+    and outputs, summed weighted by element bytes (every full-size tensor has ``M x N`` elements), row by
+    row and with row vectors (the row-vector inputs ``R`` rows a lane, every other tensor one row a lane
+    at rows ``R`` apart): ``(without, with)``. A plain (unmapped) tensor counts 1 either way (its factor
+    by the profile's rule), so only the mapped ones can differ."""
+    cls = dict(plan.classes)
+    lanes = min(32, max(1, s.block // max(1, s.tpr)))
+    rv = set(plan_row_vector_inputs(plan, R))
+    off = on = 0.0
+    for name in dict.fromkeys(list(plan.input_names) + list(plan.output_names)):
+        if cls.get(name) is not TensorClass.FULL or name not in dict(plan.index_maps):
+            continue
+        nbytes = 2 if plan.dtype(name) != "float32" else 4
+        if not plan.mapped(name):
+            off, on = off + nbytes, on + nbytes
+            continue
+        imap = plan.imap(name)
+        off += nbytes * row_sector_factor(imap, nbytes, s.vec, lanes)
+        on += nbytes * row_sector_factor(imap, nbytes, s.vec, lanes, R if name in rv else 1, row_step=R)
+    return off, on
 
 
 class RowVectorLoads:

@@ -10,7 +10,7 @@ Import the public names from here.
 from stitchtune.space.constraints import names_used, safe_eval
 from stitchtune.space.option_values import Combine, CrossCombine, Order
 from stitchtune.space.options import (COMBINE, CORE_FIELDS, CROSS_COMBINE, EXACT_MATH, OPTIONS, ORDER, PREFETCH, RESERVED,
-                                      SINGLE_PASS, Option, OptionTable, Point, exact_math, prefetchable, rereads)
+                                      ROW_VECTORS, SINGLE_PASS, Option, OptionTable, Point, exact_math, prefetchable, rereads)
 from stitchtune.space.levels import ReuseLevel, uncached_level
 from stitchtune.space.schedule import PERSISTENT, Schedule, row_chunk
 from stitchtune.space.schemes import SCHEMES, Scheme, SchemeName, SchemeTable
@@ -18,7 +18,7 @@ from stitchtune.space.search_space import SearchSpace
 from stitchtune.space.space_file import SPACE_FILE, default_space_file, load_space_file
 
 __all__ = [
-    "COMBINE", "CORE_FIELDS", "CROSS_COMBINE", "Combine", "CrossCombine", "Order", "EXACT_MATH", "OPTIONS", "ORDER", "PERSISTENT", "PREFETCH", "RESERVED", "SINGLE_PASS", "Option",
+    "COMBINE", "CORE_FIELDS", "CROSS_COMBINE", "Combine", "CrossCombine", "Order", "EXACT_MATH", "OPTIONS", "ORDER", "PERSISTENT", "PREFETCH", "RESERVED", "ROW_VECTORS", "SINGLE_PASS", "Option",
     "OptionTable", "Point",
     "SCHEMES", "SPACE_FILE", "Schedule", "Scheme", "SchemeName", "SchemeTable", "SearchSpace", "default_space_file", "exact_math", "load_space_file", "names_used", "prefetchable",
     "rereads", "ReuseLevel", "row_chunk", "safe_eval", "uncached_level",

@@ -26,6 +26,7 @@ from typing import Any, Callable
 from stitchtune.errors import ScheduleError
 from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan
+from stitchtune.plan.row_vectors import ROW_VECTOR_ROWS, row_groups_fit
 from stitchtune.space.constraints import names_used, safe_eval, safe_eval_all
 from stitchtune.space.levels import ReuseLevel
 from stitchtune.space.options import SINGLE_PASS, OptionTable, cross_smem_floats
@@ -134,6 +135,7 @@ class SpaceRules:
     resources: ResourceCheck | None
     max_cluster: int
     n_full_inputs: int
+    row_vector_inputs: tuple[str, ...]
     _cross_point: dict[str, Any]
     _constraint_options: list[frozenset[str]]
     _constraint_exprs: tuple[str, ...]
@@ -148,7 +150,16 @@ class SpaceRules:
                 "split": split, "vec": vec, "tasks_per_block": tasks, "min_blocks": min_blocks,
                 "schemes": tuple(schemes), "reuse": tuple(reuse), "max_cluster": self.max_cluster,
                 "scheme_table": self.schemes, "transposable": self.plan.transpose is not None,
-                **self._cross_point}
+                **self._row_vector_point(tpr, split), **self._cross_point}
+
+    def _row_vector_point(self, tpr: int, split: int) -> dict[str, Any]:
+        """The plan's row-vector names (:mod:`stitchtune.plan.row_vectors`) as option ``row_vectors``
+        reads them: ``row_vector_rows`` (rows per access, 1 without row-vector inputs: fixed per space),
+        ``row_vector_inputs`` (how many inputs) and ``row_vectorable`` (the mapping's rows split into
+        whole groups)."""
+        R = ROW_VECTOR_ROWS if self.row_vector_inputs else 1
+        return {"row_vector_rows": R, "row_vector_inputs": len(self.row_vector_inputs),
+                "row_vectorable": row_groups_fit(self.plan.M, R, tpr, split)}
 
     def _point(self, s: Schedule) -> dict[str, Any]:
         """The whole point of ``s``: its core and every option of this space's table (an option ``s``

@@ -41,7 +41,7 @@ CORE_FIELDS: tuple[str, ...] = ("tpr", "block", "split", "vec", "tasks_per_block
 
 RESERVED: frozenset[str] = frozenset(CORE_FIELDS) | {
     "family", "nstages", "single_pass_candidates", "scheme_table", "max_cluster", "options", "table", "option", "to_dict", "from_dict", "to_json", "from_json", "key", "flat",
-    "persistent", "deterministic", "transposable", "ncross", "ncross_k", "ncross_s", "cross_f32", "cross_atomic",
+    "persistent", "deterministic", "transposable", "row_vector_rows", "row_vectorable", "row_vector_inputs", "ncross", "ncross_k", "ncross_s", "cross_f32", "cross_atomic",
 }
 """Names an option may not take: the core fields, the point's plan names and the Schedule's own attributes
 (``tests/space`` checks that this covers every public attribute of :class:`~stitchtune.space.Schedule`)."""
@@ -397,6 +397,65 @@ def exact_math(schedule: Any) -> bool:
     return table is not None and "exact_math" in table and schedule.option(EXACT_MATH)
 
 
+def _row_vectorable(p: Point) -> bool:
+    return bool(p["family"] == Family.COL and p.get("row_vectorable", False))
+
+
+def _row_vector_plan(p: Point) -> bool:
+    """Flat mode asks ``row_vectors`` of a column plan with row-vector inputs (fixed per space)."""
+    return bool(p["family"] == Family.COL and int(p.get("row_vector_rows", 1)) > 1)
+
+
+def _row_vector_names(p: Point) -> Mapping[str, Any]:
+    return {"row_vectorable": bool(p.get("row_vectorable", False)), "row_vector_rows": int(p.get("row_vector_rows", 1))}
+
+
+#: the column sweep's unrolling, as :func:`stitchtune.lower.col.sweep_unroll` decides it (its ``SWEEP_UNROLL``
+#: and ``SWEEP_UNROLL_FLOATS``; ``tests/space/test_row_vector_option.py`` checks that they are equal)
+SWEEP_UNROLL_ROWS, SWEEP_UNROLL_FLOATS = 8, 64
+
+
+def row_vector_registers(rows: int, vec: int, per_thread: int, full_inputs: int) -> int:
+    """Registers per thread a column sweep with row vectors (``rows`` view rows per iteration) holds beyond
+    what :func:`~stitchtune.lower.entry.estimate_registers` counts for its loads (``2 x vec x 4``): the
+    floats of its unrolled iterations in flight at once. An iteration loads ``rows x vec`` floats of each
+    of the ``full_inputs`` full-size inputs; the sweep's ``per_thread / (vec x rows)`` iterations are
+    unrolled whole up to ``SWEEP_UNROLL_ROWS`` of them, else by the largest power of two whose iterations
+    load at most ``SWEEP_UNROLL_FLOATS`` floats (the lowering's rule), and ptxas issues their loads
+    together. 0 for ``rows <= 1``. Against ptxas (sm_90, -O3, the heuristic's launch bounds) the estimate
+    with this term is within the margin ``tests/lower/test_row_vector_registers.py`` states."""
+    if rows <= 1:
+        return 0
+    per_iter = rows * vec * max(1, full_inputs)
+    iters = max(1, per_thread // max(1, vec * rows))
+    n = iters
+    if iters > SWEEP_UNROLL_ROWS:
+        n = 1
+        while n * 2 <= SWEEP_UNROLL_ROWS and n * 2 * per_iter <= SWEEP_UNROLL_FLOATS:
+            n *= 2
+    return max(0, n * per_iter - 2 * vec * 4)
+
+
+def _row_vector_option_registers(n: Point) -> int:
+    if n["family"] != Family.COL or not n.get("row_vectors"):
+        return 0
+    return row_vector_registers(int(n.get("row_vector_rows", 1)), int(n["vec"]), int(n["per_thread"]),
+                                int(n.get("n_full_inputs", 0)))
+
+
+ROW_VECTORS: Option[bool] = Option(
+    "row_vectors", False, flag, _row_vectorable,
+    "row_vectorable (a column plan with an input read along its rows, and rows that split into whole groups of "
+    "row_vector_rows per thread)", _row_vector_plan, derive=_row_vector_names, registers=_row_vector_option_registers)
+"""True (1 in JSON): a column-family thread takes ``row_vector_rows`` (4 for float32) consecutive view rows of
+its columns per sweep iteration, so an input whose stride-1 axis is the view's innermost row axis is loaded
+4 rows per 128-bit access (:mod:`stitchtune.lower.row_vectors`); the other tensors are then accessed one row
+at a time at rows 4 apart, which can cost them sectors: the heuristic weighs both
+(:func:`stitchtune.lower.row_vectors.row_vector_sectors`). Only where the plan has such an input
+(:mod:`stitchtune.plan.row_vectors`) and the rows split into whole groups (``M % (split * tpr * 4) == 0``);
+0 (the default): one row per iteration, as every schedule of space version 3 and before."""
+
+
 RECORDED_OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, CROSS_COMBINE, replace(SINGLE_PASS, drawn=False)))
 """The options of the space the golden files of before the cluster scheme were recorded with, ``single_pass``
 undrawn as it was then
@@ -404,5 +463,6 @@ undrawn as it was then
 ones): a space built with this table asks and draws exactly what it did then (no ``cluster`` scheme, which
 comes with the ``cluster`` option: a new scheme on the H200 necessarily changes seeded draws)."""
 
-OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, CROSS_COMBINE, SINGLE_PASS, CLUSTER, TRANSPOSE, EXACT_MATH))
+OPTIONS = OptionTable((ORDER, PREFETCH, COMBINE, CROSS_COMBINE, SINGLE_PASS, CLUSTER, TRANSPOSE, EXACT_MATH,
+                       ROW_VECTORS))
 """The stitch space's options, in decision order (append new ones at the end)."""

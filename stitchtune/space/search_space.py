@@ -28,6 +28,7 @@ from typing import Any, Callable
 from stitchtune.errors import ScheduleError, StitchtuneError
 from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan, TensorClass
+from stitchtune.plan.row_vectors import row_vector_inputs
 from stitchtune.space.constraints import names_used, safe_eval
 from stitchtune.space.legality import CORE_SCALARS, MappingRules, ResourceCheck, SpaceRules
 from stitchtune.space.option_values import CrossCombine
@@ -120,6 +121,8 @@ class SearchSpace(SpaceRules):
         self._mappings = MappingRules(plan, device, self.elem_bytes, self.constraints)  # shared by copies
         # full-size inputs: each takes one row piece of prefetch registers (schedule.prefetch)
         self.n_full_inputs = sum(1 for n, c in plan.classes if c is TensorClass.FULL and n in plan.input_names)
+        #: the inputs a column kernel can load several rows per access (option row_vectors)
+        self.row_vector_inputs: tuple[str, ...] = row_vector_inputs(plan)
         # the cross reductions (plan.cross) as the option rules read them
         cross = getattr(plan, "cross", ())
         self._cross_point = {"ncross": len(cross), "ncross_k": sum(c.kind == "per_reduced" for c in cross),

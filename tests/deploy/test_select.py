@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -195,12 +196,12 @@ def test_load_candidates_reads_heterogeneous_parts(ln: Graph, tmp_path: Any) -> 
 
 
 def test_records_of_the_compatible_earlier_space_version_are_read_where_they_still_run(tmp_path: Any) -> None:
-    """Space version 2 (and 3, a superset) offers only schedules whose kernels fit; records of version 1 (same rules) are
+    """Space version 2 (and 3 and 4, supersets) offers only schedules whose kernels fit; records of version 1 (same rules) are
     still chosen when their schedule fits, and one that does not fit is passed over, saying why."""
     g = load_graph(EXAMPLES_DIR / "rmsnorm_backward.json")
     plan = make_plan(g)
     bare = SearchSpace.for_plan(plan, H200)
-    assert space_of(g).compatible_versions == ("1", "2") and space_of(g).version == "3"
+    assert space_of(g).compatible_versions == ("1", "2", "3") and space_of(g).version == "4"
     unfit = bare.sample(random.Random(1))   # its cross_combine grid barrier cannot be co-resident
     assert not bare.violations(unfit) and not legal(g, unfit)
     (fits,) = schedules(g, 1)
@@ -209,7 +210,7 @@ def test_records_of_the_compatible_earlier_space_version_are_read_where_they_sti
     c = choose_schedule(g, tmp_path, H200)
     assert c.source == "tuned" and c.schedule == fits and c.record is not None
     assert c.record["space_version"] == "1" and c.record["measured_us"] == 2.0
-    assert "space version 3/1" in c.reason
+    assert "space version 4/1" in c.reason
 
 
 def test_earlier_codegen_records_rank_after_todays_and_say_so(ln: Graph, tmp_path: Any) -> None:
@@ -264,3 +265,28 @@ def test_records_of_an_older_space_version_say_the_database_is_out_of_date(ln: G
     assert f"space version 0.old / codegen version {CODEGEN_VERSION}" in w
     assert f"space version {sv} / codegen version 0.old" in w
     assert f"today's is space version {sv} / codegen version {CODEGEN_VERSION}" in w
+
+
+def test_a_space_version_3_record_without_row_vectors_is_read_and_lowers_row_by_row(tmp_path: Any) -> None:
+    """Space version 4 added the option ``row_vectors``: a record of version 3 (code generator 3, its part
+    without the ``p_row_vectors`` column, its schedule JSON without the option) of a column sum that can take
+    row vectors is still chosen, re-validated, as the row-by-row schedule it names (the option's default);
+    a version 4 record that asks for row vectors is lowered with them."""
+    from helpers.graphs import head_merge_colsum
+    from stitchtune.lower.col import ColLowerer
+
+    g = head_merge_colsum(B=2, H=2, D=8, S=128)
+    plan = make_plan(g)
+    base = dataclasses.replace(heuristic_schedule(plan, H200), split=2, row_vectors=False)   # 256 rows: whole groups
+    assert "row_vectors" not in base.to_json() and not space_of(g).violations(dataclasses.replace(base, row_vectors=True))
+    old = row(g, base, 2.0, space_version="3", codegen_version="3")
+    old.pop("p_row_vectors")
+    TuningDB(tmp_path).append([old])
+    c = choose_schedule(g, tmp_path, H200)
+    assert c.source == "tuned" and c.schedule == base and "earlier kernel" in c.reason
+    assert ColLowerer(g, plan, c.schedule, H200).rows == 1
+    on = dataclasses.replace(base, row_vectors=True)
+    TuningDB(tmp_path).append([row(g, on, 3.0)])
+    clear_cache()
+    c = choose_schedule(g, tmp_path, H200)
+    assert c.schedule == on and ColLowerer(g, plan, c.schedule, H200).rows == 4

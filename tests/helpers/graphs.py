@@ -1,7 +1,8 @@
 """Graph builders shared by several test rooms: the loss heads (``ce_graph``: cross entropy with integer
 targets: log-softmax, a ``gather_elements`` pick, a scalar epilogue; ``ce_ignore_graph``, ``ce_items_graph``,
-``ce_backward_graph``, ``int_next_to_pick_graph``), ``rotary_positions_graph``, ``embedding_dropout_graph`` and
-the LayerNorm node lists ``layernorm_rows`` and ``layernorm_backward_rows``."""
+``ce_backward_graph``, ``int_next_to_pick_graph``), ``rotary_positions_graph``, ``embedding_dropout_graph``,
+``head_merge_colsum`` (a column sum of an input read along its rows: row vectors) and the LayerNorm node lists
+``layernorm_rows`` and ``layernorm_backward_rows``."""
 
 from __future__ import annotations
 
@@ -190,3 +191,30 @@ def embedding_dropout_graph(p: float = 0.1, S: int = 8, H: int = 32, V: int = 20
             {"id": "keep", "op": "gt", "args": ["u", p]}, {"id": "kf", "op": "cast", "args": ["keep"], "to": "float32"},
             {"id": "m", "op": "mul", "args": ["kf", "ln"]}, {"id": "y", "op": "mul", "args": ["m", 1.0 / (1.0 - p)]}],
         "outputs": ["x", "mu", "rs", "keep", "y"]})
+
+
+def head_merge_colsum(B: int = 2, H: int = 2, D: int = 8, S: int = 64, scale: bool = False, second: bool = False) -> Graph:
+    """``x [B*H, D, S]`` as ``[B*S, H*D]`` (BERT's attention-output gradient merged over the heads, training
+    ``view_59``) and its column sums; with ``scale`` the merged values times a per-column weight ``w [H*D]``
+    first; with ``second`` times ``y [B, H, S, D]`` merged the same way (another strided input, its rows ``D``
+    apart: read one row per access beside row vectors). Outputs: the product and its sums."""
+    nodes: list[dict[str, Any]] = [
+        {"id": "v", "op": "reshape", "args": ["x"], "shape": [B, H, D, S]},
+        {"id": "p", "op": "transpose", "args": ["v"], "perm": [0, 3, 1, 2]},
+        {"id": "m", "op": "reshape", "args": ["p"], "shape": [B * S, H * D]}]
+    inputs: dict[str, list[int]] = {"x": [B * H, D, S]}
+    y = "m"
+    if scale:
+        inputs["w"] = [H * D]
+        nodes.append({"id": "y", "op": "mul", "args": ["m", "w"]})
+        y = "y"
+    if second:
+        inputs["y2"] = [B, H, S, D]
+        nodes += [{"id": "yt", "op": "transpose", "args": ["y2"], "perm": [0, 2, 1, 3]},
+                  {"id": "ym", "op": "reshape", "args": ["yt"], "shape": [B * S, H * D]},
+                  {"id": "z", "op": "mul", "args": [y, "ym"]}]
+        y = "z"
+    nodes.append({"id": "s", "op": "reduce_sum", "args": [y], "axes": [0], "keepdims": True})
+    return parse_graph({"name": "head_merge_colsum",
+                        "inputs": {k: {"shape": v, "dtype": "float32"} for k, v in inputs.items()},
+                        "nodes": nodes, "outputs": [y, "s"]})

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from helpers.graphs import head_merge_colsum
 from helpers.layouts import layout_regions
 from helpers.lowering import DEV, emulated_errors, float_graph, plan_or_refused
 from helpers.nvcc import BUILDER_FLAGS, compile_programs_sm90
@@ -30,23 +31,6 @@ from stitchtune.plan.planner import TensorClass, make_plan
 from stitchtune.space import SearchSpace
 
 
-def head_merge_colsum(B: int = 2, H: int = 2, D: int = 8, S: int = 64, scale: bool = False) -> Any:
-    """``x [B*H, D, S]`` as ``[B*S, H*D]`` (BERT's attention-output gradient merged over the heads) and
-    its column sums; with ``scale`` the merged values times a per-column weight first."""
-    nodes: list[dict[str, Any]] = [
-        {"id": "v", "op": "reshape", "args": ["x"], "shape": [B, H, D, S]},
-        {"id": "p", "op": "transpose", "args": ["v"], "perm": [0, 3, 1, 2]},
-        {"id": "m", "op": "reshape", "args": ["p"], "shape": [B * S, H * D]}]
-    inputs: dict[str, list[int]] = {"x": [B * H, D, S]}
-    y = "m"
-    if scale:
-        inputs["w"] = [H * D]
-        nodes.append({"id": "y", "op": "mul", "args": ["m", "w"]})
-        y = "y"
-    nodes.append({"id": "s", "op": "reduce_sum", "args": [y], "axes": [0], "keepdims": True})
-    return float_graph(inputs, nodes, [y, "s"])
-
-
 def _loads_of(prog: kir.Program, buf: str) -> list[int]:
     """The widths of every global load of ``buf`` in ``prog`` (a scalar load: 1)."""
     widths = []
@@ -59,9 +43,10 @@ def _loads_of(prog: kir.Program, buf: str) -> list[int]:
 
 
 def _schedule(g: Any, **changes: Any) -> tuple[Any, SearchSpace, Any]:
+    """The heuristic schedule of ``g`` with ``changes`` (row vectors on unless ``row_vectors`` is given)."""
     plan = make_plan(g)
     space = SearchSpace.for_plan(plan, DEV)
-    s = dataclasses.replace(heuristic_schedule(plan, DEV, space), **changes)
+    s = dataclasses.replace(heuristic_schedule(plan, DEV, space), **{"row_vectors": True, **changes})
     assert not space.violations(s), space.violations(s)
     return plan, space, s
 
@@ -76,6 +61,9 @@ def test_a_transposed_input_is_loaded_four_rows_per_128_bit_access(scale: bool) 
     inputs = random_inputs(g, 3)
     ref = run_reference(g, inputs)
     assert max(emulated_errors(g, plan, space, s, inputs, ref).values()) < 1e-5
+    off = dataclasses.replace(s, row_vectors=False)   # the option turned off: the row-by-row sweep, as exact
+    assert ColLowerer(g, plan, off, DEV).rows == 1 and set(_loads_of(lower(g, plan, off, DEV, space), "in0")) == {1}
+    assert max(emulated_errors(g, plan, space, off, inputs, ref).values()) < 1e-5
 
 
 def test_row_vectors_reach_the_ideal_sectors() -> None:
@@ -87,9 +75,12 @@ def test_row_vectors_reach_the_ideal_sectors() -> None:
     loads = [x for k in a.kernels for x in k.accesses if x.buf == "in0"]
     assert loads and all(x.width == 4 and x.ratio == 1.0 for x in loads)
     odd = head_merge_colsum(B=2, H=4, D=16, S=60)   # M = 120: not a multiple of split * tpr * 4
-    _, _, s2 = _schedule(odd, tpr=8, split=2, vec=4, block=64)
+    plan2, space2, s2 = _schedule(odd, tpr=8, split=2, vec=4, block=64, row_vectors=False)
+    assert space2.violations(dataclasses.replace(s2, row_vectors=True))   # the option does not apply there
     a2 = audit_graph(odd, DEV, s2, sass=False, peer=False)
     assert max(x.ratio for k in a2.kernels for x in k.accesses if x.buf == "in0") > 1.5
+    off = audit_graph(g, DEV, dataclasses.replace(s, row_vectors=False), sass=False, peer=False)  # turned off
+    assert max(x.ratio for k in off.kernels for x in k.accesses if x.buf == "in0") == 2.0
 
 
 def test_the_profile_counts_the_row_vectors_sectors() -> None:
@@ -119,7 +110,7 @@ def test_two_sweeps_with_register_and_shared_caches_emulate() -> None:
     ref = run_reference(g, inputs)
     levels: set[str] = set()
     for i in range(16):
-        s = dataclasses.replace(space.sample(random.Random(i)), tpr=8, split=2, block=64)
+        s = dataclasses.replace(space.sample(random.Random(i)), tpr=8, split=2, block=64, row_vectors=True)
         if space.violations(s):
             continue
         assert ColLowerer(g, plan, s, DEV).rows == 4
@@ -128,16 +119,22 @@ def test_two_sweeps_with_register_and_shared_caches_emulate() -> None:
     assert {"register", "shared"} <= levels, levels
 
 
+def _with_row_vectors(space: SearchSpace, s: Any) -> Any:
+    """``s`` with row vectors where the space allows them (option ``row_vectors``), else ``s``."""
+    t = dataclasses.replace(s, row_vectors=True)
+    return s if space.violations(t) else t
+
+
 def _schedules(plan: Any, space: SearchSpace, seed: int) -> list[Any]:
     """The heuristic schedule, a sampled one, and every legal one of small ``tpr`` / ``split`` / ``block``
-    (row groups whole for more shapes)."""
+    (row groups whole for more shapes), each with row vectors where the space allows them."""
     base = heuristic_schedule(plan, DEV, space)
     out = [base, space.sample(random.Random(seed))]
     for tpr, split, block in itertools.product((1, 2, 4, 8), (1, 2), (32, 64)):
         s = dataclasses.replace(base, tpr=tpr, split=split, block=block)
         if not space.violations(s):
             out.append(s)
-    return out
+    return [_with_row_vectors(space, s) for s in out]
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -214,7 +211,7 @@ def test_random_layout_regions_with_row_vectors_emulate_and_claim_the_traced_sec
     base = heuristic_schedule(plan, DEV, space)
     taken = []
     for tpr, split, block, vec in itertools.product((1, 2, 4, 8), (1, 2), (32, 64), (1, 4)):
-        s = dataclasses.replace(base, tpr=tpr, split=split, block=block, vec=vec)
+        s = dataclasses.replace(base, tpr=tpr, split=split, block=block, vec=vec, row_vectors=True)
         if not space.violations(s) and (low := ColLowerer(g, plan, s, DEV)).rows > 1:
             taken.append((s, low))
     assume(taken)   # regions where no schedule takes row vectors are not examples

@@ -142,18 +142,20 @@ def test_flat_columns_are_the_database_columns() -> None:
     s = Schedule.from_dict({**KEYS[2][0]})
     assert list(s.flat()) == ["tpr", "block", "split", "vec", "tasks_per_block", "min_blocks", "order", "prefetch",
                               "combine", "cross_combine", "single_pass", "cluster", "transpose", "exact_math",
-                              "scheme_0", "scheme_1",
+                              "row_vectors", "scheme_0", "scheme_1",
                               "reuse_0", "reuse_1"]
     assert s.flat()["prefetch"] == 0 and s.flat()["combine"] == "warp"
 
 
 def test_space_version_is_unchanged() -> None:
-    """Version 3: element-wise regions pack rows (``tpr < block``) and the ``exact_math`` option, a superset
+    """Version 4: the ``row_vectors`` option (column plans with an input read along its rows), whose default is
+    what every point of version 3 did, so 3's records are still read; version 3: element-wise regions pack rows
+    (``tpr < block``) and the ``exact_math`` option, a superset
     of version 2 (searches offer only schedules whose kernels fit the device: the resource check), whose
-    rules are those of version 1; selection still reads the records of both (re-validated). The golden
+    rules are those of version 1; selection still reads the records of all three (re-validated). The golden
     files above were recorded with the space without the resource check (``SearchSpace.for_plan``): the
     check changes a seeded sample only where it was illegal."""
-    assert load_space_file()["version"] == "3"
+    assert load_space_file()["version"] == "4"
     _, _, space = setup("layernorm_small.json")
-    assert space.version == "3" and space.compatible_versions == ("1", "2")
+    assert space.version == "4" and space.compatible_versions == ("1", "2", "3")
     assert space.resources is None

@@ -15,16 +15,28 @@ from typing import Any
 import optuna
 import pytest
 
+from helpers.graphs import head_merge_colsum
 from helpers.lowering import DEV, setup
+from stitchtune.plan.planner import make_plan
 from stitchtune.errors import StitchtuneError
 from stitchtune.space import OPTIONS, RESERVED, Option, OptionTable, Schedule, SearchSpace, load_space_file
 from stitchtune.space.options import ORDER, flag
 from stitchtune.space.schedule import ScheduleError
 
+HEAD_MERGE = "head_merge_colsum (tests/helpers/graphs.py)"
 SPACES = ["layernorm_small.json", "layernorm_wide_small.json", "softmax_small.json",
           "colsum_sigmoid_scale_small.json", "bias_gelu_small.json", "softmax_colsum_small.json",
-          "k_transpose_small.json"]
+          "k_transpose_small.json", HEAD_MERGE]
 N = 60
+
+
+def _space_of(name: str) -> SearchSpace:
+    """The H200 space of example ``name``, or of :data:`HEAD_MERGE` (a column sum of an input read along its
+    rows, built here: no example has row vectors)."""
+    if name == HEAD_MERGE:
+        plan = make_plan(head_merge_colsum(B=2, H=2, D=8, S=128, second=True))
+        return SearchSpace.for_plan(plan, DEV)
+    return setup(name)[2]
 
 
 class FakeTrial:
@@ -47,7 +59,7 @@ _SAMPLES: dict[str, tuple[SearchSpace, list[Schedule]]] = {}
 
 def _samples(name: str) -> tuple[SearchSpace, list[Schedule]]:
     if name not in _SAMPLES:
-        _, _, space = setup(name)
+        space = _space_of(name)
         _SAMPLES[name] = (space, [space.sample(random.Random(i)) for i in range(N)])
     return _SAMPLES[name]
 
@@ -301,7 +313,7 @@ def test_every_option_reads_as_its_declared_type() -> None:
             flags.add(opt.name)
             assert json.loads(s.to_json())[opt.name] == 1 and s.flat()[opt.name] == 1, opt.name
             assert s == Schedule(*core, **{opt.name: True}) and s.key() == given.key()
-    assert flags == {"prefetch", "single_pass", "exact_math"}
+    assert flags == {"prefetch", "single_pass", "exact_math", "row_vectors"}
 
 
 @pytest.mark.parametrize("bad", [2, -1, "yes", None])
@@ -314,8 +326,8 @@ def test_a_flag_option_takes_only_0_or_1(bad: Any) -> None:
 
 def test_options_table_is_in_decision_order() -> None:
     assert OPTIONS.names == ("order", "prefetch", "combine", "cross_combine", "single_pass", "cluster", "transpose",
-                             "exact_math")
-    assert isinstance(OPTIONS, OptionTable) and len(OPTIONS) == 8 and "order" in OPTIONS and "tpr" not in OPTIONS
+                             "exact_math", "row_vectors")
+    assert isinstance(OPTIONS, OptionTable) and len(OPTIONS) == 9 and "order" in OPTIONS and "tpr" not in OPTIONS
 
 
 def test_schedule_value_semantics_with_options() -> None:
