@@ -14,13 +14,6 @@ torch = pytest.importorskip("torch")
 from stitchtune.deploy import torch_backend  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _reset() -> Any:
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def _bits(a: Any, b: Any) -> Any:
     y = torch.tanh(a) * b
     return y, y.view(torch.int32).float() * 2   # the float's bits read as an int, then converted
@@ -31,7 +24,7 @@ def _chain(a: Any, b: Any) -> Any:
 
 
 @pytest.mark.parametrize("fn", [_bits, _chain])
-def test_a_dtype_view_is_left_to_pytorch_and_the_values_are_eagers(fn: Any) -> None:
+def test_a_dtype_view_is_left_to_pytorch_and_the_values_are_eagers(fn: Any, fresh_backend: None) -> None:
     g = torch.Generator().manual_seed(0)
     args = tuple(torch.randn(2, 8, 16, generator=g) for _ in range(2))
     want = fn(*args)
