@@ -154,6 +154,8 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
     elif not hasattr(node.target, "_schema") or (key not in SUPPORTED_OPS and not zero_pad(node)):
         return "no graph.json equivalent yet"
     val = node.meta.get("val")
+    if _dtype_view(node):
+        return DTYPE_VIEW
     vals = val if isinstance(val, (tuple, list)) else [val]
     for v in vals:
         if v is None:
@@ -196,6 +198,20 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
     if key in _COMPARISONS and any(a.op == "call_function" and _key(a.target) in RANDOM_OPS for a in fx_args(node)):
         return _RANDOM_COMPARED
     return None
+
+
+#: why ``Tensor.view(dtype)`` is left to PyTorch: graph.json's views keep values and its casts convert them
+DTYPE_VIEW = ("a dtype view (reinterprets the bits as another dtype; graph.json's casts convert values, "
+              "so PyTorch makes the view and a region reads or returns the tensor it views)")
+
+
+def _dtype_view(node: Any) -> bool:
+    """Whether ``node`` is ``aten.view.dtype``: an ``aten.view`` whose result has another dtype than
+    the tensor it views: the same bytes read as other values, not a shape view."""
+    if _key(node.target) != "aten.view" or not node.args or not hasattr(node.args[0], "meta"):
+        return False
+    got, src = node.meta.get("val"), node.args[0].meta.get("val")
+    return hasattr(got, "dtype") and hasattr(src, "dtype") and got.dtype != src.dtype
 
 
 _RANDOM_COMPARED = ("compares random numbers drawn in the graph (Inductor draws them in the kernel that "

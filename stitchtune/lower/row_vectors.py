@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from stitchtune.graph.parse import ITEMSIZE
 from stitchtune.ir import kir
 from stitchtune.ir.kir import F32, Var
 from stitchtune.lower.base import Ctx, I, Lowerer, add
@@ -78,7 +79,7 @@ def row_vector_rows(low: Lowerer, index_ops: bool) -> int:
 def row_vector_sectors(plan: StitchPlan, s: Schedule, R: int = ROW_VECTOR_ROWS) -> tuple[float, float]:
     """What option ``row_vectors`` trades for column plan ``plan`` under ``s``'s mapping: the sector factors
     (:func:`~stitchtune.lower.sectors.row_sector_factor`, the profile's) of its full-size mapped inputs
-    and outputs, summed weighted by element bytes (every full-size tensor has ``M x N`` elements), row by
+    and outputs, summed weighted by their element bytes (``ITEMSIZE``; every full-size tensor has ``M x N`` elements), row by
     row and with row vectors (the row-vector inputs ``R`` rows a lane, every other tensor one row a lane
     at rows ``R`` apart): ``(without, with)``. A plain (unmapped) tensor counts 1 either way (its factor
     by the profile's rule), so only the mapped ones can differ."""
@@ -89,7 +90,7 @@ def row_vector_sectors(plan: StitchPlan, s: Schedule, R: int = ROW_VECTOR_ROWS) 
     for name in dict.fromkeys(list(plan.input_names) + list(plan.output_names)):
         if cls.get(name) is not TensorClass.FULL or name not in dict(plan.index_maps):
             continue
-        nbytes = 2 if plan.dtype(name) != "float32" else 4
+        nbytes = ITEMSIZE[plan.dtype(name)]
         if not plan.mapped(name):
             off, on = off + nbytes, on + nbytes
             continue

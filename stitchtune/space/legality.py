@@ -29,7 +29,7 @@ from stitchtune.plan.planner import StitchPlan
 from stitchtune.plan.row_vectors import ROW_VECTOR_ROWS, row_groups_fit
 from stitchtune.space.constraints import names_used, safe_eval, safe_eval_all
 from stitchtune.space.levels import ReuseLevel
-from stitchtune.space.options import SINGLE_PASS, OptionTable, cross_smem_floats
+from stitchtune.space.options import SINGLE_PASS, OptionTable, cross_smem_floats, plain_value
 from stitchtune.space.schedule import Schedule, row_chunk
 from stitchtune.space.schemes import SchemeTable
 
@@ -283,7 +283,7 @@ class SpaceRules:
         for opt in self.table:
             value = point[opt.name]
             if value != opt.default and opt.name not in failed_options and not opt.applies(point):
-                out.append(f"option {opt.name}={value} where it does not apply (only where {opt.where})")
+                out.append(f"option {opt.name}={plain_value(value)} where it does not apply (only where {opt.where})")
         for i, sch in enumerate(s.schemes):
             scheme = self.schemes.get(sch)
             if scheme is None:

@@ -411,7 +411,7 @@ def _row_vector_names(p: Point) -> Mapping[str, Any]:
 
 
 #: the column sweep's unrolling, as :func:`stitchtune.lower.col.sweep_unroll` decides it (its ``SWEEP_UNROLL``
-#: and ``SWEEP_UNROLL_FLOATS``; ``tests/space/test_row_vector_option.py`` checks that they are equal)
+#: and ``SWEEP_UNROLL_FLOATS``; ``tests/lower/test_row_vector_registers.py`` checks that they are equal)
 SWEEP_UNROLL_ROWS, SWEEP_UNROLL_FLOATS = 8, 64
 
 

@@ -217,6 +217,20 @@ def test_a_given_schedule_the_device_cannot_run_is_an_error_line(tmp_path: Path)
     assert err.count("\n") == 1
 
 
+@pytest.mark.parametrize("graph", ["layernorm_small.json", "colsum_sigmoid_scale_small.json"])
+def test_row_vectors_where_the_plan_cannot_take_them_is_an_error_line(graph: str, tmp_path: Path) -> None:
+    """Option row_vectors 1 on a row plan (layer norm) and on a column plan without an input read along its rows:
+    one line naming the option as the user wrote it, exit 2, nothing compiled (``compile`` and ``audit``)."""
+    (sched,) = [json.loads(line) for line in call(["space", str(EXAMPLES_DIR / graph), "--sample", "1"])[1].splitlines()]
+    text = json.dumps({**sched, "row_vectors": 1})
+    for argv in (["compile", str(EXAMPLES_DIR / graph), "--no-cubin", "-o", str(tmp_path / "c")],
+                 ["audit", str(EXAMPLES_DIR / graph)]):
+        rc, _out, err = call([*argv, "--schedule", text])
+        assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
+        assert err.startswith("stitchtune: error: ") and "option row_vectors=1 where it does not apply" in err, err
+    assert not (tmp_path / "c").exists()
+
+
 @pytest.mark.parametrize("text,message", [('{"block": 7}', "missing key 'tpr'"),
                                           ('{"tpr": "x", "block": 7}', "invalid literal")])
 def test_malformed_schedule_messages_name_no_exception(text: str, message: str, tmp_path: Path) -> None:

@@ -110,3 +110,18 @@ def test_the_chain_counts_the_rounds_of_the_compiled_codes_batches() -> None:
     # compiled code that keeps fewer bytes in flight than the walk's groups does not add rounds
     fewer = kernel_terms_us(dataclasses.replace(f, compiled_bytes_in_flight=32.0), H200, c)["chain"]
     assert fewer == pytest.approx(walk)
+
+
+def test_features_without_the_compiled_facts_are_predicted_as_the_walks() -> None:
+    # the fit's columns and older rows may lack compiled_bytes_in_flight (and the other optional facts): the chain
+    # and the bytes in flight are then the IR walk's, as with 0 (no build), never scaled by a missing value
+    import types
+
+    c = Coefficients.defaults(H200)
+    f = _kernel(grid=132, block=256, blocks_per_sm=1, serial_rounds=78.0, load_rounds=78.0,
+                bytes_in_flight_per_thread=77.2, compiled_bytes_in_flight=0.0)
+    optional = {"compiled_bytes_in_flight", "l2_requests", "spill_instructions"}
+    bare = types.SimpleNamespace(**{k: getattr(f, k) for k in NAMES - optional})
+    got, want = kernel_terms_us(bare, H200, c), kernel_terms_us(f, H200, c)
+    assert got["chain"] == pytest.approx(78 * c.round_ns / 1000.0) == want["chain"]
+    assert got["memory"] == pytest.approx(want["memory"]) and got["body"] == pytest.approx(want["body"])

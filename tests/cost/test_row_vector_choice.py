@@ -45,3 +45,15 @@ def test_a_tie_or_an_illegal_point_keeps_the_row_by_row_sweep() -> None:
     assert not sp.violations(dataclasses.replace(t, row_vectors=True))
     assert row_vector_sectors(plain, dataclasses.replace(t, row_vectors=True)) == (16.0, 16.0)
     assert with_row_vectors(sp, plain, t) == t
+
+
+def test_the_sector_factors_are_weighted_by_each_tensors_element_bytes() -> None:
+    # the second strided input as int32 (cast after the merge) weighs what it does as float32: 4 bytes, x 2 -> 1,
+    # y 1 -> 4 (it was weighed as 2 bytes, any dtype but float32: a tie, 16 / 16); as float16, 2 bytes
+    def sectors(dtype: str) -> tuple[float, float]:
+        plan = make_plan(head_merge_colsum(1, 8, 2, 16, second=True, second_dtype=dtype))
+        s = dataclasses.replace(heuristic_schedule(plan, DEV), tpr=4, split=1, block=32, vec=2, row_vectors=True)
+        return row_vector_sectors(plan, s)
+
+    assert sectors("int32") == sectors("float32") == (16.0, 24.0)
+    assert sectors("float16") != sectors("int32")

@@ -193,11 +193,13 @@ def embedding_dropout_graph(p: float = 0.1, S: int = 8, H: int = 32, V: int = 20
         "outputs": ["x", "mu", "rs", "keep", "y"]})
 
 
-def head_merge_colsum(B: int = 2, H: int = 2, D: int = 8, S: int = 64, scale: bool = False, second: bool = False) -> Graph:
+def head_merge_colsum(B: int = 2, H: int = 2, D: int = 8, S: int = 64, scale: bool = False, second: bool = False,
+                      second_dtype: str = "float32") -> Graph:
     """``x [B*H, D, S]`` as ``[B*S, H*D]`` (BERT's attention-output gradient merged over the heads, training
     ``view_59``) and its column sums; with ``scale`` the merged values times a per-column weight ``w [H*D]``
     first; with ``second`` times ``y [B, H, S, D]`` merged the same way (another strided input, its rows ``D``
-    apart: read one row per access beside row vectors). Outputs: the product and its sums."""
+    apart: read one row per access beside row vectors; of ``second_dtype``, cast to float32 after the merge).
+    Outputs: the product and its sums."""
     nodes: list[dict[str, Any]] = [
         {"id": "v", "op": "reshape", "args": ["x"], "shape": [B, H, D, S]},
         {"id": "p", "op": "transpose", "args": ["v"], "perm": [0, 3, 1, 2]},
@@ -211,10 +213,13 @@ def head_merge_colsum(B: int = 2, H: int = 2, D: int = 8, S: int = 64, scale: bo
     if second:
         inputs["y2"] = [B, H, S, D]
         nodes += [{"id": "yt", "op": "transpose", "args": ["y2"], "perm": [0, 2, 1, 3]},
-                  {"id": "ym", "op": "reshape", "args": ["yt"], "shape": [B * S, H * D]},
-                  {"id": "z", "op": "mul", "args": [y, "ym"]}]
+                  {"id": "ym", "op": "reshape", "args": ["yt"], "shape": [B * S, H * D]}]
+        if second_dtype != "float32":
+            nodes.append({"id": "yc", "op": "cast", "args": ["ym"], "to": "float32"})
+        nodes.append({"id": "z", "op": "mul", "args": [y, "ym" if second_dtype == "float32" else "yc"]})
         y = "z"
     nodes.append({"id": "s", "op": "reduce_sum", "args": [y], "axes": [0], "keepdims": True})
     return parse_graph({"name": "head_merge_colsum",
-                        "inputs": {k: {"shape": v, "dtype": "float32"} for k, v in inputs.items()},
+                        "inputs": {k: {"shape": v, "dtype": second_dtype if k == "y2" else "float32"}
+                                   for k, v in inputs.items()},
                         "nodes": nodes, "outputs": [y, "s"]})

@@ -36,5 +36,7 @@ def test_copies_of_inputs_expands_and_computed_values_are_not_duplicates() -> No
     g = _g([Y, {"id": "t", "op": "transpose", "args": ["x"], "perm": [1, 0]},
             {"id": "e", "op": "expand", "args": ["c"], "shape": [4, 8]},
             {"id": "z", "op": "add", "args": ["y", "c"]},
-            {"id": "h", "op": "cast", "args": ["y"], "to": "float16"}], ["y", "t", "e", "z", "h"])
-    assert duplicate_outputs(g) == ()
+            {"id": "h", "op": "cast", "args": ["y"], "to": "float16"},
+            {"id": "r", "op": "reshape", "args": ["y"], "shape": [1, 4, 8]},
+            {"id": "b", "op": "expand", "args": ["r"], "shape": [2, 4, 8]}], ["y", "t", "e", "z", "h", "b"])
+    assert duplicate_outputs(g) == ()   # (b: y broadcast, twice its elements: a new tensor, not y again)
