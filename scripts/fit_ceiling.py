@@ -1,6 +1,6 @@
 """The fitted cost model's bandwidth ceiling: which measured rows pin ``bw_efficiency``, and what the device streams.
 
-    python scripts/fit_ceiling.py [--dataset results/cost-fit-2026-12-07-s12/dataset.json] [--out DIR] [--no-nested]
+    python scripts/fit_ceiling.py [--dataset results/cost-fit-2026-12-07-s13-walk/dataset.json] [--out DIR] [--no-nested]
 
 Everything here is a PREDICTION from the committed H200 measurements (nothing is measured anew):
 
@@ -44,7 +44,7 @@ from stitchtune.cost.fitted import Coefficients  # noqa: E402
 from stitchtune.cost.fitting import FITTED, TOLERANCE, fit_coefficients, predict_rows, score  # noqa: E402
 from stitchtune.hardware.device import get_device  # noqa: E402
 
-DATASET = "results/cost-fit-2026-12-07-s12/dataset.json"
+DATASET = "results/cost-fit-2026-12-07-s13-walk/dataset.json"
 MODELS = "results/h200-2026-12-04-models/gpu_models_run3.jsonl"
 MiB = 1 << 20
 

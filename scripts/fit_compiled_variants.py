@@ -1,6 +1,6 @@
 """Compiled-code facts in the fitted cost model: variants compared leave-one-model-out, and chosen by a nested protocol.
 
-    python scripts/fit_compiled_variants.py [--dataset results/cost-fit-2026-12-07-s12/dataset.json] [--out FILE]
+    python scripts/fit_compiled_variants.py [--dataset results/cost-fit-2026-12-07-s13-walk/dataset.json] [--out FILE]
 
 Variants (rows of the dataset written by ``scripts/sass_dataset.py``):
 
@@ -136,7 +136,7 @@ def _row(label: str, rows: list[dict[str, Any]], pred: list[float], groups: list
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dataset", default="results/cost-fit-2026-12-07-s12/dataset.json")
+    ap.add_argument("--dataset", default="results/cost-fit-2026-12-07-s13-walk/dataset.json")
     ap.add_argument("--device", default="h200")
     ap.add_argument("--out", help="also write the tables here (markdown)")
     a = ap.parse_args(argv)

@@ -64,7 +64,7 @@ from stitchtune.cost.fitting import FITTED, fit_coefficients, leave_one_group_ou
 from stitchtune.hardware.device import get_device  # noqa: E402
 
 DB = "results/h200-2026-11-29"
-DATASET = "results/cost-fit-2026-12-07-s12/dataset.json"
+DATASET = "results/cost-fit-2026-12-07-s13-walk/dataset.json"
 MODELS = "results/h200-2026-12-04-models"
 
 

@@ -1,6 +1,6 @@
 """BERT training's measured kernels and the L2: would their producers' outputs, still in the L2, explain them?
 
-    python scripts/fit_producer_l2.py [--dataset results/cost-fit-2026-12-07-s12/dataset.json] [--out DIR]
+    python scripts/fit_producer_l2.py [--dataset results/cost-fit-2026-12-07-s13-walk/dataset.json] [--out DIR]
 
 The fitted cost model counts every unique byte of a launch as a DRAM byte; the database rows were measured after an
 L2 flush, so that holds there. In a model, a region's input was often written by the launch just before it (a GEMM
@@ -44,7 +44,7 @@ from stitchtune.cost.fitted import Coefficients, package_coefficients  # noqa: E
 from stitchtune.cost.fitting import fit_coefficients, predict_rows, score  # noqa: E402
 from stitchtune.hardware.device import get_device  # noqa: E402
 
-DATASET = "results/cost-fit-2026-12-07-s12/dataset.json"
+DATASET = "results/cost-fit-2026-12-07-s13-walk/dataset.json"
 def audit_lines(path: Path, captured: list[Any], c: Coefficients, dev: Any) -> list[str]:
     """The audit's BERT training sums (fitted, fitted ideal; PREDICTED) as stored and with the producers' resident
     bytes at the ceiling of ``c`` (the shipped coefficients, as the audit's) taken off (module docstring)."""

@@ -1,6 +1,6 @@
 """Does the fitted cost model order each database workload's heuristic and tuned schedules as measured, held out?
 
-    python scripts/ordering_study.py [--dataset results/cost-fit-2026-12-07-s12/dataset.json] [--out FILE]
+    python scripts/ordering_study.py [--dataset results/cost-fit-2026-12-07-s13-walk/dataset.json] [--out FILE]
 
 Data: the measured rows of the cost fit's dataset (results/cost-fit-2026-12-07-s12: the committed H200 database
 results/h200-2026-11-29 and BERT's traces, the features of the very kernels measured) and, for each database row,

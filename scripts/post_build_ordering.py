@@ -1,6 +1,6 @@
 """Does the search's after-build prediction order the committed database's schedules as measured?
 
-    python scripts/post_build_ordering.py [--dataset results/cost-fit-2026-12-07-s12/dataset.json] [--device h200]
+    python scripts/post_build_ordering.py [--dataset results/cost-fit-2026-12-07-s13-walk/dataset.json] [--device h200]
 
 The search records, per built candidate, the shipped fitted model's prediction with ptxas' registers and
 the compiled facts of the cubin (:mod:`stitchtune.tune.pipeline`, ``predicted_from=compiled``), or from the

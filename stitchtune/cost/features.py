@@ -32,11 +32,15 @@ How the features are read from the IR
   ``sector_bytes`` the sectors' bytes, ``excess_sector_bytes`` the sectors' bytes beyond each
   access's ideal (strided accesses only).
 * **Loads in flight**: the global loads one thread issues are cut into groups that the hardware can
-  have in flight together: a group ends at a barrier, a shared-memory store, a branch (``If``), the
+  have in flight together: a group ends at a barrier, a branch (``If``), the
   start or end of a rolled (not unrolled) loop (of which :data:`ROLLED_UNROLL` iterations' loads
   are taken to be issued together when its body has no other break), and before a load
-  whose index or predicate depends on a load of the current group (a chain). Unrolled loops are
-  expanded. ``bytes_in_flight_per_thread`` is the bytes-weighted mean group size; ``loads_in_flight``
+  whose index or predicate depends on a load of the current group (a chain; a value stored to shared
+  memory and loaded back carries the dependence). A shared-memory store does not end a group (nvcc
+  issues later global loads above it: they cannot alias), but the iterations of an unrolled loop whose
+  body stores to shared memory are groups of their own (sm_90 SASS keeps one such iteration's loads in
+  flight, not the loop's: results/cost-fit-2026-12-07-s13-walk). Other unrolled loops are expanded
+  into one group. ``bytes_in_flight_per_thread`` is the bytes-weighted mean group size; ``loads_in_flight``
   the same in loads; ``chained_loads`` counts the loads that waited on a load. ``load_rounds`` is the
   number of groups a thread issues one after another (each weighted by its trips): the DRAM round
   trips of a thread (a rolled row loop of one load per iteration: its trip count); ``serial_rounds``

@@ -42,8 +42,8 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
   run ``ceil(waves)`` times by each block slot of an SM: the time of a kernel with few blocks and long
   per-thread loops, which Little's law over the average bytes in flight misses. ``rounds`` is the IR walk's
   ``serial_rounds``; when the kernel was compiled and its code keeps more bytes in flight than the walk's mean
-  group (``compiled_bytes_in_flight`` > ``bytes_in_flight_per_thread``: nvcc hoisted loads over the shared
-  stores or branches that end a walk group), the same bytes travel in fewer rounds: ``serial_rounds x
+  group (``compiled_bytes_in_flight`` > ``bytes_in_flight_per_thread``: nvcc hoisted loads across the iterations
+  of a staging loop or the branches that end a walk group), the same bytes travel in fewer rounds: ``serial_rounds x
   bytes_in_flight_per_thread / compiled_bytes_in_flight`` (never more than the walk's).
 * **l2 requests**: ``grid x l2_requests / SMs x l2_request_ns``: every warp-level request of a scratch
   load (``__ldcg``, L1 bypassed) is served by the L2 at a limited rate per SM; a broadcast read of one

@@ -28,6 +28,18 @@ _MAX_UNROLL = 256   # an unrolled loop longer than this is treated as rolled whe
 ROLLED_UNROLL = 1
 
 
+def _stores_shared(stmts: tuple[kir.Stmt, ...], shared: set[str]) -> bool:
+    """Whether ``stmts`` (nested statements included) store to one of the ``shared`` arrays."""
+    for s in stmts:
+        if isinstance(s, kir.StoreVec) and s.buf in shared:
+            return True
+        if isinstance(s, kir.For) and _stores_shared(s.body, shared):
+            return True
+        if isinstance(s, kir.If) and (_stores_shared(s.then, shared) or _stores_shared(s.orelse, shared)):
+            return True
+    return False
+
+
 def _as_int(x: np.ndarray) -> Any:
     return x.astype(np.int64) if x.dtype.kind in "iub" else x
 
@@ -133,6 +145,9 @@ class Walker:
         self.open_loads = 0
         self.open_weight = 0.0
         self.tainted: set[str] = set()
+        #: shared arrays stored with a value that depends on an open-group load (no barrier since): a load of
+        #: one of them carries the taint on to what it defines
+        self.tainted_shared: set[str] = set()
         self.chained = 0.0
         self.phase_has_load = False
         self.load_phases = 0.0
@@ -181,6 +196,7 @@ class Walker:
             self.pipelined.append(False)
         self.open_bytes, self.open_loads, self.open_weight = 0.0, 0, 0.0
         self.tainted = set()
+        self.tainted_shared = set()
 
     def add_load(self, nbytes: float, deps: set[str], dsts: set[str], weight: float) -> None:
         if deps & self.tainted:
@@ -294,6 +310,10 @@ class Walker:
                 return True
         return False
 
+    def reads_tainted_shared(self, es: list[Any]) -> bool:
+        """Whether the expressions ``es`` load a shared array whose stored value waits on an open-group load."""
+        return any(isinstance(e, (kir.Load, kir.IndexLoad)) and e.buf in self.tainted_shared for e in es)
+
     def global_loads_in(self, es: list[Any]) -> list[kir.Load | kir.IndexLoad]:
         """The loads of kernel parameters among the expressions ``es``."""
         return [e for e in es if isinstance(e, (kir.Load, kir.IndexLoad)) and e.buf in self.params]
@@ -339,7 +359,7 @@ class Walker:
         self.expr_accesses(es, mask, trips, frac)
         match s:
             case kir.Assign():
-                if grouping and (self.reads(s.expr) & self.tainted or loads):
+                if grouping and (self.reads(s.expr) & self.tainted or loads or self.reads_tainted_shared(es)):
                     self.tainted.add(s.var.name)
                 self.env[s.var.name] = self.ev(s.expr)
             case kir.LoadVec():
@@ -353,6 +373,8 @@ class Walker:
                                       {d.name for d in s.dsts}, trips)
                 elif s.buf in self.shared:
                     self.shared_access(s.buf, s.index, len(s.dsts), mask, trips, False)
+                    if grouping and (s.buf in self.tainted_shared or self.reads((s.index, s.pred)) & self.tainted):
+                        self.tainted |= {d.name for d in s.dsts}
             case kir.StoreVec():
                 if s.buf in self.params:
                     self.global_access(s.buf, s.index, len(s.values), s.pred, mask, trips, "store")
@@ -360,7 +382,11 @@ class Walker:
                     pv = self.ev(s.pred) if s.pred is not None else None
                     self.shared_access(s.buf, s.index, len(s.values), mask & (pv != 0) if pv is not None else mask,
                                        trips, True)
-                    self.close_group()
+                    # not the end of the load group: the compiler issues later global loads above a shared
+                    # store (they cannot alias it); only a barrier (sync) ends the group. A later load that
+                    # reads this array back depends on the stored value's loads (tainted_shared)
+                    if grouping and (self.reads(s.values) & self.tainted or self.reads_tainted_shared(es)):
+                        self.tainted_shared.add(s.buf)
             case kir.AtomicAdd():
                 # an error flag (a constant added under a data-dependent predicate or branch) almost never runs
                 flag = isinstance(s.value, kir.Const) and (self.guarded or (s.pred is not None and self.ev(s.pred) is None))
@@ -407,12 +433,22 @@ class Walker:
             if self.barriers + self.shuffles == syncs:
                 self.pipelined[before:] = [True] * (len(self.groups) - before)
             return
-        # an unrolled loop: its iterations' loads can join one group unless the body breaks it
+        # an unrolled loop: its iterations' loads can join one group unless the body breaks it. A body that
+        # stores to shared memory keeps each iteration's loads together but not the iterations' (nvcc issues
+        # an iteration's loads above its shared stores, not the next iteration's: sm_90 SASS of the fit's kernels)
+        staged = _stores_shared(f.body, self.shared)
         before = len(self.groups)
-        open_before = self.open_loads
+        open_before, bytes_before, weight_before = self.open_loads, self.open_bytes, self.open_weight
         self.walk(f.body, mask, trips * n)
         broke = len(self.groups) > before
-        if not broke and n > 1 and self.open_loads > open_before:
+        if staged and not broke and n > 1 and self.open_loads > open_before:
+            # the first iteration's loads stay in the open group; each further iteration is a group of its own
+            # (n rounds in all, as when the body's own groups repeat)
+            added, added_bytes = self.open_loads - open_before, self.open_bytes - bytes_before
+            self.open_weight = max(weight_before, trips)
+            self.groups.extend([(added_bytes, added, trips)] * (int(round(n)) - 1))
+            self.pipelined.extend([False] * (int(round(n)) - 1))
+        elif not broke and n > 1 and self.open_loads > open_before:
             # the body's loads repeat n times in one group
             added = self.open_loads - open_before
             per_load = self.open_bytes / max(self.open_loads, 1)

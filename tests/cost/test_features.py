@@ -82,6 +82,8 @@ def test_vector_loads_in_an_unrolled_loop_are_in_flight_together() -> None:
 
 
 def test_a_shared_store_between_loads_serialises_them() -> None:
+    """The iterations of an unrolled loop that stores each load to shared memory are groups of their own
+    (tests/cost/test_load_groups.py: within one iteration a shared store does not end the group)."""
     i = Var("i", I32)
     x = Var("x")
     body = (For(i, Const(0, I32), Const(4, I32), 1, (
