@@ -63,7 +63,8 @@ def test_interrupted_is_a_keyboard_interrupt_with_what_was_kept() -> None:
 def test_ctrl_c_during_a_real_search_says_how_many_rows_were_kept(graph: Path, extra: list[str],
                                                                   tmp_path: Path) -> None:
     db = tmp_path / "db"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+               PYTHONFAULTHANDLER="1")    # a SIGABRT dumps every thread's stack (a hang's diagnosis, below)
     proc = subprocess.Popen(
         [sys.executable, "-m", "stitchtune", "search", str(graph), "--trials", "100000", "--jobs", "1",
          "--backend", "emulate", "--no-build", "--no-progress", "--device", "h200", "--db", str(db), *extra],
@@ -75,7 +76,12 @@ def test_ctrl_c_during_a_real_search_says_how_many_rows_were_kept(graph: Path, e
             time.sleep(0.2)
         assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
         os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=180)
+        try:
+            out, err = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:   # seen once in CI (s13, the dynamic case): say where it hangs
+            os.killpg(proc.pid, signal.SIGABRT)
+            _, err = proc.communicate(timeout=60)
+            pytest.fail("no exit 180 s after Ctrl-C; every thread's stack at SIGABRT:\n" + err.decode()[-8000:])
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
