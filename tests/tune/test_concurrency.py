@@ -42,7 +42,8 @@ REPO = Path(__file__).resolve().parents[2]
 GRAPH = REPO / "examples" / "layernorm_small.json"
 WORKERS = 4
 TRIALS = 10
-KILL_TRIALS = 8  # per worker in the kill test (4 batches of 2): the kill comes once the victim signed a trial
+KILL_TRIALS = 16  # per worker in the kill test (8 batches of 2): the kill comes once the victim signed a trial, and
+#   the victim must still be running when it lands (with 8, one CI run saw it finish all of them in the window)
 STUDY = "concurrency"
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
