@@ -1,6 +1,7 @@
 """How far the cost model's features can go: a flexible learner fitted leave-one-model-out on the same rows.
 
     python scripts/fit_learner.py [--dataset results/cost-fit-2026-12-07-s13-walk/dataset.json] [--out DIR]
+                                  [--terms-off] [--name learner]
 
 Analysis only (scikit-learn, the ``fit`` extra; never imported by the package). Everything here is a PREDICTION
 from the committed H200 measurements (nothing is measured anew). Per row (one measured time, 1-3 launches) the
@@ -22,12 +23,14 @@ For contrast (not a quality figure: every group is seen), the same learners in a
 If a learner reaches ~90% within ±25% held out, the model's form is the limit; if not, the features are.
 Also writes the shipped model's residual table: rows outside ±25% held out, tagged by what they share.
 
-Writes ``<out>/learner.md`` (also printed) and ``<out>/learner.json``.
+``--terms-off``: the physical model as shipped in s13 (``sm_inflight_kib`` and ``loaded_latency`` fixed at 0, not
+fitted). Writes ``<out>/<name>.md`` (also printed) and ``<out>/<name>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -42,12 +45,14 @@ sys.path.insert(0, str(REPO / "scripts"))
 from fit_cost_model import ir_only  # noqa: E402
 
 from stitchtune.cost.fit_dataset import load_dataset, with_timing  # noqa: E402
+from stitchtune.cost.features import KernelFeatures  # noqa: E402
 from stitchtune.cost.fitted import Coefficients, kernel_terms_us  # noqa: E402
-from stitchtune.cost.fitting import TOLERANCE, leave_one_group_out, predict_rows, score  # noqa: E402
+from stitchtune.cost.fitting import FITTED, TOLERANCE, fit_coefficients, leave_one_group_out, predict_rows, score  # noqa: E402
 from stitchtune.hardware.device import get_device  # noqa: E402
 
 DATASET = "results/cost-fit-2026-12-07-s13-walk/dataset.json"
 
+FIELDS = {f.name for f in dataclasses.fields(KernelFeatures)}
 #: summed over a row's launches (extensive); ``threads`` = grid x block
 SUMMED = ("unique_bytes", "sector_bytes", "excess_sector_bytes", "grid")
 #: per thread x threads, summed
@@ -132,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default=DATASET)
     ap.add_argument("--out", default="results/cost-fit-2026-12-07-s14")
+    ap.add_argument("--terms-off", action="store_true", help="the s13 model: the memory-parallelism terms off")
+    ap.add_argument("--name", default="learner")
     a = ap.parse_args(argv)
     dev = get_device("h200")
     rows = with_timing([dict(r) for r in load_dataset(REPO / a.dataset, dev.key).rows])
@@ -141,7 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     m = np.array([r["measured_us"] for r in rows])
     y = np.log(m)
     floor = np.log(np.array([floor_us(r, dev) for r in rows]))
-    held = leave_one_group_out(pre, dev, Coefficients.defaults(dev))
+    if a.terms_off:
+        off = {"sm_inflight_kib": 0.0, "loaded_latency": 0.0}
+        base = dataclasses.replace(Coefficients.defaults(dev), **off)
+        names = [n for n in FITTED if n not in off]
+        held = {g: fit_coefficients([r for r in pre if r["group"] != g], dev, base, names=names) for g in gnames}
+    else:
+        held = leave_one_group_out(pre, dev, Coefficients.defaults(dev))
     # the shipped model held out: each group's rows predicted by the fit without it; per fold, every row's
     # prediction by that fold's coefficients (the hybrid's offset)
     phys_pre = {g: np.log(predict_rows(pre, dev, held[g])) for g in gnames}
@@ -150,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ship_pre = np.exp(sum(np.where(gs == g, phys_pre[g], 0.0) for g in gnames))
     ship_post = np.exp(sum(np.where(gs == g, phys_post[g], 0.0) for g in gnames))
     zero = np.zeros(len(rows))
-    res: dict[str, dict[str, Any]] = {"shipped (physical)": {"pre": ship_pre, "post": ship_post}}
+    res: dict[str, dict[str, Any]] = {("s13 physical" if a.terms_off else "s14 physical"): {"pre": ship_pre, "post": ship_post}}
     Xpre = np.array([row_features(r) for r in pre])
     Xpost = np.array([row_features(r) for r in rows])
     res["gbr time"] = {"pre": np.exp(lomo_learner(Xpre, y, groups, lambda g: zero)),
@@ -192,11 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     for i in bad:
         r = rows[i]
         k = max(r["kernels"], key=lambda k: k["unique_bytes"])
-        from stitchtune.cost.fitting import _Stack
-        st = _Stack([pre[i]])
-        t = kernel_terms_us(st.cols, dev, held[groups[i]])
-        j = int(np.argmax(st.cols.unique_bytes))
-        lim = max(("memory", "issue", "blocks", "chain", "l2_requests"), key=lambda n: float(t[n][j]))
+        kp = next(x for x in pre[i]["kernels"] if x["unique_bytes"] == k["unique_bytes"])
+        t = kernel_terms_us(KernelFeatures(**{n: v for n, v in kp.items() if n in FIELDS}), dev, held[groups[i]])
+        lim = max(("memory", "issue", "blocks", "chain", "l2_requests"), key=lambda n: float(t[n]))
         tg = tags(r, dev)
         for x in tg:
             tally.setdefault(x, [0, 0])[0] += 1
@@ -219,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     o = REPO / a.out
     o.mkdir(parents=True, exist_ok=True)
-    (o / "learner.md").write_text(text)
-    (o / "learner.json").write_text(json.dumps(out, indent=1, default=float))
+    (o / f"{a.name}.md").write_text(text)
+    (o / f"{a.name}.json").write_text(json.dumps(out, indent=1, default=float))
     return 0
 
 

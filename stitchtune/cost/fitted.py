@@ -23,8 +23,12 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
   walk's, at most
   ``inflight_reg_share`` of the thread's registers (4 bytes each: a load in flight needs its
   destination registers); the bandwidth is a smooth minimum of ``bw_efficiency`` x copy bandwidth and
-  that over ``dram_latency_ns`` (Little's law; a kernel without global loads, no bytes in flight walked or compiled
+  that over the loaded latency (Little's law; a kernel without global loads, no bytes in flight walked or compiled
   and no load round, is not latency-bound: its stores are issued without waiting, so it streams at the ceiling).
+  The bytes in flight of all SMs are at most ``min(grid, SMs) x sm_inflight_kib`` (the memory parallelism of the
+  SMs a grid keeps busy: miss queues; 0: no limit), and the latency they wait is ``dram_latency_ns x (1 +
+  loaded_latency x bw / copy bandwidth)`` (queueing as the bandwidth drawn rises; 0: constant), so the bandwidth
+  solves ``bw = bytes in flight / latency(bw)``: ``2B / (L0 + sqrt(L0^2 + 4 a L0 B / copy))``.
   DRAM bytes are the unique bytes plus the sector bytes
   beyond them (re-reads, strided sectors) that miss the L2; they hit in proportion ``min(1, l2_keep x L2
   / window)``, ``window = unique bytes / max(1, waves) ** reuse_window`` (with ``reuse_window`` 1: the
