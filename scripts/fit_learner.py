@@ -1,7 +1,7 @@
 """How far the cost model's features can go: a flexible learner fitted leave-one-model-out on the same rows.
 
     python scripts/fit_learner.py [--dataset results/cost-fit-2026-12-07-s13-walk/dataset.json] [--out DIR]
-                                  [--terms-off] [--name learner]
+                                  [--terms] [--name learner]
 
 Analysis only (scikit-learn, the ``fit`` extra; never imported by the package). Everything here is a PREDICTION
 from the committed H200 measurements (nothing is measured anew). Per row (one measured time, 1-3 launches) the
@@ -23,8 +23,8 @@ For contrast (not a quality figure: every group is seen), the same learners in a
 If a learner reaches ~90% within ±25% held out, the model's form is the limit; if not, the features are.
 Also writes the shipped model's residual table: rows outside ±25% held out, tagged by what they share.
 
-``--terms-off``: the physical model as shipped in s13 (``sm_inflight_kib`` and ``loaded_latency`` fixed at 0, not
-fitted). Writes ``<out>/<name>.md`` (also printed) and ``<out>/<name>.json``.
+``--terms``: the physical model with the optional ``sm_inflight_kib`` and ``loaded_latency`` fitted too
+(scripts/fit_terms.py's variant 4; default: the shipped model, both off). Writes ``<out>/<name>.md`` (also printed) and ``<out>/<name>.json``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from fit_cost_model import ir_only  # noqa: E402
 from stitchtune.cost.fit_dataset import load_dataset, with_timing  # noqa: E402
 from stitchtune.cost.features import KernelFeatures  # noqa: E402
 from stitchtune.cost.fitted import Coefficients, kernel_terms_us  # noqa: E402
-from stitchtune.cost.fitting import FITTED, TOLERANCE, fit_coefficients, leave_one_group_out, predict_rows, score  # noqa: E402
+from stitchtune.cost.fitting import FITTED, TOLERANCE, fit_coefficients, predict_rows, score  # noqa: E402
 from stitchtune.hardware.device import get_device  # noqa: E402
 
 DATASET = "results/cost-fit-2026-12-07-s13-walk/dataset.json"
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default=DATASET)
     ap.add_argument("--out", default="results/cost-fit-2026-12-07-s14")
-    ap.add_argument("--terms-off", action="store_true", help="the s13 model: the memory-parallelism terms off")
+    ap.add_argument("--terms", action="store_true", help="fit the optional memory-parallelism terms too")
     ap.add_argument("--name", default="learner")
     a = ap.parse_args(argv)
     dev = get_device("h200")
@@ -148,13 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     m = np.array([r["measured_us"] for r in rows])
     y = np.log(m)
     floor = np.log(np.array([floor_us(r, dev) for r in rows]))
-    if a.terms_off:
-        off = {"sm_inflight_kib": 0.0, "loaded_latency": 0.0}
-        base = dataclasses.replace(Coefficients.defaults(dev), **off)
-        names = [n for n in FITTED if n not in off]
-        held = {g: fit_coefficients([r for r in pre if r["group"] != g], dev, base, names=names) for g in gnames}
-    else:
-        held = leave_one_group_out(pre, dev, Coefficients.defaults(dev))
+    names = [*FITTED, "sm_inflight_kib", "loaded_latency"] if a.terms else list(FITTED)
+    base = Coefficients.defaults(dev)
+    held = {g: fit_coefficients([r for r in pre if r["group"] != g], dev, base, names=names) for g in gnames}
     # the shipped model held out: each group's rows predicted by the fit without it; per fold, every row's
     # prediction by that fold's coefficients (the hybrid's offset)
     phys_pre = {g: np.log(predict_rows(pre, dev, held[g])) for g in gnames}
@@ -163,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ship_pre = np.exp(sum(np.where(gs == g, phys_pre[g], 0.0) for g in gnames))
     ship_post = np.exp(sum(np.where(gs == g, phys_post[g], 0.0) for g in gnames))
     zero = np.zeros(len(rows))
-    res: dict[str, dict[str, Any]] = {("s13 physical" if a.terms_off else "s14 physical"): {"pre": ship_pre, "post": ship_post}}
+    res: dict[str, dict[str, Any]] = {("physical + terms" if a.terms else "physical (shipped)"): {"pre": ship_pre, "post": ship_post}}
     Xpre = np.array([row_features(r) for r in pre])
     Xpost = np.array([row_features(r) for r in rows])
     res["gbr time"] = {"pre": np.exp(lomo_learner(Xpre, y, groups, lambda g: zero)),

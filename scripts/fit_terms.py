@@ -6,7 +6,7 @@
 Everything here is a PREDICTION from the committed H200 measurements (nothing is measured anew). The terms
 (:class:`stitchtune.cost.fitted.Coefficients`; 0 turns each off):
 
-Both are in the shipped fit since s14 (the verdict: results/cost-fit-2026-12-07-s14/README.md).
+Both are optional (``OPTIONAL_BOUNDS``), off in the shipped fit (the verdict: results/cost-fit-2026-12-07-s14/README.md).
 
 * ``sm_inflight_kib``: the bytes one SM's memory pipeline keeps in flight are bounded (miss queues); Little's
   law over ``min(grid, SMs)`` busy SMs, each at most this. A grid that does not fill the machine reaches the
@@ -49,25 +49,23 @@ from stitchtune.hardware.device import get_device  # noqa: E402
 
 DATASET = "results/cost-fit-2026-12-07-s13-walk/dataset.json"
 
-#: (name, coefficients fixed (not fitted); the rest of FITTED is fitted). The two terms are in FITTED (shipped since
-#: s14); fixing one at 0 turns it off (the s13 model is both off). A fitted term that is off in the base starts at
-#: stitchtune.cost.fitted.FIT_START's value (sm_inflight_kib 32, loaded_latency 1.0)
-OFF_SM, OFF_LL = {"sm_inflight_kib": 0.0}, {"loaded_latency": 0.0}
-VARIANTS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("s13 (both terms off)", {**OFF_SM, **OFF_LL}),
-    ("+ SM in flight", OFF_LL),
-    ("+ SM in flight, reg share 1", {**OFF_LL, "inflight_reg_share": 1.0}),
-    ("+ loaded latency", OFF_SM),
-    ("+ SM in flight + loaded latency (s14 shipped)", {}),
-    ("+ both, reg share 1", {"inflight_reg_share": 1.0}),
+#: (name, optional terms fitted beyond FITTED (stitchtune.cost.fitted.OPTIONAL_BOUNDS; each starts at FIT_START's
+#: value: sm_inflight_kib 32, loaded_latency 1.0), coefficients fixed (not fitted)). The shipped model is variant 0.
+VARIANTS: tuple[tuple[str, tuple[str, ...], dict[str, float]], ...] = (
+    ("shipped (both terms off)", (), {}),
+    ("+ SM in flight", ("sm_inflight_kib",), {}),
+    ("+ SM in flight, reg share 1", ("sm_inflight_kib",), {"inflight_reg_share": 1.0}),
+    ("+ loaded latency", ("loaded_latency",), {}),
+    ("+ SM in flight + loaded latency", ("sm_inflight_kib", "loaded_latency"), {}),
+    ("+ both, reg share 1", ("sm_inflight_kib", "loaded_latency"), {"inflight_reg_share": 1.0}),
 )
 
 
 def fit_variant(rows: list[dict[str, Any]], dev: Any, v: int) -> Coefficients:
     """The variant ``v``'s coefficients fitted to ``rows`` (pre-build features)."""
-    _, fixed = VARIANTS[v]
+    _, extra, fixed = VARIANTS[v]
     base = dataclasses.replace(Coefficients.defaults(dev), **fixed)
-    return fit_coefficients(rows, dev, base, names=[n for n in FITTED if n not in fixed])
+    return fit_coefficients(rows, dev, base, names=[n for n in FITTED if n not in fixed] + list(extra))
 
 
 class Fits:
@@ -121,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"variants": {}}
     held: dict[int, Any] = {}
     for v in vs:
-        name, fixed = VARIANTS[v]
+        name, _, fixed = VARIANTS[v]
         ho, hoc = lomo(fits, v, pre, groups), lomo(fits, v, rows, groups)
         held[v] = (ho, hoc)
         s, sc = score(m, ho), score(m, hoc)

@@ -25,10 +25,11 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
   destination registers); the bandwidth is a smooth minimum of ``bw_efficiency`` x copy bandwidth and
   that over the loaded latency (Little's law; a kernel without global loads, no bytes in flight walked or compiled
   and no load round, is not latency-bound: its stores are issued without waiting, so it streams at the ceiling).
-  The bytes in flight of all SMs are at most ``min(grid, SMs) x sm_inflight_kib`` (the memory parallelism of the
-  SMs a grid keeps busy: miss queues; 0: no limit), and the latency they wait is ``dram_latency_ns x (1 +
-  loaded_latency x bw / copy bandwidth)`` (queueing as the bandwidth drawn rises; 0: constant), so the bandwidth
-  solves ``bw = bytes in flight / latency(bw)``: ``2B / (L0 + sqrt(L0^2 + 4 a L0 B / copy))``.
+  Two optional terms (0 = off, as shipped: results/cost-fit-2026-12-07-s14/): the bytes in flight of all SMs are at
+  most ``min(grid, SMs) x sm_inflight_kib`` (the memory parallelism of the SMs a grid keeps busy: miss queues), and
+  the latency they wait is ``dram_latency_ns x (1 + loaded_latency x bw / copy bandwidth)`` (queueing as the
+  bandwidth drawn rises), so the bandwidth solves ``bw = bytes in flight / latency(bw)``: ``2B / (L0 + sqrt(L0^2 +
+  4 a L0 B / copy))`` (``B / L0`` when off).
   DRAM bytes are the unique bytes plus the sector bytes
   beyond them (re-reads, strided sectors) that miss the L2; they hit in proportion ``min(1, l2_keep x L2
   / window)``, ``window = unique bytes / max(1, waves) ** reuse_window`` (with ``reuse_window`` 1: the
@@ -163,15 +164,16 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "event_us": (0.01, 20.0),
     "round_ns": (10.0, 5000.0),
     "l2_request_ns": (0.1, 200.0),
-    "sm_inflight_kib": (1.0, 4096.0),
-    "loaded_latency": (0.01, 20.0),
 }
+#: coefficients fitted only when a caller names them (``fit_coefficients(names=...)``): ``spill_ns`` needs rows
+#: with compiled facts (scripts/fit_compiled_variants.py); the shipped model is fitted without them, spill term 0
+#: ``sm_inflight_kib`` and ``loaded_latency`` (s14: the memory parallelism of small grids, the latency's rise with the
+#: bandwidth drawn): scored by scripts/fit_terms.py, not shipped (results/cost-fit-2026-12-07-s14/README.md)
+OPTIONAL_BOUNDS: dict[str, tuple[float, float]] = {"spill_ns": (1.0, 5000.0), "flush_writeback": (0.01, 1.0),
+                                                   "sm_inflight_kib": (1.0, 4096.0), "loaded_latency": (0.01, 20.0)}
 #: where a fitted term is off in the base coefficients (0, as in :meth:`Coefficients.defaults`), the fit starts it
 #: here (else it would start at its lower bound); the weak pull of the fit is towards this start
 FIT_START: dict[str, float] = {"sm_inflight_kib": 32.0, "loaded_latency": 1.0}
-#: coefficients fitted only when a caller names them (``fit_coefficients(names=...)``): ``spill_ns`` needs rows
-#: with compiled facts (scripts/fit_compiled_variants.py); the shipped model is fitted without them, spill term 0
-OPTIONAL_BOUNDS: dict[str, tuple[float, float]] = {"spill_ns": (1.0, 5000.0), "flush_writeback": (0.01, 1.0)}
 
 
 _CACHE: dict[tuple[str, str, int | None], Coefficients] = {}

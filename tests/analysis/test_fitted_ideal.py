@@ -31,10 +31,8 @@ def test_the_ideal_is_at_most_the_prediction(name: str) -> None:
 
 
 def test_an_inefficient_kernel_is_predicted_above_its_ideal() -> None:
-    """A layernorm backward's heuristic program: a persistent row kernel (partials, barriers, serial rounds) and the
-    column-sum kernel of its partials (inactive lanes). (The softmax at tpr 32 / block 32 was the case until s14:
-    with the bytes in flight bounded per SM it is predicted at the bandwidth its ideal reaches.)"""
-    program = _program("layernorm_backward.json")
+    """One thread per row of a 4096-float softmax row (tpr 1): few lanes' requests, long serial loops."""
+    program = _program("softmax.json", tpr=32, block=32)
     feats = program_features(program, DEV)
     c = coefficients_for(DEV)
     assert all(kernel_device_us(ideal_features(f), DEV, c) < kernel_device_us(f, DEV, c) for f in feats)
