@@ -71,7 +71,7 @@ def row_features(r: dict[str, Any]) -> list[float]:
     v = [np.log1p(sum(float(k[n]) for k in ks)) for n in SUMMED]
     v += [np.log1p(sum(float(k[n]) * k["grid"] * k["block"] for k in ks)) for n in PER_THREAD]
     v += [np.log1p(sum(float(k["smem_wavefronts"]) * k["grid"] for k in ks))]
-    v += [float(big[n]) for n in OWN]
+    v += [float(big.get(n, 0.0)) for n in OWN]   # a field an older dataset lacks: its default, 0
     v += [float(len(ks)), 1.0 if r.get("timing") == "events" else 0.0]
     return v
 
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{ship_pre[i] / m[i]:.2f} | {ship_post[i] / m[i]:.2f} | {res['hybrid']['pre'][i] / m[i]:.2f} | "
                      f"{k['grid']} x {k['block']}{' (+%d)' % (len(r['kernels']) - 1) if len(r['kernels']) > 1 else ''} | "
                      f"{k['blocks_per_sm']} | {k['waves']:.2f} | {k['bytes_in_flight_per_thread']:.0f} | "
-                     f"{k['compiled_bytes_in_flight']:.0f} | {k['load_rounds']:.0f} | {k['serial_rounds']:.0f} | "
+                     f"{k.get('compiled_bytes_in_flight', 0):.0f} | {k.get('load_rounds', 0):.0f} | {k.get('serial_rounds', 0):.0f} | "
                      f"{k['registers']} | {lim} |")
     for i in range(len(rows)):
         for x in tags(rows[i], dev):
