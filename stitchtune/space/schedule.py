@@ -148,6 +148,8 @@ class Schedule:
         fields into the option table under the same names), so every record a tuning database or a
         compiled manifest wrote still loads, and a key today's table does not know comes from a newer
         stitchtune or a hand edit; read with it ignored, the schedule would not be the one recorded."""
+        if not isinstance(d, Mapping):
+            raise ScheduleError(f"malformed schedule: a JSON object is needed, not {type(d).__name__}")
         unknown = sorted(str(k) for k in d if k not in CORE_KEYS and k not in table)
         if unknown:
             known = (*CORE_KEYS, *table.names)

@@ -59,6 +59,9 @@ def test_an_unknown_key_is_an_error_naming_it(key: str, message: str) -> None:
     assert str(exc.value).startswith("malformed schedule: " + message), exc.value
     with pytest.raises(ScheduleError, match="unknown key 'a' .* and 1 more"):
         Schedule.from_dict({**d, "b": 1, "a": 1})
+    for not_a_dict in (5, [1], "tpr"):
+        with pytest.raises(ScheduleError, match="a JSON object is needed"):
+            Schedule.from_dict(not_a_dict)  # type: ignore[arg-type]
     with pytest.raises(ScheduleError, match="unknown key 'tpr_'"):   # also where it stands for a missing core key
         Schedule.from_dict({**{k: v for k, v in d.items() if k != "tpr"}, "tpr_": 32})
 
