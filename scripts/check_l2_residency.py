@@ -13,12 +13,16 @@ B. **BERT training, ours** (the fit dataset's ``bert-train`` rows: 37 launches o
    fitted model's time with coefficients fitted **without** bert-train (pre-build: IR walk; post-build: SASS bytes in
    flight), as is and credited (the region's first launch, ``st_k0``, reads its inputs).
 C. **BERT training, Inductor's kernels** matched to our regions (``fit_ceiling.TRACE_MATCH``, layer 0 forward,
-   layer 1 backward): no prediction; our region's bytes over Inductor's MEASURED time, and the estimate's DRAM bytes
-   over it, against the copy bandwidth (a DRAM rate above it means the estimate leaves too much to DRAM) and the
-   streaming rate from the L2 (a rate above ``stream_factor`` x copy means the factor is too low).
+   layer 1 backward): no prediction; our launch's bytes over Inductor's MEASURED time, and the estimate's DRAM bytes
+   over it, against the copy bandwidth (a DRAM rate above it means the estimate leaves too much to DRAM). The
+   fastest of them (all bytes over time) is the least ``stream_factor`` the grid offers: no kernel streams faster
+   than the L2 lets it.
 
-The estimate's parameters (policy, keep, stream_factor) are chosen on A, on B (pre-build) and on both by the
-share within ±25% (then the median |log q|); each single-group choice is scored on the other group (held out).
+The estimate's parameters (policy, keep, stream_factor, accounting) are chosen on A, on B (pre-build) and on both by
+the share within ±25% (then the median |log q|); each single-group choice is scored on the other group (held out).
+``--totals AUDIT_DIR`` adds the model totals (the audit's fitted times of BERT, GPT-2 and Llama, inference and
+train, credited under each choice) beside Inductor's MEASURED kernel time. ``--streaming mm,bmm`` tries a variant
+(those ops' reads do not enter the cache).
 The L2 state comes from our FX graph's order (Inductor's trace runs the same GEMMs in the same order around these
 kernels). Writes ``<out>/check.md`` (also printed) and ``<out>/check.json``.
 """
@@ -110,6 +114,40 @@ def group_c(b: list[dict[str, Any]], train: dict[str, Any]) -> list[dict[str, An
     return out
 
 
+def totals(audit_dir: Path, sets: dict[str, L2Params], dev: Any, c: Coefficients,
+           stream: frozenset[str]) -> list[str]:
+    """Per model and call, the audit's fitted and fitted-ideal sums credited under each parameter set (PREDICTED),
+    beside Inductor's MEASURED kernel time: how much the verdict depends on the choice."""
+    from audit_models import inductor_measured
+
+    lines = ["", f"## Model totals under each parameter set (PREDICTED; fitted times from {audit_dir}/<model>.json)", "",
+             "| model | call | fitted us | " + " | ".join(f"fitted, L2: {k}" for k in sets) + " | Inductor MEASURED us |",
+             "|---|---|---|" + "---|" * len(sets) + "---|"]
+    for model in ("bert", "gpt2", "llama"):
+        path = audit_dir / f"{model}.json"
+        if not path.exists():
+            continue
+        audits = {r["workload_key"]: r for r in json.loads(path.read_text())["regions"]}
+        for call in ("inference", "train"):
+            regions = _capture(model, call)
+            fitted = sum(audits[r.graph.workload_key()]["fitted_us"] or 0.0 for r in regions
+                         if r.graph.workload_key() in audits)
+            cells = []
+            for p in sets.values():
+                sim = simulate(regions, p.keep * dev.l2_bytes, p.policy, stream)
+                tot = 0.0
+                for r in regions:
+                    a = audits.get(r.graph.workload_key())
+                    if a is None or r.name not in sim:
+                        continue
+                    tot += credited_us(a["fitted_us"] or 0.0, a["unique_bytes"], [sim[r.name].saved(p.accounting)], dev,
+                                       c, p)
+                cells.append(f"{tot:.0f}")
+            ind = inductor_measured(model, call)
+            lines.append(f"| {model} | {call} | {fitted:.0f} | " + " | ".join(cells) + f" | {ind:.0f} |")
+    return lines
+
+
 def _q(pred: float, meas: float) -> float:
     return pred / meas
 
@@ -141,11 +179,16 @@ def predict(a: list[dict[str, Any]], b: list[dict[str, Any]], sims: dict[Any, An
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/l2-2026-12-07-s14")
+    ap.add_argument("--streaming", default="", help="comma-separated FX ops whose reads do not enter the cache "
+                    "(e.g. mm,bmm,addmm: GEMM operands read evict-first); a variant, not the shipped estimate")
+    ap.add_argument("--totals", default="", help="an audit directory (scripts/audit_models.py --out) whose fitted "
+                    "times to sum per model and call under each chosen parameter set")
     args = ap.parse_args(argv)
     dev = get_device("h200")
     c = package_coefficients(dev)
     captured = {m: _capture("bert", m) for m in ("inference", "train")}
-    sims = {(m, pol, k): simulate(captured[m], k * dev.l2_bytes, pol)
+    stream = frozenset(x for x in args.streaming.split(",") if x)
+    sims = {(m, pol, k): simulate(captured[m], k * dev.l2_bytes, pol, stream)
             for m in captured for pol in POLICIES for k in KEEPS}
     a = group_a(captured["inference"])
     b, held = group_b(captured["train"], dev)
@@ -163,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     none_a = [_q(r["standalone_us"] - c.event_us, r["in_model_us"]) for r in a]
     none_b = [_q(r["pre_us"], r["in_model_us"]) for r in b]
     none_bp = [_q(r["post_us"], r["in_model_us"]) for r in b]
-    cmd = "python scripts/check_l2_residency.py" + (" " + " ".join(argv) if argv else "")
+    given = sys.argv[1:] if argv is None else argv
+    cmd = " ".join(["python scripts/check_l2_residency.py", *given])
     lines = ["# The L2 estimate against the committed in-model kernel times (H200)", "", f"    {cmd}", "",
              "MEASURED: results/h200-2026-12-04-models (CUPTI in the model step; the tuner's standalone event times "
              "after an L2 flush). Every other time is PREDICTED; q = predicted / measured in the model.", "",
@@ -237,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {r['region']} | {r['ops']} | {r['bytes'] / 1e6:.1f} | {r['us']:.1f} | "
                      f"{r['bytes'] / r['us'] / 1e3:.0f} | {saved / 1e6:.1f} | {dram / 1e6:.1f} | "
                      f"{dram / r['us'] / 1e3:.0f} | {'yes' if ok else 'NO'} |")
+    if args.totals:
+        lines += totals(Path(args.totals), {**{f"chosen on {k}": p for k, p in pick.items()}, "s13-like bound": bound},
+                        dev, c, stream)
     text = "\n".join(lines) + "\n"
     print(text)
     out = REPO / args.out

@@ -17,6 +17,8 @@ Contract
   before is as resident as one it wrote). Dirty bytes (written, not yet written back) are tracked: evicting them
   is a DRAM write-back charged to the op that evicts them; a write larger than the cache writes its overflow back
   at once. Returns, per region name, an :class:`L2Occurrence`.
+  With ``streaming`` (FX op names, e.g. ``{"mm", "bmm"}``), those ops' reads hit what is resident but neither enter
+  the cache nor evict (operands read evict-first): a variant, not what the audit uses.
 * :func:`resident_bytes(regions, capacity, policy="lru") -> dict[str, float]`: per region name, its ``resident`` bytes.
 
 An :class:`L2Occurrence` compares a region's DRAM traffic in the model with the accounting of the fitted cost model,
@@ -126,6 +128,10 @@ class _Cache:
         self.own: set[Hashable] = set()     # the current op's outputs: their write-backs are its own
         self.own_writeback = 0.0
 
+    def peek(self, key: Hashable, nbytes: float) -> float:
+        """Read ``nbytes`` of ``key`` without touching the cache (a streaming read): the bytes resident (hits)."""
+        return min(self.lines.get(key, [0.0, 0.0])[0], nbytes)
+
     def read(self, key: Hashable, nbytes: float) -> float:
         """Touch ``nbytes`` of ``key`` for reading; returns the bytes that were resident (hits)."""
         res, dirty = self.lines.pop(key, [0.0, 0.0])
@@ -194,7 +200,8 @@ def _graph_ops(graph_nodes: Sequence[Any], regions: Sequence[Any]) -> Iterable[t
             yield None, list(dict.fromkeys(n.all_input_nodes)), [n]
 
 
-def simulate(regions: Sequence[Any], capacity: float, policy: str = "lru") -> dict[str, L2Occurrence]:
+def simulate(regions: Sequence[Any], capacity: float, policy: str = "lru",
+             streaming: frozenset[str] = frozenset()) -> dict[str, L2Occurrence]:
     """See the module docstring. ``regions``: captured regions (``name``, ``nodes``, ``inputs``, ``outputs``)."""
     graphs: dict[int, list[Any]] = {}
     for r in regions:
@@ -224,7 +231,8 @@ def simulate(regions: Sequence[Any], capacity: float, policy: str = "lru") -> di
                 if nb > 0:
                     size.setdefault(key, nb)
                     rb += nb
-                    hit += cache.read(key, nb)
+                    stream = region is None and _op(writes[0]) in streaming
+                    hit += cache.peek(key, nb) if stream else cache.read(key, nb)
             for key, nb in made:
                 size[key] = nb
                 wb += nb

@@ -131,6 +131,20 @@ def test_random_replacement_takes_room_from_every_storage_in_proportion() -> Non
     assert 0 < rnd < 20 * MB and rnd != pytest.approx(lru)   # random replacement: a share of every storage
 
 
+def test_streaming_reads_hit_but_do_not_enter_the_cache() -> None:
+    """With ``streaming={"mm"}`` a GEMM's operand reads hit what is resident but neither enter the cache nor evict:
+    the dX GEMM's output survives the dW GEMM's 50 MiB operand read (BERT's GELU backward after two GEMMs)."""
+    g = _G()
+    dy, w, act = g.input("dy", 12), g.input("w", 9), g.input("act", 50)
+    dx = g.mm(dy, w, mib=50)              # the region's input
+    g.mm(dy, act, mib=9)                  # reads the 50 MiB saved activation
+    r = g.region("r", dx, act, mib=50)
+    plain = simulate([r], 60 * MB)["r"].resident
+    streamed = simulate([r], 60 * MB, streaming=frozenset({"mm"}))["r"].resident
+    assert plain < 10 * MB                # the activation's read pushed dx out
+    assert streamed >= 40 * MB            # dx stays; act was never inserted
+
+
 def test_credited_time_bounds() -> None:
     c = dataclasses.replace(Coefficients.defaults(DEV), bw_efficiency=0.5, ramp_us=1.0)
     p = L2Params("lru", 1.0, 2.0)
