@@ -52,6 +52,32 @@ def inductor_measured(model: str, call: str) -> float | None:
     return None
 
 
+def _l2_regions(audits: list[Any], calls: tuple[str, ...], device: Any) -> str:
+    """Per region and call: its occurrences' saved DRAM bytes (the L2 estimate) and the fitted time summed over
+    them, as is and credited (PREDICTED with the L2 estimate): the summary's `fitted, L2` region by region."""
+    from stitchtune.analysis.l2_credit import credited_us, l2_params
+    from stitchtune.cost.fitted import coefficients_for
+
+    c, params = coefficients_for(device), l2_params(device)
+    out = ["", "## Fitted times with the L2 estimate, per region (PREDICTED)", "",
+           f"Each occurrence's input bytes still in the L2 when it starts (stitchtune/analysis/l2_residency.py: "
+           f"{params.policy} replacement, keep {params.keep} x the L2) read from it (stitchtune/analysis/l2_credit.py; "
+           "results/l2-2026-12-07-s14/).", "",
+           "| region | call | occurs | saved MB per occurrence | fitted us (all occurrences) | fitted, L2 us |",
+           "|---|---|---|---|---|---|"]
+    for call in calls:
+        for a in audits:
+            n = _uses(a).get(call, 0)
+            if not n:
+                continue
+            each = list(a.l2_resident.get(call, [])) or [0.0] * n
+            fitted = (a.fitted_us or 0.0) * n
+            l2 = credited_us(a.fitted_us or 0.0, a.unique_bytes, each, device, c, params)
+            out.append(f"| {a.graph} | {call} | {n} | {', '.join(f'{b / 1e6:.1f}' for b in each)} | {fitted:.1f} | "
+                       f"{l2:.1f} |")
+    return "\n".join(out) + "\n"
+
+
 def _summary_rows(name: str, audits: list[Any], calls: tuple[str, ...], device: Any = None) -> list[str]:
     """One row per call pattern: its workloads, their kernels, and floor / predicted times summed over
     every region occurrence (count x the region's figure); the fitted and fitted-ideal sums again with each
@@ -155,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                                           sass=not args.no_sass, peer=not args.no_peer)
         secs = time.perf_counter() - t0
         title = f"Kernel audit: {name} ({', '.join(calls)}; 2 layers, batch 8 x 512, fp32) - CPU static analysis"
-        (out / f"{name}.md").write_text(audit_markdown(audits, title, skipped) + "\n")
+        (out / f"{name}.md").write_text(audit_markdown(audits, title, skipped) + "\n" + _l2_regions(audits, calls, device))
         if not args.render_only:
             (out / f"{name}.json").write_text(json.dumps(audit_json(audits, skipped), indent=1) + "\n")
         summary += _summary_rows(name, audits, calls, device)

@@ -230,3 +230,23 @@ def test_the_audit_summary_sets_inductors_measured_time_beside_the_l2_sums() -> 
     assert mod.inductor_measured("bert", "train") == pytest.approx(887.0, abs=0.5)
     assert mod.inductor_measured("llama", "inference") == pytest.approx(412.0, abs=0.5)
     assert mod.inductor_measured("bert", "eval-grad") is None
+
+
+def test_the_per_model_audit_lists_each_regions_l2_credit() -> None:
+    """scripts/audit_models.py's per-region section: one row per region and call, credited <= fitted."""
+    import importlib.util
+    from pathlib import Path
+
+    from stitchtune.analysis.audit import audit_model
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "audit_models.py"
+    spec = importlib.util.spec_from_file_location("audit_models_for_test2", path)
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    model, inputs = _model()
+    audits, _ = audit_model(model, inputs, DEV, sass=False, peer=False)
+    rows = [r for r in mod._l2_regions(audits, ("inference",), DEV).splitlines() if r.startswith("| region_")]
+    assert len(rows) == len(audits)
+    for r in rows:
+        fitted, credited = (float(x) for x in r.strip("| ").split(" | ")[-2:])
+        assert credited <= fitted + 1e-9
