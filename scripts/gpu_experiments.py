@@ -299,16 +299,28 @@ def run_case(case: Case, cg: Any, device: Any, timer: Timer, iters: int, commit:
     return row
 
 
-def run_gpu(args: argparse.Namespace, out: Path) -> int:
-    import torch
+def _cuda_torch() -> Any:
+    """torch when it sees a CUDA GPU, else None (a seam for the tests' fakes)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
 
-    if not torch.cuda.is_available():
-        print("gpu_experiments: error: no CUDA GPU here (use --check on a CPU machine)", file=sys.stderr)
-        return 2
+
+def _gpu_device() -> Any:
     from stitchtune.gpu.device_query import default_device
 
+    return default_device()
+
+
+def run_gpu(args: argparse.Namespace, out: Path) -> int:
+    torch = _cuda_torch()
+    if torch is None:
+        print("gpu_experiments: error: no CUDA GPU here (use --check on a CPU machine)", file=sys.stderr)
+        return 2
     t_end = time.monotonic() + args.budget_s
-    device = default_device()
+    device = _gpu_device()
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     todo = [c for c in cases(device.sm_count) if c.experiment in args.experiments]

@@ -195,3 +195,59 @@ def test_the_timing_protocols_set_up_the_l2_as_documented(monkeypatch: pytest.Mo
         timer.prelude(protocol, args, "x", _FakeTensor(torch.log, "a"))
         assert torch.log == steps, protocol
     assert timer.big[2].name != "x"
+
+
+def _fake_gpu(mod: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The GPU path with its GPU parts faked: the H200 description, no nvcc, each launch 'measured' at 1 us per
+    protocol; returns the list of the cases the fake timer timed."""
+    from stitchtune.hardware.device import get_device
+
+    timed: list[str] = []
+
+    class FakeTimer:
+        def __init__(self, torch: Any, device: Any) -> None:
+            self.torch = torch
+
+        def time(self, cg: Any, args: Any, protocol: str, gemm_input: Any, iters: int) -> dict[str, float]:
+            timed.append(cg.graph.name)
+            return {la.kernel: 1.0 for la in cg.program.launches}
+
+    monkeypatch.setattr(mod, "_cuda_torch", lambda: object())
+    monkeypatch.setattr(mod, "_gpu_device", lambda: get_device("h200"))
+    monkeypatch.setattr(mod, "build_all", lambda sources, arch: [])
+    monkeypatch.setattr(mod, "_gpu_inputs", lambda torch, g: {})
+    monkeypatch.setattr(mod, "Timer", FakeTimer)
+    return timed
+
+
+def test_gpu_path_times_each_distinct_kernel_once_and_writes_fit_rows(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    """The A/B experiment with the GPU faked: a variant equal to the heuristic is a ``same_as`` row (timed once),
+    every other case a row with its launches and measured times; the flushed times become cost-fit rows of group
+    ``exp-ab`` in ``--fit-rows``; the fit script reads the folder."""
+    mod = load_script("gpu_experiments", monkeypatch)
+    timed = _fake_gpu(mod, monkeypatch)
+    fit_rows = tmp_path / "round_fit_rows.jsonl"
+    assert mod.main(["--out", str(tmp_path), "--only", "ab", "--fit-rows", str(fit_rows)]) == 0
+    rows = {r["case"]: r for r in map(json.loads, (tmp_path / "experiments.jsonl").read_text().splitlines())}
+    assert len(rows) == 13
+    same = {k: r["same_as"] for k, r in rows.items() if "same_as" in r}
+    assert same == {"gpt2-view_82/tpb2": "gpt2-view_82/heuristic", "bert-view_92/tpb2": "bert-view_92/heuristic",
+                    "bert-view_50/kernel": "bert-view_50/heuristic", "bert-view_59/rv1": "bert-view_59/heuristic"}
+    assert len(timed) == 9
+    ok = [r for r in rows.values() if "measured_us" in r]
+    assert all(set(r["measured_us"]["flushed"]) == {la["kernel"] for la in r["launches"]} for r in ok)
+    fits = [json.loads(x) for x in fit_rows.read_text().splitlines()]
+    assert {f["group"] for f in fits} == {"exp-ab"} and len(fits) == sum(len(r["launches"]) for r in ok)
+    fit = load_script("gpu_experiments_fit", monkeypatch)
+    data, _ = fit.report(list(rows.values()))
+    assert {a["region"] for a in data["ab"]} == {"gpt2 view_82", "bert view_92", "bert view_50", "bert view_59"}
+
+
+def test_gpu_path_out_of_budget_leaves_rows_not_a_crash(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    mod = load_script("gpu_experiments", monkeypatch)
+    timed = _fake_gpu(mod, monkeypatch)
+    assert mod.main(["--out", str(tmp_path), "--only", "latency", "--budget-s", "0.001"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "experiments.jsonl").read_text().splitlines()]
+    assert len(rows) == 16 and all(r.get("skipped") == "budget spent" for r in rows) and not timed
+    assert "budget spent" in (tmp_path / "experiments.md").read_text()
