@@ -135,6 +135,27 @@ def build_all(sources: list[str], arch: str) -> list[Any]:
     return list(NvccBuilder().build(sources, arch))
 
 
+def sass_facts(res: Any) -> dict[str, dict[str, float]]:
+    """Per kernel of a build result's cubin, what its SASS says (:func:`stitchtune.gpu.sass.compiled_facts`: bytes
+    and loads in flight per thread, spills, registers); empty without cuobjdump or a cubin."""
+    from stitchtune.gpu.sass import compiled_facts, find_cuobjdump, read_cubin
+
+    if not getattr(res, "cubin_path", None) or find_cuobjdump() is None:
+        return {}
+    try:
+        return {k: {"bytes_in_flight": f.bytes_in_flight, "loads_in_flight": f.loads_in_flight,
+                    "spill_instructions": float(f.spill_instructions), "registers": float(f.registers)}
+                for k, f in ((k, compiled_facts(m)) for k, m in read_cubin(res.cubin_path).items())}
+    except Exception:  # an unreadable cubin: the IR's figures stand alone
+        return {}
+
+
+def _add_sass(row: dict[str, Any], facts: dict[str, dict[str, float]]) -> None:
+    for la in row.get("launches", []):
+        if la["kernel"] in facts:
+            la["sass"] = facts[la["kernel"]]
+
+
 # ---------------------------------------------------------------- check mode (no GPU)
 
 def check_case(case: Case, device: Any) -> tuple[dict[str, Any], str | None]:
@@ -185,6 +206,7 @@ def run_check(args: argparse.Namespace, out: Path) -> int:
             continue
         res = next(it)
         row.update({"nvcc": str(res.status), "registers": res.registers, "spill_bytes": res.spill_bytes})
+        _add_sass(row, sass_facts(res))
         if row["nvcc"] != "ok" and row["check"] == "ok":
             row["check"] = f"FAIL: nvcc {row['nvcc']}: {(res.error or '')[:300]}"
     if "scatter" in args.experiments:
@@ -331,7 +353,8 @@ def run_gpu(args: argparse.Namespace, out: Path) -> int:
         except Exception as e:  # a failure is a row
             _write(out, [{"experiment": c.experiment, "case": c.name, "error": _err(e)}])
     t0 = time.monotonic()
-    build_all([cg.sources for cg in compiled.values()], device.arch)
+    built = build_all([cg.sources for cg in compiled.values()], device.arch)
+    facts = {name: sass_facts(res) for name, res in zip(compiled, built)}
     print(f"built {len(compiled)} programs in {time.monotonic() - t0:.1f} s", flush=True)
     timer = Timer(torch, device)
     seen: dict[str, str] = {}
@@ -357,6 +380,7 @@ def run_gpu(args: argparse.Namespace, out: Path) -> int:
             try:
                 row = run_case(c, cg, device, timer, args.iters, commit,
                                Path(args.fit_rows) if args.fit_rows else out / "fit_rows.jsonl")
+                _add_sass(row, facts.get(c.name, {}))
             except Exception as e:  # a failure is a row
                 row = {"experiment": exp, "case": c.name, "error": _err(e),
                        "trace_tail": traceback.format_exc().splitlines()[-4:]}

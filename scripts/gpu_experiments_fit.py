@@ -104,12 +104,14 @@ def _latency_points(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         la = r["launches"][0]
         sms = int(r["sm_count"])
         active = min(la["grid"], max(1, la["blocks_per_sm"]) * sms)
-        inflight = la["bytes_in_flight_per_thread"] * la["block"] * active
+        sass = float(la.get("sass", {}).get("bytes_in_flight", 0.0))       # per thread, read from the cubin
+        inflight = (sass or la["bytes_in_flight_per_thread"]) * la["block"] * active
         t = float(_total(r, "flushed") or 0.0)
         bw = _unique(r) / t                                    # bytes per us
         pts.append({"case": r["case"], "sweep": r["params"]["sweep"], "grid": la["grid"], "bytes": _unique(r),
                     "t_us": t, "fitted_us": la["fitted_us"], "bw_gbs": bw / 1e3, "inflight_bytes": inflight,
                     "sms_used": min(la["grid"], sms), "implied_latency_ns": inflight / bw * 1e3,
+                    "inflight_from": "sass" if sass else "ir",
                     "copy_gbs": r["copy_gbs"]})
     return pts
 
@@ -193,10 +195,11 @@ def report(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
         md.append("no l2 rows")
     md += ["", "## Latency vs per-SM parallelism", ""]
     if lat["points"]:
-        md += ["| case | grid | MB | measured us | fitted model us (PREDICTED) | GB/s | implied latency ns (Little) |",
-               "|---|---|---|---|---|---|---|"]
+        md += ["| case | grid | MB | measured us | fitted model us (PREDICTED) | GB/s | bytes in flight (from) "
+               "| implied latency ns (Little) |", "|---|---|---|---|---|---|---|---|"]
         md += [f"| {p['case']} | {p['grid']} | {p['bytes'] / 1e6:.1f} | {p['t_us']:.1f} | {p['fitted_us']:.1f} | "
-               f"{p['bw_gbs']:.0f} | {p['implied_latency_ns']:.0f} |" for p in lat["points"]]
+               f"{p['bw_gbs']:.0f} | {p['inflight_bytes'] / 1024:.0f} KiB ({p['inflight_from']}) | "
+               f"{p['implied_latency_ns']:.0f} |" for p in lat["points"]]
         if "note" in lat:
             md.append(f"\n{lat['note']}")
         for name in ("latency", "latency+sm_cap"):
@@ -204,6 +207,12 @@ def report(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
                 md.append(f"\n{name} (FITTED): " + ", ".join(f"{k} {v:.3g}" for k, v in lat[name].items()))
     else:
         md.append("no latency rows")
+    md += ["", "Into the cost model: the flushed timings are cost-fit rows (groups exp-l2, exp-latency, exp-ab) in the "
+           "round's fit_rows.jsonl; `python scripts/gpu_fit_rows.py refit <round dir>` refits the shipped model with "
+           "them (<round dir>/dataset.json), then `python scripts/fit_terms.py --dataset <round dir>/dataset.json --out "
+           "<round dir>/fit-terms` scores the optional terms (`sm_inflight_kib`, `loaded_latency`) with the sweep as a "
+           "group of its own; the least-squares latency above is the check on `dram_latency_ns` (bound 200 ns in "
+           "`cost/fitted.FIT_BOUNDS`)."]
     md += ["", "## Schedule rules A/B (flushed)", "",
            "| region | question | variant | measured us | fitted us (PREDICTED) | note |", "|---|---|---|---|---|---|"]
     for a in ab:

@@ -97,6 +97,11 @@ def test_latency_fit_recovers_the_latency_little_s_law_implies(monkeypatch: pyte
     assert out["latency"]["bw_max_x_copy"] == pytest.approx(0.9, rel=0.02)
     small = [p for p in out["points"] if p["grid"] == 4][0]
     assert small["implied_latency_ns"] == pytest.approx(650 * small["t_us"] / (small["t_us"] - 2.0), rel=0.01)   # the launch ramp counted as latency
+    assert small["inflight_from"] == "ir"
+    # the cubin's bytes in flight (SASS, where the check or the GPU run could read it) win over the IR walk's
+    rows[0]["launches"][0]["sass"] = {"bytes_in_flight": 128.0}
+    sass = fit.latency_fit(rows)["points"][0]
+    assert sass["inflight_from"] == "sass" and sass["implied_latency_ns"] == pytest.approx(2 * small["implied_latency_ns"])
 
 
 def test_ab_verdicts_follow_same_as_and_score_the_model_order(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,6 +140,11 @@ def test_check_mode_builds_and_emulates_every_kernel(monkeypatch: pytest.MonkeyP
 
     if nvcc_found():
         assert all(r["nvcc"] == "ok" and r["registers"] for r in rows if r["experiment"] != "scatter")
+        from stitchtune.gpu.sass import find_cuobjdump
+
+        if find_cuobjdump():   # the latency sweep's loads in flight as compiled (the IR walk says one 16 B load)
+            lat = [la for r in rows if r["experiment"] == "latency" for la in r["launches"]]
+            assert all(la["sass"]["bytes_in_flight"] >= 16 for la in lat)
     assert "measures nothing" in (tmp_path / "experiments.md").read_text()
 
 
