@@ -194,3 +194,26 @@ def test_row_vector_concats_compile_for_sm90_without_spills(tmp_path) -> None:
         programs.append(lower(g, plan, s, DEV, space))
     regs = compile_programs_sm90(programs, tmp_path, flags=BUILDER_FLAGS)
     assert regs[0]["st_k0"] <= 96, regs
+
+
+def test_the_space_offers_them_only_where_the_plan_has_vector_rows() -> None:
+    """The option on a plan without ``vector_rows`` (a per-row input beside the piece) is a violation; on
+    the concat it is legal, and its registers count every input and further chain."""
+    d = qkv_concat().to_dict()
+    d["inputs"]["r"] = {"shape": [2, 64, 1], "dtype": "float32"}
+    d["nodes"].append({"id": "o", "op": "mul", "args": ["cat", "r"]})
+    d["outputs"] = ["o"]
+    g = parse_graph(d)
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    s = heuristic_schedule(plan, DEV, space)
+    assert any("row_vectors" in v for v in space.violations(dataclasses.replace(s, row_vectors=True)))
+    plan2, space2, s2 = _schedule(qkv_concat())
+    elems = space2.derived(s2)["reg_cache_elems"]
+    assert elems == space2.derived(dataclasses.replace(s2, row_vectors=False))["reg_cache_elems"] + 3 * 4 * 3
+    rot = make_plan(rotary_backward())
+    space3 = SearchSpace.for_plan(rot, DEV)
+    s3 = dataclasses.replace(heuristic_schedule(rot, DEV, space3), row_vectors=True)
+    extra = space3.derived(s3)["reg_cache_elems"] - space3.derived(dataclasses.replace(s3, row_vectors=False))[
+        "reg_cache_elems"]
+    assert extra == 3 * s3.vec * (5 + 3)   # 5 full-size inputs, 3 chains beyond the first
