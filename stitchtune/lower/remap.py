@@ -67,8 +67,8 @@ from stitchtune.lower.gather import gather_index
 from stitchtune.lower.index_chain import chain_offset, node_axis, split_axes
 from stitchtune.lower.remap_positions import coord, moving_bounds, moving_deltas
 from stitchtune.lower.row_vectors import RowGroupLoads
-from stitchtune.plan.planner import TensorClass
 from stitchtune.plan.adjacent import transposed_heads
+from stitchtune.plan.planner import TensorClass
 from stitchtune.plan.chains import composed_chains, domain_of, layout_part, mixed_layout, wide_inputs
 from stitchtune.plan.index_ops import has_index_ops
 from stitchtune.plan.pieces import index_free, layout_reader_shift, unit_pieces
