@@ -83,9 +83,8 @@ class RowLowerer(Lowerer):
         # yet): never estimated past one block per SM, since ptxas keeps a block within an SM
         loads = estimate_registers(self.per_thread * (max(n_reg, hoisted_inputs(p, s, self.iters)) + n_pf), vec, 4)
         est = max(est, min(loads, self.dev.max_regs_per_thread, self.dev.regs_per_sm // s.block))
-        if self.rows > 1:   # the other rows' values of each full-size input, loaded with the first row's
-            n_full = sum(1 for n, c in p.classes if c is TensorClass.FULL and n in set(p.input_names))
-            est += elementwise_row_vector_registers(self.rows, vec, n_full, p.vector_heads)
+        if self.rows > 1:   # the other rows' values of each row-vector load, loaded with the first row's
+            est += elementwise_row_vector_registers(self.rows, vec, p.vector_loads)
         if s.min_blocks:  # __launch_bounds__ caps what ptxas may use
             est = min(est, self.dev.regs_per_sm // (s.block * s.min_blocks))
         return tasks, est, segs

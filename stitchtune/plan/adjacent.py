@@ -43,8 +43,9 @@ from stitchtune.plan.classes import TensorClass
 from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import IndexMap
 from stitchtune.plan.ints import int_registers
+from stitchtune.plan.remap import remap_visits
 
-__all__ = ["adjacent_rows", "chain_strides", "chain_start", "transposed_heads", "vector_rows"]
+__all__ = ["adjacent_rows", "chain_strides", "chain_start", "transposed_heads", "vector_loads", "vector_rows"]
 
 #: bytes of one memory sector (a warp access is served in these)
 _SECTOR = 32
@@ -120,6 +121,18 @@ def transposed_heads(graph: Graph, M: int) -> frozenset[str]:
         if strides is not None and ra >= off and shape[ra - off] == domain[ra] and strides[ra - off] == 1:
             out.add(head)
     return frozenset(out)
+
+
+def vector_loads(graph: Graph, classes: dict[str, TensorClass], M: int) -> int:
+    """The loads of :func:`transposed_heads` chains one element of the row kernel of a plan of ``M`` rows and
+    tensor ``classes`` makes: each chain
+    once per column shift the region's slices and concats read it at (GPT-2's concat: 1; Llama's rotary
+    gradient: 4 chains x 3 shifts = 12), from the remap walk the planner proved
+    (:func:`~stitchtune.plan.remap.remap_visits`)."""
+    heads = transposed_heads(graph, M)
+    varies = {n: c.varies_along_reduced for n, c in classes.items()}
+    seen = remap_visits(graph, domain_of(graph), _row_axes(graph, M), varies, mixed_layout(graph))
+    return sum(1 for name, _ in seen if name in heads)
 
 
 def vector_rows(graph: Graph, family: Family, maps: dict[str, IndexMap], classes: dict[str, TensorClass], M: int,

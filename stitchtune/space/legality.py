@@ -159,7 +159,7 @@ class SpaceRules:
         whole groups)."""
         if self.plan.family == Family.ELEMENTWISE:   # transposed inputs R rows a thread (plan.adjacent.vector_rows)
             R = self.plan.vector_rows or 1
-            return {"row_vector_rows": R, "row_vector_inputs": self.plan.vector_heads if R > 1 else 0,
+            return {"row_vector_rows": R, "row_vector_inputs": self.plan.vector_loads if R > 1 else 0,
                     "row_vectorable": R > 1 and split == 1 and self.plan.M % R == 0}
         R = ROW_VECTOR_ROWS if self.row_vector_inputs else 1
         return {"row_vector_rows": R, "row_vector_inputs": len(self.row_vector_inputs),

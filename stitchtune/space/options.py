@@ -437,20 +437,21 @@ def row_vector_registers(rows: int, vec: int, per_thread: int, full_inputs: int)
     return max(0, n * per_iter - 2 * vec * 4)
 
 
-def elementwise_row_vector_registers(rows: int, vec: int, full_inputs: int, heads: int = 1) -> int:
+def elementwise_row_vector_registers(rows: int, vec: int, loads: int) -> int:
     """Floats per thread an element-wise row kernel with row vectors (``rows`` view rows per sweep iteration,
     :mod:`stitchtune.lower.row_vectors`) holds beyond one row's: the other ``rows - 1`` rows' ``vec`` values of
-    each of its ``full_inputs`` full-size inputs and of each further transposed chain (``heads``: Llama's
-    rotary gradient reads one input through 4), loaded together. 0 for ``rows <= 1``. Against ptxas (sm_90):
-    GPT-2's training concat (3 inputs, 1 chain) 56 -> 68 registers, estimated 56 -> 92; Llama's rotary
-    gradient (5 inputs, 4 chains) 96 -> 188 (128 under its launch bound: 336 bytes spilled), estimated 56 -> 152."""
-    return 0 if rows <= 1 else (rows - 1) * vec * (max(1, full_inputs) + max(0, heads - 1))
+    each of its ``loads`` row-vector loads per element (``plan.vector_loads``), loaded with the first row's and
+    held until their rows use them (the other tensors are read a row at a time). 0 for ``rows <= 1``. Against
+    ptxas (sm_90, the heuristic's launch bounds dropped): GPT-2's training concat (1 load) 56 -> 50 registers
+    (68 under a 2-block bound), estimated 56 -> 68; Llama's rotary gradient (4 chains x 3 column shifts = 12
+    loads) 96 -> 188 (128 under a 2-block bound: 336 bytes spilled), estimated 56 -> 200."""
+    return 0 if rows <= 1 else (rows - 1) * vec * max(1, loads)
 
 
 def _row_vector_option_registers(n: Point) -> int:
     if n["family"] == Family.ELEMENTWISE and n.get("row_vectors"):
         return elementwise_row_vector_registers(int(n.get("row_vector_rows", 1)), int(n["vec"]),
-                                                int(n.get("n_full_inputs", 0)), int(n.get("row_vector_inputs", 1)))
+                                                int(n.get("row_vector_inputs", 1)))
     if n["family"] != Family.COL or not n.get("row_vectors"):
         return 0
     return row_vector_registers(int(n.get("row_vector_rows", 1)), int(n["vec"]), int(n["per_thread"]),
