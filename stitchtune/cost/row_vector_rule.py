@@ -1,4 +1,5 @@
-"""Rule 9 of the heuristic (:mod:`stitchtune.cost.heuristic`): whether a column mapping takes row vectors.
+"""Rule 9 of the heuristic (:mod:`stitchtune.cost.heuristic`): whether a mapping takes row vectors (a column plan's;
+an element-wise plan's with transposed inputs: the last paragraph).
 
 A column plan with an input read along its rows (:mod:`stitchtune.plan.row_vectors`) can load it 4 rows per
 128-bit access (option ``row_vectors``, :mod:`stitchtune.lower.row_vectors`); its other tensors are then
@@ -9,7 +10,10 @@ strided input that loses more than the first gains keeps the row-by-row sweep. I
 mapping, before the reuse levels and the launch, so that the registers row vectors cost (the space's
 ``reg_cache_elems``, :func:`~stitchtune.space.options.row_vector_registers`) size the launch. Only that
 mapping is judged: a mapping whose rows do not split into whole groups of 4 per thread keeps the row-by-row
-sweep (the search tries the option wherever it applies).
+sweep, and no smaller split is tried for them (the search tries the option wherever it applies): a smaller split
+halves the blocks in flight for the sectors of one tensor, and no model workload needs it (docs/architecture.md,
+``lower/row_vectors.py``: BERT's ``view_59``, the only column plan of BERT / GPT-2 / Llama with a row-vector input,
+splits its 4096 rows into whole groups at rule 2's split 16).
 
 An element-wise plan whose transposed inputs a thread can load ``R`` rows at a time (``plan.vector_rows``,
 :mod:`stitchtune.plan.adjacent`) takes row vectors where the registers they are estimated to cost
