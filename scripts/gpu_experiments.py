@@ -316,6 +316,8 @@ def run_case(case: Case, cg: Any, device: Any, timer: Timer, iters: int, commit:
     if all(t is not None for t in per_launch):
         rows = fit_rows(f"exp-{case.experiment}", case.name, row["workload"], cg.program, device,
                         [float(t) for t in per_launch if t is not None], commit)
+        for r in rows:   # fit_rows says heuristic; a changed or fixed schedule is not
+            r["heuristic"] = case.schedule is None and not case.changes
         with open(fit_out, "a", encoding="utf-8") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in rows)
     return row

@@ -249,6 +249,7 @@ def test_gpu_path_times_each_distinct_kernel_once_and_writes_fit_rows(monkeypatc
     assert all(set(r["measured_us"]["flushed"]) == {la["kernel"] for la in r["launches"]} for r in ok)
     fits = [json.loads(x) for x in fit_rows.read_text().splitlines()]
     assert {f["group"] for f in fits} == {"exp-ab"} and len(fits) == sum(len(r["launches"]) for r in ok)
+    assert {f["label"].split("/")[1] for f in fits if f["heuristic"]} == {"heuristic"}
     fit = load_script("gpu_experiments_fit", monkeypatch)
     data, _ = fit.report(list(rows.values()))
     assert {a["region"] for a in data["ab"]} == {"gpt2 view_82", "bert view_92", "bert view_50", "bert view_59"}
