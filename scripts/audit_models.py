@@ -41,20 +41,57 @@ def _uses(a: Any) -> dict[str, int]:
     return {c: int(n) for c, n in parts}
 
 
+def inductor_measured(model: str, call: str) -> float | None:
+    """Inductor's own (Triton) kernels' device time per step, MEASURED on the H200 (CUPTI, the committed
+    results/h200-2026-12-04-models/gpu_models.jsonl, the same shapes), or None where not measured."""
+    path = REPO / "results" / "h200-2026-12-04-models" / "gpu_models.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else ():
+        d = json.loads(line)
+        if (d.get("model"), d.get("mode"), d.get("variant")) == (model, call, "inductor") and "by_maker" in d:
+            return float(d["by_maker"].get("inductor", [0, 0.0])[1])
+    return None
+
+
+def _l2_regions(audits: list[Any], calls: tuple[str, ...], device: Any) -> str:
+    """Per region and call: its occurrences' saved DRAM bytes (the L2 estimate) and the fitted time summed over
+    them, as is and credited (PREDICTED with the L2 estimate): the summary's `fitted, L2` region by region."""
+    from stitchtune.analysis.l2_credit import credited_us, l2_params
+    from stitchtune.cost.fitted import coefficients_for
+
+    c, params = coefficients_for(device), l2_params(device)
+    out = ["", "## Fitted times with the L2 estimate, per region (PREDICTED)", "",
+           f"Each occurrence's input bytes still in the L2 when it starts (stitchtune/analysis/l2_residency.py: "
+           f"{params.policy} replacement, keep {params.keep} x the L2) read from it (stitchtune/analysis/l2_credit.py; "
+           "results/l2-2026-12-07-s14/).", "",
+           "| region | call | occurs | saved MB per occurrence | fitted us (all occurrences) | fitted, L2 us |",
+           "|---|---|---|---|---|---|"]
+    for call in calls:
+        for a in audits:
+            n = _uses(a).get(call, 0)
+            if not n:
+                continue
+            each = list(a.l2_resident.get(call, [])) or [0.0] * n
+            fitted = (a.fitted_us or 0.0) * n
+            l2 = credited_us(a.fitted_us or 0.0, a.unique_bytes, each, device, c, params)
+            out.append(f"| {a.graph} | {call} | {n} | {', '.join(f'{b / 1e6:.1f}' for b in each)} | {fitted:.1f} | "
+                       f"{l2:.1f} |")
+    return "\n".join(out) + "\n"
+
+
 def _summary_rows(name: str, audits: list[Any], calls: tuple[str, ...], device: Any = None) -> list[str]:
     """One row per call pattern: its workloads, their kernels, and floor / predicted times summed over
     every region occurrence (count x the region's figure); the fitted and fitted-ideal sums again with each
-    occurrence's resident input bytes read from the L2 (stitchtune/analysis/l2_residency.credited_us)."""
-    from stitchtune.analysis.l2_residency import credited_us
+    occurrence's saved DRAM bytes read from the L2 (stitchtune/analysis/l2_credit.credited_us)."""
+    from stitchtune.analysis.l2_credit import credited_us, l2_params
     from stitchtune.cost.fitted import coefficients_for
     from stitchtune.hardware.device import get_device
 
     device = device or get_device("h200")
-    c = coefficients_for(device)
+    c, params = coefficients_for(device), l2_params(device)
 
     def credited(a: Any, call: str, value: float | None, n: int) -> float:
         each = list(a.l2_resident.get(call, [])) or [0.0] * n
-        return credited_us(value or 0.0, each, device, c)
+        return credited_us(value or 0.0, a.unique_bytes, each, device, c, params)
 
     rows = []
     for call in calls:
@@ -70,8 +107,10 @@ def _summary_rows(name: str, audits: list[Any], calls: tuple[str, ...], device: 
         worst = max((k.worst_sector_ratio or 1.0 for k in kernels), default=1.0)
         dead = sum(bool(k.dead_shared) for k in kernels)
         slow = sum(bool(k.sass and k.sass.division_slow_path) for k in kernels)
+        ind = inductor_measured(name, call)
+        vs = "" if ind is None else f"{ind:.0f} ({'at most' if fitted_l2 <= ind else 'ABOVE'})"
         rows.append(f"| {name} | {call} | {len(mine)} | {sum(n for _, n in mine)} | {ready}/{len(kernels)} | "
-                    f"{floor:.0f} | {pred:.0f} | {fitted:.0f} | {ideal:.0f} | {fitted_l2:.0f} | {ideal_l2:.0f} | "
+                    f"{floor:.0f} | {pred:.0f} | {fitted:.0f} | {ideal:.0f} | {fitted_l2:.0f} | {ideal_l2:.0f} | {vs} | "
                     f"{worst:.2f}x | {dead} | {slow} |")
     return rows
 
@@ -119,15 +158,16 @@ def main(argv: list[str] | None = None) -> int:
                "`fitted ideal us`: the fitted model's time of the same launches with every inefficiency its features "
                "see taken away (stitchtune/analysis/fitted_ideal.py): the least any kernels moving these bytes in "
                "these grids are predicted at.", "",
-               "`L2`: the same two sums with each region occurrence's input bytes still in the L2 when it starts (the "
-               "output of the ops just before it, estimated from the FX graph at l2_keep x the L2) read from the L2 "
-               "instead of DRAM, at the fitted ceiling (stitchtune/analysis/l2_residency.py): an upper bound of that "
-               "saving, checked only on BERT training's 37 measured kernels "
-               "(results/cost-fit-2026-12-07-s13/producer_l2.md).", "",
+               "`L2` (PREDICTED with the L2 estimate): the same two sums with each region occurrence's input bytes "
+               "still in the L2 when it starts (an LRU / random-replacement simulation of the L2 over the FX graph, "
+               "every op's reads and writes, stitchtune/analysis/l2_residency.py) read from the L2 instead of DRAM: "
+               "those bytes off at the fitted ceiling, never below the launch's bytes at the L2 streaming rate "
+               "(stitchtune/analysis/l2_credit.py; parameters chosen and checked held out on BERT's in-model kernel "
+               "times, results/l2-2026-12-07-s14/).", "",
                "| model | call | workloads | regions | floor-ready kernels | floor us | pred us | fitted us "
-               "| fitted ideal us | fitted, L2 us | fitted ideal, L2 us | worst sectors | kernels with dead smem "
-               "| kernels with division slow path |",
-               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+               "| fitted ideal us | fitted, L2 us | fitted ideal, L2 us | Inductor MEASURED us (fitted, L2 vs it) "
+               "| worst sectors | kernels with dead smem | kernels with division slow path |",
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in models:
         t0 = time.perf_counter()
         if args.render_only:
@@ -141,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                                           sass=not args.no_sass, peer=not args.no_peer)
         secs = time.perf_counter() - t0
         title = f"Kernel audit: {name} ({', '.join(calls)}; 2 layers, batch 8 x 512, fp32) - CPU static analysis"
-        (out / f"{name}.md").write_text(audit_markdown(audits, title, skipped) + "\n")
+        (out / f"{name}.md").write_text(audit_markdown(audits, title, skipped) + "\n" + _l2_regions(audits, calls, device))
         if not args.render_only:
             (out / f"{name}.json").write_text(json.dumps(audit_json(audits, skipped), indent=1) + "\n")
         summary += _summary_rows(name, audits, calls, device)

@@ -47,17 +47,10 @@ VARIANTS = [("none", "zero", "private"), ("word", "zero", "private"), ("word", "
 
 def region_graph(tables: str, tokens: int, width: int, vocab: int, types: int) -> Any:
     """The layer-norm backward of an embedding, ``dx`` scattered into ``tables`` (module docstring)."""
+    from stitchtune.graph.node_lists import layernorm_backward_rows
     from stitchtune.graph.parse import parse_graph
 
-    nodes: list[dict[str, Any]] = [
-        {"id": "g", "op": "mul", "args": ["dy", "gamma"]},
-        {"id": "m1", "op": "reduce_mean", "args": ["g"], "axes": [-1], "keepdims": True},
-        {"id": "gx", "op": "mul", "args": ["g", "xn"]},
-        {"id": "m2", "op": "reduce_mean", "args": ["gx"], "axes": [-1], "keepdims": True},
-        {"id": "a", "op": "sub", "args": ["g", "m1"]},
-        {"id": "b", "op": "mul", "args": ["xn", "m2"]},
-        {"id": "c", "op": "sub", "args": ["a", "b"]},
-        {"id": "dx", "op": "mul", "args": ["c", "rstd"]}]
+    nodes = layernorm_backward_rows()
     inputs: dict[str, Any] = {"dy": {"shape": [tokens, width], "dtype": "float32"},
                               "xn": {"shape": [tokens, width], "dtype": "float32"},
                               "gamma": {"shape": [width], "dtype": "float32"},

@@ -168,8 +168,9 @@ class RegionAudit:
     #: the fitted model's time of the same launches made ideal (:mod:`stitchtune.analysis.fitted_ideal`): the
     #: least a change of the kernels that keeps their bytes and grids can be predicted at (a prediction)
     fitted_ideal_us: float | None = None
-    #: per call pattern, each occurrence's input bytes still in the L2 when it starts (written by the ops just
-    #: before it: :func:`stitchtune.analysis.l2_residency.resident_bytes` at ``l2_keep`` x the L2; an estimate)
+    #: per call pattern, each occurrence's DRAM bytes read from the L2 instead (its input bytes still in the L2 when
+    #: it starts: :func:`stitchtune.analysis.l2_residency.simulate` with the fitted
+    #: :func:`stitchtune.analysis.l2_credit.l2_params`, saved bytes under their accounting; an estimate)
     l2_resident: dict[str, list[float]] = field(default_factory=dict)
 
     @property
@@ -387,18 +388,21 @@ def audit_model(model: Any, example_inputs: Any, device: Device, calls: tuple[st
     first region's graph name is in it (the others are neither audited nor listed as skipped). Returns
     (audits, skipped): a region whose planning, lowering or slice fails is one ``skipped`` line (name:
     error), not an exception. Each audit's ``l2_resident`` holds its occurrences' resident input bytes per call."""
-    from stitchtune.analysis.l2_residency import resident_bytes
-    from stitchtune.cost.fitted import coefficients_for
+    from stitchtune.analysis.l2_credit import capacity, l2_params
+    from stitchtune.analysis.l2_residency import simulate
     from stitchtune.deploy.model_tuning import capture_regions
 
-    capacity = coefficients_for(device).l2_keep * device.l2_bytes
+    params = l2_params(device)
     found: dict[str, tuple[Any, dict[str, int], dict[str, list[float]]]] = {}
     for call in calls:
-        for r in capture_regions(model, example_inputs, call):
+        captured = capture_regions(model, example_inputs, call)
+        l2 = simulate(captured, capacity(device, params), params.policy)
+        for r in captured:
             key = r.graph.workload_key()
             g, uses, resident = found.setdefault(key, (r.graph, {}, {}))
             uses[call] = uses.get(call, 0) + 1
-            resident.setdefault(call, []).append(resident_bytes(r, capacity))
+            o = l2.get(r.name)
+            resident.setdefault(call, []).append(o.saved(params.accounting) if o is not None else 0.0)
     audits: list[RegionAudit] = []
     skipped: list[str] = []
     for g, uses, resident in found.values():

@@ -1,65 +1,108 @@
-"""How much of a model region's input is still in the L2 when the region starts (an estimate, for the audit).
+"""Which bytes of a model region's traffic the L2 serves: a cache simulation over the FX graph (an estimate).
 
 Contract
 --------
-* :func:`producer_inputs(region) -> tuple[ProducedInput, ...]`: for each input of a captured
-  :class:`~stitchtune.importers.torch_regions.TorchRegion` that an FX op computed (not a parameter or a model
-  input), its bytes and the bytes moved between its producer and the region: what the FX ops in between read
-  and write (their outputs and their inputs other than this one; views, ``getitem`` and the region's own
-  nodes move nothing). Bytes come from the nodes' ``meta["val"]``: a tensor's, the sum over a tuple or list of
-  them (an op with several outputs, e.g. ``sort``), 0 where a node has none. An input the region reads twice
-  (one FX node behind two of its inputs) is one entry: the L2 holds it once.
-* :func:`resident_bytes(region, capacity) -> float`: the bytes of those inputs an LRU cache of ``capacity``
-  bytes would still hold: ``sum(max(0, min(S, capacity - D)))`` over them (S an input's bytes, D the bytes
-  moved since). A CPU estimate, never a measurement: the GPU's L2 is not strictly LRU, and the GEMM that
-  wrote the input also reads its operands.
-* :func:`credited_us(time_us, resident, device, coefficients) -> float`: the sum over a region's occurrences
-  (``resident``: each one's resident bytes) of ``time_us`` less that occurrence's resident bytes at the fitted
-  bandwidth ceiling (``bw_efficiency`` x copy bandwidth), never below ``min(time_us, ramp_us)``: the fitted model's
-  time if those bytes came from the L2 instead of DRAM (an upper bound of the saving: a kernel below the ceiling
-  saves less). PREDICTED.
+* :func:`simulate(regions, capacity, policy="lru") -> dict[str, L2Occurrence]`: walks the FX graph(s) of
+  ``regions`` (the captured :class:`~stitchtune.importers.torch_regions.TorchRegion` of one call: every region of a
+  graph, so that each is one fused op, emitted at its first node) in graph order and keeps a cache of ``capacity``
+  bytes of **storages** (``policy`` in :data:`POLICIES`: ``lru``, or ``random``: the expectation of random
+  replacement, every storage losing its share of the room each new byte takes). A view, ``getitem`` or other
+  :data:`NO_TRAFFIC` op is its base's storage; a multi-output op writes one storage per
+  output; a placeholder (parameter, model input, a tensor saved for the backward) is a storage that is not in the
+  cache when the graph starts. Each op reads its distinct input storages, then writes its outputs (a region: its
+  ``inputs`` and ``outputs``; its inner nodes move nothing; any other ``call_function``: its FX inputs and
+  ``meta["val"]``). Residency is by bytes, not all-or-nothing: a storage holds the bytes of its last touch
+  (at most ``capacity``) and, under ``lru``, loses them from the least recently touched end as newer bytes come
+  in, so a tensor larger than the cache is partly resident. Every touch counts (reads too: an input last read by a GEMM two ops
+  before is as resident as one it wrote). Dirty bytes (written, not yet written back) are tracked: evicting them
+  is a DRAM write-back charged to the op that evicts them; a write larger than the cache writes its overflow back
+  at once. Returns, per region name, an :class:`L2Occurrence`.
+  With ``streaming`` (FX op names, e.g. ``{"mm", "bmm"}``), those ops' reads hit what is resident but neither enter
+  the cache nor evict (operands read evict-first): a variant, not what the audit uses.
+* :func:`resident_bytes(regions, capacity, policy="lru") -> dict[str, float]`: per region name, its ``resident`` bytes.
 
-Why: the fitted cost model counts every unique byte of a launch as a DRAM byte (its rows were timed after an L2
-flush), while in a model the GEMM just before a region often leaves the region's input in the 60 MiB L2 of an
-H200; Inductor's kernels of BERT's training step read 4.0-4.5 TB/s of region bytes that way
-(results/cost-fit-2026-12-07-s13/README.md).
+An :class:`L2Occurrence` compares a region's DRAM traffic in the model with the accounting of the fitted cost model,
+whose rows were timed after an L2 flush and which counts every unique byte (``read_bytes + write_bytes``) as a DRAM
+byte: in the model the region reads ``resident`` bytes from the L2, leaves its outputs dirty in the L2 (written back
+later, by whichever op evicts them) and writes back the dirty lines its own traffic evicts (``writeback``: earlier
+ops' outputs and its own overflow), so ``saved_bytes = read_bytes + write_bytes - dram_bytes`` with
+``dram_bytes = read_bytes - resident + writeback`` (negative when it writes back more than it leaves dirty).
+:meth:`L2Occurrence.saved` counts the saving three ways (:data:`ACCOUNTINGS`); the checked one is ``reads`` (the
+resident input bytes alone), see results/l2-2026-12-07-s14/.
+
+Limits (why it is an estimate, checked in results/l2-2026-12-07-s14/): the H200's L2 is two partitions and
+neither LRU nor random (``capacity`` is ``keep`` x the device's L2; policy and ``keep`` chosen there); inside a
+region the inputs are taken as read before its outputs are written, each at its resident bytes when the region starts (a strict LRU
+streaming an input larger than the cache in write order would hit less); an op's bytes are its tensors' sizes
+(a GEMM reads its operands once; the cuBLAS workspace and the CPU-side copies are not seen).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Hashable, Iterable, Sequence
 
-from stitchtune.cost.fitted import Coefficients
-from stitchtune.hardware.device import Device
+__all__ = ["ACCOUNTINGS", "L2Occurrence", "NO_TRAFFIC", "POLICIES", "resident_bytes", "simulate"]
 
-__all__ = ["ProducedInput", "credited_us", "producer_inputs", "resident_bytes"]
+#: the replacement policies :func:`simulate` offers (see :class:`_Cache`)
+POLICIES = ("lru", "random")
+#: how a region's saved DRAM bytes are counted (see :meth:`L2Occurrence.saved`)
+ACCOUNTINGS = ("reads", "writeback", "deferred")
 
-#: FX ops that move no data (views, tuple access): not counted between a producer and its reader
+#: FX ops that move no data (views, tuple access): their output is their first input's storage
 NO_TRAFFIC = frozenset({"view", "_unsafe_view", "permute", "expand", "t", "transpose", "alias", "select", "slice",
-                        "unsqueeze", "squeeze", "reshape", "as_strided", "getitem", "detach"})
+                        "unsqueeze", "squeeze", "reshape", "as_strided", "getitem", "detach", "lift_fresh_copy"})
 
 
 @dataclass(frozen=True)
-class ProducedInput:
-    """An input of a region computed by an FX op: its bytes and the bytes moved since it was written."""
+class L2Occurrence:
+    """One region occurrence's traffic (bytes): what it reads and writes, what of it the L2 serves (module docstring)."""
 
-    name: str
-    nbytes: float
-    moved_since: float
+    read_bytes: float
+    write_bytes: float
+    resident: float      # input bytes in the L2 when the region starts
+    writeback: float     # dirty bytes written back to DRAM during the region (earlier ops' and its own overflow)
+    own_writeback: float = 0.0   # the part of ``writeback`` that is the region's own outputs (they did not fit)
+
+    @property
+    def dram_bytes(self) -> float:
+        """The region's DRAM traffic in the model: reads that miss, plus the write-backs it causes."""
+        return self.read_bytes - self.resident + self.writeback
+
+    @property
+    def saved_bytes(self) -> float:
+        """DRAM bytes the fitted model's accounting (every unique byte from / to DRAM) charges and the model does not."""
+        return self.read_bytes + self.write_bytes - self.dram_bytes
+
+    def saved(self, accounting: str) -> float:
+        """The DRAM bytes saved against the fitted model's rows (timed after an L2 flush) under ``accounting``
+        (:data:`ACCOUNTINGS`): ``reads``: the resident input bytes; ``writeback``: those less the earlier ops'
+        dirty bytes this region writes back (a flushed run writes back the flush's instead: the fit absorbed those);
+        ``deferred``: :attr:`saved_bytes` (its own outputs left dirty in the L2 count as saved too)."""
+        if accounting == "reads":
+            return self.resident
+        if accounting == "writeback":
+            return self.resident - (self.writeback - self.own_writeback)
+        if accounting == "deferred":
+            return self.saved_bytes
+        raise ValueError(f"L2 accounting {accounting!r}: one of {', '.join(ACCOUNTINGS)}")
 
 
 def _val_bytes(val: Any) -> float:
-    """The bytes of a node's ``meta["val"]``: a tensor, or a tuple / list of them (other values: 0)."""
-    if isinstance(val, (tuple, list)):
-        return sum(_val_bytes(v) for v in val)
+    """The bytes of one tensor value (anything else: 0)."""
     if not (hasattr(val, "numel") and hasattr(val, "element_size")):
         return 0.0
     return float(val.numel() * val.element_size())
 
 
-def _bytes(node: Any) -> float:
-    return _val_bytes(getattr(node, "meta", {}).get("val"))
+def _outputs(node: Any) -> list[tuple[Hashable, float]]:
+    """The storages a node writes: one per tensor of its ``meta["val"]`` (a tuple / list: one per element)."""
+    val = getattr(node, "meta", {}).get("val")
+    if isinstance(val, (tuple, list)):
+        return [((node, i), _val_bytes(v)) for i, v in enumerate(val) if _val_bytes(v) > 0]
+    b = _val_bytes(val)
+    return [(node, b)] if b > 0 else []
 
 
 def _op(node: Any) -> str:
@@ -68,33 +111,137 @@ def _op(node: Any) -> str:
     return parts[0] if len(parts) < 3 else parts[-2]
 
 
-def producer_inputs(region: Any) -> tuple[ProducedInput, ...]:
-    """See the module docstring. ``region``: a captured region with ``nodes`` and ``inputs`` (FX nodes)."""
-    if not region.nodes:
-        return ()
-    nodes = list(region.nodes[0].graph.nodes)
-    order = {n: i for i, n in enumerate(nodes)}
-    first, own = order[region.nodes[0]], set(region.nodes)
-    out = []
-    for inp in dict.fromkeys(region.inputs):   # one node behind two inputs is one tensor in the L2
-        if getattr(inp, "op", "") != "call_function" or inp not in order:
+class _Cache:
+    """A cache of storages by bytes with dirty tracking; counts write-backs. ``policy`` (:data:`POLICIES`):
+    ``lru`` evicts the least recently touched bytes first; ``random`` takes each incoming byte's room from every
+    other storage in proportion to its resident bytes (the expectation of random replacement: no storage is safe,
+    none is evicted whole)."""
+
+    def __init__(self, capacity: float, policy: str = "lru") -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"L2 policy {policy!r}: one of {', '.join(POLICIES)}")
+        self.capacity = max(0.0, float(capacity))
+        self.policy = policy
+        self.lines: OrderedDict[Hashable, list[float]] = OrderedDict()   # key -> [resident, dirty], LRU first
+        self.total = 0.0
+        self.writeback = 0.0
+        self.own: set[Hashable] = set()     # the current op's outputs: their write-backs are its own
+        self.own_writeback = 0.0
+
+    def peek(self, key: Hashable, nbytes: float) -> float:
+        """Read ``nbytes`` of ``key`` without touching the cache (a streaming read): the bytes resident (hits)."""
+        return min(self.lines.get(key, [0.0, 0.0])[0], nbytes)
+
+    def read(self, key: Hashable, nbytes: float) -> float:
+        """Touch ``nbytes`` of ``key`` for reading; returns the bytes that were resident (hits)."""
+        res, dirty = self.lines.pop(key, [0.0, 0.0])
+        self.total -= res
+        hit = min(res, nbytes)
+        keep = min(max(res, nbytes), self.capacity)
+        self._put(key, keep, min(dirty, keep))
+        return hit
+
+    def write(self, key: Hashable, nbytes: float) -> None:
+        """Write ``nbytes`` to ``key``: all of it dirty; what does not fit is written back at once."""
+        res, _ = self.lines.pop(key, [0.0, 0.0])
+        self.total -= res
+        keep = min(nbytes, self.capacity)
+        self.writeback += nbytes - keep
+        self.own_writeback += nbytes - keep
+        self._put(key, keep, keep)
+
+    def _put(self, key: Hashable, resident: float, dirty: float) -> None:
+        need = self.total + resident - self.capacity
+        if need > 1e-6 and self.total > 0:
+            if self.policy == "random":
+                share = min(1.0, need / self.total)
+                for k, line in self.lines.items():
+                    self.writeback += line[1] * share
+                    self.own_writeback += line[1] * share if k in self.own else 0.0
+                    line[0] -= line[0] * share
+                    line[1] -= line[1] * share
+                self.total -= min(need, self.total)
+            else:
+                while need > 1e-6 and self.lines:
+                    old = next(iter(self.lines))
+                    res, d = self.lines[old]
+                    take = min(res, need)
+                    dirty_out = take * d / res if res > 0 else 0.0
+                    self.writeback += dirty_out
+                    self.own_writeback += dirty_out if old in self.own else 0.0
+                    self.total -= take
+                    need -= take
+                    if take >= res - 1e-9:
+                        del self.lines[old]
+                    else:
+                        self.lines[old] = [res - take, d - dirty_out]
+        self.lines[key] = [resident, dirty]
+        self.total += resident
+
+
+def _storage(node: Any, base: dict[Any, Hashable]) -> Hashable:
+    return base.get(node, node)
+
+
+def _graph_ops(graph_nodes: Sequence[Any], regions: Sequence[Any]) -> Iterable[tuple[Any, list[Any], list[Any]]]:
+    """(region or None, read nodes, write nodes) per op in graph order; a region is one op at its first node."""
+    owner = {n: r for r in regions for n in r.nodes}
+    seen: set[int] = set()
+    for n in graph_nodes:
+        if getattr(n, "op", "") != "call_function":
             continue
-        moved = 0.0
-        for n in nodes[order[inp] + 1:first]:
-            if n.op != "call_function" or n in own or _op(n) in NO_TRAFFIC:
+        r = owner.get(n)
+        if r is not None:
+            if id(r) in seen:
                 continue
-            moved += _bytes(n) + sum(_bytes(a) for a in n.all_input_nodes if a is not inp)
-        out.append(ProducedInput(str(inp.name), _bytes(inp), moved))
-    return tuple(out)
+            seen.add(id(r))
+            yield r, list(dict.fromkeys(r.inputs)), list(dict.fromkeys(r.outputs))
+        elif _op(n) not in NO_TRAFFIC:
+            yield None, list(dict.fromkeys(n.all_input_nodes)), [n]
 
 
-def resident_bytes(region: Any, capacity: float) -> float:
+def simulate(regions: Sequence[Any], capacity: float, policy: str = "lru",
+             streaming: frozenset[str] = frozenset()) -> dict[str, L2Occurrence]:
+    """See the module docstring. ``regions``: captured regions (``name``, ``nodes``, ``inputs``, ``outputs``)."""
+    graphs: dict[int, list[Any]] = {}
+    for r in regions:
+        if r.nodes:
+            graphs.setdefault(id(r.nodes[0].graph), []).append(r)
+    out: dict[str, L2Occurrence] = {}
+    for mine in graphs.values():
+        nodes = list(mine[0].nodes[0].graph.nodes)
+        cache = _Cache(capacity, policy)
+        base: dict[Any, Hashable] = {}
+        for n in nodes:   # views alias their source's storage; getitem the tuple element it takes
+            if getattr(n, "op", "") == "call_function" and _op(n) in NO_TRAFFIC and n.all_input_nodes:
+                src = n.args[0] if _op(n) == "getitem" else n.all_input_nodes[0]
+                idx = n.args[1] if _op(n) == "getitem" and len(n.args) > 1 else None
+                key = (src, idx) if isinstance(idx, int) else src
+                base[n] = base.get(key, key) if not isinstance(key, tuple) else key
+        size: dict[Hashable, float] = {}   # a storage's bytes when written (a view of it reads at most that)
+        for region, reads, writes in _graph_ops(nodes, mine):
+            made = [(_storage(k, base) if not isinstance(k, tuple) else k, nb) for w in writes for k, nb in _outputs(w)]
+            if region is None and not made:
+                continue   # a view, a tuple access, a scalar op: moves nothing
+            before, own_before, cache.own = cache.writeback, cache.own_writeback, {k for k, _ in made}
+            rb = hit = wb = 0.0
+            for src in reads:
+                key = _storage(src, base)
+                nb = min(_val_bytes(getattr(src, "meta", {}).get("val")), size.get(key, float("inf")))
+                if nb > 0:
+                    size.setdefault(key, nb)
+                    rb += nb
+                    stream = region is None and _op(writes[0]) in streaming
+                    hit += cache.peek(key, nb) if stream else cache.read(key, nb)
+            for key, nb in made:
+                size[key] = nb
+                wb += nb
+                cache.write(key, nb)
+            if region is not None:
+                out[region.name] = L2Occurrence(rb, wb, hit, cache.writeback - before, cache.own_writeback - own_before)
+    return out
+
+
+def resident_bytes(regions: Sequence[Any], capacity: float, policy: str = "lru") -> dict[str, float]:
     """See the module docstring."""
-    return float(sum(max(0.0, min(p.nbytes, capacity - p.moved_since)) for p in producer_inputs(region)))
-
-
-def credited_us(time_us: float, resident: Sequence[float], device: Device, coefficients: Coefficients) -> float:
-    """See the module docstring."""
-    cap_gbs = coefficients.bw_efficiency * device.effective_copy_bandwidth_gbs()   # bytes per ns
-    floor = min(time_us, coefficients.ramp_us)
-    return float(sum(max(floor, time_us - r / cap_gbs / 1000.0) for r in resident))
+    return {name: o.resident for name, o in simulate(regions, capacity, policy).items()}

@@ -20,7 +20,10 @@ How the features are read from the IR
 * **Evaluation**: the statements are walked once in order for the ``block`` threads of block 0 (numpy
   arrays over the threads); a loop's variable takes its first value and the loop's body is walked once,
   weighted by its trip count (``(stop - start) / step``, from constant or thread-invariant bounds; a
-  bound that cannot be evaluated counts one trip and is counted in ``unknown_trips``). Values read
+  bound that cannot be evaluated counts one trip and is counted in ``unknown_trips``). A loop whose
+  bounds read the block index (a grid-stride loop, a block's range of tasks) takes its mean trip count
+  over every block (:mod:`stitchtune.cost.walk_blocks`), so that block 0 does not stand for the last
+  blocks' shorter ranges; an ``If`` on the block index is still block 0's. Values read
   from memory (loads, shuffles, local arrays) are unknown; an index or predicate that depends on one
   (a gather) is *unknown* (sector factor 1 assumed, counted in ``unknown_indexes``). An ``If`` whose
   condition is known narrows the active threads of its branches.

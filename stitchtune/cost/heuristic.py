@@ -43,6 +43,10 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    5c. **No spills under the pin**: a grid-barrier schedule is pinned to its estimated blocks per SM (a
    register cap, :func:`_pin_coresidency`); register caches are demoted while that cap is below the
    estimate with the cache counted twice, so that the cap does not turn the cache into spills.
+   5e. **No tail wave** (:func:`~stitchtune.cost.waves.tail_free`): a row grid of one task per block that is
+   still strictly between one and two waves (estimated registers) takes two tasks per block: one wave, no
+   tail, where a block stays on every SM and the first sweep keeps Little's law's bytes in flight per SM
+   (GPT-2's and BERT's embedding backwards: 512 blocks at 1.94 waves -> 256 at 0.97).
    5d. **One round** (column family, grid barrier): while the tiles x ``split`` tasks are more than the
    co-resident grid holds (estimated registers), the split is halved (down to 2) where that reaches one
    round: each round of tasks ends in a grid barrier, and the last round may be nearly empty (GPT-2's
@@ -83,7 +87,7 @@ import random
 from typing import Any
 
 from stitchtune.cost.reuse import tensors_to_cache
-from stitchtune.cost.waves import one_wave
+from stitchtune.cost.waves import one_wave, tail_free
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.cost.row_vector_rule import with_row_vectors
 from stitchtune.hardware.device import Device
@@ -403,6 +407,7 @@ def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | No
         s = _without_pinned_spills(space, s)
     s = _relax_registers(space, s)
     s = one_wave(space, plan, s, _grid_barrier(space, s))
+    s = tail_free(space, plan, s, _grid_barrier(space, s))
     s = _one_round(space, plan, s)
     if _grid_barrier(space, s):
         s = _pin_coresidency(space, s)

@@ -1,6 +1,13 @@
 """The one pass over a kernel's IR behind :mod:`stitchtune.cost.features` (see its docstring for what
 is counted and how): :class:`Walker` evaluates index expressions for the threads of one block with
-numpy and accumulates the per-access, load-group, shared-memory and arithmetic counts."""
+numpy and accumulates the per-access, load-group, shared-memory and arithmetic counts.
+
+Block 0 stands for every block, except in a loop's trip count: a loop whose bounds depend on the block
+index (a grid-stride loop, a persistent grid's task loop, a block's tasks ``[bid x t, min((bid + 1) x t,
+tasks))``) is counted with its mean trip count over the blocks (:meth:`Walker.trip_count`; the variables its
+bounds read are evaluated again from their definitions for each block). Block 0 alone counted BERT's
+embedding-gradient zero fill (three tables, one grid of 1056 x 256 threads) as 1056 x 1024 elements of the
+2 x 768 token-type table."""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ from typing import Any, Mapping, assert_never
 
 import numpy as np
 
+from stitchtune.cost.walk_blocks import BlockDefs, as_int, bin_op
 from stitchtune.ir.sectors import warp_sectors
 from stitchtune.ir import kir
 
@@ -40,60 +48,6 @@ def _stores_shared(stmts: tuple[kir.Stmt, ...], shared: set[str]) -> bool:
     return False
 
 
-def _as_int(x: np.ndarray) -> Any:
-    return x.astype(np.int64) if x.dtype.kind in "iub" else x
-
-
-def _bin(op: str, a: np.ndarray, b: np.ndarray) -> Any:
-    isint = a.dtype.kind in "iub" and b.dtype.kind in "iub"
-    with np.errstate(all="ignore"):
-        if op == "+":
-            return a + b
-        if op == "-":
-            return a - b
-        if op == "*":
-            return a * b
-        if op == "/":
-            if isint:
-                bb = np.where(b == 0, 1, b)
-                return np.trunc(a / bb).astype(np.int64)
-            return a / b
-        if op == "%":
-            if isint:
-                bb = np.where(b == 0, 1, b)
-                return np.fmod(a, bb).astype(np.int64)
-            return np.fmod(a, b)
-        if op == "min":
-            return np.minimum(a, b)
-        if op == "max":
-            return np.maximum(a, b)
-        if op == "<":
-            return a < b
-        if op == "<=":
-            return a <= b
-        if op == ">":
-            return a > b
-        if op == ">=":
-            return a >= b
-        if op == "==":
-            return a == b
-        if op == "!=":
-            return a != b
-        if op == "&&":
-            return (a != 0) & (b != 0)
-        if op == "||":
-            return (a != 0) | (b != 0)
-        if isint and op == "&":
-            return _as_int(a) & _as_int(b)
-        if isint and op == "^":
-            return _as_int(a) ^ _as_int(b)
-        if isint and op == ">>":
-            return _as_int(a) >> np.clip(_as_int(b), 0, 63)
-        if isint and op == "<<":
-            return _as_int(a) << np.clip(_as_int(b), 0, 63)
-    return None
-
-
 class Walker:
     """One pass over a kernel's statements for the threads of block 0 (module docstring)."""
 
@@ -107,6 +61,8 @@ class Walker:
         self.tid = np.arange(self.n, dtype=np.int64)
         self.guarded = 0   # depth of branches whose condition depends on data (error checks)
         self.env: dict[str, np.ndarray | None] = {}
+        #: each variable's definition, for the trip counts of loops bounded by the block index
+        self.blocks = BlockDefs(self.n, grid, self.ev)
         # accumulators
         self.requested = 0.0
         self.sector_bytes = 0.0
@@ -167,7 +123,7 @@ class Walker:
                         "gdim": np.full(self.n, self.grid, np.int64)}[e.kind]
             case kir.Bin():
                 a, b = self.ev(e.a), self.ev(e.b)
-                return None if a is None or b is None else _bin(e.op, a, b)
+                return None if a is None or b is None else bin_op(e.op, a, b)
             case kir.Select():
                 c, a, b = self.ev(e.cond), self.ev(e.a), self.ev(e.b)
                 return None if c is None or a is None or b is None else np.where(c != 0, a, b)
@@ -236,7 +192,7 @@ class Walker:
         if idx is None:
             sectors = ideal
         else:
-            first = _as_int(idx[lanes])
+            first = as_int(idx[lanes])
             if first.dtype.kind == "f":
                 first = np.floor(first).astype(np.int64)
             e = (first[:, None] + np.arange(width)[None, :]).ravel() if width > 1 else first
@@ -269,7 +225,7 @@ class Walker:
                 self.smem_wave += trips * (32 // phase)
                 self.smem_ideal += trips * (32 // phase)
                 continue
-            base = _as_int(idx[w0:w0 + 32])
+            base = as_int(idx[w0:w0 + 32])
             waves = 0
             for p0 in range(0, 32, phase):
                 sel = a[p0:p0 + phase]
@@ -362,9 +318,11 @@ class Walker:
                 if grouping and (self.reads(s.expr) & self.tainted or loads or self.reads_tainted_shared(es)):
                     self.tainted.add(s.var.name)
                 self.env[s.var.name] = self.ev(s.expr)
+                self.blocks.define(s.var.name, s.expr)
             case kir.LoadVec():
                 for d in s.dsts:
                     self.env[d.name] = None
+                    self.blocks.define(d.name, None)
                 if s.buf in self.params:
                     p = self.params[s.buf]
                     self.global_access(s.buf, s.index, len(s.dsts), s.pred, mask, trips, "load")
@@ -405,10 +363,15 @@ class Walker:
                 assert_never(s)
 
     def trip_count(self, f: kir.For, mask: np.ndarray) -> float:
+        """The loop's trips per thread, averaged over the active threads of block 0, or, where its bounds read
+        the block index, over those threads of every block (:meth:`BlockDefs.trips`)."""
         a, b = self.ev(f.start), self.ev(f.stop)
         if a is None or b is None or not mask.any():
             self.unknown_trips += 1
             return 1.0
+        per_block = self.blocks.trips(f, mask)
+        if per_block is not None:
+            return per_block
         n = np.maximum(0, np.ceil((b[mask] - a[mask]) / f.step))
         return float(n.mean())
 
@@ -416,6 +379,7 @@ class Walker:
         n = self.trip_count(f, mask)
         start = self.ev(f.start)
         self.env[f.var.name] = start
+        self.blocks.define(f.var.name, f.start)
         unrolled = f.unroll and n <= _MAX_UNROLL
         if not unrolled:
             self.close_group()
@@ -465,18 +429,22 @@ class Walker:
         c = self.ev(s.cond)
         self.close_group()
         saved = dict(self.env)
+        saved_defs = self.blocks.copy()
         m_then = mask & (c != 0) if c is not None else mask
         m_else = mask & ~(c != 0) if c is not None else mask
         self.guarded += c is None
         self.walk(s.then, m_then, trips)
         self.close_group()
         env_then = self.env
+        defs_then = self.blocks
         self.env = dict(saved)
+        self.blocks = saved_defs
         if s.orelse:
             self.walk(s.orelse, m_else, trips)
             self.close_group()
         env_else = self.env
         self.guarded -= c is None
+        self.blocks.merge(defs_then)
         merged: dict[str, np.ndarray | None] = {}
         for name in set(env_then) | set(env_else):
             t, e = env_then.get(name), env_else.get(name)

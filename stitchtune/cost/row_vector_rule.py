@@ -9,7 +9,10 @@ strided input that loses more than the first gains keeps the row-by-row sweep. I
 mapping, before the reuse levels and the launch, so that the registers row vectors cost (the space's
 ``reg_cache_elems``, :func:`~stitchtune.space.options.row_vector_registers`) size the launch. Only that
 mapping is judged: a mapping whose rows do not split into whole groups of 4 per thread keeps the row-by-row
-sweep (the search tries the option wherever it applies).
+sweep, and no smaller split is tried for them (the search tries the option wherever it applies): a smaller split
+halves the blocks in flight for the sectors of one tensor, and no model workload needs it (docs/architecture.md,
+``lower/row_vectors.py``: BERT's ``view_59``, the only column plan of BERT / GPT-2 / Llama with a row-vector input,
+splits its 4096 rows into whole groups at rule 2's split 16).
 """
 
 from __future__ import annotations

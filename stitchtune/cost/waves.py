@@ -20,6 +20,20 @@ but the register estimate alone fits the cap's budget, a one-output plan takes t
 (under the cap ptxas hoisted the tables' loads and spilled).
 Else the cap is taken at 3/4 of the estimate as before (the estimate counts every hoisted load live
 at once; ptxas staggers them), and the audit checks the outcome (spills, waves) from the cubin.
+
+Rule 5e (:func:`tail_free`): a row grid that rule 5b leaves strictly between one and two waves (blocks per
+SM from the register estimate and the cap, shared memory included) takes two tasks per block, so that its
+grid is at most one wave (every block resident at once, no tail wave) where that grid still has a block on
+every SM and its first sweep's loads keep Little's law's bytes in flight per SM (the device's bandwidth x
+:data:`DRAM_LATENCY_NS` over its SMs). The embedding backwards of GPT-2 and BERT at batch 8 x 512 (4096 x
+768, 32 threads per row, 8 rows a block, estimated 104 registers, ptxas 114 / 120 uncapped: 2 blocks per
+SM) were 512 blocks, 1.94 waves; two tasks per block make 256 blocks, and BERT's private token-type table is
+flushed by half as many blocks. The halved grid takes the register cap that holds it in one wave (2 blocks
+per SM: 128 registers, covering the estimate), so that ptxas cannot undo the wave: uncapped, the two-task
+kernel of examples/embed_add_layernorm (estimated 88 registers, ptxas 63 with one task) took 132 registers
+and 1 block per SM, 1.94 waves again; capped, 128 and no spill (sm_90). Not a tighter cap alone: 4 blocks
+per SM (64 registers) spill 127-202 instructions in the embedding backwards; nor smaller blocks: the
+resident threads, and so the waves, are bound by the registers whatever the block.
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from stitchtune.hardware.occupancy import occupancy
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.plan.classes import TensorClass
 from stitchtune.plan.family import Family
@@ -45,6 +60,8 @@ MAX_WAVE_BLOCKS = 4
 #: one weight, and GPT-2's layer norms, 48 + 2 x 48, compile without a spill; examples/embed_add_layernorm,
 #: 64 + 2 x 64, spills 4 bytes)
 LIVE_SHARE = 1.25
+#: rule 5e's assumed loaded DRAM latency (Little's law: the audit's criterion 7, docs/audit.md)
+DRAM_LATENCY_NS = 700.0
 
 
 def _grid(plan: StitchPlan, s: Schedule) -> int:
@@ -135,3 +152,56 @@ def one_wave(space: SearchSpace, plan: StitchPlan, s: Schedule, grid_barrier: bo
     if plan.family != Family.ROW or plan.cross or s.split != 1 or s.tasks_per_block != 1 or grid_barrier:
         return s
     return _capped(space, plan, s, 1.0) or _halved(space, plan, s) or _capped(space, plan, s, 0.75) or s
+
+
+def _blocks_per_sm(space: SearchSpace, s: Schedule) -> int:
+    """Resident blocks of ``s`` per SM: the register estimate (capped by ``min_blocks``' budget) and the
+    shared memory of its caches and reductions."""
+    dev = space.device
+    d = space.derived(s)
+    regs = estimate_registers(int(d["reg_cache_elems"]), s.vec, 4)
+    if s.min_blocks:
+        regs = min(regs, dev.regs_per_sm // (s.block * s.min_blocks))
+    return occupancy(dev, s.block, regs, int(d["smem_cache_bytes"]) + int(d["smem_red_bytes"])).blocks_per_sm
+
+
+def first_sweep_bytes(plan: StitchPlan, s: Schedule) -> int:
+    """Bytes of global loads one thread of ``s`` issues in its first sweep: its row piece of every full-size
+    input (the per-column and per-row inputs are a few words)."""
+    piece = math.ceil(plan.N / (s.tpr * s.vec)) * s.vec
+    full = [n for n in plan.input_names if plan.cls(n) is TensorClass.FULL]
+    return 4 * piece * len(full)
+
+
+def tail_free(space: SearchSpace, plan: StitchPlan, s: Schedule, grid_barrier: bool) -> Schedule:
+    """Rule 5e (module docstring): ``s`` with two tasks per block and ``min_blocks`` = the fewest blocks per SM
+    (a choice of the space) that hold the halved grid in one wave, where its row grid of one task per block is
+    strictly between one and two waves (:func:`_blocks_per_sm`), the cap's register budget covers the
+    estimate, the halved grid keeps a block on every SM, and ``bandwidth x DRAM_LATENCY_NS / SMs`` bytes of
+    first-sweep loads are in flight per SM (:func:`first_sweep_bytes` x the block's threads x the grid's
+    average blocks per SM); ``s`` itself otherwise (other families, cross reductions, split rows, several
+    tasks per block already, a grid barrier, or an illegal point)."""
+    if plan.family != Family.ROW or plan.cross or s.split != 1 or s.tasks_per_block != 1 or grid_barrier:
+        return s
+    dev = space.device
+    per_sm = _blocks_per_sm(space, s)
+    wave = per_sm * dev.sm_count
+    grid = _grid(plan, s)
+    if per_sm < 1 or not wave < grid < 2 * wave:
+        return s
+    halved = math.ceil(grid / 2)
+    need = math.ceil(halved / dev.sm_count)
+    if halved < dev.sm_count:
+        return s
+    t = dataclasses.replace(s, tasks_per_block=2)
+    estimate = _estimate(space, t)
+    caps = [m for m in space.domains["min_blocks"] if m >= max(need, s.min_blocks) and m * s.block <= dev.max_threads_per_sm
+            and min(dev.max_regs_per_thread, dev.regs_per_sm // (s.block * m)) >= estimate]
+    if not caps:
+        return s
+    t = dataclasses.replace(t, min_blocks=min(caps))
+    if space.violations(t) or _blocks_per_sm(space, t) * dev.sm_count < halved:
+        return s
+    needed = dev.dram_bandwidth_gbs * DRAM_LATENCY_NS / dev.sm_count   # GB/s x ns = bytes
+    in_flight = first_sweep_bytes(plan, t) * t.block * halved / dev.sm_count
+    return t if in_flight >= needed else s

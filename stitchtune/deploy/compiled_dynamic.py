@@ -57,7 +57,7 @@ from stitchtune._version import __version__
 from stitchtune.deploy.compiled_graph import compile_graph
 from stitchtune.deploy.dynamic import CompiledBucket, compile_dynamic
 from stitchtune.deploy.manifest_io import check_codegen_version, read_manifest, write_compiled, write_kernels
-from stitchtune.errors import GraphError, StitchtuneError, UnsupportedGraphError
+from stitchtune.errors import GraphError, ScheduleError, StitchtuneError, UnsupportedGraphError
 from stitchtune.graph.dynamic import BucketKey, DynamicGraph, DynamicRefusal
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
 
@@ -333,7 +333,10 @@ class DynamicCompiledGraph:
                 out.append(RefusedBucket(key, fit if isinstance(fit, DynamicRefusal)
                                          else DynamicRefusal("bucket", str(b.get("refusal", "")))))
                 continue
-            s = Schedule.from_dict(b["schedule"])
+            try:
+                s = Schedule.from_dict(b["schedule"])
+            except ScheduleError as exc:
+                raise StitchtuneError(f"{where}: not a stitchtune manifest (bucket {key.label()}: {exc})") from None
             program = None if isinstance(fit, DynamicRefusal) else lower_dynamic(
                 fit, s, device, SearchSpace.for_plan(fit.plan, device))
             sub = d / bucket_dir(key)

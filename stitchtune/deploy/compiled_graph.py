@@ -20,7 +20,7 @@ from stitchtune._version import __version__
 from stitchtune.deploy.device_run import DeviceRun, build_cubin
 from stitchtune.deploy.manifest_io import check_codegen_version, read_manifest, write_compiled, write_kernels
 from stitchtune.deploy.run_checks import check_emulated_gathers
-from stitchtune.errors import StitchtuneError
+from stitchtune.errors import ScheduleError, StitchtuneError
 from stitchtune.graph.parse import Graph
 from stitchtune.tune.dbpath import DEFAULT_DB, DefaultDB, resolve_db
 
@@ -153,16 +153,19 @@ class CompiledGraph:
             if m.get("kind") == "dynamic":   # DynamicCompiledGraph.write: one folder per bucket
                 raise StitchtuneError(f"{where} holds the buckets of a graph with dynamic dims: "
                                       "stitchtune.deploy.compiled_dynamic.DynamicCompiledGraph.load reads it")
+            check_codegen_version(m, where)   # first: another version's schedule may hold keys ours does not know
             graph = Graph.from_dict(m["graph"])
             device = Device.from_dict(m["device"])
-            schedule = Schedule.from_dict(m["schedule"])
+            try:
+                schedule = Schedule.from_dict(m["schedule"])
+            except ScheduleError as exc:
+                raise StitchtuneError(f"{where}: not a stitchtune manifest ({exc})") from None
             ch = m["choice"]
             choice = Choice(schedule, str(ch["source"]), ch.get("record"), str(ch["reason"]))
         except StitchtuneError:
             raise
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise StitchtuneError(f"{where}: not a stitchtune manifest ({exc})") from None
-        check_codegen_version(m, where)
         try:
             sources = (d / "kernels.cu").read_text()
         except OSError as exc:

@@ -19,6 +19,7 @@ loudly instead of reading a default.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
@@ -33,6 +34,9 @@ T = TypeVar("T")
 #: ``Schedule.tasks_per_block`` of a persistent grid (the JSON value): as many blocks as the device
 #: holds at once, each taking tasks in turn until none are left (see :attr:`Schedule.persistent`)
 PERSISTENT = 0
+
+#: The keys of a schedule's JSON form that are not options: its core fields (:meth:`Schedule.to_dict`)
+CORE_KEYS: tuple[str, ...] = ("tpr", "block", "split", "vec", "tasks_per_block", "min_blocks", "schemes", "reuse")
 
 
 def _plain(names: Iterable[Any]) -> tuple[Any, ...]:
@@ -134,8 +138,25 @@ class Schedule:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], table: OptionTable = OPTIONS) -> "Schedule":
-        """Build from a dict (e.g. parsed JSON); raise :class:`ScheduleError` on a malformed one. Keys
-        that are neither core fields nor options of ``table`` are ignored; a missing option is its default."""
+        """Build from a dict (e.g. parsed JSON); raise :class:`ScheduleError` on a malformed one: a
+        missing ``tpr`` / ``block``, a bad value, or a key that is neither a core field (:data:`CORE_KEYS`)
+        nor an option of ``table`` (named in the message, with the nearest known key: a typo such as
+        ``"tpr_"`` or ``"vec4"`` is never read as a default). A missing option is its default.
+
+        Every caller is strict, records included: no core field or option has ever left the space
+        (space versions 1-4 only added options; ``order`` / ``prefetch`` / ``combine`` moved from core
+        fields into the option table under the same names), so every record a tuning database or a
+        compiled manifest wrote still loads, and a key today's table does not know comes from a newer
+        stitchtune or a hand edit; read with it ignored, the schedule would not be the one recorded."""
+        if not isinstance(d, Mapping):
+            raise ScheduleError(f"malformed schedule: a JSON object is needed, not {type(d).__name__}")
+        unknown = sorted(str(k) for k in d if k not in CORE_KEYS and k not in table)
+        if unknown:
+            known = (*CORE_KEYS, *table.names)
+            near = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.5)
+            hint = f" (did you mean {near[0]!a}?)" if near else f" (known keys: {', '.join(known)})"
+            more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
+            raise ScheduleError(f"malformed schedule: unknown key {unknown[0]!a}{hint}{more}")
         try:
             named = {opt.name: opt.decode(d[opt.name]) for opt in table if opt.name in d}
             return cls(tpr=int(d["tpr"]), block=int(d["block"]), split=int(d.get("split", 1)),

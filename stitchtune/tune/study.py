@@ -9,7 +9,8 @@ Contract
   (``sqlite:///...``, ``postgresql://...``), retried while workers starting together race on creating
   the schema. Every failure is a ``DatabaseError``;
   :func:`describe_storage` names the storage without its password.
-* :func:`journal_lock(path)`: optuna's ``JournalFileSymlinkLock`` with a grace period of
+* :func:`journal_lock(path)`: optuna's ``JournalFileSymlinkLock`` (Ctrl-C held while it is taken or held:
+  :mod:`stitchtune.tune.journal_lock`) with a grace period of
   :func:`journal_lock_grace_s` seconds (``$STITCHTUNE_JOURNAL_LOCK_GRACE_S``, a whole number >= 3; default
   30, optuna's): a lock left by a process killed while it held it is broken after that long without a
   change of the journal (an append holds the lock for milliseconds). A bad value -> ``DatabaseError``.
@@ -95,11 +96,12 @@ def journal_lock_grace_s() -> int:
 
 
 def journal_lock(path: str) -> Any:
-    """The lock every append to the journal ``path`` takes (optuna's ``JournalFileSymlinkLock``), with
-    the grace period of :func:`journal_lock_grace_s`."""
-    from optuna.storages.journal import JournalFileSymlinkLock
+    """The lock every append to the journal ``path`` takes (optuna's ``JournalFileSymlinkLock`` with Ctrl-C
+    held while it is taken or held: :class:`~stitchtune.tune.journal_lock.HeldInterruptLock`), with the grace
+    period of :func:`journal_lock_grace_s`."""
+    from stitchtune.tune.journal_lock import HeldInterruptLock
 
-    return JournalFileSymlinkLock(path, grace_period=journal_lock_grace_s())
+    return HeldInterruptLock(path, grace_period=journal_lock_grace_s())
 
 
 def repair_journal_tail(path: str) -> int:

@@ -238,6 +238,19 @@ def test_malformed_schedule_messages_name_no_exception(text: str, message: str, 
     assert rc == 2 and message in err and "Error" not in err
 
 
+def test_a_misspelt_schedule_key_is_an_error_line_naming_it(tmp_path: Path) -> None:
+    """A typo in ``--schedule`` (``"vec4"`` for ``"vec"``) is one error line naming the key, exit 2, in every
+    command that takes a schedule (it was ignored: the schedule ran with ``vec`` at its default)."""
+    (sched,) = [json.loads(line) for line in call(["space", G, "--sample", "1"])[1].splitlines()]
+    text = json.dumps({**sched, "vec4": 4})
+    for argv in (["compile", G, "--no-cubin", "-o", str(tmp_path / "c")], ["audit", G],
+                 ["run", G, "--random-inputs", "0", "--out", str(tmp_path / "o.npz"), "--backend", "emulate"]):
+        rc, _out, err = call([*argv, "--schedule", text])
+        assert rc == 2 and err == "stitchtune: error: malformed schedule: unknown key 'vec4' (did you mean 'vec'?)\n", \
+            (argv, err)
+    assert not (tmp_path / "c").exists() and not (tmp_path / "o.npz").exists()
+
+
 def test_numbers_out_of_range_are_usage_errors() -> None:
     for argv in (["space", G, "--sample", "9" * 40], ["run", G, "--random-inputs", "-1", "--out", "o.npz"],
                  ["search", G, "--seed", str(2**32)], ["search", G, "--jobs", "100000"]):

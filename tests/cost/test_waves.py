@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers.common import EXAMPLES
-from helpers.graphs import layernorm_rows
+from stitchtune.graph.node_lists import layernorm_rows
 from helpers.lowering import DEV, emulated_errors, float_graph
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.cost.waves import FULL_WAVE, embedding_tables, one_wave

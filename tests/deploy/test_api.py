@@ -96,6 +96,30 @@ def test_load_refuses_changed_source(cg: CompiledGraph, tmp_path: Path) -> None:
         CompiledGraph.load(tmp_path / "missing")
 
 
+def test_compile_refuses_a_misspelt_schedule_key(cg: CompiledGraph) -> None:
+    """``stitchtune.compile(graph, schedule=dict)``: a key the space does not know is a ScheduleError naming it
+    (it was ignored: the graph compiled with that field at its default)."""
+    with pytest.raises(ScheduleError, match="unknown key 'vec4' \\(did you mean 'vec'\\?\\)"):
+        stitchtune.compile(LN, db=None, device="h200", build=False, schedule={**cg.schedule.to_dict(), "vec4": 4})
+
+
+def test_load_refuses_a_schedule_key_it_does_not_know(cg: CompiledGraph, tmp_path: Path) -> None:
+    """A manifest whose schedule has a key today's space does not know is refused (not loaded as the schedule
+    without it); written by another code generator version, the message says to recompile."""
+    from stitchtune.lower.entry import CODEGEN_VERSION
+
+    cg.write(tmp_path)
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    m["schedule"]["unroll"] = 2
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(StitchtuneError, match="not a stitchtune manifest .*unknown key 'unroll'"):
+        CompiledGraph.load(tmp_path)
+    m["codegen_version"] = f"{CODEGEN_VERSION}9"
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(StitchtuneError, match="code generator version .*recompile it"):
+        CompiledGraph.load(tmp_path)
+
+
 def test_emulate_matches_reference_and_checks_inputs(cg: CompiledGraph) -> None:
     x = random_inputs(cg.graph, 3)
     out = cg.emulate(**x)

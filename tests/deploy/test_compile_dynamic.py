@@ -167,6 +167,12 @@ def test_stitchtune_compile_of_a_dynamic_file_runs_at_any_extent_and_round_trips
     k.write_text(k.read_text() + "// edited\n")
     with pytest.raises(StitchtuneError, match="recompile"):
         DynamicCompiledGraph.load(tmp_path / "c")
+    # a bucket's schedule with a key this stitchtune's space does not know: refused, naming the manifest and bucket
+    m = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    m["buckets"][-1]["schedule"]["unroll"] = 2
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(StitchtuneError, match=r"not a stitchtune manifest \(bucket seq=33\.\.40: .*unknown key 'unroll'"):
+        DynamicCompiledGraph.load(tmp_path / "c")
     # a dict with "dynamic" is a dynamic graph too
     assert isinstance(stitchtune.compile(json.loads(g.read_text()), db=None, device=DEV, build=False),
                       DynamicCompiledGraph)

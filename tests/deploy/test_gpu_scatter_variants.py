@@ -27,3 +27,17 @@ def test_cpu_dry_run_builds_every_variant(tmp_path: Path, monkeypatch: pytest.Mo
     assert atomics[("word", "zero", "scalar")] == 4 * atomics[("word", "zero", "private")]
     md = (tmp_path / "scatter_variants.md").read_text()
     assert "CPU dry run" in md and "PREDICTED" in md
+
+
+def test_the_region_is_built_on_the_package_node_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The script's layer-norm backward is ``stitchtune.graph.node_lists.layernorm_backward_rows`` (the tests'
+    scatter graphs use the same list), not a copy of it: a change there reaches the script's region."""
+    from stitchtune.graph import node_lists
+
+    sv = load_script("gpu_scatter_variants", monkeypatch)
+    shape = sv.CPU_SHAPE
+    g = sv.region_graph("none", **shape)
+    assert [n.id for n in g.nodes] == [n["id"] for n in node_lists.layernorm_backward_rows()]
+    doubled = [*node_lists.layernorm_backward_rows()[:-1], {"id": "dx", "op": "add", "args": ["c", "rstd"]}]
+    monkeypatch.setattr(node_lists, "layernorm_backward_rows", lambda: doubled)
+    assert sv.region_graph("word", **shape).nodes[-2].op == "add"

@@ -249,6 +249,19 @@ def test_committed_h200_records_are_still_chosen() -> None:
     assert found == len(tuned) == 5
 
 
+def test_a_record_with_a_key_the_space_does_not_know_is_not_used(ln: Graph, tmp_path: Any) -> None:
+    """A record of today's versions whose schedule has a key today's option table does not declare (a newer
+    stitchtune's option, a hand edit) is refused, not read as the schedule without it: the next record wins."""
+    import json
+
+    fast, slow = schedules(ln, 2)
+    odd = row(ln, fast, 1.0)
+    odd["schedule_json"] = json.dumps({**fast.to_dict(), "unroll": 2}, sort_keys=True, separators=(",", ":"))
+    TuningDB(tmp_path).append([odd, row(ln, slow, 9.0)])
+    c = choose_schedule(ln, tmp_path, H200)
+    assert c.source == "tuned" and c.schedule == slow and c.record is not None and c.record["measured_us"] == 9.0
+
+
 def test_records_of_an_older_space_version_say_the_database_is_out_of_date(ln: Graph, tmp_path: Any,
                                                                            caplog: Any) -> None:
     """Records of this workload written by another space (or codegen) version are never used; the

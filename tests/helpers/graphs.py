@@ -1,8 +1,8 @@
 """Graph builders shared by several test rooms: the loss heads (``ce_graph``: cross entropy with integer
 targets: log-softmax, a ``gather_elements`` pick, a scalar epilogue; ``ce_ignore_graph``, ``ce_items_graph``,
 ``ce_backward_graph``, ``int_next_to_pick_graph``), ``rotary_positions_graph``, ``embedding_dropout_graph``,
-``head_merge_colsum`` (a column sum of an input read along its rows: row vectors) and the LayerNorm node lists
-``layernorm_rows`` and ``layernorm_backward_rows``."""
+``head_merge_colsum`` (a column sum of an input read along its rows: row vectors). The LayerNorm node lists
+(``layernorm_rows``, ``layernorm_backward_rows``) are in :mod:`stitchtune.graph.node_lists` (scripts use them too)."""
 
 from __future__ import annotations
 
@@ -10,34 +10,6 @@ from typing import Any
 
 from helpers.hostile import pick
 from stitchtune.graph.parse import Graph, parse_graph
-
-
-def layernorm_rows(x: str, eps: float = 1e-5) -> list[dict[str, Any]]:
-    """LayerNorm over the innermost axis of ``x`` (weight ``g``, bias ``b`` over that axis), result ``xb``;
-    the mean is ``m``, 1/std ``rs`` (what a training step's forward saves)."""
-    return [{"id": "m", "op": "reduce_mean", "args": [x], "axes": [-1], "keepdims": True},
-            {"id": "xc", "op": "sub", "args": [x, "m"]},
-            {"id": "sq", "op": "mul", "args": ["xc", "xc"]},
-            {"id": "var", "op": "reduce_mean", "args": ["sq"], "axes": [-1], "keepdims": True},
-            {"id": "ve", "op": "add", "args": ["var", eps]},
-            {"id": "rs", "op": "rsqrt", "args": ["ve"]},
-            {"id": "xn", "op": "mul", "args": ["xc", "rs"]},
-            {"id": "xg", "op": "mul", "args": ["xn", "g"]},
-            {"id": "xb", "op": "add", "args": ["xg", "b"]}]
-
-
-def layernorm_backward_rows() -> list[dict[str, Any]]:
-    """LayerNorm's input gradient over the innermost axis, from the inputs ``dy``, ``xn`` (the normalised
-    input), ``gamma`` and ``rstd`` (1/std, one per row): ``dx = (g - mean(g) - xn * mean(g * xn)) * rstd`` with
-    ``g = dy * gamma`` (BERT's embedding backward before its scatters)."""
-    return [{"id": "g", "op": "mul", "args": ["dy", "gamma"]},
-            {"id": "m1", "op": "reduce_mean", "args": ["g"], "axes": [-1], "keepdims": True},
-            {"id": "gx", "op": "mul", "args": ["g", "xn"]},
-            {"id": "m2", "op": "reduce_mean", "args": ["gx"], "axes": [-1], "keepdims": True},
-            {"id": "a", "op": "sub", "args": ["g", "m1"]},
-            {"id": "b", "op": "mul", "args": ["xn", "m2"]},
-            {"id": "c", "op": "sub", "args": ["a", "b"]},
-            {"id": "dx", "op": "mul", "args": ["c", "rstd"]}]
 
 
 # ---------------------------------------------------------------------------- loss heads

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from helpers.common import EXAMPLES_DIR
-from helpers.graphs import layernorm_rows
+from stitchtune.graph.node_lists import layernorm_rows
 from helpers.lowering import DEV, rel_err
 from helpers.nvcc import compile_programs_sm90
 from stitchtune.cost.heuristic import generic_heuristic, heuristic_schedule

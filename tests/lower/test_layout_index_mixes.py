@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import pytest
 
-from helpers.graphs import layernorm_rows
+from stitchtune.graph.node_lists import layernorm_rows
 from helpers.lowering import check_emulates, DEV, emulated_errors, float_graph as _graph
 from helpers.nvcc import BUILDER_FLAGS, compile_programs_sm90, heuristic_programs
 from stitchtune.cost.heuristic import heuristic_schedule

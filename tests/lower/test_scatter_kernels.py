@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers.graphs import layernorm_backward_rows
+from stitchtune.graph.node_lists import layernorm_backward_rows
 from helpers.lowering import DEV, rel_err
 from helpers.nvcc import compile_programs_sm90
 from stitchtune.cost.heuristic import heuristic_schedule

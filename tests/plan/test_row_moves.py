@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from helpers.graphs import layernorm_rows
+from stitchtune.graph.node_lists import layernorm_rows
 from helpers.lowering import float_graph as _graph
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.plan.row_moves import commute_row_moves, row_moves

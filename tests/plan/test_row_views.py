@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers.graphs import layernorm_rows
+from stitchtune.graph.node_lists import layernorm_rows
 from helpers.lowering import check_emulates, float_graph as _graph
 from stitchtune.errors import UnsupportedGraphError
 from stitchtune.graph.reference import random_inputs, run_reference

@@ -45,6 +45,27 @@ def test_schedule_value_round_trips_and_hashes() -> None:
     assert p.persistent and json.loads(p.to_json())["tasks_per_block"] == 0  # the JSON keeps the number
 
 
+@pytest.mark.parametrize("key,message", [
+    ("tpr_", "unknown key 'tpr_' (did you mean 'tpr'?)"),
+    ("vec4", "unknown key 'vec4' (did you mean 'vec'?)"),
+    ("prefech", "unknown key 'prefech' (did you mean 'prefetch'?)"),
+    ("zzz", "unknown key 'zzz' (known keys: tpr, block, split, vec, tasks_per_block, min_blocks, schemes, reuse, order"),
+])
+def test_an_unknown_key_is_an_error_naming_it(key: str, message: str) -> None:
+    """A typo in a schedule's JSON is never read as the default of the field or option meant."""
+    d = Schedule(32, 256, 1, 4, 1, 0, ("local", "regional"), ("register", "shared")).to_dict()
+    with pytest.raises(ScheduleError) as exc:
+        Schedule.from_dict({**d, key: 2})
+    assert str(exc.value).startswith("malformed schedule: " + message), exc.value
+    with pytest.raises(ScheduleError, match="unknown key 'a' .* and 1 more"):
+        Schedule.from_dict({**d, "b": 1, "a": 1})
+    for not_a_dict in (5, [1], "tpr"):
+        with pytest.raises(ScheduleError, match="a JSON object is needed"):
+            Schedule.from_dict(not_a_dict)  # type: ignore[arg-type]
+    with pytest.raises(ScheduleError, match="unknown key 'tpr_'"):   # also where it stands for a missing core key
+        Schedule.from_dict({**{k: v for k, v in d.items() if k != "tpr"}, "tpr_": 32})
+
+
 def test_suggest_and_params_of_agree() -> None:
     import optuna
 
