@@ -1,5 +1,6 @@
 """The rest of a graph the torch backend stitched (what no region took): Inductor's decompositions
-without the composite ops the importer maps whole (:func:`decompositions`), and :func:`compile_rest`,
+without the composite ops the importer maps whole (:func:`decompositions`), the forward / backward
+partitioner of a training step (:func:`partition`, Inductor's min-cut), and :func:`compile_rest`,
 which compiles the rest with Inductor (re-decomposed, dropout's random ops made Inductor's own, the
 channels-last layout optimisation for a backward graph that convolves channels-last tensors:
 :func:`channels_last_conv_backward`) or runs it eagerly (``fallback="eager"``, or when Inductor fails:
@@ -40,8 +41,10 @@ def partition() -> Any:
     recomputes cheap element-wise steps there, so a forward region does not write (nor a backward
     region read) intermediates that a fused kernel recomputes for free. AOTAutograd's default saves
     every intermediate: GPT-2's tanh-GELU saved three 50 MB tensors beside its pre-activation, Llama's
-    SiLU-gate one 46 MB tensor (results/train-gap-2026-12-07-s14). One exception: the values of the ops
-    in :data:`SAVED_NOT_RECOMPUTED` are saved, never recomputed (see there)."""
+    SiLU-gate one 46 MB tensor (results/train-gap-2026-12-07-s14). Exceptions, saved and never recomputed
+    (:func:`_save_not_recompute`): the ops of :data:`SAVED_NOT_RECOMPUTED` and one-element reductions. (Where
+    the backward needs nothing from the forward, min-cut hands over to the default partitioner, which saves
+    those marked values anyway: a few bytes.)"""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     def partition_fn(joint: Any, joint_inputs: Any, **kwargs: Any) -> Any:
