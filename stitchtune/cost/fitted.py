@@ -23,8 +23,13 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
   walk's, at most
   ``inflight_reg_share`` of the thread's registers (4 bytes each: a load in flight needs its
   destination registers); the bandwidth is a smooth minimum of ``bw_efficiency`` x copy bandwidth and
-  that over ``dram_latency_ns`` (Little's law; a kernel without global loads, no bytes in flight walked or compiled
+  that over the loaded latency (Little's law; a kernel without global loads, no bytes in flight walked or compiled
   and no load round, is not latency-bound: its stores are issued without waiting, so it streams at the ceiling).
+  Two optional terms (0 = off, as shipped: results/cost-fit-2026-12-07-s14/): the bytes in flight of all SMs are at
+  most ``min(grid, SMs) x sm_inflight_kib`` (the memory parallelism of the SMs a grid keeps busy: miss queues), and
+  the latency they wait is ``dram_latency_ns x (1 + loaded_latency x bw / copy bandwidth)`` (queueing as the
+  bandwidth drawn rises), so the bandwidth solves ``bw = bytes in flight / latency(bw)``: ``2B / (L0 + sqrt(L0^2 +
+  4 a L0 B / copy))`` (``B / L0`` when off).
   DRAM bytes are the unique bytes plus the sector bytes
   beyond them (re-reads, strided sectors) that miss the L2; they hit in proportion ``min(1, l2_keep x L2
   / window)``, ``window = unique bytes / max(1, waves) ** reuse_window`` (with ``reuse_window`` 1: the
@@ -116,6 +121,8 @@ class Coefficients:
     spill_ns: float = 0.0            # per spill instruction (LDL / STL) of a compiled kernel, per wave (0: off)
     l2_request_ns: float = 4.0       # per warp-level scratch-load request and SM (the L2's request rate)
     flush_writeback: float = 0.0     # share of the L2 left dirty by the timing's L2 flush (fitting only; 0: off)
+    sm_inflight_kib: float = 0.0     # most bytes in flight one SM's memory pipeline holds, KiB (0: no such limit)
+    loaded_latency: float = 0.0      # DRAM latency's rise with the bandwidth drawn: x (1 + this x bw / copy) (0: off)
     source: str = "defaults"
     provenance: Mapping[str, Any] = field(default_factory=dict)
 
@@ -160,7 +167,13 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
 }
 #: coefficients fitted only when a caller names them (``fit_coefficients(names=...)``): ``spill_ns`` needs rows
 #: with compiled facts (scripts/fit_compiled_variants.py); the shipped model is fitted without them, spill term 0
-OPTIONAL_BOUNDS: dict[str, tuple[float, float]] = {"spill_ns": (1.0, 5000.0), "flush_writeback": (0.01, 1.0)}
+#: ``sm_inflight_kib`` and ``loaded_latency`` (s14: the memory parallelism of small grids, the latency's rise with the
+#: bandwidth drawn): scored by scripts/fit_terms.py, not shipped (results/cost-fit-2026-12-07-s14/README.md)
+OPTIONAL_BOUNDS: dict[str, tuple[float, float]] = {"spill_ns": (1.0, 5000.0), "flush_writeback": (0.01, 1.0),
+                                                   "sm_inflight_kib": (1.0, 4096.0), "loaded_latency": (0.01, 20.0)}
+#: where a fitted term is off in the base coefficients (0, as in :meth:`Coefficients.defaults`), the fit starts it
+#: here (else it would start at its lower bound); the weak pull of the fit is towards this start
+FIT_START: dict[str, float] = {"sm_inflight_kib": 32.0, "loaded_latency": 1.0}
 
 
 _CACHE: dict[tuple[str, str, int | None], Coefficients] = {}
@@ -239,7 +252,14 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
     compiled = np.asarray(getattr(f, "compiled_bytes_in_flight", 0.0), dtype=float)
     walked = np.where(compiled > 0, compiled, f.bytes_in_flight_per_thread)
     bif = np.minimum(np.maximum(walked, 4.0), np.maximum(4.0, c.inflight_reg_share * 4.0 * regs))
-    little = nb * f.block * np.maximum(f.active_lanes, 1.0 / 32) * bif / c.dram_latency_ns
+    inflight = nb * f.block * np.maximum(f.active_lanes, 1.0 / 32) * bif   # bytes in flight, all SMs
+    if c.sm_inflight_kib > 0:
+        # memory parallelism per SM: the busy SMs (at most one per block) each hold at most sm_inflight_kib
+        busy = np.minimum(np.asarray(f.grid, dtype=float), float(sms))
+        inflight = np.minimum(inflight, busy * c.sm_inflight_kib * 1024.0)
+    # Little's law; with loaded_latency a, latency L0 x (1 + a x bw / copy): bw = 2B / (L0 + sqrt(L0^2 + 4 a L0 B / copy))
+    lat = c.dram_latency_ns
+    little = 2.0 * inflight / (lat + np.sqrt(lat * lat + 4.0 * c.loaded_latency * lat * inflight / copy))
     # a kernel that loads nothing (a zero fill) waits on no round trip: its stores stream at the ceiling
     little = np.where((walked <= 0) & (np.asarray(f.load_rounds, dtype=float) <= 0), np.inf, little)
     cap = c.bw_efficiency * copy

@@ -9,7 +9,8 @@ Contract
   ``log(predicted / measured)`` (``scipy.optimize.least_squares``, soft-L1 loss, scale 0.2), each group
   weighing the same in total, the coefficients fitted in log space within
   :data:`~stitchtune.cost.fitted.FIT_BOUNDS` (``OPTIONAL_BOUNDS`` for the names that ask for one) with a weak pull (:data:`PRIOR`) towards ``base``
-  (default: the defaults). Deterministic for given rows. Raises ``ValueError`` without rows.
+  (default: the defaults; a term that is 0 (off) in ``base`` starts at, and is pulled towards,
+  :data:`~stitchtune.cost.fitted.FIT_START`'s value, else its lower bound). Deterministic for given rows. Raises ``ValueError`` without rows.
 * :func:`leave_one_group_out(rows, device, base=None, progress=None) -> dict[group, Coefficients]`: for each group,
   the fit on the other groups' rows (the held-out coefficients of that group's rows).
 * :func:`predict_rows(rows, device, c) -> numpy array` (µs, predicted device time of each row);
@@ -27,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from stitchtune.cost.features import KernelFeatures
-from stitchtune.cost.fitted import FIT_BOUNDS, OPTIONAL_BOUNDS, Coefficients, columns, device_us_many, flush_us
+from stitchtune.cost.fitted import FIT_BOUNDS, FIT_START, OPTIONAL_BOUNDS, Coefficients, columns, device_us_many, flush_us
 from stitchtune.hardware.device import Device
 
 __all__ = ["FITTED", "MAX_EVALUATIONS", "PRIOR", "TOLERANCE", "fit_coefficients", "leave_one_group_out", "predict_rows", "score"]
@@ -87,7 +88,8 @@ def fit_coefficients(rows: Sequence[Mapping[str, Any]], device: Device, base: Co
     bounds = {**FIT_BOUNDS, **OPTIONAL_BOUNDS}
     lo = np.log([bounds[n][0] for n in names])
     hi = np.log([bounds[n][1] for n in names])
-    start = np.maximum([float(getattr(b, n)) for n in names], [bounds[n][0] for n in names])   # 0 (a term off): its bound
+    # a term off in the base (0) starts at FIT_START's value where it has one, else at its lower bound
+    start = np.maximum([float(getattr(b, n)) or FIT_START.get(n, 0.0) for n in names], [bounds[n][0] for n in names])
     x0 = np.clip(np.log(start), lo + 1e-9, hi - 1e-9)
     meas = np.log([float(r["measured_us"]) for r in rows])
     stack = _Stack(rows)
