@@ -250,3 +250,22 @@ def test_the_per_model_audit_lists_each_regions_l2_credit() -> None:
     for r in rows:
         fitted, credited = (float(x) for x in r.strip("| ").split(" | ")[-2:])
         assert credited <= fitted + 1e-9
+
+
+def test_a_storage_read_first_through_a_small_view_is_still_read_whole_later() -> None:
+    """A 40 MiB input whose first reader takes a 1 MiB slice of it, then a region reading all of it: the region
+    reads 40 MiB, of which the slice's 1 MiB is resident. (The first read's bytes were kept as the storage's size,
+    and the region read 1 MiB in all.) A view wider than its storage (an ``expand``) reads at most the storage."""
+    g = _G()
+    x, w = g.input("x", 40), g.input("w", 1)
+    part = g.op(g.torch.ops.aten.slice.Tensor, (x, 0, 0, 10), 1)
+    g.mm(part, w, mib=1)
+    r = g.region("r", x, mib=40)
+    o = simulate([r], 60 * MB)["r"]
+    assert o.read_bytes == pytest.approx(40 * MB)
+    assert o.resident == pytest.approx(1 * MB)
+    g2 = _G()
+    b = g2.input("b", 1)
+    wide = g2.op(g2.torch.ops.aten.expand.default, (b, [64, -1]), 64)
+    r2 = g2.region("r2", wide, mib=1)
+    assert simulate([r2], 60 * MB)["r2"].read_bytes == pytest.approx(1 * MB)
