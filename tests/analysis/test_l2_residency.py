@@ -269,3 +269,30 @@ def test_a_storage_read_first_through_a_small_view_is_still_read_whole_later() -
     wide = g2.op(g2.torch.ops.aten.expand.default, (b, [64, -1]), 64)
     r2 = g2.region("r2", wide, mib=1)
     assert simulate([r2], 60 * MB)["r2"].read_bytes == pytest.approx(1 * MB)
+
+
+def test_audit_model_credits_each_graphs_region_by_its_own_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two FX graphs of one call (a graph break) each holding a region named ``r``: the first's input was just
+    written by a GEMM (8 MiB resident), the second's is a model input (nothing resident). Each occurrence gets its
+    own graph's bytes (the simulation's result was looked up by name over the whole call: both got the last)."""
+    from stitchtune.analysis import audit
+    from stitchtune.deploy import model_tuning
+
+    g1, g2 = _G(), _G()
+    h = g1.mm(g1.input("x", 8), g1.input("w", 1), mib=8)
+    r1 = g1.region("r", h, mib=8)
+    r2 = g2.region("r", g2.input("y", 8), mib=8)
+    r1.graph = SimpleNamespace(name="first", workload_key=lambda: "k1")
+    r2.graph = SimpleNamespace(name="second", workload_key=lambda: "k2")
+    monkeypatch.setattr(model_tuning, "capture_regions", lambda model, inputs, call: [r1, r2])
+
+    def fake_audit(g: Any, device: Any, **options: Any) -> Any:
+        return audit.RegionAudit(g.name, g.workload_key(), device.name, "row", 1, 1, "{}", 0, 0.0, None, ())
+
+    monkeypatch.setattr(audit, "audit_graph", fake_audit)
+    audits, skipped = audit.audit_model(None, (), DEV, ("inference",))
+    assert not skipped
+    got = {a.graph: a.l2_resident["inference"] for a in audits}
+    params = l2_params(DEV)
+    assert capacity(DEV, params) > 8 * MB
+    assert got == {"first": [pytest.approx(8 * MB)], "second": [0.0]}
