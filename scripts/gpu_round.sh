@@ -21,6 +21,9 @@
 #   decode   60  gpu_step.py --phases decode: batch-1 KV-cache decode, tiny GPT-2 and Llama
 #   peers    60  gpu_peers.py: F.layer_norm / rms_norm / softmax / cross_entropy (+ Liger/QuACK) on the
 #                full-size examples and at 8 rows (launch-bound), CUDA events and CUDA-graph replay
+#   experiments 240  gpu_experiments.py (L2 residency, latency sweep, schedule A/B, scatter variants) then
+#                gpu_experiments_fit.py: the fits (results/<device>-<date>/experiments/); its own call is best:
+#                PHASES=setup,info,launch,experiments BUDGET_S=300 (docs/gpu-round.md)
 #   refit    30  gpu_fit_rows.py refit: the cost model fitted again with the round's per-kernel rows
 # RESUME=<a first call's round.tar.gz, carried>: unpack it first and append to its rows (one folder for both calls).
 # CHECK=1: every phase's command line as a GPU call runs it, checked on any machine without running it: the
@@ -40,7 +43,7 @@ CHECK=${CHECK:-0}
 OUT=${OUT:-/tmp/gpu_round}
 BUDGET_S=${BUDGET_S:-540}
 PY=${PYTHON:-python3}
-PHASES=${PHASES:-setup,info,launch,check,regions,steps,tuned,decode,peers,refit}
+PHASES=${PHASES:-setup,info,launch,check,regions,steps,tuned,decode,peers,experiments,refit}
 MODELS=${MODELS:-bert,gpt2,llama}
 DTYPES=${DTYPES:-bf16,fp32}
 MODES=${MODES:-inference,train}
@@ -98,7 +101,7 @@ summary() {
       | sed -E 's/.*"phase": "([a-z]+)", "model": "([a-z0-9]+)"(, "dtype": "([a-z0-9]+)")?(, "mode": "([a-z]+)")?.*/- \1 \2 \4 \6/' \
       | sort -u; }
     for f in gpu_info.txt; do [ -f "$RES/$f" ] && { echo; echo '```'; cat "$RES/$f"; echo '```'; }; done
-    for f in gpu_models.md gpu_step.md gpu_peers.md refit.md fit/fit.md; do
+    for f in gpu_models.md gpu_step.md gpu_peers.md experiments/experiments.md experiments/fits.md refit.md fit/fit.md; do
       [ -s "$RES/$f" ] && { echo; echo "## $f"; echo; head -n 400 "$RES/$f"; }
     done
     echo
@@ -179,6 +182,12 @@ else
 fi
 phase decode 60 "$STEP --phases decode $DECODE_ARGS --budget-s \$((SHARE > 45 ? SHARE - 15 : SHARE / 2))"
 phase peers 60 "$PY scripts/gpu_peers.py --out $RES $CPU $PEER_ARGS --budget-s \$((SHARE > 45 ? SHARE - 15 : SHARE / 2))"
+if [ "$DRY_RUN" = 1 ]; then
+  phase experiments 240 'echo "dry run: the experiments need a GPU (CHECK=1 builds and emulates every kernel)"'
+else   # under CHECK=1 gpu_experiments.py builds (nvcc, sm_90) and emulates every kernel: no options-only pass
+  phase experiments 240 "$PY scripts/gpu_experiments.py --out $RES/experiments --fit-rows $RES/fit_rows.jsonl \
+    --iters $ITERS --budget-s \$((SHARE > 45 ? SHARE - 15 : SHARE / 2)) && $PY scripts/gpu_experiments_fit.py $RES/experiments"
+fi
 phase refit 30 "$PY scripts/gpu_fit_rows.py refit $RES"
 summary
 echo "== done in $(( $(date +%s) - T0 )) s; $OUT: $(ls "$OUT" | tr '\n' ' ')"

@@ -51,6 +51,9 @@ sys.path.insert(0, str(REPO / "scripts"))
 MODELS = ("bert", "gpt2", "llama")
 DTYPES = ("fp32", "bf16")
 STEP_VARIANTS = ("eager", "inductor", "inductor-ro", "stitchtune", "stitchtune+cg")
+#: the step variants whose per-kernel trace (name, device us in start order) a row keeps: ours (cost-fit rows) and
+#: Inductor's default (results/l2-2026-12-07-s14 checks the L2 estimate on both makers' in-model kernel times)
+TRACED = ("inductor", "stitchtune", "stitchtune+cg")
 DECODE_MODELS = ("gpt2", "llama")
 
 
@@ -116,7 +119,7 @@ def step_rows(gm: Any, mx: Any, torch: Any, name: str, dtype: str, mode: str, it
             row["median_us"] = round(gm._host_median_us(run, iters) if cpu else gm._median_us(torch, run, iters), 1)
             if not cpu:
                 k = gm._kernels(torch, run)
-                if not variant.startswith("stitchtune"):   # the backend's kernel trace is kept (fit data)
+                if variant not in TRACED:   # per-kernel traces kept: fit data and the L2 estimate's check
                     k.pop("trace", None)
                 row.update(k)
                 row.update(split_kernels(k, row["median_us"]))

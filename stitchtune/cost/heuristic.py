@@ -89,7 +89,7 @@ from typing import Any
 from stitchtune.cost.reuse import tensors_to_cache
 from stitchtune.cost.waves import one_wave, tail_free
 from stitchtune.lower.entry import estimate_registers
-from stitchtune.cost.row_vector_rule import with_row_vectors
+from stitchtune.cost.row_vector_rule import with_elementwise_row_vectors, with_row_vectors
 from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks, occupancy
 from stitchtune.plan.family import Family
@@ -391,7 +391,7 @@ def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | No
     if clustered is not None:
         return _checked(space, _relax_registers(space, clustered))
     base = _col(space, plan, device) if plan.family == Family.COL else _row(space, plan, device)
-    s = _reuse(space, with_row_vectors(space, plan, _with_reuse(plan, base)))
+    s = _reuse(space, with_elementwise_row_vectors(space, plan, with_row_vectors(space, plan, _with_reuse(plan, base))))
     # global stitching needs a co-resident grid: demote reuse levels (registers -> shared -> re-read)
     # one tensor at a time until it is, and fall back to independent kernels when nothing helps
     if _grid_barrier(space, s):

@@ -188,7 +188,7 @@ def capture_graphs(model: Any, example_inputs: Sequence[Any], call: str = "infer
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
-    from stitchtune.deploy.torch_rest import decompositions
+    from stitchtune.deploy.torch_rest import decompositions, partition
     from stitchtune.importers.torch_saved import mark_saved_outputs
 
     found: list[CapturedGraph] = []
@@ -207,7 +207,8 @@ def capture_graphs(model: Any, example_inputs: Sequence[Any], call: str = "infer
         compiled = torch.compile(model, backend=aot_autograd(fw_compiler=collector("forward"),
                                                              bw_compiler=collector("backward"),
                                                              inference_compiler=collector("inference"),
-                                                             decompositions=decompositions()))
+                                                             decompositions=decompositions(),
+                                                             partition_fn=partition()))
         run_call(compiled, model, example_inputs, CALL_PATTERNS[call])
     finally:
         torch._dynamo.reset()

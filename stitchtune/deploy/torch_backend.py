@@ -5,7 +5,8 @@ Contract
 * :func:`stitchtune_backend(gm, example_inputs, mode=None, options=None)` is a torch.compile backend.
   Through AOTAutograd (forward, and backward when training) it receives ATen graphs; Inductor's
   decompositions are applied except to the composite ops the importer maps whole (layer norm,
-  softmax, GELU, ...), so backward ops arrive as primitives. In each graph
+  softmax, GELU, ...), so backward ops arrive as primitives; forward and backward are partitioned as
+  Inductor partitions them (:func:`~stitchtune.deploy.torch_rest.partition`). In each graph
   :func:`~stitchtune.importers.torch_regions.find_regions` finds the memory-intensive regions the
   planner accepts; each is compiled with :func:`stitchtune.deploy.compiled.compile` (schedule through
   :func:`~stitchtune.deploy.selection.choose_schedule`: tuned, nearest shape or heuristic,
@@ -75,7 +76,7 @@ from typing import TYPE_CHECKING, Any
 
 from stitchtune.deploy.backend_options import BackendOptions
 from stitchtune.deploy.torch_region_compile import attach_cubins, compile_region_graph, device_for, kept_outputs
-from stitchtune.deploy.torch_rest import compile_rest, decompositions
+from stitchtune.deploy.torch_rest import compile_rest, decompositions, partition
 from stitchtune.deploy.torch_rewrite import fake_check, replace_regions
 
 if TYPE_CHECKING:
@@ -374,7 +375,7 @@ def stitchtune_backend(gm: Any, example_inputs: Sequence[Any], mode: str | None 
     backend = aot_autograd(fw_compiler=_graph_compiler(opts, graphs, "forward"),
                            bw_compiler=_graph_compiler(opts, graphs, "backward"),
                            inference_compiler=_graph_compiler(opts, graphs, "inference"),
-                           decompositions=decompositions())
+                           decompositions=decompositions(), partition_fn=partition())
     return backend(gm, example_inputs)
 
 

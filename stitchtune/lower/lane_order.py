@@ -78,14 +78,17 @@ def column_period(graph: Graph, plan: StitchPlan) -> int | None:
     return reduce(gcd, cuts)
 
 
-def piece_lanes(graph: Graph, plan: StitchPlan, s: Schedule, warp: int, dynamic: bool = False) -> int | None:
+def piece_lanes(graph: Graph, plan: StitchPlan, s: Schedule, warp: int, dynamic: bool = False,
+                rows: int = 1) -> int | None:
     """Lanes per piece for the piece-major order (module docstring), or None for the row-major one: the
     lanes of ``plan.adjacent_rows`` rows in a warp where the plan has an input read along its rows
-    (:mod:`stitchtune.plan.adjacent`), else the lanes of a concat piece."""
+    (:mod:`stitchtune.plan.adjacent`), else the lanes of a concat piece. ``rows``: the view rows a thread
+    takes (row vectors, :mod:`stitchtune.lower.row_vectors`): a warp then spans ``adjacent_rows / rows`` of
+    its threads' row groups."""
     if (dynamic or plan.family != Family.ELEMENTWISE or plan.reductions or plan.cross or s.split != 1
             or s.tpr <= 0 or s.vec <= 0):
         return None
-    G = plan.adjacent_rows
+    G = plan.adjacent_rows // max(1, rows)
     if G > 1 and warp % G == 0 and _fits(graph, s, warp, warp // G, (warp // G) * s.vec):
         return warp // G
     w = column_period(graph, plan)

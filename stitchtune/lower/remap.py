@@ -66,6 +66,8 @@ from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.lower.gather import gather_index
 from stitchtune.lower.index_chain import chain_offset, node_axis, split_axes
 from stitchtune.lower.remap_positions import coord, moving_bounds, moving_deltas
+from stitchtune.lower.row_vectors import RowGroupLoads
+from stitchtune.plan.adjacent import transposed_heads
 from stitchtune.plan.planner import TensorClass
 from stitchtune.plan.chains import composed_chains, domain_of, layout_part, mixed_layout, wide_inputs
 from stitchtune.plan.index_ops import has_index_ops
@@ -81,8 +83,12 @@ class RemapValues:
     (``low``, ``ix``, ``var``, ``emit``, ``use_input``, ``f_index``), ``sw`` the sweep, ``sv`` its
     :class:`~stitchtune.lower.sweep_values.SweepValues`."""
 
-    def __init__(self, kern: RowKernelBuilder, sw: RowSweep, sv: SweepValues) -> None:
+    def __init__(self, kern: RowKernelBuilder, sw: RowSweep, sv: SweepValues,
+                 group: tuple[RowGroupLoads, int] | None = None) -> None:
+        """``group``: with row vectors (:mod:`stitchtune.lower.row_vectors`), the sweep iteration's row-group
+        loads and the index ``q`` of the row this evaluation is of; None for one row a thread."""
         self.k, self.sw, self.sv = kern, sw, sv
+        self.group = group
         low = kern.low
         self.low, self.p, self.g, self.vec = low, low.p, low.g, low.s.vec
         self.domain = domain_of(low.g)
@@ -101,6 +107,8 @@ class RemapValues:
         self.row_axes, self.col_axes = ((tuple(range(D - 1)), (D - 1,)) if self.mixed else
                                         split_axes(self.domain, self.p.M))
         self.memo: dict[tuple[str, Shift], list[kir.Expr]] = {}
+        #: the chain heads loaded R rows a lane with row vectors (their input's stride 1 along the rows)
+        self.row_heads = transposed_heads(low.g, self.p.M) if group is not None else frozenset()
         self.moving = moving_bounds(low.g, self.domain, low.sym)   # (generic: a concat along a dynamic axis)
         self.deltas = moving_deltas(low.g, self.domain, low.sym)   # (its pieces' / end slices' symbolic shifts)
 
@@ -366,13 +374,27 @@ class RemapValues:
         self.k.use_input(buf)
         if self._chain_contiguous(chain, sh):
             return self._emit(buf, self._chain_offset(chain, sh, 0), sh, True, None)
+        grouped = self.group is not None and head in self.row_heads and self._row_uniform(sh)
         out: list[kir.Expr] = []
         for j in range(self.vec):
-            v = self.k.var("g", F32)
             pj = and_(self.sw.valid, self.cond(sh, j))
-            self.sw.body.append(Assign(v, Load(buf, self._chain_offset(chain, sh, j), pj)))
+            at = self._chain_offset(chain, sh, j)
+            if grouped:   # row vectors: element q of the R rows copy 0 loaded (lower/row_vectors.py)
+                assert self.group is not None
+                got = self.group[0].load(self.group[1], buf, at, pj)
+                if got is not None:
+                    out.append(got)
+                    continue
+            v = self.k.var("g", F32)
+            self.sw.body.append(Assign(v, Load(buf, at, pj)))
             out.append(v)
         return out
+
+    def _row_uniform(self, sh: Shift) -> bool:
+        """``sh`` moves the same way at every row of a thread's row group: no condition along a row axis,
+        and no shift along the innermost row axis (the rows' vector would not start at a multiple of R)."""
+        ra = self.row_axes[-1] if self.row_axes else -1
+        return not any(a in self.row_axes for a, _, _ in sh.conds) and sh.d(ra) == 0
 
     def _chain_offset(self, chain: tuple[str, ...], sh: Shift, lane: int) -> kir.Expr:
         """The offset in the chain's input of lane ``lane``'s element of the head at ``p + delta``."""

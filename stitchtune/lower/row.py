@@ -23,8 +23,10 @@ from stitchtune.lower.liveness import kernel_levels, merged_levels, node_args, r
 from stitchtune.lower.cross import SMALL_KERNEL_REGISTERS, combine_kernel, small_profile, zero_kernel
 from stitchtune.lower.row_kernel import RowKernel
 from stitchtune.lower.row_layout import row_layout
+from stitchtune.lower.row_vectors import elementwise_rows
 from stitchtune.lower.symbols import RowSymbols
 from stitchtune.plan.planner import StitchPlan, TensorClass
+from stitchtune.space.options import elementwise_row_vector_registers
 from stitchtune.space import (CROSS_COMBINE, PREFETCH, SCHEMES, SINGLE_PASS, CrossCombine, ReuseLevel, Schedule,
                               SchemeTable, row_chunk, uncached_level)
 
@@ -35,7 +37,9 @@ class RowLowerer(Lowerer):
     def __init__(self, graph: Graph, plan: StitchPlan, s: Schedule, device: Device, schemes: SchemeTable = SCHEMES,
                  sym: RowSymbols | None = None) -> None:
         merged = {c.stage: c for c in plan.single_pass} if s.option(SINGLE_PASS) else {}
-        super().__init__(graph, plan, s, device, row_sizes(plan, s), schemes, sym, merged)
+        #: view rows a thread takes per sweep iteration (element-wise row vectors, lower/row_vectors.py)
+        self.rows = elementwise_rows(plan, s, sym is not None)
+        super().__init__(graph, plan, s, device, row_sizes(plan, s, self.rows), schemes, sym, merged)
         #: the program's tasks, estimated registers per thread and stages per kernel (:meth:`_size`)
         self.n_tasks, self.est_regs, self.segs = self._size()
 
@@ -79,6 +83,8 @@ class RowLowerer(Lowerer):
         # yet): never estimated past one block per SM, since ptxas keeps a block within an SM
         loads = estimate_registers(self.per_thread * (max(n_reg, hoisted_inputs(p, s, self.iters)) + n_pf), vec, 4)
         est = max(est, min(loads, self.dev.max_regs_per_thread, self.dev.regs_per_sm // s.block))
+        if self.rows > 1:   # the other rows' values of each row-vector load, loaded with the first row's
+            est += elementwise_row_vector_registers(self.rows, vec, p.vector_loads)
         if s.min_blocks:  # __launch_bounds__ caps what ptxas may use
             est = min(est, self.dev.regs_per_sm // (s.block * s.min_blocks))
         return tasks, est, segs
@@ -155,13 +161,14 @@ def hoisted_inputs(plan: StitchPlan, s: Schedule, iters: int) -> int:
     return sum(1 for n, c in plan.classes if c is TensorClass.FULL and n in set(plan.input_names))
 
 
-def row_sizes(plan: StitchPlan, s: Schedule) -> Sizes:
-    """A row program's sizes: ``block // tpr`` rows per block; a block's piece of a row (the row, or one
-    of ``split`` pieces, rounded to whole sweeps: :func:`~stitchtune.space.row_chunk`), ``chunk // tpr``
-    elements per thread in ``chunk // (tpr * vec)`` iterations."""
+def row_sizes(plan: StitchPlan, s: Schedule, rows: int = 1) -> Sizes:
+    """A row program's sizes: ``block // tpr`` rows per block (times ``rows``, the rows a thread takes: row
+    vectors); a block's piece of a row (the row, or one of ``split`` pieces, rounded to whole sweeps:
+    :func:`~stitchtune.space.row_chunk`), ``chunk // tpr`` elements per thread in ``chunk // (tpr * vec)``
+    iterations."""
     tpr, vec = s.tpr, s.vec
     chunk = row_chunk(plan.N, s.split, tpr, vec)
-    return Sizes(s.block // tpr, chunk, chunk // tpr, chunk // (tpr * vec))
+    return Sizes(s.block // tpr * rows, chunk, chunk // tpr, chunk // (tpr * vec))
 
 
 def lower_row(graph: Graph, plan: StitchPlan, schedule: Schedule, device: Device,

@@ -34,6 +34,7 @@ from stitchtune.lower.lane_order import piece_lanes, thread_coords
 from stitchtune.lower.remap import RemapValues
 from stitchtune.lower.row_exchange import RowExchange
 from stitchtune.lower.row_state import RowKernelState
+from stitchtune.lower.row_vectors import RowGroupLoads
 from stitchtune.lower.state import PlainState, ReductionState, reset
 from stitchtune.plan.planner import TensorClass
 from stitchtune.space import ORDER, PREFETCH, Order
@@ -59,7 +60,13 @@ class RowKernel(RowKernelState):
         self._lay = row_layout(low, ki, seg, tasks, est_regs, self._is_last)
         lane, rib = cx.var("lane", I32), cx.var("rib", I32)
         # row-major lanes, or piece-major (concat pieces narrower than a warp, inputs read along the rows)
-        pieces = piece_lanes(low.g, p, s, low.dev.warp_size, low.sym is not None)
+        #: view rows per thread and sweep iteration (row vectors, lower/row_vectors.py): its first row ``rowg``
+        self._R = low.rows
+        self._rowg = cx.var("rowg", I32) if self._R > 1 else kir.Var("rowg", I32)   # (numbered only where used)
+        #: while a sweep evaluates one of its ``R`` rows: that row's row bases and where they are assigned
+        self._q_bases: dict[str, Var] = {}
+        self._q_body: list[kir.Stmt] | None = None
+        pieces = piece_lanes(low.g, p, s, low.dev.warp_size, low.sym is not None, self._R)
         lane_e, rib_e = thread_coords(kir.Special("tid"), s.tpr, low.dev.warp_size, pieces)
         self._body: list[kir.Stmt] = [Assign(lane, lane_e), Assign(rib, rib_e)]
         rd, row, sidx = cx.var("rd", I32), cx.var("row", I32), cx.var("sidx", I32)
@@ -94,7 +101,9 @@ class RowKernel(RowKernelState):
             tq = cx.var("tq", I32)
             rb.append(Assign(tq, task))  # reversed by order_tasks when this kernel runs its tasks backwards
             task = tq
-        if S == 1:
+        if S == 1 and self._R > 1:   # the thread's first row; each row of the group is assigned per sweep copy
+            rb += [Assign(self._rowg, self.row_of(task)), Assign(ix.row, self._rowg), Assign(ix.sidx, I(0))]
+        elif S == 1:
             rb += [Assign(ix.row, self.row_of(task)), Assign(ix.sidx, I(0))]
         else:
             tv = cx.var("task", I32)
@@ -111,8 +120,8 @@ class RowKernel(RowKernelState):
         return self._low.rounds_expr(self._lay.rounds, self._low.rpb, self._low.s.split)
 
     def row_of(self, t: kir.Expr) -> kir.Expr:
-        """This thread's row of row group ``t`` (split 1)."""
-        return add(mul(t, I(self._low.rpb)), self.ix.rib)
+        """This thread's (first) row of row group ``t`` (split 1)."""
+        return add(mul(t, I(self._low.rpb)), mul(self.ix.rib, I(self._R)) if self._R > 1 else self.ix.rib)
 
     def f_index(self, r: kir.Expr, k: kir.Expr, name: str | None = None) -> kir.Expr:
         """Element ``k`` of row ``r`` of a full-size tensor (of input ``name``, through its index map
@@ -124,7 +133,14 @@ class RowKernel(RowKernelState):
 
     def round_row_base(self, name: str) -> kir.Expr:
         """The row base of mapped input ``name`` at this round's row, computed once per round (the
-        first use appends its assignment to the round body, ahead of the sweep that needs it)."""
+        first use appends its assignment to the round body, ahead of the sweep that needs it); with row
+        vectors, once per row of the sweep's group, in the sweep's body."""
+        if self._q_body is not None:
+            if name not in self._q_bases:
+                v = self._cx.var("rb", I32)
+                self._q_body.append(Assign(v, self._low.row_base(name, Bin("min", self.ix.row, self._low.m_last()))))
+                self._q_bases[name] = v
+            return self._q_bases[name]
         if name not in self._row_bases:
             v = self._cx.var("rb", I32)
             self._rb.append(Assign(v, self._low.row_base(name, Bin("min", self.ix.row, self._low.m_last()))))
@@ -322,9 +338,40 @@ class RowKernel(RowKernelState):
         # where the grid covers the rows exactly (rows_exact)
         lb.append(Assign(valid, ix.rvalid if cols_exact(self._low) else Bin("&&", ix.rvalid, Bin("<", k0, ix.kend))))
         sw = RowSweep(idx_it, k0, valid, lb, from_prefetch)
+        if self._R > 1:   # row vectors: the element of each of the thread's R rows (lower/row_vectors.py)
+            assert not accs and online is None and not cross, "row vectors are for element-wise plans"
+            group = RowGroupLoads(self._R, lb, cx.var)
+            for q in range(self._R):
+                lb.append(Assign(ix.row, add(self._rowg, I(q))))
+                self._q_bases, self._q_body = {}, lb
+                self.element(sw, accs, online, outputs, cross, (group, q))
+            self._q_body = None
+        else:
+            sv = self.element(sw, accs, online, outputs, cross, None)
+            self._filled.update(sv.newly)
+        unroll = bool(self._lay.locals_) or low.iters <= 8 or from_prefetch or bool(self._columns_read)
+        # the sweep reads memory: it loads a full-size input, or takes the prefetched ones
+        reads = loads_from(lb, low.swept_inputs) or (from_prefetch and bool(self._prefetched))
+        head = low.order_sweep(ii, it, low.iters, reads)
+        self._rb.append(kir.For(it, I(0), I(low.iters), 1, tuple(head + lb), unroll=unroll))
+        if self._prefetched and from_prefetch:  # the next task's inputs, in flight while this one reduces
+            nxt = add(ix.rd, I(1))
+            self._rb.extend(self.prefetch_rows(add(mul(nxt, kir.Special("gdim")), kir.Special("bid")),
+                                              Bin("<", nxt, self.rounds())))
+        for acc in accs:
+            self._pvals[acc.reduction] = acc.acc
+        return [online] if online is not None else list(accs)
+
+    def element(self, sw: RowSweep, accs: list[PlainState], online: sp.OnlineState | None, outputs: list[str],
+                cross: bool, group: tuple[RowGroupLoads, int] | None) -> SweepValues:
+        """The sweep iteration's work at the element of row ``ix.row``: fold ``accs`` / ``online``, store
+        ``outputs``, accumulate the cross reductions; ``group``: the row-vector loads and this row's index
+        in the thread's rows (row vectors), else None. Returns the element's values."""
+        low, cx, ix, vec = self._low, self._cx, self.ix, self._low.s.vec
+        lb, k0, valid = sw.body, sw.k0, sw.valid
         sv = SweepValues(low, cx, lb, vec, self._filled, self.broadcast, partial(self.load_input, sw), partial(
             self.cache_index, sw), partial(self.smem_index, sw), low.kernel_reuse[self._ki])
-        rv = RemapValues(self, sw, sv)
+        rv = RemapValues(self, sw, sv, group)
         sv.index_value = rv.node_value
         sv.iota_value = partial(self.iota_values, sw)
         sv.reciprocal = self.reciprocal
@@ -350,19 +397,7 @@ class RowKernel(RowKernelState):
                 lb.append(kir.StoreVec(buf, k0, tuple(vals), and_(valid, Bin("==", ix.row, I(0)))))
         if cross:
             cross_accumulate(self, sw, sv, lb)
-        unroll = bool(self._lay.locals_) or low.iters <= 8 or from_prefetch or bool(self._columns_read)
-        # the sweep reads memory: it loads a full-size input, or takes the prefetched ones
-        reads = loads_from(lb, low.swept_inputs) or (from_prefetch and bool(self._prefetched))
-        head = low.order_sweep(ii, it, low.iters, reads)
-        self._rb.append(kir.For(it, I(0), I(low.iters), 1, tuple(head + lb), unroll=unroll))
-        if self._prefetched and from_prefetch:  # the next task's inputs, in flight while this one reduces
-            nxt = add(ix.rd, I(1))
-            self._rb.extend(self.prefetch_rows(add(mul(nxt, kir.Special("gdim")), kir.Special("bid")),
-                                              Bin("<", nxt, self.rounds())))
-        self._filled.update(sv.newly)
-        for acc in accs:
-            self._pvals[acc.reduction] = acc.acc
-        return [online] if online is not None else list(accs)
+        return sv
 
     # -- stages and outputs -----------------------------------------------------------------------
     def reduce_stage(self, st: int, keep_results: bool) -> None:

@@ -17,12 +17,20 @@ the columns per row). A warp's load of the transposed input then covers, per col
 128-byte run per row (1.00x). The values, the reduction's operands and the outputs are those of the
 same rows: only which thread computes which row changes (and so the order of a column's partial sums).
 
-The row family (element-wise regions) has the same need and not yet the tile: GPT-2's training concat
-(``view_50``, k's gradient ``[B*H, D, S]`` one of three pieces) and Llama's rotary gradient (``view_68``)
-already read such an input at the ideal sectors (:mod:`stitchtune.plan.adjacent`: 8 rows of 4 lanes a
-warp, 32 bytes per column), but one 32-bit load per element: 4x the load instructions of the same bytes.
-Their rows are one per thread throughout the row kernel (its row index, the remapped and chained loads
-of :mod:`stitchtune.lower.remap`, the stores), so row vectors there are an ``R``-row thread in that family.
+**Element-wise row kernels** (the row family) have the same need: GPT-2's training concat (``view_50``, k's
+gradient ``[B*H, D, S]`` one of three pieces) and Llama's rotary gradient (``view_68``) read such an input
+through a layout chain at the ideal sectors (:mod:`stitchtune.plan.adjacent`: 8 rows of 4 lanes a warp, 32
+bytes per column) but one 32-bit load per element. With row vectors (``plan.vector_rows = R``,
+:func:`elementwise_rows`) a row-kernel thread takes the ``R`` consecutive view rows ``r0 .. r0 + R - 1``
+(``r0 = (task x rows a block + row in block) x R``) of its columns: each sweep iteration evaluates its
+element ``R`` times, row ``r0 + q`` for ``q < R`` (the row index reassigned, everything else as one row
+is evaluated: its remaps, chains, stores), and the chain loads of a transposed input go through
+:class:`RowGroupLoads`: the ``q = 0`` copy issues one ``R``-element vector load at row ``r0`` (128 bits: 4
+float32, 8 16-bit) per lane column, every copy takes its element ``q`` of it. The other tensors keep their
+``vec``-wide vectors along the columns, one row at a time. A warp holds ``G / R`` row groups (``G`` the
+plan's :attr:`~stitchtune.plan.planner.StitchPlan.adjacent_rows`, :func:`stitchtune.lower.lane_order.piece_lanes`):
+its transposed loads cover ``G`` rows (a sector) per column, its column accesses ``32 R / G`` lanes x
+``vec`` elements of a row: every access at its ideal sectors.
 
 Contract: :func:`row_vector_rows` returns ``R > 1`` only where the schedule asks for row vectors (option
 ``row_vectors``, :data:`~stitchtune.space.options.ROW_VECTORS`) and the plan and the mapping allow them
@@ -50,7 +58,8 @@ from stitchtune.plan.row_vectors import ROW_VECTOR_BYTES, ROW_VECTOR_ROWS, row_g
 from stitchtune.plan.row_vectors import row_vector_inputs as plan_row_vector_inputs
 from stitchtune.space import ROW_VECTORS, Schedule
 
-__all__ = ["ROW_VECTOR_BYTES", "row_vector_rows", "row_vector_inputs", "row_vector_sectors", "RowVectorLoads"]
+__all__ = ["ROW_VECTOR_BYTES", "row_vector_rows", "row_vector_inputs", "row_vector_sectors", "RowVectorLoads",
+           "elementwise_rows", "RowGroupLoads"]
 
 
 def row_vector_inputs(low: Lowerer, R: int) -> tuple[str, ...]:
@@ -133,3 +142,36 @@ class RowVectorLoads:
     def loader(self, q: int, load: Callable[[str], list[kir.Expr]]) -> Callable[[str], list[kir.Expr]]:
         """Row ``q``'s input loads: by the row vectors for an input in :attr:`names`, else by ``load``."""
         return lambda name: self.values(name, q) if name in self.names else load(name)
+
+
+def elementwise_rows(plan: StitchPlan, s: Schedule, dynamic: bool) -> int:
+    """View rows an element-wise row-kernel thread takes per sweep iteration: ``plan.vector_rows`` where the
+    schedule asks for row vectors (option ``row_vectors``; the space offers it only where the plan has such
+    rows, ``split`` 1), else 1. ``dynamic``: a generic kernel (never)."""
+    if (plan.family != Family.ELEMENTWISE or dynamic or plan.vector_rows <= 1 or not asks_row_vectors(s)
+            or s.split != 1):
+        return 1
+    return plan.vector_rows
+
+
+class RowGroupLoads:
+    """The row-vector loads of one sweep iteration of an element-wise row kernel with ``R`` rows a thread
+    (module docstring): :meth:`load` of copy ``q = 0`` issues the vector load of ``R`` rows at an address and
+    predicate, later copies take their element of it. The address and predicate are the same expressions in
+    every copy (the row index is one variable, reassigned per copy), so they are the key."""
+
+    def __init__(self, R: int, body: list[kir.Stmt], var: Callable[[str], Var]) -> None:
+        self._R, self._body, self._var = R, body, var
+        self._vals: dict[tuple[str, kir.Expr, kir.Expr | None], tuple[Var, ...]] = {}
+
+    def load(self, q: int, buf: str, at: kir.Expr, pred: kir.Expr | None) -> kir.Expr | None:
+        """Element ``q`` of the ``R`` elements ``buf[at ..]`` (row ``r0 + q`` of this lane column, ``at`` the
+        address of row ``r0 + q`` when copy ``q`` evaluates it), or None where copy 0 did not load them (the
+        caller loads the element itself)."""
+        key = (buf, at, pred)
+        if q == 0 and key not in self._vals:
+            dsts = tuple(self._var("h") for _ in range(self._R))
+            self._body.extend(load_vec(dsts, buf, at, pred, zeroed=True))
+            self._vals[key] = dsts
+        got = self._vals.get(key)
+        return None if got is None else got[q]

@@ -71,7 +71,7 @@ from stitchtune.plan.row_moves import commute_row_moves
 from stitchtune.plan.row_views import commute_row_views
 from stitchtune.plan.scatter import Scatter, core_graph, split_scatters
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
-from stitchtune.plan.adjacent import adjacent_rows
+from stitchtune.plan.adjacent import adjacent_rows, vector_loads, vector_rows
 from stitchtune.plan.transpose import TransposeTile, transpose_tile
 from stitchtune.plan.unit_reductions import unit_reductions
 from stitchtune.plan.views import Surrogate, Viewed, view_stage
@@ -127,6 +127,13 @@ class StitchPlan:
     #: the view's innermost row axis) is loaded a whole sector at a time (:mod:`stitchtune.plan.adjacent`);
     #: 0 for every other plan
     adjacent_rows: int = 0
+    #: the view rows a thread of such a plan takes so that its transposed inputs are loaded ``R`` rows per
+    #: 128-bit access (option ``row_vectors``; :func:`stitchtune.plan.adjacent.vector_rows`); 0 where it
+    #: cannot (and for every other plan)
+    vector_rows: int = 0
+    #: the loads of such chains a row element makes (a chain at each column shift it is read at): each holds
+    #: ``vector_rows`` x ``vec`` floats in registers with row vectors (the registers the heuristic counts)
+    vector_loads: int = 0
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -256,8 +263,12 @@ def _plan(graph: Graph) -> StitchPlan | Refusal:
     if isinstance(plan, Refusal):
         return _plan_rewritten(graph, plan)
     tile = transpose_tile(graph, plan.family, dict(plan.index_maps), dict(plan.dtypes), not plan.cross)
-    rows = adjacent_rows(graph, plan.family, dict(plan.index_maps), plan.M, not plan.cross and not plan.scatters)
-    return replace(plan, transpose=tile, adjacent_rows=rows) if tile is not None or rows else plan
+    plain = not plan.cross and not plan.scatters
+    rows = adjacent_rows(graph, plan.family, dict(plan.index_maps), plan.M, plain)
+    vrows = vector_rows(graph, plan.family, dict(plan.index_maps), dict(plan.classes), plan.M, plain) if rows else 0
+    loads = vector_loads(graph, dict(plan.classes), plan.M) if vrows else 0
+    return (replace(plan, transpose=tile, adjacent_rows=rows, vector_rows=vrows, vector_loads=loads)
+            if tile is not None or rows else plan)
 
 
 @functools.lru_cache(maxsize=256)

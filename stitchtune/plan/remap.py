@@ -71,7 +71,7 @@ from stitchtune.plan.refusal import Refusal
 from stitchtune.plan.shift import Shift, column_offset, offset_of, size1_slice_refusal, spans
 
 __all__ = ["OuterSources", "outer_sources", "root_shift", "int_index_op", "surrogate", "real_index_maps",
-           "check_remaps"]
+           "check_remaps", "remap_visits"]
 
 
 def int_index_op(graph: Graph, ints: frozenset[str]) -> Node | Refusal | None:
@@ -249,6 +249,18 @@ def check_remaps(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...
         if refused is not None:
             return refused
     return None
+
+
+def remap_visits(graph: Graph, domain: tuple[int, ...], row_axes: tuple[int, ...], varies: dict[str, bool],
+                 mixed: bool = False) -> frozenset[tuple[str, Shift]]:
+    """The (tensor, shift) evaluations :func:`check_remaps` walks (those a row kernel makes), for a graph it
+    proves: how many times each tensor is read, at which shifts (a layout chain's loads per element)."""
+    walk = _RemapWalk(graph, domain, frozenset(row_axes), varies, mixed)
+    for name in graph.outputs:
+        walk.visit(name, root_shift(graph, name, domain, row_axes))
+    for name in [str(n.args[0]) for n in graph.reductions()]:
+        walk.visit(name, Shift())
+    return frozenset(walk.seen)
 
 
 def _refused(value: int | Refusal) -> Refusal | None:

@@ -157,6 +157,10 @@ class SpaceRules:
         reads them: ``row_vector_rows`` (rows per access, 1 without row-vector inputs: fixed per space),
         ``row_vector_inputs`` (how many inputs) and ``row_vectorable`` (the mapping's rows split into
         whole groups)."""
+        if self.plan.family == Family.ELEMENTWISE:   # transposed inputs R rows a thread (plan.adjacent.vector_rows)
+            R = self.plan.vector_rows or 1
+            return {"row_vector_rows": R, "row_vector_inputs": self.plan.vector_loads if R > 1 else 0,
+                    "row_vectorable": R > 1 and split == 1 and self.plan.M % R == 0}
         R = ROW_VECTOR_ROWS if self.row_vector_inputs else 1
         return {"row_vector_rows": R, "row_vector_inputs": len(self.row_vector_inputs),
                 "row_vectorable": row_groups_fit(self.plan.M, R, tpr, split)}

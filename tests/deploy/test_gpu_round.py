@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -45,7 +46,8 @@ def test_step_split_and_tables(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_step_rows_gpu_branch_with_fakes(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU branch of the steps phase, its timers and profiler faked: every variant a row, the
-    kernel split, the backend's trace kept (fit data) and the others' dropped, a failure a row."""
+    kernel split, the backend's and Inductor's traces kept (fit data, the L2 check) and the others' dropped, a
+    failure a row."""
     torch = pytest.importorskip("torch")
     gs = load("gpu_step", monkeypatch)
     gm = load("gpu_models", monkeypatch)
@@ -68,7 +70,8 @@ def test_step_rows_gpu_branch_with_fakes(monkeypatch: pytest.MonkeyPatch) -> Non
     assert ok["inductor-ro"]["error"] == "RuntimeError: no graphs here"
     assert ok["eager"]["median_us"] == 500.0 and ok["eager"]["gap_us"] == 100.0
     assert ok["eager"]["matmul_us"] == 250.0 and ok["eager"]["membound_us"] == 150.0
-    assert "trace" not in ok["inductor"] and ok["stitchtune"]["trace"] == [["st_k0", 1.0]]
+    assert "trace" not in ok["inductor-ro"] and "trace" not in ok["eager"]
+    assert ok["inductor"]["trace"] == ok["stitchtune"]["trace"] == [["st_k0", 1.0]]
     assert ok["stitchtune+cg"]["stitched"] == 1 and "stitched" not in ok["eager"]
     assert all(r["timing"] == "cuda events (measured)" for r in rows)
 
@@ -338,7 +341,8 @@ def test_one_timing_helper_for_the_gpu_scripts(monkeypatch: pytest.MonkeyPatch) 
 
 
 # ------------------------------------------------------------------ CHECK=1: every command line, not run
-_ROUND_SCRIPTS = ("gpu_launch_check", "gpu_models", "gpu_step", "gpu_peers", "gpu_fit_rows", "gpu_round_report")
+_ROUND_SCRIPTS = ("gpu_launch_check", "gpu_models", "gpu_step", "gpu_peers", "gpu_fit_rows", "gpu_round_report",
+                  "gpu_experiments", "gpu_experiments_fit")
 
 
 def test_every_script_of_the_round_imports_and_answers_help(monkeypatch: pytest.MonkeyPatch,
@@ -376,7 +380,7 @@ def test_options_only_validates_the_gpu_command_lines_without_a_gpu(monkeypatch:
     assert not Path("/nonexistent/x").exists()
 
 
-@pytest.mark.slow   # about 50 s: every phase imports torch once
+@pytest.mark.slow   # about 80 s: every phase imports torch once; the experiments are built and emulated
 def test_round_check_mode_checks_every_phase(tmp_path: Path) -> None:
     """``CHECK=1``: every phase ok, the Python ones each saying 'options ok', setup and info syntax-checked
     only; a bad option (MODELS=nosuch) fails its phases with rc 2 and the scripts' own error line."""
@@ -391,6 +395,10 @@ def test_round_check_mode_checks_every_phase(tmp_path: Path) -> None:
         assert f"| {phase} | ok | 0 |" in summary, phase
         log = next((tmp_path / "work").glob(f"cpu-check-*/logs/{phase}.log")).read_text()
         assert ("options ok" in log) != (phase in ("setup", "info")), (phase, log)
+    # the experiments are built and emulated, not only their options checked (scripts/gpu_experiments.py --check)
+    assert "| experiments | ok | 0 |" in summary
+    log = next((tmp_path / "work").glob("cpu-check-*/logs/experiments.log")).read_text()
+    assert re.search(r"gpu_experiments --check: (\d+) of \1 ok", log) and "## Schedule rules A/B" in log, log[-2000:]
     env2 = {**env, "MODELS": "nosuch", "PHASES": "regions,peers", "WORK": str(tmp_path / "work2")}
     res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_round.sh")], env=env2, capture_output=True, text=True,
                          timeout=600)

@@ -1,0 +1,247 @@
+"""The kernels of ``scripts/gpu_experiments.py`` (issue 44 prep): one table of cases, each a graph at the GPU's
+shape and at a small shape (the emulator's check), a schedule (the heuristic's, or a change of it), and how it is
+timed.
+
+Contract
+--------
+* :class:`Case`: ``experiment`` (one of :data:`EXPERIMENTS`), ``name`` (unique), ``graph(small) -> Graph``,
+  ``changes`` (schedule fields / options set over the heuristic's point, ``()``: the heuristic), ``schedule``
+  (a full schedule instead of the heuristic, e.g. the latency sweep's fixed one), ``small_changes`` (the changes at
+  the small shape where the GPU's do not apply there), ``protocols`` (names in :data:`PROTOCOLS`), ``gemm_input``
+  (the input a GEMM writes before the kernel under the ``after_gemm*`` protocols) and ``params`` (what the fit reads:
+  rows, bytes per block, grid ...). Pure data; nothing here needs a GPU.
+* :func:`cases(sm_count) -> list[Case]`: every case, in the order of value within each experiment; grid sizes of
+  the latency sweep are multiples of ``sm_count`` (the device's, so that "one wave" means one wave there).
+* :func:`schedule_for(case, graph, device, small) -> (Schedule, violations)`: the case's schedule for ``graph``
+  on ``device`` and the space's objections to it (empty: legal).
+
+The timing protocols (run by ``gpu_experiments.py``, only on a GPU): ``flushed`` (a buffer of 4x the L2 zeroed
+before each call: the tuner's protocol, the fit dataset's), ``clean_read`` (flushed, then every input read once by
+``torch.sum``: its lines clean in the L2), ``after_gemm`` (flushed, then a GEMM writes ``gemm_input``: its lines
+dirty in the L2, as in a model step), ``after_big_gemm`` (as ``after_gemm``, then a GEMM whose operand is 2x the L2:
+does a GEMM's operand stream evict what the kernel reads next?).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+EXPERIMENTS = ("l2", "latency", "ab", "scatter")
+PROTOCOLS = ("flushed", "clean_read", "after_gemm", "after_big_gemm")
+HIDDEN = 768
+L2_ROWS = (1024, 4096, 16384, 32768)        # x [rows, 768] fp32: 3.1, 12.6, 50, 101 MB
+LATENCY_ROW = 16384                          # floats per block in the fixed-bytes-per-block sweep (64 KiB)
+LATENCY_TOTAL = 8 * 1024 * 1024              # floats in the fixed-total sweep (32 MiB)
+LATENCY_BLOCK = 256                          # threads per block (one row per block, 128-bit loads)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One kernel of one experiment (module docstring)."""
+
+    experiment: str
+    name: str
+    graph: Callable[[bool], Any]
+    changes: tuple[tuple[str, Any], ...] = ()
+    schedule: dict[str, Any] | None = None
+    small_changes: tuple[tuple[str, Any], ...] | None = None
+    protocols: tuple[str, ...] = ("flushed",)
+    gemm_input: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.experiment not in EXPERIMENTS or any(p not in PROTOCOLS for p in self.protocols):
+            raise ValueError(f"Case {self.name}: experiment in {EXPERIMENTS}, protocols in {PROTOCOLS}")
+
+
+def _parse(doc: dict[str, Any]) -> Any:
+    from stitchtune.graph.parse import parse_graph
+
+    return parse_graph(doc)
+
+
+def _f32(shape: list[int]) -> dict[str, Any]:
+    return {"shape": shape, "dtype": "float32"}
+
+
+def elementwise(rows: int, n: int = HIDDEN) -> Any:
+    """``y = x * 2 + 1`` over ``x [rows, n]``: a kernel that streams (read once, write once)."""
+    return _parse({"name": "exp_ew", "inputs": {"x": _f32([rows, n])},
+                   "nodes": [{"id": "a", "op": "mul", "args": ["x", 2.0]}, {"id": "y", "op": "add", "args": ["a", 1.0]}],
+                   "outputs": ["y"]})
+
+
+def layernorm(rows: int, n: int = HIDDEN) -> Any:
+    """LayerNorm over the rows of ``x [rows, n]`` (``g``, ``b`` per column)."""
+    from stitchtune.graph.node_lists import layernorm_rows
+
+    return _parse({"name": "exp_ln", "inputs": {"x": _f32([rows, n]), "g": _f32([n]), "b": _f32([n])},
+                   "nodes": layernorm_rows("x"), "outputs": ["xb"]})
+
+
+def row_sum(rows: int, n: int) -> Any:
+    """``s = sum(x, axis=1)`` of ``x [rows, n]``: the simplest load-reduce kernel."""
+    return _parse({"name": "exp_rowsum", "inputs": {"x": _f32([rows, n])},
+                   "nodes": [{"id": "s", "op": "reduce_sum", "args": ["x"], "axes": [1], "keepdims": True}],
+                   "outputs": ["s"]})
+
+
+def gpt2_embedding_backward(rows: int = 4096, n: int = HIDDEN, vocab: int = 32000) -> Any:
+    """GPT-2's training ``region_view_82`` (tests/cost/test_tail_free.py's graph): a layer norm's ``dx`` plus the
+    residual gradient, ``g * xhat`` (dgamma's rows) and ``dx`` added into the word table by ``scatter_add``."""
+    f32 = {"dtype": "float32"}
+    inputs = {"g": {"shape": [rows, n], **f32}, "x": {"shape": [rows, n], **f32},
+              "mu": {"shape": [rows, 1], **f32}, "rs": {"shape": [rows, 1], **f32}, "w": {"shape": [n], **f32},
+              "r": {"shape": [rows, n], **f32}, "ids": {"shape": [rows], "dtype": "int64"}}
+    nodes = [{"id": "xc", "op": "sub", "args": ["x", "mu"]}, {"id": "xh", "op": "mul", "args": ["xc", "rs"]},
+             {"id": "gw", "op": "mul", "args": ["g", "w"]}, {"id": "gwn", "op": "mul", "args": ["gw", float(n)]},
+             {"id": "s1", "op": "reduce_sum", "args": ["gw"], "axes": [1], "keepdims": True},
+             {"id": "gx", "op": "mul", "args": ["gw", "xh"]},
+             {"id": "s2", "op": "reduce_sum", "args": ["gx"], "axes": [1], "keepdims": True},
+             {"id": "xs", "op": "mul", "args": ["xh", "s2"]}, {"id": "a", "op": "sub", "args": ["gwn", "s1"]},
+             {"id": "b", "op": "sub", "args": ["a", "xs"]}, {"id": "k", "op": "div", "args": ["rs", float(n)]},
+             {"id": "dxn", "op": "mul", "args": ["k", "b"]}, {"id": "dg", "op": "mul", "args": ["g", "xh"]},
+             {"id": "dx", "op": "add", "args": ["r", "dxn"]}, {"id": "ge", "op": "ge", "args": ["ids", 0.0]},
+             {"id": "lt", "op": "lt", "args": ["ids", float(vocab)]},
+             {"id": "ok", "op": "logical_and", "args": ["ge", "lt"]},
+             {"id": "ok2", "op": "reshape", "args": ["ok"], "shape": [rows, 1]},
+             {"id": "v", "op": "where", "args": ["ok2", "dx", 0.0]},
+             {"id": "dw", "op": "scatter_add", "args": ["v", "ids"], "shape": [vocab, n]}]
+    return _parse({"name": "gpt2_view_82", "inputs": inputs, "nodes": nodes, "outputs": ["dg", "dx", "dw"]})
+
+
+def bert_embedding_backward(tokens: int = 4096, width: int = HIDDEN, vocab: int = 32000) -> Any:
+    """BERT's training ``region_view_92``: the embedding layer norm's ``dx`` scattered into the word and
+    token-type tables (scripts/gpu_scatter_variants.py's ``word+type`` graph)."""
+    from gpu_scatter_variants import region_graph
+
+    return region_graph("word+type", tokens, width, vocab, 2)
+
+
+def bert_ln_backward(b: int = 8, s: int = 512, h: int = HIDDEN) -> Any:
+    """BERT's training ``region_view_50`` (tests/lower/test_norm_backward_rows.py's graph): dy = two gradients
+    added, the layer norm's dx, three column sums (dgamma, dbeta, the next bias's gradient): ``st_xsum``'s region."""
+    def red(i: str, a: str, axes: list[int], keep: bool) -> dict[str, Any]:
+        return {"id": i, "op": "reduce_sum", "args": [a], "axes": axes, "keepdims": keep}
+
+    nodes = [
+        {"id": "v50", "op": "reshape", "args": ["in0"], "shape": [b, s, h]},
+        {"id": "add_9", "op": "add", "args": ["in1", "v50"]}, {"id": "sub_4", "op": "sub", "args": ["in2", "in3"]},
+        {"id": "mul_18", "op": "mul", "args": ["sub_4", "in4"]}, {"id": "mul_19", "op": "mul", "args": ["add_9", "in5"]},
+        {"id": "mul_20", "op": "mul", "args": ["mul_19", float(h)]}, red("sum_8", "mul_19", [2], True),
+        {"id": "mul_21", "op": "mul", "args": ["mul_19", "mul_18"]}, red("sum_9", "mul_21", [2], True),
+        {"id": "mul_22", "op": "mul", "args": ["mul_18", "sum_9"]}, {"id": "sub_5", "op": "sub", "args": ["mul_20", "sum_8"]},
+        {"id": "sub_6", "op": "sub", "args": ["sub_5", "mul_22"]}, {"id": "div_1", "op": "div", "args": ["in4", float(h)]},
+        {"id": "mul_23", "op": "mul", "args": ["div_1", "sub_6"]}, {"id": "mul_24", "op": "mul", "args": ["add_9", "mul_18"]},
+        red("sum_10", "mul_24", [0, 1], False), red("sum_11", "add_9", [0, 1], False),
+        {"id": "v51", "op": "reshape", "args": ["mul_23"], "shape": [b * s, h]}, red("sum_12", "v51", [0], True)]
+    shapes = {"in0": [b * s, h], "in1": [b, s, h], "in2": [b, s, h], "in3": [b, s, 1], "in4": [b, s, 1], "in5": [h]}
+    return _parse({"name": "bert_view_50", "inputs": {k: _f32(v) for k, v in shapes.items()}, "nodes": nodes,
+                   "outputs": ["mul_23", "sum_10", "sum_11", "v51", "sum_12"]})
+
+
+def bert_head_merge_colsum(B: int = 8, H: int = 12, D: int = 64, S: int = 512) -> Any:
+    """BERT's training ``view_59``: ``x [B*H, D, S]`` merged over the heads as ``[B*S, H*D]`` and its column sums
+    (the one model region with a row-vector input)."""
+    nodes = [{"id": "v", "op": "reshape", "args": ["x"], "shape": [B, H, D, S]},
+             {"id": "p", "op": "transpose", "args": ["v"], "perm": [0, 3, 1, 2]},
+             {"id": "m", "op": "reshape", "args": ["p"], "shape": [B * S, H * D]},
+             {"id": "s", "op": "reduce_sum", "args": ["m"], "axes": [0], "keepdims": True}]
+    return _parse({"name": "bert_view_59", "inputs": {"x": _f32([B * H, D, S])}, "nodes": nodes, "outputs": ["m", "s"]})
+
+
+LATENCY_SCHEDULE = {"tpr": LATENCY_BLOCK, "block": LATENCY_BLOCK, "split": 1, "vec": 4, "tasks_per_block": 1,
+                    "min_blocks": 0, "schemes": ["regional"], "reuse": []}
+
+
+def _l2_cases() -> list[Case]:
+    out = []
+    for kind, fn in (("ew", elementwise), ("ln", layernorm)):
+        for rows in L2_ROWS:
+            out.append(Case("l2", f"l2-{kind}-{rows}", (lambda small, fn=fn, rows=rows: fn(8 if small else rows, 64 if small else HIDDEN)),
+                            protocols=PROTOCOLS, gemm_input="x", params={"kind": kind, "rows": rows, "n": HIDDEN,
+                                                                          "input_bytes": rows * HIDDEN * 4}))
+    # the most telling first: the 12.6 MB pair (BERT's activation size), then the sizes around the L2's
+    order = {4096: 0, 16384: 1, 32768: 2, 1024: 3}
+    return sorted(out, key=lambda c: (order[c.params["rows"]], c.params["kind"]))
+
+
+def latency_grids(sm_count: int) -> tuple[list[int], list[int]]:
+    """The grids of the fixed-bytes-per-block and the fixed-total sweeps (blocks = rows, one row each)."""
+    per_block = [4, 16, sm_count // 2, sm_count, 2 * sm_count, 4 * sm_count, 8 * sm_count, 16 * sm_count,
+                 64 * sm_count]
+    total = [16, sm_count // 2, sm_count, 2 * sm_count, 4 * sm_count, 8 * sm_count, 32 * sm_count]
+    return per_block, total
+
+
+def _latency_cases(sm_count: int) -> list[Case]:
+    per_block, total = latency_grids(sm_count)
+    unit = 4                                    # a row is whole 128-bit loads (a last partial sweep of the block: some lanes idle)
+    out = []
+    for grid in per_block:
+        out.append(Case("latency", f"lat-block-{grid}", (lambda small, g=grid: row_sum(5 if small else g, 2048 if small
+                                                                                            else LATENCY_ROW)),
+                        schedule=LATENCY_SCHEDULE, params={"sweep": "per_block", "grid": grid, "n": LATENCY_ROW,
+                                                            "bytes": grid * LATENCY_ROW * 4}))
+    for grid in total:
+        n = max(unit, LATENCY_TOTAL // grid // unit * unit)
+        out.append(Case("latency", f"lat-total-{grid}", (lambda small, g=grid, n=n: row_sum(3 if small else g,
+                                                                                           3072 if small else n)),
+                        schedule=LATENCY_SCHEDULE, params={"sweep": "total", "grid": grid, "n": n, "bytes": grid * n * 4}))
+    return out
+
+
+def _ab_cases() -> list[Case]:
+    tpb1 = (("tasks_per_block", 1), ("min_blocks", 0))
+    tpb2 = (("tasks_per_block", 2),)
+    gpt2 = lambda small: gpt2_embedding_backward(40, 64, 50) if small else gpt2_embedding_backward()  # noqa: E731
+    bert = lambda small: bert_embedding_backward(64, 64, 300) if small else bert_embedding_backward()  # noqa: E731
+    ln = lambda small: bert_ln_backward(2, 8, 64) if small else bert_ln_backward()  # noqa: E731
+    hm = lambda small: bert_head_merge_colsum(2, 4, 16, 64) if small else bert_head_merge_colsum()  # noqa: E731
+    hm_small = (("tpr", 8), ("split", 2), ("block", 64))
+    return [
+        Case("ab", "gpt2-view_82/heuristic", gpt2, params={"question": "rule 5e", "region": "gpt2 view_82"}),
+        Case("ab", "gpt2-view_82/tpb1", gpt2, tpb1, params={"question": "rule 5e", "region": "gpt2 view_82"}),
+        Case("ab", "gpt2-view_82/tpb2", gpt2, tpb2, params={"question": "rule 5e", "region": "gpt2 view_82"}),
+        Case("ab", "bert-view_92/heuristic", bert, params={"question": "rule 5e", "region": "bert view_92"}),
+        Case("ab", "bert-view_92/tpb1", bert, tpb1, params={"question": "rule 5e", "region": "bert view_92"}),
+        Case("ab", "bert-view_92/tpb2", bert, tpb2, params={"question": "rule 5e", "region": "bert view_92"}),
+        Case("ab", "bert-view_50/heuristic", ln, params={"question": "st_xsum fused", "region": "bert view_50"}),
+        Case("ab", "bert-view_50/kernel", ln, (("cross_combine", "kernel"),),
+             params={"question": "st_xsum fused", "region": "bert view_50"}),
+        Case("ab", "bert-view_50/grid", ln, (("cross_combine", "grid"),),
+             params={"question": "st_xsum fused", "region": "bert view_50"}),
+        Case("ab", "bert-view_50/atomic", ln, (("cross_combine", "atomic"),),
+             params={"question": "st_xsum fused", "region": "bert view_50"}),
+        Case("ab", "bert-view_59/heuristic", hm, params={"question": "row vectors", "region": "bert view_59"}),
+        Case("ab", "bert-view_59/rv1", hm, (("row_vectors", True),), small_changes=hm_small + (("row_vectors", True),),
+             params={"question": "row vectors", "region": "bert view_59"}),
+        Case("ab", "bert-view_59/rv0", hm, (("row_vectors", False),), small_changes=hm_small + (("row_vectors", False),),
+             params={"question": "row vectors", "region": "bert view_59"}),
+    ]
+
+
+def cases(sm_count: int) -> list[Case]:
+    """Every case (module docstring); the ``scatter`` experiment is scripts/gpu_scatter_variants.py's own."""
+    return _l2_cases() + _latency_cases(sm_count) + _ab_cases()
+
+
+def schedule_for(case: Case, graph: Any, device: Any, small: bool) -> tuple[Any, list[str]]:
+    """The case's schedule for ``graph`` on ``device`` and the space's violations of it (empty: legal)."""
+    from stitchtune.cost.heuristic import heuristic_schedule
+    from stitchtune.lower.resources import legal_space
+    from stitchtune.plan.planner import make_plan
+    from stitchtune.space import Schedule
+
+    plan = make_plan(graph)
+    space = legal_space(graph, plan, device)
+    if case.schedule is not None:
+        s = Schedule.from_dict(case.schedule)
+    else:
+        s = heuristic_schedule(plan, device, space)
+    changes = case.small_changes if small and case.small_changes is not None else case.changes
+    if changes:
+        s = dataclasses.replace(s, **dict(changes))
+    return s, list(space.violations(s))
