@@ -13,6 +13,8 @@ constructors accept nothing but safe C identifiers. A kernel with ``cluster > 1`
 it) and uses the cooperative-groups cluster API (``cg::this_cluster()``, ``block_rank()``, ``sync()``,
 ``map_shared_rank``); only a program with such a kernel gets the cooperative-groups include, so every
 other program renders byte for byte as before.
+
+A guarded vector load in a loop: :mod:`stitchtune.gpu.render_guarded` (fresh destinations).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from stitchtune.ir import kir
 from stitchtune.graph.fast_ops import FAST_CUDA_HELPERS, FAST_KERNEL_OPS
 from stitchtune.graph.int_ops import INT_CTYPES, INT_CUDA
 from stitchtune.graph.ops import kernel_op
+from stitchtune.gpu.render_guarded import ZeroRun, fresh_parts
 
 RENDER_VERSION = "1"
 
@@ -108,6 +111,7 @@ class _Renderer:
         self.shared = {s.name for s in kernel.shared}
         self.lines: list[str] = []
         self.tmp = 0
+        self.loops = 0  # enclosing For statements
 
     # -- expressions -------------------------------------------------------------------------
     def e(self, x: kir.Expr) -> str:
@@ -220,8 +224,14 @@ class _Renderer:
         self.lines.append("  " * ind + s)
 
     def stmts(self, body: tuple[kir.Stmt, ...], ind: int) -> None:
+        zero = ZeroRun()
         for s in body:
-            self.stmt(s, ind)
+            if zero.needs_fresh(s, self.loops > 0):
+                assert isinstance(s, kir.LoadVec)
+                self._load_vec_fresh(s, ind)
+            else:
+                self.stmt(s, ind)
+            zero.after(s)
 
     def stmt(self, s: kir.Stmt, ind: int) -> None:
         """Emit ``s`` at indent ``ind`` (one case per node type: mypy checks that none is missed)."""
@@ -273,7 +283,9 @@ class _Renderer:
             self.emit(f"#pragma unroll {s.unroll_by}", ind)
         v = s.var.name
         self.emit(f"for ({v} = {self.e(s.start)}; {v} < {self.e(s.stop)}; {v} += {s.step}) {{", ind)
+        self.loops += 1
         self.stmts(s.body, ind + 1)
+        self.loops -= 1
         self.emit("}", ind)
 
     def _if(self, s: kir.If, ind: int) -> None:
@@ -291,6 +303,19 @@ class _Renderer:
         if vt is None or width < 2:
             raise ValueError(f"no vector type for {width} x {dtype}")
         return vt
+
+    def _load_vec_fresh(self, s: kir.LoadVec, ind: int) -> None:
+        """A guarded vector load in a loop whose destinations carry values (:mod:`render_guarded`)."""
+        g, temps, load = fresh_parts(s, self.tmp)
+        self.tmp += 1
+        self.emit("{", ind)
+        self.emit(f"const bool {g.name} = {self.e(s.pred) if s.pred is not None else 'true'};", ind + 1)
+        for t in temps:
+            self.emit(f"{_VTYPE[t.dtype]} {t.name} = {'0.0f' if t.dtype == kir.F32 else '0'};", ind + 1)
+        self._load_vec(load, ind + 1)
+        for d, t in zip(s.dsts, temps):
+            self.emit(f"{d.name} = ({g.name} ? {t.name} : {d.name});", ind + 1)
+        self.emit("}", ind)
 
     def _load_vec(self, s: kir.LoadVec, ind: int) -> None:
         w = len(s.dsts)

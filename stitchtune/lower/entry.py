@@ -60,15 +60,18 @@ from stitchtune.space import Schedule, SearchSpace
 #: sized to their compiled registers with per-column inputs loaded once, small scatter tables through a block's
 #: shared-memory copy, column-band combines, fast-math PTX exp / division / tanh. "4" (2026-12-07, later): row
 #: vectors only where the schedule asks for them (option ``row_vectors``, space version 4): a schedule without
-#: the option lowers to the row-by-row sweep of versions 1 and 2 where version 3 took row vectors.
-CODEGEN_VERSION = "4"
+#: the option lowers to the row-by-row sweep of versions 1 and 2 where version 3 took row vectors. "5"
+#: (2026-12-07, later): a guarded vector load in a loop whose destinations are not zeroed just before loads
+#: into fresh temporaries (``gpu.render``'s docstring), so that nvcc no longer serialises it behind the previous
+#: load (the column combine after a grid barrier; colsum_sigmoid_scale, k_transpose).
+CODEGEN_VERSION = "5"
 
 #: Earlier code generator versions whose tuning records stay usable (``deploy.selection``): their schedule
 #: is still a point of the space, so it is re-validated (legality, lowering, the cost model's hard limits)
 #: like any record, ranked after every record of today's version, and the choice's reason says that its
 #: time was recorded for the earlier kernel. A compiled manifest of another version is refused
 #: (``deploy.manifest_io``: recompile it). Empty it to ignore old records instead.
-COMPATIBLE_CODEGEN_VERSIONS: tuple[str, ...] = ("3", "2", "1")
+COMPATIBLE_CODEGEN_VERSIONS: tuple[str, ...] = ("4", "3", "2", "1")
 
 __all__ = ["CODEGEN_VERSION", "COMPATIBLE_CODEGEN_VERSIONS", "estimate_registers", "kern_barriers", "lower", "scratch_loads_per_thread"]
 

@@ -153,12 +153,23 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
     acc17 = 0.0f;
     #pragma unroll
     for (q23 = 0; q23 < 1; q23 += 1) {
-      if (cv7) {
-        float4 _v2 = __ldcg(reinterpret_cast<const float4*>(part0 + ((((q23 * 8) + tk2) * 256) + min(c6, 252))));
-        pp24 = _v2.x;
-        pp25 = _v2.y;
-        pp26 = _v2.z;
-        pp27 = _v2.w;
+      {
+        const bool _g2 = cv7;
+        float _f2_0 = 0.0f;
+        float _f2_1 = 0.0f;
+        float _f2_2 = 0.0f;
+        float _f2_3 = 0.0f;
+        if (_g2) {
+          float4 _v3 = __ldcg(reinterpret_cast<const float4*>(part0 + ((((q23 * 8) + tk2) * 256) + min(c6, 252))));
+          _f2_0 = _v3.x;
+          _f2_1 = _v3.y;
+          _f2_2 = _v3.z;
+          _f2_3 = _v3.w;
+        }
+        pp24 = (_g2 ? _f2_0 : pp24);
+        pp25 = (_g2 ? _f2_1 : pp25);
+        pp26 = (_g2 ? _f2_2 : pp26);
+        pp27 = (_g2 ? _f2_3 : pp27);
       }
       acc14 = (acc14 + pp24);
       acc15 = (acc15 + pp25);
@@ -194,23 +205,23 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
       t0_38 = 0.0f;
       t0_39 = 0.0f;
       if (v35) {
-        float4 _v3 = *reinterpret_cast<const float4*>(in0 + ((min(r34, 1023) * 256) + min(c6, 252)));
-        t0_36 = _v3.x;
-        t0_37 = _v3.y;
-        t0_38 = _v3.z;
-        t0_39 = _v3.w;
+        float4 _v4 = *reinterpret_cast<const float4*>(in0 + ((min(r34, 1023) * 256) + min(c6, 252)));
+        t0_36 = _v4.x;
+        t0_37 = _v4.y;
+        t0_38 = _v4.z;
+        t0_39 = _v4.w;
       }
       t3_40 = (t0_36 * p29);
       t3_41 = (t0_37 * p30);
       t3_42 = (t0_38 * p31);
       t3_43 = (t0_39 * p32);
       if (v35) {
-        float4 _v4;
-        _v4.x = t3_40;
-        _v4.y = t3_41;
-        _v4.z = t3_42;
-        _v4.w = t3_43;
-        *reinterpret_cast<float4*>(out0 + ((r34 * 256) + c6)) = _v4;
+        float4 _v5;
+        _v5.x = t3_40;
+        _v5.y = t3_41;
+        _v5.z = t3_42;
+        _v5.w = t3_43;
+        *reinterpret_cast<float4*>(out0 + ((r34 * 256) + c6)) = _v5;
       }
     }
   }

@@ -100,12 +100,23 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
     for (i9 = 0; i9 < 8; i9 += 1) {
       k11 = (kb7 + (((i9 * 32) + lane1) * 4));
       v12 = rv6;
-      if (v12) {
-        float4 _v0 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 255) * 1024) + k11));
-        t0_13 = _v0.x;
-        t0_14 = _v0.y;
-        t0_15 = _v0.z;
-        t0_16 = _v0.w;
+      {
+        const bool _g0 = v12;
+        float _f0_0 = 0.0f;
+        float _f0_1 = 0.0f;
+        float _f0_2 = 0.0f;
+        float _f0_3 = 0.0f;
+        if (_g0) {
+          float4 _v1 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 255) * 1024) + k11));
+          _f0_0 = _v1.x;
+          _f0_1 = _v1.y;
+          _f0_2 = _v1.z;
+          _f0_3 = _v1.w;
+        }
+        t0_13 = (_g0 ? _f0_0 : t0_13);
+        t0_14 = (_g0 ? _f0_1 : t0_14);
+        t0_15 = (_g0 ? _f0_2 : t0_15);
+        t0_16 = (_g0 ? _f0_3 : t0_16);
       }
       rc0[(i9 * 4)] = t0_13;
       rc0[((i9 * 4) + 1)] = t0_14;
@@ -160,35 +171,57 @@ extern "C" __global__ void __launch_bounds__(256, 1) st_k0(const float* __restri
       t9_35 = (rc4[((i31 * 4) + 1)] * p30);
       t9_36 = (rc4[((i31 * 4) + 2)] * p30);
       t9_37 = (rc4[((i31 * 4) + 3)] * p30);
-      if (v33) {
-        float4 _v1 = *reinterpret_cast<const float4*>(in1 + k32);
-        t1_38 = _v1.x;
-        t1_39 = _v1.y;
-        t1_40 = _v1.z;
-        t1_41 = _v1.w;
+      {
+        const bool _g2 = v33;
+        float _f2_0 = 0.0f;
+        float _f2_1 = 0.0f;
+        float _f2_2 = 0.0f;
+        float _f2_3 = 0.0f;
+        if (_g2) {
+          float4 _v3 = *reinterpret_cast<const float4*>(in1 + k32);
+          _f2_0 = _v3.x;
+          _f2_1 = _v3.y;
+          _f2_2 = _v3.z;
+          _f2_3 = _v3.w;
+        }
+        t1_38 = (_g2 ? _f2_0 : t1_38);
+        t1_39 = (_g2 ? _f2_1 : t1_39);
+        t1_40 = (_g2 ? _f2_2 : t1_40);
+        t1_41 = (_g2 ? _f2_3 : t1_41);
       }
       t10_42 = (t9_34 * t1_38);
       t10_43 = (t9_35 * t1_39);
       t10_44 = (t9_36 * t1_40);
       t10_45 = (t9_37 * t1_41);
-      if (v33) {
-        float4 _v2 = *reinterpret_cast<const float4*>(in2 + k32);
-        t2_46 = _v2.x;
-        t2_47 = _v2.y;
-        t2_48 = _v2.z;
-        t2_49 = _v2.w;
+      {
+        const bool _g4 = v33;
+        float _f4_0 = 0.0f;
+        float _f4_1 = 0.0f;
+        float _f4_2 = 0.0f;
+        float _f4_3 = 0.0f;
+        if (_g4) {
+          float4 _v5 = *reinterpret_cast<const float4*>(in2 + k32);
+          _f4_0 = _v5.x;
+          _f4_1 = _v5.y;
+          _f4_2 = _v5.z;
+          _f4_3 = _v5.w;
+        }
+        t2_46 = (_g4 ? _f4_0 : t2_46);
+        t2_47 = (_g4 ? _f4_1 : t2_47);
+        t2_48 = (_g4 ? _f4_2 : t2_48);
+        t2_49 = (_g4 ? _f4_3 : t2_49);
       }
       t11_50 = (t10_42 + t2_46);
       t11_51 = (t10_43 + t2_47);
       t11_52 = (t10_44 + t2_48);
       t11_53 = (t10_45 + t2_49);
       if (v33) {
-        float4 _v3;
-        _v3.x = t11_50;
-        _v3.y = t11_51;
-        _v3.z = t11_52;
-        _v3.w = t11_53;
-        *reinterpret_cast<float4*>(out0 + ((row4 * 1024) + k32)) = _v3;
+        float4 _v6;
+        _v6.x = t11_50;
+        _v6.y = t11_51;
+        _v6.z = t11_52;
+        _v6.w = t11_53;
+        *reinterpret_cast<float4*>(out0 + ((row4 * 1024) + k32)) = _v6;
       }
     }
   }

@@ -83,19 +83,41 @@ extern "C" __global__ void __launch_bounds__(256, 2) st_k0(const float* __restri
     for (i9 = 0; i9 < 8; i9 += 1) {
       k10 = (kb7 + (((i9 * 128) + lane1) * 4));
       v11 = rv6;
-      if (v11) {
-        float4 _v0 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 16383) * 4096) + k10));
-        t0_12 = _v0.x;
-        t0_13 = _v0.y;
-        t0_14 = _v0.z;
-        t0_15 = _v0.w;
+      {
+        const bool _g0 = v11;
+        float _f0_0 = 0.0f;
+        float _f0_1 = 0.0f;
+        float _f0_2 = 0.0f;
+        float _f0_3 = 0.0f;
+        if (_g0) {
+          float4 _v1 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 16383) * 4096) + k10));
+          _f0_0 = _v1.x;
+          _f0_1 = _v1.y;
+          _f0_2 = _v1.z;
+          _f0_3 = _v1.w;
+        }
+        t0_12 = (_g0 ? _f0_0 : t0_12);
+        t0_13 = (_g0 ? _f0_1 : t0_13);
+        t0_14 = (_g0 ? _f0_2 : t0_14);
+        t0_15 = (_g0 ? _f0_3 : t0_15);
       }
-      if (v11) {
-        float4 _v1 = *reinterpret_cast<const float4*>(in1 + k10);
-        t1_16 = _v1.x;
-        t1_17 = _v1.y;
-        t1_18 = _v1.z;
-        t1_19 = _v1.w;
+      {
+        const bool _g2 = v11;
+        float _f2_0 = 0.0f;
+        float _f2_1 = 0.0f;
+        float _f2_2 = 0.0f;
+        float _f2_3 = 0.0f;
+        if (_g2) {
+          float4 _v3 = *reinterpret_cast<const float4*>(in1 + k10);
+          _f2_0 = _v3.x;
+          _f2_1 = _v3.y;
+          _f2_2 = _v3.z;
+          _f2_3 = _v3.w;
+        }
+        t1_16 = (_g2 ? _f2_0 : t1_16);
+        t1_17 = (_g2 ? _f2_1 : t1_17);
+        t1_18 = (_g2 ? _f2_2 : t1_18);
+        t1_19 = (_g2 ? _f2_3 : t1_19);
       }
       t2_20 = (t0_12 + t1_16);
       t2_21 = (t0_13 + t1_17);
@@ -106,12 +128,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) st_k0(const float* __restri
       t3_26 = st_fdiv(t2_22, (1.0f + st_exp((-1.5957692f * (t2_22 + (0.044715f * t2_22 * t2_22 * t2_22))))));
       t3_27 = st_fdiv(t2_23, (1.0f + st_exp((-1.5957692f * (t2_23 + (0.044715f * t2_23 * t2_23 * t2_23))))));
       if (v11) {
-        float4 _v2;
-        _v2.x = t3_24;
-        _v2.y = t3_25;
-        _v2.z = t3_26;
-        _v2.w = t3_27;
-        *reinterpret_cast<float4*>(out0 + ((row4 * 4096) + k10)) = _v2;
+        float4 _v4;
+        _v4.x = t3_24;
+        _v4.y = t3_25;
+        _v4.z = t3_26;
+        _v4.w = t3_27;
+        *reinterpret_cast<float4*>(out0 + ((row4 * 4096) + k10)) = _v4;
       }
     }
   }

@@ -128,12 +128,23 @@ extern "C" __global__ void __launch_bounds__(256, 2) st_k0(const int* __restrict
         g16 = _v0.z;
         g17 = _v0.w;
       }
-      if (v12) {
-        float4 _v1 = *reinterpret_cast<const float4*>(in2 + (rb22 + k11));
-        t2_18 = _v1.x;
-        t2_19 = _v1.y;
-        t2_20 = _v1.z;
-        t2_21 = _v1.w;
+      {
+        const bool _g1 = v12;
+        float _f1_0 = 0.0f;
+        float _f1_1 = 0.0f;
+        float _f1_2 = 0.0f;
+        float _f1_3 = 0.0f;
+        if (_g1) {
+          float4 _v2 = *reinterpret_cast<const float4*>(in2 + (rb22 + k11));
+          _f1_0 = _v2.x;
+          _f1_1 = _v2.y;
+          _f1_2 = _v2.z;
+          _f1_3 = _v2.w;
+        }
+        t2_18 = (_g1 ? _f1_0 : t2_18);
+        t2_19 = (_g1 ? _f1_1 : t2_19);
+        t2_20 = (_g1 ? _f1_2 : t2_20);
+        t2_21 = (_g1 ? _f1_3 : t2_21);
       }
       t6_23 = (g14 + t2_18);
       t6_24 = (g15 + t2_19);
@@ -192,35 +203,57 @@ extern "C" __global__ void __launch_bounds__(256, 2) st_k0(const int* __restrict
       t13_49 = (t8_45 * p40);
       t13_50 = (t8_46 * p40);
       t13_51 = (t8_47 * p40);
-      if (v43) {
-        float4 _v2 = *reinterpret_cast<const float4*>(in3 + k42);
-        t3_52 = _v2.x;
-        t3_53 = _v2.y;
-        t3_54 = _v2.z;
-        t3_55 = _v2.w;
+      {
+        const bool _g3 = v43;
+        float _f3_0 = 0.0f;
+        float _f3_1 = 0.0f;
+        float _f3_2 = 0.0f;
+        float _f3_3 = 0.0f;
+        if (_g3) {
+          float4 _v4 = *reinterpret_cast<const float4*>(in3 + k42);
+          _f3_0 = _v4.x;
+          _f3_1 = _v4.y;
+          _f3_2 = _v4.z;
+          _f3_3 = _v4.w;
+        }
+        t3_52 = (_g3 ? _f3_0 : t3_52);
+        t3_53 = (_g3 ? _f3_1 : t3_53);
+        t3_54 = (_g3 ? _f3_2 : t3_54);
+        t3_55 = (_g3 ? _f3_3 : t3_55);
       }
       t14_56 = (t13_48 * t3_52);
       t14_57 = (t13_49 * t3_53);
       t14_58 = (t13_50 * t3_54);
       t14_59 = (t13_51 * t3_55);
-      if (v43) {
-        float4 _v3 = *reinterpret_cast<const float4*>(in4 + k42);
-        t4_60 = _v3.x;
-        t4_61 = _v3.y;
-        t4_62 = _v3.z;
-        t4_63 = _v3.w;
+      {
+        const bool _g5 = v43;
+        float _f5_0 = 0.0f;
+        float _f5_1 = 0.0f;
+        float _f5_2 = 0.0f;
+        float _f5_3 = 0.0f;
+        if (_g5) {
+          float4 _v6 = *reinterpret_cast<const float4*>(in4 + k42);
+          _f5_0 = _v6.x;
+          _f5_1 = _v6.y;
+          _f5_2 = _v6.z;
+          _f5_3 = _v6.w;
+        }
+        t4_60 = (_g5 ? _f5_0 : t4_60);
+        t4_61 = (_g5 ? _f5_1 : t4_61);
+        t4_62 = (_g5 ? _f5_2 : t4_62);
+        t4_63 = (_g5 ? _f5_3 : t4_63);
       }
       t15_64 = (t14_56 + t4_60);
       t15_65 = (t14_57 + t4_61);
       t15_66 = (t14_58 + t4_62);
       t15_67 = (t14_59 + t4_63);
       if (v43) {
-        float4 _v4;
-        _v4.x = t15_64;
-        _v4.y = t15_65;
-        _v4.z = t15_66;
-        _v4.w = t15_67;
-        *reinterpret_cast<float4*>(out0 + ((row4 * 768) + k42)) = _v4;
+        float4 _v7;
+        _v7.x = t15_64;
+        _v7.y = t15_65;
+        _v7.z = t15_66;
+        _v7.w = t15_67;
+        *reinterpret_cast<float4*>(out0 + ((row4 * 768) + k42)) = _v7;
       }
     }
   }

@@ -104,12 +104,23 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
     for (i9 = 0; i9 < 8; i9 += 1) {
       k11 = (kb7 + (((i9 * 32) + lane1) * 4));
       v12 = rv6;
-      if (v12) {
-        float4 _v0 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 16383) * 1024) + k11));
-        t0_13 = _v0.x;
-        t0_14 = _v0.y;
-        t0_15 = _v0.z;
-        t0_16 = _v0.w;
+      {
+        const bool _g0 = v12;
+        float _f0_0 = 0.0f;
+        float _f0_1 = 0.0f;
+        float _f0_2 = 0.0f;
+        float _f0_3 = 0.0f;
+        if (_g0) {
+          float4 _v1 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 16383) * 1024) + k11));
+          _f0_0 = _v1.x;
+          _f0_1 = _v1.y;
+          _f0_2 = _v1.z;
+          _f0_3 = _v1.w;
+        }
+        t0_13 = (_g0 ? _f0_0 : t0_13);
+        t0_14 = (_g0 ? _f0_1 : t0_14);
+        t0_15 = (_g0 ? _f0_2 : t0_15);
+        t0_16 = (_g0 ? _f0_3 : t0_16);
       }
       rc0[(i9 * 4)] = t0_13;
       rc0[((i9 * 4) + 1)] = t0_14;
@@ -164,35 +175,57 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
       t9_39 = (t4_35 * p30);
       t9_40 = (t4_36 * p30);
       t9_41 = (t4_37 * p30);
-      if (v33) {
-        float4 _v1 = *reinterpret_cast<const float4*>(in1 + k32);
-        t1_42 = _v1.x;
-        t1_43 = _v1.y;
-        t1_44 = _v1.z;
-        t1_45 = _v1.w;
+      {
+        const bool _g2 = v33;
+        float _f2_0 = 0.0f;
+        float _f2_1 = 0.0f;
+        float _f2_2 = 0.0f;
+        float _f2_3 = 0.0f;
+        if (_g2) {
+          float4 _v3 = *reinterpret_cast<const float4*>(in1 + k32);
+          _f2_0 = _v3.x;
+          _f2_1 = _v3.y;
+          _f2_2 = _v3.z;
+          _f2_3 = _v3.w;
+        }
+        t1_42 = (_g2 ? _f2_0 : t1_42);
+        t1_43 = (_g2 ? _f2_1 : t1_43);
+        t1_44 = (_g2 ? _f2_2 : t1_44);
+        t1_45 = (_g2 ? _f2_3 : t1_45);
       }
       t10_46 = (t9_38 * t1_42);
       t10_47 = (t9_39 * t1_43);
       t10_48 = (t9_40 * t1_44);
       t10_49 = (t9_41 * t1_45);
-      if (v33) {
-        float4 _v2 = *reinterpret_cast<const float4*>(in2 + k32);
-        t2_50 = _v2.x;
-        t2_51 = _v2.y;
-        t2_52 = _v2.z;
-        t2_53 = _v2.w;
+      {
+        const bool _g4 = v33;
+        float _f4_0 = 0.0f;
+        float _f4_1 = 0.0f;
+        float _f4_2 = 0.0f;
+        float _f4_3 = 0.0f;
+        if (_g4) {
+          float4 _v5 = *reinterpret_cast<const float4*>(in2 + k32);
+          _f4_0 = _v5.x;
+          _f4_1 = _v5.y;
+          _f4_2 = _v5.z;
+          _f4_3 = _v5.w;
+        }
+        t2_50 = (_g4 ? _f4_0 : t2_50);
+        t2_51 = (_g4 ? _f4_1 : t2_51);
+        t2_52 = (_g4 ? _f4_2 : t2_52);
+        t2_53 = (_g4 ? _f4_3 : t2_53);
       }
       t11_54 = (t10_46 + t2_50);
       t11_55 = (t10_47 + t2_51);
       t11_56 = (t10_48 + t2_52);
       t11_57 = (t10_49 + t2_53);
       if (v33) {
-        float4 _v3;
-        _v3.x = t11_54;
-        _v3.y = t11_55;
-        _v3.z = t11_56;
-        _v3.w = t11_57;
-        *reinterpret_cast<float4*>(out0 + ((row4 * 1024) + k32)) = _v3;
+        float4 _v6;
+        _v6.x = t11_54;
+        _v6.y = t11_55;
+        _v6.z = t11_56;
+        _v6.w = t11_57;
+        *reinterpret_cast<float4*>(out0 + ((row4 * 1024) + k32)) = _v6;
       }
     }
   }

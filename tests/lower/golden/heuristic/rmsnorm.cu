@@ -86,12 +86,23 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
     for (i9 = 0; i9 < 8; i9 += 1) {
       k11 = (kb7 + (((i9 * 128) + lane1) * 4));
       v12 = rv6;
-      if (v12) {
-        float4 _v0 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 16383) * 4096) + k11));
-        t0_13 = _v0.x;
-        t0_14 = _v0.y;
-        t0_15 = _v0.z;
-        t0_16 = _v0.w;
+      {
+        const bool _g0 = v12;
+        float _f0_0 = 0.0f;
+        float _f0_1 = 0.0f;
+        float _f0_2 = 0.0f;
+        float _f0_3 = 0.0f;
+        if (_g0) {
+          float4 _v1 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 16383) * 4096) + k11));
+          _f0_0 = _v1.x;
+          _f0_1 = _v1.y;
+          _f0_2 = _v1.z;
+          _f0_3 = _v1.w;
+        }
+        t0_13 = (_g0 ? _f0_0 : t0_13);
+        t0_14 = (_g0 ? _f0_1 : t0_14);
+        t0_15 = (_g0 ? _f0_2 : t0_15);
+        t0_16 = (_g0 ? _f0_3 : t0_16);
       }
       rc0[(i9 * 4)] = t0_13;
       rc0[((i9 * 4) + 1)] = t0_14;
@@ -130,24 +141,35 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
       t6_27 = (rc0[((i23 * 4) + 1)] * p22);
       t6_28 = (rc0[((i23 * 4) + 2)] * p22);
       t6_29 = (rc0[((i23 * 4) + 3)] * p22);
-      if (v25) {
-        float4 _v1 = *reinterpret_cast<const float4*>(in1 + k24);
-        t1_30 = _v1.x;
-        t1_31 = _v1.y;
-        t1_32 = _v1.z;
-        t1_33 = _v1.w;
+      {
+        const bool _g2 = v25;
+        float _f2_0 = 0.0f;
+        float _f2_1 = 0.0f;
+        float _f2_2 = 0.0f;
+        float _f2_3 = 0.0f;
+        if (_g2) {
+          float4 _v3 = *reinterpret_cast<const float4*>(in1 + k24);
+          _f2_0 = _v3.x;
+          _f2_1 = _v3.y;
+          _f2_2 = _v3.z;
+          _f2_3 = _v3.w;
+        }
+        t1_30 = (_g2 ? _f2_0 : t1_30);
+        t1_31 = (_g2 ? _f2_1 : t1_31);
+        t1_32 = (_g2 ? _f2_2 : t1_32);
+        t1_33 = (_g2 ? _f2_3 : t1_33);
       }
       t7_34 = (t6_26 * t1_30);
       t7_35 = (t6_27 * t1_31);
       t7_36 = (t6_28 * t1_32);
       t7_37 = (t6_29 * t1_33);
       if (v25) {
-        float4 _v2;
-        _v2.x = t7_34;
-        _v2.y = t7_35;
-        _v2.z = t7_36;
-        _v2.w = t7_37;
-        *reinterpret_cast<float4*>(out0 + ((row4 * 4096) + k24)) = _v2;
+        float4 _v4;
+        _v4.x = t7_34;
+        _v4.y = t7_35;
+        _v4.z = t7_36;
+        _v4.w = t7_37;
+        *reinterpret_cast<float4*>(out0 + ((row4 * 4096) + k24)) = _v4;
       }
     }
   }

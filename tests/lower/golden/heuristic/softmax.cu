@@ -95,12 +95,23 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
     for (i9 = 0; i9 < 8; i9 += 1) {
       k11 = (kb7 + (((i9 * 16) + lane1) * 4));
       v12 = rv6;
-      if (v12) {
-        float4 _v0 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 98303) * 512) + k11));
-        t0_13 = _v0.x;
-        t0_14 = _v0.y;
-        t0_15 = _v0.z;
-        t0_16 = _v0.w;
+      {
+        const bool _g0 = v12;
+        float _f0_0 = 0.0f;
+        float _f0_1 = 0.0f;
+        float _f0_2 = 0.0f;
+        float _f0_3 = 0.0f;
+        if (_g0) {
+          float4 _v1 = *reinterpret_cast<const float4*>(in0 + ((min(row4, 98303) * 512) + k11));
+          _f0_0 = _v1.x;
+          _f0_1 = _v1.y;
+          _f0_2 = _v1.z;
+          _f0_3 = _v1.w;
+        }
+        t0_13 = (_g0 ? _f0_0 : t0_13);
+        t0_14 = (_g0 ? _f0_1 : t0_14);
+        t0_15 = (_g0 ? _f0_2 : t0_15);
+        t0_16 = (_g0 ? _f0_3 : t0_16);
       }
       rc0[(i9 * 4)] = t0_13;
       rc0[((i9 * 4) + 1)] = t0_14;
@@ -151,12 +162,12 @@ extern "C" __global__ void __launch_bounds__(256) st_k0(const float* __restrict_
       t5_35 = (rc3[((i29 * 4) + 2)] * rcp32);
       t5_36 = (rc3[((i29 * 4) + 3)] * rcp32);
       if (v31) {
-        float4 _v1;
-        _v1.x = t5_33;
-        _v1.y = t5_34;
-        _v1.z = t5_35;
-        _v1.w = t5_36;
-        *reinterpret_cast<float4*>(out0 + ((row4 * 512) + k30)) = _v1;
+        float4 _v2;
+        _v2.x = t5_33;
+        _v2.y = t5_34;
+        _v2.z = t5_35;
+        _v2.w = t5_36;
+        *reinterpret_cast<float4*>(out0 + ((row4 * 512) + k30)) = _v2;
       }
     }
   }
