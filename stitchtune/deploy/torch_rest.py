@@ -82,22 +82,25 @@ def _save_not_recompute(joint: Any) -> int:
     return marked
 
 
-def _numel(value: Any) -> int | None:
-    """Elements of a node's (fake) tensor value; None for anything else or a symbolic size."""
+def _numel(value: Any) -> Any:
+    """Elements of a node's (fake) tensor value (an int, or a SymInt under dynamic shapes); None for
+    anything else. Never ``int()`` of a SymInt: that guards the symbolic size to its example value, so a
+    training step compiled with dynamic shapes would recompile for every new size."""
     import torch
 
-    try:
-        return int(value.numel()) if isinstance(value, torch.Tensor) else None
-    except Exception:  # noqa: BLE001 - a symbolic element count: not a scalar we know of
-        return None
+    return value.numel() if isinstance(value, torch.Tensor) else None
 
 
 def _scalar_of_tensor(node: Any) -> bool:
-    """``node``'s value has one element and one of its tensor arguments more (a full reduction)."""
-    if _numel(node.meta.get("val")) != 1:
+    """``node``'s value has one element and one of its tensor arguments more (a full reduction); sizes
+    decided without guards (``statically_known_true``): a symbolic count not known to be 1 (or more) is not."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    n = _numel(node.meta.get("val"))
+    if n is None or not statically_known_true(n == 1):
         return False
-    args = [a for a in node.args if hasattr(a, "meta")]
-    return any((_numel(a.meta.get("val")) or 0) > 1 for a in args)
+    sizes = [_numel(a.meta.get("val")) for a in node.args if hasattr(a, "meta")]
+    return any(m is not None and statically_known_true(m > 1) for m in sizes)
 
 
 def _redecompose(gm: Any, example_inputs: Sequence[Any]) -> Any:
