@@ -42,7 +42,8 @@ def partition() -> Any:
     region read) intermediates that a fused kernel recomputes for free. AOTAutograd's default saves
     every intermediate: GPT-2's tanh-GELU saved three 50 MB tensors beside its pre-activation, Llama's
     SiLU-gate one 46 MB tensor (results/train-gap-2026-12-07-s14). Exceptions, saved and never recomputed
-    (:func:`_save_not_recompute`): the ops of :data:`SAVED_NOT_RECOMPUTED` and one-element reductions. (Where
+    (:func:`_save_not_recompute`): the ops of :data:`SAVED_NOT_RECOMPUTED`, one-element reductions and random
+    ops (dropout's ``rand``: recomputed, the backward would draw a new mask). (Where
     the backward needs nothing from the forward, min-cut hands over to the default partitioner, which saves
     those marked values anyway: a few bytes.)"""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -67,7 +68,12 @@ def _save_not_recompute(joint: Any) -> int:
     every one-element value reduced from a larger tensor (a loss's count of kept targets): saving it
     costs a few bytes, while recomputing it puts a reduction over every row in front of the backward
     region's per-row values, which no one-launch row kernel computes (the cross-entropy backward with
-    label smoothing)."""
+    label smoothing); and every random op (``nondeterministic_seeded``: dropout's ``rand``). min-cut bans
+    those only while ``ban_recompute_not_in_allowlist`` holds; under ``torch._functorch.config``'s
+    ``aggressive_recomputation`` (or an ``activation_memory_budget`` low enough for its aggressive pass) it
+    recomputed them in the backward, which drew a new dropout mask: gradients of a mask the forward never
+    applied (Inductor does the same). A budget of 0 saves only the graph's inputs whatever is marked:
+    random ops are recomputed there still."""
     import torch
     from torch.utils.checkpoint import CheckpointPolicy
 
@@ -76,10 +82,17 @@ def _save_not_recompute(joint: Any) -> int:
     for node in joint.graph.nodes:
         if node.op != "call_function" or "recompute" in node.meta:
             continue
-        if node.target in targets or _scalar_of_tensor(node):
+        if node.target in targets or _scalar_of_tensor(node) or _random(node):
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
             marked += 1
     return marked
+
+
+def _random(node: Any) -> bool:
+    """``node`` draws random numbers (an op tagged ``nondeterministic_seeded``: ``rand``, ``bernoulli``, ...)."""
+    import torch
+
+    return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
 
 
 def _numel(value: Any) -> Any:
