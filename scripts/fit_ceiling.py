@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from fit_cost_model import ir_only  # noqa: E402
+from fit_cost_model import ir_only, parse_base  # noqa: E402
 
 from stitchtune.cost.fit_dataset import load_dataset, with_timing  # noqa: E402
 from stitchtune.cost.fitted import Coefficients  # noqa: E402
@@ -81,9 +81,13 @@ TRACE_MATCH: tuple[tuple[str, str, int, float, str], ...] = (
 TRACE_ONLY: dict[str, tuple[int, float]] = {"region_view_11/st_k0": (4, 2 * 8 * 12 * 512 * 512 * 4.0)}
 
 
+#: coefficients fixed in every variant's base (``--base NAME=VALUE``: a model variant, e.g. ``reuse_tasks=1``)
+BASE: dict[str, float] = {}
+
+
 def _fit(rows: list[dict[str, Any]], dev: Any, variant: tuple[str, float | None, bool]) -> Coefficients:
     _, bw, flush = variant
-    base = Coefficients.defaults(dev)
+    base = dataclasses.replace(Coefficients.defaults(dev), **BASE)
     if bw is not None:
         base = dataclasses.replace(base, bw_efficiency=bw)
     if flush:
@@ -250,7 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", default=DATASET)
     ap.add_argument("--out", default="results/cost-fit-2026-12-07-s13")
     ap.add_argument("--no-nested", action="store_true", help="skip the nested choice (42 fits per variant)")
+    ap.add_argument("--base", action="append", default=[], metavar="NAME=VALUE",
+                    help="a coefficient fixed in every variant's base (not fitted unless a variant fits it)")
     a = ap.parse_args(argv)
+    try:
+        BASE.update(parse_base(a.base))
+    except ValueError as exc:
+        print(f"fit_ceiling: error: {exc}", file=sys.stderr)
+        return 2
     dev = get_device("h200")
     rows = with_timing([dict(r) for r in load_dataset(REPO / a.dataset, dev.key).rows])
     pre = ir_only(rows)

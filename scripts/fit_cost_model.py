@@ -248,6 +248,21 @@ def pair_order(rows: list[dict[str, Any]], key: str, gap: float = 0.10) -> list[
     return out
 
 
+def parse_base(items: list[str]) -> dict[str, float]:
+    """``NAME=VALUE`` items (``--base``) as coefficient values; a ValueError names an unknown or bad one."""
+    names = {f.name for f in dataclasses.fields(Coefficients)} - {"device_key", "source", "provenance"}
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name not in names:
+            raise ValueError(f"--base {item!r}: expected NAME=VALUE with NAME a cost coefficient")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--base {item!r}: {value!r} is not a number") from None
+    return out
+
+
 def ir_only(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``rows`` (copied) with the compiled-code fields 0: what a prediction before the build sees."""
     return [{**r, "kernels": [{**k, "compiled_bytes_in_flight": 0.0, "spill_instructions": 0.0} for k in r["kernels"]]}
@@ -269,7 +284,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="features again from today's programs, paired with --dataset's rows by fingerprint")
     ap.add_argument("--device", default="h200")
     ap.add_argument("--write-package", action="store_true", help="write stitchtune/cost/fitted_<device>.json")
+    ap.add_argument("--base", action="append", default=[], metavar="NAME=VALUE",
+                    help="a coefficient fixed in the fit's base (a model variant, e.g. reuse_tasks=1; not fitted)")
     a = ap.parse_args(argv)
+    try:
+        fixed = parse_base(a.base)
+    except ValueError as exc:
+        print(f"fit_cost_model: error: {exc}", file=sys.stderr)
+        return 2
     dev = get_device(a.device)
     out = REPO / a.out
     out.mkdir(parents=True, exist_ok=True)
@@ -294,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    {**stored.provenance, "rebuilt_at": head}))
     rows = with_timing(rows)   # the database and BERT inference's tuning log: CUDA events; BERT training: CUPTI
     groups = sorted({r["group"] for r in rows})
-    base = Coefficients.defaults(dev)
+    base = dataclasses.replace(Coefficients.defaults(dev), **fixed)
     for r, t in zip(rows, predict_rows(rows, dev, base)):
         r["default_us"] = float(t)
     # the fit sees the IR walk only (what `stitchtune calibrate` fits from a user's database, and what the search's

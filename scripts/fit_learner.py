@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from fit_cost_model import ir_only  # noqa: E402
 
-from stitchtune.cost.fit_dataset import load_dataset, with_timing  # noqa: E402
+from stitchtune.cost.fit_dataset import DatasetError, load_dataset, with_timing  # noqa: E402
 from stitchtune.cost.features import KernelFeatures  # noqa: E402
 from stitchtune.cost.fitted import Coefficients, kernel_terms_us  # noqa: E402
 from stitchtune.cost.fitting import FITTED, TOLERANCE, fit_coefficients, predict_rows, score  # noqa: E402
@@ -141,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="learner")
     a = ap.parse_args(argv)
     dev = get_device("h200")
-    rows = with_timing([dict(r) for r in load_dataset(REPO / a.dataset, dev.key).rows])
+    try:
+        stored = load_dataset(REPO / a.dataset, dev.key)
+    except DatasetError as exc:
+        print(f"fit_learner: error: {exc}", file=sys.stderr)
+        return 2
+    rows = with_timing([dict(r) for r in stored.rows])
     pre = ir_only(rows)
     groups = [r["group"] for r in rows]
     gnames = sorted(set(groups))

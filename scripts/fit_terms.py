@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from fit_cost_model import ir_only  # noqa: E402
 
-from stitchtune.cost.fit_dataset import load_dataset, with_timing  # noqa: E402
+from stitchtune.cost.fit_dataset import DatasetError, load_dataset, with_timing  # noqa: E402
 from stitchtune.cost.fitted import Coefficients  # noqa: E402
 from stitchtune.cost.fitting import FITTED, TOLERANCE, fit_coefficients, predict_rows, score  # noqa: E402
 from stitchtune.hardware.device import get_device  # noqa: E402
@@ -103,12 +103,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="terms", help="output file stem: <out>/<name>.md and .json")
     a = ap.parse_args(argv)
     dev = get_device("h200")
-    rows = with_timing([dict(r) for r in load_dataset(REPO / a.dataset, dev.key).rows])
+    try:
+        vs = [int(x) for x in a.variants.split(",")]
+        if not vs or not all(0 <= v < len(VARIANTS) for v in vs):
+            raise ValueError
+    except ValueError:
+        print(f"fit_terms: error: --variants: comma-separated numbers of 0..{len(VARIANTS) - 1}", file=sys.stderr)
+        return 2
+    try:
+        stored = load_dataset(REPO / a.dataset, dev.key)
+    except DatasetError as exc:
+        print(f"fit_terms: error: {exc}", file=sys.stderr)
+        return 2
+    rows = with_timing([dict(r) for r in stored.rows])
     pre = ir_only(rows)
     groups = sorted({r["group"] for r in rows})
     gs = np.array([r["group"] for r in rows])
     m = np.array([r["measured_us"] for r in rows])
-    vs = [int(x) for x in a.variants.split(",")]
     fits = Fits(pre, dev)
     cmd = " ".join(["python scripts/fit_terms.py", *(argv if argv is not None else sys.argv[1:])])
     lines = [f"# Physical terms for the residuals, nested leave-one-model-out ({len(rows)} measured H200 rows)", "",

@@ -401,12 +401,20 @@ def audit_model(model: Any, example_inputs: Any, device: Device, calls: tuple[st
     found: dict[str, tuple[Any, dict[str, int], dict[str, list[float]]]] = {}
     for call in calls:
         captured = capture_regions(model, example_inputs, call)
-        l2 = simulate(captured, capacity(device, params), params.policy)
+        # one simulation per FX graph: region names are unique within a graph, not across a call's graphs (two
+        # graphs of a graph break can both hold a region_view_3)
+        by_graph: dict[int, list[Any]] = {}
+        for r in captured:
+            by_graph.setdefault(id(r.nodes[0].graph) if r.nodes else 0, []).append(r)
+        l2: dict[int, Any] = {}
+        for mine in by_graph.values():
+            sims = simulate(mine, capacity(device, params), params.policy)
+            l2.update({id(r): sims.get(r.name) for r in mine})
         for r in captured:
             key = r.graph.workload_key()
             g, uses, resident = found.setdefault(key, (r.graph, {}, {}))
             uses[call] = uses.get(call, 0) + 1
-            o = l2.get(r.name)
+            o = l2.get(id(r))
             resident.setdefault(call, []).append(o.saved(params.accounting) if o is not None else 0.0)
     audits: list[RegionAudit] = []
     skipped: list[str] = []

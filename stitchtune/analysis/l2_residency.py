@@ -183,6 +183,16 @@ def _storage(node: Any, base: dict[Any, Hashable]) -> Hashable:
     return base.get(node, node)
 
 
+def _storage_bytes(key: Hashable) -> float:
+    """The bytes of the storage ``key`` (a node, or ``(node, i)``: the ``i``-th tensor of its ``meta["val"]``)
+    as its own value says; infinity where that is not known."""
+    node, i = key if isinstance(key, tuple) else (key, None)
+    val = getattr(node, "meta", {}).get("val")
+    if i is not None:
+        val = val[i] if isinstance(val, (tuple, list)) and isinstance(i, int) and 0 <= i < len(val) else None
+    return _val_bytes(val) or float("inf")
+
+
 def _graph_ops(graph_nodes: Sequence[Any], regions: Sequence[Any]) -> Iterable[tuple[Any, list[Any], list[Any]]]:
     """(region or None, read nodes, write nodes) per op in graph order; a region is one op at its first node."""
     owner = {n: r for r in regions for n in r.nodes}
@@ -227,9 +237,9 @@ def simulate(regions: Sequence[Any], capacity: float, policy: str = "lru",
             rb = hit = wb = 0.0
             for src in reads:
                 key = _storage(src, base)
-                nb = min(_val_bytes(getattr(src, "meta", {}).get("val")), size.get(key, float("inf")))
+                full = size.setdefault(key, _storage_bytes(key))   # not the view's: a slice read first is not all
+                nb = min(_val_bytes(getattr(src, "meta", {}).get("val")), full)
                 if nb > 0:
-                    size.setdefault(key, nb)
                     rb += nb
                     stream = region is None and _op(writes[0]) in streaming
                     hit += cache.peek(key, nb) if stream else cache.read(key, nb)

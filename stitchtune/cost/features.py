@@ -36,8 +36,9 @@ How the features are read from the IR
   access's ideal (strided accesses only).
 * **Loads in flight**: the global loads one thread issues are cut into groups that the hardware can
   have in flight together: a group ends at a barrier, a branch (``If``), the
-  start or end of a rolled (not unrolled) loop (of which :data:`ROLLED_UNROLL` iterations' loads
-  are taken to be issued together when its body has no other break), and before a load
+  start or end of a rolled (not unrolled) loop (one iteration's loads per group; with
+  :data:`stitchtune.cost.walk_loops.UNROLL_ROLLED`, off as shipped, the iterations nvcc unrolls of a loop of
+  independent loads, :func:`~stitchtune.cost.walk_loops.rolled_unroll`), and before a load
   whose index or predicate depends on a load of the current group (a chain; a value stored to shared
   memory and loaded back carries the dependence). A shared-memory store does not end a group (nvcc
   issues later global loads above it: they cannot alias), but the iterations of an unrolled loop whose
@@ -60,6 +61,8 @@ How the features are read from the IR
   with the device's limits), ``waves = grid / (blocks_per_sm x SMs)``; ``barriers`` per thread;
   ``grid_barriers``: grid-wide barriers per thread; ``shuffles``: warp shuffles per thread; ``load_phases``: barrier-separated parts of a thread's program that issue global loads (at low
   occupancy they cannot overlap, each waits for DRAM).
+* **Tasks**: ``task_trips`` is the trip count of the one top-level loop that holds every global access (a
+  persistent grid's or a block's task loop), else 1 (:func:`stitchtune.cost.walk_loops.task_trips`).
 * **Bytes**: ``unique_bytes`` are the sizes of the parameters the kernel reads or writes, each counted
   once (the DRAM floor of the launch), a parameter counted at most at the bytes its accesses
   request (a gathered table: the rows read).
@@ -87,13 +90,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from stitchtune.cost.ir_walk import DIVISION_OPS, ROLLED_UNROLL, TRANSCENDENTAL_OPS, Walker
+from stitchtune.cost.ir_walk import DIVISION_OPS, TRANSCENDENTAL_OPS, Walker
+from stitchtune.cost.walk_loops import UNROLL_BYTES
 from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import launch_refusal
 from stitchtune.ir import kir
 
 __all__ = ["KernelFeatures", "KernelWalk", "ProgramWalk", "kernel_features", "kernel_walk", "program_features",
-           "program_walk", "floor_us", "DIVISION_OPS", "ROLLED_UNROLL",
+           "program_walk", "floor_us", "DIVISION_OPS", "UNROLL_BYTES",
            "TRANSCENDENTAL_OPS"]
 
 
@@ -137,6 +141,7 @@ class KernelFeatures:
     serial_rounds: float = 0.0      # per thread: the load rounds outside rolled loops free of barriers and shuffles
     shuffles: float = 0.0           # per thread: warp shuffles (trip-weighted)
     l2_requests: float = 0.0        # per block: warp-level requests of scratch loads (trip-weighted)
+    task_trips: float = 1.0         # a block's tasks: trips of the top-level loop holding every global access (else 1)
     compiled_bytes_in_flight: float = 0.0   # per thread, read from the compiled code (0: not compiled; cost.compiled)
     spill_instructions: float = 0.0         # LDL + STL in the compiled code (0 also when not compiled)
     per_access: tuple[tuple[str, str, float, float], ...] = field(default=())  # (buffer, kind, trips, sector factor)
@@ -202,7 +207,7 @@ def kernel_walk(kernel: kir.Kernel, grid: int, extents: Mapping[str, int] | None
         grid_barriers=w.grid_syncs, unknown_indexes=w.unknown_idx,
         unknown_trips=w.unknown_trips, load_rounds=sum(wt for _, _, wt in w.groups),
         serial_rounds=sum(wt for (_, _, wt), p in zip(w.groups, w.pipelined) if not p), shuffles=w.shuffles,
-        l2_requests=w.l2_requests,
+        l2_requests=w.l2_requests, task_trips=w.task_trips(),
         per_access=tuple(w.per_access))
     return KernelWalk(base, bool(kernel.uses_grid_sync), int(kernel.cluster))
 

@@ -32,8 +32,10 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
   4 a L0 B / copy))`` (``B / L0`` when off).
   DRAM bytes are the unique bytes plus the sector bytes
   beyond them (re-reads, strided sectors) that miss the L2; they hit in proportion ``min(1, l2_keep x L2
-  / window)``, ``window = unique bytes / max(1, waves) ** reuse_window`` (with ``reuse_window`` 1: the
-  bytes of one wave, the data between a block's read and its re-read; 0: the whole tensor). Every
+  / window)``, ``window = unique bytes / (max(1, waves) x task_trips ** reuse_tasks) ** reuse_window`` (with
+  ``reuse_window`` 1: the bytes of one wave, the data between a block's read and its re-read; 0: the whole tensor;
+  ``reuse_tasks`` 1: one wave of tasks, a block's tasks running one after another, the IR walk's ``task_trips``;
+  0, as shipped: one wave of blocks, results/cost-fit-2026-12-07-s14-unroll/README.md). Every
   sector also passes the L2 at ``l2_bw_factor`` x copy bandwidth, and the sectors beyond each access's
   ideal (strided: a transposed store's 4 useful bytes per 32-byte sector) at ``strided_bw_factor`` x
   copy bandwidth, even when they hit. Memory time is the largest of the three.
@@ -123,6 +125,7 @@ class Coefficients:
     flush_writeback: float = 0.0     # share of the L2 left dirty by the timing's L2 flush (fitting only; 0: off)
     sm_inflight_kib: float = 0.0     # most bytes in flight one SM's memory pipeline holds, KiB (0: no such limit)
     loaded_latency: float = 0.0      # DRAM latency's rise with the bandwidth drawn: x (1 + this x bw / copy) (0: off)
+    reuse_tasks: float = 0.0         # 1: the reuse window in waves of tasks (x task_trips), 0: of blocks (as shipped)
     source: str = "defaults"
     provenance: Mapping[str, Any] = field(default_factory=dict)
 
@@ -246,7 +249,10 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
     nb = np.minimum(f.grid, bps * sms)
     unique = np.maximum(np.asarray(f.unique_bytes, dtype=float), 1.0)
     waves_f = np.maximum(np.asarray(f.grid, dtype=float) / (bps * sms), 1e-9)
-    window = unique / np.maximum(1.0, waves_f) ** c.reuse_window   # bytes between a read and its re-read
+    # bytes between a read and its re-read: one wave of blocks, or with reuse_tasks 1 one wave of tasks (a block's
+    # tasks run one after another: a persistent grid re-reads within a task)
+    tasks = np.maximum(np.asarray(getattr(f, "task_trips", 1.0), dtype=float), 1.0) ** c.reuse_tasks
+    window = unique / (np.maximum(1.0, waves_f) * tasks) ** c.reuse_window
     hit = np.minimum(1.0, c.l2_keep * device.l2_bytes / window)
     regs = np.maximum(np.asarray(f.registers, dtype=float), 16.0)
     compiled = np.asarray(getattr(f, "compiled_bytes_in_flight", 0.0), dtype=float)

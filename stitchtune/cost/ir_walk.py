@@ -16,6 +16,8 @@ from typing import Any, Mapping, assert_never
 import numpy as np
 
 from stitchtune.cost.walk_blocks import BlockDefs, as_int, bin_op
+from stitchtune.cost import walk_loops
+from stitchtune.cost.walk_loops import rolled_unroll, static_expr, stores_shared, task_trips
 from stitchtune.ir.sectors import warp_sectors
 from stitchtune.ir import kir
 
@@ -30,22 +32,6 @@ TRANSCENDENTAL_OPS = frozenset({"exp", "log", "tanh", "sin", "cos", "erf", "gelu
                                 # the fast forms (graph/fast_ops.py): MUFU.EX2 / MUFU.RCP, no division slow path
                                 "fast_exp", "fast_div", "fast_rcp", "fast_sigmoid", "fast_silu"})
 _MAX_UNROLL = 256   # an unrolled loop longer than this is treated as rolled when grouping loads
-#: iterations of a rolled loop whose loads are taken to be in flight together. nvcc may unroll a small
-#: loop by 4, but 1 predicts the committed H200 data better (scripts/fit_cost_model.py, leave-one-
-#: model-out: 58% of the rows within +-25% with 1, 39% with 4), so no unrolling is assumed
-ROLLED_UNROLL = 1
-
-
-def _stores_shared(stmts: tuple[kir.Stmt, ...], shared: set[str]) -> bool:
-    """Whether ``stmts`` (nested statements included) store to one of the ``shared`` arrays."""
-    for s in stmts:
-        if isinstance(s, kir.StoreVec) and s.buf in shared:
-            return True
-        if isinstance(s, kir.For) and _stores_shared(s.body, shared):
-            return True
-        if isinstance(s, kir.If) and (_stores_shared(s.then, shared) or _stores_shared(s.orelse, shared)):
-            return True
-    return False
 
 
 class Walker:
@@ -101,10 +87,23 @@ class Walker:
         self.open_loads = 0
         self.open_weight = 0.0
         self.tainted: set[str] = set()
+        #: the variables each load's index and predicate read, in walk order (a rolled loop's loads that read a
+        #: variable its body defines from a load wait on the previous iteration: nvcc cannot overlap them)
+        self.load_deps: list[set[str]] = []
+        #: per load, in walk order: whether it is a guarded vector load (``if (pred) { v = load }``). Its
+        #: destinations keep their old values where the guard is false, so in a loop nvcc copies the previous
+        #: iteration's loaded value into the next load's destination first (``MOV R20, R12`` before ``@P0 LDG
+        #: R20``): each waits for the one before. (A guarded scalar ``Load`` is ``pred ? load : 0``: no such wait)
+        self.load_guarded: list[bool] = []
         #: shared arrays stored with a value that depends on an open-group load (no barrier since): a load of
         #: one of them carries the taint on to what it defines
         self.tainted_shared: set[str] = set()
         self.chained = 0.0
+        #: the kernel's top-level loops as (trip count, global accesses inside); with ``accesses`` (all of the
+        #: walk's global accesses) they give :meth:`task_trips`
+        self.top_loops: list[tuple[float, int]] = []
+        self.accesses = 0
+        self.depth = 0
         self.phase_has_load = False
         self.load_phases = 0.0
 
@@ -154,13 +153,16 @@ class Walker:
         self.tainted = set()
         self.tainted_shared = set()
 
-    def add_load(self, nbytes: float, deps: set[str], dsts: set[str], weight: float) -> None:
+    def add_load(self, nbytes: float, deps: set[str], dsts: set[str], weight: float,
+                 guarded: bool = False) -> None:
         if deps & self.tainted:
             self.chained += weight
             self.close_group()
         self.open_bytes += nbytes
         self.open_loads += 1
         self.open_weight = max(self.open_weight, weight)
+        self.load_deps.append(deps)
+        self.load_guarded.append(guarded)
         self.tainted |= dsts
         self.phase_has_load = True
 
@@ -175,6 +177,7 @@ class Walker:
         if pred is not None and pv is None:
             act = mask
         idx = self.ev(index)
+        self.accesses += 1
         (self.written if kind in ("store", "atomic") else self.read).add(buf)
         if kind == "load" and p.role == "scratch":
             self.scratch_by_buf[buf] = self.scratch_by_buf.get(buf, 0.0) + trips
@@ -328,7 +331,7 @@ class Walker:
                     self.global_access(s.buf, s.index, len(s.dsts), s.pred, mask, trips, "load")
                     if grouping:
                         self.add_load(len(s.dsts) * kir.ELEM_BYTES[p.dtype], self.reads((s.index, s.pred)),
-                                      {d.name for d in s.dsts}, trips)
+                                      {d.name for d in s.dsts}, trips, s.pred is not None)
                 elif s.buf in self.shared:
                     self.shared_access(s.buf, s.index, len(s.dsts), mask, trips, False)
                     if grouping and (s.buf in self.tainted_shared or self.reads((s.index, s.pred)) & self.tainted):
@@ -375,7 +378,28 @@ class Walker:
         n = np.maximum(0, np.ceil((b[mask] - a[mask]) / f.step))
         return float(n.mean())
 
+    def task_trips(self) -> float:
+        """A block's tasks (:func:`stitchtune.cost.walk_loops.task_trips` of the walk's top-level loops)."""
+        return task_trips(self.top_loops, self.accesses)
+
     def walk_for(self, f: kir.For, mask: np.ndarray, trips: float) -> None:
+        if self.depth == 0:
+            before = self.accesses
+            self.depth += 1
+            try:
+                n = self._walk_for(f, mask, trips)
+            finally:
+                self.depth -= 1
+            self.top_loops.append((n, self.accesses - before))
+            return
+        self.depth += 1
+        try:
+            self._walk_for(f, mask, trips)
+        finally:
+            self.depth -= 1
+
+    def _walk_for(self, f: kir.For, mask: np.ndarray, trips: float) -> float:
+        """Walk the loop ``f``'s body (load groups as in the module docstring); its trip count per thread."""
         n = self.trip_count(f, mask)
         start = self.ev(f.start)
         self.env[f.var.name] = start
@@ -383,11 +407,21 @@ class Walker:
         unrolled = f.unroll and n <= _MAX_UNROLL
         if not unrolled:
             self.close_group()
-            before = len(self.groups)
+            before, deps_before = len(self.groups), len(self.load_deps)
             syncs = self.barriers + self.shuffles
+            static = static_expr(f.start, self.blocks.defs) and static_expr(f.stop, self.blocks.defs)
             self.walk(f.body, mask, trips * n)
-            u = min(float(ROLLED_UNROLL), n)
-            if len(self.groups) == before and self.open_loads and u > 1:
+            # the iterations' loads overlap where the body ends no group (no barrier, branch, shuffle, chain) and
+            # no load reads a value the body loaded (the next iteration would wait on it): nvcc unrolls the loop
+            carried = any(d & self.tainted for d in self.load_deps[deps_before:])
+            # a guarded load waits for the previous iteration's (load_guarded)
+            predicated = any(self.load_guarded[deps_before:])
+            free = (len(self.groups) == before and self.barriers + self.shuffles == syncs and not carried
+                    and not predicated)
+            u = 1
+            if free and self.open_loads and walk_loops.UNROLL_ROLLED:
+                u = rolled_unroll(f, n, self.open_bytes, static)
+            if u > 1:
                 # one group per iteration, and the compiler's unrolling puts u iterations' loads together
                 self.groups.append((self.open_bytes * u, int(self.open_loads * u), self.open_weight / u))
                 self.pipelined.append(False)
@@ -396,11 +430,11 @@ class Walker:
             self.close_group()
             if self.barriers + self.shuffles == syncs:
                 self.pipelined[before:] = [True] * (len(self.groups) - before)
-            return
+            return n
         # an unrolled loop: its iterations' loads can join one group unless the body breaks it. A body that
         # stores to shared memory keeps each iteration's loads together but not the iterations' (nvcc issues
         # an iteration's loads above its shared stores, not the next iteration's: sm_90 SASS of the fit's kernels)
-        staged = _stores_shared(f.body, self.shared)
+        staged = stores_shared(f.body, self.shared)
         before = len(self.groups)
         open_before, bytes_before, weight_before = self.open_loads, self.open_bytes, self.open_weight
         self.walk(f.body, mask, trips * n)
@@ -424,6 +458,7 @@ class Walker:
             self.groups.extend(body * (int(round(n)) - 1))
             self.pipelined.extend(flags * (int(round(n)) - 1))
             self.groups[before:] = [(b, ld, w / n) for b, ld, w in self.groups[before:]]
+        return n
 
     def walk_if(self, s: kir.If, mask: np.ndarray, trips: float) -> None:
         c = self.ev(s.cond)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from stitchtune.graph.values import ITEMSIZE
 from stitchtune.hardware.occupancy import occupancy
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.plan.classes import TensorClass
@@ -167,10 +168,11 @@ def _blocks_per_sm(space: SearchSpace, s: Schedule) -> int:
 
 def first_sweep_bytes(plan: StitchPlan, s: Schedule) -> int:
     """Bytes of global loads one thread of ``s`` issues in its first sweep: its row piece of every full-size
-    input (the per-column and per-row inputs are a few words)."""
+    input, each at its dtype's size (a bfloat16 row piece is half a float32 one; the per-column and per-row
+    inputs are a few words)."""
     piece = math.ceil(plan.N / (s.tpr * s.vec)) * s.vec
     full = [n for n in plan.input_names if plan.cls(n) is TensorClass.FULL]
-    return 4 * piece * len(full)
+    return piece * sum(ITEMSIZE.get(plan.dtype(n), 4) for n in full)
 
 
 def tail_free(space: SearchSpace, plan: StitchPlan, s: Schedule, grid_barrier: bool) -> Schedule:

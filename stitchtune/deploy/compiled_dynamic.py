@@ -337,6 +337,8 @@ class DynamicCompiledGraph:
                 s = Schedule.from_dict(b["schedule"])
             except ScheduleError as exc:
                 raise StitchtuneError(f"{where}: not a stitchtune manifest (bucket {key.label()}: {exc})") from None
+            except KeyError:
+                raise StitchtuneError(f"{where}: not a stitchtune manifest (bucket {key.label()}: no schedule)") from None
             program = None if isinstance(fit, DynamicRefusal) else lower_dynamic(
                 fit, s, device, SearchSpace.for_plan(fit.plan, device))
             sub = d / bucket_dir(key)

@@ -250,3 +250,49 @@ def test_the_per_model_audit_lists_each_regions_l2_credit() -> None:
     for r in rows:
         fitted, credited = (float(x) for x in r.strip("| ").split(" | ")[-2:])
         assert credited <= fitted + 1e-9
+
+
+def test_a_storage_read_first_through_a_small_view_is_still_read_whole_later() -> None:
+    """A 40 MiB input whose first reader takes a 1 MiB slice of it, then a region reading all of it: the region
+    reads 40 MiB, of which the slice's 1 MiB is resident. (The first read's bytes were kept as the storage's size,
+    and the region read 1 MiB in all.) A view wider than its storage (an ``expand``) reads at most the storage."""
+    g = _G()
+    x, w = g.input("x", 40), g.input("w", 1)
+    part = g.op(g.torch.ops.aten.slice.Tensor, (x, 0, 0, 10), 1)
+    g.mm(part, w, mib=1)
+    r = g.region("r", x, mib=40)
+    o = simulate([r], 60 * MB)["r"]
+    assert o.read_bytes == pytest.approx(40 * MB)
+    assert o.resident == pytest.approx(1 * MB)
+    g2 = _G()
+    b = g2.input("b", 1)
+    wide = g2.op(g2.torch.ops.aten.expand.default, (b, [64, -1]), 64)
+    r2 = g2.region("r2", wide, mib=1)
+    assert simulate([r2], 60 * MB)["r2"].read_bytes == pytest.approx(1 * MB)
+
+
+def test_audit_model_credits_each_graphs_region_by_its_own_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two FX graphs of one call (a graph break) each holding a region named ``r``: the first's input was just
+    written by a GEMM (8 MiB resident), the second's is a model input (nothing resident). Each occurrence gets its
+    own graph's bytes (the simulation's result was looked up by name over the whole call: both got the last)."""
+    from stitchtune.analysis import audit
+    from stitchtune.deploy import model_tuning
+
+    g1, g2 = _G(), _G()
+    h = g1.mm(g1.input("x", 8), g1.input("w", 1), mib=8)
+    r1 = g1.region("r", h, mib=8)
+    r2 = g2.region("r", g2.input("y", 8), mib=8)
+    r1.graph = SimpleNamespace(name="first", workload_key=lambda: "k1")
+    r2.graph = SimpleNamespace(name="second", workload_key=lambda: "k2")
+    monkeypatch.setattr(model_tuning, "capture_regions", lambda model, inputs, call: [r1, r2])
+
+    def fake_audit(g: Any, device: Any, **options: Any) -> Any:
+        return audit.RegionAudit(g.name, g.workload_key(), device.name, "row", 1, 1, "{}", 0, 0.0, None, ())
+
+    monkeypatch.setattr(audit, "audit_graph", fake_audit)
+    audits, skipped = audit.audit_model(None, (), DEV, ("inference",))
+    assert not skipped
+    got = {a.graph: a.l2_resident["inference"] for a in audits}
+    params = l2_params(DEV)
+    assert capacity(DEV, params) > 8 * MB
+    assert got == {"first": [pytest.approx(8 * MB)], "second": [0.0]}

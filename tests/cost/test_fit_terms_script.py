@@ -63,3 +63,19 @@ def test_fit_learner_reports_learners_and_residuals(tmp_path: Path, monkeypatch:
     assert "| physical (shipped) |" in text and "| gbr time |" in text and "| hybrid |" in text
     data = json.loads((tmp_path / "learner.json").read_text())
     assert all(0.0 <= v["pre"]["within25"] <= 1.0 for v in data["learners"].values())
+
+
+@pytest.mark.parametrize("name", ["fit_terms", "fit_learner"])
+def test_a_bad_dataset_or_variant_is_one_error_line_and_exit_2(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A dataset that cannot be read (and fit_terms' --variants out of range) is ``<script>: error: ...``, exit 2,
+    as fit_cost_model.py's (was a DatasetError / IndexError traceback)."""
+    mod = _script(name, monkeypatch)
+    assert mod.main(["--dataset", str(tmp_path / "missing.json"), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{name}: error: ") and "missing.json" in err[0]
+    if name == "fit_terms":
+        for bad in ("99", "x", "0,-1"):
+            assert mod.main(["--dataset", str(FIXTURE), "--out", str(tmp_path), "--variants", bad]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and err[0].startswith("fit_terms: error: --variants"), err

@@ -137,3 +137,34 @@ def test_examples_embed_add_layernorm_two_task_schedule_emulates_equal_to_the_re
     inputs = random_inputs(small, 4)
     errs = emulated_errors(small, small_plan, small_space, s, inputs, run_reference(small, inputs))
     assert max(errs.values()) < 1e-5, errs
+
+
+def _layernorm(rows: int, n: int, dtype: str) -> object:
+    """examples/layernorm_bf16's layer norm at ``rows`` x ``n`` with every tensor in ``dtype``."""
+    import json
+
+    from helpers.common import REPO
+
+    d = json.loads((REPO / "examples" / "layernorm_bf16.json").read_text())
+    d["inputs"] = {"x": {"shape": [rows, n], "dtype": dtype}, "gamma": {"shape": [n], "dtype": dtype},
+                   "beta": {"shape": [n], "dtype": dtype}}
+    return parse_graph(d)
+
+
+def test_little_s_law_counts_a_bfloat16_row_piece_at_two_bytes_an_element() -> None:
+    """24576 x 128: 384 blocks of 64 rows (4 threads per row), 1.45 waves, so the rule is asked. Its halved grid's
+    first sweep holds 47.7 KB per SM in float32, over the 25.5 KB Little's law asks on the H200: two tasks per
+    block; in bfloat16 the same elements are half the bytes, 23.8 KB, under it: one task per block. (The bytes
+    were counted at 4 per element whatever the dtype, and the bfloat16 grid took two tasks per block too.)"""
+    needed = DEV.dram_bandwidth_gbs * DRAM_LATENCY_NS / DEV.sm_count
+    f32_plan, _, f32 = _schedule(_layernorm(24576, 128, "float32"))
+    assert (f32.tasks_per_block, f32.min_blocks) == (2, 2), f32.to_json()
+    grid = math.ceil(f32_plan.M / (f32.block // f32.tpr) / 2)   # two tasks per block
+    assert first_sweep_bytes(f32_plan, f32) * f32.block * grid / DEV.sm_count >= needed
+    bf16_plan, space, bf16 = _schedule(_layernorm(24576, 128, "bfloat16"))
+    assert bf16.tasks_per_block == 1, bf16.to_json()
+    assert tail_free(space, bf16_plan, bf16, grid_barrier=False) == bf16
+    piece = math.ceil(128 / (bf16.tpr * bf16.vec)) * bf16.vec
+    assert first_sweep_bytes(bf16_plan, bf16) == 2 * piece   # one full-size input, 2 bytes an element
+    halved = math.ceil(math.ceil(bf16_plan.M / (bf16.block // bf16.tpr)) / 2)
+    assert first_sweep_bytes(bf16_plan, bf16) * bf16.block * halved / DEV.sm_count < needed

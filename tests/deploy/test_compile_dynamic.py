@@ -173,6 +173,10 @@ def test_stitchtune_compile_of_a_dynamic_file_runs_at_any_extent_and_round_trips
     (tmp_path / "c" / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(StitchtuneError, match=r"not a stitchtune manifest \(bucket seq=33\.\.40: .*unknown key 'unroll'"):
         DynamicCompiledGraph.load(tmp_path / "c")
+    del m["buckets"][-1]["schedule"]   # a generic bucket without its schedule: the same line, not a KeyError
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(StitchtuneError, match=r"not a stitchtune manifest \(bucket seq=33\.\.40: no schedule\)"):
+        DynamicCompiledGraph.load(tmp_path / "c")
     # a dict with "dynamic" is a dynamic graph too
     assert isinstance(stitchtune.compile(json.loads(g.read_text()), db=None, device=DEV, build=False),
                       DynamicCompiledGraph)
