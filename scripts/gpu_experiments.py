@@ -427,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.fit_rows:   # appended to per timed case: its folder made before anything is timed
+        Path(args.fit_rows).parent.mkdir(parents=True, exist_ok=True)
     return run_check(args, out) if args.check else run_gpu(args, out)
 
 

@@ -6,8 +6,9 @@ Contract
 :func:`audit_graph(graph, device, ...)` lowers ``graph`` with its heuristic schedule (or the one
 given), then for every launch builds a :class:`KernelAudit`:
 
-* unique bytes (the launch's input and output buffers, each once) and their floor at the device's
-  datasheet bandwidth; the region's floor is ``graph.min_bytes()`` at that bandwidth;
+* unique bytes (the launch's input and output buffers, each once, a gathered table at most its
+  gathered rows: ``graph.input_read_bytes()``) and their floor at the device's datasheet bandwidth;
+  the region's floor is ``graph.min_bytes()`` at that bandwidth;
 * the cost model's prediction and the fitted IR-feature model's device time (:mod:`stitchtune.cost.fitted`,
   no launch term; when the cubin was read, predicted with its compiled facts: the SASS's bytes in flight,
   :mod:`stitchtune.cost.compiled`), both labelled predicted: never a measurement; the region's
@@ -32,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Collection
+from typing import Any, Collection, Mapping
 
 from stitchtune.gpu.sass import SassMetrics, compiled_facts, find_cuobjdump, read_cubin
 from stitchtune.analysis.sectors import (
@@ -207,13 +208,14 @@ def dead_shared(kernel: kir.Kernel) -> tuple[str, ...]:
     return tuple(sorted(stored - loaded))
 
 
-def _unique_bytes(program: kir.Program, launch: kir.Launch) -> tuple[int, int]:
-    """(input + output bytes, scratch bytes) of the buffers a launch names, each buffer once."""
+def _unique_bytes(program: kir.Program, launch: kir.Launch, reads: Mapping[str, int]) -> tuple[int, int]:
+    """(input + output bytes, scratch bytes) of the buffers a launch names, each buffer once; an input
+    at most ``reads[its graph tensor]`` (the graph's :meth:`input_read_bytes`: a gathered table, its gathered rows)."""
     io = scratch = 0
     for name in dict.fromkeys(launch.args):
         b = program.buffer(name)
         if b.role in ("input", "output"):
-            io += b.nbytes
+            io += min(b.nbytes, reads.get(b.tensor, b.nbytes)) if b.role == "input" else b.nbytes
         elif b.role == "scratch":
             scratch += b.nbytes
     return io, scratch
@@ -287,7 +289,8 @@ def _sass_of(program: kir.Program, arch: str, notes: list[str]) -> dict[str, Sas
 
 
 def _kernel_audit(program: kir.Program, i: int, device: Device, sl: SliceResult, sass: SassMetrics | None,
-                  predicted: float | None, fitted: float | None, criteria: Criteria) -> KernelAudit:
+                  predicted: float | None, fitted: float | None, criteria: Criteria,
+                  reads: Mapping[str, int]) -> KernelAudit:
     launch = program.launches[i]
     kernel = program.kernel(launch.kernel)
     prof = program.profile.kernels[i] if i < len(program.profile.kernels) else None
@@ -299,8 +302,9 @@ def _kernel_audit(program: kir.Program, i: int, device: Device, sl: SliceResult,
     per_thread = sass.max_bytes_in_flight if sass is not None else (prof.bytes_in_flight_per_thread if prof else 0)
     # blocks per SM at once: the resident blocks of a grid of more than one wave, else the grid's average
     resident = min(float(occ.blocks_per_sm), launch.grid / device.sm_count)
-    io, scratch = _unique_bytes(program, launch)
-    read = sum(program.buffer(n).nbytes for n in dict.fromkeys(launch.args) if program.buffer(n).role == "input")
+    io, scratch = _unique_bytes(program, launch, reads)
+    ins = [program.buffer(n) for n in dict.fromkeys(launch.args) if program.buffer(n).role == "input"]
+    read = sum(min(b.nbytes, reads.get(b.tensor, b.nbytes)) for b in ins)
     lanes = sum(a.lanes for a in sl.accesses)
     reqs = sum(a.requests for a in sl.accesses)
     k = KernelAudit(
@@ -343,8 +347,9 @@ def audit_program(graph: Any, program: kir.Program, device: Device, *, schedule:
     n = len(program.launches)
     per = list(pred.per_kernel_us) if len(pred.per_kernel_us) == n and not pred.prune_reason else [None] * n
     fper = list(fit.per_kernel_us) if len(fit.per_kernel_us) == n and not fit.prune_reason else [None] * n
+    reads = graph.input_read_bytes()
     kernels = tuple(_kernel_audit(program, i, device, slices[i], metrics.get(program.launches[i].kernel),
-                                  per[i], fper[i], c) for i in range(n))
+                                  per[i], fper[i], c, reads) for i in range(n))
     peer_d = None
     if peer:
         from stitchtune.analysis.triton_peer import peer_audit

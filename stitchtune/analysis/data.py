@@ -316,8 +316,9 @@ def _device_bandwidth_gbs(device_name: str) -> float | None:
 
 def min_bytes_from_shapes(shapes: object, dtypes: object) -> int | None:
     """Sum of the tensors in a row's ``shapes``/``dtypes`` JSON (inputs and outputs by name, as
-    ``pipeline.context_row`` writes them): ``Graph.min_bytes()`` except when an output is also an
-    input (then counted once). None when the cells cannot be read."""
+    ``pipeline.context_row`` writes them): ``Graph.io_bytes()`` except when an output is also an
+    input (then counted once), so ``Graph.min_bytes()`` or more (a gathered table counts whole: the
+    cells do not say which inputs are gathered). None when the cells cannot be read."""
     try:
         sh, dt = json.loads(str(shapes)), json.loads(str(dtypes))
         total = sum(math.prod(int(x) for x in sh[name]) * ITEMSIZE[dt[name]] for name in sh)

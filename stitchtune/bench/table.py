@@ -3,7 +3,7 @@
 Contract
 --------
 * :func:`floor_reason` gives a workload's :class:`Floor` on a device: ``min_bytes`` (each input read
-  once + each output written once), the re-read a dependency forces (``reread_bytes``) and the
+  once, a gathered table at most its gathered rows, + each output written once: ``Graph.min_bytes``), the re-read a dependency forces (``reread_bytes``) and the
   reasoning as text; :func:`on_chip_bytes` is the registers + shared memory + L2 it assumes can hold
   data between two uses.
 * The results table (:data:`BENCH_COLUMNS`), one row per (workload, system), built by
@@ -96,7 +96,8 @@ def _reduction_group_elems(shape: tuple[int, ...], axes: tuple[int, ...]) -> int
 def floor_reason(graph: Graph, device: Any) -> Floor:
     """The DRAM byte floor of ``graph`` on ``device`` with its reasoning.
 
-    ``min_bytes``: each input read once, each output written once (``Graph.min_bytes``).
+    ``min_bytes``: each input read once (a gathered table: at most the rows gathered), each output
+    written once (``Graph.min_bytes``).
     A forced re-read exists only where a reduction's result is broadcast back to a consumer that
     also needs the reduction's own input data (AStitch's one-to-many dependency): the input must then
     stay on chip from the moment it is read for the reduction until the consumer uses it. Reading in
@@ -111,7 +112,8 @@ def floor_reason(graph: Graph, device: Any) -> Floor:
     min_bytes = int(graph.min_bytes())
     chip = on_chip_bytes(device)
     input_names = {n for n, _ in graph.inputs}
-    parts: list[str] = [f"min {_fmt_bytes(min_bytes)} = inputs read once + outputs written once"]
+    parts: list[str] = [f"min {_fmt_bytes(min_bytes)} = inputs read once + outputs written once"
+                        + (" (gathered tables: the rows gathered)" if min_bytes < graph.io_bytes() else "")]
     reread = 0
     reductions = [n for n in graph.nodes if n.op in REDUCTIONS]
     if not reductions:

@@ -40,8 +40,9 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
    most 4 blocks per SM could hold gets that many as ``min_blocks`` (a register cap) where the budget
    covers the estimate; else half the threads per row where that grid is one full wave under such a
    cap; else the cap at 3/4 of the estimate.
-   5c. **No spills under the pin**: a grid-barrier schedule is pinned to its estimated blocks per SM (a
-   register cap, :func:`_pin_coresidency`); register caches are demoted while that cap is below the
+   5c. **No spills under the pin**: a grid-barrier schedule is pinned to the blocks per SM its grid needs
+   resident (a register cap, :func:`_pin_coresidency`: a one-round column grid ``ceil(grid / SMs)``, any
+   other its estimated blocks per SM; the fewest legal ``min_blocks`` at or above that, 3 included); register caches are demoted while that cap is below the
    estimate with the cache counted twice, so that the cap does not turn the cache into spills.
    5e. **No tail wave** (:func:`~stitchtune.cost.waves.tail_free`): a row grid of one task per block that is
    still strictly between one and two waves (estimated registers) takes two tasks per block: one wave, no
@@ -86,12 +87,14 @@ import math
 import random
 from typing import Any
 
+from stitchtune.cost.grid_pin import estimated_blocks_per_sm as _estimated_blocks_per_sm
+from stitchtune.cost.grid_pin import pin_coresidency as _pin_coresidency
 from stitchtune.cost.reuse import tensors_to_cache
 from stitchtune.cost.waves import one_wave, tail_free
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.cost.row_vector_rule import with_elementwise_row_vectors, with_row_vectors
 from stitchtune.hardware.device import Device
-from stitchtune.hardware.occupancy import max_resident_blocks, occupancy
+from stitchtune.hardware.occupancy import max_resident_blocks
 from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan, TensorClass
 from stitchtune.space import (CROSS_COMBINE, PERSISTENT, ROW_VECTORS, CrossCombine, ReuseLevel, Schedule, SchemeName, SearchSpace,
@@ -307,13 +310,6 @@ def _read_across_rows(plan: StitchPlan) -> bool:
                and m.cols.factors[-1].stride >= 8 for n in plan.input_names)
 
 
-def _estimated_blocks_per_sm(space: SearchSpace, s: Schedule) -> int:
-    """Blocks of ``s`` per SM with the pre-build register estimate (what the lowering sizes grids by)."""
-    d = space.derived(s)
-    need = estimate_registers(d["reg_cache_elems"], s.vec, 4)
-    return occupancy(space.device, s.block, need, d["smem_cache_bytes"] + d["smem_red_bytes"]).blocks_per_sm
-
-
 def _coresident(space: SearchSpace, s: Schedule) -> bool:
     """Whether a grid of ``split`` blocks (one row or tile at a time) fits on the device at once."""
     return _estimated_blocks_per_sm(space, s) * int(space.device.sm_count) >= s.split
@@ -368,20 +364,6 @@ def _one_round(space: SearchSpace, plan: StitchPlan, s: Schedule) -> Schedule:
         t = dataclasses.replace(t, split=t.split // 2)
     # kept only where it reaches one round (a register cache grows with the rows of a smaller split)
     return t if t is not s and one_round(t) and not space.violations(t) else s
-
-
-def _pin_coresidency(space: SearchSpace, s: Schedule) -> Schedule:
-    """A grid-barrier grid is sized for the blocks per SM that the *estimated* registers allow; if the
-    compiler then uses more registers, fewer blocks fit and the point is pruned after its build (the
-    colsum heuristic on the H200, 2026-11-29: 512 blocks needed, 396 fitted). Launch bounds asking for
-    that many blocks per SM make ptxas keep to the register budget the grid assumed."""
-    per_sm = _estimated_blocks_per_sm(space, s)
-    if per_sm < 2:  # one block per SM is always resident once the grid fits the SM count
-        return s
-    ok = [m for m in space.domains["min_blocks"] if m >= per_sm and m * s.block <= space.device.max_threads_per_sm]
-    if not ok or s.min_blocks >= min(ok):
-        return s
-    return Schedule(**{**s.to_dict(), "schemes": s.schemes, "reuse": s.reuse, "min_blocks": min(ok)})
 
 
 def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | None = None) -> Schedule:

@@ -42,7 +42,8 @@ def partition() -> Any:
     region read) intermediates that a fused kernel recomputes for free. AOTAutograd's default saves
     every intermediate: GPT-2's tanh-GELU saved three 50 MB tensors beside its pre-activation, Llama's
     SiLU-gate one 46 MB tensor (results/train-gap-2026-12-07-s14). Exceptions, saved and never recomputed
-    (:func:`_save_not_recompute`): the ops of :data:`SAVED_NOT_RECOMPUTED` and one-element reductions. (Where
+    (:func:`_save_not_recompute`): the ops of :data:`SAVED_NOT_RECOMPUTED`, one-element reductions and random
+    ops (dropout's ``rand``: recomputed, the backward would draw a new mask). (Where
     the backward needs nothing from the forward, min-cut hands over to the default partitioner, which saves
     those marked values anyway: a few bytes.)"""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -67,7 +68,12 @@ def _save_not_recompute(joint: Any) -> int:
     every one-element value reduced from a larger tensor (a loss's count of kept targets): saving it
     costs a few bytes, while recomputing it puts a reduction over every row in front of the backward
     region's per-row values, which no one-launch row kernel computes (the cross-entropy backward with
-    label smoothing)."""
+    label smoothing); and every random op (``nondeterministic_seeded``: dropout's ``rand``). min-cut bans
+    those only while ``ban_recompute_not_in_allowlist`` holds; under ``torch._functorch.config``'s
+    ``aggressive_recomputation`` (or an ``activation_memory_budget`` low enough for its aggressive pass) it
+    recomputed them in the backward, which drew a new dropout mask: gradients of a mask the forward never
+    applied (Inductor does the same). A budget of 0 saves only the graph's inputs whatever is marked:
+    random ops are recomputed there still."""
     import torch
     from torch.utils.checkpoint import CheckpointPolicy
 
@@ -76,28 +82,38 @@ def _save_not_recompute(joint: Any) -> int:
     for node in joint.graph.nodes:
         if node.op != "call_function" or "recompute" in node.meta:
             continue
-        if node.target in targets or _scalar_of_tensor(node):
+        if node.target in targets or _scalar_of_tensor(node) or _random(node):
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
             marked += 1
     return marked
 
 
-def _numel(value: Any) -> int | None:
-    """Elements of a node's (fake) tensor value; None for anything else or a symbolic size."""
+def _random(node: Any) -> bool:
+    """``node`` draws random numbers (an op tagged ``nondeterministic_seeded``: ``rand``, ``bernoulli``, ...)."""
     import torch
 
-    try:
-        return int(value.numel()) if isinstance(value, torch.Tensor) else None
-    except Exception:  # noqa: BLE001 - a symbolic element count: not a scalar we know of
-        return None
+    return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+
+
+def _numel(value: Any) -> Any:
+    """Elements of a node's (fake) tensor value (an int, or a SymInt under dynamic shapes); None for
+    anything else. Never ``int()`` of a SymInt: that guards the symbolic size to its example value, so a
+    training step compiled with dynamic shapes would recompile for every new size."""
+    import torch
+
+    return value.numel() if isinstance(value, torch.Tensor) else None
 
 
 def _scalar_of_tensor(node: Any) -> bool:
-    """``node``'s value has one element and one of its tensor arguments more (a full reduction)."""
-    if _numel(node.meta.get("val")) != 1:
+    """``node``'s value has one element and one of its tensor arguments more (a full reduction); sizes
+    decided without guards (``statically_known_true``): a symbolic count not known to be 1 (or more) is not."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    n = _numel(node.meta.get("val"))
+    if n is None or not statically_known_true(n == 1):
         return False
-    args = [a for a in node.args if hasattr(a, "meta")]
-    return any((_numel(a.meta.get("val")) or 0) > 1 for a in args)
+    sizes = [_numel(a.meta.get("val")) for a in node.args if hasattr(a, "meta")]
+    return any(m is not None and statically_known_true(m > 1) for m in sizes)
 
 
 def _redecompose(gm: Any, example_inputs: Sequence[Any]) -> Any:

@@ -242,10 +242,39 @@ class GraphValue:
         """Like :meth:`workload_key` but shape-free: only rank and which dims are 1 are kept."""
         return self._canonical(shapes=False)
 
+    def input_read_bytes(self) -> dict[str, int]:
+        """Graph input -> the bytes a perfect kernel must read of it: the whole tensor, except an input
+        whose every reader takes it as the source of ``gather`` / ``gather_elements``: at most
+        ``min(tensor, index count x row bytes)`` summed over those gathers (``gather``: the index's
+        elements x one table row; ``gather_elements``: the index's elements x one element). The index
+        count bounds the rows read from above whatever the indices are (which rows repeat is data);
+        an input that is also read any other way counts whole."""
+        out: dict[str, int] = {}
+        for name, spec in self.inputs:
+            users = self.consumers(name)
+            gathered = 0
+            for n in users:
+                if OPS[n.op].kind not in ("gather", "gather_elements") or n.tensor_args[0] != name \
+                        or name in n.tensor_args[1:]:
+                    gathered = -1
+                    break
+                idx = self.spec(n.tensor_args[1]).numel
+                per = spec.nbytes // max(spec.shape[0], 1) if n.op == "gather" else ITEMSIZE[spec.dtype]
+                gathered += idx * per
+            out[name] = spec.nbytes if gathered < 0 or not users or name in self.outputs \
+                else min(spec.nbytes, gathered)
+        return out
+
     def min_bytes(self) -> int:
-        """Bytes a perfect kernel moves: every input read once + every distinct output written once
-        (a gather table counts whole: an upper bound where fewer rows are gathered; the kernels'
-        profiles count the gathered rows)."""
+        """Bytes a perfect kernel moves (the DRAM floor): every input read once, a gathered table at
+        most the rows its indices name (:meth:`input_read_bytes`), + every distinct output written once."""
+        total = sum(self.input_read_bytes().values())
+        total += sum(self.spec(o).nbytes for o in dict.fromkeys(self.outputs))
+        return total
+
+    def io_bytes(self) -> int:
+        """Bytes the graph's tensors occupy: every input whole + every distinct output (what must fit in
+        the device's memory; :meth:`min_bytes` or more)."""
         total = sum(s.nbytes for _, s in self.inputs)
         total += sum(self.spec(o).nbytes for o in dict.fromkeys(self.outputs))
         return total

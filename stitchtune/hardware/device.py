@@ -451,12 +451,12 @@ def device_from_attributes(name: str, attrs: Mapping[str, int], *, memory_bytes:
 
 def check_fits(graph: Any, device: Any) -> None:
     """Refuse, before anything is allocated, a graph whose inputs and outputs alone
-    (``graph.min_bytes()``) exceed the device's global memory; raises :class:`DeviceError` giving
+    (``graph.io_bytes()``: a gathered table whole) exceed the device's global memory; raises :class:`DeviceError` giving
     both numbers. A device without ``memory_bytes`` (unknown) is not checked."""
     have = getattr(device, "memory_bytes", None)
     if not have:
         return
-    need = int(graph.min_bytes())
+    need = int(graph.io_bytes())
     if need > int(have):
         raise DeviceError(
             f"graph {str(graph.name)!a} does not fit in device memory: its inputs and outputs alone need "

@@ -51,30 +51,11 @@ __all__ = ["adjacent_rows", "chain_strides", "chain_start", "transposed_heads", 
 _SECTOR = 32
 
 
-def chain_strides(graph: Graph, chain: tuple[str, ...]) -> tuple[int, ...] | None:
-    """Element strides of the head of layout chain ``chain`` (``(head, ..., input)``) in its input, or None
-    where a reshape of the chain cannot be a view (numpy's rules, on an unallocated byte array)."""
-    v: np.ndarray = np.empty(graph.spec(chain[-1]).shape, dtype=np.int8)   # never touched: strides only
-    for name in reversed(chain[:-1]):
-        nd = graph.node(name)
-        if nd.op == "transpose":
-            v = v.transpose(nd.perm)
-        elif nd.op == "reshape":
-            try:
-                v = np.reshape(v, nd.shape, copy=False)
-            except ValueError:
-                return None
-        elif nd.op == "slice" and nd.axis is not None:
-            v = v[(slice(None),) * nd.axis + (slice(nd.start, nd.stop),)]
-        else:
-            return None
-    return tuple(int(s) for s in v.strides)
-
-
-def chain_start(graph: Graph, chain: tuple[str, ...]) -> int | None:
-    """The element offset in the chain's input of the head's element 0 (a slice's start moves it), or None
-    where a reshape of the chain cannot be a view (as :func:`chain_strides`)."""
-    base: np.ndarray = np.empty(graph.spec(chain[-1]).shape, dtype=np.int8)   # never touched: offsets only
+def _chain_view(graph: Graph, chain: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(base, view)``: an unallocated int8 array of the chain's input's shape and the head of layout chain
+    ``chain`` (``(head, ..., input)``) as a numpy view of it, or None where a reshape of the chain cannot be a
+    view (numpy's rules) or a link is not a layout op. Neither array's bytes are ever read."""
+    base: np.ndarray = np.empty(graph.spec(chain[-1]).shape, dtype=np.int8)
     v = base
     for name in reversed(chain[:-1]):
         nd = graph.node(name)
@@ -89,6 +70,23 @@ def chain_start(graph: Graph, chain: tuple[str, ...]) -> int | None:
             v = v[(slice(None),) * nd.axis + (slice(nd.start, nd.stop),)]
         else:
             return None
+    return base, v
+
+
+def chain_strides(graph: Graph, chain: tuple[str, ...]) -> tuple[int, ...] | None:
+    """Element strides of the head of layout chain ``chain`` (``(head, ..., input)``) in its input, or None
+    where a reshape of the chain cannot be a view (numpy's rules, on an unallocated byte array)."""
+    views = _chain_view(graph, chain)
+    return None if views is None else tuple(int(s) for s in views[1].strides)
+
+
+def chain_start(graph: Graph, chain: tuple[str, ...]) -> int | None:
+    """The element offset in the chain's input of the head's element 0 (a slice's start moves it), or None
+    where a reshape of the chain cannot be a view (as :func:`chain_strides`)."""
+    views = _chain_view(graph, chain)
+    if views is None:
+        return None
+    base, v = views
     return int(v.__array_interface__["data"][0] - base.__array_interface__["data"][0])
 
 

@@ -130,6 +130,7 @@ class SpaceRules:
     table: OptionTable
     schemes: SchemeTable
     domains: dict[str, list[Any]]
+    undrawn: dict[str, list[Any]]
     constraints: list[dict[str, str]]
     reuse_rules: dict[str, str]
     resources: ResourceCheck | None
@@ -140,6 +141,11 @@ class SpaceRules:
     _constraint_options: list[frozenset[str]]
     _constraint_exprs: tuple[str, ...]
     _mappings: MappingRules
+
+    def legal_values(self, name: str) -> list[Any]:
+        """Every legal value of core parameter ``name``: its drawn domain, then its ``undrawn`` values
+        (legal, never drawn by sampling or fresh trials: ``min_blocks`` 3), sorted."""
+        return sorted(self.domains[name] + self.undrawn.get(name, []))
 
     # -- points -----------------------------------------------------------------------------------
     def _core_point(self, tpr: int, block: int, split: int, vec: int, tasks: int, min_blocks: int,
@@ -244,8 +250,8 @@ class SpaceRules:
         """Values outside their domains, undeclared options, and scheme/reuse counts that do not fit the plan."""
         out: list[str] = []
         for name in CORE_SCALARS:
-            if getattr(s, name) not in self.domains[name]:
-                out.append(f"{name}={getattr(s, name)} not in {self.domains[name]}")
+            if getattr(s, name) not in self.legal_values(name):
+                out.append(f"{name}={getattr(s, name)} not in {self.legal_values(name)}")
         stored = dict(s.options)
         for opt in self.table:
             value = stored.get(opt.name, opt.default)

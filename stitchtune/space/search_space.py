@@ -90,6 +90,8 @@ class SearchSpace(SpaceRules):
         self.deterministic = False  # only bitwise-reproducible points (see deterministic_only)
         p = data["params"]
         self.domains: dict[str, list[Any]] = {k: list(v["choices"]) for k, v in p.items()}
+        #: legal values a search never draws (a heuristic's or a user's): asked under their own parameter name
+        self.undrawn: dict[str, list[Any]] = {k: list(v["undrawn"]) for k, v in p.items() if v.get("undrawn")}
         if "scheme_rules" in data:
             raise StitchtuneError("search space file: 'scheme_rules' is not read any more; a scheme's legality "
                                   "is declared with the scheme (stitchtune.space.schemes)")
@@ -206,8 +208,12 @@ class SearchSpace(SpaceRules):
                 block = tpr
             else:
                 block = choose(f"block_t{tpr}", [b for b in d["block"] if b >= max(tpr, 32)])
-        mbs = [m for m in d["min_blocks"] if m * block <= self.device.max_threads_per_sm]
-        min_blocks = choose(f"min_blocks_b{block}", mbs)
+        if asks_undrawn(f"min_blocks_all_b{block}"):   # an undrawn value (the heuristic's pin): its own name
+            mbs = [m for m in self.legal_values("min_blocks") if m * block <= self.device.max_threads_per_sm]
+            min_blocks = choose(f"min_blocks_all_b{block}", mbs)
+        else:
+            mbs = [m for m in d["min_blocks"] if m * block <= self.device.max_threads_per_sm]
+            min_blocks = choose(f"min_blocks_b{block}", mbs)
         tasks = choose("tasks_per_block", d["tasks_per_block"])
         names = {"family": fam, "tpr": tpr, "split": split, "block": block, "max_cluster": self.max_cluster}
         legal = self._legal_schemes(names)
@@ -230,7 +236,8 @@ class SearchSpace(SpaceRules):
         vec = choose("vec", d["vec"])
         split = choose("split", d["split"])
         block = choose("block", d["block"])
-        min_blocks = choose("min_blocks", d["min_blocks"])
+        min_blocks = choose("min_blocks_all", self.legal_values("min_blocks")) if asks_undrawn("min_blocks_all") \
+            else choose("min_blocks", d["min_blocks"])
         tasks = choose("tasks_per_block", d["tasks_per_block"])
         schemes = [choose(f"scheme_{i}", d["scheme"]) for i in range(plan.nstages)]
         reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
@@ -246,7 +253,7 @@ class SearchSpace(SpaceRules):
                 split = 1
             block = tpr if (split > 1 or tpr >= max(d["block"])) else max(block, tpr, 32)
         while min_blocks and min_blocks * block > self.device.max_threads_per_sm:
-            min_blocks = max((m for m in d["min_blocks"] if m < min_blocks), default=0)
+            min_blocks = max((m for m in self.legal_values("min_blocks") if m < min_blocks), default=0)
         names = {"family": fam, "tpr": tpr, "split": split, "block": block, "max_cluster": self.max_cluster}
         legal = self._legal_schemes(names)
         fixed = tuple(self.schemes.repair(x, legal) for x in schemes)
@@ -370,8 +377,12 @@ class SearchSpace(SpaceRules):
             out[name] = plain_value(v)   # as suggest gets it from the domain (a flag: 0 / 1)
             return v
 
-        (self._decide_flat if self.flat else self._decide)(
-            choose, lambda name: point[name] != self.table[name].default)
+        def undrawn(name: str) -> bool:
+            if name.startswith("min_blocks_all"):
+                return point["min_blocks"] not in self.domains["min_blocks"]
+            return bool(point[name] != self.table[name].default)
+
+        (self._decide_flat if self.flat else self._decide)(choose, undrawn)
         return out
 
     # -- sets of points ---------------------------------------------------------------------------

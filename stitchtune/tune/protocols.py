@@ -72,7 +72,8 @@ class GraphLike(Protocol):
     def structure_key(self) -> str: ...
 
     def min_bytes(self) -> int:
-        """Bytes of the inputs read once and the outputs written once."""
+        """Bytes of the inputs read once (a gathered table: at most the rows gathered) and the outputs
+        written once: the DRAM floor."""
 
 
 @runtime_checkable

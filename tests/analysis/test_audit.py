@@ -211,3 +211,13 @@ def test_audit_model_regions_filter_audits_only_the_named_workloads() -> None:
     only, skipped = audit_model(model, inputs, DEV, regions={first}, sass=False, peer=False)
     assert [a.graph for a in only] == [first] and skipped == []
     assert audit_model(model, inputs, DEV, regions=set(), sass=False, peer=False) == ([], [])
+
+
+def test_a_gathered_table_counts_its_gathered_rows_in_the_floor_and_the_kernel():
+    """Issue 39: 10 of the 50 rows of the table are gathered; the floor counted all 50."""
+    g = load_graph(str(EXAMPLES_DIR / "embed_gather_layernorm_small.json"))
+    a = audit_graph(g, DEV, sass=False)
+    assert a.unique_bytes == g.min_bytes() == g.io_bytes() - 40 * 32 * 4
+    (k,) = a.kernels
+    assert k.unique_bytes == g.min_bytes()   # ids + 10 rows + pos + gamma + beta + the output
+    assert k.read_bytes == g.min_bytes() - 10 * 32 * 4

@@ -327,7 +327,8 @@ def test_min_bytes_from_db_shapes_matches_graph_min_bytes(full_examples, small_e
     for path in full_examples + small_examples:
         g = load_graph(path)
         row = context_row(g, dev)
-        assert report.min_bytes_from_shapes(row["shapes"], row["dtypes"]) == g.min_bytes(), path.name
+        # the cells do not say which inputs are gathered: a gathered table counts whole (an upper bound)
+        assert report.min_bytes_from_shapes(row["shapes"], row["dtypes"]) == g.io_bytes() >= g.min_bytes(), path.name
     assert report.min_bytes_from_shapes("not json", "{}") is None
 
 

@@ -262,3 +262,15 @@ def test_gpu_path_out_of_budget_leaves_rows_not_a_crash(monkeypatch: pytest.Monk
     rows = [json.loads(x) for x in (tmp_path / "experiments.jsonl").read_text().splitlines()]
     assert len(rows) == 16 and all(r.get("skipped") == "budget spent" for r in rows) and not timed
     assert "budget spent" in (tmp_path / "experiments.md").read_text()
+
+
+def test_fit_rows_into_a_folder_not_made_yet_keep_the_measurements(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """``--fit-rows`` in a folder that does not exist yet: the folder is made before anything is timed (the
+    first append failed inside each case's try, so every measured case became an error row)."""
+    mod = load_script("gpu_experiments", monkeypatch)
+    _fake_gpu(mod, monkeypatch)
+    fit_rows = tmp_path / "later" / "fit_rows.jsonl"
+    assert mod.main(["--out", str(tmp_path / "out"), "--only", "ab", "--fit-rows", str(fit_rows)]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "out" / "experiments.jsonl").read_text().splitlines()]
+    assert not [r for r in rows if "error" in r] and fit_rows.read_text()

@@ -149,3 +149,93 @@ def test_every_training_region_emulates_equal_to_float64(name: str) -> None:
             got = np.asarray(out[o]).reshape(want.shape).astype(np.float64)
             scale = max(1e-30, float(np.abs(want.astype(np.float64)).max()))
             assert float(np.abs(got - want.astype(np.float64)).max()) <= 1e-5 * scale, (r.name, o)
+
+
+def _dynamic_step(f: Any, shapes: list[tuple[Any, ...]]) -> tuple[int, list[int]]:
+    """``f`` compiled with dynamic shapes through AOTAutograd and the backend's partition (graphs run
+    eagerly), a training step at each of ``shapes`` (x's shape; t its first dim of class indices):
+    how many forward graphs were compiled, and how many nodes each partition marked must-save."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from stitchtune.deploy.torch_rest import decompositions, partition
+
+    forwards: list[Any] = []
+    marked: list[int] = []
+
+    def part(joint: Any, joint_inputs: Any, **kwargs: Any) -> Any:
+        nodes = list(joint.graph.nodes)
+        out = partition()(joint, joint_inputs, **kwargs)
+        marked.append(sum(n.meta.get("recompute") == CheckpointPolicy.MUST_SAVE for n in nodes))
+        return out
+
+    def fw(gm: Any, _: Any) -> Any:
+        forwards.append(gm)
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(fw_compiler=fw, bw_compiler=lambda gm, _: make_boxed_func(gm.forward),
+                           decompositions=decompositions(), partition_fn=part)
+    torch._dynamo.reset()
+    try:
+        step = torch.compile(f, backend=backend, dynamic=True)
+        for shape in shapes:
+            x = torch.randn(*shape, requires_grad=True)
+            step(x, torch.randint(0, shape[-1], shape[:1])).backward()
+    finally:
+        torch._dynamo.reset()
+    return len(forwards), marked
+
+
+def test_dynamic_shapes_compile_once_and_the_loss_count_is_still_saved() -> None:
+    """Under ``dynamic=True`` the partition decides its must-save marks without guarding a symbolic
+    size (an ``int()`` of a SymInt specialised the batch: every new batch size recompiled the step), and
+    the one-element count of a label-smoothed cross-entropy (a full reduction of the symbolic rows) is
+    still marked."""
+    def loss(x: Any, t: Any) -> Any:
+        return torch.nn.functional.cross_entropy(torch.tanh(x) * 2.0, t, label_smoothing=0.1)
+
+    compiled, marked = _dynamic_step(loss, [(4, 8), (6, 8), (9, 8)])
+    assert compiled == 1
+    assert marked and all(m >= 1 for m in marked), marked
+
+
+def _dropout_times(x: Any, w: Any) -> Any:
+    return torch.nn.functional.dropout(torch.tanh(x), 0.5, training=True) * w
+
+
+def test_dropout_mask_is_not_redrawn_under_aggressive_recomputation(fresh_backend: None) -> None:
+    """min-cut bans recomputing dropout's ``rand`` only through its allowlist; under
+    ``aggressive_recomputation`` it recomputed ``rand`` in the backward (a new mask: w's gradient was not the
+    forward's kept values, up to 2.0 off). The partition marks random ops must-save: no draw in the
+    backward, and the gradient of ``dropout(tanh(x)) * w`` at ``w = 1`` is exactly the forward's output, with
+    the graphs run eagerly and with the backend."""
+    import torch._functorch.config as functorch_config
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    from stitchtune.deploy.torch_rest import decompositions, partition
+
+    graphs: dict[str, Any] = {}
+
+    def keep(kind: str) -> Any:
+        def compile_(gm: Any, _: Any) -> Any:
+            graphs[kind] = gm
+            return make_boxed_func(gm.forward)
+        return compile_
+
+    eager = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
+                         decompositions=decompositions(), partition_fn=partition())
+    x = torch.randn(64, 32)
+    with functorch_config.patch(aggressive_recomputation=True):
+        for backend in (eager, "stitchtune"):
+            torch._dynamo.reset()
+            w = torch.ones(64, 32, requires_grad=True)
+            y = torch.compile(_dropout_times, backend=backend)(x, w)
+            y.sum().backward()
+            assert 0.3 < float((y != 0).float().mean()) < 0.7
+            assert torch.equal(w.grad, y.detach()), backend
+    torch._dynamo.reset()
+    rand = [n.name for n in graphs["backward"].graph.nodes
+            if torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())]
+    assert not rand

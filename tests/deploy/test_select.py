@@ -196,12 +196,12 @@ def test_load_candidates_reads_heterogeneous_parts(ln: Graph, tmp_path: Any) -> 
 
 
 def test_records_of_the_compatible_earlier_space_version_are_read_where_they_still_run(tmp_path: Any) -> None:
-    """Space version 2 (and 3 and 4, supersets) offers only schedules whose kernels fit; records of version 1 (same rules) are
+    """Space version 2 (and 3, 4 and 5, supersets) offers only schedules whose kernels fit; records of version 1 (same rules) are
     still chosen when their schedule fits, and one that does not fit is passed over, saying why."""
     g = load_graph(EXAMPLES_DIR / "rmsnorm_backward.json")
     plan = make_plan(g)
     bare = SearchSpace.for_plan(plan, H200)
-    assert space_of(g).compatible_versions == ("1", "2", "3") and space_of(g).version == "4"
+    assert space_of(g).compatible_versions == ("1", "2", "3", "4") and space_of(g).version == "5"
     unfit = bare.sample(random.Random(1))   # its cross_combine grid barrier cannot be co-resident
     assert not bare.violations(unfit) and not legal(g, unfit)
     (fits,) = schedules(g, 1)
@@ -210,7 +210,7 @@ def test_records_of_the_compatible_earlier_space_version_are_read_where_they_sti
     c = choose_schedule(g, tmp_path, H200)
     assert c.source == "tuned" and c.schedule == fits and c.record is not None
     assert c.record["space_version"] == "1" and c.record["measured_us"] == 2.0
-    assert "space version 4/1" in c.reason
+    assert "space version 5/1" in c.reason
 
 
 def test_earlier_codegen_records_rank_after_todays_and_say_so(ln: Graph, tmp_path: Any) -> None:

@@ -116,6 +116,9 @@ class FakeGraph:
     def min_bytes(self) -> int:
         return 2 * self.rows * 1024 * 4
 
+    def io_bytes(self) -> int:
+        return self.min_bytes()
+
 
 @dataclass(frozen=True)
 class FakeDevice:

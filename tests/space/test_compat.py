@@ -161,14 +161,16 @@ def test_flat_columns_are_the_database_columns() -> None:
 
 
 def test_space_version_is_unchanged() -> None:
-    """Version 4: the ``row_vectors`` option (column plans with an input read along its rows), whose default is
+    """Version 5: ``min_blocks`` 3, legal and never drawn (``undrawn``: seeded samples and fresh trials as in 4).
+    Version 4: the ``row_vectors`` option (column plans with an input read along its rows), whose default is
     what every point of version 3 did, so 3's records are still read; version 3: element-wise regions pack rows
     (``tpr < block``) and the ``exact_math`` option, a superset
     of version 2 (searches offer only schedules whose kernels fit the device: the resource check), whose
     rules are those of version 1; selection still reads the records of all three (re-validated). The golden
     files above were recorded with the space without the resource check (``SearchSpace.for_plan``): the
     check changes a seeded sample only where it was illegal."""
-    assert load_space_file()["version"] == "4"
+    assert load_space_file()["version"] == "5"
     _, _, space = setup("layernorm_small.json")
-    assert space.version == "4" and space.compatible_versions == ("1", "2", "3")
+    assert space.version == "5" and space.compatible_versions == ("1", "2", "3", "4")
+    assert space.domains["min_blocks"] == [0, 1, 2, 4] and space.legal_values("min_blocks") == [0, 1, 2, 3, 4]
     assert space.resources is None
