@@ -236,8 +236,9 @@ class SearchSpace(SpaceRules):
         vec = choose("vec", d["vec"])
         split = choose("split", d["split"])
         block = choose("block", d["block"])
-        min_blocks = choose("min_blocks_all", self.legal_values("min_blocks")) if asks_undrawn("min_blocks_all") \
-            else choose("min_blocks", d["min_blocks"])
+        mb_undrawn = asks_undrawn("min_blocks_all")   # the trial fixes an undrawn value: it repairs through them
+        mb_dom = self.legal_values("min_blocks") if mb_undrawn else d["min_blocks"]
+        min_blocks = choose("min_blocks_all" if mb_undrawn else "min_blocks", mb_dom)
         tasks = choose("tasks_per_block", d["tasks_per_block"])
         schemes = [choose(f"scheme_{i}", d["scheme"]) for i in range(plan.nstages)]
         reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
@@ -253,7 +254,7 @@ class SearchSpace(SpaceRules):
                 split = 1
             block = tpr if (split > 1 or tpr >= max(d["block"])) else max(block, tpr, 32)
         while min_blocks and min_blocks * block > self.device.max_threads_per_sm:
-            min_blocks = max((m for m in self.legal_values("min_blocks") if m < min_blocks), default=0)
+            min_blocks = max((m for m in mb_dom if m < min_blocks), default=0)   # a fresh trial: drawn values only
         names = {"family": fam, "tpr": tpr, "split": split, "block": block, "max_cluster": self.max_cluster}
         legal = self._legal_schemes(names)
         fixed = tuple(self.schemes.repair(x, legal) for x in schemes)
