@@ -236,9 +236,13 @@ class SearchSpace(SpaceRules):
         vec = choose("vec", d["vec"])
         split = choose("split", d["split"])
         block = choose("block", d["block"])
-        mb_undrawn = asks_undrawn("min_blocks_all")   # the trial fixes an undrawn value: it repairs through them
+        # "min_blocks" is asked by every trial, so that the samplers' fixed parameter set (the intersection over
+        # the study's trials) keeps it; a trial that fixes an undrawn value then asks it too, and repairs through them
+        min_blocks = choose("min_blocks", d["min_blocks"])
+        mb_undrawn = asks_undrawn("min_blocks_all")
         mb_dom = self.legal_values("min_blocks") if mb_undrawn else d["min_blocks"]
-        min_blocks = choose("min_blocks_all" if mb_undrawn else "min_blocks", mb_dom)
+        if mb_undrawn:
+            min_blocks = choose("min_blocks_all", mb_dom)
         tasks = choose("tasks_per_block", d["tasks_per_block"])
         schemes = [choose(f"scheme_{i}", d["scheme"]) for i in range(plan.nstages)]
         reuse = tuple(choose(f"reuse_{i}", self._reuse_domain(c)) for i, c in enumerate(plan.reuse_candidates))
@@ -375,6 +379,8 @@ class SearchSpace(SpaceRules):
                 v = s.reuse[int(name.split("_")[1])]
             else:
                 v = point[_core_name(name)]
+                if name == "min_blocks" and v not in dom:   # flat: an undrawn value, asked as min_blocks_all too
+                    v = min(dom, key=lambda m: (abs(m - v), -m))
             out[name] = plain_value(v)   # as suggest gets it from the domain (a flag: 0 / 1)
             return v
 
