@@ -109,8 +109,10 @@ class Fits:
         return self.cache[key]
 
 
-def lomo(fits: Fits, v: int, rows: list[dict[str, Any]], groups: list[str], skip: frozenset[str] = frozenset()) -> Any:
-    """Held-out predictions of ``rows`` (pre-build features as given), each group fitted without it (and ``skip``)."""
+def lomo(fits: Any, v: int, rows: list[dict[str, Any]], groups: list[str], skip: frozenset[str] = frozenset()) -> Any:
+    """Held-out predictions of ``rows`` (features as given), each group fitted without it (and ``skip``); ``fits``
+    is any cache called as ``fits(variant, left-out groups) -> Coefficients`` with the device as ``fits.dev``
+    (this script's :class:`Fits`, fit_terms.py's)."""
     pred = np.full(len(rows), np.nan)
     for g in groups:
         idx = [i for i, r in enumerate(rows) if r["group"] == g]

@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
+from fit_ceiling import lomo  # noqa: E402  (the same held-out predictions, any callable fits)
 from fit_cost_model import ir_only  # noqa: E402
 
 from stitchtune.cost.fit_dataset import DatasetError, load_dataset, with_timing  # noqa: E402
@@ -79,15 +80,6 @@ class Fits:
         if key not in self.cache:
             self.cache[key] = fit_variant([r for r in self.rows if r["group"] not in out], self.dev, v)
         return self.cache[key]
-
-
-def lomo(fits: Fits, v: int, rows: list[dict[str, Any]], groups: list[str], skip: frozenset[str] = frozenset()) -> Any:
-    """Held-out predictions of ``rows`` (features as given), each group fitted without it (and ``skip``)."""
-    pred = np.full(len(rows), np.nan)
-    for g in groups:
-        idx = [i for i, r in enumerate(rows) if r["group"] == g]
-        pred[idx] = predict_rows([rows[i] for i in idx], fits.dev, fits(v, skip | {g}))
-    return pred
 
 
 def within(m: Any, p: Any) -> Any:
