@@ -2,8 +2,8 @@
 
 Contract
 --------
-* :func:`estimated_blocks_per_sm(space, s)`: blocks of ``s`` per SM with the pre-build register estimate
-  (what the lowering sizes persistent grids by).
+* :func:`estimated_blocks_per_sm(space, s, capped=False)`: blocks of ``s`` per SM with the pre-build register
+  estimate (what the lowering sizes persistent grids by); ``capped``: held to ``min_blocks``' register budget.
 * :func:`grid_blocks_per_sm(space, s, per_sm)`: the blocks per SM a grid-barrier grid of ``s`` needs
   resident (a one-round column grid: ``ceil(tiles x split / SMs)``; any other: ``per_sm``).
 * :func:`pin_coresidency(space, s)`: ``s`` with ``min_blocks`` the fewest legal value (the space's
@@ -23,11 +23,15 @@ from stitchtune.space import Schedule, SearchSpace
 __all__ = ["estimated_blocks_per_sm", "grid_blocks_per_sm", "pin_coresidency"]
 
 
-def estimated_blocks_per_sm(space: SearchSpace, s: Schedule) -> int:
-    """Blocks of ``s`` per SM with the pre-build register estimate (what the lowering sizes grids by)."""
+def estimated_blocks_per_sm(space: SearchSpace, s: Schedule, capped: bool = False) -> int:
+    """Blocks of ``s`` per SM with the pre-build register estimate (what the lowering sizes grids by) and the
+    shared memory of its caches and reductions; ``capped``: the estimate held to ``min_blocks``' register
+    budget where ``s`` sets one (what ``__launch_bounds__`` asks of ptxas)."""
     d = space.derived(s)
-    need = estimate_registers(d["reg_cache_elems"], s.vec, 4)
-    return occupancy(space.device, s.block, need, d["smem_cache_bytes"] + d["smem_red_bytes"]).blocks_per_sm
+    need = estimate_registers(int(d["reg_cache_elems"]), s.vec, 4)
+    if capped and s.min_blocks:
+        need = min(need, space.device.regs_per_sm // (s.block * s.min_blocks))
+    return occupancy(space.device, s.block, need, int(d["smem_cache_bytes"]) + int(d["smem_red_bytes"])).blocks_per_sm
 
 
 def grid_blocks_per_sm(space: SearchSpace, s: Schedule, per_sm: int) -> int:

@@ -41,8 +41,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from stitchtune.cost.grid_pin import estimated_blocks_per_sm
 from stitchtune.graph.values import ITEMSIZE
-from stitchtune.hardware.occupancy import occupancy
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.plan.classes import TensorClass
 from stitchtune.plan.family import Family
@@ -155,17 +155,6 @@ def one_wave(space: SearchSpace, plan: StitchPlan, s: Schedule, grid_barrier: bo
     return _capped(space, plan, s, 1.0) or _halved(space, plan, s) or _capped(space, plan, s, 0.75) or s
 
 
-def _blocks_per_sm(space: SearchSpace, s: Schedule) -> int:
-    """Resident blocks of ``s`` per SM: the register estimate (capped by ``min_blocks``' budget) and the
-    shared memory of its caches and reductions."""
-    dev = space.device
-    d = space.derived(s)
-    regs = estimate_registers(int(d["reg_cache_elems"]), s.vec, 4)
-    if s.min_blocks:
-        regs = min(regs, dev.regs_per_sm // (s.block * s.min_blocks))
-    return occupancy(dev, s.block, regs, int(d["smem_cache_bytes"]) + int(d["smem_red_bytes"])).blocks_per_sm
-
-
 def first_sweep_bytes(plan: StitchPlan, s: Schedule) -> int:
     """Bytes of global loads one thread of ``s`` issues in its first sweep: its row piece of every full-size
     input, each at its dtype's size (a bfloat16 row piece is half a float32 one; the per-column and per-row
@@ -178,7 +167,7 @@ def first_sweep_bytes(plan: StitchPlan, s: Schedule) -> int:
 def tail_free(space: SearchSpace, plan: StitchPlan, s: Schedule, grid_barrier: bool) -> Schedule:
     """Rule 5e (module docstring): ``s`` with two tasks per block and ``min_blocks`` = the fewest blocks per SM
     (a choice of the space) that hold the halved grid in one wave, where its row grid of one task per block is
-    strictly between one and two waves (:func:`_blocks_per_sm`), the cap's register budget covers the
+    strictly between one and two waves (:func:`~stitchtune.cost.grid_pin.estimated_blocks_per_sm`, capped), the cap's register budget covers the
     estimate, the halved grid keeps a block on every SM, and ``bandwidth x DRAM_LATENCY_NS / SMs`` bytes of
     first-sweep loads are in flight per SM (:func:`first_sweep_bytes` x the block's threads x the grid's
     average blocks per SM); ``s`` itself otherwise (other families, cross reductions, split rows, several
@@ -186,7 +175,7 @@ def tail_free(space: SearchSpace, plan: StitchPlan, s: Schedule, grid_barrier: b
     if plan.family != Family.ROW or plan.cross or s.split != 1 or s.tasks_per_block != 1 or grid_barrier:
         return s
     dev = space.device
-    per_sm = _blocks_per_sm(space, s)
+    per_sm = estimated_blocks_per_sm(space, s, capped=True)
     wave = per_sm * dev.sm_count
     grid = _grid(plan, s)
     if per_sm < 1 or not wave < grid < 2 * wave:
@@ -202,7 +191,7 @@ def tail_free(space: SearchSpace, plan: StitchPlan, s: Schedule, grid_barrier: b
     if not caps:
         return s
     t = dataclasses.replace(t, min_blocks=min(caps))
-    if space.violations(t) or _blocks_per_sm(space, t) * dev.sm_count < halved:
+    if space.violations(t) or estimated_blocks_per_sm(space, t, capped=True) * dev.sm_count < halved:
         return s
     needed = dev.dram_bandwidth_gbs * DRAM_LATENCY_NS / dev.sm_count   # GB/s x ns = bytes
     in_flight = first_sweep_bytes(plan, t) * t.block * halved / dev.sm_count
