@@ -27,16 +27,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, TypeVar
 
 from stitchtune.errors import ScheduleError
-from stitchtune.space.options import OPTIONS, Option, OptionTable, deterministic, plain_value
+from stitchtune.space.options import CORE_FIELDS, OPTIONS, Option, OptionTable, deterministic, plain_value
 
 T = TypeVar("T")
 
 #: ``Schedule.tasks_per_block`` of a persistent grid (the JSON value): as many blocks as the device
 #: holds at once, each taking tasks in turn until none are left (see :attr:`Schedule.persistent`)
 PERSISTENT = 0
-
-#: The keys of a schedule's JSON form that are not options: its core fields (:meth:`Schedule.to_dict`)
-CORE_KEYS: tuple[str, ...] = ("tpr", "block", "split", "vec", "tasks_per_block", "min_blocks", "schemes", "reuse")
 
 
 def _plain(names: Iterable[Any]) -> tuple[Any, ...]:
@@ -139,7 +136,7 @@ class Schedule:
     @classmethod
     def from_dict(cls, d: dict[str, Any], table: OptionTable = OPTIONS) -> "Schedule":
         """Build from a dict (e.g. parsed JSON); raise :class:`ScheduleError` on a malformed one: a
-        missing ``tpr`` / ``block``, a bad value, or a key that is neither a core field (:data:`CORE_KEYS`)
+        missing ``tpr`` / ``block``, a bad value, or a key that is neither a core field (:data:`CORE_FIELDS`)
         nor an option of ``table`` (named in the message, with the nearest known key: a typo such as
         ``"tpr_"`` or ``"vec4"`` is never read as a default). A missing option is its default.
 
@@ -150,9 +147,9 @@ class Schedule:
         stitchtune or a hand edit; read with it ignored, the schedule would not be the one recorded."""
         if not isinstance(d, Mapping):
             raise ScheduleError(f"malformed schedule: a JSON object is needed, not {type(d).__name__}")
-        unknown = sorted(str(k) for k in d if k not in CORE_KEYS and k not in table)
+        unknown = sorted(str(k) for k in d if k not in CORE_FIELDS and k not in table)
         if unknown:
-            known = (*CORE_KEYS, *table.names)
+            known = (*CORE_FIELDS, *table.names)
             near = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.5)
             hint = f" (did you mean {near[0]!a}?)" if near else f" (known keys: {', '.join(known)})"
             more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
