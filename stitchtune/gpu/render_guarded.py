@@ -1,4 +1,4 @@
-"""Guarded vector loads in loops, rendered so that each is independent of the one before (issue 39).
+"""Guarded vector loads in loops, rendered so that each is independent of the one before.
 
 A ``LoadVec`` with ``pred`` keeps its destinations' values where the guard is false. Written as
 ``if (pred) { float4 v = load; d = v.x; ... }`` inside a loop, the destination registers carry the previous
