@@ -57,9 +57,12 @@ DATASET = "results/cost-fit-2026-12-07-s13-walk/dataset.json"
 RUN = REPO / "results/h200-2026-12-04-models"
 KEEPS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 STREAMS = (1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.5)
-#: the GEMM traffic models tried (L2Params.gemm_tile, gemm_evict_first): one op / wave by wave of 128 x 128 tiles,
-#: operands entering the L2 or read evict-first
-GEMMS = ((0, False), (0, True), (128, False), (128, True))
+
+
+def gemm_models(tile: int) -> tuple[tuple[int, bool], ...]:
+    """The GEMM traffic models tried (L2Params.gemm_tile, gemm_evict_first): one op / wave by wave of ``tile`` x
+    ``tile`` output tiles, operands entering the L2 or read evict-first."""
+    return ((0, False), (0, True), (tile, False), (tile, True))
 
 
 def _trace(variant: str, mode: str) -> list[tuple[str, float]]:
@@ -203,7 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="results/l2-2026-12-07-s15")
     ap.add_argument("--totals", default="", help="an audit directory (scripts/audit_models.py --out) whose fitted "
                     "times to sum per model and call under each chosen parameter set")
+    ap.add_argument("--gemm-tile", type=int, default=128, help="the output tile (square) of the wave-by-wave GEMM "
+                    "models (default 128; the shipped one's); other sizes test how much the choice depends on it")
     args = ap.parse_args(argv)
+    GEMMS = gemm_models(args.gemm_tile)
     dev = get_device("h200")
     c = package_coefficients(dev)
     captured = {m: _capture("bert", m) for m in ("inference", "train")}
