@@ -348,3 +348,63 @@ def test_random_concats_with_row_vectors_emulate_like_the_reference(obj: dict[st
         assert max(errs.values()) < 1e-6, (s.to_json(), errs)
         ran += 1
     assume(ran > 0)   # (16-bit rows of 8 with wide vectors can exceed the register cache: refused)
+
+
+@st.composite
+def rotated_regions(draw: st.DrawFn) -> dict[str, Any]:
+    """A transposed chain ``[B*G*H, D, S] -> [B, H, S, D]`` (its ``G`` head groups summed), scaled by a
+    ``[S, D]`` table, then its columns rotated at ``cut`` (rotate_half at ``D / 2``, negated or not; or at a
+    quarter) plus another ``[B, H, S, D]`` input: concat pieces read at column shifts, which row-vector
+    mappings whose row is one iteration take from other lanes (plan/lane_shifts.py) where the lanes allow."""
+    B, H, G = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    S, D = draw(st.sampled_from([8, 16, 32])), draw(st.sampled_from([8, 16, 32]))
+    cut = draw(st.sampled_from([D // 2, D // 2, D // 4, 3 * D // 4]))
+    nodes: list[dict[str, Any]] = [
+        {"id": "v", "op": "reshape", "args": ["x"], "shape": [B, G * H, D, S]},
+        {"id": "p", "op": "transpose", "args": ["v"], "perm": [0, 1, 3, 2]},
+        {"id": "w", "op": "reshape", "args": ["p"], "shape": [B, H, G, S, D]}]
+    for i in range(G):
+        nodes += [{"id": f"s{i}", "op": "slice", "args": ["w"], "axis": 2, "start": i, "stop": i + 1},
+                  {"id": f"s{i}v", "op": "reshape", "args": [f"s{i}"], "shape": [B, H, S, D]}]
+    acc = "s0v"
+    for i in range(1, G):
+        nodes.append({"id": f"a{i}", "op": "add", "args": [acc, f"s{i}v"]})
+        acc = f"a{i}"
+    nodes += [{"id": "m", "op": "mul", "args": [acc, "t"]},
+              {"id": "lo", "op": "slice", "args": ["m"], "axis": 3, "start": 0, "stop": cut},
+              {"id": "hi", "op": "slice", "args": ["m"], "axis": 3, "start": cut, "stop": D}]
+    first = "hi"
+    if draw(st.booleans()):
+        nodes.append({"id": "n", "op": "neg", "args": ["hi"]})
+        first = "n"
+    nodes += [{"id": "r", "op": "concat", "args": [first, "lo"], "axis": 3},
+              {"id": "o", "op": "add", "args": ["r", "y"]}]
+    f32 = "float32"
+    return {"name": "rot", "inputs": {"x": {"shape": [B * G * H, D, S], "dtype": f32},
+                                      "t": {"shape": [1, 1, S, D], "dtype": f32},
+                                      "y": {"shape": [B, H, S, D], "dtype": f32}}, "nodes": nodes, "outputs": ["o"]}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rotated_regions(), st.integers(0, 3))
+def test_random_rotations_with_row_vectors_emulate_like_the_reference(obj: dict[str, Any], seed: int) -> None:
+    """Every such region with ``vector_rows``, at the heuristic, at the mapping of a row in one iteration and at a
+    seeded sample, row vectors on (column shifts exchanged or loaded), emulates like the float64 reference."""
+    g = parse_graph(obj)
+    plan = make_plan(g)
+    assume(plan.vector_rows > 1)
+    space = SearchSpace.for_plan(plan, DEV)
+    inputs = random_inputs(g, seed)
+    ref = run_reference(g, inputs)
+    h = heuristic_schedule(plan, DEV, space)
+    D = g.spec("o").shape[-1]
+    tries = [h, dataclasses.replace(h, tpr=D // 4, vec=4), space.sample(random.Random(seed))]
+    ran = 0
+    for s in tries:
+        s = dataclasses.replace(s, row_vectors=True)
+        if space.violations(s):
+            continue
+        errs = emulated_errors(g, plan, space, s, inputs, ref)
+        assert max(errs.values()) < 1e-6, (s.to_json(), errs)
+        ran += 1
+    assume(ran > 0)
