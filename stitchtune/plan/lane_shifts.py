@@ -16,7 +16,7 @@ whose columns the shift's conditions select (a butterfly: ``__shfl_xor_sync``, t
 kernel IR has), so the shifted value is one shuffle of the unshifted one, computed by every lane anyway.
 
 Contract: :func:`xor_mask` returns ``m`` only for a shift along the innermost domain axis alone, which
-is the view's one column axis of ``N = tpr * vec`` columns, ``d`` a multiple of ``vec`` with ``m = |d| /
+is the view's one column axis of ``N = tpr * vec`` columns (``tpr`` a power of two), ``d`` a multiple of ``vec`` with ``m = |d| /
 vec`` a power of two below ``tpr`` and the warp, its conditions (on that axis only) selecting whole vectors, and
 ``L ^ m == L + d / vec`` for every selected lane ``L``; else None. :func:`loads_with` counts the
 row-vector loads per element a kernel of ``(tpr, vec)`` makes when every such shift is exchanged
@@ -51,7 +51,7 @@ def xor_mask(sh: Shift, domain: tuple[int, ...], N: int, tpr: int, vec: int, war
 
 
 def _mask(d: int, lo: int, hi: int, tpr: int, vec: int, warp: int) -> int | None:
-    if d == 0 or d % vec:
+    if d == 0 or d % vec or tpr & (tpr - 1):   # (a shuffle's segment: a power of two)
         return None
     step = d // vec
     m = abs(step)

@@ -44,6 +44,8 @@ def test_shifts_along_other_axes_or_rows_are_never_exchanged() -> None:
     assert xor_mask(Shift(delta=((3, 32),), conds=((2, 0, 8), (3, 0, 32))), DOMAIN, 64, 16, 4, 32) is None
     assert xor_mask(Shift(), DOMAIN, 64, 16, 4, 32) is None                                   # nothing to move
     assert xor_mask(_sh(32, 0, 32), DOMAIN, 128, 32, 4, 32) is None   # the view's columns are not the axis alone
+    # 12 lanes a row (not a value of the space): lanes 0-3 -> 4-7 is lane ^ 4 in the row, not in the warp
+    assert xor_mask(_sh(16, 0, 16), (8, 4, 512, 48), 48, 12, 4, 32) is None
 
 
 def test_loads_with_counts_the_reads_left() -> None:
