@@ -218,15 +218,13 @@ def capture_graphs(model: Any, example_inputs: Sequence[Any], call: str = "infer
 def capture_regions(model: Any, example_inputs: Sequence[Any], call: str = "inference") -> list[Any]:
     """Every :class:`~stitchtune.importers.torch_regions.TorchRegion` the backend would find in
     ``model`` at ``example_inputs`` called as ``call`` (a :data:`CALL_PATTERNS` name), in graph order."""
-    from stitchtune.importers.torch_fx_util import splits_as_slices
-    from stitchtune.importers.torch_random import seed_rands
-    from stitchtune.importers.torch_regions import find_regions
+    from stitchtune.deploy.torch_prepare import prepared_regions
 
-    # as the backend finds them: training dropout's draws in the regions that compare them, splits as slices
+    # as the backend finds them: after the same graph-wide rewrites (dropout's draws, splits as slices, bias
+    # adds, transposed matmul operands as views, ...)
     out: list[Any] = []
     for g in capture_graphs(model, example_inputs, call):
-        seeded = seed_rands(g.module) or g.module
-        out += find_regions(splits_as_slices(seeded) or seeded).regions
+        out += prepared_regions(g.module, g.kind)[1].regions
     return out
 
 
