@@ -64,6 +64,15 @@ def _qkv_split(B: int, S: int, nh: int, D: int) -> dict:
 
 
 CASES["qkv_split"] = _qkv_split(2, 40, 2, 32)   # S = 40: ragged against both tile edges
+# inputs read once per tile (TransposeTile.fixed_along): a linear layer's bias over heads and columns added
+# before the head split (BERT's K^T copy after addmm -> mm + add; S = 40 ragged), and a per-batch tensor
+# above the transposed axis with a position table along it (S = 64: the tiles divide it, no guards)
+CASES["bias_heads"] = float_graph({"x": [2, 40, 96], "b": [96]},
+                                  [{"id": "a", "op": "add", "args": ["x", "b"]}] + _heads("a", [2, 40, 3, 32], [0, 2, 3, 1]),
+                                  ["t"])
+CASES["batch_bias"] = float_graph({"x": [3, 64, 32], "b": [3, 1, 32], "p": [64, 32]},
+                                  [{"id": "a", "op": "add", "args": ["x", "b"]}, {"id": "m", "op": "mul", "args": ["a", "p"]},
+                                   {"id": "t", "op": "transpose", "args": ["m"], "perm": [0, 2, 1]}], ["t"])
 
 
 def test_the_fused_qkv_split_is_tiled_with_vector_loads_through_the_slices() -> None:
