@@ -62,6 +62,16 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
 * **spills**: ``ceil(waves) x spill_instructions x spill_ns`` (local-memory round trips of a compiled
   kernel's spills; 0 without compiled facts);
   grid barriers ``device.grid_barrier_us(grid)`` each; atomics ``atomics x grid x block x atomic_ns``.
+* **atomics**: ``atomics`` counts a thread's atomic instructions (a ``float4`` add once: one ``REDG.E.ADD.F32x4``
+  lane in SASS), added to the body (not overlapped with its memory). ``atomic_ns`` is a **prior, not fitted**: no
+  fit row has atomics. 0.023 ns is what makes this form reproduce the one measured H200 kernel with atomics we have,
+  Inductor's BERT-training embedding backward (``triton_per_fused_19``: 64.9 us MEASURED, CUPTI,
+  results/h200-2026-12-04-models/logs/time_run3.log; its Triton code compiled for sm_90 issues 1,572,864
+  ``REDG.E.ADD.F32x4`` lanes, half of them into the 2-row token-type table, and moves 88.1 MB): 64.9 us less
+  its bytes at this model's ceiling plus the ramp (28.2 us), over the lanes (``scripts/atomics_prior.py``,
+  results/atomics-2026-12-07-s15/; 0.027 with Inductor's own bandwidth line for the rest, 0.047 if the contended
+  token-type adds cost nothing). Whether a scalar add costs what a ``float4`` one does (this count) or a quarter
+  (bytes) is not measured: scripts/gpu_scatter_variants.py's ``scalar`` variant.
 * **ramp**: ``ramp_us`` per launch (the first loads' latency before data flows, the last wave's drain).
 * device time = body + phases + scratch + spills + grid barriers + atomics + ramp.
 * ``event_us`` is not device time: it is the per-launch start that times taken with CUDA events around a
@@ -112,7 +122,8 @@ class Coefficients:
     cta_ns: float = 50.0             # per block and SM
     phase_us: float = 0.5            # per extra load phase, wave and resident block
     scratch_load_ns: float = 300.0   # per scratch load per thread and wave
-    atomic_ns: float = 0.05          # per global atomic (device-wide)
+    atomic_ns: float = 0.023         # per global atomic instruction of a lane, device-wide: a PRIOR, not fitted
+    #                                  (module docstring, **atomics**; results/atomics-2026-12-07-s15/)
     inflight_reg_share: float = 1.0  # share of a thread's registers that can hold loads in flight
     ramp_us: float = 1.0             # per launch: first loads' latency and the last wave's drain
     event_us: float = 2.0            # per launch, in times taken with CUDA events only (not device time)
