@@ -1,4 +1,4 @@
-"""The fitted cost model's atomics coefficient as a prior, from the one measured H200 kernel with atomic adds.
+"""The fitted cost model's atomics coefficient and its zero fills' store rate as priors, from measured H200 kernels.
 
     python scripts/atomics_prior.py [--json]
 
@@ -17,7 +17,10 @@ with the non-atomic time the kernel's bytes (Inductor's ``kernel_num_gb``, resul
 shipped model's ceiling (``bw_efficiency`` x copy bandwidth) plus ``ramp_us``: the prior. Alternatives printed
 beside it: the non-atomic time by the line fitted on BERT's non-atomic Triton kernels (1.85 us + bytes / 4381 GB/s,
 results/train-gap-2026-12-07-s14/README.md), and the word table's lanes only (the contended token-type adds free).
-Prints PRIOR figures derived from one measurement, never a fit.
+The table is zeroed before the adds (a kernel without loads). No fit row is store-only either; Inductor's zero fill
+of the same 98.3 MB table, ``triton_poi_fused_18``, measured 21.9 us (and its 3.1 MB one, ``triton_poi_fused_20``,
+1.4 us): ``store_bw_factor = bytes / (measured - ramp_us) / copy bandwidth`` of the large one, the small one
+predicted with it as a check. Prints PRIOR figures derived from measurements, never a fit.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ sys.path.insert(0, str(REPO))
 TRACE = REPO / "results" / "h200-2026-12-04-models" / "logs" / "time_run3.log"
 INDUCTOR = REPO / "results" / "train-gap-2026-12-07-s14" / "inductor_bert_train.json"
 KERNEL = "triton_per_fused_19"                         # Inductor's name in the generated wrapper
+FILLS = ("triton_poi_fused_18", "triton_poi_fused_20")   # its zero fills of the word / position tables
 TRACE_NAME = "triton_per_fused_add_embedding_dense_backward_ex"   # its name in the CUPTI trace (truncated)
 ROWS, WIDTH, TABLES, VEC = 4096, 768, 2, 4            # BERT's tokens, hidden; word + token-type tables; float4 adds
 INDUCTOR_LINE = (1.85, 4381.0)                        # us, GB/s: BERT's non-atomic Triton kernels (train-gap s14)
@@ -57,6 +61,12 @@ def kernel_bytes(path: Path = INDUCTOR) -> int:
     return int(hit["bytes"])
 
 
+def store_only(path: Path = INDUCTOR) -> list[tuple[str, int, float]]:
+    """(kernel, bytes, MEASURED us) of Inductor's zero fills of the tables (store-only kernels: ops ``full``)."""
+    launches = {a["kernel"]: a for a in json.loads(path.read_text())["launches"]}
+    return [(k, int(launches[k]["bytes"]), float(launches[k]["measured_us"])) for k in FILLS]
+
+
 def derive() -> dict[str, Any]:
     """The prior and its alternatives (module docstring); times in us, coefficients in ns per lane."""
     from stitchtune.cost.fitted import package_coefficients
@@ -70,7 +80,12 @@ def derive() -> dict[str, Any]:
     ours = b / ceiling / 1000.0 + c.ramp_us
     line = INDUCTOR_LINE[0] + b / INDUCTOR_LINE[1] / 1000.0
     ns = lambda rest, n: (t - rest) / n * 1000.0  # noqa: E731
-    return {"measured_us": t, "bytes": b, "lanes": lanes, "non_atomic_us": round(ours, 2),
+    copy = device.effective_copy_bandwidth_gbs()
+    (big, big_b, big_t), (small, small_b, small_t) = store_only()
+    factor = round(big_b / (big_t - c.ramp_us) / 1000.0 / copy, 2)
+    fills = {"store_bw_factor": factor, "shipped_store_bw_factor": c.store_bw_factor, "from": [big, big_b, big_t],
+             "check": [small, small_b, small_t, round(c.ramp_us + small_b / (factor * copy) / 1000.0, 2)]}
+    return {"measured_us": t, "bytes": b, "lanes": lanes, "non_atomic_us": round(ours, 2), "zero_fill": fills,
             "prior_ns": round(ns(ours, lanes), 3),
             "alternatives": {"inductor_line": round(ns(line, lanes), 3), "word_table_only": round(ns(ours, lanes // 2), 3)},
             "shipped_ns": c.atomic_ns}
@@ -88,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
           f"REDG lanes; non-atomic at the fitted ceiling + ramp {d['non_atomic_us']} us (PREDICTED)")
     print(f"prior atomic_ns = {d['prior_ns']} ns per lane (shipped {d['shipped_ns']}); alternatives: "
           + ", ".join(f"{k} {v}" for k, v in d["alternatives"].items()))
+    z = d["zero_fill"]
+    print(f"zero fill {z['from'][0]}: {z['from'][1] / 1e6:.1f} MB in {z['from'][2]} us MEASURED -> prior store_bw_factor "
+          f"= {z['store_bw_factor']} x copy (shipped {z['shipped_store_bw_factor']}); check {z['check'][0]}: "
+          f"{z['check'][1] / 1e6:.1f} MB, {z['check'][2]} us MEASURED vs {z['check'][3]} us PREDICTED")
     return 0
 
 

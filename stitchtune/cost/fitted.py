@@ -24,7 +24,11 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
   ``inflight_reg_share`` of the thread's registers (4 bytes each: a load in flight needs its
   destination registers); the bandwidth is a smooth minimum of ``bw_efficiency`` x copy bandwidth and
   that over the loaded latency (Little's law; a kernel without global loads, no bytes in flight walked or compiled
-  and no load round, is not latency-bound: its stores are issued without waiting, so it streams at the ceiling).
+  and no load round, is not latency-bound: its stores are issued without waiting, so it streams at
+  ``store_bw_factor`` x copy bandwidth, a **prior, not fitted** (no fit row is store-only): 1.13, from Inductor's
+  MEASURED zero fill of a 98.3 MB table on the H200, 21.9 us (BERT training, ``triton_poi_fused_18``: 98.3 MB /
+  (21.9 us - ``ramp_us``) = 4.66 TB/s; its 3.1 MB fill, 1.4 us measured, is predicted 1.5; ``scripts/atomics_prior.py``);
+  0: at the ceiling, ``bw_efficiency`` x copy bandwidth, as before).
   Two optional terms (0 = off, as shipped: results/cost-fit-2026-12-07-s14/): the bytes in flight of all SMs are at
   most ``min(grid, SMs) x sm_inflight_kib`` (the memory parallelism of the SMs a grid keeps busy: miss queues), and
   the latency they wait is ``dram_latency_ns x (1 + loaded_latency x bw / copy bandwidth)`` (queueing as the
@@ -137,6 +141,8 @@ class Coefficients:
     sm_inflight_kib: float = 0.0     # most bytes in flight one SM's memory pipeline holds, KiB (0: no such limit)
     loaded_latency: float = 0.0      # DRAM latency's rise with the bandwidth drawn: x (1 + this x bw / copy) (0: off)
     reuse_tasks: float = 0.0         # 1: the reuse window in waves of tasks (x task_trips), 0: of blocks (as shipped)
+    store_bw_factor: float = 1.13    # a kernel without loads (a zero fill) streams at this x copy bandwidth: a PRIOR
+    #                                  (module docstring, **memory**; 0: at the ceiling, bw_efficiency, as before)
     source: str = "defaults"
     provenance: Mapping[str, Any] = field(default_factory=dict)
 
@@ -277,9 +283,11 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
     # Little's law; with loaded_latency a, latency L0 x (1 + a x bw / copy): bw = 2B / (L0 + sqrt(L0^2 + 4 a L0 B / copy))
     lat = c.dram_latency_ns
     little = 2.0 * inflight / (lat + np.sqrt(lat * lat + 4.0 * c.loaded_latency * lat * inflight / copy))
-    # a kernel that loads nothing (a zero fill) waits on no round trip: its stores stream at the ceiling
-    little = np.where((walked <= 0) & (np.asarray(f.load_rounds, dtype=float) <= 0), np.inf, little)
-    cap = c.bw_efficiency * copy
+    # a kernel that loads nothing (a zero fill) waits on no round trip: its stores stream at the measured rate of
+    # stores alone (store_bw_factor, a prior), or at the ceiling with store_bw_factor 0
+    store_only = (walked <= 0) & (np.asarray(f.load_rounds, dtype=float) <= 0)
+    little = np.where(store_only, np.inf, little)
+    cap = np.where(store_only & (c.store_bw_factor > 0), c.store_bw_factor * copy, c.bw_efficiency * copy)
     bw = (cap ** -_SMOOTH_P + np.maximum(little, 1e-12) ** -_SMOOTH_P) ** (-1.0 / _SMOOTH_P)   # smooth minimum
     dram = unique + np.maximum(0.0, f.sector_bytes - unique) * (1.0 - hit)
     memory = np.maximum(np.maximum(dram / bw, f.sector_bytes / (c.l2_bw_factor * copy)),
