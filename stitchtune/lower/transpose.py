@@ -10,10 +10,11 @@ task, two phases separated by a block barrier:
    adjacent columns; a warp covers 32 columns x ``vec`` rows of the tile (``32 / vec`` lanes per row:
    every global row segment a whole number of sectors). The transposed outputs go to their tile
    ``tp<j>[t][c]`` in shared memory, every other output is stored at once through its map. An input
-   whose address does not depend on ``t`` (:meth:`~stitchtune.plan.transpose.TransposeTile.fixed_along`:
-   a linear layer's bias added before a head split) is loaded once per tile, before the passes, where a
-   lane reads the same columns in every pass (the block's warps a multiple of ``E / 32``;
-   :meth:`TransposeLowerer.tile_inputs`): BERT's K^T copy with its bias loaded the bias in each of its 4
+   or computed tensor whose address does not depend on ``t``
+   (:meth:`~stitchtune.plan.transpose.TransposeTile.fixed_along`: a linear layer's bias added before a
+   head split, or its slices) is loaded or computed once per tile, before the passes, where a lane reads
+   the same columns in every pass (the block's warps a multiple of ``E / 32``;
+   :meth:`TransposeLowerer.tile_fixed`): BERT's K^T copy with its bias loaded the bias in each of its 4
    passes, 56 registers (4 blocks per SM, 1.45 waves, sm_90), once per tile 40 (6 blocks, 0.97 waves).
 2. **store** (coalesced along ``t``): a warp covers 32 positions ``t`` x ``sv`` columns; each lane
    reads ``sv`` consecutive ``t`` of one column from the tile and stores them with one vector store:
@@ -35,6 +36,7 @@ every round, before the next task's tile is written. The grid, rounds and ``task
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -131,16 +133,16 @@ class TransposeLowerer(Lowerer):
         grid = self.grid_for(tasks, self.s.block, smem, est, 1, False)
         return (LaunchShape("st_k0", self.s.block, smem, est, grid, False, 1),)
 
-    def tile_inputs(self) -> tuple[str, ...]:
-        """The inputs loaded once per tile, before the load phase's passes (module docstring): every
-        input with one value per column of the tile (:meth:`~stitchtune.plan.transpose.TransposeTile.fixed_along`)
-        where a lane reads the same columns in every pass (the block's warps a multiple of the tile's
-        ``E / 32`` column slots) and there is more than one pass; () otherwise."""
+    def tile_fixed(self) -> frozenset[str]:
+        """The tensors loaded or computed once per tile, before the load phase's passes (module
+        docstring): every input or node with one value per column of the tile (its index map
+        :meth:`~stitchtune.plan.transpose.TransposeTile.fixed_along` the transposed axis: a bias, a slice
+        of one) where a lane reads the same columns in every pass (the block's warps a multiple of the
+        tile's ``E / 32`` column slots) and there is more than one pass; empty otherwise."""
         warps, wide = self.s.block // 32, self.edge // 32
         if self.passes <= 1 or warps % wide:
-            return ()
-        return tuple(n for n in self.p.input_names
-                     if n in self.in_buf and self.tile.fixed_along(self.p.imap(n)))
+            return frozenset()
+        return frozenset(n for n, m in self.p.index_maps if n not in self.g.outputs and self.tile.fixed_along(m))
 
     def store_vec(self, name: str) -> int:
         """The width of the store phase's global stores to output ``name``: ``vec`` where ``vec``
@@ -216,8 +218,6 @@ class _TransposeKernel:
         self.lane, self.warp = cx.var("lane", I32), cx.var("warp", I32)
         self.rd, self.tv = cx.var("rd", I32), cx.var("tv", kir.BOOL)
         self.hi, self.lo, self.t0, self.c0 = (cx.var(n, I32) for n in ("hi", "lo", "t0", "c0"))
-        #: this lane's first tile column in every pass (:meth:`load_once`; set by its first call)
-        self.c_once: Var = self.c0
 
     def t_inside(self, t: kir.Expr) -> kir.Expr | None:
         """``t < dim``, or None where the tiles divide the axis (``dim % E == 0``: always true)."""
@@ -272,33 +272,56 @@ class _TransposeKernel:
         ts, cs = self.slot_exprs(p, load, vec)
         return t, c, [Assign(t, ts), Assign(c, cs)]
 
+    def sweep(self, body: list[kir.Stmt], row: kir.Expr, c: kir.Expr, pred: kir.Expr | None,
+              hoisted: Callable[[str], list[kir.Expr] | None]) -> SweepValues:
+        """The element-wise values at view row ``row``, columns ``c .. c + vec - 1``: their loads (guarded
+        by ``pred``) and computations appended to ``body`` when first asked; ``hoisted(name)``: the values
+        of a tensor computed elsewhere, or None."""
+        low, cx = self.low, self.cx
+
+        def load_input(name: str) -> list[kir.Expr]:
+            self.uses["in"].add(low.in_buf[name])
+            return low.mapped_load(cx, body, name, low.row_base(name, row), c, pred, f"x{low.tid_of[name]}_")
+
+        def nothing(j: int) -> kir.Expr:
+            raise AssertionError("no reuse cache in a tiled transpose")
+
+        sv = SweepValues(low, cx, body, low.s.vec, set(), hoisted, load_input, nothing, nothing)
+        if any(OPS[nd.op].kind == "slice" for nd in low.g.nodes):   # (plan.transpose admits slices only)
+            sv.index_value = self.remap_values(body, row, c, pred, sv).node_value
+        return sv
+
+    def once_sweep(self, pre: list[kir.Stmt]) -> SweepValues:
+        """The sweep of the tensors computed once per tile (:meth:`TransposeLowerer.tile_fixed`), into
+        ``pre`` (the statements before the load phase's passes): at the columns this lane reads in every
+        pass (the first pass's) and the tile's first row (their addresses do not depend on ``t``); lanes
+        whose columns lie beyond ``N`` or whose task is past the last load nothing, as in every pass."""
+        c_once = self.cx.var("cl", I32)
+        pre.append(Assign(c_once, self.slot_exprs(I(0), load=True, vec=self.low.s.vec)[1]))
+        c = add(self.c0, c_once)
+        return self.sweep(pre, self.row_of(I(0)), c, and_(self.tv, self.c_inside(c)), lambda n: None)
+
     def load_phase(self) -> list[kir.Stmt]:
-        """Load, compute and write the tile (and store the untransposed outputs): the loads of the
-        tile's per-column inputs (:meth:`TransposeLowerer.tile_inputs`, once per tile), then the passes."""
+        """Load, compute and write the tile (and store the untransposed outputs): the tensors computed
+        once per tile (:meth:`TransposeLowerer.tile_fixed`, :meth:`once_sweep`), then the passes."""
         low, cx, vec = self.low, self.cx, self.low.s.vec
         p = cx.var("pa", I32)
         tl, cl, body = self.slot(p, load=True, vec=vec)
         t, c = add(self.t0, tl), add(self.c0, cl)
         pred = and_(self.tv, and_(self.t_inside(t), self.c_inside(c)))
         row = self.row_of(self.clamped(t))
-        once = low.tile_inputs()
-        pre: list[kir.Stmt] = []                  # the loads of ``once`` (:meth:`load_once`)
-        fixed: dict[str, list[kir.Expr]] = {}     # their values
+        fixed = low.tile_fixed()
+        pre: list[kir.Stmt] = []        # the statements of the once-per-tile sweep
+        once: list[SweepValues] = []    # that sweep, made when first asked
 
-        def load_input(name: str) -> list[kir.Expr]:
-            self.uses["in"].add(low.in_buf[name])
-            if name not in once:
-                return low.mapped_load(cx, body, name, low.row_base(name, row), c, pred, f"x{low.tid_of[name]}_")
+        def hoisted(name: str) -> list[kir.Expr] | None:
             if name not in fixed:
-                fixed[name] = self.load_once(pre, name)
-            return fixed[name]
+                return None
+            if not once:
+                once.append(self.once_sweep(pre))
+            return once[0].value(name)
 
-        def nothing(j: int) -> kir.Expr:
-            raise AssertionError("no reuse cache in a tiled transpose")
-
-        sv = SweepValues(low, cx, body, vec, set(), lambda n: None, load_input, nothing, nothing)
-        if any(OPS[nd.op].kind == "slice" for nd in low.g.nodes):   # (plan.transpose admits slices only)
-            sv.index_value = self.remap_values(body, row, c, pred, sv).node_value
+        sv = self.sweep(body, row, c, pred, hoisted)
         for name in dict.fromkeys(low.g.outputs):
             vals = sv.value(name)
             if name in low.tile.outputs:
@@ -309,20 +332,6 @@ class _TransposeKernel:
                 self.uses["out"].add(low.out_buf[name])
                 low.mapped_store(body, name, low.row_base(name, row), c, vals, low.once_pred(name, row, pred))
         return [*pre, kir.For(p, I(0), I(self.passes), 1, tuple(body), unroll=True)]
-
-    def load_once(self, pre: list[kir.Stmt], name: str) -> list[kir.Expr]:
-        """Append to ``pre`` (the statements before the load phase's passes) the load of tile input
-        ``name`` (:meth:`TransposeLowerer.tile_inputs`) at the columns this lane reads in every pass
-        (the first pass's, computed into ``pre`` when it is still empty) and return its ``vec`` values.
-        The row is the tile's first (the input's address does not depend on ``t``); lanes whose
-        columns lie beyond ``N`` or whose task is past the last load nothing (as in every pass)."""
-        low = self.low
-        if not pre:
-            self.c_once = self.cx.var("cl", I32)
-            pre.append(Assign(self.c_once, self.slot_exprs(I(0), load=True, vec=low.s.vec)[1]))
-        c = add(self.c0, self.c_once)
-        return low.mapped_load(self.cx, pre, name, low.row_base(name, self.row_of(I(0))), c,
-                               and_(self.tv, self.c_inside(c)), f"x{low.tid_of[name]}_")
 
     def remap_values(self, body: list[kir.Stmt], row: kir.Expr, c: kir.Expr, pred: kir.Expr | None,
                      sv: SweepValues) -> RemapValues:

@@ -1,5 +1,5 @@
-"""Inputs of a tiled transpose read once per tile (lower/transpose.py, ``TransposeLowerer.tile_inputs``):
-an input whose address does not depend on the tile's transposed axis ``t`` (a linear layer's bias added
+"""Tensors of a tiled transpose read once per tile (lower/transpose.py, ``TransposeLowerer.tile_fixed``):
+an input or node whose address does not depend on the tile's transposed axis ``t`` (a linear layer's bias added
 before a head split: BERT's K^T copy since the backend turns ``addmm`` into ``mm`` + a bias add) is
 loaded before the load phase's passes, not once per pass; guards only where a tile is ragged. The
 plan's rule (:meth:`~stitchtune.plan.transpose.TransposeTile.fixed_along`), the kernel's loads, its
@@ -96,10 +96,35 @@ def test_a_lane_reads_the_same_columns_in_every_pass_or_the_input_stays_in_the_p
                             split=1, tasks_per_block=2, min_blocks=0)
     assert not space.violations(s)
     low = TransposeLowerer(g, plan, s, DEV)
-    assert low.tile_inputs() == (("b",) if hoisted else ())
+    assert low.tile_fixed() == ({"b"} if hoisted else set())
     prog = lower(g, plan, s, DEV, space)
     bias = next(b.name for b in prog.buffers if b.tensor == "b")
     assert (_loads(_pass_loops(prog.kernels[0].body)[0].body, bias) == 0) == hoisted
     inputs = random_inputs(g, 5)
     out = emulate_program(prog, inputs, coresident_limit=lambda k: 1 << 30)
     assert rel_err(out["t"], run_reference(g, inputs)["t"]) < 1e-6
+
+
+def test_slices_of_the_bias_are_computed_once_per_tile_in_gpt2s_qkv_split() -> None:
+    """GPT-2's training q / k / v region with the bias added after the slices (k transposed): the three bias
+    slices (row-broadcast maps) are loaded before the passes, the projection in every pass (the GPU script's
+    shapes, heuristic schedule; a ragged S = 40 at a 64-wide tile, emulated equal to the float64 reference)."""
+    from test_transpose import _qkv_bias
+
+    for g, small in ((_qkv_bias(8, 512, 12, 64), False), (_qkv_bias(2, 40, 2, 32), True)):
+        plan = make_plan(g)
+        space = SearchSpace.for_plan(plan, DEV)
+        s = heuristic_schedule(plan, DEV, space)
+        if small:
+            s = dataclasses.replace(s, transpose=64, vec=4, block=256, tpr=256, split=1, tasks_per_block=1)
+        assert s.option(TRANSPOSE) == 64 and not space.violations(s)
+        assert {"b0", "b1", "b2"} <= TransposeLowerer(g, plan, s, DEV).tile_fixed()
+        prog = lower(g, plan, s, DEV, space)
+        bias, x = (next(b.name for b in prog.buffers if b.tensor == n) for n in ("b", "qkv"))
+        passes = _pass_loops(prog.kernels[0].body)[0]
+        assert _loads(prog.kernels[0].body, bias) == 3 and _loads(passes.body, bias) == 0
+        assert _loads(passes.body, x) == 3
+        if small:
+            inputs = random_inputs(g, 2)
+            out, ref = emulate_program(prog, inputs), run_reference(g, inputs)
+            assert all(rel_err(out[o], ref[o]) < 1e-6 for o in ref)
