@@ -94,7 +94,7 @@ class SearchSpace(SpaceRules):
         self.domains: dict[str, list[Any]] = {k: list(v["choices"]) for k, v in p.items()}
         #: legal values a search never draws (a heuristic's or a user's): asked under their own parameter name
         self.undrawn: dict[str, list[Any]] = {k: list(v["undrawn"]) for k, v in p.items() if v.get("undrawn")}
-        params_as_of(data, "0")   # refuses 'before' entries that are malformed or change the legal values
+        params_as_of(data, "0")   # refuses malformed 'before' entries
         if "scheme_rules" in data:
             raise StitchtuneError("search space file: 'scheme_rules' is not read any more; a scheme's legality "
                                   "is declared with the scheme (stitchtune.space.schemes)")
