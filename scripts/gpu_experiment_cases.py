@@ -152,6 +152,20 @@ def bert_head_merge_colsum(B: int = 8, H: int = 12, D: int = 64, S: int = 512) -
     return _parse({"name": "bert_view_59", "inputs": {"x": _f32([B * H, D, S])}, "nodes": nodes, "outputs": ["m", "s"]})
 
 
+def bert_gelu_backward_colsum(m: int = 4096, n: int = 3072) -> Any:
+    """BERT's training ``view_47``: ``dx = dy * gelu'(x)`` (erf form) and its column sum ``sum(dx, 0)``."""
+    nodes = [
+        {"id": "x1", "op": "mul", "args": ["x", 0.7071067811865476]}, {"id": "e", "op": "erf", "args": ["x1"]},
+        {"id": "e1", "op": "add", "args": ["e", 1.0]}, {"id": "cdf", "op": "mul", "args": ["e1", 0.5]},
+        {"id": "x2", "op": "mul", "args": ["x", "x"]}, {"id": "x3", "op": "mul", "args": ["x2", -0.5]},
+        {"id": "p", "op": "exp", "args": ["x3"]}, {"id": "p1", "op": "mul", "args": ["p", 0.3989422804014327]},
+        {"id": "xp", "op": "mul", "args": ["x", "p1"]}, {"id": "g", "op": "add", "args": ["cdf", "xp"]},
+        {"id": "dx", "op": "mul", "args": ["dy", "g"]},
+        {"id": "s", "op": "reduce_sum", "args": ["dx"], "axes": [0], "keepdims": True}]
+    return _parse({"name": "bert_view_47", "inputs": {"dy": _f32([m, n]), "x": _f32([m, n])}, "nodes": nodes,
+                   "outputs": ["dx", "s"]})
+
+
 LATENCY_SCHEDULE = {"tpr": LATENCY_BLOCK, "block": LATENCY_BLOCK, "split": 1, "vec": 4, "tasks_per_block": 1,
                     "min_blocks": 0, "schemes": ["regional"], "reuse": []}
 
@@ -201,6 +215,8 @@ def _ab_cases() -> list[Case]:
     ln = lambda small: bert_ln_backward(2, 8, 64) if small else bert_ln_backward()  # noqa: E731
     hm = lambda small: bert_head_merge_colsum(2, 4, 16, 64) if small else bert_head_merge_colsum()  # noqa: E731
     hm_small = (("tpr", 8), ("split", 2), ("block", 64))
+    gelu = lambda small: bert_gelu_backward_colsum(256, 384) if small else bert_gelu_backward_colsum()  # noqa: E731
+    inflight = {"question": "bytes in flight above Little's law", "region": "bert view_47"}
     return [
         Case("ab", "gpt2-view_82/heuristic", gpt2, params={"question": "rule 5e", "region": "gpt2 view_82"}),
         Case("ab", "gpt2-view_82/tpb1", gpt2, tpb1, params={"question": "rule 5e", "region": "gpt2 view_82"}),
@@ -220,6 +236,10 @@ def _ab_cases() -> list[Case]:
              params={"question": "row vectors", "region": "bert view_59"}),
         Case("ab", "bert-view_59/rv0", hm, (("row_vectors", False),), small_changes=hm_small + (("row_vectors", False),),
              params={"question": "row vectors", "region": "bert view_59"}),
+        # codegen 6, sm_90: min_blocks 3 (the pin) 80 registers, 96 B in flight per thread; 4: 64 B; 0: 40 registers, 32 B
+        Case("ab", "bert-view_47/heuristic", gelu, params=inflight),
+        Case("ab", "bert-view_47/mb4", gelu, (("min_blocks", 4),), params=inflight),
+        Case("ab", "bert-view_47/mb0", gelu, (("min_blocks", 0),), params=inflight),
     ]
 
 

@@ -63,15 +63,17 @@ from stitchtune.space import Schedule, SearchSpace
 #: the option lowers to the row-by-row sweep of versions 1 and 2 where version 3 took row vectors. "5"
 #: (2026-12-07, later): a guarded vector load in a loop whose destinations are not zeroed just before loads
 #: into fresh temporaries (``gpu.render``'s docstring), so that nvcc no longer serialises it behind the previous
-#: load (the column combine after a grid barrier; colsum_sigmoid_scale, k_transpose).
-CODEGEN_VERSION = "5"
+#: load (the column combine after a grid barrier; colsum_sigmoid_scale, k_transpose). "6" (2026-12-07, later): a
+#: column sweep has no per-row ``r < ke`` guard where every chunk is whole and the sweep covers it exactly
+#: (``lower.guarded_loads.rows_always_valid``): ptxas keeps more rows' loads in flight under a register cap.
+CODEGEN_VERSION = "6"
 
 #: Earlier code generator versions whose tuning records stay usable (``deploy.selection``): their schedule
 #: is still a point of the space, so it is re-validated (legality, lowering, the cost model's hard limits)
 #: like any record, ranked after every record of today's version, and the choice's reason says that its
 #: time was recorded for the earlier kernel. A compiled manifest of another version is refused
 #: (``deploy.manifest_io``: recompile it). Empty it to ignore old records instead.
-COMPATIBLE_CODEGEN_VERSIONS: tuple[str, ...] = ("4", "3", "2", "1")
+COMPATIBLE_CODEGEN_VERSIONS: tuple[str, ...] = ("5", "4", "3", "2", "1")
 
 __all__ = ["CODEGEN_VERSION", "COMPATIBLE_CODEGEN_VERSIONS", "estimate_registers", "kern_barriers", "lower", "scratch_loads_per_thread"]
 
