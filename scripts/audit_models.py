@@ -61,8 +61,9 @@ def _l2_regions(audits: list[Any], calls: tuple[str, ...], device: Any) -> str:
     c, params = coefficients_for(device), l2_params(device)
     out = ["", "## Fitted times with the L2 estimate, per region (PREDICTED)", "",
            f"Each occurrence's input bytes still in the L2 when it starts (stitchtune/analysis/l2_residency.py: "
-           f"{params.policy} replacement, keep {params.keep} x the L2) read from it (stitchtune/analysis/l2_credit.py; "
-           "results/l2-2026-12-07-s14/).", "",
+           f"{params.policy} replacement, keep {params.keep} x the L2, GEMMs: {params.gemm}, "
+           "stitchtune/analysis/gemm_traffic.py) read from it (stitchtune/analysis/l2_credit.py; "
+           "results/l2-2026-12-07-s15/).", "",
            "| region | call | occurs | saved MB per occurrence | fitted us (all occurrences) | fitted, L2 us |",
            "|---|---|---|---|---|---|"]
     for call in calls:
@@ -160,10 +161,11 @@ def main(argv: list[str] | None = None) -> int:
                "these grids are predicted at.", "",
                "`L2` (PREDICTED with the L2 estimate): the same two sums with each region occurrence's input bytes "
                "still in the L2 when it starts (an LRU / random-replacement simulation of the L2 over the FX graph, "
-               "every op's reads and writes, stitchtune/analysis/l2_residency.py) read from the L2 instead of DRAM: "
+               "every op's reads and writes, a GEMM wave by wave of output tiles with its operands read evict-first, "
+               "stitchtune/analysis/l2_residency.py, gemm_traffic.py) read from the L2 instead of DRAM: "
                "those bytes off at the fitted ceiling, never below the launch's bytes at the L2 streaming rate "
                "(stitchtune/analysis/l2_credit.py; parameters chosen and checked held out on BERT's in-model kernel "
-               "times, results/l2-2026-12-07-s14/).", "",
+               "times, results/l2-2026-12-07-s14/, s15/).", "",
                "| model | call | workloads | regions | floor-ready kernels | floor us | pred us | fitted us "
                "| fitted ideal us | fitted, L2 us | fitted ideal, L2 us | Inductor MEASURED us (fitted, L2 vs it) "
                "| worst sectors | kernels with dead smem | kernels with division slow path |",

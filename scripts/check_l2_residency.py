@@ -1,6 +1,6 @@
 """The L2 estimate checked on every committed in-model kernel time (H200), and its two parameters fitted held out.
 
-    python scripts/check_l2_residency.py [--out results/l2-2026-12-07-s14]
+    python scripts/check_l2_residency.py [--out results/l2-2026-12-07-s15] [--totals AUDIT_DIR]
 
 Measured (results/h200-2026-12-04-models, nothing measured anew; every other time is PREDICTED):
 
@@ -30,6 +30,7 @@ kernels). Writes ``<out>/check.md`` (also printed) and ``<out>/check.json``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -45,8 +46,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 from fit_ceiling import TRACE_MATCH  # noqa: E402
 from fit_cost_model import _capture, ir_only  # noqa: E402
 
-from stitchtune.analysis.l2_credit import L2Params, credited_us, l2_params  # noqa: E402
-from stitchtune.analysis.l2_residency import ACCOUNTINGS, POLICIES, simulate  # noqa: E402
+from stitchtune.analysis.l2_credit import L2Params, credited_us, l2_params, simulate_l2  # noqa: E402
+from stitchtune.analysis.l2_residency import ACCOUNTINGS, POLICIES  # noqa: E402
 from stitchtune.cost.fit_dataset import load_dataset, with_timing  # noqa: E402
 from stitchtune.cost.fitted import Coefficients, package_coefficients  # noqa: E402
 from stitchtune.cost.fitting import fit_coefficients, predict_rows  # noqa: E402
@@ -56,6 +57,12 @@ DATASET = "results/cost-fit-2026-12-07-s13-walk/dataset.json"
 RUN = REPO / "results/h200-2026-12-04-models"
 KEEPS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 STREAMS = (1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.5)
+
+
+def gemm_models(tile: int) -> tuple[tuple[int, bool], ...]:
+    """The GEMM traffic models tried (L2Params.gemm_tile, gemm_evict_first): one op / wave by wave of ``tile`` x
+    ``tile`` output tiles, operands entering the L2 or read evict-first."""
+    return ((0, False), (0, True), (tile, False), (tile, True))
 
 
 def _trace(variant: str, mode: str) -> list[tuple[str, float]]:
@@ -114,15 +121,21 @@ def group_c(b: list[dict[str, Any]], train: dict[str, Any]) -> list[dict[str, An
     return out
 
 
+def _sim_key(mode: str, p: L2Params) -> tuple[Any, ...]:
+    return (mode, p.policy, p.keep, p.gemm_tile, p.gemm_evict_first)
+
+
 def totals(audit_dir: Path, sets: dict[str, L2Params], dev: Any, c: Coefficients,
-           stream: frozenset[str]) -> list[str]:
+           changes: tuple[str, str] | None = None) -> list[str]:
     """Per model and call, the audit's fitted and fitted-ideal sums credited under each parameter set (PREDICTED),
-    beside Inductor's MEASURED kernel time: how much the verdict depends on the choice."""
+    beside Inductor's MEASURED kernel time: how much the verdict depends on the choice; with ``changes`` (two set
+    labels), the regions whose credited time moves most from the first to the second."""
     from audit_models import inductor_measured
 
     lines = ["", f"## Model totals under each parameter set (PREDICTED; fitted times from {audit_dir}/<model>.json)", "",
              "| model | call | fitted us | " + " | ".join(f"fitted, L2: {k}" for k in sets) + " | Inductor MEASURED us |",
              "|---|---|---|" + "---|" * len(sets) + "---|"]
+    notes: list[str] = []
     for model in ("bert", "gpt2", "llama"):
         path = audit_dir / f"{model}.json"
         if not path.exists():
@@ -133,18 +146,30 @@ def totals(audit_dir: Path, sets: dict[str, L2Params], dev: Any, c: Coefficients
             fitted = sum(audits[r.graph.workload_key()]["fitted_us"] or 0.0 for r in regions
                          if r.graph.workload_key() in audits)
             cells = []
-            for p in sets.values():
-                sim = simulate(regions, p.keep * dev.l2_bytes, p.policy, stream)
+            per: dict[str, dict[str, tuple[float, float]]] = {}   # set -> region -> (saved MB, credited us)
+            for label, p in sets.items():
+                sim = simulate_l2(regions, dev, p)
                 tot = 0.0
                 for r in regions:
                     a = audits.get(r.graph.workload_key())
                     if a is None or r.name not in sim:
                         continue
-                    tot += credited_us(a["fitted_us"] or 0.0, a["unique_bytes"], [sim[r.name].saved(p.accounting)], dev,
-                                       c, p)
+                    saved = sim[r.name].saved(p.accounting)
+                    t = credited_us(a["fitted_us"] or 0.0, a["unique_bytes"], [saved], dev, c, p)
+                    per.setdefault(label, {})[r.name] = (saved / 1e6, t)
+                    tot += t
                 cells.append(f"{tot:.0f}")
             ind = inductor_measured(model, call)
             lines.append(f"| {model} | {call} | {fitted:.0f} | " + " | ".join(cells) + f" | {ind:.0f} |")
+            if changes is not None and all(k in per for k in changes):
+                old, new = (per[k] for k in changes)
+                moved = sorted(old, key=lambda n: -abs(new[n][1] - old[n][1]))[:5]
+                notes.append(f"- {model} {call}: " + "; ".join(
+                    f"{n} {old[n][0]:.1f} -> {new[n][0]:.1f} MB, {old[n][1]:.1f} -> {new[n][1]:.1f} us"
+                    for n in moved if abs(new[n][1] - old[n][1]) >= 0.05) + ".")
+    if notes:
+        lines += ["", f"Regions whose credit moves most from {changes[0]} to {changes[1]} (saved MB per occurrence, "
+                  "credited us; PREDICTED):", "", *notes]
     return lines
 
 
@@ -162,7 +187,7 @@ def _score(qs: list[float]) -> tuple[float, float]:
 def predict(a: list[dict[str, Any]], b: list[dict[str, Any]], sims: dict[Any, Any], params: L2Params, dev: Any,
             c: Coefficients, held: Coefficients, col: str = "pre_us") -> tuple[list[float], list[float]]:
     """q per row of A and of B (``col``) with the L2 credit of ``params``."""
-    inf, train = sims[("inference", params.policy, params.keep)], sims[("train", params.policy, params.keep)]
+    inf, train = sims[_sim_key("inference", params)], sims[_sim_key("train", params)]
     qa = []
     for row in a:
         o = inf[row["region"]]
@@ -178,31 +203,38 @@ def predict(a: list[dict[str, Any]], b: list[dict[str, Any]], sims: dict[Any, An
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results/l2-2026-12-07-s14")
-    ap.add_argument("--streaming", default="", help="comma-separated FX ops whose reads do not enter the cache "
-                    "(e.g. mm,bmm,addmm: GEMM operands read evict-first); a variant, not the shipped estimate")
+    ap.add_argument("--out", default="results/l2-2026-12-07-s15")
     ap.add_argument("--totals", default="", help="an audit directory (scripts/audit_models.py --out) whose fitted "
                     "times to sum per model and call under each chosen parameter set")
+    ap.add_argument("--gemm-tile", type=int, default=128, help="the output tile (square) of the wave-by-wave GEMM "
+                    "models (default 128; the shipped one's); other sizes test how much the choice depends on it")
     args = ap.parse_args(argv)
+    GEMMS = gemm_models(args.gemm_tile)
     dev = get_device("h200")
     c = package_coefficients(dev)
     captured = {m: _capture("bert", m) for m in ("inference", "train")}
-    stream = frozenset(x for x in args.streaming.split(",") if x)
-    sims = {(m, pol, k): simulate(captured[m], k * dev.l2_bytes, pol, stream)
-            for m in captured for pol in POLICIES for k in KEEPS}
+    sims = {}
+    for m, pol, k, (tile, ef) in itertools.product(captured, POLICIES, KEEPS, GEMMS):
+        p = L2Params(pol, k, 1.0, gemm_tile=tile, gemm_evict_first=ef)
+        sims[_sim_key(m, p)] = simulate_l2(captured[m], dev, p)
     a = group_a(captured["inference"])
     b, held = group_b(captured["train"], dev)
     copy = dev.effective_copy_bandwidth_gbs()
-    ind = group_c(b, sims[("train", "lru", 1.0)])
+    ind = group_c(b, sims[("train", "lru", 1.0, 0, False)])
     floor = max(r["bytes"] / r["us"] / 1e3 for r in ind) / copy   # no kernel streams faster than the L2 lets it
-    grid = [L2Params(pol, k, s, acc) for pol, k, s, acc in itertools.product(POLICIES, KEEPS, STREAMS, ACCOUNTINGS)
+    grid = [L2Params(pol, k, s, acc, gemm_tile=tile, gemm_evict_first=ef)
+            for (tile, ef), pol, k, s, acc in itertools.product(GEMMS, POLICIES, KEEPS, STREAMS, ACCOUNTINGS)
             if s >= floor]
     scored = {p: predict(a, b, sims, p, dev, c, held) for p in grid}
-    pick = {
-        "A": max(grid, key=lambda p: (_score(scored[p][0])[0], -_score(scored[p][0])[1])),
-        "B": max(grid, key=lambda p: (_score(scored[p][1])[0], -_score(scored[p][1])[1])),
-        "A+B": max(grid, key=lambda p: (_score(scored[p][0] + scored[p][1])[0], -_score(scored[p][0] + scored[p][1])[1])),
-    }
+    def choose(among: list[L2Params]) -> dict[str, L2Params]:
+        return {
+            "A": max(among, key=lambda p: (_score(scored[p][0])[0], -_score(scored[p][0])[1])),
+            "B": max(among, key=lambda p: (_score(scored[p][1])[0], -_score(scored[p][1])[1])),
+            "A+B": max(among, key=lambda p: (_score(scored[p][0] + scored[p][1])[0],
+                                             -_score(scored[p][0] + scored[p][1])[1])),
+        }
+
+    pick = choose(grid)
     none_a = [_q(r["standalone_us"] - c.event_us, r["in_model_us"]) for r in a]
     none_b = [_q(r["pre_us"], r["in_model_us"]) for r in b]
     none_bp = [_q(r["post_us"], r["in_model_us"]) for r in b]
@@ -223,29 +255,46 @@ def main(argv: list[str] | None = None) -> int:
     for label, p in pick.items():
         qa, qb = scored[p]
         qbp = predict(a, b, sims, p, dev, c, held, "post_us")[1]
-        lines.append(f"| chosen on {label}: {p.policy}, keep {p.keep}, stream x{p.stream_factor}, {p.accounting} | {fmt(qa)} | "
-                     f"{fmt(qb)} | {fmt(qbp)} |")
+        lines.append(f"| chosen on {label}: {p.policy}, keep {p.keep}, stream x{p.stream_factor}, {p.accounting}, GEMMs "
+                     f"{p.gemm} | {fmt(qa)} | {fmt(qb)} | {fmt(qbp)} |")
     ship = pick["A+B"]
     bound = L2Params("lru", 0.6, 100.0)   # s13's upper bound, roughly: LRU at 0.6 x L2, no L2 streaming limit
     qa_u, qb_u = predict(a, b, sims, bound, dev, c, held)
     lines.append(f"| s13-like upper bound: lru, keep 0.6, no L2 streaming limit | {fmt(qa_u)} | {fmt(qb_u)} | "
                  f"{fmt(predict(a, b, sims, bound, dev, c, held, 'post_us')[1])} |")
-    lines += ["", "Held out: the choice on A scored on B, and the choice on B scored on A (rows above). For reference, "
-              "every policy at its best keep / stream on A+B:", ""]
+    lines += ["", "Held out: the choice on A scored on B, and the choice on B scored on A (rows above).", "",
+              "## Per GEMM traffic model (stitchtune/analysis/gemm_traffic.py): its own choices, held out both ways", "",
+              "C: Inductor's matched kernels (section C) whose DRAM bytes under the model's A+B choice stay within the "
+              "copy bandwidth.", "",
+              "| GEMMs | chosen on A | A / B held out | chosen on B | B / A held out | chosen on A+B | A / B | C |",
+              "|---|---|---|---|---|---|---|---|"]
+
+    def brief(p: L2Params) -> str:
+        return f"{p.policy} {p.keep} x{p.stream_factor} {p.accounting}"
+
+    for tile, ef in GEMMS:
+        own = choose([p for p in grid if (p.gemm_tile, p.gemm_evict_first) == (tile, ef)])
+        trained = sims[("train", own["A+B"].policy, own["A+B"].keep, tile, ef)]
+        n_c = sum((r["bytes"] - trained[r["region"]].saved(own["A+B"].accounting)) / r["us"] / 1e3 <= copy for r in ind)
+        (pa, pb, pab) = (own[k] for k in ("A", "B", "A+B"))
+        lines.append(f"| {pab.gemm} | {brief(pa)} | {fmt(scored[pa][0])} / **{fmt(scored[pa][1])}** | {brief(pb)} | "
+                     f"{fmt(scored[pb][1])} / **{fmt(scored[pb][0])}** | {brief(pab)} | {fmt(scored[pab][0])} / "
+                     f"{fmt(scored[pab][1])} | {n_c}/{len(ind)} |")
+    lines += ["", "For reference, every policy and accounting at its best keep / stream / GEMM model on A+B:", ""]
     for pol, acc in itertools.product(POLICIES, ACCOUNTINGS):
         best = max((p for p in grid if p.policy == pol and p.accounting == acc),
                    key=lambda p: (_score(scored[p][0] + scored[p][1])[0], -_score(scored[p][0] + scored[p][1])[1]))
-        lines.append(f"- {pol}, {acc}: keep {best.keep}, stream x{best.stream_factor}: A {fmt(scored[best][0])}, "
+        lines.append(f"- {pol}, {acc}: keep {best.keep}, stream x{best.stream_factor}, GEMMs {best.gemm}: A {fmt(scored[best][0])}, "
                      f"B {fmt(scored[best][1])}")
     shipped = l2_params(dev)
-    same = (shipped.policy, shipped.keep, shipped.stream_factor, shipped.accounting) == (
-        ship.policy, ship.keep, ship.stream_factor, ship.accounting)
+    same = dataclasses.replace(shipped, source="") == dataclasses.replace(ship, source="")
     lines += ["", f"Shipped (stitchtune/analysis/l2_credit.FITTED): {shipped.policy}, keep {shipped.keep}, stream "
-              f"x{shipped.stream_factor}, {shipped.accounting}: {'the choice on A+B' if same else 'NOT the choice on A+B'}."]
+              f"x{shipped.stream_factor}, {shipped.accounting}, GEMMs {shipped.gemm}: "
+              f"{'the choice on A+B' if same else 'NOT the choice on A+B'}."]
     qa, qb = scored[ship]
-    inf = sims[("inference", ship.policy, ship.keep)]
+    inf = sims[_sim_key("inference", ship)]
     lines += ["", f"## A. BERT inference: the same kernel standalone and in the model ({ship.policy}, keep {ship.keep}, "
-              f"stream x{ship.stream_factor}, {ship.accounting})", "",
+              f"stream x{ship.stream_factor}, {ship.accounting}, GEMMs {ship.gemm})", "",
               "| region | workload | MB | resident MB | write-back MB | saved MB | standalone MEASURED us | "
               "less event start | credited (PREDICTED) | in model MEASURED us | q no credit | q credited |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -255,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{o.resident / 1e6:.1f} | {o.writeback / 1e6:.1f} | {o.saved(ship.accounting) / 1e6:.1f} | "
                      f"{row['standalone_us']:.2f} | {row['standalone_us'] - c.event_us:.2f} | "
                      f"{q * row['in_model_us']:.2f} | {row['in_model_us']:.1f} | {q0:.2f} | {q:.2f} |")
-    train = sims[("train", ship.policy, ship.keep)]
+    train = sims[_sim_key("train", ship)]
     lines += ["", "## B. BERT training, our kernels: fitted (held out) vs fitted with the L2 vs MEASURED", "",
               "| launch | MB | resident MB | write-back MB | saved MB | fitted pre-build us | credited | "
               "MEASURED us | q fitted | q credited |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -282,8 +331,10 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['bytes'] / r['us'] / 1e3:.0f} | {saved / 1e6:.1f} | {dram / 1e6:.1f} | "
                      f"{dram / r['us'] / 1e3:.0f} | {'yes' if ok else 'NO'} |")
     if args.totals:
-        lines += totals(Path(args.totals), {**{f"chosen on {k}": p for k, p in pick.items()}, "s13-like bound": bound},
-                        dev, c, stream)
+        s14 = L2Params("random", 0.4, 1.1, "reads")   # shipped before the GEMM traffic model (results/l2-2026-12-07-s14)
+        lines += totals(Path(args.totals), {**{f"chosen on {k}": p for k, p in pick.items()}, "s14 (GEMMs whole)": s14,
+                                            "s13-like bound": bound},
+                        dev, c, ("s14 (GEMMs whole)", "chosen on A+B"))
     text = "\n".join(lines) + "\n"
     print(text)
     out = REPO / args.out

@@ -166,6 +166,35 @@ def bert_gelu_backward_colsum(m: int = 4096, n: int = 3072) -> Any:
                    "outputs": ["dx", "s"]})
 
 
+def llama_rotary_backward(B: int = 8, KV: int = 4, S: int = 512, D: int = 64) -> Any:
+    """Llama's training ``view_68``: the rotary gradient of k, its 4 query-head groups summed, read from
+    ``in0 [B*4*KV, D, S]`` (transposed), rotate_half's two column shifts, stored ``[B, S, KV, D]``."""
+    h = D // 2
+    nodes: list[dict[str, Any]] = [
+        {"id": "v68", "op": "reshape", "args": ["in0"], "shape": [B, 4 * KV, D, S]},
+        {"id": "p45", "op": "transpose", "args": ["v68"], "perm": [0, 1, 3, 2]},
+        {"id": "v71", "op": "reshape", "args": ["p45"], "shape": [B, KV, 4, S, D]}]
+    for i in range(4):
+        nodes += [{"id": f"s{i}", "op": "slice", "args": ["v71"], "axis": 2, "start": i, "stop": i + 1},
+                  {"id": f"s{i}v", "op": "reshape", "args": [f"s{i}"], "shape": [B, KV, S, D]}]
+    nodes += [
+        {"id": "a0", "op": "add", "args": ["s0v", "s1v"]}, {"id": "a1", "op": "add", "args": ["a0", "s2v"]},
+        {"id": "a2", "op": "add", "args": ["a1", "s3v"]}, {"id": "m48", "op": "mul", "args": ["a2", "in1"]},
+        {"id": "x1", "op": "slice", "args": ["m48"], "axis": 3, "start": 0, "stop": h},
+        {"id": "x2", "op": "slice", "args": ["m48"], "axis": 3, "start": h, "stop": D},
+        {"id": "n", "op": "neg", "args": ["x1"]},
+        {"id": "g0", "op": "slice", "args": ["in2"], "axis": 3, "start": 0, "stop": h},
+        {"id": "ss", "op": "concat", "args": ["g0", "n"], "axis": 3},
+        {"id": "t1", "op": "slice", "args": ["in2"], "axis": 3, "start": h, "stop": D},
+        {"id": "ss1", "op": "concat", "args": ["x2", "t1"], "axis": 3},
+        {"id": "a23", "op": "add", "args": ["ss", "ss1"]}, {"id": "m49", "op": "mul", "args": ["a2", "in3"]},
+        {"id": "a24", "op": "add", "args": ["a23", "m49"]},
+        {"id": "out", "op": "transpose", "args": ["a24"], "perm": [0, 2, 1, 3]}]
+    shapes = {"in0": [B * 4 * KV, D, S], "in1": [1, 1, S, D], "in2": [B, KV, S, D], "in3": [1, 1, S, D]}
+    return _parse({"name": "llama_view_68", "inputs": {k: _f32(v) for k, v in shapes.items()}, "nodes": nodes,
+                   "outputs": ["out"]})
+
+
 LATENCY_SCHEDULE = {"tpr": LATENCY_BLOCK, "block": LATENCY_BLOCK, "split": 1, "vec": 4, "tasks_per_block": 1,
                     "min_blocks": 0, "schemes": ["regional"], "reuse": []}
 
@@ -215,6 +244,8 @@ def _ab_cases() -> list[Case]:
     ln = lambda small: bert_ln_backward(2, 8, 64) if small else bert_ln_backward()  # noqa: E731
     hm = lambda small: bert_head_merge_colsum(2, 4, 16, 64) if small else bert_head_merge_colsum()  # noqa: E731
     hm_small = (("tpr", 8), ("split", 2), ("block", 64))
+    rot = lambda small: llama_rotary_backward(2, 2, 32, 16) if small else llama_rotary_backward()  # noqa: E731
+    rot_q = {"question": "row vectors, column shifts from other lanes", "region": "llama view_68"}
     gelu = lambda small: bert_gelu_backward_colsum(256, 384) if small else bert_gelu_backward_colsum()  # noqa: E731
     inflight = {"question": "bytes in flight above Little's law", "region": "bert view_47"}
     return [
@@ -236,7 +267,10 @@ def _ab_cases() -> list[Case]:
              params={"question": "row vectors", "region": "bert view_59"}),
         Case("ab", "bert-view_59/rv0", hm, (("row_vectors", False),), small_changes=hm_small + (("row_vectors", False),),
              params={"question": "row vectors", "region": "bert view_59"}),
-        # codegen 6, sm_90: min_blocks 3 (the pin) 80 registers, 96 B in flight per thread; 4: 64 B; 0: 40 registers, 32 B
+        # 28 LDG.128 + 32 SHFL, 88 registers (heuristic) vs 4 LDG.128 + 48 LDG.32, 78 registers (the earlier one)
+        Case("ab", "llama-view_68/heuristic", rot, params=rot_q),
+        Case("ab", "llama-view_68/rv0", rot, (("row_vectors", False), ("min_blocks", 2)), params=rot_q),
+        # codegen 7, sm_90: min_blocks 3 (the pin) 80 registers, 96 B in flight per thread; 4: 64 B; 0: 40 registers, 32 B
         Case("ab", "bert-view_47/heuristic", gelu, params=inflight),
         Case("ab", "bert-view_47/mb4", gelu, (("min_blocks", 4),), params=inflight),
         Case("ab", "bert-view_47/mb0", gelu, (("min_blocks", 0),), params=inflight),

@@ -13,8 +13,8 @@ measurement. Pure functions (tested on synthetic rows in tests/scripts/test_gpu_
   ``after_gemm`` points (a GEMM's output, dirty, as in a model step) by least squares over a 0.05 grid;
   ``stream_factor`` = the fastest protocol's unique bytes per us over the copy bandwidth; and ``evict_first``:
   the bytes still served after a GEMM whose operand is 2x the L2 over those served right after the first GEMM
-  (near 1: GEMM operands do not evict, the ``--streaming mm`` variant of results/l2-2026-12-07-s14; near 0: they
-  do). The suggested :class:`~stitchtune.analysis.l2_credit.L2Params` line for ``FITTED``.
+  (near 1: GEMM operands do not evict, ``L2Params.gemm_evict_first``, shipped on BERT's in-model times in
+  results/l2-2026-12-07-s15; near 0: they do). The suggested :class:`~stitchtune.analysis.l2_credit.L2Params` line for ``FITTED``.
 * :func:`latency_fit(rows)`: per sweep point the achieved bandwidth and the latency Little's law implies from the
   IR's bytes in flight (``bytes_in_flight_per_thread x block x resident blocks``), and a least-squares fit of
   ``t = t0 + bytes / min(bw_max, inflight / L)`` (and with a per-SM cap: ``min(inflight, SMs used x cap)``) over
@@ -91,8 +91,10 @@ def l2_fit(rows: list[dict[str, Any]]) -> dict[str, Any]:
     gem = {k: v for k, v in fits.items() if k.startswith("after_gemm/")}
     if gem:
         name, best_fit = min(gem.items(), key=lambda kv: kv[1]["sse"])
+        evict_first = out["evict_first"] is not None and out["evict_first"] > 0.5
         out["suggested"] = (f'L2Params("{name.split("/")[1]}", {best_fit["keep"]:.2f}, '
-                            f'{out["stream_factor"]:.2f}, "reads", "<results dir> (scripts/gpu_experiments_fit.py)")')
+                            f'{out["stream_factor"]:.2f}, "reads", "<results dir> (scripts/gpu_experiments_fit.py)", '
+                            f'gemm_tile=128, gemm_evict_first={evict_first})')
     return out
 
 

@@ -170,7 +170,7 @@ class RegionAudit:
     #: least a change of the kernels that keeps their bytes and grids can be predicted at (a prediction)
     fitted_ideal_us: float | None = None
     #: per call pattern, each occurrence's DRAM bytes read from the L2 instead (its input bytes still in the L2 when
-    #: it starts: :func:`stitchtune.analysis.l2_residency.simulate` with the fitted
+    #: it starts: :func:`stitchtune.analysis.l2_credit.simulate_l2` with the fitted
     #: :func:`stitchtune.analysis.l2_credit.l2_params`, saved bytes under their accounting; an estimate)
     l2_resident: dict[str, list[float]] = field(default_factory=dict)
 
@@ -393,8 +393,7 @@ def audit_model(model: Any, example_inputs: Any, device: Device, calls: tuple[st
     first region's graph name is in it (the others are neither audited nor listed as skipped). Returns
     (audits, skipped): a region whose planning, lowering or slice fails is one ``skipped`` line (name:
     error), not an exception. Each audit's ``l2_resident`` holds its occurrences' resident input bytes per call."""
-    from stitchtune.analysis.l2_credit import capacity, l2_params
-    from stitchtune.analysis.l2_residency import simulate
+    from stitchtune.analysis.l2_credit import l2_params, simulate_l2
     from stitchtune.deploy.model_tuning import capture_regions
 
     params = l2_params(device)
@@ -408,7 +407,7 @@ def audit_model(model: Any, example_inputs: Any, device: Device, calls: tuple[st
             by_graph.setdefault(id(r.nodes[0].graph) if r.nodes else 0, []).append(r)
         l2: dict[int, Any] = {}
         for mine in by_graph.values():
-            sims = simulate(mine, capacity(device, params), params.policy)
+            sims = simulate_l2(mine, device, params)
             l2.update({id(r): sims.get(r.name) for r in mine})
         for r in captured:
             key = r.graph.workload_key()

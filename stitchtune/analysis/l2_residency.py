@@ -2,7 +2,8 @@
 
 Contract
 --------
-* :func:`simulate(regions, capacity, policy="lru") -> dict[str, L2Occurrence]`: walks the FX graph(s) of
+* :func:`simulate(regions, capacity, policy="lru", streaming=frozenset(), gemm=None) -> dict[str, L2Occurrence]`:
+  walks the FX graph(s) of
   ``regions`` (the captured :class:`~stitchtune.importers.torch_regions.TorchRegion` of one call: every region of a
   graph, so that each is one fused op, emitted at its first node) in graph order and keeps a cache of ``capacity``
   bytes of **storages** (``policy`` in :data:`POLICIES`: ``lru``, or ``random``: the expectation of random
@@ -18,7 +19,13 @@ Contract
   is a DRAM write-back charged to the op that evicts them; a write larger than the cache writes its overflow back
   at once. Returns, per region name, an :class:`L2Occurrence`.
   With ``streaming`` (FX op names, e.g. ``{"mm", "bmm"}``), those ops' reads hit what is resident but neither enter
-  the cache nor evict (operands read evict-first): a variant, not what the audit uses.
+  the cache nor evict (operands read evict-first). With ``gemm`` (a
+  :class:`~stitchtune.analysis.gemm_traffic.GemmTiling`), every op of :data:`GEMM_OPS` with 2-D or batched operands
+  runs wave by wave of output tiles (:func:`~stitchtune.analysis.gemm_traffic.waves`): per wave the operand bytes
+  touched so far, then the wave's tiles written as one piece of the output's storage (a later read of it reads its
+  pieces in proportion, each piece's hits counted before any is touched); without it a GEMM is one op (operands
+  read, then the output written whole). The audit's parameters (:func:`stitchtune.analysis.l2_credit.simulate_l2`)
+  use both on the H200 (results/l2-2026-12-07-s15/).
 * :func:`resident_bytes(regions, capacity, policy="lru") -> dict[str, float]`: per region name, its ``resident`` bytes.
 
 An :class:`L2Occurrence` compares a region's DRAM traffic in the model with the accounting of the fitted cost model,
@@ -27,14 +34,16 @@ byte: in the model the region reads ``resident`` bytes from the L2, leaves its o
 later, by whichever op evicts them) and writes back the dirty lines its own traffic evicts (``writeback``: earlier
 ops' outputs and its own overflow), so ``saved_bytes = read_bytes + write_bytes - dram_bytes`` with
 ``dram_bytes = read_bytes - resident + writeback`` (negative when it writes back more than it leaves dirty).
-:meth:`L2Occurrence.saved` counts the saving three ways (:data:`ACCOUNTINGS`); the checked one is ``reads`` (the
-resident input bytes alone), see results/l2-2026-12-07-s14/.
+:meth:`L2Occurrence.saved` counts the saving four ways (:data:`ACCOUNTINGS`); the checked one is ``reads`` (the
+resident input bytes alone; ``flushed`` adds the write-backs of the flush's dirty bytes that the fitted rows' run
+paid, :attr:`L2Occurrence.flush_writeback`, and scores worse), see results/l2-2026-12-07-s14/ and s15/.
 
 Limits (why it is an estimate, checked in results/l2-2026-12-07-s14/): the H200's L2 is two partitions and
 neither LRU nor random (``capacity`` is ``keep`` x the device's L2; policy and ``keep`` chosen there); inside a
 region the inputs are taken as read before its outputs are written, each at its resident bytes when the region starts (a strict LRU
 streaming an input larger than the cache in write order would hit less); an op's bytes are its tensors' sizes
-(a GEMM reads its operands once; the cuBLAS workspace and the CPU-side copies are not seen).
+(a GEMM reads its operands once, wave by wave with ``gemm``; split-K partials, the cuBLAS workspace and the
+CPU-side copies are not seen).
 """
 
 from __future__ import annotations
@@ -43,12 +52,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable, Sequence
 
-__all__ = ["ACCOUNTINGS", "L2Occurrence", "NO_TRAFFIC", "POLICIES", "resident_bytes", "simulate"]
+from stitchtune.analysis.gemm_traffic import GemmTiling, gemm_shape, waves
+
+__all__ = ["ACCOUNTINGS", "GEMM_OPS", "L2Occurrence", "NO_TRAFFIC", "POLICIES", "resident_bytes", "simulate"]
 
 #: the replacement policies :func:`simulate` offers (see :class:`_Cache`)
 POLICIES = ("lru", "random")
 #: how a region's saved DRAM bytes are counted (see :meth:`L2Occurrence.saved`)
-ACCOUNTINGS = ("reads", "writeback", "deferred")
+ACCOUNTINGS = ("reads", "writeback", "deferred", "flushed")
 
 #: FX ops that move no data (views, tuple access): their output is their first input's storage
 NO_TRAFFIC = frozenset({"view", "_unsafe_view", "permute", "expand", "t", "transpose", "alias", "select", "slice",
@@ -64,6 +75,7 @@ class L2Occurrence:
     resident: float      # input bytes in the L2 when the region starts
     writeback: float     # dirty bytes written back to DRAM during the region (earlier ops' and its own overflow)
     own_writeback: float = 0.0   # the part of ``writeback`` that is the region's own outputs (they did not fit)
+    flush_writeback: float = 0.0  # the flush's dirty bytes the same traffic writes back when run after an L2 flush
 
     @property
     def dram_bytes(self) -> float:
@@ -79,13 +91,19 @@ class L2Occurrence:
         """The DRAM bytes saved against the fitted model's rows (timed after an L2 flush) under ``accounting``
         (:data:`ACCOUNTINGS`): ``reads``: the resident input bytes; ``writeback``: those less the earlier ops'
         dirty bytes this region writes back (a flushed run writes back the flush's instead: the fit absorbed those);
-        ``deferred``: :attr:`saved_bytes` (its own outputs left dirty in the L2 count as saved too)."""
+        ``deferred``: :attr:`saved_bytes` (its own outputs left dirty in the L2 count as saved too); ``flushed``: the
+        DRAM bytes of the fitted rows' run (every read a miss, the flush's dirty bytes written back as the traffic
+        evicts them: :attr:`flush_writeback`) less those of the model's run (``writeback``'s count), own overflow
+        alike in both: a region after a GEMM, whose L2 holds the GEMM's clean operands, writes back less than the
+        flushed run, one after an element-wise op about as much."""
         if accounting == "reads":
             return self.resident
         if accounting == "writeback":
             return self.resident - (self.writeback - self.own_writeback)
         if accounting == "deferred":
             return self.saved_bytes
+        if accounting == "flushed":
+            return self.resident - (self.writeback - self.own_writeback) + self.flush_writeback
         raise ValueError(f"L2 accounting {accounting!r}: one of {', '.join(ACCOUNTINGS)}")
 
 
@@ -127,13 +145,30 @@ class _Cache:
         self.writeback = 0.0
         self.own: set[Hashable] = set()     # the current op's outputs: their write-backs are its own
         self.own_writeback = 0.0
+        self.pieces: dict[Hashable, list[tuple[Hashable, float]]] = {}   # a storage written in pieces: (key, bytes)
+
+    def _split(self, key: Hashable, nbytes: float) -> list[tuple[Hashable, float]]:
+        """``nbytes`` of ``key`` as (line, bytes): its pieces in proportion where it was written in pieces."""
+        pieces = self.pieces.get(key)
+        if not pieces:
+            return [(key, nbytes)]
+        full = sum(b for _, b in pieces) or 1.0
+        return [(p, nbytes * b / full) for p, b in pieces]
 
     def peek(self, key: Hashable, nbytes: float) -> float:
         """Read ``nbytes`` of ``key`` without touching the cache (a streaming read): the bytes resident (hits)."""
-        return min(self.lines.get(key, [0.0, 0.0])[0], nbytes)
+        return sum(min(self.lines.get(k, [0.0, 0.0])[0], nb) for k, nb in self._split(key, nbytes))
 
     def read(self, key: Hashable, nbytes: float) -> float:
-        """Touch ``nbytes`` of ``key`` for reading; returns the bytes that were resident (hits)."""
+        """Touch ``nbytes`` of ``key`` for reading; returns the bytes that were resident (hits) when the read began
+        (a storage in pieces: every piece's hits counted before any piece is touched)."""
+        parts = self._split(key, nbytes)
+        hits = self.peek(key, nbytes)
+        for k, nb in parts:
+            self._read(k, nb)
+        return hits
+
+    def _read(self, key: Hashable, nbytes: float) -> float:
         res, dirty = self.lines.pop(key, [0.0, 0.0])
         self.total -= res
         hit = min(res, nbytes)
@@ -143,12 +178,23 @@ class _Cache:
 
     def write(self, key: Hashable, nbytes: float) -> None:
         """Write ``nbytes`` to ``key``: all of it dirty; what does not fit is written back at once."""
+        for piece, _ in self.pieces.pop(key, []):
+            self.total -= self.lines.pop(piece, [0.0, 0.0])[0]
         res, _ = self.lines.pop(key, [0.0, 0.0])
         self.total -= res
         keep = min(nbytes, self.capacity)
         self.writeback += nbytes - keep
         self.own_writeback += nbytes - keep
         self._put(key, keep, keep)
+
+    def write_piece(self, key: Hashable, index: int, nbytes: float) -> None:
+        """Write the ``index``-th piece (``nbytes``) of ``key`` (a GEMM wave's output tiles); a later read of ``key``
+        reads its pieces in proportion."""
+        piece = (key, "piece", index)
+        if key in self.own:
+            self.own.add(piece)
+        self.write(piece, nbytes)
+        self.pieces.setdefault(key, []).append((piece, nbytes))
 
     def _put(self, key: Hashable, resident: float, dirty: float) -> None:
         need = self.total + resident - self.capacity
@@ -210,8 +256,61 @@ def _graph_ops(graph_nodes: Sequence[Any], regions: Sequence[Any]) -> Iterable[t
             yield None, list(dict.fromkeys(n.all_input_nodes)), [n]
 
 
+#: FX ops :func:`simulate` with ``gemm=`` walks wave by wave (:mod:`stitchtune.analysis.gemm_traffic`):
+#: op -> the positions of ``A`` and ``B`` in its arguments
+GEMM_OPS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2)}
+
+
+def _gemm(node: Any, made: list[tuple[Hashable, float]], base: dict[Any, Hashable], size: dict[Hashable, float],
+          cache: _Cache, tiling: GemmTiling, stream: bool = False) -> bool:
+    """Run a GEMM node through ``cache`` wave by wave (:func:`~stitchtune.analysis.gemm_traffic.waves`): its other
+    inputs (a bias) read whole first, then per wave the ``A`` and ``B`` bytes touched so far (re-read panels hit and
+    stay warm) and the wave's output tiles written as one piece. False (nothing done) where ``node`` is not a GEMM of
+    :data:`GEMM_OPS` with 2-D or batched 3-D operands and one output."""
+    where = GEMM_OPS.get(_op(node))
+    if where is None or len(made) != 1 or len(node.args) <= max(where):
+        return False
+    a, b = node.args[where[0]], node.args[where[1]]
+    vals = [getattr(x, "meta", {}).get("val") for x in (a, b)]
+    shape = gemm_shape(*(getattr(v, "shape", ()) for v in vals)) if all(v is not None for v in vals) else None
+    if shape is None:
+        return False
+    operands = []
+    for src in (a, b):
+        key = _storage(src, base)
+        operands.append((key, min(_val_bytes(src.meta["val"]), size.setdefault(key, _storage_bytes(key)))))
+    for src in dict.fromkeys(node.all_input_nodes):
+        if src is not a and src is not b:
+            key = _storage(src, base)
+            cache.read(key, min(_val_bytes(getattr(src, "meta", {}).get("val")), size.setdefault(key, _storage_bytes(key))))
+    out, out_bytes = made[0]
+    touch = cache.peek if stream else cache.read
+    for i, w in enumerate(waves(shape, tiling)):
+        touch(operands[0][0], operands[0][1] * w.a_seen)
+        touch(operands[1][0], operands[1][1] * w.b_seen)
+        cache.write_piece(out, i, out_bytes * w.out)
+    size[out] = out_bytes
+    return True
+
+
+def _flushed_writeback(reads: Sequence[tuple[Hashable, float]], writes: Sequence[tuple[Hashable, float]],
+                       capacity: float, policy: str) -> float:
+    """The dirty bytes of an L2 flush (a memset: the cache full of dirty lines) that an op reading ``reads`` and
+    writing ``writes`` (storage, bytes) writes back when it runs right after the flush, as the fitted rows did."""
+    cache = _Cache(capacity, policy)
+    flush = object()
+    cache.write(flush, cache.capacity)
+    cache.writeback = cache.own_writeback = 0.0
+    cache.own = {k for k, _ in writes}
+    for key, nb in reads:
+        cache.read(key, nb)
+    for key, nb in writes:
+        cache.write(key, nb)
+    return cache.writeback - cache.own_writeback
+
+
 def simulate(regions: Sequence[Any], capacity: float, policy: str = "lru",
-             streaming: frozenset[str] = frozenset()) -> dict[str, L2Occurrence]:
+             streaming: frozenset[str] = frozenset(), gemm: GemmTiling | None = None) -> dict[str, L2Occurrence]:
     """See the module docstring. ``regions``: captured regions (``name``, ``nodes``, ``inputs``, ``outputs``)."""
     graphs: dict[int, list[Any]] = {}
     for r in regions:
@@ -234,13 +333,18 @@ def simulate(regions: Sequence[Any], capacity: float, policy: str = "lru",
             if region is None and not made:
                 continue   # a view, a tuple access, a scalar op: moves nothing
             before, own_before, cache.own = cache.writeback, cache.own_writeback, {k for k, _ in made}
+            if region is None and gemm is not None and _gemm(writes[0], made, base, size, cache, gemm,
+                                                                _op(writes[0]) in streaming):
+                continue
             rb = hit = wb = 0.0
+            touched: list[tuple[Hashable, float]] = []
             for src in reads:
                 key = _storage(src, base)
                 full = size.setdefault(key, _storage_bytes(key))   # not the view's: a slice read first is not all
                 nb = min(_val_bytes(getattr(src, "meta", {}).get("val")), full)
                 if nb > 0:
                     rb += nb
+                    touched.append((key, nb))
                     stream = region is None and _op(writes[0]) in streaming
                     hit += cache.peek(key, nb) if stream else cache.read(key, nb)
             for key, nb in made:
@@ -248,7 +352,8 @@ def simulate(regions: Sequence[Any], capacity: float, policy: str = "lru",
                 wb += nb
                 cache.write(key, nb)
             if region is not None:
-                out[region.name] = L2Occurrence(rb, wb, hit, cache.writeback - before, cache.own_writeback - own_before)
+                out[region.name] = L2Occurrence(rb, wb, hit, cache.writeback - before, cache.own_writeback - own_before,
+                                                _flushed_writeback(touched, made, capacity, policy))
     return out
 
 

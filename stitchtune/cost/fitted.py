@@ -55,7 +55,13 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
 * **l2 requests**: ``grid x l2_requests / SMs x l2_request_ns``: every warp-level request of a scratch
   load (``__ldcg``, L1 bypassed) is served by the L2 at a limited rate per SM; a broadcast read of one
   word is one request however few bytes it moves (layernorm_wide's partials: ~13 ns per request and SM).
-* body = max(memory, issue, blocks, chain, l2 requests): each is a limit on the same launch.
+* body = max(memory, issue, blocks, chain, l2 requests): each is a limit on the same launch. Two optional terms
+  (0 = off, as shipped: results/cost-fit-2026-12-07-s15-order/): ``overlap_warps`` adds the **exposed** issue work,
+  ``min(memory, issue) x exp(-resident warps per SM / overlap_warps) / task_trips ** overlap_tasks`` (a warp
+  computes while its loads are not in flight; few resident warps leave the memory pipe idle meanwhile, unless the
+  thread's next task's loads are already issued); ``l2_latency_ns`` bounds the L2's sector rate by Little's law
+  over the same bytes in flight (a small grid's L2 hits are latency-bound too). ``phase_tasks`` 1 divides the
+  phase term by ``task_trips`` (0 as shipped).
 * **phases**: ``ceil(waves) x (load_phases - 1) x phase_us / blocks_per_sm`` (a barrier-separated load
   phase waits for DRAM unless other resident blocks hide it);
 * **scratch**: ``ceil(waves) x scratch_loads x scratch_load_ns`` (the cost model's scratch chain);
@@ -79,7 +85,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -126,6 +132,10 @@ class Coefficients:
     sm_inflight_kib: float = 0.0     # most bytes in flight one SM's memory pipeline holds, KiB (0: no such limit)
     loaded_latency: float = 0.0      # DRAM latency's rise with the bandwidth drawn: x (1 + this x bw / copy) (0: off)
     reuse_tasks: float = 0.0         # 1: the reuse window in waves of tasks (x task_trips), 0: of blocks (as shipped)
+    overlap_warps: float = 0.0       # resident warps per SM at which 1/e of the issue work stays exposed (0: off)
+    overlap_tasks: float = 1.0       # the exposed issue work over task_trips ** this (1: a thread's tasks pipeline)
+    l2_latency_ns: float = 0.0       # latency of an L2 hit: Little's law for every sector (0: the L2 has only a rate)
+    phase_tasks: float = 0.0         # the phase term over task_trips ** this (0, as shipped; 1: phases of tasks overlap)
     source: str = "defaults"
     provenance: Mapping[str, Any] = field(default_factory=dict)
 
@@ -172,11 +182,14 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
 #: with compiled facts (scripts/fit_compiled_variants.py); the shipped model is fitted without them, spill term 0
 #: ``sm_inflight_kib`` and ``loaded_latency`` (s14: the memory parallelism of small grids, the latency's rise with the
 #: bandwidth drawn): scored by scripts/fit_terms.py, not shipped (results/cost-fit-2026-12-07-s14/README.md)
+#: ``overlap_warps`` and ``l2_latency_ns`` (s15: the issue work few resident warps leave exposed beside memory, the
+#: L2 hits' latency): scored by scripts/fit_order.py, not shipped (results/cost-fit-2026-12-07-s15-order/README.md)
 OPTIONAL_BOUNDS: dict[str, tuple[float, float]] = {"spill_ns": (1.0, 5000.0), "flush_writeback": (0.01, 1.0),
-                                                   "sm_inflight_kib": (1.0, 4096.0), "loaded_latency": (0.01, 20.0)}
+                                                   "sm_inflight_kib": (1.0, 4096.0), "loaded_latency": (0.01, 20.0),
+                                                   "overlap_warps": (0.5, 500.0), "l2_latency_ns": (20.0, 2000.0)}
 #: where a fitted term is off in the base coefficients (0, as in :meth:`Coefficients.defaults`), the fit starts it
 #: here (else it would start at its lower bound); the weak pull of the fit is towards this start
-FIT_START: dict[str, float] = {"sm_inflight_kib": 32.0, "loaded_latency": 1.0}
+FIT_START: dict[str, float] = {"sm_inflight_kib": 32.0, "loaded_latency": 1.0, "overlap_warps": 16.0, "l2_latency_ns": 250.0}
 
 
 _CACHE: dict[tuple[str, str, int | None], Coefficients] = {}
@@ -239,8 +252,8 @@ def package_coefficients(device: Device) -> Coefficients:
 
 
 def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) -> dict[str, Any]:
-    """The predicted terms (µs) of one launch: memory, issue, blocks, chain, l2_requests, body (= max of
-    those five), phases,
+    """The predicted terms (µs) of one launch: memory, issue, blocks, chain, l2_requests, exposed, body (= max of
+    those five, plus exposed), phases,
     scratch, spills, grid_barriers, atomics, ramp; device time = body + the last six. ``f`` may also be any object with
     the :class:`KernelFeatures` fields as numpy arrays (many launches at once: the fit)."""
     sms = device.sm_count
@@ -271,7 +284,12 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
     cap = c.bw_efficiency * copy
     bw = (cap ** -_SMOOTH_P + np.maximum(little, 1e-12) ** -_SMOOTH_P) ** (-1.0 / _SMOOTH_P)   # smooth minimum
     dram = unique + np.maximum(0.0, f.sector_bytes - unique) * (1.0 - hit)
-    memory = np.maximum(np.maximum(dram / bw, f.sector_bytes / (c.l2_bw_factor * copy)),
+    l2bw = c.l2_bw_factor * copy
+    if c.l2_latency_ns > 0:
+        # the L2's sectors are fetched by the same bytes in flight: Little's law at the L2 latency (a small grid's
+        # re-reads that hit are still latency-bound)
+        l2bw = (l2bw ** -_SMOOTH_P + np.maximum(inflight / c.l2_latency_ns, 1e-12) ** -_SMOOTH_P) ** (-1.0 / _SMOOTH_P)
+    memory = np.maximum(np.maximum(dram / bw, f.sector_bytes / l2bw),
                         f.excess_sector_bytes / (c.strided_bw_factor * copy)) / 1000.0
     threads = np.asarray(f.grid, dtype=float) * f.block
     lane_us = device.fp32_lanes_per_sm * device.clock_mhz * sms          # lane-cycles per µs
@@ -286,10 +304,13 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
     batching = np.where(compiled > 0, np.minimum(1.0, ir_bif / np.maximum(compiled, 4.0)), 1.0)
     rounds = f.serial_rounds * batching
     chain = waves * (rounds * c.round_ns + f.barriers * c.barrier_ns + f.shuffles * c.shfl_ns) / 1000.0
+    # the issue work that few resident warps leave exposed beside memory (overlap_warps; 0: all of it hidden)
+    exposed = _exposed(memory, issue, chain, nb / sms * np.ceil(np.asarray(f.block, dtype=float) / 32.0),
+                       tasks_of(f), c)
     return {
-        "memory": memory, "issue": issue, "blocks": blocks, "chain": chain, "l2_requests": l2req,
-        "body": np.maximum(np.maximum(np.maximum(np.maximum(memory, issue), blocks), chain), l2req),
-        "phases": waves * np.maximum(0.0, f.load_phases - 1.0) * c.phase_us / bps,
+        "memory": memory, "issue": issue, "blocks": blocks, "chain": chain, "l2_requests": l2req, "exposed": exposed,
+        "body": np.maximum(np.maximum(np.maximum(np.maximum(memory, issue), blocks), chain), l2req) + exposed,
+        "phases": waves * np.maximum(0.0, f.load_phases - 1.0) * c.phase_us / bps / tasks_of(f) ** c.phase_tasks,
         "scratch": waves * f.scratch_loads * c.scratch_load_ns / 1000.0,
         "spills": waves * np.asarray(getattr(f, "spill_instructions", 0.0), dtype=float) * c.spill_ns / 1000.0,
         "grid_barriers": f.grid_barriers * (device.grid_barrier_base_us
@@ -297,6 +318,33 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
         "atomics": threads * f.atomics * c.atomic_ns / 1000.0,
         "ramp": c.ramp_us + 0.0 * threads,
     }
+
+
+def tasks_of(f: Any) -> Any:
+    """A launch's tasks per block (the walk's ``task_trips``, at least 1; 1 where the features lack it)."""
+    return np.maximum(np.asarray(getattr(f, "task_trips", 1.0), dtype=float), 1.0)
+
+
+#: the work the exposed term lays beside memory, by name (:data:`EXPOSED_OF` picks one): the issue work (as the
+#: term is defined); the serial chain, and both: the other forms scripts/fit_order.py scored
+#: (results/cost-fit-2026-12-07-s15-order/README.md)
+EXPOSED_FORMS: dict[str, Callable[[Any, Any], Any]] = {
+    "issue": lambda issue, chain: issue,
+    "chain": lambda issue, chain: chain,
+    "issue+chain": lambda issue, chain: issue + chain,
+}
+EXPOSED_OF = "issue"
+
+
+def _exposed(memory: Any, issue: Any, chain: Any, warps: Any, tasks: Any, c: Coefficients) -> Any:
+    """The part of the shorter of memory and the issue work that does not overlap with the other (µs): ``min(memory,
+    issue) x exp(-warps / overlap_warps) / tasks ** overlap_tasks``. A warp computes while its own loads are
+    not in flight; with few resident warps per SM (``warps``) the memory pipe idles meanwhile, unless a thread's
+    next task's loads are issued before this task's work (nvcc hoists them across the task loop: ``tasks`` =
+    the walk's ``task_trips``). 0 when ``overlap_warps`` is 0 (off)."""
+    if c.overlap_warps <= 0:
+        return 0.0 * memory
+    return np.minimum(memory, EXPOSED_FORMS[EXPOSED_OF](issue, chain)) * np.exp(-warps / c.overlap_warps) / tasks ** c.overlap_tasks
 
 
 def _device_us(t: Mapping[str, Any]) -> Any:

@@ -76,16 +76,18 @@ def predict_rows(rows: Sequence[Mapping[str, Any]], device: Device, c: Coefficie
 
 
 def fit_coefficients(rows: Sequence[Mapping[str, Any]], device: Device, base: Coefficients | None = None,
-                     names: Sequence[str] = FITTED, progress: Callable[[int], None] | None = None) -> Coefficients:
+                     names: Sequence[str] = FITTED, progress: Callable[[int], None] | None = None,
+                     bounds: Mapping[str, tuple[float, float]] | None = None) -> Coefficients:
     """The coefficients ``names`` fitted to ``rows`` (module docstring). ``progress(n)`` is called after each
     of the model's evaluations over all rows (``n`` so far; at most :data:`MAX_EVALUATIONS` plus the
-    finite-difference steps)."""
+    finite-difference steps). ``bounds`` replaces the bounds of the names it gives (a study of a bound, e.g.
+    ``{"dram_latency_ns": (10.0, 5000.0)}``); both ends must be positive."""
     from scipy.optimize import least_squares
 
     if not rows:
         raise ValueError("no rows to fit")
     b = base or Coefficients.defaults(device)
-    bounds = {**FIT_BOUNDS, **OPTIONAL_BOUNDS}
+    bounds = {**FIT_BOUNDS, **OPTIONAL_BOUNDS, **dict(bounds or {})}
     lo = np.log([bounds[n][0] for n in names])
     hi = np.log([bounds[n][1] for n in names])
     # a term off in the base (0) starts at FIT_START's value where it has one, else at its lower bound

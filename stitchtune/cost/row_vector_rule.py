@@ -19,8 +19,10 @@ An element-wise plan whose transposed inputs a thread can load ``R`` rows at a t
 :mod:`stitchtune.plan.adjacent`) takes row vectors where the registers they are estimated to cost
 (:func:`~stitchtune.space.options.elementwise_row_vector_registers`) keep two blocks per SM
 (:func:`with_elementwise_row_vectors`): GPT-2's training concat does (estimated 68 registers; ptxas 50, 68 under
-a 2-block launch bound), Llama's rotary gradient, whose one input is read through 4 chains at 3 column shifts,
-does not (estimated 200; ptxas 188, or spills under a 2-block bound): it keeps one row a thread. Its mapping then gives a block's
+a 2-block launch bound), and so does Llama's rotary gradient, whose one input is read through 4 chains at 3 column
+shifts, since its mapping (16 lanes of 4 columns: a row in one sweep iteration) takes the shifted reads from other
+lanes (:mod:`stitchtune.plan.lane_shifts`): 4 loads an element are counted, not 12 (ptxas 88 registers; 188 when
+every shift was loaded). Its mapping then gives a block's
 warps ``adjacent_rows / R`` row groups each and doubles ``tpr`` (while it divides the row) until the grid
 has two blocks per SM, as rule 2 does for one row a thread.
 """

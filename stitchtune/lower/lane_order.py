@@ -20,6 +20,9 @@ The same order serves a region that reads an input along the view's rows (``plan
 row, so a warp's scalar loads of that input cover ``G`` consecutive rows, one sector, per lane column
 (was: one sector per element, 8x), and its accesses along the columns ``P * vec`` elements a row.
 
+A row-vector kernel whose mapping takes column shifts from other lanes (:mod:`stitchtune.plan.lane_shifts`:
+a butterfly shuffle between the lanes of one row) keeps the row-major order: :func:`piece_lanes` returns None.
+
 Contract: :func:`piece_lanes` returns ``warp / G`` for a plan with ``adjacent_rows = G`` under the
 same conditions below (pieces of ``P * vec`` columns), else ``P`` only for a static element-wise plan (no reductions, no
 cross reductions, no scatters' row reductions: nothing exchanges values between the lanes of a row)
@@ -44,6 +47,7 @@ from stitchtune.lower.base import I, add, mul
 from stitchtune.lower.index_chain import node_axis, split_axes
 from stitchtune.plan.chains import domain_of, mixed_layout
 from stitchtune.plan.family import Family
+from stitchtune.plan.lane_shifts import exchanges
 from stitchtune.plan.planner import StitchPlan
 from stitchtune.space import Schedule
 
@@ -88,6 +92,8 @@ def piece_lanes(graph: Graph, plan: StitchPlan, s: Schedule, warp: int, dynamic:
     if (dynamic or plan.family != Family.ELEMENTWISE or plan.reductions or plan.cross or s.split != 1
             or s.tpr <= 0 or s.vec <= 0):
         return None
+    if rows > 1 and exchanges(plan.vector_visits, s.tpr, s.vec, warp):
+        return None   # a row's lanes adjacent in one warp: column shifts taken by shuffles (plan/lane_shifts.py)
     G = plan.adjacent_rows // max(1, rows)
     if G > 1 and warp % G == 0 and _fits(graph, s, warp, warp // G, (warp // G) * s.vec):
         return warp // G

@@ -64,6 +64,7 @@ from stitchtune.lower.base import I, add, and_, mul
 from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.builder import RowKernelBuilder, RowSweep
 from stitchtune.lower.gather import gather_index
+from stitchtune.lower.lane_exchange import exchange_mask, exchanged, exchanging
 from stitchtune.lower.index_chain import chain_offset, node_axis, split_axes
 from stitchtune.lower.remap_positions import coord, moving_bounds, moving_deltas
 from stitchtune.lower.row_vectors import RowGroupLoads
@@ -111,6 +112,7 @@ class RemapValues:
         self.row_heads = transposed_heads(low.g, self.p.M) if group is not None else frozenset()
         self.moving = moving_bounds(low.g, self.domain, low.sym)   # (generic: a concat along a dynamic axis)
         self.deltas = moving_deltas(low.g, self.domain, low.sym)   # (its pieces' / end slices' symbolic shifts)
+        self.exchange = exchanging(low, group is not None)   # column shifts from other lanes (lower/lane_exchange.py)
 
     # -- entry -----------------------------------------------------------------------------------
     def node_value(self, name: str) -> list[kir.Expr]:
@@ -124,7 +126,8 @@ class RemapValues:
         return None if sh.identity else self.value(name, sh)
 
     def value(self, name: str, sh: Shift) -> list[kir.Expr]:
-        nd = self.low.nodes.get(name)
+        low = self.low
+        nd = low.nodes.get(name)
         if self.mixed:   # (a broadcast tensor does not move along the axes it broadcasts along)
             sh = layout_reader_shift(self.g, self.keep, name, sh, self.domain,
                                      not self.low.cls[name].varies_along_reduced, self.free)
@@ -132,7 +135,10 @@ class RemapValues:
         if key in self.memo:
             return self.memo[key]
         kind = OPS[nd.op].kind if nd is not None else "input"
-        if not self.low.cls[name].varies_along_reduced:
+        mask = exchange_mask(low, self.domain, self.chains, name, kind, sh) if self.exchange else None
+        if mask is not None:
+            vals = exchanged(low, self.sw.body, self.k.var, self.value(name, Shift()), mask)
+        elif not self.low.cls[name].varies_along_reduced:
             if {a for a, _ in sh.delta} & set(self.row_axes):  # conditions alone keep the own element
                 raise UnsupportedGraphError(f"tensor '{name}': a per-row value under a slice/concat along a "
                                             "row axis is not supported")

@@ -26,6 +26,7 @@ from stitchtune.lower.row_layout import row_layout
 from stitchtune.lower.row_vectors import elementwise_rows
 from stitchtune.lower.symbols import RowSymbols
 from stitchtune.plan.planner import StitchPlan, TensorClass
+from stitchtune.plan.lane_shifts import loads_with
 from stitchtune.space.options import elementwise_row_vector_registers
 from stitchtune.space import (CROSS_COMBINE, PREFETCH, SCHEMES, SINGLE_PASS, CrossCombine, ReuseLevel, Schedule,
                               SchemeTable, row_chunk, uncached_level)
@@ -84,7 +85,8 @@ class RowLowerer(Lowerer):
         loads = estimate_registers(self.per_thread * (max(n_reg, hoisted_inputs(p, s, self.iters)) + n_pf), vec, 4)
         est = max(est, min(loads, self.dev.max_regs_per_thread, self.dev.regs_per_sm // s.block))
         if self.rows > 1:   # the other rows' values of each row-vector load, loaded with the first row's
-            est += elementwise_row_vector_registers(self.rows, vec, p.vector_loads)
+            est += elementwise_row_vector_registers(self.rows, vec, loads_with(p.vector_loads, p.vector_visits,
+                                                                               s.tpr, vec, self.dev.warp_size))
         if s.min_blocks:  # __launch_bounds__ caps what ptxas may use
             est = min(est, self.dev.regs_per_sm // (s.block * s.min_blocks))
         return tasks, est, segs

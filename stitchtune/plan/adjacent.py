@@ -43,9 +43,11 @@ from stitchtune.plan.classes import TensorClass
 from stitchtune.plan.family import Family
 from stitchtune.plan.index_map import IndexMap
 from stitchtune.plan.ints import int_registers
+from stitchtune.plan.lane_shifts import ColumnVisit
 from stitchtune.plan.remap import remap_visits
 
-__all__ = ["adjacent_rows", "chain_strides", "chain_start", "transposed_heads", "vector_loads", "vector_rows"]
+__all__ = ["adjacent_rows", "chain_strides", "chain_start", "column_visits", "transposed_heads", "vector_loads",
+           "vector_rows"]
 
 #: bytes of one memory sector (a warp access is served in these)
 _SECTOR = 32
@@ -131,6 +133,23 @@ def vector_loads(graph: Graph, classes: dict[str, TensorClass], M: int) -> int:
     varies = {n: c.varies_along_reduced for n, c in classes.items()}
     seen = remap_visits(graph, domain_of(graph), _row_axes(graph, M), varies, mixed_layout(graph))
     return sum(1 for name, _ in seen if name in heads)
+
+
+def column_visits(graph: Graph, classes: dict[str, TensorClass], M: int) -> tuple[ColumnVisit, ...]:
+    """The reads of :func:`transposed_heads` chains that :func:`vector_loads` counts whose shift moves and
+    limits the innermost domain axis only (:mod:`stitchtune.plan.lane_shifts`): ``(head, d, lo, hi)``, the
+    unshifted reads ``(head, 0, 0, N)`` among them; sorted. The reads at other shifts are not listed."""
+    heads = transposed_heads(graph, M)
+    domain = domain_of(graph)
+    D = len(domain)
+    varies = {n: c.varies_along_reduced for n, c in classes.items()}
+    out: set[ColumnVisit] = set()
+    for name, sh in remap_visits(graph, domain, _row_axes(graph, M), varies, mixed_layout(graph)):
+        if name not in heads or sh.axes() - {D - 1}:
+            continue
+        lo, hi = next(((lo, hi) for _, lo, hi in sh.conds), (0, domain[-1]))
+        out.add((name, sh.d(D - 1), lo, hi))
+    return tuple(sorted(out))
 
 
 def vector_rows(graph: Graph, family: Family, maps: dict[str, IndexMap], classes: dict[str, TensorClass], M: int,

@@ -71,7 +71,7 @@ from stitchtune.plan.row_moves import commute_row_moves
 from stitchtune.plan.row_views import commute_row_views
 from stitchtune.plan.scatter import Scatter, core_graph, split_scatters
 from stitchtune.plan.single_pass import SinglePassCandidate, single_pass_candidates
-from stitchtune.plan.adjacent import adjacent_rows, vector_loads, vector_rows
+from stitchtune.plan.adjacent import adjacent_rows, column_visits, vector_loads, vector_rows
 from stitchtune.plan.transpose import TransposeTile, transpose_tile
 from stitchtune.plan.unit_reductions import unit_reductions
 from stitchtune.plan.views import Surrogate, Viewed, view_stage
@@ -134,6 +134,10 @@ class StitchPlan:
     #: the loads of such chains a row element makes (a chain at each column shift it is read at): each holds
     #: ``vector_rows`` x ``vec`` floats in registers with row vectors (the registers the heuristic counts)
     vector_loads: int = 0
+    #: those chain reads at a shift along the view's columns alone, ``(head, d, lo, hi)``
+    #: (:func:`stitchtune.plan.adjacent.column_visits`): the ones a kernel can take from another lane
+    #: (:mod:`stitchtune.plan.lane_shifts`)
+    vector_visits: tuple[tuple[str, int, int, int], ...] = ()
 
     def cls(self, name: str) -> TensorClass:
         return dict(self.classes)[name]
@@ -267,7 +271,9 @@ def _plan(graph: Graph) -> StitchPlan | Refusal:
     rows = adjacent_rows(graph, plan.family, dict(plan.index_maps), plan.M, plain)
     vrows = vector_rows(graph, plan.family, dict(plan.index_maps), dict(plan.classes), plan.M, plain) if rows else 0
     loads = vector_loads(graph, dict(plan.classes), plan.M) if vrows else 0
-    return (replace(plan, transpose=tile, adjacent_rows=rows, vector_rows=vrows, vector_loads=loads)
+    visits = column_visits(graph, dict(plan.classes), plan.M) if vrows else ()
+    return (replace(plan, transpose=tile, adjacent_rows=rows, vector_rows=vrows, vector_loads=loads,
+                    vector_visits=visits)
             if tile is not None or rows else plan)
 
 

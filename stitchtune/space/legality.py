@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from stitchtune.errors import ScheduleError
 from stitchtune.plan.family import Family
+from stitchtune.plan.lane_shifts import loads_with
 from stitchtune.plan.planner import StitchPlan
 from stitchtune.plan.row_vectors import ROW_VECTOR_ROWS, row_groups_fit
 from stitchtune.space.constraints import names_used, safe_eval, safe_eval_all
@@ -156,16 +157,20 @@ class SpaceRules:
                 "split": split, "vec": vec, "tasks_per_block": tasks, "min_blocks": min_blocks,
                 "schemes": tuple(schemes), "reuse": tuple(reuse), "max_cluster": self.max_cluster,
                 "scheme_table": self.schemes, "transposable": self.plan.transpose is not None,
-                **self._row_vector_point(tpr, split), **self._cross_point}
+                **self._row_vector_point(tpr, split, vec), **self._cross_point}
 
-    def _row_vector_point(self, tpr: int, split: int) -> dict[str, Any]:
+    def _row_vector_point(self, tpr: int, split: int, vec: int) -> dict[str, Any]:
         """The plan's row-vector names (:mod:`stitchtune.plan.row_vectors`) as option ``row_vectors``
         reads them: ``row_vector_rows`` (rows per access, 1 without row-vector inputs: fixed per space),
-        ``row_vector_inputs`` (how many inputs) and ``row_vectorable`` (the mapping's rows split into
-        whole groups)."""
+        ``row_vector_inputs`` (how many inputs; an element-wise plan's loads per element, the column shifts a
+        mapping takes from another lane not loaded: :func:`~stitchtune.plan.lane_shifts.loads_with`) and
+        ``row_vectorable`` (the mapping's rows split into whole groups)."""
         if self.plan.family == Family.ELEMENTWISE:   # transposed inputs R rows a thread (plan.adjacent.vector_rows)
             R = self.plan.vector_rows or 1
-            return {"row_vector_rows": R, "row_vector_inputs": self.plan.vector_loads if R > 1 else 0,
+            loads = loads_with(self.plan.vector_loads, self.plan.vector_visits, tpr, vec,
+                               int(self.device.warp_size)) if split == 1 else \
+                self.plan.vector_loads
+            return {"row_vector_rows": R, "row_vector_inputs": loads if R > 1 else 0,
                     "row_vectorable": R > 1 and split == 1 and self.plan.M % R == 0}
         R = ROW_VECTOR_ROWS if self.row_vector_inputs else 1
         return {"row_vector_rows": R, "row_vector_inputs": len(self.row_vector_inputs),

@@ -444,7 +444,8 @@ def elementwise_row_vector_registers(rows: int, vec: int, loads: int) -> int:
     held until their rows use them (the other tensors are read a row at a time). 0 for ``rows <= 1``. Against
     ptxas (sm_90, the heuristic's launch bounds dropped): GPT-2's training concat (1 load) 56 -> 50 registers
     (68 under a 2-block bound), estimated 56 -> 68; Llama's rotary gradient (4 chains x 3 column shifts = 12
-    loads) 96 -> 188 (128 under a 2-block bound: 336 bytes spilled), estimated 56 -> 200."""
+    loads) 96 -> 188 (128 under a 2-block bound: 336 bytes spilled), estimated 56 -> 200; with its column shifts
+    taken from other lanes (:func:`stitchtune.plan.lane_shifts.loads_with`: 4 loads) 88 (heuristic, no bound)."""
     return 0 if rows <= 1 else (rows - 1) * vec * max(1, loads)
 
 

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from stitchtune.analysis.l2_credit import L2Params, capacity, credited_us, l2_params
-from stitchtune.analysis.l2_residency import L2Occurrence, resident_bytes, simulate
+from stitchtune.analysis.gemm_traffic import GemmTiling
+from stitchtune.analysis.l2_credit import L2Params, capacity, credited_us, l2_params, simulate_l2
+from stitchtune.analysis.l2_residency import GEMM_OPS, L2Occurrence, resident_bytes, simulate
 from stitchtune.cost.fitted import Coefficients
 from stitchtune.hardware.device import get_device
 
@@ -40,6 +41,18 @@ class _G:
 
     def mm(self, *args: Any, mib: float) -> Any:
         return self.op(self.torch.ops.aten.mm.default, args, mib)
+
+    def matrix(self, name: str, rows: int, cols: int) -> Any:
+        """A 2-D fp32 placeholder (the GEMM model reads operand shapes)."""
+        n = self.g.placeholder(name)
+        n.meta["val"] = self.torch.empty(rows, cols, device="meta")
+        return n
+
+    def matmul(self, a: Any, b: Any) -> Any:
+        """``a @ b`` with its 2-D output shape."""
+        n = self.g.call_function(self.torch.ops.aten.mm.default, (a, b))
+        n.meta["val"] = self.torch.empty(a.meta["val"].shape[0], b.meta["val"].shape[1], device="meta")
+        return n
 
     def getitem(self, src: Any, i: int) -> Any:
         import operator
@@ -170,10 +183,12 @@ def test_params_are_checked_and_the_h200_has_fitted_ones() -> None:
 
 
 def test_occurrence_accounting() -> None:
-    o = L2Occurrence(read_bytes=10.0, write_bytes=4.0, resident=6.0, writeback=5.0, own_writeback=1.0)
+    o = L2Occurrence(read_bytes=10.0, write_bytes=4.0, resident=6.0, writeback=5.0, own_writeback=1.0,
+                     flush_writeback=3.0)
     assert o.dram_bytes == pytest.approx(9.0)
     assert o.saved("reads") == 6.0 and o.saved("writeback") == pytest.approx(2.0)
     assert o.saved("deferred") == pytest.approx(5.0) == o.saved_bytes
+    assert o.saved("flushed") == pytest.approx(5.0)     # 6 resident - 4 earlier write-backs + 3 of the flush's
     with pytest.raises(ValueError):
         o.saved("all")
 
@@ -296,3 +311,57 @@ def test_audit_model_credits_each_graphs_region_by_its_own_graph(monkeypatch: py
     params = l2_params(DEV)
     assert capacity(DEV, params) > 8 * MB
     assert got == {"first": [pytest.approx(8 * MB)], "second": [0.0]}
+
+
+def test_after_a_flush_a_regions_traffic_writes_the_flushs_dirty_bytes_back() -> None:
+    """The fitted rows ran after a memset flush (the L2 full of dirty bytes): an op moving 20 MiB through a 60 MiB
+    LRU cache writes 20 MiB of the flush back; one moving more than the cache, the whole cache."""
+    g = _G()
+    x, y = g.input("x", 10), g.input("y", 100)
+    small, big = g.region("small", x, mib=10), g.region("big", y, mib=10)
+    out = simulate([small, big], 60 * MB)
+    assert out["small"].flush_writeback == pytest.approx(20 * MB)
+    assert out["big"].flush_writeback == pytest.approx(60 * MB)
+
+
+def _ffn_up(g: _G) -> tuple[Any, SimpleNamespace]:
+    """BERT's FFN up-projection [4096, 768] @ [768, 3072] (48 MiB out) and a region reading its output."""
+    x, w = g.matrix("x", 4096, 768), g.matrix("w", 768, 3072)
+    h = g.matmul(x, w)
+    return h, g.region("r", h, mib=48)
+
+
+def test_a_gemm_in_waves_leaves_its_last_tiles_most_recent() -> None:
+    """Wave by wave (128 x 128 tiles, 132 at once: 6 waves), the output enters the L2 in pieces between re-reads
+    of A and B: in a 24 MiB LRU cache, the last wave's tiles (108 of 768) stay with A and B, not the last 24 MiB
+    of the output; with the operands read evict-first, the output's last 24 MiB. A whole-op GEMM (no ``gemm``)
+    writes the output after both operands: its last 24 MiB too."""
+    g = _G()
+    _, r = _ffn_up(g)
+    tiles = GemmTiling(128, 128, 132)
+    assert simulate([r], 24 * MB)["r"].resident == pytest.approx(24 * MB)
+    assert simulate([r], 24 * MB, gemm=tiles)["r"].resident == pytest.approx(48 * MB * 108 / 768)
+    evict_first = simulate([r], 24 * MB, streaming=frozenset(GEMM_OPS), gemm=tiles)["r"]
+    assert evict_first.resident == pytest.approx(24 * MB)       # every resident piece counted before any is touched
+    assert evict_first.read_bytes == pytest.approx(48 * MB)
+
+
+def test_the_dx_gemms_output_survives_the_dw_gemm_only_with_operands_evict_first() -> None:
+    """BERT's GELU backward after two GEMMs (results/l2-2026-12-07-s15): dX = dY @ W2 (48 MiB), then dW2 = dY^T @ act
+    streams the 48 MiB saved activation. Inductor's kernel implies at least 13 MB of dX still in the L2. The H200's
+    fitted parameters (tiles, operands evict-first) keep more than that; the same with the GEMMs as whole ops
+    entering the cache (results/l2-2026-12-07-s14) keep almost none."""
+    g = _G()
+    dy, dyt, w2 = g.matrix("dy", 4096, 768), g.matrix("dyt", 768, 4096), g.matrix("w2", 768, 3072)
+    act = g.matrix("act", 4096, 3072)
+    dx = g.matmul(dy, w2)
+    g.matmul(dyt, act)
+    r = g.region("r", dx, act, mib=48)
+    shipped = l2_params(DEV)
+    assert (shipped.gemm_tile, shipped.gemm_evict_first) == (128, True)
+    assert simulate_l2([r], DEV, shipped)["r"].resident > 13e6
+    before = L2Params(shipped.policy, shipped.keep, shipped.stream_factor, shipped.accounting)
+    assert simulate_l2([r], DEV, before)["r"].resident < 1e6
+    assert before.gemm == "whole" and shipped.gemm == "tiles 128, operands evict-first"
+    with pytest.raises(ValueError):
+        L2Params("lru", 0.5, 1.1, gemm_tile=-1)

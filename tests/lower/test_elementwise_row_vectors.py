@@ -3,7 +3,8 @@ a concat whose piece reads an input transposed (GPT-2's training ``view_50``: k'
 merged to ``[B, S, H*D]`` between q's and v's) loads that piece 4 rows (float32; 8 for 16-bit) per 128-bit
 access at the ideal sectors; every shape, dtype and schedule emulates like the float64 reference (the
 emulator faults on any out-of-bounds or misaligned access); Llama's rotary gradient (one input read through
-4 chains at 3 column shifts) can take them but the heuristic declines them for their registers."""
+4 chains at 3 column shifts) takes its shifted reads from other lanes (plan/lane_shifts.py), so that its row
+vectors hold one load per chain."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from helpers.lowering import DEV, emulated_errors
 from helpers.nvcc import BUILDER_FLAGS, compile_programs_sm90
 from stitchtune.analysis.audit import audit_graph
 from stitchtune.cost.heuristic import heuristic_schedule
+from stitchtune.emulate.emulator import emulate_program
 from stitchtune.gpu.build import nvcc_found
 from stitchtune.graph.parse import Graph, parse_graph
 from stitchtune.graph.reference import random_inputs, run_reference
@@ -154,23 +156,65 @@ def test_every_shape_dtype_and_mapping_emulates(dtype: str, B: int, H: int, S: i
     _exact(g, plan, space, s)
 
 
-def test_the_rotary_gradient_emulates_with_row_vectors_and_the_heuristic_declines_them() -> None:
-    """12 row-vector loads an element (4 chains x 3 column shifts): at ``vec`` 4 their 3 x 4 x 12 = 144 floats
-    are over the space's register cache (refused); at ``vec`` 2 legal, 128-bit along the rows, exact."""
-    g = rotary_backward()
+def _count(prog: kir.Program, kind: type, buf: str | None = None) -> int:
+    """Statements (``LoadVec`` of ``buf``) or expressions (``Shfl``) of ``kind`` in ``prog``'s kernels."""
+    n = 0
+    for k in prog.kernels:
+        for st_ in kir.walk(k.body):
+            if kind is kir.LoadVec:
+                n += isinstance(st_, kir.LoadVec) and st_.buf == buf
+            else:
+                n += sum(1 for e in kir.exprs(st_) if isinstance(e, kind))
+    return n
+
+
+def test_the_rotary_gradient_takes_its_column_shifts_from_other_lanes() -> None:
+    """4 chains read at 3 column shifts (rotate_half's c + h where c < h, c - h where c >= h): with a row in one
+    sweep iteration of adjacent lanes (tpr x vec = D), the shifted values are the partner lane's unshifted ones
+    (plan/lane_shifts.py): one 128-bit load per chain, 2 x vec shuffles a row, the register cache of 4 loads
+    (not 12), the heuristic takes row vectors; exact (bitwise equal to the row-by-row kernel)."""
+    g = rotary_backward()                                      # D = 16, h = 8
+    plan, space, s = _schedule(g)
+    assert (plan.vector_rows, plan.vector_loads) == (4, 12)
+    assert dict(s.options).get("row_vectors") and s.tpr * s.vec == 16, s
+    prog = lower(g, plan, s, DEV, space)
+    assert _widths(prog, "in0") == {4}
+    assert _count(prog, kir.LoadVec, "in0") == 4 * s.vec       # a chain's R rows a column; was 12 x vec
+    assert _count(prog, kir.Shfl) == 2 * 4 * s.vec             # 2 shifts x R rows x vec
+    inputs = random_inputs(g, 3)
+    ref = run_reference(g, inputs)
+    errs = emulated_errors(g, plan, space, s, inputs, ref)
+    assert max(errs.values()) < 1e-6, errs
+    off = dataclasses.replace(s, row_vectors=False)
+    a, b = (emulate_program(lower(g, plan, x, DEV, space), inputs, coresident_limit=lambda k: 1 << 30)["out"]
+            for x in (s, off))
+    assert (a == b).all()                                      # the same sums, moved between lanes
+    big = make_plan(rotary_backward(8, 4, 512, 64))            # the audit's shape (Llama's view_68)
+    hb = heuristic_schedule(big, DEV)
+    assert dict(hb.options).get("row_vectors") and (hb.tpr, hb.block, hb.vec) == (16, 256, 4), hb
+
+
+@pytest.mark.parametrize("B,KV,S,D,changes,exchanged", [
+    (2, 2, 32, 16, {"tpr": 8, "vec": 2, "block": 64}, True),   # h = 8 columns = 4 lanes: lane ^ 4
+    (1, 2, 16, 32, {"tpr": 8, "vec": 4, "block": 64}, True),   # h = 16 = 4 lanes
+    (2, 1, 24, 16, {"tpr": 4, "vec": 4, "block": 32}, True),   # rows not a multiple of a block's: guarded groups
+    (2, 2, 32, 16, {"tpr": 4, "vec": 2, "block": 32}, False),  # tpr x vec = 8: a row in two sweep iterations
+    (1, 1, 16, 24, {"tpr": 2, "vec": 4, "block": 32}, False),  # h = 12 = 3 lanes: not a butterfly
+])
+def test_rotary_mappings_emulate_with_and_without_exchanges(B: int, KV: int, S: int, D: int,
+                                                          changes: dict[str, Any], exchanged: bool) -> None:
+    g = rotary_backward(B, KV, S, D)
     plan = make_plan(g)
     space = SearchSpace.for_plan(plan, DEV)
-    h = heuristic_schedule(plan, DEV, space)
-    assert any("register cache" in v for v in space.violations(dataclasses.replace(h, row_vectors=True, vec=4)))
-    plan, space, s = _schedule(g, row_vectors=True, vec=2)
-    assert (plan.vector_rows, plan.vector_loads) == (4, 12)   # 4 chains x 3 column shifts
+    s = dataclasses.replace(heuristic_schedule(plan, DEV, space), row_vectors=True, **changes)
+    if space.violations(s):   # only a mapping that loads every shift can be over the register cache
+        assert not exchanged and any("register cache" in v for v in space.violations(s)), space.violations(s)
+        s = dataclasses.replace(s, vec=1, tpr=s.tpr * s.vec)
     prog = lower(g, plan, s, DEV, space)
-    assert _widths(prog, "in0") == {4}      # every chain, at every column shift
-    inputs = random_inputs(g, 3)
+    assert (_count(prog, kir.Shfl) > 0) == exchanged
+    inputs = random_inputs(g, 5)
     errs = emulated_errors(g, plan, space, s, inputs, run_reference(g, inputs))
-    assert max(errs.values()) < 1e-6, errs
-    big = make_plan(rotary_backward(8, 4, 512, 64))   # the audit's shape: 4 chains x 3 shifts of registers
-    assert big.vector_rows == 4 and not dict(heuristic_schedule(big, DEV).options).get("row_vectors")
+    assert max(errs.values()) < 1e-6, (s.to_json(), errs)
 
 
 def test_no_row_vectors_where_a_thread_s_rows_would_share_a_per_row_value() -> None:
@@ -205,6 +249,24 @@ def test_row_vector_concats_compile_for_sm90_without_spills(tmp_path) -> None:
     assert regs[0]["st_k0"] <= 96, regs
 
 
+@pytest.mark.skipif(not nvcc_found(), reason="nvcc not installed")
+def test_the_rotary_gradient_with_exchanges_keeps_two_blocks_per_sm_without_spills(tmp_path) -> None:
+    """Llama's ``view_68`` at the audit's shape (heuristic: row vectors, 256 threads): ptxas sm_90 88 registers
+    (CUDA 13; 188 when every shift was loaded), at most the 128 of two blocks per SM, no spill."""
+    import re
+
+    from helpers.nvcc import batch_source, ptxas_report
+
+    g = rotary_backward(8, 4, 512, 64)
+    plan, space, s = _schedule(g)
+    assert dict(s.options).get("row_vectors") and s.block == 256
+    src, _ = batch_source([lower(g, plan, s, DEV, space)])
+    report = ptxas_report(src, tmp_path, 600, BUILDER_FLAGS)
+    regs = [int(r) for r in re.findall(r"Used (\d+) registers", report)]
+    assert regs and max(regs) <= DEV.regs_per_sm // (2 * s.block), report
+    assert all(int(b) == 0 for b in re.findall(r"(\d+) bytes spill", report)), report
+
+
 def test_the_space_offers_them_only_where_the_plan_has_vector_rows() -> None:
     """The option on a plan without ``vector_rows`` (a per-row input beside the piece) is a violation; on
     the concat it is legal, and its registers count every row-vector load of an element."""
@@ -223,9 +285,12 @@ def test_the_space_offers_them_only_where_the_plan_has_vector_rows() -> None:
     rot = make_plan(rotary_backward())
     space3 = SearchSpace.for_plan(rot, DEV)
     s3 = dataclasses.replace(heuristic_schedule(rot, DEV, space3), row_vectors=True)
-    extra = space3.derived(s3)["reg_cache_elems"] - space3.derived(dataclasses.replace(s3, row_vectors=False))[
-        "reg_cache_elems"]
-    assert extra == 3 * s3.vec * 12   # 4 chains x 3 column shifts
+    def extra(t: Any) -> int:
+        return int(space3.derived(t)["reg_cache_elems"] - space3.derived(dataclasses.replace(t, row_vectors=False))[
+            "reg_cache_elems"])
+    assert s3.tpr * s3.vec == 16 and extra(s3) == 3 * s3.vec * 4   # 4 chains; the shifts from other lanes
+    s4 = dataclasses.replace(s3, tpr=4, vec=2, block=32)           # a row in two iterations: no exchange
+    assert extra(s4) == 3 * 2 * 12                                  # 4 chains x 3 column shifts
 
 
 @st.composite
@@ -283,3 +348,63 @@ def test_random_concats_with_row_vectors_emulate_like_the_reference(obj: dict[st
         assert max(errs.values()) < 1e-6, (s.to_json(), errs)
         ran += 1
     assume(ran > 0)   # (16-bit rows of 8 with wide vectors can exceed the register cache: refused)
+
+
+@st.composite
+def rotated_regions(draw: st.DrawFn) -> dict[str, Any]:
+    """A transposed chain ``[B*G*H, D, S] -> [B, H, S, D]`` (its ``G`` head groups summed), scaled by a
+    ``[S, D]`` table, then its columns rotated at ``cut`` (rotate_half at ``D / 2``, negated or not; or at a
+    quarter) plus another ``[B, H, S, D]`` input: concat pieces read at column shifts, which row-vector
+    mappings whose row is one iteration take from other lanes (plan/lane_shifts.py) where the lanes allow."""
+    B, H, G = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    S, D = draw(st.sampled_from([8, 16, 32])), draw(st.sampled_from([8, 16, 32]))
+    cut = draw(st.sampled_from([D // 2, D // 2, D // 4, 3 * D // 4]))
+    nodes: list[dict[str, Any]] = [
+        {"id": "v", "op": "reshape", "args": ["x"], "shape": [B, G * H, D, S]},
+        {"id": "p", "op": "transpose", "args": ["v"], "perm": [0, 1, 3, 2]},
+        {"id": "w", "op": "reshape", "args": ["p"], "shape": [B, H, G, S, D]}]
+    for i in range(G):
+        nodes += [{"id": f"s{i}", "op": "slice", "args": ["w"], "axis": 2, "start": i, "stop": i + 1},
+                  {"id": f"s{i}v", "op": "reshape", "args": [f"s{i}"], "shape": [B, H, S, D]}]
+    acc = "s0v"
+    for i in range(1, G):
+        nodes.append({"id": f"a{i}", "op": "add", "args": [acc, f"s{i}v"]})
+        acc = f"a{i}"
+    nodes += [{"id": "m", "op": "mul", "args": [acc, "t"]},
+              {"id": "lo", "op": "slice", "args": ["m"], "axis": 3, "start": 0, "stop": cut},
+              {"id": "hi", "op": "slice", "args": ["m"], "axis": 3, "start": cut, "stop": D}]
+    first = "hi"
+    if draw(st.booleans()):
+        nodes.append({"id": "n", "op": "neg", "args": ["hi"]})
+        first = "n"
+    nodes += [{"id": "r", "op": "concat", "args": [first, "lo"], "axis": 3},
+              {"id": "o", "op": "add", "args": ["r", "y"]}]
+    f32 = "float32"
+    return {"name": "rot", "inputs": {"x": {"shape": [B * G * H, D, S], "dtype": f32},
+                                      "t": {"shape": [1, 1, S, D], "dtype": f32},
+                                      "y": {"shape": [B, H, S, D], "dtype": f32}}, "nodes": nodes, "outputs": ["o"]}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rotated_regions(), st.integers(0, 3))
+def test_random_rotations_with_row_vectors_emulate_like_the_reference(obj: dict[str, Any], seed: int) -> None:
+    """Every such region with ``vector_rows``, at the heuristic, at the mapping of a row in one iteration and at a
+    seeded sample, row vectors on (column shifts exchanged or loaded), emulates like the float64 reference."""
+    g = parse_graph(obj)
+    plan = make_plan(g)
+    assume(plan.vector_rows > 1)
+    space = SearchSpace.for_plan(plan, DEV)
+    inputs = random_inputs(g, seed)
+    ref = run_reference(g, inputs)
+    h = heuristic_schedule(plan, DEV, space)
+    D = g.spec("o").shape[-1]
+    tries = [h, dataclasses.replace(h, tpr=D // 4, vec=4), space.sample(random.Random(seed))]
+    ran = 0
+    for s in tries:
+        s = dataclasses.replace(s, row_vectors=True)
+        if space.violations(s):
+            continue
+        errs = emulated_errors(g, plan, space, s, inputs, ref)
+        assert max(errs.values()) < 1e-6, (s.to_json(), errs)
+        ran += 1
+    assume(ran > 0)
