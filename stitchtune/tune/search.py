@@ -130,15 +130,16 @@ class _Loop:
         self.db = TuningDB(config.db)
         self.storage_desc = describe_storage(config.storage, config.db)
         sampler = make_sampler(config.sampler, config.seed, self.space)
+        self.grid = grid_points(self.space, config.seed) if config.sampler == "grid" else None  # errors before storage
         self.study_name = config.study or default_study_name(self.graph, self.device)
         if config.bucket and not config.study:  # a bucket's generic kernels: their own study
             self.study_name += "-" + re.sub(r"[^A-Za-z0-9_.-]", "_", config.bucket)
         if not config.study and self.space.deterministic and self.plan.cross:
             self.study_name += "-deterministic"  # another cross_combine domain: its own optuna study
         self.study = _open_study(self.study_name, make_storage(config.storage, config.db), sampler)
-        # a study draws what the space version it was created in drew (optuna refuses changed choices)
-        self.space = self.space.as_of(study_space_version(self.study, self.space.version))
-        self.grid = grid_points(self.space, config.seed) if config.sampler == "grid" else None
+        drawn = self.space.as_of(study_space_version(self.study, self.space.version))  # optuna refuses changed choices
+        if drawn is not self.space:   # a study of an earlier space version: its draws, its grid (a subset of today's)
+            self.space, self.grid = drawn, (grid_points(drawn, config.seed) if self.grid is not None else None)
         self.ctx = context_row(self.graph, self.device)
         if config.bucket:
             self.ctx["bucket"] = config.bucket
