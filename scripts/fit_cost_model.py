@@ -127,13 +127,26 @@ def db_rows(dev: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _as_on_the_gpu(gm: Any, kind: str) -> tuple[Any, Any]:
+    """A graph's regions as the backend of the GPU runs (results/h200-2026-12-04-models) cut them: dropout's
+    draws seeded and splits as slices only; the later pre-passes (transposed matmul operands as views, bias
+    adds: deploy/torch_prepare.py) would give workloads the GPU logs do not name."""
+    from stitchtune.importers.torch_fx_util import splits_as_slices
+    from stitchtune.importers.torch_random import seed_rands
+    from stitchtune.importers.torch_regions import find_regions
+
+    seeded = seed_rands(gm) or gm
+    work = splits_as_slices(seeded) or seeded
+    return work, find_regions(work)
+
+
 def _capture(name: str, mode: str) -> list[Any]:
     import gpu_models
 
     from stitchtune.deploy.model_tuning import capture_regions
 
     model, args = gpu_models._medium(name)
-    return capture_regions(model, args, "inference" if mode == "inference" else "train")
+    return capture_regions(model, args, "inference" if mode == "inference" else "train", prepare=_as_on_the_gpu)
 
 
 def bert_train_rows(dev: Any) -> tuple[list[dict[str, Any]], list[str]]:

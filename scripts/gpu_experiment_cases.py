@@ -8,8 +8,9 @@ Contract
   ``changes`` (schedule fields / options set over the heuristic's point, ``()``: the heuristic), ``schedule``
   (a full schedule instead of the heuristic, e.g. the latency sweep's fixed one), ``small_changes`` (the changes at
   the small shape where the GPU's do not apply there), ``protocols`` (names in :data:`PROTOCOLS`), ``gemm_input``
-  (the input a GEMM writes before the kernel under the ``after_gemm*`` protocols) and ``params`` (what the fit reads:
-  rows, bytes per block, grid ...). Pure data; nothing here needs a GPU.
+  (the input a GEMM writes before the kernel under the ``after_gemm*`` protocols), ``params`` (what the fit reads:
+  rows, bytes per block, grid ...) and ``render`` (:data:`RENDERS`: how atomic adds are written, the program
+  otherwise the same). Pure data; nothing here needs a GPU.
 * :func:`cases(sm_count) -> list[Case]`: every case, in the order of value within each experiment; grid sizes of
   the latency sweep are multiples of ``sm_count`` (the device's, so that "one wave" means one wave there).
 * :func:`schedule_for(case, graph, device, small) -> (Schedule, violations)`: the case's schedule for ``graph``
@@ -30,6 +31,9 @@ from typing import Any, Callable
 
 EXPERIMENTS = ("l2", "latency", "ab", "scatter")
 PROTOCOLS = ("flushed", "clean_read", "after_gemm", "after_big_gemm")
+#: how float32 atomic adds are rendered: ``red`` (PTX reductions, as shipped), ``atom`` (CUDA's ``atomicAdd``, as
+#: before: a returning ``ATOMG`` ahead of a grid barrier's fence; stitchtune/gpu/render_atomics.py)
+RENDERS = ("red", "atom")
 HIDDEN = 768
 L2_ROWS = (1024, 4096, 16384, 32768)        # x [rows, 768] fp32: 3.1, 12.6, 50, 101 MB
 LATENCY_ROW = 16384                          # floats per block in the fixed-bytes-per-block sweep (64 KiB)
@@ -50,10 +54,13 @@ class Case:
     protocols: tuple[str, ...] = ("flushed",)
     gemm_input: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    render: str = "red"
 
     def __post_init__(self) -> None:
         if self.experiment not in EXPERIMENTS or any(p not in PROTOCOLS for p in self.protocols):
             raise ValueError(f"Case {self.name}: experiment in {EXPERIMENTS}, protocols in {PROTOCOLS}")
+        if self.render not in RENDERS:
+            raise ValueError(f"Case {self.name}: render in {RENDERS}")
 
 
 def _parse(doc: dict[str, Any]) -> Any:
@@ -110,6 +117,34 @@ def gpt2_embedding_backward(rows: int = 4096, n: int = HIDDEN, vocab: int = 3200
              {"id": "v", "op": "where", "args": ["ok2", "dx", 0.0]},
              {"id": "dw", "op": "scatter_add", "args": ["v", "ids"], "shape": [vocab, n]}]
     return _parse({"name": "gpt2_view_82", "inputs": inputs, "nodes": nodes, "outputs": ["dg", "dx", "dw"]})
+
+
+def llama_embedding_backward(b: int = 8, s: int = 512, h: int = 1024, vocab: int = 32000) -> Any:
+    """Llama's training ``region_view_102``: the first RMS-norm's backward (three gradients added, ``dx`` and the
+    weight's column sum) with ``dx`` added into the word table by ``scatter_add``; its heuristic zeroes the table
+    and combines the column sum behind grid barriers, in one launch (the captured region's nodes)."""
+    bsh, bs1 = [b, s, h], [b, s, 1]
+    nodes = [{"id": "a0", "op": "reshape", "args": ["in0"], "shape": bsh},
+             {"id": "a1", "op": "reshape", "args": ["in1"], "shape": bsh},
+             {"id": "a2", "op": "reshape", "args": ["in2"], "shape": bsh},
+             {"id": "s01", "op": "add", "args": ["a0", "a1"]}, {"id": "g", "op": "add", "args": ["s01", "a2"]},
+             {"id": "gw", "op": "mul", "args": ["g", "in3"]}, {"id": "xr", "op": "mul", "args": ["in4", "in5"]},
+             {"id": "gxr", "op": "mul", "args": ["g", "xr"]},
+             {"id": "dw", "op": "reduce_sum", "args": ["gxr"], "axes": [0, 1], "keepdims": True},
+             {"id": "gwx", "op": "mul", "args": ["gw", "in4"]}, {"id": "gwr", "op": "mul", "args": ["gw", "in5"]},
+             {"id": "sg", "op": "reduce_sum", "args": ["gwx"], "axes": [2], "keepdims": True},
+             {"id": "d0", "op": "add", "args": ["in6", "gwr"]}, {"id": "r3", "op": "pow", "args": ["in5", 3.0]},
+             {"id": "m0", "op": "mul", "args": ["sg", -0.5]}, {"id": "m1", "op": "mul", "args": ["m0", "r3"]},
+             {"id": "m2", "op": "div", "args": ["m1", float(h)]}, {"id": "x2", "op": "mul", "args": ["in4", 2.0]},
+             {"id": "m3", "op": "mul", "args": ["m2", "x2"]}, {"id": "dx", "op": "add", "args": ["d0", "m3"]},
+             {"id": "ge", "op": "ge", "args": ["ids", 0.0]}, {"id": "lt", "op": "lt", "args": ["ids", float(vocab)]},
+             {"id": "ok", "op": "logical_and", "args": ["ge", "lt"]},
+             {"id": "ok1", "op": "reshape", "args": ["ok"], "shape": bs1},
+             {"id": "v", "op": "where", "args": ["ok1", "dx", 0.0]},
+             {"id": "dt", "op": "scatter_add", "args": ["v", "ids"], "shape": [vocab, h]}]
+    inputs = {"in0": _f32([b * s, h]), "in1": _f32([b * s, h]), "in2": _f32([b * s, h]), "in3": _f32([h]),
+              "in4": _f32(bsh), "in5": _f32(bs1), "in6": _f32(bsh), "ids": {"shape": [b, s], "dtype": "int64"}}
+    return _parse({"name": "llama_view_102", "inputs": inputs, "nodes": nodes, "outputs": ["dw", "dt"]})
 
 
 def bert_embedding_backward(tokens: int = 4096, width: int = HIDDEN, vocab: int = 32000) -> Any:
@@ -244,11 +279,15 @@ def _ab_cases() -> list[Case]:
     ln = lambda small: bert_ln_backward(2, 8, 64) if small else bert_ln_backward()  # noqa: E731
     hm = lambda small: bert_head_merge_colsum(2, 4, 16, 64) if small else bert_head_merge_colsum()  # noqa: E731
     hm_small = (("tpr", 8), ("split", 2), ("block", 64))
+    llama = lambda small: llama_embedding_backward(2, 8, 64, 50) if small else llama_embedding_backward()  # noqa: E731
+    red = {"question": "red vs atom", "region": "llama view_102"}
     rot = lambda small: llama_rotary_backward(2, 2, 32, 16) if small else llama_rotary_backward()  # noqa: E731
     rot_q = {"question": "row vectors, column shifts from other lanes", "region": "llama view_68"}
     gelu = lambda small: bert_gelu_backward_colsum(256, 384) if small else bert_gelu_backward_colsum()  # noqa: E731
     inflight = {"question": "bytes in flight above Little's law", "region": "bert view_47"}
     return [
+        Case("ab", "llama-view_102/heuristic", llama, params=red),
+        Case("ab", "llama-view_102/atom", llama, params=red, render="atom"),
         Case("ab", "gpt2-view_82/heuristic", gpt2, params={"question": "rule 5e", "region": "gpt2 view_82"}),
         Case("ab", "gpt2-view_82/tpb1", gpt2, tpb1, params={"question": "rule 5e", "region": "gpt2 view_82"}),
         Case("ab", "gpt2-view_82/tpb2", gpt2, tpb2, params={"question": "rule 5e", "region": "gpt2 view_82"}),

@@ -104,13 +104,18 @@ def _err(e: BaseException) -> str:
 
 def _compile(case: Case, device: Any, small: bool) -> tuple[Any, Any]:
     """(graph, CompiledGraph without a cubin) of ``case``; a schedule the space refuses is an error."""
+    import contextlib
+
     import stitchtune
+    from stitchtune.gpu.render_atomics import returning_adds
 
     g = case.graph(small)
     s, bad = schedule_for(case, g, device, small)
     if bad:
         raise ValueError(f"schedule {s.to_json()} refused: {'; '.join(bad)}")
-    return g, stitchtune.compile(g, db=None, device=device, schedule=s, build=False)
+    # the source is rendered here, once: ``render="atom"`` writes atomic adds as atomicAdd (the A/B's other arm)
+    with returning_adds() if case.render == "atom" else contextlib.nullcontext():
+        return g, stitchtune.compile(g, db=None, device=device, schedule=s, build=False)
 
 
 def _base_row(case: Case, cg: Any, device: Any) -> dict[str, Any]:
@@ -119,7 +124,8 @@ def _base_row(case: Case, cg: Any, device: Any) -> dict[str, Any]:
 
     pred = predict_program(cg.program, device)
     feats = program_features(cg.program, device)
-    return {"experiment": case.experiment, "case": case.name, "params": case.params, "device": device.name,
+    return {"experiment": case.experiment, "case": case.name, "params": case.params, "render": case.render,
+            "device": device.name,
             "sm_count": device.sm_count, "l2_bytes": device.l2_bytes, "copy_gbs": device.effective_copy_bandwidth_gbs(),
             "schedule": cg.schedule.to_dict(), "workload": cg.graph.workload_key(),
             "launches": [{"kernel": la.kernel, "grid": la.grid, "block": la.block, "smem": la.smem_bytes,
@@ -313,7 +319,8 @@ def run_case(case: Case, cg: Any, device: Any, timer: Timer, iters: int, commit:
         row["measured_us"][p] = timer.time(cg, args, p, case.gemm_input, iters)
     flushed = row["measured_us"].get("flushed", {})
     per_launch = [flushed.get(la.kernel) for la in cg.program.launches]
-    if all(t is not None for t in per_launch):
+    # the IR's features do not see how atomic adds are rendered: only the shipped rendering gives fit rows
+    if all(t is not None for t in per_launch) and case.render == "red":
         rows = fit_rows(f"exp-{case.experiment}", case.name, row["workload"], cg.program, device,
                         [float(t) for t in per_launch if t is not None], commit)
         for r in rows:   # fit_rows says heuristic; a changed or fixed schedule is not
@@ -370,7 +377,7 @@ def run_gpu(args: argparse.Namespace, out: Path) -> int:
             continue
         for c in (c for c in todo if c.experiment == exp and c.name in compiled):
             cg = compiled[c.name]
-            key = f"{cg.graph.workload_key()}|{cg.schedule.to_json()}"
+            key = f"{cg.graph.workload_key()}|{cg.schedule.to_json()}|{c.render}"
             if key in seen:
                 _write(out, [{"experiment": exp, "case": c.name, "same_as": seen[key], "params": c.params}])
                 continue

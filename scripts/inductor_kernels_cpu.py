@@ -1,12 +1,15 @@
-"""Inductor's Triton kernels of a model's training step, generated on a CPU for a fake H200 (no GPU).
+"""Inductor's Triton kernels of a model's training step or inference call, generated on a CPU for a fake H200 (no GPU).
 
-    python scripts/inductor_kernels_cpu.py [--models bert,gpt2,llama] [--out results/train-gap-DATE]
+    python scripts/inductor_kernels_cpu.py [--models bert,gpt2,llama] [--call train|inference] [--out DIR]
 
 For each model of ``scripts/gpu_models.py``'s ``time`` phase (2 layers, batch 8 x 512, fp32):
 
 1. ``capture`` (a subprocess, the real CPU): ``torch.compile(model)`` with Inductor's own ``compile_fx``
-   whose ``inner_compile`` only keeps the forward and backward ATen graphs AOTAutograd partitioned
-   (Inductor's decompositions, joint-graph passes and min-cut partition: what it would compile on a GPU);
+   whose ``inner_compile`` only keeps the ATen graphs: a training step's forward and backward as
+   AOTAutograd partitioned them (Inductor's decompositions, joint-graph passes and min-cut partition: what it
+   would compile on a GPU), or the one graph of an inference call (``--call inference``: ``model.eval()``
+   under ``torch.no_grad()``). Inductor's attention patterns are turned off: on the H200 in fp32 without TF32
+   they refuse (``_sfdp_params_check``) and the eager attention's kernels run; on the CPU they would match;
 2. ``codegen`` (a subprocess per graph): ``compile_fx_inner`` on that graph with fake CUDA tensors and
    ``torch.cuda`` / Triton's driver answering as an H200 (sm_90, 132 SMs); Inductor lowers, schedules,
    fuses and writes its wrapper module, then fails to import it (no CUDA in this torch): the module is
@@ -16,12 +19,15 @@ For each model of ``scripts/gpu_models.py``'s ``time`` phase (2 layers, batch 8 
    looped reduction), bytes, the ATen ops of its graph fragment, and whether it uses atomics.
 
 Checked on BERT training: the 76 launches generated here are, in order, the 76 Triton kernels of the
-measured H200 CUPTI trace (results/h200-2026-12-04-models/logs/time_run3.log), kind for kind. That
-trace also gives an ESTIMATE for the other models, whose per-kernel times were never recorded:
-t = a + bytes / B fitted on BERT's non-atomic kernels; atomic kernels at BERT's measured atomic rate.
+measured H200 CUPTI trace (results/h200-2026-12-04-models/logs/time_run3.log), kind for kind; BERT
+inference: 18 launches, the measured call's 18. That trace also gives an ESTIMATE for the kernels whose
+times were never recorded: t = a + bytes / B fitted on BERT's non-atomic training kernels (for
+``--call inference``, read from ``--fit-from``, a previous training output); atomic kernels at BERT's
+measured atomic rate. BERT inference's launches also get ``measured_fw_us``: the time of the same kernel
+(kind, ops, bytes within 1%) MEASURED in the training step's forward.
 
 Fragile by design: it patches private torch / Triton APIs (torch 2.13, Triton 3.9); a CPU-only torch
-build is assumed. Writes ``OUT/inductor_<model>_train.json`` and prints a summary. Nothing here is a
+build is assumed. Writes ``OUT/inductor_<model>_<call>.json`` and prints a summary. Nothing here is a
 measured time except the BERT trace it is checked against.
 """
 
@@ -40,7 +46,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / "results" / "h200-2026-12-04-models" / "logs" / "time_run3.log"
 #: the measured Inductor totals of a training step (results/h200-2026-12-04-models/gpu_models.md)
-MEASURED = {"bert": (76, 887.1), "gpt2": (67, 908.0), "llama": (48, 1038.0)}
+MEASURED = {"train": {"bert": (76, 887.1), "gpt2": (67, 908.0), "llama": (48, 1038.0)},
+            #: inference: Triton launches and their summed time (gpu_models.md; no per-kernel trace)
+            "inference": {"bert": (18, 243.4), "gpt2": (18, 344.0), "llama": (19, 412.0)}}
+#: call -> the graphs Inductor compiles for it: (index in the capture, name)
+GRAPHS = {"train": ((0, "forward"), (1, "backward")), "inference": ((0, "inference"),)}
+#: BERT's training launches with their measured times (this script's --call train output, s14)
+FIT_FROM = REPO / "results" / "train-gap-2026-12-07-s14" / "inductor_bert_train.json"
 
 
 def _medium(name: str) -> tuple[Any, tuple[Any, ...]]:
@@ -52,8 +64,10 @@ def _medium(name: str) -> tuple[Any, tuple[Any, ...]]:
     return mod._medium(name)
 
 
-def capture(name: str, work: Path) -> None:
-    """Phase 1 (CPU): the partitioned forward / backward graphs Inductor would compile, saved."""
+def capture(name: str, work: Path, call: str = "train") -> None:
+    """Phase 1 (CPU): the graphs Inductor would compile for ``call``, saved: a training step's partitioned
+    forward and backward, or an inference call's one graph (``model.eval()`` under ``torch.no_grad()``,
+    as the GPU script times it)."""
     import torch
     from torch._functorch.aot_autograd import make_boxed_func
     from torch._inductor.compile_fx import compile_fx
@@ -65,10 +79,21 @@ def capture(name: str, work: Path) -> None:
                             for t in example_inputs]))
         return make_boxed_func(gm.forward)
 
+    import torch._inductor.fx_passes.fuse_attention as fuse_attention
+
+    # on the GPU in fp32 without TF32 Inductor keeps eager attention (its scaled-dot-product patterns refuse
+    # CUDA fp32: _sfdp_params_check); on the CPU they match and would put SDPA where the H200 ran its kernels
+    fuse_attention._sfdp_params_check = lambda match: False
     model, args = _medium(name)
-    out = torch.compile(model, backend=lambda gm, ins: compile_fx(gm, ins, inner_compile=inner))(*args)
-    hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state
-    (hidden.float() ** 2).mean().backward()     # the GPU script's step (scripts/gpu_models.py _step)
+    compiled = torch.compile(model, backend=lambda gm, ins: compile_fx(gm, ins, inner_compile=inner))
+    if call == "inference":                     # scripts/gpu_models.py _step, inference
+        model.eval()
+        with torch.no_grad():
+            compiled(*args)
+    else:
+        out = compiled(*args)
+        hidden = out[0] if isinstance(out, tuple) else out.last_hidden_state
+        (hidden.float() ** 2).mean().backward()     # the GPU script's step (scripts/gpu_models.py _step)
     torch.save([g for g, _ in graphs], work / "graphs.pt")
     torch.save([i for _, i in graphs], work / "inputs.pt")
 
@@ -147,7 +172,7 @@ def _fake_h200() -> None:
     reinplace._inplace_generalized_scatter = lambda inp, src, view_ops: inp   # shapes only (fake)
 
 
-def codegen(work: Path, index: int) -> None:
+def codegen(work: Path, index: int, call: str = "train") -> None:
     """Phase 2: graph ``index`` compiled by Inductor for the fake H200; the wrapper's path is printed."""
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(work / "inductor")
     import torch
@@ -188,7 +213,7 @@ def codegen(work: Path, index: int) -> None:
                 for i in inputs]
     try:
         with tracing(TracingContext(mode)):
-            compile_fx_inner(gm, fake, is_backward=index == 1)
+            compile_fx_inner(gm, fake, is_backward=call == "train" and index == 1, is_inference=call == "inference")
     except Exception as exc:  # noqa: BLE001 - expected: the wrapper module cannot import without CUDA
         m = re.search(r"get_raw_stream|_cuda_getCurrentRawStream", str(exc))
         if not m:
@@ -252,54 +277,88 @@ def _fit_on_bert(bert: list[dict[str, Any]]) -> tuple[float, float, float]:
     return a0, 1.0 / slope, rate
 
 
+def _generate(name: str, call: str) -> list[dict[str, Any]]:
+    """Inductor's launches of model ``name``'s ``call``, in order (phases 1-3 in subprocesses)."""
+    work = Path(tempfile.mkdtemp(prefix=f"inductor-{name}-{call}-"))
+    me = [sys.executable, __file__, "--work", str(work), "--call", call]
+    subprocess.run(me + ["--phase", "capture", "--models", name], check=True, timeout=1200)
+    launches: list[dict[str, Any]] = []
+    for index, graph in GRAPHS[call]:
+        res = subprocess.run(me + ["--phase", "codegen", "--index", str(index)], check=True, timeout=1200,
+                             capture_output=True, text=True)
+        wrapper = Path(res.stdout.strip().splitlines()[-1].split(" ", 1)[1])
+        launches += [{"graph": graph, **a} for a in parse(wrapper)]
+    return launches
+
+
+def _same_kernel_in_training(launches: list[dict[str, Any]], bert_train: list[dict[str, Any]]) -> None:
+    """BERT inference: each launch gets ``measured_fw_us``, the measured time of the training step's
+    forward launch doing the same work: same kind and ATen ops, bytes within 1% (an inference kernel may add
+    a bias the training forward's ``addmm`` adds: 12 KB of 101 MB); the n-th such inference launch takes
+    the n-th such forward launch. None where no forward launch matches (a layer norm that does not write
+    the values the backward reads: other bytes)."""
+    pool: list[dict[str, Any]] = [dict(a) for a in bert_train
+                                  if a["graph"] == "forward" and a.get("measured_us") is not None]
+    for a in launches:
+        hit = next((f for f in pool if f["kind"] == a["kind"] and f["ops"] == a["ops"]
+                    and abs(f["bytes"] - a["bytes"]) <= 0.01 * a["bytes"]), None)
+        a["measured_fw_us"] = hit["measured_us"] if hit is not None else None
+        if hit is not None:
+            pool.remove(hit)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="bert,gpt2,llama")
+    ap.add_argument("--call", choices=tuple(GRAPHS), default="train",
+                    help="a training step (forward + backward graphs) or an inference call (one graph)")
+    ap.add_argument("--fit-from", type=Path, default=FIT_FROM,
+                    help="BERT training launches with measured_us (a previous --call train output), used for "
+                         "the estimate when this run does not generate BERT's training step")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--phase", choices=("capture", "codegen"), help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.phase == "capture":
-        capture(args.models, args.work)
+        capture(args.models, args.work, args.call)
         return 0
     if args.phase == "codegen":
-        codegen(args.work, args.index)
+        codegen(args.work, args.index, args.call)
         return 0
     models = [m for m in args.models.split(",") if m]
-    if "bert" not in models:
+    if args.call == "train" and "bert" not in models:
         models.insert(0, "bert")            # the estimate is fitted on BERT's measured trace
-    found: dict[str, list[dict[str, Any]]] = {}
-    for name in models:
-        work = Path(tempfile.mkdtemp(prefix=f"inductor-{name}-"))
-        me = [sys.executable, __file__, "--work", str(work)]
-        subprocess.run(me + ["--phase", "capture", "--models", name], check=True, timeout=1200)
-        launches: list[dict[str, Any]] = []
-        for index, graph in ((0, "forward"), (1, "backward")):
-            res = subprocess.run(me + ["--phase", "codegen", "--index", str(index)], check=True, timeout=1200,
-                                 capture_output=True, text=True)
-            wrapper = Path(res.stdout.strip().splitlines()[-1].split(" ", 1)[1])
-            launches += [{"graph": graph, **a} for a in parse(wrapper)]
-        found[name] = launches
-    a0, bw, atomic_rate = _fit_on_bert(found["bert"])
+    found = {name: _generate(name, args.call) for name in models}
+    if args.call == "train":
+        bert_train = found["bert"]
+        a0, bw, atomic_rate = _fit_on_bert(bert_train)
+    else:
+        bert_train = json.loads(args.fit_from.read_text())["launches"]
+        a0, bw, atomic_rate = _fit_on_bert([{k: v for k, v in a.items() if k != "measured_us"} for a in bert_train])
     print(f"estimate (fitted on BERT's measured Triton kernels): t = {a0:.2f} us + bytes / {bw / 1e3:.0f} GB/s;"
           f" atomic kernels at {atomic_rate / 1e3:.0f} GB/s")
     for name, launches in found.items():
         for a in launches:
             a["estimated_us"] = round(a["bytes"] / atomic_rate if a["atomic"] else a0 + a["bytes"] / bw, 2)
-        n, total = MEASURED.get(name, (None, None))
+        if name == "bert" and args.call == "inference":
+            _same_kernel_in_training(launches, bert_train)
+        n, total = MEASURED[args.call].get(name, (None, None))
         est = sum(a["estimated_us"] for a in launches)
-        print(f"{name}: {len(launches)} launches (measured step: {n}), {sum(a['bytes'] for a in launches) / 1e6:.0f} MB,"
-              f" ESTIMATED {est:.0f} us (measured step: {total} us)")
+        print(f"{name}: {len(launches)} launches (measured: {n}), {sum(a['bytes'] for a in launches) / 1e6:.0f} MB,"
+              f" ESTIMATED {est:.0f} us (measured: {total} us)")
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / f"inductor_{name}_train.json").write_text(json.dumps({
-                "note": "Inductor's Triton launches of one training step, generated on a CPU for a fake H200 "
+            what = "one training step" if args.call == "train" else "one inference call (eval, no_grad)"
+            (args.out / f"inductor_{name}_{args.call}.json").write_text(json.dumps({
+                "note": f"Inductor's Triton launches of {what}, generated on a CPU for a fake H200 "
                         "(scripts/inductor_kernels_cpu.py); bytes: Inductor's kernel_num_gb; estimated_us: "
                         f"ESTIMATED, t = {a0:.2f} us + bytes / {bw / 1e3:.0f} GB/s (atomic: bytes / "
-                        f"{atomic_rate / 1e3:.0f} GB/s) fitted on BERT's measured trace; measured_us: BERT only "
-                        "(H200 CUPTI, results/h200-2026-12-04-models/logs/time_run3.log)",
-                "measured_step": {"launches": n, "us": total},
+                        f"{atomic_rate / 1e3:.0f} GB/s) fitted on BERT's measured training trace; measured_us: "
+                        "BERT training only (H200 CUPTI, results/h200-2026-12-04-models/logs/time_run3.log); "
+                        "measured_fw_us (BERT inference): the same kernel's measured time in that training "
+                        "step's forward (same kind, ops and bytes), MEASURED there, not in an inference call",
+                "measured": {"launches": n, "us": total},
                 "launches": launches}, indent=1) + "\n")
     return 0
 

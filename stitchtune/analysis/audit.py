@@ -13,7 +13,8 @@ given), then for every launch builds a :class:`KernelAudit`:
   no launch term; when the cubin was read, predicted with its compiled facts: the SASS's bytes in flight,
   :mod:`stitchtune.cost.compiled`), both labelled predicted: never a measurement; the region's
   ``fitted_ideal_us``, the fitted model's time of the same launches made ideal
-  (:mod:`stitchtune.analysis.fitted_ideal`);
+  (:mod:`stitchtune.analysis.fitted_ideal`); where a launch adds atomically into global memory, a note gives
+  its atomics term, labelled a prior, not fitted (:func:`atomics_note`);
 * occupancy (:func:`stitchtune.hardware.occupancy.occupancy`, with the SASS registers when the
   cubin was read, else the lowering's estimate), waves, bytes in flight per SM against Little's law;
 * from an emulated slice (:mod:`stitchtune.analysis.sectors`): sectors per request of every global
@@ -288,6 +289,23 @@ def _sass_of(program: kir.Program, arch: str, notes: list[str]) -> dict[str, Sas
         return {}
 
 
+def atomics_note(program: kir.Program, device: Device, registers: Mapping[str, int] | None = None) -> str | None:
+    """The fitted time's atomics term per launch with atomics, labelled a prior (its coefficient is not fitted:
+    :mod:`stitchtune.cost.fitted`, **atomics**); None for a program without atomic adds into global memory."""
+    from stitchtune.cost.features import program_features
+    from stitchtune.cost.fitted import coefficients_for, kernel_terms_us
+
+    c = coefficients_for(device)
+    parts = [f"`{f.name}` {float(kernel_terms_us(f, device, c)['atomics']):.1f} us "
+             f"({f.atomics * f.grid * f.block:,.0f} atomic instructions)"
+             for f in program_features(program, device, registers) if f.atomics > 0]
+    if not parts:
+        return None
+    return (f"fitted time includes an atomics term whose coefficient is a prior, not fitted ({c.atomic_ns:g} ns per "
+            "atomic instruction, derived from one measured Inductor kernel: results/atomics-2026-12-07-s15/): "
+            + ", ".join(parts))
+
+
 def _kernel_audit(program: kir.Program, i: int, device: Device, sl: SliceResult, sass: SassMetrics | None,
                   predicted: float | None, fitted: float | None, criteria: Criteria,
                   reads: Mapping[str, int]) -> KernelAudit:
@@ -343,6 +361,8 @@ def audit_program(graph: Any, program: kir.Program, device: Device, *, schedule:
     fit = predict_program(program, device, regs, compiled={n: compiled_facts(m) for n, m in metrics.items()})
     if metrics:
         notes.append("fitted time: predicted with the compiled code's bytes in flight (SASS), a post-build prediction")
+    if not fit.prune_reason and (note := atomics_note(program, device, regs)) is not None:
+        notes.append(note)
     ideal = None if fit.prune_reason else ideal_us(program, device, regs)
     n = len(program.launches)
     per = list(pred.per_kernel_us) if len(pred.per_kernel_us) == n and not pred.prune_reason else [None] * n

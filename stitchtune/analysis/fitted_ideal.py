@@ -11,8 +11,8 @@ registers=None)` is the fitted model's device time (:func:`stitchtune.cost.fitte
 coefficients :func:`~stitchtune.cost.fitted.coefficients_for` gives) of those ideal launches, summed: a
 region predicted at this time cannot be predicted faster by any change of its kernels that keeps their
 bytes and grids, only by moving fewer bytes or by the model. It evaluates the model, so it follows the
-model's form whatever its coefficients (today: the unique bytes at ``bw_efficiency`` x the copy bandwidth,
-plus ``ramp_us`` per launch). A prediction, never a measurement; pure, never raises for a program
+model's form whatever its coefficients (today: the unique bytes at ``bw_efficiency`` x the copy bandwidth, a
+kernel without loads, kept so, at ``store_bw_factor`` x it, plus ``ramp_us`` per launch). A prediction, never a measurement; pure, never raises for a program
 :func:`~stitchtune.cost.fitted.predict_program` accepts.
 """
 
@@ -31,7 +31,12 @@ IDEAL_REGISTERS = 255
 
 
 def ideal_features(f: KernelFeatures) -> KernelFeatures:
-    """``f`` with its bytes and grid and none of its inefficiencies (module docstring)."""
+    """``f`` with its bytes and grid and none of its inefficiencies (module docstring); a kernel without loads (a
+    zero fill) stays without them (the model streams its stores at their own rate)."""
+    if f.bytes_in_flight_per_thread <= 0 and f.compiled_bytes_in_flight <= 0 and f.load_rounds <= 0:
+        return replace(f, sector_bytes=float(f.unique_bytes), requested_bytes=float(f.unique_bytes), sector_factor=1.0,
+                       excess_sector_bytes=0.0, active_lanes=1.0, float_ops=0.0, barriers=0.0, atomics=0.0,
+                       grid_barriers=0.0, serial_rounds=0.0, shuffles=0.0, spill_instructions=0.0)
     return replace(f, registers=max(f.registers, IDEAL_REGISTERS), sector_bytes=float(f.unique_bytes),
                    requested_bytes=float(f.unique_bytes), sector_factor=1.0, excess_sector_bytes=0.0,
                    active_lanes=1.0, bytes_in_flight_per_thread=4.0 * IDEAL_REGISTERS, chained_loads=0.0,

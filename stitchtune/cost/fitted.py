@@ -24,7 +24,11 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
   ``inflight_reg_share`` of the thread's registers (4 bytes each: a load in flight needs its
   destination registers); the bandwidth is a smooth minimum of ``bw_efficiency`` x copy bandwidth and
   that over the loaded latency (Little's law; a kernel without global loads, no bytes in flight walked or compiled
-  and no load round, is not latency-bound: its stores are issued without waiting, so it streams at the ceiling).
+  and no load round, is not latency-bound: its stores are issued without waiting, so it streams at
+  ``store_bw_factor`` x copy bandwidth, a **prior, not fitted** (no fit row is store-only): 1.13, from Inductor's
+  MEASURED zero fill of a 98.3 MB table on the H200, 21.9 us (BERT training, ``triton_poi_fused_18``: 98.3 MB /
+  (21.9 us - ``ramp_us``) = 4.66 TB/s; its 3.1 MB fill, 1.4 us measured, is predicted 1.5; ``scripts/atomics_prior.py``);
+  0: at the ceiling, ``bw_efficiency`` x copy bandwidth, as before).
   Two optional terms (0 = off, as shipped: results/cost-fit-2026-12-07-s14/): the bytes in flight of all SMs are at
   most ``min(grid, SMs) x sm_inflight_kib`` (the memory parallelism of the SMs a grid keeps busy: miss queues), and
   the latency they wait is ``dram_latency_ns x (1 + loaded_latency x bw / copy bandwidth)`` (queueing as the
@@ -68,6 +72,16 @@ The model, per launch (``f`` a :class:`~stitchtune.cost.features.KernelFeatures`
 * **spills**: ``ceil(waves) x spill_instructions x spill_ns`` (local-memory round trips of a compiled
   kernel's spills; 0 without compiled facts);
   grid barriers ``device.grid_barrier_us(grid)`` each; atomics ``atomics x grid x block x atomic_ns``.
+* **atomics**: ``atomics`` counts a thread's atomic instructions (a ``float4`` add once: one ``REDG.E.ADD.F32x4``
+  lane in SASS), added to the body (not overlapped with its memory). ``atomic_ns`` is a **prior, not fitted**: no
+  fit row has atomics. 0.023 ns is what makes this form reproduce the one measured H200 kernel with atomics we have,
+  Inductor's BERT-training embedding backward (``triton_per_fused_19``: 64.9 us MEASURED, CUPTI,
+  results/h200-2026-12-04-models/logs/time_run3.log; its Triton code compiled for sm_90 issues 1,572,864
+  ``REDG.E.ADD.F32x4`` lanes, half of them into the 2-row token-type table, and moves 88.1 MB): 64.9 us less
+  its bytes at this model's ceiling plus the ramp (28.2 us), over the lanes (``scripts/atomics_prior.py``,
+  results/atomics-2026-12-07-s15/; 0.027 with Inductor's own bandwidth line for the rest, 0.047 if the contended
+  token-type adds cost nothing). Whether a scalar add costs what a ``float4`` one does (this count) or a quarter
+  (bytes) is not measured: scripts/gpu_scatter_variants.py's ``scalar`` variant.
 * **ramp**: ``ramp_us`` per launch (the first loads' latency before data flows, the last wave's drain).
 * device time = body + phases + scratch + spills + grid barriers + atomics + ramp.
 * ``event_us`` is not device time: it is the per-launch start that times taken with CUDA events around a
@@ -118,7 +132,8 @@ class Coefficients:
     cta_ns: float = 50.0             # per block and SM
     phase_us: float = 0.5            # per extra load phase, wave and resident block
     scratch_load_ns: float = 300.0   # per scratch load per thread and wave
-    atomic_ns: float = 0.05          # per global atomic (device-wide)
+    atomic_ns: float = 0.023         # per global atomic instruction of a lane, device-wide: a PRIOR, not fitted
+    #                                  (module docstring, **atomics**; results/atomics-2026-12-07-s15/)
     inflight_reg_share: float = 1.0  # share of a thread's registers that can hold loads in flight
     ramp_us: float = 1.0             # per launch: first loads' latency and the last wave's drain
     event_us: float = 2.0            # per launch, in times taken with CUDA events only (not device time)
@@ -136,6 +151,8 @@ class Coefficients:
     overlap_tasks: float = 1.0       # the exposed issue work over task_trips ** this (1: a thread's tasks pipeline)
     l2_latency_ns: float = 0.0       # latency of an L2 hit: Little's law for every sector (0: the L2 has only a rate)
     phase_tasks: float = 0.0         # the phase term over task_trips ** this (0, as shipped; 1: phases of tasks overlap)
+    store_bw_factor: float = 1.13    # a kernel without loads (a zero fill) streams at this x copy bandwidth: a PRIOR
+    #                                  (module docstring, **memory**; 0: at the ceiling, bw_efficiency, as before)
     source: str = "defaults"
     provenance: Mapping[str, Any] = field(default_factory=dict)
 
@@ -279,9 +296,11 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
     # Little's law; with loaded_latency a, latency L0 x (1 + a x bw / copy): bw = 2B / (L0 + sqrt(L0^2 + 4 a L0 B / copy))
     lat = c.dram_latency_ns
     little = 2.0 * inflight / (lat + np.sqrt(lat * lat + 4.0 * c.loaded_latency * lat * inflight / copy))
-    # a kernel that loads nothing (a zero fill) waits on no round trip: its stores stream at the ceiling
-    little = np.where((walked <= 0) & (np.asarray(f.load_rounds, dtype=float) <= 0), np.inf, little)
-    cap = c.bw_efficiency * copy
+    # a kernel that loads nothing (a zero fill) waits on no round trip: its stores stream at the measured rate of
+    # stores alone (store_bw_factor, a prior), or at the ceiling with store_bw_factor 0
+    store_only = (walked <= 0) & (np.asarray(f.load_rounds, dtype=float) <= 0)
+    little = np.where(store_only, np.inf, little)
+    cap = np.where(store_only & (c.store_bw_factor > 0), c.store_bw_factor * copy, c.bw_efficiency * copy)
     bw = (cap ** -_SMOOTH_P + np.maximum(little, 1e-12) ** -_SMOOTH_P) ** (-1.0 / _SMOOTH_P)   # smooth minimum
     dram = unique + np.maximum(0.0, f.sector_bytes - unique) * (1.0 - hit)
     l2bw = c.l2_bw_factor * copy

@@ -47,7 +47,7 @@ from stitchtune.lower.entry import estimate_registers
 from stitchtune.plan.classes import TensorClass
 from stitchtune.plan.family import Family
 from stitchtune.plan.planner import StitchPlan
-from stitchtune.space import SchemeName, Schedule, SearchSpace
+from stitchtune.space import ReuseLevel, SchemeName, Schedule, SearchSpace
 
 #: a single wave counts as full from this share of the resident capacity (docs/audit.md, criterion 6)
 FULL_WAVE = 0.95
@@ -134,9 +134,32 @@ def _live_floats(space: SearchSpace, plan: StitchPlan, s: Schedule) -> tuple[int
     floats = {n for n, d in plan.dtypes if d.startswith(("float", "bfloat"))}
     tables = embedding_tables(plan)
     params = sum(plan.cls(n) is TensorClass.PER_REDUCED and n in floats and n not in tables
-                 for n in plan.input_names)
+                 for n in last_sweep_inputs(plan, s))
     cache = int(space.derived(s)["reg_cache_elems"])
     return cache + params * piece, cache + len(tables) * piece
+
+
+def last_sweep_inputs(plan: StitchPlan, s: Schedule) -> set[str]:
+    """The inputs of ``plan`` that a thread of ``s`` still reads after the first sweep: those an output
+    depends on through values not kept on chip (a reuse candidate at a cached level stops the walk: the
+    later sweep reads it from registers or shared memory). A linear layer's bias added before a layer
+    norm's statistics (the backend adds it in the region: importers/torch_bias.py) is read by the first
+    sweep only when the sum it feeds is cached."""
+    cached = {c for c, lvl in zip(plan.reuse_candidates, s.reuse) if ReuseLevel(lvl).cached}
+    args = {name: a for name, _, a in plan.dataflow}
+    inputs = set(plan.input_names)
+    found: set[str] = set()
+    seen: set[str] = set()
+    stack = [o for o in plan.output_names if o not in cached]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in inputs:
+            found.add(n)
+        stack += [a for a in args.get(n, ()) if a not in cached]
+    return found
 
 
 def embedding_tables(plan: StitchPlan) -> set[str]:

@@ -215,18 +215,20 @@ def capture_graphs(model: Any, example_inputs: Sequence[Any], call: str = "infer
     return found
 
 
-def capture_regions(model: Any, example_inputs: Sequence[Any], call: str = "inference") -> list[Any]:
+def capture_regions(model: Any, example_inputs: Sequence[Any], call: str = "inference",
+                    prepare: Callable[[Any, str], tuple[Any, Any]] | None = None) -> list[Any]:
     """Every :class:`~stitchtune.importers.torch_regions.TorchRegion` the backend would find in
-    ``model`` at ``example_inputs`` called as ``call`` (a :data:`CALL_PATTERNS` name), in graph order."""
-    from stitchtune.importers.torch_fx_util import splits_as_slices
-    from stitchtune.importers.torch_random import seed_rands
-    from stitchtune.importers.torch_regions import find_regions
+    ``model`` at ``example_inputs`` called as ``call`` (a :data:`CALL_PATTERNS` name), in graph order.
+    ``prepare(gm, kind) -> (graph, RegionSplit)`` cuts each graph's regions; None: the backend's own
+    (:func:`~stitchtune.deploy.torch_prepare.prepared_regions`: the same graph-wide rewrites, dropout's
+    draws, splits as slices, bias adds, transposed matmul operands as views, ...). A script that matches
+    regions with a GPU log of an older backend passes that backend's cut."""
+    from stitchtune.deploy.torch_prepare import prepared_regions
 
-    # as the backend finds them: training dropout's draws in the regions that compare them, splits as slices
+    cut = prepare or prepared_regions
     out: list[Any] = []
     for g in capture_graphs(model, example_inputs, call):
-        seeded = seed_rands(g.module) or g.module
-        out += find_regions(splits_as_slices(seeded) or seeded).regions
+        out += cut(g.module, g.kind)[1].regions
     return out
 
 

@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stitchtune.deploy.backend_options import BackendOptions
+from stitchtune.deploy.torch_prepare import prepared_regions
 from stitchtune.deploy.torch_region_compile import attach_cubins, compile_region_graph, device_for, kept_outputs
 from stitchtune.deploy.torch_rest import compile_rest, decompositions, partition
 from stitchtune.deploy.torch_rewrite import fake_check, replace_regions
@@ -181,39 +182,18 @@ def _make_region(r: Any, opts: BackendOptions, device: Any, kind: str, report: G
         counters[r.name].decline(report.declined[-1].reason)
 
 
-def _prepared(gm: Any, kind: str) -> Any:
-    """``gm`` as the region finder reads it: the graph-wide rewrites before it (each a copy, or none)."""
-    from stitchtune.importers.torch_fx_util import splits_as_slices
-    from stitchtune.importers.torch_mm_views import matmul_views
-    from stitchtune.importers.torch_random import seed_rands
-    from stitchtune.importers.torch_saved import mark_saved_outputs
-    from stitchtune.importers.torch_symsizes import sym_sizes
-    from stitchtune.importers.torch_symvalues import sym_values
-
-    if kind == "forward":   # a training step's forward: which outputs only the backward reads
-        mark_saved_outputs(gm)
-    seeded = seed_rands(gm)   # dropout's rand drawn by the regions that read it (one seed per call)
-    work = gm if seeded is None else seeded
-    work = splits_as_slices(work) or work   # a split's parts as slices: their readers may share a region
-    work = matmul_views(work) or work   # a transposed matmul operand read as a view, not copied transposed
-    work = sym_values(work) or work   # SymInt values (positions ``arange + past``) as tensors a region call makes
-    return sym_sizes(work) or work    # SymInt sizes (``iota(S)``, a cache's ``full``) read from carriers it makes
-
-
 def stitch_graph(gm: Any, example_inputs: Sequence[Any], opts: BackendOptions, kind: str) -> tuple[Any, GraphReport]:
     """``gm`` with every region it can stitch replaced by ``stitchtune::region`` calls, and the report."""
     from stitchtune.deploy import torch_ops
     from stitchtune.deploy.torch_guard import GuardedRegion
     from stitchtune.deploy.selection import collecting_fallbacks, fallback_summary
     from stitchtune.importers.torch_random import unseed_rands
-    from stitchtune.importers.torch_regions import find_regions
     from stitchtune.importers.torch_symvalues import bound_inputs
 
     report = GraphReport(kind)
     gm = _cache_writes(gm, opts, report, kind)   # a static cache's writes in place (inference graphs)
-    work = _prepared(gm, kind)
-    try:
-        split = find_regions(work)
+    try:   # the graph-wide rewrites and the regions (torch_prepare), as the model capture finds them
+        work, split = prepared_regions(gm, kind)
     except Exception as exc:  # noqa: BLE001 - never break a model
         opts.reraise(exc)
         report.declined.append(DeclinedInfo(kind, "graph", f"region finder failed: {type(exc).__name__}: {exc}"))

@@ -14,7 +14,8 @@ it) and uses the cooperative-groups cluster API (``cg::this_cluster()``, ``block
 ``map_shared_rank``); only a program with such a kernel gets the cooperative-groups include, so every
 other program renders byte for byte as before.
 
-A guarded vector load in a loop: :mod:`stitchtune.gpu.render_guarded` (fresh destinations).
+A guarded vector load in a loop: :mod:`stitchtune.gpu.render_guarded` (fresh destinations). An atomic add
+into a float32 parameter: a PTX reduction (:mod:`stitchtune.gpu.render_atomics`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from stitchtune.ir import kir
 from stitchtune.graph.fast_ops import FAST_CUDA_HELPERS, FAST_KERNEL_OPS
 from stitchtune.graph.int_ops import INT_CTYPES, INT_CUDA
 from stitchtune.graph.ops import kernel_op
+from stitchtune.gpu.render_atomics import RED_PREAMBLE, needs_red, red_call, reductions_on
 from stitchtune.gpu.render_guarded import ZeroRun, fresh_parts
 
 RENDER_VERSION = "1"
@@ -268,7 +270,9 @@ class _Renderer:
     def _atomic_add(self, s: kir.AtomicAdd, ind: int) -> None:
         p = self.params.get(s.buf)
         conv = _ATOMIC_CONVERT.get(p.dtype if p is not None else "float32", "{}")
-        if s.width > 1:  # float2 / float4 atomicAdd (global memory, cc 9.x: Device.atomic_vector_width)
+        if p is not None and p.dtype == "float32" and reductions_on():   # PTX red: REDG ahead of a fence too
+            body = red_call(f"{s.buf} + {self.e(s.index)}", [self.e(v) for v in s.values])
+        elif s.width > 1:  # float2 / float4 atomicAdd (global memory, cc 9.x: Device.atomic_vector_width)
             vals = ", ".join(self.e(v) for v in s.values)
             body = (f"atomicAdd(reinterpret_cast<float{s.width}*>({s.buf} + {self.e(s.index)}), "
                     f"make_float{s.width}({vals}));")
@@ -468,12 +472,13 @@ def _uses_fast_ops(kernel: kir.Kernel) -> bool:
 def preamble(kernels: tuple[kir.Kernel, ...] | list[kir.Kernel]) -> str:
     """The source ahead of ``kernels``: the helpers, the float64 load when one of them reads a float64
     input, the fast-arithmetic helpers (:data:`~stitchtune.graph.fast_ops.FAST_CUDA_HELPERS`) when one of them
-    uses a fast operator, and the cooperative-groups include when one of them is a cluster kernel."""
+    uses a fast operator, the cooperative-groups include when one of them is a cluster kernel, and the PTX
+    reduction helpers when one of them adds atomically into a float32 parameter (:mod:`.render_atomics`)."""
     f64 = any(p.dtype == "float64" for k in kernels for p in k.params)
     fast = any(_uses_fast_ops(k) for k in kernels)
     cluster = any(k.cluster > 1 for k in kernels)
     return (_PREAMBLE + (_F64_PREAMBLE if f64 else "") + (FAST_CUDA_HELPERS if fast else "")
-            + (_CLUSTER_PREAMBLE if cluster else ""))
+            + (_CLUSTER_PREAMBLE if cluster else "") + (RED_PREAMBLE if needs_red(kernels) else ""))
 
 
 def render(program: kir.Program) -> str:

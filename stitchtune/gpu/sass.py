@@ -20,7 +20,9 @@ Contract
 * Widths are the access size of one lane in bits (``LDG.E.128`` -> 128, ``LDG.E`` -> 32,
   ``.U16`` -> 16); ``mufu`` counts ``MUFU.<fn>`` by function (``RCP``, ``EX2``, ``RSQ`` ...); ``fchk``
   counts ``FCHK`` (the IEEE division's range check, whose failure branches to the slow path) and
-  ``calls`` ``CALL`` instructions (the division / sqrt slow-path subroutines among them).
+  ``calls`` ``CALL`` instructions (the division / sqrt slow-path subroutines among them); ``atomics`` counts
+  ``RED`` / ``REDG`` / ``ATOM`` / ``ATOMG``, ``float_atoms`` those float adds that return the old value
+  (``ATOMG.E.ADD.F32x4 ... PT, RZ``: a returning atomic whose result nothing reads).
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ class SassMetrics:
     spill_stores: int = 0
     barriers: int = 0
     atomics: int = 0
+    #: float atomic adds whose old value comes back to the SM (``ATOM`` / ``ATOMG`` ``.F32``), a subset of
+    #: ``atomics``; the fire-and-forget ``RED`` / ``REDG`` are not (:mod:`stitchtune.gpu.render_atomics`)
+    float_atoms: int = 0
     mufu: dict[str, int] = field(default_factory=dict)
     fchk: int = 0
     calls: int = 0
@@ -93,7 +98,8 @@ class SassMetrics:
                 "ldg": {str(k): v for k, v in sorted(self.ldg.items())},
                 "stg": {str(k): v for k, v in sorted(self.stg.items())}, "lds": self.lds, "sts": self.sts,
                 "spill_loads": self.spill_loads, "spill_stores": self.spill_stores, "barriers": self.barriers,
-                "atomics": self.atomics, "mufu": dict(sorted(self.mufu.items())), "fchk": self.fchk,
+                "atomics": self.atomics, "float_atoms": self.float_atoms,
+                "mufu": dict(sorted(self.mufu.items())), "fchk": self.fchk,
                 "calls": self.calls, "max_loads_in_flight": self.max_loads_in_flight,
                 "max_bytes_in_flight": self.max_bytes_in_flight}
 
@@ -166,6 +172,7 @@ def _metrics(name: str, instrs: list[_Instr]) -> SassMetrics:
             mufu[ins.opcode.split(".")[1] if "." in ins.opcode else "?"] += 1
         elif base in ("RED", "ATOM", "ATOMG", "REDG"):
             c["atomics"] += 1
+            c["float_atoms"] += base in ("ATOM", "ATOMG") and any(p.startswith("F32") for p in ins.opcode.split("."))
         elif base in ("BAR", "BARRIER", "UCGABAR_ARV", "UCGABAR_WAIT"):
             c["barriers"] += 1
         else:
@@ -173,7 +180,8 @@ def _metrics(name: str, instrs: list[_Instr]) -> SassMetrics:
     most, most_bytes = _in_flight(instrs)
     return SassMetrics(name, len(instrs), ldg=dict(ldg), stg=dict(stg), lds=c["LDS"], sts=c["STS"],
                        spill_loads=c["LDL"], spill_stores=c["STL"], barriers=c["barriers"], atomics=c["atomics"],
-                       mufu=dict(mufu), fchk=c["FCHK"], calls=c["CALL"], max_loads_in_flight=most,
+                       float_atoms=c["float_atoms"], mufu=dict(mufu), fchk=c["FCHK"], calls=c["CALL"],
+                       max_loads_in_flight=most,
                        max_bytes_in_flight=most_bytes)
 
 

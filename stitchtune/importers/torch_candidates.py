@@ -140,6 +140,22 @@ def is_scatter_base(node: Any) -> bool:
                                     and u.args[0] is node and node not in u.args[1:] for u in node.users)
 
 
+def _scatter_index_expand(node: Any) -> bool:
+    """Whether ``node`` is an ``expand`` of an integer input that a scatter reads as its index (BERT's token types
+    under the min-cut partition: the ``[1, S]`` buffer expanded over the batch in the backward graph). Mapped as
+    the view of its input, the index would have fewer leading dims than the values; so PyTorch makes the view (a
+    region's input is made contiguous) and the region reads the expanded ids, as when the forward saved them."""
+    val = node.meta.get("val")
+    if _key(node.target) != "aten.expand" or val is None or getattr(val, "dtype", None) is None \
+            or val.dtype.is_floating_point:
+        return False
+    src = node.args[0] if node.args else None
+    if getattr(src, "op", None) == "call_function":   # a computed index: the scatter rule below refuses it
+        return False
+    return any(u.op == "call_function" and _key(u.target) in SCATTER_OPS and scatter_index(u) is node
+               and index_copy_axis(u) is None for u in node.users)
+
+
 def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int]) -> str | None:
     """Why ``node`` (a call_function other than getitem) cannot be in a region, or None."""
     key = _key(node.target)
@@ -186,6 +202,8 @@ def _reject_reason(node: Any, consts: Mapping[Any, Any], order: Mapping[Any, int
         return "a constant tensor (mapped only as the base of a scatter of a number)"
     if key in _INT_VIEWS and _gather_index_view(node):
         return "an index view read by a gather (left to PyTorch: the gather reads it as an input)"
+    if _scatter_index_expand(node):
+        return "an expanded index read by a scatter (left to PyTorch: the scatter reads it as an input)"
     if key in _SIZED_VIEWS and any(_is_symint(a) for a in fx_args(node)[1:]):
         return SYMBOLIC_VIEW
     folded = set(fx_args(node)) - {node.args[0]} if key == "aten.index" else set()

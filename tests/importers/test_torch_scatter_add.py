@@ -98,3 +98,24 @@ def test_a_16_bit_table_maps() -> None:
     split = find_regions(_aten(f, dy, ids))
     [r] = split.regions
     assert r.graph.nodes[-1].op == "scatter_add" and r.graph.nodes[-1].dtype == "bfloat16"
+
+
+def _expanded_ids(dy: Any, w: Any, tt: Any) -> Any:
+    """BERT's token-type gradient as the min-cut partition leaves it: one row of ids (``[1, S]``, a buffer)
+    expanded over the batch in the backward graph."""
+    v = dy * w
+    ids = tt.expand(dy.shape[0], tt.shape[1])
+    mask = ((ids >= 0) & (ids < 2) & (ids != -1)).unsqueeze(-1)
+    return torch.ops.aten._unsafe_masked_index_put_accumulate(torch.full((2, 16), 0.0), mask, [ids], v)
+
+
+def test_ids_expanded_over_the_batch_are_a_region_input() -> None:
+    """The expand stays with PyTorch and the region reads the expanded ids (declined whole before: values
+    [2, 8, 16] against the unexpanded ids [1, 8])."""
+    torch.manual_seed(0)
+    args = (torch.randn(2, 8, 16), torch.randn(16), torch.randint(0, 2, (1, 8)))
+    split = _check_regions(_aten(_expanded_ids, *args), *args)
+    [r] = split.regions
+    assert [n.op for n in r.graph.nodes][-1] == "scatter_add"
+    assert ("int64", (2, 8)) in {(spec.dtype, tuple(spec.shape)) for _, spec in r.graph.inputs}
+    assert [d.what for d in split.declined] == ["op aten.expand"]

@@ -72,7 +72,7 @@ def test_float4_adds_at_the_ideal_sectors_on_sm90() -> None:
     prog = _program(g, H200)
     adds = _atomics(prog)
     assert adds and all(a.width == 4 for a in adds)
-    assert "atomicAdd(reinterpret_cast<float4*>(sct0" in render(prog)
+    assert "st_red(sct0 + " in render(prog)   # a float4 PTX reduction (gpu/render_atomics.py)
     sl = program_sectors(prog, random_inputs(g, 0), 4)
     acc = [a for s in sl for a in s.accesses if a.op == "atomic"]
     assert acc and all(a.width == 4 and a.sectors == a.ideal for a in acc), acc  # scalar adds: 4.00x

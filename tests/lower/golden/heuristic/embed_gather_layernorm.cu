@@ -32,6 +32,21 @@ __device__ __forceinline__ void st_grid_sync(unsigned int* bar) {
   __syncthreads();
 }
 
+// Atomic adds without a result: PTX reductions (REDG), also ahead of a fence (atomicAdd would be a returning ATOMG)
+__device__ __forceinline__ void st_red(float* p, float a) {
+  asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" :: "l"(__cvta_generic_to_global(p)), "f"(a) : "memory");
+}
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void st_red(float* p, float a, float b) {
+  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};"
+               :: "l"(__cvta_generic_to_global(p)), "f"(a), "f"(b) : "memory");
+}
+__device__ __forceinline__ void st_red(float* p, float a, float b, float c, float d) {
+  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+               :: "l"(__cvta_generic_to_global(p)), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(256, 2) st_k0(const int* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, const float* __restrict__ in3, const float* __restrict__ in4, float* __restrict__ out0, float* __restrict__ gerr0) {
   float rc6[24];
   int lane1 = 0;
@@ -111,7 +126,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) st_k0(const int* __restrict
     ke8 = min((kb7 + 768), 768);
     acc10 = 0.0f;
     gi13 = (rv6 ? (((unsigned int)(in0[min(row4, 16383)]) < (unsigned int)30522) ? (int)(in0[min(row4, 16383)]) : -1) : -1);
-    if (((rv6 && ((lane1 == 0) && (sidx5 == 0))) && (gi13 < 0))) atomicAdd(gerr0 + 0, 1.0f);
+    if (((rv6 && ((lane1 == 0) && (sidx5 == 0))) && (gi13 < 0))) st_red(gerr0 + 0, 1.0f);
     rb22 = ((min(row4, 16383) % 512) * 768);
     #pragma unroll
     for (i9 = 0; i9 < 6; i9 += 1) {
