@@ -66,15 +66,17 @@ from stitchtune.space import Schedule, SearchSpace
 #: load (the column combine after a grid barrier; colsum_sigmoid_scale, k_transpose). "6" (2026-12-07, later): a
 #: row-vector schedule whose row is one sweep iteration of adjacent lanes takes the column shifts of its concat
 #: pieces from other lanes (``plan/lane_shifts.py``, ``lower/lane_exchange.py``: a shuffle instead of loading the
-#: inputs again; the row-major lane order): Llama's training rotary gradient; every other schedule as in "5".
-CODEGEN_VERSION = "6"
+#: inputs again; the row-major lane order): Llama's training rotary gradient; every other schedule as in "5". "7"
+#: (2026-12-07, later): a column sweep has no per-row ``r < ke`` guard where every chunk is whole and the sweep
+#: covers it exactly (``lower.guarded_loads.rows_always_valid``): ptxas keeps more rows' loads in flight under a cap.
+CODEGEN_VERSION = "7"
 
 #: Earlier code generator versions whose tuning records stay usable (``deploy.selection``): their schedule
 #: is still a point of the space, so it is re-validated (legality, lowering, the cost model's hard limits)
 #: like any record, ranked after every record of today's version, and the choice's reason says that its
 #: time was recorded for the earlier kernel. A compiled manifest of another version is refused
 #: (``deploy.manifest_io``: recompile it). Empty it to ignore old records instead.
-COMPATIBLE_CODEGEN_VERSIONS: tuple[str, ...] = ("5", "4", "3", "2", "1")
+COMPATIBLE_CODEGEN_VERSIONS: tuple[str, ...] = ("6", "5", "4", "3", "2", "1")
 
 __all__ = ["CODEGEN_VERSION", "COMPATIBLE_CODEGEN_VERSIONS", "estimate_registers", "kern_barriers", "lower", "scratch_loads_per_thread"]
 
