@@ -187,6 +187,20 @@ def bert_head_merge_colsum(B: int = 8, H: int = 12, D: int = 64, S: int = 512) -
     return _parse({"name": "bert_view_59", "inputs": {"x": _f32([B * H, D, S])}, "nodes": nodes, "outputs": ["m", "s"]})
 
 
+def bert_gelu_backward_colsum(m: int = 4096, n: int = 3072) -> Any:
+    """BERT's training ``view_47``: ``dx = dy * gelu'(x)`` (erf form) and its column sum ``sum(dx, 0)``."""
+    nodes = [
+        {"id": "x1", "op": "mul", "args": ["x", 0.7071067811865476]}, {"id": "e", "op": "erf", "args": ["x1"]},
+        {"id": "e1", "op": "add", "args": ["e", 1.0]}, {"id": "cdf", "op": "mul", "args": ["e1", 0.5]},
+        {"id": "x2", "op": "mul", "args": ["x", "x"]}, {"id": "x3", "op": "mul", "args": ["x2", -0.5]},
+        {"id": "p", "op": "exp", "args": ["x3"]}, {"id": "p1", "op": "mul", "args": ["p", 0.3989422804014327]},
+        {"id": "xp", "op": "mul", "args": ["x", "p1"]}, {"id": "g", "op": "add", "args": ["cdf", "xp"]},
+        {"id": "dx", "op": "mul", "args": ["dy", "g"]},
+        {"id": "s", "op": "reduce_sum", "args": ["dx"], "axes": [0], "keepdims": True}]
+    return _parse({"name": "bert_view_47", "inputs": {"dy": _f32([m, n]), "x": _f32([m, n])}, "nodes": nodes,
+                   "outputs": ["dx", "s"]})
+
+
 def llama_rotary_backward(B: int = 8, KV: int = 4, S: int = 512, D: int = 64) -> Any:
     """Llama's training ``view_68``: the rotary gradient of k, its 4 query-head groups summed, read from
     ``in0 [B*4*KV, D, S]`` (transposed), rotate_half's two column shifts, stored ``[B, S, KV, D]``."""
@@ -287,6 +301,8 @@ def _ab_cases() -> list[Case]:
     rot_q = {"question": "row vectors, column shifts from other lanes", "region": "llama view_68"}
     qkv = lambda small: gpt2_qkv_bias(2, 64, 2, 32) if small else gpt2_qkv_bias()  # noqa: E731
     qkv_q = {"question": "64 x 64 tile at 54 registers (1.45 waves) vs 32 x 32 (2.91 waves)", "region": "gpt2 view_2"}
+    gelu = lambda small: bert_gelu_backward_colsum(256, 384) if small else bert_gelu_backward_colsum()  # noqa: E731
+    inflight = {"question": "bytes in flight above Little's law", "region": "bert view_47"}
     return [
         Case("ab", "llama-view_102/heuristic", llama, params=red),
         Case("ab", "llama-view_102/atom", llama, params=red, render="atom"),
@@ -314,6 +330,10 @@ def _ab_cases() -> list[Case]:
         # the tiled transpose's edge where the bias slices raise the 64-tile's registers (s15-tbias)
         Case("ab", "gpt2-view_2/heuristic", qkv, (("transpose", 64),), params=qkv_q),
         Case("ab", "gpt2-view_2/t32", qkv, (("transpose", 32),), params=qkv_q),
+        # codegen 7, sm_90: min_blocks 3 (the pin) 80 registers, 96 B in flight per thread; 4: 64 B; 0: 40 registers, 32 B
+        Case("ab", "bert-view_47/heuristic", gelu, params=inflight),
+        Case("ab", "bert-view_47/mb4", gelu, (("min_blocks", 4),), params=inflight),
+        Case("ab", "bert-view_47/mb0", gelu, (("min_blocks", 0),), params=inflight),
     ]
 
 

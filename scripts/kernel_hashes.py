@@ -24,15 +24,19 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the space version whose draws the committed golden files were recorded with (``SearchSpace.as_of``): every
+#: file so far was recorded before space version 6 made ``min_blocks`` 3 a drawn value
+GOLDEN_DRAWN_AS = "5"
 DEFAULT_SAMPLES = 24
 
 
 def fingerprints(samples: int = DEFAULT_SAMPLES, examples: Path = ROOT / "examples",
-                 only: set[str] | None = None, table: str = "full") -> dict[str, list[dict]]:
+                 only: set[str] | None = None, table: str = "full", drawn_as: str = GOLDEN_DRAWN_AS) -> dict[str, list[dict]]:
     """``{example file name: [{"seed", "schedule", "source_sha256", "launches_sha256"}, ...]}``
     (seed -1 is the heuristic schedule) for every example, or those named in ``only``. ``table``:
     ``full`` (today's option table) or ``recorded`` (``RECORDED_OPTIONS``, the table the first golden
-    files were recorded with: no ``cluster`` scheme or option)."""
+    files were recorded with: no ``cluster`` scheme or option). ``drawn_as``: the space version whose draws
+    the samples are (:data:`GOLDEN_DRAWN_AS`, that of the committed files)."""
     from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.gpu.render import render
     from stitchtune.graph.parse import load_graph
@@ -49,7 +53,7 @@ def fingerprints(samples: int = DEFAULT_SAMPLES, examples: Path = ROOT / "exampl
             continue
         g = load_graph(path)
         plan = make_plan(g)
-        space = SearchSpace.for_plan(plan, dev, table=RECORDED_OPTIONS if table == "recorded" else OPTIONS)
+        space = SearchSpace.for_plan(plan, dev, table=RECORDED_OPTIONS if table == "recorded" else OPTIONS).as_of(drawn_as)
         rows = []
         points = [(-1, heuristic_schedule(plan, dev, space))]
         points += [(i, space.sample(random.Random(i))) for i in range(samples)]
@@ -71,9 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", metavar="NAME", help="only these example files (e.g. softmax.json)")
     ap.add_argument("--table", choices=("full", "recorded"), default="full",
                     help="option table: today's (full) or the one of the first golden files (recorded)")
+    ap.add_argument("--drawn-as", default=GOLDEN_DRAWN_AS, metavar="VERSION",
+                    help=f"draw as this space version did (default {GOLDEN_DRAWN_AS}: the committed golden files)")
     args = ap.parse_args(argv)
     only = set(args.only) if args.only else None
-    text = json.dumps(fingerprints(args.samples, only=only, table=args.table), indent=1, sort_keys=True) + "\n"
+    text = json.dumps(fingerprints(args.samples, only=only, table=args.table, drawn_as=args.drawn_as), indent=1, sort_keys=True) + "\n"
     if args.out:
         args.out.write_text(text)
     else:

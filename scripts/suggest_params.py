@@ -21,14 +21,17 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the space version whose draws the committed golden files were recorded with (``SearchSpace.as_of``): every
+#: file so far was recorded before space version 6 made ``min_blocks`` 3 a drawn value
+GOLDEN_DRAWN_AS = "5"
 DEFAULT_TRIALS = 24
 
 
 def fingerprints(trials: int = DEFAULT_TRIALS, examples: Path = ROOT / "examples",
-                 only: set[str] | None = None, table: str = "full") -> dict[str, Any]:
+                 only: set[str] | None = None, table: str = "full", drawn_as: str = GOLDEN_DRAWN_AS) -> dict[str, Any]:
     """``{example: {mode: {"domains": {name: choices}, "trials": [{"params": [[name, value], ...],
     "schedule": json}, ...]}}}`` for mode ``define`` and ``flat``, for every example or those in ``only``;
-    ``table`` as in ``scripts/kernel_hashes.py`` (``recorded``: the table of the first golden files)."""
+    ``table`` and ``drawn_as`` as in ``scripts/kernel_hashes.py`` (``recorded``: the table of the first golden files)."""
     import optuna
 
     from stitchtune.graph.parse import load_graph
@@ -44,7 +47,7 @@ def fingerprints(trials: int = DEFAULT_TRIALS, examples: Path = ROOT / "examples
         if only is not None and path.name not in only:
             continue
         space = SearchSpace.for_plan(make_plan(load_graph(path)), dev,
-                                     table=RECORDED_OPTIONS if table == "recorded" else OPTIONS)
+                                     table=RECORDED_OPTIONS if table == "recorded" else OPTIONS).as_of(drawn_as)
         modes: dict[str, Any] = {}
         for mode, sp in (("define", space), ("flat", space.flat_mode())):
             study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=11))
@@ -69,9 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", metavar="NAME", help="only these example files (e.g. softmax.json)")
     ap.add_argument("--table", choices=("full", "recorded"), default="full",
                     help="option table: today's (full) or the one of the first golden files (recorded)")
+    ap.add_argument("--drawn-as", default=GOLDEN_DRAWN_AS, metavar="VERSION",
+                    help=f"draw as this space version did (default {GOLDEN_DRAWN_AS}: the committed golden files)")
     args = ap.parse_args(argv)
     only = set(args.only) if args.only else None
-    text = json.dumps(fingerprints(args.trials, only=only, table=args.table), sort_keys=True, separators=(",", ":")) + "\n"
+    text = json.dumps(fingerprints(args.trials, only=only, table=args.table, drawn_as=args.drawn_as), sort_keys=True, separators=(",", ":")) + "\n"
     if args.out:
         args.out.write_text(text)
     else:

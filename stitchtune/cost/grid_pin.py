@@ -9,6 +9,8 @@ Contract
 * :func:`pin_coresidency(space, s)`: ``s`` with ``min_blocks`` the fewest legal value (the space's
   ``legal_values``, undrawn ones included) at or above that need, at least 2; ``s`` itself where one
   block per SM is estimated, no legal value fits the SM's threads, or ``s`` already asks as many.
+* :func:`rule_caps(space)`: the ``min_blocks`` values the heuristic's other register caps (rules 5a, 5d, 5e)
+  choose among: the legal ones of :data:`RULE_CAPS`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,17 @@ from stitchtune.lower.entry import estimate_registers
 from stitchtune.plan.family import Family
 from stitchtune.space import Schedule, SearchSpace
 
-__all__ = ["estimated_blocks_per_sm", "grid_blocks_per_sm", "pin_coresidency"]
+__all__ = ["RULE_CAPS", "estimated_blocks_per_sm", "grid_blocks_per_sm", "pin_coresidency", "rule_caps"]
+
+#: the register caps (``min_blocks``) the heuristic's rules 5a, 5d and 5e choose among: the values space version 5
+#: drew. Searches draw 3 since space version 6; the heuristic sets it only through the grid pin (rule 5c): whether a
+#: 3-block cap beats 2 or 4 for the other rules is not known without a GPU (12 of the 58 examples would go 2 -> 3)
+RULE_CAPS = (0, 1, 2, 4)
+
+
+def rule_caps(space: SearchSpace) -> list[int]:
+    """The legal ``min_blocks`` values of :data:`RULE_CAPS`, ascending."""
+    return [m for m in space.legal_values("min_blocks") if m in RULE_CAPS]
 
 
 def estimated_blocks_per_sm(space: SearchSpace, s: Schedule, capped: bool = False) -> int:

@@ -89,6 +89,7 @@ from typing import Any
 
 from stitchtune.cost.grid_pin import estimated_blocks_per_sm as _estimated_blocks_per_sm
 from stitchtune.cost.grid_pin import pin_coresidency as _pin_coresidency
+from stitchtune.cost.grid_pin import rule_caps
 from stitchtune.cost.reuse import tensors_to_cache
 from stitchtune.cost.waves import one_wave, tail_free
 from stitchtune.lower.entry import estimate_registers
@@ -162,7 +163,7 @@ def _relax_registers(space: SearchSpace, s: Schedule) -> Schedule:
     d = space.derived(s)
     need = estimate_registers(d["reg_cache_elems"], s.vec, 4)
     best = 0
-    for m in sorted(space.domains["min_blocks"]):
+    for m in rule_caps(space):
         if m == 0:
             continue
         budget = min(dev.max_regs_per_thread, dev.regs_per_sm // (s.block * m))

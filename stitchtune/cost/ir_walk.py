@@ -90,10 +90,10 @@ class Walker:
         #: the variables each load's index and predicate read, in walk order (a rolled loop's loads that read a
         #: variable its body defines from a load wait on the previous iteration: nvcc cannot overlap them)
         self.load_deps: list[set[str]] = []
-        #: per load, in walk order: whether it is a guarded vector load (``if (pred) { v = load }``). Its
-        #: destinations keep their old values where the guard is false, so in a loop nvcc copies the previous
-        #: iteration's loaded value into the next load's destination first (``MOV R20, R12`` before ``@P0 LDG
-        #: R20``): each waits for the one before. (A guarded scalar ``Load`` is ``pred ? load : 0``: no such wait)
+        #: per load, in walk order: whether it is a guarded vector load (``if (pred) { v = load }``). Rendered by
+        #: code generator versions <= 4, its destinations carried the previous iteration's value into the next
+        #: load's (``MOV R20, R12`` before ``@P0 LDG R20``): each waited for the one before. Since version 5 it
+        #: does not (walk_loops.GUARDED_LOADS_WAIT). (A guarded scalar ``Load`` is ``pred ? load : 0``: no wait)
         self.load_guarded: list[bool] = []
         #: shared arrays stored with a value that depends on an open-group load (no barrier since): a load of
         #: one of them carries the taint on to what it defines
@@ -414,8 +414,8 @@ class Walker:
             # the iterations' loads overlap where the body ends no group (no barrier, branch, shuffle, chain) and
             # no load reads a value the body loaded (the next iteration would wait on it): nvcc unrolls the loop
             carried = any(d & self.tainted for d in self.load_deps[deps_before:])
-            # a guarded load waits for the previous iteration's (load_guarded)
-            predicated = any(self.load_guarded[deps_before:])
+            # a guarded vector load waits for the previous iteration's where the renderer carries it (load_guarded)
+            predicated = walk_loops.GUARDED_LOADS_WAIT and any(self.load_guarded[deps_before:])
             free = (len(self.groups) == before and self.barriers + self.shuffles == syncs and not carried
                     and not predicated)
             u = 1

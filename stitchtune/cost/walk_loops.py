@@ -5,9 +5,9 @@ Contract (pure functions, no device):
 
 * :func:`rolled_unroll(loop, trips, bytes_per_iteration, static) -> int`: the number of a rolled loop's iterations
   (at least 1, at most its trip count) whose global loads one load group holds, for a loop whose body ends no load
-  group (no barrier, branch, shuffle or chain inside it), whose loads do not read a value loaded in the body (the
-  next iteration would wait on it) and that has no guarded vector load (the walker checks those three and else
-  counts one iteration per group). ``static``: the trip count is known when the kernel is compiled
+  group (no barrier, branch, shuffle or chain inside it) and whose loads do not read a value loaded in the body (the
+  next iteration would wait on it), nor, while :data:`GUARDED_LOADS_WAIT`, a guarded vector load (the walker checks
+  these and else counts one iteration per group). ``static``: the trip count is known when the kernel is compiled
   (:func:`static_expr` of both bounds). The walker applies it only while :data:`UNROLL_ROLLED` is true.
 * :func:`stores_shared(stmts, shared) -> bool`: whether the statements store to one of the shared arrays.
 * :func:`task_trips(top_loops, accesses) -> float`: a block's tasks, from the walk's top-level loops.
@@ -22,11 +22,13 @@ loops ``acc += a[p * N + c]``; results/cost-fit-2026-12-07-s14-unroll/README.md)
   rule's 64 B is within 1.45x of it);
 * a runtime trip count under :data:`RUNTIME_MIN_TRIPS` runs in the remainder loop, one iteration at a time (1); a
   constant one is unrolled whole (``for p < 3``: 3 loads in flight);
-* not unrolled into one group (the walker's checks): a loop-carried address (a pointer chase: SASS 1); a guarded
-  vector load ``if (pred) { v = load }``, whose destination keeps the previous iteration's value where the guard is
-  false, so nvcc copies that loaded value into the next load's destination first (``MOV R20, R12`` before ``@P0
-  LDG.E.128 R20``: SASS 1, BERT training's region_view_56 combine loop); a guarded scalar load is ``pred ? load :
-  0`` and does not wait.
+* not unrolled into one group (the walker's checks): a loop-carried address (a pointer chase: SASS 1). A guarded
+  vector load ``if (pred) { v = load }`` as code generator versions <= 4 rendered it kept the previous iteration's
+  value where the guard was false, so nvcc copied that loaded value into the next load's destination first (``MOV
+  R20, R12`` before ``@P0 LDG.E.128 R20``: SASS 1, BERT training's region_view_56 combine loop, as measured). Since
+  CODEGEN_VERSION 5 such a load in a loop renders into fresh zeroed registers (``stitchtune.gpu.render_guarded``)
+  or its destinations were zeroed just before: no wait (:data:`GUARDED_LOADS_WAIT` False; SASS of today's kernels:
+  results/walk-guarded-2026-12-07-s15/). A guarded scalar load is ``pred ? load : 0`` and never waited.
 
 **Off** (:data:`UNROLL_ROLLED` False, one iteration per group as before): the rule brings the walk closer to the
 SASS of the 245 measured kernels that have both (within 1.25x: 125 -> 129), but the model refitted on it scores
@@ -42,6 +44,10 @@ from stitchtune.ir import kir
 #: whether the walk applies :func:`rolled_unroll` (False: one iteration of a rolled loop per load group, the
 #: features the shipped coefficients were fitted on)
 UNROLL_ROLLED = False
+#: whether a guarded vector load in a rolled loop waits for the previous iteration's (one iteration per group; read
+#: only while UNROLL_ROLLED): true of kernels rendered by code generator versions <= 4 (the cost fit's measured
+#: kernels: a dataset rebuilt from them with UNROLL_ROLLED sets it), false of today's renderer (module docstring)
+GUARDED_LOADS_WAIT = False
 #: bytes of loads per thread up to which nvcc unrolls a rolled loop of independent loads (sm_90 SASS: 64-92 B)
 UNROLL_BYTES = 64.0
 #: the unrolled body's iterations below which a runtime trip count runs in nvcc's remainder loop (one at a time)

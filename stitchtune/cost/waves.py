@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from stitchtune.cost.grid_pin import estimated_blocks_per_sm
+from stitchtune.cost.grid_pin import estimated_blocks_per_sm, rule_caps
 from stitchtune.graph.values import ITEMSIZE
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.plan.classes import TensorClass
@@ -84,7 +84,7 @@ def _capped(space: SearchSpace, plan: StitchPlan, s: Schedule, share: float) -> 
         return None
     if s.min_blocks and s.min_blocks >= need:
         return s
-    fits = [m for m in space.domains["min_blocks"] if m >= need and m * s.block <= dev.max_threads_per_sm]
+    fits = [m for m in rule_caps(space) if m >= need and m * s.block <= dev.max_threads_per_sm]
     if not fits:
         return None
     m = min(fits)
@@ -209,7 +209,7 @@ def tail_free(space: SearchSpace, plan: StitchPlan, s: Schedule, grid_barrier: b
         return s
     t = dataclasses.replace(s, tasks_per_block=2)
     estimate = _estimate(space, t)
-    caps = [m for m in space.domains["min_blocks"] if m >= max(need, s.min_blocks) and m * s.block <= dev.max_threads_per_sm
+    caps = [m for m in rule_caps(space) if m >= max(need, s.min_blocks) and m * s.block <= dev.max_threads_per_sm
             and min(dev.max_regs_per_thread, dev.regs_per_sm // (s.block * m)) >= estimate]
     if not caps:
         return s

@@ -1,23 +1,22 @@
 """Lowering of column reductions (``plan.family == 'col'``): reductions over the leading axis.
 
-Thread mapping: a block is ``tpr`` threads along the reduced rows times ``block // tpr`` threads along
-the columns; each thread owns ``vec`` adjacent columns (coalesced, 16 bytes at most). A task is a
-column tile (``block // tpr * vec`` columns) times one of ``split`` row chunks. Thread ``tc = tid %
-tpc`` handles columns ``c0 = tile * TC + tc * vec``; thread ``tk = tid / tpc`` handles rows
-``kbase + it * tpr + tk`` (with row vectors the ``R`` rows from ``kbase + (it * tpr + tk) * R``:
-:mod:`stitchtune.lower.row_vectors`).
+Thread mapping: a block is ``tpr`` threads along the reduced rows times ``block // tpr`` threads along the columns;
+each thread owns ``vec`` adjacent columns (coalesced, 16 bytes at most). A task is a column tile (``block // tpr *
+vec`` columns) times one of ``split`` row chunks. Thread ``tc = tid % tpc`` handles columns ``c0 = tile * TC + tc *
+vec``; thread ``tk = tid / tpc`` handles rows ``kbase + it * tpr + tk`` (with row vectors the ``R`` rows from ``kbase +
+(it * tpr + tk) * R``: :mod:`stitchtune.lower.row_vectors`).
 
-Schemes: ``local`` (one thread owns a whole column: tpr == 1, split == 1), ``regional`` (the
-``tpr`` partials of a column meet in shared memory), ``global`` (per-chunk partials in global
-scratch + grid barrier), ``independent`` (partials in scratch, kernel boundary). Per-column values
-(reduction results, per-column inputs) are ``vec`` values per thread; per-row inputs are scalars.
+Schemes: ``local`` (one thread owns a whole column: tpr == 1, split == 1), ``regional`` (the ``tpr`` partials of a
+column meet in shared memory), ``global`` (per-chunk partials in global scratch + grid barrier), ``independent``
+(partials in scratch, kernel boundary). Per-column values (reduction results, per-column inputs) are ``vec`` values per
+thread; per-row inputs are scalars.
 
-:class:`ColLowerer` sizes the program and builds each kernel through a :class:`_ColKernel`, which
-reads like the kernel: index set-up, the results of earlier kernels, per stage a sweep (loads and
-reduce) and the combine of the partials, the output sweep and stores, the round loop. Its fixed
-parts are frozen values (:class:`_ColLayout`, :class:`~stitchtune.lower.col_exchange.ColIndex`, :class:`_ColSweep`);
-its reductions are states (:mod:`stitchtune.lower.state`) combined by the one exchange
-(:mod:`stitchtune.lower.exchange`) over the column layout (:class:`~stitchtune.lower.col_exchange.ColExchange`).
+:class:`ColLowerer` sizes the program and builds each kernel through a :class:`_ColKernel`, which reads like the
+kernel: index set-up, the results of earlier kernels, per stage a sweep (loads and reduce) and the combine of the
+partials, the output sweep and stores, the round loop. Its fixed parts are frozen values (:class:`_ColLayout`,
+:class:`~stitchtune.lower.col_exchange.ColIndex`, :class:`_ColSweep`); its reductions are states
+(:mod:`stitchtune.lower.state`) combined by the one exchange (:mod:`stitchtune.lower.exchange`) over the column layout
+(:class:`~stitchtune.lower.col_exchange.ColExchange`).
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from stitchtune.ir.kir import F32, I32, Assign, Bin, Const, Load, Var
 from stitchtune.lower.base import I, add, and_, Ctx, Lowerer, Sizes, mul, estimate_registers
 from stitchtune.lower.builder import KernelState
 from stitchtune.lower.profile import kernel_profile
-from stitchtune.lower.guarded_loads import load_vec
+from stitchtune.lower.guarded_loads import load_vec, rows_always_valid
 from stitchtune.lower.sweep_values import SweepValues
 from stitchtune.lower.col_remap import ColRemapValues
 from stitchtune.lower.row_vectors import RowVectorLoads, row_vector_inputs, row_vector_rows
@@ -355,8 +354,9 @@ class _ColKernel(KernelState):
             accs[r] = self.new_state(r)
             for st in accs[r]:
                 self._rb.extend(reset(st))
+        exact = rows_always_valid(low.p.M, low.s.split, low.chunk, low.rpt // R, low.s.tpr, R)   # no row guard
         lb: list[kir.Stmt] = [Assign(r_, add(ix.kbase, mul(add(mul(idx_it, I(low.s.tpr)), ix.tk), I(R)))),
-                              Assign(valid, Bin("&&", ix.cvalid, Bin("<", r_, ix.kend)))]
+                              Assign(valid, ix.cvalid if exact else Bin("&&", ix.cvalid, Bin("<", r_, ix.kend)))]
         rvl = RowVectorLoads(low, cx, lb, R, r_, ix.cc0, valid, self.use_input) if R > 1 else None
         for q in range(R):
             rq = r_ if q == 0 else cx.var("r", I32)

@@ -67,9 +67,13 @@ from stitchtune.space import Schedule, SearchSpace
 #: row-vector schedule whose row is one sweep iteration of adjacent lanes takes the column shifts of its concat
 #: pieces from other lanes (``plan/lane_shifts.py``, ``lower/lane_exchange.py``: a shuffle instead of loading the
 #: inputs again; the row-major lane order): Llama's training rotary gradient; every other schedule as in "5". "7"
-#: (2026-12-07, later): a tiled transpose loads an input whose address does not depend on the transposed axis
-#: (a bias added before a head split) once per tile, and has no guard or clamp along an axis its tiles divide
-#: (``lower/transpose.py``: BERT's K^T copy with its bias); every other schedule as in "6".
+#: (2026-12-07, later): a column sweep has no per-row ``r < ke`` guard where every chunk is whole and the sweep
+#: covers it exactly (``lower.guarded_loads.rows_always_valid``): ptxas keeps more rows' loads in flight under a cap;
+#: and (merged under "6" without a bump of its own, no record measured in between) an atomic add into a float32
+#: buffer is a PTX reduction (``gpu.render_atomics``: ``REDG`` where ``atomicAdd`` ahead of a grid barrier's fence
+#: was a returning ``ATOMG``), so a record of "6" or earlier timed the ``atomicAdd`` kernel; and a tiled transpose
+#: loads or computes a tensor whose address does not depend on the transposed axis (a bias added before a head
+#: split, its slices) once per tile, with no guard or clamp along an axis its tiles divide (``lower/transpose.py``).
 CODEGEN_VERSION = "7"
 
 #: Earlier code generator versions whose tuning records stay usable (``deploy.selection``): their schedule

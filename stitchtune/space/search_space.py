@@ -36,7 +36,7 @@ from stitchtune.space.options import CROSS_COMBINE, OPTIONS, Option, OptionTable
 from stitchtune.space.levels import ReuseLevel, uncached_level
 from stitchtune.space.schedule import PERSISTENT, Schedule
 from stitchtune.space.schemes import SCHEMES, SchemeTable
-from stitchtune.space.space_file import load_space_file
+from stitchtune.space.space_file import load_space_file, params_as_of
 
 Choose = Callable[[str, list[Any]], Any]
 """``choose(parameter name, domain) -> value``: how a decision walk asks for each value."""
@@ -85,6 +85,8 @@ class SearchSpace(SpaceRules):
         self.version: str = str(data["version"])
         #: earlier space versions whose records selection still reads, each re-validated in this space
         self.compatible_versions: tuple[str, ...] = tuple(str(v) for v in data.get("compatible_versions", ()))
+        #: the space version whose draws this space makes (see as_of): its own, unless a copy for an earlier study
+        self.drawn_as: str = self.version
         self.resources: ResourceCheck | None = None  # see with_resources
         self.flat = False  # plain parameter names (see flat_mode)
         self.deterministic = False  # only bitwise-reproducible points (see deterministic_only)
@@ -92,6 +94,7 @@ class SearchSpace(SpaceRules):
         self.domains: dict[str, list[Any]] = {k: list(v["choices"]) for k, v in p.items()}
         #: legal values a search never draws (a heuristic's or a user's): asked under their own parameter name
         self.undrawn: dict[str, list[Any]] = {k: list(v["undrawn"]) for k, v in p.items() if v.get("undrawn")}
+        params_as_of(data, "0")   # refuses malformed 'before' entries
         if "scheme_rules" in data:
             raise StitchtuneError("search space file: 'scheme_rules' is not read any more; a scheme's legality "
                                   "is declared with the scheme (stitchtune.space.schemes)")
@@ -290,6 +293,20 @@ class SearchSpace(SpaceRules):
         other = copy.copy(self)
         other.flat = True
         return other
+
+    def as_of(self, version: str) -> "SearchSpace":
+        """This space drawing what space version ``version`` drew (the space file's ``before`` entries:
+        :func:`~stitchtune.space.space_file.params_as_of`): the domains an optuna study created in that
+        version resumes with, and the seeded samples of goldens recorded then. Rules, options and legal
+        values are this space's (a version changes what is drawn, never what is legal), ``version`` too;
+        ``drawn_as`` is ``version``. ``self`` where both draw what this space's own version draws."""
+        params = params_as_of(self.data, version)
+        if params is self.data["params"] and self.drawn_as == self.version:
+            return self
+        other = type(self)(self.plan, self.device, {**self.data, "params": params}, self.table, self.schemes)
+        other.data, other.drawn_as = self.data, str(version)
+        other.resources, other.flat = self.resources, self.flat
+        return other.deterministic_only() if self.deterministic else other
 
     def suggest(self, trial: Any) -> Schedule:
         """Ask an optuna trial for a schedule (define-by-run). Constraints that the decision order

@@ -61,6 +61,9 @@ class SpaceLike(Protocol):
     def flat_mode(self) -> SpaceLike:
         """The same space with a fixed parameter set (for the gp and cmaes samplers)."""
 
+    def as_of(self, version: str) -> SpaceLike:
+        """The same space drawing what space version ``version`` drew (a study created then resumes with it)."""
+
 
 @runtime_checkable
 class GraphLike(Protocol):

@@ -6,7 +6,8 @@ Contract of :func:`run_search`
   (``JournalFileBackend``); ``storage`` may be any SQLAlchemy URL (``sqlite:///...``,
   ``postgresql://...``) so several processes on several hosts share one study. The default study name
   is ``<graph name>-<workload key[:12]>-<device key>``.
-* The heuristic schedule is enqueued as trial 0 when the study has no trials yet.
+* Today's heuristic schedule is enqueued unless tried or queued (trial 0 of a new study; a resumed one's next).
+* A study draws as the space version it was created in (``SearchSpace.as_of``, :func:`study_space_version`).
 * Trials are asked in batches of ``jobs``; the batch is evaluated by :func:`stitchtune.tune.pipeline.evaluate`
   (builds in parallel, runs one at a time) and its rows are appended to the database as one part
   *before* the trials are told, so a kill loses at most the batch in flight.
@@ -82,6 +83,7 @@ from stitchtune.tune.study import (
     make_sampler,
     make_storage,
     repair_journal_tail,  # noqa: F401 - re-exported
+    study_space_version,
 )
 
 log = logging.getLogger(__name__)
@@ -128,13 +130,16 @@ class _Loop:
         self.db = TuningDB(config.db)
         self.storage_desc = describe_storage(config.storage, config.db)
         sampler = make_sampler(config.sampler, config.seed, self.space)
-        self.grid = grid_points(self.space, config.seed) if config.sampler == "grid" else None
+        self.grid = grid_points(self.space, config.seed) if config.sampler == "grid" else None  # errors before storage
         self.study_name = config.study or default_study_name(self.graph, self.device)
         if config.bucket and not config.study:  # a bucket's generic kernels: their own study
             self.study_name += "-" + re.sub(r"[^A-Za-z0-9_.-]", "_", config.bucket)
         if not config.study and self.space.deterministic and self.plan.cross:
             self.study_name += "-deterministic"  # another cross_combine domain: its own optuna study
         self.study = _open_study(self.study_name, make_storage(config.storage, config.db), sampler)
+        drawn = self.space.as_of(study_space_version(self.study, self.space.version))  # optuna refuses changed choices
+        if drawn is not self.space:   # a study of an earlier space version: its draws, its grid (a subset of today's)
+            self.space, self.grid = drawn, (grid_points(drawn, config.seed) if self.grid is not None else None)
         self.ctx = context_row(self.graph, self.device)
         if config.bucket:
             self.ctx["bucket"] = config.bucket
@@ -371,9 +376,7 @@ class _Loop:
 
         cfg = self.config
         _fail_stale(self.study)
-        if not self.study.get_trials(deepcopy=False):
-            self.study.enqueue_trial(self.space.params_of(self.heuristic), user_attrs={"heuristic": True},
-                                     skip_if_exists=True)
+        enqueue_grid(self.study, self.space, [self.heuristic], {"heuristic": True})
         if self.grid is not None:
             self.enqueue_grid()
         self.refresh_known()

@@ -14,6 +14,8 @@ Contract
   :func:`journal_lock_grace_s` seconds (``$STITCHTUNE_JOURNAL_LOCK_GRACE_S``, a whole number >= 3; default
   30, optuna's): a lock left by a process killed while it held it is broken after that long without a
   change of the journal (an append holds the lock for milliseconds). A bad value -> ``DatabaseError``.
+* :func:`study_space_version(study, today)`: the space version the study was created in (user attr
+  ``space_version``; none with trials: ``"5"``, studies recorded none before space version 6), recorded where missing.
 * :func:`default_study_name`: ``<graph name>-<workload key[:12]>-<device key>``, unsafe characters -> ``_``.
 * :func:`make_sampler(name, seed, space)`: tpe, gp, cmaes, random, grid (a random sampler; the loop
   enqueues :func:`grid_points`, at most :data:`MAX_GRID`, shuffled by ``seed``). A missing optional
@@ -46,6 +48,9 @@ from stitchtune.tune.pipeline import device_key
 log = logging.getLogger(__name__)
 
 _KEY_WAIT_S = 15.0
+#: the space version of a study that records none (:func:`study_space_version`): studies record theirs since
+#: space version 6, so one without it was created in 5 or before (all of which drew as 5 does: stitch.json)
+UNRECORDED_STUDY_VERSION = "5"
 
 JOURNAL_LOCK_GRACE_ENV = "STITCHTUNE_JOURNAL_LOCK_GRACE_S"
 DEFAULT_JOURNAL_LOCK_GRACE_S = 30  # optuna's default
@@ -62,6 +67,7 @@ __all__ = [
     "make_sampler",
     "make_storage",
     "repair_journal_tail",
+    "study_space_version",
 ]
 
 
@@ -224,10 +230,23 @@ def grid_points(space: Any, seed: int | None) -> list[Any]:
     return points
 
 
-def enqueue_grid(study: optuna.Study, space: Any, grid: Iterable[Any]) -> None:
+def study_space_version(study: optuna.Study, today: str) -> str:
+    """The space version ``study`` was created in (its user attr ``space_version``, set here where missing): a
+    study without it that has trials was created before studies recorded theirs
+    (:data:`UNRECORDED_STUDY_VERSION`); one without trials is created now, in ``today``'s. A search draws
+    with ``space.as_of(...)`` of it, so a study resumes with the choices it was created with."""
+    v = study.user_attrs.get("space_version")
+    if v is None:
+        v = UNRECORDED_STUDY_VERSION if study.get_trials(deepcopy=False) else today
+        study.set_user_attr("space_version", v)
+    return str(v)
+
+
+def enqueue_grid(study: optuna.Study, space: Any, grid: Iterable[Any], user_attrs: dict[str, Any] | None = None) -> None:
     """Enqueue every point of ``grid`` that ``study`` has not tried or queued yet: a point is tried when a
     trial holds its schedule key (and did not fail without a status: a stale or interrupted trial), queued
-    when a waiting trial holds its parameters."""
+    when a waiting trial holds its parameters. ``user_attrs`` go with each enqueued trial (the heuristic:
+    ``{"heuristic": True}``, enqueued this way on every start, so a resumed study measures today's)."""
     seen: set[Any] = set()
     for t in study.get_trials(deepcopy=False):
         k = t.user_attrs.get("schedule_key")
@@ -240,7 +259,7 @@ def enqueue_grid(study: optuna.Study, space: Any, grid: Iterable[Any]) -> None:
         params = space.params_of(s)
         if s.key() in seen or ("params", tuple(sorted((str(a), str(b)) for a, b in params.items()))) in seen:
             continue
-        study.enqueue_trial(params, skip_if_exists=False)
+        study.enqueue_trial(params, user_attrs=user_attrs, skip_if_exists=False)
 
 
 def make_sampler(name: str, seed: int | None, space: Any) -> optuna.samplers.BaseSampler:

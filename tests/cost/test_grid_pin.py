@@ -67,8 +67,10 @@ def test_the_pinned_kernel_equals_the_reference() -> None:
 
 
 def test_an_undrawn_value_is_legal_never_sampled_and_resumes_in_optuna() -> None:
+    """As a study created before space version 6 draws (``as_of("5")``): 3 legal, never drawn."""
     g = _tanh_gelu_backward_colsum(4096, 3072)
-    _, space, s = _heuristic(g)
+    _, today, s = _heuristic(g)
+    space = today.as_of("5")
     assert 3 not in space.domains["min_blocks"] and 3 in space.legal_values("min_blocks")
     rng = random.Random(0)
     assert all(space.sample(rng).min_blocks != 3 for _ in range(200))
@@ -80,6 +82,23 @@ def test_an_undrawn_value_is_legal_never_sampled_and_resumes_in_optuna() -> None
         assert sp.suggest(study.ask()) == s
         fresh = [sp.suggest(study.ask()) for _ in range(5)]   # fresh trials ask the drawn domain
         assert all(f.min_blocks != 3 for f in fresh)
+
+
+def test_space_version_6_draws_the_pin() -> None:
+    """Since space version 6 a new study and the seeded samples draw 3, under the names every other value has."""
+    g = _tanh_gelu_backward_colsum(4096, 3072)
+    _, space, s = _heuristic(g)
+    assert space.domains["min_blocks"] == [0, 1, 2, 3, 4]
+    rng = random.Random(0)
+    assert any(space.sample(rng).min_blocks == 3 for _ in range(200))
+    for sp in (space, space.flat_mode()):
+        params = sp.params_of(s)
+        assert not any(k.startswith("min_blocks_all") for k in params) and 3 in params.values(), params
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        study.enqueue_trial(params)
+        assert sp.suggest(study.ask()) == s
+        drawn = {sp.suggest(study.ask()).min_blocks for _ in range(40)}
+        assert 3 in drawn, drawn
 
 
 @pytest.mark.slow

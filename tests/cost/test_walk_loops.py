@@ -106,22 +106,51 @@ def test_the_rule_and_what_counts_as_a_compile_time_bound() -> None:
     assert not static_expr(Extent("P"), {})
 
 
-def test_a_guarded_vector_load_waits_for_the_previous_iterations(unrolling: None) -> None:
-    """``if (guard) { t = in0[...] }; acc += t``: where the guard is false t keeps the previous iteration's value,
-    so nvcc copies that loaded value into the next load's destination first (sm_90 SASS of BERT training's
-    region_view_56 combine loop: ``MOV R20, R12`` before each ``@P0 LDG.E.128``): one load in flight. A guarded
-    scalar load (``guard ? in0[...] : 0``) has no such wait."""
+def _guarded_sums() -> tuple[KernelFeatures, KernelFeatures]:
+    """``if (guard) { t = in0[...] }; acc += t`` and ``acc += guard ? in0[...] : 0`` over 96 rows."""
     p, acc, t = Var("p", I32), Var("acc"), Var("t")
     r = Bin("+", Bin("*", p, Const(N, I32)), TID)
     guard = Bin("<", TID, Const(16, I32))
     body = (LoadVec((t,), "in0", r, guard), Assign(acc, Bin("+", acc, t)))
     vec = feats((Assign(acc, Const(0.0, kir.F32)), For(p, Const(0, I32), Const(96, I32), 1, body),
                  StoreVec("out0", TID, (acc,))))
-    assert vec.loads_in_flight == pytest.approx(1.0)
-    assert vec.load_rounds == pytest.approx(96.0)
     scalar = (Assign(acc, Bin("+", acc, Load("in0", r, guard))),)
     sel = feats((Assign(acc, Const(0.0, kir.F32)), For(p, Const(0, I32), Const(96, I32), 1, scalar),
                  StoreVec("out0", TID, (acc,))))
+    return vec, sel
+
+
+@pytest.mark.parametrize("wait", [False, True])
+def test_as_shipped_the_guard_rule_moves_nothing(wait: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GUARDED_LOADS_WAIT is read only while UNROLL_ROLLED (off as shipped): the features the fitted model was
+    fitted on and predicts with are the same either way (the fit's scores do not move)."""
+    monkeypatch.setattr(walk_loops, "GUARDED_LOADS_WAIT", wait)
+    vec, sel = _guarded_sums()
+    assert vec.loads_in_flight == pytest.approx(1.0) == sel.loads_in_flight
+    assert vec.load_rounds == pytest.approx(96.0)
+
+
+def test_a_guarded_vector_load_unrolls_as_todays_renderer_emits_it(unrolling: None) -> None:
+    """Since CODEGEN_VERSION 5 a guarded vector load in a loop renders into fresh zeroed registers
+    (gpu/render_guarded.py): nothing carries over, nvcc overlaps the iterations as for a guarded scalar load
+    (results/walk-guarded-2026-12-07-s15: SASS of today's kernels)."""
+    assert not walk_loops.GUARDED_LOADS_WAIT
+    vec, sel = _guarded_sums()
+    assert vec.loads_in_flight == pytest.approx(16.0) == sel.loads_in_flight
+    assert vec.load_rounds == pytest.approx(96 / 16)
+
+
+def test_a_guarded_vector_load_waited_as_code_generator_4_rendered_it(unrolling: None,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``if (guard) { t = in0[...] }`` as versions <= 4 rendered it: where the guard is false t kept the previous
+    iteration's value, so nvcc copied that loaded value into the next load's destination first (sm_90 SASS of BERT
+    training's region_view_56 combine loop as measured: ``MOV R20, R12`` before each ``@P0 LDG.E.128``): one load in
+    flight. The cost fit's measured kernels were rendered so (a dataset rebuilt from them sets the flag). A guarded
+    scalar load (``guard ? in0[...] : 0``) had no such wait."""
+    monkeypatch.setattr(walk_loops, "GUARDED_LOADS_WAIT", True)
+    vec, sel = _guarded_sums()
+    assert vec.loads_in_flight == pytest.approx(1.0)
+    assert vec.load_rounds == pytest.approx(96.0)
     assert sel.loads_in_flight == pytest.approx(16.0)
 
 

@@ -196,12 +196,12 @@ def test_load_candidates_reads_heterogeneous_parts(ln: Graph, tmp_path: Any) -> 
 
 
 def test_records_of_the_compatible_earlier_space_version_are_read_where_they_still_run(tmp_path: Any) -> None:
-    """Space version 2 (and 3, 4 and 5, supersets) offers only schedules whose kernels fit; records of version 1 (same rules) are
+    """Space version 2 (and 3, 4, 5 and 6, supersets) offers only schedules whose kernels fit; records of version 1 (same rules) are
     still chosen when their schedule fits, and one that does not fit is passed over, saying why."""
     g = load_graph(EXAMPLES_DIR / "rmsnorm_backward.json")
     plan = make_plan(g)
-    bare = SearchSpace.for_plan(plan, H200)
-    assert space_of(g).compatible_versions == ("1", "2", "3", "4") and space_of(g).version == "5"
+    bare = SearchSpace.for_plan(plan, H200).as_of("5")   # the seeded sample of before version 6
+    assert space_of(g).compatible_versions == ("1", "2", "3", "4", "5") and space_of(g).version == "6"
     unfit = bare.sample(random.Random(1))   # its cross_combine grid barrier cannot be co-resident
     assert not bare.violations(unfit) and not legal(g, unfit)
     (fits,) = schedules(g, 1)
@@ -210,7 +210,19 @@ def test_records_of_the_compatible_earlier_space_version_are_read_where_they_sti
     c = choose_schedule(g, tmp_path, H200)
     assert c.source == "tuned" and c.schedule == fits and c.record is not None
     assert c.record["space_version"] == "1" and c.record["measured_us"] == 2.0
-    assert "space version 5/1" in c.reason
+    assert "space version 6/1" in c.reason
+
+
+def test_a_record_of_space_version_5_with_min_blocks_3_is_read_in_6(tmp_path: Any) -> None:
+    """Version 5 made ``min_blocks`` 3 legal (the heuristic's grid pin), 6 draws it: a record of 5 is re-validated
+    in 6 and chosen."""
+    g = load_graph(EXAMPLES_DIR / "rmsnorm_backward.json")
+    (fits,) = schedules(g, 1)
+    three = Schedule.from_dict({**fits.to_dict(), "min_blocks": 3})
+    assert legal(g, three) and three != fits
+    TuningDB(tmp_path).append([row(g, three, 1.0, space_version="5"), row(g, fits, 2.0, space_version="5")])
+    c = choose_schedule(g, tmp_path, H200)
+    assert c.source == "tuned" and c.schedule == three and c.record["space_version"] == "5"
 
 
 def test_earlier_codegen_records_rank_after_todays_and_say_so(ln: Graph, tmp_path: Any) -> None:

@@ -83,6 +83,9 @@ class FakeSpace:
     def flat_mode(self) -> FakeSpace:
         return self
 
+    def as_of(self, version: str) -> FakeSpace:
+        return self
+
 
 @dataclass(frozen=True)
 class FakePlan:

@@ -50,7 +50,7 @@ def test_legal_space_refuses_through_violations_and_lower(tmp_path: Path) -> Non
     dev = get_device("h200")
     g = load_graph(str(EXAMPLES_DIR / "rmsnorm_backward.json"))
     plan = make_plan(g)
-    bare = SearchSpace.for_plan(plan, dev)
+    bare = SearchSpace.for_plan(plan, dev).as_of("5")   # the probe's draws (space version 5)
     space = legal_space(g, plan, dev, bare)
     s = bare.sample(random.Random(1))  # cross_combine grid over 1024 blocks, 132 co-resident (recorded probe)
     assert not bare.violations(s)

@@ -64,13 +64,15 @@ def _recorded(paths) -> dict:
 
 
 RECORDED = _recorded((KERNEL_HASHES, *KERNEL_HASHES_ADDED))
+GOLDEN_DRAWN_AS = "5"   # scripts/kernel_hashes.py's and suggest_params.py's default
 RECORDED_FULL = _recorded(KERNEL_HASHES_FULL)
 
 
 def _space(name: str, full: bool):
-    """(plan, space) of example ``name`` on the H200 with today's table or the recorded one."""
+    """(plan, space) of example ``name`` on the H200 with today's table or the recorded one, drawing as the space
+    version the golden files were recorded with (``GOLDEN_DRAWN_AS``: 5; ``SearchSpace.as_of``)."""
     _, plan, space = setup(name)
-    return plan, space if full else SearchSpace.for_plan(plan, DEV, table=RECORDED_OPTIONS)
+    return plan, (space if full else SearchSpace.for_plan(plan, DEV, table=RECORDED_OPTIONS)).as_of(GOLDEN_DRAWN_AS)
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED) + sorted(RECORDED_FULL))
@@ -161,7 +163,9 @@ def test_flat_columns_are_the_database_columns() -> None:
 
 
 def test_space_version_is_unchanged() -> None:
-    """Version 5: ``min_blocks`` 3, legal and never drawn (``undrawn``: seeded samples and fresh trials as in 4).
+    """Version 6: ``min_blocks`` 3 is drawn; studies created before 6 resume with 5's draws (``before``), as the
+    golden files above were recorded. Version 5: ``min_blocks`` 3, legal and never drawn (``undrawn``: seeded
+    samples and fresh trials as in 4).
     Version 4: the ``row_vectors`` option (column plans with an input read along its rows), whose default is
     what every point of version 3 did, so 3's records are still read; version 3: element-wise regions pack rows
     (``tpr < block``) and the ``exact_math`` option, a superset
@@ -169,8 +173,11 @@ def test_space_version_is_unchanged() -> None:
     rules are those of version 1; selection still reads the records of all three (re-validated). The golden
     files above were recorded with the space without the resource check (``SearchSpace.for_plan``): the
     check changes a seeded sample only where it was illegal."""
-    assert load_space_file()["version"] == "5"
+    assert load_space_file()["version"] == "6"
     _, _, space = setup("layernorm_small.json")
-    assert space.version == "5" and space.compatible_versions == ("1", "2", "3", "4")
-    assert space.domains["min_blocks"] == [0, 1, 2, 4] and space.legal_values("min_blocks") == [0, 1, 2, 3, 4]
+    assert space.version == "6" and space.compatible_versions == ("1", "2", "3", "4", "5")
+    assert space.domains["min_blocks"] == [0, 1, 2, 3, 4] == space.legal_values("min_blocks")
+    old = space.as_of("5")
+    assert old.domains["min_blocks"] == [0, 1, 2, 4] and old.legal_values("min_blocks") == [0, 1, 2, 3, 4]
+    assert old.version == "6" and old.drawn_as == "5" and space.as_of("6") is space
     assert space.resources is None

@@ -1,4 +1,5 @@
-"""An undrawn value (``min_blocks`` 3, space version 5) is never the result of a fresh trial, flat mode included.
+"""An undrawn value (``min_blocks`` 3 in space version 5, and in studies created before 6, which resume with 5's
+draws: ``SearchSpace.as_of``) is never the result of a fresh trial, flat mode included.
 
 Flat mode repairs ``min_blocks x block`` above the SM's threads by stepping ``min_blocks`` down. On an SM of
 1536 threads (the L4 preset, cc 8.9) a fresh flat trial of ``block`` 512 and ``min_blocks`` 4 stepped down the
@@ -26,8 +27,9 @@ L4 = get_device("L4")
 
 
 def _flat_space() -> SearchSpace:
+    """Flat mode as a study created before space version 6 draws (3 undrawn; since 6 it is drawn)."""
     plan = make_plan(load_graph(EXAMPLES / "layernorm_small.json"))
-    return SearchSpace.for_plan(plan, L4).flat_mode()
+    return SearchSpace.for_plan(plan, L4).as_of("5").flat_mode()
 
 
 def _suggest(space: SearchSpace, params: dict) -> int:

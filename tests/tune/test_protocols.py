@@ -34,7 +34,7 @@ def real() -> dict[str, object]:
 def test_spaces(real: dict[str, object]) -> None:
     for space in (real["space"], search_fakes.FakeSpace()):
         assert isinstance(space, SpaceLike), type(space)
-        for other in (space.deterministic_only(), space.flat_mode()):
+        for other in (space.deterministic_only(), space.flat_mode(), space.as_of("5")):
             assert isinstance(other, SpaceLike)
         s = space.sample(random.Random(0))
         assert isinstance(s, ScheduleLike)

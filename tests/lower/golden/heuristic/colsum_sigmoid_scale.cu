@@ -106,7 +106,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) st_k0(const float* __restri
     #pragma unroll 8
     for (i11 = 0; i11 < 128; i11 += 1) {
       r12 = (kb8 + ((i11 * 8) + tk2));
-      v13 = (cv7 && (r12 < ke9));
+      v13 = cv7;
       t0_18 = 0.0f;
       t0_19 = 0.0f;
       t0_20 = 0.0f;
@@ -200,7 +200,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) st_k0(const float* __restri
     #pragma unroll 8
     for (i33 = 0; i33 < 128; i33 += 1) {
       r34 = (kb8 + ((i33 * 8) + tk2));
-      v35 = (cv7 && (r34 < ke9));
+      v35 = cv7;
       t0_36 = 0.0f;
       t0_37 = 0.0f;
       t0_38 = 0.0f;
