@@ -71,7 +71,9 @@ from stitchtune.space import Schedule, SearchSpace
 #: covers it exactly (``lower.guarded_loads.rows_always_valid``): ptxas keeps more rows' loads in flight under a cap;
 #: and (merged under "6" without a bump of its own, no record measured in between) an atomic add into a float32
 #: buffer is a PTX reduction (``gpu.render_atomics``: ``REDG`` where ``atomicAdd`` ahead of a grid barrier's fence
-#: was a returning ``ATOMG``), so a record of "6" or earlier timed the ``atomicAdd`` kernel.
+#: was a returning ``ATOMG``), so a record of "6" or earlier timed the ``atomicAdd`` kernel; and a tiled transpose
+#: loads or computes a tensor whose address does not depend on the transposed axis (a bias added before a head
+#: split, its slices) once per tile, with no guard or clamp along an axis its tiles divide (``lower/transpose.py``).
 CODEGEN_VERSION = "7"
 
 #: Earlier code generator versions whose tuning records stay usable (``deploy.selection``): their schedule
