@@ -68,7 +68,9 @@ from stitchtune.space import Schedule, SearchSpace
 #: pieces from other lanes (``plan/lane_shifts.py``, ``lower/lane_exchange.py``: a shuffle instead of loading the
 #: inputs again; the row-major lane order): Llama's training rotary gradient; every other schedule as in "5". "7"
 #: (2026-12-07, later): a column sweep has no per-row ``r < ke`` guard where every chunk is whole and the sweep
-#: covers it exactly (``lower.guarded_loads.rows_always_valid``): ptxas keeps more rows' loads in flight under a cap.
+#: covers it exactly (``lower.guarded_loads.rows_always_valid``): ptxas keeps more rows' loads in flight under a cap;
+#: from "7" on, the rendered float32 atomic adds are PTX reductions (``gpu.render_atomics``, merged just before it,
+#: without a version of its own): an earlier version's time of a kernel with them is of ``atomicAdd`` (no GPU ran between).
 CODEGEN_VERSION = "7"
 
 #: Earlier code generator versions whose tuning records stay usable (``deploy.selection``): their schedule
