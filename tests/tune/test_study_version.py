@@ -162,3 +162,22 @@ def test_a_study_whose_trials_drew_nothing_yet_draws_as_today() -> None:
         study.tell(t, state=optuna.trial.TrialState.FAIL)
     assert study_space_version(study, today.version) == "6"
     assert 3 in {s.min_blocks for s in _run(study, today, 60)}
+
+
+def test_a_version_5_study_that_measured_the_pinned_heuristic_still_resumes_as_5() -> None:
+    """A version-5 study asked the heuristic's undrawn 3 under ``min_blocks_all_b<block>`` (today's legal values,
+    3 among them): that parameter decides nothing; its other trials' 0/1/2/4 make it a version-5 study. A study
+    whose only draw is that pin draws as today (no parameter of today's draws was drawn otherwise)."""
+    today, plan = _space()
+    old = today.as_of("5")
+    h = heuristic_schedule(plan, DEV, today)
+    pinned_only = _study()
+    pinned_only.enqueue_trial(old.params_of(h), user_attrs={"heuristic": True})
+    assert _run(pinned_only, old, 1) == [h]
+    assert study_space_version(pinned_only, today.version) == "6"
+    _run(pinned_only, today, 20)
+    study = _study()
+    study.enqueue_trial(old.params_of(h), user_attrs={"heuristic": True})
+    _run(study, old, 8)
+    assert study_space_version(study, today.version) == "5"
+    _run(study, today.as_of("5"), 20)
