@@ -16,7 +16,8 @@ Contract
   change of the journal (an append holds the lock for milliseconds). A bad value -> ``DatabaseError``.
 * :func:`study_space_version(study, today)`: the space version the study was created in (user attr
   ``space_version``; none, and a trial drew ``min_blocks`` over version 5's choices: ``"5"``, studies recorded
-  none before space version 6; none otherwise: ``today``), recorded where missing.
+  none before space version 6; none otherwise: ``today``), recorded where missing; one newer than ``today`` (a
+  newer release's study in a shared storage) or not a whole number: ``DatabaseError``.
 * :func:`default_study_name`: ``<graph name>-<workload key[:12]>-<device key>``, unsafe characters -> ``_``.
 * :func:`make_sampler(name, seed, space)`: tpe, gp, cmaes, random, grid (a random sampler; the loop
   enqueues :func:`grid_points`, at most :data:`MAX_GRID`, shuffled by ``seed``). A missing optional
@@ -256,7 +257,13 @@ def study_space_version(study: optuna.Study, today: str) -> str:
     if v is None:
         v = UNRECORDED_STUDY_VERSION if _drew_as_version_5(study) else today
         study.set_user_attr("space_version", v)
-    return str(v)
+    v = str(v)
+    if v != today and (not v.isdigit() or (today.isdigit() and int(v) > int(today))):   # a newer release's study
+        what = f"space version {v[:20]!a}, newer than this stitchtune's {today}" if v.isdigit() else \
+            f"an unreadable space version {v[:20]!a}"
+        raise DatabaseError(f"optuna study {study.study_name!a} was created with {what}: resume it with the "
+                            f"stitchtune that created it, or start another study (--study NAME)")
+    return v
 
 
 def enqueue_grid(study: optuna.Study, space: Any, grid: Iterable[Any], user_attrs: dict[str, Any] | None = None) -> None:

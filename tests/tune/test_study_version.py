@@ -181,3 +181,17 @@ def test_a_version_5_study_that_measured_the_pinned_heuristic_still_resumes_as_5
     _run(study, old, 8)
     assert study_space_version(study, today.version) == "5"
     _run(study, today.as_of("5"), 20)
+
+
+@pytest.mark.parametrize("recorded", ["7", "12", "six", ""])
+def test_a_study_of_a_newer_or_unreadable_space_version_is_a_clear_error(recorded: str) -> None:
+    """A worker of an older stitchtune joining a study another release created (a shared PostgreSQL storage) would
+    draw its own choices beside the newer ones, and optuna refuses that mid-search with a traceback; a bad attr
+    would fail inside the space file's reader. Both are refused up front, naming the study's version."""
+    from stitchtune.errors import DatabaseError
+
+    today, _ = _space()
+    study = _study()
+    study.set_user_attr("space_version", recorded)
+    with pytest.raises(DatabaseError, match="space version"):
+        study_space_version(study, today.version)
