@@ -230,6 +230,22 @@ def llama_rotary_backward(B: int = 8, KV: int = 4, S: int = 512, D: int = 64) ->
                    "outputs": ["out"]})
 
 
+def gpt2_qkv_bias(B: int = 8, S: int = 512, nh: int = 12, D: int = 64) -> Any:
+    """GPT-2's training ``region_view_2`` since the backend adds c_attn's bias after the q / k / v slices
+    (importers/torch_bias.column_slices): ``qkv [B*S, 3H]`` sliced, each slice plus its slice of ``b [3H]``,
+    split into heads; q, v ``[B, nh, S, D]``, k transposed ``[B, nh, D, S]`` (the tiled transpose)."""
+    H = nh * D
+    nodes: list[dict[str, Any]] = [{"id": "v3", "op": "reshape", "args": ["qkv"], "shape": [B, S, 3 * H]}]
+    for i, (out, perm) in enumerate((("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3]))):
+        nodes += [{"id": f"s{i}", "op": "slice", "args": ["v3"], "axis": 2, "start": i * H, "stop": (i + 1) * H},
+                  {"id": f"b{i}", "op": "slice", "args": ["b"], "axis": 0, "start": i * H, "stop": (i + 1) * H},
+                  {"id": f"a{i}", "op": "add", "args": [f"s{i}", f"b{i}"]},
+                  {"id": f"h{i}", "op": "reshape", "args": [f"a{i}"], "shape": [B, S, nh, D]},
+                  {"id": out, "op": "transpose", "args": [f"h{i}"], "perm": perm}]
+    return _parse({"name": "gpt2_view_2", "inputs": {"qkv": _f32([B * S, 3 * H]), "b": _f32([3 * H])},
+                   "nodes": nodes, "outputs": ["q", "k", "v"]})
+
+
 LATENCY_SCHEDULE = {"tpr": LATENCY_BLOCK, "block": LATENCY_BLOCK, "split": 1, "vec": 4, "tasks_per_block": 1,
                     "min_blocks": 0, "schemes": ["regional"], "reuse": []}
 
@@ -283,6 +299,8 @@ def _ab_cases() -> list[Case]:
     red = {"question": "red vs atom", "region": "llama view_102"}
     rot = lambda small: llama_rotary_backward(2, 2, 32, 16) if small else llama_rotary_backward()  # noqa: E731
     rot_q = {"question": "row vectors, column shifts from other lanes", "region": "llama view_68"}
+    qkv = lambda small: gpt2_qkv_bias(2, 64, 2, 32) if small else gpt2_qkv_bias()  # noqa: E731
+    qkv_q = {"question": "64 x 64 tile at 54 registers (1.45 waves) vs 32 x 32 (2.91 waves)", "region": "gpt2 view_2"}
     gelu = lambda small: bert_gelu_backward_colsum(256, 384) if small else bert_gelu_backward_colsum()  # noqa: E731
     inflight = {"question": "bytes in flight above Little's law", "region": "bert view_47"}
     return [
@@ -309,6 +327,9 @@ def _ab_cases() -> list[Case]:
         # 28 LDG.128 + 32 SHFL, 88 registers (heuristic) vs 4 LDG.128 + 48 LDG.32, 78 registers (the earlier one)
         Case("ab", "llama-view_68/heuristic", rot, params=rot_q),
         Case("ab", "llama-view_68/rv0", rot, (("row_vectors", False), ("min_blocks", 2)), params=rot_q),
+        # the tiled transpose's edge where the bias slices raise the 64-tile's registers (s15-tbias)
+        Case("ab", "gpt2-view_2/heuristic", qkv, (("transpose", 64),), params=qkv_q),
+        Case("ab", "gpt2-view_2/t32", qkv, (("transpose", 32),), params=qkv_q),
         # codegen 7, sm_90: min_blocks 3 (the pin) 80 registers, 96 B in flight per thread; 4: 64 B; 0: 40 registers, 32 B
         Case("ab", "bert-view_47/heuristic", gelu, params=inflight),
         Case("ab", "bert-view_47/mb4", gelu, (("min_blocks", 4),), params=inflight),

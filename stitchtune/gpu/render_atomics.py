@@ -15,9 +15,11 @@ Contract
   :data:`RED_PREAMBLE` (the ``st_red`` helpers) goes into the source only then, so every other program renders
   byte for byte as before.
 * :func:`red_call(ptr, values)`: the statement adding ``values`` (1, 2 or 4 float expressions) at ``ptr`` (a
-  ``float*`` expression): ``st_red(ptr, v0[, v1, v2, v3]);``. The 2- and 4-wide forms (``red...v2/v4.f32``) exist
-  from sm_90, where the lowering emits vector atomics at all (``Device.atomic_vector_width``); the scalar form on
-  every architecture. 16-bit tables and shared-memory copies keep ``atomicAdd`` (not handled here).
+  ``float*`` expression): ``st_red(ptr, v0[, v1, v2, v3]);``. The 2- and 4-wide PTX forms (``red...v2/v4.f32``) exist
+  from sm_90, where the lowering emits vector atomics at all (``Device.atomic_vector_width``), the scalar one from
+  sm_70; every form is declared in every compilation pass (a whole-program ``nvcc -c`` build's host pass has no
+  ``__CUDA_ARCH__``) and is ``atomicAdd`` one float at a time where its PTX form is missing. 16-bit tables and
+  shared-memory copies keep ``atomicAdd`` (not handled here).
 * :func:`returning_adds()`: a context within which float32 atomic adds render as ``atomicAdd`` again (and
   :func:`needs_red` says False): the other arm of a GPU A/B only (``scripts/gpu_experiment_cases.py``,
   ``llama-view_102/atom``); :func:`reductions_on` says which rendering is in force.
@@ -33,20 +35,32 @@ from stitchtune.ir import kir
 _RETURNING = False
 
 RED_PREAMBLE = r"""
-// Atomic adds without a result: PTX reductions (REDG), also ahead of a fence (atomicAdd would be a returning ATOMG)
+// Atomic adds without a result: PTX reductions (REDG), also ahead of a fence (atomicAdd would be a returning ATOMG).
+// Every form is declared in every compilation pass (a host pass of nvcc -c sees them too); where the PTX form is
+// missing (no __CUDA_ARCH__, or below sm_90 for the vector forms) it is atomicAdd, one float at a time.
 __device__ __forceinline__ void st_red(float* p, float a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
   asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" :: "l"(__cvta_generic_to_global(p)), "f"(a) : "memory");
+#else
+  atomicAdd(p, a);
+#endif
 }
-#if __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void st_red(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};"
                :: "l"(__cvta_generic_to_global(p)), "f"(a), "f"(b) : "memory");
+#else
+  st_red(p, a); st_red(p + 1, b);
+#endif
 }
 __device__ __forceinline__ void st_red(float* p, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
                :: "l"(__cvta_generic_to_global(p)), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
-}
+#else
+  st_red(p, a); st_red(p + 1, b); st_red(p + 2, c); st_red(p + 3, d);
 #endif
+}
 """
 
 

@@ -22,7 +22,12 @@ epilogue, which adds in float32 before rounding once), and every reader is eleme
 returns, or that another matmul or a reduction reads, keeps its ``addmm``. The values are the same up to
 the rounding of one float add (``mm`` then ``add`` instead of the fused epilogue); every new node's
 ``meta["val"]`` is PyTorch's fake value of it, and the ``add`` carries the ``addmm``'s name in
-``meta[BIAS_OF]``. ``keep``: names of ``addmm`` nodes left as they are. The caller keeps an ``addmm`` whose
+``meta[BIAS_OF]``. A product read only by slices along its last axis (directly or through reshapes that keep
+that extent: GPT-2's fused q / k / v projection cut into q, k and v, :func:`column_slices`) gets one ``add``
+per slice instead, after it, of the bias's own slice with the same bounds (``add(slice(view(mm)),
+slice(bias))``, the same float add per element): the planner refuses a slice of a computed tensor wider than
+its region's domain, so one add before the slices would be a region of its own; after them it joins the head
+split that reads each slice. ``keep``: names of ``addmm`` nodes left as they are. The caller keeps an ``addmm`` whose
 add would be a region of its own (a reader cut off by a view with a symbolic size, or declined): that
 region would be one more launch over the whole product (:func:`lonely_bias_adds`,
 :func:`stitchtune.deploy.torch_prepare.prepared_regions`).
@@ -36,10 +41,13 @@ from typing import Any
 from stitchtune.importers.torch_fx_util import graph_copy, op_key
 from stitchtune.importers.torch_mm_views import _node
 
-__all__ = ["BIAS_OF", "lonely_bias_adds", "unfused_bias_adds"]
+__all__ = ["BIAS_OF", "column_slices", "lonely_bias_adds", "unfused_bias_adds"]
 
 #: fx node meta key on the ``add`` made from an ``addmm``: that ``addmm`` node's name
 BIAS_OF = "stitchtune_bias_of"
+
+#: reshapes of a product that :func:`column_slices` follows (they keep the last extent)
+_RESHAPES = ("aten.view", "aten._unsafe_view", "aten.reshape")
 
 #: ops that only look at their input's storage differently (their readers are followed)
 _VIEWS = ("aten.view", "aten._unsafe_view", "aten.reshape", "aten.permute", "aten.transpose", "aten.t",
@@ -98,11 +106,60 @@ def unfused_bias_adds(gm: Any, keep: Collection[str] = ()) -> Any | None:
         bias, x, w = n.args[:3]
         with graph.inserting_before(n):
             mm = _node(graph, aten.mm.default, x, w)
+        slices = column_slices(n)
+        if slices:
+            _add_after_slices(graph, n, mm, bias, slices)
+            continue
+        with graph.inserting_before(n):
             add = _node(graph, aten.add.Tensor, mm, bias)
         add.meta[BIAS_OF] = n.name
         n.replace_all_uses_with(add)
         graph.erase_node(n)
     return torch.fx.GraphModule(gm, graph)
+
+
+def column_slices(n: Any) -> list[Any]:
+    """The ``aten.slice`` nodes along the last axis that read ``n``'s ``[M, N]`` product, directly or
+    through reshapes that keep its last extent ``N``, when they and those reshapes are all its readers
+    (GPT-2's fused q / k / v projection ``[B*S, 3H]`` viewed ``[B, S, 3H]`` and cut into q, k and v);
+    [] otherwise."""
+    width = n.meta["val"].shape[-1]
+    found: list[Any] = []
+    stack = list(n.users)
+    while stack:
+        u = stack.pop()
+        val = u.meta.get("val") if u.op == "call_function" else None
+        if val is None or not val.dim():
+            return []
+        key = op_key(u.target)
+        if key == "aten.slice" and len(u.args) > 1 and u.args[1] in (-1, val.dim() - 1):
+            found.append(u)
+        elif key in _RESHAPES and val.shape[-1] == width and u.users:
+            stack += list(u.users)
+        else:
+            return []
+    return found
+
+
+def _add_after_slices(graph: Any, n: Any, mm: Any, bias: Any, slices: list[Any]) -> None:
+    """Replace ``addmm`` node ``n`` of ``graph`` by ``mm`` under its reshapes and slices (:func:`column_slices`),
+    and add each slice's part of ``bias`` (its own ``aten.slice``, the same bounds along the bias's last
+    axis) after the slice: ``slice(view(addmm(b, x, w)))`` -> ``add(slice(view(mm(x, w))), slice(b))``, the
+    same float add per element. The region finder then stitches each add with what reads the slice (a head
+    split), where the planner refuses a slice of a computed tensor wider than the iteration domain."""
+    import torch
+
+    aten = torch.ops.aten
+    for sl in slices:
+        _, _, *bounds = sl.args
+        with graph.inserting_after(sl):
+            part = _node(graph, aten.slice.Tensor, bias, bias.meta["val"].dim() - 1, *bounds, **sl.kwargs)
+        with graph.inserting_after(part):
+            add = _node(graph, aten.add.Tensor, sl, part)
+        add.meta[BIAS_OF] = n.name
+        sl.replace_all_uses_with(add, delete_user_cb=lambda user: user is not add)
+    n.replace_all_uses_with(mm)
+    graph.erase_node(n)
 
 
 def lonely_bias_adds(gm: Any, regions: Collection[Any]) -> frozenset[str]:

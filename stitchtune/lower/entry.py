@@ -69,8 +69,11 @@ from stitchtune.space import Schedule, SearchSpace
 #: inputs again; the row-major lane order): Llama's training rotary gradient; every other schedule as in "5". "7"
 #: (2026-12-07, later): a column sweep has no per-row ``r < ke`` guard where every chunk is whole and the sweep
 #: covers it exactly (``lower.guarded_loads.rows_always_valid``): ptxas keeps more rows' loads in flight under a cap;
-#: from "7" on, the rendered float32 atomic adds are PTX reductions (``gpu.render_atomics``, merged just before it,
-#: without a version of its own): an earlier version's time of a kernel with them is of ``atomicAdd`` (no GPU ran between).
+#: and (merged under "6" without a bump of its own, no record measured in between) an atomic add into a float32
+#: buffer is a PTX reduction (``gpu.render_atomics``: ``REDG`` where ``atomicAdd`` ahead of a grid barrier's fence
+#: was a returning ``ATOMG``), so a record of "6" or earlier timed the ``atomicAdd`` kernel; and a tiled transpose
+#: loads or computes a tensor whose address does not depend on the transposed axis (a bias added before a head
+#: split, its slices) once per tile, with no guard or clamp along an axis its tiles divide (``lower/transpose.py``).
 CODEGEN_VERSION = "7"
 
 #: Earlier code generator versions whose tuning records stay usable (``deploy.selection``): their schedule

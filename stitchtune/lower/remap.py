@@ -113,6 +113,7 @@ class RemapValues:
         self.moving = moving_bounds(low.g, self.domain, low.sym)   # (generic: a concat along a dynamic axis)
         self.deltas = moving_deltas(low.g, self.domain, low.sym)   # (its pieces' / end slices' symbolic shifts)
         self.exchange = exchanging(low, group is not None)   # column shifts from other lanes (lower/lane_exchange.py)
+        self.swapped: dict[tuple[str, int], list[kir.Expr]] = {}   # (tensor, lane mask): one shuffle for all its shifts
 
     # -- entry -----------------------------------------------------------------------------------
     def node_value(self, name: str) -> list[kir.Expr]:
@@ -136,8 +137,10 @@ class RemapValues:
             return self.memo[key]
         kind = OPS[nd.op].kind if nd is not None else "input"
         mask = exchange_mask(low, self.domain, self.chains, name, kind, sh) if self.exchange else None
-        if mask is not None:
-            vals = exchanged(low, self.sw.body, self.k.var, self.value(name, Shift()), mask)
+        if mask is not None:   # (rotate_half's c + h and c - h are both lane ^ m: the same shuffles)
+            if (name, mask) not in self.swapped:
+                self.swapped[name, mask] = exchanged(low, self.sw.body, self.k.var, self.value(name, Shift()), mask)
+            vals = self.swapped[name, mask]
         elif not self.low.cls[name].varies_along_reduced:
             if {a for a, _ in sh.delta} & set(self.row_axes):  # conditions alone keep the own element
                 raise UnsupportedGraphError(f"tensor '{name}': a per-row value under a slice/concat along a "

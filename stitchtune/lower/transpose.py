@@ -9,7 +9,13 @@ task, two phases separated by a block barrier:
    element-wise kernel computes them (:class:`~stitchtune.lower.sweep_values.SweepValues`), each lane ``vec``
    adjacent columns; a warp covers 32 columns x ``vec`` rows of the tile (``32 / vec`` lanes per row:
    every global row segment a whole number of sectors). The transposed outputs go to their tile
-   ``tp<j>[t][c]`` in shared memory, every other output is stored at once through its map.
+   ``tp<j>[t][c]`` in shared memory, every other output is stored at once through its map. An input
+   or computed tensor whose address does not depend on ``t``
+   (:meth:`~stitchtune.plan.transpose.TransposeTile.fixed_along`: a linear layer's bias added before a
+   head split, or its slices) is loaded or computed once per tile, before the passes, where a lane reads
+   the same columns in every pass (the block's warps a multiple of ``E / 32``;
+   :meth:`TransposeLowerer.tile_fixed`): BERT's K^T copy with its bias loaded the bias in each of its 4
+   passes, 56 registers (4 blocks per SM, 1.45 waves, sm_90), once per tile 40 (6 blocks, 0.97 waves).
 2. **store** (coalesced along ``t``): a warp covers 32 positions ``t`` x ``sv`` columns; each lane
    reads ``sv`` consecutive ``t`` of one column from the tile and stores them with one vector store:
    ``sv = vec`` where every tiled output's map allows it (``dim % vec == 0``, the other strides
@@ -21,7 +27,8 @@ phase's reads (32 rows x ``vec`` columns) touch 32 distinct banks: no bank confl
 (:func:`bank_conflicts` counts them; ``tests/lower/test_transpose.py`` checks it). Ragged edges
 (``dim`` or ``N`` not multiples of ``E``) are masked element by element (vector by vector: ``N % vec
 == 0`` by the space's rule, and a store vector is all in or all out when ``dim % vec == 0``, else
-the stores are scalar), so no access leaves a tensor whatever the shapes. A block barrier also ends
+the stores are scalar), so no access leaves a tensor whatever the shapes; an axis that the tiles
+divide has no guard and no clamp (only the task's ``task < tasks`` remains). A block barrier also ends
 every round, before the next task's tile is written. The grid, rounds and ``tasks_per_block`` follow
 :func:`~stitchtune.ir.launches.grid_size` as in the row family.
 """
@@ -29,6 +36,7 @@ every round, before the next task's tile is written. The grid, rounds and ``task
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -125,6 +133,17 @@ class TransposeLowerer(Lowerer):
         grid = self.grid_for(tasks, self.s.block, smem, est, 1, False)
         return (LaunchShape("st_k0", self.s.block, smem, est, grid, False, 1),)
 
+    def tile_fixed(self) -> frozenset[str]:
+        """The tensors loaded or computed once per tile, before the load phase's passes (module
+        docstring): every input or node with one value per column of the tile (its index map
+        :meth:`~stitchtune.plan.transpose.TransposeTile.fixed_along` the transposed axis: a bias, a slice
+        of one) where a lane reads the same columns in every pass (the block's warps a multiple of the
+        tile's ``E / 32`` column slots) and there is more than one pass; empty otherwise."""
+        warps, wide = self.s.block // 32, self.edge // 32
+        if self.passes <= 1 or warps % wide:
+            return frozenset()
+        return frozenset(n for n, m in self.p.index_maps if n not in self.g.outputs and self.tile.fixed_along(m))
+
     def store_vec(self, name: str) -> int:
         """The width of the store phase's global stores to output ``name``: ``vec`` where ``vec``
         consecutive ``t`` are one aligned run (``dim % vec == 0`` and every other stride of its map a
@@ -200,6 +219,22 @@ class _TransposeKernel:
         self.rd, self.tv = cx.var("rd", I32), cx.var("tv", kir.BOOL)
         self.hi, self.lo, self.t0, self.c0 = (cx.var(n, I32) for n in ("hi", "lo", "t0", "c0"))
 
+    def t_inside(self, t: kir.Expr) -> kir.Expr | None:
+        """``t < dim``, or None where the tiles divide the axis (``dim % E == 0``: always true)."""
+        dim = self.low.tile.dim
+        return None if dim % self.low.edge == 0 else Bin("<", t, I(dim))
+
+    def c_inside(self, c: kir.Expr) -> kir.Expr | None:
+        """``c < N``, or None where the tiles divide the columns (``N % E == 0``: always true)."""
+        n = self.low.p.N
+        return None if n % self.low.edge == 0 else Bin("<", c, I(n))
+
+    def clamped(self, t: kir.Expr) -> kir.Expr:
+        """``min(t, dim - 1)`` (a row inside the tensor for a masked lane of a ragged tile), or ``t``
+        where the tiles divide the axis."""
+        dim = self.low.tile.dim
+        return t if dim % self.low.edge == 0 else Bin("min", t, I(dim - 1))
+
     def row_of(self, t: kir.Expr) -> kir.Expr:
         """View row ``(hi * dim + t) * inner + lo`` of position ``t`` of the transposed axis."""
         tile = self.low.tile
@@ -219,41 +254,74 @@ class _TransposeKernel:
                 Assign(self.lo, Bin("%", rest, I(inner)) if inner > 1 else I(0)),
                 Assign(self.hi, Bin("/", rest, I(inner)) if inner > 1 else rest)]
 
-    def slot(self, p: Var, load: bool, vec: int) -> tuple[Var, Var, list[kir.Stmt]]:
-        """Variables (t, c) of this lane's first cell in pass ``p`` (tile coordinates) of a phase whose
-        lanes take ``vec`` cells each, and their assignments (:func:`_load_slot`, :func:`_store_slot`)."""
+    def slot_exprs(self, p: kir.Expr, load: bool, vec: int) -> tuple[kir.Expr, kir.Expr]:
+        """(t, c) of this lane's first cell in pass ``p`` (tile coordinates) of a phase whose lanes take
+        ``vec`` cells each (:func:`_load_slot`, :func:`_store_slot`)."""
         E = self.low.edge
         per, wide = 32 // vec, E // 32
         q = add(mul(p, I(self.low.s.block // 32)), self.warp)
-        t, c = self.cx.var("tl", I32), self.cx.var("cl", I32)
         if load:
-            ts = add(mul(Bin("/", q, I(wide)), I(vec)), Bin("/", self.lane, I(per)))
-            cs = add(mul(Bin("%", q, I(wide)), I(32)), mul(Bin("%", self.lane, I(per)), I(vec)))
-        else:
-            ts = add(mul(Bin("%", q, I(wide)), I(32)), mul(Bin("%", self.lane, I(per)), I(vec)))
-            cs = add(mul(Bin("/", q, I(wide)), I(vec)), Bin("/", self.lane, I(per)))
+            return (add(mul(Bin("/", q, I(wide)), I(vec)), Bin("/", self.lane, I(per))),
+                    add(mul(Bin("%", q, I(wide)), I(32)), mul(Bin("%", self.lane, I(per)), I(vec))))
+        return (add(mul(Bin("%", q, I(wide)), I(32)), mul(Bin("%", self.lane, I(per)), I(vec))),
+                add(mul(Bin("/", q, I(wide)), I(vec)), Bin("/", self.lane, I(per))))
+
+    def slot(self, p: Var, load: bool, vec: int) -> tuple[Var, Var, list[kir.Stmt]]:
+        """Variables (t, c) of :meth:`slot_exprs` and their assignments."""
+        t, c = self.cx.var("tl", I32), self.cx.var("cl", I32)
+        ts, cs = self.slot_exprs(p, load, vec)
         return t, c, [Assign(t, ts), Assign(c, cs)]
 
-    def load_phase(self) -> kir.For:
-        """Load, compute and write the tile (and store the untransposed outputs)."""
-        low, cx, vec = self.low, self.cx, self.low.s.vec
-        p = cx.var("pa", I32)
-        tl, cl, body = self.slot(p, load=True, vec=vec)
-        t, c = add(self.t0, tl), add(self.c0, cl)
-        pred = and_(self.tv, Bin("&&", Bin("<", t, I(low.tile.dim)), Bin("<", c, I(low.p.N))))
-        row = self.row_of(Bin("min", t, I(low.tile.dim - 1)))
+    def sweep(self, body: list[kir.Stmt], row: kir.Expr, c: kir.Expr, pred: kir.Expr | None,
+              hoisted: Callable[[str], list[kir.Expr] | None]) -> SweepValues:
+        """The element-wise values at view row ``row``, columns ``c .. c + vec - 1``: their loads (guarded
+        by ``pred``) and computations appended to ``body`` when first asked; ``hoisted(name)``: the values
+        of a tensor computed elsewhere, or None."""
+        low, cx = self.low, self.cx
 
         def load_input(name: str) -> list[kir.Expr]:
-            buf = low.in_buf[name]
-            self.uses["in"].add(buf)
+            self.uses["in"].add(low.in_buf[name])
             return low.mapped_load(cx, body, name, low.row_base(name, row), c, pred, f"x{low.tid_of[name]}_")
 
         def nothing(j: int) -> kir.Expr:
             raise AssertionError("no reuse cache in a tiled transpose")
 
-        sv = SweepValues(low, cx, body, vec, set(), lambda n: None, load_input, nothing, nothing)
+        sv = SweepValues(low, cx, body, low.s.vec, set(), hoisted, load_input, nothing, nothing)
         if any(OPS[nd.op].kind == "slice" for nd in low.g.nodes):   # (plan.transpose admits slices only)
             sv.index_value = self.remap_values(body, row, c, pred, sv).node_value
+        return sv
+
+    def once_sweep(self, pre: list[kir.Stmt]) -> SweepValues:
+        """The sweep of the tensors computed once per tile (:meth:`TransposeLowerer.tile_fixed`), into
+        ``pre`` (the statements before the load phase's passes): at the columns this lane reads in every
+        pass (the first pass's) and the tile's first row (their addresses do not depend on ``t``); lanes
+        whose columns lie beyond ``N`` or whose task is past the last load nothing, as in every pass."""
+        c_once = self.cx.var("cl", I32)
+        pre.append(Assign(c_once, self.slot_exprs(I(0), load=True, vec=self.low.s.vec)[1]))
+        c = add(self.c0, c_once)
+        return self.sweep(pre, self.row_of(I(0)), c, and_(self.tv, self.c_inside(c)), lambda n: None)
+
+    def load_phase(self) -> list[kir.Stmt]:
+        """Load, compute and write the tile (and store the untransposed outputs): the tensors computed
+        once per tile (:meth:`TransposeLowerer.tile_fixed`, :meth:`once_sweep`), then the passes."""
+        low, cx, vec = self.low, self.cx, self.low.s.vec
+        p = cx.var("pa", I32)
+        tl, cl, body = self.slot(p, load=True, vec=vec)
+        t, c = add(self.t0, tl), add(self.c0, cl)
+        pred = and_(self.tv, and_(self.t_inside(t), self.c_inside(c)))
+        row = self.row_of(self.clamped(t))
+        fixed = low.tile_fixed()
+        pre: list[kir.Stmt] = []        # the statements of the once-per-tile sweep
+        once: list[SweepValues] = []    # that sweep, made when first asked
+
+        def hoisted(name: str) -> list[kir.Expr] | None:
+            if name not in fixed:
+                return None
+            if not once:
+                once.append(self.once_sweep(pre))
+            return once[0].value(name)
+
+        sv = self.sweep(body, row, c, pred, hoisted)
         for name in dict.fromkeys(low.g.outputs):
             vals = sv.value(name)
             if name in low.tile.outputs:
@@ -263,7 +331,7 @@ class _TransposeKernel:
             else:
                 self.uses["out"].add(low.out_buf[name])
                 low.mapped_store(body, name, low.row_base(name, row), c, vals, low.once_pred(name, row, pred))
-        return kir.For(p, I(0), I(self.passes), 1, tuple(body), unroll=True)
+        return [*pre, kir.For(p, I(0), I(self.passes), 1, tuple(body), unroll=True)]
 
     def remap_values(self, body: list[kir.Stmt], row: kir.Expr, c: kir.Expr, pred: kir.Expr | None,
                      sv: SweepValues) -> RemapValues:
@@ -291,9 +359,8 @@ class _TransposeKernel:
         p = cx.var("pb", I32)
         tl, cl, body = self.slot(p, load=False, vec=sv)
         t, c = add(self.t0, tl), add(self.c0, cl)
-        live = and_(self.tv, Bin("<", c, I(low.p.N)))
-        dim = low.tile.dim
-        ins = [and_(live, Bin("<", add(t, I(k)), I(dim))) for k in range(sv)]
+        live = and_(self.tv, self.c_inside(c))
+        ins = [and_(live, self.t_inside(add(t, I(k)))) for k in range(sv)]
         for j, name in enumerate(low.tile.outputs):
             buf = low.out_buf[name]
             self.uses["out"].add(buf)
@@ -302,7 +369,7 @@ class _TransposeKernel:
                 v = cx.var(f"y{j}_", F32)
                 body.append(Assign(v, kir.Load(f"tp{j}", add(mul(add(tl, I(k)), I(low.pitch)), cl), ins[k])))
                 vals.append(v)
-            at = add(low.row_base(name, self.row_of(Bin("min", t, I(dim - 1)))), low.col_offset(name, c))
+            at = add(low.row_base(name, self.row_of(self.clamped(t))), low.col_offset(name, c))
             body.append(kir.StoreVec(buf, at, tuple(vals), ins[0]))
         passes = low.edge * low.edge // (sv * low.s.block)
         return kir.For(p, I(0), I(passes), 1, tuple(body), unroll=True)
@@ -311,7 +378,7 @@ class _TransposeKernel:
         low = self.low
         tid = kir.Special("tid")
         head: list[kir.Stmt] = [Assign(self.lane, Bin("%", tid, I(32))), Assign(self.warp, Bin("/", tid, I(32)))]
-        rb = self.task() + [self.load_phase(), kir.Barrier(), self.store_phase(), kir.Barrier()]
+        rb = self.task() + self.load_phase() + [kir.Barrier(), self.store_phase(), kir.Barrier()]
         body = head + [kir.For(self.rd, I(0), I(self.rounds), 1, tuple(rb))]
         kern = low.make_kernel(0, self.uses, self.cx, body, self.shared, [], False)
         prof = kernel_profile(low, kern, self.grid, self.rounds, self.smem, self.est, 0)

@@ -20,7 +20,8 @@ or int registers, whose outputs are all full-size with one writer per element, a
 of whose outputs (floating point) has
 columns that are not contiguous and a stride-1 row factor of ``dim >= MIN_DIM``; every such output
 has the same one. The lowering stores exactly those outputs (:attr:`TransposeTile.outputs`) through
-the tile; other outputs are stored as the element-wise kernel stores them.
+the tile; other outputs are stored as the element-wise kernel stores them. :meth:`TransposeTile.fixed_along`
+says which inputs have one value per column of a tile (read once per tile, not once per pass).
 """
 
 from __future__ import annotations
@@ -54,6 +55,16 @@ class TransposeTile:
     def factor(self) -> Factor[int]:
         """The outputs' stride-1 row factor."""
         return Factor(self.dim, self.inner, 1)
+
+    def fixed_along(self, imap: IndexMap) -> bool:
+        """Whether a tensor read through ``imap`` has one address for every position ``t`` of a tile
+        (view rows ``r = (hi * dim + t) * inner + lo`` at fixed ``hi``, ``lo`` and column): each row
+        factor ``(r // f.inner) % f.dim`` lies below the tile's axis (``f.inner * f.dim`` divides
+        ``inner``: it reads ``lo`` only) or above it (``f.inner`` a multiple of ``dim * inner``: it
+        reads ``hi`` only). A bias over the view's columns, or over columns and the head axis ``lo``
+        of a head split (BERT's ``[768]`` bias of the K^T copy: factor ``(12, 1, 64)``), is fixed."""
+        span = self.dim * self.inner
+        return all(self.inner % (f.inner * f.dim) == 0 or f.inner % span == 0 for f in imap.rows.factors)
 
 
 def stride_one_factor(imap: IndexMap) -> Factor[int] | None:

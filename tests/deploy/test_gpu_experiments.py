@@ -240,11 +240,11 @@ def test_gpu_path_times_each_distinct_kernel_once_and_writes_fit_rows(monkeypatc
     fit_rows = tmp_path / "round_fit_rows.jsonl"
     assert mod.main(["--out", str(tmp_path), "--only", "ab", "--fit-rows", str(fit_rows)]) == 0
     rows = {r["case"]: r for r in map(json.loads, (tmp_path / "experiments.jsonl").read_text().splitlines())}
-    assert len(rows) == 20
+    assert len(rows) == 22
     same = {k: r["same_as"] for k, r in rows.items() if "same_as" in r}
     assert same == {"gpt2-view_82/tpb2": "gpt2-view_82/heuristic", "bert-view_92/tpb2": "bert-view_92/heuristic",
                     "bert-view_50/kernel": "bert-view_50/heuristic", "bert-view_59/rv1": "bert-view_59/heuristic"}
-    assert len(timed) == 16   # llama-view_102/atom: the heuristic's program rendered with atomicAdd, timed too
+    assert len(timed) == 18   # llama-view_102/atom: the heuristic's program rendered with atomicAdd, timed too
     ok = [r for r in rows.values() if "measured_us" in r]
     assert all(set(r["measured_us"]["flushed"]) == {la["kernel"] for la in r["launches"]} for r in ok)
     fits = [json.loads(x) for x in fit_rows.read_text().splitlines()]
@@ -255,7 +255,7 @@ def test_gpu_path_times_each_distinct_kernel_once_and_writes_fit_rows(monkeypatc
     data, _ = fit.report(list(rows.values()))
     assert {a["region"] for a in data["ab"]} == {"gpt2 view_82", "bert view_92", "bert view_50", "bert view_59",
                                                  "llama view_68", "llama view_102",
-                                                 "bert view_47"}
+                                                 "bert view_47", "gpt2 view_2"}
 
 
 def test_gpu_path_out_of_budget_leaves_rows_not_a_crash(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

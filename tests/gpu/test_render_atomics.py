@@ -8,6 +8,8 @@ SASS tests need nvcc and cuobjdump and skip without them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from stitchtune.gpu.build import NvccBuilder, nvcc_found
@@ -104,3 +106,23 @@ def test_sm90_atomicadd_ahead_of_a_grid_barrier_returns_its_values(tmp_path) -> 
     unrolled row (without the barrier nvcc makes it ``REDG`` itself)."""
     assert _sass(_kernel(4), tmp_path, returning=True).float_atoms == ROWS
     assert _sass(_kernel(4, barrier=False), tmp_path / "nobar", returning=True).float_atoms == 0
+
+
+@pytest.mark.skipif(not nvcc_found(), reason="nvcc not installed")
+def test_every_reduction_compiles_in_a_host_pass_and_below_sm90(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The rendered source is plain CUDA a user may build as a whole program (``nvcc -c``: a host pass without
+    ``__CUDA_ARCH__``) or for another architecture: every ``st_red`` form is declared in every pass (the vector
+    PTX forms on sm_90, atomicAdd one float at a time elsewhere). Failed before: the 2- and 4-wide forms were
+    declared for ``__CUDA_ARCH__ >= 900`` only, so a host pass and sm_80 saw ``too many arguments``."""
+    import subprocess
+
+    from stitchtune.gpu.build import find_nvcc
+
+    ks = [dataclasses.replace(_kernel(w), name=f"scatter{w}") for w in (1, 2, 4)]
+    src = tmp_path / "red.cu"
+    src.write_text(preamble(ks) + "".join(render_kernel(k) for k in ks))
+    nvcc = str(find_nvcc())
+    for argv in (["-arch=sm_90", "-c", "-o", str(tmp_path / "red.o")],
+                 ["-arch=sm_80", "-cubin", "-o", str(tmp_path / "red80.cubin")]):
+        r = subprocess.run([nvcc, *argv, str(src)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, (argv, r.stderr[-2000:])

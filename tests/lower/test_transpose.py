@@ -66,6 +66,32 @@ def _qkv_split(B: int, S: int, nh: int, D: int) -> dict:
 CASES["qkv_split"] = _qkv_split(2, 40, 2, 32)   # S = 40: ragged against both tile edges
 
 
+def _qkv_bias(B: int, S: int, nh: int, D: int) -> dict:
+    """:func:`_qkv_split` with the projection's bias added after each slice, itself sliced (the backend's
+    ``add(slice(view(mm)), slice(b))``, importers/torch_bias.py): GPT-2's training q / k / v region."""
+    H = nh * D
+    nodes = [{"id": "v3", "op": "reshape", "args": ["qkv"], "shape": [B, S, 3 * H]}]
+    for i, (out, perm) in enumerate((("q", [0, 2, 1, 3]), ("t", [0, 2, 3, 1]), ("v", [0, 2, 1, 3]))):
+        nodes += [{"id": f"s{i}", "op": "slice", "args": ["v3"], "axis": 2, "start": i * H, "stop": (i + 1) * H},
+                  {"id": f"b{i}", "op": "slice", "args": ["b"], "axis": 0, "start": i * H, "stop": (i + 1) * H},
+                  {"id": f"a{i}", "op": "add", "args": [f"s{i}", f"b{i}"]},
+                  {"id": f"h{i}", "op": "reshape", "args": [f"a{i}"], "shape": [B, S, nh, D]},
+                  {"id": out, "op": "transpose", "args": [f"h{i}"], "perm": perm}]
+    return float_graph({"qkv": [B * S, 3 * H], "b": [3 * H]}, nodes, ["q", "t", "v"])
+
+
+CASES["qkv_bias"] = _qkv_bias(2, 40, 2, 32)
+# inputs read once per tile (TransposeTile.fixed_along): a linear layer's bias over heads and columns added
+# before the head split (BERT's K^T copy after addmm -> mm + add; S = 40 ragged), and a per-batch tensor
+# above the transposed axis with a position table along it (S = 64: the tiles divide it, no guards)
+CASES["bias_heads"] = float_graph({"x": [2, 40, 96], "b": [96]},
+                                  [{"id": "a", "op": "add", "args": ["x", "b"]}] + _heads("a", [2, 40, 3, 32], [0, 2, 3, 1]),
+                                  ["t"])
+CASES["batch_bias"] = float_graph({"x": [3, 64, 32], "b": [3, 1, 32], "p": [64, 32]},
+                                  [{"id": "a", "op": "add", "args": ["x", "b"]}, {"id": "m", "op": "mul", "args": ["a", "p"]},
+                                   {"id": "t", "op": "transpose", "args": ["m"], "perm": [0, 2, 1]}], ["t"])
+
+
 def test_the_fused_qkv_split_is_tiled_with_vector_loads_through_the_slices() -> None:
     """GPT-2's q / k / v split (slices of the fused projection, k transposed) at the GPU script's head
     size: tiled, every load and store of the heuristic kernel 128-bit and at its ideal sectors (the slices

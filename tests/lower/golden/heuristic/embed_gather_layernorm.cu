@@ -32,20 +32,32 @@ __device__ __forceinline__ void st_grid_sync(unsigned int* bar) {
   __syncthreads();
 }
 
-// Atomic adds without a result: PTX reductions (REDG), also ahead of a fence (atomicAdd would be a returning ATOMG)
+// Atomic adds without a result: PTX reductions (REDG), also ahead of a fence (atomicAdd would be a returning ATOMG).
+// Every form is declared in every compilation pass (a host pass of nvcc -c sees them too); where the PTX form is
+// missing (no __CUDA_ARCH__, or below sm_90 for the vector forms) it is atomicAdd, one float at a time.
 __device__ __forceinline__ void st_red(float* p, float a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
   asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" :: "l"(__cvta_generic_to_global(p)), "f"(a) : "memory");
+#else
+  atomicAdd(p, a);
+#endif
 }
-#if __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void st_red(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};"
                :: "l"(__cvta_generic_to_global(p)), "f"(a), "f"(b) : "memory");
+#else
+  st_red(p, a); st_red(p + 1, b);
+#endif
 }
 __device__ __forceinline__ void st_red(float* p, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
                :: "l"(__cvta_generic_to_global(p)), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
-}
+#else
+  st_red(p, a); st_red(p + 1, b); st_red(p + 2, c); st_red(p + 3, d);
 #endif
+}
 
 extern "C" __global__ void __launch_bounds__(256, 2) st_k0(const int* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, const float* __restrict__ in3, const float* __restrict__ in4, float* __restrict__ out0, float* __restrict__ gerr0) {
   float rc6[24];
