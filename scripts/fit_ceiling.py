@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from fit_cost_model import ir_only, parse_base  # noqa: E402
+from fit_study import Fits, command, lomo, nested_choice, write_report  # noqa: E402
 
 from stitchtune.cost.fit_dataset import load_dataset, with_timing  # noqa: E402
 from stitchtune.cost.fitted import Coefficients  # noqa: E402
@@ -96,28 +97,9 @@ def _fit(rows: list[dict[str, Any]], dev: Any, variant: tuple[str, float | None,
     return fit_coefficients(rows, dev, base, names=names)
 
 
-class Fits:
-    """Fits cached by (variant, groups left out)."""
-
-    def __init__(self, rows: list[dict[str, Any]], dev: Any) -> None:
-        self.rows, self.dev, self.cache = rows, dev, {}
-
-    def __call__(self, v: int, out: frozenset[str]) -> Coefficients:
-        key = (v, out)
-        if key not in self.cache:
-            self.cache[key] = _fit([r for r in self.rows if r["group"] not in out], self.dev, VARIANTS[v])
-        return self.cache[key]
-
-
-def lomo(fits: Any, v: int, rows: list[dict[str, Any]], groups: list[str], skip: frozenset[str] = frozenset()) -> Any:
-    """Held-out predictions of ``rows`` (features as given), each group fitted without it (and ``skip``); ``fits``
-    is any cache called as ``fits(variant, left-out groups) -> Coefficients`` with the device as ``fits.dev``
-    (this script's :class:`Fits`, fit_terms.py's)."""
-    pred = np.full(len(rows), np.nan)
-    for g in groups:
-        idx = [i for i, r in enumerate(rows) if r["group"] == g]
-        pred[idx] = predict_rows([rows[i] for i in idx], fits.dev, fits(v, skip | {g}))
-    return pred
+def fit_variant(rows: list[dict[str, Any]], dev: Any, v: int) -> Coefficients:
+    """Variant ``v``'s (:data:`VARIANTS`) coefficients fitted to ``rows``: the fit :class:`fit_study.Fits` caches."""
+    return _fit(rows, dev, VARIANTS[v])
 
 
 def _pct(x: float) -> str:
@@ -188,20 +170,10 @@ def _nested(fits: Fits, pre: list[dict[str, Any]], rows: list[dict[str, Any]], g
     """Section 3: the variant chosen per held-out group on the other groups only (42 fits per variant)."""
     nested = np.full(len(rows), np.nan)
     chosen = {}
-    for g in groups:
-        others = [x for x in groups if x != g]
-        sub = [i for i, r in enumerate(rows) if r["group"] != g]
-        best = None
-        for v in range(len(VARIANTS)):
-            p = lomo(fits, v, [pre[i] for i in sub], others, skip=frozenset({g}))
-            s = score(m[sub], p)
-            key = (s["within25"], s["spearman"])
-            if best is None or key > best[0]:
-                best = (key, v)
-        assert best is not None
-        chosen[g] = VARIANTS[best[1]][0]
+    for g, v in nested_choice(fits, pre, groups, m, range(len(VARIANTS))).items():
+        chosen[g] = VARIANTS[v][0]
         idx = [i for i, r in enumerate(rows) if r["group"] == g]
-        nested[idx] = held[best[1]][idx]
+        nested[idx] = held[v][idx]
     s = score(m, nested)
     out["nested"] = {"score": s, "chosen": chosen}
     lines += ["", "## 3. Nested: the variant chosen per held-out group on the other groups only", "",
@@ -269,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     pre = ir_only(rows)
     groups = sorted({r["group"] for r in rows})
     m = np.array([r["measured_us"] for r in rows])
-    fits = Fits(pre, dev)
-    cmd = " ".join(["python scripts/fit_ceiling.py", *(argv if argv is not None else sys.argv[1:])])
+    fits = Fits(pre, dev, fit_variant)
+    cmd = command("fit_ceiling", argv)
     out: dict[str, Any] = {"variants": {}}
     lines = [f"# The bandwidth ceiling of the fitted cost model ({len(rows)} measured H200 rows)", "", f"    {cmd}", "",
              "Measured: the committed H200 times. Every other time is PREDICTED. LOMO = leave-one-model-out (held out).",
@@ -283,12 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.no_nested:
         _nested(fits, pre, rows, groups, m, held, lines, out)
     _trace(rows, dev, lines, out)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    o = REPO / a.out
-    o.mkdir(parents=True, exist_ok=True)
-    (o / "ceiling.md").write_text(text)
-    (o / "ceiling.json").write_text(json.dumps(out, indent=1, default=float))
+    write_report(a.out, "ceiling", "\n".join(lines) + "\n", out)
     return 0
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -42,9 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from fit_cost_model import ir_only  # noqa: E402
+from fit_study import command, load_rows, write_report  # noqa: E402
 
-from stitchtune.cost.fit_dataset import DatasetError, load_dataset, with_timing  # noqa: E402
 from stitchtune.cost.features import KernelFeatures  # noqa: E402
 from stitchtune.cost.fitted import Coefficients, kernel_terms_us  # noqa: E402
 from stitchtune.cost.fitting import FITTED, TOLERANCE, fit_coefficients, predict_rows, score  # noqa: E402
@@ -141,16 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="learner")
     a = ap.parse_args(argv)
     dev = get_device("h200")
-    try:
-        stored = load_dataset(REPO / a.dataset, dev.key)
-    except DatasetError as exc:
-        print(f"fit_learner: error: {exc}", file=sys.stderr)
+    data = load_rows("fit_learner", a.dataset, dev)
+    if data is None:
         return 2
-    rows = with_timing([dict(r) for r in stored.rows])
-    pre = ir_only(rows)
+    rows, pre, gnames, gs, m = data.rows, data.pre, data.groups, data.gs, data.m
     groups = [r["group"] for r in rows]
-    gnames = sorted(set(groups))
-    m = np.array([r["measured_us"] for r in rows])
     y = np.log(m)
     floor = np.log(np.array([floor_us(r, dev) for r in rows]))
     names = [*FITTED, "sm_inflight_kib", "loaded_latency"] if a.terms else list(FITTED)
@@ -160,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     # prediction by that fold's coefficients (the hybrid's offset)
     phys_pre = {g: np.log(predict_rows(pre, dev, held[g])) for g in gnames}
     phys_post = {g: np.log(predict_rows(rows, dev, held[g])) for g in gnames}
-    gs = np.array(groups)
     ship_pre = np.exp(sum(np.where(gs == g, phys_pre[g], 0.0) for g in gnames))
     ship_post = np.exp(sum(np.where(gs == g, phys_post[g], 0.0) for g in gnames))
     zero = np.zeros(len(rows))
@@ -176,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
 
     kfold = {"gbr time, random 5-fold": np.exp(kfold_learner(Xpre, y, zero)),
              "gbr floor, random 5-fold": np.exp(kfold_learner(Xpre, y, floor))}
-    cmd = " ".join(["python scripts/fit_learner.py", *(argv if argv is not None else sys.argv[1:])])
+    cmd = command("fit_learner", argv)
     lines = [f"# How far the features go: learners leave-one-model-out ({len(rows)} measured H200 rows)", "",
              f"    {cmd}", "", "Measured: the committed H200 times. Every other time is PREDICTED, held out "
              "(leave-one-model-out: each group predicted by a fit that did not see it). Within ±25%, per group "
@@ -227,12 +219,7 @@ def main(argv: list[str] | None = None) -> int:
               "| tag | outside | all |", "|---|---|---|"]
     lines += [f"| {x} | {a_} | {b_} |" for x, (a_, b_) in sorted(tally.items(), key=lambda kv: -kv[1][0])]
     out["residuals"] = table
-    text = "\n".join(lines) + "\n"
-    print(text)
-    o = REPO / a.out
-    o.mkdir(parents=True, exist_ok=True)
-    (o / f"{a.name}.md").write_text(text)
-    (o / f"{a.name}.json").write_text(json.dumps(out, indent=1, default=float))
+    write_report(a.out, a.name, "\n".join(lines) + "\n", out)
     return 0
 
 

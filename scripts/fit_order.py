@@ -26,9 +26,7 @@ Writes ``<out>/<name>.md`` (also printed) and ``<out>/<name>.json``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Any, Mapping
@@ -39,14 +37,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from fit_ceiling import lomo  # noqa: E402  (the same held-out predictions, any callable fits)
-from fit_cost_model import ir_only, pair_order  # noqa: E402
+from fit_cost_model import pair_order  # noqa: E402
+from fit_study import (command, lomo, nested_choice, nested_predictions, open_study, per_group,  # noqa: E402
+                       within, within_text, write_report)
 
-from stitchtune.cost.fit_dataset import DatasetError, load_dataset, with_timing  # noqa: E402
 from stitchtune.cost import fitted  # noqa: E402
 from stitchtune.cost.fitted import Coefficients  # noqa: E402
-from stitchtune.cost.fitting import FITTED, TOLERANCE, fit_coefficients, score  # noqa: E402
-from stitchtune.hardware.device import get_device  # noqa: E402
+from stitchtune.cost.fitting import FITTED, fit_coefficients, score  # noqa: E402
 
 DATASET = "results/cost-fit-2026-12-07-s14-unroll/dataset-tasks.json"
 
@@ -112,23 +109,6 @@ def fit_variant(rows: list[dict[str, Any]], dev: Any, v: int) -> Coefficients:
                             bounds=dict(var.bounds))
 
 
-class Fits:
-    """Fits cached by (variant, groups left out)."""
-
-    def __init__(self, rows: list[dict[str, Any]], dev: Any) -> None:
-        self.rows, self.dev, self.cache = rows, dev, {}
-
-    def __call__(self, v: int, out: frozenset[str]) -> Coefficients:
-        key = (v, out)
-        if key not in self.cache:
-            self.cache[key] = fit_variant([r for r in self.rows if r["group"] not in out], self.dev, v)
-        return self.cache[key]
-
-
-def within(m: Any, p: Any) -> Any:
-    return np.abs(p / m - 1) <= TOLERANCE
-
-
 def heuristic_vs_best(rows: list[dict[str, Any]], pred: Any) -> list[dict[str, Any]]:
     """Per database workload: the heuristic's and the best measured schedule's measured and predicted times,
     ``ordered`` (None where the heuristic was never measured or is the best)."""
@@ -169,33 +149,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dataset", default=DATASET)
-    ap.add_argument("--out", default="results/cost-fit-2026-12-07-s15-order")
-    ap.add_argument("--variants", default=",".join(str(i) for i in range(len(VARIANTS))))
-    ap.add_argument("--no-nested", action="store_true")
-    ap.add_argument("--name", default="order", help="output file stem: <out>/<name>.md and .json")
-    a = ap.parse_args(argv)
-    dev = get_device("h200")
-    try:
-        vs = [int(x) for x in a.variants.split(",")]
-        if not vs or not all(0 <= v < len(VARIANTS) for v in vs):
-            raise ValueError
-    except ValueError:
-        print(f"fit_order: error: --variants: comma-separated numbers of 0..{len(VARIANTS) - 1}", file=sys.stderr)
+    study = open_study("fit_order", __doc__, argv, fit_variant, dataset=DATASET, out="results/cost-fit-2026-12-07-s15-order",
+                       variants=len(VARIANTS), name="order")
+    if study is None:
         return 2
-    try:
-        stored = load_dataset(REPO / a.dataset, dev.key)
-    except DatasetError as exc:
-        print(f"fit_order: error: {exc}", file=sys.stderr)
-        return 2
-    rows = with_timing([dict(r) for r in stored.rows])
-    pre = ir_only(rows)
-    groups = sorted({r["group"] for r in rows})
-    gs = np.array([r["group"] for r in rows])
-    m = np.array([r["measured_us"] for r in rows])
-    fits = Fits(pre, dev)
-    cmd = " ".join(["python scripts/fit_order.py", *(argv if argv is not None else sys.argv[1:])])
+    a, vs, fits = study.args, study.vs, study.fits
+    rows, pre, groups, gs, m = study.data.rows, study.data.pre, study.data.groups, study.data.gs, study.data.m
+    cmd = command("fit_order", argv)
     wls = sorted({r["workload"] for r in rows if r["group"].startswith("db:")})
     lines = [f"# Heuristic vs best, and model variants, nested leave-one-model-out ({len(rows)} measured H200 rows)",
              "", f"    {cmd}", "", "Measured: the committed H200 times. Every other figure is PREDICTED, held out "
@@ -218,8 +178,7 @@ def _main(argv: list[str] | None) -> int:
         full = fits(v, frozenset())
         shown = {n: getattr(full, n) for n in ("bw_efficiency", "dram_latency_ns", "inflight_reg_share", "round_ns",
                                                 "phase_us", *var.extra)}
-        per = {g: (float(np.mean(within(m[gs == g], ho[gs == g]))), float(np.mean(within(m[gs == g], hoc[gs == g]))))
-               for g in groups}
+        per = per_group(m, gs, groups, ho, hoc)
         hb_pre, hb_post = heuristic_vs_best(rows, ho), heuristic_vs_best(rows, hoc)
         keyed = [{**r, "p": float(ho[i])} for i, r in enumerate(rows)]
         pairs = pair_order(keyed, "p")
@@ -227,8 +186,8 @@ def _main(argv: list[str] | None) -> int:
                                      "heldout_pre": ho.tolist(), "heldout_post": hoc.tolist(),
                                      "heuristic_vs_best_pre": hb_pre, "heuristic_vs_best_post": hb_post,
                                      "pairs_pre": pairs}
-        lines.append(f"| {v} | {var.name} | {s['within25']:.1%} ({int(within(m, ho).sum())}) | {s['spearman']:.3f} | "
-                     f"{sc['within25']:.1%} ({int(within(m, hoc).sum())}) | {sc['spearman']:.3f} | "
+        lines.append(f"| {v} | {var.name} | {within_text(m, ho, s)} | {s['spearman']:.3f} | "
+                     f"{within_text(m, hoc, sc)} | {sc['spearman']:.3f} | "
                      + " | ".join(f"{per[g][0]:.0%} / {per[g][1]:.0%}" for g in groups) + " | "
                      + ", ".join(f"{k} {x:.4g}" for k, x in shown.items()) + " |")
         order_lines.append(f"| {v} | " + " | ".join(f"{_order_cell(hb_pre, w)}; {_order_cell(hb_post, w)}"
@@ -250,43 +209,21 @@ def _main(argv: list[str] | None) -> int:
             moved.append(f"| {v} | {cell(now & ~base)} | {cell(base & ~now)} |")
     lines += order_lines + pair_lines + (moved if 0 in held and len(vs) > 1 else [])
     if not a.no_nested:
-        nested, nested_post = np.full(len(rows), np.nan), np.full(len(rows), np.nan)
-        chosen = {}
-        for g in groups:
-            others = [x for x in groups if x != g]
-            sub = [i for i in range(len(rows)) if gs[i] != g]
-            best = None
-            for v in vs:
-                use(v)
-                p = lomo(fits, v, [pre[i] for i in sub], others, skip=frozenset({g}))
-                sc_ = score(m[sub], p)
-                key = (sc_["within25"], sc_["spearman"])
-                if best is None or key > best[0]:
-                    best = (key, v)
-            assert best is not None
-            chosen[g] = best[1]
-            idx = gs == g
-            nested[idx] = held[best[1]][0][idx]
-            nested_post[idx] = held[best[1]][1][idx]
+        chosen = nested_choice(fits, pre, groups, m, vs, prepare=use)
+        nested, nested_post = nested_predictions(chosen, held, gs)
         s, sp = score(m, nested), score(m, nested_post)
-        per = {g: (float(np.mean(within(m[gs == g], nested[gs == g]))),
-                   float(np.mean(within(m[gs == g], nested_post[gs == g])))) for g in groups}
+        per = per_group(m, gs, groups, nested, nested_post)
         hb = heuristic_vs_best(rows, nested)
         out["nested"] = {"pre": s, "post": sp, "chosen": {g: VARIANTS[v].name for g, v in chosen.items()},
                          "per_group": per, "heuristic_vs_best_pre": hb}
         lines += ["", f"## Nested choice among variants {', '.join(str(v) for v in vs)}", "",
-                  f"nested within ±25%: pre-build **{s['within25']:.1%} ({int(within(m, nested).sum())})**, ρ "
+                  f"nested within ±25%: pre-build **{within_text(m, nested, s)}**, ρ "
                   f"{s['spearman']:.3f}; post-build (the chosen variant's held-out coefficients, SASS bytes) "
-                  f"{sp['within25']:.1%} ({int(within(m, nested_post).sum())}); heuristic vs best (pre-build): "
+                  f"{within_text(m, nested_post, sp)}; heuristic vs best (pre-build): "
                   + ", ".join(f"{w} {_order_cell(hb, w)}" for w in wls), "",
                   "| group | chosen | pre | post |", "|---|---|---|---|"]
         lines += [f"| {g} | {chosen[g]} | {per[g][0]:.0%} | {per[g][1]:.0%} |" for g in groups]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    o = REPO / a.out
-    o.mkdir(parents=True, exist_ok=True)
-    (o / f"{a.name}.md").write_text(text)
-    (o / f"{a.name}.json").write_text(json.dumps(out, indent=1, default=float))
+    write_report(a.out, a.name, "\n".join(lines) + "\n", out)
     return 0
 
 

@@ -152,6 +152,9 @@ def _scatter_index_expand(node: Any) -> bool:
     src = node.args[0] if node.args else None
     if getattr(src, "op", None) == "call_function":   # a computed index: the scatter rule below refuses it
         return False
+    src_val = getattr(src, "meta", {}).get("val")
+    if src_val is not None and tuple(src_val.shape) == tuple(val.shape):   # expands nothing: mapped as a view
+        return False
     return any(u.op == "call_function" and _key(u.target) in SCATTER_OPS and scatter_index(u) is node
                and index_copy_axis(u) is None for u in node.users)
 

@@ -15,7 +15,9 @@ Contract
   30, optuna's): a lock left by a process killed while it held it is broken after that long without a
   change of the journal (an append holds the lock for milliseconds). A bad value -> ``DatabaseError``.
 * :func:`study_space_version(study, today)`: the space version the study was created in (user attr
-  ``space_version``; none with trials: ``"5"``, studies recorded none before space version 6), recorded where missing.
+  ``space_version``; none, and a trial drew ``min_blocks`` over version 5's choices: ``"5"``, studies recorded
+  none before space version 6; none otherwise: ``today``), recorded where missing; one newer than ``today`` (a
+  newer release's study in a shared storage) or not a whole number: ``DatabaseError``.
 * :func:`default_study_name`: ``<graph name>-<workload key[:12]>-<device key>``, unsafe characters -> ``_``.
 * :func:`make_sampler(name, seed, space)`: tpe, gp, cmaes, random, grid (a random sampler; the loop
   enqueues :func:`grid_points`, at most :data:`MAX_GRID`, shuffled by ``seed``). A missing optional
@@ -230,16 +232,38 @@ def grid_points(space: Any, seed: int | None) -> list[Any]:
     return points
 
 
+def _drew_as_version_5(study: optuna.Study) -> bool:
+    """Whether a trial of ``study`` drew a ``min_blocks`` parameter over version 5's choices (4 but not 3: space
+    version 6 added 3; a block whose domain holds neither, e.g. 1024 threads' 0/1/2, draws alike in both)."""
+    for t in study.get_trials(deepcopy=False):
+        for name, d in t.distributions.items():
+            choices = getattr(d, "choices", None)
+            if (name == "min_blocks" or name.startswith("min_blocks_")) and choices is not None \
+                    and 4 in choices and 3 not in choices:
+                return True
+    return False
+
+
 def study_space_version(study: optuna.Study, today: str) -> str:
-    """The space version ``study`` was created in (its user attr ``space_version``, set here where missing): a
-    study without it that has trials was created before studies recorded theirs
-    (:data:`UNRECORDED_STUDY_VERSION`); one without trials is created now, in ``today``'s. A search draws
-    with ``space.as_of(...)`` of it, so a study resumes with the choices it was created with."""
+    """The space version ``study`` was created in (its user attr ``space_version``, set here where missing).
+    A study without it whose trials drew ``min_blocks`` as version 5 did was created before studies recorded
+    theirs (:data:`UNRECORDED_STUDY_VERSION`); any other draws ``today``'s: a new study, one whose trials drew
+    nothing that differs between the versions (failed before drawing, or only a 1024-thread block's
+    ``min_blocks``), and a study another worker is creating right now (it recorded ``today`` after this read the
+    attrs, and queued or drew the heuristic as ``today``: calling it 5 would draw 0/1/2/4 beside its 0/1/2/3/4,
+    which optuna refuses). A search draws with ``space.as_of(...)`` of it, so a study resumes with the choices
+    it was created with."""
     v = study.user_attrs.get("space_version")
     if v is None:
-        v = UNRECORDED_STUDY_VERSION if study.get_trials(deepcopy=False) else today
+        v = UNRECORDED_STUDY_VERSION if _drew_as_version_5(study) else today
         study.set_user_attr("space_version", v)
-    return str(v)
+    v = str(v)
+    if v != today and (not v.isdigit() or (today.isdigit() and int(v) > int(today))):   # a newer release's study
+        what = f"space version {v[:20]!a}, newer than this stitchtune's {today}" if v.isdigit() else \
+            f"an unreadable space version {v[:20]!a}"
+        raise DatabaseError(f"optuna study {study.study_name!a} was created with {what}: resume it with the "
+                            f"stitchtune that created it, or start another study (--study NAME)")
+    return v
 
 
 def enqueue_grid(study: optuna.Study, space: Any, grid: Iterable[Any], user_attrs: dict[str, Any] | None = None) -> None:

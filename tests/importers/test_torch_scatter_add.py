@@ -119,3 +119,21 @@ def test_ids_expanded_over_the_batch_are_a_region_input() -> None:
     assert [n.op for n in r.graph.nodes][-1] == "scatter_add"
     assert ("int64", (2, 8)) in {(spec.dtype, tuple(spec.shape)) for _, spec in r.graph.inputs}
     assert [d.what for d in split.declined] == ["op aten.expand"]
+
+
+def _unexpanded_ids(dy: Any, w: Any, ids: Any) -> Any:
+    """An ``expand`` to the ids' own shape (a no-op view) read as the scatter's index."""
+    e = ids.expand(dy.shape[0], dy.shape[1])
+    mask = ((e >= 0) & (e < 2)).unsqueeze(-1)
+    return torch.ops.aten._unsafe_masked_index_put_accumulate(torch.full((2, 16), 0.0), mask, [e], dy * w)
+
+
+def test_an_expand_that_expands_nothing_stays_in_the_region() -> None:
+    """Only an expand that broadcasts the ids is left to PyTorch; one to their own shape maps as a view, as
+    before the rule (it was declined: one more PyTorch op and an 'op aten.expand' line for nothing)."""
+    torch.manual_seed(0)
+    args = (torch.randn(2, 8, 16), torch.randn(16), torch.randint(0, 2, (2, 8)))
+    split = _check_regions(_aten(_unexpanded_ids, *args), *args)
+    [r] = split.regions
+    assert [n.op for n in r.graph.nodes][-1] == "scatter_add"
+    assert not split.declined

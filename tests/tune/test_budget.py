@@ -42,7 +42,10 @@ def test_always_exactly_the_total(shares: list[float], total: int) -> None:
 # ------------------------------------------------------------------ what the regions of `tune` are weighed by
 def test_predicted_gain_is_the_heuristic_against_the_best_point_tried() -> None:
     """logsoftmax_small's heuristic (chosen for long rows) is predicted well above the best point tried; bias_gelu_small's
-    is the best tried (its floor, as the model sees it). Seeded: the same call gives the same figures."""
+    is the best tried (its floor, as the model sees it). Seeded: the same call gives the same figures. The points
+    predicted under half the heuristic's time are rare (4 of 300 seeded samples of space version 6): ``SAMPLES``
+    (24) finds them for some seeds only (seed 0 did under version 5's draws, not under 6's), so the test asks for
+    300 samples: what it checks is the arithmetic of the gain, not the luck of 24 draws."""
     from stitchtune.cost.fitted import predict_program
     from stitchtune.cost.heuristic import heuristic_schedule
     from stitchtune.graph.parse import load_graph
@@ -54,13 +57,13 @@ def test_predicted_gain_is_the_heuristic_against_the_best_point_tried() -> None:
 
     dev = get_device("h200")
     g = load_graph("examples/logsoftmax_small.json")
-    gain = predicted_gain(g, dev)
+    gain = predicted_gain(g, dev, samples=300)
     plan = make_plan(g)
     space = legal_space(g, plan, dev)
     heur = predict_program(lower(g, plan, heuristic_schedule(plan, dev, space), dev, space), dev).time_us
     assert gain.heuristic_us == pytest.approx(heur) and gain.points > 10
     assert gain.best_us < 0.8 * gain.heuristic_us and gain.gain_us == pytest.approx(gain.heuristic_us - gain.best_us)
-    assert predicted_gain(g, dev) == gain
+    assert predicted_gain(g, dev, samples=300) == gain
     flat = predicted_gain(load_graph("examples/bias_gelu_small.json"), dev)
     assert flat.gain_us == 0.0 and flat.best_us == flat.heuristic_us
 

@@ -133,3 +133,65 @@ def test_the_loop_draws_as_the_study_s_version(tmp_path: Any) -> None:
     assert study.user_attrs["space_version"] == FakeSpace.version
     run_search(_cfg(tmp_path), comp)
     assert seen == [FakeSpace.version] * 2
+
+
+# ------------------------------------------------------------------------------ two workers, one new study
+def test_a_second_worker_that_missed_the_first_ones_attr_draws_as_it_does() -> None:
+    """Two workers open one new study: the first records ``space_version`` 6 and queues the heuristic (and may have
+    drawn it); the second read the study's attrs before that and lists the trials after. Such trials were made
+    today, not by a version-5 search: calling the study version 5 would draw ``min_blocks`` over 0/1/2/4 beside the
+    first worker's 0/1/2/3/4 and optuna refuses the second ("dynamic value space")."""
+    today, plan = _space()
+    h = heuristic_schedule(plan, DEV, today)
+    queued = _study()
+    queued.enqueue_trial(today.params_of(h), user_attrs={"heuristic": True})   # worker 1: queued, not asked yet
+    assert study_space_version(queued, today.version) == "6"
+    drawn = _study()
+    _run(drawn, today, 3)                                                      # worker 1: already drew as 6
+    version = study_space_version(drawn, today.version)
+    assert version == "6"
+    _run(drawn, today.as_of(version), 10)                                      # worker 2 draws beside it
+
+
+def test_a_study_whose_trials_drew_nothing_yet_draws_as_today() -> None:
+    """Trials that hold no parameter (failed before their first draw) pin no domain: today's draws are safe."""
+    today, _ = _space()
+    study = _study()
+    for _ in range(2):
+        t = study.ask()
+        study.tell(t, state=optuna.trial.TrialState.FAIL)
+    assert study_space_version(study, today.version) == "6"
+    assert 3 in {s.min_blocks for s in _run(study, today, 60)}
+
+
+def test_a_version_5_study_that_measured_the_pinned_heuristic_still_resumes_as_5() -> None:
+    """A version-5 study asked the heuristic's undrawn 3 under ``min_blocks_all_b<block>`` (today's legal values,
+    3 among them): that parameter decides nothing; its other trials' 0/1/2/4 make it a version-5 study. A study
+    whose only draw is that pin draws as today (no parameter of today's draws was drawn otherwise)."""
+    today, plan = _space()
+    old = today.as_of("5")
+    h = heuristic_schedule(plan, DEV, today)
+    pinned_only = _study()
+    pinned_only.enqueue_trial(old.params_of(h), user_attrs={"heuristic": True})
+    assert _run(pinned_only, old, 1) == [h]
+    assert study_space_version(pinned_only, today.version) == "6"
+    _run(pinned_only, today, 20)
+    study = _study()
+    study.enqueue_trial(old.params_of(h), user_attrs={"heuristic": True})
+    _run(study, old, 8)
+    assert study_space_version(study, today.version) == "5"
+    _run(study, today.as_of("5"), 20)
+
+
+@pytest.mark.parametrize("recorded", ["7", "12", "six", ""])
+def test_a_study_of_a_newer_or_unreadable_space_version_is_a_clear_error(recorded: str) -> None:
+    """A worker of an older stitchtune joining a study another release created (a shared PostgreSQL storage) would
+    draw its own choices beside the newer ones, and optuna refuses that mid-search with a traceback; a bad attr
+    would fail inside the space file's reader. Both are refused up front, naming the study's version."""
+    from stitchtune.errors import DatabaseError
+
+    today, _ = _space()
+    study = _study()
+    study.set_user_attr("space_version", recorded)
+    with pytest.raises(DatabaseError, match="space version"):
+        study_space_version(study, today.version)
