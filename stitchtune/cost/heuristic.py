@@ -65,8 +65,8 @@ Rules (AStitch, ASPLOS'22, sections 4.3-4.4, adapted to this schedule space):
 
 8. **Transposes** (an element-wise region whose outputs' contiguous axis is a row axis of the view,
    ``plan.transpose``): the transposed outputs go through a shared-memory tile (``transpose`` 64 with
-   16-byte accesses where the row and the transposed axis reach 64 and its tiles make two waves, else
-   32; 256-thread blocks).
+   16-byte accesses where the row and the transposed axis reach 64 and its grid, at the lowering's
+   register estimate, keeps the audit's wave criterion, else 32; 256-thread blocks).
 
 7. **Scatters** (an embedding's gradient, :mod:`stitchtune.plan.scatter`) in a plan with cross
    reductions: ``cross_combine`` grid where legal (the persistent grid is co-resident), so that the
@@ -93,6 +93,7 @@ from stitchtune.cost.grid_pin import rule_caps
 from stitchtune.cost.reuse import tensors_to_cache
 from stitchtune.cost.waves import one_wave, tail_free
 from stitchtune.lower.entry import estimate_registers
+from stitchtune.lower.transpose import transpose_launch
 from stitchtune.cost.row_vector_rule import with_elementwise_row_vectors, with_row_vectors
 from stitchtune.hardware.device import Device
 from stitchtune.hardware.occupancy import max_resident_blocks
@@ -414,21 +415,36 @@ def heuristic_schedule(plan: StitchPlan, device: Device, space: SearchSpace | No
 
 def _tiled_transpose(space: SearchSpace, plan: StitchPlan, s: Schedule, device: Device) -> Schedule:
     """Rule 8: an element-wise region with transposed outputs (``plan.transpose``) stores them through
-    a shared-memory tile of 256-thread blocks, one tile per block: 64 x 64 with 16-byte accesses where
-    the vector width is 4 or more, both the view's columns and the transposed axis reach 64 and the
-    64 x 64 tiles still make two waves of one block per SM, else 32 x 32; ``s`` itself where that
-    point is not legal."""
+    a shared-memory tile of 256-thread blocks, one tile per block: the largest edge (64 with 16-byte
+    accesses where the vector width is 4 or more and both the view's columns and the transposed axis
+    reach 64, else 32) whose grid, at the lowering's register estimate and shared memory
+    (:func:`~stitchtune.lower.transpose.transpose_launch`), keeps the audit's wave criterion
+    (:func:`_waves_ready`); 32 where none does; ``s`` itself where that point is not legal."""
     tile = plan.transpose
     assert tile is not None
     block = 256 if 256 in space.domains["block"] else max(space.domains["block"])
-    tiles64 = (plan.M // tile.dim) * math.ceil(tile.dim / 64) * math.ceil(plan.N / 64)
-    edge = 64 if s.vec >= 4 and plan.N >= 64 and tile.dim >= 64 and tiles64 >= 2 * device.sm_count else 32
-    vec = s.vec
-    while vec > 1 and edge * edge < block * vec:
-        vec //= 2
-    t = dataclasses.replace(s, tpr=block, block=block, vec=vec, split=1, tasks_per_block=1,
-                            transpose=edge)  # type: ignore[call-arg]  # an option (Schedule docs)
-    return s if space.violations(t) else t
+    edges = [64, 32] if s.vec >= 4 and plan.N >= 64 and tile.dim >= 64 else [32]
+    fallback = s
+    for edge in edges:
+        vec = s.vec
+        while vec > 1 and edge * edge < block * vec:
+            vec //= 2
+        t = dataclasses.replace(s, tpr=block, block=block, vec=vec, split=1, tasks_per_block=1,
+                                transpose=edge)  # type: ignore[call-arg]  # an option (Schedule docs)
+        if space.violations(t):
+            continue
+        tasks, regs, smem = transpose_launch(plan, t)
+        if _waves_ready(device, tasks, max_resident_blocks(device, block, regs, smem) // device.sm_count):
+            return t
+        fallback = t
+    return fallback
+
+
+def _waves_ready(device: Device, grid: int, per_sm: int) -> bool:
+    """The audit's wave criterion (docs/audit.md, 6) for ``grid`` blocks at ``per_sm`` blocks per SM: at
+    least two waves, or at most one wave with at least one block per SM."""
+    cap = max(1, per_sm) * device.sm_count
+    return grid >= 2 * cap or device.sm_count <= grid <= cap
 
 
 def _grid_barrier(space: SearchSpace, s: Schedule) -> bool:

@@ -56,13 +56,23 @@ from stitchtune.plan.planner import StitchPlan
 from stitchtune.plan.transpose import TransposeTile
 from stitchtune.space import SCHEMES, Schedule, SchemeTable
 
-__all__ = ["TransposeLowerer", "tile_edge", "bank_conflicts", "tile_pitch"]
+__all__ = ["TransposeLowerer", "tile_edge", "bank_conflicts", "tile_pitch", "transpose_launch"]
 
 
 def tile_edge(schedule: Any) -> int:
     """The schedule's ``transpose`` tile edge (0 = untiled; also for a schedule whose option table
     has no ``transpose``)."""
     return int(dict(schedule.options).get("transpose", 0))
+
+
+def transpose_launch(plan: StitchPlan, s: Schedule) -> tuple[int, int, int]:
+    """(tasks, estimated registers, shared bytes) of the tiled transpose of ``plan`` (``plan.transpose``
+    set) under ``s`` (``transpose`` > 0): what :class:`TransposeLowerer` sizes its one kernel by, before
+    its body is built (the heuristic's tile rule reads it too)."""
+    tile, E = plan.transpose, tile_edge(s)
+    assert tile is not None and E > 0, "a tiled transpose needs plan.transpose and an edge"
+    tasks = (plan.M // tile.dim) * math.ceil(tile.dim / E) * math.ceil(plan.N / E)
+    return tasks, estimate_registers(0, s.vec, 4), 4 * len(tile.outputs) * E * tile_pitch(E)
 
 
 def tile_pitch(edge: int) -> int:
@@ -119,9 +129,8 @@ class TransposeLowerer(Lowerer):
     # -- sizes --------------------------------------------------------------------------------------
     def _size(self) -> tuple[int, int]:
         """(tasks, estimated registers), once, by the constructor."""
-        E = self.edge
-        tasks = (self.p.M // self.tile.dim) * math.ceil(self.tile.dim / E) * math.ceil(self.p.N / E)
-        return tasks, estimate_registers(0, self.s.vec, 4)
+        tasks, est, _ = transpose_launch(self.p, self.s)
+        return tasks, est
 
     def shared(self) -> list[kir.SharedBuf]:
         return [kir.SharedBuf(f"tp{j}", self.edge * self.pitch) for j in range(len(self.tile.outputs))]

@@ -112,6 +112,29 @@ def test_the_fused_qkv_split_is_tiled_with_vector_loads_through_the_slices() -> 
     assert count_sectors(trace, op="load").ratio == 1.0 and count_sectors(trace, op="store").ratio == 1.0
 
 
+@pytest.mark.parametrize("batch", [2, 4, 8, 32])
+def test_heuristic_tile_is_the_largest_whose_grid_keeps_the_wave_criterion(batch: int) -> None:
+    """Rule 8 (cost/heuristic.py): the 64 tile where its grid, at the lowering's register estimate and
+    shared memory, is at least two waves or one wave over every SM; else the 32 tile. The figures are
+    the device's (blocks per SM from the occupancy calculator), not literals of the rule."""
+    from stitchtune.hardware.occupancy import occupancy
+    from stitchtune.lower.transpose import transpose_launch
+
+    g = parse_graph({"name": "kt", "inputs": {"x": {"shape": [batch, 512, 12, 64], "dtype": "float32"}},
+                     "nodes": [{"id": "t", "op": "transpose", "args": ["x"], "perm": [0, 2, 3, 1]}],
+                     "outputs": ["t"]})
+    plan = make_plan(g)
+    space = SearchSpace.for_plan(plan, DEV)
+    s = heuristic_schedule(plan, DEV, space)
+    t64 = dataclasses.replace(s, transpose=64)
+    tasks, regs, smem = transpose_launch(plan, t64)
+    cap = occupancy(DEV, 256, regs, smem).blocks_per_sm * DEV.sm_count
+    ready = tasks >= 2 * cap or DEV.sm_count <= tasks <= cap
+    assert s.option(TRANSPOSE) == (64 if ready else 32), (tasks, cap)
+    # the cases cover both sides on the H200 (132 SMs): 192 / 384 tiles one wave, 768 1.45, 3072 5.8
+    assert ready == (batch != 8) or DEV.sm_count != 132
+
+
 HALF = parse_graph({"name": "half", "inputs": {"x": {"shape": [2, 50, 3, 40], "dtype": "float16"}},
                     "nodes": [{"id": "t", "op": "transpose", "args": ["x"], "perm": [0, 2, 3, 1]}], "outputs": ["t"]})
 
@@ -151,7 +174,9 @@ def test_tiled_transpose_matches_the_reference(case: str) -> None:
 def test_heuristic_tiles_the_transposed_output_and_samples_draw_both() -> None:
     g, plan, space = setup("k_transpose.json")
     s = heuristic_schedule(plan, DEV, space)
-    assert s.option(TRANSPOSE) == 64 and s.vec == 4
+    # batch 8 x 512 (BERT's K^T copy): 768 tiles of 64 at the estimated registers make 1.45 waves of
+    # the H200 (rule 8's wave criterion fails), 3072 of 32 make 2.9: the 32 tile
+    assert s.option(TRANSPOSE) == 32 and s.vec == 4
     drawn = {space.sample(random.Random(i)).option(TRANSPOSE) for i in range(40)}
     assert drawn == {0, 32, 64}
     _, plan_q, space_q = setup("bias_gelu.json")  # nothing transposed: the option never applies

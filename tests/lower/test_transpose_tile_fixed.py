@@ -61,15 +61,17 @@ def test_fixed_along_reads_the_factors_below_and_above_the_tile_axis() -> None:
 
 
 def test_the_bias_of_bert_kt_copy_is_loaded_once_per_tile_and_keeps_six_blocks_per_sm(tmp_path) -> None:
-    """At the GPU script's shapes (batch 8 x 512, 12 heads of 64): the heuristic kernel loads the bias
-    once per tile, outside the pass loops (4 passes each loaded it before: 56 registers, 4 blocks per SM,
-    1.45 waves), and the input in every pass; no bounds guard but the task's (512 and 64 are multiples of
-    the tile); ptxas's registers leave 6 blocks of 256 threads per SM: 768 tiles in one wave on the H200."""
+    """At the GPU script's shapes (batch 8 x 512, 12 heads of 64), the heuristic's block and width with
+    the 64 tile (rule 8 now takes the 32 tile here: its register estimate, 56, does not see the saving;
+    tests/lower/test_transpose.py): the kernel loads the bias once per tile, outside the pass loops (4
+    passes each loaded it before: 56 registers, 4 blocks per SM, 1.45 waves), and the input in every pass;
+    no bounds guard but the task's (512 and 64 are multiples of the tile); ptxas's registers leave 6
+    blocks of 256 threads per SM: 768 tiles in one wave on the H200."""
     g = _bias_kt(8, 512, 12, 64)
     plan = make_plan(g)
     space = SearchSpace.for_plan(plan, DEV)
-    s = heuristic_schedule(plan, DEV, space)
-    assert s.option(TRANSPOSE) == 64 and s.block == 256 and s.vec == 4
+    s = dataclasses.replace(heuristic_schedule(plan, DEV, space), transpose=64)  # type: ignore[call-arg]
+    assert not space.violations(s) and s.block == 256 and s.vec == 4
     prog = lower(g, plan, s, DEV, space)
     (k,) = prog.kernels
     bias, x = (next(b.name for b in prog.buffers if b.tensor == n) for n in ("b", "x"))
@@ -108,13 +110,14 @@ def test_a_lane_reads_the_same_columns_in_every_pass_or_the_input_stays_in_the_p
 def test_slices_of_the_bias_are_computed_once_per_tile_in_gpt2s_qkv_split() -> None:
     """GPT-2's training q / k / v region with the bias added after the slices (k transposed): the three bias
     slices (row-broadcast maps) are loaded before the passes, the projection in every pass (the GPU script's
-    shapes, heuristic schedule; a ragged S = 40 at a 64-wide tile, emulated equal to the float64 reference)."""
+    shapes, the heuristic's block and width with the 64 tile, which rule 8 no longer takes there: 54 ptxas
+    registers, 1.45 waves; a ragged S = 40, emulated equal to the float64 reference)."""
     from test_transpose import _qkv_bias
 
     for g, small in ((_qkv_bias(8, 512, 12, 64), False), (_qkv_bias(2, 40, 2, 32), True)):
         plan = make_plan(g)
         space = SearchSpace.for_plan(plan, DEV)
-        s = heuristic_schedule(plan, DEV, space)
+        s = dataclasses.replace(heuristic_schedule(plan, DEV, space), transpose=64)  # type: ignore[call-arg]
         if small:
             s = dataclasses.replace(s, transpose=64, vec=4, block=256, tpr=256, split=1, tasks_per_block=1)
         assert s.option(TRANSPOSE) == 64 and not space.violations(s)
