@@ -122,8 +122,10 @@ def column_slices(n: Any) -> list[Any]:
     """The ``aten.slice`` nodes along the last axis that read ``n``'s ``[M, N]`` product, directly or
     through reshapes that keep its last extent ``N``, when they and those reshapes are all its readers
     (GPT-2's fused q / k / v projection ``[B*S, 3H]`` viewed ``[B, S, 3H]`` and cut into q, k and v);
-    [] otherwise."""
+    [] otherwise, and [] where a slice has fewer dimensions than the bias (a ``[1, N]`` bias of a one-row
+    product viewed ``[N]``: the add after the slice would broadcast it to ``[1, k]``, not the slice's shape)."""
     width = n.meta["val"].shape[-1]
+    bias_dims = n.args[0].meta["val"].dim()
     found: list[Any] = []
     stack = list(n.users)
     while stack:
@@ -133,6 +135,8 @@ def column_slices(n: Any) -> list[Any]:
             return []
         key = op_key(u.target)
         if key == "aten.slice" and len(u.args) > 1 and u.args[1] in (-1, val.dim() - 1):
+            if val.dim() < bias_dims:
+                return []
             found.append(u)
         elif key in _RESHAPES and val.shape[-1] == width and u.users:
             stack += list(u.users)

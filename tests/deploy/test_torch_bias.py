@@ -177,3 +177,48 @@ def test_gpt2_under_the_backend_hands_over_no_addmm_and_equals_eager() -> None:
     split = [s for s in e.stitched if s.ops.count("aten.slice") >= 3]
     assert split and all(s.ops.count("aten.add") >= 3 for s in split), str(e)
     assert (e.outputs.last_hidden_state - want).abs().max().item() < 1e-4
+
+
+def test_a_slice_of_fewer_dimensions_than_the_bias_keeps_its_shape() -> None:
+    """A one-row product with a ``[1, N]`` bias, viewed ``[N]`` and sliced: an add after the slice would
+    broadcast ``[k] + [1, k]`` to ``[1, k]`` (the graph's meta says ``[k]``), so the add stays before the
+    view; the values and the output's shape equal PyTorch's."""
+    from stitchtune.importers.torch_bias import column_slices
+
+    def fn(x: Any, w: Any, b: Any) -> Any:
+        return torch.addmm(b, x, w).view(12)[3:9].relu()
+
+    x, w, b = torch.randn(1, 5), torch.randn(5, 12), torch.randn(1, 12)
+    gm = _traced(fn, x, w, b)
+    assert all(column_slices(n) == [] for n in gm.graph.nodes if op_key(n.target) == "aten.addmm")
+    new = unfused_bias_adds(gm)
+    assert new is not None and "aten.addmm" not in _ops(new)
+    got = new(x, w, b)
+    assert got.shape == (6,)
+    torch.testing.assert_close(got, fn(x, w, b))
+
+
+@pytest.mark.parametrize("case", ["step", "negative", "clamped", "overlapping", "partial"])
+def test_column_slices_with_steps_negative_clamped_or_overlapping_bounds_add_the_same_bias(case: str) -> None:
+    """Each slice's bias piece takes the slice's own bounds (step, negative or clamped start / stop), so a
+    strided, negative, clamped, overlapping or partial column split equals PyTorch's."""
+    from stitchtune.importers.torch_bias import column_slices
+
+    aten = torch.ops.aten
+    fns = {"step": lambda y: (aten.slice(y, 1, 1, 12, 3).relu(),),
+           "negative": lambda y: (aten.slice(y, -1, -7, -2).relu(),),
+           "clamped": lambda y: (aten.slice(y, 1, 4, 2 ** 63 - 1).relu(),),
+           "overlapping": lambda y: (y[:, 0:8].relu(), y[:, 4:12].exp()),
+           "partial": lambda y: (y.view(2, 4, 12)[..., 2:5].relu(),)}
+
+    def fn(x: Any, w: Any, b: Any) -> Any:
+        return fns[case](torch.addmm(b, x, w))
+
+    x, w, b = torch.randn(8, 5), torch.randn(5, 12), torch.randn(12)
+    gm = _traced(fn, x, w, b)
+    assert all(len(column_slices(n)) >= 1 for n in gm.graph.nodes if op_key(n.target) == "aten.addmm")
+    new = unfused_bias_adds(gm)
+    assert new is not None and "aten.addmm" not in _ops(new)
+    for got, want in zip(new(x, w, b), fn(x, w, b)):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want)
