@@ -56,3 +56,17 @@ def load_script(name: str, monkeypatch: Any) -> Any:
     monkeypatch.setitem(sys.modules, name, mod)
     spec.loader.exec_module(mod)
     return mod
+
+
+def experiment_cases() -> Any:
+    """``scripts/gpu_experiment_cases.py`` (the GPU round's model-region graphs: one builder for the experiments
+    and the tests that check the same regions on the CPU), loaded once as module ``_gpu_experiment_cases``; the
+    script imports no sibling, so ``sys.path`` is left alone."""
+    name = "_gpu_experiment_cases"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "gpu_experiment_cases.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod      # dataclasses look their module up while the class is made
+        spec.loader.exec_module(mod)
+    return sys.modules[name]

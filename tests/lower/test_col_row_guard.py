@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from helpers.lowering import DEV, emulated_errors, float_graph
+from helpers.common import experiment_cases
+from helpers.lowering import DEV, emulated_errors
 from stitchtune.cost.heuristic import heuristic_schedule
 from stitchtune.graph.reference import random_inputs, run_reference
 from stitchtune.ir import kir
@@ -24,16 +25,8 @@ from stitchtune.space import Schedule
 
 
 def erf_gelu_backward_colsum(m: int, n: int) -> Any:
-    """dx = dy * gelu'(x) (erf form) and sum(dx, 0): BERT train's ``view_47``."""
-    nodes = [
-        {"id": "x1", "op": "mul", "args": ["x", 0.7071067811865476]}, {"id": "e", "op": "erf", "args": ["x1"]},
-        {"id": "e1", "op": "add", "args": ["e", 1.0]}, {"id": "cdf", "op": "mul", "args": ["e1", 0.5]},
-        {"id": "x2", "op": "mul", "args": ["x", "x"]}, {"id": "x3", "op": "mul", "args": ["x2", -0.5]},
-        {"id": "p", "op": "exp", "args": ["x3"]}, {"id": "p1", "op": "mul", "args": ["p", 0.3989422804014327]},
-        {"id": "xp", "op": "mul", "args": ["x", "p1"]}, {"id": "g", "op": "add", "args": ["cdf", "xp"]},
-        {"id": "dx", "op": "mul", "args": ["dy", "g"]},
-        {"id": "s", "op": "reduce_sum", "args": ["dx"], "axes": [0], "keepdims": True}]
-    return float_graph({"dy": [m, n], "x": [m, n]}, nodes, ["dx", "s"])
+    """dx = dy * gelu'(x) (erf form) and sum(dx, 0): BERT train's ``view_47``, the GPU experiments' own graph."""
+    return experiment_cases().bert_gelu_backward_colsum(m, n)
 
 
 def _row_guards(stmts: tuple[kir.Stmt, ...]) -> int:
