@@ -27,7 +27,7 @@ from stitchtune.ir import kir
 from stitchtune.graph.fast_ops import FAST_CUDA_HELPERS, FAST_KERNEL_OPS
 from stitchtune.graph.int_ops import INT_CTYPES, INT_CUDA
 from stitchtune.graph.ops import kernel_op
-from stitchtune.gpu.render_atomics import RED_PREAMBLE, needs_red, red_call, reductions_on
+from stitchtune.gpu.render_atomics import RED_PREAMBLE, needs_red, red_call, renders_red
 from stitchtune.gpu.render_guarded import ZeroRun, fresh_parts
 
 RENDER_VERSION = "1"
@@ -270,7 +270,7 @@ class _Renderer:
     def _atomic_add(self, s: kir.AtomicAdd, ind: int) -> None:
         p = self.params.get(s.buf)
         conv = _ATOMIC_CONVERT.get(p.dtype if p is not None else "float32", "{}")
-        if p is not None and p.dtype == "float32" and reductions_on():   # PTX red: REDG ahead of a fence too
+        if renders_red(p.dtype if p is not None else None):   # PTX red: REDG ahead of a fence too
             body = red_call(f"{s.buf} + {self.e(s.index)}", [self.e(v) for v in s.values])
         elif s.width > 1:  # float2 / float4 atomicAdd (global memory, cc 9.x: Device.atomic_vector_width)
             vals = ", ".join(self.e(v) for v in s.values)

@@ -11,7 +11,8 @@ device scope: the order a following fence gives is the same) and is ``REDG`` wit
 
 Contract
 --------
-* :func:`needs_red(kernels)`: whether any of ``kernels`` adds atomically into a float32 kernel parameter;
+* :func:`renders_red(dtype)`: whether an atomic add into a parameter of ``dtype`` renders as ``red`` (float32,
+  outside :func:`returning_adds`). :func:`needs_red(kernels)`: whether any of ``kernels`` adds atomically so;
   :data:`RED_PREAMBLE` (the ``st_red`` helpers) goes into the source only then, so every other program renders
   byte for byte as before.
 * :func:`red_call(ptr, values)`: the statement adding ``values`` (1, 2 or 4 float expressions) at ``ptr`` (a
@@ -80,17 +81,18 @@ def reductions_on() -> bool:
     return not _RETURNING
 
 
-def _float_params(kernel: kir.Kernel) -> set[str]:
-    return {p.name for p in kernel.params if p.dtype == "float32"}
+def renders_red(dtype: str | None) -> bool:
+    """Whether an atomic add into a kernel parameter of ``dtype`` (None: not a parameter, e.g. shared memory)
+    renders as a PTX reduction: float32, outside :func:`returning_adds`. The one rule of both the renderer and
+    :func:`needs_red`."""
+    return dtype == "float32" and reductions_on()
 
 
 def needs_red(kernels: Sequence[kir.Kernel]) -> bool:
-    """Whether any kernel adds atomically into one of its float32 parameters (so needs :data:`RED_PREAMBLE`)."""
-    if not reductions_on():
-        return False
+    """Whether any kernel adds atomically into a parameter that :func:`renders_red` (so needs :data:`RED_PREAMBLE`)."""
     for k in kernels:
-        params = _float_params(k)
-        if any(isinstance(s, kir.AtomicAdd) and s.buf in params for s in kir.walk(k.body)):
+        dtypes = {p.name: p.dtype for p in k.params}
+        if any(isinstance(s, kir.AtomicAdd) and renders_red(dtypes.get(s.buf)) for s in kir.walk(k.body)):
             return True
     return False
 
