@@ -123,22 +123,17 @@ class TransposeLowerer(Lowerer):
         self.edge = tile_edge(self.s)
         self.pitch = tile_pitch(self.edge)
         self.passes = passes
-        #: the kernel's tasks and estimated registers (:meth:`_size`)
-        self.n_tasks, self.est_regs = self._size()
+        #: the kernel's tasks, estimated registers and shared bytes (:func:`transpose_launch`, as the heuristic sees them)
+        self.n_tasks, self.est_regs, self.smem_bytes = transpose_launch(self.p, self.s)
 
     # -- sizes --------------------------------------------------------------------------------------
-    def _size(self) -> tuple[int, int]:
-        """(tasks, estimated registers), once, by the constructor."""
-        tasks, est, _ = transpose_launch(self.p, self.s)
-        return tasks, est
 
     def shared(self) -> list[kir.SharedBuf]:
         return [kir.SharedBuf(f"tp{j}", self.edge * self.pitch) for j in range(len(self.tile.outputs))]
 
     def resources(self) -> tuple[LaunchShape, ...]:
         """The launch shape :meth:`lower` gives its one kernel, without building its body."""
-        tasks, est = self.n_tasks, self.est_regs
-        smem = 4 * sum(b.size for b in self.shared())
+        tasks, est, smem = self.n_tasks, self.est_regs, self.smem_bytes
         grid = self.grid_for(tasks, self.s.block, smem, est, 1, False)
         return (LaunchShape("st_k0", self.s.block, smem, est, grid, False, 1),)
 
@@ -219,7 +214,8 @@ class _TransposeKernel:
         self.low, self.tasks, self.passes, self.est = low, tasks, passes, est
         self.cx = Ctx()
         self.shared = low.shared()
-        self.smem = 4 * sum(b.size for b in self.shared)
+        self.smem = low.smem_bytes
+        assert self.smem == 4 * sum(b.size for b in self.shared), "transpose_launch sizes the shared tiles"
         self.grid = low.grid_for(tasks, low.s.block, self.smem, est, 1, False)
         self.rounds = math.ceil(tasks / self.grid)
         self.uses: dict[str, set[str]] = {"in": set(), "out": set()}
