@@ -46,9 +46,9 @@ __all__ = ["GemmShape", "GemmTiling", "GemmWave", "gemm_shape", "waves"]
 class GemmTiling:
     """Output tile of one CTA (elements) and the CTAs resident at once (module docstring)."""
 
-    tile_m: int = 128
-    tile_n: int = 128
-    concurrent: int = 132
+    tile_m: int
+    tile_n: int
+    concurrent: int   # no default: the SM count comes from a Device (for_device)
 
     def __post_init__(self) -> None:
         if min(self.tile_m, self.tile_n, self.concurrent) < 1:
