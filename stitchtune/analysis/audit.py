@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Collection, Mapping
 
+from stitchtune.cost.waves import MIN_WAVES, waves_ready
 from stitchtune.gpu.sass import SassMetrics, compiled_facts, find_cuobjdump, read_cubin
 from stitchtune.analysis.sectors import (
     DEFAULT_SLICE_BLOCKS,
@@ -64,7 +65,7 @@ class Criteria:
 
     max_sector_ratio: float = 1.1
     min_active_lanes: float = 0.9
-    min_waves: float = 2.0
+    min_waves: float = MIN_WAVES
     dram_latency_ns: float = 700.0
 
     def in_flight_needed(self, device: Device) -> float:
@@ -258,8 +259,7 @@ def _grid_problems(k: KernelAudit, c: Criteria) -> list[str]:
                     "in flight at once"]
         return []
     out = []
-    one_wave = k.waves <= 1.0 and k.grid >= k.sm_count   # every block resident at once, on every SM
-    if k.waves < c.min_waves and not one_wave:
+    if not waves_ready(k.waves, k.grid, k.sm_count, c.min_waves):
         out.append(f"{k.waves:.2f} waves" + (f" on {k.grid} of {k.sm_count} SMs" if k.grid < k.sm_count else ""))
     if loads and k.in_flight_per_sm < k.in_flight_needed:   # a kernel that only stores waits for nothing
         out.append(f"{k.in_flight_per_sm / 1024:.1f} KiB in flight per SM, {k.in_flight_needed / 1024:.1f} needed")

@@ -91,7 +91,7 @@ from stitchtune.cost.grid_pin import estimated_blocks_per_sm as _estimated_block
 from stitchtune.cost.grid_pin import pin_coresidency as _pin_coresidency
 from stitchtune.cost.grid_pin import rule_caps
 from stitchtune.cost.reuse import tensors_to_cache
-from stitchtune.cost.waves import one_wave, tail_free
+from stitchtune.cost.waves import one_wave, tail_free, waves_ready
 from stitchtune.lower.entry import estimate_registers
 from stitchtune.lower.transpose import transpose_launch
 from stitchtune.cost.row_vector_rule import with_elementwise_row_vectors, with_row_vectors
@@ -419,7 +419,7 @@ def _tiled_transpose(space: SearchSpace, plan: StitchPlan, s: Schedule, device: 
     accesses where the vector width is 4 or more and both the view's columns and the transposed axis
     reach 64, else 32) whose grid, at the lowering's register estimate and shared memory
     (:func:`~stitchtune.lower.transpose.transpose_launch`), keeps the audit's wave criterion
-    (:func:`_waves_ready`); 32 where none does; ``s`` itself where that point is not legal."""
+    (:func:`~stitchtune.cost.waves.waves_ready`); 32 where none does; ``s`` itself where that point is not legal."""
     tile = plan.transpose
     assert tile is not None
     block = 256 if 256 in space.domains["block"] else max(space.domains["block"])
@@ -434,17 +434,11 @@ def _tiled_transpose(space: SearchSpace, plan: StitchPlan, s: Schedule, device: 
         if space.violations(t):
             continue
         tasks, regs, smem = transpose_launch(plan, t)
-        if _waves_ready(device, tasks, max_resident_blocks(device, block, regs, smem) // device.sm_count):
+        cap = max(1, max_resident_blocks(device, block, regs, smem) // device.sm_count) * device.sm_count
+        if waves_ready(tasks / cap, tasks, device.sm_count):
             return t
         fallback = t
     return fallback
-
-
-def _waves_ready(device: Device, grid: int, per_sm: int) -> bool:
-    """The audit's wave criterion (docs/audit.md, 6) for ``grid`` blocks at ``per_sm`` blocks per SM: at
-    least two waves, or at most one wave with at least one block per SM."""
-    cap = max(1, per_sm) * device.sm_count
-    return grid >= 2 * cap or device.sm_count <= grid <= cap
 
 
 def _grid_barrier(space: SearchSpace, s: Schedule) -> bool:

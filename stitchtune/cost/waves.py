@@ -34,6 +34,9 @@ kernel of examples/embed_add_layernorm (estimated 88 registers, ptxas 63 with on
 and 1 block per SM, 1.94 waves again; capped, 128 and no spill (sm_90). Not a tighter cap alone: 4 blocks
 per SM (64 registers) spill 127-202 instructions in the embedding backwards; nor smaller blocks: the
 resident threads, and so the waves, are bound by the registers whatever the block.
+
+:func:`waves_ready`: the audit's wave criterion (docs/audit.md, 6), the one test of both the audit
+(:mod:`stitchtune.analysis.audit`) and heuristic rule 8's tile choice.
 """
 
 from __future__ import annotations
@@ -219,3 +222,13 @@ def tail_free(space: SearchSpace, plan: StitchPlan, s: Schedule, grid_barrier: b
     needed = dev.dram_bandwidth_gbs * DRAM_LATENCY_NS / dev.sm_count   # GB/s x ns = bytes
     in_flight = first_sweep_bytes(plan, t) * t.block * halved / dev.sm_count
     return t if in_flight >= needed else s
+
+
+#: the audit's least number of waves of a grid of more than one wave (docs/audit.md, criterion 6)
+MIN_WAVES = 2.0
+
+
+def waves_ready(waves: float, grid: int, sm_count: int, min_waves: float = MIN_WAVES) -> bool:
+    """The wave criterion for a ``grid`` of blocks making ``waves`` waves on ``sm_count`` SMs: at least
+    ``min_waves`` waves, or at most one wave (every block resident at once) with a block on every SM."""
+    return waves >= min_waves or (waves <= 1.0 and grid >= sm_count)
