@@ -256,6 +256,14 @@ def _graph_ops(graph_nodes: Sequence[Any], regions: Sequence[Any]) -> Iterable[t
             yield None, list(dict.fromkeys(n.all_input_nodes)), [n]
 
 
+def _read(src: Any, base: dict[Any, Hashable], size: dict[Hashable, float]) -> tuple[Hashable, float]:
+    """(storage, bytes) of a read of fx node ``src``: its value's bytes, at most its storage's (sized from the
+    storage's own value the first time it is seen, not from the view read: a slice read first is not all)."""
+    key = _storage(src, base)
+    full = size.setdefault(key, _storage_bytes(key))
+    return key, min(_val_bytes(getattr(src, "meta", {}).get("val")), full)
+
+
 #: FX ops :func:`simulate` with ``gemm=`` walks wave by wave (:mod:`stitchtune.analysis.gemm_traffic`):
 #: op -> the positions of ``A`` and ``B`` in its arguments
 GEMM_OPS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2)}
@@ -275,14 +283,10 @@ def _gemm(node: Any, made: list[tuple[Hashable, float]], base: dict[Any, Hashabl
     shape = gemm_shape(*(getattr(v, "shape", ()) for v in vals)) if all(v is not None for v in vals) else None
     if shape is None:
         return False
-    operands = []
-    for src in (a, b):
-        key = _storage(src, base)
-        operands.append((key, min(_val_bytes(src.meta["val"]), size.setdefault(key, _storage_bytes(key)))))
+    operands = [_read(src, base, size) for src in (a, b)]
     for src in dict.fromkeys(node.all_input_nodes):
         if src is not a and src is not b:
-            key = _storage(src, base)
-            cache.read(key, min(_val_bytes(getattr(src, "meta", {}).get("val")), size.setdefault(key, _storage_bytes(key))))
+            cache.read(*_read(src, base, size))
     out, out_bytes = made[0]
     touch = cache.peek if stream else cache.read
     for i, w in enumerate(waves(shape, tiling)):
@@ -339,9 +343,7 @@ def simulate(regions: Sequence[Any], capacity: float, policy: str = "lru",
             rb = hit = wb = 0.0
             touched: list[tuple[Hashable, float]] = []
             for src in reads:
-                key = _storage(src, base)
-                full = size.setdefault(key, _storage_bytes(key))   # not the view's: a slice read first is not all
-                nb = min(_val_bytes(getattr(src, "meta", {}).get("val")), full)
+                key, nb = _read(src, base, size)
                 if nb > 0:
                     rb += nb
                     touched.append((key, nb))
