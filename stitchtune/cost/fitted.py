@@ -281,8 +281,7 @@ def kernel_terms_us(f: KernelFeatures | Any, device: Device, c: Coefficients) ->
     waves_f = np.maximum(np.asarray(f.grid, dtype=float) / (bps * sms), 1e-9)
     # bytes between a read and its re-read: one wave of blocks, or with reuse_tasks 1 one wave of tasks (a block's
     # tasks run one after another: a persistent grid re-reads within a task)
-    tasks = np.maximum(np.asarray(getattr(f, "task_trips", 1.0), dtype=float), 1.0) ** c.reuse_tasks
-    window = unique / (np.maximum(1.0, waves_f) * tasks) ** c.reuse_window
+    window = unique / (np.maximum(1.0, waves_f) * tasks_of(f) ** c.reuse_tasks) ** c.reuse_window
     hit = np.minimum(1.0, c.l2_keep * device.l2_bytes / window)
     regs = np.maximum(np.asarray(f.registers, dtype=float), 16.0)
     compiled = np.asarray(getattr(f, "compiled_bytes_in_flight", 0.0), dtype=float)
